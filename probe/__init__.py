@@ -1,0 +1,9 @@
+"""headprobe.probe: models, hook points, capture and loading.
+
+Nothing here does work at import time; heavy libraries (transformers, transformer-lens) are
+imported inside the functions that need them.
+"""
+
+from probe.errors import HeadprobeError
+
+__all__ = ["HeadprobeError"]

@@ -1,0 +1,108 @@
+"""Capturing every head's attention pattern and output contribution.
+
+Two ways:
+
+* :func:`stream_patterns` hands each layer's pattern ``[batch, head, q_pos, k_pos]`` to a
+  callback as the forward pass produces it and keeps nothing, so memory does not grow with the
+  number of layers (the scan reduces each layer's patterns to scores this way).
+* :func:`capture_heads` returns patterns and per-head results for chosen layers, for small
+  analyses and tests.
+
+The per-head output contribution (Elhage et al. 2021, "A Mathematical Framework for Transformer
+Circuits", the W_O decomposition) is ``result_h = z_h @ W_O[h]``, with ``W_O`` split by head as
+``[head, d_head, d_model]``; ``attn_out = sum_h result_h + b_O``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import einops
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from probe.hooks import HookCounter, attn_hook
+
+PatternCallback = Callable[[int, Float[Tensor, "batch head q_pos k_pos"]], None]
+
+
+def head_results(
+    z: Float[Tensor, "batch pos head d_head"], W_O: Float[Tensor, "head d_head d_model"]
+) -> Float[Tensor, "batch pos head d_model"]:
+    """Each head's output contribution through its slice of W_O: ``z[..., h, :] @ W_O[h]``."""
+    return einops.einsum(z, W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
+
+
+def kv_head_of(head: Int[Tensor, "head"] | int, n_heads: int, n_kv_heads: int) -> Int[Tensor, "head"] | int:
+    """GQA: the key/value head that query head ``head`` reads, ``head // (n_heads // n_kv_heads)``."""
+    return head // (n_heads // n_kv_heads)
+
+
+@torch.inference_mode()
+def stream_patterns(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    on_pattern: PatternCallback,
+    layers: Sequence[int] | None = None,
+    extra_hooks: Sequence[tuple[str, Callable]] = (),
+) -> Float[Tensor, "batch pos d_vocab"]:
+    """Run ``model`` (a :class:`~probe.loading.LoadedModel`) on ``tokens``, calling
+    ``on_pattern(layer, pattern)`` for each layer as soon as its pattern exists.
+
+    The callback must not keep or modify ``pattern``; it is dropped after the call.
+
+    Returns:
+        The logits of the same forward pass.
+
+    Raises:
+        HeadprobeError: a pattern hook did not fire exactly once (fused attention kernel).
+    """
+    layers = range(model.spec.n_layers) if layers is None else layers
+    counter = HookCounter()
+    names = [attn_hook(layer, "pattern") for layer in layers]
+
+    def make_hook(layer: int, name: str):
+        def hook(pattern: Tensor, hook: Any) -> None:
+            counter.tick(name)
+            on_pattern(layer, pattern)
+
+        return hook
+
+    hooks = [(name, make_hook(layer, name)) for layer, name in zip(layers, names)]
+    logits = model.forward(tokens, fwd_hooks=[*hooks, *extra_hooks])
+    counter.check_once(names)
+    return logits
+
+
+@torch.inference_mode()
+def capture_heads(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    layers: Sequence[int] | None = None,
+) -> dict[str, dict[int, Tensor]]:
+    """Patterns, z, per-head results and attention outputs of ``layers`` (default: all).
+
+    Returns:
+        ``{"pattern": {layer: [batch, head, q_pos, k_pos]}, "z": {layer: [batch, pos, head, d_head]},
+        "result": {layer: [batch, pos, head, d_model]}, "attn_out": {layer: [batch, pos, d_model]}}``.
+        ``attn_out`` is what the attention block returned (``blocks.{l}.hook_attn_out``).
+    """
+    layers = list(range(model.spec.n_layers) if layers is None else layers)
+    out: dict[str, dict[int, Tensor]] = {"pattern": {}, "z": {}, "attn_out": {}}
+
+    def saver(kind: str, layer: int):
+        def hook(x: Tensor, hook: Any) -> None:
+            out[kind][layer] = x.detach().clone()
+
+        return hook
+
+    hooks = []
+    for layer in layers:
+        hooks.append((attn_hook(layer, "pattern"), saver("pattern", layer)))
+        hooks.append((attn_hook(layer, "z"), saver("z", layer)))
+        hooks.append((f"blocks.{layer}.hook_attn_out", saver("attn_out", layer)))
+    model.forward(tokens, fwd_hooks=hooks)
+    out["result"] = {layer: head_results(out["z"][layer], model.W_O(layer)) for layer in layers}
+    return out

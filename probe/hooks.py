@@ -1,0 +1,136 @@
+"""Hook names and scoped hooks, on TransformerLens' hook-point infrastructure.
+
+Every hook here is registered on entering a context manager and removed in its ``finally``
+(TransformerLens' ``model.hooks(...)``), so an exception inside an analysis never leaves a hook
+behind. Hook functions never edit the activation they receive in place: they return a new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from probe.errors import HeadprobeError
+
+Head = tuple[int, int]
+"""A head as ``(layer, head)``, both 0-indexed; printed as ``layer.head``."""
+
+HookFn = Callable[[Tensor, Any], Tensor | None]
+AblationKind = Literal["zero", "mean"]
+
+
+def attn_hook(layer: int, name: str) -> str:
+    """TransformerLens name of an attention hook, e.g. ``attn_hook(5, "pattern")`` ->
+    ``blocks.5.attn.hook_pattern``."""
+    return f"blocks.{layer}.attn.hook_{name}"
+
+
+def format_head(head: Head) -> str:
+    """``(5, 1)`` -> ``"5.1"``."""
+    return f"{head[0]}.{head[1]}"
+
+
+def parse_heads(text: str, n_layers: int, n_heads: int) -> list[Head]:
+    """Parse ``"5.1,7.10"`` into ``[(5, 1), (7, 10)]``, checking the range.
+
+    Raises:
+        HeadprobeError: a malformed entry or a head outside ``n_layers x n_heads``.
+    """
+    heads: list[Head] = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        parts = item.split(".")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise HeadprobeError(f"head {item!r} is not of the form layer.head (e.g. 5.1)")
+        layer, head = int(parts[0]), int(parts[1])
+        if layer >= n_layers or head >= n_heads:
+            raise HeadprobeError(
+                f"head {item} is out of range: the model has {n_layers} layers of {n_heads} heads (0-indexed)"
+            )
+        heads.append((layer, head))
+    if not heads:
+        raise HeadprobeError("no heads given")
+    return heads
+
+
+@contextlib.contextmanager
+def scoped_hooks(model: Any, fwd_hooks: Sequence[tuple[str, HookFn]] = (), bwd_hooks=()) -> Iterator[None]:
+    """Register ``fwd_hooks`` on ``model`` (a TransformerLens hooked module) for the ``with`` body only."""
+    with model.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks)):
+        yield
+
+
+def _group_by_layer(heads: Iterable[Head]) -> dict[int, list[int]]:
+    by_layer: dict[int, list[int]] = defaultdict(list)
+    for layer, head in heads:
+        by_layer[layer].append(head)
+    return by_layer
+
+
+def head_ablation_hooks(
+    heads: Iterable[Head],
+    kind: AblationKind = "zero",
+    mean_z: Float[Tensor, "layer head d_head"] | None = None,
+) -> list[tuple[str, HookFn]]:
+    """Hooks that ablate query heads at ``hook_z``, before the output projection.
+
+    Ablating at ``hook_z`` (the head's value-weighted sum, ``[batch, pos, head, d_head]``)
+    removes exactly the head's output contribution ``z_h W_O^(h)`` and leaves the bias ``b_O``;
+    zeroing a slice of the projected attention output would not be a head ablation.
+
+    Args:
+        heads: ``(layer, head)`` pairs; under GQA ``head`` is a query head.
+        kind: ``"zero"`` sets z_h to 0; ``"mean"`` sets it to ``mean_z[layer, head]``, the head's
+            mean z over a reference set of real tokens.
+        mean_z: required for ``kind="mean"``.
+
+    Raises:
+        ValueError: unknown ``kind`` or ``mean_z`` missing for mean ablation.
+    """
+    if kind not in ("zero", "mean"):
+        raise ValueError(f"unknown ablation kind {kind!r}; expected 'zero' or 'mean'")
+    if kind == "mean" and mean_z is None:
+        raise ValueError("mean ablation needs mean_z")
+    hooks: list[tuple[str, HookFn]] = []
+    for layer, idx in sorted(_group_by_layer(heads).items()):
+        index = torch.tensor(sorted(set(idx)))
+
+        def hook(z: Tensor, hook: Any, layer: int = layer, index: Tensor = index) -> Tensor:
+            z = z.clone()
+            if kind == "zero":
+                z[:, :, index.to(z.device)] = 0.0
+            else:
+                z[:, :, index.to(z.device)] = mean_z[layer, index].to(z.device, z.dtype)
+            return z
+
+        hooks.append((attn_hook(layer, "z"), hook))
+    return hooks
+
+
+class HookCounter:
+    """Counts how often each hook fired; used to prove every pattern hook fires once per forward."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def tick(self, name: str) -> None:
+        self.counts[name] += 1
+
+    def check_once(self, names: Iterable[str]) -> None:
+        """Raise HeadprobeError if any of ``names`` fired other than exactly once.
+
+        A hook that never fires means the model ran a fused attention kernel that returns no
+        weights (SDPA, FlashAttention); patterns need the eager path.
+        """
+        for name in names:
+            n = self.counts.get(name, 0)
+            if n != 1:
+                raise HeadprobeError(
+                    f"hook {name} fired {n} times in one forward pass (expected 1); the model probably runs a fused "
+                    f"attention kernel that hides attention patterns: load it with attn_implementation='eager'"
+                )

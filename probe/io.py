@@ -1,0 +1,64 @@
+"""Atomic file output: an interrupted run never leaves a truncated file behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from probe.errors import HeadprobeError
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it onto ``path``.
+
+    The temporary file lives in the same directory, so the final ``os.replace`` is atomic on
+    POSIX and Windows. On any exception the temporary file is removed and ``path`` is untouched.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool) -> Path:
+    """Create ``out`` if needed and check that it may be written.
+
+    Raises:
+        HeadprobeError: ``out`` is a file, is a non-empty directory and ``overwrite`` is False,
+            or is not writable.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise HeadprobeError(f"output path {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise HeadprobeError(f"output directory {out} is not empty; pass --overwrite to replace its files")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HeadprobeError(f"cannot create output directory {out}: {e.strerror}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise HeadprobeError(f"output directory {out} is not writable")
+    return out

