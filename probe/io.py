@@ -43,22 +43,27 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool) -> Path:
-    """Create ``out`` if needed and check that it may be written.
+def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool, create: bool = True) -> Path:
+    """Check that ``out`` may be written, and create it when ``create``.
+
+    Call it with ``create=False`` before a long computation (to fail fast without leaving an
+    empty directory behind), and again with ``create=True`` when the results are ready.
 
     Raises:
         HeadprobeError: ``out`` is a file, is a non-empty directory and ``overwrite`` is False,
-            or is not writable.
+            or cannot be created or written.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise HeadprobeError(f"output path {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise HeadprobeError(f"output directory {out} is not empty; pass --overwrite to replace its files")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise HeadprobeError(f"cannot create output directory {out}: {e.strerror}") from None
-    if not os.access(out, os.W_OK | os.X_OK):
+    existing = out if out.is_dir() else next((p for p in out.absolute().parents if p.exists()), None)
+    if existing is None or not os.access(existing, os.W_OK | os.X_OK):
         raise HeadprobeError(f"output directory {out} is not writable")
+    if create:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise HeadprobeError(f"cannot create output directory {out}: {e.strerror}") from None
     return out

@@ -1,0 +1,126 @@
+"""The token sets the detectors and ablations run on.
+
+* Natural text: by default CPython's own documentation text (``pydoc_data.topics``), which
+  every Python installation ships, so no download is needed; any UTF-8 file otherwise.
+* Repeated random tokens: ``[BOS] r_1 ... r_S r_1 ... r_S`` (Olsson et al. 2022; TransformerLens'
+  induction detector), BOS only where the model uses one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from probe.errors import HeadprobeError
+
+
+@dataclass(frozen=True)
+class TokenSet:
+    """A batch of equal-length token sequences and what they are.
+
+    Attributes:
+        tokens: ``[batch, pos]`` token ids.
+        start: index of the first non-BOS position (1 with BOS, 0 without).
+        period: for repeated random tokens, the length S of the repeated block; else None.
+        source: a short description (for summary.json).
+        n_available: how many windows the source text held (natural text only).
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    start: int
+    source: str
+    period: int | None = None
+    n_available: int | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.numel())
+
+
+def default_text() -> str:
+    """The English text of CPython's documentation topics (``pydoc_data.topics``), in key order."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def read_text_file(path: str | Path) -> str:
+    """Read a UTF-8 text file.
+
+    Raises:
+        HeadprobeError: missing, unreadable, not UTF-8, or empty (only whitespace).
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise HeadprobeError(f"cannot read text file {path}: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise HeadprobeError(f"text file {path} is not UTF-8 (byte {e.start} is invalid)") from None
+    if not text.strip():
+        raise HeadprobeError(f"text file {path} is empty")
+    return text
+
+
+def natural_text_tokens(
+    model, n_seqs: int, seq_len: int, seed: int, text: str | None = None, source: str | None = None
+) -> TokenSet:
+    """``n_seqs`` windows of ``seq_len`` tokens (BOS included when the model uses one) of natural text.
+
+    The text is tokenized once and cut into consecutive non-overlapping windows; ``n_seqs`` of
+    them are drawn without replacement with ``seed``. A text shorter than ``n_seqs`` windows
+    gives fewer sequences (all it has), never a truncated or padded one.
+
+    Raises:
+        HeadprobeError: ``seq_len < 2`` or the text holds fewer than ``seq_len`` tokens.
+    """
+    if seq_len < 2:
+        raise HeadprobeError(f"sequence length {seq_len} is too short: scores need at least 2 positions")
+    if text is None:
+        text, source = default_text(), "pydoc_data.topics (CPython documentation)"
+    start = 1 if model.prepend_bos else 0
+    body = seq_len - start
+    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    n_windows = len(ids) // body
+    if n_windows == 0:
+        raise HeadprobeError(f"the text has {len(ids)} tokens, fewer than one sequence of {body}; give more text or a shorter --seq-len")
+    windows = torch.tensor(ids[: n_windows * body], dtype=torch.long).view(n_windows, body)
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(n_windows, generator=gen)[: min(n_seqs, n_windows)].sort().values
+    tokens = windows[pick]
+    if start:
+        tokens = torch.cat([torch.full((len(tokens), 1), model.bos_token_id), tokens], dim=1)
+    return TokenSet(tokens=tokens, start=start, source=source or "text", n_available=n_windows)
+
+
+def random_token_ids(tokenizer, d_vocab: int) -> Tensor:
+    """Token ids to draw random sequences from: the tokenizer's vocabulary without special tokens."""
+    n = min(len(tokenizer), d_vocab)
+    allowed = torch.ones(n, dtype=torch.bool)
+    special = [i for i in tokenizer.all_special_ids if i is not None and i < n]
+    allowed[special] = False
+    return allowed.nonzero().squeeze(-1)
+
+
+def repeated_random_tokens(model, n_seqs: int, period: int, seed: int) -> TokenSet:
+    """``n_seqs`` sequences ``[BOS] r_1..r_S r_1..r_S`` with ``r`` uniform over non-special tokens.
+
+    Raises:
+        HeadprobeError: ``period < 2``.
+    """
+    if period < 2:
+        raise HeadprobeError(f"repeat length {period} is too short: induction needs at least 2 tokens")
+    ids = random_token_ids(model.tokenizer, model.spec.d_vocab)
+    gen = torch.Generator().manual_seed(seed)
+    half = ids[torch.randint(len(ids), (n_seqs, period), generator=gen)]
+    tokens = torch.cat([half, half], dim=1)
+    start = 1 if model.prepend_bos else 0
+    if start:
+        tokens = torch.cat([torch.full((n_seqs, 1), model.bos_token_id), tokens], dim=1)
+    return TokenSet(tokens=tokens, start=start, period=period, source=f"{n_seqs} random sequences of {period} tokens, repeated once")

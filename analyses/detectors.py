@@ -1,0 +1,139 @@
+"""Head-type detectors: each scores every head of a layer at once from its attention pattern.
+
+A detector takes ``pattern: [batch, head, q_pos, k_pos]`` (rows sum to 1, causal) and returns a
+score per head, averaged over the batch and over the queries the definition uses. None of them
+modifies its input. They are collected in :data:`DETECTORS`, keyed by head type.
+
+Conventions: positions are 0-indexed; ``start`` is the first position that is not BOS (1 with
+BOS, 0 without). Query 0 is excluded everywhere: it can attend only to itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from probe.errors import HeadprobeError
+
+Pattern = Float[Tensor, "batch head q_pos k_pos"]
+
+
+def _check(pattern: Tensor, min_len: int = 2) -> None:
+    if pattern.ndim != 4 or pattern.shape[-1] != pattern.shape[-2]:
+        raise ValueError(f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos, got {tuple(pattern.shape)}")
+    if pattern.shape[-1] < min_len:
+        raise HeadprobeError(f"sequence length {pattern.shape[-1]} is too short: this score needs at least {min_len} positions")
+
+
+def offset_score(pattern: Pattern, offset: int, first_query: int) -> Float[Tensor, "head"]:
+    """Mean attention from query ``q`` to key ``q - offset``, over queries ``q >= first_query``.
+
+    The building block of the previous-token, duplicate-token and induction scores.
+    """
+    _check(pattern, max(offset + 1, first_query + 1))
+    diag = pattern.diagonal(offset=-offset, dim1=-2, dim2=-1)  # [batch, head, T - offset], entry i is q = i + offset
+    return diag[..., max(first_query - offset, 0) :].float().mean(dim=(0, 2))
+
+
+def previous_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
+    """Previous-token score: mean attention from position i to i-1, over i >= 1.
+
+    A pure previous-token pattern scores 1; a uniform causal pattern gives 1/(i+1) at query i.
+    Source: Clark et al. 2019 ("What does BERT look at?"); Elhage et al. 2021.
+    """
+    return offset_score(pattern, offset=1, first_query=1)
+
+
+def first_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
+    """First-token (attention-sink) score: mean attention to position 0 over queries i >= 1.
+
+    Source: Xiao et al. 2023 (StreamingLLM); Gu et al. 2024 call a head a sink head when this
+    is at least 0.3.
+    """
+    _check(pattern)
+    return pattern[..., 1:, 0].float().mean(dim=(0, 2))
+
+
+def duplicate_token_score(pattern: Pattern, period: int, start: int) -> Float[Tensor, "head"]:
+    """Duplicate-token score on ``[BOS] r_1..r_S r_1..r_S``: mean attention from each token of
+    the repeat to its earlier occurrence (key ``q - S``), over the repeat's queries.
+
+    Source: TransformerLens' head detector; Wang et al. 2022 (IOI).
+    """
+    return offset_score(pattern, offset=period, first_query=start + period)
+
+
+def induction_score(pattern: Pattern, period: int, start: int) -> Float[Tensor, "head"]:
+    """Induction (prefix-matching) score on ``[BOS] r_1..r_S r_1..r_S``: mean attention from
+    each token of the repeat to the token right after its earlier occurrence (key ``q - S + 1``).
+
+    Source: Olsson et al. 2022, "In-context Learning and Induction Heads" (prefix-matching
+    score); TransformerLens' induction detector.
+    """
+    return offset_score(pattern, offset=period - 1, first_query=start + period)
+
+
+def positional_score(pattern: Pattern) -> tuple[Float[Tensor, "head"], Float[Tensor, "head"]]:
+    """Positional heads (Voita et al. 2019): for each query i >= 1, the relative position
+    ``k - i`` of its maximum attention; the head's most frequent offset and how often it wins.
+
+    Voita et al. call a head positional when one offset wins at least 90% of the time (in
+    practice -1, the previous token; a causal model has offsets <= 0).
+
+    Returns:
+        (offset, fraction): the winning relative offset ``k - q`` (e.g. -1) and its frequency in [0, 1].
+    """
+    _check(pattern)
+    T = pattern.shape[-1]
+    argmax = pattern[..., 1:, :].argmax(dim=-1)  # [batch, head, T-1]
+    queries = torch.arange(1, T, device=pattern.device)
+    back = queries - argmax  # how far back the maximum lies, in [0, T-1)
+    counts = torch.nn.functional.one_hot(back, T).sum(dim=(0, 2))  # [head, distance]
+    top, distance = counts.max(dim=1)
+    return (-distance).float(), top.float() / (back.shape[0] * back.shape[-1])
+
+
+@dataclass(frozen=True)
+class Detector:
+    """A head type: which token set defines it, how to score it, and which column ranks it.
+
+    Attributes:
+        name: head type, e.g. ``"induction"``.
+        dataset: ``"natural"`` (natural text) or ``"repeated"`` (repeated random tokens).
+        columns: the head_scores.csv columns it fills.
+        rank_by: the column its top-k heads are chosen by.
+        score: ``(pattern, period, start) -> {column: [head]}``.
+        task: the loss its ablations are judged on: ``"natural"`` or ``"repeated"`` (the loss on
+            the repeated half).
+    """
+
+    name: str
+    dataset: str
+    columns: tuple[str, ...]
+    rank_by: str
+    score: Callable[[Pattern, int | None, int], dict[str, Tensor]]
+    task: str
+
+
+DETECTORS: dict[str, Detector] = {
+    d.name: d
+    for d in [
+        Detector("previous_token", "natural", ("previous_token",), "previous_token",
+                 lambda p, S, s: {"previous_token": previous_token_score(p)}, "natural"),
+        Detector("duplicate_token", "repeated", ("duplicate_token",), "duplicate_token",
+                 lambda p, S, s: {"duplicate_token": duplicate_token_score(p, S, s)}, "natural"),
+        Detector("induction", "repeated", ("induction",), "induction",
+                 lambda p, S, s: {"induction": induction_score(p, S, s)}, "repeated"),
+        Detector("first_token", "natural", ("first_token",), "first_token",
+                 lambda p, S, s: {"first_token": first_token_score(p)}, "natural"),
+        Detector("positional", "natural", ("positional_offset", "positional_fraction"), "positional_fraction",
+                 lambda p, S, s: dict(zip(("positional_offset", "positional_fraction"), positional_score(p))), "natural"),
+    ]
+}
+"""All head types, in the order of head_scores.csv's columns."""
+
+SCORE_COLUMNS: tuple[str, ...] = tuple(c for d in DETECTORS.values() for c in d.columns)

@@ -1,0 +1,143 @@
+"""Paper-ready figures. Pure functions: arrays in, a matplotlib ``Figure`` out; they know nothing
+of models. :func:`save_figure` writes PNG and PDF atomically.
+
+Sizes follow a paper's single column (3.3 in wide) unless a figure is meant to span two (7 in).
+Colour maps are colourblind-safe: ``viridis``/``cividis`` for sequential scores, ``RdBu_r``
+centred at 0 for signed ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from probe.io import atomic_path
+
+COLUMN_WIDTH = 3.3  # inches
+PAGE_WIDTH = 7.0
+
+_RC = {"font.size": 7, "axes.titlesize": 7.5, "axes.labelsize": 7, "xtick.labelsize": 6, "ytick.labelsize": 6}
+
+
+def _figure(width: float, height: float) -> Figure:
+    import matplotlib
+
+    matplotlib.rcParams.update(_RC)
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _head_axes(ax, n_layers: int, n_heads: int, group_size: int | None) -> None:
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(n_heads))
+    step = 1 if n_layers <= 16 else 2
+    ax.set_yticks(range(0, n_layers, step))
+    if group_size and 1 < group_size < n_heads:
+        for g in range(group_size, n_heads, group_size):
+            ax.axvline(g - 0.5, color="white", lw=0.8)
+
+
+def head_heatmap(
+    scores: np.ndarray,
+    title: str,
+    cbar_label: str = "score",
+    cmap: str = "viridis",
+    vmin: float | None = 0.0,
+    vmax: float | None = 1.0,
+    group_size: int | None = None,
+    ax=None,
+) -> Figure:
+    """A layer x head heatmap of ``scores`` (``[layer, head]``); white lines separate GQA groups.
+
+    Pass ``ax`` to draw into an existing axes (the figure is then ``ax.figure``).
+    """
+    scores = np.asarray(scores, dtype=float)
+    n_layers, n_heads = scores.shape
+    if ax is None:
+        fig = _figure(COLUMN_WIDTH, min(1.2 + 0.16 * n_layers, 8.0))
+        ax = fig.add_subplot()
+    else:
+        fig = ax.figure
+    im = ax.imshow(scores, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+    _head_axes(ax, n_layers, n_heads, group_size)
+    ax.set_title(title)
+    cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02)
+    cb.set_label(cbar_label)
+    return fig
+
+
+def scores_overview(panels: Sequence[tuple[str, np.ndarray, dict]], group_size: int | None, suptitle: str) -> Figure:
+    """Several layer x head heatmaps side by side (page width); ``panels`` are
+    ``(title, scores, heatmap kwargs)``."""
+    n_layers = np.asarray(panels[0][1]).shape[0]
+    fig = _figure(PAGE_WIDTH, min(1.4 + 0.12 * n_layers, 6.0))
+    axes = fig.subplots(1, len(panels))
+    for ax, (title, scores, kw) in zip(np.atleast_1d(axes), panels):
+        head_heatmap(scores, title, group_size=group_size, ax=ax, **kw)
+    fig.suptitle(suptitle)
+    return fig
+
+
+def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str) -> Figure:
+    """One head's attention pattern ``[q_pos, k_pos]`` with token labels on both axes."""
+    pattern = np.asarray(pattern, dtype=float)
+    T = pattern.shape[0]
+    fig = _figure(COLUMN_WIDTH, COLUMN_WIDTH * 0.95)
+    ax = fig.add_subplot()
+    im = ax.imshow(pattern, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+    fs = max(3.0, min(6.0, 140.0 / T))
+    ax.set_xticks(range(T), labels, rotation=90, fontsize=fs)
+    ax.set_yticks(range(T), labels, fontsize=fs)
+    ax.set_xlabel("key position")
+    ax.set_ylabel("query position")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("attention weight")
+    return fig
+
+
+def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
+    """Loss increase from ablating the top-k heads of each type vs k random heads.
+
+    ``rows`` are :class:`analyses.ablation.Verification` dicts; bars show the top-k effect
+    (filled) and the mean random effect with its range over draws (hatched, whiskers min..max).
+    A star marks a confirmed detection.
+    """
+    kinds = sorted({r["kind"] for r in rows}, key=["zero", "mean"].index)
+    types = list(dict.fromkeys(r["head_type"] for r in rows))
+    fig = _figure(COLUMN_WIDTH, 2.6 * len(kinds) / 2 + 0.6)
+    axes = np.atleast_1d(fig.subplots(len(kinds), 1, sharex=True))
+    x = np.arange(len(types))
+    colors = {"top": "#0072B2", "random": "#E69F00"}  # Okabe-Ito, colourblind-safe
+    for ax, kind in zip(axes, kinds):
+        by_type = {r["head_type"]: r for r in rows if r["kind"] == kind}
+        top = np.array([by_type[t]["top_effect"] for t in types])
+        rmean = np.array([by_type[t]["random_mean"] for t in types])
+        rmin = np.array([min(by_type[t]["random_effects"]) for t in types])
+        rmax = np.array([max(by_type[t]["random_effects"]) for t in types])
+        ax.bar(x - 0.2, top, 0.4, color=colors["top"], label=f"top-{rows[0]['k']} heads")
+        ax.bar(x + 0.2, rmean, 0.4, color=colors["random"], hatch="///", edgecolor="white",
+               yerr=[rmean - rmin, rmax - rmean], capsize=2, error_kw={"lw": 0.6}, label=f"{rows[0]['k']} random heads")
+        for i, t in enumerate(types):
+            if by_type[t]["confirmed"]:
+                ax.annotate("*", (x[i] - 0.2, top[i]), ha="center", va="bottom", fontsize=9)
+        ax.set_yscale("symlog", linthresh=0.1)
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_ylabel(f"Δ loss (nats), {kind}-ablated")
+    axes[0].legend(loc="upper left", frameon=False, fontsize=6)
+    axes[0].set_title(title)
+    axes[-1].set_xticks(x, [t.replace("_", "-") for t in types], rotation=20)
+    return fig
+
+
+def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
+    """Write ``stem.png`` and ``stem.pdf`` atomically; returns the paths."""
+    paths = []
+    for ext in ("png", "pdf"):
+        path = Path(f"{stem}.{ext}")
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=ext, dpi=dpi)
+        paths.append(path)
+    return paths

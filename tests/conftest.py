@@ -1,0 +1,73 @@
+"""Shared fixtures: tiny seeded random models (MHA GPT-2, GQA Llama) behind TransformerLens'
+bridge, and the real SmolLM2-135M model, loaded once per test session."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def make_tiny_tokenizer(tmp_dir, n_words: int = 100):
+    """A word-level tokenizer over ``t0 .. t{n-1}`` with ``<|endoftext|>`` as BOS/EOS/unknown.
+
+    Saved and reloaded so that it has a ``name_or_path``, as TransformerLens expects.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(n_words)}
+    vocab["<|endoftext|>"] = n_words
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                  unk_token="<|endoftext|>")
+    tok.save_pretrained(tmp_dir)
+    return AutoTokenizer.from_pretrained(tmp_dir)
+
+
+def _wrap(hf_model, tokenizer, name, hf_name):
+    from probe.loading import LoadedModel, boot_bridge, spec_from_bridge
+
+    bridge = boot_bridge(hf_name, hf_model.eval(), tokenizer)
+    return LoadedModel(bridge, tokenizer, spec_from_bridge(name, hf_name, "float32 (random init)", bridge))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory):
+    return make_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tiny_tokenizer):
+    """2 layers x 4 heads, d_model 32, MHA with biases (GPT-2's Conv1D (in, out) weight layout)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=101, n_positions=128,
+                     bos_token_id=100, eos_token_id=100, attn_implementation="eager")
+    model = GPT2LMHeadModel(cfg)
+    with torch.no_grad():  # non-zero biases, so the b_O term of the W_O decomposition is tested
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    return _wrap(model, tiny_tokenizer, "tiny-gpt2", "gpt2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_gqa(tiny_tokenizer):
+    """2 layers x 8 query heads on 2 KV heads (GQA, group size 4), rotary, RMSNorm, no biases."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, hidden_size=64,
+                      intermediate_size=128, vocab_size=101, max_position_embeddings=128, bos_token_id=100,
+                      eos_token_id=100, pad_token_id=100, attn_implementation="eager", architectures=["LlamaForCausalLM"])
+    return _wrap(LlamaForCausalLM(cfg), tiny_tokenizer, "tiny-llama-gqa", "tiny-llama-gqa")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct (4-bit Q4_1 GGUF, dequantized), loaded once (~30 s)."""
+    from probe.loading import load_model
+
+    return load_model("smollm2-135m")

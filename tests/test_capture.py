@@ -1,0 +1,67 @@
+"""The per-head W_O decomposition and GQA head bookkeeping, against independent references."""
+
+import pytest
+import torch
+
+from probe.capture import capture_heads, head_results, kv_head_of, stream_patterns
+from probe.hooks import head_ablation_hooks
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_llama_gqa"])
+def test_results_plus_bias_reproduce_attention_output(fixture, request):
+    model = request.getfixturevalue(fixture)
+    tokens = torch.randint(0, 100, (3, 17), generator=torch.Generator().manual_seed(1))
+    cap = capture_heads(model, tokens)
+    for layer in range(model.spec.n_layers):
+        total = cap["result"][layer].sum(dim=2)
+        if model.b_O(layer) is not None:
+            total = total + model.b_O(layer)
+        torch.testing.assert_close(total, cap["attn_out"][layer], atol=1e-4, rtol=0)
+        assert cap["pattern"][layer].shape == (3, model.spec.n_heads, 17, 17)
+        assert cap["result"][layer].shape == (3, 17, model.spec.n_heads, model.spec.d_model)
+
+
+def test_head_results_match_a_loop_over_heads():
+    g = torch.Generator().manual_seed(0)
+    z, W_O = torch.randn(2, 5, 3, 4, generator=g), torch.randn(3, 4, 7, generator=g)
+    res = head_results(z, W_O)
+    for h in range(3):
+        torch.testing.assert_close(res[:, :, h], z[:, :, h] @ W_O[h])
+    # Concat(heads) W_O == sum_h head_h W_O^(h)
+    concat = z.reshape(2, 5, 12) @ W_O.reshape(12, 7)
+    torch.testing.assert_close(res.sum(2), concat, atol=1e-5, rtol=1e-5)
+
+
+def test_gqa_kv_head_is_group_index_not_modulo(tiny_llama_gqa):
+    spec = tiny_llama_gqa.spec
+    assert (spec.n_heads, spec.n_kv_heads, spec.group_size, spec.layout) == (8, 2, 4, "GQA")
+    heads = torch.arange(8)
+    assert kv_head_of(heads, 8, 2).tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert spec.kv_head(5) == 1  # h // 4, not h % 2 (= 1 as well for 5, so check 6 too)
+    assert spec.kv_head(6) == 1 and 6 % 2 == 0
+
+
+def test_query_heads_of_one_group_differ_in_gqa_pattern(tiny_llama_gqa):
+    """Each query head is its own row even though 4 of them share keys."""
+    cap = capture_heads(tiny_llama_gqa, torch.randint(0, 100, (1, 9)), layers=[0])
+    p = cap["pattern"][0][0]
+    assert not torch.allclose(p[0], p[1])
+
+
+def test_zero_ablating_one_head_changes_only_its_contribution(tiny_llama_gqa):
+    model = tiny_llama_gqa
+    tokens = torch.randint(0, 100, (2, 11), generator=torch.Generator().manual_seed(2))
+    clean = capture_heads(model, tokens, layers=[0])
+    with model.model.hooks(fwd_hooks=head_ablation_hooks([(0, 5)], "zero")):
+        abl = capture_heads(model, tokens, layers=[0])
+    torch.testing.assert_close(abl["result"][0][:, :, 5], torch.zeros_like(abl["result"][0][:, :, 5]))
+    others = [h for h in range(8) if h != 5]
+    torch.testing.assert_close(abl["result"][0][:, :, others], clean["result"][0][:, :, others])
+    # the attention output moves by exactly minus head 5's contribution
+    torch.testing.assert_close(abl["attn_out"][0], clean["attn_out"][0] - clean["result"][0][:, :, 5], atol=1e-5, rtol=0)
+
+
+def test_stream_patterns_fires_once_per_layer_and_keeps_nothing(tiny_gpt2):
+    seen = []
+    stream_patterns(tiny_gpt2, torch.randint(0, 100, (2, 6)), lambda layer, p: seen.append((layer, tuple(p.shape))))
+    assert seen == [(0, (2, 4, 6, 6)), (1, (2, 4, 6, 6))]

@@ -1,0 +1,74 @@
+"""Model loading: the offline failure path is one clear line, and bad model paths are refused."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from probe.errors import HeadprobeError
+from probe.loading import load_model
+
+
+def run_cli(*args, env=None, cwd=None):
+    """Run ``headprobe`` as a user would; returns (exit code, stdout, stderr)."""
+    full_env = {**os.environ, **(env or {})}
+    p = subprocess.run([sys.executable, "-m", "analyses.cli", *args], capture_output=True, text=True,
+                       env=full_env, cwd=cwd, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def assert_one_line_error(rc, stderr, *fragments):
+    assert rc == 2, stderr
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("headprobe: error:")]
+    assert len(lines) == 1, stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_gpt2_offline_and_uncached_is_one_clear_line(tmp_path):
+    rc, _, err = run_cli("scan", "--model", "gpt2", "--out", str(tmp_path / "out"),
+                         env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+    assert_one_line_error(rc, err, "gpt2", "not in the local Hugging Face cache", "HF_HOME", "--model PATH")
+    assert not (tmp_path / "out").exists(), "nothing may be written when the model cannot load"
+
+
+def test_missing_path_and_directory_without_weights(tmp_path):
+    with pytest.raises(HeadprobeError, match="does not exist"):
+        load_model(str(tmp_path / "nowhere"))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(HeadprobeError, match="has no weights"):
+        load_model(str(tmp_path))
+    bad = tmp_path / "weights.bin"
+    bad.write_bytes(b"\0" * 10)
+    with pytest.raises(HeadprobeError, match="not a .gguf"):
+        load_model(str(bad))
+
+
+def test_corrupt_gguf_is_one_line(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    rc, _, err = run_cli("scan", "--model", str(bad), "--out", str(tmp_path / "out"))
+    assert_one_line_error(rc, err, "cannot load model")
+
+
+def test_local_directory_loads_through_the_bridge(tmp_path, tiny_tokenizer):
+    """A Hugging Face model directory (here a random GPT-2 saved to disk) is accepted as a path."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=101, n_positions=32)).eval()
+    hf.save_pretrained(tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    model = load_model(str(tmp_path))
+    assert (model.spec.n_layers, model.spec.n_heads, model.spec.layout) == (1, 2, "MHA")
+    tokens = torch.randint(0, 100, (1, 8))
+    torch.testing.assert_close(model.forward(tokens), hf(tokens).logits, atol=1e-5, rtol=0)
+
+
+def test_exactly_one_bos(tiny_gpt2):
+    toks = tiny_gpt2.to_tokens("t1 t2")
+    assert toks.tolist() == [100, 1, 2]
+    assert tiny_gpt2.to_tokens("<|endoftext|> t1").tolist() == [100, 1]  # already there: not doubled
