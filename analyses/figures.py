@@ -49,10 +49,12 @@ def head_heatmap(
     vmax: float | None = 1.0,
     group_size: int | None = None,
     ax=None,
+    extend: str = "neither",
 ) -> Figure:
     """A layer x head heatmap of ``scores`` (``[layer, head]``); white lines separate GQA groups.
 
-    Pass ``ax`` to draw into an existing axes (the figure is then ``ax.figure``).
+    Pass ``ax`` to draw into an existing axes (the figure is then ``ax.figure``); ``extend``
+    marks clipped values on the colour bar (``"min"``, ``"max"``, ``"both"``).
     """
     scores = np.asarray(scores, dtype=float)
     n_layers, n_heads = scores.shape
@@ -64,19 +66,25 @@ def head_heatmap(
     im = ax.imshow(scores, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
     _head_axes(ax, n_layers, n_heads, group_size)
     ax.set_title(title)
-    cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02)
+    cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
     cb.set_label(cbar_label)
     return fig
 
 
-def scores_overview(panels: Sequence[tuple[str, np.ndarray, dict]], group_size: int | None, suptitle: str) -> Figure:
-    """Several layer x head heatmaps side by side (page width); ``panels`` are
-    ``(title, scores, heatmap kwargs)``."""
-    n_layers = np.asarray(panels[0][1]).shape[0]
-    fig = _figure(PAGE_WIDTH, min(1.4 + 0.12 * n_layers, 6.0))
-    axes = fig.subplots(1, len(panels))
-    for ax, (title, scores, kw) in zip(np.atleast_1d(axes), panels):
-        head_heatmap(scores, title, group_size=group_size, ax=ax, **kw)
+def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | None, suptitle: str) -> Figure:
+    """Layer x head heatmaps of several scores in [0, 1] side by side (page width), one shared
+    colour bar; ``panels`` are ``(title, scores)``."""
+    n_layers, n_heads = np.asarray(panels[0][1]).shape
+    fig = _figure(PAGE_WIDTH, min(1.3 + 0.11 * n_layers, 6.0))
+    axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
+    for i, (ax, (title, scores)) in enumerate(zip(axes, panels)):
+        im = ax.imshow(np.asarray(scores, dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto",
+                       interpolation="nearest")
+        _head_axes(ax, n_layers, n_heads, group_size)
+        if i:
+            ax.set_ylabel("")
+        ax.set_title(title)
+    fig.colorbar(im, ax=list(axes), shrink=0.8, pad=0.01).set_label("score")
     fig.suptitle(suptitle)
     return fig
 

@@ -298,12 +298,13 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
 
 SCORE_FIGURES = {
     # column: (title, colour-bar label, heatmap kwargs)
-    "previous_token": ("previous-token", "attention to i−1", {}),
-    "duplicate_token": ("duplicate-token", "attention to earlier copy", {}),
-    "induction": ("induction", "attention to token after copy", {}),
-    "first_token": ("first-token (sink)", "attention to position 0", {}),
-    "positional_fraction": ("positional", "share of queries at top offset", {}),
-    "positional_offset": ("positional offset", "offset k − q of top position", {"cmap": "cividis", "vmin": None, "vmax": 0}),
+    "previous_token": ("previous-token score", "attention to i−1", {}),
+    "duplicate_token": ("duplicate-token score", "attention to earlier copy", {}),
+    "induction": ("induction score", "attention to token after copy", {}),
+    "first_token": ("first-token (sink) score", "attention to position 0", {}),
+    "positional_fraction": ("positional score", "share of queries at top offset", {}),
+    "positional_offset": ("positional offset k − q", "most frequent offset of the maximum",
+                          {"cmap": "cividis", "vmin": -8, "vmax": 0, "extend": "min"}),
 }
 
 
@@ -320,9 +321,9 @@ def write_outputs(result: ScanResult, out: Path) -> list[Path]:
 
     tag = f"{spec.name} ({'4-bit' if '4-bit' in spec.precision else spec.precision.split(' ')[0]} weights)"
     for col, (title, label, kw) in SCORE_FIGURES.items():
-        fig = figures.head_heatmap(result.scores[col], f"{title} score, {tag}", label, group_size=spec.group_size, **kw)
+        fig = figures.head_heatmap(result.scores[col], f"{title}, {tag}", label, group_size=spec.group_size, **kw)
         written += figures.save_figure(fig, out / f"heatmap_{col}")
-    panels = [(SCORE_FIGURES[c][0], result.scores[c], SCORE_FIGURES[c][2])
+    panels = [(SCORE_FIGURES[c][0].removesuffix(" score"), result.scores[c])
               for c in ("previous_token", "duplicate_token", "induction", "first_token", "positional_fraction")]
     written += figures.save_figure(figures.scores_overview(panels, spec.group_size, f"Head scores of {tag}"), out / "overview")
     for head_type, ex in result.examples.items():
