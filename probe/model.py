@@ -28,7 +28,6 @@ block, model.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -213,13 +212,26 @@ class Rotary(nn.Module):
 # --------------------------------------------------------------------------------------------
 
 
+def split_heads(x: Float[Tensor, "batch pos d"], n_heads: int) -> Float[Tensor, "batch head pos d_head"]:
+    """``[batch, pos, head * d_head] -> [batch, head, pos, d_head]``: reshape to ``[batch, pos, head,
+    d_head]``, then transpose. Head ``h`` holds columns ``h*d_head:(h+1)*d_head`` of every token
+    (a direct reshape to ``[batch, head, pos, d_head]`` would mix tokens into heads)."""
+    B, T, d = x.shape
+    return x.view(B, T, n_heads, d // n_heads).transpose(1, 2)
+
+
+def merge_heads(x: Float[Tensor, "batch head pos d_head"]) -> Float[Tensor, "batch pos d"]:
+    """Inverse of :func:`split_heads`: ``[batch, head, pos, d_head] -> [batch, pos, head * d_head]``."""
+    B, H, T, d_head = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * d_head)
+
+
 @functools.cache
 def _sdpa_has_enable_gqa() -> bool:
-    """``scaled_dot_product_attention(..., enable_gqa=)`` exists from torch 2.5 on."""
-    try:
-        return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
-    except (TypeError, ValueError):  # a builtin without a Python signature
-        return tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+    """``scaled_dot_product_attention(..., enable_gqa=True)`` exists from torch 2.5 on (it is a
+    builtin without a Python signature, so the version decides)."""
+    major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    return (major, minor) >= (2, 5)
 
 
 class Attention(nn.Module):
