@@ -353,7 +353,6 @@ class Attention(nn.Module):
             key_mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
         scores = self.hook_attn_scores(scores.masked_fill(~key_mask, float("-inf")))
         pattern = self.hook_pattern(scores.softmax(dim=-1))  # [batch, head, q_pos, k_pos]
-        pattern = torch.nan_to_num(pattern)  # rows with no allowed key (padding queries) -> 0
         z = pattern.reshape(B, KV, (H // KV) * T, S) @ v
         return z.view(B, H, T, d_head)
 
