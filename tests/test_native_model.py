@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from probe.capture import capture_heads
-from probe.convert import from_hf, load_native, spec_from_native  # noqa: F401  (load_native: import check)
+from probe.convert import from_hf, load_native, spec_from_native
 from probe.errors import HeadprobeError
 from probe.hooks import head_ablation_hooks
 from probe.loading import LoadedModel
@@ -489,3 +489,25 @@ def test_patterns_and_results_equal_transformer_bridge(tmp_path):
             torch.testing.assert_close(ours_out[kind][layer], theirs_out[kind][layer], atol=1e-5, rtol=0)
     with torch.no_grad():
         torch.testing.assert_close(ours.forward(t), tl.forward(t), atol=1e-4, rtol=0)
+
+
+def test_load_native_from_local_directory(tmp_path):
+    """load_native resolves a local Hugging Face directory as load_model does and wraps the native model."""
+    hf = random_gpt2()
+    tokenizer = tiny_tokenizer(tmp_path)
+    hf.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    loaded = load_native(str(tmp_path / "model"))
+    assert isinstance(loaded.model, Transformer)
+    assert (loaded.spec.n_layers, loaded.spec.n_heads, loaded.spec.n_kv_heads, loaded.spec.layout) == (2, 4, 4, "MHA")
+    assert "native backend" in loaded.spec.precision
+    t = tokens(pos=10, d_vocab=100)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.forward(t), hf(t).logits, atol=1e-4, rtol=0)
+    assert loaded.to_tokens("w3 w5")[0].item() == tokenizer.bos_token_id
+    assert loaded.W_O(1).shape == (4, 8, 32)
+
+
+def test_load_native_missing_path_raises(tmp_path):
+    with pytest.raises(HeadprobeError, match="does not exist"):
+        load_native(str(tmp_path / "nope"))
