@@ -55,6 +55,8 @@ class ScanConfig:
         text: a UTF-8 file to use instead of the Python documentation text.
         device: ``auto``, ``cpu`` or ``cuda``.
         prepend_bos: put the tokenizer's BOS token first (once) where the model has one.
+        backend: ``auto`` (headprobe's own transformer where it supports the architecture),
+            ``native`` or ``transformer-lens`` (TransformerLens' TransformerBridge).
     """
 
     model: str = "smollm2-135m"
@@ -68,6 +70,7 @@ class ScanConfig:
     text: str | None = None
     device: str = "auto"
     prepend_bos: bool = True
+    backend: str = "auto"
 
 
 @dataclass
@@ -198,7 +201,7 @@ def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
     if model is None:
         if progress:
             print(f"loading {cfg.model} ...", flush=True)
-        model = load_model(cfg.model, device=device_auto(cfg.device), prepend_bos=cfg.prepend_bos)
+        model = load_model(cfg.model, device=device_auto(cfg.device), prepend_bos=cfg.prepend_bos, backend=cfg.backend)
     timings["load_s"] = time.perf_counter() - t0
     spec = model.spec
     if progress:
@@ -368,6 +371,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-random", type=int, default=d.n_random, help="random draws of k heads for the control (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
+    p.add_argument("--backend", default=d.backend, choices=["auto", "native", "transformer-lens"],
+                   help="native: headprobe's own transformer (GPT-2 and Llama families; auto picks it where it can); "
+                        "transformer-lens: TransformerLens' TransformerBridge around the Hugging Face model")
     p.add_argument("--no-bos", dest="prepend_bos", action="store_false", help="do not put BOS in front of sequences")
 
 

@@ -287,16 +287,31 @@ def check_finite_weights(model: torch.nn.Module) -> None:
             raise HeadprobeError(f"weights are not finite: parameter {pname} holds NaN or Inf")
 
 
-def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", prepend_bos: bool = True) -> LoadedModel:
-    """Load ``name`` (see the module docstring) as a :class:`LoadedModel` on ``device``.
+BACKENDS = ("auto", "native", "transformer-lens")
 
-    Args:
-        name: ``smollm2-135m``, a Hugging Face name, a local model directory or a ``.gguf`` file.
-        device: torch device for the model.
-        prepend_bos: put the tokenizer's BOS token in front of every sequence (once).
+
+@dataclass
+class Checkpoint:
+    """A Hugging Face causal LM loaded in float32 with eager attention, before wrapping.
+
+    Attributes:
+        name: what the user asked for. hf_name: the Hugging Face name or path.
+        precision: where the weights come from and in which precision they are computed.
+    """
+
+    name: str
+    hf_name: str
+    precision: str
+    hf_model: Any
+    tokenizer: Any
+
+
+def load_checkpoint(name: str = SMOLLM2_NAME) -> Checkpoint:
+    """Find and load ``name`` (see the module docstring) with transformers.
 
     Raises:
-        HeadprobeError: the model cannot be found or read (one line, says how to supply it).
+        HeadprobeError: the model cannot be found or read, or its weights hold NaN or Inf
+            (one line, says how to supply it).
     """
     hf_name, precision, kwargs = _resolve(name)
     try:
@@ -307,10 +322,51 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
         msg = " ".join(str(e).split())[:300]
         raise HeadprobeError(f"cannot load model {name}: {msg}") from None
     check_finite_weights(hf_model)
-    bridge = boot_bridge(hf_name, hf_model, tokenizer)
-    bridge.to(device)
-    spec = spec_from_bridge(name, hf_name, precision, bridge)
-    return LoadedModel(bridge, tokenizer, spec, prepend_bos=prepend_bos)
+    return Checkpoint(name, hf_name, precision, hf_model, tokenizer)
+
+
+def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "cpu", prepend_bos: bool = True) -> LoadedModel:
+    """Put a checkpoint behind TransformerLens hook points.
+
+    Args:
+        backend: ``native`` copies the weights into headprobe's own
+            :class:`~probe.model.Transformer` (GPT-2 and Llama families); ``transformer-lens``
+            wraps the Hugging Face model in a ``TransformerBridge``; ``auto`` takes native
+            wherever it supports the architecture, else the bridge.
+
+    Raises:
+        HeadprobeError: unknown backend, or ``native`` asked for an architecture it lacks.
+    """
+    from probe import convert
+
+    if backend not in BACKENDS:
+        raise HeadprobeError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        backend = "native" if convert.supports(ckpt.hf_model.config) else "transformer-lens"
+    if backend == "native":
+        model = convert.from_hf(ckpt.hf_model).to(device).eval()
+        spec = convert.spec_from_native(ckpt.name, ckpt.hf_name, f"{ckpt.precision}; native backend", model.cfg)
+    else:
+        model = boot_bridge(ckpt.hf_name, ckpt.hf_model, ckpt.tokenizer)
+        model.to(device)
+        spec = spec_from_bridge(ckpt.name, ckpt.hf_name, f"{ckpt.precision}; TransformerLens backend", model)
+    return LoadedModel(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
+
+
+def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", prepend_bos: bool = True,
+               backend: str = "auto") -> LoadedModel:
+    """Load ``name`` (see the module docstring) as a :class:`LoadedModel` on ``device``.
+
+    Args:
+        name: ``smollm2-135m``, a Hugging Face name, a local model directory or a ``.gguf`` file.
+        device: torch device for the model.
+        prepend_bos: put the tokenizer's BOS token in front of every sequence (once).
+        backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; see :func:`wrap`.
+
+    Raises:
+        HeadprobeError: the model cannot be found or read (one line, says how to supply it).
+    """
+    return wrap(load_checkpoint(name), backend, device, prepend_bos)
 
 
 def device_auto(device: str = "auto") -> str:

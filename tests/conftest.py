@@ -3,6 +3,9 @@ bridge, and the real SmolLM2-135M model, loaded once per test session."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import pytest
 import torch
 
@@ -66,8 +69,31 @@ def tiny_llama_gqa(tiny_tokenizer):
 
 
 @pytest.fixture(scope="session")
-def smollm2():
-    """The real SmolLM2-135M-Instruct (4-bit Q4_1 GGUF, dequantized), loaded once (~30 s)."""
-    from probe.loading import load_model
+def smollm2_checkpoint():
+    """The real SmolLM2-135M-Instruct (4-bit Q4_1 GGUF, dequantized to float32), loaded once (~30 s)."""
+    from probe.loading import load_checkpoint
 
-    return load_model("smollm2-135m")
+    return load_checkpoint("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_checkpoint):
+    """(hf_model, tokenizer): the untouched Hugging Face model, the independent reference."""
+    return smollm2_checkpoint.hf_model, smollm2_checkpoint.tokenizer
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_checkpoint):
+    """SmolLM2 behind TransformerLens' TransformerBridge (on a copy, so smollm2_hf stays pristine)."""
+    from probe.loading import wrap
+
+    return wrap(dataclasses.replace(smollm2_checkpoint, hf_model=copy.deepcopy(smollm2_checkpoint.hf_model)),
+                backend="transformer-lens")
+
+
+@pytest.fixture(scope="session")
+def smollm2_native(smollm2_checkpoint):
+    """SmolLM2 in headprobe's own transformer (weights copied from the checkpoint)."""
+    from probe.loading import wrap
+
+    return wrap(smollm2_checkpoint, backend="native")

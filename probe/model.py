@@ -1,0 +1,520 @@
+"""headprobe's own transformer: one readable decoder-only model with TransformerLens hook points.
+
+One attention implementation covers multi-head (MHA, ``n_kv_heads == n_heads``), grouped-query
+(GQA, ``1 < n_kv_heads < n_heads``) and multi-query attention (MQA, ``n_kv_heads == 1``). Query
+head ``h`` reads key/value head ``h // group_size`` with ``group_size = n_heads // n_kv_heads``
+(Ainslie et al. 2023, "GQA", arXiv 2305.13245; Shazeer 2019, "Fast Transformer Decoding",
+arXiv 1911.02150). Keys and values are computed for ``n_kv_heads`` only and never copied per
+query head.
+
+Two attention paths give the same numbers (to 1e-5 in float32):
+
+* the eager path writes the scores and the pattern ``softmax(q k^T / sqrt(d_head))`` out and
+  runs whenever a hook on ``hook_attn_scores`` or ``hook_pattern`` is active (``run_with_cache``
+  included), or when ``Transformer.force_eager`` is set;
+* otherwise ``torch.nn.functional.scaled_dot_product_attention``, a fused kernel that never
+  materialises the ``[q_pos, k_pos]`` pattern.
+
+The architecture options load two families exactly (see :mod:`probe.convert`): GPT-2 (learned
+positions, LayerNorm, GELU with the tanh approximation, biases, tied unembedding; Radford et
+al. 2019) and Llama / SmolLM2 (rotary positions with Hugging Face's ``rotate_half`` convention,
+RMSNorm, SwiGLU, no biases, GQA; Touvron et al. 2023). ``mlp=None`` gives attention-only models.
+
+Every hook point is named as TransformerLens names it and declared with its shape where it is
+created. Classes appear in forward order: config, embedding, norms, rotary, attention, MLP,
+block, model.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import einops
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from probe.errors import HeadprobeError
+
+
+# --------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """The layout and architecture options of a :class:`Transformer`.
+
+    Attributes:
+        n_layers: number of blocks.
+        d_model: width of the residual stream.
+        n_heads: query heads per layer; ``d_head = d_model // n_heads``.
+        d_vocab: vocabulary size.
+        n_ctx: longest sequence (the size of the learned position table; rotary ignores it).
+        n_kv_heads: key/value heads per layer (None: ``n_heads``, i.e. MHA; 1: MQA).
+        d_mlp: hidden width of the MLP (None: ``4 * d_model``). Ignored when ``mlp`` is None.
+        positional: ``"learned"`` (GPT-2's table added to the embedding) or ``"rotary"`` (RoPE
+            applied to queries and keys, Su et al. 2021, arXiv 2104.09864).
+        norm: ``"layernorm"`` (GPT-2) or ``"rmsnorm"`` (Llama; Zhang & Sennrich 2019).
+        mlp: ``"gelu"`` (GPT-2: ``W_out gelu_tanh(W_in x)``), ``"swiglu"`` (Llama:
+            ``W_out (silu(W_gate x) * W_in x)``), or None for an attention-only model.
+        bias: whether the attention and MLP projections have biases (GPT-2 yes, Llama no).
+        tied_unembed: the unembedding is the transpose of the embedding (GPT-2, SmolLM2).
+        norm_eps: epsilon of the norms.
+        rope_theta: base of the rotary frequencies (Llama 2: 1e4, SmolLM2-135M: 1e5).
+        final_norm: apply a norm (``ln_final``) before the unembedding.
+
+    Raises:
+        HeadprobeError: ``d_model`` is not a multiple of ``n_heads``, or ``n_heads`` is not a
+            multiple of ``n_kv_heads``, or an option has an unknown value.
+    """
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_vocab: int
+    n_ctx: int = 1024
+    n_kv_heads: int | None = None
+    d_mlp: int | None = None
+    positional: Literal["learned", "rotary"] = "learned"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    mlp: Literal["gelu", "swiglu"] | None = "gelu"
+    bias: bool = True
+    tied_unembed: bool = True
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    final_norm: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.d_mlp is None:
+            object.__setattr__(self, "d_mlp", 4 * self.d_model)
+        if min(self.n_layers, self.d_model, self.n_heads, self.n_kv_heads, self.d_vocab, self.n_ctx) < 1:
+            raise HeadprobeError(f"config sizes must be positive: {self}")
+        if self.d_model % self.n_heads:
+            raise HeadprobeError(f"d_model={self.d_model} is not a multiple of n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise HeadprobeError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        for field, value, allowed in (
+            ("positional", self.positional, ("learned", "rotary")),
+            ("norm", self.norm, ("layernorm", "rmsnorm")),
+            ("mlp", self.mlp, ("gelu", "swiglu", None)),
+        ):
+            if value not in allowed:
+                raise HeadprobeError(f"config {field}={value!r} is not one of {allowed}")
+
+    @property
+    def d_head(self) -> int:
+        """Width of one head: ``d_model // n_heads``."""
+        return self.d_model // self.n_heads
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head: ``n_heads // n_kv_heads``."""
+        return self.n_heads // self.n_kv_heads
+
+
+# --------------------------------------------------------------------------------------------
+# Embedding and norms
+# --------------------------------------------------------------------------------------------
+
+
+class Embedding(nn.Module):
+    """Token embedding ``W_E`` and, for ``positional="learned"``, the position table ``W_pos``.
+
+    Returns the two terms separately so that the model's root hook points ``hook_embed`` and
+    ``hook_pos_embed`` (TransformerLens' names) see each.
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.W_E = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.W_pos = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positional == "learned" else None
+
+    def forward(
+        self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"] | None]:
+        return self.W_E(tokens), None if self.W_pos is None else self.W_pos(positions)
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * w``, computed in float32 as Hugging Face's ``LlamaRMSNorm``."""
+
+    def __init__(self, d_model: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.eps = eps
+
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Norm(nn.Module):
+    """LayerNorm or RMSNorm (``cfg.norm``), followed by ``hook_normalized``."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        if cfg.norm == "layernorm":
+            self.norm: nn.Module = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        else:
+            self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        return self.hook_normalized(self.norm(x))
+
+
+# --------------------------------------------------------------------------------------------
+# Rotary positions
+# --------------------------------------------------------------------------------------------
+
+
+def rotate_half(x: Float[Tensor, "... d_head"]) -> Float[Tensor, "... d_head"]:
+    """``[x1, x2] -> [-x2, x1]`` on the two halves of the last axis (Hugging Face's RoPE layout,
+    which pairs dimension ``i`` with ``i + d_head/2``, not adjacent dimensions)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (Su et al. 2021) in the convention of ``transformers``' Llama:
+    ``inv_freq_i = theta^(-2i/d_head)``, angle ``pos * inv_freq`` repeated over both halves,
+    ``x_rot = x cos + rotate_half(x) sin``. Computed in float32."""
+
+    def __init__(self, d_head: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos head d_head"],
+        positions: Int[Tensor, "batch pos"],
+    ) -> Float[Tensor, "batch pos head d_head"]:
+        angles = positions[..., None].float() * self.inv_freq  # [batch, pos, d_head/2]
+        angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # [batch, pos, 1, d_head]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        return x * cos + rotate_half(x) * sin
+
+
+# --------------------------------------------------------------------------------------------
+# Attention
+# --------------------------------------------------------------------------------------------
+
+
+def split_heads(x: Float[Tensor, "batch pos d"], n_heads: int) -> Float[Tensor, "batch head pos d_head"]:
+    """``[batch, pos, head * d_head] -> [batch, head, pos, d_head]``: reshape to ``[batch, pos, head,
+    d_head]``, then transpose. Head ``h`` holds columns ``h*d_head:(h+1)*d_head`` of every token
+    (a direct reshape to ``[batch, head, pos, d_head]`` would mix tokens into heads)."""
+    B, T, d = x.shape
+    return x.view(B, T, n_heads, d // n_heads).transpose(1, 2)
+
+
+def merge_heads(x: Float[Tensor, "batch head pos d_head"]) -> Float[Tensor, "batch pos d"]:
+    """Inverse of :func:`split_heads`: ``[batch, head, pos, d_head] -> [batch, pos, head * d_head]``."""
+    B, H, T, d_head = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * d_head)
+
+
+@functools.cache
+def _sdpa_has_enable_gqa() -> bool:
+    """``scaled_dot_product_attention(..., enable_gqa=True)`` exists from torch 2.5 on (it is a
+    builtin without a Python signature, so the version decides)."""
+    major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    return (major, minor) >= (2, 5)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with ``n_heads`` query heads and ``n_kv_heads`` key/value heads.
+
+    Heads are split from the fused projections by reshaping ``[batch, pos, head * d_head]`` to
+    ``[batch, pos, head, d_head]`` and then transposing to ``[batch, head, pos, d_head]``: head
+    ``h`` holds columns ``h*d_head:(h+1)*d_head`` of every token. The output is
+    ``attn_out = sum_h z_h W_O^(h) + b_O`` (Elhage et al. 2021), which equals
+    ``Concat(z_0, ..., z_{H-1}) W_O + b_O``.
+
+    Hook points (shapes beside each in ``__init__``) follow TransformerLens.
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        H, KV, d_head, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
+        self.q_proj = nn.Linear(D, H * d_head, bias=cfg.bias)
+        self.k_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
+        self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
+        self.o_proj = nn.Linear(H * d_head, D, bias=cfg.bias)
+        self.rotary = Rotary(d_head, cfg.rope_theta) if cfg.positional == "rotary" else None
+        self.scale = 1.0 / math.sqrt(d_head)
+        self.force_eager = False
+
+        self.hook_q = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_k = HookPoint()  # [batch, pos, kv_head, d_head]
+        self.hook_v = HookPoint()  # [batch, pos, kv_head, d_head]
+        self.hook_rot_q = HookPoint()  # [batch, pos, head, d_head]     (rotary only)
+        self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_head]  (rotary only)
+        self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos], scaled, masked to -inf
+        self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos], rows sum to 1
+        self.hook_z = HookPoint()  # [batch, pos, head, d_head], after head_mask
+        self.hook_result = HookPoint()  # [batch, pos, head, d_model], z_h W_O^(h)
+
+    @property
+    def W_O(self) -> Float[Tensor, "head d_head d_model"]:
+        """The output projection split by head, a view of ``o_proj.weight``: ``result_h = z_h @ W_O[h]``."""
+        return self.o_proj.weight.T.unflatten(0, (self.cfg.n_heads, self.cfg.d_head))
+
+    @property
+    def b_O(self) -> Float[Tensor, "d_model"] | None:
+        """The output bias (None without biases)."""
+        return self.o_proj.bias
+
+    def needs_pattern(self) -> bool:
+        """Whether this forward must materialise the pattern (a scores/pattern hook is active)."""
+        return self.force_eager or self.hook_pattern.has_hooks() or self.hook_attn_scores.has_hooks()
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        positions: Int[Tensor, "batch pos"],
+        key_mask: Float[Tensor, "batch 1 q_pos k_pos"] | None = None,
+        head_mask: Float[Tensor, "head"] | Float[Tensor, "batch head"] | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """Attention output for the normalised residual ``x``.
+
+        Args:
+            x: input, ``[batch, pos, d_model]``.
+            positions: position index of every token (rotary only).
+            key_mask: boolean, True where query ``q_pos`` may read key ``k_pos`` (causal and
+                padding combined); None for plain causal attention.
+            head_mask: per-head factor ``xi_h`` multiplying ``z_h`` (Michel et al. 2019), for
+                all sequences (``[head]``) or per sequence (``[batch, head]``).
+        """
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, KV, G, d_head = cfg.n_heads, cfg.n_kv_heads, cfg.group_size, cfg.d_head
+
+        # Split heads: reshape to [batch, pos, head, d_head] (head h = columns h*d_head:(h+1)*d_head).
+        q = self.hook_q(self.q_proj(x).view(B, T, H, d_head))  # [batch, pos, head, d_head]
+        k = self.hook_k(self.k_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
+        v = self.hook_v(self.v_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
+        if self.rotary is not None:
+            q = self.hook_rot_q(self.rotary(q, positions))
+            k = self.hook_rot_k(self.rotary(k, positions))
+        # ... then transpose to [batch, head, pos, d_head].
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+        if self.needs_pattern():
+            z = self._eager(q, k, v, key_mask)
+        else:
+            z = self._fused(q, k, v, key_mask)
+        z = z.transpose(1, 2)  # [batch, pos, head, d_head]
+
+        if head_mask is not None:
+            xi = head_mask.to(z.dtype)
+            z = z * (xi[:, None, :, None] if xi.dim() == 2 else xi[:, None])
+        z = self.hook_z(z)
+
+        if self.hook_result.has_hooks():
+            result = self.hook_result(
+                einops.einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
+            )
+            out = result.sum(dim=2)
+            return out if self.b_O is None else out + self.b_O
+        return self.o_proj(z.reshape(B, T, H * d_head))  # merge heads: Concat(z_h) W_O + b_O
+
+    def _eager(
+        self,
+        q: Float[Tensor, "batch head pos d_head"],
+        k: Float[Tensor, "batch kv_head pos d_head"],
+        v: Float[Tensor, "batch kv_head pos d_head"],
+        key_mask: Tensor | None,
+    ) -> Float[Tensor, "batch head pos d_head"]:
+        """Explicit ``softmax(q k^T / sqrt(d_head) + mask) v`` with the pattern hooked.
+
+        GQA without copies: the ``group_size`` query heads of one key/value head are stacked
+        along the query-position axis, ``[batch, kv_head, group * q_pos, d_head]``, so one batched
+        matmul against that key/value head serves the whole group.
+        """
+        B, H, T, d_head = q.shape
+        KV, S = k.shape[1], k.shape[2]
+        q_grouped = q.reshape(B, KV, (H // KV) * T, d_head)  # head h = kv_head * group + g
+        scores = (q_grouped @ k.transpose(-1, -2)).view(B, H, T, S) * self.scale
+        if key_mask is None:
+            key_mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+        scores = self.hook_attn_scores(scores.masked_fill(~key_mask, float("-inf")))
+        pattern = self.hook_pattern(scores.softmax(dim=-1))  # [batch, head, q_pos, k_pos]
+        z = pattern.reshape(B, KV, (H // KV) * T, S) @ v
+        return z.view(B, H, T, d_head)
+
+    def _fused(
+        self,
+        q: Float[Tensor, "batch head pos d_head"],
+        k: Float[Tensor, "batch kv_head pos d_head"],
+        v: Float[Tensor, "batch kv_head pos d_head"],
+        key_mask: Tensor | None,
+    ) -> Float[Tensor, "batch head pos d_head"]:
+        """``scaled_dot_product_attention``; no pattern exists on this path."""
+        kwargs = dict(is_causal=True) if key_mask is None else dict(attn_mask=key_mask)
+        if k.shape[1] != q.shape[1]:
+            if _sdpa_has_enable_gqa():
+                kwargs["enable_gqa"] = True
+            else:  # torch < 2.5: expand (a view) and let SDPA copy as it must
+                G = q.shape[1] // k.shape[1]
+                k = k.repeat_interleave(G, dim=1)
+                v = v.repeat_interleave(G, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, scale=self.scale, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# MLP, block, model
+# --------------------------------------------------------------------------------------------
+
+
+class MLP(nn.Module):
+    """GPT-2: ``W_out gelu_tanh(W_in x + b_in) + b_out``; Llama: ``W_out (silu(W_gate x) * W_in x)``."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.gated = cfg.mlp == "swiglu"
+        self.fc_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias)
+        self.fc_gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias) if self.gated else None
+        self.fc_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.bias)
+        self.hook_pre = HookPoint()  # [batch, pos, d_mlp], the activation's input
+        self.hook_pre_linear = HookPoint()  # [batch, pos, d_mlp], W_in x (gated only)
+        self.hook_post = HookPoint()  # [batch, pos, d_mlp]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        if self.gated:
+            post = F.silu(self.hook_pre(self.fc_gate(x))) * self.hook_pre_linear(self.fc_in(x))
+        else:
+            post = F.gelu(self.hook_pre(self.fc_in(x)), approximate="tanh")  # GPT-2's gelu_new
+        return self.fc_out(self.hook_post(post))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: ``resid_mid = resid_pre + attn(ln1(resid_pre))``,
+    ``resid_post = resid_mid + mlp(ln2(resid_mid))`` (no MLP in attention-only models)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.ln1 = Norm(cfg)
+        self.attn = Attention(cfg)
+        self.ln2 = Norm(cfg) if cfg.mlp is not None else None
+        self.mlp = MLP(cfg) if cfg.mlp is not None else None
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
+        self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, resid: Float[Tensor, "batch pos d_model"], positions, key_mask=None, head_mask=None):
+        resid = self.hook_resid_pre(resid)
+        attn_out = self.hook_attn_out(self.attn(self.ln1(resid), positions, key_mask, head_mask))
+        resid = self.hook_resid_mid(resid + attn_out)
+        if self.mlp is not None:
+            resid = resid + self.hook_mlp_out(self.mlp(self.ln2(resid)))
+        return self.hook_resid_post(resid)
+
+
+class Transformer(HookedRootModule):
+    """Decoder-only transformer with TransformerLens hook points (``run_with_hooks``,
+    ``run_with_cache``, ``hooks(...)`` all work).
+
+    Hook names: ``hook_embed``, ``hook_pos_embed``, ``blocks.{l}.hook_resid_pre``,
+    ``blocks.{l}.ln1.hook_normalized``, ``blocks.{l}.attn.hook_{q,k,v,rot_q,rot_k,attn_scores,
+    pattern,z,result}``, ``blocks.{l}.hook_attn_out``, ``blocks.{l}.hook_resid_mid``,
+    ``blocks.{l}.mlp.hook_{pre,pre_linear,post}``, ``blocks.{l}.hook_mlp_out``,
+    ``blocks.{l}.hook_resid_post``, ``ln_final.hook_normalized``.
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embedding(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_final = Norm(cfg) if cfg.final_norm else None
+        self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        if cfg.tied_unembed:
+            self.unembed.weight = self.embed.W_E.weight
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.hook_pos_embed = HookPoint()  # [batch, pos, d_model] (learned positions only)
+        self.setup()
+
+    @property
+    def force_eager(self) -> bool:
+        """Whether every layer takes the eager attention path even without pattern hooks."""
+        return all(b.attn.force_eager for b in self.blocks)
+
+    @force_eager.setter
+    def force_eager(self, value: bool) -> None:
+        for b in self.blocks:
+            b.attn.force_eager = bool(value)
+
+    def forward(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        head_mask: Float[Tensor, "layer head"] | Float[Tensor, "batch layer head"] | None = None,
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        return_type: Literal["logits", "resid"] = "logits",
+    ) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits ``[batch, pos, d_vocab]`` (or the final residual, ``return_type="resid"``).
+
+        Args:
+            tokens: token ids ``[batch, pos]`` (a 1-D tensor is treated as one sequence).
+            head_mask: factors ``xi[layer, head]`` (or ``[batch, layer, head]``) multiplying each
+                head's ``z``; 0 removes a head's output contribution (zero ablation), 1 keeps it.
+                Differentiable, for gradient importance ``|dL/dxi|`` (Michel et al. 2019).
+            attention_mask: 1 for real tokens, 0 for padding (any side). Positions count real
+                tokens only, so a left-padded sequence gets the same positions as unpadded.
+
+        Raises:
+            HeadprobeError: ``head_mask`` has the wrong shape, or the sequence is longer than
+                ``n_ctx`` with learned positions.
+        """
+        cfg = self.cfg
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        B, T = tokens.shape
+        if cfg.positional == "learned" and T > cfg.n_ctx:
+            raise HeadprobeError(f"sequence of {T} tokens is longer than the model's n_ctx={cfg.n_ctx}")
+        if head_mask is not None and tuple(head_mask.shape[-2:]) != (cfg.n_layers, cfg.n_heads) or (
+            head_mask is not None and head_mask.dim() == 3 and head_mask.shape[0] != B
+        ):
+            raise HeadprobeError(
+                f"head_mask has shape {tuple(head_mask.shape)}; expected [{cfg.n_layers}, {cfg.n_heads}] "
+                f"or [{B}, {cfg.n_layers}, {cfg.n_heads}]"
+            )
+
+        if attention_mask is None:
+            positions = torch.arange(T, device=tokens.device).expand(B, T)
+            key_mask = None
+        else:
+            real = attention_mask.to(torch.bool)
+            positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+            causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
+            key_mask = (causal[None] & real[:, None, :])[:, None]  # [batch, 1, q_pos, k_pos]
+            # A padding query with no real key to its left reads itself, so SDPA gets no empty row.
+            key_mask = key_mask | torch.eye(T, dtype=torch.bool, device=tokens.device)
+
+        tok_embed, pos_embed = self.embed(tokens, positions)
+        resid = self.hook_embed(tok_embed)
+        if pos_embed is not None:
+            resid = resid + self.hook_pos_embed(pos_embed)
+        for layer, block in enumerate(self.blocks):
+            mask_l = None if head_mask is None else head_mask[..., layer, :]
+            resid = block(resid, positions, key_mask, mask_l)
+        if self.ln_final is not None:
+            resid = self.ln_final(resid)
+        if return_type == "resid":
+            return resid
+        return self.unembed(resid)
