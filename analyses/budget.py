@@ -18,16 +18,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 from probe import cost
-from probe.cost import AttentionLayout, format_bytes, format_flops
+from probe.cost import AttentionLayout, format_bytes, format_flops, format_tflop
 from probe.errors import HeadprobeError
 
 HELP = "attention cost calculator: parameters, KV cache, FLOPs and attention-matrix memory for MHA, GQA, MQA and MLA"
 
 DEFAULT_SEQ_LEN = 8192
+FLOPS_TABLE_SEQ_LENS = (1024, 8192, 32768, 131072)  # the lesson's table (seeds/003, "FLOPs")
 CHECK_PROMPT = "The quick brown fox jumps over the lazy dog. Attention heads share keys and values."
 
 
@@ -51,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="number format of cache and activations, sets the bytes per element (default bf16)")
     mode = p.add_argument_group("modes")
     mode.add_argument("--compare", action="store_true", help="MHA, GQA (every group count) and MQA of the same width side by side")
+    mode.add_argument("--flops-table", nargs="*", type=int, metavar="T",
+                      help=f"FLOPs of one layer at several lengths (default {' '.join(map(str, FLOPS_TABLE_SEQ_LENS))})")
+    mode.add_argument("--as-mha", action="store_true", help="--flops-table: count K/V projections as MHA, as the lesson's table does")
     mode.add_argument("--recommend", action="store_true", help="propose a head layout for --params/--d-model, --seq-len, --kv-limit, --target")
     mode.add_argument("--params", help="recommend: parameter budget without embeddings, e.g. 135M, 8B")
     mode.add_argument("--kv-limit", help="recommend: KV-cache memory limit per request, e.g. 2GiB, 512MiB")
@@ -188,6 +194,26 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
     return f"{describe(lay, dtype)}\n\n" + _table(table, header, right=set(range(1, 9)))
 
 
+def flops_table(lay: AttentionLayout, seq_lens: list[int], batch: int, as_mha: bool) -> list[dict[str, Any]]:
+    """One row per T: ``seq_len``, ``projections`` and ``scores`` (FLOPs), ``quadratic_share``."""
+    rows = []
+    for T in seq_lens:
+        fl = cost.attention_flops(lay, T, batch, as_mha=as_mha)
+        rows.append({"seq_len": T, "projections": fl.projections, "scores": fl.scores,
+                     "quadratic_share": fl.quadratic_share, "crossover_seq_len": fl.crossover_seq_len})
+    return rows
+
+
+def format_flops_table(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str, as_mha: bool) -> str:
+    table = [[f"{r['seq_len']:,}", format_tflop(r["projections"]), format_tflop(r["scores"]),
+              f"{100 * r['quadratic_share']:.0f}%"] for r in rows]
+    note = " (K/V projections counted as MHA)" if as_mha and lay.kind != "MHA" else ""
+    cross = rows[0]["crossover_seq_len"] if rows else 0
+    return (f"{describe(lay, dtype)}\nFLOPs of one attention layer{note}; 1 TFLOP = 10^12 FLOPs\n\n"
+            + _table(table, ["T", "projections, TFLOP", "scores and AV, TFLOP", "quadratic share"], right={0, 1, 2, 3})
+            + f"\n\nthe two are equal at T = {cross:,.0f}")
+
+
 def format_recommendation(rec: cost.Recommendation, dtype: str) -> str:
     return "\n".join([f"target {rec.target}: {describe(rec.layout, dtype)}", "", *rec.explanation])
 
@@ -206,10 +232,35 @@ def _cache_tensors(cache: Any) -> list[tuple[Any, Any]]:
     return [(k, v) for k, v in cache]
 
 
+@contextmanager
+def _cache_kwarg_shim(bridge: Any) -> Iterator[None]:
+    """Hand each attention bridge the Hugging Face cache under the name it reads.
+
+    transformers 5.x passes the cache to attention as ``cache=`` (``past_key_values`` is
+    deprecated); TransformerLens' attention bridges read only ``past_key_values``/``layer_past``,
+    so without this the model's cache comes back empty. The pre-hooks copy ``cache`` into
+    ``past_key_values`` when only the former is given, and are removed on exit.
+    """
+
+    def pre_hook(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
+            return args, {**kwargs, "past_key_values": kwargs["cache"]}
+        return None
+
+    handles = [block.attn.register_forward_pre_hook(pre_hook, with_kwargs=True)
+               for block in getattr(bridge, "blocks", ()) if hasattr(block, "attn")]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def measure_kv_cache(loaded: Any, text: str = CHECK_PROMPT) -> dict[str, Any]:
     """Run ``loaded`` once on ``text`` with the Hugging Face cache on and measure what it holds.
 
-    The bridge's ``return_type="logits_and_cache"`` hands back the model's own ``past_key_values``.
+    The bridge's ``return_type="logits_and_cache"`` hands back the model's own ``past_key_values``
+    (a ``DynamicCache``), filled by the model's attention layers during this forward pass.
 
     Returns:
         ``tokens`` (batch * positions), ``n_layers`` (cached layers), ``key_shape`` of layer 0
@@ -223,7 +274,8 @@ def measure_kv_cache(loaded: Any, text: str = CHECK_PROMPT) -> dict[str, Any]:
 
     tokens = loaded.to_tokens(text)[None].to(loaded.device)
     with torch.no_grad():
-        out = loaded.model(tokens, return_type="logits_and_cache")
+        with _cache_kwarg_shim(loaded.model):
+            out = loaded.model(tokens, return_type="logits_and_cache", use_cache=True)
     cache = out[1] if isinstance(out, tuple) else None
     pairs = _cache_tensors(cache) if cache is not None else []
     if not pairs or any(k is None or v is None for k, v in pairs):
@@ -337,7 +389,12 @@ def run(args: argparse.Namespace) -> int:
     # Validate the workload before computing anything.
     cost.kv_bytes_per_request(lay, args.seq_len, args.batch)
 
-    if args.compare:
+    if args.flops_table is not None:
+        seq_lens = args.flops_table or list(FLOPS_TABLE_SEQ_LENS)
+        rows = flops_table(lay, seq_lens, args.batch, args.as_mha)
+        out = {"layout": lay.to_dict(), "as_mha": args.as_mha, "flops": rows}
+        text = format_flops_table(rows, lay, args.dtype, args.as_mha)
+    elif args.compare:
         rows = cost.compare_kv_heads(lay, args.seq_len, args.batch)
         out: Any = {"layout": lay.to_dict(), "workload": {"seq_len": args.seq_len, "batch": args.batch}, "compare": rows}
         text = format_compare(rows, lay, args.dtype, args.seq_len, args.batch)

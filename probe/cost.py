@@ -440,8 +440,8 @@ def format_tflop(flops: float) -> str:
 
 
 def format_flops(flops: float) -> str:
-    """FLOPs with a decimal prefix: ``4.40 TFLOP`` from 10**10 up, else ``GFLOP`` or ``MFLOP``."""
-    if flops >= 10**10:
+    """FLOPs with a decimal prefix: ``4.40 TFLOP`` from 10**11 up, else ``GFLOP``, ``MFLOP``..."""
+    if flops >= 10**11:
         return f"{format_tflop(flops)} TFLOP"
     for unit, size in (("GFLOP", 10**9), ("MFLOP", 10**6), ("kFLOP", 10**3)):
         if flops >= size:
