@@ -314,15 +314,17 @@ def attention_params_of_model(loaded: Any) -> tuple[int, str] | None:
     return sum(p.numel() for _, p in named), bias
 
 
-def check_model(name: str, args: argparse.Namespace) -> tuple[AttentionLayout, dict[str, Any]]:
-    """Load ``name``, build its layout and compare the formulas with its own cache and weights.
+def check_loaded(loaded: Any) -> tuple[AttentionLayout, dict[str, Any]]:
+    """Build a loaded model's layout from its ``spec`` and compare the formulas with the model.
+
+    Two checks: the KV cache per token (numbers and bytes, in the model's own element size)
+    against :func:`measure_kv_cache`, and the attention parameters of layer 0 against
+    :func:`attention_params_of_model` (the bias kind is read from the model's parameter names).
 
     Returns:
-        (the layout in ``--dtype``, a check record with ``measured``, ``expected`` and ``ok``).
+        (the layout in the model's element size, a check record with ``measured``, ``expected``
+        and ``ok``).
     """
-    from probe.loading import load_model
-
-    loaded = load_model(name)
     s = loaded.spec
     measured = measure_kv_cache(loaded)
     counted = attention_params_of_model(loaded)
@@ -336,12 +338,12 @@ def check_model(name: str, args: argparse.Namespace) -> tuple[AttentionLayout, d
         "key_shape": [1, lay.n_kv_heads, measured["tokens"], lay.d_head],
     }
     ok = all(measured[k] == expected[k] for k in expected)
-    record: dict[str, Any] = {"model": name, "precision": s.precision, "measured": measured, "expected": expected, "ok": ok}
+    record: dict[str, Any] = {"model": s.name, "precision": s.precision, "measured": measured, "expected": expected, "ok": ok}
     if counted is not None:
         record["attn_params_per_layer"] = {"counted": counted[0], "formula": cost.attention_params_per_layer(lay),
                                            "ok": counted[0] == cost.attention_params_per_layer(lay)}
         record["ok"] = ok and record["attn_params_per_layer"]["ok"]
-    return replace(lay, bytes_per_element=cost.DTYPE_BYTES[args.dtype]), record
+    return lay, record
 
 
 def format_check(rec: dict[str, Any]) -> str:
@@ -384,7 +386,10 @@ def run(args: argparse.Namespace) -> int:
     check = None
     base = None
     if args.model:
-        base, check = check_model(args.model, args)
+        from probe.loading import load_model
+
+        model_layout, check = check_loaded(load_model(args.model))
+        base = replace(model_layout, bytes_per_element=cost.DTYPE_BYTES[args.dtype])
     lay = layout_from_args(args, base)
     # Validate the workload before computing anything.
     cost.kv_bytes_per_request(lay, args.seq_len, args.batch)
