@@ -112,7 +112,8 @@ def describe(lay: AttentionLayout, dtype: str | None = None) -> str:
         if lay.q_lora_rank:
             heads += f", query latent {lay.q_lora_rank}"
     else:
-        heads += f", {lay.n_kv_heads} KV heads (group size {lay.group_size})"
+        kv = "1 KV head" if lay.n_kv_heads == 1 else f"{lay.n_kv_heads} KV heads"
+        heads += f", {kv} (group size {lay.group_size})"
     fmt = f"{dtype} ({lay.bytes_per_element} bytes)" if dtype else f"{lay.bytes_per_element} bytes per element"
     name = f"{lay.name}: " if lay.name else ""
     return f"{name}{lay.kind}, d_model {lay.d_model}, {lay.n_layers} layers, {heads}, bias {lay.bias}, {fmt}"

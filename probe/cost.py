@@ -615,6 +615,10 @@ class Recommendation:
         return d
 
 
+def _kv_heads_txt(n: int) -> str:
+    return "1 KV head" if n == 1 else f"{n} KV heads"
+
+
 def shape_for_params(n_params: int, d_head: int | None = None) -> tuple[int, int]:
     """A (d_model, n_layers) for a dense decoder of about ``n_params`` non-embedding parameters.
 
@@ -721,10 +725,11 @@ def recommend(
     lines = [
         f"{n_layers} layers x d_model {d_model}: {n_heads} query heads of d_head {d_head}"
         + (f", MLA latent {mla.kv_lora_rank} + rotary key {mla.qk_rope_head_dim}" if use_mla
-           else f", {gqa.n_kv_heads} KV heads (group size {gqa.group_size}, {gqa.kind})")
+           else f", {_kv_heads_txt(gqa.n_kv_heads)} (group size {gqa.group_size}, {gqa.kind})")
         + f"; KV cache {format_bytes(req)} per request at {req_txt} against {limit_txt}.",
         f"MHA would cache {format_bytes(mha_req)} ({n_heads} KV heads); "
-        + (f"the largest GQA that fits has {gqa.n_kv_heads} KV heads ({format_bytes(kv_bytes_per_request(gqa, seq_len, batch))})"
+        + (f"the most KV heads that fit: {_kv_heads_txt(gqa.n_kv_heads)} "
+           f"({gqa.kind}, {format_bytes(kv_bytes_per_request(gqa, seq_len, batch))})"
            if fitting else "even MQA (1 KV head) does not fit")
         + f", MLA would cache {format_bytes(kv_bytes_per_request(mla, seq_len, batch))}.",
     ]
@@ -742,8 +747,9 @@ def recommend(
         lines.append(f"MLA would be the better buy at so few KV heads, but {why}; "
                      f"expect some quality loss from sharing each K/V across {gqa.group_size} query heads.")
     elif target == "edge":
-        lines.append("MLA is not worth it on the edge: GQA already fits, and MLA needs absorbed-matrix "
-                     "kernels few on-device runtimes have; fewer, 64-wide heads keep kernels simple.")
+        lines.append(f"MLA is not worth it on the edge: {gqa.kind} already fits, and MLA needs absorbed-matrix "
+                     f"kernels few on-device runtimes have (its cache, {format_bytes(kv_bytes_per_request(mla, seq_len, batch))}, "
+                     f"{'would fit' if fits(mla) else 'would not even fit'}); 64-wide heads keep kernels simple.")
     else:
         lines.append("MLA is not needed: GQA with this many KV heads fits the limit and keeps quality "
                      "close to MHA (Ainslie et al. 2023) with plain, widely supported kernels.")
