@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import replace
 from typing import Any
 
@@ -389,7 +389,9 @@ def run(args: argparse.Namespace) -> int:
     if args.model:
         from probe.loading import load_model
 
-        model_layout, check = check_loaded(load_model(args.model))
+        # TransformerLens prints progress on stdout; keep stdout for the report (and --json).
+        with redirect_stdout(sys.stderr):
+            model_layout, check = check_loaded(load_model(args.model))
         base = replace(model_layout, bytes_per_element=cost.DTYPE_BYTES[args.dtype])
     lay = layout_from_args(args, base)
     # Validate the workload before computing anything.

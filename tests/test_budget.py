@@ -466,3 +466,15 @@ def test_live_kv_cache_check_on_smollm2(smollm2):
     preset = cost.preset("smollm2-135m")
     assert cost.kv_bytes_per_token(replace(lay, bytes_per_element=2)) == cost.kv_bytes_per_token(preset)
     assert "OK: the formulas match the model" in budget.format_check(record)
+
+
+@pytest.mark.real_model
+def test_cli_model_flag_on_smollm2(smollm2, monkeypatch, capsys):
+    import probe.loading
+
+    monkeypatch.setattr(probe.loading, "load_model", lambda name: smollm2)  # reuse the session's model
+    code, out, _ = run_cli(capsys, "--model", "smollm2-135m", "--seq-len", "8192", "--json")
+    r = json.loads(out)  # nothing but JSON on stdout
+    assert code == 0 and r["check"]["ok"]
+    assert r["kv_bytes_per_token"] == 384 * 30 * 2  # reported in --dtype bf16
+    assert r["kv_bytes_per_request"] == 180 * MIB
