@@ -18,6 +18,7 @@ from probe.errors import HeadprobeError
 # subcommand -> module providing HELP, add_arguments(parser), run(args)
 SUBCOMMANDS: dict[str, str] = {
     "scan": "analyses.scan",
+    "budget": "analyses.budget",
 }
 
 
@@ -28,7 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name != module_name:  # a missing dependency is a real error; say so
+                raise
+            continue  # a registered subcommand whose module is not in this checkout yet
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)

@@ -1,0 +1,758 @@
+"""What an attention layout costs: parameters, KV cache, FLOPs and attention-matrix memory.
+
+Pure, exact integer arithmetic over an :class:`AttentionLayout` (the shape of a model's attention)
+and a workload (``batch`` sequences of ``seq_len`` tokens). No torch, no model, no I/O.
+
+Units used throughout (every public function repeats the one it returns):
+
+* parameters and "numbers" (cached elements) are counts of scalars;
+* memory is in bytes; :func:`format_bytes` prints binary prefixes, 1 KiB = 2**10 bytes,
+  1 MiB = 2**20, 1 GiB = 2**30, 1 TiB = 2**40 bytes (IEC 80000-13, as in the lesson);
+* compute is in FLOPs, one multiply or one add each; a matrix product (m x k)(k x n) costs
+  2*m*k*n FLOPs. 1 TFLOP = 10**12 FLOPs (decimal, as FLOPs are always quoted).
+
+Definitions and worked numbers follow the lesson texts in ``shared/seeds/003_*`` ("Сколько это
+стоит", "FLOPs", "Память", "Мост к MQA, GQA и MLA"):
+
+* attention parameters per layer without biases: ``4 * d_model**2`` for MHA, independent of the
+  number of heads; GQA (Ainslie et al. 2023, arXiv:2305.13245) and MQA (Shazeer 2019,
+  arXiv:1911.02150) shrink W_K and W_V to ``d_model x n_kv_heads*d_head``;
+* KV cache per token per layer: ``2 * n_kv_heads * d_head`` numbers; for MLA (DeepSeek-V2,
+  arXiv:2405.04434, section 2.1) the cached latent ``kv_lora_rank`` plus the decoupled rotary key
+  ``qk_rope_head_dim``;
+* FLOPs of one attention layer: ``8*T*D**2`` (projections) + ``4*T**2*D`` (scores QK^T and the
+  weighted sum AV); they are equal at ``T = 2*D``;
+* a materialised attention weight matrix holds ``batch * n_heads * T * T`` elements; a fused kernel
+  (FlashAttention, Dao et al. 2022, arXiv:2205.14135; PyTorch SDPA) never stores it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from probe.errors import HeadprobeError
+
+KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40
+TFLOP = 10**12
+
+#: Bytes per element of the number formats a user may name (``--dtype``).
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+#: Bias conventions: which projections carry a bias vector.
+BIAS_KINDS = ("none", "qkv", "all")
+
+
+# ---------------------------------------------------------------------------------------------
+# The layout
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """The attention shape of a decoder-only transformer.
+
+    Attributes:
+        d_model: residual stream width D.
+        n_layers: number of attention layers.
+        n_heads: number of query heads H.
+        n_kv_heads: number of key/value heads (H for MHA, 1 for MQA, a divisor of H for GQA).
+            ``None`` means ``n_heads``. Ignored by the KV-cache formula of an MLA layout, whose
+            cache is one latent shared by all heads.
+        d_head: width of one head. ``None`` means ``d_model // n_heads``. ``n_heads * d_head`` need
+            not equal ``d_model`` (DeepSeek-V3: 128 * 128 = 16384 > 7168). For MLA it is the
+            non-rotary query/key width and the value width (DeepSeek's ``qk_nope_head_dim`` =
+            ``v_head_dim`` = 128).
+        bias: which projections have biases: ``"none"`` (Llama, the original Transformer),
+            ``"qkv"`` (Qwen2.5) or ``"all"`` (GPT-2, GPT-3).
+        bytes_per_element: bytes of one cached or stored number (2 for bf16/fp16).
+        kv_lora_rank: MLA only: width of the compressed KV latent c^KV (DeepSeek-V3: 512).
+            ``None`` means the layout is not MLA.
+        q_lora_rank: MLA only: width of the compressed query latent c^Q (DeepSeek-V3: 1536);
+            ``None`` means a full-rank query projection.
+        qk_rope_head_dim: MLA only: width of the decoupled rotary key shared by all heads and of
+            each head's rotary query part (DeepSeek-V3: 64).
+        name: a label for tables.
+
+    Raises:
+        HeadprobeError: a size is not a positive integer, ``d_model`` is not divisible by
+            ``n_heads`` when ``d_head`` is not given, ``n_heads`` is not divisible by
+            ``n_kv_heads``, an MLA size is given without ``kv_lora_rank``, or ``bias`` is unknown.
+    """
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int | None = None
+    d_head: int | None = None
+    bias: str = "none"
+    bytes_per_element: int = 2
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("d_model", "n_layers", "n_heads", "bytes_per_element"):
+            _check_positive(field, getattr(self, field))
+        for field in ("n_kv_heads", "d_head", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim"):
+            if getattr(self, field) is not None:
+                _check_positive(field, getattr(self, field))
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise HeadprobeError(
+                    f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}; "
+                    f"choose n_heads dividing d_model or give d_head explicitly"
+                )
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads:
+            raise HeadprobeError(
+                f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}; "
+                f"each key/value head must serve a whole group of query heads"
+            )
+        if self.bias not in BIAS_KINDS:
+            raise HeadprobeError(f"unknown bias kind {self.bias!r}; choose one of {', '.join(BIAS_KINDS)}")
+        if self.kv_lora_rank is None and (self.q_lora_rank is not None or self.qk_rope_head_dim is not None):
+            raise HeadprobeError("q_lora_rank and qk_rope_head_dim describe MLA; give kv_lora_rank too")
+        if self.kv_lora_rank is not None and self.qk_rope_head_dim is None:
+            object.__setattr__(self, "qk_rope_head_dim", 0)
+
+    # -- derived names ---------------------------------------------------------------------
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether this is multi-head latent attention (a ``kv_lora_rank`` is set)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head: ``n_heads // n_kv_heads``."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def kind(self) -> str:
+        """``MLA``, ``MHA`` (n_kv_heads == n_heads), ``MQA`` (n_kv_heads == 1) or ``GQA``."""
+        if self.is_mla:
+            return "MLA"
+        if self.n_kv_heads == self.n_heads:
+            return "MHA"
+        return "MQA" if self.n_kv_heads == 1 else "GQA"
+
+    def with_kv_heads(self, n_kv_heads: int) -> "AttentionLayout":
+        """The same layout (not MLA) with ``n_kv_heads`` key/value heads."""
+        return replace(self, n_kv_heads=n_kv_heads, kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=None)
+
+    def as_mha(self) -> "AttentionLayout":
+        """The MHA layout of the same heads: one K and one V per query head, no latent."""
+        return self.with_kv_heads(self.n_heads)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise HeadprobeError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_workload(seq_len: int, batch: int) -> None:
+    _check_positive("seq_len", seq_len)
+    _check_positive("batch", batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters
+# ---------------------------------------------------------------------------------------------
+
+
+def attention_weight_shapes(layout: AttentionLayout) -> dict[str, tuple[int, int]]:
+    """The (in_features, out_features) of every projection matrix of one attention layer.
+
+    MHA/GQA/MQA: ``W_Q`` (d_model -> n_heads*d_head), ``W_K`` and ``W_V`` (d_model ->
+    n_kv_heads*d_head each), ``W_O`` (n_heads*d_head -> d_model).
+
+    MLA, as in DeepSeek-V2/V3 (arXiv:2405.04434, eqs. 9-12 and 37-39; Hugging Face
+    ``DeepseekV3Attention``): ``W_DQ`` (d_model -> q_lora_rank) and ``W_UQ`` (q_lora_rank ->
+    n_heads*(d_head+rope)), or one ``W_Q`` (d_model -> n_heads*(d_head+rope)) without a query
+    latent; ``W_DKV_KR`` (d_model -> kv_lora_rank+rope, the latent and the shared rotary key);
+    ``W_UKV`` (kv_lora_rank -> n_heads*2*d_head, keys and values of all heads); ``W_O``
+    (n_heads*d_head -> d_model).
+
+    Returns:
+        name -> (in_features, out_features), counts of numbers.
+    """
+    D, H, dh = layout.d_model, layout.n_heads, layout.d_head
+    if not layout.is_mla:
+        kv = layout.n_kv_heads * dh
+        return {"W_Q": (D, H * dh), "W_K": (D, kv), "W_V": (D, kv), "W_O": (H * dh, D)}
+    rope = layout.qk_rope_head_dim
+    shapes: dict[str, tuple[int, int]] = {}
+    if layout.q_lora_rank is None:
+        shapes["W_Q"] = (D, H * (dh + rope))
+    else:
+        shapes["W_DQ"] = (D, layout.q_lora_rank)
+        shapes["W_UQ"] = (layout.q_lora_rank, H * (dh + rope))
+    shapes["W_DKV_KR"] = (D, layout.kv_lora_rank + rope)
+    shapes["W_UKV"] = (layout.kv_lora_rank, H * 2 * dh)
+    shapes["W_O"] = (H * dh, D)
+    return shapes
+
+
+def attention_params_per_layer(layout: AttentionLayout) -> int:
+    """Parameters (number of scalars) of one attention layer.
+
+    Without biases an MHA layer with ``n_heads * d_head == d_model`` has ``4 * d_model**2``,
+    whatever ``n_heads`` is (lesson 003: the H matrices d_model x d_head of W_Q together are one
+    d_model x d_model matrix). GQA/MQA reduce W_K and W_V to ``d_model * n_kv_heads * d_head``
+    each. Biases add one number per output feature of the projections that have them
+    (``"qkv"``: Q, K, V; ``"all"``: also O): GPT-2 small 4*768**2 + 4*768 = 2,362,368.
+
+    MLA adds the two RMSNorm weight vectors of the latents (``q_lora_rank`` and ``kv_lora_rank``
+    numbers), which live inside the attention block in DeepSeek-V3.
+
+    Returns:
+        a count of parameters.
+    """
+    shapes = attention_weight_shapes(layout)
+    total = sum(i * o for i, o in shapes.values())
+    if layout.bias in ("qkv", "all"):
+        total += sum(o for name, (_, o) in shapes.items() if name != "W_O")
+    if layout.bias == "all":
+        total += shapes["W_O"][1]
+    if layout.is_mla:
+        total += layout.kv_lora_rank + (layout.q_lora_rank or 0)
+    return total
+
+
+def attention_params(layout: AttentionLayout) -> int:
+    """Attention parameters of the whole model: ``n_layers * attention_params_per_layer``. A count."""
+    return layout.n_layers * attention_params_per_layer(layout)
+
+
+# ---------------------------------------------------------------------------------------------
+# KV cache
+# ---------------------------------------------------------------------------------------------
+
+
+def kv_numbers_per_token_per_layer(layout: AttentionLayout) -> int:
+    """Numbers cached per token per layer during generation.
+
+    MHA/GQA/MQA: ``2 * n_kv_heads * d_head`` (one key and one value per KV head; lesson 003:
+    Llama 3 8B as MHA 2*32*128 = 8192). MLA: ``kv_lora_rank + qk_rope_head_dim``, the latent
+    c^KV and the decoupled rotary key k^R shared by all heads (DeepSeek-V2 paper, section 2.1.3;
+    DeepSeek-V3: 512 + 64 = 576). This is the cache of an inference engine that absorbs W_UK
+    and W_UV; the reference Hugging Face implementation caches decompressed keys and values.
+
+    Returns:
+        a count of numbers.
+    """
+    if layout.is_mla:
+        return layout.kv_lora_rank + layout.qk_rope_head_dim
+    return 2 * layout.n_kv_heads * layout.d_head
+
+
+def kv_bytes_per_token(layout: AttentionLayout) -> int:
+    """KV cache of one token over all layers, in bytes:
+    ``kv_numbers_per_token_per_layer * n_layers * bytes_per_element``.
+
+    Llama 3 8B in bf16: 8192 * 32 * 2 = 524,288 bytes = 512 KiB as MHA, 128 KiB with 8 KV heads.
+    """
+    return kv_numbers_per_token_per_layer(layout) * layout.n_layers * layout.bytes_per_element
+
+
+def kv_bytes_per_request(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
+    """KV cache of ``batch`` sequences of ``seq_len`` tokens, in bytes.
+
+    Llama 3 8B as MHA at 32K tokens: 512 KiB * 32768 = 16 GiB.
+
+    Raises:
+        HeadprobeError: ``seq_len`` or ``batch`` is not a positive integer.
+    """
+    _check_workload(seq_len, batch)
+    return kv_bytes_per_token(layout) * seq_len * batch
+
+
+def max_tokens_in_kv(layout: AttentionLayout, kv_limit_bytes: int, batch: int = 1) -> int:
+    """The most tokens per sequence whose KV cache fits in ``kv_limit_bytes`` (a count of tokens)."""
+    _check_positive("batch", batch)
+    return kv_limit_bytes // (kv_bytes_per_token(layout) * batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs
+# ---------------------------------------------------------------------------------------------
+
+
+def projection_flops(layout: AttentionLayout, seq_len: int, batch: int = 1, as_mha: bool = False) -> int:
+    """FLOPs of the projections of one attention layer on ``batch`` sequences of ``seq_len``.
+
+    Every weight is used once per token in one multiply and one add: ``2 * tokens * weights``.
+    For MHA with ``n_heads * d_head == d_model`` this is the lesson's ``8 * T * D**2``. With GQA
+    or MQA the K and V projections are ``group_size`` times cheaper; ``as_mha=True`` counts the
+    layer as MHA of the same heads, as the lesson's table does. Biases are not counted.
+
+    Returns:
+        FLOPs.
+    """
+    _check_workload(seq_len, batch)
+    lay = layout.as_mha() if as_mha else layout
+    weights = sum(i * o for i, o in attention_weight_shapes(lay).values())
+    return 2 * batch * seq_len * weights
+
+
+def score_flops(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
+    """FLOPs of the scores QK^T and the weighted sum AV of one attention layer.
+
+    Per head: QK^T is (T x d_qk)(d_qk x T), ``2*T**2*d_qk`` FLOPs; AV is (T x T)(T x d_head),
+    ``2*T**2*d_head``. With ``n_heads * d_head == D`` the total is the lesson's ``4 * T**2 * D``.
+    For MLA ``d_qk = d_head + qk_rope_head_dim`` (the naive, non-absorbed form). Every score is
+    counted: a causal mask lets a kernel skip about half of them; the softmax is not counted.
+    GQA does not change this term: every query head still scores every key.
+
+    Returns:
+        FLOPs.
+    """
+    _check_workload(seq_len, batch)
+    d_qk = layout.d_head + (layout.qk_rope_head_dim if layout.is_mla else 0)
+    return 2 * batch * layout.n_heads * seq_len**2 * (d_qk + layout.d_head)
+
+
+@dataclass(frozen=True)
+class AttentionFlops:
+    """FLOPs of one attention layer at one sequence length.
+
+    Attributes:
+        seq_len: T, tokens per sequence.
+        projections: FLOPs of W_Q, W_K, W_V, W_O (linear in T).
+        scores: FLOPs of QK^T and AV (quadratic in T).
+        quadratic_share: ``scores / (projections + scores)``, between 0 and 1.
+        crossover_seq_len: the T at which the two terms are equal (2*D for MHA); a real number.
+    """
+
+    seq_len: int
+    projections: int
+    scores: int
+    quadratic_share: float
+    crossover_seq_len: float
+
+    @property
+    def total(self) -> int:
+        return self.projections + self.scores
+
+
+def attention_flops(layout: AttentionLayout, seq_len: int, batch: int = 1, as_mha: bool = False) -> AttentionFlops:
+    """FLOPs of one attention layer (see :func:`projection_flops`, :func:`score_flops`).
+
+    The crossover length solves ``projections(T) == scores(T)``: projections are ``p*T`` and
+    scores ``s*T**2``, so ``T = p / s``; for MHA ``T = 8*D**2 / (4*D) = 2*D`` (lesson 003).
+
+    Raises:
+        HeadprobeError: ``seq_len`` or ``batch`` is not a positive integer.
+    """
+    proj = projection_flops(layout, seq_len, batch, as_mha=as_mha)
+    scores = score_flops(layout, seq_len, batch)
+    p_per_token = projection_flops(layout, 1, 1, as_mha=as_mha)
+    s_per_token2 = score_flops(layout, 1, 1)
+    return AttentionFlops(
+        seq_len=seq_len,
+        projections=proj,
+        scores=scores,
+        quadratic_share=scores / (proj + scores),
+        crossover_seq_len=p_per_token / s_per_token2,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention-matrix memory
+# ---------------------------------------------------------------------------------------------
+
+
+def attention_matrix_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
+    """Bytes of one layer's materialised attention weights ``[batch, head, q_pos, k_pos]``.
+
+    ``batch * n_heads * T * T * bytes_per_element`` (lesson 003, ``score_matrix_bytes``): Llama 3
+    8B in bf16, 32 heads: 4 GiB at T = 8192, 1 TiB at T = 131072. A naive implementation holds
+    several such matrices at once (scores, masked scores, weights).
+
+    Raises:
+        HeadprobeError: ``seq_len`` or ``batch`` is not a positive integer.
+    """
+    _check_workload(seq_len, batch)
+    return batch * layout.n_heads * seq_len * seq_len * layout.bytes_per_element
+
+
+def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
+    """Bytes one layer of a fused attention kernel (FlashAttention-2, SDPA) keeps in GPU memory.
+
+    The kernel reads Q ``[batch, pos, head, d_qk]``, K ``[batch, pos, kv_head, d_qk]`` and V
+    ``[batch, pos, kv_head, d_head]``, writes the output ``[batch, pos, head, d_head]`` and keeps,
+    for the backward pass, one float32 log-sum-exp per (batch, head, q_pos) (Dao 2023,
+    arXiv:2307.08691, algorithm 1). Score tiles live in on-chip SRAM and are never stored, so the
+    memory is O(T), not O(T**2). For MLA the keys and values are the decompressed per-head ones.
+
+    Returns:
+        bytes.
+    """
+    _check_workload(seq_len, batch)
+    H, dh, n = layout.n_heads, layout.d_head, batch * seq_len
+    if layout.is_mla:
+        d_qk, kv_heads = dh + layout.qk_rope_head_dim, H
+    else:
+        d_qk, kv_heads = dh, layout.n_kv_heads
+    numbers = n * (H * d_qk + kv_heads * d_qk + kv_heads * dh + H * dh)
+    return numbers * layout.bytes_per_element + n * H * 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting and parsing
+# ---------------------------------------------------------------------------------------------
+
+_BINARY = (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB))
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes with a binary prefix: ``512 KiB``, ``16 GiB``, ``1 TiB``, ``8.58 GiB``, ``12 B``.
+
+    Whole numbers of a unit print without decimals; others with up to two decimals.
+    """
+    for unit, size in _BINARY:
+        if abs(n) >= size:
+            v = n / size
+            break
+    else:
+        unit, v = "B", n
+    if v == int(v):
+        return f"{int(v)} {unit}"
+    return f"{v:.2f}".rstrip("0").rstrip(".") + f" {unit}"
+
+
+def format_tflop(flops: float) -> str:
+    """FLOPs as a number of TFLOP (10**12 FLOPs), as in the lesson's table: two decimals below 10
+    (``0.14``, ``1.10``, ``4.40``), one below 100 (``17.6``), none above (``281``)."""
+    t = flops / TFLOP
+    if t < 10:
+        return f"{t:.2f}"
+    return f"{t:.1f}" if t < 100 else f"{t:.0f}"
+
+
+def format_flops(flops: float) -> str:
+    """FLOPs with a decimal prefix: ``4.40 TFLOP`` from 10**11 up, else ``GFLOP``, ``MFLOP``..."""
+    if flops >= 10**11:
+        return f"{format_tflop(flops)} TFLOP"
+    for unit, size in (("GFLOP", 10**9), ("MFLOP", 10**6), ("kFLOP", 10**3)):
+        if flops >= size:
+            return f"{format_tflop(flops * TFLOP / size)} {unit}"
+    return f"{flops:.0f} FLOP"
+
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_BYTE_UNITS = {"": 1, "b": 1, "kib": KIB, "mib": MIB, "gib": GIB, "tib": TIB,
+               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+
+
+def parse_bytes(text: str) -> int:
+    """``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"4096"`` -> bytes (binary KiB..TiB, decimal kB..TB).
+
+    Raises:
+        HeadprobeError: the text is not a positive size.
+    """
+    m = _SIZE_RE.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _BYTE_UNITS or float(m.group(1)) <= 0:
+        raise HeadprobeError(f"cannot read {text!r} as a memory size; write e.g. 2GiB, 512MiB or 1.5GB")
+    return int(float(m.group(1)) * _BYTE_UNITS[unit])
+
+
+def parse_count(text: str) -> int:
+    """``"135M"``, ``"8B"``, ``"7e9"``, ``"1.5k"`` -> a count (decimal suffixes k, M, B/G, T).
+
+    Raises:
+        HeadprobeError: the text is not a positive count.
+    """
+    m = _SIZE_RE.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _COUNT_UNITS or float(m.group(1)) <= 0:
+        raise HeadprobeError(f"cannot read {text!r} as a parameter count; write e.g. 135M, 8B or 7e9")
+    return int(float(m.group(1)) * _COUNT_UNITS[unit])
+
+
+# ---------------------------------------------------------------------------------------------
+# Presets (attention layouts from published configs)
+# ---------------------------------------------------------------------------------------------
+
+PRESETS: dict[str, AttentionLayout] = {
+    # Vaswani et al. 2017 (arXiv:1706.03762), table 3 "base": d_model 512, h 8, d_k = d_v = 64,
+    # N = 6 decoder layers. tensor2tensor's attention projections have no biases.
+    "transformer-base": AttentionLayout(d_model=512, n_layers=6, n_heads=8, bias="none", name="Transformer base"),
+    # openai-community/gpt2 config.json: n_embd 768, n_layer 12, n_head 12; c_attn and c_proj
+    # carry biases (3*768 + 768 = 3072 numbers per layer).
+    "gpt2-small": AttentionLayout(d_model=768, n_layers=12, n_heads=12, bias="all", name="GPT-2 small"),
+    # Brown et al. 2020 (arXiv:2005.14165), table 2.1: d_model 12288, 96 layers, 96 heads of 128;
+    # GPT-2 style projections with biases.
+    "gpt3-175b": AttentionLayout(d_model=12288, n_layers=96, n_heads=96, bias="all", name="GPT-3 175B"),
+    # meta-llama/Meta-Llama-3-8B config.json: hidden_size 4096, num_hidden_layers 32,
+    # num_attention_heads 32, num_key_value_heads 8, attention_bias false; bf16.
+    "llama3-8b": AttentionLayout(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, name="Llama 3 8B"),
+    # Qwen/Qwen2.5-7B config.json: hidden_size 3584, num_hidden_layers 28,
+    # num_attention_heads 28, num_key_value_heads 4 (d_head 128); biases on q, k, v only.
+    "qwen2.5-7b": AttentionLayout(d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, bias="qkv", name="Qwen2.5-7B"),
+    # deepseek-ai/DeepSeek-V3 config.json: hidden_size 7168, num_hidden_layers 61,
+    # num_attention_heads 128, q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128,
+    # qk_rope_head_dim 64, v_head_dim 128, attention_bias false.
+    "deepseek-v3": AttentionLayout(d_model=7168, n_layers=61, n_heads=128, d_head=128, kv_lora_rank=512,
+                                   q_lora_rank=1536, qk_rope_head_dim=64, name="DeepSeek-V3"),
+    # moonshotai/Kimi-K2-Instruct config.json (DeepSeek-V3 architecture): hidden_size 7168,
+    # num_hidden_layers 61, num_attention_heads 64, q_lora_rank 1536, kv_lora_rank 512,
+    # qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128 (arXiv:2507.20534: 64 heads).
+    "kimi-k2": AttentionLayout(d_model=7168, n_layers=61, n_heads=64, d_head=128, kv_lora_rank=512,
+                               q_lora_rank=1536, qk_rope_head_dim=64, name="Kimi K2"),
+    # HuggingFaceTB/SmolLM2-135M config.json: hidden_size 576, num_hidden_layers 30,
+    # num_attention_heads 9, num_key_value_heads 3 (d_head 64), no attention bias.
+    "smollm2-135m": AttentionLayout(d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, name="SmolLM2-135M"),
+}
+
+
+def preset(name: str, bytes_per_element: int | None = None) -> AttentionLayout:
+    """The layout of a published model by preset name (see :data:`PRESETS`).
+
+    Raises:
+        HeadprobeError: unknown name (the message lists the known ones).
+    """
+    key = name.lower()
+    if key not in PRESETS:
+        raise HeadprobeError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    lay = PRESETS[key]
+    return lay if bytes_per_element is None else replace(lay, bytes_per_element=bytes_per_element)
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing KV-head counts and recommending a layout
+# ---------------------------------------------------------------------------------------------
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n``, largest first."""
+    return sorted((d for d in range(1, n + 1) if n % d == 0), reverse=True)
+
+
+def compare_kv_heads(layout: AttentionLayout, seq_len: int, batch: int = 1,
+                     kv_heads: list[int] | None = None) -> list[dict[str, Any]]:
+    """MHA, GQA with several group counts and MQA of the same width, side by side.
+
+    One row per ``n_kv_heads`` (every divisor of ``n_heads`` unless ``kv_heads`` is given), plus
+    the MLA layout itself when ``layout`` is MLA. Columns: ``layout``, ``n_kv_heads``,
+    ``group_size``, ``attn_params_per_layer`` (count), ``kv_numbers_per_token_per_layer``
+    (count), ``kv_bytes_per_token`` and ``kv_bytes_per_request`` (bytes),
+    ``kv_vs_mha`` (fraction of the MHA cache), ``flops_per_layer`` (FLOPs at ``seq_len``).
+
+    Raises:
+        HeadprobeError: a requested ``n_kv_heads`` does not divide ``n_heads``.
+    """
+    rows = []
+    mha_bytes = kv_bytes_per_token(layout.as_mha())
+    candidates = [layout.with_kv_heads(k) for k in (kv_heads or divisors(layout.n_heads))]
+    if layout.is_mla:
+        candidates.append(layout)
+    for lay in candidates:
+        fl = attention_flops(lay, seq_len, batch)
+        rows.append({
+            "layout": lay.kind,
+            "n_kv_heads": None if lay.is_mla else lay.n_kv_heads,
+            "group_size": None if lay.is_mla else lay.group_size,
+            "attn_params_per_layer": attention_params_per_layer(lay),
+            "kv_numbers_per_token_per_layer": kv_numbers_per_token_per_layer(lay),
+            "kv_bytes_per_token": kv_bytes_per_token(lay),
+            "kv_bytes_per_request": kv_bytes_per_request(lay, seq_len, batch),
+            "kv_vs_mha": kv_bytes_per_token(lay) / mha_bytes,
+            "flops_per_layer": fl.total,
+        })
+    return rows
+
+
+TARGETS = ("gpu-server", "edge", "long-context")
+
+#: Most key/value heads a target starts from before the KV limit is applied. Llama 3 8B/70B and
+#: Qwen2.5-72B use 8 KV heads on servers; small on-device models use 3-4 (SmolLM2-135M: 3,
+#: Qwen2.5-0.5B: 2); long-context serving starts from 8 and lets the limit decide.
+_KV_HEAD_CAP = {"gpu-server": 8, "edge": 4, "long-context": 8}
+
+#: Below this many KV heads GQA approaches MQA, whose quality loss Ainslie et al. 2023 report;
+#: there MLA (cache ~4.5 d_head numbers, quality at or above MHA per DeepSeek-V2) is the better buy.
+_MIN_GQA_KV_HEADS = 4
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A proposed attention layout and why.
+
+    Attributes:
+        layout: the proposed :class:`AttentionLayout` (MLA when ``use_mla``).
+        use_mla: whether multi-head latent attention is worth it here.
+        fits: whether the KV cache of one request at ``seq_len`` fits ``kv_limit_bytes``.
+        seq_len, batch, kv_limit_bytes, target: the inputs (bytes, tokens).
+        kv_bytes_per_request: the proposed layout's KV cache at ``seq_len`` (bytes).
+        explanation: two or three lines on the trade-off.
+    """
+
+    layout: AttentionLayout
+    use_mla: bool
+    fits: bool
+    seq_len: int
+    batch: int
+    kv_limit_bytes: int | None
+    target: str
+    kv_bytes_per_request: int
+    explanation: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["explanation"] = list(self.explanation)
+        return d
+
+
+def _kv_heads_txt(n: int) -> str:
+    return "1 KV head" if n == 1 else f"{n} KV heads"
+
+
+def shape_for_params(n_params: int, d_head: int | None = None) -> tuple[int, int]:
+    """A (d_model, n_layers) for a dense decoder of about ``n_params`` non-embedding parameters.
+
+    Uses ``n_params ~ 12 * n_layers * d_model**2`` (Kaplan et al. 2020, arXiv:2001.08361, eq. 2.1,
+    with d_ff = 4 d_model) and the aspect ratio ``d_model / n_layers`` of published models:
+    128 from 1B parameters up (Llama 3 8B: 4096/32, GPT-3: 12288/96), 64 below (GPT-2 small).
+    ``d_model`` is rounded to a multiple of 8 heads of 128 from 1B (4 heads of 64 below), then
+    ``n_layers`` is recomputed from the budget.
+
+    Raises:
+        HeadprobeError: ``n_params`` is not a positive integer.
+    """
+    _check_positive("n_params", n_params)
+    big = n_params >= 10**9
+    aspect = 128 if big else 64
+    d_head = d_head or (128 if big else 64)
+    step = d_head * (8 if big else 4)  # n_heads a multiple of 8 (of 4 below 1B): many GQA choices
+    n_layers = max(1, round((n_params / (12 * aspect**2)) ** (1 / 3)))
+    d_model = max(step, round(math.sqrt(n_params / (12 * n_layers)) / step) * step)
+    n_layers = max(1, round(n_params / (12 * d_model**2)))
+    return d_model, n_layers
+
+
+def recommend(
+    *,
+    seq_len: int,
+    target: str = "gpu-server",
+    n_params: int | None = None,
+    d_model: int | None = None,
+    n_layers: int | None = None,
+    kv_limit_bytes: int | None = None,
+    bytes_per_element: int = 2,
+    batch: int = 1,
+) -> Recommendation:
+    """Propose n_heads, d_head, n_kv_heads and whether MLA is worth it.
+
+    Rules (each from practice the lesson cites):
+
+    1. Shape: ``d_model`` and ``n_layers`` as given, or from ``n_params`` by
+       :func:`shape_for_params`.
+    2. ``d_head`` is 128 from ``d_model >= 2048`` (Llama 3, Qwen2.5, DeepSeek-V3, GPT-3) and 64
+       below (GPT-2, SmolLM2); ``edge`` always takes 64. ``n_heads = d_model // d_head``.
+    3. ``n_kv_heads``: the largest divisor of ``n_heads`` not above the target's cap (8 for
+       ``gpu-server`` and ``long-context``, 4 for ``edge``) whose KV cache at ``seq_len`` fits
+       ``kv_limit_bytes`` (no limit: the cap).
+    4. MLA (latent ``4 * d_head``, rotary key ``d_head / 2``, DeepSeek-V3's 512 + 64 for d_head 128)
+       is proposed when the limit would push GQA below 4 KV heads (toward MQA's quality loss) or
+       not fit at all, MLA fits, the target is not ``edge`` (MLA needs absorbed-matrix kernels few
+       on-device runtimes have) and ``d_model >= 1024``.
+
+    Returns:
+        a :class:`Recommendation`; ``fits`` is False when nothing fits, and the explanation
+        then gives the longest context that does.
+
+    Raises:
+        HeadprobeError: unknown ``target``; neither ``n_params`` nor ``d_model`` given;
+            ``n_layers`` missing with ``d_model``; a size not positive.
+    """
+    if target not in TARGETS:
+        raise HeadprobeError(f"unknown deployment target {target!r}; choose one of {', '.join(TARGETS)}")
+    _check_workload(seq_len, batch)
+    _check_positive("bytes_per_element", bytes_per_element)
+    if kv_limit_bytes is not None:
+        _check_positive("kv_limit_bytes", kv_limit_bytes)
+    if d_model is None:
+        if n_params is None:
+            raise HeadprobeError("recommend needs a parameter budget (--params) or a width (--d-model)")
+        d_model, auto_layers = shape_for_params(n_params, 64 if target == "edge" else None)
+        n_layers = n_layers or auto_layers
+    elif n_layers is None:
+        if n_params is None:
+            raise HeadprobeError("recommend with --d-model needs --n-layers or a parameter budget (--params)")
+        n_layers = max(1, round(n_params / (12 * d_model**2)))
+    _check_positive("d_model", d_model)
+    _check_positive("n_layers", n_layers)
+
+    d_head = 64 if (target == "edge" or d_model < 2048) else 128
+    if d_model % d_head:
+        d_head = 64 if d_model % 64 == 0 else None
+    if d_head is None:
+        raise HeadprobeError(f"d_model {d_model} is not a multiple of 64; no d_head of 64 or 128 divides it")
+    n_heads = d_model // d_head
+    base = AttentionLayout(d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_head=d_head,
+                           bytes_per_element=bytes_per_element)
+    mha_req = kv_bytes_per_request(base, seq_len, batch)
+
+    def fits(lay: AttentionLayout) -> bool:
+        return kv_limit_bytes is None or kv_bytes_per_request(lay, seq_len, batch) <= kv_limit_bytes
+
+    cap = min(_KV_HEAD_CAP[target], n_heads)
+    options = [k for k in divisors(n_heads) if k <= cap]
+    fitting = [k for k in options if fits(base.with_kv_heads(k))]
+    gqa = base.with_kv_heads(fitting[0] if fitting else 1)
+    mla = replace(base, kv_lora_rank=4 * d_head, qk_rope_head_dim=d_head // 2)
+    limit_txt = format_bytes(kv_limit_bytes) if kv_limit_bytes is not None else "no limit"
+    req_txt = f"{batch} x {seq_len} tokens" if batch > 1 else f"{seq_len} tokens"
+
+    squeezed = not fitting or gqa.n_kv_heads < min(_MIN_GQA_KV_HEADS, cap)
+    use_mla = squeezed and fits(mla) and target != "edge" and d_model >= 1024
+    chosen = mla if use_mla else gqa
+    ok = fits(chosen)
+    req = kv_bytes_per_request(chosen, seq_len, batch)
+
+    lines = [
+        f"{n_layers} layers x d_model {d_model}: {n_heads} query heads of d_head {d_head}"
+        + (f", MLA latent {mla.kv_lora_rank} + rotary key {mla.qk_rope_head_dim}" if use_mla
+           else f", {_kv_heads_txt(gqa.n_kv_heads)} (group size {gqa.group_size}, {gqa.kind})")
+        + f"; KV cache {format_bytes(req)} per request at {req_txt} against {limit_txt}.",
+        f"MHA would cache {format_bytes(mha_req)} ({n_heads} KV heads); "
+        + (f"the most KV heads that fit: {_kv_heads_txt(gqa.n_kv_heads)} "
+           f"({gqa.kind}, {format_bytes(kv_bytes_per_request(gqa, seq_len, batch))})"
+           if fitting else "even MQA (1 KV head) does not fit")
+        + f", MLA would cache {format_bytes(kv_bytes_per_request(mla, seq_len, batch))}.",
+    ]
+    mla_txt = f"MLA's cache ({format_bytes(kv_bytes_per_request(mla, seq_len, batch))})"
+    if use_mla:
+        lines.append("MLA is worth it: it keeps per-head keys and values (MHA-like quality, DeepSeek-V2) "
+                     "for a cache between MQA and GQA-2, at the price of latent projections and absorbed kernels.")
+    elif not ok:
+        most = max_tokens_in_kv(chosen, kv_limit_bytes, batch)
+        lines.append(f"Nothing fits: at this size at most {most} tokens fit; shorten the context, "
+                     f"quantise the cache (fp8 halves bf16), or use fewer layers.")
+    elif squeezed and target != "edge":
+        why = (f"{mla_txt} does not fit the limit" if not fits(mla)
+               else f"d_model {d_model} is too narrow for MLA's latent projections to pay off")
+        lines.append(f"MLA would be the better buy at so few KV heads, but {why}; "
+                     f"expect some quality loss from sharing each K/V across {gqa.group_size} query heads.")
+    elif target == "edge":
+        lines.append(f"MLA is not worth it on the edge: {gqa.kind} already fits, and MLA needs absorbed-matrix "
+                     f"kernels few on-device runtimes have (its cache, {format_bytes(kv_bytes_per_request(mla, seq_len, batch))}, "
+                     f"{'would fit' if fits(mla) else 'would not even fit'}); 64-wide heads keep kernels simple.")
+    else:
+        lines.append("MLA is not needed: GQA with this many KV heads fits the limit and keeps quality "
+                     "close to MHA (Ainslie et al. 2023) with plain, widely supported kernels.")
+    return Recommendation(layout=chosen, use_mla=use_mla, fits=ok, seq_len=seq_len, batch=batch,
+                          kv_limit_bytes=kv_limit_bytes, target=target, kv_bytes_per_request=req,
+                          explanation=tuple(lines))
