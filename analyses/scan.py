@@ -85,6 +85,8 @@ class ScanResult:
     repeated: TokenSet
     examples: dict[str, dict]  # head type -> {"head", "pattern", "labels"}
     timings: dict[str, float]
+    device: str = "cpu"
+    dtype: str = "float32"
 
 
 def score_token_set(model, tokens: TokenSet, dataset: str, mean_z: bool = False):
@@ -104,15 +106,26 @@ def score_token_set(model, tokens: TokenSet, dataset: str, mean_z: bool = False)
             for col, v in det.score(pattern, tokens.period, tokens.start).items():
                 scores[col][layer] = v.cpu()
 
-    extra = []
+    first_bad: list[int] = []
+
+    def make_finite_check(layer: int):
+        def hook(resid, hook):
+            if not first_bad and not torch.isfinite(resid).all():
+                first_bad.append(layer)
+        return hook
+
+    extra = [(f"blocks.{layer}.hook_resid_post", make_finite_check(layer)) for layer in range(spec.n_layers)]
     if mean_z:
         def make(layer: int):
             def hook(z, hook):
                 z_mean[layer] = z[:, tokens.start:].float().mean(dim=(0, 1)).cpu()
             return hook
-        extra = [(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)]
+        extra += [(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)]
 
     logits = stream_patterns(model, tokens.tokens, on_pattern, extra_hooks=extra)
+    if first_bad:
+        raise HeadprobeError(f"activations become NaN or Inf in layer {first_bad[0]} (residual stream after the block); "
+                             f"check the weights of that layer")
     if not torch.isfinite(logits).all():
         raise HeadprobeError("the model produced NaN or Inf logits on the scan's input")
     return scores, logits, z_mean
@@ -209,10 +222,13 @@ def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
               f"{spec.n_kv_heads} KV heads); weights: {spec.precision}", flush=True)
 
     t0 = time.perf_counter()
-    natural = natural_text_tokens(model, cfg.n_natural, min(cfg.seq_len, spec.n_ctx), cfg.seed, text,
-                                  source=str(cfg.text) if cfg.text else None)
+    if cfg.seq_len > spec.n_ctx:
+        raise HeadprobeError(f"--seq-len {cfg.seq_len} is longer than the model's context ({spec.n_ctx} tokens); "
+                             f"longer text is cut into windows of at most {spec.n_ctx}")
     if 2 * cfg.period + 1 > spec.n_ctx:
-        raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
+        raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx} tokens)")
+    natural = natural_text_tokens(model, cfg.n_natural, cfg.seq_len, cfg.seed, text,
+                                  source=str(cfg.text) if cfg.text else None)
     repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
     steps = tqdm(total=2, desc="scoring heads", unit="pass", disable=not progress)
     nat_scores, nat_logits, mean_z = score_token_set(model, natural, "natural", mean_z=True)
@@ -242,7 +258,9 @@ def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
         **{c: scores[c].ravel() for c in SCORE_COLUMNS},
     })
     table["positional_offset"] = table["positional_offset"].astype(int)
-    return ScanResult(cfg, spec, table, scores, verifications, clean, natural, repeated, examples, timings)
+    param = next(model.model.parameters())
+    return ScanResult(cfg, spec, table, scores, verifications, clean, natural, repeated, examples, timings,
+                      device=str(param.device), dtype=str(param.dtype))
 
 
 def _versions() -> dict[str, str]:
@@ -288,6 +306,9 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
                                 "bos": bool(result.repeated.start)},
         },
         "seed": cfg.seed,
+        "device": str(result.device),
+        "dtype": str(result.dtype).removeprefix("torch."),
+        "backend": "native" if "native backend" in spec.precision else "transformer-lens",
         "config": asdict(cfg),
         "clean_loss_nats": result.clean_loss,
         "top_heads": top,

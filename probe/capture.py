@@ -47,6 +47,7 @@ def stream_patterns(
     on_pattern: PatternCallback,
     layers: Sequence[int] | None = None,
     extra_hooks: Sequence[tuple[str, Callable]] = (),
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
 ) -> Float[Tensor, "batch pos d_vocab"]:
     """Run ``model`` (a :class:`~probe.loading.LoadedModel`) on ``tokens``, calling
     ``on_pattern(layer, pattern)`` for each layer as soon as its pattern exists.
@@ -71,9 +72,59 @@ def stream_patterns(
         return hook
 
     hooks = [(name, make_hook(layer, name)) for layer, name in zip(layers, names)]
-    logits = model.forward(tokens, fwd_hooks=[*hooks, *extra_hooks])
+    logits = model.forward(tokens, fwd_hooks=[*hooks, *extra_hooks], attention_mask=attention_mask)
     counter.check_once(names)
     return logits
+
+
+def pad_prompts(
+    prompts: Sequence[Int[Tensor, "pos"]], pad_id: int, side: str = "right"
+) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    """Stack token sequences of different lengths into ``(tokens, attention_mask)``.
+
+    ``side`` is ``"right"`` (padding after the prompt) or ``"left"`` (before it); the mask is 1
+    on real tokens and 0 on padding.
+    """
+    if side not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+    T = max(len(p) for p in prompts)
+    tokens = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), T, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        sl = slice(T - len(p), T) if side == "left" else slice(0, len(p))
+        tokens[i, sl], mask[i, sl] = p, 1
+    return tokens, mask
+
+
+@torch.inference_mode()
+def stream_prompt_patterns(
+    model: Any,
+    prompts: Sequence[Int[Tensor, "pos"]],
+    on_pattern: Callable[[int, int, Float[Tensor, "head q_pos k_pos"]], None],
+    side: str = "right",
+    layers: Sequence[int] | None = None,
+) -> None:
+    """Run prompts of different lengths as one padded batch; hand each prompt's own pattern to
+    ``on_pattern(layer, prompt_index, pattern)``, cut to its real tokens ``[head, L, L]``.
+
+    The cut removes padded queries and padded keys, so whatever is computed from it equals what
+    the prompt gives alone (padded keys get zero weight through the attention mask; scores never
+    average over padding).
+
+    Raises:
+        HeadprobeError: the backend cannot take padded batches (see ``LoadedModel.forward``).
+    """
+    lengths = [len(p) for p in prompts]
+    pad_id = model.bos_token_id if model.bos_token_id is not None else 0
+    tokens, mask = pad_prompts(prompts, pad_id, side)
+    T = tokens.shape[1]
+
+    def per_prompt(layer: int, pattern: Tensor) -> None:
+        for i, L in enumerate(lengths):
+            sl = slice(T - L, T) if side == "left" else slice(0, L)
+            on_pattern(layer, i, pattern[i, :, sl, sl])
+
+    stream_patterns(model, tokens, per_prompt, layers=layers, attention_mask=mask)
 
 
 @torch.inference_mode()

@@ -139,12 +139,32 @@ class LoadedModel:
                 ids = [self.bos_token_id, *ids]
         return torch.tensor(ids, dtype=torch.long)
 
-    def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks=()) -> Float[Tensor, "batch pos d_vocab"]:
-        """Logits for ``tokens`` with ``fwd_hooks`` (``[(hook_name, fn), ...]``) active only for this call."""
+    def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks=(), attention_mask: Int[Tensor, "batch pos"] | None = None
+                ) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits for ``tokens`` with ``fwd_hooks`` (``[(hook_name, fn), ...]``) active only for this call.
+
+        ``attention_mask`` (1 real, 0 padding; either side) needs the native backend.
+
+        Raises:
+            HeadprobeError: ``attention_mask`` given to a backend without padding support.
+        """
         tokens = tokens.to(self.device)
+        kwargs = {}
+        if attention_mask is not None:
+            if not self.supports_padding:
+                raise HeadprobeError("padded batches need the native backend (--backend native); "
+                                     "the TransformerLens bridge runs one unpadded prompt at a time")
+            kwargs["attention_mask"] = attention_mask.to(self.device)
         if fwd_hooks:
-            return self.model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks))
-        return self.model(tokens)
+            return self.model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **kwargs)
+        return self.model(tokens, **kwargs)
+
+    @property
+    def supports_padding(self) -> bool:
+        """Whether ``forward`` takes an ``attention_mask`` (the native backend does)."""
+        from probe.model import Transformer
+
+        return isinstance(self.model, Transformer)
 
 
 def smollm2_gguf_path() -> Path:
@@ -318,9 +338,9 @@ def load_checkpoint(name: str = SMOLLM2_NAME) -> Checkpoint:
         hf_model, tokenizer = _load_hf(**kwargs)
     except HeadprobeError:
         raise
-    except (OSError, ValueError, RuntimeError, EnvironmentError) as e:
+    except Exception as e:  # a third-party file can fail in any library's own way (safetensors, gguf, json, ...)
         msg = " ".join(str(e).split())[:300]
-        raise HeadprobeError(f"cannot load model {name}: {msg}") from None
+        raise HeadprobeError(f"cannot load model {name}: {type(e).__name__}: {msg}") from None
     check_finite_weights(hf_model)
     return Checkpoint(name, hf_name, precision, hf_model, tokenizer)
 

@@ -28,11 +28,22 @@ def make_tiny_tokenizer(tmp_dir, n_words: int = 100):
     return AutoTokenizer.from_pretrained(tmp_dir)
 
 
-def _wrap(hf_model, tokenizer, name, hf_name):
-    from probe.loading import LoadedModel, boot_bridge, spec_from_bridge
+def _checkpoint(hf_model, tokenizer, name, hf_name):
+    from probe.loading import Checkpoint
 
-    bridge = boot_bridge(hf_name, hf_model.eval(), tokenizer)
-    return LoadedModel(bridge, tokenizer, spec_from_bridge(name, hf_name, "float32 (random init)", bridge))
+    return Checkpoint(name, hf_name, "float32 (random init)", hf_model.eval(), tokenizer)
+
+
+def _bridge(ckpt):
+    from probe.loading import wrap
+
+    return wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), backend="transformer-lens")
+
+
+def _native(ckpt):
+    from probe.loading import wrap
+
+    return wrap(ckpt, backend="native")
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +52,7 @@ def tiny_tokenizer(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_gpt2(tiny_tokenizer):
+def tiny_gpt2_checkpoint(tiny_tokenizer):
     """2 layers x 4 heads, d_model 32, MHA with biases (GPT-2's Conv1D (in, out) weight layout)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -53,11 +64,11 @@ def tiny_gpt2(tiny_tokenizer):
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.1)
-    return _wrap(model, tiny_tokenizer, "tiny-gpt2", "gpt2")
+    return _checkpoint(model, tiny_tokenizer, "tiny-gpt2", "gpt2")
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_gqa(tiny_tokenizer):
+def tiny_llama_gqa_checkpoint(tiny_tokenizer):
     """2 layers x 8 query heads on 2 KV heads (GQA, group size 4), rotary, RMSNorm, no biases."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -65,7 +76,33 @@ def tiny_llama_gqa(tiny_tokenizer):
     cfg = LlamaConfig(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, hidden_size=64,
                       intermediate_size=128, vocab_size=101, max_position_embeddings=128, bos_token_id=100,
                       eos_token_id=100, pad_token_id=100, attn_implementation="eager", architectures=["LlamaForCausalLM"])
-    return _wrap(LlamaForCausalLM(cfg), tiny_tokenizer, "tiny-llama-gqa", "tiny-llama-gqa")
+    return _checkpoint(LlamaForCausalLM(cfg), tiny_tokenizer, "tiny-llama-gqa", "tiny-llama-gqa")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tiny_gpt2_checkpoint):
+    """The tiny GPT-2 behind TransformerLens' TransformerBridge."""
+    return _bridge(tiny_gpt2_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_gqa(tiny_llama_gqa_checkpoint):
+    """The tiny GQA Llama behind TransformerLens' TransformerBridge."""
+    return _bridge(tiny_llama_gqa_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_native(tiny_gpt2_checkpoint):
+    return _native(tiny_gpt2_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_gqa_native(tiny_llama_gqa_checkpoint):
+    return _native(tiny_llama_gqa_checkpoint)
+
+
+TINY_MODELS = ["tiny_gpt2", "tiny_llama_gqa", "tiny_gpt2_native", "tiny_llama_gqa_native"]
+"""Fixture names of every tiny model: both families, MHA and GQA, both backends."""
 
 
 @pytest.fixture(scope="session")
@@ -85,15 +122,10 @@ def smollm2_hf(smollm2_checkpoint):
 @pytest.fixture(scope="session")
 def smollm2(smollm2_checkpoint):
     """SmolLM2 behind TransformerLens' TransformerBridge (on a copy, so smollm2_hf stays pristine)."""
-    from probe.loading import wrap
-
-    return wrap(dataclasses.replace(smollm2_checkpoint, hf_model=copy.deepcopy(smollm2_checkpoint.hf_model)),
-                backend="transformer-lens")
+    return _bridge(smollm2_checkpoint)
 
 
 @pytest.fixture(scope="session")
 def smollm2_native(smollm2_checkpoint):
     """SmolLM2 in headprobe's own transformer (weights copied from the checkpoint)."""
-    from probe.loading import wrap
-
-    return wrap(smollm2_checkpoint, backend="native")
+    return _native(smollm2_checkpoint)

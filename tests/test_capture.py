@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from probe.capture import capture_heads, head_results, kv_head_of, stream_patterns
+from conftest import TINY_MODELS
 from probe.hooks import head_ablation_hooks
 
 
-@pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_llama_gqa"])
+@pytest.mark.parametrize("fixture", TINY_MODELS)
 def test_results_plus_bias_reproduce_attention_output(fixture, request):
     model = request.getfixturevalue(fixture)
     tokens = torch.randint(0, 100, (3, 17), generator=torch.Generator().manual_seed(1))
@@ -48,8 +49,9 @@ def test_query_heads_of_one_group_differ_in_gqa_pattern(tiny_llama_gqa):
     assert not torch.allclose(p[0], p[1])
 
 
-def test_zero_ablating_one_head_changes_only_its_contribution(tiny_llama_gqa):
-    model = tiny_llama_gqa
+@pytest.mark.parametrize("fixture", ["tiny_llama_gqa", "tiny_llama_gqa_native"])
+def test_zero_ablating_one_head_changes_only_its_contribution(fixture, request):
+    model = request.getfixturevalue(fixture)
     tokens = torch.randint(0, 100, (2, 11), generator=torch.Generator().manual_seed(2))
     clean = capture_heads(model, tokens, layers=[0])
     with model.model.hooks(fwd_hooks=head_ablation_hooks([(0, 5)], "zero")):

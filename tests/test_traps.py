@@ -1,0 +1,267 @@
+"""The known ways head analysis fails silently, each made impossible and tested (issue 6)."""
+
+import pytest
+import torch
+
+from analyses.detectors import DETECTORS, first_token_score, positional_score, previous_token_score
+from conftest import TINY_MODELS
+from probe.capture import capture_heads, pad_prompts, stream_patterns, stream_prompt_patterns
+from probe.errors import HeadprobeError
+from probe.hooks import attn_hook, head_ablation_hooks
+
+
+# 1. GQA head axes ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fixture", ["tiny_llama_gqa", "tiny_llama_gqa_native"])
+def test_gqa_query_head_reads_kv_head_h_div_group(fixture, request):
+    """n_heads=8, n_kv_heads=2: perturbing KV head 1's keys changes the patterns of query heads
+    4..7 only (h // 4), not of the odd heads (h % 2)."""
+    model = request.getfixturevalue(fixture)
+    tokens = torch.randint(0, 100, (1, 10), generator=torch.Generator().manual_seed(3))
+    shapes = {}
+
+    def record(name):
+        def hook(x, hook):
+            shapes[name] = tuple(x.shape)
+        return hook
+
+    def bump_kv1(k, hook):
+        k = k.clone()
+        k[:, :, 1] += 3.0 * torch.randn_like(k[:, :, 1])
+        return k
+
+    clean = capture_heads(model, tokens, layers=[0])["pattern"][0]
+    hooks = [(attn_hook(0, n), record(attn_hook(0, n))) for n in ("k", "v", "z", "pattern")]
+    with model.model.hooks(fwd_hooks=[*hooks, (attn_hook(0, "k"), bump_kv1)]):
+        bumped = capture_heads(model, tokens, layers=[0])["pattern"][0]
+    assert shapes[attn_hook(0, "k")][2] == 2 and shapes[attn_hook(0, "v")][2] == 2
+    assert shapes[attn_hook(0, "z")][2] == 8 and shapes[attn_hook(0, "pattern")][1] == 8
+    changed = [h for h in range(8) if not torch.allclose(clean[0, h], bumped[0, h])]
+    assert changed == [4, 5, 6, 7]
+
+
+# 2 and 7. Ablation happens before W_O; a fully ablated layer leaves b_O ---------------------------
+
+@pytest.mark.parametrize("fixture", TINY_MODELS)
+def test_zero_ablating_every_head_leaves_the_output_bias(fixture, request):
+    model = request.getfixturevalue(fixture)
+    tokens = torch.randint(0, 100, (2, 7))
+    all_heads = [(1, h) for h in range(model.spec.n_heads)]
+    with model.model.hooks(fwd_hooks=head_ablation_hooks(all_heads, "zero")):
+        out = capture_heads(model, tokens, layers=[1])["attn_out"][1]
+    b_O = model.b_O(1)
+    expected = torch.zeros_like(out) if b_O is None else b_O.expand_as(out)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+    if fixture == "tiny_gpt2":
+        assert b_O.abs().sum() > 0  # the bias is really there, so "equals b_O" is not "equals 0"
+
+
+# 4. BOS -----------------------------------------------------------------------------------------------
+
+def test_bos_off_gives_one_position_per_word(tiny_gpt2):
+    from probe.loading import LoadedModel
+
+    no_bos = LoadedModel(tiny_gpt2.model, tiny_gpt2.tokenizer, tiny_gpt2.spec, prepend_bos=False)
+    assert no_bos.to_tokens("t7").tolist() == [7]
+    assert tiny_gpt2.to_tokens("t7").tolist() == [100, 7]
+
+
+@pytest.mark.real_model
+def test_smollm2_hello_is_one_position_without_bos_and_two_with(smollm2_native):
+    from probe.loading import LoadedModel
+
+    with_bos = smollm2_native.to_tokens("Hello")
+    assert len(with_bos) == 2 and with_bos[0] == smollm2_native.bos_token_id
+    no_bos = LoadedModel(smollm2_native.model, smollm2_native.tokenizer, smollm2_native.spec, prepend_bos=False)
+    assert len(no_bos.to_tokens("Hello")) == 1
+
+
+# 5. Padding -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("fixture", ["tiny_gpt2_native", "tiny_llama_gqa_native"])
+def test_padded_batch_gives_each_prompt_its_own_patterns_and_scores(fixture, side, request):
+    model = request.getfixturevalue(fixture)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 100, (n,), generator=g) for n in (9, 4, 13)]
+    batched: dict[tuple[int, int], torch.Tensor] = {}
+    stream_prompt_patterns(model, prompts, lambda layer, i, p: batched.__setitem__((layer, i), p.clone()), side=side)
+    for i, prompt in enumerate(prompts):
+        alone = capture_heads(model, prompt[None])["pattern"]
+        for layer in range(model.spec.n_layers):
+            got = batched[(layer, i)]
+            torch.testing.assert_close(got, alone[layer][0], atol=1e-5, rtol=0)
+            for det in ("previous_token", "first_token"):
+                torch.testing.assert_close(DETECTORS[det].score(got[None], None, 1)[det],
+                                           DETECTORS[det].score(alone[layer], None, 1)[det], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_gets_no_weight_and_no_nan(tiny_llama_gqa_native, side):
+    model = tiny_llama_gqa_native
+    tokens, mask = pad_prompts([torch.arange(1, 6), torch.arange(1, 3)], pad_id=100, side=side)
+    kept = {}
+    stream_patterns(model, tokens, lambda layer, p: kept.__setitem__(layer, p.clone()), attention_mask=mask)
+    for p in kept.values():
+        assert torch.isfinite(p).all()
+        real = mask.bool()
+        rows = p.sum(-1)  # [batch, head, q]
+        torch.testing.assert_close(rows[real[:, None, :].expand_as(rows)], torch.ones(int(real.sum()) * 8))
+        weight_on_pads = p.masked_select((real[:, None, :, None] & ~real[:, None, None, :]).expand_as(p))
+        assert weight_on_pads.abs().max() == 0
+
+
+def test_bridge_refuses_padding_with_a_clear_error(tiny_gpt2):
+    tokens, mask = pad_prompts([torch.arange(1, 4), torch.arange(1, 3)], pad_id=100)
+    with pytest.raises(HeadprobeError, match="native backend"):
+        tiny_gpt2.forward(tokens, attention_mask=mask)
+
+
+# 6. Kernels that hide patterns ---------------------------------------------------------------------
+
+def test_a_pattern_hook_that_never_fires_is_an_error(tiny_gpt2_native):
+    """A fused kernel returns no weights: stream_patterns must stop, not score nothing."""
+    class FusedOnly:
+        spec = tiny_gpt2_native.spec
+
+        def forward(self, tokens, fwd_hooks=(), attention_mask=None):
+            return tiny_gpt2_native.model(tokens)  # runs SDPA, ignores the pattern hooks
+
+    with pytest.raises(HeadprobeError, match="fired 0 times.*eager"):
+        stream_patterns(FusedOnly(), torch.randint(0, 100, (1, 5)), lambda layer, p: None)
+
+
+@pytest.mark.parametrize("fixture", TINY_MODELS)
+def test_every_pattern_hook_fires_exactly_once_per_layer(fixture, request):
+    model = request.getfixturevalue(fixture)
+    calls = []
+    stream_patterns(model, torch.randint(0, 100, (1, 6)), lambda layer, p: calls.append(layer))
+    assert calls == list(range(model.spec.n_layers))
+
+
+# 9. Sequence length ----------------------------------------------------------------------------------
+
+def test_length_one_is_refused_and_length_equal_to_context_is_accepted(tiny_gpt2_native, tmp_path):
+    from analyses.data import natural_text_tokens
+
+    text = " ".join(f"t{i % 100}" for i in range(1000))
+    with pytest.raises(HeadprobeError, match="at least 2 positions"):
+        natural_text_tokens(tiny_gpt2_native, 2, 1, seed=0, text=text)
+    n_ctx = tiny_gpt2_native.spec.n_ctx
+    full = natural_text_tokens(tiny_gpt2_native, 2, n_ctx, seed=0, text=text)
+    assert full.tokens.shape == (2, n_ctx)
+    stream_patterns(tiny_gpt2_native, full.tokens, lambda layer, p: None)  # runs at exactly n_ctx
+    # a long text is cut into windows (all of them available), not truncated to one
+    assert full.n_available == 1000 // (n_ctx - 1)
+
+
+def test_scan_refuses_sequences_longer_than_the_context(tiny_gpt2_native):
+    from analyses.scan import ScanConfig, run_scan
+
+    with pytest.raises(HeadprobeError, match="longer than the model's context"):
+        run_scan(ScanConfig(seq_len=tiny_gpt2_native.spec.n_ctx + 1), model=tiny_gpt2_native, progress=False)
+
+
+# 10. Detectors never change their inputs --------------------------------------------------------------
+
+def test_scoring_leaves_a_captured_pattern_untouched(tiny_gpt2_native):
+    pattern = capture_heads(tiny_gpt2_native, torch.randint(0, 100, (2, 12)))["pattern"][0]
+    before = pattern.clone()
+    previous_token_score(pattern), first_token_score(pattern), positional_score(pattern)
+    for det in DETECTORS.values():
+        det.score(pattern, 5, 1)
+    assert torch.equal(pattern, before)
+
+
+# NaN / Inf -----------------------------------------------------------------------------------------------
+
+def test_nan_activations_are_reported_with_their_layer(tiny_llama_gqa_native):
+    from analyses.data import repeated_random_tokens
+    from analyses.scan import score_token_set
+
+    def poison(z, hook):
+        z = z.clone()
+        z[0, 3, 2] = float("nan")
+        return z
+
+    tokens = repeated_random_tokens(tiny_llama_gqa_native, 2, 5, seed=0)
+    with tiny_llama_gqa_native.model.hooks(fwd_hooks=[(attn_hook(1, "z"), poison)]):
+        with pytest.raises(HeadprobeError, match="NaN or Inf in layer 1"):
+            score_token_set(tiny_llama_gqa_native, tokens, "repeated")
+
+
+def _save_tiny_gpt2(path, tokenizer, poison=False):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=101, n_positions=32))
+    if poison:
+        with torch.no_grad():
+            hf.transformer.h[1].attn.c_proj.weight[0, 0] = float("inf")
+    hf.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+# Bad input on the command line: one line, exit 2, nothing written ------------------------------------
+
+def test_cli_nan_weights_name_the_parameter(tmp_path, tiny_tokenizer):
+    from test_loading import assert_one_line_error, run_cli
+
+    model_dir = _save_tiny_gpt2(tmp_path / "m", tiny_tokenizer, poison=True)
+    rc, _, err = run_cli("scan", "--model", str(model_dir), "--out", str(tmp_path / "out"))
+    assert_one_line_error(rc, err, "not finite", "h.1.attn.c_proj.weight")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_truncated_weights_and_unwritable_output(tmp_path, tiny_tokenizer):
+    from test_loading import assert_one_line_error, run_cli
+
+    model_dir = _save_tiny_gpt2(tmp_path / "m", tiny_tokenizer)
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    rc, _, err = run_cli("scan", "--model", str(model_dir), "--out", str(tmp_path / "out"))
+    assert_one_line_error(rc, err, "cannot load model")
+    rc, _, err = run_cli("scan", "--out", "/proc/headprobe-out")
+    assert_one_line_error(rc, err, "/proc/headprobe-out")
+    (tmp_path / "afile").write_text("x")
+    rc, _, err = run_cli("scan", "--out", str(tmp_path / "afile"))
+    assert_one_line_error(rc, err, "not a directory")
+
+
+def test_cli_unknown_model_name_offline(tmp_path):
+    from test_loading import assert_one_line_error, run_cli
+
+    rc, _, err = run_cli("scan", "--model", "no-such-org/no-such-model", "--out", str(tmp_path / "o"),
+                         env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+    assert_one_line_error(rc, err, "no-such-org/no-such-model", "--model PATH")
+
+
+# Long runs: atomic files, recorded settings, reproducible numbers ------------------------------------------
+
+def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    from probe.io import atomic_path, write_text
+
+    target = tmp_path / "head_scores.csv"
+    write_text(target, "complete\n")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half writ")
+            raise KeyboardInterrupt
+    assert target.read_text() == "complete\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["head_scores.csv"]
+
+
+def test_same_seed_same_numbers_and_settings_recorded(tiny_llama_gqa_native, tmp_path):
+    from analyses.scan import ScanConfig, run_scan, summary
+
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"t{(i * 37) % 100}" for i in range(3000)))
+    cfg = ScanConfig(n_natural=3, seq_len=20, n_repeated=3, period=6, k=2, n_random=2, text=str(text), seed=7)
+    a = run_scan(cfg, model=tiny_llama_gqa_native, progress=False)
+    b = run_scan(cfg, model=tiny_llama_gqa_native, progress=False)
+    assert a.table.equals(b.table)
+    assert [v.to_dict() for v in a.verifications] == [v.to_dict() for v in b.verifications]
+    s = summary(a)
+    assert s["seed"] == 7 and s["device"] == "cpu" and s["dtype"] == "float32" and s["backend"] == "native"
+    assert s["weights_precision"] and {"torch", "transformers", "python"} <= set(s["versions"])
