@@ -59,8 +59,10 @@ def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool, create: boo
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise HeadprobeError(f"output directory {out} is not empty; pass --overwrite to replace its files")
     existing = out if out.is_dir() else next((p for p in out.absolute().parents if p.exists()), None)
-    if existing is None or not os.access(existing, os.W_OK | os.X_OK):
-        raise HeadprobeError(f"output directory {out} is not writable")
+    try:  # a real probe: permission bits say nothing for root or for special file systems
+        tempfile.TemporaryFile(dir=existing).close()
+    except (OSError, TypeError):
+        raise HeadprobeError(f"output directory {out} is not writable (nothing can be created in {existing})") from None
     if create:
         try:
             out.mkdir(parents=True, exist_ok=True)
