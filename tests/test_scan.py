@@ -88,20 +88,22 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, args, fragment):
 
 
 @pytest.mark.real_model
-def test_real_smollm2_scan_confirms_induction_heads(smollm2, tmp_path):
+def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
     """Acceptance: zero-ablating the top-10 induction heads raises the repeated-half loss by > 3
     nats, clearly more than 10 random heads; the W_O identity holds on the real GQA model."""
     from probe.capture import capture_heads
 
-    spec = smollm2.spec
+    spec = smollm2_native.spec
     assert (spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head) == (30, 9, 3, 64)
     assert "4-bit" in spec.precision
-    cap = capture_heads(smollm2, smollm2.to_tokens("The quick brown fox jumps over the lazy dog.")[None], layers=[0, 17, 29])
-    for layer in (0, 17, 29):
-        torch.testing.assert_close(cap["result"][layer].sum(2), cap["attn_out"][layer], atol=1e-4, rtol=0)
+    tokens = smollm2_native.to_tokens("The quick brown fox jumps over the lazy dog.")[None]
+    for model in (smollm2, smollm2_native):  # both backends: sum of head results == attention output
+        cap = capture_heads(model, tokens, layers=[0, 17, 29])
+        for layer in (0, 17, 29):
+            torch.testing.assert_close(cap["result"][layer].sum(2), cap["attn_out"][layer], atol=1e-4, rtol=0)
 
     cfg = ScanConfig(n_natural=4, seq_len=96, n_repeated=6, period=40, k=10, n_random=3)
-    result = run_scan(cfg, model=smollm2, progress=False)
+    result = run_scan(cfg, model=smollm2_native, progress=False)
     ind = {v.kind: v for v in result.verifications if v.head_type == "induction"}
     assert ind["zero"].top_effect > 3.0, ind["zero"]
     # "clearly more than random": above every random draw and at least twice their mean
@@ -109,3 +111,21 @@ def test_real_smollm2_scan_confirms_induction_heads(smollm2, tmp_path):
     assert ind["zero"].top_effect > 2 * ind["zero"].random_mean
     assert (result.table["kv_head"] == result.table["head"] // 3).all()
     assert result.table["induction"].max() > 0.5
+
+
+@pytest.mark.real_model
+def test_native_and_bridge_backends_give_the_same_scores_on_smollm2(smollm2, smollm2_native):
+    """Issue 3: the native backend reproduces the TransformerLens backend's head scores."""
+    from analyses.data import natural_text_tokens, repeated_random_tokens
+    from analyses.scan import score_token_set
+
+    nat = natural_text_tokens(smollm2, n_seqs=2, seq_len=48, seed=0)
+    rep = repeated_random_tokens(smollm2, n_seqs=2, period=20, seed=0)
+    for tokens, dataset in ((nat, "natural"), (rep, "repeated")):
+        ours, our_logits, _ = score_token_set(smollm2_native, tokens, dataset)
+        theirs, their_logits, _ = score_token_set(smollm2, tokens, dataset)
+        torch.testing.assert_close(our_logits, their_logits, atol=1e-3, rtol=0)
+        for col in ours:
+            if col != "positional_offset":
+                torch.testing.assert_close(ours[col], theirs[col], atol=1e-4, rtol=0)
+    assert "native backend" in smollm2_native.spec.precision and "TransformerLens" in smollm2.spec.precision
