@@ -40,8 +40,7 @@ def tiny_tokenizer(tmp_path_factory):
     return make_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
-@pytest.fixture(scope="session")
-def tiny_gpt2(tiny_tokenizer):
+def _tiny_gpt2_hf():
     """2 layers x 4 heads, d_model 32, MHA with biases (GPT-2's Conv1D (in, out) weight layout)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -53,11 +52,10 @@ def tiny_gpt2(tiny_tokenizer):
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.1)
-    return _wrap(model, tiny_tokenizer, "tiny-gpt2", "gpt2")
+    return model
 
 
-@pytest.fixture(scope="session")
-def tiny_llama_gqa(tiny_tokenizer):
+def _tiny_llama_gqa_hf():
     """2 layers x 8 query heads on 2 KV heads (GQA, group size 4), rotary, RMSNorm, no biases."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -65,7 +63,39 @@ def tiny_llama_gqa(tiny_tokenizer):
     cfg = LlamaConfig(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, hidden_size=64,
                       intermediate_size=128, vocab_size=101, max_position_embeddings=128, bos_token_id=100,
                       eos_token_id=100, pad_token_id=100, attn_implementation="eager", architectures=["LlamaForCausalLM"])
-    return _wrap(LlamaForCausalLM(cfg), tiny_tokenizer, "tiny-llama-gqa", "tiny-llama-gqa")
+    return LlamaForCausalLM(cfg)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tiny_tokenizer):
+    """2 layers x 4 heads, d_model 32, MHA with biases (GPT-2's Conv1D (in, out) weight layout)."""
+    return _wrap(_tiny_gpt2_hf(), tiny_tokenizer, "tiny-gpt2", "gpt2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_gqa(tiny_tokenizer):
+    """2 layers x 8 query heads on 2 KV heads (GQA, group size 4), rotary, RMSNorm, no biases."""
+    return _wrap(_tiny_llama_gqa_hf(), tiny_tokenizer, "tiny-llama-gqa", "tiny-llama-gqa")
+
+
+def _wrap_native(hf_model, tokenizer, name, hf_name):
+    from probe.convert import from_hf, spec_from_native
+    from probe.loading import LoadedModel
+
+    net = from_hf(hf_model.eval())
+    return LoadedModel(net, tokenizer, spec_from_native(name, hf_name, "float32 (random init); native", net.cfg))
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_native(tiny_tokenizer):
+    """The same seeded weights as ``tiny_gpt2``, in headprobe's native transformer."""
+    return _wrap_native(_tiny_gpt2_hf(), tiny_tokenizer, "tiny-gpt2", "gpt2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_gqa_native(tiny_tokenizer):
+    """The same seeded weights as ``tiny_llama_gqa``, in headprobe's native transformer."""
+    return _wrap_native(_tiny_llama_gqa_hf(), tiny_tokenizer, "tiny-llama-gqa", "tiny-llama-gqa")
 
 
 @pytest.fixture(scope="session")
