@@ -1,20 +1,37 @@
-"""Losses, head ablation and verification of detected heads against a random-head control.
+"""Losses, head ablation, exact ablation sweeps, gradient importance, and verification of
+detected heads against a random-head control.
 
 A detection is *verified* when ablating the top-k heads of a type raises the loss on the task
 that defines the type clearly more than ablating k random heads does (see :func:`verify`).
+
+The ablation engine:
+
+* :func:`ablate`: zero, mean or resample ablation of any set of heads as a context manager whose
+  hooks are removed in ``finally`` (both backends; ablation at ``hook_z``).
+* :func:`exact_sweep`: the loss with each single head ablated, for every head. On the native
+  model it runs the clean pass once, starts each ablation at its own layer from the clean
+  residual (a head in layer l changes nothing before layer l; its own layer changes only by
+  ``(replacement - z_h) W_O^(h)``), batches several ablations along the batch axis, and computes
+  logits only at the scored positions. Equal to :func:`sweep_loop`, the plain per-head hook loop.
+* :func:`head_importance`: Michel et al. 2019's gradient importance ``I_h = E_x |dL(x)/dxi_h|``
+  (arXiv 1905.10650) and attribution patching (the first-order estimate of each head's ablation
+  effect, Nanda 2023), both from one forward and one backward pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from probe.hooks import AblationKind, Head, format_head, head_ablation_hooks
+from probe.errors import HeadprobeError
+from probe.hooks import AblationKind, Head, attn_hook, format_head, head_ablation_hooks, scoped_hooks
 
 
 def token_losses(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos_minus_1"]:
@@ -106,3 +123,313 @@ def top_heads(scores: Float[Tensor, "layer head"], k: int) -> list[Head]:
 def names(heads: Sequence[Head]) -> list[str]:
     return [format_head(h) for h in heads]
 
+
+
+# --------------------------------------------------------------------------------------------
+# Ablation engine
+# --------------------------------------------------------------------------------------------
+
+
+def first_scored(task: str, start: int, period: int | None) -> int:
+    """Index into :func:`token_losses`' position axis of the first prediction a task scores
+    (``natural``: 0, every prediction; ``repeated``: ``start + period``, the repeated half), as
+    in :func:`task_loss`."""
+    if task == "natural":
+        return 0
+    if task == "repeated":
+        return start + period
+    raise HeadprobeError(f"unknown task {task!r}; expected 'natural' or 'repeated'")
+
+
+def scored_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"],
+                first: int) -> Float[Tensor, "batch"]:
+    """Per-sequence mean cross-entropy (nats/token) of the predictions from index ``first`` on."""
+    return token_losses(logits, tokens)[:, first:].mean(dim=1)
+
+
+def is_native(model: Any) -> bool:
+    """Whether ``model`` (a LoadedModel) runs headprobe's own :class:`~probe.model.Transformer`."""
+    from probe.model import Transformer
+
+    return isinstance(model.model, Transformer)
+
+
+@contextlib.contextmanager
+def ablate(model: Any, heads: Sequence[Head], kind: AblationKind = "zero",
+           mean_z: Float[Tensor, "layer head d_head"] | None = None,
+           source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None) -> Iterator[Any]:
+    """Ablate ``heads`` for the ``with`` body: every forward of ``model`` (a LoadedModel, either
+    backend) inside it sees them zero-, mean- or resample-ablated at ``hook_z``
+    (see :func:`probe.hooks.head_ablation_hooks`). The hooks are removed on exit, also when the
+    body raises.
+
+    Raises:
+        ValueError: unknown ``kind``, or ``mean_z`` / ``source_z`` missing for its kind.
+    """
+    with scoped_hooks(model.model, head_ablation_hooks(heads, kind, mean_z, source_z)):
+        yield model
+
+
+@torch.inference_mode()
+def capture_z(model: Any, tokens: Int[Tensor, "batch pos"]) -> dict[int, Float[Tensor, "batch pos head d_head"]]:
+    """Every layer's ``z`` on a clean forward pass over ``tokens`` (for mean and resample ablation)."""
+    out: dict[int, Tensor] = {}
+
+    def saver(layer: int):
+        def hook(z: Tensor, hook: Any) -> None:
+            out[layer] = z.detach().clone()
+        return hook
+
+    model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), saver(layer)) for layer in range(model.spec.n_layers)])
+    return out
+
+
+def all_heads(n_layers: int, n_heads: int) -> list[Head]:
+    return [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+
+
+@dataclass
+class SweepResult:
+    """Single-head ablation sweep (losses in nats/token).
+
+    Attributes:
+        clean_loss: mean scored loss with no head ablated.
+        loss: ``[layer, head]`` mean scored loss with that one head ablated; NaN where not swept.
+        kind: ``zero``, ``mean`` or ``resample``.
+    """
+
+    clean_loss: float
+    loss: Float[Tensor, "layer head"]
+    kind: str
+
+    @property
+    def effect(self) -> Float[Tensor, "layer head"]:
+        """Loss increase from ablating each head, ``loss - clean_loss`` (nats/token)."""
+        return self.loss - self.clean_loss
+
+
+def _check_kind(kind: str, mean_z, source_tokens) -> None:
+    if kind not in ("zero", "mean", "resample"):
+        raise HeadprobeError(f"unknown ablation kind {kind!r}; expected zero, mean or resample")
+    if kind == "mean" and mean_z is None:
+        raise HeadprobeError("mean ablation needs mean_z (each head's mean z over reference tokens)")
+    if kind == "resample" and source_tokens is None:
+        raise HeadprobeError("resample ablation needs source_tokens (the input whose z replaces the head's)")
+
+
+@torch.inference_mode()
+def sweep_loop(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
+               kind: AblationKind = "zero", mean_z: Tensor | None = None,
+               source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0) -> SweepResult:
+    """The plain reference: one full forward pass per head, with that head ablated by a hook.
+
+    Works on either backend. Same arguments and result as :func:`exact_sweep`.
+    """
+    _check_kind(kind, mean_z, source_tokens)
+    spec = model.spec
+    heads = all_heads(spec.n_layers, spec.n_heads) if heads is None else list(heads)
+    source_z = capture_z(model, source_tokens) if kind == "resample" else None
+    tokens = tokens.to(model.device)
+    clean = float(scored_loss(model.forward(tokens), tokens, first).mean())
+    loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
+    for layer, head in heads:
+        logits = model.forward(tokens, fwd_hooks=head_ablation_hooks([(layer, head)], kind, mean_z, source_z))
+        loss[layer, head] = float(scored_loss(logits, tokens, first).mean())
+    return SweepResult(clean, loss, kind)
+
+
+@torch.inference_mode()
+def _scored_losses_from_resid(net, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"],
+                              first: int, normed: bool = False) -> Float[Tensor, "n"]:
+    """Per-sequence mean loss (nats/token) from the final residual of ``n = k * batch`` sequences
+    (k copies of ``tokens``), unembedding only the scored positions ``first .. pos-2`` (the
+    logits at position i predict token i+1), ``batch`` sequences at a time to bound memory."""
+    B = tokens.shape[0]
+    target = tokens[:, first + 1:]
+    out = []
+    for i in range(0, resid.shape[0], B):
+        sel = resid[i:i + B, first:-1]
+        if not normed and net.ln_final is not None:
+            sel = net.ln_final(sel)
+        logits = net.unembed(sel).float()
+        out.append(F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view(B, -1).mean(dim=1))
+    return torch.cat(out)
+
+
+@torch.inference_mode()
+def exact_sweep(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
+                kind: AblationKind = "zero", mean_z: Float[Tensor, "layer head d_head"] | None = None,
+                source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0,
+                max_batch: int = 64, progress: bool = False) -> SweepResult:
+    """The scored loss with each of ``heads`` (default: all) ablated alone, exactly.
+
+    On the native model: one clean forward pass records each layer's ``resid_mid`` and ``z``.
+    Ablating head h of layer l changes nothing before layer l, and changes layer l's attention
+    output only by ``(r_h - z_h) W_O^(h)`` (r_h: 0, the mean z, or the z on ``source_tokens``),
+    so each ablation starts from the clean ``resid_mid`` of its layer, runs that layer's MLP
+    and the later blocks, and unembeds only the scored positions. ``max_batch // batch``
+    ablations of one layer share a forward pass along the batch axis. Other backends fall back
+    to :func:`sweep_loop`. The two agree to float rounding (tested to 1e-4 nats).
+
+    Args:
+        model: a LoadedModel. tokens: ``[batch, pos]``, no padding.
+        heads: ``(layer, head)`` pairs to ablate one at a time.
+        kind: ``zero``, ``mean`` (needs ``mean_z``) or ``resample`` (needs ``source_tokens``,
+            same shape as ``tokens``).
+        first: first scored prediction (see :func:`first_scored`).
+        max_batch: most sequences in one forward pass (ablations x batch).
+
+    Raises:
+        HeadprobeError: unknown ``kind`` or its reference input missing.
+    """
+    if not is_native(model):
+        return sweep_loop(model, tokens, heads, kind, mean_z, source_tokens, first)
+    _check_kind(kind, mean_z, source_tokens)
+    net = model.model
+    spec = model.spec
+    heads = all_heads(spec.n_layers, spec.n_heads) if heads is None else list(heads)
+    device = model.device
+    tokens = tokens.to(device)
+    B, T = tokens.shape
+
+    mid: dict[int, Tensor] = {}
+    zs: dict[int, Tensor] = {}
+
+    def save(store: dict, layer: int):
+        def hook(x: Tensor, hook: Any) -> None:
+            store[layer] = x
+        return hook
+
+    layers = sorted({layer for layer, _ in heads})
+    hooks = [(f"blocks.{layer}.hook_resid_mid", save(mid, layer)) for layer in layers]
+    hooks += [(attn_hook(layer, "z"), save(zs, layer)) for layer in layers]
+    with scoped_hooks(net, hooks):
+        resid = net(tokens, return_type="resid")  # after ln_final
+    clean = float(_scored_losses_from_resid(net, resid, tokens, first, normed=True).mean())
+    source_z = capture_z(model, source_tokens.to(device)) if kind == "resample" else None
+
+    loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
+    per_pass = max(1, max_batch // B)
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+    positions_cache: dict[int, Tensor] = {}
+    it = [(layer, hs[i:i + per_pass]) for layer, hs in sorted(by_layer.items()) for i in range(0, len(hs), per_pass)]
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(it, desc="ablation sweep", unit="pass")
+    for layer, group in it:
+        k = len(group)
+        W_O = net.blocks[layer].attn.W_O  # [head, d_head, d_model]
+        idx = torch.tensor(group, device=device)
+        z = zs[layer][:, :, idx]  # [batch, pos, k, d_head]
+        if kind == "zero":
+            r = torch.zeros_like(z)
+        elif kind == "mean":
+            r = mean_z[layer, idx].to(z)[None, None].expand_as(z)
+        else:
+            r = source_z[layer][:, :, idx].to(z)
+        delta = torch.einsum("bpkd,kdm->kbpm", r - z, W_O[idx].to(z))  # [k, batch, pos, d_model]
+        x = (mid[layer][None] + delta).reshape(k * B, T, -1)
+        block = net.blocks[layer]
+        if block.mlp is not None:
+            x = x + block.mlp(block.ln2(x))
+        if k * B not in positions_cache:
+            positions_cache[k * B] = torch.arange(T, device=device).expand(k * B, T)
+        for later in net.blocks[layer + 1:]:
+            x = later(x, positions_cache[k * B])
+        per_seq = _scored_losses_from_resid(net, x, tokens, first)  # [k * batch]
+        loss[layer, idx.cpu()] = per_seq.view(k, B).mean(dim=1).float().cpu()
+    return SweepResult(clean, loss, kind)
+
+
+@dataclass
+class HeadImportance:
+    """Gradient scores of every head from one forward and one backward pass.
+
+    Attributes:
+        importance: ``[layer, head]`` Michel et al. 2019's ``I_h = E_x |dL(x)/dxi_h|`` (nats per
+            unit of the head mask), per-layer L2-normalised when asked.
+        attribution: ``[layer, head]`` attribution patching: the first-order estimate of the
+            ablation effect ``E_x (r_h - z_h) . dL(x)/dz_h`` summed over positions (nats/token),
+            to compare with :attr:`SweepResult.effect`.
+        clean_loss: mean scored loss at the given head mask (nats/token).
+        kind: the ablation the attribution estimates.
+    """
+
+    importance: Float[Tensor, "layer head"]
+    attribution: Float[Tensor, "layer head"]
+    clean_loss: float
+    kind: str
+
+
+def head_importance(model: Any, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: AblationKind = "zero",
+                    mean_z: Float[Tensor, "layer head d_head"] | None = None,
+                    source_tokens: Int[Tensor, "batch pos"] | None = None,
+                    head_mask: Float[Tensor, "layer head"] | None = None,
+                    normalize: bool = False) -> HeadImportance:
+    """Gradient importance (Michel, Levy, Neubig 2019, arXiv 1905.10650) and attribution patching.
+
+    A hook at every layer's ``hook_z`` (both backends) returns ``z * xi + delta`` with the head
+    mask ``xi`` (``[batch, head]``, at ``head_mask``, default all ones) and ``delta = 0``, both
+    requiring grad. With ``L = sum_x L(x)`` over sequences, one backward pass gives each
+    sequence's ``dL(x)/dxi_h`` and ``dL(x)/dz_h``:
+
+    * ``I_h = mean_x |dL(x)/dxi_h|``; ``normalize`` divides each layer's scores by their L2 norm
+      (Michel et al. section 4.2);
+    * attribution ``A_h = mean_x sum_pos (r_h - z_h) . dL(x)/dz_h``, with ``r_h`` the ablated value
+      (0, ``mean_z``, or the z on ``source_tokens``): the first-order change of the mean loss.
+
+    Raises:
+        HeadprobeError: unknown ``kind`` or its reference input missing.
+    """
+    _check_kind(kind, mean_z, source_tokens)
+    spec = model.spec
+    tokens = tokens.to(model.device)
+    B = tokens.shape[0]
+    source_z = capture_z(model, source_tokens.to(model.device)) if kind == "resample" else None
+    base = torch.ones(spec.n_layers, spec.n_heads) if head_mask is None else head_mask.detach().float().cpu()
+    xis: dict[int, Tensor] = {}
+    deltas: dict[int, Tensor] = {}
+    zs: dict[int, Tensor] = {}
+
+    def make(layer: int):
+        def hook(z: Tensor, hook: Any) -> Tensor:
+            xi = base[layer].to(z.device, z.dtype).expand(B, -1).clone().requires_grad_(True)
+            delta = torch.zeros_like(z, requires_grad=True)
+            xis[layer], deltas[layer] = xi, delta
+            out = z * xi[:, None, :, None]
+            zs[layer] = out.detach()
+            return out + delta
+        return hook
+
+    hooks = [(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)]
+    with torch.inference_mode(False), torch.enable_grad():
+        logits = model.forward(tokens, fwd_hooks=hooks)
+        per_seq = scored_loss(logits, tokens, first)  # [batch]
+        layers = list(range(spec.n_layers))
+        grads = torch.autograd.grad(per_seq.sum(), [xis[l] for l in layers] + [deltas[l] for l in layers])
+    g_xi, g_z = grads[: len(layers)], grads[len(layers):]
+    importance = torch.stack([g.abs().float().mean(dim=0) for g in g_xi]).cpu()
+    if normalize:
+        importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
+    attribution = torch.zeros(spec.n_layers, spec.n_heads)
+    for layer in layers:
+        z = zs[layer].float()
+        if kind == "zero":
+            r = torch.zeros_like(z)
+        elif kind == "mean":
+            r = mean_z[layer].to(z)[None, None].expand_as(z)
+        else:
+            r = source_z[layer].to(z)
+        attribution[layer] = ((r - z) * g_z[layer].float()).sum(dim=(1, 3)).mean(dim=0).cpu()
+    return HeadImportance(importance, attribution, float(per_seq.detach().mean()), kind)
+
+
+def spearman(a: Tensor, b: Tensor) -> float:
+    """Spearman rank correlation of two score tables over the entries finite in both (scipy)."""
+    from scipy.stats import spearmanr
+
+    a, b = torch.as_tensor(a).flatten().double(), torch.as_tensor(b).flatten().double()
+    ok = torch.isfinite(a) & torch.isfinite(b)
+    return float(spearmanr(a[ok].numpy(), b[ok].numpy()).statistic)

@@ -19,6 +19,8 @@ from probe.errors import HeadprobeError
 SUBCOMMANDS: dict[str, str] = {
     "scan": "analyses.scan",
     "budget": "analyses.budget",
+    "ablate": "analyses.ablate",
+    "prune": "analyses.prune",
 }
 
 

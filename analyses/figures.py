@@ -140,6 +140,51 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     return fig
 
 
+def signed_head_heatmap(values: np.ndarray, title: str, cbar_label: str, group_size: int | None = None,
+                        ax=None) -> Figure:
+    """A layer x head heatmap of a signed quantity (e.g. a loss change in nats) on ``RdBu_r``,
+    centred at 0 with symmetric limits."""
+    values = np.asarray(values, dtype=float)
+    vmax = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
+    return head_heatmap(values, title, cbar_label, cmap="RdBu_r", vmin=-vmax, vmax=vmax, group_size=group_size, ax=ax)
+
+
+def ablation_effect_panels(panels: Sequence[tuple[str, np.ndarray]], group_size: int | None, suptitle: str,
+                           cbar_label: str = "Δ loss (nats/token)") -> Figure:
+    """Signed layer x head heatmaps side by side (one per task), each centred at 0."""
+    n_layers = np.asarray(panels[0][1]).shape[0]
+    fig = _figure(COLUMN_WIDTH if len(panels) == 1 else PAGE_WIDTH * 0.62, min(1.4 + 0.13 * n_layers, 8.0))
+    axes = np.atleast_1d(fig.subplots(1, len(panels)))
+    for ax, (title, values) in zip(axes, panels):
+        signed_head_heatmap(values, title, cbar_label, group_size, ax=ax)
+    fig.suptitle(suptitle)
+    return fig
+
+
+def pruning_curve_plot(curves: Sequence[tuple[str, np.ndarray, dict[str, np.ndarray]]], metrics: Sequence[tuple[str, str]],
+                       title: str) -> Figure:
+    """Loss against the fraction of heads removed, one panel per metric, one line per pruning order.
+
+    Args:
+        curves: ``(label, fraction_pruned, {metric column: loss})`` per order (e.g. importance,
+            random).
+        metrics: ``(column, panel y label)`` pairs.
+    """
+    fig = _figure(COLUMN_WIDTH, 1.5 * len(metrics) + 0.5)
+    axes = np.atleast_1d(fig.subplots(len(metrics), 1, sharex=True))
+    styles = [("#0072B2", "o", "-"), ("#E69F00", "s", "--"), ("#009E73", "^", ":"), ("#CC79A7", "D", "-.")]
+    for ax, (col, ylabel) in zip(axes, metrics):
+        for (label, frac, losses), (color, marker, ls) in zip(curves, styles):
+            ax.plot(frac, losses[col], color=color, marker=marker, ls=ls, ms=3, lw=1, label=label)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, lw=0.4)
+    axes[0].legend(frameon=False, fontsize=6)
+    axes[0].set_title(title)
+    axes[-1].set_xlabel("fraction of heads removed")
+    axes[-1].set_xlim(0, 1)
+    return fig
+
+
 def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
     """Write ``stem.png`` and ``stem.pdf`` atomically; returns the paths."""
     paths = []

@@ -22,7 +22,8 @@ Head = tuple[int, int]
 """A head as ``(layer, head)``, both 0-indexed; printed as ``layer.head``."""
 
 HookFn = Callable[[Tensor, Any], Tensor | None]
-AblationKind = Literal["zero", "mean"]
+AblationKind = Literal["zero", "mean", "resample"]
+ABLATION_KINDS = ("zero", "mean", "resample")
 
 
 def attn_hook(layer: int, name: str) -> str:
@@ -76,6 +77,7 @@ def head_ablation_hooks(
     heads: Iterable[Head],
     kind: AblationKind = "zero",
     mean_z: Float[Tensor, "layer head d_head"] | None = None,
+    source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None,
 ) -> list[tuple[str, HookFn]]:
     """Hooks that ablate query heads at ``hook_z``, before the output projection.
 
@@ -86,26 +88,36 @@ def head_ablation_hooks(
     Args:
         heads: ``(layer, head)`` pairs; under GQA ``head`` is a query head.
         kind: ``"zero"`` sets z_h to 0; ``"mean"`` sets it to ``mean_z[layer, head]``, the head's
-            mean z over a reference set of real tokens.
+            mean z over a reference set of real tokens; ``"resample"`` sets it to the head's z on
+            another input, ``source_z[layer][:, :, head]`` (same ``[batch, pos]`` shape).
         mean_z: required for ``kind="mean"``.
+        source_z: required for ``kind="resample"``: ``{layer: z [batch, pos, head, d_head]}``
+            from a clean run on the source input, for every ablated layer.
 
     Raises:
-        ValueError: unknown ``kind`` or ``mean_z`` missing for mean ablation.
+        ValueError: unknown ``kind``, or ``mean_z`` / ``source_z`` missing for its kind.
     """
-    if kind not in ("zero", "mean"):
-        raise ValueError(f"unknown ablation kind {kind!r}; expected 'zero' or 'mean'")
+    if kind not in ABLATION_KINDS:
+        raise ValueError(f"unknown ablation kind {kind!r}; expected one of {ABLATION_KINDS}")
     if kind == "mean" and mean_z is None:
         raise ValueError("mean ablation needs mean_z")
+    if kind == "resample" and source_z is None:
+        raise ValueError("resample ablation needs source_z")
     hooks: list[tuple[str, HookFn]] = []
     for layer, idx in sorted(_group_by_layer(heads).items()):
         index = torch.tensor(sorted(set(idx)))
+        if kind == "resample" and layer not in source_z:
+            raise ValueError(f"resample ablation of layer {layer} needs source_z[{layer}]")
 
         def hook(z: Tensor, hook: Any, layer: int = layer, index: Tensor = index) -> Tensor:
             z = z.clone()
+            i = index.to(z.device)
             if kind == "zero":
-                z[:, :, index.to(z.device)] = 0.0
+                z[:, :, i] = 0.0
+            elif kind == "mean":
+                z[:, :, i] = mean_z[layer, index].to(z.device, z.dtype)
             else:
-                z[:, :, index.to(z.device)] = mean_z[layer, index].to(z.device, z.dtype)
+                z[:, :, i] = source_z[layer][:, :, index].to(z.device, z.dtype)
             return z
 
         hooks.append((attn_hook(layer, "z"), hook))

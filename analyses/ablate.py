@@ -1,0 +1,201 @@
+"""``headprobe ablate``: every head's exact single-head ablation effect on natural text and on the
+in-context (induction) task, with Michel et al.'s gradient importance and attribution patching
+beside it, written as a CSV, a summary and heatmaps.
+
+Tasks (losses in nats/token):
+
+* ``natural``: every next-token prediction on held-out windows of natural text;
+* ``induction``: the repeated half of ``[BOS] r_1..r_S r_1..r_S`` random tokens (predictions of
+  r_2..r_S of the repeat), which only in-context copying can get right (Olsson et al. 2022).
+
+The exact sweep is :func:`analyses.ablation.exact_sweep` (fast on the native model); the
+gradient scores come from one forward and one backward pass per task
+(:func:`analyses.ablation.head_importance`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from analyses import figures
+from analyses.ablation import (
+    capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, top_heads,
+)
+from analyses.data import natural_text_tokens, read_text_file, repeated_random_tokens
+from probe.capture import kv_head_of
+from probe.errors import HeadprobeError
+from probe.hooks import ABLATION_KINDS, format_head
+from probe.io import prepare_output_dir, write_json, write_text
+
+HELP = "exact single-head ablation effect of every head (natural text, induction task), gradient importance, CSV + heatmaps"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+TASKS = ("natural", "induction")
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments shared by ``ablate`` and ``prune``."""
+    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gpt2, a local HF directory or .gguf file")
+    p.add_argument("--out", required=True, help="output directory (must be empty or absent unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty output directory")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="compute precision (default %(default)s)")
+    p.add_argument("--backend", default="auto", choices=["auto", "native", "transformer-lens"],
+                   help="native (auto where supported) is fast; transformer-lens falls back to the per-head hook loop")
+    p.add_argument("--text", default=None, help="UTF-8 text file for natural text (default: CPython's pydoc_data.topics)")
+    p.add_argument("--seq-len", type=int, default=128, help="natural-text sequence length in tokens (default %(default)s)")
+    p.add_argument("--n-repeated", type=int, default=8, help="repeated random sequences (default %(default)s)")
+    p.add_argument("--period", type=int, default=50, help="length of the repeated random block (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def check_positive(args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(args, name) < 1:
+            raise HeadprobeError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+
+
+def load_for_cli(args: argparse.Namespace, progress: bool = True):
+    """Load ``args.model`` on ``args.device`` in ``args.dtype`` with ``args.backend``.
+
+    Raises:
+        HeadprobeError: CUDA asked for but absent, or the model cannot be loaded.
+    """
+    from probe.loading import device_auto, load_model
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
+    device = device_auto(args.device)
+    if progress:
+        print(f"loading {args.model} on {device} ({args.dtype}) ...", flush=True)
+    model = load_model(args.model, device=device, backend=args.backend)
+    model.model.to(DTYPES[args.dtype])
+    spec = model.spec
+    if 2 * args.period + 1 > spec.n_ctx:
+        raise HeadprobeError(f"--period {args.period} gives sequences longer than the model's context ({spec.n_ctx})")
+    if progress:
+        print(f"model {spec.name}: {spec.n_layers} layers x {spec.n_heads} heads ({spec.layout}, {spec.n_kv_heads} KV heads); "
+              f"weights: {spec.precision}", flush=True)
+    return model
+
+
+def task_tokens(model, args: argparse.Namespace, n_natural: int):
+    """(natural windows ``[2 n_natural, pos]`` split into two disjoint halves, repeated set,
+    a second repeated set for resampling)."""
+    text = read_text_file(args.text) if args.text else None
+    natural = natural_text_tokens(model, 2 * n_natural, min(args.seq_len, model.spec.n_ctx), args.seed, text,
+                                  source=str(args.text) if args.text else None)
+    if natural.tokens.shape[0] < 2 * n_natural:
+        raise HeadprobeError(f"the text holds {natural.tokens.shape[0]} windows of {args.seq_len} tokens; "
+                             f"{2 * n_natural} are needed: give more text or a shorter --seq-len")
+    repeated = repeated_random_tokens(model, args.n_repeated, args.period, args.seed)
+    repeated_src = repeated_random_tokens(model, args.n_repeated, args.period, args.seed + 1)
+    return natural, repeated, repeated_src
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    p.add_argument("--n-natural", type=int, default=8, help="natural-text sequences (default %(default)s)")
+    p.add_argument("--kind", default="zero", choices=ABLATION_KINDS,
+                   help="zero, mean (mean z over other natural-text windows) or resample (z on other inputs)")
+    p.add_argument("--max-batch", type=int, default=64, help="sequences per forward pass in the sweep (default %(default)s)")
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    clean_loss: float
+    effect: np.ndarray  # [layer, head], nats/token
+    importance: np.ndarray
+    attribution: np.ndarray
+    sweep_s: float
+    gradient_s: float
+
+
+def run(args: argparse.Namespace) -> int:
+    check_positive(args, ("n_natural", "seq_len", "n_repeated", "period", "max_batch"))
+    if args.period < 2:
+        raise HeadprobeError("--period must be at least 2")
+    prepare_output_dir(args.out, args.overwrite, create=False)
+    t_start = time.perf_counter()
+    model = load_for_cli(args)
+    spec = model.spec
+    natural, repeated, repeated_src = task_tokens(model, args, args.n_natural)
+    nat, nat_ref = natural.tokens[: args.n_natural], natural.tokens[args.n_natural:]
+    ref_z = capture_z(model, nat_ref)
+    mean_z = mean_z_from(ref_z, natural.start) if args.kind == "mean" else None
+    sets = {
+        "natural": (nat, first_scored("natural", natural.start, None), nat_ref),
+        "induction": (repeated.tokens, first_scored("repeated", repeated.start, repeated.period), repeated_src.tokens),
+    }
+    results: dict[str, TaskResult] = {}
+    for task, (tokens, first, source) in sets.items():
+        src = source if args.kind == "resample" else None
+        t0 = time.perf_counter()
+        sweep = exact_sweep(model, tokens, kind=args.kind, mean_z=mean_z, source_tokens=src, first=first,
+                            max_batch=args.max_batch, progress=True)
+        t1 = time.perf_counter()
+        grad = head_importance(model, tokens, first, kind=args.kind, mean_z=mean_z, source_tokens=src)
+        t2 = time.perf_counter()
+        results[task] = TaskResult(sweep.clean_loss, sweep.effect.numpy(), grad.importance.numpy(),
+                                   grad.attribution.numpy(), t1 - t0, t2 - t1)
+
+    # prefix-matching (induction) score of every head, to check the induction ranking against
+    from analyses.scan import score_token_set
+
+    induction_score = score_token_set(model, repeated, "repeated")[0]["induction"].numpy()
+
+    layer, head = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
+    cols = {"layer": layer.ravel(), "head": head.ravel(), "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads)}
+    for task, r in results.items():
+        cols[f"{task}_loss_delta"] = r.effect.ravel()
+    for task, r in results.items():
+        cols[f"{task}_importance"] = r.importance.ravel()
+        cols[f"{task}_attribution"] = r.attribution.ravel()
+    cols["induction_score"] = induction_score.ravel()
+    table = pd.DataFrame(cols)
+
+    top_n = 10
+    summary = {
+        "model": spec.name, "weights_precision": spec.precision, "dtype": args.dtype, "device": str(model.device),
+        "ablation": args.kind, "units": "nats/token",
+        "tokens": {"natural": list(nat.shape), "induction": list(repeated.tokens.shape), "period": args.period,
+                   "natural_source": natural.source},
+        "clean_loss": {t: r.clean_loss for t, r in results.items()},
+        "top_heads_by_loss_delta": {t: [{"head": format_head(h), "loss_delta": round(float(r.effect[h]), 5)}
+                                        for h in top_heads(torch.as_tensor(r.effect), top_n)] for t, r in results.items()},
+        "spearman_with_exact_sweep": {t: {"gradient_importance": spearman(torch.as_tensor(r.importance), torch.as_tensor(r.effect)),
+                                          "attribution_patching": spearman(torch.as_tensor(r.attribution), torch.as_tensor(r.effect))}
+                                      for t, r in results.items()},
+        "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(induction_score), top_n)],
+        "spearman_induction_score_vs_induction_loss_delta": spearman(torch.as_tensor(induction_score),
+                                                                     torch.as_tensor(results["induction"].effect)),
+        "timings_s": {**{f"{t}_sweep": round(r.sweep_s, 2) for t, r in results.items()},
+                      **{f"{t}_gradient": round(r.gradient_s, 2) for t, r in results.items()},
+                      "total": round(time.perf_counter() - t_start, 1)},
+        "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+    }
+    out = prepare_output_dir(args.out, args.overwrite)
+    write_text(out / "head_ablation.csv", table.to_csv(index=False, float_format="%.6f"))
+    write_json(out / "summary.json", summary)
+    tag = f"{spec.name}, {args.kind}-ablated"
+    fig = figures.ablation_effect_panels(
+        [("natural text", results["natural"].effect), ("induction (repeated half)", results["induction"].effect)],
+        spec.group_size, f"Loss increase from ablating one head, {tag}")
+    paths = figures.save_figure(fig, out / "ablation_effect")
+    print(f"\nclean loss: natural {results['natural'].clean_loss:.3f}, induction {results['induction'].clean_loss:.3f} nats/token")
+    for t in TASKS:
+        tops = ", ".join(f"{e['head']} ({e['loss_delta']:+.3f})" for e in summary["top_heads_by_loss_delta"][t][:5])
+        rho = summary["spearman_with_exact_sweep"][t]
+        print(f"{t:<10} top heads by Δ loss: {tops}; Spearman with exact sweep: importance {rho['gradient_importance']:.2f}, "
+              f"attribution {rho['attribution_patching']:.2f}")
+    print(f"top induction-score heads: {', '.join(summary['top_induction_score_heads'][:5])}")
+    print(f"timings (s): {summary['timings_s']}")
+    print(f"wrote head_ablation.csv, summary.json, {', '.join(p.name for p in paths)} to {out}/")
+    return 0

@@ -1,0 +1,106 @@
+"""Exact single-head ablation sweep: the plain TransformerLens hook loop against headprobe's engine.
+
+Usage: ``PYTHONPATH=. python benchmarks/ablation_sweep.py [--model smollm2-135m] [--n-seqs 8]
+[--seq-len 100] [--all-heads] [--device cpu] [--max-batch 64]``
+
+In one process on one machine, on the same ``n_seqs x seq_len`` natural-text tokens (CPython's
+documentation, BOS first) and the same heads (default: 60 heads, two per layer; ``--all-heads``:
+every head), it times
+
+(a) the plain loop: one full forward pass of TransformerLens' ``TransformerBridge`` per head,
+    with that head zero-ablated by a ``hook_z`` hook (:func:`analyses.ablation.sweep_loop`);
+(b) the engine: :func:`analyses.ablation.exact_sweep` on the native model (shared prefix,
+    ablations batched along the batch axis, logits only where scored);
+
+and prints both times (seconds), their ratio (a / b), the largest difference in loss (nats),
+then the time of Michel et al.'s gradient importance (one forward + one backward,
+:func:`analyses.ablation.head_importance`) and its Spearman rank correlation with the exact
+sweep's loss increases over the swept heads (and the same for attribution patching). The last
+line reads ``ratio=<x> max_loss_diff=<y> spearman=<z>``. Not a timed test: numbers depend on the
+machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import os
+import time
+
+import torch
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from analyses.ablation import exact_sweep, head_importance, spearman, sweep_loop
+    from analyses.data import natural_text_tokens
+    from probe.loading import device_auto, load_checkpoint, wrap
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--n-seqs", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=100)
+    ap.add_argument("--all-heads", action="store_true", help="sweep every head (default: two per layer)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--max-batch", type=int, default=64, help="sequences per engine forward pass")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    device = device_auto(args.device)
+
+    t0 = time.perf_counter()
+    ckpt = load_checkpoint(args.model)
+    bridge = wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), "transformer-lens", device)
+    native = wrap(ckpt, "native", device)
+    print(f"loaded {args.model} on {device} in {time.perf_counter() - t0:.1f} s; torch threads {torch.get_num_threads()}")
+    spec = native.spec
+    tokens = natural_text_tokens(native, args.n_seqs, args.seq_len, args.seed).tokens.to(device)
+    if args.all_heads:
+        heads = [(l, h) for l in range(spec.n_layers) for h in range(spec.n_heads)]
+    else:  # two per layer, spread over the heads and KV groups
+        heads = [(l, h) for l in range(spec.n_layers) for h in sorted({l % spec.n_heads, (l + spec.n_heads // 2) % spec.n_heads})]
+    print(f"sweep: {len(heads)} heads, tokens {tuple(tokens.shape)}, zero ablation, loss over every prediction")
+
+    exact_sweep(native, tokens[:, :8], heads=heads[:1])  # warm-up of both paths (allocations, kernels)
+    sweep_loop(bridge, tokens[:, :8], heads=heads[:1])
+
+    _sync(device)
+    t0 = time.perf_counter()
+    ref = sweep_loop(bridge, tokens, heads=heads)
+    _sync(device)
+    t_loop = time.perf_counter() - t0
+    print(f"(a) TransformerLens hook loop: {t_loop:.2f} s ({t_loop / len(heads) * 1e3:.0f} ms/head)", flush=True)
+
+    _sync(device)
+    t0 = time.perf_counter()
+    fast = exact_sweep(native, tokens, heads=heads, max_batch=args.max_batch)
+    _sync(device)
+    t_engine = time.perf_counter() - t0
+    print(f"(b) headprobe engine:          {t_engine:.2f} s ({t_engine / len(heads) * 1e3:.0f} ms/head)", flush=True)
+
+    idx = torch.tensor(heads).T
+    diff = float((fast.loss[idx[0], idx[1]] - ref.loss[idx[0], idx[1]]).abs().max())
+    ratio = t_loop / t_engine
+    print(f"ratio {ratio:.2f}; max |loss difference| {diff:.2e} nats; clean loss {fast.clean_loss:.4f} "
+          f"(loop {ref.clean_loss:.4f}); largest effect {float(fast.effect[idx[0], idx[1]].max()):+.4f} nats")
+
+    _sync(device)
+    t0 = time.perf_counter()
+    imp = head_importance(native, tokens)
+    _sync(device)
+    t_grad = time.perf_counter() - t0
+    effect = fast.effect[idx[0], idx[1]]
+    rho = spearman(imp.importance[idx[0], idx[1]], effect)
+    rho_attr = spearman(imp.attribution[idx[0], idx[1]], effect)
+    print(f"gradient importance (all {spec.n_layers * spec.n_heads} heads, 1 forward + 1 backward): {t_grad:.2f} s; "
+          f"Spearman with the exact sweep over the {len(heads)} heads: importance {rho:.3f}, attribution patching {rho_attr:.3f}")
+    print(f"ratio={ratio:.2f} max_loss_diff={diff:.2e} spearman={rho:.3f}")
+
+
+if __name__ == "__main__":
+    main()
