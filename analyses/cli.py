@@ -19,6 +19,7 @@ from probe.errors import HeadprobeError
 SUBCOMMANDS: dict[str, str] = {
     "scan": "analyses.scan",
     "budget": "analyses.budget",
+    "train": "analyses.train",
 }
 
 

@@ -140,6 +140,43 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     return fig
 
 
+def training_curves(
+    steps: np.ndarray,
+    max_induction: np.ndarray,
+    max_previous_token: np.ndarray,
+    in_context_loss: np.ndarray,
+    train_loss: np.ndarray,
+    phase_step: int | None,
+    title: str,
+) -> Figure:
+    """The induction-head phase change (Olsson et al. 2022, Fig. 1 style): top induction and
+    previous-token scores (upper panel) and the in-context loss and training loss (lower panel,
+    nats) against training step; a dashed line marks ``phase_step``."""
+    fig = _figure(COLUMN_WIDTH, 3.4)
+    ax1, ax2 = fig.subplots(2, 1, sharex=True)
+    ax1.plot(steps, max_induction, color="#0072B2", lw=1.2, label="max induction score")
+    ax1.plot(steps, max_previous_token, color="#E69F00", lw=1.0, ls="--", label="max previous-token score")
+    ax1.set_ylim(0, 1.02)
+    ax1.set_ylabel("head score")
+    ax1.legend(loc="center right", frameon=False, fontsize=6)
+    ax1.set_title(title)
+    ax2.plot(steps, in_context_loss, color="#009E73", lw=1.2, label="in-context loss (late − early)")
+    ax2.axhline(0, color="black", lw=0.5)
+    ax2.set_ylabel("in-context loss (nats)")
+    ax2.set_xlabel("training step")
+    tw = ax2.twinx()
+    tw.plot(steps[1:], train_loss[1:], color="#CC79A7", lw=0.9, ls=":", label="training loss")
+    tw.set_ylabel("training loss (nats)")
+    lines = ax2.get_lines()[:1] + tw.get_lines()
+    ax2.legend(lines, [ln.get_label() for ln in lines], loc="center right", frameon=False, fontsize=6)
+    if phase_step is not None:
+        for ax in (ax1, ax2):
+            ax.axvline(phase_step, color="grey", lw=0.8, ls="--")
+        ax1.annotate(f"phase change\n(step {phase_step})", (phase_step, 0.95), xytext=(3, 0),
+                     textcoords="offset points", fontsize=6, va="top", color="grey")
+    return fig
+
+
 def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
     """Write ``stem.png`` and ``stem.pdf`` atomically; returns the paths."""
     paths = []

@@ -518,3 +518,22 @@ class Transformer(HookedRootModule):
         if return_type == "resid":
             return resid
         return self.unembed(resid)
+
+
+def init_weights(model: Transformer, std: float = 0.02) -> Transformer:
+    """GPT-2's initialisation for training from scratch (Radford et al. 2019): every linear and
+    embedding weight ``N(0, std)``, output projections of the residual branches (``o_proj``,
+    ``fc_out``) ``N(0, std / sqrt(2 n_layers))``, biases 0, norms 1. In place; returns ``model``.
+
+    (PyTorch's default ``N(0, 1)`` embedding, tied to the unembedding, starts with logits of
+    standard deviation ``sqrt(d_model)`` and a loss far above chance.)
+    """
+    resid_std = std / math.sqrt(2 * model.cfg.n_layers)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                last = name.rsplit(".", 1)[-1]
+                module.weight.normal_(0.0, resid_std if last in ("o_proj", "fc_out") else std)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+    return model
