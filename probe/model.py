@@ -27,6 +27,7 @@ block, model.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -226,6 +227,41 @@ def merge_heads(x: Float[Tensor, "batch head pos d_head"]) -> Float[Tensor, "bat
     return x.transpose(1, 2).reshape(B, T, H * d_head)
 
 
+@dataclass
+class KVCache:
+    """Keys and values of the tokens seen so far, per layer, for generation.
+
+    ``keys[l]`` and ``values[l]`` are ``[batch, kv_head, pos, d_head]`` (keys after rotary), so a
+    GQA/MQA cache holds ``n_kv_heads`` heads, never copies per query head. Filled by
+    :meth:`Transformer.forward` when passed as ``cache``; start with ``KVCache()``.
+    """
+
+    keys: list[Tensor] = dataclasses.field(default_factory=list)
+    values: list[Tensor] = dataclasses.field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        """Positions cached (0 when empty)."""
+        return self.keys[0].shape[2] if self.keys else 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache holds: ``2 * n_layers * batch * n_kv_heads * pos * d_head * element size``,
+        the quantity :func:`probe.cost.kv_bytes_per_request` predicts."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append this step's ``k``/``v`` (``[batch, kv_head, new_pos, d_head]``) to layer
+        ``layer``'s cache and return all keys and values so far."""
+        if layer == len(self.keys):
+            self.keys.append(k)
+            self.values.append(v)
+        else:
+            self.keys[layer] = torch.cat([self.keys[layer], k], dim=2)
+            self.values[layer] = torch.cat([self.values[layer], v], dim=2)
+        return self.keys[layer], self.values[layer]
+
+
 @functools.cache
 def _sdpa_has_enable_gqa() -> bool:
     """``scaled_dot_product_attention(..., enable_gqa=True)`` exists from torch 2.5 on (it is a
@@ -246,9 +282,10 @@ class Attention(nn.Module):
     Hook points (shapes beside each in ``__init__``) follow TransformerLens.
     """
 
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, layer: int = 0):
         super().__init__()
         self.cfg = cfg
+        self.layer = layer
         H, KV, d_head, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
         self.q_proj = nn.Linear(D, H * d_head, bias=cfg.bias)
         self.k_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
@@ -288,6 +325,7 @@ class Attention(nn.Module):
         positions: Int[Tensor, "batch pos"],
         key_mask: Float[Tensor, "batch 1 q_pos k_pos"] | None = None,
         head_mask: Float[Tensor, "head"] | Float[Tensor, "batch head"] | None = None,
+        cache: KVCache | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         """Attention output for the normalised residual ``x``.
 
@@ -298,6 +336,7 @@ class Attention(nn.Module):
                 padding combined); None for plain causal attention.
             head_mask: per-head factor ``xi_h`` multiplying ``z_h`` (Michel et al. 2019), for
                 all sequences (``[head]``) or per sequence (``[batch, head]``).
+            cache: keys and values of earlier positions (generation); this call's are appended.
         """
         cfg = self.cfg
         B, T, _ = x.shape
@@ -312,6 +351,12 @@ class Attention(nn.Module):
             k = self.hook_rot_k(self.rotary(k, positions))
         # ... then transpose to [batch, head, pos, d_head].
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cache is not None:
+            past = cache.n_tokens if self.layer < len(cache.keys) else 0
+            k, v = cache.extend(self.layer, k, v)
+            if past and key_mask is None:  # queries sit at the end: causal mask aligned bottom-right
+                S = k.shape[2]
+                key_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
 
         if self.needs_pattern():
             z = self._eager(q, k, v, key_mask)
@@ -405,10 +450,10 @@ class Block(nn.Module):
     """Pre-norm residual block: ``resid_mid = resid_pre + attn(ln1(resid_pre))``,
     ``resid_post = resid_mid + mlp(ln2(resid_mid))`` (no MLP in attention-only models)."""
 
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, layer: int = 0):
         super().__init__()
         self.ln1 = Norm(cfg)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.ln2 = Norm(cfg) if cfg.mlp is not None else None
         self.mlp = MLP(cfg) if cfg.mlp is not None else None
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
@@ -417,9 +462,9 @@ class Block(nn.Module):
         self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
-    def forward(self, resid: Float[Tensor, "batch pos d_model"], positions, key_mask=None, head_mask=None):
+    def forward(self, resid: Float[Tensor, "batch pos d_model"], positions, key_mask=None, head_mask=None, cache=None):
         resid = self.hook_resid_pre(resid)
-        attn_out = self.hook_attn_out(self.attn(self.ln1(resid), positions, key_mask, head_mask))
+        attn_out = self.hook_attn_out(self.attn(self.ln1(resid), positions, key_mask, head_mask, cache))
         resid = self.hook_resid_mid(resid + attn_out)
         if self.mlp is not None:
             resid = resid + self.hook_mlp_out(self.mlp(self.ln2(resid)))
@@ -441,7 +486,7 @@ class Transformer(HookedRootModule):
         super().__init__()
         self.cfg = cfg
         self.embed = Embedding(cfg)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.ln_final = Norm(cfg) if cfg.final_norm else None
         self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
         if cfg.tied_unembed:
@@ -466,6 +511,7 @@ class Transformer(HookedRootModule):
         head_mask: Float[Tensor, "layer head"] | Float[Tensor, "batch layer head"] | None = None,
         attention_mask: Int[Tensor, "batch pos"] | None = None,
         return_type: Literal["logits", "resid"] = "logits",
+        cache: KVCache | None = None,
     ) -> Float[Tensor, "batch pos d_vocab"]:
         """Logits ``[batch, pos, d_vocab]`` (or the final residual, ``return_type="resid"``).
 
@@ -476,6 +522,9 @@ class Transformer(HookedRootModule):
                 Differentiable, for gradient importance ``|dL/dxi|`` (Michel et al. 2019).
             attention_mask: 1 for real tokens, 0 for padding (any side). Positions count real
                 tokens only, so a left-padded sequence gets the same positions as unpadded.
+            cache: a :class:`KVCache` holding the keys and values of the tokens before
+                ``tokens`` (empty for the first call); this call's are appended, and ``tokens``
+                get positions after the cached ones. Not combined with ``attention_mask``.
 
         Raises:
             HeadprobeError: ``head_mask`` has the wrong shape, or the sequence is longer than
@@ -495,8 +544,13 @@ class Transformer(HookedRootModule):
                 f"or [{B}, {cfg.n_layers}, {cfg.n_heads}]"
             )
 
+        past = 0 if cache is None else cache.n_tokens
+        if cache is not None and attention_mask is not None:
+            raise HeadprobeError("a KV cache cannot be combined with attention_mask (padding)")
+        if cfg.positional == "learned" and past + T > cfg.n_ctx:
+            raise HeadprobeError(f"{past + T} tokens with the cache are longer than the model's n_ctx={cfg.n_ctx}")
         if attention_mask is None:
-            positions = torch.arange(T, device=tokens.device).expand(B, T)
+            positions = torch.arange(past, past + T, device=tokens.device).expand(B, T)
             key_mask = None
         else:
             real = attention_mask.to(torch.bool)
@@ -512,7 +566,7 @@ class Transformer(HookedRootModule):
             resid = resid + self.hook_pos_embed(pos_embed)
         for layer, block in enumerate(self.blocks):
             mask_l = None if head_mask is None else head_mask[..., layer, :]
-            resid = block(resid, positions, key_mask, mask_l)
+            resid = block(resid, positions, key_mask, mask_l, cache)
         if self.ln_final is not None:
             resid = self.ln_final(resid)
         if return_type == "resid":
@@ -537,3 +591,26 @@ def init_weights(model: Transformer, std: float = 0.02) -> Transformer:
                 if getattr(module, "bias", None) is not None:
                     module.bias.zero_()
     return model
+
+
+@torch.inference_mode()
+def generate(model: Transformer, tokens: Int[Tensor, "batch pos"], n_new: int, use_cache: bool = True,
+             ) -> tuple[Int[Tensor, "batch pos_plus_new"], KVCache | None]:
+    """Greedy decoding of ``n_new`` tokens after ``tokens``.
+
+    With ``use_cache`` the prompt runs once and each new token runs alone against a
+    :class:`KVCache` (MHA, GQA and MQA cache ``n_kv_heads`` keys and values per layer); without
+    it the whole sequence is recomputed every step (the reference the cache must equal).
+
+    Returns:
+        (tokens with the ``n_new`` generated ones appended, the cache or None).
+    """
+    cache = KVCache() if use_cache else None
+    out = tokens
+    step_in = tokens
+    for _ in range(n_new):
+        logits = model(step_in, cache=cache) if use_cache else model(out)
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        out = torch.cat([out, nxt], dim=1)
+        step_in = nxt
+    return out, cache
