@@ -71,6 +71,11 @@ class TransformerConfig:
         norm_eps: epsilon of the norms.
         rope_theta: base of the rotary frequencies (Llama 2: 1e4, SmolLM2-135M: 1e5).
         final_norm: apply a norm (``ln_final``) before the unembedding.
+        kv_lora_rank: MLA (multi-head latent attention, DeepSeek-V2, arXiv 2405.04434): keys
+            and values of all heads are reconstructed from one per-token latent of this rank,
+            the only thing cached besides the decoupled rotary key. None: MHA/GQA/MQA.
+        qk_rope_head_dim: MLA only: width of the decoupled rotary key (shared by all heads) and
+            of each head's rotary query part; 0 for none (then use learned positions).
 
     Raises:
         HeadprobeError: ``d_model`` is not a multiple of ``n_heads``, or ``n_heads`` is not a
@@ -92,6 +97,8 @@ class TransformerConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     final_norm: bool = True
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -111,6 +118,24 @@ class TransformerConfig:
         ):
             if value not in allowed:
                 raise HeadprobeError(f"config {field}={value!r} is not one of {allowed}")
+        if self.kv_lora_rank is not None:
+            if self.kv_lora_rank < 1 or self.qk_rope_head_dim < 0 or self.qk_rope_head_dim % 2:
+                raise HeadprobeError(f"MLA needs kv_lora_rank >= 1 and an even qk_rope_head_dim >= 0, got "
+                                     f"{self.kv_lora_rank} and {self.qk_rope_head_dim}")
+            if self.n_kv_heads != self.n_heads:
+                raise HeadprobeError(f"MLA reconstructs keys and values for every head: n_kv_heads={self.n_kv_heads} "
+                                     f"must equal n_heads={self.n_heads}")
+            if self.positional == "rotary" and self.qk_rope_head_dim == 0:
+                raise HeadprobeError("MLA with rotary positions needs qk_rope_head_dim > 0 (the decoupled rotary key)")
+            if self.bias:
+                raise HeadprobeError("MLA is implemented without biases (DeepSeek-V2); pass bias=False")
+        elif self.qk_rope_head_dim:
+            raise HeadprobeError("qk_rope_head_dim describes MLA; give kv_lora_rank too")
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether attention is multi-head latent attention (``kv_lora_rank`` is set)."""
+        return self.kv_lora_rank is not None
 
     @property
     def d_head(self) -> int:
@@ -287,12 +312,21 @@ class Attention(nn.Module):
         self.cfg = cfg
         self.layer = layer
         H, KV, d_head, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
-        self.q_proj = nn.Linear(D, H * d_head, bias=cfg.bias)
-        self.k_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
-        self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
+        if cfg.is_mla:  # DeepSeek-V2 eqs. 9-12 without a query latent: W_Q, W_DKV|W_KR, norm, W_UK|W_UV
+            R, r = cfg.qk_rope_head_dim, cfg.kv_lora_rank
+            self.q_proj = nn.Linear(D, H * (d_head + R), bias=False)
+            self.kv_down = nn.Linear(D, r + R, bias=False)  # latent c^KV and the shared rotary key k^R
+            self.kv_norm = RMSNorm(r, cfg.norm_eps)
+            self.kv_up = nn.Linear(r, H * 2 * d_head, bias=False)  # keys and values of every head
+            self.rotary = Rotary(R, cfg.rope_theta) if R else None
+            self.scale = 1.0 / math.sqrt(d_head + R)
+        else:
+            self.q_proj = nn.Linear(D, H * d_head, bias=cfg.bias)
+            self.k_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
+            self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
+            self.rotary = Rotary(d_head, cfg.rope_theta) if cfg.positional == "rotary" else None
+            self.scale = 1.0 / math.sqrt(d_head)
         self.o_proj = nn.Linear(H * d_head, D, bias=cfg.bias)
-        self.rotary = Rotary(d_head, cfg.rope_theta) if cfg.positional == "rotary" else None
-        self.scale = 1.0 / math.sqrt(d_head)
         self.force_eager = False
 
         self.hook_q = HookPoint()  # [batch, pos, head, d_head]
@@ -342,15 +376,12 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, KV, G, d_head = cfg.n_heads, cfg.n_kv_heads, cfg.group_size, cfg.d_head
 
-        # Split heads: reshape to [batch, pos, head, d_head] (head h = columns h*d_head:(h+1)*d_head).
-        q = self.hook_q(self.q_proj(x).view(B, T, H, d_head))  # [batch, pos, head, d_head]
-        k = self.hook_k(self.k_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
-        v = self.hook_v(self.v_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
-        if self.rotary is not None:
-            q = self.hook_rot_q(self.rotary(q, positions))
-            k = self.hook_rot_k(self.rotary(k, positions))
-        # ... then transpose to [batch, head, pos, d_head].
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cfg.is_mla:
+            q, k, v, key_mask = self._mla_qkv(x, positions, cache, key_mask)
+            cache = None  # the latent is cached already
+            T = q.shape[2]
+        else:
+            q, k, v = self._qkv(x, positions)
         if cache is not None:
             past = cache.n_tokens if self.layer < len(cache.keys) else 0
             k, v = cache.extend(self.layer, k, v)
@@ -377,6 +408,50 @@ class Attention(nn.Module):
             return out if self.b_O is None else out + self.b_O
         return self.o_proj(z.reshape(B, T, H * d_head))  # merge heads: Concat(z_h) W_O + b_O
 
+    def _mla_qkv(self, x, positions, cache, key_mask):
+        """MLA: queries ``[q_nope, rope(q_rope)]`` per head; keys ``[W_UK norm(c), rope(k^R)]``
+        and values ``W_UV norm(c)`` of every head, decompressed from the latent ``c^KV`` of all
+        positions so far (the cache holds ``c^KV`` as ``keys`` ``[batch, 1, pos, rank]`` and
+        ``k^R`` as ``values`` ``[batch, 1, pos, rope]``). Returns ``[batch, head, pos, .]`` tensors."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, d_head, R, r = cfg.n_heads, cfg.d_head, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+        q = self.q_proj(x).view(B, T, H, d_head + R)
+        ckv = self.kv_down(x)
+        c, k_rope = ckv[..., :r], ckv[..., r:][:, :, None, :]  # [batch, pos, r], [batch, pos, 1, R]
+        if self.rotary is not None:
+            q = torch.cat([q[..., :d_head], self.rotary(q[..., d_head:], positions)], dim=-1)
+            k_rope = self.rotary(k_rope, positions)
+        q = self.hook_q(q)
+        c, k_rope = c[:, None], k_rope.transpose(1, 2)  # [batch, 1, pos, r], [batch, 1, pos, R]
+        if cache is not None:
+            past = cache.n_tokens if self.layer < len(cache.keys) else 0
+            c, k_rope = cache.extend(self.layer, c, k_rope)
+            S = c.shape[2]
+            if past and key_mask is None:
+                key_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
+        S = c.shape[2]
+        kv = self.kv_up(self.kv_norm(c[:, 0])).view(B, S, H, 2 * d_head)
+        k = torch.cat([kv[..., :d_head], k_rope.transpose(1, 2).expand(B, S, H, R)], dim=-1)
+        k = self.hook_k(k)  # [batch, pos, head, d_head + R]
+        v = self.hook_v(kv[..., d_head:])  # [batch, pos, head, d_head]
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), key_mask
+
+    def _qkv(self, x, positions):
+        """MHA/GQA/MQA: ``q`` ``[batch, head, pos, d_head]``, ``k``/``v`` ``[batch, kv_head, pos, d_head]``."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, KV, d_head = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+        # Split heads: reshape to [batch, pos, head, d_head] (head h = columns h*d_head:(h+1)*d_head).
+        q = self.hook_q(self.q_proj(x).view(B, T, H, d_head))  # [batch, pos, head, d_head]
+        k = self.hook_k(self.k_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
+        v = self.hook_v(self.v_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
+        if self.rotary is not None:
+            q = self.hook_rot_q(self.rotary(q, positions))
+            k = self.hook_rot_k(self.rotary(k, positions))
+        # ... then transpose to [batch, head, pos, d_head].
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
     def _eager(
         self,
         q: Float[Tensor, "batch head pos d_head"],
@@ -399,7 +474,7 @@ class Attention(nn.Module):
         scores = self.hook_attn_scores(scores.masked_fill(~key_mask, float("-inf")))
         pattern = self.hook_pattern(scores.softmax(dim=-1))  # [batch, head, q_pos, k_pos]
         z = pattern.reshape(B, KV, (H // KV) * T, S) @ v
-        return z.view(B, H, T, d_head)
+        return z.view(B, H, T, v.shape[-1])  # MLA: values are narrower than queries/keys
 
     def _fused(
         self,
