@@ -73,9 +73,9 @@ class TrainConfig:
     seq_len: int = 96
     min_period: int = 8
     max_period: int = 32
-    periodic: bool = False
+    periodic: bool = True
     batch_size: int = 32
-    steps: int = 2500
+    steps: int = 1000
     lr: float = 3e-3
     weight_decay: float = 0.01
     warmup: int = 50
@@ -363,7 +363,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per sequence, BOS included (default %(default)s)")
     p.add_argument("--min-period", type=int, default=d.min_period, help="shortest repeated segment (default %(default)s)")
     p.add_argument("--max-period", type=int, default=d.max_period, help="longest repeated segment (default %(default)s)")
-    p.add_argument("--periodic", action="store_true", help="the segment repeats to the end of each sequence (default: reappears once)")
+    p.add_argument("--data", choices=["periodic", "pair"], default="periodic",
+                   help="periodic: the segment repeats to the end of each sequence (default); pair: it reappears once")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--steps", type=int, default=d.steps, help="optimiser steps (default %(default)s)")
     p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate (default %(default)s)")
@@ -383,6 +384,7 @@ def run(args: argparse.Namespace) -> int:
 
     fields = {f: getattr(args, f) for f in TrainConfig.__dataclass_fields__ if hasattr(args, f)}
     fields["mlp"] = None if args.mlp == "none" else args.mlp
+    fields["periodic"] = args.data == "periodic"
     cfg = TrainConfig(**fields)
     cfg.validate()
     cfg.model_config()  # layout errors (n_heads vs n_kv_heads, d_model vs n_heads) before any work
