@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "scan": "analyses.scan",
     "budget": "analyses.budget",
     "train": "analyses.train",
+    "study": "analyses.study",
 }
 
 

@@ -177,6 +177,41 @@ def training_curves(
     return fig
 
 
+def loss_vs_heads(n_heads: np.ndarray, loss: np.ndarray, title: str) -> Figure:
+    """Held-out loss (nats) against the number of heads at a fixed width: one dot per seed, the
+    line through the means; log2 x axis."""
+    n_heads, loss = np.asarray(n_heads), np.asarray(loss, dtype=float)
+    fig = _figure(COLUMN_WIDTH, 2.4)
+    ax = fig.add_subplot()
+    xs = np.unique(n_heads)
+    ax.plot(xs, [loss[n_heads == x].mean() for x in xs], color="#0072B2", lw=1.2, marker="o", ms=3, label="mean")
+    ax.scatter(n_heads, loss, color="#E69F00", s=8, zorder=3, label="one seed")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("heads per layer (same d_model)")
+    ax.set_ylabel("held-out loss (nats)")
+    ax.set_title(title)
+    ax.legend(frameon=False, fontsize=6)
+    return fig
+
+
+def quality_vs_kv(labels: Sequence[str], kv_bytes: np.ndarray, loss: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                  title: str) -> Figure:
+    """Held-out loss (nats, mean with the seed range) against KV cache per token (bytes, log x)."""
+    fig = _figure(COLUMN_WIDTH, 2.6)
+    ax = fig.add_subplot()
+    kv, loss = np.asarray(kv_bytes, dtype=float), np.asarray(loss, dtype=float)
+    ax.errorbar(kv, loss, yerr=[loss - np.asarray(lo), np.asarray(hi) - loss], fmt="o", ms=3, color="#0072B2",
+                ecolor="#E69F00", capsize=2, lw=0.8)
+    for x, y, t in zip(kv, loss, labels):
+        ax.annotate(t, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=5.5)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("KV cache per token, all layers (bytes, bf16)")
+    ax.set_ylabel("held-out loss (nats)")
+    ax.set_title(title)
+    return fig
+
+
 def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
     """Write ``stem.png`` and ``stem.pdf`` atomically; returns the paths."""
     paths = []

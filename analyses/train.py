@@ -61,6 +61,9 @@ class TrainConfig:
         eval_period: length S of the repeated block the detectors score on.
         seed: seeds the initialisation, the training data and the evaluation data.
         device: ``auto``, ``cpu`` or ``cuda``.
+        bias: biases in the attention projections (MLA needs False).
+        kv_lora_rank, qk_rope_head_dim: MLA's latent rank and decoupled rotary width (see
+            :class:`probe.model.TransformerConfig`); None for MHA/GQA/MQA.
     """
 
     n_layers: int = 2
@@ -84,6 +87,9 @@ class TrainConfig:
     eval_period: int = 24
     seed: int = 0
     device: str = "auto"
+    bias: bool = True
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int = 0
 
     def validate(self) -> None:
         """Raise :class:`HeadprobeError` (one line) on settings that cannot train."""
@@ -114,6 +120,7 @@ class TrainConfig:
         return TransformerConfig(
             n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
             d_vocab=self.n_words + 1, n_ctx=self.seq_len, mlp=self.mlp, positional=self.positional,
+            bias=self.bias, kv_lora_rank=self.kv_lora_rank, qk_rope_head_dim=self.qk_rope_head_dim,
         )
 
 
