@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, str] = {
     "budget": "analyses.budget",
     "ablate": "analyses.ablate",
     "prune": "analyses.prune",
+    "train": "analyses.train",
+    "study": "analyses.study",
 }
 
 

@@ -182,6 +182,76 @@ def pruning_curve_plot(curves: Sequence[tuple[str, np.ndarray, dict[str, np.ndar
     axes[0].set_title(title)
     axes[-1].set_xlabel("fraction of heads removed")
     axes[-1].set_xlim(0, 1)
+
+def training_curves(
+    steps: np.ndarray,
+    max_induction: np.ndarray,
+    max_previous_token: np.ndarray,
+    in_context_loss: np.ndarray,
+    train_loss: np.ndarray,
+    phase_step: int | None,
+    title: str,
+) -> Figure:
+    """The induction-head phase change (Olsson et al. 2022, Fig. 1 style): top induction and
+    previous-token scores (upper panel) and the in-context loss and training loss (lower panel,
+    nats) against training step; a dashed line marks ``phase_step``."""
+    fig = _figure(COLUMN_WIDTH, 3.4)
+    ax1, ax2 = fig.subplots(2, 1, sharex=True)
+    ax1.plot(steps, max_induction, color="#0072B2", lw=1.2, label="max induction score")
+    ax1.plot(steps, max_previous_token, color="#E69F00", lw=1.0, ls="--", label="max previous-token score")
+    ax1.set_ylim(0, 1.02)
+    ax1.set_ylabel("head score")
+    ax1.legend(loc="center right", frameon=False, fontsize=6)
+    ax1.set_title(title)
+    ax2.plot(steps, in_context_loss, color="#009E73", lw=1.2, label="in-context loss (late − early)")
+    ax2.axhline(0, color="black", lw=0.5)
+    ax2.set_ylabel("in-context loss (nats)")
+    ax2.set_xlabel("training step")
+    tw = ax2.twinx()
+    tw.plot(steps[1:], train_loss[1:], color="#CC79A7", lw=0.9, ls=":", label="training loss")
+    tw.set_ylabel("training loss (nats)")
+    lines = ax2.get_lines()[:1] + tw.get_lines()
+    ax2.legend(lines, [ln.get_label() for ln in lines], loc="center right", frameon=False, fontsize=6)
+    if phase_step is not None:
+        for ax in (ax1, ax2):
+            ax.axvline(phase_step, color="grey", lw=0.8, ls="--")
+        ax1.annotate(f"phase change\n(step {phase_step})", (phase_step, 0.95), xytext=(3, 0),
+                     textcoords="offset points", fontsize=6, va="top", color="grey")
+    return fig
+
+
+def loss_vs_heads(n_heads: np.ndarray, loss: np.ndarray, title: str) -> Figure:
+    """Held-out loss (nats) against the number of heads at a fixed width: one dot per seed, the
+    line through the means; log2 x axis."""
+    n_heads, loss = np.asarray(n_heads), np.asarray(loss, dtype=float)
+    fig = _figure(COLUMN_WIDTH, 2.4)
+    ax = fig.add_subplot()
+    xs = np.unique(n_heads)
+    ax.plot(xs, [loss[n_heads == x].mean() for x in xs], color="#0072B2", lw=1.2, marker="o", ms=3, label="mean")
+    ax.scatter(n_heads, loss, color="#E69F00", s=8, zorder=3, label="one seed")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("heads per layer (same d_model)")
+    ax.set_ylabel("held-out loss (nats)")
+    ax.set_title(title)
+    ax.legend(frameon=False, fontsize=6)
+    return fig
+
+
+def quality_vs_kv(labels: Sequence[str], kv_bytes: np.ndarray, loss: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                  title: str) -> Figure:
+    """Held-out loss (nats, mean with the seed range) against KV cache per token (bytes, log x)."""
+    fig = _figure(COLUMN_WIDTH, 2.6)
+    ax = fig.add_subplot()
+    kv, loss = np.asarray(kv_bytes, dtype=float), np.asarray(loss, dtype=float)
+    ax.errorbar(kv, loss, yerr=[loss - np.asarray(lo), np.asarray(hi) - loss], fmt="o", ms=3, color="#0072B2",
+                ecolor="#E69F00", capsize=2, lw=0.8)
+    for x, y, t in zip(kv, loss, labels):
+        ax.annotate(t, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=5.5)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("KV cache per token, all layers (bytes, bf16)")
+    ax.set_ylabel("held-out loss (nats)")
+    ax.set_title(title)
     return fig
 
 

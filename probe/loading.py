@@ -9,6 +9,9 @@ Three ways in, one way out (:class:`LoadedModel`):
   ``TransformerBridge.boot_transformers`` supports): from the local Hugging Face cache
   (``HF_HOME``) if it is there, from the hub otherwise.
 * a local path: a Hugging Face model directory (``config.json`` plus weights) or a ``.gguf`` file.
+* a headprobe checkpoint directory (``headprobe_model.pt`` + ``config.json`` + tokenizer files,
+  written by ``headprobe train`` through :func:`save_native`): loads straight into the native
+  backend, no Hugging Face model involved.
 
 All models are loaded in float32 with eager attention so that attention patterns exist.
 Every failure a user can cause (unknown name, no network and no cache, a directory without
@@ -373,6 +376,85 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
     return LoadedModel(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
 
 
+NATIVE_WEIGHTS = "headprobe_model.pt"
+NATIVE_FORMAT = "headprobe-native-1"
+
+
+def word_level_tokenizer(save_dir: str | Path, n_words: int):
+    """A word-level tokenizer over ``t0 .. t{n-1}`` with ``<|endoftext|>`` (id ``n_words``) as
+    BOS/EOS/unknown, for models trained on random tokens; ``d_vocab = n_words + 1``.
+
+    Saved to ``save_dir`` and reloaded so that it has a ``name_or_path``, as TransformerLens expects.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(n_words)}
+    vocab["<|endoftext|>"] = n_words
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                  unk_token="<|endoftext|>")
+    tok.save_pretrained(save_dir)
+    return AutoTokenizer.from_pretrained(save_dir)
+
+
+def is_native_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a headprobe checkpoint directory (it holds ``headprobe_model.pt``)."""
+    return (Path(path) / NATIVE_WEIGHTS).is_file()
+
+
+def save_native(model: Any, out: str | Path, extra: dict[str, Any] | None = None) -> None:
+    """Write a native :class:`~probe.model.Transformer`'s weights (``headprobe_model.pt``) and
+    ``config.json`` (``{"format", "model": TransformerConfig fields, **extra}``) into ``out``,
+    atomically. The tokenizer files are the caller's (``tokenizer.save_pretrained(out)``)."""
+    from dataclasses import asdict
+
+    from probe.io import atomic_path, write_json
+
+    with atomic_path(Path(out) / NATIVE_WEIGHTS) as tmp:
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
+    write_json(Path(out) / "config.json", {"format": NATIVE_FORMAT, "model": asdict(model.cfg), **(extra or {})})
+
+
+def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bos: bool = True) -> LoadedModel:
+    """Load a headprobe checkpoint directory (see :func:`save_native`) into the native backend.
+
+    Raises:
+        HeadprobeError: config.json is missing or not a headprobe config, the weights do not
+            match it, or the tokenizer files are missing (one line each).
+    """
+    import json
+    import pickle
+
+    from probe.convert import spec_from_native
+    from probe.model import Transformer, TransformerConfig
+
+    path = Path(path)
+    try:
+        meta = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        if meta.get("format") != NATIVE_FORMAT:
+            raise ValueError(f"format is {meta.get('format')!r}, expected {NATIVE_FORMAT!r}")
+        cfg = TransformerConfig(**meta["model"])
+        state = torch.load(path / NATIVE_WEIGHTS, map_location="cpu", weights_only=True)
+        model = Transformer(cfg)
+        model.load_state_dict(state)
+    except HeadprobeError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as e:
+        msg = " ".join(str(e).split())[:300]
+        raise HeadprobeError(f"cannot load headprobe checkpoint {path}: {msg}") from None
+    check_finite_weights(model)
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise HeadprobeError(f"headprobe checkpoint {path} has no readable tokenizer: {' '.join(str(e).split())[:200]}") from None
+    spec = spec_from_native(str(path), str(path), "float32 (headprobe checkpoint); native backend", cfg)
+    return LoadedModel(model.to(device).eval(), tokenizer, spec, prepend_bos=prepend_bos)
+
+
 def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", prepend_bos: bool = True,
                backend: str = "auto") -> LoadedModel:
     """Load ``name`` (see the module docstring) as a :class:`LoadedModel` on ``device``.
@@ -384,8 +466,13 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
         backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; see :func:`wrap`.
 
     Raises:
-        HeadprobeError: the model cannot be found or read (one line, says how to supply it).
+        HeadprobeError: the model cannot be found or read (one line, says how to supply it), or
+            ``transformer-lens`` was asked for a headprobe checkpoint directory.
     """
+    if is_native_dir(Path(name).expanduser()):
+        if backend not in ("auto", "native"):
+            raise HeadprobeError(f"{name} is a headprobe checkpoint; it loads only with --backend native (or auto)")
+        return load_native(Path(name).expanduser(), device, prepend_bos)
     return wrap(load_checkpoint(name), backend, device, prepend_bos)
 
 

@@ -27,6 +27,7 @@ block, model.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -70,6 +71,11 @@ class TransformerConfig:
         norm_eps: epsilon of the norms.
         rope_theta: base of the rotary frequencies (Llama 2: 1e4, SmolLM2-135M: 1e5).
         final_norm: apply a norm (``ln_final``) before the unembedding.
+        kv_lora_rank: MLA (multi-head latent attention, DeepSeek-V2, arXiv 2405.04434): keys
+            and values of all heads are reconstructed from one per-token latent of this rank,
+            the only thing cached besides the decoupled rotary key. None: MHA/GQA/MQA.
+        qk_rope_head_dim: MLA only: width of the decoupled rotary key (shared by all heads) and
+            of each head's rotary query part; 0 for none (then use learned positions).
 
     Raises:
         HeadprobeError: ``d_model`` is not a multiple of ``n_heads``, or ``n_heads`` is not a
@@ -91,6 +97,8 @@ class TransformerConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     final_norm: bool = True
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -110,6 +118,24 @@ class TransformerConfig:
         ):
             if value not in allowed:
                 raise HeadprobeError(f"config {field}={value!r} is not one of {allowed}")
+        if self.kv_lora_rank is not None:
+            if self.kv_lora_rank < 1 or self.qk_rope_head_dim < 0 or self.qk_rope_head_dim % 2:
+                raise HeadprobeError(f"MLA needs kv_lora_rank >= 1 and an even qk_rope_head_dim >= 0, got "
+                                     f"{self.kv_lora_rank} and {self.qk_rope_head_dim}")
+            if self.n_kv_heads != self.n_heads:
+                raise HeadprobeError(f"MLA reconstructs keys and values for every head: n_kv_heads={self.n_kv_heads} "
+                                     f"must equal n_heads={self.n_heads}")
+            if self.positional == "rotary" and self.qk_rope_head_dim == 0:
+                raise HeadprobeError("MLA with rotary positions needs qk_rope_head_dim > 0 (the decoupled rotary key)")
+            if self.bias:
+                raise HeadprobeError("MLA is implemented without biases (DeepSeek-V2); pass bias=False")
+        elif self.qk_rope_head_dim:
+            raise HeadprobeError("qk_rope_head_dim describes MLA; give kv_lora_rank too")
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether attention is multi-head latent attention (``kv_lora_rank`` is set)."""
+        return self.kv_lora_rank is not None
 
     @property
     def d_head(self) -> int:
@@ -226,6 +252,41 @@ def merge_heads(x: Float[Tensor, "batch head pos d_head"]) -> Float[Tensor, "bat
     return x.transpose(1, 2).reshape(B, T, H * d_head)
 
 
+@dataclass
+class KVCache:
+    """Keys and values of the tokens seen so far, per layer, for generation.
+
+    ``keys[l]`` and ``values[l]`` are ``[batch, kv_head, pos, d_head]`` (keys after rotary), so a
+    GQA/MQA cache holds ``n_kv_heads`` heads, never copies per query head. Filled by
+    :meth:`Transformer.forward` when passed as ``cache``; start with ``KVCache()``.
+    """
+
+    keys: list[Tensor] = dataclasses.field(default_factory=list)
+    values: list[Tensor] = dataclasses.field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        """Positions cached (0 when empty)."""
+        return self.keys[0].shape[2] if self.keys else 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache holds: ``2 * n_layers * batch * n_kv_heads * pos * d_head * element size``,
+        the quantity :func:`probe.cost.kv_bytes_per_request` predicts."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append this step's ``k``/``v`` (``[batch, kv_head, new_pos, d_head]``) to layer
+        ``layer``'s cache and return all keys and values so far."""
+        if layer == len(self.keys):
+            self.keys.append(k)
+            self.values.append(v)
+        else:
+            self.keys[layer] = torch.cat([self.keys[layer], k], dim=2)
+            self.values[layer] = torch.cat([self.values[layer], v], dim=2)
+        return self.keys[layer], self.values[layer]
+
+
 @functools.cache
 def _sdpa_has_enable_gqa() -> bool:
     """``scaled_dot_product_attention(..., enable_gqa=True)`` exists from torch 2.5 on (it is a
@@ -246,16 +307,26 @@ class Attention(nn.Module):
     Hook points (shapes beside each in ``__init__``) follow TransformerLens.
     """
 
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, layer: int = 0):
         super().__init__()
         self.cfg = cfg
+        self.layer = layer
         H, KV, d_head, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
-        self.q_proj = nn.Linear(D, H * d_head, bias=cfg.bias)
-        self.k_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
-        self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
+        if cfg.is_mla:  # DeepSeek-V2 eqs. 9-12 without a query latent: W_Q, W_DKV|W_KR, norm, W_UK|W_UV
+            R, r = cfg.qk_rope_head_dim, cfg.kv_lora_rank
+            self.q_proj = nn.Linear(D, H * (d_head + R), bias=False)
+            self.kv_down = nn.Linear(D, r + R, bias=False)  # latent c^KV and the shared rotary key k^R
+            self.kv_norm = RMSNorm(r, cfg.norm_eps)
+            self.kv_up = nn.Linear(r, H * 2 * d_head, bias=False)  # keys and values of every head
+            self.rotary = Rotary(R, cfg.rope_theta) if R else None
+            self.scale = 1.0 / math.sqrt(d_head + R)
+        else:
+            self.q_proj = nn.Linear(D, H * d_head, bias=cfg.bias)
+            self.k_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
+            self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
+            self.rotary = Rotary(d_head, cfg.rope_theta) if cfg.positional == "rotary" else None
+            self.scale = 1.0 / math.sqrt(d_head)
         self.o_proj = nn.Linear(H * d_head, D, bias=cfg.bias)
-        self.rotary = Rotary(d_head, cfg.rope_theta) if cfg.positional == "rotary" else None
-        self.scale = 1.0 / math.sqrt(d_head)
         self.force_eager = False
 
         self.hook_q = HookPoint()  # [batch, pos, head, d_head]
@@ -288,6 +359,7 @@ class Attention(nn.Module):
         positions: Int[Tensor, "batch pos"],
         key_mask: Float[Tensor, "batch 1 q_pos k_pos"] | None = None,
         head_mask: Float[Tensor, "head"] | Float[Tensor, "batch head"] | None = None,
+        cache: KVCache | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         """Attention output for the normalised residual ``x``.
 
@@ -298,20 +370,24 @@ class Attention(nn.Module):
                 padding combined); None for plain causal attention.
             head_mask: per-head factor ``xi_h`` multiplying ``z_h`` (Michel et al. 2019), for
                 all sequences (``[head]``) or per sequence (``[batch, head]``).
+            cache: keys and values of earlier positions (generation); this call's are appended.
         """
         cfg = self.cfg
         B, T, _ = x.shape
         H, KV, G, d_head = cfg.n_heads, cfg.n_kv_heads, cfg.group_size, cfg.d_head
 
-        # Split heads: reshape to [batch, pos, head, d_head] (head h = columns h*d_head:(h+1)*d_head).
-        q = self.hook_q(self.q_proj(x).view(B, T, H, d_head))  # [batch, pos, head, d_head]
-        k = self.hook_k(self.k_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
-        v = self.hook_v(self.v_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
-        if self.rotary is not None:
-            q = self.hook_rot_q(self.rotary(q, positions))
-            k = self.hook_rot_k(self.rotary(k, positions))
-        # ... then transpose to [batch, head, pos, d_head].
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cfg.is_mla:
+            q, k, v, key_mask = self._mla_qkv(x, positions, cache, key_mask)
+            cache = None  # the latent is cached already
+            T = q.shape[2]
+        else:
+            q, k, v = self._qkv(x, positions)
+        if cache is not None:
+            past = cache.n_tokens if self.layer < len(cache.keys) else 0
+            k, v = cache.extend(self.layer, k, v)
+            if past and key_mask is None:  # queries sit at the end: causal mask aligned bottom-right
+                S = k.shape[2]
+                key_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
 
         if self.needs_pattern():
             z = self._eager(q, k, v, key_mask)
@@ -331,6 +407,50 @@ class Attention(nn.Module):
             out = result.sum(dim=2)
             return out if self.b_O is None else out + self.b_O
         return self.o_proj(z.reshape(B, T, H * d_head))  # merge heads: Concat(z_h) W_O + b_O
+
+    def _mla_qkv(self, x, positions, cache, key_mask):
+        """MLA: queries ``[q_nope, rope(q_rope)]`` per head; keys ``[W_UK norm(c), rope(k^R)]``
+        and values ``W_UV norm(c)`` of every head, decompressed from the latent ``c^KV`` of all
+        positions so far (the cache holds ``c^KV`` as ``keys`` ``[batch, 1, pos, rank]`` and
+        ``k^R`` as ``values`` ``[batch, 1, pos, rope]``). Returns ``[batch, head, pos, .]`` tensors."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, d_head, R, r = cfg.n_heads, cfg.d_head, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+        q = self.q_proj(x).view(B, T, H, d_head + R)
+        ckv = self.kv_down(x)
+        c, k_rope = ckv[..., :r], ckv[..., r:][:, :, None, :]  # [batch, pos, r], [batch, pos, 1, R]
+        if self.rotary is not None:
+            q = torch.cat([q[..., :d_head], self.rotary(q[..., d_head:], positions)], dim=-1)
+            k_rope = self.rotary(k_rope, positions)
+        q = self.hook_q(q)
+        c, k_rope = c[:, None], k_rope.transpose(1, 2)  # [batch, 1, pos, r], [batch, 1, pos, R]
+        if cache is not None:
+            past = cache.n_tokens if self.layer < len(cache.keys) else 0
+            c, k_rope = cache.extend(self.layer, c, k_rope)
+            S = c.shape[2]
+            if past and key_mask is None:
+                key_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
+        S = c.shape[2]
+        kv = self.kv_up(self.kv_norm(c[:, 0])).view(B, S, H, 2 * d_head)
+        k = torch.cat([kv[..., :d_head], k_rope.transpose(1, 2).expand(B, S, H, R)], dim=-1)
+        k = self.hook_k(k)  # [batch, pos, head, d_head + R]
+        v = self.hook_v(kv[..., d_head:])  # [batch, pos, head, d_head]
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), key_mask
+
+    def _qkv(self, x, positions):
+        """MHA/GQA/MQA: ``q`` ``[batch, head, pos, d_head]``, ``k``/``v`` ``[batch, kv_head, pos, d_head]``."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, KV, d_head = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+        # Split heads: reshape to [batch, pos, head, d_head] (head h = columns h*d_head:(h+1)*d_head).
+        q = self.hook_q(self.q_proj(x).view(B, T, H, d_head))  # [batch, pos, head, d_head]
+        k = self.hook_k(self.k_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
+        v = self.hook_v(self.v_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
+        if self.rotary is not None:
+            q = self.hook_rot_q(self.rotary(q, positions))
+            k = self.hook_rot_k(self.rotary(k, positions))
+        # ... then transpose to [batch, head, pos, d_head].
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def _eager(
         self,
@@ -354,7 +474,7 @@ class Attention(nn.Module):
         scores = self.hook_attn_scores(scores.masked_fill(~key_mask, float("-inf")))
         pattern = self.hook_pattern(scores.softmax(dim=-1))  # [batch, head, q_pos, k_pos]
         z = pattern.reshape(B, KV, (H // KV) * T, S) @ v
-        return z.view(B, H, T, d_head)
+        return z.view(B, H, T, v.shape[-1])  # MLA: values are narrower than queries/keys
 
     def _fused(
         self,
@@ -405,10 +525,10 @@ class Block(nn.Module):
     """Pre-norm residual block: ``resid_mid = resid_pre + attn(ln1(resid_pre))``,
     ``resid_post = resid_mid + mlp(ln2(resid_mid))`` (no MLP in attention-only models)."""
 
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, layer: int = 0):
         super().__init__()
         self.ln1 = Norm(cfg)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.ln2 = Norm(cfg) if cfg.mlp is not None else None
         self.mlp = MLP(cfg) if cfg.mlp is not None else None
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
@@ -417,9 +537,9 @@ class Block(nn.Module):
         self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
-    def forward(self, resid: Float[Tensor, "batch pos d_model"], positions, key_mask=None, head_mask=None):
+    def forward(self, resid: Float[Tensor, "batch pos d_model"], positions, key_mask=None, head_mask=None, cache=None):
         resid = self.hook_resid_pre(resid)
-        attn_out = self.hook_attn_out(self.attn(self.ln1(resid), positions, key_mask, head_mask))
+        attn_out = self.hook_attn_out(self.attn(self.ln1(resid), positions, key_mask, head_mask, cache))
         resid = self.hook_resid_mid(resid + attn_out)
         if self.mlp is not None:
             resid = resid + self.hook_mlp_out(self.mlp(self.ln2(resid)))
@@ -441,7 +561,7 @@ class Transformer(HookedRootModule):
         super().__init__()
         self.cfg = cfg
         self.embed = Embedding(cfg)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.ln_final = Norm(cfg) if cfg.final_norm else None
         self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
         if cfg.tied_unembed:
@@ -466,6 +586,7 @@ class Transformer(HookedRootModule):
         head_mask: Float[Tensor, "layer head"] | Float[Tensor, "batch layer head"] | None = None,
         attention_mask: Int[Tensor, "batch pos"] | None = None,
         return_type: Literal["logits", "resid"] = "logits",
+        cache: KVCache | None = None,
     ) -> Float[Tensor, "batch pos d_vocab"]:
         """Logits ``[batch, pos, d_vocab]`` (or the final residual, ``return_type="resid"``).
 
@@ -476,6 +597,9 @@ class Transformer(HookedRootModule):
                 Differentiable, for gradient importance ``|dL/dxi|`` (Michel et al. 2019).
             attention_mask: 1 for real tokens, 0 for padding (any side). Positions count real
                 tokens only, so a left-padded sequence gets the same positions as unpadded.
+            cache: a :class:`KVCache` holding the keys and values of the tokens before
+                ``tokens`` (empty for the first call); this call's are appended, and ``tokens``
+                get positions after the cached ones. Not combined with ``attention_mask``.
 
         Raises:
             HeadprobeError: ``head_mask`` has the wrong shape, or the sequence is longer than
@@ -495,8 +619,13 @@ class Transformer(HookedRootModule):
                 f"or [{B}, {cfg.n_layers}, {cfg.n_heads}]"
             )
 
+        past = 0 if cache is None else cache.n_tokens
+        if cache is not None and attention_mask is not None:
+            raise HeadprobeError("a KV cache cannot be combined with attention_mask (padding)")
+        if cfg.positional == "learned" and past + T > cfg.n_ctx:
+            raise HeadprobeError(f"{past + T} tokens with the cache are longer than the model's n_ctx={cfg.n_ctx}")
         if attention_mask is None:
-            positions = torch.arange(T, device=tokens.device).expand(B, T)
+            positions = torch.arange(past, past + T, device=tokens.device).expand(B, T)
             key_mask = None
         else:
             real = attention_mask.to(torch.bool)
@@ -512,9 +641,51 @@ class Transformer(HookedRootModule):
             resid = resid + self.hook_pos_embed(pos_embed)
         for layer, block in enumerate(self.blocks):
             mask_l = None if head_mask is None else head_mask[..., layer, :]
-            resid = block(resid, positions, key_mask, mask_l)
+            resid = block(resid, positions, key_mask, mask_l, cache)
         if self.ln_final is not None:
             resid = self.ln_final(resid)
         if return_type == "resid":
             return resid
         return self.unembed(resid)
+
+
+def init_weights(model: Transformer, std: float = 0.02) -> Transformer:
+    """GPT-2's initialisation for training from scratch (Radford et al. 2019): every linear and
+    embedding weight ``N(0, std)``, output projections of the residual branches (``o_proj``,
+    ``fc_out``) ``N(0, std / sqrt(2 n_layers))``, biases 0, norms 1. In place; returns ``model``.
+
+    (PyTorch's default ``N(0, 1)`` embedding, tied to the unembedding, starts with logits of
+    standard deviation ``sqrt(d_model)`` and a loss far above chance.)
+    """
+    resid_std = std / math.sqrt(2 * model.cfg.n_layers)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                last = name.rsplit(".", 1)[-1]
+                module.weight.normal_(0.0, resid_std if last in ("o_proj", "fc_out") else std)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+    return model
+
+
+@torch.inference_mode()
+def generate(model: Transformer, tokens: Int[Tensor, "batch pos"], n_new: int, use_cache: bool = True,
+             ) -> tuple[Int[Tensor, "batch pos_plus_new"], KVCache | None]:
+    """Greedy decoding of ``n_new`` tokens after ``tokens``.
+
+    With ``use_cache`` the prompt runs once and each new token runs alone against a
+    :class:`KVCache` (MHA, GQA and MQA cache ``n_kv_heads`` keys and values per layer); without
+    it the whole sequence is recomputed every step (the reference the cache must equal).
+
+    Returns:
+        (tokens with the ``n_new`` generated ones appended, the cache or None).
+    """
+    cache = KVCache() if use_cache else None
+    out = tokens
+    step_in = tokens
+    for _ in range(n_new):
+        logits = model(step_in, cache=cache) if use_cache else model(out)
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        out = torch.cat([out, nxt], dim=1)
+        step_in = nxt
+    return out, cache

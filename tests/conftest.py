@@ -11,21 +11,10 @@ import torch
 
 
 def make_tiny_tokenizer(tmp_dir, n_words: int = 100):
-    """A word-level tokenizer over ``t0 .. t{n-1}`` with ``<|endoftext|>`` as BOS/EOS/unknown.
+    """A word-level tokenizer over ``t0 .. t{n-1}`` with ``<|endoftext|>`` as BOS/EOS/unknown."""
+    from probe.loading import word_level_tokenizer
 
-    Saved and reloaded so that it has a ``name_or_path``, as TransformerLens expects.
-    """
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    vocab = {f"t{i}": i for i in range(n_words)}
-    vocab["<|endoftext|>"] = n_words
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                                  unk_token="<|endoftext|>")
-    tok.save_pretrained(tmp_dir)
-    return AutoTokenizer.from_pretrained(tmp_dir)
+    return word_level_tokenizer(tmp_dir, n_words)
 
 
 def _checkpoint(hf_model, tokenizer, name, hf_name):

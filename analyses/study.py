@@ -1,0 +1,165 @@
+"""``headprobe study heads|layouts``: train small models side by side (issue 7).
+
+* ``heads``: the same width (d_model 64) split into 1, 2, 4, 8, 16 heads; same data, same steps,
+  several seeds.
+* ``layouts``: the same width and heads as MHA, GQA, MQA and MLA at several latent ranks; each
+  with its attention parameter count and KV cache per token (``probe.cost``, bf16, over all
+  layers), the context-2048 cache, and the losses.
+
+Every run is one :func:`analyses.train.train` call (same data stream per seed); the losses are
+the held-out loss, the in-context loss and the loss on the repeated half of ``[BOS] r r``.
+Outputs: ``results.csv`` (one row per run), ``study.json`` (settings and the headline numbers)
+and one figure (PNG + PDF).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+import time
+
+import numpy as np
+import pandas as pd
+
+from analyses import figures
+from analyses.train import TrainConfig, train
+from probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
+from probe.errors import HeadprobeError
+from probe.io import prepare_output_dir, write_json, write_text
+
+HELP = "train small models side by side: how many heads (study heads), MHA vs GQA vs MQA vs MLA (study layouts)"
+
+CONTEXT = 2048  # tokens, for the per-request KV cache column
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise HeadprobeError(f"--{name} must be a comma-separated list of integers, got {text!r}") from None
+    if not values or min(values) < (0 if name == "seeds" else 1):
+        raise HeadprobeError(f"--{name} must list at least one {'non-negative' if name == 'seeds' else 'positive'} integer, got {text!r}")
+    return values
+
+
+def layout_of(cfg: TrainConfig) -> AttentionLayout:
+    """The :class:`probe.cost.AttentionLayout` of a training config (bf16 cache, no biases)."""
+    return AttentionLayout(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+                           kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim or None,
+                           bias="none", bytes_per_element=2)
+
+
+def variants(which: str, base: TrainConfig, n_heads_list: list[int], ranks: list[int], rope: int) -> list[tuple[str, TrainConfig]]:
+    """(label, config) of every model the study trains (seeds apart)."""
+    if which == "heads":
+        return [(f"{h} heads", dataclasses.replace(base, n_heads=h, n_kv_heads=None)) for h in n_heads_list]
+    H = base.n_heads
+    out = [("MHA", dataclasses.replace(base, n_kv_heads=None))]
+    out += [(f"GQA {g} groups", dataclasses.replace(base, n_kv_heads=g)) for g in (4, 2) if 1 < g < H and H % g == 0]
+    out.append(("MQA", dataclasses.replace(base, n_kv_heads=1)))
+    out += [(f"MLA r={r}", dataclasses.replace(base, n_kv_heads=None, kv_lora_rank=r, qk_rope_head_dim=rope)) for r in ranks]
+    return out
+
+
+def run_study(which: str, base: TrainConfig, seeds: list[int], n_heads_list: list[int], ranks: list[int], rope: int,
+              progress: bool = True) -> pd.DataFrame:
+    from probe.loading import word_level_tokenizer
+
+    runs = variants(which, base, n_heads_list, ranks, rope)
+    for _, cfg in runs:  # every config error before any training
+        cfg.validate()
+        cfg.model_config()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = word_level_tokenizer(tmp, base.n_words)
+        for label, cfg in runs:
+            for seed in seeds:
+                t0 = time.perf_counter()
+                r = train(dataclasses.replace(cfg, seed=seed), tokenizer, progress=False)
+                last = r.log.iloc[-1]
+                lay = layout_of(cfg)
+                rows.append({
+                    "variant": label, "kind": lay.kind, "n_heads": cfg.n_heads, "n_kv_heads": lay.n_kv_heads,
+                    "kv_lora_rank": cfg.kv_lora_rank, "seed": seed,
+                    "attn_params_per_layer": attention_params_per_layer(lay),
+                    "model_params": sum(p.numel() for p in r.loaded.model.parameters()),
+                    "kv_bytes_per_token": kv_bytes_per_token(lay),
+                    f"kv_bytes_at_{CONTEXT}": kv_bytes_per_request(lay, CONTEXT),
+                    "eval_loss": float(last["eval_loss"]), "in_context_loss": float(last["in_context_loss"]),
+                    "repeated_loss": float(last["repeated_loss"]), "max_induction": float(last["max_induction"]),
+                    "max_previous_token": float(last["max_previous_token"]), "seconds": time.perf_counter() - t0,
+                })
+                if progress:
+                    x = rows[-1]
+                    print(f"{label:<16} seed {seed}: loss {x['eval_loss']:.3f}  in-context {x['in_context_loss']:+.3f}  "
+                          f"induction {x['max_induction']:.2f}  KV/token {x['kv_bytes_per_token']} B  ({x['seconds']:.0f} s)",
+                          flush=True)
+    return pd.DataFrame(rows)
+
+
+def headline(which: str, table: pd.DataFrame) -> dict:
+    """Per-variant means and, for layouts, the smallest MLA rank whose cache is below 1/8 of MHA's."""
+    agg = table.groupby("variant", sort=False).agg(
+        eval_loss=("eval_loss", "mean"), eval_loss_sd=("eval_loss", "std"), in_context_loss=("in_context_loss", "mean"),
+        max_induction=("max_induction", "mean"), kv_bytes_per_token=("kv_bytes_per_token", "first"))
+    out = {"per_variant": {k: {c: (None if pd.isna(v) else round(float(v), 4)) for c, v in row.items()}
+                           for k, row in agg.iterrows()}}
+    if which == "layouts" and "MHA" in agg.index:
+        mha = agg.loc["MHA"]
+        mla = agg[[v.startswith("MLA") for v in agg.index]]
+        small = mla[mla["kv_bytes_per_token"] < mha["kv_bytes_per_token"] / 8]
+        if len(small):
+            best = small["eval_loss"].idxmin()
+            out["mla_below_one_eighth"] = {
+                "variant": best, "kv_fraction_of_mha": round(float(small.loc[best, "kv_bytes_per_token"] / mha["kv_bytes_per_token"]), 4),
+                "loss_gap_vs_mha": round(float(small.loc[best, "eval_loss"] - mha["eval_loss"]), 4),
+                "mha_loss_seed_sd": None if pd.isna(mha["eval_loss_sd"]) else round(float(mha["eval_loss_sd"]), 4)}
+        else:
+            out["mla_below_one_eighth"] = None
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("which", choices=["heads", "layouts"], help="heads: 1..16 heads at one width; layouts: MHA/GQA/MQA/MLA")
+    p.add_argument("--out", required=True, help="output directory (must be empty or absent unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--steps", type=int, default=700, help="training steps per run (default %(default)s)")
+    p.add_argument("--seeds", default="0,1", help="comma-separated seeds (default %(default)s)")
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--n-heads", type=int, default=8, help="layouts: query heads (default %(default)s)")
+    p.add_argument("--n-heads-list", default="1,2,4,8,16", help="heads: head counts (default %(default)s)")
+    p.add_argument("--ranks", default="4,8,16", help="layouts: MLA latent ranks (default %(default)s)")
+    p.add_argument("--rope", type=int, default=4, help="layouts: MLA decoupled rotary width (default %(default)s)")
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+
+
+def run(args: argparse.Namespace) -> int:
+    seeds = _ints(args.seeds, "seeds")
+    n_heads_list = _ints(args.n_heads_list, "n-heads-list")
+    ranks = _ints(args.ranks, "ranks")
+    if args.rope < 0 or args.rope % 2:
+        raise HeadprobeError(f"--rope must be an even non-negative integer, got {args.rope}")
+    base = TrainConfig(d_model=args.d_model, n_heads=args.n_heads, steps=args.steps, eval_every=args.eval_every,
+                       device=args.device, bias=False)
+    prepare_output_dir(args.out, args.overwrite, create=False)
+    table = run_study(args.which, base, seeds, n_heads_list, ranks, args.rope)
+    out = prepare_output_dir(args.out, args.overwrite)
+    write_text(out / "results.csv", table.to_csv(index=False, float_format="%.5f"))
+    head = headline(args.which, table)
+    write_json(out / "study.json", {"which": args.which, "seeds": seeds, "base": dataclasses.asdict(base),
+                                    "n_heads_list": n_heads_list, "ranks": ranks, "rope": args.rope, **head})
+    if args.which == "heads":
+        fig = figures.loss_vs_heads(table["n_heads"].to_numpy(), table["eval_loss"].to_numpy(),
+                                    f"d_model {args.d_model}, {args.steps} steps, {len(seeds)} seeds")
+        figures.save_figure(fig, out / "loss_vs_heads")
+    else:
+        agg = table.groupby("variant", sort=False).agg(kv=("kv_bytes_per_token", "first"), loss=("eval_loss", "mean"),
+                                                      lo=("eval_loss", "min"), hi=("eval_loss", "max"))
+        fig = figures.quality_vs_kv(list(agg.index), agg["kv"].to_numpy(), agg["loss"].to_numpy(), agg["lo"].to_numpy(),
+                                    agg["hi"].to_numpy(), f"{args.n_heads} heads, d_model {args.d_model}, {len(seeds)} seeds")
+        figures.save_figure(fig, out / "quality_vs_kv")
+    print(table.groupby("variant", sort=False)[["eval_loss", "in_context_loss", "max_induction", "kv_bytes_per_token"]].mean().round(3))
+    print(f"wrote results.csv, study.json and the figure to {out}/")
+    return 0

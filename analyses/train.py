@@ -1,0 +1,410 @@
+"""``headprobe train``: grow induction heads from scratch in a small native transformer.
+
+The model (default: 2 layers, attention-only, MHA; ``--n-kv-heads`` for GQA/MQA) is trained on
+random token sequences in which a random segment starts repeating part-way through, so the
+only way to beat ``ln(n_words)`` nats is in-context copying. Every ``eval_every`` steps it logs:
+
+* every head's induction (prefix-matching) and previous-token score on repeated random tokens
+  ``[BOS] r_1..r_S r_1..r_S``, with the detectors of :mod:`analyses.detectors`;
+* the in-context loss: loss late in the sequence minus loss early (Olsson et al. 2022 use token
+  500 minus token 50 of 512; here the mean over a few positions around 98% and 10% of the
+  context, on a fixed held-out batch of the training distribution);
+* the loss on the repeated half of the repeated random tokens, and the held-out loss.
+
+Olsson et al. 2022 ("In-context Learning and Induction Heads") observe a phase change in models of
+2+ layers: induction heads form abruptly, and the in-context loss drops at the same step.
+
+Outputs (``--out``): ``train_log.csv`` (one row per evaluation), ``summary.json``, the figure
+``training.{png,pdf}`` and a headprobe checkpoint (``headprobe_model.pt``, ``config.json``,
+tokenizer files) that ``headprobe scan --model OUT`` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from analyses import figures
+from analyses.ablation import task_loss, token_losses
+from analyses.data import repeated_random_tokens
+from analyses.detectors import induction_score, previous_token_score
+from probe.capture import stream_patterns
+from probe.errors import HeadprobeError
+from probe.hooks import format_head
+from probe.io import prepare_output_dir, write_json, write_text
+
+HELP = "train a small attention-only transformer from scratch and watch induction heads form (phase change)"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Settings of a training run (all recorded in config.json).
+
+    Attributes:
+        n_layers, d_model, n_heads: model size. n_kv_heads: key/value heads (None: MHA).
+        mlp: ``"gelu"`` adds MLPs; None (default) is attention-only.
+        positional: ``"learned"`` or ``"rotary"``.
+        n_words: vocabulary of random tokens (the model's ``d_vocab`` is ``n_words + 1``, for BOS).
+        seq_len: training sequence length in tokens, BOS included (also the model's ``n_ctx``).
+        min_period, max_period: length range of the segment that reappears in each sequence.
+        periodic: the segment repeats to the end of the sequence instead of reappearing once.
+        batch_size, steps, lr, weight_decay, warmup: optimiser (AdamW, linear warm-up, constant after).
+        eval_every: steps between evaluations. n_eval: sequences per evaluation set.
+        eval_period: length S of the repeated block the detectors score on.
+        seed: seeds the initialisation, the training data and the evaluation data.
+        device: ``auto``, ``cpu`` or ``cuda``.
+        bias: biases in the attention projections (MLA needs False).
+        kv_lora_rank, qk_rope_head_dim: MLA's latent rank and decoupled rotary width (see
+            :class:`probe.model.TransformerConfig`); None for MHA/GQA/MQA.
+    """
+
+    n_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    mlp: str | None = None
+    positional: str = "rotary"
+    n_words: int = 64
+    seq_len: int = 96
+    min_period: int = 8
+    max_period: int = 32
+    periodic: bool = True
+    batch_size: int = 32
+    steps: int = 1000
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    warmup: int = 50
+    eval_every: int = 100
+    n_eval: int = 64
+    eval_period: int = 24
+    seed: int = 0
+    device: str = "auto"
+    bias: bool = True
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int = 0
+
+    def validate(self) -> None:
+        """Raise :class:`HeadprobeError` (one line) on settings that cannot train."""
+        for name in ("n_layers", "d_model", "n_heads", "n_words", "seq_len", "batch_size", "steps",
+                     "eval_every", "n_eval", "min_period", "max_period", "eval_period"):
+            if getattr(self, name) < 1:
+                raise HeadprobeError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+        if self.n_kv_heads is not None and self.n_kv_heads < 1:
+            raise HeadprobeError(f"--n-kv-heads must be a positive integer, got {self.n_kv_heads}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise HeadprobeError(f"--lr must be a positive number, got {self.lr}")
+        if self.weight_decay < 0 or self.warmup < 0:
+            raise HeadprobeError("--weight-decay and --warmup must not be negative")
+        if self.n_words < 2:
+            raise HeadprobeError(f"--n-words must be at least 2, got {self.n_words}")
+        if self.min_period < 2 or self.min_period > self.max_period:
+            raise HeadprobeError(f"need 2 <= --min-period <= --max-period, got {self.min_period} and {self.max_period}")
+        if 2 * self.max_period + 1 > self.seq_len:
+            raise HeadprobeError(f"--max-period {self.max_period} does not fit twice in --seq-len {self.seq_len} (needs 2*period+1)")
+        if self.eval_period < 2 or 2 * self.eval_period + 1 > self.seq_len:
+            raise HeadprobeError(f"--eval-period {self.eval_period} must be >= 2 and fit twice in --seq-len {self.seq_len}")
+        if self.seq_len < 20:
+            raise HeadprobeError(f"--seq-len {self.seq_len} is too short for the in-context loss (needs >= 20)")
+
+    def model_config(self):
+        from probe.model import TransformerConfig
+
+        return TransformerConfig(
+            n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
+            d_vocab=self.n_words + 1, n_ctx=self.seq_len, mlp=self.mlp, positional=self.positional,
+            bias=self.bias, kv_lora_rank=self.kv_lora_rank, qk_rope_head_dim=self.qk_rope_head_dim,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------
+
+
+def copy_sequences(n_seqs: int, seq_len: int, n_words: int, min_period: int, max_period: int,
+                   gen: torch.Generator, periodic: bool = False) -> Int[Tensor, "batch pos"]:
+    """Random sequences that need in-context copying: ``[BOS]`` then ``seq_len - 1`` tokens.
+
+    Each sequence starts with a random-length prefix of tokens uniform over ``0..n_words-1``;
+    then a random segment of random length ``S`` in ``[min_period, max_period]`` appears and
+    reappears once after a random gap (``periodic=False``), or repeats with period ``S`` to the
+    end (``periodic=True``; the last copy may be cut off), followed by random tokens. Only
+    in-context copying predicts the repeats; nothing predicts the rest. BOS is ``n_words``.
+    Deterministic given ``gen``'s state.
+    """
+    T = seq_len - 1
+    tokens = torch.randint(n_words, (n_seqs, T), generator=gen)
+    S = torch.randint(min_period, max_period + 1, (n_seqs,), generator=gen)
+    u = torch.rand(n_seqs, 2, generator=gen)
+    slack = T - 2 * S  # the longest prefix that still leaves two whole copies
+    a = (u[:, 0] * (slack + 1)).long().clamp(max=slack)  # the first copy starts at a
+    pos = torch.arange(T)
+    if periodic:
+        rel = pos - a[:, None]
+        src = torch.where(rel >= S[:, None], a[:, None] + rel % S[:, None], pos)
+    else:
+        b = a + S + (u[:, 1] * (slack - a + 1)).long().clamp(max=slack - a)  # second copy at b >= a + S
+        second = (pos >= b[:, None]) & (pos < (b + S)[:, None])
+        src = torch.where(second, pos - b[:, None] + a[:, None], pos)
+    tokens = tokens.gather(1, src)
+    bos = torch.full((n_seqs, 1), n_words, dtype=torch.long)
+    return torch.cat([bos, tokens], dim=1)
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation
+# --------------------------------------------------------------------------------------------
+
+
+def in_context_loss(losses: Tensor, early: float = 0.10, late: float = 0.98, window: int = 2) -> float:
+    """Loss late in the sequence minus loss early (nats), Olsson et al. 2022's in-context-learning
+    score scaled to short contexts: token 500 vs token 50 of 512 becomes the mean over
+    ``±window`` positions around ``late`` and ``early`` fractions of the sequence.
+
+    ``losses`` is ``[batch, pos - 1]`` from :func:`analyses.ablation.token_losses` (index i
+    predicts token i + 1). Negative when later tokens are predicted better.
+    """
+    n = losses.shape[1]
+
+    def around(frac: float) -> float:
+        c = min(max(int(round(frac * n)), window), n - 1 - window)
+        return float(losses[:, c - window : c + window + 1].mean())
+
+    return around(late) - around(early)
+
+
+@torch.inference_mode()
+def evaluate(loaded, held_out: Tensor, repeated) -> dict[str, object]:
+    """Scores of every head and the evaluation losses.
+
+    Returns:
+        ``{"induction": [layer, head], "previous_token": [layer, head], "repeated_loss",
+        "eval_loss", "in_context_loss"}`` (losses in nats/token).
+    """
+    spec = loaded.spec
+    ind = torch.zeros(spec.n_layers, spec.n_heads)
+    prev = torch.zeros(spec.n_layers, spec.n_heads)
+
+    def on_pattern(layer: int, pattern: Tensor) -> None:
+        ind[layer] = induction_score(pattern, repeated.period, repeated.start).cpu()
+        prev[layer] = previous_token_score(pattern[..., repeated.start :, repeated.start :]).cpu()
+
+    logits = stream_patterns(loaded, repeated.tokens, on_pattern)
+    rep_loss = task_loss(logits, repeated.tokens.to(logits.device), "repeated", repeated.start, repeated.period)
+    losses = token_losses(loaded.forward(held_out), held_out)
+    return {"induction": ind, "previous_token": prev, "repeated_loss": rep_loss,
+            "eval_loss": float(losses.mean()), "in_context_loss": in_context_loss(losses)}
+
+
+def phase_change_step(steps: np.ndarray, icl: np.ndarray) -> int | None:
+    """The evaluation step at which the in-context loss falls fastest (between consecutive
+    evaluations, after a 3-point running mean); None with fewer than 3 evaluations."""
+    if len(steps) < 3:
+        return None
+    smooth = np.convolve(icl, np.ones(3) / 3, mode="same")
+    smooth[0], smooth[-1] = icl[0], icl[-1]
+    drop = np.diff(smooth) / np.diff(steps)
+    i = int(np.argmin(drop))
+    return int(steps[i + 1])
+
+
+# --------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainResult:
+    config: TrainConfig
+    loaded: object  # LoadedModel around the trained native Transformer
+    log: pd.DataFrame
+    final_scores: dict[str, np.ndarray]  # "induction"/"previous_token" -> [layer, head]
+    seconds: float
+    device: str
+
+
+def train(cfg: TrainConfig, tokenizer, progress: bool = True) -> TrainResult:
+    """Train a model as ``cfg`` says; deterministic given ``cfg.seed`` on one device.
+
+    ``tokenizer`` is a word-level tokenizer over the ``n_words`` random tokens plus BOS (see
+    :func:`probe.loading.word_level_tokenizer`).
+    """
+    from probe.convert import spec_from_native
+    from probe.loading import LoadedModel, device_auto
+    from probe.model import Transformer, init_weights
+
+    cfg.validate()
+    device = device_auto(cfg.device)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
+    mcfg = cfg.model_config()
+    torch.manual_seed(cfg.seed)
+    model = init_weights(Transformer(mcfg)).to(device)
+    spec = spec_from_native("headprobe-train", "headprobe-train", "float32 (training)", mcfg)
+    loaded = LoadedModel(model, tokenizer, spec, prepend_bos=True)
+
+    eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    held_out = copy_sequences(cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period, eval_gen, cfg.periodic).to(device)
+    repeated = repeated_random_tokens(loaded, cfg.n_eval, cfg.eval_period, cfg.seed + 2)
+    repeated = type(repeated)(**{**repeated.__dict__, "tokens": repeated.tokens.to(device)})
+    data_gen = torch.Generator().manual_seed(cfg.seed)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup, 1)))
+    heads = [format_head((layer, h)) for layer in range(mcfg.n_layers) for h in range(mcfg.n_heads)]
+    rows: list[dict] = []
+    running: list[float] = []
+
+    def log_row(step: int) -> dict:
+        model.eval()
+        ev = evaluate(loaded, held_out, repeated)
+        model.train()
+        row = {"step": step, "train_loss": float(np.mean(running)) if running else float("nan"),
+               "eval_loss": ev["eval_loss"], "in_context_loss": ev["in_context_loss"],
+               "repeated_loss": ev["repeated_loss"],
+               "max_induction": float(ev["induction"].max()), "max_previous_token": float(ev["previous_token"].max())}
+        row.update({f"induction_{h}": float(v) for h, v in zip(heads, ev["induction"].flatten())})
+        row.update({f"previous_token_{h}": float(v) for h, v in zip(heads, ev["previous_token"].flatten())})
+        running.clear()
+        return row
+
+    t0 = time.perf_counter()
+    rows.append(log_row(0))
+    model.train()
+    for step in range(1, cfg.steps + 1):
+        tokens = copy_sequences(cfg.batch_size, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period,
+                                data_gen, cfg.periodic).to(device)
+        loss = token_losses(model(tokens), tokens).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        running.append(float(loss.detach()))
+        if not math.isfinite(running[-1]):
+            raise HeadprobeError(f"training diverged at step {step} (loss {running[-1]}); lower --lr")
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            rows.append(log_row(step))
+            if progress:
+                r = rows[-1]
+                print(f"step {step:5d}  loss {r['train_loss']:.3f}  in-context {r['in_context_loss']:+.3f}  "
+                      f"max induction {r['max_induction']:.2f}  max prev-token {r['max_previous_token']:.2f}  "
+                      f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    seconds = time.perf_counter() - t0
+    model.eval()
+    log = pd.DataFrame(rows)
+    last = log.iloc[-1]
+    final = {kind: np.array([last[f"{kind}_{h}"] for h in heads]).reshape(mcfg.n_layers, mcfg.n_heads)
+             for kind in ("induction", "previous_token")}
+    return TrainResult(cfg, loaded, log, final, seconds, device)
+
+
+def summary(result: TrainResult) -> dict:
+    log, cfg = result.log, result.config
+    steps, icl = log["step"].to_numpy(), log["in_context_loss"].to_numpy()
+    formed = log.index[log["max_induction"] > 0.5]
+    top = np.unravel_index(np.argmax(result.final_scores["induction"]), result.final_scores["induction"].shape)
+    top_prev = np.unravel_index(np.argmax(result.final_scores["previous_token"]), result.final_scores["previous_token"].shape)
+    last = log.iloc[-1]
+    return {
+        "layout": result.loaded.spec.layout,
+        "n_params": sum(p.numel() for p in result.loaded.model.parameters()),
+        "device": result.device,
+        "train_seconds": round(result.seconds, 1),
+        "final": {"train_loss": round(float(last["train_loss"]), 4), "eval_loss": round(float(last["eval_loss"]), 4),
+                  "in_context_loss": round(float(last["in_context_loss"]), 4),
+                  "repeated_loss": round(float(last["repeated_loss"]), 4),
+                  "top_induction_head": format_head(tuple(int(i) for i in top)),
+                  "top_induction_score": round(float(result.final_scores["induction"].max()), 4),
+                  "top_previous_token_head": format_head(tuple(int(i) for i in top_prev)),
+                  "top_previous_token_score": round(float(result.final_scores["previous_token"].max()), 4)},
+        "chance_loss_nats": round(math.log(cfg.n_words), 4),
+        "first_step_induction_above_0.5": int(log.loc[formed[0], "step"]) if len(formed) else None,
+        "phase_change_step": phase_change_step(steps, icl),
+        "phase_change_rule": "evaluation step where the 3-point running mean of the in-context loss falls fastest",
+        "induction_formed": bool(result.final_scores["induction"].max() > 0.5),
+    }
+
+
+def write_outputs(result: TrainResult, out) -> list:
+    """train_log.csv, summary.json, training.{png,pdf} and the checkpoint (config.json,
+    headprobe_model.pt, tokenizer files), each written atomically."""
+    from probe.loading import save_native
+
+    summ = summary(result)
+    written = []
+    write_text(out / "train_log.csv", result.log.to_csv(index=False, float_format="%.5f"))
+    write_json(out / "summary.json", summ)
+    result.loaded.tokenizer.save_pretrained(out)
+    save_native(result.loaded.model, out, {"train": asdict(result.config)})
+    written += [out / "train_log.csv", out / "summary.json", out / "config.json", out / "headprobe_model.pt"]
+    log, spec = result.log, result.loaded.spec
+    title = (f"{spec.n_layers}-layer attention-only {spec.layout} ({spec.n_heads} heads, d_model {spec.d_model})"
+             if result.config.mlp is None else f"{spec.n_layers}-layer {spec.layout} ({spec.n_heads} heads)")
+    fig = figures.training_curves(
+        log["step"].to_numpy(), log["max_induction"].to_numpy(), log["max_previous_token"].to_numpy(),
+        log["in_context_loss"].to_numpy(), log["train_loss"].to_numpy(), summ["phase_change_step"], title)
+    written += figures.save_figure(fig, out / "training")
+    return written
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    p.add_argument("--out", required=True, help="output directory (must be empty or absent unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty output directory")
+    p.add_argument("--n-layers", type=int, default=d.n_layers, help="blocks (default %(default)s)")
+    p.add_argument("--d-model", type=int, default=d.d_model, help="residual width (default %(default)s)")
+    p.add_argument("--n-heads", type=int, default=d.n_heads, help="query heads per layer (default %(default)s)")
+    p.add_argument("--n-kv-heads", type=int, default=None, help="key/value heads (default: n_heads, MHA; 1: MQA)")
+    p.add_argument("--mlp", choices=["none", "gelu"], default="none", help="add GELU MLPs (default: attention-only)")
+    p.add_argument("--positional", choices=["learned", "rotary"], default=d.positional)
+    p.add_argument("--n-words", type=int, default=d.n_words, help="random-token vocabulary (default %(default)s)")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per sequence, BOS included (default %(default)s)")
+    p.add_argument("--min-period", type=int, default=d.min_period, help="shortest repeated segment (default %(default)s)")
+    p.add_argument("--max-period", type=int, default=d.max_period, help="longest repeated segment (default %(default)s)")
+    p.add_argument("--data", choices=["periodic", "pair"], default="periodic",
+                   help="periodic: the segment repeats to the end of each sequence (default); pair: it reappears once")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--steps", type=int, default=d.steps, help="optimiser steps (default %(default)s)")
+    p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate (default %(default)s)")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--warmup", type=int, default=d.warmup, help="linear warm-up steps (default %(default)s)")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between head scores (default %(default)s)")
+    p.add_argument("--n-eval", type=int, default=d.n_eval, help="sequences per evaluation set (default %(default)s)")
+    p.add_argument("--eval-period", type=int, default=d.eval_period, help="repeated block length for the detectors (default %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
+
+
+def run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from probe.loading import word_level_tokenizer
+
+    fields = {f: getattr(args, f) for f in TrainConfig.__dataclass_fields__ if hasattr(args, f)}
+    fields["mlp"] = None if args.mlp == "none" else args.mlp
+    fields["periodic"] = args.data == "periodic"
+    cfg = TrainConfig(**fields)
+    cfg.validate()
+    cfg.model_config()  # layout errors (n_heads vs n_kv_heads, d_model vs n_heads) before any work
+    prepare_output_dir(args.out, args.overwrite, create=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = word_level_tokenizer(tmp, cfg.n_words)
+        result = train(cfg, tokenizer)
+    out = prepare_output_dir(args.out, args.overwrite)
+    paths = write_outputs(result, out)
+    s = summary(result)
+    print(f"\ntrained {s['n_params']} parameters in {s['train_seconds']} s on {s['device']}; final loss "
+          f"{s['final']['train_loss']:.3f} (chance {s['chance_loss_nats']:.3f}), in-context loss {s['final']['in_context_loss']:+.3f}")
+    print(f"top induction head {s['final']['top_induction_head']} ({s['final']['top_induction_score']:.2f}); "
+          f"induction > 0.5 first at step {s['first_step_induction_above_0.5']}; phase change at step {s['phase_change_step']}")
+    print(f"wrote {len(paths)} files to {out}/ (headprobe scan --model {out} reads the checkpoint)")
+    return 0

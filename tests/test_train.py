@@ -1,0 +1,130 @@
+"""headprobe train: tiny runs (a few steps, d_model 16) for loss, reproducibility, checkpoint
+round trip and CLI errors. The real phase-change run is the default CLI run (minutes), not a test."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from analyses.cli import main
+from analyses.train import TrainConfig, copy_sequences, in_context_loss, phase_change_step, train, write_outputs
+
+TINY = TrainConfig(n_layers=2, d_model=16, n_heads=2, n_words=16, seq_len=33, min_period=4, max_period=12,
+                   batch_size=8, steps=30, lr=3e-3, warmup=1, eval_every=10, n_eval=8, eval_period=8, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from probe.loading import word_level_tokenizer
+
+    return word_level_tokenizer(tmp_path_factory.mktemp("tok16"), TINY.n_words)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tokenizer):
+    return train(TINY, tokenizer, progress=False)
+
+
+def test_copy_sequences_repeat_and_are_deterministic():
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    x = copy_sequences(16, 41, 10, 3, 6, g1, periodic=True)
+    assert torch.equal(x, copy_sequences(16, 41, 10, 3, 6, g2, periodic=True))
+    assert x.shape == (16, 41) and (x[:, 0] == 10).all() and (x[:, 1:] < 10).all()
+    for row in x[:, 1:]:  # the tail is periodic with some period in [3, 6], at least two whole copies
+        assert any(torch.equal(row[-2 * S:-S], row[-S:]) for S in range(3, 7))
+    y = copy_sequences(64, 41, 1000, 5, 5, torch.Generator().manual_seed(4))
+    for row in y[:, 1:].tolist():  # one segment of 5 reappears: some window of 5 occurs twice, non-overlapping
+        windows = [tuple(row[i:i + 5]) for i in range(len(row) - 4)]
+        assert any(windows[j] == windows[i] for i in range(len(windows)) for j in range(i + 5, len(windows)))
+
+
+def test_training_decreases_loss(tiny_run):
+    log = tiny_run.log
+    assert log["step"].tolist() == [0, 10, 20, 30]
+    assert log["train_loss"].iloc[-1] < log["train_loss"].iloc[1]
+    assert log["eval_loss"].iloc[-1] < log["eval_loss"].iloc[0]
+    head_cols = [c for c in log.columns if c.startswith("induction_")]
+    assert head_cols == ["induction_0.0", "induction_0.1", "induction_1.0", "induction_1.1"]
+    assert tiny_run.final_scores["induction"].shape == (2, 2)
+
+
+def test_seeded_runs_are_identical(tiny_run, tokenizer):
+    again = train(dataclasses.replace(TINY, steps=10), tokenizer, progress=False)
+    cols = [c for c in again.log.columns]
+    np.testing.assert_array_equal(again.log[cols].to_numpy(), tiny_run.log[cols].iloc[:2].to_numpy())
+    other = train(dataclasses.replace(TINY, steps=10, seed=1), tokenizer, progress=False)
+    assert not np.array_equal(other.log["train_loss"].to_numpy()[1:], again.log["train_loss"].to_numpy()[1:])
+
+
+def test_gqa_run(tokenizer):
+    r = train(dataclasses.replace(TINY, n_heads=4, n_kv_heads=2, steps=2, eval_every=2), tokenizer, progress=False)
+    assert r.loaded.spec.layout == "GQA" and r.loaded.model.blocks[0].attn.k_proj.out_features == 2 * 4
+
+
+def test_checkpoint_reloads_with_same_logits(tiny_run, tmp_path):
+    from probe.loading import load_model
+
+    write_outputs(tiny_run, tmp_path)
+    for name in ("train_log.csv", "summary.json", "config.json", "headprobe_model.pt", "training.png", "training.pdf"):
+        assert (tmp_path / name).is_file(), name
+    loaded = load_model(str(tmp_path))
+    assert loaded.spec.layout == "MHA" and loaded.model.cfg == tiny_run.loaded.model.cfg
+    tokens = copy_sequences(4, TINY.seq_len, TINY.n_words, 4, 12, torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.forward(tokens), tiny_run.loaded.forward(tokens), rtol=0, atol=0)
+    assert loaded.to_tokens("t3 t5")[0].item() == TINY.n_words  # BOS from the saved tokenizer
+    from probe.errors import HeadprobeError
+
+    with pytest.raises(HeadprobeError, match="native"):
+        load_model(str(tmp_path), backend="transformer-lens")
+    (tmp_path / "headprobe_model.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(HeadprobeError, match="cannot load headprobe checkpoint"):
+        load_model(str(tmp_path))
+
+
+def test_scan_reads_the_checkpoint(tiny_run, tmp_path):
+    from analyses.scan import ScanConfig, run_scan
+    from probe.loading import load_model
+
+    write_outputs(tiny_run, tmp_path)
+    cfg = ScanConfig(model=str(tmp_path), n_natural=2, seq_len=16, n_repeated=2, period=8, k=2, n_random=2, device="cpu")
+    result = run_scan(cfg, model=load_model(str(tmp_path)), progress=False)
+    assert len(result.table) == 4
+
+
+def test_in_context_loss_and_phase_step():
+    losses = torch.cat([torch.full((2, 20), 3.0), torch.full((2, 80), 1.0)], dim=1)
+    assert in_context_loss(losses) == pytest.approx(-2.0)
+    steps = np.arange(0, 1000, 100)
+    icl = np.where(steps < 500, 0.0, -2.0)
+    assert phase_change_step(steps, icl) in (400, 500, 600)
+    assert phase_change_step(steps[:2], icl[:2]) is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "--steps must be a positive integer"),
+    (["--n-heads", "3"], "not a multiple of n_heads=3"),
+    (["--n-kv-heads", "3"], "not a multiple of n_kv_heads=3"),
+    (["--max-period", "60"], "does not fit twice"),
+    (["--lr", "-1"], "--lr must be a positive number"),
+    (["--device", "cuda"], None),
+])
+def test_cli_rejects_bad_input(argv, message, tmp_path, capsys):
+    if message is None:
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+        message = "no CUDA GPU"
+    assert main(["train", "--out", str(tmp_path / "out"), "--steps", "1", *argv] if "--steps" not in argv
+                else ["train", "--out", str(tmp_path / "out"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_non_empty_out(tmp_path, capsys):
+    (tmp_path / "x").write_text("keep")
+    assert main(["train", "--out", str(tmp_path), "--steps", "1"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
