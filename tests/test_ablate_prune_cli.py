@@ -13,11 +13,9 @@ from analyses.cli import main
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tiny_tokenizer):
-    from tests.conftest import _tiny_llama_gqa_hf
-
+def tiny_dir(tmp_path_factory, tiny_tokenizer, tiny_llama_gqa_checkpoint):
     d = tmp_path_factory.mktemp("tiny-llama")
-    _tiny_llama_gqa_hf().save_pretrained(d)
+    tiny_llama_gqa_checkpoint.hf_model.save_pretrained(d)
     tiny_tokenizer.save_pretrained(d)
     return d
 
