@@ -31,7 +31,7 @@ from analyses.ablation import (
 from analyses.data import natural_text_tokens, read_text_file, repeated_random_tokens
 from probe.capture import kv_head_of
 from probe.errors import HeadprobeError
-from probe.hooks import ABLATION_KINDS, format_head
+from probe.hooks import ABLATION_KINDS, format_head, parse_heads
 from probe.io import prepare_output_dir, write_json, write_text
 
 HELP = "exact single-head ablation effect of every head (natural text, induction task), gradient importance, CSV + heatmaps"
@@ -105,6 +105,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-natural", type=int, default=8, help="natural-text sequences (default %(default)s)")
     p.add_argument("--kind", default="zero", choices=ABLATION_KINDS,
                    help="zero, mean (mean z over other natural-text windows) or resample (z on other inputs)")
+    p.add_argument("--heads", default=None,
+                   help="sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3); default: all")
     p.add_argument("--max-batch", type=int, default=64, help="sequences per forward pass in the sweep (default %(default)s)")
 
 
@@ -126,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     model = load_for_cli(args)
     spec = model.spec
+    heads = parse_heads(args.heads, spec.n_layers, spec.n_heads) if args.heads else None
     natural, repeated, repeated_src = task_tokens(model, args, args.n_natural)
     nat, nat_ref = natural.tokens[: args.n_natural], natural.tokens[args.n_natural:]
     ref_z = capture_z(model, nat_ref)
@@ -138,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     for task, (tokens, first, source) in sets.items():
         src = source if args.kind == "resample" else None
         t0 = time.perf_counter()
-        sweep = exact_sweep(model, tokens, kind=args.kind, mean_z=mean_z, source_tokens=src, first=first,
+        sweep = exact_sweep(model, tokens, heads=heads, kind=args.kind, mean_z=mean_z, source_tokens=src, first=first,
                             max_batch=args.max_batch, progress=True)
         t1 = time.perf_counter()
         grad = head_importance(model, tokens, first, kind=args.kind, mean_z=mean_z, source_tokens=src)

@@ -114,9 +114,10 @@ def random_head_sets(n_layers: int, n_heads: int, k: int, n_draws: int, seed: in
 
 
 def top_heads(scores: Float[Tensor, "layer head"], k: int) -> list[Head]:
-    """The ``k`` heads with the highest scores, best first."""
+    """The ``k`` heads with the highest scores, best first; NaN (not measured) ranks last."""
     n_heads = scores.shape[1]
-    idx = scores.flatten().argsort(descending=True)[:k].tolist()
+    flat = torch.nan_to_num(torch.as_tensor(scores, dtype=torch.float64).flatten(), nan=float("-inf"))
+    idx = flat.argsort(descending=True, stable=True)[: min(k, int(flat.isfinite().sum()) or k)].tolist()
     return [(i // n_heads, i % n_heads) for i in idx]
 
 

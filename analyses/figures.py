@@ -182,6 +182,8 @@ def pruning_curve_plot(curves: Sequence[tuple[str, np.ndarray, dict[str, np.ndar
     axes[0].set_title(title)
     axes[-1].set_xlabel("fraction of heads removed")
     axes[-1].set_xlim(0, 1)
+    return fig
+
 
 def training_curves(
     steps: np.ndarray,

@@ -22,6 +22,8 @@ import pickle
 import warnings
 from collections.abc import Sequence
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
@@ -113,9 +115,12 @@ class PrunedAttention(Attention):
         positions: Int[Tensor, "batch pos"],
         key_mask: Bool[Tensor, "batch 1 q_pos k_pos"] | None = None,
         head_mask: Tensor | None = None,
+        cache: Any = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         if head_mask is not None:
             raise HeadprobeError("a pruned model takes no head_mask: its removed heads are gone")
+        if cache is not None:
+            raise HeadprobeError("KV-cache generation is not implemented for pruned models; run them without a cache")
         B, T, D = x.shape
         if self.n_kept == 0:
             out = x.new_zeros(B, T, D)

@@ -92,3 +92,27 @@ def test_engine_on_smollm2(smollm2, smollm2_native):
         # float32 rounding through 30 layers: the masked model's own eager and SDPA paths differ by
         # ~2e-4 on logits of size ~30 (in float64 pruned and masked agree exactly)
         torch.testing.assert_close(pruned(tokens), net(tokens, head_mask=keep.float()), atol=1e-3, rtol=0)
+
+
+def test_parse_heads_checks_form_and_range():
+    from probe.errors import HeadprobeError
+    from probe.hooks import parse_heads
+
+    assert parse_heads("5.1, 7.10", 12, 12) == [(5, 1), (7, 10)]
+    with pytest.raises(HeadprobeError, match="out of range: the model has 30 layers of 9 heads"):
+        parse_heads("40.3", 30, 9)
+    with pytest.raises(HeadprobeError, match="layer.head"):
+        parse_heads("5-1", 30, 9)
+
+
+def test_ablate_cli_heads_subset_and_out_of_range(tiny_dir, tmp_path):
+    from test_loading import assert_one_line_error, run_cli
+
+    out = tmp_path / "subset"
+    assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), "--heads", "1.3,0.0", *SMALL]) == 0
+    table = pd.read_csv(out / "head_ablation.csv")
+    swept = table.dropna(subset=["natural_loss_delta"])
+    assert sorted(zip(swept.layer, swept["head"])) == [(0, 0), (1, 3)]
+    rc, _, err = run_cli("ablate", "--model", str(tiny_dir), "--out", str(tmp_path / "bad"), "--heads", "40.3", *SMALL)
+    assert_one_line_error(rc, err, "head 40.3 is out of range")
+    assert not (tmp_path / "bad").exists()
