@@ -26,13 +26,13 @@ import torch
 
 from analyses import figures
 from analyses.ablation import (
-    capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, top_heads,
+    SweepResult, all_heads, capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, top_heads,
 )
 from analyses.data import natural_text_tokens, read_text_file, repeated_random_tokens
 from probe.capture import kv_head_of
 from probe.errors import HeadprobeError
 from probe.hooks import ABLATION_KINDS, format_head, parse_heads
-from probe.io import prepare_output_dir, write_json, write_text
+from probe.io import RunCheckpoint, prepare_output_dir, write_json, write_text
 
 HELP = "exact single-head ablation effect of every head (natural text, induction task), gradient importance, CSV + heatmaps"
 
@@ -100,6 +100,11 @@ def task_tokens(model, args: argparse.Namespace, n_natural: int):
     return natural, repeated, repeated_src
 
 
+def run_key(args: argparse.Namespace) -> dict:
+    """The settings a checkpoint must share with the run that resumes it (all but where output goes)."""
+    return {k: v for k, v in sorted(vars(args).items()) if not k.startswith("_") and k not in ("out", "overwrite")}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--n-natural", type=int, default=8, help="natural-text sequences (default %(default)s)")
@@ -120,15 +125,49 @@ class TaskResult:
     gradient_s: float
 
 
+CHUNK_LAYERS = 5
+"""Layers swept between two checkpoints (each chunk costs one extra clean forward pass)."""
+
+
+def checkpointed_sweep(model, tokens, heads, kind, mean_z, source_tokens, first, max_batch, done: dict, save,
+                       desc: str = "ablation sweep") -> SweepResult:
+    """:func:`~analyses.ablation.exact_sweep` in chunks of :data:`CHUNK_LAYERS` layers, recording
+    each chunk's losses in ``done`` (``{"clean": float, "loss": {"layer.head": float}}``) and
+    calling ``save()`` after it; chunks already in ``done`` are skipped. Every chunk is
+    deterministic, so a resumed sweep equals an uninterrupted one."""
+    from tqdm.auto import tqdm
+
+    spec = model.spec
+    layers = sorted({layer for layer, _ in heads})
+    chunks = [[h for h in heads if h[0] in layers[i:i + CHUNK_LAYERS]] for i in range(0, len(layers), CHUNK_LAYERS)]
+    for chunk in tqdm(chunks, desc=desc, unit="chunk"):
+        if all(format_head(h) in done["loss"] for h in chunk):
+            continue
+        part = exact_sweep(model, tokens, heads=chunk, kind=kind, mean_z=mean_z, source_tokens=source_tokens,
+                           first=first, max_batch=max_batch)
+        done["clean"] = part.clean_loss
+        done["loss"].update({format_head(h): float(part.loss[h]) for h in chunk})
+        save()
+    loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
+    for name, value in done["loss"].items():
+        layer, head = map(int, name.split("."))
+        loss[layer, head] = value
+    return SweepResult(done["clean"], loss, kind)
+
+
 def run(args: argparse.Namespace) -> int:
     check_positive(args, ("n_natural", "seq_len", "n_repeated", "period", "max_batch"))
     if args.period < 2:
         raise HeadprobeError("--period must be at least 2")
-    prepare_output_dir(args.out, args.overwrite, create=False)
+    prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
+    checkpoint = RunCheckpoint(args.out, run_key(args))
+    saved = checkpoint.load(args.overwrite)
+    if saved:
+        print(f"resuming from {checkpoint.path} ({sum(len(t['loss']) for t in saved.values())} head ablations done)")
     t_start = time.perf_counter()
     model = load_for_cli(args)
     spec = model.spec
-    heads = parse_heads(args.heads, spec.n_layers, spec.n_heads) if args.heads else None
+    heads = parse_heads(args.heads, spec.n_layers, spec.n_heads) if args.heads else all_heads(spec.n_layers, spec.n_heads)
     natural, repeated, repeated_src = task_tokens(model, args, args.n_natural)
     nat, nat_ref = natural.tokens[: args.n_natural], natural.tokens[args.n_natural:]
     ref_z = capture_z(model, nat_ref)
@@ -141,8 +180,9 @@ def run(args: argparse.Namespace) -> int:
     for task, (tokens, first, source) in sets.items():
         src = source if args.kind == "resample" else None
         t0 = time.perf_counter()
-        sweep = exact_sweep(model, tokens, heads=heads, kind=args.kind, mean_z=mean_z, source_tokens=src, first=first,
-                            max_batch=args.max_batch, progress=True)
+        sweep = checkpointed_sweep(model, tokens, heads, args.kind, mean_z, src, first, args.max_batch,
+                                   saved.setdefault(task, {"clean": None, "loss": {}}), lambda: checkpoint.save(saved),
+                                   desc=f"ablation sweep ({task})")
         t1 = time.perf_counter()
         grad = head_importance(model, tokens, first, kind=args.kind, mean_z=mean_z, source_tokens=src)
         t2 = time.perf_counter()
@@ -184,9 +224,10 @@ def run(args: argparse.Namespace) -> int:
                       "total": round(time.perf_counter() - t_start, 1)},
         "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
     }
-    out = prepare_output_dir(args.out, args.overwrite)
+    out = prepare_output_dir(args.out, True)  # ours: only the checkpoint can be there unless --overwrite
     write_text(out / "head_ablation.csv", table.to_csv(index=False, float_format="%.6f"))
     write_json(out / "summary.json", summary)
+    checkpoint.clear()
     tag = f"{spec.name}, {args.kind}-ablated"
     fig = figures.ablation_effect_panels(
         [("natural text", results["natural"].effect), ("induction (repeated half)", results["induction"].effect)],

@@ -19,12 +19,12 @@ import pandas as pd
 import torch
 
 from analyses import figures
-from analyses.ablate import add_model_arguments, check_positive, load_for_cli, task_tokens
+from analyses.ablate import add_model_arguments, check_positive, load_for_cli, run_key, task_tokens
 from analyses.ablation import first_scored, is_native
 from analyses.pruning import LossSet, iterative_pruning
 from probe.errors import HeadprobeError
 from probe.hooks import format_head
-from probe.io import prepare_output_dir, write_json, write_text
+from probe.io import RunCheckpoint, prepare_output_dir, write_json, write_text
 
 HELP = "iterative head pruning by gradient importance vs a random order: pruning_curve.csv + figure, optional pruned model"
 
@@ -96,7 +96,12 @@ def run(args: argparse.Namespace) -> int:
             raise HeadprobeError(f"--{name.replace('_', '-')} must be in (0, 1], got {v}")
     if args.period < 2:
         raise HeadprobeError("--period must be at least 2")
-    prepare_output_dir(args.out, args.overwrite, create=False)
+    prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
+    checkpoint = RunCheckpoint(args.out, run_key(args))
+    saved = checkpoint.load(args.overwrite)
+    if saved:
+        done = ", ".join(f"{order}: {len(state['rows']) - 1} steps" for order, state in saved.items())
+        print(f"resuming from {checkpoint.path} ({done} done)")
     t_start = time.perf_counter()
     model = load_for_cli(args)
     if args.save_pruned and not is_native(model):
@@ -108,11 +113,15 @@ def run(args: argparse.Namespace) -> int:
              "induction": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period))}
     runs = {}
     for order in ("importance", "random"):
+        def on_step(state, order=order):
+            saved[order] = state
+            checkpoint.save(saved)
+
         runs[order] = iterative_pruning(model, score, evals, order=order, step_fraction=args.step_fraction,
                                         rescore=args.rescore, normalize=args.normalize, max_fraction=args.max_fraction,
-                                        seed=args.seed, progress=True)
+                                        seed=args.seed, progress=True, resume=saved.get(order), on_step=on_step)
     table = pd.DataFrame([row for r in runs.values() for row in r.rows])
-    out = prepare_output_dir(args.out, args.overwrite)
+    out = prepare_output_dir(args.out, True)  # ours: only the checkpoint can be there unless --overwrite
     write_text(out / "pruning_curve.csv", table.to_csv(index=False, float_format="%.5f"))
     label = {"importance": "gradient importance" + ("" if args.rescore else " (scored once)"), "random": "random order"}
     curves = [(label[o], np.array([row["fraction_pruned"] for row in r.rows]),
@@ -137,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
                                                     evals["natural"].tokens, out)
     summary["timings_s"] = {"total": round(time.perf_counter() - t_start, 1)}
     write_json(out / "summary.json", summary)
+    checkpoint.clear()
 
     print(f"\n{'removed':>8} {'fraction':>8}  {'natural (imp / rand)':>22}  {'induction (imp / rand)':>24}")
     for a, b in zip(runs["importance"].rows, runs["random"].rows):

@@ -12,7 +12,7 @@ multiplied by 0); :mod:`probe.pruned` turns a mask into a model without those we
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +76,8 @@ class PruningRun:
 
 def iterative_pruning(model: Any, score_set: LossSet, eval_sets: Mapping[str, LossSet], order: str = "importance",
                       step_fraction: float = 0.1, rescore: bool = True, normalize: bool = True,
-                      max_fraction: float = 1.0, seed: int = 0, progress: bool = False) -> PruningRun:
+                      max_fraction: float = 1.0, seed: int = 0, progress: bool = False,
+                      resume: dict | None = None, on_step: Callable[[dict], None] | None = None) -> PruningRun:
     """Prune heads in steps, recording the loss on ``eval_sets`` before pruning and after each step.
 
     Args:
@@ -88,6 +89,8 @@ def iterative_pruning(model: Any, score_set: LossSet, eval_sets: Mapping[str, Lo
         rescore: recompute importance at the current mask after each step (else once, as in the paper).
         normalize: per-layer L2 normalisation of the importance (Michel et al. section 4.2).
         max_fraction: stop once this fraction of heads is removed.
+        resume: a state that ``on_step`` handed out earlier; the run continues after its last step.
+        on_step: called after every step with the run's state (JSON-serialisable), to checkpoint it.
 
     Raises:
         HeadprobeError: ``order`` unknown, or a fraction outside (0, 1].
@@ -104,6 +107,16 @@ def iterative_pruning(model: Any, score_set: LossSet, eval_sets: Mapping[str, Lo
     run = PruningRun(order)
     random_order = torch.randperm(n_total, generator=torch.Generator().manual_seed(seed)).tolist()
     scores = None
+    if resume:
+        run.rows = [dict(r) for r in resume["rows"]]
+        run.removal_order = [tuple(h) for h in resume["removal_order"]]
+        for layer, head in run.removal_order:
+            keep[layer, head] = 0.0
+        scores = None if resume.get("scores") is None else torch.tensor(resume["scores"])
+
+    def state() -> dict:
+        return {"rows": run.rows, "removal_order": [list(h) for h in run.removal_order],
+                "scores": None if scores is None else scores.tolist()}
 
     def record(step: int, removed: list[Head]) -> None:
         n = n_total - int(keep.sum())
@@ -113,8 +126,11 @@ def iterative_pruning(model: Any, score_set: LossSet, eval_sets: Mapping[str, Lo
         row["removed"] = " ".join(format_head(h) for h in removed)
         run.rows.append(row)
 
-    record(0, [])
-    steps = range(1, (n_max + per_step - 1) // per_step + 1)
+    if not run.rows:
+        record(0, [])
+        if on_step:
+            on_step(state())
+    steps = range(len(run.rows), (n_max + per_step - 1) // per_step + 1)
     if progress:
         from tqdm.auto import tqdm
         steps = tqdm(steps, desc=f"pruning ({order})", unit="step")
@@ -134,4 +150,6 @@ def iterative_pruning(model: Any, score_set: LossSet, eval_sets: Mapping[str, Lo
             keep[layer, head] = 0.0
         run.removal_order += removed
         record(step, removed)
+        if on_step:
+            on_step(state())
     return run

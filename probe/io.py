@@ -43,11 +43,16 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool, create: bool = True) -> Path:
+CHECKPOINT_NAME = ".headprobe-checkpoint.json"
+
+
+def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool, create: bool = True, resumable: bool = False) -> Path:
     """Check that ``out`` may be written, and create it when ``create``.
 
     Call it with ``create=False`` before a long computation (to fail fast without leaving an
-    empty directory behind), and again with ``create=True`` when the results are ready.
+    empty directory behind), and again with ``create=True`` when the results are ready. With
+    ``resumable``, a directory holding a :class:`RunCheckpoint` may be reused without
+    ``overwrite``: the run resumes there.
 
     Raises:
         HeadprobeError: ``out`` is a file, is a non-empty directory and ``overwrite`` is False,
@@ -56,7 +61,8 @@ def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool, create: boo
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise HeadprobeError(f"output path {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    resuming = resumable and (out / CHECKPOINT_NAME).is_file()
+    if out.is_dir() and any(out.iterdir()) and not overwrite and not resuming:
         raise HeadprobeError(f"output directory {out} is not empty; pass --overwrite to replace its files")
     existing = out if out.is_dir() else next((p for p in out.absolute().parents if p.exists()), None)
     try:  # a real probe: permission bits say nothing for root or for special file systems
@@ -69,3 +75,55 @@ def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool, create: boo
         except OSError as e:
             raise HeadprobeError(f"cannot create output directory {out}: {e.strerror}") from None
     return out
+
+
+class RunCheckpoint:
+    """The progress of a long run (an ablation sweep, a pruning run), kept in
+    ``<out>/.headprobe-checkpoint.json`` and rewritten atomically after every unit of work.
+
+    The same command started again after an interruption (Ctrl-C, a killed process) finds it,
+    checks that it was written by a run with the same settings (``key``), and carries on from
+    the last saved unit; the results equal those of an uninterrupted run because every unit is
+    deterministic. :meth:`clear` removes it once the outputs are written.
+
+    For tests, ``HEADPROBE_KILL_AFTER_SAVES=N`` makes the process kill itself (SIGKILL) right
+    after its N-th save, as an interrupted run would die.
+    """
+
+    def __init__(self, out: str | os.PathLike[str], key: dict[str, Any]):
+        self.path = Path(out) / CHECKPOINT_NAME
+        self.key = json.loads(json.dumps(key, default=str))
+        self._saves = 0
+
+    def load(self, overwrite: bool = False) -> dict[str, Any]:
+        """The saved state (``{}`` when there is none).
+
+        Raises:
+            HeadprobeError: a checkpoint of a run with other settings is there and ``overwrite``
+                is False (with ``overwrite`` it is discarded).
+        """
+        if not self.path.is_file():
+            return {}
+        try:
+            saved = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            saved = {}
+        if saved.get("key") != self.key:
+            if overwrite:
+                return {}
+            raise HeadprobeError(f"{self.path} belongs to a run with other settings; pass --overwrite to start over")
+        return saved.get("state", {})
+
+    def save(self, state: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(self.path, {"key": self.key, "state": state})
+        self._saves += 1
+        kill_after = os.environ.get("HEADPROBE_KILL_AFTER_SAVES")
+        if kill_after and self._saves >= int(kill_after):
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def clear(self) -> None:
+        if self.path.exists():
+            self.path.unlink()

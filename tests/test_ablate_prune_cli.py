@@ -116,3 +116,30 @@ def test_ablate_cli_heads_subset_and_out_of_range(tiny_dir, tmp_path):
     rc, _, err = run_cli("ablate", "--model", str(tiny_dir), "--out", str(tmp_path / "bad"), "--heads", "40.3", *SMALL)
     assert_one_line_error(rc, err, "head 40.3 is out of range")
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("command, kill_after, csv", [
+    ("ablate", 1, "head_ablation.csv"),  # killed after the natural-text sweep, before the induction sweep
+    ("prune", 3, "pruning_curve.csv"),  # killed in the middle of the importance-order run
+])
+def test_killed_run_resumes_to_the_same_results(tiny_dir, tmp_path, command, kill_after, csv):
+    """Issue 6: a run killed midway (SIGKILL) resumes from its checkpoint and ends with the same
+    results as an uninterrupted run."""
+    from probe.io import CHECKPOINT_NAME
+    from test_loading import run_cli
+
+    args = ["--model", str(tiny_dir), "--text", _text(tmp_path), *SMALL]
+    rc, _, err = run_cli(command, "--out", str(tmp_path / "whole"), *args)
+    assert rc == 0, err
+    rc, _, _ = run_cli(command, "--out", str(tmp_path / "cut"), *args, env={"HEADPROBE_KILL_AFTER_SAVES": str(kill_after)})
+    assert rc == -9  # killed, as a power cut or `kill -9` would
+    assert (tmp_path / "cut" / CHECKPOINT_NAME).is_file() and not (tmp_path / "cut" / csv).exists()
+    rc, out, err = run_cli(command, "--out", str(tmp_path / "cut"), *args)
+    assert rc == 0, err
+    assert "resuming from" in out
+    assert (tmp_path / "cut" / csv).read_text() == (tmp_path / "whole" / csv).read_text()
+    assert not (tmp_path / "cut" / CHECKPOINT_NAME).exists()
+    # a checkpoint from other settings is not silently mixed in
+    rc, _, _ = run_cli(command, "--out", str(tmp_path / "other"), *args, env={"HEADPROBE_KILL_AFTER_SAVES": "1"})
+    rc, _, err = run_cli(command, "--out", str(tmp_path / "other"), *args[:-2], "--seed", "5")
+    assert rc == 2 and "other settings" in err and "--overwrite" in err
