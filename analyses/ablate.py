@@ -32,7 +32,7 @@ from analyses.data import natural_text_tokens, read_text_file, repeated_random_t
 from probe.capture import kv_head_of
 from probe.errors import HeadprobeError
 from probe.hooks import ABLATION_KINDS, format_head, parse_heads
-from probe.io import RunCheckpoint, prepare_output_dir, write_json, write_text
+from probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "exact single-head ablation effect of every head (natural text, induction task), gradient importance, CSV + heatmaps"
 
@@ -90,7 +90,10 @@ def task_tokens(model, args: argparse.Namespace, n_natural: int):
     """(natural windows ``[2 n_natural, pos]`` split into two disjoint halves, repeated set,
     a second repeated set for resampling)."""
     text = read_text_file(args.text) if args.text else None
-    natural = natural_text_tokens(model, 2 * n_natural, min(args.seq_len, model.spec.n_ctx), args.seed, text,
+    if args.seq_len > model.spec.n_ctx or 2 * args.period + 1 > model.spec.n_ctx:
+        raise HeadprobeError(f"--seq-len {args.seq_len} / --period {args.period} give sequences longer than the "
+                             f"model's context ({model.spec.n_ctx} tokens)")
+    natural = natural_text_tokens(model, 2 * n_natural, args.seq_len, args.seed, text,
                                   source=str(args.text) if args.text else None)
     if natural.tokens.shape[0] < 2 * n_natural:
         raise HeadprobeError(f"the text holds {natural.tokens.shape[0]} windows of {args.seq_len} tokens; "
@@ -223,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
                       **{f"{t}_gradient": round(r.gradient_s, 2) for t, r in results.items()},
                       "total": round(time.perf_counter() - t_start, 1)},
         "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "versions": package_versions(),
     }
     out = prepare_output_dir(args.out, True)  # ours: only the checkpoint can be there unless --overwrite
     write_text(out / "head_ablation.csv", table.to_csv(index=False, float_format="%.6f"))

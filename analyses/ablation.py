@@ -54,9 +54,19 @@ def task_loss(logits: Tensor, tokens: Tensor, task: str, start: int, period: int
 
 
 @torch.inference_mode()
-def mean_z_from(z_by_layer: dict[int, Tensor], start: int) -> Float[Tensor, "layer head d_head"]:
-    """Mean of each head's z over all real (non-BOS) positions of a reference batch."""
-    return torch.stack([z_by_layer[layer][:, start:].float().mean(dim=(0, 1)) for layer in sorted(z_by_layer)])
+def mean_z_from(z_by_layer: dict[int, Tensor], start: int,
+                attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "layer head d_head"]:
+    """Mean of each head's z over the real positions of a reference batch: positions from
+    ``start`` on (after BOS) where ``attention_mask`` is 1 (padding never enters the mean)."""
+    out = []
+    for layer in sorted(z_by_layer):
+        z = z_by_layer[layer][:, start:].float()  # [batch, pos, head, d_head]
+        if attention_mask is None:
+            out.append(z.mean(dim=(0, 1)))
+        else:
+            w = attention_mask[:, start:].to(z)[..., None, None]
+            out.append((z * w).sum(dim=(0, 1)) / w.sum())
+    return torch.stack(out)
 
 
 @torch.inference_mode()

@@ -24,7 +24,7 @@ from analyses.ablation import first_scored, is_native
 from analyses.pruning import LossSet, iterative_pruning
 from probe.errors import HeadprobeError
 from probe.hooks import format_head
-from probe.io import RunCheckpoint, prepare_output_dir, write_json, write_text
+from probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "iterative head pruning by gradient importance vs a random order: pruning_curve.csv + figure, optional pruned model"
 
@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         "curves": {o: [{k: v for k, v in row.items() if k != "removed"} for row in r.rows] for o, r in runs.items()},
         "importance_removal_order": [format_head(h) for h in runs["importance"].removal_order],
         "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "versions": package_versions(),
     }
     if args.save_pruned:
         summary["pruned_model"] = save_pruned_model(model, runs["importance"], args.save_fraction,

