@@ -386,9 +386,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    flags = {"k": "top-k"}
     for name in ("n_natural", "seq_len", "n_repeated", "period", "k", "n_random"):
         if getattr(args, name) < 1:
-            raise HeadprobeError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+            flag = flags.get(name, name.replace("_", "-"))
+            raise HeadprobeError(f"--{flag} must be a positive integer, got {getattr(args, name)}")
+    if args.seq_len < 2:
+        raise HeadprobeError(f"sequence length {args.seq_len} is too short: scores need at least 2 positions (--seq-len)")
+    if args.period < 2:
+        raise HeadprobeError(f"--period {args.period} is too short: induction needs a repeated block of at least 2 tokens")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
     prepare_output_dir(args.out, args.overwrite, create=False)

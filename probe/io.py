@@ -58,6 +58,8 @@ def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool, create: boo
         HeadprobeError: ``out`` is a file, is a non-empty directory and ``overwrite`` is False,
             or cannot be created or written.
     """
+    if not str(out).strip():
+        raise HeadprobeError("the output directory name is empty; give --out a directory name")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise HeadprobeError(f"output path {out} exists and is not a directory")

@@ -257,6 +257,15 @@ def _resolve(name: str) -> tuple[str, str, dict[str, Any]]:
     if _is_cached(hf_name):
         return hf_name, "float32 (Hugging Face cache)", dict(source=hf_name, local_only=True)
     if not _hub_reachable():
+        if "/" not in name and name not in ALIASES:
+            import difflib
+
+            close = difflib.get_close_matches(name, [SMOLLM2_NAME, *ALIASES], n=2, cutoff=0.6)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise HeadprobeError(
+                f"unknown model name {name}{hint}: known names are {SMOLLM2_NAME}, {', '.join(ALIASES)}, or a Hugging Face "
+                f"name (org/model) in the local cache; the hub cannot be reached, so a local directory (--model PATH) also works"
+            )
         raise HeadprobeError(
             f"model {name} ({hf_name}) is not in the local Hugging Face cache and the hub cannot be reached; "
             f"pass a local model directory (--model PATH) or set HF_HOME to a cache that holds it"

@@ -303,3 +303,13 @@ def test_gradient_importance_stays_finite_over_rescoring_rounds(tiny_llama_gqa_n
         keep.view(-1)[masked.argmin()] = 0.0
     keep[0] = 0.0  # a layer with no head left
     assert torch.isfinite(head_importance(model, tokens, 0, head_mask=keep, normalize=True).importance).all()
+
+
+def test_cli_misspelt_model_name_is_called_unknown_with_a_suggestion(tmp_path):
+    from test_loading import assert_one_line_error, run_cli
+
+    rc, _, err = run_cli("scan", "--model", "gpt-2", "--out", str(tmp_path / "o"),
+                         env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+    assert_one_line_error(rc, err, "unknown model name gpt-2", "did you mean gpt2")
+    rc, _, err = run_cli("scan", "--out", "")
+    assert_one_line_error(rc, err, "output directory name is empty")
