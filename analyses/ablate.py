@@ -103,6 +103,18 @@ def task_tokens(model, args: argparse.Namespace, n_natural: int):
     return natural, repeated, repeated_src
 
 
+def open_checkpoint(args: argparse.Namespace) -> tuple[RunCheckpoint, dict]:
+    """Check ``--out`` (a directory holding this run's own checkpoint may be reused without
+    ``--overwrite``) and load the checkpoint of an interrupted run with the same settings.
+
+    Raises:
+        HeadprobeError: ``--out`` is unusable, or holds a checkpoint of other settings.
+    """
+    prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
+    checkpoint = RunCheckpoint(args.out, run_key(args))
+    return checkpoint, checkpoint.load(args.overwrite)
+
+
 def run_key(args: argparse.Namespace) -> dict:
     """The settings a checkpoint must share with the run that resumes it (all but where output goes)."""
     return {k: v for k, v in sorted(vars(args).items()) if not k.startswith("_") and k not in ("out", "overwrite")}
@@ -162,9 +174,7 @@ def run(args: argparse.Namespace) -> int:
     check_positive(args, ("n_natural", "seq_len", "n_repeated", "period", "max_batch"))
     if args.period < 2:
         raise HeadprobeError("--period must be at least 2")
-    prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
-    checkpoint = RunCheckpoint(args.out, run_key(args))
-    saved = checkpoint.load(args.overwrite)
+    checkpoint, saved = open_checkpoint(args)
     if saved:
         print(f"resuming from {checkpoint.path} ({sum(len(t['loss']) for t in saved.values())} head ablations done)")
     t_start = time.perf_counter()

@@ -19,12 +19,12 @@ import pandas as pd
 import torch
 
 from analyses import figures
-from analyses.ablate import add_model_arguments, check_positive, load_for_cli, run_key, task_tokens
+from analyses.ablate import add_model_arguments, check_positive, load_for_cli, open_checkpoint, task_tokens
 from analyses.ablation import first_scored, is_native
 from analyses.pruning import LossSet, iterative_pruning
 from probe.errors import HeadprobeError
 from probe.hooks import format_head
-from probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json, write_text
+from probe.io import package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "iterative head pruning by gradient importance vs a random order: pruning_curve.csv + figure, optional pruned model"
 
@@ -96,9 +96,7 @@ def run(args: argparse.Namespace) -> int:
             raise HeadprobeError(f"--{name.replace('_', '-')} must be in (0, 1], got {v}")
     if args.period < 2:
         raise HeadprobeError("--period must be at least 2")
-    prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
-    checkpoint = RunCheckpoint(args.out, run_key(args))
-    saved = checkpoint.load(args.overwrite)
+    checkpoint, saved = open_checkpoint(args)
     if saved:
         done = ", ".join(f"{order}: {len(state['rows']) - 1} steps" for order, state in saved.items())
         print(f"resuming from {checkpoint.path} ({done} done)")

@@ -26,7 +26,7 @@ from analyses import figures
 from analyses.train import TrainConfig, train
 from probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 from probe.errors import HeadprobeError
-from probe.io import prepare_output_dir, write_json, write_text
+from probe.io import package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "train small models side by side: how many heads (study heads), MHA vs GQA vs MQA vs MLA (study layouts)"
 
@@ -149,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
     write_text(out / "results.csv", table.to_csv(index=False, float_format="%.5f"))
     head = headline(args.which, table)
     write_json(out / "study.json", {"which": args.which, "seeds": seeds, "base": dataclasses.asdict(base),
-                                    "n_heads_list": n_heads_list, "ranks": ranks, "rope": args.rope, **head})
+                                    "n_heads_list": n_heads_list, "ranks": ranks, "rope": args.rope,
+                                    "device": args.device, "versions": package_versions(), **head})
     if args.which == "heads":
         fig = figures.loss_vs_heads(table["n_heads"].to_numpy(), table["eval_loss"].to_numpy(),
                                     f"d_model {args.d_model}, {args.steps} steps, {len(seeds)} seeds")

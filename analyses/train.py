@@ -39,7 +39,7 @@ from analyses.detectors import induction_score, previous_token_score
 from probe.capture import stream_patterns
 from probe.errors import HeadprobeError
 from probe.hooks import format_head
-from probe.io import prepare_output_dir, write_json, write_text
+from probe.io import package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "train a small attention-only transformer from scratch and watch induction heads form (phase change)"
 
@@ -331,6 +331,10 @@ def summary(result: TrainResult) -> dict:
         "phase_change_step": phase_change_step(steps, icl),
         "phase_change_rule": "evaluation step where the 3-point running mean of the in-context loss falls fastest",
         "induction_formed": bool(result.final_scores["induction"].max() > 0.5),
+        "seed": cfg.seed,
+        "dtype": str(next(result.loaded.model.parameters()).dtype).removeprefix("torch."),
+        "config": asdict(cfg),
+        "versions": package_versions(),
     }
 
 
