@@ -263,6 +263,7 @@ def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
     for ext in ("png", "pdf"):
         path = Path(f"{stem}.{ext}")
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=ext, dpi=dpi)
+            # no creation date in the PDF: the same run gives the same bytes (clean diffs of figures/)
+            fig.savefig(tmp, format=ext, dpi=dpi, metadata={"CreationDate": None} if ext == "pdf" else None)
         paths.append(path)
     return paths
