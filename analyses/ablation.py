@@ -47,10 +47,7 @@ def task_loss(logits: Tensor, tokens: Tensor, task: str, start: int, period: int
     tokens r_2..r_S (r_1 of the repeat cannot be predicted from context), i.e. targets at
     positions ``start + S + 1 .. start + 2S - 1``.
     """
-    losses = token_losses(logits, tokens)
-    if task == "repeated":
-        losses = losses[:, start + period :]  # loss index i predicts position i + 1
-    return float(losses.mean())
+    return float(token_losses(logits, tokens)[:, first_scored(task, start, period):].mean())
 
 
 @torch.inference_mode()
@@ -143,8 +140,8 @@ def names(heads: Sequence[Head]) -> list[str]:
 
 def first_scored(task: str, start: int, period: int | None) -> int:
     """Index into :func:`token_losses`' position axis of the first prediction a task scores
-    (``natural``: 0, every prediction; ``repeated``: ``start + period``, the repeated half), as
-    in :func:`task_loss`."""
+    (``natural``: 0, every prediction; ``repeated``: ``start + period``, the repeated half; loss
+    index i predicts position i + 1). :func:`task_loss` and :func:`scored_loss` both use it."""
     if task == "natural":
         return 0
     if task == "repeated":

@@ -455,17 +455,21 @@ _BYTE_UNITS = {"": 1, "b": 1, "kib": KIB, "mib": MIB, "gib": GIB, "tib": TIB,
 _COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
 
+def _parse_quantity(text: str, units: dict[str, int], what: str, examples: str) -> int:
+    m = _SIZE_RE.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in units or float(m.group(1)) <= 0:
+        raise HeadprobeError(f"cannot read {text!r} as {what}; write e.g. {examples}")
+    return int(float(m.group(1)) * units[unit])
+
+
 def parse_bytes(text: str) -> int:
     """``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"4096"`` -> bytes (binary KiB..TiB, decimal kB..TB).
 
     Raises:
         HeadprobeError: the text is not a positive size.
     """
-    m = _SIZE_RE.match(str(text))
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _BYTE_UNITS or float(m.group(1)) <= 0:
-        raise HeadprobeError(f"cannot read {text!r} as a memory size; write e.g. 2GiB, 512MiB or 1.5GB")
-    return int(float(m.group(1)) * _BYTE_UNITS[unit])
+    return _parse_quantity(text, _BYTE_UNITS, "a memory size", "2GiB, 512MiB or 1.5GB")
 
 
 def parse_count(text: str) -> int:
@@ -474,11 +478,7 @@ def parse_count(text: str) -> int:
     Raises:
         HeadprobeError: the text is not a positive count.
     """
-    m = _SIZE_RE.match(str(text))
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _COUNT_UNITS or float(m.group(1)) <= 0:
-        raise HeadprobeError(f"cannot read {text!r} as a parameter count; write e.g. 135M, 8B or 7e9")
-    return int(float(m.group(1)) * _COUNT_UNITS[unit])
+    return _parse_quantity(text, _COUNT_UNITS, "a parameter count", "135M, 8B or 7e9")
 
 
 # ---------------------------------------------------------------------------------------------
