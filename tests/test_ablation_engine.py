@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from analyses.ablation import (
-    ablate, capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, sweep_loop,
+    ablate, capture_z, cross_entropy_inplace, exact_sweep, first_scored, head_importance, mean_z_from, spearman, sweep_loop,
 )
 
 
@@ -54,6 +54,17 @@ def test_exact_sweep_equals_per_head_loop(request, name, kind, max_batch):
     torch.testing.assert_close(fast.loss, ref.loss, atol=1e-4, rtol=0)
     # the ablations do something, and the two agree far below the size of their effects
     assert (fast.loss - ref.loss).abs().max() < 0.02 * fast.effect.abs().max()
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0, 300.0])
+def test_cross_entropy_inplace_equals_torch(scale):
+    """The engine's in-place loss against F.cross_entropy, up to logits far beyond exp's range."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(50, 1000, generator=g) * scale
+    target = torch.randint(0, 1000, (50,), generator=g)
+    ref = torch.nn.functional.cross_entropy(logits, target, reduction="none")
+    got = cross_entropy_inplace(logits.clone(), target)
+    torch.testing.assert_close(got, ref, atol=1e-5 * scale, rtol=1e-6)
 
 
 def test_sweep_subset_of_heads_and_bridge_fallback(tiny_gpt2, tiny_gpt2_native):
