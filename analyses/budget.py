@@ -380,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
             bytes_per_element=cost.DTYPE_BYTES[args.dtype], batch=args.batch,
         )
         print(json.dumps(rec.to_dict(), indent=2) if args.json else format_recommendation(rec, args.dtype))
-        return 0
+        return 0 if rec.fits else 1  # like grep: 1 = a valid question with no layout that fits
     if args.preset and args.model:
         raise HeadprobeError("give --preset or --model, not both")
 

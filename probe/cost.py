@@ -466,10 +466,16 @@ def _parse_quantity(text: str, units: dict[str, int], what: str, examples: str) 
 def parse_bytes(text: str) -> int:
     """``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"4096"`` -> bytes (binary KiB..TiB, decimal kB..TB).
 
+    A bare number is bytes, and must be at least 1024: ``"2"`` is far more likely a forgotten
+    unit (2 GiB) than a two-byte memory limit.
+
     Raises:
-        HeadprobeError: the text is not a positive size.
+        HeadprobeError: the text is not a positive size, or a bare number below 1024.
     """
-    return _parse_quantity(text, _BYTE_UNITS, "a memory size", "2GiB, 512MiB or 1.5GB")
+    n = _parse_quantity(text, _BYTE_UNITS, "a memory size", "2GiB, 512MiB or 1.5GB")
+    if n < 1024 and _SIZE_RE.match(str(text)).group(2) == "":
+        raise HeadprobeError(f"{text!r} would be {n} bytes; give a unit, e.g. {text.strip()}GiB or {text.strip()}MiB")
+    return n
 
 
 def parse_count(text: str) -> int:

@@ -285,9 +285,12 @@ def test_parse_sizes_and_counts():
     assert cost.parse_count("135M") == 135_000_000
     assert cost.parse_count("8B") == 8_000_000_000
     assert cost.parse_count("7e9") == 7_000_000_000
+    assert cost.parse_bytes("4096") == 4096 and cost.parse_bytes("512B") == 512
     for bad in ("", "2XB", "-1GiB", "0"):
         with pytest.raises(HeadprobeError):
             cost.parse_bytes(bad)
+    with pytest.raises(HeadprobeError, match="give a unit, e.g. 2GiB"):  # a forgotten unit, not 2 bytes
+        cost.parse_bytes("2")
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
@@ -419,6 +422,9 @@ def test_cli_recommend(capsys):
                            "--kv-limit", "10GiB", "--target", "long-context")
     assert code == 0
     assert "MLA latent 512 + rotary key 64" in out and "MLA is worth it" in out
+    code, out, _ = run_cli(capsys, "--recommend", "--d-model", "4096", "--n-layers", "32", "--seq-len", "131072",
+                           "--kv-limit", "256MiB")
+    assert code == 1 and "Nothing fits" in out  # an answer, not an error: exit 1 like grep's "no match"
 
 
 @pytest.mark.parametrize("argv, fragment", [
