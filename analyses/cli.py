@@ -3,7 +3,7 @@
 Each subcommand lives in its own module, which provides ``HELP`` (one line),
 ``add_arguments(parser)`` and ``run(args) -> int``; add a module to :data:`SUBCOMMANDS` to add a
 subcommand. Errors a user can cause are raised as :class:`probe.errors.HeadprobeError` and end the
-program with one line on stderr and exit status 2 (argparse's usage errors do the same).
+program with one line on stderr and exit status 2 (argparse's usage errors too, see :class:`OneLineErrorParser`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,16 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse with usage errors as one line (``headprobe scan: error: ... (see headprobe scan
+    --help)``) and exit status 2, like every other bad input; subparsers inherit it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="headprobe",
         description="Attention-head interpretability: find head types, verify them by ablation, prune, plot.",
     )

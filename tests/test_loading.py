@@ -72,3 +72,20 @@ def test_exactly_one_bos(tiny_gpt2):
     toks = tiny_gpt2.to_tokens("t1 t2")
     assert toks.tolist() == [100, 1, 2]
     assert tiny_gpt2.to_tokens("<|endoftext|> t1").tolist() == [100, 1]  # already there: not doubled
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    ([], "required: COMMAND"),
+    (["scna"], "invalid choice: 'scna'"),
+    (["scan", "--modle", "x", "--out", "o"], "unrecognized arguments: --modle"),
+    (["budget", "--preset", "gpt2-small", "--seq-len", "abc"], "invalid int value: 'abc'"),
+])
+def test_usage_errors_are_one_line(argv, fragment, capsys):
+    """argparse's own errors follow the one-line rule too (no usage block), in process."""
+    from analyses.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("headprobe") and ": error: " in err and fragment in err and "--help" in err
