@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from analyses import figures
+from analyses.cli import positive_int
 from analyses.ablation import (
     SweepResult, all_heads, capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, top_heads,
 )
@@ -50,16 +51,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "native", "transformer-lens"],
                    help="native (auto where supported) is fast; transformer-lens falls back to the per-head hook loop")
     p.add_argument("--text", default=None, help="UTF-8 text file for natural text (default: CPython's pydoc_data.topics)")
-    p.add_argument("--seq-len", type=int, default=128, help="natural-text sequence length in tokens (default %(default)s)")
-    p.add_argument("--n-repeated", type=int, default=8, help="repeated random sequences (default %(default)s)")
-    p.add_argument("--period", type=int, default=50, help="length of the repeated random block (default %(default)s)")
+    p.add_argument("--seq-len", type=positive_int, default=128, help="natural-text sequence length in tokens (default %(default)s)")
+    p.add_argument("--n-repeated", type=positive_int, default=8, help="repeated random sequences (default %(default)s)")
+    p.add_argument("--period", type=positive_int, default=50, help="length of the repeated random block (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
-
-
-def check_positive(args: argparse.Namespace, names: tuple[str, ...]) -> None:
-    for name in names:
-        if getattr(args, name) < 1:
-            raise HeadprobeError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
 
 
 def load_for_cli(args: argparse.Namespace, progress: bool = True):
@@ -122,12 +117,12 @@ def run_key(args: argparse.Namespace) -> dict:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--n-natural", type=int, default=8, help="natural-text sequences (default %(default)s)")
+    p.add_argument("--n-natural", type=positive_int, default=8, help="natural-text sequences (default %(default)s)")
     p.add_argument("--kind", default="zero", choices=ABLATION_KINDS,
                    help="zero, mean (mean z over other natural-text windows) or resample (z on other inputs)")
     p.add_argument("--heads", default=None,
                    help="sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3); default: all")
-    p.add_argument("--max-batch", type=int, default=64, help="sequences per forward pass in the sweep (default %(default)s)")
+    p.add_argument("--max-batch", type=positive_int, default=64, help="sequences per forward pass in the sweep (default %(default)s)")
 
 
 @dataclass(frozen=True)
@@ -171,7 +166,6 @@ def checkpointed_sweep(model, tokens, heads, kind, mean_z, source_tokens, first,
 
 
 def run(args: argparse.Namespace) -> int:
-    check_positive(args, ("n_natural", "seq_len", "n_repeated", "period", "max_batch"))
     if args.period < 2:
         raise HeadprobeError("--period must be at least 2")
     checkpoint, saved = open_checkpoint(args)

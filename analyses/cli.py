@@ -27,11 +27,22 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse with usage errors as one line (``headprobe scan: error: ... (see headprobe scan
+    """argparse with usage errors as one line (``headprobe: error: ... (see headprobe scan
     --help)``) and exit status 2, like every other bad input; subparsers inherit it."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"headprobe: error: {message} (see {self.prog} --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` for counts and lengths: an integer >= 1 (else a one-line usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

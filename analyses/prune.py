@@ -19,7 +19,8 @@ import pandas as pd
 import torch
 
 from analyses import figures
-from analyses.ablate import add_model_arguments, check_positive, load_for_cli, open_checkpoint, task_tokens
+from analyses.cli import positive_int
+from analyses.ablate import add_model_arguments, load_for_cli, open_checkpoint, task_tokens
 from analyses.ablation import first_scored, is_native
 from analyses.pruning import LossSet, iterative_pruning
 from probe.errors import HeadprobeError
@@ -31,7 +32,7 @@ HELP = "iterative head pruning by gradient importance vs a random order: pruning
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--n-natural", type=int, default=8,
+    p.add_argument("--n-natural", type=positive_int, default=8,
                    help="natural-text sequences for scoring, and as many held out for the curve (default %(default)s)")
     p.add_argument("--step-fraction", type=float, default=0.1, help="fraction of all heads removed per step (default %(default)s)")
     p.add_argument("--max-fraction", type=float, default=1.0, help="stop after removing this fraction (default %(default)s)")
@@ -89,7 +90,6 @@ def save_pruned_model(model, run, fraction: float, tokens: torch.Tensor, out) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    check_positive(args, ("n_natural", "seq_len", "n_repeated", "period"))
     for name in ("step_fraction", "max_fraction", "save_fraction"):
         v = getattr(args, name)
         if not 0 < v <= 1:

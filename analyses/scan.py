@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from analyses import figures
+from analyses.cli import positive_int
 from analyses.ablation import (
     Verification, ablated_loss, is_confirmed, names, random_head_sets, task_loss, top_heads,
 )
@@ -371,12 +372,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory (must be empty or absent unless --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty output directory")
     p.add_argument("--text", default=None, help="UTF-8 text file for natural-text scores (default: CPython's pydoc_data.topics)")
-    p.add_argument("--n-natural", type=int, default=d.n_natural, help="natural-text sequences (default %(default)s)")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help="natural-text sequence length in tokens (default %(default)s)")
-    p.add_argument("--n-repeated", type=int, default=d.n_repeated, help="repeated random sequences (default %(default)s)")
-    p.add_argument("--period", type=int, default=d.period, help="length of the repeated random block (default %(default)s)")
-    p.add_argument("-k", "--top-k", dest="k", type=int, default=d.k, help="heads ablated per type (default %(default)s)")
-    p.add_argument("--n-random", type=int, default=d.n_random, help="random draws of k heads for the control (default %(default)s)")
+    p.add_argument("--n-natural", type=positive_int, default=d.n_natural, help="natural-text sequences (default %(default)s)")
+    p.add_argument("--seq-len", type=positive_int, default=d.seq_len, help="natural-text sequence length in tokens (default %(default)s)")
+    p.add_argument("--n-repeated", type=positive_int, default=d.n_repeated, help="repeated random sequences (default %(default)s)")
+    p.add_argument("--period", type=positive_int, default=d.period, help="length of the repeated random block (default %(default)s)")
+    p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=d.k, help="heads ablated per type (default %(default)s)")
+    p.add_argument("--n-random", type=positive_int, default=d.n_random, help="random draws of k heads for the control (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
     p.add_argument("--backend", default=d.backend, choices=["auto", "native", "transformer-lens"],
@@ -386,11 +387,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    flags = {"k": "top-k"}
-    for name in ("n_natural", "seq_len", "n_repeated", "period", "k", "n_random"):
-        if getattr(args, name) < 1:
-            flag = flags.get(name, name.replace("_", "-"))
-            raise HeadprobeError(f"--{flag} must be a positive integer, got {getattr(args, name)}")
     if args.seq_len < 2:
         raise HeadprobeError(f"sequence length {args.seq_len} is too short: scores need at least 2 positions (--seq-len)")
     if args.period < 2:

@@ -61,12 +61,22 @@ def test_prune_cli_saves_reloadable_model(tiny_dir, tmp_path):
     assert (out / "pruning_curve.png").is_file()
 
 
-@pytest.mark.parametrize("extra", [["--step-fraction", "0"], ["--period", "1"], ["--device", "cuda"] if not torch.cuda.is_available() else ["--n-natural", "0"]])
-def test_bad_input_exits_2(tiny_dir, tmp_path, capsys, extra):
-    code = main(["prune", "--model", str(tiny_dir), "--out", str(tmp_path / "x"), *SMALL, *extra])
+NO_CUDA = ["--device", "cuda"] if not torch.cuda.is_available() else ["--n-natural", "0"]
+
+
+@pytest.mark.parametrize("command, extra", [
+    ("prune", ["--step-fraction", "0"]), ("prune", ["--period", "1"]), ("prune", ["--seq-len", "0"]), ("prune", NO_CUDA),
+    ("ablate", ["--period", "1"]), ("ablate", ["--seq-len", "0"]), ("ablate", ["--max-batch", "-1"]), ("ablate", NO_CUDA),
+])
+def test_bad_input_exits_2(tiny_dir, tmp_path, capsys, extra, command):
+    try:  # HeadprobeError returns 2; argparse's type errors exit 2
+        code = main([command, "--model", str(tiny_dir), "--out", str(tmp_path / "x"), *SMALL, *extra])
+    except SystemExit as e:
+        code = e.code
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("headprobe: error:")
+    assert len(err) == 1 and err[0].startswith("headprobe: error:"), err
+    assert not (tmp_path / "x").exists()
 
 
 def test_bad_model_exits_2(tmp_path, capsys):

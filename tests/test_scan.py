@@ -74,7 +74,7 @@ def test_cli_refuses_a_non_empty_output_directory(tmp_path):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--top-k", "0"], "--top-k must be a positive integer"),
+    (["--top-k", "0"], "--top-k: must be a positive integer, got 0"),
     (["--seq-len", "1"], "at least 2 positions"),
     (["--period", "1"], "at least 2 tokens"),
     (["--text", "{bad}"], "not UTF-8"),
