@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from analyses import figures
-from analyses.train import TrainConfig, train
+from analyses.train import N_CHARS, TrainConfig, train
 from probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 from probe.errors import HeadprobeError
 from probe.io import package_versions, prepare_output_dir, write_json, write_text
@@ -64,7 +64,7 @@ def variants(which: str, base: TrainConfig, n_heads_list: list[int], ranks: list
 
 def run_study(which: str, base: TrainConfig, seeds: list[int], n_heads_list: list[int], ranks: list[int], rope: int,
               progress: bool = True) -> pd.DataFrame:
-    from probe.loading import word_level_tokenizer
+    from probe.loading import char_level_tokenizer, word_level_tokenizer
 
     runs = variants(which, base, n_heads_list, ranks, rope)
     for _, cfg in runs:  # every config error before any training
@@ -72,7 +72,7 @@ def run_study(which: str, base: TrainConfig, seeds: list[int], n_heads_list: lis
         cfg.model_config()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = word_level_tokenizer(tmp, base.n_words)
+        tokenizer = char_level_tokenizer(tmp) if base.corpus == "text+copy" else word_level_tokenizer(tmp, base.n_words)
         for label, cfg in runs:
             for seed in seeds:
                 t0 = time.perf_counter()
@@ -81,12 +81,13 @@ def run_study(which: str, base: TrainConfig, seeds: list[int], n_heads_list: lis
                 lay = layout_of(cfg)
                 rows.append({
                     "variant": label, "kind": lay.kind, "n_heads": cfg.n_heads, "n_kv_heads": lay.n_kv_heads,
-                    "kv_lora_rank": cfg.kv_lora_rank, "seed": seed,
+                    "kv_lora_rank": cfg.kv_lora_rank, "seed": seed, "corpus": cfg.corpus, "steps": cfg.steps,
                     "attn_params_per_layer": attention_params_per_layer(lay),
                     "model_params": sum(p.numel() for p in r.loaded.model.parameters()),
                     "kv_bytes_per_token": kv_bytes_per_token(lay),
                     f"kv_bytes_at_{CONTEXT}": kv_bytes_per_request(lay, CONTEXT),
                     "eval_loss": float(last["eval_loss"]), "in_context_loss": float(last["in_context_loss"]),
+                    "text_in_context_loss": float(last.get("text_in_context_loss", float("nan"))),
                     "repeated_loss": float(last["repeated_loss"]), "max_induction": float(last["max_induction"]),
                     "max_previous_token": float(last["max_previous_token"]), "seconds": time.perf_counter() - t0,
                 })
@@ -101,8 +102,11 @@ def run_study(which: str, base: TrainConfig, seeds: list[int], n_heads_list: lis
 def headline(which: str, table: pd.DataFrame) -> dict:
     """Per-variant means and, for layouts, the smallest MLA rank whose cache is below 1/8 of MHA's."""
     agg = table.groupby("variant", sort=False).agg(
-        eval_loss=("eval_loss", "mean"), eval_loss_sd=("eval_loss", "std"), in_context_loss=("in_context_loss", "mean"),
-        max_induction=("max_induction", "mean"), kv_bytes_per_token=("kv_bytes_per_token", "first"))
+        eval_loss=("eval_loss", "mean"), eval_loss_sd=("eval_loss", "std"), eval_loss_min=("eval_loss", "min"),
+        eval_loss_max=("eval_loss", "max"), in_context_loss=("in_context_loss", "mean"),
+        in_context_loss_sd=("in_context_loss", "std"), max_induction=("max_induction", "mean"),
+        min_max_induction=("max_induction", "min"), kv_bytes_per_token=("kv_bytes_per_token", "first"),
+        seconds=("seconds", "mean"))
     out = {"per_variant": {k: {c: (None if pd.isna(v) else round(float(v), 4)) for c, v in row.items()}
                            for k, row in agg.iterrows()}}
     if which == "layouts" and "MHA" in agg.index:
@@ -124,14 +128,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("which", choices=["heads", "layouts"], help="heads: 1..16 heads at one width; layouts: MHA/GQA/MQA/MLA")
     p.add_argument("--out", required=True, help="output directory (must be empty or absent unless --overwrite)")
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--steps", type=int, default=700, help="training steps per run (default %(default)s)")
+    p.add_argument("--steps", type=int, default=1200, help="training steps per run (default %(default)s)")
+    p.add_argument("--corpus", choices=["text+copy", "copy"], default="text+copy",
+                   help="text+copy: CPython documentation text (character level) mixed with copy sequences (default); "
+                        "copy: random-token copy sequences only, as headprobe train")
+    p.add_argument("--copy-fraction", type=float, default=0.75, help="text+copy: copy sequences per batch (default %(default)s)")
+    p.add_argument("--seq-len", type=int, default=48, help="tokens per sequence, BOS included (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per step (default %(default)s)")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default %(default)s)")
     p.add_argument("--seeds", default="0,1", help="comma-separated seeds (default %(default)s)")
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--n-heads", type=int, default=8, help="layouts: query heads (default %(default)s)")
     p.add_argument("--n-heads-list", default="1,2,4,8,16", help="heads: head counts (default %(default)s)")
     p.add_argument("--ranks", default="4,8,16", help="layouts: MLA latent ranks (default %(default)s)")
     p.add_argument("--rope", type=int, default=4, help="layouts: MLA decoupled rotary width (default %(default)s)")
-    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-every", type=int, default=200, help="steps between evaluations (default %(default)s)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
 
 
@@ -142,7 +153,10 @@ def run(args: argparse.Namespace) -> int:
     if args.rope < 0 or args.rope % 2:
         raise HeadprobeError(f"--rope must be an even non-negative integer, got {args.rope}")
     base = TrainConfig(d_model=args.d_model, n_heads=args.n_heads, steps=args.steps, eval_every=args.eval_every,
-                       device=args.device, bias=False)
+                       device=args.device, bias=False, corpus=args.corpus, copy_fraction=args.copy_fraction,
+                       n_words=N_CHARS if args.corpus == "text+copy" else TrainConfig.n_words,
+                       seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr,
+                       min_period=4, max_period=16, eval_period=12)
     prepare_output_dir(args.out, args.overwrite, create=False)
     table = run_study(args.which, base, seeds, n_heads_list, ranks, args.rope)
     out = prepare_output_dir(args.out, args.overwrite)
@@ -153,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
                                     "device": args.device, "versions": package_versions(), **head})
     if args.which == "heads":
         fig = figures.loss_vs_heads(table["n_heads"].to_numpy(), table["eval_loss"].to_numpy(),
-                                    f"d_model {args.d_model}, {args.steps} steps, {len(seeds)} seeds")
+                                    f"d_model {args.d_model}, {args.steps} steps, {len(seeds)} seeds, {args.corpus}")
         figures.save_figure(fig, out / "loss_vs_heads")
     else:
         agg = table.groupby("variant", sort=False).agg(kv=("kv_bytes_per_token", "first"), loss=("eval_loss", "mean"),
