@@ -124,6 +124,24 @@ def headline(which: str, table: pd.DataFrame) -> dict:
     return out
 
 
+def study_figure(which: str, table: pd.DataFrame, out, prefix: str, title: str) -> list:
+    """Write the study's figure from its ``results.csv`` table: ``loss_vs_heads`` (held-out loss and
+    in-context loss against heads, every seed shown) or ``quality_vs_kv`` (mean held-out loss with
+    the seed range against KV cache per token). Returns the written paths (PNG, PDF)."""
+    label = ("held-out text loss (nats/char)" if (table["corpus"] == "text+copy").all()
+             else "held-out loss (nats/token)")
+    if which == "heads":
+        fig = figures.loss_vs_heads(table["n_heads"].to_numpy(), table["eval_loss"].to_numpy(), prefix + title,
+                                    table["in_context_loss"].to_numpy(), label)
+        return figures.save_figure(fig, out / "loss_vs_heads")
+    agg = table.groupby("variant", sort=False).agg(kv=("kv_bytes_per_token", "first"), loss=("eval_loss", "mean"),
+                                                  lo=("eval_loss", "min"), hi=("eval_loss", "max"),
+                                                  induction=("max_induction", "mean"))
+    fig = figures.quality_vs_kv(list(agg.index), agg["kv"].to_numpy(), agg["loss"].to_numpy(), agg["lo"].to_numpy(),
+                                agg["hi"].to_numpy(), prefix + title, label, formed=agg["induction"].to_numpy() > 0.5)
+    return figures.save_figure(fig, out / "quality_vs_kv")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("which", choices=["heads", "layouts"], help="heads: 1..16 heads at one width; layouts: MHA/GQA/MQA/MLA")
     p.add_argument("--out", required=True, help="output directory (must be empty or absent unless --overwrite)")
@@ -141,7 +159,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-heads", type=int, default=8, help="layouts: query heads (default %(default)s)")
     p.add_argument("--n-heads-list", default="1,2,4,8,16", help="heads: head counts (default %(default)s)")
     p.add_argument("--ranks", default="4,8,16", help="layouts: MLA latent ranks (default %(default)s)")
-    p.add_argument("--rope", type=int, default=4, help="layouts: MLA decoupled rotary width (default %(default)s)")
+    p.add_argument("--rope", type=int, default=8, help="layouts: MLA decoupled rotary width (default %(default)s; 4 gives the shared rotary key only 2 frequencies and no previous-token head formed within the default steps)")
     p.add_argument("--eval-every", type=int, default=200, help="steps between evaluations (default %(default)s)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
 
@@ -165,16 +183,8 @@ def run(args: argparse.Namespace) -> int:
     write_json(out / "study.json", {"which": args.which, "seeds": seeds, "base": dataclasses.asdict(base),
                                     "n_heads_list": n_heads_list, "ranks": ranks, "rope": args.rope,
                                     "device": args.device, "versions": package_versions(), **head})
-    if args.which == "heads":
-        fig = figures.loss_vs_heads(table["n_heads"].to_numpy(), table["eval_loss"].to_numpy(),
-                                    f"d_model {args.d_model}, {args.steps} steps, {len(seeds)} seeds, {args.corpus}")
-        figures.save_figure(fig, out / "loss_vs_heads")
-    else:
-        agg = table.groupby("variant", sort=False).agg(kv=("kv_bytes_per_token", "first"), loss=("eval_loss", "mean"),
-                                                      lo=("eval_loss", "min"), hi=("eval_loss", "max"))
-        fig = figures.quality_vs_kv(list(agg.index), agg["kv"].to_numpy(), agg["loss"].to_numpy(), agg["lo"].to_numpy(),
-                                    agg["hi"].to_numpy(), f"{args.n_heads} heads, d_model {args.d_model}, {len(seeds)} seeds")
-        figures.save_figure(fig, out / "quality_vs_kv")
+    study_figure(args.which, table, out, f"{args.n_heads} heads, " if args.which == "layouts" else "",
+                 f"d_model {args.d_model}, {args.steps} steps, {len(seeds)} seeds, {args.corpus}")
     print(table.groupby("variant", sort=False)[["eval_loss", "in_context_loss", "max_induction", "kv_bytes_per_token"]].mean().round(3))
     print(f"wrote results.csv, study.json and the figure to {out}/")
     return 0
