@@ -158,7 +158,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--n-heads", type=int, default=8, help="layouts: query heads (default %(default)s)")
     p.add_argument("--n-heads-list", default="1,2,4,8,16", help="heads: head counts (default %(default)s)")
-    p.add_argument("--ranks", default="4,8,16", help="layouts: MLA latent ranks (default %(default)s)")
+    p.add_argument("--ranks", default="4,6,8,16", help="layouts: MLA latent ranks (default %(default)s)")
     p.add_argument("--rope", type=int, default=8, help="layouts: MLA decoupled rotary width (default %(default)s; 4 gives the shared rotary key only 2 frequencies and no previous-token head formed within the default steps)")
     p.add_argument("--eval-every", type=int, default=200, help="steps between evaluations (default %(default)s)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
