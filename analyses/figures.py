@@ -259,8 +259,12 @@ def quality_vs_kv(labels: Sequence[str], kv_bytes: np.ndarray, loss: np.ndarray,
         if mask.any():
             ax.errorbar(kv[mask], loss[mask], yerr=[loss[mask] - lo[mask], hi[mask] - loss[mask]], fmt="o", ms=3.5,
                         color="#0072B2", mfc=face, ecolor="#E69F00", capsize=2, lw=0.8, label=text)
+    span = max(float(np.ptp(loss)), 1e-9)
     for x, y, t in zip(kv, loss, labels):
-        ax.annotate(t, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=5.5)
+        # a label whose right-hand neighbour sits at about the same height goes on the left
+        crowded = np.any((kv > x) & (kv < 1.3 * x) & (np.abs(loss - y) < 0.1 * span))
+        ax.annotate(t, (x, y), xytext=(-3, 3) if crowded else (3, 3), textcoords="offset points", fontsize=5.5,
+                    ha="right" if crowded else "left")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(lambda x, _: f"{x:g}")  # 32, 64, ... rather than 2^5, 2^6
     ax.set_xlabel("KV cache per token, all layers (bytes, bf16)")

@@ -118,7 +118,13 @@ def headline(which: str, table: pd.DataFrame) -> dict:
             out["mla_below_one_eighth"] = {
                 "variant": best, "kv_fraction_of_mha": round(float(small.loc[best, "kv_bytes_per_token"] / mha["kv_bytes_per_token"]), 4),
                 "loss_gap_vs_mha": round(float(small.loc[best, "eval_loss"] - mha["eval_loss"]), 4),
-                "mha_loss_seed_sd": None if pd.isna(mha["eval_loss_sd"]) else round(float(mha["eval_loss_sd"]), 4)}
+                "mha_loss_seed_sd": None if pd.isna(mha["eval_loss_sd"]) else round(float(mha["eval_loss_sd"]), 4),
+                # the held-out loss alone hides a missing induction circuit: report the in-context loss too
+                "in_context_loss_gap_vs_mha": round(float(small.loc[best, "in_context_loss"] - mha["in_context_loss"]), 4),
+                "induction_formed": bool(small.loc[best, "min_max_induction"] > 0.5),
+                "every_rank_below": {v: {"eval_loss": round(float(r["eval_loss"]), 4),
+                                         "in_context_loss": round(float(r["in_context_loss"]), 4),
+                                         "max_induction": round(float(r["max_induction"]), 4)} for v, r in small.iterrows()}}
         else:
             out["mla_below_one_eighth"] = None
     return out
