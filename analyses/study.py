@@ -6,8 +6,12 @@
   with its attention parameter count and KV cache per token (``probe.cost``, bf16, over all
   layers), the context-2048 cache, and the losses.
 
-Every run is one :func:`analyses.train.train` call (same data stream per seed); the losses are
-the held-out loss, the in-context loss and the loss on the repeated half of ``[BOS] r r``.
+Every run is one :func:`analyses.train.train` call (same data stream per seed). Default data
+(``--corpus text+copy``): CPython's documentation text at character level, split by topic into
+training and held-out text, with 3/4 of every batch copy sequences over the same 96 characters
+(:func:`analyses.train.mixed_batch`). The losses (nats/token, a token is a character) are the
+held-out text loss (``eval_loss``), the in-context loss on held-out copy sequences (and on held-out
+text) and the loss on the repeated half of ``[BOS] r r``.
 Outputs: ``results.csv`` (one row per run), ``study.json`` (settings and the headline numbers)
 and one figure (PNG + PDF).
 """
