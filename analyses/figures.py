@@ -222,38 +222,56 @@ def training_curves(
     return fig
 
 
-def loss_vs_heads(n_heads: np.ndarray, loss: np.ndarray, title: str) -> Figure:
-    """Held-out loss (nats) against the number of heads at a fixed width: one dot per seed, the
-    line through the means; log2 x axis."""
+def loss_vs_heads(n_heads: np.ndarray, loss: np.ndarray, title: str, in_context: np.ndarray | None = None,
+                  loss_label: str = "held-out loss (nats/token)") -> Figure:
+    """Held-out loss (nats/token) against the number of heads at a fixed width: one dot per seed,
+    the line through the means; log2 x axis. With ``in_context`` (one value per run, nats), a
+    second panel below shows the in-context loss the same way (near -4.5: induction formed; near 0: not)."""
     n_heads, loss = np.asarray(n_heads), np.asarray(loss, dtype=float)
-    fig = _figure(COLUMN_WIDTH, 2.4)
-    ax = fig.add_subplot()
+    panels = [(loss, loss_label)] + ([] if in_context is None else [(np.asarray(in_context, dtype=float),
+                                                                     "in-context loss (nats)")])
+    fig = _figure(COLUMN_WIDTH, 2.4 if len(panels) == 1 else 3.6)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     xs = np.unique(n_heads)
-    ax.plot(xs, [loss[n_heads == x].mean() for x in xs], color="#0072B2", lw=1.2, marker="o", ms=3, label="mean")
-    ax.scatter(n_heads, loss, color="#E69F00", s=8, zorder=3, label="one seed")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [str(x) for x in xs])
-    ax.set_xlabel("heads per layer (same d_model)")
-    ax.set_ylabel("held-out loss (nats)")
-    ax.set_title(title)
-    ax.legend(frameon=False, fontsize=6)
+    for ax, (y, label) in zip(axes, panels):
+        ax.plot(xs, [y[n_heads == x].mean() for x in xs], color="#0072B2", lw=1.2, marker="o", ms=3, label="mean")
+        ax.scatter(n_heads, y, color="#E69F00", s=8, zorder=3, label="one seed")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_ylabel(label)
+    axes[-1].set_xlabel("heads per layer (same d_model)")
+    axes[0].set_title(title)
+    axes[0].legend(frameon=False, fontsize=6)
     return fig
 
 
 def quality_vs_kv(labels: Sequence[str], kv_bytes: np.ndarray, loss: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                  title: str) -> Figure:
-    """Held-out loss (nats, mean with the seed range) against KV cache per token (bytes, log x)."""
+                  title: str, loss_label: str = "held-out loss (nats/token)", formed: np.ndarray | None = None) -> Figure:
+    """Held-out loss (nats, mean with the seed range) against KV cache per token (bytes, log x).
+    With ``formed`` (one bool per variant), variants whose induction heads did not form are drawn
+    as open circles and the legend says so."""
     fig = _figure(COLUMN_WIDTH, 2.6)
     ax = fig.add_subplot()
     kv, loss = np.asarray(kv_bytes, dtype=float), np.asarray(loss, dtype=float)
-    ax.errorbar(kv, loss, yerr=[loss - np.asarray(lo), np.asarray(hi) - loss], fmt="o", ms=3, color="#0072B2",
-                ecolor="#E69F00", capsize=2, lw=0.8)
+    lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+    formed = np.ones(len(kv), dtype=bool) if formed is None else np.asarray(formed, dtype=bool)
+    for mask, face, text in ((formed, "#0072B2", "induction heads formed"), (~formed, "white", "no induction heads")):
+        if mask.any():
+            ax.errorbar(kv[mask], loss[mask], yerr=[loss[mask] - lo[mask], hi[mask] - loss[mask]], fmt="o", ms=3.5,
+                        color="#0072B2", mfc=face, ecolor="#E69F00", capsize=2, lw=0.8, label=text)
+    span = max(float(np.ptp(loss)), 1e-9)
     for x, y, t in zip(kv, loss, labels):
-        ax.annotate(t, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=5.5)
+        # a label whose right-hand neighbour sits at about the same height goes on the left
+        crowded = np.any((kv > x) & (kv < 1.3 * x) & (np.abs(loss - y) < 0.1 * span))
+        ax.annotate(t, (x, y), xytext=(-3, 3) if crowded else (3, 3), textcoords="offset points", fontsize=5.5,
+                    ha="right" if crowded else "left")
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(lambda x, _: f"{x:g}")  # 32, 64, ... rather than 2^5, 2^6
     ax.set_xlabel("KV cache per token, all layers (bytes, bf16)")
-    ax.set_ylabel("held-out loss (nats)")
+    ax.set_ylabel(loss_label)
     ax.set_title(title)
+    if not formed.all():
+        ax.legend(frameon=False, fontsize=5.5, title="bars: seed range", title_fontsize=5.5)
     return fig
 
 

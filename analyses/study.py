@@ -6,8 +6,12 @@
   with its attention parameter count and KV cache per token (``probe.cost``, bf16, over all
   layers), the context-2048 cache, and the losses.
 
-Every run is one :func:`analyses.train.train` call (same data stream per seed); the losses are
-the held-out loss, the in-context loss and the loss on the repeated half of ``[BOS] r r``.
+Every run is one :func:`analyses.train.train` call (same data stream per seed). Default data
+(``--corpus text+copy``): CPython's documentation text at character level, split by topic into
+training and held-out text, with 3/4 of every batch copy sequences over the same 96 characters
+(:func:`analyses.train.mixed_batch`). The losses (nats/token, a token is a character) are the
+held-out text loss (``eval_loss``), the in-context loss on held-out copy sequences (and on held-out
+text) and the loss on the repeated half of ``[BOS] r r``.
 Outputs: ``results.csv`` (one row per run), ``study.json`` (settings and the headline numbers)
 and one figure (PNG + PDF).
 """
@@ -23,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from analyses import figures
-from analyses.train import TrainConfig, train
+from analyses.train import N_CHARS, TrainConfig, train
 from probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 from probe.errors import HeadprobeError
 from probe.io import package_versions, prepare_output_dir, write_json, write_text
@@ -64,7 +68,7 @@ def variants(which: str, base: TrainConfig, n_heads_list: list[int], ranks: list
 
 def run_study(which: str, base: TrainConfig, seeds: list[int], n_heads_list: list[int], ranks: list[int], rope: int,
               progress: bool = True) -> pd.DataFrame:
-    from probe.loading import word_level_tokenizer
+    from probe.loading import char_level_tokenizer, word_level_tokenizer
 
     runs = variants(which, base, n_heads_list, ranks, rope)
     for _, cfg in runs:  # every config error before any training
@@ -72,7 +76,7 @@ def run_study(which: str, base: TrainConfig, seeds: list[int], n_heads_list: lis
         cfg.model_config()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = word_level_tokenizer(tmp, base.n_words)
+        tokenizer = char_level_tokenizer(tmp) if base.corpus == "text+copy" else word_level_tokenizer(tmp, base.n_words)
         for label, cfg in runs:
             for seed in seeds:
                 t0 = time.perf_counter()
@@ -81,12 +85,13 @@ def run_study(which: str, base: TrainConfig, seeds: list[int], n_heads_list: lis
                 lay = layout_of(cfg)
                 rows.append({
                     "variant": label, "kind": lay.kind, "n_heads": cfg.n_heads, "n_kv_heads": lay.n_kv_heads,
-                    "kv_lora_rank": cfg.kv_lora_rank, "seed": seed,
+                    "kv_lora_rank": cfg.kv_lora_rank, "seed": seed, "corpus": cfg.corpus, "steps": cfg.steps,
                     "attn_params_per_layer": attention_params_per_layer(lay),
                     "model_params": sum(p.numel() for p in r.loaded.model.parameters()),
                     "kv_bytes_per_token": kv_bytes_per_token(lay),
                     f"kv_bytes_at_{CONTEXT}": kv_bytes_per_request(lay, CONTEXT),
                     "eval_loss": float(last["eval_loss"]), "in_context_loss": float(last["in_context_loss"]),
+                    "text_in_context_loss": float(last.get("text_in_context_loss", float("nan"))),
                     "repeated_loss": float(last["repeated_loss"]), "max_induction": float(last["max_induction"]),
                     "max_previous_token": float(last["max_previous_token"]), "seconds": time.perf_counter() - t0,
                 })
@@ -101,8 +106,11 @@ def run_study(which: str, base: TrainConfig, seeds: list[int], n_heads_list: lis
 def headline(which: str, table: pd.DataFrame) -> dict:
     """Per-variant means and, for layouts, the smallest MLA rank whose cache is below 1/8 of MHA's."""
     agg = table.groupby("variant", sort=False).agg(
-        eval_loss=("eval_loss", "mean"), eval_loss_sd=("eval_loss", "std"), in_context_loss=("in_context_loss", "mean"),
-        max_induction=("max_induction", "mean"), kv_bytes_per_token=("kv_bytes_per_token", "first"))
+        eval_loss=("eval_loss", "mean"), eval_loss_sd=("eval_loss", "std"), eval_loss_min=("eval_loss", "min"),
+        eval_loss_max=("eval_loss", "max"), in_context_loss=("in_context_loss", "mean"),
+        in_context_loss_sd=("in_context_loss", "std"), max_induction=("max_induction", "mean"),
+        min_max_induction=("max_induction", "min"), kv_bytes_per_token=("kv_bytes_per_token", "first"),
+        seconds=("seconds", "mean"))
     out = {"per_variant": {k: {c: (None if pd.isna(v) else round(float(v), 4)) for c, v in row.items()}
                            for k, row in agg.iterrows()}}
     if which == "layouts" and "MHA" in agg.index:
@@ -114,24 +122,55 @@ def headline(which: str, table: pd.DataFrame) -> dict:
             out["mla_below_one_eighth"] = {
                 "variant": best, "kv_fraction_of_mha": round(float(small.loc[best, "kv_bytes_per_token"] / mha["kv_bytes_per_token"]), 4),
                 "loss_gap_vs_mha": round(float(small.loc[best, "eval_loss"] - mha["eval_loss"]), 4),
-                "mha_loss_seed_sd": None if pd.isna(mha["eval_loss_sd"]) else round(float(mha["eval_loss_sd"]), 4)}
+                "mha_loss_seed_sd": None if pd.isna(mha["eval_loss_sd"]) else round(float(mha["eval_loss_sd"]), 4),
+                # the held-out loss alone hides a missing induction circuit: report the in-context loss too
+                "in_context_loss_gap_vs_mha": round(float(small.loc[best, "in_context_loss"] - mha["in_context_loss"]), 4),
+                "induction_formed": bool(small.loc[best, "min_max_induction"] > 0.5),
+                "every_rank_below": {v: {"eval_loss": round(float(r["eval_loss"]), 4),
+                                         "in_context_loss": round(float(r["in_context_loss"]), 4),
+                                         "max_induction": round(float(r["max_induction"]), 4)} for v, r in small.iterrows()}}
         else:
             out["mla_below_one_eighth"] = None
     return out
+
+
+def study_figure(which: str, table: pd.DataFrame, out, prefix: str, title: str) -> list:
+    """Write the study's figure from its ``results.csv`` table: ``loss_vs_heads`` (held-out loss and
+    in-context loss against heads, every seed shown) or ``quality_vs_kv`` (mean held-out loss with
+    the seed range against KV cache per token). Returns the written paths (PNG, PDF)."""
+    label = ("held-out text loss (nats/char)" if (table["corpus"] == "text+copy").all()
+             else "held-out loss (nats/token)")
+    if which == "heads":
+        fig = figures.loss_vs_heads(table["n_heads"].to_numpy(), table["eval_loss"].to_numpy(), prefix + title,
+                                    table["in_context_loss"].to_numpy(), label)
+        return figures.save_figure(fig, out / "loss_vs_heads")
+    agg = table.groupby("variant", sort=False).agg(kv=("kv_bytes_per_token", "first"), loss=("eval_loss", "mean"),
+                                                  lo=("eval_loss", "min"), hi=("eval_loss", "max"),
+                                                  induction=("max_induction", "mean"))
+    fig = figures.quality_vs_kv(list(agg.index), agg["kv"].to_numpy(), agg["loss"].to_numpy(), agg["lo"].to_numpy(),
+                                agg["hi"].to_numpy(), prefix + title, label, formed=agg["induction"].to_numpy() > 0.5)
+    return figures.save_figure(fig, out / "quality_vs_kv")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("which", choices=["heads", "layouts"], help="heads: 1..16 heads at one width; layouts: MHA/GQA/MQA/MLA")
     p.add_argument("--out", required=True, help="output directory (must be empty or absent unless --overwrite)")
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--steps", type=int, default=700, help="training steps per run (default %(default)s)")
+    p.add_argument("--steps", type=int, default=1200, help="training steps per run (default %(default)s)")
+    p.add_argument("--corpus", choices=["text+copy", "copy"], default="text+copy",
+                   help="text+copy: CPython documentation text (character level) mixed with copy sequences (default); "
+                        "copy: random-token copy sequences only, as headprobe train")
+    p.add_argument("--copy-fraction", type=float, default=0.75, help="text+copy: copy sequences per batch (default %(default)s)")
+    p.add_argument("--seq-len", type=int, default=48, help="tokens per sequence, BOS included (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per step (default %(default)s)")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default %(default)s)")
     p.add_argument("--seeds", default="0,1", help="comma-separated seeds (default %(default)s)")
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--n-heads", type=int, default=8, help="layouts: query heads (default %(default)s)")
     p.add_argument("--n-heads-list", default="1,2,4,8,16", help="heads: head counts (default %(default)s)")
-    p.add_argument("--ranks", default="4,8,16", help="layouts: MLA latent ranks (default %(default)s)")
-    p.add_argument("--rope", type=int, default=4, help="layouts: MLA decoupled rotary width (default %(default)s)")
-    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--ranks", default="4,6,8,16", help="layouts: MLA latent ranks (default %(default)s)")
+    p.add_argument("--rope", type=int, default=8, help="layouts: MLA decoupled rotary width (default %(default)s; 4 gives the shared rotary key only 2 frequencies and no previous-token head formed within the default steps)")
+    p.add_argument("--eval-every", type=int, default=200, help="steps between evaluations (default %(default)s)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
 
 
@@ -142,7 +181,10 @@ def run(args: argparse.Namespace) -> int:
     if args.rope < 0 or args.rope % 2:
         raise HeadprobeError(f"--rope must be an even non-negative integer, got {args.rope}")
     base = TrainConfig(d_model=args.d_model, n_heads=args.n_heads, steps=args.steps, eval_every=args.eval_every,
-                       device=args.device, bias=False)
+                       device=args.device, bias=False, corpus=args.corpus, copy_fraction=args.copy_fraction,
+                       n_words=N_CHARS if args.corpus == "text+copy" else TrainConfig.n_words,
+                       seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr,
+                       min_period=4, max_period=16, eval_period=12)
     prepare_output_dir(args.out, args.overwrite, create=False)
     table = run_study(args.which, base, seeds, n_heads_list, ranks, args.rope)
     out = prepare_output_dir(args.out, args.overwrite)
@@ -151,16 +193,8 @@ def run(args: argparse.Namespace) -> int:
     write_json(out / "study.json", {"which": args.which, "seeds": seeds, "base": dataclasses.asdict(base),
                                     "n_heads_list": n_heads_list, "ranks": ranks, "rope": args.rope,
                                     "device": args.device, "versions": package_versions(), **head})
-    if args.which == "heads":
-        fig = figures.loss_vs_heads(table["n_heads"].to_numpy(), table["eval_loss"].to_numpy(),
-                                    f"d_model {args.d_model}, {args.steps} steps, {len(seeds)} seeds")
-        figures.save_figure(fig, out / "loss_vs_heads")
-    else:
-        agg = table.groupby("variant", sort=False).agg(kv=("kv_bytes_per_token", "first"), loss=("eval_loss", "mean"),
-                                                      lo=("eval_loss", "min"), hi=("eval_loss", "max"))
-        fig = figures.quality_vs_kv(list(agg.index), agg["kv"].to_numpy(), agg["loss"].to_numpy(), agg["lo"].to_numpy(),
-                                    agg["hi"].to_numpy(), f"{args.n_heads} heads, d_model {args.d_model}, {len(seeds)} seeds")
-        figures.save_figure(fig, out / "quality_vs_kv")
+    study_figure(args.which, table, out, f"{args.n_heads} heads, " if args.which == "layouts" else "",
+                 f"d_model {args.d_model}, {args.steps} steps, {len(seeds)} seeds, {args.corpus}")
     print(table.groupby("variant", sort=False)[["eval_loss", "in_context_loss", "max_induction", "kv_bytes_per_token"]].mean().round(3))
     print(f"wrote results.csv, study.json and the figure to {out}/")
     return 0

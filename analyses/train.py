@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+import zlib
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -34,12 +35,13 @@ from torch import Tensor
 
 from analyses import figures
 from analyses.ablation import task_loss, token_losses
-from analyses.data import repeated_random_tokens
+from analyses.data import ascii_text, pydoc_topics, repeated_random_tokens
 from analyses.detectors import induction_score, previous_token_score
 from probe.capture import stream_patterns
 from probe.errors import HeadprobeError
 from probe.hooks import format_head
 from probe.io import package_versions, prepare_output_dir, write_json, write_text
+from probe.loading import TEXT_CHARS
 
 HELP = "train a small attention-only transformer from scratch and watch induction heads form (phase change)"
 
@@ -64,6 +66,15 @@ class TrainConfig:
         bias: biases in the attention projections (MLA needs False).
         kv_lora_rank, qk_rope_head_dim: MLA's latent rank and decoupled rotary width (see
             :class:`probe.model.TransformerConfig`); None for MHA/GQA/MQA.
+        corpus: the training data. ``"copy"`` (default): only random-token copy sequences
+            (:func:`copy_sequences`) over a word-level vocabulary of ``n_words`` ids.
+            ``"text+copy"``: every batch mixes natural-text windows (CPython's documentation,
+            :func:`text_corpus`, character level) with copy sequences whose random tokens are
+            drawn from the same 96 characters; needs ``n_words == 96`` and the tokenizer of
+            :func:`probe.loading.char_level_tokenizer`. Evaluation then reports the held-out
+            *text* loss as ``eval_loss``.
+        copy_fraction: ``"text+copy"`` only: the fraction of each batch that is copy sequences
+            (``round(batch_size * copy_fraction)`` of them), the rest natural text.
     """
 
     n_layers: int = 2
@@ -90,6 +101,8 @@ class TrainConfig:
     bias: bool = True
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int = 0
+    corpus: str = "copy"
+    copy_fraction: float = 0.5
 
     def validate(self) -> None:
         """Raise :class:`HeadprobeError` (one line) on settings that cannot train."""
@@ -113,6 +126,13 @@ class TrainConfig:
             raise HeadprobeError(f"--eval-period {self.eval_period} must be >= 2 and fit twice in --seq-len {self.seq_len}")
         if self.seq_len < 20:
             raise HeadprobeError(f"--seq-len {self.seq_len} is too short for the in-context loss (needs >= 20)")
+        if self.corpus not in CORPORA:
+            raise HeadprobeError(f"--corpus must be one of {', '.join(CORPORA)}, got {self.corpus!r}")
+        if self.corpus == "text+copy" and self.n_words != N_CHARS:
+            raise HeadprobeError(f"--corpus text+copy uses the {N_CHARS}-character vocabulary: --n-words must be {N_CHARS}, "
+                                 f"got {self.n_words}")
+        if not 0 <= self.copy_fraction <= 1:
+            raise HeadprobeError(f"--copy-fraction must be between 0 and 1, got {self.copy_fraction}")
 
     def model_config(self):
         from probe.model import TransformerConfig
@@ -127,6 +147,78 @@ class TrainConfig:
 # --------------------------------------------------------------------------------------------
 # Data
 # --------------------------------------------------------------------------------------------
+
+CORPORA = ("copy", "text+copy")
+N_CHARS = len(TEXT_CHARS)  # 96: newline and printable ASCII
+
+
+@dataclass(frozen=True)
+class TextCorpus:
+    """Natural text for training, split by topic into a training and a held-out part.
+
+    Attributes:
+        train, held_out: 1-D character-level token ids (id ``i`` is ``TEXT_CHARS[i]``, see
+            :func:`probe.loading.char_level_tokenizer`): the topics of each part, in key order,
+            through :func:`analyses.data.ascii_text`, joined by a blank line (training topics
+            without the paragraphs they share with held-out ones, see :func:`text_corpus`).
+        train_topics, held_out_topics: the topic names of each part (disjoint).
+        source: where the text comes from.
+    """
+
+    train: Int[Tensor, "n_train"]
+    held_out: Int[Tensor, "n_held_out"]
+    train_topics: tuple[str, ...]
+    held_out_topics: tuple[str, ...]
+    source: str
+
+
+def char_ids(text: str) -> Int[Tensor, "n_tokens"]:
+    """Character-level ids of ``text`` (id ``i`` is ``TEXT_CHARS[i]``; the same ids as
+    :func:`probe.loading.char_level_tokenizer`, computed by table look-up). Characters outside
+    the vocabulary map to BOS/unknown (96); pass the text through :func:`analyses.data.ascii_text` first."""
+    table = np.full(256, N_CHARS, dtype=np.int64)
+    table[[ord(c) for c in TEXT_CHARS]] = np.arange(N_CHARS)
+    codes = np.frombuffer(text.encode("ascii", errors="replace"), dtype=np.uint8)
+    return torch.from_numpy(table[codes])
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [p for p in text.split("\n\n") if p.strip()]
+
+
+def text_corpus(held_out_fraction: float = 0.1) -> TextCorpus:
+    """CPython's documentation topics (``pydoc_data.topics``, offline everywhere; the scan's default
+    text) split by topic into training and held-out text.
+
+    Held-out topics: the topics in order of ``crc32(name)`` (a fixed pseudo-random order that
+    does not move when other topics are added), taken until they hold ``held_out_fraction`` of
+    the characters. Many topics quote each other (``compound`` contains ``for``, ``while``, ...),
+    so every paragraph (blank-line separated) that occurs in a held-out topic is removed from the
+    training topics. Paragraphs that differ slightly stay (on CPython 3.11, 6 held-out paragraphs,
+    1.1k characters, are contained in longer training paragraphs: 0.3% of the training text).
+    On CPython 3.11: 79 topics, 465k characters; 8 held-out topics (71k characters), 351k
+    training characters.
+
+    Raises:
+        HeadprobeError: either part would be empty.
+    """
+    topics = pydoc_topics()
+    total = sum(len(t) for t in topics.values())
+    held: list[str] = []
+    for k in sorted(topics, key=lambda k: zlib.crc32(k.encode())):
+        if sum(len(topics[h]) for h in held) >= held_out_fraction * total:
+            break
+        held.append(k)
+    held_set = set(held)
+    held_keys = tuple(k for k in topics if k in held_set)
+    held_pars = {p for k in held_keys for p in _paragraphs(topics[k])}
+    train_keys = tuple(k for k in topics if k not in held_set)
+    train_text = "\n\n".join("\n\n".join(p for p in _paragraphs(topics[k]) if p not in held_pars) for k in train_keys)
+    held_text = "\n\n".join(topics[k] for k in held_keys)
+    if not held_keys or not train_text.strip():
+        raise HeadprobeError(f"splitting {len(topics)} documentation topics left one part empty")
+    return TextCorpus(char_ids(ascii_text(train_text)), char_ids(ascii_text(held_text)), train_keys, held_keys,
+                      "pydoc_data.topics (CPython documentation), split by topic")
 
 
 def copy_sequences(n_seqs: int, seq_len: int, n_words: int, min_period: int, max_period: int,
@@ -159,6 +251,54 @@ def copy_sequences(n_seqs: int, seq_len: int, n_words: int, min_period: int, max
     return torch.cat([bos, tokens], dim=1)
 
 
+def text_windows(ids: Int[Tensor, "n_tokens"], n_seqs: int, seq_len: int, bos: int,
+                 gen: torch.Generator) -> Int[Tensor, "batch pos"]:
+    """``n_seqs`` windows of ``seq_len - 1`` consecutive tokens of ``ids`` at offsets drawn
+    uniformly (with ``gen``; windows may overlap and cross topic boundaries), each with ``bos``
+    in front: ``[batch, seq_len]``.
+
+    Raises:
+        HeadprobeError: the text is shorter than one window.
+    """
+    body = seq_len - 1
+    if len(ids) < body:
+        raise HeadprobeError(f"the text has {len(ids)} tokens, fewer than one sequence of {body}")
+    starts = torch.randint(len(ids) - body + 1, (n_seqs,), generator=gen)
+    windows = ids[starts[:, None] + torch.arange(body)]
+    return torch.cat([torch.full((n_seqs, 1), bos, dtype=torch.long), windows], dim=1)
+
+
+def held_out_text_windows(ids: Int[Tensor, "n_tokens"], n_seqs: int, seq_len: int, bos: int,
+                          seed: int) -> Int[Tensor, "batch pos"]:
+    """A fixed evaluation set: the text is cut into consecutive non-overlapping windows of
+    ``seq_len - 1`` tokens and ``n_seqs`` of them (all there are, if fewer) are drawn without
+    replacement with ``seed``, in text order; BOS in front: ``[batch, seq_len]``."""
+    body = seq_len - 1
+    n_windows = len(ids) // body
+    if n_windows == 0:
+        raise HeadprobeError(f"the held-out text has {len(ids)} tokens, fewer than one sequence of {body}")
+    windows = ids[: n_windows * body].view(n_windows, body)
+    pick = torch.randperm(n_windows, generator=torch.Generator().manual_seed(seed))[:n_seqs].sort().values
+    return torch.cat([torch.full((len(pick), 1), bos, dtype=torch.long), windows[pick]], dim=1)
+
+
+def mixed_batch(n_seqs: int, seq_len: int, text_ids: Int[Tensor, "n_tokens"], n_words: int, min_period: int,
+                max_period: int, copy_fraction: float, gen: torch.Generator,
+                periodic: bool = True) -> tuple[Int[Tensor, "batch pos"], Tensor]:
+    """A ``"text+copy"`` training batch: ``round(n_seqs * copy_fraction)`` copy sequences
+    (:func:`copy_sequences`, random tokens ``0..n_words-1``) followed by natural-text windows of
+    ``text_ids`` (:func:`text_windows`), all ``[BOS]`` + ``seq_len - 1`` tokens with BOS =
+    ``n_words``. Deterministic given ``gen``'s state.
+
+    Returns:
+        ``(tokens [batch, pos], is_copy [batch] bool)``.
+    """
+    n_copy = int(round(n_seqs * copy_fraction))
+    copies = copy_sequences(n_copy, seq_len, n_words, min_period, max_period, gen, periodic)
+    text = text_windows(text_ids, n_seqs - n_copy, seq_len, n_words, gen)
+    return torch.cat([copies, text]), torch.arange(n_seqs) < n_copy
+
+
 # --------------------------------------------------------------------------------------------
 # Evaluation
 # --------------------------------------------------------------------------------------------
@@ -182,12 +322,20 @@ def in_context_loss(losses: Tensor, early: float = 0.10, late: float = 0.98, win
 
 
 @torch.inference_mode()
-def evaluate(loaded, held_out: Tensor, repeated) -> dict[str, object]:
+def evaluate(loaded, held_out: Tensor, repeated, held_out_text: Tensor | None = None) -> dict[str, object]:
     """Scores of every head and the evaluation losses.
+
+    Args:
+        held_out: ``[batch, pos]`` held-out copy sequences (the in-context loss; and the
+            held-out loss when there is no text).
+        repeated: the repeated random tokens the detectors score on.
+        held_out_text: ``[batch, pos]`` held-out natural-text windows (``"text+copy"``), or None.
 
     Returns:
         ``{"induction": [layer, head], "previous_token": [layer, head], "repeated_loss",
-        "eval_loss", "in_context_loss"}`` (losses in nats/token).
+        "eval_loss", "in_context_loss"}`` (losses in nats/token). ``eval_loss`` is the mean loss
+        on ``held_out_text`` when given (then ``"text_in_context_loss"``, the in-context loss on
+        that text, is added), else on ``held_out``; ``in_context_loss`` is always on ``held_out``.
     """
     spec = loaded.spec
     ind = torch.zeros(spec.n_layers, spec.n_heads)
@@ -200,8 +348,13 @@ def evaluate(loaded, held_out: Tensor, repeated) -> dict[str, object]:
     logits = stream_patterns(loaded, repeated.tokens, on_pattern)
     rep_loss = task_loss(logits, repeated.tokens.to(logits.device), "repeated", repeated.start, repeated.period)
     losses = token_losses(loaded.forward(held_out), held_out)
-    return {"induction": ind, "previous_token": prev, "repeated_loss": rep_loss,
-            "eval_loss": float(losses.mean()), "in_context_loss": in_context_loss(losses)}
+    out = {"induction": ind, "previous_token": prev, "repeated_loss": rep_loss,
+           "eval_loss": float(losses.mean()), "in_context_loss": in_context_loss(losses)}
+    if held_out_text is not None:
+        text_losses = token_losses(loaded.forward(held_out_text), held_out_text)
+        out["eval_loss"] = float(text_losses.mean())
+        out["text_in_context_loss"] = in_context_loss(text_losses)
+    return out
 
 
 def phase_change_step(steps: np.ndarray, icl: np.ndarray) -> int | None:
@@ -235,13 +388,21 @@ def train(cfg: TrainConfig, tokenizer, progress: bool = True) -> TrainResult:
     """Train a model as ``cfg`` says; deterministic given ``cfg.seed`` on one device.
 
     ``tokenizer`` is a word-level tokenizer over the ``n_words`` random tokens plus BOS (see
-    :func:`probe.loading.word_level_tokenizer`).
+    :func:`probe.loading.word_level_tokenizer`) for ``corpus="copy"``, the character-level one
+    (:func:`probe.loading.char_level_tokenizer`) for ``"text+copy"``.
+
+    Raises:
+        HeadprobeError: bad settings, a tokenizer that does not fit the corpus, no GPU for
+            ``device="cuda"``, or a diverged loss.
     """
     from probe.convert import spec_from_native
     from probe.loading import LoadedModel, device_auto
     from probe.model import Transformer, init_weights
 
     cfg.validate()
+    text = cfg.corpus == "text+copy"
+    if text and tokenizer.convert_tokens_to_ids(list(TEXT_CHARS)) != list(range(N_CHARS)):
+        raise HeadprobeError("--corpus text+copy needs the character-level tokenizer (probe.loading.char_level_tokenizer)")
     device = device_auto(cfg.device)
     if device == "cuda" and not torch.cuda.is_available():
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
@@ -255,6 +416,9 @@ def train(cfg: TrainConfig, tokenizer, progress: bool = True) -> TrainResult:
     held_out = copy_sequences(cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period, eval_gen, cfg.periodic).to(device)
     repeated = repeated_random_tokens(loaded, cfg.n_eval, cfg.eval_period, cfg.seed + 2)
     repeated = type(repeated)(**{**repeated.__dict__, "tokens": repeated.tokens.to(device)})
+    corpus = text_corpus() if text else None
+    held_out_text = (held_out_text_windows(corpus.held_out, cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.seed + 3).to(device)
+                     if text else None)
     data_gen = torch.Generator().manual_seed(cfg.seed)
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
@@ -265,10 +429,11 @@ def train(cfg: TrainConfig, tokenizer, progress: bool = True) -> TrainResult:
 
     def log_row(step: int) -> dict:
         model.eval()
-        ev = evaluate(loaded, held_out, repeated)
+        ev = evaluate(loaded, held_out, repeated, held_out_text)
         model.train()
         row = {"step": step, "train_loss": float(np.mean(running)) if running else float("nan"),
                "eval_loss": ev["eval_loss"], "in_context_loss": ev["in_context_loss"],
+               **({"text_in_context_loss": ev["text_in_context_loss"]} if text else {}),
                "repeated_loss": ev["repeated_loss"],
                "max_induction": float(ev["induction"].max()), "max_previous_token": float(ev["previous_token"].max())}
         row.update({f"induction_{h}": float(v) for h, v in zip(heads, ev["induction"].flatten())})
@@ -280,8 +445,12 @@ def train(cfg: TrainConfig, tokenizer, progress: bool = True) -> TrainResult:
     rows.append(log_row(0))
     model.train()
     for step in range(1, cfg.steps + 1):
-        tokens = copy_sequences(cfg.batch_size, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period,
-                                data_gen, cfg.periodic).to(device)
+        if text:
+            tokens = mixed_batch(cfg.batch_size, cfg.seq_len, corpus.train, cfg.n_words, cfg.min_period, cfg.max_period,
+                                 cfg.copy_fraction, data_gen, cfg.periodic)[0].to(device)
+        else:
+            tokens = copy_sequences(cfg.batch_size, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period,
+                                    data_gen, cfg.periodic).to(device)
         loss = token_losses(model(tokens), tokens).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()

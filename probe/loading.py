@@ -408,6 +408,35 @@ def word_level_tokenizer(save_dir: str | Path, n_words: int):
     return AutoTokenizer.from_pretrained(save_dir)
 
 
+TEXT_CHARS = "\n" + "".join(chr(i) for i in range(32, 127))
+"""The character vocabulary of :func:`char_level_tokenizer`: newline and printable ASCII (96
+characters, ids 0..95 in this order)."""
+
+
+def char_level_tokenizer(save_dir: str | Path):
+    """A character-level tokenizer over :data:`TEXT_CHARS` (id ``i`` is ``TEXT_CHARS[i]``) with
+    ``<|endoftext|>`` (id 96) as BOS/EOS/unknown, for tiny models trained on natural text (see
+    :func:`analyses.data.ascii_text`, which maps other characters into the vocabulary);
+    ``d_vocab = 97``. Every character is one token (spaces and newlines included) and
+    ``decode`` joins them without separators, so ``decode(encode(s)) == s`` for ASCII text.
+
+    Built with ``tokenizers`` (a word-level model over single characters) and saved to
+    ``save_dir`` and reloaded, like :func:`word_level_tokenizer`.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(TEXT_CHARS)}
+    vocab["<|endoftext|>"] = len(TEXT_CHARS)
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # one piece per character
+    tk.decoder = decoders.Fuse()  # join characters without spaces
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                  unk_token="<|endoftext|>")
+    tok.save_pretrained(save_dir)
+    return AutoTokenizer.from_pretrained(save_dir)
+
+
 def is_native_dir(path: str | Path) -> bool:
     """Whether ``path`` is a headprobe checkpoint directory (it holds ``headprobe_model.pt``)."""
     return (Path(path) / NATIVE_WEIGHTS).is_file()

@@ -485,6 +485,12 @@ class Attention(nn.Module):
     ) -> Float[Tensor, "batch head pos d_head"]:
         """``scaled_dot_product_attention``; no pattern exists on this path."""
         kwargs = dict(is_causal=True) if key_mask is None else dict(attn_mask=key_mask)
+        if v.shape[-1] != q.shape[-1]:
+            # MLA: values (d_head) are narrower than queries/keys (d_head + R). PyTorch's fused
+            # kernels need equal widths and fall back to the slow math path otherwise (2-3x slower
+            # training on CPU), so pad the values with zeros and drop the padding afterwards (exact).
+            d_v = v.shape[-1]
+            return self._fused(q, k, F.pad(v, (0, q.shape[-1] - d_v)), key_mask)[..., :d_v]
         if k.shape[1] != q.shape[1]:
             if _sdpa_has_enable_gqa():
                 kwargs["enable_gqa"] = True

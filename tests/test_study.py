@@ -31,11 +31,22 @@ def test_study_heads(tmp_path):
     t = pd.read_csv(tmp_path / "results.csv")
     assert t["n_heads"].tolist() == [1, 2] and (t["attn_params_per_layer"] == 4 * 16 * 16).all()
     assert (tmp_path / "loss_vs_heads.png").is_file()
+    # the default data: documentation text (character level, 96 characters + BOS) mixed with copies
+    assert (t["corpus"] == "text+copy").all() and (t["model_params"] == t["model_params"].iloc[0]).all()
+    s = json.loads((tmp_path / "study.json").read_text())
+    assert s["base"]["corpus"] == "text+copy" and s["base"]["n_words"] == 96 and s["base"]["copy_fraction"] == 0.75
+
+
+def test_study_copy_corpus(tmp_path):
+    assert _tiny("heads", tmp_path, ["--n-heads-list", "2", "--corpus", "copy"]) == 0
+    t = pd.read_csv(tmp_path / "results.csv")
+    assert t["corpus"].tolist() == ["copy"] and t["text_in_context_loss"].isna().all()
 
 
 @pytest.mark.parametrize("extra, message", [(["--seeds", "a"], "comma-separated"), (["--ranks", "0"], "positive"),
                                             (["--n-heads-list", "3"], "not a multiple of n_heads=3"),
-                                            (["--rope", "3"], "--rope")])
+                                            (["--rope", "3"], "--rope"), (["--copy-fraction", "2"], "--copy-fraction"),
+                                            (["--seq-len", "10"], "--max-period 16 does not fit")])
 def test_study_rejects_bad_input(tmp_path, capsys, extra, message):
     assert _tiny("heads", tmp_path / "o", extra) == 2
     err = capsys.readouterr().err.strip()

@@ -128,3 +128,112 @@ def test_cli_refuses_non_empty_out(tmp_path, capsys):
     (tmp_path / "x").write_text("keep")
     assert main(["train", "--out", str(tmp_path), "--steps", "1"]) == 2
     assert "--overwrite" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# corpus="text+copy": natural text (CPython documentation, character level) mixed with copies
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    from analyses.train import text_corpus
+
+    return text_corpus()
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer(tmp_path_factory):
+    from probe.loading import char_level_tokenizer
+
+    return char_level_tokenizer(tmp_path_factory.mktemp("chars"))
+
+
+def _decode(ids) -> str:
+    from probe.loading import TEXT_CHARS
+
+    return "".join(TEXT_CHARS[i] for i in ids.tolist())
+
+
+def test_char_tokenizer_matches_lookup_and_round_trips(corpus, char_tokenizer):
+    from analyses.data import ascii_text
+    from analyses.train import char_ids
+
+    text = _decode(corpus.held_out[:5000])
+    hf = char_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert hf == corpus.held_out[:5000].tolist() == char_ids(text).tolist()
+    assert char_tokenizer.decode(hf) == text  # no spaces inserted, whitespace kept
+    assert char_tokenizer.bos_token_id == 96 and len(char_tokenizer) == 97
+    assert ascii_text("\u201cit\u2019s\u201d \u2014 caf\u00e9\u2026\tx") == '"it\'s" -- caf?...    x'
+
+
+def test_text_split_is_by_topic_and_disjoint(corpus):
+    from analyses.data import ascii_text, pydoc_topics
+
+    topics = pydoc_topics()
+    assert corpus.held_out_topics and corpus.train_topics
+    assert set(corpus.held_out_topics).isdisjoint(corpus.train_topics)
+    assert set(corpus.held_out_topics) | set(corpus.train_topics) == set(topics)
+    train_text, held_text = _decode(corpus.train), _decode(corpus.held_out)
+    assert held_text == ascii_text("\n\n".join(topics[k] for k in corpus.held_out_topics))
+    assert 0.05 < len(held_text) / (len(held_text) + len(train_text)) < 0.3
+    # pydoc's topics quote each other; the shared paragraphs are dropped from training, leaving only
+    # paragraphs that differ slightly (6 of 249 are contained in training text, 0.3% of it)
+    held_pars = [p for k in corpus.held_out_topics for p in ascii_text(topics[k]).split("\n\n") if len(p) > 80]
+    leaked = [p for p in held_pars if p in train_text]
+    assert len(held_pars) > 50 and sum(map(len, leaked)) < 0.01 * len(train_text)
+
+
+def test_text_windows_decode_to_the_source(corpus):
+    from analyses.train import held_out_text_windows, text_windows
+
+    train_text = _decode(corpus.train)
+    x = text_windows(corpus.train, 16, 50, 96, torch.Generator().manual_seed(0))
+    assert x.shape == (16, 50) and (x[:, 0] == 96).all() and (x[:, 1:] < 96).all()
+    for row in x[:, 1:]:
+        assert _decode(row) in train_text
+    h = held_out_text_windows(corpus.held_out, 8, 50, 96, seed=1)
+    held_text = _decode(corpus.held_out)
+    starts = [held_text.index(_decode(row)) for row in h[:, 1:]]
+    assert all(s % 49 == 0 for s in starts) and starts == sorted(set(starts))  # aligned, distinct, in order
+    assert torch.equal(h, held_out_text_windows(corpus.held_out, 8, 50, 96, seed=1))
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 1.0])
+def test_mixed_batch_fraction_and_determinism(corpus, fraction):
+    from analyses.train import mixed_batch
+
+    def batch(seed):
+        return mixed_batch(20, 41, corpus.train, 96, 4, 8, fraction, torch.Generator().manual_seed(seed))
+
+    x, is_copy = batch(5)
+    assert x.shape == (20, 41) and (x[:, 0] == 96).all() and int(is_copy.sum()) == round(20 * fraction)
+    train_text = _decode(corpus.train)
+    for row, copy in zip(x[:, 1:], is_copy.tolist()):
+        periodic_tail = any(torch.equal(row[-2 * S:-S], row[-S:]) for S in range(4, 9))
+        if copy:
+            assert periodic_tail
+        else:
+            assert _decode(row) in train_text
+    y, y_copy = batch(5)
+    assert torch.equal(x, y) and torch.equal(is_copy, y_copy)
+    if 0 < fraction < 1:
+        assert not torch.equal(x, batch(6)[0])
+
+
+TEXT = dataclasses.replace(TINY, n_words=96, corpus="text+copy", steps=20, eval_every=10)
+
+
+def test_text_copy_run_logs_text_loss(char_tokenizer, tokenizer):
+    r = train(TEXT, char_tokenizer, progress=False)
+    log = r.log
+    assert log["step"].tolist() == [0, 10, 20] and "text_in_context_loss" in log.columns
+    assert log["eval_loss"].iloc[-1] < log["eval_loss"].iloc[0] < 5.0  # nats on held-out text; ln 97 = 4.57
+    again = train(dataclasses.replace(TEXT, steps=10), char_tokenizer, progress=False)
+    np.testing.assert_array_equal(again.log.to_numpy(), log.iloc[:2].to_numpy())
+    from probe.errors import HeadprobeError
+
+    with pytest.raises(HeadprobeError, match="character-level tokenizer"):
+        train(TEXT, tokenizer, progress=False)
+    with pytest.raises(HeadprobeError, match="--n-words must be 96"):
+        train(dataclasses.replace(TEXT, n_words=64), char_tokenizer, progress=False)
