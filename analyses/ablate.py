@@ -220,7 +220,10 @@ def run(args: argparse.Namespace) -> int:
         "clean_loss": {t: r.clean_loss for t, r in results.items()},
         "top_heads_by_loss_delta": {t: [{"head": format_head(h), "loss_delta": round(float(r.effect[h]), 5)}
                                         for h in top_heads(torch.as_tensor(r.effect), top_n)] for t, r in results.items()},
-        "spearman_with_exact_sweep": {t: {"gradient_importance": spearman(torch.as_tensor(r.importance), torch.as_tensor(r.effect)),
+        # importance is unsigned (E|dL/dxi|): compared with the effect's size, and with the signed effect
+        "spearman_with_exact_sweep": {t: {"gradient_importance_vs_abs_effect": spearman(torch.as_tensor(r.importance),
+                                                                                        torch.as_tensor(r.effect).abs()),
+                                          "gradient_importance": spearman(torch.as_tensor(r.importance), torch.as_tensor(r.effect)),
                                           "attribution_patching": spearman(torch.as_tensor(r.attribution), torch.as_tensor(r.effect))}
                                       for t, r in results.items()},
         "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(induction_score), top_n)],
@@ -245,7 +248,8 @@ def run(args: argparse.Namespace) -> int:
     for t in TASKS:
         tops = ", ".join(f"{e['head']} ({e['loss_delta']:+.3f})" for e in summary["top_heads_by_loss_delta"][t][:5])
         rho = summary["spearman_with_exact_sweep"][t]
-        print(f"{t:<10} top heads by Δ loss: {tops}; Spearman with exact sweep: importance {rho['gradient_importance']:.2f}, "
+        print(f"{t:<10} top heads by Δ loss: {tops}; Spearman with exact sweep: importance vs |Δ| "
+              f"{rho['gradient_importance_vs_abs_effect']:.2f} (signed {rho['gradient_importance']:.2f}), "
               f"attribution {rho['attribution_patching']:.2f}")
     print(f"top induction-score heads: {', '.join(summary['top_induction_score_heads'][:5])}")
     print(f"timings (s): {summary['timings_s']}")

@@ -41,6 +41,12 @@ def test_ablate_cli(tiny_dir, tmp_path):
     assert table["kv_head"].tolist() == [h // 4 for h in range(8)] * 2
     summary = json.loads((out / "summary.json").read_text())
     assert summary["units"] == "nats/token"
+    from scipy.stats import spearmanr  # the summary's correlations, recomputed from the table's 6-digit columns
+
+    rho = summary["spearman_with_exact_sweep"]["natural"]
+    imp, delta = table["natural_importance"], table["natural_loss_delta"]
+    assert abs(rho["gradient_importance_vs_abs_effect"] - spearmanr(imp, delta.abs()).statistic) < 0.05
+    assert abs(rho["gradient_importance"] - spearmanr(imp, delta).statistic) < 0.05
     assert (out / "ablation_effect.png").is_file() and (out / "ablation_effect.pdf").is_file()
 
 
