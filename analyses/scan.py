@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,9 @@ from probe.io import package_versions, prepare_output_dir, write_json, write_tex
 HELP = "find the classic head types in a pretrained model, verify them by ablation, write table and figures"
 
 ABLATION_KINDS = ("zero", "mean")
+DEFAULT_SEQ_LEN = 128  # natural-text tokens per sequence, unless the model's context is shorter
+DEFAULT_PERIOD = 50  # repeated block, unless two of them do not fit the context
+DEFAULT_K = 10  # heads ablated per type, unless that is more than a quarter of the model's heads
 
 
 @dataclass(frozen=True)
@@ -48,9 +51,12 @@ class ScanConfig:
 
     Attributes:
         model: model name or path (see :func:`probe.loading.load_model`).
-        n_natural: natural-text sequences. seq_len: their length in tokens (BOS included).
-        n_repeated: repeated-random-token sequences. period: length S of the repeated block.
-        k: heads ablated per type, and per random draw. n_random: random draws of k heads.
+        n_natural: natural-text sequences. seq_len: their length in tokens (BOS included); None:
+            128, or the model's context if that is shorter.
+        n_repeated: repeated-random-token sequences. period: length S of the repeated block; None:
+            50, or the longest that fits the model's context twice (``(n_ctx - 1) // 2``).
+        k: heads ablated per type, and per random draw; None: 10, or a quarter of the model's
+            heads if that is fewer. Must be below the number of heads. n_random: random draws of k heads.
         seed: seeds window choice, random tokens and random head draws.
         text: a UTF-8 file to use instead of the Python documentation text.
         device: ``auto``, ``cpu`` or ``cuda``.
@@ -61,10 +67,10 @@ class ScanConfig:
 
     model: str = "smollm2-135m"
     n_natural: int = 8
-    seq_len: int = 128
+    seq_len: int | None = None
     n_repeated: int = 8
-    period: int = 50
-    k: int = 10
+    period: int | None = None
+    k: int | None = None
     n_random: int = 5
     seed: int = 0
     text: str | None = None
@@ -175,7 +181,7 @@ def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: To
     forward pass per task and ablation kind.
     """
     spec = model.spec
-    k = min(cfg.k, spec.n_layers * spec.n_heads)
+    k = cfg.k  # run_scan checked k < number of heads
     sets = {"natural": natural, "repeated": repeated}
     random_sets = random_head_sets(spec.n_layers, spec.n_heads, k, cfg.n_random, cfg.seed)
     tasks = sorted({d.task for d in DETECTORS.values()})
@@ -222,11 +228,19 @@ def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
               f"{spec.n_kv_heads} KV heads); weights: {spec.precision}", flush=True)
 
     t0 = time.perf_counter()
-    if cfg.seq_len > spec.n_ctx:
+    if cfg.seq_len is not None and cfg.seq_len > spec.n_ctx:
         raise HeadprobeError(f"--seq-len {cfg.seq_len} is longer than the model's context ({spec.n_ctx} tokens); "
-                             f"longer text is cut into windows of at most {spec.n_ctx}")
-    if 2 * cfg.period + 1 > spec.n_ctx:
-        raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx} tokens)")
+                             f"use --seq-len {spec.n_ctx} or less (longer text is cut into windows)")
+    if cfg.period is not None and 2 * cfg.period + 1 > spec.n_ctx:
+        raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx} tokens); "
+                             f"use --period {(spec.n_ctx - 1) // 2} or less")
+    n_heads = spec.n_layers * spec.n_heads
+    if cfg.k is not None and cfg.k >= n_heads:
+        raise HeadprobeError(f"--top-k {cfg.k} leaves no random control: the model has {n_heads} heads; "
+                             f"use --top-k {max(1, n_heads // 4)} or so")
+    cfg = replace(cfg, seq_len=cfg.seq_len or min(DEFAULT_SEQ_LEN, spec.n_ctx),
+                  period=cfg.period or min(DEFAULT_PERIOD, (spec.n_ctx - 1) // 2),
+                  k=cfg.k or max(1, min(DEFAULT_K, n_heads // 4)))
     natural = natural_text_tokens(model, cfg.n_natural, cfg.seq_len, cfg.seed, text,
                                   source=str(cfg.text) if cfg.text else None)
     repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
@@ -373,10 +387,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty output directory")
     p.add_argument("--text", default=None, help="UTF-8 text file for natural-text scores (default: CPython's pydoc_data.topics)")
     p.add_argument("--n-natural", type=positive_int, default=d.n_natural, help="natural-text sequences (default %(default)s)")
-    p.add_argument("--seq-len", type=positive_int, default=d.seq_len, help="natural-text sequence length in tokens (default %(default)s)")
+    p.add_argument("--seq-len", type=positive_int, default=None,
+                   help=f"natural-text sequence length in tokens (default {DEFAULT_SEQ_LEN}, or the model's context if shorter)")
     p.add_argument("--n-repeated", type=positive_int, default=d.n_repeated, help="repeated random sequences (default %(default)s)")
-    p.add_argument("--period", type=positive_int, default=d.period, help="length of the repeated random block (default %(default)s)")
-    p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=d.k, help="heads ablated per type (default %(default)s)")
+    p.add_argument("--period", type=positive_int, default=None,
+                   help=f"length of the repeated random block (default {DEFAULT_PERIOD}, or what fits the model's context twice)")
+    p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=None,
+                   help=f"heads ablated per type (default {DEFAULT_K}, or a quarter of the heads if fewer)")
     p.add_argument("--n-random", type=positive_int, default=d.n_random, help="random draws of k heads for the control (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
@@ -387,9 +404,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.seq_len < 2:
+    if args.seq_len is not None and args.seq_len < 2:
         raise HeadprobeError(f"sequence length {args.seq_len} is too short: scores need at least 2 positions (--seq-len)")
-    if args.period < 2:
+    if args.period is not None and args.period < 2:
         raise HeadprobeError(f"--period {args.period} is too short: induction needs a repeated block of at least 2 tokens")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")

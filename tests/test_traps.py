@@ -158,8 +158,31 @@ def test_length_one_is_refused_and_length_equal_to_context_is_accepted(tiny_gpt2
 def test_scan_refuses_sequences_longer_than_the_context(tiny_gpt2_native):
     from analyses.scan import ScanConfig, run_scan
 
-    with pytest.raises(HeadprobeError, match="longer than the model's context"):
-        run_scan(ScanConfig(seq_len=tiny_gpt2_native.spec.n_ctx + 1), model=tiny_gpt2_native, progress=False)
+    n_ctx = tiny_gpt2_native.spec.n_ctx
+    with pytest.raises(HeadprobeError, match=f"longer than the model's context .* use --seq-len {n_ctx} or less"):
+        run_scan(ScanConfig(seq_len=n_ctx + 1), model=tiny_gpt2_native, progress=False)
+    with pytest.raises(HeadprobeError, match=f"use --period {(n_ctx - 1) // 2} or less"):
+        run_scan(ScanConfig(period=n_ctx // 2), model=tiny_gpt2_native, progress=False)
+    n_heads = tiny_gpt2_native.spec.n_layers * tiny_gpt2_native.spec.n_heads
+    with pytest.raises(HeadprobeError, match=f"leaves no random control: the model has {n_heads} heads"):
+        run_scan(ScanConfig(k=n_heads), model=tiny_gpt2_native, progress=False)
+
+
+def test_scan_defaults_shrink_to_a_small_model(tiny_gpt2_native):
+    """A model with a short context and few heads gets the largest default sizes that fit it."""
+    import dataclasses
+
+    from analyses.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, ScanConfig, run_scan
+    from probe.loading import LoadedModel
+
+    spec = dataclasses.replace(tiny_gpt2_native.spec, n_ctx=40)  # the scan reads the context from the spec
+    model = LoadedModel(tiny_gpt2_native.model, tiny_gpt2_native.tokenizer, spec)
+    assert spec.n_ctx < DEFAULT_SEQ_LEN and spec.n_layers * spec.n_heads // 4 < DEFAULT_K  # else this tests nothing
+    result = run_scan(ScanConfig(n_natural=2, n_repeated=2, n_random=2), model=model, progress=False)
+    cfg = result.config
+    assert cfg.seq_len == spec.n_ctx and result.natural.tokens.shape[1] == spec.n_ctx
+    assert cfg.period == min(DEFAULT_PERIOD, (spec.n_ctx - 1) // 2) and 2 * cfg.period + 1 <= spec.n_ctx
+    assert cfg.k == max(1, spec.n_layers * spec.n_heads // 4)
 
 
 # 10. Detectors never change their inputs --------------------------------------------------------------
