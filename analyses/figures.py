@@ -217,8 +217,9 @@ def training_curves(
     if phase_step is not None:
         for ax in (ax1, ax2):
             ax.axvline(phase_step, color="grey", lw=0.8, ls="--")
-        ax1.annotate(f"phase change\n(step {phase_step})", (phase_step, 0.95), xytext=(3, 0),
-                     textcoords="offset points", fontsize=6, va="top", color="grey")
+        late = phase_step > 0.75 * float(np.max(steps))  # label on the left of the line near the right edge
+        ax1.annotate(f"phase change\n(step {phase_step})", (phase_step, 0.95), xytext=(-3 if late else 3, 0),
+                     textcoords="offset points", fontsize=6, va="top", color="grey", ha="right" if late else "left")
     return fig
 
 

@@ -25,6 +25,7 @@ import argparse
 import math
 import time
 import zlib
+from pathlib import Path
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -357,10 +358,13 @@ def evaluate(loaded, held_out: Tensor, repeated, held_out_text: Tensor | None = 
     return out
 
 
-def phase_change_step(steps: np.ndarray, icl: np.ndarray) -> int | None:
+def phase_change_step(steps: np.ndarray, icl: np.ndarray, induction: np.ndarray | None = None,
+                      threshold: float = 0.5) -> int | None:
     """The evaluation step at which the in-context loss falls fastest (between consecutive
-    evaluations, after a 3-point running mean); None with fewer than 3 evaluations."""
-    if len(steps) < 3:
+    evaluations, after a 3-point running mean). None with fewer than 3 evaluations, or when
+    ``induction`` (the max induction score at each evaluation) never exceeds ``threshold``: without
+    induction heads there was no phase change, however the loss wandered."""
+    if len(steps) < 3 or (induction is not None and not (np.asarray(induction) > threshold).any()):
         return None
     smooth = np.convolve(icl, np.ones(3) / 3, mode="same")
     smooth[0], smooth[-1] = icl[0], icl[-1]
@@ -497,8 +501,9 @@ def summary(result: TrainResult) -> dict:
                   "top_previous_token_score": round(float(result.final_scores["previous_token"].max()), 4)},
         "chance_loss_nats": round(math.log(cfg.n_words), 4),
         "first_step_induction_above_0.5": int(log.loc[formed[0], "step"]) if len(formed) else None,
-        "phase_change_step": phase_change_step(steps, icl),
-        "phase_change_rule": "evaluation step where the 3-point running mean of the in-context loss falls fastest",
+        "phase_change_step": phase_change_step(steps, icl, log["max_induction"].to_numpy()),
+        "phase_change_rule": "evaluation step where the 3-point running mean of the in-context loss falls fastest; "
+                             "none unless some head's induction score exceeds 0.5",
         "induction_formed": bool(result.final_scores["induction"].max() > 0.5),
         "seed": cfg.seed,
         "dtype": str(next(result.loaded.model.parameters()).dtype).removeprefix("torch."),
@@ -516,9 +521,10 @@ def write_outputs(result: TrainResult, out) -> list:
     written = []
     write_text(out / "train_log.csv", result.log.to_csv(index=False, float_format="%.5f"))
     write_json(out / "summary.json", summ)
-    result.loaded.tokenizer.save_pretrained(out)
+    tokenizer_files = result.loaded.tokenizer.save_pretrained(out)
     save_native(result.loaded.model, out, {"train": asdict(result.config)})
     written += [out / "train_log.csv", out / "summary.json", out / "config.json", out / "headprobe_model.pt"]
+    written += sorted({Path(f) for f in tokenizer_files if Path(f).is_file()} - set(written))
     log, spec = result.log, result.loaded.spec
     title = (f"{spec.n_layers}-layer attention-only {spec.layout} ({spec.n_heads} heads, d_model {spec.d_model})"
              if result.config.mlp is None else f"{spec.n_layers}-layer {spec.layout} ({spec.n_heads} heads)")
@@ -577,7 +583,8 @@ def run(args: argparse.Namespace) -> int:
     s = summary(result)
     print(f"\ntrained {s['n_params']} parameters in {s['train_seconds']} s on {s['device']}; final loss "
           f"{s['final']['train_loss']:.3f} (chance {s['chance_loss_nats']:.3f}), in-context loss {s['final']['in_context_loss']:+.3f}")
-    print(f"top induction head {s['final']['top_induction_head']} ({s['final']['top_induction_score']:.2f}); "
-          f"induction > 0.5 first at step {s['first_step_induction_above_0.5']}; phase change at step {s['phase_change_step']}")
+    formed = (f"induction > 0.5 first at step {s['first_step_induction_above_0.5']}; phase change at step {s['phase_change_step']}"
+              if s["phase_change_step"] is not None else "no head's induction score exceeded 0.5: no phase change yet")
+    print(f"top induction head {s['final']['top_induction_head']} ({s['final']['top_induction_score']:.2f}); {formed}")
     print(f"wrote {len(paths)} files to {out}/ (headprobe scan --model {out} reads the checkpoint)")
     return 0

@@ -4,6 +4,7 @@ round trip and CLI errors. The real phase-change run is the default CLI run (min
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -102,6 +103,23 @@ def test_in_context_loss_and_phase_step():
     icl = np.where(steps < 500, 0.0, -2.0)
     assert phase_change_step(steps, icl) in (400, 500, 600)
     assert phase_change_step(steps[:2], icl[:2]) is None
+    formed = np.where(steps < 500, 0.05, 0.8)  # induction scores that cross 0.5 with the drop
+    assert phase_change_step(steps, icl, formed) in (400, 500, 600)
+    assert phase_change_step(steps, icl, np.full(len(steps), 0.05)) is None  # a loss drop without induction heads
+
+
+def test_cli_reports_no_phase_change_without_induction_and_counts_its_files(tmp_path, capsys):
+    from analyses.cli import main
+
+    out = tmp_path / "t"
+    assert main(["train", "--out", str(out), "--steps", "20", "--eval-every", "10", "--d-model", "16", "--n-heads", "2",
+                 "--n-words", "16", "--seq-len", "33", "--max-period", "12", "--eval-period", "8", "--n-eval", "8",
+                 "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["phase_change_step"] is None and "no phase change yet" in text and "None" not in text
+    n_files = len([p for p in out.iterdir() if p.is_file()])
+    assert f"wrote {n_files} files" in text
 
 
 @pytest.mark.parametrize("argv, message", [
