@@ -237,13 +237,13 @@ def run(args: argparse.Namespace) -> int:
     }
     out = prepare_output_dir(args.out, True)  # ours: only the checkpoint can be there unless --overwrite
     write_text(out / "head_ablation.csv", table.to_csv(index=False, float_format="%.6f"))
-    write_json(out / "summary.json", summary)
-    checkpoint.clear()
     tag = f"{spec.name}, {args.kind}-ablated"
     fig = figures.ablation_effect_panels(
         [("natural text", results["natural"].effect), ("induction (repeated half)", results["induction"].effect)],
         spec.group_size, f"Loss increase from ablating one head, {tag}")
     paths = figures.save_figure(fig, out / "ablation_effect")
+    write_json(out / "summary.json", summary)  # last: a directory with summary.json is complete
+    checkpoint.clear()
     print(f"\nclean loss: natural {results['natural'].clean_loss:.3f}, induction {results['induction'].clean_loss:.3f} nats/token")
     for t in TASKS:
         tops = ", ".join(f"{e['head']} ({e['loss_delta']:+.3f})" for e in summary["top_heads_by_loss_delta"][t][:5])

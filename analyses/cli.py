@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 
 from probe.errors import HeadprobeError
 
@@ -64,18 +66,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C so that every ``finally`` (temporary files,
+    hooks) runs before the process ends."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
+    in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
     try:
         return int(args._run(args) or 0)
     except HeadprobeError as e:
         print(f"headprobe: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("headprobe: interrupted; files already written are complete, the rest were not written", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        how = "terminated" if isinstance(e, Terminated) else "interrupted"
+        print(f"headprobe: {how}; files already written are complete (summary.json comes last), "
+              f"the rest were not written", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

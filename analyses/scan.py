@@ -335,15 +335,13 @@ SCORE_FIGURES = {
 
 
 def write_outputs(result: ScanResult, out: Path) -> list[Path]:
-    """Write head_scores.csv, summary.json and all figures into ``out`` (each file atomically)."""
+    """Write head_scores.csv, all figures and, last, summary.json into ``out`` (each file
+    atomically), so a directory with summary.json in it is complete."""
     spec = result.spec
     written = []
     csv = out / "head_scores.csv"
     write_text(csv, result.table.to_csv(index=False, float_format="%.5f"))
     written.append(csv)
-    summ = summary(result)
-    write_json(out / "summary.json", summ)
-    written.append(out / "summary.json")
 
     tag = f"{spec.name} ({'4-bit' if '4-bit' in spec.precision else spec.precision.split(' ')[0]} weights)"
     for col, (title, label, kw) in SCORE_FIGURES.items():
@@ -358,6 +356,8 @@ def write_outputs(result: ScanResult, out: Path) -> list[Path]:
     rows = [v.to_dict() for v in result.verifications]
     written += figures.save_figure(
         figures.ablation_plot(rows, f"Ablation check, {tag}"), out / "ablation")
+    write_json(out / "summary.json", summary(result))
+    written.append(out / "summary.json")
     return written
 
 

@@ -190,11 +190,11 @@ def run(args: argparse.Namespace) -> int:
     out = prepare_output_dir(args.out, args.overwrite)
     write_text(out / "results.csv", table.to_csv(index=False, float_format="%.5f"))
     head = headline(args.which, table)
-    write_json(out / "study.json", {"which": args.which, "seeds": seeds, "base": dataclasses.asdict(base),
-                                    "n_heads_list": n_heads_list, "ranks": ranks, "rope": args.rope,
-                                    "device": args.device, "versions": package_versions(), **head})
     study_figure(args.which, table, out, f"{args.n_heads} heads, " if args.which == "layouts" else "",
-                 f"d_model {args.d_model}, {args.steps} steps, {len(seeds)} seeds, {args.corpus}")
+                 f"d_model {args.d_model}, {args.steps} steps, {len(seeds)} seed{'s' if len(seeds) > 1 else ''}, {args.corpus}")
+    grid = {"n_heads_list": n_heads_list} if args.which == "heads" else {"ranks": ranks, "rope": args.rope}
+    write_json(out / "study.json", {"which": args.which, "seeds": seeds, "base": dataclasses.asdict(base), **grid,
+                                    "device": args.device, "versions": package_versions(), **head})  # last
     print(table.groupby("variant", sort=False)[["eval_loss", "in_context_loss", "max_induction", "kv_bytes_per_token"]].mean().round(3))
     print(f"wrote results.csv, study.json and the figure to {out}/")
     return 0

@@ -513,14 +513,13 @@ def summary(result: TrainResult) -> dict:
 
 
 def write_outputs(result: TrainResult, out) -> list:
-    """train_log.csv, summary.json, training.{png,pdf} and the checkpoint (config.json,
-    headprobe_model.pt, tokenizer files), each written atomically."""
+    """train_log.csv, the checkpoint (config.json, headprobe_model.pt, tokenizer files),
+    training.{png,pdf} and, last, summary.json, each written atomically."""
     from probe.loading import save_native
 
     summ = summary(result)
     written = []
     write_text(out / "train_log.csv", result.log.to_csv(index=False, float_format="%.5f"))
-    write_json(out / "summary.json", summ)
     tokenizer_files = result.loaded.tokenizer.save_pretrained(out)
     save_native(result.loaded.model, out, {"train": asdict(result.config)})
     written += [out / "train_log.csv", out / "summary.json", out / "config.json", out / "headprobe_model.pt"]
@@ -532,6 +531,7 @@ def write_outputs(result: TrainResult, out) -> list:
         log["step"].to_numpy(), log["max_induction"].to_numpy(), log["max_previous_token"].to_numpy(),
         log["in_context_loss"].to_numpy(), log["train_loss"].to_numpy(), summ["phase_change_step"], title)
     written += figures.save_figure(fig, out / "training")
+    write_json(out / "summary.json", summ)  # last: a directory with summary.json is complete
     return written
 
 

@@ -13,6 +13,13 @@ from typing import Any
 from probe.errors import HeadprobeError
 
 
+def _new_file_mode() -> int:
+    """The mode ``open(path, "w")`` would give a new file: 0666 minus the process umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success rename it onto ``path``.
@@ -26,6 +33,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        tmp_path.chmod(_new_file_mode())  # mkstemp makes 0600; results are files to share
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():

@@ -275,6 +275,42 @@ def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["head_scores.csv"]
 
 
+def test_sigterm_mid_write_exits_143_and_leaves_no_temporary(tmp_path, monkeypatch, capsys):
+    """SIGTERM (e.g. a cluster's time limit) runs the same clean-up as Ctrl-C."""
+    import os
+    import signal
+
+    import analyses.budget
+    from analyses.cli import main
+    from probe.io import atomic_path
+
+    def run(args):
+        with atomic_path(tmp_path / "summary.json") as tmp:
+            tmp.write_text("half")
+            os.kill(os.getpid(), signal.SIGTERM)
+        return 0
+
+    monkeypatch.setattr(analyses.budget, "run", run)
+    assert main(["budget", "--preset", "gpt2-small"]) == 143
+    assert list(tmp_path.iterdir()) == []
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("headprobe: terminated")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler does not outlive main()
+
+
+def test_outputs_are_readable_by_others_as_umask_allows(tmp_path):
+    import os
+
+    from probe.io import write_text
+
+    old = os.umask(0o022)
+    try:
+        write_text(tmp_path / "a.csv", "x\n")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.csv").stat().st_mode & 0o777 == 0o644
+
+
 def test_same_seed_same_numbers_and_settings_recorded(tiny_llama_gqa_native, tmp_path):
     from analyses.scan import ScanConfig, run_scan, summary
 
