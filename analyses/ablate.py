@@ -165,6 +165,20 @@ def checkpointed_sweep(model, tokens, heads, kind, mean_z, source_tokens, first,
     return SweepResult(done["clean"], loss, kind)
 
 
+def _rank_correlation(a, b) -> float | None:
+    """Spearman over the heads finite in both; None (JSON null) when fewer than 3 heads were swept."""
+    a, b = torch.as_tensor(np.asarray(a, dtype=float)), torch.as_tensor(np.asarray(b, dtype=float))
+    if int((torch.isfinite(a) & torch.isfinite(b)).sum()) < 3:
+        return None
+    return spearman(a, b)
+
+
+def _top_swept(effect, k: int) -> list:
+    """The (at most) ``k`` swept heads with the largest effect; unswept heads (NaN) never rank."""
+    e = torch.as_tensor(np.asarray(effect, dtype=float))
+    return top_heads(torch.nan_to_num(e, nan=-float("inf")), min(k, int(torch.isfinite(e).sum())))
+
+
 def run(args: argparse.Namespace) -> int:
     if args.period < 2:
         raise HeadprobeError("--period must be at least 2")
@@ -219,16 +233,14 @@ def run(args: argparse.Namespace) -> int:
                    "natural_source": natural.source},
         "clean_loss": {t: r.clean_loss for t, r in results.items()},
         "top_heads_by_loss_delta": {t: [{"head": format_head(h), "loss_delta": round(float(r.effect[h]), 5)}
-                                        for h in top_heads(torch.as_tensor(r.effect), top_n)] for t, r in results.items()},
+                                        for h in _top_swept(r.effect, top_n)] for t, r in results.items()},
         # importance is unsigned (E|dL/dxi|): compared with the effect's size, and with the signed effect
-        "spearman_with_exact_sweep": {t: {"gradient_importance_vs_abs_effect": spearman(torch.as_tensor(r.importance),
-                                                                                        torch.as_tensor(r.effect).abs()),
-                                          "gradient_importance": spearman(torch.as_tensor(r.importance), torch.as_tensor(r.effect)),
-                                          "attribution_patching": spearman(torch.as_tensor(r.attribution), torch.as_tensor(r.effect))}
-                                      for t, r in results.items()},
+        "spearman_with_exact_sweep": {t: {
+            "gradient_importance_vs_abs_effect": _rank_correlation(r.importance, np.abs(r.effect)),
+            "gradient_importance": _rank_correlation(r.importance, r.effect),
+            "attribution_patching": _rank_correlation(r.attribution, r.effect)} for t, r in results.items()},
         "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(induction_score), top_n)],
-        "spearman_induction_score_vs_induction_loss_delta": spearman(torch.as_tensor(induction_score),
-                                                                     torch.as_tensor(results["induction"].effect)),
+        "spearman_induction_score_vs_induction_loss_delta": _rank_correlation(induction_score, results["induction"].effect),
         "timings_s": {**{f"{t}_sweep": round(r.sweep_s, 2) for t, r in results.items()},
                       **{f"{t}_gradient": round(r.gradient_s, 2) for t, r in results.items()},
                       "total": round(time.perf_counter() - t_start, 1)},
@@ -248,10 +260,11 @@ def run(args: argparse.Namespace) -> int:
     for t in TASKS:
         tops = ", ".join(f"{e['head']} ({e['loss_delta']:+.3f})" for e in summary["top_heads_by_loss_delta"][t][:5])
         rho = summary["spearman_with_exact_sweep"][t]
+        r = {k: "n/a" if v is None else f"{v:.2f}" for k, v in rho.items()}
         print(f"{t:<10} top heads by Δ loss: {tops}; Spearman with exact sweep: importance vs |Δ| "
-              f"{rho['gradient_importance_vs_abs_effect']:.2f} (signed {rho['gradient_importance']:.2f}), "
-              f"attribution {rho['attribution_patching']:.2f}")
+              f"{r['gradient_importance_vs_abs_effect']} (signed {r['gradient_importance']}), "
+              f"attribution {r['attribution_patching']}")
     print(f"top induction-score heads: {', '.join(summary['top_induction_score_heads'][:5])}")
-    print(f"timings (s): {summary['timings_s']}")
+    print("timings: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in summary["timings_s"].items()))
     print(f"wrote head_ablation.csv, summary.json, {', '.join(p.name for p in paths)} to {out}/")
     return 0

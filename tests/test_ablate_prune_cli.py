@@ -129,6 +129,11 @@ def test_ablate_cli_heads_subset_and_out_of_range(tiny_dir, tmp_path):
     table = pd.read_csv(out / "head_ablation.csv")
     swept = table.dropna(subset=["natural_loss_delta"])
     assert sorted(zip(swept.layer, swept["head"])) == [(0, 0), (1, 3)]
+    one = tmp_path / "one"  # one head cannot be ranked: null in the JSON, n/a on screen, never NaN
+    rc, stdout, _ = run_cli("ablate", "--model", str(tiny_dir), "--out", str(one), "--text", _text(tmp_path), "--heads", "1.3", *SMALL)
+    assert rc == 0 and "n/a" in stdout and "nan" not in stdout.lower()
+    text = (one / "summary.json").read_text()
+    assert "NaN" not in text and json.loads(text)["spearman_with_exact_sweep"]["natural"]["gradient_importance"] is None
     rc, _, err = run_cli("ablate", "--model", str(tiny_dir), "--out", str(tmp_path / "bad"), "--heads", "40.3", *SMALL)
     assert_one_line_error(rc, err, "head 40.3 is out of range")
     assert not (tmp_path / "bad").exists()
