@@ -369,6 +369,10 @@ def format_check(rec: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    modes = [flag for flag, on in (("--compare", args.compare), ("--flops-table", args.flops_table is not None),
+                                   ("--recommend", args.recommend)) if on]
+    if len(modes) > 1:
+        raise HeadprobeError(f"{' and '.join(modes)} are separate modes; give one of them")
     if args.recommend:
         if args.preset or args.model:
             raise HeadprobeError("--recommend proposes a layout; it takes --params or --d-model, not --preset or --model")

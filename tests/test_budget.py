@@ -429,6 +429,7 @@ def test_cli_recommend(capsys):
 
 @pytest.mark.parametrize("argv, fragment", [
     (["--d-model", "100", "--n-layers", "2", "--n-heads", "3"], "not divisible by n_heads"),
+    (["--preset", "llama3-8b", "--compare", "--flops-table"], "--compare and --flops-table are separate modes"),
     (["--d-model", "128", "--n-layers", "2", "--n-heads", "8", "--n-kv-heads", "3"], "not divisible by n_kv_heads"),
     (["--preset", "nope"], "unknown preset"),
     (["--preset", "llama3-8b", "--seq-len", "0"], "seq_len must be a positive integer"),
