@@ -263,10 +263,11 @@ def quality_vs_kv(labels: Sequence[str], kv_bytes: np.ndarray, loss: np.ndarray,
     span = max(float(np.ptp(loss)), 1e-9)
     for x, y, t in zip(kv, loss, labels):
         # a label whose right-hand neighbour sits at about the same height goes on the left
-        crowded = np.any((kv > x) & (kv < 1.3 * x) & (np.abs(loss - y) < 0.1 * span))
+        crowded = np.any((kv > x) & (kv < 1.45 * x) & (np.abs(loss - y) < 0.1 * span))
         ax.annotate(t, (x, y), xytext=(-3, 3) if crowded else (3, 3), textcoords="offset points", fontsize=5.5,
                     ha="right" if crowded else "left")
     ax.set_xscale("log", base=2)
+    ax.margins(x=0.1, y=0.12)  # room for the labels of the outermost points
     ax.xaxis.set_major_formatter(lambda x, _: f"{x:g}")  # 32, 64, ... rather than 2^5, 2^6
     ax.set_xlabel("KV cache per token, all layers (bytes, bf16)")
     ax.set_ylabel(loss_label)
