@@ -249,10 +249,10 @@ def run(args: argparse.Namespace) -> int:
     }
     out = prepare_output_dir(args.out, True)  # ours: only the checkpoint can be there unless --overwrite
     write_text(out / "head_ablation.csv", table.to_csv(index=False, float_format="%.6f"))
-    tag = f"{spec.name}, {args.kind}-ablated"
+    tag = f"{spec.name} ({figures.weights_label(spec.precision)}), {args.kind}-ablated"
     fig = figures.ablation_effect_panels(
         [("natural text", results["natural"].effect), ("induction (repeated half)", results["induction"].effect)],
-        spec.group_size, f"Loss increase from ablating one head, {tag}")
+        spec.group_size, f"Loss increase from ablating one head\n{tag}")
     paths = figures.save_figure(fig, out / "ablation_effect")
     write_json(out / "summary.json", summary)  # last: a directory with summary.json is complete
     checkpoint.clear()

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                {c: np.array([row[c] for row in r.rows]) for c in ("natural_loss", "induction_loss")}) for o, r in runs.items()]
     fig = figures.pruning_curve_plot(curves, [("natural_loss", "held-out text loss (nats)"),
                                               ("induction_loss", "induction loss (nats)")],
-                                     f"Head pruning, {spec.name} ({args.dtype})")
+                                     f"Head pruning, {spec.name}\n({figures.weights_label(spec.precision)}, {args.dtype} compute)")
     paths = figures.save_figure(fig, out / "pruning_curve")
     summary = {
         "model": spec.name, "weights_precision": spec.precision, "dtype": args.dtype, "device": str(model.device),

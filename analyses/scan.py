@@ -343,7 +343,7 @@ def write_outputs(result: ScanResult, out: Path) -> list[Path]:
     write_text(csv, result.table.to_csv(index=False, float_format="%.5f"))
     written.append(csv)
 
-    tag = f"{spec.name} ({'4-bit' if '4-bit' in spec.precision else spec.precision.split(' ')[0]} weights)"
+    tag = f"{spec.name} ({figures.weights_label(spec.precision)})"
     for col, (title, label, kw) in SCORE_FIGURES.items():
         fig = figures.head_heatmap(result.scores[col], f"{title}, {tag}", label, group_size=spec.group_size, **kw)
         written += figures.save_figure(fig, out / f"heatmap_{col}")
