@@ -166,17 +166,10 @@ def checkpointed_sweep(model, tokens, heads, kind, mean_z, source_tokens, first,
 
 
 def _rank_correlation(a, b) -> float | None:
-    """Spearman over the heads finite in both; None (JSON null) when fewer than 3 heads were swept."""
-    a, b = torch.as_tensor(np.asarray(a, dtype=float)), torch.as_tensor(np.asarray(b, dtype=float))
-    if int((torch.isfinite(a) & torch.isfinite(b)).sum()) < 3:
-        return None
-    return spearman(a, b)
-
-
-def _top_swept(effect, k: int) -> list:
-    """The (at most) ``k`` swept heads with the largest effect; unswept heads (NaN) never rank."""
-    e = torch.as_tensor(np.asarray(effect, dtype=float))
-    return top_heads(torch.nan_to_num(e, nan=-float("inf")), min(k, int(torch.isfinite(e).sum())))
+    """:func:`spearman` over the heads finite in both; None (JSON null) when fewer than 3 heads
+    were swept, too few to rank."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return spearman(a, b) if (np.isfinite(a) & np.isfinite(b)).sum() >= 3 else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -233,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
                    "natural_source": natural.source},
         "clean_loss": {t: r.clean_loss for t, r in results.items()},
         "top_heads_by_loss_delta": {t: [{"head": format_head(h), "loss_delta": round(float(r.effect[h]), 5)}
-                                        for h in _top_swept(r.effect, top_n)] for t, r in results.items()},
+                                        for h in top_heads(torch.as_tensor(r.effect), top_n)] for t, r in results.items()},
         # importance is unsigned (E|dL/dxi|): compared with the effect's size, and with the signed effect
         "spearman_with_exact_sweep": {t: {
             "gradient_importance_vs_abs_effect": _rank_correlation(r.importance, np.abs(r.effect)),
