@@ -269,16 +269,15 @@ def _scored_losses_from_resid(net, resid: Float[Tensor, "n pos d_model"], tokens
     B = tokens.shape[0]
     target = tokens[:, first + 1:].flatten()
     W_U, b_U = net.unembed.weight, net.unembed.bias  # [d_vocab, d_model], [d_vocab] | None
-    buffer = None
+    # every chunk is B sequences x the same scored positions: one [rows, d_vocab] buffer serves all
+    buffer = torch.empty(len(target), W_U.shape[0], device=resid.device) if W_U.dtype == torch.float32 else None
     out = []
     for i in range(0, resid.shape[0], B):
         sel = resid[i:i + B, first:-1]
         if not normed and net.ln_final is not None:
             sel = net.ln_final(sel)
         sel = sel.flatten(0, 1)
-        if W_U.dtype == torch.float32:
-            if buffer is None or buffer.shape[0] != sel.shape[0]:
-                buffer = torch.empty(sel.shape[0], W_U.shape[0], device=sel.device)
+        if buffer is not None:
             logits = torch.mm(sel, W_U.T, out=buffer)
             if b_U is not None:
                 logits += b_U
