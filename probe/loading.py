@@ -389,23 +389,31 @@ NATIVE_WEIGHTS = "headprobe_model.pt"
 NATIVE_FORMAT = "headprobe-native-1"
 
 
+def _word_level_tokenizer(vocab: dict[str, int], save_dir: str | Path, pre_tokenizer, decoder=None):
+    """A ``tokenizers`` word-level model over ``vocab`` plus ``<|endoftext|>`` (the next id) as
+    BOS/EOS/unknown, wrapped for transformers, saved to ``save_dir`` and reloaded so that it has a
+    ``name_or_path``, as TransformerLens expects."""
+    from tokenizers import Tokenizer, models
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    eot = "<|endoftext|>"
+    tk = Tokenizer(models.WordLevel({**vocab, eot: len(vocab)}, unk_token=eot))
+    tk.pre_tokenizer = pre_tokenizer
+    if decoder is not None:
+        tk.decoder = decoder
+    PreTrainedTokenizerFast(tokenizer_object=tk, bos_token=eot, eos_token=eot, unk_token=eot).save_pretrained(save_dir)
+    return AutoTokenizer.from_pretrained(save_dir)
+
+
 def word_level_tokenizer(save_dir: str | Path, n_words: int):
     """A word-level tokenizer over ``t0 .. t{n-1}`` with ``<|endoftext|>`` (id ``n_words``) as
     BOS/EOS/unknown, for models trained on random tokens; ``d_vocab = n_words + 1``.
 
     Saved to ``save_dir`` and reloaded so that it has a ``name_or_path``, as TransformerLens expects.
     """
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from tokenizers import pre_tokenizers
 
-    vocab = {f"t{i}": i for i in range(n_words)}
-    vocab["<|endoftext|>"] = n_words
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                                  unk_token="<|endoftext|>")
-    tok.save_pretrained(save_dir)
-    return AutoTokenizer.from_pretrained(save_dir)
+    return _word_level_tokenizer({f"t{i}": i for i in range(n_words)}, save_dir, pre_tokenizers.WhitespaceSplit())
 
 
 TEXT_CHARS = "\n" + "".join(chr(i) for i in range(32, 127))
@@ -423,18 +431,11 @@ def char_level_tokenizer(save_dir: str | Path):
     Built with ``tokenizers`` (a word-level model over single characters) and saved to
     ``save_dir`` and reloaded, like :func:`word_level_tokenizer`.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from tokenizers import Regex, decoders, pre_tokenizers
 
-    vocab = {c: i for i, c in enumerate(TEXT_CHARS)}
-    vocab["<|endoftext|>"] = len(TEXT_CHARS)
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # one piece per character
-    tk.decoder = decoders.Fuse()  # join characters without spaces
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                                  unk_token="<|endoftext|>")
-    tok.save_pretrained(save_dir)
-    return AutoTokenizer.from_pretrained(save_dir)
+    return _word_level_tokenizer({c: i for i, c in enumerate(TEXT_CHARS)}, save_dir,
+                                 pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated"),  # one piece per character
+                                 decoders.Fuse())  # join characters without spaces
 
 
 def is_native_dir(path: str | Path) -> bool:
