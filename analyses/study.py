@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from analyses import figures
-from analyses.train import N_CHARS, TrainConfig, train
+from analyses.train import INDUCTION_FORMED, N_CHARS, TrainConfig, train
 from probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 from probe.errors import HeadprobeError
 from probe.io import package_versions, prepare_output_dir, write_json, write_text
@@ -125,7 +125,7 @@ def headline(which: str, table: pd.DataFrame) -> dict:
                 "mha_loss_seed_sd": None if pd.isna(mha["eval_loss_sd"]) else round(float(mha["eval_loss_sd"]), 4),
                 # the held-out loss alone hides a missing induction circuit: report the in-context loss too
                 "in_context_loss_gap_vs_mha": round(float(small.loc[best, "in_context_loss"] - mha["in_context_loss"]), 4),
-                "induction_formed": bool(small.loc[best, "min_max_induction"] > 0.5),
+                "induction_formed": bool(small.loc[best, "min_max_induction"] > INDUCTION_FORMED),
                 "every_rank_below": {v: {"eval_loss": round(float(r["eval_loss"]), 4),
                                          "in_context_loss": round(float(r["in_context_loss"]), 4),
                                          "max_induction": round(float(r["max_induction"]), 4)} for v, r in small.iterrows()}}
@@ -148,7 +148,7 @@ def study_figure(which: str, table: pd.DataFrame, out, prefix: str, title: str) 
                                                   lo=("eval_loss", "min"), hi=("eval_loss", "max"),
                                                   induction=("max_induction", "mean"))
     fig = figures.quality_vs_kv(list(agg.index), agg["kv"].to_numpy(), agg["loss"].to_numpy(), agg["lo"].to_numpy(),
-                                agg["hi"].to_numpy(), prefix + title, label, formed=agg["induction"].to_numpy() > 0.5)
+                                agg["hi"].to_numpy(), prefix + title, label, formed=agg["induction"].to_numpy() > INDUCTION_FORMED)
     return figures.save_figure(fig, out / "quality_vs_kv")
 
 

@@ -150,6 +150,7 @@ class TrainConfig:
 # --------------------------------------------------------------------------------------------
 
 CORPORA = ("copy", "text+copy")
+INDUCTION_FORMED = 0.5  # an induction score above this: the head has formed (summary, phase change, study)
 N_CHARS = len(TEXT_CHARS)  # 96: newline and printable ASCII
 
 
@@ -359,7 +360,7 @@ def evaluate(loaded, held_out: Tensor, repeated, held_out_text: Tensor | None = 
 
 
 def phase_change_step(steps: np.ndarray, icl: np.ndarray, induction: np.ndarray | None = None,
-                      threshold: float = 0.5) -> int | None:
+                      threshold: float = INDUCTION_FORMED) -> int | None:
     """The evaluation step at which the in-context loss falls fastest (between consecutive
     evaluations, after a 3-point running mean). None with fewer than 3 evaluations, or when
     ``induction`` (the max induction score at each evaluation) never exceeds ``threshold``: without
@@ -483,7 +484,7 @@ def train(cfg: TrainConfig, tokenizer, progress: bool = True) -> TrainResult:
 def summary(result: TrainResult) -> dict:
     log, cfg = result.log, result.config
     steps, icl = log["step"].to_numpy(), log["in_context_loss"].to_numpy()
-    formed = log.index[log["max_induction"] > 0.5]
+    formed = log.index[log["max_induction"] > INDUCTION_FORMED]
     top = np.unravel_index(np.argmax(result.final_scores["induction"]), result.final_scores["induction"].shape)
     top_prev = np.unravel_index(np.argmax(result.final_scores["previous_token"]), result.final_scores["previous_token"].shape)
     last = log.iloc[-1]
@@ -504,7 +505,7 @@ def summary(result: TrainResult) -> dict:
         "phase_change_step": phase_change_step(steps, icl, log["max_induction"].to_numpy()),
         "phase_change_rule": "evaluation step where the 3-point running mean of the in-context loss falls fastest; "
                              "none unless some head's induction score exceeds 0.5",
-        "induction_formed": bool(result.final_scores["induction"].max() > 0.5),
+        "induction_formed": bool(result.final_scores["induction"].max() > INDUCTION_FORMED),
         "seed": cfg.seed,
         "dtype": str(next(result.loaded.model.parameters()).dtype).removeprefix("torch."),
         "config": asdict(cfg),
