@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from probe.errors import HeadprobeError
-from probe.hooks import AblationKind, Head, attn_hook, format_head, head_ablation_hooks, scoped_hooks
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import AblationKind, Head, attn_hook, format_head, head_ablation_hooks, scoped_hooks
 
 
 def token_losses(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos_minus_1"]:
@@ -70,6 +70,7 @@ def mean_z_from(z_by_layer: dict[int, Tensor], start: int,
 def ablated_loss(model, tokens: Tensor, heads: Sequence[Head], kind: AblationKind, mean_z: Tensor | None,
                  task: str, start: int, period: int | None) -> float:
     """Task loss with ``heads`` zero- or mean-ablated (at hook_z, before W_O)."""
+    require_head_ablation(model)
     logits = model.forward(tokens, fwd_hooks=head_ablation_hooks(heads, kind, mean_z))
     return task_loss(logits, tokens, task, start, period)
 
@@ -156,10 +157,23 @@ def scored_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, 
 
 
 def is_native(model: Any) -> bool:
-    """Whether ``model`` (a LoadedModel) runs headprobe's own :class:`~probe.model.Transformer`."""
-    from probe.model import Transformer
+    """Whether ``model`` (a LoadedModel) runs headprobe's own :class:`~headprobe.probe.model.Transformer`."""
+    from headprobe.probe.model import Transformer
 
     return isinstance(model.model, Transformer)
+
+
+def require_head_ablation(model: Any) -> None:
+    """Refuse head ablation on a model whose load-time self-check found its per-head W_O
+    decomposition wrong (:mod:`headprobe.probe.selfcheck`): indexing heads at ``hook_z`` is then
+    not known to remove one head's contribution.
+
+    Raises:
+        HeadprobeError: one line naming the architecture and the identity that failed.
+    """
+    check = getattr(model, "self_check", None)
+    if check is not None:
+        check.require_decomposition("head ablation")
 
 
 @contextlib.contextmanager
@@ -168,12 +182,14 @@ def ablate(model: Any, heads: Sequence[Head], kind: AblationKind = "zero",
            source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None) -> Iterator[Any]:
     """Ablate ``heads`` for the ``with`` body: every forward of ``model`` (a LoadedModel, either
     backend) inside it sees them zero-, mean- or resample-ablated at ``hook_z``
-    (see :func:`probe.hooks.head_ablation_hooks`). The hooks are removed on exit, also when the
+    (see :func:`headprobe.probe.hooks.head_ablation_hooks`). The hooks are removed on exit, also when the
     body raises.
 
     Raises:
         ValueError: unknown ``kind``, or ``mean_z`` / ``source_z`` missing for its kind.
+        HeadprobeError: the model failed its self-check (see :func:`require_head_ablation`).
     """
+    require_head_ablation(model)
     with scoped_hooks(model.model, head_ablation_hooks(heads, kind, mean_z, source_z)):
         yield model
 
@@ -234,6 +250,7 @@ def sweep_loop(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[Hea
     Works on either backend. Same arguments and result as :func:`exact_sweep`.
     """
     _check_kind(kind, mean_z, source_tokens)
+    require_head_ablation(model)
     spec = model.spec
     heads = all_heads(spec.n_layers, spec.n_heads) if heads is None else list(heads)
     source_z = capture_z(model, source_tokens) if kind == "resample" else None
@@ -316,6 +333,7 @@ def exact_sweep(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[He
     if not is_native(model):
         return sweep_loop(model, tokens, heads, kind, mean_z, source_tokens, first)
     _check_kind(kind, mean_z, source_tokens)
+    require_head_ablation(model)
     net = model.model
     spec = model.spec
     heads = all_heads(spec.n_layers, spec.n_heads) if heads is None else list(heads)
@@ -412,9 +430,11 @@ def head_importance(model: Any, tokens: Int[Tensor, "batch pos"], first: int = 0
       (0, ``mean_z``, or the z on ``source_tokens``): the first-order change of the mean loss.
 
     Raises:
-        HeadprobeError: unknown ``kind`` or its reference input missing.
+        HeadprobeError: unknown ``kind`` or its reference input missing, or the model failed its
+            self-check (see :func:`require_head_ablation`).
     """
     _check_kind(kind, mean_z, source_tokens)
+    require_head_ablation(model)
     spec = model.spec
     tokens = tokens.to(model.device)
     B = tokens.shape[0]

@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from probe.errors import HeadprobeError
+from headprobe.probe.errors import HeadprobeError
 
 Pattern = Float[Tensor, "batch head q_pos k_pos"]
 

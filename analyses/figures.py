@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from probe.io import atomic_path
+from headprobe.probe.io import atomic_path
 
 COLUMN_WIDTH = 3.3  # inches
 PAGE_WIDTH = 7.0
@@ -109,7 +109,7 @@ def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str) -> Figu
 def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     """Loss increase from ablating the top-k heads of each type vs k random heads.
 
-    ``rows`` are :class:`analyses.ablation.Verification` dicts; bars show the top-k effect
+    ``rows`` are :class:`headprobe.analyses.ablation.Verification` dicts; bars show the top-k effect
     (filled) and the mean random effect with its range over draws (hatched, whiskers min..max).
     A star marks a confirmed detection.
     """

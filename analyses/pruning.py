@@ -3,11 +3,11 @@ One?", arXiv 1905.10650) with a random-order baseline.
 
 At each step the ``step_fraction`` of *all* heads (default 10%) with the lowest importance among
 the heads still present is removed; the importance is Michel et al.'s gradient score
-``I_h = E_x |dL(x)/dxi_h|`` (:func:`analyses.ablation.head_importance`) on a scoring set, taken
+``I_h = E_x |dL(x)/dxi_h|`` (:func:`headprobe.analyses.ablation.head_importance`) on a scoring set, taken
 at the current head mask after every step (``rescore``) or once before pruning (as in the
 paper). After every step the loss on held-out sets is recorded. The random baseline removes the
 heads in one seeded random order, in the same steps. Removal here is by the head mask (z_h
-multiplied by 0); :mod:`probe.pruned` turns a mask into a model without those weights.
+multiplied by 0); :mod:`headprobe.probe.pruned` turns a mask into a model without those weights.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from analyses.ablation import head_importance, scored_loss
-from probe.errors import HeadprobeError
-from probe.hooks import Head, attn_hook, format_head
+from headprobe.analyses.ablation import head_importance, require_head_ablation, scored_loss
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import Head, attn_hook, format_head
 
 ORDERS = ("importance", "random")
 
@@ -30,7 +30,7 @@ ORDERS = ("importance", "random")
 @dataclass(frozen=True)
 class LossSet:
     """Tokens to evaluate (or score) on and the first scored prediction (see
-    :func:`analyses.ablation.first_scored`)."""
+    :func:`headprobe.analyses.ablation.first_scored`)."""
 
     tokens: Int[Tensor, "batch pos"]
     first: int = 0
@@ -46,6 +46,7 @@ def masked_loss(model: Any, data: LossSet, keep: Float[Tensor, "layer head"]) ->
             return z * keep[layer].to(z.device, z.dtype)[None, None, :, None]
         return hook
 
+    require_head_ablation(model)
     hooks = [(attn_hook(layer, "z"), make(layer)) for layer in range(model.spec.n_layers) if not bool(keep[layer].all())]
     tokens = data.tokens.to(model.device)
     return float(scored_loss(model.forward(tokens, fwd_hooks=hooks), tokens, data.first).mean())

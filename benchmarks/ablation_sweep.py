@@ -8,13 +8,13 @@ documentation, BOS first) and the same heads (default: 60 heads, two per layer; 
 every head), it times
 
 (a) the plain loop: one full forward pass of TransformerLens' ``TransformerBridge`` per head,
-    with that head zero-ablated by a ``hook_z`` hook (:func:`analyses.ablation.sweep_loop`);
-(b) the engine: :func:`analyses.ablation.exact_sweep` on the native model (shared prefix,
+    with that head zero-ablated by a ``hook_z`` hook (:func:`headprobe.analyses.ablation.sweep_loop`);
+(b) the engine: :func:`headprobe.analyses.ablation.exact_sweep` on the native model (shared prefix,
     ablations batched along the batch axis, logits only where scored);
 
 and prints both times (seconds), their ratio (a / b), the largest difference in loss (nats),
 then the time of Michel et al.'s gradient importance (one forward + one backward,
-:func:`analyses.ablation.head_importance`) and its Spearman rank correlation with the size
+:func:`headprobe.analyses.ablation.head_importance`) and its Spearman rank correlation with the size
 ``|effect|`` of the exact sweep's loss changes over the swept heads (the importance is an
 absolute sensitivity; the signed correlation is printed too), and attribution patching's with
 the signed effect. The last
@@ -39,9 +39,9 @@ def _sync(device: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from analyses.ablation import exact_sweep, head_importance, spearman, sweep_loop
-    from analyses.data import natural_text_tokens
-    from probe.loading import device_auto, load_checkpoint, wrap
+    from headprobe.analyses.ablation import exact_sweep, head_importance, spearman, sweep_loop
+    from headprobe.analyses.data import natural_text_tokens
+    from headprobe.probe.loading import device_auto, load_checkpoint, wrap
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

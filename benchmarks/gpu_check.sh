@@ -18,6 +18,6 @@ export TOKENIZERS_PARALLELISM=false
   echo "## benchmark, all heads, float32"
   timeout 240 $PY benchmarks/ablation_sweep.py --device cuda --all-heads --max-batch 512 2>&1 | grep -v "it/s\]" ; echo "rc=$?"
   echo "## prune, float32, --save-pruned"
-  timeout 150 $PY -m analyses.cli prune --model smollm2-135m --device cuda --out "$OUTDIR" --overwrite \
+  timeout 150 $PY -m headprobe.cli prune --model smollm2-135m --device cuda --out "$OUTDIR" --overwrite \
       --save-pruned --save-fraction 0.3 2>&1 | grep -v "it/s\]" ; echo "rc=$?"
 } 2>&1 | tee "$RESULTS"

@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from probe.convert import from_hf
-from probe.loading import _load_hf, _resolve, boot_bridge
+from headprobe.probe.convert import from_hf
+from headprobe.probe.loading import _load_hf, _resolve, boot_bridge
 
 
 def timed(fn, repeats: int, device: str) -> float:

@@ -17,10 +17,10 @@ import time
 import numpy as np
 import torch
 
-from analyses.ablation import top_heads
-from analyses.detectors import DETECTORS, SCORE_COLUMNS
-from analyses.scan import ScanConfig, run_scan
-from probe.loading import load_checkpoint, wrap
+from headprobe.analyses.ablation import top_heads
+from headprobe.analyses.detectors import DETECTORS, SCORE_COLUMNS
+from headprobe.commands.scan import ScanConfig, run_scan
+from headprobe.probe.loading import load_checkpoint, wrap
 
 
 def main() -> None:

@@ -23,7 +23,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from probe.hooks import HookCounter, attn_hook
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import HookCounter, attn_hook
 
 PatternCallback = Callable[[int, Float[Tensor, "batch head q_pos k_pos"]], None]
 
@@ -49,7 +50,7 @@ def stream_patterns(
     extra_hooks: Sequence[tuple[str, Callable]] = (),
     attention_mask: Int[Tensor, "batch pos"] | None = None,
 ) -> Float[Tensor, "batch pos d_vocab"]:
-    """Run ``model`` (a :class:`~probe.loading.LoadedModel`) on ``tokens``, calling
+    """Run ``model`` (a :class:`~headprobe.probe.loading.LoadedModel`) on ``tokens``, calling
     ``on_pattern(layer, pattern)`` for each layer as soon as its pattern exists.
 
     The callback must not keep or modify ``pattern``; it is dropped after the call.
@@ -128,24 +129,27 @@ def stream_prompt_patterns(
 
 
 @torch.inference_mode()
-def capture_heads(
+def capture_internal(
     model: Any,
     tokens: Int[Tensor, "batch pos"],
     layers: Sequence[int] | None = None,
+    residual: bool = False,
+    out: dict[str, dict[int, Tensor]] | None = None,
 ) -> dict[str, dict[int, Tensor]]:
-    """Patterns, z, per-head results and attention outputs of ``layers`` (default: all).
+    """:func:`capture_heads` without the self-check guard (the self-check itself uses it).
 
-    Returns:
-        ``{"pattern": {layer: [batch, head, q_pos, k_pos]}, "z": {layer: [batch, pos, head, d_head]},
-        "result": {layer: [batch, pos, head, d_model]}, "attn_out": {layer: [batch, pos, d_model]}}``.
-        ``attn_out`` is what the attention block returned (``blocks.{l}.hook_attn_out``).
+    With ``residual``, also ``resid_pre``, ``resid_mid``, ``resid_post`` and ``mlp_out`` of each
+    layer (those the backend has hook points for). ``out``, if given, is filled in place, so a
+    caller keeps what was captured before an error.
     """
     layers = list(range(model.spec.n_layers) if layers is None else layers)
-    out: dict[str, dict[int, Tensor]] = {"pattern": {}, "z": {}, "attn_out": {}}
+    out = {} if out is None else out
+    out.update({"pattern": {}, "z": {}, "attn_out": {}})
+    names = set(model.hook_names())
 
     def saver(kind: str, layer: int):
         def hook(x: Tensor, hook: Any) -> None:
-            out[kind][layer] = x.detach().clone()
+            out.setdefault(kind, {})[layer] = x.detach().clone()
 
         return hook
 
@@ -153,7 +157,81 @@ def capture_heads(
     for layer in layers:
         hooks.append((attn_hook(layer, "pattern"), saver("pattern", layer)))
         hooks.append((attn_hook(layer, "z"), saver("z", layer)))
-        hooks.append((f"blocks.{layer}.hook_attn_out", saver("attn_out", layer)))
+        post = model.post_attention_norm_hooks(layer)
+        if post is not None:  # the block adds norm(attention output): keep the norm's input and output
+            hooks.append((post[0], saver("norm_in", layer)))
+            hooks.append((post[1], saver("attn_out", layer)))
+        else:
+            hooks.append((f"blocks.{layer}.hook_attn_out", saver("attn_out", layer)))
+        if residual:
+            for kind in ("resid_pre", "resid_mid", "resid_post", "mlp_out"):
+                if f"blocks.{layer}.hook_{kind}" in names:
+                    hooks.append((f"blocks.{layer}.hook_{kind}", saver(kind, layer)))
     model.forward(tokens, fwd_hooks=hooks)
-    out["result"] = {layer: head_results(out["z"][layer], model.W_O(layer)) for layer in layers}
+    missing = [attn_hook(layer, "pattern") for layer in layers if layer not in out["pattern"]]
+    if missing:
+        raise HeadprobeError(f"hook {missing[0]} did not fire; the model probably runs a fused attention kernel "
+                             f"that hides attention patterns: load it with attn_implementation='eager'")
+    out["result"], out["b_O"] = {}, {}
+    for layer in layers:
+        W_O = model.W_O(layer)
+        z = out["z"][layer]
+        if tuple(z.shape[2:]) != tuple(W_O.shape[:2]):
+            raise HeadprobeError(f"hook_z of layer {layer} is split into heads as {tuple(z.shape[2:])} (head, d_head) but "
+                                 f"W_O as {tuple(W_O.shape[:2])}: the backend reads this architecture's head geometry wrongly")
+        result = head_results(z, W_O.to(z))
+        b_O = model.b_O(layer)
+        bias = torch.zeros(result.shape[-1], dtype=result.dtype, device=result.device) if b_O is None else b_O.to(result)
+        if layer in out.get("norm_in", {}):
+            # Frozen-norm linearisation: y = w * a * s(a), with the per-token scale s fixed from the
+            # full attention output a, is linear in a, so each head's term is w * s * result_h.
+            scale = post_norm_factor(out["norm_in"][layer], out["attn_out"][layer], model.post_attention_norm_weight(layer))
+            result = result * scale[:, :, None, :]
+            bias = bias * scale
+        out["result"][layer], out["b_O"][layer] = result, bias
+    return out
+
+
+def post_norm_factor(
+    a: Float[Tensor, "batch pos d_model"], y: Float[Tensor, "batch pos d_model"], w: Float[Tensor, "d_model"]
+) -> Float[Tensor, "batch pos d_model"]:
+    """The per-token linear map ``w * s_t`` of an RMS-type norm ``y_t = w * a_t * s_t`` applied to
+    the attention output ``a``: ``s_t`` is fitted per token by least squares,
+    ``s_t = <y_t, w a_t> / |w a_t|^2``, exact for any norm of that form (RMSNorm, Gemma's
+    ``1 + w`` RMSNorm). A norm of another form (LayerNorm subtracts the mean) does not satisfy
+    ``w * s_t * a_t = y_t``, which the load-time self-check then reports."""
+    wa = a * w
+    s = (y * wa).sum(-1, keepdim=True) / (wa * wa).sum(-1, keepdim=True).clamp_min(1e-30)
+    return w * s
+
+
+@torch.inference_mode()
+def capture_heads(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    layers: Sequence[int] | None = None,
+) -> dict[str, dict[int, Tensor]]:
+    """Patterns, z, per-head results and attention outputs of ``layers`` (default: all).
+
+    ``result_h`` is each head's output contribution to the residual stream, ``z_h @ W_O[h]``
+    (Elhage et al. 2021). In blocks that normalise the attention output before adding it
+    (OLMo-2, Gemma-2/3: ``resid_mid = resid_pre + norm(attn_out)``), the norm's per-token scale is
+    fixed from the full attention output, which makes the norm linear, and ``result_h`` is taken
+    after it: ``w * s_t * z_h W_O[h]`` (the frozen-norm linearisation used for direct logit
+    attribution; Elhage et al. 2021, Nanda's TransformerLens ``apply_ln_to_stack``). Either way
+    ``sum_h result_h + b_O`` equals what the block adds to the residual stream.
+
+    Returns:
+        ``{"pattern": {layer: [batch, head, q_pos, k_pos]}, "z": {layer: [batch, pos, head, d_head]},
+        "result": {layer: [batch, pos, head, d_model]}, "b_O": {layer: [d_model] or [batch, pos, d_model]},
+        "attn_out": {layer: [batch, pos, d_model]}}``. ``attn_out`` is what the attention block
+        adds to the residual stream (after the post-attention norm, where there is one).
+
+    Raises:
+        HeadprobeError: the model's load-time self-check found that its per-head results do not
+            sum to what its blocks add (see :mod:`headprobe.probe.selfcheck`).
+    """
+    model.self_check.require_decomposition("per-head results (capture_heads)")
+    out = capture_internal(model, tokens, layers)
+    out.pop("norm_in", None)
     return out

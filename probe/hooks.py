@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from probe.errors import HeadprobeError
+from headprobe.probe.errors import HeadprobeError
 
 Head = tuple[int, int]
 """A head as ``(layer, head)``, both 0-indexed; printed as ``layer.head``."""

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from probe.errors import HeadprobeError
+from headprobe.probe.errors import HeadprobeError
 
 
 def _new_file_mode() -> int:

@@ -15,7 +15,7 @@ Three ways in, one way out (:class:`LoadedModel`):
 
 All models are loaded in float32 with eager attention so that attention patterns exist.
 Every failure a user can cause (unknown name, no network and no cache, a directory without
-weights, a corrupt file) raises :class:`~probe.errors.HeadprobeError` with one line of text.
+weights, a corrupt file) raises :class:`~headprobe.probe.errors.HeadprobeError` with one line of text.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from probe.errors import HeadprobeError
+from headprobe.probe.errors import HeadprobeError
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens.model_bridge import TransformerBridge
@@ -112,6 +112,64 @@ class LoadedModel:
         self.tokenizer = tokenizer
         self.spec = spec
         self.prepend_bos = prepend_bos and self.bos_token_id is not None
+        self._self_check = None
+        self._post_norm_weights: dict[int, Tensor] = {}
+
+    @property
+    def backend(self) -> str:
+        """``native`` (headprobe's own transformer) or ``transformer-lens`` (TransformerBridge)."""
+        from headprobe.probe.model import Transformer
+
+        return "native" if isinstance(self.model, Transformer) else "transformer-lens"
+
+    @property
+    def architecture(self) -> str:
+        """The Hugging Face architecture behind the model (``LlamaForCausalLM``), or
+        ``headprobe Transformer`` for a native checkpoint trained by headprobe."""
+        hf = getattr(self.model, "original_model", None)
+        if hf is None:
+            return getattr(self, "_architecture", "headprobe Transformer")
+        return (getattr(hf.config, "architectures", None) or [type(hf).__name__])[0]
+
+    def hook_names(self) -> list[str]:
+        """Every hook point the backend offers (TransformerLens names)."""
+        return list(self.model.hook_dict)
+
+    @property
+    def has_post_attention_norm(self) -> bool:
+        """Whether the blocks normalise the attention output before adding it to the residual
+        stream (OLMo-2, Gemma-2/3); see :func:`headprobe.probe.capture.capture_heads`."""
+        return self.post_attention_norm_hooks(0) is not None
+
+    def post_attention_norm_hooks(self, layer: int) -> tuple[str, str] | None:
+        """(input, output) hook names of layer ``layer``'s post-attention norm, or None."""
+        names = (f"blocks.{layer}.ln1_post.hook_in", f"blocks.{layer}.ln1_post.hook_out")
+        return names if names[0] in self.model.hook_dict and names[1] in self.model.hook_dict else None
+
+    @torch.inference_mode()
+    def post_attention_norm_weight(self, layer: int) -> Float[Tensor, "d_model"]:
+        """The elementwise weight ``w`` of layer ``layer``'s post-attention RMS-type norm, read off
+        the norm itself: ``norm(c * 1) = w * c / sqrt(c^2 + eps) = w`` to float rounding for
+        ``c = 1e3`` (so Gemma's ``1 + w`` convention needs no special case)."""
+        if layer not in self._post_norm_weights:
+            norm = self.model.blocks[layer].ln1_post
+            ones = torch.full((1, 1, self.spec.d_model), 1e3, dtype=self.dtype, device=self.device)
+            self._post_norm_weights[layer] = norm(ones)[0, 0].detach()
+        return self._post_norm_weights[layer]
+
+    @property
+    def self_check(self):
+        """The load-time :class:`~headprobe.probe.selfcheck.SelfCheck` (run on first access;
+        :func:`load_model` runs it at load)."""
+        if self._self_check is None:
+            from headprobe.probe.selfcheck import run_self_check
+
+            self._self_check = run_self_check(self)
+        return self._self_check
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
 
     @property
     def bos_token_id(self) -> int | None:
@@ -124,7 +182,12 @@ class LoadedModel:
 
     def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
         """Layer ``layer``'s output projection split by head: ``result_h = z_h @ W_O[h]``."""
-        return self.model.blocks[layer].attn.W_O
+        attn = self.model.blocks[layer].attn
+        try:
+            return attn.W_O
+        except ValueError:  # TransformerBridge on latent attention (MLA): z is v_head_dim wide, not d_head
+            weight = attn.o.original_component.weight  # nn.Linear [d_model, head * d_v]
+            return weight.T.unflatten(0, (self.spec.n_heads, weight.shape[1] // self.spec.n_heads))
 
     def b_O(self, layer: int) -> Float[Tensor, "d_model"] | None:
         """Layer ``layer``'s output bias (None for models without one, e.g. Llama)."""
@@ -165,7 +228,7 @@ class LoadedModel:
     @property
     def supports_padding(self) -> bool:
         """Whether ``forward`` takes an ``attention_mask`` (the native backend does)."""
-        from probe.model import Transformer
+        from headprobe.probe.model import Transformer
 
         return isinstance(self.model, Transformer)
 
@@ -357,19 +420,25 @@ def load_checkpoint(name: str = SMOLLM2_NAME) -> Checkpoint:
     return Checkpoint(name, hf_name, precision, hf_model, tokenizer)
 
 
-def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "cpu", prepend_bos: bool = True) -> LoadedModel:
+def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "cpu", prepend_bos: bool = True,
+         copy: bool = True) -> LoadedModel:
     """Put a checkpoint behind TransformerLens hook points.
+
+    The caller's Hugging Face model is left as it was: the native backend copies its weights, and
+    the bridge (which rewires the model it wraps) gets a deep copy unless ``copy=False`` hands
+    the model over (what :func:`load_model` does with a checkpoint nobody else holds).
 
     Args:
         backend: ``native`` copies the weights into headprobe's own
-            :class:`~probe.model.Transformer` (GPT-2 and Llama families); ``transformer-lens``
+            :class:`~headprobe.probe.model.Transformer` (GPT-2 and Llama families); ``transformer-lens``
             wraps the Hugging Face model in a ``TransformerBridge``; ``auto`` takes native
             wherever it supports the architecture, else the bridge.
+        copy: wrap a copy of ``ckpt.hf_model`` in the bridge (default), or the model itself.
 
     Raises:
         HeadprobeError: unknown backend, or ``native`` asked for an architecture it lacks.
     """
-    from probe import convert
+    from headprobe.probe import convert
 
     if backend not in BACKENDS:
         raise HeadprobeError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -379,7 +448,10 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
         model = convert.from_hf(ckpt.hf_model).to(device).eval()
         spec = convert.spec_from_native(ckpt.name, ckpt.hf_name, f"{ckpt.precision}; native backend", model.cfg)
     else:
-        model = boot_bridge(ckpt.hf_name, ckpt.hf_model, ckpt.tokenizer)
+        import copy as copy_module
+
+        hf_model = copy_module.deepcopy(ckpt.hf_model) if copy else ckpt.hf_model
+        model = boot_bridge(ckpt.hf_name, hf_model, ckpt.tokenizer)
         model.to(device)
         spec = spec_from_bridge(ckpt.name, ckpt.hf_name, f"{ckpt.precision}; TransformerLens backend", model)
     return LoadedModel(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
@@ -424,7 +496,7 @@ characters, ids 0..95 in this order)."""
 def char_level_tokenizer(save_dir: str | Path):
     """A character-level tokenizer over :data:`TEXT_CHARS` (id ``i`` is ``TEXT_CHARS[i]``) with
     ``<|endoftext|>`` (id 96) as BOS/EOS/unknown, for tiny models trained on natural text (see
-    :func:`analyses.data.ascii_text`, which maps other characters into the vocabulary);
+    :func:`headprobe.analyses.data.ascii_text`, which maps other characters into the vocabulary);
     ``d_vocab = 97``. Every character is one token (spaces and newlines included) and
     ``decode`` joins them without separators, so ``decode(encode(s)) == s`` for ASCII text.
 
@@ -444,12 +516,12 @@ def is_native_dir(path: str | Path) -> bool:
 
 
 def save_native(model: Any, out: str | Path, extra: dict[str, Any] | None = None) -> None:
-    """Write a native :class:`~probe.model.Transformer`'s weights (``headprobe_model.pt``) and
+    """Write a native :class:`~headprobe.probe.model.Transformer`'s weights (``headprobe_model.pt``) and
     ``config.json`` (``{"format", "model": TransformerConfig fields, **extra}``) into ``out``,
     atomically. The tokenizer files are the caller's (``tokenizer.save_pretrained(out)``)."""
     from dataclasses import asdict
 
-    from probe.io import atomic_path, write_json
+    from headprobe.probe.io import atomic_path, write_json
 
     with atomic_path(Path(out) / NATIVE_WEIGHTS) as tmp:
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
@@ -466,8 +538,8 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
     import json
     import pickle
 
-    from probe.convert import spec_from_native
-    from probe.model import Transformer, TransformerConfig
+    from headprobe.probe.convert import spec_from_native
+    from headprobe.probe.model import Transformer, TransformerConfig
 
     path = Path(path)
     try:
@@ -507,12 +579,18 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
     Raises:
         HeadprobeError: the model cannot be found or read (one line, says how to supply it), or
             ``transformer-lens`` was asked for a headprobe checkpoint directory.
+
+    The returned model has run its self-check (:attr:`LoadedModel.self_check`): a model whose
+    per-head results would be wrong loads, and refuses per-head analyses with one line.
     """
     if is_native_dir(Path(name).expanduser()):
         if backend not in ("auto", "native"):
             raise HeadprobeError(f"{name} is a headprobe checkpoint; it loads only with --backend native (or auto)")
-        return load_native(Path(name).expanduser(), device, prepend_bos)
-    return wrap(load_checkpoint(name), backend, device, prepend_bos)
+        model = load_native(Path(name).expanduser(), device, prepend_bos)
+    else:
+        model = wrap(load_checkpoint(name), backend, device, prepend_bos, copy=False)
+    model.self_check  # noqa: B018 - run the self-check now, at load (see headprobe.probe.selfcheck)
+    return model
 
 
 def device_auto(device: str = "auto") -> str:

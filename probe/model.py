@@ -15,7 +15,7 @@ Two attention paths give the same numbers (to 1e-5 in float32):
 * otherwise ``torch.nn.functional.scaled_dot_product_attention``, a fused kernel that never
   materialises the ``[q_pos, k_pos]`` pattern.
 
-The architecture options load two families exactly (see :mod:`probe.convert`): GPT-2 (learned
+The architecture options load two families exactly (see :mod:`headprobe.probe.convert`): GPT-2 (learned
 positions, LayerNorm, GELU with the tanh approximation, biases, tied unembedding; Radford et
 al. 2019) and Llama / SmolLM2 (rotary positions with Hugging Face's ``rotate_half`` convention,
 RMSNorm, SwiGLU, no biases, GQA; Touvron et al. 2023). ``mlp=None`` gives attention-only models.
@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from probe.errors import HeadprobeError
+from headprobe.probe.errors import HeadprobeError
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         """Bytes the cache holds: ``2 * n_layers * batch * n_kv_heads * pos * d_head * element size``,
-        the quantity :func:`probe.cost.kv_bytes_per_request` predicts."""
+        the quantity :func:`headprobe.probe.cost.kv_bytes_per_request` predicts."""
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
     def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

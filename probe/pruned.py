@@ -1,4 +1,4 @@
-"""Real head removal: a native :class:`~probe.model.Transformer` whose pruned heads' weights are gone.
+"""Real head removal: a native :class:`~headprobe.probe.model.Transformer` whose pruned heads' weights are gone.
 
 :func:`remove_heads` returns a copy of a native model in which each layer keeps only the query
 heads not pruned: the rows of ``q_proj`` and the columns of ``o_proj`` of a removed query head
@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from probe.errors import HeadprobeError
-from probe.io import atomic_path
-from probe.model import Attention, Transformer, TransformerConfig
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.io import atomic_path
+from headprobe.probe.model import Attention, Transformer, TransformerConfig
 
 FORMAT = "headprobe-pruned-v1"
 
@@ -66,7 +66,7 @@ class PrunedAttention(Attention):
             self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
             self.o_proj = nn.Linear(H * d_head, D, bias=cfg.bias)
         self.register_buffer("kv_index", torch.tensor([kept_kv.index(h // cfg.group_size) for h in kept], dtype=torch.long))
-        from probe.model import Rotary
+        from headprobe.probe.model import Rotary
         from transformer_lens.hook_points import HookPoint
 
         self.rotary = Rotary(d_head, cfg.rope_theta) if cfg.positional == "rotary" else None

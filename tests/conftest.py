@@ -12,25 +12,25 @@ import torch
 
 def make_tiny_tokenizer(tmp_dir, n_words: int = 100):
     """A word-level tokenizer over ``t0 .. t{n-1}`` with ``<|endoftext|>`` as BOS/EOS/unknown."""
-    from probe.loading import word_level_tokenizer
+    from headprobe.probe.loading import word_level_tokenizer
 
     return word_level_tokenizer(tmp_dir, n_words)
 
 
 def _checkpoint(hf_model, tokenizer, name, hf_name):
-    from probe.loading import Checkpoint
+    from headprobe.probe.loading import Checkpoint
 
     return Checkpoint(name, hf_name, "float32 (random init)", hf_model.eval(), tokenizer)
 
 
 def _bridge(ckpt):
-    from probe.loading import wrap
+    from headprobe.probe.loading import wrap
 
     return wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), backend="transformer-lens")
 
 
 def _native(ckpt):
-    from probe.loading import wrap
+    from headprobe.probe.loading import wrap
 
     return wrap(ckpt, backend="native")
 
@@ -97,7 +97,7 @@ TINY_MODELS = ["tiny_gpt2", "tiny_llama_gqa", "tiny_gpt2_native", "tiny_llama_gq
 @pytest.fixture(scope="session")
 def smollm2_checkpoint():
     """The real SmolLM2-135M-Instruct (4-bit Q4_1 GGUF, dequantized to float32), loaded once (~30 s)."""
-    from probe.loading import load_checkpoint
+    from headprobe.probe.loading import load_checkpoint
 
     return load_checkpoint("smollm2-135m")
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.cli import main
+from headprobe.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_prune_cli_saves_reloadable_model(tiny_dir, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["pruned_model"]["heads_removed"] == 8
     assert summary["pruned_model"]["max_abs_logit_diff_vs_masked"] < 1e-4
-    from probe.pruned import load_pruned
+    from headprobe.probe.pruned import load_pruned
 
     assert sum(len(k) for k in load_pruned(out / "pruned_model.pt").kept_heads) == 8
     assert (out / "pruning_curve.png").is_file()
@@ -91,8 +91,8 @@ def test_bad_model_exits_2(tmp_path, capsys):
 
 def test_engine_on_smollm2(smollm2, smollm2_native):
     """The real GQA model: engine vs the bridge's hook loop, and real removal vs the mask."""
-    from analyses.ablation import exact_sweep, sweep_loop
-    from probe.pruned import keep_mask_from, remove_heads
+    from headprobe.analyses.ablation import exact_sweep, sweep_loop
+    from headprobe.probe.pruned import keep_mask_from, remove_heads
 
     tokens = torch.randint(0, 49000, (2, 24), generator=torch.Generator().manual_seed(0))
     heads = [(0, 4), (14, 0), (29, 8)]
@@ -111,8 +111,8 @@ def test_engine_on_smollm2(smollm2, smollm2_native):
 
 
 def test_parse_heads_checks_form_and_range():
-    from probe.errors import HeadprobeError
-    from probe.hooks import parse_heads
+    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.hooks import parse_heads
 
     assert parse_heads("5.1, 7.10", 12, 12) == [(5, 1), (7, 10)]
     with pytest.raises(HeadprobeError, match="out of range: the model has 30 layers of 9 heads"):
@@ -146,7 +146,7 @@ def test_ablate_cli_heads_subset_and_out_of_range(tiny_dir, tmp_path):
 def test_killed_run_resumes_to_the_same_results(tiny_dir, tmp_path, command, kill_after, csv):
     """Issue 6: a run killed midway (SIGKILL) resumes from its checkpoint and ends with the same
     results as an uninterrupted run."""
-    from probe.io import CHECKPOINT_NAME
+    from headprobe.probe.io import CHECKPOINT_NAME
     from test_loading import run_cli
 
     args = ["--model", str(tiny_dir), "--text", _text(tmp_path), *SMALL]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analyses.ablation import (
+from headprobe.analyses.ablation import (
     ablate, capture_z, cross_entropy_inplace, exact_sweep, first_scored, head_importance, mean_z_from, spearman, sweep_loop,
 )
 
@@ -15,9 +15,9 @@ from analyses.ablation import (
 def deep_gqa_native(tiny_tokenizer):
     """4 layers x 6 query heads on 3 KV heads (GQA), rotary, SwiGLU, seeded: the prefix skip
     and batching of the sweep need more than two layers to be tested."""
-    from probe.convert import spec_from_native
-    from probe.loading import LoadedModel
-    from probe.model import Transformer, TransformerConfig
+    from headprobe.probe.convert import spec_from_native
+    from headprobe.probe.loading import LoadedModel
+    from headprobe.probe.model import Transformer, TransformerConfig
 
     torch.manual_seed(1)
     cfg = TransformerConfig(n_layers=4, d_model=48, n_heads=6, n_kv_heads=3, d_vocab=101, d_mlp=96,
@@ -104,7 +104,7 @@ def test_ablate_matches_native_head_mask(tiny_llama_gqa_native):
 def _double(model):
     import copy
 
-    from probe.loading import LoadedModel
+    from headprobe.probe.loading import LoadedModel
 
     return LoadedModel(copy.deepcopy(model.model).double(), model.tokenizer, model.spec)
 
@@ -179,7 +179,7 @@ def test_gradient_importance_on_bridge_equals_native(tiny_gpt2, tiny_gpt2_native
 
 
 def test_bad_kind_raises(tiny_gpt2_native):
-    from probe.errors import HeadprobeError
+    from headprobe.probe.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError):
         exact_sweep(tiny_gpt2_native, _tokens(), kind="mean")

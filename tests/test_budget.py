@@ -1,4 +1,4 @@
-"""Tests of probe.cost and ``headprobe budget``.
+"""Tests of headprobe.probe.cost and ``headprobe budget``.
 
 Three kinds of check:
 
@@ -23,11 +23,11 @@ import pytest
 import torch
 from torch import nn
 
-from analyses import budget
-from analyses.cli import main
-from probe import cost
-from probe.cost import GIB, KIB, MIB, TIB, AttentionLayout
-from probe.errors import HeadprobeError
+from headprobe.commands import budget
+from headprobe.cli import main
+from headprobe.probe import cost
+from headprobe.probe.cost import GIB, KIB, MIB, TIB, AttentionLayout
+from headprobe.probe.errors import HeadprobeError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -445,7 +445,7 @@ def test_cli_bad_input_exit_2_one_line(capsys, argv, fragment):
 
 def test_cli_bad_input_in_a_subprocess():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "analyses.cli", "budget", "--d-model", "100", "--n-layers", "2",
+    proc = subprocess.run([sys.executable, "-m", "headprobe.cli", "budget", "--d-model", "100", "--n-layers", "2",
                            "--n-heads", "3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
@@ -477,9 +477,9 @@ def test_live_kv_cache_check_on_smollm2(smollm2):
 
 @pytest.mark.real_model
 def test_cli_model_flag_on_smollm2(smollm2, monkeypatch, capsys):
-    import probe.loading
+    import headprobe.probe.loading
 
-    monkeypatch.setattr(probe.loading, "load_model", lambda name, **kw: smollm2)  # reuse the session's model
+    monkeypatch.setattr(headprobe.probe.loading, "load_model", lambda name, **kw: smollm2)  # reuse the session's model
     code, out, _ = run_cli(capsys, "--model", "smollm2-135m", "--seq-len", "8192", "--json")
     r = json.loads(out)  # nothing but JSON on stdout
     assert code == 0 and r["check"]["ok"]

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from probe.capture import capture_heads, head_results, kv_head_of, stream_patterns
+from headprobe.probe.capture import capture_heads, head_results, kv_head_of, stream_patterns
 from conftest import TINY_MODELS
-from probe.hooks import head_ablation_hooks
+from headprobe.probe.hooks import head_ablation_hooks
 
 
 @pytest.mark.parametrize("fixture", TINY_MODELS)

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from analyses.detectors import (
+from headprobe.analyses.detectors import (
     DETECTORS, duplicate_token_score, first_token_score, induction_score, offset_score, positional_score,
     previous_token_score,
 )
-from probe.errors import HeadprobeError
+from headprobe.probe.errors import HeadprobeError
 
 
 def causal_uniform(batch, heads, T):

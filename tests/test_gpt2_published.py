@@ -4,7 +4,7 @@ there with that reason, and runs unchanged on a machine that has them."""
 
 import pytest
 
-from probe.loading import ALIASES, _is_cached
+from headprobe.probe.loading import ALIASES, _is_cached
 
 GPT2 = ALIASES["gpt2"]
 
@@ -14,10 +14,10 @@ pytestmark = pytest.mark.skipif(not _is_cached(GPT2), reason=f"{GPT2} weights ar
 def test_published_gpt2_small_heads():
     """Induction 5.1, 5.5, 6.9, 7.2, 7.10 (Olsson et al. 2022; Wang et al. 2022) among the top
     heads on repeated random tokens; previous-token head 4.11 at the top on natural text."""
-    from analyses.ablation import top_heads
-    from analyses.data import natural_text_tokens, repeated_random_tokens
-    from analyses.scan import score_token_set
-    from probe.loading import load_model
+    from headprobe.analyses.ablation import top_heads
+    from headprobe.analyses.data import natural_text_tokens, repeated_random_tokens
+    from headprobe.commands.scan import score_token_set
+    from headprobe.probe.loading import load_model
 
     model = load_model("gpt2")
     assert (model.spec.n_layers, model.spec.n_heads) == (12, 12)

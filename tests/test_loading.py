@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from probe.errors import HeadprobeError
-from probe.loading import load_model
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.loading import load_model
 
 
 def run_cli(*args, env=None, cwd=None):
     """Run ``headprobe`` as a user would; returns (exit code, stdout, stderr)."""
     full_env = {**os.environ, **(env or {})}
-    p = subprocess.run([sys.executable, "-m", "analyses.cli", *args], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "headprobe.cli", *args], capture_output=True, text=True,
                        env=full_env, cwd=cwd, timeout=300)
     return p.returncode, p.stdout, p.stderr
 
@@ -82,7 +82,7 @@ def test_exactly_one_bos(tiny_gpt2):
 ])
 def test_usage_errors_are_one_line(argv, fragment, capsys):
     """argparse's own errors follow the one-line rule too (no usage block), in process."""
-    from analyses.cli import main
+    from headprobe.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(argv)

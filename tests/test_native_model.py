@@ -15,13 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from probe.capture import capture_heads
-from probe.convert import from_hf, spec_from_native
-from probe.loading import load_model
-from probe.errors import HeadprobeError
-from probe.hooks import head_ablation_hooks
-from probe.loading import LoadedModel
-from probe.model import Attention, Transformer, TransformerConfig, merge_heads, split_heads
+from headprobe.probe.capture import capture_heads
+from headprobe.probe.convert import from_hf, spec_from_native
+from headprobe.probe.loading import load_model
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import head_ablation_hooks
+from headprobe.probe.loading import LoadedModel
+from headprobe.probe.model import Attention, Transformer, TransformerConfig, merge_heads, split_heads
 
 ATOL = 1e-5
 
@@ -59,7 +59,7 @@ def tokens(batch=2, pos=12, d_vocab=101, seed=1):
 
 
 # ------------------------------------------------------------------------------------------
-# Independent references: written from the formulas, sharing no code with probe.model.
+# Independent references: written from the formulas, sharing no code with headprobe.probe.model.
 # ------------------------------------------------------------------------------------------
 
 
@@ -430,7 +430,7 @@ def test_rotary_theta_matters():
 
 
 def test_unsupported_architecture_raises():
-    from probe.convert import config_from_hf
+    from headprobe.probe.convert import config_from_hf
     from transformers import BertConfig
 
     with pytest.raises(HeadprobeError, match="native backend supports"):
@@ -474,7 +474,7 @@ def tiny_tokenizer(tmp_path, d_vocab=101):
 
 
 def test_patterns_and_results_equal_transformer_bridge(tmp_path):
-    from probe.loading import boot_bridge, spec_from_bridge
+    from headprobe.probe.loading import boot_bridge, spec_from_bridge
 
     hf = random_gpt2()
     native = from_hf(hf)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probe.errors import HeadprobeError
-from probe.pruned import count_attention_parameters, keep_mask_from, load_pruned, remove_heads, save_pruned
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.pruned import count_attention_parameters, keep_mask_from, load_pruned, remove_heads, save_pruned
 
 
 def _tokens(n=3, T=12, seed=0):

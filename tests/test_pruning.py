@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analyses.ablation import head_importance, scored_loss
-from analyses.pruning import LossSet, iterative_pruning, masked_loss
-from probe.errors import HeadprobeError
+from headprobe.analyses.ablation import head_importance, scored_loss
+from headprobe.analyses.pruning import LossSet, iterative_pruning, masked_loss
+from headprobe.probe.errors import HeadprobeError
 
 
 def _tokens(n=3, T=12, seed=0):

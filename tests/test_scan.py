@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.ablation import is_confirmed, random_head_sets, task_loss, token_losses
-from analyses.detectors import SCORE_COLUMNS
-from analyses.scan import ScanConfig, run_scan, write_outputs
+from headprobe.analyses.ablation import is_confirmed, random_head_sets, task_loss, token_losses
+from headprobe.analyses.detectors import SCORE_COLUMNS
+from headprobe.commands.scan import ScanConfig, run_scan, write_outputs
 from test_loading import assert_one_line_error, run_cli
 
 EXPECTED_COLUMNS = ["layer", "head", "kv_head", "previous_token", "duplicate_token", "induction", "first_token",
@@ -93,7 +93,7 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, args, fragment):
 def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
     """Acceptance: zero-ablating the top-10 induction heads raises the repeated-half loss by > 3
     nats, clearly more than 10 random heads; the W_O identity holds on the real GQA model."""
-    from probe.capture import capture_heads
+    from headprobe.probe.capture import capture_heads
 
     spec = smollm2_native.spec
     assert (spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head) == (30, 9, 3, 64)
@@ -118,8 +118,8 @@ def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
 @pytest.mark.real_model
 def test_native_and_bridge_backends_give_the_same_scores_on_smollm2(smollm2, smollm2_native):
     """Issue 3: the native backend reproduces the TransformerLens backend's head scores."""
-    from analyses.data import natural_text_tokens, repeated_random_tokens
-    from analyses.scan import score_token_set
+    from headprobe.analyses.data import natural_text_tokens, repeated_random_tokens
+    from headprobe.commands.scan import score_token_set
 
     nat = natural_text_tokens(smollm2, n_seqs=2, seq_len=48, seed=0)
     rep = repeated_random_tokens(smollm2, n_seqs=2, period=20, seed=0)

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from analyses.cli import main
+from headprobe.cli import main
 
 
 def _tiny(which, out, extra=()):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from analyses.cli import main
-from analyses.train import TrainConfig, copy_sequences, in_context_loss, phase_change_step, train, write_outputs
+from headprobe.cli import main
+from headprobe.commands.train import TrainConfig, copy_sequences, in_context_loss, phase_change_step, train, write_outputs
 
 TINY = TrainConfig(n_layers=2, d_model=16, n_heads=2, n_words=16, seq_len=33, min_period=4, max_period=12,
                    batch_size=8, steps=30, lr=3e-3, warmup=1, eval_every=10, n_eval=8, eval_period=8, device="cpu")
@@ -19,7 +19,7 @@ TINY = TrainConfig(n_layers=2, d_model=16, n_heads=2, n_words=16, seq_len=33, mi
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from probe.loading import word_level_tokenizer
+    from headprobe.probe.loading import word_level_tokenizer
 
     return word_level_tokenizer(tmp_path_factory.mktemp("tok16"), TINY.n_words)
 
@@ -66,7 +66,7 @@ def test_gqa_run(tokenizer):
 
 
 def test_checkpoint_reloads_with_same_logits(tiny_run, tmp_path):
-    from probe.loading import load_model
+    from headprobe.probe.loading import load_model
 
     write_outputs(tiny_run, tmp_path)
     for name in ("train_log.csv", "summary.json", "config.json", "headprobe_model.pt", "training.png", "training.pdf"):
@@ -77,7 +77,7 @@ def test_checkpoint_reloads_with_same_logits(tiny_run, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded.forward(tokens), tiny_run.loaded.forward(tokens), rtol=0, atol=0)
     assert loaded.to_tokens("t3 t5")[0].item() == TINY.n_words  # BOS from the saved tokenizer
-    from probe.errors import HeadprobeError
+    from headprobe.probe.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="native"):
         load_model(str(tmp_path), backend="transformer-lens")
@@ -87,8 +87,8 @@ def test_checkpoint_reloads_with_same_logits(tiny_run, tmp_path):
 
 
 def test_scan_reads_the_checkpoint(tiny_run, tmp_path):
-    from analyses.scan import ScanConfig, run_scan
-    from probe.loading import load_model
+    from headprobe.commands.scan import ScanConfig, run_scan
+    from headprobe.probe.loading import load_model
 
     write_outputs(tiny_run, tmp_path)
     cfg = ScanConfig(model=str(tmp_path), n_natural=2, seq_len=16, n_repeated=2, period=8, k=2, n_random=2, device="cpu")
@@ -109,7 +109,7 @@ def test_in_context_loss_and_phase_step():
 
 
 def test_cli_reports_no_phase_change_without_induction_and_counts_its_files(tmp_path, capsys):
-    from analyses.cli import main
+    from headprobe.cli import main
 
     out = tmp_path / "t"
     assert main(["train", "--out", str(out), "--steps", "20", "--eval-every", "10", "--d-model", "16", "--n-heads", "2",
@@ -155,27 +155,27 @@ def test_cli_refuses_non_empty_out(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def corpus():
-    from analyses.train import text_corpus
+    from headprobe.commands.train import text_corpus
 
     return text_corpus()
 
 
 @pytest.fixture(scope="module")
 def char_tokenizer(tmp_path_factory):
-    from probe.loading import char_level_tokenizer
+    from headprobe.probe.loading import char_level_tokenizer
 
     return char_level_tokenizer(tmp_path_factory.mktemp("chars"))
 
 
 def _decode(ids) -> str:
-    from probe.loading import TEXT_CHARS
+    from headprobe.probe.loading import TEXT_CHARS
 
     return "".join(TEXT_CHARS[i] for i in ids.tolist())
 
 
 def test_char_tokenizer_matches_lookup_and_round_trips(corpus, char_tokenizer):
-    from analyses.data import ascii_text
-    from analyses.train import char_ids
+    from headprobe.analyses.data import ascii_text
+    from headprobe.commands.train import char_ids
 
     text = _decode(corpus.held_out[:5000])
     hf = char_tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -186,7 +186,7 @@ def test_char_tokenizer_matches_lookup_and_round_trips(corpus, char_tokenizer):
 
 
 def test_text_split_is_by_topic_and_disjoint(corpus):
-    from analyses.data import ascii_text, pydoc_topics
+    from headprobe.analyses.data import ascii_text, pydoc_topics
 
     topics = pydoc_topics()
     assert corpus.held_out_topics and corpus.train_topics
@@ -203,7 +203,7 @@ def test_text_split_is_by_topic_and_disjoint(corpus):
 
 
 def test_text_windows_decode_to_the_source(corpus):
-    from analyses.train import held_out_text_windows, text_windows
+    from headprobe.commands.train import held_out_text_windows, text_windows
 
     train_text = _decode(corpus.train)
     x = text_windows(corpus.train, 16, 50, 96, torch.Generator().manual_seed(0))
@@ -219,7 +219,7 @@ def test_text_windows_decode_to_the_source(corpus):
 
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 1.0])
 def test_mixed_batch_fraction_and_determinism(corpus, fraction):
-    from analyses.train import mixed_batch
+    from headprobe.commands.train import mixed_batch
 
     def batch(seed):
         return mixed_batch(20, 41, corpus.train, 96, 4, 8, fraction, torch.Generator().manual_seed(seed))
@@ -249,7 +249,7 @@ def test_text_copy_run_logs_text_loss(char_tokenizer, tokenizer):
     assert log["eval_loss"].iloc[-1] < log["eval_loss"].iloc[0] < 5.0  # nats on held-out text; ln 97 = 4.57
     again = train(dataclasses.replace(TEXT, steps=10), char_tokenizer, progress=False)
     np.testing.assert_array_equal(again.log.to_numpy(), log.iloc[:2].to_numpy())
-    from probe.errors import HeadprobeError
+    from headprobe.probe.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="character-level tokenizer"):
         train(TEXT, tokenizer, progress=False)

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from analyses.detectors import DETECTORS, first_token_score, positional_score, previous_token_score
+from headprobe.analyses.detectors import DETECTORS, first_token_score, positional_score, previous_token_score
 from conftest import TINY_MODELS
-from probe.capture import capture_heads, pad_prompts, stream_patterns, stream_prompt_patterns
-from probe.errors import HeadprobeError
-from probe.hooks import attn_hook, head_ablation_hooks
+from headprobe.probe.capture import capture_heads, pad_prompts, stream_patterns, stream_prompt_patterns
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import attn_hook, head_ablation_hooks
 
 
 # 1. GQA head axes ---------------------------------------------------------------------------------
@@ -59,7 +59,7 @@ def test_zero_ablating_every_head_leaves_the_output_bias(fixture, request):
 # 4. BOS -----------------------------------------------------------------------------------------------
 
 def test_bos_off_gives_one_position_per_word(tiny_gpt2):
-    from probe.loading import LoadedModel
+    from headprobe.probe.loading import LoadedModel
 
     no_bos = LoadedModel(tiny_gpt2.model, tiny_gpt2.tokenizer, tiny_gpt2.spec, prepend_bos=False)
     assert no_bos.to_tokens("t7").tolist() == [7]
@@ -68,7 +68,7 @@ def test_bos_off_gives_one_position_per_word(tiny_gpt2):
 
 @pytest.mark.real_model
 def test_smollm2_hello_is_one_position_without_bos_and_two_with(smollm2_native):
-    from probe.loading import LoadedModel
+    from headprobe.probe.loading import LoadedModel
 
     with_bos = smollm2_native.to_tokens("Hello")
     assert len(with_bos) == 2 and with_bos[0] == smollm2_native.bos_token_id
@@ -142,7 +142,7 @@ def test_every_pattern_hook_fires_exactly_once_per_layer(fixture, request):
 # 9. Sequence length ----------------------------------------------------------------------------------
 
 def test_length_one_is_refused_and_length_equal_to_context_is_accepted(tiny_gpt2_native, tmp_path):
-    from analyses.data import natural_text_tokens
+    from headprobe.analyses.data import natural_text_tokens
 
     text = " ".join(f"t{i % 100}" for i in range(1000))
     with pytest.raises(HeadprobeError, match="at least 2 positions"):
@@ -156,7 +156,7 @@ def test_length_one_is_refused_and_length_equal_to_context_is_accepted(tiny_gpt2
 
 
 def test_scan_refuses_sequences_longer_than_the_context(tiny_gpt2_native):
-    from analyses.scan import ScanConfig, run_scan
+    from headprobe.commands.scan import ScanConfig, run_scan
 
     n_ctx = tiny_gpt2_native.spec.n_ctx
     with pytest.raises(HeadprobeError, match=f"longer than the model's context .* use --seq-len {n_ctx} or less"):
@@ -172,8 +172,8 @@ def test_scan_defaults_shrink_to_a_small_model(tiny_gpt2_native):
     """A model with a short context and few heads gets the largest default sizes that fit it."""
     import dataclasses
 
-    from analyses.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, ScanConfig, run_scan
-    from probe.loading import LoadedModel
+    from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, ScanConfig, run_scan
+    from headprobe.probe.loading import LoadedModel
 
     spec = dataclasses.replace(tiny_gpt2_native.spec, n_ctx=40)  # the scan reads the context from the spec
     model = LoadedModel(tiny_gpt2_native.model, tiny_gpt2_native.tokenizer, spec)
@@ -199,8 +199,8 @@ def test_scoring_leaves_a_captured_pattern_untouched(tiny_gpt2_native):
 # NaN / Inf -----------------------------------------------------------------------------------------------
 
 def test_nan_activations_are_reported_with_their_layer(tiny_llama_gqa_native):
-    from analyses.data import repeated_random_tokens
-    from analyses.scan import score_token_set
+    from headprobe.analyses.data import repeated_random_tokens
+    from headprobe.commands.scan import score_token_set
 
     def poison(z, hook):
         z = z.clone()
@@ -263,7 +263,7 @@ def test_cli_unknown_model_name_offline(tmp_path):
 # Long runs: atomic files, recorded settings, reproducible numbers ------------------------------------------
 
 def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
-    from probe.io import atomic_path, write_text
+    from headprobe.probe.io import atomic_path, write_text
 
     target = tmp_path / "head_scores.csv"
     write_text(target, "complete\n")
@@ -280,9 +280,9 @@ def test_sigterm_mid_write_exits_143_and_leaves_no_temporary(tmp_path, monkeypat
     import os
     import signal
 
-    import analyses.budget
-    from analyses.cli import main
-    from probe.io import atomic_path
+    import headprobe.commands.budget
+    from headprobe.cli import main
+    from headprobe.probe.io import atomic_path
 
     def run(args):
         with atomic_path(tmp_path / "summary.json") as tmp:
@@ -290,7 +290,7 @@ def test_sigterm_mid_write_exits_143_and_leaves_no_temporary(tmp_path, monkeypat
             os.kill(os.getpid(), signal.SIGTERM)
         return 0
 
-    monkeypatch.setattr(analyses.budget, "run", run)
+    monkeypatch.setattr(headprobe.commands.budget, "run", run)
     assert main(["budget", "--preset", "gpt2-small"]) == 143
     assert list(tmp_path.iterdir()) == []
     err = capsys.readouterr().err.strip().splitlines()
@@ -301,7 +301,7 @@ def test_sigterm_mid_write_exits_143_and_leaves_no_temporary(tmp_path, monkeypat
 def test_outputs_are_readable_by_others_as_umask_allows(tmp_path):
     import os
 
-    from probe.io import write_text
+    from headprobe.probe.io import write_text
 
     old = os.umask(0o022)
     try:
@@ -312,7 +312,7 @@ def test_outputs_are_readable_by_others_as_umask_allows(tmp_path):
 
 
 def test_same_seed_same_numbers_and_settings_recorded(tiny_llama_gqa_native, tmp_path):
-    from analyses.scan import ScanConfig, run_scan, summary
+    from headprobe.commands.scan import ScanConfig, run_scan, summary
 
     text = tmp_path / "t.txt"
     text.write_text(" ".join(f"t{(i * 37) % 100}" for i in range(3000)))
@@ -329,7 +329,7 @@ def test_same_seed_same_numbers_and_settings_recorded(tiny_llama_gqa_native, tmp
 # 7. Mean ablation averages real tokens only -----------------------------------------------------------------
 
 def test_mean_z_ignores_padding_and_bos(tiny_llama_gqa_native):
-    from analyses.ablation import mean_z_from
+    from headprobe.analyses.ablation import mean_z_from
 
     model = tiny_llama_gqa_native
     prompts = [torch.tensor([100, 5, 6, 7, 8]), torch.tensor([100, 9, 10])]
@@ -349,7 +349,7 @@ def test_mean_z_ignores_padding_and_bos(tiny_llama_gqa_native):
 # 8. Gradient importance stays finite while pruning ----------------------------------------------------------
 
 def test_gradient_importance_stays_finite_over_rescoring_rounds(tiny_llama_gqa_native):
-    from analyses.ablation import head_importance
+    from headprobe.analyses.ablation import head_importance
 
     model = tiny_llama_gqa_native
     tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))

@@ -10,7 +10,7 @@ Four ways to use it:
 * ``--model NAME``: read the layout from a loaded model and check the computed KV cache against
   the bytes the model's own Hugging Face cache holds after a forward pass.
 
-All formulas live in :mod:`probe.cost`.
+All formulas live in :mod:`headprobe.probe.cost`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import replace
 from typing import Any
 
-from probe import cost
-from probe.cost import AttentionLayout, format_bytes, format_flops, format_tflop
-from probe.errors import HeadprobeError
+from headprobe.probe import cost
+from headprobe.probe.cost import AttentionLayout, format_bytes, format_flops, format_tflop
+from headprobe.probe.errors import HeadprobeError
 
 HELP = "attention cost calculator: parameters, KV cache, FLOPs and attention-matrix memory for MHA, GQA, MQA and MLA"
 
@@ -339,7 +339,8 @@ def check_loaded(loaded: Any) -> tuple[AttentionLayout, dict[str, Any]]:
         "key_shape": [1, lay.n_kv_heads, measured["tokens"], lay.d_head],
     }
     ok = all(measured[k] == expected[k] for k in expected)
-    record: dict[str, Any] = {"model": s.name, "precision": s.precision, "measured": measured, "expected": expected, "ok": ok}
+    record: dict[str, Any] = {"model": s.name, "precision": s.precision, "measured": measured, "expected": expected, "ok": ok,
+                              "self_check": loaded.self_check.to_dict()}
     if counted is not None:
         record["attn_params_per_layer"] = {"counted": counted[0], "formula": cost.attention_params_per_layer(lay),
                                            "ok": counted[0] == cost.attention_params_per_layer(lay)}
@@ -391,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
     check = None
     base = None
     if args.model:
-        from probe.loading import load_model
+        from headprobe.probe.loading import load_model
 
         # TransformerLens prints progress on stdout; keep stdout for the report (and --json).
         with redirect_stdout(sys.stderr):
@@ -421,6 +422,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    from analyses.cli import main
+    from headprobe.cli import main
 
     sys.exit(main(["budget", *sys.argv[1:]]))

@@ -25,17 +25,17 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from analyses import figures
-from analyses.cli import positive_int
-from analyses.ablation import (
+from headprobe.analyses import figures
+from headprobe.cli import positive_int
+from headprobe.analyses.ablation import (
     Verification, ablated_loss, is_confirmed, names, random_head_sets, task_loss, top_heads,
 )
-from analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
-from analyses.detectors import DETECTORS, SCORE_COLUMNS
-from probe.capture import kv_head_of, stream_patterns
-from probe.errors import HeadprobeError
-from probe.hooks import attn_hook, format_head
-from probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
+from headprobe.analyses.detectors import DETECTORS, SCORE_COLUMNS
+from headprobe.probe.capture import kv_head_of, stream_patterns
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import attn_hook, format_head
+from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "find the classic head types in a pretrained model, verify them by ablation, write table and figures"
 
@@ -50,7 +50,7 @@ class ScanConfig:
     """Settings of a scan (all recorded in summary.json).
 
     Attributes:
-        model: model name or path (see :func:`probe.loading.load_model`).
+        model: model name or path (see :func:`headprobe.probe.loading.load_model`).
         n_natural: natural-text sequences. seq_len: their length in tokens (BOS included); None:
             128, or the model's context if that is shorter.
         n_repeated: repeated-random-token sequences. period: length S of the repeated block; None:
@@ -63,6 +63,8 @@ class ScanConfig:
         prepend_bos: put the tokenizer's BOS token first (once) where the model has one.
         backend: ``auto`` (headprobe's own transformer where it supports the architecture),
             ``native`` or ``transformer-lens`` (TransformerLens' TransformerBridge).
+        verify: ablate the top-k heads of each type against random heads (needs the model's
+            per-head decomposition to pass its self-check); False scores patterns only.
     """
 
     model: str = "smollm2-135m"
@@ -77,6 +79,7 @@ class ScanConfig:
     device: str = "auto"
     prepend_bos: bool = True
     backend: str = "auto"
+    verify: bool = True
 
 
 @dataclass
@@ -93,6 +96,7 @@ class ScanResult:
     timings: dict[str, float]
     device: str = "cpu"
     dtype: str = "float32"
+    self_check: dict | None = None
 
 
 def score_token_set(model, tokens: TokenSet, dataset: str, mean_z: bool = False):
@@ -212,7 +216,7 @@ def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: To
 
 def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
     """Run the whole scan (see the module docstring); ``model`` skips loading when given."""
-    from probe.loading import device_auto, load_model
+    from headprobe.probe.loading import device_auto, load_model
 
     timings: dict[str, float] = {}
     text = read_text_file(cfg.text) if cfg.text else None
@@ -226,6 +230,9 @@ def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
     if progress:
         print(f"model {spec.name}: {spec.n_layers} layers x {spec.n_heads} heads ({spec.layout}, "
               f"{spec.n_kv_heads} KV heads); weights: {spec.precision}", flush=True)
+    model.self_check.require_patterns("head scores")
+    if cfg.verify:
+        model.self_check.require_decomposition("verification by ablation (pass --no-verify to score patterns only)")
 
     t0 = time.perf_counter()
     if cfg.seq_len is not None and cfg.seq_len > spec.n_ctx:
@@ -245,7 +252,7 @@ def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
                                   source=str(cfg.text) if cfg.text else None)
     repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
     steps = tqdm(total=2, desc="scoring heads", unit="pass", disable=not progress)
-    nat_scores, nat_logits, mean_z = score_token_set(model, natural, "natural", mean_z=True)
+    nat_scores, nat_logits, mean_z = score_token_set(model, natural, "natural", mean_z=cfg.verify)
     steps.update()
     rep_scores, rep_logits, _ = score_token_set(model, repeated, "repeated")
     steps.update()
@@ -258,7 +265,7 @@ def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
     timings["score_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    verifications = verify(model, scores, natural, repeated, clean, mean_z, cfg, progress)
+    verifications = verify(model, scores, natural, repeated, clean, mean_z, cfg, progress) if cfg.verify else []
     timings["ablate_s"] = time.perf_counter() - t0
 
     best = {name: top_heads(torch.as_tensor(scores[d.rank_by]), 1)[0] for name, d in DETECTORS.items()}
@@ -274,7 +281,7 @@ def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
     table["positional_offset"] = table["positional_offset"].astype(int)
     param = next(model.model.parameters())
     return ScanResult(cfg, spec, table, scores, verifications, clean, natural, repeated, examples, timings,
-                      device=str(param.device), dtype=str(param.dtype))
+                      device=str(param.device), dtype=str(param.dtype), self_check=model.self_check.to_dict())
 
 
 def summary(result: ScanResult, top_n: int = 5) -> dict:
@@ -311,6 +318,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         "device": str(result.device),
         "dtype": str(result.dtype).removeprefix("torch."),
         "backend": "native" if "native backend" in spec.precision else "transformer-lens",
+        "self_check": result.self_check,
         "config": asdict(cfg),
         "clean_loss_nats": result.clean_loss,
         "top_heads": top,
@@ -354,8 +362,8 @@ def write_outputs(result: ScanResult, out: Path) -> list[Path]:
         title = f"top {head_type.replace('_', '-')} head L{ex['head'][0]}H{ex['head'][1]}, {spec.name}"
         written += figures.save_figure(figures.pattern_plot(ex["pattern"], ex["labels"], title), out / f"pattern_{head_type}")
     rows = [v.to_dict() for v in result.verifications]
-    written += figures.save_figure(
-        figures.ablation_plot(rows, f"Ablation check, {tag}"), out / "ablation")
+    if rows:
+        written += figures.save_figure(figures.ablation_plot(rows, f"Ablation check, {tag}"), out / "ablation")
     write_json(out / "summary.json", summary(result))
     written.append(out / "summary.json")
     return written
@@ -372,6 +380,9 @@ def format_report(result: ScanResult) -> str:
         cells = ", ".join(f"{format_head(h)} ({col[h]:.2f})" for h in tops)
         lines.append(f"{name:<16} {cells}")
     lines.append("")
+    if not result.verifications:
+        lines.append("no ablation check (--no-verify): these are pattern scores, not verified findings")
+        return "\n".join(lines)
     lines.append(f"{'ablation (k=' + str(result.config.k) + ')':<22} {'task':<9} {'clean':>6} {'top-k Δ':>8} {'random Δ mean/max':>18}  verdict")
     for v in result.verifications:
         verdict = "CONFIRMED" if v.confirmed else "not confirmed"
@@ -401,6 +412,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="native: headprobe's own transformer (GPT-2 and Llama families; auto picks it where it can); "
                         "transformer-lens: TransformerLens' TransformerBridge around the Hugging Face model")
     p.add_argument("--no-bos", dest="prepend_bos", action="store_false", help="do not put BOS in front of sequences")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="score patterns only, without the ablation check (also where a model's per-head decomposition fails its self-check)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,13 +3,13 @@
 * ``heads``: the same width (d_model 64) split into 1, 2, 4, 8, 16 heads; same data, same steps,
   several seeds.
 * ``layouts``: the same width and heads as MHA, GQA, MQA and MLA at several latent ranks; each
-  with its attention parameter count and KV cache per token (``probe.cost``, bf16, over all
+  with its attention parameter count and KV cache per token (``headprobe.probe.cost``, bf16, over all
   layers), the context-2048 cache, and the losses.
 
-Every run is one :func:`analyses.train.train` call (same data stream per seed). Default data
+Every run is one :func:`headprobe.commands.train.train` call (same data stream per seed). Default data
 (``--corpus text+copy``): CPython's documentation text at character level, split by topic into
 training and held-out text, with 3/4 of every batch copy sequences over the same 96 characters
-(:func:`analyses.train.mixed_batch`). The losses (nats/token, a token is a character) are the
+(:func:`headprobe.commands.train.mixed_batch`). The losses (nats/token, a token is a character) are the
 held-out text loss (``eval_loss``), the in-context loss on held-out copy sequences (and on held-out
 text) and the loss on the repeated half of ``[BOS] r r``.
 Outputs: ``results.csv`` (one row per run), ``study.json`` (settings and the headline numbers)
@@ -26,11 +26,11 @@ import time
 import numpy as np
 import pandas as pd
 
-from analyses import figures
-from analyses.train import INDUCTION_FORMED, N_CHARS, TrainConfig, train
-from probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
-from probe.errors import HeadprobeError
-from probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.analyses import figures
+from headprobe.commands.train import INDUCTION_FORMED, N_CHARS, TrainConfig, train
+from headprobe.probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "train small models side by side: how many heads (study heads), MHA vs GQA vs MQA vs MLA (study layouts)"
 
@@ -48,7 +48,7 @@ def _ints(text: str, name: str) -> list[int]:
 
 
 def layout_of(cfg: TrainConfig) -> AttentionLayout:
-    """The :class:`probe.cost.AttentionLayout` of a training config (bf16 cache, no biases)."""
+    """The :class:`headprobe.probe.cost.AttentionLayout` of a training config (bf16 cache, no biases)."""
     return AttentionLayout(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                            kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim or None,
                            bias="none", bytes_per_element=2)
@@ -68,7 +68,7 @@ def variants(which: str, base: TrainConfig, n_heads_list: list[int], ranks: list
 
 def run_study(which: str, base: TrainConfig, seeds: list[int], n_heads_list: list[int], ranks: list[int], rope: int,
               progress: bool = True) -> pd.DataFrame:
-    from probe.loading import char_level_tokenizer, word_level_tokenizer
+    from headprobe.probe.loading import char_level_tokenizer, word_level_tokenizer
 
     runs = variants(which, base, n_heads_list, ranks, rope)
     for _, cfg in runs:  # every config error before any training
@@ -94,6 +94,8 @@ def run_study(which: str, base: TrainConfig, seeds: list[int], n_heads_list: lis
                     "text_in_context_loss": float(last.get("text_in_context_loss", float("nan"))),
                     "repeated_loss": float(last["repeated_loss"]), "max_induction": float(last["max_induction"]),
                     "max_previous_token": float(last["max_previous_token"]), "seconds": time.perf_counter() - t0,
+                    "self_check_ok": r.loaded.self_check.ok,
+                    "self_check_max_relative_error": r.loaded.self_check.max_relative_error,
                 })
                 if progress:
                     x = rows[-1]
@@ -193,8 +195,12 @@ def run(args: argparse.Namespace) -> int:
     study_figure(args.which, table, out, f"{args.n_heads} heads, " if args.which == "layouts" else "",
                  f"d_model {args.d_model}, {args.steps} steps, {len(seeds)} seed{'s' if len(seeds) > 1 else ''}, {args.corpus}")
     grid = {"n_heads_list": n_heads_list} if args.which == "heads" else {"ranks": ranks, "rope": args.rope}
+    self_check = {"all_ok": bool(table["self_check_ok"].all()),
+                  "max_relative_error": float(f"{table['self_check_max_relative_error'].max():.3g}"),
+                  "what": "per trained model: patterns and the per-head W_O decomposition (headprobe.probe.selfcheck)"}
     write_json(out / "study.json", {"which": args.which, "seeds": seeds, "base": dataclasses.asdict(base), **grid,
-                                    "device": args.device, "versions": package_versions(), **head})  # last
+                                    "device": args.device, "self_check": self_check, "versions": package_versions(),
+                                    **head})  # last
     print(table.groupby("variant", sort=False)[["eval_loss", "in_context_loss", "max_induction", "kv_bytes_per_token"]].mean().round(3))
     print(f"wrote results.csv, study.json and the figure to {out}/")
     return 0

@@ -2,7 +2,7 @@
 
 Each subcommand lives in its own module, which provides ``HELP`` (one line),
 ``add_arguments(parser)`` and ``run(args) -> int``; add a module to :data:`SUBCOMMANDS` to add a
-subcommand. Errors a user can cause are raised as :class:`probe.errors.HeadprobeError` and end the
+subcommand. Errors a user can cause are raised as :class:`headprobe.probe.errors.HeadprobeError` and end the
 program with one line on stderr and exit status 2 (argparse's usage errors too, see :class:`OneLineErrorParser`).
 """
 
@@ -15,16 +15,16 @@ import signal
 import sys
 import threading
 
-from probe.errors import HeadprobeError
+from headprobe.probe.errors import HeadprobeError
 
 # subcommand -> module providing HELP, add_arguments(parser), run(args)
 SUBCOMMANDS: dict[str, str] = {
-    "scan": "analyses.scan",
-    "budget": "analyses.budget",
-    "ablate": "analyses.ablate",
-    "prune": "analyses.prune",
-    "train": "analyses.train",
-    "study": "analyses.study",
+    "scan": "headprobe.commands.scan",
+    "budget": "headprobe.commands.budget",
+    "ablate": "headprobe.commands.ablate",
+    "prune": "headprobe.commands.prune",
+    "train": "headprobe.commands.train",
+    "study": "headprobe.commands.study",
 }
 
 

@@ -5,7 +5,7 @@ random token sequences in which a random segment starts repeating part-way throu
 only way to beat ``ln(n_words)`` nats is in-context copying. Every ``eval_every`` steps it logs:
 
 * every head's induction (prefix-matching) and previous-token score on repeated random tokens
-  ``[BOS] r_1..r_S r_1..r_S``, with the detectors of :mod:`analyses.detectors`;
+  ``[BOS] r_1..r_S r_1..r_S``, with the detectors of :mod:`headprobe.analyses.detectors`;
 * the in-context loss: loss late in the sequence minus loss early (Olsson et al. 2022 use token
   500 minus token 50 of 512; here the mean over a few positions around 98% and 10% of the
   context, on a fixed held-out batch of the training distribution);
@@ -34,15 +34,15 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from analyses import figures
-from analyses.ablation import task_loss, token_losses
-from analyses.data import ascii_text, pydoc_topics, repeated_random_tokens
-from analyses.detectors import induction_score, previous_token_score
-from probe.capture import stream_patterns
-from probe.errors import HeadprobeError
-from probe.hooks import format_head
-from probe.io import package_versions, prepare_output_dir, write_json, write_text
-from probe.loading import TEXT_CHARS
+from headprobe.analyses import figures
+from headprobe.analyses.ablation import task_loss, token_losses
+from headprobe.analyses.data import ascii_text, pydoc_topics, repeated_random_tokens
+from headprobe.analyses.detectors import induction_score, previous_token_score
+from headprobe.probe.capture import stream_patterns
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import format_head
+from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.probe.loading import TEXT_CHARS
 
 HELP = "train a small attention-only transformer from scratch and watch induction heads form (phase change)"
 
@@ -66,13 +66,13 @@ class TrainConfig:
         device: ``auto``, ``cpu`` or ``cuda``.
         bias: biases in the attention projections (MLA needs False).
         kv_lora_rank, qk_rope_head_dim: MLA's latent rank and decoupled rotary width (see
-            :class:`probe.model.TransformerConfig`); None for MHA/GQA/MQA.
+            :class:`headprobe.probe.model.TransformerConfig`); None for MHA/GQA/MQA.
         corpus: the training data. ``"copy"`` (default): only random-token copy sequences
             (:func:`copy_sequences`) over a word-level vocabulary of ``n_words`` ids.
             ``"text+copy"``: every batch mixes natural-text windows (CPython's documentation,
             :func:`text_corpus`, character level) with copy sequences whose random tokens are
             drawn from the same 96 characters; needs ``n_words == 96`` and the tokenizer of
-            :func:`probe.loading.char_level_tokenizer`. Evaluation then reports the held-out
+            :func:`headprobe.probe.loading.char_level_tokenizer`. Evaluation then reports the held-out
             *text* loss as ``eval_loss``.
         copy_fraction: ``"text+copy"`` only: the fraction of each batch that is copy sequences
             (``round(batch_size * copy_fraction)`` of them), the rest natural text.
@@ -136,7 +136,7 @@ class TrainConfig:
             raise HeadprobeError(f"--copy-fraction must be between 0 and 1, got {self.copy_fraction}")
 
     def model_config(self):
-        from probe.model import TransformerConfig
+        from headprobe.probe.model import TransformerConfig
 
         return TransformerConfig(
             n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
@@ -160,8 +160,8 @@ class TextCorpus:
 
     Attributes:
         train, held_out: 1-D character-level token ids (id ``i`` is ``TEXT_CHARS[i]``, see
-            :func:`probe.loading.char_level_tokenizer`): the topics of each part, in key order,
-            through :func:`analyses.data.ascii_text`, joined by a blank line (training topics
+            :func:`headprobe.probe.loading.char_level_tokenizer`): the topics of each part, in key order,
+            through :func:`headprobe.analyses.data.ascii_text`, joined by a blank line (training topics
             without the paragraphs they share with held-out ones, see :func:`text_corpus`).
         train_topics, held_out_topics: the topic names of each part (disjoint).
         source: where the text comes from.
@@ -176,8 +176,8 @@ class TextCorpus:
 
 def char_ids(text: str) -> Int[Tensor, "n_tokens"]:
     """Character-level ids of ``text`` (id ``i`` is ``TEXT_CHARS[i]``; the same ids as
-    :func:`probe.loading.char_level_tokenizer`, computed by table look-up). Characters outside
-    the vocabulary map to BOS/unknown (96); pass the text through :func:`analyses.data.ascii_text` first."""
+    :func:`headprobe.probe.loading.char_level_tokenizer`, computed by table look-up). Characters outside
+    the vocabulary map to BOS/unknown (96); pass the text through :func:`headprobe.analyses.data.ascii_text` first."""
     table = np.full(256, N_CHARS, dtype=np.int64)
     table[[ord(c) for c in TEXT_CHARS]] = np.arange(N_CHARS)
     codes = np.frombuffer(text.encode("ascii", errors="replace"), dtype=np.uint8)
@@ -311,7 +311,7 @@ def in_context_loss(losses: Tensor, early: float = 0.10, late: float = 0.98, win
     score scaled to short contexts: token 500 vs token 50 of 512 becomes the mean over
     ``±window`` positions around ``late`` and ``early`` fractions of the sequence.
 
-    ``losses`` is ``[batch, pos - 1]`` from :func:`analyses.ablation.token_losses` (index i
+    ``losses`` is ``[batch, pos - 1]`` from :func:`headprobe.analyses.ablation.token_losses` (index i
     predicts token i + 1). Negative when later tokens are predicted better.
     """
     n = losses.shape[1]
@@ -393,21 +393,21 @@ def train(cfg: TrainConfig, tokenizer, progress: bool = True) -> TrainResult:
     """Train a model as ``cfg`` says; deterministic given ``cfg.seed`` on one device.
 
     ``tokenizer`` is a word-level tokenizer over the ``n_words`` random tokens plus BOS (see
-    :func:`probe.loading.word_level_tokenizer`) for ``corpus="copy"``, the character-level one
-    (:func:`probe.loading.char_level_tokenizer`) for ``"text+copy"``.
+    :func:`headprobe.probe.loading.word_level_tokenizer`) for ``corpus="copy"``, the character-level one
+    (:func:`headprobe.probe.loading.char_level_tokenizer`) for ``"text+copy"``.
 
     Raises:
         HeadprobeError: bad settings, a tokenizer that does not fit the corpus, no GPU for
             ``device="cuda"``, or a diverged loss.
     """
-    from probe.convert import spec_from_native
-    from probe.loading import LoadedModel, device_auto
-    from probe.model import Transformer, init_weights
+    from headprobe.probe.convert import spec_from_native
+    from headprobe.probe.loading import LoadedModel, device_auto
+    from headprobe.probe.model import Transformer, init_weights
 
     cfg.validate()
     text = cfg.corpus == "text+copy"
     if text and tokenizer.convert_tokens_to_ids(list(TEXT_CHARS)) != list(range(N_CHARS)):
-        raise HeadprobeError("--corpus text+copy needs the character-level tokenizer (probe.loading.char_level_tokenizer)")
+        raise HeadprobeError("--corpus text+copy needs the character-level tokenizer (headprobe.probe.loading.char_level_tokenizer)")
     device = device_auto(cfg.device)
     if device == "cuda" and not torch.cuda.is_available():
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
@@ -507,6 +507,7 @@ def summary(result: TrainResult) -> dict:
                              "none unless some head's induction score exceeds 0.5",
         "induction_formed": bool(result.final_scores["induction"].max() > INDUCTION_FORMED),
         "seed": cfg.seed,
+        "self_check": result.loaded.self_check.to_dict(),
         "dtype": str(next(result.loaded.model.parameters()).dtype).removeprefix("torch."),
         "config": asdict(cfg),
         "versions": package_versions(),
@@ -516,7 +517,7 @@ def summary(result: TrainResult) -> dict:
 def write_outputs(result: TrainResult, out) -> list:
     """train_log.csv, the checkpoint (config.json, headprobe_model.pt, tokenizer files),
     training.{png,pdf} and, last, summary.json, each written atomically."""
-    from probe.loading import save_native
+    from headprobe.probe.loading import save_native
 
     summ = summary(result)
     written = []
@@ -567,7 +568,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import tempfile
 
-    from probe.loading import word_level_tokenizer
+    from headprobe.probe.loading import word_level_tokenizer
 
     fields = {f: getattr(args, f) for f in TrainConfig.__dataclass_fields__ if hasattr(args, f)}
     fields["mlp"] = None if args.mlp == "none" else args.mlp

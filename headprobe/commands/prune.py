@@ -18,14 +18,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analyses import figures
-from analyses.cli import positive_int
-from analyses.ablate import add_model_arguments, load_for_cli, open_checkpoint, task_tokens
-from analyses.ablation import first_scored, is_native
-from analyses.pruning import LossSet, iterative_pruning
-from probe.errors import HeadprobeError
-from probe.hooks import format_head
-from probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.analyses import figures
+from headprobe.cli import positive_int
+from headprobe.commands.ablate import add_model_arguments, load_for_cli, open_checkpoint, task_tokens
+from headprobe.analyses.ablation import first_scored, is_native
+from headprobe.analyses.pruning import LossSet, iterative_pruning
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import format_head
+from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "iterative head pruning by gradient importance vs a random order: pruning_curve.csv + figure, optional pruned model"
 
@@ -58,7 +58,7 @@ def _median_time(fn, repeats: int = 3) -> float:
 def save_pruned_model(model, run, fraction: float, tokens: torch.Tensor, out) -> dict:
     """Remove the first ``fraction`` of ``run``'s heads for real, save, reload, compare with the
     masked model (max |logit difference|) and time both (median seconds per forward)."""
-    from probe.pruned import count_attention_parameters, load_pruned, remove_heads, save_pruned
+    from headprobe.probe.pruned import count_attention_parameters, load_pruned, remove_heads, save_pruned
 
     spec = model.spec
     n = round(fraction * spec.n_layers * spec.n_heads)
@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     paths = figures.save_figure(fig, out / "pruning_curve")
     summary = {
         "model": spec.name, "weights_precision": spec.precision, "dtype": args.dtype, "device": str(model.device),
+        "self_check": model.self_check.to_dict(),
         "units": "nats/token", "n_heads_total": spec.n_layers * spec.n_heads,
         "method": "Michel et al. 2019 gradient importance I_h = E_x |dL/dxi_h|"
                   + (", per-layer L2-normalised" if args.normalize else "") + ("; rescored after every step" if args.rescore else "; scored once"),

@@ -8,9 +8,9 @@ Tasks (losses in nats/token):
 * ``induction``: the repeated half of ``[BOS] r_1..r_S r_1..r_S`` random tokens (predictions of
   r_2..r_S of the repeat), which only in-context copying can get right (Olsson et al. 2022).
 
-The exact sweep is :func:`analyses.ablation.exact_sweep` (fast on the native model); the
+The exact sweep is :func:`headprobe.analyses.ablation.exact_sweep` (fast on the native model); the
 gradient scores come from one forward and one backward pass per task
-(:func:`analyses.ablation.head_importance`).
+(:func:`headprobe.analyses.ablation.head_importance`).
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analyses import figures
-from analyses.cli import positive_int
-from analyses.ablation import (
+from headprobe.analyses import figures
+from headprobe.cli import positive_int
+from headprobe.analyses.ablation import (
     SweepResult, all_heads, capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, top_heads,
 )
-from analyses.data import natural_text_tokens, read_text_file, repeated_random_tokens
-from probe.capture import kv_head_of
-from probe.errors import HeadprobeError
-from probe.hooks import ABLATION_KINDS, format_head, parse_heads
-from probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json, write_text
+from headprobe.analyses.data import natural_text_tokens, read_text_file, repeated_random_tokens
+from headprobe.probe.capture import kv_head_of
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import ABLATION_KINDS, format_head, parse_heads
+from headprobe.probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "exact single-head ablation effect of every head (natural text, induction task), gradient importance, CSV + heatmaps"
 
@@ -63,7 +63,7 @@ def load_for_cli(args: argparse.Namespace, progress: bool = True):
     Raises:
         HeadprobeError: CUDA asked for but absent, or the model cannot be loaded.
     """
-    from probe.loading import device_auto, load_model
+    from headprobe.probe.loading import device_auto, load_model
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
@@ -71,6 +71,7 @@ def load_for_cli(args: argparse.Namespace, progress: bool = True):
     if progress:
         print(f"loading {args.model} on {device} ({args.dtype}) ...", flush=True)
     model = load_model(args.model, device=device, backend=args.backend)
+    model.self_check.require_decomposition("head ablation (ablate, prune)")
     model.model.to(DTYPES[args.dtype])
     spec = model.spec
     if 2 * args.period + 1 > spec.n_ctx:
@@ -141,7 +142,7 @@ CHUNK_LAYERS = 5
 
 def checkpointed_sweep(model, tokens, heads, kind, mean_z, source_tokens, first, max_batch, done: dict, save,
                        desc: str = "ablation sweep") -> SweepResult:
-    """:func:`~analyses.ablation.exact_sweep` in chunks of :data:`CHUNK_LAYERS` layers, recording
+    """:func:`~headprobe.analyses.ablation.exact_sweep` in chunks of :data:`CHUNK_LAYERS` layers, recording
     each chunk's losses in ``done`` (``{"clean": float, "loss": {"layer.head": float}}``) and
     calling ``save()`` after it; chunks already in ``done`` are skipped. Every chunk is
     deterministic, so a resumed sweep equals an uninterrupted one."""
@@ -204,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
                                    grad.attribution.numpy(), t1 - t0, t2 - t1)
 
     # prefix-matching (induction) score of every head, to check the induction ranking against
-    from analyses.scan import score_token_set
+    from headprobe.commands.scan import score_token_set
 
     induction_score = score_token_set(model, repeated, "repeated")[0]["induction"].numpy()
 
@@ -221,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     top_n = 10
     summary = {
         "model": spec.name, "weights_precision": spec.precision, "dtype": args.dtype, "device": str(model.device),
-        "ablation": args.kind, "units": "nats/token",
+        "self_check": model.self_check.to_dict(), "ablation": args.kind, "units": "nats/token",
         "tokens": {"natural": list(nat.shape), "induction": list(repeated.tokens.shape), "period": args.period,
                    "natural_source": natural.source},
         "clean_loss": {t: r.clean_loss for t, r in results.items()},

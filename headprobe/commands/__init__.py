@@ -1,0 +1,1 @@
+"""The ``headprobe`` subcommands, one module each (registered in :data:`headprobe.cli.SUBCOMMANDS`)."""

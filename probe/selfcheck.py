@@ -1,0 +1,185 @@
+"""The self-check every model gets at load: are its patterns and per-head results right?
+
+headprobe reads two things out of a model and builds everything else on them: the attention
+pattern of every head, and every head's output contribution ``result_h`` (the per-head W_O
+decomposition, Elhage et al. 2021). Both are exact only if the backend understands the
+architecture. A model whose blocks do something the decomposition does not know of (a norm on
+the attention output, latent attention, a hook that rescales) would give silently wrong
+per-head numbers. So one short forward pass (:data:`N_TOKENS` tokens) checks, per layer:
+
+(a) **patterns**: every row of ``hook_pattern`` sums to 1 and puts no weight on a future key
+    (``k_pos > q_pos``), within :data:`PATTERN_TOLERANCE`;
+(b) **decomposition**: ``sum_h result_h + b_O`` equals what the attention block adds to the
+    residual stream, ``resid_mid - resid_pre`` (or, for blocks whose attention and MLP read the
+    same residual in parallel, ``resid_post - resid_pre - mlp_out``), to
+    :data:`DECOMPOSITION_TOLERANCE` relative (Frobenius norm of the difference over that of the
+    reference, float32).
+
+The outcome is :class:`SelfCheck`, kept on the loaded model and written into every
+summary.json (``self_check``). Per-head results are refused (:meth:`SelfCheck.require_decomposition`)
+when (b) fails; pattern-only scores may still run when (a) holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from headprobe.probe.errors import HeadprobeError
+
+N_TOKENS = 16
+"""Tokens in the self-check's forward pass (one sequence, BOS first where the model has one)."""
+DECOMPOSITION_TOLERANCE = 1e-4
+"""Largest relative error of ``sum_h result_h + b_O`` against the block's residual contribution."""
+PATTERN_TOLERANCE = 1e-4
+"""Largest error of a pattern row sum, and largest weight on a future key."""
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """Outcome of :func:`run_self_check` (recorded as ``self_check`` in every summary.json).
+
+    Attributes:
+        architecture: the Hugging Face architecture (``LlamaForCausalLM``) or ``headprobe Transformer``.
+        backend: ``native`` or ``transformer-lens``.
+        n_tokens: tokens in the checked forward pass.
+        patterns_ok: (a) held in every layer.
+        max_row_sum_error: largest ``|sum_k pattern[q, k] - 1|`` over layers, heads and queries.
+        max_future_weight: largest weight on a key after its query.
+        decomposition_ok: (b) held in every layer.
+        max_relative_error: largest relative error of (b) over layers (None if not computed).
+        worst_layer: the layer where it was largest.
+        reference: what (b) compared with.
+        post_attention_norm: the blocks normalise the attention output before adding it; results
+            are then taken after that norm (see :func:`headprobe.probe.capture.capture_heads`).
+        error: why a check could not be computed at all (one line), else None.
+        tolerance: the relative tolerance of (b).
+    """
+
+    architecture: str
+    backend: str
+    n_tokens: int
+    patterns_ok: bool
+    max_row_sum_error: float | None
+    max_future_weight: float | None
+    decomposition_ok: bool
+    max_relative_error: float | None
+    worst_layer: int | None
+    reference: str
+    post_attention_norm: bool
+    error: str | None = None
+    tolerance: float = DECOMPOSITION_TOLERANCE
+
+    @property
+    def ok(self) -> bool:
+        """Both checks held."""
+        return self.patterns_ok and self.decomposition_ok
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready record, floats rounded to 3 significant digits."""
+        d = asdict(self)
+        for key in ("max_row_sum_error", "max_future_weight", "max_relative_error"):
+            if d[key] is not None:
+                d[key] = float(f"{d[key]:.3g}")
+        d["ok"] = self.ok
+        return d
+
+    def _identity(self) -> str:
+        if self.error is not None:
+            return f"it could not be computed ({self.error})"
+        return (f"sum_h result_h + b_O differs from {self.reference} by {self.max_relative_error:.2g} relative in layer "
+                f"{self.worst_layer} (tolerance {self.tolerance:g})")
+
+    def require_decomposition(self, what: str = "per-head results") -> None:
+        """Raise unless (b) held: ``what`` would otherwise be silently wrong.
+
+        Raises:
+            HeadprobeError: one line naming the architecture and the identity that failed.
+        """
+        if not self.decomposition_ok:
+            raise HeadprobeError(
+                f"{what} refused for {self.architecture} ({self.backend} backend): the load-time self-check of the "
+                f"per-head W_O decomposition failed: {self._identity()}")
+
+    def require_patterns(self, what: str = "attention patterns") -> None:
+        """Raise unless (a) held.
+
+        Raises:
+            HeadprobeError: one line naming the architecture and the pattern property that failed.
+        """
+        if not self.patterns_ok:
+            why = self.error if self.max_row_sum_error is None else (
+                f"rows sum to 1 within {self.max_row_sum_error:.2g} and future keys get up to {self.max_future_weight:.2g}")
+            raise HeadprobeError(f"{what} refused for {self.architecture} ({self.backend} backend): the load-time "
+                                 f"self-check of attention patterns failed: {why} (tolerance {PATTERN_TOLERANCE:g})")
+
+
+def check_tokens(model: Any, n_tokens: int = N_TOKENS) -> torch.Tensor:
+    """``[1, n_tokens]`` token ids for the self-check: BOS (where the model has one) then seeded
+    random ids below ``min(d_vocab, len(tokenizer))``; capped at the model's context."""
+    n = min(n_tokens, model.spec.n_ctx)
+    vocab = model.spec.d_vocab
+    if model.tokenizer is not None:
+        vocab = min(vocab, len(model.tokenizer))
+    ids = torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(0))
+    if model.prepend_bos:
+        ids[0, 0] = model.bos_token_id
+    return ids
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+@torch.inference_mode()
+def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
+    """Run checks (a) and (b) of the module docstring on ``model`` (a
+    :class:`~headprobe.probe.loading.LoadedModel`). Never raises for a model that fails them:
+    the failure is the result."""
+    from headprobe.probe.capture import capture_internal
+
+    spec = model.spec
+    tokens = check_tokens(model, n_tokens)
+    T = tokens.shape[1]
+    names = set(model.hook_names())
+    layers = range(spec.n_layers)
+    parallel = any(f"blocks.{l}.hook_resid_mid" not in names for l in layers)
+    reference = "resid_post - resid_pre - mlp_out" if parallel else "resid_mid - resid_pre"
+    common = dict(architecture=model.architecture, backend=model.backend, n_tokens=T, reference=reference,
+                  post_attention_norm=model.has_post_attention_norm)
+    def failed(why: str, **kw) -> SelfCheck:
+        fields = dict(patterns_ok=False, max_row_sum_error=None, max_future_weight=None, decomposition_ok=False,
+                      max_relative_error=None, worst_layer=None)
+        return SelfCheck(**{**fields, **kw}, error=why, **common)
+
+    cap: dict = {}
+    try:
+        capture_internal(model, tokens, residual=True, out=cap)
+    except Exception as e:  # a backend that cannot be captured fails the check, with the reason
+        why = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        if len(cap.get("pattern", ())) < spec.n_layers:
+            return failed(why)
+        cap["failure"] = why
+
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    row_err = max(float((cap["pattern"][l].double().sum(-1) - 1).abs().max()) for l in layers)
+    future_w = max(float(cap["pattern"][l].double().cpu()[..., future].abs().max()) if T > 1 else 0.0 for l in layers)
+    patterns_ok = row_err <= PATTERN_TOLERANCE and future_w <= PATTERN_TOLERANCE
+    if "failure" in cap:
+        return failed(cap["failure"], patterns_ok=patterns_ok, max_row_sum_error=row_err, max_future_weight=future_w)
+
+    errors = []
+    for l in layers:
+        added = cap["result"][l].sum(dim=2) + cap["b_O"][l]
+        if parallel:
+            want = cap["resid_post"][l] - cap["resid_pre"][l] - cap["mlp_out"][l]
+        else:
+            want = cap["resid_mid"][l] - cap["resid_pre"][l]
+        errors.append(_relative_error(added, want))
+    worst = max(range(len(errors)), key=errors.__getitem__)
+    return SelfCheck(patterns_ok=patterns_ok, max_row_sum_error=row_err, max_future_weight=future_w,
+                     decomposition_ok=errors[worst] <= DECOMPOSITION_TOLERANCE, max_relative_error=errors[worst],
+                     worst_layer=worst, **common)
