@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from headprobe.analyses import figures
-from headprobe.cli import positive_int
+from headprobe.options import positive_int
 from headprobe.analyses.ablation import (
     SweepResult, all_heads, capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, top_heads,
 )

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from headprobe.analyses import figures
-from headprobe.cli import positive_int
+from headprobe.options import positive_int
 from headprobe.commands.ablate import add_model_arguments, load_for_cli, open_checkpoint, task_tokens
 from headprobe.analyses.ablation import first_scored, is_native
 from headprobe.analyses.pruning import LossSet, iterative_pruning

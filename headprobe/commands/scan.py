@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headprobe.analyses import figures
-from headprobe.cli import positive_int
+from headprobe.options import positive_int
 from headprobe.analyses.ablation import (
     Verification, ablated_loss, is_confirmed, names, random_head_sets, task_loss, top_heads,
 )
