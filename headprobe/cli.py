@@ -1,8 +1,9 @@
 """The ``headprobe`` command.
 
-Each subcommand lives in its own module, which provides ``HELP`` (one line),
-``add_arguments(parser)`` and ``run(args) -> int``; add a module to :data:`SUBCOMMANDS` to add a
-subcommand. Errors a user can cause are raised as :class:`headprobe.probe.errors.HeadprobeError` and end the
+Each subcommand lives in its own module under :mod:`headprobe.commands`, which provides ``HELP``
+(one line), ``add_arguments(parser)`` (flags shared by several commands come from
+:mod:`headprobe.options`) and ``main(args) -> int``, which only maps the flags to the command's
+config and calls its ``run``; add a module to :data:`SUBCOMMANDS` to add a subcommand. Errors a user can cause are raised as :class:`headprobe.probe.errors.HeadprobeError` and end the
 program with one line on stderr and exit status 2 (argparse's usage errors too, see :class:`OneLineErrorParser`).
 """
 
@@ -43,15 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name != module_name:  # a missing dependency is a real error; say so
-                raise
-            continue  # a registered subcommand whose module is not in this checkout yet
+        module = importlib.import_module(module_name)  # a registered command that does not import is a bug: fail loudly
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=getattr(module, "main", None) or module.run)  # main(args) -> int; run(args) until converted
     return parser
 
 
