@@ -31,7 +31,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import AblationKind, Head, attn_hook, format_head, head_ablation_hooks, scoped_hooks
+from headprobe.probe.hooks import ABLATION_KINDS, AblationKind, Head, attn_hook, format_head, head_ablation_hooks, scoped_hooks
 
 
 def token_losses(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos_minus_1"]:
@@ -232,9 +232,14 @@ class SweepResult:
         return self.loss - self.clean_loss
 
 
+SINGLE_INPUT_KINDS: tuple[str, ...] = tuple(k for k in ABLATION_KINDS if k != "resample")
+"""The ablation kinds (of :data:`headprobe.probe.hooks.ABLATION_KINDS`, the one list) that need
+no second input: resample replaces z by the head's z on another input, which a task must supply."""
+
+
 def _check_kind(kind: str, mean_z, source_tokens) -> None:
-    if kind not in ("zero", "mean", "resample"):
-        raise HeadprobeError(f"unknown ablation kind {kind!r}; expected zero, mean or resample")
+    if kind not in ABLATION_KINDS:
+        raise HeadprobeError(f"unknown ablation kind {kind!r}; expected one of {', '.join(ABLATION_KINDS)}")
     if kind == "mean" and mean_z is None:
         raise HeadprobeError("mean ablation needs mean_z (each head's mean z over reference tokens)")
     if kind == "resample" and source_tokens is None:

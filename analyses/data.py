@@ -143,3 +143,40 @@ def repeated_random_tokens(model, n_seqs: int, period: int, seed: int) -> TokenS
     if start:
         tokens = torch.cat([torch.full((n_seqs, 1), model.bos_token_id), tokens], dim=1)
     return TokenSet(tokens=tokens, start=start, period=period, source=f"{n_seqs} random sequences of {period} tokens, repeated once")
+
+
+@dataclass(frozen=True)
+class TaskTokens:
+    """The token sets of the two tasks ``ablate`` and ``prune`` measure (losses in nats/token).
+
+    Attributes:
+        natural: ``2 n_natural`` natural-text windows ``[2 n_natural, seq_len]``; the first half and
+            the second half are disjoint (scored / held out, or ablated / mean-z reference).
+        repeated: repeated random tokens ``[n_repeated, start + 2 period]`` (the induction task).
+        repeated_source: a second repeated set (seed + 1), the source input of resample ablation.
+    """
+
+    natural: TokenSet
+    repeated: TokenSet
+    repeated_source: TokenSet
+
+
+def task_tokens(model, n_natural: int, seq_len: int, n_repeated: int, period: int, seed: int,
+                text: str | None = None, source: str | None = None) -> TaskTokens:
+    """The natural-text and induction token sets of ``ablate`` and ``prune`` (see :class:`TaskTokens`).
+
+    Raises:
+        HeadprobeError: a sequence longer than the model's context, or a text holding fewer than
+            ``2 n_natural`` windows of ``seq_len`` tokens.
+    """
+    n_ctx = model.spec.n_ctx
+    if seq_len > n_ctx or 2 * period + 1 > n_ctx:
+        raise HeadprobeError(f"--seq-len {seq_len} / --period {period} give sequences longer than the "
+                             f"model's context ({n_ctx} tokens)")
+    natural = natural_text_tokens(model, 2 * n_natural, seq_len, seed, text, source=source)
+    if natural.tokens.shape[0] < 2 * n_natural:
+        raise HeadprobeError(f"the text holds {natural.tokens.shape[0]} windows of {seq_len} tokens; "
+                             f"{2 * n_natural} are needed: give more text or a shorter --seq-len")
+    repeated = repeated_random_tokens(model, n_repeated, period, seed)
+    repeated_source = repeated_random_tokens(model, n_repeated, period, seed + 1)
+    return TaskTokens(natural, repeated, repeated_source)

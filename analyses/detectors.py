@@ -10,7 +10,7 @@ BOS, 0 without). Query 0 is excluded everywhere: it can attend only to itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -98,17 +98,43 @@ def positional_score(pattern: Pattern) -> tuple[Float[Tensor, "head"], Float[Ten
 
 
 @dataclass(frozen=True)
+class HeatmapStyle:
+    """How one head_scores.csv column is drawn as a layer x head heatmap (``heatmap_<column>``).
+
+    Attributes:
+        column: the score column drawn.
+        title: the figure's title, e.g. ``"induction score"`` (the overview panel drops " score").
+        label: the colour bar's label (what the number measures).
+        options: extra keyword arguments of :func:`headprobe.analyses.figures.head_heatmap`
+            (colour map, range); empty: ``viridis`` on [0, 1].
+    """
+
+    column: str
+    title: str
+    label: str
+    options: tuple[tuple[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
 class Detector:
-    """A head type: which token set defines it, how to score it, and which column ranks it.
+    """A head type, everything about it in one entry: which token set it is scored on, how to
+    score it, which column ranks it, which task verifies it, and how it is drawn. Adding a head
+    type means adding one entry to :data:`DETECTORS`.
 
     Attributes:
         name: head type, e.g. ``"induction"``.
-        dataset: ``"natural"`` (natural text) or ``"repeated"`` (repeated random tokens).
+        dataset: ``"natural"`` (natural text) or ``"repeated"`` (repeated random tokens): the
+            token set its score is computed on.
         columns: the head_scores.csv columns it fills.
-        rank_by: the column its top-k heads are chosen by.
+        rank_by: the column its top-k heads are chosen by (also its overview panel).
         score: ``(pattern, period, start) -> {column: [head]}``.
         task: the loss its ablations are judged on: ``"natural"`` or ``"repeated"`` (the loss on
             the repeated half).
+        figures: one :class:`HeatmapStyle` per heatmap drawn; the one of ``rank_by`` also
+            titles its overview panel.
+        integer_columns: columns that hold integers (written without decimals).
+        top_head_extras: ``(key, column)`` pairs: each top head in summary.json also reports
+            ``key: int(column)`` (e.g. the positional head's offset).
     """
 
     name: str
@@ -117,23 +143,64 @@ class Detector:
     rank_by: str
     score: Callable[[Pattern, int | None, int], dict[str, Tensor]]
     task: str
+    figures: tuple[HeatmapStyle, ...] = ()
+    integer_columns: tuple[str, ...] = ()
+    top_head_extras: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def panel_title(self) -> str:
+        """The overview panel's title: the ``rank_by`` heatmap's title without " score"."""
+        style = next((f for f in self.figures if f.column == self.rank_by), None)
+        return (style.title if style else self.name.replace("_", "-")).removesuffix(" score")
 
 
 DETECTORS: dict[str, Detector] = {
     d.name: d
     for d in [
         Detector("previous_token", "natural", ("previous_token",), "previous_token",
-                 lambda p, S, s: {"previous_token": previous_token_score(p)}, "natural"),
+                 lambda p, S, s: {"previous_token": previous_token_score(p)}, "natural",
+                 figures=(HeatmapStyle("previous_token", "previous-token score", "attention to i−1"),)),
         Detector("duplicate_token", "repeated", ("duplicate_token",), "duplicate_token",
-                 lambda p, S, s: {"duplicate_token": duplicate_token_score(p, S, s)}, "natural"),
+                 lambda p, S, s: {"duplicate_token": duplicate_token_score(p, S, s)}, "natural",
+                 figures=(HeatmapStyle("duplicate_token", "duplicate-token score", "attention to earlier copy"),)),
         Detector("induction", "repeated", ("induction",), "induction",
-                 lambda p, S, s: {"induction": induction_score(p, S, s)}, "repeated"),
+                 lambda p, S, s: {"induction": induction_score(p, S, s)}, "repeated",
+                 figures=(HeatmapStyle("induction", "induction score", "attention to token after copy"),)),
         Detector("first_token", "natural", ("first_token",), "first_token",
-                 lambda p, S, s: {"first_token": first_token_score(p)}, "natural"),
+                 lambda p, S, s: {"first_token": first_token_score(p)}, "natural",
+                 figures=(HeatmapStyle("first_token", "first-token (sink) score", "attention to position 0"),)),
         Detector("positional", "natural", ("positional_offset", "positional_fraction"), "positional_fraction",
-                 lambda p, S, s: dict(zip(("positional_offset", "positional_fraction"), positional_score(p))), "natural"),
+                 lambda p, S, s: dict(zip(("positional_offset", "positional_fraction"), positional_score(p))), "natural",
+                 figures=(HeatmapStyle("positional_fraction", "positional score", "share of queries at top offset"),
+                          HeatmapStyle("positional_offset", "positional offset k − q", "most frequent offset of the maximum",
+                                       (("cmap", "cividis"), ("vmin", -8), ("vmax", 0), ("extend", "min")))),
+                 integer_columns=("positional_offset",), top_head_extras=(("offset", "positional_offset"),)),
     ]
 }
 """All head types, in the order of head_scores.csv's columns."""
 
 SCORE_COLUMNS: tuple[str, ...] = tuple(c for d in DETECTORS.values() for c in d.columns)
+"""head_scores.csv's score columns (all head types), in order."""
+
+
+def select_detectors(types: str | Sequence[str] | None = None) -> tuple[str, ...]:
+    """Registry names of the head types asked for, in :data:`DETECTORS` order.
+
+    Args:
+        types: None (all), a comma-separated string (``"induction,previous-token"``) or a
+            sequence of names; ``-`` and ``_`` are interchangeable, case is ignored.
+
+    Raises:
+        HeadprobeError: an unknown name or an empty selection (one line listing the known names).
+    """
+    if types is None:
+        return tuple(DETECTORS)
+    items = types.split(",") if isinstance(types, str) else list(types)
+    wanted = {str(t).strip().lower().replace("-", "_") for t in items} - {""}
+    known = ", ".join(n.replace("_", "-") for n in DETECTORS)
+    unknown = sorted(wanted - set(DETECTORS))
+    if unknown:
+        raise HeadprobeError(f"unknown head type {', '.join(unknown).replace('_', '-')}; known types: {known}")
+    if not wanted:
+        raise HeadprobeError(f"no head type given; known types: {known}")
+    return tuple(n for n in DETECTORS if n in wanted)

@@ -76,3 +76,82 @@ def add_text_option(p: argparse.ArgumentParser) -> None:
 def add_seed_option(p: argparse.ArgumentParser, default: int = 0) -> None:
     """``--seed``."""
     p.add_argument("--seed", type=int, default=default, help="seeds data windows, random tokens and draws (default %(default)s)")
+
+
+def add_data_options(p: argparse.ArgumentParser, *, seq_len: int | None = 128, n_repeated: int = 8,
+                     period: int | None = 50, seq_len_help: str = "", period_help: str = "") -> None:
+    """``--text --seq-len --n-repeated --period``: the natural-text and repeated-random-token sets."""
+    add_text_option(p)
+    p.add_argument("--seq-len", type=positive_int, default=seq_len,
+                   help="natural-text sequence length in tokens " + (seq_len_help or "(default %(default)s)"))
+    p.add_argument("--n-repeated", type=positive_int, default=n_repeated, help="repeated random sequences (default %(default)s)")
+    p.add_argument("--period", type=positive_int, default=period,
+                   help="length of the repeated random block " + (period_help or "(default %(default)s)"))
+
+
+SMOLLM2_LAYOUT = (30, 9)
+"""(layers, query heads per layer) of the embedded ``smollm2-135m`` (SmolLM2-135M; checked against
+the loaded model by the real-model tests)."""
+
+
+def peek_layout(model: str) -> tuple[int, int] | None:
+    """``(n_layers, n_heads)`` of ``model`` read without loading weights (milliseconds), so that
+    flags naming heads can be checked before a load: the embedded ``smollm2-135m``, a Hugging Face
+    directory (its ``config.json``) or a headprobe checkpoint directory. None where the layout
+    cannot be read that cheaply (hub names, ``.gguf`` files, unreadable configs): the caller checks
+    after loading instead."""
+    import json
+    from pathlib import Path
+
+    if model == DEFAULT_MODEL:
+        return SMOLLM2_LAYOUT
+    path = Path(model).expanduser() / "config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    if isinstance(cfg.get("model"), dict) and "format" in cfg:  # headprobe checkpoint
+        cfg = cfg["model"]
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
+    layers = next((cfg[k] for k in ("n_layers", "num_hidden_layers", "n_layer", "num_layers") if isinstance(cfg.get(k), int)), None)
+    heads = next((cfg[k] for k in ("n_heads", "num_attention_heads", "n_head") if isinstance(cfg.get(k), int)), None)
+    return (layers, heads) if layers and heads else None
+
+
+def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", backend: str = "auto",
+                  prepend_bos: bool = True, announce=None):
+    """Load ``name`` the way every command's ``--model --device --dtype --backend`` ask for: a
+    :class:`~headprobe.probe.loading.LoadedModel` on ``device`` (``auto``: cuda when present),
+    its weights cast to ``dtype`` (a :data:`DTYPES` name or alias). ``announce`` (e.g. ``print``)
+    receives one line before the load.
+
+    Raises:
+        HeadprobeError: ``cuda`` asked for but absent, an unknown dtype, or the model cannot be loaded.
+    """
+    import torch
+
+    from headprobe.probe import loading
+    from headprobe.probe.errors import HeadprobeError
+
+    try:
+        dtype = dtype_name(dtype)
+    except argparse.ArgumentTypeError as e:
+        raise HeadprobeError(str(e)) from None
+    if device == "cuda" and not torch.cuda.is_available():
+        raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
+    device = loading.device_auto(device)
+    if announce is not None:
+        announce(f"loading {name} on {device} ({dtype}) ...")
+    model = loading.load_model(name, device=device, prepend_bos=prepend_bos, backend=backend)
+    if dtype != "float32":
+        model.model.to(torch_dtype(dtype))
+    return model
+
+
+def describe_model(model) -> str:
+    """One line on a loaded model's layout and weights, for a command's progress output."""
+    spec = model.spec
+    return (f"model {spec.name}: {spec.n_layers} layers x {spec.n_heads} heads ({spec.layout}, "
+            f"{spec.n_kv_heads} KV heads); weights: {spec.precision}")

@@ -25,21 +25,24 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from headprobe.analyses import figures
-from headprobe.options import positive_int
+from headprobe import options
+from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
-    Verification, ablated_loss, is_confirmed, names, random_head_sets, task_loss, top_heads,
+    SINGLE_INPUT_KINDS, Verification, ablated_loss, is_confirmed, names, random_head_sets, task_loss, top_heads,
 )
 from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
-from headprobe.analyses.detectors import DETECTORS, SCORE_COLUMNS
-from headprobe.probe.capture import kv_head_of, stream_patterns
+from headprobe.analyses.detectors import DETECTORS, select_detectors
+from headprobe.analyses.scoring import example_patterns, score_token_set  # noqa: F401 - score_token_set re-exported
+from headprobe.options import positive_int
+from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import attn_hook, format_head
+from headprobe.probe.hooks import format_head
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "find the classic head types in a pretrained model, verify them by ablation, write table and figures"
 
-ABLATION_KINDS = ("zero", "mean")
+ABLATION_KINDS = SINGLE_INPUT_KINDS
+"""The kinds scan verifies with: those needing no second input (zero, mean)."""
 DEFAULT_SEQ_LEN = 128  # natural-text tokens per sequence, unless the model's context is shorter
 DEFAULT_PERIOD = 50  # repeated block, unless two of them do not fit the context
 DEFAULT_K = 10  # heads ablated per type, unless that is more than a quarter of the model's heads
@@ -47,27 +50,29 @@ DEFAULT_K = 10  # heads ablated per type, unless that is more than a quarter of 
 
 @dataclass(frozen=True)
 class ScanConfig:
-    """Settings of a scan (all recorded in summary.json).
+    """Settings of a scan (all recorded in summary.json's ``config``). Invalid values raise
+    :class:`~headprobe.probe.errors.HeadprobeError` when the config is made, before any model loads.
 
     Attributes:
-        model: model name or path (see :func:`headprobe.probe.loading.load_model`).
-        n_natural: natural-text sequences. seq_len: their length in tokens (BOS included); None:
-            128, or the model's context if that is shorter.
-        n_repeated: repeated-random-token sequences. period: length S of the repeated block; None:
-            50, or the longest that fits the model's context twice (``(n_ctx - 1) // 2``).
-        k: heads ablated per type, and per random draw; None: 10, or a quarter of the model's
-            heads if that is fewer. Must be below the number of heads. n_random: random draws of k heads.
-        seed: seeds window choice, random tokens and random head draws.
-        text: a UTF-8 file to use instead of the Python documentation text.
-        device: ``auto``, ``cpu`` or ``cuda``.
-        prepend_bos: put the tokenizer's BOS token first (once) where the model has one.
-        backend: ``auto`` (headprobe's own transformer where it supports the architecture),
-            ``native`` or ``transformer-lens`` (TransformerLens' TransformerBridge).
-        verify: ablate the top-k heads of each type against random heads (needs the model's
-            per-head decomposition to pass its self-check); False scores patterns only.
+        model: model name or path (see :func:`headprobe.probe.loading.load_model`); loaded by :func:`scan` and the CLI.
+        n_natural: natural-text sequences (>= 1).
+        seq_len: natural-text sequence length in tokens, BOS included (>= 2); None: 128, or the model's context if shorter.
+        n_repeated: repeated-random-token sequences (>= 1).
+        period: length S of the repeated block (>= 2); None: 50, or the longest that fits twice, ``(n_ctx - 1) // 2``.
+        k: heads ablated per type and per random draw (>= 1, below the head count); None: 10, or a quarter of the heads if fewer.
+        n_random: random draws of k heads for the control (>= 1).
+        seed: seeds the window choice, the random tokens and the random head draws.
+        text: a UTF-8 file to use instead of the Python documentation text (read and checked when the config is made).
+        device: ``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name.
+        dtype: compute precision (``float32``, ``bfloat16``, ``float16`` or bf16/fp16/fp32); applies when the model is loaded by name.
+        prepend_bos: put the tokenizer's BOS token first (once) where the model has one; applies when loaded by name.
+        backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; applies when loaded by name.
+        verify: ablate each type's top-k heads against random heads (needs the per-head decomposition's self-check); False scores patterns only.
+        types: head types to score, verify and draw (names of :data:`~headprobe.analyses.detectors.DETECTORS`, a tuple
+            or a comma-separated string, ``-``/``_`` alike); None: all. Stored as the tuple of registry names.
     """
 
-    model: str = "smollm2-135m"
+    model: str = options.DEFAULT_MODEL
     n_natural: int = 8
     seq_len: int | None = None
     n_repeated: int = 8
@@ -77,120 +82,134 @@ class ScanConfig:
     seed: int = 0
     text: str | None = None
     device: str = "auto"
+    dtype: str = "float32"
     prepend_bos: bool = True
     backend: str = "auto"
     verify: bool = True
+    types: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "types", select_detectors(self.types))
+        try:
+            object.__setattr__(self, "dtype", options.dtype_name(self.dtype))
+        except argparse.ArgumentTypeError as e:
+            raise HeadprobeError(str(e)) from None
+        if self.text is not None:
+            object.__setattr__(self, "text", str(self.text))
+        for name in ("n_natural", "n_repeated", "n_random"):
+            if getattr(self, name) < 1:
+                raise HeadprobeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.k is not None and self.k < 1:
+            raise HeadprobeError(f"--top-k must be at least 1, got {self.k}")
+        if self.seq_len is not None and self.seq_len < 2:
+            raise HeadprobeError(f"sequence length {self.seq_len} is too short: scores need at least 2 positions (--seq-len)")
+        if self.period is not None and self.period < 2:
+            raise HeadprobeError(f"--period {self.period} is too short: induction needs a repeated block of at least 2 tokens")
+        for name, allowed in (("device", options.DEVICES), ("backend", options.BACKENDS)):
+            if getattr(self, name) not in allowed:
+                raise HeadprobeError(f"--{name} {getattr(self, name)!r} is not one of {', '.join(allowed)}")
+
+    def read_text(self) -> str | None:
+        """The natural text (None: the default text); checks the file.
+
+        Raises:
+            HeadprobeError: missing, a directory, unreadable, not UTF-8 or empty.
+        """
+        return read_text_file(self.text) if self.text else None
+
+    def resolved(self, spec) -> ScanConfig:
+        """This config with the model-dependent defaults filled in for ``spec`` (a ModelSpec).
+
+        Raises:
+            HeadprobeError: a sequence longer than the model's context, or k >= the head count.
+        """
+        if self.seq_len is not None and self.seq_len > spec.n_ctx:
+            raise HeadprobeError(f"--seq-len {self.seq_len} is longer than the model's context ({spec.n_ctx} tokens); "
+                                 f"use --seq-len {spec.n_ctx} or less (longer text is cut into windows)")
+        if self.period is not None and 2 * self.period + 1 > spec.n_ctx:
+            raise HeadprobeError(f"--period {self.period} gives sequences longer than the model's context ({spec.n_ctx} tokens); "
+                                 f"use --period {(spec.n_ctx - 1) // 2} or less")
+        n_heads = spec.n_layers * spec.n_heads
+        if self.k is not None and self.k >= n_heads:
+            raise HeadprobeError(f"--top-k {self.k} leaves no random control: the model has {n_heads} heads; "
+                                 f"use --top-k {max(1, n_heads // 4)} or so")
+        return replace(self, seq_len=self.seq_len or min(DEFAULT_SEQ_LEN, spec.n_ctx),
+                       period=self.period or min(DEFAULT_PERIOD, (spec.n_ctx - 1) // 2),
+                       k=self.k or max(1, min(DEFAULT_K, n_heads // 4)))
 
 
 @dataclass
 class ScanResult:
+    """What a scan found. Losses in nats/token, scores as defined in :mod:`headprobe.analyses.detectors`.
+
+    Attributes:
+        config: the settings, model-dependent defaults filled in.
+        spec: the model's :class:`~headprobe.probe.loading.ModelSpec`.
+        table: head_scores.csv: one row per head (``layer``, ``head``, ``kv_head``, then the selected types' columns).
+        scores: column -> ``[layer, head]`` array (the selected types' columns).
+        verifications: one :class:`~headprobe.analyses.ablation.Verification` per selected type and ablation kind.
+        clean_loss: task (``natural``, ``repeated``) -> loss with no head ablated.
+        natural, repeated: the token sets scored.
+        examples: head type -> ``{"head", "pattern", "labels"}``, its top head's pattern on a short example.
+        timings: seconds per stage (``load_s``, ``score_s``, ``ablate_s``).
+        device, dtype: where and in which precision the model ran.
+        self_check: the model's load-time self-check (:meth:`SelfCheck.to_dict`).
+    """
+
     config: ScanConfig
     spec: object
     table: pd.DataFrame
-    scores: dict[str, np.ndarray]  # column -> [layer, head]
+    scores: dict[str, np.ndarray]
     verifications: list[Verification]
     clean_loss: dict[str, float]
     natural: TokenSet
     repeated: TokenSet
-    examples: dict[str, dict]  # head type -> {"head", "pattern", "labels"}
+    examples: dict[str, dict]
     timings: dict[str, float]
     device: str = "cpu"
     dtype: str = "float32"
     self_check: dict | None = None
 
+    def summary(self) -> dict:
+        """summary.json's content (as a dict; package versions included)."""
+        return summary(self)
 
-def score_token_set(model, tokens: TokenSet, dataset: str, mean_z: bool = False):
-    """Stream one forward pass over ``tokens``, scoring every head with the detectors of ``dataset``.
+    def figures(self) -> dict[str, object]:
+        """The figures scan writes, by file stem (``heatmap_induction``, ``overview``, ``pattern_induction``,
+        ``ablation``): matplotlib Figures of the selected types only."""
+        return scan_figures(self)
 
-    Returns:
-        (scores, logits, mean_z): ``scores[column]`` is ``[layer, head]``; ``mean_z`` is
-        ``[layer, head, d_head]`` (each head's mean z over real positions) or None.
-    """
-    spec = model.spec
-    dets = [d for d in DETECTORS.values() if d.dataset == dataset]
-    scores = {c: torch.zeros(spec.n_layers, spec.n_heads) for d in dets for c in d.columns}
-    z_mean = torch.zeros(spec.n_layers, spec.n_heads, spec.d_head) if mean_z else None
+    def report(self) -> str:
+        """The short terminal table: top heads per type and the ablation verdicts."""
+        return format_report(self)
 
-    def on_pattern(layer: int, pattern: torch.Tensor) -> None:
-        for det in dets:
-            for col, v in det.score(pattern, tokens.period, tokens.start).items():
-                scores[col][layer] = v.cpu()
+    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+        """Write head_scores.csv, the figures (PNG and PDF) and, last, summary.json into ``out_dir``,
+        each file atomically, so a directory with summary.json in it is complete. Returns the paths.
 
-    first_bad: list[int] = []
-
-    def make_finite_check(layer: int):
-        def hook(resid, hook):
-            if not first_bad and not torch.isfinite(resid).all():
-                first_bad.append(layer)
-        return hook
-
-    extra = [(f"blocks.{layer}.hook_resid_post", make_finite_check(layer)) for layer in range(spec.n_layers)]
-    if mean_z:
-        def make(layer: int):
-            def hook(z, hook):
-                z_mean[layer] = z[:, tokens.start:].float().mean(dim=(0, 1)).cpu()
-            return hook
-        extra += [(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)]
-
-    logits = stream_patterns(model, tokens.tokens, on_pattern, extra_hooks=extra)
-    if first_bad:
-        raise HeadprobeError(f"activations become NaN or Inf in layer {first_bad[0]} (residual stream after the block); "
-                             f"check the weights of that layer")
-    if not torch.isfinite(logits).all():
-        raise HeadprobeError("the model produced NaN or Inf logits on the scan's input")
-    return scores, logits, z_mean
-
-
-def _token_labels(model, ids: torch.Tensor) -> list[str]:
-    labels = []
-    for i in ids.tolist():
-        s = model.tokenizer.decode([i]).replace("\n", "\\n")
-        labels.append((s if s.strip() else repr(s)[1:-1] or "·")[:10])
-    return labels
-
-
-@torch.inference_mode()
-def example_patterns(model, best: dict[str, tuple[int, int]], natural: TokenSet, repeated: TokenSet) -> dict[str, dict]:
-    """The attention pattern of the top head of each type on a short example of its token set."""
-    period = 10
-    short = {
-        "natural": natural.tokens[:1, :28],
-        "repeated": torch.cat(
-            [repeated.tokens[:1, : repeated.start + period], repeated.tokens[:1, repeated.start : repeated.start + period]], dim=1
-        ),
-    }
-    out: dict[str, dict] = {}
-    for dataset, toks in short.items():
-        wanted = {t: h for t, h in best.items() if DETECTORS[t].dataset == dataset}
-        layers = sorted({h[0] for h in wanted.values()})
-        if not layers:
-            continue
-        kept: dict[int, torch.Tensor] = {}
-
-        def on_pattern(layer, pattern):
-            kept[layer] = pattern[0].detach().float().cpu().clone()
-
-        stream_patterns(model, toks, on_pattern, layers=layers)
-        labels = _token_labels(model, toks[0])
-        for t, (layer, head) in wanted.items():
-            out[t] = {"head": (layer, head), "pattern": kept[layer][head].numpy(), "labels": labels}
-    return out
+        Raises:
+            HeadprobeError: ``out_dir`` is a file, not writable, or not empty and ``overwrite`` is False.
+        """
+        out = prepare_output_dir(out_dir, overwrite)
+        return write_outputs(self, out)
 
 
 def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet, clean: dict[str, float],
            mean_z: torch.Tensor, cfg: ScanConfig, progress: bool = True) -> list[Verification]:
-    """Zero- and mean-ablate each type's top-k heads and ``cfg.n_random`` sets of k random heads.
+    """Zero- and mean-ablate the top-k heads of each of ``cfg.types`` and ``cfg.n_random`` sets of
+    k random heads; ``cfg`` is resolved (k set).
 
     Random draws are shared by the types judged on the same task, so each draw costs one
-    forward pass per task and ablation kind.
+    forward pass per task and ablation kind; they do not depend on which types are selected.
     """
     spec = model.spec
-    k = cfg.k  # run_scan checked k < number of heads
+    k = cfg.k
     sets = {"natural": natural, "repeated": repeated}
     random_sets = random_head_sets(spec.n_layers, spec.n_heads, k, cfg.n_random, cfg.seed)
-    tasks = sorted({d.task for d in DETECTORS.values()})
+    dets = {name: DETECTORS[name] for name in cfg.types}
+    tasks = sorted({d.task for d in dets.values()})
     jobs = [("random", task, kind, i) for task in tasks for kind in ABLATION_KINDS for i in range(cfg.n_random)]
-    jobs += [("top", det.name, kind, None) for det in DETECTORS.values() for kind in ABLATION_KINDS]
+    jobs += [("top", name, kind, None) for name in dets for kind in ABLATION_KINDS]
     random_effects: dict[tuple[str, str], list[float]] = {}
     out: list[Verification] = []
     for what, name, kind, i in tqdm(jobs, desc="ablations", unit="pass", disable=not progress):
@@ -199,7 +218,7 @@ def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: To
             loss = ablated_loss(model, ts.tokens, random_sets[i], kind, mean_z, name, ts.start, ts.period)
             random_effects.setdefault((name, kind), []).append(loss - clean[name])
             continue
-        det = DETECTORS[name]
+        det = dets[name]
         ts = sets[det.task]
         heads = top_heads(torch.as_tensor(scores[det.rank_by]), k)
         loss = ablated_loss(model, ts.tokens, heads, kind, mean_z, det.task, ts.start, ts.period)
@@ -214,47 +233,35 @@ def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: To
     return out
 
 
-def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
-    """Run the whole scan (see the module docstring); ``model`` skips loading when given."""
-    from headprobe.probe.loading import device_auto, load_model
+def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
+    """Run the scan (see the module docstring) on a loaded model.
 
-    timings: dict[str, float] = {}
-    text = read_text_file(cfg.text) if cfg.text else None
-    t0 = time.perf_counter()
-    if model is None:
-        if progress:
-            print(f"loading {cfg.model} ...", flush=True)
-        model = load_model(cfg.model, device=device_auto(cfg.device), prepend_bos=cfg.prepend_bos, backend=cfg.backend)
-    timings["load_s"] = time.perf_counter() - t0
+    Args:
+        model: a :class:`~headprobe.probe.loading.LoadedModel`, used as given (``config``'s device,
+            dtype, backend and prepend_bos apply only where :func:`scan` or the CLI load it).
+        config: the settings.
+        progress: show progress bars (stderr).
+
+    Raises:
+        HeadprobeError: bad text, sequences longer than the context, k too large, a model whose
+            self-check forbids patterns (or, with ``verify``, head ablation), or NaN activations.
+    """
+    timings: dict[str, float] = {"load_s": 0.0}
+    text = config.read_text()
     spec = model.spec
-    if progress:
-        print(f"model {spec.name}: {spec.n_layers} layers x {spec.n_heads} heads ({spec.layout}, "
-              f"{spec.n_kv_heads} KV heads); weights: {spec.precision}", flush=True)
     model.self_check.require_patterns("head scores")
-    if cfg.verify:
+    if config.verify:
         model.self_check.require_decomposition("verification by ablation (pass --no-verify to score patterns only)")
 
     t0 = time.perf_counter()
-    if cfg.seq_len is not None and cfg.seq_len > spec.n_ctx:
-        raise HeadprobeError(f"--seq-len {cfg.seq_len} is longer than the model's context ({spec.n_ctx} tokens); "
-                             f"use --seq-len {spec.n_ctx} or less (longer text is cut into windows)")
-    if cfg.period is not None and 2 * cfg.period + 1 > spec.n_ctx:
-        raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx} tokens); "
-                             f"use --period {(spec.n_ctx - 1) // 2} or less")
-    n_heads = spec.n_layers * spec.n_heads
-    if cfg.k is not None and cfg.k >= n_heads:
-        raise HeadprobeError(f"--top-k {cfg.k} leaves no random control: the model has {n_heads} heads; "
-                             f"use --top-k {max(1, n_heads // 4)} or so")
-    cfg = replace(cfg, seq_len=cfg.seq_len or min(DEFAULT_SEQ_LEN, spec.n_ctx),
-                  period=cfg.period or min(DEFAULT_PERIOD, (spec.n_ctx - 1) // 2),
-                  k=cfg.k or max(1, min(DEFAULT_K, n_heads // 4)))
+    cfg = config.resolved(spec)
     natural = natural_text_tokens(model, cfg.n_natural, cfg.seq_len, cfg.seed, text,
                                   source=str(cfg.text) if cfg.text else None)
     repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
     steps = tqdm(total=2, desc="scoring heads", unit="pass", disable=not progress)
-    nat_scores, nat_logits, mean_z = score_token_set(model, natural, "natural", mean_z=cfg.verify)
+    nat_scores, nat_logits, mean_z = score_token_set(model, natural, "natural", mean_z=cfg.verify, types=cfg.types)
     steps.update()
-    rep_scores, rep_logits, _ = score_token_set(model, repeated, "repeated")
+    rep_scores, rep_logits, _ = score_token_set(model, repeated, "repeated", types=cfg.types)
     steps.update()
     steps.close()
     scores = {c: v.numpy() for c, v in {**nat_scores, **rep_scores}.items()}
@@ -268,33 +275,85 @@ def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
     verifications = verify(model, scores, natural, repeated, clean, mean_z, cfg, progress) if cfg.verify else []
     timings["ablate_s"] = time.perf_counter() - t0
 
-    best = {name: top_heads(torch.as_tensor(scores[d.rank_by]), 1)[0] for name, d in DETECTORS.items()}
+    best = {name: top_heads(torch.as_tensor(scores[DETECTORS[name].rank_by]), 1)[0] for name in cfg.types}
     examples = example_patterns(model, best, natural, repeated)
 
     layer, head = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
+    dets = [DETECTORS[name] for name in cfg.types]
     table = pd.DataFrame({
         "layer": layer.ravel(),
         "head": head.ravel(),
         "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads),
-        **{c: scores[c].ravel() for c in SCORE_COLUMNS},
+        **{c: scores[c].ravel() for d in dets for c in d.columns},
     })
-    table["positional_offset"] = table["positional_offset"].astype(int)
+    for d in dets:
+        for c in d.integer_columns:
+            table[c] = table[c].astype(int)
     param = next(model.model.parameters())
     return ScanResult(cfg, spec, table, scores, verifications, clean, natural, repeated, examples, timings,
                       device=str(param.device), dtype=str(param.dtype), self_check=model.self_check.to_dict())
 
 
+def load(config: ScanConfig, announce=None):
+    """Load ``config.model`` as the config asks (device, dtype, backend, BOS); see :func:`headprobe.options.load_model_as`."""
+    return options.load_model_as(config.model, device=config.device, dtype=config.dtype, backend=config.backend,
+                                 prepend_bos=config.prepend_bos, announce=announce)
+
+
+def scan(model="smollm2-135m", *, progress: bool = False, **config_fields) -> ScanResult:
+    """Score, verify and draw the heads of ``model``: ``headprobe scan`` as a function.
+
+    Args:
+        model: a model name or path (loaded as ``config_fields`` ask), or a
+            :class:`~headprobe.probe.loading.LoadedModel` (used as given).
+        progress: show progress bars.
+        **config_fields: any :class:`ScanConfig` field but ``model`` (e.g. ``types=("induction",)``, ``k=5``).
+
+    Returns:
+        :class:`ScanResult`; ``result.table`` is head_scores.csv, ``result.save(out)`` writes the CLI's files.
+
+    Raises:
+        HeadprobeError: bad settings (before anything loads), or as :func:`run`.
+        TypeError: an unknown config field.
+    """
+    if isinstance(model, (str, Path)):
+        config = ScanConfig(model=str(model), **config_fields)
+        config.read_text()  # check the text before the (slow) load
+        t0 = time.perf_counter()
+        loaded = load(config)
+        load_s = time.perf_counter() - t0
+    else:
+        config = ScanConfig(model=model.spec.name, **config_fields)
+        loaded, load_s = model, 0.0
+    result = run(loaded, config, progress=progress)
+    result.timings["load_s"] = load_s
+    return result
+
+
+def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
+    """Compatibility: :func:`run` on ``model``, or on ``cfg.model`` loaded when ``model`` is None."""
+    t0 = time.perf_counter()
+    loaded = load(cfg) if model is None else model
+    load_s = time.perf_counter() - t0
+    result = run(loaded, cfg, progress=progress)
+    result.timings["load_s"] = load_s if model is None else 0.0
+    return result
+
+
 def summary(result: ScanResult, top_n: int = 5) -> dict:
+    """summary.json's content: layout, token sets, settings, clean losses, each selected type's
+    top ``top_n`` heads, the ablation verdicts and evidence, timings and package versions."""
     spec, cfg = result.spec, result.config
     top = {}
-    for name, det in DETECTORS.items():
+    for name in cfg.types:
+        det = DETECTORS[name]
         col = result.scores[det.rank_by]
         entries = []
         for layer, head in top_heads(torch.as_tensor(col), top_n):
             e = {"head": format_head((layer, head)), "kv_head": int(kv_head_of(head, spec.n_heads, spec.n_kv_heads)),
                  "score": round(float(col[layer, head]), 4)}
-            if name == "positional":
-                e["offset"] = int(result.scores["positional_offset"][layer, head])
+            for key, column in det.top_head_extras:
+                e[key] = int(result.scores[column][layer, head])
             entries.append(e)
         top[name] = entries
     confirmed = {}
@@ -330,41 +389,39 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
     }
 
 
-SCORE_FIGURES = {
-    # column: (title, colour-bar label, heatmap kwargs)
-    "previous_token": ("previous-token score", "attention to i−1", {}),
-    "duplicate_token": ("duplicate-token score", "attention to earlier copy", {}),
-    "induction": ("induction score", "attention to token after copy", {}),
-    "first_token": ("first-token (sink) score", "attention to position 0", {}),
-    "positional_fraction": ("positional score", "share of queries at top offset", {}),
-    "positional_offset": ("positional offset k − q", "most frequent offset of the maximum",
-                          {"cmap": "cividis", "vmin": -8, "vmax": 0, "extend": "min"}),
-}
+def scan_figures(result: ScanResult) -> dict[str, object]:
+    """File stem -> matplotlib Figure: one heatmap per registered figure of each selected type
+    (``heatmap_<column>``), the ``overview`` of their ranking scores, each type's top-head
+    ``pattern_<type>`` and, after verification, the ``ablation`` bars."""
+    spec = result.spec
+    dets = [DETECTORS[name] for name in result.config.types]
+    tag = f"{spec.name} ({figs.weights_label(spec.precision)})"
+    out: dict[str, object] = {}
+    for det in dets:
+        for style in det.figures:
+            out[f"heatmap_{style.column}"] = figs.head_heatmap(result.scores[style.column], f"{style.title}, {tag}",
+                                                               style.label, group_size=spec.group_size, **dict(style.options))
+    panels = [(det.panel_title, result.scores[det.rank_by]) for det in dets]
+    out["overview"] = figs.scores_overview(panels, spec.group_size, f"Head scores of {tag}")
+    for head_type, ex in result.examples.items():
+        title = f"top {head_type.replace('_', '-')} head L{ex['head'][0]}H{ex['head'][1]}, {spec.name}"
+        out[f"pattern_{head_type}"] = figs.pattern_plot(ex["pattern"], ex["labels"], title)
+    rows = [v.to_dict() for v in result.verifications]
+    if rows:
+        out["ablation"] = figs.ablation_plot(rows, f"Ablation check, {tag}")
+    return out
 
 
 def write_outputs(result: ScanResult, out: Path) -> list[Path]:
-    """Write head_scores.csv, all figures and, last, summary.json into ``out`` (each file
-    atomically), so a directory with summary.json in it is complete."""
-    spec = result.spec
-    written = []
+    """Write head_scores.csv, all figures and, last, summary.json into the existing directory
+    ``out`` (each file atomically), so a directory with summary.json in it is complete."""
+    out = Path(out)
     csv = out / "head_scores.csv"
     write_text(csv, result.table.to_csv(index=False, float_format="%.5f"))
-    written.append(csv)
-
-    tag = f"{spec.name} ({figures.weights_label(spec.precision)})"
-    for col, (title, label, kw) in SCORE_FIGURES.items():
-        fig = figures.head_heatmap(result.scores[col], f"{title}, {tag}", label, group_size=spec.group_size, **kw)
-        written += figures.save_figure(fig, out / f"heatmap_{col}")
-    panels = [(SCORE_FIGURES[c][0].removesuffix(" score"), result.scores[c])
-              for c in ("previous_token", "duplicate_token", "induction", "first_token", "positional_fraction")]
-    written += figures.save_figure(figures.scores_overview(panels, spec.group_size, f"Head scores of {tag}"), out / "overview")
-    for head_type, ex in result.examples.items():
-        title = f"top {head_type.replace('_', '-')} head L{ex['head'][0]}H{ex['head'][1]}, {spec.name}"
-        written += figures.save_figure(figures.pattern_plot(ex["pattern"], ex["labels"], title), out / f"pattern_{head_type}")
-    rows = [v.to_dict() for v in result.verifications]
-    if rows:
-        written += figures.save_figure(figures.ablation_plot(rows, f"Ablation check, {tag}"), out / "ablation")
-    write_json(out / "summary.json", summary(result))
+    written = [csv]
+    for stem, fig in scan_figures(result).items():
+        written += figs.save_figure(fig, out / stem)
+    write_json(out / "summary.json", result.summary())
     written.append(out / "summary.json")
     return written
 
@@ -374,8 +431,8 @@ def format_report(result: ScanResult) -> str:
     spec = result.spec
     lines = [f"{spec.name}: weights {spec.precision}", ""]
     lines.append(f"{'head type':<16} {'top heads (score)':<52}")
-    for name, det in DETECTORS.items():
-        col = result.scores[det.rank_by]
+    for name in result.config.types:
+        col = result.scores[DETECTORS[name].rank_by]
         tops = top_heads(torch.as_tensor(col), 4)
         cells = ", ".join(f"{format_head(h)} ({col[h]:.2f})" for h in tops)
         lines.append(f"{name:<16} {cells}")
@@ -393,42 +450,41 @@ def format_report(result: ScanResult) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ScanConfig()
-    p.add_argument("--model", default=d.model, help="smollm2-135m (default, embedded 4-bit weights), gpt2, any TransformerLens-supported name, a local HF directory or .gguf file")
-    p.add_argument("--out", required=True, help="output directory (must be empty or absent unless --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty output directory")
-    p.add_argument("--text", default=None, help="UTF-8 text file for natural-text scores (default: CPython's pydoc_data.topics)")
+    options.add_model_options(p)
+    options.add_output_options(p)
+    options.add_data_options(p, seq_len=None, n_repeated=d.n_repeated, period=None,
+                             seq_len_help=f"(default {DEFAULT_SEQ_LEN}, or the model's context if shorter)",
+                             period_help=f"(default {DEFAULT_PERIOD}, or what fits the model's context twice)")
     p.add_argument("--n-natural", type=positive_int, default=d.n_natural, help="natural-text sequences (default %(default)s)")
-    p.add_argument("--seq-len", type=positive_int, default=None,
-                   help=f"natural-text sequence length in tokens (default {DEFAULT_SEQ_LEN}, or the model's context if shorter)")
-    p.add_argument("--n-repeated", type=positive_int, default=d.n_repeated, help="repeated random sequences (default %(default)s)")
-    p.add_argument("--period", type=positive_int, default=None,
-                   help=f"length of the repeated random block (default {DEFAULT_PERIOD}, or what fits the model's context twice)")
     p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=None,
                    help=f"heads ablated per type (default {DEFAULT_K}, or a quarter of the heads if fewer)")
     p.add_argument("--n-random", type=positive_int, default=d.n_random, help="random draws of k heads for the control (default %(default)s)")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
-    p.add_argument("--backend", default=d.backend, choices=["auto", "native", "transformer-lens"],
-                   help="native: headprobe's own transformer (GPT-2 and Llama families; auto picks it where it can); "
-                        "transformer-lens: TransformerLens' TransformerBridge around the Hugging Face model")
+    options.add_seed_option(p, d.seed)
+    p.add_argument("--types", default=None, metavar="TYPE[,TYPE...]",
+                   help=f"score, verify and draw only these head types (default: all of {','.join(DETECTORS)})")
     p.add_argument("--no-bos", dest="prepend_bos", action="store_false", help="do not put BOS in front of sequences")
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="score patterns only, without the ablation check (also where a model's per-head decomposition fails its self-check)")
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.seq_len is not None and args.seq_len < 2:
-        raise HeadprobeError(f"sequence length {args.seq_len} is too short: scores need at least 2 positions (--seq-len)")
-    if args.period is not None and args.period < 2:
-        raise HeadprobeError(f"--period {args.period} is too short: induction needs a repeated block of at least 2 tokens")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
+def config_from_args(args: argparse.Namespace) -> ScanConfig:
+    """The :class:`ScanConfig` the flags ask for (checks everything the flags alone decide)."""
+    return ScanConfig(**{f: getattr(args, f) for f in ScanConfig.__dataclass_fields__})
+
+
+def main(args: argparse.Namespace) -> int:
+    """``headprobe scan``: flags -> config (checked, with --text and --out, before the model loads) -> run -> save -> print."""
+    config = config_from_args(args)
+    config.read_text()
     prepare_output_dir(args.out, args.overwrite, create=False)
-    cfg = ScanConfig(**{f: getattr(args, f) for f in ScanConfig.__dataclass_fields__})
-    result = run_scan(cfg)
-    out = prepare_output_dir(args.out, args.overwrite)
-    paths = write_outputs(result, out)
+    t0 = time.perf_counter()
+    model = load(config, announce=lambda line: print(line, flush=True))
+    load_s = time.perf_counter() - t0
+    print(options.describe_model(model), flush=True)
+    result = run(model, config)
+    result.timings["load_s"] = load_s
+    paths = result.save(args.out, args.overwrite)
     print()
-    print(format_report(result))
-    print(f"\nwrote {len(paths)} files to {out}/ (head_scores.csv, summary.json, figures as PNG and PDF)")
+    print(result.report())
+    print(f"\nwrote {len(paths)} files to {Path(args.out)}/ (head_scores.csv, summary.json, figures as PNG and PDF)")
     return 0

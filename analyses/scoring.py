@@ -1,0 +1,126 @@
+"""Scoring every head with the registered detectors (:data:`headprobe.analyses.detectors.DETECTORS`)
+in one streamed forward pass, and the example pattern of a type's top head.
+
+Used by ``headprobe scan`` (all scores), ``headprobe ablate`` (the induction score beside the
+ablation sweep) and the tests that compare backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from headprobe.analyses.data import TokenSet
+from headprobe.analyses.detectors import DETECTORS
+from headprobe.probe.capture import stream_patterns
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import Head, attn_hook
+
+
+def score_token_set(model: Any, tokens: TokenSet, dataset: str, mean_z: bool = False,
+                    types: Sequence[str] | None = None
+                    ) -> tuple[dict[str, Float[Tensor, "layer head"]], Float[Tensor, "batch pos d_vocab"],
+                               Float[Tensor, "layer head d_head"] | None]:
+    """Stream one forward pass over ``tokens``, scoring every head with the detectors of ``dataset``.
+
+    Args:
+        model: a :class:`~headprobe.probe.loading.LoadedModel` (either backend).
+        tokens: the token set (``tokens.tokens`` is ``[batch, pos]``).
+        dataset: ``"natural"`` or ``"repeated"``: which detectors run (their ``dataset``).
+        mean_z: also return each head's mean z over the real positions (for mean ablation).
+        types: head types to score (registry names); None: all of ``dataset``'s.
+
+    Returns:
+        (scores, logits, mean_z): ``scores[column]`` is ``[layer, head]`` on the CPU; ``logits``
+        ``[batch, pos, d_vocab]``; ``mean_z`` ``[layer, head, d_head]`` (each head's mean z over
+        positions from ``tokens.start`` on) or None.
+
+    Raises:
+        HeadprobeError: activations or logits become NaN/Inf (naming the first such layer).
+    """
+    spec = model.spec
+    dets = [d for name, d in DETECTORS.items() if d.dataset == dataset and (types is None or name in types)]
+    scores = {c: torch.zeros(spec.n_layers, spec.n_heads) for d in dets for c in d.columns}
+    z_mean = torch.zeros(spec.n_layers, spec.n_heads, spec.d_head) if mean_z else None
+
+    def on_pattern(layer: int, pattern: Tensor) -> None:
+        for det in dets:
+            for col, v in det.score(pattern, tokens.period, tokens.start).items():
+                scores[col][layer] = v.cpu()
+
+    first_bad: list[int] = []
+
+    def make_finite_check(layer: int):
+        def hook(resid, hook):
+            if not first_bad and not torch.isfinite(resid).all():
+                first_bad.append(layer)
+        return hook
+
+    extra = [(f"blocks.{layer}.hook_resid_post", make_finite_check(layer)) for layer in range(spec.n_layers)]
+    if mean_z:
+        def make(layer: int):
+            def hook(z, hook):
+                z_mean[layer] = z[:, tokens.start:].float().mean(dim=(0, 1)).cpu()
+            return hook
+        extra += [(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)]
+
+    logits = stream_patterns(model, tokens.tokens, on_pattern, extra_hooks=extra)
+    if first_bad:
+        raise HeadprobeError(f"activations become NaN or Inf in layer {first_bad[0]} (residual stream after the block); "
+                             f"check the weights of that layer")
+    if not torch.isfinite(logits).all():
+        raise HeadprobeError("the model produced NaN or Inf logits on the scan's input")
+    return scores, logits, z_mean
+
+
+def token_labels(model: Any, ids: Tensor) -> list[str]:
+    """Short printable labels (at most 10 characters) of token ids ``[pos]``, for pattern plots."""
+    labels = []
+    for i in ids.tolist():
+        s = model.tokenizer.decode([i]).replace("\n", "\\n")
+        labels.append((s if s.strip() else repr(s)[1:-1] or "·")[:10])
+    return labels
+
+
+EXAMPLE_PERIOD = 10
+"""Length of the repeated block in the short example a repeated-token type is drawn on."""
+
+
+@torch.inference_mode()
+def example_patterns(model: Any, best: dict[str, Head], natural: TokenSet, repeated: TokenSet) -> dict[str, dict]:
+    """The attention pattern of the top head of each type on a short example of its token set
+    (28 natural-text tokens; or the first :data:`EXAMPLE_PERIOD` repeated tokens, then them again).
+
+    Args:
+        best: head type -> its top ``(layer, head)``.
+
+    Returns:
+        head type -> ``{"head": (layer, head), "pattern": [q_pos, k_pos] array, "labels": [pos] str}``.
+    """
+    period = EXAMPLE_PERIOD
+    short = {
+        "natural": natural.tokens[:1, :28],
+        "repeated": torch.cat(
+            [repeated.tokens[:1, : repeated.start + period], repeated.tokens[:1, repeated.start : repeated.start + period]], dim=1
+        ),
+    }
+    out: dict[str, dict] = {}
+    for dataset, toks in short.items():
+        wanted = {t: h for t, h in best.items() if DETECTORS[t].dataset == dataset}
+        layers = sorted({h[0] for h in wanted.values()})
+        if not layers:
+            continue
+        kept: dict[int, Tensor] = {}
+
+        def on_pattern(layer, pattern):
+            kept[layer] = pattern[0].detach().float().cpu().clone()
+
+        stream_patterns(model, toks, on_pattern, layers=layers)
+        labels = token_labels(model, toks[0])
+        for t, (layer, head) in wanted.items():
+            out[t] = {"head": (layer, head), "pattern": kept[layer][head].numpy(), "labels": labels}
+    return out
