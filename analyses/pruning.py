@@ -154,3 +154,69 @@ def iterative_pruning(model: Any, score_set: LossSet, eval_sets: Mapping[str, Lo
         if on_step:
             on_step(state())
     return run
+
+
+def _median_time(fn, repeats: int = 3) -> float:
+    """Median seconds of ``repeats`` calls of ``fn`` after one warm-up call."""
+    import statistics
+    import time
+
+    fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+@torch.inference_mode()
+def build_pruned(model: Any, keep: Bool[Tensor, "layer head"], tokens: Int[Tensor, "batch pos"]) -> tuple[Any, dict]:
+    """Remove the heads ``keep`` marks False for real (:func:`headprobe.probe.pruned.remove_heads`),
+    round-trip the result through a saved file, and compare it with the masked model.
+
+    Args:
+        model: a LoadedModel on the native backend.
+        keep: True for the heads kept.
+        tokens: the input the two are compared and timed on.
+
+    Returns:
+        (pruned, info): the pruned :class:`~headprobe.probe.model.Transformer` and
+        ``{"heads_removed", "fraction_removed", "kv_heads_removed", "attention_parameters": {"full",
+        "pruned"}, "max_abs_logit_diff_vs_masked", "forward_s": {"masked", "pruned"} (median seconds
+        per forward), "speedup", "tokens", "bytes"}`` (size of the saved file).
+    """
+    import tempfile
+    from pathlib import Path
+
+    from headprobe.probe.pruned import count_attention_parameters, load_pruned, remove_heads, save_pruned
+
+    spec = model.spec
+    net = model.model
+    n = int((~keep.bool()).sum())
+    pruned = remove_heads(net, keep)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "pruned_model.pt"
+        save_pruned(pruned, path)
+        size = path.stat().st_size
+        reloaded = load_pruned(path, model.device).to(next(net.parameters()).dtype)
+    tokens = tokens.to(model.device)
+    mask = keep.to(model.device, next(net.parameters()).dtype)
+    masked_logits = net(tokens, head_mask=mask)
+    diff = float((reloaded(tokens).float() - masked_logits.float()).abs().max())
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+
+    def timed(f):
+        def g():
+            f()
+            sync()
+        return _median_time(g)
+
+    t_masked = timed(lambda: net(tokens, head_mask=mask))
+    t_pruned = timed(lambda: reloaded(tokens))
+    return pruned, {
+        "heads_removed": n, "fraction_removed": n / (spec.n_layers * spec.n_heads),
+        "kv_heads_removed": int(sum(spec.n_kv_heads - len(b.attn.kept_kv_heads) for b in pruned.blocks)),
+        "attention_parameters": {"full": count_attention_parameters(net), "pruned": count_attention_parameters(pruned)},
+        "max_abs_logit_diff_vs_masked": diff, "forward_s": {"masked": t_masked, "pruned": t_pruned},
+        "speedup": t_masked / t_pruned, "tokens": list(tokens.shape), "bytes": size}

@@ -155,3 +155,36 @@ def describe_model(model) -> str:
     spec = model.spec
     return (f"model {spec.name}: {spec.n_layers} layers x {spec.n_heads} heads ({spec.layout}, "
             f"{spec.n_kv_heads} KV heads); weights: {spec.precision}")
+
+
+def check_config_fields(cfg) -> None:
+    """Check and normalise the fields a command config shares with the flags here (in place, on a
+    frozen dataclass, from its ``__post_init__``): ``dtype`` to torch's name, ``text`` to a str,
+    counts (``n_natural``, ``n_repeated``) >= 1, ``seq_len`` and ``period`` >= 2 where set,
+    ``device`` and ``backend`` among their choices. Fields the config lacks are skipped.
+
+    Raises:
+        HeadprobeError: one line naming the flag.
+    """
+    from headprobe.probe.errors import HeadprobeError
+
+    def has(name):
+        return getattr(cfg, name, None) is not None
+
+    if has("dtype"):
+        try:
+            object.__setattr__(cfg, "dtype", dtype_name(cfg.dtype))
+        except argparse.ArgumentTypeError as e:
+            raise HeadprobeError(str(e)) from None
+    if has("text"):
+        object.__setattr__(cfg, "text", str(cfg.text))
+    for name in ("n_natural", "n_repeated"):
+        if has(name) and getattr(cfg, name) < 1:
+            raise HeadprobeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if has("seq_len") and cfg.seq_len < 2:
+        raise HeadprobeError(f"sequence length {cfg.seq_len} is too short: scores need at least 2 positions (--seq-len)")
+    if has("period") and cfg.period < 2:
+        raise HeadprobeError(f"--period {cfg.period} is too short: induction needs a repeated block of at least 2 tokens")
+    for name, allowed in (("device", DEVICES), ("backend", BACKENDS)):
+        if has(name) and getattr(cfg, name) not in allowed:
+            raise HeadprobeError(f"--{name} {getattr(cfg, name)!r} is not one of {', '.join(allowed)}")

@@ -17,119 +17,121 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from headprobe.analyses import figures
-from headprobe.options import positive_int
+from headprobe import options
+from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
     SweepResult, all_heads, capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, top_heads,
 )
-from headprobe.analyses.data import natural_text_tokens, read_text_file, repeated_random_tokens
+from headprobe.analyses.data import TokenSet, read_text_file, task_tokens
+from headprobe.analyses.scoring import score_token_set
+from headprobe.options import positive_int
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import ABLATION_KINDS, format_head, parse_heads
+from headprobe.probe.hooks import ABLATION_KINDS, Head, format_head, parse_heads
 from headprobe.probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "exact single-head ablation effect of every head (natural text, induction task), gradient importance, CSV + heatmaps"
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 TASKS = ("natural", "induction")
+_ANY = 10**9  # bounds for checking the layer.head syntax alone
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """Arguments shared by ``ablate`` and ``prune``."""
-    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gpt2, a local HF directory or .gguf file")
-    p.add_argument("--out", required=True, help="output directory (must be empty or absent unless --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty output directory")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="compute precision (default %(default)s)")
-    p.add_argument("--backend", default="auto", choices=["auto", "native", "transformer-lens"],
-                   help="native (auto where supported) is fast; transformer-lens falls back to the per-head hook loop")
-    p.add_argument("--text", default=None, help="UTF-8 text file for natural text (default: CPython's pydoc_data.topics)")
-    p.add_argument("--seq-len", type=positive_int, default=128, help="natural-text sequence length in tokens (default %(default)s)")
-    p.add_argument("--n-repeated", type=positive_int, default=8, help="repeated random sequences (default %(default)s)")
-    p.add_argument("--period", type=positive_int, default=50, help="length of the repeated random block (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
+def _heads_text(heads) -> str | None:
+    """``heads`` (None, ``"5.1,7.3"`` or ``[(5, 1), (7, 3)]``) as the checked string ``"5.1,7.3"``."""
+    if heads is None:
+        return None
+    if not isinstance(heads, str):
+        heads = ",".join(h if isinstance(h, str) else format_head(tuple(h)) for h in heads)
+    return ",".join(format_head(h) for h in parse_heads(heads, _ANY, _ANY))
 
 
-def load_for_cli(args: argparse.Namespace, progress: bool = True):
-    """Load ``args.model`` on ``args.device`` in ``args.dtype`` with ``args.backend``.
+@dataclass(frozen=True)
+class AblateConfig:
+    """Settings of ``headprobe ablate`` (recorded in summary.json's ``config``; the checkpoint's key).
+    Invalid values raise :class:`~headprobe.probe.errors.HeadprobeError` when the config is made.
 
-    Raises:
-        HeadprobeError: CUDA asked for but absent, or the model cannot be loaded.
+    Attributes:
+        model: model name or path (see :func:`headprobe.probe.loading.load_model`); loaded by :func:`ablate` and the CLI.
+        n_natural: natural-text sequences ablated (>= 1); as many more, disjoint, are the mean/resample reference.
+        seq_len: natural-text sequence length in tokens, BOS included (>= 2).
+        n_repeated: repeated-random-token sequences of the induction task (>= 1).
+        period: length S of the repeated block (>= 2).
+        kind: ablation kind, one of :data:`headprobe.probe.hooks.ABLATION_KINDS` (zero, mean, resample).
+        heads: heads to sweep, ``"5.1,7.3"`` or ``[(5, 1), (7, 3)]`` (stored as the string); None: all.
+        max_batch: sequences per forward pass in the sweep (>= 1).
+        seed: seeds the window choice and the random tokens (the resample source uses seed + 1).
+        text: a UTF-8 file to use instead of the Python documentation text.
+        device: ``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name.
+        dtype: compute precision (``float32``, ``bfloat16``, ``float16`` or bf16/fp16/fp32); applies when loaded by name.
+        backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; applies when loaded by name.
     """
-    from headprobe.probe.loading import device_auto, load_model
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
-    device = device_auto(args.device)
-    if progress:
-        print(f"loading {args.model} on {device} ({args.dtype}) ...", flush=True)
-    model = load_model(args.model, device=device, backend=args.backend)
-    model.self_check.require_decomposition("head ablation (ablate, prune)")
-    model.model.to(DTYPES[args.dtype])
-    spec = model.spec
-    if 2 * args.period + 1 > spec.n_ctx:
-        raise HeadprobeError(f"--period {args.period} gives sequences longer than the model's context ({spec.n_ctx})")
-    if progress:
-        print(f"model {spec.name}: {spec.n_layers} layers x {spec.n_heads} heads ({spec.layout}, {spec.n_kv_heads} KV heads); "
-              f"weights: {spec.precision}", flush=True)
-    return model
+    model: str = options.DEFAULT_MODEL
+    n_natural: int = 8
+    seq_len: int = 128
+    n_repeated: int = 8
+    period: int = 50
+    kind: str = "zero"
+    heads: str | None = None
+    max_batch: int = 64
+    seed: int = 0
+    text: str | None = None
+    device: str = "auto"
+    dtype: str = "float32"
+    backend: str = "auto"
 
+    def __post_init__(self):
+        options.check_config_fields(self)
+        if self.kind not in ABLATION_KINDS:
+            raise HeadprobeError(f"--kind {self.kind!r} is not one of {', '.join(ABLATION_KINDS)}")
+        if self.max_batch < 1:
+            raise HeadprobeError(f"--max-batch must be at least 1, got {self.max_batch}")
+        object.__setattr__(self, "heads", _heads_text(self.heads))
 
-def task_tokens(model, args: argparse.Namespace, n_natural: int):
-    """(natural windows ``[2 n_natural, pos]`` split into two disjoint halves, repeated set,
-    a second repeated set for resampling)."""
-    text = read_text_file(args.text) if args.text else None
-    if args.seq_len > model.spec.n_ctx or 2 * args.period + 1 > model.spec.n_ctx:
-        raise HeadprobeError(f"--seq-len {args.seq_len} / --period {args.period} give sequences longer than the "
-                             f"model's context ({model.spec.n_ctx} tokens)")
-    natural = natural_text_tokens(model, 2 * n_natural, args.seq_len, args.seed, text,
-                                  source=str(args.text) if args.text else None)
-    if natural.tokens.shape[0] < 2 * n_natural:
-        raise HeadprobeError(f"the text holds {natural.tokens.shape[0]} windows of {args.seq_len} tokens; "
-                             f"{2 * n_natural} are needed: give more text or a shorter --seq-len")
-    repeated = repeated_random_tokens(model, args.n_repeated, args.period, args.seed)
-    repeated_src = repeated_random_tokens(model, args.n_repeated, args.period, args.seed + 1)
-    return natural, repeated, repeated_src
+    def head_list(self, n_layers: int, n_heads: int) -> list[Head]:
+        """The heads to sweep in a model of ``n_layers x n_heads``.
 
+        Raises:
+            HeadprobeError: a head out of range (one line naming the model's layout).
+        """
+        return parse_heads(self.heads, n_layers, n_heads) if self.heads else all_heads(n_layers, n_heads)
 
-def open_checkpoint(args: argparse.Namespace) -> tuple[RunCheckpoint, dict]:
-    """Check ``--out`` (a directory holding this run's own checkpoint may be reused without
-    ``--overwrite``) and load the checkpoint of an interrupted run with the same settings.
+    def preflight(self) -> None:
+        """Check, without loading weights, what the settings and files alone decide: the text file,
+        and the heads' range where the model's layout can be read cheaply (:func:`headprobe.options.peek_layout`).
 
-    Raises:
-        HeadprobeError: ``--out`` is unusable, or holds a checkpoint of other settings.
-    """
-    prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
-    checkpoint = RunCheckpoint(args.out, run_key(args))
-    return checkpoint, checkpoint.load(args.overwrite)
-
-
-def run_key(args: argparse.Namespace) -> dict:
-    """The settings a checkpoint must share with the run that resumes it (all but where output goes)."""
-    return {k: v for k, v in sorted(vars(args).items()) if not k.startswith("_") and k not in ("out", "overwrite")}
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p)
-    p.add_argument("--n-natural", type=positive_int, default=8, help="natural-text sequences (default %(default)s)")
-    p.add_argument("--kind", default="zero", choices=ABLATION_KINDS,
-                   help="zero, mean (mean z over other natural-text windows) or resample (z on other inputs)")
-    p.add_argument("--heads", default=None,
-                   help="sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3); default: all")
-    p.add_argument("--max-batch", type=positive_int, default=64, help="sequences per forward pass in the sweep (default %(default)s)")
+        Raises:
+            HeadprobeError: a bad text file or a head out of range.
+        """
+        if self.text:
+            read_text_file(self.text)
+        layout = options.peek_layout(self.model)
+        if layout and self.heads:
+            self.head_list(*layout)
 
 
 @dataclass(frozen=True)
 class TaskResult:
+    """One task's sweep and gradient scores; arrays are ``[layer, head]``, losses in nats/token.
+
+    Attributes:
+        clean_loss: the task's loss with no head ablated.
+        effect: loss increase from ablating each head alone (NaN where not swept).
+        importance: Michel et al.'s gradient importance ``E|dL/dxi_h|``.
+        attribution: attribution patching's estimate of each head's effect.
+        sweep_s, gradient_s: seconds spent on the sweep and on the gradient scores.
+    """
+
     clean_loss: float
-    effect: np.ndarray  # [layer, head], nats/token
+    effect: np.ndarray
     importance: np.ndarray
     attribution: np.ndarray
     sweep_s: float
@@ -141,7 +143,7 @@ CHUNK_LAYERS = 5
 
 
 def checkpointed_sweep(model, tokens, heads, kind, mean_z, source_tokens, first, max_batch, done: dict, save,
-                       desc: str = "ablation sweep") -> SweepResult:
+                       desc: str = "ablation sweep", progress: bool = True) -> SweepResult:
     """:func:`~headprobe.analyses.ablation.exact_sweep` in chunks of :data:`CHUNK_LAYERS` layers, recording
     each chunk's losses in ``done`` (``{"clean": float, "loss": {"layer.head": float}}``) and
     calling ``save()`` after it; chunks already in ``done`` are skipped. Every chunk is
@@ -151,7 +153,7 @@ def checkpointed_sweep(model, tokens, heads, kind, mean_z, source_tokens, first,
     spec = model.spec
     layers = sorted({layer for layer, _ in heads})
     chunks = [[h for h in heads if h[0] in layers[i:i + CHUNK_LAYERS]] for i in range(0, len(layers), CHUNK_LAYERS)]
-    for chunk in tqdm(chunks, desc=desc, unit="chunk"):
+    for chunk in tqdm(chunks, desc=desc, unit="chunk", disable=not progress):
         if all(format_head(h) in done["loss"] for h in chunk):
             continue
         part = exact_sweep(model, tokens, heads=chunk, kind=kind, mean_z=mean_z, source_tokens=source_tokens,
@@ -173,41 +175,157 @@ def _rank_correlation(a, b) -> float | None:
     return spearman(a, b) if (np.isfinite(a) & np.isfinite(b)).sum() >= 3 else None
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.period < 2:
-        raise HeadprobeError("--period must be at least 2")
-    checkpoint, saved = open_checkpoint(args)
-    if saved:
-        print(f"resuming from {checkpoint.path} ({sum(len(t['loss']) for t in saved.values())} head ablations done)")
+TOP_N = 10
+
+
+@dataclass
+class AblateResult:
+    """What ``ablate`` measured (losses in nats/token).
+
+    Attributes:
+        config: the settings.
+        spec: the model's :class:`~headprobe.probe.loading.ModelSpec`.
+        table: head_ablation.csv: one row per head (``layer``, ``head``, ``kv_head``, ``<task>_loss_delta``,
+            ``<task>_importance``, ``<task>_attribution``, ``induction_score``).
+        tasks: task (``natural``, ``induction``) -> :class:`TaskResult`.
+        induction_score: ``[layer, head]`` prefix-matching score on the induction task's tokens.
+        natural, repeated: the token sets (natural: both halves).
+        device: where the model ran. self_check: the model's load-time self-check.
+        run_s: seconds of :func:`run`; load_s: seconds loading the model (set by the caller that loaded it).
+    """
+
+    config: AblateConfig
+    spec: object
+    table: pd.DataFrame
+    tasks: dict[str, TaskResult]
+    induction_score: np.ndarray
+    natural: TokenSet
+    repeated: TokenSet
+    device: str
+    self_check: dict
+    run_s: float
+    load_s: float = 0.0
+
+    def summary(self) -> dict:
+        """summary.json's content (as a dict; package versions included)."""
+        cfg, spec, results = self.config, self.spec, self.tasks
+        return {
+            "model": spec.name, "weights_precision": spec.precision, "dtype": cfg.dtype, "device": self.device,
+            "self_check": self.self_check, "ablation": cfg.kind, "units": "nats/token",
+            "tokens": {"natural": [cfg.n_natural, int(self.natural.tokens.shape[1])],
+                       "induction": list(self.repeated.tokens.shape), "period": cfg.period,
+                       "natural_source": self.natural.source},
+            "clean_loss": {t: r.clean_loss for t, r in results.items()},
+            "top_heads_by_loss_delta": {t: [{"head": format_head(h), "loss_delta": round(float(r.effect[h]), 5)}
+                                            for h in top_heads(torch.as_tensor(r.effect), TOP_N)] for t, r in results.items()},
+            # importance is unsigned (E|dL/dxi|): compared with the effect's size, and with the signed effect
+            "spearman_with_exact_sweep": {t: {
+                "gradient_importance_vs_abs_effect": _rank_correlation(r.importance, np.abs(r.effect)),
+                "gradient_importance": _rank_correlation(r.importance, r.effect),
+                "attribution_patching": _rank_correlation(r.attribution, r.effect)} for t, r in results.items()},
+            "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)],
+            "spearman_induction_score_vs_induction_loss_delta": _rank_correlation(self.induction_score,
+                                                                                  results["induction"].effect),
+            "timings_s": {**{f"{t}_sweep": round(r.sweep_s, 2) for t, r in results.items()},
+                          **{f"{t}_gradient": round(r.gradient_s, 2) for t, r in results.items()},
+                          "total": round(self.run_s + self.load_s, 1)},
+            "config": asdict(cfg),
+            "versions": package_versions(),
+        }
+
+    def figures(self) -> dict[str, object]:
+        """``{"ablation_effect": Figure}``: each head's loss increase on both tasks."""
+        spec = self.spec
+        tag = f"{spec.name} ({figs.weights_label(spec.precision)}), {self.config.kind}-ablated"
+        fig = figs.ablation_effect_panels(
+            [("natural text", self.tasks["natural"].effect), ("induction (repeated half)", self.tasks["induction"].effect)],
+            spec.group_size, f"Loss increase from ablating one head\n{tag}")
+        return {"ablation_effect": fig}
+
+    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+        """Write head_ablation.csv, ablation_effect.png/pdf and, last, summary.json into ``out_dir``
+        (each atomically; a directory holding only a run checkpoint counts as empty). Returns the paths.
+
+        Raises:
+            HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
+        """
+        out = prepare_output_dir(out_dir, overwrite, resumable=True)
+        write_text(out / "head_ablation.csv", self.table.to_csv(index=False, float_format="%.6f"))
+        paths = [out / "head_ablation.csv"]
+        for stem, fig in self.figures().items():
+            paths += figs.save_figure(fig, out / stem)
+        write_json(out / "summary.json", self.summary())  # last: a directory with summary.json is complete
+        return [*paths, out / "summary.json"]
+
+    def report(self) -> str:
+        """The terminal summary: clean losses, top heads per task, rank correlations, timings."""
+        s = self.summary()
+        t = self.tasks
+        lines = [f"clean loss: natural {t['natural'].clean_loss:.3f}, induction {t['induction'].clean_loss:.3f} nats/token"]
+        for task in TASKS:
+            tops = ", ".join(f"{e['head']} ({e['loss_delta']:+.3f})" for e in s["top_heads_by_loss_delta"][task][:5])
+            rho = s["spearman_with_exact_sweep"][task]
+            r = {k: "n/a" if v is None else f"{v:.2f}" for k, v in rho.items()}
+            lines.append(f"{task:<10} top heads by Δ loss: {tops}; Spearman with exact sweep: importance vs |Δ| "
+                         f"{r['gradient_importance_vs_abs_effect']} (signed {r['gradient_importance']}), "
+                         f"attribution {r['attribution_patching']}")
+        lines.append(f"top induction-score heads: {', '.join(s['top_induction_score_heads'][:5])}")
+        lines.append("timings: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items()))
+        return "\n".join(lines)
+
+
+def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
+        progress: bool = True) -> AblateResult:
+    """Sweep every head (or ``config.heads``) on both tasks, with gradient importance and
+    attribution patching beside the exact effects (see the module docstring).
+
+    Args:
+        model: a :class:`~headprobe.probe.loading.LoadedModel`, used as given.
+        config: the settings.
+        resume: a state saved by an interrupted run with the same config (``on_save``'s argument);
+            its finished chunks are not recomputed. Updated in place.
+        on_save: called with the whole state after every finished chunk (e.g. :meth:`RunCheckpoint.save`).
+        progress: show progress bars.
+
+    Raises:
+        HeadprobeError: the model's self-check forbids head ablation, a head out of range,
+            sequences longer than the context, too little text.
+    """
     t_start = time.perf_counter()
-    model = load_for_cli(args)
+    saved = {} if resume is None else resume
+    save = (lambda: on_save(saved)) if on_save is not None else (lambda: None)
+    cfg = config
+    model.self_check.require_decomposition("head ablation (ablate, prune)")
     spec = model.spec
-    heads = parse_heads(args.heads, spec.n_layers, spec.n_heads) if args.heads else all_heads(spec.n_layers, spec.n_heads)
-    natural, repeated, repeated_src = task_tokens(model, args, args.n_natural)
-    nat, nat_ref = natural.tokens[: args.n_natural], natural.tokens[args.n_natural:]
+    if 2 * cfg.period + 1 > spec.n_ctx:
+        raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
+    heads = cfg.head_list(spec.n_layers, spec.n_heads)
+    text = read_text_file(cfg.text) if cfg.text else None
+    data = task_tokens(model, cfg.n_natural, cfg.seq_len, cfg.n_repeated, cfg.period, cfg.seed, text,
+                       source=str(cfg.text) if cfg.text else None)
+    natural, repeated, repeated_src = data.natural, data.repeated, data.repeated_source
+    nat, nat_ref = natural.tokens[: cfg.n_natural], natural.tokens[cfg.n_natural:]
     ref_z = capture_z(model, nat_ref)
-    mean_z = mean_z_from(ref_z, natural.start) if args.kind == "mean" else None
+    mean_z = mean_z_from(ref_z, natural.start) if cfg.kind == "mean" else None
     sets = {
         "natural": (nat, first_scored("natural", natural.start, None), nat_ref),
         "induction": (repeated.tokens, first_scored("repeated", repeated.start, repeated.period), repeated_src.tokens),
     }
     results: dict[str, TaskResult] = {}
     for task, (tokens, first, source) in sets.items():
-        src = source if args.kind == "resample" else None
+        src = source if cfg.kind == "resample" else None
         t0 = time.perf_counter()
-        sweep = checkpointed_sweep(model, tokens, heads, args.kind, mean_z, src, first, args.max_batch,
-                                   saved.setdefault(task, {"clean": None, "loss": {}}), lambda: checkpoint.save(saved),
-                                   desc=f"ablation sweep ({task})")
+        sweep = checkpointed_sweep(model, tokens, heads, cfg.kind, mean_z, src, first, cfg.max_batch,
+                                   saved.setdefault(task, {"clean": None, "loss": {}}), save,
+                                   desc=f"ablation sweep ({task})", progress=progress)
         t1 = time.perf_counter()
-        grad = head_importance(model, tokens, first, kind=args.kind, mean_z=mean_z, source_tokens=src)
+        grad = head_importance(model, tokens, first, kind=cfg.kind, mean_z=mean_z, source_tokens=src)
         t2 = time.perf_counter()
         results[task] = TaskResult(sweep.clean_loss, sweep.effect.numpy(), grad.importance.numpy(),
                                    grad.attribution.numpy(), t1 - t0, t2 - t1)
 
     # prefix-matching (induction) score of every head, to check the induction ranking against
-    from headprobe.commands.scan import score_token_set
-
-    induction_score = score_token_set(model, repeated, "repeated")[0]["induction"].numpy()
+    induction_score = score_token_set(model, repeated, "repeated", types=("induction",))[0]["induction"].numpy()
 
     layer, head = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
     cols = {"layer": layer.ravel(), "head": head.ravel(), "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads)}
@@ -217,48 +335,84 @@ def run(args: argparse.Namespace) -> int:
         cols[f"{task}_importance"] = r.importance.ravel()
         cols[f"{task}_attribution"] = r.attribution.ravel()
     cols["induction_score"] = induction_score.ravel()
-    table = pd.DataFrame(cols)
+    return AblateResult(cfg, spec, pd.DataFrame(cols), results, induction_score, natural, repeated, str(model.device),
+                        model.self_check.to_dict(), time.perf_counter() - t_start)
 
-    top_n = 10
-    summary = {
-        "model": spec.name, "weights_precision": spec.precision, "dtype": args.dtype, "device": str(model.device),
-        "self_check": model.self_check.to_dict(), "ablation": args.kind, "units": "nats/token",
-        "tokens": {"natural": list(nat.shape), "induction": list(repeated.tokens.shape), "period": args.period,
-                   "natural_source": natural.source},
-        "clean_loss": {t: r.clean_loss for t, r in results.items()},
-        "top_heads_by_loss_delta": {t: [{"head": format_head(h), "loss_delta": round(float(r.effect[h]), 5)}
-                                        for h in top_heads(torch.as_tensor(r.effect), top_n)] for t, r in results.items()},
-        # importance is unsigned (E|dL/dxi|): compared with the effect's size, and with the signed effect
-        "spearman_with_exact_sweep": {t: {
-            "gradient_importance_vs_abs_effect": _rank_correlation(r.importance, np.abs(r.effect)),
-            "gradient_importance": _rank_correlation(r.importance, r.effect),
-            "attribution_patching": _rank_correlation(r.attribution, r.effect)} for t, r in results.items()},
-        "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(induction_score), top_n)],
-        "spearman_induction_score_vs_induction_loss_delta": _rank_correlation(induction_score, results["induction"].effect),
-        "timings_s": {**{f"{t}_sweep": round(r.sweep_s, 2) for t, r in results.items()},
-                      **{f"{t}_gradient": round(r.gradient_s, 2) for t, r in results.items()},
-                      "total": round(time.perf_counter() - t_start, 1)},
-        "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-        "versions": package_versions(),
-    }
-    out = prepare_output_dir(args.out, True)  # ours: only the checkpoint can be there unless --overwrite
-    write_text(out / "head_ablation.csv", table.to_csv(index=False, float_format="%.6f"))
-    tag = f"{spec.name} ({figures.weights_label(spec.precision)}), {args.kind}-ablated"
-    fig = figures.ablation_effect_panels(
-        [("natural text", results["natural"].effect), ("induction (repeated half)", results["induction"].effect)],
-        spec.group_size, f"Loss increase from ablating one head\n{tag}")
-    paths = figures.save_figure(fig, out / "ablation_effect")
-    write_json(out / "summary.json", summary)  # last: a directory with summary.json is complete
+
+def load(config, announce=None):
+    """Load ``config.model`` as the config asks (device, dtype, backend); see :func:`headprobe.options.load_model_as`."""
+    return options.load_model_as(config.model, device=config.device, dtype=config.dtype, backend=config.backend,
+                                 announce=announce)
+
+
+def ablate(model="smollm2-135m", *, progress: bool = False, **config_fields) -> AblateResult:
+    """Every head's single-head ablation effect: ``headprobe ablate`` as a function (no checkpoint).
+
+    Args:
+        model: a model name or path (loaded as ``config_fields`` ask, after :meth:`AblateConfig.preflight`),
+            or a :class:`~headprobe.probe.loading.LoadedModel` (used as given).
+        progress: show progress bars.
+        **config_fields: any :class:`AblateConfig` field but ``model`` (e.g. ``kind="mean"``, ``heads="5.1,7.3"``).
+
+    Raises:
+        HeadprobeError: bad settings (before anything loads), or as :func:`run`.
+    """
+    if isinstance(model, (str, Path)):
+        config = AblateConfig(model=str(model), **config_fields)
+        config.preflight()
+        t0 = time.perf_counter()
+        loaded = load(config)
+        load_s = time.perf_counter() - t0
+    else:
+        config, loaded, load_s = AblateConfig(model=model.spec.name, **config_fields), model, 0.0
+    result = run(loaded, config, progress=progress)
+    result.load_s = load_s
+    return result
+
+
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """The model, output and data flags of ``ablate`` (``prune`` has the same, from :mod:`headprobe.options`)."""
+    options.add_model_options(p)
+    options.add_output_options(p)
+    options.add_data_options(p)
+    options.add_seed_option(p)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_data_arguments(p)
+    p.add_argument("--n-natural", type=positive_int, default=8, help="natural-text sequences (default %(default)s)")
+    p.add_argument("--kind", default="zero", choices=ABLATION_KINDS,
+                   help="zero, mean (mean z over other natural-text windows) or resample (z on other inputs)")
+    p.add_argument("--heads", default=None,
+                   help="sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3); default: all")
+    p.add_argument("--max-batch", type=positive_int, default=64, help="sequences per forward pass in the sweep (default %(default)s)")
+
+
+def config_from_args(args: argparse.Namespace) -> AblateConfig:
+    """The :class:`AblateConfig` the flags ask for (checks everything the flags alone decide)."""
+    return AblateConfig(**{f: getattr(args, f) for f in AblateConfig.__dataclass_fields__})
+
+
+def main(args: argparse.Namespace) -> int:
+    """``headprobe ablate``: flags -> config (checked with --text, --heads and --out before the
+    model loads) -> resumable run -> save -> print."""
+    config = config_from_args(args)
+    config.preflight()
+    prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
+    checkpoint = RunCheckpoint(args.out, asdict(config))
+    saved = checkpoint.load(args.overwrite)
+    if saved:
+        print(f"resuming from {checkpoint.path} ({sum(len(t['loss']) for t in saved.values())} head ablations done)")
+    t0 = time.perf_counter()
+    model = load(config, announce=lambda line: print(line, flush=True))
+    load_s = time.perf_counter() - t0
+    print(options.describe_model(model), flush=True)
+    result = run(model, config, resume=saved, on_save=checkpoint.save)
+    result.load_s = load_s
+    paths = result.save(args.out, overwrite=True)  # ours: only the checkpoint can be there unless --overwrite
     checkpoint.clear()
-    print(f"\nclean loss: natural {results['natural'].clean_loss:.3f}, induction {results['induction'].clean_loss:.3f} nats/token")
-    for t in TASKS:
-        tops = ", ".join(f"{e['head']} ({e['loss_delta']:+.3f})" for e in summary["top_heads_by_loss_delta"][t][:5])
-        rho = summary["spearman_with_exact_sweep"][t]
-        r = {k: "n/a" if v is None else f"{v:.2f}" for k, v in rho.items()}
-        print(f"{t:<10} top heads by Δ loss: {tops}; Spearman with exact sweep: importance vs |Δ| "
-              f"{r['gradient_importance_vs_abs_effect']} (signed {r['gradient_importance']}), "
-              f"attribution {r['attribution_patching']}")
-    print(f"top induction-score heads: {', '.join(summary['top_induction_score_heads'][:5])}")
-    print("timings: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in summary["timings_s"].items()))
-    print(f"wrote head_ablation.csv, summary.json, {', '.join(p.name for p in paths)} to {out}/")
+    print()
+    print(result.report())
+    names = [p.name for p in paths]
+    print(f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {Path(args.out)}/")
     return 0

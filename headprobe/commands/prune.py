@@ -11,27 +11,282 @@ repeated half, Olsson et al. 2022). Writes ``pruning_curve.csv``, ``summary.json
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
-from headprobe.analyses import figures
-from headprobe.options import positive_int
-from headprobe.commands.ablate import add_model_arguments, load_for_cli, open_checkpoint, task_tokens
+from headprobe import options
+from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import first_scored, is_native
-from headprobe.analyses.pruning import LossSet, iterative_pruning
+from headprobe.analyses.data import TokenSet, read_text_file, task_tokens
+from headprobe.analyses.pruning import LossSet, PruningRun, build_pruned, iterative_pruning
+from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import format_head
-from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "iterative head pruning by gradient importance vs a random order: pruning_curve.csv + figure, optional pruned model"
 
+ORDERS = ("importance", "random")
+PRUNED_FILE = "pruned_model.pt"
+
+
+@dataclass(frozen=True)
+class PruneConfig:
+    """Settings of ``headprobe prune`` (recorded in summary.json's ``config``; the checkpoint's key).
+    Invalid values raise :class:`~headprobe.probe.errors.HeadprobeError` when the config is made.
+
+    Attributes:
+        model: model name or path (see :func:`headprobe.probe.loading.load_model`); loaded by :func:`prune` and the CLI.
+        n_natural: natural-text sequences scoring the importance (>= 1); as many more, disjoint, are held out for the curve.
+        seq_len: natural-text sequence length in tokens, BOS included (>= 2).
+        n_repeated: repeated-random-token sequences of the induction loss (>= 1).
+        period: length S of the repeated block (>= 2).
+        step_fraction: fraction of all heads removed per step, in (0, 1].
+        max_fraction: stop once this fraction of heads is removed, in (0, 1].
+        rescore: recompute the importance after every step (False: once before pruning, as in the paper).
+        normalize: per-layer L2 normalisation of the importance (Michel et al. section 4.2).
+        save_pruned: also build the model with the first ``save_fraction`` of heads (importance order)
+            removed for real, check it against the masked model and save it (native backend only).
+        save_fraction: fraction of heads removed in that model, in (0, 1].
+        seed: seeds the window choice, the random tokens and the random order.
+        text: a UTF-8 file to use instead of the Python documentation text.
+        device: ``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name.
+        dtype: compute precision (``float32``, ``bfloat16``, ``float16`` or bf16/fp16/fp32); applies when loaded by name.
+        backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; applies when loaded by name.
+    """
+
+    model: str = options.DEFAULT_MODEL
+    n_natural: int = 8
+    seq_len: int = 128
+    n_repeated: int = 8
+    period: int = 50
+    step_fraction: float = 0.1
+    max_fraction: float = 1.0
+    rescore: bool = True
+    normalize: bool = True
+    save_pruned: bool = False
+    save_fraction: float = 0.3
+    seed: int = 0
+    text: str | None = None
+    device: str = "auto"
+    dtype: str = "float32"
+    backend: str = "auto"
+
+    def __post_init__(self):
+        for name in ("step_fraction", "max_fraction", "save_fraction"):
+            v = getattr(self, name)
+            if not 0 < v <= 1:
+                raise HeadprobeError(f"--{name.replace('_', '-')} must be in (0, 1], got {v}")
+        options.check_config_fields(self)
+        if self.save_pruned and self.backend == "transformer-lens":
+            raise HeadprobeError("--save-pruned needs the native backend (--backend native; GPT-2 and Llama families)")
+
+    def preflight(self) -> None:
+        """Check, without loading weights, what the settings and files alone decide (the text file).
+
+        Raises:
+            HeadprobeError: a bad text file.
+        """
+        if self.text:
+            read_text_file(self.text)
+
+
+@dataclass
+class PruneResult:
+    """Two pruning curves (losses in nats/token) and, with ``save_pruned``, the pruned model.
+
+    Attributes:
+        config: the settings.
+        spec: the model's :class:`~headprobe.probe.loading.ModelSpec`.
+        runs: order (``importance``, ``random``) -> :class:`~headprobe.analyses.pruning.PruningRun`.
+        table: pruning_curve.csv: one row per order and step (``order, step, n_pruned, fraction_pruned,
+            natural_loss, induction_loss, removed``).
+        score_shape, natural_shape: ``[batch, pos]`` of the scoring and held-out natural-text sets.
+        repeated: the induction task's token set.
+        device: where the model ran. self_check: the model's load-time self-check.
+        pruned: the pruned :class:`~headprobe.probe.model.Transformer` (``save_pruned``) or None.
+        pruned_info: its checks and timings (see :func:`headprobe.analyses.pruning.build_pruned`) or None.
+        run_s: seconds of :func:`run`; load_s: seconds loading the model (set by the caller that loaded it).
+    """
+
+    config: PruneConfig
+    spec: object
+    runs: dict[str, PruningRun]
+    table: pd.DataFrame
+    score_shape: list[int]
+    natural_shape: list[int]
+    repeated: TokenSet
+    device: str
+    self_check: dict
+    pruned: object = None
+    pruned_info: dict | None = None
+    run_s: float = 0.0
+    load_s: float = 0.0
+
+    def summary(self) -> dict:
+        """summary.json's content (as a dict; package versions included)."""
+        cfg, spec = self.config, self.spec
+        out = {
+            "model": spec.name, "weights_precision": spec.precision, "dtype": cfg.dtype, "device": self.device,
+            "self_check": self.self_check,
+            "units": "nats/token", "n_heads_total": spec.n_layers * spec.n_heads,
+            "method": "Michel et al. 2019 gradient importance I_h = E_x |dL/dxi_h|"
+                      + (", per-layer L2-normalised" if cfg.normalize else "")
+                      + ("; rescored after every step" if cfg.rescore else "; scored once"),
+            "tokens": {"score": self.score_shape, "held_out_natural": self.natural_shape,
+                       "induction": list(self.repeated.tokens.shape), "period": cfg.period},
+            "curves": {o: [{k: v for k, v in row.items() if k != "removed"} for row in r.rows] for o, r in self.runs.items()},
+            "importance_removal_order": [format_head(h) for h in self.runs["importance"].removal_order],
+            "config": asdict(cfg),
+            "versions": package_versions(),
+        }
+        if self.pruned_info is not None:
+            out["pruned_model"] = {"file": PRUNED_FILE, **self.pruned_info}
+        out["timings_s"] = {"total": round(self.run_s + self.load_s, 1)}
+        return out
+
+    def figures(self) -> dict[str, object]:
+        """``{"pruning_curve": Figure}``: held-out text loss and induction loss against the fraction pruned."""
+        cfg, spec = self.config, self.spec
+        label = {"importance": "gradient importance" + ("" if cfg.rescore else " (scored once)"), "random": "random order"}
+        curves = [(label[o], np.array([row["fraction_pruned"] for row in r.rows]),
+                   {c: np.array([row[c] for row in r.rows]) for c in ("natural_loss", "induction_loss")})
+                  for o, r in self.runs.items()]
+        fig = figs.pruning_curve_plot(curves, [("natural_loss", "held-out text loss (nats)"),
+                                               ("induction_loss", "induction loss (nats)")],
+                                      f"Head pruning, {spec.name}\n({figs.weights_label(spec.precision)}, {cfg.dtype} compute)")
+        return {"pruning_curve": fig}
+
+    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+        """Write pruning_curve.csv, pruning_curve.png/pdf, pruned_model.pt (with ``save_pruned``) and,
+        last, summary.json into ``out_dir`` (each atomically; a directory holding only a run
+        checkpoint counts as empty). Returns the paths.
+
+        Raises:
+            HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
+        """
+        from headprobe.probe.pruned import save_pruned
+
+        out = prepare_output_dir(out_dir, overwrite, resumable=True)
+        write_text(out / "pruning_curve.csv", self.table.to_csv(index=False, float_format="%.5f"))
+        paths = [out / "pruning_curve.csv"]
+        for stem, fig in self.figures().items():
+            paths += figs.save_figure(fig, out / stem)
+        if self.pruned is not None:
+            save_pruned(self.pruned, out / PRUNED_FILE)
+            paths.append(out / PRUNED_FILE)
+        write_json(out / "summary.json", self.summary())  # last: a directory with summary.json is complete
+        return [*paths, out / "summary.json"]
+
+    def report(self) -> str:
+        """The terminal table: both curves side by side, and the pruned model's checks."""
+        imp, rnd = self.runs["importance"].rows, self.runs["random"].rows
+        lines = [f"{'removed':>8} {'fraction':>8}  {'natural (imp / rand)':>22}  {'induction (imp / rand)':>24}"]
+        for a, b in zip(imp, rnd):
+            lines.append(f"{a['n_pruned']:>8} {a['fraction_pruned']:>8.2f}  {a['natural_loss']:>10.3f} / {b['natural_loss']:<9.3f}  "
+                         f"{a['induction_loss']:>11.3f} / {b['induction_loss']:<9.3f}")
+        if self.pruned_info is not None:
+            p = self.pruned_info
+            lines.append(f"pruned model: {p['heads_removed']} heads removed ({p['kv_heads_removed']} KV heads), attention "
+                         f"parameters {p['attention_parameters']['full']:,} -> {p['attention_parameters']['pruned']:,}; max "
+                         f"|logit diff| vs masked {p['max_abs_logit_diff_vs_masked']:.2e}; forward {p['forward_s']['masked']:.3f} s "
+                         f"masked vs {p['forward_s']['pruned']:.3f} s pruned ({p['speedup']:.2f}x)")
+        return "\n".join(lines)
+
+
+def run(model, config: PruneConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
+        progress: bool = True) -> PruneResult:
+    """Prune by importance and in a random order, recording both curves (see the module docstring).
+
+    Args:
+        model: a :class:`~headprobe.probe.loading.LoadedModel`, used as given (the native backend for ``save_pruned``).
+        config: the settings.
+        resume: a state saved by an interrupted run with the same config (``on_save``'s argument);
+            both curves continue after their last saved step. Updated in place.
+        on_save: called with the whole state after every step (e.g. :meth:`RunCheckpoint.save`).
+        progress: show progress bars.
+
+    Raises:
+        HeadprobeError: the model's self-check forbids head ablation, ``save_pruned`` on a
+            non-native model, sequences longer than the context, too little text.
+    """
+    t_start = time.perf_counter()
+    cfg = config
+    saved = {} if resume is None else resume
+    model.self_check.require_decomposition("head ablation (ablate, prune)")
+    if cfg.save_pruned and not is_native(model):
+        raise HeadprobeError("--save-pruned needs the native backend (--backend native; GPT-2 and Llama families)")
+    spec = model.spec
+    if 2 * cfg.period + 1 > spec.n_ctx:
+        raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
+    text = read_text_file(cfg.text) if cfg.text else None
+    data = task_tokens(model, cfg.n_natural, cfg.seq_len, cfg.n_repeated, cfg.period, cfg.seed, text,
+                       source=str(cfg.text) if cfg.text else None)
+    natural, repeated = data.natural, data.repeated
+    score = LossSet(natural.tokens[: cfg.n_natural], first_scored("natural", natural.start, None))
+    evals = {"natural": LossSet(natural.tokens[cfg.n_natural:], score.first),
+             "induction": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period))}
+    runs = {}
+    for order in ORDERS:
+        def on_step(state, order=order):
+            saved[order] = state
+            if on_save is not None:
+                on_save(saved)
+
+        runs[order] = iterative_pruning(model, score, evals, order=order, step_fraction=cfg.step_fraction,
+                                        rescore=cfg.rescore, normalize=cfg.normalize, max_fraction=cfg.max_fraction,
+                                        seed=cfg.seed, progress=progress, resume=saved.get(order), on_step=on_step)
+    table = pd.DataFrame([row for r in runs.values() for row in r.rows])
+    pruned = info = None
+    if cfg.save_pruned:
+        n = round(cfg.save_fraction * spec.n_layers * spec.n_heads)
+        keep = runs["importance"].keep_mask_after(n, spec.n_layers, spec.n_heads)
+        pruned, info = build_pruned(model, keep, evals["natural"].tokens)
+    return PruneResult(cfg, spec, runs, table, list(score.tokens.shape), list(evals["natural"].tokens.shape), repeated,
+                       str(model.device), model.self_check.to_dict(), pruned, info, time.perf_counter() - t_start)
+
+
+def load(config: PruneConfig, announce=None):
+    """Load ``config.model`` as the config asks (device, dtype, backend); see :func:`headprobe.options.load_model_as`."""
+    return options.load_model_as(config.model, device=config.device, dtype=config.dtype, backend=config.backend,
+                                 announce=announce)
+
+
+def prune(model="smollm2-135m", *, progress: bool = False, **config_fields) -> PruneResult:
+    """Iterative head pruning against a random order: ``headprobe prune`` as a function (no checkpoint).
+
+    Args:
+        model: a model name or path (loaded as ``config_fields`` ask), or a
+            :class:`~headprobe.probe.loading.LoadedModel` (used as given).
+        progress: show progress bars.
+        **config_fields: any :class:`PruneConfig` field but ``model`` (e.g. ``step_fraction=0.25``).
+
+    Raises:
+        HeadprobeError: bad settings (before anything loads), or as :func:`run`.
+    """
+    if isinstance(model, (str, Path)):
+        config = PruneConfig(model=str(model), **config_fields)
+        config.preflight()
+        t0 = time.perf_counter()
+        loaded = load(config)
+        load_s = time.perf_counter() - t0
+    else:
+        config, loaded, load_s = PruneConfig(model=model.spec.name, **config_fields), model, 0.0
+    result = run(loaded, config, progress=progress)
+    result.load_s = load_s
+    return result
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p)
+    options.add_model_options(p)
+    options.add_output_options(p)
+    options.add_data_options(p)
+    options.add_seed_option(p)
     p.add_argument("--n-natural", type=positive_int, default=8,
                    help="natural-text sequences for scoring, and as many held out for the curve (default %(default)s)")
     p.add_argument("--step-fraction", type=float, default=0.1, help="fraction of all heads removed per step (default %(default)s)")
@@ -44,120 +299,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-fraction", type=float, default=0.3, help="fraction of heads removed in the saved model (default %(default)s)")
 
 
-def _median_time(fn, repeats: int = 3) -> float:
-    fn()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+def config_from_args(args: argparse.Namespace) -> PruneConfig:
+    """The :class:`PruneConfig` the flags ask for (checks everything the flags alone decide)."""
+    return PruneConfig(**{f: getattr(args, f) for f in PruneConfig.__dataclass_fields__})
 
 
-@torch.inference_mode()
-def save_pruned_model(model, run, fraction: float, tokens: torch.Tensor, out) -> dict:
-    """Remove the first ``fraction`` of ``run``'s heads for real, save, reload, compare with the
-    masked model (max |logit difference|) and time both (median seconds per forward)."""
-    from headprobe.probe.pruned import count_attention_parameters, load_pruned, remove_heads, save_pruned
-
-    spec = model.spec
-    n = round(fraction * spec.n_layers * spec.n_heads)
-    keep = run.keep_mask_after(n, spec.n_layers, spec.n_heads)
-    net = model.model
-    pruned = remove_heads(net, keep)
-    path = out / "pruned_model.pt"
-    save_pruned(pruned, path)
-    reloaded = load_pruned(path, model.device).to(next(net.parameters()).dtype)
-    tokens = tokens.to(model.device)
-    mask = keep.to(model.device, next(net.parameters()).dtype)
-    masked_logits = net(tokens, head_mask=mask)
-    diff = float((reloaded(tokens).float() - masked_logits.float()).abs().max())
-    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
-
-    def timed(f):
-        def g():
-            f()
-            sync()
-        return _median_time(g)
-
-    t_masked = timed(lambda: net(tokens, head_mask=mask))
-    t_pruned = timed(lambda: reloaded(tokens))
-    return {"file": path.name, "heads_removed": n, "fraction_removed": n / (spec.n_layers * spec.n_heads),
-            "kv_heads_removed": int(sum(spec.n_kv_heads - len(b.attn.kept_kv_heads) for b in pruned.blocks)),
-            "attention_parameters": {"full": count_attention_parameters(net), "pruned": count_attention_parameters(pruned)},
-            "max_abs_logit_diff_vs_masked": diff, "forward_s": {"masked": t_masked, "pruned": t_pruned},
-            "speedup": t_masked / t_pruned, "tokens": list(tokens.shape), "bytes": path.stat().st_size}
-
-
-def run(args: argparse.Namespace) -> int:
-    for name in ("step_fraction", "max_fraction", "save_fraction"):
-        v = getattr(args, name)
-        if not 0 < v <= 1:
-            raise HeadprobeError(f"--{name.replace('_', '-')} must be in (0, 1], got {v}")
-    if args.period < 2:
-        raise HeadprobeError("--period must be at least 2")
-    checkpoint, saved = open_checkpoint(args)
+def main(args: argparse.Namespace) -> int:
+    """``headprobe prune``: flags -> config (checked with --text and --out before the model loads)
+    -> resumable run -> save -> print."""
+    config = config_from_args(args)
+    config.preflight()
+    prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
+    checkpoint = RunCheckpoint(args.out, asdict(config))
+    saved = checkpoint.load(args.overwrite)
     if saved:
         done = ", ".join(f"{order}: {len(state['rows']) - 1} steps" for order, state in saved.items())
         print(f"resuming from {checkpoint.path} ({done} done)")
-    t_start = time.perf_counter()
-    model = load_for_cli(args)
-    if args.save_pruned and not is_native(model):
-        raise HeadprobeError("--save-pruned needs the native backend (--backend native; GPT-2 and Llama families)")
-    spec = model.spec
-    natural, repeated, _ = task_tokens(model, args, args.n_natural)
-    score = LossSet(natural.tokens[: args.n_natural], first_scored("natural", natural.start, None))
-    evals = {"natural": LossSet(natural.tokens[args.n_natural:], score.first),
-             "induction": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period))}
-    runs = {}
-    for order in ("importance", "random"):
-        def on_step(state, order=order):
-            saved[order] = state
-            checkpoint.save(saved)
-
-        runs[order] = iterative_pruning(model, score, evals, order=order, step_fraction=args.step_fraction,
-                                        rescore=args.rescore, normalize=args.normalize, max_fraction=args.max_fraction,
-                                        seed=args.seed, progress=True, resume=saved.get(order), on_step=on_step)
-    table = pd.DataFrame([row for r in runs.values() for row in r.rows])
-    out = prepare_output_dir(args.out, True)  # ours: only the checkpoint can be there unless --overwrite
-    write_text(out / "pruning_curve.csv", table.to_csv(index=False, float_format="%.5f"))
-    label = {"importance": "gradient importance" + ("" if args.rescore else " (scored once)"), "random": "random order"}
-    curves = [(label[o], np.array([row["fraction_pruned"] for row in r.rows]),
-               {c: np.array([row[c] for row in r.rows]) for c in ("natural_loss", "induction_loss")}) for o, r in runs.items()]
-    fig = figures.pruning_curve_plot(curves, [("natural_loss", "held-out text loss (nats)"),
-                                              ("induction_loss", "induction loss (nats)")],
-                                     f"Head pruning, {spec.name}\n({figures.weights_label(spec.precision)}, {args.dtype} compute)")
-    paths = figures.save_figure(fig, out / "pruning_curve")
-    summary = {
-        "model": spec.name, "weights_precision": spec.precision, "dtype": args.dtype, "device": str(model.device),
-        "self_check": model.self_check.to_dict(),
-        "units": "nats/token", "n_heads_total": spec.n_layers * spec.n_heads,
-        "method": "Michel et al. 2019 gradient importance I_h = E_x |dL/dxi_h|"
-                  + (", per-layer L2-normalised" if args.normalize else "") + ("; rescored after every step" if args.rescore else "; scored once"),
-        "tokens": {"score": list(score.tokens.shape), "held_out_natural": list(evals["natural"].tokens.shape),
-                   "induction": list(repeated.tokens.shape), "period": args.period},
-        "curves": {o: [{k: v for k, v in row.items() if k != "removed"} for row in r.rows] for o, r in runs.items()},
-        "importance_removal_order": [format_head(h) for h in runs["importance"].removal_order],
-        "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-        "versions": package_versions(),
-    }
-    if args.save_pruned:
-        summary["pruned_model"] = save_pruned_model(model, runs["importance"], args.save_fraction,
-                                                    evals["natural"].tokens, out)
-    summary["timings_s"] = {"total": round(time.perf_counter() - t_start, 1)}
-    write_json(out / "summary.json", summary)
+    t0 = time.perf_counter()
+    model = load(config, announce=lambda line: print(line, flush=True))
+    load_s = time.perf_counter() - t0
+    print(options.describe_model(model), flush=True)
+    result = run(model, config, resume=saved, on_save=checkpoint.save)
+    result.load_s = load_s
+    paths = result.save(args.out, overwrite=True)  # ours: only the checkpoint can be there unless --overwrite
     checkpoint.clear()
-
-    print(f"\n{'removed':>8} {'fraction':>8}  {'natural (imp / rand)':>22}  {'induction (imp / rand)':>24}")
-    for a, b in zip(runs["importance"].rows, runs["random"].rows):
-        print(f"{a['n_pruned']:>8} {a['fraction_pruned']:>8.2f}  {a['natural_loss']:>10.3f} / {b['natural_loss']:<9.3f}  "
-              f"{a['induction_loss']:>11.3f} / {b['induction_loss']:<9.3f}")
-    if args.save_pruned:
-        p = summary["pruned_model"]
-        print(f"pruned model: {p['heads_removed']} heads removed ({p['kv_heads_removed']} KV heads), attention parameters "
-              f"{p['attention_parameters']['full']:,} -> {p['attention_parameters']['pruned']:,}; max |logit diff| vs masked "
-              f"{p['max_abs_logit_diff_vs_masked']:.2e}; forward {p['forward_s']['masked']:.3f} s masked vs "
-              f"{p['forward_s']['pruned']:.3f} s pruned ({p['speedup']:.2f}x)")
-    print(f"wrote pruning_curve.csv, summary.json, {', '.join(x.name for x in paths)}"
-          f"{', pruned_model.pt' if args.save_pruned else ''} to {out}/")
+    print()
+    print(result.report())
+    names = [p.name for p in paths]
+    print(f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {Path(args.out)}/")
     return 0

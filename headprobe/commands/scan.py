@@ -90,24 +90,11 @@ class ScanConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "types", select_detectors(self.types))
-        try:
-            object.__setattr__(self, "dtype", options.dtype_name(self.dtype))
-        except argparse.ArgumentTypeError as e:
-            raise HeadprobeError(str(e)) from None
-        if self.text is not None:
-            object.__setattr__(self, "text", str(self.text))
-        for name in ("n_natural", "n_repeated", "n_random"):
-            if getattr(self, name) < 1:
-                raise HeadprobeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        options.check_config_fields(self)
+        if self.n_random < 1:
+            raise HeadprobeError(f"--n-random must be at least 1, got {self.n_random}")
         if self.k is not None and self.k < 1:
             raise HeadprobeError(f"--top-k must be at least 1, got {self.k}")
-        if self.seq_len is not None and self.seq_len < 2:
-            raise HeadprobeError(f"sequence length {self.seq_len} is too short: scores need at least 2 positions (--seq-len)")
-        if self.period is not None and self.period < 2:
-            raise HeadprobeError(f"--period {self.period} is too short: induction needs a repeated block of at least 2 tokens")
-        for name, allowed in (("device", options.DEVICES), ("backend", options.BACKENDS)):
-            if getattr(self, name) not in allowed:
-                raise HeadprobeError(f"--{name} {getattr(self, name)!r} is not one of {', '.join(allowed)}")
 
     def read_text(self) -> str | None:
         """The natural text (None: the default text); checks the file.
