@@ -194,16 +194,22 @@ class LoadedModel:
         b = self.model.blocks[layer].attn.b_O
         return None if b is None else b
 
-    def to_tokens(self, text: str) -> Int[Tensor, "pos"]:
-        """Tokenize ``text`` into ids, with exactly one BOS in front when ``prepend_bos``.
+    def to_tokens(self, text: str) -> Int[Tensor, "batch pos"]:
+        """Tokenize ``text`` into ids ``[1, pos]`` (a batch of one, as TransformerLens' ``to_tokens``),
+        with exactly one BOS in front when ``prepend_bos``.
 
         A tokenizer that already adds BOS does not get a second one.
+
+        Raises:
+            TypeError: ``text`` is not a string (batches of several strings are not supported).
         """
+        if not isinstance(text, str):
+            raise TypeError(f"to_tokens takes one string, got {type(text).__name__}")
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if self.prepend_bos:
             if not ids or ids[0] != self.bos_token_id:
                 ids = [self.bos_token_id, *ids]
-        return torch.tensor(ids, dtype=torch.long)
+        return torch.tensor([ids], dtype=torch.long)
 
     def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks=(), attention_mask: Int[Tensor, "batch pos"] | None = None
                 ) -> Float[Tensor, "batch pos d_vocab"]:

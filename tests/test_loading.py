@@ -70,8 +70,8 @@ def test_local_directory_loads_through_the_bridge(tmp_path, tiny_tokenizer):
 
 def test_exactly_one_bos(tiny_gpt2):
     toks = tiny_gpt2.to_tokens("t1 t2")
-    assert toks.tolist() == [100, 1, 2]
-    assert tiny_gpt2.to_tokens("<|endoftext|> t1").tolist() == [100, 1]  # already there: not doubled
+    assert toks.tolist() == [[100, 1, 2]]  # [batch, pos], as TransformerLens
+    assert tiny_gpt2.to_tokens("<|endoftext|> t1").tolist() == [[100, 1]]  # already there: not doubled
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -505,7 +505,7 @@ def test_load_native_from_local_directory(tmp_path):
     t = tokens(pos=10, d_vocab=100)
     with torch.no_grad():
         torch.testing.assert_close(loaded.forward(t), hf(t).logits, atol=1e-4, rtol=0)
-    assert loaded.to_tokens("w3 w5")[0].item() == tokenizer.bos_token_id
+    assert loaded.to_tokens("w3 w5")[0, 0].item() == tokenizer.bos_token_id
     assert loaded.W_O(1).shape == (4, 8, 32)
 
 

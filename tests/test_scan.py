@@ -98,7 +98,7 @@ def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
     spec = smollm2_native.spec
     assert (spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head) == (30, 9, 3, 64)
     assert "4-bit" in spec.precision
-    tokens = smollm2_native.to_tokens("The quick brown fox jumps over the lazy dog.")[None]
+    tokens = smollm2_native.to_tokens("The quick brown fox jumps over the lazy dog.")
     for model in (smollm2, smollm2_native):  # both backends: sum of head results == attention output
         cap = capture_heads(model, tokens, layers=[0, 17, 29])
         for layer in (0, 17, 29):

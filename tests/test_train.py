@@ -76,7 +76,7 @@ def test_checkpoint_reloads_with_same_logits(tiny_run, tmp_path):
     tokens = copy_sequences(4, TINY.seq_len, TINY.n_words, 4, 12, torch.Generator().manual_seed(9))
     with torch.no_grad():
         torch.testing.assert_close(loaded.forward(tokens), tiny_run.loaded.forward(tokens), rtol=0, atol=0)
-    assert loaded.to_tokens("t3 t5")[0].item() == TINY.n_words  # BOS from the saved tokenizer
+    assert loaded.to_tokens("t3 t5")[0, 0].item() == TINY.n_words  # BOS from the saved tokenizer
     from headprobe.probe.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="native"):

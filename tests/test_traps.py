@@ -62,18 +62,18 @@ def test_bos_off_gives_one_position_per_word(tiny_gpt2):
     from headprobe.probe.loading import LoadedModel
 
     no_bos = LoadedModel(tiny_gpt2.model, tiny_gpt2.tokenizer, tiny_gpt2.spec, prepend_bos=False)
-    assert no_bos.to_tokens("t7").tolist() == [7]
-    assert tiny_gpt2.to_tokens("t7").tolist() == [100, 7]
+    assert no_bos.to_tokens("t7").tolist() == [[7]]
+    assert tiny_gpt2.to_tokens("t7").tolist() == [[100, 7]]
 
 
 @pytest.mark.real_model
 def test_smollm2_hello_is_one_position_without_bos_and_two_with(smollm2_native):
     from headprobe.probe.loading import LoadedModel
 
-    with_bos = smollm2_native.to_tokens("Hello")
+    with_bos = smollm2_native.to_tokens("Hello")[0]
     assert len(with_bos) == 2 and with_bos[0] == smollm2_native.bos_token_id
     no_bos = LoadedModel(smollm2_native.model, smollm2_native.tokenizer, smollm2_native.spec, prepend_bos=False)
-    assert len(no_bos.to_tokens("Hello")) == 1
+    assert no_bos.to_tokens("Hello").shape == (1, 1)
 
 
 # 5. Padding -----------------------------------------------------------------------------------------

@@ -1,0 +1,195 @@
+"""The Python API of scan / ablate / prune (``headprobe.scan(...)`` etc.) against the CLI on the same
+tiny model, ``--types``, and checks that fail before any weights load."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+import headprobe
+from headprobe.cli import main
+from headprobe.probe.errors import HeadprobeError
+
+SMALL_SCAN = dict(n_natural=3, seq_len=16, n_repeated=2, period=6, k=3, n_random=2)
+SMALL_FLAGS = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "-k", "3", "--n-random", "2",
+               "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tiny_tokenizer, tiny_llama_gqa_checkpoint):
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tiny_llama_gqa_checkpoint.hf_model.save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    g = torch.Generator().manual_seed(0)
+    p = tmp_path_factory.mktemp("text") / "words.txt"
+    p.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()), encoding="utf-8")
+    return p
+
+
+@pytest.fixture(scope="module")
+def cli_scan(tiny_dir, text_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "scan"
+    assert main(["scan", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), *SMALL_FLAGS]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def api_scan(tiny_dir, text_file):
+    model = headprobe.load_model(str(tiny_dir), device="cpu")
+    return model, headprobe.scan(model, text=str(text_file), device="cpu", **SMALL_SCAN)
+
+
+def test_api_scan_table_equals_the_cli_csv(cli_scan, api_scan):
+    _, result = api_scan
+    cli = pd.read_csv(cli_scan / "head_scores.csv")
+    api = pd.read_csv(pd.io.common.StringIO(result.table.to_csv(index=False, float_format="%.5f")))
+    pd.testing.assert_frame_equal(api, cli)
+    assert len(cli) == 2 * 8 and list(cli.columns[:3]) == ["layer", "head", "kv_head"]
+
+
+def test_scan_result_save_writes_the_cli_files(cli_scan, api_scan, tmp_path):
+    _, result = api_scan
+    paths = result.save(tmp_path / "api")
+    assert paths[-1].name == "summary.json"  # last: its presence means the directory is complete
+    assert sorted(p.name for p in (tmp_path / "api").iterdir()) == sorted(p.name for p in cli_scan.iterdir())
+    assert sorted(p.name for p in paths) == sorted(p.name for p in cli_scan.iterdir())
+    assert (tmp_path / "api" / "head_scores.csv").read_bytes() == (cli_scan / "head_scores.csv").read_bytes()
+    a, c = (json.loads((d / "summary.json").read_text()) for d in (tmp_path / "api", cli_scan))
+    for s in (a, c):
+        del s["timings_s"]
+        s["config"].pop("model")
+    assert a == c
+    assert result.summary()["ablations"] == c["ablations"]
+    with pytest.raises(HeadprobeError, match="not empty"):
+        result.save(tmp_path / "api")
+
+
+def test_types_limit_columns_figures_and_verifications(api_scan, text_file, tmp_path):
+    model, full = api_scan
+    part = headprobe.scan(model, text=str(text_file), types="induction,previous-token", **SMALL_SCAN)
+    assert part.config.types == ("previous_token", "induction")  # registry order, `-` spelling accepted
+    assert list(part.table.columns) == ["layer", "head", "kv_head", "previous_token", "induction"]
+    pd.testing.assert_frame_equal(part.table, full.table[list(part.table.columns)])  # same numbers as the full scan
+    assert set(part.figures()) == {"heatmap_previous_token", "heatmap_induction", "overview",
+                                   "pattern_previous_token", "pattern_induction", "ablation"}
+    assert {v.head_type for v in part.verifications} == {"previous_token", "induction"}
+    same = [v for v in full.verifications if v.head_type in ("previous_token", "induction")]
+    assert [v.to_dict() for v in part.verifications] == [v.to_dict() for v in same]
+    assert set(part.summary()["top_heads"]) == {"previous_token", "induction"}
+    part.save(tmp_path / "out")
+    assert not list((tmp_path / "out").glob("*first_token*")) and (tmp_path / "out" / "heatmap_induction.png").is_file()
+
+
+def test_a_new_head_type_is_one_registry_entry(api_scan, text_file, monkeypatch):
+    """A head type added to DETECTORS alone is scored, verified, drawn and summarised."""
+    from headprobe.analyses import detectors
+
+    model, full = api_scan
+    prev = detectors.DETECTORS["previous_token"]
+    copy = dataclasses.replace(prev, name="prev_copy", columns=("prev_copy",), rank_by="prev_copy",
+                               score=lambda p, S, s: {"prev_copy": detectors.previous_token_score(p)},
+                               figures=(detectors.HeatmapStyle("prev_copy", "copied score", "attention to i-1"),))
+    monkeypatch.setitem(detectors.DETECTORS, "prev_copy", copy)
+    r = headprobe.scan(model, text=str(text_file), types="prev-copy", **SMALL_SCAN)
+    assert list(r.table["prev_copy"]) == list(full.table["previous_token"])
+    assert {"heatmap_prev_copy", "pattern_prev_copy"} <= set(r.figures())
+    ref = next(v for v in full.verifications if v.head_type == "previous_token" and v.kind == "zero")
+    got = next(v for v in r.verifications if v.head_type == "prev_copy" and v.kind == "zero")
+    assert got.top_heads == ref.top_heads and got.top_effect == ref.top_effect
+    assert r.summary()["top_heads"]["prev_copy"] == full.summary()["top_heads"]["previous_token"]
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Loading a model fails the test: the checks must come before it."""
+    from headprobe.probe import loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the bad flag was refused")
+
+    monkeypatch.setattr(loading, "load_model", refuse)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["scan", "--types", "inducton"], "unknown head type inducton; known types: previous-token, duplicate-token"),
+    (["scan", "--types", ","], "no head type given"),
+    (["scan", "--text", "{dir}"], "cannot read text file"),
+    (["scan", "--text", "{dir}/missing.txt"], "cannot read text file"),
+    (["scan", "--text", "{bad}"], "not UTF-8"),
+    (["scan", "--seq-len", "1"], "at least 2 positions"),
+    (["scan", "--dtype", "fp8"], "unknown dtype"),
+    (["ablate", "--heads", "40.3"], "head 40.3 is out of range: the model has 30 layers of 9 heads"),
+    (["ablate", "--heads", "5-1"], "not of the form layer.head"),
+    (["ablate", "--heads", "0.0", "--model", "{tiny}"], None),  # in range: reaches the (refused) load
+    (["ablate", "--heads", "1.8", "--model", "{tiny}"], "head 1.8 is out of range: the model has 2 layers of 8 heads"),
+    (["ablate", "--text", "{bad}"], "not UTF-8"),
+    (["prune", "--period", "1"], "at least 2 tokens"),
+    (["prune", "--text", "{dir}"], "cannot read text file"),
+])
+def test_bad_flags_fail_before_the_model_loads(argv, fragment, tiny_dir, tmp_path, capsys, no_loading):
+    (tmp_path / "bad.txt").write_bytes(b"caf\xe9\xff")
+    argv = [a.format(dir=tmp_path, bad=tmp_path / "bad.txt", tiny=tiny_dir) for a in argv]
+    out = tmp_path / "out"
+    if fragment is None:
+        with pytest.raises(AssertionError, match="was loaded"):
+            main([*argv, "--out", str(out)])
+        return
+    try:
+        code = main([*argv, "--out", str(out)])
+    except SystemExit as e:  # argparse's type errors
+        code = e.code
+    assert code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("headprobe: error:") and fragment in err[0], err
+    assert not out.exists()
+
+
+def test_api_functions_check_before_loading(no_loading):
+    with pytest.raises(HeadprobeError, match="unknown head type"):
+        headprobe.scan("smollm2-135m", types="sink")
+    with pytest.raises(HeadprobeError, match="out of range"):
+        headprobe.ablate("smollm2-135m", heads=[(30, 0)])
+    with pytest.raises(HeadprobeError, match=r"must be in \(0, 1\]"):
+        headprobe.prune("smollm2-135m", step_fraction=0)
+
+
+def test_peek_layout_agrees_with_the_loaded_model(tiny_dir, api_scan, tmp_path):
+    from headprobe.options import peek_layout
+
+    model, _ = api_scan
+    assert peek_layout(str(tiny_dir)) == (model.spec.n_layers, model.spec.n_heads)
+    assert peek_layout(str(tmp_path)) is None  # no config.json: checked after loading instead
+    assert peek_layout("gpt2") is None
+
+
+def test_api_ablate_and_prune_equal_their_cli(tiny_dir, text_file, tmp_path):
+    small = dict(n_natural=2, seq_len=12, n_repeated=2, period=5, device="cpu")
+    flags = ["--n-natural", "2", "--seq-len", "12", "--n-repeated", "2", "--period", "5", "--device", "cpu"]
+    model = headprobe.load_model(str(tiny_dir), device="cpu")
+    a = headprobe.ablate(model, text=str(text_file), heads="1.3,0.0", **small)
+    assert main(["ablate", "--model", str(tiny_dir), "--out", str(tmp_path / "a"), "--text", str(text_file),
+                 "--heads", "1.3,0.0", *flags]) == 0
+    a.save(tmp_path / "a_api")
+    assert (tmp_path / "a_api" / "head_ablation.csv").read_bytes() == (tmp_path / "a" / "head_ablation.csv").read_bytes()
+    assert a.table["natural_loss_delta"].notna().sum() == 2
+    p = headprobe.prune(model, text=str(text_file), step_fraction=0.5, **small)
+    assert main(["prune", "--model", str(tiny_dir), "--out", str(tmp_path / "p"), "--text", str(text_file),
+                 "--step-fraction", "0.5", *flags]) == 0
+    p.save(tmp_path / "p_api")
+    assert (tmp_path / "p_api" / "pruning_curve.csv").read_bytes() == (tmp_path / "p" / "pruning_curve.csv").read_bytes()
+    assert set(p.figures()) == {"pruning_curve"} and set(a.figures()) == {"ablation_effect"}
+    for d in ("a", "p"):
+        s, t = (json.loads((tmp_path / x / "summary.json").read_text()) for x in (d, f"{d}_api"))
+        for x in (s, t):
+            del x["timings_s"]
+            x["config"].pop("model")
+        assert s == t
