@@ -193,3 +193,15 @@ def test_api_ablate_and_prune_equal_their_cli(tiny_dir, text_file, tmp_path):
             del x["timings_s"]
             x["config"].pop("model")
         assert s == t
+
+
+def test_scan_dtype_flag_casts_the_weights(tiny_dir, text_file, tmp_path):
+    """``scan --dtype bf16`` computes in bfloat16 as ``ablate --dtype`` does; recorded in summary.json."""
+    out = tmp_path / "bf16"
+    assert main(["scan", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), "--dtype", "bf16",
+                 "--types", "induction", "--no-verify", *SMALL_FLAGS]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["dtype"] == "bfloat16" and s["config"]["dtype"] == "bfloat16" and s["config"]["types"] == ["induction"]
+    table = pd.read_csv(out / "head_scores.csv")
+    assert list(table.columns) == ["layer", "head", "kv_head", "induction"] and table["induction"].between(0, 1).all()
+    assert sorted(p.name for p in out.glob("*.png")) == ["heatmap_induction.png", "overview.png", "pattern_induction.png"]

@@ -16,7 +16,7 @@ def test_published_gpt2_small_heads():
     heads on repeated random tokens; previous-token head 4.11 at the top on natural text."""
     from headprobe.analyses.ablation import top_heads
     from headprobe.analyses.data import natural_text_tokens, repeated_random_tokens
-    from headprobe.commands.scan import score_token_set
+    from headprobe.analyses.scoring import score_token_set
     from headprobe.probe.loading import load_model
 
     model = load_model("gpt2")

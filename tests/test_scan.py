@@ -9,7 +9,7 @@ import torch
 
 from headprobe.analyses.ablation import is_confirmed, random_head_sets, task_loss, token_losses
 from headprobe.analyses.detectors import SCORE_COLUMNS
-from headprobe.commands.scan import ScanConfig, run_scan, write_outputs
+from headprobe.commands.scan import ScanConfig, run
 from test_loading import assert_one_line_error, run_cli
 
 EXPECTED_COLUMNS = ["layer", "head", "kv_head", "previous_token", "duplicate_token", "induction", "first_token",
@@ -26,10 +26,10 @@ def word_text(tmp_path):
 
 def test_scan_pipeline_on_tiny_gqa_model_writes_everything(tiny_llama_gqa, word_text, tmp_path):
     cfg = ScanConfig(model="tiny", n_natural=4, seq_len=24, n_repeated=3, period=8, k=3, n_random=2, text=str(word_text))
-    result = run_scan(cfg, model=tiny_llama_gqa, progress=False)
+    result = run(tiny_llama_gqa, cfg, progress=False)
     out = tmp_path / "out"
     out.mkdir()
-    write_outputs(result, out)
+    result.save(out)
     table = pd.read_csv(out / "head_scores.csv")
     assert list(table.columns) == EXPECTED_COLUMNS
     assert len(table) == 2 * 8
@@ -98,6 +98,9 @@ def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
     spec = smollm2_native.spec
     assert (spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head) == (30, 9, 3, 64)
     assert "4-bit" in spec.precision
+    from headprobe.options import peek_layout
+
+    assert peek_layout("smollm2-135m") == (spec.n_layers, spec.n_heads)  # what `ablate --heads` checks before loading
     tokens = smollm2_native.to_tokens("The quick brown fox jumps over the lazy dog.")
     for model in (smollm2, smollm2_native):  # both backends: sum of head results == attention output
         cap = capture_heads(model, tokens, layers=[0, 17, 29])
@@ -105,7 +108,7 @@ def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
             torch.testing.assert_close(cap["result"][layer].sum(2), cap["attn_out"][layer], atol=1e-4, rtol=0)
 
     cfg = ScanConfig(n_natural=4, seq_len=96, n_repeated=6, period=40, k=10, n_random=3)
-    result = run_scan(cfg, model=smollm2_native, progress=False)
+    result = run(smollm2_native, cfg, progress=False)
     ind = {v.kind: v for v in result.verifications if v.head_type == "induction"}
     assert ind["zero"].top_effect > 3.0, ind["zero"]
     # "clearly more than random": above every random draw and at least twice their mean
@@ -119,7 +122,7 @@ def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
 def test_native_and_bridge_backends_give_the_same_scores_on_smollm2(smollm2, smollm2_native):
     """Issue 3: the native backend reproduces the TransformerLens backend's head scores."""
     from headprobe.analyses.data import natural_text_tokens, repeated_random_tokens
-    from headprobe.commands.scan import score_token_set
+    from headprobe.analyses.scoring import score_token_set
 
     nat = natural_text_tokens(smollm2, n_seqs=2, seq_len=48, seed=0)
     rep = repeated_random_tokens(smollm2, n_seqs=2, period=20, seed=0)

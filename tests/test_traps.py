@@ -156,29 +156,29 @@ def test_length_one_is_refused_and_length_equal_to_context_is_accepted(tiny_gpt2
 
 
 def test_scan_refuses_sequences_longer_than_the_context(tiny_gpt2_native):
-    from headprobe.commands.scan import ScanConfig, run_scan
+    from headprobe.commands.scan import ScanConfig, run
 
     n_ctx = tiny_gpt2_native.spec.n_ctx
     with pytest.raises(HeadprobeError, match=f"longer than the model's context .* use --seq-len {n_ctx} or less"):
-        run_scan(ScanConfig(seq_len=n_ctx + 1), model=tiny_gpt2_native, progress=False)
+        run(tiny_gpt2_native, ScanConfig(seq_len=n_ctx + 1), progress=False)
     with pytest.raises(HeadprobeError, match=f"use --period {(n_ctx - 1) // 2} or less"):
-        run_scan(ScanConfig(period=n_ctx // 2), model=tiny_gpt2_native, progress=False)
+        run(tiny_gpt2_native, ScanConfig(period=n_ctx // 2), progress=False)
     n_heads = tiny_gpt2_native.spec.n_layers * tiny_gpt2_native.spec.n_heads
     with pytest.raises(HeadprobeError, match=f"leaves no random control: the model has {n_heads} heads"):
-        run_scan(ScanConfig(k=n_heads), model=tiny_gpt2_native, progress=False)
+        run(tiny_gpt2_native, ScanConfig(k=n_heads), progress=False)
 
 
 def test_scan_defaults_shrink_to_a_small_model(tiny_gpt2_native):
     """A model with a short context and few heads gets the largest default sizes that fit it."""
     import dataclasses
 
-    from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, ScanConfig, run_scan
+    from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, ScanConfig, run
     from headprobe.probe.loading import LoadedModel
 
     spec = dataclasses.replace(tiny_gpt2_native.spec, n_ctx=40)  # the scan reads the context from the spec
     model = LoadedModel(tiny_gpt2_native.model, tiny_gpt2_native.tokenizer, spec)
     assert spec.n_ctx < DEFAULT_SEQ_LEN and spec.n_layers * spec.n_heads // 4 < DEFAULT_K  # else this tests nothing
-    result = run_scan(ScanConfig(n_natural=2, n_repeated=2, n_random=2), model=model, progress=False)
+    result = run(model, ScanConfig(n_natural=2, n_repeated=2, n_random=2), progress=False)
     cfg = result.config
     assert cfg.seq_len == spec.n_ctx and result.natural.tokens.shape[1] == spec.n_ctx
     assert cfg.period == min(DEFAULT_PERIOD, (spec.n_ctx - 1) // 2) and 2 * cfg.period + 1 <= spec.n_ctx
@@ -200,7 +200,7 @@ def test_scoring_leaves_a_captured_pattern_untouched(tiny_gpt2_native):
 
 def test_nan_activations_are_reported_with_their_layer(tiny_llama_gqa_native):
     from headprobe.analyses.data import repeated_random_tokens
-    from headprobe.commands.scan import score_token_set
+    from headprobe.analyses.scoring import score_token_set
 
     def poison(z, hook):
         z = z.clone()
@@ -312,16 +312,16 @@ def test_outputs_are_readable_by_others_as_umask_allows(tmp_path):
 
 
 def test_same_seed_same_numbers_and_settings_recorded(tiny_llama_gqa_native, tmp_path):
-    from headprobe.commands.scan import ScanConfig, run_scan, summary
+    from headprobe.commands.scan import ScanConfig, run
 
     text = tmp_path / "t.txt"
     text.write_text(" ".join(f"t{(i * 37) % 100}" for i in range(3000)))
     cfg = ScanConfig(n_natural=3, seq_len=20, n_repeated=3, period=6, k=2, n_random=2, text=str(text), seed=7)
-    a = run_scan(cfg, model=tiny_llama_gqa_native, progress=False)
-    b = run_scan(cfg, model=tiny_llama_gqa_native, progress=False)
+    a = run(tiny_llama_gqa_native, cfg, progress=False)
+    b = run(tiny_llama_gqa_native, cfg, progress=False)
     assert a.table.equals(b.table)
     assert [v.to_dict() for v in a.verifications] == [v.to_dict() for v in b.verifications]
-    s = summary(a)
+    s = a.summary()
     assert s["seed"] == 7 and s["device"] == "cpu" and s["dtype"] == "float32" and s["backend"] == "native"
     assert s["weights_precision"] and {"torch", "transformers", "python"} <= set(s["versions"])
 
