@@ -294,7 +294,12 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None):
 
 
 def _resolve(name: str) -> tuple[str, str, dict[str, Any]]:
-    """Map a user's model argument to (hf_name, precision, loader kwargs for _load_hf)."""
+    """Map a user's model argument to (hf_name, precision, loader kwargs for _load_hf).
+
+    headprobe's short names (``smollm2-135m``, ``gpt2``, ...) are case-insensitive; paths and
+    Hugging Face names are taken as written."""
+    if name.lower() in (SMOLLM2_NAME, *ALIASES) and not Path(name).exists():
+        name = name.lower()
     if name == SMOLLM2_NAME:
         path = smollm2_gguf_path()
         return SMOLLM2_HF_NAME, SMOLLM2_PRECISION, dict(source=str(path.parent), local_only=True, gguf_file=path.name)
