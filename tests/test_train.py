@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from headprobe.cli import main
-from headprobe.commands.train import TrainConfig, copy_sequences, in_context_loss, phase_change_step, train, write_outputs
+from headprobe.analyses.train import TrainConfig, copy_sequences, in_context_loss, phase_change_step, train
+from headprobe.commands.train import run
 
 TINY = TrainConfig(n_layers=2, d_model=16, n_heads=2, n_words=16, seq_len=33, min_period=4, max_period=12,
                    batch_size=8, steps=30, lr=3e-3, warmup=1, eval_every=10, n_eval=8, eval_period=8, device="cpu")
@@ -25,8 +26,8 @@ def tokenizer(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tokenizer):
-    return train(TINY, tokenizer, progress=False)
+def tiny_run():
+    return run(TINY)  # the command's run: its own tokenizer, a TrainResult that can save itself
 
 
 def test_copy_sequences_repeat_and_are_deterministic():
@@ -53,22 +54,22 @@ def test_training_decreases_loss(tiny_run):
 
 
 def test_seeded_runs_are_identical(tiny_run, tokenizer):
-    again = train(dataclasses.replace(TINY, steps=10), tokenizer, progress=False)
+    again = train(dataclasses.replace(TINY, steps=10), tokenizer)
     cols = [c for c in again.log.columns]
     np.testing.assert_array_equal(again.log[cols].to_numpy(), tiny_run.log[cols].iloc[:2].to_numpy())
-    other = train(dataclasses.replace(TINY, steps=10, seed=1), tokenizer, progress=False)
+    other = train(dataclasses.replace(TINY, steps=10, seed=1), tokenizer)
     assert not np.array_equal(other.log["train_loss"].to_numpy()[1:], again.log["train_loss"].to_numpy()[1:])
 
 
 def test_gqa_run(tokenizer):
-    r = train(dataclasses.replace(TINY, n_heads=4, n_kv_heads=2, steps=2, eval_every=2), tokenizer, progress=False)
+    r = train(dataclasses.replace(TINY, n_heads=4, n_kv_heads=2, steps=2, eval_every=2), tokenizer)
     assert r.loaded.spec.layout == "GQA" and r.loaded.model.blocks[0].attn.k_proj.out_features == 2 * 4
 
 
 def test_checkpoint_reloads_with_same_logits(tiny_run, tmp_path):
     from headprobe.probe.loading import load_model
 
-    write_outputs(tiny_run, tmp_path)
+    tiny_run.save(tmp_path)
     for name in ("train_log.csv", "summary.json", "config.json", "headprobe_model.pt", "training.png", "training.pdf"):
         assert (tmp_path / name).is_file(), name
     loaded = load_model(str(tmp_path))
@@ -90,9 +91,9 @@ def test_scan_reads_the_checkpoint(tiny_run, tmp_path):
     from headprobe.commands.scan import ScanConfig, run_scan
     from headprobe.probe.loading import load_model
 
-    write_outputs(tiny_run, tmp_path)
+    tiny_run.save(tmp_path)
     cfg = ScanConfig(model=str(tmp_path), n_natural=2, seq_len=16, n_repeated=2, period=8, k=2, n_random=2, device="cpu")
-    result = run_scan(cfg, model=load_model(str(tmp_path)), progress=False)
+    result = run_scan(cfg, model=load_model(str(tmp_path)))
     assert len(result.table) == 4
 
 
@@ -155,7 +156,7 @@ def test_cli_refuses_non_empty_out(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def corpus():
-    from headprobe.commands.train import text_corpus
+    from headprobe.analyses.train import text_corpus
 
     return text_corpus()
 
@@ -175,7 +176,7 @@ def _decode(ids) -> str:
 
 def test_char_tokenizer_matches_lookup_and_round_trips(corpus, char_tokenizer):
     from headprobe.analyses.data import ascii_text
-    from headprobe.commands.train import char_ids
+    from headprobe.analyses.train import char_ids
 
     text = _decode(corpus.held_out[:5000])
     hf = char_tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -203,7 +204,7 @@ def test_text_split_is_by_topic_and_disjoint(corpus):
 
 
 def test_text_windows_decode_to_the_source(corpus):
-    from headprobe.commands.train import held_out_text_windows, text_windows
+    from headprobe.analyses.train import held_out_text_windows, text_windows
 
     train_text = _decode(corpus.train)
     x = text_windows(corpus.train, 16, 50, 96, torch.Generator().manual_seed(0))
@@ -219,7 +220,7 @@ def test_text_windows_decode_to_the_source(corpus):
 
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 1.0])
 def test_mixed_batch_fraction_and_determinism(corpus, fraction):
-    from headprobe.commands.train import mixed_batch
+    from headprobe.analyses.train import mixed_batch
 
     def batch(seed):
         return mixed_batch(20, 41, corpus.train, 96, 4, 8, fraction, torch.Generator().manual_seed(seed))
@@ -243,15 +244,15 @@ TEXT = dataclasses.replace(TINY, n_words=96, corpus="text+copy", steps=20, eval_
 
 
 def test_text_copy_run_logs_text_loss(char_tokenizer, tokenizer):
-    r = train(TEXT, char_tokenizer, progress=False)
+    r = train(TEXT, char_tokenizer)
     log = r.log
     assert log["step"].tolist() == [0, 10, 20] and "text_in_context_loss" in log.columns
     assert log["eval_loss"].iloc[-1] < log["eval_loss"].iloc[0] < 5.0  # nats on held-out text; ln 97 = 4.57
-    again = train(dataclasses.replace(TEXT, steps=10), char_tokenizer, progress=False)
+    again = train(dataclasses.replace(TEXT, steps=10), char_tokenizer)
     np.testing.assert_array_equal(again.log.to_numpy(), log.iloc[:2].to_numpy())
     from headprobe.probe.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="character-level tokenizer"):
-        train(TEXT, tokenizer, progress=False)
+        train(TEXT, tokenizer)
     with pytest.raises(HeadprobeError, match="--n-words must be 96"):
-        train(dataclasses.replace(TEXT, n_words=64), char_tokenizer, progress=False)
+        train(dataclasses.replace(TEXT, n_words=64), char_tokenizer)
