@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -256,3 +257,68 @@ def test_text_copy_run_logs_text_loss(char_tokenizer, tokenizer):
         train(TEXT, tokenizer)
     with pytest.raises(HeadprobeError, match="--n-words must be 96"):
         train(dataclasses.replace(TEXT, n_words=64), char_tokenizer)
+
+
+# --------------------------------------------------------------------------------------------
+# The Python API: headprobe.train(...) is the CLI without the flags
+# --------------------------------------------------------------------------------------------
+
+API = dict(d_model=16, n_heads=2, n_kv_heads=1, n_words=16, seq_len=33, max_period=12, eval_period=8, n_eval=8,
+           steps=20, eval_every=10, seed=3, periodic=False, device="cpu")
+API_FLAGS = ["--d-model", "16", "--n-heads", "2", "--n-kv-heads", "1", "--n-words", "16", "--seq-len", "33",
+             "--max-period", "12", "--eval-period", "8", "--n-eval", "8", "--steps", "20", "--eval-every", "10",
+             "--seed", "3", "--data", "pair", "--device", "cpu"]
+
+
+def test_api_train_matches_cli(tmp_path, capsys):
+    import headprobe
+    import headprobe.commands.train as train_command
+
+    assert headprobe.train is train_command.train  # the lazy export is the command's function
+    result = headprobe.train(**API)
+    assert isinstance(result.log, pd.DataFrame) and result.log["step"].tolist() == [0, 10, 20]
+    assert main(["train", "--out", str(tmp_path / "cli"), *API_FLAGS]) == 0
+    capsys.readouterr()
+    cli_log = (tmp_path / "cli" / "train_log.csv").read_text()
+    assert result.log.to_csv(index=False, float_format="%.5f") == cli_log  # the same numbers, as the CLI wrote them
+
+    paths = result.save(tmp_path / "api")
+    api, cli = tmp_path / "api", tmp_path / "cli"
+    names = sorted(p.name for p in cli.iterdir())
+    assert sorted(p.name for p in api.iterdir()) == names == sorted(p.name for p in paths)
+    for name in names:
+        if name.endswith((".csv", ".png", ".pdf")) or name.startswith("tokenizer") or name == "config.json":
+            assert (api / name).read_bytes() == (cli / name).read_bytes(), name
+    ours, theirs = (torch.load(d / "headprobe_model.pt", weights_only=True) for d in (api, cli))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    s_api, s_cli = (json.loads((d / "summary.json").read_text()) for d in (api, cli))
+    assert s_api.pop("train_seconds") >= 0 and s_cli.pop("train_seconds") >= 0  # wall time differs, nothing else
+    assert s_api == s_cli and s_api == {k: v for k, v in result.summary().items() if k != "train_seconds"}
+    assert s_api["config"]["periodic"] is False and s_api["config"]["n_kv_heads"] == 1 and s_api["layout"] == "MQA"
+    # summary.json is written last: a directory holding it is complete
+    assert max(p.stat().st_mtime_ns for p in api.iterdir()) == (api / "summary.json").stat().st_mtime_ns
+    from headprobe.probe.errors import HeadprobeError
+
+    with pytest.raises(HeadprobeError, match="--overwrite"):
+        result.save(api)
+    result.save(api, overwrite=True)
+    with pytest.raises(TypeError):
+        headprobe.train(stepz=3)
+    with pytest.raises(HeadprobeError, match="--steps must be a positive integer"):
+        headprobe.train(steps=0)
+    cfg = train_command.TrainConfig(**API)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.steps = 3
+
+
+def test_training_module_neither_prints_nor_parses(tokenizer, capsys):
+    import headprobe.analyses.train as training
+
+    seen = []
+    r = training.train(dataclasses.replace(TINY, steps=4, eval_every=2), tokenizer,
+                       on_eval=lambda row, seconds: seen.append((row["step"], row["train_loss"], seconds)))
+    assert capsys.readouterr().out == ""
+    assert [s for s, _, _ in seen] == [2, 4] and [x for _, x, _ in seen] == r.log["train_loss"].tolist()[1:]
+    assert all(sec >= 0 for _, _, sec in seen)
+    src = open(training.__file__, encoding="utf-8").read()
+    assert "import argparse" not in src and "print(" not in src
