@@ -41,12 +41,14 @@ from headprobe.analyses.detectors import induction_score, previous_token_score
 from headprobe.probe.capture import stream_patterns
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import format_head
-from headprobe.probe.loading import TEXT_CHARS, char_level_tokenizer, word_level_tokenizer
+from headprobe.probe.tokenizers import TEXT_CHARS, char_level_tokenizer, word_level_tokenizer
 
 CORPORA = ("copy", "text+copy")
 """The training corpora :attr:`TrainConfig.corpus` accepts."""
 INDUCTION_FORMED = 0.5
 """An induction score above this: the head has formed (train's summary, the phase change, study's marks)."""
+DEVICES = ("auto", "cpu", "cuda")
+"""The devices :attr:`TrainConfig.device` accepts (those of ``headprobe.options.DEVICES``)."""
 N_CHARS = len(TEXT_CHARS)
 """96: the character vocabulary of ``corpus="text+copy"`` (newline and printable ASCII)."""
 
@@ -150,6 +152,8 @@ class TrainConfig:
                                  f"got {self.n_words}")
         if not 0 <= self.copy_fraction <= 1:
             raise HeadprobeError(f"--copy-fraction must be between 0 and 1, got {self.copy_fraction}")
+        if self.device not in DEVICES:
+            raise HeadprobeError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
 
     def model_config(self):
         """The :class:`headprobe.probe.model.TransformerConfig` of the model to train
@@ -180,7 +184,7 @@ class TextCorpus:
 
     Attributes:
         train, held_out: 1-D character-level token ids (id ``i`` is ``TEXT_CHARS[i]``, see
-            :func:`headprobe.probe.loading.char_level_tokenizer`): the topics of each part, in key order,
+            :func:`headprobe.probe.tokenizers.char_level_tokenizer`): the topics of each part, in key order,
             through :func:`headprobe.analyses.data.ascii_text`, joined by a blank line (training topics
             without the paragraphs they share with held-out ones, see :func:`text_corpus`).
         train_topics, held_out_topics: the topic names of each part (disjoint).
@@ -196,7 +200,7 @@ class TextCorpus:
 
 def char_ids(text: str) -> Int[Tensor, "n_tokens"]:
     """Character-level ids of ``text`` (id ``i`` is ``TEXT_CHARS[i]``; the same ids as
-    :func:`headprobe.probe.loading.char_level_tokenizer`, computed by table look-up). Characters outside
+    :func:`headprobe.probe.tokenizers.char_level_tokenizer`, computed by table look-up). Characters outside
     the vocabulary map to BOS/unknown (96); pass the text through :func:`headprobe.analyses.data.ascii_text` first."""
     table = np.full(256, N_CHARS, dtype=np.int64)
     table[[ord(c) for c in TEXT_CHARS]] = np.arange(N_CHARS)
@@ -436,8 +440,8 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     """Train a model as ``cfg`` says; deterministic given ``cfg.seed`` on one device.
 
     ``tokenizer`` is a word-level tokenizer over the ``n_words`` random tokens plus BOS (see
-    :func:`headprobe.probe.loading.word_level_tokenizer`) for ``corpus="copy"``, the character-level one
-    (:func:`headprobe.probe.loading.char_level_tokenizer`) for ``"text+copy"``; :func:`training_tokenizer`
+    :func:`headprobe.probe.tokenizers.word_level_tokenizer`) for ``corpus="copy"``, the character-level one
+    (:func:`headprobe.probe.tokenizers.char_level_tokenizer`) for ``"text+copy"``; :func:`training_tokenizer`
     builds the right one. ``on_eval(row, seconds)``, when given, is called after every evaluation
     but the one at step 0 with the new log row (a dict, see :attr:`TrainRun.log`) and the seconds
     since training started: the only progress report (nothing is printed).
@@ -453,7 +457,7 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     cfg.validate()
     text = cfg.corpus == "text+copy"
     if text and tokenizer.convert_tokens_to_ids(list(TEXT_CHARS)) != list(range(N_CHARS)):
-        raise HeadprobeError("--corpus text+copy needs the character-level tokenizer (headprobe.probe.loading.char_level_tokenizer)")
+        raise HeadprobeError("--corpus text+copy needs the character-level tokenizer (headprobe.probe.tokenizers.char_level_tokenizer)")
     device = device_auto(cfg.device)
     if device == "cuda" and not torch.cuda.is_available():
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")

@@ -21,7 +21,7 @@ TINY = TrainConfig(n_layers=2, d_model=16, n_heads=2, n_words=16, seq_len=33, mi
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from headprobe.probe.loading import word_level_tokenizer
+    from headprobe.probe.tokenizers import word_level_tokenizer
 
     return word_level_tokenizer(tmp_path_factory.mktemp("tok16"), TINY.n_words)
 
@@ -164,13 +164,13 @@ def corpus():
 
 @pytest.fixture(scope="module")
 def char_tokenizer(tmp_path_factory):
-    from headprobe.probe.loading import char_level_tokenizer
+    from headprobe.probe.tokenizers import char_level_tokenizer
 
     return char_level_tokenizer(tmp_path_factory.mktemp("chars"))
 
 
 def _decode(ids) -> str:
-    from headprobe.probe.loading import TEXT_CHARS
+    from headprobe.probe.tokenizers import TEXT_CHARS
 
     return "".join(TEXT_CHARS[i] for i in ids.tolist())
 
@@ -306,6 +306,8 @@ def test_api_train_matches_cli(tmp_path, capsys):
         headprobe.train(stepz=3)
     with pytest.raises(HeadprobeError, match="--steps must be a positive integer"):
         headprobe.train(steps=0)
+    with pytest.raises(HeadprobeError, match="--device must be one of auto, cpu, cuda"):
+        headprobe.train(device="gpu")
     cfg = train_command.TrainConfig(**API)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.steps = 3
@@ -322,3 +324,14 @@ def test_training_module_neither_prints_nor_parses(tokenizer, capsys):
     assert all(sec >= 0 for _, _, sec in seen)
     src = open(training.__file__, encoding="utf-8").read()
     assert "import argparse" not in src and "print(" not in src
+
+
+def test_moved_tokenizers_and_checkpoint_format_keep_their_old_names():
+    import headprobe.probe.checkpoint as checkpoint
+    import headprobe.probe.loading as loading
+    import headprobe.probe.tokenizers as tokenizers
+
+    for name in ("TEXT_CHARS", "char_level_tokenizer", "word_level_tokenizer"):
+        assert getattr(loading, name) is getattr(tokenizers, name)
+    for name in ("NATIVE_FORMAT", "NATIVE_WEIGHTS", "is_native_dir", "save_native"):
+        assert getattr(loading, name) is getattr(checkpoint, name)

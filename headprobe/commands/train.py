@@ -107,7 +107,7 @@ class TrainResult(TrainRun):
             HeadprobeError: ``out_dir`` is a non-empty directory and ``overwrite`` is False, is a
                 file, or cannot be written.
         """
-        from headprobe.probe.loading import save_native
+        from headprobe.probe.checkpoint import save_native
 
         out = prepare_output_dir(out_dir, overwrite)
         summ = self.summary()
