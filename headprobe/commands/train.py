@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import math
 import tempfile
-import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
