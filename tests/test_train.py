@@ -304,6 +304,8 @@ def test_api_train_matches_cli(tmp_path, capsys):
     result.save(api, overwrite=True)
     with pytest.raises(TypeError):
         headprobe.train(stepz=3)
+    with pytest.raises(TypeError):
+        headprobe.train(TINY)  # a config goes to headprobe.commands.train.run, fields to headprobe.train
     with pytest.raises(HeadprobeError, match="--steps must be a positive integer"):
         headprobe.train(steps=0)
     with pytest.raises(HeadprobeError, match="--device must be one of auto, cpu, cuda"):

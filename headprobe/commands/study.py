@@ -303,7 +303,7 @@ def run(config: StudyConfig, progress: bool = False) -> StudyResult:
     return StudyResult(config, run_study(config.variants(), list(config.seeds), progress))
 
 
-def study(which: str, progress: bool = False, **config_fields) -> StudyResult:
+def study(which: str, *, progress: bool = False, **config_fields) -> StudyResult:
     """``headprobe.study("layouts", steps=600, seeds=(0,), ...)``: :func:`run` on
     ``StudyConfig(which, **config_fields)`` (see :class:`StudyConfig` for every field and its default).
 

@@ -154,7 +154,7 @@ def run(config: TrainConfig, progress: bool = False) -> TrainResult:
     return TrainResult(**{f.name: getattr(r, f.name) for f in fields(TrainRun)})
 
 
-def train(progress: bool = False, **config_fields) -> TrainResult:
+def train(*, progress: bool = False, **config_fields) -> TrainResult:
     """``headprobe.train(steps=300, n_kv_heads=2, ...)``: :func:`run` on ``TrainConfig(**config_fields)``
     (see :class:`headprobe.analyses.train.TrainConfig` for every field and its default).
 
