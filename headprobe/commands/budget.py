@@ -74,7 +74,7 @@ def budget_dtype(text: str) -> str:
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
             f"unknown dtype {text!r}; choose one of {', '.join(cost.DTYPE_BYTES)} "
-            f"or torch's {', '.join(TORCH_DTYPE_NAMES)}") from None
+            f"or torch's {', '.join(n for n in TORCH_DTYPE_NAMES if n not in cost.DTYPE_BYTES)}") from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
