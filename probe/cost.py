@@ -22,6 +22,10 @@ Definitions and worked numbers follow the lesson texts in ``shared/seeds/003_*``
   ``qk_rope_head_dim``;
 * FLOPs of one attention layer: ``8*T*D**2`` (projections) + ``4*T**2*D`` (scores QK^T and the
   weighted sum AV); they are equal at ``T = 2*D``;
+* QK-norm (Dehghani et al. 2023, arXiv:2302.05442; Qwen3, OLMo 2) adds its RMSNorm weights to
+  the parameters; a sliding-window layer (Mistral 7B, arXiv:2310.06825; Gemma 2 every other
+  layer) caches at most ``window`` positions, so a request of T tokens holds
+  ``sum over layers of min(T, window_l)`` positions;
 * a materialised attention weight matrix holds ``batch * n_heads * T * T`` elements; a fused kernel
   (FlashAttention, Dao et al. 2022, arXiv:2205.14135; PyTorch SDPA) never stores it.
 """
@@ -193,6 +197,26 @@ class AttentionLayout:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def sliding_windows(n_layers: int, window: int | None, global_every: int | None = None) -> tuple[int | None, ...] | None:
+    """Per-layer windows for :attr:`AttentionLayout.windows`: every layer windowed to ``window``
+    positions, except that with ``global_every = N`` layer ``l`` (0-based) is global when
+    ``(l + 1) % N == 0`` (Hugging Face's Gemma 2 pattern with N = 2, Gemma 3's with N = 6).
+    ``window=None`` gives None (every layer global).
+
+    Raises:
+        HeadprobeError: ``global_every`` without ``window``, or a size that is not a positive integer.
+    """
+    if window is None:
+        if global_every is not None:
+            raise HeadprobeError("--global-every needs --sliding-window")
+        return None
+    _check_positive("n_layers", n_layers)
+    _check_positive("sliding_window", window)
+    if global_every is not None:
+        _check_positive("global_every", global_every)
+    return tuple(None if global_every and (i + 1) % global_every == 0 else window for i in range(n_layers))
 
 
 def _check_positive(name: str, value: Any) -> None:

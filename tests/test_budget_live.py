@@ -164,6 +164,9 @@ def test_windowed_kv_by_hand():
         d_model=64, n_layers=3, n_heads=4, n_kv_heads=2), 10)
     assert AttentionLayout(d_model=64, n_layers=2, n_heads=4, windows=(None, None)).windows is None
     assert lay.n_windowed_layers == 2
+    gemma3 = cost.sliding_windows(12, 1024, global_every=6)  # 5 local : 1 global
+    assert [i for i, w in enumerate(gemma3) if w is None] == [5, 11] and gemma3[0] == 1024
+    assert cost.sliding_windows(3, 16) == (16, 16, 16) and cost.sliding_windows(3, None) is None
 
 
 def test_max_tokens_with_windows_matches_a_loop():

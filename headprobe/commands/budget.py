@@ -201,23 +201,6 @@ class BudgetConfig:
 # ---------------------------------------------------------------------------------------------
 
 
-def layer_windows(n_layers: int, sliding_window: int | None, global_every: int | None) -> tuple[int | None, ...] | None:
-    """Per-layer windows from ``--sliding-window W --global-every N``: layer ``l`` (0-based) is
-    global when ``(l + 1) % N == 0``, else windowed to ``W`` (Hugging Face's Gemma 2/3 pattern).
-
-    Raises:
-        HeadprobeError: ``global_every`` without ``sliding_window``, or a size not positive.
-    """
-    if sliding_window is None:
-        if global_every is not None:
-            raise HeadprobeError("--global-every needs --sliding-window")
-        return None
-    cost._check_positive("sliding_window", sliding_window)
-    if global_every is not None:
-        cost._check_positive("global_every", global_every)
-    return tuple(None if global_every and (i + 1) % global_every == 0 else sliding_window for i in range(n_layers))
-
-
 def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None) -> AttentionLayout:
     """The layout the config describes, starting from ``base`` (a preset or a model) if given.
 
@@ -252,15 +235,9 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
             fields_[f] = getattr(config, f)
     if config.sliding_window is not None or config.global_every is not None:
         n_layers = fields_.get("n_layers")
-        cost._check_positive("n_layers", n_layers)
-        fields_["windows"] = layer_windows(n_layers, config.sliding_window, config.global_every)
+        fields_["windows"] = cost.sliding_windows(n_layers, config.sliding_window, config.global_every)
     fields_["bytes_per_element"] = config.bytes_per_element
     return AttentionLayout(**fields_)
-
-
-def layout_from_args(args: argparse.Namespace, base: AttentionLayout | None = None) -> AttentionLayout:
-    """:func:`layout_from_config` for parsed flags (kept for callers of the old entry point)."""
-    return layout_from_config(config_from_args(args), base)
 
 
 def config_from_args(args: argparse.Namespace) -> BudgetConfig:
