@@ -55,7 +55,7 @@ def test_live_check_runs_past_gemma2s_window(zoo_dirs, capsys):
     code = main(["budget", "--model", zoo_dirs("gemma2"), "--seq-len", "64", "--json"])
     r = json.loads(capsys.readouterr().out)
     m = r["check"]["measured"]
-    assert code == 0 and m["tokens"] > window
+    assert code == 0 and m["tokens"] > window and m["cache_class"] == "StaticCache"  # the one budget handed in
     assert m["positions_per_layer"] == [window, m["tokens"]]  # layer 0 sliding, layer 1 global
     assert r["layout"]["windows"] == [window, None]
     # The report at 64 tokens: layer 0 holds 8 positions, layer 1 all 64; 2 KV heads of 16, bf16.

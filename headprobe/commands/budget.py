@@ -547,7 +547,7 @@ def measure_kv_cache(loaded: Any, n_tokens: int | None = None, text: str = CHECK
         ``value_shape`` of layer 0 ``[batch, kv_head, pos, d]``, ``positions_per_layer``,
         ``element_bytes``, ``numbers_per_token_per_layer`` (numbers per cached position per
         layer, a count), ``bytes`` (all layers) and ``bytes_per_token`` (``bytes / tokens``),
-        from the tensors' numel and element size.
+        from the tensors' numel and element size; ``cache_class``, the cache the model returned.
 
     Raises:
         HeadprobeError: the model returned no cache, or an empty one.
@@ -562,7 +562,7 @@ def measure_kv_cache(loaded: Any, n_tokens: int | None = None, text: str = CHECK
     if cfg is not None:
         from transformers import StaticCache
 
-        kwargs["past_key_values"] = StaticCache(config=cfg, max_cache_len=n)
+        kwargs["cache"] = StaticCache(config=cfg, max_cache_len=n)
     with torch.no_grad():
         with _cache_kwarg_shim(loaded.model):
             out = loaded.model(tokens, return_type="logits_and_cache", use_cache=True, **kwargs)
@@ -584,6 +584,7 @@ def measure_kv_cache(loaded: Any, n_tokens: int | None = None, text: str = CHECK
         "numbers_per_token_per_layer": numbers / (tokens.shape[0] * sum(positions)),
         "bytes": nbytes,
         "bytes_per_token": nbytes / n_tokens,
+        "cache_class": type(cache).__name__,
     }
 
 
@@ -825,9 +826,3 @@ def main(args: argparse.Namespace) -> int:
     result = run(config_from_args(args))
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
     return result.exit_code
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from headprobe.cli import main as cli_main
-
-    sys.exit(cli_main(["budget", *sys.argv[1:]]))
