@@ -48,6 +48,7 @@ def test_live_check_matches_every_zoo_family(family, zoo_dirs, capsys):
     code = main(["budget", "--model", zoo_dirs(family), "--json"])
     check = json.loads(capsys.readouterr().out)["check"]
     assert code == 0 and check["ok"] and check["attn_params_per_layer"]["ok"]  # the parameter check ran
+    assert check["measured"]["tokens"] >= budget.CHECK_MIN_TOKENS  # even where the prompt is one unknown token
 
 
 def test_live_check_runs_past_gemma2s_window(zoo_dirs, capsys):

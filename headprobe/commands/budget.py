@@ -44,6 +44,7 @@ DEFAULT_SEQ_LEN = 8192
 FLOPS_TABLE_SEQ_LENS = (1024, 8192, 32768, 131072)  # the lesson's table (seeds/003, "FLOPs")
 CHECK_PROMPT = "The quick brown fox jumps over the lazy dog. Attention heads share keys and values."
 CHECK_PAST_WINDOW = 8  # the live check runs this many tokens past the smallest sliding window
+CHECK_MIN_TOKENS = 16  # and at least this many (a tokenizer may read the prompt as a single unknown token)
 
 #: torch's dtype names -> budget's short names (the keys of :data:`cost.DTYPE_BYTES`).
 TORCH_DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
@@ -524,12 +525,14 @@ def attention_params_of_model(loaded: Any) -> tuple[int, str] | None:
 
 
 def check_length(lay: AttentionLayout, prompt_tokens: int, n_ctx: int) -> int:
-    """Tokens the live check runs: the prompt, or ``CHECK_PAST_WINDOW`` past the smallest sliding
-    window so that every window is full, when that fits the model's context ``n_ctx``."""
+    """Tokens the live check runs: the prompt's, at least ``CHECK_MIN_TOKENS``, and
+    ``CHECK_PAST_WINDOW`` past the smallest sliding window so that every window is full, each
+    where it fits the model's context ``n_ctx``."""
+    n = max(prompt_tokens, min(CHECK_MIN_TOKENS, n_ctx))
     if lay.windows is None:
-        return prompt_tokens
+        return n
     wanted = min(w for w in lay.windows if w is not None) + CHECK_PAST_WINDOW
-    return max(prompt_tokens, wanted) if wanted <= n_ctx else prompt_tokens
+    return max(n, wanted) if wanted <= n_ctx else n
 
 
 def measure_kv_cache(loaded: Any, n_tokens: int | None = None, text: str = CHECK_PROMPT) -> dict[str, Any]:
