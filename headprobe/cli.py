@@ -18,7 +18,7 @@ import threading
 
 from headprobe.probe.errors import HeadprobeError
 
-# subcommand -> module providing HELP, add_arguments(parser), run(args)
+# subcommand -> module providing HELP, add_arguments(parser), main(args)
 SUBCOMMANDS: dict[str, str] = {
     "scan": "headprobe.commands.scan",
     "budget": "headprobe.commands.budget",
@@ -34,7 +34,34 @@ class OneLineErrorParser(argparse.ArgumentParser):
     --help)``) and exit status 2, like every other bad input; subparsers inherit it."""
 
     def error(self, message: str):
+        if message.startswith("unrecognized arguments:"):
+            message += _did_you_mean(message.split(":", 1)[1].split(), self._known_options())
         self.exit(2, f"headprobe: error: {message} (see {self.prog} --help)\n")
+
+    def _known_options(self) -> dict[str, list[str]]:
+        """Option strings of this parser and, per subcommand, of its subparsers."""
+        known = {"": [o for a in self._actions for o in a.option_strings]}
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    known[name] = [o for a in sub._actions for o in a.option_strings]
+        return known
+
+
+def _did_you_mean(unknown: list[str], known: dict[str, list[str]]) -> str:
+    """`` (did you mean --seq-len?)`` for misspelt flags (``--seq_len``), from the options of the
+    subcommand named on the command line (all options if none is)."""
+    import difflib
+
+    words = set(sys.argv[1:])
+    pool = next((opts for cmd, opts in known.items() if cmd and cmd in words), None)
+    pool = pool or sorted({o for opts in known.values() for o in opts})
+    hints = []
+    for flag in (u.split("=", 1)[0] for u in unknown if u.startswith("--")):
+        close = difflib.get_close_matches(flag.replace("_", "-").lower(), pool, n=1, cutoff=0.7)
+        if close:
+            hints.append(close[0])
+    return f" (did you mean {' '.join(hints)}?)" if hints else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="headprobe",
         description="Attention-head interpretability: find head types, verify them by ablation, prune, plot.",
     )
+    from headprobe import __version__
+
+    parser.add_argument("--version", action="version", version=f"headprobe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)  # a registered command that does not import is a bug: fail loudly
@@ -73,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as e:
         how = "terminated" if isinstance(e, Terminated) else "interrupted"
-        print(f"headprobe: {how}; files already written are complete (summary.json comes last), "
-              f"the rest were not written", file=sys.stderr)
+        print(f"headprobe: {how}; files already written are complete (summary.json comes last), the rest were not "
+              f"written; ablate and prune resume from their checkpoint when the same command is run again",
+              file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     finally:
         if in_main:

@@ -181,7 +181,7 @@ def capture_internal(
                                  f"W_O as {tuple(W_O.shape[:2])}: the backend reads this architecture's head geometry wrongly")
         result = head_results(z, W_O.to(z))
         b_O = model.b_O(layer)
-        bias = torch.zeros(result.shape[-1], dtype=result.dtype, device=result.device) if b_O is None else b_O.to(result)
+        bias = torch.zeros(result.shape[-1], dtype=result.dtype, device=result.device) if b_O is None else b_O.detach().to(result)
         if layer in out.get("norm_in", {}):
             # Frozen-norm linearisation: y = w * a * s(a), with the per-token scale s fixed from the
             # full attention output a, is linear in a, so each head's term is w * s * result_h.

@@ -22,6 +22,10 @@ Definitions and worked numbers follow the lesson texts in ``shared/seeds/003_*``
   ``qk_rope_head_dim``;
 * FLOPs of one attention layer: ``8*T*D**2`` (projections) + ``4*T**2*D`` (scores QK^T and the
   weighted sum AV); they are equal at ``T = 2*D``;
+* QK-norm (Dehghani et al. 2023, arXiv:2302.05442; Qwen3, OLMo 2) adds its RMSNorm weights to
+  the parameters; a sliding-window layer (Mistral 7B, arXiv:2310.06825; Gemma 2 every other
+  layer) caches at most ``window`` positions, so a request of T tokens holds
+  ``sum over layers of min(T, window_l)`` positions;
 * a materialised attention weight matrix holds ``batch * n_heads * T * T`` elements; a fused kernel
   (FlashAttention, Dao et al. 2022, arXiv:2205.14135; PyTorch SDPA) never stores it.
 """
@@ -43,6 +47,9 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8"
 
 #: Bias conventions: which projections carry a bias vector.
 BIAS_KINDS = ("none", "qkv", "all")
+
+#: QK-norm conventions: normalisation weights on queries and keys before the scores.
+QK_NORM_KINDS = ("none", "per_head", "full")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,6 +74,11 @@ class AttentionLayout:
             ``v_head_dim`` = 128).
         bias: which projections have biases: ``"none"`` (Llama, the original Transformer),
             ``"qkv"`` (Qwen2.5) or ``"all"`` (GPT-2, GPT-3).
+        qk_norm: RMSNorm weights on queries and keys (Dehghani et al. 2023, arXiv:2302.05442):
+            ``"none"``; ``"per_head"``, one ``d_head`` weight for all query heads and one for all
+            key heads (Qwen3, Gemma 3: Hugging Face ``q_norm``/``k_norm`` of size ``head_dim``);
+            ``"full"``, over the whole projections, ``n_heads*d_head`` + ``n_kv_heads*d_head``
+            numbers (OLMo 2: ``q_norm``/``k_norm`` of ``Olmo2Attention``). Not for MLA.
         bytes_per_element: bytes of one cached or stored number (2 for bf16/fp16).
         kv_lora_rank: MLA only: width of the compressed KV latent c^KV (DeepSeek-V3: 512).
             ``None`` means the layout is not MLA.
@@ -74,12 +86,21 @@ class AttentionLayout:
             ``None`` means a full-rank query projection.
         qk_rope_head_dim: MLA only: width of the decoupled rotary key shared by all heads and of
             each head's rotary query part (DeepSeek-V3: 64).
+        v_head_dim: MLA only: width of each head's value (Hugging Face ``v_head_dim``); ``None``
+            means ``d_head`` (DeepSeek-V3: 128 = ``qk_nope_head_dim``).
+        windows: the key window of each layer, ``n_layers`` entries, each a number of positions
+            (sliding-window attention: the layer attends to, and caches, at most that many
+            positions, Mistral 7B, arXiv:2310.06825, "rolling buffer cache") or ``None``
+            (global attention). ``None`` for the whole field means every layer is global.
+            Gemma 2 alternates sliding (4096) and global layers.
         name: a label for tables.
 
     Raises:
         HeadprobeError: a size is not a positive integer, ``d_model`` is not divisible by
             ``n_heads`` when ``d_head`` is not given, ``n_heads`` is not divisible by
-            ``n_kv_heads``, an MLA size is given without ``kv_lora_rank``, or ``bias`` is unknown.
+            ``n_kv_heads``, an MLA size is given without ``kv_lora_rank``, ``bias`` or
+            ``qk_norm`` is unknown, ``qk_norm`` is set on MLA, or ``windows`` does not hold
+            ``n_layers`` entries of None or a positive integer.
     """
 
     d_model: int
@@ -92,12 +113,15 @@ class AttentionLayout:
     kv_lora_rank: int | None = None
     q_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    qk_norm: str = "none"
+    v_head_dim: int | None = None
+    windows: tuple[int | None, ...] | None = None
     name: str = ""
 
     def __post_init__(self) -> None:
         for field in ("d_model", "n_layers", "n_heads", "bytes_per_element"):
             _check_positive(field, getattr(self, field))
-        for field in ("n_kv_heads", "d_head", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim"):
+        for field in ("n_kv_heads", "d_head", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
             if getattr(self, field) is not None:
                 _check_positive(field, getattr(self, field))
         if self.d_head is None:
@@ -116,10 +140,25 @@ class AttentionLayout:
             )
         if self.bias not in BIAS_KINDS:
             raise HeadprobeError(f"unknown bias kind {self.bias!r}; choose one of {', '.join(BIAS_KINDS)}")
-        if self.kv_lora_rank is None and (self.q_lora_rank is not None or self.qk_rope_head_dim is not None):
-            raise HeadprobeError("q_lora_rank and qk_rope_head_dim describe MLA; give kv_lora_rank too")
+        if self.kv_lora_rank is None and (self.q_lora_rank is not None or self.qk_rope_head_dim is not None
+                                          or self.v_head_dim is not None):
+            raise HeadprobeError("q_lora_rank, qk_rope_head_dim and v_head_dim describe MLA; give kv_lora_rank too")
         if self.kv_lora_rank is not None and self.qk_rope_head_dim is None:
             object.__setattr__(self, "qk_rope_head_dim", 0)
+        if self.kv_lora_rank is not None and self.v_head_dim is None:
+            object.__setattr__(self, "v_head_dim", self.d_head)
+        if self.qk_norm not in QK_NORM_KINDS:
+            raise HeadprobeError(f"unknown qk_norm kind {self.qk_norm!r}; choose one of {', '.join(QK_NORM_KINDS)}")
+        if self.qk_norm != "none" and self.kv_lora_rank is not None:
+            raise HeadprobeError("qk_norm describes MHA/GQA/MQA projections; MLA's latent norms are counted already")
+        if self.windows is not None:
+            windows = tuple(self.windows)
+            if len(windows) != self.n_layers:
+                raise HeadprobeError(f"windows holds {len(windows)} entries; give one per layer ({self.n_layers})")
+            for w in windows:
+                if w is not None:
+                    _check_positive("a layer's window", w)
+            object.__setattr__(self, "windows", windows if any(w is not None for w in windows) else None)
 
     # -- derived names ---------------------------------------------------------------------
 
@@ -142,9 +181,15 @@ class AttentionLayout:
             return "MHA"
         return "MQA" if self.n_kv_heads == 1 else "GQA"
 
+    @property
+    def n_windowed_layers(self) -> int:
+        """How many layers attend within a sliding window (0 when every layer is global)."""
+        return sum(w is not None for w in self.windows or ())
+
     def with_kv_heads(self, n_kv_heads: int) -> "AttentionLayout":
         """The same layout (not MLA) with ``n_kv_heads`` key/value heads."""
-        return replace(self, n_kv_heads=n_kv_heads, kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=None)
+        return replace(self, n_kv_heads=n_kv_heads, kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=None,
+                       v_head_dim=None)
 
     def as_mha(self) -> "AttentionLayout":
         """The MHA layout of the same heads: one K and one V per query head, no latent."""
@@ -152,6 +197,26 @@ class AttentionLayout:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def sliding_windows(n_layers: int, window: int | None, global_every: int | None = None) -> tuple[int | None, ...] | None:
+    """Per-layer windows for :attr:`AttentionLayout.windows`: every layer windowed to ``window``
+    positions, except that with ``global_every = N`` layer ``l`` (0-based) is global when
+    ``(l + 1) % N == 0`` (Hugging Face's Gemma 2 pattern with N = 2, Gemma 3's with N = 6).
+    ``window=None`` gives None (every layer global).
+
+    Raises:
+        HeadprobeError: ``global_every`` without ``window``, or a size that is not a positive integer.
+    """
+    if window is None:
+        if global_every is not None:
+            raise HeadprobeError("--global-every needs --sliding-window")
+        return None
+    _check_positive("n_layers", n_layers)
+    _check_positive("sliding_window", window)
+    if global_every is not None:
+        _check_positive("global_every", global_every)
+    return tuple(None if global_every and (i + 1) % global_every == 0 else window for i in range(n_layers))
 
 
 def _check_positive(name: str, value: Any) -> None:
@@ -179,8 +244,8 @@ def attention_weight_shapes(layout: AttentionLayout) -> dict[str, tuple[int, int
     ``DeepseekV3Attention``): ``W_DQ`` (d_model -> q_lora_rank) and ``W_UQ`` (q_lora_rank ->
     n_heads*(d_head+rope)), or one ``W_Q`` (d_model -> n_heads*(d_head+rope)) without a query
     latent; ``W_DKV_KR`` (d_model -> kv_lora_rank+rope, the latent and the shared rotary key);
-    ``W_UKV`` (kv_lora_rank -> n_heads*2*d_head, keys and values of all heads); ``W_O``
-    (n_heads*d_head -> d_model).
+    ``W_UKV`` (kv_lora_rank -> n_heads*(d_head+v_head_dim), keys and values of all heads); ``W_O``
+    (n_heads*v_head_dim -> d_model).
 
     Returns:
         name -> (in_features, out_features), counts of numbers.
@@ -197,8 +262,8 @@ def attention_weight_shapes(layout: AttentionLayout) -> dict[str, tuple[int, int
         shapes["W_DQ"] = (D, layout.q_lora_rank)
         shapes["W_UQ"] = (layout.q_lora_rank, H * (dh + rope))
     shapes["W_DKV_KR"] = (D, layout.kv_lora_rank + rope)
-    shapes["W_UKV"] = (layout.kv_lora_rank, H * 2 * dh)
-    shapes["W_O"] = (H * dh, D)
+    shapes["W_UKV"] = (layout.kv_lora_rank, H * (dh + layout.v_head_dim))
+    shapes["W_O"] = (H * layout.v_head_dim, D)
     return shapes
 
 
@@ -212,7 +277,9 @@ def attention_params_per_layer(layout: AttentionLayout) -> int:
     (``"qkv"``: Q, K, V; ``"all"``: also O): GPT-2 small 4*768**2 + 4*768 = 2,362,368.
 
     MLA adds the two RMSNorm weight vectors of the latents (``q_lora_rank`` and ``kv_lora_rank``
-    numbers), which live inside the attention block in DeepSeek-V3.
+    numbers), which live inside the attention block in DeepSeek-V3. QK-norm adds its weights
+    (see :class:`AttentionLayout`): ``2 * d_head`` per layer for ``"per_head"`` (Qwen3),
+    ``(n_heads + n_kv_heads) * d_head`` for ``"full"`` (OLMo 2).
 
     Returns:
         a count of parameters.
@@ -225,6 +292,10 @@ def attention_params_per_layer(layout: AttentionLayout) -> int:
         total += shapes["W_O"][1]
     if layout.is_mla:
         total += layout.kv_lora_rank + (layout.q_lora_rank or 0)
+    if layout.qk_norm == "per_head":
+        total += 2 * layout.d_head
+    elif layout.qk_norm == "full":
+        total += (layout.n_heads + layout.n_kv_heads) * layout.d_head
     return total
 
 
@@ -238,48 +309,95 @@ def attention_params(layout: AttentionLayout) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def kv_numbers_per_token_per_layer(layout: AttentionLayout) -> int:
-    """Numbers cached per token per layer during generation.
+def kv_numbers_per_token_per_layer(layout: AttentionLayout, decompressed: bool = False) -> int:
+    """Numbers cached per token (per cached position) per layer during generation.
 
     MHA/GQA/MQA: ``2 * n_kv_heads * d_head`` (one key and one value per KV head; lesson 003:
     Llama 3 8B as MHA 2*32*128 = 8192). MLA: ``kv_lora_rank + qk_rope_head_dim``, the latent
     c^KV and the decoupled rotary key k^R shared by all heads (DeepSeek-V2 paper, section 2.1.3;
     DeepSeek-V3: 512 + 64 = 576). This is the cache of an inference engine that absorbs W_UK
-    and W_UV; the reference Hugging Face implementation caches decompressed keys and values.
+    and W_UV. ``decompressed=True`` gives instead what the reference Hugging Face implementation
+    (``DeepseekV3Attention``) caches: every head's key (``d_head + qk_rope_head_dim``) and value
+    (``v_head_dim``), ``n_heads * (d_head + qk_rope_head_dim + v_head_dim)``; it changes nothing
+    for MHA/GQA/MQA.
 
     Returns:
         a count of numbers.
     """
     if layout.is_mla:
+        if decompressed:
+            return layout.n_heads * (layout.d_head + layout.qk_rope_head_dim + layout.v_head_dim)
         return layout.kv_lora_rank + layout.qk_rope_head_dim
     return 2 * layout.n_kv_heads * layout.d_head
 
 
-def kv_bytes_per_token(layout: AttentionLayout) -> int:
+def kv_bytes_per_token(layout: AttentionLayout, decompressed: bool = False) -> int:
     """KV cache of one token over all layers, in bytes:
     ``kv_numbers_per_token_per_layer * n_layers * bytes_per_element``.
 
     Llama 3 8B in bf16: 8192 * 32 * 2 = 524,288 bytes = 512 KiB as MHA, 128 KiB with 8 KV heads.
+    Sliding windows are not applied: this is what each token costs while it is inside every
+    layer's window (see :func:`kv_bytes_per_request` for a whole sequence).
     """
-    return kv_numbers_per_token_per_layer(layout) * layout.n_layers * layout.bytes_per_element
+    return kv_numbers_per_token_per_layer(layout, decompressed) * layout.n_layers * layout.bytes_per_element
 
 
-def kv_bytes_per_request(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
-    """KV cache of ``batch`` sequences of ``seq_len`` tokens, in bytes.
+def kv_positions(layout: AttentionLayout, seq_len: int) -> list[int]:
+    """Positions each layer caches for one sequence of ``seq_len`` tokens: ``min(seq_len, window)``
+    for a sliding-window layer, ``seq_len`` for a global one (a list of ``n_layers`` counts).
 
-    Llama 3 8B as MHA at 32K tokens: 512 KiB * 32768 = 16 GiB.
+    A sliding-window layer keeps a rolling buffer of ``window`` positions (Mistral 7B,
+    arXiv:2310.06825; Hugging Face ``StaticSlidingWindowLayer`` allocates
+    ``min(max_cache_len, sliding_window)``). Hugging Face's ``DynamicCache`` keeps one position
+    fewer between steps and adds the new one during the step, so this is its peak.
+
+    Raises:
+        HeadprobeError: ``seq_len`` is not a positive integer.
+    """
+    _check_positive("seq_len", seq_len)
+    windows = layout.windows or (None,) * layout.n_layers
+    return [seq_len if w is None else min(seq_len, w) for w in windows]
+
+
+def kv_bytes_per_request(layout: AttentionLayout, seq_len: int, batch: int = 1, decompressed: bool = False) -> int:
+    """KV cache of ``batch`` sequences of ``seq_len`` tokens, in bytes:
+    ``sum over layers of kv_positions * kv_numbers_per_token_per_layer * bytes_per_element * batch``.
+
+    Llama 3 8B as MHA at 32K tokens: 512 KiB * 32768 = 16 GiB. A sliding-window layer holds at
+    most its window (:func:`kv_positions`).
 
     Raises:
         HeadprobeError: ``seq_len`` or ``batch`` is not a positive integer.
     """
     _check_workload(seq_len, batch)
-    return kv_bytes_per_token(layout) * seq_len * batch
+    per_position = kv_numbers_per_token_per_layer(layout, decompressed) * layout.bytes_per_element
+    return sum(kv_positions(layout, seq_len)) * per_position * batch
+
+
+#: The answer of :func:`max_tokens_in_kv` when every layer is windowed and the windows fit.
+UNBOUNDED_TOKENS = 2**62
 
 
 def max_tokens_in_kv(layout: AttentionLayout, kv_limit_bytes: int, batch: int = 1) -> int:
-    """The most tokens per sequence whose KV cache fits in ``kv_limit_bytes`` (a count of tokens)."""
+    """The most tokens per sequence whose KV cache fits in ``kv_limit_bytes`` (a count of tokens).
+
+    With sliding-window layers the cache stops growing in those layers past their window; when
+    every layer is windowed and the full windows fit, any length fits and the answer is
+    :data:`UNBOUNDED_TOKENS`.
+    """
     _check_positive("batch", batch)
-    return kv_limit_bytes // (kv_bytes_per_token(layout) * batch)
+    if layout.windows is None:
+        return kv_limit_bytes // (kv_bytes_per_token(layout) * batch)
+    if kv_bytes_per_request(layout, UNBOUNDED_TOKENS, batch) <= kv_limit_bytes:
+        return UNBOUNDED_TOKENS
+    lo, hi = 0, UNBOUNDED_TOKENS  # cost(lo) fits (or lo = 0), cost(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if kv_bytes_per_request(layout, mid, batch) <= kv_limit_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,7 +427,9 @@ def score_flops(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
 
     Per head: QK^T is (T x d_qk)(d_qk x T), ``2*T**2*d_qk`` FLOPs; AV is (T x T)(T x d_head),
     ``2*T**2*d_head``. With ``n_heads * d_head == D`` the total is the lesson's ``4 * T**2 * D``.
-    For MLA ``d_qk = d_head + qk_rope_head_dim`` (the naive, non-absorbed form). Every score is
+    For MLA ``d_qk = d_head + qk_rope_head_dim`` and AV uses ``v_head_dim`` (the naive,
+    non-absorbed form). Sliding windows are not applied (an eager implementation masks, it does
+    not skip). Every score is
     counted: a causal mask lets a kernel skip about half of them; the softmax is not counted.
     GQA does not change this term: every query head still scores every key.
 
@@ -318,7 +438,8 @@ def score_flops(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
     """
     _check_workload(seq_len, batch)
     d_qk = layout.d_head + (layout.qk_rope_head_dim if layout.is_mla else 0)
-    return 2 * batch * layout.n_heads * seq_len**2 * (d_qk + layout.d_head)
+    d_v = layout.v_head_dim if layout.is_mla else layout.d_head
+    return 2 * batch * layout.n_heads * seq_len**2 * (d_qk + d_v)
 
 
 @dataclass(frozen=True)
@@ -400,10 +521,10 @@ def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1)
     _check_workload(seq_len, batch)
     H, dh, n = layout.n_heads, layout.d_head, batch * seq_len
     if layout.is_mla:
-        d_qk, kv_heads = dh + layout.qk_rope_head_dim, H
+        d_qk, kv_heads, d_v = dh + layout.qk_rope_head_dim, H, layout.v_head_dim
     else:
-        d_qk, kv_heads = dh, layout.n_kv_heads
-    numbers = n * (H * d_qk + kv_heads * d_qk + kv_heads * dh + H * dh)
+        d_qk, kv_heads, d_v = dh, layout.n_kv_heads, dh
+    numbers = n * (H * d_qk + kv_heads * d_qk + kv_heads * d_v + H * d_v)
     return numbers * layout.bytes_per_element + n * H * 4
 
 

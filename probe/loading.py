@@ -300,7 +300,12 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None):
 
 
 def _resolve(name: str) -> tuple[str, str, dict[str, Any]]:
-    """Map a user's model argument to (hf_name, precision, loader kwargs for _load_hf)."""
+    """Map a user's model argument to (hf_name, precision, loader kwargs for _load_hf).
+
+    headprobe's short names (``smollm2-135m``, ``gpt2``, ...) are case-insensitive; paths and
+    Hugging Face names are taken as written."""
+    if name.lower() in (SMOLLM2_NAME, *ALIASES) and not Path(name).exists():
+        name = name.lower()
     if name == SMOLLM2_NAME:
         path = smollm2_gguf_path()
         return SMOLLM2_HF_NAME, SMOLLM2_PRECISION, dict(source=str(path.parent), local_only=True, gguf_file=path.name)
@@ -463,75 +468,8 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
     return LoadedModel(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
 
 
-NATIVE_WEIGHTS = "headprobe_model.pt"
-NATIVE_FORMAT = "headprobe-native-1"
-
-
-def _word_level_tokenizer(vocab: dict[str, int], save_dir: str | Path, pre_tokenizer, decoder=None):
-    """A ``tokenizers`` word-level model over ``vocab`` plus ``<|endoftext|>`` (the next id) as
-    BOS/EOS/unknown, wrapped for transformers, saved to ``save_dir`` and reloaded so that it has a
-    ``name_or_path``, as TransformerLens expects."""
-    from tokenizers import Tokenizer, models
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    eot = "<|endoftext|>"
-    tk = Tokenizer(models.WordLevel({**vocab, eot: len(vocab)}, unk_token=eot))
-    tk.pre_tokenizer = pre_tokenizer
-    if decoder is not None:
-        tk.decoder = decoder
-    PreTrainedTokenizerFast(tokenizer_object=tk, bos_token=eot, eos_token=eot, unk_token=eot).save_pretrained(save_dir)
-    return AutoTokenizer.from_pretrained(save_dir)
-
-
-def word_level_tokenizer(save_dir: str | Path, n_words: int):
-    """A word-level tokenizer over ``t0 .. t{n-1}`` with ``<|endoftext|>`` (id ``n_words``) as
-    BOS/EOS/unknown, for models trained on random tokens; ``d_vocab = n_words + 1``.
-
-    Saved to ``save_dir`` and reloaded so that it has a ``name_or_path``, as TransformerLens expects.
-    """
-    from tokenizers import pre_tokenizers
-
-    return _word_level_tokenizer({f"t{i}": i for i in range(n_words)}, save_dir, pre_tokenizers.WhitespaceSplit())
-
-
-TEXT_CHARS = "\n" + "".join(chr(i) for i in range(32, 127))
-"""The character vocabulary of :func:`char_level_tokenizer`: newline and printable ASCII (96
-characters, ids 0..95 in this order)."""
-
-
-def char_level_tokenizer(save_dir: str | Path):
-    """A character-level tokenizer over :data:`TEXT_CHARS` (id ``i`` is ``TEXT_CHARS[i]``) with
-    ``<|endoftext|>`` (id 96) as BOS/EOS/unknown, for tiny models trained on natural text (see
-    :func:`headprobe.analyses.data.ascii_text`, which maps other characters into the vocabulary);
-    ``d_vocab = 97``. Every character is one token (spaces and newlines included) and
-    ``decode`` joins them without separators, so ``decode(encode(s)) == s`` for ASCII text.
-
-    Built with ``tokenizers`` (a word-level model over single characters) and saved to
-    ``save_dir`` and reloaded, like :func:`word_level_tokenizer`.
-    """
-    from tokenizers import Regex, decoders, pre_tokenizers
-
-    return _word_level_tokenizer({c: i for i, c in enumerate(TEXT_CHARS)}, save_dir,
-                                 pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated"),  # one piece per character
-                                 decoders.Fuse())  # join characters without spaces
-
-
-def is_native_dir(path: str | Path) -> bool:
-    """Whether ``path`` is a headprobe checkpoint directory (it holds ``headprobe_model.pt``)."""
-    return (Path(path) / NATIVE_WEIGHTS).is_file()
-
-
-def save_native(model: Any, out: str | Path, extra: dict[str, Any] | None = None) -> None:
-    """Write a native :class:`~headprobe.probe.model.Transformer`'s weights (``headprobe_model.pt``) and
-    ``config.json`` (``{"format", "model": TransformerConfig fields, **extra}``) into ``out``,
-    atomically. The tokenizer files are the caller's (``tokenizer.save_pretrained(out)``)."""
-    from dataclasses import asdict
-
-    from headprobe.probe.io import atomic_path, write_json
-
-    with atomic_path(Path(out) / NATIVE_WEIGHTS) as tmp:
-        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
-    write_json(Path(out) / "config.json", {"format": NATIVE_FORMAT, "model": asdict(model.cfg), **(extra or {})})
+from headprobe.probe.checkpoint import NATIVE_FORMAT, NATIVE_WEIGHTS, is_native_dir, save_native  # noqa: E402,F401 (moved)
+from headprobe.probe.tokenizers import TEXT_CHARS, char_level_tokenizer, word_level_tokenizer  # noqa: E402,F401 (moved)
 
 
 def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bos: bool = True) -> LoadedModel:

@@ -51,3 +51,68 @@ def test_study_rejects_bad_input(tmp_path, capsys, extra, message):
     assert _tiny("heads", tmp_path / "o", extra) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and message in err and not (tmp_path / "o").exists()
+
+
+def test_api_study_matches_cli_and_trains_what_it_says(tmp_path, capsys):
+    import dataclasses
+
+    import headprobe
+    import headprobe.commands.study as study_command
+    from headprobe.analyses.train import train, training_tokenizer
+
+    assert headprobe.study is study_command.study
+    result = headprobe.study("heads", steps=2, eval_every=2, seeds=[0, 1], d_model=16, n_heads_list=[1, 2],
+                             corpus="copy", device="cpu")
+    assert result.config.seeds == (0, 1) and result.config.n_heads_list == (1, 2)  # lists stored as tuples
+    t = result.table
+    assert isinstance(t, pd.DataFrame) and t["variant"].tolist() == ["1 heads", "1 heads", "2 heads", "2 heads"]
+    assert t["seed"].tolist() == [0, 1, 0, 1]
+    # an independent run of the same model: the study's row holds that run's last evaluation
+    cfg = dataclasses.replace(result.config.base(), n_heads=2, seed=1)
+    direct = train(cfg, training_tokenizer(cfg, tmp_path / "tok")).log.iloc[-1]
+    row = t.iloc[3]
+    for col in ("eval_loss", "in_context_loss", "repeated_loss", "max_induction", "max_previous_token"):
+        assert row[col] == float(direct[col]), col
+
+    assert main(["study", "heads", "--out", str(tmp_path / "cli"), "--steps", "2", "--eval-every", "2", "--seeds", "0,1",
+                 "--d-model", "16", "--n-heads-list", "1,2", "--corpus", "copy", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    paths = result.save(tmp_path / "api")
+    assert sorted(p.name for p in paths) == sorted(p.name for p in (tmp_path / "cli").iterdir())
+    cli = pd.read_csv(tmp_path / "cli" / "results.csv")
+    api = pd.read_csv(tmp_path / "api" / "results.csv")
+    pd.testing.assert_frame_equal(api.drop(columns="seconds"), cli.drop(columns="seconds"))
+
+    def no_seconds(d):
+        return {k: ({v: {c: x for c, x in r.items() if c != "seconds"} for v, r in d[k].items()} if k == "per_variant"
+                    else d[k]) for k in d}
+
+    s_api, s_cli = (json.loads((tmp_path / d / "study.json").read_text()) for d in ("api", "cli"))
+    assert no_seconds(s_api) == no_seconds(s_cli) and s_api["seeds"] == [0, 1] and s_api["n_heads_list"] == [1, 2]
+    assert list(result.figures()) == ["loss_vs_heads"]
+
+
+@pytest.mark.parametrize("fields, message", [(dict(seeds=[-1]), "--seeds must list"), (dict(ranks=[]), "--ranks must list"),
+                                             (dict(rope=3), "--rope"), (dict(n_heads_list=[3]), "not a multiple"),
+                                             (dict(seeds="0,1"), "sequence of integers")])
+def test_api_study_rejects_bad_settings_before_training(fields, message):
+    import headprobe
+    from headprobe.probe.errors import HeadprobeError
+
+    with pytest.raises(HeadprobeError, match=message):
+        headprobe.study("heads", d_model=16, device="cpu", **fields)
+    with pytest.raises(HeadprobeError, match="one of heads, layouts"):
+        headprobe.study("layers")
+
+
+def test_commands_do_not_import_each_other():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import sys, headprobe.commands.study; "
+                          "print('headprobe.commands.train' in sys.modules)"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    out = subprocess.run([sys.executable, "-c", "import sys, headprobe.analyses.train; "
+                          "print(any(m.startswith('headprobe.commands') for m in sys.modules))"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

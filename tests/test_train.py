@@ -7,11 +7,13 @@ import dataclasses
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from headprobe.cli import main
-from headprobe.commands.train import TrainConfig, copy_sequences, in_context_loss, phase_change_step, train, write_outputs
+from headprobe.analyses.train import TrainConfig, copy_sequences, in_context_loss, phase_change_step, train
+from headprobe.commands.train import run
 
 TINY = TrainConfig(n_layers=2, d_model=16, n_heads=2, n_words=16, seq_len=33, min_period=4, max_period=12,
                    batch_size=8, steps=30, lr=3e-3, warmup=1, eval_every=10, n_eval=8, eval_period=8, device="cpu")
@@ -19,14 +21,14 @@ TINY = TrainConfig(n_layers=2, d_model=16, n_heads=2, n_words=16, seq_len=33, mi
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from headprobe.probe.loading import word_level_tokenizer
+    from headprobe.probe.tokenizers import word_level_tokenizer
 
     return word_level_tokenizer(tmp_path_factory.mktemp("tok16"), TINY.n_words)
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tokenizer):
-    return train(TINY, tokenizer, progress=False)
+def tiny_run():
+    return run(TINY)  # the command's run: its own tokenizer, a TrainResult that can save itself
 
 
 def test_copy_sequences_repeat_and_are_deterministic():
@@ -53,22 +55,22 @@ def test_training_decreases_loss(tiny_run):
 
 
 def test_seeded_runs_are_identical(tiny_run, tokenizer):
-    again = train(dataclasses.replace(TINY, steps=10), tokenizer, progress=False)
+    again = train(dataclasses.replace(TINY, steps=10), tokenizer)
     cols = [c for c in again.log.columns]
     np.testing.assert_array_equal(again.log[cols].to_numpy(), tiny_run.log[cols].iloc[:2].to_numpy())
-    other = train(dataclasses.replace(TINY, steps=10, seed=1), tokenizer, progress=False)
+    other = train(dataclasses.replace(TINY, steps=10, seed=1), tokenizer)
     assert not np.array_equal(other.log["train_loss"].to_numpy()[1:], again.log["train_loss"].to_numpy()[1:])
 
 
 def test_gqa_run(tokenizer):
-    r = train(dataclasses.replace(TINY, n_heads=4, n_kv_heads=2, steps=2, eval_every=2), tokenizer, progress=False)
+    r = train(dataclasses.replace(TINY, n_heads=4, n_kv_heads=2, steps=2, eval_every=2), tokenizer)
     assert r.loaded.spec.layout == "GQA" and r.loaded.model.blocks[0].attn.k_proj.out_features == 2 * 4
 
 
 def test_checkpoint_reloads_with_same_logits(tiny_run, tmp_path):
     from headprobe.probe.loading import load_model
 
-    write_outputs(tiny_run, tmp_path)
+    tiny_run.save(tmp_path)
     for name in ("train_log.csv", "summary.json", "config.json", "headprobe_model.pt", "training.png", "training.pdf"):
         assert (tmp_path / name).is_file(), name
     loaded = load_model(str(tmp_path))
@@ -90,9 +92,9 @@ def test_scan_reads_the_checkpoint(tiny_run, tmp_path):
     from headprobe.commands.scan import ScanConfig, run_scan
     from headprobe.probe.loading import load_model
 
-    write_outputs(tiny_run, tmp_path)
+    tiny_run.save(tmp_path)
     cfg = ScanConfig(model=str(tmp_path), n_natural=2, seq_len=16, n_repeated=2, period=8, k=2, n_random=2, device="cpu")
-    result = run_scan(cfg, model=load_model(str(tmp_path)), progress=False)
+    result = run_scan(cfg, model=load_model(str(tmp_path)))
     assert len(result.table) == 4
 
 
@@ -155,27 +157,27 @@ def test_cli_refuses_non_empty_out(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def corpus():
-    from headprobe.commands.train import text_corpus
+    from headprobe.analyses.train import text_corpus
 
     return text_corpus()
 
 
 @pytest.fixture(scope="module")
 def char_tokenizer(tmp_path_factory):
-    from headprobe.probe.loading import char_level_tokenizer
+    from headprobe.probe.tokenizers import char_level_tokenizer
 
     return char_level_tokenizer(tmp_path_factory.mktemp("chars"))
 
 
 def _decode(ids) -> str:
-    from headprobe.probe.loading import TEXT_CHARS
+    from headprobe.probe.tokenizers import TEXT_CHARS
 
     return "".join(TEXT_CHARS[i] for i in ids.tolist())
 
 
 def test_char_tokenizer_matches_lookup_and_round_trips(corpus, char_tokenizer):
     from headprobe.analyses.data import ascii_text
-    from headprobe.commands.train import char_ids
+    from headprobe.analyses.train import char_ids
 
     text = _decode(corpus.held_out[:5000])
     hf = char_tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -203,7 +205,7 @@ def test_text_split_is_by_topic_and_disjoint(corpus):
 
 
 def test_text_windows_decode_to_the_source(corpus):
-    from headprobe.commands.train import held_out_text_windows, text_windows
+    from headprobe.analyses.train import held_out_text_windows, text_windows
 
     train_text = _decode(corpus.train)
     x = text_windows(corpus.train, 16, 50, 96, torch.Generator().manual_seed(0))
@@ -219,7 +221,7 @@ def test_text_windows_decode_to_the_source(corpus):
 
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 1.0])
 def test_mixed_batch_fraction_and_determinism(corpus, fraction):
-    from headprobe.commands.train import mixed_batch
+    from headprobe.analyses.train import mixed_batch
 
     def batch(seed):
         return mixed_batch(20, 41, corpus.train, 96, 4, 8, fraction, torch.Generator().manual_seed(seed))
@@ -243,15 +245,95 @@ TEXT = dataclasses.replace(TINY, n_words=96, corpus="text+copy", steps=20, eval_
 
 
 def test_text_copy_run_logs_text_loss(char_tokenizer, tokenizer):
-    r = train(TEXT, char_tokenizer, progress=False)
+    r = train(TEXT, char_tokenizer)
     log = r.log
     assert log["step"].tolist() == [0, 10, 20] and "text_in_context_loss" in log.columns
     assert log["eval_loss"].iloc[-1] < log["eval_loss"].iloc[0] < 5.0  # nats on held-out text; ln 97 = 4.57
-    again = train(dataclasses.replace(TEXT, steps=10), char_tokenizer, progress=False)
+    again = train(dataclasses.replace(TEXT, steps=10), char_tokenizer)
     np.testing.assert_array_equal(again.log.to_numpy(), log.iloc[:2].to_numpy())
     from headprobe.probe.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="character-level tokenizer"):
-        train(TEXT, tokenizer, progress=False)
+        train(TEXT, tokenizer)
     with pytest.raises(HeadprobeError, match="--n-words must be 96"):
-        train(dataclasses.replace(TEXT, n_words=64), char_tokenizer, progress=False)
+        train(dataclasses.replace(TEXT, n_words=64), char_tokenizer)
+
+
+# --------------------------------------------------------------------------------------------
+# The Python API: headprobe.train(...) is the CLI without the flags
+# --------------------------------------------------------------------------------------------
+
+API = dict(d_model=16, n_heads=2, n_kv_heads=1, n_words=16, seq_len=33, max_period=12, eval_period=8, n_eval=8,
+           steps=20, eval_every=10, seed=3, periodic=False, device="cpu")
+API_FLAGS = ["--d-model", "16", "--n-heads", "2", "--n-kv-heads", "1", "--n-words", "16", "--seq-len", "33",
+             "--max-period", "12", "--eval-period", "8", "--n-eval", "8", "--steps", "20", "--eval-every", "10",
+             "--seed", "3", "--data", "pair", "--device", "cpu"]
+
+
+def test_api_train_matches_cli(tmp_path, capsys):
+    import headprobe
+    import headprobe.commands.train as train_command
+
+    assert headprobe.train is train_command.train  # the lazy export is the command's function
+    result = headprobe.train(**API)
+    assert isinstance(result.log, pd.DataFrame) and result.log["step"].tolist() == [0, 10, 20]
+    assert main(["train", "--out", str(tmp_path / "cli"), *API_FLAGS]) == 0
+    capsys.readouterr()
+    cli_log = (tmp_path / "cli" / "train_log.csv").read_text()
+    assert result.log.to_csv(index=False, float_format="%.5f") == cli_log  # the same numbers, as the CLI wrote them
+
+    paths = result.save(tmp_path / "api")
+    api, cli = tmp_path / "api", tmp_path / "cli"
+    names = sorted(p.name for p in cli.iterdir())
+    assert sorted(p.name for p in api.iterdir()) == names == sorted(p.name for p in paths)
+    for name in names:
+        if name.endswith((".csv", ".png", ".pdf")) or name.startswith("tokenizer") or name == "config.json":
+            assert (api / name).read_bytes() == (cli / name).read_bytes(), name
+    ours, theirs = (torch.load(d / "headprobe_model.pt", weights_only=True) for d in (api, cli))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    s_api, s_cli = (json.loads((d / "summary.json").read_text()) for d in (api, cli))
+    assert s_api.pop("train_seconds") >= 0 and s_cli.pop("train_seconds") >= 0  # wall time differs, nothing else
+    assert s_api == s_cli and s_api == {k: v for k, v in result.summary().items() if k != "train_seconds"}
+    assert s_api["config"]["periodic"] is False and s_api["config"]["n_kv_heads"] == 1 and s_api["layout"] == "MQA"
+    # summary.json is written last: a directory holding it is complete
+    assert max(p.stat().st_mtime_ns for p in api.iterdir()) == (api / "summary.json").stat().st_mtime_ns
+    from headprobe.probe.errors import HeadprobeError
+
+    with pytest.raises(HeadprobeError, match="--overwrite"):
+        result.save(api)
+    result.save(api, overwrite=True)
+    with pytest.raises(TypeError):
+        headprobe.train(stepz=3)
+    with pytest.raises(TypeError):
+        headprobe.train(TINY)  # a config goes to headprobe.commands.train.run, fields to headprobe.train
+    with pytest.raises(HeadprobeError, match="--steps must be a positive integer"):
+        headprobe.train(steps=0)
+    with pytest.raises(HeadprobeError, match="--device must be one of auto, cpu, cuda"):
+        headprobe.train(device="gpu")
+    cfg = train_command.TrainConfig(**API)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.steps = 3
+
+
+def test_training_module_neither_prints_nor_parses(tokenizer, capsys):
+    import headprobe.analyses.train as training
+
+    seen = []
+    r = training.train(dataclasses.replace(TINY, steps=4, eval_every=2), tokenizer,
+                       on_eval=lambda row, seconds: seen.append((row["step"], row["train_loss"], seconds)))
+    assert capsys.readouterr().out == ""
+    assert [s for s, _, _ in seen] == [2, 4] and [x for _, x, _ in seen] == r.log["train_loss"].tolist()[1:]
+    assert all(sec >= 0 for _, _, sec in seen)
+    src = open(training.__file__, encoding="utf-8").read()
+    assert "import argparse" not in src and "print(" not in src
+
+
+def test_moved_tokenizers_and_checkpoint_format_keep_their_old_names():
+    import headprobe.probe.checkpoint as checkpoint
+    import headprobe.probe.loading as loading
+    import headprobe.probe.tokenizers as tokenizers
+
+    for name in ("TEXT_CHARS", "char_level_tokenizer", "word_level_tokenizer"):
+        assert getattr(loading, name) is getattr(tokenizers, name)
+    for name in ("NATIVE_FORMAT", "NATIVE_WEIGHTS", "is_native_dir", "save_native"):
+        assert getattr(loading, name) is getattr(checkpoint, name)

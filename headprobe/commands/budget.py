@@ -7,8 +7,14 @@ Four ways to use it:
 * ``--compare``: MHA, GQA with every group count, and MQA of the same width side by side;
 * ``--recommend``: propose n_heads, d_head, n_kv_heads and MLA or not for a parameter budget
   (``--params``) or width, a context length, a KV-cache limit (``--kv-limit``) and a target;
-* ``--model NAME``: read the layout from a loaded model and check the computed KV cache against
-  the bytes the model's own Hugging Face cache holds after a forward pass.
+* ``--model NAME``: read the layout from a loaded model (its spec and its Hugging Face config:
+  QK-norm, sliding windows, MLA sizes) and check the formulas against the model's own KV cache
+  and the parameters of its layer-0 attention module.
+
+From Python: ``headprobe.budget(preset="llama3-8b", seq_len=32768)`` returns a
+:class:`BudgetResult` (``.to_dict()`` is the ``--json`` output, ``.format()`` the text,
+``.table`` a pandas DataFrame). Nothing here imports torch, transformers or pandas at module
+level: ``headprobe budget`` without ``--model`` needs none of them.
 
 All formulas live in :mod:`headprobe.probe.cost`.
 """
@@ -17,41 +23,88 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any
 
+from headprobe.options import dtype_name
 from headprobe.probe import cost
 from headprobe.probe.cost import AttentionLayout, format_bytes, format_flops, format_tflop
 from headprobe.probe.errors import HeadprobeError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas
 
 HELP = "attention cost calculator: parameters, KV cache, FLOPs and attention-matrix memory for MHA, GQA, MQA and MLA"
 
 DEFAULT_SEQ_LEN = 8192
 FLOPS_TABLE_SEQ_LENS = (1024, 8192, 32768, 131072)  # the lesson's table (seeds/003, "FLOPs")
 CHECK_PROMPT = "The quick brown fox jumps over the lazy dog. Attention heads share keys and values."
+CHECK_PAST_WINDOW = 8  # the live check runs this many tokens past the smallest sliding window
+CHECK_MIN_TOKENS = 16  # and at least this many (a tokenizer may read the prompt as a single unknown token)
+
+#: torch's dtype names -> budget's short names (the keys of :data:`cost.DTYPE_BYTES`).
+TORCH_DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
+                     "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "int8": "int8"}
+
+#: Hugging Face ``model_type`` -> QK-norm kind of its attention module (see cost.AttentionLayout):
+#: ``q_norm``/``k_norm`` of size ``head_dim`` (Qwen3Attention, Gemma3Attention) or over the whole
+#: projections (Olmo2Attention, Olmo3Attention, OlmoeAttention).
+QK_NORM_OF_MODEL_TYPE = {"qwen3": "per_head", "qwen3_moe": "per_head", "gemma3": "per_head",
+                         "gemma3_text": "per_head", "olmo2": "full", "olmo3": "full", "olmoe": "full"}
+
+
+def budget_dtype(text: str) -> str:
+    """``--dtype``: a short name (``bf16``, ``fp32``, ``fp16``, ``fp8``, ``int8``) or torch's
+    (``bfloat16``, ``float32``, ``float16``, ``float8_e4m3fn``, ``float8_e5m2``, ``int8``, with or
+    without ``torch.``; also ``float``, ``half``), returned as the short name.
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown name (argparse turns it into a one-line usage error).
+    """
+    name = str(text).strip().lower().removeprefix("torch.")
+    if name in cost.DTYPE_BYTES:
+        return name
+    if name in TORCH_DTYPE_NAMES:
+        return TORCH_DTYPE_NAMES[name]
+    try:
+        return TORCH_DTYPE_NAMES[dtype_name(name)]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"unknown dtype {text!r}; choose one of {', '.join(cost.DTYPE_BYTES)} "
+            f"or torch's {', '.join(n for n in TORCH_DTYPE_NAMES if n not in cost.DTYPE_BYTES)}") from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("layout (a preset, a model, explicit flags; flags override the first two)")
     src.add_argument("--preset", help=f"a published layout: {', '.join(cost.PRESETS)}")
-    src.add_argument("--model", help="load this model (e.g. smollm2-135m, gpt2), read its layout and check its KV cache")
+    src.add_argument("--model", help="load this model (e.g. smollm2-135m, gpt2, a local directory), read its layout "
+                                     "and check the formulas against its own KV cache and attention parameters")
     src.add_argument("--d-model", type=int, help="residual width D")
     src.add_argument("--n-layers", type=int, help="number of attention layers")
     src.add_argument("--n-heads", type=int, help="query heads H")
     src.add_argument("--n-kv-heads", type=int, help="key/value heads (default: --n-heads, i.e. MHA; 1 is MQA)")
     src.add_argument("--d-head", type=int, help="head width (default: d_model / n_heads)")
     src.add_argument("--bias", choices=cost.BIAS_KINDS, help="projections with biases (default: the preset's, else none)")
+    src.add_argument("--qk-norm", choices=cost.QK_NORM_KINDS,
+                     help="QK-norm weights: per_head (Qwen3, Gemma 3) or full (OLMo 2) (default: the model's, else none)")
+    src.add_argument("--sliding-window", type=int, metavar="W",
+                     help="layers attend to (and cache) at most W positions (Mistral: 4096); see --global-every")
+    src.add_argument("--global-every", type=int, metavar="N",
+                     help="with --sliding-window: every N-th layer is global (Gemma 2: 2, Gemma 3: 6)")
     src.add_argument("--kv-lora-rank", type=int, help="MLA: width of the cached KV latent (DeepSeek-V3: 512)")
     src.add_argument("--q-lora-rank", type=int, help="MLA: width of the query latent (DeepSeek-V3: 1536)")
     src.add_argument("--qk-rope-head-dim", type=int, help="MLA: width of the decoupled rotary key (DeepSeek-V3: 64)")
+    src.add_argument("--v-head-dim", type=int, help="MLA: width of each head's value (default: --d-head)")
     work = p.add_argument_group("workload")
     work.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help=f"tokens per sequence T (default {DEFAULT_SEQ_LEN})")
     work.add_argument("--batch", type=int, default=1, help="sequences per request (default 1)")
-    work.add_argument("--dtype", choices=list(cost.DTYPE_BYTES), default="bf16",
-                      help="number format of cache and activations, sets the bytes per element (default bf16)")
+    work.add_argument("--dtype", type=budget_dtype, default="bf16", metavar="{" + ",".join(cost.DTYPE_BYTES) + "}",
+                      help="number format of cache and activations, sets the bytes per element "
+                           "(default bf16; torch's names bfloat16, float32, float16 accepted)")
     mode = p.add_argument_group("modes")
     mode.add_argument("--compare", action="store_true", help="MHA, GQA (every group count) and MQA of the same width side by side")
     mode.add_argument("--flops-table", nargs="*", type=int, metavar="T",
@@ -65,38 +118,132 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# The configuration
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """Everything ``headprobe budget`` takes; each field is the flag of the same name.
+
+    Attributes:
+        preset: a published layout by name (:data:`headprobe.probe.cost.PRESETS`), or None.
+        model: a model to load (a name :func:`~headprobe.probe.loading.load_model` takes), read and check, or None.
+        d_model: residual width D; overrides the preset's or model's.
+        n_layers: number of attention layers; overrides the preset's or model's.
+        n_heads: query heads H; overrides the preset's or model's (and resets n_kv_heads, d_head).
+        n_kv_heads: key/value heads (None: the base's, else n_heads, i.e. MHA).
+        d_head: head width (None: the base's, else d_model // n_heads).
+        bias: which projections carry biases: "none", "qkv" or "all" (None: the base's, else none).
+        qk_norm: QK-norm weights: "none", "per_head" or "full" (None: the base's, else none).
+        sliding_window: every layer (but see global_every) attends to at most this many positions.
+        global_every: with sliding_window, every global_every-th layer (1-based) is global instead.
+        kv_lora_rank: MLA: width of the cached KV latent; setting it makes the layout MLA.
+        q_lora_rank: MLA: width of the query latent (None: full-rank queries).
+        qk_rope_head_dim: MLA: width of the decoupled rotary key.
+        v_head_dim: MLA: width of each head's value (None: d_head).
+        seq_len: tokens per sequence T.
+        batch: sequences per request.
+        dtype: number format of cache and activations: fp32, bf16, fp16, fp8, int8 or torch's names.
+        compare: MHA, every GQA group count and MQA of the same width side by side.
+        flops_table: FLOPs of one layer at these lengths (an empty tuple: the lesson's lengths); None: off.
+        as_mha: with flops_table, count the K/V projections as MHA, as the lesson's table does.
+        recommend: propose a layout for params or d_model, seq_len, kv_limit and target.
+        params: recommend: parameter budget without embeddings, a count or text such as "135M".
+        kv_limit: recommend: KV-cache limit per request, bytes or text such as "2GiB".
+        target: recommend: deployment target, one of :data:`headprobe.probe.cost.TARGETS`.
+
+    Raises:
+        HeadprobeError: an unknown dtype.
+    """
+
+    preset: str | None = None
+    model: str | None = None
+    d_model: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    n_kv_heads: int | None = None
+    d_head: int | None = None
+    bias: str | None = None
+    qk_norm: str | None = None
+    sliding_window: int | None = None
+    global_every: int | None = None
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    seq_len: int = DEFAULT_SEQ_LEN
+    batch: int = 1
+    dtype: str = "bf16"
+    compare: bool = False
+    flops_table: tuple[int, ...] | None = None
+    as_mha: bool = False
+    recommend: bool = False
+    params: str | int | None = None
+    kv_limit: str | int | None = None
+    target: str = "gpu-server"
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "dtype", budget_dtype(self.dtype))
+        except argparse.ArgumentTypeError as e:
+            raise HeadprobeError(str(e)) from None
+        if self.flops_table is not None:
+            object.__setattr__(self, "flops_table", tuple(self.flops_table))
+
+    @property
+    def bytes_per_element(self) -> int:
+        """Bytes of one number in :attr:`dtype`."""
+        return cost.DTYPE_BYTES[self.dtype]
+
+
+# ---------------------------------------------------------------------------------------------
 # Building the layout
 # ---------------------------------------------------------------------------------------------
 
 
-def layout_from_args(args: argparse.Namespace, base: AttentionLayout | None = None) -> AttentionLayout:
-    """The layout the flags describe, starting from ``base`` (a preset or a model) if given.
+def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None) -> AttentionLayout:
+    """The layout the config describes, starting from ``base`` (a preset or a model) if given.
 
     Raises:
-        HeadprobeError: unknown preset; no layout given; a bad size (see AttentionLayout).
+        HeadprobeError: unknown preset; no layout given; a bad size (see AttentionLayout);
+            a new ``n_layers`` for a base with sliding windows and no new ``sliding_window``.
     """
-    bpe = cost.DTYPE_BYTES[args.dtype]
-    if base is None and args.preset:
-        base = cost.preset(args.preset)
+    if base is None and config.preset:
+        base = cost.preset(config.preset)
     if base is None:
-        missing = [f for f in ("d_model", "n_layers", "n_heads") if getattr(args, f) is None]
+        missing = [f for f in ("d_model", "n_layers", "n_heads") if getattr(config, f) is None]
         if missing:
             flags = ", ".join("--" + f.replace("_", "-") for f in missing)
             raise HeadprobeError(f"give --preset, --model or the layout flags; missing {flags}")
-        fields: dict[str, Any] = {}
+        fields_: dict[str, Any] = {}
     else:
-        fields = base.to_dict()
+        fields_ = base.to_dict()
         # A new width or head count invalidates the derived d_head and n_kv_heads unless given.
-        if args.d_model is not None or args.n_heads is not None:
-            fields["d_head"] = None
-            if args.n_heads is not None:
-                fields["n_kv_heads"] = None
-    for f in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "bias",
-              "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim"):
-        if getattr(args, f) is not None:
-            fields[f] = getattr(args, f)
-    fields["bytes_per_element"] = bpe
-    return AttentionLayout(**fields)
+        if config.d_model is not None or config.n_heads is not None:
+            fields_["d_head"] = None
+            if config.n_heads is not None:
+                fields_["n_kv_heads"] = None
+        if config.d_head is not None or fields_["d_head"] is None:
+            if base.v_head_dim == base.d_head:
+                fields_["v_head_dim"] = None  # derived from d_head, follows it
+        if config.n_layers is not None and base.windows is not None and config.sliding_window is None:
+            raise HeadprobeError("the base layout has sliding-window layers; with --n-layers give --sliding-window "
+                                 "(and --global-every) for the new layers too")
+    for f in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "bias", "qk_norm",
+              "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+        if getattr(config, f) is not None:
+            fields_[f] = getattr(config, f)
+    if config.sliding_window is not None or config.global_every is not None:
+        n_layers = fields_.get("n_layers")
+        fields_["windows"] = cost.sliding_windows(n_layers, config.sliding_window, config.global_every)
+    fields_["bytes_per_element"] = config.bytes_per_element
+    return AttentionLayout(**fields_)
+
+
+def config_from_args(args: argparse.Namespace) -> BudgetConfig:
+    """The :class:`BudgetConfig` of parsed flags (every config field is a flag of the same name)."""
+    return BudgetConfig(**{f.name: getattr(args, f.name) for f in fields(BudgetConfig) if hasattr(args, f.name)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,19 +251,32 @@ def layout_from_args(args: argparse.Namespace, base: AttentionLayout | None = No
 # ---------------------------------------------------------------------------------------------
 
 
+def describe_windows(lay: AttentionLayout) -> str:
+    """``1 of 2 layers sliding-window (8 positions)``, or ``""`` when every layer is global."""
+    if lay.windows is None:
+        return ""
+    sizes = sorted({w for w in lay.windows if w is not None})
+    size_txt = ", ".join(f"{w:,}" for w in sizes) + (" position" if sizes == [1] else " positions")
+    return f"{lay.n_windowed_layers} of {lay.n_layers} layers sliding-window ({size_txt})"
+
+
 def describe(lay: AttentionLayout, dtype: str | None = None) -> str:
-    """One line: name, kind, width, layers, heads, bias, bytes per element."""
+    """One line: name, kind, width, layers, heads, bias, QK-norm, windows, bytes per element."""
     heads = f"{lay.n_heads} query heads x d_head {lay.d_head}"
     if lay.is_mla:
         heads += f", MLA latent {lay.kv_lora_rank} + rotary key {lay.qk_rope_head_dim}"
         if lay.q_lora_rank:
             heads += f", query latent {lay.q_lora_rank}"
+        if lay.v_head_dim != lay.d_head:
+            heads += f", values of {lay.v_head_dim}"
     else:
         kv = "1 KV head" if lay.n_kv_heads == 1 else f"{lay.n_kv_heads} KV heads"
         heads += f", {kv} (group size {lay.group_size})"
     fmt = f"{dtype} ({lay.bytes_per_element} bytes)" if dtype else f"{lay.bytes_per_element} bytes per element"
     name = f"{lay.name}: " if lay.name else ""
-    return f"{name}{lay.kind}, d_model {lay.d_model}, {lay.n_layers} layers, {heads}, bias {lay.bias}, {fmt}"
+    extra = "".join(f", {x}" for x in (f"QK-norm {lay.qk_norm}" if lay.qk_norm != "none" else "",
+                                        describe_windows(lay)) if x)
+    return f"{name}{lay.kind}, d_model {lay.d_model}, {lay.n_layers} layers, {heads}, bias {lay.bias}{extra}, {fmt}"
 
 
 def report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
@@ -220,12 +380,12 @@ def format_recommendation(rec: cost.Recommendation, dtype: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Live check against a model's own KV cache
+# Live check against a model's own KV cache and attention module
 # ---------------------------------------------------------------------------------------------
 
 
 def _cache_tensors(cache: Any) -> list[tuple[Any, Any]]:
-    """(keys, values) per layer from a Hugging Face cache (``DynamicCache`` or the legacy tuples)."""
+    """(keys, values) per layer from a Hugging Face cache (``DynamicCache``, ``StaticCache`` or the legacy tuples)."""
     if hasattr(cache, "layers"):
         return [(layer.keys, layer.values) for layer in cache.layers]
     if hasattr(cache, "key_cache"):
@@ -257,31 +417,164 @@ def _cache_kwarg_shim(bridge: Any) -> Iterator[None]:
             h.remove()
 
 
-def measure_kv_cache(loaded: Any, text: str = CHECK_PROMPT) -> dict[str, Any]:
-    """Run ``loaded`` once on ``text`` with the Hugging Face cache on and measure what it holds.
+def hf_config(loaded: Any) -> Any | None:
+    """The Hugging Face config of a loaded model (the bridge's ``original_model.config``), or None
+    for a model without one (headprobe's native backend)."""
+    hf = getattr(loaded.model, "original_model", None)
+    return getattr(hf, "config", None)
 
-    The bridge's ``return_type="logits_and_cache"`` hands back the model's own ``past_key_values``
-    (a ``DynamicCache``), filled by the model's attention layers during this forward pass.
+
+def windows_from_hf_config(config: Any, n_layers: int) -> tuple[int | None, ...] | None:
+    """Per-layer windows of a Hugging Face config, read as transformers' caches read them
+    (``transformers.cache_utils.get_layer_types_and_kwargs``): ``layer_types`` when present
+    (``sliding_attention`` -> ``sliding_window``, ``chunked_attention`` -> ``attention_chunk_size``,
+    ``full_attention`` -> None), else every layer windowed when ``sliding_window`` is set
+    (Mistral), else None (all global).
+
+    Raises:
+        HeadprobeError: a layer type that is not attention (a recurrent or linear layer), whose
+            cost these formulas do not cover.
+    """
+    window = getattr(config, "sliding_window", None)
+    chunk = getattr(config, "attention_chunk_size", None)
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        kind = "sliding_attention" if window is not None else "chunked_attention" if chunk is not None else "full_attention"
+        types = [kind] * n_layers
+    out: list[int | None] = []
+    for t in list(types)[:n_layers]:
+        if t == "sliding_attention":
+            out.append(window)
+        elif t == "chunked_attention":
+            out.append(chunk)
+        elif t == "full_attention":
+            out.append(None)
+        else:
+            raise HeadprobeError(f"layer type {t!r}: headprobe budget's formulas cover attention layers only")
+    return tuple(out) if any(w is not None for w in out) else None
+
+
+def layout_of_model(loaded: Any, bias: str = "none", bytes_per_element: int = 4) -> AttentionLayout:
+    """A loaded model's layout: sizes from its ``spec``; QK-norm (by ``model_type``, see
+    :data:`QK_NORM_OF_MODEL_TYPE`), sliding windows (:func:`windows_from_hf_config`) and the MLA
+    sizes (``kv_lora_rank``, ``q_lora_rank``, ``qk_rope_head_dim``, ``qk_nope_head_dim`` as
+    ``d_head``, ``v_head_dim``) from its Hugging Face config.
+
+    Raises:
+        HeadprobeError: the config has a non-attention layer type.
+    """
+    s = loaded.spec
+    cfg = hf_config(loaded)
+    common = dict(d_model=s.d_model, n_layers=s.n_layers, n_heads=s.n_heads, bias=bias,
+                  bytes_per_element=bytes_per_element, name=s.name)
+    if cfg is None:
+        return AttentionLayout(n_kv_heads=s.n_kv_heads, d_head=s.d_head, **common)
+    windows = windows_from_hf_config(cfg, s.n_layers)
+    if getattr(cfg, "kv_lora_rank", None):
+        return AttentionLayout(d_head=cfg.qk_nope_head_dim, kv_lora_rank=cfg.kv_lora_rank,
+                               q_lora_rank=getattr(cfg, "q_lora_rank", None) or None,
+                               qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
+                               windows=windows, **common)
+    return AttentionLayout(n_kv_heads=s.n_kv_heads, d_head=s.d_head,
+                           qk_norm=QK_NORM_OF_MODEL_TYPE.get(getattr(cfg, "model_type", ""), "none"),
+                           windows=windows, **common)
+
+
+_ATTENTION_MODULE = re.compile(r"(^|\.)(layers|h)\.0\.(self_attn|attn|attention)$")
+
+
+def attention_params_of_hf_config(config: Any) -> tuple[int, str] | None:
+    """(parameters, bias kind) of layer 0's attention module as Hugging Face builds it from ``config``.
+
+    The model class is instantiated on the meta device (no memory, no weights), so the count is
+    what the architecture's own attention module holds (``self_attn``/``attn``/``attention`` of
+    ``layers.0``/``h.0``: projections, biases, QK-norm and MLA latent norms), independent of
+    any wrapper that rearranges the loaded weights. The bias kind is read from the names:
+    ``"all"`` when the output projection (``o_proj``, ``c_proj``, ``out_proj``, ``dense``)
+    has one, ``"qkv"`` when only others do.
 
     Returns:
-        ``tokens`` (batch * positions), ``n_layers`` (cached layers), ``key_shape`` of layer 0
-        ``[batch, kv_head, pos, d_head]``, ``element_bytes``, ``numbers_per_token_per_layer``
-        (count) and ``bytes_per_token`` (all layers, bytes), from the tensors' numel and element size.
+        None when the module cannot be built or found.
+    """
+    import warnings
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            skeleton = AutoModelForCausalLM.from_config(config)
+    except Exception:  # an architecture transformers cannot build from its config alone
+        return None
+    module = next((m for n, m in skeleton.named_modules() if _ATTENTION_MODULE.search(n)), None)
+    if module is None:
+        return None
+    named = list(module.named_parameters())
+    biases = [n for n, _ in named if n.endswith("bias")]
+    has_o_bias = any(re.search(r"(o_proj|c_proj|out_proj|dense)", n) for n in biases)
+    bias = "none" if not biases else ("all" if has_o_bias else "qkv")
+    return sum(p.numel() for _, p in named), bias
+
+
+def attention_params_of_model(loaded: Any) -> tuple[int, str] | None:
+    """(parameters, bias kind) of layer 0's attention of a loaded model, from its Hugging Face
+    config (:func:`attention_params_of_hf_config`), or None without one."""
+    cfg = hf_config(loaded)
+    return None if cfg is None else attention_params_of_hf_config(cfg)
+
+
+def check_length(lay: AttentionLayout, prompt_tokens: int, n_ctx: int) -> int:
+    """Tokens the live check runs: the prompt's, at least ``CHECK_MIN_TOKENS``, and
+    ``CHECK_PAST_WINDOW`` past the smallest sliding window so that every window is full, each
+    where it fits the model's context ``n_ctx``."""
+    n = max(prompt_tokens, min(CHECK_MIN_TOKENS, n_ctx))
+    if lay.windows is None:
+        return n
+    wanted = min(w for w in lay.windows if w is not None) + CHECK_PAST_WINDOW
+    return max(n, wanted) if wanted <= n_ctx else n
+
+
+def measure_kv_cache(loaded: Any, n_tokens: int | None = None, text: str = CHECK_PROMPT) -> dict[str, Any]:
+    """Run ``loaded`` once on ``n_tokens`` tokens (``text``, repeated as needed; default: ``text``
+    once) with the model's own Hugging Face cache and measure what it holds.
+
+    The cache is transformers' ``StaticCache`` built from the model's config for ``n_tokens``
+    positions: a ``StaticSlidingWindowLayer`` of ``min(n_tokens, sliding_window)`` positions for
+    each sliding-window layer, a full layer for each global one, with the key/value shapes the
+    model's attention writes (``DynamicCache`` keeps one position fewer in sliding layers between
+    steps). The bridge's ``return_type="logits_and_cache"`` hands it back filled.
+
+    Returns:
+        ``tokens`` (batch * positions), ``n_layers`` (cached layers), ``key_shape`` and
+        ``value_shape`` of layer 0 ``[batch, kv_head, pos, d]``, ``positions_per_layer``,
+        ``element_bytes``, ``numbers_per_token_per_layer`` (numbers per cached position per
+        layer, a count), ``bytes`` (all layers) and ``bytes_per_token`` (``bytes / tokens``),
+        from the tensors' numel and element size; ``cache_class``, the cache the model returned.
 
     Raises:
         HeadprobeError: the model returned no cache, or an empty one.
     """
     import torch
 
-    tokens = loaded.to_tokens(text)[None].to(loaded.device)
+    prompt = loaded.to_tokens(text)
+    n = max(n_tokens or 0, prompt.shape[0])
+    tokens = prompt.repeat(-(-n // prompt.shape[0]))[:n][None].to(loaded.device)
+    cfg = hf_config(loaded)
+    kwargs: dict[str, Any] = {}
+    if cfg is not None:
+        from transformers import StaticCache
+
+        kwargs["cache"] = StaticCache(config=cfg, max_cache_len=n)
     with torch.no_grad():
         with _cache_kwarg_shim(loaded.model):
-            out = loaded.model(tokens, return_type="logits_and_cache", use_cache=True)
+            out = loaded.model(tokens, return_type="logits_and_cache", use_cache=True, **kwargs)
     cache = out[1] if isinstance(out, tuple) else None
     pairs = _cache_tensors(cache) if cache is not None else []
     if not pairs or any(k is None or v is None for k, v in pairs):
         raise HeadprobeError(f"model {loaded.spec.name} returned no key/value cache; the live check needs one")
     n_tokens = tokens.shape[0] * tokens.shape[1]
+    positions = [k.shape[-2] for k, _ in pairs]
     numbers = sum(k.numel() + v.numel() for k, v in pairs)
     nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in pairs)
     return {
@@ -289,63 +582,71 @@ def measure_kv_cache(loaded: Any, text: str = CHECK_PROMPT) -> dict[str, Any]:
         "n_layers": len(pairs),
         "key_shape": list(pairs[0][0].shape),
         "value_shape": list(pairs[0][1].shape),
+        "positions_per_layer": positions,
         "element_bytes": pairs[0][0].element_size(),
-        "numbers_per_token_per_layer": numbers / (n_tokens * len(pairs)),
+        "numbers_per_token_per_layer": numbers / (tokens.shape[0] * sum(positions)),
+        "bytes": nbytes,
         "bytes_per_token": nbytes / n_tokens,
+        "cache_class": type(cache).__name__,
     }
 
 
-def attention_params_of_model(loaded: Any) -> tuple[int, str] | None:
-    """(parameters, bias kind) of layer 0's attention in the model's own modules, or None if not found.
-
-    Counts the parameters whose name contains ``layers.0.`` or ``h.0.`` and ``attn``.
-    """
-    import re
-
-    hf = getattr(loaded.model, "original_model", None)
-    if hf is None:
-        return None
-    pat = re.compile(r"(^|\.)(layers|h)\.0\.")
-    named = [(n, p) for n, p in hf.named_parameters() if pat.search(n) and "attn" in n]
-    if not named:
-        return None
-    biases = [n for n, _ in named if n.endswith("bias")]
-    has_o_bias = any(re.search(r"(o_proj|c_proj|out_proj|dense)", n) for n in biases)
-    bias = "none" if not biases else ("all" if has_o_bias else "qkv")
-    return sum(p.numel() for _, p in named), bias
-
-
 def check_loaded(loaded: Any) -> tuple[AttentionLayout, dict[str, Any]]:
-    """Build a loaded model's layout from its ``spec`` and compare the formulas with the model.
+    """Build a loaded model's layout (:func:`layout_of_model`) and compare the formulas with the model.
 
-    Two checks: the KV cache per token (numbers and bytes, in the model's own element size)
-    against :func:`measure_kv_cache`, and the attention parameters of layer 0 against
-    :func:`attention_params_of_model` (the bias kind is read from the model's parameter names).
+    Two checks: the KV cache (cached layers, layer-0 key and value shapes, positions per layer,
+    numbers per position per layer, bytes) against :func:`measure_kv_cache` over a sequence
+    longer than the smallest sliding window (:func:`check_length`), and the attention parameters
+    of layer 0 against :func:`attention_params_of_model` (the bias kind is read from the module's
+    parameter names). For MLA the cache compared is the decompressed one Hugging Face keeps
+    (``cost.kv_numbers_per_token_per_layer(..., decompressed=True)``).
 
     Returns:
         (the layout in the model's element size, a check record with ``measured``, ``expected``
         and ``ok``).
     """
     s = loaded.spec
-    measured = measure_kv_cache(loaded)
     counted = attention_params_of_model(loaded)
-    lay = AttentionLayout(d_model=s.d_model, n_layers=s.n_layers, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
-                          d_head=s.d_head, bias=counted[1] if counted else "none",
-                          bytes_per_element=measured["element_bytes"], name=s.name)
+    bias = counted[1] if counted else "none"
+    lay = layout_of_model(loaded, bias=bias)
+    n = check_length(lay, loaded.to_tokens(CHECK_PROMPT).shape[0], s.n_ctx)
+    measured = measure_kv_cache(loaded, n)
+    lay = replace(lay, bytes_per_element=measured["element_bytes"])
+    T = measured["tokens"]
+    positions = cost.kv_positions(lay, T)
+    if lay.is_mla:
+        heads, d_k, d_v = lay.n_heads, lay.d_head + lay.qk_rope_head_dim, lay.v_head_dim
+    else:
+        heads, d_k, d_v = lay.n_kv_heads, lay.d_head, lay.d_head
+    kv_bytes = cost.kv_bytes_per_request(lay, T, decompressed=True)
     expected = {
         "n_layers": lay.n_layers,
-        "numbers_per_token_per_layer": cost.kv_numbers_per_token_per_layer(lay),
-        "bytes_per_token": cost.kv_bytes_per_token(lay),
-        "key_shape": [1, lay.n_kv_heads, measured["tokens"], lay.d_head],
+        "key_shape": [1, heads, positions[0], d_k],
+        "value_shape": [1, heads, positions[0], d_v],
+        "positions_per_layer": positions,
+        "numbers_per_token_per_layer": cost.kv_numbers_per_token_per_layer(lay, decompressed=True),
+        "bytes": kv_bytes,
+        "bytes_per_token": kv_bytes / T,
     }
     ok = all(measured[k] == expected[k] for k in expected)
     record: dict[str, Any] = {"model": s.name, "precision": s.precision, "measured": measured, "expected": expected, "ok": ok,
                               "self_check": loaded.self_check.to_dict()}
     if counted is not None:
-        record["attn_params_per_layer"] = {"counted": counted[0], "formula": cost.attention_params_per_layer(lay),
-                                           "ok": counted[0] == cost.attention_params_per_layer(lay)}
+        formula = cost.attention_params_per_layer(lay)
+        record["attn_params_per_layer"] = {"counted": counted[0], "formula": formula, "ok": counted[0] == formula}
         record["ok"] = ok and record["attn_params_per_layer"]["ok"]
+    if lay.is_mla:
+        record["mla_latent_numbers_per_token_per_layer"] = cost.kv_numbers_per_token_per_layer(lay)
     return lay, record
+
+
+def _positions_txt(positions: list[int]) -> str:
+    """``[8, 20, 8, 20]`` -> ``8, 20, 8, 20``; long lists by run: ``20 x 30``."""
+    if len(set(positions)) == 1:
+        return f"{positions[0]} x {len(positions)}"
+    if len(positions) <= 6:
+        return ", ".join(map(str, positions))
+    return ", ".join(f"{p} x {positions.count(p)}" for p in sorted(set(positions)))
 
 
 def format_check(rec: dict[str, Any]) -> str:
@@ -353,75 +654,178 @@ def format_check(rec: dict[str, Any]) -> str:
     rows = [
         ["cached layers", str(m["n_layers"]), str(e["n_layers"])],
         ["layer-0 key shape [batch, kv_head, pos, d_head]", str(m["key_shape"]), str(e["key_shape"])],
+        ["layer-0 value shape", str(m["value_shape"]), str(e["value_shape"])],
+        ["cached positions per layer", _positions_txt(m["positions_per_layer"]), _positions_txt(e["positions_per_layer"])],
         ["KV numbers per token per layer", f"{m['numbers_per_token_per_layer']:g}", str(e["numbers_per_token_per_layer"])],
-        [f"KV bytes per token ({m['element_bytes']}-byte elements)", f"{m['bytes_per_token']:g}", str(e["bytes_per_token"])],
+        [f"KV bytes of the {m['tokens']} tokens ({m['element_bytes']}-byte elements)", f"{m['bytes']:,}", f"{e['bytes']:,}"],
     ]
     if "attn_params_per_layer" in rec:
         a = rec["attn_params_per_layer"]
         rows.append(["attention params of layer 0", f"{a['counted']:,}", f"{a['formula']:,}"])
+    notes = []
+    if "mla_latent_numbers_per_token_per_layer" in rec:
+        notes.append(f"MLA: Hugging Face caches decompressed keys and values ({e['numbers_per_token_per_layer']} numbers "
+                     f"per token per layer); an engine that absorbs W_UK and W_UV caches the latent and rotary key "
+                     f"({rec['mla_latent_numbers_per_token_per_layer']}), the figure below.")
     verdict = "OK: the formulas match the model" if rec["ok"] else "MISMATCH: the formulas disagree with the model"
     return (f"live check on {rec['model']} ({rec['precision']}), {m['tokens']} tokens through its own cache\n\n"
-            + _table(rows, ["quantity", "measured", "formula"], right={1, 2}) + f"\n\n{verdict}")
+            + _table(rows, ["quantity", "measured", "formula"], right={1, 2}) + "\n\n"
+            + "".join(n + "\n" for n in notes) + verdict)
 
 
 # ---------------------------------------------------------------------------------------------
-# Entry point
+# Config -> run -> Result
 # ---------------------------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace) -> int:
-    modes = [flag for flag, on in (("--compare", args.compare), ("--flops-table", args.flops_table is not None),
-                                   ("--recommend", args.recommend)) if on]
+@dataclass(frozen=True)
+class BudgetResult:
+    """What ``headprobe budget`` computed.
+
+    Attributes:
+        config: the :class:`BudgetConfig` it ran.
+        mode: ``"report"`` (one layout), ``"compare"``, ``"flops_table"`` or ``"recommend"``.
+        layout: the layout reported on (the proposed one for ``recommend``).
+        data: every number, as ``--json`` prints it (see :meth:`to_dict`).
+        check: the live check record of ``--model`` (``measured``, ``expected``, ``ok``), or None.
+        recommendation: the :class:`~headprobe.probe.cost.Recommendation` of ``recommend``, or None.
+    """
+
+    config: BudgetConfig
+    mode: str
+    layout: AttentionLayout
+    data: dict[str, Any]
+    check: dict[str, Any] | None = None
+    recommendation: cost.Recommendation | None = None
+
+    @property
+    def ok(self) -> bool:
+        """False when the live check disagrees with the model or no recommended layout fits."""
+        if self.recommendation is not None:
+            return self.recommendation.fits
+        return self.check is None or bool(self.check["ok"])
+
+    @property
+    def exit_code(self) -> int:
+        """The CLI's exit status: 0, or 1 (like grep's "no match") when not :attr:`ok`."""
+        return 0 if self.ok else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every number as plain JSON types (bytes, FLOPs, counts): the ``--json`` output."""
+        return json.loads(json.dumps(self.data))
+
+    def format(self) -> str:
+        """The text ``headprobe budget`` prints."""
+        c, d = self.config, self.data
+        if self.mode == "recommend":
+            return format_recommendation(self.recommendation, c.dtype)
+        if self.mode == "flops_table":
+            text = format_flops_table(d["flops"], self.layout, c.dtype, c.as_mha)
+        elif self.mode == "compare":
+            text = format_compare(d["compare"], self.layout, c.dtype, c.seq_len, c.batch)
+        else:
+            text = format_report(d, self.layout, c.dtype)
+        return text if self.check is None else format_check(self.check) + "\n\n" + text
+
+    @property
+    def table(self) -> "pandas.DataFrame":
+        """The result as a pandas DataFrame: one row per layout (compare), per length (flops
+        table), per quantity (report: columns ``quantity``, ``value``), or the proposed layout
+        (recommend)."""
+        import pandas as pd
+
+        if self.mode == "compare":
+            return pd.DataFrame(self.data["compare"])
+        if self.mode == "flops_table":
+            return pd.DataFrame(self.data["flops"])
+        if self.mode == "recommend":
+            r = self.recommendation
+            return pd.DataFrame([{**self.layout.to_dict(), "kind": self.layout.kind, "use_mla": r.use_mla,
+                                  "fits": r.fits, "kv_bytes_per_request": r.kv_bytes_per_request}])
+        skip = {"layout", "workload", "check"}
+        return pd.DataFrame({"quantity": [k for k in self.data if k not in skip],
+                             "value": [v for k, v in self.data.items() if k not in skip]})
+
+    @property
+    def check_table(self) -> "pandas.DataFrame | None":
+        """The live check as a DataFrame (``quantity``, ``measured``, ``expected``), or None."""
+        if self.check is None:
+            return None
+        import pandas as pd
+
+        m, e = self.check["measured"], self.check["expected"]
+        return pd.DataFrame({"quantity": list(e), "measured": [m[k] for k in e], "expected": list(e.values())})
+
+
+def run(config: BudgetConfig) -> BudgetResult:
+    """Compute what ``config`` asks for.
+
+    Raises:
+        HeadprobeError: two modes at once; ``recommend`` with a preset or model; both a preset and
+            a model; a bad layout or workload (see :class:`~headprobe.probe.cost.AttentionLayout`);
+            a model that cannot be loaded.
+    """
+    modes = [flag for flag, on in (("--compare", config.compare), ("--flops-table", config.flops_table is not None),
+                                   ("--recommend", config.recommend)) if on]
     if len(modes) > 1:
         raise HeadprobeError(f"{' and '.join(modes)} are separate modes; give one of them")
-    if args.recommend:
-        if args.preset or args.model:
+    if config.recommend:
+        if config.preset or config.model:
             raise HeadprobeError("--recommend proposes a layout; it takes --params or --d-model, not --preset or --model")
+        params, limit = config.params, config.kv_limit
         rec = cost.recommend(
-            seq_len=args.seq_len, target=args.target,
-            n_params=cost.parse_count(args.params) if args.params else None,
-            d_model=args.d_model, n_layers=args.n_layers,
-            kv_limit_bytes=cost.parse_bytes(args.kv_limit) if args.kv_limit else None,
-            bytes_per_element=cost.DTYPE_BYTES[args.dtype], batch=args.batch,
+            seq_len=config.seq_len, target=config.target,
+            n_params=cost.parse_count(params) if isinstance(params, str) else params,
+            d_model=config.d_model, n_layers=config.n_layers,
+            kv_limit_bytes=cost.parse_bytes(limit) if isinstance(limit, str) else limit,
+            bytes_per_element=config.bytes_per_element, batch=config.batch,
         )
-        print(json.dumps(rec.to_dict(), indent=2) if args.json else format_recommendation(rec, args.dtype))
-        return 0 if rec.fits else 1  # like grep: 1 = a valid question with no layout that fits
-    if args.preset and args.model:
+        return BudgetResult(config, "recommend", rec.layout, rec.to_dict(), recommendation=rec)
+    if config.preset and config.model:
         raise HeadprobeError("give --preset or --model, not both")
 
     check = None
     base = None
-    if args.model:
+    if config.model:
         from headprobe.probe.loading import load_model
 
         # TransformerLens prints progress on stdout; keep stdout for the report (and --json).
         with redirect_stdout(sys.stderr):
-            model_layout, check = check_loaded(load_model(args.model, backend="transformer-lens"))
-        base = replace(model_layout, bytes_per_element=cost.DTYPE_BYTES[args.dtype])
-    lay = layout_from_args(args, base)
+            model_layout, check = check_loaded(load_model(config.model, backend="transformer-lens"))
+        base = replace(model_layout, bytes_per_element=config.bytes_per_element)
+    lay = layout_from_config(config, base)
     # Validate the workload before computing anything.
-    cost.kv_bytes_per_request(lay, args.seq_len, args.batch)
+    cost.kv_bytes_per_request(lay, config.seq_len, config.batch)
 
-    if args.flops_table is not None:
-        seq_lens = args.flops_table or list(FLOPS_TABLE_SEQ_LENS)
-        rows = flops_table(lay, seq_lens, args.batch, args.as_mha)
-        out = {"layout": lay.to_dict(), "as_mha": args.as_mha, "flops": rows}
-        text = format_flops_table(rows, lay, args.dtype, args.as_mha)
-    elif args.compare:
-        rows = cost.compare_kv_heads(lay, args.seq_len, args.batch)
-        out: Any = {"layout": lay.to_dict(), "workload": {"seq_len": args.seq_len, "batch": args.batch}, "compare": rows}
-        text = format_compare(rows, lay, args.dtype, args.seq_len, args.batch)
+    if config.flops_table is not None:
+        rows = flops_table(lay, list(config.flops_table or FLOPS_TABLE_SEQ_LENS), config.batch, config.as_mha)
+        mode, out = "flops_table", {"layout": lay.to_dict(), "as_mha": config.as_mha, "flops": rows}
+    elif config.compare:
+        rows = cost.compare_kv_heads(lay, config.seq_len, config.batch)
+        mode = "compare"
+        out = {"layout": lay.to_dict(), "workload": {"seq_len": config.seq_len, "batch": config.batch}, "compare": rows}
     else:
-        out = report(lay, args.seq_len, args.batch)
-        text = format_report(out, lay, args.dtype)
+        mode, out = "report", report(lay, config.seq_len, config.batch)
     if check is not None:
-        out = {"check": check, **out} if isinstance(out, dict) else out
-        text = format_check(check) + "\n\n" + text
-    print(json.dumps(out, indent=2) if args.json else text)
-    return 0 if check is None or check["ok"] else 1
+        out = {"check": check, **out}
+    return BudgetResult(config, mode, lay, out, check=check)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    from headprobe.cli import main
+def budget(**fields_: Any) -> BudgetResult:
+    """``headprobe budget`` as a function: ``budget(preset="llama3-8b", seq_len=32768)``.
 
-    sys.exit(main(["budget", *sys.argv[1:]]))
+    Takes the fields of :class:`BudgetConfig` as keyword arguments and returns :func:`run`'s
+    :class:`BudgetResult`.
+
+    Raises:
+        TypeError: an unknown keyword. HeadprobeError: see :func:`run`.
+    """
+    return run(BudgetConfig(**fields_))
+
+
+def main(args: argparse.Namespace) -> int:
+    """The CLI entry point: parsed flags -> :class:`BudgetConfig` -> :func:`run` -> printed text or
+    JSON; returns the exit status (:attr:`BudgetResult.exit_code`)."""
+    result = run(config_from_args(args))
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
+    return result.exit_code

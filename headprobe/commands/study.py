@@ -6,14 +6,23 @@
   with its attention parameter count and KV cache per token (``headprobe.probe.cost``, bf16, over all
   layers), the context-2048 cache, and the losses.
 
-Every run is one :func:`headprobe.commands.train.train` call (same data stream per seed). Default data
+Every run is one :func:`headprobe.analyses.train.train` call (same data stream per seed). Default data
 (``--corpus text+copy``): CPython's documentation text at character level, split by topic into
 training and held-out text, with 3/4 of every batch copy sequences over the same 96 characters
-(:func:`headprobe.commands.train.mixed_batch`). The losses (nats/token, a token is a character) are the
+(:func:`headprobe.analyses.train.mixed_batch`). The losses (nats/token, a token is a character) are the
 held-out text loss (``eval_loss``), the in-context loss on held-out copy sequences (and on held-out
 text) and the loss on the repeated half of ``[BOS] r r``.
-Outputs: ``results.csv`` (one row per run), ``study.json`` (settings and the headline numbers)
-and one figure (PNG + PDF).
+
+As a library::
+
+    import headprobe
+    result = headprobe.study("layouts", steps=600, seeds=(0,), device="cpu")   # StudyConfig fields
+    result.table                  # DataFrame, one row per run (results.csv)
+    result.summary()              # what study.json holds
+    result.save("study-layouts")
+
+Outputs (``--out``, :meth:`StudyResult.save`): ``results.csv`` (one row per run), ``study.json``
+(settings and the headline numbers; written last) and one figure (PNG + PDF).
 """
 
 from __future__ import annotations
@@ -22,29 +31,104 @@ import argparse
 import dataclasses
 import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from headprobe.analyses import figures
-from headprobe.commands.train import INDUCTION_FORMED, N_CHARS, TrainConfig, train
+from headprobe.analyses.train import INDUCTION_FORMED, N_CHARS, TrainConfig, train as train_model, training_tokenizer
+from headprobe.options import DEVICES, add_output_options
 from headprobe.probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "train small models side by side: how many heads (study heads), MHA vs GQA vs MQA vs MLA (study layouts)"
 
+__all__ = ["HELP", "StudyConfig", "StudyResult", "run", "study", "add_arguments", "main"]
+
 CONTEXT = 2048  # tokens, for the per-request KV cache column
+STUDIES = ("heads", "layouts")
 
 
-def _ints(text: str, name: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise HeadprobeError(f"--{name} must be a comma-separated list of integers, got {text!r}") from None
-    if not values or min(values) < (0 if name == "seeds" else 1):
-        raise HeadprobeError(f"--{name} must list at least one {'non-negative' if name == 'seeds' else 'positive'} integer, got {text!r}")
-    return values
+@dataclass(frozen=True)
+class StudyConfig:
+    """Settings of a study (recorded in study.json). Every model is a
+    :class:`headprobe.analyses.train.TrainConfig` built by :meth:`base` and varied by :meth:`variants`.
+    List fields accept any sequence of ints and are stored as tuples."""
+
+    which: str
+    """``"heads"``: ``d_model`` split into each count of ``n_heads_list`` heads (MHA).
+    ``"layouts"``: ``n_heads`` heads as MHA, GQA (4 and 2 groups where they divide ``n_heads``), MQA
+    and MLA at each rank of ``ranks``."""
+    steps: int = 1200
+    """Training steps per run."""
+    corpus: str = "text+copy"
+    """``"text+copy"``: CPython documentation text (character level, 96 characters + BOS) mixed with
+    copy sequences over the same characters; ``"copy"``: random-token copy sequences only (64
+    words), as ``headprobe train``."""
+    copy_fraction: float = 0.75
+    """``"text+copy"``: the fraction of each batch that is copy sequences."""
+    seq_len: int = 48
+    """Tokens per sequence, BOS included."""
+    batch_size: int = 32
+    """Sequences per step."""
+    lr: float = 3e-3
+    """AdamW learning rate."""
+    seeds: tuple[int, ...] = (0, 1)
+    """Training seeds: every variant is trained once per seed (non-negative)."""
+    d_model: int = 64
+    """Residual width of every model."""
+    n_heads: int = 8
+    """``"layouts"``: query heads per layer."""
+    n_heads_list: tuple[int, ...] = (1, 2, 4, 8, 16)
+    """``"heads"``: the head counts (each must divide ``d_model``)."""
+    ranks: tuple[int, ...] = (4, 6, 8, 16)
+    """``"layouts"``: MLA latent ranks (``kv_lora_rank``)."""
+    rope: int = 8
+    """``"layouts"``: MLA's decoupled rotary width (``qk_rope_head_dim``, even; 4 gives the shared
+    rotary key only 2 frequencies and no previous-token head formed within the default steps)."""
+    eval_every: int = 200
+    """Steps between evaluations."""
+    device: str = "auto"
+    """``"auto"`` (cuda when a GPU is present), ``"cpu"`` or ``"cuda"``."""
+
+    def __post_init__(self):
+        for name in ("seeds", "n_heads_list", "ranks"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise HeadprobeError(f"--{name.replace('_', '-')} must be a sequence of integers, got {value!r}")
+            object.__setattr__(self, name, tuple(value))
+
+    def base(self) -> TrainConfig:
+        """The training settings every variant shares (2 attention-only layers, no biases, segments
+        of 4..16 tokens, detectors on a repeated block of 12)."""
+        return TrainConfig(d_model=self.d_model, n_heads=self.n_heads, steps=self.steps, eval_every=self.eval_every,
+                           device=self.device, bias=False, corpus=self.corpus, copy_fraction=self.copy_fraction,
+                           n_words=N_CHARS if self.corpus == "text+copy" else TrainConfig.n_words,
+                           seq_len=self.seq_len, batch_size=self.batch_size, lr=self.lr,
+                           min_period=4, max_period=16, eval_period=12)
+
+    def variants(self) -> list[tuple[str, TrainConfig]]:
+        """(label, config) of every model the study trains (seeds apart)."""
+        return variants(self.which, self.base(), list(self.n_heads_list), list(self.ranks), self.rope)
+
+    def validate(self) -> None:
+        """Raise :class:`HeadprobeError` (one line, naming the ``headprobe study`` flag) on settings
+        that cannot run, including any variant's training settings or layout."""
+        if self.which not in STUDIES:
+            raise HeadprobeError(f"the study must be one of {', '.join(STUDIES)}, got {self.which!r}")
+        for name, least in (("seeds", 0), ("n_heads_list", 1), ("ranks", 1)):
+            values = getattr(self, name)
+            if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < least for v in values):
+                raise HeadprobeError(f"--{name.replace('_', '-')} must list at least one "
+                                     f"{'non-negative' if least == 0 else 'positive'} integer, "
+                                     f"got {','.join(map(str, values))!r}")
+        if self.rope < 0 or self.rope % 2:
+            raise HeadprobeError(f"--rope must be an even non-negative integer, got {self.rope}")
+        for _, cfg in self.variants():
+            cfg.validate()
+            cfg.model_config()
 
 
 def layout_of(cfg: TrainConfig) -> AttentionLayout:
@@ -66,21 +150,17 @@ def variants(which: str, base: TrainConfig, n_heads_list: list[int], ranks: list
     return out
 
 
-def run_study(which: str, base: TrainConfig, seeds: list[int], n_heads_list: list[int], ranks: list[int], rope: int,
-              progress: bool = True) -> pd.DataFrame:
-    from headprobe.probe.loading import char_level_tokenizer, word_level_tokenizer
-
-    runs = variants(which, base, n_heads_list, ranks, rope)
-    for _, cfg in runs:  # every config error before any training
-        cfg.validate()
-        cfg.model_config()
+def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: bool = False) -> pd.DataFrame:
+    """Train every (label, config) of ``runs`` once per seed; one row per run: the variant, its
+    layout and cost columns (:mod:`headprobe.probe.cost`), the last evaluation's losses (nats/token)
+    and scores, seconds and the self-check. ``progress`` prints one line per run."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = char_level_tokenizer(tmp) if base.corpus == "text+copy" else word_level_tokenizer(tmp, base.n_words)
+        tokenizer = training_tokenizer(runs[0][1], tmp)  # every variant shares corpus and vocabulary
         for label, cfg in runs:
             for seed in seeds:
                 t0 = time.perf_counter()
-                r = train(dataclasses.replace(cfg, seed=seed), tokenizer, progress=False)
+                r = train_model(dataclasses.replace(cfg, seed=seed), tokenizer)
                 last = r.log.iloc[-1]
                 lay = layout_of(cfg)
                 rows.append({
@@ -136,71 +216,147 @@ def headline(which: str, table: pd.DataFrame) -> dict:
     return out
 
 
-def study_figure(which: str, table: pd.DataFrame, out, prefix: str, title: str) -> list:
-    """Write the study's figure from its ``results.csv`` table: ``loss_vs_heads`` (held-out loss and
-    in-context loss against heads, every seed shown) or ``quality_vs_kv`` (mean held-out loss with
-    the seed range against KV cache per token). Returns the written paths (PNG, PDF)."""
+def study_figure(which: str, table: pd.DataFrame, title: str):
+    """The study's figure from its ``results.csv`` table, as ``(name, Figure)``: ``loss_vs_heads``
+    (held-out loss and in-context loss against heads, every seed shown) or ``quality_vs_kv`` (mean
+    held-out loss with the seed range against KV cache per token)."""
     label = ("held-out text loss (nats/char)" if (table["corpus"] == "text+copy").all()
              else "held-out loss (nats/token)")
     if which == "heads":
-        fig = figures.loss_vs_heads(table["n_heads"].to_numpy(), table["eval_loss"].to_numpy(), prefix + title,
+        fig = figures.loss_vs_heads(table["n_heads"].to_numpy(), table["eval_loss"].to_numpy(), title,
                                     table["in_context_loss"].to_numpy(), label)
-        return figures.save_figure(fig, out / "loss_vs_heads")
+        return "loss_vs_heads", fig
     agg = table.groupby("variant", sort=False).agg(kv=("kv_bytes_per_token", "first"), loss=("eval_loss", "mean"),
                                                   lo=("eval_loss", "min"), hi=("eval_loss", "max"),
                                                   induction=("max_induction", "mean"))
     fig = figures.quality_vs_kv(list(agg.index), agg["kv"].to_numpy(), agg["loss"].to_numpy(), agg["lo"].to_numpy(),
-                                agg["hi"].to_numpy(), prefix + title, label, formed=agg["induction"].to_numpy() > INDUCTION_FORMED)
-    return figures.save_figure(fig, out / "quality_vs_kv")
+                                agg["hi"].to_numpy(), title, label, formed=agg["induction"].to_numpy() > INDUCTION_FORMED)
+    return "quality_vs_kv", fig
+
+
+@dataclass
+class StudyResult:
+    """A finished study.
+
+    Attributes:
+        config: the settings it ran with.
+        table: one row per (variant, seed) run, as :func:`run_study` builds it (results.csv).
+    """
+
+    config: StudyConfig
+    table: pd.DataFrame
+
+    def summary(self) -> dict:
+        """The content of study.json: the study, seeds, the shared training settings (``base``), the
+        grid, device, the self-check over every trained model, package versions and the headline
+        numbers of :func:`headline`."""
+        c, table = self.config, self.table
+        grid = {"n_heads_list": list(c.n_heads_list)} if c.which == "heads" else {"ranks": list(c.ranks), "rope": c.rope}
+        self_check = {"all_ok": bool(table["self_check_ok"].all()),
+                      "max_relative_error": float(f"{table['self_check_max_relative_error'].max():.3g}"),
+                      "what": "per trained model: patterns and the per-head W_O decomposition (headprobe.probe.selfcheck)"}
+        return {"which": c.which, "seeds": list(c.seeds), "base": dataclasses.asdict(c.base()), **grid,
+                "device": c.device, "self_check": self_check, "versions": package_versions(),
+                **headline(c.which, table)}
+
+    def figures(self) -> dict:
+        """``{"loss_vs_heads": Figure}`` or ``{"quality_vs_kv": Figure}`` (see :func:`study_figure`)."""
+        c = self.config
+        prefix = f"{c.n_heads} heads, " if c.which == "layouts" else ""
+        title = (f"d_model {c.d_model}, {c.steps} steps, {len(c.seeds)} seed{'s' if len(c.seeds) > 1 else ''}, "
+                 f"{c.corpus}")
+        name, fig = study_figure(c.which, self.table, prefix + title)
+        return {name: fig}
+
+    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+        """Write results.csv, the figure (PNG, PDF) and, last, study.json into ``out_dir`` (created
+        if absent), each file atomically. Returns the paths written.
+
+        Raises:
+            HeadprobeError: ``out_dir`` is a non-empty directory and ``overwrite`` is False, is a
+                file, or cannot be written.
+        """
+        out = prepare_output_dir(out_dir, overwrite)
+        write_text(out / "results.csv", self.table.to_csv(index=False, float_format="%.5f"))
+        written = [out / "results.csv"]
+        for name, fig in self.figures().items():
+            written += figures.save_figure(fig, out / name)
+        write_json(out / "study.json", self.summary())  # last
+        written.append(out / "study.json")
+        return written
+
+    def report(self) -> str:
+        """The per-variant means ``headprobe study`` prints."""
+        cols = ["eval_loss", "in_context_loss", "max_induction", "kv_bytes_per_token"]
+        return str(self.table.groupby("variant", sort=False)[cols].mean().round(3))
+
+
+def run(config: StudyConfig, progress: bool = False) -> StudyResult:
+    """Train every variant of ``config`` once per seed (:func:`run_study`); ``progress`` prints one
+    line per run. Every setting is checked before any training.
+
+    Raises:
+        HeadprobeError: settings that cannot run (:meth:`StudyConfig.validate`), no GPU for
+            ``device="cuda"``, a diverged loss.
+    """
+    config.validate()
+    return StudyResult(config, run_study(config.variants(), list(config.seeds), progress))
+
+
+def study(which: str, *, progress: bool = False, **config_fields) -> StudyResult:
+    """``headprobe.study("layouts", steps=600, seeds=(0,), ...)``: :func:`run` on
+    ``StudyConfig(which, **config_fields)`` (see :class:`StudyConfig` for every field and its default).
+
+    Raises:
+        TypeError: an unknown field.
+        HeadprobeError: as :func:`run`.
+    """
+    return run(StudyConfig(which, **config_fields), progress=progress)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("which", choices=["heads", "layouts"], help="heads: 1..16 heads at one width; layouts: MHA/GQA/MQA/MLA")
-    p.add_argument("--out", required=True, help="output directory (must be empty or absent unless --overwrite)")
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--steps", type=int, default=1200, help="training steps per run (default %(default)s)")
-    p.add_argument("--corpus", choices=["text+copy", "copy"], default="text+copy",
+    d = StudyConfig("heads")
+    p.add_argument("which", choices=STUDIES, help="heads: 1..16 heads at one width; layouts: MHA/GQA/MQA/MLA")
+    add_output_options(p)
+    p.add_argument("--steps", type=int, default=d.steps, help="training steps per run (default %(default)s)")
+    p.add_argument("--corpus", choices=["text+copy", "copy"], default=d.corpus,
                    help="text+copy: CPython documentation text (character level) mixed with copy sequences (default); "
                         "copy: random-token copy sequences only, as headprobe train")
-    p.add_argument("--copy-fraction", type=float, default=0.75, help="text+copy: copy sequences per batch (default %(default)s)")
-    p.add_argument("--seq-len", type=int, default=48, help="tokens per sequence, BOS included (default %(default)s)")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per step (default %(default)s)")
-    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default %(default)s)")
-    p.add_argument("--seeds", default="0,1", help="comma-separated seeds (default %(default)s)")
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--n-heads", type=int, default=8, help="layouts: query heads (default %(default)s)")
-    p.add_argument("--n-heads-list", default="1,2,4,8,16", help="heads: head counts (default %(default)s)")
-    p.add_argument("--ranks", default="4,6,8,16", help="layouts: MLA latent ranks (default %(default)s)")
-    p.add_argument("--rope", type=int, default=8, help="layouts: MLA decoupled rotary width (default %(default)s; 4 gives the shared rotary key only 2 frequencies and no previous-token head formed within the default steps)")
-    p.add_argument("--eval-every", type=int, default=200, help="steps between evaluations (default %(default)s)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--copy-fraction", type=float, default=d.copy_fraction, help="text+copy: copy sequences per batch (default %(default)s)")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per sequence, BOS included (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per step (default %(default)s)")
+    p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate (default %(default)s)")
+    p.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="comma-separated seeds (default %(default)s)")
+    p.add_argument("--d-model", type=int, default=d.d_model)
+    p.add_argument("--n-heads", type=int, default=d.n_heads, help="layouts: query heads (default %(default)s)")
+    p.add_argument("--n-heads-list", default=",".join(map(str, d.n_heads_list)), help="heads: head counts (default %(default)s)")
+    p.add_argument("--ranks", default=",".join(map(str, d.ranks)), help="layouts: MLA latent ranks (default %(default)s)")
+    p.add_argument("--rope", type=int, default=d.rope, help="layouts: MLA decoupled rotary width (default %(default)s; 4 gives the shared rotary key only 2 frequencies and no previous-token head formed within the default steps)")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between evaluations (default %(default)s)")
+    p.add_argument("--device", default=d.device, choices=DEVICES, help="auto: cuda when a GPU is present, else cpu")
 
 
-def run(args: argparse.Namespace) -> int:
-    seeds = _ints(args.seeds, "seeds")
-    n_heads_list = _ints(args.n_heads_list, "n-heads-list")
-    ranks = _ints(args.ranks, "ranks")
-    if args.rope < 0 or args.rope % 2:
-        raise HeadprobeError(f"--rope must be an even non-negative integer, got {args.rope}")
-    base = TrainConfig(d_model=args.d_model, n_heads=args.n_heads, steps=args.steps, eval_every=args.eval_every,
-                       device=args.device, bias=False, corpus=args.corpus, copy_fraction=args.copy_fraction,
-                       n_words=N_CHARS if args.corpus == "text+copy" else TrainConfig.n_words,
-                       seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr,
-                       min_period=4, max_period=16, eval_period=12)
-    prepare_output_dir(args.out, args.overwrite, create=False)
-    table = run_study(args.which, base, seeds, n_heads_list, ranks, args.rope)
-    out = prepare_output_dir(args.out, args.overwrite)
-    write_text(out / "results.csv", table.to_csv(index=False, float_format="%.5f"))
-    head = headline(args.which, table)
-    study_figure(args.which, table, out, f"{args.n_heads} heads, " if args.which == "layouts" else "",
-                 f"d_model {args.d_model}, {args.steps} steps, {len(seeds)} seed{'s' if len(seeds) > 1 else ''}, {args.corpus}")
-    grid = {"n_heads_list": n_heads_list} if args.which == "heads" else {"ranks": ranks, "rope": args.rope}
-    self_check = {"all_ok": bool(table["self_check_ok"].all()),
-                  "max_relative_error": float(f"{table['self_check_max_relative_error'].max():.3g}"),
-                  "what": "per trained model: patterns and the per-head W_O decomposition (headprobe.probe.selfcheck)"}
-    write_json(out / "study.json", {"which": args.which, "seeds": seeds, "base": dataclasses.asdict(base), **grid,
-                                    "device": args.device, "self_check": self_check, "versions": package_versions(),
-                                    **head})  # last
-    print(table.groupby("variant", sort=False)[["eval_loss", "in_context_loss", "max_induction", "kv_bytes_per_token"]].mean().round(3))
-    print(f"wrote results.csv, study.json and the figure to {out}/")
+def _ints(text: str, name: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise HeadprobeError(f"--{name} must be a comma-separated list of integers, got {text!r}") from None
+
+
+def config_from_args(args: argparse.Namespace) -> StudyConfig:
+    """The :class:`StudyConfig` of parsed ``headprobe study`` flags (lists are comma-separated)."""
+    return StudyConfig(args.which, steps=args.steps, corpus=args.corpus, copy_fraction=args.copy_fraction,
+                       seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, seeds=_ints(args.seeds, "seeds"),
+                       d_model=args.d_model, n_heads=args.n_heads, n_heads_list=_ints(args.n_heads_list, "n-heads-list"),
+                       ranks=_ints(args.ranks, "ranks"), rope=args.rope, eval_every=args.eval_every, device=args.device)
+
+
+def main(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    config.validate()
+    prepare_output_dir(args.out, args.overwrite, create=False)  # fail before training, leave nothing behind
+    result = run(config, progress=True)
+    result.save(args.out, overwrite=args.overwrite)
+    print(result.report())
+    print(f"wrote results.csv, study.json and the figure to {Path(args.out)}/")
     return 0

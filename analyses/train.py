@@ -1,0 +1,530 @@
+"""Training small native transformers from scratch, to watch induction heads form.
+
+The training data, the training loop and the evaluation behind ``headprobe train`` and
+``headprobe study`` (the commands only map flags to a :class:`TrainConfig` and write files):
+
+* data: :func:`copy_sequences` (random tokens with a segment that repeats, so only in-context
+  copying beats ``ln(n_words)`` nats), and for ``corpus="text+copy"`` CPython's documentation at
+  character level (:func:`text_corpus`, :func:`text_windows`, :func:`held_out_text_windows`),
+  mixed with copy sequences in every batch (:func:`mixed_batch`);
+* evaluation (:func:`evaluate`): every head's induction and previous-token score
+  (:mod:`headprobe.analyses.detectors`) on repeated random tokens, the in-context loss
+  (:func:`in_context_loss`, after Olsson et al. 2022), the loss on the repeated half and the
+  held-out loss;
+* :func:`train`: AdamW with linear warm-up, deterministic given the seed on one device, logging
+  one row per evaluation; :func:`phase_change_step` reads the phase change off the log.
+
+Olsson et al. 2022 ("In-context Learning and Induction Heads") observe a phase change in models of
+2+ layers: induction heads form abruptly, and the in-context loss drops at the same step.
+
+No argparse and no printing here: :func:`train` reports progress only through its ``on_eval``
+callback.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from headprobe.analyses.ablation import task_loss, token_losses
+from headprobe.analyses.data import ascii_text, pydoc_topics, repeated_random_tokens
+from headprobe.analyses.detectors import induction_score, previous_token_score
+from headprobe.probe.capture import stream_patterns
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import format_head
+from headprobe.probe.tokenizers import TEXT_CHARS, char_level_tokenizer, word_level_tokenizer
+
+CORPORA = ("copy", "text+copy")
+"""The training corpora :attr:`TrainConfig.corpus` accepts."""
+INDUCTION_FORMED = 0.5
+"""An induction score above this: the head has formed (train's summary, the phase change, study's marks)."""
+DEVICES = ("auto", "cpu", "cuda")
+"""The devices :attr:`TrainConfig.device` accepts (those of ``headprobe.options.DEVICES``)."""
+N_CHARS = len(TEXT_CHARS)
+"""96: the character vocabulary of ``corpus="text+copy"`` (newline and printable ASCII)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Settings of one training run (all recorded in the checkpoint's config.json and in summary.json).
+
+    The model is :class:`headprobe.probe.model.Transformer` with :meth:`model_config`;
+    :meth:`validate` raises :class:`HeadprobeError` on settings that cannot train (the messages
+    name the ``headprobe train`` flag of each field: ``n_layers`` is ``--n-layers``).
+    """
+
+    n_layers: int = 2
+    """Transformer blocks."""
+    d_model: int = 64
+    """Residual stream width."""
+    n_heads: int = 4
+    """Query heads per layer (``d_head = d_model // n_heads``)."""
+    n_kv_heads: int | None = None
+    """Key/value heads per layer: None is MHA (``n_heads``), 1 is MQA, between is GQA."""
+    mlp: str | None = None
+    """``"gelu"`` adds a GELU MLP to every block; None (default) is attention-only."""
+    positional: str = "rotary"
+    """``"rotary"`` or ``"learned"`` positions."""
+    n_words: int = 64
+    """Vocabulary of random tokens; the model's ``d_vocab`` is ``n_words + 1`` (BOS is id ``n_words``).
+    Must be :data:`N_CHARS` (96) for ``corpus="text+copy"``."""
+    seq_len: int = 96
+    """Training sequence length in tokens, BOS included (also the model's ``n_ctx``); at least 20."""
+    min_period: int = 8
+    """Shortest segment that reappears in a copy sequence (tokens, >= 2)."""
+    max_period: int = 32
+    """Longest segment that reappears (tokens); ``2 * max_period + 1 <= seq_len``."""
+    periodic: bool = True
+    """The segment repeats to the end of the sequence (True) instead of reappearing once (CLI ``--data pair``)."""
+    batch_size: int = 32
+    """Sequences per optimiser step."""
+    steps: int = 1000
+    """Optimiser steps."""
+    lr: float = 3e-3
+    """AdamW learning rate (betas 0.9, 0.98; gradient norm clipped at 1)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    warmup: int = 50
+    """Steps of linear learning-rate warm-up; constant after."""
+    eval_every: int = 100
+    """Steps between evaluations (the last step is always evaluated, and step 0 before training)."""
+    n_eval: int = 64
+    """Sequences in each fixed evaluation set."""
+    eval_period: int = 24
+    """Length S of the repeated block ``[BOS] r_1..r_S r_1..r_S`` the detectors score on."""
+    seed: int = 0
+    """Seeds the initialisation (``seed``), the training data (``seed``) and the evaluation sets
+    (``seed + 1`` copy sequences, ``seed + 2`` repeated tokens, ``seed + 3`` held-out text)."""
+    device: str = "auto"
+    """``"auto"`` (cuda when a GPU is present), ``"cpu"`` or ``"cuda"``."""
+    bias: bool = True
+    """Biases in the attention projections (MLA needs False)."""
+    kv_lora_rank: int | None = None
+    """MLA's latent rank (see :class:`headprobe.probe.model.TransformerConfig`); None for MHA/GQA/MQA."""
+    qk_rope_head_dim: int = 0
+    """MLA's decoupled rotary width (0 for MHA/GQA/MQA)."""
+    corpus: str = "copy"
+    """The training data. ``"copy"``: only random-token copy sequences (:func:`copy_sequences`)
+    over a word-level vocabulary of ``n_words`` ids (tokenizer :func:`word_level_tokenizer`).
+    ``"text+copy"``: every batch mixes natural-text windows (CPython's documentation,
+    :func:`text_corpus`, character level) with copy sequences whose random tokens are drawn from
+    the same 96 characters (tokenizer :func:`char_level_tokenizer`); evaluation then reports the
+    held-out *text* loss as ``eval_loss``."""
+    copy_fraction: float = 0.5
+    """``"text+copy"`` only: the fraction of each batch that is copy sequences
+    (``round(batch_size * copy_fraction)`` of them), the rest natural text; in [0, 1]."""
+
+    def validate(self) -> None:
+        """Raise :class:`HeadprobeError` (one line) on settings that cannot train."""
+        for name in ("n_layers", "d_model", "n_heads", "n_words", "seq_len", "batch_size", "steps",
+                     "eval_every", "n_eval", "min_period", "max_period", "eval_period"):
+            if getattr(self, name) < 1:
+                raise HeadprobeError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+        if self.n_kv_heads is not None and self.n_kv_heads < 1:
+            raise HeadprobeError(f"--n-kv-heads must be a positive integer, got {self.n_kv_heads}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise HeadprobeError(f"--lr must be a positive number, got {self.lr}")
+        if self.weight_decay < 0 or self.warmup < 0:
+            raise HeadprobeError("--weight-decay and --warmup must not be negative")
+        if self.n_words < 2:
+            raise HeadprobeError(f"--n-words must be at least 2, got {self.n_words}")
+        if self.min_period < 2 or self.min_period > self.max_period:
+            raise HeadprobeError(f"need 2 <= --min-period <= --max-period, got {self.min_period} and {self.max_period}")
+        if 2 * self.max_period + 1 > self.seq_len:
+            raise HeadprobeError(f"--max-period {self.max_period} does not fit twice in --seq-len {self.seq_len} (needs 2*period+1)")
+        if self.eval_period < 2 or 2 * self.eval_period + 1 > self.seq_len:
+            raise HeadprobeError(f"--eval-period {self.eval_period} must be >= 2 and fit twice in --seq-len {self.seq_len}")
+        if self.seq_len < 20:
+            raise HeadprobeError(f"--seq-len {self.seq_len} is too short for the in-context loss (needs >= 20)")
+        if self.corpus not in CORPORA:
+            raise HeadprobeError(f"--corpus must be one of {', '.join(CORPORA)}, got {self.corpus!r}")
+        if self.corpus == "text+copy" and self.n_words != N_CHARS:
+            raise HeadprobeError(f"--corpus text+copy uses the {N_CHARS}-character vocabulary: --n-words must be {N_CHARS}, "
+                                 f"got {self.n_words}")
+        if not 0 <= self.copy_fraction <= 1:
+            raise HeadprobeError(f"--copy-fraction must be between 0 and 1, got {self.copy_fraction}")
+        if self.device not in DEVICES:
+            raise HeadprobeError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+
+    def model_config(self):
+        """The :class:`headprobe.probe.model.TransformerConfig` of the model to train
+        (``d_vocab = n_words + 1``, ``n_ctx = seq_len``).
+
+        Raises:
+            HeadprobeError: a layout the transformer cannot build (``d_model`` not a multiple of
+                ``n_heads``, ``n_heads`` not a multiple of ``n_kv_heads``, ...).
+        """
+        from headprobe.probe.model import TransformerConfig
+
+        return TransformerConfig(
+            n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
+            d_vocab=self.n_words + 1, n_ctx=self.seq_len, mlp=self.mlp, positional=self.positional,
+            bias=self.bias, kv_lora_rank=self.kv_lora_rank, qk_rope_head_dim=self.qk_rope_head_dim,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------
+
+
+
+@dataclass(frozen=True)
+class TextCorpus:
+    """Natural text for training, split by topic into a training and a held-out part.
+
+    Attributes:
+        train, held_out: 1-D character-level token ids (id ``i`` is ``TEXT_CHARS[i]``, see
+            :func:`headprobe.probe.tokenizers.char_level_tokenizer`): the topics of each part, in key order,
+            through :func:`headprobe.analyses.data.ascii_text`, joined by a blank line (training topics
+            without the paragraphs they share with held-out ones, see :func:`text_corpus`).
+        train_topics, held_out_topics: the topic names of each part (disjoint).
+        source: where the text comes from.
+    """
+
+    train: Int[Tensor, "n_train"]
+    held_out: Int[Tensor, "n_held_out"]
+    train_topics: tuple[str, ...]
+    held_out_topics: tuple[str, ...]
+    source: str
+
+
+def char_ids(text: str) -> Int[Tensor, "n_tokens"]:
+    """Character-level ids of ``text`` (id ``i`` is ``TEXT_CHARS[i]``; the same ids as
+    :func:`headprobe.probe.tokenizers.char_level_tokenizer`, computed by table look-up). Characters outside
+    the vocabulary map to BOS/unknown (96); pass the text through :func:`headprobe.analyses.data.ascii_text` first."""
+    table = np.full(256, N_CHARS, dtype=np.int64)
+    table[[ord(c) for c in TEXT_CHARS]] = np.arange(N_CHARS)
+    codes = np.frombuffer(text.encode("ascii", errors="replace"), dtype=np.uint8)
+    return torch.from_numpy(table[codes])
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [p for p in text.split("\n\n") if p.strip()]
+
+
+def text_corpus(held_out_fraction: float = 0.1) -> TextCorpus:
+    """CPython's documentation topics (``pydoc_data.topics``, offline everywhere; the scan's default
+    text) split by topic into training and held-out text.
+
+    Held-out topics: the topics in order of ``crc32(name)`` (a fixed pseudo-random order that
+    does not move when other topics are added), taken until they hold ``held_out_fraction`` of
+    the characters. Many topics quote each other (``compound`` contains ``for``, ``while``, ...),
+    so every paragraph (blank-line separated) that occurs in a held-out topic is removed from the
+    training topics. Paragraphs that differ slightly stay (on CPython 3.11, 6 held-out paragraphs,
+    1.1k characters, are contained in longer training paragraphs: 0.3% of the training text).
+    On CPython 3.11: 79 topics, 465k characters; 8 held-out topics (71k characters), 351k
+    training characters.
+
+    Raises:
+        HeadprobeError: either part would be empty.
+    """
+    topics = pydoc_topics()
+    total = sum(len(t) for t in topics.values())
+    held: list[str] = []
+    for k in sorted(topics, key=lambda k: zlib.crc32(k.encode())):
+        if sum(len(topics[h]) for h in held) >= held_out_fraction * total:
+            break
+        held.append(k)
+    held_set = set(held)
+    held_keys = tuple(k for k in topics if k in held_set)
+    held_pars = {p for k in held_keys for p in _paragraphs(topics[k])}
+    train_keys = tuple(k for k in topics if k not in held_set)
+    train_text = "\n\n".join("\n\n".join(p for p in _paragraphs(topics[k]) if p not in held_pars) for k in train_keys)
+    held_text = "\n\n".join(topics[k] for k in held_keys)
+    if not held_keys or not train_text.strip():
+        raise HeadprobeError(f"splitting {len(topics)} documentation topics left one part empty")
+    return TextCorpus(char_ids(ascii_text(train_text)), char_ids(ascii_text(held_text)), train_keys, held_keys,
+                      "pydoc_data.topics (CPython documentation), split by topic")
+
+
+def copy_sequences(n_seqs: int, seq_len: int, n_words: int, min_period: int, max_period: int,
+                   gen: torch.Generator, periodic: bool = False) -> Int[Tensor, "batch pos"]:
+    """Random sequences that need in-context copying: ``[BOS]`` then ``seq_len - 1`` tokens.
+
+    Each sequence starts with a random-length prefix of tokens uniform over ``0..n_words-1``;
+    then a random segment of random length ``S`` in ``[min_period, max_period]`` appears and
+    reappears once after a random gap (``periodic=False``), or repeats with period ``S`` to the
+    end (``periodic=True``; the last copy may be cut off), followed by random tokens. Only
+    in-context copying predicts the repeats; nothing predicts the rest. BOS is ``n_words``.
+    Deterministic given ``gen``'s state.
+    """
+    T = seq_len - 1
+    tokens = torch.randint(n_words, (n_seqs, T), generator=gen)
+    S = torch.randint(min_period, max_period + 1, (n_seqs,), generator=gen)
+    u = torch.rand(n_seqs, 2, generator=gen)
+    slack = T - 2 * S  # the longest prefix that still leaves two whole copies
+    a = (u[:, 0] * (slack + 1)).long().clamp(max=slack)  # the first copy starts at a
+    pos = torch.arange(T)
+    if periodic:
+        rel = pos - a[:, None]
+        src = torch.where(rel >= S[:, None], a[:, None] + rel % S[:, None], pos)
+    else:
+        b = a + S + (u[:, 1] * (slack - a + 1)).long().clamp(max=slack - a)  # second copy at b >= a + S
+        second = (pos >= b[:, None]) & (pos < (b + S)[:, None])
+        src = torch.where(second, pos - b[:, None] + a[:, None], pos)
+    tokens = tokens.gather(1, src)
+    bos = torch.full((n_seqs, 1), n_words, dtype=torch.long)
+    return torch.cat([bos, tokens], dim=1)
+
+
+def text_windows(ids: Int[Tensor, "n_tokens"], n_seqs: int, seq_len: int, bos: int,
+                 gen: torch.Generator) -> Int[Tensor, "batch pos"]:
+    """``n_seqs`` windows of ``seq_len - 1`` consecutive tokens of ``ids`` at offsets drawn
+    uniformly (with ``gen``; windows may overlap and cross topic boundaries), each with ``bos``
+    in front: ``[batch, seq_len]``.
+
+    Raises:
+        HeadprobeError: the text is shorter than one window.
+    """
+    body = seq_len - 1
+    if len(ids) < body:
+        raise HeadprobeError(f"the text has {len(ids)} tokens, fewer than one sequence of {body}")
+    starts = torch.randint(len(ids) - body + 1, (n_seqs,), generator=gen)
+    windows = ids[starts[:, None] + torch.arange(body)]
+    return torch.cat([torch.full((n_seqs, 1), bos, dtype=torch.long), windows], dim=1)
+
+
+def held_out_text_windows(ids: Int[Tensor, "n_tokens"], n_seqs: int, seq_len: int, bos: int,
+                          seed: int) -> Int[Tensor, "batch pos"]:
+    """A fixed evaluation set: the text is cut into consecutive non-overlapping windows of
+    ``seq_len - 1`` tokens and ``n_seqs`` of them (all there are, if fewer) are drawn without
+    replacement with ``seed``, in text order; BOS in front: ``[batch, seq_len]``."""
+    body = seq_len - 1
+    n_windows = len(ids) // body
+    if n_windows == 0:
+        raise HeadprobeError(f"the held-out text has {len(ids)} tokens, fewer than one sequence of {body}")
+    windows = ids[: n_windows * body].view(n_windows, body)
+    pick = torch.randperm(n_windows, generator=torch.Generator().manual_seed(seed))[:n_seqs].sort().values
+    return torch.cat([torch.full((len(pick), 1), bos, dtype=torch.long), windows[pick]], dim=1)
+
+
+def mixed_batch(n_seqs: int, seq_len: int, text_ids: Int[Tensor, "n_tokens"], n_words: int, min_period: int,
+                max_period: int, copy_fraction: float, gen: torch.Generator,
+                periodic: bool = True) -> tuple[Int[Tensor, "batch pos"], Tensor]:
+    """A ``"text+copy"`` training batch: ``round(n_seqs * copy_fraction)`` copy sequences
+    (:func:`copy_sequences`, random tokens ``0..n_words-1``) followed by natural-text windows of
+    ``text_ids`` (:func:`text_windows`), all ``[BOS]`` + ``seq_len - 1`` tokens with BOS =
+    ``n_words``. Deterministic given ``gen``'s state.
+
+    Returns:
+        ``(tokens [batch, pos], is_copy [batch] bool)``.
+    """
+    n_copy = int(round(n_seqs * copy_fraction))
+    copies = copy_sequences(n_copy, seq_len, n_words, min_period, max_period, gen, periodic)
+    text = text_windows(text_ids, n_seqs - n_copy, seq_len, n_words, gen)
+    return torch.cat([copies, text]), torch.arange(n_seqs) < n_copy
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation
+# --------------------------------------------------------------------------------------------
+
+
+def in_context_loss(losses: Tensor, early: float = 0.10, late: float = 0.98, window: int = 2) -> float:
+    """Loss late in the sequence minus loss early (nats), Olsson et al. 2022's in-context-learning
+    score scaled to short contexts: token 500 vs token 50 of 512 becomes the mean over
+    ``±window`` positions around ``late`` and ``early`` fractions of the sequence.
+
+    ``losses`` is ``[batch, pos - 1]`` from :func:`headprobe.analyses.ablation.token_losses` (index i
+    predicts token i + 1). Negative when later tokens are predicted better.
+    """
+    n = losses.shape[1]
+
+    def around(frac: float) -> float:
+        c = min(max(int(round(frac * n)), window), n - 1 - window)
+        return float(losses[:, c - window : c + window + 1].mean())
+
+    return around(late) - around(early)
+
+
+@torch.inference_mode()
+def evaluate(loaded, held_out: Tensor, repeated, held_out_text: Tensor | None = None) -> dict[str, object]:
+    """Scores of every head and the evaluation losses.
+
+    Args:
+        held_out: ``[batch, pos]`` held-out copy sequences (the in-context loss; and the
+            held-out loss when there is no text).
+        repeated: the repeated random tokens the detectors score on.
+        held_out_text: ``[batch, pos]`` held-out natural-text windows (``"text+copy"``), or None.
+
+    Returns:
+        ``{"induction": [layer, head], "previous_token": [layer, head], "repeated_loss",
+        "eval_loss", "in_context_loss"}`` (losses in nats/token). ``eval_loss`` is the mean loss
+        on ``held_out_text`` when given (then ``"text_in_context_loss"``, the in-context loss on
+        that text, is added), else on ``held_out``; ``in_context_loss`` is always on ``held_out``.
+    """
+    spec = loaded.spec
+    ind = torch.zeros(spec.n_layers, spec.n_heads)
+    prev = torch.zeros(spec.n_layers, spec.n_heads)
+
+    def on_pattern(layer: int, pattern: Tensor) -> None:
+        ind[layer] = induction_score(pattern, repeated.period, repeated.start).cpu()
+        prev[layer] = previous_token_score(pattern[..., repeated.start :, repeated.start :]).cpu()
+
+    logits = stream_patterns(loaded, repeated.tokens, on_pattern)
+    rep_loss = task_loss(logits, repeated.tokens.to(logits.device), "repeated", repeated.start, repeated.period)
+    losses = token_losses(loaded.forward(held_out), held_out)
+    out = {"induction": ind, "previous_token": prev, "repeated_loss": rep_loss,
+           "eval_loss": float(losses.mean()), "in_context_loss": in_context_loss(losses)}
+    if held_out_text is not None:
+        text_losses = token_losses(loaded.forward(held_out_text), held_out_text)
+        out["eval_loss"] = float(text_losses.mean())
+        out["text_in_context_loss"] = in_context_loss(text_losses)
+    return out
+
+
+def phase_change_step(steps: np.ndarray, icl: np.ndarray, induction: np.ndarray | None = None,
+                      threshold: float = INDUCTION_FORMED) -> int | None:
+    """The evaluation step at which the in-context loss falls fastest (between consecutive
+    evaluations, after a 3-point running mean). None with fewer than 3 evaluations, or when
+    ``induction`` (the max induction score at each evaluation) never exceeds ``threshold``: without
+    induction heads there was no phase change, however the loss wandered."""
+    if len(steps) < 3 or (induction is not None and not (np.asarray(induction) > threshold).any()):
+        return None
+    smooth = np.convolve(icl, np.ones(3) / 3, mode="same")
+    smooth[0], smooth[-1] = icl[0], icl[-1]
+    drop = np.diff(smooth) / np.diff(steps)
+    i = int(np.argmin(drop))
+    return int(steps[i + 1])
+
+
+# --------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------
+
+
+def training_tokenizer(cfg: TrainConfig, save_dir):
+    """The tokenizer :func:`train` needs for ``cfg.corpus``: :func:`char_level_tokenizer` for
+    ``"text+copy"``, :func:`word_level_tokenizer` over ``cfg.n_words`` ids for ``"copy"`` (both
+    saved to and reloaded from ``save_dir``, which may be a temporary directory)."""
+    return char_level_tokenizer(save_dir) if cfg.corpus == "text+copy" else word_level_tokenizer(save_dir, cfg.n_words)
+
+
+@dataclass
+class TrainRun:
+    """What :func:`train` returns.
+
+    Attributes:
+        config: the settings it ran with.
+        loaded: a :class:`headprobe.probe.loading.LoadedModel` around the trained native
+            :class:`~headprobe.probe.model.Transformer` (in eval mode, float32, on ``device``).
+        log: one row per evaluation (step 0, every ``eval_every`` steps and the last step):
+            ``step``, ``train_loss`` (mean over the steps since the previous row; NaN at step 0),
+            ``eval_loss``, ``in_context_loss`` (``text_in_context_loss`` too for ``"text+copy"``),
+            ``repeated_loss`` (nats/token), ``max_induction``, ``max_previous_token`` and one
+            ``induction_L.H`` and ``previous_token_L.H`` column per head.
+        final_scores: ``"induction"`` / ``"previous_token"`` -> ``[layer, head]`` scores at the last step.
+        seconds: wall time of the evaluations and steps (model building excluded).
+        device: the device it trained on (``"cpu"`` or ``"cuda"``).
+    """
+
+    config: TrainConfig
+    loaded: object
+    log: pd.DataFrame
+    final_scores: dict[str, np.ndarray]
+    seconds: float
+    device: str
+
+
+def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | None = None) -> TrainRun:
+    """Train a model as ``cfg`` says; deterministic given ``cfg.seed`` on one device.
+
+    ``tokenizer`` is a word-level tokenizer over the ``n_words`` random tokens plus BOS (see
+    :func:`headprobe.probe.tokenizers.word_level_tokenizer`) for ``corpus="copy"``, the character-level one
+    (:func:`headprobe.probe.tokenizers.char_level_tokenizer`) for ``"text+copy"``; :func:`training_tokenizer`
+    builds the right one. ``on_eval(row, seconds)``, when given, is called after every evaluation
+    but the one at step 0 with the new log row (a dict, see :attr:`TrainRun.log`) and the seconds
+    since training started: the only progress report (nothing is printed).
+
+    Raises:
+        HeadprobeError: bad settings, a tokenizer that does not fit the corpus, no GPU for
+            ``device="cuda"``, or a diverged loss.
+    """
+    from headprobe.probe.convert import spec_from_native
+    from headprobe.probe.loading import LoadedModel, device_auto
+    from headprobe.probe.model import Transformer, init_weights
+
+    cfg.validate()
+    text = cfg.corpus == "text+copy"
+    if text and tokenizer.convert_tokens_to_ids(list(TEXT_CHARS)) != list(range(N_CHARS)):
+        raise HeadprobeError("--corpus text+copy needs the character-level tokenizer (headprobe.probe.tokenizers.char_level_tokenizer)")
+    device = device_auto(cfg.device)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
+    mcfg = cfg.model_config()
+    torch.manual_seed(cfg.seed)
+    model = init_weights(Transformer(mcfg)).to(device)
+    spec = spec_from_native("headprobe-train", "headprobe-train", "float32 (training)", mcfg)
+    loaded = LoadedModel(model, tokenizer, spec, prepend_bos=True)
+
+    eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    held_out = copy_sequences(cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period, eval_gen, cfg.periodic).to(device)
+    repeated = repeated_random_tokens(loaded, cfg.n_eval, cfg.eval_period, cfg.seed + 2)
+    repeated = type(repeated)(**{**repeated.__dict__, "tokens": repeated.tokens.to(device)})
+    corpus = text_corpus() if text else None
+    held_out_text = (held_out_text_windows(corpus.held_out, cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.seed + 3).to(device)
+                     if text else None)
+    data_gen = torch.Generator().manual_seed(cfg.seed)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup, 1)))
+    heads = [format_head((layer, h)) for layer in range(mcfg.n_layers) for h in range(mcfg.n_heads)]
+    rows: list[dict] = []
+    running: list[float] = []
+
+    def log_row(step: int) -> dict:
+        model.eval()
+        ev = evaluate(loaded, held_out, repeated, held_out_text)
+        model.train()
+        row = {"step": step, "train_loss": float(np.mean(running)) if running else float("nan"),
+               "eval_loss": ev["eval_loss"], "in_context_loss": ev["in_context_loss"],
+               **({"text_in_context_loss": ev["text_in_context_loss"]} if text else {}),
+               "repeated_loss": ev["repeated_loss"],
+               "max_induction": float(ev["induction"].max()), "max_previous_token": float(ev["previous_token"].max())}
+        row.update({f"induction_{h}": float(v) for h, v in zip(heads, ev["induction"].flatten())})
+        row.update({f"previous_token_{h}": float(v) for h, v in zip(heads, ev["previous_token"].flatten())})
+        running.clear()
+        return row
+
+    t0 = time.perf_counter()
+    rows.append(log_row(0))
+    model.train()
+    for step in range(1, cfg.steps + 1):
+        if text:
+            tokens = mixed_batch(cfg.batch_size, cfg.seq_len, corpus.train, cfg.n_words, cfg.min_period, cfg.max_period,
+                                 cfg.copy_fraction, data_gen, cfg.periodic)[0].to(device)
+        else:
+            tokens = copy_sequences(cfg.batch_size, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period,
+                                    data_gen, cfg.periodic).to(device)
+        loss = token_losses(model(tokens), tokens).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        running.append(float(loss.detach()))
+        if not math.isfinite(running[-1]):
+            raise HeadprobeError(f"training diverged at step {step} (loss {running[-1]}); lower --lr")
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            rows.append(log_row(step))
+            if on_eval is not None:
+                on_eval(dict(rows[-1]), time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    model.eval()
+    log = pd.DataFrame(rows)
+    last = log.iloc[-1]
+    final = {kind: np.array([last[f"{kind}_{h}"] for h in heads]).reshape(mcfg.n_layers, mcfg.n_heads)
+             for kind in ("induction", "previous_token")}
+    return TrainRun(cfg, loaded, log, final, seconds, device)
+
+

@@ -1,0 +1,33 @@
+"""The headprobe checkpoint format, written by ``headprobe train``: a directory holding
+``headprobe_model.pt`` (a native :class:`~headprobe.probe.model.Transformer`'s state dict),
+``config.json`` (``{"format": NATIVE_FORMAT, "model": TransformerConfig fields, ...}``) and the
+tokenizer files. :func:`headprobe.probe.loading.load_native` (through ``load_model``) reads it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+NATIVE_WEIGHTS = "headprobe_model.pt"
+NATIVE_FORMAT = "headprobe-native-1"
+
+
+def is_native_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a headprobe checkpoint directory (it holds ``headprobe_model.pt``)."""
+    return (Path(path) / NATIVE_WEIGHTS).is_file()
+
+
+def save_native(model: Any, out: str | Path, extra: dict[str, Any] | None = None) -> None:
+    """Write a native :class:`~headprobe.probe.model.Transformer`'s weights (``headprobe_model.pt``) and
+    ``config.json`` (``{"format", "model": TransformerConfig fields, **extra}``) into ``out``,
+    atomically. The tokenizer files are the caller's (``tokenizer.save_pretrained(out)``)."""
+    from dataclasses import asdict
+
+    from headprobe.probe.io import atomic_path, write_json
+
+    with atomic_path(Path(out) / NATIVE_WEIGHTS) as tmp:
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
+    write_json(Path(out) / "config.json", {"format": NATIVE_FORMAT, "model": asdict(model.cfg), **(extra or {})})

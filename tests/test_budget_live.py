@@ -1,0 +1,194 @@
+"""``headprobe budget --model`` on every architecture of the zoo, and the new layout terms
+(QK-norm, sliding windows, MLA's value width) against Hugging Face's own modules and caches.
+
+References are independent of headprobe's formulas: parameters are counted on transformers'
+attention modules, cached positions and bytes are read from transformers' ``StaticCache`` and
+``DynamicCache`` after a forward pass longer than the window, and hand sums.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import zoo
+
+from headprobe.cli import main
+from headprobe.commands import budget
+from headprobe.probe import cost
+from headprobe.probe.cost import AttentionLayout
+
+
+@pytest.fixture(scope="module")
+def zoo_dirs(tiny_tokenizer, tmp_path_factory):
+    """family -> a tiny Hugging Face model directory of that family (built on first use)."""
+    root = tmp_path_factory.mktemp("zoo")
+    made: dict[str, str] = {}
+
+    def get(family: str) -> str:
+        if family not in made:
+            made[family] = str(zoo.save_dir(family, tiny_tokenizer, root / family))
+        return made[family]
+
+    return get
+
+
+# ---------------------------------------------------------------------------------------------
+# The live check says OK on every family
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", list(zoo.ZOO))
+def test_live_check_matches_every_zoo_family(family, zoo_dirs, capsys):
+    code = main(["budget", "--model", zoo_dirs(family)])
+    out, _ = capsys.readouterr()
+    assert "OK: the formulas match the model" in out and "MISMATCH" not in out, out
+    assert code == 0
+    code = main(["budget", "--model", zoo_dirs(family), "--json"])
+    check = json.loads(capsys.readouterr().out)["check"]
+    assert code == 0 and check["ok"] and check["attn_params_per_layer"]["ok"]  # the parameter check ran
+    assert check["measured"]["tokens"] >= budget.CHECK_MIN_TOKENS  # even where the prompt is one unknown token
+
+
+def test_live_check_runs_past_gemma2s_window(zoo_dirs, capsys):
+    window = zoo.ZOO["gemma2"]["sliding_window"]
+    code = main(["budget", "--model", zoo_dirs("gemma2"), "--seq-len", "64", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    m = r["check"]["measured"]
+    assert code == 0 and m["tokens"] > window and m["cache_class"] == "StaticCache"  # the one budget handed in
+    assert m["positions_per_layer"] == [window, m["tokens"]]  # layer 0 sliding, layer 1 global
+    assert r["layout"]["windows"] == [window, None]
+    # The report at 64 tokens: layer 0 holds 8 positions, layer 1 all 64; 2 KV heads of 16, bf16.
+    assert r["kv_bytes_per_request"] == (window + 64) * 2 * 2 * 16 * 2
+    main(["budget", "--model", zoo_dirs("gemma2"), "--seq-len", "64"])
+    assert "1 of 2 layers sliding-window (8 positions)" in capsys.readouterr().out
+
+
+def test_live_check_reads_mla_and_qk_norm_from_the_config(zoo_dirs, capsys):
+    main(["budget", "--model", zoo_dirs("deepseek_v3"), "--json"])
+    r = json.loads(capsys.readouterr().out)
+    z = zoo.ZOO["deepseek_v3"]
+    lay = r["layout"]
+    assert (lay["kind"], lay["kv_lora_rank"], lay["q_lora_rank"], lay["qk_rope_head_dim"], lay["d_head"],
+            lay["v_head_dim"]) == ("MLA", z["kv_lora_rank"], z["q_lora_rank"], z["qk_rope_head_dim"],
+                                   z["qk_nope_head_dim"], z["v_head_dim"])
+    assert r["kv_numbers_per_token_per_layer"] == z["kv_lora_rank"] + z["qk_rope_head_dim"]
+    main(["budget", "--model", zoo_dirs("qwen3"), "--json"])
+    assert json.loads(capsys.readouterr().out)["layout"]["qk_norm"] == "per_head"
+    main(["budget", "--model", zoo_dirs("olmo2"), "--json"])
+    assert json.loads(capsys.readouterr().out)["layout"]["qk_norm"] == "full"
+
+
+def test_a_wrong_formula_is_a_mismatch(zoo_dirs, capsys, monkeypatch):
+    """The check can fail: without the QK-norm term the Qwen3 count disagrees (exit 1)."""
+    monkeypatch.setitem(budget.QK_NORM_OF_MODEL_TYPE, "qwen3", "none")
+    code = main(["budget", "--model", zoo_dirs("qwen3")])
+    out = capsys.readouterr().out
+    assert code == 1 and "MISMATCH: the formulas disagree with the model" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters against transformers' attention modules
+# ---------------------------------------------------------------------------------------------
+
+
+def _n(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("kv", [4, 2, 1])
+def test_qk_norm_params_match_qwen3_and_olmo2(kv):
+    from transformers import Olmo2Config, Qwen3Config
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2Attention
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
+
+    qwen = Qwen3Attention(Qwen3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=kv, head_dim=24), layer_idx=0)
+    lay = AttentionLayout(d_model=64, n_layers=1, n_heads=4, n_kv_heads=kv, d_head=24, qk_norm="per_head")
+    assert _n(qwen) == cost.attention_params_per_layer(lay) == cost.attention_params_per_layer(
+        AttentionLayout(d_model=64, n_layers=1, n_heads=4, n_kv_heads=kv, d_head=24)) + 2 * 24
+    olmo = Olmo2Attention(Olmo2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=kv), layer_idx=0)
+    lay = AttentionLayout(d_model=64, n_layers=1, n_heads=4, n_kv_heads=kv, qk_norm="full")
+    assert _n(olmo) == cost.attention_params_per_layer(lay)
+
+
+def test_mla_params_with_a_value_width_of_its_own():
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
+
+    for q_lora in (48, None):
+        cfg = DeepseekV3Config(hidden_size=96, num_attention_heads=4, q_lora_rank=q_lora, kv_lora_rank=32,
+                               qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=24)
+        lay = AttentionLayout(d_model=96, n_layers=1, n_heads=4, d_head=16, kv_lora_rank=32, q_lora_rank=q_lora,
+                              qk_rope_head_dim=8, v_head_dim=24)
+        assert _n(DeepseekV3Attention(cfg, layer_idx=0)) == cost.attention_params_per_layer(lay)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sliding windows against transformers' caches
+# ---------------------------------------------------------------------------------------------
+
+
+def _hf_cache_after(model, T: int, cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    with torch.no_grad():
+        out = model(torch.arange(T)[None] % 50, use_cache=True, past_key_values=cache)
+    return [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+
+
+@pytest.mark.parametrize("family, T", [("gemma2", 5), ("gemma2", 21), ("mistral", 21)])
+def test_windowed_kv_cache_matches_transformers_static_cache(family, T):
+    from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, StaticCache
+
+    z = dict(zoo.ZOO[family], num_hidden_layers=4)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **z), attn_implementation="eager").eval()
+    cfg = model.config
+    windows = budget.windows_from_hf_config(cfg, cfg.num_hidden_layers)
+    w = z["sliding_window"]
+    assert windows == ((w, None, w, None) if family == "gemma2" else (w,) * 4)  # Gemma 2 alternates, Mistral does not
+    lay = AttentionLayout(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, d_head=16, windows=windows, bytes_per_element=4)
+    static = _hf_cache_after(model, T, StaticCache(config=cfg, max_cache_len=T))
+    assert [k.shape[-2] for k, _ in static] == cost.kv_positions(lay, T)
+    assert sum(k.nbytes + v.nbytes for k, v in static) == cost.kv_bytes_per_request(lay, T)
+    # DynamicCache keeps window - 1 positions between steps (the step's own key makes it the window).
+    dynamic = _hf_cache_after(model, T, DynamicCache(config=cfg))
+    assert [k.shape[-2] for k, _ in dynamic] == [p if (wl is None or T < wl) else wl - 1
+                                                 for p, wl in zip(cost.kv_positions(lay, T), windows)]
+
+
+def test_windowed_kv_by_hand():
+    lay = AttentionLayout(d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, windows=(4, None, 6), bytes_per_element=2)
+    assert cost.kv_positions(lay, 3) == [3, 3, 3]
+    assert cost.kv_positions(lay, 10) == [4, 10, 6]
+    assert cost.kv_bytes_per_request(lay, 10, batch=3) == (4 + 10 + 6) * (2 * 2 * 16) * 2 * 3
+    assert cost.kv_bytes_per_request(lay, 10) < cost.kv_bytes_per_request(AttentionLayout(
+        d_model=64, n_layers=3, n_heads=4, n_kv_heads=2), 10)
+    assert AttentionLayout(d_model=64, n_layers=2, n_heads=4, windows=(None, None)).windows is None
+    assert lay.n_windowed_layers == 2
+    gemma3 = cost.sliding_windows(12, 1024, global_every=6)  # 5 local : 1 global
+    assert [i for i, w in enumerate(gemma3) if w is None] == [5, 11] and gemma3[0] == 1024
+    assert cost.sliding_windows(3, 16) == (16, 16, 16) and cost.sliding_windows(3, None) is None
+
+
+def test_max_tokens_with_windows_matches_a_loop():
+    lay = AttentionLayout(d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, windows=(4, None, 6), bytes_per_element=2)
+    for limit in (64, 1000, 1024, 5000, 12345):
+        fits = [T for T in range(1, 400) if cost.kv_bytes_per_request(lay, T) <= limit]
+        assert cost.max_tokens_in_kv(lay, limit) == (max(fits) if fits else 0), limit
+    all_windowed = AttentionLayout(d_model=64, n_layers=2, n_heads=4, windows=(4, 4), bytes_per_element=2)
+    assert cost.max_tokens_in_kv(all_windowed, 10**6) == cost.UNBOUNDED_TOKENS
+    assert cost.max_tokens_in_kv(all_windowed, 3 * 2 * 128 * 2) == 3  # 3 positions in each of 2 layers
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(windows=(4,)), "one per layer"),
+    (dict(windows=(4, 0)), "window must be a positive integer"),
+    (dict(qk_norm="some"), "unknown qk_norm"),
+    (dict(kv_lora_rank=8, qk_norm="full"), "qk_norm describes"),
+    (dict(v_head_dim=8), "give kv_lora_rank"),
+])
+def test_bad_new_layout_fields_raise(kwargs, fragment):
+    from headprobe.probe.errors import HeadprobeError
+
+    with pytest.raises(HeadprobeError, match=fragment):
+        AttentionLayout(d_model=64, n_layers=2, n_heads=4, **kwargs)
