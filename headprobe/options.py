@@ -103,7 +103,7 @@ def peek_layout(model: str) -> tuple[int, int] | None:
     import json
     from pathlib import Path
 
-    if model == DEFAULT_MODEL:
+    if model.lower() == DEFAULT_MODEL and not Path(model).exists():  # case-insensitive, as load_model reads it
         return SMOLLM2_LAYOUT
     path = Path(model).expanduser() / "config.json"
     try:

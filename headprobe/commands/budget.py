@@ -557,7 +557,7 @@ def measure_kv_cache(loaded: Any, n_tokens: int | None = None, text: str = CHECK
     """
     import torch
 
-    prompt = loaded.to_tokens(text)
+    prompt = loaded.to_tokens(text)[0]  # [pos]
     n = max(n_tokens or 0, prompt.shape[0])
     tokens = prompt.repeat(-(-n // prompt.shape[0]))[:n][None].to(loaded.device)
     cfg = hf_config(loaded)
@@ -609,7 +609,7 @@ def check_loaded(loaded: Any) -> tuple[AttentionLayout, dict[str, Any]]:
     counted = attention_params_of_model(loaded)
     bias = counted[1] if counted else "none"
     lay = layout_of_model(loaded, bias=bias)
-    n = check_length(lay, loaded.to_tokens(CHECK_PROMPT).shape[0], s.n_ctx)
+    n = check_length(lay, loaded.to_tokens(CHECK_PROMPT).shape[-1], s.n_ctx)
     measured = measure_kv_cache(loaded, n)
     lay = replace(lay, bytes_per_element=measured["element_bytes"])
     T = measured["tokens"]
