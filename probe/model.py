@@ -412,12 +412,16 @@ class Attention(nn.Module):
     Hook points (shapes beside each in ``__init__``) follow TransformerLens.
     """
 
-    def __init__(self, cfg: TransformerConfig, layer: int = 0):
+    def __init__(self, cfg: TransformerConfig, layer: int = 0, n_heads: int | None = None, n_kv_heads: int | None = None):
+        """``n_heads``/``n_kv_heads`` (default: the config's) are fewer in a pruned copy
+        (:class:`headprobe.probe.pruned.PrunedAttention`)."""
         super().__init__()
         self.cfg = cfg
         self.layer = layer
-        H, KV, d_head, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
-        self.n_heads, self.n_kv_heads = H, KV  # fewer in a pruned copy (headprobe.probe.pruned)
+        H = cfg.n_heads if n_heads is None else n_heads
+        KV = cfg.n_kv_heads if n_kv_heads is None else n_kv_heads
+        d_head, D = cfg.d_head, cfg.d_model
+        self.n_heads, self.n_kv_heads = H, KV
         self.q_norm = self.k_norm = None
         self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
         self.softcap = cfg.attn_softcap
