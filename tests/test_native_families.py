@@ -1,7 +1,7 @@
 """Every family the native transformer loads, against Hugging Face and against itself.
 
 For each tiny zoo checkpoint (tests/zoo.py: GPT-2, Llama, Mistral, Qwen2, Qwen3, OLMo-2,
-Gemma-2, GPT-NeoX), the independent references are Hugging Face's eager model (logits to 1e-4,
+Gemma-2, GPT-NeoX, DeepSeek-V3 with dense MLPs), the independent references are Hugging Face's eager model (logits to 1e-4,
 every layer's ``output_attentions`` pattern to 1e-5), the load-time self-check's identity, the
 plain per-head hook loop (:func:`sweep_loop`, which :func:`exact_sweep` must equal to 1e-4 nats),
 the masked model (which the pruned model must equal), and the model without a KV cache or
@@ -21,7 +21,8 @@ from headprobe.probe.convert import supports
 from headprobe.probe.loading import load_native, save_native, wrap
 from headprobe.probe.model import TransformerConfig, generate
 
-FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox"]
+FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox", "deepseek_v3"]
+UNPRUNABLE = {"olmo2": "QK-norm", "deepseek_v3": "MLA"}  # all-head QK-norm; latent attention
 POST_NORM = {"olmo2", "gemma2"}
 LOGIT_ATOL = 1e-4
 PATTERN_ATOL = 1e-5
@@ -168,15 +169,15 @@ def family_dir(family, tmp_path_factory, tiny_tokenizer):
 
 
 def test_pruned_model_equals_masked_model_or_is_refused(family):
-    """Real head removal (library): exact where supported; OLMo-2's all-head QK-norm refused."""
+    """Real head removal (library): exact where supported; OLMo-2's all-head QK-norm and MLA refused."""
     from headprobe.probe.errors import HeadprobeError
     from headprobe.probe.pruned import keep_mask_from, remove_heads
 
     name, ckpt, model = family
     net = model.model
     keep = keep_mask_from([(0, 0), (0, 1), (1, 2)], net.cfg.n_layers, net.cfg.n_heads)
-    if name == "olmo2":
-        with pytest.raises(HeadprobeError, match="QK-norm"):
+    if name in UNPRUNABLE:
+        with pytest.raises(HeadprobeError, match=UNPRUNABLE[name]):
             remove_heads(net, keep)
         return
     pruned = remove_heads(net, keep)
@@ -207,7 +208,57 @@ def test_prune_save_pruned_exits_0_or_refuses_in_one_line(family_dir, tmp_path, 
     else:
         summary = json.loads((out / "summary.json").read_text())
         assert summary["pruned_model"]["max_abs_logit_diff_vs_masked"] < 1e-4
-    if name == "olmo2":  # an all-head QK-norm: removing a head changes the other heads' queries
-        assert code == 2 and "QK-norm" in lines[0]
+    if name in UNPRUNABLE:
+        assert code == 2 and UNPRUNABLE[name] in lines[0]
     elif name != "qwen2":  # transformers reloads the tiny Qwen2 directory's tokenizer as Qwen2Tokenizer (0 tokens)
         assert code == 0, (name, err[-300:])
+
+
+def _deepseek(tokenizer, **change):
+    """A tiny DeepSeek-V3 checkpoint as tests/zoo.py builds it, with config fields changed."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from headprobe.probe.loading import Checkpoint
+
+    cfg = AutoConfig.for_model("deepseek_v3", **{**zoo.ZOO["deepseek_v3"], **change})
+    cfg.architectures = ["DeepseekV3ForCausalLM"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return Checkpoint("tiny-deepseek", "tiny-deepseek", "float32 (random init)", model, tokenizer)
+
+
+@pytest.mark.parametrize("change", [
+    dict(q_lora_rank=24, rope_interleave=True),  # the query latent
+    dict(qk_nope_head_dim=12, v_head_dim=28, rope_interleave=False),  # values wider than q/k, rotate_half layout
+])
+def test_deepseek_mla_variants_equal_hugging_face(tiny_tokenizer, change):
+    ckpt = _deepseek(tiny_tokenizer, **change)
+    model = wrap(ckpt, backend="auto")
+    assert model.backend == "native" and model.self_check.ok
+    assert model.spec.d_head == ckpt.hf_model.config.v_head_dim  # z and W_O are v_head_dim wide
+    x = _tokens()
+    with torch.no_grad():
+        out = ckpt.hf_model(x, output_attentions=True)
+        assert (model.model(x) - out.logits).abs().max() < LOGIT_ATOL
+    got = {}
+    model.forward(x, fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: got.__setitem__(l, p.detach().clone()))
+                                for l in range(2)])
+    assert max(float((got[l] - out.attentions[l]).abs().max()) for l in range(2)) < PATTERN_ATOL
+    fast, slow = exact_sweep(model, x, first=3), sweep_loop(model, x, first=3)
+    assert (fast.loss - slow.loss).abs().max() < SWEEP_ATOL
+
+
+def test_deepseek_mixture_of_experts_is_refused_in_one_line(tiny_tokenizer):
+    from headprobe.probe.convert import config_from_hf
+    from headprobe.probe.errors import HeadprobeError
+
+    ckpt = _deepseek(tiny_tokenizer, first_k_dense_replace=1)
+    with pytest.raises(HeadprobeError, match="mixture-of-experts") as e:
+        config_from_hf(ckpt.hf_model.config)
+    assert "\n" not in str(e.value)
+    with pytest.raises(HeadprobeError, match="mixture-of-experts"):
+        wrap(ckpt, backend="native")
