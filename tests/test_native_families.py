@@ -214,32 +214,39 @@ def test_prune_save_pruned_exits_0_or_refuses_in_one_line(family_dir, tmp_path, 
         assert code == 0, (name, err[-300:])
 
 
-def _deepseek(tokenizer, **change):
-    """A tiny DeepSeek-V3 checkpoint as tests/zoo.py builds it, with config fields changed."""
+def _variant(family, tokenizer, **change):
+    """A tiny ``family`` checkpoint as tests/zoo.py builds it, with config fields changed."""
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from headprobe.probe.loading import Checkpoint
 
-    cfg = AutoConfig.for_model("deepseek_v3", **{**zoo.ZOO["deepseek_v3"], **change})
-    cfg.architectures = ["DeepseekV3ForCausalLM"]
+    cfg = AutoConfig.for_model(family, **{**zoo.ZOO[family], **change})
+    cfg.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family]]
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
-    return Checkpoint("tiny-deepseek", "tiny-deepseek", "float32 (random init)", model, tokenizer)
+    return Checkpoint(f"tiny-{family}", f"tiny-{family}", "float32 (random init)", model, tokenizer)
 
 
-@pytest.mark.parametrize("change", [
-    dict(q_lora_rank=24, rope_interleave=True),  # the query latent
-    dict(qk_nope_head_dim=12, v_head_dim=28, rope_interleave=False),  # values wider than q/k, rotate_half layout
+@pytest.mark.parametrize("family_name, change", [
+    ("deepseek_v3", dict(q_lora_rank=24, rope_interleave=True)),  # the query latent
+    ("deepseek_v3", dict(qk_nope_head_dim=12, v_head_dim=28, rope_interleave=False)),  # values wider than q/k
+    ("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)),  # n_heads * head_dim != d_model
+    ("qwen3", dict(head_dim=8)),
+    ("qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),  # layer 1 slides
+    ("gpt_neox", dict(use_parallel_residual=False, rotary_pct=0.5)),  # sequential NeoX
 ])
-def test_deepseek_mla_variants_equal_hugging_face(tiny_tokenizer, change):
-    ckpt = _deepseek(tiny_tokenizer, **change)
+def test_variants_equal_hugging_face(tiny_tokenizer, family_name, change):
+    ckpt = _variant(family_name, tiny_tokenizer, **change)
     model = wrap(ckpt, backend="auto")
     assert model.backend == "native" and model.self_check.ok
-    assert model.spec.d_head == ckpt.hf_model.config.v_head_dim  # z and W_O are v_head_dim wide
+    hf_cfg = ckpt.hf_model.config
+    want_d_head = hf_cfg.v_head_dim if family_name == "deepseek_v3" else getattr(hf_cfg, "head_dim", None)
+    assert model.spec.d_head == (want_d_head or hf_cfg.hidden_size // hf_cfg.num_attention_heads)
     x = _tokens()
     with torch.no_grad():
         out = ckpt.hf_model(x, output_attentions=True)
@@ -256,7 +263,7 @@ def test_deepseek_mixture_of_experts_is_refused_in_one_line(tiny_tokenizer):
     from headprobe.probe.convert import config_from_hf
     from headprobe.probe.errors import HeadprobeError
 
-    ckpt = _deepseek(tiny_tokenizer, first_k_dense_replace=1)
+    ckpt = _variant("deepseek_v3", tiny_tokenizer, first_k_dense_replace=1)
     with pytest.raises(HeadprobeError, match="mixture-of-experts") as e:
         config_from_hf(ckpt.hf_model.config)
     assert "\n" not in str(e.value)
