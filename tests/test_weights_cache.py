@@ -333,3 +333,27 @@ def test_smollm2_cached_load_equals_the_uncached_load(smollm2_checkpoint, tmp_pa
     assert warm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == \
         ref.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     print(f"warm load_checkpoint: {seconds:.2f} s")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_check_finite_weights_fast_path_agrees_with_isfinite(dtype):
+    """The sum-based shortcut must name the same parameter as the element-wise check, and must not
+    flag finite weights whose sum overflows."""
+    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.loading import check_finite_weights
+
+    big = torch.finfo(dtype).max
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)).to(dtype)
+    with torch.no_grad():
+        model[0].weight.fill_(big)  # finite, but the sum overflows to inf
+        model[1].weight[1, 2] = float("inf")
+        model[1].weight[3, 0] = -float("inf")  # their sum is NaN
+    check_finite_weights(model[0])
+    expected = next(n for n, p in model.named_parameters() if not torch.isfinite(p).all())
+    with pytest.raises(HeadprobeError, match=rf"parameter {expected} holds NaN or Inf"):
+        check_finite_weights(model)
+    with torch.no_grad():
+        model[1].weight.fill_(0)
+        model[2].bias[0] = float("nan")
+    with pytest.raises(HeadprobeError, match=r"parameter 2\.bias holds"):
+        check_finite_weights(model)
