@@ -29,6 +29,7 @@ Progress: each load prints one line to stderr (``loading smollm2-135m from cache
 ``loading smollm2-135m: dequantizing 4-bit GGUF (first time, ~30 s; cached for next time) ...``)
 instead of transformers' and huggingface_hub's progress bars, which are off during loading;
 ``quiet=True`` silences the line.
+
 Every failure a user can cause (unknown name, no network and no cache, a directory without
 weights, a corrupt file) raises :class:`~headprobe.probe.errors.HeadprobeError` with one line of text.
 """

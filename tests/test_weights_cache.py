@@ -357,3 +357,19 @@ def test_check_finite_weights_fast_path_agrees_with_isfinite(dtype):
         model[2].bias[0] = float("nan")
     with pytest.raises(HeadprobeError, match=r"parameter 2\.bias holds"):
         check_finite_weights(model)
+
+
+@pytest.mark.parametrize("backend", ["native", "transformer-lens"])
+def test_models_from_cold_and_warm_loads_compute_the_same_logits(backend, tiny_gguf, cache):
+    """Config fields (rotary base, norm epsilon, tied embeddings) survive the cache: both
+    backends give bit-identical logits and self-checks for the GGUF load and the cached one."""
+    from headprobe.probe.loading import load_model
+
+    cold = load_model(str(tiny_gguf), backend=backend, quiet=True)
+    warm = load_model(str(tiny_gguf), backend=backend, quiet=True)
+    assert weights_cache.Entry(cache, tiny_gguf).problem() is None
+    tokens = cold.to_tokens("the then the t e h")[None]
+    assert torch.equal(tokens, warm.to_tokens("the then the t e h")[None])
+    with torch.no_grad():
+        assert torch.equal(cold.forward(tokens), warm.forward(tokens))
+    assert cold.spec == warm.spec and cold.self_check.decomposition_ok and warm.self_check.decomposition_ok
