@@ -51,7 +51,7 @@ FORMAT = "headprobe-weights-cache-1"
 """Version of the entry layout; part of every key."""
 
 MANIFEST = "manifest.json"
-LOCK_TIMEOUT_S = 1800.0
+LOCK_TIMEOUT_S = 600.0
 """How long a process waits for another one that is writing the same entry (seconds) before it
 loads without the cache."""
 
@@ -188,7 +188,8 @@ class Entry:
         :meth:`lock`; a damaged entry already there is replaced.
 
         Raises:
-            OSError: the directory cannot be written (nothing is left behind).
+            OSError, safetensors.SafetensorError: the directory cannot be written (nothing is
+                left behind).
         """
         import copy
 
@@ -261,20 +262,30 @@ def load_cached(source: str | os.PathLike[str], build: Callable[[], tuple[Any, A
         log.warning("headprobe: cannot hash %s for the weights cache (%s); loading without the cache", source, e.strerror)
         return cold(f"{eta + '; ' if eta else ''}not cached")
 
+    failed_manifest = None  # (inode, mtime) of a manifest whose entry failed to load, not to be tried again
+
     def from_entry() -> tuple[Any, Any] | None:
+        nonlocal failed_manifest
         problem = entry.problem()
         if problem == "absent":
             return None
         if problem is None:
+            stat = (entry.path / MANIFEST).stat()
+            if (stat.st_ino, stat.st_mtime_ns) == failed_manifest:
+                return None
             say(f"loading {name} from cache ...")
             try:
                 return load_dir(entry.path)
             except Exception as e:  # any library's failure on a damaged file
+                failed_manifest = (stat.st_ino, stat.st_mtime_ns)
                 problem = f"it fails to load ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
         log.warning("headprobe: weights cache entry %s is damaged: %s; rebuilding it", entry.path, problem)
         return None
 
-    got = from_entry()
+    try:
+        got = from_entry()
+    except OSError:  # the entry vanished between the checks (another process replaced a damaged one)
+        got = None
     if got is not None:
         return got
     try:
@@ -291,9 +302,9 @@ def load_cached(source: str | os.PathLike[str], build: Callable[[], tuple[Any, A
         model, tokenizer = cold(f"first time{eta_part}; cached for next time")
         try:
             entry.write(model, tokenizer)
-        except OSError as e:
-            log.warning("headprobe: cannot write the weights cache entry %s (%s); the next load will dequantize again",
-                        entry.path, e.strerror or e)
+        except Exception as e:  # a full disk shows up as OSError or as safetensors' own error
+            log.warning("headprobe: cannot write the weights cache entry %s (%s: %s); the next load will dequantize again",
+                        entry.path, type(e).__name__, getattr(e, "strerror", None) or e)
         return model, tokenizer
     finally:
         lock.release()

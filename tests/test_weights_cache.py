@@ -205,7 +205,7 @@ def test_a_damaged_entry_is_never_used_and_is_rebuilt(damage, tiny_gguf, referen
 
     with caplog.at_level(logging.WARNING, logger="headprobe.probe.weights_cache"):
         rebuilt = load_checkpoint(str(tiny_gguf))
-    assert any("is damaged" in r.getMessage() and "rebuilding" in r.getMessage() for r in caplog.records), caplog.text
+    assert sum("is damaged" in r.getMessage() and "rebuilding" in r.getMessage() for r in caplog.records) == 1, caplog.text
     assert "dequantizing GGUF" in capfd.readouterr().err  # built again from the GGUF file, not read from the entry
     assert_same(rebuilt, *reference)
     assert entries(cache) == [entry] and weights_cache.Entry(cache, tiny_gguf).problem() is None
@@ -263,6 +263,21 @@ def test_an_unusable_cache_directory_does_not_stop_the_load(tiny_gguf, reference
     assert_same(ckpt, *reference)
     assert "loading without it" in caplog.text
     assert blocker.read_text() == "not a directory"
+
+
+def test_a_failed_write_does_not_stop_the_load(tiny_gguf, reference, cache, monkeypatch, caplog):
+    """A full disk surfaces as OSError or as safetensors' own error (here from inside the write)."""
+    from safetensors import SafetensorError
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: IoError(No space left on device)")
+
+    monkeypatch.setattr("safetensors.torch.save_model", full_disk)
+    with caplog.at_level(logging.WARNING, logger="headprobe.probe.weights_cache"):
+        ckpt = load_checkpoint(str(tiny_gguf), quiet=True)
+    assert_same(ckpt, *reference)
+    assert "cannot write the weights cache entry" in caplog.text
+    assert entries(cache) == [] and not any(p.name.endswith(".tmp") for p in (cache / "gguf").iterdir())
 
 
 CHILD = textwrap.dedent("""
