@@ -316,13 +316,16 @@ def exact_sweep(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[He
                 max_batch: int = 64, progress: bool = False) -> SweepResult:
     """The scored loss with each of ``heads`` (default: all) ablated alone, exactly.
 
-    On the native model: one clean forward pass records each layer's ``resid_mid`` and ``z``.
-    Ablating head h of layer l changes nothing before layer l, and changes layer l's attention
-    output only by ``(r_h - z_h) W_O^(h)`` (r_h: 0, the mean z, or the z on ``source_tokens``),
-    so each ablation starts from the clean ``resid_mid`` of its layer, runs that layer's MLP
-    and the later blocks, and unembeds only the scored positions. ``max_batch // batch``
-    ablations of one layer share a forward pass along the batch axis. Other backends fall back
-    to :func:`sweep_loop`. The two agree to float rounding (tested to 1e-4 nats).
+    On the native model: one clean forward pass records each layer's ``resid_pre`` and ``z``.
+    Ablating head h of layer l changes nothing before layer l, and changes layer l's raw
+    attention output ``sum_h z_h W_O^(h) + b_O`` only by ``(r_h - z_h) W_O^(h)`` (r_h: 0, the
+    mean z, or the z on ``source_tokens``), so each ablation adds that to the clean raw attention
+    output and resumes the block from there (:meth:`headprobe.probe.model.Block.resume`, which
+    applies a post-attention norm and a parallel MLP as the forward pass does), runs the later
+    blocks, and unembeds only the scored positions. ``max_batch // batch`` ablations of one
+    layer share a forward pass along the batch axis. Other backends fall back to
+    :func:`sweep_loop`. The two agree to float rounding (tested to 1e-4 nats on every native
+    family).
 
     Args:
         model: a LoadedModel. tokens: ``[batch, pos]``, no padding.
@@ -346,7 +349,14 @@ def exact_sweep(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[He
     tokens = tokens.to(device)
     B, T = tokens.shape
 
-    mid: dict[int, Tensor] = {}
+    def losses(resid: Tensor, normed: bool = False) -> Tensor:  # [k * batch] nats/token
+        if net.cfg.final_softcap is None:
+            return _scored_losses_from_resid(net, resid, tokens, first, normed)
+        # soft-capped logits (Gemma-2): through the model's own head, `batch` sequences at a time
+        return torch.cat([scored_loss(net.logits(resid[i:i + B], normed), tokens, first)
+                          for i in range(0, resid.shape[0], B)])
+
+    pre: dict[int, Tensor] = {}
     zs: dict[int, Tensor] = {}
 
     def save(store: dict, layer: int):
@@ -355,11 +365,11 @@ def exact_sweep(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[He
         return hook
 
     layers = sorted({layer for layer, _ in heads})
-    hooks = [(f"blocks.{layer}.hook_resid_mid", save(mid, layer)) for layer in layers]
+    hooks = [(f"blocks.{layer}.hook_resid_pre", save(pre, layer)) for layer in layers]
     hooks += [(attn_hook(layer, "z"), save(zs, layer)) for layer in layers]
     with scoped_hooks(net, hooks):
         resid = net(tokens, return_type="resid")  # after ln_final
-    clean = float(_scored_losses_from_resid(net, resid, tokens, first, normed=True).mean())
+    clean = float(losses(resid, normed=True).mean())
     source_z = capture_z(model, source_tokens.to(device)) if kind == "resample" else None
 
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
@@ -374,7 +384,8 @@ def exact_sweep(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[He
         it = tqdm(it, desc="ablation sweep", unit="pass")
     for layer, group in it:
         k = len(group)
-        W_O = net.blocks[layer].attn.W_O  # [head, d_head, d_model]
+        block = net.blocks[layer]
+        W_O = block.attn.W_O  # [head, d_head, d_model]
         idx = torch.tensor(group, device=device)
         z = zs[layer][:, :, idx]  # [batch, pos, k, d_head]
         if kind == "zero":
@@ -384,15 +395,14 @@ def exact_sweep(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[He
         else:
             r = source_z[layer][:, :, idx].to(z)
         delta = torch.einsum("bpkd,kdm->kbpm", r - z, W_O[idx].to(z))  # [k, batch, pos, d_model]
-        x = (mid[layer][None] + delta).reshape(k * B, T, -1)
-        block = net.blocks[layer]
-        if block.mlp is not None:
-            x = x + block.mlp(block.ln2(x))
+        attn_raw = block.attn.o_proj(zs[layer].flatten(2))  # the clean raw attention output, as forward computes it
+        x = block.resume(pre[layer][None].expand(k, -1, -1, -1).reshape(k * B, T, -1),
+                         (attn_raw[None] + delta).reshape(k * B, T, -1))
         if k * B not in positions_cache:
             positions_cache[k * B] = torch.arange(T, device=device).expand(k * B, T)
         for later in net.blocks[layer + 1:]:
             x = later(x, positions_cache[k * B])
-        per_seq = _scored_losses_from_resid(net, x, tokens, first)  # [k * batch]
+        per_seq = losses(x)  # [k * batch]
         loss[layer, idx.cpu()] = per_seq.view(k, B).mean(dim=1).float().cpu()
     return SweepResult(clean, loss, kind)
 

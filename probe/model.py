@@ -15,10 +15,13 @@ Two attention paths give the same numbers (to 1e-5 in float32):
 * otherwise ``torch.nn.functional.scaled_dot_product_attention``, a fused kernel that never
   materialises the ``[q_pos, k_pos]`` pattern.
 
-The architecture options load two families exactly (see :mod:`headprobe.probe.convert`): GPT-2 (learned
-positions, LayerNorm, GELU with the tanh approximation, biases, tied unembedding; Radford et
-al. 2019) and Llama / SmolLM2 (rotary positions with Hugging Face's ``rotate_half`` convention,
-RMSNorm, SwiGLU, no biases, GQA; Touvron et al. 2023). ``mlp=None`` gives attention-only models.
+The architecture options load these families exactly (see :mod:`headprobe.probe.convert`):
+GPT-2 (learned positions, LayerNorm, GELU with the tanh approximation, biases, tied
+unembedding; Radford et al. 2019), Llama / SmolLM2 (rotary positions with Hugging Face's
+``rotate_half`` convention, RMSNorm, SwiGLU, no biases, GQA; Touvron et al. 2023), Mistral,
+Qwen2, Qwen3, OLMo-2, Gemma-2, GPT-NeoX / Pythia and dense DeepSeek-V3 (MLA), through the
+options of :class:`TransformerConfig` (sliding windows, soft-capping, QK-norm, post norms,
+parallel blocks, partial rotary, ...). ``mlp=None`` gives attention-only models.
 
 Every hook point is named as TransformerLens names it and declared with its shape where it is
 created. Classes appear in forward order: config, embedding, norms, rotary, attention, MLP,
@@ -63,9 +66,12 @@ class TransformerConfig:
         d_mlp: hidden width of the MLP (None: ``4 * d_model``). Ignored when ``mlp`` is None.
         positional: ``"learned"`` (GPT-2's table added to the embedding) or ``"rotary"`` (RoPE
             applied to queries and keys, Su et al. 2021, arXiv 2104.09864).
-        norm: ``"layernorm"`` (GPT-2) or ``"rmsnorm"`` (Llama; Zhang & Sennrich 2019).
-        mlp: ``"gelu"`` (GPT-2: ``W_out gelu_tanh(W_in x)``), ``"swiglu"`` (Llama:
-            ``W_out (silu(W_gate x) * W_in x)``), or None for an attention-only model.
+        norm: ``"layernorm"`` (GPT-2) or ``"rmsnorm"`` (Llama; Zhang & Sennrich 2019). Gemma's
+            ``(1 + w)`` RMSNorm is ``"rmsnorm"`` with the weight ``1 + w`` (see ``convert``).
+        mlp: ``"gelu"`` (GPT-2: ``W_out gelu_tanh(W_in x)``), ``"gelu_erf"`` (GPT-NeoX: the
+            same with the exact erf GELU), ``"swiglu"`` (Llama: ``W_out (silu(W_gate x) * W_in
+            x)``), ``"geglu"`` (Gemma: ``W_out (gelu_tanh(W_gate x) * W_in x)``; Shazeer 2020,
+            arXiv 2002.05202), or None for an attention-only model.
         bias: whether the attention and MLP projections have biases (GPT-2 yes, Llama no).
         tied_unembed: the unembedding is the transpose of the embedding (GPT-2, SmolLM2).
         norm_eps: epsilon of the norms.
@@ -76,6 +82,40 @@ class TransformerConfig:
             the only thing cached besides the decoupled rotary key. None: MHA/GQA/MQA.
         qk_rope_head_dim: MLA only: width of the decoupled rotary key (shared by all heads) and
             of each head's rotary query part; 0 for none (then use learned positions).
+        qk_nope_head_dim: MLA only: width of each head's non-rotary query/key part; None:
+            ``d_head``, which is always the width of the values, ``z`` and ``W_O``'s rows
+            (DeepSeek's ``v_head_dim``). The softmax scale is ``1/sqrt(qk_nope + qk_rope)``.
+        q_lora_rank: MLA only: queries pass through a per-token latent of this rank, ``W_UQ
+            RMSNorm(W_DQ x)`` (DeepSeek-V2 eqs. 12-13); None: one projection ``W_Q x``.
+        head_dim: width of one head when it is not ``d_model // n_heads`` (Gemma-2, Qwen3 allow
+            any); None: ``d_model // n_heads``. The projections are ``d_model -> n_heads * head_dim``.
+        qkv_bias: whether the query/key/value projections have biases; None: as ``bias``
+            (Qwen2: ``bias=False, qkv_bias=True``, biases on q, k, v only).
+        rotary_dim: rotary positions act on the first ``rotary_dim`` dimensions of every query and
+            key head only, the rest pass unrotated (GPT-NeoX/Pythia: ``rotary_pct * d_head``);
+            None: all of ``d_head``.
+        qk_norm: an RMSNorm on queries and keys after their projections, before rotary: ``"head"``
+            normalises each head over its ``d_head`` (Qwen3, one weight shared by the heads),
+            ``"all"`` the whole ``n_heads * d_head`` query and ``n_kv_heads * d_head`` key
+            projection (OLMo-2); None: no norm (Dehghani et al. 2023, arXiv 2302.05442).
+        sliding_window: a query reads only the ``sliding_window`` most recent keys, itself
+            included (key ``k`` is read from query ``q`` iff ``q - sliding_window < k <= q``,
+            Hugging Face's definition; Mistral, Beltagy et al. 2020); None: all earlier keys.
+        sliding_layers: the layers that use ``sliding_window`` (Gemma-2: every other, from 0);
+            None: every layer.
+        attn_scale: factor of the attention scores ``q k^T``; None: ``1 / sqrt(d_head)``
+            (Gemma-2: ``query_pre_attn_scalar ** -0.5``).
+        attn_softcap: scores become ``c * tanh(scores / c)`` before the mask and softmax (Gemma-2's
+            attention logit soft-capping, ``c = 50``); None: no cap. Forces the eager path.
+        final_softcap: logits become ``c * tanh(logits / c)`` (Gemma-2, ``c = 30``); None: no cap.
+        embed_scale: multiply the token embedding by ``sqrt(d_model)`` (Gemma).
+        parallel_residual: attention and MLP read the same residual, ``resid_post = resid_pre +
+            attn(ln1(resid_pre)) + mlp(ln2(resid_pre))`` (GPT-NeoX/Pythia, GPT-J); the block then
+            has no ``hook_resid_mid``.
+        pre_norm: normalise the residual before attention and MLP (``ln1``, ``ln2``); False:
+            they read the raw residual (OLMo-2).
+        post_norm: normalise the attention and MLP outputs before adding them to the residual
+            (``ln1_post``, ``ln2_post``; OLMo-2, Gemma-2 with ``pre_norm`` too).
 
     Raises:
         HeadprobeError: ``d_model`` is not a multiple of ``n_heads``, or ``n_heads`` is not a
@@ -91,7 +131,7 @@ class TransformerConfig:
     d_mlp: int | None = None
     positional: Literal["learned", "rotary"] = "learned"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    mlp: Literal["gelu", "swiglu"] | None = "gelu"
+    mlp: Literal["gelu", "gelu_erf", "swiglu", "geglu"] | None = "gelu"
     bias: bool = True
     tied_unembed: bool = True
     norm_eps: float = 1e-5
@@ -99,25 +139,58 @@ class TransformerConfig:
     final_norm: bool = True
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int | None = None
+    q_lora_rank: int | None = None
+    head_dim: int | None = None
+    qkv_bias: bool | None = None
+    rotary_dim: int | None = None
+    qk_norm: Literal["head", "all"] | None = None
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] | None = None
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    embed_scale: bool = False
+    parallel_residual: bool = False
+    pre_norm: bool = True
+    post_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
+        if self.qkv_bias is None:
+            object.__setattr__(self, "qkv_bias", self.bias)
+        if self.sliding_layers is not None:  # JSON gives a list
+            object.__setattr__(self, "sliding_layers", tuple(int(l) for l in self.sliding_layers))
         if min(self.n_layers, self.d_model, self.n_heads, self.n_kv_heads, self.d_vocab, self.n_ctx) < 1:
             raise HeadprobeError(f"config sizes must be positive: {self}")
-        if self.d_model % self.n_heads:
+        if self.head_dim is None and self.d_model % self.n_heads:
             raise HeadprobeError(f"d_model={self.d_model} is not a multiple of n_heads={self.n_heads}")
+        if self.head_dim is not None and self.head_dim < 1:
+            raise HeadprobeError(f"head_dim must be positive, got {self.head_dim}")
         if self.n_heads % self.n_kv_heads:
             raise HeadprobeError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         for field, value, allowed in (
             ("positional", self.positional, ("learned", "rotary")),
             ("norm", self.norm, ("layernorm", "rmsnorm")),
-            ("mlp", self.mlp, ("gelu", "swiglu", None)),
+            ("mlp", self.mlp, ("gelu", "gelu_erf", "swiglu", "geglu", None)),
+            ("qk_norm", self.qk_norm, ("head", "all", None)),
         ):
             if value not in allowed:
                 raise HeadprobeError(f"config {field}={value!r} is not one of {allowed}")
+        if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.d_head and self.rotary_dim % 2 == 0):
+            raise HeadprobeError(f"rotary_dim must be even and in (0, d_head={self.d_head}], got {self.rotary_dim}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise HeadprobeError(f"sliding_window must be positive, got {self.sliding_window}")
+        if self.sliding_layers is not None and any(not 0 <= l < self.n_layers for l in self.sliding_layers):
+            raise HeadprobeError(f"sliding_layers {self.sliding_layers} out of range for {self.n_layers} layers")
+        for field in ("attn_softcap", "final_softcap", "attn_scale"):
+            if getattr(self, field) is not None and not getattr(self, field) > 0:
+                raise HeadprobeError(f"{field} must be positive, got {getattr(self, field)}")
+        if self.parallel_residual and self.post_norm:
+            raise HeadprobeError("parallel_residual with post_norm is not implemented")
         if self.kv_lora_rank is not None:
             if self.kv_lora_rank < 1 or self.qk_rope_head_dim < 0 or self.qk_rope_head_dim % 2:
                 raise HeadprobeError(f"MLA needs kv_lora_rank >= 1 and an even qk_rope_head_dim >= 0, got "
@@ -129,8 +202,13 @@ class TransformerConfig:
                 raise HeadprobeError("MLA with rotary positions needs qk_rope_head_dim > 0 (the decoupled rotary key)")
             if self.bias:
                 raise HeadprobeError("MLA is implemented without biases (DeepSeek-V2); pass bias=False")
-        elif self.qk_rope_head_dim:
-            raise HeadprobeError("qk_rope_head_dim describes MLA; give kv_lora_rank too")
+            if self.qk_norm or self.rotary_dim is not None or self.sliding_window or self.attn_softcap:
+                raise HeadprobeError("MLA is implemented without qk_norm, rotary_dim, sliding windows and soft-capping")
+            if min(self.qk_nope_head_dim or 1, self.q_lora_rank or 1) < 1:
+                raise HeadprobeError(f"MLA needs positive qk_nope_head_dim and q_lora_rank, got "
+                                     f"{self.qk_nope_head_dim} and {self.q_lora_rank}")
+        elif self.qk_rope_head_dim or self.qk_nope_head_dim is not None or self.q_lora_rank is not None:
+            raise HeadprobeError("qk_rope_head_dim, qk_nope_head_dim and q_lora_rank describe MLA; give kv_lora_rank too")
 
     @property
     def is_mla(self) -> bool:
@@ -138,9 +216,18 @@ class TransformerConfig:
         return self.kv_lora_rank is not None
 
     @property
+    def d_qk_nope(self) -> int:
+        """MLA: width of each head's non-rotary query/key part (``qk_nope_head_dim`` or ``d_head``)."""
+        return self.d_head if self.qk_nope_head_dim is None else self.qk_nope_head_dim
+
+    @property
     def d_head(self) -> int:
-        """Width of one head: ``d_model // n_heads``."""
-        return self.d_model // self.n_heads
+        """Width of one head: ``head_dim``, or ``d_model // n_heads`` when that is None."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether layer ``layer`` attends within ``sliding_window`` only."""
+        return self.sliding_window is not None and (self.sliding_layers is None or layer in self.sliding_layers)
 
     @property
     def group_size(self) -> int:
@@ -154,7 +241,9 @@ class TransformerConfig:
 
 
 class Embedding(nn.Module):
-    """Token embedding ``W_E`` and, for ``positional="learned"``, the position table ``W_pos``.
+    """Token embedding ``W_E`` (times ``sqrt(d_model)`` with ``embed_scale``, as Gemma, the
+    factor rounded to the weights' dtype) and, for ``positional="learned"``, the position table
+    ``W_pos``.
 
     Returns the two terms separately so that the model's root hook points ``hook_embed`` and
     ``hook_pos_embed`` (TransformerLens' names) see each.
@@ -164,11 +253,15 @@ class Embedding(nn.Module):
         super().__init__()
         self.W_E = nn.Embedding(cfg.d_vocab, cfg.d_model)
         self.W_pos = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positional == "learned" else None
+        self.scale = cfg.d_model ** 0.5 if cfg.embed_scale else None
 
     def forward(
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
     ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"] | None]:
-        return self.W_E(tokens), None if self.W_pos is None else self.W_pos(positions)
+        tok = self.W_E(tokens)
+        if self.scale is not None:
+            tok = tok * torch.tensor(self.scale, dtype=tok.dtype, device=tok.device)
+        return tok, None if self.W_pos is None else self.W_pos(positions)
 
 
 class RMSNorm(nn.Module):
@@ -185,19 +278,38 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
+def make_norm(cfg: TransformerConfig, width: int | None = None) -> nn.Module:
+    """``nn.LayerNorm`` or :class:`RMSNorm` (``cfg.norm``) over ``width`` (default ``d_model``)."""
+    width = cfg.d_model if width is None else width
+    return nn.LayerNorm(width, eps=cfg.norm_eps) if cfg.norm == "layernorm" else RMSNorm(width, cfg.norm_eps)
+
+
 class Norm(nn.Module):
     """LayerNorm or RMSNorm (``cfg.norm``), followed by ``hook_normalized``."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        if cfg.norm == "layernorm":
-            self.norm: nn.Module = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        else:
-            self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.norm = make_norm(cfg)
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         return self.hook_normalized(self.norm(x))
+
+
+class PostNorm(nn.Module):
+    """The norm of a branch's output before it joins the residual stream (``cfg.post_norm``;
+    OLMo-2, Gemma-2), between ``hook_in`` and ``hook_out`` (the names TransformerLens' bridge
+    gives ``ln1_post``/``ln2_post``, which :func:`headprobe.probe.capture.capture_internal`
+    reads). Called on any ``[..., d_model]`` tensor it returns the normed tensor."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.norm = make_norm(cfg)
+        self.hook_in = HookPoint()  # [batch, pos, d_model], the branch output
+        self.hook_out = HookPoint()  # [batch, pos, d_model], what joins the residual stream
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        return self.hook_out(self.norm(self.hook_in(x)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,12 +326,16 @@ def rotate_half(x: Float[Tensor, "... d_head"]) -> Float[Tensor, "... d_head"]:
 
 class Rotary(nn.Module):
     """Rotary position embedding (Su et al. 2021) in the convention of ``transformers``' Llama:
-    ``inv_freq_i = theta^(-2i/d_head)``, angle ``pos * inv_freq`` repeated over both halves,
-    ``x_rot = x cos + rotate_half(x) sin``. Computed in float32."""
+    ``inv_freq_i = theta^(-2i/dim)``, angle ``pos * inv_freq`` repeated over both halves,
+    ``x_rot = x cos + rotate_half(x) sin``. Computed in float32.
 
-    def __init__(self, d_head: int, theta: float):
+    With ``dim`` below the head width only the first ``dim`` dimensions of each head rotate
+    and the rest pass through (GPT-NeoX's partial rotary, ``rotary_pct``)."""
+
+    def __init__(self, dim: int, theta: float):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))
+        self.dim = dim
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(
@@ -227,8 +343,10 @@ class Rotary(nn.Module):
         x: Float[Tensor, "batch pos head d_head"],
         positions: Int[Tensor, "batch pos"],
     ) -> Float[Tensor, "batch pos head d_head"]:
-        angles = positions[..., None].float() * self.inv_freq  # [batch, pos, d_head/2]
-        angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # [batch, pos, 1, d_head]
+        if x.shape[-1] > self.dim:
+            return torch.cat((self(x[..., :self.dim], positions), x[..., self.dim:]), dim=-1)
+        angles = positions[..., None].float() * self.inv_freq  # [batch, pos, dim/2]
+        angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # [batch, pos, 1, dim]
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         return x * cos + rotate_half(x) * sin
 
@@ -304,28 +422,51 @@ class Attention(nn.Module):
     ``attn_out = sum_h z_h W_O^(h) + b_O`` (Elhage et al. 2021), which equals
     ``Concat(z_0, ..., z_{H-1}) W_O + b_O``.
 
+    Options from the config, in forward order: biases on q/k/v (``qkv_bias``), a norm on
+    queries and keys (``qk_norm``, after ``hook_q``/``hook_k``), rotary positions on all or the
+    first ``rotary_dim`` dimensions, scores scaled by ``attn_scale`` and soft-capped
+    (``attn_softcap``), keys outside ``sliding_window`` masked in this layer's sliding layers.
+
     Hook points (shapes beside each in ``__init__``) follow TransformerLens.
     """
 
-    def __init__(self, cfg: TransformerConfig, layer: int = 0):
+    def __init__(self, cfg: TransformerConfig, layer: int = 0, n_heads: int | None = None, n_kv_heads: int | None = None):
+        """``n_heads``/``n_kv_heads`` (default: the config's) are fewer in a pruned copy
+        (:class:`headprobe.probe.pruned.PrunedAttention`)."""
         super().__init__()
         self.cfg = cfg
         self.layer = layer
-        H, KV, d_head, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
-        if cfg.is_mla:  # DeepSeek-V2 eqs. 9-12 without a query latent: W_Q, W_DKV|W_KR, norm, W_UK|W_UV
-            R, r = cfg.qk_rope_head_dim, cfg.kv_lora_rank
-            self.q_proj = nn.Linear(D, H * (d_head + R), bias=False)
+        H = cfg.n_heads if n_heads is None else n_heads
+        KV = cfg.n_kv_heads if n_kv_heads is None else n_kv_heads
+        d_head, D = cfg.d_head, cfg.d_model
+        self.n_heads, self.n_kv_heads = H, KV
+        self.q_norm = self.k_norm = None
+        self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
+        self.softcap = cfg.attn_softcap
+        if cfg.is_mla:  # DeepSeek-V2 eqs. 9-14: W_Q (or W_DQ, norm, W_UQ), W_DKV|W_KR, norm, W_UK|W_UV
+            R, r, N = cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.d_qk_nope
+            if cfg.q_lora_rank is None:
+                self.q_proj = nn.Linear(D, H * (N + R), bias=False)
+            else:  # the query latent c^Q
+                self.q_down = nn.Linear(D, cfg.q_lora_rank, bias=False)
+                self.q_down_norm = RMSNorm(cfg.q_lora_rank, cfg.norm_eps)
+                self.q_up = nn.Linear(cfg.q_lora_rank, H * (N + R), bias=False)
             self.kv_down = nn.Linear(D, r + R, bias=False)  # latent c^KV and the shared rotary key k^R
             self.kv_norm = RMSNorm(r, cfg.norm_eps)
-            self.kv_up = nn.Linear(r, H * 2 * d_head, bias=False)  # keys and values of every head
+            self.kv_up = nn.Linear(r, H * (N + d_head), bias=False)  # keys and values of every head
             self.rotary = Rotary(R, cfg.rope_theta) if R else None
-            self.scale = 1.0 / math.sqrt(d_head + R)
+            self.scale = 1.0 / math.sqrt(N + R)
         else:
-            self.q_proj = nn.Linear(D, H * d_head, bias=cfg.bias)
-            self.k_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
-            self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
-            self.rotary = Rotary(d_head, cfg.rope_theta) if cfg.positional == "rotary" else None
-            self.scale = 1.0 / math.sqrt(d_head)
+            self.q_proj = nn.Linear(D, H * d_head, bias=cfg.qkv_bias)
+            self.k_proj = nn.Linear(D, KV * d_head, bias=cfg.qkv_bias)
+            self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.qkv_bias)
+            if cfg.qk_norm == "head":  # Qwen3: over each head's d_head, one weight for all heads
+                self.q_norm, self.k_norm = RMSNorm(d_head, cfg.norm_eps), RMSNorm(d_head, cfg.norm_eps)
+            elif cfg.qk_norm == "all":  # OLMo-2: over the whole projection
+                self.q_norm, self.k_norm = RMSNorm(H * d_head, cfg.norm_eps), RMSNorm(KV * d_head, cfg.norm_eps)
+            rotary_dim = d_head if cfg.rotary_dim is None else cfg.rotary_dim
+            self.rotary = Rotary(rotary_dim, cfg.rope_theta) if cfg.positional == "rotary" else None
+            self.scale = 1.0 / math.sqrt(d_head) if cfg.attn_scale is None else cfg.attn_scale
         self.o_proj = nn.Linear(H * d_head, D, bias=cfg.bias)
         self.force_eager = False
 
@@ -334,15 +475,15 @@ class Attention(nn.Module):
         self.hook_v = HookPoint()  # [batch, pos, kv_head, d_head]
         self.hook_rot_q = HookPoint()  # [batch, pos, head, d_head]     (rotary only)
         self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_head]  (rotary only)
-        self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos], scaled, masked to -inf
-        self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos], rows sum to 1
+        self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos], scaled, capped, masked to -inf
+        self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos], rows sum to 1, masked keys 0
         self.hook_z = HookPoint()  # [batch, pos, head, d_head], after head_mask
         self.hook_result = HookPoint()  # [batch, pos, head, d_model], z_h W_O^(h)
 
     @property
     def W_O(self) -> Float[Tensor, "head d_head d_model"]:
         """The output projection split by head, a view of ``o_proj.weight``: ``result_h = z_h @ W_O[h]``."""
-        return self.o_proj.weight.T.unflatten(0, (self.cfg.n_heads, self.cfg.d_head))
+        return self.o_proj.weight.T.unflatten(0, (self.n_heads, self.cfg.d_head))
 
     @property
     def b_O(self) -> Float[Tensor, "d_model"] | None:
@@ -350,8 +491,10 @@ class Attention(nn.Module):
         return self.o_proj.bias
 
     def needs_pattern(self) -> bool:
-        """Whether this forward must materialise the pattern (a scores/pattern hook is active)."""
-        return self.force_eager or self.hook_pattern.has_hooks() or self.hook_attn_scores.has_hooks()
+        """Whether this forward must materialise the pattern (a scores/pattern hook is active,
+        or soft-capping, which the fused kernel cannot do)."""
+        return (self.force_eager or self.softcap is not None or self.hook_pattern.has_hooks()
+                or self.hook_attn_scores.has_hooks())
 
     def forward(
         self,
@@ -374,7 +517,6 @@ class Attention(nn.Module):
         """
         cfg = self.cfg
         B, T, _ = x.shape
-        H, KV, G, d_head = cfg.n_heads, cfg.n_kv_heads, cfg.group_size, cfg.d_head
 
         if cfg.is_mla:
             q, k, v, key_mask = self._mla_qkv(x, positions, cache, key_mask)
@@ -388,6 +530,8 @@ class Attention(nn.Module):
             if past and key_mask is None:  # queries sit at the end: causal mask aligned bottom-right
                 S = k.shape[2]
                 key_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
+        if self.window is not None:
+            key_mask = self.local_mask(key_mask, T, k.shape[2], x.device)
 
         if self.needs_pattern():
             z = self._eager(q, k, v, key_mask)
@@ -406,7 +550,15 @@ class Attention(nn.Module):
             )
             out = result.sum(dim=2)
             return out if self.b_O is None else out + self.b_O
-        return self.o_proj(z.reshape(B, T, H * d_head))  # merge heads: Concat(z_h) W_O + b_O
+        return self.o_proj(z.flatten(2))  # merge heads: Concat(z_h) W_O + b_O
+
+    def local_mask(self, key_mask: Tensor | None, T: int, S: int, device: torch.device) -> Tensor:
+        """``key_mask`` (None: causal) restricted to the sliding window: the ``T`` queries are the
+        last of ``S`` positions, query ``i`` reads key ``j`` iff ``i - window < j <= i``."""
+        i = torch.arange(S - T, S, device=device)[:, None]
+        j = torch.arange(S, device=device)[None, :]
+        local = (j <= i) & (j > i - self.window)  # [q_pos, k_pos]
+        return local if key_mask is None else key_mask & local
 
     def _mla_qkv(self, x, positions, cache, key_mask):
         """MLA: queries ``[q_nope, rope(q_rope)]`` per head; keys ``[W_UK norm(c), rope(k^R)]``
@@ -415,12 +567,13 @@ class Attention(nn.Module):
         ``k^R`` as ``values`` ``[batch, 1, pos, rope]``). Returns ``[batch, head, pos, .]`` tensors."""
         cfg = self.cfg
         B, T, _ = x.shape
-        H, d_head, R, r = cfg.n_heads, cfg.d_head, cfg.qk_rope_head_dim, cfg.kv_lora_rank
-        q = self.q_proj(x).view(B, T, H, d_head + R)
+        H, d_head, R, r, N = cfg.n_heads, cfg.d_head, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.d_qk_nope
+        q = self.q_proj(x) if cfg.q_lora_rank is None else self.q_up(self.q_down_norm(self.q_down(x)))
+        q = q.view(B, T, H, N + R)
         ckv = self.kv_down(x)
         c, k_rope = ckv[..., :r], ckv[..., r:][:, :, None, :]  # [batch, pos, r], [batch, pos, 1, R]
         if self.rotary is not None:
-            q = torch.cat([q[..., :d_head], self.rotary(q[..., d_head:], positions)], dim=-1)
+            q = torch.cat([q[..., :N], self.rotary(q[..., N:], positions)], dim=-1)
             k_rope = self.rotary(k_rope, positions)
         q = self.hook_q(q)
         c, k_rope = c[:, None], k_rope.transpose(1, 2)  # [batch, 1, pos, r], [batch, 1, pos, R]
@@ -431,21 +584,24 @@ class Attention(nn.Module):
             if past and key_mask is None:
                 key_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
         S = c.shape[2]
-        kv = self.kv_up(self.kv_norm(c[:, 0])).view(B, S, H, 2 * d_head)
-        k = torch.cat([kv[..., :d_head], k_rope.transpose(1, 2).expand(B, S, H, R)], dim=-1)
-        k = self.hook_k(k)  # [batch, pos, head, d_head + R]
-        v = self.hook_v(kv[..., d_head:])  # [batch, pos, head, d_head]
+        kv = self.kv_up(self.kv_norm(c[:, 0])).view(B, S, H, N + d_head)
+        k = torch.cat([kv[..., :N], k_rope.transpose(1, 2).expand(B, S, H, R)], dim=-1)
+        k = self.hook_k(k)  # [batch, pos, head, qk_nope + R]
+        v = self.hook_v(kv[..., N:])  # [batch, pos, head, d_head]
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), key_mask
 
     def _qkv(self, x, positions):
         """MHA/GQA/MQA: ``q`` ``[batch, head, pos, d_head]``, ``k``/``v`` ``[batch, kv_head, pos, d_head]``."""
-        cfg = self.cfg
         B, T, _ = x.shape
-        H, KV, d_head = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+        H, KV, d_head = self.n_heads, self.n_kv_heads, self.cfg.d_head
         # Split heads: reshape to [batch, pos, head, d_head] (head h = columns h*d_head:(h+1)*d_head).
         q = self.hook_q(self.q_proj(x).view(B, T, H, d_head))  # [batch, pos, head, d_head]
         k = self.hook_k(self.k_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
         v = self.hook_v(self.v_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
+        if self.cfg.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        elif self.cfg.qk_norm == "all":
+            q, k = self.q_norm(q.flatten(2)).view_as(q), self.k_norm(k.flatten(2)).view_as(k)
         if self.rotary is not None:
             q = self.hook_rot_q(self.rotary(q, positions))
             k = self.hook_rot_k(self.rotary(k, positions))
@@ -459,7 +615,8 @@ class Attention(nn.Module):
         v: Float[Tensor, "batch kv_head pos d_head"],
         key_mask: Tensor | None,
     ) -> Float[Tensor, "batch head pos d_head"]:
-        """Explicit ``softmax(q k^T / sqrt(d_head) + mask) v`` with the pattern hooked.
+        """Explicit ``softmax(cap(q k^T * scale) + mask) v`` with the pattern hooked (``cap`` is
+        ``c * tanh(s / c)`` with ``attn_softcap``, else the identity).
 
         GQA without copies: the ``group_size`` query heads of one key/value head are stacked
         along the query-position axis, ``[batch, kv_head, group * q_pos, d_head]``, so one batched
@@ -469,6 +626,8 @@ class Attention(nn.Module):
         KV, S = k.shape[1], k.shape[2]
         q_grouped = q.reshape(B, KV, (H // KV) * T, d_head)  # head h = kv_head * group + g
         scores = (q_grouped @ k.transpose(-1, -2)).view(B, H, T, S) * self.scale
+        if self.softcap is not None:  # Gemma-2, before the mask (as Hugging Face)
+            scores = torch.tanh(scores / self.softcap) * self.softcap
         if key_mask is None:
             key_mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
         scores = self.hook_attn_scores(scores.masked_fill(~key_mask, float("-inf")))
@@ -485,8 +644,8 @@ class Attention(nn.Module):
     ) -> Float[Tensor, "batch head pos d_head"]:
         """``scaled_dot_product_attention``; no pattern exists on this path."""
         kwargs = dict(is_causal=True) if key_mask is None else dict(attn_mask=key_mask)
-        if v.shape[-1] != q.shape[-1]:
-            # MLA: values (d_head) are narrower than queries/keys (d_head + R). PyTorch's fused
+        if v.shape[-1] < q.shape[-1]:
+            # MLA: values (d_head) are narrower than queries/keys (qk_nope + R). PyTorch's fused
             # kernels need equal widths and fall back to the slow math path otherwise (2-3x slower
             # training on CPU), so pad the values with zeros and drop the padding afterwards (exact).
             d_v = v.shape[-1]
@@ -506,12 +665,22 @@ class Attention(nn.Module):
 # --------------------------------------------------------------------------------------------
 
 
+_ACTIVATIONS = {
+    "gelu": functools.partial(F.gelu, approximate="tanh"),  # GPT-2's gelu_new
+    "gelu_erf": F.gelu,
+    "swiglu": F.silu,
+    "geglu": functools.partial(F.gelu, approximate="tanh"),  # Gemma's gelu_pytorch_tanh
+}
+
+
 class MLP(nn.Module):
-    """GPT-2: ``W_out gelu_tanh(W_in x + b_in) + b_out``; Llama: ``W_out (silu(W_gate x) * W_in x)``."""
+    """GPT-2: ``W_out gelu_tanh(W_in x + b_in) + b_out`` (GPT-NeoX: exact GELU); Llama:
+    ``W_out (silu(W_gate x) * W_in x)``; Gemma: ``W_out (gelu_tanh(W_gate x) * W_in x)``."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.gated = cfg.mlp == "swiglu"
+        self.gated = cfg.mlp in ("swiglu", "geglu")
+        self.act = _ACTIVATIONS[cfg.mlp]
         self.fc_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias)
         self.fc_gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias) if self.gated else None
         self.fc_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.bias)
@@ -521,35 +690,67 @@ class MLP(nn.Module):
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         if self.gated:
-            post = F.silu(self.hook_pre(self.fc_gate(x))) * self.hook_pre_linear(self.fc_in(x))
+            post = self.act(self.hook_pre(self.fc_gate(x))) * self.hook_pre_linear(self.fc_in(x))
         else:
-            post = F.gelu(self.hook_pre(self.fc_in(x)), approximate="tanh")  # GPT-2's gelu_new
+            post = self.act(self.hook_pre(self.fc_in(x)))
         return self.fc_out(self.hook_post(post))
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: ``resid_mid = resid_pre + attn(ln1(resid_pre))``,
-    ``resid_post = resid_mid + mlp(ln2(resid_mid))`` (no MLP in attention-only models)."""
+    """Residual block. Sequential (default): ``resid_mid = resid_pre + attn_out``,
+    ``resid_post = resid_mid + mlp_out``; parallel (``parallel_residual``): ``resid_post =
+    resid_pre + attn_out + mlp_out`` with the MLP reading ``resid_pre`` (no ``resid_mid``).
+    Here ``attn_out = ln1_post(attn(ln1(resid_pre)))`` and ``mlp_out = ln2_post(mlp(ln2(.)))``,
+    each norm present only where the config has it (``pre_norm``: ``ln1``/``ln2``,
+    ``post_norm``: ``ln1_post``/``ln2_post``); no MLP in attention-only models.
+
+    ``hook_attn_out`` and ``hook_mlp_out`` hold what is added to the residual stream (after
+    the post norms, as TransformerLens). :meth:`resume` is everything after the attention.
+    """
 
     def __init__(self, cfg: TransformerConfig, layer: int = 0):
         super().__init__()
-        self.ln1 = Norm(cfg)
+        has_mlp = cfg.mlp is not None
+        self.ln1 = Norm(cfg) if cfg.pre_norm else None
         self.attn = Attention(cfg, layer)
-        self.ln2 = Norm(cfg) if cfg.mlp is not None else None
-        self.mlp = MLP(cfg) if cfg.mlp is not None else None
+        self.ln1_post = PostNorm(cfg) if cfg.post_norm else None
+        self.ln2 = Norm(cfg) if has_mlp and cfg.pre_norm else None
+        self.mlp = MLP(cfg) if has_mlp else None
+        self.ln2_post = PostNorm(cfg) if has_mlp and cfg.post_norm else None
+        self.parallel = cfg.parallel_residual
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
-        self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_mid = None if self.parallel else HookPoint()  # [batch, pos, d_model]
         self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, resid: Float[Tensor, "batch pos d_model"], positions, key_mask=None, head_mask=None, cache=None):
         resid = self.hook_resid_pre(resid)
-        attn_out = self.hook_attn_out(self.attn(self.ln1(resid), positions, key_mask, head_mask, cache))
-        resid = self.hook_resid_mid(resid + attn_out)
+        x = resid if self.ln1 is None else self.ln1(resid)
+        return self.resume(resid, self.attn(x, positions, key_mask, head_mask, cache))
+
+    def resume(
+        self, resid_pre: Float[Tensor, "batch pos d_model"], attn_out: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """The rest of the block from its attention's raw output ``attn_out`` (``sum_h z_h W_O^(h)
+        + b_O``, before any post norm): ``resid_post``. ``forward`` is ``resume(resid_pre,
+        attn(ln1(resid_pre)))``; an ablation that changes one head adds ``(r_h - z_h) W_O^(h)``
+        to ``attn_out`` and resumes here, so post norms and parallel MLPs are applied as in the
+        forward pass (:func:`headprobe.analyses.ablation.exact_sweep`)."""
+        if self.ln1_post is not None:
+            attn_out = self.ln1_post(attn_out)
+        attn_out = self.hook_attn_out(attn_out)
+        if self.parallel:
+            mlp_out = self.hook_mlp_out(self._mlp(resid_pre)) if self.mlp is not None else 0
+            return self.hook_resid_post(mlp_out + attn_out + resid_pre)  # Hugging Face's GPT-NeoX order
+        resid = self.hook_resid_mid(resid_pre + attn_out)
         if self.mlp is not None:
-            resid = resid + self.hook_mlp_out(self.mlp(self.ln2(resid)))
+            resid = resid + self.hook_mlp_out(self._mlp(resid))
         return self.hook_resid_post(resid)
+
+    def _mlp(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        out = self.mlp(resid if self.ln2 is None else self.ln2(resid))
+        return out if self.ln2_post is None else self.ln2_post(out)
 
 
 class Transformer(HookedRootModule):
@@ -560,7 +761,9 @@ class Transformer(HookedRootModule):
     ``blocks.{l}.ln1.hook_normalized``, ``blocks.{l}.attn.hook_{q,k,v,rot_q,rot_k,attn_scores,
     pattern,z,result}``, ``blocks.{l}.hook_attn_out``, ``blocks.{l}.hook_resid_mid``,
     ``blocks.{l}.mlp.hook_{pre,pre_linear,post}``, ``blocks.{l}.hook_mlp_out``,
-    ``blocks.{l}.hook_resid_post``, ``ln_final.hook_normalized``.
+    ``blocks.{l}.hook_resid_post``, ``ln_final.hook_normalized``; with ``post_norm`` also
+    ``blocks.{l}.ln1_post.hook_{in,out}`` and ``blocks.{l}.ln2_post.hook_{in,out}``; parallel
+    blocks have no ``hook_resid_mid``, blocks without ``pre_norm`` no ``ln1``/``ln2``.
     """
 
     def __init__(self, cfg: TransformerConfig):
@@ -652,7 +855,16 @@ class Transformer(HookedRootModule):
             resid = self.ln_final(resid)
         if return_type == "resid":
             return resid
-        return self.unembed(resid)
+        return self.logits(resid, normed=True)
+
+    def logits(self, resid: Float[Tensor, "... d_model"], normed: bool = False) -> Float[Tensor, "... d_vocab"]:
+        """Logits from a final residual: ``ln_final`` (unless ``normed``), the unembedding, and
+        ``final_softcap`` (``c * tanh(logits / c)``, Gemma-2) where the config has it."""
+        if not normed and self.ln_final is not None:
+            resid = self.ln_final(resid)
+        logits = self.unembed(resid)
+        cap = self.cfg.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def init_weights(model: Transformer, std: float = 0.02) -> Transformer:

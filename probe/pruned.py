@@ -25,9 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
-from torch import Tensor, nn
+from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import atomic_path
@@ -36,8 +35,27 @@ from headprobe.probe.model import Attention, Transformer, TransformerConfig
 FORMAT = "headprobe-pruned-v1"
 
 
+def check_prunable(cfg: TransformerConfig) -> None:
+    """Refuse architectures whose heads cannot be removed exactly.
+
+    Raises:
+        HeadprobeError: multi-head latent attention (keys and values come from one shared
+            latent), or a QK-norm over all heads' projection (OLMo-2: removing a head changes
+            the norm of every other head's query).
+    """
+    if cfg.is_mla:
+        raise HeadprobeError("real head removal is not implemented for multi-head latent attention (MLA)")
+    if cfg.qk_norm == "all":
+        raise HeadprobeError("real head removal is not exact for a QK-norm over all heads (OLMo-2): removing a head "
+                             "changes the other heads' queries; use head masks (headprobe ablate) instead")
+
+
 class PrunedAttention(Attention):
     """Causal attention over a subset of query heads (and the key/value heads they read).
+
+    Built by :class:`~headprobe.probe.model.Attention` with fewer heads, so every option of
+    the config (biases, per-head QK-norm, partial rotary, sliding window, soft-capping) is
+    computed by the same code as the full model.
 
     Attributes:
         kept_heads: original indices of the kept query heads, ascending.
@@ -47,66 +65,51 @@ class PrunedAttention(Attention):
 
     Hook points ``hook_q`` ``[batch, pos, kept head, d_head]``, ``hook_k``/``hook_v`` ``[batch,
     pos, kept kv_head, d_head]`` and ``hook_z`` ``[batch, pos, kept head, d_head]`` exist; the
-    pattern is never materialised (fused attention), and ``head_mask`` is not accepted.
+    pattern is materialised only where soft-capping needs the eager path, and ``head_mask``
+    is not accepted.
+
+    Raises:
+        HeadprobeError: an architecture :func:`check_prunable` refuses, or kept heads out of range.
     """
 
-    def __init__(self, cfg: TransformerConfig, kept_heads: Sequence[int]):
-        nn.Module.__init__(self)
-        self.cfg = cfg
+    def __init__(self, cfg: TransformerConfig, kept_heads: Sequence[int], layer: int = 0):
+        check_prunable(cfg)
         kept = sorted(set(int(h) for h in kept_heads))
         if any(not 0 <= h < cfg.n_heads for h in kept):
             raise HeadprobeError(f"kept heads {kept} out of range for {cfg.n_heads} heads")
         kept_kv = sorted({h // cfg.group_size for h in kept})
-        self.kept_heads, self.kept_kv_heads = kept, kept_kv
-        H, KV, d_head, D = len(kept), len(kept_kv), cfg.d_head, cfg.d_model
         with warnings.catch_warnings():  # a layer with every head removed has zero-size projections
             warnings.filterwarnings("ignore", "Initializing zero-element tensors")
-            self.q_proj = nn.Linear(D, H * d_head, bias=cfg.bias)
-            self.k_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
-            self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.bias)
-            self.o_proj = nn.Linear(H * d_head, D, bias=cfg.bias)
+            super().__init__(cfg, layer, n_heads=len(kept), n_kv_heads=len(kept_kv))
+        self.kept_heads, self.kept_kv_heads = kept, kept_kv
         self.register_buffer("kv_index", torch.tensor([kept_kv.index(h // cfg.group_size) for h in kept], dtype=torch.long))
-        from headprobe.probe.model import Rotary
-        from transformer_lens.hook_points import HookPoint
-
-        self.rotary = Rotary(d_head, cfg.rope_theta) if cfg.positional == "rotary" else None
-        self.scale = cfg.d_head ** -0.5
-        self.force_eager = False
-        self.hook_q = HookPoint()  # [batch, pos, kept head, d_head]
-        self.hook_k = HookPoint()  # [batch, pos, kept kv_head, d_head]
-        self.hook_v = HookPoint()  # [batch, pos, kept kv_head, d_head]
-        self.hook_rot_q = HookPoint()
-        self.hook_rot_k = HookPoint()
-        self.hook_z = HookPoint()  # [batch, pos, kept head, d_head]
 
     @property
     def n_kept(self) -> int:
         return len(self.kept_heads)
 
-    @property
-    def W_O(self) -> Float[Tensor, "head d_head d_model"]:
-        """The kept heads' output projection, ``[kept head, d_head, d_model]``."""
-        return self.o_proj.weight.T.unflatten(0, (self.n_kept, self.cfg.d_head))
-
     def needs_pattern(self) -> bool:
-        return False
+        return self.softcap is not None
 
     @torch.no_grad()
     def load_from(self, attn: Attention) -> "PrunedAttention":
         """Copy the kept heads' slices of a full :class:`Attention`'s weights into this module."""
         d = self.cfg.d_head
-        q_rows = torch.cat([torch.arange(h * d, (h + 1) * d) for h in self.kept_heads]) if self.kept_heads else torch.zeros(0, dtype=torch.long)
-        kv_rows = torch.cat([torch.arange(h * d, (h + 1) * d) for h in self.kept_kv_heads]) if self.kept_kv_heads else torch.zeros(0, dtype=torch.long)
+        dev = attn.q_proj.weight.device
+        rows = lambda heads: torch.tensor([i for h in heads for i in range(h * d, (h + 1) * d)], dtype=torch.long, device=dev)  # noqa: E731
+        q_rows, kv_rows = rows(self.kept_heads), rows(self.kept_kv_heads)
         self.to(attn.q_proj.weight)
-        self.q_proj.weight.copy_(attn.q_proj.weight[q_rows.to(attn.q_proj.weight.device)])
-        self.k_proj.weight.copy_(attn.k_proj.weight[kv_rows.to(attn.k_proj.weight.device)])
-        self.v_proj.weight.copy_(attn.v_proj.weight[kv_rows.to(attn.v_proj.weight.device)])
-        self.o_proj.weight.copy_(attn.o_proj.weight[:, q_rows.to(attn.o_proj.weight.device)])
-        if self.cfg.bias:
-            self.q_proj.bias.copy_(attn.q_proj.bias[q_rows.to(attn.q_proj.bias.device)])
-            self.k_proj.bias.copy_(attn.k_proj.bias[kv_rows.to(attn.k_proj.bias.device)])
-            self.v_proj.bias.copy_(attn.v_proj.bias[kv_rows.to(attn.v_proj.bias.device)])
+        for name, sel in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
+            ours, theirs = getattr(self, name), getattr(attn, name)
+            ours.weight.copy_(theirs.weight[sel])
+            if ours.bias is not None:
+                ours.bias.copy_(theirs.bias[sel])
+        self.o_proj.weight.copy_(attn.o_proj.weight[:, q_rows])
+        if self.o_proj.bias is not None:
             self.o_proj.bias.copy_(attn.o_proj.bias)
+        for name in ("q_norm", "k_norm"):  # per-head QK-norm (Qwen3): one weight shared by all heads
+            if getattr(self, name) is not None:
+                getattr(self, name).weight.copy_(getattr(attn, name).weight)
         return self
 
     def forward(
@@ -125,20 +128,14 @@ class PrunedAttention(Attention):
         if self.n_kept == 0:
             out = x.new_zeros(B, T, D)
             return out if self.o_proj.bias is None else out + self.o_proj.bias
-        H, KV, d_head = self.n_kept, len(self.kept_kv_heads), self.cfg.d_head
-        q = self.hook_q(self.q_proj(x).view(B, T, H, d_head))
-        k = self.hook_k(self.k_proj(x).view(B, T, KV, d_head))
-        v = self.hook_v(self.v_proj(x).view(B, T, KV, d_head))
-        if self.rotary is not None:
-            q = self.hook_rot_q(self.rotary(q, positions))
-            k = self.hook_rot_k(self.rotary(k, positions))
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if KV != H:  # groups are no longer uniform: give each kept query head its key/value head
+        q, k, v = self._qkv(x, positions)  # [batch, kept head | kept kv_head, pos, d_head]
+        if self.n_kv_heads != self.n_heads:  # groups are no longer uniform: give each kept query head its key/value head
             k, v = k.index_select(1, self.kv_index), v.index_select(1, self.kv_index)
-        kwargs = dict(is_causal=True) if key_mask is None else dict(attn_mask=key_mask)
-        z = F.scaled_dot_product_attention(q, k, v, scale=self.scale, **kwargs).transpose(1, 2)
+        if self.window is not None:
+            key_mask = self.local_mask(key_mask, T, T, x.device)
+        z = (self._eager if self.needs_pattern() else self._fused)(q, k, v, key_mask).transpose(1, 2)
         z = self.hook_z(z)  # [batch, pos, kept head, d_head]
-        return self.o_proj(z.reshape(B, T, H * d_head))
+        return self.o_proj(z.flatten(2))
 
 
 def keep_mask_from(removed: Sequence[tuple[int, int]], n_layers: int, n_heads: int) -> Bool[Tensor, "layer head"]:
@@ -155,7 +152,7 @@ def _install(net: Transformer, keep: Tensor) -> Transformer:
         raise HeadprobeError(f"keep mask has shape {tuple(keep.shape)}; expected [{cfg.n_layers}, {cfg.n_heads}]")
     for layer, block in enumerate(net.blocks):
         kept = keep[layer].nonzero().flatten().tolist()
-        new = PrunedAttention(cfg, kept)
+        new = PrunedAttention(cfg, kept, layer)
         if not isinstance(block.attn, PrunedAttention):
             new.load_from(block.attn)
         block.attn = new
@@ -168,10 +165,12 @@ def remove_heads(net: Transformer, keep: Bool[Tensor, "layer head"]) -> Transfor
     """A copy of the native model ``net`` with the heads where ``keep`` is False removed.
 
     Raises:
-        HeadprobeError: ``net`` is not a full native Transformer, or ``keep`` has the wrong shape.
+        HeadprobeError: ``net`` is not a full native Transformer, ``keep`` has the wrong shape,
+            or the architecture's heads cannot be removed exactly (:func:`check_prunable`).
     """
     if not isinstance(net, Transformer) or any(isinstance(b.attn, PrunedAttention) for b in net.blocks):
         raise HeadprobeError("real head removal needs an unpruned native model (load it with --backend native)")
+    check_prunable(net.cfg)
     return _install(copy.deepcopy(net), keep.bool().cpu())
 
 

@@ -1,0 +1,271 @@
+"""Every family the native transformer loads, against Hugging Face and against itself.
+
+For each tiny zoo checkpoint (tests/zoo.py: GPT-2, Llama, Mistral, Qwen2, Qwen3, OLMo-2,
+Gemma-2, GPT-NeoX, DeepSeek-V3 with dense MLPs), the independent references are Hugging Face's eager model (logits to 1e-4,
+every layer's ``output_attentions`` pattern to 1e-5), the load-time self-check's identity, the
+plain per-head hook loop (:func:`sweep_loop`, which :func:`exact_sweep` must equal to 1e-4 nats),
+the masked model (which the pruned model must equal), and the model without a KV cache or
+without padding. Sequences are longer than the sliding window (8) so that windows matter.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import zoo
+from headprobe.analyses.ablation import exact_sweep, sweep_loop
+from headprobe.probe.convert import supports
+from headprobe.probe.loading import load_native, save_native, wrap
+from headprobe.probe.model import TransformerConfig, generate
+
+FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox", "deepseek_v3"]
+UNPRUNABLE = {"olmo2": "QK-norm", "deepseek_v3": "MLA"}  # all-head QK-norm; latent attention
+POST_NORM = {"olmo2", "gemma2"}
+LOGIT_ATOL = 1e-4
+PATTERN_ATOL = 1e-5
+SWEEP_ATOL = 1e-4  # nats/token
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tiny_tokenizer):
+    """(family name, Hugging Face checkpoint, the model wrap(backend="auto") gives)."""
+    ckpt = zoo.make_checkpoint(request.param, tiny_tokenizer)
+    return request.param, ckpt, wrap(ckpt, backend="auto")
+
+
+def _tokens(batch=2, pos=20, seed=1):
+    return torch.randint(0, zoo.VOCAB - 1, (batch, pos), generator=torch.Generator().manual_seed(seed))
+
+
+def test_auto_picks_native(family):
+    name, ckpt, model = family
+    assert supports(ckpt.hf_model.config)
+    assert model.backend == "native", name
+
+
+def test_logits_equal_hugging_face(family):
+    name, ckpt, model = family
+    x = _tokens()
+    with torch.no_grad():
+        want = ckpt.hf_model(x).logits
+        net = model.model
+        fused = net(x)
+        net.force_eager = True
+        try:
+            eager = net(x)
+        finally:
+            net.force_eager = False
+    assert (fused - want).abs().max() < LOGIT_ATOL, name
+    assert (eager - want).abs().max() < LOGIT_ATOL, name
+
+
+def test_every_pattern_equals_hugging_face(family):
+    name, ckpt, model = family
+    x = _tokens()
+    with torch.no_grad():
+        want = ckpt.hf_model(x, output_attentions=True).attentions
+    got = {}
+    hooks = [(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: got.__setitem__(l, p.clone()))
+             for l in range(model.spec.n_layers)]
+    model.forward(x, fwd_hooks=hooks)
+    cfg = model.model.cfg
+    for l in range(model.spec.n_layers):
+        assert got[l].shape == (2, model.spec.n_heads, 20, 20)
+        assert (got[l] - want[l]).abs().max() < PATTERN_ATOL, (name, l)
+        assert torch.allclose(got[l].sum(-1), torch.ones(()), atol=1e-5)
+        if cfg.is_sliding(l):  # the window is exercised: keys >= window back get exactly 0
+            q, k = torch.meshgrid(torch.arange(20), torch.arange(20), indexing="ij")
+            assert (got[l][..., q - k >= cfg.sliding_window] == 0).all()
+            assert (got[l][..., q - k == cfg.sliding_window - 1] > 0).all()
+
+
+def test_self_check_passes(family):
+    name, ckpt, model = family
+    check = model.self_check
+    assert check.ok, (name, check)
+    assert check.max_relative_error < 1e-5
+    assert check.post_attention_norm == (name in POST_NORM)
+    assert check.reference == ("resid_post - resid_pre - mlp_out" if name == "gpt_neox" else "resid_mid - resid_pre")
+    if name in POST_NORM:  # the weight read off blocks[l].ln1_post is the HF norm's effective weight
+        w = ckpt.hf_model.model.layers[1].post_attention_layernorm.weight.detach()
+        assert torch.allclose(model.post_attention_norm_weight(1), 1 + w if name == "gemma2" else w, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["zero", "resample"])
+def test_exact_sweep_equals_hook_loop(family, kind):
+    name, ckpt, model = family
+    x, source = _tokens(seed=1), _tokens(seed=2)
+    fast = exact_sweep(model, x, kind=kind, source_tokens=source, first=3, max_batch=4)
+    slow = sweep_loop(model, x, kind=kind, source_tokens=source, first=3)
+    assert abs(fast.clean_loss - slow.clean_loss) < SWEEP_ATOL
+    assert (fast.loss - slow.loss).abs().max() < SWEEP_ATOL, name
+    assert slow.effect.abs().max() > 2 * SWEEP_ATOL  # the heads matter, so the comparison can fail
+
+
+def test_kv_cache_generation_equals_recomputation(family):
+    name, ckpt, model = family
+    prompt = _tokens(batch=1, pos=6)
+    with_cache, _ = generate(model.model, prompt, n_new=10)  # 16 tokens: past the sliding window
+    without, _ = generate(model.model, prompt, n_new=10, use_cache=False)
+    assert torch.equal(with_cache, without), name
+
+
+def test_left_padding_equals_unpadded(family):
+    name, ckpt, model = family
+    x = _tokens(batch=1, pos=14)
+    padded = torch.cat([torch.full((1, 5), 100), x], dim=1)
+    mask = torch.cat([torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 14, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        want = model.model(x)
+        got = model.model(padded, attention_mask=mask)[:, 5:]
+    assert (got - want).abs().max() < 1e-4, name
+
+
+def test_new_config_fields_survive_a_checkpoint(tmp_path, tiny_tokenizer):
+    """save_native writes the config as JSON (tuples become lists); load_native rebuilds it."""
+    ckpt = zoo.make_checkpoint("gemma2", tiny_tokenizer)
+    model = wrap(ckpt, backend="native")
+    save_native(model.model, tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model"]["sliding_layers"] == [0]
+    again = load_native(tmp_path)
+    assert again.model.cfg == model.model.cfg
+    x = _tokens()
+    with torch.no_grad():
+        assert torch.equal(again.model(x), model.model(x))
+
+
+def test_defaults_are_todays_model():
+    """The new fields default to GPT-2's pre-norm, sequential, full-attention block."""
+    cfg = TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=11)
+    assert cfg.d_head == 8 and cfg.qkv_bias is True and not cfg.is_sliding(0)
+    assert (cfg.pre_norm, cfg.post_norm, cfg.parallel_residual, cfg.embed_scale) == (True, False, False, False)
+    assert cfg.qk_norm is None and cfg.attn_softcap is None and cfg.final_softcap is None and cfg.rotary_dim is None
+
+
+@pytest.mark.parametrize("family_name, change", [
+    ("gemma2", dict(hidden_activation="silu")),
+    ("gpt_neox", dict(hidden_act="relu")),
+    ("mistral", dict(rope_parameters={"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0})),
+    ("qwen3", dict(attention_bias=True)),
+])
+def test_unsupported_options_go_to_the_bridge(family_name, change):
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(family_name, **{**zoo.ZOO[family_name], **change})
+    assert not supports(cfg)
+
+
+@pytest.fixture(scope="module")
+def family_dir(family, tmp_path_factory, tiny_tokenizer):
+    name, ckpt, model = family
+    d = tmp_path_factory.mktemp(f"tiny-{name}")
+    ckpt.hf_model.save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    return name, d
+
+
+def test_pruned_model_equals_masked_model_or_is_refused(family):
+    """Real head removal (library): exact where supported; OLMo-2's all-head QK-norm and MLA refused."""
+    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.pruned import keep_mask_from, remove_heads
+
+    name, ckpt, model = family
+    net = model.model
+    keep = keep_mask_from([(0, 0), (0, 1), (1, 2)], net.cfg.n_layers, net.cfg.n_heads)
+    if name in UNPRUNABLE:
+        with pytest.raises(HeadprobeError, match=UNPRUNABLE[name]):
+            remove_heads(net, keep)
+        return
+    pruned = remove_heads(net, keep)
+    x = _tokens()
+    with torch.no_grad():
+        want = net(x, head_mask=keep.float())
+        assert (pruned(x) - want).abs().max() < 1e-5, name
+        assert (net(x) - want).abs().max() > 1e-3  # the removed heads mattered
+
+
+def test_prune_save_pruned_exits_0_or_refuses_in_one_line(family_dir, tmp_path, capsys):
+    from headprobe.cli import main
+
+    name, d = family_dir
+    text = tmp_path / "text.txt"
+    g = torch.Generator().manual_seed(0)
+    text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()))
+    out = tmp_path / "prune"
+    code = main(["prune", "--model", str(d), "--out", str(out), "--text", str(text), "--seq-len", "16",
+                 "--n-natural", "2", "--n-repeated", "2", "--period", "6", "--device", "cpu",
+                 "--step-fraction", "0.5", "--max-fraction", "0.5", "--save-pruned", "--save-fraction", "0.5"])
+    err = capsys.readouterr().err
+    assert code in (0, 2), name
+    if code == 2:
+        lines = [l for l in err.splitlines() if l.startswith("headprobe: error:")]
+        assert len(lines) == 1 and "Traceback" not in err, err[-300:]
+        assert not (out / "pruned_model.pt").exists()
+    else:
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["pruned_model"]["max_abs_logit_diff_vs_masked"] < 1e-4
+    if name in UNPRUNABLE:
+        assert code == 2 and UNPRUNABLE[name] in lines[0]
+    elif name != "qwen2":  # transformers reloads the tiny Qwen2 directory's tokenizer as Qwen2Tokenizer (0 tokens)
+        assert code == 0, (name, err[-300:])
+
+
+def _variant(family, tokenizer, **change):
+    """A tiny ``family`` checkpoint as tests/zoo.py builds it, with config fields changed."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from headprobe.probe.loading import Checkpoint
+
+    cfg = AutoConfig.for_model(family, **{**zoo.ZOO[family], **change})
+    cfg.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family]]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return Checkpoint(f"tiny-{family}", f"tiny-{family}", "float32 (random init)", model, tokenizer)
+
+
+@pytest.mark.parametrize("family_name, change", [
+    ("deepseek_v3", dict(q_lora_rank=24, rope_interleave=True)),  # the query latent
+    ("deepseek_v3", dict(qk_nope_head_dim=12, v_head_dim=28, rope_interleave=False)),  # values wider than q/k
+    ("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)),  # n_heads * head_dim != d_model
+    ("qwen3", dict(head_dim=8)),
+    ("qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),  # layer 1 slides
+    ("gpt_neox", dict(use_parallel_residual=False, rotary_pct=0.5)),  # sequential NeoX
+])
+def test_variants_equal_hugging_face(tiny_tokenizer, family_name, change):
+    ckpt = _variant(family_name, tiny_tokenizer, **change)
+    model = wrap(ckpt, backend="auto")
+    assert model.backend == "native" and model.self_check.ok
+    hf_cfg = ckpt.hf_model.config
+    want_d_head = hf_cfg.v_head_dim if family_name == "deepseek_v3" else getattr(hf_cfg, "head_dim", None)
+    assert model.spec.d_head == (want_d_head or hf_cfg.hidden_size // hf_cfg.num_attention_heads)
+    x = _tokens()
+    with torch.no_grad():
+        out = ckpt.hf_model(x, output_attentions=True)
+        assert (model.model(x) - out.logits).abs().max() < LOGIT_ATOL
+    got = {}
+    model.forward(x, fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: got.__setitem__(l, p.detach().clone()))
+                                for l in range(2)])
+    assert max(float((got[l] - out.attentions[l]).abs().max()) for l in range(2)) < PATTERN_ATOL
+    fast, slow = exact_sweep(model, x, first=3), sweep_loop(model, x, first=3)
+    assert (fast.loss - slow.loss).abs().max() < SWEEP_ATOL
+
+
+def test_deepseek_mixture_of_experts_is_refused_in_one_line(tiny_tokenizer):
+    from headprobe.probe.convert import config_from_hf
+    from headprobe.probe.errors import HeadprobeError
+
+    ckpt = _variant("deepseek_v3", tiny_tokenizer, first_k_dense_replace=1)
+    with pytest.raises(HeadprobeError, match="mixture-of-experts") as e:
+        config_from_hf(ckpt.hf_model.config)
+    assert "\n" not in str(e.value)
+    with pytest.raises(HeadprobeError, match="mixture-of-experts"):
+        wrap(ckpt, backend="native")
