@@ -383,8 +383,8 @@ def test_models_from_cold_and_warm_loads_compute_the_same_logits(backend, tiny_g
     cold = load_model(str(tiny_gguf), backend=backend, quiet=True)
     warm = load_model(str(tiny_gguf), backend=backend, quiet=True)
     assert weights_cache.Entry(cache, tiny_gguf).problem() is None
-    tokens = cold.to_tokens("the then the t e h")[None]
-    assert torch.equal(tokens, warm.to_tokens("the then the t e h")[None])
+    tokens = cold.to_tokens("the then the t e h")  # [1, pos]
+    assert torch.equal(tokens, warm.to_tokens("the then the t e h"))
     with torch.no_grad():
         assert torch.equal(cold.forward(tokens), warm.forward(tokens))
     assert cold.spec == warm.spec and cold.self_check.decomposition_ok and warm.self_check.decomposition_ok
