@@ -19,12 +19,6 @@ Subpackages: :mod:`headprobe.probe` (models, hook points, capture, loading, cost
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("headprobe")
-except PackageNotFoundError:  # pragma: no cover - running from a checkout without installing
-    __version__ = "0+unknown"
 
 _EXPORTS = {
     # name: (module, attribute)
@@ -46,6 +40,14 @@ __all__ = ["__version__", *_EXPORTS]
 
 
 def __getattr__(name: str):
+    if name == "__version__":  # read from the installed distribution on first use (importlib.metadata is slow)
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            globals()["__version__"] = version("headprobe")
+        except PackageNotFoundError:  # pragma: no cover - running from a checkout without installing
+            globals()["__version__"] = "0+unknown"
+        return globals()["__version__"]
     try:
         module, attr = _EXPORTS[name]
     except KeyError:

@@ -64,21 +64,31 @@ def _did_you_mean(unknown: list[str], known: dict[str, list[str]]) -> str:
     return f" (did you mean {' '.join(hints)}?)" if hints else ""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``headprobe`` parser. With ``command`` (the subcommand about to run), only that
+    command's module is imported -- the others get placeholder subparsers -- so a light command
+    (``budget``) does not pay for the heavy imports of the rest; without it, every command."""
     parser = OneLineErrorParser(
         prog="headprobe",
         description="Attention-head interpretability: find head types, verify them by ablation, prune, plot.",
     )
-    from headprobe import __version__
-
-    parser.add_argument("--version", action="version", version=f"headprobe {__version__}")
+    parser.add_argument("--version", action="version", version=f"headprobe {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():
+        if command in SUBCOMMANDS and name != command:
+            sub.add_parser(name)  # never parsed: the command line names another command
+            continue
         module = importlib.import_module(module_name)  # a registered command that does not import is a bug: fail loudly
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        p.set_defaults(_run=getattr(module, "main", None) or module.run)  # main(args) -> int; run(args) until converted
+        p.set_defaults(_run=module.main)
     return parser
+
+
+def _version() -> str:
+    from headprobe import __version__
+
+    return __version__
 
 
 class Terminated(KeyboardInterrupt):
@@ -92,7 +102,8 @@ def _raise_terminated(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None

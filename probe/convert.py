@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.loading import ModelSpec
+from headprobe.probe.spec import ModelSpec
 from headprobe.probe.model import Transformer, TransformerConfig
 
 SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox", "deepseek_v3")
@@ -416,4 +416,5 @@ def spec_from_native(name: str, hf_name: str, precision: str, cfg: TransformerCo
         d_vocab=cfg.d_vocab,
         n_ctx=cfg.n_ctx,
         precision=precision,
+        backend="native",
     )

@@ -52,6 +52,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens.model_bridge import TransformerBridge
@@ -75,46 +76,6 @@ ALIASES = {
 }
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """The attention layout and provenance of a loaded model.
-
-    Attributes:
-        name: what the user asked for (``smollm2-135m``, ``gpt2``, a path).
-        hf_name: the Hugging Face name the architecture adapter was chosen with.
-        n_layers, n_heads, n_kv_heads, d_head, d_model, d_vocab, n_ctx: the layout. ``n_heads``
-            counts query heads; ``n_kv_heads`` key/value heads (equal for MHA, 1 for MQA).
-        precision: where the weights come from and in which precision they are computed.
-    """
-
-    name: str
-    hf_name: str
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_head: int
-    d_model: int
-    d_vocab: int
-    n_ctx: int
-    precision: str
-
-    @property
-    def group_size(self) -> int:
-        """Query heads per key/value head: ``n_heads // n_kv_heads``."""
-        return self.n_heads // self.n_kv_heads
-
-    def kv_head(self, head: int | Tensor) -> int | Tensor:
-        """The key/value head that query head ``head`` reads: ``head // group_size`` (GQA)."""
-        return head // self.group_size
-
-    @property
-    def layout(self) -> str:
-        """``MHA``, ``GQA`` or ``MQA``."""
-        if self.n_kv_heads == self.n_heads:
-            return "MHA"
-        return "MQA" if self.n_kv_heads == 1 else "GQA"
 
 
 class LoadedModel:
@@ -462,6 +423,7 @@ def spec_from_bridge(name: str, hf_name: str, precision: str, bridge: Any) -> Mo
         d_vocab=cfg.d_vocab,
         n_ctx=cfg.n_ctx,
         precision=precision,
+        backend="transformer-lens",
     )
 
 
@@ -529,7 +491,7 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
 
     Args:
         backend: ``native`` copies the weights into headprobe's own
-            :class:`~headprobe.probe.model.Transformer` (GPT-2 and Llama families); ``transformer-lens``
+            :class:`~headprobe.probe.model.Transformer` (GPT-2, Llama, Mistral, Qwen2/3, OLMo-2, Gemma-2, GPT-NeoX, dense DeepSeek-V2/V3; see :mod:`headprobe.probe.convert`); ``transformer-lens``
             wraps the Hugging Face model in a ``TransformerBridge``; ``auto`` takes native
             wherever it supports the architecture, else the bridge.
         copy: wrap a copy of ``ckpt.hf_model`` in the bridge (default), or the model itself.

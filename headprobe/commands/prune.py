@@ -84,7 +84,7 @@ class PruneConfig:
                 raise HeadprobeError(f"--{name.replace('_', '-')} must be in (0, 1], got {v}")
         options.check_config_fields(self)
         if self.save_pruned and self.backend == "transformer-lens":
-            raise HeadprobeError("--save-pruned needs the native backend (--backend native; GPT-2 and Llama families)")
+            raise HeadprobeError("--save-pruned needs the native backend (--backend native)")
 
     def preflight(self) -> None:
         """Check, without loading weights, what the settings and files alone decide (the text file).
@@ -219,8 +219,12 @@ def run(model, config: PruneConfig, *, resume: dict | None = None, on_save: Call
     cfg = config
     saved = {} if resume is None else resume
     model.self_check.require_decomposition("head ablation (ablate, prune)")
-    if cfg.save_pruned and not is_native(model):
-        raise HeadprobeError("--save-pruned needs the native backend (--backend native; GPT-2 and Llama families)")
+    if cfg.save_pruned:
+        if not is_native(model):
+            raise HeadprobeError("--save-pruned needs the native backend (--backend native)")
+        from headprobe.probe.pruned import check_prunable
+
+        check_prunable(model.model.cfg)  # before any computation: MLA and all-head QK-norm cannot be pruned exactly
     spec = model.spec
     if 2 * cfg.period + 1 > spec.n_ctx:
         raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")

@@ -363,7 +363,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         "seed": cfg.seed,
         "device": str(result.device),
         "dtype": str(result.dtype).removeprefix("torch."),
-        "backend": "native" if "native backend" in spec.precision else "transformer-lens",
+        "backend": spec.backend,
         "self_check": result.self_check,
         "config": asdict(cfg),
         "clean_loss_nats": result.clean_loss,
