@@ -60,7 +60,7 @@ _ASCII_FOR = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d
 
 
 def ascii_text(text: str) -> str:
-    """``text`` in the character vocabulary of :func:`headprobe.probe.loading.char_level_tokenizer`
+    """``text`` in the character vocabulary of :func:`headprobe.probe.tokenizers.char_level_tokenizer`
     (newline and printable ASCII): typographic quotes, dashes and ellipses become their ASCII
     forms, tabs four spaces, carriage returns are dropped, and any other character becomes ``?``
     (in CPython 3.11's topics that is 3 characters of 465k)."""

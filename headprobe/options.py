@@ -188,3 +188,34 @@ def check_config_fields(cfg) -> None:
     for name, allowed in (("device", DEVICES), ("backend", BACKENDS)):
         if has(name) and getattr(cfg, name) not in allowed:
             raise HeadprobeError(f"--{name} {getattr(cfg, name)!r} is not one of {', '.join(allowed)}")
+
+
+def load_for(config, announce=None):
+    """Load ``config.model`` as a command's config asks (its ``device``, ``dtype``, ``backend`` and,
+    where it has one, ``prepend_bos``); see :func:`load_model_as`."""
+    return load_model_as(config.model, device=config.device, dtype=config.dtype, backend=config.backend,
+                         prepend_bos=getattr(config, "prepend_bos", True), announce=announce)
+
+
+def config_and_model(config_cls, model, config_fields: dict):
+    """What a command's Python function (``headprobe.scan(model, **fields)``, ...) starts with:
+    ``(config, LoadedModel, load seconds)``.
+
+    ``model`` is a name or path -- the config is built and its ``preflight()`` run (every check
+    the settings alone decide) before the model loads as the config asks -- or a
+    :class:`~headprobe.probe.loading.LoadedModel`, used as given (0 s).
+
+    Raises:
+        HeadprobeError: bad settings, or the model cannot be loaded.
+        TypeError: a field ``config_cls`` does not have.
+    """
+    import os
+    import time
+
+    if isinstance(model, (str, os.PathLike)):
+        config = config_cls(model=str(model), **config_fields)
+        config.preflight()
+        t0 = time.perf_counter()
+        loaded = load_for(config)
+        return config, loaded, time.perf_counter() - t0
+    return config_cls(model=model.spec.name, **config_fields), model, 0.0

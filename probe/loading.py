@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import logging
-import os
 import socket
 import warnings
 from collections.abc import Iterator
@@ -518,8 +517,7 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
     return LoadedModel(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
 
 
-from headprobe.probe.checkpoint import NATIVE_FORMAT, NATIVE_WEIGHTS, is_native_dir, save_native  # noqa: E402,F401 (moved)
-from headprobe.probe.tokenizers import TEXT_CHARS, char_level_tokenizer, word_level_tokenizer  # noqa: E402,F401 (moved)
+from headprobe.probe.checkpoint import NATIVE_FORMAT, NATIVE_WEIGHTS, is_native_dir  # noqa: E402
 
 
 def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bos: bool = True) -> LoadedModel:

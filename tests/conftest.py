@@ -12,7 +12,7 @@ import torch
 
 def make_tiny_tokenizer(tmp_dir, n_words: int = 100):
     """A word-level tokenizer over ``t0 .. t{n-1}`` with ``<|endoftext|>`` as BOS/EOS/unknown."""
-    from headprobe.probe.loading import word_level_tokenizer
+    from headprobe.probe.tokenizers import word_level_tokenizer
 
     return word_level_tokenizer(tmp_dir, n_words)
 

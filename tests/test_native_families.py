@@ -18,7 +18,8 @@ import torch
 import zoo
 from headprobe.analyses.ablation import exact_sweep, sweep_loop
 from headprobe.probe.convert import supports
-from headprobe.probe.loading import load_native, save_native, wrap
+from headprobe.probe.checkpoint import save_native
+from headprobe.probe.loading import load_native, wrap
 from headprobe.probe.model import TransformerConfig, generate
 
 FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox", "deepseek_v3"]

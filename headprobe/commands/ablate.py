@@ -339,10 +339,6 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
                         model.self_check.to_dict(), time.perf_counter() - t_start)
 
 
-def load(config, announce=None):
-    """Load ``config.model`` as the config asks (device, dtype, backend); see :func:`headprobe.options.load_model_as`."""
-    return options.load_model_as(config.model, device=config.device, dtype=config.dtype, backend=config.backend,
-                                 announce=announce)
 
 
 def ablate(model="smollm2-135m", *, progress: bool = False, **config_fields) -> AblateResult:
@@ -357,14 +353,7 @@ def ablate(model="smollm2-135m", *, progress: bool = False, **config_fields) -> 
     Raises:
         HeadprobeError: bad settings (before anything loads), or as :func:`run`.
     """
-    if isinstance(model, (str, Path)):
-        config = AblateConfig(model=str(model), **config_fields)
-        config.preflight()
-        t0 = time.perf_counter()
-        loaded = load(config)
-        load_s = time.perf_counter() - t0
-    else:
-        config, loaded, load_s = AblateConfig(model=model.spec.name, **config_fields), model, 0.0
+    config, loaded, load_s = options.config_and_model(AblateConfig, model, config_fields)
     result = run(loaded, config, progress=progress)
     result.load_s = load_s
     return result
@@ -404,7 +393,7 @@ def main(args: argparse.Namespace) -> int:
     if saved:
         print(f"resuming from {checkpoint.path} ({sum(len(t['loss']) for t in saved.values())} head ablations done)")
     t0 = time.perf_counter()
-    model = load(config, announce=lambda line: print(line, flush=True))
+    model = options.load_for(config, announce=lambda line: print(line, flush=True))
     load_s = time.perf_counter() - t0
     print(options.describe_model(model), flush=True)
     result = run(model, config, resume=saved, on_save=checkpoint.save)

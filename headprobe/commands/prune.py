@@ -255,10 +255,6 @@ def run(model, config: PruneConfig, *, resume: dict | None = None, on_save: Call
                        str(model.device), model.self_check.to_dict(), pruned, info, time.perf_counter() - t_start)
 
 
-def load(config: PruneConfig, announce=None):
-    """Load ``config.model`` as the config asks (device, dtype, backend); see :func:`headprobe.options.load_model_as`."""
-    return options.load_model_as(config.model, device=config.device, dtype=config.dtype, backend=config.backend,
-                                 announce=announce)
 
 
 def prune(model="smollm2-135m", *, progress: bool = False, **config_fields) -> PruneResult:
@@ -273,14 +269,7 @@ def prune(model="smollm2-135m", *, progress: bool = False, **config_fields) -> P
     Raises:
         HeadprobeError: bad settings (before anything loads), or as :func:`run`.
     """
-    if isinstance(model, (str, Path)):
-        config = PruneConfig(model=str(model), **config_fields)
-        config.preflight()
-        t0 = time.perf_counter()
-        loaded = load(config)
-        load_s = time.perf_counter() - t0
-    else:
-        config, loaded, load_s = PruneConfig(model=model.spec.name, **config_fields), model, 0.0
+    config, loaded, load_s = options.config_and_model(PruneConfig, model, config_fields)
     result = run(loaded, config, progress=progress)
     result.load_s = load_s
     return result
@@ -320,7 +309,7 @@ def main(args: argparse.Namespace) -> int:
         done = ", ".join(f"{order}: {len(state['rows']) - 1} steps" for order, state in saved.items())
         print(f"resuming from {checkpoint.path} ({done} done)")
     t0 = time.perf_counter()
-    model = load(config, announce=lambda line: print(line, flush=True))
+    model = options.load_for(config, announce=lambda line: print(line, flush=True))
     load_s = time.perf_counter() - t0
     print(options.describe_model(model), flush=True)
     result = run(model, config, resume=saved, on_save=checkpoint.save)

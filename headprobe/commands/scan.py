@@ -96,6 +96,14 @@ class ScanConfig:
         if self.k is not None and self.k < 1:
             raise HeadprobeError(f"--top-k must be at least 1, got {self.k}")
 
+    def preflight(self) -> None:
+        """Every check the settings alone decide, before a model loads (the text file here).
+
+        Raises:
+            HeadprobeError: as :meth:`read_text`.
+        """
+        self.read_text()
+
     def read_text(self) -> str | None:
         """The natural text (None: the default text); checks the file.
 
@@ -281,10 +289,6 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
                       device=str(param.device), dtype=str(param.dtype), self_check=model.self_check.to_dict())
 
 
-def load(config: ScanConfig, announce=None):
-    """Load ``config.model`` as the config asks (device, dtype, backend, BOS); see :func:`headprobe.options.load_model_as`."""
-    return options.load_model_as(config.model, device=config.device, dtype=config.dtype, backend=config.backend,
-                                 prepend_bos=config.prepend_bos, announce=announce)
 
 
 def scan(model="smollm2-135m", *, progress: bool = False, **config_fields) -> ScanResult:
@@ -303,15 +307,7 @@ def scan(model="smollm2-135m", *, progress: bool = False, **config_fields) -> Sc
         HeadprobeError: bad settings (before anything loads), or as :func:`run`.
         TypeError: an unknown config field.
     """
-    if isinstance(model, (str, Path)):
-        config = ScanConfig(model=str(model), **config_fields)
-        config.read_text()  # check the text before the (slow) load
-        t0 = time.perf_counter()
-        loaded = load(config)
-        load_s = time.perf_counter() - t0
-    else:
-        config = ScanConfig(model=model.spec.name, **config_fields)
-        loaded, load_s = model, 0.0
+    config, loaded, load_s = options.config_and_model(ScanConfig, model, config_fields)
     result = run(loaded, config, progress=progress)
     result.timings["load_s"] = load_s
     return result
@@ -320,7 +316,7 @@ def scan(model="smollm2-135m", *, progress: bool = False, **config_fields) -> Sc
 def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
     """Compatibility: :func:`run` on ``model``, or on ``cfg.model`` loaded when ``model`` is None."""
     t0 = time.perf_counter()
-    loaded = load(cfg) if model is None else model
+    loaded = options.load_for(cfg) if model is None else model
     load_s = time.perf_counter() - t0
     result = run(loaded, cfg, progress=progress)
     result.timings["load_s"] = load_s if model is None else 0.0
@@ -465,7 +461,7 @@ def main(args: argparse.Namespace) -> int:
     config.read_text()
     prepare_output_dir(args.out, args.overwrite, create=False)
     t0 = time.perf_counter()
-    model = load(config, announce=lambda line: print(line, flush=True))
+    model = options.load_for(config, announce=lambda line: print(line, flush=True))
     load_s = time.perf_counter() - t0
     print(options.describe_model(model), flush=True)
     result = run(model, config)
