@@ -34,9 +34,12 @@ class OneLineErrorParser(argparse.ArgumentParser):
     --help)``) and exit status 2, like every other bad input; subparsers inherit it."""
 
     def error(self, message: str):
-        if message.startswith("unrecognized arguments:"):
+        prog = self.prog
+        if message.startswith("unrecognized arguments:"):  # reported by the top parser, about a command's flags
             message += _did_you_mean(message.split(":", 1)[1].split(), self._known_options())
-        self.exit(2, f"headprobe: error: {message} (see {self.prog} --help)\n")
+            command = next((c for c in self._known_options() if c and c in sys.argv[1:2]), None)
+            prog = f"{self.prog} {command}" if command else prog
+        self.exit(2, f"headprobe: error: {message} (see {prog} --help)\n")
 
     def _known_options(self) -> dict[str, list[str]]:
         """Option strings of this parser and, per subcommand, of its subparsers."""

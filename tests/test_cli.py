@@ -28,6 +28,7 @@ def test_misspelt_flags_get_a_suggestion_on_one_line(args, hint, tmp_path):
     assert p.returncode == 2 and p.stdout == ""
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("headprobe: error: unrecognized arguments") and hint in lines[0]
+    assert lines[0].endswith(f"(see headprobe {args[0]} --help)")
 
 
 def test_unrelated_flag_gets_no_suggestion():
