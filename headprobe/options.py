@@ -219,3 +219,13 @@ def config_and_model(config_cls, model, config_fields: dict):
         loaded = load_for(config)
         return config, loaded, time.perf_counter() - t0
     return config_cls(model=model.spec.name, **config_fields), model, 0.0
+
+
+def add_model_run_options(p: argparse.ArgumentParser) -> None:
+    """The flags of a command that runs a model on text and writes a directory (``ablate``,
+    ``prune``): :func:`add_model_options`, :func:`add_output_options`, :func:`add_data_options`
+    with their defaults, :func:`add_seed_option`."""
+    add_model_options(p)
+    add_output_options(p)
+    add_data_options(p)
+    add_seed_option(p)

@@ -359,16 +359,8 @@ def ablate(model="smollm2-135m", *, progress: bool = False, **config_fields) -> 
     return result
 
 
-def add_data_arguments(p: argparse.ArgumentParser) -> None:
-    """The model, output and data flags of ``ablate`` (``prune`` has the same, from :mod:`headprobe.options`)."""
-    options.add_model_options(p)
-    options.add_output_options(p)
-    options.add_data_options(p)
-    options.add_seed_option(p)
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_data_arguments(p)
+    options.add_model_run_options(p)
     p.add_argument("--n-natural", type=positive_int, default=8, help="natural-text sequences (default %(default)s)")
     p.add_argument("--kind", default="zero", choices=ABLATION_KINDS,
                    help="zero, mean (mean z over other natural-text windows) or resample (z on other inputs)")

@@ -276,10 +276,7 @@ def prune(model="smollm2-135m", *, progress: bool = False, **config_fields) -> P
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    options.add_model_options(p)
-    options.add_output_options(p)
-    options.add_data_options(p)
-    options.add_seed_option(p)
+    options.add_model_run_options(p)
     p.add_argument("--n-natural", type=positive_int, default=8,
                    help="natural-text sequences for scoring, and as many held out for the curve (default %(default)s)")
     p.add_argument("--step-fraction", type=float, default=0.1, help="fraction of all heads removed per step (default %(default)s)")
