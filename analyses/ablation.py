@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
@@ -248,7 +249,7 @@ def _check_kind(kind: str, mean_z, source_tokens) -> None:
 
 @torch.inference_mode()
 def sweep_loop(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
-               kind: AblationKind = "zero", mean_z: Tensor | None = None,
+               kind: str = "zero", mean_z: Tensor | None = None,
                source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0) -> SweepResult:
     """The plain reference: one full forward pass per head, with that head ablated by a hook.
 
@@ -311,7 +312,7 @@ def _scored_losses_from_resid(net, resid: Float[Tensor, "n pos d_model"], tokens
 
 @torch.inference_mode()
 def exact_sweep(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
-                kind: AblationKind = "zero", mean_z: Float[Tensor, "layer head d_head"] | None = None,
+                kind: str = "zero", mean_z: Float[Tensor, "layer head d_head"] | None = None,
                 source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0,
                 max_batch: int = 64, progress: bool = False) -> SweepResult:
     """The scored loss with each of ``heads`` (default: all) ablated alone, exactly.
@@ -427,7 +428,7 @@ class HeadImportance:
     kind: str
 
 
-def head_importance(model: Any, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: AblationKind = "zero",
+def head_importance(model: Any, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
                     mean_z: Float[Tensor, "layer head d_head"] | None = None,
                     source_tokens: Int[Tensor, "batch pos"] | None = None,
                     head_mask: Float[Tensor, "layer head"] | None = None,
@@ -492,7 +493,7 @@ def head_importance(model: Any, tokens: Int[Tensor, "batch pos"], first: int = 0
     return HeadImportance(importance, attribution, float(per_seq.detach().mean()), kind)
 
 
-def spearman(a: Tensor, b: Tensor) -> float:
+def spearman(a: Tensor | np.ndarray, b: Tensor | np.ndarray) -> float:
     """Spearman rank correlation of two score tables over the entries finite in both (scipy)."""
     from scipy.stats import spearmanr
 

@@ -76,7 +76,7 @@ class PruningRun:
 
 
 def iterative_pruning(model: Any, score_set: LossSet, eval_sets: Mapping[str, LossSet], order: str = "importance",
-                      step_fraction: float = 0.1, rescore: bool = True, normalize: bool = True,
+                      step_fraction: int | float = 0.1, rescore: bool = True, normalize: bool = True,
                       max_fraction: float = 1.0, seed: int = 0, progress: bool = False,
                       resume: dict | None = None, on_step: Callable[[dict], None] | None = None) -> PruningRun:
     """Prune heads in steps, recording the loss on ``eval_sets`` before pruning and after each step.

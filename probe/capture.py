@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import einops
+import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -36,7 +37,8 @@ def head_results(
     return einops.einsum(z, W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
 
 
-def kv_head_of(head: Int[Tensor, "head"] | int, n_heads: int, n_kv_heads: int) -> Int[Tensor, "head"] | int:
+def kv_head_of(head: Int[Tensor, "head"] | Int[np.ndarray, "head"] | int, n_heads: int, n_kv_heads: int
+               ) -> Int[Tensor, "head"] | Int[np.ndarray, "head"] | int:
     """GQA: the key/value head that query head ``head`` reads, ``head // (n_heads // n_kv_heads)``."""
     return head // (n_heads // n_kv_heads)
 
@@ -79,7 +81,7 @@ def stream_patterns(
 
 
 def pad_prompts(
-    prompts: Sequence[Int[Tensor, "pos"]], pad_id: int, side: str = "right"
+    prompts: Sequence[Int[Tensor, "_pos"]], pad_id: int, side: str = "right"
 ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
     """Stack token sequences of different lengths into ``(tokens, attention_mask)``.
 
@@ -100,7 +102,7 @@ def pad_prompts(
 @torch.inference_mode()
 def stream_prompt_patterns(
     model: Any,
-    prompts: Sequence[Int[Tensor, "pos"]],
+    prompts: Sequence[Int[Tensor, "_pos"]],
     on_pattern: Callable[[int, int, Float[Tensor, "head q_pos k_pos"]], None],
     side: str = "right",
     layers: Sequence[int] | None = None,

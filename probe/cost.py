@@ -535,7 +535,7 @@ def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1)
 _BINARY = (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB))
 
 
-def format_bytes(n: float) -> str:
+def format_bytes(n: int | float) -> str:
     """``n`` bytes with a binary prefix: ``512 KiB``, ``16 GiB``, ``1 TiB``, ``8.58 GiB``, ``12 B``.
 
     Whole numbers of a unit print without decimals; others with up to two decimals.
@@ -551,7 +551,7 @@ def format_bytes(n: float) -> str:
     return f"{v:.2f}".rstrip("0").rstrip(".") + f" {unit}"
 
 
-def format_tflop(flops: float) -> str:
+def format_tflop(flops: int | float) -> str:
     """FLOPs as a number of TFLOP (10**12 FLOPs), as in the lesson's table: two decimals below 10
     (``0.14``, ``1.10``, ``4.40``), one below 100 (``17.6``), none above (``281``)."""
     t = flops / TFLOP

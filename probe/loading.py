@@ -538,7 +538,7 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
         meta = json.loads((path / "config.json").read_text(encoding="utf-8"))
         if meta.get("format") != NATIVE_FORMAT:
             raise ValueError(f"format is {meta.get('format')!r}, expected {NATIVE_FORMAT!r}")
-        cfg = TransformerConfig(**meta["model"])
+        cfg = TransformerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["model"].items()})  # JSON lists
         state = torch.load(path / NATIVE_WEIGHTS, map_location="cpu", weights_only=True)
         model = Transformer(cfg)
         model.load_state_dict(state)

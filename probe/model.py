@@ -39,7 +39,7 @@ from typing import Literal
 import einops
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
@@ -500,7 +500,7 @@ class Attention(nn.Module):
         self,
         x: Float[Tensor, "batch pos d_model"],
         positions: Int[Tensor, "batch pos"],
-        key_mask: Float[Tensor, "batch 1 q_pos k_pos"] | None = None,
+        key_mask: Bool[Tensor, "#batch 1 q_pos k_pos"] | Bool[Tensor, "q_pos k_pos"] | None = None,
         head_mask: Float[Tensor, "head"] | Float[Tensor, "batch head"] | None = None,
         cache: KVCache | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
@@ -610,11 +610,11 @@ class Attention(nn.Module):
 
     def _eager(
         self,
-        q: Float[Tensor, "batch head pos d_head"],
-        k: Float[Tensor, "batch kv_head pos d_head"],
-        v: Float[Tensor, "batch kv_head pos d_head"],
+        q: Float[Tensor, "batch head q_pos d_qk"],
+        k: Float[Tensor, "batch kv_head k_pos d_qk"],
+        v: Float[Tensor, "batch kv_head k_pos d_v"],
         key_mask: Tensor | None,
-    ) -> Float[Tensor, "batch head pos d_head"]:
+    ) -> Float[Tensor, "batch head q_pos d_v"]:
         """Explicit ``softmax(cap(q k^T * scale) + mask) v`` with the pattern hooked (``cap`` is
         ``c * tanh(s / c)`` with ``attn_softcap``, else the identity).
 
@@ -637,11 +637,11 @@ class Attention(nn.Module):
 
     def _fused(
         self,
-        q: Float[Tensor, "batch head pos d_head"],
-        k: Float[Tensor, "batch kv_head pos d_head"],
-        v: Float[Tensor, "batch kv_head pos d_head"],
+        q: Float[Tensor, "batch head q_pos d_qk"],
+        k: Float[Tensor, "batch kv_head k_pos d_qk"],
+        v: Float[Tensor, "batch kv_head k_pos d_v"],
         key_mask: Tensor | None,
-    ) -> Float[Tensor, "batch head pos d_head"]:
+    ) -> Float[Tensor, "batch head q_pos d_v"]:
         """``scaled_dot_product_attention``; no pattern exists on this path."""
         kwargs = dict(is_causal=True) if key_mask is None else dict(attn_mask=key_mask)
         if v.shape[-1] < q.shape[-1]:
@@ -792,8 +792,8 @@ class Transformer(HookedRootModule):
     def forward(
         self,
         tokens: Int[Tensor, "batch pos"],
-        head_mask: Float[Tensor, "layer head"] | Float[Tensor, "batch layer head"] | None = None,
-        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        head_mask: Float[Tensor, "..."] | None = None,
+        attention_mask: Shaped[Tensor, "batch pos"] | None = None,
         return_type: Literal["logits", "resid"] = "logits",
         cache: KVCache | None = None,
     ) -> Float[Tensor, "batch pos d_vocab"]:

@@ -161,7 +161,7 @@ def _install(net: Transformer, keep: Tensor) -> Transformer:
     return net
 
 
-def remove_heads(net: Transformer, keep: Bool[Tensor, "layer head"]) -> Transformer:
+def remove_heads(net: torch.nn.Module, keep: Bool[Tensor, "layer head"]) -> Transformer:
     """A copy of the native model ``net`` with the heads where ``keep`` is False removed.
 
     Raises:

@@ -48,3 +48,19 @@ def test_import_rules_can_fail(tmp_path):
     (tmp_path / "m").mkdir()
     p = _lint(tmp_path / "m", config)
     assert p.returncode != 0 and "headprobe.analyses" in p.stdout and "broken" in p.stdout.lower()
+
+
+def test_shape_annotations_are_checked_when_tests_run():
+    """pyproject's addopts turn on jaxtyping's import hook for headprobe: a call whose shapes contradict its
+    annotation fails the type check (without the hook, einsum would raise a RuntimeError instead)."""
+    import jaxtyping
+    import pytest
+    import torch
+
+    from headprobe.probe.capture import head_results
+
+    z = torch.zeros(1, 3, 4, 8)  # [batch, pos, head=4, d_head=8]
+    W_O = torch.zeros(2, 8, 16)  # [head=2, d_head, d_model]: head disagrees
+    with pytest.raises(jaxtyping.TypeCheckError):
+        head_results(z, W_O)
+    assert head_results(z, torch.zeros(4, 8, 16)).shape == (1, 3, 4, 16)

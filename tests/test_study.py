@@ -93,8 +93,7 @@ def test_api_study_matches_cli_and_trains_what_it_says(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("fields, message", [(dict(seeds=[-1]), "--seeds must list"), (dict(ranks=[]), "--ranks must list"),
-                                             (dict(rope=3), "--rope"), (dict(n_heads_list=[3]), "not a multiple"),
-                                             (dict(seeds="0,1"), "sequence of integers")])
+                                             (dict(rope=3), "--rope"), (dict(n_heads_list=[3]), "not a multiple")])
 def test_api_study_rejects_bad_settings_before_training(fields, message):
     import headprobe
     from headprobe.probe.errors import HeadprobeError
@@ -103,6 +102,16 @@ def test_api_study_rejects_bad_settings_before_training(fields, message):
         headprobe.study("heads", d_model=16, device="cpu", **fields)
     with pytest.raises(HeadprobeError, match="one of heads, layouts"):
         headprobe.study("layers")
+
+
+def test_api_study_rejects_a_string_of_seeds():
+    """A string is not a sequence of seeds: a HeadprobeError, or the runtime shape/type check's TypeError first
+    when the tests run with jaxtyping's hook (the annotation says Sequence[int])."""
+    import headprobe
+    from headprobe.probe.errors import HeadprobeError
+
+    with pytest.raises((HeadprobeError, TypeError), match="sequence of integers|seeds"):
+        headprobe.study("heads", d_model=16, device="cpu", seeds="0,1")
 
 
 def test_commands_do_not_import_each_other():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -80,7 +80,7 @@ class AblateConfig:
     n_repeated: int = 8
     period: int = 50
     kind: str = "zero"
-    heads: str | None = None
+    heads: str | Sequence[tuple[int, int]] | None = None
     max_batch: int = 64
     seed: int = 0
     text: str | None = None

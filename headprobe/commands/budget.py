@@ -25,7 +25,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
@@ -176,7 +176,7 @@ class BudgetConfig:
     batch: int = 1
     dtype: str = "bf16"
     compare: bool = False
-    flops_table: tuple[int, ...] | None = None
+    flops_table: Sequence[int] | None = None
     as_mha: bool = False
     recommend: bool = False
     params: str | int | None = None

@@ -16,6 +16,7 @@ Pipeline (one model load, a handful of forward passes):
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -86,7 +87,7 @@ class ScanConfig:
     prepend_bos: bool = True
     backend: str = "auto"
     verify: bool = True
-    types: tuple[str, ...] | None = None
+    types: str | Sequence[str] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "types", select_detectors(self.types))

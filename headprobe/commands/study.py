@@ -28,6 +28,7 @@ Outputs (``--out``, :meth:`StudyResult.save`): ``results.csv`` (one row per run)
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 import dataclasses
 import tempfile
 import time
@@ -75,15 +76,15 @@ class StudyConfig:
     """Sequences per step."""
     lr: float = 3e-3
     """AdamW learning rate."""
-    seeds: tuple[int, ...] = (0, 1)
+    seeds: Sequence[int] = (0, 1)
     """Training seeds: every variant is trained once per seed (non-negative)."""
     d_model: int = 64
     """Residual width of every model."""
     n_heads: int = 8
     """``"layouts"``: query heads per layer."""
-    n_heads_list: tuple[int, ...] = (1, 2, 4, 8, 16)
+    n_heads_list: Sequence[int] = (1, 2, 4, 8, 16)
     """``"heads"``: the head counts (each must divide ``d_model``)."""
-    ranks: tuple[int, ...] = (4, 6, 8, 16)
+    ranks: Sequence[int] = (4, 6, 8, 16)
     """``"layouts"``: MLA latent ranks (``kv_lora_rank``)."""
     rope: int = 8
     """``"layouts"``: MLA's decoupled rotary width (``qk_rope_head_dim``, even; 4 gives the shared
