@@ -69,6 +69,15 @@ def tiny_llama_gqa_checkpoint(tiny_tokenizer):
 
 
 @pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, tiny_tokenizer, tiny_llama_gqa_checkpoint):
+    """The tiny GQA Llama saved as a local Hugging Face model directory (for command-line tests)."""
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tiny_llama_gqa_checkpoint.hf_model.save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
 def tiny_gpt2(tiny_gpt2_checkpoint):
     """The tiny GPT-2 behind TransformerLens' TransformerBridge."""
     return _bridge(tiny_gpt2_checkpoint)

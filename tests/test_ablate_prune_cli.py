@@ -12,14 +12,6 @@ import torch
 from headprobe.cli import main
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tiny_tokenizer, tiny_llama_gqa_checkpoint):
-    d = tmp_path_factory.mktemp("tiny-llama")
-    tiny_llama_gqa_checkpoint.hf_model.save_pretrained(d)
-    tiny_tokenizer.save_pretrained(d)
-    return d
-
-
 def _text(tmp_path):
     g = torch.Generator().manual_seed(0)
     words = " ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist())

@@ -20,14 +20,6 @@ SMALL_FLAGS = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--pe
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tiny_tokenizer, tiny_llama_gqa_checkpoint):
-    d = tmp_path_factory.mktemp("tiny-llama")
-    tiny_llama_gqa_checkpoint.hf_model.save_pretrained(d)
-    tiny_tokenizer.save_pretrained(d)
-    return d
-
-
-@pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
     g = torch.Generator().manual_seed(0)
     p = tmp_path_factory.mktemp("text") / "words.txt"

@@ -217,20 +217,7 @@ def test_prune_save_pruned_exits_0_or_refuses_in_one_line(family_dir, tmp_path, 
 
 def _variant(family, tokenizer, **change):
     """A tiny ``family`` checkpoint as tests/zoo.py builds it, with config fields changed."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    from headprobe.probe.loading import Checkpoint
-
-    cfg = AutoConfig.for_model(family, **{**zoo.ZOO[family], **change})
-    cfg.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family]]
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    return Checkpoint(f"tiny-{family}", f"tiny-{family}", "float32 (random init)", model, tokenizer)
+    return zoo.make_checkpoint(family, tokenizer, **change)
 
 
 @pytest.mark.parametrize("family_name, change", [

@@ -34,15 +34,16 @@ ZOO: dict[str, dict] = {
 """Family -> tiny config fields."""
 
 
-def make_checkpoint(family: str, tokenizer, seed: int = 0):
+def make_checkpoint(family: str, tokenizer, seed: int = 0, **change):
     """A :class:`~headprobe.probe.loading.Checkpoint` holding a tiny random ``family`` model
-    (float32, eager attention; every bias and norm weight randomised so that each term is tested)."""
+    (float32, eager attention; every bias and norm weight randomised so that each term is tested);
+    ``change`` overrides config fields of :data:`ZOO` (variants of a family)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from headprobe.probe.loading import Checkpoint
 
-    cfg = AutoConfig.for_model(family, **ZOO[family])
+    cfg = AutoConfig.for_model(family, **{**ZOO[family], **change})
     cfg.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family]]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
