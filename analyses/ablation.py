@@ -32,6 +32,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.heads import all_heads  # noqa: F401 - re-exported
 from headprobe.probe.hooks import ABLATION_KINDS, AblationKind, Head, attn_hook, format_head, head_ablation_hooks, scoped_hooks
 
 
@@ -207,10 +208,6 @@ def capture_z(model: Any, tokens: Int[Tensor, "batch pos"]) -> dict[int, Float[T
 
     model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), saver(layer)) for layer in range(model.spec.n_layers)])
     return out
-
-
-def all_heads(n_layers: int, n_heads: int) -> list[Head]:
-    return [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
 
 
 @dataclass

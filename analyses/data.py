@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.io import read_text_file  # noqa: F401 - re-exported
 
 
 @dataclass(frozen=True)
@@ -65,26 +65,6 @@ def ascii_text(text: str) -> str:
     forms, tabs four spaces, carriage returns are dropped, and any other character becomes ``?``
     (in CPython 3.11's topics that is 3 characters of 465k)."""
     return re.sub(r"[^\n -~]", "?", text.translate(_ASCII_FOR))
-
-
-def read_text_file(path: str | Path) -> str:
-    """Read a UTF-8 text file.
-
-    Raises:
-        HeadprobeError: missing, unreadable, not UTF-8, or empty (only whitespace).
-    """
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise HeadprobeError(f"cannot read text file {path}: {e.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise HeadprobeError(f"text file {path} is not UTF-8 (byte {e.start} is invalid)") from None
-    if not text.strip():
-        raise HeadprobeError(f"text file {path} is empty")
-    return text
 
 
 def natural_text_tokens(

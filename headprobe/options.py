@@ -229,3 +229,42 @@ def add_model_run_options(p: argparse.ArgumentParser) -> None:
     add_output_options(p)
     add_data_options(p)
     add_seed_option(p)
+
+
+def main_resumable(args: argparse.Namespace, config, core: str, resumed) -> int:
+    """The ``main`` of a command that resumes from a checkpoint in its output directory (``ablate``,
+    ``prune``): check the settings (``config.preflight()``) and ``--out`` before the model loads,
+    pick up the checkpoint written by an interrupted run of the same config (printing
+    ``resumed(state)``, a short account of what is done), load the model, run the ``run(model,
+    config, resume=state, on_save=...)`` of module ``core`` (imported only now: the computation
+    needs torch), save the result, drop the checkpoint, print the report and the files written.
+
+    Raises:
+        HeadprobeError: bad settings, a bad ``--out``, or as ``run``.
+    """
+    import importlib
+    import time
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from headprobe.probe.io import RunCheckpoint, prepare_output_dir
+
+    config.preflight()
+    prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
+    checkpoint = RunCheckpoint(args.out, asdict(config))
+    saved = checkpoint.load(args.overwrite)
+    if saved:
+        print(f"resuming from {checkpoint.path} ({resumed(saved)})")
+    t0 = time.perf_counter()
+    model = load_for(config, announce=lambda line: print(line, flush=True))
+    load_s = time.perf_counter() - t0
+    print(describe_model(model), flush=True)
+    result = importlib.import_module(core).run(model, config, resume=saved, on_save=checkpoint.save)
+    result.load_s = load_s
+    paths = result.save(args.out, overwrite=True)  # ours: only the checkpoint can be there unless --overwrite
+    checkpoint.clear()
+    print()
+    print(result.report())
+    names = [p.name for p in paths]
+    print(f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {Path(args.out)}/")
+    return 0

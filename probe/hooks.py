@@ -10,53 +10,22 @@ from __future__ import annotations
 import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
-
-Head = tuple[int, int]
-"""A head as ``(layer, head)``, both 0-indexed; printed as ``layer.head``."""
+from headprobe.probe.heads import ABLATION_KINDS, AblationKind, Head, format_head, parse_heads  # noqa: F401 - re-exported
 
 HookFn = Callable[[Tensor, Any], Tensor | None]
-AblationKind = Literal["zero", "mean", "resample"]
-ABLATION_KINDS = ("zero", "mean", "resample")
 
 
 def attn_hook(layer: int, name: str) -> str:
     """TransformerLens name of an attention hook, e.g. ``attn_hook(5, "pattern")`` ->
     ``blocks.5.attn.hook_pattern``."""
     return f"blocks.{layer}.attn.hook_{name}"
-
-
-def format_head(head: Head) -> str:
-    """``(5, 1)`` -> ``"5.1"``."""
-    return f"{head[0]}.{head[1]}"
-
-
-def parse_heads(text: str, n_layers: int, n_heads: int) -> list[Head]:
-    """Parse ``"5.1,7.10"`` into ``[(5, 1), (7, 10)]``, checking the range.
-
-    Raises:
-        HeadprobeError: a malformed entry or a head outside ``n_layers x n_heads``.
-    """
-    heads: list[Head] = []
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        parts = item.split(".")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise HeadprobeError(f"head {item!r} is not of the form layer.head (e.g. 5.1)")
-        layer, head = int(parts[0]), int(parts[1])
-        if layer >= n_layers or head >= n_heads:
-            raise HeadprobeError(
-                f"head {item} is out of range: the model has {n_layers} layers of {n_heads} heads (0-indexed)"
-            )
-        heads.append((layer, head))
-    if not heads:
-        raise HeadprobeError("no heads given")
-    return heads
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Atomic file output: an interrupted run never leaves a truncated file behind."""
+"""Files in and out: atomic output (an interrupted run never leaves a truncated file behind), run
+checkpoints, and reading a user's text file."""
 
 from __future__ import annotations
 
@@ -151,3 +152,23 @@ def package_versions() -> dict[str, str]:
         except md.PackageNotFoundError:
             pass
     return out
+
+
+def read_text_file(path: str | Path) -> str:
+    """Read a UTF-8 text file.
+
+    Raises:
+        HeadprobeError: missing, unreadable, not UTF-8, or empty (only whitespace).
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise HeadprobeError(f"cannot read text file {path}: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise HeadprobeError(f"text file {path} is not UTF-8 (byte {e.start} is invalid)") from None
+    if not text.strip():
+        raise HeadprobeError(f"text file {path} is empty")
+    return text

@@ -40,3 +40,21 @@ def test_model_short_names_are_case_insensitive():
     from headprobe.probe.loading import SMOLLM2_HF_NAME, _resolve
 
     assert _resolve("SmolLM2-135M")[0] == _resolve("smollm2-135m")[0] == SMOLLM2_HF_NAME
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ablate", "--heads", "40.3"], "head 40.3 is out of range: the model has 30 layers of 9 heads"),
+    (["ablate", "--heads", "5.1.2"], "is not of the form layer.head"),
+    (["prune", "--step-fraction", "1.5"], "--step-fraction must be in (0, 1]"),
+])
+def test_bad_flags_are_refused_before_torch_loads(argv, message, tmp_path):
+    """ablate and prune check what the flags alone decide in their light front module: one line
+    on stderr, exit 2, no output directory, and torch (and the model) never imported."""
+    out = tmp_path / "out"
+    code = ("import sys\nfrom headprobe.cli import main\n"
+            f"rc = main({[*argv, '--out', str(out)]!r})\n"
+            "print(rc, [m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("headprobe: error: ") and message in proc.stderr
+    assert not out.exists()

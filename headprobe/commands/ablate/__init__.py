@@ -1,0 +1,142 @@
+"""``headprobe ablate``: every head's exact single-head ablation effect on natural text and on the
+in-context (induction) task, with Michel et al.'s gradient importance and attribution patching
+beside it, written as a CSV, a summary and heatmaps.
+
+Tasks (losses in nats/token):
+
+* ``natural``: every next-token prediction on held-out windows of natural text;
+* ``induction``: the repeated half of ``[BOS] r_1..r_S r_1..r_S`` random tokens (predictions of
+  r_2..r_S of the repeat), which only in-context copying can get right (Olsson et al. 2022).
+
+The exact sweep is :func:`headprobe.analyses.ablation.exact_sweep` (fast on the native model); the
+gradient scores come from one forward and one backward pass per task
+(:func:`headprobe.analyses.ablation.head_importance`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from headprobe import options
+from headprobe.options import positive_int
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.heads import ABLATION_KINDS, Head, all_heads, format_head, parse_heads
+from headprobe.probe.io import read_text_file
+
+HELP = "exact single-head ablation effect of every head (natural text, induction task), gradient importance, CSV + heatmaps"
+
+_CORE = ("run", "ablate", "AblateResult", "TaskResult", "checkpointed_sweep", "CHUNK_LAYERS", "TOP_N")
+"""Names of :mod:`headprobe.commands.ablate.core`, the computation, imported on first use (it needs
+torch; this module, the settings and the flags, does not)."""
+
+__all__ = ["HELP", "TASKS", "AblateConfig", "add_arguments", "config_from_args", "main", *_CORE]
+
+
+def __getattr__(name: str):
+    if name in _CORE:
+        from headprobe.commands.ablate import core
+
+        return getattr(core, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+TASKS = ("natural", "induction")
+_ANY = 10**9  # bounds for checking the layer.head syntax alone
+
+
+def _heads_text(heads) -> str | None:
+    """``heads`` (None, ``"5.1,7.3"`` or ``[(5, 1), (7, 3)]``) as the checked string ``"5.1,7.3"``."""
+    if heads is None:
+        return None
+    if not isinstance(heads, str):
+        heads = ",".join(h if isinstance(h, str) else format_head(tuple(h)) for h in heads)
+    return ",".join(format_head(h) for h in parse_heads(heads, _ANY, _ANY))
+
+
+@dataclass(frozen=True)
+class AblateConfig:
+    """Settings of ``headprobe ablate`` (recorded in summary.json's ``config``; the checkpoint's key).
+    Invalid values raise :class:`~headprobe.probe.errors.HeadprobeError` when the config is made.
+
+    Attributes:
+        model: model name or path (see :func:`headprobe.probe.loading.load_model`); loaded by :func:`ablate` and the CLI.
+        n_natural: natural-text sequences ablated (>= 1); as many more, disjoint, are the mean/resample reference.
+        seq_len: natural-text sequence length in tokens, BOS included (>= 2).
+        n_repeated: repeated-random-token sequences of the induction task (>= 1).
+        period: length S of the repeated block (>= 2).
+        kind: ablation kind, one of :data:`headprobe.probe.hooks.ABLATION_KINDS` (zero, mean, resample).
+        heads: heads to sweep, ``"5.1,7.3"`` or ``[(5, 1), (7, 3)]`` (stored as the string); None: all.
+        max_batch: sequences per forward pass in the sweep (>= 1).
+        seed: seeds the window choice and the random tokens (the resample source uses seed + 1).
+        text: a UTF-8 file to use instead of the Python documentation text.
+        device: ``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name.
+        dtype: compute precision (``float32``, ``bfloat16``, ``float16`` or bf16/fp16/fp32); applies when loaded by name.
+        backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; applies when loaded by name.
+    """
+
+    model: str = options.DEFAULT_MODEL
+    n_natural: int = 8
+    seq_len: int = 128
+    n_repeated: int = 8
+    period: int = 50
+    kind: str = "zero"
+    heads: str | Sequence[tuple[int, int]] | None = None
+    max_batch: int = 64
+    seed: int = 0
+    text: str | None = None
+    device: str = "auto"
+    dtype: str = "float32"
+    backend: str = "auto"
+
+    def __post_init__(self):
+        options.check_config_fields(self)
+        if self.kind not in ABLATION_KINDS:
+            raise HeadprobeError(f"--kind {self.kind!r} is not one of {', '.join(ABLATION_KINDS)}")
+        if self.max_batch < 1:
+            raise HeadprobeError(f"--max-batch must be at least 1, got {self.max_batch}")
+        object.__setattr__(self, "heads", _heads_text(self.heads))
+
+    def head_list(self, n_layers: int, n_heads: int) -> list[Head]:
+        """The heads to sweep in a model of ``n_layers x n_heads``.
+
+        Raises:
+            HeadprobeError: a head out of range (one line naming the model's layout).
+        """
+        return parse_heads(self.heads, n_layers, n_heads) if self.heads else all_heads(n_layers, n_heads)
+
+    def preflight(self) -> None:
+        """Check, without loading weights, what the settings and files alone decide: the text file,
+        and the heads' range where the model's layout can be read cheaply (:func:`headprobe.options.peek_layout`).
+
+        Raises:
+            HeadprobeError: a bad text file or a head out of range.
+        """
+        if self.text:
+            read_text_file(self.text)
+        layout = options.peek_layout(self.model)
+        if layout and self.heads:
+            self.head_list(*layout)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    options.add_model_run_options(p)
+    p.add_argument("--n-natural", type=positive_int, default=8, help="natural-text sequences (default %(default)s)")
+    p.add_argument("--kind", default="zero", choices=ABLATION_KINDS,
+                   help="zero, mean (mean z over other natural-text windows) or resample (z on other inputs)")
+    p.add_argument("--heads", default=None,
+                   help="sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3); default: all")
+    p.add_argument("--max-batch", type=positive_int, default=64, help="sequences per forward pass in the sweep (default %(default)s)")
+
+
+def config_from_args(args: argparse.Namespace) -> AblateConfig:
+    """The :class:`AblateConfig` the flags ask for (checks everything the flags alone decide)."""
+    return AblateConfig(**{f: getattr(args, f) for f in AblateConfig.__dataclass_fields__})
+
+
+def main(args: argparse.Namespace) -> int:
+    """``headprobe ablate``: flags -> config (checked with --text, --heads and --out before the
+    model loads) -> resumable run -> save -> print."""
+    return options.main_resumable(args, config_from_args(args), "headprobe.commands.ablate.core",
+                                  lambda saved: f"{sum(len(t['loss']) for t in saved.values())} head ablations done")

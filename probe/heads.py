@@ -1,0 +1,51 @@
+"""Naming heads: ``(layer, head)`` pairs, their ``layer.head`` text form and the ablation kinds.
+
+Pure Python (no torch), so the command line can check ``--heads`` and ``--kind`` before any
+heavy library is imported.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from headprobe.probe.errors import HeadprobeError
+
+Head = tuple[int, int]
+"""A head as ``(layer, head)``, both 0-indexed; printed as ``layer.head``."""
+
+AblationKind = Literal["zero", "mean", "resample"]
+ABLATION_KINDS = ("zero", "mean", "resample")
+"""How an ablated head's ``z`` is replaced: by zeros, by its mean over reference text, or by its
+value on another input (see :func:`headprobe.probe.hooks.head_ablation_hooks`)."""
+
+
+def format_head(head: Head) -> str:
+    """``(5, 1)`` -> ``"5.1"``."""
+    return f"{head[0]}.{head[1]}"
+
+
+def all_heads(n_layers: int, n_heads: int) -> list[Head]:
+    """Every ``(layer, head)`` of an ``n_layers x n_heads`` model, layer by layer."""
+    return [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+
+
+def parse_heads(text: str, n_layers: int, n_heads: int) -> list[Head]:
+    """Parse ``"5.1,7.10"`` into ``[(5, 1), (7, 10)]``, checking the range.
+
+    Raises:
+        HeadprobeError: a malformed entry or a head outside ``n_layers x n_heads``.
+    """
+    heads: list[Head] = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        parts = item.split(".")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise HeadprobeError(f"head {item!r} is not of the form layer.head (e.g. 5.1)")
+        layer, head = int(parts[0]), int(parts[1])
+        if layer >= n_layers or head >= n_heads:
+            raise HeadprobeError(
+                f"head {item} is out of range: the model has {n_layers} layers of {n_heads} heads (0-indexed)"
+            )
+        heads.append((layer, head))
+    if not heads:
+        raise HeadprobeError("no heads given")
+    return heads
