@@ -200,7 +200,11 @@ def select_detectors(types: str | Sequence[str] | None = None) -> tuple[str, ...
     known = ", ".join(n.replace("_", "-") for n in DETECTORS)
     unknown = sorted(wanted - set(DETECTORS))
     if unknown:
-        raise HeadprobeError(f"unknown head type {', '.join(unknown).replace('_', '-')}; known types: {known}")
+        import difflib
+
+        close = [m for u in unknown for m in difflib.get_close_matches(u, DETECTORS, n=1, cutoff=0.7)]
+        hint = f" (did you mean {', '.join(c.replace('_', '-') for c in close)}?)" if close else ""
+        raise HeadprobeError(f"unknown head type {', '.join(unknown).replace('_', '-')}{hint}; known types: {known}")
     if not wanted:
         raise HeadprobeError(f"no head type given; known types: {known}")
     return tuple(n for n in DETECTORS if n in wanted)

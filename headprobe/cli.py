@@ -115,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     except HeadprobeError as e:
         print(f"headprobe: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `headprobe budget | head`: the reader left; end quietly, as cat does
+        # Python flushes stdout at exit and would complain again: point it at /dev/null first
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a program killed by it
     except KeyboardInterrupt as e:
         how = "terminated" if isinstance(e, Terminated) else "interrupted"
         print(f"headprobe: {how}; files already written are complete (summary.json comes last), the rest were not "

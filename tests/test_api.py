@@ -112,7 +112,7 @@ def no_loading(monkeypatch):
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["scan", "--types", "inducton"], "unknown head type inducton; known types: previous-token, duplicate-token"),
+    (["scan", "--types", "inducton"], "unknown head type inducton (did you mean induction?); known types: previous-token, duplicate-token"),
     (["scan", "--types", ","], "no head type given"),
     (["scan", "--text", "{dir}"], "cannot read text file"),
     (["scan", "--text", "{dir}/missing.txt"], "cannot read text file"),

@@ -58,3 +58,13 @@ def test_bad_flags_are_refused_before_torch_loads(argv, message, tmp_path):
     assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("headprobe: error: ") and message in proc.stderr
     assert not out.exists()
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    """``headprobe budget | head -0``: the reader is gone before anything is written; no traceback,
+    exit status 141 (128 + SIGPIPE) as a shell reports for cat."""
+    proc = subprocess.Popen([sys.executable, "-m", "headprobe", "budget", "--preset", "llama3-8b", "--compare"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # long before the interpreter has started and imported anything
+    assert proc.wait(timeout=60) == 141
+    assert proc.stderr.read() == b""
