@@ -121,11 +121,11 @@ def peek_layout(model: str) -> tuple[int, int] | None:
 
 
 def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", backend: str = "auto",
-                  prepend_bos: bool = True, announce=None):
+                  prepend_bos: bool = True):
     """Load ``name`` the way every command's ``--model --device --dtype --backend`` ask for: a
     :class:`~headprobe.probe.loading.LoadedModel` on ``device`` (``auto``: cuda when present),
-    its weights cast to ``dtype`` (a :data:`DTYPES` name or alias). ``announce`` (e.g. ``print``)
-    receives one line before the load.
+    its weights cast to ``dtype`` (a :data:`DTYPES` name or alias). The load prints its one
+    progress line on stderr (:func:`headprobe.probe.loading.load_model`).
 
     Raises:
         HeadprobeError: ``cuda`` asked for but absent, an unknown dtype, or the model cannot be loaded.
@@ -142,8 +142,6 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
     if device == "cuda" and not torch.cuda.is_available():
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
     device = loading.device_auto(device)
-    if announce is not None:
-        announce(f"loading {name} on {device} ({dtype}) ...")
     model = loading.load_model(name, device=device, prepend_bos=prepend_bos, backend=backend)
     if dtype != "float32":
         model.model.to(torch_dtype(dtype))
@@ -151,9 +149,10 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
 
 
 def describe_model(model) -> str:
-    """One line on a loaded model's layout and weights, for a command's progress output."""
+    """One line on a loaded model's device, precision, layout and weights, for a command's output."""
     spec = model.spec
-    return (f"model {spec.name}: {spec.n_layers} layers x {spec.n_heads} heads ({spec.layout}, "
+    dtype = str(model.dtype).removeprefix("torch.")
+    return (f"model {spec.name} on {model.device.type} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.layout}, "
             f"{spec.n_kv_heads} KV heads); weights: {spec.precision}")
 
 
@@ -190,11 +189,11 @@ def check_config_fields(cfg) -> None:
             raise HeadprobeError(f"--{name} {getattr(cfg, name)!r} is not one of {', '.join(allowed)}")
 
 
-def load_for(config, announce=None):
+def load_for(config):
     """Load ``config.model`` as a command's config asks (its ``device``, ``dtype``, ``backend`` and,
     where it has one, ``prepend_bos``); see :func:`load_model_as`."""
     return load_model_as(config.model, device=config.device, dtype=config.dtype, backend=config.backend,
-                         prepend_bos=getattr(config, "prepend_bos", True), announce=announce)
+                         prepend_bos=getattr(config, "prepend_bos", True))
 
 
 def config_and_model(config_cls, model, config_fields: dict):
@@ -256,7 +255,7 @@ def main_resumable(args: argparse.Namespace, config, core: str, resumed) -> int:
     if saved:
         print(f"resuming from {checkpoint.path} ({resumed(saved)})")
     t0 = time.perf_counter()
-    model = load_for(config, announce=lambda line: print(line, flush=True))
+    model = load_for(config)
     load_s = time.perf_counter() - t0
     print(describe_model(model), flush=True)
     result = importlib.import_module(core).run(model, config, resume=saved, on_save=checkpoint.save)

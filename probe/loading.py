@@ -512,7 +512,11 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
 
         hf_model = copy_module.deepcopy(ckpt.hf_model) if copy else ckpt.hf_model
         model = boot_bridge(ckpt.hf_name, hf_model, ckpt.tokenizer)
-        model.to(device)
+        import contextlib
+        import io
+
+        with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints "Moving model to device" on stdout
+            model.to(device)
         spec = spec_from_bridge(ckpt.name, ckpt.hf_name, f"{ckpt.precision}; TransformerLens backend", model)
     return LoadedModel(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
 

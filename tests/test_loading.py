@@ -89,3 +89,13 @@ def test_usage_errors_are_one_line(argv, fragment, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("headprobe") and ": error: " in err and fragment in err and "--help" in err
+
+
+def test_wrapping_prints_nothing_on_stdout(tiny_tokenizer, capfd):
+    """A command's stdout is its report: the bridge's own "Moving model to device" must not reach it."""
+    from headprobe.probe.loading import wrap
+    from zoo import make_checkpoint
+
+    for backend in ("transformer-lens", "native"):
+        wrap(make_checkpoint("llama", tiny_tokenizer), backend=backend)
+        assert capfd.readouterr().out == "", backend

@@ -462,7 +462,7 @@ def main(args: argparse.Namespace) -> int:
     config.read_text()
     prepare_output_dir(args.out, args.overwrite, create=False)
     t0 = time.perf_counter()
-    model = options.load_for(config, announce=lambda line: print(line, flush=True))
+    model = options.load_for(config)
     load_s = time.perf_counter() - t0
     print(options.describe_model(model), flush=True)
     result = run(model, config)
