@@ -36,7 +36,10 @@ def parse_heads(text: str, n_layers: int, n_heads: int) -> list[Head]:
         HeadprobeError: a malformed entry or a head outside ``n_layers x n_heads``.
     """
     heads: list[Head] = []
-    for item in filter(None, (s.strip() for s in text.split(","))):
+    items = [s.strip() for s in text.split(",")]
+    if "" in items and any(items):  # "5.1," or "5.1,,7.3": a head left out by mistake?
+        raise HeadprobeError(f"empty entry in the head list {text!r}; give layer.head entries separated by single commas")
+    for item in filter(None, items):
         parts = item.split(".")
         if len(parts) != 2 or not all(p.isdigit() for p in parts):
             raise HeadprobeError(f"head {item!r} is not of the form layer.head (e.g. 5.1)")

@@ -111,6 +111,11 @@ def test_parse_heads_checks_form_and_range():
         parse_heads("40.3", 30, 9)
     with pytest.raises(HeadprobeError, match="layer.head"):
         parse_heads("5-1", 30, 9)
+    for text in ("18.6,", "5.1,,7.3", " , 5.1"):
+        with pytest.raises(HeadprobeError, match="empty entry in the head list"):
+            parse_heads(text, 30, 9)
+    with pytest.raises(HeadprobeError, match="no heads given"):
+        parse_heads(" ", 30, 9)
 
 
 def test_ablate_cli_heads_subset_and_out_of_range(tiny_dir, tmp_path):
