@@ -432,8 +432,8 @@ def test_cli_recommend(capsys):
     (["--preset", "llama3-8b", "--compare", "--flops-table"], "--compare and --flops-table are separate modes"),
     (["--d-model", "128", "--n-layers", "2", "--n-heads", "8", "--n-kv-heads", "3"], "not divisible by n_kv_heads"),
     (["--preset", "nope"], "unknown preset"),
-    (["--preset", "llama3-8b", "--seq-len", "0"], "seq_len must be a positive integer"),
-    (["--d-model", "128", "--n-layers", "-4", "--n-heads", "8"], "n_layers must be a positive integer"),
+    (["--preset", "llama3-8b", "--seq-len", "0"], "argument --seq-len: must be a positive integer, got 0"),
+    (["--d-model", "128", "--n-layers", "-4", "--n-heads", "8"], "argument --n-layers: must be a positive integer, got -4"),
     (["--n-heads", "4"], "missing --d-model, --n-layers"),
     (["--recommend", "--params", "lots", "--seq-len", "4096"], "parameter count"),
 ])

@@ -78,16 +78,15 @@ def test_exactly_one_bos(tiny_gpt2):
     ([], "required: COMMAND"),
     (["scna"], "invalid choice: 'scna'"),
     (["scan", "--modle", "x", "--out", "o"], "unrecognized arguments: --modle"),
-    (["budget", "--preset", "gpt2-small", "--seq-len", "abc"], "invalid int value: 'abc'"),
+    (["budget", "--preset", "gpt2-small", "--seq-len", "abc"], "must be a positive integer, got 'abc'"),
 ])
 def test_usage_errors_are_one_line(argv, fragment, capsys):
     """argparse's own errors follow the one-line rule too (no usage block), in process."""
     from headprobe.cli import main
 
-    with pytest.raises(SystemExit) as e:
-        main(argv)
+    code = main(argv)  # argparse's SystemExit becomes main's return value
     err = capsys.readouterr().err
-    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("headprobe") and ": error: " in err and fragment in err and "--help" in err
 
 

@@ -30,7 +30,7 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from headprobe.options import dtype_name
+from headprobe.options import dtype_name, positive_int
 from headprobe.probe import cost
 from headprobe.probe.cost import AttentionLayout, format_bytes, format_flops, format_tflop
 from headprobe.probe.errors import HeadprobeError
@@ -83,31 +83,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--preset", help=f"a published layout: {', '.join(cost.PRESETS)}")
     src.add_argument("--model", help="load this model (e.g. smollm2-135m, gpt2, a local directory), read its layout "
                                      "and check the formulas against its own KV cache and attention parameters")
-    src.add_argument("--d-model", type=int, help="residual width D")
-    src.add_argument("--n-layers", type=int, help="number of attention layers")
-    src.add_argument("--n-heads", type=int, help="query heads H")
-    src.add_argument("--n-kv-heads", type=int, help="key/value heads (default: --n-heads, i.e. MHA; 1 is MQA)")
-    src.add_argument("--d-head", type=int, help="head width (default: d_model / n_heads)")
+    src.add_argument("--d-model", type=positive_int, help="residual width D")
+    src.add_argument("--n-layers", type=positive_int, help="number of attention layers")
+    src.add_argument("--n-heads", type=positive_int, help="query heads H")
+    src.add_argument("--n-kv-heads", type=positive_int, help="key/value heads (default: --n-heads, i.e. MHA; 1 is MQA)")
+    src.add_argument("--d-head", type=positive_int, help="head width (default: d_model / n_heads)")
     src.add_argument("--bias", choices=cost.BIAS_KINDS, help="projections with biases (default: the preset's, else none)")
     src.add_argument("--qk-norm", choices=cost.QK_NORM_KINDS,
                      help="QK-norm weights: per_head (Qwen3, Gemma 3) or full (OLMo 2) (default: the model's, else none)")
-    src.add_argument("--sliding-window", type=int, metavar="W",
+    src.add_argument("--sliding-window", type=positive_int, metavar="W",
                      help="layers attend to (and cache) at most W positions (Mistral: 4096); see --global-every")
-    src.add_argument("--global-every", type=int, metavar="N",
+    src.add_argument("--global-every", type=positive_int, metavar="N",
                      help="with --sliding-window: every N-th layer is global (Gemma 2: 2, Gemma 3: 6)")
-    src.add_argument("--kv-lora-rank", type=int, help="MLA: width of the cached KV latent (DeepSeek-V3: 512)")
-    src.add_argument("--q-lora-rank", type=int, help="MLA: width of the query latent (DeepSeek-V3: 1536)")
-    src.add_argument("--qk-rope-head-dim", type=int, help="MLA: width of the decoupled rotary key (DeepSeek-V3: 64)")
-    src.add_argument("--v-head-dim", type=int, help="MLA: width of each head's value (default: --d-head)")
+    src.add_argument("--kv-lora-rank", type=positive_int, help="MLA: width of the cached KV latent (DeepSeek-V3: 512)")
+    src.add_argument("--q-lora-rank", type=positive_int, help="MLA: width of the query latent (DeepSeek-V3: 1536)")
+    src.add_argument("--qk-rope-head-dim", type=positive_int, help="MLA: width of the decoupled rotary key (DeepSeek-V3: 64)")
+    src.add_argument("--v-head-dim", type=positive_int, help="MLA: width of each head's value (default: --d-head)")
     work = p.add_argument_group("workload")
-    work.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help=f"tokens per sequence T (default {DEFAULT_SEQ_LEN})")
-    work.add_argument("--batch", type=int, default=1, help="sequences per request (default 1)")
+    work.add_argument("--seq-len", type=positive_int, default=DEFAULT_SEQ_LEN, help=f"tokens per sequence T (default {DEFAULT_SEQ_LEN})")
+    work.add_argument("--batch", type=positive_int, default=1, help="sequences per request (default 1)")
     work.add_argument("--dtype", type=budget_dtype, default="bf16", metavar="{" + ",".join(cost.DTYPE_BYTES) + "}",
                       help="number format of cache and activations, sets the bytes per element "
                            "(default bf16; torch's names bfloat16, float32, float16 accepted)")
     mode = p.add_argument_group("modes")
     mode.add_argument("--compare", action="store_true", help="MHA, GQA (every group count) and MQA of the same width side by side")
-    mode.add_argument("--flops-table", nargs="*", type=int, metavar="T",
+    mode.add_argument("--flops-table", nargs="*", type=positive_int, metavar="T",
                       help=f"FLOPs of one layer at several lengths (default {' '.join(map(str, FLOPS_TABLE_SEQ_LENS))})")
     mode.add_argument("--as-mha", action="store_true", help="--flops-table: count K/V projections as MHA, as the lesson's table does")
     mode.add_argument("--recommend", action="store_true", help="propose a head layout for --params/--d-model, --seq-len, --kv-limit, --target")
