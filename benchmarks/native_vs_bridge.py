@@ -22,7 +22,7 @@ import time
 import torch
 
 from headprobe.probe.convert import from_hf
-from headprobe.probe.loading import _load_hf, _resolve, boot_bridge
+from headprobe.probe.loading import _load_hf, _resolve, boot_bridge, canonical_name
 
 
 def timed(fn, repeats: int, device: str) -> float:
@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
 
-    hf_name, _, kwargs = _resolve(args.model)
+    hf_name, _, kwargs = _resolve(canonical_name(args.model))
     hf, tokenizer = _load_hf(**kwargs)
     native = from_hf(hf).to(args.device)
     bridge = boot_bridge(hf_name, hf, tokenizer).to(args.device)

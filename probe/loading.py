@@ -338,13 +338,16 @@ def _load_source(name: str, kwargs: dict[str, Any], quiet: bool):
     )
 
 
-def _resolve(name: str) -> tuple[str, str, dict[str, Any]]:
-    """Map a user's model argument to (hf_name, precision, loader kwargs for _load_hf).
+def canonical_name(name: str) -> str:
+    """headprobe's short names (``smollm2-135m``, ``gpt2``, ...) are case-insensitive: ``SmolLM2-135M``
+    -> ``smollm2-135m`` (the name in titles and summary.json); paths and Hugging Face names are
+    kept as written."""
+    return name.lower() if name.lower() in (SMOLLM2_NAME, *ALIASES) and not Path(name).exists() else name
 
-    headprobe's short names (``smollm2-135m``, ``gpt2``, ...) are case-insensitive; paths and
-    Hugging Face names are taken as written."""
-    if name.lower() in (SMOLLM2_NAME, *ALIASES) and not Path(name).exists():
-        name = name.lower()
+
+def _resolve(name: str) -> tuple[str, str, dict[str, Any]]:
+    """Map a user's model argument (as :func:`canonical_name` gives it) to (hf_name, precision,
+    loader kwargs for _load_hf)."""
     if name == SMOLLM2_NAME:
         path = smollm2_gguf_path()
         return SMOLLM2_HF_NAME, SMOLLM2_PRECISION, dict(source=str(path.parent), local_only=True, gguf_file=path.name)
@@ -468,6 +471,7 @@ def load_checkpoint(name: str = SMOLLM2_NAME, quiet: bool = False) -> Checkpoint
         HeadprobeError: the model cannot be found or read, or its weights hold NaN or Inf
             (one line, says how to supply it).
     """
+    name = canonical_name(name)
     hf_name, precision, kwargs = _resolve(name)
     try:
         hf_model, tokenizer = _load_source(name, kwargs, quiet)

@@ -36,10 +36,15 @@ def test_unrelated_flag_gets_no_suggestion():
     assert p.returncode == 2 and "did you mean" not in p.stderr
 
 
-def test_model_short_names_are_case_insensitive():
-    from headprobe.probe.loading import SMOLLM2_HF_NAME, _resolve
+def test_model_short_names_are_case_insensitive(tmp_path, monkeypatch):
+    from headprobe.probe.loading import SMOLLM2_HF_NAME, _resolve, canonical_name
 
-    assert _resolve("SmolLM2-135M")[0] == _resolve("smollm2-135m")[0] == SMOLLM2_HF_NAME
+    assert canonical_name("SmolLM2-135M") == "smollm2-135m" and canonical_name("GPT2-Medium") == "gpt2-medium"
+    assert _resolve(canonical_name("SmolLM2-135M"))[0] == SMOLLM2_HF_NAME
+    assert canonical_name("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"  # hub names as written
+    (tmp_path / "GPT2").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert canonical_name("GPT2") == "GPT2"  # an existing directory is a path, not a short name
 
 
 @pytest.mark.parametrize("argv, message", [
