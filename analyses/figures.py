@@ -22,6 +22,10 @@ PAGE_WIDTH = 7.0
 _RC = {"font.size": 7, "axes.titlesize": 7.5, "axes.labelsize": 7, "xtick.labelsize": 6, "ytick.labelsize": 6}
 
 
+NOT_MEASURED_COLOR = "#bdbdbd"
+"""Heatmap cells of heads without a value (NaN), outside every colour scale used here."""
+
+
 def _figure(width: float, height: float) -> Figure:
     import matplotlib
 
@@ -56,6 +60,8 @@ def head_heatmap(
     Pass ``ax`` to draw into an existing axes (the figure is then ``ax.figure``); ``extend``
     marks clipped values on the colour bar (``"min"``, ``"max"``, ``"both"``).
     """
+    import matplotlib
+
     scores = np.asarray(scores, dtype=float)
     n_layers, n_heads = scores.shape
     if ax is None:
@@ -63,11 +69,13 @@ def head_heatmap(
         ax = fig.add_subplot()
     else:
         fig = ax.figure
-    im = ax.imshow(scores, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+    # NaN: a head not measured (e.g. not swept), drawn in a grey that is on no scale used here
+    colors = matplotlib.colormaps[cmap].with_extremes(bad=NOT_MEASURED_COLOR)
+    im = ax.imshow(scores, cmap=colors, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
     _head_axes(ax, n_layers, n_heads, group_size)
     ax.set_title(title)
     cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
-    cb.set_label(cbar_label)
+    cb.set_label(cbar_label + ("\n(grey: not measured)" if np.isnan(scores).any() else ""))
     return fig
 
 
@@ -187,7 +195,8 @@ def pruning_curve_plot(curves: Sequence[tuple[str, np.ndarray, dict[str, np.ndar
     axes[0].legend(frameon=False, fontsize=6)
     axes[0].set_title(title)
     axes[-1].set_xlabel("fraction of heads removed")
-    axes[-1].set_xlim(0, 1)
+    reach = max(float(np.max(frac)) for _, frac, _ in curves)  # the run's --max-fraction, not always 1
+    axes[-1].set_xlim(-0.02 * reach, 1.02 * reach)
     return fig
 
 

@@ -77,12 +77,20 @@ def score_token_set(model: Any, tokens: TokenSet, dataset: str, mean_z: bool = F
     return scores, logits, z_mean
 
 
+LABEL_CHARS = 10
+"""Longest token label in pattern plots; a longer token is cut and ends in ``…``."""
+
+
 def token_labels(model: Any, ids: Tensor) -> list[str]:
-    """Short printable labels (at most 10 characters) of token ids ``[pos]``, for pattern plots."""
+    """Short printable labels of token ids ``[pos]``, for pattern plots: at most
+    :data:`LABEL_CHARS` characters (a cut one ends in ``…``), except special tokens, which are
+    shown whole (``<|im_start|>``) so that BOS is recognisable."""
+    special = set(getattr(model.tokenizer, "all_special_ids", ()) or ())
     labels = []
     for i in ids.tolist():
         s = model.tokenizer.decode([i]).replace("\n", "\\n")
-        labels.append((s if s.strip() else repr(s)[1:-1] or "·")[:10])
+        s = s if s.strip() else repr(s)[1:-1] or "·"
+        labels.append(s if i in special or len(s) <= LABEL_CHARS else s[:LABEL_CHARS - 1] + "…")
     return labels
 
 
