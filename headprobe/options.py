@@ -153,7 +153,7 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
 def describe_model(model) -> str:
     """One line on a loaded model's layout and weights, for a command's progress output."""
     spec = model.spec
-    return (f"model {spec.name}: {spec.n_layers} layers x {spec.n_heads} heads ({spec.layout}, "
+    return (f"model {spec.name}: {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
             f"{spec.n_kv_heads} KV heads); weights: {spec.precision}")
 
 
