@@ -58,7 +58,7 @@ class AttentionLayout:
         q_lora_rank: MLA only: width of the compressed query latent c^Q (DeepSeek-V3: 1536);
             ``None`` means a full-rank query projection.
         qk_rope_head_dim: MLA only: width of the decoupled rotary key shared by all heads and of
-            each head's rotary query part (DeepSeek-V3: 64).
+            each head's rotary query part (DeepSeek-V3: 64); ``None`` or 0: none (learned positions).
         v_head_dim: MLA only: width of each head's value (Hugging Face ``v_head_dim``); ``None``
             means ``d_head`` (DeepSeek-V3: 128 = ``qk_nope_head_dim``).
         windows: the key window of each layer, ``n_layers`` entries, each a number of positions
@@ -95,8 +95,10 @@ class AttentionLayout:
         for field in ("d_model", "n_layers", "n_heads", "bytes_per_element"):
             _check_positive(field, getattr(self, field))
         for field in ("n_kv_heads", "d_head", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
-            if getattr(self, field) is not None:
-                _check_positive(field, getattr(self, field))
+            value = getattr(self, field)
+            # MLA without a rotary key has qk_rope_head_dim 0 (filled below), kept by replace()
+            if value is not None and not (field == "qk_rope_head_dim" and value == 0 and self.kv_lora_rank is not None):
+                _check_positive(field, value)
         if self.d_head is None:
             if self.d_model % self.n_heads:
                 raise HeadprobeError(

@@ -254,7 +254,7 @@ class TransformerConfig:
         common = dict(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, bias=bias, windows=windows)
         if self.is_mla:
             return AttentionLayout(d_head=self.d_qk_nope, kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank,
-                                   qk_rope_head_dim=self.qk_rope_head_dim or None, v_head_dim=self.d_head, **common)
+                                   qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.d_head, **common)
         return AttentionLayout(n_kv_heads=self.n_kv_heads, d_head=self.d_head,
                                qk_norm={None: "none", "head": "per_head", "all": "full"}[self.qk_norm], **common)
 

@@ -156,6 +156,19 @@ def test_windowed_kv_cache_matches_transformers_static_cache(family, T):
                                                  for p, wl in zip(cost.kv_positions(lay, T), windows)]
 
 
+def test_non_attention_layers_are_refused_by_budget_and_read_as_global_by_a_spec():
+    """budget's formulas cover attention layers only; a loaded hybrid model's spec (strict=False)
+    reads such a layer as global rather than refusing the model."""
+    from types import SimpleNamespace
+
+    from headprobe.probe.errors import HeadprobeError
+
+    cfg = SimpleNamespace(sliding_window=4, layer_types=["sliding_attention", "linear_attention", "full_attention"])
+    with pytest.raises(HeadprobeError, match="'linear_attention'.*attention layers only"):
+        layout.windows_from_hf_config(cfg, 3)
+    assert layout.windows_from_hf_config(cfg, 3, strict=False) == (4, None, None)
+
+
 def test_windowed_kv_by_hand():
     lay = AttentionLayout(d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, windows=(4, None, 6), bytes_per_element=2)
     assert cost.kv_positions(lay, 3) == [3, 3, 3]
