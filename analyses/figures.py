@@ -157,10 +157,10 @@ def signed_head_heatmap(values: np.ndarray, title: str, cbar_label: str, group_s
     return head_heatmap(values, title, cbar_label, cmap="RdBu_r", vmin=-vmax, vmax=vmax, group_size=group_size, ax=ax)
 
 
-def weights_label(precision: str) -> str:
-    """Short form of a ModelSpec's ``precision`` for figure titles: ``4-bit weights`` for the
+def weights_label(weights: str) -> str:
+    """Short form of a ModelSpec's ``weights`` for figure titles: ``4-bit weights`` for the
     quantized default model, else the first word (``float32 weights``)."""
-    return "4-bit weights" if "4-bit" in precision else f"{precision.split(' ')[0]} weights"
+    return "4-bit weights" if "4-bit" in weights else f"{weights.split(' ')[0]} weights"
 
 
 def ablation_effect_panels(panels: Sequence[tuple[str, np.ndarray]], group_size: int | None, suptitle: str,

@@ -152,7 +152,7 @@ def describe_model(model) -> str:
     """One line on a loaded model's device, precision, layout and weights, for a command's output."""
     spec = model.spec
     dtype = str(model.dtype).removeprefix("torch.")
-    return (f"model {spec.name} on {model.device.type} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.layout}, "
+    return (f"model {spec.name} on {model.device.type} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
             f"{spec.n_kv_heads} KV heads); weights: {spec.precision}")
 
 

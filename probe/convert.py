@@ -403,18 +403,8 @@ def from_hf(hf_model: Any) -> Transformer:
     return model.eval()
 
 
-def spec_from_native(name: str, hf_name: str, precision: str, cfg: TransformerConfig) -> ModelSpec:
-    """The :class:`ModelSpec` of a native model."""
-    return ModelSpec(
-        name=name,
-        hf_name=hf_name,
-        n_layers=cfg.n_layers,
-        n_heads=cfg.n_heads,
-        n_kv_heads=cfg.n_kv_heads,
-        d_head=cfg.d_head,
-        d_model=cfg.d_model,
-        d_vocab=cfg.d_vocab,
-        n_ctx=cfg.n_ctx,
-        precision=precision,
-        backend="native",
-    )
+def spec_from_native(name: str, hf_name: str, weights: str, cfg: TransformerConfig) -> ModelSpec:
+    """The :class:`ModelSpec` of a native model: its layout is ``cfg.layout``; ``weights`` says
+    where the weights come from and their precision (the backend is ``native``)."""
+    return ModelSpec(name=name, hf_name=hf_name, layout=cfg.layout, d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx,
+                     weights=weights, backend="native")

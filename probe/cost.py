@@ -1,7 +1,7 @@
 """What an attention layout costs: parameters, KV cache, FLOPs and attention-matrix memory.
 
-Pure, exact integer arithmetic over an :class:`AttentionLayout` (the shape of a model's attention)
-and a workload (``batch`` sequences of ``seq_len`` tokens). No torch, no model, no I/O.
+Pure, exact integer arithmetic over an :class:`~headprobe.probe.layout.AttentionLayout` (the shape
+of a model's attention, defined in :mod:`headprobe.probe.layout` and re-exported here) and a workload (``batch`` sequences of ``seq_len`` tokens). No torch, no model, no I/O.
 
 Units used throughout (every public function repeats the one it returns):
 
@@ -38,165 +38,14 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from headprobe.probe.errors import HeadprobeError
+# The layout lives in headprobe.probe.layout; re-exported so that cost.AttentionLayout keeps working.
+from headprobe.probe.layout import BIAS_KINDS, QK_NORM_KINDS, AttentionLayout, _check_positive  # noqa: F401
 
 KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40
 TFLOP = 10**12
 
 #: Bytes per element of the number formats a user may name (``--dtype``).
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-
-#: Bias conventions: which projections carry a bias vector.
-BIAS_KINDS = ("none", "qkv", "all")
-
-#: QK-norm conventions: normalisation weights on queries and keys before the scores.
-QK_NORM_KINDS = ("none", "per_head", "full")
-
-
-# ---------------------------------------------------------------------------------------------
-# The layout
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AttentionLayout:
-    """The attention shape of a decoder-only transformer.
-
-    Attributes:
-        d_model: residual stream width D.
-        n_layers: number of attention layers.
-        n_heads: number of query heads H.
-        n_kv_heads: number of key/value heads (H for MHA, 1 for MQA, a divisor of H for GQA).
-            ``None`` means ``n_heads``. Ignored by the KV-cache formula of an MLA layout, whose
-            cache is one latent shared by all heads.
-        d_head: width of one head. ``None`` means ``d_model // n_heads``. ``n_heads * d_head`` need
-            not equal ``d_model`` (DeepSeek-V3: 128 * 128 = 16384 > 7168). For MLA it is the
-            non-rotary query/key width and the value width (DeepSeek's ``qk_nope_head_dim`` =
-            ``v_head_dim`` = 128).
-        bias: which projections have biases: ``"none"`` (Llama, the original Transformer),
-            ``"qkv"`` (Qwen2.5) or ``"all"`` (GPT-2, GPT-3).
-        qk_norm: RMSNorm weights on queries and keys (Dehghani et al. 2023, arXiv:2302.05442):
-            ``"none"``; ``"per_head"``, one ``d_head`` weight for all query heads and one for all
-            key heads (Qwen3, Gemma 3: Hugging Face ``q_norm``/``k_norm`` of size ``head_dim``);
-            ``"full"``, over the whole projections, ``n_heads*d_head`` + ``n_kv_heads*d_head``
-            numbers (OLMo 2: ``q_norm``/``k_norm`` of ``Olmo2Attention``). Not for MLA.
-        bytes_per_element: bytes of one cached or stored number (2 for bf16/fp16).
-        kv_lora_rank: MLA only: width of the compressed KV latent c^KV (DeepSeek-V3: 512).
-            ``None`` means the layout is not MLA.
-        q_lora_rank: MLA only: width of the compressed query latent c^Q (DeepSeek-V3: 1536);
-            ``None`` means a full-rank query projection.
-        qk_rope_head_dim: MLA only: width of the decoupled rotary key shared by all heads and of
-            each head's rotary query part (DeepSeek-V3: 64).
-        v_head_dim: MLA only: width of each head's value (Hugging Face ``v_head_dim``); ``None``
-            means ``d_head`` (DeepSeek-V3: 128 = ``qk_nope_head_dim``).
-        windows: the key window of each layer, ``n_layers`` entries, each a number of positions
-            (sliding-window attention: the layer attends to, and caches, at most that many
-            positions, Mistral 7B, arXiv:2310.06825, "rolling buffer cache") or ``None``
-            (global attention). ``None`` for the whole field means every layer is global.
-            Gemma 2 alternates sliding (4096) and global layers.
-        name: a label for tables.
-
-    Raises:
-        HeadprobeError: a size is not a positive integer, ``d_model`` is not divisible by
-            ``n_heads`` when ``d_head`` is not given, ``n_heads`` is not divisible by
-            ``n_kv_heads``, an MLA size is given without ``kv_lora_rank``, ``bias`` or
-            ``qk_norm`` is unknown, ``qk_norm`` is set on MLA, or ``windows`` does not hold
-            ``n_layers`` entries of None or a positive integer.
-    """
-
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int | None = None
-    d_head: int | None = None
-    bias: str = "none"
-    bytes_per_element: int = 2
-    kv_lora_rank: int | None = None
-    q_lora_rank: int | None = None
-    qk_rope_head_dim: int | None = None
-    qk_norm: str = "none"
-    v_head_dim: int | None = None
-    windows: tuple[int | None, ...] | None = None
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        for field in ("d_model", "n_layers", "n_heads", "bytes_per_element"):
-            _check_positive(field, getattr(self, field))
-        for field in ("n_kv_heads", "d_head", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
-            if getattr(self, field) is not None:
-                _check_positive(field, getattr(self, field))
-        if self.d_head is None:
-            if self.d_model % self.n_heads:
-                raise HeadprobeError(
-                    f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}; "
-                    f"choose n_heads dividing d_model or give d_head explicitly"
-                )
-            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
-        if self.n_kv_heads is None:
-            object.__setattr__(self, "n_kv_heads", self.n_heads)
-        if self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads:
-            raise HeadprobeError(
-                f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}; "
-                f"each key/value head must serve a whole group of query heads"
-            )
-        if self.bias not in BIAS_KINDS:
-            raise HeadprobeError(f"unknown bias kind {self.bias!r}; choose one of {', '.join(BIAS_KINDS)}")
-        if self.kv_lora_rank is None and (self.q_lora_rank is not None or self.qk_rope_head_dim is not None
-                                          or self.v_head_dim is not None):
-            raise HeadprobeError("q_lora_rank, qk_rope_head_dim and v_head_dim describe MLA; give kv_lora_rank too")
-        if self.kv_lora_rank is not None and self.qk_rope_head_dim is None:
-            object.__setattr__(self, "qk_rope_head_dim", 0)
-        if self.kv_lora_rank is not None and self.v_head_dim is None:
-            object.__setattr__(self, "v_head_dim", self.d_head)
-        if self.qk_norm not in QK_NORM_KINDS:
-            raise HeadprobeError(f"unknown qk_norm kind {self.qk_norm!r}; choose one of {', '.join(QK_NORM_KINDS)}")
-        if self.qk_norm != "none" and self.kv_lora_rank is not None:
-            raise HeadprobeError("qk_norm describes MHA/GQA/MQA projections; MLA's latent norms are counted already")
-        if self.windows is not None:
-            windows = tuple(self.windows)
-            if len(windows) != self.n_layers:
-                raise HeadprobeError(f"windows holds {len(windows)} entries; give one per layer ({self.n_layers})")
-            for w in windows:
-                if w is not None:
-                    _check_positive("a layer's window", w)
-            object.__setattr__(self, "windows", windows if any(w is not None for w in windows) else None)
-
-    # -- derived names ---------------------------------------------------------------------
-
-    @property
-    def is_mla(self) -> bool:
-        """Whether this is multi-head latent attention (a ``kv_lora_rank`` is set)."""
-        return self.kv_lora_rank is not None
-
-    @property
-    def group_size(self) -> int:
-        """Query heads per key/value head: ``n_heads // n_kv_heads``."""
-        return self.n_heads // self.n_kv_heads
-
-    @property
-    def kind(self) -> str:
-        """``MLA``, ``MHA`` (n_kv_heads == n_heads), ``MQA`` (n_kv_heads == 1) or ``GQA``."""
-        if self.is_mla:
-            return "MLA"
-        if self.n_kv_heads == self.n_heads:
-            return "MHA"
-        return "MQA" if self.n_kv_heads == 1 else "GQA"
-
-    @property
-    def n_windowed_layers(self) -> int:
-        """How many layers attend within a sliding window (0 when every layer is global)."""
-        return sum(w is not None for w in self.windows or ())
-
-    def with_kv_heads(self, n_kv_heads: int) -> "AttentionLayout":
-        """The same layout (not MLA) with ``n_kv_heads`` key/value heads."""
-        return replace(self, n_kv_heads=n_kv_heads, kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=None,
-                       v_head_dim=None)
-
-    def as_mha(self) -> "AttentionLayout":
-        """The MHA layout of the same heads: one K and one V per query head, no latent."""
-        return self.with_kv_heads(self.n_heads)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def sliding_windows(n_layers: int, window: int | None, global_every: int | None = None) -> tuple[int | None, ...] | None:
@@ -217,11 +66,6 @@ def sliding_windows(n_layers: int, window: int | None, global_every: int | None 
     if global_every is not None:
         _check_positive("global_every", global_every)
     return tuple(None if global_every and (i + 1) % global_every == 0 else window for i in range(n_layers))
-
-
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise HeadprobeError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _check_workload(seq_len: int, batch: int) -> None:
@@ -254,16 +98,15 @@ def attention_weight_shapes(layout: AttentionLayout) -> dict[str, tuple[int, int
     if not layout.is_mla:
         kv = layout.n_kv_heads * dh
         return {"W_Q": (D, H * dh), "W_K": (D, kv), "W_V": (D, kv), "W_O": (H * dh, D)}
-    rope = layout.qk_rope_head_dim
     shapes: dict[str, tuple[int, int]] = {}
     if layout.q_lora_rank is None:
-        shapes["W_Q"] = (D, H * (dh + rope))
+        shapes["W_Q"] = (D, H * layout.d_qk)
     else:
         shapes["W_DQ"] = (D, layout.q_lora_rank)
-        shapes["W_UQ"] = (layout.q_lora_rank, H * (dh + rope))
-    shapes["W_DKV_KR"] = (D, layout.kv_lora_rank + rope)
-    shapes["W_UKV"] = (layout.kv_lora_rank, H * (dh + layout.v_head_dim))
-    shapes["W_O"] = (H * layout.v_head_dim, D)
+        shapes["W_UQ"] = (layout.q_lora_rank, H * layout.d_qk)
+    shapes["W_DKV_KR"] = (D, layout.kv_lora_rank + layout.qk_rope_head_dim)
+    shapes["W_UKV"] = (layout.kv_lora_rank, H * (dh + layout.d_value))
+    shapes["W_O"] = (H * layout.d_value, D)
     return shapes
 
 
@@ -274,7 +117,7 @@ def attention_params_per_layer(layout: AttentionLayout) -> int:
     whatever ``n_heads`` is (lesson 003: the H matrices d_model x d_head of W_Q together are one
     d_model x d_model matrix). GQA/MQA reduce W_K and W_V to ``d_model * n_kv_heads * d_head``
     each. Biases add one number per output feature of the projections that have them
-    (``"qkv"``: Q, K, V; ``"all"``: also O): GPT-2 small 4*768**2 + 4*768 = 2,362,368.
+    (``"qkv"``: Q, K, V; ``"all"``: also O; ``"out"``: O only): GPT-2 small 4*768**2 + 4*768 = 2,362,368.
 
     MLA adds the two RMSNorm weight vectors of the latents (``q_lora_rank`` and ``kv_lora_rank``
     numbers), which live inside the attention block in DeepSeek-V3. QK-norm adds its weights
@@ -288,7 +131,7 @@ def attention_params_per_layer(layout: AttentionLayout) -> int:
     total = sum(i * o for i, o in shapes.values())
     if layout.bias in ("qkv", "all"):
         total += sum(o for name, (_, o) in shapes.items() if name != "W_O")
-    if layout.bias == "all":
+    if layout.bias in ("all", "out"):
         total += shapes["W_O"][1]
     if layout.is_mla:
         total += layout.kv_lora_rank + (layout.q_lora_rank or 0)
@@ -326,7 +169,7 @@ def kv_numbers_per_token_per_layer(layout: AttentionLayout, decompressed: bool =
     """
     if layout.is_mla:
         if decompressed:
-            return layout.n_heads * (layout.d_head + layout.qk_rope_head_dim + layout.v_head_dim)
+            return layout.n_heads * (layout.d_qk + layout.d_value)
         return layout.kv_lora_rank + layout.qk_rope_head_dim
     return 2 * layout.n_kv_heads * layout.d_head
 
@@ -437,9 +280,7 @@ def score_flops(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
         FLOPs.
     """
     _check_workload(seq_len, batch)
-    d_qk = layout.d_head + (layout.qk_rope_head_dim if layout.is_mla else 0)
-    d_v = layout.v_head_dim if layout.is_mla else layout.d_head
-    return 2 * batch * layout.n_heads * seq_len**2 * (d_qk + d_v)
+    return 2 * batch * layout.n_heads * seq_len**2 * (layout.d_qk + layout.d_value)
 
 
 @dataclass(frozen=True)
@@ -519,11 +360,8 @@ def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1)
         bytes.
     """
     _check_workload(seq_len, batch)
-    H, dh, n = layout.n_heads, layout.d_head, batch * seq_len
-    if layout.is_mla:
-        d_qk, kv_heads, d_v = dh + layout.qk_rope_head_dim, H, layout.v_head_dim
-    else:
-        d_qk, kv_heads, d_v = dh, layout.n_kv_heads, dh
+    H, n, d_qk, d_v = layout.n_heads, batch * seq_len, layout.d_qk, layout.d_value
+    kv_heads = H if layout.is_mla else layout.n_kv_heads  # MLA: decompressed keys and values, one per head
     numbers = n * (H * d_qk + kv_heads * d_qk + kv_heads * d_v + H * d_v)
     return numbers * layout.bytes_per_element + n * H * 4
 

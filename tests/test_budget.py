@@ -168,12 +168,13 @@ LAYOUTS = [  # d_model, n_heads, n_kv_heads, d_head, bias
     (64, 8, 1, 8, "none"),  # MQA
     (96, 4, 2, 32, "qkv"),  # heads wider than the model, Qwen-style biases
     (48, 6, 3, 8, "all"),
+    (48, 6, 2, 8, "out"),  # a bias on W_O only (a native TransformerConfig(bias=True, qkv_bias=False))
 ]
 
 
 @pytest.mark.parametrize("d, h, kv, dh, bias", LAYOUTS)
 def test_params_match_a_torch_module(d, h, kv, dh, bias):
-    ref = _ReferenceAttention(d, h, kv, dh, qkv_bias=bias != "none", o_bias=bias == "all")
+    ref = _ReferenceAttention(d, h, kv, dh, qkv_bias=bias in ("qkv", "all"), o_bias=bias in ("all", "out"))
     lay = AttentionLayout(d_model=d, n_layers=1, n_heads=h, n_kv_heads=kv, d_head=dh, bias=bias)
     assert cost.attention_params_per_layer(lay) == sum(p.numel() for p in ref.parameters())
 

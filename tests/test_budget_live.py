@@ -16,7 +16,7 @@ import zoo
 
 from headprobe.cli import main
 from headprobe.commands import budget
-from headprobe.probe import cost
+from headprobe.probe import cost, layout
 from headprobe.probe.cost import AttentionLayout
 
 
@@ -82,7 +82,7 @@ def test_live_check_reads_mla_and_qk_norm_from_the_config(zoo_dirs, capsys):
 
 def test_a_wrong_formula_is_a_mismatch(zoo_dirs, capsys, monkeypatch):
     """The check can fail: without the QK-norm term the Qwen3 count disagrees (exit 1)."""
-    monkeypatch.setitem(budget.QK_NORM_OF_MODEL_TYPE, "qwen3", "none")
+    monkeypatch.setitem(layout.QK_NORM_OF_MODEL_TYPE, "qwen3", "none")  # the bridge's spec reads it at load
     code = main(["budget", "--model", zoo_dirs("qwen3")])
     out = capsys.readouterr().out
     assert code == 1 and "MISMATCH: the formulas disagree with the model" in out
@@ -143,7 +143,7 @@ def test_windowed_kv_cache_matches_transformers_static_cache(family, T):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **z), attn_implementation="eager").eval()
     cfg = model.config
-    windows = budget.windows_from_hf_config(cfg, cfg.num_hidden_layers)
+    windows = layout.windows_from_hf_config(cfg, cfg.num_hidden_layers)
     w = z["sliding_window"]
     assert windows == ((w, None, w, None) if family == "gemma2" else (w,) * 4)  # Gemma 2 alternates, Mistral does not
     lay = AttentionLayout(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, d_head=16, windows=windows, bytes_per_element=4)
@@ -154,6 +154,19 @@ def test_windowed_kv_cache_matches_transformers_static_cache(family, T):
     dynamic = _hf_cache_after(model, T, DynamicCache(config=cfg))
     assert [k.shape[-2] for k, _ in dynamic] == [p if (wl is None or T < wl) else wl - 1
                                                  for p, wl in zip(cost.kv_positions(lay, T), windows)]
+
+
+def test_non_attention_layers_are_refused_by_budget_and_read_as_global_by_a_spec():
+    """budget's formulas cover attention layers only; a loaded hybrid model's spec (strict=False)
+    reads such a layer as global rather than refusing the model."""
+    from types import SimpleNamespace
+
+    from headprobe.probe.errors import HeadprobeError
+
+    cfg = SimpleNamespace(sliding_window=4, layer_types=["sliding_attention", "linear_attention", "full_attention"])
+    with pytest.raises(HeadprobeError, match="'linear_attention'.*attention layers only"):
+        layout.windows_from_hf_config(cfg, 3)
+    assert layout.windows_from_hf_config(cfg, 3, strict=False) == (4, None, None)
 
 
 def test_windowed_kv_by_hand():

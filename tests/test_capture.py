@@ -35,7 +35,7 @@ def test_head_results_match_a_loop_over_heads():
 
 def test_gqa_kv_head_is_group_index_not_modulo(tiny_llama_gqa):
     spec = tiny_llama_gqa.spec
-    assert (spec.n_heads, spec.n_kv_heads, spec.group_size, spec.layout) == (8, 2, 4, "GQA")
+    assert (spec.n_heads, spec.n_kv_heads, spec.group_size, spec.kind) == (8, 2, 4, "GQA")
     heads = torch.arange(8)
     assert kv_head_of(heads, 8, 2).tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
     assert spec.kv_head(5) == 1  # h // 4, not h % 2 (= 1 as well for 5, so check 6 too)

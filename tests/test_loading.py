@@ -63,7 +63,7 @@ def test_local_directory_loads_through_the_bridge(tmp_path, tiny_tokenizer):
     hf.save_pretrained(tmp_path)
     tiny_tokenizer.save_pretrained(tmp_path)
     model = load_model(str(tmp_path), backend="transformer-lens")
-    assert (model.spec.n_layers, model.spec.n_heads, model.spec.layout) == (1, 2, "MHA")
+    assert (model.spec.n_layers, model.spec.n_heads, model.spec.kind) == (1, 2, "MHA")
     tokens = torch.randint(0, 100, (1, 8))
     torch.testing.assert_close(model.forward(tokens), hf(tokens).logits, atol=1e-5, rtol=0)
 

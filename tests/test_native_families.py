@@ -247,6 +247,91 @@ def test_variants_equal_hugging_face(tiny_tokenizer, family_name, change):
     assert (fast.loss - slow.loss).abs().max() < SWEEP_ATOL
 
 
+# ---------------------------------------------------------------------------------------------
+# One layout: the native config, both loaders' specs and the cost formulas agree
+# ---------------------------------------------------------------------------------------------
+
+#: Family -> (kind, bias, QK-norm, windows) of its tiny zoo model, by hand from tests/zoo.py and
+#: the Hugging Face modules (GPT-2's c_attn/c_proj and NeoX's query_key_value/dense carry biases,
+#: Qwen2's q/k/v only; Qwen3 normalises per head, OLMo-2 whole projections; Mistral slides on
+#: every layer, Gemma-2 on layer 0 of 2).
+ZOO_LAYOUTS = {
+    "gpt2": ("MHA", "all", "none", None), "llama": ("GQA", "none", "none", None),
+    "mistral": ("GQA", "none", "none", (8, 8)), "qwen2": ("GQA", "qkv", "none", None),
+    "qwen3": ("GQA", "none", "per_head", None), "olmo2": ("GQA", "none", "full", None),
+    "gemma2": ("GQA", "none", "none", (8, None)), "gpt_neox": ("MHA", "all", "none", None),
+    "deepseek_v3": ("MLA", "none", "none", None),
+}
+
+
+def _assert_one_layout(ckpt, native):
+    """The native spec's layout is its config's, the bridge's spec reads the same one from
+    TransformerLens and the Hugging Face config, and the formulas count the parameters that are
+    in the native model's and Hugging Face's attention modules; ``spec.d_head`` is z's width."""
+    from headprobe.probe import cost
+    from headprobe.probe.convert import config_from_hf
+    from headprobe.probe.layout import attention_module
+
+    lay = native.spec.layout
+    assert lay == native.model.cfg.layout == config_from_hf(ckpt.hf_model.config).layout
+    assert wrap(ckpt, backend="transformer-lens").spec.layout == lay
+    n_params = cost.attention_params_per_layer(lay)
+    assert [sum(p.numel() for p in b.attn.parameters()) for b in native.model.blocks] == [n_params] * lay.n_layers
+    assert sum(p.numel() for p in attention_module(ckpt.hf_model).parameters()) == n_params
+    assert native.model.blocks[0].attn.o_proj.in_features == lay.n_heads * native.spec.d_head == lay.n_heads * lay.d_value
+    return lay
+
+
+def test_one_layout_for_config_spec_and_formulas(family):
+    name, ckpt, model = family
+    lay = _assert_one_layout(ckpt, model)
+    assert (lay.kind, lay.bias, lay.qk_norm, lay.windows) == ZOO_LAYOUTS[name]
+    assert (model.spec.kind, model.spec.n_kv_heads) == (lay.kind, 4 if lay.kind in ("MHA", "MLA") else 2)
+
+
+@pytest.mark.parametrize("family_name, change", [
+    ("deepseek_v3", dict(q_lora_rank=24)),  # the query latent and its norm
+    ("deepseek_v3", dict(qk_nope_head_dim=12, v_head_dim=28)),  # z wider than the non-rotary q/k part
+    ("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)),  # n_heads * head_dim != d_model
+    ("qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),  # layer 1 slides
+])
+def test_one_layout_for_variants(tiny_tokenizer, family_name, change):
+    ckpt = _variant(family_name, tiny_tokenizer, **change)
+    lay = _assert_one_layout(ckpt, wrap(ckpt, backend="native"))
+    hf = ckpt.hf_model.config
+    if family_name == "deepseek_v3":
+        assert (lay.d_head, lay.d_value, lay.q_lora_rank) == (hf.qk_nope_head_dim, hf.v_head_dim, hf.q_lora_rank)
+    if family_name == "qwen2":
+        assert lay.windows == (None, 8)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(bias=True),  # GPT-2: "all"
+    dict(bias=False, qkv_bias=True),  # "qkv"
+    dict(bias=True, qkv_bias=False),  # W_O only: "out"
+    dict(bias=False, qk_norm="head", head_dim=24, n_kv_heads=2),
+    dict(bias=False, qk_norm="all", n_kv_heads=1),
+    dict(bias=False, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=6, q_lora_rank=12, positional="rotary"),
+    dict(bias=False, kv_lora_rank=8),  # MLA without a rotary key (learned positions)
+])
+def test_config_layout_counts_the_attention_module(fields):
+    """The formula on ``TransformerConfig.layout`` equals the parameters of the module the config
+    builds; changing the layout's bias or QK-norm changes the count (the comparison can fail)."""
+    from dataclasses import replace
+
+    from headprobe.probe import cost
+    from headprobe.probe.model import Transformer
+
+    cfg = TransformerConfig(n_layers=1, d_model=32, n_heads=4, d_vocab=11, mlp=None, **fields)
+    lay = cfg.layout
+    counted = sum(p.numel() for p in Transformer(cfg).blocks[0].attn.parameters())
+    assert cost.attention_params_per_layer(lay) == counted
+    others = [replace(lay, bias=b) for b in ("none", "qkv", "all", "out") if b != lay.bias]
+    if not lay.is_mla:
+        others += [replace(lay, qk_norm=q) for q in ("none", "per_head", "full") if q != lay.qk_norm]
+    assert all(cost.attention_params_per_layer(o) != counted for o in others)
+
+
 def test_deepseek_mixture_of_experts_is_refused_in_one_line(tiny_tokenizer):
     from headprobe.probe.convert import config_from_hf
     from headprobe.probe.errors import HeadprobeError

@@ -476,13 +476,15 @@ def tiny_tokenizer(tmp_path, d_vocab=101):
 
 
 def test_patterns_and_results_equal_transformer_bridge(tmp_path):
+    from headprobe.probe.layout import attention_bias
     from headprobe.probe.loading import boot_bridge, spec_from_bridge
 
     hf = random_gpt2()
     native = from_hf(hf)
     tokenizer = tiny_tokenizer(tmp_path)
+    bias = attention_bias(hf)  # read before the bridge rewires the model
     bridge = boot_bridge("gpt2", hf, tokenizer)
-    tl = LoadedModel(bridge, tokenizer, spec_from_bridge("tiny", "gpt2", "float32", bridge))
+    tl = LoadedModel(bridge, tokenizer, spec_from_bridge("tiny", "gpt2", "float32", bridge, bias))
     ours = LoadedModel(native, tokenizer, spec_from_native("tiny", "gpt2", "float32", native.cfg))
     assert (ours.spec.backend, tl.spec.backend) == ("native", "transformer-lens")
     assert ours.spec == dataclasses.replace(tl.spec, backend="native")  # the same layout read two ways
@@ -503,8 +505,8 @@ def test_load_native_from_local_directory(tmp_path):
     tokenizer.save_pretrained(tmp_path / "model")
     loaded = load_model(str(tmp_path / "model"), backend="native")
     assert isinstance(loaded.model, Transformer)
-    assert (loaded.spec.n_layers, loaded.spec.n_heads, loaded.spec.n_kv_heads, loaded.spec.layout) == (2, 4, 4, "MHA")
-    assert "native backend" in loaded.spec.precision
+    assert (loaded.spec.n_layers, loaded.spec.n_heads, loaded.spec.n_kv_heads, loaded.spec.kind) == (2, 4, 4, "MHA")
+    assert loaded.spec.backend == "native" and loaded.spec.precision.endswith("; native backend")
     t = tokens(pos=10, d_vocab=100)
     with torch.no_grad():
         torch.testing.assert_close(loaded.forward(t), hf(t).logits, atol=1e-4, rtol=0)

@@ -133,4 +133,6 @@ def test_native_and_bridge_backends_give_the_same_scores_on_smollm2(smollm2, smo
         for col in ours:
             if col != "positional_offset":
                 torch.testing.assert_close(ours[col], theirs[col], atol=1e-4, rtol=0)
-    assert "native backend" in smollm2_native.spec.precision and "TransformerLens" in smollm2.spec.precision
+    assert (smollm2_native.spec.backend, smollm2.spec.backend) == ("native", "transformer-lens")
+    assert smollm2_native.spec.precision.endswith("; native backend")  # as summary.json prints it
+    assert smollm2.spec.precision.endswith("; TransformerLens backend")

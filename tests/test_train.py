@@ -64,7 +64,7 @@ def test_seeded_runs_are_identical(tiny_run, tokenizer):
 
 def test_gqa_run(tokenizer):
     r = train(dataclasses.replace(TINY, n_heads=4, n_kv_heads=2, steps=2, eval_every=2), tokenizer)
-    assert r.loaded.spec.layout == "GQA" and r.loaded.model.blocks[0].attn.k_proj.out_features == 2 * 4
+    assert r.loaded.spec.kind == "GQA" and r.loaded.model.blocks[0].attn.k_proj.out_features == 2 * 4
 
 
 def test_checkpoint_reloads_with_same_logits(tiny_run, tmp_path):
@@ -74,7 +74,7 @@ def test_checkpoint_reloads_with_same_logits(tiny_run, tmp_path):
     for name in ("train_log.csv", "summary.json", "config.json", "headprobe_model.pt", "training.png", "training.pdf"):
         assert (tmp_path / name).is_file(), name
     loaded = load_model(str(tmp_path))
-    assert loaded.spec.layout == "MHA" and loaded.model.cfg == tiny_run.loaded.model.cfg
+    assert loaded.spec.kind == "MHA" and loaded.model.cfg == tiny_run.loaded.model.cfg
     tokens = copy_sequences(4, TINY.seq_len, TINY.n_words, 4, 12, torch.Generator().manual_seed(9))
     with torch.no_grad():
         torch.testing.assert_close(loaded.forward(tokens), tiny_run.loaded.forward(tokens), rtol=0, atol=0)

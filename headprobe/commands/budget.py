@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
@@ -34,6 +33,7 @@ from headprobe.options import dtype_name, positive_int
 from headprobe.probe import cost
 from headprobe.probe.cost import AttentionLayout, format_bytes, format_flops, format_tflop
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.layout import attention_module, windows_from_hf_config
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -49,13 +49,6 @@ CHECK_MIN_TOKENS = 16  # and at least this many (a tokenizer may read the prompt
 #: torch's dtype names -> budget's short names (the keys of :data:`cost.DTYPE_BYTES`).
 TORCH_DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
                      "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "int8": "int8"}
-
-#: Hugging Face ``model_type`` -> QK-norm kind of its attention module (see cost.AttentionLayout):
-#: ``q_norm``/``k_norm`` of size ``head_dim`` (Qwen3Attention, Gemma3Attention) or over the whole
-#: projections (Olmo2Attention, Olmo3Attention, OlmoeAttention).
-QK_NORM_OF_MODEL_TYPE = {"qwen3": "per_head", "qwen3_moe": "per_head", "gemma3": "per_head",
-                         "gemma3_text": "per_head", "olmo2": "full", "olmo3": "full", "olmoe": "full"}
-
 
 def budget_dtype(text: str) -> str:
     """``--dtype``: a short name (``bf16``, ``fp32``, ``fp16``, ``fp8``, ``int8``) or torch's
@@ -134,7 +127,7 @@ class BudgetConfig:
         n_heads: query heads H; overrides the preset's or model's (and resets n_kv_heads, d_head).
         n_kv_heads: key/value heads (None: the base's, else n_heads, i.e. MHA).
         d_head: head width (None: the base's, else d_model // n_heads).
-        bias: which projections carry biases: "none", "qkv" or "all" (None: the base's, else none).
+        bias: which projections carry biases: "none", "qkv", "all" or "out" (None: the base's, else none).
         qk_norm: QK-norm weights: "none", "per_head" or "full" (None: the base's, else none).
         sliding_window: every layer (but see global_every) attends to at most this many positions.
         global_every: with sliding_window, every global_every-th layer (1-based) is global instead.
@@ -424,74 +417,13 @@ def hf_config(loaded: Any) -> Any | None:
     return getattr(hf, "config", None)
 
 
-def windows_from_hf_config(config: Any, n_layers: int) -> tuple[int | None, ...] | None:
-    """Per-layer windows of a Hugging Face config, read as transformers' caches read them
-    (``transformers.cache_utils.get_layer_types_and_kwargs``): ``layer_types`` when present
-    (``sliding_attention`` -> ``sliding_window``, ``chunked_attention`` -> ``attention_chunk_size``,
-    ``full_attention`` -> None), else every layer windowed when ``sliding_window`` is set
-    (Mistral), else None (all global).
-
-    Raises:
-        HeadprobeError: a layer type that is not attention (a recurrent or linear layer), whose
-            cost these formulas do not cover.
-    """
-    window = getattr(config, "sliding_window", None)
-    chunk = getattr(config, "attention_chunk_size", None)
-    types = getattr(config, "layer_types", None)
-    if types is None:
-        kind = "sliding_attention" if window is not None else "chunked_attention" if chunk is not None else "full_attention"
-        types = [kind] * n_layers
-    out: list[int | None] = []
-    for t in list(types)[:n_layers]:
-        if t == "sliding_attention":
-            out.append(window)
-        elif t == "chunked_attention":
-            out.append(chunk)
-        elif t == "full_attention":
-            out.append(None)
-        else:
-            raise HeadprobeError(f"layer type {t!r}: headprobe budget's formulas cover attention layers only")
-    return tuple(out) if any(w is not None for w in out) else None
-
-
-def layout_of_model(loaded: Any, bias: str = "none", bytes_per_element: int = 4) -> AttentionLayout:
-    """A loaded model's layout: sizes from its ``spec``; QK-norm (by ``model_type``, see
-    :data:`QK_NORM_OF_MODEL_TYPE`), sliding windows (:func:`windows_from_hf_config`) and the MLA
-    sizes (``kv_lora_rank``, ``q_lora_rank``, ``qk_rope_head_dim``, ``qk_nope_head_dim`` as
-    ``d_head``, ``v_head_dim``) from its Hugging Face config.
-
-    Raises:
-        HeadprobeError: the config has a non-attention layer type.
-    """
-    s = loaded.spec
-    cfg = hf_config(loaded)
-    common = dict(d_model=s.d_model, n_layers=s.n_layers, n_heads=s.n_heads, bias=bias,
-                  bytes_per_element=bytes_per_element, name=s.name)
-    if cfg is None:
-        return AttentionLayout(n_kv_heads=s.n_kv_heads, d_head=s.d_head, **common)
-    windows = windows_from_hf_config(cfg, s.n_layers)
-    if getattr(cfg, "kv_lora_rank", None):
-        return AttentionLayout(d_head=cfg.qk_nope_head_dim, kv_lora_rank=cfg.kv_lora_rank,
-                               q_lora_rank=getattr(cfg, "q_lora_rank", None) or None,
-                               qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
-                               windows=windows, **common)
-    return AttentionLayout(n_kv_heads=s.n_kv_heads, d_head=s.d_head,
-                           qk_norm=QK_NORM_OF_MODEL_TYPE.get(getattr(cfg, "model_type", ""), "none"),
-                           windows=windows, **common)
-
-
-_ATTENTION_MODULE = re.compile(r"(^|\.)(layers|h)\.0\.(self_attn|attn|attention)$")
-
-
-def attention_params_of_hf_config(config: Any) -> tuple[int, str] | None:
-    """(parameters, bias kind) of layer 0's attention module as Hugging Face builds it from ``config``.
+def attention_params_of_hf_config(config: Any) -> int | None:
+    """Parameters of layer 0's attention module as Hugging Face builds it from ``config`` (a count).
 
     The model class is instantiated on the meta device (no memory, no weights), so the count is
-    what the architecture's own attention module holds (``self_attn``/``attn``/``attention`` of
-    ``layers.0``/``h.0``: projections, biases, QK-norm and MLA latent norms), independent of
-    any wrapper that rearranges the loaded weights. The bias kind is read from the names:
-    ``"all"`` when the output projection (``o_proj``, ``c_proj``, ``out_proj``, ``dense``)
-    has one, ``"qkv"`` when only others do.
+    what the architecture's own attention module holds
+    (:func:`~headprobe.probe.layout.attention_module`: projections, biases, QK-norm and MLA
+    latent norms), independent of any wrapper that rearranges the loaded weights.
 
     Returns:
         None when the module cannot be built or found.
@@ -507,19 +439,13 @@ def attention_params_of_hf_config(config: Any) -> tuple[int, str] | None:
             skeleton = AutoModelForCausalLM.from_config(config)
     except Exception:  # an architecture transformers cannot build from its config alone
         return None
-    module = next((m for n, m in skeleton.named_modules() if _ATTENTION_MODULE.search(n)), None)
-    if module is None:
-        return None
-    named = list(module.named_parameters())
-    biases = [n for n, _ in named if n.endswith("bias")]
-    has_o_bias = any(re.search(r"(o_proj|c_proj|out_proj|dense)", n) for n in biases)
-    bias = "none" if not biases else ("all" if has_o_bias else "qkv")
-    return sum(p.numel() for _, p in named), bias
+    module = attention_module(skeleton)
+    return None if module is None else sum(p.numel() for p in module.parameters())
 
 
-def attention_params_of_model(loaded: Any) -> tuple[int, str] | None:
-    """(parameters, bias kind) of layer 0's attention of a loaded model, from its Hugging Face
-    config (:func:`attention_params_of_hf_config`), or None without one."""
+def attention_params_of_model(loaded: Any) -> int | None:
+    """Parameters of layer 0's attention of a loaded model, from its Hugging Face config
+    (:func:`attention_params_of_hf_config`), or None without one."""
     cfg = hf_config(loaded)
     return None if cfg is None else attention_params_of_hf_config(cfg)
 
@@ -592,37 +518,41 @@ def measure_kv_cache(loaded: Any, n_tokens: int | None = None, text: str = CHECK
 
 
 def check_loaded(loaded: Any) -> tuple[AttentionLayout, dict[str, Any]]:
-    """Build a loaded model's layout (:func:`layout_of_model`) and compare the formulas with the model.
+    """Compare the formulas on a loaded model's own layout (``loaded.spec.layout``, the
+    :class:`~headprobe.probe.layout.AttentionLayout` its loader built) with the model.
 
     Two checks: the KV cache (cached layers, layer-0 key and value shapes, positions per layer,
     numbers per position per layer, bytes) against :func:`measure_kv_cache` over a sequence
     longer than the smallest sliding window (:func:`check_length`), and the attention parameters
-    of layer 0 against :func:`attention_params_of_model` (the bias kind is read from the module's
-    parameter names). For MLA the cache compared is the decompressed one Hugging Face keeps
+    of layer 0 against :func:`attention_params_of_model`, counted on a module Hugging Face builds
+    from the config. For MLA the cache compared is the decompressed one Hugging Face keeps
     (``cost.kv_numbers_per_token_per_layer(..., decompressed=True)``).
 
     Returns:
         (the layout in the model's element size, a check record with ``measured``, ``expected``
         and ``ok``).
+
+    Raises:
+        HeadprobeError: the Hugging Face config has a layer type that is not attention (see
+            :func:`~headprobe.probe.layout.windows_from_hf_config`); the model returns no cache.
     """
     s = loaded.spec
+    config = hf_config(loaded)
+    if config is not None:  # the spec reads a non-attention layer as global; the formulas do not cover it
+        windows_from_hf_config(config, s.n_layers)
     counted = attention_params_of_model(loaded)
-    bias = counted[1] if counted else "none"
-    lay = layout_of_model(loaded, bias=bias)
+    lay = replace(s.layout, name=s.name)
     n = check_length(lay, loaded.to_tokens(CHECK_PROMPT).shape[-1], s.n_ctx)
     measured = measure_kv_cache(loaded, n)
     lay = replace(lay, bytes_per_element=measured["element_bytes"])
     T = measured["tokens"]
     positions = cost.kv_positions(lay, T)
-    if lay.is_mla:
-        heads, d_k, d_v = lay.n_heads, lay.d_head + lay.qk_rope_head_dim, lay.v_head_dim
-    else:
-        heads, d_k, d_v = lay.n_kv_heads, lay.d_head, lay.d_head
+    heads = lay.n_heads if lay.is_mla else lay.n_kv_heads  # MLA: Hugging Face caches every head's key and value
     kv_bytes = cost.kv_bytes_per_request(lay, T, decompressed=True)
     expected = {
         "n_layers": lay.n_layers,
-        "key_shape": [1, heads, positions[0], d_k],
-        "value_shape": [1, heads, positions[0], d_v],
+        "key_shape": [1, heads, positions[0], lay.d_qk],
+        "value_shape": [1, heads, positions[0], lay.d_value],
         "positions_per_layer": positions,
         "numbers_per_token_per_layer": cost.kv_numbers_per_token_per_layer(lay, decompressed=True),
         "bytes": kv_bytes,
@@ -633,7 +563,7 @@ def check_loaded(loaded: Any) -> tuple[AttentionLayout, dict[str, Any]]:
                               "self_check": loaded.self_check.to_dict()}
     if counted is not None:
         formula = cost.attention_params_per_layer(lay)
-        record["attn_params_per_layer"] = {"counted": counted[0], "formula": formula, "ok": counted[0] == formula}
+        record["attn_params_per_layer"] = {"counted": counted, "formula": formula, "ok": counted == formula}
         record["ok"] = ok and record["attn_params_per_layer"]["ok"]
     if lay.is_mla:
         record["mla_latent_numbers_per_token_per_layer"] = cost.kv_numbers_per_token_per_layer(lay)

@@ -347,7 +347,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         "model": spec.name,
         "hf_name": spec.hf_name,
         "weights_precision": spec.precision,
-        "layout": {"attention": spec.layout, "n_layers": spec.n_layers, "n_heads": spec.n_heads,
+        "layout": {"attention": spec.kind, "n_layers": spec.n_layers, "n_heads": spec.n_heads,
                    "n_kv_heads": spec.n_kv_heads, "d_head": spec.d_head, "d_model": spec.d_model},
         "tokens": {
             "natural_text": {"source": result.natural.source, "sequences": int(result.natural.tokens.shape[0]),
@@ -379,7 +379,7 @@ def scan_figures(result: ScanResult) -> dict[str, object]:
     ``pattern_<type>`` and, after verification, the ``ablation`` bars."""
     spec = result.spec
     dets = [DETECTORS[name] for name in result.config.types]
-    tag = f"{spec.name} ({figs.weights_label(spec.precision)})"
+    tag = f"{spec.name} ({figs.weights_label(spec.weights)})"
     out: dict[str, object] = {}
     for det in dets:
         for style in det.figures:

@@ -133,10 +133,14 @@ class StudyConfig:
 
 
 def layout_of(cfg: TrainConfig) -> AttentionLayout:
-    """The :class:`headprobe.probe.cost.AttentionLayout` of a training config (bf16 cache, no biases)."""
-    return AttentionLayout(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
-                           kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim or None,
-                           bias="none", bytes_per_element=2)
+    """The :class:`~headprobe.probe.layout.AttentionLayout` of the model a training config builds
+    (:attr:`TransformerConfig.layout <headprobe.probe.model.TransformerConfig.layout>`), costed
+    with a bf16 cache (2 bytes per element).
+
+    Raises:
+        HeadprobeError: a layout the transformer cannot build (see ``TrainConfig.model_config``).
+    """
+    return dataclasses.replace(cfg.model_config().layout, bytes_per_element=2)
 
 
 def variants(which: str, base: TrainConfig, n_heads_list: list[int], ranks: list[int], rope: int) -> list[tuple[str, TrainConfig]]:

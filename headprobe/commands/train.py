@@ -61,7 +61,7 @@ class TrainResult(TrainRun):
         top_prev = np.unravel_index(np.argmax(self.final_scores["previous_token"]), self.final_scores["previous_token"].shape)
         last = log.iloc[-1]
         return {
-            "layout": self.loaded.spec.layout,
+            "layout": self.loaded.spec.kind,
             "n_params": sum(p.numel() for p in self.loaded.model.parameters()),
             "device": self.device,
             "train_seconds": round(self.seconds, 1),
@@ -89,8 +89,8 @@ class TrainResult(TrainRun):
         """``{"training": Figure}``: max induction and previous-token score, in-context and
         training loss against step, the phase change marked (:func:`headprobe.analyses.figures.training_curves`)."""
         log, spec = self.log, self.loaded.spec
-        title = (f"{spec.n_layers}-layer attention-only {spec.layout} ({spec.n_heads} heads, d_model {spec.d_model})"
-                 if self.config.mlp is None else f"{spec.n_layers}-layer {spec.layout} ({spec.n_heads} heads)")
+        title = (f"{spec.n_layers}-layer attention-only {spec.kind} ({spec.n_heads} heads, d_model {spec.d_model})"
+                 if self.config.mlp is None else f"{spec.n_layers}-layer {spec.kind} ({spec.n_heads} heads)")
         steps, icl = log["step"].to_numpy(), log["in_context_loss"].to_numpy()
         fig = figures.training_curves(
             steps, log["max_induction"].to_numpy(), log["max_previous_token"].to_numpy(), icl,

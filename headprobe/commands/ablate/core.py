@@ -144,7 +144,7 @@ class AblateResult:
     def figures(self) -> dict[str, object]:
         """``{"ablation_effect": Figure}``: each head's loss increase on both tasks."""
         spec = self.spec
-        tag = f"{spec.name} ({figs.weights_label(spec.precision)}), {self.config.kind}-ablated"
+        tag = f"{spec.name} ({figs.weights_label(spec.weights)}), {self.config.kind}-ablated"
         fig = figs.ablation_effect_panels(
             [("natural text", self.tasks["natural"].effect), ("induction (repeated half)", self.tasks["induction"].effect)],
             spec.group_size, f"Loss increase from ablating one head\n{tag}")

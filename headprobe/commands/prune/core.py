@@ -85,7 +85,7 @@ class PruneResult:
                   for o, r in self.runs.items()]
         fig = figs.pruning_curve_plot(curves, [("natural_loss", "held-out text loss (nats)"),
                                                ("induction_loss", "induction loss (nats)")],
-                                      f"Head pruning, {spec.name}\n({figs.weights_label(spec.precision)}, {cfg.dtype} compute)")
+                                      f"Head pruning, {spec.name}\n({figs.weights_label(spec.weights)}, {cfg.dtype} compute)")
         return {"pruning_curve": fig}
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
