@@ -30,6 +30,8 @@ pattern to 1e-5 in float32, tested in ``tests/test_native_model.py`` and
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -385,22 +387,64 @@ def from_hf(hf_model: Any) -> Transformer:
     Raises:
         HeadprobeError: an architecture :func:`config_from_hf` does not support.
     """
-    cfg = config_from_hf(hf_model.config)
-    kind = hf_model.config.model_type
-    sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    if kind == "gpt2":
-        converted = gpt2_state_dict(sd, cfg)
-    elif kind == "gpt_neox":
-        converted = neox_state_dict(sd, cfg)
-    elif kind == "deepseek_v3":
-        converted = deepseek_state_dict(sd, cfg, bool(getattr(hf_model.config, "rope_interleave", False)))
-    else:
-        converted = llama_state_dict(sd, cfg, kind)
-    model = Transformer(cfg)
-    dtype = next(iter(sd.values())).dtype
-    model.to(dtype)
-    model.load_state_dict({k: v.contiguous() for k, v in converted.items()}, strict=True)
-    return model.eval()
+    source = NativeSource.of(hf_model.config)
+    # copies: the native model must not share storage with the Hugging Face model it came from
+    return source.build({k: v.detach() for k, v in hf_model.state_dict().items()}, copy=True)
+
+
+@dataclass(frozen=True)
+class NativeSource:
+    """What turns a Hugging Face state dict into a native model, without the Hugging Face model
+    or config classes: the native config, the family (``model_type``) that names the weights,
+    and DeepSeek's ``rope_interleave``. Saved as JSON beside cached weights
+    (:mod:`headprobe.probe.weights_cache`), so a warm load needs no transformers model at all.
+    """
+
+    config: TransformerConfig
+    model_type: str
+    rope_interleave: bool = False
+
+    @classmethod
+    def of(cls, hf_config: Any) -> "NativeSource":
+        """From a Hugging Face config.
+
+        Raises:
+            HeadprobeError: an architecture :func:`config_from_hf` does not support.
+        """
+        return cls(config_from_hf(hf_config), hf_config.model_type, bool(getattr(hf_config, "rope_interleave", False)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": dataclasses.asdict(self.config), "model_type": self.model_type,
+                "rope_interleave": self.rope_interleave}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "NativeSource":
+        """Inverse of :meth:`to_json` (JSON lists back to the config's tuples).
+
+        Raises:
+            KeyError, TypeError: not what :meth:`to_json` writes.
+        """
+        cfg = TransformerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["config"].items()})
+        return cls(cfg, data["model_type"], bool(data["rope_interleave"]))
+
+    def build(self, hf_state: dict[str, Tensor], copy: bool = False) -> Transformer:
+        """The native model holding ``hf_state``'s weights (Hugging Face names) in their dtype;
+        the tensors themselves unless ``copy``.
+
+        Raises:
+            KeyError: a weight the family needs is missing. RuntimeError: one is left over.
+        """
+        cfg, kind = self.config, self.model_type
+        if kind == "gpt2":
+            converted = gpt2_state_dict(hf_state, cfg)
+        elif kind == "gpt_neox":
+            converted = neox_state_dict(hf_state, cfg)
+        elif kind == "deepseek_v3":
+            converted = deepseek_state_dict(hf_state, cfg, self.rope_interleave)
+        else:
+            converted = llama_state_dict(hf_state, cfg, kind)
+        return Transformer.from_state_dict(cfg, {k: v.clone(memory_format=torch.contiguous_format) if copy
+                                                 else v.contiguous() for k, v in converted.items()})
 
 
 def spec_from_native(name: str, hf_name: str, weights: str, cfg: TransformerConfig) -> ModelSpec:
