@@ -8,11 +8,13 @@ The ablation engine:
 
 * :func:`ablate`: zero, mean or resample ablation of any set of heads as a context manager whose
   hooks are removed in ``finally`` (both backends; ablation at ``hook_z``).
-* :func:`exact_sweep`: the loss with each single head ablated, for every head. On the native
-  model it runs the clean pass once, starts each ablation at its own layer from the clean
-  residual (a head in layer l changes nothing before layer l; its own layer changes only by
-  ``(replacement - z_h) W_O^(h)``), batches several ablations along the batch axis, and computes
-  logits only at the scored positions. Equal to :func:`sweep_loop`, the plain per-head hook loop.
+* :func:`exact_sweep`: the loss with each single head ablated, for every head. It runs the
+  clean pass once, resumes each ablation at its own layer from the clean residual (a head in
+  layer l changes nothing before layer l; its own layer changes only by ``(replacement - z_h)
+  W_O^(h)``), batches several ablations along the batch axis, and (on the native backend)
+  computes logits only at the scored positions. Equal to :func:`sweep_loop`, the plain
+  per-head hook loop. It uses only the typed backend interface
+  (:class:`headprobe.probe.backend.Backend`), like everything here.
 * :func:`head_importance`: Michel et al. 2019's gradient importance ``I_h = E_x |dL(x)/dxi_h|``
   (arXiv 1905.10650) and attribution patching (the first-order estimate of each head's ablation
   effect, Nanda 2023), both from one forward and one backward pass.
@@ -27,19 +29,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import all_heads  # noqa: F401 - re-exported
-from headprobe.probe.hooks import ABLATION_KINDS, AblationKind, Head, attn_hook, format_head, head_ablation_hooks, scoped_hooks
-
-
-def token_losses(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos_minus_1"]:
-    """Cross-entropy (nats) of predicting ``tokens[:, i+1]`` from ``logits[:, i]``."""
-    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
-    return -logp.gather(-1, tokens[:, 1:, None].to(logp.device)).squeeze(-1)
+from headprobe.probe.backend import Backend, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
+from headprobe.probe.hooks import ABLATION_KINDS, AblationKind, Head, attn_hook, format_head, head_ablation_hooks
 
 
 def task_loss(logits: Tensor, tokens: Tensor, task: str, start: int, period: int | None) -> float:
@@ -69,7 +65,7 @@ def mean_z_from(z_by_layer: dict[int, Tensor], start: int,
 
 
 @torch.inference_mode()
-def ablated_loss(model, tokens: Tensor, heads: Sequence[Head], kind: AblationKind, mean_z: Tensor | None,
+def ablated_loss(model: Backend, tokens: Tensor, heads: Sequence[Head], kind: AblationKind, mean_z: Tensor | None,
                  task: str, start: int, period: int | None) -> float:
     """Task loss with ``heads`` zero- or mean-ablated (at hook_z, before W_O)."""
     require_head_ablation(model)
@@ -152,19 +148,6 @@ def first_scored(task: str, start: int, period: int | None) -> int:
     raise HeadprobeError(f"unknown task {task!r}; expected 'natural' or 'repeated'")
 
 
-def scored_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"],
-                first: int) -> Float[Tensor, "batch"]:
-    """Per-sequence mean cross-entropy (nats/token) of the predictions from index ``first`` on."""
-    return token_losses(logits, tokens)[:, first:].mean(dim=1)
-
-
-def is_native(model: Any) -> bool:
-    """Whether ``model`` (a LoadedModel) runs headprobe's own :class:`~headprobe.probe.model.Transformer`."""
-    from headprobe.probe.model import Transformer
-
-    return isinstance(model.model, Transformer)
-
-
 def require_head_ablation(model: Any) -> None:
     """Refuse head ablation on a model whose load-time self-check found its per-head W_O
     decomposition wrong (:mod:`headprobe.probe.selfcheck`): indexing heads at ``hook_z`` is then
@@ -179,7 +162,7 @@ def require_head_ablation(model: Any) -> None:
 
 
 @contextlib.contextmanager
-def ablate(model: Any, heads: Sequence[Head], kind: AblationKind = "zero",
+def ablate(model: Backend, heads: Sequence[Head], kind: AblationKind = "zero",
            mean_z: Float[Tensor, "layer head d_head"] | None = None,
            source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None) -> Iterator[Any]:
     """Ablate ``heads`` for the ``with`` body: every forward of ``model`` (a LoadedModel, either
@@ -192,12 +175,12 @@ def ablate(model: Any, heads: Sequence[Head], kind: AblationKind = "zero",
         HeadprobeError: the model failed its self-check (see :func:`require_head_ablation`).
     """
     require_head_ablation(model)
-    with scoped_hooks(model.model, head_ablation_hooks(heads, kind, mean_z, source_z)):
+    with model.hooks(head_ablation_hooks(heads, kind, mean_z, source_z)):
         yield model
 
 
 @torch.inference_mode()
-def capture_z(model: Any, tokens: Int[Tensor, "batch pos"]) -> dict[int, Float[Tensor, "batch pos head d_head"]]:
+def capture_z(model: Backend, tokens: Int[Tensor, "batch pos"]) -> dict[int, Float[Tensor, "batch pos head d_head"]]:
     """Every layer's ``z`` on a clean forward pass over ``tokens`` (for mean and resample ablation)."""
     out: dict[int, Tensor] = {}
 
@@ -245,7 +228,7 @@ def _check_kind(kind: str, mean_z, source_tokens) -> None:
 
 
 @torch.inference_mode()
-def sweep_loop(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
+def sweep_loop(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
                kind: str = "zero", mean_z: Tensor | None = None,
                source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0) -> SweepResult:
     """The plain reference: one full forward pass per head, with that head ablated by a hook.
@@ -266,67 +249,26 @@ def sweep_loop(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[Hea
     return SweepResult(clean, loss, kind)
 
 
-def cross_entropy_inplace(logits: Float[Tensor, "n d_vocab"], target: Int[Tensor, "n"]) -> Float[Tensor, "n"]:
-    """``F.cross_entropy(logits, target, reduction="none")`` (nats), overwriting ``logits``.
-
-    ``logsumexp(logits) - logits[target]`` with the exponentials taken in place, so the
-    ``[n, d_vocab]`` log-softmax is never written: on a CPU the loss over a 49,152-token
-    vocabulary then costs about a third of PyTorch's ``cross_entropy``. Float32 in and out.
-    """
-    picked = logits.gather(1, target[:, None])[:, 0]
-    top = logits.amax(dim=1, keepdim=True)
-    return logits.sub_(top).exp_().sum(dim=1).log_() + top[:, 0] - picked
-
-
 @torch.inference_mode()
-def _scored_losses_from_resid(net, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"],
-                              first: int, normed: bool = False) -> Float[Tensor, "n"]:
-    """Per-sequence mean loss (nats/token) from the final residual of ``n = k * batch`` sequences
-    (k copies of ``tokens``), unembedding only the scored positions ``first .. pos-2`` (the
-    logits at position i predict token i+1), ``batch`` sequences at a time into one reused
-    logits buffer (a fresh 150 MB tensor per chunk costs page faults), with the loss taken in
-    place (:func:`cross_entropy_inplace`)."""
-    B = tokens.shape[0]
-    target = tokens[:, first + 1:].flatten()
-    W_U, b_U = net.unembed.weight, net.unembed.bias  # [d_vocab, d_model], [d_vocab] | None
-    # every chunk is B sequences x the same scored positions: one [rows, d_vocab] buffer serves all
-    buffer = torch.empty(len(target), W_U.shape[0], device=resid.device) if W_U.dtype == torch.float32 else None
-    out = []
-    for i in range(0, resid.shape[0], B):
-        sel = resid[i:i + B, first:-1]
-        if not normed and net.ln_final is not None:
-            sel = net.ln_final(sel)
-        sel = sel.flatten(0, 1)
-        if buffer is not None:
-            logits = torch.mm(sel, W_U.T, out=buffer)
-            if b_U is not None:
-                logits += b_U
-        else:  # half precision: logits in float32, as cross_entropy would compute them
-            logits = F.linear(sel, W_U, b_U).float()
-        out.append(cross_entropy_inplace(logits, target).view(B, -1).mean(dim=1))
-    return torch.cat(out)
-
-
-@torch.inference_mode()
-def exact_sweep(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
+def exact_sweep(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
                 kind: str = "zero", mean_z: Float[Tensor, "layer head d_head"] | None = None,
                 source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0,
                 max_batch: int = 64, progress: bool = False) -> SweepResult:
     """The scored loss with each of ``heads`` (default: all) ablated alone, exactly.
 
-    On the native model: one clean forward pass records each layer's ``resid_pre`` and ``z``.
+    One clean forward pass records each layer's ``resid_pre``, ``z`` and raw attention output.
     Ablating head h of layer l changes nothing before layer l, and changes layer l's raw
     attention output ``sum_h z_h W_O^(h) + b_O`` only by ``(r_h - z_h) W_O^(h)`` (r_h: 0, the
     mean z, or the z on ``source_tokens``), so each ablation adds that to the clean raw attention
-    output and resumes the block from there (:meth:`headprobe.probe.model.Block.resume`, which
-    applies a post-attention norm and a parallel MLP as the forward pass does), runs the later
-    blocks, and unembeds only the scored positions. ``max_batch // batch`` ablations of one
-    layer share a forward pass along the batch axis. Other backends fall back to
-    :func:`sweep_loop`. The two agree to float rounding (tested to 1e-4 nats on every native
-    family).
+    output and resumes the forward from layer l
+    (:meth:`~headprobe.probe.backend.Backend.resume_scored_losses`: the native backend runs the
+    rest of the block, the later blocks and the unembedding at the scored positions only; the
+    TransformerLens bridge runs a forward with both replaced through hooks). ``max_batch //
+    batch`` ablations of one layer share a pass along the batch axis. Equal to :func:`sweep_loop`
+    to float rounding (tested to 1e-4 nats on every native family and on the bridge).
 
     Args:
-        model: a LoadedModel. tokens: ``[batch, pos]``, no padding.
+        model: a LoadedModel (any :class:`~headprobe.probe.backend.Backend`). tokens: ``[batch, pos]``, no padding.
         heads: ``(layer, head)`` pairs to ablate one at a time.
         kind: ``zero``, ``mean`` (needs ``mean_z``) or ``resample`` (needs ``source_tokens``,
             same shape as ``tokens``).
@@ -334,40 +276,31 @@ def exact_sweep(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[He
         max_batch: most sequences in one forward pass (ablations x batch).
 
     Raises:
-        HeadprobeError: unknown ``kind`` or its reference input missing.
+        HeadprobeError: unknown ``kind`` or its reference input missing, or the model failed its
+            self-check (see :func:`require_head_ablation`).
     """
-    if not is_native(model):
-        return sweep_loop(model, tokens, heads, kind, mean_z, source_tokens, first)
     _check_kind(kind, mean_z, source_tokens)
     require_head_ablation(model)
-    net = model.model
     spec = model.spec
     heads = all_heads(spec.n_layers, spec.n_heads) if heads is None else list(heads)
     device = model.device
     tokens = tokens.to(device)
     B, T = tokens.shape
 
-    def losses(resid: Tensor, normed: bool = False) -> Tensor:  # [k * batch] nats/token
-        if net.cfg.final_softcap is None:
-            return _scored_losses_from_resid(net, resid, tokens, first, normed)
-        # soft-capped logits (Gemma-2): through the model's own head, `batch` sequences at a time
-        return torch.cat([scored_loss(net.logits(resid[i:i + B], normed), tokens, first)
-                          for i in range(0, resid.shape[0], B)])
-
     pre: dict[int, Tensor] = {}
     zs: dict[int, Tensor] = {}
+    attn: dict[int, Tensor] = {}
 
     def save(store: dict, layer: int):
         def hook(x: Tensor, hook: Any) -> None:
-            store[layer] = x
+            store[layer] = x.clone()
         return hook
 
     layers = sorted({layer for layer, _ in heads})
     hooks = [(f"blocks.{layer}.hook_resid_pre", save(pre, layer)) for layer in layers]
     hooks += [(attn_hook(layer, "z"), save(zs, layer)) for layer in layers]
-    with scoped_hooks(net, hooks):
-        resid = net(tokens, return_type="resid")  # after ln_final
-    clean = float(losses(resid, normed=True).mean())
+    hooks += [(model.attn_out_hook(layer), save(attn, layer)) for layer in layers]
+    clean = float(model.scored_losses(tokens, first, hooks).mean())
     source_z = capture_z(model, source_tokens.to(device)) if kind == "resample" else None
 
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
@@ -375,15 +308,13 @@ def exact_sweep(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[He
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
-    positions_cache: dict[int, Tensor] = {}
     it = [(layer, hs[i:i + per_pass]) for layer, hs in sorted(by_layer.items()) for i in range(0, len(hs), per_pass)]
     if progress:
         from tqdm.auto import tqdm
         it = tqdm(it, desc="ablation sweep", unit="pass")
     for layer, group in it:
         k = len(group)
-        block = net.blocks[layer]
-        W_O = block.attn.W_O  # [head, d_head, d_model]
+        W_O = model.W_O(layer)  # [head, d_head, d_model]
         idx = torch.tensor(group, device=device)
         z = zs[layer][:, :, idx]  # [batch, pos, k, d_head]
         if kind == "zero":
@@ -393,14 +324,9 @@ def exact_sweep(model: Any, tokens: Int[Tensor, "batch pos"], heads: Sequence[He
         else:
             r = source_z[layer][:, :, idx].to(z)
         delta = torch.einsum("bpkd,kdm->kbpm", r - z, W_O[idx].to(z))  # [k, batch, pos, d_model]
-        attn_raw = block.attn.o_proj(zs[layer].flatten(2))  # the clean raw attention output, as forward computes it
-        x = block.resume(pre[layer][None].expand(k, -1, -1, -1).reshape(k * B, T, -1),
-                         (attn_raw[None] + delta).reshape(k * B, T, -1))
-        if k * B not in positions_cache:
-            positions_cache[k * B] = torch.arange(T, device=device).expand(k * B, T)
-        for later in net.blocks[layer + 1:]:
-            x = later(x, positions_cache[k * B])
-        per_seq = losses(x)  # [k * batch]
+        per_seq = model.resume_scored_losses(
+            layer, tokens, pre[layer][None].expand(k, -1, -1, -1).reshape(k * B, T, -1),
+            (attn[layer][None] + delta).reshape(k * B, T, -1), first)  # [k * batch]
         loss[layer, idx.cpu()] = per_seq.view(k, B).mean(dim=1).float().cpu()
     return SweepResult(clean, loss, kind)
 
@@ -425,7 +351,7 @@ class HeadImportance:
     kind: str
 
 
-def head_importance(model: Any, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
+def head_importance(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
                     mean_z: Float[Tensor, "layer head d_head"] | None = None,
                     source_tokens: Int[Tensor, "batch pos"] | None = None,
                     head_mask: Float[Tensor, "layer head"] | None = None,

@@ -21,6 +21,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headprobe.analyses.ablation import head_importance, require_head_ablation, scored_loss
+from headprobe.probe.backend import Backend
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import Head, attn_hook, format_head
 
@@ -171,12 +172,12 @@ def _median_time(fn, repeats: int = 3) -> float:
 
 
 @torch.inference_mode()
-def build_pruned(model: Any, keep: Bool[Tensor, "layer head"], tokens: Int[Tensor, "batch pos"]) -> tuple[Any, dict]:
+def build_pruned(model: Backend, keep: Bool[Tensor, "layer head"], tokens: Int[Tensor, "batch pos"]) -> tuple[Any, dict]:
     """Remove the heads ``keep`` marks False for real (:func:`headprobe.probe.pruned.remove_heads`),
     round-trip the result through a saved file, and compare it with the masked model.
 
     Args:
-        model: a LoadedModel on the native backend.
+        model: a LoadedModel whose heads can be removed (:meth:`~headprobe.probe.backend.Backend.check_prunable`).
         keep: True for the heads kept.
         tokens: the input the two are compared and timed on.
 
@@ -185,24 +186,27 @@ def build_pruned(model: Any, keep: Bool[Tensor, "layer head"], tokens: Int[Tenso
         ``{"heads_removed", "fraction_removed", "kv_heads_removed", "attention_parameters": {"full",
         "pruned"}, "max_abs_logit_diff_vs_masked", "forward_s": {"masked", "pruned"} (median seconds
         per forward), "speedup", "tokens", "bytes"}`` (size of the saved file).
+
+    Raises:
+        HeadprobeError: the model's heads cannot be removed exactly (not native, MLA, all-head
+            QK-norm), or ``keep`` has the wrong shape.
     """
     import tempfile
     from pathlib import Path
 
-    from headprobe.probe.pruned import count_attention_parameters, load_pruned, remove_heads, save_pruned
+    from headprobe.probe.pruned import count_attention_parameters, count_kv_heads, load_pruned, save_pruned
 
     spec = model.spec
-    net = model.model
     n = int((~keep.bool()).sum())
-    pruned = remove_heads(net, keep)
+    pruned = model.remove_heads(keep)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "pruned_model.pt"
         save_pruned(pruned, path)
         size = path.stat().st_size
-        reloaded = load_pruned(path, model.device).to(next(net.parameters()).dtype)
+        reloaded = load_pruned(path, model.device).to(model.dtype)
     tokens = tokens.to(model.device)
-    mask = keep.to(model.device, next(net.parameters()).dtype)
-    masked_logits = net(tokens, head_mask=mask)
+    mask = keep.to(model.device, model.dtype)
+    masked_logits = model.forward(tokens, head_mask=mask)
     diff = float((reloaded(tokens).float() - masked_logits.float()).abs().max())
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
 
@@ -212,11 +216,11 @@ def build_pruned(model: Any, keep: Bool[Tensor, "layer head"], tokens: Int[Tenso
             sync()
         return _median_time(g)
 
-    t_masked = timed(lambda: net(tokens, head_mask=mask))
+    t_masked = timed(lambda: model.forward(tokens, head_mask=mask))
     t_pruned = timed(lambda: reloaded(tokens))
     return pruned, {
         "heads_removed": n, "fraction_removed": n / (spec.n_layers * spec.n_heads),
-        "kv_heads_removed": int(sum(spec.n_kv_heads - len(b.attn.kept_kv_heads) for b in pruned.blocks)),
-        "attention_parameters": {"full": count_attention_parameters(net), "pruned": count_attention_parameters(pruned)},
+        "kv_heads_removed": spec.n_layers * spec.n_kv_heads - count_kv_heads(pruned),
+        "attention_parameters": {"full": model.attention_parameters(), "pruned": count_attention_parameters(pruned)},
         "max_abs_logit_diff_vs_masked": diff, "forward_s": {"masked": t_masked, "pruned": t_pruned},
         "speedup": t_masked / t_pruned, "tokens": list(tokens.shape), "bytes": size}

@@ -144,7 +144,7 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
     device = loading.device_auto(device)
     model = loading.load_model(name, device=device, prepend_bos=prepend_bos, backend=backend)
     if dtype != "float32":
-        model.model.to(torch_dtype(dtype))
+        model.to(torch_dtype(dtype))
     return model
 
 

@@ -47,11 +47,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Float, Int
-from torch import Tensor
 
+from headprobe.probe.backend import LoadedModel
+from headprobe.probe.bridge import BridgeModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.layout import attention_bias, layout_from_hf_config
+from headprobe.probe.native import NativeModel
 from headprobe.probe.spec import ModelSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -76,146 +77,6 @@ ALIASES = {
 }
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-
-
-class LoadedModel:
-    """A pretrained model behind TransformerLens hook points, with its tokenizer and layout.
-
-    The hook names are TransformerLens' (``blocks.{l}.attn.hook_pattern`` ``[batch, head, q_pos,
-    k_pos]``, ``blocks.{l}.attn.hook_z`` ``[batch, pos, head, d_head]``, ...), so the same
-    analysis code serves every backend that provides them.
-    """
-
-    def __init__(self, model: Any, tokenizer: Any, spec: ModelSpec, prepend_bos: bool = True):
-        self.model = model
-        self.tokenizer = tokenizer
-        self.spec = spec
-        self.prepend_bos = prepend_bos and self.bos_token_id is not None
-        self._self_check = None
-        self._post_norm_weights: dict[int, Tensor] = {}
-
-    @property
-    def backend(self) -> str:
-        """``native`` (headprobe's own transformer) or ``transformer-lens`` (TransformerBridge)."""
-        from headprobe.probe.model import Transformer
-
-        return "native" if isinstance(self.model, Transformer) else "transformer-lens"
-
-    @property
-    def architecture(self) -> str:
-        """The Hugging Face architecture behind the model (``LlamaForCausalLM``), or
-        ``headprobe Transformer`` for a native checkpoint trained by headprobe."""
-        hf = getattr(self.model, "original_model", None)
-        if hf is None:
-            return getattr(self, "_architecture", "headprobe Transformer")
-        return (getattr(hf.config, "architectures", None) or [type(hf).__name__])[0]
-
-    def hook_names(self) -> list[str]:
-        """Every hook point the backend offers (TransformerLens names)."""
-        return list(self.model.hook_dict)
-
-    @property
-    def has_post_attention_norm(self) -> bool:
-        """Whether the blocks normalise the attention output before adding it to the residual
-        stream (OLMo-2, Gemma-2/3); see :func:`headprobe.probe.capture.capture_heads`."""
-        return self.post_attention_norm_hooks(0) is not None
-
-    def post_attention_norm_hooks(self, layer: int) -> tuple[str, str] | None:
-        """(input, output) hook names of layer ``layer``'s post-attention norm, or None."""
-        names = (f"blocks.{layer}.ln1_post.hook_in", f"blocks.{layer}.ln1_post.hook_out")
-        return names if names[0] in self.model.hook_dict and names[1] in self.model.hook_dict else None
-
-    @torch.inference_mode()
-    def post_attention_norm_weight(self, layer: int) -> Float[Tensor, "d_model"]:
-        """The elementwise weight ``w`` of layer ``layer``'s post-attention RMS-type norm, read off
-        the norm itself: ``norm(c * 1) = w * c / sqrt(c^2 + eps) = w`` to float rounding for
-        ``c = 1e3`` (so Gemma's ``1 + w`` convention needs no special case)."""
-        if layer not in self._post_norm_weights:
-            norm = self.model.blocks[layer].ln1_post
-            ones = torch.full((1, 1, self.spec.d_model), 1e3, dtype=self.dtype, device=self.device)
-            self._post_norm_weights[layer] = norm(ones)[0, 0].detach()
-        return self._post_norm_weights[layer]
-
-    @property
-    def self_check(self):
-        """The load-time :class:`~headprobe.probe.selfcheck.SelfCheck` (run on first access;
-        :func:`load_model` runs it at load)."""
-        if self._self_check is None:
-            from headprobe.probe.selfcheck import run_self_check
-
-            self._self_check = run_self_check(self)
-        return self._self_check
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
-    def bos_token_id(self) -> int | None:
-        """The tokenizer's BOS id, or None if it has none."""
-        return getattr(self.tokenizer, "bos_token_id", None)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
-        """Layer ``layer``'s output projection split by head: ``result_h = z_h @ W_O[h]``."""
-        attn = self.model.blocks[layer].attn
-        try:
-            return attn.W_O
-        except ValueError:  # TransformerBridge on latent attention (MLA): z is v_head_dim wide, not d_head
-            weight = attn.o.original_component.weight  # nn.Linear [d_model, head * d_v]
-            return weight.T.unflatten(0, (self.spec.n_heads, weight.shape[1] // self.spec.n_heads))
-
-    def b_O(self, layer: int) -> Float[Tensor, "d_model"] | None:
-        """Layer ``layer``'s output bias (None for models without one, e.g. Llama)."""
-        b = self.model.blocks[layer].attn.b_O
-        return None if b is None else b
-
-    def to_tokens(self, text: str) -> Int[Tensor, "batch pos"]:
-        """Tokenize ``text`` into ids ``[1, pos]`` (a batch of one, as TransformerLens' ``to_tokens``),
-        with exactly one BOS in front when ``prepend_bos``.
-
-        A tokenizer that already adds BOS does not get a second one.
-
-        Raises:
-            TypeError: ``text`` is not a string (batches of several strings are not supported).
-        """
-        if not isinstance(text, str):
-            raise TypeError(f"to_tokens takes one string, got {type(text).__name__}")
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if self.prepend_bos:
-            if not ids or ids[0] != self.bos_token_id:
-                ids = [self.bos_token_id, *ids]
-        return torch.tensor([ids], dtype=torch.long)
-
-    def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks=(), attention_mask: Int[Tensor, "batch pos"] | None = None
-                ) -> Float[Tensor, "batch pos d_vocab"]:
-        """Logits for ``tokens`` with ``fwd_hooks`` (``[(hook_name, fn), ...]``) active only for this call.
-
-        ``attention_mask`` (1 real, 0 padding; either side) needs the native backend.
-
-        Raises:
-            HeadprobeError: ``attention_mask`` given to a backend without padding support.
-        """
-        tokens = tokens.to(self.device)
-        kwargs = {}
-        if attention_mask is not None:
-            if not self.supports_padding:
-                raise HeadprobeError("padded batches need the native backend (--backend native); "
-                                     "the TransformerLens bridge runs one unpadded prompt at a time")
-            kwargs["attention_mask"] = attention_mask.to(self.device)
-        if fwd_hooks:
-            return self.model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **kwargs)
-        return self.model(tokens, **kwargs)
-
-    @property
-    def supports_padding(self) -> bool:
-        """Whether ``forward`` takes an ``attention_mask`` (the native backend does)."""
-        from headprobe.probe.model import Transformer
-
-        return isinstance(self.model, Transformer)
 
 
 def smollm2_gguf_path() -> Path:
@@ -526,7 +387,8 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
         with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints "Moving model to device" on stdout
             model.to(device)
         spec = spec_from_bridge(ckpt.name, ckpt.hf_name, ckpt.precision, model, bias)
-    return LoadedModel(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
+    cls = NativeModel if backend == "native" else BridgeModel
+    return cls(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
 
 
 from headprobe.probe.checkpoint import NATIVE_FORMAT, NATIVE_WEIGHTS, is_native_dir  # noqa: E402
@@ -567,7 +429,7 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
     except (OSError, ValueError) as e:
         raise HeadprobeError(f"headprobe checkpoint {path} has no readable tokenizer: {' '.join(str(e).split())[:200]}") from None
     spec = spec_from_native(str(path), str(path), "float32 (headprobe checkpoint)", cfg)
-    return LoadedModel(model.to(device).eval(), tokenizer, spec, prepend_bos=prepend_bos)
+    return NativeModel(model.to(device).eval(), tokenizer, spec, prepend_bos=prepend_bos)
 
 
 def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", prepend_bos: bool = True,

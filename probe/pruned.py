@@ -179,6 +179,11 @@ def count_attention_parameters(net: Transformer) -> int:
     return sum(p.numel() for b in net.blocks for p in b.attn.parameters())
 
 
+def count_kv_heads(net: Transformer) -> int:
+    """Key/value heads left in all layers of a model from :func:`remove_heads` (a count)."""
+    return sum(len(b.attn.kept_kv_heads) for b in net.blocks)
+
+
 def save_pruned(net: Transformer, path: str | os.PathLike[str]) -> None:
     """Write a pruned model (config, kept heads per layer, state dict) to ``path`` atomically.
 

@@ -35,7 +35,8 @@ def _tokens(n=3, T=12, seed=0):
     return torch.randint(0, 100, (n, T), generator=g)
 
 
-MODELS = ["tiny_gpt2_native", "tiny_llama_gqa_native", "deep_gqa_native"]
+MODELS = ["tiny_gpt2_native", "tiny_llama_gqa_native", "deep_gqa_native", "tiny_gpt2", "tiny_llama_gqa"]
+"""Both backends: the exact sweep runs one algorithm through the Backend interface on each."""
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -67,13 +68,47 @@ def test_cross_entropy_inplace_equals_torch(scale):
     torch.testing.assert_close(got, ref, atol=1e-5 * scale, rtol=1e-6)
 
 
-def test_sweep_subset_of_heads_and_bridge_fallback(tiny_gpt2, tiny_gpt2_native):
+def test_sweep_subset_of_heads_on_both_backends(tiny_gpt2, tiny_gpt2_native):
     tokens = _tokens()
     heads = [(1, 2), (0, 3)]
     fast = exact_sweep(tiny_gpt2_native, tokens, heads=heads)
-    bridge = exact_sweep(tiny_gpt2, tokens, heads=heads)  # falls back to the hook loop
+    bridge = exact_sweep(tiny_gpt2, tokens, heads=heads)
     assert torch.isnan(fast.loss[0, 0]) and torch.isnan(bridge.loss[0, 0])
     torch.testing.assert_close(fast.loss[[1, 0], [2, 3]], bridge.loss[[1, 0], [2, 3]], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["tiny_gpt2", "tiny_gpt2_native", "tiny_llama_gqa", "tiny_llama_gqa_native"])
+def test_backends_satisfy_the_interface_and_resume_exactly(request, name):
+    """Each backend is a Backend; resuming at any layer from the clean residual and attention output
+    gives the clean losses, and a changed attention output changes them (the resumption is not a no-op)."""
+    from headprobe.probe.backend import Backend
+
+    model = request.getfixturevalue(name)
+    assert isinstance(model, Backend)
+    tokens, first = _tokens(), 2
+    pre, attn = {}, {}
+    hooks = [(f"blocks.{l}.hook_resid_pre", lambda x, hook, l=l: pre.__setitem__(l, x.clone())) for l in range(2)]
+    hooks += [(model.attn_out_hook(l), lambda x, hook, l=l: attn.__setitem__(l, x.clone())) for l in range(2)]
+    clean = model.scored_losses(tokens, first, hooks)
+    torch.testing.assert_close(clean, torch.nn.functional.cross_entropy(
+        model.forward(tokens)[:, first:-1].flatten(0, 1), tokens[:, first + 1:].flatten(), reduction="none"
+    ).view(3, -1).mean(1), atol=1e-5, rtol=0)
+    for layer in range(2):
+        two = model.resume_scored_losses(layer, tokens, pre[layer].repeat(2, 1, 1), attn[layer].repeat(2, 1, 1), first)
+        torch.testing.assert_close(two, clean.repeat(2), atol=1e-5, rtol=0)
+        off = model.resume_scored_losses(layer, tokens, pre[layer], 3 * attn[layer], first)
+        assert (off - clean).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["tiny_gpt2", "tiny_llama_gqa_native"])
+def test_head_mask_forward_equals_zero_ablation(request, name):
+    model = request.getfixturevalue(name)
+    tokens = _tokens()
+    mask = torch.ones(2, model.spec.n_heads)
+    mask[0, 1] = mask[1, 0] = 0
+    with ablate(model, [(0, 1), (1, 0)]):
+        hooked = model.forward(tokens)
+    torch.testing.assert_close(model.forward(tokens, head_mask=mask), hooked, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["tiny_gpt2", "tiny_gpt2_native", "tiny_llama_gqa", "tiny_llama_gqa_native"])

@@ -64,3 +64,59 @@ def test_shape_annotations_are_checked_when_tests_run():
     with pytest.raises(jaxtyping.TypeCheckError):
         head_results(z, W_O)
     assert head_results(z, torch.zeros(4, 8, 16)).shape == (1, 3, 4, 16)
+
+
+# ---------------------------------------------------------------------------------------------
+# Analyses and commands program against the backend interface, not a backend's modules
+# ---------------------------------------------------------------------------------------------
+
+INTERNALS = {"blocks", "original_model", "hook_dict", "run_with_hooks", "unembed", "ln_final",
+             "register_forward_pre_hook", "register_forward_hook"}
+"""Attributes of a backend's modules (native Transformer or TransformerBridge) that only the probe floor may read."""
+NOT_A_MODULE = {"config", "cfg", "args", "self.config"}
+"""Objects whose ``.model`` is a model name or path, not a module."""
+
+
+def _reaches_into_modules(source: str) -> list[str]:
+    """``line: expression`` for each ``X.model`` (X not a config) attribute read, each call of
+    ``scoped_hooks`` (hooks on a raw module) and each read of a module-internal attribute
+    (:data:`INTERNALS`) in ``source``."""
+    import ast
+
+    tree = ast.parse(source)
+    # inside a command's Config dataclass, ``self.model`` is the --model name
+    in_config = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name.endswith("Config")
+                 for n in ast.walk(c)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            owner = ast.unparse(node.value)
+            if (node.attr == "model" and owner not in NOT_A_MODULE and not (owner == "self" and id(node) in in_config)
+                    or node.attr in INTERNALS):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Name) and node.id == "scoped_hooks":
+            found.append(f"{node.lineno}: scoped_hooks")
+    return found
+
+
+def test_analyses_and_commands_use_only_the_backend_interface():
+    """No module of analyses/ or headprobe/ (API, CLI, commands) reads a LoadedModel's ``.model`` or a
+    module's internals: they program against headprobe.probe.backend.Backend."""
+    offences = {}
+    for path in sorted([*(ROOT / "analyses").glob("*.py"), *(ROOT / "headprobe").rglob("*.py")]):
+        found = _reaches_into_modules(path.read_text(encoding="utf-8"))
+        if found:
+            offences[str(path.relative_to(ROOT))] = found
+    assert not offences, offences
+
+
+def test_the_interface_check_can_fail():
+    """The same check flags the reaches it forbids (what exact_sweep and the commands did before the interface)."""
+    bad = ("net = model.model\nblock = net.blocks[3]\nn = sum(p.numel() for p in self.loaded.model.parameters())\n"
+           "with scoped_hooks(net, hooks):\n    pass\nhf = loaded.model.original_model\n")
+    found = sorted(_reaches_into_modules(bad))
+    assert found == ["1: model.model", "2: net.blocks", "3: self.loaded.model", "4: scoped_hooks",
+                     "6: loaded.model", "6: loaded.model.original_model"], found
+    fine = "cfg.model\nconfig.model\nargs.model\nmodel.spec.n_layers\nclass AblateConfig:\n    def f(self):\n        self.model\n"
+    assert _reaches_into_modules(fine) == []
+    assert _reaches_into_modules("class AblateResult:\n    def f(self):\n        self.model.blocks\n") != []

@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, redirect_stdout
+from collections.abc import Sequence
+from contextlib import redirect_stdout
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
@@ -386,35 +386,10 @@ def _cache_tensors(cache: Any) -> list[tuple[Any, Any]]:
     return [(k, v) for k, v in cache]
 
 
-@contextmanager
-def _cache_kwarg_shim(bridge: Any) -> Iterator[None]:
-    """Hand each attention bridge the Hugging Face cache under the name it reads.
-
-    transformers 5.x passes the cache to attention as ``cache=`` (``past_key_values`` is
-    deprecated); TransformerLens' attention bridges read only ``past_key_values``/``layer_past``,
-    so without this the model's cache comes back empty. The pre-hooks copy ``cache`` into
-    ``past_key_values`` when only the former is given, and are removed on exit.
-    """
-
-    def pre_hook(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
-            return args, {**kwargs, "past_key_values": kwargs["cache"]}
-        return None
-
-    handles = [block.attn.register_forward_pre_hook(pre_hook, with_kwargs=True)
-               for block in getattr(bridge, "blocks", ()) if hasattr(block, "attn")]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def hf_config(loaded: Any) -> Any | None:
     """The Hugging Face config of a loaded model (the bridge's ``original_model.config``), or None
     for a model without one (headprobe's native backend)."""
-    hf = getattr(loaded.model, "original_model", None)
-    return getattr(hf, "config", None)
+    return loaded.hf_config
 
 
 def attention_params_of_hf_config(config: Any) -> int | None:
@@ -481,8 +456,6 @@ def measure_kv_cache(loaded: Any, n_tokens: int | None = None, text: str = CHECK
     Raises:
         HeadprobeError: the model returned no cache, or an empty one.
     """
-    import torch
-
     prompt = loaded.to_tokens(text)[0]  # [pos]
     n = max(n_tokens or 0, prompt.shape[0])
     tokens = prompt.repeat(-(-n // prompt.shape[0]))[:n][None].to(loaded.device)
@@ -492,10 +465,7 @@ def measure_kv_cache(loaded: Any, n_tokens: int | None = None, text: str = CHECK
         from transformers import StaticCache
 
         kwargs["cache"] = StaticCache(config=cfg, max_cache_len=n)
-    with torch.no_grad():
-        with _cache_kwarg_shim(loaded.model):
-            out = loaded.model(tokens, return_type="logits_and_cache", use_cache=True, **kwargs)
-    cache = out[1] if isinstance(out, tuple) else None
+    cache = loaded.forward_with_cache(tokens, **kwargs)  # the TransformerLens backend's
     pairs = _cache_tensors(cache) if cache is not None else []
     if not pairs or any(k is None or v is None for k, v in pairs):
         raise HeadprobeError(f"model {loaded.spec.name} returned no key/value cache; the live check needs one")

@@ -285,9 +285,8 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
     for d in dets:
         for c in d.integer_columns:
             table[c] = table[c].astype(int)
-    param = next(model.model.parameters())
     return ScanResult(cfg, spec, table, scores, verifications, clean, natural, repeated, examples, timings,
-                      device=str(param.device), dtype=str(param.dtype), self_check=model.self_check.to_dict())
+                      device=str(model.device), dtype=str(model.dtype), self_check=model.self_check.to_dict())
 
 
 

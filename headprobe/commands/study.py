@@ -172,7 +172,7 @@ def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: b
                     "variant": label, "kind": lay.kind, "n_heads": cfg.n_heads, "n_kv_heads": lay.n_kv_heads,
                     "kv_lora_rank": cfg.kv_lora_rank, "seed": seed, "corpus": cfg.corpus, "steps": cfg.steps,
                     "attn_params_per_layer": attention_params_per_layer(lay),
-                    "model_params": sum(p.numel() for p in r.loaded.model.parameters()),
+                    "model_params": r.loaded.n_params,
                     "kv_bytes_per_token": kv_bytes_per_token(lay),
                     f"kv_bytes_at_{CONTEXT}": kv_bytes_per_request(lay, CONTEXT),
                     "eval_loss": float(last["eval_loss"]), "in_context_loss": float(last["in_context_loss"]),

@@ -62,7 +62,7 @@ class TrainResult(TrainRun):
         last = log.iloc[-1]
         return {
             "layout": self.loaded.spec.kind,
-            "n_params": sum(p.numel() for p in self.loaded.model.parameters()),
+            "n_params": self.loaded.n_params,
             "device": self.device,
             "train_seconds": round(self.seconds, 1),
             "final": {"train_loss": round(float(last["train_loss"]), 4), "eval_loss": round(float(last["eval_loss"]), 4),
@@ -80,7 +80,7 @@ class TrainResult(TrainRun):
             "induction_formed": bool(self.final_scores["induction"].max() > INDUCTION_FORMED),
             "seed": cfg.seed,
             "self_check": self.loaded.self_check.to_dict(),
-            "dtype": str(next(self.loaded.model.parameters()).dtype).removeprefix("torch."),
+            "dtype": str(self.loaded.dtype).removeprefix("torch."),
             "config": asdict(cfg),
             "versions": package_versions(),
         }
@@ -106,14 +106,12 @@ class TrainResult(TrainRun):
             HeadprobeError: ``out_dir`` is a non-empty directory and ``overwrite`` is False, is a
                 file, or cannot be written.
         """
-        from headprobe.probe.checkpoint import save_native
-
         out = prepare_output_dir(out_dir, overwrite)
         summ = self.summary()
         written = []
         write_text(out / "train_log.csv", self.log.to_csv(index=False, float_format="%.5f"))
         tokenizer_files = self.loaded.tokenizer.save_pretrained(out)
-        save_native(self.loaded.model, out, {"train": asdict(self.config)})
+        self.loaded.save(out, {"train": asdict(self.config)})
         written += [out / "train_log.csv", out / "summary.json", out / "config.json", out / "headprobe_model.pt"]
         written += sorted({Path(f) for f in tokenizer_files if Path(f).is_file()} - set(written))
         for name, fig in self.figures().items():

@@ -14,7 +14,7 @@ import pandas as pd
 
 from headprobe import options
 from headprobe.analyses import figures as figs
-from headprobe.analyses.ablation import first_scored, is_native
+from headprobe.analyses.ablation import first_scored
 from headprobe.analyses.data import TokenSet, read_text_file, task_tokens
 from headprobe.analyses.pruning import LossSet, PruningRun, build_pruned, iterative_pruning
 from headprobe.probe.errors import HeadprobeError
@@ -146,11 +146,7 @@ def run(model, config: PruneConfig, *, resume: dict | None = None, on_save: Call
     saved = {} if resume is None else resume
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     if cfg.save_pruned:
-        if not is_native(model):
-            raise HeadprobeError("--save-pruned needs the native backend (--backend native)")
-        from headprobe.probe.pruned import check_prunable
-
-        check_prunable(model.model.cfg)  # before any computation: MLA and all-head QK-norm cannot be pruned exactly
+        model.check_prunable()  # before any computation: the native backend only; MLA and all-head QK-norm cannot be pruned exactly
     spec = model.spec
     if 2 * cfg.period + 1 > spec.n_ctx:
         raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")

@@ -1,0 +1,382 @@
+"""The typed backend interface analyses program against, and what every backend shares.
+
+:class:`Backend` (a ``typing.Protocol``) is the whole surface a head analysis may use: forward
+passes with TransformerLens-named hooks, hooks held across several forwards, each layer's
+``W_O`` / ``b_O``, the clean run scored at chosen positions, and resuming a forward from one
+layer's residual stream with a replaced attention output (what the exact ablation sweep,
+:func:`headprobe.analyses.ablation.exact_sweep`, is built on). No analysis or command reaches
+into a backend's modules (``tests/test_architecture.py`` checks this on the sources).
+
+:class:`LoadedModel` is the base of the two implementations, :class:`headprobe.probe.native.NativeModel`
+(headprobe's own :class:`~headprobe.probe.model.Transformer`) and
+:class:`headprobe.probe.bridge.BridgeModel` (TransformerLens' ``TransformerBridge``). It holds the
+tokenizer and the layout (:class:`~headprobe.probe.spec.ModelSpec`) and the code both share;
+``LoadedModel(module, tokenizer, spec)`` builds the subclass whose :meth:`LoadedModel.wraps`
+accepts ``module`` (a registry filled by subclassing; :mod:`headprobe.probe.loading` imports
+both backends).
+
+The losses here (:func:`token_losses`, :func:`scored_loss`, :func:`cross_entropy_inplace`) are
+cross-entropies in nats, the unit of every loss headprobe reports.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
+
+HookFn = Callable[..., Any]
+"""A TransformerLens hook: ``fn(activation, hook) -> replacement or None``."""
+
+
+def token_losses(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos_minus_1"]:
+    """Cross-entropy (nats) of predicting ``tokens[:, i+1]`` from ``logits[:, i]``."""
+    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
+    return -logp.gather(-1, tokens[:, 1:, None].to(logp.device)).squeeze(-1)
+
+
+def scored_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"],
+                first: int) -> Float[Tensor, "batch"]:
+    """Per-sequence mean cross-entropy (nats/token) of the predictions from index ``first`` on
+    (index i predicts token i + 1)."""
+    return token_losses(logits, tokens)[:, first:].mean(dim=1)
+
+
+def cross_entropy_inplace(logits: Float[Tensor, "n d_vocab"], target: Int[Tensor, "n"]) -> Float[Tensor, "n"]:
+    """``F.cross_entropy(logits, target, reduction="none")`` (nats), overwriting ``logits``.
+
+    ``logsumexp(logits) - logits[target]`` with the exponentials taken in place, so the
+    ``[n, d_vocab]`` log-softmax is never written: on a CPU the loss over a 49,152-token
+    vocabulary then costs about a third of PyTorch's ``cross_entropy``. Float32 in and out.
+    """
+    picked = logits.gather(1, target[:, None])[:, 0]
+    top = logits.amax(dim=1, keepdim=True)
+    return logits.sub_(top).exp_().sum(dim=1).log_() + top[:, 0] - picked
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a head analysis may ask of a model (every :class:`LoadedModel` satisfies it).
+
+    Hook names are TransformerLens': ``blocks.{l}.hook_resid_pre`` ``[batch, pos, d_model]``,
+    ``blocks.{l}.attn.hook_pattern`` ``[batch, head, q_pos, k_pos]``, ``blocks.{l}.attn.hook_z``
+    ``[batch, pos, head, d_head]``, ``blocks.{l}.hook_attn_out`` ``[batch, pos, d_model]``, ...
+    Losses are in nats per token. Attributes: ``spec`` (the layout), ``tokenizer``,
+    ``prepend_bos``; a LoadedModel also has ``self_check`` (not a member here: Python 3.11's
+    ``isinstance`` on a protocol reads every member, and reading it runs the check).
+    """
+
+    spec: ModelSpec
+    tokenizer: Any
+    prepend_bos: bool
+
+    @property
+    def backend(self) -> str:
+        """The backend's name: ``native`` or ``transformer-lens``."""
+        ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def n_params(self) -> int:
+        """Number of parameters (a tied embedding counted once)."""
+        ...
+
+    @property
+    def supports_padding(self) -> bool:
+        """Whether :meth:`forward` takes an ``attention_mask``."""
+        ...
+
+    def hook_names(self) -> list[str]: ...
+
+    def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+                attention_mask: Int[Tensor, "batch pos"] | None = None,
+                head_mask: Float[Tensor, "layer head"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits with ``fwd_hooks`` active for this call only; ``head_mask`` multiplies each head's z."""
+        ...
+
+    def hooks(self, fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+              bwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> AbstractContextManager[None]:
+        """Hooks active for every forward inside the ``with`` body, removed on exit (also on error)."""
+        ...
+
+    def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]: ...
+
+    def b_O(self, layer: int) -> Float[Tensor, "d_model"] | None: ...
+
+    def attn_out_hook(self, layer: int) -> str:
+        """The hook holding layer ``layer``'s raw attention output ``sum_h z_h W_O^(h) + b_O``."""
+        ...
+
+    def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
+                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch"]:
+        """Per-sequence mean loss of the predictions from index ``first`` on, hooks active."""
+        ...
+
+    def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
+                             resid_pre: Float[Tensor, "n pos d_model"], attn_out: Float[Tensor, "n pos d_model"],
+                             first: int) -> Float[Tensor, "n"]:
+        """Finish ``n = k * batch`` forwards from layer ``layer``'s ``resid_pre`` with its raw
+        attention output replaced by ``attn_out``, and score them like :meth:`scored_losses`."""
+        ...
+
+    def check_prunable(self) -> None:
+        """Raise :class:`HeadprobeError` unless :meth:`remove_heads` is exact for this model."""
+        ...
+
+    def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> torch.nn.Module:
+        """A smaller copy of the model without the heads ``keep`` marks False."""
+        ...
+
+    def attention_parameters(self) -> int:
+        """Parameters in all attention projections (q, k, v, o; biases included)."""
+        ...
+
+
+class LoadedModel:
+    """A pretrained model behind TransformerLens hook points, with its tokenizer and layout.
+
+    The hook names are TransformerLens' (``blocks.{l}.attn.hook_pattern`` ``[batch, head, q_pos,
+    k_pos]``, ``blocks.{l}.attn.hook_z`` ``[batch, pos, head, d_head]``, ...), so the same
+    analysis code serves every backend. ``LoadedModel(module, tokenizer, spec)`` returns the
+    backend class that wraps ``module`` (:class:`~headprobe.probe.native.NativeModel` or
+    :class:`~headprobe.probe.bridge.BridgeModel`); it implements :class:`Backend`. ``model`` is
+    the wrapped module: for the probe floor and tests, not for analyses.
+
+    Raises:
+        TypeError: no registered backend wraps ``module``.
+    """
+
+    name: ClassVar[str] = ""
+    """The backend's name (``--backend``)."""
+    supports_padding: ClassVar[bool] = False
+    """Whether :meth:`forward` takes an ``attention_mask``."""
+    _registry: ClassVar[list[type[LoadedModel]]] = []
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        LoadedModel._registry.append(cls)
+
+    @classmethod
+    def wraps(cls, module: Any) -> bool:
+        """Whether this backend class wraps ``module``."""
+        return False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> LoadedModel:
+        if cls is LoadedModel:
+            module = args[0] if args else kwargs.get("model")
+            for sub in LoadedModel._registry:
+                if sub.wraps(module):
+                    cls = sub
+                    break
+            else:
+                raise TypeError(f"no headprobe backend wraps a {type(module).__name__}")
+        return super().__new__(cls)
+
+    def __init__(self, model: Any, tokenizer: Any, spec: ModelSpec, prepend_bos: bool = True):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.spec = spec
+        self.prepend_bos = prepend_bos and self.bos_token_id is not None
+        self._self_check = None
+        self._post_norm_weights: dict[int, Tensor] = {}
+
+    # ---- what every backend shares -------------------------------------------------------------
+
+    @property
+    def backend(self) -> str:
+        """``native`` (headprobe's own transformer) or ``transformer-lens`` (TransformerBridge)."""
+        return self.name
+
+    @property
+    def architecture(self) -> str:
+        """The Hugging Face architecture behind the model (``LlamaForCausalLM``), or
+        ``headprobe Transformer`` for a native checkpoint trained by headprobe."""
+        hf = getattr(self.model, "original_model", None)
+        if hf is None:
+            return getattr(self, "_architecture", "headprobe Transformer")
+        return (getattr(hf.config, "architectures", None) or [type(hf).__name__])[0]
+
+    @property
+    def hf_config(self) -> Any | None:
+        """The Hugging Face config of the wrapped model (the bridge's), or None (native)."""
+        return getattr(getattr(self.model, "original_model", None), "config", None)
+
+    def hook_names(self) -> list[str]:
+        """Every hook point the backend offers (TransformerLens names)."""
+        return list(self.model.hook_dict)
+
+    @property
+    def has_post_attention_norm(self) -> bool:
+        """Whether the blocks normalise the attention output before adding it to the residual
+        stream (OLMo-2, Gemma-2/3); see :func:`headprobe.probe.capture.capture_heads`."""
+        return self.post_attention_norm_hooks(0) is not None
+
+    def post_attention_norm_hooks(self, layer: int) -> tuple[str, str] | None:
+        """(input, output) hook names of layer ``layer``'s post-attention norm, or None."""
+        names = (f"blocks.{layer}.ln1_post.hook_in", f"blocks.{layer}.ln1_post.hook_out")
+        return names if names[0] in self.model.hook_dict and names[1] in self.model.hook_dict else None
+
+    def attn_out_hook(self, layer: int) -> str:
+        """The hook holding layer ``layer``'s raw attention output ``sum_h z_h W_O^(h) + b_O``
+        ``[batch, pos, d_model]``: the post-attention norm's input where there is one, else
+        ``blocks.{layer}.hook_attn_out``. Replacing it changes what the rest of the block sees."""
+        post = self.post_attention_norm_hooks(layer)
+        return post[0] if post is not None else f"blocks.{layer}.hook_attn_out"
+
+    @torch.inference_mode()
+    def post_attention_norm_weight(self, layer: int) -> Float[Tensor, "d_model"]:
+        """The elementwise weight ``w`` of layer ``layer``'s post-attention RMS-type norm, read off
+        the norm itself: ``norm(c * 1) = w * c / sqrt(c^2 + eps) = w`` to float rounding for
+        ``c = 1e3`` (so Gemma's ``1 + w`` convention needs no special case)."""
+        if layer not in self._post_norm_weights:
+            norm = self.model.blocks[layer].ln1_post
+            ones = torch.full((1, 1, self.spec.d_model), 1e3, dtype=self.dtype, device=self.device)
+            self._post_norm_weights[layer] = norm(ones)[0, 0].detach()
+        return self._post_norm_weights[layer]
+
+    @property
+    def self_check(self):
+        """The load-time :class:`~headprobe.probe.selfcheck.SelfCheck` (run on first access;
+        :func:`~headprobe.probe.loading.load_model` runs it at load)."""
+        if self._self_check is None:
+            from headprobe.probe.selfcheck import run_self_check
+
+            self._self_check = run_self_check(self)
+        return self._self_check
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def n_params(self) -> int:
+        """Number of parameters of the wrapped model (a tied embedding counted once)."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    def to(self, dtype: torch.dtype) -> LoadedModel:
+        """Cast the weights to ``dtype`` in place; returns ``self``."""
+        self.model.to(dtype)
+        return self
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """The tokenizer's BOS id, or None if it has none."""
+        return getattr(self.tokenizer, "bos_token_id", None)
+
+    def to_tokens(self, text: str) -> Int[Tensor, "batch pos"]:
+        """Tokenize ``text`` into ids ``[1, pos]`` (a batch of one, as TransformerLens' ``to_tokens``),
+        with exactly one BOS in front when ``prepend_bos``.
+
+        A tokenizer that already adds BOS does not get a second one.
+
+        Raises:
+            TypeError: ``text`` is not a string (batches of several strings are not supported).
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"to_tokens takes one string, got {type(text).__name__}")
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if self.prepend_bos:
+            if not ids or ids[0] != self.bos_token_id:
+                ids = [self.bos_token_id, *ids]
+        return torch.tensor([ids], dtype=torch.long)
+
+    def hooks(self, fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+              bwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> AbstractContextManager[None]:
+        """``fwd_hooks`` / ``bwd_hooks`` (``[(hook_name, fn), ...]``) active for every forward in
+        the ``with`` body; removed on exit, also when the body raises."""
+        return self.model.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks))
+
+    def b_O(self, layer: int) -> Float[Tensor, "d_model"] | None:
+        """Layer ``layer``'s output bias (None for models without one, e.g. Llama)."""
+        b = self.model.blocks[layer].attn.b_O
+        return None if b is None else b
+
+    # ---- what each backend implements ---------------------------------------------------------
+
+    def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+                attention_mask: Int[Tensor, "batch pos"] | None = None,
+                head_mask: Float[Tensor, "layer head"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits for ``tokens`` with ``fwd_hooks`` (``[(hook_name, fn), ...]``) active only for
+        this call. ``attention_mask``: 1 real, 0 padding (either side), where
+        :attr:`supports_padding`. ``head_mask``: a factor ``xi[layer, head]`` on each head's ``z``
+        (Michel et al. 2019; 0 removes the head's output contribution).
+
+        Raises:
+            HeadprobeError: ``attention_mask`` given to a backend without padding support.
+        """
+        raise NotImplementedError
+
+    def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
+        """Layer ``layer``'s output projection split by head: ``result_h = z_h @ W_O[h]``."""
+        raise NotImplementedError
+
+    def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
+                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch"]:
+        """Per-sequence mean loss (nats/token) of the predictions from index ``first`` on
+        (:func:`scored_loss`), with ``fwd_hooks`` active for this forward."""
+        raise NotImplementedError
+
+    def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
+                             resid_pre: Float[Tensor, "n pos d_model"], attn_out: Float[Tensor, "n pos d_model"],
+                             first: int) -> Float[Tensor, "n"]:
+        """Resume ``n = k * batch`` forward passes at layer ``layer`` and score them.
+
+        Sequence ``i`` of the ``n`` is ``tokens[i % batch]``; its residual stream entering layer
+        ``layer`` is ``resid_pre[i]`` and that layer's raw attention output (what
+        :meth:`attn_out_hook` holds) is ``attn_out[i]``. The rest of the block (post-attention
+        norm, MLP, parallel residual), the later blocks and the unembedding run as in
+        :meth:`forward`; returns :meth:`scored_losses` of each of the ``n`` (nats/token).
+        """
+        raise NotImplementedError
+
+    def check_prunable(self) -> None:
+        """Raise unless :meth:`remove_heads` removes heads exactly from this model.
+
+        Raises:
+            HeadprobeError: not the native backend, or an architecture whose heads cannot be
+                removed exactly (MLA, all-head QK-norm; :func:`headprobe.probe.pruned.check_prunable`).
+        """
+        raise HeadprobeError("real head removal (--save-pruned) needs the native backend (--backend native)")
+
+    def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> torch.nn.Module:
+        """A copy of the model with the heads ``keep`` marks False removed
+        (:func:`headprobe.probe.pruned.remove_heads`).
+
+        Raises:
+            HeadprobeError: as :meth:`check_prunable`, or ``keep`` has the wrong shape.
+        """
+        self.check_prunable()
+        raise NotImplementedError
+
+    def attention_parameters(self) -> int:
+        """Parameters in all attention projections (q, k, v, o; biases included).
+
+        Raises:
+            HeadprobeError: as :meth:`check_prunable` (counted on the native backend only).
+        """
+        self.check_prunable()
+        raise NotImplementedError
+
+
+def _module_type(module: Any, module_name: str, class_name: str) -> bool:
+    """Whether ``module`` is an instance of ``module_name.class_name``, without importing it."""
+    mod = sys.modules.get(module_name)
+    return mod is not None and isinstance(module, getattr(mod, class_name))

@@ -1,0 +1,138 @@
+"""The TransformerLens backend: a ``TransformerBridge`` (TransformerLens 4.x) behind
+:class:`~headprobe.probe.backend.Backend`.
+
+The bridge runs the Hugging Face modules themselves, so there is no block to resume from
+outside. :meth:`BridgeModel.resume_scored_losses` is therefore an honest forward from the tokens
+with layer ``layer``'s residual stream and raw attention output replaced through their hooks
+(``blocks.{l}.hook_resid_pre`` and :meth:`~headprobe.probe.backend.LoadedModel.attn_out_hook`):
+one full forward per ``batch`` sequences, the numbers of the shortcut the native backend takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from headprobe.probe.backend import HookFn, LoadedModel, _module_type, scored_loss
+from headprobe.probe.errors import HeadprobeError
+
+
+class BridgeModel(LoadedModel):
+    """A :class:`~headprobe.probe.backend.LoadedModel` on TransformerLens' ``TransformerBridge``
+    (``model``), one unpadded prompt batch at a time."""
+
+    name = "transformer-lens"
+    supports_padding = False
+
+    @classmethod
+    def wraps(cls, module: Any) -> bool:
+        return _module_type(module, "transformer_lens.model_bridge", "TransformerBridge")
+
+    def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+                attention_mask: Int[Tensor, "batch pos"] | None = None,
+                head_mask: Float[Tensor, "layer head"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.forward`; ``head_mask`` multiplies
+        ``hook_z`` through hooks.
+
+        Raises:
+            HeadprobeError: ``attention_mask`` given (the bridge takes no padding).
+        """
+        if attention_mask is not None:
+            raise HeadprobeError("padded batches need the native backend (--backend native); "
+                                 "the TransformerLens bridge runs one unpadded prompt at a time")
+        tokens = tokens.to(self.device)
+        fwd_hooks = list(fwd_hooks)
+        if head_mask is not None:
+            fwd_hooks = _head_mask_hooks(head_mask) + fwd_hooks
+        if fwd_hooks:
+            return self.model.run_with_hooks(tokens, fwd_hooks=fwd_hooks)
+        return self.model(tokens)
+
+    def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
+        """Layer ``layer``'s output projection split by head: ``result_h = z_h @ W_O[h]``."""
+        attn = self.model.blocks[layer].attn
+        try:
+            return attn.W_O
+        except ValueError:  # latent attention (MLA): z is v_head_dim wide, not d_head
+            weight = attn.o.original_component.weight  # nn.Linear [d_model, head * d_v]
+            return weight.T.unflatten(0, (self.spec.n_heads, weight.shape[1] // self.spec.n_heads))
+
+    @torch.inference_mode()
+    def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
+                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.scored_losses`."""
+        tokens = tokens.to(self.device)
+        return scored_loss(self.forward(tokens, fwd_hooks), tokens, first)
+
+    @torch.inference_mode()
+    def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
+                             resid_pre: Float[Tensor, "n pos d_model"], attn_out: Float[Tensor, "n pos d_model"],
+                             first: int) -> Float[Tensor, "n"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.resume_scored_losses`: one forward of
+        ``tokens`` per ``batch`` of the ``n`` sequences, with ``blocks.{layer}.hook_resid_pre`` and
+        the raw attention output replaced (the layers before ``layer`` are recomputed)."""
+        tokens = tokens.to(self.device)
+        B = tokens.shape[0]
+        out = []
+        for i in range(0, resid_pre.shape[0], B):
+            hooks = [(f"blocks.{layer}.hook_resid_pre", _replace(resid_pre[i:i + B])),
+                     (self.attn_out_hook(layer), _replace(attn_out[i:i + B]))]
+            out.append(self.scored_losses(tokens, first, hooks))
+        return torch.cat(out)
+
+    @contextlib.contextmanager
+    def _cache_kwarg_shim(self) -> Iterator[None]:
+        """Hand each attention bridge the Hugging Face cache under the name it reads.
+
+        transformers 5.x passes the cache to attention as ``cache=`` (``past_key_values`` is
+        deprecated); TransformerLens' attention bridges read only ``past_key_values``/``layer_past``,
+        so without this the model's cache comes back empty. The pre-hooks copy ``cache`` into
+        ``past_key_values`` when only the former is given, and are removed on exit.
+        """
+
+        def pre_hook(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+            if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
+                return args, {**kwargs, "past_key_values": kwargs["cache"]}
+            return None
+
+        handles = [block.attn.register_forward_pre_hook(pre_hook, with_kwargs=True)
+                   for block in getattr(self.model, "blocks", ()) if hasattr(block, "attn")]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    @torch.no_grad()
+    def forward_with_cache(self, tokens: Int[Tensor, "batch pos"], cache: Any = None) -> Any:
+        """Run ``tokens`` with the Hugging Face key/value cache on and return the cache object the
+        model filled (``cache``, e.g. a ``transformers.StaticCache``, when given; else the one the
+        model made), or None when it returned none."""
+        kwargs = {} if cache is None else {"cache": cache}
+        with self._cache_kwarg_shim():
+            out = self.model(tokens.to(self.device), return_type="logits_and_cache", use_cache=True, **kwargs)
+        return out[1] if isinstance(out, tuple) else None
+
+
+def _replace(value: Tensor) -> HookFn:
+    """A hook returning ``value`` in place of the activation."""
+    def hook(x: Tensor, hook: Any) -> Tensor:
+        return value.to(x.dtype)
+    return hook
+
+
+def _head_mask_hooks(head_mask: Float[Tensor, "layer head"]) -> list[tuple[str, HookFn]]:
+    """Hooks multiplying each head's ``z`` by ``head_mask[layer, head]`` (Michel et al. 2019)."""
+    from headprobe.probe.hooks import attn_hook
+
+    def make(layer: int) -> HookFn:
+        def hook(z: Tensor, hook: Any) -> Tensor:
+            return z * head_mask[layer].to(z.device, z.dtype)[:, None]
+        return hook
+
+    return [(attn_hook(layer, "z"), make(layer)) for layer in range(head_mask.shape[0])]

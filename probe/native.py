@@ -1,0 +1,138 @@
+"""The native backend: headprobe's own :class:`~headprobe.probe.model.Transformer` behind
+:class:`~headprobe.probe.backend.Backend`.
+
+Resuming a forward (:meth:`NativeModel.resume_scored_losses`) runs the rest of one block from
+its raw attention output (:meth:`headprobe.probe.model.Block.resume`) and the later blocks, then
+unembeds only the scored positions into one reused logits buffer with the loss taken in place
+(:func:`~headprobe.probe.backend.cross_entropy_inplace`): with a 49,152-token vocabulary the
+unembedding and the loss dominate each ablation's cost in the exact sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from headprobe.probe.backend import HookFn, LoadedModel, _module_type, cross_entropy_inplace, scored_loss
+
+
+class NativeModel(LoadedModel):
+    """A :class:`~headprobe.probe.backend.LoadedModel` on headprobe's own transformer
+    (``model`` is the :class:`~headprobe.probe.model.Transformer`). Takes padded batches."""
+
+    name = "native"
+    supports_padding = True
+
+    @classmethod
+    def wraps(cls, module: Any) -> bool:
+        return _module_type(module, "headprobe.probe.model", "Transformer")  # no Transformer exists before that import
+
+    def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+                attention_mask: Int[Tensor, "batch pos"] | None = None,
+                head_mask: Float[Tensor, "layer head"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.forward`."""
+        tokens = tokens.to(self.device)
+        kwargs: dict[str, Tensor] = {}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask.to(self.device)
+        if head_mask is not None:
+            kwargs["head_mask"] = head_mask.to(self.device)
+        if fwd_hooks:
+            return self.model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **kwargs)
+        return self.model(tokens, **kwargs)
+
+    def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
+        """Layer ``layer``'s output projection split by head (a view of ``o_proj.weight``)."""
+        return self.model.blocks[layer].attn.W_O
+
+    @torch.inference_mode()
+    def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
+                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.scored_losses`; logits only at the scored positions."""
+        tokens = tokens.to(self.device)
+        with self.hooks(fwd_hooks):
+            resid = self.model(tokens, return_type="resid")  # after ln_final
+        return self._losses(resid, tokens, first, normed=True)
+
+    @torch.inference_mode()
+    def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
+                             resid_pre: Float[Tensor, "n pos d_model"], attn_out: Float[Tensor, "n pos d_model"],
+                             first: int) -> Float[Tensor, "n"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.resume_scored_losses`: layer ``layer``'s
+        :meth:`~headprobe.probe.model.Block.resume` (post-attention norm and parallel MLP as in the
+        forward pass), the later blocks, and logits only at the scored positions."""
+        net = self.model
+        tokens = tokens.to(self.device)
+        x = net.blocks[layer].resume(resid_pre, attn_out)
+        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        for later in net.blocks[layer + 1:]:
+            x = later(x, positions)
+        return self._losses(x, tokens, first)
+
+    def _losses(self, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"], first: int,
+                normed: bool = False) -> Float[Tensor, "n"]:
+        net = self.model
+        if net.cfg.final_softcap is None:
+            return _scored_losses_from_resid(net, resid, tokens, first, normed)
+        # soft-capped logits (Gemma-2): through the model's own head, `batch` sequences at a time
+        B = tokens.shape[0]
+        return torch.cat([scored_loss(net.logits(resid[i:i + B], normed), tokens, first)
+                          for i in range(0, resid.shape[0], B)])
+
+    def check_prunable(self) -> None:
+        """See :meth:`headprobe.probe.backend.LoadedModel.check_prunable`."""
+        from headprobe.probe.pruned import check_prunable
+
+        check_prunable(self.model.cfg)
+
+    def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> torch.nn.Module:
+        """See :meth:`headprobe.probe.backend.LoadedModel.remove_heads`."""
+        from headprobe.probe.pruned import remove_heads
+
+        return remove_heads(self.model, keep)
+
+    def attention_parameters(self) -> int:
+        """Parameters in all attention projections (q, k, v, o; biases included)."""
+        from headprobe.probe.pruned import count_attention_parameters
+
+        return count_attention_parameters(self.model)
+
+    def save(self, out: Any, extra: dict[str, Any] | None = None) -> None:
+        """Write the weights and config as a headprobe checkpoint (:func:`headprobe.probe.checkpoint.save_native`)."""
+        from headprobe.probe.checkpoint import save_native
+
+        save_native(self.model, out, extra)
+
+
+@torch.inference_mode()
+def _scored_losses_from_resid(net: torch.nn.Module, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"],
+                              first: int, normed: bool = False) -> Float[Tensor, "n"]:
+    """Per-sequence mean loss (nats/token) from the final residual of ``n = k * batch`` sequences
+    (k copies of ``tokens``), unembedding only the scored positions ``first .. pos-2`` (the
+    logits at position i predict token i+1), ``batch`` sequences at a time into one reused
+    logits buffer (a fresh 150 MB tensor per chunk costs page faults), with the loss taken in
+    place (:func:`~headprobe.probe.backend.cross_entropy_inplace`)."""
+    B = tokens.shape[0]
+    target = tokens[:, first + 1:].flatten()
+    W_U, b_U = net.unembed.weight, net.unembed.bias  # [d_vocab, d_model], [d_vocab] | None
+    # every chunk is B sequences x the same scored positions: one [rows, d_vocab] buffer serves all
+    buffer = torch.empty(len(target), W_U.shape[0], device=resid.device) if W_U.dtype == torch.float32 else None
+    out = []
+    for i in range(0, resid.shape[0], B):
+        sel = resid[i:i + B, first:-1]
+        if not normed and net.ln_final is not None:
+            sel = net.ln_final(sel)
+        sel = sel.flatten(0, 1)
+        if buffer is not None:
+            logits = torch.mm(sel, W_U.T, out=buffer)
+            if b_U is not None:
+                logits += b_U
+        else:  # half precision: logits in float32, as cross_entropy would compute them
+            logits = F.linear(sel, W_U, b_U).float()
+        out.append(cross_entropy_inplace(logits, target).view(B, -1).mean(dim=1))
+    return torch.cat(out)
