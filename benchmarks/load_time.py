@@ -8,12 +8,14 @@ Each run is a fresh Python process pointed at one new, empty cache directory
 * cold: the first process finds the cache empty, dequantizes the GGUF file and writes the entry;
 * warm: the next ones read the entry.
 
-A process does what :func:`headprobe.probe.loading.load_model` does, phase by phase:
-``load_checkpoint`` (find the file, read weights and tokenizer: the phase the cache changes),
-``wrap`` (convert to the native backend) and the self-check. Per run it prints each phase's wall
-and CPU seconds, the imports and the whole process. The last line reads exactly
+A process imports headprobe's loading module, then calls
+:func:`headprobe.probe.loading.load_model` (``backend="auto"``, the self-check included), what
+every command does. A warm native load reads the entry's weights straight into headprobe's own
+transformer, without building the Hugging Face model. Per run it prints the wall and CPU seconds
+of the imports and of the load, and the whole process. The last line reads exactly
 ``cold=<seconds> warm=<seconds> ratio=<cold/warm>`` (2 decimals): the wall seconds of
-``load_checkpoint`` in the cold process and the median over the warm ones.
+``load_model`` in the cold process and the median over the warm ones (imports not included: they
+are the same with or without the cache).
 """
 
 from __future__ import annotations
@@ -36,19 +38,13 @@ def phase(name):
     now = clock()
     out[name] = [now[0] - t[0], now[1] - t[1]]
     t = now
-from headprobe.probe.loading import load_checkpoint, wrap
+from headprobe.probe.loading import load_model
 phase("imports")
-ckpt = load_checkpoint(sys.argv[1], quiet=True)
-phase("load_checkpoint")
-model = wrap(ckpt, "auto", "cpu", True, copy=False)
-phase("wrap")
-model.self_check
-phase("self_check")
+model = load_model(sys.argv[1], quiet=True)
+phase("load_model")
+out["backend"] = model.spec.backend
 print(json.dumps(out))
 """
-
-PHASES = ("load_checkpoint", "wrap", "self_check")
-
 
 def run_child(model: str, cache: str) -> dict[str, list[float]]:
     """One fresh process: {phase: [wall s, CPU s]} plus ``process`` (its whole wall time)."""
@@ -61,11 +57,10 @@ def run_child(model: str, cache: str) -> dict[str, list[float]]:
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "process": [wall, float("nan")]}
 
 
-def describe(label: str, run: dict[str, list[float]]) -> str:
-    phases = "; ".join(f"{p} {run[p][0]:.2f} s (cpu {run[p][1]:.2f})" for p in PHASES)
-    total = sum(run[p][0] for p in PHASES)
-    return (f"{label}: {phases}; load_model total {total:.2f} s; imports {run['imports'][0]:.2f} s; "
-            f"process {run['process'][0]:.2f} s")
+def describe(label: str, run: dict) -> str:
+    wall, cpu = run["load_model"]
+    return (f"{label}: load_model {wall:.2f} s (cpu {cpu:.2f}, {run['backend']} backend); imports "
+            f"{run['imports'][0]:.2f} s; process {run['process'][0]:.2f} s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,8 +78,8 @@ def main(argv: list[str] | None = None) -> None:
         for i in range(args.warm_runs):
             warms.append(run_child(args.model, cache))
             print(describe(f"warm {i + 1}", warms[-1]), flush=True)
-    cold_s = cold["load_checkpoint"][0]
-    warm_s = statistics.median(w["load_checkpoint"][0] for w in warms)
+    cold_s = cold["load_model"][0]
+    warm_s = statistics.median(w["load_model"][0] for w in warms)
     print(f"cold={cold_s:.2f} warm={warm_s:.2f} ratio={cold_s / warm_s:.2f}")
 
 

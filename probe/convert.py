@@ -392,6 +392,11 @@ def from_hf(hf_model: Any) -> Transformer:
     return source.build({k: v.detach() for k, v in hf_model.state_dict().items()}, copy=True)
 
 
+_TIED_NAMES = {"gpt2": ("transformer.wte.weight", "lm_head.weight"), "gpt_neox": ("gpt_neox.embed_in.weight", "embed_out.weight")}
+"""Hugging Face names of the input embedding and the unembedding, where not Llama's
+(``model.embed_tokens.weight``, ``lm_head.weight``)."""
+
+
 @dataclass(frozen=True)
 class NativeSource:
     """What turns a Hugging Face state dict into a native model, without the Hugging Face model
@@ -435,6 +440,9 @@ class NativeSource:
             KeyError: a weight the family needs is missing. RuntimeError: one is left over.
         """
         cfg, kind = self.config, self.model_type
+        embed, unembed = _TIED_NAMES.get(kind, ("model.embed_tokens.weight", "lm_head.weight"))
+        if cfg.tied_unembed and embed not in hf_state and unembed in hf_state:
+            hf_state = {**hf_state, embed: hf_state[unembed]}  # safetensors keeps one name of a tied pair
         if kind == "gpt2":
             converted = gpt2_state_dict(hf_state, cfg)
         elif kind == "gpt_neox":

@@ -822,6 +822,8 @@ class Transformer(HookedRootModule):
         with torch.device("meta"):
             model = cls(cfg)
         model.load_state_dict(state, strict=True, assign=True)
+        if cfg.tied_unembed:  # assigning replaced the shared parameter by two: one again, as __init__ ties it
+            model.unembed.weight = model.embed.W_E.weight
         for module in model.modules():
             if isinstance(module, Rotary):
                 module.inv_freq = module.frequencies()

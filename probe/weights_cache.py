@@ -8,7 +8,7 @@ loads read the directory with ``from_pretrained(dir)``.
 
 Where: ``$HEADPROBE_CACHE`` if set, else ``$XDG_CACHE_HOME/headprobe``, else ``~/.cache/headprobe``;
 entries live in ``<root>/gguf/<file stem>-<key>/`` (``config.json``, ``model.safetensors``,
-tokenizer files, ``manifest.json``). ``HEADPROBE_CACHE=off`` turns the cache off. Clearing it is
+tokenizer files, what the caller adds, e.g. the native model's description, ``manifest.json``). ``HEADPROBE_CACHE=off`` turns the cache off. Clearing it is
 always safe: ``rm -rf ~/.cache/headprobe`` (or the ``$HEADPROBE_CACHE`` directory); the next load
 rebuilds what it needs.
 
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 ENV_VAR = "HEADPROBE_CACHE"
 """Environment variable: the cache root directory, or ``off`` to disable the cache."""
 
-FORMAT = "headprobe-weights-cache-1"
+FORMAT = "headprobe-weights-cache-2"  # 2: entries carry the native model's description (loading.NATIVE_SOURCE_FILE)
 """Version of the entry layout; part of every key."""
 
 MANIFEST = "manifest.json"
@@ -182,10 +182,11 @@ class Entry:
             lock.acquire(timeout=LOCK_TIMEOUT_S)
         return lock
 
-    def write(self, hf_model: Any, tokenizer: Any) -> None:
+    def write(self, hf_model: Any, tokenizer: Any, extra: dict[str, Any] | None = None) -> None:
         """Save ``hf_model`` (its config without ``quantization_config``, its weights as
-        ``model.safetensors``) and ``tokenizer`` as the entry, atomically. Call it holding
-        :meth:`lock`; a damaged entry already there is replaced.
+        ``model.safetensors``), ``tokenizer`` and ``extra`` (file name -> JSON-able data, e.g. the
+        native model's description) as the entry, atomically. Call it holding :meth:`lock`; a
+        damaged entry already there is replaced.
 
         Raises:
             OSError, safetensors.SafetensorError: the directory cannot be written (nothing is
@@ -205,6 +206,8 @@ class Entry:
             config.save_pretrained(tmp)
             save_model(hf_model, str(tmp / "model.safetensors"), metadata={"format": "pt"})  # de-duplicates tied weights
             tokenizer.save_pretrained(tmp)
+            for file_name, data in (extra or {}).items():
+                (tmp / file_name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
             files = {p.name: {"size": p.stat().st_size, "digest": file_digest(p)} for p in sorted(tmp.iterdir()) if p.is_file()}
             manifest = {"key": self.key, "source": str(self.source), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         "files": files}
@@ -228,14 +231,30 @@ class Entry:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def ready_entry(source: str | os.PathLike[str]) -> Path | None:
+    """The directory of the complete entry of GGUF file ``source``, matching its manifest, or
+    None (cache off, no entry, a damaged one, an unreadable file): a reader that takes only a
+    ready entry and leaves every other case to :func:`load_cached`."""
+    root = cache_root()
+    if root is None:
+        return None
+    try:
+        entry = Entry(root, source)
+        return entry.path if entry.problem() is None else None
+    except OSError:
+        return None
+
+
 def load_cached(source: str | os.PathLike[str], build: Callable[[], tuple[Any, Any]],
                 load_dir: Callable[[Path], tuple[Any, Any]], say: Callable[[str], None],
-                name: str, what: str, eta: str = "") -> tuple[Any, Any]:
+                name: str, what: str, eta: str = "",
+                extra: Callable[[Any], dict[str, Any]] | None = None) -> tuple[Any, Any]:
     """(hf_model, tokenizer) of the GGUF file ``source``, through the cache.
 
     Args:
         build: loads ``source`` itself (the slow, uncached load).
         load_dir: loads a Hugging Face model directory (an entry).
+        extra: ``extra(hf_model)``: more files for a new entry (see :meth:`Entry.write`).
         say: prints one progress line: ``loading <name>: dequantizing <what> (first time<, eta>;
             cached for next time) ...`` before ``build``, ``loading <name> from cache ...``
             before ``load_dir``.
@@ -301,7 +320,7 @@ def load_cached(source: str | os.PathLike[str], build: Callable[[], tuple[Any, A
                 return got
         model, tokenizer = cold(f"first time{eta_part}; cached for next time")
         try:
-            entry.write(model, tokenizer)
+            entry.write(model, tokenizer, extra(model) if extra is not None else None)
         except Exception as e:  # a full disk shows up as OSError or as safetensors' own error
             log.warning("headprobe: cannot write the weights cache entry %s (%s: %s); the next load will dequantize again",
                         entry.path, type(e).__name__, getattr(e, "strerror", None) or e)

@@ -517,3 +517,23 @@ def test_load_native_from_local_directory(tmp_path):
 def test_load_native_missing_path_raises(tmp_path):
     with pytest.raises(HeadprobeError, match="does not exist"):
         load_model(str(tmp_path / "nope"), backend="native")
+
+
+def test_from_state_dict_equals_loading_into_an_initialised_model():
+    """Transformer.from_state_dict (meta-device build, tensors assigned) gives the model that
+    load_state_dict into a normally built one gives: same outputs, same parameter count (a tied
+    unembedding stays one parameter), rotary frequencies computed, nothing left on the meta device."""
+    from headprobe.probe.model import Transformer, TransformerConfig
+
+    for cfg in (TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=16, positional="rotary",
+                                  norm="rmsnorm", mlp="swiglu", bias=False, n_kv_heads=2),
+                TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=16, tied_unembed=False)):
+        torch.manual_seed(0)
+        ref = Transformer(cfg).eval()
+        state = {k: v.clone() for k, v in ref.state_dict().items()}
+        built = Transformer.from_state_dict(cfg, state)
+        tokens = torch.randint(0, 50, (2, 16))
+        assert torch.equal(built(tokens), ref(tokens))
+        assert sum(p.numel() for p in built.parameters()) == sum(p.numel() for p in ref.parameters())
+        assert (built.unembed.weight is built.embed.W_E.weight) == cfg.tied_unembed
+        assert not any(t.is_meta for t in [*built.parameters(), *built.buffers()])

@@ -374,15 +374,28 @@ def test_check_finite_weights_fast_path_agrees_with_isfinite(dtype):
         check_finite_weights(model)
 
 
-@pytest.mark.parametrize("backend", ["native", "transformer-lens"])
-def test_models_from_cold_and_warm_loads_compute_the_same_logits(backend, tiny_gguf, cache):
+@pytest.mark.parametrize("backend", ["native", "auto", "transformer-lens"])
+def test_models_from_cold_and_warm_loads_compute_the_same_logits(backend, tiny_gguf, cache, monkeypatch):
     """Config fields (rotary base, norm epsilon, tied embeddings) survive the cache: both
-    backends give bit-identical logits and self-checks for the GGUF load and the cached one."""
+    backends give bit-identical logits and self-checks for the GGUF load and the cached one. A
+    warm native load reads the entry directly (no Hugging Face model is built: load_checkpoint
+    is not called) and gives the same tokenizer too."""
+    from headprobe.probe import loading
     from headprobe.probe.loading import load_model
 
     cold = load_model(str(tiny_gguf), backend=backend, quiet=True)
-    warm = load_model(str(tiny_gguf), backend=backend, quiet=True)
     assert weights_cache.Entry(cache, tiny_gguf).problem() is None
+    if backend != "transformer-lens":
+        assert (weights_cache.Entry(cache, tiny_gguf).path / loading.NATIVE_SOURCE_FILE).is_file()
+        monkeypatch.setattr(loading, "load_checkpoint", lambda *a, **k: pytest.fail("the warm native load built the HF model"))
+    warm = load_model(str(tiny_gguf), backend=backend, quiet=True)
+    for text in TEXTS:
+        for special in (True, False):
+            assert warm.tokenizer(text, add_special_tokens=special)["input_ids"] == \
+                cold.tokenizer(text, add_special_tokens=special)["input_ids"], text
+    attrs = ("bos_token_id", "eos_token_id", "unk_token_id", "all_special_ids")
+    for attr in attrs if backend == "transformer-lens" else (*attrs, "pad_token_id"):  # the bridge sets a pad token
+        assert getattr(warm.tokenizer, attr) == getattr(cold.tokenizer, attr), attr
     tokens = cold.to_tokens("the then the t e h")  # [1, pos]
     assert torch.equal(tokens, warm.to_tokens("the then the t e h"))
     with torch.no_grad():
