@@ -8,6 +8,7 @@ imports torch (``headprobe budget`` must start fast): dtypes are names until :fu
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 DTYPES = ("float32", "bfloat16", "float16")
 """Compute precisions, by torch's names."""
@@ -218,6 +219,54 @@ def config_and_model(config_cls, model, config_fields: dict):
         loaded = load_for(config)
         return config, loaded, time.perf_counter() - t0
     return config_cls(model=model.spec.name, **config_fields), model, 0.0
+
+
+@dataclass(frozen=True)
+class ModelRunConfig:
+    """The settings every command that runs a model on natural text and repeated random tokens
+    shares (``ablate``, ``prune``; the flags of :func:`add_model_run_options`). A command's config
+    derives from it and adds its own fields. Invalid values raise
+    :class:`~headprobe.probe.errors.HeadprobeError` when the config is made.
+
+    Attributes:
+        model: model name or path (see :func:`headprobe.probe.loading.load_model`).
+        n_natural: natural-text sequences (>= 1); as many more, disjoint, are the reference
+            (ablate: mean/resample source; prune: the held-out curve).
+        seq_len: natural-text sequence length in tokens, BOS included (>= 2).
+        n_repeated: repeated-random-token sequences of the induction task (>= 1).
+        period: length S of the repeated block (>= 2).
+        seed: seeds the window choice, the random tokens and any random order or source.
+        text: a UTF-8 file to use instead of the Python documentation text.
+        device: ``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name.
+        dtype: compute precision (``float32``, ``bfloat16``, ``float16`` or bf16/fp16/fp32); applies when loaded by name.
+        backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; applies when loaded by name.
+    """
+
+    model: str = DEFAULT_MODEL
+    n_natural: int = 8
+    seq_len: int = 128
+    n_repeated: int = 8
+    period: int = 50
+    seed: int = 0
+    text: str | None = None
+    device: str = "auto"
+    dtype: str = "float32"
+    backend: str = "auto"
+
+    def __post_init__(self):
+        check_config_fields(self)
+
+    def preflight(self) -> None:
+        """Check, without loading weights, what the settings and files alone decide (here: the
+        text file; a command adds its own checks).
+
+        Raises:
+            HeadprobeError: a bad text file.
+        """
+        from headprobe.probe.io import read_text_file
+
+        if self.text:
+            read_text_file(self.text)
 
 
 def add_model_run_options(p: argparse.ArgumentParser) -> None:

@@ -23,7 +23,6 @@ from headprobe import options
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import ABLATION_KINDS, Head, all_heads, format_head, parse_heads
-from headprobe.probe.io import read_text_file
 
 HELP = "exact single-head ablation effect of every head (natural text, induction task), gradient importance, CSV + heatmaps"
 
@@ -56,42 +55,25 @@ def _heads_text(heads) -> str | None:
 
 
 @dataclass(frozen=True)
-class AblateConfig:
-    """Settings of ``headprobe ablate`` (recorded in summary.json's ``config``; the checkpoint's key).
-    Invalid values raise :class:`~headprobe.probe.errors.HeadprobeError` when the config is made.
+class AblateConfig(options.ModelRunConfig):
+    """Settings of ``headprobe ablate`` (recorded in summary.json's ``config``; the checkpoint's key):
+    the shared ones of :class:`~headprobe.options.ModelRunConfig` (``n_natural`` sequences are
+    ablated, as many more, disjoint, are the mean/resample reference; the resample source uses
+    ``seed + 1``) and the sweep's own. Invalid values raise
+    :class:`~headprobe.probe.errors.HeadprobeError` when the config is made.
 
     Attributes:
-        model: model name or path (see :func:`headprobe.probe.loading.load_model`); loaded by :func:`ablate` and the CLI.
-        n_natural: natural-text sequences ablated (>= 1); as many more, disjoint, are the mean/resample reference.
-        seq_len: natural-text sequence length in tokens, BOS included (>= 2).
-        n_repeated: repeated-random-token sequences of the induction task (>= 1).
-        period: length S of the repeated block (>= 2).
-        kind: ablation kind, one of :data:`headprobe.probe.hooks.ABLATION_KINDS` (zero, mean, resample).
+        kind: ablation kind, one of :data:`headprobe.probe.heads.ABLATION_KINDS` (zero, mean, resample).
         heads: heads to sweep, ``"5.1,7.3"`` or ``[(5, 1), (7, 3)]`` (stored as the string); None: all.
         max_batch: sequences per forward pass in the sweep (>= 1).
-        seed: seeds the window choice and the random tokens (the resample source uses seed + 1).
-        text: a UTF-8 file to use instead of the Python documentation text.
-        device: ``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name.
-        dtype: compute precision (``float32``, ``bfloat16``, ``float16`` or bf16/fp16/fp32); applies when loaded by name.
-        backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; applies when loaded by name.
     """
 
-    model: str = options.DEFAULT_MODEL
-    n_natural: int = 8
-    seq_len: int = 128
-    n_repeated: int = 8
-    period: int = 50
     kind: str = "zero"
     heads: str | Sequence[tuple[int, int]] | None = None
     max_batch: int = 64
-    seed: int = 0
-    text: str | None = None
-    device: str = "auto"
-    dtype: str = "float32"
-    backend: str = "auto"
 
     def __post_init__(self):
-        options.check_config_fields(self)
+        super().__post_init__()
         if self.kind not in ABLATION_KINDS:
             raise HeadprobeError(f"--kind {self.kind!r} is not one of {', '.join(ABLATION_KINDS)}")
         if self.max_batch < 1:
@@ -113,8 +95,7 @@ class AblateConfig:
         Raises:
             HeadprobeError: a bad text file or a head out of range.
         """
-        if self.text:
-            read_text_file(self.text)
+        super().preflight()
         layout = options.peek_layout(self.model)
         if layout and self.heads:
             self.head_list(*layout)

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from headprobe import options
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import read_text_file
 
 HELP = "iterative head pruning by gradient importance vs a random order: pruning_curve.csv + figure, optional pruned model"
 
@@ -40,16 +39,14 @@ PRUNED_FILE = "pruned_model.pt"
 
 
 @dataclass(frozen=True)
-class PruneConfig:
-    """Settings of ``headprobe prune`` (recorded in summary.json's ``config``; the checkpoint's key).
-    Invalid values raise :class:`~headprobe.probe.errors.HeadprobeError` when the config is made.
+class PruneConfig(options.ModelRunConfig):
+    """Settings of ``headprobe prune`` (recorded in summary.json's ``config``; the checkpoint's key):
+    the shared ones of :class:`~headprobe.options.ModelRunConfig` (``n_natural`` sequences score
+    the importance, as many more are held out for the curve; ``seed`` also orders the random
+    baseline) and the pruning's own. Invalid values raise
+    :class:`~headprobe.probe.errors.HeadprobeError` when the config is made.
 
     Attributes:
-        model: model name or path (see :func:`headprobe.probe.loading.load_model`); loaded by :func:`prune` and the CLI.
-        n_natural: natural-text sequences scoring the importance (>= 1); as many more, disjoint, are held out for the curve.
-        seq_len: natural-text sequence length in tokens, BOS included (>= 2).
-        n_repeated: repeated-random-token sequences of the induction loss (>= 1).
-        period: length S of the repeated block (>= 2).
         step_fraction: fraction of all heads removed per step, in (0, 1].
         max_fraction: stop once this fraction of heads is removed, in (0, 1].
         rescore: recompute the importance after every step (False: once before pruning, as in the paper).
@@ -57,47 +54,23 @@ class PruneConfig:
         save_pruned: also build the model with the first ``save_fraction`` of heads (importance order)
             removed for real, check it against the masked model and save it (native backend only).
         save_fraction: fraction of heads removed in that model, in (0, 1].
-        seed: seeds the window choice, the random tokens and the random order.
-        text: a UTF-8 file to use instead of the Python documentation text.
-        device: ``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name.
-        dtype: compute precision (``float32``, ``bfloat16``, ``float16`` or bf16/fp16/fp32); applies when loaded by name.
-        backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; applies when loaded by name.
     """
 
-    model: str = options.DEFAULT_MODEL
-    n_natural: int = 8
-    seq_len: int = 128
-    n_repeated: int = 8
-    period: int = 50
     step_fraction: float = 0.1
     max_fraction: float = 1.0
     rescore: bool = True
     normalize: bool = True
     save_pruned: bool = False
     save_fraction: float = 0.3
-    seed: int = 0
-    text: str | None = None
-    device: str = "auto"
-    dtype: str = "float32"
-    backend: str = "auto"
 
     def __post_init__(self):
         for name in ("step_fraction", "max_fraction", "save_fraction"):
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise HeadprobeError(f"--{name.replace('_', '-')} must be in (0, 1], got {v}")
-        options.check_config_fields(self)
+        super().__post_init__()
         if self.save_pruned and self.backend == "transformer-lens":
             raise HeadprobeError("--save-pruned needs the native backend (--backend native)")
-
-    def preflight(self) -> None:
-        """Check, without loading weights, what the settings and files alone decide (the text file).
-
-        Raises:
-            HeadprobeError: a bad text file.
-        """
-        if self.text:
-            read_text_file(self.text)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
