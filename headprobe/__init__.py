@@ -30,6 +30,7 @@ _EXPORTS = {
     "study": ("headprobe.commands.study", "study"),
     "load_model": ("headprobe.probe.loading", "load_model"),
     "LoadedModel": ("headprobe.probe.loading", "LoadedModel"),
+    "Backend": ("headprobe.probe.backend", "Backend"),
     "capture_heads": ("headprobe.probe.capture", "capture_heads"),
     "stream_patterns": ("headprobe.probe.capture", "stream_patterns"),
     "SelfCheck": ("headprobe.probe.selfcheck", "SelfCheck"),

@@ -73,3 +73,12 @@ def test_output_into_a_closed_pipe_ends_quietly():
     proc.stdout.close()  # long before the interpreter has started and imported anything
     assert proc.wait(timeout=60) == 141
     assert proc.stderr.read() == b""
+
+
+def test_every_public_name_resolves():
+    """``headprobe.__all__`` is the API: each name imports (a renamed target fails here, not in a user's notebook)."""
+    import headprobe
+
+    for name in headprobe.__all__:
+        assert getattr(headprobe, name) is not None, name
+    assert isinstance(headprobe.LoadedModel, type) and headprobe.Backend.__name__ == "Backend"
