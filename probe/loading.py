@@ -161,6 +161,23 @@ def quiet_progress_bars() -> Iterator[None]:
             (hub_utils.disable_progress_bars if hub_was_off else hub_utils.enable_progress_bars)()
 
 
+GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
+"""transformers' class for a tokenizer that is just its ``tokenizer.json`` (the second is its name
+in transformers 5)."""
+
+
+def _names_generic_tokenizer(source: str) -> bool:
+    """Whether the local model directory ``source`` saved its tokenizer as one of
+    :data:`GENERIC_TOKENIZERS` (its ``tokenizer_config.json`` says so)."""
+    import json
+
+    config = Path(source) / "tokenizer_config.json"
+    try:
+        return json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") in GENERIC_TOKENIZERS
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _load_hf(source: str, local_only: bool, gguf_file: str | None = None):
     """(hf_model, tokenizer) in float32 with eager attention, without progress bars."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -171,6 +188,12 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None):
     with warnings.catch_warnings(), quiet_progress_bars():
         warnings.simplefilter("ignore")
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        if gguf_file is None and _names_generic_tokenizer(source) and type(tokenizer).__name__ not in GENERIC_TOKENIZERS:
+            # transformers picks the family's tokenizer class (Qwen2Tokenizer) over the generic one the
+            # directory names, and that class rebuilds a different tokenizer from the files: use the named one
+            from transformers import PreTrainedTokenizerFast
+
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch.float32, attn_implementation="eager", **kwargs
         )
@@ -243,7 +266,7 @@ def _load_native_from_cache(name: str, device: str | torch.device, prepend_bos: 
         return None
     try:
         tokenizer_class = json.loads((entry / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
-        if tokenizer_class not in ("PreTrainedTokenizerFast", "TokenizersBackend"):
+        if tokenizer_class not in GENERIC_TOKENIZERS:
             return None  # a tokenizer class of its own: AutoTokenizer's job
         source = convert.NativeSource.from_json(json.loads((entry / NATIVE_SOURCE_FILE).read_text(encoding="utf-8")))
         if not quiet:

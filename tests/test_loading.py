@@ -98,3 +98,15 @@ def test_wrapping_prints_nothing_on_stdout(tiny_tokenizer, capfd):
     for backend in ("transformer-lens", "native"):
         wrap(make_checkpoint("llama", tiny_tokenizer), backend=backend)
         assert capfd.readouterr().out == "", backend
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_a_directory_loads_with_the_tokenizer_it_saved(family, tiny_tokenizer, tmp_path):
+    """transformers maps a qwen2 directory to Qwen2Tokenizer even when the directory saved a plain
+    tokenizer.json tokenizer, and that class encodes "t1 t2 t3" to nothing: the directory's own
+    tokenizer must come back, token for token."""
+    from zoo import save_dir
+
+    model = load_model(str(save_dir(family, tiny_tokenizer, tmp_path / family)), quiet=True)
+    want = [tiny_tokenizer.bos_token_id, *tiny_tokenizer("t1 t2 t3", add_special_tokens=False)["input_ids"]]
+    assert model.to_tokens("t1 t2 t3").tolist() == [want] and len(want) == 4
