@@ -23,7 +23,7 @@ The ablation engine:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -78,7 +78,11 @@ class Verification:
     """Ablation evidence for one head type and one ablation kind (losses in nats/token).
 
     ``confirmed`` holds when the top-k effect exceeds every random draw's, is at least twice
-    the mean random effect, and is at least ``min_effect`` nats.
+    the mean random effect, and is at least ``min_effect`` nats. The random heads never include
+    the heads under test (``control_excludes``, see :func:`random_head_sets`). ``p_value`` is
+    the empirical one-sided p-value of the top-k effect against the draws, ``(1 + #{random >=
+    top}) / (1 + n_draws)`` (North, Curtis & Sham 2002, Am. J. Hum. Genet. 71:439); with n
+    draws it cannot go below ``1 / (n + 1)``.
     """
 
     head_type: str
@@ -94,6 +98,8 @@ class Verification:
     random_max: float
     confirmed: bool
     random_heads: list[list[str]] = field(default_factory=list)
+    control_excludes: list[str] = field(default_factory=list)
+    p_value: float = float("nan")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,12 +115,30 @@ def is_confirmed(top_effect: float, random_effects: Sequence[float], min_effect:
     )
 
 
-def random_head_sets(n_layers: int, n_heads: int, k: int, n_draws: int, seed: int) -> list[list[Head]]:
-    """``n_draws`` sets of ``k`` distinct heads, uniformly without replacement, seeded."""
+def empirical_p_value(top_effect: float, random_effects: Sequence[float]) -> float:
+    """``(1 + #{r >= top_effect}) / (1 + n)``: the one-sided empirical p-value of ``top_effect``
+    among ``n`` random draws (North, Curtis & Sham 2002); at least ``1 / (n + 1)``."""
+    rand = list(random_effects)
+    return (1 + sum(r >= top_effect for r in rand)) / (1 + len(rand))
+
+
+def random_head_sets(n_layers: int, n_heads: int, k: int, n_draws: int, seed: int,
+                     exclude: Iterable[Head] = ()) -> list[list[Head]]:
+    """``n_draws`` sets of ``k`` distinct heads, uniformly without replacement, seeded, from the
+    heads not in ``exclude`` (a control must not contain the heads it is compared with).
+
+    Raises:
+        HeadprobeError: fewer than ``k`` heads are left to draw from.
+    """
+    excluded = {layer * n_heads + head for layer, head in exclude}
+    pool = torch.tensor([i for i in range(n_layers * n_heads) if i not in excluded], dtype=torch.long)
+    if len(pool) < k:
+        raise HeadprobeError(f"a random control of {k} heads needs {k} heads outside the {len(excluded)} under test; "
+                             f"the model has {n_layers * n_heads}")
     gen = torch.Generator().manual_seed(seed)
     sets = []
     for _ in range(n_draws):
-        flat = torch.randperm(n_layers * n_heads, generator=gen)[:k].tolist()
+        flat = pool[torch.randperm(len(pool), generator=gen)[:k]].tolist()
         sets.append(sorted((i // n_heads, i % n_heads) for i in flat))
     return sets
 

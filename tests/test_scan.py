@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from headprobe.analyses.ablation import is_confirmed, random_head_sets, task_loss, token_losses
+from headprobe.probe.errors import HeadprobeError
 from headprobe.analyses.detectors import SCORE_COLUMNS
 from headprobe.commands.scan import ScanConfig, run
 from test_loading import assert_one_line_error, run_cli
@@ -136,3 +137,18 @@ def test_native_and_bridge_backends_give_the_same_scores_on_smollm2(smollm2, smo
     assert (smollm2_native.spec.backend, smollm2.spec.backend) == ("native", "transformer-lens")
     assert smollm2_native.spec.precision.endswith("; native backend")  # as summary.json prints it
     assert smollm2.spec.precision.endswith("; TransformerLens backend")
+
+
+def test_random_controls_exclude_the_heads_under_test_and_p_values_count_draws():
+    from headprobe.analyses.ablation import empirical_p_value
+
+    excluded = [(l, h) for l in range(3) for h in range(9)]  # 27 of 30 x 9 heads
+    sets = random_head_sets(30, 9, 10, 20, seed=0, exclude=excluded)
+    assert all(not set(s) & set(excluded) and len(set(s)) == 10 for s in sets)
+    assert random_head_sets(30, 9, 10, 3, seed=0, exclude=()) == random_head_sets(30, 9, 10, 3, seed=0)
+    assert len({h for s in random_head_sets(2, 4, 3, 30, seed=1, exclude=[(0, 0), (1, 3)]) for h in s}) == 6
+    with pytest.raises(HeadprobeError, match="needs 3 heads outside the 6 under test"):
+        random_head_sets(2, 4, 3, 1, seed=0, exclude=[(0, h) for h in range(4)] + [(1, 0), (1, 1)])
+    assert empirical_p_value(1.0, [0.1, 0.2, 0.3, 0.4]) == 1 / 5  # beats all 4: the smallest p 4 draws allow
+    assert empirical_p_value(0.25, [0.1, 0.2, 0.3, 0.4]) == 3 / 5
+    assert empirical_p_value(0.3, [0.3]) == 1.0  # a tie counts against the top-k

@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 from headprobe import options
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
-    SINGLE_INPUT_KINDS, Verification, ablated_loss, is_confirmed, names, random_head_sets, task_loss, top_heads,
+    SINGLE_INPUT_KINDS, Verification, ablated_loss, empirical_p_value, is_confirmed, names, random_head_sets, task_loss,
+    top_heads,
 )
 from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
 from headprobe.analyses.detectors import DETECTORS, select_detectors
@@ -195,36 +196,43 @@ def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: To
     """Zero- and mean-ablate the top-k heads of each of ``cfg.types`` and ``cfg.n_random`` sets of
     k random heads; ``cfg`` is resolved (k set).
 
-    Random draws are shared by the types judged on the same task, so each draw costs one
-    forward pass per task and ablation kind; they do not depend on which types are selected.
+    Each type's control draws k random heads from those outside its own top-k (seeded, so the
+    draws of a type do not depend on which other types are selected); types with the same task and
+    the same top-k share their draws. One forward pass per draw, control and ablation kind.
     """
     spec = model.spec
     k = cfg.k
     sets = {"natural": natural, "repeated": repeated}
-    random_sets = random_head_sets(spec.n_layers, spec.n_heads, k, cfg.n_random, cfg.seed)
     dets = {name: DETECTORS[name] for name in cfg.types}
-    tasks = sorted({d.task for d in dets.values()})
-    jobs = [("random", task, kind, i) for task in tasks for kind in ABLATION_KINDS for i in range(cfg.n_random)]
+    top = {name: top_heads(torch.as_tensor(scores[det.rank_by]), k) for name, det in dets.items()}
+    group_of = {name: (det.task, tuple(sorted(top[name]))) for name, det in dets.items()}  # (task, heads excluded)
+    groups = list(dict.fromkeys(group_of.values()))
+    draws = {key: random_head_sets(spec.n_layers, spec.n_heads, k, cfg.n_random, cfg.seed, exclude=key[1])
+             for key in groups}
+    jobs = [("random", key, kind, i) for key in groups for kind in ABLATION_KINDS for i in range(cfg.n_random)]
     jobs += [("top", name, kind, None) for name in dets for kind in ABLATION_KINDS]
-    random_effects: dict[tuple[str, str], list[float]] = {}
+    random_effects: dict[tuple, list[float]] = {}
     out: list[Verification] = []
     for what, name, kind, i in tqdm(jobs, desc="ablations", unit="pass", disable=not progress):
         if what == "random":
-            ts = sets[name]
-            loss = ablated_loss(model, ts.tokens, random_sets[i], kind, mean_z, name, ts.start, ts.period)
-            random_effects.setdefault((name, kind), []).append(loss - clean[name])
+            task = name[0]
+            ts = sets[task]
+            loss = ablated_loss(model, ts.tokens, draws[name][i], kind, mean_z, task, ts.start, ts.period)
+            random_effects.setdefault((name, kind), []).append(loss - clean[task])
             continue
         det = dets[name]
         ts = sets[det.task]
-        heads = top_heads(torch.as_tensor(scores[det.rank_by]), k)
+        heads = top[name]
         loss = ablated_loss(model, ts.tokens, heads, kind, mean_z, det.task, ts.start, ts.period)
         effect = loss - clean[det.task]
-        rand = random_effects[(det.task, kind)]
+        key = group_of[name]
+        rand = random_effects[(key, kind)]
         out.append(Verification(
             head_type=name, kind=kind, task=det.task, k=k, top_heads=names(heads), clean_loss=clean[det.task],
             top_loss=loss, top_effect=effect, random_effects=rand, random_mean=float(np.mean(rand)),
             random_max=float(np.max(rand)), confirmed=is_confirmed(effect, rand),
-            random_heads=[names(s) for s in random_sets],
+            random_heads=[names(s) for s in draws[key]], control_excludes=names(key[1]),
+            p_value=empirical_p_value(effect, rand),
         ))
     return out
 
@@ -366,6 +374,8 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         "top_heads": top,
         "confirmed": confirmed,
         "confirmation_rule": "top-k effect >= 0.05 nats, > every random draw's effect, and >= 2x the mean random effect",
+        "control_rule": "each type's random draws of k heads come from the heads outside its own top-k; "
+                        "p_value = (1 + #draws with effect >= the top-k effect) / (1 + draws)",
         "ablations": [v.to_dict() for v in result.verifications],
         "timings_s": {k: round(v, 2) for k, v in result.timings.items()},
         "versions": package_versions(),
@@ -423,11 +433,15 @@ def format_report(result: ScanResult) -> str:
     if not result.verifications:
         lines.append("no ablation check (--no-verify): these are pattern scores, not verified findings")
         return "\n".join(lines)
-    lines.append(f"{'ablation (k=' + str(result.config.k) + ')':<22} {'task':<9} {'clean':>6} {'top-k Δ':>8} {'random Δ mean/max':>18}  verdict")
+    lines.append(f"{'ablation (k=' + str(result.config.k) + ')':<22} {'task':<9} {'clean':>6} {'top-k Δ':>8} "
+                 f"{'random Δ mean/max':>18} {'p':>6}  verdict")
     for v in result.verifications:
         verdict = "CONFIRMED" if v.confirmed else "not confirmed"
         lines.append(f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {v.clean_loss:6.2f} {v.top_effect:+8.2f} "
-                     f"{v.random_mean:+9.2f}/{v.random_max:+.2f}  {verdict}")
+                     f"{v.random_mean:+9.2f}/{v.random_max:+.2f} {v.p_value:6.3f}  {verdict}")
+    n = len(result.verifications[0].random_effects)
+    lines.append(f"(random Δ: {n} draws of k heads outside the type's top-k; p = (1 + draws >= top-k Δ) / (1 + {n}), "
+                 f"at least {1 / (n + 1):.3f})")
     return "\n".join(lines)
 
 
