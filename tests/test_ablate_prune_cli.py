@@ -126,8 +126,9 @@ def test_ablate_cli_heads_subset_and_out_of_range(tiny_dir, tmp_path):
     table = pd.read_csv(out / "head_ablation.csv")
     swept = table.dropna(subset=["natural_loss_delta"])
     assert sorted(zip(swept.layer, swept["head"])) == [(0, 0), (1, 3)]
-    one = tmp_path / "one"  # one head cannot be ranked: null in the JSON, n/a on screen, never NaN
-    rc, stdout, _ = run_cli("ablate", "--model", str(tiny_dir), "--out", str(one), "--text", _text(tmp_path), "--heads", "1.3", *SMALL)
+    one = tmp_path / "one"  # too few heads to rank (< MIN_RANKED_HEADS): null in the JSON, n/a on screen, never NaN
+    rc, stdout, _ = run_cli("ablate", "--model", str(tiny_dir), "--out", str(one), "--text", _text(tmp_path),
+                            "--heads", "1.3,0.0,0.1,1.1,1.2", *SMALL)
     assert rc == 0 and "n/a" in stdout and "nan" not in stdout.lower()
     text = (one / "summary.json").read_text()
     assert "NaN" not in text and json.loads(text)["spearman_with_exact_sweep"]["natural"]["gradient_importance"] is None
