@@ -254,6 +254,10 @@ def _load_native_from_cache(name: str, device: str | torch.device, prepend_bos: 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tokenizer = PreTrainedTokenizerFast.from_pretrained(str(entry), local_files_only=True)
+        # load_file maps the file copy-on-write (MAP_PRIVATE) and the model takes those tensors:
+        # one copy of the weights, paged in as read, and the model owns it (an in-place change
+        # copies the page, never writes the file; entries are replaced by rename, never rewritten
+        # in place). tests/test_weights_cache.py, benchmarks/memory.py.
         model = source.build(load_file(str(entry / "model.safetensors"))).to(device)
     except Exception as e:  # noqa: BLE001 - any failure falls back to the full load, which reports it
         logging.getLogger(__name__).warning("headprobe: fast load of %s from %s failed (%s); loading the usual way",
