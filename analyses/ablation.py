@@ -273,6 +273,15 @@ def sweep_loop(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequence
     return SweepResult(clean, loss, kind)
 
 
+STORED_ACTIVATION_BYTES = 256 * 2**20
+"""The most bytes of clean activations :func:`exact_sweep` keeps at once (float32 estimate);
+beyond that it records the swept layers in chunks, one clean pass per chunk."""
+
+
+class _CleanPrefixDone(Exception):
+    """Raised by :func:`exact_sweep`'s last recording hook of a chunk to end that clean pass early."""
+
+
 @torch.inference_mode()
 def exact_sweep(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
                 kind: str = "zero", mean_z: Float[Tensor, "layer head d_head"] | None = None,
@@ -280,7 +289,10 @@ def exact_sweep(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequenc
                 max_batch: int = 64, progress: bool = False) -> SweepResult:
     """The scored loss with each of ``heads`` (default: all) ablated alone, exactly.
 
-    One clean forward pass records each layer's ``resid_pre``, ``z`` and raw attention output.
+    One clean forward pass records each swept layer's ``resid_pre``, ``z`` and raw attention
+    output (in chunks of layers where they would exceed :data:`STORED_ACTIVATION_BYTES`: one
+    clean pass per chunk, each ending after its chunk's last layer, so the memory they take is
+    bounded whatever ``n_layers``).
     Ablating head h of layer l changes nothing before layer l, and changes layer l's raw
     attention output ``sum_h z_h W_O^(h) + b_O`` only by ``(r_h - z_h) W_O^(h)`` (r_h: 0, the
     mean z, or the z on ``source_tokens``), so each ablation adds that to the clean raw attention
@@ -315,16 +327,39 @@ def exact_sweep(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequenc
     zs: dict[int, Tensor] = {}
     attn: dict[int, Tensor] = {}
 
-    def save(store: dict, layer: int):
+    def save(store: dict, layer: int, stop: bool = False):
         def hook(x: Tensor, hook: Any) -> None:
             store[layer] = x.clone()
+            if stop:
+                raise _CleanPrefixDone
         return hook
 
+    def capture(chunk: Sequence[int], whole: bool) -> float | None:
+        """Record ``chunk``'s clean activations; the clean loss if ``whole``, else the pass stops
+        after the chunk's last attention output (nothing later is needed)."""
+        pre.clear(), zs.clear(), attn.clear()
+        hooks = [(f"blocks.{layer}.hook_resid_pre", save(pre, layer)) for layer in chunk]
+        hooks += [(attn_hook(layer, "z"), save(zs, layer)) for layer in chunk]
+        hooks += [(model.attn_out_hook(layer), save(attn, layer, stop=not whole and layer == chunk[-1]))
+                  for layer in chunk]
+        if whole:
+            return float(model.scored_losses(tokens, first, hooks).mean())
+        try:
+            model.scored_losses(tokens, first, hooks)
+        except _CleanPrefixDone:
+            pass
+        return None
+
+    # Only one chunk of layers' clean activations is alive at a time (each layer's resid_pre, z and
+    # attention output: ~3 x batch x pos x d_model values), so memory stays flat in n_layers: the
+    # first chunk comes with the clean loss, each later one costs a clean pass up to its last layer.
     layers = sorted({layer for layer, _ in heads})
-    hooks = [(f"blocks.{layer}.hook_resid_pre", save(pre, layer)) for layer in layers]
-    hooks += [(attn_hook(layer, "z"), save(zs, layer)) for layer in layers]
-    hooks += [(model.attn_out_hook(layer), save(attn, layer)) for layer in layers]
-    clean = float(model.scored_losses(tokens, first, hooks).mean())
+    per_layer = B * T * (2 * spec.d_model + spec.n_heads * spec.d_head) * 4
+    size = max(1, STORED_ACTIVATION_BYTES // per_layer)
+    chunks = [layers[i:i + size] for i in range(0, len(layers), size)]
+    chunk_of = {layer: c for c, chunk in enumerate(chunks) for layer in chunk}
+    clean = capture(chunks[0], whole=True) if chunks else float(model.scored_losses(tokens, first).mean())
+    current = 0
     source_z = capture_z(model, source_tokens.to(device)) if kind == "resample" else None
 
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
@@ -337,6 +372,9 @@ def exact_sweep(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequenc
         from tqdm.auto import tqdm
         it = tqdm(it, desc="ablation sweep", unit="pass")
     for layer, group in it:
+        if chunk_of[layer] != current:
+            current = chunk_of[layer]
+            capture(chunks[current], whole=False)
         k = len(group)
         W_O = model.W_O(layer)  # [head, d_head, d_model]
         idx = torch.tensor(group, device=device)

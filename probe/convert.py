@@ -380,16 +380,22 @@ def deepseek_state_dict(sd: dict[str, Tensor], cfg: TransformerConfig, rope_inte
     return out
 
 
-def from_hf(hf_model: Any) -> Transformer:
-    """A native :class:`Transformer` holding copies of a Hugging Face model's weights (a family
-    of :data:`SUPPORTED_MODEL_TYPES`).
+def from_hf(hf_model: Any, copy: bool = True) -> Transformer:
+    """A native :class:`Transformer` holding a Hugging Face model's weights (a family of
+    :data:`SUPPORTED_MODEL_TYPES`): copies by default, so the two models share no storage.
+
+    ``copy=False`` hands the weights over: the native model takes the Hugging Face model's
+    tensors themselves wherever the conversion is a plain rename (most of them; GPT-2's
+    transposed ``Conv1D`` weights and fused projections are still copied), so no second copy of
+    the weights is ever alive. Then the caller must drop the Hugging Face model and never use it
+    again (it would see the native model's in-place changes, and vice versa). What
+    :func:`~headprobe.probe.loading.load_model` does with a checkpoint nobody else holds.
 
     Raises:
         HeadprobeError: an architecture :func:`config_from_hf` does not support.
     """
     source = NativeSource.of(hf_model.config)
-    # copies: the native model must not share storage with the Hugging Face model it came from
-    return source.build({k: v.detach() for k, v in hf_model.state_dict().items()}, copy=True)
+    return source.build({k: v.detach() for k, v in hf_model.state_dict().items()}, copy=copy)
 
 
 _TIED_NAMES = {"gpt2": ("transformer.wte.weight", "lm_head.weight"), "gpt_neox": ("gpt_neox.embed_in.weight", "embed_out.weight")}

@@ -277,6 +277,10 @@ def _load_native_from_cache(name: str, device: str | torch.device, prepend_bos: 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tokenizer = PreTrainedTokenizerFast.from_pretrained(str(entry), local_files_only=True)
+        # load_file maps the file copy-on-write (MAP_PRIVATE) and the model takes those tensors:
+        # one copy of the weights, paged in as read, and the model owns it (an in-place change
+        # copies the page, never writes the file; entries are replaced by rename, never rewritten
+        # in place). tests/test_weights_cache.py, benchmarks/memory.py.
         model = source.build(load_file(str(entry / "model.safetensors"))).to(device)
     except Exception as e:  # noqa: BLE001 - any failure falls back to the full load, which reports it
         logging.getLogger(__name__).warning("headprobe: fast load of %s from %s failed (%s); loading the usual way",
@@ -440,15 +444,18 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
     """Put a checkpoint behind TransformerLens hook points.
 
     The caller's Hugging Face model is left as it was: the native backend copies its weights, and
-    the bridge (which rewires the model it wraps) gets a deep copy unless ``copy=False`` hands
-    the model over (what :func:`load_model` does with a checkpoint nobody else holds).
+    the bridge (which rewires the model it wraps) gets a deep copy, unless ``copy=False`` hands
+    the model over (what :func:`load_model` does with a checkpoint nobody else holds): then the
+    native backend takes its tensors without copying them (:func:`~headprobe.probe.convert.from_hf`),
+    so a load never holds two copies of the weights, and the caller must not use
+    ``ckpt.hf_model`` afterwards.
 
     Args:
         backend: ``native`` copies the weights into headprobe's own
             :class:`~headprobe.probe.model.Transformer` (GPT-2, Llama, Mistral, Qwen2/3, OLMo-2, Gemma-2, GPT-NeoX, dense DeepSeek-V2/V3; see :mod:`headprobe.probe.convert`); ``transformer-lens``
             wraps the Hugging Face model in a ``TransformerBridge``; ``auto`` takes native
             wherever it supports the architecture, else the bridge.
-        copy: wrap a copy of ``ckpt.hf_model`` in the bridge (default), or the model itself.
+        copy: leave ``ckpt.hf_model`` untouched and unshared (default), or hand it over.
 
     Raises:
         HeadprobeError: unknown backend, or ``native`` asked for an architecture it lacks.
@@ -460,7 +467,7 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
     if backend == "auto":
         backend = "native" if convert.supports(ckpt.hf_model.config) else "transformer-lens"
     if backend == "native":
-        model = convert.from_hf(ckpt.hf_model).to(device).eval()
+        model = convert.from_hf(ckpt.hf_model, copy=copy).to(device).eval()
         spec = convert.spec_from_native(ckpt.name, ckpt.hf_name, ckpt.precision, model.cfg)
     else:
         import copy as copy_module

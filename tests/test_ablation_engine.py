@@ -57,6 +57,38 @@ def test_exact_sweep_equals_per_head_loop(request, name, kind, max_batch):
     assert (fast.loss - ref.loss).abs().max() < 0.02 * fast.effect.abs().max()
 
 
+@pytest.mark.parametrize("name", ["deep_gqa_native", "tiny_llama_gqa", "tiny_gpt2"])
+@pytest.mark.parametrize("layers_per_chunk", [1, 3])
+def test_exact_sweep_in_chunks_of_layers_is_the_same_sweep(request, monkeypatch, name, layers_per_chunk):
+    """With a budget of stored activations smaller than all layers' (as for long sequences), the
+    sweep records the layers a chunk at a time: one clean pass per chunk, each stopped after its
+    last layer. The losses are the one-pass sweep's, bit for bit, and the clean passes (with a
+    chunk's hooks each) are counted."""
+    from headprobe.analyses import ablation
+
+    model = request.getfixturevalue(name)
+    tokens, first = _tokens(), 4
+    whole = exact_sweep(model, tokens, first=first, max_batch=6)
+    B, T = tokens.shape
+    spec = model.spec
+    per_layer = B * T * (2 * spec.d_model + spec.n_heads * spec.d_head) * 4
+    monkeypatch.setattr(ablation, "STORED_ACTIVATION_BYTES", per_layer * layers_per_chunk)
+    calls = []
+    real = type(model).scored_losses
+
+    def counting(self, tokens, first, fwd_hooks=()):
+        if any(name.endswith("hook_z") for name, _ in fwd_hooks):  # a recording pass, not a resumption
+            calls.append(len(fwd_hooks))
+        return real(self, tokens, first, fwd_hooks)
+
+    monkeypatch.setattr(type(model), "scored_losses", counting)
+    chunked = exact_sweep(model, tokens, first=first, max_batch=6)
+    n_chunks = -(-spec.n_layers // layers_per_chunk)
+    assert len(calls) == n_chunks and calls[0] == 3 * min(layers_per_chunk, spec.n_layers)
+    assert chunked.clean_loss == whole.clean_loss
+    assert torch.equal(chunked.loss, whole.loss)
+
+
 @pytest.mark.parametrize("scale", [1.0, 30.0, 300.0])
 def test_cross_entropy_inplace_equals_torch(scale):
     """The engine's in-place loss against F.cross_entropy, up to logits far beyond exp's range."""

@@ -401,3 +401,54 @@ def test_models_from_cold_and_warm_loads_compute_the_same_logits(backend, tiny_g
     with torch.no_grad():
         assert torch.equal(cold.forward(tokens), warm.forward(tokens))
     assert cold.spec == warm.spec and cold.self_check.decomposition_ok and warm.self_check.decomposition_ok
+
+
+def test_a_cold_native_load_keeps_one_copy_of_the_weights(tiny_gguf, cache, monkeypatch):
+    """load_model hands the checkpoint over: the native model takes the Hugging Face model's
+    tensors themselves (no second copy of the weights is ever alive, benchmarks/memory.py) and
+    the Hugging Face model is gone once the load returns. wrap's default still copies."""
+    import gc
+    import weakref
+
+    from headprobe.probe import loading
+
+    seen = {}
+    real = loading.load_checkpoint
+
+    def spy(*args, **kwargs):
+        ckpt = real(*args, **kwargs)
+        seen["ref"] = weakref.ref(ckpt.hf_model)
+        seen["ptrs"] = {p.data_ptr() for p in ckpt.hf_model.parameters()}
+        return ckpt
+
+    monkeypatch.setattr(loading, "load_checkpoint", spy)
+    model = loading.load_model(str(tiny_gguf), backend="native", quiet=True)
+    gc.collect()
+    assert seen["ref"]() is None, "the Hugging Face model outlived the load"
+    params = list(model.model.parameters())
+    assert params and all(p.data_ptr() in seen["ptrs"] for p in params), "the weights were copied"
+
+    ckpt = real(str(tiny_gguf), quiet=True)
+    copied = loading.wrap(ckpt, backend="native")  # the caller keeps its model: nothing shared
+    hf_ptrs = {p.data_ptr() for p in ckpt.hf_model.parameters()}
+    assert not any(p.data_ptr() in hf_ptrs for p in copied.model.parameters())
+
+
+def test_a_warm_native_model_owns_its_weights(tiny_gguf, cache):
+    """A warm native load maps the entry's safetensors file copy-on-write: changing a weight in
+    place (as pruning or a user might) changes the model only, never the cache file, and the
+    next load reads the original weights."""
+    from headprobe.probe.loading import load_model
+
+    load_model(str(tiny_gguf), backend="native", quiet=True)  # cold: fills the cache
+    weights = weights_cache.Entry(cache, tiny_gguf).path / "model.safetensors"
+    before = weights_cache.sha256_file(weights)
+    model = load_model(str(tiny_gguf), backend="native", quiet=True)
+    W = model.model.blocks[0].attn.q_proj.weight
+    original = W.detach().clone()
+    with torch.no_grad():
+        W.mul_(2).add_(1)
+    assert torch.equal(W, original * 2 + 1)
+    assert weights_cache.sha256_file(weights) == before
+    again = load_model(str(tiny_gguf), backend="native", quiet=True)
+    assert torch.equal(again.model.blocks[0].attn.q_proj.weight, original)
