@@ -56,7 +56,8 @@ def add_model_options(p: argparse.ArgumentParser, *, dtype: bool = True, backend
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda when a GPU is present, else cpu")
     if dtype:
         p.add_argument("--dtype", default="float32", type=dtype_name, metavar="{" + ",".join(DTYPES) + "}",
-                       help="compute precision (default %(default)s; bf16/fp16/fp32 accepted)")
+                       help="compute precision of weights and activations (default %(default)s; bf16/fp16/fp32 "
+                            "accepted); attention softmax and losses stay float32; float16 needs the native backend")
     if backend:
         p.add_argument("--backend", default="auto", choices=BACKENDS,
                        help="native: headprobe's own transformer (auto picks it where it supports the architecture); "
@@ -125,11 +126,16 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
                   prepend_bos: bool = True):
     """Load ``name`` the way every command's ``--model --device --dtype --backend`` ask for: a
     :class:`~headprobe.probe.loading.LoadedModel` on ``device`` (``auto``: cuda when present),
-    its weights cast to ``dtype`` (a :data:`DTYPES` name or alias). The load prints its one
-    progress line on stderr (:func:`headprobe.probe.loading.load_model`).
+    its weights cast to ``dtype`` (a :data:`DTYPES` name or alias) after the float32 load-time
+    self-check. The load prints its one progress line on stderr
+    (:func:`headprobe.probe.loading.load_model`).
+
+    Half precision: weights and activations in ``dtype``; attention scores and softmax, losses
+    and importance scores in float32; rotary frequencies float32 (docs/engine.md, "Precision").
 
     Raises:
-        HeadprobeError: ``cuda`` asked for but absent, an unknown dtype, or the model cannot be loaded.
+        HeadprobeError: ``cuda`` asked for but absent, an unknown dtype, ``float16`` on the
+            transformer-lens backend (:data:`FLOAT16_BRIDGE`), or the model cannot be loaded.
     """
     import torch
 
@@ -142,11 +148,21 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
         raise HeadprobeError(str(e)) from None
     if device == "cuda" and not torch.cuda.is_available():
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
+    if dtype == "float16" and backend == "transformer-lens":
+        raise HeadprobeError(FLOAT16_BRIDGE)
     device = loading.device_auto(device)
     model = loading.load_model(name, device=device, prepend_bos=prepend_bos, backend=backend)
+    if dtype == "float16" and model.backend == "transformer-lens":
+        raise HeadprobeError(f"{model.architecture}: {FLOAT16_BRIDGE}")
     if dtype != "float32":
-        model.to(torch_dtype(dtype))
+        model.to(torch_dtype(dtype))  # after load_model's float32 self-check (LoadedModel.to)
     return model
+
+
+FLOAT16_BRIDGE = ("--dtype float16 runs only on the native backend: TransformerLens' bridge computes q k^T in "
+                  "float16, which overflows (65504) to NaN patterns on models with large queries and keys; "
+                  "use --dtype bfloat16 (float32's range) or --backend native")
+"""Why float16 is refused on the TransformerLens bridge (its attention code is not ours to patch)."""
 
 
 def describe_model(model) -> str:

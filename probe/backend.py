@@ -272,8 +272,23 @@ class LoadedModel:
         return sum(p.numel() for p in self.model.parameters())
 
     def to(self, dtype: torch.dtype) -> LoadedModel:
-        """Cast the weights to ``dtype`` in place; returns ``self``."""
+        """Cast the weights to ``dtype`` in place; returns ``self``.
+
+        Rotary frequencies (buffers named ``inv_freq``, ``original_inv_freq``) stay float32: cast to bfloat16 they keep
+        3 significant digits and angles at long positions are off by radians (Hugging Face keeps
+        them float32 when it loads a model in half precision). The load-time self-check, if not
+        run yet, runs first, in the dtype the model had (float32 for every loader), so that half
+        precision rounding is never mistaken for a broken decomposition
+        (:mod:`headprobe.probe.selfcheck`)."""
+        if self._self_check is None and self.dtype == torch.float32 and dtype != torch.float32:
+            self.self_check  # noqa: B018 - check the float32 model before rounding it
+        freqs = {name: b for name, b in self.model.named_buffers() if name.rsplit(".", 1)[-1] in ("inv_freq", "original_inv_freq")}
         self.model.to(dtype)
+        for name, b in freqs.items():
+            owner, _, leaf = name.rpartition(".")
+            module = self.model.get_submodule(owner)
+            if module._buffers[leaf].dtype != b.dtype:
+                module._buffers[leaf] = b.to(module._buffers[leaf].device)
         return self
 
     @property

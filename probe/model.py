@@ -351,7 +351,8 @@ def rotate_half(x: Float[Tensor, "... d_head"]) -> Float[Tensor, "... d_head"]:
 class Rotary(nn.Module):
     """Rotary position embedding (Su et al. 2021) in the convention of ``transformers``' Llama:
     ``inv_freq_i = theta^(-2i/dim)``, angle ``pos * inv_freq`` repeated over both halves,
-    ``x_rot = x cos + rotate_half(x) sin``. Computed in float32.
+    ``x_rot = x cos + rotate_half(x) sin``. Frequencies and angles in float32 whatever the weights' dtype
+    (as Hugging Face's reference); ``cos``/``sin`` are cast to the dtype of ``x`` for the rotation.
 
     With ``dim`` below the head width only the first ``dim`` dimensions of each head rotate
     and the rest pass through (GPT-NeoX's partial rotary, ``rotary_pct``)."""
@@ -361,6 +362,17 @@ class Rotary(nn.Module):
         self.dim = dim
         self.theta = theta
         self.register_buffer("inv_freq", self.frequencies(), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        """Moves and casts (``.to(device)``, ``.to(torch.bfloat16)``, ...) apply as to any module,
+        except that ``inv_freq`` stays float32, recomputed on its new device: cast to bfloat16
+        the frequencies keep 3 significant digits and the angle at position 8,000 would be off by
+        several radians. Hugging Face's reference keeps them float32 when it loads a model in
+        half precision; so do we."""
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32:
+            self.inv_freq = self.frequencies().to(self.inv_freq.device)
+        return self
 
     def frequencies(self) -> Float[Tensor, "half_dim"]:
         """``inv_freq_i = theta^(-2i/dim)``, float32 on the CPU (a fresh tensor)."""
@@ -647,6 +659,14 @@ class Attention(nn.Module):
         """Explicit ``softmax(cap(q k^T * scale) + mask) v`` with the pattern hooked (``cap`` is
         ``c * tanh(s / c)`` with ``attn_softcap``, else the identity).
 
+        Precision: scores, soft-capping and softmax are computed in float32 whatever the weights'
+        dtype (``q`` and ``k`` are upcast before the product), so half precision cannot overflow
+        here: float16 tops out at 65504, and a model with large queries and keys gave ``inf``
+        scores and NaN pattern rows where the fused kernel (which accumulates in float32) gave
+        none. ``hook_attn_scores`` sees the float32 scores; the pattern is cast back to the
+        model's dtype before ``hook_pattern`` (as Hugging Face's eager attention does), and
+        ``pattern @ v`` runs in that dtype. In float32 every step is the same as before.
+
         GQA without copies: the ``group_size`` query heads of one key/value head are stacked
         along the query-position axis, ``[batch, kv_head, group * q_pos, d_head]``, so one batched
         matmul against that key/value head serves the whole group.
@@ -654,13 +674,13 @@ class Attention(nn.Module):
         B, H, T, d_head = q.shape
         KV, S = k.shape[1], k.shape[2]
         q_grouped = q.reshape(B, KV, (H // KV) * T, d_head)  # head h = kv_head * group + g
-        scores = (q_grouped @ k.transpose(-1, -2)).view(B, H, T, S) * self.scale
+        scores = (q_grouped.float() @ k.float().transpose(-1, -2)).view(B, H, T, S) * self.scale  # float32
         if self.softcap is not None:  # Gemma-2, before the mask (as Hugging Face)
             scores = torch.tanh(scores / self.softcap) * self.softcap
         if key_mask is None:
             key_mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
         scores = self.hook_attn_scores(scores.masked_fill(~key_mask, float("-inf")))
-        pattern = self.hook_pattern(scores.softmax(dim=-1))  # [batch, head, q_pos, k_pos]
+        pattern = self.hook_pattern(scores.softmax(dim=-1).to(v.dtype))  # [batch, head, q_pos, k_pos]
         z = pattern.reshape(B, KV, (H // KV) * T, S) @ v
         return z.view(B, H, T, v.shape[-1])  # MLA: values are narrower than queries/keys
 

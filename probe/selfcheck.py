@@ -15,6 +15,15 @@ per-head numbers. So one short forward pass (:data:`N_TOKENS` tokens) checks, pe
     :data:`DECOMPOSITION_TOLERANCE` relative (Frobenius norm of the difference over that of the
     reference, float32).
 
+Precision: the tolerances above are float32's. :func:`~headprobe.options.load_model_as` and
+:meth:`LoadedModel.to <headprobe.probe.backend.LoadedModel.to>` run the check on the float32 model
+before casting it to bfloat16/float16, so a half-precision model is judged on its float32 weights
+(``dtype`` in the record says which). A model already in half precision when checked gets
+:func:`tolerance` of its dtype, ``8 * torch.finfo(dtype).eps`` (bfloat16: 0.0625, float16:
+0.0078): on the tiny zoo the largest errors measured were 0.0067 (bfloat16) and 0.0017 (float16)
+relative, 0.002 and 0.00024 on a row sum (docs/results.md, "Half precision"), while a real
+decomposition failure (a norm or head split the backend does not know of) is off by order 1.
+
 The outcome is :class:`SelfCheck`, kept on the loaded model and written into every
 summary.json (``self_check``). Per-head results are refused (:meth:`SelfCheck.require_decomposition`)
 when (b) fails; pattern-only scores may still run when (a) holds.
@@ -37,6 +46,13 @@ PATTERN_TOLERANCE = 1e-4
 """Largest error of a pattern row sum, and largest weight on a future key."""
 
 
+def tolerance(dtype: torch.dtype) -> float:
+    """The self-check's tolerance (relative, and on pattern row sums) for a model computing in
+    ``dtype``: 1e-4 (:data:`DECOMPOSITION_TOLERANCE`) for float32 and wider, else
+    ``8 * torch.finfo(dtype).eps`` (bfloat16 0.0625, float16 0.0078; see the module docstring)."""
+    return max(DECOMPOSITION_TOLERANCE, 8 * torch.finfo(dtype).eps)
+
+
 @dataclass(frozen=True)
 class SelfCheck:
     """Outcome of :func:`run_self_check` (recorded as ``self_check`` in every summary.json).
@@ -55,7 +71,9 @@ class SelfCheck:
         post_attention_norm: the blocks normalise the attention output before adding it; results
             are then taken after that norm (see :func:`headprobe.probe.capture.capture_heads`).
         error: why a check could not be computed at all (one line), else None.
-        tolerance: the relative tolerance of (b).
+        tolerance: the tolerance of (a) and (b) (:func:`tolerance` of ``dtype``).
+        dtype: the precision the check ran in (torch's name, ``float32`` for every model
+            loaded by name, whatever ``--dtype`` asked: the check runs before the cast).
     """
 
     architecture: str
@@ -71,6 +89,7 @@ class SelfCheck:
     post_attention_norm: bool
     error: str | None = None
     tolerance: float = DECOMPOSITION_TOLERANCE
+    dtype: str = "float32"
 
     @property
     def ok(self) -> bool:
@@ -113,7 +132,7 @@ class SelfCheck:
             why = self.error if self.max_row_sum_error is None else (
                 f"rows sum to 1 within {self.max_row_sum_error:.2g} and future keys get up to {self.max_future_weight:.2g}")
             raise HeadprobeError(f"{what} refused for {self.architecture} ({self.backend} backend): the load-time "
-                                 f"self-check of attention patterns failed: {why} (tolerance {PATTERN_TOLERANCE:g})")
+                                 f"self-check of attention patterns failed: {why} (tolerance {self.tolerance:g})")
 
 
 def check_tokens(model: Any, n_tokens: int = N_TOKENS) -> torch.Tensor:
@@ -148,8 +167,10 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
     layers = range(spec.n_layers)
     parallel = any(f"blocks.{l}.hook_resid_mid" not in names for l in layers)
     reference = "resid_post - resid_pre - mlp_out" if parallel else "resid_mid - resid_pre"
+    tol = tolerance(model.dtype)
     common = dict(architecture=model.architecture, backend=model.backend, n_tokens=T, reference=reference,
-                  post_attention_norm=model.has_post_attention_norm)
+                  post_attention_norm=model.has_post_attention_norm, tolerance=tol,
+                  dtype=str(model.dtype).removeprefix("torch."))
     def failed(why: str, **kw) -> SelfCheck:
         fields = dict(patterns_ok=False, max_row_sum_error=None, max_future_weight=None, decomposition_ok=False,
                       max_relative_error=None, worst_layer=None)
@@ -167,7 +188,7 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
     future = torch.ones(T, T, dtype=torch.bool).triu(1)
     row_err = max(float((cap["pattern"][l].double().sum(-1) - 1).abs().max()) for l in layers)
     future_w = max(float(cap["pattern"][l].double().cpu()[..., future].abs().max()) if T > 1 else 0.0 for l in layers)
-    patterns_ok = row_err <= PATTERN_TOLERANCE and future_w <= PATTERN_TOLERANCE
+    patterns_ok = row_err <= max(PATTERN_TOLERANCE, tol) and future_w <= max(PATTERN_TOLERANCE, tol)
     if "failure" in cap:
         return failed(cap["failure"], patterns_ok=patterns_ok, max_row_sum_error=row_err, max_future_weight=future_w)
 
@@ -181,5 +202,5 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
         errors.append(_relative_error(added, want))
     worst = max(range(len(errors)), key=errors.__getitem__)
     return SelfCheck(patterns_ok=patterns_ok, max_row_sum_error=row_err, max_future_weight=future_w,
-                     decomposition_ok=errors[worst] <= DECOMPOSITION_TOLERANCE, max_relative_error=errors[worst],
+                     decomposition_ok=errors[worst] <= tol, max_relative_error=errors[worst],
                      worst_layer=worst, **common)

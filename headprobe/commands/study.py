@@ -338,7 +338,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", default=",".join(map(str, d.ranks)), help="layouts: MLA latent ranks (default %(default)s)")
     p.add_argument("--rope", type=int, default=d.rope, help="layouts: MLA decoupled rotary width (default %(default)s; 4 gives the shared rotary key only 2 frequencies and no previous-token head formed within the default steps)")
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between evaluations (default %(default)s)")
-    p.add_argument("--device", default=d.device, choices=DEVICES, help="auto: cuda when a GPU is present, else cpu")
+    p.add_argument("--device", default=d.device, choices=DEVICES, help="auto: cuda when a GPU is present, else cpu; trains and scores in float32 (no --dtype)")
 
 
 def _ints(text: str, name: str) -> tuple[int, ...]:

@@ -187,7 +187,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-eval", type=int, default=d.n_eval, help="sequences per evaluation set (default %(default)s)")
     p.add_argument("--eval-period", type=int, default=d.eval_period, help="repeated block length for the detectors (default %(default)s)")
     add_seed_option(p, d.seed)
-    p.add_argument("--device", default=d.device, choices=DEVICES, help="auto: cuda when a GPU is present, else cpu")
+    p.add_argument("--device", default=d.device, choices=DEVICES, help="auto: cuda when a GPU is present, else cpu; trains in float32 (no --dtype: small models train in full precision)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
