@@ -8,6 +8,7 @@ centred at 0 for signed ones.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,10 +27,25 @@ NOT_MEASURED_COLOR = "#bdbdbd"
 """Heatmap cells of heads without a value (NaN), outside every colour scale used here."""
 
 
-def _figure(width: float, height: float) -> Figure:
-    import matplotlib
+_SAVE_RC = {"pdf.fonttype": 42, "ps.fonttype": 42}
+"""TrueType fonts in PDF/PS (matplotlib's default embeds Type 3 fonts, which camera-ready checks reject)."""
 
-    matplotlib.rcParams.update(_RC)
+
+def _styled(draw):
+    """Run a figure function with this module's style (:data:`_RC`) in a ``matplotlib.rc_context``,
+    so that importing or calling it never changes the caller's global matplotlib settings."""
+
+    @functools.wraps(draw)
+    def styled(*args, **kwargs):
+        import matplotlib
+
+        with matplotlib.rc_context(_RC):
+            return draw(*args, **kwargs)
+
+    return styled
+
+
+def _figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
@@ -44,6 +60,7 @@ def _head_axes(ax, n_layers: int, n_heads: int, group_size: int | None) -> None:
             ax.axvline(g - 0.5, color="white", lw=0.8)
 
 
+@_styled
 def head_heatmap(
     scores: np.ndarray,
     title: str,
@@ -79,6 +96,7 @@ def head_heatmap(
     return fig
 
 
+@_styled
 def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | None, suptitle: str) -> Figure:
     """Layer x head heatmaps of several scores in [0, 1] side by side (page width), one shared
     colour bar; ``panels`` are ``(title, scores)``."""
@@ -97,6 +115,7 @@ def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | 
     return fig
 
 
+@_styled
 def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str) -> Figure:
     """One head's attention pattern ``[q_pos, k_pos]`` with token labels on both axes."""
     pattern = np.asarray(pattern, dtype=float)
@@ -114,6 +133,7 @@ def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str) -> Figu
     return fig
 
 
+@_styled
 def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     """Loss increase from ablating the top-k heads of each type vs k random heads.
 
@@ -148,6 +168,7 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     return fig
 
 
+@_styled
 def signed_head_heatmap(values: np.ndarray, title: str, cbar_label: str, group_size: int | None = None,
                         ax=None) -> Figure:
     """A layer x head heatmap of a signed quantity (e.g. a loss change in nats) on ``RdBu_r``,
@@ -163,6 +184,7 @@ def weights_label(weights: str) -> str:
     return "4-bit weights" if "4-bit" in weights else f"{weights.split(' ')[0]} weights"
 
 
+@_styled
 def ablation_effect_panels(panels: Sequence[tuple[str, np.ndarray]], group_size: int | None, suptitle: str,
                            cbar_label: str = "Δ loss (nats/token)") -> Figure:
     """Signed layer x head heatmaps side by side (one per task), each centred at 0."""
@@ -175,6 +197,7 @@ def ablation_effect_panels(panels: Sequence[tuple[str, np.ndarray]], group_size:
     return fig
 
 
+@_styled
 def pruning_curve_plot(curves: Sequence[tuple[str, np.ndarray, dict[str, np.ndarray]]], metrics: Sequence[tuple[str, str]],
                        title: str) -> Figure:
     """Loss against the fraction of heads removed, one panel per metric, one line per pruning order.
@@ -200,6 +223,7 @@ def pruning_curve_plot(curves: Sequence[tuple[str, np.ndarray, dict[str, np.ndar
     return fig
 
 
+@_styled
 def training_curves(
     steps: np.ndarray,
     max_induction: np.ndarray,
@@ -238,6 +262,7 @@ def training_curves(
     return fig
 
 
+@_styled
 def loss_vs_heads(n_heads: np.ndarray, loss: np.ndarray, title: str, in_context: np.ndarray | None = None,
                   loss_label: str = "held-out loss (nats/token)") -> Figure:
     """Held-out loss (nats/token) against the number of heads at a fixed width: one dot per seed,
@@ -261,6 +286,7 @@ def loss_vs_heads(n_heads: np.ndarray, loss: np.ndarray, title: str, in_context:
     return fig
 
 
+@_styled
 def quality_vs_kv(labels: Sequence[str], kv_bytes: np.ndarray, loss: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                   title: str, loss_label: str = "held-out loss (nats/token)", formed: np.ndarray | None = None) -> Figure:
     """Held-out loss (nats, mean with the seed range) against KV cache per token (bytes, log x).
@@ -293,11 +319,14 @@ def quality_vs_kv(labels: Sequence[str], kv_bytes: np.ndarray, loss: np.ndarray,
 
 
 def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
-    """Write ``stem.png`` and ``stem.pdf`` atomically; returns the paths."""
+    """Write ``stem.png`` and ``stem.pdf`` atomically, fonts embedded as TrueType (:data:`_SAVE_RC`);
+    returns the paths."""
+    import matplotlib
+
     paths = []
     for ext in ("png", "pdf"):
         path = Path(f"{stem}.{ext}")
-        with atomic_path(path) as tmp:
+        with atomic_path(path) as tmp, matplotlib.rc_context(_SAVE_RC):
             # no creation date in the PDF: the same run gives the same bytes (clean diffs of figures/)
             fig.savefig(tmp, format=ext, dpi=dpi, metadata={"CreationDate": None} if ext == "pdf" else None)
         paths.append(path)

@@ -3,6 +3,7 @@ run, special tokens readable. Checked on the matplotlib objects, not on pixels."
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import matplotlib.colors
@@ -46,3 +47,17 @@ def test_token_labels_keep_special_tokens_whole_and_mark_cuts():
     labels = token_labels(SimpleNamespace(tokenizer=_Tokenizer()), torch.tensor([0, 1, 2, 3]))
     assert labels == ["<|im_start|>", "Instrumen…", "why", "\\n"]
     assert all(len(s) <= LABEL_CHARS for s in labels[1:])
+
+
+def test_figures_leave_matplotlib_settings_alone_and_embed_truetype(tmp_path):
+    import matplotlib
+
+    before = dict(matplotlib.rcParams)
+    fig = figs.signed_head_heatmap(np.array([[0.5, -0.2], [0.1, 0.0]]), "effect", "Δ loss")
+    assert fig.axes[0].title.get_fontsize() == figs._RC["axes.titlesize"]  # the style applied, inside the figure
+    paths = figs.save_figure(fig, tmp_path / "heat")
+    assert dict(matplotlib.rcParams) == before  # ... and nowhere else
+    pdf = next(p for p in paths if p.suffix == ".pdf").read_bytes()
+    subtypes = set(re.findall(rb"/Subtype\s*/(\w+)", pdf))
+    assert b"Type3" not in subtypes  # camera-ready checks reject Type 3 fonts
+    assert subtypes & {b"TrueType", b"CIDFontType2"}  # TrueType outlines (matplotlib's fonttype 42: a CID TrueType font)
