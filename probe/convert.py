@@ -435,8 +435,7 @@ class NativeSource:
         Raises:
             KeyError, TypeError: not what :meth:`to_json` writes.
         """
-        cfg = TransformerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["config"].items()})
-        return cls(cfg, data["model_type"], bool(data["rope_interleave"]))
+        return cls(TransformerConfig.from_json(data["config"]), data["model_type"], bool(data["rope_interleave"]))
 
     def build(self, hf_state: dict[str, Tensor], copy: bool = False) -> Transformer:
         """The native model holding ``hf_state``'s weights (Hugging Face names) in their dtype;

@@ -19,7 +19,8 @@ Weights cache. transformers spends ~25 s parsing SmolLM2's GGUF file, so the fir
 GGUF file (``smollm2-135m`` included) saves the dequantized weights, config and tokenizer as an
 ordinary Hugging Face directory (plus, where the native backend supports the architecture, the
 native model's description, :data:`NATIVE_SOURCE_FILE`), and later loads read that: a native
-load takes about a second, since it builds neither the Hugging Face model nor its config; the
+load builds neither the Hugging Face model nor its config (SmolLM2-135M: 4.5 s, self-check and
+the imports it makes included, measured by benchmarks/load_time.py); the
 tensors and token ids are identical either way (see :mod:`headprobe.probe.weights_cache`). The cache lives in
 ``$HEADPROBE_CACHE`` if set, else ``$XDG_CACHE_HOME/headprobe``, else ``~/.cache/headprobe``
 (about 540 MB for SmolLM2-135M), under ``gguf/<file>-<key>/``; the key is the GGUF file's SHA-256
@@ -166,7 +167,7 @@ GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 in transformers 5)."""
 
 
-def _names_generic_tokenizer(source: str) -> bool:
+def _names_generic_tokenizer(source: str | Path) -> bool:
     """Whether the local model directory ``source`` saved its tokenizer as one of
     :data:`GENERIC_TOKENIZERS` (its ``tokenizer_config.json`` says so)."""
     import json
@@ -246,7 +247,8 @@ def _load_native_from_cache(name: str, device: str | torch.device, prepend_bos: 
     """A warm native load of a GGUF model (``smollm2-135m`` or a ``.gguf`` path) straight from its
     weights-cache entry: the tokenizer (``PreTrainedTokenizerFast``, what the entry holds), the
     safetensors weights and the entry's :data:`NATIVE_SOURCE_FILE`, without building the Hugging
-    Face model (about 1 s instead of 7 s for SmolLM2-135M; the same tensors and token ids, see
+    Face model (a whole warm ``load_model`` of SmolLM2-135M, self-check included, 4.5 s instead of
+    about 8 s, most of it the imports it makes; the same tensors and token ids, see
     tests/test_weights_cache.py). None where this does not apply (another kind of name, no ready
     entry, no native description, a tokenizer of another class) or fails: the caller then loads
     the usual way, which reports or repairs whatever is wrong."""
@@ -264,10 +266,9 @@ def _load_native_from_cache(name: str, device: str | torch.device, prepend_bos: 
     entry = weights_cache.ready_entry(Path(kwargs["source"]) / kwargs["gguf_file"])
     if entry is None or not (entry / NATIVE_SOURCE_FILE).is_file():
         return None
+    if not _names_generic_tokenizer(entry):
+        return None  # a tokenizer class of its own: AutoTokenizer's job
     try:
-        tokenizer_class = json.loads((entry / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
-        if tokenizer_class not in GENERIC_TOKENIZERS:
-            return None  # a tokenizer class of its own: AutoTokenizer's job
         source = convert.NativeSource.from_json(json.loads((entry / NATIVE_SOURCE_FILE).read_text(encoding="utf-8")))
         if not quiet:
             print(f"loading {name} from cache ...", file=sys.stderr, flush=True)
@@ -506,10 +507,8 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
         meta = json.loads((path / "config.json").read_text(encoding="utf-8"))
         if meta.get("format") != NATIVE_FORMAT:
             raise ValueError(f"format is {meta.get('format')!r}, expected {NATIVE_FORMAT!r}")
-        cfg = TransformerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["model"].items()})  # JSON lists
-        state = torch.load(path / NATIVE_WEIGHTS, map_location="cpu", weights_only=True)
-        model = Transformer(cfg)
-        model.load_state_dict(state)
+        cfg = TransformerConfig.from_json(meta["model"])
+        model = Transformer.from_state_dict(cfg, torch.load(path / NATIVE_WEIGHTS, map_location="cpu", weights_only=True))
     except HeadprobeError:
         raise
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as e:

@@ -235,6 +235,16 @@ class TransformerConfig:
         """Query heads per key/value head: ``n_heads // n_kv_heads``."""
         return self.n_heads // self.n_kv_heads
 
+    @classmethod
+    def from_json(cls, fields: dict) -> "TransformerConfig":
+        """The config whose ``dataclasses.asdict`` is ``fields`` after a JSON round trip (JSON
+        turns the tuple fields, e.g. ``sliding_layers``, into lists; they come back as tuples).
+
+        Raises:
+            TypeError: a field the config does not have. HeadprobeError: as the constructor.
+        """
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
     @property
     def layout(self) -> AttentionLayout:
         """The attention layout of this config (:class:`~headprobe.probe.layout.AttentionLayout`),
