@@ -1,15 +1,14 @@
-"""Hook names and scoped hooks, on TransformerLens' hook-point infrastructure.
+"""Hook names and hook functions (head ablation), on TransformerLens' hook-point infrastructure.
 
-Every hook here is registered on entering a context manager and removed in its ``finally``
-(TransformerLens' ``model.hooks(...)``), so an exception inside an analysis never leaves a hook
-behind. Hook functions never edit the activation they receive in place: they return a new one.
+Hooks are registered for a ``with`` body only (:meth:`headprobe.probe.backend.LoadedModel.hooks`,
+TransformerLens' ``model.hooks(...)``) and removed in its ``finally``, so an exception inside an
+analysis never leaves a hook behind. Hook functions never edit the activation they receive in place: they return a new one.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -26,13 +25,6 @@ def attn_hook(layer: int, name: str) -> str:
     """TransformerLens name of an attention hook, e.g. ``attn_hook(5, "pattern")`` ->
     ``blocks.5.attn.hook_pattern``."""
     return f"blocks.{layer}.attn.hook_{name}"
-
-
-@contextlib.contextmanager
-def scoped_hooks(model: Any, fwd_hooks: Sequence[tuple[str, HookFn]] = (), bwd_hooks=()) -> Iterator[None]:
-    """Register ``fwd_hooks`` on ``model`` (a TransformerLens hooked module) for the ``with`` body only."""
-    with model.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks)):
-        yield
 
 
 def _group_by_layer(heads: Iterable[Head]) -> dict[int, list[int]]:
