@@ -1,7 +1,8 @@
 """Paper-ready figures. Pure functions: arrays in, a matplotlib ``Figure`` out; they know nothing
-of models. :func:`save_figure` writes PNG and PDF atomically.
+of models. :func:`save_figure` writes PNG, PDF and SVG atomically.
 
-Sizes follow a paper's single column (3.3 in wide) unless a figure is meant to span two (7 in).
+Sizes follow a paper's single column (:data:`COLUMN_WIDTH`, 3.25 in) unless a figure is meant to
+span two (:data:`PAGE_WIDTH`, 6.75 in), the text widths of the common two-column templates.
 Colour maps are colourblind-safe: ``viridis``/``cividis`` for sequential scores, ``RdBu_r``
 centred at 0 for signed ones.
 """
@@ -17,18 +18,24 @@ from matplotlib.figure import Figure
 
 from headprobe.probe.io import atomic_path
 
-COLUMN_WIDTH = 3.3  # inches
-PAGE_WIDTH = 7.0
+COLUMN_WIDTH = 3.25  # inches: one column of a two-column paper
+PAGE_WIDTH = 6.75  # inches: both columns
 
 _RC = {"font.size": 7, "axes.titlesize": 7.5, "axes.labelsize": 7, "xtick.labelsize": 6, "ytick.labelsize": 6}
 
 
 NOT_MEASURED_COLOR = "#bdbdbd"
-"""Heatmap cells of heads without a value (NaN), outside every colour scale used here."""
+"""Heatmap cells of heads without a value (NaN), outside every colour scale used here; they are
+also hatched (:data:`NOT_MEASURED_HATCH`), so they stay distinct in greyscale print."""
+NOT_MEASURED_HATCH = "////"
 
 
-_SAVE_RC = {"pdf.fonttype": 42, "ps.fonttype": 42}
-"""TrueType fonts in PDF/PS (matplotlib's default embeds Type 3 fonts, which camera-ready checks reject)."""
+_SAVE_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt": "headprobe"}
+"""TrueType fonts in PDF/PS (matplotlib's default embeds Type 3 fonts, which camera-ready checks
+reject); a fixed salt for the ids in SVG files, so the same figure gives the same bytes."""
+
+FORMATS = ("png", "pdf", "svg")
+"""What :func:`save_figure` writes: a PNG (300 dpi) to look at, a PDF and an SVG for the paper."""
 
 
 def _styled(draw):
@@ -86,13 +93,23 @@ def head_heatmap(
         ax = fig.add_subplot()
     else:
         fig = ax.figure
-    # NaN: a head not measured (e.g. not swept), drawn in a grey that is on no scale used here
-    colors = matplotlib.colormaps[cmap].with_extremes(bad=NOT_MEASURED_COLOR)
+    # NaN: a head not measured (e.g. not swept) is left transparent over a hatched grey background,
+    # on no colour scale used here, and a legend entry says what it means
+    colors = matplotlib.colormaps[cmap].with_extremes(bad=(0, 0, 0, 0))
+    missing = np.isnan(scores).any()
+    if missing:
+        ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
     im = ax.imshow(scores, cmap=colors, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
     _head_axes(ax, n_layers, n_heads, group_size)
     ax.set_title(title)
     cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
-    cb.set_label(cbar_label + ("\n(grey: not measured)" if np.isnan(scores).any() else ""))
+    cb.set_label(cbar_label)
+    if missing:
+        from matplotlib.patches import Patch
+
+        key = Patch(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", label="not measured")
+        ax.legend(handles=[key], loc="upper center", bbox_to_anchor=(0.5, -0.12 if n_layers > 16 else -0.2),
+                  frameon=False, fontsize=6, handlelength=1.2)
     return fig
 
 
@@ -319,15 +336,16 @@ def quality_vs_kv(labels: Sequence[str], kv_bytes: np.ndarray, loss: np.ndarray,
 
 
 def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
-    """Write ``stem.png`` and ``stem.pdf`` atomically, fonts embedded as TrueType (:data:`_SAVE_RC`);
-    returns the paths."""
+    """Write ``stem.png``, ``stem.pdf`` and ``stem.svg`` (:data:`FORMATS`) atomically, PDF fonts
+    embedded as TrueType (:data:`_SAVE_RC`); returns the paths."""
     import matplotlib
 
+    # no creation date in PDF and SVG: the same run gives the same bytes (clean diffs of figures/)
+    metadata = {"pdf": {"CreationDate": None}, "svg": {"Date": None}}
     paths = []
-    for ext in ("png", "pdf"):
+    for ext in FORMATS:
         path = Path(f"{stem}.{ext}")
         with atomic_path(path) as tmp, matplotlib.rc_context(_SAVE_RC):
-            # no creation date in the PDF: the same run gives the same bytes (clean diffs of figures/)
-            fig.savefig(tmp, format=ext, dpi=dpi, metadata={"CreationDate": None} if ext == "pdf" else None)
+            fig.savefig(tmp, format=ext, dpi=dpi, metadata=metadata.get(ext))
         paths.append(path)
     return paths

@@ -14,18 +14,23 @@ from headprobe.analyses import figures as figs
 from headprobe.analyses.scoring import LABEL_CHARS, token_labels
 
 
-def test_unmeasured_heads_are_grey_and_named_in_the_colour_bar():
+def test_unmeasured_heads_are_hatched_grey_and_named_in_a_legend():
     values = np.array([[0.5, -0.2, np.nan], [np.nan, 0.0, 0.1]])
     fig = figs.signed_head_heatmap(values, "effect", "Δ loss")
-    (ax, cax) = fig.axes
+    ax = fig.axes[0]
     image = ax.images[0]
-    assert matplotlib.colors.to_hex(image.cmap.get_bad()) == figs.NOT_MEASURED_COLOR
+    assert image.cmap.get_bad()[3] == 0  # NaN cells are transparent: the axes' background shows through ...
+    assert matplotlib.colors.to_hex(ax.patch.get_facecolor()) == figs.NOT_MEASURED_COLOR
+    assert ax.patch.get_hatch() == figs.NOT_MEASURED_HATCH  # ... grey and hatched
     # grey is on neither end nor in the middle (white: zero effect) of the diverging scale
     scale = [matplotlib.colors.to_hex(image.cmap(x)) for x in np.linspace(0, 1, 257)]
     assert figs.NOT_MEASURED_COLOR not in scale
-    assert "not measured" in cax.get_ylabel()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["not measured"]
+    # measured cells are drawn opaque over it, so only the NaN cells show the hatching
+    rgba = image.to_rgba(image.get_array())
+    assert (rgba[..., 3] == 0).sum() == 2 and rgba[0, 0, 3] == 1
     full = figs.signed_head_heatmap(np.nan_to_num(values), "effect", "Δ loss")
-    assert "not measured" not in full.axes[1].get_ylabel()
+    assert full.axes[0].get_legend() is None and not full.axes[0].patch.get_hatch()
 
 
 def test_pruning_axis_ends_where_the_run_stopped():
@@ -61,3 +66,7 @@ def test_figures_leave_matplotlib_settings_alone_and_embed_truetype(tmp_path):
     subtypes = set(re.findall(rb"/Subtype\s*/(\w+)", pdf))
     assert b"Type3" not in subtypes  # camera-ready checks reject Type 3 fonts
     assert subtypes & {b"TrueType", b"CIDFontType2"}  # TrueType outlines (matplotlib's fonttype 42: a CID TrueType font)
+    assert [p.suffix for p in paths] == [".png", ".pdf", ".svg"]
+    svg = paths[2].read_bytes()
+    assert svg.startswith(b"<?xml") and b"<svg" in svg
+    assert figs.save_figure(fig, tmp_path / "again")[2].read_bytes() == svg  # no date, fixed ids: same bytes

@@ -181,7 +181,7 @@ class ScanResult:
         return format_report(self)
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
-        """Write head_scores.csv, the figures (PNG and PDF) and, last, summary.json into ``out_dir``,
+        """Write head_scores.csv, the figures (PNG, PDF and SVG) and, last, summary.json into ``out_dir``,
         each file atomically, so a directory with summary.json in it is complete. Returns the paths.
 
         Raises:
@@ -483,5 +483,5 @@ def main(args: argparse.Namespace) -> int:
     paths = result.save(args.out, args.overwrite)
     print()
     print(result.report())
-    print(f"\nwrote {len(paths)} files to {Path(args.out)}/ (head_scores.csv, summary.json, figures as PNG and PDF)")
+    print(f"\nwrote {len(paths)} files to {Path(args.out)}/ (head_scores.csv, summary.json, figures as PNG, PDF and SVG)")
     return 0
