@@ -132,56 +132,94 @@ def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | 
     return fig
 
 
+MAX_TICK_LABELS = 40
+"""A pattern plot labels every token up to this many positions, else every n-th (still real tokens)."""
+
+
 @_styled
-def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str) -> Figure:
-    """One head's attention pattern ``[q_pos, k_pos]`` with token labels on both axes."""
+def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: Sequence[int] = ()) -> Figure:
+    """One head's attention pattern ``[q_pos, k_pos]`` with token labels on both axes (every
+    token, or every n-th beyond :data:`MAX_TICK_LABELS` positions); dashed lines at ``marks``
+    (positions where a repeated block starts)."""
     pattern = np.asarray(pattern, dtype=float)
     T = pattern.shape[0]
     fig = _figure(COLUMN_WIDTH, COLUMN_WIDTH * 0.95)
     ax = fig.add_subplot()
     im = ax.imshow(pattern, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
-    fs = max(3.0, min(6.0, 140.0 / T))
-    ax.set_xticks(range(T), labels, rotation=90, fontsize=fs)
-    ax.set_yticks(range(T), labels, fontsize=fs)
-    ax.set_xlabel("key position")
+    step = 1 if T <= MAX_TICK_LABELS else int(np.ceil(T / 25))
+    ticks = list(range(0, T, step))
+    fs = max(3.0, min(6.0, 140.0 / len(ticks)))
+    shown = [labels[i] if step == 1 else f"{labels[i]} ({i})" for i in ticks]
+    ax.set_xticks(ticks, shown, rotation=90, fontsize=fs)
+    ax.set_yticks(ticks, shown, fontsize=fs)
+    for m in marks:
+        for line in (ax.axvline, ax.axhline):
+            line(m - 0.5, color="white", lw=0.5, ls="--")
+    ax.set_xlabel("key position" + ("" if step == 1 else f"\n(every {step} positions: token (position))"))
     ax.set_ylabel("query position")
     ax.set_title(title)
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("attention weight")
     return fig
 
 
+TASK_LABELS = {"natural": "text loss", "repeated": "repeat loss"}
+"""How the ablation figure names the loss a head type is judged on (under each type's name)."""
+
+
 @_styled
 def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     """Loss increase from ablating the top-k heads of each type vs k random heads.
 
-    ``rows`` are :class:`headprobe.analyses.ablation.Verification` dicts; bars show the top-k effect
-    (filled) and the mean random effect with its range over draws (hatched, whiskers min..max).
-    A star marks a confirmed detection.
+    ``rows`` are :class:`headprobe.analyses.ablation.Verification` dicts. Per type and ablation
+    kind: the top-k effect (filled bar; whiskers: its 95% bootstrap interval over sequences) and
+    the mean effect of the random draws (hatched; whiskers: the 5th-95th percentile of the
+    draws); a star marks a confirmed detection, ``n/v`` one without a verdict. Each type's tick
+    says which loss it is judged on (natural text or the repeated half of repeated random
+    tokens), since the bars of the two tasks are not on the same baseline. The y axis is
+    symmetric-log (linear within ±0.1 nats), as effects span 0.01 to 10 nats.
     """
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     kinds = sorted({r["kind"] for r in rows}, key=["zero", "mean"].index)
     types = list(dict.fromkeys(r["head_type"] for r in rows))
-    fig = _figure(COLUMN_WIDTH, 2.6 * len(kinds) / 2 + 0.6)
+    k = rows[0]["k"]
+    n_draws = len(rows[0]["random_effects"])
+    fig = _figure(COLUMN_WIDTH, 2.6 * len(kinds) / 2 + 1.0)
     axes = np.atleast_1d(fig.subplots(len(kinds), 1, sharex=True))
     x = np.arange(len(types))
     colors = {"top": "#0072B2", "random": "#E69F00"}  # Okabe-Ito, colourblind-safe
     for ax, kind in zip(axes, kinds):
         by_type = {r["head_type"]: r for r in rows if r["kind"] == kind}
         top = np.array([by_type[t]["top_effect"] for t in types])
+        ci = np.array([by_type[t].get("top_effect_ci95", [np.nan, np.nan]) for t in types], dtype=float)
         rmean = np.array([by_type[t]["random_mean"] for t in types])
-        rmin = np.array([min(by_type[t]["random_effects"]) for t in types])
-        rmax = np.array([max(by_type[t]["random_effects"]) for t in types])
-        ax.bar(x - 0.2, top, 0.4, color=colors["top"], label=f"top-{rows[0]['k']} heads")
+        r05 = np.array([np.percentile(by_type[t]["random_effects"], 5) for t in types])
+        r95 = np.array([np.percentile(by_type[t]["random_effects"], 95) for t in types])
+        top_err = np.where(np.isfinite(ci.T), np.abs(ci.T - top), 0.0)
+        ax.bar(x - 0.2, top, 0.4, color=colors["top"], yerr=top_err, capsize=2, error_kw={"lw": 0.6})
         ax.bar(x + 0.2, rmean, 0.4, color=colors["random"], hatch="///", edgecolor="white",
-               yerr=[rmean - rmin, rmax - rmean], capsize=2, error_kw={"lw": 0.6}, label=f"{rows[0]['k']} random heads")
+               yerr=[np.maximum(rmean - r05, 0), np.maximum(r95 - rmean, 0)], capsize=2, error_kw={"lw": 0.6})
         for i, t in enumerate(types):
-            if by_type[t]["confirmed"]:
-                ax.annotate("*", (x[i] - 0.2, top[i]), ha="center", va="bottom", fontsize=9)
+            mark = {True: "*", False: None, None: "n/v"}[by_type[t]["confirmed"]]
+            if mark:
+                tip = top[i] + (top_err[1, i] if top[i] >= 0 else 0)
+                ax.annotate(mark, (x[i] - 0.2, tip), ha="center", va="bottom", fontsize=9 if mark == "*" else 5)
         ax.set_yscale("symlog", linthresh=0.1)
         ax.axhline(0, color="black", lw=0.5)
-        ax.set_ylabel(f"Δ loss (nats), {kind}-ablated")
-    axes[0].legend(loc="upper left", frameon=False, fontsize=6)
-    axes[0].set_title(title)
-    axes[-1].set_xticks(x, [t.replace("_", "-") for t in types], rotation=20)
+        ax.set_ylabel(f"{kind} ablation\nΔ loss (nats)")
+    handles = [Patch(color=colors["top"], label=f"top-{k} heads (bars: 95% CI over sequences)"),
+               Patch(facecolor=colors["random"], hatch="///", edgecolor="white",
+                     label=f"{k} random heads, mean of {n_draws} draws (bars: 5th–95th pct.)"),
+               Line2D([], [], ls="", marker="$*$", color="black", label="confirmed (rule in summary.json)")]
+    if any(r["confirmed"] is None for r in rows):
+        handles.append(Line2D([], [], ls="", marker="$n/v$", markersize=9, color="black", label="no verdict (see warnings)"))
+    handles.append(Patch(color="none", label="y axis: symmetric log, linear within ±0.1 nats"))
+    fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
+    fig.suptitle(title, fontsize=_RC["axes.titlesize"])
+    task_of = {r["head_type"]: r["task"] for r in rows}
+    axes[-1].set_xticks(x, [f"{t.replace('_', '-')}\n({TASK_LABELS.get(task_of[t], task_of[t])})" for t in types],
+                        fontsize=5.5, rotation=25, ha="right", rotation_mode="anchor")
     return fig
 
 

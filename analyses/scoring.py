@@ -22,7 +22,7 @@ from headprobe.probe.hooks import Head, attn_hook
 
 
 def score_token_set(model: Any, tokens: TokenSet, dataset: str, mean_z: bool = False,
-                    types: Sequence[str] | None = None
+                    types: Sequence[str] | None = None, per_sequence: dict[str, Tensor] | None = None
                     ) -> tuple[dict[str, Float[Tensor, "layer head"]], Float[Tensor, "batch pos d_vocab"],
                                Float[Tensor, "layer head d_head"] | None]:
     """Stream one forward pass over ``tokens``, scoring every head with the detectors of ``dataset``.
@@ -33,6 +33,9 @@ def score_token_set(model: Any, tokens: TokenSet, dataset: str, mean_z: bool = F
         dataset: ``"natural"`` or ``"repeated"``: which detectors run (their ``dataset``).
         mean_z: also return each head's mean z over the real positions (for mean ablation).
         types: head types to score (registry names); None: all of ``dataset``'s.
+        per_sequence: a dict to fill with ``column -> [batch, layer, head]``: each score computed on
+            each sequence alone (for intervals over sequences; their mean over the batch is the
+            score for the columns that average over sequences, not for ``positional_*``).
 
     Returns:
         (scores, logits, mean_z): ``scores[column]`` is ``[layer, head]`` on the CPU; ``logits``
@@ -47,10 +50,18 @@ def score_token_set(model: Any, tokens: TokenSet, dataset: str, mean_z: bool = F
     scores = {c: torch.zeros(spec.n_layers, spec.n_heads) for d in dets for c in d.columns}
     z_mean = torch.zeros(spec.n_layers, spec.n_heads, spec.d_head) if mean_z else None
 
+    B = tokens.tokens.shape[0]
+    if per_sequence is not None:
+        per_sequence.update({c: torch.zeros(B, spec.n_layers, spec.n_heads) for d in dets for c in d.columns})
+
     def on_pattern(layer: int, pattern: Tensor) -> None:
         for det in dets:
             for col, v in det.score(pattern, tokens.period, tokens.start).items():
                 scores[col][layer] = v.cpu()
+            if per_sequence is not None:
+                for i in range(B):
+                    for col, v in det.score(pattern[i:i + 1], tokens.period, tokens.start).items():
+                        per_sequence[col][i, layer] = v.cpu()
 
     first_bad: list[int] = []
 
@@ -94,28 +105,31 @@ def token_labels(model: Any, ids: Tensor) -> list[str]:
     return labels
 
 
-EXAMPLE_PERIOD = 10
-"""Length of the repeated block in the short example a repeated-token type is drawn on."""
+NATURAL_EXAMPLE_LEN = 28
+"""Tokens of the natural-text example: the first ones of the first scored window (a causal
+model's pattern on a prefix is exactly that corner of the pattern on the whole window)."""
 
 
 @torch.inference_mode()
 def example_patterns(model: Any, best: dict[str, Head], natural: TokenSet, repeated: TokenSet) -> dict[str, dict]:
-    """The attention pattern of the top head of each type on a short example of its token set
-    (28 natural-text tokens; or the first :data:`EXAMPLE_PERIOD` repeated tokens, then them again).
+    """The attention pattern of the top head of each type on an example from its own token set,
+    with the scoring settings: the first :data:`NATURAL_EXAMPLE_LEN` tokens of the first
+    natural-text window, or the whole first repeated-random-token sequence (BOS, the block of
+    ``repeated.period`` tokens, and the block again).
 
     Args:
         best: head type -> its top ``(layer, head)``.
 
     Returns:
-        head type -> ``{"head": (layer, head), "pattern": [q_pos, k_pos] array, "labels": [pos] str}``.
+        head type -> ``{"head": (layer, head), "pattern": [q_pos, k_pos] array, "labels": [pos] str,
+        "marks": positions where a repeated block starts (for the plot), "period": the block length or None}``.
     """
-    period = EXAMPLE_PERIOD
     short = {
-        "natural": natural.tokens[:1, :28],
-        "repeated": torch.cat(
-            [repeated.tokens[:1, : repeated.start + period], repeated.tokens[:1, repeated.start : repeated.start + period]], dim=1
-        ),
+        "natural": natural.tokens[:1, :NATURAL_EXAMPLE_LEN],
+        "repeated": repeated.tokens[:1],
     }
+    marks = {"natural": [], "repeated": [repeated.start, repeated.start + repeated.period]}
+    period = {"natural": None, "repeated": repeated.period}
     out: dict[str, dict] = {}
     for dataset, toks in short.items():
         wanted = {t: h for t, h in best.items() if DETECTORS[t].dataset == dataset}
@@ -130,5 +144,6 @@ def example_patterns(model: Any, best: dict[str, Head], natural: TokenSet, repea
         stream_patterns(model, toks, on_pattern, layers=layers)
         labels = token_labels(model, toks[0])
         for t, (layer, head) in wanted.items():
-            out[t] = {"head": (layer, head), "pattern": kept[layer][head].numpy(), "labels": labels}
+            out[t] = {"head": (layer, head), "pattern": kept[layer][head].numpy(), "labels": labels,
+                      "marks": marks[dataset], "period": period[dataset]}
     return out

@@ -6,6 +6,7 @@ heavy library is imported.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from headprobe.probe.errors import HeadprobeError
@@ -29,8 +30,12 @@ def all_heads(n_layers: int, n_heads: int) -> list[Head]:
     return [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
 
 
+_HEAD = re.compile(r"(\d+)\.(\d+)|[Ll](\d+)[Hh](\d+)")
+
+
 def parse_heads(text: str, n_layers: int, n_heads: int) -> list[Head]:
-    """Parse ``"5.1,7.10"`` into ``[(5, 1), (7, 10)]``, checking the range.
+    """Parse ``"5.1,7.10"`` into ``[(5, 1), (7, 10)]``, checking the range. TransformerLens'
+    spelling ``L5H1`` is accepted too; headprobe always prints ``5.1``.
 
     Raises:
         HeadprobeError: a malformed entry or a head outside ``n_layers x n_heads``.
@@ -40,10 +45,10 @@ def parse_heads(text: str, n_layers: int, n_heads: int) -> list[Head]:
     if "" in items and any(items):  # "5.1," or "5.1,,7.3": a head left out by mistake?
         raise HeadprobeError(f"empty entry in the head list {text!r}; give layer.head entries separated by single commas")
     for item in filter(None, items):
-        parts = item.split(".")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise HeadprobeError(f"head {item!r} is not of the form layer.head (e.g. 5.1)")
-        layer, head = int(parts[0]), int(parts[1])
+        m = _HEAD.fullmatch(item)
+        if m is None:
+            raise HeadprobeError(f"head {item!r} is not of the form layer.head (e.g. 5.1, or L5H1)")
+        layer, head = (int(g) for g in m.groups() if g is not None)
         if layer >= n_layers or head >= n_heads:
             raise HeadprobeError(
                 f"head {item} is out of range: the model has {n_layers} layers of {n_heads} heads (0-indexed)"

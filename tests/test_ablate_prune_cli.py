@@ -107,6 +107,10 @@ def test_parse_heads_checks_form_and_range():
     from headprobe.probe.hooks import parse_heads
 
     assert parse_heads("5.1, 7.10", 12, 12) == [(5, 1), (7, 10)]
+    assert parse_heads("L5H1,l7h10", 12, 12) == [(5, 1), (7, 10)]  # TransformerLens' spelling too
+    for text in ("L5.1", "5H1", "L5H"):
+        with pytest.raises(HeadprobeError, match="layer.head"):
+            parse_heads(text, 12, 12)
     with pytest.raises(HeadprobeError, match="out of range: the model has 30 layers of 9 heads"):
         parse_heads("40.3", 30, 9)
     with pytest.raises(HeadprobeError, match="layer.head"):

@@ -75,7 +75,14 @@ def test_types_limit_columns_figures_and_verifications(api_scan, text_file, tmp_
                                    "pattern_previous_token", "pattern_induction", "ablation"}
     assert {v.head_type for v in part.verifications} == {"previous_token", "induction"}
     same = [v for v in full.verifications if v.head_type in ("previous_token", "induction")]
-    assert [v.to_dict() for v in part.verifications] == [v.to_dict() for v in same]
+    # the heads under test and their effects do not depend on the other types selected; the random
+    # control does (it excludes the top-k of every selected type judged on the same task)
+    under_test = ("head_type", "kind", "task", "top_heads", "clean_loss", "top_loss", "top_effect", "top_effect_ci95")
+    assert [{f: v.to_dict()[f] for f in under_test} for v in part.verifications] == \
+        [{f: v.to_dict()[f] for f in under_test} for v in same]
+    for v in part.verifications:
+        assert set(v.top_heads) <= set(v.control_excludes)
+        assert not any(set(h) & set(v.control_excludes) for h in v.random_heads)
     assert set(part.summary()["top_heads"]) == {"previous_token", "induction"}
     part.save(tmp_path / "out")
     assert not list((tmp_path / "out").glob("*first_token*")) and (tmp_path / "out" / "heatmap_induction.png").is_file()

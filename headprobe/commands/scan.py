@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +29,10 @@ from tqdm.auto import tqdm
 from headprobe import options
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
-    SINGLE_INPUT_KINDS, Verification, ablated_loss, empirical_p_value, is_confirmed, names, random_head_sets, task_loss,
-    top_heads,
+    SINGLE_INPUT_KINDS, Verification, empirical_p_value, first_scored, is_confirmed, names, random_head_sets,
+    scored_loss, set_ablation_losses, top_heads, untrusted_task_reason,
 )
+from headprobe.analyses.statistics import bootstrap_ci
 from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
 from headprobe.analyses.detectors import DETECTORS, select_detectors
 from headprobe.analyses.scoring import example_patterns, score_token_set  # noqa: F401 - score_token_set re-exported
@@ -80,7 +81,7 @@ class ScanConfig:
     n_repeated: int = 8
     period: int | None = None
     k: int | None = None
-    n_random: int = 5
+    n_random: int = 50
     seed: int = 0
     text: str | None = None
     device: str = "auto"
@@ -151,6 +152,9 @@ class ScanResult:
         timings: seconds per stage (``load_s``, ``score_s``, ``ablate_s``).
         device, dtype: where and in which precision the model ran.
         self_check: the model's load-time self-check (:meth:`SelfCheck.to_dict`).
+        warnings: why a task's numbers cannot carry verdicts (unknown text, loss above ln(vocabulary)), one line each.
+        score_ci95: column -> ``[2, layer, head]`` 95% bootstrap interval over sequences (columns that are a
+            mean over sequences; not ``positional_*``, a most-frequent offset).
     """
 
     config: ScanConfig
@@ -166,6 +170,8 @@ class ScanResult:
     device: str = "cpu"
     dtype: str = "float32"
     self_check: dict | None = None
+    warnings: list[str] = field(default_factory=list)
+    score_ci95: dict[str, np.ndarray] = field(default_factory=dict)
 
     def summary(self) -> dict:
         """summary.json's content (as a dict; package versions included)."""
@@ -191,50 +197,70 @@ class ScanResult:
         return write_outputs(self, out)
 
 
-def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet, clean: dict[str, float],
-           mean_z: torch.Tensor, cfg: ScanConfig, progress: bool = True) -> list[Verification]:
+def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet,
+           clean: dict[str, torch.Tensor], mean_z: torch.Tensor, cfg: ScanConfig, progress: bool = True,
+           untrusted: dict[str, str | None] | None = None) -> list[Verification]:
     """Zero- and mean-ablate the top-k heads of each of ``cfg.types`` and ``cfg.n_random`` sets of
-    k random heads; ``cfg`` is resolved (k set).
+    k random heads; ``cfg`` is resolved (k set). ``clean``: task -> per-sequence clean loss ``[batch]``.
 
-    Each type's control draws k random heads from those outside its own top-k (seeded, so the
-    draws of a type do not depend on which other types are selected); types with the same task and
-    the same top-k share their draws. One forward pass per draw, control and ablation kind.
+    One control per task where the heads allow it (:func:`control_groups`): its draws of k random
+    heads (seeded) come from the heads outside the top-k of every selected type judged on that
+    task, so no draw contains a head under test.
+    All sets of a task and kind go through :func:`~headprobe.analyses.ablation.set_ablation_losses`
+    (batched along the batch axis). Each effect is the mean over sequences of ablated minus clean
+    loss, with a 95% bootstrap interval over sequences for the top-k effect. ``untrusted``: task ->
+    a reason its losses cannot carry a verdict (:func:`~headprobe.analyses.ablation.untrusted_task_reason`);
+    those verifications keep their evidence and get ``confirmed=None``.
     """
     spec = model.spec
     k = cfg.k
+    untrusted = untrusted or {}
     sets = {"natural": natural, "repeated": repeated}
     dets = {name: DETECTORS[name] for name in cfg.types}
     top = {name: top_heads(torch.as_tensor(scores[det.rank_by]), k) for name, det in dets.items()}
-    group_of = {name: (det.task, tuple(sorted(top[name]))) for name, det in dets.items()}  # (task, heads excluded)
-    groups = list(dict.fromkeys(group_of.values()))
-    draws = {key: random_head_sets(spec.n_layers, spec.n_heads, k, cfg.n_random, cfg.seed, exclude=key[1])
-             for key in groups}
-    jobs = [("random", key, kind, i) for key in groups for kind in ABLATION_KINDS for i in range(cfg.n_random)]
-    jobs += [("top", name, kind, None) for name in dets for kind in ABLATION_KINDS]
-    random_effects: dict[tuple, list[float]] = {}
     out: list[Verification] = []
-    for what, name, kind, i in tqdm(jobs, desc="ablations", unit="pass", disable=not progress):
-        if what == "random":
-            task = name[0]
-            ts = sets[task]
-            loss = ablated_loss(model, ts.tokens, draws[name][i], kind, mean_z, task, ts.start, ts.period)
-            random_effects.setdefault((name, kind), []).append(loss - clean[task])
+    for task, judged, excluded in control_groups(dets, top, spec.n_layers * spec.n_heads, k):
+        ts = sets[task]
+        first = first_scored(task, ts.start, ts.period)
+        draws = random_head_sets(spec.n_layers, spec.n_heads, k, cfg.n_random, cfg.seed, exclude=excluded)
+        for kind in ABLATION_KINDS:
+            losses = set_ablation_losses(model, ts.tokens, draws + [top[name] for name in judged], kind, mean_z, first,
+                                         progress=progress, desc=f"ablations ({task}, {kind})")
+            effects = (losses - clean[task][None]).double().numpy()  # [set, batch]
+            rand = [float(e) for e in effects[: cfg.n_random].mean(axis=1)]
+            for j, name in enumerate(judged):
+                per_seq = effects[cfg.n_random + j]
+                effect = float(per_seq.mean())
+                reason = untrusted.get(task)
+                out.append(Verification(
+                    head_type=name, kind=kind, task=task, k=k, top_heads=names(top[name]),
+                    clean_loss=float(clean[task].double().mean()), top_loss=float(losses[cfg.n_random + j].double().mean()),
+                    top_effect=effect, random_effects=rand, random_mean=float(np.mean(rand)), random_max=float(np.max(rand)),
+                    confirmed=None if reason else is_confirmed(effect, rand),
+                    random_heads=[names(s) for s in draws], control_excludes=names(excluded),
+                    p_value=empirical_p_value(effect, rand),
+                    top_effect_ci95=[float(x) for x in bootstrap_ci(per_seq, seed=cfg.seed)], no_verdict=reason,
+                ))
+    order = {(name, kind): i for i, (name, kind) in enumerate((n, kd) for n in dets for kd in ABLATION_KINDS)}
+    return sorted(out, key=lambda v: order[(v.head_type, v.kind)])
+
+
+def control_groups(dets: dict, top: dict[str, list], n_heads: int, k: int) -> list[tuple[str, list[str], list]]:
+    """``(task, types, excluded heads)`` per random control: one per task, excluding the top-k of
+    every type judged on it; where that leaves fewer than ``2k`` heads to draw from (a tiny
+    model), one per type of that task with the same top-k, excluding only its own."""
+    groups = []
+    for task in dict.fromkeys(det.task for det in dets.values()):
+        judged = [name for name, det in dets.items() if det.task == task]
+        union = sorted({h for name in judged for h in top[name]})
+        if n_heads - len(union) >= 2 * k:
+            groups.append((task, judged, union))
             continue
-        det = dets[name]
-        ts = sets[det.task]
-        heads = top[name]
-        loss = ablated_loss(model, ts.tokens, heads, kind, mean_z, det.task, ts.start, ts.period)
-        effect = loss - clean[det.task]
-        key = group_of[name]
-        rand = random_effects[(key, kind)]
-        out.append(Verification(
-            head_type=name, kind=kind, task=det.task, k=k, top_heads=names(heads), clean_loss=clean[det.task],
-            top_loss=loss, top_effect=effect, random_effects=rand, random_mean=float(np.mean(rand)),
-            random_max=float(np.max(rand)), confirmed=is_confirmed(effect, rand),
-            random_heads=[names(s) for s in draws[key]], control_excludes=names(key[1]),
-            p_value=empirical_p_value(effect, rand),
-        ))
-    return out
+        by_top: dict[tuple, list[str]] = {}
+        for name in judged:
+            by_top.setdefault(tuple(sorted(top[name])), []).append(name)
+        groups += [(task, names_, list(excl)) for excl, names_ in by_top.items()]
+    return groups
 
 
 def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
@@ -263,20 +289,28 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
                                   source=str(cfg.text) if cfg.text else None)
     repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
     steps = tqdm(total=2, desc="scoring heads", unit="pass", disable=not progress)
-    nat_scores, nat_logits, mean_z = score_token_set(model, natural, "natural", mean_z=cfg.verify, types=cfg.types)
+    per_seq: dict[str, torch.Tensor] = {}
+    nat_scores, nat_logits, mean_z = score_token_set(model, natural, "natural", mean_z=cfg.verify, types=cfg.types,
+                                                     per_sequence=per_seq)
     steps.update()
-    rep_scores, rep_logits, _ = score_token_set(model, repeated, "repeated", types=cfg.types)
+    rep_scores, rep_logits, _ = score_token_set(model, repeated, "repeated", types=cfg.types, per_sequence=per_seq)
     steps.update()
     steps.close()
     scores = {c: v.numpy() for c, v in {**nat_scores, **rep_scores}.items()}
-    clean = {
-        "natural": task_loss(nat_logits, natural.tokens, "natural", natural.start, None),
-        "repeated": task_loss(rep_logits, repeated.tokens, "repeated", repeated.start, repeated.period),
+    clean_seq = {
+        "natural": scored_loss(nat_logits, natural.tokens, first_scored("natural", natural.start, None)).cpu(),
+        "repeated": scored_loss(rep_logits, repeated.tokens, first_scored("repeated", repeated.start, repeated.period)).cpu(),
     }
+    del nat_logits, rep_logits
+    clean = {task: float(v.double().mean()) for task, v in clean_seq.items()}
+    untrusted = {"natural": untrusted_task_reason(clean["natural"], spec.d_vocab, unknown_share(model, natural)),
+                 "repeated": untrusted_task_reason(clean["repeated"], spec.d_vocab)}
+    warnings = [f"{task} task: {reason}; its scores describe that failure and its ablations get no verdict"
+                for task, reason in untrusted.items() if reason]
     timings["score_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    verifications = verify(model, scores, natural, repeated, clean, mean_z, cfg, progress) if cfg.verify else []
+    verifications = verify(model, scores, natural, repeated, clean_seq, mean_z, cfg, progress, untrusted) if cfg.verify else []
     timings["ablate_s"] = time.perf_counter() - t0
 
     best = {name: top_heads(torch.as_tensor(scores[DETECTORS[name].rank_by]), 1)[0] for name in cfg.types}
@@ -293,8 +327,19 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
     for d in dets:
         for c in d.integer_columns:
             table[c] = table[c].astype(int)
+    score_ci95 = {c: bootstrap_ci(v.double().numpy(), seed=cfg.seed) for c, v in per_seq.items()
+                  if np.allclose(v.double().mean(0).numpy(), scores[c], atol=1e-5)}  # only where the score is that mean
     return ScanResult(cfg, spec, table, scores, verifications, clean, natural, repeated, examples, timings,
-                      device=str(model.device), dtype=str(model.dtype), self_check=model.self_check.to_dict())
+                      device=str(model.device), dtype=str(model.dtype), self_check=model.self_check.to_dict(),
+                      warnings=warnings, score_ci95=score_ci95)
+
+
+def unknown_share(model, tokens: TokenSet) -> float:
+    """Share of ``tokens``' real positions (after BOS) that are the tokenizer's unknown token (0 without one)."""
+    unk = getattr(getattr(model, "tokenizer", None), "unk_token_id", None)
+    if unk is None:
+        return 0.0
+    return float((tokens.tokens[:, tokens.start:] == unk).double().mean())
 
 
 
@@ -343,6 +388,8 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         for layer, head in top_heads(torch.as_tensor(col), top_n):
             e = {"head": format_head((layer, head)), "kv_head": int(kv_head_of(head, spec.n_heads, spec.n_kv_heads)),
                  "score": round(float(col[layer, head]), 4)}
+            if det.rank_by in result.score_ci95:
+                e["score_ci95"] = [round(float(x), 4) for x in result.score_ci95[det.rank_by][:, layer, head]]
             for key, column in det.top_head_extras:
                 e[key] = int(result.scores[column][layer, head])
             entries.append(e)
@@ -373,9 +420,15 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         "clean_loss_nats": result.clean_loss,
         "top_heads": top,
         "confirmed": confirmed,
-        "confirmation_rule": "top-k effect >= 0.05 nats, > every random draw's effect, and >= 2x the mean random effect",
-        "control_rule": "each type's random draws of k heads come from the heads outside its own top-k; "
+        "warnings": result.warnings,
+        "confirmation_rule": "top-k effect >= 0.05 nats, > every random draw's effect, and >= 2x the mean random effect; "
+                             "no verdict (confirmed: null) when the task's clean loss is above ln(vocabulary) or more than "
+                             "half of the natural text is the tokenizer's unknown token",
+        "control_rule": "per task, n_random draws of k heads from the heads outside the top-k of every type judged on that task; "
                         "p_value = (1 + #draws with effect >= the top-k effect) / (1 + draws)",
+        "interval_rule": "95% percentile bootstrap over sequences (2000 resamples, seeded): top_effect_ci95 of each "
+                         "ablation's mean per-sequence effect, score_ci95 of each listed head's mean per-sequence score "
+                         "(not for positional scores, a most-frequent offset)",
         "ablations": [v.to_dict() for v in result.verifications],
         "timings_s": {k: round(v, 2) for k, v in result.timings.items()},
         "versions": package_versions(),
@@ -397,11 +450,15 @@ def scan_figures(result: ScanResult) -> dict[str, object]:
     panels = [(det.panel_title, result.scores[det.rank_by]) for det in dets]
     out["overview"] = figs.scores_overview(panels, spec.group_size, f"Head scores of {tag}")
     for head_type, ex in result.examples.items():
-        title = f"top {head_type.replace('_', '-')} head L{ex['head'][0]}H{ex['head'][1]}, {spec.name}"
-        out[f"pattern_{head_type}"] = figs.pattern_plot(ex["pattern"], ex["labels"], title)
+        det = DETECTORS[head_type]
+        score = result.scores[det.rank_by][ex["head"]]
+        setting = f", period {ex['period']}" if ex.get("period") else ""
+        title = (f"top {head_type.replace('_', '-')} head {format_head(ex['head'])}: score {score:.2f}{setting}\n"
+                 f"{spec.name}, first scored sequence")
+        out[f"pattern_{head_type}"] = figs.pattern_plot(ex["pattern"], ex["labels"], title, ex.get("marks", ()))
     rows = [v.to_dict() for v in result.verifications]
     if rows:
-        out["ablation"] = figs.ablation_plot(rows, f"Ablation check, {tag}")
+        out["ablation"] = figs.ablation_plot(rows, f"Ablation check\n{tag}")
     return out
 
 
@@ -423,6 +480,7 @@ def format_report(result: ScanResult) -> str:
     """The short terminal table: top heads per type and the ablation verdicts."""
     spec = result.spec
     lines = [f"{spec.name}: weights {spec.precision}", ""]
+    lines += [f"WARNING: {w}" for w in result.warnings] + ([""] if result.warnings else [])
     lines.append(f"{'head type':<16} {'top heads (score)':<52}")
     for name in result.config.types:
         col = result.scores[DETECTORS[name].rank_by]
@@ -433,15 +491,15 @@ def format_report(result: ScanResult) -> str:
     if not result.verifications:
         lines.append("no ablation check (--no-verify): these are pattern scores, not verified findings")
         return "\n".join(lines)
-    lines.append(f"{'ablation (k=' + str(result.config.k) + ')':<22} {'task':<9} {'clean':>6} {'top-k Δ':>8} "
+    lines.append(f"{'ablation (k=' + str(result.config.k) + ')':<22} {'task':<9} {'clean':>6} {'top-k Δ [95% CI]':>22} "
                  f"{'random Δ mean/max':>18} {'p':>6}  verdict")
     for v in result.verifications:
-        verdict = "CONFIRMED" if v.confirmed else "not confirmed"
+        lo, hi = v.top_effect_ci95
         lines.append(f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {v.clean_loss:6.2f} {v.top_effect:+8.2f} "
-                     f"{v.random_mean:+9.2f}/{v.random_max:+.2f} {v.p_value:6.3f}  {verdict}")
+                     f"[{lo:+.2f}, {hi:+.2f}] {v.random_mean:+9.2f}/{v.random_max:+.2f} {v.p_value:6.3f}  {v.verdict}")
     n = len(result.verifications[0].random_effects)
-    lines.append(f"(random Δ: {n} draws of k heads outside the type's top-k; p = (1 + draws >= top-k Δ) / (1 + {n}), "
-                 f"at least {1 / (n + 1):.3f})")
+    lines.append(f"(random Δ: {n} draws of k heads outside the top-k of the task's types; p = (1 + draws >= top-k Δ) / "
+                 f"(1 + {n}), at least {1 / (n + 1):.3f}; CI: bootstrap over sequences)")
     return "\n".join(lines)
 
 

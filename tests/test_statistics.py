@@ -1,0 +1,88 @@
+"""Verdicts with statistics: batched control ablations equal one forward per set, bootstrap
+intervals agree with a plain resampling loop, and a text the model cannot read gets a warning
+and no verdict."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from headprobe.analyses.ablation import (
+    head_ablation_hooks, random_head_sets, scored_loss, set_ablation_losses, untrusted_task_reason,
+)
+from headprobe.analyses.statistics import bootstrap_ci
+from headprobe.commands.scan import ScanConfig, run
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama_gqa_native", "tiny_gpt2"])
+@pytest.mark.parametrize("kind", ["zero", "mean"])
+def test_batched_set_ablations_equal_one_forward_per_set(fixture, kind, request):
+    model = request.getfixturevalue(fixture)
+    spec = model.spec
+    tokens = torch.randint(0, 100, (3, 12), generator=torch.Generator().manual_seed(1))
+    mean_z = torch.randn(spec.n_layers, spec.n_heads, spec.d_head, generator=torch.Generator().manual_seed(2))
+    sets = random_head_sets(spec.n_layers, spec.n_heads, 3, 5, seed=0) + [[(0, 1), (1, 1)], []]
+    # max_batch 6: two sets per pass, so the last pass holds one set (uneven chunks are covered)
+    got = set_ablation_losses(model, tokens, sets, kind, mean_z if kind == "mean" else None, first=2, max_batch=6)
+    ref = torch.stack([scored_loss(model.forward(tokens, fwd_hooks=head_ablation_hooks(s, kind, mean_z)), tokens, 2)
+                       for s in sets])
+    assert got.shape == (len(sets), 3)
+    torch.testing.assert_close(got, ref.float().cpu(), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got[0], got[-1])  # an ablation changes the loss: the hooks did act
+
+
+def test_bootstrap_interval_matches_a_resampling_loop():
+    rng = np.random.default_rng(0)
+    x = rng.normal(0.3, 1.0, size=(40, 3))
+    x[:, 2] = 0.7  # a constant column: a point interval
+    ci = bootstrap_ci(x, n_resamples=4000, seed=1)
+    idx = rng.integers(0, 40, size=(4000, 40))
+    means = x[idx].mean(axis=1)  # [resample, column]
+    ref = np.percentile(means, [2.5, 97.5], axis=0)
+    np.testing.assert_allclose(ci[:, :2], ref[:, :2], atol=0.05)
+    assert ci[0, 0] < x[:, 0].mean() < ci[1, 0]
+    np.testing.assert_array_equal(ci[:, 2], [0.7, 0.7])
+    assert np.isnan(bootstrap_ci(x[:1])).all()  # one sequence: no interval
+
+
+def test_untrusted_task_reasons():
+    assert untrusted_task_reason(3.0, 49152) is None
+    assert "ln(vocabulary)" in untrusted_task_reason(math.log(64) + 0.1, 64)
+    assert "unknown" in untrusted_task_reason(1.0, 64, unknown_share=0.9)
+
+
+def test_unknown_text_gives_a_warning_and_no_verdict(tiny_llama_gqa, tmp_path):
+    """The issue's trap: English text through a tokenizer that knows none of it (every word is the
+    unknown token) on a random model (loss near ln(vocabulary)): a warning, verdicts withheld."""
+    text = tmp_path / "english.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog while reading documentation. " * 60, encoding="utf-8")
+    cfg = ScanConfig(model="tiny", n_natural=3, seq_len=16, n_repeated=3, period=6, k=2, n_random=4, text=str(text))
+    result = run(tiny_llama_gqa, cfg, progress=False)
+    assert any("unknown to the tokenizer" in w for w in result.warnings)
+    natural = [v for v in result.verifications if v.task == "natural"]
+    assert natural and all(v.confirmed is None and v.verdict == "no verdict" and v.no_verdict for v in natural)
+    summary = json.loads(json.dumps(result.summary()))
+    assert summary["warnings"] == result.warnings
+    assert all(a["confirmed"] is None for a in summary["ablations"] if a["task"] == "natural")
+    assert "WARNING" in result.report() and "CONFIRMED" not in result.report()
+
+
+def test_verdicts_carry_p_values_and_intervals(tiny_llama_gqa, tmp_path):
+    g = torch.Generator().manual_seed(0)
+    text = tmp_path / "words.txt"
+    text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()), encoding="utf-8")
+    cfg = ScanConfig(model="tiny", n_natural=4, seq_len=16, n_repeated=4, period=6, k=2, n_random=6, text=str(text))
+    result = run(tiny_llama_gqa, cfg, progress=False)
+    for v in result.verifications:
+        lo, hi = v.top_effect_ci95
+        assert lo <= v.top_effect <= hi
+        assert v.p_value == (1 + sum(r >= v.top_effect for r in v.random_effects)) / (1 + 6)
+        assert not set(v.top_heads) & {h for s in v.random_heads for h in s}
+    top = result.summary()["top_heads"]
+    assert "score_ci95" in top["induction"][0] and "score_ci95" not in top["positional"][0]
+    lo, hi = top["induction"][0]["score_ci95"]
+    assert lo <= top["induction"][0]["score"] <= hi
