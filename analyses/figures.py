@@ -291,13 +291,14 @@ def training_curves(
     """The induction-head phase change (Olsson et al. 2022, Fig. 1 style): top induction and
     previous-token scores (upper panel) and the in-context loss and training loss (lower panel,
     nats) against training step; a dashed line marks ``phase_step``."""
-    fig = _figure(COLUMN_WIDTH, 3.4)
+    fig = _figure(COLUMN_WIDTH, 3.6)
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
     ax1.plot(steps, max_induction, color="#0072B2", lw=1.2, label="max induction score")
     ax1.plot(steps, max_previous_token, color="#E69F00", lw=1.0, ls="--", label="max previous-token score")
     ax1.set_ylim(0, 1.02)
     ax1.set_ylabel("head score")
-    ax1.legend(loc="center right", frameon=False, fontsize=6)
+    # before the phase change the scores are low and after it high: the lower right corner is free
+    ax1.legend(loc="lower right", frameon=False, fontsize=6)
     ax1.set_title(title)
     ax2.plot(steps, in_context_loss, color="#009E73", lw=1.2, label="in-context loss (late − early)")
     ax2.axhline(0, color="black", lw=0.5)
@@ -307,13 +308,16 @@ def training_curves(
     tw.plot(steps[1:], train_loss[1:], color="#CC79A7", lw=0.9, ls=":", label="training loss")
     tw.set_ylabel("training loss (nats)")
     lines = ax2.get_lines()[:1] + tw.get_lines()
-    ax2.legend(lines, [ln.get_label() for ln in lines], loc="center right", frameon=False, fontsize=6)
+    # below the panel: the two falling losses leave no corner free for every run
+    ax2.legend(lines, [ln.get_label() for ln in lines], loc="upper center", bbox_to_anchor=(0.5, -0.32), ncols=2,
+               frameon=False, fontsize=6)
     if phase_step is not None:
         for ax in (ax1, ax2):
             ax.axvline(phase_step, color="grey", lw=0.8, ls="--")
-        late = phase_step > 0.75 * float(np.max(steps))  # label on the left of the line near the right edge
-        ax1.annotate(f"phase change\n(step {phase_step})", (phase_step, 0.95), xytext=(-3 if late else 3, 0),
-                     textcoords="offset points", fontsize=6, va="top", color="grey", ha="right" if late else "left")
+        # label on the left of the line, above the low scores before the change, unless too close to the left edge
+        early = phase_step < 0.25 * float(np.max(steps))
+        ax1.annotate(f"phase change\n(step {phase_step})", (phase_step, 0.95), xytext=(3 if early else -3, 0),
+                     textcoords="offset points", fontsize=6, va="top", color="grey", ha="left" if early else "right")
     return fig
 
 
