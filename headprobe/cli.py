@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except HeadprobeError as e:
-        print(f"headprobe: error: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: one line, from rank 0
+            print(f"headprobe: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `headprobe budget | head`: the reader left; end quietly, as cat does
         # Python flushes stdout at exit and would complain again: point it at /dev/null first
