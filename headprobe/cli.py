@@ -82,7 +82,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             sub.add_parser(name)  # never parsed: the command line names another command
             continue
         module = importlib.import_module(module_name)  # a registered command that does not import is a bug: fail loudly
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        epilog = getattr(module, "EPILOG", None)  # optional: usage notes kept as written (line breaks)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP, epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter if epilog else argparse.HelpFormatter)
         module.add_arguments(p)
         p.set_defaults(_run=module.main)
     return parser

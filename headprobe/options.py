@@ -304,11 +304,12 @@ def main_resumable(args: argparse.Namespace, config, core: str, resumed) -> int:
     needs torch), save the result, drop the checkpoint, print the report and the files written.
 
     Under ``torchrun --nproc-per-node N`` (``WORLD_SIZE > 1``) every rank runs this: it joins the
-    process group (:func:`headprobe.analyses.distributed.init_from_env`), reads every checkpoint
-    in ``--out`` (the one-process one and each rank's, merged by ``core.merge_states`` where the
-    core shards its work; else the one-process one), waits for all ranks, and runs ``core.run``,
-    which shards its work. Where ``core`` has ``merge_states`` each rank saves its own checkpoint
-    (:func:`~headprobe.probe.io.shard_checkpoint_name`), else rank 0 saves the one. Only rank 0
+    process group (:func:`headprobe.analyses.distributed.init_from_env`), reads the checkpoints,
+    waits for all ranks, and runs ``core.run``, which shards its work. Where ``core`` has
+    ``merge_states`` (its work is sharded by job) every checkpoint in ``--out`` is read and merged
+    -- the one-process one and each rank's of a sharded run with any N, with or without torchrun
+    now -- and each rank saves its own (:func:`~headprobe.probe.io.shard_checkpoint_name`); else
+    rank 0 reads and saves the one checkpoint and hands the state to the others. Only rank 0
     prints, writes the outputs and removes the checkpoints.
 
     Raises:
@@ -329,12 +330,13 @@ def main_resumable(args: argparse.Namespace, config, core: str, resumed) -> int:
         prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
         key = asdict(config)
         checkpoint = RunCheckpoint(args.out, key)
-        merge = getattr(importlib.import_module(core), "merge_states", None) if sharded else None
+        merge = getattr(importlib.import_module(core), "merge_states", None)
         if merge is not None:  # every rank reads every checkpoint before any rank writes one
             found = RunCheckpoint.shards(args.out, key)
             saved = merge([c.load(args.overwrite) for c in found])
-            own = RunCheckpoint(args.out, key, shard_checkpoint_name(distributed.rank(), distributed.world_size()))
-            on_save = own.save
+            if sharded:
+                checkpoint = RunCheckpoint(args.out, key, shard_checkpoint_name(distributed.rank(), distributed.world_size()))
+            on_save = checkpoint.save
         else:
             found = [checkpoint]
             saved = checkpoint.load(args.overwrite) if main_rank or not sharded else None

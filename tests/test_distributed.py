@@ -96,3 +96,9 @@ def test_killed_sharded_run_resumes_to_the_one_process_csv(one_process, tmp_path
     s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (ref, cut))
     assert s1["clean_loss"] == pytest.approx(s2["clean_loss"], abs=1e-6)
     assert not list(cut.glob(CHECKPOINT_GLOB))
+
+
+def test_ablate_help_shows_torchrun_usage(capsys):
+    assert main(["ablate", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "torchrun --nproc-per-node 2 -m headprobe ablate" in out and ".headprobe-checkpoint.shard-R-of-N.json" in out
