@@ -72,7 +72,8 @@ def init_from_env(device: str = "auto") -> bool:
     Idempotent. Returns whether a multi-rank group is active.
 
     Raises:
-        HeadprobeError: ``WORLD_SIZE > 1`` without the rest of torchrun's variables.
+        HeadprobeError: ``WORLD_SIZE > 1`` without the rest of torchrun's variables, or more ranks
+            on a node than it has GPUs for a CUDA run.
     """
     if _env_world_size() <= 1:
         return False
@@ -89,7 +90,11 @@ def init_from_env(device: str = "auto") -> bool:
                              "start sharded runs with torchrun --nproc-per-node N -m headprobe ...")
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local, n_gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local >= n_gpus:  # NCCL needs a GPU of its own per rank
+            raise HeadprobeError(f"torchrun started more processes on this node than its {n_gpus} GPU(s) "
+                                 f"(local rank {local}): use --nproc-per-node {n_gpus} or less, or --device cpu")
+        torch.cuda.set_device(local)
     dist.init_process_group(backend="nccl" if cuda else "gloo")
     return True
 
