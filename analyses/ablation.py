@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from headprobe.analyses import distributed
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import all_heads  # noqa: F401 - re-exported
 from headprobe.probe.backend import Backend, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
@@ -521,6 +522,11 @@ def head_importance(model: Backend, tokens: Int[Tensor, "batch pos"], first: int
     * attribution ``A_h = mean_x sum_pos (r_h - z_h) . dL(x)/dz_h``, with ``r_h`` the ablated value
       (0, ``mean_z``, or the z on ``source_tokens``): the first-order change of the mean loss.
 
+    Data-parallel under ``torchrun`` (:mod:`headprobe.analyses.distributed`): each rank takes its
+    contiguous slice of the batch (:func:`~headprobe.analyses.distributed.batch_slice`; sequences
+    do not interact), sums its per-sequence scores in float64, and an all-reduce adds the sums, so
+    every rank returns the one-process result (to float32 rounding, ~1e-7 relative).
+
     Raises:
         HeadprobeError: unknown ``kind`` or its reference input missing, or the model failed its
             self-check (see :func:`require_head_ablation`).
@@ -528,6 +534,15 @@ def head_importance(model: Backend, tokens: Int[Tensor, "batch pos"], first: int
     _check_kind(kind, mean_z, source_tokens)
     require_head_ablation(model)
     spec = model.spec
+    sharded = distributed.active()
+    if sharded:  # this rank's rows only; the sums are added over ranks below
+        B_total = tokens.shape[0]
+        rows = distributed.batch_slice(B_total)
+        tokens = tokens[rows]
+        source_tokens = source_tokens[rows] if source_tokens is not None else None
+        if tokens.shape[0] == 0:
+            return _reduced_importance(torch.zeros(2 * spec.n_layers * spec.n_heads + 1, dtype=torch.float64),
+                                       spec, B_total, kind, normalize)
     tokens = tokens.to(model.device)
     B = tokens.shape[0]
     source_z = capture_z(model, source_tokens.to(model.device)) if kind == "resample" else None
@@ -553,20 +568,43 @@ def head_importance(model: Backend, tokens: Int[Tensor, "batch pos"], first: int
         layers = list(range(spec.n_layers))
         grads = torch.autograd.grad(per_seq.sum(), [xis[l] for l in layers] + [deltas[l] for l in layers])
     g_xi, g_z = grads[: len(layers)], grads[len(layers):]
+    if sharded:
+        attr = [((_replacement(kind, zs[layer].float(), layer, mean_z, source_z) - zs[layer].float())
+                 * g_z[layer].float()).sum(dim=(1, 3)).double().sum(dim=0).cpu() for layer in layers]
+        sums = torch.cat([torch.stack([g.abs().double().sum(dim=0).cpu() for g in g_xi]).flatten(),
+                          torch.stack(attr).flatten(), per_seq.detach().double().sum().cpu().view(1)])
+        return _reduced_importance(sums, spec, B_total, kind, normalize)
     importance = torch.stack([g.abs().float().mean(dim=0) for g in g_xi]).cpu()
     if normalize:
         importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
     attribution = torch.zeros(spec.n_layers, spec.n_heads)
     for layer in layers:
         z = zs[layer].float()
-        if kind == "zero":
-            r = torch.zeros_like(z)
-        elif kind == "mean":
-            r = mean_z[layer].to(z)[None, None].expand_as(z)
-        else:
-            r = source_z[layer].to(z)
+        r = _replacement(kind, z, layer, mean_z, source_z)
         attribution[layer] = ((r - z) * g_z[layer].float()).sum(dim=(1, 3)).mean(dim=0).cpu()
     return HeadImportance(importance, attribution, float(per_seq.detach().mean()), kind)
+
+
+def _replacement(kind: str, z: Tensor, layer: int, mean_z: Tensor | None, source_z: dict | None) -> Tensor:
+    """The ablated value ``r_h`` of every head of ``layer`` for ``z`` ``[batch, pos, head, d_head]``."""
+    if kind == "zero":
+        return torch.zeros_like(z)
+    if kind == "mean":
+        return mean_z[layer].to(z)[None, None].expand_as(z)
+    return source_z[layer].to(z)
+
+
+def _reduced_importance(sums: Tensor, spec: Any, n: int, kind: str, normalize: bool) -> HeadImportance:
+    """:func:`head_importance`'s result from this rank's float64 sums over its sequences
+    (``[importance (layer*head), attribution (layer*head), loss]``), added over the ranks."""
+    distributed.all_reduce_sum(sums)
+    means = (sums / n).float()
+    size = spec.n_layers * spec.n_heads
+    importance = means[:size].view(spec.n_layers, spec.n_heads).clone()
+    if normalize:
+        importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
+    attribution = means[size:2 * size].view(spec.n_layers, spec.n_heads).clone()
+    return HeadImportance(importance, attribution, float(means[-1]), kind)
 
 
 def spearman(a: Tensor | np.ndarray, b: Tensor | np.ndarray) -> float:

@@ -82,7 +82,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             sub.add_parser(name)  # never parsed: the command line names another command
             continue
         module = importlib.import_module(module_name)  # a registered command that does not import is a bug: fail loudly
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        epilog = getattr(module, "EPILOG", None)  # optional: usage notes kept as written (line breaks)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP, epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter if epilog else argparse.HelpFormatter)
         module.add_arguments(p)
         p.set_defaults(_run=module.main)
     return parser
@@ -116,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except HeadprobeError as e:
-        print(f"headprobe: error: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: one line, from rank 0
+            print(f"headprobe: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `headprobe budget | head`: the reader left; end quietly, as cat does
         # Python flushes stdout at exit and would complain again: point it at /dev/null first

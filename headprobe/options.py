@@ -303,6 +303,15 @@ def main_resumable(args: argparse.Namespace, config, core: str, resumed) -> int:
     config, resume=state, on_save=...)`` of module ``core`` (imported only now: the computation
     needs torch), save the result, drop the checkpoint, print the report and the files written.
 
+    Under ``torchrun --nproc-per-node N`` (``WORLD_SIZE > 1``) every rank runs this: it joins the
+    process group (:func:`headprobe.analyses.distributed.init_from_env`), reads the checkpoints,
+    waits for all ranks, and runs ``core.run``, which shards its work. Where ``core`` has
+    ``merge_states`` (its work is sharded by job) every checkpoint in ``--out`` is read and merged
+    -- the one-process one and each rank's of a sharded run with any N, with or without torchrun
+    now -- and each rank saves its own (:func:`~headprobe.probe.io.shard_checkpoint_name`); else
+    rank 0 reads and saves the one checkpoint and hands the state to the others. Only rank 0
+    prints, writes the outputs and removes the checkpoints.
+
     Raises:
         HeadprobeError: bad settings, a bad ``--out``, or as ``run``.
     """
@@ -311,24 +320,48 @@ def main_resumable(args: argparse.Namespace, config, core: str, resumed) -> int:
     from dataclasses import asdict
     from pathlib import Path
 
-    from headprobe.probe.io import RunCheckpoint, prepare_output_dir
+    from headprobe.analyses import distributed
+    from headprobe.probe.io import RunCheckpoint, prepare_output_dir, shard_checkpoint_name
 
-    config.preflight()
-    prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
-    checkpoint = RunCheckpoint(args.out, asdict(config))
-    saved = checkpoint.load(args.overwrite)
-    if saved:
-        print(f"resuming from {checkpoint.path} ({resumed(saved)})")
-    t0 = time.perf_counter()
-    model = load_for(config)
-    load_s = time.perf_counter() - t0
-    print(describe_model(model), flush=True)
-    result = importlib.import_module(core).run(model, config, resume=saved, on_save=checkpoint.save)
-    result.load_s = load_s
-    paths = result.save(args.out, overwrite=True)  # ours: only the checkpoint can be there unless --overwrite
-    checkpoint.clear()
-    print()
-    print(result.report())
-    names = [p.name for p in paths]
-    print(f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {Path(args.out)}/")
+    sharded = distributed.init_from_env(config.device)
+    try:
+        main_rank = distributed.is_main()
+        config.preflight()
+        prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
+        key = asdict(config)
+        checkpoint = RunCheckpoint(args.out, key)
+        merge = getattr(importlib.import_module(core), "merge_states", None)
+        if merge is not None:  # every rank reads every checkpoint before any rank writes one
+            found = RunCheckpoint.shards(args.out, key)
+            saved = merge([c.load(args.overwrite) for c in found])
+            if sharded:
+                checkpoint = RunCheckpoint(args.out, key, shard_checkpoint_name(distributed.rank(), distributed.world_size()))
+            on_save = checkpoint.save
+        else:
+            found = [checkpoint]
+            saved = checkpoint.load(args.overwrite) if main_rank or not sharded else None
+            saved = distributed.broadcast_object(saved)
+            on_save = checkpoint.save if main_rank else None
+        distributed.barrier()
+        if saved and main_rank:
+            print(f"resuming from {', '.join(str(c.path) for c in found if c.path.is_file())} ({resumed(saved)})")
+        t0 = time.perf_counter()
+        model = load_for(config)
+        load_s = time.perf_counter() - t0
+        if main_rank:
+            print(describe_model(model) + (f"; sharded over {distributed.world_size()} ranks" if sharded else ""),
+                  flush=True)
+        result = importlib.import_module(core).run(model, config, resume=saved, on_save=on_save, progress=main_rank)
+        result.load_s = load_s
+        if main_rank:
+            paths = result.save(args.out, overwrite=True)  # ours: only checkpoints can be there unless --overwrite
+            for c in RunCheckpoint.shards(args.out, key):
+                c.clear()
+            print()
+            print(result.report())
+            names = [p.name for p in paths]
+            print(f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {Path(args.out)}/")
+        distributed.barrier()
+    finally:
+        distributed.shutdown()
     return 0

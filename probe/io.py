@@ -53,6 +53,13 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
 
 
 CHECKPOINT_NAME = ".headprobe-checkpoint.json"
+CHECKPOINT_GLOB = ".headprobe-checkpoint*.json"
+"""Every checkpoint of a run: :data:`CHECKPOINT_NAME` and the shards of a torchrun run (:func:`shard_checkpoint_name`)."""
+
+
+def shard_checkpoint_name(rank: int, world: int) -> str:
+    """The checkpoint file of rank ``rank`` of a run sharded over ``world`` processes (torchrun)."""
+    return f".headprobe-checkpoint.shard-{rank}-of-{world}.json"
 
 
 def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool, create: bool = True, resumable: bool = False) -> Path:
@@ -72,7 +79,7 @@ def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool, create: boo
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise HeadprobeError(f"output path {out} exists and is not a directory")
-    resuming = resumable and (out / CHECKPOINT_NAME).is_file()
+    resuming = resumable and out.is_dir() and any(p.is_file() for p in out.glob(CHECKPOINT_GLOB))
     if out.is_dir() and any(out.iterdir()) and not overwrite and not resuming:
         raise HeadprobeError(f"output directory {out} is not empty; pass --overwrite to replace its files")
     existing = out if out.is_dir() else next((p for p in out.absolute().parents if p.exists()), None)
@@ -97,12 +104,15 @@ class RunCheckpoint:
     the last saved unit; the results equal those of an uninterrupted run because every unit is
     deterministic. :meth:`clear` removes it once the outputs are written.
 
+    A run sharded over ranks (torchrun) keeps one file per rank, named by :func:`shard_checkpoint_name`
+    (``name``); :meth:`shards` finds them all.
+
     For tests, ``HEADPROBE_KILL_AFTER_SAVES=N`` makes the process kill itself (SIGKILL) right
     after its N-th save, as an interrupted run would die.
     """
 
-    def __init__(self, out: str | os.PathLike[str], key: dict[str, Any]):
-        self.path = Path(out) / CHECKPOINT_NAME
+    def __init__(self, out: str | os.PathLike[str], key: dict[str, Any], name: str = CHECKPOINT_NAME):
+        self.path = Path(out) / name
         self.key = json.loads(json.dumps(key, default=str))
         self._saves = 0
 
@@ -138,6 +148,12 @@ class RunCheckpoint:
     def clear(self) -> None:
         if self.path.exists():
             self.path.unlink()
+
+    @classmethod
+    def shards(cls, out: str | os.PathLike[str], key: dict[str, Any]) -> list[RunCheckpoint]:
+        """Every checkpoint file in ``out`` (the one-process one and every rank's of any sharded
+        run), sorted by name."""
+        return [cls(out, key, p.name) for p in sorted(Path(out).glob(CHECKPOINT_GLOB)) if p.is_file()]
 
 
 def package_versions() -> dict[str, str]:

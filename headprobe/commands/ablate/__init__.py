@@ -26,11 +26,19 @@ from headprobe.probe.heads import ABLATION_KINDS, Head, all_heads, format_head, 
 
 HELP = "exact single-head ablation effect of every head (natural text, induction task), gradient importance, CSV + heatmaps"
 
+EPILOG = """\
+sharded over processes (torch.distributed, gloo on CPU, NCCL with one GPU per process):
+  torchrun --nproc-per-node 2 -m headprobe ablate --out out/ [flags as above]
+  Each rank sweeps its share of the heads and of the gradient batch; rank 0 writes the same
+  files as one process. Killed? Run the same command again: each rank keeps its own checkpoint
+  in --out (.headprobe-checkpoint.shard-R-of-N.json) and only missing head ablations are redone.
+"""
+
 _CORE = ("run", "ablate", "AblateResult", "TaskResult", "checkpointed_sweep", "CHUNK_LAYERS", "TOP_N")
 """Names of :mod:`headprobe.commands.ablate.core`, the computation, imported on first use (it needs
 torch; this module, the settings and the flags, does not)."""
 
-__all__ = ["HELP", "TASKS", "AblateConfig", "add_arguments", "config_from_args", "main", *_CORE]
+__all__ = ["HELP", "EPILOG", "TASKS", "AblateConfig", "add_arguments", "config_from_args", "main", *_CORE]
 
 
 def __getattr__(name: str):

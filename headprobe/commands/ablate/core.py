@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from headprobe import options
+from headprobe.analyses import distributed
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
     SweepResult, capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, top_heads,
@@ -54,26 +55,52 @@ def checkpointed_sweep(model, tokens, heads, kind, mean_z, source_tokens, first,
                        desc: str = "ablation sweep", progress: bool = True) -> SweepResult:
     """:func:`~headprobe.analyses.ablation.exact_sweep` in chunks of :data:`CHUNK_LAYERS` layers, recording
     each chunk's losses in ``done`` (``{"clean": float, "loss": {"layer.head": float}}``) and
-    calling ``save()`` after it; chunks already in ``done`` are skipped. Every chunk is
-    deterministic, so a resumed sweep equals an uninterrupted one."""
+    calling ``save()`` after it; heads already in ``done`` are skipped. Every chunk is
+    deterministic, so a resumed sweep equals an uninterrupted one.
+
+    Under ``torchrun`` (:mod:`headprobe.analyses.distributed`) each rank sweeps its slice
+    (:func:`~headprobe.analyses.distributed.shard_of`) of the heads not yet in ``done`` (which
+    must be the same on every rank when the call starts), saving only its own progress, and the
+    ranks' losses are then gathered into every rank's ``done``: the result is the one-process
+    sweep's (to float rounding, < 1e-6 nats; the heads sharing a batched pass differ)."""
     from tqdm.auto import tqdm
 
     spec = model.spec
+    todo = [h for h in heads if format_head(h) not in done["loss"]]
+    mine = set(distributed.shard_of(todo))
     layers = sorted({layer for layer, _ in heads})
-    chunks = [[h for h in heads if h[0] in layers[i:i + CHUNK_LAYERS]] for i in range(0, len(layers), CHUNK_LAYERS)]
-    for chunk in tqdm(chunks, desc=desc, unit="chunk", disable=not progress):
-        if all(format_head(h) in done["loss"] for h in chunk):
-            continue
+    chunks = [[h for h in heads if h[0] in layers[i:i + CHUNK_LAYERS] and h in mine]
+              for i in range(0, len(layers), CHUNK_LAYERS)]
+    for chunk in tqdm([c for c in chunks if c], desc=desc, unit="chunk", disable=not progress):
         part = exact_sweep(model, tokens, heads=chunk, kind=kind, mean_z=mean_z, source_tokens=source_tokens,
                            first=first, max_batch=max_batch)
         done["clean"] = part.clean_loss
         done["loss"].update({format_head(h): float(part.loss[h]) for h in chunk})
         save()
+    if distributed.active():
+        parts = distributed.all_gather_objects(done)
+        for part in parts:
+            done["loss"].update(part["loss"])
+        done["clean"] = next((p["clean"] for p in parts if p["clean"] is not None), None)
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     for name, value in done["loss"].items():
         layer, head = map(int, name.split("."))
         loss[layer, head] = value
     return SweepResult(done["clean"], loss, kind)
+
+
+def merge_states(states: list[dict]) -> dict:
+    """One resumable state from the checkpoints of a sharded run (one per rank, plus any
+    one-process checkpoint): each task's swept heads, united (every head's loss is the same
+    whichever rank swept it). Used by :func:`headprobe.options.main_resumable` under torchrun."""
+    merged: dict = {}
+    for state in states:
+        for task, done in state.items():
+            into = merged.setdefault(task, {"clean": None, "loss": {}})
+            into["loss"].update(done.get("loss", {}))
+            if into["clean"] is None:
+                into["clean"] = done.get("clean")
+    return merged
 
 
 MIN_RANKED_HEADS = 8
@@ -105,6 +132,8 @@ class AblateResult:
         natural, repeated: the token sets (natural: both halves).
         device: where the model ran. self_check: the model's load-time self-check.
         run_s: seconds of :func:`run`; load_s: seconds loading the model (set by the caller that loaded it).
+        swept: head ablations this run computed (both tasks, all ranks; the rest came from a checkpoint).
+        ranks: processes the sweep was sharded over (1 without torchrun).
     """
 
     config: AblateConfig
@@ -118,6 +147,8 @@ class AblateResult:
     self_check: dict
     run_s: float
     load_s: float = 0.0
+    swept: int = 0
+    ranks: int = 1
 
     def summary(self) -> dict:
         """summary.json's content (as a dict; package versions included)."""
@@ -182,6 +213,9 @@ class AblateResult:
             lines.append(f"{task:<10} top heads by Δ loss: {tops}; Spearman with exact sweep: importance vs |Δ| "
                          f"{r['gradient_importance_vs_abs_effect']} (signed {r['gradient_importance']}), "
                          f"attribution {r['attribution_patching']}")
+        resumed = sum(len(r.effect[np.isfinite(r.effect)]) for r in t.values()) - self.swept
+        lines.append(f"head ablations: {self.swept} swept on {self.ranks} rank{'s' * (self.ranks > 1)}, "
+                     f"{resumed} resumed from a checkpoint")
         lines.append(f"top induction-score heads: {', '.join(s['top_induction_score_heads'][:5])}")
         lines.append("timings: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items()))
         return "\n".join(lines)
@@ -199,6 +233,11 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
             its finished chunks are not recomputed. Updated in place.
         on_save: called with the whole state after every finished chunk (e.g. :meth:`RunCheckpoint.save`).
         progress: show progress bars.
+
+    Under ``torchrun`` (a process group set up by :func:`headprobe.analyses.distributed.init_from_env`)
+    every rank calls this with the same ``resume``: the sweep's heads are sharded over the ranks
+    (:func:`checkpointed_sweep`), the gradient scores are data-parallel over the batch
+    (:func:`~headprobe.analyses.ablation.head_importance`), and every rank returns the whole result.
 
     Raises:
         HeadprobeError: the model's self-check forbids head ablation, a head out of range,
@@ -225,11 +264,14 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
         "induction": (repeated.tokens, first_scored("repeated", repeated.start, repeated.period), repeated_src.tokens),
     }
     results: dict[str, TaskResult] = {}
+    swept = 0
     for task, (tokens, first, source) in sets.items():
         src = source if cfg.kind == "resample" else None
         t0 = time.perf_counter()
+        done = saved.setdefault(task, {"clean": None, "loss": {}})
+        swept += sum(format_head(h) not in done["loss"] for h in heads)
         sweep = checkpointed_sweep(model, tokens, heads, cfg.kind, mean_z, src, first, cfg.max_batch,
-                                   saved.setdefault(task, {"clean": None, "loss": {}}), save,
+                                   done, save,
                                    desc=f"ablation sweep ({task})", progress=progress)
         t1 = time.perf_counter()
         grad = head_importance(model, tokens, first, kind=cfg.kind, mean_z=mean_z, source_tokens=src)
@@ -249,7 +291,8 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
         cols[f"{task}_attribution"] = r.attribution.ravel()
     cols["induction_score"] = induction_score.ravel()
     return AblateResult(cfg, spec, pd.DataFrame(cols), results, induction_score, natural, repeated, str(model.device),
-                        model.self_check.to_dict(), time.perf_counter() - t_start)
+                        model.self_check.to_dict(), time.perf_counter() - t_start, swept=swept,
+                        ranks=distributed.world_size())
 
 
 

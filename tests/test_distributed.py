@@ -1,0 +1,104 @@
+"""Issue 13: ``torchrun --nproc-per-node 2 -m headprobe ablate`` on CPU (gloo) shards the exact
+sweep over ranks and the gradient scores over batch rows, and writes the head_ablation.csv a single
+process writes; a killed sharded run resumes from its per-rank checkpoints and re-does only the
+missing head ablations. The reference is a one-process run of the same command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from headprobe.analyses import distributed
+from headprobe.cli import main
+from headprobe.probe.io import CHECKPOINT_GLOB
+
+SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu",
+         "--kind", "resample"]  # 3 and 2 rows: uneven batch shards; resample also splits the source rows
+N_JOBS = 2 * 2 * 8  # tasks x layers x heads of the tiny model
+
+
+def _text(tmp_path):
+    words = " ".join(f"t{(7 * i * i + 3 * i) % 100}" for i in range(2000))
+    p = tmp_path / "text.txt"
+    p.write_text(words)
+    return str(p)
+
+
+def torchrun(*args, nproc=2, env=None):
+    """``torchrun --nproc-per-node nproc -m headprobe ...`` with this Python; (exit code, stdout, stderr)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    env.pop("WORLD_SIZE", None)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                        "--standalone", "-m", "headprobe", *args],
+                       capture_output=True, text=True, env=env, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_dir, tmp_path_factory):
+    """The reference: ``headprobe ablate`` in this (single) process; (argument list, output directory)."""
+    tmp = tmp_path_factory.mktemp("one")
+    args = ["--model", str(tiny_dir), "--text", _text(tmp), *SMALL]
+    assert main(["ablate", *args, "--out", str(tmp / "out")]) == 0
+    return args, tmp / "out"
+
+
+def _assert_same_csv(a, b):
+    a, b = pd.read_csv(a), pd.read_csv(b)
+    assert list(a.columns) == list(b.columns) and len(a) == len(b) == N_JOBS // 2
+    assert a.notna().all().all() and b.notna().all().all()  # every head swept, every score there
+    # loss deltas, importance, attribution: equal to the CSV's 6 decimals
+    np.testing.assert_allclose(a.to_numpy(float), b.to_numpy(float), rtol=0, atol=1e-6 + 1e-12)
+
+
+def test_shards_partition_jobs_and_rows():
+    jobs = [(layer, head) for layer in range(3) for head in range(5)]
+    for world in (1, 2, 3, 4):
+        slices = [distributed.shard_of(jobs, r, world) for r in range(world)]
+        assert sorted(sum(slices, [])) == jobs and max(map(len, slices)) - min(map(len, slices)) <= 1
+        for n in (0, 1, 3, 7):
+            rows = [list(range(n))[distributed.batch_slice(n, r, world)] for r in range(world)]
+            assert sum(rows, []) == list(range(n))  # contiguous, in order, nothing twice
+    # a single process is rank 0 of 1 and never joins a group
+    assert not distributed.active() and distributed.rank() == 0 and distributed.world_size() == 1
+    assert distributed.all_gather_objects({"a": 1}) == [{"a": 1}]
+
+
+def test_killed_sharded_run_resumes_to_the_one_process_csv(one_process, tmp_path):
+    """Two torchrun launches (each ~20 s of process start-up and loading on 2 cores): one killed
+    after its ranks' first checkpoints, then the resumed run, which sweeps the missing heads over
+    both ranks, runs the data-parallel gradient scores on both tasks and must write the one-process
+    CSV. (A fresh sharded run takes the same code path with nothing resumed.)"""
+    args, ref = one_process
+    cut = tmp_path / "cut"
+    rc, _, _ = torchrun("ablate", *args, "--out", str(cut), env={"HEADPROBE_KILL_AFTER_SAVES": "1"})
+    assert rc != 0  # a rank killed itself (SIGKILL) after its first checkpoint; torchrun stopped the other
+    shards = sorted(cut.glob(CHECKPOINT_GLOB))
+    assert shards and all(".shard-" in p.name and p.name.endswith("-of-2.json") for p in shards)
+    assert not (cut / "head_ablation.csv").exists()
+    done = set()
+    for p in shards:
+        for task, state in json.loads(p.read_text())["state"].items():
+            done |= {(task, h) for h in state["loss"]}
+    assert 0 < len(done) < N_JOBS
+    rc, out, err = torchrun("ablate", *args, "--out", str(cut))
+    assert rc == 0, err
+    assert "resuming from" in out and "sharded over 2 ranks" in out
+    assert out.count("wrote head_ablation.csv") == 1  # rank 0 alone prints and writes
+    assert f"head ablations: {N_JOBS - len(done)} swept on 2 ranks, {len(done)} resumed" in out
+    _assert_same_csv(cut / "head_ablation.csv", ref / "head_ablation.csv")
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (ref, cut))
+    assert s1["clean_loss"] == pytest.approx(s2["clean_loss"], abs=1e-6)
+    assert not list(cut.glob(CHECKPOINT_GLOB))
+
+
+def test_ablate_help_shows_torchrun_usage(capsys):
+    assert main(["ablate", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "torchrun --nproc-per-node 2 -m headprobe ablate" in out and ".headprobe-checkpoint.shard-R-of-N.json" in out
