@@ -10,7 +10,9 @@ Tasks (losses in nats/token):
 
 The exact sweep is :func:`headprobe.analyses.ablation.exact_sweep` (fast on the native model); the
 gradient scores come from one forward and one backward pass per task
-(:func:`headprobe.analyses.ablation.head_importance`).
+(:func:`headprobe.analyses.ablation.head_importance`). With ``--estimate atp|attribution|gradient``
+there is no sweep: AtP* (:func:`headprobe.analyses.attribution.atp_star`), attribution patching or
+the gradient importance is written instead, labelled as an estimate.
 """
 
 from __future__ import annotations
