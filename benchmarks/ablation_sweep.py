@@ -17,8 +17,13 @@ then the time of Michel et al.'s gradient importance (one forward + one backward
 :func:`headprobe.analyses.ablation.head_importance`) and its Spearman rank correlation with the size
 ``|effect|`` of the exact sweep's loss changes over the swept heads (the importance is an
 absolute sensitivity; the signed correlation is printed too), and attribution patching's with
-the signed effect. The last
-line reads ``ratio=<x> max_loss_diff=<y> spearman=<z>``. Not a timed test: numbers depend on the
+the signed effect; then AtP* (Kramár et al. 2024, arXiv 2403.00745: attribution patching with
+GradDrop, :func:`headprobe.analyses.attribution.atp_star`), its time and cost in
+forward-equivalents (a backward counted as two forwards), and its Spearman correlations: the
+paper's unsigned estimate with ``|effect|`` and with the signed effect, and the signed AtP*
+(AtP's sign, AtP*'s magnitude) with the signed effect. The last line reads ``ratio=<x>
+max_loss_diff=<y> spearman=<z> atp_spearman=<w>``, ``w`` being the signed AtP* against the signed
+exact effect. Not a timed test: numbers depend on the
 machine and on what else runs on it.
 """
 
@@ -40,6 +45,7 @@ def _sync(device: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from headprobe.analyses.ablation import exact_sweep, head_importance, spearman, sweep_loop
+    from headprobe.analyses.attribution import atp_star, forward_equivalents
     from headprobe.analyses.data import natural_text_tokens
     from headprobe.probe.loading import device_auto, load_checkpoint, wrap
 
@@ -108,7 +114,23 @@ def main(argv: list[str] | None = None) -> None:
           f"{int((effect < 0).sum())} of the {len(heads)} swept heads lower the loss when ablated")
     print(f"Spearman over the {len(heads)} heads: importance vs |exact effect| {rho:.3f} "
           f"(vs the signed effect {rho_signed:.3f}); attribution patching vs the signed effect {rho_attr:.3f}")
-    print(f"ratio={ratio:.2f} max_loss_diff={diff:.2e} spearman={rho:.3f}")
+
+    _sync(device)
+    t0 = time.perf_counter()
+    star = atp_star(native, tokens)
+    _sync(device)
+    t_star = time.perf_counter() - t0
+    fe_star, fe_attr = forward_equivalents("atp", spec.n_layers), forward_equivalents("attribution", spec.n_layers)
+    fe_sweep = 1 + sum((spec.n_layers - l) / spec.n_layers for l, _ in heads)  # clean pass + resumed layers
+    rho_star_abs = spearman(star.estimate[idx[0], idx[1]], effect.abs())
+    rho_star = spearman(star.estimate[idx[0], idx[1]], effect)
+    rho_star_signed = spearman(star.signed[idx[0], idx[1]], effect)
+    print(f"AtP* (GradDrop; the QK fix does not apply to z ablation): {t_star:.2f} s, {fe_star:.0f} forward-equivalents "
+          f"(attribution patching {fe_attr:.0f}, this exact sweep ~{fe_sweep:.0f})")
+    print(f"Spearman over the {len(heads)} heads: AtP* (unsigned) vs |exact effect| {rho_star_abs:.3f}, vs the signed "
+          f"effect {rho_star:.3f}; signed AtP* (AtP's sign) vs the signed effect {rho_star_signed:.3f}; "
+          f"attribution patching vs |effect| {spearman(imp.attribution[idx[0], idx[1]].abs(), effect.abs()):.3f}")
+    print(f"ratio={ratio:.2f} max_loss_diff={diff:.2e} spearman={rho:.3f} atp_spearman={rho_star_signed:.3f}")
 
 
 if __name__ == "__main__":

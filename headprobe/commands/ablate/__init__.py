@@ -10,7 +10,9 @@ Tasks (losses in nats/token):
 
 The exact sweep is :func:`headprobe.analyses.ablation.exact_sweep` (fast on the native model); the
 gradient scores come from one forward and one backward pass per task
-(:func:`headprobe.analyses.ablation.head_importance`).
+(:func:`headprobe.analyses.ablation.head_importance`). With ``--estimate atp|attribution|gradient``
+there is no sweep: AtP* (:func:`headprobe.analyses.attribution.atp_star`), attribution patching or
+the gradient importance is written instead, labelled as an estimate.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ _CORE = ("run", "ablate", "AblateResult", "TaskResult", "checkpointed_sweep", "C
 """Names of :mod:`headprobe.commands.ablate.core`, the computation, imported on first use (it needs
 torch; this module, the settings and the flags, does not)."""
 
-__all__ = ["HELP", "EPILOG", "TASKS", "AblateConfig", "add_arguments", "config_from_args", "main", *_CORE]
+__all__ = ["HELP", "EPILOG", "TASKS", "ESTIMATES", "AblateConfig", "add_arguments", "config_from_args", "main", *_CORE]
 
 
 def __getattr__(name: str):
@@ -50,6 +52,10 @@ def __getattr__(name: str):
 
 
 TASKS = ("natural", "induction")
+ESTIMATES = ("atp", "attribution", "gradient")
+"""``--estimate`` choices (the same as :data:`headprobe.analyses.attribution.ESTIMATORS`, kept here so that
+the flags are checked without importing torch): ``atp`` AtP* with GradDrop (Kramár et al. 2024) signed by
+attribution patching, ``attribution`` plain attribution patching, ``gradient`` Michel et al.'s importance."""
 _ANY = 10**9  # bounds for checking the layer.head syntax alone
 
 
@@ -74,11 +80,14 @@ class AblateConfig(options.ModelRunConfig):
         kind: ablation kind, one of :data:`headprobe.probe.heads.ABLATION_KINDS` (zero, mean, resample).
         heads: heads to sweep, ``"5.1,7.3"`` or ``[(5, 1), (7, 3)]`` (stored as the string); None: all.
         max_batch: sequences per forward pass in the sweep (>= 1).
+        estimate: None: the exact sweep; one of :data:`ESTIMATES`: that gradient estimate of every head's
+            effect instead, with no sweep (for models where the sweep is too slow; labelled as an estimate).
     """
 
     kind: str = "zero"
     heads: str | Sequence[tuple[int, int]] | None = None
     max_batch: int = 64
+    estimate: str | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -86,6 +95,8 @@ class AblateConfig(options.ModelRunConfig):
             raise HeadprobeError(f"--kind {self.kind!r} is not one of {', '.join(ABLATION_KINDS)}")
         if self.max_batch < 1:
             raise HeadprobeError(f"--max-batch must be at least 1, got {self.max_batch}")
+        if self.estimate is not None and self.estimate not in ESTIMATES:
+            raise HeadprobeError(f"--estimate {self.estimate!r} is not one of {', '.join(ESTIMATES)}")
         object.__setattr__(self, "heads", _heads_text(self.heads))
 
     def head_list(self, n_layers: int, n_heads: int) -> list[Head]:
@@ -117,6 +128,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", default=None,
                    help="sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3); default: all")
     p.add_argument("--max-batch", type=positive_int, default=64, help="sequences per forward pass in the sweep (default %(default)s)")
+    p.add_argument("--estimate", default=None, choices=ESTIMATES,
+                   help="no sweep: write a gradient estimate of each head's effect instead (atp: AtP* with GradDrop, "
+                        "~n_layers+2 forward passes; attribution: attribution patching, ~3; gradient: Michel et al.'s "
+                        "unsigned importance, ~3)")
 
 
 def config_from_args(args: argparse.Namespace) -> AblateConfig:

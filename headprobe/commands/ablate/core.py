@@ -19,11 +19,12 @@ from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
     SweepResult, capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, top_heads,
 )
+from headprobe.analyses.attribution import atp_star, forward_equivalents
 from headprobe.analyses.data import TokenSet, read_text_file, task_tokens
 from headprobe.analyses.scoring import score_token_set
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
-from headprobe.commands.ablate import TASKS, AblateConfig
+from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 
@@ -37,6 +38,8 @@ class TaskResult:
         importance: Michel et al.'s gradient importance ``E|dL/dxi_h|``.
         attribution: attribution patching's estimate of each head's effect.
         sweep_s, gradient_s: seconds spent on the sweep and on the gradient scores.
+        estimated: with ``--estimate``: the estimate of each head's effect (``effect`` is then all NaN:
+            nothing was swept); None otherwise.
     """
 
     clean_loss: float
@@ -45,6 +48,7 @@ class TaskResult:
     attribution: np.ndarray
     sweep_s: float
     gradient_s: float
+    estimated: np.ndarray | None = None
 
 
 CHUNK_LAYERS = 5
@@ -152,6 +156,8 @@ class AblateResult:
 
     def summary(self) -> dict:
         """summary.json's content (as a dict; package versions included)."""
+        if self.config.estimate:
+            return self._estimate_summary()
         cfg, spec, results = self.config, self.spec, self.tasks
         return {
             "model": spec.name, "weights_precision": spec.precision, "dtype": cfg.dtype, "device": self.device,
@@ -177,10 +183,43 @@ class AblateResult:
             "versions": package_versions(),
         }
 
+    def _estimate_summary(self) -> dict:
+        """summary.json of an ``--estimate`` run: what was estimated, how, at what cost; no sweep."""
+        cfg, spec, results = self.config, self.spec, self.tasks
+        return {
+            "model": spec.name, "weights_precision": spec.precision, "dtype": cfg.dtype, "device": self.device,
+            "self_check": self.self_check, "ablation": cfg.kind,
+            "estimate": {"method": cfg.estimate, "description": ESTIMATE_LABELS[cfg.estimate],
+                         "exact": False, "signed": cfg.estimate != "gradient",
+                         "units": "nats per unit of head mask" if cfg.estimate == "gradient" else "nats/token",
+                         "forward_equivalents_per_task": forward_equivalents(cfg.estimate, spec.n_layers),
+                         "note": "a gradient estimate of each head's single-head ablation effect, not an exact "
+                                 "ablation; check the heads it ranks high with `headprobe ablate --heads`"},
+            "tokens": {"natural": [cfg.n_natural, int(self.natural.tokens.shape[1])],
+                       "induction": list(self.repeated.tokens.shape), "period": cfg.period,
+                       "natural_source": self.natural.source},
+            "clean_loss": {t: r.clean_loss for t, r in results.items()},
+            "top_heads_by_estimate": {t: [{"head": format_head(h), "estimate": round(float(r.estimated[h]), 5)}
+                                          for h in top_heads(torch.as_tensor(r.estimated), TOP_N)] for t, r in results.items()},
+            "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)],
+            "timings_s": {**{f"{t}_estimate": round(r.gradient_s, 2) for t, r in results.items()},
+                          "total": round(self.run_s + self.load_s, 1)},
+            "config": asdict(cfg),
+            "versions": package_versions(),
+        }
+
     def figures(self) -> dict[str, object]:
-        """``{"ablation_effect": Figure}``: each head's loss increase on both tasks."""
+        """``{"ablation_effect": Figure}``: each head's loss increase on both tasks (or, with
+        ``--estimate``, ``{"ablation_estimate": Figure}``: the estimate, titled as one)."""
         spec = self.spec
         tag = f"{spec.name} ({figs.weights_label(spec.weights)}), {self.config.kind}-ablated"
+        if self.config.estimate:
+            unit = "importance" if self.config.estimate == "gradient" else "estimated Δ loss (nats/token)"
+            fig = figs.ablation_effect_panels(
+                [("natural text", self.tasks["natural"].estimated), ("induction (repeated half)", self.tasks["induction"].estimated)],
+                spec.group_size, f"ESTIMATE ({ESTIMATE_LABELS[self.config.estimate]}), not an exact ablation\n{tag}",
+                cbar_label=unit)
+            return {"ablation_estimate": fig}
         fig = figs.ablation_effect_panels(
             [("natural text", self.tasks["natural"].effect), ("induction (repeated half)", self.tasks["induction"].effect)],
             spec.group_size, f"Loss increase from ablating one head\n{tag}")
@@ -205,6 +244,15 @@ class AblateResult:
         """The terminal summary: clean losses, top heads per task, rank correlations, timings."""
         s = self.summary()
         t = self.tasks
+        if self.config.estimate:
+            lines = [f"ESTIMATE, not an exact ablation: {s['estimate']['description']} "
+                     f"(~{s['estimate']['forward_equivalents_per_task']:.0f} forward passes per task)",
+                     f"clean loss: natural {t['natural'].clean_loss:.3f}, induction {t['induction'].clean_loss:.3f} nats/token"]
+            for task in TASKS:
+                tops = ", ".join(f"{e['head']} ({e['estimate']:+.3f})" for e in s["top_heads_by_estimate"][task][:5])
+                lines.append(f"{task:<10} top heads by estimate: {tops}")
+            lines.append("timings: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items()))
+            return "\n".join(lines)
         lines = [f"clean loss: natural {t['natural'].clean_loss:.3f}, induction {t['induction'].clean_loss:.3f} nats/token"]
         for task in TASKS:
             tops = ", ".join(f"{e['head']} ({e['loss_delta']:+.3f})" for e in s["top_heads_by_loss_delta"][task][:5])
@@ -221,10 +269,39 @@ class AblateResult:
         return "\n".join(lines)
 
 
+ESTIMATE_LABELS = {
+    "atp": "AtP* (Kramár et al. 2024, arXiv 2403.00745): attribution patching with GradDrop, the magnitude "
+           "averaged over dropped layers, signed by attribution patching",
+    "attribution": "attribution patching (Nanda 2023): first-order estimate of the loss change",
+    "gradient": "Michel et al. 2019 gradient importance E|dL/dxi_h| (unsigned)",
+}
+ESTIMATE_COLUMN = {"atp": "atp_star_estimate", "attribution": "attribution_estimate", "gradient": "importance_estimate"}
+"""head_ablation.csv column (after ``<task>_``) of each ``--estimate``: never ``loss_delta``, the exact effect."""
+assert set(ESTIMATE_LABELS) == set(ESTIMATE_COLUMN) == set(ESTIMATES)
+
+
+def _estimate(model, method: str, tokens, first: int, kind: str, mean_z, source, heads) -> TaskResult:
+    """One task's ``--estimate``: the estimator's ``[layer, head]`` values (NaN outside ``heads``)."""
+    spec = model.spec
+    t0 = time.perf_counter()
+    if method == "atp":
+        star = atp_star(model, tokens, first, kind=kind, mean_z=mean_z, source_tokens=source)
+        values, clean = star.signed, star.clean_loss
+    else:
+        grad = head_importance(model, tokens, first, kind=kind, mean_z=mean_z, source_tokens=source)
+        values, clean = (grad.attribution if method == "attribution" else grad.importance), grad.clean_loss
+    keep = torch.zeros(spec.n_layers, spec.n_heads, dtype=torch.bool)
+    keep[tuple(torch.tensor(heads).T)] = True
+    values = torch.where(keep, values.float(), torch.tensor(float("nan"))).numpy()
+    nan = np.full((spec.n_layers, spec.n_heads), np.nan)
+    return TaskResult(clean, nan, nan, nan, 0.0, time.perf_counter() - t0, estimated=values)
+
+
 def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
         progress: bool = True) -> AblateResult:
     """Sweep every head (or ``config.heads``) on both tasks, with gradient importance and
-    attribution patching beside the exact effects (see the module docstring).
+    attribution patching beside the exact effects (see the module docstring); with
+    ``config.estimate``, no sweep: the estimate of every head's effect instead (:func:`_estimate`).
 
     Args:
         model: a :class:`~headprobe.probe.loading.LoadedModel`, used as given.
@@ -267,6 +344,9 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
     swept = 0
     for task, (tokens, first, source) in sets.items():
         src = source if cfg.kind == "resample" else None
+        if cfg.estimate:
+            results[task] = _estimate(model, cfg.estimate, tokens, first, cfg.kind, mean_z, src, heads)
+            continue
         t0 = time.perf_counter()
         done = saved.setdefault(task, {"clean": None, "loss": {}})
         swept += sum(format_head(h) not in done["loss"] for h in heads)
@@ -284,6 +364,12 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
 
     layer, head = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
     cols = {"layer": layer.ravel(), "head": head.ravel(), "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads)}
+    if cfg.estimate:  # the same rows, with columns named as estimates: no exact effect was measured
+        for task, r in results.items():
+            cols[f"{task}_{ESTIMATE_COLUMN[cfg.estimate]}"] = r.estimated.ravel()
+        cols["induction_score"] = induction_score.ravel()
+        return AblateResult(cfg, spec, pd.DataFrame(cols), results, induction_score, natural, repeated,
+                            str(model.device), model.self_check.to_dict(), time.perf_counter() - t_start)
     for task, r in results.items():
         cols[f"{task}_loss_delta"] = r.effect.ravel()
     for task, r in results.items():
