@@ -134,6 +134,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ablation", metavar="DIR2", default=None,
                    help="an ablate run's directory: add its per-head loss increases to the table and maps")
     options.add_model_options(p, default_model=None)
+    next(a for a in p._actions if a.dest == "model").help = (
+        "compute patterns.npz with this model (e.g. smollm2-135m) when DIR, a scan, has none; default: load no model")
     p.add_argument("--pattern-len", type=options.positive_int, default=128,
                    help="with --model: tokens per example in the computed patterns.npz (default %(default)s)")
     p.epilog = ("--model NAME computes patterns.npz when DIR (a scan) has none; without it no model is loaded")
