@@ -138,7 +138,7 @@ def load_patterns(path: str | Path) -> dict[str, dict]:
                 period, start = int(z[f"{name}_period"]), int(z[f"{name}_start"])
             except KeyError as e:
                 raise ValueError(f"{path}: not a headprobe patterns file (missing {e})") from None
-            if pattern.ndim != 4 or pattern.shape[2] != pattern.shape[3] or pattern.shape[2] != len(ids) != len(labels):
+            if pattern.ndim != 4 or pattern.shape[2] != pattern.shape[3] or pattern.shape[2] != len(ids) or len(ids) != len(labels):
                 raise ValueError(f"{path}: {name} pattern of shape {pattern.shape} does not match {len(ids)} tokens")
             if pattern.dtype == np.uint8:  # quantize()'s round(255 p)
                 pattern = pattern.astype(np.float32) / np.float32(255)

@@ -111,6 +111,17 @@ def test_view_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
     rc, _, err = run_cli("view", str(tmp_path))
     assert_one_line_error(rc, err, "head_scores.csv")
     assert not (tmp_path / "index.html").exists()
+    # a patterns file that does not match its tokens, and one that is not an archive at all
+    _table(1, 2, 1).to_csv(tmp_path / "head_scores.csv", index=False)
+    np.savez(tmp_path / "patterns.npz", natural_pattern=np.zeros((1, 2, 3, 3), np.uint8), natural_ids=np.arange(4),
+             natural_labels=np.array(list("abcd")), natural_period=-1, natural_start=0)
+    from headprobe.probe.errors import HeadprobeError
+    with pytest.raises(HeadprobeError, match="does not match 4 tokens"):
+        view.run(view.ViewConfig(dir=str(tmp_path)))
+    (tmp_path / "patterns.npz").write_bytes(b"not a zip")
+    with pytest.raises(HeadprobeError, match="cannot read"):
+        view.run(view.ViewConfig(dir=str(tmp_path)))
+    assert not (tmp_path / "index.html").exists()
 
 
 def test_view_without_patterns_says_so_and_merges_an_ablate_run(tiny_scan_dir, tmp_path):

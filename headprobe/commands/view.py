@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def run(cfg: ViewConfig) -> Path:
     if found["patterns"] is not None:
         try:
             patterns = load_patterns(found["patterns"])
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
             raise HeadprobeError(f"cannot read {found['patterns']}: {e}") from None
     is_scan = found["scores"] is not None
     try:
