@@ -227,6 +227,14 @@ def test_page_in_chromium_on_a_tiny_scan(browser, tiny_scan_dir, tmp_path):
     assert page.locator("#head-table tbody tr:visible").count() == 8
     page.screenshot(path=str(tmp_path / "tiny.png"))
     _assert_offline(page)
+    # the same view inside Jupyter's output: a sandboxed srcdoc iframe
+    nb = browser.new_page(bypass_csp=True)
+    nb.set_content(f"<html><body>{result._repr_html_()}</body></html>")
+    frame = nb.frame_locator("iframe")
+    assert frame.locator("[data-head]").count() == 2 * 8
+    frame.locator('[data-head="0.2"]').click()
+    frame.locator('#pattern[data-head="0.2"]').wait_for(timeout=5000)
+    assert json.loads(frame.locator("#pattern").get_attribute("data-labels")) == result.patterns["natural"]["labels"]
 
 
 def test_a_2048_token_example_stays_responsive(browser, tmp_path):
