@@ -135,7 +135,9 @@ def test_view_without_patterns_says_so_and_merges_an_ablate_run(tiny_scan_dir, t
     t = _table(2, 8, 2)[["layer", "head", "kv_head"]].assign(natural_loss_delta=np.linspace(-0.1, 0.5, 16),
                                                             induction_loss_delta=0.0)
     t.to_csv(abl / "head_ablation.csv", index=False)
-    page = view.run(view.ViewConfig(dir=str(d), ablation=str(abl))).read_text()
+    import headprobe
+
+    page = headprobe.view(d, ablation=abl).read_text()
     data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
     assert data["patterns"] == {} and "patterns.npz is missing" in page
     assert "natural_loss_delta" in data["columns"] and "natural_loss_delta" in [m["column"] for m in data["maps"]]

@@ -130,6 +130,22 @@ def run(cfg: ViewConfig) -> Path:
     return d / PAGE
 
 
+def view(dir: str | Path, *, ablation: str | Path | None = None, model: str | None = None, **load) -> Path:
+    """Write ``dir``/index.html: ``headprobe view`` as a function. Returns the page's path.
+
+    Args:
+        dir: a ``headprobe scan`` or ``headprobe ablate`` output directory.
+        ablation: an ablate run's directory, merged into the table and maps.
+        model: compute patterns.npz with this model where ``dir`` (a scan) has none.
+        **load: ``pattern_len``, ``device``, ``dtype``, ``backend`` (see :class:`ViewConfig`).
+
+    Raises:
+        HeadprobeError: as :func:`run`.
+        TypeError: an unknown keyword.
+    """
+    return run(ViewConfig(dir=str(dir), ablation=None if ablation is None else str(ablation), model=model, **load))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", metavar="DIR", help="output directory of headprobe scan or ablate; index.html is written there")
     p.add_argument("--ablation", metavar="DIR2", default=None,
