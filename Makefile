@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/headprobe scan --model smollm2-135m --out figures/smollm2-135m --overwrite
+	$(BIN)/headprobe scan --model smollm2-135m --out figures/smollm2-135m --overwrite --html
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

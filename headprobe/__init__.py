@@ -9,7 +9,9 @@ The public API (each name is imported on first use, so ``import headprobe`` stay
 
 Every command of the ``headprobe`` CLI is a function here with the same settings as keyword
 arguments (``scan``, ``ablate``, ``prune``, ``budget``, ``train``, ``study``); each returns a
-result object whose ``save(out_dir)`` writes what the command writes.
+result object whose ``save(out_dir)`` writes what the command writes. ``view(dir)`` writes the
+offline viewer page ``dir/index.html`` (as ``headprobe view``); scan and ablate results show it
+in Jupyter.
 
 Subpackages: :mod:`headprobe.probe` (models, hook points, capture, loading, cost formulas),
 :mod:`headprobe.analyses` (detectors, ablation engine, pruning, training, figures) and
@@ -28,6 +30,7 @@ _EXPORTS = {
     "budget": ("headprobe.commands.budget", "budget"),
     "train": ("headprobe.commands.train", "train"),
     "study": ("headprobe.commands.study", "study"),
+    "view": ("headprobe.commands.view", "view"),
     "load_model": ("headprobe.probe.loading", "load_model"),
     "LoadedModel": ("headprobe.probe.loading", "LoadedModel"),
     "Backend": ("headprobe.probe.backend", "Backend"),

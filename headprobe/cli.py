@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "prune": "headprobe.commands.prune",
     "train": "headprobe.commands.train",
     "study": "headprobe.commands.study",
+    "view": "headprobe.commands.view",
 }
 
 

@@ -10,7 +10,9 @@ Pipeline (one model load, a handful of forward passes):
    the clean loss on the repeated half;
 3. for each head type, zero- and mean-ablate its top-k heads, and k random heads (several seeded
    draws, shared by the types judged on the same task), and compare the loss increases;
-4. head_scores.csv, summary.json, heatmaps, example patterns and the ablation figure.
+4. head_scores.csv, summary.json, heatmaps, example patterns and the ablation figure; every head's
+   pattern on the first sequence of each token set (patterns.npz, for ``headprobe view``) and,
+   with ``--html``, the viewer page index.html.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from headprobe.analyses.statistics import bootstrap_ci
 from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
 from headprobe.analyses.detectors import DETECTORS, select_detectors
 from headprobe.analyses.scoring import example_patterns, score_token_set  # noqa: F401 - score_token_set re-exported
+from headprobe.analyses import viewer
 from headprobe.options import positive_int
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
@@ -73,6 +76,8 @@ class ScanConfig:
         verify: ablate each type's top-k heads against random heads (needs the per-head decomposition's self-check); False scores patterns only.
         types: head types to score, verify and draw (names of :data:`~headprobe.analyses.detectors.DETECTORS`, a tuple
             or a comma-separated string, ``-``/``_`` alike); None: all. Stored as the tuple of registry names.
+        pattern_len: every head's pattern on the first ``pattern_len`` tokens of each token set's first
+            sequence is kept for the viewer (patterns.npz, uint8, see :mod:`headprobe.analyses.viewer`); 0: none.
     """
 
     model: str = options.DEFAULT_MODEL
@@ -90,6 +95,7 @@ class ScanConfig:
     backend: str = "auto"
     verify: bool = True
     types: str | Sequence[str] | None = None
+    pattern_len: int = viewer.DEFAULT_PATTERN_LEN
 
     def __post_init__(self):
         object.__setattr__(self, "types", select_detectors(self.types))
@@ -98,6 +104,8 @@ class ScanConfig:
             raise HeadprobeError(f"--n-random must be at least 1, got {self.n_random}")
         if self.k is not None and self.k < 1:
             raise HeadprobeError(f"--top-k must be at least 1, got {self.k}")
+        if self.pattern_len != 0 and self.pattern_len < 2:
+            raise HeadprobeError(f"--pattern-len must be 0 (no patterns.npz) or at least 2, got {self.pattern_len}")
 
     def preflight(self) -> None:
         """Every check the settings alone decide, before a model loads (the text file here).
@@ -155,6 +163,8 @@ class ScanResult:
         warnings: why a task's numbers cannot carry verdicts (unknown text, loss above ln(vocabulary)), one line each.
         score_ci95: column -> ``[2, layer, head]`` 95% bootstrap interval over sequences (columns that are a
             mean over sequences; not ``positional_*``, a most-frequent offset).
+        patterns: every head's pattern on each token set's first sequence (``natural``, ``repeated``;
+            :func:`headprobe.analyses.viewer.head_patterns`), or None (``pattern_len`` 0).
     """
 
     config: ScanConfig
@@ -172,6 +182,7 @@ class ScanResult:
     self_check: dict | None = None
     warnings: list[str] = field(default_factory=list)
     score_ci95: dict[str, np.ndarray] = field(default_factory=dict)
+    patterns: dict | None = None
 
     def summary(self) -> dict:
         """summary.json's content (as a dict; package versions included)."""
@@ -186,15 +197,24 @@ class ScanResult:
         """The short terminal table: top heads per type and the ablation verdicts."""
         return format_report(self)
 
-    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
-        """Write head_scores.csv, the figures (PNG, PDF and SVG) and, last, summary.json into ``out_dir``,
-        each file atomically, so a directory with summary.json in it is complete. Returns the paths.
+    def html(self) -> str:
+        """The viewer page (``headprobe view``'s index.html) of this result: self-contained, offline."""
+        return viewer.build_page(self.table, self.summary(), self.patterns)
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the viewer page, in a sandboxed iframe."""
+        return viewer.notebook_html(self.html())
+
+    def save(self, out_dir: str | Path, overwrite: bool = False, html: bool = False) -> list[Path]:
+        """Write head_scores.csv, the figures (PNG, PDF and SVG), patterns.npz (if kept), with ``html`` the
+        viewer page index.html, and, last, summary.json into ``out_dir``, each file atomically, so a
+        directory with summary.json in it is complete. Returns the paths.
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty and ``overwrite`` is False.
         """
         out = prepare_output_dir(out_dir, overwrite)
-        return write_outputs(self, out)
+        return write_outputs(self, out, html=html)
 
 
 def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet,
@@ -315,6 +335,8 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
 
     best = {name: top_heads(torch.as_tensor(scores[DETECTORS[name].rank_by]), 1)[0] for name in cfg.types}
     examples = example_patterns(model, best, natural, repeated)
+    patterns = (viewer.head_patterns(model, {"natural": natural, "repeated": repeated}, cfg.pattern_len)
+                if cfg.pattern_len else None)
 
     layer, head = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
     dets = [DETECTORS[name] for name in cfg.types]
@@ -331,7 +353,7 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
                   if np.allclose(v.double().mean(0).numpy(), scores[c], atol=1e-5)}  # only where the score is that mean
     return ScanResult(cfg, spec, table, scores, verifications, clean, natural, repeated, examples, timings,
                       device=str(model.device), dtype=str(model.dtype), self_check=model.self_check.to_dict(),
-                      warnings=warnings, score_ci95=score_ci95)
+                      warnings=warnings, score_ci95=score_ci95, patterns=patterns)
 
 
 def unknown_share(model, tokens: TokenSet) -> float:
@@ -462,15 +484,21 @@ def scan_figures(result: ScanResult) -> dict[str, object]:
     return out
 
 
-def write_outputs(result: ScanResult, out: Path) -> list[Path]:
-    """Write head_scores.csv, all figures and, last, summary.json into the existing directory
-    ``out`` (each file atomically), so a directory with summary.json in it is complete."""
+def write_outputs(result: ScanResult, out: Path, html: bool = False) -> list[Path]:
+    """Write head_scores.csv, all figures, patterns.npz (if kept), with ``html`` index.html, and,
+    last, summary.json into the existing directory ``out`` (each file atomically), so a directory
+    with summary.json in it is complete."""
     out = Path(out)
     csv = out / "head_scores.csv"
     write_text(csv, result.table.to_csv(index=False, float_format="%.5f"))
     written = [csv]
     for stem, fig in scan_figures(result).items():
         written += figs.save_figure(fig, out / stem)
+    if result.patterns:
+        written.append(viewer.save_patterns(out / "patterns.npz", result.patterns))
+    if html:
+        write_text(out / "index.html", result.html())
+        written.append(out / "index.html")
     write_json(out / "summary.json", result.summary())
     written.append(out / "summary.json")
     return written
@@ -520,6 +548,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-bos", dest="prepend_bos", action="store_false", help="do not put BOS in front of sequences")
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="score patterns only, without the ablation check (also where a model's per-head decomposition fails its self-check)")
+    p.add_argument("--pattern-len", type=int, default=d.pattern_len, metavar="N",
+                   help="keep every head's pattern on the first N tokens of each example in patterns.npz, "
+                        "for headprobe view (default %(default)s; 0: none)")
+    p.add_argument("--html", action="store_true",
+                   help="also write index.html, the interactive viewer (same as headprobe view OUT afterwards)")
 
 
 def config_from_args(args: argparse.Namespace) -> ScanConfig:
@@ -538,8 +571,9 @@ def main(args: argparse.Namespace) -> int:
     print(options.describe_model(model), flush=True)
     result = run(model, config)
     result.timings["load_s"] = load_s
-    paths = result.save(args.out, args.overwrite)
+    paths = result.save(args.out, args.overwrite, html=args.html)
     print()
     print(result.report())
-    print(f"\nwrote {len(paths)} files to {Path(args.out)}/ (head_scores.csv, summary.json, figures as PNG, PDF and SVG)")
+    extras = (", patterns.npz" if result.patterns else "") + (", index.html" if args.html else "")
+    print(f"\nwrote {len(paths)} files to {Path(args.out)}/ (head_scores.csv, summary.json, figures as PNG, PDF and SVG{extras})")
     return 0

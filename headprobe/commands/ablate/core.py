@@ -225,6 +225,18 @@ class AblateResult:
             spec.group_size, f"Loss increase from ablating one head\n{tag}")
         return {"ablation_effect": fig}
 
+    def html(self) -> str:
+        """The viewer page (``headprobe view``'s index.html) of this sweep: loss-increase maps and the table."""
+        from headprobe.analyses.viewer import build_page
+
+        return build_page(ablation=self.table, ablation_summary=self.summary())
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the viewer page, in a sandboxed iframe."""
+        from headprobe.analyses.viewer import notebook_html
+
+        return notebook_html(self.html())
+
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write head_ablation.csv, ablation_effect.png/pdf and, last, summary.json into ``out_dir``
         (each atomically; a directory holding only a run checkpoint counts as empty). Returns the paths.

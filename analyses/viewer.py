@@ -1,0 +1,300 @@
+"""The interactive head viewer: one self-contained HTML page (``index.html``) over a scan's or an
+ablate run's outputs, and the attention patterns it shows (``patterns.npz``).
+
+The page needs no network: its JavaScript and CSS are inline (``viewer_template.html``, shipped as
+package data), its data sit in a ``<script type="application/json">`` tag, and a
+Content-Security-Policy forbids every fetch. It shows the layer x head score maps (GQA groups
+marked), a clicked head's attention pattern on a ``<canvas>`` with the real tokens on both axes,
+and a sortable table of every head. Pure functions, arrays in, text out; no model needed except by
+:func:`head_patterns`, which computes the patterns a scan saves.
+
+Pattern storage (``patterns.npz``, :func:`save_patterns`): for each example (``natural``: the first
+natural-text sequence of the scan; ``repeated``: the first repeated-random-token sequence,
+``[BOS] r_1..r_S r_1..r_S``) the token ids ``[pos]``, their labels ``[pos]`` and every head's
+pattern ``[layer, head, q_pos, k_pos]``, cut to the first ``max_len`` tokens
+(:data:`DEFAULT_PATTERN_LEN`), quantised to uint8 ``round(255 p)`` (a weight within 0.002 of the
+model's; float16 on request, 5x larger). In the page the same uint8 array is deflate-compressed
+and base64-encoded; the browser inflates it with its built-in ``DecompressionStream``. Sizes for
+SmolLM2-135M (270 heads, 128 + 101 tokens): patterns.npz 1.3 MB, index.html 1.7 MB.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import zlib
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+DEFAULT_PATTERN_LEN = 128
+"""Tokens per example kept in ``patterns.npz`` by default: the scan's natural-text sequence
+length, and more than the repeated example's ``1 + 2 * 50``. 30 layers x 9 heads of SmolLM2 at
+128 tokens take 4.4 MB as uint8 before compression (causal patterns are half zeros)."""
+
+EXAMPLES = ("natural", "repeated")
+"""Example names in ``patterns.npz`` (``natural``: natural text; ``repeated``: repeated random tokens)."""
+
+_ID_COLUMNS = ("layer", "head", "kv_head")
+
+
+def _round(x: float, digits: int = 5) -> float | None:
+    return None if x is None or not np.isfinite(x) else round(float(x), digits)
+
+
+# ----------------------------------------------------------------------------- patterns
+
+
+def head_patterns(model: Any, examples: Mapping[str, Any], max_len: int = DEFAULT_PATTERN_LEN) -> dict[str, dict]:
+    """Every head's attention pattern on the first sequence of each token set, for the viewer.
+
+    Args:
+        model: a :class:`~headprobe.probe.loading.LoadedModel` (either backend).
+        examples: example name (``natural``, ``repeated``) -> :class:`~headprobe.analyses.data.TokenSet`.
+        max_len: keep the first ``max_len`` tokens (>= 2) of each sequence.
+
+    Returns:
+        name -> ``{"ids": int32 [pos], "labels": [pos] str, "pattern": float16 [layer, head, q_pos, k_pos],
+        "period": int or None, "start": int}`` (rows of ``pattern`` sum to 1 up to float16 rounding).
+
+    Raises:
+        ValueError: ``max_len`` below 2.
+        HeadprobeError: as :func:`~headprobe.probe.capture.stream_patterns`.
+    """
+    import torch
+
+    from headprobe.analyses.scoring import token_labels
+    from headprobe.probe.capture import stream_patterns
+
+    if max_len < 2:
+        raise ValueError(f"max_len must be at least 2, got {max_len}")
+    spec = model.spec
+    out: dict[str, dict] = {}
+    for name, ts in examples.items():
+        toks = ts.tokens[:1, :max_len]
+        n = toks.shape[1]
+        kept = np.zeros((spec.n_layers, spec.n_heads, n, n), dtype=np.float16)
+
+        def on_pattern(layer, pattern, kept=kept):
+            kept[layer] = pattern[0].detach().float().cpu().numpy().astype(np.float16)
+
+        with torch.inference_mode():
+            stream_patterns(model, toks, on_pattern)
+        out[name] = {"ids": toks[0].cpu().numpy().astype(np.int32), "labels": token_labels(model, toks[0].cpu()),
+                     "pattern": kept, "period": ts.period, "start": int(ts.start)}
+    return out
+
+
+def quantize(pattern: np.ndarray) -> np.ndarray:
+    """Attention weights in [0, 1] -> uint8 ``round(255 p)`` (absolute error <= 1/510, about 0.002)."""
+    return np.clip(np.rint(np.asarray(pattern, dtype=np.float32) * 255), 0, 255).astype(np.uint8)
+
+
+def save_patterns(path: str | Path, patterns: Mapping[str, dict], dtype: str = "uint8") -> Path:
+    """Write :func:`head_patterns`' result as a compressed ``.npz`` (keys ``<example>_ids``,
+    ``_labels``, ``_pattern``, ``_period`` (-1: none), ``_start``), atomically. Returns the path.
+
+    ``dtype="uint8"`` (default) stores :func:`quantize`'s ``round(255 p)``, the precision the page
+    shows: SmolLM2's 270 heads on 128 + 101 tokens take 1.3 MB instead of 6.7 MB as float16 (whose
+    mantissa noise hardly compresses); ``"float16"`` keeps float16. :func:`load_patterns` reads both.
+    """
+    from headprobe.probe.io import atomic_path
+
+    if dtype not in ("uint8", "float16"):
+        raise ValueError(f"dtype must be uint8 or float16, got {dtype!r}")
+    arrays = {}
+    for name, ex in patterns.items():
+        arrays[f"{name}_ids"] = np.asarray(ex["ids"], dtype=np.int32)
+        arrays[f"{name}_labels"] = np.asarray(ex["labels"], dtype=str)
+        arrays[f"{name}_pattern"] = quantize(ex["pattern"]) if dtype == "uint8" else np.asarray(ex["pattern"], np.float16)
+        arrays[f"{name}_period"] = np.int32(-1 if ex.get("period") is None else ex["period"])
+        arrays[f"{name}_start"] = np.int32(ex.get("start", 0))
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, **arrays)
+    return path
+
+
+def load_patterns(path: str | Path) -> dict[str, dict]:
+    """Read a ``patterns.npz`` written by :func:`save_patterns` (same dict layout as :func:`head_patterns`).
+
+    Raises:
+        ValueError: the file is not such an archive (a missing key, a pattern that is not
+            ``[layer, head, pos, pos]`` or disagrees with its token count).
+    """
+    with np.load(path, allow_pickle=False) as z:
+        names = sorted({k.rsplit("_", 1)[0] for k in z.files if k.endswith("_pattern")})
+        out = {}
+        for name in names:
+            try:
+                pattern = z[f"{name}_pattern"]
+                ids, labels = z[f"{name}_ids"], z[f"{name}_labels"]
+                period, start = int(z[f"{name}_period"]), int(z[f"{name}_start"])
+            except KeyError as e:
+                raise ValueError(f"{path}: not a headprobe patterns file (missing {e})") from None
+            if pattern.ndim != 4 or pattern.shape[2] != pattern.shape[3] or pattern.shape[2] != len(ids) or len(ids) != len(labels):
+                raise ValueError(f"{path}: {name} pattern of shape {pattern.shape} does not match {len(ids)} tokens")
+            if pattern.dtype == np.uint8:  # quantize()'s round(255 p)
+                pattern = pattern.astype(np.float32) / np.float32(255)
+            out[name] = {"ids": ids, "labels": [str(s) for s in labels], "pattern": pattern,
+                         "period": None if period < 0 else period, "start": start}
+    return out
+
+
+def encode_pattern(pattern: np.ndarray) -> str:
+    """``[layer, head, q_pos, k_pos]`` weights in [0, 1] -> base64 of the deflated (zlib) uint8
+    array ``round(255 * p)``, C order: what the page decodes (:func:`decode_pattern` is its inverse)."""
+    q = quantize(pattern)
+    return base64.b64encode(zlib.compress(q.tobytes(), 6)).decode("ascii")
+
+
+def decode_pattern(text: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The inverse of :func:`encode_pattern`: float32 weights (multiples of 1/255) of ``shape``."""
+    return np.frombuffer(zlib.decompress(base64.b64decode(text)), dtype=np.uint8).reshape(shape) / np.float32(255)
+
+
+# ----------------------------------------------------------------------------- page data
+
+
+def _colormap(name: str) -> list[str]:
+    import matplotlib
+
+    rgba = matplotlib.colormaps[name](np.linspace(0, 1, 256))
+    return ["#%02x%02x%02x" % tuple(int(round(c * 255)) for c in row[:3]) for row in rgba]
+
+
+def _score_maps(table: pd.DataFrame) -> list[dict]:
+    """One map entry per drawable score column of head_scores.csv, styled as scan's heatmaps."""
+    from headprobe.analyses.detectors import DETECTORS
+
+    maps = []
+    for det in DETECTORS.values():
+        for style in det.figures:
+            if style.column not in table:
+                continue
+            opts = dict(style.options)
+            maps.append({"column": style.column, "title": style.title, "label": style.label,
+                         "cmap": opts.get("cmap", "viridis"), "vmin": opts.get("vmin", 0.0), "vmax": opts.get("vmax", 1.0),
+                         "example": "repeated" if det.dataset == "repeated" else "natural", "head_type": det.name})
+    return maps
+
+
+def _delta_maps(table: pd.DataFrame) -> list[dict]:
+    """Map entries for an ablate run's loss increases (diverging, centred at 0)."""
+    maps = []
+    for col, example in (("natural_loss_delta", "natural"), ("induction_loss_delta", "repeated")):
+        if col in table:
+            vmax = float(np.nanmax(np.abs(table[col].to_numpy()))) or 1.0
+            maps.append({"column": col, "title": f"{col.split('_')[0]} loss increase when ablated (nats/token)",
+                         "label": "loss increase, nats/token", "cmap": "RdBu_r", "vmin": -vmax, "vmax": vmax,
+                         "example": example, "head_type": None})
+    if "induction_score" in table and not any(m["column"] == "induction_score" for m in maps):
+        maps.append({"column": "induction_score", "title": "induction score", "label": "attention to token after copy",
+                     "cmap": "viridis", "vmin": 0.0, "vmax": 1.0, "example": "repeated", "head_type": "induction"})
+    return maps
+
+
+def _verdicts(summary: Mapping | None) -> list[dict]:
+    """scan's ablation checks, compact: type, kind, task, heads ablated, effect, random mean/max, p, verdict."""
+    rows = []
+    for a in (summary or {}).get("ablations", []):
+        rows.append({"head_type": a["head_type"], "kind": a["kind"], "task": a["task"], "heads": a["top_heads"],
+                     "effect": _round(a["top_effect"], 4), "random_mean": _round(a["random_mean"], 4),
+                     "random_max": _round(a["random_max"], 4), "p_value": _round(a.get("p_value"), 4),
+                     "ci95": [_round(x, 4) for x in a.get("top_effect_ci95") or []],
+                     "confirmed": a["confirmed"],  # None: no verdict (see the summary's warnings)
+                     "verdict": "no verdict" if a["confirmed"] is None else "CONFIRMED" if a["confirmed"] else "not confirmed"})
+    return rows
+
+
+def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = None,
+                patterns: Mapping[str, dict] | None = None, ablation: pd.DataFrame | None = None,
+                ablation_summary: Mapping | None = None, title: str | None = None) -> dict:
+    """The JSON the page reads: layout, maps, table, verdicts, patterns. At least one of ``scores``
+    (head_scores.csv) and ``ablation`` (head_ablation.csv) must be given.
+
+    Args:
+        scores: head_scores.csv as a DataFrame (``layer``, ``head``, ``kv_head``, score columns).
+        summary: scan's summary.json (layout, verdicts with p-values).
+        patterns: :func:`head_patterns` / :func:`load_patterns`' result, or None (the page says so).
+        ablation: head_ablation.csv (``<task>_loss_delta`` etc.); merged into the table by (layer, head).
+        ablation_summary: the ablate run's summary.json.
+        title: the page's heading (default: the model's name).
+
+    Raises:
+        ValueError: neither table given, tables of different head layouts, or patterns whose
+            layer/head counts disagree with the table's.
+    """
+    tables = [t for t in (scores, ablation) if t is not None]
+    if not tables:
+        raise ValueError("nothing to show: need head_scores.csv (scan) or head_ablation.csv (ablate)")
+    table = tables[0].copy()
+    if len(tables) == 2:
+        a = ablation.drop(columns=[c for c in ablation.columns if c in table and c not in ("layer", "head")])
+        if len(a) != len(table):
+            raise ValueError(f"head_scores.csv has {len(table)} heads but head_ablation.csv {len(a)}")
+        table = table.merge(a, on=["layer", "head"], how="left")
+    table = table.sort_values(["layer", "head"]).reset_index(drop=True)
+    n_layers, n_heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    if len(table) != n_layers * n_heads:
+        raise ValueError(f"the table has {len(table)} rows, not one per head of {n_layers} layers x {n_heads} heads")
+    info = dict(summary or ablation_summary or {})
+    layout = dict(info.get("layout") or {})
+    n_kv = int(layout.get("n_kv_heads") or (table["kv_head"].max() + 1 if "kv_head" in table else n_heads))
+    maps = (_score_maps(table) if scores is not None else []) + (_delta_maps(table) if ablation is not None else [])
+    columns = [c for c in table.columns if c not in _ID_COLUMNS]
+    data: dict[str, Any] = {
+        "title": title or info.get("model") or "headprobe",
+        "model": info.get("model"),
+        "weights": info.get("weights_precision"),
+        "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv, "group_size": max(1, n_heads // n_kv),
+        "clean_loss": info.get("clean_loss_nats") or info.get("clean_loss"),
+        "maps": maps,
+        "columns": columns,
+        "rows": [[int(r.layer), int(r.head), int(r.kv_head) if "kv_head" in table else int(r.head) // max(1, n_heads // n_kv),
+                  *[_round(getattr(r, c)) for c in columns]] for r in table.itertuples(index=False)],
+        "verdicts": _verdicts(summary),
+        "warnings": list((summary or {}).get("warnings", [])),
+        "colormaps": {name: _colormap(name) for name in sorted({m["cmap"] for m in maps} | {"viridis", "Blues"})},
+        "patterns": {},
+    }
+    for name, ex in (patterns or {}).items():
+        p = np.asarray(ex["pattern"])
+        if p.shape[:2] != (n_layers, n_heads):
+            raise ValueError(f"{name} patterns are for {p.shape[0]} layers x {p.shape[1]} heads, "
+                             f"the table for {n_layers} x {n_heads}")
+        data["patterns"][name] = {"n": int(p.shape[-1]), "labels": list(ex["labels"]), "period": ex.get("period"),
+                                  "start": int(ex.get("start", 0)), "data": encode_pattern(p)}
+    return data
+
+
+def _template() -> str:
+    return resources.files("headprobe.analyses").joinpath("viewer_template.html").read_text(encoding="utf-8")
+
+
+def render(data: Mapping) -> str:
+    """The page for :func:`viewer_data`'s dict: the template with the JSON inlined (``</`` escaped,
+    so no string in the data can end the script tag)."""
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    return (_template().replace("__TITLE__", html.escape(str(data.get("title", "headprobe"))))
+            .replace("__DATA__", payload))
+
+
+def build_page(scores: pd.DataFrame | None = None, summary: Mapping | None = None,
+               patterns: Mapping[str, dict] | None = None, ablation: pd.DataFrame | None = None,
+               ablation_summary: Mapping | None = None, title: str | None = None) -> str:
+    """The whole self-contained HTML page (arguments and errors as :func:`viewer_data`)."""
+    return render(viewer_data(scores, summary, patterns, ablation, ablation_summary, title))
+
+
+def notebook_html(page: str, height: int = 900) -> str:
+    """``page`` inside an ``<iframe srcdoc>``, for Jupyter's ``_repr_html_``: its script runs
+    isolated from the notebook and from other viewers in it."""
+    return (f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width:100%;height:{height}px;border:0" '
+            f'sandbox="allow-scripts"></iframe>')

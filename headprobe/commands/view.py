@@ -1,0 +1,170 @@
+"""``headprobe view DIR``: write ``DIR/index.html``, one self-contained page (no network: inline
+JavaScript and CSS) over the outputs of ``headprobe scan`` (head_scores.csv, summary.json,
+patterns.npz) or ``headprobe ablate`` (head_ablation.csv, summary.json) in DIR.
+
+It uses whatever is there: the score maps and the table always, the attention patterns when
+``patterns.npz`` exists (else the page says how to get them). ``--model NAME`` computes the
+patterns of a scan directory that has none (the token sets are rebuilt from summary.json's
+settings, so they are the scan's) and writes ``patterns.npz`` first; ``--ablation DIR2`` adds an
+ablate run's per-head loss increases to a scan's table. The page builder is
+:mod:`headprobe.analyses.viewer`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from headprobe import options
+from headprobe.probe.errors import HeadprobeError
+
+HELP = "write DIR/index.html: an interactive, offline page of a scan's (or ablate run's) head scores and patterns"
+
+SCORES, ABLATION, PATTERNS, SUMMARY, PAGE = "head_scores.csv", "head_ablation.csv", "patterns.npz", "summary.json", "index.html"
+
+
+@dataclass(frozen=True)
+class ViewConfig:
+    """Settings of ``headprobe view``.
+
+    Attributes:
+        dir: a directory written by ``headprobe scan`` or ``headprobe ablate``; index.html goes there.
+        ablation: another directory holding an ablate run's head_ablation.csv, merged into the table.
+        model: compute patterns.npz with this model when DIR (a scan) has none; None: never load a model.
+        pattern_len: tokens per example when computing patterns (>= 2).
+        device, dtype, backend: how ``model`` is loaded (see :func:`headprobe.options.load_model_as`).
+    """
+
+    dir: str
+    ablation: str | None = None
+    model: str | None = None
+    pattern_len: int = 128
+    device: str = "auto"
+    dtype: str = "float32"
+    backend: str = "auto"
+
+
+def _read_dir(d: Path) -> dict:
+    """The files of a scan or ablate directory that exist: ``scores``, ``ablation`` (DataFrames),
+    ``summary`` (dict), ``patterns`` (path). Raises HeadprobeError for a missing/unusable directory."""
+    import pandas as pd
+
+    if not d.is_dir():
+        raise HeadprobeError(f"{d} is not a directory (give the --out directory of headprobe scan or ablate)")
+    out: dict = {"scores": None, "ablation": None, "summary": None, "patterns": None}
+    for key, fname in (("scores", SCORES), ("ablation", ABLATION)):
+        if (d / fname).is_file():
+            try:
+                out[key] = pd.read_csv(d / fname)
+            except (OSError, ValueError) as e:
+                raise HeadprobeError(f"cannot read {d / fname}: {e}") from None
+            if not {"layer", "head"} <= set(out[key].columns):
+                raise HeadprobeError(f"{d / fname} has no layer and head columns: not written by headprobe")
+    if out["scores"] is None and out["ablation"] is None:
+        raise HeadprobeError(f"{d} holds neither {SCORES} (headprobe scan) nor {ABLATION} (headprobe ablate)")
+    if (d / SUMMARY).is_file():
+        try:
+            out["summary"] = json.loads((d / SUMMARY).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise HeadprobeError(f"cannot read {d / SUMMARY}: {e}") from None
+    if (d / PATTERNS).is_file():
+        out["patterns"] = d / PATTERNS
+    return out
+
+
+def compute_patterns(cfg: ViewConfig, summary: dict | None, path: Path) -> None:
+    """Load ``cfg.model``, rebuild the scan's token sets from ``summary``'s config and write ``path`` (patterns.npz)."""
+    from headprobe.analyses.data import natural_text_tokens, read_text_file, repeated_random_tokens
+    from headprobe.analyses.viewer import head_patterns, save_patterns
+
+    sc = (summary or {}).get("config")
+    if not sc or "n_natural" not in sc:
+        raise HeadprobeError(f"--model needs the scan's {SUMMARY} (its token settings); {path.parent} has none")
+    if summary.get("model") and cfg.model.lower() != str(summary["model"]).lower() and cfg.model != sc.get("model"):
+        raise HeadprobeError(f"{path.parent} is a scan of {summary['model']}, not of {cfg.model}")
+    model = options.load_model_as(cfg.model, device=cfg.device, dtype=cfg.dtype, backend=cfg.backend,
+                                  prepend_bos=sc.get("prepend_bos", True))
+    text = read_text_file(sc["text"]) if sc.get("text") else None
+    natural = natural_text_tokens(model, sc["n_natural"], sc["seq_len"], sc["seed"], text,
+                                  source=str(sc["text"]) if sc.get("text") else None)
+    repeated = repeated_random_tokens(model, sc["n_repeated"], sc["period"], sc["seed"])
+    save_patterns(path, head_patterns(model, {"natural": natural, "repeated": repeated}, cfg.pattern_len))
+
+
+def run(cfg: ViewConfig) -> Path:
+    """Write ``cfg.dir``/index.html (atomically) and return its path.
+
+    Raises:
+        HeadprobeError: DIR (or --ablation's) missing or without headprobe tables, tables of
+            different head layouts, an unreadable patterns.npz, or as :func:`compute_patterns`.
+    """
+    from headprobe.analyses.viewer import build_page, load_patterns
+    from headprobe.probe.io import write_text
+
+    d = Path(cfg.dir)
+    found = _read_dir(d)
+    if cfg.model and found["patterns"] is None and found["scores"] is not None:
+        compute_patterns(cfg, found["summary"], d / PATTERNS)
+        found["patterns"] = d / PATTERNS
+    extra = _read_dir(Path(cfg.ablation)) if cfg.ablation else None
+    if extra is not None and extra["ablation"] is None:
+        raise HeadprobeError(f"--ablation {cfg.ablation} holds no {ABLATION} (give the --out directory of headprobe ablate)")
+    patterns = None
+    if found["patterns"] is not None:
+        try:
+            patterns = load_patterns(found["patterns"])
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise HeadprobeError(f"cannot read {found['patterns']}: {e}") from None
+    is_scan = found["scores"] is not None
+    try:
+        page = build_page(
+            scores=found["scores"], summary=found["summary"] if is_scan else None, patterns=patterns,
+            ablation=extra["ablation"] if extra else found["ablation"],
+            ablation_summary=extra["summary"] if extra else (None if is_scan else found["summary"]))
+    except ValueError as e:
+        raise HeadprobeError(str(e)) from None
+    write_text(d / PAGE, page)
+    return d / PAGE
+
+
+def view(dir: str | Path, *, ablation: str | Path | None = None, model: str | None = None, **load) -> Path:
+    """Write ``dir``/index.html: ``headprobe view`` as a function. Returns the page's path.
+
+    Args:
+        dir: a ``headprobe scan`` or ``headprobe ablate`` output directory.
+        ablation: an ablate run's directory, merged into the table and maps.
+        model: compute patterns.npz with this model where ``dir`` (a scan) has none.
+        **load: ``pattern_len``, ``device``, ``dtype``, ``backend`` (see :class:`ViewConfig`).
+
+    Raises:
+        HeadprobeError: as :func:`run`.
+        TypeError: an unknown keyword.
+    """
+    return run(ViewConfig(dir=str(dir), ablation=None if ablation is None else str(ablation), model=model, **load))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", metavar="DIR", help="output directory of headprobe scan or ablate; index.html is written there")
+    p.add_argument("--ablation", metavar="DIR2", default=None,
+                   help="an ablate run's directory: add its per-head loss increases to the table and maps")
+    options.add_model_options(p, default_model=None)
+    next(a for a in p._actions if a.dest == "model").help = (
+        "compute patterns.npz with this model (e.g. smollm2-135m) when DIR, a scan, has none; default: load no model")
+    p.add_argument("--pattern-len", type=options.positive_int, default=128,
+                   help="with --model: tokens per example in the computed patterns.npz (default %(default)s)")
+    p.epilog = ("--model NAME computes patterns.npz when DIR (a scan) has none; without it no model is loaded")
+
+
+def main(args: argparse.Namespace) -> int:
+    """``headprobe view``: flags -> config -> run -> print the page's path."""
+    if args.pattern_len < 2:
+        raise HeadprobeError(f"--pattern-len must be at least 2, got {args.pattern_len}")
+    cfg = ViewConfig(dir=args.dir, ablation=args.ablation, model=args.model, pattern_len=args.pattern_len,
+                     device=args.device, dtype=args.dtype, backend=args.backend)
+    path = run(cfg)
+    size = path.stat().st_size
+    print(f"wrote {path} ({size / 1e6:.1f} MB); open it in a browser (works offline, from file://)")
+    return 0

@@ -1,0 +1,283 @@
+"""The head viewer (``headprobe view``, ``scan --html``): the data it stores and embeds, checked
+against the model's own capture and hand-made arrays; and the page itself in headless Chromium
+(driven by Playwright, opened from file://, no request may leave it). The browser tests skip
+only when Playwright or a chromium executable is missing (``.ci/run`` installs Debian's chromium)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from headprobe.analyses import viewer
+from headprobe.commands import view
+from headprobe.commands.scan import ScanConfig, run
+from test_loading import assert_one_line_error, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "figures" / "smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def tiny_scan_dir(tiny_llama_gqa_native, tmp_path_factory):
+    """A scan of the tiny GQA Llama (2 layers x 8 heads, 2 KV heads) without the ablation check,
+    saved with --html and without its figures (both take 20 s here and are tested in test_scan.py)."""
+    g = torch.Generator().manual_seed(0)
+    text = tmp_path_factory.mktemp("text") / "words.txt"
+    text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (800,), generator=g).tolist()), encoding="utf-8")
+    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=3, n_random=2, text=str(text),
+                     verify=False)
+    result = run(tiny_llama_gqa_native, cfg, progress=False)
+    out = tmp_path_factory.mktemp("scan")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("headprobe.commands.scan.scan_figures", lambda result: {})
+        paths = result.save(out, overwrite=True, html=True)
+    assert {p.name for p in paths} == {"head_scores.csv", "patterns.npz", "index.html", "summary.json"}
+    return out, result
+
+
+# ----------------------------------------------------------------------------- data, no browser
+
+
+def test_head_patterns_are_the_models_patterns_and_survive_the_npz(tiny_llama_gqa_native, tiny_scan_dir):
+    from headprobe import capture_heads
+
+    out, result = tiny_scan_dir
+    for name, ts in (("natural", result.natural), ("repeated", result.repeated)):
+        ex = result.patterns[name]
+        cap = capture_heads(tiny_llama_gqa_native, ts.tokens[:1])  # the reference: a plain capture, every layer
+        ref = torch.stack([cap["pattern"][layer][0] for layer in range(2)]).float().numpy()
+        assert ex["pattern"].shape == ref.shape == (2, 8, ts.tokens.shape[1], ts.tokens.shape[1])
+        np.testing.assert_allclose(ex["pattern"].astype(np.float32), ref, atol=1e-3)  # float16
+        assert ex["ids"].tolist() == ts.tokens[0].tolist()
+        assert ex["period"] == ts.period and ex["start"] == ts.start
+    loaded = viewer.load_patterns(out / "patterns.npz")
+    for name in ("natural", "repeated"):
+        assert loaded[name]["labels"] == result.patterns[name]["labels"]
+        err = np.abs(loaded[name]["pattern"] - result.patterns[name]["pattern"].astype(np.float32)).max()
+        assert err <= 1 / 510 + 1e-3  # uint8 quantisation (+ float16 rounding of the in-memory copy)
+
+
+def test_pattern_encoding_round_trips_within_half_a_step():
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(7), size=(2, 3, 7)).astype(np.float32)  # [layer, head, q, k], rows sum to 1
+    back = viewer.decode_pattern(viewer.encode_pattern(p), p.shape)
+    assert np.abs(back - p).max() <= 1 / 510 + 1e-7
+    exact = np.arange(256, dtype=np.float32).reshape(1, 1, 16, 16) / 255
+    np.testing.assert_array_equal(viewer.decode_pattern(viewer.encode_pattern(exact), exact.shape), exact)
+
+
+def _table(n_layers: int, n_heads: int, n_kv: int, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+    return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "kv_head": head.ravel() // (n_heads // n_kv),
+                         "induction": rng.random(n_layers * n_heads), "previous_token": rng.random(n_layers * n_heads)})
+
+
+def test_page_data_keeps_every_head_and_no_label_can_end_the_script():
+    table = _table(3, 4, 2).sample(frac=1, random_state=0)  # rows in any order
+    p = np.full((3, 4, 3, 3), 1 / 3, dtype=np.float32)
+    labels = ["</script><b>", "a", '"q"']
+    check = {"head_type": "induction", "kind": "zero", "task": "repeated", "top_heads": ["2.1", "0.3"], "top_effect": 0.7,
+             "random_mean": 0.1, "random_max": 0.2, "p_value": 1 / 6, "confirmed": True}
+    page = viewer.build_page(table, {"model": "toy", "layout": {"n_kv_heads": 2}, "ablations": [check]},
+                             {"natural": {"labels": labels, "pattern": p, "period": None, "start": 0}})
+    assert page.count("</script>") == 2  # the data tag's and the code's, none from the label
+    data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
+    assert data["patterns"]["natural"]["labels"] == labels
+    assert data["verdicts"] == [{"head_type": "induction", "kind": "zero", "task": "repeated", "heads": ["2.1", "0.3"],
+                                 "effect": 0.7, "random_mean": 0.1, "random_max": 0.2, "p_value": 0.1667, "confirmed": True}]
+    assert (data["n_layers"], data["n_heads"], data["group_size"]) == (3, 4, 2)
+    ref = table.sort_values(["layer", "head"])
+    assert [r[3] for r in data["rows"]] == pytest.approx(ref["induction"].round(5).tolist())
+    assert [m["column"] for m in data["maps"]] == ["previous_token", "induction"]  # the registry's order
+    assert "http" not in re.sub(r'id="headprobe-data">.*?</script>', "", page, flags=re.S).replace("http-equiv", "")
+    with pytest.raises(ValueError, match="layers"):
+        viewer.build_page(table, None, {"natural": {"labels": labels, "pattern": p[:2], "period": None}})
+
+
+def test_view_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
+    rc, _, err = run_cli("view", str(tmp_path / "missing"))
+    assert_one_line_error(rc, err, "not a directory")
+    (tmp_path / "other.txt").write_text("x")
+    rc, _, err = run_cli("view", str(tmp_path))
+    assert_one_line_error(rc, err, "head_scores.csv")
+    assert not (tmp_path / "index.html").exists()
+    # a patterns file that does not match its tokens, and one that is not an archive at all
+    _table(1, 2, 1).to_csv(tmp_path / "head_scores.csv", index=False)
+    np.savez(tmp_path / "patterns.npz", natural_pattern=np.zeros((1, 2, 3, 3), np.uint8), natural_ids=np.arange(4),
+             natural_labels=np.array(list("abcd")), natural_period=-1, natural_start=0)
+    from headprobe.probe.errors import HeadprobeError
+    with pytest.raises(HeadprobeError, match="does not match 4 tokens"):
+        view.run(view.ViewConfig(dir=str(tmp_path)))
+    (tmp_path / "patterns.npz").write_bytes(b"not a zip")
+    with pytest.raises(HeadprobeError, match="cannot read"):
+        view.run(view.ViewConfig(dir=str(tmp_path)))
+    assert not (tmp_path / "index.html").exists()
+
+
+def test_view_without_patterns_says_so_and_merges_an_ablate_run(tiny_scan_dir, tmp_path):
+    out, result = tiny_scan_dir
+    d = tmp_path / "scan"
+    d.mkdir()
+    for f in ("head_scores.csv", "summary.json"):
+        shutil.copy(out / f, d)
+    abl = tmp_path / "ablate"
+    abl.mkdir()
+    t = _table(2, 8, 2)[["layer", "head", "kv_head"]].assign(natural_loss_delta=np.linspace(-0.1, 0.5, 16),
+                                                            induction_loss_delta=0.0)
+    t.to_csv(abl / "head_ablation.csv", index=False)
+    import headprobe
+
+    page = headprobe.view(d, ablation=abl).read_text()
+    data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
+    assert data["patterns"] == {} and "patterns.npz is missing" in page
+    assert "natural_loss_delta" in data["columns"] and "natural_loss_delta" in [m["column"] for m in data["maps"]]
+    assert data["rows"][15][3 + data["columns"].index("natural_loss_delta")] == pytest.approx(0.5)
+
+
+def test_scan_result_shows_the_viewer_in_jupyter(tiny_scan_dir):
+    _, result = tiny_scan_dir
+    html = result._repr_html_()
+    assert html.startswith("<iframe srcdoc=") and "data-head" not in html.split('"')[0]
+    assert "&lt;canvas id=&quot;pattern&quot;" in html
+
+
+# ----------------------------------------------------------------------------- in a real browser
+
+
+def _chromium() -> str | None:
+    for name in (os.environ.get("HEADPROBE_CHROMIUM"), "chromium", "chromium-browser", "google-chrome", "chrome"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no chromium executable found (apt-get install chromium, or set HEADPROBE_CHROMIUM); .ci/run installs it")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def _open(browser, path: Path):
+    """A page at ``path`` (file://) that records every request and every script error."""
+    # bypass_csp: Playwright's waits evaluate strings, which the page's CSP (no eval, no network) forbids;
+    # the request listener below is the check that nothing leaves the page
+    assert "default-src 'none'" in path.read_text(encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1280, "height": 900}, bypass_csp=True)
+    page.requests, page.errors = [], []
+    page.on("request", lambda r: page.requests.append(r.url))
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.goto(path.resolve().as_uri())
+    return page
+
+
+def _assert_offline(page):
+    assert page.requests, "the page itself should be a file: request"
+    bad = [u for u in page.requests if not u.startswith(("file:", "data:", "blob:"))]
+    assert not bad, f"requests left the page: {bad}"
+    assert not page.errors, page.errors
+
+
+def _click_head(page, head: str):
+    page.click(f'[data-head="{head}"]')
+    page.wait_for_function(f'document.getElementById("pattern").dataset.head === "{head}"', timeout=5000)
+    return page.eval_on_selector("#pattern", "c => ({rows: +c.dataset.rows, cols: +c.dataset.cols, start: +c.dataset.start,"
+                                              " example: c.dataset.example, labels: JSON.parse(c.dataset.labels)})")
+
+
+def test_page_in_chromium_on_a_tiny_scan(browser, tiny_scan_dir, tmp_path):
+    out, result = tiny_scan_dir
+    page = _open(browser, out / "index.html")
+    assert page.locator("[data-head]").count() == 2 * 8
+    page.select_option("#map-select", label="induction score")
+    shown = _click_head(page, "1.5")
+    ex = result.patterns["repeated"]
+    n = len(ex["labels"])
+    assert (shown["rows"], shown["cols"], shown["example"]) == (n, n, "repeated")
+    assert shown["labels"] == ex["labels"]
+    # hover one cell: the tooltip shows that head's weight there (quantised to 1/255)
+    q, k = n - 1, n - 1 - 8 + 1
+    box = page.eval_on_selector("#pattern", "c => { const r = c.getBoundingClientRect(); return [r.x, r.y, r.width]; }")
+    cell = (box[2] - 96 - 8) / n
+    page.mouse.move(box[0] + 96 + (k + 0.5) * cell, box[1] + 8 + (q + 0.5) * cell)
+    tip = page.inner_text("#tooltip")
+    assert f"query {q} " in tip and f"key {k} " in tip
+    weight = float(re.search(r"weight ([0-9.]+)", tip).group(1))
+    assert weight == pytest.approx(float(ex["pattern"][1, 5, q, k]), abs=1 / 255)
+    # sorting by a score puts its top head first; the layer filter hides layer 0
+    page.click('#head-table th[data-col="induction"]')
+    first = page.eval_on_selector("#head-table tbody tr", "tr => tr.dataset.row")
+    best = result.table.loc[result.table["induction"].idxmax()]
+    assert first == f"{int(best['layer'])}.{int(best['head'])}"
+    page.fill("#layer-min", "1")
+    assert page.locator("#score-map tbody tr:visible").count() == 1
+    assert page.locator("#head-table tbody tr:visible").count() == 8
+    page.screenshot(path=str(tmp_path / "tiny.png"))
+    _assert_offline(page)
+    # the same view inside Jupyter's output: a sandboxed srcdoc iframe
+    nb = browser.new_page(bypass_csp=True)
+    nb.set_content(f"<html><body>{result._repr_html_()}</body></html>")
+    frame = nb.frame_locator("iframe")
+    assert frame.locator("[data-head]").count() == 2 * 8
+    frame.locator('[data-head="0.2"]').click()
+    frame.locator('#pattern[data-head="0.2"]').wait_for(timeout=5000)
+    assert json.loads(frame.locator("#pattern").get_attribute("data-labels")) == result.patterns["natural"]["labels"]
+
+
+def test_a_2048_token_example_stays_responsive(browser, tmp_path):
+    n, L, H = 2048, 1, 2
+    q = np.arange(n)[:, None]
+    k = np.arange(n)[None, :]
+    p = np.stack([np.where(k == np.maximum(q - 1, 0), 1.0, 0.0), np.where(k <= q, 1.0 / (q + 1), 0.0)])[None]
+    labels = [f"w{i}" for i in range(n)]
+    page_path = tmp_path / "index.html"
+    page_path.write_text(viewer.build_page(_table(L, H, 1), None, {"natural": {"labels": labels, "pattern": p}}))
+    assert page_path.stat().st_size < 200_000  # 8 MB of uint8 weights, deflated
+    page = _open(browser, page_path)
+    t0 = time.perf_counter()
+    shown = _click_head(page, "0.0")
+    first_draw = time.perf_counter() - t0
+    assert shown["rows"] == 128 and shown["labels"] == labels[:128]  # the default window
+    page.eval_on_selector("#win-start", "e => { e.value = 1000; e.dispatchEvent(new Event('input')); }")
+    page.wait_for_function('document.getElementById("pattern").dataset.start === "1000"', timeout=5000)
+    assert page.eval_on_selector("#pattern", "c => JSON.parse(c.dataset.labels)[0]") == "w1000"
+    t0 = time.perf_counter()
+    page.select_option("#win-size", "2048")
+    page.wait_for_function('document.getElementById("pattern").dataset.rows === "2048"', timeout=5000)
+    full_draw = time.perf_counter() - t0
+    assert first_draw < 3 and full_draw < 3, (first_draw, full_draw)
+    _assert_offline(page)
+
+
+@pytest.mark.skipif(not (DEMO / "patterns.npz").exists(), reason="the committed demo's patterns.npz is absent")
+def test_committed_demo_viewer_in_chromium(browser, tmp_path):
+    """The issue's acceptance check on the committed SmolLM2 scan (no model loaded): 270 heads, a
+    click draws that head's pattern with the real tokens. Writes tmp_path/viewer.png."""
+    d = tmp_path / "demo"
+    d.mkdir()
+    for f in ("head_scores.csv", "summary.json", "patterns.npz"):
+        shutil.copy(DEMO / f, d)
+    assert view.run(view.ViewConfig(dir=str(d))) == d / "index.html"
+    page = _open(browser, d / "index.html")
+    assert page.locator("[data-head]").count() == 30 * 9
+    page.select_option("#map-select", label="induction score")
+    shown = _click_head(page, "18.6")
+    ex = viewer.load_patterns(d / "patterns.npz")["repeated"]
+    assert shown["rows"] == len(ex["labels"]) == 101 and shown["labels"] == ex["labels"]
+    page.screenshot(path=str(tmp_path / "viewer.png"))
+    _assert_offline(page)
