@@ -120,3 +120,19 @@ def test_the_interface_check_can_fail():
     fine = "cfg.model\nconfig.model\nargs.model\nmodel.spec.n_layers\nclass AblateConfig:\n    def f(self):\n        self.model\n"
     assert _reaches_into_modules(fine) == []
     assert _reaches_into_modules("class AblateResult:\n    def f(self):\n        self.model.blocks\n") != []
+
+
+def test_every_subpackage_is_installed():
+    """pyproject's explicit package list names every folder with an __init__.py (a missing one is
+    absent from a wheel, though an editable install hides it: ablate and prune once were)."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    tool = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set()
+    for package, folder in tool["package-dir"].items():
+        for init in (root / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(root / folder)
+            found.add(".".join([package, *rel.parts]))
+    assert set(tool["packages"]) == found
