@@ -261,6 +261,7 @@ def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = No
                   *[_round(getattr(r, c)) for c in columns]] for r in table.itertuples(index=False)],
         "verdicts": _verdicts(summary),
         "warnings": list((summary or {}).get("warnings", [])),
+        "selected": (summary or {}).get("selected_head"),  # a head to open the page on (headprobe show)
         "colormaps": {name: _colormap(name) for name in sorted({m["cmap"] for m in maps} | {"viridis", "Blues"})},
         "patterns": {},
     }

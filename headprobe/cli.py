@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "train": "headprobe.commands.train",
     "study": "headprobe.commands.study",
     "view": "headprobe.commands.view",
+    "show": "headprobe.commands.show",
 }
 
 

@@ -1,0 +1,140 @@
+"""``headprobe show --head 18.6 --prompt "..."``: one head's attention pattern on your own text.
+
+Writes ``pattern_<layer.head>.{png,pdf,svg}`` (the pattern with the real tokens on both axes,
+:func:`headprobe.analyses.figures.pattern_plot`) and ``index.html``, the offline viewer
+(:mod:`headprobe.analyses.viewer`) over every head of the model on the same text, opened on the
+head asked for, with each head's previous-token, first-token and positional scores on this text.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from headprobe import options
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.heads import parse_heads
+
+HELP = "draw one head's attention pattern on your own text (PNG/PDF/SVG and an offline HTML page)"
+
+MAX_TOKENS = 1024
+"""Longest prompt accepted: the HTML page keeps every head's pattern (n_layers x n_heads x T^2 bytes)."""
+
+
+@dataclass(frozen=True)
+class ShowConfig:
+    """Settings of ``headprobe show``.
+
+    Attributes:
+        head: ``layer.head`` (or ``L5H1``), checked against the model once it is loaded.
+        prompt: the text (or ``prompt_file``'s content); at most :data:`MAX_TOKENS` tokens.
+        out: output directory.
+        device, dtype, backend, prepend_bos: how the model is loaded.
+    """
+
+    model: str
+    head: str
+    prompt: str
+    out: str
+    device: str = "auto"
+    dtype: str = "float32"
+    backend: str = "auto"
+    prepend_bos: bool = True
+
+
+@dataclass
+class ShowResult:
+    """The head's pattern and where it was written.
+
+    Attributes:
+        head: ``(layer, head)``. pattern: ``[q_pos, k_pos]`` attention weights (float32, rows sum to 1).
+        labels: the tokens' labels. paths: files written.
+    """
+
+    head: tuple[int, int]
+    pattern: object
+    labels: list[str]
+    paths: list[Path]
+
+
+def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
+    """Load the model, capture every head's pattern on the prompt, write the figure and the page.
+
+    Raises:
+        HeadprobeError: an empty or too long prompt, a head outside the model, a model whose
+            self-check forbids patterns, or an output directory that is not empty (without ``overwrite``).
+    """
+    import numpy as np
+    import pandas as pd
+
+    from headprobe.analyses import figures as figs
+    from headprobe.analyses.data import TokenSet
+    from headprobe.analyses.scoring import score_token_set
+    from headprobe.analyses.viewer import build_page, head_patterns
+    from headprobe.probe.heads import format_head
+    from headprobe.probe.io import prepare_output_dir, write_text
+
+    if not cfg.prompt.strip():
+        raise HeadprobeError("the prompt is empty; give --prompt TEXT or --prompt-file FILE")
+    out = prepare_output_dir(cfg.out, overwrite, create=False)
+    model = options.load_model_as(cfg.model, device=cfg.device, dtype=cfg.dtype, backend=cfg.backend,
+                                  prepend_bos=cfg.prepend_bos)
+    model.self_check.require_patterns("attention patterns")
+    spec = model.spec
+    heads = parse_heads(cfg.head, spec.n_layers, spec.n_heads)
+    if len(heads) != 1:
+        raise HeadprobeError(f"show draws one head, got {cfg.head!r}")
+    (layer, head), = heads
+    tokens = model.to_tokens(cfg.prompt)
+    n = tokens.shape[1]
+    if n < 2 or n > min(MAX_TOKENS, spec.n_ctx):
+        raise HeadprobeError(f"the prompt is {n} tokens; show draws 2 to {min(MAX_TOKENS, spec.n_ctx)}")
+    start = int(n > 1 and cfg.prepend_bos and model.tokenizer.bos_token_id is not None
+                and int(tokens[0, 0]) == model.tokenizer.bos_token_id)
+    ts = TokenSet(tokens=tokens, start=start, source="prompt")
+    patterns = head_patterns(model, {"prompt": ts}, max_len=n)
+    scores, _, _ = score_token_set(model, ts, "natural")
+    pattern = patterns["prompt"]["pattern"][layer, head].astype(np.float32)
+    labels = patterns["prompt"]["labels"]
+
+    out = prepare_output_dir(out, overwrite)
+    name = format_head((layer, head))
+    title = f"head {name}, {spec.name}\nyour prompt ({n} tokens)"
+    paths = figs.save_figure(figs.pattern_plot(pattern, labels, title), out / f"pattern_{name}")
+    L, H = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
+    table = pd.DataFrame({"layer": L.ravel(), "head": H.ravel(),
+                          "kv_head": H.ravel() // max(1, spec.n_heads // spec.n_kv_heads),
+                          **{c: v.numpy().ravel() for c, v in scores.items() if c != "positional_offset"}})
+    summary = {"model": spec.name, "weights_precision": spec.precision,
+               "layout": {"n_layers": spec.n_layers, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads},
+               "selected_head": name}
+    page = build_page(table, summary, patterns, title=f"{spec.name}: head {name} on your prompt")
+    write_text(out / "index.html", page)
+    return ShowResult((layer, head), pattern, labels, [*paths, out / "index.html"])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    options.add_model_options(p)
+    p.add_argument("--head", required=True, help="the head, as layer.head (e.g. 18.6; L18H6 also accepted)")
+    text = p.add_mutually_exclusive_group(required=True)
+    text.add_argument("--prompt", help="the text to run the model on")
+    text.add_argument("--prompt-file", help="a UTF-8 file holding the text")
+    options.add_output_options(p)
+    p.add_argument("--no-bos", dest="prepend_bos", action="store_false", help="do not put BOS in front of the text")
+
+
+def main(args: argparse.Namespace) -> int:
+    """``headprobe show``: check the head's form and the output directory, load, draw, print the files."""
+    from headprobe.probe.io import prepare_output_dir, read_text_file
+
+    if len(parse_heads(args.head, 10**9, 10**9)) != 1:  # the form, before anything loads; the range once the model is known
+        raise HeadprobeError(f"--head takes one head, got {args.head!r}")
+    prompt = read_text_file(args.prompt_file) if args.prompt_file else args.prompt
+    prepare_output_dir(args.out, args.overwrite, create=False)
+    cfg = ShowConfig(model=args.model, head=args.head, prompt=prompt, out=args.out, device=args.device,
+                     dtype=args.dtype, backend=args.backend, prepend_bos=args.prepend_bos)
+    result = run(cfg, overwrite=args.overwrite)
+    print(f"head {result.head[0]}.{result.head[1]} on {len(result.labels)} tokens; wrote "
+          + ", ".join(str(p) for p in result.paths))
+    return 0

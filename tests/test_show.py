@@ -1,0 +1,41 @@
+"""``headprobe show``: one head's pattern on the user's text, equal to the model's own pattern."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from headprobe.commands.show import ShowConfig, run
+from test_loading import assert_one_line_error, run_cli
+
+PROMPT = "t1 t2 t3 t4 t5 t1 t2 t3 t4 t5"
+
+
+def test_show_draws_the_heads_own_pattern(tiny_dir, tmp_path):
+    import headprobe
+
+    result = run(ShowConfig(model=str(tiny_dir), head="L1H5", prompt=PROMPT, out=str(tmp_path / "o"), device="cpu"))
+    assert result.head == (1, 5)
+    model = headprobe.load_model(str(tiny_dir), quiet=True)
+    tokens = model.to_tokens(PROMPT)
+    ref = headprobe.capture_heads(model, tokens, layers=[1])["pattern"][1][0, 5].float().numpy()
+    np.testing.assert_allclose(result.pattern, ref, atol=1e-3)  # float16 storage of the page's patterns
+    assert len(result.labels) == tokens.shape[1] and result.labels[1] == "t1"
+    names = sorted(p.name for p in result.paths)
+    assert names == ["index.html", "pattern_1.5.pdf", "pattern_1.5.png", "pattern_1.5.svg"]
+    page = (tmp_path / "o" / "index.html").read_text()
+    data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
+    assert data["selected"] == "1.5" and data["n_layers"] * data["n_heads"] == len(data["rows"])
+
+
+def test_show_refuses_bad_heads_and_prompts_in_one_line(tiny_dir, tmp_path):
+    rc, _, err = run_cli("show", "--model", str(tiny_dir), "--head", "7.0", "--prompt", PROMPT, "--out", str(tmp_path / "a"))
+    assert_one_line_error(rc, err, "out of range")
+    assert not (tmp_path / "a").exists()  # nothing half-written
+    rc, _, err = run_cli("show", "--head", "1.1,1.2", "--prompt", "x", "--out", str(tmp_path / "b"))
+    assert_one_line_error(rc, err, "one head")
+    rc, _, err = run_cli("show", "--model", str(tiny_dir), "--head", "1.1", "--prompt", "  ", "--out", str(tmp_path / "c"))
+    assert_one_line_error(rc, err, "prompt is empty")
