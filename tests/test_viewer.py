@@ -87,14 +87,20 @@ def test_page_data_keeps_every_head_and_no_label_can_end_the_script():
     p = np.full((3, 4, 3, 3), 1 / 3, dtype=np.float32)
     labels = ["</script><b>", "a", '"q"']
     check = {"head_type": "induction", "kind": "zero", "task": "repeated", "top_heads": ["2.1", "0.3"], "top_effect": 0.7,
-             "random_mean": 0.1, "random_max": 0.2, "p_value": 1 / 6, "confirmed": True}
+             "random_mean": 0.1, "random_max": 0.2, "p_value": 1 / 6, "confirmed": True, "top_effect_ci95": [0.5, 0.9]}
     page = viewer.build_page(table, {"model": "toy", "layout": {"n_kv_heads": 2}, "ablations": [check]},
                              {"natural": {"labels": labels, "pattern": p, "period": None, "start": 0}})
     assert page.count("</script>") == 2  # the data tag's and the code's, none from the label
     data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
     assert data["patterns"]["natural"]["labels"] == labels
     assert data["verdicts"] == [{"head_type": "induction", "kind": "zero", "task": "repeated", "heads": ["2.1", "0.3"],
-                                 "effect": 0.7, "random_mean": 0.1, "random_max": 0.2, "p_value": 0.1667, "confirmed": True}]
+                                 "effect": 0.7, "random_mean": 0.1, "random_max": 0.2, "p_value": 0.1667,
+                                 "ci95": [0.5, 0.9], "confirmed": True, "verdict": "CONFIRMED"}]
+    no_verdict = {**check, "confirmed": None}
+    page = viewer.build_page(table, {"model": "toy", "ablations": [no_verdict], "warnings": ["natural task: unknown text"]})
+    data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
+    assert data["verdicts"][0]["verdict"] == "no verdict" and data["verdicts"][0]["confirmed"] is None
+    assert data["warnings"] == ["natural task: unknown text"]
     assert (data["n_layers"], data["n_heads"], data["group_size"]) == (3, 4, 2)
     ref = table.sort_values(["layer", "head"])
     assert [r[3] for r in data["rows"]] == pytest.approx(ref["induction"].round(5).tolist())
