@@ -100,7 +100,7 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
 
     out = prepare_output_dir(out, overwrite)
     name = format_head((layer, head))
-    title = f"head {name}, {spec.name}\nyour prompt ({n} tokens)"
+    title = f"head {name}, {spec.name} ({figs.weights_label(spec.weights)})\nyour prompt ({n} tokens)"
     paths = figs.save_figure(figs.pattern_plot(pattern, labels, title), out / f"pattern_{name}")
     L, H = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
     table = pd.DataFrame({"layer": L.ravel(), "head": H.ravel(),

@@ -126,7 +126,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", default="zero", choices=ABLATION_KINDS,
                    help="zero, mean (mean z over other natural-text windows) or resample (z on other inputs)")
     p.add_argument("--heads", default=None,
-                   help="sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3); default: all")
+                   help="sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3; L5H1 also accepted); default: all")
     p.add_argument("--max-batch", type=positive_int, default=64, help="sequences per forward pass in the sweep (default %(default)s)")
     p.add_argument("--estimate", default=None, choices=ESTIMATES,
                    help="no sweep: write a gradient estimate of each head's effect instead (atp: AtP* with GradDrop, "

@@ -270,11 +270,13 @@ class AblateResult:
             tops = ", ".join(f"{e['head']} ({e['loss_delta']:+.3f})" for e in s["top_heads_by_loss_delta"][task][:5])
             rho = s["spearman_with_exact_sweep"][task]
             r = {k: "n/a" if v is None else f"{v:.2f}" for k, v in rho.items()}
+            why = (f" (n/a: fewer than {MIN_RANKED_HEADS} heads swept, too few to rank)"
+                   if any(v is None for v in rho.values()) else "")
             lines.append(f"{task:<10} top heads by Δ loss: {tops}; Spearman with exact sweep: importance vs |Δ| "
                          f"{r['gradient_importance_vs_abs_effect']} (signed {r['gradient_importance']}), "
-                         f"attribution {r['attribution_patching']}")
+                         f"attribution {r['attribution_patching']}{why}")
         resumed = sum(len(r.effect[np.isfinite(r.effect)]) for r in t.values()) - self.swept
-        lines.append(f"head ablations: {self.swept} swept on {self.ranks} rank{'s' * (self.ranks > 1)}, "
+        lines.append(f"head ablations (one per head and task): {self.swept} swept on {self.ranks} rank{'s' * (self.ranks > 1)}, "
                      f"{resumed} resumed from a checkpoint")
         lines.append(f"top induction-score heads: {', '.join(s['top_induction_score_heads'][:5])}")
         lines.append("timings: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items()))
