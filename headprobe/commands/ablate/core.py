@@ -158,14 +158,9 @@ class AblateResult:
         """summary.json's content (as a dict; package versions included)."""
         if self.config.estimate:
             return self._estimate_summary()
-        cfg, spec, results = self.config, self.spec, self.tasks
+        cfg, results = self.config, self.tasks
         return {
-            "model": spec.name, "weights_precision": spec.precision, "dtype": cfg.dtype, "device": self.device,
-            "self_check": self.self_check, "ablation": cfg.kind, "units": "nats/token",
-            "tokens": {"natural": [cfg.n_natural, int(self.natural.tokens.shape[1])],
-                       "induction": list(self.repeated.tokens.shape), "period": cfg.period,
-                       "natural_source": self.natural.source},
-            "clean_loss": {t: r.clean_loss for t, r in results.items()},
+            **self._run_fields(), "units": "nats/token",
             "top_heads_by_loss_delta": {t: [{"head": format_head(h), "loss_delta": round(float(r.effect[h]), 5)}
                                             for h in top_heads(torch.as_tensor(r.effect), TOP_N)] for t, r in results.items()},
             # importance is unsigned (E|dL/dxi|): compared with the effect's size, and with the signed effect
@@ -183,22 +178,30 @@ class AblateResult:
             "versions": package_versions(),
         }
 
+    def _run_fields(self) -> dict:
+        """What summary.json says of the run whether it swept or estimated: model, precision, device,
+        self-check, ablation kind, the token sets and the clean losses."""
+        cfg, spec = self.config, self.spec
+        return {
+            "model": spec.name, "weights_precision": spec.precision, "dtype": cfg.dtype, "device": self.device,
+            "self_check": self.self_check, "ablation": cfg.kind,
+            "tokens": {"natural": [cfg.n_natural, int(self.natural.tokens.shape[1])],
+                       "induction": list(self.repeated.tokens.shape), "period": cfg.period,
+                       "natural_source": self.natural.source},
+            "clean_loss": {t: r.clean_loss for t, r in self.tasks.items()},
+        }
+
     def _estimate_summary(self) -> dict:
         """summary.json of an ``--estimate`` run: what was estimated, how, at what cost; no sweep."""
         cfg, spec, results = self.config, self.spec, self.tasks
         return {
-            "model": spec.name, "weights_precision": spec.precision, "dtype": cfg.dtype, "device": self.device,
-            "self_check": self.self_check, "ablation": cfg.kind,
+            **self._run_fields(),
             "estimate": {"method": cfg.estimate, "description": ESTIMATE_LABELS[cfg.estimate],
                          "exact": False, "signed": cfg.estimate != "gradient",
                          "units": "nats per unit of head mask" if cfg.estimate == "gradient" else "nats/token",
                          "forward_equivalents_per_task": forward_equivalents(cfg.estimate, spec.n_layers),
                          "note": "a gradient estimate of each head's single-head ablation effect, not an exact "
                                  "ablation; check the heads it ranks high with `headprobe ablate --heads`"},
-            "tokens": {"natural": [cfg.n_natural, int(self.natural.tokens.shape[1])],
-                       "induction": list(self.repeated.tokens.shape), "period": cfg.period,
-                       "natural_source": self.natural.source},
-            "clean_loss": {t: r.clean_loss for t, r in results.items()},
             "top_heads_by_estimate": {t: [{"head": format_head(h), "estimate": round(float(r.estimated[h]), 5)}
                                           for h in top_heads(torch.as_tensor(r.estimated), TOP_N)] for t, r in results.items()},
             "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)],
