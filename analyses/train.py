@@ -27,7 +27,7 @@ import math
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -122,6 +122,10 @@ class TrainConfig:
     copy_fraction: float = 0.5
     """``"text+copy"`` only: the fraction of each batch that is copy sequences
     (``round(batch_size * copy_fraction)`` of them), the rest natural text; in [0, 1]."""
+    save_every: int = 0
+    """Keep a snapshot of the weights at step 0 and every ``save_every`` steps (the last step is the
+    final model); 0 keeps none. ``headprobe train`` writes them as checkpoint directories
+    ``checkpoints/step-NNNNNN/`` that ``headprobe scan`` and ``headprobe atlas --checkpoints`` read."""
 
     def validate(self) -> None:
         """Raise :class:`HeadprobeError` (one line) on settings that cannot train."""
@@ -150,6 +154,8 @@ class TrainConfig:
         if self.corpus == "text+copy" and self.n_words != N_CHARS:
             raise HeadprobeError(f"--corpus text+copy uses the {N_CHARS}-character vocabulary: --n-words must be {N_CHARS}, "
                                  f"got {self.n_words}")
+        if self.save_every < 0:
+            raise HeadprobeError(f"--save-every must be 0 (no snapshots) or a positive number of steps, got {self.save_every}")
         if not 0 <= self.copy_fraction <= 1:
             raise HeadprobeError(f"--copy-fraction must be between 0 and 1, got {self.copy_fraction}")
         if self.device not in DEVICES:
@@ -426,6 +432,8 @@ class TrainRun:
         final_scores: ``"induction"`` / ``"previous_token"`` -> ``[layer, head]`` scores at the last step.
         seconds: wall time of the evaluations and steps (model building excluded).
         device: the device it trained on (``"cpu"`` or ``"cuda"``).
+        snapshots: step -> the model's state dict (on the CPU) at that step, for ``save_every > 0``:
+            step 0 (the initialisation) and every ``save_every`` steps; empty otherwise.
     """
 
     config: TrainConfig
@@ -434,6 +442,7 @@ class TrainRun:
     final_scores: dict[str, np.ndarray]
     seconds: float
     device: str
+    snapshots: dict[int, dict[str, Tensor]] = field(default_factory=dict)
 
 
 def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | None = None) -> TrainRun:
@@ -496,8 +505,15 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
         running.clear()
         return row
 
+    snapshots: dict[int, dict[str, Tensor]] = {}
+
+    def snapshot(step: int) -> None:
+        if cfg.save_every and step % cfg.save_every == 0:
+            snapshots[step] = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
     t0 = time.perf_counter()
     rows.append(log_row(0))
+    snapshot(0)
     model.train()
     for step in range(1, cfg.steps + 1):
         if text:
@@ -515,6 +531,7 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
         running.append(float(loss.detach()))
         if not math.isfinite(running[-1]):
             raise HeadprobeError(f"training diverged at step {step} (loss {running[-1]}); lower --lr")
+        snapshot(step)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             rows.append(log_row(step))
             if on_eval is not None:
@@ -525,6 +542,6 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     last = log.iloc[-1]
     final = {kind: np.array([last[f"{kind}_{h}"] for h in heads]).reshape(mcfg.n_layers, mcfg.n_heads)
              for kind in ("induction", "previous_token")}
-    return TrainRun(cfg, loaded, log, final, seconds, device)
+    return TrainRun(cfg, loaded, log, final, seconds, device, snapshots)
 
 

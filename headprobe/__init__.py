@@ -31,6 +31,7 @@ _EXPORTS = {
     "train": ("headprobe.commands.train", "train"),
     "study": ("headprobe.commands.study", "study"),
     "view": ("headprobe.commands.view", "view"),
+    "atlas": ("headprobe.commands.atlas", "atlas"),
     "load_model": ("headprobe.probe.loading", "load_model"),
     "LoadedModel": ("headprobe.probe.loading", "LoadedModel"),
     "Backend": ("headprobe.probe.backend", "Backend"),

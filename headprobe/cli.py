@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "study": "headprobe.commands.study",
     "view": "headprobe.commands.view",
     "show": "headprobe.commands.show",
+    "atlas": "headprobe.commands.atlas",
 }
 
 

@@ -24,10 +24,16 @@ def save_native(model: Any, out: str | Path, extra: dict[str, Any] | None = None
     """Write a native :class:`~headprobe.probe.model.Transformer`'s weights (``headprobe_model.pt``) and
     ``config.json`` (``{"format", "model": TransformerConfig fields, **extra}``) into ``out``,
     atomically. The tokenizer files are the caller's (``tokenizer.save_pretrained(out)``)."""
+    save_native_state(model.state_dict(), model.cfg, out, extra)
+
+
+def save_native_state(state: dict[str, torch.Tensor], cfg: Any, out: str | Path, extra: dict[str, Any] | None = None) -> None:
+    """:func:`save_native` from a state dict and its :class:`~headprobe.probe.model.TransformerConfig`
+    (e.g. a snapshot taken during training) instead of a model."""
     from dataclasses import asdict
 
     from headprobe.probe.io import atomic_path, write_json
 
     with atomic_path(Path(out) / NATIVE_WEIGHTS) as tmp:
-        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
-    write_json(Path(out) / "config.json", {"format": NATIVE_FORMAT, "model": asdict(model.cfg), **(extra or {})})
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, tmp)
+    write_json(Path(out) / "config.json", {"format": NATIVE_FORMAT, "model": asdict(cfg), **(extra or {})})

@@ -205,16 +205,16 @@ class ScanResult:
         """Jupyter shows the viewer page, in a sandboxed iframe."""
         return viewer.notebook_html(self.html())
 
-    def save(self, out_dir: str | Path, overwrite: bool = False, html: bool = False) -> list[Path]:
-        """Write head_scores.csv, the figures (PNG, PDF and SVG), patterns.npz (if kept), with ``html`` the
-        viewer page index.html, and, last, summary.json into ``out_dir``, each file atomically, so a
-        directory with summary.json in it is complete. Returns the paths.
+    def save(self, out_dir: str | Path, overwrite: bool = False, html: bool = False, figures: bool = True) -> list[Path]:
+        """Write head_scores.csv, the figures (PNG, PDF and SVG; not with ``figures=False``), patterns.npz
+        (if kept), with ``html`` the viewer page index.html, and, last, summary.json into ``out_dir``,
+        each file atomically, so a directory with summary.json in it is complete. Returns the paths.
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty and ``overwrite`` is False.
         """
         out = prepare_output_dir(out_dir, overwrite)
-        return write_outputs(self, out, html=html)
+        return write_outputs(self, out, html=html, figures=figures)
 
 
 def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet,
@@ -484,15 +484,15 @@ def scan_figures(result: ScanResult) -> dict[str, object]:
     return out
 
 
-def write_outputs(result: ScanResult, out: Path, html: bool = False) -> list[Path]:
-    """Write head_scores.csv, all figures, patterns.npz (if kept), with ``html`` index.html, and,
-    last, summary.json into the existing directory ``out`` (each file atomically), so a directory
-    with summary.json in it is complete."""
+def write_outputs(result: ScanResult, out: Path, html: bool = False, figures: bool = True) -> list[Path]:
+    """Write head_scores.csv, all figures (unless ``figures`` is False), patterns.npz (if kept), with
+    ``html`` index.html, and, last, summary.json into the existing directory ``out`` (each file
+    atomically), so a directory with summary.json in it is complete."""
     out = Path(out)
     csv = out / "head_scores.csv"
     write_text(csv, result.table.to_csv(index=False, float_format="%.5f"))
     written = [csv]
-    for stem, fig in scan_figures(result).items():
+    for stem, fig in (scan_figures(result) if figures else {}).items():
         written += figs.save_figure(fig, out / stem)
     if result.patterns:
         written.append(viewer.save_patterns(out / "patterns.npz", result.patterns))

@@ -18,7 +18,9 @@ As a library::
 Outputs (``--out``, :meth:`TrainResult.save`): ``train_log.csv`` (one row per evaluation),
 ``summary.json`` (written last: a directory holding it is complete), the figure
 ``training.{png,pdf}`` and a headprobe checkpoint (``headprobe_model.pt``, ``config.json``,
-tokenizer files) that ``headprobe scan --model OUT`` reads.
+tokenizer files) that ``headprobe scan --model OUT`` reads; with ``--save-every N`` also
+``checkpoints/step-NNNNNN/``, the same kind of checkpoint at step 0 and every N steps (for
+``headprobe atlas --checkpoints OUT``: head types over training).
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ import numpy as np
 
 from headprobe.analyses import figures
 from headprobe.analyses.train import (
-    INDUCTION_FORMED, TrainConfig, TrainRun, phase_change_step, train as train_model, training_tokenizer,
+    CORPORA, INDUCTION_FORMED, TrainConfig, TrainRun, phase_change_step, train as train_model, training_tokenizer,
 )
 from headprobe.options import DEVICES, add_output_options, add_seed_option
+from headprobe.probe.checkpoint import NATIVE_WEIGHTS, save_native_state
 from headprobe.probe.hooks import format_head
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 
@@ -114,9 +117,24 @@ class TrainResult(TrainRun):
         self.loaded.save(out, {"train": asdict(self.config)})
         written += [out / "train_log.csv", out / "summary.json", out / "config.json", out / "headprobe_model.pt"]
         written += sorted({Path(f) for f in tokenizer_files if Path(f).is_file()} - set(written))
+        written += self.save_snapshots(out / CHECKPOINTS)
         for name, fig in self.figures().items():
             written += figures.save_figure(fig, out / name)
         write_json(out / "summary.json", summ)  # last: a directory with summary.json is complete
+        return written
+
+    def save_snapshots(self, out_dir: Path) -> list[Path]:
+        """Write every snapshot (``save_every``) as a headprobe checkpoint directory
+        ``out_dir/step-NNNNNN/`` (weights, config.json with the training settings and ``"step"``,
+        tokenizer files), each loadable by ``headprobe.load_model`` like the final model. Returns the paths."""
+        written: list[Path] = []
+        model_cfg = self.config.model_config()
+        for step, state in sorted(self.snapshots.items()):
+            d = out_dir / snapshot_dir_name(step)
+            d.mkdir(parents=True, exist_ok=True)
+            files = self.loaded.tokenizer.save_pretrained(d)
+            save_native_state(state, model_cfg, d, {"train": asdict(self.config), "step": step})
+            written += [d / NATIVE_WEIGHTS, d / "config.json"] + sorted(Path(f) for f in files if Path(f).is_file())
         return written
 
     def report(self) -> str:
@@ -128,6 +146,16 @@ class TrainResult(TrainRun):
                 f"{s['final']['train_loss']:.3f} (chance {s['chance_loss_nats']:.3f}), in-context loss "
                 f"{s['final']['in_context_loss']:+.3f}\n"
                 f"top induction head {s['final']['top_induction_head']} ({s['final']['top_induction_score']:.2f}); {formed}")
+
+
+CHECKPOINTS = "checkpoints"
+"""The subdirectory of a train run's output that holds the snapshots (``--save-every``)."""
+
+
+def snapshot_dir_name(step: int) -> str:
+    """``step-000100``: the directory name of the snapshot taken after ``step`` optimiser steps
+    (zero-padded, so names sort in step order)."""
+    return f"step-{step:06d}"
 
 
 def _print_eval(row: dict, seconds: float) -> None:
@@ -186,6 +214,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between head scores (default %(default)s)")
     p.add_argument("--n-eval", type=int, default=d.n_eval, help="sequences per evaluation set (default %(default)s)")
     p.add_argument("--eval-period", type=int, default=d.eval_period, help="repeated block length for the detectors (default %(default)s)")
+    p.add_argument("--corpus", choices=CORPORA, default=d.corpus,
+                   help="copy: random-token copy sequences only; text+copy: mix in CPython's documentation at character "
+                        "level, so the model can be scanned on natural text (needs --n-words 96) (default %(default)s)")
+    p.add_argument("--save-every", type=int, default=d.save_every,
+                   help="also save the weights at step 0 and every N steps as checkpoints/step-NNNNNN/ "
+                        "(for headprobe atlas --checkpoints; default 0: only the final model)")
     add_seed_option(p, d.seed)
     p.add_argument("--device", default=d.device, choices=DEVICES, help="auto: cuda when a GPU is present, else cpu; trains in float32 (no --dtype: small models train in full precision)")
 

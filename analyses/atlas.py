@@ -1,0 +1,236 @@
+"""The head atlas: every head of many scanned models in one table, and where each head type sits
+by relative depth across them.
+
+Pure functions over what ``headprobe scan`` writes (``head_scores.csv`` and ``summary.json``);
+they load no model. :func:`atlas_rows` turns one scan into rows of the atlas table,
+:func:`depth_plot` draws one head type across the models, :func:`atlas_overview` every type
+side by side (for a paper), :func:`over_training_plot` one model's checkpoints in training order.
+
+Conventions (also in docs/atlas.md): ``relative_depth = layer / (n_layers - 1)`` (0 for a
+one-layer model), so the first layer is 0 and the last is 1 in every model. A head is *top* for a
+type when it is among the ``k`` heads that the scan ablated for that type; its verdict is the
+scan's verdict for that set of heads under :data:`VERDICT_KIND` ablation (the first kind scanned
+when that one was not): ``CONFIRMED``, ``not confirmed`` or ``no verdict``, and empty for heads
+outside the top ``k``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from headprobe.analyses.detectors import DETECTORS
+from headprobe.analyses.figures import COLUMN_WIDTH, PAGE_WIDTH, _figure, _styled
+
+VERDICT_KIND = "zero"
+"""The ablation kind whose verdict the atlas reports per type (zero ablation, the one every type has)."""
+
+VERDICTS = ("CONFIRMED", "not confirmed", "no verdict")
+
+ID_COLUMNS = ("model", "family", "step", "n_layers", "n_heads", "layer", "relative_depth", "head", "kv_head")
+"""The first columns of atlas.csv; the score columns and each type's ``<type>_top`` /
+``<type>_verdict`` follow."""
+
+
+def _verdict(confirmed: bool | None) -> str:
+    return "no verdict" if confirmed is None else "CONFIRMED" if confirmed else "not confirmed"
+
+
+def type_verdicts(summary: dict) -> dict[str, tuple[list[str], str]]:
+    """Head type -> (its top-k heads as ``"L.H"``, the verdict) from a scan's summary.json, for the
+    :data:`VERDICT_KIND` ablation where there is one (else the type's first ablation)."""
+    out: dict[str, tuple[list[str], str]] = {}
+    for v in summary.get("ablations", []):
+        t = v["head_type"]
+        if t not in out or (v["kind"] == VERDICT_KIND and out[t][2] != VERDICT_KIND):
+            out[t] = (list(v["top_heads"]), _verdict(v["confirmed"]), v["kind"])
+    return {t: (heads, verdict) for t, (heads, verdict, _) in out.items()}
+
+
+def head_types(summary: dict) -> list[str]:
+    """The head types a scan scored (its ``config.types``), in :data:`DETECTORS` order."""
+    types = list(summary.get("config", {}).get("types") or [])
+    return sorted(types, key=lambda t: (list(DETECTORS).index(t) if t in DETECTORS else len(DETECTORS), t))
+
+
+def atlas_rows(scores: pd.DataFrame, summary: dict, model: str, family: str, step: int | None = None) -> pd.DataFrame:
+    """One scanned model's rows of the atlas table.
+
+    Args:
+        scores: the scan's head_scores.csv (one row per head: ``layer``, ``head``, ``kv_head``, scores).
+        summary: the scan's summary.json (its ``layout``, ``config.types`` and ``ablations`` are read).
+        model: the model's label in the atlas; family: its architecture family (``llama``, ``bert``, ...).
+        step: the training step of a checkpoint (None for a finished model).
+
+    Returns:
+        a DataFrame with :data:`ID_COLUMNS`, every score column of ``scores``, and per head type
+        ``<type>_top`` (bool) and ``<type>_verdict`` (see the module docstring).
+
+    Raises:
+        ValueError: ``scores`` does not have one row per head of the summary's layout.
+    """
+    n_layers, n_heads = int(summary["layout"]["n_layers"]), int(summary["layout"]["n_heads"])
+    if len(scores) != n_layers * n_heads:
+        raise ValueError(f"{model}: head_scores.csv has {len(scores)} rows, the layout {n_layers}x{n_heads} heads")
+    t = scores.copy()
+    score_cols = [c for c in t.columns if c not in ("layer", "head", "kv_head")]
+    ids = pd.DataFrame({
+        "model": model, "family": family, "step": step if step is not None else pd.NA,
+        "n_layers": n_layers, "n_heads": n_heads, "layer": t["layer"].astype(int),
+        "relative_depth": t["layer"] / max(n_layers - 1, 1), "head": t["head"].astype(int), "kv_head": t["kv_head"].astype(int),
+    })
+    rows = pd.concat([ids, t[score_cols]], axis=1)
+    names = [f"{int(layer)}.{int(head)}" for layer, head in zip(t["layer"], t["head"])]
+    verdicts = type_verdicts(summary)
+    for ht in head_types(summary):
+        top, verdict = verdicts.get(ht, ([], ""))
+        is_top = np.array([n in set(top) for n in names])
+        rows[f"{ht}_top"] = is_top
+        rows[f"{ht}_verdict"] = np.where(is_top, verdict, "")
+    return rows
+
+
+def atlas_table(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The atlas table: the models' :func:`atlas_rows` stacked, columns in a stable order
+    (:data:`ID_COLUMNS`, then score columns, then the ``_top``/``_verdict`` pairs); a column a
+    model lacks (a head type it was not scored on) is empty for it."""
+    table = pd.concat(list(parts), ignore_index=True, sort=False)
+    tail = [c for c in table.columns if c.endswith(("_top", "_verdict"))]
+    scores = [c for c in table.columns if c not in ID_COLUMNS and c not in tail]
+    return table[list(ID_COLUMNS) + scores + tail]
+
+
+def table_types(table: pd.DataFrame) -> list[str]:
+    """The head types with ``_top`` columns in an atlas table, in :data:`DETECTORS` order."""
+    types = [c.removesuffix("_top") for c in table.columns if c.endswith("_top")]
+    return sorted(types, key=lambda t: (list(DETECTORS).index(t) if t in DETECTORS else len(DETECTORS), t))
+
+
+def _rank_column(head_type: str) -> str:
+    return DETECTORS[head_type].rank_by if head_type in DETECTORS else head_type
+
+
+DEPTH_LABEL = "depth (one band per layer, its heads side by side)"
+
+_MARK = {"CONFIRMED": dict(marker="o", filled=True), "not confirmed": dict(marker="o", filled=False),
+         "no verdict": dict(marker="x", filled=True)}
+_COLOR = "#0072B2"  # Okabe-Ito blue
+_GREY = "#9e9e9e"
+
+
+def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str], show_labels: bool) -> None:
+    """One type across the models: row per model, x = relative depth; every head a faint tick,
+    the top-k heads marked by verdict, their size by score."""
+    col = _rank_column(head_type)
+    for y, model in enumerate(labels):
+        m = table[table["model"] == model]
+        if m.empty:
+            continue
+        n_layers, n_heads = int(m["n_layers"].iloc[0]), int(m["n_heads"].iloc[0])
+        # layer L is the band [L, L+1] / n_layers of the depth axis, its heads spread across the band
+        x = (m["layer"].to_numpy() + (m["head"].to_numpy() + 0.5) / n_heads) / n_layers
+        ax.plot([0, 1], [y, y], color="#e0e0e0", lw=0.6, zorder=0)
+        if col not in m or f"{head_type}_top" not in m:
+            ax.text(0.5, y, "not scanned for this type", ha="center", va="center", fontsize=5.5, color=_GREY)
+            continue
+        score = m[col].to_numpy(dtype=float)
+        ax.scatter(x, np.full(len(x), y), s=1.5, color=_GREY, lw=0, zorder=1)
+        top = m[f"{head_type}_top"].fillna(False).to_numpy(dtype=bool)
+        scale = np.nanmax(np.abs(score)) or 1.0
+        for verdict, style in _MARK.items():
+            sel = top & (m[f"{head_type}_verdict"].to_numpy() == verdict)
+            if not sel.any():
+                continue
+            sizes = 6 + 30 * np.clip(np.abs(score[sel]) / scale, 0, 1)
+            if style["filled"]:
+                ax.scatter(x[sel], np.full(sel.sum(), y), s=sizes, marker=style["marker"], color=_COLOR, lw=0.8, zorder=3)
+            else:
+                ax.scatter(x[sel], np.full(sel.sum(), y), s=sizes, marker=style["marker"], facecolors="none",
+                           edgecolors=_COLOR, lw=0.8, zorder=3)
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels if show_labels else [""] * len(labels))
+    ax.set_xticks([0, 0.5, 1], ["first layer", "", "last layer"])
+    ax.set_xlabel(DEPTH_LABEL)
+    ax.set_title(head_type.replace("_", "-"))
+
+
+def _legend_handles() -> list[Line2D]:
+    return [Line2D([], [], marker="o", ls="", color=_COLOR, label="top-k, CONFIRMED"),
+            Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor=_COLOR, label="top-k, not confirmed"),
+            Line2D([], [], marker="x", ls="", color=_COLOR, label="top-k, no verdict"),
+            Line2D([], [], marker="o", ls="", color=_GREY, markersize=2, label="other heads")]
+
+
+def model_labels(table: pd.DataFrame) -> list[str]:
+    """The models of an atlas table in their order of appearance."""
+    return list(dict.fromkeys(table["model"]))
+
+
+@_styled
+def depth_plot(table: pd.DataFrame, head_type: str) -> Figure:
+    """Where ``head_type``'s top-k heads sit by relative depth in each model of ``table``
+    (one row per model; marker = verdict of the type's zero ablation, size = score)."""
+    labels = model_labels(table)
+    fig = _figure(COLUMN_WIDTH, 0.9 + 0.28 * len(labels))
+    ax = fig.subplots()
+    _depth_panel(ax, table, head_type, labels, show_labels=True)
+    ax.set_title(f"{head_type.replace('_', '-')} heads across models")
+    fig.legend(handles=_legend_handles(), loc="outside lower center", ncol=2, frameon=False, fontsize=5.5)
+    return fig
+
+
+@_styled
+def atlas_overview(table: pd.DataFrame, title: str = "Head atlas") -> Figure:
+    """Every head type of ``table`` side by side (page width): the paper figure of the atlas."""
+    labels, types = model_labels(table), table_types(table)
+    fig = _figure(PAGE_WIDTH, 1.0 + 0.3 * len(labels))
+    axes = np.atleast_1d(fig.subplots(1, len(types), sharey=True))
+    for i, (ax, ht) in enumerate(zip(axes, types)):
+        _depth_panel(ax, table, ht, labels, show_labels=i == 0)
+        if i != len(types) // 2:
+            ax.set_xlabel("")
+    fig.legend(handles=_legend_handles(), loc="outside lower center", ncol=4, frameon=False, fontsize=6)
+    fig.suptitle(title)
+    return fig
+
+
+@_styled
+def over_training_plot(table: pd.DataFrame, title: str) -> Figure:
+    """One model's checkpoints (``step`` column) in training order: per head type, the highest
+    score of any head at each step; a filled marker where the scan confirmed the type (zero
+    ablation of its top-k heads), hollow where it did not, a cross where it gave no verdict."""
+    t = table.dropna(subset=["step"]).copy()
+    t["step"] = t["step"].astype(int)
+    types = table_types(t)
+    fig = _figure(COLUMN_WIDTH, 2.3)
+    ax = fig.subplots()
+    colors = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
+    for ht, color in zip(types, colors * 3):
+        col = _rank_column(ht)
+        if col not in t:
+            continue
+        steps = sorted(t["step"].unique())
+        best = [t.loc[t["step"] == s, col].max() for s in steps]
+        verdict = [next(iter(v[v != ""]), "") for v in (t.loc[t["step"] == s, f"{ht}_verdict"] for s in steps)]
+        ax.plot(steps, best, color=color, lw=1, label=ht.replace("_", "-"))
+        for s, b, v in zip(steps, best, verdict):
+            if v == "CONFIRMED":
+                ax.scatter([s], [b], color=color, s=14, zorder=3)
+            elif v == "not confirmed":
+                ax.scatter([s], [b], facecolors="white", edgecolors=color, s=14, zorder=3)
+            elif v == "no verdict":
+                ax.scatter([s], [b], color=color, marker="x", s=14, zorder=3)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("highest score of any head")
+    ax.set_title(title)
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [Line2D([], [], marker="o", ls="", color="k", label="confirmed by ablation"),
+                Line2D([], [], marker="o", ls="", markerfacecolor="white", markeredgecolor="k", label="not confirmed")]
+    ax.legend(handles=handles, fontsize=5.5, frameon=False, loc="best")
+    return fig

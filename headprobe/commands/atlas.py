@@ -1,0 +1,389 @@
+"""``headprobe atlas``: scan many models (or one model's training checkpoints) and show where
+each head type sits across them.
+
+Each model is scanned as ``headprobe scan`` does (one directory per model under ``OUT/models/``,
+with everything scan writes), one after the other, the model freed before the next loads. The
+run is resumable per model: a model whose directory holds a complete scan with the same settings
+(``atlas_scan.json``, written after the scan's files) is not scanned again when the command is
+started again -- after an interruption, or with ``--overwrite`` and more models to add to a
+finished atlas (delete ``OUT/models/NAME`` to force a new scan); a model that fails (not in the cache,
+an architecture the self-check refuses, ...) is recorded with its one-line error in summary.json
+and the others go on. Then it writes ``atlas.csv`` (every head of every model, see
+:mod:`headprobe.analyses.atlas`), one figure per head type (``atlas_<type>``), the overview
+figure ``atlas`` and, for checkpoints, ``over_training``.
+
+Models: names and paths as ``--model`` takes them, plus ``toy``: a small attention-only model that
+headprobe trains first (``headprobe train --corpus text+copy``: CPython's documentation at
+character level mixed with copy sequences, so it can be scanned on natural text), saved under
+``OUT/toy/``. The default list runs offline: ``smollm2-135m``, ``all-minilm-l6-v2`` and ``toy``,
+plus every model of :data:`CACHED_CANDIDATES` that the local Hugging Face cache holds.
+
+``--checkpoints RUN`` scans the snapshots of a ``headprobe train --save-every N`` run
+(``RUN/checkpoints/step-*``, in step order) instead: head types over training.
+
+As a library::
+
+    import headprobe
+    result = headprobe.atlas(models=("smollm2-135m", "toy"), out="atlas")   # AtlasResult
+    result.table            # atlas.csv as a DataFrame
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from headprobe import options
+from headprobe.analyses import atlas as atlas_lib
+from headprobe.analyses import figures
+from headprobe.analyses.detectors import select_detectors
+from headprobe.options import positive_int
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json, write_text
+
+HELP = "scan many models (or a training run's checkpoints) and show where each head type sits across them"
+
+TOY = "toy"
+"""The model name that stands for a small model headprobe trains first (see the module docstring)."""
+DEFAULT_MODELS = ("smollm2-135m", "all-minilm-l6-v2", TOY)
+"""Models of the default atlas that need no network (the first two ship in PyPI wheels)."""
+CACHED_CANDIDATES = (
+    "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2",
+    "EleutherAI/pythia-70m", "EleutherAI/pythia-160m", "EleutherAI/pythia-410m", "EleutherAI/pythia-1b",
+    "Qwen/Qwen2.5-0.5B", "Qwen/Qwen3-0.6B", "meta-llama/Llama-3.2-1B", "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+    "HuggingFaceTB/SmolLM2-360M", "allenai/OLMo-2-0425-1B", "google/gemma-2-2b", "bert-base-uncased",
+)
+"""Models the default atlas adds when the local Hugging Face cache (``HF_HOME``) holds them."""
+
+FAMILIES = {"smollm2-135m": "llama", "all-minilm-l6-v2": "bert", TOY: "headprobe toy"}
+MODELS_DIR, TOY_DIR, TABLE = "models", "toy", "atlas.csv"
+SCAN_KEY = "atlas_scan.json"
+"""Written into a model's directory after its scan: the model and scan settings. A later atlas with
+the same ones reuses that scan instead of running it again."""
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class AtlasConfig:
+    """Settings of an atlas (all recorded in summary.json's ``config``).
+
+    Attributes:
+        models: model names or paths (``toy``: train one first); None: :data:`DEFAULT_MODELS` plus
+            the cached :data:`CACHED_CANDIDATES` (or none with ``checkpoints``).
+        checkpoints: a ``headprobe train --save-every`` output directory: scan its snapshots in step order.
+        n_natural, seq_len, n_repeated, period, text, n_random, k, seed, types, device, dtype, backend, pattern_len: the
+            scan's settings (:class:`headprobe.commands.scan.ScanConfig`), the same for every model;
+            ``n_random`` defaults to 20 here (50 in ``scan``) so the default atlas fits 15 minutes
+            on 2 CPU cores; the p-value of a verdict cannot then go below 1/21.
+        toy_steps: training steps of the ``toy`` model.
+        model_figures: write each model's scan figures too (False: only its head_scores.csv,
+            summary.json, patterns and viewer page; the atlas figures are always written).
+    """
+
+    models: Sequence[str] | str | None = None
+    checkpoints: str | None = None
+    n_natural: int = 8
+    seq_len: int | None = None
+    n_repeated: int = 8
+    period: int | None = None
+    text: str | None = None
+    n_random: int = 20
+    k: int | None = None
+    seed: int = 0
+    types: Sequence[str] | str | None = None
+    device: str = "auto"
+    dtype: str = "float32"
+    backend: str = "auto"
+    pattern_len: int = 64
+    toy_steps: int = 1500
+    model_figures: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.models, str):
+            object.__setattr__(self, "models", tuple(m for m in re.split(r"[,\s]+", self.models) if m))
+        elif self.models is not None:
+            object.__setattr__(self, "models", tuple(self.models))
+        if self.models is not None and not self.models:
+            raise HeadprobeError("--models is empty; name at least one model")
+        object.__setattr__(self, "types", select_detectors(self.types))
+        if self.toy_steps < 1:
+            raise HeadprobeError(f"--toy-steps must be a positive integer, got {self.toy_steps}")
+        self.scan_config("smollm2-135m").preflight()  # the scan's own checks (n_random, k, text file, dtype ...)
+        if self.checkpoints is not None:
+            snapshot_dirs(self.checkpoints)
+
+    def scan_config(self, model: str):
+        """The :class:`~headprobe.commands.scan.ScanConfig` every model is scanned with."""
+        from headprobe.commands.scan import ScanConfig
+
+        return ScanConfig(model=model, n_natural=self.n_natural, seq_len=self.seq_len, n_repeated=self.n_repeated,
+                          period=self.period, text=self.text, n_random=self.n_random,
+                          k=self.k, seed=self.seed, types=self.types, device=self.device, dtype=self.dtype,
+                          backend=self.backend, pattern_len=self.pattern_len)
+
+    def model_list(self) -> list[tuple[str, str, int | None]]:
+        """``(label, model, step)`` of every model to scan, in order: the checkpoints' snapshots
+        (label ``step N``), then the models (or the defaults)."""
+        out: list[tuple[str, str, int | None]] = []
+        if self.checkpoints is not None:
+            out += [(f"step {step}", str(d), step) for step, d in snapshot_dirs(self.checkpoints)]
+        models = self.models if self.models is not None else (() if self.checkpoints else default_models())
+        out += [(m, m, None) for m in models]
+        labels = [label for label, _, _ in out]
+        if len(set(labels)) != len(labels):
+            raise HeadprobeError(f"a model is named twice: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}")
+        return out
+
+
+def default_models() -> tuple[str, ...]:
+    """:data:`DEFAULT_MODELS` plus the :data:`CACHED_CANDIDATES` the local Hugging Face cache holds."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from headprobe.probe.loading import ALIASES
+
+    cached = [m for m in CACHED_CANDIDATES if isinstance(try_to_load_from_cache(ALIASES.get(m, m), "config.json"), str)]
+    return (*DEFAULT_MODELS, *cached)
+
+
+def snapshot_dirs(run: str | Path) -> list[tuple[int, Path]]:
+    """``(step, directory)`` of every snapshot of a ``headprobe train --save-every`` run, in step order.
+
+    Raises:
+        HeadprobeError: ``run`` has no ``checkpoints/step-*`` directories.
+    """
+    root = Path(run) / "checkpoints"
+    found = sorted((int(m.group(1)), d) for d in root.glob("step-*") if d.is_dir() and (m := re.fullmatch(r"step-(\d+)", d.name)))
+    if not found:
+        raise HeadprobeError(f"{run} has no checkpoints/step-* directories; train with headprobe train --save-every N --out {run}")
+    return found
+
+
+def slug(label: str) -> str:
+    """A directory name for a model label (``EleutherAI/pythia-70m`` -> ``EleutherAI_pythia-70m``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_") or "model"
+
+
+def family_of(model: str) -> str:
+    """The architecture family of ``model`` (its config's ``model_type``: ``llama``, ``gpt2``, ``bert``
+    ...), read from its config.json without loading weights; ``unknown`` where there is none."""
+    if model.lower() in FAMILIES:
+        return FAMILIES[model.lower()]
+    path = Path(model).expanduser() / "config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+        return "headprobe toy" if "format" in cfg else str(cfg.get("model_type", "unknown"))
+    except (OSError, ValueError):
+        pass
+    try:
+        from transformers import AutoConfig
+
+        from headprobe.probe.loading import ALIASES
+
+        return AutoConfig.from_pretrained(ALIASES.get(model, model), local_files_only=True).model_type
+    except Exception:  # noqa: BLE001 - not in the cache: the scan will say why
+        return "unknown"
+
+
+@dataclass
+class AtlasResult:
+    """A finished atlas.
+
+    Attributes:
+        config: the settings.
+        table: atlas.csv (see :func:`headprobe.analyses.atlas.atlas_rows`).
+        models: label -> ``{"model", "family", "step", "dir", "status", "seconds"}`` (``status``:
+            ``scanned``, ``resumed`` or ``failed``; failed ones also have ``error``, one line).
+        out: the output directory.
+    """
+
+    config: AtlasConfig
+    table: pd.DataFrame
+    models: dict[str, dict]
+    out: Path
+    seconds: float = 0.0
+    files: list[Path] = field(default_factory=list)
+
+    def figures(self) -> dict[str, object]:
+        """``atlas`` (every type), ``atlas_<type>`` (one per type) and, with checkpoints, ``over_training``."""
+        if self.table.empty:
+            return {}
+        n = self.table["model"].nunique()
+        figs = {"atlas": atlas_lib.atlas_overview(self.table, f"Head atlas: {n} model{'s' if n > 1 else ''}")}
+        figs.update({f"atlas_{t}": atlas_lib.depth_plot(self.table, t) for t in atlas_lib.table_types(self.table)})
+        if self.table["step"].notna().any():
+            figs["over_training"] = atlas_lib.over_training_plot(self.table, "head types over training (real scans)")
+        return figs
+
+    def summary(self) -> dict:
+        """summary.json: settings, every model's status (and error), where each type was confirmed."""
+        confirmed = {}
+        for t in atlas_lib.table_types(self.table):
+            v = self.table[self.table[f"{t}_top"].fillna(False).astype(bool)].groupby("model", sort=False)[f"{t}_verdict"].first()
+            confirmed[t] = {m: v.get(m, "") for m in atlas_lib.model_labels(self.table)}
+        return {"config": asdict(self.config), "models": self.models, "verdicts": confirmed,
+                "verdict_rule": f"each type's verdict is its scan's {atlas_lib.VERDICT_KIND}-ablation verdict of its top-k heads",
+                "relative_depth": "layer / (n_layers - 1)", "seconds": round(self.seconds, 1),
+                "versions": package_versions()}
+
+    def report(self) -> str:
+        lines = []
+        for label, m in self.models.items():
+            lines.append(f"{label:<28} {m['status']:<8} " + (m.get("error", "") if m["status"] == "failed" else f"{m['seconds']:.0f} s"))
+        s = self.summary()["verdicts"]
+        if s:
+            lines.append("")
+            models = atlas_lib.model_labels(self.table)
+            lines.append("verdicts (zero ablation of each type's top-k heads): " + ", ".join(models))
+            for t, per in s.items():
+                lines.append(f"  {t:<16} " + " | ".join(per.get(m, "") or "-" for m in models))
+        return "\n".join(lines)
+
+
+def _train_toy(config: AtlasConfig, out: Path, progress: bool) -> Path:
+    """Train the ``toy`` model into ``out`` (skipped when a finished one is there); returns ``out``."""
+    import tempfile
+
+    from headprobe.analyses.train import N_CHARS, TrainConfig, train, training_tokenizer
+
+    cfg = TrainConfig(corpus="text+copy", n_words=N_CHARS, steps=config.toy_steps, seed=config.seed, device=config.device)
+    done = out / "config.json"
+    if done.is_file() and json.loads(done.read_text(encoding="utf-8")).get("train") == asdict(cfg):
+        return out
+    if progress:
+        print(f"training the toy model ({cfg.steps} steps, text+copy) ...", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        run = train(cfg, training_tokenizer(cfg, tmp))
+    out.mkdir(parents=True, exist_ok=True)
+    run.loaded.tokenizer.save_pretrained(out)
+    run.loaded.save(out, {"train": asdict(cfg)})  # config.json last: the directory is complete
+    return out
+
+
+def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress: bool = True) -> AtlasResult:
+    """Scan every model of ``config`` into ``out`` and write the atlas (see the module docstring).
+
+    Raises:
+        HeadprobeError: bad settings, or ``out`` not writable / holding another run's files
+            without ``overwrite``. A model that fails is recorded, not raised.
+    """
+    from headprobe.commands.scan import run as run_scan
+
+    t_start = time.perf_counter()
+    models = config.model_list()
+    out = prepare_output_dir(out, overwrite, resumable=True)
+    ckpt = RunCheckpoint(out, {k: v for k, v in asdict(config).items() if k != "device"})
+    ckpt.load(overwrite=overwrite)
+    ckpt.save({})  # from now on the directory is resumable without --overwrite
+    records: dict[str, dict] = {}
+    parts = []
+    for label, name, step in models:
+        d = out / MODELS_DIR / slug(label)
+        rec = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
+        key = {"model": name, "scan": json.loads(json.dumps(asdict(config.scan_config(name)), default=str))}
+        saved = _read_json(d / SCAN_KEY) or {}
+        if saved.get("key") == key and (d / "summary.json").is_file():
+            rec.update(status="resumed", seconds=saved.get("seconds", 0.0))
+        else:
+            t0 = time.perf_counter()
+            try:
+                path = str(_train_toy(config, out / TOY_DIR, progress)) if name == TOY else name
+                if progress:
+                    print(f"[{len(records) + 1}/{len(models)}] scanning {label} ...", flush=True)
+                loaded = options.load_for(config.scan_config(path))
+                result = run_scan(loaded, config.scan_config(path), progress=progress)
+                result.save(d, overwrite=True, html=bool(config.pattern_len), figures=config.model_figures)
+                del loaded, result
+                rec.update(status="scanned", seconds=round(time.perf_counter() - t0, 1))
+                write_json(d / SCAN_KEY, {"key": key, "seconds": rec["seconds"]})  # last: this model's scan is complete and reusable
+            except HeadprobeError as e:
+                rec.update(status="failed", seconds=round(time.perf_counter() - t0, 1), error=str(e).splitlines()[0])
+            except Exception as e:  # noqa: BLE001 - one model's crash must not end the atlas; recorded with its type
+                rec.update(status="failed", seconds=round(time.perf_counter() - t0, 1),
+                           error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            finally:
+                gc.collect()
+            if rec["status"] == "failed" and progress:
+                print(f"  {label} failed: {rec['error']}", flush=True)
+        records[label] = rec
+        if rec["status"] != "failed":
+            summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
+            parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
+    table = atlas_lib.atlas_table(parts) if parts else pd.DataFrame(columns=list(atlas_lib.ID_COLUMNS))
+    result = AtlasResult(config, table, records, out, seconds=time.perf_counter() - t_start)
+    files = [out / TABLE]
+    write_text(out / TABLE, table.to_csv(index=False, float_format="%.5f"))
+    for stem, fig in result.figures().items():
+        files += figures.save_figure(fig, out / stem)
+    write_json(out / "summary.json", result.summary())
+    files.append(out / "summary.json")
+    ckpt.clear()
+    result.files = files
+    return result
+
+
+def atlas(*, out: str | Path, overwrite: bool = False, progress: bool = False, **config_fields) -> AtlasResult:
+    """``headprobe atlas`` as a function: :func:`run` on ``AtlasConfig(**config_fields)``.
+
+    Raises:
+        HeadprobeError: as :func:`run`. TypeError: an unknown field.
+    """
+    return run(AtlasConfig(**config_fields), out, overwrite=overwrite, progress=progress)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = AtlasConfig()
+    p.add_argument("--models", nargs="+", default=None, metavar="MODEL",
+                   help=f"models to scan: names, paths, or {TOY} (a small model trained first); default: "
+                        f"{' '.join(DEFAULT_MODELS)} and the cached ones of GPT-2, Pythia, Qwen, Llama ...")
+    p.add_argument("--checkpoints", default=None, metavar="RUN",
+                   help="scan the snapshots of a headprobe train --save-every run (RUN/checkpoints/step-*) in step order")
+    options.add_output_options(p)
+    options.add_data_options(p, seq_len=None, n_repeated=d.n_repeated, period=None,
+                             seq_len_help="(default: as scan, 128 or the model's context)",
+                             period_help="(default: as scan, 50 or what fits the context twice)")
+    p.add_argument("--n-natural", type=positive_int, default=d.n_natural, help="natural-text sequences (default %(default)s)")
+    p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=None, help="heads ablated per type (default: as scan)")
+    p.add_argument("--n-random", type=positive_int, default=d.n_random,
+                   help="random draws of k heads for each control (default %(default)s; scan's is 50)")
+    p.add_argument("--types", default=None, metavar="TYPE[,TYPE...]", help="head types (default: all)")
+    p.add_argument("--pattern-len", type=int, default=d.pattern_len,
+                   help="tokens of each head's pattern kept per model for headprobe view (default %(default)s; 0: none)")
+    p.add_argument("--no-model-figures", dest="model_figures", action="store_false",
+                   help="write only each model's tables, patterns and viewer page, not its scan figures (faster)")
+    p.add_argument("--toy-steps", type=positive_int, default=d.toy_steps, help="training steps of the toy model (default %(default)s)")
+    options.add_seed_option(p, d.seed)
+    options.add_model_options(p, default_model=None)
+    p.set_defaults(model=None)
+
+
+def main(args: argparse.Namespace) -> int:
+    if getattr(args, "model", None):
+        raise HeadprobeError("headprobe atlas takes --models (one or more), not --model")
+    config = AtlasConfig(models=tuple(args.models) if args.models else None, checkpoints=args.checkpoints,
+                         n_natural=args.n_natural, seq_len=args.seq_len,
+                         n_repeated=args.n_repeated, period=args.period, text=args.text, n_random=args.n_random, k=args.k,
+                         seed=args.seed, types=args.types, device=args.device, dtype=args.dtype, backend=args.backend,
+                         pattern_len=args.pattern_len, toy_steps=args.toy_steps, model_figures=args.model_figures)
+    config.model_list()
+    prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
+    result = run(config, args.out, overwrite=args.overwrite, progress=True)
+    print()
+    print(result.report())
+    print(f"\nwrote atlas.csv ({len(result.table)} heads), {len(result.files) - 2} figure files and summary.json to "
+          f"{result.out}/ (each model's scan in {result.out}/{MODELS_DIR}/)")
+    n_failed = sum(m["status"] == "failed" for m in result.models.values())
+    return 1 if n_failed == len(result.models) else 0

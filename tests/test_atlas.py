@@ -1,0 +1,197 @@
+"""``headprobe atlas`` and training snapshots: the atlas table against each model's own scan, the
+verdict/top columns against hand-made summaries, failures recorded while the rest goes on,
+resuming, and snapshots that reload as the model they were taken from."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import zoo
+
+import headprobe
+from headprobe.analyses import atlas as atlas_lib
+from headprobe.analyses.detectors import DETECTORS
+from headprobe.cli import main
+
+SCAN = dict(n_natural=3, seq_len=16, n_repeated=2, period=6, k=2, n_random=3, pattern_len=0, device="cpu")
+SMALL = dict(SCAN, model_figures=False)
+SMALL_FLAGS = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "-k", "2", "--n-random", "3",
+               "--pattern-len", "0", "--device", "cpu", "--no-model-figures"]
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    g = torch.Generator().manual_seed(0)
+    p = tmp_path_factory.mktemp("text") / "words.txt"
+    p.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()), encoding="utf-8")
+    return p
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tiny_tokenizer, tmp_path_factory):
+    return zoo.save_dir("gpt2", tiny_tokenizer, tmp_path_factory.mktemp("zoo") / "gpt2")
+
+
+# ---------------------------------------------------------------------------------------------
+# The table from hand-made scan outputs
+# ---------------------------------------------------------------------------------------------
+
+def _summary(n_layers=3, n_heads=2):
+    return {"layout": {"n_layers": n_layers, "n_heads": n_heads},
+            "config": {"types": ["positional", "induction"]},
+            "ablations": [
+                {"head_type": "induction", "kind": "zero", "top_heads": ["2.1"], "confirmed": True},
+                {"head_type": "positional", "kind": "mean", "top_heads": ["0.0", "1.1"], "confirmed": True},
+                {"head_type": "positional", "kind": "zero", "top_heads": ["0.0", "1.1"], "confirmed": False},
+            ]}
+
+
+def test_atlas_rows_mark_top_heads_with_their_types_zero_ablation_verdict():
+    layer, head = np.meshgrid(range(3), range(2), indexing="ij")
+    scores = pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "kv_head": head.ravel(),
+                           "induction": np.linspace(0, 1, 6), "positional_fraction": np.linspace(1, 0, 6)})
+    rows = atlas_lib.atlas_rows(scores, _summary(), "m", "llama", step=None)
+    assert rows["relative_depth"].tolist() == [0, 0, 0.5, 0.5, 1, 1]
+    by_name = rows.set_index(rows["layer"].astype(str) + "." + rows["head"].astype(str))
+    assert by_name.loc["2.1", "induction_verdict"] == "CONFIRMED" and by_name["induction_top"].sum() == 1
+    # zero ablation's verdict, not mean ablation's, although mean came first
+    assert by_name.loc[["0.0", "1.1"], "positional_verdict"].tolist() == ["not confirmed", "not confirmed"]
+    assert (by_name.drop(["0.0", "1.1"])["positional_verdict"] == "").all()
+    assert rows["induction"].tolist() == scores["induction"].tolist()
+    with pytest.raises(ValueError, match="rows"):
+        atlas_lib.atlas_rows(scores.iloc[:5], _summary(), "m", "llama")
+
+
+def test_no_verdict_and_one_layer_models():
+    s = _summary(n_layers=1, n_heads=2)
+    s["ablations"][0] = {"head_type": "induction", "kind": "zero", "top_heads": ["0.1"], "confirmed": None}
+    scores = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "kv_head": [0, 0], "induction": [0.1, 0.9],
+                           "positional_fraction": [0.5, 0.5]})
+    rows = atlas_lib.atlas_rows(scores, s, "one-layer", "gpt2")
+    assert rows["relative_depth"].tolist() == [0, 0]
+    assert rows["induction_verdict"].tolist() == ["", "no verdict"]
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end on tiny models
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def atlas_run(tiny_dir, gpt2_dir, text_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("atlas") / "a"
+    models = [str(tiny_dir), str(tmp_path_factory.mktemp("empty")), str(gpt2_dir)]  # the middle one is not a model
+    code = main(["atlas", "--models", *models, "--out", str(out), "--text", str(text_file), *SMALL_FLAGS])
+    return out, models, code
+
+
+def test_atlas_table_equals_each_models_own_scan(atlas_run, text_file):
+    out, models, code = atlas_run
+    assert code == 0
+    table = pd.read_csv(out / "atlas.csv")
+    assert list(dict.fromkeys(table["model"])) == [models[0], models[2]]
+    sizes = table.groupby("model", sort=False)[["n_layers", "n_heads"]].first()
+    assert len(table) == (sizes["n_layers"] * sizes["n_heads"]).sum()
+    assert sorted(zip(sizes["n_layers"], sizes["n_heads"])) == [(2, 4), (2, 8)]
+    for model, family in ((models[0], "llama"), (models[2], "gpt2")):
+        ref = headprobe.scan(model, text=str(text_file), **SCAN).table
+        got = table[table["model"] == model].reset_index(drop=True)
+        assert (got["family"] == family).all()
+        for col in ref.columns:
+            np.testing.assert_allclose(got[col].to_numpy(float), ref[col].to_numpy(float), atol=1e-5, err_msg=col)
+        assert got["relative_depth"].tolist() == (got["layer"] / (got["n_layers"] - 1)).tolist()
+
+
+def test_atlas_records_a_failing_model_and_goes_on(atlas_run):
+    out, models, _ = atlas_run
+    summary = json.loads((out / "summary.json").read_text())
+    status = {m: r["status"] for m, r in summary["models"].items()}
+    assert status == {models[0]: "scanned", models[1]: "failed", models[2]: "scanned"}
+    assert "config.json" in summary["models"][models[1]]["error"] and "\n" not in summary["models"][models[1]]["error"]
+    for stem in ["atlas", *(f"atlas_{t}" for t in DETECTORS)]:
+        assert (out / f"{stem}.png").is_file() and (out / f"{stem}.pdf").is_file(), stem
+    # the verdict columns are the per-model scans' own
+    table = pd.read_csv(out / "atlas.csv", keep_default_na=False)
+    for m in (models[0], models[2]):
+        scan = json.loads((out / "models" / summary["models"][m]["dir"].split("/", 1)[1] / "summary.json").read_text())
+        verdicts = atlas_lib.type_verdicts(scan)
+        sub = table[table["model"] == m]
+        for t, (top, verdict) in verdicts.items():
+            marked = sub[sub[f"{t}_top"].astype(str) == "True"]
+            assert sorted(f"{a}.{b}" for a, b in zip(marked["layer"], marked["head"])) == sorted(top)
+            assert set(marked[f"{t}_verdict"]) == {verdict}
+
+
+def test_atlas_resumes_without_rescanning(atlas_run, text_file):
+    out, models, _ = atlas_run
+    before = (out / "models").stat().st_mtime_ns, sorted(p.stat().st_mtime_ns for p in (out / "models").rglob("head_scores.csv"))
+    first_csv = (out / "atlas.csv").read_text()
+    result = headprobe.atlas(models=models, out=out, overwrite=True, text=str(text_file), **SMALL)
+    assert [r["status"] for r in result.models.values()] == ["resumed", "failed", "resumed"]
+    assert sorted(p.stat().st_mtime_ns for p in (out / "models").rglob("head_scores.csv")) == before[1]
+    assert (out / "atlas.csv").read_text() == first_csv  # rebuilt from the reused scans, the same table
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["atlas", "--model", "x"], "--models"),
+    (["atlas", "--models", "a", "--checkpoints", "/nonexistent"], "checkpoints/step-"),
+    (["atlas", "--models", "a", "a"], "named twice"),
+    (["atlas", "--models", "a", "--n-random", "0"], "n-random"),
+])
+def test_bad_atlas_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main([*argv, "--out", str(tmp_path / "o")]))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Training snapshots, and the atlas over them
+# ---------------------------------------------------------------------------------------------
+
+TRAIN = dict(n_layers=2, d_model=16, n_heads=2, n_words=20, seq_len=24, min_period=4, max_period=8, batch_size=4,
+             steps=6, eval_every=3, n_eval=4, eval_period=6, save_every=3, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def train_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("train") / "run"
+    result = headprobe.train(**TRAIN)
+    result.save(out)
+    return result, out
+
+
+def test_snapshots_reload_as_the_model_they_were_taken_from(train_run):
+    from headprobe.probe.model import Transformer, init_weights
+
+    result, out = train_run
+    steps = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").iterdir())
+    assert steps == [0, 3, 6]
+    tokens = torch.randint(0, TRAIN["n_words"], (2, 12), generator=torch.Generator().manual_seed(1))
+    last = headprobe.load_model(str(out / "checkpoints" / "step-000006"), device="cpu")
+    torch.testing.assert_close(last.forward(tokens), result.loaded.forward(tokens), rtol=0, atol=0)
+    torch.manual_seed(TRAIN.get("seed", 0))
+    fresh = init_weights(Transformer(result.config.model_config()))  # train's own initialisation, rebuilt
+    first = headprobe.load_model(str(out / "checkpoints" / "step-000000"), device="cpu")
+    torch.testing.assert_close(first.forward(tokens), fresh(tokens), rtol=0, atol=0)
+    middle = json.loads((out / "checkpoints" / "step-000003" / "config.json").read_text())
+    assert middle["step"] == 3 and middle["train"]["save_every"] == 3
+
+
+def test_atlas_over_checkpoints_is_in_step_order(train_run, tmp_path):
+    _, run = train_run
+    result = headprobe.atlas(checkpoints=str(run), out=tmp_path / "a", n_natural=2, seq_len=16, n_repeated=2, period=6, k=1,
+                             n_random=2, pattern_len=0, device="cpu", types="induction,previous_token", model_figures=False)
+    assert list(dict.fromkeys(result.table["step"])) == [0, 3, 6]
+    assert list(result.models) == ["step 0", "step 3", "step 6"]
+    assert (tmp_path / "a" / "over_training.png").is_file()
+    # each step's rows are the scan of that snapshot
+    ref = headprobe.scan(str(run / "checkpoints" / "step-000003"), n_natural=2, seq_len=16, n_repeated=2, period=6, k=1,
+                         n_random=2, pattern_len=0, device="cpu", types="induction,previous_token").table
+    got = result.table[result.table["step"] == 3].reset_index(drop=True)
+    np.testing.assert_allclose(got["induction"].to_numpy(float), ref["induction"].to_numpy(float), atol=1e-5)  # atlas.csv keeps 5 decimals
