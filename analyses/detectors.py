@@ -128,10 +128,11 @@ def positional_score(pattern: Pattern) -> tuple[Float[Tensor, "head"], Float[Ten
     argmax = pattern[..., 1:, :].argmax(dim=-1)  # [batch, head, T-1]
     queries = torch.arange(1, T, device=pattern.device)
     back = queries - argmax  # how far back the maximum lies, in (-(T-1), T-1); negative: ahead (encoders)
-    bins = 2 * T - 1  # bin b < T: b back; bin b >= T: bins - b ahead
-    counts = torch.nn.functional.one_hot(back % bins, bins).sum(dim=(0, 2))  # [head, bin]
+    # bin b < T: b back (offset -b); bin b >= T: b - (T - 1) ahead, so ties go 0, -1, ..., then +1, +2, ...
+    bins = torch.where(back >= 0, back, T - 1 - back)
+    counts = torch.nn.functional.one_hot(bins, 2 * T - 1).sum(dim=(0, 2))  # [head, bin]
     top, b = counts.max(dim=1)
-    offset = torch.where(b < T, -b, bins - b)
+    offset = torch.where(b < T, -b, b - (T - 1))
     return offset.float(), top.float() / (back.shape[0] * back.shape[-1])
 
 
