@@ -135,12 +135,12 @@ class EmbeddingDistance:
     repeats the batch once per head set)."""
 
     def __init__(self, model: Backend, tokens: Int[Tensor, "batch pos"]):
-        self.model = model
+        self.backend = model
         with torch.inference_mode():
             self.clean = sentence_embeddings(model, tokens.to(model.device))  # [batch, d_model]
 
     def __call__(self, tokens: Int[Tensor, "n pos"], first: int, fwd_hooks: Sequence = ()) -> Float[Tensor, "n"]:
-        emb = sentence_embeddings(self.model, tokens, fwd_hooks)
+        emb = sentence_embeddings(self.backend, tokens, fwd_hooks)
         clean = self.clean.repeat(tokens.shape[0] // self.clean.shape[0], 1)
         return 1 - (emb * clean).sum(dim=-1)
 

@@ -146,12 +146,19 @@ class HeatmapStyle:
         label: the colour bar's label (what the number measures).
         options: extra keyword arguments of :func:`headprobe.analyses.figures.head_heatmap`
             (colour map, range); empty: ``viridis`` on [0, 1].
+        encoder_options: options that replace those of ``options`` for an encoder (bidirectional
+            attention), e.g. a range with positive offsets.
     """
 
     column: str
     title: str
     label: str
     options: tuple[tuple[str, object], ...] = ()
+    encoder_options: tuple[tuple[str, object], ...] = ()
+
+    def options_for(self, causal: bool) -> dict[str, object]:
+        """The heatmap's keyword arguments for a causal model or an encoder."""
+        return dict(self.options) if causal else {**dict(self.options), **dict(self.encoder_options)}
 
 
 @dataclass(frozen=True)
@@ -219,7 +226,8 @@ DETECTORS: dict[str, Detector] = {
                  lambda p, S, s: dict(zip(("positional_offset", "positional_fraction"), positional_score(p))), "natural",
                  figures=(HeatmapStyle("positional_fraction", "positional score", "share of queries at top offset"),
                           HeatmapStyle("positional_offset", "positional offset k − q", "most frequent offset of the maximum",
-                                       (("cmap", "cividis"), ("vmin", -8), ("vmax", 0), ("extend", "min")))),
+                                       (("cmap", "cividis"), ("vmin", -8), ("vmax", 0), ("extend", "min")),
+                                       (("cmap", "RdBu_r"), ("vmin", -8), ("vmax", 8), ("extend", "both")))),
                  integer_columns=("positional_offset",), top_head_extras=(("offset", "positional_offset"),)),
         Detector("next_token", "natural", ("next_token",), "next_token",
                  lambda p, S, s: {"next_token": next_token_score(p)}, "natural",

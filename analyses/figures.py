@@ -164,6 +164,8 @@ def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: 
 
 TASK_LABELS = {"natural": "text loss", "repeated": "repeat loss"}
 """How the ablation figure names the loss a head type is judged on (under each type's name)."""
+EMBEDDING_TASK_LABELS = {"natural": "text", "repeated": "repeat"}
+"""The same for an encoder's embedding metric (the text whose embedding is compared)."""
 
 
 @_styled
@@ -220,7 +222,8 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     fig.suptitle(title, fontsize=_RC["axes.titlesize"])
     task_of = {r["head_type"]: r["task"] for r in rows}
-    axes[-1].set_xticks(x, [f"{t.replace('_', '-')}\n({TASK_LABELS.get(task_of[t], task_of[t])})" for t in types],
+    labels = EMBEDDING_TASK_LABELS if rows[0].get("metric") == "embedding_cosine" else TASK_LABELS
+    axes[-1].set_xticks(x, [f"{t.replace('_', '-')}\n({labels.get(task_of[t], task_of[t])})" for t in types],
                         fontsize=5.5, rotation=25, ha="right", rotation_mode="anchor")
     return fig
 
