@@ -206,7 +206,8 @@ def test_scan_of_a_tiny_bert_scores_encoder_types_and_states_its_metric(bert, tm
 
     text = tmp_path / "words.txt"
     text.write_text(" ".join(f"t{(i * 7) % 100}" for i in range(400)))
-    cfg = ScanConfig(model="tiny", n_natural=3, seq_len=20, n_repeated=2, period=6, k=2, n_random=3, text=str(text))
+    cfg = ScanConfig(model="tiny", n_natural=3, seq_len=20, n_repeated=2, period=6, k=2, n_random=3, text=str(text),
+                     pattern_len=0)
     result = run(bert, cfg, progress=False)
     assert list(result.table.columns[3:]) == list(ENCODER_SCORE_COLUMNS) and len(result.table) == 8
     assert (result.natural.tokens[:, 0] == 100).all() and (result.natural.tokens[:, -1] == 101).all()
