@@ -498,7 +498,8 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
         copy: leave ``ckpt.hf_model`` untouched and unshared (default), or hand it over.
 
     Raises:
-        HeadprobeError: unknown backend, or ``native`` asked for an architecture it lacks.
+        HeadprobeError: unknown backend, ``native`` asked for an architecture it lacks, or
+            ``transformer-lens`` asked for an encoder (BERT).
     """
     from headprobe.probe import convert
 
@@ -506,6 +507,10 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
         raise HeadprobeError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "auto":
         backend = "native" if convert.supports(ckpt.hf_model.config) else "transformer-lens"
+    if backend == "transformer-lens" and getattr(ckpt.hf_model.config, "model_type", None) in convert.ENCODER_MODEL_TYPES:
+        # TransformerLens' BERT adapter wants BertForMaskedLM (it reads `.bert`); a bare encoder fails inside it
+        raise HeadprobeError(f"{ckpt.name} is an encoder ({type(ckpt.hf_model).__name__}): it runs on --backend native "
+                             f"(or auto), not on TransformerLens' bridge")
     if backend == "native":
         model = convert.from_hf(ckpt.hf_model, copy=copy).to(device).eval()
         spec = convert.spec_from_native(ckpt.name, ckpt.hf_name, ckpt.precision, model.cfg)

@@ -72,6 +72,11 @@ def test_bert_self_check_passes_and_skips_the_causal_test(bert):
     assert check.ok and check.max_future_weight is None and check.max_relative_error < 1e-5
 
 
+def test_bert_on_the_bridge_is_refused_with_one_line(bert_ckpt):
+    with pytest.raises(HeadprobeError, match="encoder .*--backend native"):
+        wrap(bert_ckpt, backend="transformer-lens")
+
+
 def test_bert_to_tokens_adds_cls_and_sep(bert):
     assert bert.bos_token_id == 100 and bert.end_token_id == 101
     assert bert.to_tokens("t3 t4").tolist() == [[100, 3, 4, 101]]
