@@ -18,6 +18,12 @@ The ablation engine:
 * :func:`head_importance`: Michel et al. 2019's gradient importance ``I_h = E_x |dL(x)/dxi_h|``
   (arXiv 1905.10650) and attribution patching (the first-order estimate of each head's ablation
   effect, Nanda 2023), both from one forward and one backward pass.
+
+What an ablation's effect is measured in is an :class:`AblationMetric`: the loss
+(:data:`LOSS_METRIC`, nats/token, a decoder's next-token cross-entropy) or, for an encoder
+without an LM head, :data:`EMBEDDING_METRIC`, ``1 - cos`` between the clean and the ablated
+sentence embedding (:func:`sentence_embeddings`, :class:`EmbeddingDistance`). Both plug into
+:func:`set_ablation_losses` through its ``score`` argument; the engine is the same.
 """
 
 from __future__ import annotations
@@ -74,6 +80,71 @@ def ablated_loss(model: Backend, tokens: Tensor, heads: Sequence[Head], kind: Ab
     return task_loss(logits, tokens, task, start, period)
 
 
+@dataclass(frozen=True)
+class AblationMetric:
+    """What an ablation's effect is measured in (recorded in summary.json as ``metric``).
+
+    Attributes:
+        name: ``loss`` or ``embedding_cosine``.
+        unit: how numbers are labelled (``nats/token``, ``1 - cos``).
+        definition: one sentence, with its source.
+        min_effect: the smallest top-k effect :func:`is_confirmed` accepts, in ``unit``.
+    """
+
+    name: str
+    unit: str
+    definition: str
+    min_effect: float
+
+
+LOSS_METRIC = AblationMetric(
+    "loss", "nats/token", "mean next-token cross-entropy of the scored predictions, ablated minus clean", 0.05)
+EMBEDDING_METRIC = AblationMetric(
+    "embedding_cosine", "1 - cos",
+    "1 - cosine between the clean and the ablated sentence embedding of each sequence: the last hidden state "
+    "mean-pooled over its tokens and L2-normalised (sentence-transformers' all-MiniLM-L6-v2 pooling: "
+    "1_Pooling/config.json pooling_mode_mean_tokens, then Normalize); clean is 0", 0.01)
+"""The metric of encoders without an LM head. ``min_effect`` 0.01 (the embedding turns by about 8
+degrees) was set before any encoder was scanned, as the analogue of :data:`LOSS_METRIC`'s 0.05 nats;
+the random control is the main part of the rule either way."""
+
+
+def sentence_embeddings(model: Backend, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence = (),
+                        attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch d_model"]:
+    """Sentence embeddings as sentence-transformers computes them for mean pooling: the model's
+    last hidden state (:meth:`~headprobe.probe.backend.LoadedModel.final_residual`) averaged over
+    the real tokens (``attention_mask`` 1; all tokens without one, special tokens included), then
+    L2-normalised. Float32, ``[batch, d_model]``, with ``fwd_hooks`` active.
+
+    Raises:
+        HeadprobeError: the backend offers no final residual (the TransformerLens bridge).
+    """
+    h = model.final_residual(tokens, fwd_hooks, attention_mask).float()
+    if attention_mask is None:
+        pooled = h.mean(dim=1)
+    else:
+        w = attention_mask.to(h)[..., None]
+        pooled = (h * w).sum(dim=1) / w.sum(dim=1).clamp_min(1e-9)  # sentence-transformers' clamp
+    return torch.nn.functional.normalize(pooled, dim=-1)
+
+
+class EmbeddingDistance:
+    """The ``score`` of :func:`set_ablation_losses` for :data:`EMBEDDING_METRIC`: ``1 - cos``
+    between each sequence's clean sentence embedding (computed once, here) and its embedding
+    with the hooks active. Sequence ``i`` of a call is ``tokens[i % batch]`` (the engine
+    repeats the batch once per head set)."""
+
+    def __init__(self, model: Backend, tokens: Int[Tensor, "batch pos"]):
+        self.backend = model
+        with torch.inference_mode():
+            self.clean = sentence_embeddings(model, tokens.to(model.device))  # [batch, d_model]
+
+    def __call__(self, tokens: Int[Tensor, "n pos"], first: int, fwd_hooks: Sequence = ()) -> Float[Tensor, "n"]:
+        emb = sentence_embeddings(self.backend, tokens, fwd_hooks)
+        clean = self.clean.repeat(tokens.shape[0] // self.clean.shape[0], 1)
+        return 1 - (emb * clean).sum(dim=-1)
+
+
 LOGITS_BYTES_PER_PASS = 512 * 2**20
 """The most bytes of float32 logits :func:`set_ablation_losses` lets one forward pass produce."""
 
@@ -81,7 +152,8 @@ LOGITS_BYTES_PER_PASS = 512 * 2**20
 @torch.inference_mode()
 def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_sets: Sequence[Sequence[Head]],
                         kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None, first: int,
-                        max_batch: int = 64, progress: bool = False, desc: str = "ablations") -> Float[Tensor, "n_sets batch"]:
+                        max_batch: int = 64, progress: bool = False, desc: str = "ablations",
+                        score: Any = None) -> Float[Tensor, "n_sets batch"]:
     """Per-sequence scored loss (nats/token) with each of ``head_sets`` ablated, one set at a time.
 
     Several sets share a forward pass along the batch axis (``tokens`` repeated once per set;
@@ -95,6 +167,8 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
         kind: ``zero`` or ``mean`` (``mean_z`` ``[layer, head, d_head]`` needed).
         first: first scored prediction (see :func:`first_scored`).
         progress: a tqdm bar over the sets (``desc`` its label).
+        score: ``(tokens [n, pos], first, fwd_hooks) -> [n]``, what is measured per sequence; None:
+            ``model.scored_losses`` (nats/token). :class:`EmbeddingDistance` for an encoder.
 
     Raises:
         HeadprobeError: ``kind`` is not zero/mean or ``mean_z`` is missing, or the model failed
@@ -129,7 +203,7 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
             return hook
 
         hooks = [(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers) if chunk[:, layer].any()]
-        out[lo:lo + m] = model.scored_losses(tokens.repeat(m, 1), first, hooks).view(m, B).float().cpu()
+        out[lo:lo + m] = (score or model.scored_losses)(tokens.repeat(m, 1), first, hooks).view(m, B).float().cpu()
         bar.update(m)
     bar.close()
     return out
@@ -137,7 +211,8 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
 
 @dataclass
 class Verification:
-    """Ablation evidence for one head type and one ablation kind (losses in nats/token).
+    """Ablation evidence for one head type and one ablation kind (losses in nats/token, or in
+    ``1 - cos`` of sentence embeddings where ``metric`` is ``embedding_cosine``, an encoder's).
 
     ``confirmed`` holds when the top-k effect exceeds every random draw's, is at least twice
     the mean random effect, and is at least ``min_effect`` nats; it is ``None`` (no verdict) when
@@ -168,6 +243,7 @@ class Verification:
     p_value: float = float("nan")
     top_effect_ci95: list[float] = field(default_factory=lambda: [float("nan"), float("nan")])
     no_verdict: str | None = None
+    metric: str = LOSS_METRIC.name
 
     @property
     def verdict(self) -> str:

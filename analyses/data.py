@@ -70,7 +70,8 @@ def ascii_text(text: str) -> str:
 def natural_text_tokens(
     model, n_seqs: int, seq_len: int, seed: int, text: str | None = None, source: str | None = None
 ) -> TokenSet:
-    """``n_seqs`` windows of ``seq_len`` tokens (BOS included when the model uses one) of natural text.
+    """``n_seqs`` windows of ``seq_len`` tokens (BOS included when the model uses one) of natural text;
+    an encoder's windows are ``[CLS] text [SEP]`` (``seq_len`` counts both).
 
     The text is tokenized once and cut into consecutive non-overlapping windows; ``n_seqs`` of
     them are drawn without replacement with ``seed``. A text shorter than ``n_seqs`` windows
@@ -84,7 +85,10 @@ def natural_text_tokens(
     if text is None:
         text, source = default_text(), "pydoc_data.topics (CPython documentation)"
     start = 1 if model.prepend_bos else 0
-    body = seq_len - start
+    end_id = getattr(model, "end_token_id", None)  # an encoder's [SEP]: windows are [CLS] text [SEP]
+    body = seq_len - start - (end_id is not None)
+    if body < 1:
+        raise HeadprobeError(f"sequence length {seq_len} is too short: it leaves no text between [CLS] and [SEP]")
     ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
     n_windows = len(ids) // body
     if n_windows == 0:
@@ -95,6 +99,8 @@ def natural_text_tokens(
     tokens = windows[pick]
     if start:
         tokens = torch.cat([torch.full((len(tokens), 1), model.bos_token_id), tokens], dim=1)
+    if end_id is not None:
+        tokens = torch.cat([tokens, torch.full((len(tokens), 1), end_id)], dim=1)
     return TokenSet(tokens=tokens, start=start, source=source or "text", n_available=n_windows)
 
 

@@ -1,11 +1,23 @@
 """Head-type detectors: each scores every head of a layer at once from its attention pattern.
 
-A detector takes ``pattern: [batch, head, q_pos, k_pos]`` (rows sum to 1, causal) and returns a
-score per head, averaged over the batch and over the queries the definition uses. None of them
-modifies its input. They are collected in :data:`DETECTORS`, keyed by head type.
+A detector takes ``pattern: [batch, head, q_pos, k_pos]`` (rows sum to 1; causal for a
+decoder, bidirectional for an encoder) and returns a score per head, averaged over the batch and
+over the queries the definition uses. None of them modifies its input. They are collected in
+:data:`DETECTORS`, keyed by head type.
 
 Conventions: positions are 0-indexed; ``start`` is the first position that is not BOS (1 with
-BOS, 0 without). Query 0 is excluded everywhere: it can attend only to itself.
+BOS, 0 without; an encoder's ``[CLS]`` is its BOS). Query 0 is excluded everywhere: in a decoder
+it can attend only to itself, and an encoder's ``[CLS]`` query is kept out the same way so that
+both read the same queries.
+
+Encoders (bidirectional attention, e.g. BERT): the natural-text sequences end with ``[SEP]``
+(``[CLS] text [SEP]``), the repeated ones do not (``[CLS] r r``, as for decoders, so duplicate
+and induction offsets are the same). Every score is defined on a bidirectional pattern as
+written; two look forward and are scored for encoders only (:attr:`Detector.encoder_only`):
+next-token (key ``q + 1``) and last-token (the ``[SEP]`` sink, key ``T - 1``). Duplicate-token
+and induction keep the decoders' direction (a query of the repeat reading the earlier copy);
+a query of the first block reading its later copy is not counted. Positional offsets ``k - q``
+range over both signs.
 """
 
 from __future__ import annotations
@@ -58,6 +70,28 @@ def first_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
     return pattern[..., 1:, 0].float().mean(dim=(0, 2))
 
 
+def next_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
+    """Next-token score: mean attention from position i to i+1, over queries 1 <= i <= T-2
+    (the mirror of :func:`previous_token_score`; 0 for a causal pattern). On natural text the
+    last query's next token is ``[SEP]``.
+
+    Source: Clark et al. 2019 ("What does BERT look at?", heads attending to the next token).
+    """
+    _check(pattern, 3)
+    diag = pattern.diagonal(offset=1, dim1=-2, dim2=-1)  # [batch, head, T - 1], entry i is q = i, k = i + 1
+    return diag[..., 1:].float().mean(dim=(0, 2))
+
+
+def last_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
+    """Last-token score: mean attention to position T-1 over queries 1 <= i <= T-2; on an
+    encoder's natural text (``[CLS] ... [SEP]``) the ``[SEP]`` sink (0 for a causal pattern).
+
+    Source: Clark et al. 2019 (BERT heads attending to [SEP], "a no-op"); Kovaleva et al. 2019.
+    """
+    _check(pattern, 3)
+    return pattern[..., 1:-1, -1].float().mean(dim=(0, 2))
+
+
 def duplicate_token_score(pattern: Pattern, period: int, start: int) -> Float[Tensor, "head"]:
     """Duplicate-token score on ``[BOS] r_1..r_S r_1..r_S``: mean attention from each token of
     the repeat to its earlier occurrence (key ``q - S``), over the repeat's queries.
@@ -82,7 +116,9 @@ def positional_score(pattern: Pattern) -> tuple[Float[Tensor, "head"], Float[Ten
     ``k - i`` of its maximum attention; the head's most frequent offset and how often it wins.
 
     Voita et al. call a head positional when one offset wins at least 90% of the time (in
-    practice -1, the previous token; a causal model has offsets <= 0).
+    practice -1, the previous token; a causal model has offsets <= 0, an encoder's may be
+    positive, e.g. +1 for a next-token head). Ties between offsets go to the one nearest
+    behind the query (0, -1, -2, ...), then to the positive ones (+1, +2, ...).
 
     Returns:
         (offset, fraction): the winning relative offset ``k - q`` (e.g. -1) and its frequency in [0, 1].
@@ -91,10 +127,13 @@ def positional_score(pattern: Pattern) -> tuple[Float[Tensor, "head"], Float[Ten
     T = pattern.shape[-1]
     argmax = pattern[..., 1:, :].argmax(dim=-1)  # [batch, head, T-1]
     queries = torch.arange(1, T, device=pattern.device)
-    back = queries - argmax  # how far back the maximum lies, in [0, T-1)
-    counts = torch.nn.functional.one_hot(back, T).sum(dim=(0, 2))  # [head, distance]
-    top, distance = counts.max(dim=1)
-    return (-distance).float(), top.float() / (back.shape[0] * back.shape[-1])
+    back = queries - argmax  # how far back the maximum lies, in (-(T-1), T-1); negative: ahead (encoders)
+    # bin b < T: b back (offset -b); bin b >= T: b - (T - 1) ahead, so ties go 0, -1, ..., then +1, +2, ...
+    bins = torch.where(back >= 0, back, T - 1 - back)
+    counts = torch.nn.functional.one_hot(bins, 2 * T - 1).sum(dim=(0, 2))  # [head, bin]
+    top, b = counts.max(dim=1)
+    offset = torch.where(b < T, -b, b - (T - 1))
+    return offset.float(), top.float() / (back.shape[0] * back.shape[-1])
 
 
 @dataclass(frozen=True)
@@ -107,12 +146,19 @@ class HeatmapStyle:
         label: the colour bar's label (what the number measures).
         options: extra keyword arguments of :func:`headprobe.analyses.figures.head_heatmap`
             (colour map, range); empty: ``viridis`` on [0, 1].
+        encoder_options: options that replace those of ``options`` for an encoder (bidirectional
+            attention), e.g. a range with positive offsets.
     """
 
     column: str
     title: str
     label: str
     options: tuple[tuple[str, object], ...] = ()
+    encoder_options: tuple[tuple[str, object], ...] = ()
+
+    def options_for(self, causal: bool) -> dict[str, object]:
+        """The heatmap's keyword arguments for a causal model or an encoder."""
+        return dict(self.options) if causal else {**dict(self.options), **dict(self.encoder_options)}
 
 
 @dataclass(frozen=True)
@@ -135,6 +181,8 @@ class Detector:
         integer_columns: columns that hold integers (written without decimals).
         top_head_extras: ``(key, column)`` pairs: each top head in summary.json also reports
             ``key: int(column)`` (e.g. the positional head's offset).
+        encoder_only: scored only on bidirectional models (encoders): the score reads keys
+            after the query, which a causal pattern never weights (it would be 0 everywhere).
     """
 
     name: str
@@ -146,6 +194,11 @@ class Detector:
     figures: tuple[HeatmapStyle, ...] = ()
     integer_columns: tuple[str, ...] = ()
     top_head_extras: tuple[tuple[str, str], ...] = ()
+    encoder_only: bool = False
+
+    def applies_to(self, causal: bool) -> bool:
+        """Whether this head type is scored on a model with (``causal``) or without causal attention."""
+        return not (self.encoder_only and causal)
 
     @property
     def panel_title(self) -> str:
@@ -173,14 +226,24 @@ DETECTORS: dict[str, Detector] = {
                  lambda p, S, s: dict(zip(("positional_offset", "positional_fraction"), positional_score(p))), "natural",
                  figures=(HeatmapStyle("positional_fraction", "positional score", "share of queries at top offset"),
                           HeatmapStyle("positional_offset", "positional offset k − q", "most frequent offset of the maximum",
-                                       (("cmap", "cividis"), ("vmin", -8), ("vmax", 0), ("extend", "min")))),
+                                       (("cmap", "cividis"), ("vmin", -8), ("vmax", 0), ("extend", "min")),
+                                       (("cmap", "RdBu_r"), ("vmin", -8), ("vmax", 8), ("extend", "both")))),
                  integer_columns=("positional_offset",), top_head_extras=(("offset", "positional_offset"),)),
+        Detector("next_token", "natural", ("next_token",), "next_token",
+                 lambda p, S, s: {"next_token": next_token_score(p)}, "natural",
+                 figures=(HeatmapStyle("next_token", "next-token score", "attention to i+1"),), encoder_only=True),
+        Detector("last_token", "natural", ("last_token",), "last_token",
+                 lambda p, S, s: {"last_token": last_token_score(p)}, "natural",
+                 figures=(HeatmapStyle("last_token", "last-token score", "attention to the last position ([SEP])"),),
+                 encoder_only=True),
     ]
 }
 """All head types, in the order of head_scores.csv's columns."""
 
-SCORE_COLUMNS: tuple[str, ...] = tuple(c for d in DETECTORS.values() for c in d.columns)
-"""head_scores.csv's score columns (all head types), in order."""
+SCORE_COLUMNS: tuple[str, ...] = tuple(c for d in DETECTORS.values() if not d.encoder_only for c in d.columns)
+"""head_scores.csv's score columns of a decoder (all head types but the encoder-only ones), in order."""
+ENCODER_SCORE_COLUMNS: tuple[str, ...] = tuple(c for d in DETECTORS.values() for c in d.columns)
+"""head_scores.csv's score columns of an encoder (all head types), in order."""
 
 
 def select_detectors(types: str | Sequence[str] | None = None) -> tuple[str, ...]:

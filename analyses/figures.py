@@ -164,6 +164,8 @@ def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: 
 
 TASK_LABELS = {"natural": "text loss", "repeated": "repeat loss"}
 """How the ablation figure names the loss a head type is judged on (under each type's name)."""
+EMBEDDING_TASK_LABELS = {"natural": "text", "repeated": "repeat"}
+"""The same for an encoder's embedding metric (the text whose embedding is compared)."""
 
 
 @_styled
@@ -207,18 +209,21 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
                 ax.annotate(mark, (x[i] - 0.2, tip), ha="center", va="bottom", fontsize=9 if mark == "*" else 5)
         ax.set_yscale("symlog", linthresh=0.1)
         ax.axhline(0, color="black", lw=0.5)
-        ax.set_ylabel(f"{kind} ablation\nΔ loss (nats)")
+        ax.set_ylabel(f"{kind} ablation\n" + ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine"
+                                               else "Δ loss (nats)"))
     handles = [Patch(color=colors["top"], label=f"top-{k} heads (bars: 95% CI over sequences)"),
                Patch(facecolor=colors["random"], hatch="///", edgecolor="white",
                      label=f"{k} random heads, mean of {n_draws} draws (bars: 5th–95th pct.)"),
                Line2D([], [], ls="", marker="$*$", color="black", label="confirmed (rule in summary.json)")]
     if any(r["confirmed"] is None for r in rows):
         handles.append(Line2D([], [], ls="", marker="$n/v$", markersize=9, color="black", label="no verdict (see warnings)"))
-    handles.append(Patch(color="none", label="y axis: symmetric log, linear within ±0.1 nats"))
+    unit = "" if rows[0].get("metric") == "embedding_cosine" else " nats"
+    handles.append(Patch(color="none", label=f"y axis: symmetric log, linear within ±0.1{unit}"))
     fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     fig.suptitle(title, fontsize=_RC["axes.titlesize"])
     task_of = {r["head_type"]: r["task"] for r in rows}
-    axes[-1].set_xticks(x, [f"{t.replace('_', '-')}\n({TASK_LABELS.get(task_of[t], task_of[t])})" for t in types],
+    labels = EMBEDDING_TASK_LABELS if rows[0].get("metric") == "embedding_cosine" else TASK_LABELS
+    axes[-1].set_xticks(x, [f"{t.replace('_', '-')}\n({labels.get(task_of[t], task_of[t])})" for t in types],
                         fontsize=5.5, rotation=25, ha="right", rotation_mode="anchor")
     return fig
 

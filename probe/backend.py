@@ -113,6 +113,11 @@ class Backend(Protocol):
         """Hooks active for every forward inside the ``with`` body, removed on exit (also on error)."""
         ...
 
+    def final_residual(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+                       attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_model"]:
+        """The last hidden state (an encoder's sentence-embedding input), hooks active for this call."""
+        ...
+
     def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]: ...
 
     def b_O(self, layer: int) -> Float[Tensor, "d_model"] | None: ...
@@ -293,12 +298,34 @@ class LoadedModel:
 
     @property
     def bos_token_id(self) -> int | None:
-        """The tokenizer's BOS id, or None if it has none."""
-        return getattr(self.tokenizer, "bos_token_id", None)
+        """The tokenizer's BOS id, or None if it has none; an encoder's (BERT) is its ``[CLS]``."""
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if bos is None and not self.spec.causal:
+            bos = getattr(self.tokenizer, "cls_token_id", None)
+        return bos
+
+    @property
+    def end_token_id(self) -> int | None:
+        """The token an encoder's input ends with (BERT's ``[SEP]``) when ``prepend_bos`` (its
+        special tokens are on); None for decoders and without ``prepend_bos``."""
+        if self.spec.causal or not self.prepend_bos:
+            return None
+        return getattr(self.tokenizer, "sep_token_id", None)
+
+    def final_residual(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+                       attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_model"]:
+        """The last hidden state ``[batch, pos, d_model]`` (after the final norm where the model
+        has one; an encoder's ``last_hidden_state``) with ``fwd_hooks`` active for this forward.
+
+        Raises:
+            HeadprobeError: the backend does not offer it (the TransformerLens bridge).
+        """
+        raise HeadprobeError(f"the final residual stream needs the native backend, not {self.name}")
 
     def to_tokens(self, text: str) -> Int[Tensor, "batch pos"]:
         """Tokenize ``text`` into ids ``[1, pos]`` (a batch of one, as TransformerLens' ``to_tokens``),
-        with exactly one BOS in front when ``prepend_bos``.
+        with exactly one BOS in front when ``prepend_bos`` (an encoder: ``[CLS]`` in front and
+        ``[SEP]`` at the end, as its tokenizer would).
 
         A tokenizer that already adds BOS does not get a second one.
 
@@ -311,6 +338,8 @@ class LoadedModel:
         if self.prepend_bos:
             if not ids or ids[0] != self.bos_token_id:
                 ids = [self.bos_token_id, *ids]
+        if self.end_token_id is not None and ids[-1] != self.end_token_id:  # an encoder: [CLS] ... [SEP]
+            ids = [*ids, self.end_token_id]
         return torch.tensor([ids], dtype=torch.long)
 
     def hooks(self, fwd_hooks: Sequence[tuple[str, HookFn]] = (),

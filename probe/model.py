@@ -21,7 +21,9 @@ unembedding; Radford et al. 2019), Llama / SmolLM2 (rotary positions with Huggin
 ``rotate_half`` convention, RMSNorm, SwiGLU, no biases, GQA; Touvron et al. 2023), Mistral,
 Qwen2, Qwen3, OLMo-2, Gemma-2, GPT-NeoX / Pythia and dense DeepSeek-V3 (MLA), through the
 options of :class:`TransformerConfig` (sliding windows, soft-capping, QK-norm, post norms,
-parallel blocks, partial rotary, ...). ``mlp=None`` gives attention-only models.
+parallel blocks, partial rotary, ...). ``mlp=None`` gives attention-only models. The same
+model read as an encoder (``causal=False``, ``post_ln``, ``embed_norm``) loads BERT (Devlin et
+al. 2019; e.g. sentence-transformers' all-MiniLM-L6-v2).
 
 Every hook point is named as TransformerLens names it and declared with its shape where it is
 created. Classes appear in forward order: config, embedding, norms, rotary, attention, MLP,
@@ -117,6 +119,15 @@ class TransformerConfig:
             they read the raw residual (OLMo-2).
         post_norm: normalise the attention and MLP outputs before adding them to the residual
             (``ln1_post``, ``ln2_post``; OLMo-2, Gemma-2 with ``pre_norm`` too).
+        post_ln: post-LN blocks (BERT; Vaswani et al. 2017): the residual is normalised after
+            each addition, ``ln1(resid_pre + attn_out)`` and ``ln2(. + mlp_out)``; needs
+            ``pre_norm=False`` and no ``post_norm`` or ``parallel_residual``. Hooks as
+            TransformerLens' ``HookedEncoder``: ``hook_resid_mid`` and ``hook_resid_post`` hold the
+            sums before the norms, ``hook_normalized_resid_post`` the block's output.
+        embed_norm: a LayerNorm on the embedding sum before the first block (``ln_embed``, BERT).
+        causal: every query reads only keys at or before it (decoders); False: bidirectional
+            attention, every query reads every (non-padding) key (encoders such as BERT; Devlin
+            et al. 2019). Not combined with sliding windows or a KV cache.
 
     Raises:
         HeadprobeError: ``d_model`` is not a multiple of ``n_heads``, or ``n_heads`` is not a
@@ -155,6 +166,9 @@ class TransformerConfig:
     parallel_residual: bool = False
     pre_norm: bool = True
     post_norm: bool = False
+    post_ln: bool = False
+    embed_norm: bool = False
+    causal: bool = True
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -192,6 +206,10 @@ class TransformerConfig:
                 raise HeadprobeError(f"{field} must be positive, got {getattr(self, field)}")
         if self.parallel_residual and self.post_norm:
             raise HeadprobeError("parallel_residual with post_norm is not implemented")
+        if self.post_ln and (self.pre_norm or self.post_norm or self.parallel_residual):
+            raise HeadprobeError("post_ln (BERT's post-LN blocks) needs pre_norm=False, post_norm=False and parallel_residual=False")
+        if not self.causal and self.sliding_window is not None:
+            raise HeadprobeError("bidirectional attention (causal=False) with a sliding window is not implemented")
         if self.kv_lora_rank is not None:
             if self.kv_lora_rank < 1 or self.qk_rope_head_dim < 0 or self.qk_rope_head_dim % 2:
                 raise HeadprobeError(f"MLA needs kv_lora_rank >= 1 and an even qk_rope_head_dim >= 0, got "
@@ -465,7 +483,7 @@ def _sdpa_has_enable_gqa() -> bool:
 
 
 class Attention(nn.Module):
-    """Causal self-attention with ``n_heads`` query heads and ``n_kv_heads`` key/value heads.
+    """Self-attention (causal; bidirectional with ``cfg.causal=False``) with ``n_heads`` query heads and ``n_kv_heads`` key/value heads.
 
     Heads are split from the fused projections by reshaping ``[batch, pos, head * d_head]`` to
     ``[batch, pos, head, d_head]`` and then transposing to ``[batch, head, pos, d_head]``: head
@@ -561,7 +579,7 @@ class Attention(nn.Module):
             x: input, ``[batch, pos, d_model]``.
             positions: position index of every token (rotary only).
             key_mask: boolean, True where query ``q_pos`` may read key ``k_pos`` (causal and
-                padding combined); None for plain causal attention.
+                padding combined); None for plain causal attention (bidirectional: every key).
             head_mask: per-head factor ``xi_h`` multiplying ``z_h`` (Michel et al. 2019), for
                 all sequences (``[head]``) or per sequence (``[batch, head]``).
             cache: keys and values of earlier positions (generation); this call's are appended.
@@ -687,9 +705,11 @@ class Attention(nn.Module):
         scores = (q_grouped.float() @ k.float().transpose(-1, -2)).view(B, H, T, S) * self.scale  # float32
         if self.softcap is not None:  # Gemma-2, before the mask (as Hugging Face)
             scores = torch.tanh(scores / self.softcap) * self.softcap
-        if key_mask is None:
+        if key_mask is None and self.cfg.causal:
             key_mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-        scores = self.hook_attn_scores(scores.masked_fill(~key_mask, float("-inf")))
+        if key_mask is not None:
+            scores = scores.masked_fill(~key_mask, float("-inf"))
+        scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(scores.softmax(dim=-1).to(v.dtype))  # [batch, head, q_pos, k_pos]
         z = pattern.reshape(B, KV, (H // KV) * T, S) @ v
         return z.view(B, H, T, v.shape[-1])  # MLA: values are narrower than queries/keys
@@ -702,7 +722,7 @@ class Attention(nn.Module):
         key_mask: Tensor | None,
     ) -> Float[Tensor, "batch head q_pos d_v"]:
         """``scaled_dot_product_attention``; no pattern exists on this path."""
-        kwargs = dict(is_causal=True) if key_mask is None else dict(attn_mask=key_mask)
+        kwargs = dict(is_causal=self.cfg.causal) if key_mask is None else dict(attn_mask=key_mask)
         if v.shape[-1] < q.shape[-1]:
             # MLA: values (d_head) are narrower than queries/keys (qk_nope + R). PyTorch's fused
             # kernels need equal widths and fall back to the slow math path otherwise (2-3x slower
@@ -770,10 +790,11 @@ class Block(nn.Module):
     def __init__(self, cfg: TransformerConfig, layer: int = 0):
         super().__init__()
         has_mlp = cfg.mlp is not None
-        self.ln1 = Norm(cfg) if cfg.pre_norm else None
+        self.post_ln = cfg.post_ln  # BERT: ln1/ln2 normalise the residual after each addition
+        self.ln1 = Norm(cfg) if cfg.pre_norm or cfg.post_ln else None
         self.attn = Attention(cfg, layer)
         self.ln1_post = PostNorm(cfg) if cfg.post_norm else None
-        self.ln2 = Norm(cfg) if has_mlp and cfg.pre_norm else None
+        self.ln2 = Norm(cfg) if (has_mlp and cfg.pre_norm) or cfg.post_ln else None
         self.mlp = MLP(cfg) if has_mlp else None
         self.ln2_post = PostNorm(cfg) if has_mlp and cfg.post_norm else None
         self.parallel = cfg.parallel_residual
@@ -782,10 +803,12 @@ class Block(nn.Module):
         self.hook_resid_mid = None if self.parallel else HookPoint()  # [batch, pos, d_model]
         self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+        # post_ln only: ln2(resid_post), what the block passes on
+        self.hook_normalized_resid_post = HookPoint() if self.post_ln else None  # [batch, pos, d_model]
 
     def forward(self, resid: Float[Tensor, "batch pos d_model"], positions, key_mask=None, head_mask=None, cache=None):
         resid = self.hook_resid_pre(resid)
-        x = resid if self.ln1 is None else self.ln1(resid)
+        x = resid if self.ln1 is None or self.post_ln else self.ln1(resid)
         return self.resume(resid, self.attn(x, positions, key_mask, head_mask, cache))
 
     def resume(
@@ -795,7 +818,15 @@ class Block(nn.Module):
         + b_O``, before any post norm): ``resid_post``. ``forward`` is ``resume(resid_pre,
         attn(ln1(resid_pre)))``; an ablation that changes one head adds ``(r_h - z_h) W_O^(h)``
         to ``attn_out`` and resumes here, so post norms and parallel MLPs are applied as in the
-        forward pass (:func:`headprobe.analyses.ablation.exact_sweep`)."""
+        forward pass (:func:`headprobe.analyses.ablation.exact_sweep`).
+
+        Post-LN blocks (``post_ln``, BERT): ``resid_mid = resid_pre + attn_out``, ``x =
+        ln1(resid_mid)``, ``resid_post = x + mlp(x)``, and the block returns ``ln2(resid_post)``."""
+        if self.post_ln:
+            resid = self.hook_resid_mid(resid_pre + self.hook_attn_out(attn_out))
+            x = self.ln1(resid)
+            resid_post = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(x)) if self.mlp is not None else x)
+            return self.hook_normalized_resid_post(self.ln2(resid_post))
         if self.ln1_post is not None:
             attn_out = self.ln1_post(attn_out)
         attn_out = self.hook_attn_out(attn_out)
@@ -822,13 +853,16 @@ class Transformer(HookedRootModule):
     ``blocks.{l}.mlp.hook_{pre,pre_linear,post}``, ``blocks.{l}.hook_mlp_out``,
     ``blocks.{l}.hook_resid_post``, ``ln_final.hook_normalized``; with ``post_norm`` also
     ``blocks.{l}.ln1_post.hook_{in,out}`` and ``blocks.{l}.ln2_post.hook_{in,out}``; parallel
-    blocks have no ``hook_resid_mid``, blocks without ``pre_norm`` no ``ln1``/``ln2``.
+    blocks have no ``hook_resid_mid``, blocks without ``pre_norm`` no ``ln1``/``ln2``. An
+    encoder (BERT) adds ``ln_embed.hook_normalized`` and, per post-LN block,
+    ``blocks.{l}.hook_normalized_resid_post``, where ``ln1``/``ln2`` follow the residual sums.
     """
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
         self.embed = Embedding(cfg)
+        self.ln_embed = Norm(cfg) if cfg.embed_norm else None
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.ln_final = Norm(cfg) if cfg.final_norm else None
         self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
@@ -912,6 +946,8 @@ class Transformer(HookedRootModule):
             )
 
         past = 0 if cache is None else cache.n_tokens
+        if cache is not None and not cfg.causal:
+            raise HeadprobeError("a KV cache needs causal attention; this model is bidirectional (an encoder)")
         if cache is not None and attention_mask is not None:
             raise HeadprobeError("a KV cache cannot be combined with attention_mask (padding)")
         if cfg.positional == "learned" and past + T > cfg.n_ctx:
@@ -922,6 +958,9 @@ class Transformer(HookedRootModule):
         else:
             real = attention_mask.to(torch.bool)
             positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+        if attention_mask is not None and not cfg.causal:  # bidirectional: every real key
+            key_mask = real[:, None, None, :]  # [batch, 1, 1, k_pos], broadcast over q_pos
+        elif attention_mask is not None:
             causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
             key_mask = (causal[None] & real[:, None, :])[:, None]  # [batch, 1, q_pos, k_pos]
             # A padding query with no real key to its left reads itself, so SDPA gets no empty row.
@@ -931,6 +970,8 @@ class Transformer(HookedRootModule):
         resid = self.hook_embed(tok_embed)
         if pos_embed is not None:
             resid = resid + self.hook_pos_embed(pos_embed)
+        if self.ln_embed is not None:
+            resid = self.ln_embed(resid)
         for layer, block in enumerate(self.blocks):
             mask_l = None if head_mask is None else head_mask[..., layer, :]
             resid = block(resid, positions, key_mask, mask_l, cache)

@@ -46,6 +46,13 @@ class NativeModel(LoadedModel):
             return self.model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **kwargs)
         return self.model(tokens, **kwargs)
 
+    def final_residual(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+                       attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_model"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.final_residual`."""
+        kwargs: dict[str, Tensor] = {} if attention_mask is None else {"attention_mask": attention_mask.to(self.device)}
+        with self.hooks(fwd_hooks):
+            return self.model(tokens.to(self.device), return_type="resid", **kwargs)
+
     def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
         """Layer ``layer``'s output projection split by head (a view of ``o_proj.weight``)."""
         return self.model.blocks[layer].attn.W_O

@@ -8,7 +8,8 @@ the attention output, latent attention, a hook that rescales) would give silentl
 per-head numbers. So one short forward pass (:data:`N_TOKENS` tokens) checks, per layer:
 
 (a) **patterns**: every row of ``hook_pattern`` sums to 1 and puts no weight on a future key
-    (``k_pos > q_pos``), within :data:`PATTERN_TOLERANCE`;
+    (``k_pos > q_pos``), within :data:`PATTERN_TOLERANCE` (an encoder's bidirectional heads read
+    later keys by design: only the row sums are checked, ``max_future_weight`` is None);
 (b) **decomposition**: ``sum_h result_h + b_O`` equals what the attention block adds to the
     residual stream, ``resid_mid - resid_pre`` (or, for blocks whose attention and MLP read the
     same residual in parallel, ``resid_post - resid_pre - mlp_out``), to
@@ -130,7 +131,8 @@ class SelfCheck:
         """
         if not self.patterns_ok:
             why = self.error if self.max_row_sum_error is None else (
-                f"rows sum to 1 within {self.max_row_sum_error:.2g} and future keys get up to {self.max_future_weight:.2g}")
+                f"rows sum to 1 within {self.max_row_sum_error:.2g}" + ("" if self.max_future_weight is None else
+                                                                       f" and future keys get up to {self.max_future_weight:.2g}"))
             raise HeadprobeError(f"{what} refused for {self.architecture} ({self.backend} backend): the load-time "
                                  f"self-check of attention patterns failed: {why} (tolerance {self.tolerance:g})")
 
@@ -187,8 +189,11 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
 
     future = torch.ones(T, T, dtype=torch.bool).triu(1)
     row_err = max(float((cap["pattern"][l].double().sum(-1) - 1).abs().max()) for l in layers)
-    future_w = max(float(cap["pattern"][l].double().cpu()[..., future].abs().max()) if T > 1 else 0.0 for l in layers)
-    patterns_ok = row_err <= max(PATTERN_TOLERANCE, tol) and future_w <= max(PATTERN_TOLERANCE, tol)
+    if spec.causal:
+        future_w = max(float(cap["pattern"][l].double().cpu()[..., future].abs().max()) if T > 1 else 0.0 for l in layers)
+    else:  # bidirectional (an encoder): later keys are read by design
+        future_w = None
+    patterns_ok = row_err <= max(PATTERN_TOLERANCE, tol) and (future_w is None or future_w <= max(PATTERN_TOLERANCE, tol))
     if "failure" in cap:
         return failed(cap["failure"], patterns_ok=patterns_ok, max_row_sum_error=row_err, max_future_weight=future_w)
 

