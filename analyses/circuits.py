@@ -146,7 +146,9 @@ def composition_scores(weights: HeadWeights) -> dict[str, Float[Tensor, "layer_j
     Pov, Mov, Nov = _factor(W_V, W_O.transpose(-1, -2))
     Pqk, Mqk, Nqk = _factor(W_Q, W_K)
     norm_ov, norm_qk = torch.linalg.matrix_norm(Mov), torch.linalg.matrix_norm(Mqk)  # [layer, head]
-    out = {kind: torch.full((L, H, L, H), float("nan"), dtype=torch.float64) for kind in "qkv"}
+    # the pair products in float32 (scores ~0.1 need no more; a 30-layer model has ~10^5 of them)
+    Pov, Mov, Nov, Pqk, Mqk, Nqk = (t.float() for t in (Pov, Mov, Nov, Pqk, Mqk, Nqk))
+    out = {kind: torch.full((L, H, L, H), float("nan"), dtype=torch.float32) for kind in "qkv"}
     for j in range(1, L):
         for kind, (right_P, right_M, right_norm, transpose) in {
             "q": (Pqk[j], Mqk[j], norm_qk[j], False),
@@ -158,8 +160,8 @@ def composition_scores(weights: HeadWeights) -> dict[str, Float[Tensor, "layer_j
             Mr = right_M.transpose(-1, -2) if transpose else right_M  # [H_j, d_head, d_head]
             prod = Mov[:j][None] @ cross @ Mr[:, None, None]
             score = torch.linalg.matrix_norm(prod) / (norm_ov[:j][None] * right_norm[:, None, None])
-            out[kind][j, :, :j] = score
-    return {k: v.float() for k, v in out.items()}
+            out[kind][j, :, :j] = score.float()
+    return out
 
 
 def pair_scores(scores: Float[Tensor, "layer_j head_j layer_i head_i"], later: list[tuple[int, int]],

@@ -255,16 +255,20 @@ def composition_plot(k_scores: np.ndarray, earlier: Sequence[tuple[int, int]], l
     for (r, c), v in np.ndenumerate(vals):
         if np.isfinite(v):
             left.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=5, color="white" if v < 0.6 * vmax else "black")
+        else:
+            left.text(c, r, "not\nearlier", ha="center", va="center", fontsize=4, color="0.4")
     fig.colorbar(im, ax=left, shrink=0.9, pad=0.02).set_label("K-composition")
     right.hist(allv, bins=60, color="0.7", label=f"all {allv.size} pairs (earlier → later layer)")
     right.axvline(float(np.median(allv)), color="0.3", ls="--", lw=0.8, label=f"median of all pairs {np.median(allv):.3f}")
+    right.axvline(float(np.percentile(allv, 95)), color="0.3", ls=":", lw=0.8,
+                  label=f"95th percentile of all pairs {np.percentile(allv, 95):.3f}")
     chosen = vals[np.isfinite(vals)]
     ymax = right.get_ylim()[1]
     right.vlines(chosen, ymax * 0.9, ymax, color="C3", lw=0.8, label=f"{earlier_name} → {later_name} ({chosen.size}), "
                  f"median {np.median(chosen):.3f}" if chosen.size else "no pair")
     right.set_xlabel("K-composition  ‖W_OV^i W_QK^jᵀ‖ / (‖W_OV^i‖ ‖W_QK^j‖)")
     right.set_ylabel("pairs")
-    right.legend(fontsize=6, frameon=False, loc="center right")
+    right.legend(fontsize=6, frameon=False, loc="upper right", bbox_to_anchor=(1.0, 0.85))
     fig.suptitle(title)
     return fig
 

@@ -356,7 +356,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: an odd ``d_model`` (the probe needs a mean-zero +-1 vector).
         """
-        module = self.model.ln_final if layer is None else getattr(self.model.blocks[layer], "ln1", None)
+        module = getattr(self.model, "ln_final", None) if layer is None else getattr(self.model.blocks[layer], "ln1", None)
         if module is None:
             return None
         D = self.spec.d_model
@@ -374,7 +374,8 @@ class LoadedModel:
     def final_norm(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         """The model's final norm (``ln_final``) applied to the final residual stream ``resid``
         (``resid`` itself where the model has none)."""
-        return resid if self.model.ln_final is None else self.model.ln_final(resid)
+        norm = getattr(self.model, "ln_final", None)
+        return resid if norm is None else norm(resid)
 
     # ---- what each backend implements ---------------------------------------------------------
 

@@ -65,8 +65,8 @@ class BridgeModel(LoadedModel):
     def _split(self, layer: int, name: str) -> Tensor:
         try:
             return getattr(self.model.blocks[layer].attn, name)
-        except (ValueError, AttributeError) as e:
-            raise HeadprobeError(f"this architecture has no per-head {name} ({e}): weight-based head metrics do not apply") from None
+        except (ValueError, AttributeError, NotImplementedError):  # latent attention (MLA) has no per-head W_Q/W_K/W_V
+            raise HeadprobeError(f"this architecture has no per-head {name}: weight-based head metrics do not apply") from None
 
     def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.W_Q`."""

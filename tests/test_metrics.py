@@ -266,4 +266,5 @@ def test_smollm2_previous_token_heads_k_compose_into_induction_heads(smollm2_nat
     top = lambda col: [tuple(r) for r in table.nlargest(5, col)[["layer", "head"]].to_numpy()]  # noqa: E731
     k = circuits.composition_scores(circuits.head_weights(smollm2_native))["k"].numpy()
     s = metrics.composition_summary(k, top("previous_token"), top("induction"))
-    assert s["pairs_stats"]["median"] > 1.5 * s["all_pairs"]["median"]
+    assert s["pairs_stats"]["mean"] > s["all_pairs"]["p95"]  # the circuit's pairs, on average, beyond 95% of all pairs
+    assert s["pairs_stats"]["median"] > s["into_same_heads"]["median"]  # not just induction heads' keys reading everything
