@@ -124,7 +124,8 @@ def _factor(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return P, Ra @ Rb.transpose(-1, -2), N
 
 
-def composition_scores(weights: HeadWeights) -> dict[str, Float[Tensor, "layer_j head_j layer_i head_i"]]:
+def composition_scores(weights: HeadWeights, device: torch.device | str | None = None
+                       ) -> dict[str, Float[Tensor, "layer_j head_j layer_i head_i"]]:
     """Q-, K- and V-composition of every later head j with every earlier head i (Elhage et al. 2021):
 
     * ``q``: ``||W_OV^i W_QK^j||_F / (||W_OV^i||_F ||W_QK^j||_F)`` (head i's output read by j's queries),
@@ -137,10 +138,13 @@ def composition_scores(weights: HeadWeights) -> dict[str, Float[Tensor, "layer_j
     any head's matrices by a constant leaves every score unchanged. Entries with
     ``layer_i >= layer_j`` are NaN.
 
+    ``device``: where to compute (e.g. the model's GPU; a 30-layer, 270-head model needs about
+    2.5e11 multiply-adds); the result is on the CPU.
+
     Returns:
         ``{"q", "k", "v"}`` -> ``[layer_j, head_j, layer_i, head_i]`` float32 arrays.
     """
-    W_Q, W_K, W_V, W_O = (t.double() for t in (weights.W_Q, weights.W_K, weights.W_V, weights.W_O))
+    W_Q, W_K, W_V, W_O = (t.to(device).double() for t in (weights.W_Q, weights.W_K, weights.W_V, weights.W_O))
     L, H = W_Q.shape[:2]
     # W_OV = W_V W_O = W_V (W_O^T)^T ; W_QK = W_Q W_K^T
     Pov, Mov, Nov = _factor(W_V, W_O.transpose(-1, -2))
@@ -148,7 +152,7 @@ def composition_scores(weights: HeadWeights) -> dict[str, Float[Tensor, "layer_j
     norm_ov, norm_qk = torch.linalg.matrix_norm(Mov), torch.linalg.matrix_norm(Mqk)  # [layer, head]
     # the pair products in float32 (scores ~0.1 need no more; a 30-layer model has ~10^5 of them)
     Pov, Mov, Nov, Pqk, Mqk, Nqk = (t.float() for t in (Pov, Mov, Nov, Pqk, Mqk, Nqk))
-    out = {kind: torch.full((L, H, L, H), float("nan"), dtype=torch.float32) for kind in "qkv"}
+    out = {kind: torch.full((L, H, L, H), float("nan"), dtype=torch.float32, device=Pov.device) for kind in "qkv"}
     for j in range(1, L):
         for kind, (right_P, right_M, right_norm, transpose) in {
             "q": (Pqk[j], Mqk[j], norm_qk[j], False),
@@ -161,7 +165,7 @@ def composition_scores(weights: HeadWeights) -> dict[str, Float[Tensor, "layer_j
             prod = Mov[:j][None] @ cross @ Mr[:, None, None]
             score = torch.linalg.matrix_norm(prod) / (norm_ov[:j][None] * right_norm[:, None, None])
             out[kind][j, :, :j] = score.float()
-    return out
+    return {k: v.cpu() for k, v in out.items()}
 
 
 def pair_scores(scores: Float[Tensor, "layer_j head_j layer_i head_i"], later: list[tuple[int, int]],

@@ -263,7 +263,7 @@ def test_smollm2_previous_token_heads_k_compose_into_induction_heads(smollm2_nat
     from pathlib import Path
 
     table = pd.read_csv(Path(__file__).parents[1] / "figures/smollm2-135m/head_scores.csv")
-    top = lambda col: [tuple(r) for r in table.nlargest(5, col)[["layer", "head"]].to_numpy()]  # noqa: E731
+    top = lambda col: [tuple(map(int, r)) for r in table.nlargest(5, col)[["layer", "head"]].to_numpy()]  # noqa: E731
     k = circuits.composition_scores(circuits.head_weights(smollm2_native))["k"].numpy()
     s = metrics.composition_summary(k, top("previous_token"), top("induction"))
     assert s["pairs_stats"]["mean"] > s["all_pairs"]["p95"]  # the circuit's pairs, on average, beyond 95% of all pairs
