@@ -166,3 +166,63 @@ def task_tokens(model, n_natural: int, seq_len: int, n_repeated: int, period: in
     repeated = repeated_random_tokens(model, n_repeated, period, seed)
     repeated_source = repeated_random_tokens(model, n_repeated, period, seed + 1)
     return TaskTokens(natural, repeated, repeated_source)
+
+
+@dataclass(frozen=True)
+class NeedleSet:
+    """Natural text with a random-token needle inserted twice (the retrieval score's token set).
+
+    Sequence b is ``[BOS] hay_1 needle hay_2 needle hay_3`` (``seq_len`` tokens): ``hay_*`` are
+    consecutive pieces of one natural-text window, ``needle`` is ``needle_len`` tokens drawn
+    uniformly from the non-special vocabulary.
+
+    Attributes:
+        tokens: ``[batch, pos]`` token ids.
+        start: index of the first non-BOS position.
+        first: ``[batch]`` position of the needle's first token in its first occurrence.
+        second: ``[batch]`` the same in the second occurrence.
+        needle_len: the needle's length in tokens.
+        source: a short description (for summary.json).
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    start: int
+    first: Int[Tensor, "batch"]
+    second: Int[Tensor, "batch"]
+    needle_len: int
+    source: str
+
+
+def needle_tokens(model, n_seqs: int, seq_len: int, needle_len: int, seed: int, text: str | None = None,
+                  source: str | None = None) -> NeedleSet:
+    """``n_seqs`` natural-text windows with a random-token needle inserted twice (:class:`NeedleSet`),
+    after Wu et al. 2024 ("Retrieval Head Mechanistically Explains Long-Context Factuality"),
+    whose needle-in-a-haystack test asks the model to reproduce a needle from its context.
+
+    The first needle starts at a seeded position in the first half of the haystack, the second
+    after at least ``needle_len`` more haystack tokens.
+
+    Raises:
+        HeadprobeError: ``needle_len < 2``, a ``seq_len`` with room for fewer than ``needle_len``
+            haystack tokens, or a text too short for one window (:func:`natural_text_tokens`).
+    """
+    start = 1 if model.prepend_bos else 0
+    hay_len = seq_len - start - 2 * needle_len
+    if needle_len < 2:
+        raise HeadprobeError(f"needle length {needle_len} is too short: retrieval needs at least 2 tokens")
+    if hay_len < needle_len:
+        raise HeadprobeError(f"sequence length {seq_len} is too short for two needles of {needle_len} tokens")
+    hay = natural_text_tokens(model, n_seqs, hay_len + start, seed, text, source)
+    gen = torch.Generator().manual_seed(seed + 7)
+    ids = random_token_ids(model.tokenizer, model.spec.d_vocab)
+    rows, first, second = [], [], []
+    for row in hay.tokens:
+        body = row[start:]
+        needle = ids[torch.randint(len(ids), (needle_len,), generator=gen)]
+        a = int(torch.randint(0, (hay_len - needle_len) // 2 + 1, (1,), generator=gen))
+        c = int(torch.randint(a + needle_len, hay_len + 1, (1,), generator=gen))
+        rows.append(torch.cat([row[:start], body[:a], needle, body[a:c], needle, body[c:]]))
+        first.append(start + a)
+        second.append(start + a + needle_len + (c - a))
+    return NeedleSet(torch.stack(rows), start, torch.tensor(first), torch.tensor(second), needle_len,
+                     f"{len(rows)} natural-text windows of {hay.source} with a random needle of {needle_len} tokens, twice")

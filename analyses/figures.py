@@ -238,6 +238,46 @@ def signed_head_heatmap(values: np.ndarray, title: str, cbar_label: str, group_s
     return head_heatmap(values, title, cbar_label, cmap="RdBu_r", vmin=-vmax, vmax=vmax, group_size=group_size, ax=ax)
 
 
+@_styled
+def composition_plot(k_scores: np.ndarray, earlier: Sequence[tuple[int, int]], later: Sequence[tuple[int, int]],
+                     title: str, earlier_name: str = "previous-token", later_name: str = "induction") -> Figure:
+    """K-composition of chosen head pairs against the typical pair (double-column width).
+
+    Left: the scores of ``earlier -> later`` pairs (``k_scores[layer_j, head_j, layer_i, head_i]``,
+    rows the later heads), blank where the earlier head is not in an earlier layer. Right: the
+    distribution of every pair of heads in different layers (histogram, its median dashed), the
+    chosen pairs as ticks along the top."""
+    vals = np.array([[k_scores[lj, hj, li, hi] if li < lj else np.nan for li, hi in earlier] for lj, hj in later])
+    allv = k_scores[np.isfinite(k_scores)]
+    fig = _figure(PAGE_WIDTH, 2.6)
+    left, right = fig.subplots(1, 2, width_ratios=[1, 1.4])
+    vmax = float(np.nanmax(vals)) if np.isfinite(vals).any() else 1.0
+    im = left.imshow(vals, cmap="viridis", vmin=0, vmax=max(vmax, float(np.percentile(allv, 99))), aspect="auto")
+    left.set_xticks(range(len(earlier)), [f"L{l}H{h}" for l, h in earlier], rotation=90)
+    left.set_yticks(range(len(later)), [f"L{l}H{h}" for l, h in later])
+    left.set_xlabel(f"{earlier_name} head (writes)")
+    left.set_ylabel(f"{later_name} head (keys read)")
+    for (r, c), v in np.ndenumerate(vals):
+        if np.isfinite(v):
+            left.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=5, color="white" if v < 0.6 * vmax else "black")
+        else:
+            left.text(c, r, "not\nearlier", ha="center", va="center", fontsize=4, color="0.4")
+    fig.colorbar(im, ax=left, shrink=0.9, pad=0.02).set_label("K-composition")
+    right.hist(allv, bins=60, color="0.7", label=f"all {allv.size} pairs (earlier → later layer)")
+    right.axvline(float(np.median(allv)), color="0.3", ls="--", lw=0.8, label=f"median of all pairs {np.median(allv):.3f}")
+    right.axvline(float(np.percentile(allv, 95)), color="0.3", ls=":", lw=0.8,
+                  label=f"95th percentile of all pairs {np.percentile(allv, 95):.3f}")
+    chosen = vals[np.isfinite(vals)]
+    ymax = right.get_ylim()[1]
+    right.vlines(chosen, ymax * 0.9, ymax, color="C3", lw=0.8, label=f"{earlier_name} → {later_name} ({chosen.size}), "
+                 f"median {np.median(chosen):.3f}" if chosen.size else "no pair")
+    right.set_xlabel("K-composition  ‖W_OV^i W_QK^jᵀ‖ / (‖W_OV^i‖ ‖W_QK^j‖)")
+    right.set_ylabel("pairs")
+    right.legend(fontsize=6, frameon=False, loc="upper right", bbox_to_anchor=(1.0, 0.85))
+    fig.suptitle(title)
+    return fig
+
+
 def weights_label(weights: str) -> str:
     """Short form of a ModelSpec's ``weights`` for figure titles: ``4-bit weights`` for the
     quantized default model, else the first word (``float32 weights``)."""

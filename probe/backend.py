@@ -22,6 +22,7 @@ cross-entropies in nats, the unit of every loss headprobe reports.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -119,6 +120,24 @@ class Backend(Protocol):
         ...
 
     def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]: ...
+
+    def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]: ...
+
+    def W_K(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]: ...
+
+    def W_V(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]: ...
+
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]: ...
+
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]: ...
+
+    def b_U(self) -> Float[Tensor, "d_vocab"] | None: ...
+
+    def norm_weights(self, layer: int | None = None) -> NormWeights | None:
+        """The affine part of layer ``layer``'s pre-attention norm (None: the final norm)."""
+        ...
+
+    def final_norm(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]: ...
 
     def b_O(self, layer: int) -> Float[Tensor, "d_model"] | None: ...
 
@@ -353,6 +372,40 @@ class LoadedModel:
         b = self.model.blocks[layer].attn.b_O
         return None if b is None else b
 
+    @torch.inference_mode()
+    def norm_weights(self, layer: int | None = None) -> NormWeights | None:
+        """The elementwise affine part of layer ``layer``'s pre-attention norm (``ln1``), or of the
+        final norm (``layer`` None), read off the norm itself, or None where the model has none.
+
+        The norm ``N`` is probed with ``c u`` and ``-c u`` (``u`` alternating +-1, mean 0, RMS 1,
+        ``c = 1e3``): both LayerNorm and RMS-type norms give ``N(+-c u) = +-w u + b`` to float rounding,
+        so ``w = (N(cu) - N(-cu)) / 2u`` and ``b = (N(cu) + N(-cu)) / 2`` (Gemma's ``1 + w`` needs no
+        special case). ``centers``: ``N`` ignores a constant added to its input (LayerNorm subtracts the mean).
+
+        Raises:
+            HeadprobeError: an odd ``d_model`` (the probe needs a mean-zero +-1 vector).
+        """
+        module = getattr(self.model, "ln_final", None) if layer is None else getattr(self.model.blocks[layer], "ln1", None)
+        if module is None:
+            return None
+        D = self.spec.d_model
+        if D % 2:
+            raise HeadprobeError(f"cannot read the norm weights of a model with odd d_model ({D})")
+        u = torch.ones(D, dtype=torch.float32, device=self.device)
+        u[1::2] = -1
+        c = 1e3
+        probe = torch.stack([c * u, -c * u, c * u + 3 * c]).to(self.dtype)[None]  # [1, 3, d_model]
+        out = module(probe)[0].float()
+        w, b = (out[0] - out[1]) / (2 * u), (out[0] + out[1]) / 2
+        centers = bool(torch.allclose(out[2], out[0], rtol=1e-2, atol=1e-2 * float(out[0].abs().max())))
+        return NormWeights(w, b, centers)
+
+    def final_norm(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """The model's final norm (``ln_final``) applied to the final residual stream ``resid``
+        (``resid`` itself where the model has none)."""
+        norm = getattr(self.model, "ln_final", None)
+        return resid if norm is None else norm(resid)
+
     # ---- what each backend implements ---------------------------------------------------------
 
     def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
@@ -376,6 +429,43 @@ class LoadedModel:
                       fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch"]:
         """Per-sequence mean loss (nats/token) of the predictions from index ``first`` on
         (:func:`scored_loss`), with ``fwd_hooks`` active for this forward."""
+        raise NotImplementedError
+
+    def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
+        """Layer ``layer``'s query projection split by head (``q_h = x @ W_Q[h]``, before rotary and
+        QK-norm; the pre-attention norm not folded in).
+
+        Raises:
+            HeadprobeError: latent attention (MLA), which has no per-head W_Q/W_K/W_V.
+        """
+        raise NotImplementedError
+
+    def W_K(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
+        """Layer ``layer``'s key projection split by key/value head (query head h reads ``h // group_size``).
+
+        Raises:
+            HeadprobeError: as :meth:`W_Q`.
+        """
+        raise NotImplementedError
+
+    def W_V(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
+        """Layer ``layer``'s value projection split by key/value head (``v = x @ W_V[kv_head]``).
+
+        Raises:
+            HeadprobeError: as :meth:`W_Q`.
+        """
+        raise NotImplementedError
+
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        """The token embedding matrix (without Gemma's ``sqrt(d_model)`` factor)."""
+        raise NotImplementedError
+
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        """The unembedding (``logits = final_norm(resid) @ W_U + b_U``)."""
+        raise NotImplementedError
+
+    def b_U(self) -> Float[Tensor, "d_vocab"] | None:
+        """The unembedding bias, or None."""
         raise NotImplementedError
 
     def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
@@ -418,6 +508,22 @@ class LoadedModel:
         """
         self.check_prunable()
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class NormWeights:
+    """The affine part of a norm ``N(x) = w * normalize(x) + b`` (:meth:`LoadedModel.norm_weights`).
+
+    Attributes:
+        weight: ``w`` ``[d_model]`` (float32).
+        bias: ``b`` ``[d_model]`` (zeros for RMS-type norms).
+        centers: the norm subtracts the mean of its input (LayerNorm), so it reads only the
+            component orthogonal to the all-ones direction.
+    """
+
+    weight: Float[Tensor, "d_model"]
+    bias: Float[Tensor, "d_model"]
+    centers: bool
 
 
 def _module_type(module: Any, module_name: str, class_name: str) -> bool:

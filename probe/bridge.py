@@ -62,6 +62,36 @@ class BridgeModel(LoadedModel):
             weight = attn.o.original_component.weight  # nn.Linear [d_model, head * d_v]
             return weight.T.unflatten(0, (self.spec.n_heads, weight.shape[1] // self.spec.n_heads))
 
+    def _split(self, layer: int, name: str) -> Tensor:
+        try:
+            return getattr(self.model.blocks[layer].attn, name)
+        except (ValueError, AttributeError, NotImplementedError):  # latent attention (MLA) has no per-head W_Q/W_K/W_V
+            raise HeadprobeError(f"this architecture has no per-head {name}: weight-based head metrics do not apply") from None
+
+    def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.W_Q`."""
+        return self._split(layer, "W_Q")
+
+    def W_K(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.W_K`."""
+        return self._split(layer, "W_K")
+
+    def W_V(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.W_V`."""
+        return self._split(layer, "W_V")
+
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.W_E`."""
+        return self.model.W_E
+
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.W_U`."""
+        return self.model.W_U
+
+    def b_U(self) -> Float[Tensor, "d_vocab"] | None:
+        """See :meth:`headprobe.probe.backend.LoadedModel.b_U`."""
+        return getattr(self.model, "b_U", None)
+
     @torch.inference_mode()
     def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
                       fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch"]:

@@ -19,6 +19,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headprobe.probe.backend import HookFn, LoadedModel, _module_type, cross_entropy_inplace, scored_loss
+from headprobe.probe.errors import HeadprobeError
 
 
 class NativeModel(LoadedModel):
@@ -56,6 +57,37 @@ class NativeModel(LoadedModel):
     def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
         """Layer ``layer``'s output projection split by head (a view of ``o_proj.weight``)."""
         return self.model.blocks[layer].attn.W_O
+
+    def _split(self, layer: int, proj: str) -> Float[Tensor, "head d_model d_head"]:
+        attn = self.model.blocks[layer].attn
+        if self.model.cfg.is_mla:
+            raise HeadprobeError("latent attention (MLA) has no per-head W_Q, W_K, W_V: weight-based head metrics do not apply")
+        weight = getattr(attn, proj).weight  # nn.Linear [n * d_head, d_model]
+        return weight.T.unflatten(1, (-1, self.model.cfg.d_head)).transpose(0, 1)
+
+    def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.W_Q` (a view of ``q_proj.weight``)."""
+        return self._split(layer, "q_proj")
+
+    def W_K(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.W_K` (a view of ``k_proj.weight``)."""
+        return self._split(layer, "k_proj")
+
+    def W_V(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.W_V` (a view of ``v_proj.weight``)."""
+        return self._split(layer, "v_proj")
+
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.W_E`."""
+        return self.model.embed.W_E.weight
+
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.W_U`."""
+        return self.model.unembed.weight.T
+
+    def b_U(self) -> Float[Tensor, "d_vocab"] | None:
+        """See :meth:`headprobe.probe.backend.LoadedModel.b_U`."""
+        return self.model.unembed.bias
 
     @torch.inference_mode()
     def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import headprobe
+from headprobe.analyses.metrics import METRIC_COLUMNS
 from headprobe.cli import main
 from headprobe.probe.errors import HeadprobeError
 
@@ -69,10 +70,11 @@ def test_types_limit_columns_figures_and_verifications(api_scan, text_file, tmp_
     model, full = api_scan
     part = headprobe.scan(model, text=str(text_file), types="induction,previous-token", **SMALL_SCAN)
     assert part.config.types == ("previous_token", "induction")  # registry order, `-` spelling accepted
-    assert list(part.table.columns) == ["layer", "head", "kv_head", "previous_token", "induction"]
+    assert list(part.table.columns) == ["layer", "head", "kv_head", "previous_token", "induction", *METRIC_COLUMNS]
     pd.testing.assert_frame_equal(part.table, full.table[list(part.table.columns)])  # same numbers as the full scan
     assert set(part.figures()) == {"heatmap_previous_token", "heatmap_induction", "overview",
-                                   "pattern_previous_token", "pattern_induction", "ablation"}
+                                   "pattern_previous_token", "pattern_induction", "ablation", "composition_k",
+                                   *(f"heatmap_{c}" for c in METRIC_COLUMNS)}
     assert {v.head_type for v in part.verifications} == {"previous_token", "induction"}
     same = [v for v in full.verifications if v.head_type in ("previous_token", "induction")]
     # the heads under test and their effects do not depend on the other types selected; the random
@@ -198,7 +200,7 @@ def test_scan_dtype_flag_casts_the_weights(tiny_dir, text_file, tmp_path):
     """``scan --dtype bf16`` computes in bfloat16 as ``ablate --dtype`` does; recorded in summary.json."""
     out = tmp_path / "bf16"
     assert main(["scan", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), "--dtype", "bf16",
-                 "--types", "induction", "--no-verify", *SMALL_FLAGS]) == 0
+                 "--types", "induction", "--no-verify", "--no-metrics", *SMALL_FLAGS]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["dtype"] == "bfloat16" and s["config"]["dtype"] == "bfloat16" and s["config"]["types"] == ["induction"]
     table = pd.read_csv(out / "head_scores.csv")

@@ -14,7 +14,7 @@ from headprobe.commands.scan import ScanConfig, run
 from test_loading import assert_one_line_error, run_cli
 
 EXPECTED_COLUMNS = ["layer", "head", "kv_head", "previous_token", "duplicate_token", "induction", "first_token",
-                    "positional_offset", "positional_fraction"]
+                    "positional_offset", "positional_fraction", "copying", "sink_rate", "entropy", "retrieval", "dla"]
 
 
 @pytest.fixture
@@ -42,7 +42,10 @@ def test_scan_pipeline_on_tiny_gqa_model_writes_everything(tiny_llama_gqa, word_
     assert summary["tokens"]["natural_text"]["tokens"] == 4 * 24
     assert summary["tokens"]["repeated_random"]["seq_len"] == 1 + 2 * 8
     assert {v["head_type"] for v in summary["ablations"]} == {"previous_token", "duplicate_token", "induction", "first_token", "positional"}
-    for stem in ["overview", "ablation", "heatmap_induction", "pattern_induction", "pattern_previous_token"]:
+    assert table["copying"].between(-1, 1).all() and table["entropy"].between(0, 5).all() and table["dla"].notna().all()
+    assert summary["metrics"]["k_composition_previous_token_to_induction"]["all_pairs"]["n"] == 8 * 8
+    for stem in ["overview", "ablation", "heatmap_induction", "pattern_induction", "pattern_previous_token",
+                 "heatmap_copying", "heatmap_dla", "composition_k"]:
         assert (out / f"{stem}.png").stat().st_size > 1000 and (out / f"{stem}.pdf").exists()
     assert not list(out.glob(".*tmp*")), "temporary files left behind"
 

@@ -38,6 +38,7 @@ from headprobe.analyses.statistics import bootstrap_ci
 from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
 from headprobe.analyses.detectors import DETECTORS, select_detectors
 from headprobe.analyses.scoring import example_patterns, score_token_set  # noqa: F401 - score_token_set re-exported
+from headprobe.analyses import metrics as head_metrics
 from headprobe.analyses import viewer
 from headprobe.options import positive_int
 from headprobe.probe.capture import kv_head_of
@@ -78,6 +79,9 @@ class ScanConfig:
             or a comma-separated string, ``-``/``_`` alike); None: all. Stored as the tuple of registry names.
         pattern_len: every head's pattern on the first ``pattern_len`` tokens of each token set's first
             sequence is kept for the viewer (patterns.npz, uint8, see :mod:`headprobe.analyses.viewer`); 0: none.
+        metrics: also compute the reported (not ablation-verified) head metrics of
+            :mod:`headprobe.analyses.metrics` (columns ``copying``, ``sink_rate``, ``entropy``,
+            ``retrieval``, ``dla``, their heatmaps, and the K-composition figure).
     """
 
     model: str = options.DEFAULT_MODEL
@@ -96,6 +100,7 @@ class ScanConfig:
     verify: bool = True
     types: str | Sequence[str] | None = None
     pattern_len: int = viewer.DEFAULT_PATTERN_LEN
+    metrics: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "types", select_detectors(self.types))
@@ -171,6 +176,9 @@ class ScanResult:
             mean over sequences; not ``positional_*``, a most-frequent offset).
         patterns: every head's pattern on each token set's first sequence (``natural``, ``repeated``;
             :func:`headprobe.analyses.viewer.head_patterns`), or None (``pattern_len`` 0).
+        metrics: the head metrics' summary (:func:`metrics_summary`): why a metric is missing, the
+            sink-head share, the composition of previous-token into induction heads; {} without metrics.
+        composition: ``{"q", "k", "v"}`` -> ``[layer_j, head_j, layer_i, head_i]`` composition scores, or None.
     """
 
     config: ScanConfig
@@ -189,6 +197,8 @@ class ScanResult:
     warnings: list[str] = field(default_factory=list)
     score_ci95: dict[str, np.ndarray] = field(default_factory=dict)
     patterns: dict | None = None
+    metrics: dict = field(default_factory=dict)
+    composition: dict | None = None
 
     def summary(self) -> dict:
         """summary.json's content (as a dict; package versions included)."""
@@ -358,6 +368,13 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
     patterns = (viewer.head_patterns(model, {"natural": natural, "repeated": repeated}, cfg.pattern_len)
                 if cfg.pattern_len else None)
 
+    composition, metric_notes = None, {}
+    if cfg.metrics:
+        needles = head_metrics.scan_needles(model, cfg.n_natural, cfg.seq_len, cfg.seed, text, natural.source)
+        metric_scores, metric_notes = head_metrics.scan_metrics(model, natural, needles, first_scored("natural", natural.start, None))
+        scores.update(metric_scores)
+        composition = head_metrics.scan_composition(model)
+
     layer, head = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
     dets = [DETECTORS[name] for name in cfg.types]
     table = pd.DataFrame({
@@ -365,6 +382,7 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
         "head": head.ravel(),
         "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads),
         **{c: scores[c].ravel() for d in dets for c in d.columns},
+        **{c: scores[c].ravel() for c in head_metrics.METRIC_COLUMNS if c in scores},
     })
     for d in dets:
         for c in d.integer_columns:
@@ -373,7 +391,29 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
                   if np.allclose(v.double().mean(0).numpy(), scores[c], atol=1e-5)}  # only where the score is that mean
     return ScanResult(cfg, spec, table, scores, verifications, clean, natural, repeated, examples, timings,
                       device=str(model.device), dtype=str(model.dtype), self_check=model.self_check.to_dict(),
-                      warnings=warnings, score_ci95=score_ci95, patterns=patterns)
+                      warnings=warnings, score_ci95=score_ci95, patterns=patterns, composition=composition,
+                      metrics=metrics_summary(scores, composition, cfg.types, metric_notes) if cfg.metrics else {})
+
+
+def metrics_summary(scores: dict[str, np.ndarray], composition: dict | None, types: Sequence[str],
+                    skipped: dict[str, str], top_n: int = 5) -> dict:
+    """summary.json's ``metrics``: top heads of each metric column, why a column is NaN, Gu et al.'s
+    share of sink heads (sink rate > 0.3), and the K-composition of the top previous-token into
+    the top induction heads beside its baselines (:func:`~headprobe.analyses.metrics.composition_summary`)."""
+    out: dict = {"skipped": skipped, "top_heads": {}}
+    for c in head_metrics.METRIC_COLUMNS:
+        v = scores.get(c)
+        if v is not None and np.isfinite(v).any():
+            order = np.argsort(-np.nan_to_num(v, nan=-np.inf), axis=None)[:top_n]
+            out["top_heads"][c] = [{"head": format_head(divmod(int(i), v.shape[1])), "score": round(float(v.flat[i]), 4)}
+                                   for i in order]
+    if np.isfinite(scores.get("sink_rate", np.nan)).all():
+        out["sink_heads_share"] = round(float((scores["sink_rate"] > head_metrics.SINK_THRESHOLD).mean()), 4)
+    if composition is not None and {"previous_token", "induction"} <= set(types):
+        prev = top_heads(torch.as_tensor(scores["previous_token"]), top_n)
+        ind = top_heads(torch.as_tensor(scores["induction"]), top_n)
+        out["k_composition_previous_token_to_induction"] = head_metrics.composition_summary(composition["k"], prev, ind)
+    return out
 
 
 def unknown_share(model, tokens: TokenSet) -> float:
@@ -475,6 +515,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
                          "ablation's mean per-sequence effect, score_ci95 of each listed head's mean per-sequence score "
                          "(not for positional scores, a most-frequent offset)",
         "ablations": [v.to_dict() for v in result.verifications],
+        "metrics": result.metrics,
         "timings_s": {k: round(v, 2) for k, v in result.timings.items()},
         "versions": package_versions(),
     }
@@ -502,6 +543,12 @@ def scan_figures(result: ScanResult) -> dict[str, object]:
         title = (f"top {head_type.replace('_', '-')} head {format_head(ex['head'])}: score {score:.2f}{setting}\n"
                  f"{tag}, first scored sequence")
         out[f"pattern_{head_type}"] = figs.pattern_plot(ex["pattern"], ex["labels"], title, ex.get("marks", ()))
+    out.update(head_metrics.metric_figures(result.scores, spec.group_size, tag))
+    if result.composition is not None and {"previous_token", "induction"} <= set(result.config.types):
+        out["composition_k"] = figs.composition_plot(
+            result.composition["k"], top_heads(torch.as_tensor(result.scores["previous_token"]), 5),
+            top_heads(torch.as_tensor(result.scores["induction"]), 5),
+            f"K-composition: top previous-token → top induction heads, {tag}")
     rows = [v.to_dict() for v in result.verifications]
     if rows:
         out["ablation"] = figs.ablation_plot(rows, f"Ablation check\n{tag}")
@@ -583,6 +630,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pattern-len", type=int, default=d.pattern_len, metavar="N",
                    help="keep every head's pattern on the first N tokens of each example in patterns.npz, "
                         "for headprobe view (default %(default)s; 0: none)")
+    p.add_argument("--no-metrics", dest="metrics", action="store_false",
+                   help="skip the reported head metrics (copying, sink rate, entropy, retrieval, DLA, composition)")
     p.add_argument("--html", action="store_true",
                    help="also write index.html, the interactive viewer (same as headprobe view OUT afterwards)")
 

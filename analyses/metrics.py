@@ -1,0 +1,288 @@
+"""Head metrics reported beside the head types (not verified by ablation): the attention sink
+rate, the attention entropy, the retrieval score, the direct logit attribution, and the weight
+metrics of :mod:`headprobe.analyses.circuits` (copying score, composition).
+
+Pattern metrics take ``pattern: [batch, head, q_pos, k_pos]`` (rows sum to 1, causal) and score
+every head of a layer at once, without modifying the pattern. :func:`scan_metrics` computes all
+columns of a scan (``copying``, ``sink_rate``, ``entropy``, ``retrieval``, ``dla``) in three
+forward passes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from headprobe.analyses import circuits
+from headprobe.analyses.data import NeedleSet, TokenSet
+from headprobe.probe.capture import stream_patterns
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import attn_hook
+
+Pattern = Float[Tensor, "batch head q_pos k_pos"]
+
+SINK_THRESHOLD = 0.3
+"""Gu et al. 2024's epsilon: a head is a sink head for token k when its sink rate exceeds it."""
+
+METRIC_COLUMNS = ("copying", "sink_rate", "entropy", "retrieval", "dla")
+"""head_scores.csv's metric columns, after the head types' columns."""
+
+
+def sink_rate(pattern: Pattern, key: int = 0) -> Float[Tensor, "head"]:
+    """Attention to key ``key`` averaged over the queries that can see it (Gu et al. 2024, "When
+    Attention Sink Emerges in Language Models", eq. 1: ``alpha_k = 1/(T-k+1) sum_{i>=k} A_{i,k}``,
+    1-indexed), then over the batch. For the first token (``key`` 0) that is every query, query 0
+    included (which attends only to itself, weight 1); the first-token score
+    (:func:`headprobe.analyses.detectors.first_token_score`) excludes it, so on one length T
+    ``sink_rate = (1 + (T-1) first_token) / T``. Gu et al. call the head a sink head when this
+    exceeds :data:`SINK_THRESHOLD` (0.3) and report the share of such heads as ``Sink_k^eps``.
+
+    Raises:
+        ValueError: ``pattern`` is not ``[batch, head, q, q]``, or ``key`` is outside it.
+    """
+    if pattern.ndim != 4 or pattern.shape[-1] != pattern.shape[-2] or not 0 <= key < pattern.shape[-1]:
+        raise ValueError(f"pattern must be [batch, head, q_pos, k_pos] (q_pos == k_pos > key={key}), got {tuple(pattern.shape)}")
+    return pattern[..., key:, key].float().mean(dim=(0, 2))
+
+
+def attention_entropy(pattern: Pattern) -> Float[Tensor, "head"]:
+    """Mean entropy (nats) of each query's attention distribution, ``-sum_k A_{q,k} ln A_{q,k}``
+    (``0 ln 0 = 0``), over queries ``q >= 1`` and the batch. Query 0 is excluded (it sees one
+    key, entropy 0), as in every detector. A uniform causal pattern gives ``ln(q + 1)`` at query q;
+    a one-hot pattern 0. Source: the attention entropy of Vig & Belinkov 2019 and Clark et al. 2019
+    ("What does BERT look at?", their per-head entropy).
+
+    Raises:
+        ValueError: ``pattern`` is not ``[batch, head, q, q]`` with q >= 2.
+    """
+    if pattern.ndim != 4 or pattern.shape[-1] != pattern.shape[-2] or pattern.shape[-1] < 2:
+        raise ValueError(f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos >= 2, got {tuple(pattern.shape)}")
+    p = pattern[..., 1:, :].float()
+    ent = -torch.where(p > 0, p * p.clamp_min(1e-30).log(), torch.zeros_like(p)).sum(-1)
+    return ent.mean(dim=(0, 2))
+
+
+def retrieval_hits(pattern: Pattern, queries: Int[Tensor, "batch n"], sources: Int[Tensor, "batch n"],
+                   copied: Bool[Tensor, "batch n"]) -> Float[Tensor, "head"]:
+    """Retrieval score (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context
+    Factuality"): the share of needle tokens that a head copy-pastes, ``|g_h ∩ k| / |k|``. At
+    query ``queries[b, i]`` the model predicts a needle token; it is copy-pasted by head h when
+    the model's top prediction is that token (``copied``) and the head's maximum attention falls
+    on the needle's own occurrence of it, key ``sources[b, i]``. The denominator is every needle
+    token scored (``batch * n``), copied or not, as in the paper.
+
+    Raises:
+        ValueError: shapes that do not match.
+    """
+    if queries.shape != sources.shape or queries.shape != copied.shape or queries.shape[0] != pattern.shape[0]:
+        raise ValueError(f"queries {tuple(queries.shape)}, sources {tuple(sources.shape)} and copied "
+                         f"{tuple(copied.shape)} must all be [batch, n] with batch {pattern.shape[0]}")
+    B, H = pattern.shape[:2]
+    rows = pattern[torch.arange(B)[:, None], :, queries.to(pattern.device)]  # [batch, n, head, k_pos]
+    top = rows.argmax(-1)  # [batch, n, head]
+    hit = (top == sources.to(top.device)[..., None]) & copied.to(top.device)[..., None]
+    return hit.float().mean(dim=(0, 1))
+
+
+def needle_queries(needles: NeedleSet) -> tuple[Int[Tensor, "batch n"], Int[Tensor, "batch n"], Int[Tensor, "batch n"]]:
+    """The scored queries of a :class:`~headprobe.analyses.data.NeedleSet`: inside the second
+    needle, position ``second + i`` predicts needle token ``i + 1`` (i < needle_len - 1; the
+    needle's first token has no cue), whose earlier occurrence is at ``first + i + 1``.
+
+    Returns:
+        (queries, sources, targets): query positions, source positions, target token ids.
+    """
+    i = torch.arange(needles.needle_len - 1)
+    queries = needles.second[:, None] + i
+    sources = needles.first[:, None] + i + 1
+    targets = needles.tokens.gather(1, queries + 1)
+    return queries, sources, targets
+
+
+@torch.inference_mode()
+def retrieval_score(model: Any, needles: NeedleSet) -> Float[Tensor, "layer head"]:
+    """:func:`retrieval_hits` of every head on ``needles`` in one forward pass (teacher forced:
+    the second needle is in the input, and the model's top prediction at each of its positions
+    decides whether the token is copied). Also see :func:`needle_queries`."""
+    spec = model.spec
+    queries, sources, targets = needle_queries(needles)
+    B = queries.shape[0]
+    top: dict[int, Tensor] = {}
+
+    def on_pattern(layer: int, pattern: Tensor) -> None:
+        rows = pattern[torch.arange(B)[:, None], :, queries.to(pattern.device)]
+        top[layer] = rows.argmax(-1).cpu()  # [batch, n, head]
+
+    logits = stream_patterns(model, needles.tokens, on_pattern)
+    pred = logits[torch.arange(B)[:, None], queries.to(logits.device)].argmax(-1).cpu()
+    copied = pred == targets
+    out = torch.zeros(spec.n_layers, spec.n_heads)
+    for layer, t in top.items():
+        out[layer] = ((t == sources[..., None]) & copied[..., None]).float().mean(dim=(0, 1))
+    return out
+
+
+@torch.inference_mode()
+def direct_logit_attribution(model: Any, tokens: Int[Tensor, "batch pos"], first: int
+                             ) -> Float[Tensor, "batch n layer head"]:
+    """Each head's direct contribution to the logit of the correct next token, through the final
+    norm with its per-token scale frozen at the clean run's (Elhage et al. 2021; TransformerLens'
+    ``apply_ln_to_stack``): at position i (``first <= i <= pos - 2``, target ``tokens[:, i+1]``),
+    ``dla_h = (z_h W_O^(h)) . (s_i P (w * W_U[:, target]))`` with ``w`` the final norm's weight,
+    ``P`` the centring (LayerNorm only) and ``s_i = 1/sigma_i`` fitted from the run by least
+    squares. The heads, ``b_O``, embeddings and MLP outputs (the terms of the final residual),
+    plus ``b . W_U[:, target] + b_U[target]`` (final norm bias, unembedding bias), sum to the
+    logit; Gemma-2's final soft-cap comes after this (the pre-cap logit is attributed).
+
+    Two forward passes: one for the final residual stream, one reading each layer's ``hook_z``.
+
+    Returns:
+        ``[batch, n, layer, head]`` logit units, ``n = pos - 1 - first`` positions.
+
+    Raises:
+        HeadprobeError: the model normalises attention outputs before the residual stream
+            (OLMo-2, Gemma-2: a head's contribution there is not linear in z).
+    """
+    spec = model.spec
+    if model.has_post_attention_norm:
+        raise HeadprobeError("direct logit attribution of single heads needs a model without post-attention norms")
+    tokens = tokens.to(model.device)
+    last = f"blocks.{spec.n_layers - 1}.hook_resid_post"
+    kept: dict[str, Tensor] = {}
+    model.forward(tokens, fwd_hooks=[(last, lambda x, hook: kept.__setitem__("x", x.detach().float()))])
+    x = kept["x"][:, first:-1]  # [batch, n, d_model]
+    target = tokens[:, first + 1:]
+    W_U = model.W_U().detach().float()
+    norm = model.norm_weights(None)
+    Wt = W_U.T[target]  # [batch, n, d_model], the target tokens' unembedding columns
+    if norm is None:
+        u = Wt
+    else:
+        y = model.final_norm(kept["x"][:, first:-1].to(model.dtype)).float() - norm.bias.to(x.device)
+        xc = x - x.mean(-1, keepdim=True) if norm.centers else x
+        wx = norm.weight.to(x.device) * xc
+        s = (y * wx).sum(-1, keepdim=True) / (wx * wx).sum(-1, keepdim=True).clamp_min(1e-30)
+        u = s * norm.weight.to(x.device) * Wt
+        if norm.centers:
+            u = u - u.mean(-1, keepdim=True)
+    out = torch.zeros(*u.shape[:2], spec.n_layers, spec.n_heads, device=u.device)
+
+    def make(layer: int):
+        W_O = model.W_O(layer).detach().float()
+
+        def hook(z: Tensor, hook: Any) -> None:
+            dirs = torch.einsum("hed,bnd->bnhe", W_O.to(z.device), u)  # W_O^(h) u, [batch, n, head, d_head]
+            out[:, :, layer] = (z[:, first:-1].float() * dirs).sum(-1)
+        return hook
+
+    model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)])
+    return out
+
+
+@torch.inference_mode()
+def scan_metrics(model: Any, natural: TokenSet, needles: NeedleSet | None,
+                 first: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Every metric column of a scan, ``[layer, head]`` each: ``copying`` (weights), ``sink_rate``
+    and ``entropy`` (natural text), ``retrieval`` (``needles``), ``dla`` (mean over the natural-text
+    predictions from index ``first`` on).
+
+    A metric the model does not allow is NaN, with the reason in the second dict (column ->
+    reason): ``copying`` for latent attention (no per-head W_V), ``dla`` for post-attention norms
+    or a failed per-head self-check, ``retrieval`` without ``needles``.
+    """
+    spec = model.spec
+    nan = np.full((spec.n_layers, spec.n_heads), np.nan, dtype=np.float32)
+    out: dict[str, np.ndarray] = {}
+    skipped: dict[str, str] = {}
+    try:
+        out["copying"] = circuits.copying_score(model).numpy()
+    except HeadprobeError as e:
+        out["copying"], skipped["copying"] = nan.copy(), str(e)
+    sink = torch.zeros(spec.n_layers, spec.n_heads)
+    ent = torch.zeros(spec.n_layers, spec.n_heads)
+
+    def on_pattern(layer: int, pattern: Tensor) -> None:
+        sink[layer] = sink_rate(pattern).cpu()
+        ent[layer] = attention_entropy(pattern).cpu()
+
+    stream_patterns(model, natural.tokens, on_pattern)
+    out["sink_rate"], out["entropy"] = sink.numpy(), ent.numpy()
+    if needles is None:
+        out["retrieval"], skipped["retrieval"] = nan.copy(), "sequences too short for two needles"
+    else:
+        out["retrieval"] = retrieval_score(model, needles).numpy()
+    try:
+        model.self_check.require_decomposition("direct logit attribution")
+        out["dla"] = direct_logit_attribution(model, natural.tokens, first).mean(dim=(0, 1)).cpu().numpy()
+    except HeadprobeError as e:
+        out["dla"], skipped["dla"] = nan.copy(), str(e)
+    return {c: out[c] for c in METRIC_COLUMNS}, skipped
+
+
+def metric_figures(scores: dict[str, np.ndarray], group_size: int | None, tag: str) -> dict[str, Any]:
+    """``heatmap_<column>`` for each metric column in ``scores`` (matplotlib Figures): copying on
+    [-1, 1] and dla centred at 0 (``RdBu_r``), sink rate and retrieval on [0, 1], entropy from 0 (nats)."""
+    from headprobe.analyses import figures as figs
+
+    styles = {
+        "copying": ("copying score (OV eigenvalues)", "Σλ / Σ|λ|", dict(cmap="RdBu_r", vmin=-1.0, vmax=1.0)),
+        "sink_rate": ("sink rate (first token)", "mean attention to token 0", {}),
+        "entropy": ("attention entropy", "nats (mean over queries)", dict(vmax=None)),
+        "retrieval": ("retrieval score (needle copy-paste)", "share of needle tokens", {}),
+    }
+    out: dict[str, Any] = {}
+    for col, (title, label, opts) in styles.items():
+        if col in scores and np.isfinite(scores[col]).any():
+            out[f"heatmap_{col}"] = figs.head_heatmap(scores[col], f"{title}, {tag}", label, group_size=group_size, **opts)
+    if "dla" in scores and np.isfinite(scores["dla"]).any():
+        out["heatmap_dla"] = figs.signed_head_heatmap(scores["dla"], f"direct logit attribution, {tag}",
+                                                      "logit of the next token", group_size=group_size)
+    return out
+
+
+NEEDLE_LEN = 16
+"""Needle length (tokens) of the retrieval score, unless a quarter of the sequence is shorter."""
+
+
+def scan_needles(model: Any, n_seqs: int, seq_len: int, seed: int, text: str | None = None,
+                 source: str | None = None) -> NeedleSet | None:
+    """The retrieval score's token set for a scan: ``n_seqs`` windows of ``seq_len`` tokens with a
+    needle of :data:`NEEDLE_LEN` tokens (or a quarter of the sequence if shorter) inserted twice;
+    None where that leaves fewer than 2 needle tokens."""
+    from headprobe.analyses.data import needle_tokens
+
+    start = 1 if model.prepend_bos else 0
+    m = min(NEEDLE_LEN, (seq_len - start) // 4)
+    return None if m < 2 else needle_tokens(model, n_seqs, seq_len, m, seed, text, source)
+
+
+@torch.inference_mode()
+def scan_composition(model: Any) -> dict[str, np.ndarray] | None:
+    """:func:`headprobe.analyses.circuits.composition_scores` of ``model`` as numpy arrays
+    ``[layer_j, head_j, layer_i, head_i]``, or None where the weights do not allow it (MLA)."""
+    try:
+        return {k: v.numpy() for k, v in circuits.composition_scores(circuits.head_weights(model), model.device).items()}
+    except HeadprobeError:
+        return None
+
+
+def composition_summary(k_scores: np.ndarray, earlier: list[tuple[int, int]], later: list[tuple[int, int]]) -> dict:
+    """K-composition of the pairs ``earlier -> later`` (e.g. top previous-token -> top induction
+    heads) beside two baselines: every pair of heads in different layers, and every earlier head
+    into the same later heads. Pairs with the earlier head not in an earlier layer are left out."""
+    pairs = [(float(k_scores[lj, hj, li, hi]), f"{li}.{hi}->{lj}.{hj}") for lj, hj in later for li, hi in earlier if li < lj]
+    allv = k_scores[np.isfinite(k_scores)]
+    into = np.concatenate([k_scores[lj, hj][np.isfinite(k_scores[lj, hj])] for lj, hj in later]) if later else np.array([])
+
+    def stats(v: np.ndarray) -> dict:
+        return {"n": int(v.size), "mean": round(float(v.mean()), 4), "median": round(float(np.median(v)), 4),
+                "p95": round(float(np.percentile(v, 95)), 4)} if v.size else {"n": 0}
+
+    vals = np.array([p[0] for p in pairs])
+    return {"pairs": {name: round(v, 4) for v, name in pairs}, "pairs_stats": stats(vals),
+            "all_pairs": stats(allv), "into_same_heads": stats(into),
+            "pairs_percentile_in_all": (round(float((allv[None] < vals[:, None]).mean(1).mean() * 100), 1) if vals.size else None)}

@@ -1,0 +1,270 @@
+"""The reported head metrics (analyses/metrics.py, analyses/circuits.py): hand-made patterns and
+weights with known answers, brute-force references (a d_vocab eigendecomposition, a loop over head
+pairs with explicit d_model x d_model matrices), the logit identity of the direct logit
+attribution, and both backends' weight accessors against the Hugging Face modules."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from headprobe.analyses import circuits, metrics
+from headprobe.analyses.data import needle_tokens
+from headprobe.probe.capture import capture_heads
+from conftest import TINY_MODELS
+
+
+def uniform_causal(B: int, H: int, T: int) -> torch.Tensor:
+    p = torch.ones(T, T).tril()
+    return (p / p.sum(-1, keepdim=True)).expand(B, H, T, T).clone()
+
+
+# ---- pattern metrics on hand-made patterns ------------------------------------------------------
+
+def test_entropy_of_a_uniform_causal_pattern_is_mean_log_of_the_keys_seen():
+    T = 12
+    got = metrics.attention_entropy(uniform_causal(2, 3, T))
+    want = np.mean([math.log(i + 1) for i in range(1, T)])
+    assert torch.allclose(got, torch.full((3,), want), atol=1e-5)
+    onehot = torch.eye(T)[None, None].expand(1, 2, T, T)
+    assert torch.allclose(metrics.attention_entropy(onehot), torch.zeros(2))
+
+
+def test_sink_rate_averages_over_the_queries_that_see_the_key():
+    T = 10
+    pat = uniform_causal(1, 2, T)
+    pat[0, 1] = 0
+    pat[0, 1, :, 0] = 1  # head 1: every query attends only to token 0
+    got = metrics.sink_rate(pat)
+    want0 = np.mean([1 / (i + 1) for i in range(T)])  # query 0 included: it sees key 0
+    assert got[0].item() == pytest.approx(want0, rel=1e-6)
+    assert got[1].item() == pytest.approx(1.0)
+    # key 3 is seen by queries 3..T-1 only (Gu et al.'s 1/(T-k+1))
+    assert metrics.sink_rate(pat, key=3)[0].item() == pytest.approx(np.mean([1 / (i + 1) for i in range(3, T)]), rel=1e-6)
+    with pytest.raises(ValueError):
+        metrics.sink_rate(pat, key=T)
+
+
+def test_retrieval_hits_counts_copied_tokens_whose_top_attention_is_on_the_source():
+    T, n = 12, 4
+    queries = torch.tensor([[6, 7, 8, 9]])
+    sources = torch.tensor([[1, 2, 3, 4]])
+    copied = torch.tensor([[True, True, False, True]])
+    pat = uniform_causal(1, 3, T) * 0.1
+    for i in range(n):
+        q, s = queries[0, i], sources[0, i]
+        pat[0, 0, q, s] = 5.0  # head 0: top attention on the source
+        pat[0, 1, q, s + 1] = 5.0  # head 1: on the token after it
+    pat[0, 2, 9, 4] = 5.0  # head 2: on the source of the last query only
+    got = metrics.retrieval_hits(pat, queries, sources, copied)
+    assert got.tolist() == pytest.approx([3 / 4, 0.0, 1 / 4])  # the paper's |g_h ∩ k| / |k|: all needle tokens count
+
+
+def test_needle_set_repeats_the_needle_and_keeps_its_length(tiny_gpt2_native):
+    text = " ".join(f"t{i % 90}" for i in range(400))
+    ns = needle_tokens(tiny_gpt2_native, 3, 40, 6, seed=1, text=text)
+    assert ns.tokens.shape == (3, 40)
+    for b in range(3):
+        a, c = int(ns.first[b]), int(ns.second[b])
+        assert c >= a + 2 * 6
+        assert torch.equal(ns.tokens[b, a:a + 6], ns.tokens[b, c:c + 6])
+    q, s, t = metrics.needle_queries(ns)
+    assert torch.equal(ns.tokens.gather(1, s), t)  # the source holds the token to predict
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama_gqa_native", "tiny_gpt2"])
+def test_retrieval_score_matches_a_loop_over_heads(fixture, request):
+    model = request.getfixturevalue(fixture)
+    text = " ".join(f"t{(7 * i) % 97}" for i in range(600))
+    ns = needle_tokens(model, 2, 40, 8, seed=0, text=text)
+    got = metrics.retrieval_score(model, ns)
+    pats = capture_heads(model, ns.tokens)["pattern"]
+    logits = model.forward(ns.tokens)
+    q, s, t = metrics.needle_queries(ns)
+    want = torch.zeros_like(got)
+    for layer in range(model.spec.n_layers):
+        for h in range(model.spec.n_heads):
+            hits = 0
+            for b in range(q.shape[0]):
+                for i in range(q.shape[1]):
+                    copied = logits[b, q[b, i]].argmax() == t[b, i]
+                    hits += bool(copied and pats[layer][b, h, q[b, i]].argmax() == s[b, i])
+            want[layer, h] = hits / q.numel()
+    assert torch.equal(got, want)
+
+
+# ---- weights: accessors, copying, composition ---------------------------------------------------
+
+@pytest.mark.parametrize("fixture", TINY_MODELS)
+def test_weight_accessors_match_the_hugging_face_modules(fixture, request):
+    model = request.getfixturevalue(fixture)
+    ckpt = request.getfixturevalue("tiny_gpt2_checkpoint" if "gpt2" in fixture else "tiny_llama_gqa_checkpoint").hf_model
+    d, dh = model.spec.d_model, model.spec.d_head
+    if "gpt2" in fixture:
+        blk = ckpt.transformer.h[1]
+        Wq, Wk, Wv = blk.attn.c_attn.weight.split(d, dim=1)  # Conv1D: [in, out]
+        ln, lnf, W_E = blk.ln_1, ckpt.transformer.ln_f, ckpt.transformer.wte.weight
+    else:
+        blk = ckpt.model.layers[1]
+        Wq, Wk, Wv = (getattr(blk.self_attn, n).weight.T for n in ("q_proj", "k_proj", "v_proj"))
+        ln, lnf, W_E = blk.input_layernorm, ckpt.model.norm, ckpt.model.embed_tokens.weight
+    split = lambda W: W.unflatten(1, (-1, dh)).transpose(0, 1)  # noqa: E731
+    assert torch.allclose(model.W_Q(1), split(Wq))
+    assert torch.allclose(model.W_K(1), split(Wk)) and model.W_K(1).shape[0] == model.spec.n_kv_heads
+    assert torch.allclose(model.W_V(1), split(Wv))
+    assert torch.allclose(model.W_E(), W_E) and torch.allclose(model.W_U(), ckpt.lm_head.weight.T)
+    for nw, module in ((model.norm_weights(1), ln), (model.norm_weights(None), lnf)):
+        assert torch.allclose(nw.weight, module.weight, atol=1e-5)
+        assert nw.centers == ("gpt2" in fixture)
+        if "gpt2" in fixture:
+            assert torch.allclose(nw.bias, module.bias, atol=1e-5)
+
+
+def test_copying_score_is_one_for_an_identity_ov_and_minus_one_for_its_negation():
+    torch.manual_seed(0)
+    V, D = 50, 8
+    W_E = torch.randn(V, D)
+    eye = torch.eye(D)[None, None]  # one layer, one head, d_head = d_model
+    W_V = torch.cat([eye, eye, torch.randn(1, 1, D, D)], dim=1)  # [1, 3, D, D]
+    W_O = torch.cat([eye, -eye, torch.randn(1, 1, D, D)], dim=1)
+    got = circuits.copying_scores(W_E, W_V, W_O, W_E.T)  # W_E W_OV W_E^T: PSD, or -PSD
+    assert got[0, 0].item() == pytest.approx(1.0, abs=1e-6)
+    assert got[0, 1].item() == pytest.approx(-1.0, abs=1e-6)
+    assert -1 < got[0, 2].item() < 1
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gpt2_native", "tiny_llama_gqa"])
+def test_copying_score_equals_the_brute_force_d_vocab_eigendecomposition(fixture, request):
+    model = request.getfixturevalue(fixture)
+    w = circuits.head_weights(model)
+    got = circuits.copying_score(model)
+    for layer in range(model.spec.n_layers):
+        for h in range(model.spec.n_heads):
+            M = (w.W_E.double() @ w.W_V[layer, h].double() @ w.W_O[layer, h].double() @ w.W_U.double()).numpy()
+            lam = np.linalg.eigvals(M)  # [d_vocab], all but d_head of them ~0
+            assert got[layer, h].item() == pytest.approx(lam.sum().real / np.abs(lam).sum(), abs=2e-4)
+    # GQA: the heads of one key/value group share W_V; their scores still differ through W_O
+    assert torch.equal(w.W_V[0, 0], w.W_V[0, model.spec.group_size - 1])
+
+
+def _loop_composition(w: circuits.HeadWeights) -> dict[str, torch.Tensor]:
+    L, H = w.W_Q.shape[:2]
+    out = {k: torch.full((L, H, L, H), float("nan"), dtype=torch.float64) for k in "qkv"}
+    fro = torch.linalg.matrix_norm
+    for lj in range(L):
+        for hj in range(H):
+            QK = w.W_Q[lj, hj].double() @ w.W_K[lj, hj].double().T
+            OVj = w.W_V[lj, hj].double() @ w.W_O[lj, hj].double()
+            for li in range(lj):
+                for hi in range(H):
+                    OV = w.W_V[li, hi].double() @ w.W_O[li, hi].double()
+                    for k, right in (("q", QK), ("k", QK.T), ("v", OVj)):
+                        out[k][lj, hj, li, hi] = fro(OV @ right) / (fro(OV) * fro(right))
+    return out
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama_gqa_native", "tiny_gpt2"])
+def test_composition_scores_match_a_loop_over_head_pairs_and_are_scale_invariant(fixture, request):
+    model = request.getfixturevalue(fixture)
+    w = circuits.head_weights(model)
+    got = circuits.composition_scores(w)
+    want = _loop_composition(w)
+    for k in "qkv":
+        assert got[k].shape == (model.spec.n_layers, model.spec.n_heads) * 2
+        assert torch.equal(torch.isnan(got[k]), torch.isnan(want[k]))
+        assert torch.allclose(got[k].double().nan_to_num(), want[k].nan_to_num(), atol=1e-5)
+        assert got[k].nan_to_num().std() > 0.005  # not a constant
+    # rescaling one head's matrices changes no score
+    W_V, W_Q = w.W_V.clone(), w.W_Q.clone()
+    W_V[0, 1] *= 3.0
+    W_Q[1, 2] *= 0.25
+    scaled = circuits.composition_scores(circuits.HeadWeights(W_Q, w.W_K, W_V, w.W_O, w.W_E, w.W_U))
+    for k in "qkv":
+        assert torch.allclose(scaled[k].nan_to_num(), got[k].nan_to_num(), atol=1e-5)
+    # while changing a head's direction does
+    W_O = w.W_O.clone()
+    W_O[0, 1] = torch.randn_like(W_O[0, 1])
+    moved = circuits.composition_scores(circuits.HeadWeights(w.W_Q, w.W_K, w.W_V, W_O, w.W_E, w.W_U))
+    assert not torch.allclose(moved["k"][1, :, 0, 1], got["k"][1, :, 0, 1], atol=1e-3)
+
+
+# ---- direct logit attribution -------------------------------------------------------------------
+
+@pytest.mark.parametrize("fixture", TINY_MODELS)
+def test_dla_plus_the_other_components_sums_to_the_logit(fixture, request):
+    """The identity: heads + b_O + embeddings + MLP outputs, each through the frozen final norm,
+    plus the norm's bias and b_U, give the correct token's logit."""
+    model = request.getfixturevalue(fixture)
+    spec = model.spec
+    tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(3))
+    first = 1
+    dla = metrics.direct_logit_attribution(model, tokens, first)  # [batch, n, layer, head]
+    kept = {}
+    names = ["hook_embed", "hook_pos_embed"] + [f"blocks.{l}.hook_{k}" for l in range(spec.n_layers)
+                                                 for k in ("attn_out", "mlp_out")]
+    names += [f"blocks.{spec.n_layers - 1}.hook_resid_post"]
+    hooks = [(n, (lambda n: lambda x, hook: kept.__setitem__(n, x.detach().double()))(n))
+             for n in names if n in model.hook_names()]
+    logits = model.forward(tokens, fwd_hooks=hooks).double()
+    x = kept[f"blocks.{spec.n_layers - 1}.hook_resid_post"][:, first:-1]
+    target = tokens[:, first + 1:]
+    # the frozen final norm, computed here from its definition: w * (x - mean) / sigma + b
+    nw = model.norm_weights(None)
+    w, b = nw.weight.double(), nw.bias.double()
+    xc = x - x.mean(-1, keepdim=True) if nw.centers else x
+    y = model.final_norm(x.float()).double()
+    sigma = ((w * xc) * (w * xc)).sum(-1, keepdim=True) / ((y - b) * (w * xc)).sum(-1, keepdim=True)
+    W_U = model.W_U().double()
+    direct = lambda c: ((((c - c.mean(-1, keepdim=True)) if nw.centers else c) * w / sigma) @ W_U).gather(  # noqa: E731
+        -1, target[..., None]).squeeze(-1)
+    b_U = model.b_U()
+    rest = (b @ W_U)[target] + (0 if b_U is None else b_U.double()[target])
+    heads_sum = torch.zeros_like(rest)
+    for l in range(spec.n_layers):  # noqa: E741
+        # attn_out minus the heads is b_O: the heads come from dla, b_O from the bias
+        b_O = model.b_O(l)
+        if b_O is not None:
+            rest = rest + direct(b_O.double().expand_as(x))
+        rest = rest + direct(kept[f"blocks.{l}.hook_mlp_out"][:, first:-1])
+        heads_sum = heads_sum + dla[:, :, l].double().sum(-1)
+    rest = rest + direct(kept["hook_embed"][:, first:-1])
+    if "hook_pos_embed" in kept:
+        rest = rest + direct(kept["hook_pos_embed"][:, first:-1])
+    want = logits[:, first:-1].gather(-1, target[..., None]).squeeze(-1)
+    assert torch.allclose(heads_sum + rest, want, atol=1e-3, rtol=1e-4)
+    assert heads_sum.abs().max() > 1e-3  # the heads carry part of it
+
+
+def test_dla_catches_a_head_output_that_is_not_what_the_block_adds(tiny_gpt2_native):
+    """The identity above can fail: attributing with a wrong W_O breaks it."""
+    model = tiny_gpt2_native
+    tokens = torch.randint(0, 100, (1, 10), generator=torch.Generator().manual_seed(4))
+    good = metrics.direct_logit_attribution(model, tokens, 1)
+
+    class WrongWO:
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def W_O(self, layer):
+            return model.W_O(layer) * 1.5
+
+    bad = metrics.direct_logit_attribution(WrongWO(), tokens, 1)
+    assert not torch.allclose(good.sum((-1, -2)), bad.sum((-1, -2)), atol=1e-4)
+
+
+# ---- the real model ------------------------------------------------------------------------------
+
+@pytest.mark.real_model
+def test_smollm2_previous_token_heads_k_compose_into_induction_heads(smollm2_native):
+    """On SmolLM2-135M the top previous-token heads' outputs are read by the top induction heads'
+    keys more than by a typical pair of heads (Olsson et al. 2022's induction circuit)."""
+    import pandas as pd
+    from pathlib import Path
+
+    table = pd.read_csv(Path(__file__).parents[1] / "figures/smollm2-135m/head_scores.csv")
+    top = lambda col: [tuple(map(int, r)) for r in table.nlargest(5, col)[["layer", "head"]].to_numpy()]  # noqa: E731
+    k = circuits.composition_scores(circuits.head_weights(smollm2_native))["k"].numpy()
+    s = metrics.composition_summary(k, top("previous_token"), top("induction"))
+    assert s["pairs_stats"]["mean"] > s["all_pairs"]["p95"]  # the circuit's pairs, on average, beyond 95% of all pairs
+    assert s["pairs_stats"]["median"] > s["into_same_heads"]["median"]  # not just induction heads' keys reading everything
