@@ -422,6 +422,27 @@ def quality_vs_kv(labels: Sequence[str], kv_bytes: np.ndarray, loss: np.ndarray,
     return fig
 
 
+@_styled
+def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, title: str, ylabel: str) -> Figure:
+    """Horizontal bars of signed per-head effects (largest first, top to bottom) with their 95%
+    intervals as whiskers (``ci``: ``[2, n]`` lower and upper bounds); blue below zero, orange above."""
+    effects, ci = np.asarray(effects, dtype=float), np.asarray(ci, dtype=float)
+    n = len(labels)
+    fig = _figure(COLUMN_WIDTH, 0.9 + 0.17 * n)
+    ax = fig.subplots()
+    y = np.arange(n)
+    err = np.where(np.isfinite(ci), np.abs(ci - effects[None]), 0.0)
+    ax.barh(y, effects, 0.7, color=np.where(effects < 0, "#0072B2", "#E69F00"), xerr=err, capsize=1.5, error_kw={"lw": 0.6})
+    ax.axvline(0, color="black", lw=0.5)
+    ax.set_yticks(y, [f"head {label}" for label in labels])
+    ax.invert_yaxis()
+    ax.set_xlabel(ylabel)
+    ax.set_title(title)
+    ax.annotate("whiskers: 95% bootstrap interval over prompts", (1, 0), xycoords="axes fraction", ha="right",
+                va="bottom", fontsize=5, color="#555555")
+    return fig
+
+
 def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
     """Write ``stem.png``, ``stem.pdf`` and ``stem.svg`` (:data:`FORMATS`) atomically, PDF fonts
     embedded as TrueType (:data:`_SAVE_RC`); returns the paths."""

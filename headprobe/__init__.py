@@ -32,6 +32,7 @@ _EXPORTS = {
     "study": ("headprobe.commands.study", "study"),
     "view": ("headprobe.commands.view", "view"),
     "atlas": ("headprobe.commands.atlas", "atlas"),
+    "patch": ("headprobe.commands.patch", "patch"),
     "load_model": ("headprobe.probe.loading", "load_model"),
     "LoadedModel": ("headprobe.probe.loading", "LoadedModel"),
     "Backend": ("headprobe.probe.backend", "Backend"),

@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, str] = {
     "view": "headprobe.commands.view",
     "show": "headprobe.commands.show",
     "atlas": "headprobe.commands.atlas",
+    "patch": "headprobe.commands.patch",
 }
 
 
