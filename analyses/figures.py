@@ -457,3 +457,63 @@ def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
             fig.savefig(tmp, format=ext, dpi=dpi, metadata=metadata.get(ext))
         paths.append(path)
     return paths
+
+
+@_styled
+def pruning_methods_plot(curves: Sequence[tuple[str, np.ndarray, dict[str, np.ndarray]]],
+                         bands: Sequence[tuple[str, np.ndarray, dict[str, np.ndarray]]],
+                         metrics: Sequence[tuple[str, str]], title: str) -> Figure:
+    """Loss against the fraction of heads removed for several pruning methods, one panel per metric.
+
+    Args:
+        curves: ``(label, fraction_pruned [n], {metric column: loss [n]})``, one line per method.
+        bands: ``(label, fraction_pruned [n], {metric column: loss [seed, n]})``: drawn as the mean
+            over seeds (a line) and the range over seeds (a shaded band), e.g. random orders.
+        metrics: ``(column, panel y label)`` pairs.
+    """
+    fig = _figure(COLUMN_WIDTH, 1.5 * len(metrics) + 0.6)
+    axes = np.atleast_1d(fig.subplots(len(metrics), 1, sharex=True))
+    styles = [("#0072B2", "o", "-"), ("#009E73", "^", "-."), ("#CC79A7", "D", ":"), ("#D55E00", "v", "-")]
+    band_color = "#E69F00"
+    reach = 0.0
+    for ax, (col, ylabel) in zip(axes, metrics):
+        for label, frac, losses in bands:
+            y = np.asarray(losses[col], dtype=float)
+            n = y.shape[0]
+            ax.fill_between(frac, y.min(axis=0), y.max(axis=0), color=band_color, alpha=0.3, lw=0)
+            ax.plot(frac, y.mean(axis=0), color=band_color, ls="--", lw=1,
+                    label=f"{label} (mean, range of {n} seeds)")
+            reach = max(reach, float(np.max(frac)))
+        for (label, frac, losses), (color, marker, ls) in zip(curves, styles):
+            ax.plot(frac, losses[col], color=color, marker=marker, ls=ls, ms=3, lw=1, label=label)
+            reach = max(reach, float(np.max(frac)))
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, lw=0.4)
+    axes[0].legend(frameon=False, fontsize=6)
+    axes[0].set_title(title)
+    axes[-1].set_xlabel("fraction of heads removed")
+    axes[-1].set_xlim(-0.02 * reach, 1.02 * reach)
+    return fig
+
+
+@_styled
+def per_layer_plot(layers: np.ndarray, clean: float, best_only: np.ndarray, worst_only: np.ndarray,
+                   layer_ablated: np.ndarray, best_head: np.ndarray, title: str) -> Figure:
+    """Michel et al. 2019's per-layer reduction: for each layer (x), the loss (nats/token) with
+    that layer reduced to its best single head, to its worst single head, and with all its heads
+    ablated, against the unpruned model's loss (a horizontal line); the best head's index is
+    written above each layer's point."""
+    fig = _figure(COLUMN_WIDTH, 2.4)
+    ax = fig.subplots()
+    ax.axhline(clean, color="black", lw=0.8, label="all heads")
+    ax.plot(layers, layer_ablated, color="#D55E00", marker="x", ls="", ms=3, label="layer's heads all ablated")
+    ax.plot(layers, worst_only, color="#E69F00", marker="s", ls="", ms=2.5, label="only its worst head kept")
+    ax.plot(layers, best_only, color="#0072B2", marker="o", ls="-", ms=3, lw=0.8, label="only its best head kept")
+    for x, y, h in zip(layers, best_only, best_head):
+        ax.annotate(str(int(h)), (x, y), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=4.5, color="#0072B2")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("held-out text loss (nats)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, lw=0.4)
+    ax.legend(frameon=False, fontsize=5.5)
+    return fig

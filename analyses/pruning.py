@@ -8,6 +8,13 @@ at the current head mask after every step (``rescore``) or once before pruning (
 paper). After every step the loss on held-out sets is recorded. The random baseline removes the
 heads in one seeded random order, in the same steps. Removal here is by the head mask (z_h
 multiplied by 0); :mod:`headprobe.probe.pruned` turns a mask into a model without those weights.
+
+:func:`l0_pruning` is the other method: Voita, Talbot, Moiseev, Sennrich, Titov 2019 ("Analyzing
+Multi-Head Self-Attention", arXiv 1905.09418), one stochastic Hard Concrete gate per head
+(Louizos, Welling, Kingma 2018, arXiv 1712.01312) on the frozen model, trained on the task loss
+plus a penalty on the expected number of open gates; a sweep over the penalty's weight gives
+the curve. :func:`curve_auc` compares curves by their area, :func:`per_layer_best_head` is
+Michel et al.'s per-layer table (each layer reduced to its single best head).
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import Head, attn_hook, format_head
 
 ORDERS = ("importance", "random")
+METHODS = ("michel", "l0", "random")
+"""The pruning methods ``headprobe prune --method`` compares: Michel et al.'s iterative gradient
+importance (:func:`iterative_pruning`, ``order="importance"``), Voita et al.'s L0 head gates
+(:func:`l0_pruning`) and a seeded random order (``order="random"``)."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +185,7 @@ def _median_time(fn, repeats: int = 3) -> float:
 @torch.inference_mode()
 def build_pruned(model: Backend, keep: Bool[Tensor, "layer head"], tokens: Int[Tensor, "batch pos"]) -> tuple[Any, dict]:
     """Remove the heads ``keep`` marks False for real (:func:`headprobe.probe.pruned.remove_heads`),
-    round-trip the result through a saved file, and compare it with the masked model.
+    round-trip the result through a saved model directory, and compare it with the masked model.
 
     Args:
         model: a LoadedModel whose heads can be removed (:meth:`~headprobe.probe.backend.Backend.check_prunable`).
@@ -185,7 +196,8 @@ def build_pruned(model: Backend, keep: Bool[Tensor, "layer head"], tokens: Int[T
         (pruned, info): the pruned :class:`~headprobe.probe.model.Transformer` and
         ``{"heads_removed", "fraction_removed", "kv_heads_removed", "attention_parameters": {"full",
         "pruned"}, "max_abs_logit_diff_vs_masked", "forward_s": {"masked", "pruned"} (median seconds
-        per forward), "speedup", "tokens", "bytes"}`` (size of the saved file).
+        per forward), "speedup", "tokens", "bytes"}`` (size of the saved weights and config,
+        :func:`headprobe.probe.pruned.save_pruned_dir`, without the tokenizer).
 
     Raises:
         HeadprobeError: the model's heads cannot be removed exactly (not native, MLA, all-head
@@ -194,16 +206,15 @@ def build_pruned(model: Backend, keep: Bool[Tensor, "layer head"], tokens: Int[T
     import tempfile
     from pathlib import Path
 
-    from headprobe.probe.pruned import count_attention_parameters, count_kv_heads, load_pruned, save_pruned
+    from headprobe.probe.pruned import count_attention_parameters, count_kv_heads, load_pruned_dir, save_pruned_dir
 
     spec = model.spec
     n = int((~keep.bool()).sum())
     pruned = model.remove_heads(keep)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "pruned_model.pt"
-        save_pruned(pruned, path)
-        size = path.stat().st_size
-        reloaded = load_pruned(path, model.device).to(model.dtype)
+        save_pruned_dir(pruned, Path(tmp))
+        size = sum(f.stat().st_size for f in Path(tmp).iterdir())
+        reloaded = load_pruned_dir(Path(tmp), model.device).to(model.dtype)
     tokens = tokens.to(model.device)
     mask = keep.to(model.device, model.dtype)
     masked_logits = model.forward(tokens, head_mask=mask)
@@ -224,3 +235,209 @@ def build_pruned(model: Backend, keep: Bool[Tensor, "layer head"], tokens: Int[T
         "attention_parameters": {"full": model.attention_parameters(), "pruned": count_attention_parameters(pruned)},
         "max_abs_logit_diff_vs_masked": diff, "forward_s": {"masked": t_masked, "pruned": t_pruned},
         "speedup": t_masked / t_pruned, "tokens": list(tokens.shape), "bytes": size}
+
+
+# --- Voita et al. 2019: L0 head gates (Hard Concrete, Louizos et al. 2018) ---------------------------
+
+HC_BETA, HC_GAMMA, HC_ZETA = 2 / 3, -0.1, 1.1
+"""The Hard Concrete distribution's temperature and stretch interval (Louizos et al. 2018,
+section 4; the values Voita et al. 2019 use)."""
+
+
+def hard_concrete_sample(log_alpha: Tensor, u: Tensor) -> Tensor:
+    """Gate values in [0, 1] from uniform noise ``u`` (same shape as ``log_alpha``): ``s =
+    sigmoid((log u - log(1-u) + log_alpha) / beta)``, stretched to (gamma, zeta) and clamped
+    (Louizos et al. 2018, eq. 10). Differentiable in ``log_alpha``."""
+    s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + log_alpha) / HC_BETA)
+    return (s * (HC_ZETA - HC_GAMMA) + HC_GAMMA).clamp(0.0, 1.0)
+
+
+def expected_open(log_alpha: Tensor) -> Tensor:
+    """``P(gate > 0)`` per gate, ``sigmoid(log_alpha - beta log(-gamma / zeta))`` (Louizos et al.
+    2018, eq. 12): the expected L0 norm is its sum."""
+    return torch.sigmoid(log_alpha - HC_BETA * torch.log(torch.tensor(-HC_GAMMA / HC_ZETA)))
+
+
+def _gated_loss(model: Any, data: LossSet, gates: Float[Tensor, "layer head"]) -> Tensor:
+    """Mean scored loss (nats/token) with each head's z multiplied by its gate (a hook at
+    ``hook_z``), differentiable in ``gates``."""
+    def make(layer: int):
+        def hook(z: Tensor, hook: Any) -> Tensor:
+            return z * gates[layer].to(z.dtype)[None, None, :, None]
+        return hook
+
+    hooks = [(attn_hook(layer, "z"), make(layer)) for layer in range(model.spec.n_layers)]
+    tokens = data.tokens.to(model.device)
+    return scored_loss(model.forward(tokens, fwd_hooks=hooks), tokens, data.first).float().mean()
+
+
+def l0_pruning(model: Any, train_set: LossSet, eval_sets: Mapping[str, LossSet],
+               lambdas: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0), steps: int = 30, lr: float = 0.1,
+               init: float = 1.0, batch_size: int = 4, seed: int = 0, progress: bool = False,
+               resume: dict | None = None, on_step: Callable[[dict], None] | None = None) -> PruningRun:
+    """Voita et al. 2019's head gates, one curve point per penalty weight.
+
+    One gate per head, ``g = HardConcrete(log_alpha)`` (:func:`hard_concrete_sample`), multiplies
+    the head's ``z`` at ``hook_z``; the model is frozen and only ``log_alpha`` ``[layer, head]``
+    (initialised to ``init``: gates open) is trained, by Adam, on ``task loss + lam * E[open
+    gates] / n_heads_total`` (:func:`expected_open`; ``lam`` is in nats per whole model's heads,
+    so one sweep suits models of any size; Voita et al. write ``lam * L0`` with the count). The
+    sweep is a continuation: ``lambdas`` in increasing order, each starting from the gates the
+    previous one left, ``steps`` Adam steps each on minibatches of ``batch_size`` sequences of
+    ``train_set`` (the Hard Concrete noise and the minibatches drawn from ``seed``). After each
+    ``lam`` the heads whose deterministic gate is above 1/2 (``log_alpha > 0``) are kept, the
+    others removed, and the held-out losses are those of that binary mask (z multiplied by 1 or
+    0, as for the other methods). Row 0 is the unpruned model.
+
+    Args:
+        model: a LoadedModel (either backend); its parameters are not changed.
+        train_set: where the gates are trained (the task loss).
+        eval_sets: name -> held-out set; each gives a ``<name>_loss`` column.
+        resume, on_step: as :func:`iterative_pruning` (one step is one ``lam``).
+
+    Returns:
+        a :class:`PruningRun` with ``order="l0"``; rows also hold ``lambda`` and
+        ``expected_open`` (the expected number of open gates); :attr:`PruningRun.removal_order`
+        lists heads by the ``lam`` at which they were first removed (ties by the gate's
+        ``log_alpha``, lowest first).
+
+    Raises:
+        HeadprobeError: a negative or unsorted ``lambdas``, ``steps`` or ``batch_size`` below 1.
+    """
+    lambdas = tuple(float(x) for x in lambdas)
+    if not lambdas or any(x < 0 for x in lambdas) or list(lambdas) != sorted(lambdas):
+        raise HeadprobeError(f"L0 penalties must be non-negative and increasing, got {lambdas}")
+    if steps < 1 or batch_size < 1:
+        raise HeadprobeError(f"L0 steps ({steps}) and batch size ({batch_size}) must be at least 1")
+    require_head_ablation(model)
+    spec = model.spec
+    n_total = spec.n_layers * spec.n_heads
+    gen = torch.Generator().manual_seed(seed)
+    log_alpha = torch.full((spec.n_layers, spec.n_heads), float(init))
+    run = PruningRun("l0")
+    opt_state = None
+    if resume:
+        run.rows = [dict(r) for r in resume["rows"]]
+        run.removal_order = [tuple(h) for h in resume["removal_order"]]
+        log_alpha = torch.tensor(resume["log_alpha"])
+        gen.set_state(torch.tensor(resume["rng"], dtype=torch.uint8))
+        opt_state = resume.get("adam")
+
+    log_alpha = log_alpha.to(model.device).requires_grad_(True)
+    opt = torch.optim.Adam([log_alpha], lr=lr)
+    if opt_state is not None:
+        opt.load_state_dict({"state": {0: {k: torch.tensor(v) if k != "step" else torch.tensor(float(v))
+                                           for k, v in opt_state.items()}},
+                             "param_groups": opt.state_dict()["param_groups"]})
+
+    def keep_mask() -> Tensor:
+        return (log_alpha.detach() > 0).float().cpu()
+
+    def state() -> dict:
+        st = opt.state_dict()["state"].get(0)
+        return {"rows": run.rows, "removal_order": [list(h) for h in run.removal_order],
+                "log_alpha": log_alpha.detach().cpu().tolist(), "rng": gen.get_state().tolist(),
+                "adam": None if st is None else {k: (float(v) if k == "step" else v.cpu().tolist()) for k, v in st.items()}}
+
+    def record(step: int, lam: float | None, removed: list[Head]) -> None:
+        keep = keep_mask()
+        n = n_total - int(keep.sum())
+        row = {"order": "l0", "step": step, "n_pruned": n, "fraction_pruned": n / n_total}
+        for name, data in eval_sets.items():
+            row[f"{name}_loss"] = masked_loss(model, data, keep)
+        row["lambda"] = lam
+        row["expected_open"] = float(expected_open(log_alpha.detach()).sum())
+        row["removed"] = " ".join(format_head(h) for h in removed)
+        run.rows.append(row)
+
+    if not run.rows:
+        with torch.no_grad():
+            log_alpha.fill_(float(init))
+        record(0, None, [])
+        if on_step:
+            on_step(state())
+    todo = list(enumerate(lambdas, start=1))[len(run.rows) - 1:]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(todo) * steps, desc="pruning (l0 gates)", unit="step")
+    B = train_set.tokens.shape[0]
+    for step, lam in todo:
+        for _ in range(steps):
+            rows = torch.randperm(B, generator=gen)[:batch_size]
+            u = torch.rand(log_alpha.shape, generator=gen).clamp(1e-6, 1 - 1e-6).to(model.device)
+            with torch.inference_mode(False), torch.enable_grad():
+                gates = hard_concrete_sample(log_alpha, u)
+                loss = _gated_loss(model, LossSet(train_set.tokens[rows], train_set.first), gates)
+                total = loss + lam * expected_open(log_alpha).sum() / n_total
+                (log_alpha.grad,) = torch.autograd.grad(total, [log_alpha])  # the model's weights get no gradient
+            opt.step()
+            if bar is not None:
+                bar.update(1)
+        before = {h for h in run.removal_order}
+        keep = keep_mask()
+        la = log_alpha.detach().cpu()
+        newly = sorted(((l, h) for l in range(spec.n_layers) for h in range(spec.n_heads)
+                        if keep[l, h] == 0 and (l, h) not in before), key=lambda lh: float(la[lh]))
+        run.removal_order += newly
+        record(step, lam, newly)
+        if on_step:
+            on_step(state())
+    if bar is not None:
+        bar.close()
+    return run
+
+
+def curve_auc(fraction: Any, loss: Any, upto: float) -> float:
+    """Area under a pruning curve, loss (nats/token) against the fraction of heads removed, from
+    0 to ``upto`` (trapezoids; the curve linearly interpolated at ``upto``), divided by ``upto``:
+    the mean loss over that range (nats/token; lower is better). Points are sorted by fraction.
+
+    Raises:
+        HeadprobeError: ``upto`` outside (0, 1] or beyond the curve's reach, or a curve not starting at 0.
+    """
+    import numpy as np
+
+    f, y = np.asarray(fraction, dtype=float), np.asarray(loss, dtype=float)
+    order = np.argsort(f, kind="stable")
+    f, y = f[order], y[order]
+    if not 0 < upto <= 1 or f[0] > 0 or f[-1] < upto - 1e-12:
+        raise HeadprobeError(f"cannot integrate a curve over [0, {upto}] reaching [{f[0]}, {f[-1]}]")
+    inside = f < upto
+    xs = np.append(f[inside], upto)
+    ys = np.append(y[inside], np.interp(upto, f, y))
+    return float(np.trapezoid(ys, xs) / upto)
+
+
+@torch.inference_mode()
+def per_layer_best_head(model: Any, data: LossSet, progress: bool = False) -> list[dict]:
+    """Michel et al. 2019 (section 3.2, Table 2): each layer reduced to one head, the other
+    layers intact. For every layer and head, the loss with every *other* head of that layer
+    zero-ablated (at ``hook_z``; :func:`headprobe.analyses.ablation.set_ablation_losses`); the
+    best head is the one with the lowest loss.
+
+    Returns:
+        one dict per layer: ``layer, best_head, loss_best_only, loss_worst_only, loss_layer_ablated``
+        (the whole layer's heads ablated), ``clean_loss``, ``delta_best_only`` (``loss_best_only -
+        clean_loss``), all nats/token on ``data``.
+    """
+    from headprobe.analyses.ablation import set_ablation_losses
+
+    spec = model.spec
+    sets = []
+    for layer in range(spec.n_layers):
+        sets += [[(layer, o) for o in range(spec.n_heads) if o != h] for h in range(spec.n_heads)]
+        sets.append([(layer, o) for o in range(spec.n_heads)])
+    sets.append([])
+    losses = set_ablation_losses(model, data.tokens, sets, "zero", None, data.first, progress=progress,
+                                 desc="one head per layer").mean(dim=1)
+    clean = float(losses[-1])
+    out = []
+    per = spec.n_heads + 1
+    for layer in range(spec.n_layers):
+        one = losses[layer * per: layer * per + spec.n_heads]
+        best = int(one.argmin())
+        out.append({"layer": layer, "best_head": best, "loss_best_only": float(one[best]),
+                    "loss_worst_only": float(one.max()), "loss_layer_ablated": float(losses[layer * per + spec.n_heads]),
+                    "clean_loss": clean, "delta_best_only": float(one[best]) - clean})
+    return out

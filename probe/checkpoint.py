@@ -15,9 +15,15 @@ NATIVE_WEIGHTS = "headprobe_model.pt"
 NATIVE_FORMAT = "headprobe-native-1"
 
 
+PRUNED_WEIGHTS = "headprobe_model.safetensors"
+"""The weights of a pruned model directory (:func:`headprobe.probe.pruned.save_pruned_dir`; its
+config.json has the same format, plus ``pruned``)."""
+
+
 def is_native_dir(path: str | Path) -> bool:
-    """Whether ``path`` is a headprobe checkpoint directory (it holds ``headprobe_model.pt``)."""
-    return (Path(path) / NATIVE_WEIGHTS).is_file()
+    """Whether ``path`` is a headprobe checkpoint directory (it holds ``headprobe_model.pt``, or
+    ``headprobe_model.safetensors`` for a pruned model)."""
+    return (Path(path) / NATIVE_WEIGHTS).is_file() or (Path(path) / PRUNED_WEIGHTS).is_file()
 
 
 def save_native(model: Any, out: str | Path, extra: dict[str, Any] | None = None) -> None:

@@ -552,7 +552,12 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
         if meta.get("format") != NATIVE_FORMAT:
             raise ValueError(f"format is {meta.get('format')!r}, expected {NATIVE_FORMAT!r}")
         cfg = TransformerConfig.from_json(meta["model"])
-        model = Transformer.from_state_dict(cfg, torch.load(path / NATIVE_WEIGHTS, map_location="cpu", weights_only=True))
+        if "pruned" in meta:  # a pruned model directory: removed heads come back as zero weights (exact)
+            from headprobe.probe.pruned import load_pruned_dir_full
+
+            model = load_pruned_dir_full(path)[0]
+        else:
+            model = Transformer.from_state_dict(cfg, torch.load(path / NATIVE_WEIGHTS, map_location="cpu", weights_only=True))
     except HeadprobeError:
         raise
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as e:
@@ -565,7 +570,11 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
         raise HeadprobeError(f"headprobe checkpoint {path} has no readable tokenizer: {' '.join(str(e).split())[:200]}") from None
-    spec = spec_from_native(str(path), str(path), "float32 (headprobe checkpoint)", cfg)
+    weights = "float32 (headprobe checkpoint)"
+    if "pruned" in meta:
+        p = meta["pruned"]
+        weights = f"{p.get('dtype', 'float32')} (pruned headprobe checkpoint, {p.get('n_removed')} heads removed, zero weights)"
+    spec = spec_from_native(str(path), str(path), weights, cfg)
     return NativeModel(model.to(device).eval(), tokenizer, spec, prepend_bos=prepend_bos)
 
 

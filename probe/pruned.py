@@ -224,3 +224,138 @@ def load_pruned(path: str | os.PathLike[str], device: str | torch.device = "cpu"
     net.to(dtype)
     net.load_state_dict(payload["state_dict"], strict=True)
     return net.to(device).eval()
+
+
+from headprobe.probe.checkpoint import PRUNED_WEIGHTS  # noqa: E402 - the weights file of a pruned model directory
+
+
+def _attn_keys(layer: int) -> dict[str, str]:
+    p = f"blocks.{layer}.attn."
+    return {n: p + n for n in ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight",
+                               "v_proj.bias", "o_proj.weight", "kv_index")}
+
+
+def save_pruned_dir(net: Transformer, out: str | os.PathLike[str], tokenizer: Any = None, source: str | None = None) -> None:
+    """Write a pruned model as a model directory that ``headprobe --model DIR`` and
+    :func:`headprobe.probe.loading.load_model` load: ``headprobe_model.safetensors`` (the smaller
+    tensors, in the model's dtype; safetensors), ``config.json`` (the headprobe checkpoint format of
+    :mod:`headprobe.probe.checkpoint`, with ``pruned``: the kept and the removed heads per layer in
+    the original numbering, and ``source``) and the tokenizer's files (``tokenizer.save_pretrained``)
+    when ``tokenizer`` is given. :func:`load_pruned_dir` rebuilds the small model.
+
+    Raises:
+        HeadprobeError: ``net`` is not a model from :func:`remove_heads`.
+    """
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from headprobe.probe.checkpoint import NATIVE_FORMAT
+    from headprobe.probe.io import write_json
+
+    if not hasattr(net, "kept_heads"):
+        raise HeadprobeError("save_pruned_dir needs a model from remove_heads")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = net.cfg
+    state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()
+             if not k.endswith("attn.kv_index") and not (cfg.tied_unembed and k == "unembed.weight")}
+    with atomic_path(out / PRUNED_WEIGHTS) as tmp:
+        save_file(state, str(tmp))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out))
+    removed = [[h for h in range(cfg.n_heads) if h not in kept] for kept in net.kept_heads]
+    write_json(out / "config.json", {
+        "format": NATIVE_FORMAT, "model": dataclasses.asdict(cfg), "source": source,
+        "pruned": {"kept_heads": net.kept_heads, "removed_heads": removed,
+                   "n_removed": sum(len(r) for r in removed), "dtype": str(next(iter(state.values())).dtype).removeprefix("torch.")}})
+
+
+def _read_pruned_dir(path: Any) -> tuple[TransformerConfig, list[list[int]], dict[str, Tensor]]:
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    try:
+        meta = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        cfg = TransformerConfig.from_json(meta["model"])
+        kept = [list(map(int, k)) for k in meta["pruned"]["kept_heads"]]
+        state = load_file(str(path / PRUNED_WEIGHTS))
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise HeadprobeError(f"cannot read pruned model directory {path}: {' '.join(str(e).split())[:200]}") from None
+    if len(kept) != cfg.n_layers:
+        raise HeadprobeError(f"pruned model directory {path}: kept heads for {len(kept)} layers, config has {cfg.n_layers}")
+    if cfg.tied_unembed:
+        state["unembed.weight"] = state["embed.W_E.weight"]
+    return cfg, kept, state
+
+
+def is_pruned_dir(path: Any) -> bool:
+    """Whether ``path`` is a directory written by :func:`save_pruned_dir`."""
+    from pathlib import Path
+
+    return (Path(path) / PRUNED_WEIGHTS).is_file()
+
+
+def load_pruned_dir(path: Any, device: str | torch.device = "cpu") -> Transformer:
+    """The small pruned model (removed heads' weights absent, as :func:`remove_heads` made it) from
+    a directory of :func:`save_pruned_dir`, in the saved dtype, on ``device``.
+
+    Raises:
+        HeadprobeError: the directory is missing, unreadable or its weights do not match its config.
+    """
+    cfg, kept, state = _read_pruned_dir(path)
+    net = Transformer(cfg)
+    keep = torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.bool)
+    for layer, k in enumerate(kept):
+        keep[layer, k] = True
+    _install(net, keep)
+    net.to(next(iter(state.values())).dtype)
+    for layer, b in enumerate(net.blocks):
+        state[f"blocks.{layer}.attn.kv_index"] = b.attn.kv_index
+    try:
+        net.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise HeadprobeError(f"pruned model directory {path}: weights do not match its config: {' '.join(str(e).split())[:200]}") from None
+    return net.to(device).eval()
+
+
+def load_pruned_dir_full(path: Any) -> tuple[Transformer, list[list[int]]]:
+    """The pruned model of :func:`save_pruned_dir` as a full-shape native model for analysis:
+    every head present, a removed head's rows of ``q_proj`` / ``k_proj`` / ``v_proj`` (a key/value
+    head only when no kept head reads it) and its columns of ``o_proj`` set to zero, so its output
+    contribution ``z_h W_O^(h)`` is exactly 0 and the logits equal the small model's (to float
+    rounding). Returns the model (saved dtype, CPU) and the removed heads per layer.
+
+    Raises:
+        HeadprobeError: as :func:`load_pruned_dir`.
+    """
+    cfg, kept, state = _read_pruned_dir(path)
+    d = cfg.d_head
+    full = {}
+    for k, v in state.items():
+        full[k] = v
+    for layer, heads in enumerate(kept):
+        keys = _attn_keys(layer)
+        kv = sorted({h // cfg.group_size for h in heads})
+        rows = lambda hs: torch.tensor([i for h in hs for i in range(h * d, (h + 1) * d)], dtype=torch.long)  # noqa: E731
+        for name, hs, n in (("q_proj", heads, cfg.n_heads), ("k_proj", kv, cfg.n_kv_heads), ("v_proj", kv, cfg.n_kv_heads)):
+            for part in ("weight", "bias"):
+                key = keys[f"{name}.{part}"]
+                if key not in state:
+                    continue
+                small = state[key]
+                big = small.new_zeros((n * d, *small.shape[1:]))
+                big[rows(hs)] = small
+                full[key] = big
+        w = state[keys["o_proj.weight"]]
+        big = w.new_zeros(w.shape[0], cfg.n_heads * d)
+        big[:, rows(heads)] = w
+        full[keys["o_proj.weight"]] = big
+    try:
+        net = Transformer.from_state_dict(cfg, full)
+    except RuntimeError as e:
+        raise HeadprobeError(f"pruned model directory {path}: weights do not match its config: {' '.join(str(e).split())[:200]}") from None
+    return net, [[h for h in range(cfg.n_heads) if h not in k] for k in kept]

@@ -42,20 +42,60 @@ def test_ablate_cli(tiny_dir, tmp_path):
     assert (out / "ablation_effect.png").is_file() and (out / "ablation_effect.pdf").is_file()
 
 
+FAST_L0 = ["--l0-steps", "12", "--l0-lambdas", "10,100", "--n-seeds", "2"]
+
+
 def test_prune_cli_saves_reloadable_model(tiny_dir, tmp_path):
+    """Issue 16: every method on one CSV and figure, areas in summary.json, and the pruned model a
+    directory that ``load_model`` and ``scan --model DIR`` load, equal to the masked model."""
     out = tmp_path / "prune"
     args = ["prune", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), "--step-fraction", "0.25",
-            "--save-pruned", "--save-fraction", "0.5", *SMALL]
+            "--save-pruned", "--save-fraction", "0.5", *FAST_L0, *SMALL]
     assert main(args) == 0
     curve = pd.read_csv(out / "pruning_curve.csv")
-    assert set(curve["order"]) == {"importance", "random"}
-    assert curve.groupby("order")["fraction_pruned"].max().tolist() == [1.0, 1.0]
+    assert set(curve["method"]) == {"michel", "l0", "random"}
+    assert sorted(curve.loc[curve.method == "random", "seed"].unique().tolist()) == [0, 1]
+    iterative = curve[curve.method != "l0"]
+    assert iterative.groupby(["method", "seed"], dropna=False)["fraction_pruned"].max().tolist() == [1.0, 1.0, 1.0]
+    assert curve.loc[curve.method == "l0", "lambda"].dropna().tolist() == [10.0, 100.0]
+    assert curve.loc[curve.method == "l0", "n_pruned"].max() > 0
     summary = json.loads((out / "summary.json").read_text())
+    auc = summary["auc"]
+    lo, hi = auc["range"]
+    from headprobe.analyses.pruning import curve_auc
+
+    mich = curve[curve.method == "michel"]
+    assert auc["michel"]["natural"] == pytest.approx(curve_auc(mich.fraction_pruned, mich.natural_loss, hi), abs=1e-4)
+    assert len(auc["random"]["natural"]["per_seed"]) == 2
     assert summary["pruned_model"]["heads_removed"] == 8
     assert summary["pruned_model"]["max_abs_logit_diff_vs_masked"] < 1e-4
-    from headprobe.probe.pruned import load_pruned
+    # the saved directory: small tensors, the removed heads in the original numbering, a tokenizer
+    import headprobe
+    from headprobe.probe.pruned import load_pruned_dir
 
-    assert sum(len(k) for k in load_pruned(out / "pruned_model.pt").kept_heads) == 8
+    d = out / "pruned_model"
+    meta = json.loads((d / "config.json").read_text())
+    removed = {(l, h) for l, hs in enumerate(meta["pruned"]["removed_heads"]) for h in hs}
+    order = [tuple(int(x) for x in h.split(".")) for h in summary["removal_order"]["michel"][:8]]
+    assert removed == set(order)
+    small = load_pruned_dir(d)
+    assert sum(len(k) for k in small.kept_heads) == 8
+    loaded = headprobe.load_model(str(d), device="cpu")  # full shape, removed heads' weights zero
+    base = headprobe.load_model(str(tiny_dir), device="cpu")
+    keep = torch.ones(2, 8)
+    for l, h in removed:
+        keep[l, h] = 0
+    tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        masked = base.model(tokens, head_mask=keep)
+        torch.testing.assert_close(loaded.forward(tokens), masked, atol=1e-4, rtol=0)
+        torch.testing.assert_close(small(tokens), masked, atol=1e-4, rtol=0)
+    assert loaded.self_check.ok
+    assert main(["scan", "--model", str(d), "--out", str(tmp_path / "scan"), "--text", _text(tmp_path), "--n-random", "2",
+                 "--types", "induction", "--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6",
+                 "--device", "cpu"]) == 0
+    scores = pd.read_csv(tmp_path / "scan" / "head_scores.csv")
+    assert len(scores) == 16
     assert (out / "pruning_curve.png").is_file()
 
 
@@ -151,7 +191,7 @@ def test_killed_run_resumes_to_the_same_results(tiny_dir, tmp_path, command, kil
     from headprobe.probe.io import CHECKPOINT_NAME
     from test_loading import run_cli
 
-    args = ["--model", str(tiny_dir), "--text", _text(tmp_path), *SMALL]
+    args = ["--model", str(tiny_dir), "--text", _text(tmp_path), *(FAST_L0 if command == "prune" else []), *SMALL]
     rc, _, err = run_cli(command, "--out", str(tmp_path / "whole"), *args)
     assert rc == 0, err
     rc, _, _ = run_cli(command, "--out", str(tmp_path / "cut"), *args, env={"HEADPROBE_KILL_AFTER_SAVES": str(kill_after)})

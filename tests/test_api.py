@@ -182,9 +182,9 @@ def test_api_ablate_and_prune_equal_their_cli(tiny_dir, text_file, tmp_path):
     a.save(tmp_path / "a_api")
     assert (tmp_path / "a_api" / "head_ablation.csv").read_bytes() == (tmp_path / "a" / "head_ablation.csv").read_bytes()
     assert a.table["natural_loss_delta"].notna().sum() == 2
-    p = headprobe.prune(model, text=str(text_file), step_fraction=0.5, **small)
+    p = headprobe.prune(model, text=str(text_file), step_fraction=0.5, l0_steps=2, l0_lambdas=(1.0, 10.0), n_seeds=2, **small)
     assert main(["prune", "--model", str(tiny_dir), "--out", str(tmp_path / "p"), "--text", str(text_file),
-                 "--step-fraction", "0.5", *flags]) == 0
+                 "--step-fraction", "0.5", "--l0-steps", "2", "--l0-lambdas", "1,10", "--n-seeds", "2", *flags]) == 0
     p.save(tmp_path / "p_api")
     assert (tmp_path / "p_api" / "pruning_curve.csv").read_bytes() == (tmp_path / "p" / "pruning_curve.csv").read_bytes()
     assert set(p.figures()) == {"pruning_curve"} and set(a.figures()) == {"ablation_effect"}

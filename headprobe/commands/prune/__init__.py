@@ -1,11 +1,14 @@
-"""``headprobe prune``: iterative head pruning (Michel et al. 2019, arXiv 1905.10650) against a
-random-order baseline, recording the held-out natural-text loss and the induction (in-context)
-loss after each step; optionally saves a model with the pruned heads' weights removed.
+"""``headprobe prune``: head pruning methods on one curve: Michel et al. 2019's iterative
+gradient importance (arXiv 1905.10650, ``michel``), Voita et al. 2019's L0 head gates (arXiv
+1905.09418, ``l0``) and a seeded random order (``random``, one curve per seed, drawn as a band),
+each recording the held-out natural-text loss and the induction (in-context) loss against the
+fraction of heads removed; optionally saves a model with the pruned heads' weights removed.
 
 Data: ``2 n_natural`` disjoint natural-text windows, the first half scores head importance, the
 second half is held out for the curve; repeated random tokens give the induction loss (the
-repeated half, Olsson et al. 2022). Writes ``pruning_curve.csv``, ``summary.json``,
-``pruning_curve.png/pdf`` and, with ``--save-pruned``, ``pruned_model.pt``.
+repeated half, Olsson et al. 2022). Writes ``pruning_curve.csv``, ``summary.json``
+(with each curve's area), ``pruning_curve.png/pdf``, with ``--per-layer`` ``per_layer.csv`` and
+its figure, and with ``--save-pruned`` the directory ``pruned_model/`` (a model ``--model DIR`` loads).
 """
 
 from __future__ import annotations
@@ -17,13 +20,13 @@ from headprobe import options
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 
-HELP = "iterative head pruning by gradient importance vs a random order: pruning_curve.csv + figure, optional pruned model"
+HELP = "head pruning methods compared (Michel gradient importance, L0 gates, random): one CSV + figure, optional pruned model"
 
 _CORE = ("run", "prune", "PruneResult")
 """Names of :mod:`headprobe.commands.prune.core`, the computation, imported on first use (it needs
 torch; this module, the settings and the flags, does not)."""
 
-__all__ = ["HELP", "ORDERS", "PRUNED_FILE", "PruneConfig", "add_arguments", "config_from_args", "main", *_CORE]
+__all__ = ["HELP", "METHODS", "ORDERS", "PRUNED_DIR", "PRUNED_FILE", "PruneConfig", "add_arguments", "config_from_args", "main", *_CORE]
 
 
 def __getattr__(name: str):
@@ -35,7 +38,38 @@ def __getattr__(name: str):
 
 
 ORDERS = ("importance", "random")
-PRUNED_FILE = "pruned_model.pt"
+METHODS = ("michel", "l0", "random")
+"""``--method`` choices (see :data:`headprobe.analyses.pruning.METHODS`; kept here so flags are
+checked without torch)."""
+PRUNED_DIR = "pruned_model"
+PRUNED_FILE = PRUNED_DIR  # the old name of the output (it was a .pt file)
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    """``"michel,l0"`` -> ``("michel", "l0")``, in the order given, duplicates dropped.
+
+    Raises:
+        HeadprobeError: an unknown or empty method.
+    """
+    out: list[str] = []
+    for m in (x.strip().lower() for x in str(text).split(",")):
+        if m not in METHODS:
+            raise HeadprobeError(f"--method: unknown pruning method {m!r}; choose from {','.join(METHODS)}")
+        if m not in out:
+            out.append(m)
+    return tuple(out)
+
+
+def parse_floats(text: str) -> tuple[float, ...]:
+    """``"1,3,10"`` -> ``(1.0, 3.0, 10.0)``.
+
+    Raises:
+        HeadprobeError: not a comma-separated list of numbers.
+    """
+    try:
+        return tuple(float(x) for x in str(text).split(","))
+    except ValueError:
+        raise HeadprobeError(f"--l0-lambdas: expected comma-separated numbers, got {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -51,11 +85,23 @@ class PruneConfig(options.ModelRunConfig):
         max_fraction: stop once this fraction of heads is removed, in (0, 1].
         rescore: recompute the importance after every step (False: once before pruning, as in the paper).
         normalize: per-layer L2 normalisation of the importance (Michel et al. section 4.2).
-        save_pruned: also build the model with the first ``save_fraction`` of heads (importance order)
-            removed for real, check it against the masked model and save it (native backend only).
+        methods: the methods compared, a subset of :data:`METHODS` (a comma-separated string is accepted).
+        n_seeds: random orders drawn (seeds ``seed .. seed + n_seeds - 1``), shown as a band (>= 1).
+        l0_lambdas: the L0 penalty weights swept, increasing (nats per whole model's heads; see
+            :func:`headprobe.analyses.pruning.l0_pruning`).
+        l0_steps: Adam steps of the gates per penalty weight (>= 1).
+        per_layer: also compute Michel et al.'s per-layer table (each layer reduced to its best head).
+        save_pruned: also build the model with the first ``save_fraction`` of heads (in the removal
+            order of the first method given, random's first seed for ``random``) removed for real,
+            check it against the masked model and save it as a model directory (native backend only).
         save_fraction: fraction of heads removed in that model, in (0, 1].
     """
 
+    methods: tuple[str, ...] | str = METHODS
+    n_seeds: int = 3
+    l0_lambdas: tuple[float, ...] | str = (1.0, 3.0, 10.0, 30.0, 100.0)
+    l0_steps: int = 20
+    per_layer: bool = False
     step_fraction: float = 0.1
     max_fraction: float = 1.0
     rescore: bool = True
@@ -68,6 +114,18 @@ class PruneConfig(options.ModelRunConfig):
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise HeadprobeError(f"--{name.replace('_', '-')} must be in (0, 1], got {v}")
+        if isinstance(self.methods, str):
+            object.__setattr__(self, "methods", parse_methods(self.methods))
+        else:
+            object.__setattr__(self, "methods", parse_methods(",".join(self.methods)))
+        if isinstance(self.l0_lambdas, str):
+            object.__setattr__(self, "l0_lambdas", parse_floats(self.l0_lambdas))
+        lams = tuple(float(x) for x in self.l0_lambdas)
+        object.__setattr__(self, "l0_lambdas", lams)
+        if not lams or any(x < 0 for x in lams) or list(lams) != sorted(lams):
+            raise HeadprobeError(f"--l0-lambdas must be non-negative and increasing, got {','.join(map(str, lams))}")
+        if self.n_seeds < 1 or self.l0_steps < 1:
+            raise HeadprobeError("--n-seeds and --l0-steps must be at least 1")
         super().__post_init__()
         if self.save_pruned and self.backend == "transformer-lens":
             raise HeadprobeError("--save-pruned needs the native backend (--backend native)")
@@ -75,6 +133,15 @@ class PruneConfig(options.ModelRunConfig):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     options.add_model_run_options(p)
+    p.add_argument("--method", dest="methods", default=",".join(METHODS),
+                   help="pruning methods to compare, comma-separated: michel (gradient importance), l0 (Voita et al. "
+                        "head gates), random (default %(default)s)")
+    p.add_argument("--n-seeds", type=positive_int, default=3, help="random orders drawn, shown as a band (default %(default)s)")
+    p.add_argument("--l0-lambdas", default="1,3,10,30,100",
+                   help="L0 penalty weights swept, increasing, in nats per whole model's heads (default %(default)s)")
+    p.add_argument("--l0-steps", type=positive_int, default=20, help="Adam steps of the gates per penalty weight (default %(default)s)")
+    p.add_argument("--per-layer", action="store_true",
+                   help="also write per_layer.csv + figure: each layer reduced to its single best head (Michel et al. Table 2)")
     p.add_argument("--n-natural", type=positive_int, default=8,
                    help="natural-text sequences for scoring, and as many held out for the curve (default %(default)s)")
     p.add_argument("--step-fraction", type=float, default=0.1, help="fraction of all heads removed per step (default %(default)s)")
@@ -83,17 +150,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="score importance once before pruning (as in the paper) instead of after every step")
     p.add_argument("--no-normalize", dest="normalize", action="store_false", help="skip per-layer L2 normalisation of importance")
     p.add_argument("--save-pruned", action="store_true",
-                   help="save the model with the first --save-fraction of heads (importance order) really removed (native backend)")
+                   help="save the model with the first --save-fraction of heads (first method's order) really removed, as a "
+                        "model directory pruned_model/ that --model DIR loads (native backend)")
     p.add_argument("--save-fraction", type=float, default=0.3, help="fraction of heads removed in the saved model (default %(default)s)")
 
 
 def config_from_args(args: argparse.Namespace) -> PruneConfig:
     """The :class:`PruneConfig` the flags ask for (checks everything the flags alone decide)."""
-    return PruneConfig(**{f: getattr(args, f) for f in PruneConfig.__dataclass_fields__})
+    fields = {f: getattr(args, f) for f in PruneConfig.__dataclass_fields__}
+    fields["methods"] = parse_methods(fields["methods"])
+    fields["l0_lambdas"] = parse_floats(fields["l0_lambdas"])
+    return PruneConfig(**fields)
 
 
 def main(args: argparse.Namespace) -> int:
     """``headprobe prune``: flags -> config (checked with --text and --out before the model loads)
     -> resumable run -> save -> print."""
     return options.main_resumable(args, config_from_args(args), "headprobe.commands.prune.core",
-                                  lambda saved: ", ".join(f"{order}: {len(s['rows']) - 1} steps" for order, s in saved.items()) + " done")
+                                  lambda saved: ", ".join(f"{name}: {len(s['rows']) - 1} steps" for name, s in saved.items()
+                                                         if isinstance(s, dict) and "rows" in s) + " done")

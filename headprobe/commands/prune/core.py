@@ -16,28 +16,46 @@ from headprobe import options
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import first_scored
 from headprobe.analyses.data import TokenSet, read_text_file, task_tokens
-from headprobe.analyses.pruning import LossSet, PruningRun, build_pruned, iterative_pruning
+from headprobe.analyses.pruning import (LossSet, PruningRun, build_pruned, curve_auc, iterative_pruning, l0_pruning,
+                                        per_layer_best_head)
 from headprobe.probe.errors import HeadprobeError
-from headprobe.commands.prune import ORDERS, PRUNED_FILE, PruneConfig
+from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 
+METRICS = (("natural_loss", "held-out text loss (nats)"), ("induction_loss", "induction loss (nats)"))
+LABELS = {"michel": "Michel et al. gradient importance", "l0": "Voita et al. L0 gates", "random": "random order"}
+
+
+def run_names(cfg: PruneConfig) -> list[str]:
+    """The curves a config asks for, in order: ``michel``, ``l0``, ``random:<seed>`` per seed."""
+    out = []
+    for m in cfg.methods:
+        out += [f"random:{cfg.seed + i}" for i in range(cfg.n_seeds)] if m == "random" else [m]
+    return out
+
+
 @dataclass
 class PruneResult:
-    """Two pruning curves (losses in nats/token) and, with ``save_pruned``, the pruned model.
+    """Every method's pruning curve (losses in nats/token) and, with ``save_pruned``, the pruned model.
 
     Attributes:
         config: the settings.
         spec: the model's :class:`~headprobe.probe.loading.ModelSpec`.
-        runs: order (``importance``, ``random``) -> :class:`~headprobe.analyses.pruning.PruningRun`.
-        table: pruning_curve.csv: one row per order and step (``order, step, n_pruned, fraction_pruned,
-            natural_loss, induction_loss, removed``).
+        runs: curve name (``michel``, ``l0``, ``random:<seed>``; see :func:`run_names`) ->
+            :class:`~headprobe.analyses.pruning.PruningRun`.
+        table: pruning_curve.csv: one row per curve and step (``method, seed, step, n_pruned,
+            fraction_pruned, natural_loss, induction_loss, lambda, expected_open, removed``;
+            ``seed`` for random only, ``lambda`` and ``expected_open`` for l0 only).
         score_shape, natural_shape: ``[batch, pos]`` of the scoring and held-out natural-text sets.
         repeated: the induction task's token set.
         device: where the model ran. self_check: the model's load-time self-check.
+        per_layer: rows of :func:`headprobe.analyses.pruning.per_layer_best_head` (``per_layer``) or None.
         pruned: the pruned :class:`~headprobe.probe.model.Transformer` (``save_pruned``) or None.
         pruned_info: its checks and timings (see :func:`headprobe.analyses.pruning.build_pruned`) or None.
+        tokenizer: the model's tokenizer (saved with the pruned model).
         run_s: seconds of :func:`run`; load_s: seconds loading the model (set by the caller that loaded it).
+        method_s: seconds each method took (this process; 0 for curves resumed from a checkpoint).
     """
 
     config: PruneConfig
@@ -49,73 +67,143 @@ class PruneResult:
     repeated: TokenSet
     device: str
     self_check: dict
+    per_layer: list[dict] | None = None
     pruned: object = None
     pruned_info: dict | None = None
+    tokenizer: object = None
     run_s: float = 0.0
     load_s: float = 0.0
+    method_s: dict | None = None
+
+    def _curves(self, method: str) -> list[PruningRun]:
+        return [r for name, r in self.runs.items() if name.split(":")[0] == method]
+
+    def auc(self) -> dict:
+        """summary.json's ``auc``: per method and metric, the mean loss over the fraction of heads
+        removed from 0 to ``range`` (:func:`~headprobe.analyses.pruning.curve_auc`; nats/token,
+        lower is better), ``range`` being the largest fraction every curve reaches; random gives
+        the mean and standard deviation over its seeds."""
+        upto = min(max(row["fraction_pruned"] for row in r.rows) for r in self.runs.values())
+        out: dict = {"range": [0.0, upto], "units": "nats/token (mean loss over the range)"}
+        if upto <= 0:
+            out["note"] = "some curve removed no head; no common range to integrate over"
+            return out
+        for method in self.config.methods:
+            out[method] = {}
+            for col, _ in METRICS:
+                vals = [curve_auc([row["fraction_pruned"] for row in r.rows], [row[col] for row in r.rows], upto)
+                        for r in self._curves(method)]
+                key = col.removesuffix("_loss")
+                out[method][key] = vals[0] if len(vals) == 1 else {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)),
+                                                                   "per_seed": vals}
+        return out
 
     def summary(self) -> dict:
         """summary.json's content (as a dict; package versions included)."""
         cfg, spec = self.config, self.spec
+        methods = {
+            "michel": "Michel et al. 2019 (arXiv 1905.10650) gradient importance I_h = E_x |dL/dxi_h|"
+                      + (", per-layer L2-normalised" if cfg.normalize else "")
+                      + ("; rescored after every step" if cfg.rescore else "; scored once")
+                      + f"; {cfg.step_fraction:g} of all heads per step",
+            "l0": "Voita et al. 2019 (arXiv 1905.09418) Hard Concrete head gates (Louizos et al. 2018) on the frozen "
+                  f"model, task loss + lambda * E[open gates] / n_heads, lambda swept {list(cfg.l0_lambdas)} as a "
+                  f"continuation, {cfg.l0_steps} Adam steps each; heads with log_alpha > 0 kept",
+            "random": f"seeded random orders, seeds {cfg.seed}..{cfg.seed + cfg.n_seeds - 1}, {cfg.step_fraction:g} of all heads per step",
+        }
         out = {
             "model": spec.name, "weights_precision": spec.precision, "dtype": cfg.dtype, "device": self.device,
             "self_check": self.self_check,
             "units": "nats/token", "n_heads_total": spec.n_layers * spec.n_heads,
-            "method": "Michel et al. 2019 gradient importance I_h = E_x |dL/dxi_h|"
-                      + (", per-layer L2-normalised" if cfg.normalize else "")
-                      + ("; rescored after every step" if cfg.rescore else "; scored once"),
+            "methods": {m: methods[m] for m in cfg.methods},
+            "evaluation": "every curve: the same held-out natural text and induction task, heads removed by z * 0 at hook_z",
             "tokens": {"score": self.score_shape, "held_out_natural": self.natural_shape,
                        "induction": list(self.repeated.tokens.shape), "period": cfg.period},
-            "curves": {o: [{k: v for k, v in row.items() if k != "removed"} for row in r.rows] for o, r in self.runs.items()},
-            "importance_removal_order": [format_head(h) for h in self.runs["importance"].removal_order],
+            "auc": self.auc(),
+            "curves": {name: [{k: v for k, v in row.items() if k != "removed"} for row in r.rows] for name, r in self.runs.items()},
+            "removal_order": {name: [format_head(h) for h in r.removal_order] for name, r in self.runs.items()},
             "config": asdict(cfg),
             "versions": package_versions(),
         }
+        if self.per_layer is not None:
+            out["per_layer"] = self.per_layer
         if self.pruned_info is not None:
-            out["pruned_model"] = {"file": PRUNED_FILE, **self.pruned_info}
-        out["timings_s"] = {"total": round(self.run_s + self.load_s, 1)}
+            out["pruned_model"] = {"dir": PRUNED_DIR, **self.pruned_info}
+        out["timings_s"] = {"total": round(self.run_s + self.load_s, 1),
+                            **{k: round(v, 1) for k, v in (self.method_s or {}).items()}}
         return out
 
     def figures(self) -> dict[str, object]:
-        """``{"pruning_curve": Figure}``: held-out text loss and induction loss against the fraction pruned."""
+        """``{"pruning_curve": Figure}`` (every method's held-out text and induction loss against the
+        fraction pruned, random as a band over seeds) and, with ``per_layer``, ``{"per_layer": Figure}``."""
         cfg, spec = self.config, self.spec
-        label = {"importance": "gradient importance" + ("" if cfg.rescore else " (scored once)"), "random": "random order"}
-        curves = [(label[o], np.array([row["fraction_pruned"] for row in r.rows]),
-                   {c: np.array([row[c] for row in r.rows]) for c in ("natural_loss", "induction_loss")})
-                  for o, r in self.runs.items()]
-        fig = figs.pruning_curve_plot(curves, [("natural_loss", "held-out text loss (nats)"),
-                                               ("induction_loss", "induction loss (nats)")],
-                                      f"Head pruning, {spec.name}\n({figs.weights_label(spec.weights)}, {cfg.dtype} compute)")
-        return {"pruning_curve": fig}
+
+        def arrays(r):
+            return np.array([row["fraction_pruned"] for row in r.rows]), {c: np.array([row[c] for row in r.rows]) for c, _ in METRICS}
+
+        curves, bands = [], []
+        for m in cfg.methods:
+            rs = self._curves(m)
+            label = LABELS[m] + (" (scored once)" if m == "michel" and not cfg.rescore else "")
+            if m == "random":
+                frac = arrays(rs[0])[0]
+                bands.append((label, frac, {c: np.stack([arrays(r)[1][c] for r in rs]) for c, _ in METRICS}))
+            else:
+                curves.append((label, *arrays(rs[0])))
+        title = f"Head pruning, {spec.name}\n({figs.weights_label(spec.weights)}, {cfg.dtype} compute)"
+        out = {"pruning_curve": figs.pruning_methods_plot(curves, bands, METRICS, title)}
+        if self.per_layer is not None:
+            t = pd.DataFrame(self.per_layer)
+            out["per_layer"] = figs.per_layer_plot(t.layer.to_numpy(), float(t.clean_loss.iloc[0]), t.loss_best_only.to_numpy(),
+                                                   t.loss_worst_only.to_numpy(), t.loss_layer_ablated.to_numpy(),
+                                                   t.best_head.to_numpy(), f"One head per layer, {spec.name}")
+        return out
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
-        """Write pruning_curve.csv, pruning_curve.png/pdf, pruned_model.pt (with ``save_pruned``) and,
-        last, summary.json into ``out_dir`` (each atomically; a directory holding only a run
-        checkpoint counts as empty). Returns the paths.
+        """Write pruning_curve.csv, pruning_curve.png/pdf, per_layer.csv and its figure (``per_layer``),
+        the pruned model directory (``save_pruned``) and, last, summary.json into ``out_dir`` (each
+        atomically; a directory holding only a run checkpoint counts as empty). Returns the paths.
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
         """
-        from headprobe.probe.pruned import save_pruned
+        from headprobe.probe.pruned import save_pruned_dir
 
         out = prepare_output_dir(out_dir, overwrite, resumable=True)
         write_text(out / "pruning_curve.csv", self.table.to_csv(index=False, float_format="%.5f"))
         paths = [out / "pruning_curve.csv"]
+        if self.per_layer is not None:
+            write_text(out / "per_layer.csv", pd.DataFrame(self.per_layer).to_csv(index=False, float_format="%.5f"))
+            paths.append(out / "per_layer.csv")
         for stem, fig in self.figures().items():
             paths += figs.save_figure(fig, out / stem)
         if self.pruned is not None:
-            save_pruned(self.pruned, out / PRUNED_FILE)
-            paths.append(out / PRUNED_FILE)
+            save_pruned_dir(self.pruned, out / PRUNED_DIR, self.tokenizer, source=self.spec.name)
+            paths.append(out / PRUNED_DIR)
         write_json(out / "summary.json", self.summary())  # last: a directory with summary.json is complete
         return [*paths, out / "summary.json"]
 
     def report(self) -> str:
-        """The terminal table: both curves side by side, and the pruned model's checks."""
-        imp, rnd = self.runs["importance"].rows, self.runs["random"].rows
-        lines = [f"{'removed':>8} {'fraction':>8}  {'natural (imp / rand)':>22}  {'induction (imp / rand)':>24}"]
-        for a, b in zip(imp, rnd):
-            lines.append(f"{a['n_pruned']:>8} {a['fraction_pruned']:>8.2f}  {a['natural_loss']:>10.3f} / {b['natural_loss']:<9.3f}  "
-                         f"{a['induction_loss']:>11.3f} / {b['induction_loss']:<9.3f}")
+        """The terminal table: each method's curve, random as mean over seeds, then the areas."""
+        lines = [f"{'curve':<12} {'removed':>7} {'fraction':>8} {'natural':>8} {'induction':>9}"]
+        for m in self.config.methods:
+            rs = self._curves(m)
+            for i, row in enumerate(rs[0].rows):
+                nat = np.mean([r.rows[i]["natural_loss"] for r in rs])
+                ind = np.mean([r.rows[i]["induction_loss"] for r in rs])
+                name = m if len(rs) == 1 else f"{m} (mean {len(rs)})"
+                lines.append(f"{name:<12} {row['n_pruned']:>7} {row['fraction_pruned']:>8.2f} {nat:>8.3f} {ind:>9.3f}")
+        auc = self.auc()
+        if "note" not in auc:
+            lo, hi = auc["range"]
+            for m in self.config.methods:
+                a = auc[m]
+                fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else f"{v['mean']:.3f} +- {v['std']:.3f}"  # noqa: E731
+                lines.append(f"area (mean loss over {lo:.2f}-{hi:.2f} removed) {m}: natural {fmt(a['natural'])}, induction {fmt(a['induction'])}")
+        if self.per_layer is not None:
+            best = min(self.per_layer, key=lambda r: r["delta_best_only"])
+            lines.append(f"per layer: one head kept costs {min(r['delta_best_only'] for r in self.per_layer):+.3f} .. "
+                         f"{max(r['delta_best_only'] for r in self.per_layer):+.3f} nats (least: layer {best['layer']})")
         if self.pruned_info is not None:
             p = self.pruned_info
             lines.append(f"pruned model: {p['heads_removed']} heads removed ({p['kv_heads_removed']} KV heads), attention "
@@ -127,13 +215,13 @@ class PruneResult:
 
 def run(model, config: PruneConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
         progress: bool = True) -> PruneResult:
-    """Prune by importance and in a random order, recording both curves (see the module docstring).
+    """Run every method of ``config.methods`` on the same data (see the module docstring).
 
     Args:
         model: a :class:`~headprobe.probe.loading.LoadedModel`, used as given (the native backend for ``save_pruned``).
         config: the settings.
         resume: a state saved by an interrupted run with the same config (``on_save``'s argument);
-            both curves continue after their last saved step. Updated in place.
+            every curve continues after its last saved step. Updated in place.
         on_save: called with the whole state after every step (e.g. :meth:`RunCheckpoint.save`).
         progress: show progress bars.
 
@@ -157,30 +245,58 @@ def run(model, config: PruneConfig, *, resume: dict | None = None, on_save: Call
     score = LossSet(natural.tokens[: cfg.n_natural], first_scored("natural", natural.start, None))
     evals = {"natural": LossSet(natural.tokens[cfg.n_natural:], score.first),
              "induction": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period))}
-    runs = {}
-    for order in ORDERS:
-        def on_step(state, order=order):
-            saved[order] = state
+    runs, method_s = {}, {}
+    for name in run_names(cfg):
+        def on_step(state, name=name):
+            saved[name] = state
             if on_save is not None:
                 on_save(saved)
 
-        runs[order] = iterative_pruning(model, score, evals, order=order, step_fraction=cfg.step_fraction,
-                                        rescore=cfg.rescore, normalize=cfg.normalize, max_fraction=cfg.max_fraction,
-                                        seed=cfg.seed, progress=progress, resume=saved.get(order), on_step=on_step)
-    table = pd.DataFrame([row for r in runs.values() for row in r.rows])
+        t0 = time.perf_counter()
+        method, _, seed = name.partition(":")
+        if method == "l0":
+            runs[name] = l0_pruning(model, score, evals, lambdas=cfg.l0_lambdas, steps=cfg.l0_steps, seed=cfg.seed,
+                                    progress=progress, resume=saved.get(name), on_step=on_step)
+        else:
+            runs[name] = iterative_pruning(model, score, evals, order="importance" if method == "michel" else "random",
+                                           step_fraction=cfg.step_fraction, rescore=cfg.rescore, normalize=cfg.normalize,
+                                           max_fraction=cfg.max_fraction, seed=int(seed or cfg.seed), progress=progress,
+                                           resume=saved.get(name), on_step=on_step)
+        method_s[method] = method_s.get(method, 0.0) + time.perf_counter() - t0
+    rows = []
+    for name, r in runs.items():
+        method, _, seed = name.partition(":")
+        for row in r.rows:
+            rows.append({"method": method, "seed": int(seed) if seed else None,
+                         **{k: v for k, v in row.items() if k != "order"}})
+    table = pd.DataFrame(rows)
+    for col in ("lambda", "expected_open"):
+        if col not in table:
+            table[col] = np.nan
+    table = table[["method", "seed", "step", "n_pruned", "fraction_pruned", "natural_loss", "induction_loss",
+                   "lambda", "expected_open", "removed"]]
+    per_layer = None
+    if cfg.per_layer:
+        t0 = time.perf_counter()
+        per_layer = saved.get("per_layer") or per_layer_best_head(model, evals["natural"], progress=progress)
+        saved["per_layer"] = per_layer
+        if on_save is not None:
+            on_save(saved)
+        method_s["per_layer"] = time.perf_counter() - t0
     pruned = info = None
     if cfg.save_pruned:
         n = round(cfg.save_fraction * spec.n_layers * spec.n_heads)
-        keep = runs["importance"].keep_mask_after(n, spec.n_layers, spec.n_heads)
+        first = runs[run_names(cfg)[0]]
+        keep = first.keep_mask_after(n, spec.n_layers, spec.n_heads)
         pruned, info = build_pruned(model, keep, evals["natural"].tokens)
+        info["method"] = run_names(cfg)[0]
     return PruneResult(cfg, spec, runs, table, list(score.tokens.shape), list(evals["natural"].tokens.shape), repeated,
-                       str(model.device), model.self_check.to_dict(), pruned, info, time.perf_counter() - t_start)
-
-
+                       str(model.device), model.self_check.to_dict(), per_layer, pruned, info,
+                       getattr(model, "tokenizer", None), time.perf_counter() - t_start, method_s=method_s)
 
 
 def prune(model="smollm2-135m", *, progress: bool = False, **config_fields) -> PruneResult:
-    """Iterative head pruning against a random order: ``headprobe prune`` as a function (no checkpoint).
+    """Pruning methods compared on one curve: ``headprobe prune`` as a function (no checkpoint).
 
     Args:
         model: a model name or path (loaded as ``config_fields`` ask), or a
