@@ -76,8 +76,15 @@ IOI_NAMES = (
 
 
 def single_token_names(tokenizer: Any, names: Sequence[str] = IOI_NAMES) -> list[str]:
-    """The names that ``tokenizer`` encodes as one token after a space (``" Mary"``)."""
-    return [n for n in names if len(tokenizer(" " + n, add_special_tokens=False)["input_ids"]) == 1]
+    """The names that ``tokenizer`` encodes as one known token after a space (``" Mary"``; not
+    the unknown token)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    out = []
+    for n in names:
+        ids = tokenizer(" " + n, add_special_tokens=False)["input_ids"]
+        if len(ids) == 1 and (unk is None or ids[0] != unk):
+            out.append(n)
+    return out
 
 
 def ioi_prompts(tokenizer: Any, n: int = 48, seed: int = 0) -> list[PromptPair]:
@@ -165,6 +172,8 @@ def _token_id(tokenizer: Any, text: str) -> int:
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
         raise HeadprobeError(f"answer {text!r} is {len(ids)} tokens for this tokenizer; the metric needs single-token answers")
+    if ids[0] == getattr(tokenizer, "unk_token_id", None):
+        raise HeadprobeError(f"answer {text!r} is the tokenizer's unknown token; the metric needs answers the model knows")
     return ids[0]
 
 
