@@ -192,7 +192,8 @@ def scan_metrics(model: Any, natural: TokenSet, needles: NeedleSet | None,
 
     A metric the model does not allow is NaN, with the reason in the second dict (column ->
     reason): ``copying`` for latent attention (no per-head W_V), ``dla`` for post-attention norms
-    or a failed per-head self-check, ``retrieval`` without ``needles``.
+    or a failed per-head self-check, ``retrieval`` without ``needles``; ``retrieval`` and ``dla``
+    for encoders (``spec.causal`` False: no next-token prediction to copy or attribute).
     """
     spec = model.spec
     nan = np.full((spec.n_layers, spec.n_heads), np.nan, dtype=np.float32)
@@ -211,6 +212,12 @@ def scan_metrics(model: Any, natural: TokenSet, needles: NeedleSet | None,
 
     stream_patterns(model, natural.tokens, on_pattern)
     out["sink_rate"], out["entropy"] = sink.numpy(), ent.numpy()
+    encoder = not getattr(spec, "causal", True)
+    if encoder:
+        why = "an encoder makes no next-token prediction"
+        out["retrieval"], skipped["retrieval"] = nan.copy(), why
+        out["dla"], skipped["dla"] = nan.copy(), why
+        return {c: out[c] for c in METRIC_COLUMNS}, skipped
     if needles is None:
         out["retrieval"], skipped["retrieval"] = nan.copy(), "sequences too short for two needles"
     else:
