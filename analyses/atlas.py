@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from headprobe.analyses.detectors import DETECTORS
 from headprobe.analyses.figures import COLUMN_WIDTH, PAGE_WIDTH, _figure, _styled
@@ -114,7 +115,7 @@ def _rank_column(head_type: str) -> str:
     return DETECTORS[head_type].rank_by if head_type in DETECTORS else head_type
 
 
-DEPTH_LABEL = "depth (one band per layer, its heads side by side)"
+DEPTH_LABEL = "depth: first layer (0) to last (1)"
 
 _MARK = {"CONFIRMED": dict(marker="o", filled=True), "not confirmed": dict(marker="o", filled=False),
          "no verdict": dict(marker="x", filled=True)}
@@ -126,6 +127,10 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
     """One type across the models: row per model, x = relative depth; every head a faint tick,
     the top-k heads marked by verdict, their size by score."""
     col = _rank_column(head_type)
+    # marker size on one scale for every model (scores in [0, 1] as they are), so a model whose best
+    # head scores 0.01 does not get the markers of one whose best scores 0.9
+    values = np.abs(table[col].to_numpy(dtype=float)) if col in table else np.array([1.0])
+    scale = max(1.0, float(np.nanmax(values))) if np.isfinite(values).any() else 1.0
     for y, model in enumerate(labels):
         m = table[table["model"] == model]
         if m.empty:
@@ -134,13 +139,13 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
         # layer L is the band [L, L+1] / n_layers of the depth axis, its heads spread across the band
         x = (m["layer"].to_numpy() + (m["head"].to_numpy() + 0.5) / n_heads) / n_layers
         ax.plot([0, 1], [y, y], color="#e0e0e0", lw=0.6, zorder=0)
-        if col not in m or f"{head_type}_top" not in m:
-            ax.text(0.5, y, "not scanned for this type", ha="center", va="center", fontsize=5.5, color=_GREY)
+        if col not in m or f"{head_type}_top" not in m or m[col].isna().all():
+            ax.text(0.5, y, "not scored", ha="center", va="center", fontsize=5.5, color=_GREY,
+                    bbox=dict(facecolor="white", edgecolor="none", pad=0.5))
             continue
         score = m[col].to_numpy(dtype=float)
         ax.scatter(x, np.full(len(x), y), s=1.5, color=_GREY, lw=0, zorder=1)
         top = m[f"{head_type}_top"].fillna(False).to_numpy(dtype=bool)
-        scale = np.nanmax(np.abs(score)) or 1.0
         for verdict, style in _MARK.items():
             sel = top & (m[f"{head_type}_verdict"].to_numpy() == verdict)
             if not sel.any():
@@ -153,9 +158,9 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
                            edgecolors=_COLOR, lw=0.8, zorder=3)
     ax.set_xlim(-0.03, 1.03)
     ax.set_ylim(len(labels) - 0.5, -0.5)
-    ax.set_yticks(range(len(labels)))
-    ax.set_yticklabels(labels if show_labels else [""] * len(labels))
-    ax.set_xticks([0, 0.5, 1], ["first layer", "", "last layer"])
+    ax.set_yticks(range(len(labels)), labels)
+    ax.tick_params(axis="y", labelleft=show_labels, length=0)
+    ax.set_xticks([0, 0.5, 1], ["0", "", "1"])
     ax.set_xlabel(DEPTH_LABEL)
     ax.set_title(head_type.replace("_", "-"))
 
@@ -164,7 +169,8 @@ def _legend_handles() -> list[Line2D]:
     return [Line2D([], [], marker="o", ls="", color=_COLOR, label="top-k, CONFIRMED"),
             Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor=_COLOR, label="top-k, not confirmed"),
             Line2D([], [], marker="x", ls="", color=_COLOR, label="top-k, no verdict"),
-            Line2D([], [], marker="o", ls="", color=_GREY, markersize=2, label="other heads")]
+            Line2D([], [], marker="o", ls="", color=_GREY, markersize=2, label="other heads"),
+            Patch(color="none", label="x: depth, first layer (0) to last (1), each layer's heads side by side; marker area: score")]
 
 
 def model_labels(table: pd.DataFrame) -> list[str]:
@@ -175,27 +181,33 @@ def model_labels(table: pd.DataFrame) -> list[str]:
 @_styled
 def depth_plot(table: pd.DataFrame, head_type: str) -> Figure:
     """Where ``head_type``'s top-k heads sit by relative depth in each model of ``table``
-    (one row per model; marker = verdict of the type's zero ablation, size = score)."""
+    (one row per model; marker = verdict of the type's zero ablation, area = score on one scale
+    for all models)."""
     labels = model_labels(table)
     fig = _figure(COLUMN_WIDTH, 0.9 + 0.28 * len(labels))
     ax = fig.subplots()
     _depth_panel(ax, table, head_type, labels, show_labels=True)
     ax.set_title(f"{head_type.replace('_', '-')} heads across models")
-    fig.legend(handles=_legend_handles(), loc="outside lower center", ncol=2, frameon=False, fontsize=5.5)
+    fig.legend(handles=_legend_handles()[:4], loc="outside lower center", ncol=2, frameon=False, fontsize=5.5)
     return fig
 
 
 @_styled
-def atlas_overview(table: pd.DataFrame, title: str = "Head atlas") -> Figure:
-    """Every head type of ``table`` side by side (page width): the paper figure of the atlas."""
+def atlas_overview(table: pd.DataFrame, title: str = "Head atlas", ncols: int = 4) -> Figure:
+    """Every head type of ``table`` in a grid of ``ncols`` columns (page width): the paper figure of
+    the atlas; model names on the first column, depth from 0 (first layer) to 1 (last)."""
     labels, types = model_labels(table), table_types(table)
-    fig = _figure(PAGE_WIDTH, 1.0 + 0.3 * len(labels))
-    axes = np.atleast_1d(fig.subplots(1, len(types), sharey=True))
-    for i, (ax, ht) in enumerate(zip(axes, types)):
-        _depth_panel(ax, table, ht, labels, show_labels=i == 0)
-        if i != len(types) // 2:
-            ax.set_xlabel("")
-    fig.legend(handles=_legend_handles(), loc="outside lower center", ncol=4, frameon=False, fontsize=6)
+    ncols = min(ncols, len(types))
+    nrows = -(-len(types) // ncols)
+    fig = _figure(PAGE_WIDTH, 0.6 + nrows * (0.55 + 0.22 * len(labels)))
+    axes = np.atleast_2d(fig.subplots(nrows, ncols, sharey=True, squeeze=False))
+    for i, ax in enumerate(axes.flat):
+        if i >= len(types):
+            ax.set_axis_off()
+            continue
+        _depth_panel(ax, table, types[i], labels, show_labels=i % ncols == 0)
+        ax.set_xlabel("")
+    fig.legend(handles=_legend_handles(), loc="outside lower center", ncol=3, frameon=False, fontsize=6)
     fig.suptitle(title)
     return fig
 

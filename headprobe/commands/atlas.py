@@ -96,6 +96,8 @@ class AtlasConfig:
             ``n_random`` defaults to 20 here (50 in ``scan``) so the default atlas fits 15 minutes
             on 2 CPU cores; the p-value of a verdict cannot then go below 1/21.
         toy_steps: training steps of the ``toy`` model.
+        metrics: compute the scan's reported head metrics (copying, sink rate, entropy, retrieval,
+            DLA, composition) for every model too.
         model_figures: write each model's scan figures too (False: only its head_scores.csv,
             summary.json, patterns and viewer page; the atlas figures are always written).
     """
@@ -117,6 +119,7 @@ class AtlasConfig:
     pattern_len: int = 64
     toy_steps: int = 1200
     model_figures: bool = True
+    metrics: bool = True
 
     def __post_init__(self):
         if isinstance(self.models, str):
@@ -139,7 +142,7 @@ class AtlasConfig:
         return ScanConfig(model=model, n_natural=self.n_natural, seq_len=self.seq_len, n_repeated=self.n_repeated,
                           period=self.period, text=self.text, n_random=self.n_random,
                           k=self.k, seed=self.seed, types=self.types, device=self.device, dtype=self.dtype,
-                          backend=self.backend, pattern_len=self.pattern_len)
+                          backend=self.backend, pattern_len=self.pattern_len, metrics=self.metrics)
 
     def model_list(self) -> list[tuple[str, str, int | None]]:
         """``(label, model, step)`` of every model to scan, in order: the checkpoints' snapshots
@@ -381,6 +384,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens of each head's pattern kept per model for headprobe view (default %(default)s; 0: none)")
     p.add_argument("--no-model-figures", dest="model_figures", action="store_false",
                    help="write only each model's tables, patterns and viewer page, not its scan figures (faster)")
+    p.add_argument("--no-metrics", dest="metrics", action="store_false",
+                   help="skip the scan's reported head metrics (copying, sink rate, entropy, retrieval, DLA, composition)")
     p.add_argument("--toy-steps", type=positive_int, default=d.toy_steps, help="training steps of the toy model (default %(default)s)")
     options.add_seed_option(p, d.seed)
     options.add_model_options(p, default_model=None)
@@ -394,7 +399,8 @@ def main(args: argparse.Namespace) -> int:
                          n_natural=args.n_natural, seq_len=args.seq_len,
                          n_repeated=args.n_repeated, period=args.period, text=args.text, n_random=args.n_random, k=args.k,
                          seed=args.seed, types=args.types, device=args.device, dtype=args.dtype, backend=args.backend,
-                         pattern_len=args.pattern_len, toy_steps=args.toy_steps, model_figures=args.model_figures)
+                         pattern_len=args.pattern_len, toy_steps=args.toy_steps, model_figures=args.model_figures,
+                         metrics=args.metrics)
     config.model_list()
     prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
     result = run(config, args.out, overwrite=args.overwrite, progress=True)
