@@ -220,7 +220,7 @@ def over_training_plot(table: pd.DataFrame, title: str) -> Figure:
     t = table.dropna(subset=["step"]).copy()
     t["step"] = t["step"].astype(int)
     types = table_types(t)
-    fig = _figure(COLUMN_WIDTH, 2.3)
+    fig = _figure(COLUMN_WIDTH, 3.0)
     ax = fig.subplots()
     colors = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
     for ht, color in zip(types, colors * 3):
@@ -242,7 +242,7 @@ def over_training_plot(table: pd.DataFrame, title: str) -> Figure:
     ax.set_ylabel("highest score of any head")
     ax.set_title(title)
     handles, _ = ax.get_legend_handles_labels()
-    handles += [Line2D([], [], marker="o", ls="", color="k", label="confirmed by ablation"),
+    handles += [Line2D([], [], marker="o", ls="", color="k", label="confirmed (ablation)"),
                 Line2D([], [], marker="o", ls="", markerfacecolor="white", markeredgecolor="k", label="not confirmed")]
-    ax.legend(handles=handles, fontsize=5.5, frameon=False, loc="best")
+    fig.legend(handles=handles, fontsize=5.5, frameon=False, loc="outside lower center", ncol=3)
     return fig
