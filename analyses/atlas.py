@@ -165,7 +165,7 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
     ax.set_title(head_type.replace("_", "-"))
 
 
-def _legend_handles() -> list[Line2D]:
+def _legend_handles() -> list:
     return [Line2D([], [], marker="o", ls="", color=_COLOR, label="top-k, CONFIRMED"),
             Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor=_COLOR, label="top-k, not confirmed"),
             Line2D([], [], marker="x", ls="", color=_COLOR, label="top-k, no verdict"),
