@@ -192,7 +192,7 @@ def test_commands_on_post_norm_and_mla_checkpoints(zoo_dirs, family, backend, tm
         "scan": ["scan", "-k", "2", "--n-random", "2"],
         "scan-no-verify": ["scan", "--no-verify"],
         "ablate": ["ablate"],
-        "prune": ["prune", "--save-pruned", "--step-fraction", "0.5"],
+        "prune": ["prune", "--save-pruned", "--step-fraction", "0.5", "--method", "michel"],
     }
     codes = {}
     for name, args in runs.items():
