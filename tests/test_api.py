@@ -21,14 +21,6 @@ SMALL_FLAGS = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--pe
 
 
 @pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-    g = torch.Generator().manual_seed(0)
-    p = tmp_path_factory.mktemp("text") / "words.txt"
-    p.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()), encoding="utf-8")
-    return p
-
-
-@pytest.fixture(scope="module")
 def cli_scan(tiny_dir, text_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "scan"
     assert main(["scan", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), *SMALL_FLAGS]) == 0

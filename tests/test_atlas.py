@@ -23,14 +23,6 @@ SMALL_FLAGS = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--pe
 
 
 @pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-    g = torch.Generator().manual_seed(0)
-    p = tmp_path_factory.mktemp("text") / "words.txt"
-    p.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()), encoding="utf-8")
-    return p
-
-
-@pytest.fixture(scope="module")
 def gpt2_dir(tiny_tokenizer, tmp_path_factory):
     return zoo.save_dir("gpt2", tiny_tokenizer, tmp_path_factory.mktemp("zoo") / "gpt2")
 
