@@ -1,6 +1,7 @@
 """Gradient estimates of every head's single-head ablation effect, without a sweep: attribution
-patching (AtP) and AtP* with GradDrop (Kramár, Lieberum, Shah & Nanda 2024, "AtP*: An efficient
-and scalable method for localizing LLM behaviour to components", arXiv 2403.00745).
+patching (AtP), AtP* with GradDrop (Kramár, Lieberum, Shah & Nanda 2024, "AtP*: An efficient
+and scalable method for localizing LLM behaviour to components", arXiv 2403.00745), and AtP plus
+a Monte-Carlo Gauss-Newton curvature term (the second-order estimate, :func:`second_order`).
 
 What is estimated is :attr:`headprobe.analyses.ablation.SweepResult.effect`: the change of the
 mean scored loss (nats/token) when head ``h`` of layer ``m`` has its ``z`` (``hook_z``, before
@@ -39,12 +40,30 @@ the heads below layer l is one vector-Jacobian product from layer l's ``resid_pr
 ``g_{l+1}`` back through layers 0..l-1 (``l / L`` of a backward, ignoring the unembedding). In
 all ``3 + 2 * sum_{l=1}^{L-1} l / L = L + 2`` forward-equivalents (:func:`forward_equivalents`):
 32 for a 30-layer model, against ``1 + sum_m n_heads * (L - m) / L`` for the exact sweep.
+
+**Second order** (:func:`second_order`). Ablating a whole head is not a small perturbation: on
+SmolLM2-135M the exact effect exceeds the first-order term for every one of the benchmark's 60
+heads, by a median 0.0064 nats, more than the median effect itself (0.0053); the curvature, not
+cancellation, is what limits AtP and AtP* there (Spearman 0.81 and 0.80 against the signed
+effect). The estimate adds the second-order Taylor term with the Hessian replaced by the
+Gauss-Newton matrix ``G`` of the cross-entropy (positive semi-definite; Optimal Brain Damage's
+term, LeCun, Denker & Solla 1990, with the generalised Gauss-Newton curvature of Schraudolph 2002):
+``c_2(m, h) = c_AtP(m, h) + 1/2 d^T G d`` with ``d = r - z_h``. For one sequence with loss
+``l = 1/T sum_t CE_t``, ``G = 1/T sum_t J_t^T (diag(p_t) - p_t p_t^T) J_t`` (``J_t``: the Jacobian of
+position t's logits with respect to z, ``p_t`` the model's next-token distribution), and
+``d^T G d`` is estimated without any Jacobian: with targets ``y_t`` *sampled from the model's own
+p_t* (the Monte-Carlo Fisher of K-FAC, Martens & Grosse 2015, arXiv 1503.05671; the empirical
+Fisher, with the true targets, is biased: Kunstner, Balles & Hennig 2019, arXiv 1905.12558),
+``s = d . dl_y/dz`` has ``E[s^2] = 1/T^2 sum_t Var_{p_t}(J_t d) = d^T G d / T``, so
+``1/2 d^T G d ~ T/2 * mean over probes of s^2``, for every head at once from one backward pass
+per probe (the forward is shared). Its cost: ``3 + 2 n_probes`` forward-equivalents.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -54,14 +73,22 @@ from headprobe.analyses.ablation import _check_kind, capture_z, require_head_abl
 from headprobe.probe.backend import Backend, scored_loss
 from headprobe.probe.hooks import attn_hook
 
-ESTIMATORS: tuple[str, ...] = ("atp", "attribution", "gradient")
+ESTIMATORS: tuple[str, ...] = ("atp", "attribution", "gradient", "second-order")
 """``headprobe ablate --estimate`` choices: ``atp`` (AtP* with GradDrop, unsigned), ``attribution``
-(plain attribution patching, signed), ``gradient`` (Michel et al.'s importance, unsigned)."""
+(plain attribution patching, signed), ``gradient`` (Michel et al.'s importance, unsigned),
+``second-order`` (attribution patching plus the Monte-Carlo Gauss-Newton term, signed)."""
+
+N_PROBES = 8
+"""Default sampled-target probes of :func:`second_order`. On SmolLM2-135M's 60 benchmark heads
+(8 x 100 tokens of CPython's docs) the Spearman correlation with the signed exact effect over
+independent probe draws was: 1 probe mean 0.86 (min 0.81 of 16 draws), 2: 0.90 (0.87 of 8), 4: 0.92
+(0.905 of 4), 8: 0.93 (0.916 of 2), 16: 0.934; attribution patching alone 0.81."""
 
 
-def forward_equivalents(method: str, n_layers: int) -> float:
+def forward_equivalents(method: str, n_layers: int, n_probes: int = N_PROBES) -> float:
     """Cost of an estimator in forward passes over the same tokens (a backward counted as two
-    forwards): ``attribution`` and ``gradient`` 3, ``atp`` ``n_layers + 2`` (see the module docstring).
+    forwards): ``attribution`` and ``gradient`` 3, ``atp`` ``n_layers + 2``, ``second-order``
+    ``3 + 2 n_probes`` (see the module docstring).
 
     Raises:
         ValueError: unknown ``method``.
@@ -70,7 +97,47 @@ def forward_equivalents(method: str, n_layers: int) -> float:
         return 3.0
     if method == "atp":
         return 3.0 + 2.0 * sum(l / n_layers for l in range(1, n_layers))
+    if method == "second-order":
+        return 3.0 + 2.0 * n_probes
     raise ValueError(f"unknown estimator {method!r}; expected one of {', '.join(ESTIMATORS)}")
+
+
+def _z_probes(n_layers: int) -> tuple[list, dict[int, Tensor], dict[int, Tensor]]:
+    """``hook_z`` hooks for every layer that record ``z`` and return ``z + delta`` with ``delta`` a
+    zero tensor that requires grad: the forward is unchanged and ``dL/d delta = dL/dz``.
+    Returns ``(hooks, zs, deltas)``; the dicts fill during the forward."""
+    zs: dict[int, Tensor] = {}
+    deltas: dict[int, Tensor] = {}
+
+    def z_hook(layer: int):
+        def hook(z: Tensor, hook: Any) -> Tensor:
+            zs[layer] = z.detach()
+            deltas[layer] = torch.zeros_like(z, requires_grad=True)
+            return z + deltas[layer]
+        return hook
+
+    return [(attn_hook(layer, "z"), z_hook(layer)) for layer in range(n_layers)], zs, deltas
+
+
+def _directions(zs: dict[int, Tensor], kind: str, mean_z: Tensor | None,
+                source_z: dict[int, Tensor] | None) -> list[Float[Tensor, "batch pos head d_head"]]:
+    """``r - z`` per layer (float32): the change of every head's z that its ablation makes."""
+    diff = []
+    for layer in range(len(zs)):
+        z = zs[layer].float()
+        if kind == "zero":
+            r = torch.zeros_like(z)
+        elif kind == "mean":
+            r = mean_z[layer].to(z)[None, None].expand_as(z)
+        else:
+            r = source_z[layer].to(z)
+        diff.append(r - z)
+    return diff
+
+
+def _per_sequence(diff: list[Tensor], grads: Sequence[Tensor]) -> Float[Tensor, "batch layer head"]:
+    """``sum_{pos, d_head} diff * grad`` for every sequence and head."""
+    return torch.stack([(d * g.float()).sum(dim=(1, 3)) for d, g in zip(diff, grads)], dim=1)
 
 
 @dataclass
@@ -129,17 +196,9 @@ def atp_star(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, k
     L, H = spec.n_layers, spec.n_heads
     tokens = tokens.to(model.device)
     source_z = capture_z(model, source_tokens.to(model.device)) if kind == "resample" else None
-    deltas: dict[int, Tensor] = {}
-    zs: dict[int, Tensor] = {}
+    z_hooks, zs, deltas = _z_probes(L)
     resid: dict[int, Tensor] = {}  # resid[l]: the residual entering layer l (l = L: the last resid_post)
     eps: dict[int, Tensor] = {}
-
-    def z_hook(layer: int):
-        def hook(z: Tensor, hook: Any) -> Tensor:
-            zs[layer] = z.detach()
-            deltas[layer] = torch.zeros_like(z, requires_grad=True)
-            return z + deltas[layer]
-        return hook
 
     def resid_hook(index: int):
         def hook(x: Tensor, hook: Any) -> Tensor:
@@ -148,8 +207,7 @@ def atp_star(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, k
             return resid[index]
         return hook
 
-    hooks = [(attn_hook(layer, "z"), z_hook(layer)) for layer in range(L)]
-    hooks += [(f"blocks.{layer}.hook_resid_pre", resid_hook(layer)) for layer in range(L)]
+    hooks = z_hooks + [(f"blocks.{layer}.hook_resid_pre", resid_hook(layer)) for layer in range(L)]
     hooks += [(f"blocks.{L - 1}.hook_resid_post", resid_hook(L))]
     B = tokens.shape[0]
     with torch.inference_mode(False), torch.enable_grad():
@@ -158,16 +216,7 @@ def atp_star(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, k
         grads = torch.autograd.grad(total, [deltas[l] for l in range(L)] + [eps[i] for i in range(L + 1)],
                                     retain_graph=graddrop)
         g_z, g_resid = grads[:L], grads[L:]
-        diff = []
-        for layer in range(L):
-            z = zs[layer].float()
-            if kind == "zero":
-                r = torch.zeros_like(z)
-            elif kind == "mean":
-                r = mean_z[layer].to(z)[None, None].expand_as(z)
-            else:
-                r = source_z[layer].to(z)
-            diff.append(r - z)  # [batch, pos, head, d_head]
+        diff = _directions(zs, kind, mean_z, source_z)  # [batch, pos, head, d_head] per layer
         attribution = torch.stack([(diff[m] * g_z[m].float()).sum(dim=(0, 1, 3)) for m in range(L)])  # [layer, head]
         gd = attribution[None].repeat(L, 1, 1)  # gd[l, m] = attribution[m] for l < m
         for l in range(L):
@@ -183,3 +232,91 @@ def atp_star(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, k
     attribution = attribution.detach().cpu()
     estimate = gd.abs().sum(dim=0) / (L - 1) if L > 1 else attribution.abs()
     return AtPStar(attribution, gd, estimate, float(per_seq.detach().mean()), kind)
+
+
+@dataclass
+class SecondOrder:
+    """Attribution patching plus the Monte-Carlo Gauss-Newton term (nats/token), every head.
+
+    Attributes:
+        attribution: ``[layer, head]`` attribution patching, the first-order term (signed; equals
+            :attr:`AtPStar.attribution` on the same tokens).
+        curvature: ``[layer, head]`` the estimate of ``1/2 d^T G d`` (>= 0; see the module docstring).
+        curvature_se: ``[layer, head]`` its standard error over the ``n_probes x batch`` samples.
+        n_probes: sampled-target probes. clean_loss: mean scored loss of the clean pass. kind: the
+            ablation estimated.
+    """
+
+    attribution: Float[Tensor, "layer head"]
+    curvature: Float[Tensor, "layer head"]
+    curvature_se: Float[Tensor, "layer head"]
+    n_probes: int
+    clean_loss: float
+    kind: str
+
+    @property
+    def estimate(self) -> Float[Tensor, "layer head"]:
+        """``attribution + curvature``: the second-order estimate of the effect (signed)."""
+        return self.attribution + self.curvature
+
+
+def second_order(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
+                 mean_z: Float[Tensor, "layer head d_head"] | None = None,
+                 source_tokens: Int[Tensor, "batch pos"] | None = None, n_probes: int = N_PROBES,
+                 seed: int = 0) -> SecondOrder:
+    """Second-order estimate of every head's single-head ablation effect on the batch-mean scored
+    loss: attribution patching plus ``1/2 d^T G d`` with the Gauss-Newton matrix ``G`` estimated
+    from ``n_probes`` sets of targets sampled from the model's own predictions (definitions and
+    sources in the module docstring).
+
+    One forward pass with ``hook_z`` probes on every layer; one backward from the logits with the
+    true targets' cotangent ``(p - e_y) / T`` (attribution patching), then one per probe with a
+    sampled target ``y_t ~ p_t`` at every scored position, all through the same graph. The
+    ``[batch, pos, d_vocab]`` distribution is kept in float32 (``4 * batch * pos * d_vocab`` bytes).
+
+    Args:
+        model: a LoadedModel (either backend). tokens: ``[batch, pos]``.
+        first: first scored prediction (:func:`headprobe.analyses.ablation.first_scored`).
+        kind: ``zero``, ``mean`` (needs ``mean_z``) or ``resample`` (needs ``source_tokens``).
+        n_probes: sampled-target backward passes (>= 1; :data:`N_PROBES` by default; the
+            curvature's standard error falls as ``1 / sqrt(n_probes * batch)``).
+        seed: seed of the sampled targets (the estimate is deterministic given it).
+
+    Raises:
+        HeadprobeError: unknown ``kind`` or its reference input missing, or the model failed its
+            self-check (:func:`headprobe.analyses.ablation.require_head_ablation`).
+        ValueError: ``n_probes < 1``.
+    """
+    if n_probes < 1:
+        raise ValueError(f"n_probes must be >= 1, got {n_probes}")
+    _check_kind(kind, mean_z, source_tokens)
+    require_head_ablation(model)
+    L = model.spec.n_layers
+    tokens = tokens.to(model.device)
+    source_z = capture_z(model, source_tokens.to(model.device)) if kind == "resample" else None
+    hooks, zs, deltas = _z_probes(L)
+    with torch.inference_mode(False), torch.enable_grad():
+        logits = model.forward(tokens, fwd_hooks=hooks)[:, first:-1]  # the scored predictions
+        targets = tokens[:, first + 1:].to(logits.device)
+        B, T, V = logits.shape
+        probs = torch.softmax(logits.detach().float(), dim=-1)
+        clean_loss = float(-torch.log(probs.gather(-1, targets[..., None]).clamp_min(1e-45)).mean())
+        inputs = [deltas[layer] for layer in range(L)]
+        diff = _directions(zs, kind, mean_z, source_z)
+
+        def per_sequence(y: Int[Tensor, "batch pos"], last: bool) -> Float[Tensor, "batch layer head"]:
+            # d(1/T sum_t CE(logits_t, y_t)) / d logits_t = (p_t - e_{y_t}) / T: the gradient of each
+            # sequence's mean loss (sequences do not mix, so one backward of the sum gives all of them)
+            cot = probs.clone().scatter_add_(-1, y[..., None], torch.full_like(probs[..., :1], -1.0)).div_(T)
+            grads = torch.autograd.grad(logits, inputs, grad_outputs=cot.to(logits.dtype), retain_graph=not last)
+            return _per_sequence(diff, grads)
+
+        attribution = per_sequence(targets, last=False).mean(dim=0)
+        gen = torch.Generator(device=probs.device).manual_seed(seed)
+        sampled = torch.multinomial(probs.reshape(-1, V), n_probes, replacement=True, generator=gen).reshape(B, T, n_probes)
+        samples = torch.stack([per_sequence(sampled[..., k], last=k == n_probes - 1) for k in range(n_probes)])
+    curv = 0.5 * T * samples.square()  # [probe, batch, layer, head]: unbiased draws of 1/2 d^T G_b d
+    n = n_probes * B
+    se = curv.reshape(n, L, -1).std(dim=0) / math.sqrt(n) if n > 1 else torch.full_like(curv[0, 0], float("nan"))
+    return SecondOrder(attribution.detach().cpu(), curv.mean(dim=(0, 1)).detach().cpu(), se.detach().cpu(),
+                       n_probes, clean_loss, kind)

@@ -21,10 +21,14 @@ the signed effect; then AtP* (Kramár et al. 2024, arXiv 2403.00745: attribution
 GradDrop, :func:`headprobe.analyses.attribution.atp_star`), its time and cost in
 forward-equivalents (a backward counted as two forwards), and its Spearman correlations: the
 paper's unsigned estimate with ``|effect|`` and with the signed effect, and the signed AtP*
-(AtP's sign, AtP*'s magnitude) with the signed effect. The last line reads ``ratio=<x>
-max_loss_diff=<y> spearman=<z> atp_spearman=<w>``, ``w`` being the signed AtP* against the signed
-exact effect. Not a timed test: numbers depend on the
-machine and on what else runs on it.
+(AtP's sign, AtP*'s magnitude) with the signed effect; then the second-order estimate
+(attribution patching plus the Monte-Carlo Gauss-Newton curvature term,
+:func:`headprobe.analyses.attribution.second_order`, ``--n-probes`` sampled-target probes), its
+time, cost and Spearman correlation with the signed effect. The last line reads ``ratio=<x>
+max_loss_diff=<y> spearman=<z> atp_spearman=<w> atp_method=second-order
+atp_forward_equivalents=<f> atpstar_spearman=<v>``: ``w`` is the best attribution-patching-family
+estimate, the second-order one, against the signed exact effect, ``v`` the signed AtP* against
+it. Not a timed test: numbers depend on the machine and on what else runs on it.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ def _sync(device: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from headprobe.analyses.ablation import exact_sweep, head_importance, spearman, sweep_loop
-    from headprobe.analyses.attribution import atp_star, forward_equivalents
+    from headprobe.analyses.attribution import N_PROBES, atp_star, forward_equivalents, second_order
     from headprobe.analyses.data import natural_text_tokens
     from headprobe.probe.loading import device_auto, load_checkpoint, wrap
 
@@ -58,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--max-batch", type=int, default=64, help="sequences per engine forward pass")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--n-probes", type=int, default=N_PROBES, help="probes of the second-order estimate (default %(default)s)")
     args = ap.parse_args(argv)
     device = device_auto(args.device)
 
@@ -130,7 +135,23 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Spearman over the {len(heads)} heads: AtP* (unsigned) vs |exact effect| {rho_star_abs:.3f}, vs the signed "
           f"effect {rho_star:.3f}; signed AtP* (AtP's sign) vs the signed effect {rho_star_signed:.3f}; "
           f"attribution patching vs |effect| {spearman(imp.attribution[idx[0], idx[1]].abs(), effect.abs()):.3f}")
-    print(f"ratio={ratio:.2f} max_loss_diff={diff:.2e} spearman={rho:.3f} atp_spearman={rho_star_signed:.3f}")
+
+    _sync(device)
+    t0 = time.perf_counter()
+    second = second_order(native, tokens, n_probes=args.n_probes, seed=args.seed)
+    _sync(device)
+    t_second = time.perf_counter() - t0
+    fe_second = forward_equivalents("second-order", spec.n_layers, args.n_probes)
+    rho_second = spearman(second.estimate[idx[0], idx[1]], effect)
+    resid = effect - second.attribution[idx[0], idx[1]]
+    print(f"second order (attribution patching + Monte-Carlo Gauss-Newton term, {args.n_probes} probes): {t_second:.2f} s, "
+          f"{fe_second:.0f} forward-equivalents; exact minus first order: median {float(resid.median()):+.4f} nats "
+          f"(curvature term median {float(second.curvature[idx[0], idx[1]].median()):.4f}, standard error median "
+          f"{float(second.curvature_se[idx[0], idx[1]].median()):.4f})")
+    print(f"Spearman over the {len(heads)} heads: second order vs the signed effect {rho_second:.3f} "
+          f"(attribution patching alone {rho_attr:.3f})")
+    print(f"ratio={ratio:.2f} max_loss_diff={diff:.2e} spearman={rho:.3f} atp_spearman={rho_second:.3f} "
+          f"atp_method=second-order atp_forward_equivalents={fe_second:.0f} atpstar_spearman={rho_star_signed:.3f}")
 
 
 if __name__ == "__main__":

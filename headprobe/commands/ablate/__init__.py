@@ -52,10 +52,11 @@ def __getattr__(name: str):
 
 
 TASKS = ("natural", "induction")
-ESTIMATES = ("atp", "attribution", "gradient")
+ESTIMATES = ("atp", "attribution", "gradient", "second-order")
 """``--estimate`` choices (the same as :data:`headprobe.analyses.attribution.ESTIMATORS`, kept here so that
 the flags are checked without importing torch): ``atp`` AtP* with GradDrop (Kramár et al. 2024) signed by
-attribution patching, ``attribution`` plain attribution patching, ``gradient`` Michel et al.'s importance."""
+attribution patching, ``attribution`` plain attribution patching, ``gradient`` Michel et al.'s importance,
+``second-order`` attribution patching plus the Monte-Carlo Gauss-Newton curvature term."""
 _ANY = 10**9  # bounds for checking the layer.head syntax alone
 
 
@@ -82,12 +83,14 @@ class AblateConfig(options.ModelRunConfig):
         max_batch: sequences per forward pass in the sweep (>= 1).
         estimate: None: the exact sweep; one of :data:`ESTIMATES`: that gradient estimate of every head's
             effect instead, with no sweep (for models where the sweep is too slow; labelled as an estimate).
+        n_probes: sampled-target probes of ``estimate="second-order"`` (>= 1; ignored otherwise).
     """
 
     kind: str = "zero"
     heads: str | Sequence[tuple[int, int]] | None = None
     max_batch: int = 64
     estimate: str | None = None
+    n_probes: int = 8
 
     def __post_init__(self):
         super().__post_init__()
@@ -97,6 +100,8 @@ class AblateConfig(options.ModelRunConfig):
             raise HeadprobeError(f"--max-batch must be at least 1, got {self.max_batch}")
         if self.estimate is not None and self.estimate not in ESTIMATES:
             raise HeadprobeError(f"--estimate {self.estimate!r} is not one of {', '.join(ESTIMATES)}")
+        if self.n_probes < 1:
+            raise HeadprobeError(f"--n-probes must be at least 1, got {self.n_probes}")
         object.__setattr__(self, "heads", _heads_text(self.heads))
 
     def head_list(self, n_layers: int, n_heads: int) -> list[Head]:
@@ -131,7 +136,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--estimate", default=None, choices=ESTIMATES,
                    help="no sweep: write a gradient estimate of each head's effect instead (atp: AtP* with GradDrop, "
                         "~n_layers+2 forward passes; attribution: attribution patching, ~3; gradient: Michel et al.'s "
-                        "unsigned importance, ~3)")
+                        "unsigned importance, ~3; second-order: attribution patching plus a sampled Gauss-Newton "
+                        "curvature term, ~3+2*n_probes)")
+    p.add_argument("--n-probes", type=positive_int, default=8,
+                   help="sampled-target backward passes of --estimate second-order (default %(default)s)")
 
 
 def config_from_args(args: argparse.Namespace) -> AblateConfig:

@@ -19,7 +19,7 @@ from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
     SweepResult, capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, top_heads,
 )
-from headprobe.analyses.attribution import atp_star, forward_equivalents
+from headprobe.analyses.attribution import atp_star, forward_equivalents, second_order
 from headprobe.analyses.data import TokenSet, read_text_file, task_tokens
 from headprobe.analyses.scoring import score_token_set
 from headprobe.probe.capture import kv_head_of
@@ -199,7 +199,8 @@ class AblateResult:
             "estimate": {"method": cfg.estimate, "description": ESTIMATE_LABELS[cfg.estimate],
                          "exact": False, "signed": cfg.estimate != "gradient",
                          "units": "nats per unit of head mask" if cfg.estimate == "gradient" else "nats/token",
-                         "forward_equivalents_per_task": forward_equivalents(cfg.estimate, spec.n_layers),
+                         "forward_equivalents_per_task": forward_equivalents(cfg.estimate, spec.n_layers, cfg.n_probes),
+                         **({"n_probes": cfg.n_probes} if cfg.estimate == "second-order" else {}),
                          "note": "a gradient estimate of each head's single-head ablation effect, not an exact "
                                  "ablation; check the heads it ranks high with `headprobe ablate --heads`"},
             "top_heads_by_estimate": {t: [{"head": format_head(h), "estimate": round(float(r.estimated[h]), 5)}
@@ -291,17 +292,23 @@ ESTIMATE_LABELS = {
            "averaged over dropped layers, signed by attribution patching",
     "attribution": "attribution patching (Nanda 2023): first-order estimate of the loss change",
     "gradient": "Michel et al. 2019 gradient importance E|dL/dxi_h| (unsigned)",
+    "second-order": "attribution patching plus half the Gauss-Newton curvature d^T G d, estimated with targets "
+                    "sampled from the model (LeCun et al. 1990; Martens & Grosse 2015)",
 }
-ESTIMATE_COLUMN = {"atp": "atp_star_estimate", "attribution": "attribution_estimate", "gradient": "importance_estimate"}
+ESTIMATE_COLUMN = {"atp": "atp_star_estimate", "attribution": "attribution_estimate", "gradient": "importance_estimate",
+                   "second-order": "second_order_estimate"}
 """head_ablation.csv column (after ``<task>_``) of each ``--estimate``: never ``loss_delta``, the exact effect."""
 assert set(ESTIMATE_LABELS) == set(ESTIMATE_COLUMN) == set(ESTIMATES)
 
 
-def _estimate(model, method: str, tokens, first: int, kind: str, mean_z, source, heads) -> TaskResult:
+def _estimate(model, method: str, tokens, first: int, kind: str, mean_z, source, heads, n_probes: int) -> TaskResult:
     """One task's ``--estimate``: the estimator's ``[layer, head]`` values (NaN outside ``heads``)."""
     spec = model.spec
     t0 = time.perf_counter()
-    if method == "atp":
+    if method == "second-order":
+        est = second_order(model, tokens, first, kind=kind, mean_z=mean_z, source_tokens=source, n_probes=n_probes)
+        values, clean = est.estimate, est.clean_loss
+    elif method == "atp":
         star = atp_star(model, tokens, first, kind=kind, mean_z=mean_z, source_tokens=source)
         values, clean = star.signed, star.clean_loss
     else:
@@ -362,7 +369,7 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
     for task, (tokens, first, source) in sets.items():
         src = source if cfg.kind == "resample" else None
         if cfg.estimate:
-            results[task] = _estimate(model, cfg.estimate, tokens, first, cfg.kind, mean_z, src, heads)
+            results[task] = _estimate(model, cfg.estimate, tokens, first, cfg.kind, mean_z, src, heads, cfg.n_probes)
             continue
         t0 = time.perf_counter()
         done = saved.setdefault(task, {"clean": None, "loss": {}})
