@@ -581,7 +581,8 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
 
 
 def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", prepend_bos: bool = True,
-               backend: str = "auto", quiet: bool = False) -> LoadedModel:
+               backend: str = "auto", quiet: bool = False, device_map: str | dict[str, int | str] | None = None,
+               max_memory: dict[int | str, int | str] | None = None, offload_dir: str | None = None) -> LoadedModel:
     """Load ``name`` (see the module docstring) as a :class:`LoadedModel` on ``device``.
 
     Args:
@@ -591,15 +592,33 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
         backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; see :func:`wrap`.
         quiet: print no progress line (by default one line per long phase goes to stderr, e.g.
             ``loading smollm2-135m from cache ...``; transformers' progress bars are always off).
+        device_map: split the model over GPUs, CPU memory and disk with accelerate (native
+            backend only): ``auto``, ``balanced``, ``sequential`` or ``{piece: device}``
+            (:mod:`headprobe.probe.devicemap`); ``device`` must then be ``cpu`` (where the model
+            is read, self-checked and split from) and :attr:`LoadedModel.device` becomes the
+            embedding's device. None (default): the whole model on ``device``.
+        max_memory: bytes or sizes (``"2GiB"``) per device for a ``device_map`` strategy, keys GPU
+            indices, ``cpu``, ``disk``; None: what the devices have free.
+        offload_dir: folder for the pieces mapped to ``disk`` (default: a temporary directory).
 
     Raises:
-        HeadprobeError: the model cannot be found or read (one line, says how to supply it), or
-            ``transformer-lens`` was asked for a headprobe checkpoint directory.
+        HeadprobeError: the model cannot be found or read (one line, says how to supply it),
+            ``transformer-lens`` was asked for a headprobe checkpoint directory, or ``device_map``
+            on the bridge, with ``device`` not ``cpu``, or as :func:`headprobe.probe.devicemap.dispatch`.
 
     The returned model has run its self-check (:attr:`LoadedModel.self_check`): a model whose
     per-head results would be wrong loads, and refuses per-head analyses with one line.
     """
     name = canonical_name(name)
+    if max_memory is not None and device_map is None:
+        raise HeadprobeError("--max-memory needs --device-map (auto, balanced or sequential)")
+    if device_map is not None:
+        if backend == "transformer-lens":
+            raise HeadprobeError("--device-map needs the native backend (--backend native or auto): the bridge "
+                                 "reads weights outside its forward that accelerate offloads")
+        if torch.device(device).type != "cpu":
+            raise HeadprobeError("--device-map places the model itself: leave --device at auto (or cpu); "
+                                 "keep the model off a GPU with --max-memory cpu=...")
     if is_native_dir(Path(name).expanduser()):
         if backend not in ("auto", "native"):
             raise HeadprobeError(f"{name} is a headprobe checkpoint; it loads only with --backend native (or auto)")
@@ -609,6 +628,8 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
         if model is None:
             model = wrap(load_checkpoint(name, quiet=quiet), backend, device, prepend_bos, copy=False)
     model.self_check  # noqa: B018 - run the self-check now, at load (see headprobe.probe.selfcheck)
+    if device_map is not None:
+        model.dispatch(device_map, max_memory, offload_dir)  # after the self-check, on the whole float32 model
     return model
 
 
