@@ -1,0 +1,161 @@
+"""Models split over devices (``--device-map``, ``--max-memory``; headprobe.probe.devicemap).
+
+No GPU is needed: the split is forced onto the CPU and disk (a small CPU budget puts the later
+blocks in an offload folder, read back for each forward), and every number is compared with the
+same model loaded whole. The tiny GQA Llama: the embedding (tied to the unembedding) takes 26 KB,
+each block 140 KB, so ``cpu=200KB`` keeps block 0 in memory and offloads block 1 to disk.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+SPLIT = {"embed": "cpu", "blocks.0": "cpu", "blocks.1": "disk", "ln_final": "cpu", "unembed": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def whole(tiny_dir):
+    import headprobe
+
+    return headprobe.load_model(str(tiny_dir), quiet=True)
+
+
+@pytest.fixture(scope="module")
+def split(tiny_dir, tmp_path_factory):
+    import headprobe
+
+    return headprobe.load_model(str(tiny_dir), quiet=True, device_map="sequential", max_memory={"cpu": "200KB"},
+                                offload_dir=str(tmp_path_factory.mktemp("offload")))
+
+
+def test_budget_splits_blocks_onto_disk(split, whole):
+    assert split.device_map == SPLIT and whole.device_map is None
+    assert split.device == torch.device("cpu")
+    offloaded = dict(split.model.named_parameters())["blocks.1.attn.o_proj.weight"]
+    assert offloaded.is_meta  # really offloaded: the weight is not in memory outside a forward
+    assert split.n_params == whole.n_params
+
+
+def test_weights_read_outside_forward_are_real(split, whole):
+    for layer in range(2):
+        assert torch.equal(split.W_O(layer), whole.W_O(layer))
+        assert torch.equal(split.W_Q(layer), whole.W_Q(layer))
+        assert torch.equal(split.norm_weights(layer).weight, whole.norm_weights(layer).weight)
+    assert torch.equal(split.W_U(), whole.W_U())
+
+
+def test_logits_and_capture_equal_unsplit(split, whole):
+    from headprobe.probe.capture import capture_heads
+
+    tokens = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(split.forward(tokens), whole.forward(tokens), rtol=0, atol=1e-6)
+    a, b = capture_heads(split, tokens), capture_heads(whole, tokens)
+    for key in ("pattern", "result", "attn_out"):
+        for layer in range(2):
+            torch.testing.assert_close(a[key][layer], b[key][layer], rtol=0, atol=1e-6)
+
+
+def test_exact_sweep_equals_unsplit(split, whole):
+    """The sweep resumes each forward at the swept block (Block.resume, outside accelerate's forward hook)."""
+    from headprobe.analyses.ablation import exact_sweep
+
+    tokens, source = torch.randint(0, 100, (2, 3, 20), generator=torch.Generator().manual_seed(1))
+    for kind in ("zero", "resample"):
+        a, b = (exact_sweep(m, tokens, kind=kind, source_tokens=source, first=2) for m in (split, whole))
+        assert a.clean_loss == pytest.approx(b.clean_loss, abs=1e-6)
+        assert (a.effect.abs() > 1e-4).all()  # every head matters: equal effects are not vacuous
+        torch.testing.assert_close(a.loss, b.loss, rtol=0, atol=1e-6)
+
+
+def test_scan_scores_equal_unsplit(split, whole):
+    import headprobe
+
+    kw = dict(n_natural=2, seq_len=24, n_repeated=2, period=8, n_random=2, k=2, pattern_len=0)
+    a, b = headprobe.scan(split, **kw), headprobe.scan(whole, **kw)
+    num = b.table.select_dtypes("number").columns
+    assert len(num) > 5
+    np.testing.assert_allclose(a.table[num].to_numpy(float), b.table[num].to_numpy(float), rtol=0, atol=1e-6)
+
+
+def test_auto_and_half_precision_split(tiny_dir):
+    """``auto`` on a CPU-only budget and a bfloat16 model, cast before the split (load_model_as)."""
+    from headprobe.options import load_model_as
+
+    kw = dict(device="auto", dtype="bfloat16", backend="native")
+    a = load_model_as(str(tiny_dir), device_map="auto", max_memory="cpu=100KB", **kw)  # bfloat16: half the bytes
+    b = load_model_as(str(tiny_dir), **kw)
+    assert a.device_map == SPLIT and a.dtype == torch.bfloat16
+    tokens = torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(a.forward(tokens), b.forward(tokens))
+
+
+def test_hand_map_and_everything_on_disk_but_the_embedding(tiny_dir, whole):
+    import headprobe
+
+    m = headprobe.load_model(str(tiny_dir), quiet=True, device_map={**SPLIT, "blocks.0": "disk"})
+    tokens = torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(m.forward(tokens), whole.forward(tokens), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(device_map="auto", backend="transformer-lens"), "needs the native backend"),
+    (dict(max_memory={"cpu": "1GB"}), "--max-memory needs --device-map"),
+    (dict(device_map="everywhere"), "unknown device map"),
+    (dict(device_map="sequential", max_memory={"cpu": "10KB"}), "do not fit"),
+    (dict(device_map="sequential", max_memory={"cpu": "1XB"}), "--max-memory"),
+    (dict(device_map={**SPLIT, "unembed": "disk"}), "together on one device that is not disk"),
+    (dict(device_map={k: v for k, v in SPLIT.items() if k != "blocks.1"}), "missing blocks.1"),
+    (dict(device_map=SPLIT, max_memory={"cpu": "1GB"}), "not to a device map given by hand"),
+])
+def test_refusals_at_load(tiny_dir, kwargs, message):
+    import headprobe
+    from headprobe.probe.errors import HeadprobeError
+
+    with pytest.raises(HeadprobeError, match=message):
+        headprobe.load_model(str(tiny_dir), quiet=True, **kwargs)
+
+
+def test_refusals_on_a_split_model(split, tmp_path):
+    from headprobe.probe.errors import HeadprobeError
+
+    with pytest.raises(HeadprobeError, match="--save-pruned"):
+        split.check_prunable()
+    with pytest.raises(HeadprobeError, match="--save-pruned"):
+        split.remove_heads(torch.ones(2, 8, dtype=torch.bool))
+    with pytest.raises(HeadprobeError, match="cannot be saved"):
+        split.save(tmp_path / "x")
+    with pytest.raises(HeadprobeError, match="keeps the dtype"):
+        split.to(torch.bfloat16)
+    with pytest.raises(HeadprobeError, match="split over devices already"):
+        split.dispatch("auto")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-memory", "cpu=lots"], "bad --max-memory entry 'cpu=lots'"),
+    (["--device-map", "auto", "--max-memory", "gpu0=1GB"], "bad --max-memory entry"),
+    (["--max-memory", "cpu=1GB"], "--max-memory needs --device-map"),
+    (["--device-map", "auto", "--device", "cpu", "--max-memory", "cpu=1GB,cpu=2GB"], "names cpu twice"),
+])
+def test_cli_refuses_bad_flags_in_one_line(tiny_dir, tmp_path, capsys, flags, message):
+    from headprobe.cli import main
+
+    out = tmp_path / "out"
+    assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("headprobe: error:") and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_cli_device_cuda_with_device_map_refused(tiny_dir, tmp_path, capsys):
+    from headprobe.cli import main
+
+    assert main(["scan", "--model", str(tiny_dir), "--out", str(tmp_path / "o"), "--device", "cuda", "--device-map", "auto"]) == 2
+    assert "leave --device at auto" in capsys.readouterr().err
+
+
+def test_parse_max_memory():
+    from headprobe.options import parse_max_memory
+
+    assert parse_max_memory("cpu=2GiB, cuda:0=10GB,1=512MiB,disk=100000") == {"cpu": "2GiB", 0: "10GB", 1: "512MiB", "disk": 100000}
