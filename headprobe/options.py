@@ -194,6 +194,9 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
         except argparse.ArgumentTypeError as e:
             raise HeadprobeError(str(e)) from None
     check_device_map(device, device_map, max_memory)
+    if device_map is not None and dtype != "float32" and backend == "transformer-lens":
+        raise HeadprobeError("--device-map on the transformer-lens backend loads float32 only (transformers splits the model "
+                             "as it loads, before any cast): use --dtype float32 or --backend native")
     device = "cpu" if device_map is not None else loading.device_auto(device)
     split_later = device_map is not None and dtype != "float32"  # cast first: a split model's dtype is fixed
     model = loading.load_model(name, device=device, prepend_bos=prepend_bos, backend=backend,

@@ -21,6 +21,7 @@ cross-entropies in nats, the unit of every loss headprobe reports.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
@@ -271,7 +272,7 @@ class LoadedModel:
         ``c = 1e3`` (so Gemma's ``1 + w`` convention needs no special case)."""
         if layer not in self._post_norm_weights:
             block = self.model.blocks[layer]
-            with aligned(block):
+            with self._aligned(block):
                 ones = torch.full((1, 1, self.spec.d_model), 1e3, dtype=self.dtype, device=self._block_device(layer))
                 self._post_norm_weights[layer] = block.ln1_post(ones)[0, 0].detach().to(self.device)
         return self._post_norm_weights[layer]
@@ -299,7 +300,15 @@ class LoadedModel:
     @property
     def device_map(self) -> dict[str, int | str] | None:
         """``{piece: device}`` of a model split by :meth:`dispatch` (``disk``: offloaded), else None."""
-        return getattr(self.model, "hf_device_map", None) if self._main_device is not None else None
+        if self._main_device is None:
+            return None
+        hf = getattr(self.model, "original_model", self.model)  # the bridge: transformers split the Hugging Face model
+        return getattr(hf, "hf_device_map", None)
+
+    def _aligned(self, module: torch.nn.Module) -> AbstractContextManager[None]:
+        """The weights of ``module`` real for the ``with`` body where the model is split and they are
+        offloaded (:func:`headprobe.probe.devicemap.aligned`); nothing for a model on one device."""
+        return aligned(module) if self._main_device is not None else contextlib.nullcontext()
 
     def _block_device(self, layer: int) -> torch.device:
         """The device block ``layer`` computes on (the model's unless it is split)."""
@@ -317,7 +326,8 @@ class LoadedModel:
             HeadprobeError: a backend that cannot be split, a model split already, or as
                 :func:`headprobe.probe.devicemap.dispatch`.
         """
-        raise HeadprobeError(f"--device-map needs the native backend (--backend native), not {self.name}")
+        raise HeadprobeError(f"the {self.name} backend is split only as transformers loads it, in float32 "
+                             f"(load_model(device_map=...), no --dtype): --dtype with --device-map needs --backend native")
 
     @property
     def n_params(self) -> int:
@@ -400,7 +410,7 @@ class LoadedModel:
 
     def b_O(self, layer: int) -> Float[Tensor, "d_model"] | None:
         """Layer ``layer``'s output bias (None for models without one, e.g. Llama)."""
-        with aligned(self.model.blocks[layer]):
+        with self._aligned(self.model.blocks[layer]):
             return self.model.blocks[layer].attn.b_O
 
     @torch.inference_mode()
@@ -426,7 +436,7 @@ class LoadedModel:
         u[1::2] = -1
         c = 1e3
         probe = torch.stack([c * u, -c * u, c * u + 3 * c]).to(self.dtype)[None]  # [1, 3, d_model]
-        with aligned(self.model.blocks[layer] if layer is not None else module):
+        with self._aligned(self.model.blocks[layer] if layer is not None else module):
             device = self.device if layer is None else self._block_device(layer)
             out = module(probe.to(device))[0].float().to(self.device)
         w, b = (out[0] - out[1]) / (2 * u), (out[0] + out[1]) / 2

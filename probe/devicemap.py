@@ -166,14 +166,22 @@ def dispatch(model: torch.nn.Module, device_map: str | Mapping[str, int | str],
         handle = tempfile.TemporaryDirectory(prefix="headprobe-offload-")
         offload_dir = handle.name
     main_device = torch.device(_name(main))
-    accelerate_log = logging.getLogger("accelerate.big_modeling")
-    level = accelerate_log.level
-    accelerate_log.setLevel(logging.ERROR)  # "Some parameters are on the meta device because they were offloaded"
-    try:
+    with quiet_accelerate():
         model = dispatch_model(model, device_map, main_device=main, offload_dir=offload_dir)  # accelerate compares it with "cpu"
-    finally:
-        accelerate_log.setLevel(level)
     return model, main_device, handle
+
+
+@contextlib.contextmanager
+def quiet_accelerate() -> Iterator[None]:
+    """Silence accelerate's "Some parameters are on the meta device because they were offloaded"
+    warning (what it says is the point of a device map) for the ``with`` body."""
+    log = logging.getLogger("accelerate.big_modeling")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def is_dispatched(model: torch.nn.Module) -> bool:

@@ -19,7 +19,6 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headprobe.probe.backend import HookFn, LoadedModel, _module_type, cross_entropy_inplace, scored_loss
-from headprobe.probe.devicemap import aligned
 from headprobe.probe.errors import HeadprobeError
 
 
@@ -58,14 +57,14 @@ class NativeModel(LoadedModel):
     def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
         """Layer ``layer``'s output projection split by head (a view of ``o_proj.weight``, on the
         device its block computes on)."""
-        with aligned(self.model.blocks[layer]):
+        with self._aligned(self.model.blocks[layer]):
             return self.model.blocks[layer].attn.W_O
 
     def _split(self, layer: int, proj: str) -> Float[Tensor, "head d_model d_head"]:
         attn = self.model.blocks[layer].attn
         if self.model.cfg.is_mla:
             raise HeadprobeError("latent attention (MLA) has no per-head W_Q, W_K, W_V: weight-based head metrics do not apply")
-        with aligned(self.model.blocks[layer]):
+        with self._aligned(self.model.blocks[layer]):
             weight = getattr(attn, proj).weight  # nn.Linear [n * d_head, d_model]
         return weight.T.unflatten(1, (-1, self.model.cfg.d_head)).transpose(0, 1)
 
@@ -112,7 +111,7 @@ class NativeModel(LoadedModel):
         net = self.model
         tokens = tokens.to(self.device)
         block_device = self._block_device(layer)
-        with aligned(net.blocks[layer]):  # resume is not a forward: accelerate's hook does not load the weights
+        with self._aligned(net.blocks[layer]):  # resume is not a forward: accelerate's hook does not load the weights
             x = net.blocks[layer].resume(resid_pre.to(block_device), attn_out.to(block_device))
         positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
         for later in net.blocks[layer + 1:]:

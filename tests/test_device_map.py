@@ -2,8 +2,9 @@
 
 No GPU is needed: the split is forced onto the CPU and disk (a small CPU budget puts the later
 blocks in an offload folder, read back for each forward), and every number is compared with the
-same model loaded whole. The tiny GQA Llama: the embedding (tied to the unembedding) takes 26 KB,
-each block 140 KB, so ``cpu=200KB`` keeps block 0 in memory and offloads block 1 to disk.
+same model loaded whole, on both backends. The tiny GQA Llama: the embedding takes 26 KB, each
+block 140 KB, so on the native backend ``cpu=200KB`` keeps block 0 in memory and offloads block 1
+to disk; transformers (the bridge) keeps room for the largest layer and offloads both blocks.
 """
 
 from __future__ import annotations
@@ -15,27 +16,36 @@ import torch
 SPLIT = {"embed": "cpu", "blocks.0": "cpu", "blocks.1": "disk", "ln_final": "cpu", "unembed": "cpu"}
 
 
-@pytest.fixture(scope="module")
-def whole(tiny_dir):
-    import headprobe
-
-    return headprobe.load_model(str(tiny_dir), quiet=True)
+@pytest.fixture(scope="module", params=["native", "transformer-lens"])
+def backend(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def split(tiny_dir, tmp_path_factory):
+def whole(tiny_dir, backend):
     import headprobe
 
-    return headprobe.load_model(str(tiny_dir), quiet=True, device_map="sequential", max_memory={"cpu": "200KB"},
-                                offload_dir=str(tmp_path_factory.mktemp("offload")))
+    return headprobe.load_model(str(tiny_dir), quiet=True, backend=backend)
 
 
-def test_budget_splits_blocks_onto_disk(split, whole):
-    assert split.device_map == SPLIT and whole.device_map is None
+@pytest.fixture(scope="module")
+def split(tiny_dir, tmp_path_factory, backend):
+    import headprobe
+
+    return headprobe.load_model(str(tiny_dir), quiet=True, backend=backend, device_map="sequential",
+                                max_memory={"cpu": "200KB"}, offload_dir=str(tmp_path_factory.mktemp("offload")))
+
+
+def test_budget_splits_blocks_onto_disk(split, whole, backend):
+    assert whole.device_map is None and split.backend == backend
+    if backend == "native":
+        assert split.device_map == SPLIT
+    else:
+        assert split.device_map["model.embed_tokens"] == "cpu" and "disk" in split.device_map.values()
     assert split.device == torch.device("cpu")
-    offloaded = dict(split.model.named_parameters())["blocks.1.attn.o_proj.weight"]
-    assert offloaded.is_meta  # really offloaded: the weight is not in memory outside a forward
-    assert split.n_params == whole.n_params
+    o_proj = [p for n, p in split.model.named_parameters() if "1" in n and "o_proj" in n]
+    assert o_proj and all(p.is_meta for p in o_proj)  # really offloaded: not in memory outside a forward
+    assert split.n_params == whole.n_params and split.self_check.ok
 
 
 def test_weights_read_outside_forward_are_real(split, whole):
@@ -100,7 +110,7 @@ def test_hand_map_and_everything_on_disk_but_the_embedding(tiny_dir, whole):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(device_map="auto", backend="transformer-lens"), "needs the native backend"),
+    (dict(device_map=SPLIT, backend="transformer-lens"), "a device map given by hand names the native model's pieces"),
     (dict(max_memory={"cpu": "1GB"}), "--max-memory needs --device-map"),
     (dict(device_map="everywhere"), "unknown device map"),
     (dict(device_map="sequential", max_memory={"cpu": "10KB"}), "do not fit"),
@@ -124,12 +134,14 @@ def test_refusals_on_a_split_model(split, tmp_path):
         split.check_prunable()
     with pytest.raises(HeadprobeError, match="--save-pruned"):
         split.remove_heads(torch.ones(2, 8, dtype=torch.bool))
-    with pytest.raises(HeadprobeError, match="cannot be saved"):
-        split.save(tmp_path / "x")
+    if split.backend == "native":
+        with pytest.raises(HeadprobeError, match="cannot be saved"):
+            split.save(tmp_path / "x")
     with pytest.raises(HeadprobeError, match="keeps the dtype"):
         split.to(torch.bfloat16)
-    with pytest.raises(HeadprobeError, match="split over devices already"):
+    with pytest.raises(HeadprobeError, match="split over devices already|split only as transformers loads it"):
         split.dispatch("auto")
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -159,3 +171,13 @@ def test_parse_max_memory():
     from headprobe.options import parse_max_memory
 
     assert parse_max_memory("cpu=2GiB, cuda:0=10GB,1=512MiB,disk=100000") == {"cpu": "2GiB", 0: "10GB", 1: "512MiB", "disk": 100000}
+
+
+def test_bridge_half_precision_split_refused_before_loading(tiny_dir, monkeypatch):
+    from headprobe.options import load_model_as
+    from headprobe.probe import loading
+    from headprobe.probe.errors import HeadprobeError
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(HeadprobeError, match="loads float32 only"):
+        load_model_as(str(tiny_dir), backend="transformer-lens", device_map="auto", dtype="bfloat16")
