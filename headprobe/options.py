@@ -238,7 +238,12 @@ def describe_model(model) -> str:
     """One line on a loaded model's device, precision, layout and weights, for a command's output."""
     spec = model.spec
     dtype = str(model.dtype).removeprefix("torch.")
-    return (f"model {spec.name} on {model.device.type} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
+    split = getattr(model, "device_map", None)
+    where = model.device.type
+    if split:  # a model split over devices (--device-map): the devices, in order of first use
+        names = [f"cuda:{d}" if isinstance(d, int) else str(d) for d in split.values()]
+        where = f"{', '.join(dict.fromkeys(names))} (--device-map)"
+    return (f"model {spec.name} on {where} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
             f"{spec.n_kv_heads} KV heads); weights: {spec.precision}")
 
 

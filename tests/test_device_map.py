@@ -181,3 +181,20 @@ def test_bridge_half_precision_split_refused_before_loading(tiny_dir, monkeypatc
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(HeadprobeError, match="loads float32 only"):
         load_model_as(str(tiny_dir), backend="transformer-lens", device_map="auto", dtype="bfloat16")
+
+
+def test_cli_ablate_split_writes_the_unsplit_table(tiny_dir, text_file, tmp_path, capsys):
+    """``headprobe ablate --device-map auto --max-memory cpu=200KB``: block 1 on disk, the same table."""
+    import pandas as pd
+
+    from headprobe.cli import main
+
+    small = ["--model", str(tiny_dir), "--text", str(text_file), "--seq-len", "16", "--n-natural", "3",
+             "--n-repeated", "2", "--period", "6"]
+    assert main(["ablate", *small, "--out", str(tmp_path / "whole")]) == 0
+    assert main(["ablate", *small, "--out", str(tmp_path / "split"), "--device-map", "auto", "--max-memory", "cpu=200KB"]) == 0
+    a, b = (pd.read_csv(tmp_path / d / "head_ablation.csv") for d in ("split", "whole"))
+    num = b.select_dtypes("number").columns
+    pd.testing.assert_frame_equal(a[num], b[num], rtol=0, atol=1e-6)
+    assert '"device_map": "auto"' in (tmp_path / "split" / "summary.json").read_text()
+    assert "on cpu, disk (--device-map) (float32)" in capsys.readouterr().out
