@@ -148,13 +148,15 @@ def test_refusals_on_a_split_model(split, tmp_path):
     (["--max-memory", "cpu=lots"], "bad --max-memory entry 'cpu=lots'"),
     (["--device-map", "auto", "--max-memory", "gpu0=1GB"], "bad --max-memory entry"),
     (["--max-memory", "cpu=1GB"], "--max-memory needs --device-map"),
+    (["--device-map", "auto", "--save-pruned"], "--save-pruned needs the whole model on one device"),
     (["--device-map", "auto", "--device", "cpu", "--max-memory", "cpu=1GB,cpu=2GB"], "names cpu twice"),
 ])
 def test_cli_refuses_bad_flags_in_one_line(tiny_dir, tmp_path, capsys, flags, message):
     from headprobe.cli import main
 
     out = tmp_path / "out"
-    assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), *flags]) == 2
+    command = "prune" if "--save-pruned" in flags else "ablate"
+    assert main([command, "--model", str(tiny_dir), "--out", str(out), *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.startswith("headprobe: error:") and len(err.strip().splitlines()) == 1
     assert "Traceback" not in err and not out.exists()
@@ -198,3 +200,14 @@ def test_cli_ablate_split_writes_the_unsplit_table(tiny_dir, text_file, tmp_path
     pd.testing.assert_frame_equal(a[num], b[num], rtol=0, atol=1e-6)
     assert '"device_map": "auto"' in (tmp_path / "split" / "summary.json").read_text()
     assert "on cpu, disk (--device-map) (float32)" in capsys.readouterr().out
+
+
+def test_gradient_importance_equals_unsplit(split, whole):
+    """A backward through offloaded blocks (Michel et al.'s importance, attribution patching)."""
+    from headprobe.analyses.ablation import head_importance
+
+    tokens = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(4))
+    a, b = head_importance(split, tokens, first=2), head_importance(whole, tokens, first=2)
+    assert (b.importance > 0).all()
+    torch.testing.assert_close(a.importance, b.importance, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(a.attribution, b.attribution, rtol=1e-5, atol=1e-6)
