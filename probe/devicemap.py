@@ -18,6 +18,10 @@ outside a forward (``W_O(layer)``, the unembedding in the exact sweep, resuming 
 through :func:`aligned`, accelerate's ``align_module_device``, which materialises an offloaded
 module's weights for the ``with`` body.
 
+The transformer-lens backend is split by transformers instead, as it loads the Hugging Face model
+(``from_pretrained(device_map=, max_memory=, offload_folder=)``, :func:`headprobe.probe.loading.load_model`);
+the same :func:`aligned` serves its weight reads.
+
 The numbers are those of the unsplit model (tests/test_device_map.py: scan scores, captured
 patterns and the exact sweep to 1e-6 on a split forced onto CPU and disk).
 """

@@ -613,19 +613,22 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
         backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; see :func:`wrap`.
         quiet: print no progress line (by default one line per long phase goes to stderr, e.g.
             ``loading smollm2-135m from cache ...``; transformers' progress bars are always off).
-        device_map: split the model over GPUs, CPU memory and disk with accelerate (native
-            backend only): ``auto``, ``balanced``, ``sequential`` or ``{piece: device}``
-            (:mod:`headprobe.probe.devicemap`); ``device`` must then be ``cpu`` (where the model
-            is read, self-checked and split from) and :attr:`LoadedModel.device` becomes the
-            embedding's device. None (default): the whole model on ``device``.
+        device_map: split the model over GPUs, CPU memory and disk with accelerate: ``auto``,
+            ``balanced``, ``sequential`` or (native only) ``{piece: device}``
+            (:mod:`headprobe.probe.devicemap`). The native model is read, self-checked and split
+            from the CPU; the bridge's Hugging Face model is split by transformers as it loads
+            (float32), then self-checked. ``device`` must then be ``cpu``, and
+            :attr:`LoadedModel.device` becomes the embedding's device. None (default): the whole
+            model on ``device``.
         max_memory: bytes or sizes (``"2GiB"``) per device for a ``device_map`` strategy, keys GPU
             indices, ``cpu``, ``disk``; None: what the devices have free.
         offload_dir: folder for the pieces mapped to ``disk`` (default: a temporary directory).
 
     Raises:
         HeadprobeError: the model cannot be found or read (one line, says how to supply it),
-            ``transformer-lens`` was asked for a headprobe checkpoint directory, or ``device_map``
-            on the bridge, with ``device`` not ``cpu``, or as :func:`headprobe.probe.devicemap.dispatch`.
+            ``transformer-lens`` was asked for a headprobe checkpoint directory, ``device_map`` with
+            ``device`` not ``cpu``, a hand map or an uncached ``.gguf`` file on the bridge, or as
+            :func:`headprobe.probe.devicemap.dispatch`.
 
     The returned model has run its self-check (:attr:`LoadedModel.self_check`): a model whose
     per-head results would be wrong loads, and refuses per-head analyses with one line.
