@@ -89,8 +89,8 @@ def add_model_options(p: argparse.ArgumentParser, *, dtype: bool = True, backend
                             "transformer-lens: TransformerLens' TransformerBridge around the Hugging Face model")
     if device_map:
         p.add_argument("--device-map", default=None, choices=DEVICE_MAPS,
-                       help="split a model too large for one device over the GPUs, CPU memory and disk (accelerate; native "
-                            "backend): auto/balanced spread the blocks evenly over the GPUs, sequential fills each in turn; "
+                       help="split a model too large for one device over the GPUs, CPU memory and disk (accelerate; "
+                            "the bridge in float32 only): auto/balanced spread the blocks evenly over the GPUs, sequential fills each in turn; "
                             "the embedding and unembedding stay on the first device; replaces --device (leave it at auto)")
         p.add_argument("--max-memory", default=None, metavar="DEVICE=SIZE,...",
                        help="what --device-map may put on each device, e.g. cpu=2GiB,cuda:0=10GiB,disk=100GB (default: the "
