@@ -8,6 +8,7 @@ imports torch (``headprobe budget`` must start fast): dtypes are names until :fu
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -15,6 +16,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 """Short names accepted everywhere for :data:`DTYPES`."""
 DEVICES = ("auto", "cpu", "cuda")
+DEVICE_MAPS = ("auto", "balanced", "sequential")
+"""``--device-map`` strategies (:data:`headprobe.probe.devicemap.DEVICE_MAPS`)."""
 BACKENDS = ("auto", "native", "transformer-lens")
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -40,6 +43,28 @@ def dtype_name(text: str) -> str:
     return name
 
 
+_SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B)?$", re.IGNORECASE)
+_MEMORY_DEVICE = re.compile(r"^(cpu|disk|mps|(cuda:)?\d+)$")
+
+
+def parse_max_memory(text: str) -> dict[int | str, int | str]:
+    """argparse ``type`` for ``--max-memory``: ``DEVICE=SIZE,...`` (``cpu=2GiB,cuda:0=10GiB,disk=100GB``)
+    as accelerate's ``max_memory`` dict: devices ``cpu``, ``disk``, ``mps``, ``cuda:N`` or ``N``
+    (GPU N, an int key), sizes in bytes or with a unit (``KB MB GB TB``, ``KiB MiB GiB TiB``).
+    A device not named gets nothing, except disk, which is unlimited unless named."""
+    out: dict[int | str, int | str] = {}
+    for part in text.split(","):
+        device, eq, size = (x.strip() for x in part.partition("="))
+        if not eq or not _MEMORY_DEVICE.match(device) or not _SIZE.match(size):
+            raise argparse.ArgumentTypeError(f"bad --max-memory entry {part.strip()!r}: expected DEVICE=SIZE with DEVICE one of "
+                                             f"cpu, disk, mps, cuda:N and SIZE like 2GiB or 500MB, e.g. cpu=2GiB,cuda:0=10GiB")
+        key: int | str = int(device.removeprefix("cuda:")) if device[-1].isdigit() else device
+        if key in out:
+            raise argparse.ArgumentTypeError(f"--max-memory names {device} twice")
+        out[key] = int(size) if size.isdigit() else size.replace(" ", "").upper().replace("IB", "iB")
+    return out
+
+
 def torch_dtype(name: str):
     """The ``torch.dtype`` of a :data:`DTYPES` name (imports torch)."""
     import torch
@@ -48,8 +73,8 @@ def torch_dtype(name: str):
 
 
 def add_model_options(p: argparse.ArgumentParser, *, dtype: bool = True, backend: bool = True,
-                      default_model: str | None = DEFAULT_MODEL) -> None:
-    """``--model --device [--dtype] [--backend]``."""
+                      default_model: str | None = DEFAULT_MODEL, device_map: bool = True) -> None:
+    """``--model --device [--dtype] [--backend] [--device-map --max-memory]``."""
     p.add_argument("--model", default=default_model,
                    help=f"{DEFAULT_MODEL} (default, embedded 4-bit weights), gpt2 or another Hugging Face name, "
                         "a local Hugging Face directory, a .gguf file or a headprobe checkpoint directory")
@@ -62,6 +87,14 @@ def add_model_options(p: argparse.ArgumentParser, *, dtype: bool = True, backend
         p.add_argument("--backend", default="auto", choices=BACKENDS,
                        help="native: headprobe's own transformer (auto picks it where it supports the architecture); "
                             "transformer-lens: TransformerLens' TransformerBridge around the Hugging Face model")
+    if device_map:
+        p.add_argument("--device-map", default=None, choices=DEVICE_MAPS,
+                       help="split a model too large for one device over the GPUs, CPU memory and disk (accelerate; "
+                            "the bridge in float32 only): auto/balanced spread the blocks evenly over the GPUs, sequential fills each in turn; "
+                            "the embedding and unembedding stay on the first device; replaces --device (leave it at auto)")
+        p.add_argument("--max-memory", default=None, metavar="DEVICE=SIZE,...",
+                       help="what --device-map may put on each device, e.g. cpu=2GiB,cuda:0=10GiB,disk=100GB (default: the "
+                            "free memory of every GPU and the CPU; disk unlimited unless named)")
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:
@@ -123,7 +156,7 @@ def peek_layout(model: str) -> tuple[int, int] | None:
 
 
 def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", backend: str = "auto",
-                  prepend_bos: bool = True):
+                  prepend_bos: bool = True, device_map: str | None = None, max_memory: dict | str | None = None):
     """Load ``name`` the way every command's ``--model --device --dtype --backend`` ask for: a
     :class:`~headprobe.probe.loading.LoadedModel` on ``device`` (``auto``: cuda when present),
     its weights cast to ``dtype`` (a :data:`DTYPES` name or alias) after the float32 load-time
@@ -133,9 +166,14 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
     Half precision: weights and activations in ``dtype``; attention scores and softmax, losses
     and importance scores in float32; rotary frequencies float32 (docs/engine.md, "Precision").
 
+    ``device_map`` (a :data:`DEVICE_MAPS` strategy; ``max_memory`` a dict or ``--max-memory``'s
+    text): the model is read, self-checked and cast on the CPU, then split over the devices
+    (:mod:`headprobe.probe.devicemap`); ``device`` must be ``auto`` or ``cpu``.
+
     Raises:
         HeadprobeError: ``cuda`` asked for but absent, an unknown dtype, ``float16`` on the
-            transformer-lens backend (:data:`FLOAT16_BRIDGE`), or the model cannot be loaded.
+            transformer-lens backend (:data:`FLOAT16_BRIDGE`), a bad ``max_memory``, a
+            ``device_map`` with ``device`` ``cuda`` or on the bridge, or the model cannot be loaded.
     """
     import torch
 
@@ -150,13 +188,44 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
     if dtype == "float16" and backend == "transformer-lens":
         raise HeadprobeError(FLOAT16_BRIDGE)
-    device = loading.device_auto(device)
-    model = loading.load_model(name, device=device, prepend_bos=prepend_bos, backend=backend)
+    if isinstance(max_memory, str):
+        try:
+            max_memory = parse_max_memory(max_memory)
+        except argparse.ArgumentTypeError as e:
+            raise HeadprobeError(str(e)) from None
+    check_device_map(device, device_map, max_memory)
+    if device_map is not None and dtype != "float32" and backend == "transformer-lens":
+        raise HeadprobeError("--device-map on the transformer-lens backend loads float32 only (transformers splits the model "
+                             "as it loads, before any cast): use --dtype float32 or --backend native")
+    device = "cpu" if device_map is not None else loading.device_auto(device)
+    split_later = device_map is not None and dtype != "float32"  # cast first: a split model's dtype is fixed
+    model = loading.load_model(name, device=device, prepend_bos=prepend_bos, backend=backend,
+                               device_map=None if split_later else device_map, max_memory=None if split_later else max_memory)
     if dtype == "float16" and model.backend == "transformer-lens":
         raise HeadprobeError(f"{model.architecture}: {FLOAT16_BRIDGE}")
     if dtype != "float32":
         model.to(torch_dtype(dtype))  # after load_model's float32 self-check (LoadedModel.to)
+    if split_later:
+        model.dispatch(device_map, max_memory)
     return model
+
+
+def check_device_map(device: str | None, device_map: str | None, max_memory: dict | str | None) -> None:
+    """``--device-map`` among :data:`DEVICE_MAPS`, ``--max-memory`` only with it, and ``--device``
+    left at ``auto`` (or ``cpu``) with it: the map places the model itself.
+
+    Raises:
+        HeadprobeError: one line naming the flag.
+    """
+    from headprobe.probe.errors import HeadprobeError
+
+    if device_map is not None and device_map not in DEVICE_MAPS:
+        raise HeadprobeError(f"--device-map {device_map!r} is not one of {', '.join(DEVICE_MAPS)}")
+    if max_memory is not None and device_map is None:
+        raise HeadprobeError("--max-memory needs --device-map (auto, balanced or sequential)")
+    if device_map is not None and device not in (None, "auto", "cpu"):
+        raise HeadprobeError(f"--device-map places the model itself: leave --device at auto, not {device} "
+                             f"(keep the model off the GPU with --max-memory cpu=SIZE)")
 
 
 FLOAT16_BRIDGE = ("--dtype float16 runs only on the native backend: TransformerLens' bridge computes q k^T in "
@@ -169,7 +238,12 @@ def describe_model(model) -> str:
     """One line on a loaded model's device, precision, layout and weights, for a command's output."""
     spec = model.spec
     dtype = str(model.dtype).removeprefix("torch.")
-    return (f"model {spec.name} on {model.device.type} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
+    split = getattr(model, "device_map", None)
+    where = model.device.type
+    if split:  # a model split over devices (--device-map): the devices, in order of first use
+        names = [f"cuda:{d}" if isinstance(d, int) else str(d) for d in split.values()]
+        where = f"{', '.join(dict.fromkeys(names))} (--device-map)"
+    return (f"model {spec.name} on {where} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
             f"{spec.n_kv_heads} KV heads); weights: {spec.precision}")
 
 
@@ -204,13 +278,20 @@ def check_config_fields(cfg) -> None:
     for name, allowed in (("device", DEVICES), ("backend", BACKENDS)):
         if has(name) and getattr(cfg, name) not in allowed:
             raise HeadprobeError(f"--{name} {getattr(cfg, name)!r} is not one of {', '.join(allowed)}")
+    if has("max_memory") and isinstance(cfg.max_memory, str):  # kept as text (JSON keys stay as typed), checked now
+        try:
+            parse_max_memory(cfg.max_memory)
+        except argparse.ArgumentTypeError as e:
+            raise HeadprobeError(str(e)) from None
+    check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))
 
 
 def load_for(config):
     """Load ``config.model`` as a command's config asks (its ``device``, ``dtype``, ``backend`` and,
     where it has one, ``prepend_bos``); see :func:`load_model_as`."""
     return load_model_as(config.model, device=config.device, dtype=config.dtype, backend=config.backend,
-                         prepend_bos=getattr(config, "prepend_bos", True))
+                         prepend_bos=getattr(config, "prepend_bos", True), device_map=getattr(config, "device_map", None),
+                         max_memory=getattr(config, "max_memory", None))
 
 
 def config_and_model(config_cls, model, config_fields: dict):
@@ -256,6 +337,8 @@ class ModelRunConfig:
         device: ``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name.
         dtype: compute precision (``float32``, ``bfloat16``, ``float16`` or bf16/fp16/fp32); applies when loaded by name.
         backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; applies when loaded by name.
+        device_map: ``auto``, ``balanced`` or ``sequential``: split the model over devices (:func:`load_model_as`); None: one device.
+        max_memory: per-device budget for ``device_map`` (a dict, or ``--max-memory``'s text); None: what is free.
     """
 
     model: str = DEFAULT_MODEL
@@ -268,6 +351,8 @@ class ModelRunConfig:
     device: str = "auto"
     dtype: str = "float32"
     backend: str = "auto"
+    device_map: str | None = None
+    max_memory: str | dict | None = None
 
     def __post_init__(self):
         check_config_fields(self)

@@ -21,6 +21,7 @@ cross-entropies in nats, the unit of every loss headprobe reports.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headprobe.probe.devicemap import aligned
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import ModelSpec
 
@@ -217,6 +219,8 @@ class LoadedModel:
         self.prepend_bos = prepend_bos and self.bos_token_id is not None
         self._self_check = None
         self._post_norm_weights: dict[int, Tensor] = {}
+        self._main_device: torch.device | None = None  # set by dispatch: a model split over devices
+        self._offload_dir: Any = None  # the temporary offload folder of a dispatched model, kept alive with it
 
     # ---- what every backend shares -------------------------------------------------------------
 
@@ -267,9 +271,10 @@ class LoadedModel:
         the norm itself: ``norm(c * 1) = w * c / sqrt(c^2 + eps) = w`` to float rounding for
         ``c = 1e3`` (so Gemma's ``1 + w`` convention needs no special case)."""
         if layer not in self._post_norm_weights:
-            norm = self.model.blocks[layer].ln1_post
-            ones = torch.full((1, 1, self.spec.d_model), 1e3, dtype=self.dtype, device=self.device)
-            self._post_norm_weights[layer] = norm(ones)[0, 0].detach()
+            block = self.model.blocks[layer]
+            with self._aligned(block):
+                ones = torch.full((1, 1, self.spec.d_model), 1e3, dtype=self.dtype, device=self._block_device(layer))
+                self._post_norm_weights[layer] = block.ln1_post(ones)[0, 0].detach().to(self.device)
         return self._post_norm_weights[layer]
 
     @property
@@ -288,7 +293,41 @@ class LoadedModel:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where inputs go and logits come out: the device of the weights, or of the embedding
+        when the model is split over devices (:meth:`dispatch`)."""
+        return self._main_device if self._main_device is not None else next(self.model.parameters()).device
+
+    @property
+    def device_map(self) -> dict[str, int | str] | None:
+        """``{piece: device}`` of a model split by :meth:`dispatch` (``disk``: offloaded), else None."""
+        if self._main_device is None:
+            return None
+        hf = getattr(self.model, "original_model", self.model)  # the bridge: transformers split the Hugging Face model
+        return getattr(hf, "hf_device_map", None)
+
+    def _aligned(self, module: torch.nn.Module) -> AbstractContextManager[None]:
+        """The weights of ``module`` real for the ``with`` body where the model is split and they are
+        offloaded (:func:`headprobe.probe.devicemap.aligned`); nothing for a model on one device."""
+        return aligned(module) if self._main_device is not None else contextlib.nullcontext()
+
+    def _block_device(self, layer: int) -> torch.device:
+        """The device block ``layer`` computes on (the model's unless it is split)."""
+        hook = getattr(self.model.blocks[layer], "_hf_hook", None)
+        device = getattr(hook, "execution_device", None)
+        return self.device if device is None else torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+
+    def dispatch(self, device_map: str | dict[str, int | str], max_memory: dict[int | str, int | str] | None = None,
+                 offload_dir: str | None = None) -> LoadedModel:
+        """Split the model over GPUs, CPU memory and disk with accelerate; returns ``self``
+        (see :mod:`headprobe.probe.devicemap`). Run it after the self-check and any cast
+        (:meth:`to`): a split model's dtype is fixed.
+
+        Raises:
+            HeadprobeError: a backend that cannot be split, a model split already, or as
+                :func:`headprobe.probe.devicemap.dispatch`.
+        """
+        raise HeadprobeError(f"the {self.name} backend is split only as transformers loads it, in float32 "
+                             f"(load_model(device_map=...), no --dtype): --dtype with --device-map needs --backend native")
 
     @property
     def n_params(self) -> int:
@@ -304,6 +343,8 @@ class LoadedModel:
         run yet, runs first, in the dtype the model had (float32 for every loader), so that half
         precision rounding is never mistaken for a broken decomposition
         (:mod:`headprobe.probe.selfcheck`)."""
+        if self._main_device is not None and dtype != self.dtype:
+            raise HeadprobeError("a model split over devices (--device-map) keeps the dtype it was split in: cast it before dispatch")
         if self._self_check is None and self.dtype == torch.float32 and dtype != torch.float32:
             self.self_check  # noqa: B018 - check the float32 model before rounding it
         freqs = {name: b for name, b in self.model.named_buffers() if name.rsplit(".", 1)[-1] in ("inv_freq", "original_inv_freq")}
@@ -369,8 +410,8 @@ class LoadedModel:
 
     def b_O(self, layer: int) -> Float[Tensor, "d_model"] | None:
         """Layer ``layer``'s output bias (None for models without one, e.g. Llama)."""
-        b = self.model.blocks[layer].attn.b_O
-        return None if b is None else b
+        with self._aligned(self.model.blocks[layer]):
+            return self.model.blocks[layer].attn.b_O
 
     @torch.inference_mode()
     def norm_weights(self, layer: int | None = None) -> NormWeights | None:
@@ -395,7 +436,9 @@ class LoadedModel:
         u[1::2] = -1
         c = 1e3
         probe = torch.stack([c * u, -c * u, c * u + 3 * c]).to(self.dtype)[None]  # [1, 3, d_model]
-        out = module(probe)[0].float()
+        with self._aligned(self.model.blocks[layer] if layer is not None else module):
+            device = self.device if layer is None else self._block_device(layer)
+            out = module(probe.to(device))[0].float().to(self.device)
         w, b = (out[0] - out[1]) / (2 * u), (out[0] + out[1]) / 2
         centers = bool(torch.allclose(out[2], out[0], rtol=1e-2, atol=1e-2 * float(out[0].abs().max())))
         return NormWeights(w, b, centers)

@@ -56,15 +56,17 @@ class BridgeModel(LoadedModel):
     def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
         """Layer ``layer``'s output projection split by head: ``result_h = z_h @ W_O[h]``."""
         attn = self.model.blocks[layer].attn
-        try:
-            return attn.W_O
-        except ValueError:  # latent attention (MLA): z is v_head_dim wide, not d_head
-            weight = attn.o.original_component.weight  # nn.Linear [d_model, head * d_v]
-            return weight.T.unflatten(0, (self.spec.n_heads, weight.shape[1] // self.spec.n_heads))
+        with self._aligned(self.model.blocks[layer]):  # weights offloaded by a device map: real inside
+            try:
+                return attn.W_O
+            except ValueError:  # latent attention (MLA): z is v_head_dim wide, not d_head
+                weight = attn.o.original_component.weight  # nn.Linear [d_model, head * d_v]
+                return weight.T.unflatten(0, (self.spec.n_heads, weight.shape[1] // self.spec.n_heads))
 
     def _split(self, layer: int, name: str) -> Tensor:
         try:
-            return getattr(self.model.blocks[layer].attn, name)
+            with self._aligned(self.model.blocks[layer]):
+                return getattr(self.model.blocks[layer].attn, name)
         except (ValueError, AttributeError, NotImplementedError):  # latent attention (MLA) has no per-head W_Q/W_K/W_V
             raise HeadprobeError(f"this architecture has no per-head {name}: weight-based head metrics do not apply") from None
 
@@ -82,15 +84,18 @@ class BridgeModel(LoadedModel):
 
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.W_E`."""
-        return self.model.W_E
+        with self._aligned(self.model.embed):
+            return self.model.W_E
 
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.W_U`."""
-        return self.model.W_U
+        with self._aligned(self.model.unembed):
+            return self.model.W_U
 
     def b_U(self) -> Float[Tensor, "d_vocab"] | None:
         """See :meth:`headprobe.probe.backend.LoadedModel.b_U`."""
-        return getattr(self.model, "b_U", None)
+        with self._aligned(self.model.unembed):
+            return getattr(self.model, "b_U", None)
 
     @torch.inference_mode()
     def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,

@@ -214,8 +214,9 @@ def _names_generic_tokenizer(source: str | Path) -> bool:
         return False
 
 
-def _load_hf(source: str, local_only: bool, gguf_file: str | None = None):
-    """(hf_model, tokenizer) in float32 with eager attention, without progress bars."""
+def _load_hf(source: str, local_only: bool, gguf_file: str | None = None, split: dict[str, Any] | None = None):
+    """(hf_model, tokenizer) in float32 with eager attention, without progress bars; ``split``:
+    transformers' ``device_map``, ``max_memory`` and ``offload_folder`` for the model."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     from headprobe.probe.convert import ENCODER_MODEL_TYPES
@@ -223,7 +224,9 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None):
     kwargs: dict[str, Any] = {"local_files_only": local_only}
     if gguf_file is not None:
         kwargs["gguf_file"] = gguf_file
-    with warnings.catch_warnings(), quiet_progress_bars():
+    from headprobe.probe.devicemap import quiet_accelerate
+
+    with warnings.catch_warnings(), quiet_progress_bars(), quiet_accelerate():
         warnings.simplefilter("ignore")
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         if gguf_file is None and _names_generic_tokenizer(source) and type(tokenizer).__name__ not in GENERIC_TOKENIZERS:
@@ -236,13 +239,14 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None):
         # an encoder (BERT) has no causal LM head: load the bare model, read bidirectionally
         auto = AutoModel if config.model_type in ENCODER_MODEL_TYPES and not getattr(config, "is_decoder", False) \
             else AutoModelForCausalLM
-        model = auto.from_pretrained(source, dtype=torch.float32, attn_implementation="eager", **kwargs)
+        model = auto.from_pretrained(source, dtype=torch.float32, attn_implementation="eager", **kwargs, **(split or {}))
     return model.eval(), tokenizer
 
 
-def _load_source(name: str, kwargs: dict[str, Any], quiet: bool):
+def _load_source(name: str, kwargs: dict[str, Any], quiet: bool, split: dict[str, Any] | None = None):
     """(hf_model, tokenizer) for a resolved source; a GGUF file goes through the weights cache
-    (:mod:`headprobe.probe.weights_cache`). Prints one progress line to stderr unless ``quiet``."""
+    (:mod:`headprobe.probe.weights_cache`). Prints one progress line to stderr unless ``quiet``.
+    ``split``: see :func:`_load_hf` (a GGUF file is split only when read from its cache entry)."""
     import sys
 
     def say(line: str) -> None:
@@ -251,14 +255,14 @@ def _load_source(name: str, kwargs: dict[str, Any], quiet: bool):
 
     if kwargs.get("gguf_file") is None:
         say(f"loading {name}{'' if kwargs['local_only'] else ': downloading from the Hugging Face hub'} ...")
-        return _load_hf(**kwargs)
+        return _load_hf(**kwargs, split=split)
     from headprobe.probe import weights_cache
 
     smollm2 = name == SMOLLM2_NAME
     return weights_cache.load_cached(
         Path(kwargs["source"]) / kwargs["gguf_file"],
         build=lambda: _load_hf(**kwargs),
-        load_dir=lambda entry: _load_hf(str(entry), local_only=True),
+        load_dir=lambda entry: _load_hf(str(entry), local_only=True, split=split),
         say=say, name=name,
         what="4-bit GGUF" if smollm2 else f"GGUF file {kwargs['gguf_file']}",
         eta="~30 s" if smollm2 else "",
@@ -434,6 +438,8 @@ def check_finite_weights(model: torch.nn.Module) -> None:
     values) is checked element by element; the sum is ~10x cheaper than ``isfinite(p).all()``.
     """
     for pname, p in model.named_parameters():
+        if p.is_meta:  # offloaded by a device map (to disk, or to the CPU behind a GPU): not in memory to check
+            continue
         if not torch.isfinite(p.detach().sum()) and not torch.isfinite(p).all():
             raise HeadprobeError(f"weights are not finite: parameter {pname} holds NaN or Inf")
 
@@ -457,8 +463,11 @@ class Checkpoint:
     tokenizer: Any
 
 
-def load_checkpoint(name: str = SMOLLM2_NAME, quiet: bool = False) -> Checkpoint:
+def load_checkpoint(name: str = SMOLLM2_NAME, quiet: bool = False, split: dict[str, Any] | None = None) -> Checkpoint:
     """Find and load ``name`` (see the module docstring) with transformers.
+
+    ``split``: transformers' ``device_map``, ``max_memory`` and ``offload_folder``, to load the
+    model split over devices (what the transformer-lens backend does with ``device_map``).
 
     A GGUF file (``smollm2-135m`` included) is dequantized once and then read from the weights
     cache (see the module docstring); the tensors and tokenizer are the same either way. One
@@ -471,7 +480,7 @@ def load_checkpoint(name: str = SMOLLM2_NAME, quiet: bool = False) -> Checkpoint
     name = canonical_name(name)
     hf_name, precision, kwargs = _resolve(name)
     try:
-        hf_model, tokenizer = _load_source(name, kwargs, quiet)
+        hf_model, tokenizer = _load_source(name, kwargs, quiet, split)
     except HeadprobeError:
         raise
     except Exception as e:  # a third-party file can fail in any library's own way (safetensors, gguf, json, ...)
@@ -525,11 +534,23 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
         import contextlib
         import io
 
-        with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints "Moving model to device" on stdout
-            model.to(device)
+        if getattr(hf_model, "hf_device_map", None) is None:  # a model split at load stays where transformers put it
+            with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints "Moving model to device" on stdout
+                model.to(device)
         spec = spec_from_bridge(ckpt.name, ckpt.hf_name, ckpt.precision, model, bias)
     cls = NativeModel if backend == "native" else BridgeModel
-    return cls(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
+    loaded = cls(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
+    if backend != "native" and getattr(hf_model, "hf_device_map", None) is not None:
+        loaded._main_device = _execution_device(hf_model.get_input_embeddings())
+    return loaded
+
+
+def _execution_device(module: torch.nn.Module) -> torch.device:
+    """Where accelerate runs ``module`` (its hook's execution device), else where its weights are."""
+    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+    if device is None:
+        return next(module.parameters()).device
+    return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
 
 
 from headprobe.probe.checkpoint import NATIVE_FORMAT, NATIVE_WEIGHTS, is_native_dir  # noqa: E402
@@ -581,7 +602,8 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
 
 
 def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", prepend_bos: bool = True,
-               backend: str = "auto", quiet: bool = False) -> LoadedModel:
+               backend: str = "auto", quiet: bool = False, device_map: str | dict[str, int | str] | None = None,
+               max_memory: dict[int | str, int | str] | None = None, offload_dir: str | None = None) -> LoadedModel:
     """Load ``name`` (see the module docstring) as a :class:`LoadedModel` on ``device``.
 
     Args:
@@ -591,15 +613,33 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
         backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; see :func:`wrap`.
         quiet: print no progress line (by default one line per long phase goes to stderr, e.g.
             ``loading smollm2-135m from cache ...``; transformers' progress bars are always off).
+        device_map: split the model over GPUs, CPU memory and disk with accelerate: ``auto``,
+            ``balanced``, ``sequential`` or (native only) ``{piece: device}``
+            (:mod:`headprobe.probe.devicemap`). The native model is read, self-checked and split
+            from the CPU; the bridge's Hugging Face model is split by transformers as it loads
+            (float32), then self-checked. ``device`` must then be ``cpu``, and
+            :attr:`LoadedModel.device` becomes the embedding's device. None (default): the whole
+            model on ``device``.
+        max_memory: bytes or sizes (``"2GiB"``) per device for a ``device_map`` strategy, keys GPU
+            indices, ``cpu``, ``disk``; None: what the devices have free.
+        offload_dir: folder for the pieces mapped to ``disk`` (default: a temporary directory).
 
     Raises:
-        HeadprobeError: the model cannot be found or read (one line, says how to supply it), or
-            ``transformer-lens`` was asked for a headprobe checkpoint directory.
+        HeadprobeError: the model cannot be found or read (one line, says how to supply it),
+            ``transformer-lens`` was asked for a headprobe checkpoint directory, ``device_map`` with
+            ``device`` not ``cpu``, a hand map or an uncached ``.gguf`` file on the bridge, or as
+            :func:`headprobe.probe.devicemap.dispatch`.
 
     The returned model has run its self-check (:attr:`LoadedModel.self_check`): a model whose
     per-head results would be wrong loads, and refuses per-head analyses with one line.
     """
     name = canonical_name(name)
+    if max_memory is not None and device_map is None:
+        raise HeadprobeError("--max-memory needs --device-map (auto, balanced or sequential)")
+    if device_map is not None:
+        if torch.device(device).type != "cpu":
+            raise HeadprobeError("--device-map places the model itself: leave --device at auto (or cpu); "
+                                 "keep the model off a GPU with --max-memory cpu=...")
     if is_native_dir(Path(name).expanduser()):
         if backend not in ("auto", "native"):
             raise HeadprobeError(f"{name} is a headprobe checkpoint; it loads only with --backend native (or auto)")
@@ -607,9 +647,54 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
     else:
         model = _load_native_from_cache(name, device, prepend_bos, quiet) if backend in ("auto", "native") else None
         if model is None:
-            model = wrap(load_checkpoint(name, quiet=quiet), backend, device, prepend_bos, copy=False)
+            split = _bridge_split(name, backend, device_map, max_memory, offload_dir)
+            handle = None
+            if split is not None and "offload_folder" not in split:  # transformers wants a folder for what goes to disk
+                import tempfile
+
+                handle = tempfile.TemporaryDirectory(prefix="headprobe-offload-")
+                split["offload_folder"] = handle.name
+            model = wrap(load_checkpoint(name, quiet=quiet, split=split), backend, device, prepend_bos, copy=False)
+            model._offload_dir = handle  # removed with the model
+    split_at_load = model.device_map is not None  # the bridge: transformers split the Hugging Face model
+    if device_map is not None and model.backend != "native" and not split_at_load:
+        raise HeadprobeError(f"{name}: --device-map on the transformer-lens backend needs the model split as transformers "
+                             f"loads it; a .gguf file is split only from its weights cache: load it once without --device-map")
     model.self_check  # noqa: B018 - run the self-check now, at load (see headprobe.probe.selfcheck)
+    if device_map is not None and not split_at_load:
+        model.dispatch(device_map, max_memory, offload_dir)  # after the self-check, on the whole float32 model
     return model
+
+
+def _bridge_split(name: str, backend: str, device_map: Any, max_memory: Any, offload_dir: str | None) -> dict[str, Any] | None:
+    """transformers' ``from_pretrained`` arguments splitting the Hugging Face model at load, where
+    the model will go to the transformer-lens backend (``backend``, or ``auto`` on an architecture
+    the native backend lacks; its config is read first); None otherwise: the native backend is
+    split after conversion (:meth:`LoadedModel.dispatch`)."""
+    if device_map is None or backend == "native":
+        return None
+    if backend == "auto":
+        from headprobe.probe import convert
+
+        try:
+            from transformers import AutoConfig
+
+            _, _, kwargs = _resolve(name)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                config = AutoConfig.from_pretrained(kwargs["source"], local_files_only=kwargs["local_only"],
+                                                    **({"gguf_file": kwargs["gguf_file"]} if kwargs.get("gguf_file") else {}))
+            if convert.supports(config):
+                return None
+        except (OSError, ValueError, HeadprobeError):
+            return None  # the load reports it
+    if not isinstance(device_map, str):
+        raise HeadprobeError("a device map given by hand names the native model's pieces: use auto, balanced or sequential "
+                             "on the transformer-lens backend")
+    split: dict[str, Any] = {"device_map": device_map, "max_memory": max_memory}
+    if offload_dir is not None:
+        split["offload_folder"] = offload_dir
+    return split
 
 
 def device_auto(device: str = "auto") -> str:

@@ -55,14 +55,17 @@ class NativeModel(LoadedModel):
             return self.model(tokens.to(self.device), return_type="resid", **kwargs)
 
     def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
-        """Layer ``layer``'s output projection split by head (a view of ``o_proj.weight``)."""
-        return self.model.blocks[layer].attn.W_O
+        """Layer ``layer``'s output projection split by head (a view of ``o_proj.weight``, on the
+        device its block computes on)."""
+        with self._aligned(self.model.blocks[layer]):
+            return self.model.blocks[layer].attn.W_O
 
     def _split(self, layer: int, proj: str) -> Float[Tensor, "head d_model d_head"]:
         attn = self.model.blocks[layer].attn
         if self.model.cfg.is_mla:
             raise HeadprobeError("latent attention (MLA) has no per-head W_Q, W_K, W_V: weight-based head metrics do not apply")
-        weight = getattr(attn, proj).weight  # nn.Linear [n * d_head, d_model]
+        with self._aligned(self.model.blocks[layer]):
+            weight = getattr(attn, proj).weight  # nn.Linear [n * d_head, d_model]
         return weight.T.unflatten(1, (-1, self.model.cfg.d_head)).transpose(0, 1)
 
     def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
@@ -107,11 +110,13 @@ class NativeModel(LoadedModel):
         forward pass), the later blocks, and logits only at the scored positions."""
         net = self.model
         tokens = tokens.to(self.device)
-        x = net.blocks[layer].resume(resid_pre, attn_out)
+        block_device = self._block_device(layer)
+        with self._aligned(net.blocks[layer]):  # resume is not a forward: accelerate's hook does not load the weights
+            x = net.blocks[layer].resume(resid_pre.to(block_device), attn_out.to(block_device))
         positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
         for later in net.blocks[layer + 1:]:
             x = later(x, positions)
-        return self._losses(x, tokens, first)
+        return self._losses(x.to(self.device), tokens, first)
 
     def _losses(self, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"], first: int,
                 normed: bool = False) -> Float[Tensor, "n"]:
@@ -127,12 +132,15 @@ class NativeModel(LoadedModel):
         """See :meth:`headprobe.probe.backend.LoadedModel.check_prunable`."""
         from headprobe.probe.pruned import check_prunable
 
+        if self._main_device is not None:
+            raise HeadprobeError("real head removal (--save-pruned) needs the whole model on one device, not split by --device-map")
         check_prunable(self.model.cfg)
 
     def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> torch.nn.Module:
         """See :meth:`headprobe.probe.backend.LoadedModel.remove_heads`."""
         from headprobe.probe.pruned import remove_heads
 
+        self.check_prunable()
         return remove_heads(self.model, keep)
 
     def attention_parameters(self) -> int:
@@ -145,7 +153,21 @@ class NativeModel(LoadedModel):
         """Write the weights and config as a headprobe checkpoint (:func:`headprobe.probe.checkpoint.save_native`)."""
         from headprobe.probe.checkpoint import save_native
 
+        if self._main_device is not None:
+            raise HeadprobeError("a model split over devices (--device-map) cannot be saved: load it without --device-map to save it")
         save_native(self.model, out, extra)
+
+    def dispatch(self, device_map: str | dict[str, int | str], max_memory: dict[int | str, int | str] | None = None,
+                 offload_dir: str | None = None) -> "NativeModel":
+        """See :meth:`headprobe.probe.backend.LoadedModel.dispatch`."""
+        from headprobe.probe.devicemap import dispatch
+
+        if self._main_device is not None:
+            raise HeadprobeError("the model is split over devices already")
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+        self.model, self._main_device, self._offload_dir = dispatch(self.model, device_map, max_memory, offload_dir)
+        return self
 
 
 @torch.inference_mode()

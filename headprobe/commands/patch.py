@@ -49,7 +49,8 @@ class PatchConfig:
         prompts: a JSONL file of prompt pairs (see the module docstring), instead of the task's.
         n_prompts: IOI pairs to build (>= 2). seed: draws the IOI names and the bootstrap.
         heads: ``layer.head`` list (comma-separated) to patch; None: every head.
-        device, dtype, backend, prepend_bos: how the model is loaded.
+        device, dtype, backend, prepend_bos, device_map, max_memory: how the model is loaded
+            (:func:`headprobe.options.load_model_as`).
     """
 
     model: str = options.DEFAULT_MODEL
@@ -62,6 +63,8 @@ class PatchConfig:
     dtype: str = "float32"
     backend: str = "auto"
     prepend_bos: bool = True
+    device_map: str | None = None
+    max_memory: str | dict | None = None
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -238,7 +241,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     config = PatchConfig(model=args.model, task=args.task, prompts=args.prompts, n_prompts=args.n_prompts, seed=args.seed,
                          heads=args.heads, device=args.device, dtype=args.dtype, backend=args.backend,
-                         prepend_bos=args.prepend_bos)
+                         prepend_bos=args.prepend_bos, device_map=args.device_map, max_memory=args.max_memory)
     config.preflight()
     prepare_output_dir(args.out, args.overwrite, create=False)
     model = options.load_for(config)

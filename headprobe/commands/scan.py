@@ -74,6 +74,8 @@ class ScanConfig:
         dtype: compute precision (``float32``, ``bfloat16``, ``float16`` or bf16/fp16/fp32); applies when the model is loaded by name.
         prepend_bos: put the tokenizer's BOS token first (once) where the model has one; applies when loaded by name.
         backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; applies when loaded by name.
+        device_map, max_memory: split the model over devices (``auto``, ``balanced``, ``sequential``; per-device budget
+            ``cpu=2GiB,...``), see :func:`headprobe.options.load_model_as`; applies when loaded by name.
         verify: ablate each type's top-k heads against random heads (needs the per-head decomposition's self-check); False scores patterns only.
         types: head types to score, verify and draw (names of :data:`~headprobe.analyses.detectors.DETECTORS`, a tuple
             or a comma-separated string, ``-``/``_`` alike); None: all. Stored as the tuple of registry names.
@@ -97,6 +99,8 @@ class ScanConfig:
     dtype: str = "float32"
     prepend_bos: bool = True
     backend: str = "auto"
+    device_map: str | None = None
+    max_memory: str | dict | None = None
     verify: bool = True
     types: str | Sequence[str] | None = None
     pattern_len: int = viewer.DEFAULT_PATTERN_LEN

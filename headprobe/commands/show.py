@@ -30,7 +30,8 @@ class ShowConfig:
         head: ``layer.head`` (or ``L5H1``), checked against the model once it is loaded.
         prompt: the text (or ``prompt_file``'s content); at most :data:`MAX_TOKENS` tokens.
         out: output directory.
-        device, dtype, backend, prepend_bos: how the model is loaded.
+        device, dtype, backend, prepend_bos, device_map, max_memory: how the model is loaded
+            (:func:`headprobe.options.load_model_as`).
     """
 
     model: str
@@ -41,6 +42,8 @@ class ShowConfig:
     dtype: str = "float32"
     backend: str = "auto"
     prepend_bos: bool = True
+    device_map: str | None = None
+    max_memory: str | dict | None = None
 
 
 @dataclass
@@ -79,7 +82,7 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
         raise HeadprobeError("the prompt is empty; give --prompt TEXT or --prompt-file FILE")
     out = prepare_output_dir(cfg.out, overwrite, create=False)
     model = options.load_model_as(cfg.model, device=cfg.device, dtype=cfg.dtype, backend=cfg.backend,
-                                  prepend_bos=cfg.prepend_bos)
+                                  prepend_bos=cfg.prepend_bos, device_map=cfg.device_map, max_memory=cfg.max_memory)
     model.self_check.require_patterns("attention patterns")
     spec = model.spec
     heads = parse_heads(cfg.head, spec.n_layers, spec.n_heads)
@@ -133,7 +136,8 @@ def main(args: argparse.Namespace) -> int:
     prompt = read_text_file(args.prompt_file) if args.prompt_file else args.prompt
     prepare_output_dir(args.out, args.overwrite, create=False)
     cfg = ShowConfig(model=args.model, head=args.head, prompt=prompt, out=args.out, device=args.device,
-                     dtype=args.dtype, backend=args.backend, prepend_bos=args.prepend_bos)
+                     dtype=args.dtype, backend=args.backend, prepend_bos=args.prepend_bos, device_map=args.device_map,
+                     max_memory=args.max_memory)
     result = run(cfg, overwrite=args.overwrite)
     print(f"head {result.head[0]}.{result.head[1]} on {len(result.labels)} tokens; wrote "
           + ", ".join(str(p) for p in result.paths))

@@ -150,7 +150,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", metavar="DIR", help="output directory of headprobe scan or ablate; index.html is written there")
     p.add_argument("--ablation", metavar="DIR2", default=None,
                    help="an ablate run's directory: add its per-head loss increases to the table and maps")
-    options.add_model_options(p, default_model=None)
+    options.add_model_options(p, default_model=None, device_map=False)
     next(a for a in p._actions if a.dest == "model").help = (
         "compute patterns.npz with this model (e.g. smollm2-135m) when DIR, a scan, has none; default: load no model")
     p.add_argument("--pattern-len", type=options.positive_int, default=128,

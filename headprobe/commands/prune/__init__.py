@@ -129,6 +129,8 @@ class PruneConfig(options.ModelRunConfig):
         super().__post_init__()
         if self.save_pruned and self.backend == "transformer-lens":
             raise HeadprobeError("--save-pruned needs the native backend (--backend native)")
+        if self.save_pruned and self.device_map is not None:  # removing heads rewrites weights that may be offloaded
+            raise HeadprobeError("--save-pruned needs the whole model on one device: drop --device-map")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
