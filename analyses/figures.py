@@ -101,7 +101,9 @@ def head_heatmap(
         ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
     im = ax.imshow(scores, cmap=colors, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
     _head_axes(ax, n_layers, n_heads, group_size)
-    ax.set_title(title)
+    if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
+        title = ",\n".join(title.split(", ", 1))
+    ax.set_title(title, wrap=True)  # and anything still too wide breaks inside the figure, never cut at its edge
     cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
     cb.set_label(cbar_label)
     if missing:

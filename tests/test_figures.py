@@ -70,3 +70,20 @@ def test_figures_leave_matplotlib_settings_alone_and_embed_truetype(tmp_path):
     svg = paths[2].read_bytes()
     assert svg.startswith(b"<?xml") and b"<svg" in svg
     assert figs.save_figure(fig, tmp_path / "again")[2].read_bytes() == svg  # no date, fixed ids: same bytes
+
+
+def test_long_heatmap_titles_stay_inside_the_figure():
+    """A metric title with the model tag (the copying score's was cut at the left edge of the
+    column-width figure) is broken onto lines that all lie inside the figure."""
+    title = "retrieval score (needle copy-paste), smollm2-135m (4-bit weights)"
+    fig = figs.head_heatmap(np.random.default_rng(0).random((30, 9)), title, "share", group_size=3)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    text = fig.axes[0].title
+    box = text.get_window_extent(canvas.get_renderer())
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (box, fig.bbox)
+    assert text.get_text().count("\n") == 1
+    short = figs.head_heatmap(np.zeros((2, 2)), "induction score, tiny", "x")
+    assert "\n" not in short.axes[0].title.get_text()
