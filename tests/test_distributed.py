@@ -102,3 +102,33 @@ def test_ablate_help_shows_torchrun_usage(capsys):
     assert main(["ablate", "--help"]) == 0
     out = capsys.readouterr().out
     assert "torchrun --nproc-per-node 2 -m headprobe ablate" in out and ".headprobe-checkpoint.shard-R-of-N.json" in out
+
+
+SCAN = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "3", "--period", "6", "--device", "cpu",
+        "--n-random", "5", "-k", "2", "--pattern-len", "0"]  # 5 random + 2-3 top-k sets per task: uneven shards
+
+
+def test_sharded_scan_writes_the_one_process_outputs(tiny_dir, tmp_path):
+    """One torchrun launch (~20 s): scan's verification sets (every task's seeded random draws and
+    the top-k sets) are split over 2 gloo ranks and gathered; rank 0 alone writes, and the table,
+    the losses, effects, p-values and verdicts are the one-process scan's."""
+    args = ["--model", str(tiny_dir), "--text", _text(tmp_path), *SCAN]
+    assert main(["scan", *args, "--out", str(tmp_path / "one")]) == 0
+    rc, out, err = torchrun("scan", *args, "--out", str(tmp_path / "two"))
+    assert rc == 0, err
+    assert "verification sharded over 2 ranks" in out and out.count("wrote ") == 1
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    a, b = pd.read_csv(one / "head_scores.csv"), pd.read_csv(two / "head_scores.csv")
+    assert list(a.columns) == list(b.columns)
+    np.testing.assert_allclose(a.to_numpy(float), b.to_numpy(float), rtol=0, atol=1e-5, equal_nan=True)
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+    v1, v2 = s1["ablations"], s2["ablations"]
+    assert len(v1) == len(v2) > 0 and s1["confirmed"] == s2["confirmed"]
+    for x, y in zip(v1, v2):
+        for key in ("head_type", "kind", "task", "top_heads", "random_heads", "confirmed", "p_value"):
+            assert x[key] == y[key], key
+        for key in ("clean_loss", "top_loss", "top_effect", "random_mean", "random_max"):
+            assert x[key] == pytest.approx(y[key], abs=1e-6), key
+        for key in ("random_effects", "top_effect_ci95"):
+            np.testing.assert_allclose(x[key], y[key], rtol=0, atol=1e-6, err_msg=key)
