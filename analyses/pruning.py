@@ -61,7 +61,7 @@ def masked_loss(model: Any, data: LossSet, keep: Float[Tensor, "layer head"]) ->
     """Mean scored loss (nats/token) with each head's z multiplied by ``keep[layer, head]``
     (a hook at ``hook_z``; either backend). Data-parallel under ``torchrun``: each rank sums the
     losses of its slice of the rows (:func:`~headprobe.analyses.distributed.batch_slice`, float64)
-    and an all-reduce adds them, so every rank returns the one-process mean (to ~1e-7)."""
+    and an all-reduce adds them, so every rank returns the one-process mean (to ~1e-12: both add in float64)."""
 
     def make(layer: int):
         def hook(z: Tensor, hook: Any) -> Tensor:
@@ -77,8 +77,8 @@ def masked_loss(model: Any, data: LossSet, keep: Float[Tensor, "layer head"]) ->
         if len(tokens):
             total += scored_loss(model.forward(tokens, fwd_hooks=hooks), tokens, data.first).double().sum().cpu()
         return float(distributed.all_reduce_sum(total) / n)
-    tokens = data.tokens.to(model.device)
-    return float(scored_loss(model.forward(tokens, fwd_hooks=hooks), tokens, data.first).mean())
+    tokens = data.tokens.to(model.device)  # the mean in float64, as the ranks' sums above
+    return float(scored_loss(model.forward(tokens, fwd_hooks=hooks), tokens, data.first).double().mean())
 
 
 @dataclass
