@@ -98,10 +98,14 @@ def test_killed_sharded_run_resumes_to_the_one_process_csv(one_process, tmp_path
     assert not list(cut.glob(CHECKPOINT_GLOB))
 
 
-def test_ablate_help_shows_torchrun_usage(capsys):
+def test_help_shows_torchrun_usage(capsys):
     assert main(["ablate", "--help"]) == 0
     out = capsys.readouterr().out
     assert "torchrun --nproc-per-node 2 -m headprobe ablate" in out and ".headprobe-checkpoint.shard-R-of-N.json" in out
+    for command in ("scan", "prune"):  # what is split over the ranks and what is not
+        assert main([command, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert f"torchrun --nproc-per-node 2 -m headprobe {command}" in out and "not" in out and "split" in out
 
 
 SCAN = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "3", "--period", "6", "--device", "cpu",

@@ -49,6 +49,15 @@ from headprobe.probe.io import package_versions, prepare_output_dir, write_json,
 
 HELP = "find the classic head types in a pretrained model, verify them by ablation, write table and figures"
 
+EPILOG = """\
+sharded over processes (torch.distributed, gloo on CPU, NCCL with one GPU per process):
+  torchrun --nproc-per-node 2 -m headprobe scan --out out/ [flags as above]
+  The verification's ablations (every task's seeded random head sets and the top-k sets) are
+  split over the ranks and gathered; the scores, metrics and patterns are computed on every rank
+  (a few forward passes). Rank 0 writes the same files as one process. Not resumable: a killed
+  run starts again.
+"""
+
 ABLATION_KINDS = SINGLE_INPUT_KINDS
 """The kinds scan verifies with: those needing no second input (zero, mean)."""
 DEFAULT_SEQ_LEN = 128  # natural-text tokens per sequence, unless the model's context is shorter
