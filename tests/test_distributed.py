@@ -112,17 +112,25 @@ SCAN = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "3", "--period", 
         "--n-random", "5", "-k", "2", "--pattern-len", "0"]  # 5 random + 2-3 top-k sets per task: uneven shards
 
 
+def _one_and_two_ranks(command, args, tmp_path, says):
+    """``headprobe COMMAND ARGS`` in this process (out: tmp_path/one) and under torchrun on 2 ranks
+    (tmp_path/two), which must say ``says``, print ``wrote`` once (rank 0) and write the same
+    file names; (one, two)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main([command, *args, "--out", str(one)]) == 0
+    rc, out, err = torchrun(command, *args, "--out", str(two))
+    assert rc == 0, err
+    assert says in out and out.count("wrote ") == 1
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    return one, two
+
+
 def test_sharded_scan_writes_the_one_process_outputs(tiny_dir, tmp_path):
     """One torchrun launch (~20 s): scan's verification sets (every task's seeded random draws and
     the top-k sets) are split over 2 gloo ranks and gathered; rank 0 alone writes, and the table,
     the losses, effects, p-values and verdicts are the one-process scan's."""
-    args = ["--model", str(tiny_dir), "--text", _text(tmp_path), *SCAN]
-    assert main(["scan", *args, "--out", str(tmp_path / "one")]) == 0
-    rc, out, err = torchrun("scan", *args, "--out", str(tmp_path / "two"))
-    assert rc == 0, err
-    assert "verification sharded over 2 ranks" in out and out.count("wrote ") == 1
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    one, two = _one_and_two_ranks("scan", ["--model", str(tiny_dir), "--text", _text(tmp_path), *SCAN], tmp_path,
+                                  "verification sharded over 2 ranks")
     a, b = pd.read_csv(one / "head_scores.csv"), pd.read_csv(two / "head_scores.csv")
     assert list(a.columns) == list(b.columns)
     np.testing.assert_allclose(a.to_numpy(float), b.to_numpy(float), rtol=0, atol=1e-5, equal_nan=True)
@@ -145,12 +153,7 @@ def test_sharded_prune_writes_the_one_process_curves(tiny_dir, tmp_path):
     args = ["--model", str(tiny_dir), "--text", _text(tmp_path), "--seq-len", "16", "--n-natural", "3",
             "--n-repeated", "3", "--period", "6", "--device", "cpu", "--step-fraction", "0.25", "--n-seeds", "1",
             "--l0-steps", "2", "--l0-lambdas", "1,10", "--per-layer"]
-    assert main(["prune", *args, "--out", str(tmp_path / "one")]) == 0
-    rc, out, err = torchrun("prune", *args, "--out", str(tmp_path / "two"))
-    assert rc == 0, err
-    assert "sharded over 2 ranks" in out and out.count("wrote ") == 1
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    one, two = _one_and_two_ranks("prune", args, tmp_path, "sharded over 2 ranks")
     for name in ("pruning_curve.csv", "per_layer.csv"):
         a, b = pd.read_csv(one / name), pd.read_csv(two / name)
         assert list(a.columns) == list(b.columns) and len(a) == len(b) > 0
