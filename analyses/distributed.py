@@ -5,7 +5,9 @@
 (torch's ``env://`` rendezvous, https://pytorch.org/docs/stable/elastic/run.html). :func:`init_from_env`
 joins the process group (gloo on CPU, NCCL on CUDA, one GPU per local rank); afterwards
 
-* :func:`shard_of` gives each rank its deterministic slice of a job list (the exact sweep's heads);
+* :func:`shard_of` gives each rank its deterministic slice of a job list (the exact sweep's heads),
+  and :func:`map_sharded` runs a batched job function on each rank's slice and gathers the results
+  back into job order (scan's verification head sets, prune's one-head-per-layer sets);
 * :func:`batch_slice` gives each rank its contiguous slice of a batch (gradient importance), and
   :func:`all_reduce_sum` adds the ranks' partial sums;
 * :func:`all_gather_objects` / :func:`broadcast_object` move small Python objects (results, a
@@ -19,7 +21,7 @@ A single process (no ``WORLD_SIZE``, or ``WORLD_SIZE=1``) never imports or touch
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -114,6 +116,24 @@ def shard_of(jobs: Sequence[T], rank_: int | None = None, world: int | None = No
     rank_ = rank() if rank_ is None else rank_
     world = world_size() if world is None else world
     return list(jobs[rank_::world])
+
+
+def map_sharded(fn: Callable[[list[T]], Any], jobs: Sequence[T]):
+    """``fn(jobs)``, computed in shards: each rank calls ``fn`` on its slice of ``jobs``
+    (:func:`shard_of`), and the results -- tensors whose first axis runs over the jobs ``fn`` was
+    given, ``[n_jobs_of_rank, ...]`` -- are gathered (:func:`all_gather_objects`, on the CPU) and
+    put back in job order, so every rank returns ``[len(jobs), ...]`` as one process would. A rank
+    with no job calls ``fn([])``, which must return an empty tensor of the same trailing shape.
+    Every rank must call this with the same ``jobs``. In a single process: ``fn(list(jobs))``.
+    """
+    if not active():
+        return fn(list(jobs))
+    r, world = rank(), world_size()
+    parts = all_gather_objects(fn(shard_of(jobs, r, world)).cpu())
+    out = parts[0].new_empty((len(jobs), *parts[0].shape[1:]))
+    for rank_, part in enumerate(parts):
+        out[rank_::world] = part
+    return out
 
 
 def batch_slice(n: int, rank_: int | None = None, world: int | None = None) -> slice:

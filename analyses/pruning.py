@@ -15,6 +15,13 @@ Multi-Head Self-Attention", arXiv 1905.09418), one stochastic Hard Concrete gate
 plus a penalty on the expected number of open gates; a sweep over the penalty's weight gives
 the curve. :func:`curve_auc` compares curves by their area, :func:`per_layer_best_head` is
 Michel et al.'s per-layer table (each layer reduced to its single best head).
+
+Under ``torchrun`` (:mod:`headprobe.analyses.distributed`) every rank runs every curve, in the
+same order, and shares the work inside each step: the gradient importance and the held-out
+losses (:func:`masked_loss`) are data-parallel over the batch rows, and the per-layer table's
+head sets are sharded over the ranks. The curves themselves are sequential (each step's mask
+depends on the last) and are not split; the L0 gates are trained on every rank alike (same seed,
+same minibatches), not data-parallel.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headprobe.analyses import distributed
 from headprobe.analyses.ablation import head_importance, require_head_ablation, scored_loss
 from headprobe.probe.backend import Backend
 from headprobe.probe.errors import HeadprobeError
@@ -51,7 +59,9 @@ class LossSet:
 @torch.inference_mode()
 def masked_loss(model: Any, data: LossSet, keep: Float[Tensor, "layer head"]) -> float:
     """Mean scored loss (nats/token) with each head's z multiplied by ``keep[layer, head]``
-    (a hook at ``hook_z``; either backend)."""
+    (a hook at ``hook_z``; either backend). Data-parallel under ``torchrun``: each rank sums the
+    losses of its slice of the rows (:func:`~headprobe.analyses.distributed.batch_slice`, float64)
+    and an all-reduce adds them, so every rank returns the one-process mean (to ~1e-12: both add in float64)."""
 
     def make(layer: int):
         def hook(z: Tensor, hook: Any) -> Tensor:
@@ -60,8 +70,15 @@ def masked_loss(model: Any, data: LossSet, keep: Float[Tensor, "layer head"]) ->
 
     require_head_ablation(model)
     hooks = [(attn_hook(layer, "z"), make(layer)) for layer in range(model.spec.n_layers) if not bool(keep[layer].all())]
-    tokens = data.tokens.to(model.device)
-    return float(scored_loss(model.forward(tokens, fwd_hooks=hooks), tokens, data.first).mean())
+    if distributed.active():
+        n = data.tokens.shape[0]
+        tokens = data.tokens[distributed.batch_slice(n)].to(model.device)
+        total = torch.zeros(1, dtype=torch.float64)
+        if len(tokens):
+            total += scored_loss(model.forward(tokens, fwd_hooks=hooks), tokens, data.first).double().sum().cpu()
+        return float(distributed.all_reduce_sum(total) / n)
+    tokens = data.tokens.to(model.device)  # the mean in float64, as the ranks' sums above
+    return float(scored_loss(model.forward(tokens, fwd_hooks=hooks), tokens, data.first).double().mean())
 
 
 @dataclass
@@ -413,8 +430,8 @@ def curve_auc(fraction: Any, loss: Any, upto: float) -> float:
 def per_layer_best_head(model: Any, data: LossSet, progress: bool = False) -> list[dict]:
     """Michel et al. 2019 (section 3.2, Table 2): each layer reduced to one head, the other
     layers intact. For every layer and head, the loss with every *other* head of that layer
-    zero-ablated (at ``hook_z``; :func:`headprobe.analyses.ablation.set_ablation_losses`); the
-    best head is the one with the lowest loss.
+    zero-ablated (at ``hook_z``; :func:`headprobe.analyses.ablation.set_ablation_losses`; under
+    ``torchrun`` the sets are sharded over the ranks); the best head is the one with the lowest loss.
 
     Returns:
         one dict per layer: ``layer, best_head, loss_best_only, loss_worst_only, loss_layer_ablated``
@@ -429,8 +446,9 @@ def per_layer_best_head(model: Any, data: LossSet, progress: bool = False) -> li
         sets += [[(layer, o) for o in range(spec.n_heads) if o != h] for h in range(spec.n_heads)]
         sets.append([(layer, o) for o in range(spec.n_heads)])
     sets.append([])
-    losses = set_ablation_losses(model, data.tokens, sets, "zero", None, data.first, progress=progress,
-                                 desc="one head per layer").mean(dim=1)
+    losses = distributed.map_sharded(  # under torchrun: each rank ablates its slice of the sets
+        lambda part: set_ablation_losses(model, data.tokens, part, "zero", None, data.first, progress=progress,
+                                         desc="one head per layer"), sets).mean(dim=1)
     clean = float(losses[-1])
     out = []
     per = spec.n_heads + 1

@@ -8,6 +8,7 @@ imports torch (``headprobe budget`` must start fast): dtypes are names until :fu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 from dataclasses import dataclass
 
@@ -380,6 +381,25 @@ def add_model_run_options(p: argparse.ArgumentParser) -> None:
     add_seed_option(p)
 
 
+@contextlib.contextmanager
+def process_group(device: str = "auto"):
+    """Around a command's ``main``: join the process group that ``torchrun`` describes
+    (:func:`headprobe.analyses.distributed.init_from_env`; gloo on CPU, NCCL on CUDA for
+    ``device``) and leave it at the end, however the block ends. Yields whether a multi-rank
+    group is active (False in a single process, which never imports ``torch.distributed``).
+
+    Raises:
+        HeadprobeError: as :func:`~headprobe.analyses.distributed.init_from_env`.
+    """
+    from headprobe.analyses import distributed
+
+    sharded = distributed.init_from_env(device)
+    try:
+        yield sharded
+    finally:
+        distributed.shutdown()
+
+
 def main_resumable(args: argparse.Namespace, config, core: str, resumed) -> int:
     """The ``main`` of a command that resumes from a checkpoint in its output directory (``ablate``,
     ``prune``): check the settings (``config.preflight()``) and ``--out`` before the model loads,
@@ -408,8 +428,7 @@ def main_resumable(args: argparse.Namespace, config, core: str, resumed) -> int:
     from headprobe.analyses import distributed
     from headprobe.probe.io import RunCheckpoint, prepare_output_dir, shard_checkpoint_name
 
-    sharded = distributed.init_from_env(config.device)
-    try:
+    with process_group(config.device) as sharded:
         main_rank = distributed.is_main()
         config.preflight()
         prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
@@ -447,6 +466,4 @@ def main_resumable(args: argparse.Namespace, config, core: str, resumed) -> int:
             names = [p.name for p in paths]
             print(f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {Path(args.out)}/")
         distributed.barrier()
-    finally:
-        distributed.shutdown()
     return 0

@@ -98,7 +98,74 @@ def test_killed_sharded_run_resumes_to_the_one_process_csv(one_process, tmp_path
     assert not list(cut.glob(CHECKPOINT_GLOB))
 
 
-def test_ablate_help_shows_torchrun_usage(capsys):
+def test_help_shows_torchrun_usage(capsys):
     assert main(["ablate", "--help"]) == 0
     out = capsys.readouterr().out
     assert "torchrun --nproc-per-node 2 -m headprobe ablate" in out and ".headprobe-checkpoint.shard-R-of-N.json" in out
+    for command in ("scan", "prune"):  # what is split over the ranks and what is not
+        assert main([command, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert f"torchrun --nproc-per-node 2 -m headprobe {command}" in out and "not" in out and "split" in out
+
+
+SCAN = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "3", "--period", "6", "--device", "cpu",
+        "--n-random", "5", "-k", "2", "--pattern-len", "0"]  # 5 random + 2-3 top-k sets per task: uneven shards
+
+
+def _one_and_two_ranks(command, args, tmp_path, says):
+    """``headprobe COMMAND ARGS`` in this process (out: tmp_path/one) and under torchrun on 2 ranks
+    (tmp_path/two), which must say ``says``, print ``wrote`` once (rank 0) and write the same
+    file names; (one, two)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main([command, *args, "--out", str(one)]) == 0
+    rc, out, err = torchrun(command, *args, "--out", str(two))
+    assert rc == 0, err
+    assert says in out and out.count("wrote ") == 1
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    return one, two
+
+
+def test_sharded_scan_writes_the_one_process_outputs(tiny_dir, tmp_path):
+    """One torchrun launch (~20 s): scan's verification sets (every task's seeded random draws and
+    the top-k sets) are split over 2 gloo ranks and gathered; rank 0 alone writes, and the table,
+    the losses, effects, p-values and verdicts are the one-process scan's."""
+    one, two = _one_and_two_ranks("scan", ["--model", str(tiny_dir), "--text", _text(tmp_path), *SCAN], tmp_path,
+                                  "verification sharded over 2 ranks")
+    a, b = pd.read_csv(one / "head_scores.csv"), pd.read_csv(two / "head_scores.csv")
+    assert list(a.columns) == list(b.columns)
+    np.testing.assert_allclose(a.to_numpy(float), b.to_numpy(float), rtol=0, atol=1e-5, equal_nan=True)
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+    v1, v2 = s1["ablations"], s2["ablations"]
+    assert len(v1) == len(v2) > 0 and s1["confirmed"] == s2["confirmed"]
+    for x, y in zip(v1, v2):
+        for key in ("head_type", "kind", "task", "top_heads", "random_heads", "confirmed", "p_value"):
+            assert x[key] == y[key], key
+        for key in ("clean_loss", "top_loss", "top_effect", "random_mean", "random_max"):
+            assert x[key] == pytest.approx(y[key], abs=1e-6), key
+        for key in ("random_effects", "top_effect_ci95"):
+            np.testing.assert_allclose(x[key], y[key], rtol=0, atol=1e-6, err_msg=key)
+
+
+def test_sharded_prune_writes_the_one_process_curves(tiny_dir, tmp_path):
+    """One torchrun launch (~20 s): every rank runs every curve; the gradient importance and the
+    held-out losses are data-parallel over rows (3 per set: uneven), the per-layer head sets are
+    sharded, the L0 gates are trained alike on both ranks; rank 0 writes the one-process files."""
+    args = ["--model", str(tiny_dir), "--text", _text(tmp_path), "--seq-len", "16", "--n-natural", "3",
+            "--n-repeated", "3", "--period", "6", "--device", "cpu", "--step-fraction", "0.25", "--n-seeds", "1",
+            "--l0-steps", "2", "--l0-lambdas", "1,10", "--per-layer"]
+    one, two = _one_and_two_ranks("prune", args, tmp_path, "sharded over 2 ranks")
+    for name in ("pruning_curve.csv", "per_layer.csv"):
+        a, b = pd.read_csv(one / name), pd.read_csv(two / name)
+        assert list(a.columns) == list(b.columns) and len(a) == len(b) > 0
+        for c in a.columns:
+            if not pd.api.types.is_numeric_dtype(a[c]):  # method, removed heads: the same order of removal
+                assert a[c].fillna("").tolist() == b[c].fillna("").tolist(), (name, c)
+            else:  # losses written to 5 decimals
+                np.testing.assert_allclose(a[c].to_numpy(float), b[c].to_numpy(float), rtol=0, atol=2e-5,
+                                           equal_nan=True, err_msg=f"{name} {c}")
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+    assert s1["removal_order"] == s2["removal_order"]
+    for name, curve in s1["curves"].items():
+        for r1, r2 in zip(curve, s2["curves"][name], strict=True):
+            for key in ("natural_loss", "induction_loss"):
+                assert r1[key] == pytest.approx(r2[key], abs=1e-6), (name, key)

@@ -29,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headprobe import options
+from headprobe.analyses import distributed
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
     EMBEDDING_METRIC, LOSS_METRIC, EmbeddingDistance, SINGLE_INPUT_KINDS, Verification, empirical_p_value, first_scored, is_confirmed, names, random_head_sets,
@@ -47,6 +48,15 @@ from headprobe.probe.hooks import format_head
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "find the classic head types in a pretrained model, verify them by ablation, write table and figures"
+
+EPILOG = """\
+sharded over processes (torch.distributed, gloo on CPU, NCCL with one GPU per process):
+  torchrun --nproc-per-node 2 -m headprobe scan --out out/ [flags as above]
+  The verification's ablations (every task's seeded random head sets and the top-k sets) are
+  split over the ranks and gathered; the scores, metrics and patterns are computed on every rank
+  (a few forward passes). Rank 0 writes the same files as one process. Not resumable: a killed
+  run starts again.
+"""
 
 ABLATION_KINDS = SINGLE_INPUT_KINDS
 """The kinds scan verifies with: those needing no second input (zero, mean)."""
@@ -247,7 +257,9 @@ def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: To
     heads (seeded) come from the heads outside the top-k of every selected type judged on that
     task, so no draw contains a head under test.
     All sets of a task and kind go through :func:`~headprobe.analyses.ablation.set_ablation_losses`
-    (batched along the batch axis). Each effect is the mean over sequences of ablated minus clean
+    (batched along the batch axis); under ``torchrun`` each rank ablates its round-robin slice of
+    them (:func:`~headprobe.analyses.distributed.map_sharded`; every rank draws the same seeded
+    random sets) and every rank gets all the losses, equal to one process's to float rounding. Each effect is the mean over sequences of ablated minus clean
     loss, with a 95% bootstrap interval over sequences for the top-k effect (an encoder's: ``1 - cos``
     between clean and ablated sentence embeddings, :data:`~headprobe.analyses.ablation.EMBEDDING_METRIC`,
     on the same task's sequences; clean is 0). ``untrusted``: task ->
@@ -268,8 +280,10 @@ def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: To
         draws = random_head_sets(spec.n_layers, spec.n_heads, k, cfg.n_random, cfg.seed, exclude=excluded)
         score = EmbeddingDistance(model, ts.tokens) if metric is EMBEDDING_METRIC else None
         for kind in ABLATION_KINDS:
-            losses = set_ablation_losses(model, ts.tokens, draws + [top[name] for name in judged], kind, mean_z, first,
-                                         progress=progress, desc=f"ablations ({task}, {kind})", score=score)
+            losses = distributed.map_sharded(  # under torchrun: each rank ablates its slice of the sets
+                lambda sets: set_ablation_losses(model, ts.tokens, sets, kind, mean_z, first, progress=progress,
+                                                 desc=f"ablations ({task}, {kind})", score=score),
+                draws + [top[name] for name in judged])
             effects = (losses - clean[task][None]).double().numpy()  # [set, batch]
             rand = [float(e) for e in effects[: cfg.n_random].mean(axis=1)]
             for j, name in enumerate(judged):
@@ -648,17 +662,25 @@ def config_from_args(args: argparse.Namespace) -> ScanConfig:
 def main(args: argparse.Namespace) -> int:
     """``headprobe scan``: flags -> config (checked, with --text and --out, before the model loads) -> run -> save -> print."""
     config = config_from_args(args)
-    config.read_text()
-    prepare_output_dir(args.out, args.overwrite, create=False)
-    t0 = time.perf_counter()
-    model = options.load_for(config)
-    load_s = time.perf_counter() - t0
-    print(options.describe_model(model), flush=True)
-    result = run(model, config)
-    result.timings["load_s"] = load_s
-    paths = result.save(args.out, args.overwrite, html=args.html)
-    print()
-    print(result.report())
-    extras = (", patterns.npz" if result.patterns else "") + (", index.html" if args.html else "")
-    print(f"\nwrote {len(paths)} files to {Path(args.out)}/ (head_scores.csv, summary.json, figures as PNG, PDF and SVG{extras})")
+    with options.process_group(config.device) as sharded:  # torchrun: shard the verification over the ranks
+        main_rank = distributed.is_main()
+        config.read_text()
+        prepare_output_dir(args.out, args.overwrite, create=False)
+        distributed.barrier()  # every rank has checked --out before rank 0 can write into it
+        t0 = time.perf_counter()
+        model = options.load_for(config)
+        load_s = time.perf_counter() - t0
+        if main_rank:
+            print(options.describe_model(model) + (f"; verification sharded over {distributed.world_size()} ranks"
+                                                   if sharded else ""), flush=True)
+        result = run(model, config, progress=main_rank)
+        result.timings["load_s"] = load_s
+        if main_rank:  # the others computed the same result
+            paths = result.save(args.out, args.overwrite, html=args.html)
+            print()
+            print(result.report())
+            extras = (", patterns.npz" if result.patterns else "") + (", index.html" if args.html else "")
+            print(f"\nwrote {len(paths)} files to {Path(args.out)}/ (head_scores.csv, summary.json, figures as PNG, "
+                  f"PDF and SVG{extras})")
+        distributed.barrier()
     return 0

@@ -22,11 +22,20 @@ from headprobe.probe.errors import HeadprobeError
 
 HELP = "head pruning methods compared (Michel gradient importance, L0 gates, random): one CSV + figure, optional pruned model"
 
+EPILOG = """\
+sharded over processes (torch.distributed, gloo on CPU, NCCL with one GPU per process):
+  torchrun --nproc-per-node 2 -m headprobe prune --out out/ [flags as above]
+  Every rank runs every curve; within each step the gradient importance and the held-out losses
+  are data-parallel over the sequences, and --per-layer's head sets are split over the ranks.
+  The steps of a curve are sequential and the L0 gates are trained alike on every rank (not
+  split). Rank 0 writes the same files as one process and keeps the one checkpoint.
+"""
+
 _CORE = ("run", "prune", "PruneResult")
 """Names of :mod:`headprobe.commands.prune.core`, the computation, imported on first use (it needs
 torch; this module, the settings and the flags, does not)."""
 
-__all__ = ["HELP", "METHODS", "ORDERS", "PRUNED_DIR", "PRUNED_FILE", "PruneConfig", "add_arguments", "config_from_args", "main", *_CORE]
+__all__ = ["HELP", "EPILOG", "METHODS", "ORDERS", "PRUNED_DIR", "PRUNED_FILE", "PruneConfig", "add_arguments", "config_from_args", "main", *_CORE]
 
 
 def __getattr__(name: str):
