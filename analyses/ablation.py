@@ -283,11 +283,18 @@ def is_confirmed(top_effect: float, random_effects: Sequence[float], min_effect:
     )
 
 
-def empirical_p_value(top_effect: float, random_effects: Sequence[float]) -> float:
-    """``(1 + #{r >= top_effect}) / (1 + n)``: the one-sided empirical p-value of ``top_effect``
-    among ``n`` random draws (North, Curtis & Sham 2002); at least ``1 / (n + 1)``."""
+P_VALUE_TIE = 1e-5
+"""Effects closer than this (nats, or 1 - cos for encoders) count as ties in :func:`empirical_p_value`:
+float32 rounding of a mean loss near 8 nats is ~1e-6, so a "top effect" of 2e-6 above draws of 1e-6
+is noise, not evidence."""
+
+
+def empirical_p_value(top_effect: float, random_effects: Sequence[float], tie: float = P_VALUE_TIE) -> float:
+    """``(1 + #{r >= top_effect - tie}) / (1 + n)``: the one-sided empirical p-value of ``top_effect``
+    among ``n`` random draws (North, Curtis & Sham 2002), draws within ``tie`` of it counted as
+    reaching it (:data:`P_VALUE_TIE`); at least ``1 / (n + 1)``."""
     rand = list(random_effects)
-    return (1 + sum(r >= top_effect for r in rand)) / (1 + len(rand))
+    return (1 + sum(r >= top_effect - tie for r in rand)) / (1 + len(rand))
 
 
 def random_head_sets(n_layers: int, n_heads: int, k: int, n_draws: int, seed: int,

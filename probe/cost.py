@@ -691,10 +691,12 @@ def recommend(
         f"{n_layers} layers x d_model {d_model}: {n_heads} query heads of d_head {d_head}"
         + (f", MLA latent {mla.kv_lora_rank} + rotary key {mla.qk_rope_head_dim}" if use_mla
            else f", {_kv_heads_txt(gqa.n_kv_heads)} (group size {gqa.group_size}, {gqa.kind})")
-        + f"; KV cache {format_bytes(req)} per request at {req_txt} against {limit_txt}.",
+        + f"; KV cache {format_bytes(req)} per request at {req_txt}"
+        + (f" against {limit_txt}." if kv_limit_bytes is not None else " (no KV-cache limit given)."),
         f"MHA would cache {format_bytes(mha_req)} ({n_heads} KV heads); "
-        + (f"the most KV heads that fit: {_kv_heads_txt(gqa.n_kv_heads)} "
-           f"({gqa.kind}, {format_bytes(kv_bytes_per_request(gqa, seq_len, batch))})"
+        + ((f"the most KV heads that fit: " if kv_limit_bytes is not None
+            else f"no limit given, so the {target} target's cap: ")
+           + f"{_kv_heads_txt(gqa.n_kv_heads)} ({gqa.kind}, {format_bytes(kv_bytes_per_request(gqa, seq_len, batch))})"
            if fitting else "even MQA (1 KV head) does not fit")
         + f", MLA would cache {format_bytes(kv_bytes_per_request(mla, seq_len, batch))}.",
     ]

@@ -486,3 +486,15 @@ def test_cli_model_flag_on_smollm2(smollm2, monkeypatch, capsys):
     assert code == 0 and r["check"]["ok"]
     assert r["kv_bytes_per_token"] == 384 * 30 * 2  # reported in --dtype bf16
     assert r["kv_bytes_per_request"] == 180 * MIB
+
+
+def test_cli_flops_table_of_a_small_model_scales_its_unit(capsys):
+    """SmolLM2's attention layer is under a TFLOP at every length asked: the table switches to GFLOP
+    (not rows of 0.00), and its numbers are the cost model's divided by 10^9."""
+    from headprobe.probe import cost
+
+    code, out, _ = run_cli(capsys, "--preset", "smollm2-135m", "--flops-table", "128", "1024")
+    assert code == 0 and "projections, GFLOP" in out and "1 GFLOP = 10^9 FLOPs" in out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    fl = cost.attention_flops(cost.PRESETS["smollm2-135m"], 1024, 1)
+    assert rows[1][:3] == ["1,024", f"{fl.projections / 1e9:.2f}", f"{fl.scores / 1e9:.2f}"]

@@ -154,4 +154,6 @@ def test_random_controls_exclude_the_heads_under_test_and_p_values_count_draws()
         random_head_sets(2, 4, 3, 1, seed=0, exclude=[(0, h) for h in range(4)] + [(1, 0), (1, 1)])
     assert empirical_p_value(1.0, [0.1, 0.2, 0.3, 0.4]) == 1 / 5  # beats all 4: the smallest p 4 draws allow
     assert empirical_p_value(0.25, [0.1, 0.2, 0.3, 0.4]) == 3 / 5
+    # float noise is no evidence: a top effect of 2e-6 over draws of 1e-6 and 0 ties with them (p = 1)
+    assert empirical_p_value(2e-6, [1e-6, 0.0, 5e-7]) == 1.0
     assert empirical_p_value(0.3, [0.3]) == 1.0  # a tie counts against the top-k

@@ -358,13 +358,21 @@ def flops_table(lay: AttentionLayout, seq_lens: list[int], batch: int, as_mha: b
     return rows
 
 
+_FLOP_UNITS = (("TFLOP", 12), ("GFLOP", 9), ("MFLOP", 6), ("kFLOP", 3))
+
+
 def format_flops_table(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str, as_mha: bool) -> str:
-    table = [[f"{r['seq_len']:,}", format_tflop(r["projections"]), format_tflop(r["scores"]),
+    """The table in TFLOP as in the lesson, or in the largest decimal unit in which the table's
+    largest entry is at least 1 (a small model's rows would otherwise all read ``0.00``)."""
+    top = max((max(r["projections"], r["scores"]) for r in rows), default=cost.TFLOP)
+    unit, power = next(((u, p) for u, p in _FLOP_UNITS if top >= 10**p), _FLOP_UNITS[-1])
+    scale = cost.TFLOP / 10**power  # format_tflop counts TFLOP
+    table = [[f"{r['seq_len']:,}", format_tflop(r["projections"] * scale), format_tflop(r["scores"] * scale),
               f"{100 * r['quadratic_share']:.0f}%"] for r in rows]
     note = " (K/V projections counted as MHA)" if as_mha and lay.kind != "MHA" else ""
     cross = rows[0]["crossover_seq_len"] if rows else 0
-    return (f"{describe(lay, dtype)}\nFLOPs of one attention layer{note}; 1 TFLOP = 10^12 FLOPs\n\n"
-            + _table(table, ["T", "projections, TFLOP", "scores and AV, TFLOP", "quadratic share"], right={0, 1, 2, 3})
+    return (f"{describe(lay, dtype)}\nFLOPs of one attention layer{note}; 1 {unit} = 10^{power} FLOPs\n\n"
+            + _table(table, ["T", f"projections, {unit}", f"scores and AV, {unit}", "quadratic share"], right={0, 1, 2, 3})
             + f"\n\nthe two are equal at T = {cross:,.0f}")
 
 

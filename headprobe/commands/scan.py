@@ -528,7 +528,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
                              "no verdict (confirmed: null) when the task's clean loss is above ln(vocabulary) or more than "
                              "half of the natural text is the tokenizer's unknown token",
         "control_rule": "per task, n_random draws of k heads from the heads outside the top-k of every type judged on that task; "
-                        "p_value = (1 + #draws with effect >= the top-k effect) / (1 + draws)",
+                        "p_value = (1 + #draws with effect >= the top-k effect - 1e-5) / (1 + draws)",
         "interval_rule": "95% percentile bootstrap over sequences (2000 resamples, seeded): top_effect_ci95 of each "
                          "ablation's mean per-sequence effect, score_ci95 of each listed head's mean per-sequence score "
                          "(not for positional scores, a most-frequent offset)",
