@@ -190,7 +190,10 @@ def encode_pairs(model: Any, pairs: Sequence[PromptPair]) -> list[tuple[Tensor, 
         if c.shape != x.shape:
             raise HeadprobeError(f"prompt pair {i + 1}: clean and corrupted prompts have {len(c)} and {len(x)} tokens; "
                                  f"patching needs the same length")
-        ans = torch.tensor([_token_id(model.tokenizer, p.correct), _token_id(model.tokenizer, p.wrong)])
+        try:
+            ans = torch.tensor([_token_id(model.tokenizer, p.correct), _token_id(model.tokenizer, p.wrong)])
+        except HeadprobeError as e:
+            raise HeadprobeError(f"prompt pair {i + 1}: {e}") from None
         groups.setdefault(len(c), []).append((c, x, ans, i))
     return [(torch.stack([g[0] for g in grp]), torch.stack([g[1] for g in grp]), torch.stack([g[2] for g in grp]),
              [g[3] for g in grp]) for _, grp in sorted(groups.items())]

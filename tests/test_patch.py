@@ -152,3 +152,17 @@ def test_smollm2_solves_ioi_and_its_top_head_carries_it(smollm2_native):
     assert (r.clean_ld > 0).all()
     effect = r.effect.mean(1)
     assert effect[0] < -0.5 and abs(effect[1]) < 0.1 * abs(effect[0])
+
+
+def test_a_multi_token_answer_names_its_pair(tiny_dir, tmp_path, capsys):
+    good = {"clean": "t1 t2 t3", "corrupted": "t4 t2 t3", "correct": " t5", "wrong": " t6"}
+    f = tmp_path / "pairs.jsonl"
+    f.write_text("\n".join(json.dumps(p) for p in (good, {**good, "correct": " t5 t7"})), encoding="utf-8")
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["patch", "--model", str(tiny_dir), "--prompts", str(f), "--out", str(tmp_path / "o"),
+                               "--device", "cpu"]))
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
+    assert e.value.code == 2 and "Traceback" not in err and len(errors) == 1, err
+    assert "prompt pair 2: answer ' t5 t7' is 2 tokens" in errors[0]
+    assert not (tmp_path / "o").exists()

@@ -122,7 +122,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", required=True, help="the head, as layer.head (e.g. 18.6; L18H6 also accepted)")
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--prompt", help="the text to run the model on")
-    text.add_argument("--prompt-file", help="a UTF-8 file holding the text")
+    text.add_argument("--prompt-file", help="a UTF-8 file holding the text (its final newline dropped)")
     options.add_output_options(p)
     p.add_argument("--no-bos", dest="prepend_bos", action="store_false", help="do not put BOS in front of the text")
 
@@ -133,7 +133,8 @@ def main(args: argparse.Namespace) -> int:
 
     if len(parse_heads(args.head, 10**9, 10**9)) != 1:  # the form, before anything loads; the range once the model is known
         raise HeadprobeError(f"--head takes one head, got {args.head!r}")
-    prompt = read_text_file(args.prompt_file) if args.prompt_file else args.prompt
+    # a file's final newline is the editor's, not part of the text to show
+    prompt = read_text_file(args.prompt_file).rstrip("\r\n") if args.prompt_file else args.prompt
     prepare_output_dir(args.out, args.overwrite, create=False)
     cfg = ShowConfig(model=args.model, head=args.head, prompt=prompt, out=args.out, device=args.device,
                      dtype=args.dtype, backend=args.backend, prepend_bos=args.prepend_bos, device_map=args.device_map,
