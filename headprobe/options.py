@@ -310,6 +310,7 @@ def config_and_model(config_cls, model, config_fields: dict):
     import os
     import time
 
+    check_fields(config_cls, config_fields)
     if isinstance(model, (str, os.PathLike)):
         config = config_cls(model=str(model), **config_fields)
         config.preflight()
@@ -317,6 +318,21 @@ def config_and_model(config_cls, model, config_fields: dict):
         loaded = load_for(config)
         return config, loaded, time.perf_counter() - t0
     return config_cls(model=model.spec.name, **config_fields), model, 0.0
+
+
+def check_fields(config_cls, config_fields: dict) -> None:
+    """Raise ``TypeError`` naming the command's function (``scan()``, not ``ScanConfig``), the
+    unknown setting and the nearest valid one, for a keyword ``config_cls`` does not have."""
+    import dataclasses
+    import difflib
+
+    valid = [f.name for f in dataclasses.fields(config_cls) if f.name != "model"]
+    for name in config_fields:
+        if name not in valid:
+            near = difflib.get_close_matches(name, valid, n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            command = config_cls.__name__.removesuffix("Config").lower()
+            raise TypeError(f"{command}() got an unknown setting {name!r}{hint} (settings: {', '.join(valid)})")
 
 
 @dataclass(frozen=True)

@@ -198,3 +198,12 @@ def test_scan_dtype_flag_casts_the_weights(tiny_dir, text_file, tmp_path):
     table = pd.read_csv(out / "head_scores.csv")
     assert list(table.columns) == ["layer", "head", "kv_head", "induction"] and table["induction"].between(0, 1).all()
     assert sorted(p.name for p in out.glob("*.png")) == ["heatmap_induction.png", "overview.png", "pattern_induction.png"]
+
+
+def test_a_misspelt_setting_names_the_function_and_the_nearest_setting():
+    """Before anything loads: the TypeError names ``scan()`` (not its config class) and the
+    setting meant."""
+    with pytest.raises(TypeError, match=r"scan\(\) got an unknown setting 'n_randm'; did you mean n_random\?"):
+        headprobe.scan("smollm2-135m", n_randm=3)
+    with pytest.raises(TypeError, match=r"ablate\(\) got an unknown setting 'hedas'; did you mean heads\?"):
+        headprobe.ablate("smollm2-135m", hedas="1.1")
