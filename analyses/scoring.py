@@ -114,7 +114,8 @@ model's pattern on a prefix is exactly that corner of the pattern on the whole w
 def example_patterns(model: Any, best: dict[str, Head], natural: TokenSet, repeated: TokenSet) -> dict[str, dict]:
     """The attention pattern of the top head of each type on an example from its own token set,
     with the scoring settings: the first :data:`NATURAL_EXAMPLE_LEN` tokens of the first
-    natural-text window, or the whole first repeated-random-token sequence (BOS, the block of
+    natural-text window (an encoder's: the first ``NATURAL_EXAMPLE_LEN - 1`` and its final
+    separator token), or the whole first repeated-random-token sequence (BOS, the block of
     ``repeated.period`` tokens, and the block again).
 
     Args:
@@ -124,8 +125,13 @@ def example_patterns(model: Any, best: dict[str, Head], natural: TokenSet, repea
         head type -> ``{"head": (layer, head), "pattern": [q_pos, k_pos] array, "labels": [pos] str,
         "marks": positions where a repeated block starts (for the plot), "period": the block length or None}``.
     """
+    first = natural.tokens[:1]
+    if not getattr(model.spec, "causal", True) and first.shape[1] > NATURAL_EXAMPLE_LEN:
+        # an encoder's window ends with its separator ([SEP]), which the last-token score is about:
+        # the example keeps it, as a short sentence the model reads both ways
+        first = torch.cat([first[:, :NATURAL_EXAMPLE_LEN - 1], first[:, -1:]], dim=1)
     short = {
-        "natural": natural.tokens[:1, :NATURAL_EXAMPLE_LEN],
+        "natural": first[:, :NATURAL_EXAMPLE_LEN],
         "repeated": repeated.tokens[:1],
     }
     marks = {"natural": [], "repeated": [repeated.start, repeated.start + repeated.period]}

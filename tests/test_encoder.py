@@ -246,3 +246,24 @@ def test_scan_of_all_minilm_l6_v2_gives_72_rows_with_verdicts():
     assert len(result.table) == 72 and {"next_token", "last_token"} <= set(result.table.columns)
     assert len(result.verifications) == 2 * len(ENCODER_SCORE_COLUMNS) - 2  # 7 types (positional has 2 columns) x 2 kinds
     assert all(v.confirmed is not None for v in result.verifications)
+
+
+def test_encoder_pattern_example_keeps_the_separator_the_last_token_score_is_about(bert, tmp_path):
+    """A window longer than the example: the example is its first tokens plus its final [SEP], so
+    the last-token head's figure shows the position its score measures; the pattern is the
+    model's own on exactly those tokens."""
+    from headprobe.analyses.scoring import NATURAL_EXAMPLE_LEN, example_patterns
+    from headprobe.commands.scan import ScanConfig, run
+    from headprobe.probe.capture import capture_heads
+
+    text = tmp_path / "words.txt"
+    text.write_text(" ".join(f"t{(i * 7) % 100}" for i in range(400)))
+    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=NATURAL_EXAMPLE_LEN + 12, n_repeated=2, period=6, k=2,
+                     n_random=2, text=str(text), pattern_len=0, verify=False, metrics=False)
+    result = run(bert, cfg, progress=False)
+    ex = example_patterns(bert, {"last_token": (1, 0)}, result.natural, result.repeated)["last_token"]
+    window = result.natural.tokens[0]
+    shown = torch.cat([window[:NATURAL_EXAMPLE_LEN - 1], window[-1:]])
+    assert int(window[-1]) == 101 and len(ex["labels"]) == NATURAL_EXAMPLE_LEN
+    ref = capture_heads(bert, shown[None])["pattern"][1][0, 0]
+    torch.testing.assert_close(torch.as_tensor(ex["pattern"]), ref.float().cpu(), atol=1e-6, rtol=0)
