@@ -71,6 +71,13 @@ def test_unknown_text_gives_a_warning_and_no_verdict(tiny_llama_gqa, tmp_path):
     report = result.report()
     assert "WARNING" in report and not [line for line in report.splitlines() if line.rstrip().endswith("CONFIRMED")]
     assert any(line.rstrip().endswith("no verdict") for line in report.splitlines())
+    # the figures carry the warning too (they are shared without the terminal output)
+    from headprobe.commands.scan import scan_figures
+
+    figures = scan_figures(result)
+    titles = {stem: " ".join(t.get_text() for ax in f.axes for t in (ax.title,)) + (f._suptitle.get_text() if f._suptitle else "")
+              for stem, f in figures.items()}
+    assert all("NO VERDICT: natural task: " in t and "unknown to the tokenizer" in t for t in titles.values()), titles
 
 
 def test_verdicts_carry_p_values_and_intervals(tiny_llama_gqa, tmp_path):

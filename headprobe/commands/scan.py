@@ -546,6 +546,8 @@ def scan_figures(result: ScanResult) -> dict[str, object]:
     spec = result.spec
     dets = [DETECTORS[name] for name in result.config.types]
     tag = f"{spec.name} ({figs.weights_label(spec.weights)})"
+    if result.warnings:  # the figures say it too: they travel without the terminal's WARNING lines
+        tag += "\nNO VERDICT: " + "; ".join(w.split(";")[0] for w in result.warnings)
     out: dict[str, object] = {}
     for det in dets:
         for style in det.figures:
