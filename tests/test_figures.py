@@ -87,3 +87,31 @@ def test_long_heatmap_titles_stay_inside_the_figure():
     assert text.get_text().count("\n") == 1
     short = figs.head_heatmap(np.zeros((2, 2)), "induction score, tiny", "x")
     assert "\n" not in short.axes[0].title.get_text()
+
+
+def _inside(fig, text) -> bool:
+    """Whether ``text`` (a matplotlib Text of ``fig``) is drawn wholly inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    box = text.get_window_extent(canvas.get_renderer())
+    return box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0 and box.y1 <= fig.bbox.height
+
+
+def test_estimate_figure_titles_are_short_and_inside_the_figure():
+    """ablation_estimate.png's suptitle names the method briefly (the full label with its
+    sources stays in summary.json) and every line fits without wrapping: "ESTIMATE" is never cut."""
+    from headprobe.commands.ablate import ESTIMATES
+    from headprobe.commands.ablate.core import ESTIMATE_LABELS, estimate_title
+
+    values = np.random.default_rng(0).normal(size=(30, 9))
+    for method in ESTIMATES:
+        title = estimate_title(method, "smollm2-135m (4-bit weights), zero-ablated")
+        assert title.startswith("ESTIMATE (") and ESTIMATE_LABELS[method] not in title
+        fig = figs.ablation_effect_panels([("natural text", values), ("induction (repeated half)", values)], 3, title,
+                                          cbar_label="estimated Δ loss (nats/token)")
+        sup = fig.get_suptitle()
+        assert sup == title
+        fig._suptitle.set_wrap(False)  # fits on its own lines, without the wrapping safety net
+        assert _inside(fig, fig._suptitle), (method, title)
