@@ -40,16 +40,28 @@ FORMATS = ("png", "pdf", "svg")
 
 def _styled(draw):
     """Run a figure function with this module's style (:data:`_RC`) in a ``matplotlib.rc_context``,
-    so that importing or calling it never changes the caller's global matplotlib settings."""
+    so that importing or calling it never changes the caller's global matplotlib settings; then
+    let every axes title and the suptitle of the returned figure wrap (:func:`_wrap_titles`)."""
 
     @functools.wraps(draw)
     def styled(*args, **kwargs):
         import matplotlib
 
         with matplotlib.rc_context(_RC):
-            return draw(*args, **kwargs)
+            return _wrap_titles(draw(*args, **kwargs))
 
     return styled
+
+
+def _wrap_titles(fig: Figure) -> Figure:
+    """A safety net: a title too wide for the figure breaks into lines inside it (matplotlib's
+    ``Text.set_wrap``, applied when drawn) instead of being cut at the figure's edges."""
+    for ax in fig.axes:
+        for text in (ax.title, ax._left_title, ax._right_title):
+            text.set_wrap(True)
+    if fig._suptitle is not None:
+        fig._suptitle.set_wrap(True)
+    return fig
 
 
 def _figure(width: float, height: float) -> Figure:

@@ -115,3 +115,15 @@ def test_estimate_figure_titles_are_short_and_inside_the_figure():
         assert sup == title
         fig._suptitle.set_wrap(False)  # fits on its own lines, without the wrapping safety net
         assert _inside(fig, fig._suptitle), (method, title)
+
+
+def test_long_titles_and_suptitles_wrap_inside_the_figure():
+    """Every figure function's titles wrap rather than run off the figure (patching_top.png's
+    title was cut at "(custom promp", the scan's pattern titles at "first scored sequenc")."""
+    long = "layer 3 head 7 attention pattern on the first scored sequence of the natural text, " * 2
+    bars = figs.effect_bars(["1.2", "0.3"], np.array([-2.0, 1.0]), np.array([[-2.5, 0.5], [-1.5, 1.5]]),
+                            "tiny-model: largest patching effects (custom prompts) " * 2, "Δ logit difference")
+    pattern = figs.pattern_plot(np.eye(6), list("abcdef"), long)
+    overview = figs.scores_overview([("induction", np.zeros((4, 4))), ("previous-token", np.ones((4, 4)))], None, long)
+    for fig, text in ((bars, bars.axes[0].title), (pattern, pattern.axes[0].title), (overview, overview._suptitle)):
+        assert _inside(fig, text), text.get_text()
