@@ -127,3 +127,22 @@ def test_long_titles_and_suptitles_wrap_inside_the_figure():
     overview = figs.scores_overview([("induction", np.zeros((4, 4))), ("previous-token", np.ones((4, 4)))], None, long)
     for fig, text in ((bars, bars.axes[0].title), (pattern, pattern.axes[0].title), (overview, overview._suptitle)):
         assert _inside(fig, text), text.get_text()
+
+
+def test_token_labels_escape_characters_the_font_cannot_draw():
+    """A Tamil letter (in MiniLM's vocabulary) has no glyph in DejaVu Sans: it was drawn as an
+    empty box with a matplotlib warning; the label now spells its code point."""
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    tok = _Tokenizer()
+    tok.words = {0: "<|im_start|>", 1: "\u0bae", 2: "café", 3: "x\u0bae\u0bcd"}
+    labels = token_labels(SimpleNamespace(tokenizer=tok), torch.tensor([0, 1, 2, 3]))
+    assert labels == ["<|im_start|>", "\\u0bae", "café", "x\\u0bae\\u0bcd"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        FigureCanvasAgg(figs.pattern_plot(np.eye(4), labels, "t")).draw()
+        assert not [w for w in caught if "missing from font" in str(w.message)]
+        FigureCanvasAgg(figs.pattern_plot(np.eye(2), ["\u0bae", "a"], "t")).draw()  # the check can fail
+        assert [w for w in caught if "missing from font" in str(w.message)]
