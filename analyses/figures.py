@@ -237,8 +237,10 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     fig.suptitle(title, fontsize=_RC["axes.titlesize"])
     task_of = {r["head_type"]: r["task"] for r in rows}
     labels = EMBEDDING_TASK_LABELS if rows[0].get("metric") == "embedding_cosine" else TASK_LABELS
+    # a few types: slanted a little; many (a scan of every type): steeper and smaller, so that neighbours never touch
+    many = len(types) > 4
     axes[-1].set_xticks(x, [f"{t.replace('_', '-')}\n({labels.get(task_of[t], task_of[t])})" for t in types],
-                        fontsize=5.5, rotation=25, ha="right", rotation_mode="anchor")
+                        fontsize=5 if many else 5.5, rotation=50 if many else 25, ha="right", rotation_mode="anchor")
     return fig
 
 
