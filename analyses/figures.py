@@ -68,10 +68,27 @@ def _figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def _head_axes(ax, n_layers: int, n_heads: int, group_size: int | None) -> None:
+def _head_step(n_heads: int, width_in: float) -> int:
+    """Label every ``step``-th head so that the labels (``xtick.labelsize``, about 0.6 em a digit,
+    4 pt apart) fit into an axes ``width_in`` inches wide: the smallest of 1, 2, 3, 4, 5, 6, 8,
+    10, 12, 16, ... that does."""
+    per_label = len(str(n_heads - 1)) * 0.6 * _RC["xtick.labelsize"] + 4.0  # points
+    fit = max(int(width_in * 72 / per_label), 1)
+    need = -(-n_heads // fit)
+    nice = [1, 2, 3, 4, 5, 6, 8, 10, 12]
+    while nice[-1] < need:
+        nice += [2 * s for s in nice[-3:]]  # 16, 20, 24, 32, 40, 48, ...
+    return next(s for s in nice if s >= need)
+
+
+def _head_axes(ax, n_layers: int, n_heads: int, group_size: int | None, width_in: float | None = None) -> None:
+    """Label a layer x head heatmap's axes; ``width_in``: the axes' width in inches (default: its
+    position before layout), which sets how many head ticks fit (:func:`_head_step`)."""
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_xticks(range(n_heads))
+    if width_in is None:
+        width_in = ax.get_position().width * ax.figure.get_figwidth() * 0.8  # the colour bar takes some later
+    ax.set_xticks(range(0, n_heads, _head_step(n_heads, width_in)))
     step = 1 if n_layers <= 16 else 2
     ax.set_yticks(range(0, n_layers, step))
     if group_size and 1 < group_size < n_heads:
@@ -137,7 +154,8 @@ def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | 
     for i, (ax, (title, scores)) in enumerate(zip(axes, panels)):
         im = ax.imshow(np.asarray(scores, dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto",
                        interpolation="nearest")
-        _head_axes(ax, n_layers, n_heads, group_size)
+        # the panels share the page width less the y axis labels and the colour bar (about 1 inch)
+        _head_axes(ax, n_layers, n_heads, group_size, width_in=(PAGE_WIDTH - 1.0) / len(panels) * 0.85)
         if i:
             ax.set_ylabel("")
         ax.set_title(title)

@@ -146,3 +146,17 @@ def test_token_labels_escape_characters_the_font_cannot_draw():
         assert not [w for w in caught if "missing from font" in str(w.message)]
         FigureCanvasAgg(figs.pattern_plot(np.eye(2), ["\u0bae", "a"], "t")).draw()  # the check can fail
         assert [w for w in caught if "missing from font" in str(w.message)]
+
+
+def test_head_tick_labels_of_narrow_panels_do_not_touch():
+    """A 7-type overview of a 12-head model (MiniLM) printed "891011": fewer ticks now, apart."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figs.scores_overview([(f"type {i}", np.zeros((6, 12))) for i in range(7)], None, "Head scores")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    boxes = [t.get_window_extent(canvas.get_renderer()) for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    assert len(boxes) >= 3
+    assert all(a.x1 + 2 < b.x0 for a, b in zip(boxes, boxes[1:])), boxes  # at least 2 px apart
+    wide = figs.head_heatmap(np.zeros((6, 12)), "t", "s")
+    assert len(wide.axes[0].get_xticks()) == 12  # a column-wide heatmap still labels every head
