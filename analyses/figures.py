@@ -280,10 +280,10 @@ def composition_plot(k_scores: np.ndarray, earlier: Sequence[tuple[int, int]], l
     Left: the scores of ``earlier -> later`` pairs (``k_scores[layer_j, head_j, layer_i, head_i]``,
     rows the later heads), blank where the earlier head is not in an earlier layer. Right: the
     distribution of every pair of heads in different layers (histogram, its median dashed), the
-    chosen pairs as ticks along the top."""
+    chosen pairs as ticks along the top; the legend below both panels, where it covers no bar."""
     vals = np.array([[k_scores[lj, hj, li, hi] if li < lj else np.nan for li, hi in earlier] for lj, hj in later])
     allv = k_scores[np.isfinite(k_scores)]
-    fig = _figure(PAGE_WIDTH, 2.6)
+    fig = _figure(PAGE_WIDTH, 3.0)
     left, right = fig.subplots(1, 2, width_ratios=[1, 1.4])
     vmax = float(np.nanmax(vals)) if np.isfinite(vals).any() else 1.0
     im = left.imshow(vals, cmap="viridis", vmin=0, vmax=max(vmax, float(np.percentile(allv, 99))), aspect="auto")
@@ -307,7 +307,8 @@ def composition_plot(k_scores: np.ndarray, earlier: Sequence[tuple[int, int]], l
                  f"median {np.median(chosen):.3f}" if chosen.size else "no pair")
     right.set_xlabel("K-composition  ‖W_OV^i W_QK^jᵀ‖ / (‖W_OV^i‖ ‖W_QK^j‖)")
     right.set_ylabel("pairs")
-    right.legend(fontsize=6, frameon=False, loc="upper right", bbox_to_anchor=(1.0, 0.85))
+    # below both panels: anywhere inside the axes it can cover bars (the histogram's mode moves with the model)
+    fig.legend(*right.get_legend_handles_labels(), fontsize=6, frameon=False, loc="outside lower center", ncols=2)
     fig.suptitle(title)
     return fig
 

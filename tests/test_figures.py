@@ -160,3 +160,17 @@ def test_head_tick_labels_of_narrow_panels_do_not_touch():
     assert all(a.x1 + 2 < b.x0 for a, b in zip(boxes, boxes[1:])), boxes  # at least 2 px apart
     wide = figs.head_heatmap(np.zeros((6, 12)), "t", "s")
     assert len(wide.axes[0].get_xticks()) == 12  # a column-wide heatmap still labels every head
+
+
+def test_composition_legend_lies_below_the_histogram():
+    """The legend sat over the histogram's bars; now it is a figure legend wholly below the axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    k = np.random.default_rng(0).normal(0.05, 0.01, size=(3, 4, 3, 4))
+    fig = figs.composition_plot(k, [(0, 1), (1, 2)], [(2, 0), (1, 3)], "K-composition")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    hist = fig.axes[1]
+    assert hist.get_legend() is None and len(fig.legends) == 1
+    legend = fig.legends[0].get_window_extent(canvas.get_renderer())
+    assert legend.y1 < hist.get_window_extent(canvas.get_renderer()).y0 and legend.y0 >= 0
