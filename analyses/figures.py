@@ -457,24 +457,40 @@ def quality_vs_kv(labels: Sequence[str], kv_bytes: np.ndarray, loss: np.ndarray,
     return fig
 
 
+POSITIVE_COLOR, NEGATIVE_COLOR = "#B2182B", "#2166AC"
+"""The ends of ``RdBu_r`` (the signed heatmaps' scale): bars of signed values use the same two colours."""
+
+
 @_styled
-def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, title: str, ylabel: str) -> Figure:
+def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, title: str, ylabel: str,
+                signs: np.ndarray | None = None,
+                sign_labels: tuple[str, str] = ("above zero", "below zero")) -> Figure:
     """Horizontal bars of signed per-head effects (largest first, top to bottom) with their 95%
-    intervals as whiskers (``ci``: ``[2, n]`` lower and upper bounds); blue below zero, orange above."""
+    intervals as whiskers (``ci``: ``[2, n]`` lower and upper bounds).
+
+    A bar is red (:data:`POSITIVE_COLOR`) where ``signs`` (default: ``effects``) is positive, else
+    blue, as on the ``RdBu_r`` heatmaps; pass the values a companion heatmap shows (e.g. a
+    normalised effect whose sign differs from the raw one) so that both figures agree. A legend
+    names the two colours with ``sign_labels`` (positive, negative)."""
+    from matplotlib.patches import Patch
+
     effects, ci = np.asarray(effects, dtype=float), np.asarray(ci, dtype=float)
+    signs = effects if signs is None else np.asarray(signs, dtype=float)
     n = len(labels)
-    fig = _figure(COLUMN_WIDTH, 0.9 + 0.17 * n)
+    fig = _figure(COLUMN_WIDTH, 1.2 + 0.17 * n)
     ax = fig.subplots()
     y = np.arange(n)
     err = np.where(np.isfinite(ci), np.abs(ci - effects[None]), 0.0)
-    ax.barh(y, effects, 0.7, color=np.where(effects < 0, "#0072B2", "#E69F00"), xerr=err, capsize=1.5, error_kw={"lw": 0.6})
+    ax.barh(y, effects, 0.7, color=np.where(signs > 0, POSITIVE_COLOR, NEGATIVE_COLOR), xerr=err, capsize=1.5,
+            error_kw={"lw": 0.6})
     ax.axvline(0, color="black", lw=0.5)
     ax.set_yticks(y, [f"head {label}" for label in labels])
     ax.invert_yaxis()
     ax.set_xlabel(ylabel)
     ax.set_title(title)
-    ax.annotate("whiskers: 95% bootstrap interval over prompts", (1, 0), xycoords="axes fraction", ha="right",
-                va="bottom", fontsize=5, color="#555555")
+    handles = [Patch(color=POSITIVE_COLOR, label=sign_labels[0]), Patch(color=NEGATIVE_COLOR, label=sign_labels[1]),
+               Patch(color="none", label="whiskers: 95% bootstrap interval over prompts")]
+    fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     return fig
 
 

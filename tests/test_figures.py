@@ -174,3 +174,19 @@ def test_composition_legend_lies_below_the_histogram():
     assert hist.get_legend() is None and len(fig.legends) == 1
     legend = fig.legends[0].get_window_extent(canvas.get_renderer())
     assert legend.y1 < hist.get_window_extent(canvas.get_renderer()).y0 and legend.y0 >= 0
+
+
+def test_effect_bars_take_the_heatmaps_colour_for_the_same_head():
+    """patching.png drew head 23.3 red (normalised +0.55) and patching_top.png blue (raw −2.76):
+    the bars now follow the sign the heatmap shows, and a legend says what the colours mean."""
+    raw = np.array([-2.76, 1.0, 0.5])
+    normalised = raw / -5.0  # corrupted − clean < 0: the signs flip
+    bars = figs.effect_bars(["23.3", "1.0", "2.1"], raw, np.stack([raw - 0.1, raw + 0.1]), "t", "Δ", signs=normalised,
+                            sign_labels=("toward corrupted", "away"))
+    heat = figs.signed_head_heatmap(normalised[None], "t", "normalised")
+    image = heat.axes[0].images[0]
+    cells = image.to_rgba(image.get_array())[0]
+    for patch, cell in zip(bars.axes[0].patches, cells):
+        r, _, b, _ = patch.get_facecolor()
+        assert (r > b) == (cell[0] > cell[2])
+    assert [t.get_text() for t in bars.legends[0].get_texts()][:2] == ["toward corrupted", "away"]
