@@ -40,26 +40,55 @@ FORMATS = ("png", "pdf", "svg")
 
 def _styled(draw):
     """Run a figure function with this module's style (:data:`_RC`) in a ``matplotlib.rc_context``,
-    so that importing or calling it never changes the caller's global matplotlib settings."""
+    so that importing or calling it never changes the caller's global matplotlib settings; then
+    let every axes title and the suptitle of the returned figure wrap (:func:`_wrap_titles`)."""
 
     @functools.wraps(draw)
     def styled(*args, **kwargs):
         import matplotlib
 
         with matplotlib.rc_context(_RC):
-            return draw(*args, **kwargs)
+            return _wrap_titles(draw(*args, **kwargs))
 
     return styled
+
+
+def _wrap_titles(fig: Figure) -> Figure:
+    """A safety net: a title too wide for the figure breaks into lines inside it (matplotlib's
+    ``Text.set_wrap``, applied when drawn) instead of being cut at the figure's edges."""
+    for ax in fig.axes:
+        for text in (ax.title, ax._left_title, ax._right_title):
+            text.set_wrap(True)
+    if fig._suptitle is not None:
+        fig._suptitle.set_wrap(True)
+    return fig
 
 
 def _figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def _head_axes(ax, n_layers: int, n_heads: int, group_size: int | None) -> None:
+def _head_step(n_heads: int, width_in: float) -> int:
+    """Label every ``step``-th head so that the labels (``xtick.labelsize``, about 0.6 em a digit,
+    4 pt apart) fit into an axes ``width_in`` inches wide: the smallest of 1, 2, 3, 4, 5, 6, 8,
+    10, 12, 16, ... that does."""
+    per_label = len(str(n_heads - 1)) * 0.6 * _RC["xtick.labelsize"] + 4.0  # points
+    fit = max(int(width_in * 72 / per_label), 1)
+    need = -(-n_heads // fit)
+    nice = [1, 2, 3, 4, 5, 6, 8, 10, 12]
+    while nice[-1] < need:
+        nice += [2 * s for s in nice[-3:]]  # 16, 20, 24, 32, 40, 48, ...
+    return next(s for s in nice if s >= need)
+
+
+def _head_axes(ax, n_layers: int, n_heads: int, group_size: int | None, width_in: float | None = None) -> None:
+    """Label a layer x head heatmap's axes; ``width_in``: the axes' width in inches (default: its
+    position before layout), which sets how many head ticks fit (:func:`_head_step`)."""
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_xticks(range(n_heads))
+    if width_in is None:
+        width_in = ax.get_position().width * ax.figure.get_figwidth() * 0.8  # the colour bar takes some later
+    ax.set_xticks(range(0, n_heads, _head_step(n_heads, width_in)))
     step = 1 if n_layers <= 16 else 2
     ax.set_yticks(range(0, n_layers, step))
     if group_size and 1 < group_size < n_heads:
@@ -125,7 +154,8 @@ def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | 
     for i, (ax, (title, scores)) in enumerate(zip(axes, panels)):
         im = ax.imshow(np.asarray(scores, dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto",
                        interpolation="nearest")
-        _head_axes(ax, n_layers, n_heads, group_size)
+        # the panels share the page width less the y axis labels and the colour bar (about 1 inch)
+        _head_axes(ax, n_layers, n_heads, group_size, width_in=(PAGE_WIDTH - 1.0) / len(panels) * 0.85)
         if i:
             ax.set_ylabel("")
         ax.set_title(title)
@@ -225,8 +255,10 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     fig.suptitle(title, fontsize=_RC["axes.titlesize"])
     task_of = {r["head_type"]: r["task"] for r in rows}
     labels = EMBEDDING_TASK_LABELS if rows[0].get("metric") == "embedding_cosine" else TASK_LABELS
+    # a few types: slanted a little; many (a scan of every type): steeper and smaller, so that neighbours never touch
+    many = len(types) > 4
     axes[-1].set_xticks(x, [f"{t.replace('_', '-')}\n({labels.get(task_of[t], task_of[t])})" for t in types],
-                        fontsize=5.5, rotation=25, ha="right", rotation_mode="anchor")
+                        fontsize=5 if many else 5.5, rotation=50 if many else 25, ha="right", rotation_mode="anchor")
     return fig
 
 
@@ -248,10 +280,10 @@ def composition_plot(k_scores: np.ndarray, earlier: Sequence[tuple[int, int]], l
     Left: the scores of ``earlier -> later`` pairs (``k_scores[layer_j, head_j, layer_i, head_i]``,
     rows the later heads), blank where the earlier head is not in an earlier layer. Right: the
     distribution of every pair of heads in different layers (histogram, its median dashed), the
-    chosen pairs as ticks along the top."""
+    chosen pairs as ticks along the top; the legend below both panels, where it covers no bar."""
     vals = np.array([[k_scores[lj, hj, li, hi] if li < lj else np.nan for li, hi in earlier] for lj, hj in later])
     allv = k_scores[np.isfinite(k_scores)]
-    fig = _figure(PAGE_WIDTH, 2.6)
+    fig = _figure(PAGE_WIDTH, 3.0)
     left, right = fig.subplots(1, 2, width_ratios=[1, 1.4])
     vmax = float(np.nanmax(vals)) if np.isfinite(vals).any() else 1.0
     im = left.imshow(vals, cmap="viridis", vmin=0, vmax=max(vmax, float(np.percentile(allv, 99))), aspect="auto")
@@ -275,7 +307,8 @@ def composition_plot(k_scores: np.ndarray, earlier: Sequence[tuple[int, int]], l
                  f"median {np.median(chosen):.3f}" if chosen.size else "no pair")
     right.set_xlabel("K-composition  ‖W_OV^i W_QK^jᵀ‖ / (‖W_OV^i‖ ‖W_QK^j‖)")
     right.set_ylabel("pairs")
-    right.legend(fontsize=6, frameon=False, loc="upper right", bbox_to_anchor=(1.0, 0.85))
+    # below both panels: anywhere inside the axes it can cover bars (the histogram's mode moves with the model)
+    fig.legend(*right.get_legend_handles_labels(), fontsize=6, frameon=False, loc="outside lower center", ncols=2)
     fig.suptitle(title)
     return fig
 
@@ -424,24 +457,40 @@ def quality_vs_kv(labels: Sequence[str], kv_bytes: np.ndarray, loss: np.ndarray,
     return fig
 
 
+POSITIVE_COLOR, NEGATIVE_COLOR = "#B2182B", "#2166AC"
+"""The ends of ``RdBu_r`` (the signed heatmaps' scale): bars of signed values use the same two colours."""
+
+
 @_styled
-def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, title: str, ylabel: str) -> Figure:
+def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, title: str, ylabel: str,
+                signs: np.ndarray | None = None,
+                sign_labels: tuple[str, str] = ("above zero", "below zero")) -> Figure:
     """Horizontal bars of signed per-head effects (largest first, top to bottom) with their 95%
-    intervals as whiskers (``ci``: ``[2, n]`` lower and upper bounds); blue below zero, orange above."""
+    intervals as whiskers (``ci``: ``[2, n]`` lower and upper bounds).
+
+    A bar is red (:data:`POSITIVE_COLOR`) where ``signs`` (default: ``effects``) is positive, else
+    blue, as on the ``RdBu_r`` heatmaps; pass the values a companion heatmap shows (e.g. a
+    normalised effect whose sign differs from the raw one) so that both figures agree. A legend
+    names the two colours with ``sign_labels`` (positive, negative)."""
+    from matplotlib.patches import Patch
+
     effects, ci = np.asarray(effects, dtype=float), np.asarray(ci, dtype=float)
+    signs = effects if signs is None else np.asarray(signs, dtype=float)
     n = len(labels)
-    fig = _figure(COLUMN_WIDTH, 0.9 + 0.17 * n)
+    fig = _figure(COLUMN_WIDTH, 1.2 + 0.17 * n)
     ax = fig.subplots()
     y = np.arange(n)
     err = np.where(np.isfinite(ci), np.abs(ci - effects[None]), 0.0)
-    ax.barh(y, effects, 0.7, color=np.where(effects < 0, "#0072B2", "#E69F00"), xerr=err, capsize=1.5, error_kw={"lw": 0.6})
+    ax.barh(y, effects, 0.7, color=np.where(signs > 0, POSITIVE_COLOR, NEGATIVE_COLOR), xerr=err, capsize=1.5,
+            error_kw={"lw": 0.6})
     ax.axvline(0, color="black", lw=0.5)
     ax.set_yticks(y, [f"head {label}" for label in labels])
     ax.invert_yaxis()
     ax.set_xlabel(ylabel)
     ax.set_title(title)
-    ax.annotate("whiskers: 95% bootstrap interval over prompts", (1, 0), xycoords="axes fraction", ha="right",
-                va="bottom", fontsize=5, color="#555555")
+    handles = [Patch(color=POSITIVE_COLOR, label=sign_labels[0]), Patch(color=NEGATIVE_COLOR, label=sign_labels[1]),
+               Patch(color="none", label="whiskers: 95% bootstrap interval over prompts")]
+    fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     return fig
 
 

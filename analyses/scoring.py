@@ -7,6 +7,7 @@ ablation sweep) and the tests that compare backends.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -92,16 +93,41 @@ LABEL_CHARS = 10
 """Longest token label in pattern plots; a longer token is cut and ends in ``…``."""
 
 
+LABEL_FONT = "DejaVu Sans"
+"""The font the figures draw token labels in (matplotlib's default)."""
+
+
+@functools.cache
+def _drawable() -> frozenset[int]:
+    """Code points :data:`LABEL_FONT` has a glyph for (its character map)."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    path = font_manager.findfont(font_manager.FontProperties(family=LABEL_FONT), fallback_to_default=False)
+    return frozenset(FT2Font(path).get_charmap())
+
+
+def drawable(text: str) -> str:
+    """``text`` with every character :data:`LABEL_FONT` cannot draw written as a Python escape
+    (``\\u0bae`` for the Tamil letter ma), so that a figure shows which character it was rather
+    than an empty box (and matplotlib has no missing glyph to warn of)."""
+    have = _drawable()
+    return "".join(c if ord(c) in have else (f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}")
+                   for c in text)
+
+
 def token_labels(model: Any, ids: Tensor) -> list[str]:
     """Short printable labels of token ids ``[pos]``, for pattern plots: at most
     :data:`LABEL_CHARS` characters (a cut one ends in ``…``), except special tokens, which are
-    shown whole (``<|im_start|>``) so that BOS is recognisable."""
+    shown whole (``<|im_start|>``) so that BOS is recognisable. Characters the figures' font
+    cannot draw are escaped after the cut (:func:`drawable`; an escape counts as one character
+    and is never cut)."""
     special = set(getattr(model.tokenizer, "all_special_ids", ()) or ())
     labels = []
     for i in ids.tolist():
         s = model.tokenizer.decode([i]).replace("\n", "\\n")
         s = s if s.strip() else repr(s)[1:-1] or "·"
-        labels.append(s if i in special or len(s) <= LABEL_CHARS else s[:LABEL_CHARS - 1] + "…")
+        labels.append(drawable(s if i in special or len(s) <= LABEL_CHARS else s[:LABEL_CHARS - 1] + "…"))
     return labels
 
 

@@ -87,3 +87,106 @@ def test_long_heatmap_titles_stay_inside_the_figure():
     assert text.get_text().count("\n") == 1
     short = figs.head_heatmap(np.zeros((2, 2)), "induction score, tiny", "x")
     assert "\n" not in short.axes[0].title.get_text()
+
+
+def _inside(fig, text) -> bool:
+    """Whether ``text`` (a matplotlib Text of ``fig``) is drawn wholly inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    box = text.get_window_extent(canvas.get_renderer())
+    return box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0 and box.y1 <= fig.bbox.height
+
+
+def test_estimate_figure_titles_are_short_and_inside_the_figure():
+    """ablation_estimate.png's suptitle names the method briefly (the full label with its
+    sources stays in summary.json) and every line fits without wrapping: "ESTIMATE" is never cut."""
+    from headprobe.commands.ablate import ESTIMATES
+    from headprobe.commands.ablate.core import ESTIMATE_LABELS, estimate_title
+
+    values = np.random.default_rng(0).normal(size=(30, 9))
+    for method in ESTIMATES:
+        title = estimate_title(method, "smollm2-135m (4-bit weights), zero-ablated")
+        assert title.startswith("ESTIMATE (") and ESTIMATE_LABELS[method] not in title
+        fig = figs.ablation_effect_panels([("natural text", values), ("induction (repeated half)", values)], 3, title,
+                                          cbar_label="estimated Δ loss (nats/token)")
+        sup = fig.get_suptitle()
+        assert sup == title
+        fig._suptitle.set_wrap(False)  # fits on its own lines, without the wrapping safety net
+        assert _inside(fig, fig._suptitle), (method, title)
+
+
+def test_long_titles_and_suptitles_wrap_inside_the_figure():
+    """Every figure function's titles wrap rather than run off the figure (patching_top.png's
+    title was cut at "(custom promp", the scan's pattern titles at "first scored sequenc")."""
+    long = "layer 3 head 7 attention pattern on the first scored sequence of the natural text, " * 2
+    bars = figs.effect_bars(["1.2", "0.3"], np.array([-2.0, 1.0]), np.array([[-2.5, 0.5], [-1.5, 1.5]]),
+                            "tiny-model: largest patching effects (custom prompts) " * 2, "Δ logit difference")
+    pattern = figs.pattern_plot(np.eye(6), list("abcdef"), long)
+    overview = figs.scores_overview([("induction", np.zeros((4, 4))), ("previous-token", np.ones((4, 4)))], None, long)
+    for fig, text in ((bars, bars.axes[0].title), (pattern, pattern.axes[0].title), (overview, overview._suptitle)):
+        assert _inside(fig, text), text.get_text()
+
+
+def test_token_labels_escape_characters_the_font_cannot_draw():
+    """A Tamil letter (in MiniLM's vocabulary) has no glyph in DejaVu Sans: it was drawn as an
+    empty box with a matplotlib warning; the label now spells its code point."""
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    tok = _Tokenizer()
+    tok.words = {0: "<|im_start|>", 1: "\u0bae", 2: "café", 3: "x\u0bae\u0bcd"}
+    labels = token_labels(SimpleNamespace(tokenizer=tok), torch.tensor([0, 1, 2, 3]))
+    assert labels == ["<|im_start|>", "\\u0bae", "café", "x\\u0bae\\u0bcd"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        FigureCanvasAgg(figs.pattern_plot(np.eye(4), labels, "t")).draw()
+        assert not [w for w in caught if "missing from font" in str(w.message)]
+        FigureCanvasAgg(figs.pattern_plot(np.eye(2), ["\u0bae", "a"], "t")).draw()  # the check can fail
+        assert [w for w in caught if "missing from font" in str(w.message)]
+
+
+def test_head_tick_labels_of_narrow_panels_do_not_touch():
+    """A 7-type overview of a 12-head model (MiniLM) printed "891011": fewer ticks now, apart."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figs.scores_overview([(f"type {i}", np.zeros((6, 12))) for i in range(7)], None, "Head scores")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    boxes = [t.get_window_extent(canvas.get_renderer()) for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    assert len(boxes) >= 3
+    assert all(a.x1 + 2 < b.x0 for a, b in zip(boxes, boxes[1:])), boxes  # at least 2 px apart
+    wide = figs.head_heatmap(np.zeros((6, 12)), "t", "s")
+    assert len(wide.axes[0].get_xticks()) == 12  # a column-wide heatmap still labels every head
+
+
+def test_composition_legend_lies_below_the_histogram():
+    """The legend sat over the histogram's bars; now it is a figure legend wholly below the axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    k = np.random.default_rng(0).normal(0.05, 0.01, size=(3, 4, 3, 4))
+    fig = figs.composition_plot(k, [(0, 1), (1, 2)], [(2, 0), (1, 3)], "K-composition")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    hist = fig.axes[1]
+    assert hist.get_legend() is None and len(fig.legends) == 1
+    legend = fig.legends[0].get_window_extent(canvas.get_renderer())
+    assert legend.y1 < hist.get_window_extent(canvas.get_renderer()).y0 and legend.y0 >= 0
+
+
+def test_effect_bars_take_the_heatmaps_colour_for_the_same_head():
+    """patching.png drew head 23.3 red (normalised +0.55) and patching_top.png blue (raw −2.76):
+    the bars now follow the sign the heatmap shows, and a legend says what the colours mean."""
+    raw = np.array([-2.76, 1.0, 0.5])
+    normalised = raw / -5.0  # corrupted − clean < 0: the signs flip
+    bars = figs.effect_bars(["23.3", "1.0", "2.1"], raw, np.stack([raw - 0.1, raw + 0.1]), "t", "Δ", signs=normalised,
+                            sign_labels=("toward corrupted", "away"))
+    heat = figs.signed_head_heatmap(normalised[None], "t", "normalised")
+    image = heat.axes[0].images[0]
+    cells = image.to_rgba(image.get_array())[0]
+    for patch, cell in zip(bars.axes[0].patches, cells):
+        r, _, b, _ = patch.get_facecolor()
+        assert (r > b) == (cell[0] > cell[2])
+    assert [t.get_text() for t in bars.legends[0].get_texts()][:2] == ["toward corrupted", "away"]

@@ -157,7 +157,9 @@ class PatchResult:
         bars = figures.effect_bars([f"{int(r.layer)}.{int(r.head)}" for r in top.itertuples()], top["effect"].to_numpy(),
                                    top[["effect_ci95_lo", "effect_ci95_hi"]].to_numpy().T,
                                    f"{spec.name}: largest patching effects ({task})",
-                                   "Δ logit difference (patched − clean)")
+                                   "Δ logit difference (patched − clean)", signs=top["normalized"].to_numpy(),
+                                   sign_labels=("normalised effect > 0: toward corrupted (red in patching.png)",
+                                                "normalised effect < 0: away from corrupted (blue)"))
         return {"patching": heat, "patching_top": bars}
 
     def report(self) -> str:

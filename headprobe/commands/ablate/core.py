@@ -221,7 +221,7 @@ class AblateResult:
             unit = "importance" if self.config.estimate == "gradient" else "estimated Δ loss (nats/token)"
             fig = figs.ablation_effect_panels(
                 [("natural text", self.tasks["natural"].estimated), ("induction (repeated half)", self.tasks["induction"].estimated)],
-                spec.group_size, f"ESTIMATE ({ESTIMATE_LABELS[self.config.estimate]}), not an exact ablation\n{tag}",
+                spec.group_size, estimate_title(self.config.estimate, tag),
                 cbar_label=unit)
             return {"ablation_estimate": fig}
         fig = figs.ablation_effect_panels(
@@ -295,10 +295,28 @@ ESTIMATE_LABELS = {
     "second-order": "attribution patching plus half the Gauss-Newton curvature d^T G d, estimated with targets "
                     "sampled from the model (LeCun et al. 1990; Martens & Grosse 2015)",
 }
+ESTIMATE_SHORT = {
+    "atp": "AtP*: attribution patching with GradDrop",
+    "attribution": "attribution patching, first order",
+    "gradient": "gradient importance E|dL/dxi_h|, unsigned",
+    "second-order": "second-order: attribution patching + Gauss-Newton term",
+}
+"""Figure-title names of each ``--estimate`` (short enough for a figure's width); the full
+:data:`ESTIMATE_LABELS`, with sources, go to summary.json and the terminal report."""
+
+
+def estimate_title(method: str, tag: str) -> str:
+    """The suptitle of ``ablation_estimate.png``: says ESTIMATE and the method's short name
+    (:data:`ESTIMATE_SHORT`) on the first lines (at most 50 characters each), then ``tag`` (model, weights, ablation kind)."""
+    import textwrap
+
+    return textwrap.fill(f"ESTIMATE ({ESTIMATE_SHORT[method]}), not an exact ablation", 50) + f"\n{tag}"
+
+
 ESTIMATE_COLUMN = {"atp": "atp_star_estimate", "attribution": "attribution_estimate", "gradient": "importance_estimate",
                    "second-order": "second_order_estimate"}
 """head_ablation.csv column (after ``<task>_``) of each ``--estimate``: never ``loss_delta``, the exact effect."""
-assert set(ESTIMATE_LABELS) == set(ESTIMATE_COLUMN) == set(ESTIMATES)
+assert set(ESTIMATE_LABELS) == set(ESTIMATE_SHORT) == set(ESTIMATE_COLUMN) == set(ESTIMATES)
 
 
 def _estimate(model, method: str, tokens, first: int, kind: str, mean_z, source, heads, n_probes: int) -> TaskResult:
