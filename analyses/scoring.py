@@ -116,18 +116,20 @@ def drawable(text: str) -> str:
                    for c in text)
 
 
-def token_labels(model: Any, ids: Tensor) -> list[str]:
+def token_labels(model: Any, ids: Tensor, for_font: bool = True) -> list[str]:
     """Short printable labels of token ids ``[pos]``, for pattern plots: at most
     :data:`LABEL_CHARS` characters (a cut one ends in ``…``), except special tokens, which are
-    shown whole (``<|im_start|>``) so that BOS is recognisable. Characters the figures' font
-    cannot draw are escaped after the cut (:func:`drawable`; an escape counts as one character
-    and is never cut)."""
+    shown whole (``<|im_start|>``) so that BOS is recognisable. With ``for_font`` (matplotlib
+    figures), characters the figures' font cannot draw are escaped after the cut
+    (:func:`drawable`; an escape counts as one character and is never cut); a browser draws
+    them, so the viewer passes False."""
+    keep = drawable if for_font else (lambda text: text)
     special = set(getattr(model.tokenizer, "all_special_ids", ()) or ())
     labels = []
     for i in ids.tolist():
         s = model.tokenizer.decode([i]).replace("\n", "\\n")
         s = s if s.strip() else repr(s)[1:-1] or "·"
-        labels.append(drawable(s if i in special or len(s) <= LABEL_CHARS else s[:LABEL_CHARS - 1] + "…"))
+        labels.append(keep(s if i in special or len(s) <= LABEL_CHARS else s[:LABEL_CHARS - 1] + "…"))
     return labels
 
 

@@ -85,7 +85,7 @@ def head_patterns(model: Any, examples: Mapping[str, Any], max_len: int = DEFAUL
 
         with torch.inference_mode():
             stream_patterns(model, toks, on_pattern)
-        out[name] = {"ids": toks[0].cpu().numpy().astype(np.int32), "labels": token_labels(model, toks[0].cpu()),
+        out[name] = {"ids": toks[0].cpu().numpy().astype(np.int32), "labels": token_labels(model, toks[0].cpu(), for_font=False),
                      "pattern": kept, "period": ts.period, "start": int(ts.start)}
     return out
 
