@@ -547,7 +547,8 @@ def scan_figures(result: ScanResult) -> dict[str, object]:
     dets = [DETECTORS[name] for name in result.config.types]
     tag = f"{spec.name} ({figs.weights_label(spec.weights)})"
     if result.warnings:  # the figures say it too: they travel without the terminal's WARNING lines
-        tag += "\nNO VERDICT: " + "; ".join(w.split(";")[0] for w in result.warnings)
+        tasks = " and ".join(w.split(" task:")[0] for w in result.warnings)
+        tag += f"\nNO VERDICT on the {tasks} task (summary.json: warnings)"
     out: dict[str, object] = {}
     for det in dets:
         for style in det.figures:
