@@ -169,15 +169,23 @@ MAX_TICK_LABELS = 40
 
 
 @_styled
-def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: Sequence[int] = ()) -> Figure:
+def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: Sequence[int] = (),
+                 causal: bool = False) -> Figure:
     """One head's attention pattern ``[q_pos, k_pos]`` with token labels on both axes (every
     token, or every n-th beyond :data:`MAX_TICK_LABELS` positions); dashed lines at ``marks``
-    (positions where a repeated block starts)."""
-    pattern = np.asarray(pattern, dtype=float)
+    (positions where a repeated block starts). With ``causal``, the masked future keys
+    (``k_pos > q_pos``) are grey like unmeasured cells elsewhere, not the colour of zero
+    attention; a note under the axis says what grey and the dashed lines mean."""
+    import matplotlib
+
+    pattern = np.asarray(pattern, dtype=float).copy()
     T = pattern.shape[0]
+    if causal:
+        pattern[np.triu_indices(T, k=1, m=pattern.shape[1])] = np.nan
     fig = _figure(COLUMN_WIDTH, COLUMN_WIDTH * 0.95)
     ax = fig.add_subplot()
-    im = ax.imshow(pattern, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad=NOT_MEASURED_COLOR)
+    im = ax.imshow(pattern, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
     step = 1 if T <= MAX_TICK_LABELS else int(np.ceil(T / 25))
     ticks = list(range(0, T, step))
     fs = max(3.0, min(6.0, 140.0 / len(ticks)))
@@ -187,7 +195,9 @@ def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: 
     for m in marks:
         for line in (ax.axvline, ax.axhline):
             line(m - 0.5, color="white", lw=0.5, ls="--")
-    ax.set_xlabel("key position" + ("" if step == 1 else f"\n(every {step} positions: token (position))"))
+    notes = (["grey: masked future keys"] if causal else []) + (["dashed: a repeated block starts"] if len(marks) else [])
+    ax.set_xlabel("key position" + ("" if step == 1 else f"\n(every {step} positions: token (position))")
+                  + ("\n" + "; ".join(notes) if notes else ""))
     ax.set_ylabel("query position")
     ax.set_title(title)
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("attention weight")

@@ -190,3 +190,16 @@ def test_effect_bars_take_the_heatmaps_colour_for_the_same_head():
         r, _, b, _ = patch.get_facecolor()
         assert (r > b) == (cell[0] > cell[2])
     assert [t.get_text() for t in bars.legends[0].get_texts()][:2] == ["toward corrupted", "away"]
+
+
+def test_causal_pattern_greys_the_masked_future_and_says_so():
+    """The masked future of a causal head is not drawn as zero attention: those cells are NaN
+    (the grey of the colour map's bad value) and the axis note names grey and the dashed lines."""
+    T = 6
+    pattern = np.tril(np.full((T, T), 1.0)) / np.arange(1, T + 1)[:, None]
+    fig = figs.pattern_plot(pattern, [f"t{i}" for i in range(T)], "head 0.0", marks=[1, 3], causal=True)
+    shown = np.ma.getmaskarray(fig.axes[0].images[0].get_array()) | np.isnan(np.ma.getdata(fig.axes[0].images[0].get_array()))
+    assert (shown == np.triu(np.ones((T, T), dtype=bool), k=1)).all()
+    assert "grey: masked future keys" in fig.axes[0].get_xlabel() and "dashed" in fig.axes[0].get_xlabel()
+    both = figs.pattern_plot(pattern, [f"t{i}" for i in range(T)], "encoder head")
+    assert not np.isnan(np.ma.getdata(both.axes[0].images[0].get_array())).any() and "grey" not in both.axes[0].get_xlabel()

@@ -563,7 +563,8 @@ def scan_figures(result: ScanResult) -> dict[str, object]:
         setting = f", period {ex['period']}" if ex.get("period") else ""
         title = (f"top {head_type.replace('_', '-')} head {format_head(ex['head'])}: score {score:.2f}{setting}\n"
                  f"{tag}, first scored sequence")
-        out[f"pattern_{head_type}"] = figs.pattern_plot(ex["pattern"], ex["labels"], title, ex.get("marks", ()))
+        out[f"pattern_{head_type}"] = figs.pattern_plot(ex["pattern"], ex["labels"], title, ex.get("marks", ()),
+                                                        causal=spec.causal)
     out.update(head_metrics.metric_figures(result.scores, spec.group_size, tag))
     if result.composition is not None and {"previous_token", "induction"} <= set(result.config.types):
         out["composition_k"] = figs.composition_plot(

@@ -73,7 +73,7 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
 
     from headprobe.analyses import figures as figs
     from headprobe.analyses.data import TokenSet
-    from headprobe.analyses.scoring import score_token_set
+    from headprobe.analyses.scoring import drawable, score_token_set
     from headprobe.analyses.viewer import build_page, head_patterns
     from headprobe.probe.heads import format_head
     from headprobe.probe.io import prepare_output_dir, write_text
@@ -99,12 +99,12 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     patterns = head_patterns(model, {"prompt": ts}, max_len=n)
     scores, _, _ = score_token_set(model, ts, "natural")
     pattern = patterns["prompt"]["pattern"][layer, head].astype(np.float32)
-    labels = patterns["prompt"]["labels"]
+    labels = [drawable(label) for label in patterns["prompt"]["labels"]]  # the viewer's are for a browser
 
     out = prepare_output_dir(out, overwrite)
     name = format_head((layer, head))
     title = f"head {name}, {spec.name} ({figs.weights_label(spec.weights)})\nyour prompt ({n} tokens)"
-    paths = figs.save_figure(figs.pattern_plot(pattern, labels, title), out / f"pattern_{name}")
+    paths = figs.save_figure(figs.pattern_plot(pattern, labels, title, causal=model.spec.causal), out / f"pattern_{name}")
     L, H = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
     table = pd.DataFrame({"layer": L.ravel(), "head": H.ravel(),
                           "kv_head": H.ravel() // max(1, spec.n_heads // spec.n_kv_heads),
