@@ -170,7 +170,7 @@ MAX_TICK_LABELS = 40
 
 @_styled
 def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: Sequence[int] = (),
-                 causal: bool = False) -> Figure:
+                 causal: bool = False, ylabel: str = "query position") -> Figure:
     """One head's attention pattern ``[q_pos, k_pos]`` with token labels on both axes (every
     token, or every n-th beyond :data:`MAX_TICK_LABELS` positions); dashed lines at ``marks``
     (positions where a repeated block starts). With ``causal``, the masked future keys
@@ -197,8 +197,8 @@ def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: 
             line(m - 0.5, color="white", lw=0.5, ls="--")
     notes = (["grey: masked future keys"] if causal else []) + (["dashed: a repeated block starts"] if len(marks) else [])
     ax.set_xlabel("key position" + ("" if step == 1 else f"\n(every {step} positions: token (position))")
-                  + ("\n" + "; ".join(notes) if notes else ""))
-    ax.set_ylabel("query position")
+                  + ("\n" + "\n".join(notes) if notes else ""))
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("attention weight")
     return fig

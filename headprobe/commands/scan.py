@@ -547,8 +547,8 @@ def scan_figures(result: ScanResult) -> dict[str, object]:
     dets = [DETECTORS[name] for name in result.config.types]
     tag = f"{spec.name} ({figs.weights_label(spec.weights)})"
     if result.warnings:  # the figures say it too: they travel without the terminal's WARNING lines
-        tasks = " and ".join(w.split(" task:")[0] for w in result.warnings)
-        tag += f"\nNO VERDICT on the {tasks} task (summary.json: warnings)"
+        tasks = [w.split(" task:")[0] for w in result.warnings]
+        tag += f"\nNO VERDICT on the {' and '.join(tasks)} task{'s' if len(tasks) > 1 else ''} (summary.json: warnings)"
     out: dict[str, object] = {}
     for det in dets:
         for style in det.figures:
@@ -562,9 +562,9 @@ def scan_figures(result: ScanResult) -> dict[str, object]:
         score = result.scores[det.rank_by][ex["head"]]
         setting = f", period {ex['period']}" if ex.get("period") else ""
         title = (f"top {head_type.replace('_', '-')} head {format_head(ex['head'])}: score {score:.2f}{setting}\n"
-                 f"{tag}, first scored sequence")
+                 f"{tag}")  # on the first scored sequence: the axis label says so
         out[f"pattern_{head_type}"] = figs.pattern_plot(ex["pattern"], ex["labels"], title, ex.get("marks", ()),
-                                                        causal=spec.causal)
+                                                        causal=spec.causal, ylabel="query position (first scored sequence)")
     out.update(head_metrics.metric_figures(result.scores, spec.group_size, tag))
     if result.composition is not None and {"previous_token", "induction"} <= set(result.config.types):
         out["composition_k"] = figs.composition_plot(
