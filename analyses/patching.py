@@ -244,7 +244,8 @@ def patch_heads(model: Any, pairs: Sequence[PromptPair], heads: Sequence[Head] |
     from tqdm.auto import tqdm
 
     groups = encode_pairs(model, pairs)
-    bar = tqdm(total=len(heads) * len(groups), desc="patching heads", unit="head", disable=not progress)
+    bar = tqdm(total=len(heads) * len(groups), desc=f"patching {len(heads)} heads x {len(groups)} prompt lengths", unit="pass",
+               disable=not progress)
     for clean, corrupted, answers, idx in groups:
         clean, corrupted = clean.to(model.device), corrupted.to(model.device)
         B, T = clean.shape
