@@ -4,6 +4,8 @@
 #   2. the exact sweep against the TransformerLens hook loop (benchmarks/ablation_sweep.py: ratio,
 #      max_loss_diff, spearman, atp_spearman);
 #   3. a 1-rank torchrun ablate sweep against the plain one (largest difference in head_ablation.csv);
+#   3b. the same sweep on the model split by --device-map auto with a --max-memory that forces part of
+#      it off the device (on a GPU: GPU + CPU offload; on the CPU: CPU + disk), against the plain one;
 #   4. pruned-model speed (benchmarks/pruned_speed.py: realised share of the FLOPs removed).
 # Usage: bash benchmarks/gpu_check.sh [--device cuda|cpu] [--model NAME|DIR] [--quick] [--out DIR]
 #   --device cpu runs the same steps on the CPU (the fallback the test suite runs, with --quick and a
@@ -12,7 +14,7 @@
 #   with `make setup TORCH_SPEC=torch` first.
 # Writes every step's output to OUT/gpu_check.log (default OUT: gpu_check/) and prints the last line:
 #   gpu_check device=... model=... scan_bf16_nan=<n> ratio=<x> max_loss_diff=<y> spearman=<z>
-#   atp_spearman=<a> torchrun_max_diff=<d> realised_0.25=<r> realised_0.5=<r> failed=<steps> elapsed_s=<t>
+#   atp_spearman=<a> torchrun_max_diff=<d> device_map_max_diff=<d> realised_0.25=<r> realised_0.5=<r> failed=<steps> elapsed_s=<t>
 set -uo pipefail
 DEVICE=cuda MODEL=smollm2-135m QUICK=0 OUT=gpu_check
 while [ $# -gt 0 ]; do
@@ -39,12 +41,14 @@ if [ "$QUICK" = 1 ]; then
   SWEEP_ARGS=(--n-seqs 2 --seq-len 16)
   ABLATE_ARGS=(--n-natural 2 --seq-len 16 --n-repeated 2 --period 6 --heads 0.0,0.1,1.0,1.1,1.2,1.3)
   SPEED_ARGS=(--batch 2 --seq-len 32 --repeats 1)
+  SPLIT_MEM=200KB  # the tiny model's first block in memory, the rest offloaded
   LIMIT=120
 else
   SCAN_ARGS=()
   SWEEP_ARGS=(--all-heads --max-batch 512)
   ABLATE_ARGS=(--heads 18.6,17.3,17.4,17.5,12.0,3.1)
   SPEED_ARGS=()
+  SPLIT_MEM=300MiB  # about half of SmolLM2's float32 weights
   LIMIT=240
 fi
 
@@ -96,13 +100,30 @@ EOF
 ) || DIFF=fail
 fi
 
+# 3b. a model split over devices (--device-map) writes what the whole model writes
+if [ "$DEVICE" = cuda ]; then MAXMEM="cuda:0=$SPLIT_MEM,cpu=64GiB"; else MAXMEM="cpu=$SPLIT_MEM"; fi
+SPLIT_DIFF=fail
+if [ -f "$OUT/ablate_plain/head_ablation.csv" ] \
+   && step ablate_device_map $PYTHON -m headprobe ablate --model "$MODEL" --device-map auto --max-memory "$MAXMEM" \
+     --out "$OUT/ablate_split" --overwrite "${ABLATE_ARGS[@]}"; then
+  SPLIT_DIFF=$($PYTHON - "$OUT/ablate_plain/head_ablation.csv" "$OUT/ablate_split/head_ablation.csv" <<'EOF' 2>> "$LOG"
+import sys
+import pandas as pd
+a, b = (pd.read_csv(p) for p in sys.argv[1:])
+assert list(a.columns) == list(b.columns) and len(a) == len(b), "different tables"
+num = a.select_dtypes("number").columns
+print(f"{float((a[num] - b[num]).abs().max().max()):.2e}")
+EOF
+) || SPLIT_DIFF=fail
+fi
+
 # 4. pruned-model speed
 step pruned_speed $PYTHON benchmarks/pruned_speed.py --model "$MODEL" --device "$DEVICE" "${SPEED_ARGS[@]}"
 
 ELAPSED=$(( $(date +%s) - START ))
 FAILS=$(IFS=,; echo "${FAILED[*]:-none}")
 LINE="gpu_check device=$DEVICE model=$MODEL scan_bf16_nan=$NAN ratio=$(value ratio) max_loss_diff=$(value max_loss_diff)"
-LINE+=" spearman=$(value spearman) atp_spearman=$(value atp_spearman) torchrun_max_diff=$DIFF"
+LINE+=" spearman=$(value spearman) atp_spearman=$(value atp_spearman) torchrun_max_diff=$DIFF device_map_max_diff=$SPLIT_DIFF"
 LINE+=" realised_0.25=$(value realised_0.25) realised_0.5=$(value realised_0.5) failed=$FAILS elapsed_s=$ELAPSED"
 echo "$LINE" | tee -a "$LOG"
 [ "$FAILS" = none ]

@@ -1,6 +1,6 @@
 """benchmarks/gpu_check.sh is correct before a GPU exists: its CPU fallback runs every step
 (bfloat16 scan, sweep vs the TransformerLens loop with AtP*, 1-rank torchrun vs one process,
-pruned speed) on the tiny model and prints one summary line whose numbers hold."""
+a --device-map split vs the whole model, pruned speed) on the tiny model and prints one summary line whose numbers hold."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ def test_gpu_check_cpu_fallback_runs_every_step(tiny_dir, tmp_path):
     assert fields["device"] == "cpu" and fields["failed"] == "none"
     assert fields["scan_bf16_nan"] == "0"
     assert float(fields["torchrun_max_diff"]) <= 1e-6  # one rank under torchrun = one process
+    assert float(fields["device_map_max_diff"]) <= 1e-6  # split over CPU and disk = whole
+    assert "on cpu, disk (--device-map)" in log  # and it really was split
     assert float(fields["max_loss_diff"]) < 1e-3  # the engine equals the hook loop
     for key in ("ratio", "spearman", "atp_spearman", "realised_0.25", "realised_0.5"):
         float(fields[key])  # a number, not empty
