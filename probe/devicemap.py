@@ -81,9 +81,12 @@ def infer_device_map(model: torch.nn.Module, strategy: str = "auto",
         raise HeadprobeError(f"unknown device map {strategy!r}; choose one of {', '.join(DEVICE_MAPS)}")
     try:
         budget = dict(get_max_memory(dict(max_memory) if max_memory is not None else None))
-        if strategy != "sequential":
+        if strategy != "sequential":  # accelerate balances over real devices: disk joins afterwards
+            disk = budget.pop("disk", None)
             budget = dict(get_balanced_memory(model, budget, no_split_module_classes=NO_SPLIT))
-    except ValueError as e:
+            if disk is not None:
+                budget["disk"] = disk
+    except (ValueError, RuntimeError) as e:
         raise HeadprobeError(f"--max-memory: {' '.join(str(e).split())}") from None
     devices = list(budget)
     if not devices or devices[0] == "disk":

@@ -211,3 +211,15 @@ def test_gradient_importance_equals_unsplit(split, whole):
     assert (b.importance > 0).all()
     torch.testing.assert_close(a.importance, b.importance, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(a.attribution, b.attribution, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "balanced", "sequential"])
+def test_every_strategy_takes_a_disk_budget(tiny_dir, strategy):
+    """``disk=`` in --max-memory (the documented example) is accepted by every strategy: accelerate
+    balances over real devices only, so the disk budget joins after balancing (it raised a
+    RuntimeError from torch.device('disk') with auto and balanced)."""
+    import headprobe
+    from headprobe.probe.devicemap import infer_device_map
+
+    native = headprobe.load_model(str(tiny_dir), quiet=True, backend="native")
+    assert infer_device_map(native.model, strategy, {"cpu": "200KB", "disk": "2GB"}) == SPLIT
