@@ -74,11 +74,14 @@ def torch_dtype(name: str):
 
 
 def add_model_options(p: argparse.ArgumentParser, *, dtype: bool = True, backend: bool = True,
-                      default_model: str | None = DEFAULT_MODEL, device_map: bool = True) -> None:
-    """``--model --device [--dtype] [--backend] [--device-map --max-memory]``."""
+                      default_model: str | None = DEFAULT_MODEL, device_map: bool = True,
+                      listed_model: bool = True) -> None:
+    """``--model --device [--dtype] [--backend] [--device-map --max-memory]``; ``listed_model=False``
+    keeps ``--model`` out of ``--help`` (a command that takes ``--models`` refuses it in one line)."""
     p.add_argument("--model", default=default_model,
-                   help=f"{DEFAULT_MODEL} (default, embedded 4-bit weights), gpt2 or another Hugging Face name, "
-                        "a local Hugging Face directory, a .gguf file or a headprobe checkpoint directory")
+                   help=argparse.SUPPRESS if listed_model is False else
+                   f"{DEFAULT_MODEL} (default, embedded 4-bit weights), gpt2 or another Hugging Face name, "
+                   "a local Hugging Face directory, a .gguf file or a headprobe checkpoint directory")
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda when a GPU is present, else cpu")
     if dtype:
         p.add_argument("--dtype", default="float32", type=dtype_name, metavar="{" + ",".join(DTYPES) + "}",

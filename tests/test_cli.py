@@ -85,3 +85,18 @@ def test_every_public_name_resolves():
     for name in headprobe.__all__:
         assert getattr(headprobe, name) is not None, name
     assert isinstance(headprobe.LoadedModel, type) and headprobe.Backend.__name__ == "Backend"
+
+
+def test_flags_match_the_python_keywords_they_set(capsys):
+    """The README's rule (keyword = flag with underscores) holds for prune's methods (--methods, with
+    --method kept) and atlas does not list the --model it refuses."""
+    from headprobe.cli import build_parser
+
+    parser = build_parser()
+    a = parser.parse_args(["prune", "--out", "x", "--methods", "michel,random"])
+    b = parser.parse_args(["prune", "--out", "x", "--method", "michel,random"])
+    assert a.methods == b.methods == "michel,random"
+    with pytest.raises(SystemExit):
+        build_parser("atlas").parse_args(["atlas", "--help"])
+    help_text = capsys.readouterr().out
+    assert "--models" in help_text and "--model " not in help_text and "--model\n" not in help_text

@@ -388,7 +388,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the scan's reported head metrics (copying, sink rate, entropy, retrieval, DLA, composition)")
     p.add_argument("--toy-steps", type=positive_int, default=d.toy_steps, help="training steps of the toy model (default %(default)s)")
     options.add_seed_option(p, d.seed)
-    options.add_model_options(p, default_model=None, device_map=False)
+    options.add_model_options(p, default_model=None, device_map=False, listed_model=False)
     p.set_defaults(model=None)
 
 

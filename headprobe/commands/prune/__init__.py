@@ -144,7 +144,7 @@ class PruneConfig(options.ModelRunConfig):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     options.add_model_run_options(p)
-    p.add_argument("--method", dest="methods", default=",".join(METHODS),
+    p.add_argument("--method", "--methods", dest="methods", default=",".join(METHODS),
                    help="pruning methods to compare, comma-separated: michel (gradient importance), l0 (Voita et al. "
                         "head gates), random (default %(default)s)")
     p.add_argument("--n-seeds", type=positive_int, default=3, help="random orders drawn, shown as a band (default %(default)s)")
