@@ -221,6 +221,8 @@ class LoadedModel:
         self._post_norm_weights: dict[int, Tensor] = {}
         self._main_device: torch.device | None = None  # set by dispatch: a model split over devices
         self._offload_dir: Any = None  # the temporary offload folder of a dispatched model, kept alive with it
+        # a model trained by headprobe train: its repeated-block periods (min_period, max_period, eval_period)
+        self.trained_periods: tuple[int, int, int] | None = None
 
     # ---- what every backend shares -------------------------------------------------------------
 

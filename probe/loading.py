@@ -598,7 +598,11 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
         p = meta["pruned"]
         weights = f"{p.get('dtype', 'float32')} (pruned headprobe checkpoint, {p.get('n_removed')} heads removed, zero weights)"
     spec = spec_from_native(str(path), str(path), weights, cfg)
-    return NativeModel(model.to(device).eval(), tokenizer, spec, prepend_bos=prepend_bos)
+    loaded = NativeModel(model.to(device).eval(), tokenizer, spec, prepend_bos=prepend_bos)
+    train = meta.get("train") or {}
+    if all(isinstance(train.get(k), int) for k in ("min_period", "max_period", "eval_period")):
+        loaded.trained_periods = (train["min_period"], train["max_period"], train["eval_period"])
+    return loaded
 
 
 def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", prepend_bos: bool = True,

@@ -339,3 +339,20 @@ def test_tokenizers_and_checkpoint_format_live_outside_loading():
         assert hasattr(tokenizers, name) and not hasattr(loading, name)
     assert hasattr(checkpoint, "save_native") and not hasattr(loading, "save_native")
     assert loading.is_native_dir is checkpoint.is_native_dir
+
+
+def test_scan_of_a_trained_model_uses_a_period_it_was_trained_on(tiny_run, tmp_path):
+    """TINY trains on periods 4-12 with a 33-token context: scan's usual default (16, what fits
+    twice) is a repeat length the model never saw, so the scan takes its eval period (8); an
+    explicit --period and a default inside the trained range are kept."""
+    from headprobe.commands.scan import ScanConfig
+    from headprobe.probe.loading import load_native
+
+    tiny_run.save(tmp_path)
+    model = load_native(tmp_path)
+    assert model.trained_periods == (4, 12, 8)
+    cfg = ScanConfig(model=str(tmp_path))
+    assert cfg.resolved(model.spec).period == 16
+    assert cfg.resolved(model.spec, model.trained_periods).period == 8
+    assert ScanConfig(model=str(tmp_path), period=11).resolved(model.spec, model.trained_periods).period == 11
+    assert cfg.resolved(model.spec, (4, 20, 8)).period == 16

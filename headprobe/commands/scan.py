@@ -65,6 +65,17 @@ DEFAULT_PERIOD = 50  # repeated block, unless two of them do not fit the context
 DEFAULT_K = 10  # heads ablated per type, unless that is more than a quarter of the model's heads
 
 
+def _default_period(n_ctx: int, trained_periods: tuple[int, int, int] | None) -> int:
+    """:data:`DEFAULT_PERIOD`, or what fits the context twice; a headprobe-trained model's eval
+    period when that falls outside the periods it was trained on."""
+    period = min(DEFAULT_PERIOD, (n_ctx - 1) // 2)
+    if trained_periods is not None:
+        low, high, eval_period = trained_periods
+        if not low <= period <= high and 2 * eval_period + 1 <= n_ctx:
+            return eval_period
+    return period
+
+
 @dataclass(frozen=True)
 class ScanConfig:
     """Settings of a scan (all recorded in summary.json's ``config``). Invalid values raise
@@ -142,10 +153,13 @@ class ScanConfig:
         """
         return read_text_file(self.text) if self.text else None
 
-    def resolved(self, spec) -> ScanConfig:
+    def resolved(self, spec, trained_periods: tuple[int, int, int] | None = None) -> ScanConfig:
         """This config with the model-dependent defaults filled in for ``spec`` (a ModelSpec); the
         encoder-only head types (:attr:`~headprobe.analyses.detectors.Detector.encoder_only`) are
-        dropped for a causal model.
+        dropped for a causal model. ``trained_periods``: ``(min, max, eval)`` periods of a model
+        ``headprobe train`` made (:attr:`LoadedModel.trained_periods`); when the default period
+        falls outside ``[min, max]`` the model never saw repeats that long, and its eval period
+        is the default instead.
 
         Raises:
             HeadprobeError: a sequence longer than the model's context, or k >= the head count.
@@ -165,7 +179,7 @@ class ScanConfig:
             raise HeadprobeError(f"--top-k {self.k} leaves no random control: the model has {n_heads} heads; "
                                  f"use --top-k {max(1, n_heads // 4)} or so")
         return replace(self, types=types, seq_len=self.seq_len or min(DEFAULT_SEQ_LEN, spec.n_ctx),
-                       period=self.period or min(DEFAULT_PERIOD, (spec.n_ctx - 1) // 2),
+                       period=self.period or _default_period(spec.n_ctx, trained_periods),
                        k=self.k or max(1, min(DEFAULT_K, n_heads // 4)))
 
 
@@ -349,7 +363,7 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
         model.self_check.require_decomposition("verification by ablation (pass --no-verify to score patterns only)")
 
     t0 = time.perf_counter()
-    cfg = config.resolved(spec)
+    cfg = config.resolved(spec, getattr(model, "trained_periods", None))
     natural = natural_text_tokens(model, cfg.n_natural, cfg.seq_len, cfg.seed, text,
                                   source=str(cfg.text) if cfg.text else None)
     repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
@@ -638,7 +652,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     options.add_output_options(p)
     options.add_data_options(p, seq_len=None, n_repeated=d.n_repeated, period=None,
                              seq_len_help=f"(default {DEFAULT_SEQ_LEN}, or the model's context if shorter)",
-                             period_help=f"(default {DEFAULT_PERIOD}, or what fits the model's context twice)")
+                             period_help=f"(default {DEFAULT_PERIOD}, or what fits the model's context twice; for a model "
+                                         "headprobe train made, its eval period when that is outside the periods it was trained on)")
     p.add_argument("--n-natural", type=positive_int, default=d.n_natural, help="natural-text sequences (default %(default)s)")
     p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=None,
                    help=f"heads ablated per type (default {DEFAULT_K}, or a quarter of the heads if fewer)")
