@@ -54,14 +54,40 @@ def _styled(draw):
 
 
 def _wrap_titles(fig: Figure) -> Figure:
-    """A safety net: a title too wide for the figure breaks into lines inside it (matplotlib's
-    ``Text.set_wrap``, applied when drawn) instead of being cut at the figure's edges."""
-    for ax in fig.axes:
-        for text in (ax.title, ax._left_title, ax._right_title):
-            text.set_wrap(True)
-    if fig._suptitle is not None:
-        fig._suptitle.set_wrap(True)
+    """A safety net: a title too wide for the room it has breaks into lines (at spaces), so the
+    layout made when the figure is saved has room for every line (matplotlib's own
+    ``Text.set_wrap`` wraps only at draw time, after the layout, and pushed the first line of a
+    three-line title off the top). The figure is laid out once to measure: a title's room is
+    twice the distance from its centre to the nearer figure edge."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    texts = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title) if t.get_text()]
+    texts += [fig._suptitle] if fig._suptitle is not None and fig._suptitle.get_text() else []
+    if not texts:
+        return fig
+    for _ in range(3):  # again after wrapping: the new layout can move a title that fitted
+        canvas.draw()  # the constrained layout places axes and titles
+        _wrap_to_room(texts, canvas.get_renderer(), fig.bbox.width)
     return fig
+
+
+def _wrap_to_room(texts, renderer, width: float) -> None:
+    """Break each of ``texts`` that reaches past the figure's edges at spaces (see :func:`_wrap_titles`)."""
+    import textwrap
+
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        if box.x0 >= 0 and box.x1 <= width:
+            continue
+        centre = (box.x0 + box.x1) / 2
+        room = 2 * min(max(centre, 1.0), max(width - centre, 1.0)) * 0.85  # slack: the next layout moves it
+        lines = []
+        for line in text.get_text().split("\n"):
+            text.set_text(line)
+            w = text.get_window_extent(renderer).width
+            lines += [line] if w <= room else textwrap.wrap(line, max(12, int(len(line) * room / w)))
+        text.set_text("\n".join(lines))
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -118,7 +144,7 @@ def head_heatmap(
     scores = np.asarray(scores, dtype=float)
     n_layers, n_heads = scores.shape
     if ax is None:
-        fig = _figure(COLUMN_WIDTH, min(1.2 + 0.16 * n_layers, 8.0))
+        fig = _figure(COLUMN_WIDTH, min(max(2.8, 1.2 + 0.16 * n_layers), 8.0))  # room for the colour bar's label
         ax = fig.add_subplot()
     else:
         fig = ax.figure
@@ -132,7 +158,7 @@ def head_heatmap(
     _head_axes(ax, n_layers, n_heads, group_size)
     if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
         title = ",\n".join(title.split(", ", 1))
-    ax.set_title(title, wrap=True)  # and anything still too wide breaks inside the figure, never cut at its edge
+    ax.set_title(title)  # anything still too wide is broken by _wrap_titles
     cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
     cb.set_label(cbar_label)
     if missing:
@@ -186,9 +212,9 @@ def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: 
     ax = fig.add_subplot()
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad=NOT_MEASURED_COLOR)
     im = ax.imshow(pattern, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
-    step = 1 if T <= MAX_TICK_LABELS else int(np.ceil(T / 25))
+    step = 1 if T <= MAX_TICK_LABELS else int(np.ceil(T / 16))  # "token (position)" labels are long: fewer
     ticks = list(range(0, T, step))
-    fs = max(3.0, min(6.0, 140.0 / len(ticks)))
+    fs = max(3.0, min(6.0, (140.0 if step == 1 else 110.0) / len(ticks)))
     shown = [labels[i] if step == 1 else f"{labels[i]} ({i})" for i in ticks]
     ax.set_xticks(ticks, shown, rotation=90, fontsize=fs)
     ax.set_yticks(ticks, shown, fontsize=fs)
