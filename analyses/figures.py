@@ -569,7 +569,7 @@ def pruning_methods_plot(curves: Sequence[tuple[str, np.ndarray, dict[str, np.nd
             n = y.shape[0]
             ax.fill_between(frac, y.min(axis=0), y.max(axis=0), color=band_color, alpha=0.3, lw=0)
             ax.plot(frac, y.mean(axis=0), color=band_color, ls="--", lw=1,
-                    label=f"{label} (mean, range of {n} seeds)")
+                    label=f"{label} (mean, range of {n} seeds)" if n > 1 else f"{label} (1 seed)")
             reach = max(reach, float(np.max(frac)))
         for (label, frac, losses), (color, marker, ls) in zip(curves, styles):
             ax.plot(frac, losses[col], color=color, marker=marker, ls=ls, ms=3, lw=1, label=label)

@@ -231,7 +231,8 @@ class AtlasResult:
         if self.table.empty:
             return {}
         n = self.table["model"].nunique()
-        figs = {"atlas": atlas_lib.atlas_overview(self.table, f"Head atlas: {n} model{'s' if n > 1 else ''}")}
+        what = "checkpoint" if self.table["step"].notna().all() else "model"
+        figs = {"atlas": atlas_lib.atlas_overview(self.table, f"Head atlas: {n} {what}{'s' if n > 1 else ''}")}
         figs.update({f"atlas_{t}": atlas_lib.depth_plot(self.table, t) for t in atlas_lib.table_types(self.table)})
         if self.table["step"].notna().any():
             figs["over_training"] = atlas_lib.over_training_plot(self.table, "head types over training (real scans)")
