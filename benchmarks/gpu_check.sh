@@ -62,6 +62,17 @@ step() {  # step NAME COMMAND...: run with a time limit, output to the log, reco
   return $rc
 }
 
+table_max_diff() {  # table_max_diff A.csv B.csv: the largest difference of their numbers (same columns and rows)
+  $PYTHON - "$1" "$2" <<'EOF' 2>> "$LOG"
+import sys
+import pandas as pd
+a, b = (pd.read_csv(p) for p in sys.argv[1:])
+assert list(a.columns) == list(b.columns) and len(a) == len(b), "different tables"
+num = a.select_dtypes("number").columns
+print(f"{float((a[num] - b[num]).abs().max().max()):.2e}")
+EOF
+}
+
 value() {  # value KEY: the last KEY=<value> printed in the log
   grep -oE "(^| )$1=[^ ]*" "$LOG" | tail -1 | sed 's/.*=//' 
 }
@@ -89,15 +100,7 @@ if step ablate_plain $PYTHON -m headprobe ablate --model "$MODEL" --device "$DEV
      --overwrite "${ABLATE_ARGS[@]}" \
    && step ablate_torchrun $PYTHON -m torch.distributed.run --nproc-per-node 1 -m headprobe ablate --model "$MODEL" \
      --device "$DEVICE" --out "$OUT/ablate_torchrun" --overwrite "${ABLATE_ARGS[@]}"; then
-  DIFF=$($PYTHON - "$OUT/ablate_plain/head_ablation.csv" "$OUT/ablate_torchrun/head_ablation.csv" <<'EOF' 2>> "$LOG"
-import sys
-import pandas as pd
-a, b = (pd.read_csv(p) for p in sys.argv[1:])
-assert list(a.columns) == list(b.columns) and len(a) == len(b), "different tables"
-num = a.select_dtypes("number").columns
-print(f"{float((a[num] - b[num]).abs().max().max()):.2e}")
-EOF
-) || DIFF=fail
+  DIFF=$(table_max_diff "$OUT/ablate_plain/head_ablation.csv" "$OUT/ablate_torchrun/head_ablation.csv") || DIFF=fail
 fi
 
 # 3b. a model split over devices (--device-map) writes what the whole model writes
@@ -106,15 +109,7 @@ SPLIT_DIFF=fail
 if [ -f "$OUT/ablate_plain/head_ablation.csv" ] \
    && step ablate_device_map $PYTHON -m headprobe ablate --model "$MODEL" --device-map auto --max-memory "$MAXMEM" \
      --out "$OUT/ablate_split" --overwrite "${ABLATE_ARGS[@]}"; then
-  SPLIT_DIFF=$($PYTHON - "$OUT/ablate_plain/head_ablation.csv" "$OUT/ablate_split/head_ablation.csv" <<'EOF' 2>> "$LOG"
-import sys
-import pandas as pd
-a, b = (pd.read_csv(p) for p in sys.argv[1:])
-assert list(a.columns) == list(b.columns) and len(a) == len(b), "different tables"
-num = a.select_dtypes("number").columns
-print(f"{float((a[num] - b[num]).abs().max().max()):.2e}")
-EOF
-) || SPLIT_DIFF=fail
+  SPLIT_DIFF=$(table_max_diff "$OUT/ablate_plain/head_ablation.csv" "$OUT/ablate_split/head_ablation.csv") || SPLIT_DIFF=fail
 fi
 
 # 4. pruned-model speed
