@@ -68,18 +68,22 @@ def _wrap_titles(fig: Figure) -> Figure:
         return fig
     for _ in range(3):  # again after wrapping: the new layout can move a title that fitted
         canvas.draw()  # the constrained layout places axes and titles
-        _wrap_to_room(texts, canvas.get_renderer(), fig.bbox.width)
+        if not _wrap_to_room(texts, canvas.get_renderer(), fig.bbox.width):
+            break  # every title fits this layout: no further pass (most figures need only the one)
     return fig
 
 
-def _wrap_to_room(texts, renderer, width: float) -> None:
-    """Break each of ``texts`` that reaches past the figure's edges at spaces (see :func:`_wrap_titles`)."""
+def _wrap_to_room(texts, renderer, width: float) -> bool:
+    """Break each of ``texts`` that reaches past the figure's edges at spaces (see :func:`_wrap_titles`);
+    True when one was broken (the layout then changes)."""
     import textwrap
 
+    changed = False
     for text in texts:
         box = text.get_window_extent(renderer)
         if box.x0 >= 0 and box.x1 <= width:
             continue
+        changed = True
         centre = (box.x0 + box.x1) / 2
         room = 2 * min(max(centre, 1.0), max(width - centre, 1.0)) * 0.85  # slack: the next layout moves it
         lines = []
@@ -88,6 +92,7 @@ def _wrap_to_room(texts, renderer, width: float) -> None:
             w = text.get_window_extent(renderer).width
             lines += [line] if w <= room else textwrap.wrap(line, max(12, int(len(line) * room / w)))
         text.set_text("\n".join(lines))
+    return changed
 
 
 def _figure(width: float, height: float) -> Figure:
