@@ -66,6 +66,22 @@ def parse_max_memory(text: str) -> dict[int | str, int | str]:
     return out
 
 
+def max_memory_dict(max_memory: dict | str | None) -> dict | None:
+    """``--max-memory``'s text parsed (:func:`parse_max_memory`), a dict or None as given.
+
+    Raises:
+        HeadprobeError: bad text (one line).
+    """
+    from headprobe.probe.errors import HeadprobeError
+
+    if not isinstance(max_memory, str):
+        return max_memory
+    try:
+        return parse_max_memory(max_memory)
+    except argparse.ArgumentTypeError as e:
+        raise HeadprobeError(str(e)) from None
+
+
 def torch_dtype(name: str):
     """The ``torch.dtype`` of a :data:`DTYPES` name (imports torch)."""
     import torch
@@ -192,11 +208,7 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
     if dtype == "float16" and backend == "transformer-lens":
         raise HeadprobeError(FLOAT16_BRIDGE)
-    if isinstance(max_memory, str):
-        try:
-            max_memory = parse_max_memory(max_memory)
-        except argparse.ArgumentTypeError as e:
-            raise HeadprobeError(str(e)) from None
+    max_memory = max_memory_dict(max_memory)
     check_device_map(device, device_map, max_memory)
     if device_map is not None and dtype != "float32" and backend == "transformer-lens":
         raise HeadprobeError("--device-map on the transformer-lens backend loads float32 only (transformers splits the model "
@@ -282,11 +294,8 @@ def check_config_fields(cfg) -> None:
     for name, allowed in (("device", DEVICES), ("backend", BACKENDS)):
         if has(name) and getattr(cfg, name) not in allowed:
             raise HeadprobeError(f"--{name} {getattr(cfg, name)!r} is not one of {', '.join(allowed)}")
-    if has("max_memory") and isinstance(cfg.max_memory, str):  # kept as text (JSON keys stay as typed), checked now
-        try:
-            parse_max_memory(cfg.max_memory)
-        except argparse.ArgumentTypeError as e:
-            raise HeadprobeError(str(e)) from None
+    if has("max_memory"):  # kept as text (JSON keys stay as typed), checked now
+        max_memory_dict(cfg.max_memory)
     check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))
 
 

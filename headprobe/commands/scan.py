@@ -32,7 +32,7 @@ from headprobe import options
 from headprobe.analyses import distributed
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
-    EMBEDDING_METRIC, LOSS_METRIC, EmbeddingDistance, SINGLE_INPUT_KINDS, Verification, empirical_p_value, first_scored, is_confirmed, names, random_head_sets,
+    EMBEDDING_METRIC, LOSS_METRIC, P_VALUE_TIE, EmbeddingDistance, SINGLE_INPUT_KINDS, Verification, empirical_p_value, first_scored, is_confirmed, names, random_head_sets,
     scored_loss, set_ablation_losses, top_heads, untrusted_task_reason,
 )
 from headprobe.analyses.statistics import bootstrap_ci
@@ -542,7 +542,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
                              "no verdict (confirmed: null) when the task's clean loss is above ln(vocabulary) or more than "
                              "half of the natural text is the tokenizer's unknown token",
         "control_rule": "per task, n_random draws of k heads from the heads outside the top-k of every type judged on that task; "
-                        "p_value = (1 + #draws with effect >= the top-k effect - 1e-5) / (1 + draws)",
+                        f"p_value = (1 + #draws with effect >= the top-k effect - {P_VALUE_TIE:g}) / (1 + draws)",
         "interval_rule": "95% percentile bootstrap over sequences (2000 resamples, seeded): top_effect_ci95 of each "
                          "ablation's mean per-sequence effect, score_ci95 of each listed head's mean per-sequence score "
                          "(not for positional scores, a most-frequent offset)",
