@@ -223,3 +223,11 @@ def test_every_strategy_takes_a_disk_budget(tiny_dir, strategy):
 
     native = headprobe.load_model(str(tiny_dir), quiet=True, backend="native")
     assert infer_device_map(native.model, strategy, {"cpu": "200KB", "disk": "2GB"}) == SPLIT
+
+
+def test_the_flags_strategies_are_the_loaders():
+    """options keeps its own copy so that --help needs no torch: the two must not drift."""
+    from headprobe import options
+    from headprobe.probe import devicemap
+
+    assert options.DEVICE_MAPS == devicemap.DEVICE_MAPS
