@@ -214,16 +214,22 @@ class Verification:
     """Ablation evidence for one head type and one ablation kind (losses in nats/token, or in
     ``1 - cos`` of sentence embeddings where ``metric`` is ``embedding_cosine``, an encoder's).
 
-    ``confirmed`` holds when the top-k effect exceeds every random draw's, is at least twice
-    the mean random effect, and is at least ``min_effect`` nats; it is ``None`` (no verdict) when
-    ``no_verdict`` gives a reason the task's loss cannot be trusted (see
-    :func:`untrusted_task_reason`). The random heads never include the heads under test
-    (``control_excludes``, see :func:`random_head_sets`). ``p_value`` is the empirical one-sided
-    p-value of the top-k effect against the draws, ``(1 + #{random >= top}) / (1 + n_draws)``
-    (North, Curtis & Sham 2002, Am. J. Hum. Genet. 71:439); with n draws it cannot go below
-    ``1 / (n + 1)``. ``top_effect_ci95`` is the 95% percentile-bootstrap interval of the top-k
-    effect over the task's sequences (:func:`headprobe.analyses.statistics.bootstrap_ci`; each
-    sequence's effect is its ablated minus its clean loss), ``[nan, nan]`` from one sequence.
+    Made by :func:`headprobe.analyses.verification.verify_heads`, which documents the rule:
+    ``tested`` is True for the one ablation kind each type's verdict is tested with (mean); its
+    ``p_value`` is the sequential Monte Carlo p-value (with the generalized Pareto tail where no
+    control draw reached the top-k effect; ``p_method`` says which), ``p_adjusted`` that p after
+    Holm's correction over the run's tested verdicts (``correction``), and ``confirmed`` holds when
+    ``p_adjusted <= alpha`` and the effect is large (at least ``min_effect`` and twice the mean
+    control effect). The other kind is reported beside it on the same control sets (``tested``
+    False, ``confirmed`` None, ``p_value`` the plain ``(1 + #{random >= top}) / (1 + draws)``).
+    ``confirmed`` is also ``None`` (no verdict) when ``no_verdict`` gives a reason the task's loss
+    cannot be trusted (see :func:`untrusted_task_reason`). ``draws`` control sets were ablated
+    (``random_effects``, ``random_heads``); ``control`` is ``layer-matched`` or ``uniform``; they
+    never include the heads under test (``control_excludes``) or a removed head. ``stopped`` says
+    why a test ended before ``--n-random`` draws (``futility``: enough draws reached its effect;
+    ``tail``: its tail p-value already passed). ``top_effect_ci95`` is the 95% percentile-bootstrap
+    interval of the top-k effect over the task's sequences
+    (:func:`headprobe.analyses.statistics.bootstrap_ci`), ``[nan, nan]`` from one sequence.
     """
 
     head_type: str
@@ -244,6 +250,14 @@ class Verification:
     top_effect_ci95: list[float] = field(default_factory=lambda: [float("nan"), float("nan")])
     no_verdict: str | None = None
     metric: str = LOSS_METRIC.name
+    alpha: float | None = None
+    p_adjusted: float | None = None
+    draws: int | None = None
+    control: str | None = None
+    correction: str | None = None
+    tested: bool = False
+    p_method: str | None = None
+    stopped: str | None = None
 
     @property
     def verdict(self) -> str:

@@ -8,8 +8,9 @@ Pipeline (one model load, a handful of forward passes):
    ablation) and gives the clean natural-text loss;
 2. repeated random tokens -> one forward pass for the duplicate-token and induction scores and
    the clean loss on the repeated half;
-3. for each head type, zero- and mean-ablate its top-k heads, and k random heads (several seeded
-   draws, shared by the types judged on the same task), and compare the loss increases;
+3. for each head type, mean- and zero-ablate its top-k heads and layer-matched random control sets
+   of k heads, drawn in batches until the verdict at ``--alpha`` is settled, and correct the
+   verdicts' p-values for their number: :mod:`headprobe.analyses.verification`;
 4. head_scores.csv, summary.json, heatmaps, example patterns and the ablation figure; every head's
    pattern on the first sequence of each token set (patterns.npz, for ``headprobe view``) and,
    with ``--html``, the viewer page index.html.
@@ -32,9 +33,10 @@ from headprobe import options
 from headprobe.analyses import distributed
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
-    EMBEDDING_METRIC, LOSS_METRIC, P_VALUE_TIE, EmbeddingDistance, SINGLE_INPUT_KINDS, Verification, empirical_p_value, first_scored, is_confirmed, names, random_head_sets,
-    scored_loss, set_ablation_losses, top_heads, untrusted_task_reason,
+    EMBEDDING_METRIC, LOSS_METRIC, P_VALUE_TIE, EmbeddingDistance, SINGLE_INPUT_KINDS, Verification, first_scored,
+    scored_loss, top_heads, untrusted_task_reason,
 )
+from headprobe.analyses import verification as verif
 from headprobe.analyses.statistics import bootstrap_ci
 from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
 from headprobe.analyses.detectors import DETECTORS, select_detectors
@@ -88,7 +90,14 @@ class ScanConfig:
         n_repeated: repeated-random-token sequences (>= 1).
         period: length S of the repeated block (>= 2); None: 50, or the longest that fits twice, ``(n_ctx - 1) // 2``.
         k: heads ablated per type and per random draw (>= 1, below the head count); None: 10, or a quarter of the heads if fewer.
-        n_random: random draws of k heads for the control (>= 1).
+        n_random: the most random control sets of k heads a verdict's test ablates (>= 1); a test stops
+            earlier once its outcome at ``alpha`` is settled (:mod:`headprobe.analyses.verification`).
+        alpha: significance level of the verdicts (after ``correction`` over the run's tested
+            verdicts), in (0, 1). Fewer than ``1 / alpha - 1`` draws can confirm nothing.
+        control: how control sets are drawn: ``layer-matched`` (as many heads per layer as the
+            top-k set) or ``uniform`` (any heads outside the task's top-k sets).
+        correction: ``bh`` (Benjamini-Hochberg, default) or ``holm`` over the run's tested verdicts.
+        sequential: stop each test once settled (False: every test ablates ``n_random`` sets).
         seed: seeds the window choice, the random tokens and the random head draws.
         text: a UTF-8 file to use instead of the Python documentation text (read and checked when the config is made).
         device: ``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name.
@@ -114,6 +123,10 @@ class ScanConfig:
     period: int | None = None
     k: int | None = None
     n_random: int = 50
+    alpha: float = verif.ALPHA
+    control: str = "layer-matched"
+    correction: str = verif.CORRECTION
+    sequential: bool = True
     seed: int = 0
     text: str | None = None
     device: str = "auto"
@@ -132,6 +145,12 @@ class ScanConfig:
         options.check_config_fields(self)
         if self.n_random < 1:
             raise HeadprobeError(f"--n-random must be at least 1, got {self.n_random}")
+        if not 0 < self.alpha < 1:
+            raise HeadprobeError(f"--alpha must be between 0 and 1 (exclusive), got {self.alpha}")
+        if self.correction not in verif.st.CORRECTIONS:
+            raise HeadprobeError(f"--correction must be one of {', '.join(verif.st.CORRECTIONS)}, got {self.correction!r}")
+        if self.control not in verif.CONTROLS:
+            raise HeadprobeError(f"--control must be one of {', '.join(verif.CONTROLS)}, got {self.control!r}")
         if self.k is not None and self.k < 1:
             raise HeadprobeError(f"--top-k must be at least 1, got {self.k}")
         if self.pattern_len != 0 and self.pattern_len < 2:
@@ -207,6 +226,9 @@ class ScanResult:
         metrics: the head metrics' summary (:func:`metrics_summary`): why a metric is missing, the
             sink-head share, the composition of previous-token into induction heads; {} without metrics.
         composition: ``{"q", "k", "v"}`` -> ``[layer_j, head_j, layer_i, head_i]`` composition scores, or None.
+        verification: the verification's design (:func:`headprobe.analyses.verification.verify_heads`):
+            alpha, correction, family size, control design, sets ablated, notes; {} without verification.
+        removed_heads: ``(layer, head)`` of a pruned model's removed heads (their scores are NaN).
     """
 
     config: ScanConfig
@@ -227,6 +249,8 @@ class ScanResult:
     patterns: dict | None = None
     metrics: dict = field(default_factory=dict)
     composition: dict | None = None
+    verification: dict = field(default_factory=dict)
+    removed_heads: list = field(default_factory=list)
 
     def summary(self) -> dict:
         """summary.json's content (as a dict; package versions included)."""
@@ -261,85 +285,47 @@ class ScanResult:
         return write_outputs(self, out, html=html, figures=figures)
 
 
+def verification_settings(cfg: ScanConfig) -> verif.VerificationSettings:
+    """The verification's parameters from a resolved scan config (k set)."""
+    return verif.VerificationSettings(k=cfg.k, n_random=cfg.n_random, alpha=cfg.alpha, control=cfg.control,
+                                      correction=cfg.correction, seed=cfg.seed, sequential=cfg.sequential)
+
+
 def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet,
            clean: dict[str, torch.Tensor], mean_z: torch.Tensor, cfg: ScanConfig, progress: bool = True,
-           untrusted: dict[str, str | None] | None = None) -> list[Verification]:
-    """Zero- and mean-ablate the top-k heads of each of ``cfg.types`` and ``cfg.n_random`` sets of
-    k random heads; ``cfg`` is resolved (k set). ``clean``: task -> per-sequence clean loss ``[batch]``.
-
-    One control per task where the heads allow it (:func:`control_groups`): its draws of k random
-    heads (seeded) come from the heads outside the top-k of every selected type judged on that
-    task, so no draw contains a head under test.
-    All sets of a task and kind go through :func:`~headprobe.analyses.ablation.set_ablation_losses`
-    (batched along the batch axis); under ``torchrun`` each rank ablates its round-robin slice of
-    them (:func:`~headprobe.analyses.distributed.map_sharded`; every rank draws the same seeded
-    random sets) and every rank gets all the losses, equal to one process's to float rounding. Each effect is the mean over sequences of ablated minus clean
-    loss, with a 95% bootstrap interval over sequences for the top-k effect (an encoder's: ``1 - cos``
-    between clean and ablated sentence embeddings, :data:`~headprobe.analyses.ablation.EMBEDDING_METRIC`,
-    on the same task's sequences; clean is 0). ``untrusted``: task ->
-    a reason its losses cannot carry a verdict (:func:`~headprobe.analyses.ablation.untrusted_task_reason`);
-    those verifications keep their evidence and get ``confirmed=None``.
-    """
+           untrusted: dict[str, str | None] | None = None) -> tuple[list[Verification], dict]:
+    """Ablate the top-k heads of each of ``cfg.types`` against random control sets
+    (:func:`headprobe.analyses.verification.verify_heads`); ``cfg`` is resolved (k set).
+    ``clean``: task -> per-sequence clean loss ``[batch]``. Under ``torchrun`` each rank ablates
+    its slice of every batch of sets and every rank gets all the losses. Returns the
+    verifications and the design record of summary.json's ``verification``."""
     spec = model.spec
-    k = cfg.k
     metric = scan_metric(spec)
-    untrusted = untrusted or {}
     sets = {"natural": natural, "repeated": repeated}
-    dets = {name: DETECTORS[name] for name in cfg.types}
-    top = {name: top_heads(torch.as_tensor(scores[det.rank_by]), k) for name, det in dets.items()}
-    out: list[Verification] = []
-    for task, judged, excluded in control_groups(dets, top, spec.n_layers * spec.n_heads, k):
-        ts = sets[task]
-        first = first_scored(task, ts.start, ts.period)
-        draws = random_head_sets(spec.n_layers, spec.n_heads, k, cfg.n_random, cfg.seed, exclude=excluded)
-        score = EmbeddingDistance(model, ts.tokens) if metric is EMBEDDING_METRIC else None
-        for kind in ABLATION_KINDS:
-            losses = distributed.map_sharded(  # under torchrun: each rank ablates its slice of the sets
-                lambda sets: set_ablation_losses(model, ts.tokens, sets, kind, mean_z, first, progress=progress,
-                                                 desc=f"ablations ({task}, {kind})", score=score),
-                draws + [top[name] for name in judged])
-            effects = (losses - clean[task][None]).double().numpy()  # [set, batch]
-            rand = [float(e) for e in effects[: cfg.n_random].mean(axis=1)]
-            for j, name in enumerate(judged):
-                per_seq = effects[cfg.n_random + j]
-                effect = float(per_seq.mean())
-                reason = untrusted.get(task)
-                out.append(Verification(
-                    head_type=name, kind=kind, task=task, k=k, top_heads=names(top[name]),
-                    clean_loss=float(clean[task].double().mean()), top_loss=float(losses[cfg.n_random + j].double().mean()),
-                    top_effect=effect, random_effects=rand, random_mean=float(np.mean(rand)), random_max=float(np.max(rand)),
-                    confirmed=None if reason else is_confirmed(effect, rand, metric.min_effect),
-                    random_heads=[names(s) for s in draws], control_excludes=names(excluded),
-                    p_value=empirical_p_value(effect, rand),
-                    top_effect_ci95=[float(x) for x in bootstrap_ci(per_seq, seed=cfg.seed)], no_verdict=reason,
-                    metric=metric.name,
-                ))
-    order = {(name, kind): i for i, (name, kind) in enumerate((n, kd) for n in dets for kd in ABLATION_KINDS)}
-    return sorted(out, key=lambda v: order[(v.head_type, v.kind)])
+    top = {name: top_heads(torch.as_tensor(scores[DETECTORS[name].rank_by]), cfg.k) for name in cfg.types}
+    task_of = {name: DETECTORS[name].task for name in cfg.types}
+    scorers = ({task: EmbeddingDistance(model, ts.tokens) for task, ts in sets.items()}
+               if metric is EMBEDDING_METRIC else None)
+    return verif.verify_heads(model, top, task_of, sets, clean, mean_z, verification_settings(cfg), metric=metric,
+                              scorers=scorers, untrusted=untrusted, removed=removed_heads(model), progress=progress)
+
+
+def unreachable_note(cfg: ScanConfig) -> str | None:
+    """The line saying that ``cfg``'s draws cannot reach its alpha (None when they can, or without verification)."""
+    if not cfg.verify:
+        return None
+    return verif.unreachable_note(verif.VerificationSettings(k=1, n_random=cfg.n_random, alpha=cfg.alpha))
+
+
+def removed_heads(model) -> list[tuple[int, int]]:
+    """The heads a pruned model no longer has (``spec.removed_heads``; none for others)."""
+    return list(getattr(model.spec, "removed_heads", ()) or ())
 
 
 def scan_metric(spec):
     """What scan's ablations measure on a model of ``spec``: the loss (decoders) or, for an
     encoder (``spec.causal`` False, no LM head), the sentence-embedding cosine distance."""
     return LOSS_METRIC if spec.causal else EMBEDDING_METRIC
-
-
-def control_groups(dets: dict, top: dict[str, list], n_heads: int, k: int) -> list[tuple[str, list[str], list]]:
-    """``(task, types, excluded heads)`` per random control: one per task, excluding the top-k of
-    every type judged on it; where that leaves fewer than ``2k`` heads to draw from (a tiny
-    model), one per type of that task with the same top-k, excluding only its own."""
-    groups = []
-    for task in dict.fromkeys(det.task for det in dets.values()):
-        judged = [name for name, det in dets.items() if det.task == task]
-        union = sorted({h for name in judged for h in top[name]})
-        if n_heads - len(union) >= 2 * k:
-            groups.append((task, judged, union))
-            continue
-        by_top: dict[tuple, list[str]] = {}
-        for name in judged:
-            by_top.setdefault(tuple(sorted(top[name])), []).append(name)
-        groups += [(task, names_, list(excl)) for excl, names_ in by_top.items()]
-    return groups
 
 
 def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
@@ -376,6 +362,8 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
     steps.update()
     steps.close()
     scores = {c: v.numpy() for c, v in {**nat_scores, **rep_scores}.items()}
+    removed = removed_heads(model)
+    _mark_removed(scores, removed)
     if spec.causal:
         clean_seq = {
             "natural": scored_loss(nat_logits, natural.tokens, first_scored("natural", natural.start, None)).cpu(),
@@ -392,7 +380,8 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
     timings["score_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    verifications = verify(model, scores, natural, repeated, clean_seq, mean_z, cfg, progress, untrusted) if cfg.verify else []
+    verifications, design = (verify(model, scores, natural, repeated, clean_seq, mean_z, cfg, progress, untrusted)
+                             if cfg.verify else ([], {}))
     timings["ablate_s"] = time.perf_counter() - t0
 
     best = {name: top_heads(torch.as_tensor(scores[DETECTORS[name].rank_by]), 1)[0] for name in cfg.types}
@@ -405,6 +394,7 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
         needles = head_metrics.scan_needles(model, cfg.n_natural, cfg.seq_len, cfg.seed, text, natural.source)
         metric_scores, metric_notes = head_metrics.scan_metrics(model, natural, needles, first_scored("natural", natural.start, None))
         scores.update(metric_scores)
+        _mark_removed(scores, removed)
         composition = head_metrics.scan_composition(model)
 
     layer, head = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
@@ -418,13 +408,24 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
     })
     for d in dets:
         for c in d.integer_columns:
-            table[c] = table[c].astype(int)
+            table[c] = table[c].astype("Int64" if table[c].isna().any() else int)  # a removed head's is empty
     score_ci95 = {c: bootstrap_ci(v.double().numpy(), seed=cfg.seed) for c, v in per_seq.items()
                   if np.allclose(v.double().mean(0).numpy(), scores[c], atol=1e-5)}  # only where the score is that mean
     return ScanResult(cfg, spec, table, scores, verifications, clean, natural, repeated, examples, timings,
                       device=str(model.device), dtype=str(model.dtype), self_check=model.self_check.to_dict(),
                       warnings=warnings, score_ci95=score_ci95, patterns=patterns, composition=composition,
-                      metrics=metrics_summary(scores, composition, cfg.types, metric_notes) if cfg.metrics else {})
+                      metrics=metrics_summary(scores, composition, cfg.types, metric_notes) if cfg.metrics else {},
+                      verification=design, removed_heads=removed)
+
+
+def _mark_removed(scores: dict[str, np.ndarray], removed: Sequence[tuple[int, int]]) -> None:
+    """Blank (NaN) every score of the heads a pruned model no longer has: a removed head's pattern
+    is that of zero query/key weights, not a finding, and it never ranks among the top-k."""
+    for c, v in scores.items():
+        if removed and v.ndim == 2:
+            v = scores[c] = v.astype(float, copy=True)
+            for layer, head in removed:
+                v[layer, head] = np.nan
 
 
 def metrics_summary(scores: dict[str, np.ndarray], composition: dict | None, types: Sequence[str],
@@ -508,9 +509,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
                 e[key] = int(result.scores[column][layer, head])
             entries.append(e)
         top[name] = entries
-    confirmed = {}
-    for v in result.verifications:
-        confirmed.setdefault(v.head_type, {})[v.kind] = v.confirmed
+    confirmed = {v.head_type: v.confirmed for v in result.verifications if v.tested or v.no_verdict}
     return {
         "model": spec.name,
         "hf_name": spec.hf_name,
@@ -537,12 +536,8 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         "top_heads": top,
         "confirmed": confirmed,
         "warnings": result.warnings,
-        "confirmation_rule": f"top-k effect >= {scan_metric(spec).min_effect} ({scan_metric(spec).unit}), > every random "
-                             "draw's effect, and >= 2x the mean random effect; "
-                             "no verdict (confirmed: null) when the task's clean loss is above ln(vocabulary) or more than "
-                             "half of the natural text is the tokenizer's unknown token",
-        "control_rule": "per task, n_random draws of k heads from the heads outside the top-k of every type judged on that task; "
-                        f"p_value = (1 + #draws with effect >= the top-k effect - {P_VALUE_TIE:g}) / (1 + draws)",
+        "verification": {**result.verification, **verification_rules(spec)} if result.verifications else {},
+        "removed_heads": [format_head(h) for h in result.removed_heads],
         "interval_rule": "95% percentile bootstrap over sequences (2000 resamples, seeded): top_effect_ci95 of each "
                          "ablation's mean per-sequence effect, score_ci95 of each listed head's mean per-sequence score "
                          "(not for positional scores, a most-frequent offset)",
@@ -550,6 +545,28 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         "metrics": result.metrics,
         "timings_s": {k: round(v, 2) for k, v in result.timings.items()},
         "versions": package_versions(),
+    }
+
+
+def verification_rules(spec) -> dict:
+    """summary.json's statement of the verdict rule, the controls and the p-values (docs/scan.md)."""
+    metric = scan_metric(spec)
+    return {
+        "confirmation_rule": f"CONFIRMED: the {verif.PRIMARY_KIND}-ablation test's adjusted p-value <= alpha, and the "
+                             f"top-k effect >= {metric.min_effect} ({metric.unit}) and >= {verif.EFFECT_RATIO:g}x the mean "
+                             "effect of the control sets ablated; the zero-ablation rows are reported, not tested; "
+                             "no verdict (confirmed: null) when the task's clean loss is above ln(vocabulary) or more than "
+                             "half of the natural text is the tokenizer's unknown token; nothing is CONFIRMED when "
+                             "1/(n_random+1) > alpha",
+        "control_rule": "per type, control sets of k heads from the heads outside the top-k of every type judged on the "
+                        "same task (never a removed head); layer-matched: as many heads in each layer as the top-k set; "
+                        "uniform: any of those heads; drawn in batches of 10, a test stopping when settled; the zero-ablation "
+                        "rows use the first batch of the same sets",
+        "p_value_rule": "sequential Monte Carlo p (Besag & Clifford 1991): a test stops after the batch in which h = "
+                        "floor(alpha*n_random)+1 control draws reached the top-k effect (within "
+                        f"{P_VALUE_TIE:g}); p = h/L where the h-th such draw is draw L, else (g+1)/(n_random+1) with g "
+                        "reaching draws of n_random; p_adjusted: the correction (bh: Benjamini-Hochberg, holm: "
+                        "Holm-Bonferroni) over the tested verdicts of this run",
     }
 
 
@@ -627,22 +644,28 @@ def format_report(result: ScanResult) -> str:
     if not result.verifications:
         lines.append("no ablation check (--no-verify): these are pattern scores, not verified findings")
         return "\n".join(lines)
+    design = result.verification
     lines.append(f"{'ablation (k=' + str(result.config.k) + ')':<22} {'task':<9} {'clean':>6} {'top-k Δ [95% CI]':>22} "
-                 f"{'random Δ mean/max':>18} {'p':>6}  verdict")
+                 f"{'control Δ mean/max':>18} {'sets':>4} {'p':>7} {'p adj':>7}  verdict")
     metric = scan_metric(spec)
     d = 2 if metric is LOSS_METRIC else 3  # 1 - cos effects are small numbers
     for v in result.verifications:
         lo, hi = v.top_effect_ci95
+        p_adj = f"{v.p_adjusted:7.4f}" if v.p_adjusted is not None else f"{'-':>7}"
+        verdict = v.verdict if v.tested or v.no_verdict else "(reported, not tested)"
         lines.append(f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {v.clean_loss:6.2f} {v.top_effect:+8.{d}f} "
-                     f"[{lo:+.{d}f}, {hi:+.{d}f}] {v.random_mean:+9.{d}f}/{v.random_max:+.{d}f} {v.p_value:6.3f}  {v.verdict}")
-    n = len(result.verifications[0].random_effects)
+                     f"[{lo:+.{d}f}, {hi:+.{d}f}] {v.random_mean:+9.{d}f}/{v.random_max:+.{d}f} {v.draws:>4} "
+                     f"{v.p_value:7.4f} {p_adj}  {verdict}")
     units = ("losses in nats/token" if metric is LOSS_METRIC else
              f"Δ in {metric.unit}: {metric.definition}")
     floor = "0.05 nats" if metric is LOSS_METRIC else f"{metric.min_effect} ({metric.unit})"
-    lines.append(f"({units}. random Δ: {n} draws of k heads outside the top-k of the task's types; "
-                 f"p = (1 + draws >= top-k Δ) / (1 + {n}), never below {1 / (n + 1):.3f} with {n} draws; CI: 95% bootstrap "
-                 f"over sequences.\n CONFIRMED: top-k Δ >= {floor}, above every random draw and >= 2x their mean; "
-                 f"the p-value is reported beside it, not part of the rule)")
+    lines.append(f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k, at most "
+                 f"{design.get('max_draws')} per test, stopped once settled (sets: ablated). p: sequential Monte Carlo "
+                 f"(Besag & Clifford); p adj: {design.get('correction')} over the {design.get('family_size')} tested verdicts. "
+                 f"CI: 95% bootstrap over sequences.\n CONFIRMED: {verif.PRIMARY_KIND} ablation, p adj <= alpha = "
+                 f"{design.get('alpha')}, top-k Δ >= {floor} and >= {verif.EFFECT_RATIO:g}x the control mean; "
+                 "docs/scan.md has the rule)")
+    lines += [f"NOTE: {n}" for n in design.get("notes", [])]
     return "\n".join(lines)
 
 
@@ -657,7 +680,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-natural", type=positive_int, default=d.n_natural, help="natural-text sequences (default %(default)s)")
     p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=None,
                    help=f"heads ablated per type (default {DEFAULT_K}, or a quarter of the heads if fewer)")
-    p.add_argument("--n-random", type=positive_int, default=d.n_random, help="random draws of k heads for the control (default %(default)s)")
+    p.add_argument("--n-random", type=positive_int, default=d.n_random,
+                   help="the most random control sets of k heads a verdict's test ablates; it stops earlier once its "
+                        "outcome at --alpha is settled (default %(default)s)")
+    p.add_argument("--alpha", type=float, default=d.alpha,
+                   help="significance level of the verdicts, after --correction (default %(default)s)")
+    p.add_argument("--control", choices=verif.CONTROLS, default=d.control,
+                   help="control sets: as many heads per layer as the top-k set (layer-matched), or any heads "
+                        "(uniform) (default %(default)s)")
+    p.add_argument("--correction", choices=verif.st.CORRECTIONS, default=d.correction,
+                   help="multiple-testing correction over the run's verdicts: Benjamini-Hochberg (bh, false discovery "
+                        "rate) or Holm (family-wise error) (default %(default)s)")
+    p.add_argument("--fixed-draws", dest="sequential", action="store_false",
+                   help="ablate --n-random control sets for every test (no early stopping)")
     options.add_seed_option(p, d.seed)
     p.add_argument("--types", default=None, metavar="TYPE[,TYPE...]",
                    help=f"score, verify and draw only these head types (default: all of {','.join(DETECTORS)})")
@@ -686,6 +721,9 @@ def main(args: argparse.Namespace) -> int:
         config.read_text()
         prepare_output_dir(args.out, args.overwrite, create=False)
         distributed.barrier()  # every rank has checked --out before rank 0 can write into it
+        note = unreachable_note(config)
+        if note and main_rank:  # said before anything runs: the ablations still run and are reported
+            print(f"NOTE: {note}", flush=True)
         t0 = time.perf_counter()
         model = options.load_for(config)
         load_s = time.perf_counter() - t0

@@ -1,0 +1,358 @@
+"""Verification of detected heads: ablate each head type's top-k heads against random control
+sets of k heads, with a stated significance level, sequential stopping, layer-matched controls
+and a multiple-testing correction over the verdicts of one run.
+
+The design (docs/scan.md, "How a verdict is reached"):
+
+* **The family.** One hypothesis per head type and task: "ablating this type's top-k heads raises
+  the task's loss more than ablating k like-for-like random heads". It is tested with the
+  *primary* ablation kind (:data:`PRIMARY_KIND`, mean ablation: it keeps each head's output on
+  the data's distribution, where zero ablation also measures the damage of an off-distribution
+  input, Wang et al. 2022 sec. 3; Heimersheim & Nanda 2024). The other kind (zero) is ablated on
+  the first batch of the same control sets and reported with its raw p-value, not tested.
+* **Controls** (:func:`layer_matched_sets`, default): each random set has as many heads in each
+  layer as the top-k set it is compared with, drawn from the heads outside every top-k of the
+  task (and never a removed head of a pruned model); ``uniform`` draws from all those heads.
+* **Sequential Monte Carlo p-values** (:class:`~headprobe.analyses.statistics.SequentialMCTest`):
+  controls are ablated in batches of :data:`BATCH`; a test stops as soon as ``h = floor(alpha n) + 1``
+  draws reach the top-k effect (Besag & Clifford 1991: its p-value ``h / L`` is then above
+  ``alpha``, so no later draw can change the verdict). ``--n-random`` (n) is the most draws a test
+  makes; a test no draw beats ends at n with ``p = 1 / (n + 1)``.
+* **The correction** over the primary tests with a verdict: Benjamini-Hochberg by default (a scan
+  screens m head types; with exact Monte Carlo p-values, Holm needs ``m / alpha - 1`` draws for
+  every confirmed test, BH ``m / (r alpha) - 1`` when r are confirmed), Holm on request. CONFIRMED
+  when the adjusted p is at most ``alpha`` and the effect is large (:func:`effect_is_large`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from headprobe.analyses import distributed
+from headprobe.analyses import statistics as st
+from headprobe.analyses.ablation import (
+    LOSS_METRIC, P_VALUE_TIE, AblationMetric, Verification, first_scored, names, set_ablation_losses)
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import Head
+
+PRIMARY_KIND = "mean"
+"""The ablation kind each verdict is tested with; the other kind is reported beside it."""
+KINDS = ("zero", "mean")
+"""The kinds a verification ablates (both need no second input)."""
+BATCH = 10
+"""Control sets ablated per test between two looks."""
+ALPHA = 0.05
+"""The default family-wise significance level."""
+CONTROLS = ("layer-matched", "uniform")
+"""How control sets are drawn (``--control``)."""
+CORRECTION = "bh"
+"""The default multiple-testing correction (:data:`~headprobe.analyses.statistics.CORRECTIONS`)."""
+EFFECT_RATIO = 2.0
+"""The top-k effect must be at least this many times the mean control effect."""
+
+
+@dataclass(frozen=True)
+class VerificationSettings:
+    """What a verification needs beyond the model and the data.
+
+    Attributes:
+        k: heads per set (the top-k of each type; each control set as many).
+        n_random: the most control sets a test ablates (its Monte Carlo draws).
+        alpha: family-wise significance level of the verdicts (Holm-corrected).
+        control: ``layer-matched`` (default) or ``uniform``.
+        correction: ``bh`` (Benjamini-Hochberg, default) or ``holm`` over the run's tested verdicts.
+        seed: seeds the control draws.
+        batch: control sets ablated per test between looks (the untested kind ablates the first batch).
+        sequential: stop tests early (False: every test ablates ``n_random`` sets; the benchmark's
+            fixed-size reference).
+    """
+
+    k: int
+    n_random: int = 50
+    alpha: float = ALPHA
+    control: str = "layer-matched"
+    correction: str = CORRECTION
+    seed: int = 0
+    batch: int = BATCH
+    sequential: bool = True
+
+    def __post_init__(self):
+        if not 0 < self.alpha < 1:
+            raise HeadprobeError(f"--alpha must be between 0 and 1, got {self.alpha}")
+        if self.control not in CONTROLS:
+            raise HeadprobeError(f"--control must be one of {', '.join(CONTROLS)}, got {self.control!r}")
+        if self.correction not in st.CORRECTIONS:
+            raise HeadprobeError(f"--correction must be one of {', '.join(st.CORRECTIONS)}, got {self.correction!r}")
+        if self.n_random < 1 or self.k < 1 or self.batch < 1:
+            raise HeadprobeError("--n-random and --top-k must be at least 1")
+
+    @property
+    def reachable(self) -> bool:
+        """Whether ``n_random`` draws can give a p-value at or below ``alpha`` at all: ``1 /
+        (n_random + 1) <= alpha``, i.e. at least ``1 / alpha - 1`` draws."""
+        return 1 / (self.n_random + 1) <= self.alpha + 1e-12
+
+
+def unreachable_note(settings: VerificationSettings) -> str | None:
+    """The one line said before a verification whose draws cannot reach ``alpha`` (None if they can)."""
+    if settings.reachable:
+        return None
+    need = math.ceil(1 / settings.alpha - 1)
+    return (f"--n-random {settings.n_random} cannot reach alpha={settings.alpha:g} (the smallest p-value of "
+            f"{settings.n_random} draws is 1/{settings.n_random + 1} = {1 / (settings.n_random + 1):.3f}): no verdict "
+            f"can be CONFIRMED; the ablations still run and report their p-values (use --n-random {need} or more)")
+
+
+# --- control sets ----------------------------------------------------------------------------------
+
+def layer_matched_sets(top: Sequence[Head], available: Iterable[Head], n_layers: int, n_draws: int,
+                       gen: torch.Generator) -> tuple[list[list[Head]], str | None]:
+    """``n_draws`` random sets with as many heads in each layer as ``top`` has, from ``available``.
+
+    Where a layer has fewer available heads than ``top`` has there, all of them are taken and the
+    rest come from the nearest layers (by distance, then the later layer first) that still have
+    heads; the note says so.
+
+    Returns:
+        ``(sets, note)``: sets sorted ``(layer, head)`` lists; note None when every layer matched.
+
+    Raises:
+        HeadprobeError: fewer available heads than ``len(top)``.
+    """
+    avail = sorted(set(available))
+    if len(avail) < len(top):
+        raise HeadprobeError(f"a random control of {len(top)} heads needs {len(top)} heads outside those under test; "
+                             f"{len(avail)} are left")
+    by_layer: dict[int, list[Head]] = {layer: [] for layer in range(n_layers)}
+    for h in avail:
+        by_layer[h[0]].append(h)
+    want = {layer: sum(1 for h in top if h[0] == layer) for layer in range(n_layers)}
+    # the plan: how many heads each layer gives, moving a layer's shortfall to its nearest layers
+    give = {layer: min(want[layer], len(by_layer[layer])) for layer in range(n_layers)}
+    moved = []
+    for layer in range(n_layers):
+        short = want[layer] - give[layer]
+        for other in sorted(range(n_layers), key=lambda o: (abs(o - layer), -o)):
+            if short == 0:
+                break
+            spare = len(by_layer[other]) - give[other]
+            take = min(spare, short)
+            if take > 0:
+                give[other] += take
+                short -= take
+                moved.append(f"{take} of layer {layer}'s from layer {other}")
+    sets = []
+    for _ in range(n_draws):
+        s: list[Head] = []
+        for layer, n in give.items():
+            if n:
+                pool = by_layer[layer]
+                idx = torch.randperm(len(pool), generator=gen)[:n].tolist()
+                s += [pool[i] for i in idx]
+        sets.append(sorted(s))
+    note = f"layer matching: too few heads outside the top-k in some layers; drew {', '.join(moved)}" if moved else None
+    return sets, note
+
+
+def uniform_sets(k: int, available: Iterable[Head], n_draws: int, gen: torch.Generator) -> list[list[Head]]:
+    """``n_draws`` sets of ``k`` distinct heads drawn uniformly from ``available``.
+
+    Raises:
+        HeadprobeError: fewer than ``k`` available heads.
+    """
+    pool = sorted(set(available))
+    if len(pool) < k:
+        raise HeadprobeError(f"a random control of {k} heads needs {k} heads outside those under test; {len(pool)} are left")
+    return [sorted(pool[i] for i in torch.randperm(len(pool), generator=gen)[:k].tolist()) for _ in range(n_draws)]
+
+
+def effect_is_large(top_effect: float, control_effects: Sequence[float], min_effect: float) -> bool:
+    """The effect-size half of the rule: at least ``min_effect`` and at least
+    :data:`EFFECT_RATIO` times the mean control effect (a p-value alone would confirm a tiny
+    difference from a tight control distribution)."""
+    mean = float(np.mean(control_effects)) if len(control_effects) else 0.0
+    return bool(top_effect >= min_effect and top_effect >= EFFECT_RATIO * max(mean, 0.0))
+
+
+# --- the whole verification ------------------------------------------------------------------------
+
+@dataclass
+class _Test:
+    """One (head type, task) test: its top-k set, its control stream and its effects per kind."""
+
+    head_type: str
+    task: str
+    top: list[Head]
+    stream: int
+    top_effect: dict[str, float] = field(default_factory=dict)
+    top_per_seq: dict[str, np.ndarray] = field(default_factory=dict)
+    top_loss: dict[str, float] = field(default_factory=dict)
+    effects: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    mc: st.SequentialMCTest | None = None
+    no_verdict: str | None = None
+
+
+def _draw_controls(top: dict[str, list[Head]], task_of: dict[str, str], all_heads: list[Head], removed: set,
+                   settings: VerificationSettings) -> tuple[list[_Test], list[list[list[Head]]], dict, list[str]]:
+    """The tests, their control streams (``n_random`` seeded sets each; types of one task share one
+    under ``uniform``), each type's excluded heads, and notes on layers that could not be matched."""
+    gen = torch.Generator().manual_seed(settings.seed)
+    tests: list[_Test] = []
+    streams: list[list[list[Head]]] = []
+    excluded: dict[str, list[Head]] = {}
+    notes: list[str] = []
+    for task in dict.fromkeys(task_of[t] for t in top):
+        judged = [t for t in top if task_of[t] == task]
+        union = {h for t in judged for h in top[t]}
+        shared = len(all_heads) - len(union | removed) >= 2 * settings.k  # else (a tiny model) only its own
+        uniform_stream = None
+        for t in judged:
+            excluded[t] = sorted(union if shared else set(top[t]))
+            avail = [h for h in all_heads if h not in excluded[t] and h not in removed]
+            if settings.control == "uniform" and shared and uniform_stream is not None:
+                tests.append(_Test(t, task, list(top[t]), uniform_stream))
+                continue
+            if settings.control == "uniform":
+                streams.append(uniform_sets(settings.k, avail, settings.n_random, gen))
+                uniform_stream = len(streams) - 1
+            else:
+                sets, note = layer_matched_sets(top[t], avail, max(h[0] for h in all_heads) + 1, settings.n_random, gen)
+                streams.append(sets)
+                if note:
+                    notes.append(f"{t.replace('_', '-')}: {note}")
+            tests.append(_Test(t, task, list(top[t]), len(streams) - 1))
+    return tests, streams, excluded, notes
+
+
+def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tokens: dict[str, object],
+                 clean: dict[str, torch.Tensor], mean_z: torch.Tensor, settings: VerificationSettings,
+                 metric: AblationMetric = LOSS_METRIC, scorers: dict[str, Callable] | None = None,
+                 untrusted: dict[str, str | None] | None = None, removed: Iterable[Head] = (),
+                 progress: bool = False) -> tuple[list[Verification], dict]:
+    """Ablate each type's top-k heads and its control sets; the verdicts, corrected for their number.
+
+    Args:
+        model: a :class:`~headprobe.probe.backend.Backend` (its self-check allows head ablation).
+        top: head type -> its top-k heads. task_of: head type -> the task it is judged on.
+        tokens: task -> :class:`~headprobe.analyses.data.TokenSet` (``tokens``, ``start``, ``period``).
+        clean: task -> per-sequence clean loss ``[batch]`` (nats/token; zeros for an encoder).
+        mean_z: ``[layer, head, d_head]`` mean ``z`` over the natural text (mean ablation).
+        settings: k, draws, alpha, control design, correction, seed.
+        metric: what an effect is measured in (its ``min_effect`` enters the rule).
+        scorers: task -> the ``score`` argument of :func:`set_ablation_losses` (an encoder's
+            :class:`~headprobe.analyses.ablation.EmbeddingDistance`); None: the loss.
+        untrusted: task -> why its losses cannot carry a verdict (those tests are reported with
+            ``confirmed=None`` and are not in the corrected family).
+        removed: heads a pruned model no longer has: never drawn into a control set.
+        progress: one tqdm bar over every set to ablate; its total shrinks when a test stops.
+
+    Returns:
+        ``(verifications, design)``: one :class:`Verification` per type and kind (the tested kind
+        first), and the design record for summary.json (alpha, correction, family size, sets
+        ablated, notes).
+
+    Raises:
+        HeadprobeError: too few heads for a control set, or as :func:`set_ablation_losses`.
+    """
+    from tqdm.auto import tqdm
+
+    spec = model.spec
+    untrusted, scorers, removed = untrusted or {}, scorers or {}, set(removed)
+    all_heads = [(layer, head) for layer in range(spec.n_layers) for head in range(spec.n_heads)]
+    tests, streams, excluded, notes = _draw_controls(top, task_of, all_heads, removed, settings)
+    for x in tests:
+        x.no_verdict = untrusted.get(x.task)
+    secondary = [k for k in KINDS if k != PRIMARY_KIND]
+    n_secondary = min(settings.batch, settings.n_random)
+
+    def losses(task: str, sets: list[list[Head]], kind: str) -> torch.Tensor:
+        ts = tokens[task]
+        first = first_scored(task, ts.start, ts.period)
+        return distributed.map_sharded(  # under torchrun each rank ablates its slice of the sets
+            lambda part: set_ablation_losses(model, ts.tokens, part, kind, mean_z, first, score=scorers.get(task)), sets)
+
+    planned = [settings.n_random + n_secondary * len(secondary) for _ in streams]
+    bar = tqdm(total=len(tests) * len(KINDS) + sum(planned), desc="verification", unit="set", disable=not progress)
+    for task in dict.fromkeys(x.task for x in tests):  # the top-k sets: one pass per task and kind
+        group = [x for x in tests if x.task == task]
+        for kind in KINDS:
+            out = losses(task, [x.top for x in group], kind)
+            for x, row, loss in zip(group, (out - clean[task][None]).double().numpy(), out):
+                x.top_per_seq[kind], x.top_effect[kind] = row, float(row.mean())
+                x.top_loss[kind] = float(loss.double().mean())
+            bar.update(len(group))
+    for x in tests:
+        x.mc = st.SequentialMCTest(x.top_effect[PRIMARY_KIND], settings.n_random, settings.alpha,
+                                   sequential=settings.sequential, tie=P_VALUE_TIE)
+    done = [0] * len(streams)
+    while any(not x.mc.done for x in tests):
+        for s in sorted({x.stream for x in tests if not x.mc.done}):
+            task = next(x.task for x in tests if x.stream == s)
+            lo, hi = done[s], min(done[s] + settings.batch, settings.n_random)
+            kinds = [PRIMARY_KIND] + (secondary if lo < n_secondary else [])
+            for kind in kinds:
+                sub = streams[s][lo:min(hi, n_secondary) if kind != PRIMARY_KIND else hi]
+                eff = (losses(task, sub, kind) - clean[task][None]).double().mean(dim=1).tolist()
+                for x in tests:
+                    if x.stream == s and not x.mc.done:
+                        x.effects[kind] += eff
+                bar.update(len(sub))
+                planned[s] -= len(sub)
+            for x in tests:
+                if x.stream == s and not x.mc.done:
+                    x.mc.add(x.effects[PRIMARY_KIND][lo:hi])
+            done[s] = hi
+            if all(x.mc.done for x in tests if x.stream == s):  # every test on this stream is settled
+                bar.total -= planned[s]
+                planned[s] = 0
+                bar.refresh()
+    bar.close()
+    family = [x for x in tests if x.no_verdict is None]
+    adjusted = dict(zip((x.head_type for x in family),
+                        st.adjust_p_values([x.mc.p_value() for x in family], settings.correction)))
+    out = [_verification(x, kind, streams[x.stream], excluded[x.head_type], adjusted.get(x.head_type), settings, metric,
+                         float(clean[x.task].double().mean()))
+           for x in tests for kind in (PRIMARY_KIND, *secondary)]
+    design = {
+        "alpha": settings.alpha, "correction": settings.correction, "family_size": len(family),
+        "primary_kind": PRIMARY_KIND, "control": settings.control, "max_draws": settings.n_random,
+        "batch": settings.batch, "sequential": settings.sequential, "besag_clifford_h": tests[0].mc.h if tests else None,
+        "sets_ablated": int(bar.n),  # the top-k sets and every control set, each kind counted
+        "notes": notes + ([unreachable_note(settings)] if not settings.reachable else []),
+    }
+    return out, design
+
+
+def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[Head], p_adj: float | None,
+                  settings: VerificationSettings, metric: AblationMetric, clean_loss: float) -> Verification:
+    """One row of evidence: the tested kind with its sequential p and adjusted p, or the other kind
+    (reported on the control sets it ablated, plain Monte Carlo p)."""
+    effects = x.effects[kind]
+    n = len(effects)
+    tested = kind == PRIMARY_KIND and x.no_verdict is None
+    if kind == PRIMARY_KIND:
+        p = x.mc.p_value()
+    else:
+        p = (1 + sum(e >= x.top_effect[kind] - P_VALUE_TIE for e in effects)) / (1 + n)
+    confirmed = None
+    if tested:
+        confirmed = bool(settings.reachable and p_adj <= settings.alpha + 1e-12
+                         and effect_is_large(x.top_effect[kind], effects, metric.min_effect))
+    return Verification(
+        head_type=x.head_type, kind=kind, task=x.task, k=settings.k, top_heads=names(x.top),
+        clean_loss=clean_loss, top_loss=x.top_loss[kind], top_effect=x.top_effect[kind],
+        random_effects=effects, random_mean=float(np.mean(effects)), random_max=float(np.max(effects)),
+        confirmed=confirmed, random_heads=[names(s) for s in stream[:n]], control_excludes=names(excluded),
+        p_value=float(p), top_effect_ci95=[float(v) for v in st.bootstrap_ci(x.top_per_seq[kind], seed=settings.seed)],
+        no_verdict=x.no_verdict, metric=metric.name, alpha=settings.alpha,
+        p_adjusted=None if p_adj is None or kind != PRIMARY_KIND else float(p_adj), draws=n, control=settings.control,
+        correction=settings.correction if tested else None, tested=tested,
+        p_method=("sequential monte-carlo" + (" (stopped early)" if x.mc.stopped else "")) if kind == PRIMARY_KIND
+        else "monte-carlo (reported, not tested)",
+        stopped="futility" if kind == PRIMARY_KIND and x.mc.stopped else None,
+    )
