@@ -287,49 +287,11 @@ def untrusted_task_reason(clean_loss: float, d_vocab: int, unknown_share: float 
     return None
 
 
-def is_confirmed(top_effect: float, random_effects: Sequence[float], min_effect: float = 0.05) -> bool:
-    """The rule :class:`Verification` documents: top-k clearly beats the random control."""
-    rand = torch.tensor(list(random_effects))
-    return bool(
-        top_effect >= min_effect
-        and top_effect > float(rand.max())
-        and top_effect >= 2 * max(float(rand.mean()), 0.0)
-    )
-
-
 P_VALUE_TIE = 1e-5
-"""Effects closer than this (nats, or 1 - cos for encoders) count as ties in :func:`empirical_p_value`:
+"""Effects closer than this (nats, or 1 - cos for encoders) count as ties in the verification's p-values
+(:mod:`headprobe.analyses.verification`):
 float32 rounding of a mean loss near 8 nats is ~1e-6, so a "top effect" of 2e-6 above draws of 1e-6
 is noise, not evidence."""
-
-
-def empirical_p_value(top_effect: float, random_effects: Sequence[float], tie: float = P_VALUE_TIE) -> float:
-    """``(1 + #{r >= top_effect - tie}) / (1 + n)``: the one-sided empirical p-value of ``top_effect``
-    among ``n`` random draws (North, Curtis & Sham 2002), draws within ``tie`` of it counted as
-    reaching it (:data:`P_VALUE_TIE`); at least ``1 / (n + 1)``."""
-    rand = list(random_effects)
-    return (1 + sum(r >= top_effect - tie for r in rand)) / (1 + len(rand))
-
-
-def random_head_sets(n_layers: int, n_heads: int, k: int, n_draws: int, seed: int,
-                     exclude: Iterable[Head] = ()) -> list[list[Head]]:
-    """``n_draws`` sets of ``k`` distinct heads, uniformly without replacement, seeded, from the
-    heads not in ``exclude`` (a control must not contain the heads it is compared with).
-
-    Raises:
-        HeadprobeError: fewer than ``k`` heads are left to draw from.
-    """
-    excluded = {layer * n_heads + head for layer, head in exclude}
-    pool = torch.tensor([i for i in range(n_layers * n_heads) if i not in excluded], dtype=torch.long)
-    if len(pool) < k:
-        raise HeadprobeError(f"a random control of {k} heads needs {k} heads outside the {len(excluded)} under test; "
-                             f"the model has {n_layers * n_heads}")
-    gen = torch.Generator().manual_seed(seed)
-    sets = []
-    for _ in range(n_draws):
-        flat = pool[torch.randperm(len(pool), generator=gen)[:k]].tolist()
-        sets.append(sorted((i // n_heads, i % n_heads) for i in flat))
-    return sets
 
 
 def top_heads(scores: Float[Tensor, "layer head"], k: int) -> list[Head]:

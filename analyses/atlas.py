@@ -27,8 +27,9 @@ from matplotlib.patches import Patch
 from headprobe.analyses.detectors import DETECTORS
 from headprobe.analyses.figures import COLUMN_WIDTH, PAGE_WIDTH, _figure, _styled
 
-VERDICT_KIND = "zero"
-"""The ablation kind whose verdict the atlas reports per type (zero ablation, the one every type has)."""
+VERDICT_KIND = "mean"
+"""The ablation kind whose verdict the atlas reports per type: the one scan tests (mean ablation,
+:data:`headprobe.analyses.verification.PRIMARY_KIND`); the other kind's rows carry no verdict."""
 
 VERDICTS = ("CONFIRMED", "not confirmed", "no verdict")
 

@@ -133,7 +133,7 @@ class SequentialMCTest:
     def done(self) -> bool:
         return self.stopped or len(self.draws) >= self.n_max
 
-    def add(self, draws: Sequence[float]) -> None:
+    def add(self, draws: Sequence[float] | np.ndarray) -> None:
         """Take the next batch of draws; stop after it once ``h`` draws reached the observed effect."""
         self.draws += [float(d) for d in draws][: self.n_max - len(self.draws)]
         if len(self.draws) < self.n_max and sum(self.reached) >= self.h:

@@ -68,8 +68,8 @@ class VerificationSettings:
         correction: ``bh`` (Benjamini-Hochberg, default) or ``holm`` over the run's tested verdicts.
         seed: seeds the control draws.
         batch: control sets ablated per test between looks (the untested kind ablates the first batch).
-        sequential: stop tests early (False: every test ablates ``n_random`` sets; the benchmark's
-            fixed-size reference).
+        sequential: stop tests early and ablate the untested kind on the first batch only (False:
+            every test ablates ``n_random`` sets of both kinds; the benchmark's fixed-size reference).
     """
 
     k: int
@@ -268,7 +268,8 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
     for x in tests:
         x.no_verdict = untrusted.get(x.task)
     secondary = [k for k in KINDS if k != PRIMARY_KIND]
-    n_secondary = min(settings.batch, settings.n_random)
+    # the untested kind: the first batch of each test's sets (fixed-size: all of them, the design before sequential tests)
+    n_secondary = min(settings.batch, settings.n_random) if settings.sequential else settings.n_random
 
     def losses(task: str, sets: list[list[Head]], kind: str) -> torch.Tensor:
         ts = tokens[task]
@@ -278,6 +279,7 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
 
     planned = [settings.n_random + n_secondary * len(secondary) for _ in streams]
     bar = tqdm(total=len(tests) * len(KINDS) + sum(planned), desc="verification", unit="set", disable=not progress)
+    ablated = 0
     for task in dict.fromkeys(x.task for x in tests):  # the top-k sets: one pass per task and kind
         group = [x for x in tests if x.task == task]
         for kind in KINDS:
@@ -286,6 +288,7 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
                 x.top_per_seq[kind], x.top_effect[kind] = row, float(row.mean())
                 x.top_loss[kind] = float(loss.double().mean())
             bar.update(len(group))
+            ablated += len(group)
     for x in tests:
         x.mc = st.SequentialMCTest(x.top_effect[PRIMARY_KIND], settings.n_random, settings.alpha,
                                    sequential=settings.sequential, tie=P_VALUE_TIE)
@@ -302,6 +305,7 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
                     if x.stream == s and not x.mc.done:
                         x.effects[kind] += eff
                 bar.update(len(sub))
+                ablated += len(sub)
                 planned[s] -= len(sub)
             for x in tests:
                 if x.stream == s and not x.mc.done:
@@ -322,7 +326,7 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
         "alpha": settings.alpha, "correction": settings.correction, "family_size": len(family),
         "primary_kind": PRIMARY_KIND, "control": settings.control, "max_draws": settings.n_random,
         "batch": settings.batch, "sequential": settings.sequential, "besag_clifford_h": tests[0].mc.h if tests else None,
-        "sets_ablated": int(bar.n),  # the top-k sets and every control set, each kind counted
+        "sets_ablated": ablated,  # the top-k sets and every control set, each kind counted
         "notes": notes + ([unreachable_note(settings)] if not settings.reachable else []),
     }
     return out, design

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from headprobe.analyses.ablation import (
-    head_ablation_hooks, random_head_sets, scored_loss, set_ablation_losses, untrusted_task_reason,
+    head_ablation_hooks, scored_loss, set_ablation_losses, untrusted_task_reason,
 )
 from headprobe.analyses.statistics import bootstrap_ci
 from headprobe.commands.scan import ScanConfig, run
@@ -25,7 +25,10 @@ def test_batched_set_ablations_equal_one_forward_per_set(fixture, kind, request)
     spec = model.spec
     tokens = torch.randint(0, 100, (3, 12), generator=torch.Generator().manual_seed(1))
     mean_z = torch.randn(spec.n_layers, spec.n_heads, spec.d_head, generator=torch.Generator().manual_seed(2))
-    sets = random_head_sets(spec.n_layers, spec.n_heads, 3, 5, seed=0) + [[(0, 1), (1, 1)], []]
+    from headprobe.analyses.verification import uniform_sets
+
+    heads = [(l, h) for l in range(spec.n_layers) for h in range(spec.n_heads)]
+    sets = uniform_sets(3, heads, 5, torch.Generator().manual_seed(0)) + [[(0, 1), (1, 1)], []]
     # max_batch 6: two sets per pass, so the last pass holds one set (uneven chunks are covered)
     got = set_ablation_losses(model, tokens, sets, kind, mean_z if kind == "mean" else None, first=2, max_batch=6)
     ref = torch.stack([scored_loss(model.forward(tokens, fwd_hooks=head_ablation_hooks(s, kind, mean_z)), tokens, 2)
@@ -86,10 +89,16 @@ def test_verdicts_carry_p_values_and_intervals(tiny_llama_gqa, tmp_path):
     text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()), encoding="utf-8")
     cfg = ScanConfig(model="tiny", n_natural=4, seq_len=16, n_repeated=4, period=6, k=2, n_random=6, text=str(text))
     result = run(tiny_llama_gqa, cfg, progress=False)
+    from headprobe.analyses.statistics import besag_clifford_h, sequential_mc_p_value
+
     for v in result.verifications:
         lo, hi = v.top_effect_ci95
         assert lo <= v.top_effect <= hi
-        assert v.p_value == (1 + sum(r >= v.top_effect for r in v.random_effects)) / (1 + 6)
+        reached = [r >= v.top_effect - 1e-5 for r in v.random_effects]
+        if v.kind == "mean":  # the tested kind: Besag & Clifford's sequential p-value over the draws it made
+            assert v.p_value == sequential_mc_p_value(reached, 6, besag_clifford_h(0.05, 6))[0]
+        else:
+            assert v.p_value == (1 + sum(reached)) / (1 + len(reached))
         assert not set(v.top_heads) & {h for s in v.random_heads for h in s}
     top = result.summary()["top_heads"]
     assert "score_ci95" in top["induction"][0] and "score_ci95" not in top["positional"][0]

@@ -91,10 +91,9 @@ class AtlasConfig:
         models: model names or paths (``toy``: train one first); None: :data:`DEFAULT_MODELS` plus
             the cached :data:`CACHED_CANDIDATES` (or none with ``checkpoints``).
         checkpoints: a ``headprobe train --save-every`` output directory: scan its snapshots in step order.
-        n_natural, seq_len, n_repeated, period, text, n_random, k, seed, types, device, dtype, backend, pattern_len: the
-            scan's settings (:class:`headprobe.commands.scan.ScanConfig`), the same for every model;
-            ``n_random`` defaults to 20 here (50 in ``scan``) so the default atlas fits 15 minutes
-            on 2 CPU cores; the p-value of a verdict cannot then go below 1/21.
+        n_natural, seq_len, n_repeated, period, text, n_random, alpha, control, correction, k, seed, types, device,
+            dtype, backend, pattern_len: the scan's settings (:class:`headprobe.commands.scan.ScanConfig`), the same
+            for every model; each model's verdicts are corrected over that model's scan (its own family).
         toy_steps: training steps of the ``toy`` model.
         metrics: compute the scan's reported head metrics (copying, sink rate, entropy, retrieval,
             DLA, composition) for every model too.
@@ -109,7 +108,10 @@ class AtlasConfig:
     n_repeated: int = 8
     period: int | None = None
     text: str | None = None
-    n_random: int = 20
+    n_random: int = 50
+    alpha: float = 0.05
+    control: str = "layer-matched"
+    correction: str = "bh"
     k: int | None = None
     seed: int = 0
     types: Sequence[str] | str | None = None
@@ -141,7 +143,7 @@ class AtlasConfig:
 
         return ScanConfig(model=model, n_natural=self.n_natural, seq_len=self.seq_len, n_repeated=self.n_repeated,
                           period=self.period, text=self.text, n_random=self.n_random,
-                          k=self.k, seed=self.seed, types=self.types, device=self.device, dtype=self.dtype,
+                          alpha=self.alpha, control=self.control, correction=self.correction, k=self.k, seed=self.seed, types=self.types, device=self.device, dtype=self.dtype,
                           backend=self.backend, pattern_len=self.pattern_len, metrics=self.metrics)
 
     def model_list(self) -> list[tuple[str, str, int | None]]:
@@ -379,7 +381,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-natural", type=positive_int, default=d.n_natural, help="natural-text sequences (default %(default)s)")
     p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=None, help="heads ablated per type (default: as scan)")
     p.add_argument("--n-random", type=positive_int, default=d.n_random,
-                   help="random draws of k heads for each control (default %(default)s; scan's is 50)")
+                   help="the most control sets of k heads a verdict's test ablates (default %(default)s; see scan)")
+    p.add_argument("--alpha", type=float, default=d.alpha, help="significance level of the verdicts (default %(default)s)")
+    p.add_argument("--control", choices=("layer-matched", "uniform"), default=d.control,
+                   help="how control sets are drawn (default %(default)s; see scan)")
+    p.add_argument("--correction", choices=("bh", "holm"), default=d.correction,
+                   help="multiple-testing correction over each model's verdicts (default %(default)s)")
     p.add_argument("--types", default=None, metavar="TYPE[,TYPE...]", help="head types (default: all)")
     p.add_argument("--pattern-len", type=int, default=d.pattern_len,
                    help="tokens of each head's pattern kept per model for headprobe view (default %(default)s; 0: none)")
@@ -398,7 +405,8 @@ def main(args: argparse.Namespace) -> int:
         raise HeadprobeError("headprobe atlas takes --models (one or more), not --model")
     config = AtlasConfig(models=tuple(args.models) if args.models else None, checkpoints=args.checkpoints,
                          n_natural=args.n_natural, seq_len=args.seq_len,
-                         n_repeated=args.n_repeated, period=args.period, text=args.text, n_random=args.n_random, k=args.k,
+                         n_repeated=args.n_repeated, period=args.period, text=args.text, n_random=args.n_random,
+                         alpha=args.alpha, control=args.control, correction=args.correction, k=args.k,
                          seed=args.seed, types=args.types, device=args.device, dtype=args.dtype, backend=args.backend,
                          pattern_len=args.pattern_len, toy_steps=args.toy_steps, model_figures=args.model_figures,
                          metrics=args.metrics)

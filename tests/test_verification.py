@@ -1,0 +1,154 @@
+"""Issue 24: the verdict's statistics. The sequential Monte Carlo p-value against its closed-form
+null distribution, layer matching on the drawn sets, the corrections against hand-computed
+examples, and the verification's stopping, reachability and bookkeeping on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from headprobe.analyses import statistics as st
+from headprobe.analyses.verification import (
+    VerificationSettings, effect_is_large, layer_matched_sets, uniform_sets, unreachable_note)
+from headprobe.probe.errors import HeadprobeError
+
+
+def test_sequential_p_value_by_hand():
+    assert st.besag_clifford_h(0.05, 50) == 3 and st.besag_clifford_h(0.1, 10) == 2
+    assert st.sequential_mc_p_value([False] * 50, 50, 3) == (1 / 51, 50)  # nothing reached it: the floor
+    assert st.sequential_mc_p_value([True, False, True, True], 50, 3) == (3 / 4, 4)  # h-th reaching draw is draw 4
+    assert st.sequential_mc_p_value([False] * 48 + [True, True], 50, 3) == (3 / 51, 50)  # g = 2 < h at the end
+    with pytest.raises(ValueError, match="not ended"):
+        st.sequential_mc_p_value([False] * 10, 50, 3)
+
+
+@pytest.mark.parametrize("n_max, alpha", [(30, 0.05), (50, 0.05), (10, 0.1)])
+def test_sequential_p_value_matches_its_closed_form_null_distribution(n_max, alpha):
+    """Simulate the test under the null (top effect and draws i.i.d.) in batches of 10, as the
+    verification runs it, and compare P(p <= u) with the closed form at every value p takes; the
+    closed form itself never exceeds u (a valid p-value)."""
+    rng = np.random.default_rng(0)
+    n_sim = 6000
+    ps, draws = [], []
+    for _ in range(n_sim):
+        test = st.SequentialMCTest(rng.random(), n_max, alpha)
+        while not test.done:
+            test.add(rng.random(10))
+        ps.append(test.p_value())
+        draws.append(len(test.draws))
+    ps = np.array(ps)
+    h = st.besag_clifford_h(alpha, n_max)
+    support = sorted(set(ps))
+    for u in support:
+        exact = st.sequential_mc_null_cdf(u, n_max, h)
+        assert exact <= u + 1e-12, (u, exact)
+        se = np.sqrt(exact * (1 - exact) / n_sim)
+        assert abs((ps <= u + 1e-15).mean() - exact) <= 4 * se + 1e-9, (u, (ps <= u).mean(), exact)
+    if n_max > 10:  # batches of 10: a test of 10 draws cannot stop before its end
+        assert np.mean(draws) < n_max / 2  # under the null most tests stop early
+    # the comparison can fail: an off-by-one p-value (h / (L + 1)) does not match the closed form
+    wrong = np.where(ps < 1, ps * 0.8, ps)
+    assert any(abs((wrong <= u).mean() - st.sequential_mc_null_cdf(u, n_max, h)) > 0.01 for u in support)
+
+
+def test_a_fixed_size_test_is_the_plain_monte_carlo_p_value():
+    test = st.SequentialMCTest(0.5, 20, 0.05, sequential=False)
+    test.add([0.9, 0.8, 0.7] + [0.1] * 17)
+    assert test.done and not test.stopped and test.p_value() == pytest.approx(4 / 21)
+
+
+def test_corrections_against_hand_computed_examples():
+    p = [0.01, 0.04, 0.03, 0.5]
+    # BH: sorted 0.01, 0.03, 0.04, 0.5 times m/rank = 0.04, 0.06, 0.0533, 0.5; then running minimum from the top
+    np.testing.assert_allclose(st.adjust_p_values(p, "bh"), [0.04, 0.16 / 3, 0.16 / 3, 0.5])
+    # Holm: sorted times (m - rank + 1) = 0.04, 0.09, 0.08, 0.5; then running maximum from the bottom
+    np.testing.assert_allclose(st.adjust_p_values(p, "holm"), [0.04, 0.09, 0.09, 0.5])
+    with pytest.raises(ValueError):
+        st.adjust_p_values(p, "bonferonni")
+
+
+def test_layer_matched_sets_have_the_top_sets_layer_counts():
+    top = [(17, 3), (17, 4), (18, 6), (18, 7), (20, 6)]
+    heads = [(l, h) for l in range(30) for h in range(9)]
+    avail = [x for x in heads if x not in top]
+    sets, note = layer_matched_sets(top, avail, 30, 40, torch.Generator().manual_seed(0))
+    assert note is None and len(sets) == 40 and len({tuple(s) for s in sets}) > 30
+    for s in sets:
+        assert sorted(l for l, _ in s) == [17, 17, 18, 18, 20] and not set(s) & set(top) and len(set(s)) == 5
+    # a layer with too few heads outside the top-k: its shortfall comes from the nearest layer, and the note says so
+    tiny = [(l, h) for l in range(3) for h in range(4)]
+    top = [(1, 0), (1, 1), (1, 2)]
+    avail = [x for x in tiny if x not in top and x != (1, 3)]
+    sets, note = layer_matched_sets(top, avail, 3, 20, torch.Generator().manual_seed(0))
+    assert note and "layer 1" in note
+    assert all(len(s) == 3 and not set(s) & set(top) and (1, 3) not in s for s in sets)
+    with pytest.raises(HeadprobeError, match="needs 3 heads"):
+        layer_matched_sets(top, [(0, 0), (0, 1)], 3, 1, torch.Generator())
+    u = uniform_sets(3, avail, 50, torch.Generator().manual_seed(1))
+    assert len({h for s in u for h in s}) == len(avail)  # uniform draws reach every available head
+
+
+def test_settings_reachability_and_effect_rule():
+    assert not VerificationSettings(k=3, n_random=10).reachable
+    note = unreachable_note(VerificationSettings(k=3, n_random=10))
+    assert "no verdict can be CONFIRMED" in note and "--n-random 19" in note
+    assert VerificationSettings(k=3, n_random=10, alpha=0.1).reachable and VerificationSettings(k=3, n_random=19).reachable
+    for bad in ({"alpha": 0.0}, {"alpha": 1.5}, {"control": "matched"}, {"correction": "fdr"}):
+        with pytest.raises(HeadprobeError):
+            VerificationSettings(k=3, **bad)
+    assert effect_is_large(1.0, [0.1, 0.4], 0.05) and not effect_is_large(1.0, [0.6, 0.5], 0.05)
+    assert not effect_is_large(0.04, [0.0], 0.05)
+
+
+def _scan(model, text, **kw):
+    from headprobe.commands.scan import ScanConfig, run
+
+    cfg = ScanConfig(model="tiny", n_natural=4, seq_len=24, n_repeated=3, period=8, k=3, text=str(text), metrics=False,
+                     pattern_len=0, **kw)
+    return run(model, cfg, progress=False)
+
+
+def test_scan_records_the_design_and_stops_settled_tests_early(tiny_llama_gqa, text_file):
+    seq = _scan(tiny_llama_gqa, text_file, n_random=30)
+    fixed = _scan(tiny_llama_gqa, text_file, n_random=30, sequential=False)
+    summary = json.loads(json.dumps(seq.summary()))
+    for a in summary["ablations"]:
+        for key in ("alpha", "p_value", "p_adjusted", "draws", "control", "correction"):
+            assert key in a, key
+        assert a["control"] == "layer-matched" and a["alpha"] == 0.05
+        assert len(a["random_effects"]) == a["draws"] == len(a["random_heads"])
+    tested = [v for v in seq.verifications if v.tested]
+    assert {v.kind for v in tested} == {"mean"} and all(v.correction == "bh" for v in tested)
+    np.testing.assert_allclose([v.p_adjusted for v in tested], st.adjust_p_values([v.p_value for v in tested], "bh"))
+    # a random model: every top-k set is beaten by draws, so every sequential test stops at its first batch
+    assert all(v.draws == 10 and v.stopped == "futility" for v in seq.verifications if v.kind == "mean")
+    assert all(v.draws == 30 for v in fixed.verifications if v.kind == "mean")
+    assert seq.verification["sets_ablated"] < fixed.verification["sets_ablated"] / 2
+    assert [v.confirmed for v in seq.verifications] == [v.confirmed for v in fixed.verifications]
+    # the first batch is the same sets either way
+    assert all(a.random_heads == b.random_heads[:len(a.random_heads)] for a, b in zip(seq.verifications, fixed.verifications))
+
+
+def test_too_few_draws_confirm_nothing_and_say_so(tiny_llama_gqa, text_file, monkeypatch):
+    import headprobe.analyses.verification as verif
+
+    # make every test look significant: the effect rule is all that stands, and reachability must still refuse
+    monkeypatch.setattr(verif, "effect_is_large", lambda *a: True)
+    result = _scan(tiny_llama_gqa, text_file, n_random=5, types="induction")
+    assert result.verification["notes"] and "cannot reach alpha=0.05" in result.verification["notes"][0]
+    assert all(v.confirmed is False for v in result.verifications if v.tested)
+    assert "NOTE: --n-random 5 cannot reach" in result.report()
+
+
+def test_cli_says_before_running_that_no_verdict_can_be_confirmed(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "headprobe", "scan", "--model", "/nonexistent-model", "--n-random", "10",
+                        "--out", str(out)], capture_output=True, text=True)
+    assert r.stdout.splitlines()[0].startswith("NOTE: --n-random 10 cannot reach alpha=0.05"), r.stdout
+    assert r.returncode == 2 and not out.exists()  # and then the usual one-line refusal of the missing model
