@@ -43,13 +43,15 @@ def _verdict(confirmed: bool | None) -> str:
 
 
 def type_verdicts(summary: dict) -> dict[str, tuple[list[str], str]]:
-    """Head type -> (its top-k heads as ``"L.H"``, the verdict) from a scan's summary.json, for the
-    :data:`VERDICT_KIND` ablation where there is one (else the type's first ablation)."""
+    """Head type -> (its top-k heads as ``"L.H"``, the verdict) from a scan's summary.json: the
+    tested row's (``tested``), else the :data:`VERDICT_KIND` row's (a scan without the flag), else
+    the type's first ablation's."""
     out: dict[str, tuple[list[str], str]] = {}
+    rank = lambda v: (bool(v.get("tested")), v["kind"] == VERDICT_KIND)  # noqa: E731
     for v in summary.get("ablations", []):
         t = v["head_type"]
-        if t not in out or (v["kind"] == VERDICT_KIND and out[t][2] != VERDICT_KIND):
-            out[t] = (list(v["top_heads"]), _verdict(v["confirmed"]), v["kind"])
+        if t not in out or rank(v) > out[t][2]:
+            out[t] = (list(v["top_heads"]), _verdict(v["confirmed"]), rank(v))
     return {t: (heads, verdict) for t, (heads, verdict, _) in out.items()}
 
 

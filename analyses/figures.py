@@ -13,6 +13,7 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
+import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -243,64 +244,100 @@ EMBEDDING_TASK_LABELS = {"natural": "text", "repeated": "repeat"}
 
 @_styled
 def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
-    """Loss increase from ablating the top-k heads of each type vs k random heads.
+    """Each head type's top-k ablation effect beside every control set's effect, with the rule.
 
-    ``rows`` are :class:`headprobe.analyses.ablation.Verification` dicts. Per type and ablation
-    kind: the top-k effect (filled bar; whiskers: its 95% bootstrap interval over sequences) and
-    the mean effect of the random draws (hatched; whiskers: the 5th-95th percentile of the
-    draws); a star marks a confirmed detection, ``n/v`` one without a verdict. Each type's tick
-    says which loss it is judged on (natural text or the repeated half of repeated random
-    tokens), since the bars of the two tasks are not on the same baseline. The y axis is
-    symmetric-log (linear within ±0.1 nats), as effects span 0.01 to 10 nats.
+    ``rows`` are :class:`headprobe.analyses.ablation.Verification` dicts. One panel per ablation
+    kind, the tested kind (mean) first. Per type: every control set's effect (grey dots, jittered),
+    their maximum (a short black bar), the top-k effect (a blue diamond; whiskers: its 95%
+    bootstrap interval over sequences) and, above, the verdict's numbers: the control sets
+    ablated (n), the p-value and, for the tested kind, the adjusted p and the verdict (CONFIRMED,
+    not confirmed, no verdict); the other kind says "not tested". Each type's tick says which loss it
+    is judged on. The y axis is symmetric-log (linear within +-0.1 nats), as effects span 0.01 to
+    10 nats.
     """
     from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
-    kinds = sorted({r["kind"] for r in rows}, key=["zero", "mean"].index)
+    kinds = sorted({r["kind"] for r in rows}, key=lambda k: (not any(r["kind"] == k and r.get("tested") for r in rows),
+                                                              ["mean", "zero"].index(k) if k in ("mean", "zero") else 9))
     types = list(dict.fromkeys(r["head_type"] for r in rows))
     k = rows[0]["k"]
-    n_draws = len(rows[0]["random_effects"])
-    fig = _figure(COLUMN_WIDTH, 2.6 * len(kinds) / 2 + 1.0)
+    alpha = next((r["alpha"] for r in rows if r.get("alpha") is not None), None)
+    correction = next((r["correction"] for r in rows if r.get("correction")), None)
+    fig = _figure(COLUMN_WIDTH, 2.5 * len(kinds) + 0.9)
     axes = np.atleast_1d(fig.subplots(len(kinds), 1, sharex=True))
     x = np.arange(len(types))
-    colors = {"top": "#0072B2", "random": "#E69F00"}  # Okabe-Ito, colourblind-safe
+    rng = np.random.default_rng(0)
+    blue, grey = "#0072B2", "#999999"  # Okabe-Ito blue; the controls in grey
     for ax, kind in zip(axes, kinds):
         by_type = {r["head_type"]: r for r in rows if r["kind"] == kind}
-        top = np.array([by_type[t]["top_effect"] for t in types])
-        ci = np.array([by_type[t].get("top_effect_ci95", [np.nan, np.nan]) for t in types], dtype=float)
-        rmean = np.array([by_type[t]["random_mean"] for t in types])
-        r05 = np.array([np.percentile(by_type[t]["random_effects"], 5) for t in types])
-        r95 = np.array([np.percentile(by_type[t]["random_effects"], 95) for t in types])
-        top_err = np.where(np.isfinite(ci.T), np.abs(ci.T - top), 0.0)
-        ax.bar(x - 0.2, top, 0.4, color=colors["top"], yerr=top_err, capsize=2, error_kw={"lw": 0.6})
-        ax.bar(x + 0.2, rmean, 0.4, color=colors["random"], hatch="///", edgecolor="white",
-               yerr=[np.maximum(rmean - r05, 0), np.maximum(r95 - rmean, 0)], capsize=2, error_kw={"lw": 0.6})
+        top_all = []
         for i, t in enumerate(types):
-            mark = {True: "*", False: None, None: "n/v"}[by_type[t]["confirmed"]]
-            if mark:
-                tip = top[i] + (top_err[1, i] if top[i] >= 0 else 0)
-                ax.annotate(mark, (x[i] - 0.2, tip), ha="center", va="bottom", fontsize=9 if mark == "*" else 5)
-        ax.set_yscale("symlog", linthresh=0.1)
+            r = by_type.get(t)
+            if r is None:
+                continue
+            draws = np.asarray(r["random_effects"], dtype=float)
+            ax.scatter(i + rng.uniform(-0.22, 0.22, len(draws)), draws, s=3, color=grey, lw=0, zorder=2)
+            ax.plot([i - 0.27, i + 0.27], [draws.max()] * 2, color="black", lw=0.9, zorder=3)
+            lo, hi = r.get("top_effect_ci95") or [np.nan, np.nan]
+            err = None if not np.isfinite([lo, hi]).all() else [[r["top_effect"] - lo], [hi - r["top_effect"]]]
+            ax.errorbar([i], [r["top_effect"]], yerr=err, fmt="D", ms=4, color=blue, lw=0.8, capsize=2, zorder=4)
+            top_all += [r["top_effect"], float(draws.max())]
+            if r.get("tested"):
+                verdict = {True: "CONFIRMED", False: "not confirmed", None: "no verdict"}[r["confirmed"]]
+                text = f"n={r['draws']}\np={r['p_value']:.3g}\nadj {r['p_adjusted']:.3g}\n{verdict}"
+            elif r["confirmed"] is None and r.get("no_verdict"):
+                text = f"n={r['draws']}\np={r['p_value']:.3g}\nno verdict"
+            else:
+                text = f"n={r['draws']}\np={r['p_value']:.3g}\nnot tested"
+            ax.annotate(text, (i, 1.0), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize=4.5,
+                        fontweight="bold" if r.get("confirmed") else "normal", annotation_clip=False)
+        if max(np.abs(top_all), default=0) > 0.1:  # effects from 0.01 to 10 nats: symmetric-log
+            ax.set_yscale("symlog", linthresh=0.1)
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.axhline(0, color="black", lw=0.5)
-        ax.set_ylabel(f"{kind} ablation\n" + ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine"
-                                               else "Δ loss (nats)"))
-    handles = [Patch(color=colors["top"], label=f"top-{k} heads (bars: 95% CI over sequences)"),
-               Patch(facecolor=colors["random"], hatch="///", edgecolor="white",
-                     label=f"{k} random heads, mean of {n_draws} draws (bars: 5th–95th pct.)"),
-               Line2D([], [], ls="", marker="$*$", color="black", label="confirmed (rule in summary.json)")]
-    if any(r["confirmed"] is None for r in rows):
-        handles.append(Line2D([], [], ls="", marker="$n/v$", markersize=9, color="black", label="no verdict (see warnings)"))
+        tested = any(r.get("tested") for r in by_type.values())
+        ax.set_ylabel(f"{kind} ablation{' (tested)' if tested else ' (reported)'}\n" +
+                      ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine" else "Δ loss (nats)"))
+    handles = [Line2D([], [], ls="", marker="D", ms=4, color=blue, label=f"top-{k} heads (bars: 95% CI over sequences)"),
+               Line2D([], [], ls="", marker="o", ms=2, color=grey, label=f"control sets of {k} random heads (n sets)"),
+               Line2D([], [], color="black", lw=0.9, label="largest control effect")]
+    if alpha is not None:
+        handles.append(Line2D([], [], ls="", label=f"CONFIRMED: adjusted p ≤ α = {alpha:g} "
+                                                   f"({'Benjamini-Hochberg' if correction == 'bh' else 'Holm'})\nand top-k Δ ≥ 2x the control mean"))
     unit = "" if rows[0].get("metric") == "embedding_cosine" else " nats"
-    handles.append(Patch(color="none", label=f"y axis: symmetric log, linear within ±0.1{unit}"))
+    handles.append(Line2D([], [], ls="", label=f"y axis: symmetric log (linear within ±0.1{unit}) where effects exceed 0.1"))
     fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     fig.suptitle(title, fontsize=_RC["axes.titlesize"])
     task_of = {r["head_type"]: r["task"] for r in rows}
     labels = EMBEDDING_TASK_LABELS if rows[0].get("metric") == "embedding_cosine" else TASK_LABELS
-    # a few types: slanted a little; many (a scan of every type): steeper and smaller, so that neighbours never touch
     many = len(types) > 4
     axes[-1].set_xticks(x, [f"{t.replace('_', '-')}\n({labels.get(task_of[t], task_of[t])})" for t in types],
                         fontsize=5 if many else 5.5, rotation=50 if many else 25, ha="right", rotation_mode="anchor")
     return fig
+
+
+def ablation_caption(rows: Sequence[dict], design: dict) -> str:
+    """The numbers a paper's caption of ``ablation.png`` needs, as plain text: the design (k, the
+    control, draws, alpha, correction) and per tested type its effect, interval, control mean and
+    maximum, sets ablated, p, adjusted p and verdict."""
+    if not rows:
+        return ""
+    k = rows[0]["k"]
+    corr = {"bh": "Benjamini-Hochberg", "holm": "Holm-Bonferroni"}.get(design.get("correction"), design.get("correction"))
+    lines = [f"Ablation check: the top-{k} heads of each head type against random control sets of {k} heads "
+             f"({design.get('control')}, drawn outside every top-{k} set of the task), {design.get('primary_kind')} "
+             f"ablation tested, at most {design.get('max_draws')} sets per test, stopped once the verdict was settled "
+             f"(Besag & Clifford 1991). Verdicts at alpha = {design.get('alpha')} after {corr} correction over "
+             f"{design.get('family_size')} test{'' if design.get('family_size') == 1 else 's'}; CONFIRMED also needs the effect to be at least twice the control "
+             "mean. Effects in nats/token (loss increase) unless stated."]
+    for r in rows:
+        lo, hi = r.get("top_effect_ci95") or [float("nan")] * 2
+        role = (f"p_adj = {r['p_adjusted']:.4g}, {r['confirmed'] and 'CONFIRMED' or 'not confirmed'}" if r.get("tested")
+                else "not tested" if r.get("no_verdict") is None else f"no verdict ({r['no_verdict']})")
+        lines.append(f"{r['head_type'].replace('_', '-')} ({r['kind']}, {r['task']}): top-{k} effect {r['top_effect']:+.4g} "
+                     f"[95% CI {lo:+.4g}, {hi:+.4g}] vs control mean {r['random_mean']:+.4g}, max {r['random_max']:+.4g} "
+                     f"over {r['draws']} sets; p = {r['p_value']:.4g}; {role}.")
+    return "\n".join(lines) + "\n"
 
 
 @_styled

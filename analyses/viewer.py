@@ -43,7 +43,7 @@ EXAMPLES = ("natural", "repeated")
 _ID_COLUMNS = ("layer", "head", "kv_head")
 
 
-def _round(x: float, digits: int = 5) -> float | None:
+def _round(x: float | None, digits: int = 5) -> float | None:
     return None if x is None or not np.isfinite(x) else round(float(x), digits)
 
 
@@ -201,15 +201,20 @@ def _delta_maps(table: pd.DataFrame) -> list[dict]:
 
 
 def _verdicts(summary: Mapping | None) -> list[dict]:
-    """scan's ablation checks, compact: type, kind, task, heads ablated, effect, random mean/max, p, verdict."""
+    """scan's ablation checks, compact: type, kind, task, heads ablated, effect, control mean/max, sets
+    ablated, p, adjusted p, whether the row is the tested one, verdict (the rule of summary.json's
+    ``verification``; the untested kind says ``not tested``)."""
     rows = []
     for a in (summary or {}).get("ablations", []):
         rows.append({"head_type": a["head_type"], "kind": a["kind"], "task": a["task"], "heads": a["top_heads"],
                      "effect": _round(a["top_effect"], 4), "random_mean": _round(a["random_mean"], 4),
                      "random_max": _round(a["random_max"], 4), "p_value": _round(a.get("p_value"), 4),
+                     "p_adjusted": _round(a.get("p_adjusted"), 4), "draws": a.get("draws", len(a.get("random_effects", []))),
+                     "tested": bool(a.get("tested", True)), "alpha": a.get("alpha"), "correction": a.get("correction"),
                      "ci95": [_round(x, 4) for x in a.get("top_effect_ci95") or []],
                      "confirmed": a["confirmed"],  # None: no verdict (see the summary's warnings)
-                     "verdict": "no verdict" if a["confirmed"] is None else "CONFIRMED" if a["confirmed"] else "not confirmed"})
+                     "verdict": ("not tested" if not a.get("tested", True) and not a.get("no_verdict")
+                                 else "no verdict" if a["confirmed"] is None else "CONFIRMED" if a["confirmed"] else "not confirmed")})
     return rows
 
 

@@ -35,13 +35,14 @@ def _summary(n_layers=3, n_heads=2):
     return {"layout": {"n_layers": n_layers, "n_heads": n_heads},
             "config": {"types": ["positional", "induction"]},
             "ablations": [
-                {"head_type": "induction", "kind": "zero", "top_heads": ["2.1"], "confirmed": True},
-                {"head_type": "positional", "kind": "mean", "top_heads": ["0.0", "1.1"], "confirmed": True},
-                {"head_type": "positional", "kind": "zero", "top_heads": ["0.0", "1.1"], "confirmed": False},
+                {"head_type": "induction", "kind": "zero", "top_heads": ["2.1"], "confirmed": None, "tested": False},
+                {"head_type": "induction", "kind": "mean", "top_heads": ["2.1"], "confirmed": True, "tested": True},
+                {"head_type": "positional", "kind": "zero", "top_heads": ["0.0", "1.1"], "confirmed": None, "tested": False},
+                {"head_type": "positional", "kind": "mean", "top_heads": ["0.0", "1.1"], "confirmed": False, "tested": True},
             ]}
 
 
-def test_atlas_rows_mark_top_heads_with_their_types_zero_ablation_verdict():
+def test_atlas_rows_mark_top_heads_with_their_types_tested_verdict():
     layer, head = np.meshgrid(range(3), range(2), indexing="ij")
     scores = pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "kv_head": head.ravel(),
                            "induction": np.linspace(0, 1, 6), "positional_fraction": np.linspace(1, 0, 6)})
@@ -49,7 +50,7 @@ def test_atlas_rows_mark_top_heads_with_their_types_zero_ablation_verdict():
     assert rows["relative_depth"].tolist() == [0, 0, 0.5, 0.5, 1, 1]
     by_name = rows.set_index(rows["layer"].astype(str) + "." + rows["head"].astype(str))
     assert by_name.loc["2.1", "induction_verdict"] == "CONFIRMED" and by_name["induction_top"].sum() == 1
-    # zero ablation's verdict, not mean ablation's, although mean came first
+    # the tested (mean-ablation) verdict, not the untested zero-ablation row's, although zero came first
     assert by_name.loc[["0.0", "1.1"], "positional_verdict"].tolist() == ["not confirmed", "not confirmed"]
     assert (by_name.drop(["0.0", "1.1"])["positional_verdict"] == "").all()
     assert rows["induction"].tolist() == scores["induction"].tolist()
@@ -59,7 +60,8 @@ def test_atlas_rows_mark_top_heads_with_their_types_zero_ablation_verdict():
 
 def test_no_verdict_and_one_layer_models():
     s = _summary(n_layers=1, n_heads=2)
-    s["ablations"][0] = {"head_type": "induction", "kind": "zero", "top_heads": ["0.1"], "confirmed": None}
+    s["ablations"][2:] = [{**a, "top_heads": ["0.0", "0.1"]} for a in s["ablations"][2:]]
+    s["ablations"][:2] = [{"head_type": "induction", "kind": "mean", "top_heads": ["0.1"], "confirmed": None}]
     scores = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "kv_head": [0, 0], "induction": [0.1, 0.9],
                            "positional_fraction": [0.5, 0.5]})
     rows = atlas_lib.atlas_rows(scores, s, "one-layer", "gpt2")

@@ -87,7 +87,8 @@ def test_page_data_keeps_every_head_and_no_label_can_end_the_script():
     p = np.full((3, 4, 3, 3), 1 / 3, dtype=np.float32)
     labels = ["</script><b>", "a", '"q"']
     check = {"head_type": "induction", "kind": "zero", "task": "repeated", "top_heads": ["2.1", "0.3"], "top_effect": 0.7,
-             "random_mean": 0.1, "random_max": 0.2, "p_value": 1 / 6, "confirmed": True, "top_effect_ci95": [0.5, 0.9]}
+             "random_mean": 0.1, "random_max": 0.2, "p_value": 1 / 6, "confirmed": True, "top_effect_ci95": [0.5, 0.9],
+             "p_adjusted": 0.2, "draws": 5, "tested": True, "alpha": 0.25, "correction": "bh"}
     page = viewer.build_page(table, {"model": "toy", "layout": {"n_kv_heads": 2}, "ablations": [check]},
                              {"natural": {"labels": labels, "pattern": p, "period": None, "start": 0}})
     assert page.count("</script>") == 2  # the data tag's and the code's, none from the label
@@ -95,6 +96,7 @@ def test_page_data_keeps_every_head_and_no_label_can_end_the_script():
     assert data["patterns"]["natural"]["labels"] == labels
     assert data["verdicts"] == [{"head_type": "induction", "kind": "zero", "task": "repeated", "heads": ["2.1", "0.3"],
                                  "effect": 0.7, "random_mean": 0.1, "random_max": 0.2, "p_value": 0.1667,
+                                 "p_adjusted": 0.2, "draws": 5, "tested": True, "alpha": 0.25, "correction": "bh",
                                  "ci95": [0.5, 0.9], "confirmed": True, "verdict": "CONFIRMED"}]
     no_verdict = {**check, "confirmed": None}
     page = viewer.build_page(table, {"model": "toy", "ablations": [no_verdict], "warnings": ["natural task: unknown text"]})

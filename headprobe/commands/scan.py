@@ -618,6 +618,10 @@ def write_outputs(result: ScanResult, out: Path, html: bool = False, figures: bo
     written = [csv]
     for stem, fig in (scan_figures(result) if figures else {}).items():
         written += figs.save_figure(fig, out / stem)
+    if result.verifications:
+        write_text(out / "ablation.caption.txt", figs.ablation_caption([v.to_dict() for v in result.verifications],
+                                                                       result.verification))
+        written.append(out / "ablation.caption.txt")
     if result.patterns:
         written.append(viewer.save_patterns(out / "patterns.npz", result.patterns))
     if html:
