@@ -1,0 +1,57 @@
+"""Benchmark: the scan's verification, fixed-size against sequential, with one control design.
+
+Loads the model once and runs the scan's verification (scores, then the ablations; no metrics or
+patterns) twice with the same settings and seed: every test ablating ``--n-random`` control sets
+of both kinds (fixed-size, the design before sequential tests), and the sequential design
+(Besag & Clifford stopping; the untested kind on the first batch). Prints, for each, the sets
+ablated, the verification's wall time and every verdict, and the ratios; ``--control`` picks the
+control design (run it once per design to compare layer-matched with uniform). Not a test:
+times depend on the machine.
+
+    python benchmarks/verification.py [--model smollm2-135m] [--n-random 50] [--control layer-matched]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from headprobe.commands.scan import ScanConfig, run
+from headprobe.probe.loading import load_model
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--n-random", type=int, default=ScanConfig.n_random)
+    p.add_argument("--control", default="layer-matched", choices=("layer-matched", "uniform"))
+    p.add_argument("--correction", default="bh", choices=("bh", "holm"))
+    args = p.parse_args()
+    torch.manual_seed(0)
+    model = load_model(args.model, quiet=True)
+    out = {}
+    for name, sequential in (("fixed-size", False), ("sequential", True)):
+        cfg = ScanConfig(model=args.model, n_random=args.n_random, control=args.control, correction=args.correction,
+                         sequential=sequential, metrics=False, pattern_len=0)
+        t0 = time.perf_counter()
+        result = run(model, cfg, progress=False)
+        out[name] = (result, time.perf_counter() - t0)
+        sets = result.verification["sets_ablated"]
+        print(f"{name:<11} sets ablated {sets:4d}  verification {result.timings['ablate_s']:7.1f} s  "
+              f"(whole run {out[name][1]:.1f} s)")
+        for v in result.verifications:
+            if v.tested or v.no_verdict:
+                print(f"    {v.head_type:<16} {v.kind:<5} draws {v.draws:3d}  top Δ {v.top_effect:+.3f}  control mean/max "
+                      f"{v.random_mean:+.3f}/{v.random_max:+.3f}  p {v.p_value:.4f}  adj {v.p_adjusted:.4f}  {v.verdict}")
+    (fixed, t_fixed), (seq, t_seq) = out["fixed-size"], out["sequential"]
+    same = [a.confirmed for a in fixed.verifications if a.tested] == [b.confirmed for b in seq.verifications if b.tested]
+    ratio = seq.verification["sets_ablated"] / fixed.verification["sets_ablated"]
+    time_ratio = seq.timings["ablate_s"] / fixed.timings["ablate_s"]
+    print(f"\ncontrol={args.control} correction={args.correction} n_random={args.n_random}: sets ratio "
+          f"(sequential / fixed) {ratio:.3f}, verification time ratio {time_ratio:.3f}, same verdicts: {same}")
+
+
+if __name__ == "__main__":
+    main()
