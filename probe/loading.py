@@ -43,6 +43,8 @@ weights, a corrupt file) raises :class:`~headprobe.probe.errors.HeadprobeError` 
 
 from __future__ import annotations
 
+import dataclasses
+
 import contextlib
 import importlib.metadata
 import logging
@@ -575,10 +577,12 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
         if meta.get("format") != NATIVE_FORMAT:
             raise ValueError(f"format is {meta.get('format')!r}, expected {NATIVE_FORMAT!r}")
         cfg = TransformerConfig.from_json(meta["model"])
+        removed: tuple[tuple[int, int], ...] = ()
         if "pruned" in meta:  # a pruned model directory: removed heads come back as zero weights (exact)
             from headprobe.probe.pruned import load_pruned_dir_full
 
-            model = load_pruned_dir_full(path)[0]
+            model, removed_per_layer = load_pruned_dir_full(path)
+            removed = tuple((layer, head) for layer, heads in enumerate(removed_per_layer) for head in heads)
         else:
             model = Transformer.from_state_dict(cfg, torch.load(path / NATIVE_WEIGHTS, map_location="cpu", weights_only=True))
     except HeadprobeError:
@@ -597,7 +601,7 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
     if "pruned" in meta:
         p = meta["pruned"]
         weights = f"{p.get('dtype', 'float32')} (pruned headprobe checkpoint, {p.get('n_removed')} heads removed, zero weights)"
-    spec = spec_from_native(str(path), str(path), weights, cfg)
+    spec = dataclasses.replace(spec_from_native(str(path), str(path), weights, cfg), removed_heads=removed)
     loaded = NativeModel(model.to(device).eval(), tokenizer, spec, prepend_bos=prepend_bos)
     train = meta.get("train") or {}
     if all(isinstance(train.get(k), int) for k in ("min_period", "max_period", "eval_period")):

@@ -31,6 +31,9 @@ class ModelSpec:
         backend: ``native`` (headprobe's own transformer) or ``transformer-lens`` (the bridge).
         causal: a decoder's causal attention (True) or an encoder's bidirectional attention
             (False: BERT; queries read keys after them, and there is no LM head to score).
+        removed_heads: ``(layer, head)`` of the heads a pruned headprobe model no longer has (loaded
+            back at full shape with zero weights); analyses blank their scores and never draw
+            them into a control set. Empty for every other model.
 
     ``n_layers``, ``n_heads`` (query heads), ``n_kv_heads`` (key/value heads: equal for MHA, 1 for
     MQA), ``d_head`` (the width of ``z``), ``d_model``, ``group_size`` and :meth:`kv_head` read the
@@ -46,6 +49,7 @@ class ModelSpec:
     weights: str
     backend: str = "native"
     causal: bool = True
+    removed_heads: tuple[tuple[int, int], ...] = ()
 
     @property
     def precision(self) -> str:

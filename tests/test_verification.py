@@ -106,8 +106,8 @@ def test_settings_reachability_and_effect_rule():
 def _scan(model, text, **kw):
     from headprobe.commands.scan import ScanConfig, run
 
-    cfg = ScanConfig(model="tiny", n_natural=4, seq_len=24, n_repeated=3, period=8, k=3, text=str(text), metrics=False,
-                     pattern_len=0, **kw)
+    kw = {"n_natural": 4, "seq_len": 24, "n_repeated": 3, "period": 8, "k": 3, "metrics": False, "pattern_len": 0, **kw}
+    cfg = ScanConfig(model="tiny", text=str(text), **kw)
     return run(model, cfg, progress=False)
 
 
@@ -152,3 +152,37 @@ def test_cli_says_before_running_that_no_verdict_can_be_confirmed(tmp_path):
                         "--out", str(out)], capture_output=True, text=True)
     assert r.stdout.splitlines()[0].startswith("NOTE: --n-random 10 cannot reach alpha=0.05"), r.stdout
     assert r.returncode == 2 and not out.exists()  # and then the usual one-line refusal of the missing model
+
+
+def test_a_pruned_models_removed_heads_are_blank_and_never_drawn(tiny_tokenizer, tmp_path, text_file):
+    """Issue 23 item 2: a reloaded pruned model scanned as if its removed heads were alive gave them
+    ordinary scores, filled the random control with zero-effect heads and drove every p to its floor."""
+    import pandas as pd
+
+    import headprobe
+    import zoo
+    from headprobe.probe.pruned import remove_heads, save_pruned_dir
+
+    base = headprobe.load_model(str(zoo.save_dir("llama", tiny_tokenizer, tmp_path / "llama")), device="cpu", quiet=True)
+    spec = base.spec
+    removed = {(0, 0), (1, 1)}
+    keep = torch.ones(spec.n_layers, spec.n_heads, dtype=torch.bool)
+    for layer, head in removed:
+        keep[layer, head] = False
+    save_pruned_dir(remove_heads(base.model, keep), tmp_path / "pruned", tokenizer=base.tokenizer)
+    model = headprobe.load_model(str(tmp_path / "pruned"), device="cpu", quiet=True)
+    assert set(model.spec.removed_heads) == removed
+    result = _scan(model, text_file, n_random=20, k=2)
+    table = result.table.set_index(["layer", "head"])
+    score_cols = [c for c in table.columns if c not in ("kv_head",)]
+    for head in removed:
+        assert table.loc[head, score_cols].isna().all(), head  # blank, not an ordinary score
+    alive = [h for h in table.index if h not in removed]
+    assert table.loc[alive, "induction"].notna().all()
+    drawn = {tuple(int(x) for x in h.split(".")) for v in result.verifications for s in v.random_heads for h in s}
+    assert drawn and not drawn & removed
+    assert not {tuple(int(x) for x in h.split(".")) for v in result.verifications for h in v.top_heads} & removed
+    assert result.summary()["removed_heads"] == sorted(f"{l}.{h}" for l, h in removed)
+    csv = tmp_path / "scan.csv"
+    result.table.to_csv(csv, index=False)
+    assert pd.read_csv(csv).query("layer == 0 and head == 0")["induction"].isna().all()

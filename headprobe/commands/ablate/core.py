@@ -410,7 +410,7 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
         for task, r in results.items():
             cols[f"{task}_{ESTIMATE_COLUMN[cfg.estimate]}"] = r.estimated.ravel()
         cols["induction_score"] = induction_score.ravel()
-        return AblateResult(cfg, spec, pd.DataFrame(cols), results, induction_score, natural, repeated,
+        return AblateResult(cfg, spec, _mark_removed(pd.DataFrame(cols), spec), results, induction_score, natural, repeated,
                             str(model.device), model.self_check.to_dict(), time.perf_counter() - t_start)
     for task, r in results.items():
         cols[f"{task}_loss_delta"] = r.effect.ravel()
@@ -418,9 +418,23 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
         cols[f"{task}_importance"] = r.importance.ravel()
         cols[f"{task}_attribution"] = r.attribution.ravel()
     cols["induction_score"] = induction_score.ravel()
-    return AblateResult(cfg, spec, pd.DataFrame(cols), results, induction_score, natural, repeated, str(model.device),
-                        model.self_check.to_dict(), time.perf_counter() - t_start, swept=swept,
+    return AblateResult(cfg, spec, _mark_removed(pd.DataFrame(cols), spec), results, induction_score, natural, repeated,
+                        str(model.device), model.self_check.to_dict(), time.perf_counter() - t_start, swept=swept,
                         ranks=distributed.world_size())
+
+
+def _mark_removed(table: pd.DataFrame, spec) -> pd.DataFrame:
+    """A pruned model's removed heads (``spec.removed_heads``): a ``removed`` column, and their
+    numbers blanked (an effect of exactly 0 is the removal, not a measurement)."""
+    removed = set(getattr(spec, "removed_heads", ()) or ())
+    if not removed:
+        return table
+    mask = np.array([(int(l), int(h)) in removed for l, h in zip(table["layer"], table["head"])])
+    values = [c for c in table.columns if c not in ("layer", "head", "kv_head")]
+    table[values] = table[values].astype(float)
+    table.loc[mask, values] = np.nan
+    table["removed"] = mask
+    return table
 
 
 
