@@ -271,51 +271,12 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
     # the untested kind: the first batch of each test's sets (fixed-size: all of them, the design before sequential tests)
     n_secondary = min(settings.batch, settings.n_random) if settings.sequential else settings.n_random
 
-    def losses(task: str, sets: list[list[Head]], kind: str) -> torch.Tensor:
-        ts = tokens[task]
-        first = first_scored(task, ts.start, ts.period)
-        return distributed.map_sharded(  # under torchrun each rank ablates its slice of the sets
-            lambda part: set_ablation_losses(model, ts.tokens, part, kind, mean_z, first, score=scorers.get(task)), sets)
-
-    planned = [settings.n_random + n_secondary * len(secondary) for _ in streams]
-    bar = tqdm(total=len(tests) * len(KINDS) + sum(planned), desc="verification", unit="set", disable=not progress)
-    ablated = 0
-    for task in dict.fromkeys(x.task for x in tests):  # the top-k sets: one pass per task and kind
-        group = [x for x in tests if x.task == task]
-        for kind in KINDS:
-            out = losses(task, [x.top for x in group], kind)
-            for x, row, loss in zip(group, (out - clean[task][None]).double().numpy(), out):
-                x.top_per_seq[kind], x.top_effect[kind] = row, float(row.mean())
-                x.top_loss[kind] = float(loss.double().mean())
-            bar.update(len(group))
-            ablated += len(group)
-    for x in tests:
-        x.mc = st.SequentialMCTest(x.top_effect[PRIMARY_KIND], settings.n_random, settings.alpha,
-                                   sequential=settings.sequential, tie=P_VALUE_TIE)
-    done = [0] * len(streams)
-    while any(not x.mc.done for x in tests):
-        for s in sorted({x.stream for x in tests if not x.mc.done}):
-            task = next(x.task for x in tests if x.stream == s)
-            lo, hi = done[s], min(done[s] + settings.batch, settings.n_random)
-            kinds = [PRIMARY_KIND] + (secondary if lo < n_secondary else [])
-            for kind in kinds:
-                sub = streams[s][lo:min(hi, n_secondary) if kind != PRIMARY_KIND else hi]
-                eff = (losses(task, sub, kind) - clean[task][None]).double().mean(dim=1).tolist()
-                for x in tests:
-                    if x.stream == s and not x.mc.done:
-                        x.effects[kind] += eff
-                bar.update(len(sub))
-                ablated += len(sub)
-                planned[s] -= len(sub)
-            for x in tests:
-                if x.stream == s and not x.mc.done:
-                    x.mc.add(x.effects[PRIMARY_KIND][lo:hi])
-            done[s] = hi
-            if all(x.mc.done for x in tests if x.stream == s):  # every test on this stream is settled
-                bar.total -= planned[s]
-                planned[s] = 0
-                bar.refresh()
-    bar.close()
+    total = len(tests) * len(KINDS) + len(streams) * (settings.n_random + n_secondary * len(secondary))
+    run = _Ablator(model, tokens, clean, mean_z, scorers, tqdm(total=total, desc="verification", unit="set",
+                                                              disable=not progress))
+    run.top_sets(tests)
+    run.controls(tests, streams, settings, n_secondary)
+    run.bar.close()
     family = [x for x in tests if x.no_verdict is None]
     adjusted = dict(zip((x.head_type for x in family),
                         st.adjust_p_values([x.mc.p_value() for x in family], settings.correction)))
@@ -326,10 +287,73 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
         "alpha": settings.alpha, "correction": settings.correction, "family_size": len(family),
         "primary_kind": PRIMARY_KIND, "control": settings.control, "max_draws": settings.n_random,
         "batch": settings.batch, "sequential": settings.sequential, "besag_clifford_h": tests[0].mc.h if tests else None,
-        "sets_ablated": ablated,  # the top-k sets and every control set, each kind counted
+        "sets_ablated": run.ablated,  # the top-k sets and every control set, each kind counted
         "notes": notes + ([unreachable_note(settings)] if not settings.reachable else []),
     }
     return out, design
+
+
+@dataclass
+class _Ablator:
+    """Ablates head sets of a task (batched, sharded under torchrun) and keeps one progress bar over
+    the whole verification, made with every set planned; a settled stream's unneeded sets leave its total."""
+
+    model: object
+    tokens: dict
+    clean: dict
+    mean_z: torch.Tensor
+    scorers: dict
+    bar: object
+    ablated: int = 0
+
+    def effects(self, task: str, sets: list[list[Head]], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(losses [set, batch], effects [set, batch])`` of ablating each of ``sets`` (kind ``kind``)."""
+        ts = self.tokens[task]
+        first = first_scored(task, ts.start, ts.period)
+        losses = distributed.map_sharded(  # under torchrun each rank ablates its slice of the sets
+            lambda part: set_ablation_losses(self.model, ts.tokens, part, kind, self.mean_z, first,
+                                             score=self.scorers.get(task)), sets)
+        self.ablated += len(sets)
+        self.bar.update(len(sets))
+        return losses, (losses - self.clean[task][None]).double()
+
+    def top_sets(self, tests: list[_Test]) -> None:
+        """Every test's top-k effect, per kind: one call per task and kind."""
+        for task in dict.fromkeys(x.task for x in tests):
+            group = [x for x in tests if x.task == task]
+            for kind in KINDS:
+                losses, eff = self.effects(task, [x.top for x in group], kind)
+                for x, row, loss in zip(group, eff.numpy(), losses):
+                    x.top_per_seq[kind], x.top_effect[kind] = row, float(row.mean())
+                    x.top_loss[kind] = float(loss.double().mean())
+
+    def controls(self, tests: list[_Test], streams: list[list[list[Head]]], settings: VerificationSettings,
+                 n_secondary: int) -> None:
+        """Ablate each stream's control sets a batch at a time, feeding the tests on it, until every
+        test is done; the untested kind on the first ``n_secondary`` sets of each stream."""
+        secondary = [k for k in KINDS if k != PRIMARY_KIND]
+        for x in tests:
+            x.mc = st.SequentialMCTest(x.top_effect[PRIMARY_KIND], settings.n_random, settings.alpha,
+                                       sequential=settings.sequential, tie=P_VALUE_TIE)
+        planned = [settings.n_random + n_secondary * len(secondary) for _ in streams]
+        done = [0] * len(streams)
+        while any(not x.mc.done for x in tests):
+            for s in sorted({x.stream for x in tests if not x.mc.done}):
+                on = [x for x in tests if x.stream == s and not x.mc.done]
+                lo, hi = done[s], min(done[s] + settings.batch, settings.n_random)
+                for kind in [PRIMARY_KIND] + (secondary if lo < n_secondary else []):
+                    sub = streams[s][lo:hi if kind == PRIMARY_KIND else min(hi, n_secondary)]
+                    eff = self.effects(on[0].task, sub, kind)[1].mean(dim=1).tolist()
+                    for x in on:
+                        x.effects[kind] += eff
+                    planned[s] -= len(sub)
+                for x in on:
+                    x.mc.add(x.effects[PRIMARY_KIND][lo:hi])
+                done[s] = hi
+                if all(x.mc.done for x in on):  # every test on this stream is settled: its sets are not needed
+                    self.bar.total -= planned[s]
+                    planned[s] = 0
+                    self.bar.refresh()
 
 
 def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[Head], p_adj: float | None,
