@@ -40,6 +40,10 @@ length, and more than the repeated example's ``1 + 2 * 50``. 30 layers x 9 heads
 EXAMPLES = ("natural", "repeated")
 """Example names in ``patterns.npz`` (``natural``: natural text; ``repeated``: repeated random tokens)."""
 
+EXAMPLE_LABELS = {"natural": "the natural-text example", "repeated": "the repeated-random-token example"}
+"""How the page names an example's pattern ("Head 18.6 on ..."), unless the example carries its
+own ``label`` (``headprobe show``: the user's prompt)."""
+
 _ID_COLUMNS = ("layer", "head", "kv_head")
 
 
@@ -220,7 +224,7 @@ def _verdicts(summary: Mapping | None) -> list[dict]:
 
 def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = None,
                 patterns: Mapping[str, dict] | None = None, ablation: pd.DataFrame | None = None,
-                ablation_summary: Mapping | None = None, title: str | None = None) -> dict:
+                ablation_summary: Mapping | None = None, title: str | None = None, verdicts: bool = True) -> dict:
     """The JSON the page reads: layout, maps, table, verdicts, patterns. At least one of ``scores``
     (head_scores.csv) and ``ablation`` (head_ablation.csv) must be given.
 
@@ -228,9 +232,13 @@ def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = No
         scores: head_scores.csv as a DataFrame (``layer``, ``head``, ``kv_head``, score columns).
         summary: scan's summary.json (layout, verdicts with p-values).
         patterns: :func:`head_patterns` / :func:`load_patterns`' result, or None (the page says so).
+            An example may carry a ``label``, how the page names it (default :data:`EXAMPLE_LABELS`).
         ablation: head_ablation.csv (``<task>_loss_delta`` etc.); merged into the table by (layer, head).
         ablation_summary: the ablate run's summary.json.
         title: the page's heading (default: the model's name).
+        verdicts: the page has a section for scan's ablation checks (saying so when there are
+            none); False for a page that no scan made (``headprobe show``): no section,
+            ``"verdicts"`` is None.
 
     Raises:
         ValueError: neither table given, tables of different head layouts, or patterns whose
@@ -264,7 +272,7 @@ def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = No
         "columns": columns,
         "rows": [[int(r.layer), int(r.head), int(r.kv_head) if "kv_head" in table else int(r.head) // max(1, n_heads // n_kv),
                   *[_round(getattr(r, c)) for c in columns]] for r in table.itertuples(index=False)],
-        "verdicts": _verdicts(summary),
+        "verdicts": _verdicts(summary) if verdicts else None,
         "warnings": list((summary or {}).get("warnings", [])),
         "selected": (summary or {}).get("selected_head"),  # a head to open the page on (headprobe show)
         "colormaps": {name: _colormap(name) for name in sorted({m["cmap"] for m in maps} | {"viridis", "Blues"})},
@@ -276,7 +284,8 @@ def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = No
             raise ValueError(f"{name} patterns are for {p.shape[0]} layers x {p.shape[1]} heads, "
                              f"the table for {n_layers} x {n_heads}")
         data["patterns"][name] = {"n": int(p.shape[-1]), "labels": list(ex["labels"]), "period": ex.get("period"),
-                                  "start": int(ex.get("start", 0)), "data": encode_pattern(p)}
+                                  "start": int(ex.get("start", 0)), "data": encode_pattern(p),
+                                  "label": ex.get("label") or EXAMPLE_LABELS.get(name, f"the {name} example")}
     return data
 
 
@@ -294,9 +303,9 @@ def render(data: Mapping) -> str:
 
 def build_page(scores: pd.DataFrame | None = None, summary: Mapping | None = None,
                patterns: Mapping[str, dict] | None = None, ablation: pd.DataFrame | None = None,
-               ablation_summary: Mapping | None = None, title: str | None = None) -> str:
+               ablation_summary: Mapping | None = None, title: str | None = None, verdicts: bool = True) -> str:
     """The whole self-contained HTML page (arguments and errors as :func:`viewer_data`)."""
-    return render(viewer_data(scores, summary, patterns, ablation, ablation_summary, title))
+    return render(viewer_data(scores, summary, patterns, ablation, ablation_summary, title, verdicts))
 
 
 def notebook_html(page: str, height: int = 900) -> str:

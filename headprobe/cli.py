@@ -74,7 +74,9 @@ def _did_you_mean(unknown: list[str], known: dict[str, list[str]]) -> str:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``headprobe`` parser. With ``command`` (the subcommand about to run), only that
     command's module is imported -- the others get placeholder subparsers -- so a light command
-    (``budget``) does not pay for the heavy imports of the rest; without it, every command."""
+    (``budget``) does not pay for the heavy imports of the rest; with ``--version`` none is
+    (0.2 s instead of 5.5 s and 330 MB for torch); otherwise (``--help``, a misspelt command)
+    every command."""
     parser = OneLineErrorParser(
         prog="headprobe",
         description="Attention-head interpretability: find head types, verify them by ablation, prune, plot.",
@@ -82,7 +84,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"headprobe {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():
-        if command in SUBCOMMANDS and name != command:
+        if command in SUBCOMMANDS and name != command or command == "--version":
             sub.add_parser(name)  # never parsed: the command line names another command
             continue
         module = importlib.import_module(module_name)  # a registered command that does not import is a bug: fail loudly

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -364,6 +365,50 @@ def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1)
     kv_heads = H if layout.is_mla else layout.n_kv_heads  # MLA: decompressed keys and values, one per head
     numbers = n * (H * d_qk + kv_heads * d_qk + kv_heads * d_v + H * d_v)
     return numbers * layout.bytes_per_element + n * H * 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Pruned layers: fewer heads in some layers
+# ---------------------------------------------------------------------------------------------
+
+
+def kept_kv_heads(layout: AttentionLayout, kept_heads: Sequence[int]) -> int:
+    """Key/value heads a layer of ``layout`` keeps when it keeps the query heads ``kept_heads``
+    (original numbering): each kept query head ``h`` reads ``h // group_size``, and a key/value head
+    goes only when every query head of its group goes (headprobe.probe.pruned). A count."""
+    return len({h // layout.group_size for h in kept_heads})
+
+
+def layer_cost(formula: Callable[..., int], layout: AttentionLayout, n_heads: int, n_kv_heads: int, *args: Any) -> int:
+    """``formula(layer, *args)`` for one layer of ``layout`` that keeps ``n_heads`` query heads
+    reading ``n_kv_heads`` key/value heads, as a pruned model's layer does (``headprobe prune
+    --save-pruned``): the counts need not divide each other and may be 0 (a layer with no head
+    left keeps only the output bias).
+
+    ``formula`` is one of the per-layer formulas here (:func:`attention_params_per_layer`,
+    :func:`kv_numbers_per_token_per_layer`, :func:`projection_flops`, :func:`score_flops`,
+    :func:`attention_matrix_bytes`, :func:`fused_attention_bytes`). Each is affine in the two
+    counts, ``c + a * n_heads + b * n_kv_heads`` (every query head adds its slice of W_Q and W_O,
+    its scores and its output; every key/value head its slices of W_K and W_V and its cache), so it
+    is evaluated on three layouts of the same widths that :class:`AttentionLayout` accepts,
+    ``(n_heads, n_kv_heads) = (1, 1), (2, 1), (2, 2)``, and extended exactly: ``a = f(2, 1) -
+    f(1, 1)``, ``b = f(2, 2) - f(2, 1)``, ``c = f(1, 1) - a - b``. The unit is the formula's
+    (a count, FLOPs or bytes).
+
+    Raises:
+        HeadprobeError: an MLA layout (its heads share one latent: MLA heads are not removed),
+            a negative count, more key/value heads than query heads, or query heads without a
+            key/value head (or the reverse).
+    """
+    if layout.is_mla:
+        raise HeadprobeError("per-layer head counts describe MHA/GQA/MQA layers; MLA heads are not removed")
+    if not (0 <= n_kv_heads <= n_heads and (n_kv_heads > 0) == (n_heads > 0)):
+        raise HeadprobeError(f"a layer cannot keep {n_heads} query heads on {n_kv_heads} key/value heads")
+    at = {hk: formula(replace(layout, n_layers=1, windows=None, n_heads=hk[0], n_kv_heads=hk[1]), *args)
+          for hk in ((1, 1), (2, 1), (2, 2))}
+    a = at[2, 1] - at[1, 1]
+    b = at[2, 2] - at[2, 1]
+    return at[1, 1] - a - b + a * n_heads + b * n_kv_heads
 
 
 # ---------------------------------------------------------------------------------------------

@@ -359,3 +359,40 @@ def load_pruned_dir_full(path: Any) -> tuple[Transformer, list[list[int]]]:
     except RuntimeError as e:
         raise HeadprobeError(f"pruned model directory {path}: weights do not match its config: {' '.join(str(e).split())[:200]}") from None
     return net, [[h for h in range(cfg.n_heads) if h not in k] for k in kept]
+
+
+def attention_sizes(model: Any, n_tokens: int) -> dict[str, list[int]]:
+    """What each layer of a native model holds and computes, measured on its modules and one
+    forward pass of ``n_tokens`` tokens (ids ``0, 1, ...`` modulo the vocabulary):
+    ``heads_per_layer`` (query heads: ``o_proj``'s input width over ``d_head``),
+    ``kv_heads_per_layer`` and ``kv_numbers_per_token_per_layer`` (the key/value heads and the
+    key and value numbers per token that ``hook_k`` and ``hook_v`` see, what a key/value cache
+    without weight absorption holds; 0 for a layer with no head left) and
+    ``attn_params_per_layer`` (parameters of each attention module). Counts.
+
+    ``model`` is a native :class:`~headprobe.probe.model.Transformer` (full, or pruned by
+    :func:`remove_heads` / :func:`load_pruned_dir`) or a native-backend LoadedModel around one.
+    ``headprobe budget`` checks its formulas against these (``--model DIR``).
+    """
+    net = model.model if isinstance(getattr(model, "model", None), Transformer) else model
+    cfg = net.cfg
+    device = next(net.parameters()).device
+    tokens = (torch.arange(n_tokens, device=device) % cfg.d_vocab)[None]
+    seen: dict[tuple[int, str], tuple[int, ...]] = {}
+
+    def keep_shape(layer: int, kind: str) -> Any:
+        def hook(x: Tensor, hook: Any) -> None:
+            seen[layer, kind] = tuple(x.shape)  # [batch, pos, kv_head, d]
+        return hook
+
+    hooks = [(f"blocks.{l}.attn.hook_{kind}", keep_shape(l, kind)) for l in range(cfg.n_layers) for kind in ("k", "v")]
+    with torch.no_grad():
+        net.run_with_hooks(tokens, fwd_hooks=hooks)
+    layers = range(cfg.n_layers)
+    return {
+        "heads_per_layer": [b.attn.o_proj.weight.shape[1] // cfg.d_head for b in net.blocks],
+        "kv_heads_per_layer": [seen[l, "k"][2] if (l, "k") in seen else 0 for l in layers],
+        "kv_numbers_per_token_per_layer": [sum(seen[l, k][2] * seen[l, k][3] for k in ("k", "v") if (l, k) in seen)
+                                           for l in layers],
+        "attn_params_per_layer": [sum(p.numel() for p in b.attn.parameters()) for b in net.blocks],
+    }

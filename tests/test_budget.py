@@ -179,6 +179,25 @@ def test_params_match_a_torch_module(d, h, kv, dh, bias):
     assert cost.attention_params_per_layer(lay) == sum(p.numel() for p in ref.parameters())
 
 
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+@pytest.mark.parametrize("h, kv, bias", [(3, 2, "qkv"), (1, 1, "all"), (5, 1, "none"), (0, 0, "all"), (0, 0, "none")])
+def test_layer_cost_of_a_pruned_layer_matches_a_torch_module(h, kv, bias):
+    """A pruned layer's counts need not divide (3 query heads on 2 KV heads) and may be 0 (only b_O left)."""
+    ref = _ReferenceAttention(48, h, kv, 8, qkv_bias=bias in ("qkv", "all"), o_bias=bias in ("all", "out"))
+    lay = AttentionLayout(d_model=48, n_layers=4, n_heads=6, n_kv_heads=2, d_head=8, bias=bias)
+    assert cost.layer_cost(cost.attention_params_per_layer, lay, h, kv) == sum(p.numel() for p in ref.parameters())
+    assert cost.layer_cost(cost.kv_numbers_per_token_per_layer, lay, h, kv) == 2 * kv * 8
+    assert cost.layer_cost(cost.attention_params_per_layer, lay, 6, 2) == cost.attention_params_per_layer(lay)
+
+
+@pytest.mark.parametrize("h, kv", [(2, 3), (2, 0), (0, 1), (-1, 0)])
+def test_layer_cost_refuses_impossible_counts(h, kv):
+    from headprobe.probe.errors import HeadprobeError
+
+    with pytest.raises(HeadprobeError, match="cannot keep"):
+        cost.layer_cost(cost.attention_params_per_layer, cost.preset("llama3-8b"), h, kv)
+
+
 def test_params_match_torch_multihead_attention():
     for d, h in [(512, 8), (768, 12)]:
         for bias in (False, True):

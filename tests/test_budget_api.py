@@ -198,3 +198,27 @@ def test_budget_runs_without_heavy_libraries():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def _heavy_imports(*argv: str) -> list[str]:
+    """The heavy libraries ``python -X importtime -m headprobe ARGV`` imports (importtime lists
+    every module a process imports on stderr, one line each)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "headprobe", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    return sorted(imported & {"torch", "transformers", "pandas", "matplotlib", "transformer_lens", "numpy"})
+
+
+@pytest.mark.parametrize("argv", [("budget", "--preset", "llama3-8b"), ("budget", "--preset", "llama3-8b", "--json"),
+                                  ("budget", "--preset", "llama3-8b", "--compare"), ("--version",)])
+def test_the_budget_command_line_imports_no_heavy_library(argv):
+    """Issue 23 item 12: the whole command line (headprobe.cli, its parser, the report) without --model loads
+    neither torch nor pandas (0.1-0.4 s and 20 MB instead of 5-7 s and 330 MB); --version neither."""
+    assert _heavy_imports(*argv) == []
+
+
+def test_the_import_probe_sees_torch():
+    """The probe above is not vacuous: scan's flags need its module, which imports torch."""
+    assert "torch" in _heavy_imports("scan", "--help")

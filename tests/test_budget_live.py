@@ -9,6 +9,7 @@ attention modules, cached positions and bytes are read from transformers' ``Stat
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -205,3 +206,106 @@ def test_bad_new_layout_fields_raise(kwargs, fragment):
 
     with pytest.raises(HeadprobeError, match=fragment):
         AttentionLayout(d_model=64, n_layers=2, n_heads=4, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# headprobe checkpoint directories: trained (headprobe train) and pruned (prune --save-pruned)
+# ---------------------------------------------------------------------------------------------
+
+PRUNINGS = [  # (family, removed heads): the zoo has 2 layers of 4 query heads (GQA: on 2 KV heads)
+    ("llama", [(0, 0), (0, 1), (0, 2), (1, 3)]),  # layer 0 keeps head 3 (KV head 1 only); layer 1 3 heads on 2
+    ("llama", [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)]),  # layer 0 loses every head
+    ("qwen2", [(0, 1), (1, 2), (1, 3)]),  # q/k/v biases; layer 1 loses KV head 1
+    ("qwen3", [(0, 0), (1, 1)]),  # per-head QK-norm
+    ("gpt2", [(0, 0), (0, 1), (1, 2)]),  # MHA, every projection biased
+    ("gemma2", [(0, 0), (1, 1), (1, 2)]),  # layer 0 sliding-window
+]
+
+
+def _native(family, tokenizer):
+    from headprobe.probe.loading import wrap
+
+    return wrap(zoo.make_checkpoint(family, tokenizer), backend="native")
+
+
+@pytest.mark.parametrize("family, removed", PRUNINGS)
+def test_budget_reads_a_pruned_directory(family, removed, tiny_tokenizer, tmp_path, capsys):
+    """Issue 23 item 10: ``budget --model DIR`` on prune --save-pruned's directory reports the pruned model's
+    real costs (it said to use --backend native, which budget does not take). References: the small model's
+    own tensors (its attention parameters, the key and value widths of its k_proj and v_proj) and the
+    unpruned layout's uniform formulas."""
+    from headprobe.probe.pruned import count_attention_parameters, keep_mask_from, load_pruned_dir, remove_heads, save_pruned_dir
+
+    full = _native(family, tiny_tokenizer)
+    L, H = full.spec.n_layers, full.spec.n_heads
+    d = tmp_path / "pruned_model"
+    save_pruned_dir(remove_heads(full.model, keep_mask_from(removed, L, H)), d, tiny_tokenizer)
+    T = 100
+    code = main(["budget", "--model", str(d), "--seq-len", str(T), "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert code == 0 and r["check"]["ok"], r["check"]
+    small = load_pruned_dir(d)
+    p, u = r["pruned"], r["unpruned"]
+    assert p["heads_per_layer"] == [H - sum(l == layer for l, _ in removed) for layer in range(L)]
+    assert p["attn_params"] == count_attention_parameters(small) < count_attention_parameters(full.model) == u["attn_params"]
+    kv_widths = [0 if not b.attn.n_kept else b.attn.k_proj.out_features + b.attn.v_proj.out_features for b in small.blocks]
+    assert p["kv_numbers_per_token"] == sum(kv_widths)
+    windows = r["layout"]["windows"] or [None] * L
+    positions = [T if w is None else min(T, w) for w in windows]
+    assert p["kv_bytes_per_request"] == sum(n * w for n, w in zip(positions, kv_widths)) * 2  # bf16
+    lay = replace(full.spec.layout, bytes_per_element=2)
+    assert u["kv_bytes_per_request"] == cost.kv_bytes_per_request(lay, T)
+    assert u["flops_scores"] == L * cost.score_flops(lay, T)
+    assert p["flops_scores"] == sum(p["heads_per_layer"]) * 2 * T * T * 2 * lay.d_head  # QK^T and AV per head
+    code = main(["budget", "--model", str(d)])
+    out = capsys.readouterr().out
+    assert code == 0 and "OK: the formulas match the model" in out and "pruned" in out and "unpruned" in out
+
+
+def test_budget_reads_a_trained_directory(tiny_tokenizer, tmp_path, capsys):
+    """A headprobe checkpoint (headprobe train's format) is read directly too, with every mode; its KV cache
+    is the native model's own (KVCache after a forward pass) and its parameters the model's."""
+    from headprobe.probe.model import KVCache
+
+    model = _native("llama", tiny_tokenizer)
+    d = tmp_path / "trained"
+    d.mkdir()
+    model.save(d)
+    tiny_tokenizer.save_pretrained(str(d))
+    T = 50
+    code = main(["budget", "--model", str(d), "--seq-len", str(T), "--dtype", "fp32", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert code == 0 and r["check"]["ok"] and r["check"]["self_check"]["ok"]
+    cache = KVCache()
+    with torch.no_grad():
+        model.model(torch.arange(T)[None], cache=cache)
+    assert r["kv_bytes_per_request"] == cache.nbytes
+    assert r["attn_params"] == model.attention_parameters()
+    assert main(["budget", "--model", str(d), "--compare"]) == 0
+    assert "OK: the formulas match the model" in capsys.readouterr().out
+
+
+@pytest.fixture
+def pruned_dir(tiny_tokenizer, tmp_path):
+    from headprobe.probe.pruned import keep_mask_from, remove_heads, save_pruned_dir
+
+    full = _native("llama", tiny_tokenizer)
+    save_pruned_dir(remove_heads(full.model, keep_mask_from([(0, 0), (1, 1)], 2, 4)), tmp_path / "p", tiny_tokenizer)
+    return str(tmp_path / "p")
+
+
+@pytest.mark.parametrize("flags, named", [(["--compare"], "--compare describes"),
+                                          (["--n-heads", "2", "--flops-table"], "--n-heads, --flops-table describe")])
+def test_uniform_layout_flags_on_a_pruned_directory_are_one_line(pruned_dir, flags, named, capsys):
+    code = main(["budget", "--model", pruned_dir, *flags])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("headprobe: error: ") and named in err and "pruned model" in err
+
+
+def test_a_wrong_pruned_formula_is_a_mismatch(pruned_dir, capsys, monkeypatch):
+    """The check can fail: a per-layer formula off by one number disagrees with the small model (exit 1)."""
+    real = cost.layer_cost
+    monkeypatch.setattr(cost, "layer_cost", lambda *args: real(*args) + 1)
+    code = main(["budget", "--model", pruned_dir])
+    assert code == 1 and "MISMATCH: the formulas disagree with the model" in capsys.readouterr().out

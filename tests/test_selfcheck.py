@@ -211,3 +211,66 @@ def test_commands_on_post_norm_and_mla_checkpoints(zoo_dirs, family, backend, tm
         assert codes == {"scan": 2, "scan-no-verify": 0, "ablate": 2, "prune": 2}
     else:
         assert codes["scan"] == codes["ablate"] == 0
+
+
+def _massive(tokenizer, family: str, value: float):
+    """The tiny ``family`` checkpoint with one massive residual feature: embedding column 7 set to
+    ``value`` for every token, so every residual entry of that feature is ~``value`` (Sun et al. 2024
+    report 4.3e3 in Llama-2-7B; here every token carries it, a harsher case than their few tokens)."""
+    ckpt = zoo.make_checkpoint(family, tokenizer)
+    with torch.no_grad():
+        ckpt.hf_model.get_input_embeddings().weight[:, 7] = value
+    return ckpt
+
+
+MASSIVE_CASES = [(f, v, b) for f in ("llama", "gpt2", "gpt_neox", "gemma2") for v in (4.3e3, 2.5e4)
+                 for b in ("native", "transformer-lens")]
+
+
+@pytest.mark.parametrize("family, value, backend", MASSIVE_CASES)
+def test_a_healthy_model_with_a_massive_residual_feature_passes(tiny_tokenizer, family, value, backend):
+    """The float32 residual stores a 2.5e4 entry to within eps * 2.5e4 ~ 3e-3, so resid_mid - resid_pre is
+    off by far more than 1e-4 of the attention output: that rounding must not be taken for a failed
+    decomposition. The reference that it is healthy: sum_h result_h + b_O equals the output of the untouched
+    Hugging Face module (1e-4 relative), as in test_decomposition_sums_to_what_the_block_adds."""
+    from headprobe.probe.capture import capture_heads, capture_internal
+    from headprobe.probe.selfcheck import check_tokens
+
+    ckpt = _massive(tiny_tokenizer, family, value)
+    model = _wrap(ckpt, backend)
+    tokens = check_tokens(model)
+    cap = capture_internal(model, tokens, residual=True)
+    assert float(cap["resid_pre"][1][..., 7].abs().min()) > 0.5 * value  # the feature is massive
+    check = model.self_check
+    assert check.ok, check
+    assert check.max_relative_error < 1e-5
+    cap = capture_heads(model, tokens)
+    for layer, ref in _hf_attention_added(ckpt.hf_model, family, tokens).items():
+        got = cap["result"][layer].sum(dim=2) + cap["b_O"][layer]
+        assert float((got.double() - ref.double()).norm() / ref.double().norm()) < 1e-4
+
+
+@pytest.mark.parametrize("backend", ["native", "transformer-lens"])
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+def test_a_broken_decomposition_with_a_massive_feature_still_fails(tiny_tokenizer, family, backend):
+    """With a 2.5e4 residual feature, a rescaled attention output (x 1.5) and a block that adds more than its
+    attention output (0.05 on every residual entry: what a norm or term unknown to the backend does) still
+    fail check (b) at that layer: the residual's rounding (eps * 2.5e4 per entry) excuses nothing of order 1."""
+    from headprobe.probe.loading import LoadedModel
+    from headprobe.probe.selfcheck import run_self_check
+
+    good = _wrap(_massive(tiny_tokenizer, family, 2.5e4), backend)
+    assert good.self_check.ok
+    after_attention = "hook_resid_post" if family == "gpt_neox" else "hook_resid_mid"
+    breaks = {"rescaled": ("blocks.1.hook_attn_out", lambda x, hook: 1.5 * x),
+              "added": (f"blocks.1.{after_attention}", lambda x, hook: x + 0.05)}
+    for name, (hook_name, fn) in breaks.items():
+        broken = LoadedModel(good.model, good.tokenizer, good.spec)
+        good.model.add_hook(hook_name, fn, is_permanent=True)
+        try:
+            check = run_self_check(broken)
+        finally:
+            good.model.reset_hooks(including_permanent=True)
+        assert check.patterns_ok and not check.decomposition_ok, (name, check)
+        assert check.worst_layer == 1 and check.max_relative_error > 0.1, (name, check)
+    assert run_self_check(LoadedModel(good.model, good.tokenizer, good.spec)).ok

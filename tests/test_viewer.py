@@ -247,6 +247,41 @@ def test_page_in_chromium_on_a_tiny_scan(browser, tiny_scan_dir, tmp_path):
     assert json.loads(frame.locator("#pattern").get_attribute("data-labels")) == result.patterns["natural"]["labels"]
 
 
+def test_show_page_in_chromium_is_about_the_prompt(browser, tiny_dir, tiny_scan_dir, tmp_path):
+    """Issue 23 item 11: show's page names the pattern as the user's prompt (it said "the
+    repeated-random-token example"), offers no example buttons (both were there, disabled) and no
+    section of scan verdicts; a scan's page keeps its two examples and says it has no verdicts.
+    Writes tmp_path/show.png."""
+    from headprobe.commands.show import ShowConfig
+    from headprobe.commands.show import run as show
+
+    prompt = "t1 t2 t3 t4 t5 t1 t2 t3 t4 t5"
+    result = show(ShowConfig(model=str(tiny_dir), head="1.5", prompt=prompt, out=str(tmp_path / "show"), device="cpu"))
+    page = _open(browser, tmp_path / "show" / "index.html")
+    page.wait_for_function('document.getElementById("pattern").dataset.head === "1.5"', timeout=5000)  # opened on it
+    n = len(result.labels)
+    assert page.inner_text("#pattern-title") == f"Head 1.5 (kv_head 1) on your prompt ({n} tokens)"
+    assert int(page.eval_on_selector("#pattern", "c => c.dataset.rows")) == n
+    assert page.locator("button.ex:visible").count() == 0 and not page.locator("#example-choice").is_visible()
+    assert not page.locator("#verdict-section").is_visible()
+    body = page.inner_text("body")
+    assert "verdict" not in body.lower() and "example" not in body
+    page.screenshot(path=str(tmp_path / "show.png"), full_page=True)
+    _assert_offline(page)
+
+    out, _ = tiny_scan_dir  # scan --no-verify: both examples, and the page says why there is no verdict
+    page = _open(browser, out / "index.html")
+    assert page.locator("button.ex:visible:enabled").count() == 2
+    assert "no scan verdicts" in page.inner_text("#verdict-section")
+    page.select_option("#map-select", label="induction score")
+    _click_head(page, "1.5")
+    assert page.inner_text("#pattern-title") == "Head 1.5 (kv_head 1) on the repeated-random-token example"
+    page.click('button.ex[data-example="natural"]')
+    page.wait_for_function('document.getElementById("pattern").dataset.example === "natural"', timeout=5000)
+    assert page.inner_text("#pattern-title") == "Head 1.5 (kv_head 1) on the natural-text example"
+    _assert_offline(page)
+
+
 def test_a_2048_token_example_stays_responsive(browser, tmp_path):
     n, L, H = 2048, 1, 2
     q = np.arange(n)[:, None]

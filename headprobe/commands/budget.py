@@ -9,7 +9,10 @@ Four ways to use it:
   (``--params``) or width, a context length, a KV-cache limit (``--kv-limit``) and a target;
 * ``--model NAME``: read the layout from a loaded model (its spec and its Hugging Face config:
   QK-norm, sliding windows, MLA sizes) and check the formulas against the model's own KV cache
-  and the parameters of its layer-0 attention module.
+  and the parameters of its layer-0 attention module. A headprobe checkpoint directory
+  (``headprobe train``'s, or ``prune --save-pruned``'s ``pruned_model/``) is read directly, with
+  its own layout: a pruned model's layers keep different numbers of heads, and it is costed layer
+  by layer next to the unpruned layout (:func:`check_headprobe_dir`, :func:`layers_report`).
 
 From Python: ``headprobe.budget(preset="llama3-8b", seq_len=32768)`` returns a
 :class:`BudgetResult` (``.to_dict()`` is the ``--json`` output, ``.format()`` the text,
@@ -74,8 +77,9 @@ def budget_dtype(text: str) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("layout (a preset, a model, explicit flags; flags override the first two)")
     src.add_argument("--preset", help=f"a published layout: {', '.join(cost.PRESETS)}")
-    src.add_argument("--model", help="load this model (e.g. smollm2-135m, gpt2, a local directory), read its layout "
-                                     "and check the formulas against its own KV cache and attention parameters")
+    src.add_argument("--model", help="load this model (e.g. smollm2-135m, gpt2, a local directory, a headprobe "
+                                     "train or prune --save-pruned directory), read its layout and check the formulas "
+                                     "against its own KV cache and attention parameters")
     src.add_argument("--d-model", type=positive_int, help="residual width D")
     src.add_argument("--n-layers", type=positive_int, help="number of attention layers")
     src.add_argument("--n-heads", type=positive_int, help="query heads H")
@@ -582,6 +586,185 @@ def format_check(rec: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# A headprobe checkpoint directory (headprobe train, headprobe prune --save-pruned), read directly
+# ---------------------------------------------------------------------------------------------
+
+#: Flags that change a uniform layout; a pruned model's layers keep different heads.
+UNIFORM_LAYOUT_FLAGS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "bias", "qk_norm", "sliding_window",
+                        "global_every", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+
+
+def is_headprobe_dir(name: str) -> bool:
+    """Whether ``name`` is a headprobe checkpoint directory (written by ``headprobe train`` or
+    ``headprobe prune --save-pruned``), which budget reads itself instead of loading it as a
+    Hugging Face model."""
+    from pathlib import Path
+
+    from headprobe.probe.checkpoint import is_native_dir
+
+    return is_native_dir(Path(name).expanduser())
+
+
+def heads_per_layer(lay: AttentionLayout, kept: Sequence[Sequence[int]] | None) -> tuple[list[int], list[int]]:
+    """Query heads and key/value heads of each layer: ``n_heads`` and ``n_kv_heads`` everywhere
+    when ``kept`` is None, else each layer's kept query heads (original numbering) and the
+    key/value heads they read (:func:`headprobe.probe.cost.kept_kv_heads`). Counts."""
+    if kept is None:
+        return [lay.n_heads] * lay.n_layers, [lay.n_kv_heads] * lay.n_layers
+    return [len(k) for k in kept], [cost.kept_kv_heads(lay, k) for k in kept]
+
+
+def layers_report(lay: AttentionLayout, heads: Sequence[int], kv_heads: Sequence[int], seq_len: int,
+                  batch: int) -> dict[str, Any]:
+    """The costs of a model whose layer ``l`` has ``heads[l]`` query heads on ``kv_heads[l]``
+    key/value heads (a pruned model), each layer costed by
+    :func:`headprobe.probe.cost.layer_cost`: totals over layers (parameters, cached numbers per
+    token, KV bytes per token and per request of ``batch`` x ``seq_len`` tokens with the layout's
+    sliding windows, projection and score FLOPs of one forward pass) and the largest layer's
+    attention matrix and fused-kernel memory (bytes; what one layer at a time needs).
+
+    Raises:
+        HeadprobeError: a bad workload or head counts (see :func:`~headprobe.probe.cost.layer_cost`).
+    """
+    def each(formula: Any, *args: Any) -> list[int]:
+        return [cost.layer_cost(formula, lay, h, kv, *args) for h, kv in zip(heads, kv_heads)]
+
+    kv_numbers = each(cost.kv_numbers_per_token_per_layer)
+    positions = cost.kv_positions(lay, seq_len)
+    cost.kv_bytes_per_request(lay, seq_len, batch)  # validates the workload
+    return {
+        "heads_per_layer": list(heads),
+        "kv_heads_per_layer": list(kv_heads),
+        "attn_params_per_layer": each(cost.attention_params_per_layer),
+        "attn_params": sum(each(cost.attention_params_per_layer)),
+        "kv_numbers_per_token": sum(kv_numbers),
+        "kv_bytes_per_token": sum(kv_numbers) * lay.bytes_per_element,
+        "kv_bytes_per_request": sum(p * n for p, n in zip(positions, kv_numbers)) * lay.bytes_per_element * batch,
+        "flops_projections": sum(each(cost.projection_flops, seq_len, batch)),
+        "flops_scores": sum(each(cost.score_flops, seq_len, batch)),
+        "attention_matrix_bytes_largest_layer": max(each(cost.attention_matrix_bytes, seq_len, batch)),
+        "fused_attention_bytes_largest_layer": max(each(cost.fused_attention_bytes, seq_len, batch)),
+    }
+
+
+def check_headprobe_dir(path: str) -> tuple[AttentionLayout, list[list[int]] | None, dict[str, Any]]:
+    """Read a headprobe checkpoint directory and check the formulas against the model in it.
+
+    The layout is the directory's own: its config.json's model config
+    (:attr:`headprobe.probe.model.TransformerConfig.layout`) and, for a pruned model, the query
+    heads each layer keeps (``pruned.kept_heads``). The model is the one the directory holds: the
+    small pruned model itself (:func:`headprobe.probe.pruned.load_pruned_dir`, removed heads'
+    weights absent) or the trained one. One forward pass over :func:`check_length` tokens measures,
+    per layer, the query heads (``o_proj``'s input width over ``d_head``), the key/value heads and
+    the numbers per token of the keys and values the layer computes (``hook_k`` and ``hook_v``:
+    what a key/value cache without weight absorption holds; pruned models run without a cache), and
+    counts each layer's attention parameters on its module. The formulas: :func:`heads_per_layer`
+    and :func:`headprobe.probe.cost.layer_cost` of ``kv_numbers_per_token_per_layer``
+    (decompressed, for MLA) and ``attention_params_per_layer``.
+
+    Returns:
+        (the layout in the weights' element size, the kept heads per layer or None when nothing
+        was removed, a check record with ``measured``, ``expected`` and ``ok``).
+
+    Raises:
+        HeadprobeError: the directory cannot be read (see :func:`headprobe.probe.loading.load_native`
+            and :func:`headprobe.probe.pruned.load_pruned_dir`).
+    """
+    from headprobe.probe.loading import load_native
+    from headprobe.probe.pruned import attention_sizes, is_pruned_dir, load_pruned_dir
+
+    if is_pruned_dir(path):
+        model: Any = load_pruned_dir(path)  # the small model: a native Transformer
+        kept: list[list[int]] | None = [list(k) for k in model.kept_heads]
+        base, n_ctx, element = model.cfg.layout, model.cfg.n_ctx, next(model.parameters()).element_size()
+        n_removed = base.n_layers * base.n_heads - sum(map(len, kept))
+        precision = (f"pruned headprobe checkpoint, {n_removed} of {base.n_layers * base.n_heads} heads removed, "
+                     f"{str(next(model.parameters()).dtype).removeprefix('torch.')} weights")
+        self_check = None
+    else:
+        model = load_native(path)  # a LoadedModel on the native backend
+        kept, precision, self_check = None, model.spec.precision, model.self_check.to_dict()
+        base, n_ctx, element = model.spec.layout, model.spec.n_ctx, model.dtype.itemsize
+    lay = replace(base, name=str(path), bytes_per_element=element)
+    n = check_length(lay, 0, n_ctx)
+    measured = {"tokens": n, **attention_sizes(model, n), "element_bytes": element}
+    heads, kv_heads = heads_per_layer(lay, kept)
+    if kept is None:
+        per_layer = [cost.kv_numbers_per_token_per_layer(lay, decompressed=True)] * lay.n_layers
+        params = [cost.attention_params_per_layer(lay)] * lay.n_layers
+    else:
+        per_layer = [cost.layer_cost(cost.kv_numbers_per_token_per_layer, lay, h, kv) for h, kv in zip(heads, kv_heads)]
+        params = [cost.layer_cost(cost.attention_params_per_layer, lay, h, kv) for h, kv in zip(heads, kv_heads)]
+    expected = {"heads_per_layer": heads, "kv_heads_per_layer": [h if lay.is_mla else kv for h, kv in zip(heads, kv_heads)],
+                "kv_numbers_per_token_per_layer": per_layer, "attn_params_per_layer": params}
+    record: dict[str, Any] = {"model": str(path), "precision": precision, "measured": measured, "expected": expected,
+                              "ok": all(measured[k] == expected[k] for k in expected), "pruned": kept is not None}
+    if kept is not None:
+        record["kept_heads"] = kept
+    if self_check is not None:
+        record["self_check"] = self_check
+    if lay.is_mla:
+        record["mla_latent_numbers_per_token_per_layer"] = cost.kv_numbers_per_token_per_layer(lay)
+    return lay, kept, record
+
+
+def _counts_txt(values: Sequence[int]) -> str:
+    """``[4, 7]`` -> ``4, 7``; a constant list ``[8, 8, 8]`` -> ``8 x 3``; long lists by value."""
+    values = list(values)
+    if len(set(values)) == 1:
+        return f"{values[0]:,} x {len(values)}"
+    if len(values) <= 6:
+        return ", ".join(f"{v:,}" for v in values)
+    return ", ".join(f"{v:,} x {values.count(v)}" for v in sorted(set(values)))
+
+
+def format_dir_check(rec: dict[str, Any]) -> str:
+    """The live check of :func:`check_headprobe_dir` as a table (per-layer lists)."""
+    m, e = rec["measured"], rec["expected"]
+    rows = [
+        ["query heads per layer", _counts_txt(m["heads_per_layer"]), _counts_txt(e["heads_per_layer"])],
+        ["key/value heads per layer", _counts_txt(m["kv_heads_per_layer"]), _counts_txt(e["kv_heads_per_layer"])],
+        ["K and V numbers per token per layer", _counts_txt(m["kv_numbers_per_token_per_layer"]),
+         _counts_txt(e["kv_numbers_per_token_per_layer"])],
+        ["attention params per layer", _counts_txt(m["attn_params_per_layer"]), _counts_txt(e["attn_params_per_layer"])],
+    ]
+    notes = []
+    if "mla_latent_numbers_per_token_per_layer" in rec:
+        notes.append(f"MLA: the layers compute every head's key and value; an engine that absorbs W_UK and W_UV "
+                     f"caches the latent and rotary key ({rec['mla_latent_numbers_per_token_per_layer']}), the figure below.")
+    what = "the small pruned model" if rec["pruned"] else "the model"
+    verdict = "OK: the formulas match the model" if rec["ok"] else "MISMATCH: the formulas disagree with the model"
+    return (f"live check on {rec['model']} ({rec['precision']}), {m['tokens']} tokens through {what}\n\n"
+            + _table(rows, ["quantity", "measured", "formula"], right={1, 2}) + "\n\n"
+            + "".join(n + "\n" for n in notes) + verdict)
+
+
+def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
+    """The report of a pruned model: each quantity for the pruned model and for the unpruned layout."""
+    p, u = d["pruned"], d["unpruned"]
+    T, B = d["workload"]["seq_len"], d["workload"]["batch"]
+    rows = [
+        ["query heads per layer", _counts_txt(p["heads_per_layer"]), _counts_txt(u["heads_per_layer"])],
+        ["key/value heads per layer", _counts_txt(p["kv_heads_per_layer"]), _counts_txt(u["kv_heads_per_layer"])],
+        ["attention params, all layers", f"{p['attn_params']:,}", f"{u['attn_params']:,}"],
+        ["KV numbers per token, all layers", f"{p['kv_numbers_per_token']:,}", f"{u['kv_numbers_per_token']:,}"],
+        ["KV cache per token", format_bytes(p["kv_bytes_per_token"]), format_bytes(u["kv_bytes_per_token"])],
+        [f"KV cache per request ({B} x {T} tokens)", format_bytes(p["kv_bytes_per_request"]),
+         format_bytes(u["kv_bytes_per_request"])],
+        ["projection FLOPs, all layers", format_flops(p["flops_projections"]), format_flops(u["flops_projections"])],
+        ["scores + AV FLOPs, all layers", format_flops(p["flops_scores"]), format_flops(u["flops_scores"])],
+        ["attention matrix, largest layer", format_bytes(p["attention_matrix_bytes_largest_layer"]),
+         format_bytes(u["attention_matrix_bytes_largest_layer"])],
+        ["fused kernel, largest layer", format_bytes(p["fused_attention_bytes_largest_layer"]),
+         format_bytes(u["fused_attention_bytes_largest_layer"])],
+    ]
+    head = (f"{describe(lay, dtype)}; pruned: {sum(u['heads_per_layer']) - sum(p['heads_per_layer'])} of "
+            f"{sum(u['heads_per_layer'])} query heads removed\n"
+            f"workload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n")
+    return head + "\n" + _table(rows, ["quantity", "pruned", "unpruned"], right={1, 2})
+
+
+# ---------------------------------------------------------------------------------------------
 # Config -> run -> Result
 # ---------------------------------------------------------------------------------------------
 
@@ -592,7 +775,9 @@ class BudgetResult:
 
     Attributes:
         config: the :class:`BudgetConfig` it ran.
-        mode: ``"report"`` (one layout), ``"compare"``, ``"flops_table"`` or ``"recommend"``.
+        mode: ``"report"`` (one layout), ``"compare"``, ``"flops_table"``, ``"recommend"`` or
+            ``"pruned"`` (a pruned model directory: :func:`layers_report` of the pruned and the
+            unpruned heads, under ``data["pruned"]`` and ``data["unpruned"]``).
         layout: the layout reported on (the proposed one for ``recommend``).
         data: every number, as ``--json`` prints it (see :meth:`to_dict`).
         check: the live check record of ``--model`` (``measured``, ``expected``, ``ok``), or None.
@@ -631,9 +816,14 @@ class BudgetResult:
             text = format_flops_table(d["flops"], self.layout, c.dtype, c.as_mha)
         elif self.mode == "compare":
             text = format_compare(d["compare"], self.layout, c.dtype, c.seq_len, c.batch)
+        elif self.mode == "pruned":
+            text = format_layers_report(d, self.layout, c.dtype)
         else:
             text = format_report(d, self.layout, c.dtype)
-        return text if self.check is None else format_check(self.check) + "\n\n" + text
+        if self.check is None:
+            return text
+        checked = format_dir_check if "heads_per_layer" in self.check["measured"] else format_check
+        return checked(self.check) + "\n\n" + text
 
     @property
     def table(self) -> "pandas.DataFrame":
@@ -646,6 +836,9 @@ class BudgetResult:
             return pd.DataFrame(self.data["compare"])
         if self.mode == "flops_table":
             return pd.DataFrame(self.data["flops"])
+        if self.mode == "pruned":
+            p, u = self.data["pruned"], self.data["unpruned"]
+            return pd.DataFrame({"quantity": list(p), "pruned": list(p.values()), "unpruned": [u[k] for k in p]})
         if self.mode == "recommend":
             r = self.recommendation
             return pd.DataFrame([{**self.layout.to_dict(), "kind": self.layout.kind, "use_mla": r.use_mla,
@@ -694,6 +887,8 @@ def run(config: BudgetConfig) -> BudgetResult:
 
     check = None
     base = None
+    if config.model and is_headprobe_dir(config.model):
+        return _run_headprobe_dir(config)
     if config.model:
         from headprobe.probe.loading import load_model
 
@@ -701,6 +896,12 @@ def run(config: BudgetConfig) -> BudgetResult:
         with redirect_stdout(sys.stderr):
             model_layout, check = check_loaded(load_model(config.model, backend="transformer-lens"))
         base = replace(model_layout, bytes_per_element=config.bytes_per_element)
+    return _report(config, base, check)
+
+
+def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str, Any] | None) -> BudgetResult:
+    """The report, compare or FLOPs-table mode of :func:`run` on ``base`` (a model's layout, or
+    None: the preset's or the flags') with the flags applied, and the live ``check`` record."""
     lay = layout_from_config(config, base)
     # Validate the workload before computing anything.
     cost.kv_bytes_per_request(lay, config.seq_len, config.batch)
@@ -717,6 +918,40 @@ def run(config: BudgetConfig) -> BudgetResult:
     if check is not None:
         out = {"check": check, **out}
     return BudgetResult(config, mode, lay, out, check=check)
+
+
+def _run_headprobe_dir(config: BudgetConfig) -> BudgetResult:
+    """:func:`run` for ``--model DIR``, a headprobe checkpoint directory (:func:`check_headprobe_dir`).
+    An unpruned one is reported like any layout (and takes every mode and flag); a pruned one
+    has per-layer head counts: it gets :func:`layers_report` (pruned and unpruned side by side)
+    and refuses what describes one uniform layout (``--compare``, ``--flops-table``, layout flags)."""
+    pruned = _is_pruned(config.model)
+    if pruned:
+        given = [f"--{f.replace('_', '-')}" for f in UNIFORM_LAYOUT_FLAGS if getattr(config, f) is not None]
+        given += [flag for flag, on in (("--compare", config.compare), ("--flops-table", config.flops_table is not None)) if on]
+        if given:
+            raise HeadprobeError(f"{config.model} is a pruned model whose layers keep different numbers of heads; "
+                                 f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} one uniform layout: "
+                                 f"drop {'it' if len(given) == 1 else 'them'}")
+    with redirect_stdout(sys.stderr):
+        lay, kept, check = check_headprobe_dir(config.model)
+    base = replace(lay, bytes_per_element=config.bytes_per_element)
+    if kept is None:
+        return _report(config, base, check)
+    heads, kv_heads = heads_per_layer(base, kept)
+    T, B = config.seq_len, config.batch
+    out = {"check": check, "layout": base.to_dict(), "workload": {"seq_len": T, "batch": B},
+           "pruned": layers_report(base, heads, kv_heads, T, B),
+           "unpruned": layers_report(base, *heads_per_layer(base, None), T, B)}
+    return BudgetResult(config, "pruned", base, out, check=check)
+
+
+def _is_pruned(name: str) -> bool:
+    from pathlib import Path
+
+    from headprobe.probe.pruned import is_pruned_dir
+
+    return is_pruned_dir(Path(name).expanduser())
 
 
 def budget(**fields_: Any) -> BudgetResult:

@@ -112,7 +112,8 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     summary = {"model": spec.name, "weights_precision": spec.precision,
                "layout": {"n_layers": spec.n_layers, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads},
                "selected_head": name}
-    page = build_page(table, summary, patterns, title=f"{spec.name}: head {name} on your prompt")
+    patterns["prompt"]["label"] = f"your prompt ({n} tokens)"
+    page = build_page(table, summary, patterns, title=f"{spec.name}: head {name} on your prompt", verdicts=False)
     write_text(out / "index.html", page)
     return ShowResult((layer, head), pattern, labels, [*paths, out / "index.html"])
 
