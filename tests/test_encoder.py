@@ -222,7 +222,7 @@ def test_scan_of_a_tiny_bert_scores_encoder_types_and_states_its_metric(bert, tm
     assert (result.natural.tokens[:, 0] == 100).all() and (result.natural.tokens[:, -1] == 101).all()
     assert result.natural.tokens.shape[1] == 20
     summary = result.summary()
-    assert summary["metric"]["name"] == EMBEDDING_METRIC.name and "0.01 (1 - cos)" in summary["confirmation_rule"]
+    assert summary["metric"]["name"] == EMBEDDING_METRIC.name and "0.01 (1 - cos)" in summary["verification"]["confirmation_rule"]
     assert {v["metric"] for v in summary["ablations"]} == {"embedding_cosine"}
     assert all(v["clean_loss"] == 0 and v["top_effect"] > 0 for v in summary["ablations"])
     json.dumps(summary)
