@@ -245,7 +245,8 @@ def test_scan_of_all_minilm_l6_v2_gives_72_rows_with_verdicts():
     result = run(model, cfg, progress=False)
     assert len(result.table) == 72 and {"next_token", "last_token"} <= set(result.table.columns)
     assert len(result.verifications) == 2 * len(ENCODER_SCORE_COLUMNS) - 2  # 7 types (positional has 2 columns) x 2 kinds
-    assert all(v.confirmed is not None for v in result.verifications)
+    assert all((v.confirmed is not None) == v.tested for v in result.verifications)  # zero: reported, not tested
+    assert sum(v.tested for v in result.verifications) == 7 == result.verification["family_size"]
 
 
 def test_encoder_pattern_example_keeps_the_separator_the_last_token_score_is_about(bert, tmp_path):
