@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from headprobe.probe.heads import format_head
 from headprobe.probe.io import atomic_path
 
 COLUMN_WIDTH = 3.25  # inches: one column of a two-column paper
@@ -316,7 +317,8 @@ def signed_head_heatmap(values: np.ndarray, title: str, cbar_label: str, group_s
 @_styled
 def composition_plot(k_scores: np.ndarray, earlier: Sequence[tuple[int, int]], later: Sequence[tuple[int, int]],
                      title: str, earlier_name: str = "previous-token", later_name: str = "induction") -> Figure:
-    """K-composition of chosen head pairs against the typical pair (double-column width).
+    """K-composition of chosen head pairs against the typical pair (double-column width); heads
+    are named ``layer.head`` (:func:`~headprobe.probe.heads.format_head`) as everywhere else.
 
     Left: the scores of ``earlier -> later`` pairs (``k_scores[layer_j, head_j, layer_i, head_i]``,
     rows the later heads), blank where the earlier head is not in an earlier layer. Right: the
@@ -328,8 +330,9 @@ def composition_plot(k_scores: np.ndarray, earlier: Sequence[tuple[int, int]], l
     left, right = fig.subplots(1, 2, width_ratios=[1, 1.4])
     vmax = float(np.nanmax(vals)) if np.isfinite(vals).any() else 1.0
     im = left.imshow(vals, cmap="viridis", vmin=0, vmax=max(vmax, float(np.percentile(allv, 99))), aspect="auto")
-    left.set_xticks(range(len(earlier)), [f"L{l}H{h}" for l, h in earlier], rotation=90)
-    left.set_yticks(range(len(later)), [f"L{l}H{h}" for l, h in later])
+    # heads named layer.head, as in every other figure, table and summary.json
+    left.set_xticks(range(len(earlier)), [format_head(h) for h in earlier], rotation=90)
+    left.set_yticks(range(len(later)), [format_head(h) for h in later])
     left.set_xlabel(f"{earlier_name} head (writes)")
     left.set_ylabel(f"{later_name} head (keys read)")
     for (r, c), v in np.ndenumerate(vals):

@@ -203,3 +203,13 @@ def test_causal_pattern_greys_the_masked_future_and_says_so():
     assert "grey: masked future keys" in fig.axes[0].get_xlabel() and "dashed" in fig.axes[0].get_xlabel()
     both = figs.pattern_plot(pattern, [f"t{i}" for i in range(T)], "encoder head")
     assert not np.isnan(np.ma.getdata(both.axes[0].images[0].get_array())).any() and "grey" not in both.axes[0].get_xlabel()
+
+
+def test_composition_figure_names_heads_layer_dot_head():
+    """composition_k.png said L18H6 where every other figure, head_scores.csv and summary.json
+    say 18.6: its tick labels are the heads' layer.head names now."""
+    k = np.random.default_rng(0).normal(0.05, 0.01, size=(3, 4, 3, 4))
+    fig = figs.composition_plot(k, [(0, 1), (1, 2)], [(2, 0), (1, 3)], "K-composition")
+    left = fig.axes[0]
+    assert [t.get_text() for t in left.get_xticklabels()] == ["0.1", "1.2"]
+    assert [t.get_text() for t in left.get_yticklabels()] == ["2.0", "1.3"]
