@@ -157,3 +157,20 @@ def test_random_controls_exclude_the_heads_under_test_and_p_values_count_draws()
     # float noise is no evidence: a top effect of 2e-6 over draws of 1e-6 and 0 ties with them (p = 1)
     assert empirical_p_value(2e-6, [1e-6, 0.0, 5e-7]) == 1.0
     assert empirical_p_value(0.3, [0.3]) == 1.0  # a tie counts against the top-k
+
+
+def test_no_verify_report_does_not_claim_ablation(tiny_llama_gqa_native, word_text):
+    """`scan --no-verify` ablates nothing, yet its report said "the top 10 are ablated": the header
+    now follows what ran (the verified run's report still names k)."""
+    import re
+
+    cfg = dict(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=3, n_random=2, text=str(word_text),
+               metrics=False, pattern_len=0)
+    unverified = run(tiny_llama_gqa_native, ScanConfig(**cfg, verify=False), progress=False)
+    assert unverified.verifications == []
+    report = unverified.report()
+    assert not re.search(r"\b(are|were|is|was) ablated\b", report.replace("no head was ablated", "")), report
+    assert "no head was ablated (--no-verify)" in report
+    verified = run(tiny_llama_gqa_native, ScanConfig(**cfg), progress=False)
+    assert len(verified.verifications) == 2 * len(verified.config.types)  # zero and mean per type: it did ablate
+    assert "the top 3 of each type were ablated" in verified.report()

@@ -616,8 +616,10 @@ def format_report(result: ScanResult) -> str:
     spec = result.spec
     lines = [f"{spec.name}: weights {spec.precision}", ""]
     lines += [f"WARNING: {w}" for w in result.warnings] + ([""] if result.warnings else [])
-    lines.append(f"{'head type':<16} top heads (score: see docs/scan.md; the top {result.config.k} are ablated, "
-                 f"all in summary.json)")
+    # what ran decides the header: with --no-verify nothing was ablated, and the report must not say it was
+    checked = (f"the top {result.config.k} of each type were ablated" if result.verifications
+               else "no head was ablated (--no-verify)")
+    lines.append(f"{'head type':<16} top heads (score: see docs/scan.md; {checked}; all in summary.json)")
     for name in result.config.types:
         col = result.scores[DETECTORS[name].rank_by]
         tops = top_heads(torch.as_tensor(col), 4)
