@@ -174,3 +174,57 @@ def test_no_verify_report_does_not_claim_ablation(tiny_llama_gqa_native, word_te
     verified = run(tiny_llama_gqa_native, ScanConfig(**cfg), progress=False)
     assert len(verified.verifications) == 2 * len(verified.config.types)  # zero and mean per type: it did ablate
     assert "the top 3 of each type were ablated" in verified.report()
+
+
+class _Records:
+    """A logging handler that keeps the messages of transformers' loggers (they do not propagate to the root)."""
+
+    def __init__(self):
+        import logging
+
+        self.messages: list[str] = []
+        self.handler = logging.Handler()
+        self.handler.emit = lambda record: self.messages.append(record.getMessage())
+
+    def __enter__(self):
+        import logging
+
+        logging.getLogger("transformers").addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        import logging
+
+        logging.getLogger("transformers").removeHandler(self.handler)
+
+
+def test_windowing_a_long_text_does_not_warn_about_its_length(tmp_path, word_text):
+    """The encoder scan printed transformers' "Token indices sequence length is longer than ...
+    will result in indexing errors" (MiniLM: 128071 > 512): the whole text is tokenized only to be
+    cut into windows that fit. That call is silent now; the same tokenizer still warns where a
+    long sequence is tokenized elsewhere (nothing global was switched off)."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    from conftest import make_tiny_tokenizer
+    from headprobe.analyses.data import natural_text_tokens
+
+    tok = make_tiny_tokenizer(tmp_path / "tok")
+    tok.model_max_length = 64  # like MiniLM's 512: far below the 2000-word text
+    model = SimpleNamespace(tokenizer=tok, prepend_bos=True, bos_token_id=100, end_token_id=None)
+    text = word_text.read_text()
+    level = transformers.logging.get_verbosity()
+    with _Records() as rec:
+        ts = natural_text_tokens(model, 3, 33, seed=0, text=text)
+    assert not [m for m in rec.messages if "Token indices sequence length" in m], rec.messages
+    # the windows are the text's own tokens: "tN" is token N, BOS (100) first
+    words = [int(w[1:]) for w in text.split()]
+    for row in ts.tokens.tolist():
+        assert row[0] == 100
+        at = next(i for i in range(0, len(words), 32) if words[i:i + 32] == row[1:])
+        assert at % 32 == 0
+    assert transformers.logging.get_verbosity() == level
+    with _Records() as rec:  # the check can fail: a direct call on the same tokenizer still warns
+        tok(text, add_special_tokens=False)
+    assert [m for m in rec.messages if "Token indices sequence length" in m]
