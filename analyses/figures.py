@@ -128,6 +128,41 @@ def _head_axes(ax, n_layers: int, n_heads: int, group_size: int | None, width_in
             ax.axvline(g - 0.5, color="white", lw=0.8)
 
 
+CATEGORY_COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442", "#000000")
+"""Okabe and Ito's eight colours, distinguishable with every common colour-vision deficiency
+(Okabe & Ito 2008, "Color Universal Design"; Wong 2011, Nature Methods 8:441), for integer
+categories such as offsets (:func:`head_heatmap` with ``discrete``): neighbouring integers get
+unlike hues, where a sequential map made 0 and -1 look alike."""
+
+MASKED_COLOR = "#dddddd"
+"""Heatmap cells masked by a rule (:func:`head_heatmap`'s ``mask``, e.g. the offset of a head that is
+not positional): a plain pale grey, unlike the hatched grey of unmeasured heads and every colour
+of the maps used here (Tol's colour for data to be left out)."""
+
+
+def _category_colors(values: Sequence[int]) -> list[str]:
+    """A colour of :data:`CATEGORY_COLORS` per integer in ``values``, given out by distance from 0
+    (ties: the negative first): 0 is always blue and -1 orange, the commonest offsets.
+
+    Raises:
+        ValueError: more integers than colours.
+    """
+    if len(values) > len(CATEGORY_COLORS):
+        raise ValueError(f"{len(values)} categories, more than the {len(CATEGORY_COLORS)} distinguishable colours")
+    order = sorted(values, key=lambda v: (abs(v), v > 0))
+    return [CATEGORY_COLORS[order.index(v)] for v in values]
+
+
+def _category_label(v: int, first: bool, last: bool, extend: str) -> str:
+    """A discrete colour bar's tick label: ``−1``, ``+2``, ``0``; ``≤ −7`` / ``≥ +3`` at a clipped end."""
+    text = "0" if v == 0 else f"{v:+d}".replace("-", "\u2212")
+    if first and extend in ("min", "both"):
+        return f"\u2264 {text}"
+    if last and extend in ("max", "both"):
+        return f"\u2265 {text}"
+    return text
+
+
 @_styled
 def head_heatmap(
     scores: np.ndarray,
@@ -139,13 +174,29 @@ def head_heatmap(
     group_size: int | None = None,
     ax=None,
     extend: str = "neither",
+    discrete: bool = False,
+    mask: np.ndarray | None = None,
+    mask_label: str = "masked",
 ) -> Figure:
     """A layer x head heatmap of ``scores`` (``[layer, head]``); white lines separate GQA groups.
 
     Pass ``ax`` to draw into an existing axes (the figure is then ``ax.figure``); ``extend``
-    marks clipped values on the colour bar (``"min"``, ``"max"``, ``"both"``).
+    marks clipped values on the colour bar (``"min"``, ``"max"``, ``"both"``). NaN cells (heads
+    not measured) are hatched grey (:data:`NOT_MEASURED_COLOR`) and named in a legend.
+
+    Args:
+        discrete: ``scores`` are integers, each from ``vmin`` to ``vmax`` (integers) its own
+            category: one colour of :data:`CATEGORY_COLORS` each (``cmap`` is not used), a colour
+            bar tick and label per integer; values beyond an end are drawn in the end's colour,
+            whose label reads ``≤ vmin`` / ``≥ vmax`` as ``extend`` says.
+        mask: ``[layer, head]`` booleans: cells drawn plain pale grey (:data:`MASKED_COLOR`) instead
+            of their value, named ``mask_label`` in the legend (e.g. the rule that masks them).
+
+    Raises:
+        ValueError: ``discrete`` with more than :data:`CATEGORY_COLORS` integers in ``[vmin, vmax]``.
     """
     import matplotlib
+    from matplotlib.colors import BoundaryNorm, ListedColormap
 
     scores = np.asarray(scores, dtype=float)
     n_layers, n_heads = scores.shape
@@ -156,22 +207,41 @@ def head_heatmap(
         fig = ax.figure
     # NaN: a head not measured (e.g. not swept) is left transparent over a hatched grey background,
     # on no colour scale used here, and a legend entry says what it means
-    colors = matplotlib.colormaps[cmap].with_extremes(bad=(0, 0, 0, 0))
     missing = np.isnan(scores).any()
+    masked = np.zeros(scores.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool) & ~np.isnan(scores)
     if missing:
         ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
-    im = ax.imshow(scores, cmap=colors, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+    shown = np.where(masked, np.nan, scores)
+    if discrete:
+        levels = list(range(int(vmin), int(vmax) + 1))
+        colors = ListedColormap(_category_colors(levels)).with_extremes(bad=(0, 0, 0, 0))
+        norm = BoundaryNorm(np.arange(levels[0] - 0.5, levels[-1] + 1.0), len(levels))
+        im = ax.imshow(np.clip(shown, levels[0], levels[-1]), cmap=colors, norm=norm, aspect="auto",
+                       interpolation="nearest")
+    else:
+        colors = matplotlib.colormaps[cmap].with_extremes(bad=(0, 0, 0, 0))
+        im = ax.imshow(shown, cmap=colors, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+    if masked.any():  # a second, opaque layer of pale grey over the masked cells only
+        ax.imshow(np.where(masked, 1.0, np.nan), cmap=ListedColormap([MASKED_COLOR]).with_extremes(bad=(0, 0, 0, 0)),
+                  vmin=0, vmax=1, aspect="auto", interpolation="nearest")
     _head_axes(ax, n_layers, n_heads, group_size)
     if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
         title = ",\n".join(title.split(", ", 1))
     ax.set_title(title)  # anything still too wide is broken by _wrap_titles
-    cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
+    if discrete:
+        cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, ticks=levels)
+        cb.set_ticklabels([_category_label(v, i == 0, i == len(levels) - 1, extend) for i, v in enumerate(levels)])
+        cb.ax.tick_params(length=0)  # a label per colour block, no scale between them
+    else:
+        cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
     cb.set_label(cbar_label)
-    if missing:
+    if missing or masked.any():
         from matplotlib.patches import Patch
 
-        key = Patch(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", label="not measured")
-        ax.legend(handles=[key], loc="upper center", bbox_to_anchor=(0.5, -0.12 if n_layers > 16 else -0.2),
+        keys = ([Patch(facecolor=MASKED_COLOR, edgecolor="none", label=mask_label)] if masked.any() else []) + (
+            [Patch(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", label="not measured")]
+            if missing else [])
+        ax.legend(handles=keys, loc="upper center", bbox_to_anchor=(0.5, -0.12 if n_layers > 16 else -0.2),
                   frameon=False, fontsize=6, handlelength=1.2)
     return fig
 

@@ -213,3 +213,39 @@ def test_composition_figure_names_heads_layer_dot_head():
     left = fig.axes[0]
     assert [t.get_text() for t in left.get_xticklabels()] == ["0.1", "1.2"]
     assert [t.get_text() for t in left.get_yticklabels()] == ["2.0", "1.3"]
+
+
+def test_positional_offset_map_masks_heads_that_are_not_positional_and_tells_offsets_apart():
+    """heatmap_positional_offset.png coloured the offset of heads that are not positional (18.6:
+    -10 at fraction 0.02) and drew 0 and -1 in near-identical yellows (cividis). Heads below the
+    stated fraction are pale grey now, named in the legend, and each offset has its own colour
+    with a labelled tick."""
+    from headprobe.analyses.detectors import DETECTORS, POSITIONAL_FIGURE_FRACTION
+
+    offset = np.array([[0, -1, -2], [-10, -1, 0], [-3, -7, -4]], dtype=float)
+    fraction = np.array([[0.9, 0.8, 0.6], [0.02, 0.3, 0.95], [0.7, 0.51, 0.99]])
+    scores = {"positional_offset": offset, "positional_fraction": fraction}
+    style = next(s for s in DETECTORS["positional"].figures if s.column == "positional_offset")
+    fig = figs.head_heatmap(offset, "positional offset", style.label, **style.figure_options(scores, causal=True))
+    ax = fig.axes[0]
+    values, mask_layer = ax.images
+    cells = values.to_rgba(values.get_array())
+    grey = mask_layer.to_rgba(mask_layer.get_array())
+    below = fraction < POSITIONAL_FIGURE_FRACTION  # the hand-made answer: 1,0 and 1,1 are masked
+    assert below.sum() == 2 and below[1, 0] and below[1, 1]
+    assert (grey[..., 3][below] == 1).all() and (grey[..., 3][~below] == 0).all()  # grey on top, only there
+    assert matplotlib.colors.to_hex(grey[1, 0]) == figs.MASKED_COLOR and (cells[..., 3][below] == 0).all()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == [f"positional fraction < {POSITIONAL_FIGURE_FRACTION:g}: not drawn"]
+    # each offset its own colour, neighbours far apart (cividis: 0 and -1 were 0.21 apart in RGB, 1.15 now)
+    colour_of = {int(offset[i, j]): cells[i, j, :3] for i, j in zip(*np.nonzero(~below))}
+    assert len({tuple(c) for c in colour_of.values()}) == len(colour_of) == 6
+    for a in (0, -2, -3):
+        assert np.linalg.norm(colour_of[a] - colour_of[a - 1]) > 0.3, a
+    cbar = fig.axes[1]
+    ticks = [t.get_text() for t in cbar.get_yticklabels()]
+    assert ticks == ["≤ −7", "−6", "−5", "−4", "−3", "−2", "−1", "0"]
+    assert list(cbar.get_yticks()) == list(range(-7, 1))
+    # an encoder's offsets may be positive: both ends clipped and labelled
+    enc = figs.head_heatmap(offset, "t", style.label, **style.figure_options(scores, causal=False))
+    assert [t.get_text() for t in enc.axes[1].get_yticklabels()] == ["≤ −3", "−2", "−1", "0", "+1", "+2", "≥ +3"]

@@ -568,7 +568,7 @@ def scan_figures(result: ScanResult) -> dict[str, object]:
         for style in det.figures:
             out[f"heatmap_{style.column}"] = figs.head_heatmap(result.scores[style.column], f"{style.title}, {tag}",
                                                                style.label, group_size=spec.group_size,
-                                                               **style.options_for(spec.causal))
+                                                               **style.figure_options(result.scores, spec.causal))
     panels = [(det.panel_title, result.scores[det.rank_by]) for det in dets]
     out["overview"] = figs.scores_overview(panels, spec.group_size, f"Head scores of {tag}")
     for head_type, ex in result.examples.items():
