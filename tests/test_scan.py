@@ -177,7 +177,9 @@ def test_no_verify_report_does_not_claim_ablation(tiny_llama_gqa_native, word_te
 
 
 class _Records:
-    """A logging handler that keeps the messages of transformers' loggers (they do not propagate to the root)."""
+    """Keeps the messages of transformers' loggers (they do not propagate to the root), at level
+    WARNING while inside: TransformerLens' bridge raises the level to ERROR when imported, which
+    would hide the warning whatever the code under test does."""
 
     def __init__(self):
         import logging
@@ -185,17 +187,19 @@ class _Records:
         self.messages: list[str] = []
         self.handler = logging.Handler()
         self.handler.emit = lambda record: self.messages.append(record.getMessage())
+        self.logger = logging.getLogger("transformers")
 
     def __enter__(self):
         import logging
 
-        logging.getLogger("transformers").addHandler(self.handler)
+        self.level = self.logger.level
+        self.logger.setLevel(logging.WARNING)
+        self.logger.addHandler(self.handler)
         return self
 
     def __exit__(self, *exc):
-        import logging
-
-        logging.getLogger("transformers").removeHandler(self.handler)
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
 
 
 def test_windowing_a_long_text_does_not_warn_about_its_length(tmp_path, word_text):
@@ -214,9 +218,10 @@ def test_windowing_a_long_text_does_not_warn_about_its_length(tmp_path, word_tex
     tok.model_max_length = 64  # like MiniLM's 512: far below the 2000-word text
     model = SimpleNamespace(tokenizer=tok, prepend_bos=True, bos_token_id=100, end_token_id=None)
     text = word_text.read_text()
-    level = transformers.logging.get_verbosity()
     with _Records() as rec:
+        level = transformers.logging.get_verbosity()
         ts = natural_text_tokens(model, 3, 33, seed=0, text=text)
+        assert transformers.logging.get_verbosity() == level  # no global switch
     assert not [m for m in rec.messages if "Token indices sequence length" in m], rec.messages
     # the windows are the text's own tokens: "tN" is token N, BOS (100) first
     words = [int(w[1:]) for w in text.split()]
@@ -224,7 +229,7 @@ def test_windowing_a_long_text_does_not_warn_about_its_length(tmp_path, word_tex
         assert row[0] == 100
         at = next(i for i in range(0, len(words), 32) if words[i:i + 32] == row[1:])
         assert at % 32 == 0
-    assert transformers.logging.get_verbosity() == level
     with _Records() as rec:  # the check can fail: a direct call on the same tokenizer still warns
         tok(text, add_special_tokens=False)
     assert [m for m in rec.messages if "Token indices sequence length" in m]
+
