@@ -267,40 +267,66 @@ def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | 
 
 
 MAX_TICK_LABELS = 40
-"""A pattern plot labels every token up to this many positions, else every n-th (still real tokens)."""
+"""A pattern plot labels every token up to this many positions per axis, else every n-th (still real tokens)."""
+
+
+def _span(positions: Sequence[int], total: int) -> str:
+    """``0–27 of 101`` for a crop, ``""`` for a whole axis."""
+    return "" if list(positions) == list(range(total)) else f" {positions[0]}–{positions[-1]} of {total}"
 
 
 @_styled
 def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: Sequence[int] = (),
-                 causal: bool = False, ylabel: str = "query position") -> Figure:
+                 causal: bool = False, ylabel: str = "query position",
+                 positions: tuple[Sequence[int], Sequence[int]] | None = None) -> Figure:
     """One head's attention pattern ``[q_pos, k_pos]`` with token labels on both axes (every
     token, or every n-th beyond :data:`MAX_TICK_LABELS` positions); dashed lines at ``marks``
     (positions where a repeated block starts). With ``causal``, the masked future keys
     (``k_pos > q_pos``) are grey like unmeasured cells elsewhere, not the colour of zero
-    attention; a note under the axis says what grey and the dashed lines mean."""
+    attention; a note under the axis says what grey and the dashed lines mean.
+
+    Args:
+        pattern: ``[q, k]`` attention weights in [0, 1]: the whole pattern, or the crop that
+            ``positions`` names.
+        labels: one token label per position of the whole sequence.
+        positions: ``(q_positions, k_positions)``, the absolute positions of ``pattern``'s rows
+            and columns (e.g. :func:`headprobe.analyses.scoring.repeat_window`); each axis label
+            then says which positions are shown (``key positions 0–27 of 101``). None: all.
+    """
     import matplotlib
 
     pattern = np.asarray(pattern, dtype=float).copy()
-    T = pattern.shape[0]
+    rows, cols = (list(range(pattern.shape[0])), list(range(pattern.shape[1]))) if positions is None else map(list, positions)
+    if pattern.shape != (len(rows), len(cols)):
+        raise ValueError(f"pattern {pattern.shape} does not match {len(rows)} query and {len(cols)} key positions")
+    future = np.asarray(cols)[None, :] > np.asarray(rows)[:, None]
     if causal:
-        pattern[np.triu_indices(T, k=1, m=pattern.shape[1])] = np.nan
+        pattern[future] = np.nan
     fig = _figure(COLUMN_WIDTH, COLUMN_WIDTH * 0.95)
     ax = fig.add_subplot()
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad=NOT_MEASURED_COLOR)
     im = ax.imshow(pattern, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
-    step = 1 if T <= MAX_TICK_LABELS else int(np.ceil(T / 16))  # "token (position)" labels are long: fewer
-    ticks = list(range(0, T, step))
-    fs = max(3.0, min(6.0, (140.0 if step == 1 else 110.0) / len(ticks)))
-    shown = [labels[i] if step == 1 else f"{labels[i]} ({i})" for i in ticks]
-    ax.set_xticks(ticks, shown, rotation=90, fontsize=fs)
-    ax.set_yticks(ticks, shown, fontsize=fs)
-    for m in marks:
-        for line in (ax.axvline, ax.axhline):
-            line(m - 0.5, color="white", lw=0.5, ls="--")
-    notes = (["grey: masked future keys"] if causal else []) + (["dashed: a repeated block starts"] if len(marks) else [])
-    ax.set_xlabel("key position" + ("" if step == 1 else f"\n(every {step} positions: token (position))")
+    n = max(len(rows), len(cols))
+    step = 1 if n <= MAX_TICK_LABELS else int(np.ceil(n / 16))  # "token (position)" labels are long: fewer
+    fs = max(3.0, min(6.0, (140.0 if step == 1 else 110.0) / -(-n // step)))
+    for set_ticks, axis in ((ax.set_xticks, cols), (ax.set_yticks, rows)):
+        idx = list(range(0, len(axis), step))
+        set_ticks(idx, [labels[axis[i]] if step == 1 else f"{labels[axis[i]]} ({axis[i]})" for i in idx], fontsize=fs,
+                  **({"rotation": 90} if axis is cols else {}))
+    for m in marks:  # a block starting at position m: a line before it, on each axis that shows m
+        if m in cols:
+            ax.axvline(cols.index(m) - 0.5, color="white", lw=0.5, ls="--")
+        if m in rows:
+            ax.axhline(rows.index(m) - 0.5, color="white", lw=0.5, ls="--")
+    notes = ((["grey: masked future keys"] if causal and future.any() else [])
+             + (["dashed: a repeated block starts"] if any(m in rows or m in cols for m in marks) else []))
+    total = len(labels)
+    ax.set_xlabel("key position" + ("s" if _span(cols, total) else "") + _span(cols, total)
+                  + ("" if step == 1 else f"\n(every {step} positions: token (position))")
                   + ("\n" + "\n".join(notes) if notes else ""))
-    ax.set_ylabel(ylabel)
+    span = _span(rows, total)
+    # "query positions 47–74 of 101" and what follows it, e.g. "(first scored sequence)", on two lines
+    ax.set_ylabel(ylabel.replace("query position", "query positions" + span, 1).replace(" (", "\n(", 1) if span else ylabel)
     ax.set_title(title)
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("attention weight")
     return fig

@@ -249,3 +249,27 @@ def test_positional_offset_map_masks_heads_that_are_not_positional_and_tells_off
     # an encoder's offsets may be positive: both ends clipped and labelled
     enc = figs.head_heatmap(offset, "t", style.label, **style.figure_options(scores, causal=False))
     assert [t.get_text() for t in enc.axes[1].get_yticklabels()] == ["≤ −3", "−2", "−1", "0", "+1", "+2", "≥ +3"]
+
+
+def test_a_cropped_pattern_labels_every_token_and_says_which_positions_it_shows():
+    """Pattern figures of 101 positions labelled every 7th token ("ley (55)"): a crop now labels
+    every row and column with its own token, and the axes name the positions shown."""
+    S, start = 50, 1
+    T = start + 2 * S
+    labels = ["BOS"] + [f"w{i}" for i in range(S)] * 2
+    rows, cols = list(range(47, 75)), list(range(28))
+    pattern = np.zeros((T, T))
+    pattern[np.arange(T), np.maximum(np.arange(T) - S + 1, 0)] = 1.0  # an ideal induction head
+    fig = figs.pattern_plot(pattern[rows][:, cols], labels, "head 18.6", marks=[start, start + S], causal=True,
+                            ylabel="query position (first scored sequence)", positions=(rows, cols))
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [labels[c] for c in cols]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [labels[r] for r in rows]
+    assert ax.get_xlabel().startswith("key positions 0–27 of 101")
+    assert ax.get_ylabel() == "query positions 47–74 of 101\n(first scored sequence)"
+    # no key here lies after its query: nothing is greyed, and the note does not claim it is
+    assert not np.isnan(np.ma.getdata(ax.images[0].get_array())).any() and "grey" not in ax.get_xlabel()
+    dashed = sorted((ln.get_xdata()[0], ln.get_ydata()[0]) for ln in ax.get_lines())
+    assert dashed == [(0, 51 - 47 - 0.5), (start - 0.5, 0)]  # block 1 starts at key 1, the repeat at query 51
+    whole = figs.pattern_plot(pattern, labels, "t", causal=True)  # no positions: the whole pattern, thinned labels
+    assert whole.axes[0].get_xlabel().startswith("key position\n(every 7 positions")

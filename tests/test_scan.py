@@ -3,6 +3,7 @@ real SmolLM2-135M (the issue's acceptance numbers)."""
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -233,3 +234,37 @@ def test_windowing_a_long_text_does_not_warn_about_its_length(tmp_path, word_tex
         tok(text, add_special_tokens=False)
     assert [m for m in rec.messages if "Token indices sequence length" in m]
 
+
+def test_repeated_examples_are_cropped_to_the_repeat_start_with_every_token_labelled(tiny_llama_gqa_native, word_text):
+    """pattern_induction.png drew all 101 positions of the repeated sequence and so labelled only
+    every 7th token: the example is now the window around the repeat's start where the score
+    lives (its queries' earlier copies and the tokens after them among the keys), each of its
+    cells the head's attention at those positions of the whole sequence, every tick labelled."""
+    from headprobe.probe.capture import capture_heads
+
+    S = 20  # 1 + 2 * 20 = 41 positions: more than a figure labels one by one
+    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=S, k=3, n_random=2,
+                     text=str(word_text), verify=False, metrics=False, pattern_len=0)
+    result = run(tiny_llama_gqa_native, cfg, progress=False)
+    tokens = result.repeated.tokens[:1]
+    start, T = result.repeated.start, tokens.shape[1]
+    assert T == 41
+    figures = result.figures()
+    for head_type in ("induction", "duplicate_token"):
+        ex = result.examples[head_type]
+        rows, cols = ex["positions"]
+        assert len(rows) <= 28 and len(cols) <= 28
+        assert rows == list(range(rows[0], rows[0] + len(rows))) and cols == list(range(len(cols)))
+        assert start + S in rows  # the repeat starts inside the window ...
+        for q in rows:
+            if q >= start + S:  # ... and each repeated query's earlier copy and its successor are keys in it
+                assert q - S in cols and q - S + 1 in cols
+        layer, head = ex["head"]
+        full = capture_heads(tiny_llama_gqa_native, tokens, layers=[layer])["pattern"][layer][0, head].numpy()
+        np.testing.assert_allclose(ex["pattern"], full[np.ix_(rows, cols)], atol=1e-6)
+        ax = figures[f"pattern_{head_type}"].axes[0]
+        assert [t.get_text() for t in ax.get_xticklabels()] == [ex["labels"][c] for c in cols]
+        assert [t.get_text() for t in ax.get_yticklabels()] == [ex["labels"][r] for r in rows]
+        assert f"of {T}" in ax.get_xlabel() and f"{rows[0]}–{rows[-1]} of {T}" in ax.get_ylabel()
+    natural = result.examples["previous_token"]  # 24 tokens: whole, as before
+    assert natural["positions"] == (list(range(24)), list(range(24)))

@@ -195,7 +195,9 @@ class ScanResult:
         verifications: one :class:`~headprobe.analyses.ablation.Verification` per selected type and ablation kind.
         clean_loss: task (``natural``, ``repeated``) -> loss with no head ablated.
         natural, repeated: the token sets scored.
-        examples: head type -> ``{"head", "pattern", "labels"}``, its top head's pattern on a short example.
+        examples: head type -> ``{"head", "pattern", "labels", "positions", ...}``, its top head's pattern on a
+            short example (a repeated sequence longer than 28 tokens: the window around the repeat's start,
+            :func:`~headprobe.analyses.scoring.example_patterns`).
         timings: seconds per stage (``load_s``, ``score_s``, ``ablate_s``).
         device, dtype: where and in which precision the model ran.
         self_check: the model's load-time self-check (:meth:`SelfCheck.to_dict`).
@@ -578,7 +580,8 @@ def scan_figures(result: ScanResult) -> dict[str, object]:
         title = (f"top {head_type.replace('_', '-')} head {format_head(ex['head'])}: score {score:.2f}{setting}\n"
                  f"{tag}")  # on the first scored sequence: the axis label says so
         out[f"pattern_{head_type}"] = figs.pattern_plot(ex["pattern"], ex["labels"], title, ex.get("marks", ()),
-                                                        causal=spec.causal, ylabel="query position (first scored sequence)")
+                                                        causal=spec.causal, ylabel="query position (first scored sequence)",
+                                                        positions=ex.get("positions"))
     out.update(head_metrics.metric_figures(result.scores, spec.group_size, tag))
     if result.composition is not None and {"previous_token", "induction"} <= set(result.config.types):
         out["composition_k"] = figs.composition_plot(
