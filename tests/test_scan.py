@@ -268,3 +268,24 @@ def test_repeated_examples_are_cropped_to_the_repeat_start_with_every_token_labe
         assert f"of {T}" in ax.get_xlabel() and f"{rows[0]}–{rows[-1]} of {T}" in ax.get_ylabel()
     natural = result.examples["previous_token"]  # 24 tokens: whole, as before
     assert natural["positions"] == (list(range(24)), list(range(24)))
+
+
+def test_writing_the_figures_shows_a_progress_bar_when_asked(tiny_llama_gqa_native, word_text, tmp_path, capsys):
+    """Writing the figures took ~90 s without a line of output: with progress, a tqdm bar counts
+    them (as many as PNG files written); without, nothing is printed."""
+    from headprobe.commands.scan import write_outputs
+
+    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=3, n_random=2,
+                     text=str(word_text), verify=False, pattern_len=0, metrics=False, types="induction,first_token")
+    result = run(tiny_llama_gqa_native, cfg, progress=False)
+    capsys.readouterr()
+    for name, progress in (("quiet", False), ("bar", True)):
+        (tmp_path / name).mkdir()
+        write_outputs(result, tmp_path / name, progress=progress)
+        err = capsys.readouterr().err
+        n = len(list((tmp_path / name).glob("*.png")))
+        assert n == 5 and len(list((tmp_path / name).glob("*.svg"))) == n  # 2 heatmaps, 2 patterns, the overview
+        if progress:
+            assert "writing figures (png, pdf, svg)" in err and f"{n}/{n}" in err, err
+        else:
+            assert err == ""
