@@ -2,6 +2,7 @@
 real SmolLM2-135M (the issue's acceptance numbers)."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -289,3 +290,29 @@ def test_writing_the_figures_shows_a_progress_bar_when_asked(tiny_llama_gqa_nati
             assert "writing figures (png, pdf, svg)" in err and f"{n}/{n}" in err, err
         else:
             assert err == ""
+
+
+def test_redraw_script_reproduces_a_scan_and_refuses_one_it_cannot(tiny_dir, word_text, tmp_path):
+    """scripts/redraw_figures.py redraws a scan's figures from its outputs and its model (the demo's
+    figures are regenerated this way): the patterns it recomputes are the run's (to patterns.npz's
+    uint8 steps) and, where the saved numbers do not match what it recomputes, it stops."""
+    import sys
+
+    from headprobe.options import load_for
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import redraw_figures
+
+    cfg = ScanConfig(model=str(tiny_dir), n_natural=2, seq_len=24, n_repeated=2, period=20, k=3, n_random=2,
+                     text=str(word_text), verify=False, types="previous_token,induction")
+    out = tmp_path / "scan"
+    run(load_for(cfg), cfg, progress=False).save(out)
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.png")}
+    written = redraw_figures.redraw_scan(out)
+    assert {p.name for p in written if p.suffix == ".png"} == set(before)  # every figure (no ablation: --no-verify)
+    assert all(p.stat().st_mtime_ns > before[p.name] for p in written if p.suffix == ".png")
+    summary = json.loads((out / "summary.json").read_text())
+    summary["top_heads"]["induction"][0]["head"] = "9.9"  # a run the saved table does not describe
+    (out / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match="does not reproduce the run"):
+        redraw_figures.redraw_scan(out)
