@@ -305,12 +305,16 @@ def test_redraw_script_reproduces_a_scan_and_refuses_one_it_cannot(tiny_dir, wor
 
     cfg = ScanConfig(model=str(tiny_dir), n_natural=2, seq_len=24, n_repeated=2, period=20, k=3, n_random=2,
                      text=str(word_text), verify=False, types="previous_token,induction")
+    from headprobe.commands.scan import figure_makers
+
     out = tmp_path / "scan"
-    run(load_for(cfg), cfg, progress=False).save(out)
-    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.png")}
+    result = run(load_for(cfg), cfg, progress=False)
+    result.save(out, figures=False)  # the tables, patterns.npz and summary.json only
     written = redraw_figures.redraw_scan(out)
-    assert {p.name for p in written if p.suffix == ".png"} == set(before)  # every figure (no ablation: --no-verify)
-    assert all(p.stat().st_mtime_ns > before[p.name] for p in written if p.suffix == ".png")
+    # every figure the scan draws (no ablation figure: --no-verify), in three formats
+    assert sorted(p.name for p in written) == sorted(f"{stem}.{ext}" for stem in figure_makers(result)
+                                                     for ext in ("png", "pdf", "svg"))
+    assert "pattern_induction" in figure_makers(result) and "composition_k" in figure_makers(result)
     summary = json.loads((out / "summary.json").read_text())
     summary["top_heads"]["induction"][0]["head"] = "9.9"  # a run the saved table does not describe
     (out / "summary.json").write_text(json.dumps(summary))
