@@ -74,7 +74,9 @@ def natural_text_tokens(
     an encoder's windows are ``[CLS] text [SEP]`` (``seq_len`` counts both).
 
     The text is tokenized once and cut into consecutive non-overlapping windows; ``n_seqs`` of
-    them are drawn without replacement with ``seed``. A text shorter than ``n_seqs`` windows
+    them are drawn without replacement with ``seed``. The whole text may be longer than the
+    model's context (the windows are not): transformers' warning that it is, meant for a
+    sequence about to be run as one, is not printed for this call. A text shorter than ``n_seqs`` windows
     gives fewer sequences (all it has), never a truncated or padded one.
 
     Raises:
@@ -89,7 +91,10 @@ def natural_text_tokens(
     body = seq_len - start - (end_id is not None)
     if body < 1:
         raise HeadprobeError(f"sequence length {seq_len} is too short: it leaves no text between [CLS] and [SEP]")
-    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    # the whole text at once, longer than the model's context by design (it is cut into windows
+    # below): verbose=False silences exactly transformers' "Token indices sequence length is longer
+    # than the specified maximum ... will result in indexing errors" for this call, nothing global
+    ids = model.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     n_windows = len(ids) // body
     if n_windows == 0:
         raise HeadprobeError(f"the text has {len(ids)} tokens, fewer than one sequence of {body}; give more text or a shorter --seq-len")

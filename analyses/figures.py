@@ -17,6 +17,7 @@ import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 
+from headprobe.probe.heads import format_head
 from headprobe.probe.io import atomic_path
 
 COLUMN_WIDTH = 3.25  # inches: one column of a two-column paper
@@ -128,6 +129,41 @@ def _head_axes(ax, n_layers: int, n_heads: int, group_size: int | None, width_in
             ax.axvline(g - 0.5, color="white", lw=0.8)
 
 
+CATEGORY_COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442", "#000000")
+"""Okabe and Ito's eight colours, distinguishable with every common colour-vision deficiency
+(Okabe & Ito 2008, "Color Universal Design"; Wong 2011, Nature Methods 8:441), for integer
+categories such as offsets (:func:`head_heatmap` with ``discrete``): neighbouring integers get
+unlike hues, where a sequential map made 0 and -1 look alike."""
+
+MASKED_COLOR = "#dddddd"
+"""Heatmap cells masked by a rule (:func:`head_heatmap`'s ``mask``, e.g. the offset of a head that is
+not positional): a plain pale grey, unlike the hatched grey of unmeasured heads and every colour
+of the maps used here (Tol's colour for data to be left out)."""
+
+
+def _category_colors(values: Sequence[int]) -> list[str]:
+    """A colour of :data:`CATEGORY_COLORS` per integer in ``values``, given out by distance from 0
+    (ties: the negative first): 0 is always blue and -1 orange, the commonest offsets.
+
+    Raises:
+        ValueError: more integers than colours.
+    """
+    if len(values) > len(CATEGORY_COLORS):
+        raise ValueError(f"{len(values)} categories, more than the {len(CATEGORY_COLORS)} distinguishable colours")
+    order = sorted(values, key=lambda v: (abs(v), v > 0))
+    return [CATEGORY_COLORS[order.index(v)] for v in values]
+
+
+def _category_label(v: int, first: bool, last: bool, extend: str) -> str:
+    """A discrete colour bar's tick label: ``−1``, ``+2``, ``0``; ``≤ −7`` / ``≥ +3`` at a clipped end."""
+    text = "0" if v == 0 else f"{v:+d}".replace("-", "\u2212")
+    if first and extend in ("min", "both"):
+        return f"\u2264 {text}"
+    if last and extend in ("max", "both"):
+        return f"\u2265 {text}"
+    return text
+
+
 @_styled
 def head_heatmap(
     scores: np.ndarray,
@@ -139,13 +175,29 @@ def head_heatmap(
     group_size: int | None = None,
     ax=None,
     extend: str = "neither",
+    discrete: bool = False,
+    mask: np.ndarray | None = None,
+    mask_label: str = "masked",
 ) -> Figure:
     """A layer x head heatmap of ``scores`` (``[layer, head]``); white lines separate GQA groups.
 
     Pass ``ax`` to draw into an existing axes (the figure is then ``ax.figure``); ``extend``
-    marks clipped values on the colour bar (``"min"``, ``"max"``, ``"both"``).
+    marks clipped values on the colour bar (``"min"``, ``"max"``, ``"both"``). NaN cells (heads
+    not measured) are hatched grey (:data:`NOT_MEASURED_COLOR`) and named in a legend.
+
+    Args:
+        discrete: ``scores`` are integers, each from ``vmin`` to ``vmax`` (integers) its own
+            category: one colour of :data:`CATEGORY_COLORS` each (``cmap`` is not used), a colour
+            bar tick and label per integer; values beyond an end are drawn in the end's colour,
+            whose label reads ``≤ vmin`` / ``≥ vmax`` as ``extend`` says.
+        mask: ``[layer, head]`` booleans: cells drawn plain pale grey (:data:`MASKED_COLOR`) instead
+            of their value, named ``mask_label`` in the legend (e.g. the rule that masks them).
+
+    Raises:
+        ValueError: ``discrete`` with more than :data:`CATEGORY_COLORS` integers in ``[vmin, vmax]``.
     """
     import matplotlib
+    from matplotlib.colors import BoundaryNorm, ListedColormap
 
     scores = np.asarray(scores, dtype=float)
     n_layers, n_heads = scores.shape
@@ -156,22 +208,41 @@ def head_heatmap(
         fig = ax.figure
     # NaN: a head not measured (e.g. not swept) is left transparent over a hatched grey background,
     # on no colour scale used here, and a legend entry says what it means
-    colors = matplotlib.colormaps[cmap].with_extremes(bad=(0, 0, 0, 0))
     missing = np.isnan(scores).any()
+    masked = np.zeros(scores.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool) & ~np.isnan(scores)
     if missing:
         ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
-    im = ax.imshow(scores, cmap=colors, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+    shown = np.where(masked, np.nan, scores)
+    if discrete:
+        levels = list(range(int(vmin), int(vmax) + 1))
+        colors = ListedColormap(_category_colors(levels)).with_extremes(bad=(0, 0, 0, 0))
+        norm = BoundaryNorm(np.arange(levels[0] - 0.5, levels[-1] + 1.0), len(levels))
+        im = ax.imshow(np.clip(shown, levels[0], levels[-1]), cmap=colors, norm=norm, aspect="auto",
+                       interpolation="nearest")
+    else:
+        colors = matplotlib.colormaps[cmap].with_extremes(bad=(0, 0, 0, 0))
+        im = ax.imshow(shown, cmap=colors, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+    if masked.any():  # a second, opaque layer of pale grey over the masked cells only
+        ax.imshow(np.where(masked, 1.0, np.nan), cmap=ListedColormap([MASKED_COLOR]).with_extremes(bad=(0, 0, 0, 0)),
+                  vmin=0, vmax=1, aspect="auto", interpolation="nearest")
     _head_axes(ax, n_layers, n_heads, group_size)
     if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
         title = ",\n".join(title.split(", ", 1))
     ax.set_title(title)  # anything still too wide is broken by _wrap_titles
-    cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
+    if discrete:
+        cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, ticks=levels)
+        cb.set_ticklabels([_category_label(v, i == 0, i == len(levels) - 1, extend) for i, v in enumerate(levels)])
+        cb.ax.tick_params(length=0)  # a label per colour block, no scale between them
+    else:
+        cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
     cb.set_label(cbar_label)
-    if missing:
+    if missing or masked.any():
         from matplotlib.patches import Patch
 
-        key = Patch(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", label="not measured")
-        ax.legend(handles=[key], loc="upper center", bbox_to_anchor=(0.5, -0.12 if n_layers > 16 else -0.2),
+        keys = ([Patch(facecolor=MASKED_COLOR, edgecolor="none", label=mask_label)] if masked.any() else []) + (
+            [Patch(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", label="not measured")]
+            if missing else [])
+        ax.legend(handles=keys, loc="upper center", bbox_to_anchor=(0.5, -0.12 if n_layers > 16 else -0.2),
                   frameon=False, fontsize=6, handlelength=1.2)
     return fig
 
@@ -197,40 +268,66 @@ def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | 
 
 
 MAX_TICK_LABELS = 40
-"""A pattern plot labels every token up to this many positions, else every n-th (still real tokens)."""
+"""A pattern plot labels every token up to this many positions per axis, else every n-th (still real tokens)."""
+
+
+def _span(positions: Sequence[int], total: int) -> str:
+    """``0–27 of 101`` for a crop, ``""`` for a whole axis."""
+    return "" if list(positions) == list(range(total)) else f" {positions[0]}–{positions[-1]} of {total}"
 
 
 @_styled
 def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: Sequence[int] = (),
-                 causal: bool = False, ylabel: str = "query position") -> Figure:
+                 causal: bool = False, ylabel: str = "query position",
+                 positions: tuple[Sequence[int], Sequence[int]] | None = None) -> Figure:
     """One head's attention pattern ``[q_pos, k_pos]`` with token labels on both axes (every
     token, or every n-th beyond :data:`MAX_TICK_LABELS` positions); dashed lines at ``marks``
     (positions where a repeated block starts). With ``causal``, the masked future keys
     (``k_pos > q_pos``) are grey like unmeasured cells elsewhere, not the colour of zero
-    attention; a note under the axis says what grey and the dashed lines mean."""
+    attention; a note under the axis says what grey and the dashed lines mean.
+
+    Args:
+        pattern: ``[q, k]`` attention weights in [0, 1]: the whole pattern, or the crop that
+            ``positions`` names.
+        labels: one token label per position of the whole sequence.
+        positions: ``(q_positions, k_positions)``, the absolute positions of ``pattern``'s rows
+            and columns (e.g. :func:`headprobe.analyses.scoring.repeat_window`); each axis label
+            then says which positions are shown (``key positions 0–27 of 101``). None: all.
+    """
     import matplotlib
 
     pattern = np.asarray(pattern, dtype=float).copy()
-    T = pattern.shape[0]
+    rows, cols = (list(range(pattern.shape[0])), list(range(pattern.shape[1]))) if positions is None else map(list, positions)
+    if pattern.shape != (len(rows), len(cols)):
+        raise ValueError(f"pattern {pattern.shape} does not match {len(rows)} query and {len(cols)} key positions")
+    future = np.asarray(cols)[None, :] > np.asarray(rows)[:, None]
     if causal:
-        pattern[np.triu_indices(T, k=1, m=pattern.shape[1])] = np.nan
+        pattern[future] = np.nan
     fig = _figure(COLUMN_WIDTH, COLUMN_WIDTH * 0.95)
     ax = fig.add_subplot()
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad=NOT_MEASURED_COLOR)
     im = ax.imshow(pattern, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
-    step = 1 if T <= MAX_TICK_LABELS else int(np.ceil(T / 16))  # "token (position)" labels are long: fewer
-    ticks = list(range(0, T, step))
-    fs = max(3.0, min(6.0, (140.0 if step == 1 else 110.0) / len(ticks)))
-    shown = [labels[i] if step == 1 else f"{labels[i]} ({i})" for i in ticks]
-    ax.set_xticks(ticks, shown, rotation=90, fontsize=fs)
-    ax.set_yticks(ticks, shown, fontsize=fs)
-    for m in marks:
-        for line in (ax.axvline, ax.axhline):
-            line(m - 0.5, color="white", lw=0.5, ls="--")
-    notes = (["grey: masked future keys"] if causal else []) + (["dashed: a repeated block starts"] if len(marks) else [])
-    ax.set_xlabel("key position" + ("" if step == 1 else f"\n(every {step} positions: token (position))")
+    n = max(len(rows), len(cols))
+    step = 1 if n <= MAX_TICK_LABELS else int(np.ceil(n / 16))  # "token (position)" labels are long: fewer
+    fs = max(3.0, min(6.0, (140.0 if step == 1 else 110.0) / -(-n // step)))
+    for set_ticks, axis in ((ax.set_xticks, cols), (ax.set_yticks, rows)):
+        idx = list(range(0, len(axis), step))
+        set_ticks(idx, [labels[axis[i]] if step == 1 else f"{labels[axis[i]]} ({axis[i]})" for i in idx], fontsize=fs,
+                  **({"rotation": 90} if axis is cols else {}))
+    for m in marks:  # a block starting at position m: a line before it, on each axis that shows m
+        if m in cols:
+            ax.axvline(cols.index(m) - 0.5, color="white", lw=0.5, ls="--")
+        if m in rows:
+            ax.axhline(rows.index(m) - 0.5, color="white", lw=0.5, ls="--")
+    notes = ((["grey: masked future keys"] if causal and future.any() else [])
+             + (["dashed: a repeated block starts"] if any(m in rows or m in cols for m in marks) else []))
+    total = len(labels)
+    ax.set_xlabel("key position" + ("s" if _span(cols, total) else "") + _span(cols, total)
+                  + ("" if step == 1 else f"\n(every {step} positions: token (position))")
                   + ("\n" + "\n".join(notes) if notes else ""))
-    ax.set_ylabel(ylabel)
+    span = _span(rows, total)
+    # "query positions 47–74 of 101" and what follows it, e.g. "(first scored sequence)", on two lines
+    ax.set_ylabel(ylabel.replace("query position", "query positions" + span, 1).replace(" (", "\n(", 1) if span else ylabel)
     ax.set_title(title)
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("attention weight")
     return fig
@@ -353,7 +450,8 @@ def signed_head_heatmap(values: np.ndarray, title: str, cbar_label: str, group_s
 @_styled
 def composition_plot(k_scores: np.ndarray, earlier: Sequence[tuple[int, int]], later: Sequence[tuple[int, int]],
                      title: str, earlier_name: str = "previous-token", later_name: str = "induction") -> Figure:
-    """K-composition of chosen head pairs against the typical pair (double-column width).
+    """K-composition of chosen head pairs against the typical pair (double-column width); heads
+    are named ``layer.head`` (:func:`~headprobe.probe.heads.format_head`) as everywhere else.
 
     Left: the scores of ``earlier -> later`` pairs (``k_scores[layer_j, head_j, layer_i, head_i]``,
     rows the later heads), blank where the earlier head is not in an earlier layer. Right: the
@@ -365,8 +463,9 @@ def composition_plot(k_scores: np.ndarray, earlier: Sequence[tuple[int, int]], l
     left, right = fig.subplots(1, 2, width_ratios=[1, 1.4])
     vmax = float(np.nanmax(vals)) if np.isfinite(vals).any() else 1.0
     im = left.imshow(vals, cmap="viridis", vmin=0, vmax=max(vmax, float(np.percentile(allv, 99))), aspect="auto")
-    left.set_xticks(range(len(earlier)), [f"L{l}H{h}" for l, h in earlier], rotation=90)
-    left.set_yticks(range(len(later)), [f"L{l}H{h}" for l, h in later])
+    # heads named layer.head, as in every other figure, table and summary.json
+    left.set_xticks(range(len(earlier)), [format_head(h) for h in earlier], rotation=90)
+    left.set_yticks(range(len(later)), [format_head(h) for h in later])
     left.set_xlabel(f"{earlier_name} head (writes)")
     left.set_ylabel(f"{later_name} head (keys read)")
     for (r, c), v in np.ndenumerate(vals):
@@ -574,17 +673,29 @@ def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, titl
 
 def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
     """Write ``stem.png``, ``stem.pdf`` and ``stem.svg`` (:data:`FORMATS`) atomically, PDF fonts
-    embedded as TrueType (:data:`_SAVE_RC`); returns the paths."""
+    embedded as TrueType (:data:`_SAVE_RC`); returns the paths.
+
+    The figure's layout (matplotlib's constrained layout) is made once, for the PNG, and kept for
+    the PDF and the SVG: it is a third of a figure's drawing time, and each format would redo it
+    to within 0.01 in (its own text metrics). The figure keeps its layout engine afterwards.
+    """
     import matplotlib
 
     # no creation date in PDF and SVG: the same run gives the same bytes (clean diffs of figures/)
     metadata = {"pdf": {"CreationDate": None}, "svg": {"Date": None}}
     paths = []
-    for ext in FORMATS:
-        path = Path(f"{stem}.{ext}")
-        with atomic_path(path) as tmp, matplotlib.rc_context(_SAVE_RC):
-            fig.savefig(tmp, format=ext, dpi=dpi, metadata=metadata.get(ext))
-        paths.append(path)
+    engine = fig.get_layout_engine()
+    try:
+        for i, ext in enumerate(FORMATS):
+            path = Path(f"{stem}.{ext}")
+            with atomic_path(path) as tmp, matplotlib.rc_context(_SAVE_RC):
+                fig.savefig(tmp, format=ext, dpi=dpi, metadata=metadata.get(ext))
+            paths.append(path)
+            if i == 0 and engine is not None:
+                fig.set_layout_engine("none")  # the axes stay where the first format's layout put them
+    finally:
+        if engine is not None:
+            fig.set_layout_engine(engine)
     return paths
 
 

@@ -230,9 +230,11 @@ def scan_metrics(model: Any, natural: TokenSet, needles: NeedleSet | None,
     return {c: out[c] for c in METRIC_COLUMNS}, skipped
 
 
-def metric_figures(scores: dict[str, np.ndarray], group_size: int | None, tag: str) -> dict[str, Any]:
-    """``heatmap_<column>`` for each metric column in ``scores`` (matplotlib Figures): copying on
-    [-1, 1] and dla centred at 0 (``RdBu_r``), sink rate and retrieval on [0, 1], entropy from 0 (nats)."""
+def metric_figure_makers(scores: dict[str, np.ndarray], group_size: int | None, tag: str) -> dict[str, Any]:
+    """``heatmap_<column>`` -> a function of no arguments that draws it, for each metric column in
+    ``scores`` with a finite value (:func:`metric_figures` draws them all at once)."""
+    from functools import partial
+
     from headprobe.analyses import figures as figs
 
     styles = {
@@ -244,11 +246,18 @@ def metric_figures(scores: dict[str, np.ndarray], group_size: int | None, tag: s
     out: dict[str, Any] = {}
     for col, (title, label, opts) in styles.items():
         if col in scores and np.isfinite(scores[col]).any():
-            out[f"heatmap_{col}"] = figs.head_heatmap(scores[col], f"{title}, {tag}", label, group_size=group_size, **opts)
+            out[f"heatmap_{col}"] = partial(figs.head_heatmap, scores[col], f"{title}, {tag}", label,
+                                            group_size=group_size, **opts)
     if "dla" in scores and np.isfinite(scores["dla"]).any():
-        out["heatmap_dla"] = figs.signed_head_heatmap(scores["dla"], f"direct logit attribution, {tag}",
-                                                      "logit of the next token", group_size=group_size)
+        out["heatmap_dla"] = partial(figs.signed_head_heatmap, scores["dla"], f"direct logit attribution, {tag}",
+                                     "logit of the next token", group_size=group_size)
     return out
+
+
+def metric_figures(scores: dict[str, np.ndarray], group_size: int | None, tag: str) -> dict[str, Any]:
+    """``heatmap_<column>`` for each metric column in ``scores`` (matplotlib Figures): copying on
+    [-1, 1] and dla centred at 0 (``RdBu_r``), sink rate and retrieval on [0, 1], entropy from 0 (nats)."""
+    return {stem: make() for stem, make in metric_figure_makers(scores, group_size, tag).items()}
 
 
 NEEDLE_LEN = 16

@@ -136,6 +136,31 @@ def token_labels(model: Any, ids: Tensor, for_font: bool = True) -> list[str]:
 NATURAL_EXAMPLE_LEN = 28
 """Tokens of the natural-text example: the first ones of the first scored window (a causal
 model's pattern on a prefix is exactly that corner of the pattern on the whole window)."""
+EXAMPLE_WINDOW = NATURAL_EXAMPLE_LEN
+"""Most positions per axis of an example pattern, so that the figure labels every token (the
+whole 101-token repeated sequence labelled only every 7th); a longer example is cropped
+(:func:`repeat_window`)."""
+REPEAT_LEAD = 4
+"""Queries of a cropped repeated example before the repeat starts (their attention has no earlier copy to use)."""
+
+
+def repeat_window(seq_len: int, start: int, period: int, size: int = EXAMPLE_WINDOW) -> tuple[list[int], list[int]]:
+    """The part of a ``[BOS] r_1..r_S r_1..r_S`` pattern (``[q_pos, k_pos]``, ``seq_len`` positions)
+    that carries the duplicate-token and induction scores, at most ``size`` positions per axis.
+
+    Queries: the last :data:`REPEAT_LEAD` tokens of the first block and the first of the second
+    (the repeat starts at ``start + period``); keys: position 0 on, BOS and the start of the first
+    block, where those queries' earlier copy (key ``q - S``, duplicate-token) and the token after it
+    (``q - S + 1``, induction; Olsson et al. 2022) lie. A sequence of at most ``size`` positions
+    is shown whole.
+
+    Returns:
+        ``(q_positions, k_positions)``: the rows and columns shown, absolute positions in order.
+    """
+    if seq_len <= size:
+        return list(range(seq_len)), list(range(seq_len))
+    q0 = max(0, min(start + period - REPEAT_LEAD, seq_len - size))
+    return list(range(q0, q0 + size)), list(range(size))
 
 
 @torch.inference_mode()
@@ -143,15 +168,18 @@ def example_patterns(model: Any, best: dict[str, Head], natural: TokenSet, repea
     """The attention pattern of the top head of each type on an example from its own token set,
     with the scoring settings: the first :data:`NATURAL_EXAMPLE_LEN` tokens of the first
     natural-text window (an encoder's: the first ``NATURAL_EXAMPLE_LEN - 1`` and its final
-    separator token), or the whole first repeated-random-token sequence (BOS, the block of
-    ``repeated.period`` tokens, and the block again).
+    separator token), or the first repeated-random-token sequence (BOS, the block of
+    ``repeated.period`` tokens, and the block again), cropped to the :func:`repeat_window` around
+    the repeat's start when longer than :data:`EXAMPLE_WINDOW`, so that every token can be labelled.
 
     Args:
         best: head type -> its top ``(layer, head)``.
 
     Returns:
-        head type -> ``{"head": (layer, head), "pattern": [q_pos, k_pos] array, "labels": [pos] str,
-        "marks": positions where a repeated block starts (for the plot), "period": the block length or None}``.
+        head type -> ``{"head": (layer, head), "pattern": [q, k] array (the rows ``positions[0]``
+        and columns ``positions[1]`` of the whole pattern), "labels": [pos] str (every position
+        of the example), "positions": (q_positions, k_positions), "marks": positions where a
+        repeated block starts (for the plot), "period": the block length or None}``.
     """
     first = natural.tokens[:1]
     if not getattr(model.spec, "causal", True) and first.shape[1] > NATURAL_EXAMPLE_LEN:
@@ -177,7 +205,10 @@ def example_patterns(model: Any, best: dict[str, Head], natural: TokenSet, repea
 
         stream_patterns(model, toks, on_pattern, layers=layers)
         labels = token_labels(model, toks[0])
+        n = toks.shape[1]
+        rows, cols = (repeat_window(n, repeated.start, repeated.period) if dataset == "repeated"
+                      else (list(range(n)), list(range(n))))
         for t, (layer, head) in wanted.items():
-            out[t] = {"head": (layer, head), "pattern": kept[layer][head].numpy(), "labels": labels,
-                      "marks": marks[dataset], "period": period[dataset]}
+            out[t] = {"head": (layer, head), "pattern": kept[layer][head][rows][:, cols].numpy(), "labels": labels,
+                      "positions": (rows, cols), "marks": marks[dataset], "period": period[dataset]}
     return out

@@ -1,12 +1,21 @@
-"""Redraw the committed study, training, pruning and ablation figures from the numbers their runs saved.
+"""Redraw the committed study, training and scan figures from the numbers their runs saved.
 
-Usage: ``.venv/bin/python scripts/redraw_figures.py [figures]``
+Usage: ``.venv/bin/python scripts/redraw_figures.py [figures | figures/RUN]``
 
 For maintainers: when the figure code changes (style, legends, formats), the committed figures
-of the long runs (``headprobe study`` ~10 min, ``train``, ``prune``, the 270-head ``ablate``)
-are redrawn from their saved tables with the same result objects the commands use, instead of
-rerunning the runs; the numbers and the tables are not touched. The scan demo is rerun with
-``make demo`` (its figures need the model's patterns). Writes PNG, PDF and SVG beside the old ones.
+of the long runs (``headprobe study`` ~10 min, ``train``, the 5-9 minute ``make demo`` scan) are
+redrawn from their saved tables with the same result objects the commands use, instead of
+rerunning the runs; the numbers and the tables are not touched. Writes PNG, PDF and SVG beside
+the old ones.
+
+A scan directory (``summary.json`` + ``head_scores.csv``, e.g. figures/smollm2-135m) is redrawn
+from its head_scores.csv (the heatmaps and the overview) and, for the example patterns and the
+K-composition, from its model, loaded as summary.json's config says: those come from a forward
+pass on the scan's own first sequences (rebuilt from the seed) and from the weights, the
+functions the scan calls. The redraw checks that it reproduces the run (the same top heads as
+summary.json, the same K-composition numbers, the patterns of patterns.npz to its uint8
+precision) and stops otherwise. The ablation figure is not redrawn (its evidence is summary.json's
+``ablations``, which this script does not rebuild); rerun the scan for it.
 """
 
 from __future__ import annotations
@@ -44,14 +53,79 @@ def redraw_train(d: Path) -> list[Path]:
     return [p for name, fig in result.figures().items() for p in save_figure(fig, d / name)]
 
 
+def redraw_scan(d: Path) -> list[Path]:
+    """Redraw a scan's figures but the ablation one (see the module docstring); returns the paths.
+
+    Raises:
+        SystemExit: the redraw does not reproduce the run's numbers.
+    """
+    import numpy as np
+    import torch
+
+    from headprobe import options
+    from headprobe.analyses import metrics as head_metrics
+    from headprobe.analyses import viewer
+    from headprobe.analyses.ablation import top_heads
+    from headprobe.analyses.data import natural_text_tokens, read_text_file, repeated_random_tokens
+    from headprobe.analyses.detectors import DETECTORS
+    from headprobe.analyses.figures import save_figure
+    from headprobe.analyses.scoring import example_patterns
+    from headprobe.commands.scan import ScanConfig, ScanResult
+    from headprobe.probe.heads import format_head
+
+    summary = json.loads((d / "summary.json").read_text())
+    table = pd.read_csv(d / "head_scores.csv")
+    fields = set(ScanConfig.__dataclass_fields__)
+    config = ScanConfig(**{k: v for k, v in summary["config"].items() if k in fields})
+    model = options.load_for(config)
+    spec = model.spec
+    shape = (spec.n_layers, spec.n_heads)
+    scores = {c: table[c].to_numpy().reshape(shape) for c in table.columns if c not in ("layer", "head", "kv_head")}
+
+    def fail(what: str):
+        raise SystemExit(f"{d}: the redraw does not reproduce the run ({what}); rerun the scan instead")
+
+    text = read_text_file(config.text) if config.text else None
+    natural = natural_text_tokens(model, config.n_natural, config.seq_len, config.seed, text,
+                                  source=str(config.text) if config.text else None)
+    repeated = repeated_random_tokens(model, config.n_repeated, config.period, config.seed)
+    best = {name: top_heads(torch.tensor(scores[DETECTORS[name].rank_by]), 1)[0] for name in config.types}
+    for name, head in best.items():
+        if format_head(head) != summary["top_heads"][name][0]["head"]:
+            fail(f"top {name} head {format_head(head)}, summary.json {summary['top_heads'][name][0]['head']}")
+    examples = example_patterns(model, best, natural, repeated)
+    saved = viewer.load_patterns(d / "patterns.npz") if (d / "patterns.npz").is_file() else {}
+    for name, ex in examples.items():  # the same attention as the run's own, to patterns.npz's uint8 steps
+        kept = saved.get(DETECTORS[name].dataset)
+        rows, cols = ex["positions"]
+        if kept is not None and max(max(rows), max(cols)) < kept["pattern"].shape[-1]:
+            layer, head = ex["head"]
+            diff = np.abs(np.asarray(kept["pattern"][layer, head], dtype=float)[np.ix_(rows, cols)] - ex["pattern"]).max()
+            if diff > 1 / 255:
+                fail(f"{name} pattern differs from patterns.npz by {diff:.4f}")
+    composition = head_metrics.scan_composition(model) if config.metrics else None
+    recorded = summary.get("metrics", {}).get("k_composition_previous_token_to_induction")
+    if composition is not None and recorded is not None:
+        prev = top_heads(torch.tensor(scores["previous_token"]), 5)
+        ind = top_heads(torch.tensor(scores["induction"]), 5)
+        if head_metrics.composition_summary(composition["k"], prev, ind) != recorded:
+            fail("K-composition")
+    result = ScanResult(config, spec, table, scores, [], summary["clean_loss_nats"], natural, repeated, examples, {},
+                        warnings=summary.get("warnings", []), composition=composition)
+    return [p for name, fig in result.figures().items() for p in save_figure(fig, d / name)]
+
+
 def main(argv: list[str]) -> None:
     root = Path(argv[0] if argv else "figures")
     written = []
-    for d in sorted(root.iterdir()):
+    runs = ("study.json", "train_log.csv", "summary.json")  # a run's own directory, or a folder of them
+    for d in [root] if any((root / f).is_file() for f in runs) else sorted(root.iterdir()):
         if (d / "study.json").is_file():
             written += redraw_study(d)
         elif (d / "train_log.csv").is_file():
             written += redraw_train(d)
+        elif (d / "summary.json").is_file() and (d / "head_scores.csv").is_file():
+            written += redraw_scan(d)
     for p in written:
         print(p)
 

@@ -69,7 +69,10 @@ def test_figures_leave_matplotlib_settings_alone_and_embed_truetype(tmp_path):
     assert [p.suffix for p in paths] == [".png", ".pdf", ".svg"]
     svg = paths[2].read_bytes()
     assert svg.startswith(b"<?xml") and b"<svg" in svg
-    assert figs.save_figure(fig, tmp_path / "again")[2].read_bytes() == svg  # no date, fixed ids: same bytes
+    # no date, fixed ids: the same figure drawn again (a rerun) gives the same bytes
+    again = figs.signed_head_heatmap(np.array([[0.5, -0.2], [0.1, 0.0]]), "effect", "Δ loss")
+    paths_again = figs.save_figure(again, tmp_path / "again")
+    assert paths_again[2].read_bytes() == svg and paths_again[1].read_bytes() == pdf
 
 
 def test_long_heatmap_titles_stay_inside_the_figure():
@@ -203,3 +206,90 @@ def test_causal_pattern_greys_the_masked_future_and_says_so():
     assert "grey: masked future keys" in fig.axes[0].get_xlabel() and "dashed" in fig.axes[0].get_xlabel()
     both = figs.pattern_plot(pattern, [f"t{i}" for i in range(T)], "encoder head")
     assert not np.isnan(np.ma.getdata(both.axes[0].images[0].get_array())).any() and "grey" not in both.axes[0].get_xlabel()
+
+
+def test_composition_figure_names_heads_layer_dot_head():
+    """composition_k.png said L18H6 where every other figure, head_scores.csv and summary.json
+    say 18.6: its tick labels are the heads' layer.head names now."""
+    k = np.random.default_rng(0).normal(0.05, 0.01, size=(3, 4, 3, 4))
+    fig = figs.composition_plot(k, [(0, 1), (1, 2)], [(2, 0), (1, 3)], "K-composition")
+    left = fig.axes[0]
+    assert [t.get_text() for t in left.get_xticklabels()] == ["0.1", "1.2"]
+    assert [t.get_text() for t in left.get_yticklabels()] == ["2.0", "1.3"]
+
+
+def test_positional_offset_map_masks_heads_that_are_not_positional_and_tells_offsets_apart():
+    """heatmap_positional_offset.png coloured the offset of heads that are not positional (18.6:
+    -10 at fraction 0.02) and drew 0 and -1 in near-identical yellows (cividis). Heads below the
+    stated fraction are pale grey now, named in the legend, and each offset has its own colour
+    with a labelled tick."""
+    from headprobe.analyses.detectors import DETECTORS, POSITIONAL_FIGURE_FRACTION
+
+    offset = np.array([[0, -1, -2], [-10, -1, 0], [-3, -7, -4]], dtype=float)
+    fraction = np.array([[0.9, 0.8, 0.6], [0.02, 0.3, 0.95], [0.7, 0.51, 0.99]])
+    scores = {"positional_offset": offset, "positional_fraction": fraction}
+    style = next(s for s in DETECTORS["positional"].figures if s.column == "positional_offset")
+    fig = figs.head_heatmap(offset, "positional offset", style.label, **style.figure_options(scores, causal=True))
+    ax = fig.axes[0]
+    values, mask_layer = ax.images
+    cells = values.to_rgba(values.get_array())
+    grey = mask_layer.to_rgba(mask_layer.get_array())
+    below = fraction < POSITIONAL_FIGURE_FRACTION  # the hand-made answer: 1,0 and 1,1 are masked
+    assert below.sum() == 2 and below[1, 0] and below[1, 1]
+    assert (grey[..., 3][below] == 1).all() and (grey[..., 3][~below] == 0).all()  # grey on top, only there
+    assert matplotlib.colors.to_hex(grey[1, 0]) == figs.MASKED_COLOR and (cells[..., 3][below] == 0).all()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == [f"positional fraction < {POSITIONAL_FIGURE_FRACTION:g}: not drawn"]
+    # each offset its own colour, neighbours far apart (cividis: 0 and -1 were 0.21 apart in RGB, 1.15 now)
+    colour_of = {int(offset[i, j]): cells[i, j, :3] for i, j in zip(*np.nonzero(~below))}
+    assert len({tuple(c) for c in colour_of.values()}) == len(colour_of) == 6
+    for a in (0, -2, -3):
+        assert np.linalg.norm(colour_of[a] - colour_of[a - 1]) > 0.3, a
+    cbar = fig.axes[1]
+    ticks = [t.get_text() for t in cbar.get_yticklabels()]
+    assert ticks == ["≤ −7", "−6", "−5", "−4", "−3", "−2", "−1", "0"]
+    assert list(cbar.get_yticks()) == list(range(-7, 1))
+    # an encoder's offsets may be positive: both ends clipped and labelled
+    enc = figs.head_heatmap(offset, "t", style.label, **style.figure_options(scores, causal=False))
+    assert [t.get_text() for t in enc.axes[1].get_yticklabels()] == ["≤ −3", "−2", "−1", "0", "+1", "+2", "≥ +3"]
+
+
+def test_a_cropped_pattern_labels_every_token_and_says_which_positions_it_shows():
+    """Pattern figures of 101 positions labelled every 7th token ("ley (55)"): a crop now labels
+    every row and column with its own token, and the axes name the positions shown."""
+    S, start = 50, 1
+    T = start + 2 * S
+    labels = ["BOS"] + [f"w{i}" for i in range(S)] * 2
+    rows, cols = list(range(47, 75)), list(range(28))
+    pattern = np.zeros((T, T))
+    pattern[np.arange(T), np.maximum(np.arange(T) - S + 1, 0)] = 1.0  # an ideal induction head
+    fig = figs.pattern_plot(pattern[rows][:, cols], labels, "head 18.6", marks=[start, start + S], causal=True,
+                            ylabel="query position (first scored sequence)", positions=(rows, cols))
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [labels[c] for c in cols]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [labels[r] for r in rows]
+    assert ax.get_xlabel().startswith("key positions 0–27 of 101")
+    assert ax.get_ylabel() == "query positions 47–74 of 101\n(first scored sequence)"
+    # no key here lies after its query: nothing is greyed, and the note does not claim it is
+    assert not np.isnan(np.ma.getdata(ax.images[0].get_array())).any() and "grey" not in ax.get_xlabel()
+    dashed = sorted((ln.get_xdata()[0], ln.get_ydata()[0]) for ln in ax.get_lines())
+    assert dashed == [(0, 51 - 47 - 0.5), (start - 0.5, 0)]  # block 1 starts at key 1, the repeat at query 51
+    whole = figs.pattern_plot(pattern, labels, "t", causal=True)  # no positions: the whole pattern, thinned labels
+    assert whole.axes[0].get_xlabel().startswith("key position\n(every 7 positions")
+
+
+def test_save_figure_lays_the_figure_out_once_for_all_three_formats(tmp_path, monkeypatch):
+    """Writing a scan's figures took minutes with no progress line; a third of each figure's time
+    was matplotlib's constrained layout, redone for every format. It runs once now (for the PNG),
+    the PDF and SVG keep it, and the figure keeps its layout engine for later use."""
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    fig = figs.head_heatmap(np.random.default_rng(0).random((6, 4)), "t", "s")
+    figs._wrap_titles(fig)  # what the figure functions end with: measured, laid out
+    calls = []
+    original = ConstrainedLayoutEngine.execute
+    monkeypatch.setattr(ConstrainedLayoutEngine, "execute", lambda self, f: calls.append(f) or original(self, f))
+    engine = fig.get_layout_engine()
+    paths = figs.save_figure(fig, tmp_path / "heat")
+    assert len(calls) == 1 and all(p.stat().st_size > 1000 for p in paths)
+    assert fig.get_layout_engine() is engine

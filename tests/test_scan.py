@@ -2,7 +2,9 @@
 real SmolLM2-135M (the issue's acceptance numbers)."""
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -136,3 +138,164 @@ def test_native_and_bridge_backends_give_the_same_scores_on_smollm2(smollm2, smo
     assert (smollm2_native.spec.backend, smollm2.spec.backend) == ("native", "transformer-lens")
     assert smollm2_native.spec.precision.endswith("; native backend")  # as summary.json prints it
     assert smollm2.spec.precision.endswith("; TransformerLens backend")
+
+
+def test_no_verify_report_does_not_claim_ablation(tiny_llama_gqa_native, word_text):
+    """`scan --no-verify` ablates nothing, yet its report said "the top 10 are ablated": the header
+    now follows what ran (the verified run's report still names k)."""
+    import re
+
+    cfg = dict(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=3, n_random=2, text=str(word_text),
+               metrics=False, pattern_len=0)
+    unverified = run(tiny_llama_gqa_native, ScanConfig(**cfg, verify=False), progress=False)
+    assert unverified.verifications == []
+    report = unverified.report()
+    assert not re.search(r"\b(are|were|is|was) ablated\b", report.replace("no head was ablated", "")), report
+    assert "no head was ablated (--no-verify)" in report
+    verified = run(tiny_llama_gqa_native, ScanConfig(**cfg), progress=False)
+    assert len(verified.verifications) == 2 * len(verified.config.types)  # zero and mean per type: it did ablate
+    assert "the top 3 of each type were ablated" in verified.report()
+
+
+class _Records:
+    """Keeps the messages of transformers' loggers (they do not propagate to the root), at level
+    WARNING while inside: TransformerLens' bridge raises the level to ERROR when imported, which
+    would hide the warning whatever the code under test does."""
+
+    def __init__(self):
+        import logging
+
+        self.messages: list[str] = []
+        self.handler = logging.Handler()
+        self.handler.emit = lambda record: self.messages.append(record.getMessage())
+        self.logger = logging.getLogger("transformers")
+
+    def __enter__(self):
+        import logging
+
+        self.level = self.logger.level
+        self.logger.setLevel(logging.WARNING)
+        self.logger.addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
+
+
+def test_windowing_a_long_text_does_not_warn_about_its_length(tmp_path, word_text):
+    """The encoder scan printed transformers' "Token indices sequence length is longer than ...
+    will result in indexing errors" (MiniLM: 128071 > 512): the whole text is tokenized only to be
+    cut into windows that fit. That call is silent now; the same tokenizer still warns where a
+    long sequence is tokenized elsewhere (nothing global was switched off)."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    from conftest import make_tiny_tokenizer
+    from headprobe.analyses.data import natural_text_tokens
+
+    tok = make_tiny_tokenizer(tmp_path / "tok")
+    tok.model_max_length = 64  # like MiniLM's 512: far below the 2000-word text
+    model = SimpleNamespace(tokenizer=tok, prepend_bos=True, bos_token_id=100, end_token_id=None)
+    text = word_text.read_text()
+    with _Records() as rec:
+        level = transformers.logging.get_verbosity()
+        ts = natural_text_tokens(model, 3, 33, seed=0, text=text)
+        assert transformers.logging.get_verbosity() == level  # no global switch
+    assert not [m for m in rec.messages if "Token indices sequence length" in m], rec.messages
+    # the windows are the text's own tokens: "tN" is token N, BOS (100) first
+    words = [int(w[1:]) for w in text.split()]
+    for row in ts.tokens.tolist():
+        assert row[0] == 100
+        at = next(i for i in range(0, len(words), 32) if words[i:i + 32] == row[1:])
+        assert at % 32 == 0
+    with _Records() as rec:  # the check can fail: a direct call on the same tokenizer still warns
+        tok(text, add_special_tokens=False)
+    assert [m for m in rec.messages if "Token indices sequence length" in m]
+
+
+def test_repeated_examples_are_cropped_to_the_repeat_start_with_every_token_labelled(tiny_llama_gqa_native, word_text):
+    """pattern_induction.png drew all 101 positions of the repeated sequence and so labelled only
+    every 7th token: the example is now the window around the repeat's start where the score
+    lives (its queries' earlier copies and the tokens after them among the keys), each of its
+    cells the head's attention at those positions of the whole sequence, every tick labelled."""
+    from headprobe.probe.capture import capture_heads
+
+    S = 20  # 1 + 2 * 20 = 41 positions: more than a figure labels one by one
+    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=S, k=3, n_random=2,
+                     text=str(word_text), verify=False, metrics=False, pattern_len=0)
+    result = run(tiny_llama_gqa_native, cfg, progress=False)
+    tokens = result.repeated.tokens[:1]
+    start, T = result.repeated.start, tokens.shape[1]
+    assert T == 41
+    figures = result.figures()
+    for head_type in ("induction", "duplicate_token"):
+        ex = result.examples[head_type]
+        rows, cols = ex["positions"]
+        assert len(rows) <= 28 and len(cols) <= 28
+        assert rows == list(range(rows[0], rows[0] + len(rows))) and cols == list(range(len(cols)))
+        assert start + S in rows  # the repeat starts inside the window ...
+        for q in rows:
+            if q >= start + S:  # ... and each repeated query's earlier copy and its successor are keys in it
+                assert q - S in cols and q - S + 1 in cols
+        layer, head = ex["head"]
+        full = capture_heads(tiny_llama_gqa_native, tokens, layers=[layer])["pattern"][layer][0, head].numpy()
+        np.testing.assert_allclose(ex["pattern"], full[np.ix_(rows, cols)], atol=1e-6)
+        ax = figures[f"pattern_{head_type}"].axes[0]
+        assert [t.get_text() for t in ax.get_xticklabels()] == [ex["labels"][c] for c in cols]
+        assert [t.get_text() for t in ax.get_yticklabels()] == [ex["labels"][r] for r in rows]
+        assert f"of {T}" in ax.get_xlabel() and f"{rows[0]}–{rows[-1]} of {T}" in ax.get_ylabel()
+    natural = result.examples["previous_token"]  # 24 tokens: whole, as before
+    assert natural["positions"] == (list(range(24)), list(range(24)))
+
+
+def test_writing_the_figures_shows_a_progress_bar_when_asked(tiny_llama_gqa_native, word_text, tmp_path, capsys):
+    """Writing the figures took ~90 s without a line of output: with progress, a tqdm bar counts
+    them (as many as PNG files written); without, nothing is printed."""
+    from headprobe.commands.scan import write_outputs
+
+    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=3, n_random=2,
+                     text=str(word_text), verify=False, pattern_len=0, metrics=False, types="induction,first_token")
+    result = run(tiny_llama_gqa_native, cfg, progress=False)
+    capsys.readouterr()
+    for name, progress in (("quiet", False), ("bar", True)):
+        (tmp_path / name).mkdir()
+        write_outputs(result, tmp_path / name, progress=progress)
+        err = capsys.readouterr().err
+        n = len(list((tmp_path / name).glob("*.png")))
+        assert n == 5 and len(list((tmp_path / name).glob("*.svg"))) == n  # 2 heatmaps, 2 patterns, the overview
+        if progress:
+            assert "writing figures (png, pdf, svg)" in err and f"{n}/{n}" in err, err
+        else:
+            assert err == ""
+
+
+def test_redraw_script_reproduces_a_scan_and_refuses_one_it_cannot(tiny_dir, word_text, tmp_path):
+    """scripts/redraw_figures.py redraws a scan's figures from its outputs and its model (the demo's
+    figures are regenerated this way): the patterns it recomputes are the run's (to patterns.npz's
+    uint8 steps) and, where the saved numbers do not match what it recomputes, it stops."""
+    import sys
+
+    from headprobe.options import load_for
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import redraw_figures
+
+    cfg = ScanConfig(model=str(tiny_dir), n_natural=2, seq_len=24, n_repeated=2, period=20, k=3, n_random=2,
+                     text=str(word_text), verify=False, types="previous_token,induction")
+    from headprobe.commands.scan import figure_makers
+
+    out = tmp_path / "scan"
+    result = run(load_for(cfg), cfg, progress=False)
+    result.save(out, figures=False)  # the tables, patterns.npz and summary.json only
+    written = redraw_figures.redraw_scan(out)
+    # every figure the scan draws (no ablation figure: --no-verify), in three formats
+    assert sorted(p.name for p in written) == sorted(f"{stem}.{ext}" for stem in figure_makers(result)
+                                                     for ext in ("png", "pdf", "svg"))
+    assert "pattern_induction" in figure_makers(result) and "composition_k" in figure_makers(result)
+    summary = json.loads((out / "summary.json").read_text())
+    summary["top_heads"]["induction"][0]["head"] = "9.9"  # a run the saved table does not describe
+    (out / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match="does not reproduce the run"):
+        redraw_figures.redraw_scan(out)

@@ -19,9 +19,10 @@ Pipeline (one model load, a handful of forward passes):
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -214,7 +215,9 @@ class ScanResult:
         verifications: one :class:`~headprobe.analyses.ablation.Verification` per selected type and ablation kind.
         clean_loss: task (``natural``, ``repeated``) -> loss with no head ablated.
         natural, repeated: the token sets scored.
-        examples: head type -> ``{"head", "pattern", "labels"}``, its top head's pattern on a short example.
+        examples: head type -> ``{"head", "pattern", "labels", "positions", ...}``, its top head's pattern on a
+            short example (a repeated sequence longer than 28 tokens: the window around the repeat's start,
+            :func:`~headprobe.analyses.scoring.example_patterns`).
         timings: seconds per stage (``load_s``, ``score_s``, ``ablate_s``).
         device, dtype: where and in which precision the model ran.
         self_check: the model's load-time self-check (:meth:`SelfCheck.to_dict`).
@@ -273,16 +276,18 @@ class ScanResult:
         """Jupyter shows the viewer page, in a sandboxed iframe."""
         return viewer.notebook_html(self.html())
 
-    def save(self, out_dir: str | Path, overwrite: bool = False, html: bool = False, figures: bool = True) -> list[Path]:
+    def save(self, out_dir: str | Path, overwrite: bool = False, html: bool = False, figures: bool = True,
+             progress: bool = False) -> list[Path]:
         """Write head_scores.csv, the figures (PNG, PDF and SVG; not with ``figures=False``), patterns.npz
         (if kept), with ``html`` the viewer page index.html, and, last, summary.json into ``out_dir``,
         each file atomically, so a directory with summary.json in it is complete. Returns the paths.
+        ``progress``: a progress bar over the figures (stderr).
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty and ``overwrite`` is False.
         """
         out = prepare_output_dir(out_dir, overwrite)
-        return write_outputs(self, out, html=html, figures=figures)
+        return write_outputs(self, out, html=html, figures=figures, progress=progress)
 
 
 def verification_settings(cfg: ScanConfig) -> verif.VerificationSettings:
@@ -570,54 +575,68 @@ def verification_rules(spec) -> dict:
     }
 
 
-def scan_figures(result: ScanResult) -> dict[str, object]:
-    """File stem -> matplotlib Figure: one heatmap per registered figure of each selected type
-    (``heatmap_<column>``), the ``overview`` of their ranking scores, each type's top-head
-    ``pattern_<type>`` and, after verification, the ``ablation`` bars."""
+def figure_makers(result: ScanResult) -> dict[str, Callable[[], object]]:
+    """File stem -> a function of no arguments that draws that figure (a matplotlib Figure): what
+    :func:`scan_figures` draws, not drawn yet, so that :func:`write_outputs` can draw, write and
+    drop them one at a time and count them in a progress bar."""
     spec = result.spec
     dets = [DETECTORS[name] for name in result.config.types]
     tag = f"{spec.name} ({figs.weights_label(spec.weights)})"
     if result.warnings:  # the figures say it too: they travel without the terminal's WARNING lines
         tasks = [w.split(" task:")[0] for w in result.warnings]
         tag += f"\nNO VERDICT on the {' and '.join(tasks)} task{'s' if len(tasks) > 1 else ''} (summary.json: warnings)"
-    out: dict[str, object] = {}
+    out: dict[str, Callable[[], object]] = {}
     for det in dets:
         for style in det.figures:
-            out[f"heatmap_{style.column}"] = figs.head_heatmap(result.scores[style.column], f"{style.title}, {tag}",
-                                                               style.label, group_size=spec.group_size,
-                                                               **style.options_for(spec.causal))
+            out[f"heatmap_{style.column}"] = partial(figs.head_heatmap, result.scores[style.column], f"{style.title}, {tag}",
+                                                     style.label, group_size=spec.group_size,
+                                                     **style.figure_options(result.scores, spec.causal))
     panels = [(det.panel_title, result.scores[det.rank_by]) for det in dets]
-    out["overview"] = figs.scores_overview(panels, spec.group_size, f"Head scores of {tag}")
+    out["overview"] = partial(figs.scores_overview, panels, spec.group_size, f"Head scores of {tag}")
     for head_type, ex in result.examples.items():
         det = DETECTORS[head_type]
         score = result.scores[det.rank_by][ex["head"]]
         setting = f", period {ex['period']}" if ex.get("period") else ""
         title = (f"top {head_type.replace('_', '-')} head {format_head(ex['head'])}: score {score:.2f}{setting}\n"
                  f"{tag}")  # on the first scored sequence: the axis label says so
-        out[f"pattern_{head_type}"] = figs.pattern_plot(ex["pattern"], ex["labels"], title, ex.get("marks", ()),
-                                                        causal=spec.causal, ylabel="query position (first scored sequence)")
-    out.update(head_metrics.metric_figures(result.scores, spec.group_size, tag))
+        out[f"pattern_{head_type}"] = partial(figs.pattern_plot, ex["pattern"], ex["labels"], title, ex.get("marks", ()),
+                                              causal=spec.causal, ylabel="query position (first scored sequence)",
+                                              positions=ex.get("positions"))
+    out.update(head_metrics.metric_figure_makers(result.scores, spec.group_size, tag))
     if result.composition is not None and {"previous_token", "induction"} <= set(result.config.types):
-        out["composition_k"] = figs.composition_plot(
-            result.composition["k"], top_heads(torch.as_tensor(result.scores["previous_token"]), 5),
-            top_heads(torch.as_tensor(result.scores["induction"]), 5),
+        out["composition_k"] = partial(
+            figs.composition_plot, result.composition["k"], top_heads(torch.tensor(result.scores["previous_token"]), 5),
+            top_heads(torch.tensor(result.scores["induction"]), 5),
             f"K-composition: top previous-token → top induction heads, {tag}")
     rows = [v.to_dict() for v in result.verifications]
     if rows:
-        out["ablation"] = figs.ablation_plot(rows, f"Ablation check\n{tag}")
+        out["ablation"] = partial(figs.ablation_plot, rows, f"Ablation check\n{tag}")
     return out
 
 
-def write_outputs(result: ScanResult, out: Path, html: bool = False, figures: bool = True) -> list[Path]:
+def scan_figures(result: ScanResult) -> dict[str, object]:
+    """File stem -> matplotlib Figure: one heatmap per registered figure of each selected type
+    (``heatmap_<column>``), the ``overview`` of their ranking scores, each type's top-head
+    ``pattern_<type>``, the metric heatmaps and ``composition_k`` (with metrics) and, after
+    verification, the ``ablation`` bars (:func:`figure_makers`, all drawn)."""
+    return {stem: make() for stem, make in figure_makers(result).items()}
+
+
+def write_outputs(result: ScanResult, out: Path, html: bool = False, figures: bool = True,
+                  progress: bool = False) -> list[Path]:
     """Write head_scores.csv, all figures (unless ``figures`` is False), patterns.npz (if kept), with
     ``html`` index.html, and, last, summary.json into the existing directory ``out`` (each file
-    atomically), so a directory with summary.json in it is complete."""
+    atomically), so a directory with summary.json in it is complete. ``progress``: a progress bar
+    (stderr) over the figures, each drawn and written as PNG, PDF and SVG in turn (0.5-1 s of CPU
+    a figure: 18 for a full scan)."""
     out = Path(out)
     csv = out / "head_scores.csv"
     write_text(csv, result.table.to_csv(index=False, float_format="%.5f"))
     written = [csv]
-    for stem, fig in (scan_figures(result) if figures else {}).items():
-        written += figs.save_figure(fig, out / stem)
+    makers = figure_makers(result) if figures else {}
+    for stem, make in tqdm(makers.items(), total=len(makers), desc=f"writing figures ({', '.join(figs.FORMATS)})",
+                           unit="figure", disable=not progress or not makers):
+        written += figs.save_figure(make(), out / stem)
     if result.verifications:
         write_text(out / "ablation.caption.txt", figs.ablation_caption([v.to_dict() for v in result.verifications],
                                                                        result.verification))
@@ -637,8 +656,10 @@ def format_report(result: ScanResult) -> str:
     spec = result.spec
     lines = [f"{spec.name}: weights {spec.precision}", ""]
     lines += [f"WARNING: {w}" for w in result.warnings] + ([""] if result.warnings else [])
-    lines.append(f"{'head type':<16} top heads (score: see docs/scan.md; the top {result.config.k} are ablated, "
-                 f"all in summary.json)")
+    # what ran decides the header: with --no-verify nothing was ablated, and the report must not say it was
+    checked = (f"the top {result.config.k} of each type were ablated" if result.verifications
+               else "no head was ablated (--no-verify)")
+    lines.append(f"{'head type':<16} top heads (score: see docs/scan.md; {checked}; all in summary.json)")
     for name in result.config.types:
         col = result.scores[DETECTORS[name].rank_by]
         tops = top_heads(torch.as_tensor(col), 4)
@@ -737,7 +758,7 @@ def main(args: argparse.Namespace) -> int:
         result = run(model, config, progress=main_rank)
         result.timings["load_s"] = load_s
         if main_rank:  # the others computed the same result
-            paths = result.save(args.out, args.overwrite, html=args.html)
+            paths = result.save(args.out, args.overwrite, html=args.html, progress=True)
             print()
             print(result.report())
             extras = (", patterns.npz" if result.patterns else "") + (", index.html" if args.html else "")
