@@ -141,6 +141,13 @@ class Backend(Protocol):
 
     def final_norm(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]: ...
 
+    def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
+                normed: bool = False, softcap: bool = True) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
+        """Logits from the final residual stream as :meth:`forward` computes them: the final norm
+        (unless ``normed``), ``W_U``, ``b_U`` and the family's output transform (soft-cap, logit scale).
+        Every analysis that turns a residual into logits calls this."""
+        ...
+
     def b_O(self, layer: int) -> Float[Tensor, "d_model"] | None: ...
 
     def attn_out_hook(self, layer: int) -> str:
@@ -451,6 +458,33 @@ class LoadedModel:
         norm = getattr(self.model, "ln_final", None)
         return resid if norm is None else norm(resid)
 
+    def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
+                normed: bool = False, softcap: bool = True) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
+        """Logits from the final residual stream, exactly as :meth:`forward` computes them: the
+        final norm (:meth:`final_norm`; skipped when ``normed``, for a residual that has been
+        through it, as :meth:`final_residual` returns it), ``@ W_U + b_U``, then whatever the
+        family does to its logits: Gemma-2's final soft-cap ``c * tanh(logits / c)`` (``c = 30``;
+        Gemma Team 2024, "Gemma 2", arXiv 2408.00118; Hugging Face's ``final_logit_softcapping``),
+        and on the TransformerLens backend every output transform its architecture adapter
+        declares (``apply_output_logits_transform``: Cohere's ``logit_scale``, Granite's
+        ``logits_scaling``, ...). Analyses never unembed a residual themselves (patching's logit
+        difference, the direct logit attribution and the exact sweep's losses all come through
+        here), so no analysis can skip a step of it.
+
+        Args:
+            resid: ``[..., d_model]`` (any leading axes), in any float dtype (cast to the model's).
+            vocab: token ids ``[..., k]`` with ``resid``'s leading axes: only those logits,
+                ``[..., k]`` (on the native backend without forming the ``[..., d_vocab]`` product).
+            normed: ``resid`` is after the final norm already.
+            softcap: False leaves the soft-cap out (the logit before it, which is affine in the
+                normed residual; a linear logit scale stays in). For families without a soft-cap
+                the two are the same.
+
+        Returns:
+            ``[..., d_vocab]`` logits (``[..., k]`` with ``vocab``), in the model's dtype, on its device.
+        """
+        raise NotImplementedError
+
     # ---- what each backend implements ---------------------------------------------------------
 
     def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
@@ -506,7 +540,8 @@ class LoadedModel:
         raise NotImplementedError
 
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
-        """The unembedding (``logits = final_norm(resid) @ W_U + b_U``)."""
+        """The unembedding matrix as the checkpoint holds it (``final_norm(resid) @ W_U + b_U`` are
+        the logits before the family's output transform: use :meth:`logits_from_residual` for logits)."""
         raise NotImplementedError
 
     def b_U(self) -> Float[Tensor, "d_vocab"] | None:

@@ -97,6 +97,49 @@ class BridgeModel(LoadedModel):
         with self._aligned(self.model.unembed):
             return getattr(self.model, "b_U", None)
 
+    def final_residual(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+                       attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_model"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.final_residual`: what the unembedding
+        reads (``unembed.hook_in``, after the final norm), from one forward with ``fwd_hooks``.
+
+        Raises:
+            HeadprobeError: an encoder (its last hidden state is not what the bridge unembeds),
+                ``attention_mask`` given (as :meth:`forward`).
+        """
+        if not self.spec.causal or "unembed.hook_in" not in self.model.hook_dict:
+            raise HeadprobeError(f"the final residual stream of this model needs the native backend, not {self.name}")
+        kept: dict[str, Tensor] = {}
+
+        def keep(x: Tensor, hook: Any) -> None:
+            kept["x"] = x
+
+        self.forward(tokens, [*fwd_hooks, ("unembed.hook_in", keep)], attention_mask)
+        return kept["x"]
+
+    def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
+                normed: bool = False, softcap: bool = True) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.logits_from_residual`: the bridge's ``ln_final`` and
+        ``unembed`` modules (Hugging Face's final norm and LM head), then the architecture adapter's
+        ``apply_output_logits_transform`` (TransformerLens: the family's soft-cap and logit
+        scaling). ``softcap=False``: the transform's slope at 0 instead (:meth:`_logit_scale`)."""
+        x = resid.to(self.device, self.dtype)
+        norm = getattr(self.model, "ln_final", None)
+        if not normed and norm is not None:
+            x = norm(x)
+        logits = self.model.unembed(x)
+        if vocab is not None:
+            logits = logits.gather(-1, vocab.to(logits.device))
+        if softcap:
+            return self.model.adapter.apply_output_logits_transform(logits)
+        return logits * self._logit_scale()
+
+    def _logit_scale(self) -> float:
+        """The linear part of the adapter's output transform, read off it as ``T(e) / e`` for
+        ``e = 1e-6`` in float64 (a logit scale ``a`` gives ``a``; a soft-cap ``c tanh(a x / c)``
+        gives ``a`` to 1e-12 relative; no transform gives 1)."""
+        e = torch.tensor([1e-6], dtype=torch.float64)
+        return float(self.model.adapter.apply_output_logits_transform(e)[0] / e[0])
+
     @torch.inference_mode()
     def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
                       fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch"]:
