@@ -71,8 +71,12 @@ class Backend(Protocol):
     """What a head analysis may ask of a model (every :class:`LoadedModel` satisfies it).
 
     Hook names are TransformerLens': ``blocks.{l}.hook_resid_pre`` ``[batch, pos, d_model]``,
-    ``blocks.{l}.attn.hook_pattern`` ``[batch, head, q_pos, k_pos]``, ``blocks.{l}.attn.hook_z``
-    ``[batch, pos, head, d_head]``, ``blocks.{l}.hook_attn_out`` ``[batch, pos, d_model]``, ...
+    ``blocks.{l}.attn.hook_attn_scores`` ``[batch, head, q_pos, k_pos]`` (scaled and, where the
+    family caps them, soft-capped scores before the softmax; every masked key, future, outside a
+    sliding window or padding, is ``-inf`` on every backend, TransformerLens' ``HookedTransformer``
+    convention), ``blocks.{l}.attn.hook_pattern`` ``[batch, head, q_pos, k_pos]``,
+    ``blocks.{l}.attn.hook_z`` ``[batch, pos, head, d_head]``, ``blocks.{l}.hook_attn_out``
+    ``[batch, pos, d_model]``, ...
     Losses are in nats per token. Attributes: ``spec`` (the layout), ``tokenizer``,
     ``prepend_bos``; a LoadedModel also has ``self_check`` (not a member here: Python 3.11's
     ``isinstance`` on a protocol reads every member, and reading it runs the check).

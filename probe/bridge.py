@@ -37,7 +37,8 @@ class BridgeModel(LoadedModel):
                 attention_mask: Int[Tensor, "batch pos"] | None = None,
                 head_mask: Float[Tensor, "layer head"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.forward`; ``head_mask`` multiplies
-        ``hook_z`` through hooks.
+        ``hook_z`` through hooks, and hooks on ``hook_attn_scores`` see masked keys as ``-inf``
+        (:func:`_scores_with_neg_inf`).
 
         Raises:
             HeadprobeError: ``attention_mask`` given (the bridge takes no padding).
@@ -46,12 +47,18 @@ class BridgeModel(LoadedModel):
             raise HeadprobeError("padded batches need the native backend (--backend native); "
                                  "the TransformerLens bridge runs one unpadded prompt at a time")
         tokens = tokens.to(self.device)
-        fwd_hooks = list(fwd_hooks)
+        fwd_hooks = _scores_with_neg_inf(fwd_hooks)
         if head_mask is not None:
             fwd_hooks = _head_mask_hooks(head_mask) + fwd_hooks
         if fwd_hooks:
             return self.model.run_with_hooks(tokens, fwd_hooks=fwd_hooks)
         return self.model(tokens)
+
+    def hooks(self, fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+              bwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> contextlib.AbstractContextManager[None]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.hooks`; ``hook_attn_scores`` hooks see
+        masked keys as ``-inf``, as in :meth:`forward`."""
+        return self.model.hooks(fwd_hooks=_scores_with_neg_inf(fwd_hooks), bwd_hooks=list(bwd_hooks))
 
     def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
         """Layer ``layer``'s output projection split by head: ``result_h = z_h @ W_O[h]``."""
@@ -195,6 +202,24 @@ class BridgeModel(LoadedModel):
         with self._cache_kwarg_shim():
             out = self.model(tokens.to(self.device), return_type="logits_and_cache", use_cache=True, **kwargs)
         return out[1] if isinstance(out, tuple) else None
+
+
+def _scores_with_neg_inf(fwd_hooks: Sequence[tuple[str, HookFn]]) -> list[tuple[str, HookFn]]:
+    """``fwd_hooks`` with each hook on ``blocks.{l}.attn.hook_attn_scores`` handed the scores with
+    masked keys set to ``-inf``, the sentinel of headprobe's hook points (and of TransformerLens'
+    ``HookedTransformer``). The bridge runs Hugging Face's attention, whose additive masks are
+    ``torch.finfo(dtype).min`` (-3.4e38 in float32), so ``isneginf`` found none of them; a masked
+    score is exactly that value (a score plus ``finfo.min`` rounds to it), and no real score
+    comes near it. What the hook returns goes on to the softmax as usual (``-inf`` and
+    ``finfo.min`` both give weight 0)."""
+
+    def wrapped(fn: HookFn) -> HookFn:
+        def hook(scores: Tensor, hook: Any) -> Any:
+            return fn(scores.masked_fill(scores <= torch.finfo(scores.dtype).min, float("-inf")), hook)
+        return hook
+
+    return [(name, wrapped(fn)) if isinstance(name, str) and name.endswith("attn.hook_attn_scores") else (name, fn)
+            for name, fn in fwd_hooks]
 
 
 def _replace(value: Tensor) -> HookFn:

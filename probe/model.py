@@ -544,7 +544,7 @@ class Attention(nn.Module):
         self.hook_v = HookPoint()  # [batch, pos, kv_head, d_head]
         self.hook_rot_q = HookPoint()  # [batch, pos, head, d_head]     (rotary only)
         self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_head]  (rotary only)
-        self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos], scaled, capped, masked to -inf
+        self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos], scaled, capped, masked keys exactly -inf
         self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos], rows sum to 1, masked keys 0
         self.hook_z = HookPoint()  # [batch, pos, head, d_head], after head_mask
         self.hook_result = HookPoint()  # [batch, pos, head, d_model], z_h W_O^(h)
