@@ -26,7 +26,8 @@ from headprobe.probe.hooks import attn_hook
 Pattern = Float[Tensor, "batch head q_pos k_pos"]
 
 SINK_THRESHOLD = 0.3
-"""Gu et al. 2024's epsilon: a head is a sink head for token k when its sink rate exceeds it."""
+"""Gu et al. 2024's epsilon: a head is a sink head for token k when its sink rate exceeds it
+(here the batch-mean rate; see :func:`sink_rate` for how Gu et al.'s code differs)."""
 
 METRIC_COLUMNS = ("copying", "sink_rate", "entropy", "retrieval", "dla")
 """head_scores.csv's metric columns, after the head types' columns."""
@@ -40,6 +41,11 @@ def sink_rate(pattern: Pattern, key: int = 0) -> Float[Tensor, "head"]:
     (:func:`headprobe.analyses.detectors.first_token_score`) excludes it, so on one length T
     ``sink_rate = (1 + (T-1) first_token) / T``. Gu et al. call the head a sink head when this
     exceeds :data:`SINK_THRESHOLD` (0.3) and report the share of such heads as ``Sink_k^eps``.
+
+    Convention: the rate is averaged over the batch *before* the threshold, so a scan's
+    ``sink_heads_share`` is the share of heads whose batch-mean rate exceeds 0.3. Gu et al.'s
+    released code thresholds each sample's rate and averages the per-sample shares: on the demo
+    model (SmolLM2-135M) 62.41% against headprobe's 64.81% (issue 23); per head the rates agree.
 
     Raises:
         ValueError: ``pattern`` is not ``[batch, head, q, q]``, or ``key`` is outside it.
@@ -144,6 +150,15 @@ def direct_logit_attribution(model: Any, tokens: Int[Tensor, "batch pos"], first
     Hugging Face's logits). A final soft-cap (Gemma-2) is not linear and is not attributed
     through: the pre-cap logit is attributed (as TransformerLens' ``logit_attrs``, which unembeds
     without the cap).
+
+    Convention: ``W_U`` as the model has it, so the terms sum to the model's own logit.
+    TransformerLens' default processing centres ``W_U`` over the vocabulary (``center_unembed``),
+    so its attribution is that of ``logit(target) - mean_v logit(v)`` (the same softmax, another
+    number; on SmolLM2-135M its ranking of the heads has Spearman 0.61 with this one, measured
+    for issue 23). The centred form is not offered: its terms sum to no logit the model computes,
+    so the identity that guards this one (tested) would not guard it; to compare with
+    TransformerLens, load it with ``center_unembed=False``. See docs/scan.md, "Comparing with
+    other tools".
 
     Two forward passes: one for the final residual stream, one reading each layer's ``hook_z``.
 
