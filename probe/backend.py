@@ -391,7 +391,7 @@ class LoadedModel:
         has one; an encoder's ``last_hidden_state``) with ``fwd_hooks`` active for this forward.
 
         Raises:
-            HeadprobeError: the backend does not offer it (the TransformerLens bridge).
+            HeadprobeError: the backend does not offer it (an encoder on the TransformerLens bridge).
         """
         raise HeadprobeError(f"the final residual stream needs the native backend, not {self.name}")
 
