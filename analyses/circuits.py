@@ -8,11 +8,14 @@ circuit is ``W_OV = W_V W_O`` and its QK circuit ``W_QK = W_Q W_K^T`` (both ``[d
 GQA: query head h uses the W_K and W_V of its key/value group, ``h // group_size``.
 
 Norms, as TransformerLens' processed weights (``fold_ln``, ``center_writing_weights``,
-``center_reading_weights``): the elementwise weight of each layer's pre-attention norm is folded
-into that layer's W_Q, W_K and W_V, the final norm's into W_U; for LayerNorm models (which
-subtract the mean of their input) the reading matrices are centred over ``d_model`` (the norm
-reads only the component orthogonal to the all-ones direction) and so are the writing matrices
-W_O and W_E. The norms' per-token scale ``1/sigma`` and their biases are left out: every score
+``center_reading_weights``, ``center_unembed``, its defaults): the elementwise weight of each
+layer's pre-attention norm is folded into that layer's W_Q, W_K and W_V, the final norm's into
+W_U; for LayerNorm models (which subtract the mean of their input) the reading matrices are
+centred over ``d_model`` (the norm reads only the component orthogonal to the all-ones direction)
+and so are the writing matrices W_O and W_E. W_U is centred over the vocabulary (each token's
+column minus the mean column): a direction every token's unembedding shares adds the same amount
+to every logit, changes no prediction, and would otherwise dominate the copying score (a shared
+direction 10 times the columns' size takes every head of the tiny test Llama to +-0.99). The norms' per-token scale ``1/sigma`` and their biases are left out: every score
 here is invariant to the scale of each matrix, and biases are not part of a bilinear circuit.
 Embedding norms (a norm right after the embedding, as in BLOOM) are not folded in; rotary
 positions and QK-norm are left out of W_QK (as Elhage et al., who study models without them).
@@ -35,7 +38,7 @@ class HeadWeights:
     Attributes:
         W_Q, W_K, W_V: ``[layer, head, d_model, d_head]`` (W_K, W_V: the head's key/value group's).
         W_O: ``[layer, head, d_head, d_model]``.
-        W_E: ``[d_vocab, d_model]``; W_U: ``[d_model, d_vocab]``.
+        W_E: ``[d_vocab, d_model]``; W_U: ``[d_model, d_vocab]``, centred over ``d_vocab``.
     """
 
     W_Q: Float[Tensor, "layer head d_model d_head"]
@@ -58,7 +61,7 @@ def _fold(W: Tensor, norm) -> Tensor:
 def head_weights(model: Any) -> HeadWeights:
     """The processed weights of every head of ``model`` (a :class:`~headprobe.probe.backend.Backend`,
     either backend): pre-attention norm folded into W_Q/W_K/W_V, the final norm into W_U, centred
-    for LayerNorm models (module docstring).
+    for LayerNorm models, W_U centred over the vocabulary (module docstring).
 
     Raises:
         HeadprobeError: latent attention (MLA), which has no per-head W_Q/W_K/W_V.
@@ -82,6 +85,7 @@ def head_weights(model: Any) -> HeadWeights:
         W_O = W_O - W_O.mean(dim=-1, keepdim=True)
         W_E = W_E - W_E.mean(dim=-1, keepdim=True)
     W_U = _fold(model.W_U().detach().float().cpu(), final)
+    W_U = W_U - W_U.mean(dim=-1, keepdim=True)  # center_unembed: a direction every token shares moves no softmax
     return HeadWeights(torch.stack(Q), torch.stack(K), torch.stack(V), W_O, W_E, W_U)
 
 
@@ -92,6 +96,11 @@ def copying_scores(W_E: Float[Tensor, "d_vocab d_model"], W_V: Float[Tensor, "la
     of the ``[d_vocab, d_vocab]`` matrix ``W_E W_V W_O W_U`` (Elhage et al. 2021: positive
     eigenvalues mean that attending to a token raises that token's logit; 1 for a pure copying
     head, -1 for a pure anti-copying head, ``|lambda|`` the complex modulus).
+
+    The matrices are used as given; Elhage et al.'s and TransformerLens' convention, which
+    :func:`copying_score` follows, is W_U centred over the vocabulary (``center_unembed``; see
+    :func:`head_weights`). An uncentred W_U whose columns share a direction gives every head a
+    score near +-1 that says nothing about copying.
 
     Computed without the ``d_vocab`` matrix: the nonzero eigenvalues of ``ABCD`` equal those of
     the cyclic permutation ``BCDA``, so each head needs only the eigenvalues of the ``[d_head,
@@ -106,8 +115,9 @@ def copying_scores(W_E: Float[Tensor, "d_vocab d_model"], W_V: Float[Tensor, "la
 
 @torch.inference_mode()
 def copying_score(model: Any) -> Float[Tensor, "layer head"]:
-    """:func:`copying_scores` of ``model``'s processed weights (:func:`head_weights`; GQA heads use
-    their key/value group's W_V).
+    """:func:`copying_scores` of ``model``'s processed weights (:func:`head_weights`: norms folded,
+    W_U centred over the vocabulary, as TransformerLens' default processing; GQA heads use their
+    key/value group's W_V). Invariant to a vector added to every token's unembedding (tested).
 
     Raises:
         HeadprobeError: as :func:`head_weights`.

@@ -10,6 +10,14 @@ BOS, 0 without; an encoder's ``[CLS]`` is its BOS). Query 0 is excluded everywhe
 it can attend only to itself, and an encoder's ``[CLS]`` query is kept out the same way so that
 both read the same queries.
 
+Comparing with TransformerLens' ``detect_head`` (``error_measure="mul"``, its default): it divides
+the attention on the detection pattern by the attention of *all* T queries, query 0 and the
+first block included, where these scores average over the queries their definition uses. So on
+the same pattern the previous-token score is TransformerLens' times ``T / (T - 1)``, and the
+duplicate-token and induction scores on ``[BOS] r_1..r_S r_1..r_S`` (T tokens, 2S + 1 with
+BOS) its times ``T / S`` (measured for issue 23 by running its code on the same tokens; every
+head agrees).
+
 Encoders (bidirectional attention, e.g. BERT): the natural-text sequences end with ``[SEP]``
 (``[CLS] text [SEP]``), the repeated ones do not (``[CLS] r r``, as for decoders, so duplicate
 and induction offsets are the same). Every score is defined on a bidirectional pattern as
@@ -56,7 +64,8 @@ def previous_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
     """Previous-token score: mean attention from position i to i-1, over i >= 1.
 
     A pure previous-token pattern scores 1; a uniform causal pattern gives 1/(i+1) at query i.
-    Source: Clark et al. 2019 ("What does BERT look at?"); Elhage et al. 2021.
+    Source: Clark et al. 2019 ("What does BERT look at?"); Elhage et al. 2021. TransformerLens'
+    ``detect_head(..., "previous_token_head")`` ("mul") gives this times ``(T - 1) / T``.
     """
     return offset_score(pattern, offset=1, first_query=1)
 
@@ -97,7 +106,8 @@ def duplicate_token_score(pattern: Pattern, period: int, start: int) -> Float[Te
     """Duplicate-token score on ``[BOS] r_1..r_S r_1..r_S``: mean attention from each token of
     the repeat to its earlier occurrence (key ``q - S``), over the repeat's queries.
 
-    Source: TransformerLens' head detector; Wang et al. 2022 (IOI).
+    Source: TransformerLens' head detector; Wang et al. 2022 (IOI). Its ``detect_head`` ("mul",
+    over all T queries) gives this times ``S / T``.
     """
     return offset_score(pattern, offset=period, first_query=start + period)
 
@@ -107,7 +117,8 @@ def induction_score(pattern: Pattern, period: int, start: int) -> Float[Tensor, 
     each token of the repeat to the token right after its earlier occurrence (key ``q - S + 1``).
 
     Source: Olsson et al. 2022, "In-context Learning and Induction Heads" (prefix-matching
-    score); TransformerLens' induction detector.
+    score); TransformerLens' induction detector, whose ``detect_head`` ("mul", over all T
+    queries) gives this times ``S / T``.
     """
     return offset_score(pattern, offset=period - 1, first_query=start + period)
 

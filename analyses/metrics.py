@@ -26,7 +26,8 @@ from headprobe.probe.hooks import attn_hook
 Pattern = Float[Tensor, "batch head q_pos k_pos"]
 
 SINK_THRESHOLD = 0.3
-"""Gu et al. 2024's epsilon: a head is a sink head for token k when its sink rate exceeds it."""
+"""Gu et al. 2024's epsilon: a head is a sink head for token k when its sink rate exceeds it
+(here the batch-mean rate; see :func:`sink_rate` for how Gu et al.'s code differs)."""
 
 METRIC_COLUMNS = ("copying", "sink_rate", "entropy", "retrieval", "dla")
 """head_scores.csv's metric columns, after the head types' columns."""
@@ -40,6 +41,11 @@ def sink_rate(pattern: Pattern, key: int = 0) -> Float[Tensor, "head"]:
     (:func:`headprobe.analyses.detectors.first_token_score`) excludes it, so on one length T
     ``sink_rate = (1 + (T-1) first_token) / T``. Gu et al. call the head a sink head when this
     exceeds :data:`SINK_THRESHOLD` (0.3) and report the share of such heads as ``Sink_k^eps``.
+
+    Convention: the rate is averaged over the batch *before* the threshold, so a scan's
+    ``sink_heads_share`` is the share of heads whose batch-mean rate exceeds 0.3. Gu et al.'s
+    released code thresholds each sample's rate and averages the per-sample shares: on the demo
+    model (SmolLM2-135M) 62.41% against headprobe's 64.81% (issue 23); per head the rates agree.
 
     Raises:
         ValueError: ``pattern`` is not ``[batch, head, q, q]``, or ``key`` is outside it.
@@ -132,11 +138,27 @@ def direct_logit_attribution(model: Any, tokens: Int[Tensor, "batch pos"], first
     """Each head's direct contribution to the logit of the correct next token, through the final
     norm with its per-token scale frozen at the clean run's (Elhage et al. 2021; TransformerLens'
     ``apply_ln_to_stack``): at position i (``first <= i <= pos - 2``, target ``tokens[:, i+1]``),
-    ``dla_h = (z_h W_O^(h)) . (s_i P (w * W_U[:, target]))`` with ``w`` the final norm's weight,
-    ``P`` the centring (LayerNorm only) and ``s_i = 1/sigma_i`` fitted from the run by least
-    squares. The heads, ``b_O``, embeddings and MLP outputs (the terms of the final residual),
-    plus ``b . W_U[:, target] + b_U[target]`` (final norm bias, unembedding bias), sum to the
-    logit; Gemma-2's final soft-cap comes after this (the pre-cap logit is attributed).
+    ``dla_h = (z_h W_O^(h)) . (s_i P (w * g_i))`` with ``w`` the final norm's weight, ``P`` the
+    centring (LayerNorm only), ``s_i = 1/sigma_i`` fitted from the run by least squares, and
+    ``g_i`` the gradient of the target's logit with respect to the normed residual, taken through
+    the backend's own logits function
+    (:meth:`~headprobe.probe.backend.LoadedModel.logits_from_residual`, soft-cap left out):
+    ``W_U[:, target]`` times the family's logit scale where it has one (Cohere, Granite),
+    ``W_U[:, target]`` itself otherwise. The heads, ``b_O``, embeddings and MLP outputs (the terms
+    of the final residual) through the same map, plus the constant (the final norm's bias and
+    ``b_U`` through the unembedding), sum to the logit before any soft-cap (tested against
+    Hugging Face's logits). A final soft-cap (Gemma-2) is not linear and is not attributed
+    through: the pre-cap logit is attributed (as TransformerLens' ``logit_attrs``, which unembeds
+    without the cap).
+
+    Convention: ``W_U`` as the model has it, so the terms sum to the model's own logit.
+    TransformerLens' default processing centres ``W_U`` over the vocabulary (``center_unembed``),
+    so its attribution is that of ``logit(target) - mean_v logit(v)`` (the same softmax, another
+    number; on SmolLM2-135M its ranking of the heads has Spearman 0.61 with this one, measured
+    for issue 23). The centred form is not offered: its terms sum to no logit the model computes,
+    so the identity that guards this one (tested) would not guard it; to compare with
+    TransformerLens, load it with ``center_unembed=False``. See docs/scan.md, "Comparing with
+    other tools".
 
     Two forward passes: one for the final residual stream, one reading each layer's ``hook_z``.
 
@@ -156,17 +178,21 @@ def direct_logit_attribution(model: Any, tokens: Int[Tensor, "batch pos"], first
     model.forward(tokens, fwd_hooks=[(last, lambda x, hook: kept.__setitem__("x", x.detach().float()))])
     x = kept["x"][:, first:-1]  # [batch, n, d_model]
     target = tokens[:, first + 1:]
-    W_U = model.W_U().detach().float()
+    y_model = model.final_norm(x.to(model.dtype))  # the normed residual the unembedding reads
+    with torch.inference_mode(False), torch.enable_grad():  # the unembedding's gradient: its linear part
+        y_in = y_model.clone().requires_grad_(True)
+        logit = model.logits_from_residual(y_in, vocab=target[..., None], normed=True, softcap=False)
+        (g,) = torch.autograd.grad(logit.sum(), y_in)  # [batch, n, d_model]: positions are independent
+    g = g.detach().float()
     norm = model.norm_weights(None)
-    Wt = W_U.T[target]  # [batch, n, d_model], the target tokens' unembedding columns
     if norm is None:
-        u = Wt
+        u = g
     else:
-        y = model.final_norm(kept["x"][:, first:-1].to(model.dtype)).float() - norm.bias.to(x.device)
+        y = y_model.float() - norm.bias.to(x.device)
         xc = x - x.mean(-1, keepdim=True) if norm.centers else x
         wx = norm.weight.to(x.device) * xc
         s = (y * wx).sum(-1, keepdim=True) / (wx * wx).sum(-1, keepdim=True).clamp_min(1e-30)
-        u = s * norm.weight.to(x.device) * Wt
+        u = s * norm.weight.to(x.device) * g
         if norm.centers:
             u = u - u.mean(-1, keepdim=True)
     out = torch.zeros(*u.shape[:2], spec.n_layers, spec.n_heads, device=u.device)

@@ -206,19 +206,13 @@ def logit_diff(logits: Float[Tensor, "batch pos d_vocab"], answers: Int[Tensor, 
 
 
 def _last_logit_diff(model: Any, tokens: Tensor, answers: Tensor, hooks=()) -> Tensor:
-    """:func:`logit_diff` of a forward with ``hooks``. On the native backend only the last
-    position's final residual is unembedded, and only for the two answer tokens (the same numbers
-    as the full logits, tested, without a ``[batch, pos, d_vocab]`` tensor)."""
-    if model.backend != "native":
-        return logit_diff(model.forward(tokens, fwd_hooks=hooks), answers)
-    resid = model.final_residual(tokens, hooks)[:, -1].float()  # after the final norm
-    W_U = model.W_U().float()  # [d_model, d_vocab]
-    a = answers.to(resid.device)
-    cols = W_U[:, a.reshape(-1)].T.reshape(*a.shape, -1)  # [batch, 2, d_model]
-    logits = torch.einsum("bd,bkd->bk", resid, cols)
-    b_U = model.b_U()
-    if b_U is not None:
-        logits = logits + b_U.float()[a]
+    """:func:`logit_diff` of a forward with ``hooks``: the last position's final residual through
+    the backend's own logits function (:meth:`~headprobe.probe.backend.LoadedModel.logits_from_residual`:
+    final norm, unembedding, the family's soft-cap and logit scale), for the two answer tokens
+    only (the numbers of Hugging Face's logits, tested, without a ``[batch, pos, d_vocab]``
+    tensor on the native backend)."""
+    resid = model.final_residual(tokens, hooks)[:, -1]  # after the final norm
+    logits = model.logits_from_residual(resid, vocab=answers, normed=True).float()  # [batch, 2]
     return logits[:, 0] - logits[:, 1]
 
 

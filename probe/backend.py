@@ -71,8 +71,12 @@ class Backend(Protocol):
     """What a head analysis may ask of a model (every :class:`LoadedModel` satisfies it).
 
     Hook names are TransformerLens': ``blocks.{l}.hook_resid_pre`` ``[batch, pos, d_model]``,
-    ``blocks.{l}.attn.hook_pattern`` ``[batch, head, q_pos, k_pos]``, ``blocks.{l}.attn.hook_z``
-    ``[batch, pos, head, d_head]``, ``blocks.{l}.hook_attn_out`` ``[batch, pos, d_model]``, ...
+    ``blocks.{l}.attn.hook_attn_scores`` ``[batch, head, q_pos, k_pos]`` (scaled and, where the
+    family caps them, soft-capped scores before the softmax; every masked key, future, outside a
+    sliding window or padding, is ``-inf`` on every backend, TransformerLens' ``HookedTransformer``
+    convention), ``blocks.{l}.attn.hook_pattern`` ``[batch, head, q_pos, k_pos]``,
+    ``blocks.{l}.attn.hook_z`` ``[batch, pos, head, d_head]``, ``blocks.{l}.hook_attn_out``
+    ``[batch, pos, d_model]``, ...
     Losses are in nats per token. Attributes: ``spec`` (the layout), ``tokenizer``,
     ``prepend_bos``; a LoadedModel also has ``self_check`` (not a member here: Python 3.11's
     ``isinstance`` on a protocol reads every member, and reading it runs the check).
@@ -140,6 +144,13 @@ class Backend(Protocol):
         ...
 
     def final_norm(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]: ...
+
+    def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
+                normed: bool = False, softcap: bool = True) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
+        """Logits from the final residual stream as :meth:`forward` computes them: the final norm
+        (unless ``normed``), ``W_U``, ``b_U`` and the family's output transform (soft-cap, logit scale).
+        Every analysis that turns a residual into logits calls this."""
+        ...
 
     def b_O(self, layer: int) -> Float[Tensor, "d_model"] | None: ...
 
@@ -380,7 +391,7 @@ class LoadedModel:
         has one; an encoder's ``last_hidden_state``) with ``fwd_hooks`` active for this forward.
 
         Raises:
-            HeadprobeError: the backend does not offer it (the TransformerLens bridge).
+            HeadprobeError: the backend does not offer it (an encoder on the TransformerLens bridge).
         """
         raise HeadprobeError(f"the final residual stream needs the native backend, not {self.name}")
 
@@ -451,6 +462,33 @@ class LoadedModel:
         norm = getattr(self.model, "ln_final", None)
         return resid if norm is None else norm(resid)
 
+    def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
+                normed: bool = False, softcap: bool = True) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
+        """Logits from the final residual stream, exactly as :meth:`forward` computes them: the
+        final norm (:meth:`final_norm`; skipped when ``normed``, for a residual that has been
+        through it, as :meth:`final_residual` returns it), ``@ W_U + b_U``, then whatever the
+        family does to its logits: Gemma-2's final soft-cap ``c * tanh(logits / c)`` (``c = 30``;
+        Gemma Team 2024, "Gemma 2", arXiv 2408.00118; Hugging Face's ``final_logit_softcapping``),
+        and on the TransformerLens backend every output transform its architecture adapter
+        declares (``apply_output_logits_transform``: Cohere's ``logit_scale``, Granite's
+        ``logits_scaling``, ...). Analyses never unembed a residual themselves (patching's logit
+        difference, the direct logit attribution and the exact sweep's losses all come through
+        here), so no analysis can skip a step of it.
+
+        Args:
+            resid: ``[..., d_model]`` (any leading axes), in any float dtype (cast to the model's).
+            vocab: token ids ``[..., k]`` with ``resid``'s leading axes: only those logits,
+                ``[..., k]`` (on the native backend without forming the ``[..., d_vocab]`` product).
+            normed: ``resid`` is after the final norm already.
+            softcap: False leaves the soft-cap out (the logit before it, which is affine in the
+                normed residual; a linear logit scale stays in). For families without a soft-cap
+                the two are the same.
+
+        Returns:
+            ``[..., d_vocab]`` logits (``[..., k]`` with ``vocab``), in the model's dtype, on its device.
+        """
+        raise NotImplementedError
+
     # ---- what each backend implements ---------------------------------------------------------
 
     def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
@@ -506,7 +544,8 @@ class LoadedModel:
         raise NotImplementedError
 
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
-        """The unembedding (``logits = final_norm(resid) @ W_U + b_U``)."""
+        """The unembedding matrix as the checkpoint holds it (``final_norm(resid) @ W_U + b_U`` are
+        the logits before the family's output transform: use :meth:`logits_from_residual` for logits)."""
         raise NotImplementedError
 
     def b_U(self) -> Float[Tensor, "d_vocab"] | None:

@@ -37,7 +37,8 @@ class BridgeModel(LoadedModel):
                 attention_mask: Int[Tensor, "batch pos"] | None = None,
                 head_mask: Float[Tensor, "layer head"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.forward`; ``head_mask`` multiplies
-        ``hook_z`` through hooks.
+        ``hook_z`` through hooks, and hooks on ``hook_attn_scores`` see masked keys as ``-inf``
+        (:func:`_scores_with_neg_inf`).
 
         Raises:
             HeadprobeError: ``attention_mask`` given (the bridge takes no padding).
@@ -46,12 +47,18 @@ class BridgeModel(LoadedModel):
             raise HeadprobeError("padded batches need the native backend (--backend native); "
                                  "the TransformerLens bridge runs one unpadded prompt at a time")
         tokens = tokens.to(self.device)
-        fwd_hooks = list(fwd_hooks)
+        fwd_hooks = _scores_with_neg_inf(fwd_hooks)
         if head_mask is not None:
             fwd_hooks = _head_mask_hooks(head_mask) + fwd_hooks
         if fwd_hooks:
             return self.model.run_with_hooks(tokens, fwd_hooks=fwd_hooks)
         return self.model(tokens)
+
+    def hooks(self, fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+              bwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> contextlib.AbstractContextManager[None]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.hooks`; ``hook_attn_scores`` hooks see
+        masked keys as ``-inf``, as in :meth:`forward`."""
+        return self.model.hooks(fwd_hooks=_scores_with_neg_inf(fwd_hooks), bwd_hooks=list(bwd_hooks))
 
     def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
         """Layer ``layer``'s output projection split by head: ``result_h = z_h @ W_O[h]``."""
@@ -96,6 +103,49 @@ class BridgeModel(LoadedModel):
         """See :meth:`headprobe.probe.backend.LoadedModel.b_U`."""
         with self._aligned(self.model.unembed):
             return getattr(self.model, "b_U", None)
+
+    def final_residual(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+                       attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_model"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.final_residual`: what the unembedding
+        reads (``unembed.hook_in``, after the final norm), from one forward with ``fwd_hooks``.
+
+        Raises:
+            HeadprobeError: an encoder (its last hidden state is not what the bridge unembeds),
+                ``attention_mask`` given (as :meth:`forward`).
+        """
+        if not self.spec.causal or "unembed.hook_in" not in self.model.hook_dict:
+            raise HeadprobeError(f"the final residual stream of this model needs the native backend, not {self.name}")
+        kept: dict[str, Tensor] = {}
+
+        def keep(x: Tensor, hook: Any) -> None:
+            kept["x"] = x
+
+        self.forward(tokens, [*fwd_hooks, ("unembed.hook_in", keep)], attention_mask)
+        return kept["x"]
+
+    def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
+                normed: bool = False, softcap: bool = True) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.logits_from_residual`: the bridge's ``ln_final`` and
+        ``unembed`` modules (Hugging Face's final norm and LM head), then the architecture adapter's
+        ``apply_output_logits_transform`` (TransformerLens: the family's soft-cap and logit
+        scaling). ``softcap=False``: the transform's slope at 0 instead (:meth:`_logit_scale`)."""
+        x = resid.to(self.device, self.dtype)
+        norm = getattr(self.model, "ln_final", None)
+        if not normed and norm is not None:
+            x = norm(x)
+        logits = self.model.unembed(x)
+        if vocab is not None:
+            logits = logits.gather(-1, vocab.to(logits.device))
+        if softcap:
+            return self.model.adapter.apply_output_logits_transform(logits)
+        return logits * self._logit_scale()
+
+    def _logit_scale(self) -> float:
+        """The linear part of the adapter's output transform, read off it as ``T(e) / e`` for
+        ``e = 1e-6`` in float64 (a logit scale ``a`` gives ``a``; a soft-cap ``c tanh(a x / c)``
+        gives ``a`` to 1e-12 relative; no transform gives 1)."""
+        e = torch.tensor([1e-6], dtype=torch.float64)
+        return float(self.model.adapter.apply_output_logits_transform(e)[0] / e[0])
 
     @torch.inference_mode()
     def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
@@ -152,6 +202,24 @@ class BridgeModel(LoadedModel):
         with self._cache_kwarg_shim():
             out = self.model(tokens.to(self.device), return_type="logits_and_cache", use_cache=True, **kwargs)
         return out[1] if isinstance(out, tuple) else None
+
+
+def _scores_with_neg_inf(fwd_hooks: Sequence[tuple[str, HookFn]]) -> list[tuple[str, HookFn]]:
+    """``fwd_hooks`` with each hook on ``blocks.{l}.attn.hook_attn_scores`` handed the scores with
+    masked keys set to ``-inf``, the sentinel of headprobe's hook points (and of TransformerLens'
+    ``HookedTransformer``). The bridge runs Hugging Face's attention, whose additive masks are
+    ``torch.finfo(dtype).min`` (-3.4e38 in float32), so ``isneginf`` found none of them; a masked
+    score is exactly that value (a score plus ``finfo.min`` rounds to it), and no real score
+    comes near it. What the hook returns goes on to the softmax as usual (``-inf`` and
+    ``finfo.min`` both give weight 0)."""
+
+    def wrapped(fn: HookFn) -> HookFn:
+        def hook(scores: Tensor, hook: Any) -> Any:
+            return fn(scores.masked_fill(scores <= torch.finfo(scores.dtype).min, float("-inf")), hook)
+        return hook
+
+    return [(name, wrapped(fn)) if isinstance(name, str) and name.endswith("attn.hook_attn_scores") else (name, fn)
+            for name, fn in fwd_hooks]
 
 
 def _replace(value: Tensor) -> HookFn:

@@ -223,6 +223,11 @@ def capture_heads(
     attribution; Elhage et al. 2021, Nanda's TransformerLens ``apply_ln_to_stack``). Either way
     ``sum_h result_h + b_O`` equals what the block adds to the residual stream.
 
+    Visualisers: CircuitsVis' ``attention_patterns(tokens, attention)`` takes one sequence,
+    ``cap["pattern"][layer][b]`` ``[head, q_pos, k_pos]``; bertviz's ``head_view(attention,
+    tokens)`` takes the per-layer patterns as they are, ``tuple(cap["pattern"][l] for l in
+    sorted(cap["pattern"]))`` (Hugging Face's ``output_attentions`` format).
+
     Returns:
         ``{"pattern": {layer: [batch, head, q_pos, k_pos]}, "z": {layer: [batch, pos, head, d_head]},
         "result": {layer: [batch, pos, head, d_model]}, "b_O": {layer: [d_model] or [batch, pos, d_model]},

@@ -544,7 +544,7 @@ class Attention(nn.Module):
         self.hook_v = HookPoint()  # [batch, pos, kv_head, d_head]
         self.hook_rot_q = HookPoint()  # [batch, pos, head, d_head]     (rotary only)
         self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_head]  (rotary only)
-        self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos], scaled, capped, masked to -inf
+        self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos], scaled, capped, masked keys exactly -inf
         self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos], rows sum to 1, masked keys 0
         self.hook_z = HookPoint()  # [batch, pos, head, d_head], after head_mask
         self.hook_result = HookPoint()  # [batch, pos, head, d_model], z_h W_O^(h)
@@ -981,14 +981,42 @@ class Transformer(HookedRootModule):
             return resid
         return self.logits(resid, normed=True)
 
-    def logits(self, resid: Float[Tensor, "... d_model"], normed: bool = False) -> Float[Tensor, "... d_vocab"]:
-        """Logits from a final residual: ``ln_final`` (unless ``normed``), the unembedding, and
-        ``final_softcap`` (``c * tanh(logits / c)``, Gemma-2) where the config has it."""
+    def logits(self, resid: Float[Tensor, "... d_model"], normed: bool = False,
+               vocab: Int[Tensor, "... k"] | None = None, out: Tensor | None = None, softcap: bool = True
+               ) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
+        """Logits from a final residual stream: ``ln_final`` (unless ``normed``), the unembedding
+        (``@ W_U + b_U``) and ``final_softcap`` (``c * tanh(logits / c)``, Gemma-2) where the
+        config has it. The one place the native model turns a residual into logits: the forward
+        pass, the losses of the exact sweep and patching's logit difference all end here.
+
+        Args:
+            resid: ``[..., d_model]``.
+            normed: ``resid`` has been through ``ln_final`` already.
+            vocab: token ids ``[..., k]`` (the leading axes as ``resid``'s): only those logits,
+                ``[..., k]``, without the ``[..., d_vocab]`` product.
+            out: a ``[n, d_vocab]`` buffer of ``resid``'s dtype for a 2-D ``resid`` ``[n, d_model]``
+                (``vocab`` None): the logits are written into it and it is returned.
+            softcap: False leaves ``final_softcap`` out (the logit before the cap).
+        """
         if not normed and self.ln_final is not None:
             resid = self.ln_final(resid)
-        logits = self.unembed(resid)
+        W, b = self.unembed.weight, self.unembed.bias  # [d_vocab, d_model], [d_vocab] | None
+        if vocab is not None:
+            logits = torch.einsum("...d,...kd->...k", resid, W[vocab])
+            if b is not None:
+                logits = logits + b[vocab]
+        elif out is not None:
+            logits = torch.mm(resid, W.T, out=out)
+            if b is not None:
+                logits += b
+        else:
+            logits = self.unembed(resid)
         cap = self.cfg.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        if cap is None or not softcap:
+            return logits
+        if out is not None and vocab is None:
+            return logits.div_(cap).tanh_().mul_(cap)
+        return torch.tanh(logits / cap) * cap
 
 
 def init_weights(model: Transformer, std: float = 0.02) -> Transformer:

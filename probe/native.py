@@ -14,11 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from headprobe.probe.backend import HookFn, LoadedModel, _module_type, cross_entropy_inplace, scored_loss
+from headprobe.probe.backend import HookFn, LoadedModel, _module_type, cross_entropy_inplace
 from headprobe.probe.errors import HeadprobeError
 
 
@@ -92,6 +91,14 @@ class NativeModel(LoadedModel):
         """See :meth:`headprobe.probe.backend.LoadedModel.b_U`."""
         return self.model.unembed.bias
 
+    def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
+                normed: bool = False, softcap: bool = True) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.logits_from_residual`: the model's own
+        :meth:`~headprobe.probe.model.Transformer.logits`, the function its forward pass ends with."""
+        resid = resid.to(self.device, self.dtype)
+        return self.model.logits(resid, normed=normed, vocab=None if vocab is None else vocab.to(self.device),
+                                 softcap=softcap)
+
     @torch.inference_mode()
     def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
                       fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch"]:
@@ -120,13 +127,7 @@ class NativeModel(LoadedModel):
 
     def _losses(self, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"], first: int,
                 normed: bool = False) -> Float[Tensor, "n"]:
-        net = self.model
-        if net.cfg.final_softcap is None:
-            return _scored_losses_from_resid(net, resid, tokens, first, normed)
-        # soft-capped logits (Gemma-2): through the model's own head, `batch` sequences at a time
-        B = tokens.shape[0]
-        return torch.cat([scored_loss(net.logits(resid[i:i + B], normed), tokens, first)
-                          for i in range(0, resid.shape[0], B)])
+        return _scored_losses_from_resid(self.model, resid, tokens, first, normed)
 
     def check_prunable(self) -> None:
         """See :meth:`headprobe.probe.backend.LoadedModel.check_prunable`."""
@@ -177,11 +178,13 @@ def _scored_losses_from_resid(net: torch.nn.Module, resid: Float[Tensor, "n pos 
     (k copies of ``tokens``), unembedding only the scored positions ``first .. pos-2`` (the
     logits at position i predict token i+1), ``batch`` sequences at a time into one reused
     logits buffer (a fresh 150 MB tensor per chunk costs page faults), with the loss taken in
-    place (:func:`~headprobe.probe.backend.cross_entropy_inplace`)."""
+    place (:func:`~headprobe.probe.backend.cross_entropy_inplace`). The logits come from
+    :meth:`headprobe.probe.model.Transformer.logits`, as in the forward pass (Gemma-2's soft-cap
+    included)."""
     B = tokens.shape[0]
     target = tokens[:, first + 1:].flatten()
-    W_U, b_U = net.unembed.weight, net.unembed.bias  # [d_vocab, d_model], [d_vocab] | None
     # every chunk is B sequences x the same scored positions: one [rows, d_vocab] buffer serves all
+    W_U = net.unembed.weight  # [d_vocab, d_model]
     buffer = torch.empty(len(target), W_U.shape[0], device=resid.device) if W_U.dtype == torch.float32 else None
     out = []
     for i in range(0, resid.shape[0], B):
@@ -190,10 +193,8 @@ def _scored_losses_from_resid(net: torch.nn.Module, resid: Float[Tensor, "n pos 
             sel = net.ln_final(sel)
         sel = sel.flatten(0, 1)
         if buffer is not None:
-            logits = torch.mm(sel, W_U.T, out=buffer)
-            if b_U is not None:
-                logits += b_U
+            logits = net.logits(sel, normed=True, out=buffer)
         else:  # half precision: logits in float32, as cross_entropy would compute them
-            logits = F.linear(sel, W_U, b_U).float()
+            logits = net.logits(sel, normed=True).float()
         out.append(cross_entropy_inplace(logits, target).view(B, -1).mean(dim=1))
     return torch.cat(out)

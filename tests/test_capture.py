@@ -67,3 +67,63 @@ def test_stream_patterns_fires_once_per_layer_and_keeps_nothing(tiny_gpt2):
     seen = []
     stream_patterns(tiny_gpt2, torch.randint(0, 100, (2, 6)), lambda layer, p: seen.append((layer, tuple(p.shape))))
     assert seen == [(0, (2, 4, 6, 6)), (1, (2, 4, 6, 6))]
+
+
+# ---- the masked-score sentinel of hook_attn_scores ----------------------------------------------
+
+SENTINEL_CASES = [(f, b) for f in ("gpt2", "mistral", "gemma2") for b in ("native", "transformer-lens")]
+
+
+@pytest.fixture(scope="module")
+def sentinel_models(tiny_tokenizer):
+    import copy
+    import dataclasses
+
+    import zoo
+    from headprobe.probe.loading import wrap
+
+    out = {}
+    for family in dict(SENTINEL_CASES):
+        ckpt = zoo.make_checkpoint(family, tiny_tokenizer)
+        for backend in ("native", "transformer-lens"):
+            out[family, backend] = (wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), backend=backend),
+                                    ckpt.hf_model)
+    return out
+
+
+def _visible(hf_config, layer: int, T: int) -> torch.Tensor:
+    """``[q_pos, k_pos]``: the keys query q reads, from the definitions (causal; a sliding window of
+    w reads keys ``q - w < k <= q`` in the layers the config marks sliding)."""
+    q, k = torch.arange(T)[:, None], torch.arange(T)[None]
+    seen = k <= q
+    types = getattr(hf_config, "layer_types", None)
+    window = getattr(hf_config, "sliding_window", None)
+    if window is not None and (types is None or types[layer] == "sliding_attention"):
+        seen = seen & (k > q - window)
+    return seen
+
+
+@pytest.mark.parametrize("family, backend", SENTINEL_CASES)
+def test_masked_attention_scores_are_minus_infinity_on_both_backends(sentinel_models, family, backend):
+    """``hook_attn_scores`` holds ``-inf`` exactly at the keys a query may not read (the future;
+    outside Mistral's and Gemma-2's sliding windows of 8) and finite scores elsewhere, whose softmax
+    is Hugging Face's own attention pattern; the same through ``forward(fwd_hooks=...)`` and the
+    ``hooks(...)`` context manager; a hook returning these scores leaves the logits unchanged."""
+    model, hf = sentinel_models[family, backend]
+    T = 14
+    tokens = torch.randint(0, 100, (2, T), generator=torch.Generator().manual_seed(2))
+    names = [f"blocks.{l}.attn.hook_attn_scores" for l in range(model.spec.n_layers)]
+    got, via_hooks = {}, {}
+    with torch.no_grad():
+        plain = model.forward(tokens)
+        returned = model.forward(tokens, fwd_hooks=[(n, lambda s, hook, n=n: got.setdefault(n, s.clone())) for n in names])
+        with model.hooks([(n, lambda s, hook, n=n: via_hooks.__setitem__(n, s.clone())) for n in names]):
+            model.forward(tokens)
+        want = hf(tokens, output_attentions=True).attentions
+    torch.testing.assert_close(returned, plain, atol=1e-6, rtol=0)  # the hooks returned the -inf scores
+    for layer, n in enumerate(names):
+        scores, seen = got[n], _visible(hf.config, layer, T)
+        assert torch.equal(torch.isneginf(scores), ~seen.expand_as(scores)), (family, backend, layer)
+        assert torch.isfinite(scores[..., seen]).all()
+        assert torch.equal(via_hooks[n], scores)
+        torch.testing.assert_close(scores.softmax(-1), want[layer], atol=1e-6, rtol=0)

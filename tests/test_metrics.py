@@ -148,6 +148,63 @@ def test_copying_score_equals_the_brute_force_d_vocab_eigendecomposition(fixture
     assert torch.equal(w.W_V[0, 0], w.W_V[0, model.spec.group_size - 1])
 
 
+@pytest.fixture(scope="module")
+def shared_unembedding_direction(tiny_llama_gqa_checkpoint):
+    """(model, the same model with one vector ``m`` added to every token's unembedding column).
+
+    The model is the untied tiny GQA Llama with one vector added to every token's embedding (token
+    embeddings that share a mean direction, as trained models' do); adding ``m`` to the
+    unembedding then adds ``x . m`` to every logit, so no prediction changes. Both vectors are 10
+    times the rows' RMS norm, in random directions."""
+    import copy
+    import dataclasses
+
+    from headprobe.probe.loading import wrap
+
+    g = torch.Generator().manual_seed(7)
+
+    def add_shared(W: torch.Tensor) -> None:  # [d_vocab, d_model]: the same vector added to every row
+        v = torch.randn(W.shape[1], generator=g)
+        W += 10 * W.norm(dim=1).pow(2).mean().sqrt() * v / v.norm()
+
+    ckpt = tiny_llama_gqa_checkpoint
+    base = copy.deepcopy(ckpt.hf_model)
+    assert not base.config.tie_word_embeddings
+    with torch.no_grad():
+        add_shared(base.model.embed_tokens.weight)
+    shifted = copy.deepcopy(base)
+    with torch.no_grad():
+        add_shared(shifted.lm_head.weight)  # row v is W_U[:, v]
+    return (wrap(dataclasses.replace(ckpt, hf_model=base), backend="native"),
+            wrap(dataclasses.replace(ckpt, hf_model=shifted), backend="native"))
+
+
+def test_copying_score_ignores_a_direction_shared_by_every_tokens_unembedding(shared_unembedding_direction):
+    """Elhage et al. 2021 and TransformerLens' default processing (``center_unembed``) read W_U
+    centred over the vocabulary: a vector added to every token's unembedding moves every logit
+    equally and changes no prediction, so it must not change a copying score. Reference: the
+    ``d_vocab`` eigenvalues of ``W_E W_V W_O W_U`` with ``W_U`` folded (final RMSNorm weight) and
+    centred here by hand."""
+    model, shifted = shared_unembedding_direction
+    tokens = torch.randint(0, 100, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(shifted.forward(tokens).log_softmax(-1), model.forward(tokens).log_softmax(-1),
+                                   atol=1e-4, rtol=0)  # the same predictions
+    base, got = circuits.copying_score(model), circuits.copying_score(shifted)
+    torch.testing.assert_close(got, base, atol=1e-4, rtol=0)
+    w = circuits.head_weights(shifted)
+    W_U = shifted.norm_weights(None).weight.double()[:, None] * shifted.W_U().detach().double()
+    W_U = W_U - W_U.mean(dim=1, keepdim=True)  # centred over the vocabulary
+    for layer in range(shifted.spec.n_layers):
+        for h in range(shifted.spec.n_heads):
+            M = (w.W_E.double() @ w.W_V[layer, h].double() @ w.W_O[layer, h].double() @ W_U).numpy()
+            lam = np.linalg.eigvals(M)
+            assert got[layer, h].item() == pytest.approx(lam.sum().real / np.abs(lam).sum(), abs=2e-4)
+    raw = circuits.copying_scores(w.W_E, w.W_V, w.W_O, shifted.norm_weights(None).weight[:, None] * shifted.W_U().detach())
+    # the case that matters: uncentred, the shared direction swamps most heads' scores (to about +-1)
+    assert (raw.abs() > 0.95).float().mean() > 0.5 and (raw - got).abs().max() > 0.5
+
+
 def _loop_composition(w: circuits.HeadWeights) -> dict[str, torch.Tensor]:
     L, H = w.W_Q.shape[:2]
     out = {k: torch.full((L, H, L, H), float("nan"), dtype=torch.float64) for k in "qkv"}
@@ -191,10 +248,26 @@ def test_composition_scores_match_a_loop_over_head_pairs_and_are_scale_invariant
 
 # ---- direct logit attribution -------------------------------------------------------------------
 
-@pytest.mark.parametrize("fixture", TINY_MODELS)
+@pytest.fixture(scope="module")
+def tiny_granite(tiny_tokenizer):
+    """A tiny random Granite (Llama-like, logits divided by ``logits_scaling`` = 8 after the LM
+    head) behind TransformerLens' bridge: a family whose logits are not ``final_norm(x) @ W_U``."""
+    import zoo
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from headprobe.probe.loading import Checkpoint, wrap
+
+    cfg = AutoConfig.for_model("granite", **zoo._COMMON, logits_scaling=8.0, architectures=["GraniteForCausalLM"])
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    return wrap(Checkpoint("tiny-granite", "tiny-granite", "float32 (random init)", hf, tiny_tokenizer), backend="auto")
+
+
+@pytest.mark.parametrize("fixture", [*TINY_MODELS, "tiny_granite"])
 def test_dla_plus_the_other_components_sums_to_the_logit(fixture, request):
     """The identity: heads + b_O + embeddings + MLP outputs, each through the frozen final norm,
-    plus the norm's bias and b_U, give the correct token's logit."""
+    plus the norm's bias and b_U, give the correct token's logit (Hugging Face's); times the
+    family's logit scale, read here from its Hugging Face config (Granite: ``1 / logits_scaling``)."""
     model = request.getfixturevalue(fixture)
     spec = model.spec
     tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(3))
@@ -215,11 +288,11 @@ def test_dla_plus_the_other_components_sums_to_the_logit(fixture, request):
     xc = x - x.mean(-1, keepdim=True) if nw.centers else x
     y = model.final_norm(x.float()).double()
     sigma = ((w * xc) * (w * xc)).sum(-1, keepdim=True) / ((y - b) * (w * xc)).sum(-1, keepdim=True)
-    W_U = model.W_U().double()
+    W_U = model.W_U().double() / getattr(model.hf_config, "logits_scaling", 1.0)
     direct = lambda c: ((((c - c.mean(-1, keepdim=True)) if nw.centers else c) * w / sigma) @ W_U).gather(  # noqa: E731
         -1, target[..., None]).squeeze(-1)
     b_U = model.b_U()
-    rest = (b @ W_U)[target] + (0 if b_U is None else b_U.double()[target])
+    rest = (b @ W_U)[target] + (0 if b_U is None else b_U.double()[target] / getattr(model.hf_config, "logits_scaling", 1.0))
     heads_sum = torch.zeros_like(rest)
     for l in range(spec.n_layers):  # noqa: E741
         # attn_out minus the heads is b_O: the heads come from dla, b_O from the bias

@@ -5,6 +5,8 @@ and its one-line errors; and the IOI finding on SmolLM2."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 import headprobe
+import zoo
 from headprobe.analyses.patching import (
     PromptPair, encode_pairs, ioi_prompts, logit_diff, patch_heads,
 )
@@ -21,6 +24,7 @@ from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import all_heads
 from headprobe.probe.hooks import head_ablation_hooks
+from headprobe.probe.loading import wrap
 
 
 def _pairs(n: int = 5, seed: int = 0) -> list[PromptPair]:
@@ -54,6 +58,63 @@ def test_batched_patching_equals_one_forward_per_head(fixture, request):
     torch.set_grad_enabled(True)
     np.testing.assert_allclose(got.patched_ld, want, atol=1e-4)
     assert np.abs(got.effect).max() > 1e-3  # patching does something on random weights
+
+
+def _hf_patched_logit_diff(hf_model, clean, corrupted, answers, layer: int, head: int, d_head: int) -> np.ndarray:
+    """The reference for one patched head, on the untouched Hugging Face model: a forward pre-hook
+    on layer ``layer``'s ``o_proj`` replaces head ``head``'s slice of its input (that head's z) by
+    the corrupted run's; the logit difference of Hugging Face's own logits."""
+    o_proj = hf_model.model.layers[layer].self_attn.o_proj
+    sl = slice(head * d_head, (head + 1) * d_head)
+    kept = {}
+    h = o_proj.register_forward_pre_hook(lambda mod, args: kept.__setitem__("z", args[0].detach().clone()))
+    try:
+        hf_model(corrupted)
+    finally:
+        h.remove()
+
+    def patch(mod, args):
+        z = args[0].clone()
+        z[..., sl] = kept["z"][..., sl]
+        return (z,)
+
+    h = o_proj.register_forward_pre_hook(patch)
+    try:
+        return logit_diff(hf_model(clean).logits, answers).numpy()
+    finally:
+        h.remove()
+
+
+@pytest.mark.parametrize("backend", ["native", "transformer-lens"])
+def test_gemma2_logit_differences_are_those_of_the_soft_capped_logits(backend, tiny_tokenizer):
+    """Gemma-2 soft-caps its logits after the unembedding (``30 tanh(x / 30)``): patch's clean,
+    corrupted and patched logit differences are those of Hugging Face's own logits, for every
+    head, on both backends. The untied LM head is scaled up (x100) so that the logits reach the
+    cap's range, as a trained Gemma-2's do (random weights give logits below 1, where the cap is
+    the identity); the last line checks that the cap then matters."""
+    ckpt = zoo.make_checkpoint("gemma2", tiny_tokenizer, tie_word_embeddings=False)
+    hf = ckpt.hf_model
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(100)
+    model = wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(hf)), backend=backend)
+    pairs = _pairs()
+    heads = all_heads(model.spec.n_layers, model.spec.n_heads)
+    got = patch_heads(model, pairs, heads, max_batch=8)
+    d_head = hf.config.head_dim
+    cap_moved = 0.0
+    with torch.no_grad():
+        for clean, corrupted, answers, idx in encode_pairs(model, pairs):
+            want_clean = logit_diff(hf(clean).logits, answers).numpy()
+            np.testing.assert_allclose(got.clean_ld[idx], want_clean, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(got.corrupted_ld[idx], logit_diff(hf(corrupted).logits, answers).numpy(),
+                                       rtol=1e-5, atol=1e-5)
+            for i, (layer, head) in enumerate(heads):
+                want = _hf_patched_logit_diff(hf, clean, corrupted, answers, layer, head, d_head)
+                np.testing.assert_allclose(got.patched_ld[i, idx], want, rtol=1e-5, atol=1e-5)
+            c = hf.config.final_logit_softcapping
+            pre_cap = c * torch.atanh(hf(clean).logits / c)  # the logits before the cap
+            cap_moved = max(cap_moved, float(np.abs(logit_diff(pre_cap, answers).numpy() - want_clean).max()))
+    assert cap_moved > 0.5, cap_moved  # the cap changes the metric: the check above is not vacuous
 
 
 def test_patching_a_prompt_into_itself_changes_nothing(tiny_llama_gqa_native):
