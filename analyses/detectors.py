@@ -38,6 +38,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headprobe.analyses.vocabulary import HEAD_TYPES, select_head_types
 from headprobe.probe.errors import HeadprobeError
 
 Pattern = Float[Tensor, "batch head q_pos k_pos"]
@@ -275,6 +276,9 @@ DETECTORS: dict[str, Detector] = {
 }
 """All head types, in the order of head_scores.csv's columns."""
 
+if tuple(DETECTORS) != HEAD_TYPES:  # the names live in the torch-free vocabulary; the registry must follow it
+    raise ImportError(f"DETECTORS {tuple(DETECTORS)} differ from vocabulary.HEAD_TYPES {HEAD_TYPES}")
+
 SCORE_COLUMNS: tuple[str, ...] = tuple(c for d in DETECTORS.values() if not d.encoder_only for c in d.columns)
 """head_scores.csv's score columns of a decoder (all head types but the encoder-only ones), in order."""
 ENCODER_SCORE_COLUMNS: tuple[str, ...] = tuple(c for d in DETECTORS.values() for c in d.columns)
@@ -282,27 +286,5 @@ ENCODER_SCORE_COLUMNS: tuple[str, ...] = tuple(c for d in DETECTORS.values() for
 
 
 def select_detectors(types: str | Sequence[str] | None = None) -> tuple[str, ...]:
-    """Registry names of the head types asked for, in :data:`DETECTORS` order.
-
-    Args:
-        types: None (all), a comma-separated string (``"induction,previous-token"``) or a
-            sequence of names; ``-`` and ``_`` are interchangeable, case is ignored.
-
-    Raises:
-        HeadprobeError: an unknown name or an empty selection (one line listing the known names).
-    """
-    if types is None:
-        return tuple(DETECTORS)
-    items = types.split(",") if isinstance(types, str) else list(types)
-    wanted = {str(t).strip().lower().replace("-", "_") for t in items} - {""}
-    known = ", ".join(n.replace("_", "-") for n in DETECTORS)
-    unknown = sorted(wanted - set(DETECTORS))
-    if unknown:
-        import difflib
-
-        close = [m for u in unknown for m in difflib.get_close_matches(u, DETECTORS, n=1, cutoff=0.7)]
-        hint = f" (did you mean {', '.join(c.replace('_', '-') for c in close)}?)" if close else ""
-        raise HeadprobeError(f"unknown head type {', '.join(unknown).replace('_', '-')}{hint}; known types: {known}")
-    if not wanted:
-        raise HeadprobeError(f"no head type given; known types: {known}")
-    return tuple(n for n in DETECTORS if n in wanted)
+    """:func:`headprobe.analyses.vocabulary.select_head_types` (the torch-free home of the names)."""
+    return select_head_types(types)

@@ -144,9 +144,7 @@ class SequentialMCTest:
         return sequential_mc_p_value(self.reached, self.n_max, self.h)[0]
 
 
-CORRECTIONS = ("bh", "holm")
-"""Multiple-testing corrections: Benjamini-Hochberg (false discovery rate) and Holm-Bonferroni
-(family-wise error)."""
+from headprobe.analyses.vocabulary import CORRECTIONS  # noqa: E402 - the names live in the torch-free vocabulary
 
 
 def adjust_p_values(p_values: Sequence[float], method: str) -> np.ndarray:

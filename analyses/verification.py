@@ -35,23 +35,17 @@ import torch
 
 from headprobe.analyses import distributed
 from headprobe.analyses import statistics as st
+from headprobe.analyses.vocabulary import ALPHA, CONTROLS, CORRECTION, PRIMARY_KIND, reachable
+from headprobe.analyses.vocabulary import unreachable_note as _unreachable_note
 from headprobe.analyses.ablation import (
     LOSS_METRIC, P_VALUE_TIE, AblationMetric, Verification, first_scored, names, set_ablation_losses)
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import Head
 
-PRIMARY_KIND = "mean"
-"""The ablation kind each verdict is tested with; the other kind is reported beside it."""
 KINDS = ("zero", "mean")
 """The kinds a verification ablates (both need no second input)."""
 BATCH = 10
 """Control sets ablated per test between two looks."""
-ALPHA = 0.05
-"""The default family-wise significance level."""
-CONTROLS = ("layer-matched", "uniform")
-"""How control sets are drawn (``--control``)."""
-CORRECTION = "bh"
-"""The default multiple-testing correction (:data:`~headprobe.analyses.statistics.CORRECTIONS`)."""
 EFFECT_RATIO = 2.0
 """The top-k effect must be at least this many times the mean control effect."""
 
@@ -95,17 +89,12 @@ class VerificationSettings:
     def reachable(self) -> bool:
         """Whether ``n_random`` draws can give a p-value at or below ``alpha`` at all: ``1 /
         (n_random + 1) <= alpha``, i.e. at least ``1 / alpha - 1`` draws."""
-        return 1 / (self.n_random + 1) <= self.alpha + 1e-12
+        return reachable(self.n_random, self.alpha)
 
 
 def unreachable_note(settings: VerificationSettings) -> str | None:
     """The one line said before a verification whose draws cannot reach ``alpha`` (None if they can)."""
-    if settings.reachable:
-        return None
-    need = math.ceil(1 / settings.alpha - 1)
-    return (f"--n-random {settings.n_random} cannot reach alpha={settings.alpha:g} (the smallest p-value of "
-            f"{settings.n_random} draws is 1/{settings.n_random + 1} = {1 / (settings.n_random + 1):.3f}): no verdict "
-            f"can be CONFIRMED; the ablations still run and report their p-values (use --n-random {need} or more)")
+    return _unreachable_note(settings.n_random, settings.alpha)
 
 
 # --- control sets ----------------------------------------------------------------------------------
@@ -298,7 +287,7 @@ class _Ablator:
     """Ablates head sets of a task (batched, sharded under torchrun) and keeps one progress bar over
     the whole verification, made with every set planned; a settled stream's unneeded sets leave its total."""
 
-    model: object
+    backend: object
     tokens: dict
     clean: dict
     mean_z: torch.Tensor
@@ -311,7 +300,7 @@ class _Ablator:
         ts = self.tokens[task]
         first = first_scored(task, ts.start, ts.period)
         losses = distributed.map_sharded(  # under torchrun each rank ablates its slice of the sets
-            lambda part: set_ablation_losses(self.model, ts.tokens, part, kind, self.mean_z, first,
+            lambda part: set_ablation_losses(self.backend, ts.tokens, part, kind, self.mean_z, first,
                                              score=self.scorers.get(task)), sets)
         self.ablated += len(sets)
         self.bar.update(len(sets))

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-DEFAULT_PATTERN_LEN = 128
+from headprobe.analyses.vocabulary import DEFAULT_PATTERN_LEN  # noqa: E402 - torch-free home of the default
 """Tokens per example kept in ``patterns.npz`` by default: the scan's natural-text sequence
 length, and more than the repeated example's ``1 + 2 * 50``. 30 layers x 9 heads of SmolLM2 at
 128 tokens take 4.4 MB as uint8 before compression (causal patterns are half zeros)."""

@@ -100,3 +100,23 @@ def test_flags_match_the_python_keywords_they_set(capsys):
         build_parser("atlas").parse_args(["atlas", "--help"])
     help_text = capsys.readouterr().out
     assert "--models" in help_text and "--model " not in help_text and "--model\n" not in help_text
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["scan", "-k", "-3", "--out", "x"], "-k/--top-k: must be a positive integer"),
+    (["scan", "--alpha", "1.5", "--out", "x"], "--alpha must be between 0 and 1"),
+    (["scan", "--types", "inductoin", "--out", "x"], "did you mean induction"),
+    (["show", "--head", "40.2", "--prompt", "hi", "--out", "x"], "head 40.2 is out of range: the model has 30 layers"),
+])
+def test_flag_errors_are_refused_before_torch_is_imported(tmp_path, argv, fragment):
+    """Issue 25's fast refusals: a usage or config error costs a fraction of a second, not the 25-50 s
+    of importing torch or loading weights first (checked with -X importtime: no torch module at all)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "headprobe", *argv], capture_output=True, text=True,
+                       cwd=tmp_path)
+    errors = [line for line in r.stderr.splitlines() if not line.startswith("import time:")]
+    assert r.returncode == 2 and len(errors) == 1 and fragment in errors[0], r.stderr[-2000:]
+    assert not [line for line in r.stderr.splitlines() if line.startswith("import time:") and " torch" in line]
+    assert not (tmp_path / "x").exists()

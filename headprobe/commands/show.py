@@ -132,8 +132,11 @@ def main(args: argparse.Namespace) -> int:
     """``headprobe show``: check the head's form and the output directory, load, draw, print the files."""
     from headprobe.probe.io import prepare_output_dir, read_text_file
 
-    if len(parse_heads(args.head, 10**9, 10**9)) != 1:  # the form, before anything loads; the range once the model is known
+    if len(parse_heads(args.head, 10**9, 10**9)) != 1:  # the form, before anything loads
         raise HeadprobeError(f"--head takes one head, got {args.head!r}")
+    layout = options.peek_layout(args.model)  # the range from config.json, before any weight loads (else after loading)
+    if layout is not None:
+        parse_heads(args.head, *layout)
     # a file's final newline is the editor's, not part of the text to show
     prompt = read_text_file(args.prompt_file).rstrip("\r\n") if args.prompt_file else args.prompt
     prepare_output_dir(args.out, args.overwrite, create=False)

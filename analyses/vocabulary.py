@@ -1,0 +1,84 @@
+"""The names the command line checks before torch loads: head types, the verification's design
+choices and its defaults. Torch-free (``headprobe scan -k -3`` is refused in a fraction of a
+second); the modules that implement each name import theirs from here, and
+:mod:`headprobe.analyses.detectors` checks at import that its registry has exactly
+:data:`HEAD_TYPES`, in order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from headprobe.probe.errors import HeadprobeError
+
+HEAD_TYPES: tuple[str, ...] = ("previous_token", "duplicate_token", "induction", "first_token", "positional",
+                               "next_token", "last_token")
+"""Every head type (:data:`headprobe.analyses.detectors.DETECTORS`), in head_scores.csv's column order."""
+
+ALPHA = 0.05
+"""The default significance level of the verdicts (``--alpha``)."""
+CONTROLS = ("layer-matched", "uniform")
+"""How control sets are drawn (``--control``)."""
+CORRECTIONS = ("bh", "holm")
+"""Multiple-testing corrections (``--correction``): Benjamini-Hochberg (false discovery rate) and
+Holm-Bonferroni (family-wise error)."""
+CORRECTION = "bh"
+"""The default correction."""
+PRIMARY_KIND = "mean"
+"""The ablation kind each verdict is tested with; the other kind is reported beside it."""
+DEFAULT_PATTERN_LEN = 128
+"""Tokens of every head's pattern kept for the viewer (``--pattern-len``)."""
+
+
+def select_head_types(types: str | Sequence[str] | None = None) -> tuple[str, ...]:
+    """Registry names of the head types asked for, in :func:`known_head_types` order.
+
+    Args:
+        types: None (all), a comma-separated string (``"induction,previous-token"``) or a
+            sequence of names; ``-`` and ``_`` are interchangeable, case is ignored.
+
+    Raises:
+        HeadprobeError: an unknown name or an empty selection (one line listing the known names).
+    """
+    names = known_head_types()
+    if types is None:
+        return names
+    items = types.split(",") if isinstance(types, str) else list(types)
+    wanted = {str(t).strip().lower().replace("-", "_") for t in items} - {""}
+    known = ", ".join(n.replace("_", "-") for n in names)
+    unknown = sorted(wanted - set(names))
+    if unknown:
+        import difflib
+
+        close = [m for u in unknown for m in difflib.get_close_matches(u, names, n=1, cutoff=0.7)]
+        hint = f" (did you mean {', '.join(c.replace('_', '-') for c in close)}?)" if close else ""
+        raise HeadprobeError(f"unknown head type {', '.join(unknown).replace('_', '-')}{hint}; known types: {known}")
+    if not wanted:
+        raise HeadprobeError(f"no head type given; known types: {known}")
+    return tuple(n for n in names if n in wanted)
+
+
+def known_head_types() -> tuple[str, ...]:
+    """:data:`HEAD_TYPES`, or, once the registry (:data:`headprobe.analyses.detectors.DETECTORS`) is
+    imported, its names: a type registered there at run time is known everywhere."""
+    import sys
+
+    detectors = sys.modules.get("headprobe.analyses.detectors")
+    return tuple(detectors.DETECTORS) if detectors is not None and hasattr(detectors, "DETECTORS") else HEAD_TYPES
+
+
+def reachable(n_random: int, alpha: float) -> bool:
+    """Whether ``n_random`` Monte Carlo draws can give a p-value at or below ``alpha``: ``1 /
+    (n_random + 1) <= alpha``, i.e. at least ``1 / alpha - 1`` draws."""
+    return 1 / (n_random + 1) <= alpha + 1e-12
+
+
+def unreachable_note(n_random: int, alpha: float) -> str | None:
+    """The one line said before a verification whose draws cannot reach ``alpha`` (None if they can)."""
+    if reachable(n_random, alpha):
+        return None
+    need = math.ceil(1 / alpha - 1)
+    return (f"--n-random {n_random} cannot reach alpha={alpha:g} (the smallest p-value of {n_random} draws is "
+            f"1/{n_random + 1} = {1 / (n_random + 1):.3f}): no verdict can be CONFIRMED; the ablations still run and "
+            f"report their p-values (use --n-random {need} or more)")

@@ -1,0 +1,285 @@
+"""``headprobe scan``: score every head for the classic head types, verify the detections by
+ablation against a random-head control, and write a table, a summary and figures.
+
+Pipeline (one model load, a handful of forward passes):
+
+1. natural text -> one forward pass that streams each layer's patterns into the
+   previous-token, first-token and positional scores, records each head's mean z (for mean
+   ablation) and gives the clean natural-text loss;
+2. repeated random tokens -> one forward pass for the duplicate-token and induction scores and
+   the clean loss on the repeated half;
+3. for each head type, mean- and zero-ablate its top-k heads and layer-matched random control sets
+   of k heads, drawn in batches until the verdict at ``--alpha`` is settled, and correct the
+   verdicts' p-values for their number: :mod:`headprobe.analyses.verification`;
+4. head_scores.csv, summary.json, heatmaps, example patterns and the ablation figure; every head's
+   pattern on the first sequence of each token set (patterns.npz, for ``headprobe view``) and,
+   with ``--html``, the viewer page index.html.
+
+The flags, the settings (:class:`ScanConfig`) and :func:`main` live here and import no torch, so
+a bad flag is refused in a fraction of a second; the computation is :mod:`headprobe.commands.scan.core`,
+imported on first use (``run``, ``scan``, ``ScanResult``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from headprobe import options
+from headprobe.analyses import vocabulary as vocab
+from headprobe.options import positive_int
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.io import prepare_output_dir, read_text_file
+
+_CORE = ("run", "scan", "run_scan", "ScanResult", "verify", "summary", "scan_figures", "figure_makers",
+         "write_outputs", "format_report", "verification_settings", "scan_metric", "metrics_summary",
+         "unknown_share", "removed_heads", "score_token_set")
+"""Names of :mod:`headprobe.commands.scan.core` (it needs torch), imported on first use."""
+
+
+def __getattr__(name: str):
+    if name in _CORE:
+        from headprobe.commands.scan import core
+
+        return getattr(core, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+HELP = "find the classic head types in a pretrained model, verify them by ablation, write table and figures"
+
+EPILOG = """\
+sharded over processes (torch.distributed, gloo on CPU, NCCL with one GPU per process):
+  torchrun --nproc-per-node 2 -m headprobe scan --out out/ [flags as above]
+  The verification's ablations (every task's seeded random head sets and the top-k sets) are
+  split over the ranks and gathered; the scores, metrics and patterns are computed on every rank
+  (a few forward passes). Rank 0 writes the same files as one process. Not resumable: a killed
+  run starts again.
+"""
+
+DEFAULT_SEQ_LEN = 128  # natural-text tokens per sequence, unless the model's context is shorter
+DEFAULT_PERIOD = 50  # repeated block, unless two of them do not fit the context
+DEFAULT_K = 10  # heads ablated per type, unless that is more than a quarter of the model's heads
+
+
+def _default_period(n_ctx: int, trained_periods: tuple[int, int, int] | None) -> int:
+    """:data:`DEFAULT_PERIOD`, or what fits the context twice; a headprobe-trained model's eval
+    period when that falls outside the periods it was trained on."""
+    period = min(DEFAULT_PERIOD, (n_ctx - 1) // 2)
+    if trained_periods is not None:
+        low, high, eval_period = trained_periods
+        if not low <= period <= high and 2 * eval_period + 1 <= n_ctx:
+            return eval_period
+    return period
+
+
+@dataclass(frozen=True)
+class ScanConfig:
+    """Settings of a scan (all recorded in summary.json's ``config``). Invalid values raise
+    :class:`~headprobe.probe.errors.HeadprobeError` when the config is made, before any model loads.
+
+    Attributes:
+        model: model name or path (see :func:`headprobe.probe.loading.load_model`); loaded by :func:`scan` and the CLI.
+        n_natural: natural-text sequences (>= 1).
+        seq_len: natural-text sequence length in tokens, BOS included (>= 2); None: 128, or the model's context if shorter.
+        n_repeated: repeated-random-token sequences (>= 1).
+        period: length S of the repeated block (>= 2); None: 50, or the longest that fits twice, ``(n_ctx - 1) // 2``.
+        k: heads ablated per type and per random draw (>= 1, below the head count); None: 10, or a quarter of the heads if fewer.
+        n_random: the most random control sets of k heads a verdict's test ablates (>= 1); a test stops
+            earlier once its outcome at ``alpha`` is settled (:mod:`headprobe.analyses.verification`).
+        alpha: significance level of the verdicts (after ``correction`` over the run's tested
+            verdicts), in (0, 1). Fewer than ``1 / alpha - 1`` draws can confirm nothing.
+        control: how control sets are drawn: ``layer-matched`` (as many heads per layer as the
+            top-k set) or ``uniform`` (any heads outside the task's top-k sets).
+        correction: ``bh`` (Benjamini-Hochberg, default) or ``holm`` over the run's tested verdicts.
+        sequential: stop each test once settled (False: every test ablates ``n_random`` sets).
+        seed: seeds the window choice, the random tokens and the random head draws.
+        text: a UTF-8 file to use instead of the Python documentation text (read and checked when the config is made).
+        device: ``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name.
+        dtype: compute precision (``float32``, ``bfloat16``, ``float16`` or bf16/fp16/fp32); applies when the model is loaded by name.
+        prepend_bos: put the tokenizer's BOS token first (once) where the model has one; applies when loaded by name.
+        backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; applies when loaded by name.
+        device_map, max_memory: split the model over devices (``auto``, ``balanced``, ``sequential``; per-device budget
+            ``cpu=2GiB,...``), see :func:`headprobe.options.load_model_as`; applies when loaded by name.
+        verify: ablate each type's top-k heads against random heads (needs the per-head decomposition's self-check); False scores patterns only.
+        types: head types to score, verify and draw (names of :data:`~headprobe.analyses.detectors.DETECTORS`, a tuple
+            or a comma-separated string, ``-``/``_`` alike); None: all. Stored as the tuple of registry names.
+        pattern_len: every head's pattern on the first ``pattern_len`` tokens of each token set's first
+            sequence is kept for the viewer (patterns.npz, uint8, see :mod:`headprobe.analyses.viewer`); 0: none.
+        metrics: also compute the reported (not ablation-verified) head metrics of
+            :mod:`headprobe.analyses.metrics` (columns ``copying``, ``sink_rate``, ``entropy``,
+            ``retrieval``, ``dla``, their heatmaps, and the K-composition figure).
+    """
+
+    model: str = options.DEFAULT_MODEL
+    n_natural: int = 8
+    seq_len: int | None = None
+    n_repeated: int = 8
+    period: int | None = None
+    k: int | None = None
+    n_random: int = 50
+    alpha: float = vocab.ALPHA
+    control: str = "layer-matched"
+    correction: str = vocab.CORRECTION
+    sequential: bool = True
+    seed: int = 0
+    text: str | None = None
+    device: str = "auto"
+    dtype: str = "float32"
+    prepend_bos: bool = True
+    backend: str = "auto"
+    device_map: str | None = None
+    max_memory: str | dict | None = None
+    verify: bool = True
+    types: str | Sequence[str] | None = None
+    pattern_len: int = vocab.DEFAULT_PATTERN_LEN
+    metrics: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "types", vocab.select_head_types(self.types))
+        options.check_config_fields(self)
+        if self.n_random < 1:
+            raise HeadprobeError(f"--n-random must be at least 1, got {self.n_random}")
+        if not 0 < self.alpha < 1:
+            raise HeadprobeError(f"--alpha must be between 0 and 1 (exclusive), got {self.alpha}")
+        if self.correction not in vocab.CORRECTIONS:
+            raise HeadprobeError(f"--correction must be one of {', '.join(vocab.CORRECTIONS)}, got {self.correction!r}")
+        if self.control not in vocab.CONTROLS:
+            raise HeadprobeError(f"--control must be one of {', '.join(vocab.CONTROLS)}, got {self.control!r}")
+        if self.k is not None and self.k < 1:
+            raise HeadprobeError(f"--top-k must be at least 1, got {self.k}")
+        if self.pattern_len != 0 and self.pattern_len < 2:
+            raise HeadprobeError(f"--pattern-len must be 0 (no patterns.npz) or at least 2, got {self.pattern_len}")
+
+    def preflight(self) -> None:
+        """Every check the settings alone decide, before a model loads (the text file here).
+
+        Raises:
+            HeadprobeError: as :meth:`read_text`.
+        """
+        self.read_text()
+
+    def read_text(self) -> str | None:
+        """The natural text (None: the default text); checks the file.
+
+        Raises:
+            HeadprobeError: missing, a directory, unreadable, not UTF-8 or empty.
+        """
+        return read_text_file(self.text) if self.text else None
+
+    def resolved(self, spec, trained_periods: tuple[int, int, int] | None = None) -> ScanConfig:
+        """This config with the model-dependent defaults filled in for ``spec`` (a ModelSpec); the
+        encoder-only head types (:attr:`~headprobe.analyses.detectors.Detector.encoder_only`) are
+        dropped for a causal model. ``trained_periods``: ``(min, max, eval)`` periods of a model
+        ``headprobe train`` made (:attr:`LoadedModel.trained_periods`); when the default period
+        falls outside ``[min, max]`` the model never saw repeats that long, and its eval period
+        is the default instead.
+
+        Raises:
+            HeadprobeError: a sequence longer than the model's context, or k >= the head count.
+        """
+        if self.seq_len is not None and self.seq_len > spec.n_ctx:
+            raise HeadprobeError(f"--seq-len {self.seq_len} is longer than the model's context ({spec.n_ctx} tokens); "
+                                 f"use --seq-len {spec.n_ctx} or less (longer text is cut into windows)")
+        if self.period is not None and 2 * self.period + 1 > spec.n_ctx:
+            raise HeadprobeError(f"--period {self.period} gives sequences longer than the model's context ({spec.n_ctx} tokens); "
+                                 f"use --period {(spec.n_ctx - 1) // 2} or less")
+        from headprobe.analyses.detectors import DETECTORS
+
+        types = tuple(t for t in self.types if DETECTORS[t].applies_to(spec.causal))
+        if not types:
+            raise HeadprobeError(f"head types {', '.join(self.types).replace('_', '-')} are scored on encoders only "
+                                 f"(bidirectional attention); {spec.name} is causal")
+        n_heads = spec.n_layers * spec.n_heads
+        if self.k is not None and self.k >= n_heads:
+            raise HeadprobeError(f"--top-k {self.k} leaves no random control: the model has {n_heads} heads; "
+                                 f"use --top-k {max(1, n_heads // 4)} or so")
+        return replace(self, types=types, seq_len=self.seq_len or min(DEFAULT_SEQ_LEN, spec.n_ctx),
+                       period=self.period or _default_period(spec.n_ctx, trained_periods),
+                       k=self.k or max(1, min(DEFAULT_K, n_heads // 4)))
+
+
+def unreachable_note(cfg: ScanConfig) -> str | None:
+    """The line saying that ``cfg``'s draws cannot reach its alpha (None when they can, or without verification)."""
+    if not cfg.verify:
+        return None
+    return vocab.unreachable_note(cfg.n_random, cfg.alpha)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = ScanConfig()
+    options.add_model_options(p)
+    options.add_output_options(p)
+    options.add_data_options(p, seq_len=None, n_repeated=d.n_repeated, period=None,
+                             seq_len_help=f"(default {DEFAULT_SEQ_LEN}, or the model's context if shorter)",
+                             period_help=f"(default {DEFAULT_PERIOD}, or what fits the model's context twice; for a model "
+                                         "headprobe train made, its eval period when that is outside the periods it was trained on)")
+    p.add_argument("--n-natural", type=positive_int, default=d.n_natural, help="natural-text sequences (default %(default)s)")
+    p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=None,
+                   help=f"heads ablated per type (default {DEFAULT_K}, or a quarter of the heads if fewer)")
+    p.add_argument("--n-random", type=positive_int, default=d.n_random,
+                   help="the most random control sets of k heads a verdict's test ablates; it stops earlier once its "
+                        "outcome at --alpha is settled (default %(default)s)")
+    p.add_argument("--alpha", type=float, default=d.alpha,
+                   help="significance level of the verdicts, after --correction (default %(default)s)")
+    p.add_argument("--control", choices=vocab.CONTROLS, default=d.control,
+                   help="control sets: as many heads per layer as the top-k set (layer-matched), or any heads "
+                        "(uniform) (default %(default)s)")
+    p.add_argument("--correction", choices=vocab.CORRECTIONS, default=d.correction,
+                   help="multiple-testing correction over the run's verdicts: Benjamini-Hochberg (bh, false discovery "
+                        "rate) or Holm (family-wise error) (default %(default)s)")
+    p.add_argument("--fixed-draws", dest="sequential", action="store_false",
+                   help="ablate --n-random control sets for every test (no early stopping)")
+    options.add_seed_option(p, d.seed)
+    p.add_argument("--types", default=None, metavar="TYPE[,TYPE...]",
+                   help=f"score, verify and draw only these head types (default: all of {','.join(vocab.HEAD_TYPES)})")
+    p.add_argument("--no-bos", dest="prepend_bos", action="store_false", help="do not put BOS in front of sequences")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="score patterns only, without the ablation check (also where a model's per-head decomposition fails its self-check)")
+    p.add_argument("--pattern-len", type=int, default=d.pattern_len, metavar="N",
+                   help="keep every head's pattern on the first N tokens of each example in patterns.npz, "
+                        "for headprobe view (default %(default)s; 0: none)")
+    p.add_argument("--no-metrics", dest="metrics", action="store_false",
+                   help="skip the reported head metrics (copying, sink rate, entropy, retrieval, DLA, composition)")
+    p.add_argument("--html", action="store_true",
+                   help="also write index.html, the interactive viewer (same as headprobe view OUT afterwards)")
+
+
+def config_from_args(args: argparse.Namespace) -> ScanConfig:
+    """The :class:`ScanConfig` the flags ask for (checks everything the flags alone decide)."""
+    return ScanConfig(**{f: getattr(args, f) for f in ScanConfig.__dataclass_fields__})
+
+
+def main(args: argparse.Namespace) -> int:
+    """``headprobe scan``: flags -> config (checked, with --text and --out, before the model loads) -> run -> save -> print."""
+    config = config_from_args(args)
+    from headprobe.analyses import distributed
+    from headprobe.commands.scan.core import run
+
+    with options.process_group(config.device) as sharded:  # torchrun: shard the verification over the ranks
+        main_rank = distributed.is_main()
+        config.read_text()
+        prepare_output_dir(args.out, args.overwrite, create=False)
+        distributed.barrier()  # every rank has checked --out before rank 0 can write into it
+        note = unreachable_note(config)
+        if note and main_rank:  # said before anything runs: the ablations still run and are reported
+            print(f"NOTE: {note}", flush=True)
+        t0 = time.perf_counter()
+        model = options.load_for(config)
+        load_s = time.perf_counter() - t0
+        if main_rank:
+            print(options.describe_model(model) + (f"; verification sharded over {distributed.world_size()} ranks"
+                                                   if sharded else ""), flush=True)
+        result = run(model, config, progress=main_rank)
+        result.timings["load_s"] = load_s
+        if main_rank:  # the others computed the same result
+            paths = result.save(args.out, args.overwrite, html=args.html, progress=True)
+            print()
+            print(result.report())
+            extras = (", patterns.npz" if result.patterns else "") + (", index.html" if args.html else "")
+            print(f"\nwrote {len(paths)} files to {Path(args.out)}/ (head_scores.csv, summary.json, figures as PNG, "
+                  f"PDF and SVG{extras})")
+        distributed.barrier()
+    return 0
