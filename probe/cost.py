@@ -82,32 +82,32 @@ def _check_workload(seq_len: int, batch: int) -> None:
 def attention_weight_shapes(layout: AttentionLayout) -> dict[str, tuple[int, int]]:
     """The (in_features, out_features) of every projection matrix of one attention layer.
 
-    MHA/GQA/MQA: ``W_Q`` (d_model -> n_heads*d_head), ``W_K`` and ``W_V`` (d_model ->
-    n_kv_heads*d_head each), ``W_O`` (n_heads*d_head -> d_model).
+    MHA/GQA/MQA: ``W_Q`` (d_model -> n_heads*d_qk), ``W_K`` (d_model -> n_kv_heads*d_qk) and
+    ``W_V`` (d_model -> n_kv_heads*d_head), ``W_O`` (n_heads*d_head -> d_model); ``d_qk`` is
+    ``d_head`` here.
 
     MLA, as in DeepSeek-V2/V3 (arXiv:2405.04434, eqs. 9-12 and 37-39; Hugging Face
     ``DeepseekV3Attention``): ``W_DQ`` (d_model -> q_lora_rank) and ``W_UQ`` (q_lora_rank ->
-    n_heads*(d_head+rope)), or one ``W_Q`` (d_model -> n_heads*(d_head+rope)) without a query
-    latent; ``W_DKV_KR`` (d_model -> kv_lora_rank+rope, the latent and the shared rotary key);
-    ``W_UKV`` (kv_lora_rank -> n_heads*(d_head+v_head_dim), keys and values of all heads); ``W_O``
-    (n_heads*v_head_dim -> d_model).
+    n_heads*d_qk), or one ``W_Q`` (d_model -> n_heads*d_qk) without a query latent, where
+    ``d_qk = qk_nope_head_dim + rope``; ``W_DKV_KR`` (d_model -> kv_lora_rank+rope, the latent
+    and the shared rotary key); ``W_UKV`` (kv_lora_rank -> n_heads*(qk_nope_head_dim+d_head),
+    the keys' non-rotary parts and the values of all heads); ``W_O`` (n_heads*d_head -> d_model).
 
     Returns:
         name -> (in_features, out_features), counts of numbers.
     """
-    D, H, dh = layout.d_model, layout.n_heads, layout.d_head
+    D, H, dh, dqk, KV = layout.d_model, layout.n_heads, layout.d_head, layout.d_qk, layout.n_kv_heads
     if not layout.is_mla:
-        kv = layout.n_kv_heads * dh
-        return {"W_Q": (D, H * dh), "W_K": (D, kv), "W_V": (D, kv), "W_O": (H * dh, D)}
+        return {"W_Q": (D, H * dqk), "W_K": (D, KV * dqk), "W_V": (D, KV * dh), "W_O": (H * dh, D)}
     shapes: dict[str, tuple[int, int]] = {}
     if layout.q_lora_rank is None:
-        shapes["W_Q"] = (D, H * layout.d_qk)
+        shapes["W_Q"] = (D, H * dqk)
     else:
         shapes["W_DQ"] = (D, layout.q_lora_rank)
-        shapes["W_UQ"] = (layout.q_lora_rank, H * layout.d_qk)
+        shapes["W_UQ"] = (layout.q_lora_rank, H * dqk)
     shapes["W_DKV_KR"] = (D, layout.kv_lora_rank + layout.qk_rope_head_dim)
-    shapes["W_UKV"] = (layout.kv_lora_rank, H * (dh + layout.d_value))
-    shapes["W_O"] = (H * layout.d_value, D)
+    shapes["W_UKV"] = (layout.kv_lora_rank, H * (layout.qk_nope_head_dim + dh))
+    shapes["W_O"] = (H * dh, D)
     return shapes
 
 
@@ -122,8 +122,8 @@ def attention_params_per_layer(layout: AttentionLayout) -> int:
 
     MLA adds the two RMSNorm weight vectors of the latents (``q_lora_rank`` and ``kv_lora_rank``
     numbers), which live inside the attention block in DeepSeek-V3. QK-norm adds its weights
-    (see :class:`AttentionLayout`): ``2 * d_head`` per layer for ``"per_head"`` (Qwen3),
-    ``(n_heads + n_kv_heads) * d_head`` for ``"full"`` (OLMo 2).
+    (see :class:`AttentionLayout`): ``2 * d_qk`` per layer for ``"per_head"`` (Qwen3),
+    ``(n_heads + n_kv_heads) * d_qk`` for ``"full"`` (OLMo 2).
 
     Returns:
         a count of parameters.
@@ -137,9 +137,9 @@ def attention_params_per_layer(layout: AttentionLayout) -> int:
     if layout.is_mla:
         total += layout.kv_lora_rank + (layout.q_lora_rank or 0)
     if layout.qk_norm == "per_head":
-        total += 2 * layout.d_head
+        total += 2 * layout.d_qk
     elif layout.qk_norm == "full":
-        total += (layout.n_heads + layout.n_kv_heads) * layout.d_head
+        total += (layout.n_heads + layout.n_kv_heads) * layout.d_qk
     return total
 
 
@@ -156,13 +156,14 @@ def attention_params(layout: AttentionLayout) -> int:
 def kv_numbers_per_token_per_layer(layout: AttentionLayout, decompressed: bool = False) -> int:
     """Numbers cached per token (per cached position) per layer during generation.
 
-    MHA/GQA/MQA: ``2 * n_kv_heads * d_head`` (one key and one value per KV head; lesson 003:
+    MHA/GQA/MQA: ``n_kv_heads * (d_qk + d_head)``, i.e. ``2 * n_kv_heads * d_head`` (one key and
+    one value per KV head; lesson 003:
     Llama 3 8B as MHA 2*32*128 = 8192). MLA: ``kv_lora_rank + qk_rope_head_dim``, the latent
     c^KV and the decoupled rotary key k^R shared by all heads (DeepSeek-V2 paper, section 2.1.3;
     DeepSeek-V3: 512 + 64 = 576). This is the cache of an inference engine that absorbs W_UK
     and W_UV. ``decompressed=True`` gives instead what the reference Hugging Face implementation
-    (``DeepseekV3Attention``) caches: every head's key (``d_head + qk_rope_head_dim``) and value
-    (``v_head_dim``), ``n_heads * (d_head + qk_rope_head_dim + v_head_dim)``; it changes nothing
+    (``DeepseekV3Attention``) caches: every head's key (``d_qk = qk_nope_head_dim +
+    qk_rope_head_dim``) and value (``d_head``), ``n_heads * (d_qk + d_head)``; it changes nothing
     for MHA/GQA/MQA.
 
     Returns:
@@ -170,9 +171,9 @@ def kv_numbers_per_token_per_layer(layout: AttentionLayout, decompressed: bool =
     """
     if layout.is_mla:
         if decompressed:
-            return layout.n_heads * (layout.d_qk + layout.d_value)
+            return layout.n_heads * (layout.d_qk + layout.d_head)
         return layout.kv_lora_rank + layout.qk_rope_head_dim
-    return 2 * layout.n_kv_heads * layout.d_head
+    return layout.n_kv_heads * (layout.d_qk + layout.d_head)
 
 
 def kv_bytes_per_token(layout: AttentionLayout, decompressed: bool = False) -> int:
@@ -271,7 +272,7 @@ def score_flops(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
 
     Per head: QK^T is (T x d_qk)(d_qk x T), ``2*T**2*d_qk`` FLOPs; AV is (T x T)(T x d_head),
     ``2*T**2*d_head``. With ``n_heads * d_head == D`` the total is the lesson's ``4 * T**2 * D``.
-    For MLA ``d_qk = d_head + qk_rope_head_dim`` and AV uses ``v_head_dim`` (the naive,
+    For MLA ``d_qk = qk_nope_head_dim + qk_rope_head_dim`` (the naive,
     non-absorbed form). Sliding windows are not applied (an eager implementation masks, it does
     not skip). Every score is
     counted: a causal mask lets a kernel skip about half of them; the softmax is not counted.
@@ -281,7 +282,7 @@ def score_flops(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
         FLOPs.
     """
     _check_workload(seq_len, batch)
-    return 2 * batch * layout.n_heads * seq_len**2 * (layout.d_qk + layout.d_value)
+    return 2 * batch * layout.n_heads * seq_len**2 * (layout.d_qk + layout.d_head)
 
 
 @dataclass(frozen=True)
@@ -361,7 +362,7 @@ def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1)
         bytes.
     """
     _check_workload(seq_len, batch)
-    H, n, d_qk, d_v = layout.n_heads, batch * seq_len, layout.d_qk, layout.d_value
+    H, n, d_qk, d_v = layout.n_heads, batch * seq_len, layout.d_qk, layout.d_head
     kv_heads = H if layout.is_mla else layout.n_kv_heads  # MLA: decompressed keys and values, one per head
     numbers = n * (H * d_qk + kv_heads * d_qk + kv_heads * d_v + H * d_v)
     return numbers * layout.bytes_per_element + n * H * 4

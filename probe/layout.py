@@ -39,18 +39,18 @@ class AttentionLayout:
         n_kv_heads: number of key/value heads (H for MHA, 1 for MQA, a divisor of H for GQA).
             ``None`` means ``n_heads``. Ignored by the KV-cache formula of an MLA layout, whose
             cache is one latent shared by all heads.
-        d_head: width of one head. ``None`` means ``d_model // n_heads``. ``n_heads * d_head`` need
-            not equal ``d_model`` (DeepSeek-V3: 128 * 128 = 16384 > 7168). For MLA it is the
-            non-rotary query/key width only (DeepSeek's ``qk_nope_head_dim``); the value width is
-            ``v_head_dim``. :attr:`d_value` is the width of ``z`` whatever the kind,
-            :attr:`d_qk` that of a query and a key.
+        d_head: width of each head's value, of ``z`` (``hook_z``'s last axis) and of each head's
+            block of W_O rows, whatever the kind (what a loaded model's ``spec.d_head`` is).
+            ``None`` means ``d_model // n_heads``. ``n_heads * d_head`` need not equal ``d_model``
+            (DeepSeek-V3: 128 * 128 = 16384 > 7168). Queries and keys are :attr:`d_qk` wide:
+            ``d_head`` too, except for MLA.
         bias: which projections have biases: ``"none"`` (Llama, the original Transformer),
             ``"qkv"`` (Qwen2.5), ``"all"`` (GPT-2, GPT-3) or ``"out"`` (W_O only: a native
             ``TransformerConfig(bias=True, qkv_bias=False)``).
         qk_norm: RMSNorm weights on queries and keys (Dehghani et al. 2023, arXiv:2302.05442):
-            ``"none"``; ``"per_head"``, one ``d_head`` weight for all query heads and one for all
+            ``"none"``; ``"per_head"``, one ``d_qk`` weight for all query heads and one for all
             key heads (Qwen3, Gemma 3: Hugging Face ``q_norm``/``k_norm`` of size ``head_dim``);
-            ``"full"``, over the whole projections, ``n_heads*d_head`` + ``n_kv_heads*d_head``
+            ``"full"``, over the whole projections, ``n_heads*d_qk`` + ``n_kv_heads*d_qk``
             numbers (OLMo 2: ``q_norm``/``k_norm`` of ``Olmo2Attention``). Not for MLA.
         bytes_per_element: bytes of one cached or stored number (2 for bf16/fp16).
         kv_lora_rank: MLA only: width of the compressed KV latent c^KV (DeepSeek-V3: 512).
@@ -59,8 +59,9 @@ class AttentionLayout:
             ``None`` means a full-rank query projection.
         qk_rope_head_dim: MLA only: width of the decoupled rotary key shared by all heads and of
             each head's rotary query part (DeepSeek-V3: 64); ``None`` or 0: none (learned positions).
-        v_head_dim: MLA only: width of each head's value (Hugging Face ``v_head_dim``); ``None``
-            means ``d_head`` (DeepSeek-V3: 128 = ``qk_nope_head_dim``).
+        qk_nope_head_dim: MLA only: width of each head's non-rotary query and key part (Hugging
+            Face ``qk_nope_head_dim``); ``None`` means ``d_head`` (DeepSeek-V3: 128, its
+            ``v_head_dim``).
         windows: the key window of each layer, ``n_layers`` entries, each a number of positions
             (sliding-window attention: the layer attends to, and caches, at most that many
             positions, Mistral 7B, arXiv:2310.06825, "rolling buffer cache") or ``None``
@@ -87,14 +88,14 @@ class AttentionLayout:
     q_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
     qk_norm: str = "none"
-    v_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None
     windows: tuple[int | None, ...] | None = None
     name: str = ""
 
     def __post_init__(self) -> None:
         for field in ("d_model", "n_layers", "n_heads", "bytes_per_element"):
             _check_positive(field, getattr(self, field))
-        for field in ("n_kv_heads", "d_head", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+        for field in ("n_kv_heads", "d_head", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim"):
             value = getattr(self, field)
             # MLA without a rotary key has qk_rope_head_dim 0 (filled below), kept by replace()
             if value is not None and not (field == "qk_rope_head_dim" and value == 0 and self.kv_lora_rank is not None):
@@ -116,12 +117,12 @@ class AttentionLayout:
         if self.bias not in BIAS_KINDS:
             raise HeadprobeError(f"unknown bias kind {self.bias!r}; choose one of {', '.join(BIAS_KINDS)}")
         if self.kv_lora_rank is None and (self.q_lora_rank is not None or self.qk_rope_head_dim is not None
-                                          or self.v_head_dim is not None):
-            raise HeadprobeError("q_lora_rank, qk_rope_head_dim and v_head_dim describe MLA; give kv_lora_rank too")
+                                          or self.qk_nope_head_dim is not None):
+            raise HeadprobeError("q_lora_rank, qk_rope_head_dim and qk_nope_head_dim describe MLA; give kv_lora_rank too")
         if self.kv_lora_rank is not None and self.qk_rope_head_dim is None:
             object.__setattr__(self, "qk_rope_head_dim", 0)
-        if self.kv_lora_rank is not None and self.v_head_dim is None:
-            object.__setattr__(self, "v_head_dim", self.d_head)
+        if self.kv_lora_rank is not None and self.qk_nope_head_dim is None:
+            object.__setattr__(self, "qk_nope_head_dim", self.d_head)
         if self.qk_norm not in QK_NORM_KINDS:
             raise HeadprobeError(f"unknown qk_norm kind {self.qk_norm!r}; choose one of {', '.join(QK_NORM_KINDS)}")
         if self.qk_norm != "none" and self.kv_lora_rank is not None:
@@ -143,16 +144,10 @@ class AttentionLayout:
         return self.kv_lora_rank is not None
 
     @property
-    def d_value(self) -> int:
-        """Width of each head's value, of ``z`` (``hook_z``'s last axis) and of each head's block of
-        W_O rows: ``v_head_dim`` for MLA, else ``d_head``. What a loaded model's ``spec.d_head`` is."""
-        return self.v_head_dim if self.is_mla else self.d_head
-
-    @property
     def d_qk(self) -> int:
-        """Width of each head's query and key: ``d_head + qk_rope_head_dim`` for MLA (the
+        """Width of each head's query and key: ``qk_nope_head_dim + qk_rope_head_dim`` for MLA (the
         non-rotary part and the decoupled rotary part, DeepSeek-V2 eq. 16), else ``d_head``."""
-        return self.d_head + self.qk_rope_head_dim if self.is_mla else self.d_head
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.d_head
 
     @property
     def group_size(self) -> int:
@@ -176,7 +171,7 @@ class AttentionLayout:
     def with_kv_heads(self, n_kv_heads: int) -> "AttentionLayout":
         """The same layout (not MLA) with ``n_kv_heads`` key/value heads."""
         return replace(self, n_kv_heads=n_kv_heads, kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=None,
-                       v_head_dim=None)
+                       qk_nope_head_dim=None)
 
     def as_mha(self) -> "AttentionLayout":
         """The MHA layout of the same heads: one K and one V per query head, no latent."""
@@ -248,8 +243,8 @@ def layout_from_hf_config(config: Any, *, n_layers: int, n_heads: int, n_kv_head
                           bias: str = "none", strict: bool = True) -> AttentionLayout:
     """The layout of a Hugging Face model: the sizes given (as a wrapper such as TransformerLens
     normalises them from ``config``), with what only ``config`` says: the MLA sizes
-    (``kv_lora_rank``, ``q_lora_rank``, ``qk_rope_head_dim``, ``qk_nope_head_dim`` as ``d_head``,
-    ``v_head_dim``; ``n_kv_heads`` is then ``n_heads``), QK-norm by ``model_type``
+    (``kv_lora_rank``, ``q_lora_rank``, ``qk_rope_head_dim``, ``qk_nope_head_dim``, and
+    ``v_head_dim`` as ``d_head``; ``n_kv_heads`` is then ``n_heads``), QK-norm by ``model_type``
     (:data:`QK_NORM_OF_MODEL_TYPE`) and sliding windows (:func:`windows_from_hf_config`).
 
     Args:
@@ -263,9 +258,10 @@ def layout_from_hf_config(config: Any, *, n_layers: int, n_heads: int, n_kv_head
     common = dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads, bias=bias,
                   windows=windows_from_hf_config(config, n_layers, strict))
     if getattr(config, "kv_lora_rank", None):
-        return AttentionLayout(d_head=config.qk_nope_head_dim, kv_lora_rank=config.kv_lora_rank,
+        return AttentionLayout(d_head=config.v_head_dim, kv_lora_rank=config.kv_lora_rank,
                                q_lora_rank=getattr(config, "q_lora_rank", None) or None,
-                               qk_rope_head_dim=config.qk_rope_head_dim, v_head_dim=config.v_head_dim, **common)
+                               qk_rope_head_dim=config.qk_rope_head_dim, qk_nope_head_dim=config.qk_nope_head_dim,
+                               **common)
     return AttentionLayout(n_kv_heads=n_kv_heads, d_head=d_head,
                            qk_norm=QK_NORM_OF_MODEL_TYPE.get(getattr(config, "model_type", ""), "none"), **common)
 

@@ -244,6 +244,11 @@ class TransformerConfig:
         """Width of one head: ``head_dim``, or ``d_model // n_heads`` when that is None."""
         return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
 
+    @property
+    def d_qk(self) -> int:
+        """Width of each head's query and key: ``d_qk_nope + qk_rope_head_dim`` for MLA, else ``d_head``."""
+        return self.d_qk_nope + self.qk_rope_head_dim if self.is_mla else self.d_head
+
     def is_sliding(self, layer: int) -> bool:
         """Whether layer ``layer`` attends within ``sliding_window`` only."""
         return self.sliding_window is not None and (self.sliding_layers is None or layer in self.sliding_layers)
@@ -269,9 +274,8 @@ class TransformerConfig:
         the one place a model config becomes a layout: what a loaded native model's
         ``spec.layout`` is and what the cost formulas (:mod:`headprobe.probe.cost`) take.
 
-        Widths: for MLA the layout's ``d_head`` is the non-rotary query/key width
-        (:attr:`d_qk_nope`) and its ``v_head_dim`` this config's ``d_head`` (the width of ``z``,
-        the layout's ``d_value``). Biases: ``"all"`` (``bias`` with ``qkv_bias``), ``"qkv"``,
+        Widths: the layout's ``d_head`` is this config's (the width of ``z``), for MLA its
+        ``qk_nope_head_dim`` this config's :attr:`d_qk_nope`. Biases: ``"all"`` (``bias`` with ``qkv_bias``), ``"qkv"``,
         ``"out"`` (W_O only) or ``"none"``. QK-norm ``"head"``/``"all"`` are the layout's
         ``"per_head"``/``"full"``. Windows: ``sliding_window`` on :meth:`is_sliding` layers.
         ``bytes_per_element`` is the layout's default (2); ``name`` is empty.
@@ -281,8 +285,8 @@ class TransformerConfig:
         windows = tuple(self.sliding_window if self.is_sliding(l) else None for l in range(self.n_layers))
         common = dict(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, bias=bias, windows=windows)
         if self.is_mla:
-            return AttentionLayout(d_head=self.d_qk_nope, kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank,
-                                   qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.d_head, **common)
+            return AttentionLayout(d_head=self.d_head, kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank,
+                                   qk_rope_head_dim=self.qk_rope_head_dim, qk_nope_head_dim=self.d_qk_nope, **common)
         return AttentionLayout(n_kv_heads=self.n_kv_heads, d_head=self.d_head,
                                qk_norm={None: "none", "head": "per_head", "all": "full"}[self.qk_norm], **common)
 

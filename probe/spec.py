@@ -74,9 +74,9 @@ class ModelSpec:
 
     @property
     def d_head(self) -> int:
-        """Width of each head's ``z`` (``hook_z``'s last axis) and of its block of W_O rows: the
-        layout's ``d_value`` (MLA: ``v_head_dim``, not the query/key width)."""
-        return self.layout.d_value
+        """Width of each head's ``z`` (``hook_z``'s last axis), of its values and of its block of
+        W_O rows: the layout's ``d_head`` (for MLA not the query/key width, ``layout.d_qk``)."""
+        return self.layout.d_head
 
     @property
     def d_model(self) -> int:

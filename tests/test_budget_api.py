@@ -145,10 +145,10 @@ def test_sliding_window_flags_gemma2_9b(capsys):
     assert json.loads(out)["kv_bytes_per_request"] == cost.kv_bytes_per_request(cost.preset("llama3-8b"), 100)
 
 
-def test_qk_norm_and_v_head_dim_flags(capsys):
+def test_qk_norm_and_qk_nope_head_dim_flags(capsys):
     _, out, _ = cli(capsys, "--preset", "llama3-8b", "--qk-norm", "per_head", "--json")
     assert json.loads(out)["attn_params_per_layer"] == cost.attention_params_per_layer(cost.preset("llama3-8b")) + 2 * 128
-    _, out, _ = cli(capsys, "--preset", "deepseek-v3", "--v-head-dim", "64", "--json")
+    _, out, _ = cli(capsys, "--preset", "deepseek-v3", "--d-head", "64", "--qk-nope-head-dim", "128", "--json")
     ds = cost.preset("deepseek-v3")
     # W_UKV loses 128 * 64 outputs of the 512-wide latent, W_O 128 * 64 inputs of the 7168-wide output.
     assert json.loads(out)["attn_params_per_layer"] == cost.attention_params_per_layer(ds) - 128 * 64 * (512 + 7168)

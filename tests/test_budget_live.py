@@ -71,9 +71,9 @@ def test_live_check_reads_mla_and_qk_norm_from_the_config(zoo_dirs, capsys):
     r = json.loads(capsys.readouterr().out)
     z = zoo.ZOO["deepseek_v3"]
     lay = r["layout"]
-    assert (lay["kind"], lay["kv_lora_rank"], lay["q_lora_rank"], lay["qk_rope_head_dim"], lay["d_head"],
-            lay["v_head_dim"]) == ("MLA", z["kv_lora_rank"], z["q_lora_rank"], z["qk_rope_head_dim"],
-                                   z["qk_nope_head_dim"], z["v_head_dim"])
+    assert (lay["kind"], lay["kv_lora_rank"], lay["q_lora_rank"], lay["qk_rope_head_dim"], lay["qk_nope_head_dim"],
+            lay["d_head"]) == ("MLA", z["kv_lora_rank"], z["q_lora_rank"], z["qk_rope_head_dim"],
+                               z["qk_nope_head_dim"], z["v_head_dim"])
     assert r["kv_numbers_per_token_per_layer"] == z["kv_lora_rank"] + z["qk_rope_head_dim"]
     main(["budget", "--model", zoo_dirs("qwen3"), "--json"])
     assert json.loads(capsys.readouterr().out)["layout"]["qk_norm"] == "per_head"
@@ -120,8 +120,8 @@ def test_mla_params_with_a_value_width_of_its_own():
     for q_lora in (48, None):
         cfg = DeepseekV3Config(hidden_size=96, num_attention_heads=4, q_lora_rank=q_lora, kv_lora_rank=32,
                                qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=24)
-        lay = AttentionLayout(d_model=96, n_layers=1, n_heads=4, d_head=16, kv_lora_rank=32, q_lora_rank=q_lora,
-                              qk_rope_head_dim=8, v_head_dim=24)
+        lay = AttentionLayout(d_model=96, n_layers=1, n_heads=4, d_head=24, kv_lora_rank=32, q_lora_rank=q_lora,
+                              qk_rope_head_dim=8, qk_nope_head_dim=16)
         assert _n(DeepseekV3Attention(cfg, layer_idx=0)) == cost.attention_params_per_layer(lay)
 
 
@@ -199,7 +199,7 @@ def test_max_tokens_with_windows_matches_a_loop():
     (dict(windows=(4, 0)), "window must be a positive integer"),
     (dict(qk_norm="some"), "unknown qk_norm"),
     (dict(kv_lora_rank=8, qk_norm="full"), "qk_norm describes"),
-    (dict(v_head_dim=8), "give kv_lora_rank"),
+    (dict(qk_nope_head_dim=8), "give kv_lora_rank"),
 ])
 def test_bad_new_layout_fields_raise(kwargs, fragment):
     from headprobe.probe.errors import HeadprobeError

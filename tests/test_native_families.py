@@ -279,7 +279,7 @@ def _assert_one_layout(ckpt, native):
     n_params = cost.attention_params_per_layer(lay)
     assert [sum(p.numel() for p in b.attn.parameters()) for b in native.model.blocks] == [n_params] * lay.n_layers
     assert sum(p.numel() for p in attention_module(ckpt.hf_model).parameters()) == n_params
-    assert native.model.blocks[0].attn.o_proj.in_features == lay.n_heads * native.spec.d_head == lay.n_heads * lay.d_value
+    assert native.model.blocks[0].attn.o_proj.in_features == lay.n_heads * native.spec.d_head == lay.n_heads * lay.d_head
     return lay
 
 
@@ -301,7 +301,7 @@ def test_one_layout_for_variants(tiny_tokenizer, family_name, change):
     lay = _assert_one_layout(ckpt, wrap(ckpt, backend="native"))
     hf = ckpt.hf_model.config
     if family_name == "deepseek_v3":
-        assert (lay.d_head, lay.d_value, lay.q_lora_rank) == (hf.qk_nope_head_dim, hf.v_head_dim, hf.q_lora_rank)
+        assert (lay.qk_nope_head_dim, lay.d_head, lay.q_lora_rank) == (hf.qk_nope_head_dim, hf.v_head_dim, hf.q_lora_rank)
     if family_name == "qwen2":
         assert lay.windows == (None, 8)
 
@@ -343,3 +343,29 @@ def test_deepseek_mixture_of_experts_is_refused_in_one_line(tiny_tokenizer):
     assert "\n" not in str(e.value)
     with pytest.raises(HeadprobeError, match="mixture-of-experts"):
         wrap(ckpt, backend="native")
+
+
+@pytest.mark.parametrize("family_name, change", [
+    ("deepseek_v3", dict(qk_nope_head_dim=12, v_head_dim=28)),  # three different widths
+    ("deepseek_v3", dict(qk_nope_head_dim=20, v_head_dim=12)),
+    ("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)),  # n_heads * head_dim != d_model
+    ("llama", {}),
+])
+def test_d_head_is_the_width_of_z_and_d_qk_that_of_queries_and_keys(tiny_tokenizer, family_name, change):
+    """One meaning per width, against Hugging Face's config and the shapes the hooks see: ``d_head``
+    is the width of z and of the values in the native config, its layout, the native and the
+    bridge's spec; ``d_qk`` the width of a query and a key (MLA: ``qk_nope + qk_rope``)."""
+    ckpt = _variant(family_name, tiny_tokenizer, **change)
+    hf = ckpt.hf_model.config
+    mla = family_name == "deepseek_v3"
+    want_z = hf.v_head_dim if mla else (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+    want_qk = hf.qk_nope_head_dim + hf.qk_rope_head_dim if mla else want_z
+    native = wrap(ckpt, backend="native")
+    with torch.no_grad():
+        _, cache = native.model.run_with_cache(_tokens())
+    assert cache["blocks.0.attn.hook_z"].shape[-1] == cache["blocks.0.attn.hook_v"].shape[-1] == want_z
+    assert cache["blocks.0.attn.hook_q"].shape[-1] == cache["blocks.0.attn.hook_k"].shape[-1] == want_qk
+    cfg, lay = native.model.cfg, native.spec.layout
+    bridge_lay = wrap(ckpt, backend="transformer-lens").spec.layout
+    assert cfg.d_head == lay.d_head == native.spec.d_head == bridge_lay.d_head == want_z
+    assert cfg.d_qk == lay.d_qk == bridge_lay.d_qk == want_qk

@@ -84,7 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--n-layers", type=positive_int, help="number of attention layers")
     src.add_argument("--n-heads", type=positive_int, help="query heads H")
     src.add_argument("--n-kv-heads", type=positive_int, help="key/value heads (default: --n-heads, i.e. MHA; 1 is MQA)")
-    src.add_argument("--d-head", type=positive_int, help="head width (default: d_model / n_heads)")
+    src.add_argument("--d-head", type=positive_int,
+                     help="width of each head's value (z); of its query and key too except for MLA (default: d_model / n_heads)")
     src.add_argument("--bias", choices=cost.BIAS_KINDS, help="projections with biases (default: the preset's, else none)")
     src.add_argument("--qk-norm", choices=cost.QK_NORM_KINDS,
                      help="QK-norm weights: per_head (Qwen3, Gemma 3) or full (OLMo 2) (default: the model's, else none)")
@@ -95,7 +96,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--kv-lora-rank", type=positive_int, help="MLA: width of the cached KV latent (DeepSeek-V3: 512)")
     src.add_argument("--q-lora-rank", type=positive_int, help="MLA: width of the query latent (DeepSeek-V3: 1536)")
     src.add_argument("--qk-rope-head-dim", type=positive_int, help="MLA: width of the decoupled rotary key (DeepSeek-V3: 64)")
-    src.add_argument("--v-head-dim", type=positive_int, help="MLA: width of each head's value (default: --d-head)")
+    src.add_argument("--qk-nope-head-dim", type=positive_int,
+                     help="MLA: width of each head's non-rotary query/key part (DeepSeek-V3: 128; default: --d-head)")
     work = p.add_argument_group("workload")
     work.add_argument("--seq-len", type=positive_int, default=DEFAULT_SEQ_LEN, help=f"tokens per sequence T (default {DEFAULT_SEQ_LEN})")
     work.add_argument("--batch", type=positive_int, default=1, help="sequences per request (default 1)")
@@ -130,7 +132,8 @@ class BudgetConfig:
         n_layers: number of attention layers; overrides the preset's or model's.
         n_heads: query heads H; overrides the preset's or model's (and resets n_kv_heads, d_head).
         n_kv_heads: key/value heads (None: the base's, else n_heads, i.e. MHA).
-        d_head: head width (None: the base's, else d_model // n_heads).
+        d_head: width of each head's value and z, and of its query and key except for MLA (None: the base's,
+            else d_model // n_heads).
         bias: which projections carry biases: "none", "qkv", "all" or "out" (None: the base's, else none).
         qk_norm: QK-norm weights: "none", "per_head" or "full" (None: the base's, else none).
         sliding_window: every layer (but see global_every) attends to at most this many positions.
@@ -138,7 +141,7 @@ class BudgetConfig:
         kv_lora_rank: MLA: width of the cached KV latent; setting it makes the layout MLA.
         q_lora_rank: MLA: width of the query latent (None: full-rank queries).
         qk_rope_head_dim: MLA: width of the decoupled rotary key.
-        v_head_dim: MLA: width of each head's value (None: d_head).
+        qk_nope_head_dim: MLA: width of each head's non-rotary query/key part (None: d_head).
         seq_len: tokens per sequence T.
         batch: sequences per request.
         dtype: number format of cache and activations: fp32, bf16, fp16, fp8, int8 or torch's names.
@@ -168,7 +171,7 @@ class BudgetConfig:
     kv_lora_rank: int | None = None
     q_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
-    v_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None
     seq_len: int = DEFAULT_SEQ_LEN
     batch: int = 1
     dtype: str = "bf16"
@@ -222,13 +225,13 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
             if config.n_heads is not None:
                 fields_["n_kv_heads"] = None
         if config.d_head is not None or fields_["d_head"] is None:
-            if base.v_head_dim == base.d_head:
-                fields_["v_head_dim"] = None  # derived from d_head, follows it
+            if base.qk_nope_head_dim == base.d_head:
+                fields_["qk_nope_head_dim"] = None  # derived from d_head, follows it
         if config.n_layers is not None and base.windows is not None and config.sliding_window is None:
             raise HeadprobeError("the base layout has sliding-window layers; with --n-layers give --sliding-window "
                                  "(and --global-every) for the new layers too")
     for f in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "bias", "qk_norm",
-              "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+              "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim"):
         if getattr(config, f) is not None:
             fields_[f] = getattr(config, f)
     if config.sliding_window is not None or config.global_every is not None:
@@ -264,8 +267,8 @@ def describe(lay: AttentionLayout, dtype: str | None = None) -> str:
         heads += f", MLA latent {lay.kv_lora_rank} + rotary key {lay.qk_rope_head_dim}"
         if lay.q_lora_rank:
             heads += f", query latent {lay.q_lora_rank}"
-        if lay.v_head_dim != lay.d_head:
-            heads += f", values of {lay.v_head_dim}"
+        if lay.qk_nope_head_dim != lay.d_head:
+            heads += f", non-rotary query/key part {lay.qk_nope_head_dim}"
     else:
         kv = "1 KV head" if lay.n_kv_heads == 1 else f"{lay.n_kv_heads} KV heads"
         heads += f", {kv} (group size {lay.group_size})"
@@ -534,7 +537,7 @@ def check_loaded(loaded: Any) -> tuple[AttentionLayout, dict[str, Any]]:
     expected = {
         "n_layers": lay.n_layers,
         "key_shape": [1, heads, positions[0], lay.d_qk],
-        "value_shape": [1, heads, positions[0], lay.d_value],
+        "value_shape": [1, heads, positions[0], lay.d_head],
         "positions_per_layer": positions,
         "numbers_per_token_per_layer": cost.kv_numbers_per_token_per_layer(lay, decompressed=True),
         "bytes": kv_bytes,
@@ -591,7 +594,7 @@ def format_check(rec: dict[str, Any]) -> str:
 
 #: Flags that change a uniform layout; a pruned model's layers keep different heads.
 UNIFORM_LAYOUT_FLAGS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "bias", "qk_norm", "sliding_window",
-                        "global_every", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+                        "global_every", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim")
 
 
 def is_headprobe_dir(name: str) -> bool:
