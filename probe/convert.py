@@ -236,7 +236,7 @@ def _deepseek_config(hf_config: Any) -> TransformerConfig:
         tied_unembed=getattr(hf_config, "tie_word_embeddings", False),
         norm_eps=hf_config.rms_norm_eps,
         rope_theta=_rope_theta(hf_config),
-        head_dim=None if d_v * n_heads == d_model else d_v,
+        d_head=None if d_v * n_heads == d_model else d_v,
         kv_lora_rank=hf_config.kv_lora_rank,
         qk_rope_head_dim=hf_config.qk_rope_head_dim,
         qk_nope_head_dim=None if hf_config.qk_nope_head_dim == d_v else hf_config.qk_nope_head_dim,
@@ -259,7 +259,7 @@ def _llama_like_config(hf_config: Any, kind: str) -> TransformerConfig:
         raise HeadprobeError(f"native {kind} implements projections without biases only")
     extra: dict[str, Any] = {}
     if head_dim * n_heads != d_model:
-        extra["head_dim"] = head_dim
+        extra["d_head"] = head_dim
     if kind == "qwen2":
         extra["qkv_bias"] = True
     if kind == "qwen3":
@@ -371,7 +371,7 @@ def llama_state_dict(sd: dict[str, Tensor], cfg: TransformerConfig, kind: str = 
             if h + f"self_attn.{name}_proj.bias" in sd:  # Qwen2: q, k, v
                 out[b + f"attn.{name}_proj.bias"] = sd[h + f"self_attn.{name}_proj.bias"]
         for name in ("q_norm", "k_norm"):
-            if cfg.qk_norm is not None:
+            if cfg.qk_norm != "none":
                 out[b + f"attn.{name}.weight"] = sd[h + f"self_attn.{name}.weight"]
         out[b + "mlp.fc_gate.weight"] = sd[h + "mlp.gate_proj.weight"]
         out[b + "mlp.fc_in.weight"] = sd[h + "mlp.up_proj.weight"]
@@ -415,7 +415,7 @@ def deepseek_state_dict(sd: dict[str, Tensor], cfg: TransformerConfig, rope_inte
     rotation the native model applies (the same permutation on queries and keys, so scores are
     unchanged).
     """
-    H, R, N, r = cfg.n_heads, cfg.qk_rope_head_dim, cfg.d_qk_nope, cfg.kv_lora_rank
+    H, R, N, r = cfg.n_heads, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.kv_lora_rank
     perm = torch.cat([torch.arange(0, R, 2), torch.arange(1, R, 2)]) if rope_interleave else torch.arange(R)
 
     def q_rows(W: Tensor) -> Tensor:  # [H * (N + R), in]: permute each head's rotary rows

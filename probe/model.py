@@ -47,7 +47,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.layout import AttentionLayout
+from headprobe.probe.layout import QK_NORM_KINDS, AttentionLayout
 
 
 # --------------------------------------------------------------------------------------------
@@ -55,14 +55,26 @@ from headprobe.probe.layout import AttentionLayout
 # --------------------------------------------------------------------------------------------
 
 
+#: ``TransformerConfig.qk_norm`` as headprobe spelled it before it took the layout's names
+#: (:data:`~headprobe.probe.layout.QK_NORM_KINDS`); still accepted, read as the new ones.
+OLD_QK_NORM = {None: "none", "head": "per_head", "all": "full"}
+
+#: Field names of :class:`TransformerConfig` in configs saved before they took the layout's
+#: names (checkpoints, pruned models, weights-cache entries): old -> new, mapped by ``from_json``.
+OLD_FIELDS = {"head_dim": "d_head"}
+
+
 @dataclass(frozen=True)
 class TransformerConfig:
     """The layout and architecture options of a :class:`Transformer`.
 
+    Widths and QK-norm are named as :class:`~headprobe.probe.layout.AttentionLayout` names
+    them, and :attr:`layout` is that layout.
+
     Attributes:
         n_layers: number of blocks.
         d_model: width of the residual stream.
-        n_heads: query heads per layer; ``d_head = d_model // n_heads``.
+        n_heads: query heads per layer.
         d_vocab: vocabulary size.
         n_ctx: longest sequence (the size of the learned position table; rotary ignores it).
         n_kv_heads: key/value heads per layer (None: ``n_heads``, i.e. MHA; 1: MQA).
@@ -86,27 +98,31 @@ class TransformerConfig:
         qk_rope_head_dim: MLA only: width of the decoupled rotary key (shared by all heads) and
             of each head's rotary query part; 0 for none (then use learned positions).
         qk_nope_head_dim: MLA only: width of each head's non-rotary query/key part; None:
-            ``d_head``, which is always the width of the values, ``z`` and ``W_O``'s rows
-            (DeepSeek's ``v_head_dim``). The softmax scale is ``1/sqrt(qk_nope + qk_rope)``.
+            ``d_head``. A query and a key are :attr:`d_qk` ``= qk_nope_head_dim +
+            qk_rope_head_dim`` wide, the softmax scale is ``1/sqrt(d_qk)``.
         q_lora_rank: MLA only: queries pass through a per-token latent of this rank, ``W_UQ
             RMSNorm(W_DQ x)`` (DeepSeek-V2 eqs. 12-13); None: one projection ``W_Q x``.
-        head_dim: width of one head when it is not ``d_model // n_heads`` (Gemma-2, Qwen3 allow
-            any); None: ``d_model // n_heads``. The projections are ``d_model -> n_heads * head_dim``.
+        d_head: width of each head's value, of ``z`` (``hook_z``'s last axis) and of each
+            head's block of W_O rows (Hugging Face ``head_dim``, DeepSeek's ``v_head_dim``; saved
+            configs before this name: ``head_dim``); None: ``d_model // n_heads`` (Gemma-2, Qwen3
+            allow any). A query and a key are :attr:`d_qk` wide: ``d_head`` too except for MLA.
         qkv_bias: whether the query/key/value projections have biases; None: as ``bias``
             (Qwen2: ``bias=False, qkv_bias=True``, biases on q, k, v only).
         rotary_dim: rotary positions act on the first ``rotary_dim`` dimensions of every query and
-            key head only, the rest pass unrotated (GPT-NeoX/Pythia: ``rotary_pct * d_head``);
-            None: all of ``d_head``.
-        qk_norm: an RMSNorm on queries and keys after their projections, before rotary: ``"head"``
-            normalises each head over its ``d_head`` (Qwen3, one weight shared by the heads),
-            ``"all"`` the whole ``n_heads * d_head`` query and ``n_kv_heads * d_head`` key
-            projection (OLMo-2); None: no norm (Dehghani et al. 2023, arXiv 2302.05442).
+            key head only, the rest pass unrotated (GPT-NeoX/Pythia: ``rotary_pct * d_qk``);
+            None: all of ``d_qk``.
+        qk_norm: an RMSNorm on queries and keys after their projections, before rotary, named as
+            the layout names it: ``"per_head"`` normalises each head over its ``d_qk`` (Qwen3,
+            one weight shared by the heads), ``"full"`` the whole ``n_heads * d_qk`` query and
+            ``n_kv_heads * d_qk`` key projection (OLMo-2), ``"none"`` no norm (Dehghani et al.
+            2023, arXiv 2302.05442). The old spellings ``"head"``, ``"all"`` and None are
+            accepted and stored as these (:data:`OLD_QK_NORM`).
         sliding_window: a query reads only the ``sliding_window`` most recent keys, itself
             included (key ``k`` is read from query ``q`` iff ``q - sliding_window < k <= q``,
             Hugging Face's definition; Mistral, Beltagy et al. 2020); None: all earlier keys.
         sliding_layers: the layers that use ``sliding_window`` (Gemma-2: every other, from 0);
             None: every layer.
-        attn_scale: factor of the attention scores ``q k^T``; None: ``1 / sqrt(d_head)``
+        attn_scale: factor of the attention scores ``q k^T``; None: ``1 / sqrt(d_qk)``
             (Gemma-2: ``query_pre_attn_scalar ** -0.5``).
         attn_softcap: scores become ``c * tanh(scores / c)`` before the mask and softmax (Gemma-2's
             attention logit soft-capping, ``c = 50``); None: no cap. Forces the eager path.
@@ -129,9 +145,12 @@ class TransformerConfig:
             attention, every query reads every (non-padding) key (encoders such as BERT; Devlin
             et al. 2019). Not combined with sliding windows or a KV cache.
 
+    ``n_kv_heads``, ``d_mlp``, ``qkv_bias``, ``d_head`` (and for MLA ``qk_nope_head_dim``) given
+    as None hold their derived value after construction.
+
     Raises:
-        HeadprobeError: ``d_model`` is not a multiple of ``n_heads``, or ``n_heads`` is not a
-            multiple of ``n_kv_heads``, or an option has an unknown value.
+        HeadprobeError: ``d_model`` is not a multiple of ``n_heads`` (without ``d_head``), or
+            ``n_heads`` is not a multiple of ``n_kv_heads``, or an option has an unknown value.
     """
 
     n_layers: int
@@ -153,10 +172,10 @@ class TransformerConfig:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int | None = None
     q_lora_rank: int | None = None
-    head_dim: int | None = None
+    d_head: int | None = None
     qkv_bias: bool | None = None
     rotary_dim: int | None = None
-    qk_norm: Literal["head", "all"] | None = None
+    qk_norm: Literal["none", "per_head", "full", "head", "all"] | None = "none"  # old spellings stored as new
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] | None = None
     attn_scale: float | None = None
@@ -171,6 +190,8 @@ class TransformerConfig:
     causal: bool = True
 
     def __post_init__(self) -> None:
+        if self.qk_norm in OLD_QK_NORM:
+            object.__setattr__(self, "qk_norm", OLD_QK_NORM[self.qk_norm])
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_mlp is None:
@@ -181,22 +202,25 @@ class TransformerConfig:
             object.__setattr__(self, "sliding_layers", tuple(int(l) for l in self.sliding_layers))
         if min(self.n_layers, self.d_model, self.n_heads, self.n_kv_heads, self.d_vocab, self.n_ctx) < 1:
             raise HeadprobeError(f"config sizes must be positive: {self}")
-        if self.head_dim is None and self.d_model % self.n_heads:
+        if self.d_head is None and self.d_model % self.n_heads:
             raise HeadprobeError(f"d_model={self.d_model} is not a multiple of n_heads={self.n_heads}")
-        if self.head_dim is not None and self.head_dim < 1:
-            raise HeadprobeError(f"head_dim must be positive, got {self.head_dim}")
+        if self.d_head is None:
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if self.d_head < 1:
+            raise HeadprobeError(f"d_head must be positive, got {self.d_head}")
         if self.n_heads % self.n_kv_heads:
             raise HeadprobeError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         for field, value, allowed in (
             ("positional", self.positional, ("learned", "rotary")),
             ("norm", self.norm, ("layernorm", "rmsnorm")),
             ("mlp", self.mlp, ("gelu", "gelu_erf", "swiglu", "geglu", None)),
-            ("qk_norm", self.qk_norm, ("head", "all", None)),
+            ("qk_norm", self.qk_norm, QK_NORM_KINDS),
         ):
             if value not in allowed:
                 raise HeadprobeError(f"config {field}={value!r} is not one of {allowed}")
-        if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.d_head and self.rotary_dim % 2 == 0):
-            raise HeadprobeError(f"rotary_dim must be even and in (0, d_head={self.d_head}], got {self.rotary_dim}")
+        self._check_mla()
+        if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.d_qk and self.rotary_dim % 2 == 0):
+            raise HeadprobeError(f"rotary_dim must be even and in (0, d_qk={self.d_qk}], got {self.rotary_dim}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise HeadprobeError(f"sliding_window must be positive, got {self.sliding_window}")
         if self.sliding_layers is not None and any(not 0 <= l < self.n_layers for l in self.sliding_layers):
@@ -210,24 +234,31 @@ class TransformerConfig:
             raise HeadprobeError("post_ln (BERT's post-LN blocks) needs pre_norm=False, post_norm=False and parallel_residual=False")
         if not self.causal and self.sliding_window is not None:
             raise HeadprobeError("bidirectional attention (causal=False) with a sliding window is not implemented")
-        if self.kv_lora_rank is not None:
-            if self.kv_lora_rank < 1 or self.qk_rope_head_dim < 0 or self.qk_rope_head_dim % 2:
-                raise HeadprobeError(f"MLA needs kv_lora_rank >= 1 and an even qk_rope_head_dim >= 0, got "
-                                     f"{self.kv_lora_rank} and {self.qk_rope_head_dim}")
-            if self.n_kv_heads != self.n_heads:
-                raise HeadprobeError(f"MLA reconstructs keys and values for every head: n_kv_heads={self.n_kv_heads} "
-                                     f"must equal n_heads={self.n_heads}")
-            if self.positional == "rotary" and self.qk_rope_head_dim == 0:
-                raise HeadprobeError("MLA with rotary positions needs qk_rope_head_dim > 0 (the decoupled rotary key)")
-            if self.bias:
-                raise HeadprobeError("MLA is implemented without biases (DeepSeek-V2); pass bias=False")
-            if self.qk_norm or self.rotary_dim is not None or self.sliding_window or self.attn_softcap:
-                raise HeadprobeError("MLA is implemented without qk_norm, rotary_dim, sliding windows and soft-capping")
-            if min(self.qk_nope_head_dim or 1, self.q_lora_rank or 1) < 1:
-                raise HeadprobeError(f"MLA needs positive qk_nope_head_dim and q_lora_rank, got "
-                                     f"{self.qk_nope_head_dim} and {self.q_lora_rank}")
-        elif self.qk_rope_head_dim or self.qk_nope_head_dim is not None or self.q_lora_rank is not None:
-            raise HeadprobeError("qk_rope_head_dim, qk_nope_head_dim and q_lora_rank describe MLA; give kv_lora_rank too")
+
+    def _check_mla(self) -> None:
+        """The MLA fields: all or none, sizes positive, no option MLA is not implemented with;
+        fills ``qk_nope_head_dim`` (None: ``d_head``)."""
+        if self.kv_lora_rank is None:
+            if self.qk_rope_head_dim or self.qk_nope_head_dim is not None or self.q_lora_rank is not None:
+                raise HeadprobeError("qk_rope_head_dim, qk_nope_head_dim and q_lora_rank describe MLA; give kv_lora_rank too")
+            return
+        if self.qk_nope_head_dim is None:
+            object.__setattr__(self, "qk_nope_head_dim", self.d_head)
+        if self.kv_lora_rank < 1 or self.qk_rope_head_dim < 0 or self.qk_rope_head_dim % 2:
+            raise HeadprobeError(f"MLA needs kv_lora_rank >= 1 and an even qk_rope_head_dim >= 0, got "
+                                 f"{self.kv_lora_rank} and {self.qk_rope_head_dim}")
+        if self.n_kv_heads != self.n_heads:
+            raise HeadprobeError(f"MLA reconstructs keys and values for every head: n_kv_heads={self.n_kv_heads} "
+                                 f"must equal n_heads={self.n_heads}")
+        if self.positional == "rotary" and self.qk_rope_head_dim == 0:
+            raise HeadprobeError("MLA with rotary positions needs qk_rope_head_dim > 0 (the decoupled rotary key)")
+        if self.bias:
+            raise HeadprobeError("MLA is implemented without biases (DeepSeek-V2); pass bias=False")
+        if self.qk_norm != "none" or self.rotary_dim is not None or self.sliding_window or self.attn_softcap:
+            raise HeadprobeError("MLA is implemented without qk_norm, rotary_dim, sliding windows and soft-capping")
+        if min(self.qk_nope_head_dim, self.q_lora_rank or 1) < 1:
+            raise HeadprobeError(f"MLA needs positive qk_nope_head_dim and q_lora_rank, got "
+                                 f"{self.qk_nope_head_dim} and {self.q_lora_rank}")
 
     @property
     def is_mla(self) -> bool:
@@ -235,19 +266,10 @@ class TransformerConfig:
         return self.kv_lora_rank is not None
 
     @property
-    def d_qk_nope(self) -> int:
-        """MLA: width of each head's non-rotary query/key part (``qk_nope_head_dim`` or ``d_head``)."""
-        return self.d_head if self.qk_nope_head_dim is None else self.qk_nope_head_dim
-
-    @property
-    def d_head(self) -> int:
-        """Width of one head: ``head_dim``, or ``d_model // n_heads`` when that is None."""
-        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
-
-    @property
     def d_qk(self) -> int:
-        """Width of each head's query and key: ``d_qk_nope + qk_rope_head_dim`` for MLA, else ``d_head``."""
-        return self.d_qk_nope + self.qk_rope_head_dim if self.is_mla else self.d_head
+        """Width of each head's query and key: ``qk_nope_head_dim + qk_rope_head_dim`` for MLA
+        (DeepSeek-V2 eq. 16), else ``d_head`` (the layout's :attr:`~AttentionLayout.d_qk`)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.d_head
 
     def is_sliding(self, layer: int) -> bool:
         """Whether layer ``layer`` attends within ``sliding_window`` only."""
@@ -262,11 +284,13 @@ class TransformerConfig:
     def from_json(cls, fields: dict) -> "TransformerConfig":
         """The config whose ``dataclasses.asdict`` is ``fields`` after a JSON round trip (JSON
         turns the tuple fields, e.g. ``sliding_layers``, into lists; they come back as tuples).
+        Configs saved under the old names (:data:`OLD_FIELDS`, :data:`OLD_QK_NORM`: checkpoints,
+        pruned models and weights-cache entries written before) are read as the new ones.
 
         Raises:
             TypeError: a field the config does not have. HeadprobeError: as the constructor.
         """
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        return cls(**{OLD_FIELDS.get(k, k): tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
     @property
     def layout(self) -> AttentionLayout:
@@ -274,21 +298,21 @@ class TransformerConfig:
         the one place a model config becomes a layout: what a loaded native model's
         ``spec.layout`` is and what the cost formulas (:mod:`headprobe.probe.cost`) take.
 
-        Widths: the layout's ``d_head`` is this config's (the width of ``z``), for MLA its
-        ``qk_nope_head_dim`` this config's :attr:`d_qk_nope`. Biases: ``"all"`` (``bias`` with ``qkv_bias``), ``"qkv"``,
-        ``"out"`` (W_O only) or ``"none"``. QK-norm ``"head"``/``"all"`` are the layout's
-        ``"per_head"``/``"full"``. Windows: ``sliding_window`` on :meth:`is_sliding` layers.
-        ``bytes_per_element`` is the layout's default (2); ``name`` is empty.
+        The widths, MLA sizes and ``qk_norm`` are this config's, under the same names. Biases:
+        ``"all"`` (``bias`` with ``qkv_bias``), ``"qkv"``, ``"out"`` (W_O only) or ``"none"``.
+        Windows: ``sliding_window`` on :meth:`is_sliding` layers. ``bytes_per_element`` is the
+        layout's default (2); ``name`` is empty.
         """
         bias = {(True, True): "all", (False, True): "qkv", (True, False): "out", (False, False): "none"}[
             (bool(self.bias), bool(self.qkv_bias))]
         windows = tuple(self.sliding_window if self.is_sliding(l) else None for l in range(self.n_layers))
-        common = dict(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, bias=bias, windows=windows)
+        common = dict(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_head=self.d_head,
+                      bias=bias, windows=windows)
         if self.is_mla:
-            return AttentionLayout(d_head=self.d_head, kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank,
-                                   qk_rope_head_dim=self.qk_rope_head_dim, qk_nope_head_dim=self.d_qk_nope, **common)
-        return AttentionLayout(n_kv_heads=self.n_kv_heads, d_head=self.d_head,
-                               qk_norm={None: "none", "head": "per_head", "all": "full"}[self.qk_norm], **common)
+            return AttentionLayout(kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank,
+                                   qk_rope_head_dim=self.qk_rope_head_dim, qk_nope_head_dim=self.qk_nope_head_dim,
+                                   **common)
+        return AttentionLayout(n_kv_heads=self.n_kv_heads, qk_norm=self.qk_norm, **common)
 
 
 # --------------------------------------------------------------------------------------------
@@ -517,7 +541,7 @@ class Attention(nn.Module):
         self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
         self.softcap = cfg.attn_softcap
         if cfg.is_mla:  # DeepSeek-V2 eqs. 9-14: W_Q (or W_DQ, norm, W_UQ), W_DKV|W_KR, norm, W_UK|W_UV
-            R, r, N = cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.d_qk_nope
+            R, r, N = cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.qk_nope_head_dim
             if cfg.q_lora_rank is None:
                 self.q_proj = nn.Linear(D, H * (N + R), bias=False)
             else:  # the query latent c^Q
@@ -533,9 +557,9 @@ class Attention(nn.Module):
             self.q_proj = nn.Linear(D, H * d_head, bias=cfg.qkv_bias)
             self.k_proj = nn.Linear(D, KV * d_head, bias=cfg.qkv_bias)
             self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.qkv_bias)
-            if cfg.qk_norm == "head":  # Qwen3: over each head's d_head, one weight for all heads
+            if cfg.qk_norm == "per_head":  # Qwen3: over each head's d_head, one weight for all heads
                 self.q_norm, self.k_norm = RMSNorm(d_head, cfg.norm_eps), RMSNorm(d_head, cfg.norm_eps)
-            elif cfg.qk_norm == "all":  # OLMo-2: over the whole projection
+            elif cfg.qk_norm == "full":  # OLMo-2: over the whole projection
                 self.q_norm, self.k_norm = RMSNorm(H * d_head, cfg.norm_eps), RMSNorm(KV * d_head, cfg.norm_eps)
             rotary_dim = d_head if cfg.rotary_dim is None else cfg.rotary_dim
             self.rotary = Rotary(rotary_dim, cfg.rope_theta) if cfg.positional == "rotary" else None
@@ -640,7 +664,7 @@ class Attention(nn.Module):
         ``k^R`` as ``values`` ``[batch, 1, pos, rope]``). Returns ``[batch, head, pos, .]`` tensors."""
         cfg = self.cfg
         B, T, _ = x.shape
-        H, d_head, R, r, N = cfg.n_heads, cfg.d_head, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.d_qk_nope
+        H, d_head, R, r, N = cfg.n_heads, cfg.d_head, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.qk_nope_head_dim
         q = self.q_proj(x) if cfg.q_lora_rank is None else self.q_up(self.q_down_norm(self.q_down(x)))
         q = q.view(B, T, H, N + R)
         ckv = self.kv_down(x)
@@ -671,9 +695,9 @@ class Attention(nn.Module):
         q = self.hook_q(self.q_proj(x).view(B, T, H, d_head))  # [batch, pos, head, d_head]
         k = self.hook_k(self.k_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
         v = self.hook_v(self.v_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
-        if self.cfg.qk_norm == "head":
+        if self.cfg.qk_norm == "per_head":
             q, k = self.q_norm(q), self.k_norm(k)
-        elif self.cfg.qk_norm == "all":
+        elif self.cfg.qk_norm == "full":
             q, k = self.q_norm(q.flatten(2)).view_as(q), self.k_norm(k.flatten(2)).view_as(k)
         if self.rotary is not None:
             q = self.hook_rot_q(self.rotary(q, positions))

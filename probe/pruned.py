@@ -45,7 +45,7 @@ def check_prunable(cfg: TransformerConfig) -> None:
     """
     if cfg.is_mla:
         raise HeadprobeError("real head removal is not implemented for multi-head latent attention (MLA)")
-    if cfg.qk_norm == "all":
+    if cfg.qk_norm == "full":
         raise HeadprobeError("real head removal is not exact for a QK-norm over all heads (OLMo-2): removing a head "
                              "changes the other heads' queries; use head masks (headprobe ablate) instead")
 
@@ -214,7 +214,7 @@ def load_pruned(path: str | os.PathLike[str], device: str | torch.device = "cpu"
         raise HeadprobeError(f"cannot read pruned model {path}: {' '.join(str(e).split())[:200]}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise HeadprobeError(f"{path} is not a headprobe pruned model (format {FORMAT})")
-    cfg = TransformerConfig(**payload["config"])
+    cfg = TransformerConfig.from_json(payload["config"])
     net = Transformer(cfg)
     keep = torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.bool)
     for layer, kept in enumerate(payload["kept_heads"]):

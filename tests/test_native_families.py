@@ -144,7 +144,7 @@ def test_defaults_are_todays_model():
     cfg = TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=11)
     assert cfg.d_head == 8 and cfg.qkv_bias is True and not cfg.is_sliding(0)
     assert (cfg.pre_norm, cfg.post_norm, cfg.parallel_residual, cfg.embed_scale) == (True, False, False, False)
-    assert cfg.qk_norm is None and cfg.attn_softcap is None and cfg.final_softcap is None and cfg.rotary_dim is None
+    assert cfg.qk_norm == "none" and cfg.attn_softcap is None and cfg.final_softcap is None and cfg.rotary_dim is None
 
 
 @pytest.mark.parametrize("family_name, change", [
@@ -310,8 +310,8 @@ def test_one_layout_for_variants(tiny_tokenizer, family_name, change):
     dict(bias=True),  # GPT-2: "all"
     dict(bias=False, qkv_bias=True),  # "qkv"
     dict(bias=True, qkv_bias=False),  # W_O only: "out"
-    dict(bias=False, qk_norm="head", head_dim=24, n_kv_heads=2),
-    dict(bias=False, qk_norm="all", n_kv_heads=1),
+    dict(bias=False, qk_norm="per_head", d_head=24, n_kv_heads=2),
+    dict(bias=False, qk_norm="full", n_kv_heads=1),
     dict(bias=False, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=6, q_lora_rank=12, positional="rotary"),
     dict(bias=False, kv_lora_rank=8),  # MLA without a rotary key (learned positions)
 ])
@@ -369,3 +369,86 @@ def test_d_head_is_the_width_of_z_and_d_qk_that_of_queries_and_keys(tiny_tokeniz
     bridge_lay = wrap(ckpt, backend="transformer-lens").spec.layout
     assert cfg.d_head == lay.d_head == native.spec.d_head == bridge_lay.d_head == want_z
     assert cfg.d_qk == lay.d_qk == bridge_lay.d_qk == want_qk
+
+
+# ---------------------------------------------------------------------------------------------
+# TransformerConfig speaks the layout's vocabulary, and reads what older headprobe saved
+# ---------------------------------------------------------------------------------------------
+
+#: The spellings of ``qk_norm`` before it took the layout's names, by hand: new -> old.
+_OLD_QK_NORM_SPELLING = {"none": None, "per_head": "head", "full": "all"}
+
+
+@pytest.mark.parametrize("new, old", list(_OLD_QK_NORM_SPELLING.items()))
+def test_config_takes_the_layouts_qk_norm_names_and_the_old_ones(new, old):
+    from headprobe.probe.layout import QK_NORM_KINDS
+
+    cfg = TransformerConfig(n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=11, qk_norm=new)
+    assert new in QK_NORM_KINDS and cfg.qk_norm == cfg.layout.qk_norm == new
+    assert TransformerConfig(n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=11, qk_norm=old) == cfg
+
+
+def _in_old_names(fields: dict) -> dict:
+    """A config dict as headprobe saved it before issue 25, by hand: ``head_dim`` (None when it is
+    ``d_model // n_heads``) instead of ``d_head``, ``qk_norm`` "head"/"all"/None, and MLA's
+    ``qk_nope_head_dim`` None when it equals the value width."""
+    old = {k: v for k, v in fields.items() if k != "d_head"}
+    old["head_dim"] = None if fields["d_head"] * fields["n_heads"] == fields["d_model"] else fields["d_head"]
+    old["qk_norm"] = _OLD_QK_NORM_SPELLING[fields["qk_norm"]]
+    if fields["qk_nope_head_dim"] == fields["d_head"]:
+        old["qk_nope_head_dim"] = None
+    return old
+
+
+def _rewrite_config_in_old_names(directory):
+    path = directory / "config.json"
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    meta["model"] = _in_old_names(meta["model"])
+    path.write_text(json.dumps(meta), encoding="utf-8")
+    return meta["model"]
+
+
+@pytest.mark.parametrize("family_name, change", [
+    ("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)),  # a d_head of its own
+    ("qwen3", {}),  # per-head QK-norm ("head")
+    ("olmo2", {}),  # whole-projection QK-norm ("all")
+    ("deepseek_v3", dict(qk_nope_head_dim=12, v_head_dim=28)),  # MLA, three widths
+])
+def test_checkpoints_saved_with_the_old_names_load_the_same_model(tiny_tokenizer, tmp_path, family_name, change):
+    """A headprobe checkpoint whose config.json uses the old names loads into the config of
+    today's names and gives the same logits as the model that was saved."""
+    model = wrap(_variant(family_name, tiny_tokenizer, **change), backend="native")
+    save_native(model.model, tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    old = _rewrite_config_in_old_names(tmp_path)
+    assert "d_head" not in old and old["qk_norm"] in (None, "head", "all")
+    again = load_native(tmp_path)
+    assert again.model.cfg == model.model.cfg and again.spec.layout == model.spec.layout
+    assert again.model.cfg.qk_norm in ("none", "per_head", "full")
+    x = _tokens()
+    with torch.no_grad():
+        assert torch.equal(again.model(x), model.model(x))
+
+
+@pytest.mark.parametrize("family_name, change", [("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)), ("qwen3", {})])
+def test_pruned_models_saved_with_the_old_names_load_the_same_model(tiny_tokenizer, tmp_path, family_name, change):
+    """The same for a pruned model directory (``prune --save-pruned``, read small and at full
+    shape) and a pruned model file (:func:`~headprobe.probe.pruned.save_pruned`)."""
+    from headprobe.probe.pruned import (keep_mask_from, load_pruned, load_pruned_dir, load_pruned_dir_full, remove_heads,
+                                        save_pruned, save_pruned_dir)
+
+    net = wrap(_variant(family_name, tiny_tokenizer, **change), backend="native").model
+    pruned = remove_heads(net, keep_mask_from([(0, 1), (1, 2), (1, 3)], net.cfg.n_layers, net.cfg.n_heads))
+    save_pruned_dir(pruned, tmp_path / "dir", tiny_tokenizer)
+    _rewrite_config_in_old_names(tmp_path / "dir")
+    payload_path = tmp_path / "pruned.pt"
+    save_pruned(pruned, payload_path)
+    payload = torch.load(payload_path, weights_only=True)
+    payload["config"] = _in_old_names(payload["config"])
+    torch.save(payload, payload_path)
+    x = _tokens()
+    with torch.no_grad():
+        want = pruned(x)
+        for again in (load_pruned_dir(tmp_path / "dir"), load_pruned_dir_full(tmp_path / "dir")[0], load_pruned(payload_path)):
+            assert again.cfg == net.cfg
+            assert (again(x) - want).abs().max() < 1e-5
