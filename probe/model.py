@@ -1,15 +1,23 @@
 """headprobe's own transformer: one readable decoder-only model with TransformerLens hook points.
 
-One attention implementation covers multi-head (MHA, ``n_kv_heads == n_heads``), grouped-query
-(GQA, ``1 < n_kv_heads < n_heads``) and multi-query attention (MQA, ``n_kv_heads == 1``). Query
-head ``h`` reads key/value head ``h // group_size`` with ``group_size = n_heads // n_kv_heads``
-(Ainslie et al. 2023, "GQA", arXiv 2305.13245; Shazeer 2019, "Fast Transformer Decoding",
-arXiv 1911.02150). Keys and values are computed for ``n_kv_heads`` only and never copied per
-query head.
+One attention class per mechanism, nanoGPT style, on a shared base (:class:`SelfAttention`:
+the mask, the two paths below, ``W_O`` and the hook points):
+
+* :class:`Attention` covers multi-head (MHA, ``n_kv_heads == n_heads``), grouped-query (GQA,
+  ``1 < n_kv_heads < n_heads``) and multi-query attention (MQA, ``n_kv_heads == 1``). Query
+  head ``h`` reads key/value head ``h // group_size`` with ``group_size = n_heads //
+  n_kv_heads`` (Ainslie et al. 2023, "GQA", arXiv 2305.13245; Shazeer 2019, "Fast Transformer
+  Decoding", arXiv 1911.02150). Keys and values are computed for ``n_kv_heads`` only and never
+  copied per query head.
+* :class:`LatentAttention` is multi-head latent attention (MLA; DeepSeek-V2, arXiv 2405.04434).
+
+Which keys a query reads (causality, a sliding window, a KV cache's offset, padding) is decided
+by one function, :func:`key_mask`. Widths: ``d_head`` is the width of ``z`` and of the values,
+``d_qk`` that of a query and a key (the same number except for MLA).
 
 Two attention paths give the same numbers (to 1e-5 in float32):
 
-* the eager path writes the scores and the pattern ``softmax(q k^T / sqrt(d_head))`` out and
+* the eager path writes the scores and the pattern ``softmax(q k^T / sqrt(d_qk))`` out and
   runs whenever a hook on ``hook_attn_scores`` or ``hook_pattern`` is active (``run_with_cache``
   included), or when ``Transformer.force_eager`` is set;
 * otherwise ``torch.nn.functional.scaled_dot_product_attention``, a fused kernel that never
@@ -449,7 +457,8 @@ class Rotary(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
-# Attention
+# Attention: what every mechanism shares (masks, cache, eager/fused paths, W_O, hooks), then
+# one class per mechanism: Attention (MHA/GQA/MQA) and LatentAttention (MLA)
 # --------------------------------------------------------------------------------------------
 
 
@@ -467,13 +476,68 @@ def merge_heads(x: Float[Tensor, "batch head pos d_head"]) -> Float[Tensor, "bat
     return x.transpose(1, 2).reshape(B, T, H * d_head)
 
 
+def key_mask(
+    n_queries: int,
+    n_keys: int,
+    device: torch.device,
+    *,
+    causal: bool = True,
+    window: int | None = None,
+    padding: Bool[Tensor, "batch k_pos"] | None = None,
+    implicit: bool = False,
+) -> Bool[Tensor, "#batch 1 #q_pos k_pos"] | Bool[Tensor, "q_pos k_pos"] | None:
+    """Which keys each query reads, True where it may: the one mask of every attention path.
+
+    The ``n_queries`` queries are the last of ``n_keys`` positions (a KV cache holds the first
+    ``n_keys - n_queries``), so query ``i`` sits at position ``p_i = n_keys - n_queries + i``.
+
+    Args:
+        causal: query ``i`` reads key ``j`` only if ``j <= p_i`` (decoders); False: every key
+            (encoders; ``window`` is then not allowed).
+        window: also only if ``j > p_i - window``: the ``window`` most recent keys, itself
+            included (Hugging Face's sliding window; Mistral, Beltagy et al. 2020).
+        padding: ``[batch, k_pos]``, True for real tokens: padding keys are never read, except
+            that a causal query reads itself, so that no row is empty (a padding query with no
+            real key before it; its output is never scored).
+        implicit: return None where no tensor is needed because the fused kernel's own masking is
+            exact (``is_causal`` for a causal mask with ``n_queries == n_keys``; nothing for a
+            bidirectional one), i.e. without window and padding. The eager path asks for the
+            tensor (``implicit=False``); it is then None only when nothing is masked at all.
+
+    Returns:
+        ``[q_pos, k_pos]``, or ``[batch, 1, q_pos, k_pos]`` with causal padding and
+        ``[batch, 1, 1, k_pos]`` with bidirectional padding (broadcast over heads and, for the
+        latter, queries); None as described under ``implicit``.
+
+    Raises:
+        HeadprobeError: a ``window`` with ``causal=False``.
+    """
+    if not causal:
+        if window is not None:
+            raise HeadprobeError("bidirectional attention (causal=False) with a sliding window is not implemented")
+        return None if padding is None else padding[:, None, None, :]
+    if padding is None and window is None and implicit and n_queries == n_keys:
+        return None
+    i = torch.arange(n_keys - n_queries, n_keys, device=device)[:, None]  # the queries' positions
+    j = torch.arange(n_keys, device=device)[None, :]
+    mask = j <= i
+    if window is not None:
+        mask = mask & (j > i - window)
+    if padding is not None:
+        mask = (mask & padding[:, None, None, :]) | (j == i)
+    return mask
+
+
 @dataclass
 class KVCache:
     """Keys and values of the tokens seen so far, per layer, for generation.
 
-    ``keys[l]`` and ``values[l]`` are ``[batch, kv_head, pos, d_head]`` (keys after rotary), so a
-    GQA/MQA cache holds ``n_kv_heads`` heads, never copies per query head. Filled by
-    :meth:`Transformer.forward` when passed as ``cache``; start with ``KVCache()``.
+    ``keys[l]`` and ``values[l]`` are ``[batch, kv_head, pos, d_qk]`` and ``[batch, kv_head, pos,
+    d_head]`` (keys after rotary), so a GQA/MQA cache holds ``n_kv_heads`` heads, never copies per
+    query head; an MLA layer (:class:`LatentAttention`) caches its latent ``c^KV`` ``[batch, 1,
+    pos, kv_lora_rank]`` as ``keys`` and the rotary key ``k^R`` ``[batch, 1, pos,
+    qk_rope_head_dim]`` as ``values``. Filled by :meth:`Transformer.forward` when passed as
+    ``cache``; start with ``KVCache()``.
     """
 
     keys: list[Tensor] = dataclasses.field(default_factory=list)
@@ -486,13 +550,14 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cache holds: ``2 * n_layers * batch * n_kv_heads * pos * d_head * element size``,
-        the quantity :func:`headprobe.probe.cost.kv_bytes_per_request` predicts."""
+        """Bytes the cache holds: ``n_layers * batch * n_kv_heads * pos * (d_qk + d_head) *
+        element size`` (MLA: ``n_layers * batch * pos * (kv_lora_rank + qk_rope_head_dim) *
+        element size``), the quantity :func:`headprobe.probe.cost.kv_bytes_per_request` predicts."""
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
     def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append this step's ``k``/``v`` (``[batch, kv_head, new_pos, d_head]``) to layer
-        ``layer``'s cache and return all keys and values so far."""
+        """Append this step's ``k``/``v`` (``[batch, kv_head, new_pos, .]``) to layer ``layer``'s
+        cache and return all keys and values so far."""
         if layer == len(self.keys):
             self.keys.append(k)
             self.values.append(v)
@@ -510,68 +575,49 @@ def _sdpa_has_enable_gqa() -> bool:
     return (major, minor) >= (2, 5)
 
 
-class Attention(nn.Module):
-    """Self-attention (causal; bidirectional with ``cfg.causal=False``) with ``n_heads`` query heads and ``n_kv_heads`` key/value heads.
+#: What :meth:`SelfAttention.qkv` returns: queries, keys and values, heads before positions.
+QKV = tuple[Float[Tensor, "batch head q_pos d_qk"], Float[Tensor, "batch kv_head k_pos d_qk"],
+            Float[Tensor, "batch kv_head k_pos d_head"]]
 
-    Heads are split from the fused projections by reshaping ``[batch, pos, head * d_head]`` to
-    ``[batch, pos, head, d_head]`` and then transposing to ``[batch, head, pos, d_head]``: head
-    ``h`` holds columns ``h*d_head:(h+1)*d_head`` of every token. The output is
-    ``attn_out = sum_h z_h W_O^(h) + b_O`` (Elhage et al. 2021), which equals
-    ``Concat(z_0, ..., z_{H-1}) W_O + b_O``.
 
-    Options from the config, in forward order: biases on q/k/v (``qkv_bias``), a norm on
-    queries and keys (``qk_norm``, after ``hook_q``/``hook_k``), rotary positions on all or the
-    first ``rotary_dim`` dimensions, scores scaled by ``attn_scale`` and soft-capped
-    (``attn_softcap``), keys outside ``sliding_window`` masked in this layer's sliding layers.
+class SelfAttention(nn.Module):
+    """What every attention mechanism shares; a subclass adds its projections and :meth:`qkv`.
 
-    Hook points (shapes beside each in ``__init__``) follow TransformerLens.
+    The forward pass is ``qkv`` (queries ``[batch, head, q_pos, d_qk]``, keys ``[batch,
+    kv_head, k_pos, d_qk]``, values ``[batch, kv_head, k_pos, d_head]``, the KV cache extended),
+    then :meth:`attend` (the :func:`key_mask` of causality, this layer's sliding window and
+    padding; ``softmax(cap(q k^T * scale) + mask) v`` on the eager path with the scores and
+    pattern hooked, else the fused kernel), then :meth:`output`: ``head_mask``, ``hook_z`` and
+    ``attn_out = sum_h z_h W_O^(h) + b_O`` (Elhage et al. 2021), which equals ``Concat(z_0,
+    ..., z_{H-1}) W_O + b_O``. ``scale`` is ``attn_scale``, else ``1/sqrt(d_qk)``; ``cap`` is
+    ``c * tanh(s / c)`` with ``attn_softcap``, else the identity.
+
+    Hook points (TransformerLens' names; shapes beside each in :meth:`_add_output`):
+    ``hook_q``, ``hook_k``, ``hook_v``, ``hook_attn_scores``, ``hook_pattern``, ``hook_z``,
+    ``hook_result``; :class:`Attention` adds ``hook_rot_q``/``hook_rot_k``.
     """
 
-    def __init__(self, cfg: TransformerConfig, layer: int = 0, n_heads: int | None = None, n_kv_heads: int | None = None):
-        """``n_heads``/``n_kv_heads`` (default: the config's) are fewer in a pruned copy
-        (:class:`headprobe.probe.pruned.PrunedAttention`)."""
+    def __init__(self, cfg: TransformerConfig, layer: int, n_heads: int):
         super().__init__()
         self.cfg = cfg
         self.layer = layer
-        H = cfg.n_heads if n_heads is None else n_heads
-        KV = cfg.n_kv_heads if n_kv_heads is None else n_kv_heads
-        d_head, D = cfg.d_head, cfg.d_model
-        self.n_heads, self.n_kv_heads = H, KV
-        self.q_norm = self.k_norm = None
+        self.n_heads = n_heads
         self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
         self.softcap = cfg.attn_softcap
-        if cfg.is_mla:  # DeepSeek-V2 eqs. 9-14: W_Q (or W_DQ, norm, W_UQ), W_DKV|W_KR, norm, W_UK|W_UV
-            R, r, N = cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.qk_nope_head_dim
-            if cfg.q_lora_rank is None:
-                self.q_proj = nn.Linear(D, H * (N + R), bias=False)
-            else:  # the query latent c^Q
-                self.q_down = nn.Linear(D, cfg.q_lora_rank, bias=False)
-                self.q_down_norm = RMSNorm(cfg.q_lora_rank, cfg.norm_eps)
-                self.q_up = nn.Linear(cfg.q_lora_rank, H * (N + R), bias=False)
-            self.kv_down = nn.Linear(D, r + R, bias=False)  # latent c^KV and the shared rotary key k^R
-            self.kv_norm = RMSNorm(r, cfg.norm_eps)
-            self.kv_up = nn.Linear(r, H * (N + d_head), bias=False)  # keys and values of every head
-            self.rotary = Rotary(R, cfg.rope_theta) if R else None
-            self.scale = 1.0 / math.sqrt(N + R)
-        else:
-            self.q_proj = nn.Linear(D, H * d_head, bias=cfg.qkv_bias)
-            self.k_proj = nn.Linear(D, KV * d_head, bias=cfg.qkv_bias)
-            self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.qkv_bias)
-            if cfg.qk_norm == "per_head":  # Qwen3: over each head's d_head, one weight for all heads
-                self.q_norm, self.k_norm = RMSNorm(d_head, cfg.norm_eps), RMSNorm(d_head, cfg.norm_eps)
-            elif cfg.qk_norm == "full":  # OLMo-2: over the whole projection
-                self.q_norm, self.k_norm = RMSNorm(H * d_head, cfg.norm_eps), RMSNorm(KV * d_head, cfg.norm_eps)
-            rotary_dim = d_head if cfg.rotary_dim is None else cfg.rotary_dim
-            self.rotary = Rotary(rotary_dim, cfg.rope_theta) if cfg.positional == "rotary" else None
-            self.scale = 1.0 / math.sqrt(d_head) if cfg.attn_scale is None else cfg.attn_scale
-        self.o_proj = nn.Linear(H * d_head, D, bias=cfg.bias)
+        self.scale = 1.0 / math.sqrt(cfg.d_qk) if cfg.attn_scale is None else cfg.attn_scale
         self.force_eager = False
 
-        self.hook_q = HookPoint()  # [batch, pos, head, d_head]
-        self.hook_k = HookPoint()  # [batch, pos, kv_head, d_head]
+    def _add_output(self, rotary_hooks: bool) -> None:
+        """W_O and the hook points, made after the subclass's projections (so that parameters,
+        and a seeded initialisation, come in forward order)."""
+        cfg = self.cfg
+        self.o_proj = nn.Linear(self.n_heads * cfg.d_head, cfg.d_model, bias=cfg.bias)
+        self.hook_q = HookPoint()  # [batch, pos, head, d_qk]
+        self.hook_k = HookPoint()  # [batch, pos, kv_head, d_qk]
         self.hook_v = HookPoint()  # [batch, pos, kv_head, d_head]
-        self.hook_rot_q = HookPoint()  # [batch, pos, head, d_head]     (rotary only)
-        self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_head]  (rotary only)
+        if rotary_hooks:
+            self.hook_rot_q = HookPoint()  # [batch, pos, head, d_qk]     (rotary only)
+            self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_qk]  (rotary only)
         self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos], scaled, capped, masked keys exactly -inf
         self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos], rows sum to 1, masked keys 0
         self.hook_z = HookPoint()  # [batch, pos, head, d_head], after head_mask
@@ -593,54 +639,59 @@ class Attention(nn.Module):
         return (self.force_eager or self.softcap is not None or self.hook_pattern.has_hooks()
                 or self.hook_attn_scores.has_hooks())
 
+    def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
+            cache: KVCache | None = None) -> QKV:
+        """Queries of ``x``'s positions; keys and values of the cached positions and ``x``'s
+        (this call's are added to ``cache``). The mechanism: a subclass's."""
+        raise NotImplementedError
+
     def forward(
         self,
         x: Float[Tensor, "batch pos d_model"],
         positions: Int[Tensor, "batch pos"],
-        key_mask: Bool[Tensor, "#batch 1 q_pos k_pos"] | Bool[Tensor, "q_pos k_pos"] | None = None,
+        padding: Bool[Tensor, "batch pos"] | None = None,
         head_mask: Float[Tensor, "head"] | Float[Tensor, "batch head"] | None = None,
         cache: KVCache | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
-        """Attention output for the normalised residual ``x``.
+        """Attention output ``[batch, pos, d_model]`` for the normalised residual ``x``.
 
         Args:
             x: input, ``[batch, pos, d_model]``.
             positions: position index of every token (rotary only).
-            key_mask: boolean, True where query ``q_pos`` may read key ``k_pos`` (causal and
-                padding combined); None for plain causal attention (bidirectional: every key).
+            padding: ``[batch, pos]``, True for real tokens (see :func:`key_mask`); None: none.
             head_mask: per-head factor ``xi_h`` multiplying ``z_h`` (Michel et al. 2019), for
                 all sequences (``[head]``) or per sequence (``[batch, head]``).
             cache: keys and values of earlier positions (generation); this call's are appended.
         """
-        cfg = self.cfg
-        B, T, _ = x.shape
+        q, k, v = self.qkv(x, positions, cache)
+        return self.output(self.attend(q, k, v, padding), head_mask)
 
-        if cfg.is_mla:
-            q, k, v, key_mask = self._mla_qkv(x, positions, cache, key_mask)
-            cache = None  # the latent is cached already
-            T = q.shape[2]
-        else:
-            q, k, v = self._qkv(x, positions)
-        if cache is not None:
-            past = cache.n_tokens if self.layer < len(cache.keys) else 0
-            k, v = cache.extend(self.layer, k, v)
-            if past and key_mask is None:  # queries sit at the end: causal mask aligned bottom-right
-                S = k.shape[2]
-                key_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
-        if self.window is not None:
-            key_mask = self.local_mask(key_mask, T, k.shape[2], x.device)
+    def attend(
+        self,
+        q: Float[Tensor, "batch head q_pos d_qk"],
+        k: Float[Tensor, "batch kv_head k_pos d_qk"],
+        v: Float[Tensor, "batch kv_head k_pos d_head"],
+        padding: Bool[Tensor, "batch k_pos"] | None = None,
+    ) -> Float[Tensor, "batch q_pos head d_head"]:
+        """``z`` of every head: the eager path when :meth:`needs_pattern`, else the fused kernel,
+        both under this layer's :func:`key_mask`."""
+        eager = self.needs_pattern()
+        mask = key_mask(q.shape[2], k.shape[2], q.device, causal=self.cfg.causal, window=self.window,
+                        padding=padding, implicit=not eager)
+        z = self._eager(q, k, v, mask) if eager else self._fused(q, k, v, mask)
+        return z.transpose(1, 2)
 
-        if self.needs_pattern():
-            z = self._eager(q, k, v, key_mask)
-        else:
-            z = self._fused(q, k, v, key_mask)
-        z = z.transpose(1, 2)  # [batch, pos, head, d_head]
-
+    def output(
+        self,
+        z: Float[Tensor, "batch pos head d_head"],
+        head_mask: Float[Tensor, "head"] | Float[Tensor, "batch head"] | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """``sum_h xi_h z_h W_O^(h) + b_O``: ``z`` times ``head_mask``, through ``hook_z``, then
+        W_O (per head through ``hook_result`` when a hook reads it, else one merged matmul)."""
         if head_mask is not None:
             xi = head_mask.to(z.dtype)
             z = z * (xi[:, None, :, None] if xi.dim() == 2 else xi[:, None])
         z = self.hook_z(z)
-
         if self.hook_result.has_hooks():
             result = self.hook_result(
                 einops.einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
@@ -649,69 +700,13 @@ class Attention(nn.Module):
             return out if self.b_O is None else out + self.b_O
         return self.o_proj(z.flatten(2))  # merge heads: Concat(z_h) W_O + b_O
 
-    def local_mask(self, key_mask: Tensor | None, T: int, S: int, device: torch.device) -> Tensor:
-        """``key_mask`` (None: causal) restricted to the sliding window: the ``T`` queries are the
-        last of ``S`` positions, query ``i`` reads key ``j`` iff ``i - window < j <= i``."""
-        i = torch.arange(S - T, S, device=device)[:, None]
-        j = torch.arange(S, device=device)[None, :]
-        local = (j <= i) & (j > i - self.window)  # [q_pos, k_pos]
-        return local if key_mask is None else key_mask & local
-
-    def _mla_qkv(self, x, positions, cache, key_mask):
-        """MLA: queries ``[q_nope, rope(q_rope)]`` per head; keys ``[W_UK norm(c), rope(k^R)]``
-        and values ``W_UV norm(c)`` of every head, decompressed from the latent ``c^KV`` of all
-        positions so far (the cache holds ``c^KV`` as ``keys`` ``[batch, 1, pos, rank]`` and
-        ``k^R`` as ``values`` ``[batch, 1, pos, rope]``). Returns ``[batch, head, pos, .]`` tensors."""
-        cfg = self.cfg
-        B, T, _ = x.shape
-        H, d_head, R, r, N = cfg.n_heads, cfg.d_head, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.qk_nope_head_dim
-        q = self.q_proj(x) if cfg.q_lora_rank is None else self.q_up(self.q_down_norm(self.q_down(x)))
-        q = q.view(B, T, H, N + R)
-        ckv = self.kv_down(x)
-        c, k_rope = ckv[..., :r], ckv[..., r:][:, :, None, :]  # [batch, pos, r], [batch, pos, 1, R]
-        if self.rotary is not None:
-            q = torch.cat([q[..., :N], self.rotary(q[..., N:], positions)], dim=-1)
-            k_rope = self.rotary(k_rope, positions)
-        q = self.hook_q(q)
-        c, k_rope = c[:, None], k_rope.transpose(1, 2)  # [batch, 1, pos, r], [batch, 1, pos, R]
-        if cache is not None:
-            past = cache.n_tokens if self.layer < len(cache.keys) else 0
-            c, k_rope = cache.extend(self.layer, c, k_rope)
-            S = c.shape[2]
-            if past and key_mask is None:
-                key_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
-        S = c.shape[2]
-        kv = self.kv_up(self.kv_norm(c[:, 0])).view(B, S, H, N + d_head)
-        k = torch.cat([kv[..., :N], k_rope.transpose(1, 2).expand(B, S, H, R)], dim=-1)
-        k = self.hook_k(k)  # [batch, pos, head, qk_nope + R]
-        v = self.hook_v(kv[..., N:])  # [batch, pos, head, d_head]
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), key_mask
-
-    def _qkv(self, x, positions):
-        """MHA/GQA/MQA: ``q`` ``[batch, head, pos, d_head]``, ``k``/``v`` ``[batch, kv_head, pos, d_head]``."""
-        B, T, _ = x.shape
-        H, KV, d_head = self.n_heads, self.n_kv_heads, self.cfg.d_head
-        # Split heads: reshape to [batch, pos, head, d_head] (head h = columns h*d_head:(h+1)*d_head).
-        q = self.hook_q(self.q_proj(x).view(B, T, H, d_head))  # [batch, pos, head, d_head]
-        k = self.hook_k(self.k_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
-        v = self.hook_v(self.v_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
-        if self.cfg.qk_norm == "per_head":
-            q, k = self.q_norm(q), self.k_norm(k)
-        elif self.cfg.qk_norm == "full":
-            q, k = self.q_norm(q.flatten(2)).view_as(q), self.k_norm(k.flatten(2)).view_as(k)
-        if self.rotary is not None:
-            q = self.hook_rot_q(self.rotary(q, positions))
-            k = self.hook_rot_k(self.rotary(k, positions))
-        # ... then transpose to [batch, head, pos, d_head].
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
     def _eager(
         self,
         q: Float[Tensor, "batch head q_pos d_qk"],
         k: Float[Tensor, "batch kv_head k_pos d_qk"],
-        v: Float[Tensor, "batch kv_head k_pos d_v"],
-        key_mask: Tensor | None,
-    ) -> Float[Tensor, "batch head q_pos d_v"]:
+        v: Float[Tensor, "batch kv_head k_pos d_head"],
+        mask: Tensor | None,
+    ) -> Float[Tensor, "batch head q_pos d_head"]:
         """Explicit ``softmax(cap(q k^T * scale) + mask) v`` with the pattern hooked (``cap`` is
         ``c * tanh(s / c)`` with ``attn_softcap``, else the identity).
 
@@ -724,19 +719,17 @@ class Attention(nn.Module):
         ``pattern @ v`` runs in that dtype. In float32 every step is the same as before.
 
         GQA without copies: the ``group_size`` query heads of one key/value head are stacked
-        along the query-position axis, ``[batch, kv_head, group * q_pos, d_head]``, so one batched
+        along the query-position axis, ``[batch, kv_head, group * q_pos, d_qk]``, so one batched
         matmul against that key/value head serves the whole group.
         """
-        B, H, T, d_head = q.shape
+        B, H, T, d_qk = q.shape
         KV, S = k.shape[1], k.shape[2]
-        q_grouped = q.reshape(B, KV, (H // KV) * T, d_head)  # head h = kv_head * group + g
+        q_grouped = q.reshape(B, KV, (H // KV) * T, d_qk)  # head h = kv_head * group + g
         scores = (q_grouped.float() @ k.float().transpose(-1, -2)).view(B, H, T, S) * self.scale  # float32
         if self.softcap is not None:  # Gemma-2, before the mask (as Hugging Face)
             scores = torch.tanh(scores / self.softcap) * self.softcap
-        if key_mask is None and self.cfg.causal:
-            key_mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-        if key_mask is not None:
-            scores = scores.masked_fill(~key_mask, float("-inf"))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(scores.softmax(dim=-1).to(v.dtype))  # [batch, head, q_pos, k_pos]
         z = pattern.reshape(B, KV, (H // KV) * T, S) @ v
@@ -746,17 +739,18 @@ class Attention(nn.Module):
         self,
         q: Float[Tensor, "batch head q_pos d_qk"],
         k: Float[Tensor, "batch kv_head k_pos d_qk"],
-        v: Float[Tensor, "batch kv_head k_pos d_v"],
-        key_mask: Tensor | None,
-    ) -> Float[Tensor, "batch head q_pos d_v"]:
-        """``scaled_dot_product_attention``; no pattern exists on this path."""
-        kwargs = dict(is_causal=self.cfg.causal) if key_mask is None else dict(attn_mask=key_mask)
+        v: Float[Tensor, "batch kv_head k_pos d_head"],
+        mask: Tensor | None,
+    ) -> Float[Tensor, "batch head q_pos d_head"]:
+        """``scaled_dot_product_attention``; no pattern exists on this path. ``mask`` None is the
+        kernel's own causal mask (``is_causal``) for a decoder, no mask for an encoder."""
+        kwargs = dict(is_causal=self.cfg.causal) if mask is None else dict(attn_mask=mask)
         if v.shape[-1] < q.shape[-1]:
-            # MLA: values (d_head) are narrower than queries/keys (qk_nope + R). PyTorch's fused
-            # kernels need equal widths and fall back to the slow math path otherwise (2-3x slower
+            # MLA: values (d_head) are narrower than queries/keys (d_qk). PyTorch's fused kernels
+            # need equal widths and fall back to the slow math path otherwise (2-3x slower
             # training on CPU), so pad the values with zeros and drop the padding afterwards (exact).
             d_v = v.shape[-1]
-            return self._fused(q, k, F.pad(v, (0, q.shape[-1] - d_v)), key_mask)[..., :d_v]
+            return self._fused(q, k, F.pad(v, (0, q.shape[-1] - d_v)), mask)[..., :d_v]
         if k.shape[1] != q.shape[1]:
             if _sdpa_has_enable_gqa():
                 kwargs["enable_gqa"] = True
@@ -765,6 +759,138 @@ class Attention(nn.Module):
                 k = k.repeat_interleave(G, dim=1)
                 v = v.repeat_interleave(G, dim=1)
         return F.scaled_dot_product_attention(q, k, v, scale=self.scale, **kwargs)
+
+
+class Attention(SelfAttention):
+    """Multi-head (MHA), grouped-query (GQA) and multi-query attention (MQA): ``n_heads`` query
+    heads on ``n_kv_heads`` key/value heads, query head ``h`` reading key/value head ``h //
+    group_size``; causal, or bidirectional with ``cfg.causal=False``.
+
+    Heads are split from the fused projections by reshaping ``[batch, pos, head * d]`` to
+    ``[batch, pos, head, d]`` and then transposing to ``[batch, head, pos, d]``: head ``h``
+    holds columns ``h*d:(h+1)*d`` of every token (``d`` is ``d_qk`` for queries and keys,
+    ``d_head`` for values; the two are equal here).
+
+    Options from the config, in forward order: biases on q/k/v (``qkv_bias``), a norm on
+    queries and keys (``qk_norm``, after ``hook_q``/``hook_k``), rotary positions on all or the
+    first ``rotary_dim`` dimensions (``hook_rot_q``/``hook_rot_k``), then :class:`SelfAttention`'s
+    scale, soft-cap and sliding window.
+
+    Raises:
+        HeadprobeError: ``cfg`` is MLA (that is :class:`LatentAttention`).
+    """
+
+    def __init__(self, cfg: TransformerConfig, layer: int = 0, n_heads: int | None = None, n_kv_heads: int | None = None):
+        """``n_heads``/``n_kv_heads`` (default: the config's) are fewer in a pruned copy
+        (:class:`headprobe.probe.pruned.PrunedAttention`)."""
+        if cfg.is_mla:
+            raise HeadprobeError("an MLA config (kv_lora_rank) is attention of its own: use LatentAttention")
+        super().__init__(cfg, layer, cfg.n_heads if n_heads is None else n_heads)
+        H, KV = self.n_heads, cfg.n_kv_heads if n_kv_heads is None else n_kv_heads
+        self.n_kv_heads = KV
+        D, d_qk, d_head = cfg.d_model, cfg.d_qk, cfg.d_head
+        self.q_proj = nn.Linear(D, H * d_qk, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(D, KV * d_qk, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.qkv_bias)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm == "per_head":  # Qwen3: over each head's d_qk, one weight for all heads
+            self.q_norm, self.k_norm = RMSNorm(d_qk, cfg.norm_eps), RMSNorm(d_qk, cfg.norm_eps)
+        elif cfg.qk_norm == "full":  # OLMo-2: over the whole projection
+            self.q_norm, self.k_norm = RMSNorm(H * d_qk, cfg.norm_eps), RMSNorm(KV * d_qk, cfg.norm_eps)
+        rotary_dim = d_qk if cfg.rotary_dim is None else cfg.rotary_dim
+        self.rotary = Rotary(rotary_dim, cfg.rope_theta) if cfg.positional == "rotary" else None
+        self._add_output(rotary_hooks=True)
+
+    def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
+            cache: KVCache | None = None) -> QKV:
+        """``q`` ``[batch, head, pos, d_qk]``; ``k``, ``v`` ``[batch, kv_head, k_pos, .]`` of the
+        cached positions and this call's (appended to ``cache``)."""
+        B, T, _ = x.shape
+        H, KV, d_qk, d_head = self.n_heads, self.n_kv_heads, self.cfg.d_qk, self.cfg.d_head
+        # Split heads: reshape to [batch, pos, head, d] (head h = columns h*d:(h+1)*d) ...
+        q = self.hook_q(self.q_proj(x).view(B, T, H, d_qk))  # [batch, pos, head, d_qk]
+        k = self.hook_k(self.k_proj(x).view(B, T, KV, d_qk))  # [batch, pos, kv_head, d_qk]
+        v = self.hook_v(self.v_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
+        if self.cfg.qk_norm == "per_head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        elif self.cfg.qk_norm == "full":
+            q, k = self.q_norm(q.flatten(2)).view_as(q), self.k_norm(k.flatten(2)).view_as(k)
+        if self.rotary is not None:
+            q = self.hook_rot_q(self.rotary(q, positions))
+            k = self.hook_rot_k(self.rotary(k, positions))
+        # ... then transpose to [batch, head, pos, d].
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cache is not None:
+            k, v = cache.extend(self.layer, k, v)
+        return q, k, v
+
+
+class LatentAttention(SelfAttention):
+    """Multi-head latent attention (MLA; DeepSeek-V2, arXiv 2405.04434, eqs. 9-14; DeepSeek-V3):
+    keys and values of every head are decompressed from one per-token latent ``c^KV`` of width
+    ``kv_lora_rank``, and positions enter through a decoupled rotary key ``k^R`` shared by all
+    heads; only ``c^KV`` and ``k^R`` are cached.
+
+    Queries: ``W_Q x`` (or ``W_UQ RMSNorm(W_DQ x)`` with ``q_lora_rank``), per head a non-rotary
+    part (``qk_nope_head_dim``) and a rotary part (``qk_rope_head_dim``). ``W_DKV|W_KR x`` gives
+    ``c^KV`` and ``k^R``; ``W_UK|W_UV RMSNorm(c^KV)`` each head's non-rotary key part and its value
+    (``d_head``). A key is ``[k_nope, rope(k^R)]``, ``d_qk = qk_nope + qk_rope`` wide like a query.
+    ``hook_q``/``hook_k`` hold queries and keys after rotary (there are no ``hook_rot_*``), all
+    ``n_heads`` wide (``n_kv_heads == n_heads``).
+
+    Raises:
+        HeadprobeError: ``cfg`` is not MLA.
+    """
+
+    def __init__(self, cfg: TransformerConfig, layer: int = 0):
+        if not cfg.is_mla:
+            raise HeadprobeError("LatentAttention needs an MLA config (kv_lora_rank)")
+        super().__init__(cfg, layer, cfg.n_heads)
+        self.n_kv_heads = cfg.n_heads
+        H, D, R, r, N = cfg.n_heads, cfg.d_model, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.qk_nope_head_dim
+        if cfg.q_lora_rank is None:
+            self.q_proj = nn.Linear(D, H * (N + R), bias=False)
+        else:  # the query latent c^Q
+            self.q_down = nn.Linear(D, cfg.q_lora_rank, bias=False)
+            self.q_down_norm = RMSNorm(cfg.q_lora_rank, cfg.norm_eps)
+            self.q_up = nn.Linear(cfg.q_lora_rank, H * (N + R), bias=False)
+        self.kv_down = nn.Linear(D, r + R, bias=False)  # latent c^KV and the shared rotary key k^R
+        self.kv_norm = RMSNorm(r, cfg.norm_eps)
+        self.kv_up = nn.Linear(r, H * (N + cfg.d_head), bias=False)  # keys and values of every head
+        self.rotary = Rotary(R, cfg.rope_theta) if R else None
+        self._add_output(rotary_hooks=False)
+
+    def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
+            cache: KVCache | None = None) -> QKV:
+        """Queries ``[q_nope, rope(q_rope)]`` per head; keys ``[W_UK norm(c), rope(k^R)]`` and
+        values ``W_UV norm(c)`` of every head, decompressed from the latent ``c^KV`` of all
+        positions so far (the cache holds ``c^KV`` as ``keys`` ``[batch, 1, pos, rank]`` and
+        ``k^R`` as ``values`` ``[batch, 1, pos, rope]``). Returns ``[batch, head, pos, .]`` tensors."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, R, r, N = self.n_heads, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.qk_nope_head_dim
+        q = self.q_proj(x) if cfg.q_lora_rank is None else self.q_up(self.q_down_norm(self.q_down(x)))
+        q = q.view(B, T, H, N + R)
+        ckv = self.kv_down(x)
+        c, k_rope = ckv[..., :r], ckv[..., r:][:, :, None, :]  # [batch, pos, r], [batch, pos, 1, R]
+        if self.rotary is not None:
+            q = torch.cat([q[..., :N], self.rotary(q[..., N:], positions)], dim=-1)
+            k_rope = self.rotary(k_rope, positions)
+        q = self.hook_q(q)  # [batch, pos, head, d_qk]
+        c, k_rope = c[:, None], k_rope.transpose(1, 2)  # [batch, 1, pos, r], [batch, 1, pos, R]
+        if cache is not None:
+            c, k_rope = cache.extend(self.layer, c, k_rope)
+        S = c.shape[2]
+        kv = self.kv_up(self.kv_norm(c[:, 0])).view(B, S, H, N + cfg.d_head)
+        k = torch.cat([kv[..., :N], k_rope.transpose(1, 2).expand(B, S, H, R)], dim=-1)
+        k = self.hook_k(k)  # [batch, pos, head, d_qk]
+        v = self.hook_v(kv[..., N:])  # [batch, pos, head, d_head]
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def make_attention(cfg: TransformerConfig, layer: int = 0) -> SelfAttention:
+    """Layer ``layer``'s attention: :class:`LatentAttention` for an MLA config, else :class:`Attention`."""
+    return LatentAttention(cfg, layer) if cfg.is_mla else Attention(cfg, layer)
 
 
 # --------------------------------------------------------------------------------------------
@@ -820,7 +946,7 @@ class Block(nn.Module):
         has_mlp = cfg.mlp is not None
         self.post_ln = cfg.post_ln  # BERT: ln1/ln2 normalise the residual after each addition
         self.ln1 = Norm(cfg) if cfg.pre_norm or cfg.post_ln else None
-        self.attn = Attention(cfg, layer)
+        self.attn = make_attention(cfg, layer)
         self.ln1_post = PostNorm(cfg) if cfg.post_norm else None
         self.ln2 = Norm(cfg) if (has_mlp and cfg.pre_norm) or cfg.post_ln else None
         self.mlp = MLP(cfg) if has_mlp else None
@@ -834,10 +960,13 @@ class Block(nn.Module):
         # post_ln only: ln2(resid_post), what the block passes on
         self.hook_normalized_resid_post = HookPoint() if self.post_ln else None  # [batch, pos, d_model]
 
-    def forward(self, resid: Float[Tensor, "batch pos d_model"], positions, key_mask=None, head_mask=None, cache=None):
+    def forward(self, resid: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
+                padding: Bool[Tensor, "batch pos"] | None = None, head_mask: Tensor | None = None,
+                cache: KVCache | None = None) -> Float[Tensor, "batch pos d_model"]:
+        """``resid_post`` from ``resid_pre``; the other arguments as :meth:`SelfAttention.forward`'s."""
         resid = self.hook_resid_pre(resid)
         x = resid if self.ln1 is None or self.post_ln else self.ln1(resid)
-        return self.resume(resid, self.attn(x, positions, key_mask, head_mask, cache))
+        return self.resume(resid, self.attn(x, positions, padding, head_mask, cache))
 
     def resume(
         self, resid_pre: Float[Tensor, "batch pos d_model"], attn_out: Float[Tensor, "batch pos d_model"]
@@ -879,7 +1008,8 @@ class Transformer(HookedRootModule):
     ``blocks.{l}.ln1.hook_normalized``, ``blocks.{l}.attn.hook_{q,k,v,rot_q,rot_k,attn_scores,
     pattern,z,result}``, ``blocks.{l}.hook_attn_out``, ``blocks.{l}.hook_resid_mid``,
     ``blocks.{l}.mlp.hook_{pre,pre_linear,post}``, ``blocks.{l}.hook_mlp_out``,
-    ``blocks.{l}.hook_resid_post``, ``ln_final.hook_normalized``; with ``post_norm`` also
+    ``blocks.{l}.hook_resid_post``, ``ln_final.hook_normalized`` (an MLA layer has no
+    ``hook_rot_q``/``hook_rot_k``: its ``hook_q``/``hook_k`` are after rotary); with ``post_norm`` also
     ``blocks.{l}.ln1_post.hook_{in,out}`` and ``blocks.{l}.ln2_post.hook_{in,out}``; parallel
     blocks have no ``hook_resid_mid``, blocks without ``pre_norm`` no ``ln1``/``ln2``. An
     encoder (BERT) adds ``ln_embed.hook_normalized`` and, per post-LN block,
@@ -982,17 +1112,10 @@ class Transformer(HookedRootModule):
             raise HeadprobeError(f"{past + T} tokens with the cache are longer than the model's n_ctx={cfg.n_ctx}")
         if attention_mask is None:
             positions = torch.arange(past, past + T, device=tokens.device).expand(B, T)
-            key_mask = None
-        else:
-            real = attention_mask.to(torch.bool)
-            positions = (real.long().cumsum(-1) - 1).clamp(min=0)
-        if attention_mask is not None and not cfg.causal:  # bidirectional: every real key
-            key_mask = real[:, None, None, :]  # [batch, 1, 1, k_pos], broadcast over q_pos
-        elif attention_mask is not None:
-            causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
-            key_mask = (causal[None] & real[:, None, :])[:, None]  # [batch, 1, q_pos, k_pos]
-            # A padding query with no real key to its left reads itself, so SDPA gets no empty row.
-            key_mask = key_mask | torch.eye(T, dtype=torch.bool, device=tokens.device)
+            padding = None
+        else:  # each layer's attention masks the padding keys (key_mask)
+            padding = attention_mask.to(torch.bool)
+            positions = (padding.long().cumsum(-1) - 1).clamp(min=0)
 
         tok_embed, pos_embed = self.embed(tokens, positions)
         resid = self.hook_embed(tok_embed)
@@ -1002,7 +1125,7 @@ class Transformer(HookedRootModule):
             resid = self.ln_embed(resid)
         for layer, block in enumerate(self.blocks):
             mask_l = None if head_mask is None else head_mask[..., layer, :]
-            resid = block(resid, positions, key_mask, mask_l, cache)
+            resid = block(resid, positions, padding, mask_l, cache)
         if self.ln_final is not None:
             resid = self.ln_final(resid)
         if return_type == "resid":

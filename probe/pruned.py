@@ -30,7 +30,7 @@ from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import atomic_path
-from headprobe.probe.model import Attention, Transformer, TransformerConfig
+from headprobe.probe.model import QKV, Attention, Transformer, TransformerConfig
 
 FORMAT = "headprobe-pruned-v1"
 
@@ -63,9 +63,9 @@ class PrunedAttention(Attention):
         kv_index: buffer ``[kept head]``: for each kept query head, the position of its key/value
             head among the kept ones (moves with ``.to(device)``).
 
-    Hook points ``hook_q`` ``[batch, pos, kept head, d_head]``, ``hook_k``/``hook_v`` ``[batch,
-    pos, kept kv_head, d_head]`` and ``hook_z`` ``[batch, pos, kept head, d_head]`` exist; the
-    pattern is materialised only where soft-capping needs the eager path, and ``head_mask``
+    Hook points ``hook_q`` ``[batch, pos, kept head, d_qk]``, ``hook_k``/``hook_v`` ``[batch,
+    pos, kept kv_head, d_qk | d_head]`` and ``hook_z`` ``[batch, pos, kept head, d_head]`` exist;
+    the pattern is materialised only where soft-capping needs the eager path, and ``head_mask``
     is not accepted.
 
     Raises:
@@ -94,17 +94,15 @@ class PrunedAttention(Attention):
     @torch.no_grad()
     def load_from(self, attn: Attention) -> "PrunedAttention":
         """Copy the kept heads' slices of a full :class:`Attention`'s weights into this module."""
-        d = self.cfg.d_head
-        dev = attn.q_proj.weight.device
-        rows = lambda heads: torch.tensor([i for h in heads for i in range(h * d, (h + 1) * d)], dtype=torch.long, device=dev)  # noqa: E731
-        q_rows, kv_rows = rows(self.kept_heads), rows(self.kept_kv_heads)
+        d_qk, d_head, dev = self.cfg.d_qk, self.cfg.d_head, attn.q_proj.weight.device
         self.to(attn.q_proj.weight)
-        for name, sel in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
-            ours, theirs = getattr(self, name), getattr(attn, name)
+        for name, heads, d in (("q_proj", self.kept_heads, d_qk), ("k_proj", self.kept_kv_heads, d_qk),
+                               ("v_proj", self.kept_kv_heads, d_head)):
+            ours, theirs, sel = getattr(self, name), getattr(attn, name), head_rows(heads, d, dev)
             ours.weight.copy_(theirs.weight[sel])
             if ours.bias is not None:
                 ours.bias.copy_(theirs.bias[sel])
-        self.o_proj.weight.copy_(attn.o_proj.weight[:, q_rows])
+        self.o_proj.weight.copy_(attn.o_proj.weight[:, head_rows(self.kept_heads, d_head, dev)])
         if self.o_proj.bias is not None:
             self.o_proj.bias.copy_(attn.o_proj.bias)
         for name in ("q_norm", "k_norm"):  # per-head QK-norm (Qwen3): one weight shared by all heads
@@ -112,30 +110,43 @@ class PrunedAttention(Attention):
                 getattr(self, name).weight.copy_(getattr(attn, name).weight)
         return self
 
+    def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"], cache: Any = None) -> QKV:
+        """:class:`~headprobe.probe.model.Attention`'s, with each kept query head given its own
+        key/value head when the groups are no longer uniform (``kv_index``)."""
+        q, k, v = super().qkv(x, positions)  # [batch, kept head | kept kv_head, pos, d]
+        if self.n_kv_heads != self.n_heads:
+            k, v = k.index_select(1, self.kv_index), v.index_select(1, self.kv_index)
+        return q, k, v
+
     def forward(
         self,
         x: Float[Tensor, "batch pos d_model"],
         positions: Int[Tensor, "batch pos"],
-        key_mask: Bool[Tensor, "batch 1 q_pos k_pos"] | None = None,
+        padding: Bool[Tensor, "batch pos"] | None = None,
         head_mask: Tensor | None = None,
         cache: Any = None,
     ) -> Float[Tensor, "batch pos d_model"]:
+        """:meth:`~headprobe.probe.model.SelfAttention.forward` over the kept heads (``hook_z``
+        ``[batch, pos, kept head, d_head]``); a layer with no head left returns ``b_O``.
+
+        Raises:
+            HeadprobeError: a ``head_mask`` or a ``cache`` is given.
+        """
         if head_mask is not None:
             raise HeadprobeError("a pruned model takes no head_mask: its removed heads are gone")
         if cache is not None:
             raise HeadprobeError("KV-cache generation is not implemented for pruned models; run them without a cache")
-        B, T, D = x.shape
         if self.n_kept == 0:
-            out = x.new_zeros(B, T, D)
+            out = x.new_zeros(x.shape)
             return out if self.o_proj.bias is None else out + self.o_proj.bias
-        q, k, v = self._qkv(x, positions)  # [batch, kept head | kept kv_head, pos, d_head]
-        if self.n_kv_heads != self.n_heads:  # groups are no longer uniform: give each kept query head its key/value head
-            k, v = k.index_select(1, self.kv_index), v.index_select(1, self.kv_index)
-        if self.window is not None:
-            key_mask = self.local_mask(key_mask, T, T, x.device)
-        z = (self._eager if self.needs_pattern() else self._fused)(q, k, v, key_mask).transpose(1, 2)
-        z = self.hook_z(z)  # [batch, pos, kept head, d_head]
-        return self.o_proj(z.flatten(2))
+        return super().forward(x, positions, padding)
+
+
+def head_rows(heads: Sequence[int], width: int, device: torch.device | str = "cpu") -> Int[Tensor, "n"]:
+    """The rows ``h*width:(h+1)*width`` of every head ``h`` in ``heads``, in order: where those
+    heads sit in a fused projection's output (``width``: ``d_qk`` for q/k, ``d_head`` for v, and
+    for ``o_proj``'s input columns)."""
+    return torch.tensor([i for h in heads for i in range(h * width, (h + 1) * width)], dtype=torch.long, device=device)
 
 
 def keep_mask_from(removed: Sequence[tuple[int, int]], n_layers: int, n_heads: int) -> Bool[Tensor, "layer head"]:
@@ -333,26 +344,25 @@ def load_pruned_dir_full(path: Any) -> tuple[Transformer, list[list[int]]]:
         HeadprobeError: as :func:`load_pruned_dir`.
     """
     cfg, kept, state = _read_pruned_dir(path)
-    d = cfg.d_head
     full = {}
     for k, v in state.items():
         full[k] = v
     for layer, heads in enumerate(kept):
         keys = _attn_keys(layer)
         kv = sorted({h // cfg.group_size for h in heads})
-        rows = lambda hs: torch.tensor([i for h in hs for i in range(h * d, (h + 1) * d)], dtype=torch.long)  # noqa: E731
-        for name, hs, n in (("q_proj", heads, cfg.n_heads), ("k_proj", kv, cfg.n_kv_heads), ("v_proj", kv, cfg.n_kv_heads)):
+        for name, hs, n, d in (("q_proj", heads, cfg.n_heads, cfg.d_qk), ("k_proj", kv, cfg.n_kv_heads, cfg.d_qk),
+                               ("v_proj", kv, cfg.n_kv_heads, cfg.d_head)):
             for part in ("weight", "bias"):
                 key = keys[f"{name}.{part}"]
                 if key not in state:
                     continue
                 small = state[key]
                 big = small.new_zeros((n * d, *small.shape[1:]))
-                big[rows(hs)] = small
+                big[head_rows(hs, d)] = small
                 full[key] = big
         w = state[keys["o_proj.weight"]]
-        big = w.new_zeros(w.shape[0], cfg.n_heads * d)
-        big[:, rows(heads)] = w
+        big = w.new_zeros(w.shape[0], cfg.n_heads * cfg.d_head)
+        big[:, head_rows(heads, cfg.d_head)] = w
         full[keys["o_proj.weight"]] = big
     try:
         net = Transformer.from_state_dict(cfg, full)

@@ -539,3 +539,109 @@ def test_from_state_dict_equals_loading_into_an_initialised_model():
         assert sum(p.numel() for p in built.parameters()) == sum(p.numel() for p in ref.parameters())
         assert (built.unembed.weight is built.embed.W_E.weight) == cfg.tied_unembed
         assert not any(t.is_meta for t in [*built.parameters(), *built.buffers()])
+
+
+# ------------------------------------------------------------------------------------------
+# One mask for every path, one attention class per mechanism
+# ------------------------------------------------------------------------------------------
+
+
+def reference_key_mask(n_queries, n_keys, causal=True, window=None, padding=None, batch=1):
+    """``[batch, 1, q_pos, k_pos]``, entry by entry from the definitions: the queries are the last
+    ``n_queries`` of ``n_keys`` positions; causal: key ``j <= p``; window: ``j > p - window``;
+    padding: real keys only, a causal query reading itself regardless."""
+    batch = batch if padding is None else padding.shape[0]
+    out = torch.zeros(batch, 1, n_queries, n_keys, dtype=torch.bool)
+    for b in range(batch):
+        for i in range(n_queries):
+            p = n_keys - n_queries + i
+            for j in range(n_keys):
+                ok = (not causal or j <= p) and (window is None or j > p - window)
+                ok = ok and (padding is None or bool(padding[b, j]))
+                out[b, 0, i, j] = ok or (causal and padding is not None and j == p)
+    return out
+
+
+_PADDING = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 1, 0, 1, 1, 1]], dtype=torch.bool)
+
+
+@pytest.mark.parametrize("n_queries, n_keys, window, padding", [
+    (6, 6, None, None), (6, 6, 3, None), (2, 9, None, None), (3, 9, 4, None), (1, 7, 1, None),
+    (6, 6, None, _PADDING), (6, 6, 2, _PADDING),
+])
+def test_key_mask_against_the_definitions(n_queries, n_keys, window, padding):
+    from headprobe.probe.model import key_mask
+
+    got = key_mask(n_queries, n_keys, torch.device("cpu"), window=window, padding=padding)
+    want = reference_key_mask(n_queries, n_keys, window=window, padding=padding)
+    assert torch.equal(torch.broadcast_to(got, want.shape), want)
+    implicit = key_mask(n_queries, n_keys, torch.device("cpu"), window=window, padding=padding, implicit=True)
+    # None only where SDPA's own is_causal is the same mask: square, no window, no padding
+    assert (implicit is None) == (n_queries == n_keys and window is None and padding is None)
+    for pad in (None, _PADDING):
+        got = key_mask(6, 6, torch.device("cpu"), causal=False, padding=pad)
+        want = reference_key_mask(6, 6, causal=False, padding=pad)
+        assert got is None if pad is None else torch.equal(torch.broadcast_to(got, want.shape), want)
+
+
+def _mask_cases():
+    """(name, model, run) for every way a mask arises: fused and eager, padding, a KV cache,
+    sliding windows, MLA and a pruned model; ``run(model)`` returns logits."""
+    from headprobe.probe.model import KVCache
+    from headprobe.probe.pruned import keep_mask_from, remove_heads
+
+    x = tokens(batch=3, pos=6, seed=3)
+    cached = lambda m: torch.cat([m(x[:, :4], cache=(c := KVCache())), m(x[:, 4:], cache=c)], dim=1)  # noqa: E731
+    padded = lambda m: m(x, attention_mask=_PADDING.long())  # noqa: E731
+    gqa = seeded_model(small_cfg(n_kv_heads=2, **LLAMA_LIKE, sliding_window=3, sliding_layers=(0,)))
+    mla = seeded_model(small_cfg(bias=False, kv_lora_rank=8, qk_rope_head_dim=4, positional="rotary"), std=0.2)
+    pruned = remove_heads(gqa, keep_mask_from([(0, 1), (1, 3)], 2, 4))
+    encoder = seeded_model(small_cfg(causal=False, pre_norm=False, post_ln=True, embed_norm=True))
+    for eager in (False, True):
+        for name, model, run in (("plain", gqa, lambda m: m(x)), ("padded", gqa, padded), ("cached", gqa, cached),
+                                 ("mla", mla, lambda m: m(x)), ("mla-cached", mla, cached), ("pruned", pruned, padded),
+                                 ("encoder", encoder, padded)):
+            yield f"{name}-{'eager' if eager else 'fused'}", model, run, eager
+
+
+def test_every_path_masks_through_key_mask(monkeypatch):
+    """Each attention path takes its mask from ``key_mask`` alone: with the function replaced by
+    the reference above the logits are unchanged, with a mask that reads every key they change."""
+    import headprobe.probe.model as model_module
+
+    real = model_module.key_mask
+
+    def reference(n_queries, n_keys, device, *, causal=True, window=None, padding=None, implicit=False):
+        return reference_key_mask(n_queries, n_keys, causal, window, padding)
+
+    def everything(n_queries, n_keys, device, **kw):
+        return torch.ones(n_queries, n_keys, dtype=torch.bool)
+
+    for name, model, run, eager in _mask_cases():
+        model.force_eager = eager
+        outputs = {}
+        with torch.no_grad():
+            for label, fn in (("real", real), ("reference", reference), ("everything", everything)):
+                monkeypatch.setattr(model_module, "key_mask", fn)
+                outputs[label] = run(model)
+        monkeypatch.setattr(model_module, "key_mask", real)
+        model.force_eager = False
+        torch.testing.assert_close(outputs["reference"], outputs["real"], atol=ATOL, rtol=0, msg=name)
+        if not name.startswith("encoder"):  # an encoder without padding reads every key anyway
+            assert (outputs["everything"] - outputs["real"]).abs().max() > 1e-3, name
+
+
+def test_mla_is_an_attention_class_of_its_own():
+    """MLA layers are LatentAttention (latent projections only), the others Attention (q/k/v
+    projections only); both are SelfAttention, and neither accepts the other's config."""
+    from headprobe.probe.model import LatentAttention, SelfAttention
+
+    mla_cfg = small_cfg(bias=False, kv_lora_rank=8, qk_rope_head_dim=4, positional="rotary")
+    for cfg, cls, has, lacks in ((mla_cfg, LatentAttention, "kv_up", "k_proj"), (small_cfg(), Attention, "k_proj", "kv_up")):
+        for block in Transformer(cfg).blocks:
+            assert type(block.attn) is cls and isinstance(block.attn, SelfAttention)
+            assert hasattr(block.attn, has) and not hasattr(block.attn, lacks)
+    with pytest.raises(HeadprobeError, match="LatentAttention"):
+        Attention(mla_cfg)
+    with pytest.raises(HeadprobeError, match="MLA config"):
+        LatentAttention(small_cfg())
