@@ -1,0 +1,54 @@
+"""The one registry type (headprobe.probe.registry): lazy "module:attr" targets, did-you-mean for
+an unknown name."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.registry import Registry, did_you_mean
+
+
+def test_a_lazy_target_is_imported_on_first_get_only(tmp_path, monkeypatch):
+    (tmp_path / "hp_lazy_target.py").write_text("VALUE = object()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "hp_lazy_target", raising=False)
+    reg = Registry("thing")
+    reg.register("a", "hp_lazy_target:VALUE")
+    reg.register("b", 42)
+    assert reg.names() == ("a", "b") and "a" in reg and len(reg) == 2 and list(reg) == ["a", "b"]
+    assert "hp_lazy_target" not in sys.modules  # listing and membership import nothing
+    got = reg.get("a")
+    assert got is sys.modules["hp_lazy_target"].VALUE and reg.get("a") is got
+    assert reg.get("b") == 42
+
+
+def test_an_unknown_name_is_one_line_with_the_closest_names_and_the_hint():
+    reg = Registry("colour", hint="pick a primary")
+    for name in ("red", "green", "blue"):
+        reg.register(name, len(name))
+    with pytest.raises(HeadprobeError) as e:
+        reg.get("gren")
+    msg = str(e.value)
+    assert msg == "unknown colour: 'gren' (did you mean 'green'?); known: red, green, blue; pick a primary"
+    with pytest.raises(HeadprobeError, match=r"unknown colour: 'zzz'; known: red, green, blue; pick") as e:
+        reg.get("zzz")  # nothing close: no suggestion
+    assert did_you_mean("bleu", ["blue", "blew", "red"]) == " (did you mean 'blue' or 'blew'?)"
+
+
+def test_registering_twice_or_a_malformed_lazy_target_is_a_programming_error():
+    reg = Registry("thing")
+    reg.register("a", 1)
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("a", 2)
+    reg.register("a", 2, replace=True)
+    assert reg.get("a") == 2
+    for bad in ("no_colon", "a:b:c", ":attr", "module:"):
+        with pytest.raises(ValueError, match="module:attr"):
+            reg.register("x", bad)
+    reg.unregister("a")
+    assert "a" not in reg
+    with pytest.raises(KeyError):
+        reg.unregister("a")
