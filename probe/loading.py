@@ -221,7 +221,7 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None, split:
     transformers' ``device_map``, ``max_memory`` and ``offload_folder`` for the model."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    from headprobe.probe.convert import ENCODER_MODEL_TYPES
+    from headprobe.probe.convert import is_encoder
 
     kwargs: dict[str, Any] = {"local_files_only": local_only}
     if gguf_file is not None:
@@ -239,7 +239,7 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None, split:
             tokenizer = PreTrainedTokenizerFast.from_pretrained(source, **kwargs)
         config = AutoConfig.from_pretrained(source, **kwargs)
         # an encoder (BERT) has no causal LM head: load the bare model, read bidirectionally
-        auto = AutoModel if config.model_type in ENCODER_MODEL_TYPES and not getattr(config, "is_decoder", False) \
+        auto = AutoModel if is_encoder(config.model_type) and not getattr(config, "is_decoder", False) \
             else AutoModelForCausalLM
         model = auto.from_pretrained(source, dtype=torch.float32, attn_implementation="eager", **kwargs, **(split or {}))
     return model.eval(), tokenizer
@@ -520,7 +520,7 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
         raise HeadprobeError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "auto":
         backend = "native" if convert.supports(ckpt.hf_model.config) else "transformer-lens"
-    if backend == "transformer-lens" and getattr(ckpt.hf_model.config, "model_type", None) in convert.ENCODER_MODEL_TYPES:
+    if backend == "transformer-lens" and convert.is_encoder(getattr(ckpt.hf_model.config, "model_type", None)):
         # TransformerLens' BERT adapter wants BertForMaskedLM (it reads `.bert`); a bare encoder fails inside it
         raise HeadprobeError(f"{ckpt.name} is an encoder ({type(ckpt.hf_model).__name__}): it runs on --backend native "
                              f"(or auto), not on TransformerLens' bridge")

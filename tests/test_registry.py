@@ -1,9 +1,11 @@
 """The one registry type (headprobe.probe.registry): lazy "module:attr" targets, did-you-mean for
-an unknown name."""
+an unknown name, and the model-family registry built on it (headprobe.probe.families)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -52,3 +54,33 @@ def test_registering_twice_or_a_malformed_lazy_target_is_a_programming_error():
     assert "a" not in reg
     with pytest.raises(KeyError):
         reg.unregister("a")
+
+
+def test_every_registered_family_resolves_to_a_family():
+    from headprobe.probe.families import FAMILIES
+    from headprobe.probe.families.base import Family
+
+    assert FAMILIES.names() == ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox",
+                                "deepseek_v3", "bert")
+    for name in FAMILIES.names():
+        family = FAMILIES.get(name)
+        assert isinstance(family, Family), name
+        assert family.tiny.fields and family.encoder == (name == "bert")
+
+
+def test_an_unknown_model_type_is_refused_with_the_closest_family_and_the_bridge():
+    from headprobe.probe.convert import config_from_hf, supports
+
+    with pytest.raises(HeadprobeError) as e:
+        config_from_hf(SimpleNamespace(model_type="lama"))
+    msg = str(e.value)
+    assert "\n" not in msg and "'lama'" in msg and "did you mean 'llama'" in msg and "--backend transformer-lens" in msg
+    assert not supports(SimpleNamespace(model_type="phi3"))
+
+
+def test_the_registries_import_no_torch():
+    """Listing the families (what a command may do before it loads a model) imports no torch."""
+    code = ("import sys; from headprobe.probe.families import FAMILIES; names = FAMILIES.names(); "
+            "print(len(names), [m for m in ('torch', 'transformers') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["10", "[]"]
