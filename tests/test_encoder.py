@@ -24,7 +24,7 @@ from headprobe.probe.loading import wrap
 
 @pytest.fixture(scope="module")
 def bert_ckpt(tmp_path_factory):
-    return zoo.make_encoder_checkpoint("bert", zoo.encoder_tokenizer(tmp_path_factory.mktemp("bert_tok")))
+    return zoo.make_checkpoint("bert", zoo.encoder_tokenizer(tmp_path_factory.mktemp("bert_tok")))
 
 
 @pytest.fixture(scope="module")

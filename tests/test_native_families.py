@@ -1,11 +1,14 @@
 """Every family the native transformer loads, against Hugging Face and against itself.
 
-For each tiny zoo checkpoint (tests/zoo.py: GPT-2, Llama, Mistral, Qwen2, Qwen3, OLMo-2,
-Gemma-2, GPT-NeoX, DeepSeek-V3 with dense MLPs), the independent references are Hugging Face's eager model (logits to 1e-4,
+For each tiny zoo checkpoint of a causal family (tests/zoo.py, from the family registry
+``headprobe.probe.families.FAMILIES``: GPT-2, Llama, Mistral, Qwen2, Qwen3, OLMo-2, Gemma-2,
+GPT-NeoX, DeepSeek-V3 with dense MLPs), the independent references are Hugging Face's eager model (logits to 1e-4,
 every layer's ``output_attentions`` pattern to 1e-5), the load-time self-check's identity, the
 plain per-head hook loop (:func:`sweep_loop`, which :func:`exact_sweep` must equal to 1e-4 nats),
 the masked model (which the pruned model must equal), and the model without a KV cache or
-without padding. Sequences are longer than the sliding window (8) so that windows matter.
+without padding. Sequences are longer than the sliding window (8) so that windows matter. What
+is known of each tiny model by hand (its layout, post-attention norm, self-check reference, whether
+its heads can be removed, its variants and the options refused) is its family's ``TinySpec``.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from headprobe.probe.checkpoint import save_native
 from headprobe.probe.loading import load_native, wrap
 from headprobe.probe.model import TransformerConfig, generate
 
-FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox", "deepseek_v3"]
-UNPRUNABLE = {"olmo2": "QK-norm", "deepseek_v3": "MLA"}  # all-head QK-norm; latent attention
-POST_NORM = {"olmo2", "gemma2"}
+from headprobe.probe.families import FAMILIES as REGISTRY
+
+FAMILIES = zoo.names()
+VARIANTS = [(name, v) for name in FAMILIES for v in zoo.tiny(name).variants]
+VARIANT_IDS = [f"{name}-{v.why}" for name, v in VARIANTS]
 LOGIT_ATOL = 1e-4
 PATTERN_ATOL = 1e-5
 SWEEP_ATOL = 1e-4  # nats/token
@@ -85,14 +90,14 @@ def test_every_pattern_equals_hugging_face(family):
 
 def test_self_check_passes(family):
     name, ckpt, model = family
-    check = model.self_check
+    check, tiny = model.self_check, zoo.tiny(name)
     assert check.ok, (name, check)
     assert check.max_relative_error < 1e-5
-    assert check.post_attention_norm == (name in POST_NORM)
-    assert check.reference == ("resid_post - resid_pre - mlp_out" if name == "gpt_neox" else "resid_mid - resid_pre")
-    if name in POST_NORM:  # the weight read off blocks[l].ln1_post is the HF norm's effective weight
-        w = ckpt.hf_model.model.layers[1].post_attention_layernorm.weight.detach()
-        assert torch.allclose(model.post_attention_norm_weight(1), 1 + w if name == "gemma2" else w, atol=1e-5)
+    assert check.post_attention_norm == tiny.post_attention_norm
+    assert check.reference == tiny.self_check_reference
+    if tiny.post_attention_norm:  # the weight read off blocks[l].ln1_post is the HF norm's effective weight
+        w = ckpt.hf_model.get_submodule(tiny.attention_output.format(l=1)).weight.detach()
+        assert torch.allclose(model.post_attention_norm_weight(1), tiny.norm_offset + w, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["zero", "resample"])
@@ -147,17 +152,13 @@ def test_defaults_are_todays_model():
     assert cfg.qk_norm == "none" and cfg.attn_softcap is None and cfg.final_softcap is None and cfg.rotary_dim is None
 
 
-@pytest.mark.parametrize("family_name, change", [
-    ("gemma2", dict(hidden_activation="silu")),
-    ("gpt_neox", dict(hidden_act="relu")),
-    ("mistral", dict(rope_parameters={"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0})),
-    ("qwen3", dict(attention_bias=True)),
-])
+@pytest.mark.parametrize("family_name, change", [(name, change) for name in REGISTRY.names()
+                                                 for change in zoo.tiny(name).unsupported])
 def test_unsupported_options_go_to_the_bridge(family_name, change):
     from transformers import AutoConfig
 
-    cfg = AutoConfig.for_model(family_name, **{**zoo.ZOO[family_name], **change})
-    assert not supports(cfg)
+    assert supports(AutoConfig.for_model(family_name, **zoo.tiny(family_name).fields))  # the change alone refuses
+    assert not supports(AutoConfig.for_model(family_name, **{**zoo.tiny(family_name).fields, **change}))
 
 
 @pytest.fixture(scope="module")
@@ -175,10 +176,10 @@ def test_pruned_model_equals_masked_model_or_is_refused(family):
     from headprobe.probe.pruned import keep_mask_from, remove_heads
 
     name, ckpt, model = family
-    net = model.model
+    net, unprunable = model.model, zoo.tiny(name).unprunable
     keep = keep_mask_from([(0, 0), (0, 1), (1, 2)], net.cfg.n_layers, net.cfg.n_heads)
-    if name in UNPRUNABLE:
-        with pytest.raises(HeadprobeError, match=UNPRUNABLE[name]):
+    if unprunable:
+        with pytest.raises(HeadprobeError, match=unprunable):
             remove_heads(net, keep)
         return
     pruned = remove_heads(net, keep)
@@ -210,8 +211,9 @@ def test_prune_save_pruned_exits_0_or_refuses_in_one_line(family_dir, tmp_path, 
     else:
         summary = json.loads((out / "summary.json").read_text())
         assert summary["pruned_model"]["max_abs_logit_diff_vs_masked"] < 1e-4
-    if name in UNPRUNABLE:
-        assert code == 2 and UNPRUNABLE[name] in lines[0]
+    unprunable = zoo.tiny(name).unprunable
+    if unprunable:
+        assert code == 2 and unprunable in lines[0]
     elif name != "qwen2":  # transformers reloads the tiny Qwen2 directory's tokenizer as Qwen2Tokenizer (0 tokens)
         assert code == 0, (name, err[-300:])
 
@@ -221,20 +223,13 @@ def _variant(family, tokenizer, **change):
     return zoo.make_checkpoint(family, tokenizer, **change)
 
 
-@pytest.mark.parametrize("family_name, change", [
-    ("deepseek_v3", dict(q_lora_rank=24, rope_interleave=True)),  # the query latent
-    ("deepseek_v3", dict(qk_nope_head_dim=12, v_head_dim=28, rope_interleave=False)),  # values wider than q/k
-    ("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)),  # n_heads * head_dim != d_model
-    ("qwen3", dict(head_dim=8)),
-    ("qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),  # layer 1 slides
-    ("gpt_neox", dict(use_parallel_residual=False, rotary_pct=0.5)),  # sequential NeoX
-])
-def test_variants_equal_hugging_face(tiny_tokenizer, family_name, change):
-    ckpt = _variant(family_name, tiny_tokenizer, **change)
+@pytest.mark.parametrize("family_name, variant", VARIANTS, ids=VARIANT_IDS)
+def test_variants_equal_hugging_face(tiny_tokenizer, family_name, variant):
+    ckpt = _variant(family_name, tiny_tokenizer, **variant.change)
     model = wrap(ckpt, backend="auto")
     assert model.backend == "native" and model.self_check.ok
-    hf_cfg = ckpt.hf_model.config
-    want_d_head = hf_cfg.v_head_dim if family_name == "deepseek_v3" else getattr(hf_cfg, "head_dim", None)
+    hf_cfg = ckpt.hf_model.config  # z's width: MLA's value width (its head_dim is the rotary width), else head_dim
+    want_d_head = getattr(hf_cfg, "v_head_dim", None) or getattr(hf_cfg, "head_dim", None)
     assert model.spec.d_head == (want_d_head or hf_cfg.hidden_size // hf_cfg.num_attention_heads)
     x = _tokens()
     with torch.no_grad():
@@ -252,30 +247,19 @@ def test_variants_equal_hugging_face(tiny_tokenizer, family_name, change):
 # One layout: the native config, both loaders' specs and the cost formulas agree
 # ---------------------------------------------------------------------------------------------
 
-#: Family -> (kind, bias, QK-norm, windows) of its tiny zoo model, by hand from tests/zoo.py and
-#: the Hugging Face modules (GPT-2's c_attn/c_proj and NeoX's query_key_value/dense carry biases,
-#: Qwen2's q/k/v only; Qwen3 normalises per head, OLMo-2 whole projections; Mistral slides on
-#: every layer, Gemma-2 on layer 0 of 2).
-ZOO_LAYOUTS = {
-    "gpt2": ("MHA", "all", "none", None), "llama": ("GQA", "none", "none", None),
-    "mistral": ("GQA", "none", "none", (8, 8)), "qwen2": ("GQA", "qkv", "none", None),
-    "qwen3": ("GQA", "none", "per_head", None), "olmo2": ("GQA", "none", "full", None),
-    "gemma2": ("GQA", "none", "none", (8, None)), "gpt_neox": ("MHA", "all", "none", None),
-    "deepseek_v3": ("MLA", "none", "none", None),
-}
-
-
-def _assert_one_layout(ckpt, native):
+def _assert_one_layout(ckpt, native, family_name):
     """The native spec's layout is its config's, the bridge's spec reads the same one from
-    TransformerLens and the Hugging Face config, and the formulas count the parameters that are
-    in the native model's and Hugging Face's attention modules; ``spec.d_head`` is z's width."""
+    TransformerLens and the Hugging Face config (for a family the bridge wraps), and the formulas
+    count the parameters that are in the native model's and Hugging Face's attention modules;
+    ``spec.d_head`` is z's width."""
     from headprobe.probe import cost
     from headprobe.probe.convert import config_from_hf
     from headprobe.probe.layout import attention_module
 
     lay = native.spec.layout
     assert lay == native.model.cfg.layout == config_from_hf(ckpt.hf_model.config).layout
-    assert wrap(ckpt, backend="transformer-lens").spec.layout == lay
+    if zoo.tiny(family_name).bridge:
+        assert wrap(ckpt, backend="transformer-lens").spec.layout == lay
     n_params = cost.attention_params_per_layer(lay)
     assert [sum(p.numel() for p in b.attn.parameters()) for b in native.model.blocks] == [n_params] * lay.n_layers
     assert sum(p.numel() for p in attention_module(ckpt.hf_model).parameters()) == n_params
@@ -285,25 +269,17 @@ def _assert_one_layout(ckpt, native):
 
 def test_one_layout_for_config_spec_and_formulas(family):
     name, ckpt, model = family
-    lay = _assert_one_layout(ckpt, model)
-    assert (lay.kind, lay.bias, lay.qk_norm, lay.windows) == ZOO_LAYOUTS[name]
-    assert (model.spec.kind, model.spec.n_kv_heads) == (lay.kind, 4 if lay.kind in ("MHA", "MLA") else 2)
+    lay, tiny = _assert_one_layout(ckpt, model, name), zoo.tiny(name)
+    assert (lay.kind, lay.bias, lay.qk_norm, lay.windows) == tiny.layout
+    n_kv_heads = lay.n_heads if lay.kind in ("MHA", "MLA") else tiny.fields["num_key_value_heads"]
+    assert (model.spec.kind, model.spec.n_kv_heads) == (lay.kind, n_kv_heads)
 
 
-@pytest.mark.parametrize("family_name, change", [
-    ("deepseek_v3", dict(q_lora_rank=24)),  # the query latent and its norm
-    ("deepseek_v3", dict(qk_nope_head_dim=12, v_head_dim=28)),  # z wider than the non-rotary q/k part
-    ("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)),  # n_heads * head_dim != d_model
-    ("qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),  # layer 1 slides
-])
-def test_one_layout_for_variants(tiny_tokenizer, family_name, change):
-    ckpt = _variant(family_name, tiny_tokenizer, **change)
-    lay = _assert_one_layout(ckpt, wrap(ckpt, backend="native"))
-    hf = ckpt.hf_model.config
-    if family_name == "deepseek_v3":
-        assert (lay.qk_nope_head_dim, lay.d_head, lay.q_lora_rank) == (hf.qk_nope_head_dim, hf.v_head_dim, hf.q_lora_rank)
-    if family_name == "qwen2":
-        assert lay.windows == (None, 8)
+@pytest.mark.parametrize("family_name, variant", VARIANTS, ids=VARIANT_IDS)
+def test_one_layout_for_variants(tiny_tokenizer, family_name, variant):
+    ckpt = _variant(family_name, tiny_tokenizer, **variant.change)
+    lay = _assert_one_layout(ckpt, wrap(ckpt, backend="native"), family_name)
+    assert {k: getattr(lay, k) for k in variant.layout} == dict(variant.layout)
 
 
 @pytest.mark.parametrize("fields", [

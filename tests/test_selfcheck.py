@@ -16,15 +16,7 @@ import torch
 import zoo
 from headprobe.probe.errors import HeadprobeError
 
-FAMILIES = list(zoo.ZOO)
-
-# HF module whose output is what layer l's attention adds to the residual stream.
-ADDED_BY = {
-    "gpt2": "transformer.h.{l}.attn",
-    "gpt_neox": "gpt_neox.layers.{l}.attention",
-    "olmo2": "model.layers.{l}.post_attention_layernorm",
-    "gemma2": "model.layers.{l}.post_attention_layernorm",
-}
+FAMILIES = [*zoo.names(), *zoo.names(encoder=True)]
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +25,9 @@ def checkpoints(tiny_tokenizer):
 
 
 def _hf_attention_added(hf_model, family: str, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
-    """Layer -> [batch, pos, d_model]: the output of the HF module that the block adds to the residual."""
-    path = ADDED_BY.get(family, "model.layers.{l}.self_attn")
+    """Layer -> [batch, pos, d_model]: the output of the HF module that the block adds to the residual
+    (the family's ``TinySpec.attention_output``)."""
+    path = zoo.tiny(family).attention_output
     out: dict[int, torch.Tensor] = {}
     handles = []
     for layer in range(hf_model.config.num_hidden_layers):
@@ -63,10 +56,16 @@ def _wrap(ckpt, backend):
 @pytest.mark.parametrize("backend", ["auto", "transformer-lens"])
 def test_decomposition_sums_to_what_the_block_adds(checkpoints, family, backend):
     """sum_h result_h + b_O from the public capture_heads equals the HF module's contribution (1e-4 relative);
-    MLA through the bridge (head geometry read wrongly) is refused with one line instead."""
+    MLA through the bridge (head geometry read wrongly) is refused with one line instead, and so is a
+    family the bridge does not wrap (an encoder)."""
     from headprobe.probe.capture import capture_heads
 
     ckpt = checkpoints[family]
+    if backend == "transformer-lens" and not zoo.tiny(family).bridge:
+        with pytest.raises(HeadprobeError) as e:
+            _wrap(ckpt, backend)
+        assert "\n" not in str(e.value)
+        return
     model = _wrap(ckpt, backend)
     check = model.self_check
     assert check.patterns_ok, check
@@ -86,7 +85,7 @@ def test_decomposition_sums_to_what_the_block_adds(checkpoints, family, backend)
         rel = float((got.double() - ref.double()).norm() / ref.double().norm())
         assert rel < 1e-4, (family, layer, rel)
         assert torch.allclose(cap["attn_out"][layer], ref, atol=1e-5, rtol=1e-4)
-    assert check.post_attention_norm == (family in ("olmo2", "gemma2"))
+    assert check.post_attention_norm == zoo.tiny(family).post_attention_norm
 
 
 def test_wrap_leaves_the_callers_model_as_it_was(checkpoints):

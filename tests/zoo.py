@@ -2,54 +2,80 @@
 claims (2 layers, d_model 64, 4 query heads on 2 KV heads where the family has GQA), made on the
 fly with transformers, no download. Each is a few hundred KB.
 
-``ZOO`` maps a family (Hugging Face ``model_type``) to the config fields that make it tiny;
+The families and their tiny config fields come from the registry
+(:data:`headprobe.probe.families.FAMILIES`, each family's ``TinySpec``), read when asked, so a
+family registered at run time is in the zoo too. ``ZOO`` maps a causal family (Hugging Face
+``model_type``) to the config fields that make it tiny, ``ENCODER_ZOO`` an encoder family;
 :func:`make_checkpoint` builds the model and :func:`save_dir` writes a Hugging Face model
 directory (config, safetensors, tokenizer) for the command-line tests.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
 
-VOCAB = 101  # word-level t0..t99 plus <|endoftext|> (id 100)
-_COMMON = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64, intermediate_size=128,
-               vocab_size=VOCAB, max_position_embeddings=128, bos_token_id=100, eos_token_id=100, pad_token_id=100)
+from headprobe.probe.families import FAMILIES
+from headprobe.probe.families.base import TINY_ENCODER_VOCAB as ENCODER_VOCAB  # noqa: F401 - the zoo's vocabularies
+from headprobe.probe.families.base import TINY_VOCAB as VOCAB  # noqa: F401
+from headprobe.probe.families.base import TinySpec
 
-ZOO: dict[str, dict] = {
-    "gpt2": dict(n_layer=2, n_head=4, n_embd=64, vocab_size=VOCAB, n_positions=128, bos_token_id=100, eos_token_id=100),
-    "llama": dict(_COMMON),
-    "mistral": dict(_COMMON, sliding_window=8),
-    "qwen2": dict(_COMMON),  # q/k/v biases
-    "qwen3": dict(_COMMON, head_dim=16),  # QK-norm
-    "olmo2": dict(_COMMON),  # QK-norm, post-attention RMSNorm
-    "gemma2": dict(_COMMON, head_dim=16, sliding_window=8, query_pre_attn_scalar=16),  # pre+post norms, softcapping
-    "gpt_neox": dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128, vocab_size=VOCAB,
-                     max_position_embeddings=128, bos_token_id=100, eos_token_id=100, rotary_pct=0.25),  # parallel block
-    "deepseek_v3": dict(_COMMON, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8,
-                        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
-                        topk_group=1, first_k_dense_replace=2),  # MLA, dense MLPs
-}
-"""Family -> tiny config fields."""
+
+def tiny(family: str) -> TinySpec:
+    """The registered ``family``'s tiny checkpoint and the facts the tests check about it."""
+    return FAMILIES.get(family).tiny
+
+
+def names(encoder: bool = False) -> list[str]:
+    """The registered causal families (or encoder families), in registration order."""
+    return [name for name in FAMILIES.names() if FAMILIES.get(name).encoder == encoder]
+
+
+class _TinyFields(Mapping):
+    """Family -> a copy of its tiny config fields, over the registry's families of one kind."""
+
+    def __init__(self, encoder: bool) -> None:
+        self.encoder = encoder
+
+    def __getitem__(self, family: str) -> dict:
+        if family not in FAMILIES or FAMILIES.get(family).encoder != self.encoder:
+            raise KeyError(family)
+        return dict(tiny(family).fields)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(names(self.encoder))
+
+    def __len__(self) -> int:
+        return len(names(self.encoder))
+
+
+ZOO: Mapping[str, dict] = _TinyFields(encoder=False)
+"""Causal family -> tiny config fields."""
+ENCODER_ZOO: Mapping[str, dict] = _TinyFields(encoder=True)
+"""Encoder family -> tiny config fields (kept apart from :data:`ZOO`, whose families are causal LMs)."""
 
 
 def make_checkpoint(family: str, tokenizer, seed: int = 0, **change):
     """A :class:`~headprobe.probe.loading.Checkpoint` holding a tiny random ``family`` model
-    (float32, eager attention; every bias and norm weight randomised so that each term is tested);
-    ``change`` overrides config fields of :data:`ZOO` (variants of a family)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    (float32, eager attention; ``AutoModelForCausalLM``, or ``AutoModel`` for an encoder: BERT's
+    ``BertModel``, no head); every bias and every parameter named in the family's
+    ``TinySpec.perturb`` is randomised so that each term is tested; ``change`` overrides config
+    fields (variants of a family)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     from headprobe.probe.loading import Checkpoint
 
-    cfg = AutoConfig.for_model(family, **{**ZOO[family], **change})
-    cfg.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family]]
+    family_ = FAMILIES.get(family)
+    spec = family_.tiny
+    cfg = AutoConfig.for_model(family, **{**spec.fields, **change})
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    model = (AutoModel if family_.encoder else AutoModelForCausalLM).from_config(cfg, attn_implementation="eager").eval()
+    model.config.architectures = [type(model).__name__]
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
+            if name.endswith("bias") or any(part in name for part in spec.perturb):
                 p.add_(torch.randn_like(p) * 0.1)
     return Checkpoint(f"tiny-{family}", f"tiny-{family}", "float32 (random init)", model, tokenizer)
 
@@ -60,14 +86,6 @@ def save_dir(family: str, tokenizer, out: Path) -> Path:
     ckpt.hf_model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
-
-
-ENCODER_VOCAB = 104  # word-level t0..t99, [CLS] 100, [SEP] 101, [UNK] 102, [PAD] 103
-ENCODER_ZOO: dict[str, dict] = {
-    "bert": dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
-                 vocab_size=ENCODER_VOCAB, max_position_embeddings=128, type_vocab_size=2, pad_token_id=103),
-}
-"""Encoder family -> tiny config fields (kept apart from :data:`ZOO`, whose families are causal LMs)."""
 
 
 def encoder_tokenizer(save_dir: Path):
@@ -82,20 +100,3 @@ def encoder_tokenizer(save_dir: Path):
     PreTrainedTokenizerFast(tokenizer_object=tk, cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]",
                             pad_token="[PAD]").save_pretrained(save_dir)
     return AutoTokenizer.from_pretrained(save_dir)
-
-
-def make_encoder_checkpoint(family: str, tokenizer, seed: int = 0, **change):
-    """A :class:`~headprobe.probe.loading.Checkpoint` holding a tiny random encoder (``AutoModel``:
-    ``BertModel``, no head), every bias and norm weight randomised as in :func:`make_checkpoint`."""
-    from transformers import AutoConfig, AutoModel
-
-    from headprobe.probe.loading import Checkpoint
-
-    cfg = AutoConfig.for_model(family, **{**ENCODER_ZOO[family], **change})
-    torch.manual_seed(seed)
-    model = AutoModel.from_config(cfg, attn_implementation="eager").eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "LayerNorm" in name or "token_type" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    return Checkpoint(f"tiny-{family}", f"tiny-{family}", "float32 (random init)", model, tokenizer)
