@@ -118,7 +118,7 @@ def collect() -> dict[str, dict[str, torch.Tensor]]:
     for name, (family, change) in VARIANTS.items():
         net = wrap(zoo.make_checkpoint(family, tok, **change), backend="native").model
         allout[name] = {**outputs(net), **pruned_outputs(net)}
-    allout["bert"] = outputs(wrap(zoo.make_encoder_checkpoint("bert", tok), backend="native").model)
+    allout["bert"] = outputs(wrap(zoo.make_checkpoint("bert", tok), backend="native").model)
     for name, fields in NATIVE_ONLY.items():
         torch.manual_seed(0)
         net = Transformer(TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=zoo.VOCAB, n_ctx=64, **fields)).eval()
