@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -47,9 +48,32 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def finite_json(obj: Any) -> Any:
+    """``obj`` with every float that is NaN or +-Inf replaced by None (JSON ``null``), through dicts,
+    lists and tuples (tuples become lists); everything else as it is.
+
+    JSON (RFC 8259) has no NaN or Infinity: Python's ``json`` writes them as the bare words ``NaN``
+    and ``Infinity``, which strict parsers (``JSON.parse``, jq, Go, Rust's serde) reject. Where a
+    value is undefined for a known reason, the writer of the object records the reason beside it.
+    """
+    if isinstance(obj, float):  # numpy's float64 too (a float subclass)
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """Write ``obj`` as indented, strict JSON to ``path`` atomically: NaN and +-Inf become ``null``
+    (:func:`finite_json`), and ``json.dumps(allow_nan=False)`` guarantees that no bare ``NaN`` or
+    ``Infinity`` is written, by any command.
+
+    Raises:
+        TypeError: ``obj`` holds a value JSON cannot represent (e.g. a numpy float32 or array).
+    """
+    write_text(path, json.dumps(finite_json(obj), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 CHECKPOINT_NAME = ".headprobe-checkpoint.json"
