@@ -137,7 +137,7 @@ class RunCheckpoint:
 
     def __init__(self, out: str | os.PathLike[str], key: dict[str, Any], name: str = CHECKPOINT_NAME):
         self.path = Path(out) / name
-        self.key = json.loads(json.dumps(key, default=str))
+        self.key = finite_json(json.loads(json.dumps(key, default=str)))  # as write_json will store it
         self._saves = 0
 
     def load(self, overwrite: bool = False) -> dict[str, Any]:
