@@ -22,6 +22,7 @@ from headprobe.analyses.data import NeedleSet, TokenSet
 from headprobe.probe.capture import stream_patterns
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import attn_hook
+from headprobe.probe.io import TextFile
 
 Pattern = Float[Tensor, "batch head q_pos k_pos"]
 
@@ -290,7 +291,7 @@ NEEDLE_LEN = 16
 """Needle length (tokens) of the retrieval score, unless a quarter of the sequence is shorter."""
 
 
-def scan_needles(model: Any, n_seqs: int, seq_len: int, seed: int, text: str | None = None,
+def scan_needles(model: Any, n_seqs: int, seq_len: int, seed: int, text: str | TextFile | None = None,
                  source: str | None = None) -> NeedleSet | None:
     """The retrieval score's token set for a scan: ``n_seqs`` windows of ``seq_len`` tokens with a
     needle of :data:`NEEDLE_LEN` tokens (or a quarter of the sequence if shorter) inserted twice;

@@ -20,7 +20,7 @@ from headprobe.analyses.ablation import (
     SweepResult, capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, top_heads,
 )
 from headprobe.analyses.attribution import atp_star, forward_equivalents, second_order
-from headprobe.analyses.data import TokenSet, read_text_file, task_tokens
+from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
 from headprobe.analyses.scoring import score_token_set
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
@@ -395,7 +395,7 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
     if 2 * cfg.period + 1 > spec.n_ctx:
         raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
     heads = cfg.head_list(spec.n_layers, spec.n_heads)
-    text = read_text_file(cfg.text) if cfg.text else None
+    text = open_text_file(cfg.text) if cfg.text else None
     data = task_tokens(model, cfg.n_natural, cfg.seq_len, cfg.n_repeated, cfg.period, cfg.seed, text,
                        source=str(cfg.text) if cfg.text else None)
     natural, repeated, repeated_src = data.natural, data.repeated, data.repeated_source
