@@ -130,7 +130,7 @@ def run_command(models, prompts, text_file, tmp_path_factory):
         if name not in _RUNS:
             out = tmp_path_factory.mktemp(f"json-{name}") / "out"
             with pytest.MonkeyPatch.context() as mp:  # scan's figures (20 s here) hold no JSON; test_scan.py tests them
-                mp.setattr("headprobe.commands.scan.scan_figures", lambda result: {})
+                mp.setattr("headprobe.commands.scan.figure_makers", lambda result: {})
                 assert main([*_argv(name, models, prompts, str(text_file)), "--out", str(out)]) == 0, name
             _RUNS[name] = out
         return _RUNS[name]
