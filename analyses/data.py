@@ -16,7 +16,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import read_text_file  # noqa: F401 - re-exported
+from headprobe.probe.io import WHOLE_TEXT_BYTES, TextFile, open_text_file, read_text_file  # noqa: F401 - re-exported
 
 
 @dataclass(frozen=True)
@@ -67,20 +67,52 @@ def ascii_text(text: str) -> str:
     return re.sub(r"[^\n -~]", "?", text.translate(_ASCII_FOR))
 
 
+POOL_WINDOWS = 8
+"""From a ``--text`` file larger than :data:`~headprobe.probe.io.WHOLE_TEXT_BYTES`, pieces are
+read until their tokens make this many times the windows asked for, for the seed to draw from."""
+
+
+def file_token_ids(tokenizer, text: TextFile, need: int) -> tuple[list[int], int]:
+    """Token ids of ``text`` (no special tokens) and the bytes read for them.
+
+    A file up to :data:`~headprobe.probe.io.WHOLE_TEXT_BYTES` is read and tokenized whole (the ids
+    its text as a ``str`` gives). Of a larger one only the beginning is read, in pieces ending at
+    line breaks (:meth:`~headprobe.probe.io.TextFile.pieces`), each tokenized alone, until the ids
+    number at least ``need`` or :data:`~headprobe.probe.io.MAX_TEXT_READ_BYTES` are read: time and
+    memory grow with ``need``, not with the file (tokenized whole, a 20 MB file took 3.1 GB).
+
+    Raises:
+        HeadprobeError: the part read is binary or not UTF-8, or the file cannot be read.
+    """
+    if text.size <= WHOLE_TEXT_BYTES:  # verbose=False: as in natural_text_tokens (no context-length warning)
+        return tokenizer(text.read(), add_special_tokens=False, verbose=False)["input_ids"], text.size
+    ids: list[int] = []
+    read = 0
+    for piece, read in text.pieces():
+        ids += tokenizer(piece, add_special_tokens=False, verbose=False)["input_ids"]
+        if len(ids) >= need:
+            break
+    return ids, read
+
+
 def natural_text_tokens(
-    model, n_seqs: int, seq_len: int, seed: int, text: str | None = None, source: str | None = None
+    model, n_seqs: int, seq_len: int, seed: int, text: str | TextFile | None = None, source: str | None = None
 ) -> TokenSet:
     """``n_seqs`` windows of ``seq_len`` tokens (BOS included when the model uses one) of natural text;
     an encoder's windows are ``[CLS] text [SEP]`` (``seq_len`` counts both).
 
-    The text is tokenized once and cut into consecutive non-overlapping windows; ``n_seqs`` of
-    them are drawn without replacement with ``seed``. The whole text may be longer than the
+    The text (a string, a :class:`~headprobe.probe.io.TextFile` or, if None, CPython's
+    documentation) is tokenized once and cut into consecutive non-overlapping windows; ``n_seqs``
+    of them are drawn without replacement with ``seed``. The whole text may be longer than the
     model's context (the windows are not): transformers' warning that it is, meant for a
-    sequence about to be run as one, is not printed for this call. A text shorter than ``n_seqs`` windows
-    gives fewer sequences (all it has), never a truncated or padded one.
+    sequence about to be run as one, is not printed for this call. A text shorter than ``n_seqs``
+    windows gives fewer sequences (all it has), never a truncated or padded one. Of a file larger
+    than :data:`~headprobe.probe.io.WHOLE_TEXT_BYTES` only the beginning is read,
+    :data:`POOL_WINDOWS` times the windows needed (:func:`file_token_ids`); ``source`` then says how much.
 
     Raises:
-        HeadprobeError: ``seq_len < 2`` or the text holds fewer than ``seq_len`` tokens.
+        HeadprobeError: ``seq_len < 2``, the text holds fewer than ``seq_len`` tokens, or a text
+            file that is binary or not UTF-8 in the part read.
     """
     if seq_len < 2:
         raise HeadprobeError(f"sequence length {seq_len} is too short: scores need at least 2 positions")
@@ -94,7 +126,11 @@ def natural_text_tokens(
     # the whole text at once, longer than the model's context by design (it is cut into windows
     # below): verbose=False silences exactly transformers' "Token indices sequence length is longer
     # than the specified maximum ... will result in indexing errors" for this call, nothing global
-    ids = model.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    if isinstance(text, TextFile):
+        ids, read = file_token_ids(model.tokenizer, text, POOL_WINDOWS * n_seqs * body)
+        source = text.describe(read) if read < text.size else source or str(text.path)
+    else:
+        ids = model.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     n_windows = len(ids) // body
     if n_windows == 0:
         raise HeadprobeError(f"the text has {len(ids)} tokens, fewer than one sequence of {body}; give more text or a shorter --seq-len")
@@ -153,7 +189,7 @@ class TaskTokens:
 
 
 def task_tokens(model, n_natural: int, seq_len: int, n_repeated: int, period: int, seed: int,
-                text: str | None = None, source: str | None = None) -> TaskTokens:
+                text: str | TextFile | None = None, source: str | None = None) -> TaskTokens:
     """The natural-text and induction token sets of ``ablate`` and ``prune`` (see :class:`TaskTokens`).
 
     Raises:
@@ -198,7 +234,7 @@ class NeedleSet:
     source: str
 
 
-def needle_tokens(model, n_seqs: int, seq_len: int, needle_len: int, seed: int, text: str | None = None,
+def needle_tokens(model, n_seqs: int, seq_len: int, needle_len: int, seed: int, text: str | TextFile | None = None,
                   source: str | None = None) -> NeedleSet:
     """``n_seqs`` natural-text windows with a random-token needle inserted twice (:class:`NeedleSet`),
     after Wu et al. 2024 ("Retrieval Head Mechanistically Explains Long-Context Factuality"),

@@ -22,6 +22,7 @@ from headprobe.analyses.data import NeedleSet, TokenSet
 from headprobe.probe.capture import stream_patterns
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import attn_hook
+from headprobe.probe.io import TextFile
 
 Pattern = Float[Tensor, "batch head q_pos k_pos"]
 
@@ -290,7 +291,7 @@ NEEDLE_LEN = 16
 """Needle length (tokens) of the retrieval score, unless a quarter of the sequence is shorter."""
 
 
-def scan_needles(model: Any, n_seqs: int, seq_len: int, seed: int, text: str | None = None,
+def scan_needles(model: Any, n_seqs: int, seq_len: int, seed: int, text: str | TextFile | None = None,
                  source: str | None = None) -> NeedleSet | None:
     """The retrieval score's token set for a scan: ``n_seqs`` windows of ``seq_len`` tokens with a
     needle of :data:`NEEDLE_LEN` tokens (or a quarter of the sequence if shorter) inserted twice;
@@ -315,7 +316,9 @@ def scan_composition(model: Any) -> dict[str, np.ndarray] | None:
 def composition_summary(k_scores: np.ndarray, earlier: list[tuple[int, int]], later: list[tuple[int, int]]) -> dict:
     """K-composition of the pairs ``earlier -> later`` (e.g. top previous-token -> top induction
     heads) beside two baselines: every pair of heads in different layers, and every earlier head
-    into the same later heads. Pairs with the earlier head not in an earlier layer are left out."""
+    into the same later heads. Pairs with the earlier head not in an earlier layer are left out;
+    a pair without a score (NaN: a zero W_OV or W_QK) is null in ``pairs``, left out of the stats,
+    and ``pairs_null_reason`` says why."""
     pairs = [(float(k_scores[lj, hj, li, hi]), f"{li}.{hi}->{lj}.{hj}") for lj, hj in later for li, hi in earlier if li < lj]
     allv = k_scores[np.isfinite(k_scores)]
     into = np.concatenate([k_scores[lj, hj][np.isfinite(k_scores[lj, hj])] for lj, hj in later]) if later else np.array([])
@@ -325,6 +328,10 @@ def composition_summary(k_scores: np.ndarray, earlier: list[tuple[int, int]], la
                 "p95": round(float(np.percentile(v, 95)), 4)} if v.size else {"n": 0}
 
     vals = np.array([p[0] for p in pairs])
+    vals = vals[np.isfinite(vals)]  # a head whose W_QK or W_OV is zero has no score (0/0), as in allv and into
     return {"pairs": {name: round(v, 4) for v, name in pairs}, "pairs_stats": stats(vals),
             "all_pairs": stats(allv), "into_same_heads": stats(into),
-            "pairs_percentile_in_all": (round(float((allv[None] < vals[:, None]).mean(1).mean() * 100), 1) if vals.size else None)}
+            "pairs_percentile_in_all": (round(float((allv[None] < vals[:, None]).mean(1).mean() * 100), 1) if vals.size else None),
+            **({"pairs_null_reason": "undefined where the earlier head's W_OV or the later head's W_QK is zero: the "
+                                     "score divides by their norms (0/0); left out of the stats"}
+               if len(vals) < len(pairs) else {})}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 import zlib
 from collections.abc import Mapping
 from importlib import resources
@@ -294,11 +295,20 @@ def _template() -> str:
 
 
 def render(data: Mapping) -> str:
-    """The page for :func:`viewer_data`'s dict: the template with the JSON inlined (``</`` escaped,
-    so no string in the data can end the script tag)."""
-    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-    return (_template().replace("__TITLE__", html.escape(str(data.get("title", "headprobe"))))
-            .replace("__DATA__", payload))
+    """The page for :func:`viewer_data`'s dict: the template with the JSON inlined and the title
+    (HTML-escaped) put in, in one pass, so neither can bring in the other's placeholder.
+
+    The JSON is Jinja2's ``htmlsafe_json_dumps`` (its ``|tojson``): ``<``, ``>``, ``&`` and ``'``
+    become ``\\u003c`` ... escapes, the same characters to ``JSON.parse``. With no ``<`` left, no
+    string in the data can end the script element (``</script>``) or open the HTML parser's
+    escaped states (``<!--`` then ``<script>``: the element's own closing tag would no longer
+    close it, and the page's script would become data).
+    """
+    from jinja2.utils import htmlsafe_json_dumps
+
+    payload = str(htmlsafe_json_dumps(data, separators=(",", ":"), allow_nan=False))
+    fill = {"__TITLE__": html.escape(str(data.get("title", "headprobe"))), "__DATA__": payload}
+    return re.sub("__TITLE__|__DATA__", lambda m: fill[m.group(0)], _template())
 
 
 def build_page(scores: pd.DataFrame | None = None, summary: Mapping | None = None,

@@ -393,10 +393,10 @@ class ModelRunConfig:
         Raises:
             HeadprobeError: a bad text file.
         """
-        from headprobe.probe.io import read_text_file
+        from headprobe.probe.io import open_text_file
 
         if self.text:
-            read_text_file(self.text)
+            open_text_file(self.text)
 
 
 def add_model_run_options(p: argparse.ArgumentParser) -> None:

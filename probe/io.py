@@ -3,11 +3,15 @@ checkpoints, and reading a user's text file."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
+import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +51,32 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def finite_json(obj: Any) -> Any:
+    """``obj`` with every float that is NaN or +-Inf replaced by None (JSON ``null``), through dicts,
+    lists and tuples (tuples become lists); everything else as it is.
+
+    JSON (RFC 8259) has no NaN or Infinity: Python's ``json`` writes them as the bare words ``NaN``
+    and ``Infinity``, which strict parsers (``JSON.parse``, jq, Go, Rust's serde) reject. Where a
+    value is undefined for a known reason, the writer of the object records the reason beside it.
+    """
+    if isinstance(obj, float):  # numpy's float64 too (a float subclass)
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """Write ``obj`` as indented, strict JSON to ``path`` atomically: NaN and +-Inf become ``null``
+    (:func:`finite_json`), and ``json.dumps(allow_nan=False)`` guarantees that no bare ``NaN`` or
+    ``Infinity`` is written, by any command.
+
+    Raises:
+        TypeError: ``obj`` holds a value JSON cannot represent (e.g. a numpy float32 or array).
+    """
+    write_text(path, json.dumps(finite_json(obj), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 CHECKPOINT_NAME = ".headprobe-checkpoint.json"
@@ -113,7 +140,7 @@ class RunCheckpoint:
 
     def __init__(self, out: str | os.PathLike[str], key: dict[str, Any], name: str = CHECKPOINT_NAME):
         self.path = Path(out) / name
-        self.key = json.loads(json.dumps(key, default=str))
+        self.key = finite_json(json.loads(json.dumps(key, default=str)))  # as write_json will store it
         self._saves = 0
 
     def load(self, overwrite: bool = False) -> dict[str, Any]:
@@ -170,21 +197,127 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def read_text_file(path: str | Path) -> str:
-    """Read a UTF-8 text file.
+WHOLE_TEXT_BYTES = 1 << 20
+"""A ``--text`` file up to this size (1 MiB, twice CPython's documentation text) is read and
+tokenized whole; a larger one only in :meth:`TextFile.pieces`, as far as the token sets need."""
+TEXT_PIECE_BYTES = 1 << 16
+"""The pieces a larger file is read in (64 KiB, then cut at the last line break)."""
+MAX_TEXT_READ_BYTES = 16 << 20
+"""The most of one ``--text`` file ever read (16 MiB), however few tokens it holds."""
+MAX_WHOLE_FILE_BYTES = 16 << 20
+"""The largest file :func:`read_text_file` reads whole (prompt files); a larger one is refused."""
+
+
+def _check_text(path: Path, data: bytes, offset: int, decoder=None, final: bool = True) -> str:
+    """``data`` (the bytes of ``path`` from byte ``offset``) decoded as UTF-8 by ``decoder`` (an
+    incremental one, which keeps a sequence cut at the end of ``data`` for the next call unless
+    ``final``; None: a new one).
 
     Raises:
-        HeadprobeError: missing, unreadable, not UTF-8, or empty (only whitespace).
+        HeadprobeError: a NUL byte (a binary file, or UTF-16) or an invalid UTF-8 sequence, naming its byte.
+    """
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise HeadprobeError(f"text file {path} holds a NUL byte at byte {offset + nul}: a binary file (or UTF-16), "
+                             f"not UTF-8 text")
+    decoder = decoder or codecs.getincrementaldecoder("utf-8")()
+    held = len(decoder.getstate()[0])  # bytes of a sequence begun in the previous call
+    try:
+        return decoder.decode(data, final=final)
+    except UnicodeDecodeError as e:
+        raise HeadprobeError(f"text file {path} is not UTF-8 (byte {offset - held + e.start} is invalid)") from None
+
+
+@dataclass(frozen=True)
+class TextFile:
+    """A UTF-8 text file, checked (:func:`open_text_file`) but not read: ``--text``.
+
+    Attributes:
+        path: the file. size: its size in bytes when it was opened.
+    """
+
+    path: Path
+    size: int
+
+    def read(self) -> str:
+        """The whole file as text.
+
+        Raises:
+            HeadprobeError: unreadable, binary, or not UTF-8.
+        """
+        try:
+            data = self.path.read_bytes()
+        except OSError as e:
+            raise HeadprobeError(f"cannot read text file {self.path}: {e.strerror}") from None
+        return _check_text(self.path, data, 0)
+
+    def pieces(self, piece_bytes: int = TEXT_PIECE_BYTES, max_bytes: int = MAX_TEXT_READ_BYTES) -> Iterator[tuple[str, int]]:
+        """The file's text from its start, in pieces of about ``piece_bytes`` bytes, each ending at a
+        line break (in a line longer than a piece at a space; a run of more than 4 pieces with
+        neither is cut anywhere), read only as the caller asks for them and no further than
+        ``max_bytes``; with each piece the bytes read so far. Memory: a few pieces.
+
+        Raises:
+            HeadprobeError: unreadable, or binary / not UTF-8 in the part read (the byte named).
+        """
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        read, rest = 0, ""
+        try:
+            with self.path.open("rb") as f:
+                while True:
+                    data = f.read(min(piece_bytes, max_bytes - read))
+                    text = rest + _check_text(self.path, data, read, decoder, final=not data)
+                    read += len(data)
+                    if not data or read >= max_bytes:  # the end, or as far as is ever read
+                        if text:
+                            yield text, read
+                        return
+                    cut = text.rfind("\n") + 1 or text.rfind(" ") + 1 or (len(text) if len(text) > 4 * piece_bytes else 0)
+                    rest = text[cut:]
+                    if cut:
+                        yield text[:cut], read
+        except OSError as e:
+            raise HeadprobeError(f"cannot read text file {self.path}: {e.strerror}") from None
+
+    def describe(self, read: int) -> str:
+        """``path``, and how much of it was read when that is not all of it (for summary.json)."""
+        return str(self.path) if read >= self.size else f"{self.path} (its first {read / 1024:.0f} KiB of {self.size / 2**20:.1f} MiB)"
+
+
+def open_text_file(path: str | os.PathLike[str]) -> TextFile:
+    """Check that ``path`` is a UTF-8 text file without reading more of it than
+    :data:`WHOLE_TEXT_BYTES`: all of a file up to that size, the first :data:`TEXT_PIECE_BYTES`
+    of a larger one (the rest is checked as it is read).
+
+    Raises:
+        HeadprobeError: missing, unreadable, not a regular file (a directory, a pipe, a device),
+            empty (or only whitespace), binary (a NUL byte), or not UTF-8; one line each.
     """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            what = "it is a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a pipe or a device?)"
+            raise HeadprobeError(f"cannot read text file {path}: {what}")
+        with path.open("rb") as f:
+            head = f.read(st.st_size if st.st_size <= WHOLE_TEXT_BYTES else TEXT_PIECE_BYTES)
     except OSError as e:
         raise HeadprobeError(f"cannot read text file {path}: {e.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise HeadprobeError(f"text file {path} is not UTF-8 (byte {e.start} is invalid)") from None
-    if not text.strip():
+    whole = len(head) >= st.st_size
+    text = _check_text(path, head, 0, final=whole)
+    if whole and not text.strip():
         raise HeadprobeError(f"text file {path} is empty")
-    return text
+    return TextFile(path, st.st_size)
+
+
+def read_text_file(path: str | Path, max_bytes: int = MAX_WHOLE_FILE_BYTES) -> str:
+    """Read a whole UTF-8 text file (a prompt file; ``--text`` goes through :func:`open_text_file`).
+
+    Raises:
+        HeadprobeError: as :func:`open_text_file`, or larger than ``max_bytes``.
+    """
+    text = open_text_file(path)
+    if text.size > max_bytes:
+        raise HeadprobeError(f"text file {text.path} is {text.size / 2**20:.1f} MiB; at most {max_bytes / 2**20:.0f} MiB "
+                             f"is read whole")
+    return text.read()

@@ -5,6 +5,7 @@ resuming, and snapshots that reload as the model they were taken from."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -128,6 +129,54 @@ def test_atlas_resumes_without_rescanning(atlas_run, text_file):
     assert [r["status"] for r in result.models.values()] == ["resumed", "failed", "resumed"]
     assert sorted(p.stat().st_mtime_ns for p in (out / "models").rglob("head_scores.csv")) == before[1]
     assert (out / "atlas.csv").read_text() == first_csv  # rebuilt from the reused scans, the same table
+
+
+TRICKY_LABELS = ["smollm2-135m", "all-minilm-l6-v2", "toy", "step 0", "step 100", "step_100", "step 0100",
+                 "x/llama", "x_llama", "x__llama", "x llama", "X_llama", "x_LLAMA", "..", ".", "/", "", "-", ".hidden",
+                 "/abs/path/model", "abs/path/model", "../up", "a" * 300, "a" * 300 + "b", "model", "model-0123456789",
+                 "EleutherAI/pythia-70m", "caf\u00e9", "cafe", "con", "con.d", "nul\x00", "model.", "model..", "a\\b", "~", "-rf"]
+
+
+def test_model_folder_names_are_one_to_one_and_safe():
+    """Every label gets its own folder (also where the file system ignores case), one path component,
+    never '.' or '..', hidden or too long; the names of committed atlases stay as they were."""
+    from headprobe.commands.atlas import slug
+
+    names = {label: slug(label) for label in TRICKY_LABELS}
+    assert len({n.lower() for n in names.values()}) == len(TRICKY_LABELS), names
+    for label, name in names.items():
+        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9_-]", name) and len(name) <= 64, (label, name)
+        assert name.split(".")[0].lower() not in ("con", "nul"), (label, name)  # Windows device names
+        assert name == slug(label)  # the same every run, so a resumed atlas finds its scans
+    # unambiguous names of committed atlases (figures/atlas, figures/atlas-training) are kept
+    assert [names[x] for x in ("smollm2-135m", "all-minilm-l6-v2", "toy", "step 0", "step 100")] == \
+        ["smollm2-135m", "all-minilm-l6-v2", "toy", "step_0", "step_100"]
+    assert names["x/llama"].startswith("x_llama-") and names["x_llama"] == "x_llama"
+
+
+def test_colliding_and_hostile_model_names_keep_their_own_folders(tiny_dir, gpt2_dir, text_file, tmp_path, monkeypatch):
+    """x/llama and x_llama used to share a folder (the second scan overwrote the first), and '..' wrote
+    its scan into OUT itself, outside OUT/models."""
+    import shutil
+
+    root = tmp_path / "models"
+    shutil.copytree(tiny_dir, root / "x" / "llama")  # 2 layers x 8 heads
+    shutil.copytree(gpt2_dir, root / "x_llama")       # 2 layers x 4 heads
+    shutil.copytree(gpt2_dir, root / "m")
+    (root / "m" / "cwd").mkdir()
+    monkeypatch.chdir(root / "m" / "cwd")
+    out = tmp_path / "out"
+    labels = ["../../x/llama", "../../x_llama", ".."]   # '..' is the model m
+    assert main(["atlas", "--models", *labels, "--out", str(out), "--text", str(text_file), *SMALL_FLAGS,
+                 "--types", "induction", "--no-metrics"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    dirs = [out / summary["models"][m]["dir"] for m in labels]
+    assert len(set(dirs)) == 3 and all(d.parent == out / "models" for d in dirs)
+    assert [summary["models"][m]["status"] for m in labels] == ["scanned"] * 3
+    heads = [len(pd.read_csv(d / "head_scores.csv")) for d in dirs]
+    assert heads == [16, 8, 8]  # each folder holds its own model's scan
+    assert not (out / "head_scores.csv").exists() and sorted(p.name for p in (out / "models").iterdir()) == \
+        sorted(d.name for d in dirs)
 
 
 @pytest.mark.parametrize("argv, message", [

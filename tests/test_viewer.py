@@ -280,6 +280,34 @@ def test_show_page_in_chromium_is_about_the_prompt(browser, tiny_dir, tiny_scan_
     _assert_offline(page)
 
 
+HOSTILE_LABELS = ["-->", "<!--", "<script>", "window.__pwned = 1", "</script>", "<!--<script>",
+                  "<script>window.__pwned = 2</script>", "</SCRIPT >", "<img src=x onerror='window.__pwned = 3'>",
+                  "]]>", "&lt;", "__DATA__", "\u2028", '"\\']
+"""Token strings that end a script element, or keep it open (``<!--`` then ``<script>`` with no ``-->``
+after them: the HTML parser's double-escaped state, in which the closing tag does not close), or
+would run as markup if the data were ever parsed as HTML."""
+
+
+def test_hostile_token_text_neither_breaks_the_page_nor_runs(browser, tmp_path):
+    """The page's own script runs and a click draws the pattern with the tokens as given, while no
+    script from the data runs (each would set window.__pwned)."""
+    n = len(HOSTILE_LABELS)
+    p = np.tril(np.ones((n, n), np.float32))
+    p = np.broadcast_to(p / p.sum(-1, keepdims=True), (1, 2, n, n))
+    page_path = tmp_path / "index.html"
+    page_path.write_text(viewer.build_page(_table(1, 2, 1), {"model": "<!--<script>__DATA__"},
+                                           {"natural": {"labels": HOSTILE_LABELS, "pattern": p}}), encoding="utf-8")
+    inlined = re.search(r'id="headprobe-data">(.*?)</script>', page_path.read_text(encoding="utf-8"), re.S).group(1)
+    assert "<" not in inlined and json.loads(inlined)["patterns"]["natural"]["labels"] == HOSTILE_LABELS
+    page = _open(browser, page_path)
+    assert page.locator("[data-head]").count() == 2  # drawn by the page's script
+    assert page.inner_text("#title") == "headprobe: <!--<script>__DATA__"
+    shown = _click_head(page, "0.1")
+    assert shown["rows"] == n and shown["labels"] == HOSTILE_LABELS
+    assert page.evaluate("window.__pwned") is None
+    _assert_offline(page)
+
+
 def test_a_2048_token_example_stays_responsive(browser, tmp_path):
     n, L, H = 2048, 1, 2
     q = np.arange(n)[:, None]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import re
 import time
@@ -183,9 +184,38 @@ def snapshot_dirs(run: str | Path) -> list[tuple[int, Path]]:
     return found
 
 
+WINDOWS_DEVICE = re.compile(r"(con|prn|aux|nul|com[1-9]|lpt[1-9])(\.|$)", re.IGNORECASE)
+PLAIN_NAME = re.compile(r"[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9_-])?")
+"""A model label kept as its own folder name (unless a :data:`WINDOWS_DEVICE` name such as
+``con`` or ``nul.txt``): lower case, digits, ``.``, ``_``, ``-``, not hidden, not ending in ``.``."""
+STEP_LABEL = re.compile(r"step (0|[1-9][0-9]*)")
+"""The label of a training snapshot (:meth:`AtlasConfig.model_list`); its folder is ``step_N``."""
+HASH_DIGITS = 10
+RESERVED_NAME = re.compile(rf"step_[0-9]+|.*-[0-9a-f]{{{HASH_DIGITS}}}")
+"""Folder names only :func:`slug` makes: snapshots' and hashed ones. A plain label of this form is hashed too."""
+
+
 def slug(label: str) -> str:
-    """A directory name for a model label (``EleutherAI/pythia-70m`` -> ``EleutherAI_pythia-70m``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_") or "model"
+    """The folder of model ``label`` under ``OUT/models/``: one-to-one, safe, and the same every run.
+
+    A plain label (:data:`PLAIN_NAME`: ``smollm2-135m``, ``toy``) is its own folder, and a snapshot
+    ``step N`` is ``step_N``. Any other label (a path, a Hugging Face name with ``/``, capitals,
+    ``..``, ``con``, ...) becomes a readable part (runs of other characters as ``_``, at most its last 47
+    characters, no leading or trailing ``.``/``_``/``-``; ``model_`` before a device name) plus ``-`` and the first
+    :data:`HASH_DIGITS` hex digits of the label's SHA-256: ``x/llama`` -> ``x_llama-<hash>``, while
+    ``x_llama`` stays ``x_llama``, and ``..`` -> ``model-<hash>``. The three forms cannot meet
+    (:data:`RESERVED_NAME`), so two labels share a folder only if their hashes do (40 bits), even on
+    a file system that ignores case; a folder name is never ``.``, ``..``, hidden, absolute or
+    longer than 64 characters.
+    """
+    if PLAIN_NAME.fullmatch(label) and not RESERVED_NAME.fullmatch(label) and not WINDOWS_DEVICE.match(label):
+        return label
+    if m := STEP_LABEL.fullmatch(label):
+        return f"step_{m.group(1)}"
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._-")[-47:].lstrip("._-") or "model"
+    if WINDOWS_DEVICE.match(readable):
+        readable = f"model_{readable}"
+    return f"{readable}-{hashlib.sha256(label.encode('utf-8', 'surrogatepass')).hexdigest()[:HASH_DIGITS]}"
 
 
 def family_of(model: str) -> str:

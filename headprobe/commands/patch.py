@@ -132,6 +132,8 @@ class PatchResult:
             "corrupted_logit_diff": round(float(p.corrupted_ld.mean()), 4),
             "corrupted_logit_diff_ci95": [round(float(x), 4) for x in bootstrap_ci(p.corrupted_ld, seed=seed)],
             "normaliser": round(p.total, 4),
+            **({} if p.total else {"normalized_null_reason": "undefined: the corrupted prompts' mean logit difference "
+                                   "equals the clean prompts' (normaliser 0), so effect / normaliser is 0/0"}),
             "top_heads": [{"head": f"{int(r.layer)}.{int(r.head)}", "effect": round(float(r.effect), 4),
                            "effect_ci95": [round(float(r.effect_ci95_lo), 4), round(float(r.effect_ci95_hi), 4)],
                            "normalized": round(float(r.normalized), 4)} for r in top.itertuples()],
@@ -170,7 +172,9 @@ class PatchResult:
                  "largest effects (Δ logit difference, 95% CI, normalised):"]
         for t in s["top_heads"][:8]:
             lines.append(f"  {t['head']:>6}  {t['effect']:+.3f}  [{t['effect_ci95'][0]:+.3f}, {t['effect_ci95'][1]:+.3f}]  "
-                         f"{t['normalized']:+.2f}")
+                         + ("n/a" if "normalized_null_reason" in s else f"{t['normalized']:+.2f}"))
+        if "normalized_null_reason" in s:
+            lines.append(f"normalised effects n/a: {s['normalized_null_reason']}")
         return "\n".join(lines)
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
@@ -194,9 +198,12 @@ def run(model, config: PatchConfig, progress: bool = True) -> PatchResult:
     """Patch every head (or ``config.heads``) of the loaded ``model`` on ``config``'s prompt pairs.
 
     Raises:
-        HeadprobeError: bad prompts or heads, or a model whose self-check forbids head ablation.
+        HeadprobeError: bad prompts or heads, a model whose self-check forbids head ablation, or
+            logit differences that are NaN or Inf (a float16 overflow).
     """
     import time
+
+    import numpy as np
 
     from headprobe.analyses.patching import ioi_prompts, patch_heads
     from headprobe.probe.capture import kv_head_of
@@ -209,10 +216,14 @@ def run(model, config: PatchConfig, progress: bool = True) -> PatchResult:
     pairs = config.read_pairs() or ioi_prompts(model.tokenizer, config.n_prompts, config.seed)
     t0 = time.perf_counter()
     p = patch_heads(model, pairs, heads, progress=progress)
+    dtype = str(model.dtype).removeprefix("torch.")
+    if not all(np.isfinite(x).all() for x in (p.clean_ld, p.corrupted_ld, p.patched_ld)):  # as scan and ablate refuse
+        raise HeadprobeError(f"the model's logit differences are NaN or Inf in {dtype}"
+                             + (" (float16 overflows above 65504: use --dtype bfloat16 or float32)" if dtype == "float16" else ""))
     table = p.table(seed=config.seed)
     table.insert(2, "kv_head", kv_head_of(table["head"].to_numpy(), spec.n_heads, spec.n_kv_heads))
     return PatchResult(config, spec, p, table, seconds=time.perf_counter() - t0,
-                       model_info={"device": str(model.device), "dtype": str(model.dtype).removeprefix("torch."),
+                       model_info={"device": str(model.device), "dtype": dtype,
                                    "self_check": model.self_check.to_dict()})
 
 

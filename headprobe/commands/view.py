@@ -77,7 +77,7 @@ def _read_dir(d: Path) -> dict:
 
 def compute_patterns(cfg: ViewConfig, summary: dict | None, path: Path) -> None:
     """Load ``cfg.model``, rebuild the scan's token sets from ``summary``'s config and write ``path`` (patterns.npz)."""
-    from headprobe.analyses.data import natural_text_tokens, read_text_file, repeated_random_tokens
+    from headprobe.analyses.data import natural_text_tokens, open_text_file, repeated_random_tokens
     from headprobe.analyses.viewer import head_patterns, save_patterns
 
     sc = (summary or {}).get("config")
@@ -87,7 +87,7 @@ def compute_patterns(cfg: ViewConfig, summary: dict | None, path: Path) -> None:
         raise HeadprobeError(f"{path.parent} is a scan of {summary['model']}, not of {cfg.model}")
     model = options.load_model_as(cfg.model, device=cfg.device, dtype=cfg.dtype, backend=cfg.backend,
                                   prepend_bos=sc.get("prepend_bos", True))
-    text = read_text_file(sc["text"]) if sc.get("text") else None
+    text = open_text_file(sc["text"]) if sc.get("text") else None
     natural = natural_text_tokens(model, sc["n_natural"], sc["seq_len"], sc["seed"], text,
                                   source=str(sc["text"]) if sc.get("text") else None)
     repeated = repeated_random_tokens(model, sc["n_repeated"], sc["period"], sc["seed"])

@@ -20,7 +20,7 @@ from headprobe.analyses.ablation import (
     SweepResult, capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, top_heads,
 )
 from headprobe.analyses.attribution import atp_star, forward_equivalents, second_order
-from headprobe.analyses.data import TokenSet, read_text_file, task_tokens
+from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
 from headprobe.analyses.scoring import score_token_set
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
@@ -89,7 +89,7 @@ def checkpointed_sweep(model, tokens, heads, kind, mean_z, source_tokens, first,
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     for name, value in done["loss"].items():
         layer, head = map(int, name.split("."))
-        loss[layer, head] = value
+        loss[layer, head] = float("nan") if value is None else value  # a checkpoint holds NaN as null
     return SweepResult(done["clean"], loss, kind)
 
 
@@ -112,11 +112,33 @@ MIN_RANKED_HEADS = 8
 0.9 arises by chance with probability ~0.04 and is no finding (``--heads 18.6,17.3,...``)."""
 
 
-def _rank_correlation(a, b) -> float | None:
-    """:func:`spearman` over the heads finite in both; None (JSON null, ``n/a`` on screen) when
-    fewer than :data:`MIN_RANKED_HEADS` heads were swept, too few to rank."""
+def _rank_correlation(a, b, names: tuple[str, str] = ("one ranking", "the other")) -> tuple[float | None, str | None]:
+    """:func:`spearman` of ``a`` and ``b`` (named ``names``) over the heads finite in both, and None;
+    or None (JSON null, ``n/a`` on screen) and the reason: fewer than :data:`MIN_RANKED_HEADS`
+    such heads (too few to rank), or one side equal on all of them (Spearman's rho divides by its
+    zero spread; a model whose W_O is zero has no effect at all)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    return spearman(a, b) if (np.isfinite(a) & np.isfinite(b)).sum() >= MIN_RANKED_HEADS else None
+    ok = np.isfinite(a) & np.isfinite(b)
+    if ok.sum() < MIN_RANKED_HEADS:
+        return None, f"fewer than {MIN_RANKED_HEADS} heads swept, too few to rank"
+    flat = [name for name, x in zip(names, (a[ok], b[ok])) if x.min() == x.max()]
+    if flat:
+        return None, f"undefined: {' and '.join(flat)} {'is' if len(flat) == 1 else 'are'} the same for every head"
+    return spearman(a, b), None
+
+
+def _rank_correlations(tasks: dict, induction_score) -> dict[str, tuple[float | None, str | None]]:
+    """summary.json's rank correlations, keyed ``<task>.<name>`` and ``induction_score_vs_induction_loss_delta``:
+    ``(rho, None)`` or ``(None, why)`` (:func:`_rank_correlation`)."""
+    out = {}
+    for t, r in tasks.items():
+        out[f"{t}.gradient_importance_vs_abs_effect"] = _rank_correlation(r.importance, np.abs(r.effect),
+                                                                          ("gradient importance", "|exact effect|"))
+        out[f"{t}.gradient_importance"] = _rank_correlation(r.importance, r.effect, ("gradient importance", "exact effect"))
+        out[f"{t}.attribution_patching"] = _rank_correlation(r.attribution, r.effect, ("attribution patching", "exact effect"))
+    out["induction_score_vs_induction_loss_delta"] = _rank_correlation(
+        induction_score, tasks["induction"].effect, ("induction score", "exact induction effect"))
+    return out
 
 
 TOP_N = 10
@@ -159,18 +181,18 @@ class AblateResult:
         if self.config.estimate:
             return self._estimate_summary()
         cfg, results = self.config, self.tasks
+        rho = _rank_correlations(results, self.induction_score)
         return {
             **self._run_fields(), "units": "nats/token",
             "top_heads_by_loss_delta": {t: [{"head": format_head(h), "loss_delta": round(float(r.effect[h]), 5)}
                                             for h in top_heads(torch.as_tensor(r.effect), TOP_N)] for t, r in results.items()},
             # importance is unsigned (E|dL/dxi|): compared with the effect's size, and with the signed effect
-            "spearman_with_exact_sweep": {t: {
-                "gradient_importance_vs_abs_effect": _rank_correlation(r.importance, np.abs(r.effect)),
-                "gradient_importance": _rank_correlation(r.importance, r.effect),
-                "attribution_patching": _rank_correlation(r.attribution, r.effect)} for t, r in results.items()},
+            "spearman_with_exact_sweep": {t: {name: rho[f"{t}.{name}"][0] for name in
+                                              ("gradient_importance_vs_abs_effect", "gradient_importance", "attribution_patching")}
+                                          for t in results},
             "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)],
-            "spearman_induction_score_vs_induction_loss_delta": _rank_correlation(self.induction_score,
-                                                                                  results["induction"].effect),
+            "spearman_induction_score_vs_induction_loss_delta": rho["induction_score_vs_induction_loss_delta"][0],
+            "spearman_null_reasons": {k: why for k, (_, why) in rho.items() if why},
             "timings_s": {**{f"{t}_sweep": round(r.sweep_s, 2) for t, r in results.items()},
                           **{f"{t}_gradient": round(r.gradient_s, 2) for t, r in results.items()},
                           "total": round(self.run_s + self.load_s, 1)},
@@ -274,8 +296,10 @@ class AblateResult:
             tops = ", ".join(f"{e['head']} ({e['loss_delta']:+.3f})" for e in s["top_heads_by_loss_delta"][task][:5])
             rho = s["spearman_with_exact_sweep"][task]
             r = {k: "n/a" if v is None else f"{v:.2f}" for k, v in rho.items()}
-            why = (f" (n/a: fewer than {MIN_RANKED_HEADS} heads swept, too few to rank)"
-                   if any(v is None for v in rho.values()) else "")
+            reasons = dict.fromkeys("undefined: one side is the same for every head (spearman_null_reasons in summary.json)"
+                                    if why.startswith("undefined") else why
+                                    for k, why in s["spearman_null_reasons"].items() if k.startswith(f"{task}."))
+            why = f" (n/a: {'; '.join(reasons)})" if reasons else ""
             lines.append(f"{task:<10} top heads by Δ loss: {tops}; Spearman with exact sweep: importance vs |Δ| "
                          f"{r['gradient_importance_vs_abs_effect']} (signed {r['gradient_importance']}), "
                          f"attribution {r['attribution_patching']}{why}")
@@ -371,7 +395,7 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
     if 2 * cfg.period + 1 > spec.n_ctx:
         raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
     heads = cfg.head_list(spec.n_layers, spec.n_heads)
-    text = read_text_file(cfg.text) if cfg.text else None
+    text = open_text_file(cfg.text) if cfg.text else None
     data = task_tokens(model, cfg.n_natural, cfg.seq_len, cfg.n_repeated, cfg.period, cfg.seed, text,
                        source=str(cfg.text) if cfg.text else None)
     natural, repeated, repeated_src = data.natural, data.repeated, data.repeated_source

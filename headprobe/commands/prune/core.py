@@ -15,7 +15,7 @@ import pandas as pd
 from headprobe import options
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import first_scored
-from headprobe.analyses.data import TokenSet, read_text_file, task_tokens
+from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
 from headprobe.analyses.pruning import (LossSet, PruningRun, build_pruned, curve_auc, iterative_pruning, l0_pruning,
                                         per_layer_best_head)
 from headprobe.probe.errors import HeadprobeError
@@ -238,7 +238,7 @@ def run(model, config: PruneConfig, *, resume: dict | None = None, on_save: Call
     spec = model.spec
     if 2 * cfg.period + 1 > spec.n_ctx:
         raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
-    text = read_text_file(cfg.text) if cfg.text else None
+    text = open_text_file(cfg.text) if cfg.text else None
     data = task_tokens(model, cfg.n_natural, cfg.seq_len, cfg.n_repeated, cfg.period, cfg.seed, text,
                        source=str(cfg.text) if cfg.text else None)
     natural, repeated = data.natural, data.repeated

@@ -32,7 +32,7 @@ from headprobe import options
 from headprobe.analyses import vocabulary as vocab
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import prepare_output_dir, read_text_file
+from headprobe.probe.io import TextFile, open_text_file, prepare_output_dir
 
 _CORE = ("run", "scan", "run_scan", "ScanResult", "verify", "summary", "scan_figures", "figure_makers",
          "write_outputs", "format_report", "verification_settings", "scan_metric", "metrics_summary",
@@ -161,13 +161,13 @@ class ScanConfig:
         """
         self.read_text()
 
-    def read_text(self) -> str | None:
-        """The natural text (None: the default text); checks the file.
+    def read_text(self) -> TextFile | None:
+        """The natural-text file, checked but read only as the token sets need it (None: the default text).
 
         Raises:
-            HeadprobeError: missing, a directory, unreadable, not UTF-8 or empty.
+            HeadprobeError: missing, a directory, unreadable, binary, not UTF-8 or empty.
         """
-        return read_text_file(self.text) if self.text else None
+        return open_text_file(self.text) if self.text else None
 
     def resolved(self, spec, trained_periods: tuple[int, int, int] | None = None) -> ScanConfig:
         """This config with the model-dependent defaults filled in for ``spec`` (a ModelSpec); the

@@ -1,0 +1,210 @@
+"""No command writes a bare NaN or Infinity: every JSON file each command writes (summary.json,
+study.json, checkpoints, the viewer page's inlined data, ``budget --json``) parsed by a parser that
+rejects them, on tiny models with small settings; the degenerate cases that used to write NaN (a
+model whose W_O is zero for ablate, corrupted prompts equal to clean for patch) say why a value is
+null; and patch refuses a float16 overflow with one line, as scan and ablate do."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zoo
+
+from headprobe.cli import main
+from headprobe.probe.io import finite_json, write_json
+
+SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]
+
+
+def _reject(word: str):
+    raise ValueError(f"bare {word} in JSON")
+
+
+def strict_loads(text: str):
+    """``json.loads`` that refuses ``NaN``, ``Infinity`` and ``-Infinity`` (RFC 8259 has none of them)."""
+    return json.loads(text, parse_constant=_reject)
+
+
+def test_strict_parser_rejects_what_pythons_json_writes_for_nan():
+    assert strict_loads('{"a": [1.5, null]}') == {"a": [1.5, None]}
+    for bad in (json.dumps(float("nan")), json.dumps([float("inf")]), json.dumps({"x": -float("inf")})):
+        with pytest.raises(ValueError, match="bare"):
+            strict_loads(bad)
+
+
+def test_write_json_turns_every_non_finite_float_into_null(tmp_path):
+    obj = {"nan": float("nan"), "deep": [{"inf": float("inf")}, (np.float64("-inf"), 2.5)], "ok": 1, "s": "NaN"}
+    write_json(tmp_path / "x.json", obj)
+    assert strict_loads((tmp_path / "x.json").read_text()) == {"nan": None, "deep": [{"inf": None}, [None, 2.5]],
+                                                               "ok": 1, "s": "NaN"}
+    assert finite_json([1.0, float("nan")]) == [1.0, None] and obj["nan"] != obj["nan"]  # the caller's object untouched
+
+
+def _json_texts(out: Path) -> dict[str, str]:
+    """Every JSON text under ``out``: each ``*.json`` file and each viewer page's inlined data."""
+    texts = {str(p.relative_to(out)): p.read_text(encoding="utf-8") for p in sorted(out.rglob("*.json"))}
+    for page in sorted(out.rglob("*.html")):
+        for i, m in enumerate(re.finditer(r'<script type="application/json"[^>]*>(.*?)</script>', page.read_text(encoding="utf-8"), re.S)):
+            texts[f"{page.relative_to(out)}#{i}"] = m.group(1)
+    return texts
+
+
+@pytest.fixture(scope="module")
+def models(tiny_tokenizer, tmp_path_factory):
+    """Model directories: a tiny Llama (2 layers x 4 heads), the same with W_O zero in every layer, and
+    the same with its last MLP scaled up so that float16 overflows (float32 is fine)."""
+    root = tmp_path_factory.mktemp("json-models")
+
+    def save(name, change=None):
+        ckpt = zoo.make_checkpoint("llama", tiny_tokenizer)
+        if change is not None:
+            with torch.no_grad():
+                change(ckpt.hf_model.model)
+        ckpt.hf_model.save_pretrained(root / name)
+        tiny_tokenizer.save_pretrained(root / name)
+        return str(root / name)
+
+    def zero_wo(m):
+        for layer in m.layers:
+            layer.self_attn.o_proj.weight.zero_()
+
+    def overflow(m):
+        mlp = m.layers[-1].mlp
+        mlp.gate_proj.weight.mul_(10)
+        mlp.up_proj.weight.mul_(1e3)
+        mlp.down_proj.weight.mul_(1e3)
+
+    return {"llama": save("llama"), "zero_wo": save("zero_wo", zero_wo), "overflow": save("overflow", overflow)}
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    """Prompt-pair files for patch: ``distinct`` (corrupted differs from clean) and ``same`` (equal)."""
+    rng = np.random.default_rng(0)
+    root = tmp_path_factory.mktemp("json-prompts")
+    pairs = []
+    for _ in range(4):
+        a, b = rng.choice(100, 2, replace=False)
+        pairs.append({"clean": " ".join(f"t{j}" for j in rng.integers(0, 100, 7)),
+                      "corrupted": " ".join(f"t{j}" for j in rng.integers(0, 100, 7)), "correct": f" t{a}", "wrong": f" t{b}"})
+    (root / "distinct.jsonl").write_text("\n".join(map(json.dumps, pairs)), encoding="utf-8")
+    (root / "same.jsonl").write_text("\n".join(json.dumps({**p, "corrupted": p["clean"]}) for p in pairs), encoding="utf-8")
+    return {"distinct": str(root / "distinct.jsonl"), "same": str(root / "same.jsonl")}
+
+
+def _argv(name: str, models, prompts, text: str) -> list[str]:
+    t = ["--text", text]
+    return {
+        "scan": ["scan", "--model", models["llama"], *t, *SMALL, "-k", "2", "--n-random", "2", "--html"],
+        "ablate": ["ablate", "--model", models["llama"], *t, *SMALL],
+        "ablate_zero_wo": ["ablate", "--model", models["zero_wo"], *t, *SMALL],
+        "ablate_estimate": ["ablate", "--model", models["zero_wo"], *t, *SMALL, "--estimate", "attribution"],
+        "prune": ["prune", "--model", models["llama"], *t, *SMALL, "--step-fraction", "0.5", "--l0-steps", "2",
+                  "--l0-lambdas", "10", "--n-seeds", "1"],
+        "patch": ["patch", "--model", models["llama"], "--prompts", prompts["distinct"], "--device", "cpu"],
+        "patch_same": ["patch", "--model", models["llama"], "--prompts", prompts["same"], "--device", "cpu"],
+        "train": ["train", "--steps", "4", "--eval-every", "2", "--d-model", "16", "--n-heads", "2", "--n-words", "16",
+                  "--seq-len", "33", "--max-period", "12", "--eval-period", "8", "--n-eval", "4", "--device", "cpu"],
+        "study": ["study", "heads", "--steps", "2", "--eval-every", "2", "--seeds", "0", "--d-model", "16", "--device", "cpu",
+                  "--n-heads-list", "1,2", "--corpus", "copy"],
+        "atlas": ["atlas", "--models", models["llama"], models["zero_wo"], *t, *SMALL, "-k", "2", "--n-random", "2",
+                  "--pattern-len", "0", "--no-model-figures", "--types", "induction,previous_token"],
+        "show": ["show", "--model", models["llama"], "--head", "1.1", "--prompt", "t1 t2 t3 t1 t2 t3", "--device", "cpu"],
+    }[name]
+
+
+COMMANDS = ["scan", "ablate", "ablate_zero_wo", "ablate_estimate", "prune", "patch", "patch_same", "train", "study",
+            "atlas", "show"]
+_RUNS: dict[str, Path] = {}
+
+
+@pytest.fixture
+def run_command(models, prompts, text_file, tmp_path_factory):
+    """``run_command(name)``: run command ``name`` once per session into its own directory, which it returns."""
+    def go(name: str) -> Path:
+        if name not in _RUNS:
+            out = tmp_path_factory.mktemp(f"json-{name}") / "out"
+            with pytest.MonkeyPatch.context() as mp:  # scan's figures (20 s here) hold no JSON; test_scan.py tests them
+                mp.setattr("headprobe.commands.scan.figure_makers", lambda result: {})
+                assert main([*_argv(name, models, prompts, str(text_file)), "--out", str(out)]) == 0, name
+            _RUNS[name] = out
+        return _RUNS[name]
+    return go
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_json_a_command_writes_is_strict(name, run_command):
+    out = run_command(name)
+    texts = _json_texts(out)
+    assert texts, f"{name} wrote no JSON"
+    assert name == "show" or "summary.json" in texts or "study.json" in texts
+    for file, text in texts.items():
+        strict_loads(text)  # raises on a bare NaN / Infinity, naming it
+        assert not re.search(r"\bNaN\b|\bInfinity\b", text.replace('"NaN"', "")), file
+
+
+def test_view_of_a_scan_writes_strict_data(run_command):
+    out = run_command("scan")
+    (out / "index.html").unlink()
+    assert main(["view", str(out)]) == 0
+    assert strict_loads(_json_texts(out)["index.html#0"])["n_heads"] == 4
+
+
+def test_budget_json_is_strict(capsys):
+    assert main(["budget", "--preset", "llama3-8b", "--seq-len", "8192", "--json"]) == 0
+    strict_loads(capsys.readouterr().out)
+
+
+def test_ablate_of_a_zero_wo_model_says_why_its_correlations_are_null(run_command):
+    """W_O = 0: every head's ablation changes nothing, so every effect (and importance) is the same and
+    Spearman's rho is undefined (it was NaN in summary.json): null, with the reason."""
+    s = strict_loads((run_command("ablate_zero_wo") / "summary.json").read_text())
+    assert all(v == 0 for t in ("natural", "induction") for v in (e["loss_delta"] for e in s["top_heads_by_loss_delta"][t]))
+    nulls = [*(f"{t}.{k}" for t, d in s["spearman_with_exact_sweep"].items() for k, v in d.items() if v is None),
+             *(["induction_score_vs_induction_loss_delta"] if s["spearman_induction_score_vs_induction_loss_delta"] is None else [])]
+    assert len(nulls) == 7 and sorted(s["spearman_null_reasons"]) == sorted(nulls)
+    assert all("the same for every head" in why for why in s["spearman_null_reasons"].values())
+    ok = strict_loads((run_command("ablate") / "summary.json").read_text())  # a sound model: every rho, no reasons
+    assert ok["spearman_null_reasons"] == {} and None not in ok["spearman_with_exact_sweep"]["natural"].values()
+
+
+def test_scan_of_a_zero_wo_model_says_why_its_compositions_are_null(run_command, models):
+    """W_O = 0: K-composition ||W_QK^T W_OV|| / (||W_QK|| ||W_OV||) is 0/0 for every pair (it was NaN)."""
+    out = run_command("atlas")
+    atlas = strict_loads((out / "summary.json").read_text())
+    s = strict_loads((out / atlas["models"][models["zero_wo"]]["dir"] / "summary.json").read_text())
+    k = s["metrics"]["k_composition_previous_token_to_induction"]
+    assert k["pairs"] and set(k["pairs"].values()) == {None} and "0/0" in k["pairs_null_reason"]
+    assert k["pairs_stats"] == {"n": 0} and k["pairs_percentile_in_all"] is None
+    ok = strict_loads((out / atlas["models"][models["llama"]]["dir"] / "summary.json").read_text())
+    assert "pairs_null_reason" not in ok["metrics"]["k_composition_previous_token_to_induction"]
+
+
+def test_patch_of_identical_prompts_says_why_normalised_effects_are_null(run_command):
+    """Corrupted = clean: every effect is 0 and the normaliser 0, so effect / normaliser is 0/0."""
+    s = strict_loads((run_command("patch_same") / "summary.json").read_text())
+    assert s["normaliser"] == 0 and s["clean_logit_diff"] == s["corrupted_logit_diff"]
+    assert all(h["effect"] == 0 and h["normalized"] is None for h in s["top_heads"]) and len(s["top_heads"]) == 8
+    assert "normaliser 0" in s["normalized_null_reason"]
+    assert "normalized_null_reason" not in strict_loads((run_command("patch") / "summary.json").read_text())
+
+
+def test_patch_refuses_a_float16_overflow_in_one_line(models, prompts, tmp_path, capsys):
+    """The same model runs in float32; in float16 its last MLP overflows (65504). patch wrote 39 NaNs and
+    exit 0; now, like scan and ablate, one line and exit 2, nothing written."""
+    base = ["patch", "--model", models["overflow"], "--prompts", prompts["distinct"], "--device", "cpu", "--backend", "native"]
+    assert main([*base, "--out", str(tmp_path / "f32")]) == 0
+    capsys.readouterr()
+    assert main([*base, "--dtype", "float16", "--out", str(tmp_path / "f16")]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
+    assert len(lines) == 1 and "NaN or Inf in float16" in lines[0] and "Traceback" not in err, err
+    assert not (tmp_path / "f16").exists()
+    assert main(["scan", "--model", models["overflow"], "--dtype", "float16", "--backend", "native", *SMALL,
+                 "--no-verify", "--out", str(tmp_path / "s16")]) == 2  # scan's refusal, for comparison
+    assert "NaN or Inf" in capsys.readouterr().err and not (tmp_path / "s16").exists()
