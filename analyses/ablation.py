@@ -619,16 +619,41 @@ def head_importance(model: Backend, tokens: Int[Tensor, "batch pos"], first: int
             return _reduced_importance(torch.zeros(2 * spec.n_layers * spec.n_heads + 1, dtype=torch.float64),
                                        spec, B_total, kind, normalize)
     tokens = tokens.to(model.device)
-    B = tokens.shape[0]
     ablation, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     base = torch.ones(spec.n_layers, spec.n_heads) if head_mask is None else head_mask.detach().float().cpu()
+    hooks, xis, deltas, zs = _mask_probes(base, tokens.shape[0])
+    with torch.inference_mode(False), torch.enable_grad():
+        logits = model.forward(tokens, fwd_hooks=hooks)
+        per_seq = scored_loss(logits, tokens, first)  # [batch]
+        layers = list(range(spec.n_layers))
+        grads = torch.autograd.grad(per_seq.sum(), [xis[l] for l in layers] + [deltas[l] for l in layers])
+    g_xi, g_z = grads[: len(layers)], grads[len(layers):]
+    diff = ablation_directions(zs, ablation, inputs)
+    attr = [(diff[layer] * g_z[layer].float()).sum(dim=(1, 3)) for layer in layers]  # [batch, head] per layer
+    if sharded:
+        sums = torch.cat([torch.stack([g.abs().double().sum(dim=0).cpu() for g in g_xi]).flatten(),
+                          torch.stack([a.double().sum(dim=0).cpu() for a in attr]).flatten(),
+                          per_seq.detach().double().sum().cpu().view(1)])
+        return _reduced_importance(sums, spec, B_total, kind, normalize)
+    importance = torch.stack([g.abs().float().mean(dim=0) for g in g_xi]).cpu()
+    if normalize:
+        importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
+    attribution = torch.stack([a.mean(dim=0).cpu() for a in attr])
+    return HeadImportance(importance, attribution, float(per_seq.detach().mean()), kind)
+
+
+def _mask_probes(base: Float[Tensor, "layer head"], batch: int) -> tuple[list, dict, dict, dict]:
+    """:func:`head_importance`'s ``hook_z`` hooks for every layer: each returns ``z * xi + delta``
+    with the head mask ``xi`` ``[batch, head]`` (at ``base``) and ``delta`` (zeros), both requiring
+    grad. Returns ``(hooks, xis, deltas, zs)``; the dicts (``zs``: the masked z, detached) fill
+    during the forward."""
     xis: dict[int, Tensor] = {}
     deltas: dict[int, Tensor] = {}
     zs: dict[int, Tensor] = {}
 
     def make(layer: int):
         def hook(z: Tensor, hook: Any) -> Tensor:
-            xi = base[layer].to(z.device, z.dtype).expand(B, -1).clone().requires_grad_(True)
+            xi = base[layer].to(z.device, z.dtype).expand(batch, -1).clone().requires_grad_(True)
             delta = torch.zeros_like(z, requires_grad=True)
             xis[layer], deltas[layer] = xi, delta
             out = z * xi[:, None, :, None]
@@ -636,28 +661,19 @@ def head_importance(model: Backend, tokens: Int[Tensor, "batch pos"], first: int
             return out + delta
         return hook
 
-    hooks = [(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)]
-    with torch.inference_mode(False), torch.enable_grad():
-        logits = model.forward(tokens, fwd_hooks=hooks)
-        per_seq = scored_loss(logits, tokens, first)  # [batch]
-        layers = list(range(spec.n_layers))
-        grads = torch.autograd.grad(per_seq.sum(), [xis[l] for l in layers] + [deltas[l] for l in layers])
-    g_xi, g_z = grads[: len(layers)], grads[len(layers):]
-    if sharded:
-        attr = [((ablation.replace(zs[layer].float(), layer, slice(None), inputs) - zs[layer].float())
-                 * g_z[layer].float()).sum(dim=(1, 3)).double().sum(dim=0).cpu() for layer in layers]
-        sums = torch.cat([torch.stack([g.abs().double().sum(dim=0).cpu() for g in g_xi]).flatten(),
-                          torch.stack(attr).flatten(), per_seq.detach().double().sum().cpu().view(1)])
-        return _reduced_importance(sums, spec, B_total, kind, normalize)
-    importance = torch.stack([g.abs().float().mean(dim=0) for g in g_xi]).cpu()
-    if normalize:
-        importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
-    attribution = torch.zeros(spec.n_layers, spec.n_heads)
-    for layer in layers:
+    return [(attn_hook(layer, "z"), make(layer)) for layer in range(base.shape[0])], xis, deltas, zs
+
+
+def ablation_directions(zs: dict[int, Tensor], kind: Kind,
+                        inputs: AblationInputs) -> list[Float[Tensor, "batch pos head d_head"]]:
+    """``r_h - z_h`` for every head of every layer of ``zs`` (``{layer: z [batch, pos, head,
+    d_head]}``, layers ``0 .. len(zs) - 1``), in float32: the change of z that ablating each head
+    by ``kind`` makes, the direction of attribution patching and its relatives."""
+    diff = []
+    for layer in range(len(zs)):
         z = zs[layer].float()
-        r = ablation.replace(z, layer, slice(None), inputs)
-        attribution[layer] = ((r - z) * g_z[layer].float()).sum(dim=(1, 3)).mean(dim=0).cpu()
-    return HeadImportance(importance, attribution, float(per_seq.detach().mean()), kind)
+        diff.append(kind.replace(z, layer, slice(None), inputs) - z)
+    return diff
 
 
 def _reduced_importance(sums: Tensor, spec: Any, n: int, kind: str, normalize: bool) -> HeadImportance:

@@ -70,8 +70,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headprobe.analyses.ablation import kind_inputs, require_head_ablation
-from headprobe.probe.ablation_kinds import AblationInputs, Kind
+from headprobe.analyses.ablation import ablation_directions, kind_inputs, require_head_ablation
 from headprobe.probe.backend import Backend, scored_loss
 from headprobe.probe.hooks import attn_hook
 
@@ -119,15 +118,6 @@ def _z_probes(n_layers: int) -> tuple[list, dict[int, Tensor], dict[int, Tensor]
         return hook
 
     return [(attn_hook(layer, "z"), z_hook(layer)) for layer in range(n_layers)], zs, deltas
-
-
-def _directions(zs: dict[int, Tensor], kind: Kind, inputs: AblationInputs) -> list[Float[Tensor, "batch pos head d_head"]]:
-    """``r - z`` per layer (float32): the change of every head's z that its ablation makes."""
-    diff = []
-    for layer in range(len(zs)):
-        z = zs[layer].float()
-        diff.append(kind.replace(z, layer, slice(None), inputs) - z)
-    return diff
 
 
 def _per_sequence(diff: list[Tensor], grads: Sequence[Tensor]) -> Float[Tensor, "batch layer head"]:
@@ -211,7 +201,7 @@ def atp_star(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, k
         grads = torch.autograd.grad(total, [deltas[l] for l in range(L)] + [eps[i] for i in range(L + 1)],
                                     retain_graph=graddrop)
         g_z, g_resid = grads[:L], grads[L:]
-        diff = _directions(zs, ablation, second)  # [batch, pos, head, d_head] per layer
+        diff = ablation_directions(zs, ablation, second)  # [batch, pos, head, d_head] per layer
         attribution = torch.stack([(diff[m] * g_z[m].float()).sum(dim=(0, 1, 3)) for m in range(L)])  # [layer, head]
         gd = attribution[None].repeat(L, 1, 1)  # gd[l, m] = attribution[m] for l < m
         for l in range(L):
@@ -297,7 +287,7 @@ def second_order(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 
         probs = torch.softmax(logits.detach().float(), dim=-1)
         clean_loss = float(-torch.log(probs.gather(-1, targets[..., None]).clamp_min(1e-45)).mean())
         inputs = [deltas[layer] for layer in range(L)]
-        diff = _directions(zs, ablation, second)
+        diff = ablation_directions(zs, ablation, second)
 
         def per_sequence(y: Int[Tensor, "batch pos"], last: bool) -> Float[Tensor, "batch layer head"]:
             # d(1/T sum_t CE(logits_t, y_t)) / d logits_t = (p_t - e_{y_t}) / T: the gradient of each
