@@ -8,7 +8,8 @@ replaced by ``r_h``, which removes exactly its output contribution ``z_h W_O^(h)
 ablations of :mod:`headprobe.analyses.ablation` (which use ``(r_h - z_h) W_O^(h)``), attribution
 patching and AtP* (:mod:`headprobe.analyses.attribution`, whose direction is ``r_h - z_h``),
 activation patching (resample) and ``headprobe ablate --kind``. Adding a kind is one
-:func:`register` call (or one entry below); nothing else names kinds.
+:func:`register` call (or one entry below); nothing else names kinds. The unknown-name error is
+the registry's (:class:`~headprobe.probe.registry.Registry`: one line, with did-you-mean).
 
 Built-in kinds (the vocabulary of Heimersheim & Nanda 2024, "How to use and interpret activation
 patching", arXiv 2404.15255, and Wang et al. 2022, arXiv 2211.00593, sec. 3):
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.registry import Registry
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -110,19 +112,19 @@ def _resample(z: Tensor, layer: int, heads: Any, inputs: AblationInputs) -> Tens
     return inputs.source_z[layer][:, :, heads].to(z)
 
 
-KINDS: dict[str, Kind] = {}
-"""Every ablation kind by name, in the order of ``--kind``'s choices."""
+KINDS: Registry[Kind] = Registry("ablation kind")
+"""Every ablation kind by name (:class:`~headprobe.probe.registry.Registry`), in the order of
+``--kind``'s choices."""
 
 
 def register(kind: Kind) -> Kind:
-    """Add ``kind`` to :data:`KINDS` (its name must be new) and return it.
+    """Add ``kind`` to :data:`KINDS` under its name and return it (a test removes it again with
+    ``KINDS.unregister(name)``).
 
     Raises:
         ValueError: a kind of that name exists.
     """
-    if kind.name in KINDS:
-        raise ValueError(f"ablation kind {kind.name!r} is already registered")
-    KINDS[kind.name] = kind
+    KINDS.register(kind.name, kind)
     return kind
 
 
@@ -133,22 +135,15 @@ register(Kind("resample", _resample, "source", "by its z on another input",
               "r_h = the head's z on another input of the same shape (Heimersheim & Nanda 2024; resample ablation)"))
 
 
+def kinds() -> tuple[Kind, ...]:
+    """Every registered kind, in registration order."""
+    return tuple(KINDS.get(name) for name in KINDS)
+
+
 def names(source: bool | None = None) -> tuple[str, ...]:
     """The registered kinds' names; ``source=False``: only those needing no source input (a task
     that has none can use them), ``True``: only those needing one."""
-    return tuple(k.name for k in KINDS.values() if source is None or (k.needs == "source") == source)
-
-
-def get(name: str) -> Kind:
-    """The kind called ``name``.
-
-    Raises:
-        HeadprobeError: no such kind (one line listing the registered ones).
-    """
-    try:
-        return KINDS[name]
-    except (KeyError, TypeError):
-        raise HeadprobeError(f"unknown ablation kind {name!r}; expected one of {', '.join(KINDS)}") from None
+    return tuple(k.name for k in kinds() if source is None or (k.needs == "source") == source)
 
 
 def check(name: str, mean_z: Any = None, source: Any = None, source_arg: str = "source_tokens") -> Kind:
@@ -160,9 +155,10 @@ def check(name: str, mean_z: Any = None, source: Any = None, source_arg: str = "
             in the message (``source_tokens`` in the engine, ``source_z`` in the hooks).
 
     Raises:
-        HeadprobeError: unknown kind, or its input missing: ``"<kind> ablation needs <arg> (<what>)"``.
+        HeadprobeError: unknown kind (the registry's one line, with the closest names), or its
+            input missing: ``"<kind> ablation needs <arg> (<what>)"``.
     """
-    kind = get(name)
+    kind = KINDS.get(name)
     given = {"mean_z": (mean_z, "mean_z"), "source": (source, source_arg)}
     if kind.needs is not None and given[kind.needs][0] is None:
         raise HeadprobeError(f"{kind.name} ablation needs {given[kind.needs][1]} ({NEEDS[kind.needs]})")

@@ -27,7 +27,7 @@ def scaled():
     """A test-local kind, registered for one test only: ``r_h = 0.5 z_h``."""
     kind = ablation_kinds.register(Kind("scaled", lambda z, layer, heads, inputs: z * HALF, help="by half of itself"))
     yield kind
-    del ablation_kinds.KINDS[kind.name]
+    ablation_kinds.KINDS.unregister(kind.name)
 
 
 def _tokens(n=3, T=12, seed=0):
@@ -133,8 +133,8 @@ def test_bad_kinds_and_missing_inputs_are_one_error_with_one_message(tiny_gpt2_n
     model, tokens = tiny_gpt2_native, _tokens()
     mean_z = mean_z_from(capture_z(model, _tokens(seed=5)), 1)
     for name, call in _entry_points(model, tokens).items():
-        with pytest.raises(HeadprobeError, match=r"^unknown ablation kind 'bogus'; expected one of zero, mean, resample$"):
-            call("bogus", None, None)
+        with pytest.raises(HeadprobeError, match=r"^unknown ablation kind: 'zeros' \(did you mean 'zero'\?\); known: zero, mean, resample$"):
+            call("zeros", None, None)
         with pytest.raises(HeadprobeError, match=r"^mean ablation needs mean_z \(each head's mean z over reference tokens\)$"):
             call("mean", None, None)
         source = "source_z" if name == "hooks" else "source_tokens"
@@ -145,6 +145,6 @@ def test_bad_kinds_and_missing_inputs_are_one_error_with_one_message(tiny_gpt2_n
         head_ablation_hooks([(1, 0)], "resample", source_z={0: capture_z(model, tokens)[0]})
     from headprobe.commands.ablate import AblateConfig
 
-    with pytest.raises(HeadprobeError, match=r"^unknown ablation kind 'bogus'"):
+    with pytest.raises(HeadprobeError, match=r"^unknown ablation kind: 'bogus'; known: zero, mean, resample$"):
         AblateConfig(kind="bogus")
 

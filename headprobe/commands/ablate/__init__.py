@@ -95,7 +95,7 @@ class AblateConfig(options.ModelRunConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        ablation_kinds.get(self.kind)
+        ablation_kinds.KINDS.get(self.kind)
         if self.max_batch < 1:
             raise HeadprobeError(f"--max-batch must be at least 1, got {self.max_batch}")
         if self.estimate is not None and self.estimate not in ESTIMATES:
@@ -128,7 +128,7 @@ class AblateConfig(options.ModelRunConfig):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     options.add_model_run_options(p)
     p.add_argument("--n-natural", type=positive_int, default=8, help="natural-text sequences (default %(default)s)")
-    kinds = ", ".join(f"{k.name} ({k.help})" for k in ablation_kinds.KINDS.values())
+    kinds = ", ".join(f"{k.name} ({k.help})" for k in ablation_kinds.kinds())
     p.add_argument("--kind", default="zero", choices=ablation_kinds.names(),
                    help=f"how an ablated head's z is replaced: {kinds}; the reference tokens are other natural-text "
                         "windows, the other input one of the same task (default %(default)s)")

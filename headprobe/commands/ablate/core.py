@@ -374,7 +374,7 @@ def _task_sets(model, cfg: AblateConfig) -> tuple[TokenSet, TokenSet, dict, torc
                        source=str(cfg.text) if cfg.text else None)
     natural, repeated = data.natural, data.repeated
     nat, nat_ref = natural.tokens[: cfg.n_natural], natural.tokens[cfg.n_natural:]
-    needs = ablation_kinds.get(cfg.kind).needs
+    needs = ablation_kinds.KINDS.get(cfg.kind).needs
     mean_z = mean_z_from(capture_z(model, nat_ref), natural.start) if needs == "mean_z" else None
     source = needs == "source"
     sets = {
