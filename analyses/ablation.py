@@ -6,8 +6,10 @@ that defines the type clearly more than ablating k random heads does (see :func:
 
 The ablation engine:
 
-* :func:`ablate`: zero, mean or resample ablation of any set of heads as a context manager whose
-  hooks are removed in ``finally`` (both backends; ablation at ``hook_z``).
+* :func:`ablate`: zero, mean or resample ablation (any kind of
+  :data:`headprobe.probe.ablation_kinds.KINDS`, where each kind's replacement is defined) of any
+  set of heads as a context manager whose hooks are removed in ``finally`` (both backends;
+  ablation at ``hook_z``).
 * :func:`exact_sweep`: the loss with each single head ablated, for every head. It runs the
   clean pass once, resumes each ablation at its own layer from the clean residual (a head in
   layer l changes nothing before layer l; its own layer changes only by ``(replacement - z_h)
@@ -42,7 +44,10 @@ from headprobe.analyses import distributed
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import all_heads  # noqa: F401 - re-exported
 from headprobe.probe.backend import Backend, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
-from headprobe.probe.hooks import ABLATION_KINDS, AblationKind, Head, attn_hook, format_head, head_ablation_hooks
+from headprobe.probe import ablation_kinds
+from headprobe.probe.ablation_kinds import AblationInputs, AblationKind, Kind
+from headprobe.probe.hooks import (
+    Head, attn_hook, batched_ablation_hooks, format_head, head_ablation_hooks, head_set_masks)
 
 
 def task_loss(logits: Tensor, tokens: Tensor, task: str, start: int, period: int | None) -> float:
@@ -74,7 +79,8 @@ def mean_z_from(z_by_layer: dict[int, Tensor], start: int,
 @torch.inference_mode()
 def ablated_loss(model: Backend, tokens: Tensor, heads: Sequence[Head], kind: AblationKind, mean_z: Tensor | None,
                  task: str, start: int, period: int | None) -> float:
-    """Task loss with ``heads`` zero- or mean-ablated (at hook_z, before W_O)."""
+    """Task loss with ``heads`` ablated (at hook_z, before W_O) by a kind that needs no source
+    input (zero, or mean with ``mean_z``)."""
     require_head_ablation(model)
     logits = model.forward(tokens, fwd_hooks=head_ablation_hooks(heads, kind, mean_z))
     return task_loss(logits, tokens, task, start, period)
@@ -153,38 +159,36 @@ LOGITS_BYTES_PER_PASS = 512 * 2**20
 def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_sets: Sequence[Sequence[Head]],
                         kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None, first: int,
                         max_batch: int = 64, progress: bool = False, desc: str = "ablations",
-                        score: Any = None) -> Float[Tensor, "n_sets batch"]:
+                        score: Any = None,
+                        source_tokens: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "n_sets batch"]:
     """Per-sequence scored loss (nats/token) with each of ``head_sets`` ablated, one set at a time.
 
     Several sets share a forward pass along the batch axis (``tokens`` repeated once per set;
-    a hook at each ``hook_z`` replaces, in each copy, the heads of that copy's set by 0 or their
-    mean z), at most ``max_batch`` sequences and :data:`LOGITS_BYTES_PER_PASS` of logits per
-    pass. Equal to one :func:`ablated_loss`-style forward per set (tested), in fewer passes on
-    a GPU; on a CPU the work is the same.
+    :func:`~headprobe.probe.hooks.batched_ablation_hooks` replaces, in each copy, the heads of that
+    copy's set by their kind's ``r_h``), at most ``max_batch`` sequences and
+    :data:`LOGITS_BYTES_PER_PASS` of logits per pass. Equal to one :func:`ablated_loss`-style
+    forward per set (tested), in fewer passes on a GPU; on a CPU the work is the same.
 
     Args:
         tokens: ``[batch, pos]``, no padding. head_sets: ``n_sets`` sets of ``(layer, head)``.
-        kind: ``zero`` or ``mean`` (``mean_z`` ``[layer, head, d_head]`` needed).
+        kind: a kind of :data:`headprobe.probe.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
+            ``mean_z`` ``[layer, head, d_head]``) or ``resample`` (needs ``source_tokens``, the
+            shape of ``tokens``).
         first: first scored prediction (see :func:`first_scored`).
         progress: a tqdm bar over the sets (``desc`` its label).
         score: ``(tokens [n, pos], first, fwd_hooks) -> [n]``, what is measured per sequence; None:
             ``model.scored_losses`` (nats/token). :class:`EmbeddingDistance` for an encoder.
 
     Raises:
-        HeadprobeError: ``kind`` is not zero/mean or ``mean_z`` is missing, or the model failed
-            its self-check (see :func:`require_head_ablation`).
+        HeadprobeError: unknown ``kind`` or its input missing, or the model failed its self-check
+            (see :func:`require_head_ablation`).
     """
-    if kind not in ("zero", "mean"):
-        raise HeadprobeError(f"set ablation supports zero and mean ablation, not {kind!r}")
-    _check_kind(kind, mean_z, None)
     require_head_ablation(model)
+    _, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     spec = model.spec
     tokens = tokens.to(model.device)
     B, T = tokens.shape
-    masks = torch.zeros(len(head_sets), spec.n_layers, spec.n_heads, dtype=torch.bool)
-    for i, heads in enumerate(head_sets):
-        for layer, head in heads:
-            masks[i, layer, head] = True
+    masks = head_set_masks(head_sets, spec.n_layers, spec.n_heads)
     per_pass = max(1, min(max_batch // B, LOGITS_BYTES_PER_PASS // max(1, B * T * spec.d_vocab * 4)))
     out = torch.empty(len(head_sets), B)
     from tqdm.auto import tqdm
@@ -193,16 +197,7 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
     for lo in range(0, len(head_sets), per_pass):
         chunk = masks[lo:lo + per_pass].to(model.device)  # [m, layer, head]
         m = chunk.shape[0]
-
-        def make(layer: int):
-            def hook(z: Tensor, hook: Any) -> Tensor:
-                sel = chunk[:, layer][:, None, None, :, None]  # [m, 1, 1, head, 1]
-                per_set = z.reshape(m, B, *z.shape[1:])  # [m, batch, pos, head, d_head]
-                r = torch.zeros((), dtype=z.dtype, device=z.device) if kind == "zero" else mean_z[layer].to(z)[None, None, None]
-                return torch.where(sel, r, per_set).reshape(z.shape)
-            return hook
-
-        hooks = [(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers) if chunk[:, layer].any()]
+        hooks = batched_ablation_hooks(chunk, B, kind, inputs.mean_z, inputs.source_z)
         out[lo:lo + m] = (score or model.scored_losses)(tokens.repeat(m, 1), first, hooks).view(m, B).float().cpu()
         bar.update(m)
     bar.close()
@@ -346,8 +341,8 @@ def ablate(model: Backend, heads: Sequence[Head], kind: AblationKind = "zero",
     body raises.
 
     Raises:
-        ValueError: unknown ``kind``, or ``mean_z`` / ``source_z`` missing for its kind.
-        HeadprobeError: the model failed its self-check (see :func:`require_head_ablation`).
+        HeadprobeError: unknown ``kind`` or the input it needs missing, or the model failed its
+            self-check (see :func:`require_head_ablation`).
     """
     require_head_ablation(model)
     with model.hooks(head_ablation_hooks(heads, kind, mean_z, source_z)):
@@ -368,6 +363,20 @@ def capture_z(model: Backend, tokens: Int[Tensor, "batch pos"]) -> dict[int, Flo
     return out
 
 
+def kind_inputs(model: Backend, kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None,
+                source_tokens: Int[Tensor, "batch pos"] | None) -> tuple[Kind, AblationInputs]:
+    """The ablation kind called ``kind`` (:mod:`headprobe.probe.ablation_kinds`) and the second
+    inputs of its replacement: ``mean_z`` as given, and, for a kind that needs a source, every
+    layer's z on ``source_tokens`` (:func:`capture_z`, ``{layer: [batch, pos, head, d_head]}``).
+
+    Raises:
+        HeadprobeError: unknown ``kind``, or the input it needs missing.
+    """
+    ablation = ablation_kinds.check(kind, mean_z, source_tokens)
+    source_z = capture_z(model, source_tokens.to(model.device)) if ablation.needs == "source" else None
+    return ablation, AblationInputs(mean_z, source_z)
+
+
 @dataclass
 class SweepResult:
     """Single-head ablation sweep (losses in nats/token).
@@ -375,7 +384,7 @@ class SweepResult:
     Attributes:
         clean_loss: mean scored loss with no head ablated.
         loss: ``[layer, head]`` mean scored loss with that one head ablated; NaN where not swept.
-        kind: ``zero``, ``mean`` or ``resample``.
+        kind: the ablation kind (a name in :data:`headprobe.probe.ablation_kinds.KINDS`).
     """
 
     clean_loss: float
@@ -388,18 +397,10 @@ class SweepResult:
         return self.loss - self.clean_loss
 
 
-SINGLE_INPUT_KINDS: tuple[str, ...] = tuple(k for k in ABLATION_KINDS if k != "resample")
-"""The ablation kinds (of :data:`headprobe.probe.hooks.ABLATION_KINDS`, the one list) that need
-no second input: resample replaces z by the head's z on another input, which a task must supply."""
-
-
-def _check_kind(kind: str, mean_z, source_tokens) -> None:
-    if kind not in ABLATION_KINDS:
-        raise HeadprobeError(f"unknown ablation kind {kind!r}; expected one of {', '.join(ABLATION_KINDS)}")
-    if kind == "mean" and mean_z is None:
-        raise HeadprobeError("mean ablation needs mean_z (each head's mean z over reference tokens)")
-    if kind == "resample" and source_tokens is None:
-        raise HeadprobeError("resample ablation needs source_tokens (the input whose z replaces the head's)")
+def __getattr__(name: str):
+    if name == "SINGLE_INPUT_KINDS":  # kept for importers: the kinds needing no source input, read from the registry
+        return ablation_kinds.names(source=False)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @torch.inference_mode()
@@ -410,16 +411,15 @@ def sweep_loop(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequence
 
     Works on either backend. Same arguments and result as :func:`exact_sweep`.
     """
-    _check_kind(kind, mean_z, source_tokens)
     require_head_ablation(model)
+    _, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     spec = model.spec
     heads = all_heads(spec.n_layers, spec.n_heads) if heads is None else list(heads)
-    source_z = capture_z(model, source_tokens) if kind == "resample" else None
     tokens = tokens.to(model.device)
     clean = float(scored_loss(model.forward(tokens), tokens, first).mean())
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     for layer, head in heads:
-        logits = model.forward(tokens, fwd_hooks=head_ablation_hooks([(layer, head)], kind, mean_z, source_z))
+        logits = model.forward(tokens, fwd_hooks=head_ablation_hooks([(layer, head)], kind, inputs.mean_z, inputs.source_z))
         loss[layer, head] = float(scored_loss(logits, tokens, first).mean())
     return SweepResult(clean, loss, kind)
 
@@ -430,7 +430,64 @@ beyond that it records the swept layers in chunks, one clean pass per chunk."""
 
 
 class _CleanPrefixDone(Exception):
-    """Raised by :func:`exact_sweep`'s last recording hook of a chunk to end that clean pass early."""
+    """Raised by :class:`_CleanActivations`' last recording hook of a chunk to end that clean pass early."""
+
+
+class _CleanActivations:
+    """The clean ``resid_pre``, ``z`` and raw attention output of the swept layers (for
+    :func:`exact_sweep`), recorded a chunk of layers at a time: only one chunk's activations
+    (each layer's ~3 x batch x pos x d_model values) are alive at once, at most
+    :data:`STORED_ACTIVATION_BYTES`, so memory stays flat in ``n_layers``. The first chunk is
+    recorded with the clean loss (:attr:`clean_loss`); each later one costs a clean pass up to its
+    last layer, made when :meth:`at` first asks for one of its layers."""
+
+    def __init__(self, model: Backend, tokens: Int[Tensor, "batch pos"], first: int, layers: Sequence[int]):
+        self.backend, self.tokens, self.first = model, tokens, first
+        B, T = tokens.shape
+        spec = model.spec
+        per_layer = B * T * (2 * spec.d_model + spec.n_heads * spec.d_head) * 4
+        size = max(1, STORED_ACTIVATION_BYTES // per_layer)
+        self.chunks = [list(layers[i:i + size]) for i in range(0, len(layers), size)]
+        self.chunk_of = {layer: c for c, chunk in enumerate(self.chunks) for layer in chunk}
+        self.pre: dict[int, Tensor] = {}
+        self.z: dict[int, Tensor] = {}
+        self.attn: dict[int, Tensor] = {}
+        self.current = 0
+        self.clean_loss = (self._capture(self.chunks[0], whole=True) if self.chunks
+                           else float(model.scored_losses(tokens, first).mean()))
+
+    def _capture(self, chunk: Sequence[int], whole: bool) -> float | None:
+        """Record ``chunk``'s clean activations; the clean loss if ``whole``, else the pass stops
+        after the chunk's last attention output (nothing later is needed)."""
+        for store in (self.pre, self.z, self.attn):
+            store.clear()
+
+        def save(store: dict, layer: int, stop: bool = False):
+            def hook(x: Tensor, hook: Any) -> None:
+                store[layer] = x.clone()
+                if stop:
+                    raise _CleanPrefixDone
+            return hook
+
+        hooks = [(f"blocks.{layer}.hook_resid_pre", save(self.pre, layer)) for layer in chunk]
+        hooks += [(attn_hook(layer, "z"), save(self.z, layer)) for layer in chunk]
+        hooks += [(self.backend.attn_out_hook(layer), save(self.attn, layer, stop=not whole and layer == chunk[-1]))
+                  for layer in chunk]
+        if whole:
+            return float(self.backend.scored_losses(self.tokens, self.first, hooks).mean())
+        try:
+            self.backend.scored_losses(self.tokens, self.first, hooks)
+        except _CleanPrefixDone:
+            pass
+        return None
+
+    def at(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Layer ``layer``'s clean ``(resid_pre [batch, pos, d_model], z [batch, pos, head, d_head],
+        attention output [batch, pos, d_model])``."""
+        if self.chunk_of[layer] != self.current:
+            self.current = self.chunk_of[layer]
+            self._capture(self.chunks[self.current], whole=False)
+        return self.pre[layer], self.z[layer], self.attn[layer]
 
 
 @torch.inference_mode()
@@ -443,11 +500,12 @@ def exact_sweep(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequenc
     One clean forward pass records each swept layer's ``resid_pre``, ``z`` and raw attention
     output (in chunks of layers where they would exceed :data:`STORED_ACTIVATION_BYTES`: one
     clean pass per chunk, each ending after its chunk's last layer, so the memory they take is
-    bounded whatever ``n_layers``).
+    bounded whatever ``n_layers``; :class:`_CleanActivations`).
     Ablating head h of layer l changes nothing before layer l, and changes layer l's raw
-    attention output ``sum_h z_h W_O^(h) + b_O`` only by ``(r_h - z_h) W_O^(h)`` (r_h: 0, the
-    mean z, or the z on ``source_tokens``), so each ablation adds that to the clean raw attention
-    output and resumes the forward from layer l
+    attention output ``sum_h z_h W_O^(h) + b_O`` only by ``(r_h - z_h) W_O^(h)`` (r_h: the kind's
+    replacement, :mod:`headprobe.probe.ablation_kinds`: 0, the mean z, or the z on
+    ``source_tokens``), so each ablation adds that to the clean raw attention output and resumes
+    the forward from layer l
     (:meth:`~headprobe.probe.backend.Backend.resume_scored_losses`: the native backend runs the
     rest of the block, the later blocks and the unembedding at the scored positions only; the
     TransformerLens bridge runs a forward with both replaced through hooks). ``max_batch //
@@ -457,8 +515,8 @@ def exact_sweep(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequenc
     Args:
         model: a LoadedModel (any :class:`~headprobe.probe.backend.Backend`). tokens: ``[batch, pos]``, no padding.
         heads: ``(layer, head)`` pairs to ablate one at a time.
-        kind: ``zero``, ``mean`` (needs ``mean_z``) or ``resample`` (needs ``source_tokens``,
-            same shape as ``tokens``).
+        kind: a kind of :data:`headprobe.probe.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
+            ``mean_z``) or ``resample`` (needs ``source_tokens``, same shape as ``tokens``).
         first: first scored prediction (see :func:`first_scored`).
         max_batch: most sequences in one forward pass (ablations x batch).
 
@@ -466,53 +524,14 @@ def exact_sweep(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequenc
         HeadprobeError: unknown ``kind`` or its reference input missing, or the model failed its
             self-check (see :func:`require_head_ablation`).
     """
-    _check_kind(kind, mean_z, source_tokens)
     require_head_ablation(model)
+    ablation, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     spec = model.spec
     heads = all_heads(spec.n_layers, spec.n_heads) if heads is None else list(heads)
     device = model.device
     tokens = tokens.to(device)
     B, T = tokens.shape
-
-    pre: dict[int, Tensor] = {}
-    zs: dict[int, Tensor] = {}
-    attn: dict[int, Tensor] = {}
-
-    def save(store: dict, layer: int, stop: bool = False):
-        def hook(x: Tensor, hook: Any) -> None:
-            store[layer] = x.clone()
-            if stop:
-                raise _CleanPrefixDone
-        return hook
-
-    def capture(chunk: Sequence[int], whole: bool) -> float | None:
-        """Record ``chunk``'s clean activations; the clean loss if ``whole``, else the pass stops
-        after the chunk's last attention output (nothing later is needed)."""
-        pre.clear(), zs.clear(), attn.clear()
-        hooks = [(f"blocks.{layer}.hook_resid_pre", save(pre, layer)) for layer in chunk]
-        hooks += [(attn_hook(layer, "z"), save(zs, layer)) for layer in chunk]
-        hooks += [(model.attn_out_hook(layer), save(attn, layer, stop=not whole and layer == chunk[-1]))
-                  for layer in chunk]
-        if whole:
-            return float(model.scored_losses(tokens, first, hooks).mean())
-        try:
-            model.scored_losses(tokens, first, hooks)
-        except _CleanPrefixDone:
-            pass
-        return None
-
-    # Only one chunk of layers' clean activations is alive at a time (each layer's resid_pre, z and
-    # attention output: ~3 x batch x pos x d_model values), so memory stays flat in n_layers: the
-    # first chunk comes with the clean loss, each later one costs a clean pass up to its last layer.
-    layers = sorted({layer for layer, _ in heads})
-    per_layer = B * T * (2 * spec.d_model + spec.n_heads * spec.d_head) * 4
-    size = max(1, STORED_ACTIVATION_BYTES // per_layer)
-    chunks = [layers[i:i + size] for i in range(0, len(layers), size)]
-    chunk_of = {layer: c for c, chunk in enumerate(chunks) for layer in chunk}
-    clean = capture(chunks[0], whole=True) if chunks else float(model.scored_losses(tokens, first).mean())
-    current = 0
-    source_z = capture_z(model, source_tokens.to(device)) if kind == "resample" else None
-
+    clean = _CleanActivations(model, tokens, first, sorted({layer for layer, _ in heads}))
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     per_pass = max(1, max_batch // B)
     by_layer: dict[int, list[int]] = {}
@@ -523,25 +542,18 @@ def exact_sweep(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequenc
         from tqdm.auto import tqdm
         it = tqdm(it, desc="ablation sweep", unit="pass")
     for layer, group in it:
-        if chunk_of[layer] != current:
-            current = chunk_of[layer]
-            capture(chunks[current], whole=False)
+        pre, zs, attn = clean.at(layer)
         k = len(group)
         W_O = model.W_O(layer)  # [head, d_head, d_model]
         idx = torch.tensor(group, device=device)
-        z = zs[layer][:, :, idx]  # [batch, pos, k, d_head]
-        if kind == "zero":
-            r = torch.zeros_like(z)
-        elif kind == "mean":
-            r = mean_z[layer, idx].to(z)[None, None].expand_as(z)
-        else:
-            r = source_z[layer][:, :, idx].to(z)
+        z = zs[:, :, idx]  # [batch, pos, k, d_head]
+        r = ablation.replace(z, layer, idx, inputs)
         delta = torch.einsum("bpkd,kdm->kbpm", r - z, W_O[idx].to(z))  # [k, batch, pos, d_model]
         per_seq = model.resume_scored_losses(
-            layer, tokens, pre[layer][None].expand(k, -1, -1, -1).reshape(k * B, T, -1),
-            (attn[layer][None] + delta).reshape(k * B, T, -1), first)  # [k * batch]
+            layer, tokens, pre[None].expand(k, -1, -1, -1).reshape(k * B, T, -1),
+            (attn[None] + delta).reshape(k * B, T, -1), first)  # [k * batch]
         loss[layer, idx.cpu()] = per_seq.view(k, B).mean(dim=1).float().cpu()
-    return SweepResult(clean, loss, kind)
+    return SweepResult(clean.clean_loss, loss, kind)
 
 
 @dataclass
@@ -582,7 +594,8 @@ def head_importance(model: Backend, tokens: Int[Tensor, "batch pos"], first: int
       each step; the authors' released code takes it per token, which ranks heads differently
       (Spearman 0.65, issue 23);
     * attribution ``A_h = mean_x sum_pos (r_h - z_h) . dL(x)/dz_h``, with ``r_h`` the ablated value
-      (0, ``mean_z``, or the z on ``source_tokens``): the first-order change of the mean loss.
+      of ``kind`` (:mod:`headprobe.probe.ablation_kinds`: 0, ``mean_z``, or the z on
+      ``source_tokens``): the first-order change of the mean loss.
 
     Data-parallel under ``torchrun`` (:mod:`headprobe.analyses.distributed`): each rank takes its
     contiguous slice of the batch (:func:`~headprobe.analyses.distributed.batch_slice`; sequences
@@ -593,7 +606,7 @@ def head_importance(model: Backend, tokens: Int[Tensor, "batch pos"], first: int
         HeadprobeError: unknown ``kind`` or its reference input missing, or the model failed its
             self-check (see :func:`require_head_ablation`).
     """
-    _check_kind(kind, mean_z, source_tokens)
+    ablation_kinds.check(kind, mean_z, source_tokens)  # before any rank returns early
     require_head_ablation(model)
     spec = model.spec
     sharded = distributed.active()
@@ -606,16 +619,41 @@ def head_importance(model: Backend, tokens: Int[Tensor, "batch pos"], first: int
             return _reduced_importance(torch.zeros(2 * spec.n_layers * spec.n_heads + 1, dtype=torch.float64),
                                        spec, B_total, kind, normalize)
     tokens = tokens.to(model.device)
-    B = tokens.shape[0]
-    source_z = capture_z(model, source_tokens.to(model.device)) if kind == "resample" else None
+    ablation, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     base = torch.ones(spec.n_layers, spec.n_heads) if head_mask is None else head_mask.detach().float().cpu()
+    hooks, xis, deltas, zs = _mask_probes(base, tokens.shape[0])
+    with torch.inference_mode(False), torch.enable_grad():
+        logits = model.forward(tokens, fwd_hooks=hooks)
+        per_seq = scored_loss(logits, tokens, first)  # [batch]
+        layers = list(range(spec.n_layers))
+        grads = torch.autograd.grad(per_seq.sum(), [xis[l] for l in layers] + [deltas[l] for l in layers])
+    g_xi, g_z = grads[: len(layers)], grads[len(layers):]
+    diff = ablation_directions(zs, ablation, inputs)
+    attr = [(diff[layer] * g_z[layer].float()).sum(dim=(1, 3)) for layer in layers]  # [batch, head] per layer
+    if sharded:
+        sums = torch.cat([torch.stack([g.abs().double().sum(dim=0).cpu() for g in g_xi]).flatten(),
+                          torch.stack([a.double().sum(dim=0).cpu() for a in attr]).flatten(),
+                          per_seq.detach().double().sum().cpu().view(1)])
+        return _reduced_importance(sums, spec, B_total, kind, normalize)
+    importance = torch.stack([g.abs().float().mean(dim=0) for g in g_xi]).cpu()
+    if normalize:
+        importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
+    attribution = torch.stack([a.mean(dim=0).cpu() for a in attr])
+    return HeadImportance(importance, attribution, float(per_seq.detach().mean()), kind)
+
+
+def _mask_probes(base: Float[Tensor, "layer head"], batch: int) -> tuple[list, dict, dict, dict]:
+    """:func:`head_importance`'s ``hook_z`` hooks for every layer: each returns ``z * xi + delta``
+    with the head mask ``xi`` ``[batch, head]`` (at ``base``) and ``delta`` (zeros), both requiring
+    grad. Returns ``(hooks, xis, deltas, zs)``; the dicts (``zs``: the masked z, detached) fill
+    during the forward."""
     xis: dict[int, Tensor] = {}
     deltas: dict[int, Tensor] = {}
     zs: dict[int, Tensor] = {}
 
     def make(layer: int):
         def hook(z: Tensor, hook: Any) -> Tensor:
-            xi = base[layer].to(z.device, z.dtype).expand(B, -1).clone().requires_grad_(True)
+            xi = base[layer].to(z.device, z.dtype).expand(batch, -1).clone().requires_grad_(True)
             delta = torch.zeros_like(z, requires_grad=True)
             xis[layer], deltas[layer] = xi, delta
             out = z * xi[:, None, :, None]
@@ -623,37 +661,19 @@ def head_importance(model: Backend, tokens: Int[Tensor, "batch pos"], first: int
             return out + delta
         return hook
 
-    hooks = [(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)]
-    with torch.inference_mode(False), torch.enable_grad():
-        logits = model.forward(tokens, fwd_hooks=hooks)
-        per_seq = scored_loss(logits, tokens, first)  # [batch]
-        layers = list(range(spec.n_layers))
-        grads = torch.autograd.grad(per_seq.sum(), [xis[l] for l in layers] + [deltas[l] for l in layers])
-    g_xi, g_z = grads[: len(layers)], grads[len(layers):]
-    if sharded:
-        attr = [((_replacement(kind, zs[layer].float(), layer, mean_z, source_z) - zs[layer].float())
-                 * g_z[layer].float()).sum(dim=(1, 3)).double().sum(dim=0).cpu() for layer in layers]
-        sums = torch.cat([torch.stack([g.abs().double().sum(dim=0).cpu() for g in g_xi]).flatten(),
-                          torch.stack(attr).flatten(), per_seq.detach().double().sum().cpu().view(1)])
-        return _reduced_importance(sums, spec, B_total, kind, normalize)
-    importance = torch.stack([g.abs().float().mean(dim=0) for g in g_xi]).cpu()
-    if normalize:
-        importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
-    attribution = torch.zeros(spec.n_layers, spec.n_heads)
-    for layer in layers:
+    return [(attn_hook(layer, "z"), make(layer)) for layer in range(base.shape[0])], xis, deltas, zs
+
+
+def ablation_directions(zs: dict[int, Tensor], kind: Kind,
+                        inputs: AblationInputs) -> list[Float[Tensor, "batch pos head d_head"]]:
+    """``r_h - z_h`` for every head of every layer of ``zs`` (``{layer: z [batch, pos, head,
+    d_head]}``, layers ``0 .. len(zs) - 1``), in float32: the change of z that ablating each head
+    by ``kind`` makes, the direction of attribution patching and its relatives."""
+    diff = []
+    for layer in range(len(zs)):
         z = zs[layer].float()
-        r = _replacement(kind, z, layer, mean_z, source_z)
-        attribution[layer] = ((r - z) * g_z[layer].float()).sum(dim=(1, 3)).mean(dim=0).cpu()
-    return HeadImportance(importance, attribution, float(per_seq.detach().mean()), kind)
-
-
-def _replacement(kind: str, z: Tensor, layer: int, mean_z: Tensor | None, source_z: dict | None) -> Tensor:
-    """The ablated value ``r_h`` of every head of ``layer`` for ``z`` ``[batch, pos, head, d_head]``."""
-    if kind == "zero":
-        return torch.zeros_like(z)
-    if kind == "mean":
-        return mean_z[layer].to(z)[None, None].expand_as(z)
-    return source_z[layer].to(z)
+        diff.append(kind.replace(z, layer, slice(None), inputs) - z)
+    return diff
 
 
 def _reduced_importance(sums: Tensor, spec: Any, n: int, kind: str, normalize: bool) -> HeadImportance:

@@ -5,7 +5,8 @@ a Monte-Carlo Gauss-Newton curvature term (the second-order estimate, :func:`sec
 
 What is estimated is :attr:`headprobe.analyses.ablation.SweepResult.effect`: the change of the
 mean scored loss (nats/token) when head ``h`` of layer ``m`` has its ``z`` (``hook_z``, before
-W_O) replaced by ``r`` (0 for zero ablation, the head's mean z for mean ablation).
+W_O) replaced by ``r``, its ablation kind's replacement (:mod:`headprobe.probe.ablation_kinds`: 0 for
+zero ablation, the head's mean z for mean ablation, its z on another input for resample).
 
 **AtP** (Nanda 2023; Kramár et al. eq. 4): ``c_AtP(m, h) = mean_x sum_pos (r - z_h) . dL(x)/dz_h``,
 the first-order Taylor term, from one forward and one backward pass.
@@ -69,7 +70,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headprobe.analyses.ablation import _check_kind, capture_z, require_head_ablation
+from headprobe.analyses.ablation import ablation_directions, kind_inputs, require_head_ablation
 from headprobe.probe.backend import Backend, scored_loss
 from headprobe.probe.hooks import attn_hook
 
@@ -119,22 +120,6 @@ def _z_probes(n_layers: int) -> tuple[list, dict[int, Tensor], dict[int, Tensor]
     return [(attn_hook(layer, "z"), z_hook(layer)) for layer in range(n_layers)], zs, deltas
 
 
-def _directions(zs: dict[int, Tensor], kind: str, mean_z: Tensor | None,
-                source_z: dict[int, Tensor] | None) -> list[Float[Tensor, "batch pos head d_head"]]:
-    """``r - z`` per layer (float32): the change of every head's z that its ablation makes."""
-    diff = []
-    for layer in range(len(zs)):
-        z = zs[layer].float()
-        if kind == "zero":
-            r = torch.zeros_like(z)
-        elif kind == "mean":
-            r = mean_z[layer].to(z)[None, None].expand_as(z)
-        else:
-            r = source_z[layer].to(z)
-        diff.append(r - z)
-    return diff
-
-
 def _per_sequence(diff: list[Tensor], grads: Sequence[Tensor]) -> Float[Tensor, "batch layer head"]:
     """``sum_{pos, d_head} diff * grad`` for every sequence and head."""
     return torch.stack([(d * g.float()).sum(dim=(1, 3)) for d, g in zip(diff, grads)], dim=1)
@@ -182,7 +167,8 @@ def atp_star(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, k
     Args:
         model: a LoadedModel. tokens: ``[batch, pos]``.
         first: first scored prediction (:func:`headprobe.analyses.ablation.first_scored`).
-        kind: ``zero``, ``mean`` (needs ``mean_z``) or ``resample`` (needs ``source_tokens``).
+        kind: a kind of :data:`headprobe.probe.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
+            ``mean_z``) or ``resample`` (needs ``source_tokens``).
         graddrop: False skips the partial backward passes (``graddrop`` and ``estimate`` are then
             built from AtP alone, as if no layer could cancel: 3 forward-equivalents).
 
@@ -190,12 +176,11 @@ def atp_star(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, k
         HeadprobeError: unknown ``kind`` or its reference input missing, or the model failed its
             self-check (:func:`headprobe.analyses.ablation.require_head_ablation`).
     """
-    _check_kind(kind, mean_z, source_tokens)
     require_head_ablation(model)
+    ablation, second = kind_inputs(model, kind, mean_z, source_tokens)
     spec = model.spec
     L, H = spec.n_layers, spec.n_heads
     tokens = tokens.to(model.device)
-    source_z = capture_z(model, source_tokens.to(model.device)) if kind == "resample" else None
     z_hooks, zs, deltas = _z_probes(L)
     resid: dict[int, Tensor] = {}  # resid[l]: the residual entering layer l (l = L: the last resid_post)
     eps: dict[int, Tensor] = {}
@@ -216,7 +201,7 @@ def atp_star(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, k
         grads = torch.autograd.grad(total, [deltas[l] for l in range(L)] + [eps[i] for i in range(L + 1)],
                                     retain_graph=graddrop)
         g_z, g_resid = grads[:L], grads[L:]
-        diff = _directions(zs, kind, mean_z, source_z)  # [batch, pos, head, d_head] per layer
+        diff = ablation_directions(zs, ablation, second)  # [batch, pos, head, d_head] per layer
         attribution = torch.stack([(diff[m] * g_z[m].float()).sum(dim=(0, 1, 3)) for m in range(L)])  # [layer, head]
         gd = attribution[None].repeat(L, 1, 1)  # gd[l, m] = attribution[m] for l < m
         for l in range(L):
@@ -277,7 +262,8 @@ def second_order(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 
     Args:
         model: a LoadedModel (either backend). tokens: ``[batch, pos]``.
         first: first scored prediction (:func:`headprobe.analyses.ablation.first_scored`).
-        kind: ``zero``, ``mean`` (needs ``mean_z``) or ``resample`` (needs ``source_tokens``).
+        kind: a kind of :data:`headprobe.probe.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
+            ``mean_z``) or ``resample`` (needs ``source_tokens``).
         n_probes: sampled-target backward passes (>= 1; :data:`N_PROBES` by default; the
             curvature's standard error falls as ``1 / sqrt(n_probes * batch)``).
         seed: seed of the sampled targets (the estimate is deterministic given it).
@@ -289,11 +275,10 @@ def second_order(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 
     """
     if n_probes < 1:
         raise ValueError(f"n_probes must be >= 1, got {n_probes}")
-    _check_kind(kind, mean_z, source_tokens)
     require_head_ablation(model)
+    ablation, second = kind_inputs(model, kind, mean_z, source_tokens)
     L = model.spec.n_layers
     tokens = tokens.to(model.device)
-    source_z = capture_z(model, source_tokens.to(model.device)) if kind == "resample" else None
     hooks, zs, deltas = _z_probes(L)
     with torch.inference_mode(False), torch.enable_grad():
         logits = model.forward(tokens, fwd_hooks=hooks)[:, first:-1]  # the scored predictions
@@ -302,7 +287,7 @@ def second_order(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 
         probs = torch.softmax(logits.detach().float(), dim=-1)
         clean_loss = float(-torch.log(probs.gather(-1, targets[..., None]).clamp_min(1e-45)).mean())
         inputs = [deltas[layer] for layer in range(L)]
-        diff = _directions(zs, kind, mean_z, source_z)
+        diff = ablation_directions(zs, ablation, second)
 
         def per_sequence(y: Int[Tensor, "batch pos"], last: bool) -> Float[Tensor, "batch layer head"]:
             # d(1/T sum_t CE(logits_t, y_t)) / d logits_t = (p_t - e_{y_t}) / T: the gradient of each

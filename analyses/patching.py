@@ -36,7 +36,7 @@ from headprobe.analyses.statistics import bootstrap_ci
 from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import all_heads
-from headprobe.probe.hooks import Head, attn_hook
+from headprobe.probe.hooks import Head, batched_ablation_hooks, head_set_masks
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,8 @@ def patch_heads(model: Any, pairs: Sequence[PromptPair], heads: Sequence[Head] |
     """Patch each of ``heads`` (default: all) alone from the corrupted into the clean run.
 
     Several heads share a forward pass along the batch axis (the clean prompts repeated once per
-    head; a hook at each ``hook_z`` replaces, in each copy, that copy's head by its corrupted z),
+    head; :func:`~headprobe.probe.hooks.batched_ablation_hooks` replaces, in each copy, that copy's head
+    by its corrupted z: resample ablation),
     at most ``max_batch`` sequences and :data:`~headprobe.analyses.ablation.LOGITS_BYTES_PER_PASS`
     of logits per pass. Equal to one forward per head with a ``resample`` hook (tested).
 
@@ -250,20 +251,8 @@ def patch_heads(model: Any, pairs: Sequence[PromptPair], heads: Sequence[Head] |
         for lo in range(0, len(heads), per_pass):
             chunk = heads[lo:lo + per_pass]
             m = len(chunk)
-            by_layer: dict[int, list[tuple[int, int]]] = {}
-            for j, (layer, head) in enumerate(chunk):
-                by_layer.setdefault(layer, []).append((j, head))
-
-            def make(layer: int, items: list[tuple[int, int]]):
-                def hook(z: Tensor, hook: Any) -> Tensor:
-                    z = z.reshape(m, B, *z.shape[1:]).clone()  # [m, batch, pos, head, d_head]
-                    src = source[layer].to(z)
-                    for j, head in items:
-                        z[j, :, :, head] = src[:, :, head]
-                    return z.reshape(m * B, *z.shape[2:])
-                return hook
-
-            hooks = [(attn_hook(layer, "z"), make(layer, items)) for layer, items in by_layer.items()]
+            masks = head_set_masks([[head] for head in chunk], spec.n_layers, spec.n_heads)  # copy j patches chunk[j]
+            hooks = batched_ablation_hooks(masks.to(model.device), B, "resample", source_z=source)
             ld = _last_logit_diff(model, clean.repeat(m, 1), answers.repeat(m, 1), hooks).view(m, B).cpu().numpy()
             patched[lo:lo + m, idx] = ld
             bar.update(m)

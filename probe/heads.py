@@ -1,23 +1,18 @@
-"""Naming heads: ``(layer, head)`` pairs, their ``layer.head`` text form and the ablation kinds.
+"""Naming heads: ``(layer, head)`` pairs and their ``layer.head`` text form (the ablation kinds
+are in :mod:`headprobe.probe.ablation_kinds`).
 
-Pure Python (no torch), so the command line can check ``--heads`` and ``--kind`` before any
-heavy library is imported.
+Pure Python (no torch), so the command line can check ``--heads`` before any heavy library is
+imported.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Literal
 
 from headprobe.probe.errors import HeadprobeError
 
 Head = tuple[int, int]
 """A head as ``(layer, head)``, both 0-indexed; printed as ``layer.head``."""
-
-AblationKind = Literal["zero", "mean", "resample"]
-ABLATION_KINDS = ("zero", "mean", "resample")
-"""How an ablated head's ``z`` is replaced: by zeros, by its mean over reference text, or by its
-value on another input (see :func:`headprobe.probe.hooks.head_ablation_hooks`)."""
 
 
 def format_head(head: Head) -> str:

@@ -8,15 +8,17 @@ analysis never leaves a hook behind. Hook functions never edit the activation th
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 
+from headprobe.probe import ablation_kinds
+from headprobe.probe.ablation_kinds import AblationInputs, AblationKind
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.heads import ABLATION_KINDS, AblationKind, Head, format_head, parse_heads  # noqa: F401 - re-exported
+from headprobe.probe.heads import Head, format_head, parse_heads  # noqa: F401 - re-exported
 
 HookFn = Callable[[Tensor, Any], Tensor | None]
 
@@ -44,45 +46,84 @@ def head_ablation_hooks(
 
     Ablating at ``hook_z`` (the head's value-weighted sum, ``[batch, pos, head, d_head]``)
     removes exactly the head's output contribution ``z_h W_O^(h)`` and leaves the bias ``b_O``;
-    zeroing a slice of the projected attention output would not be a head ablation.
+    zeroing a slice of the projected attention output would not be a head ablation. Each hook
+    returns a new z with the heads' slices replaced by their kind's ``r_h``
+    (:mod:`headprobe.probe.ablation_kinds`).
 
     Args:
         heads: ``(layer, head)`` pairs; under GQA ``head`` is a query head.
-        kind: ``"zero"`` sets z_h to 0; ``"mean"`` sets it to ``mean_z[layer, head]``, the head's
-            mean z over a reference set of real tokens; ``"resample"`` sets it to the head's z on
-            another input, ``source_z[layer][:, :, head]`` (same ``[batch, pos]`` shape).
-        mean_z: required for ``kind="mean"``.
-        source_z: required for ``kind="resample"``: ``{layer: z [batch, pos, head, d_head]}``
-            from a clean run on the source input, for every ablated layer.
+        kind: a name in :data:`headprobe.probe.ablation_kinds.KINDS`: ``"zero"`` sets z_h to 0;
+            ``"mean"`` to ``mean_z[layer, head]``, the head's mean z over a reference set of real
+            tokens; ``"resample"`` to the head's z on another input, ``source_z[layer][:, :, head]``
+            (same ``[batch, pos]`` shape).
+        mean_z: ``[layer, head, d_head]``, for the kinds that need it (``mean``).
+        source_z: ``{layer: z [batch, pos, head, d_head]}`` from a clean run on the source input,
+            for every ablated layer, for the kinds that need a source (``resample``).
 
     Raises:
-        ValueError: unknown ``kind``, or ``mean_z`` / ``source_z`` missing for its kind.
+        HeadprobeError: unknown ``kind``, or the input it needs missing (also for one layer).
     """
-    if kind not in ABLATION_KINDS:
-        raise ValueError(f"unknown ablation kind {kind!r}; expected one of {ABLATION_KINDS}")
-    if kind == "mean" and mean_z is None:
-        raise ValueError("mean ablation needs mean_z")
-    if kind == "resample" and source_z is None:
-        raise ValueError("resample ablation needs source_z")
+    ablation = ablation_kinds.check(kind, mean_z, source_z, source_arg="source_z")
+    inputs = AblationInputs(mean_z, source_z)
     hooks: list[tuple[str, HookFn]] = []
     for layer, idx in sorted(_group_by_layer(heads).items()):
+        if ablation.needs == "source" and layer not in source_z:
+            raise HeadprobeError(f"{kind} ablation of layer {layer} needs source_z[{layer}]")
         index = torch.tensor(sorted(set(idx)))
-        if kind == "resample" and layer not in source_z:
-            raise ValueError(f"resample ablation of layer {layer} needs source_z[{layer}]")
 
         def hook(z: Tensor, hook: Any, layer: int = layer, index: Tensor = index) -> Tensor:
             z = z.clone()
             i = index.to(z.device)
-            if kind == "zero":
-                z[:, :, i] = 0.0
-            elif kind == "mean":
-                z[:, :, i] = mean_z[layer, index].to(z.device, z.dtype)
-            else:
-                z[:, :, i] = source_z[layer][:, :, index].to(z.device, z.dtype)
+            z[:, :, i] = ablation.replace(z[:, :, i], layer, index, inputs)
             return z
 
         hooks.append((attn_hook(layer, "z"), hook))
     return hooks
+
+
+def head_set_masks(head_sets: Sequence[Iterable[Head]], n_layers: int, n_heads: int) -> Bool[Tensor, "set layer head"]:
+    """``masks[i, layer, head]`` is True where ``(layer, head)`` is in ``head_sets[i]`` (for
+    :func:`batched_ablation_hooks`)."""
+    masks = torch.zeros(len(head_sets), n_layers, n_heads, dtype=torch.bool)
+    for i, heads in enumerate(head_sets):
+        for layer, head in heads:
+            masks[i, layer, head] = True
+    return masks
+
+
+def batched_ablation_hooks(
+    masks: Bool[Tensor, "copy layer head"],
+    batch: int,
+    kind: AblationKind = "zero",
+    mean_z: Float[Tensor, "layer head d_head"] | None = None,
+    source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None,
+) -> list[tuple[str, HookFn]]:
+    """Hooks for one forward pass over ``copy * batch`` sequences, a batch repeated once per copy
+    (``tokens.repeat(copy, 1)``): in copy ``i`` the heads where ``masks[i]`` is True are ablated
+    at ``hook_z`` as :func:`head_ablation_hooks` ablates them, so each copy's output equals one
+    forward with those hooks (several head sets in one pass; ``source_z`` has the ``batch`` of one
+    copy). Layers where no copy ablates a head get no hook.
+
+    Args:
+        masks: ``[copy, layer, head]``, True where that copy ablates that head
+            (:func:`head_set_masks`). batch: sequences per copy.
+        kind, mean_z, source_z: as for :func:`head_ablation_hooks`.
+
+    Raises:
+        HeadprobeError: unknown ``kind``, or the input it needs missing.
+    """
+    ablation = ablation_kinds.check(kind, mean_z, source_z, source_arg="source_z")
+    inputs = AblationInputs(mean_z, source_z)
+
+    def make(layer: int) -> HookFn:
+        sel = masks[:, layer].repeat_interleave(batch, dim=0)[:, None, :, None]  # [copy * batch, 1, head, 1]
+
+        def hook(z: Tensor, hook: Any) -> Tensor:
+            r = ablation.replace(z, layer, slice(None), inputs.tiled(masks.shape[0], layer))
+            return torch.where(sel.to(z.device), r, z)
+        return hook
+
+    return [(attn_hook(layer, "z"), make(layer)) for layer in range(masks.shape[1]) if masks[:, layer].any()]
 
 
 class HookCounter:

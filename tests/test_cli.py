@@ -50,6 +50,7 @@ def test_model_short_names_are_case_insensitive(tmp_path, monkeypatch):
 @pytest.mark.parametrize("argv, message", [
     (["ablate", "--heads", "40.3"], "head 40.3 is out of range: the model has 30 layers of 9 heads"),
     (["ablate", "--heads", "5.1.2"], "is not of the form layer.head"),
+    (["ablate", "--kind", "bogus"], "invalid choice: 'bogus' (choose from 'zero', 'mean', 'resample')"),
     (["prune", "--step-fraction", "1.5"], "--step-fraction must be in (0, 1]"),
     (["prune", "--method", "michel,magnitude"], "--method: unknown pruning method 'magnitude'"),
     (["prune", "--l0-lambdas", "3,1"], "--l0-lambdas must be non-negative and increasing"),

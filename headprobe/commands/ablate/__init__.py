@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from headprobe import options
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.heads import ABLATION_KINDS, Head, all_heads, format_head, parse_heads
+from headprobe.probe import ablation_kinds
+from headprobe.probe.heads import Head, all_heads, format_head, parse_heads
 
 HELP = "exact single-head ablation effect of every head (natural text, induction task), gradient importance, CSV + heatmaps"
 
@@ -78,7 +79,7 @@ class AblateConfig(options.ModelRunConfig):
     :class:`~headprobe.probe.errors.HeadprobeError` when the config is made.
 
     Attributes:
-        kind: ablation kind, one of :data:`headprobe.probe.heads.ABLATION_KINDS` (zero, mean, resample).
+        kind: ablation kind, a name in :data:`headprobe.probe.ablation_kinds.KINDS` (zero, mean, resample).
         heads: heads to sweep, ``"5.1,7.3"`` or ``[(5, 1), (7, 3)]`` (stored as the string); None: all.
         max_batch: sequences per forward pass in the sweep (>= 1).
         estimate: None: the exact sweep; one of :data:`ESTIMATES`: that gradient estimate of every head's
@@ -94,8 +95,7 @@ class AblateConfig(options.ModelRunConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.kind not in ABLATION_KINDS:
-            raise HeadprobeError(f"--kind {self.kind!r} is not one of {', '.join(ABLATION_KINDS)}")
+        ablation_kinds.KINDS.get(self.kind)
         if self.max_batch < 1:
             raise HeadprobeError(f"--max-batch must be at least 1, got {self.max_batch}")
         if self.estimate is not None and self.estimate not in ESTIMATES:
@@ -128,8 +128,10 @@ class AblateConfig(options.ModelRunConfig):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     options.add_model_run_options(p)
     p.add_argument("--n-natural", type=positive_int, default=8, help="natural-text sequences (default %(default)s)")
-    p.add_argument("--kind", default="zero", choices=ABLATION_KINDS,
-                   help="zero, mean (mean z over other natural-text windows) or resample (z on other inputs)")
+    kinds = ", ".join(f"{k.name} ({k.help})" for k in ablation_kinds.kinds())
+    p.add_argument("--kind", default="zero", choices=ablation_kinds.names(),
+                   help=f"how an ablated head's z is replaced: {kinds}; the reference tokens are other natural-text "
+                        "windows, the other input one of the same task (default %(default)s)")
     p.add_argument("--heads", default=None,
                    help="sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3; L5H1 also accepted); default: all")
     p.add_argument("--max-batch", type=positive_int, default=64, help="sequences per forward pass in the sweep (default %(default)s)")

@@ -25,6 +25,7 @@ from headprobe.analyses.scoring import score_token_set
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
+from headprobe.probe import ablation_kinds
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 
@@ -363,6 +364,27 @@ def _estimate(model, method: str, tokens, first: int, kind: str, mean_z, source,
     return TaskResult(clean, nan, nan, nan, 0.0, time.perf_counter() - t0, estimated=values)
 
 
+def _task_sets(model, cfg: AblateConfig) -> tuple[TokenSet, TokenSet, dict, torch.Tensor | None]:
+    """``(natural, repeated, sets, mean_z)``: the token sets, each task's ``(tokens, first scored,
+    source tokens)`` (the source None unless the kind needs one: the natural task's is the other
+    natural-text windows, the induction task's other repeated sequences), and ``mean_z`` (over the
+    other natural-text windows, where the kind needs it)."""
+    text = open_text_file(cfg.text) if cfg.text else None
+    data = task_tokens(model, cfg.n_natural, cfg.seq_len, cfg.n_repeated, cfg.period, cfg.seed, text,
+                       source=str(cfg.text) if cfg.text else None)
+    natural, repeated = data.natural, data.repeated
+    nat, nat_ref = natural.tokens[: cfg.n_natural], natural.tokens[cfg.n_natural:]
+    needs = ablation_kinds.KINDS.get(cfg.kind).needs
+    mean_z = mean_z_from(capture_z(model, nat_ref), natural.start) if needs == "mean_z" else None
+    source = needs == "source"
+    sets = {
+        "natural": (nat, first_scored("natural", natural.start, None), nat_ref if source else None),
+        "induction": (repeated.tokens, first_scored("repeated", repeated.start, repeated.period),
+                      data.repeated_source.tokens if source else None),
+    }
+    return natural, repeated, sets, mean_z
+
+
 def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
         progress: bool = True) -> AblateResult:
     """Sweep every head (or ``config.heads``) on both tasks, with gradient importance and
@@ -395,21 +417,10 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
     if 2 * cfg.period + 1 > spec.n_ctx:
         raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
     heads = cfg.head_list(spec.n_layers, spec.n_heads)
-    text = open_text_file(cfg.text) if cfg.text else None
-    data = task_tokens(model, cfg.n_natural, cfg.seq_len, cfg.n_repeated, cfg.period, cfg.seed, text,
-                       source=str(cfg.text) if cfg.text else None)
-    natural, repeated, repeated_src = data.natural, data.repeated, data.repeated_source
-    nat, nat_ref = natural.tokens[: cfg.n_natural], natural.tokens[cfg.n_natural:]
-    ref_z = capture_z(model, nat_ref)
-    mean_z = mean_z_from(ref_z, natural.start) if cfg.kind == "mean" else None
-    sets = {
-        "natural": (nat, first_scored("natural", natural.start, None), nat_ref),
-        "induction": (repeated.tokens, first_scored("repeated", repeated.start, repeated.period), repeated_src.tokens),
-    }
+    natural, repeated, sets, mean_z = _task_sets(model, cfg)
     results: dict[str, TaskResult] = {}
     swept = 0
-    for task, (tokens, first, source) in sets.items():
-        src = source if cfg.kind == "resample" else None
+    for task, (tokens, first, src) in sets.items():
         if cfg.estimate:
             results[task] = _estimate(model, cfg.estimate, tokens, first, cfg.kind, mean_z, src, heads, cfg.n_probes)
             continue
