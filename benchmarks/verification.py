@@ -5,10 +5,13 @@ patterns) twice with the same settings and seed: every test ablating ``--n-rando
 of both kinds (fixed-size, the design before sequential tests), and the sequential design
 (Besag & Clifford stopping; the untested kind on the first batch). Prints, for each, the sets
 ablated, the verification's wall time and every verdict, and the ratios; ``--control`` picks the
-control design (run it once per design to compare layer-matched with uniform). Not a test:
+control design (run it once per design to compare layer-matched with uniform). With
+``--replay`` the sequential design is not run but replayed on the fixed-size run's control
+effects (the same seeded sets in the same order, so the same stopping points and verdicts up to
+float rounding of batched sums): its sets are counted, its wall time is not measured. Not a test:
 times depend on the machine.
 
-    python benchmarks/verification.py [--model smollm2-135m] [--n-random 50] [--control layer-matched]
+    python benchmarks/verification.py [--model smollm2-135m] [--n-random 50] [--control layer-matched] [--replay]
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ def main() -> None:
     p.add_argument("--n-random", type=int, default=ScanConfig.n_random)
     p.add_argument("--control", default="layer-matched", choices=("layer-matched", "uniform"))
     p.add_argument("--correction", default="bh", choices=("bh", "holm"))
+    p.add_argument("--replay", action="store_true", help="replay the sequential design on the fixed-size run's effects")
     args = p.parse_args()
     torch.manual_seed(0)
     model = load_model(args.model, quiet=True)
     out = {}
-    for name, sequential in (("fixed-size", False), ("sequential", True)):
+    for name, sequential in (("fixed-size", False), ("sequential", True)) if not args.replay else (("fixed-size", False),):
         cfg = ScanConfig(model=args.model, n_random=args.n_random, control=args.control, correction=args.correction,
                          sequential=sequential, metrics=False, pattern_len=0)
         t0 = time.perf_counter()
@@ -45,12 +49,45 @@ def main() -> None:
             if v.tested or v.no_verdict:
                 print(f"    {v.head_type:<16} {v.kind:<5} draws {v.draws:3d}  top Δ {v.top_effect:+.3f}  control mean/max "
                       f"{v.random_mean:+.3f}/{v.random_max:+.3f}  p {v.p_value:.4f}  adj {v.p_adjusted:.4f}  {v.verdict}")
+    if args.replay:
+        replay(out["fixed-size"][0], args)
+        return
     (fixed, t_fixed), (seq, t_seq) = out["fixed-size"], out["sequential"]
     same = [a.confirmed for a in fixed.verifications if a.tested] == [b.confirmed for b in seq.verifications if b.tested]
     ratio = seq.verification["sets_ablated"] / fixed.verification["sets_ablated"]
     time_ratio = seq.timings["ablate_s"] / fixed.timings["ablate_s"]
     print(f"\ncontrol={args.control} correction={args.correction} n_random={args.n_random}: sets ratio "
           f"(sequential / fixed) {ratio:.3f}, verification time ratio {time_ratio:.3f}, same verdicts: {same}")
+
+
+def replay(fixed, args) -> None:
+    """The sequential design on ``fixed``'s control effects: each tested kind's draws fed in batches
+    to :class:`~headprobe.analyses.statistics.SequentialMCTest`, the untested kind counted on its
+    first batch, the family corrected as the scan does."""
+    from headprobe.analyses import statistics as st
+    from headprobe.analyses import verification as verif
+
+    cfg = fixed.config
+    tested = [v for v in fixed.verifications if v.tested]
+    sets, ps, rows = 0, [], []
+    for v in tested:
+        test = st.SequentialMCTest(v.top_effect, cfg.n_random, cfg.alpha, tie=1e-5)
+        while not test.done:
+            test.add(v.random_effects[len(test.draws):len(test.draws) + verif.BATCH])
+        sets += len(test.draws) + min(verif.BATCH, cfg.n_random) + 2  # both kinds' top-k sets, the other kind's batch
+        ps.append(test.p_value())
+        rows.append((v, test))
+    adjusted = st.adjust_p_values(ps, cfg.correction)
+    print(f"sequential (replayed on the same sets) sets ablated {sets:4d}")
+    same = True
+    for (v, test), p, adj in zip(rows, ps, adjusted):
+        confirmed = bool(adj <= cfg.alpha and verif.effect_is_large(v.top_effect, test.draws, 0.05))
+        same &= confirmed == v.confirmed
+        print(f"    {v.head_type:<16} {v.kind:<5} draws {len(test.draws):3d}  p {p:.4f}  adj {adj:.4f}  "
+              f"{'CONFIRMED' if confirmed else 'not confirmed'}")
+    total = fixed.verification["sets_ablated"]
+    print(f"\ncontrol={cfg.control} correction={cfg.correction} n_random={cfg.n_random}: sets ratio (sequential / fixed) "
+          f"{sets / total:.3f} ({sets} / {total}), same verdicts: {same}")
 
 
 if __name__ == "__main__":
