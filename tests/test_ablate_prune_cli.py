@@ -23,6 +23,7 @@ def _text(tmp_path):
 SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]
 
 
+@pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_ablate_cli(tiny_dir, tmp_path):
     out = tmp_path / "ablate"
     assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]) == 0

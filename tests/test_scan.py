@@ -27,6 +27,7 @@ def word_text(tmp_path):
     return path
 
 
+@pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_scan_pipeline_on_tiny_gqa_model_writes_everything(tiny_llama_gqa, word_text, tmp_path):
     cfg = ScanConfig(model="tiny", n_natural=4, seq_len=24, n_repeated=3, period=8, k=3, n_random=2, text=str(word_text))
     result = run(tiny_llama_gqa, cfg, progress=False)
@@ -250,6 +251,7 @@ def test_repeated_examples_are_cropped_to_the_repeat_start_with_every_token_labe
     assert natural["positions"] == (list(range(24)), list(range(24)))
 
 
+@pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_writing_the_figures_shows_a_progress_bar_when_asked(tiny_llama_gqa_native, word_text, tmp_path, capsys):
     """Writing the figures took ~90 s without a line of output: with progress, a tqdm bar counts
     them (as many as PNG files written); without, nothing is printed."""
@@ -271,6 +273,7 @@ def test_writing_the_figures_shows_a_progress_bar_when_asked(tiny_llama_gqa_nati
             assert err == ""
 
 
+@pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_redraw_script_reproduces_a_scan_and_refuses_one_it_cannot(tiny_dir, word_text, tmp_path):
     """scripts/redraw_figures.py redraws a scan's figures from its outputs and its model (the demo's
     figures are regenerated this way): the patterns it recomputes are the run's (to patterns.npz's

@@ -492,7 +492,7 @@ def write_outputs(result: ScanResult, out: Path, html: bool = False, figures: bo
     write_text(csv, result.table.to_csv(index=False, float_format="%.5f"))
     written = [csv]
     makers = figure_makers(result) if figures else {}
-    for stem, make in tqdm(makers.items(), total=len(makers), desc=f"writing figures ({', '.join(figs.FORMATS)})",
+    for stem, make in tqdm(makers.items(), total=len(makers), desc=f"writing figures ({', '.join(figs.figure_formats())})",
                            unit="figure", disable=not progress or not makers):
         written += figs.save_figure(make(), out / stem)
     if result.verifications:
