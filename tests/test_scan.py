@@ -105,8 +105,12 @@ def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
         for layer in (0, 17, 29):
             torch.testing.assert_close(cap["result"][layer].sum(2), cap["attn_out"][layer], atol=1e-4, rtol=0)
 
-    # issue 24's one-test case: 10 draws reach alpha = 0.1 (1/11 = 0.091), and a single test needs no correction
-    cfg = ScanConfig(n_natural=4, seq_len=96, n_repeated=6, period=40, k=10, n_random=10, alpha=0.1, types="induction")
+    # issue 24's one-test case: 10 draws reach alpha = 0.1 (1/11 = 0.091), and a single test needs no correction;
+    # no head metrics and no viewer patterns: a third of the run, asserted nowhere here (test_metrics and
+    # test_viewer check them on the zoo, test_metrics the K-composition on this model); 4 repeated
+    # sequences, not 6: the top-10 effect stays ~9.6 nats against at most ~1.7 for a control set either way
+    cfg = ScanConfig(n_natural=4, seq_len=96, n_repeated=4, period=40, k=10, n_random=10, alpha=0.1, types="induction",
+                     metrics=False, pattern_len=0)
     result = run(smollm2_native, cfg, progress=False)
     ind = {v.kind: v for v in result.verifications if v.head_type == "induction"}
     assert ind["zero"].top_effect > 3.0, ind["zero"]
