@@ -17,6 +17,7 @@ import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 
+from headprobe.analyses.vocabulary import FIGURE_FORMATS, figure_formats
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import atomic_path
 
@@ -36,8 +37,9 @@ _SAVE_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt": "headprobe"}
 """TrueType fonts in PDF/PS (matplotlib's default embeds Type 3 fonts, which camera-ready checks
 reject); a fixed salt for the ids in SVG files, so the same figure gives the same bytes."""
 
-FORMATS = ("png", "pdf", "svg")
-"""What :func:`save_figure` writes: a PNG (300 dpi) to look at, a PDF and an SVG for the paper."""
+FORMATS = FIGURE_FORMATS
+"""What :func:`save_figure` writes: a PNG (300 dpi) to look at, a PDF and an SVG for the paper
+(unless ``$HEADPROBE_FIGURE_FORMATS`` names fewer: :func:`~headprobe.analyses.vocabulary.figure_formats`)."""
 
 
 def _styled(draw):
@@ -673,7 +675,10 @@ def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, titl
 
 def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
     """Write ``stem.png``, ``stem.pdf`` and ``stem.svg`` (:data:`FORMATS`) atomically, PDF fonts
-    embedded as TrueType (:data:`_SAVE_RC`); returns the paths.
+    embedded as TrueType (:data:`_SAVE_RC`); returns the paths. ``HEADPROBE_FIGURE_FORMATS=png``
+    (a comma-separated subset, in this order) writes only those: the test suite's setting, as the
+    PDF and SVG take two thirds of the writing time
+    (:func:`~headprobe.analyses.vocabulary.figure_formats`).
 
     The figure's layout (matplotlib's constrained layout) is made once, for the PNG, and kept for
     the PDF and the SVG: it is a third of a figure's drawing time, and each format would redo it
@@ -686,7 +691,7 @@ def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
     paths = []
     engine = fig.get_layout_engine()
     try:
-        for i, ext in enumerate(FORMATS):
+        for i, ext in enumerate(figure_formats()):
             path = Path(f"{stem}.{ext}")
             with atomic_path(path) as tmp, matplotlib.rc_context(_SAVE_RC):
                 fig.savefig(tmp, format=ext, dpi=dpi, metadata=metadata.get(ext))

@@ -328,7 +328,6 @@ def l0_pruning(model: Any, train_set: LossSet, eval_sets: Mapping[str, LossSet],
         raise HeadprobeError(f"L0 steps ({steps}) and batch size ({batch_size}) must be at least 1")
     require_head_ablation(model)
     spec = model.spec
-    n_total = spec.n_layers * spec.n_heads
     gen = torch.Generator().manual_seed(seed)
     log_alpha = torch.full((spec.n_layers, spec.n_heads), float(init))
     run = PruningRun("l0")
@@ -339,70 +338,96 @@ def l0_pruning(model: Any, train_set: LossSet, eval_sets: Mapping[str, LossSet],
         log_alpha = torch.tensor(resume["log_alpha"])
         gen.set_state(torch.tensor(resume["rng"], dtype=torch.uint8))
         opt_state = resume.get("adam")
-
     log_alpha = log_alpha.to(model.device).requires_grad_(True)
-    opt = torch.optim.Adam([log_alpha], lr=lr)
-    if opt_state is not None:
-        opt.load_state_dict({"state": {0: {k: torch.tensor(v) if k != "step" else torch.tensor(float(v))
-                                           for k, v in opt_state.items()}},
-                             "param_groups": opt.state_dict()["param_groups"]})
+    opt = _adam(log_alpha, lr, opt_state)
 
-    def keep_mask() -> Tensor:
-        return (log_alpha.detach() > 0).float().cpu()
-
-    def state() -> dict:
-        st = opt.state_dict()["state"].get(0)
-        return {"rows": run.rows, "removal_order": [list(h) for h in run.removal_order],
-                "log_alpha": log_alpha.detach().cpu().tolist(), "rng": gen.get_state().tolist(),
-                "adam": None if st is None else {k: (float(v) if k == "step" else v.cpu().tolist()) for k, v in st.items()}}
-
-    def record(step: int, lam: float | None, removed: list[Head]) -> None:
-        keep = keep_mask()
-        n = n_total - int(keep.sum())
-        row = {"order": "l0", "step": step, "n_pruned": n, "fraction_pruned": n / n_total}
-        for name, data in eval_sets.items():
-            row[f"{name}_loss"] = masked_loss(model, data, keep)
-        row["lambda"] = lam
-        row["expected_open"] = float(expected_open(log_alpha.detach()).sum())
-        row["removed"] = " ".join(format_head(h) for h in removed)
-        run.rows.append(row)
+    def finish(step: int, lam: float | None, removed: list[Head]) -> None:
+        run.rows.append(_l0_row(model, eval_sets, log_alpha, step, lam, removed))
+        if on_step:
+            on_step(_l0_state(run, log_alpha, gen, opt))
 
     if not run.rows:
         with torch.no_grad():
             log_alpha.fill_(float(init))
-        record(0, None, [])
-        if on_step:
-            on_step(state())
+        finish(0, None, [])
     todo = list(enumerate(lambdas, start=1))[len(run.rows) - 1:]
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(todo) * steps, desc="pruning (l0 gates)", unit="step")
-    B = train_set.tokens.shape[0]
     for step, lam in todo:
         for _ in range(steps):
-            rows = torch.randperm(B, generator=gen)[:batch_size]
-            u = torch.rand(log_alpha.shape, generator=gen).clamp(1e-6, 1 - 1e-6).to(model.device)
-            with torch.inference_mode(False), torch.enable_grad():
-                gates = hard_concrete_sample(log_alpha, u)
-                loss = _gated_loss(model, LossSet(train_set.tokens[rows], train_set.first), gates)
-                total = loss + lam * expected_open(log_alpha).sum() / n_total
-                (log_alpha.grad,) = torch.autograd.grad(total, [log_alpha])  # the model's weights get no gradient
-            opt.step()
+            _l0_step(model, train_set, log_alpha, opt, gen, lam, batch_size)
             if bar is not None:
                 bar.update(1)
-        before = {h for h in run.removal_order}
-        keep = keep_mask()
-        la = log_alpha.detach().cpu()
-        newly = sorted(((l, h) for l in range(spec.n_layers) for h in range(spec.n_heads)
-                        if keep[l, h] == 0 and (l, h) not in before), key=lambda lh: float(la[lh]))
+        newly = _newly_closed(log_alpha, set(run.removal_order))
         run.removal_order += newly
-        record(step, lam, newly)
-        if on_step:
-            on_step(state())
+        finish(step, lam, newly)
     if bar is not None:
         bar.close()
     return run
+
+
+def _adam(log_alpha: Tensor, lr: float, saved: dict | None) -> torch.optim.Adam:
+    """:func:`l0_pruning`'s optimiser over ``log_alpha``, with the moments and step count of
+    ``saved`` (:func:`_l0_state`'s ``"adam"``) when resuming."""
+    opt = torch.optim.Adam([log_alpha], lr=lr)
+    if saved is not None:
+        opt.load_state_dict({"state": {0: {k: torch.tensor(v) if k != "step" else torch.tensor(float(v))
+                                           for k, v in saved.items()}},
+                             "param_groups": opt.state_dict()["param_groups"]})
+    return opt
+
+
+def _l0_state(run: PruningRun, log_alpha: Tensor, gen: torch.Generator, opt: torch.optim.Adam) -> dict:
+    """Everything :func:`l0_pruning` needs to resume (JSON-ready): rows, removal order, gates,
+    the noise generator's state and Adam's."""
+    st = opt.state_dict()["state"].get(0)
+    return {"rows": run.rows, "removal_order": [list(h) for h in run.removal_order],
+            "log_alpha": log_alpha.detach().cpu().tolist(), "rng": gen.get_state().tolist(),
+            "adam": None if st is None else {k: (float(v) if k == "step" else v.cpu().tolist()) for k, v in st.items()}}
+
+
+def _l0_row(model: Any, eval_sets: Mapping[str, LossSet], log_alpha: Tensor, step: int, lam: float | None,
+            removed: list[Head]) -> dict:
+    """One curve row of :func:`l0_pruning`: the held-out losses (nats/token) with the heads whose
+    gate is closed (``log_alpha <= 0``) removed, the penalty ``lam`` and the expected number of
+    open gates."""
+    keep = (log_alpha.detach() > 0).float().cpu()
+    n_total = keep.numel()
+    n = n_total - int(keep.sum())
+    row = {"order": "l0", "step": step, "n_pruned": n, "fraction_pruned": n / n_total}
+    for name, data in eval_sets.items():
+        row[f"{name}_loss"] = masked_loss(model, data, keep)
+    row["lambda"] = lam
+    row["expected_open"] = float(expected_open(log_alpha.detach()).sum())
+    row["removed"] = " ".join(format_head(h) for h in removed)
+    return row
+
+
+def _l0_step(model: Any, train_set: LossSet, log_alpha: Tensor, opt: torch.optim.Adam, gen: torch.Generator,
+             lam: float, batch_size: int) -> None:
+    """One Adam step of :func:`l0_pruning` on ``task loss + lam * E[open gates] / n_heads_total``,
+    on ``batch_size`` sequences of ``train_set`` and one Hard Concrete sample (both drawn from
+    ``gen``); only ``log_alpha`` gets a gradient."""
+    rows = torch.randperm(train_set.tokens.shape[0], generator=gen)[:batch_size]
+    u = torch.rand(log_alpha.shape, generator=gen).clamp(1e-6, 1 - 1e-6).to(model.device)
+    with torch.inference_mode(False), torch.enable_grad():
+        gates = hard_concrete_sample(log_alpha, u)
+        loss = _gated_loss(model, LossSet(train_set.tokens[rows], train_set.first), gates)
+        total = loss + lam * expected_open(log_alpha).sum() / log_alpha.numel()
+        (log_alpha.grad,) = torch.autograd.grad(total, [log_alpha])  # the model's weights get no gradient
+    opt.step()
+
+
+def _newly_closed(log_alpha: Tensor, before: set[Head]) -> list[Head]:
+    """The heads whose gate is closed (``log_alpha <= 0``) and not in ``before``, lowest
+    ``log_alpha`` first."""
+    la = log_alpha.detach().cpu()
+    n_layers, n_heads = la.shape
+    closed = ~(la > 0)
+    return sorted(((l, h) for l in range(n_layers) for h in range(n_heads)
+                   if closed[l, h] and (l, h) not in before), key=lambda lh: float(la[lh]))
 
 
 def curve_auc(fraction: Any, loss: Any, upto: float) -> float:

@@ -36,9 +36,10 @@ from jaxtyping import Int
 from torch import Tensor
 
 from headprobe.analyses.ablation import task_loss, token_losses
-from headprobe.analyses.data import ascii_text, pydoc_topics, repeated_random_tokens
+from headprobe.analyses.data import TokenSet, ascii_text, pydoc_topics, repeated_random_tokens
 from headprobe.analyses.detectors import induction_score, previous_token_score
 from headprobe.probe.capture import stream_patterns
+from headprobe.probe.backend import Backend
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import format_head
 from headprobe.probe.tokenizers import TEXT_CHARS, char_level_tokenizer, word_level_tokenizer
@@ -459,30 +460,13 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
         HeadprobeError: bad settings, a tokenizer that does not fit the corpus, no GPU for
             ``device="cuda"``, or a diverged loss.
     """
-    from headprobe.probe.convert import spec_from_native
-    from headprobe.probe.loading import LoadedModel, device_auto
-    from headprobe.probe.model import Transformer, init_weights
-
     cfg.validate()
     text = cfg.corpus == "text+copy"
     if text and tokenizer.convert_tokens_to_ids(list(TEXT_CHARS)) != list(range(N_CHARS)):
         raise HeadprobeError("--corpus text+copy needs the character-level tokenizer (headprobe.probe.tokenizers.char_level_tokenizer)")
-    device = device_auto(cfg.device)
-    if device == "cuda" and not torch.cuda.is_available():
-        raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
+    model, loaded, device = _untrained_model(cfg, tokenizer)
     mcfg = cfg.model_config()
-    torch.manual_seed(cfg.seed)
-    model = init_weights(Transformer(mcfg)).to(device)
-    spec = spec_from_native("headprobe-train", "headprobe-train", "float32 (training)", mcfg)
-    loaded = LoadedModel(model, tokenizer, spec, prepend_bos=True)
-
-    eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    held_out = copy_sequences(cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period, eval_gen, cfg.periodic).to(device)
-    repeated = repeated_random_tokens(loaded, cfg.n_eval, cfg.eval_period, cfg.seed + 2)
-    repeated = type(repeated)(**{**repeated.__dict__, "tokens": repeated.tokens.to(device)})
-    corpus = text_corpus() if text else None
-    held_out_text = (held_out_text_windows(corpus.held_out, cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.seed + 3).to(device)
-                     if text else None)
+    held_out, repeated, held_out_text, corpus = _eval_data(cfg, loaded, device)
     data_gen = torch.Generator().manual_seed(cfg.seed)
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
@@ -495,13 +479,7 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
         model.eval()
         ev = evaluate(loaded, held_out, repeated, held_out_text)
         model.train()
-        row = {"step": step, "train_loss": float(np.mean(running)) if running else float("nan"),
-               "eval_loss": ev["eval_loss"], "in_context_loss": ev["in_context_loss"],
-               **({"text_in_context_loss": ev["text_in_context_loss"]} if text else {}),
-               "repeated_loss": ev["repeated_loss"],
-               "max_induction": float(ev["induction"].max()), "max_previous_token": float(ev["previous_token"].max())}
-        row.update({f"induction_{h}": float(v) for h, v in zip(heads, ev["induction"].flatten())})
-        row.update({f"previous_token_{h}": float(v) for h, v in zip(heads, ev["previous_token"].flatten())})
+        row = _log_row(step, running, ev, heads, text)
         running.clear()
         return row
 
@@ -516,12 +494,7 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     snapshot(0)
     model.train()
     for step in range(1, cfg.steps + 1):
-        if text:
-            tokens = mixed_batch(cfg.batch_size, cfg.seq_len, corpus.train, cfg.n_words, cfg.min_period, cfg.max_period,
-                                 cfg.copy_fraction, data_gen, cfg.periodic)[0].to(device)
-        else:
-            tokens = copy_sequences(cfg.batch_size, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period,
-                                    data_gen, cfg.periodic).to(device)
+        tokens = _training_batch(cfg, corpus, data_gen).to(device)
         loss = token_losses(model(tokens), tokens).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -543,5 +516,69 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     final = {kind: np.array([last[f"{kind}_{h}"] for h in heads]).reshape(mcfg.n_layers, mcfg.n_heads)
              for kind in ("induction", "previous_token")}
     return TrainRun(cfg, loaded, log, final, seconds, device, snapshots)
+
+
+def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, Backend, str]:
+    """:func:`train`'s model before its first step, ``(model, loaded, device)``: the native
+    :class:`~headprobe.probe.model.Transformer` of ``cfg.model_config()``, initialised from
+    ``cfg.seed`` (:func:`~headprobe.probe.model.init_weights`) on ``device`` (``"cpu"`` or
+    ``"cuda"``, from ``cfg.device``), and ``loaded``, the
+    :class:`~headprobe.probe.loading.LoadedModel` around it with ``tokenizer``.
+
+    Raises:
+        HeadprobeError: ``device="cuda"`` without a CUDA GPU.
+    """
+    from headprobe.probe.convert import spec_from_native
+    from headprobe.probe.loading import LoadedModel, device_auto
+    from headprobe.probe.model import Transformer, init_weights
+
+    device = device_auto(cfg.device)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
+    mcfg = cfg.model_config()
+    torch.manual_seed(cfg.seed)
+    model = init_weights(Transformer(mcfg)).to(device)
+    spec = spec_from_native("headprobe-train", "headprobe-train", "float32 (training)", mcfg)
+    return model, LoadedModel(model, tokenizer, spec, prepend_bos=True), device
+
+
+def _eval_data(cfg: TrainConfig, loaded: Backend, device: str) -> tuple[Tensor, TokenSet, Tensor | None, TextCorpus | None]:
+    """:func:`train`'s fixed evaluation data, on ``device``: ``(held_out, repeated,
+    held_out_text, corpus)``: ``cfg.n_eval`` copy sequences (seed ``cfg.seed + 1``), repeated
+    random tokens of period ``cfg.eval_period`` (seed ``+ 2``) and, for ``"text+copy"``, windows
+    of the corpus' held-out text (seed ``+ 3``) and the corpus itself (None otherwise)."""
+    eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    held_out = copy_sequences(cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period, eval_gen, cfg.periodic).to(device)
+    repeated = repeated_random_tokens(loaded, cfg.n_eval, cfg.eval_period, cfg.seed + 2)
+    repeated = type(repeated)(**{**repeated.__dict__, "tokens": repeated.tokens.to(device)})
+    text = cfg.corpus == "text+copy"
+    corpus = text_corpus() if text else None
+    held_out_text = (held_out_text_windows(corpus.held_out, cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.seed + 3).to(device)
+                     if text else None)
+    return held_out, repeated, held_out_text, corpus
+
+
+def _training_batch(cfg: TrainConfig, corpus: TextCorpus | None, gen: torch.Generator) -> Int[Tensor, "batch pos"]:
+    """One training batch of ``cfg.batch_size`` sequences drawn from ``gen`` (on the CPU): copy
+    sequences, mixed with windows of ``corpus.train`` for ``"text+copy"``."""
+    if cfg.corpus == "text+copy":
+        return mixed_batch(cfg.batch_size, cfg.seq_len, corpus.train, cfg.n_words, cfg.min_period, cfg.max_period,
+                           cfg.copy_fraction, gen, cfg.periodic)[0]
+    return copy_sequences(cfg.batch_size, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period, gen, cfg.periodic)
+
+
+def _log_row(step: int, running: list[float], ev: dict, heads: list[str], text: bool) -> dict:
+    """One row of :attr:`TrainRun.log` from :func:`evaluate`'s ``ev``: ``train_loss`` is the mean
+    of ``running`` (the losses since the previous row; NaN when empty), then the evaluation's
+    losses (nats/token) and every head's induction and previous-token score (``heads`` named
+    ``L.H`` in ``[layer, head]`` order)."""
+    row = {"step": step, "train_loss": float(np.mean(running)) if running else float("nan"),
+           "eval_loss": ev["eval_loss"], "in_context_loss": ev["in_context_loss"],
+           **({"text_in_context_loss": ev["text_in_context_loss"]} if text else {}),
+           "repeated_loss": ev["repeated_loss"],
+           "max_induction": float(ev["induction"].max()), "max_previous_token": float(ev["previous_token"].max())}
+    row.update({f"induction_{h}": float(v) for h, v in zip(heads, ev["induction"].flatten())})
+    row.update({f"previous_token_{h}": float(v) for h, v in zip(heads, ev["previous_token"].flatten())})
+    return row
 
 

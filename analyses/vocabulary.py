@@ -29,6 +29,28 @@ PRIMARY_KIND = "mean"
 """The ablation kind each verdict is tested with; the other kind is reported beside it."""
 DEFAULT_PATTERN_LEN = 128
 """Tokens of every head's pattern kept for the viewer (``--pattern-len``)."""
+FIGURE_FORMATS: tuple[str, ...] = ("png", "pdf", "svg")
+"""Every format a figure is written in (:func:`headprobe.analyses.figures.save_figure`), in order."""
+FIGURE_FORMATS_ENV = "HEADPROBE_FIGURE_FORMATS"
+"""The environment variable that narrows :data:`FIGURE_FORMATS` (:func:`figure_formats`)."""
+
+
+def figure_formats() -> tuple[str, ...]:
+    """The formats figures are written in: :data:`FIGURE_FORMATS`, or those named in
+    ``$HEADPROBE_FIGURE_FORMATS`` (comma-separated, case ignored, e.g. ``png``: a third of the
+    writing time, what the test suite sets), in :data:`FIGURE_FORMATS` order. Unset or empty: all.
+
+    Raises:
+        HeadprobeError: a name that is not one of :data:`FIGURE_FORMATS`.
+    """
+    import os
+
+    asked = [f.strip().lower() for f in os.environ.get(FIGURE_FORMATS_ENV, "").split(",") if f.strip()]
+    unknown = [f for f in asked if f not in FIGURE_FORMATS]
+    if unknown:
+        raise HeadprobeError(f"{FIGURE_FORMATS_ENV}={os.environ[FIGURE_FORMATS_ENV]!r}: unknown figure format "
+                             f"{unknown[0]!r}; choose from {', '.join(FIGURE_FORMATS)} (comma-separated)")
+    return tuple(f for f in FIGURE_FORMATS if f in asked) if asked else FIGURE_FORMATS
 
 
 def select_head_types(types: str | Sequence[str] | None = None) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 
+from headprobe.analyses.vocabulary import figure_formats
 from headprobe.probe.errors import HeadprobeError
 
 # subcommand -> module providing HELP, add_arguments(parser), main(args)
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
     try:
+        figure_formats()  # a bad $HEADPROBE_FIGURE_FORMATS is refused before any work, not at the first figure
         return int(args._run(args) or 0)
     except HeadprobeError as e:
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: one line, from rank 0

@@ -694,6 +694,42 @@ def recommend(
     _check_positive("bytes_per_element", bytes_per_element)
     if kv_limit_bytes is not None:
         _check_positive("kv_limit_bytes", kv_limit_bytes)
+    d_model, n_layers = _recommended_shape(target, n_params, d_model, n_layers)
+    d_head = _recommended_d_head(target, d_model)
+    base = AttentionLayout(d_model=d_model, n_layers=n_layers, n_heads=d_model // d_head, d_head=d_head,
+                           bytes_per_element=bytes_per_element)
+
+    def fits(lay: AttentionLayout) -> bool:
+        return kv_limit_bytes is None or kv_bytes_per_request(lay, seq_len, batch) <= kv_limit_bytes
+
+    cap = min(_KV_HEAD_CAP[target], base.n_heads)
+    fitting = [k for k in divisors(base.n_heads) if k <= cap and fits(base.with_kv_heads(k))]
+    gqa = base.with_kv_heads(fitting[0] if fitting else 1)
+    mla = replace(base, kv_lora_rank=4 * d_head, qk_rope_head_dim=d_head // 2)
+    squeezed = not fitting or gqa.n_kv_heads < min(_MIN_GQA_KV_HEADS, cap)
+    use_mla = squeezed and fits(mla) and target != "edge" and d_model >= 1024
+    chosen = mla if use_mla else gqa
+    ok = fits(chosen)
+    req = kv_bytes_per_request(chosen, seq_len, batch)
+    lines = _recommendation_summary(base, gqa, mla, use_mla, bool(fitting), req, seq_len, batch, kv_limit_bytes,
+                                    target)
+    lines.append(_recommendation_verdict(chosen, gqa, mla, use_mla, ok, squeezed, fits(mla), seq_len, batch,
+                                         kv_limit_bytes, target))
+    return Recommendation(layout=chosen, use_mla=use_mla, fits=ok, seq_len=seq_len, batch=batch,
+                          kv_limit_bytes=kv_limit_bytes, target=target, kv_bytes_per_request=req,
+                          explanation=tuple(lines))
+
+
+def _recommended_shape(target: str, n_params: int | None, d_model: int | None,
+                       n_layers: int | None) -> tuple[int, int]:
+    """:func:`recommend`'s rule 1: ``(d_model, n_layers)`` as given, or what is missing from
+    ``n_params`` (:func:`shape_for_params`; ``n_layers`` alone from ``n_params ~ 12 n_layers
+    d_model**2``, Kaplan et al. 2020 eq. 2.1).
+
+    Raises:
+        HeadprobeError: neither ``n_params`` nor ``d_model``; ``d_model`` without ``n_layers`` or
+            ``n_params``; a size not positive.
+    """
     if d_model is None:
         if n_params is None:
             raise HeadprobeError("recommend needs a parameter budget (--params) or a width (--d-model)")
@@ -705,67 +741,69 @@ def recommend(
         n_layers = max(1, round(n_params / (12 * d_model**2)))
     _check_positive("d_model", d_model)
     _check_positive("n_layers", n_layers)
+    return d_model, n_layers
 
+
+def _recommended_d_head(target: str, d_model: int) -> int:
+    """:func:`recommend`'s rule 2: 128 from ``d_model >= 2048`` (64 on the edge or below), 64
+    where 128 does not divide ``d_model``.
+
+    Raises:
+        HeadprobeError: ``d_model`` is not a multiple of 64.
+    """
     d_head = 64 if (target == "edge" or d_model < 2048) else 128
     if d_model % d_head:
         d_head = 64 if d_model % 64 == 0 else None
     if d_head is None:
         raise HeadprobeError(f"d_model {d_model} is not a multiple of 64; no d_head of 64 or 128 divides it")
-    n_heads = d_model // d_head
-    base = AttentionLayout(d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_head=d_head,
-                           bytes_per_element=bytes_per_element)
-    mha_req = kv_bytes_per_request(base, seq_len, batch)
+    return d_head
 
-    def fits(lay: AttentionLayout) -> bool:
-        return kv_limit_bytes is None or kv_bytes_per_request(lay, seq_len, batch) <= kv_limit_bytes
 
-    cap = min(_KV_HEAD_CAP[target], n_heads)
-    options = [k for k in divisors(n_heads) if k <= cap]
-    fitting = [k for k in options if fits(base.with_kv_heads(k))]
-    gqa = base.with_kv_heads(fitting[0] if fitting else 1)
-    mla = replace(base, kv_lora_rank=4 * d_head, qk_rope_head_dim=d_head // 2)
+def _recommendation_summary(base: AttentionLayout, gqa: AttentionLayout, mla: AttentionLayout, use_mla: bool,
+                            any_fit: bool, req: int, seq_len: int, batch: int, kv_limit_bytes: int | None,
+                            target: str) -> list[str]:
+    """The first two lines of :func:`recommend`'s explanation: the proposed layout and its cache
+    (``req`` bytes), then what MHA, the GQA choice (``any_fit``: some KV-head count fits) and
+    MLA would cache."""
+    d_model, n_layers, n_heads, d_head = base.d_model, base.n_layers, base.n_heads, base.d_head
     limit_txt = format_bytes(kv_limit_bytes) if kv_limit_bytes is not None else "no limit"
     req_txt = f"{batch} x {seq_len} tokens" if batch > 1 else f"{seq_len} tokens"
-
-    squeezed = not fitting or gqa.n_kv_heads < min(_MIN_GQA_KV_HEADS, cap)
-    use_mla = squeezed and fits(mla) and target != "edge" and d_model >= 1024
-    chosen = mla if use_mla else gqa
-    ok = fits(chosen)
-    req = kv_bytes_per_request(chosen, seq_len, batch)
-
-    lines = [
+    return [
         f"{n_layers} layers x d_model {d_model}: {n_heads} query heads of d_head {d_head}"
         + (f", MLA latent {mla.kv_lora_rank} + rotary key {mla.qk_rope_head_dim}" if use_mla
            else f", {_kv_heads_txt(gqa.n_kv_heads)} (group size {gqa.group_size}, {gqa.kind})")
         + f"; KV cache {format_bytes(req)} per request at {req_txt}"
         + (f" against {limit_txt}." if kv_limit_bytes is not None else " (no KV-cache limit given)."),
-        f"MHA would cache {format_bytes(mha_req)} ({n_heads} KV heads); "
+        f"MHA would cache {format_bytes(kv_bytes_per_request(base, seq_len, batch))} ({n_heads} KV heads); "
         + ((f"the most KV heads that fit: " if kv_limit_bytes is not None
             else f"no limit given, so the {target} target's cap: ")
            + f"{_kv_heads_txt(gqa.n_kv_heads)} ({gqa.kind}, {format_bytes(kv_bytes_per_request(gqa, seq_len, batch))})"
-           if fitting else "even MQA (1 KV head) does not fit")
+           if any_fit else "even MQA (1 KV head) does not fit")
         + f", MLA would cache {format_bytes(kv_bytes_per_request(mla, seq_len, batch))}.",
     ]
-    mla_txt = f"MLA's cache ({format_bytes(kv_bytes_per_request(mla, seq_len, batch))})"
+
+
+def _recommendation_verdict(chosen: AttentionLayout, gqa: AttentionLayout, mla: AttentionLayout, use_mla: bool,
+                            ok: bool, squeezed: bool, mla_fits: bool, seq_len: int, batch: int,
+                            kv_limit_bytes: int | None, target: str) -> str:
+    """The last line of :func:`recommend`'s explanation: why MLA is or is not worth it (rule 4),
+    or, when nothing fits (``ok`` False), the longest context that does."""
+    mla_bytes = format_bytes(kv_bytes_per_request(mla, seq_len, batch))
     if use_mla:
-        lines.append("MLA is worth it: it keeps per-head keys and values (MHA-like quality, DeepSeek-V2) "
-                     "for a cache between MQA and GQA-2, at the price of latent projections and absorbed kernels.")
-    elif not ok:
+        return ("MLA is worth it: it keeps per-head keys and values (MHA-like quality, DeepSeek-V2) "
+                "for a cache between MQA and GQA-2, at the price of latent projections and absorbed kernels.")
+    if not ok:
         most = max_tokens_in_kv(chosen, kv_limit_bytes, batch)
-        lines.append(f"Nothing fits: at this size at most {most} tokens fit; shorten the context, "
-                     f"quantise the cache (fp8 halves bf16), or use fewer layers.")
-    elif squeezed and target != "edge":
-        why = (f"{mla_txt} does not fit the limit" if not fits(mla)
-               else f"d_model {d_model} is too narrow for MLA's latent projections to pay off")
-        lines.append(f"MLA would be the better buy at so few KV heads, but {why}; "
-                     f"expect some quality loss from sharing each K/V across {gqa.group_size} query heads.")
-    elif target == "edge":
-        lines.append(f"MLA is not worth it on the edge: {gqa.kind} already fits, and MLA needs absorbed-matrix "
-                     f"kernels few on-device runtimes have (its cache, {format_bytes(kv_bytes_per_request(mla, seq_len, batch))}, "
-                     f"{'would fit' if fits(mla) else 'would not even fit'}); 64-wide heads keep kernels simple.")
-    else:
-        lines.append("MLA is not needed: GQA with this many KV heads fits the limit and keeps quality "
-                     "close to MHA (Ainslie et al. 2023) with plain, widely supported kernels.")
-    return Recommendation(layout=chosen, use_mla=use_mla, fits=ok, seq_len=seq_len, batch=batch,
-                          kv_limit_bytes=kv_limit_bytes, target=target, kv_bytes_per_request=req,
-                          explanation=tuple(lines))
+        return (f"Nothing fits: at this size at most {most} tokens fit; shorten the context, "
+                f"quantise the cache (fp8 halves bf16), or use fewer layers.")
+    if squeezed and target != "edge":
+        why = (f"MLA's cache ({mla_bytes}) does not fit the limit" if not mla_fits
+               else f"d_model {gqa.d_model} is too narrow for MLA's latent projections to pay off")
+        return (f"MLA would be the better buy at so few KV heads, but {why}; "
+                f"expect some quality loss from sharing each K/V across {gqa.group_size} query heads.")
+    if target == "edge":
+        return (f"MLA is not worth it on the edge: {gqa.kind} already fits, and MLA needs absorbed-matrix "
+                f"kernels few on-device runtimes have (its cache, {mla_bytes}, "
+                f"{'would fit' if mla_fits else 'would not even fit'}); 64-wide heads keep kernels simple.")
+    return ("MLA is not needed: GQA with this many KV heads fits the limit and keeps quality "
+            "close to MHA (Ainslie et al. 2023) with plain, widely supported kernels.")

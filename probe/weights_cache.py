@@ -281,26 +281,7 @@ def load_cached(source: str | os.PathLike[str], build: Callable[[], tuple[Any, A
         log.warning("headprobe: cannot hash %s for the weights cache (%s); loading without the cache", source, e.strerror)
         return cold(f"{eta + '; ' if eta else ''}not cached")
 
-    failed_manifest = None  # (inode, mtime) of a manifest whose entry failed to load, not to be tried again
-
-    def from_entry() -> tuple[Any, Any] | None:
-        nonlocal failed_manifest
-        problem = entry.problem()
-        if problem == "absent":
-            return None
-        if problem is None:
-            stat = (entry.path / MANIFEST).stat()
-            if (stat.st_ino, stat.st_mtime_ns) == failed_manifest:
-                return None
-            say(f"loading {name} from cache ...")
-            try:
-                return load_dir(entry.path)
-            except Exception as e:  # any library's failure on a damaged file
-                failed_manifest = (stat.st_ino, stat.st_mtime_ns)
-                problem = f"it fails to load ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
-        log.warning("headprobe: weights cache entry %s is damaged: %s; rebuilding it", entry.path, problem)
-        return None
-
+    from_entry = _EntryReader(entry, load_dir, lambda: say(f"loading {name} from cache ..."))
     try:
         got = from_entry()
     except OSError:  # the entry vanished between the checks (another process replaced a damaged one)
@@ -319,11 +300,50 @@ def load_cached(source: str | os.PathLike[str], build: Callable[[], tuple[Any, A
             if got is not None:
                 return got
         model, tokenizer = cold(f"first time{eta_part}; cached for next time")
-        try:
-            entry.write(model, tokenizer, extra(model) if extra is not None else None)
-        except Exception as e:  # a full disk shows up as OSError or as safetensors' own error
-            log.warning("headprobe: cannot write the weights cache entry %s (%s: %s); the next load will dequantize again",
-                        entry.path, type(e).__name__, getattr(e, "strerror", None) or e)
+        _write_entry(entry, model, tokenizer, extra)
         return model, tokenizer
     finally:
         lock.release()
+
+
+class _EntryReader:
+    """:func:`load_cached`'s reader of one entry: ``reader()`` is ``load_dir(entry.path)`` when
+    the entry is complete and matches its manifest (after ``announce()``), else None, with one
+    warning when the entry exists but is damaged or fails to load. An entry that failed to load
+    is not tried again while its manifest (inode and mtime) is the same one.
+
+    Raises:
+        OSError: the entry vanished between the checks.
+    """
+
+    def __init__(self, entry: Entry, load_dir: Callable[[Path], tuple[Any, Any]], announce: Callable[[], None]):
+        self.entry, self.load_dir, self.announce = entry, load_dir, announce
+        self.failed_manifest: tuple[int, int] | None = None  # (inode, mtime) of a manifest whose entry failed to load
+
+    def __call__(self) -> tuple[Any, Any] | None:
+        problem = self.entry.problem()
+        if problem == "absent":
+            return None
+        if problem is None:
+            stat = (self.entry.path / MANIFEST).stat()
+            if (stat.st_ino, stat.st_mtime_ns) == self.failed_manifest:
+                return None
+            self.announce()
+            try:
+                return self.load_dir(self.entry.path)
+            except Exception as e:  # any library's failure on a damaged file
+                self.failed_manifest = (stat.st_ino, stat.st_mtime_ns)
+                problem = f"it fails to load ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+        log.warning("headprobe: weights cache entry %s is damaged: %s; rebuilding it", self.entry.path, problem)
+        return None
+
+
+def _write_entry(entry: Entry, model: Any, tokenizer: Any, extra: Callable[[Any], dict[str, Any]] | None) -> None:
+    """Write ``entry`` (:meth:`Entry.write`, with ``extra(model)``'s files); a failure (a full
+    disk shows up as OSError or as safetensors' own error) is one warning, not an error: the next
+    load dequantizes again."""
+    try:
+        entry.write(model, tokenizer, extra(model) if extra is not None else None)
+    except Exception as e:
+        log.warning("headprobe: cannot write the weights cache entry %s (%s: %s); the next load will dequantize again",
+                    entry.path, type(e).__name__, getattr(e, "strerror", None) or e)

@@ -5,9 +5,28 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 
 import pytest
 import torch
+
+from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
+
+
+def pytest_configure(config):
+    """Figures as PNG only for the whole run, subprocesses included (the PDF and SVG are two thirds
+    of a figure's writing time); a test that checks them asks for every format with
+    ``@pytest.mark.all_figure_formats`` (:func:`_figure_formats`)."""
+    config.addinivalue_line("markers", "all_figure_formats: the test writes figures as PNG, PDF and SVG "
+                                       "(the default), not PNG only")
+    os.environ[FIGURE_FORMATS_ENV] = "png"
+
+
+@pytest.fixture(autouse=True)
+def _figure_formats(request, monkeypatch):
+    """``@pytest.mark.all_figure_formats``: this test (and the processes it starts) writes every format."""
+    if request.node.get_closest_marker("all_figure_formats"):
+        monkeypatch.delenv(FIGURE_FORMATS_ENV)
 
 
 def make_tiny_tokenizer(tmp_dir, n_words: int = 100):

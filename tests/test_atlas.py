@@ -15,6 +15,7 @@ import zoo
 
 import headprobe
 from headprobe.analyses import atlas as atlas_lib
+from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
 from headprobe.cli import main
 
 SCAN = dict(n_natural=3, seq_len=16, n_repeated=2, period=6, k=2, n_random=3, pattern_len=0, device="cpu")
@@ -78,7 +79,9 @@ def test_no_verdict_and_one_layer_models():
 def atlas_run(tiny_dir, gpt2_dir, text_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("atlas") / "a"
     models = [str(tiny_dir), str(tmp_path_factory.mktemp("empty")), str(gpt2_dir)]  # the middle one is not a model
-    code = main(["atlas", "--models", *models, "--out", str(out), "--text", str(text_file), *SMALL_FLAGS])
+    with pytest.MonkeyPatch.context() as mp:  # every figure format, which a test checks (conftest: PNG only)
+        mp.delenv(FIGURE_FORMATS_ENV)
+        code = main(["atlas", "--models", *models, "--out", str(out), "--text", str(text_file), *SMALL_FLAGS])
     return out, models, code
 
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import matplotlib.colors
 import numpy as np
+import pytest
 import torch
 
 from headprobe.analyses import figures as figs
@@ -54,6 +55,7 @@ def test_token_labels_keep_special_tokens_whole_and_mark_cuts():
     assert all(len(s) <= LABEL_CHARS for s in labels[1:])
 
 
+@pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_figures_leave_matplotlib_settings_alone_and_embed_truetype(tmp_path):
     import matplotlib
 
@@ -73,6 +75,43 @@ def test_figures_leave_matplotlib_settings_alone_and_embed_truetype(tmp_path):
     again = figs.signed_head_heatmap(np.array([[0.5, -0.2], [0.1, 0.0]]), "effect", "Δ loss")
     paths_again = figs.save_figure(again, tmp_path / "again")
     assert paths_again[2].read_bytes() == svg and paths_again[1].read_bytes() == pdf
+
+
+def test_the_suite_writes_png_only_unless_a_test_asks_for_every_format(tmp_path, monkeypatch):
+    """tests/conftest.py sets HEADPROBE_FIGURE_FORMATS=png for the run (two thirds of the writing time
+    saved); unset, every format is written; a subset is written in FORMATS order; a bad name is refused."""
+    from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV, figure_formats
+    from headprobe.probe.errors import HeadprobeError
+
+    fig = figs.signed_head_heatmap(np.array([[0.5, -0.2], [0.1, 0.0]]), "effect", "Δ loss")
+    assert [p.name for p in figs.save_figure(fig, tmp_path / "png")] == ["png.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["png.png"]
+    monkeypatch.delenv(FIGURE_FORMATS_ENV)
+    assert [p.suffix for p in figs.save_figure(fig, tmp_path / "all")] == [".png", ".pdf", ".svg"]
+    for value, want in (("", figs.FORMATS), ("svg, PNG", ("png", "svg")), ("pdf", ("pdf",))):
+        monkeypatch.setenv(FIGURE_FORMATS_ENV, value)
+        assert figure_formats() == want
+    monkeypatch.setenv(FIGURE_FORMATS_ENV, "png,jpeg")
+    with pytest.raises(HeadprobeError, match="unknown figure format 'jpeg'; choose from png, pdf, svg"):
+        figs.save_figure(fig, tmp_path / "bad")
+    assert not list(tmp_path.glob("bad*"))
+
+
+@pytest.mark.all_figure_formats
+def test_the_marker_writes_every_format(tmp_path):
+    fig = figs.signed_head_heatmap(np.array([[0.5, -0.2], [0.1, 0.0]]), "effect", "Δ loss")
+    assert [p.suffix for p in figs.save_figure(fig, tmp_path / "all")] == [".png", ".pdf", ".svg"]
+
+
+def test_a_bad_figure_format_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
+    from headprobe.cli import main
+
+    monkeypatch.setenv(FIGURE_FORMATS_ENV, "png,tiff")
+    assert main(["train", "--steps", "1", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("headprobe: error: HEADPROBE_FIGURE_FORMATS='png,tiff': unknown")
+    assert not (tmp_path / "out").exists()
 
 
 def test_long_heatmap_titles_stay_inside_the_figure():

@@ -32,7 +32,7 @@ def _checkpoint(family: str, tokenizer) -> Checkpoint:
     if family == "granite":
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        cfg = AutoConfig.for_model("granite", **zoo._COMMON, logits_scaling=8.0, architectures=["GraniteForCausalLM"])
+        cfg = AutoConfig.for_model("granite", **zoo.TINY_FIELDS, logits_scaling=8.0, architectures=["GraniteForCausalLM"])
         torch.manual_seed(0)
         hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
         return Checkpoint("tiny-granite", "tiny-granite", "float32 (random init)", hf, tokenizer)

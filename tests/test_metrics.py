@@ -257,7 +257,7 @@ def tiny_granite(tiny_tokenizer):
 
     from headprobe.probe.loading import Checkpoint, wrap
 
-    cfg = AutoConfig.for_model("granite", **zoo._COMMON, logits_scaling=8.0, architectures=["GraniteForCausalLM"])
+    cfg = AutoConfig.for_model("granite", **zoo.TINY_FIELDS, logits_scaling=8.0, architectures=["GraniteForCausalLM"])
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     return wrap(Checkpoint("tiny-granite", "tiny-granite", "float32 (random init)", hf, tiny_tokenizer), backend="auto")

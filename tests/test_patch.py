@@ -176,6 +176,7 @@ def prompts_file(tmp_path_factory):
     return p
 
 
+@pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_cli_writes_the_table_the_function_returns(tiny_dir, prompts_file, tmp_path):
     out = tmp_path / "p"
     assert main(["patch", "--model", str(tiny_dir), "--prompts", str(prompts_file), "--out", str(out), "--device", "cpu"]) == 0

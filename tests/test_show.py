@@ -14,6 +14,7 @@ from test_loading import assert_one_line_error, run_cli
 PROMPT = "t1 t2 t3 t4 t5 t1 t2 t3 t4 t5"
 
 
+@pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_show_draws_the_heads_own_pattern(tiny_dir, tmp_path):
     import headprobe
 

@@ -15,6 +15,7 @@ def _tiny(which, out, extra=()):
                  "--d-model", "16", "--device", "cpu", *extra])
 
 
+@pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_study_layouts(tmp_path):
     assert _tiny("layouts", tmp_path, ["--n-heads", "4", "--ranks", "2", "--rope", "2"]) == 0
     t = pd.read_csv(tmp_path / "results.csv")

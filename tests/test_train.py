@@ -67,6 +67,7 @@ def test_gqa_run(tokenizer):
     assert r.loaded.spec.kind == "GQA" and r.loaded.model.blocks[0].attn.k_proj.out_features == 2 * 4
 
 
+@pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_checkpoint_reloads_with_same_logits(tiny_run, tmp_path):
     from headprobe.probe.loading import load_model
 
@@ -270,6 +271,7 @@ API_FLAGS = ["--d-model", "16", "--n-heads", "2", "--n-kv-heads", "1", "--n-word
              "--seed", "3", "--data", "pair", "--device", "cpu"]
 
 
+@pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_api_train_matches_cli(tmp_path, capsys):
     import headprobe
     import headprobe.commands.train as train_command

@@ -6,12 +6,15 @@ The families and their tiny config fields come from the registry
 (:data:`headprobe.probe.families.FAMILIES`, each family's ``TinySpec``), read when asked, so a
 family registered at run time is in the zoo too. ``ZOO`` maps a causal family (Hugging Face
 ``model_type``) to the config fields that make it tiny, ``ENCODER_ZOO`` an encoder family;
-:func:`make_checkpoint` builds the model and :func:`save_dir` writes a Hugging Face model
-directory (config, safetensors, tokenizer) for the command-line tests.
+:func:`make_checkpoint` builds the model (once per test run; each call gets its own copy) and
+:func:`save_dir` writes a Hugging Face model directory (config, safetensors, tokenizer) for the
+command-line tests.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import torch
 from headprobe.probe.families import FAMILIES
 from headprobe.probe.families.base import TINY_ENCODER_VOCAB as ENCODER_VOCAB  # noqa: F401 - the zoo's vocabularies
 from headprobe.probe.families.base import TINY_VOCAB as VOCAB  # noqa: F401
+from headprobe.probe.families.base import TINY_FIELDS  # noqa: F401 - the sizes, for families outside the registry (Granite)
 from headprobe.probe.families.base import TinySpec
 
 
@@ -57,12 +61,32 @@ ENCODER_ZOO: Mapping[str, dict] = _TinyFields(encoder=True)
 """Encoder family -> tiny config fields (kept apart from :data:`ZOO`, whose families are causal LMs)."""
 
 
+_BUILT: dict[tuple, tuple] = {}
+"""(family, its Family, tokenizer, seed, changes) -> (checkpoint, torch's RNG state after building it, the
+Family and tokenizer, kept alive so that their ids in the key are not reused): each model built once per run."""
+
+
 def make_checkpoint(family: str, tokenizer, seed: int = 0, **change):
     """A :class:`~headprobe.probe.loading.Checkpoint` holding a tiny random ``family`` model
     (float32, eager attention; ``AutoModelForCausalLM``, or ``AutoModel`` for an encoder: BERT's
     ``BertModel``, no head); every bias and every parameter named in the family's
     ``TinySpec.perturb`` is randomised so that each term is tested; ``change`` overrides config
-    fields (variants of a family)."""
+    fields (variants of a family).
+
+    Each model is built once per test run: every call returns its own deep copy of the model (a
+    test may change its weights) with the caller's tokenizer, and leaves torch's global RNG as a
+    fresh build would (seeded with ``seed``, then drawn from by the initialisation)."""
+    family_ = FAMILIES.get(family)
+    key = (family, id(family_), id(tokenizer), seed, repr(sorted(change.items())))
+    if key not in _BUILT:
+        _BUILT[key] = (_build(family, tokenizer, seed, change), torch.get_rng_state(), (family_, tokenizer))
+    ckpt, rng, _ = _BUILT[key]
+    torch.set_rng_state(rng)
+    return dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model))
+
+
+def _build(family: str, tokenizer, seed: int, change: dict):
+    """:func:`make_checkpoint`'s model, built."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     from headprobe.probe.loading import Checkpoint

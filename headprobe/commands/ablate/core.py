@@ -439,23 +439,34 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
     # prefix-matching (induction) score of every head, to check the induction ranking against
     induction_score = score_token_set(model, repeated, "repeated", types=("induction",))[0]["induction"].numpy()
 
-    layer, head = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
-    cols = {"layer": layer.ravel(), "head": head.ravel(), "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads)}
-    if cfg.estimate:  # the same rows, with columns named as estimates: no exact effect was measured
-        for task, r in results.items():
-            cols[f"{task}_{ESTIMATE_COLUMN[cfg.estimate]}"] = r.estimated.ravel()
-        cols["induction_score"] = induction_score.ravel()
-        return AblateResult(cfg, spec, _mark_removed(pd.DataFrame(cols), spec), results, induction_score, natural, repeated,
+    table = _head_table(spec, results, induction_score, cfg.estimate)
+    if cfg.estimate:  # no exact effect was measured
+        return AblateResult(cfg, spec, table, results, induction_score, natural, repeated,
                             str(model.device), model.self_check.to_dict(), time.perf_counter() - t_start)
-    for task, r in results.items():
-        cols[f"{task}_loss_delta"] = r.effect.ravel()
-    for task, r in results.items():
-        cols[f"{task}_importance"] = r.importance.ravel()
-        cols[f"{task}_attribution"] = r.attribution.ravel()
-    cols["induction_score"] = induction_score.ravel()
-    return AblateResult(cfg, spec, _mark_removed(pd.DataFrame(cols), spec), results, induction_score, natural, repeated,
+    return AblateResult(cfg, spec, table, results, induction_score, natural, repeated,
                         str(model.device), model.self_check.to_dict(), time.perf_counter() - t_start, swept=swept,
                         ranks=distributed.world_size())
+
+
+def _head_table(spec, results: dict[str, TaskResult], induction_score: np.ndarray, estimate: str | None) -> pd.DataFrame:
+    """head_ablation.csv: one row per head (``layer``, ``head``, ``kv_head``), then each task's
+    ``<task>_loss_delta``, each task's ``<task>_importance`` and ``<task>_attribution`` (nats/token)
+    and the ``induction_score``; with ``estimate``, the same rows with one column per task named as
+    that estimate (:data:`ESTIMATE_COLUMN`) instead of the exact effects. A pruned model's removed
+    heads are marked (:func:`_mark_removed`)."""
+    layer, head = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
+    cols = {"layer": layer.ravel(), "head": head.ravel(), "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads)}
+    if estimate:
+        for task, r in results.items():
+            cols[f"{task}_{ESTIMATE_COLUMN[estimate]}"] = r.estimated.ravel()
+    else:
+        for task, r in results.items():
+            cols[f"{task}_loss_delta"] = r.effect.ravel()
+        for task, r in results.items():
+            cols[f"{task}_importance"] = r.importance.ravel()
+            cols[f"{task}_attribution"] = r.attribution.ravel()
+    cols["induction_score"] = induction_score.ravel()
+    return _mark_removed(pd.DataFrame(cols), spec)
 
 
 def _mark_removed(table: pd.DataFrame, spec) -> pd.DataFrame:

@@ -210,13 +210,7 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
     scores = {c: v.numpy() for c, v in {**nat_scores, **rep_scores}.items()}
     removed = removed_heads(model)
     _mark_removed(scores, removed)
-    if spec.causal:
-        clean_seq = {
-            "natural": scored_loss(nat_logits, natural.tokens, first_scored("natural", natural.start, None)).cpu(),
-            "repeated": scored_loss(rep_logits, repeated.tokens, first_scored("repeated", repeated.start, repeated.period)).cpu(),
-        }
-    else:  # an encoder has no LM loss: its effects are 1 - cos against the clean embedding, 0 on the clean run
-        clean_seq = {"natural": torch.zeros(len(natural.tokens)), "repeated": torch.zeros(len(repeated.tokens))}
+    clean_seq = _clean_losses(spec, natural, repeated, nat_logits, rep_logits)
     del nat_logits, rep_logits
     clean = {task: float(v.double().mean()) for task, v in clean_seq.items()}
     untrusted = {"natural": untrusted_task_reason(clean["natural"], spec.d_vocab, unknown_share(model, natural)),
@@ -243,8 +237,37 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
         _mark_removed(scores, removed)
         composition = head_metrics.scan_composition(model)
 
+    table = _head_table(spec, scores, cfg.types)
+    score_ci95 = {c: bootstrap_ci(v.double().numpy(), seed=cfg.seed) for c, v in per_seq.items()
+                  if np.allclose(v.double().mean(0).numpy(), scores[c], atol=1e-5)}  # only where the score is that mean
+    return ScanResult(cfg, spec, table, scores, verifications, clean, natural, repeated, examples, timings,
+                      device=str(model.device), dtype=str(model.dtype), self_check=model.self_check.to_dict(),
+                      warnings=warnings, score_ci95=score_ci95, patterns=patterns, composition=composition,
+                      metrics=metrics_summary(scores, composition, cfg.types, metric_notes) if cfg.metrics else {},
+                      verification=design, removed_heads=removed)
+
+
+def _clean_losses(spec, natural: TokenSet, repeated: TokenSet, nat_logits: torch.Tensor,
+                  rep_logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Task -> each sequence's clean loss ``[batch]`` (nats/token, on the CPU) over the scored
+    positions (:func:`~headprobe.analyses.ablation.first_scored`); zeros for an encoder
+    (``spec.causal`` False), which has no LM loss: its effects are ``1 - cos`` against the clean
+    embedding, 0 on the clean run."""
+    if not spec.causal:
+        return {"natural": torch.zeros(len(natural.tokens)), "repeated": torch.zeros(len(repeated.tokens))}
+    return {
+        "natural": scored_loss(nat_logits, natural.tokens, first_scored("natural", natural.start, None)).cpu(),
+        "repeated": scored_loss(rep_logits, repeated.tokens, first_scored("repeated", repeated.start, repeated.period)).cpu(),
+    }
+
+
+def _head_table(spec, scores: dict[str, np.ndarray], types: Sequence[str]) -> pd.DataFrame:
+    """head_scores.csv: one row per head (``layer``, ``head``, ``kv_head``), then the columns of
+    each detector of ``types`` and every head metric in ``scores`` (each ``[layer, head]``); a
+    detector's integer columns are ``int``, or pandas' nullable ``Int64`` where a removed head
+    leaves them empty."""
     layer, head = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
-    dets = [DETECTORS[name] for name in cfg.types]
+    dets = [DETECTORS[name] for name in types]
     table = pd.DataFrame({
         "layer": layer.ravel(),
         "head": head.ravel(),
@@ -255,13 +278,7 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
     for d in dets:
         for c in d.integer_columns:
             table[c] = table[c].astype("Int64" if table[c].isna().any() else int)  # a removed head's is empty
-    score_ci95 = {c: bootstrap_ci(v.double().numpy(), seed=cfg.seed) for c, v in per_seq.items()
-                  if np.allclose(v.double().mean(0).numpy(), scores[c], atol=1e-5)}  # only where the score is that mean
-    return ScanResult(cfg, spec, table, scores, verifications, clean, natural, repeated, examples, timings,
-                      device=str(model.device), dtype=str(model.dtype), self_check=model.self_check.to_dict(),
-                      warnings=warnings, score_ci95=score_ci95, patterns=patterns, composition=composition,
-                      metrics=metrics_summary(scores, composition, cfg.types, metric_notes) if cfg.metrics else {},
-                      verification=design, removed_heads=removed)
+    return table
 
 
 def _mark_removed(scores: dict[str, np.ndarray], removed: Sequence[tuple[int, int]]) -> None:
@@ -475,7 +492,7 @@ def write_outputs(result: ScanResult, out: Path, html: bool = False, figures: bo
     write_text(csv, result.table.to_csv(index=False, float_format="%.5f"))
     written = [csv]
     makers = figure_makers(result) if figures else {}
-    for stem, make in tqdm(makers.items(), total=len(makers), desc=f"writing figures ({', '.join(figs.FORMATS)})",
+    for stem, make in tqdm(makers.items(), total=len(makers), desc=f"writing figures ({', '.join(figs.figure_formats())})",
                            unit="figure", disable=not progress or not makers):
         written += figs.save_figure(make(), out / stem)
     if result.verifications:
