@@ -145,11 +145,6 @@ def test_every_subpackage_is_installed():
 MAX_FUNCTION_LINES = 80
 """The most lines a function (or method) of probe/, analyses/ or headprobe/ may span, docstring
 included: ``end_lineno - lineno + 1`` of its ``ast.FunctionDef``."""
-BEING_SPLIT = {"analyses/ablation.py": {"exact_sweep", "head_importance"}}
-"""The one known exception: the file another branch (r-kinds, one home for ablation kinds) is
-restructuring, and its functions over the limit there. Remove the entry once that branch is merged;
-the test fails when a name here is no longer over the limit, so the entry cannot outlive its reason."""
-
 
 def _long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
     """``name -> lines`` of every function or method (nested ones included) in ``source`` longer
@@ -161,16 +156,13 @@ def _long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> dict[str, i
 
 
 def test_no_function_is_longer_than_80_lines():
-    found = {}
+    over = {}
     for folder in ("probe", "analyses", "headprobe"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             for name, lines in _long_functions(path.read_text(encoding="utf-8")).items():
-                found[(rel, name)] = lines
-    over = {f"{rel}:{name}": n for (rel, name), n in found.items() if name not in BEING_SPLIT.get(rel, ())}
+                over[f"{rel}:{name}"] = lines
     assert not over, f"functions over {MAX_FUNCTION_LINES} lines (split them into named helpers): {over}"
-    stale = [f"{rel}:{name}" for rel, names in BEING_SPLIT.items() for name in names if (rel, name) not in found]
-    assert not stale, f"no longer over {MAX_FUNCTION_LINES} lines, remove from BEING_SPLIT: {stale}"
 
 
 def test_the_function_length_check_can_fail():
