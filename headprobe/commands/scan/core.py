@@ -34,7 +34,7 @@ from headprobe import options
 from headprobe.analyses import distributed
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
-    EMBEDDING_METRIC, LOSS_METRIC, P_VALUE_TIE, EmbeddingDistance, SINGLE_INPUT_KINDS, Verification, first_scored,
+    EMBEDDING_METRIC, LOSS_METRIC, P_VALUE_TIE, EmbeddingDistance, Verification, first_scored,
     scored_loss, top_heads, untrusted_task_reason,
 )
 from headprobe.analyses import verification as verif
