@@ -1,20 +1,6 @@
-"""``headprobe scan``: score every head for the classic head types, verify the detections by
-ablation against a random-head control, and write a table, a summary and figures.
-
-Pipeline (one model load, a handful of forward passes):
-
-1. natural text -> one forward pass that streams each layer's patterns into the
-   previous-token, first-token and positional scores, records each head's mean z (for mean
-   ablation) and gives the clean natural-text loss;
-2. repeated random tokens -> one forward pass for the duplicate-token and induction scores and
-   the clean loss on the repeated half;
-3. for each head type, mean- and zero-ablate its top-k heads and layer-matched random control sets
-   of k heads, drawn in batches until the verdict at ``--alpha`` is settled, and correct the
-   verdicts' p-values for their number: :mod:`headprobe.analyses.verification`;
-4. head_scores.csv, summary.json, heatmaps, example patterns and the ablation figure; every head's
-   pattern on the first sequence of each token set (patterns.npz, for ``headprobe view``) and,
-   with ``--html``, the viewer page index.html.
-"""
+"""The computation of ``headprobe scan`` (torch): scoring, verification, the result, its files
+and report. The pipeline is described in :mod:`headprobe.commands.scan`, whose flags and settings
+import none of this."""
 
 from __future__ import annotations
 
