@@ -35,7 +35,7 @@ import torch
 
 from headprobe.analyses import distributed
 from headprobe.analyses import statistics as st
-from headprobe.analyses.vocabulary import ALPHA, CONTROLS, CORRECTION, PRIMARY_KIND, reachable
+from headprobe.analyses.vocabulary import ALPHA, CORRECTION, PRIMARY_KIND, check_verification_choices, reachable
 from headprobe.analyses.vocabulary import unreachable_note as _unreachable_note
 from headprobe.analyses.ablation import (
     LOSS_METRIC, P_VALUE_TIE, AblationMetric, Verification, first_scored, names, set_ablation_losses)
@@ -76,12 +76,7 @@ class VerificationSettings:
     sequential: bool = True
 
     def __post_init__(self):
-        if not 0 < self.alpha < 1:
-            raise HeadprobeError(f"--alpha must be between 0 and 1, got {self.alpha}")
-        if self.control not in CONTROLS:
-            raise HeadprobeError(f"--control must be one of {', '.join(CONTROLS)}, got {self.control!r}")
-        if self.correction not in st.CORRECTIONS:
-            raise HeadprobeError(f"--correction must be one of {', '.join(st.CORRECTIONS)}, got {self.correction!r}")
+        check_verification_choices(self.alpha, self.control, self.correction)
         if self.n_random < 1 or self.k < 1 or self.batch < 1:
             raise HeadprobeError("--n-random and --top-k must be at least 1")
 

@@ -90,6 +90,21 @@ def known_head_types() -> tuple[str, ...]:
     return tuple(detectors.DETECTORS) if detectors is not None and hasattr(detectors, "DETECTORS") else HEAD_TYPES
 
 
+def check_verification_choices(alpha: float, control: str, correction: str) -> None:
+    """The checks of ``--alpha``, ``--control`` and ``--correction`` (scan's config and the
+    verification's settings share them).
+
+    Raises:
+        HeadprobeError: alpha outside (0, 1), or a control design or correction not in its list.
+    """
+    if not 0 < alpha < 1:
+        raise HeadprobeError(f"--alpha must be between 0 and 1 (exclusive), got {alpha}")
+    if control not in CONTROLS:
+        raise HeadprobeError(f"--control must be one of {', '.join(CONTROLS)}, got {control!r}")
+    if correction not in CORRECTIONS:
+        raise HeadprobeError(f"--correction must be one of {', '.join(CORRECTIONS)}, got {correction!r}")
+
+
 def reachable(n_random: int, alpha: float) -> bool:
     """Whether ``n_random`` Monte Carlo draws can give a p-value at or below ``alpha``: ``1 /
     (n_random + 1) <= alpha``, i.e. at least ``1 / alpha - 1`` draws."""

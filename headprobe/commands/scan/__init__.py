@@ -142,12 +142,7 @@ class ScanConfig:
         options.check_config_fields(self)
         if self.n_random < 1:
             raise HeadprobeError(f"--n-random must be at least 1, got {self.n_random}")
-        if not 0 < self.alpha < 1:
-            raise HeadprobeError(f"--alpha must be between 0 and 1 (exclusive), got {self.alpha}")
-        if self.correction not in vocab.CORRECTIONS:
-            raise HeadprobeError(f"--correction must be one of {', '.join(vocab.CORRECTIONS)}, got {self.correction!r}")
-        if self.control not in vocab.CONTROLS:
-            raise HeadprobeError(f"--control must be one of {', '.join(vocab.CONTROLS)}, got {self.control!r}")
+        vocab.check_verification_choices(self.alpha, self.control, self.correction)
         if self.k is not None and self.k < 1:
             raise HeadprobeError(f"--top-k must be at least 1, got {self.k}")
         if self.pattern_len != 0 and self.pattern_len < 2:
