@@ -213,7 +213,7 @@ class Verification:
     ``tested`` is True for the one ablation kind each type's verdict is tested with (mean); its
     ``p_value`` is the sequential Monte Carlo p-value (with the generalized Pareto tail where no
     control draw reached the top-k effect; ``p_method`` says which), ``p_adjusted`` that p after
-    Holm's correction over the run's tested verdicts (``correction``), and ``confirmed`` holds when
+    the correction over the run's tested verdicts (``correction``: ``bh`` or ``holm``), and ``confirmed`` holds when
     ``p_adjusted <= alpha`` and the effect is large (at least ``min_effect`` and twice the mean
     control effect). The other kind is reported beside it on the same control sets (``tested``
     False, ``confirmed`` None, ``p_value`` the plain ``(1 + #{random >= top}) / (1 + draws)``).
@@ -221,8 +221,10 @@ class Verification:
     cannot be trusted (see :func:`untrusted_task_reason`). ``draws`` control sets were ablated
     (``random_effects``, ``random_heads``); ``control`` is ``layer-matched`` or ``uniform``; they
     never include the heads under test (``control_excludes``) or a removed head. ``stopped`` says
-    why a test ended before ``--n-random`` draws (``futility``: enough draws reached its effect;
-    ``tail``: its tail p-value already passed). ``top_effect_ci95`` is the 95% percentile-bootstrap
+    why a test ended before ``--n-random`` draws (``futility``: ``h`` draws reached its effect, so
+    its p is above alpha; ``curtailed``: no later draw could have made it CONFIRMED after the
+    correction, or its effect is below ``min_effect``; its p is then the largest the rule could
+    still give). ``top_effect_ci95`` is the 95% percentile-bootstrap
     interval of the top-k effect over the task's sequences
     (:func:`headprobe.analyses.statistics.bootstrap_ci`), ``[nan, nan]`` from one sequence.
     """

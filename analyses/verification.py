@@ -259,7 +259,7 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
     run = _Ablator(model, tokens, clean, mean_z, scorers, tqdm(total=total, desc="verification", unit="set",
                                                               disable=not progress))
     run.top_sets(tests)
-    run.controls(tests, streams, settings, n_secondary)
+    run.controls(tests, streams, settings, n_secondary, metric.min_effect)
     run.bar.close()
     family = [x for x in tests if x.no_verdict is None]
     adjusted = dict(zip((x.head_type for x in family),
@@ -312,9 +312,10 @@ class _Ablator:
                     x.top_loss[kind] = float(loss.double().mean())
 
     def controls(self, tests: list[_Test], streams: list[list[list[Head]]], settings: VerificationSettings,
-                 n_secondary: int) -> None:
+                 n_secondary: int, min_effect: float) -> None:
         """Ablate each stream's control sets a batch at a time, feeding the tests on it, until every
-        test is done; the untested kind on the first ``n_secondary`` sets of each stream."""
+        test is done (:func:`_curtail` after each round); the untested kind on the first
+        ``n_secondary`` sets of each stream."""
         secondary = [k for k in KINDS if k != PRIMARY_KIND]
         for x in tests:
             x.mc = st.SequentialMCTest(x.top_effect[PRIMARY_KIND], settings.n_random, settings.alpha,
@@ -334,10 +335,30 @@ class _Ablator:
                 for x in on:
                     x.mc.add(x.effects[PRIMARY_KIND][lo:hi])
                 done[s] = hi
-                if all(x.mc.done for x in on):  # every test on this stream is settled: its sets are not needed
+            _curtail(tests, settings, min_effect)
+            for s in range(len(streams)):  # a stream whose tests are all settled: its sets are not needed
+                if planned[s] and all(x.mc.done for x in tests if x.stream == s):
                     self.bar.total -= planned[s]
                     planned[s] = 0
                     self.bar.refresh()
+
+
+def _curtail(tests: list[_Test], settings: VerificationSettings, min_effect: float) -> None:
+    """Stop the open tests of the family that can no longer be CONFIRMED: an effect below
+    ``min_effect`` (the top-k effect does not change with more draws), or an adjusted p-value above
+    ``alpha`` even if no later draw reached it (:func:`~headprobe.analyses.statistics.unwinnable`).
+    Their verdicts, and every other test's, are what running them to the end would give; their
+    p-value is the largest the sequential rule could still have given. Off for fixed-size runs and
+    when ``n_random`` cannot reach ``alpha`` (then every test runs to the end, for its p-value)."""
+    if not settings.sequential or not settings.reachable:
+        return
+    family = [x for x in tests if x.no_verdict is None]
+    for x in family:
+        if x.top_effect[PRIMARY_KIND] < min_effect:
+            x.mc.curtail()
+    for i in st.unwinnable([x.mc.best_p for x in family], [not x.mc.done for x in family], settings.correction,
+                           settings.alpha):
+        family[i].mc.curtail()
 
 
 def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[Head], p_adj: float | None,
@@ -364,7 +385,16 @@ def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[
         no_verdict=x.no_verdict, metric=metric.name, alpha=settings.alpha,
         p_adjusted=None if p_adj is None or kind != PRIMARY_KIND else float(p_adj), draws=n, control=settings.control,
         correction=settings.correction if tested else None, tested=tested,
-        p_method=("sequential monte-carlo" + (" (stopped early)" if x.mc.stopped else "")) if kind == PRIMARY_KIND
-        else "monte-carlo (reported, not tested)",
-        stopped="futility" if kind == PRIMARY_KIND and x.mc.stopped else None,
+        p_method=_p_method(x.mc) if kind == PRIMARY_KIND else "monte-carlo (reported, not tested)",
+        stopped=_stop_reason(x.mc) if kind == PRIMARY_KIND else None,
     )
+
+
+def _stop_reason(mc: st.SequentialMCTest) -> str | None:
+    """``futility``: h draws reached the effect; ``curtailed``: no continuation could confirm it."""
+    return None if not mc.stopped else "curtailed" if mc.curtailed else "futility"
+
+
+def _p_method(mc: st.SequentialMCTest) -> str:
+    return {None: "sequential monte-carlo", "futility": "sequential monte-carlo (stopped early)",
+            "curtailed": "sequential monte-carlo (curtailed: largest p still reachable)"}[_stop_reason(mc)]
