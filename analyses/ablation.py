@@ -160,7 +160,8 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
                         kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None, first: int,
                         max_batch: int = 64, progress: bool = False, desc: str = "ablations",
                         score: Any = None,
-                        source_tokens: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "n_sets batch"]:
+                        source_tokens: Int[Tensor, "batch pos"] | None = None,
+                        clean: "CleanResiduals | None" = None) -> Float[Tensor, "n_sets batch"]:
     """Per-sequence scored loss (nats/token) with each of ``head_sets`` ablated, one set at a time.
 
     Several sets share a forward pass along the batch axis (``tokens`` repeated once per set;
@@ -178,6 +179,10 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
         progress: a tqdm bar over the sets (``desc`` its label).
         score: ``(tokens [n, pos], first, fwd_hooks) -> [n]``, what is measured per sequence; None:
             ``model.scored_losses`` (nats/token). :class:`EmbeddingDistance` for an encoder.
+        clean: the clean residual streams of ``tokens`` (:class:`CleanResiduals`): each set's
+            forwards start at its first ablated layer from there
+            (:meth:`~headprobe.probe.backend.Backend.scored_losses_from`; nothing before that
+            layer changes), sets of one first layer sharing passes. Ignored with ``score``.
 
     Raises:
         HeadprobeError: unknown ``kind`` or its input missing, or the model failed its self-check
@@ -194,14 +199,54 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(head_sets), desc=desc, unit="set", disable=not progress)
-    for lo in range(0, len(head_sets), per_pass):
-        chunk = masks[lo:lo + per_pass].to(model.device)  # [m, layer, head]
-        m = chunk.shape[0]
-        hooks = batched_ablation_hooks(chunk, B, kind, inputs.mean_z, inputs.source_z)
-        out[lo:lo + m] = (score or model.scored_losses)(tokens.repeat(m, 1), first, hooks).view(m, B).float().cpu()
-        bar.update(m)
+    starts = [min((layer for layer, _ in hs), default=0) if clean is not None and score is None else 0
+              for hs in head_sets]
+    for start in sorted(set(starts)):  # sets that start at one layer share passes
+        idx = [i for i, s in enumerate(starts) if s == start]
+        pre = clean.at(start) if start else None
+        for lo in range(0, len(idx), per_pass):
+            sel = idx[lo:lo + per_pass]
+            chunk = masks[sel].to(model.device)  # [m, layer, head]
+            m = chunk.shape[0]
+            hooks = batched_ablation_hooks(chunk, B, kind, inputs.mean_z, inputs.source_z)
+            if pre is None:
+                losses = (score or model.scored_losses)(tokens.repeat(m, 1), first, hooks)
+            else:
+                losses = model.scored_losses_from(start, tokens.repeat(m, 1), pre.repeat(m, 1, 1), first, hooks)
+            out[sel] = losses.view(m, B).float().cpu()
+            bar.update(m)
     bar.close()
     return out
+
+
+class CleanResiduals:
+    """The clean residual stream entering chosen layers of ``tokens`` (``[batch, pos, d_model]``
+    each), recorded by one clean forward when first asked: where :func:`set_ablation_losses` starts
+    each set's forwards. Layers whose residuals would pass :data:`STORED_ACTIVATION_BYTES`
+    (float32) are left out (``at`` gives None: those sets run whole forwards)."""
+
+    def __init__(self, model: Backend, tokens: Int[Tensor, "batch pos"], layers: Iterable[int]):
+        B, T = tokens.shape
+        fit = max(0, STORED_ACTIVATION_BYTES // max(1, B * T * model.spec.d_model * 4))
+        self.backend, self.tokens = model, tokens
+        self.layers = sorted({layer for layer in layers if layer > 0}, reverse=True)[:fit]  # the deepest save most
+        self.pre: dict[int, Tensor] | None = None
+
+    def at(self, layer: int) -> Tensor | None:
+        """Layer ``layer``'s clean ``resid_pre`` ``[batch, pos, d_model]``, or None if not kept."""
+        if layer not in self.layers:
+            return None
+        if self.pre is None:
+            self.pre = {}
+
+            def save(layer: int):
+                def hook(x: Tensor, hook: Any) -> None:
+                    self.pre[layer] = x.detach().clone()
+                return hook
+            with torch.inference_mode():
+                self.backend.scored_losses(self.tokens.to(self.backend.device), 0,
+                                           [(f"blocks.{layer}.hook_resid_pre", save(layer)) for layer in self.layers])
+        return self.pre[layer]
 
 
 @dataclass

@@ -38,7 +38,7 @@ from headprobe.analyses import statistics as st
 from headprobe.analyses.vocabulary import ALPHA, CORRECTION, PRIMARY_KIND, check_verification_choices, reachable
 from headprobe.analyses.vocabulary import unreachable_note as _unreachable_note
 from headprobe.analyses.ablation import (
-    LOSS_METRIC, P_VALUE_TIE, AblationMetric, Verification, first_scored, names, set_ablation_losses)
+    LOSS_METRIC, P_VALUE_TIE, AblationMetric, CleanResiduals, Verification, first_scored, names, set_ablation_losses)
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import Head
 
@@ -257,7 +257,7 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
 
     total = len(tests) * len(KINDS) + len(streams) * (settings.n_random + n_secondary * len(secondary))
     run = _Ablator(model, tokens, clean, mean_z, scorers, tqdm(total=total, desc="verification", unit="set",
-                                                              disable=not progress))
+                                                              disable=not progress), _clean_residuals(model, tests, streams, tokens))
     run.top_sets(tests)
     run.controls(tests, streams, settings, n_secondary, metric.min_effect)
     run.bar.close()
@@ -277,6 +277,15 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
     return out, design
 
 
+def _clean_residuals(model, tests: list[_Test], streams: list[list[list[Head]]], tokens: dict) -> dict:
+    """Task -> :class:`CleanResiduals` at the first layer of each set its tests will ablate (a
+    layer-matched set starts where its top-k set starts)."""
+    starts: dict[str, set[int]] = {}
+    for x in tests:
+        starts.setdefault(x.task, set()).update(min(layer for layer, _ in hs) for hs in [x.top, *streams[x.stream]])
+    return {task: CleanResiduals(model, tokens[task].tokens, layers) for task, layers in starts.items()}
+
+
 @dataclass
 class _Ablator:
     """Ablates head sets of a task (batched, sharded under torchrun) and keeps one progress bar over
@@ -288,6 +297,7 @@ class _Ablator:
     mean_z: torch.Tensor
     scorers: dict
     bar: object
+    resid: dict = field(default_factory=dict)  # task -> CleanResiduals: each set starts at its first layer
     ablated: int = 0
 
     def effects(self, task: str, sets: list[list[Head]], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,7 +306,7 @@ class _Ablator:
         first = first_scored(task, ts.start, ts.period)
         losses = distributed.map_sharded(  # under torchrun each rank ablates its slice of the sets
             lambda part: set_ablation_losses(self.backend, ts.tokens, part, kind, self.mean_z, first,
-                                             score=self.scorers.get(task)), sets)
+                                             score=self.scorers.get(task), clean=self.resid.get(task)), sets)
         self.ablated += len(sets)
         self.bar.update(len(sets))
         return losses, (losses - self.clean[task][None]).double()

@@ -170,6 +170,12 @@ class Backend(Protocol):
         attention output replaced by ``attn_out``, and score them like :meth:`scored_losses`."""
         ...
 
+    def scored_losses_from(self, layer: int, tokens: Int[Tensor, "n pos"], resid_pre: Float[Tensor, "n pos d_model"],
+                           first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "n"]:
+        """:meth:`scored_losses` of forwards that start at layer ``layer`` from its clean
+        ``resid_pre``, hooks active (hooks of earlier layers must be none)."""
+        ...
+
     def check_prunable(self) -> None:
         """Raise :class:`HeadprobeError` unless :meth:`remove_heads` is exact for this model."""
         ...
@@ -564,6 +570,18 @@ class LoadedModel:
         :meth:`forward`; returns :meth:`scored_losses` of each of the ``n`` (nats/token).
         """
         raise NotImplementedError
+
+    def scored_losses_from(self, layer: int, tokens: Int[Tensor, "n pos"], resid_pre: Float[Tensor, "n pos d_model"],
+                           first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "n"]:
+        """:meth:`scored_losses` of ``tokens`` (nats/token, ``[n]``) with ``fwd_hooks`` active, run
+        from layer ``layer`` on: ``resid_pre[i]`` is the clean residual stream entering that layer
+        for ``tokens[i]``, which is what the earlier layers compute when no hook acts on them (the
+        caller's promise: every hook is on layer ``layer`` or later). Saves the first ``layer``
+        blocks of every forward of a head-set ablation (:func:`headprobe.analyses.ablation.set_ablation_losses`).
+
+        This base version is the honest full forward (``resid_pre`` unused), which is what a
+        backend that cannot start a forward mid-way does (the TransformerLens bridge)."""
+        return self.scored_losses(tokens, first, fwd_hooks)
 
     def check_prunable(self) -> None:
         """Raise unless :meth:`remove_heads` removes heads exactly from this model.

@@ -125,6 +125,20 @@ class NativeModel(LoadedModel):
             x = later(x, positions)
         return self._losses(x.to(self.device), tokens, first)
 
+    @torch.inference_mode()
+    def scored_losses_from(self, layer: int, tokens: Int[Tensor, "n pos"], resid_pre: Float[Tensor, "n pos d_model"],
+                           first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "n"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.scored_losses_from`: blocks ``layer`` on
+        from ``resid_pre``, then logits only at the scored positions."""
+        net = self.model
+        tokens = tokens.to(self.device)
+        x = resid_pre.to(self._block_device(layer))
+        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        with self.hooks(fwd_hooks):
+            for block in net.blocks[layer:]:
+                x = block(x, positions)
+        return self._losses(x.to(self.device), tokens, first)
+
     def _losses(self, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"], first: int,
                 normed: bool = False) -> Float[Tensor, "n"]:
         return _scored_losses_from_resid(self.model, resid, tokens, first, normed)
