@@ -27,6 +27,16 @@ from headprobe.probe.hooks import head_ablation_hooks
 from headprobe.probe.loading import wrap
 
 
+def _unpadded(model, pairs):
+    """Each pair alone, unpadded: ``(clean [1, pos], corrupted [1, pos], answers [1, 2], [index])``
+    (the reference every padded batch is compared with)."""
+    tok = model.tokenizer
+    for i, p in enumerate(pairs):
+        ans = torch.tensor([[tok(p.correct, add_special_tokens=False)["input_ids"][0],
+                             tok(p.wrong, add_special_tokens=False)["input_ids"][0]]])
+        yield model.to_tokens(p.clean), model.to_tokens(p.corrupted), ans, [i]
+
+
 def _pairs(n: int = 5, seed: int = 0) -> list[PromptPair]:
     """Word-level prompt pairs for the tiny tokenizer (t0..t99): two lengths, so grouping is exercised."""
     g = np.random.default_rng(seed)
@@ -48,7 +58,7 @@ def test_batched_patching_equals_one_forward_per_head(fixture, request):
     got = patch_heads(model, pairs, heads, max_batch=8)
     want = np.zeros((len(heads), len(pairs)))
     torch.set_grad_enabled(False)
-    for clean, corrupted, answers, idx in encode_pairs(model, pairs):
+    for clean, corrupted, answers, idx in _unpadded(model, pairs):
         source = capture_internal(model, corrupted)["z"]
         np.testing.assert_allclose(got.clean_ld[idx], logit_diff(model.forward(clean), answers).numpy(), atol=1e-4)
         np.testing.assert_allclose(got.corrupted_ld[idx], logit_diff(model.forward(corrupted), answers).numpy(), atol=1e-4)
@@ -103,7 +113,7 @@ def test_gemma2_logit_differences_are_those_of_the_soft_capped_logits(backend, t
     d_head = hf.config.head_dim
     cap_moved = 0.0
     with torch.no_grad():
-        for clean, corrupted, answers, idx in encode_pairs(model, pairs):
+        for clean, corrupted, answers, idx in _unpadded(model, pairs):
             want_clean = logit_diff(hf(clean).logits, answers).numpy()
             np.testing.assert_allclose(got.clean_ld[idx], want_clean, rtol=1e-5, atol=1e-5)
             np.testing.assert_allclose(got.corrupted_ld[idx], logit_diff(hf(corrupted).logits, answers).numpy(),
@@ -125,11 +135,21 @@ def test_patching_a_prompt_into_itself_changes_nothing(tiny_llama_gqa_native):
 
 
 def test_table_normalises_by_the_corrupted_minus_clean_difference(tiny_gpt2_native):
-    r = patch_heads(tiny_gpt2_native, _pairs(6))
+    r = patch_heads(tiny_gpt2_native, _pairs(12))
     t = r.table()
     np.testing.assert_allclose(t["effect"], (r.patched_ld - r.clean_ld[None]).mean(1))
     np.testing.assert_allclose(t["normalized"], t["effect"] / (r.corrupted_ld.mean() - r.clean_ld.mean()))
     assert (t["effect_ci95_lo"] <= t["effect"] + 1e-12).all() and (t["effect"] <= t["effect_ci95_hi"] + 1e-12).all()
+    per_pair = t[[f"effect_pair_{i + 1}" for i in range(12)]].to_numpy()
+    np.testing.assert_allclose(per_pair, r.patched_ld - r.clean_ld[None])  # each pair's effect, in pair order
+    np.testing.assert_allclose(per_pair.mean(1), t["effect"])
+
+
+def test_fewer_than_ten_pairs_get_no_interval_and_say_so(tiny_gpt2_native):
+    t = patch_heads(tiny_gpt2_native, _pairs(9)).table()
+    assert not {"effect_ci95_lo", "effect_ci95_hi"} & set(t.columns)
+    assert (t["effect_ci95"] == "none: 9 prompt pairs; intervals are given from 10 pairs up").all()
+    assert {f"effect_pair_{i}" for i in range(1, 10)} <= set(t.columns)
 
 
 class _WordTokenizer:
