@@ -661,7 +661,7 @@ def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, titl
     fig = _figure(COLUMN_WIDTH, 1.2 + 0.17 * n)
     ax = fig.subplots()
     y = np.arange(n)
-    err = np.where(np.isfinite(ci), np.abs(ci - effects[None]), 0.0)
+    err = np.where(np.isfinite(ci), np.abs(ci - effects[None]), 0.0) if np.isfinite(ci).any() else None
     ax.barh(y, effects, 0.7, color=np.where(signs > 0, POSITIVE_COLOR, NEGATIVE_COLOR), xerr=err, capsize=1.5,
             error_kw={"lw": 0.6})
     ax.axvline(0, color="black", lw=0.5)

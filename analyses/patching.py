@@ -1,23 +1,25 @@
-"""Per-head activation patching with a logit-difference metric, and the indirect-object
-identification (IOI) prompts of Wang et al. 2022 as the worked example.
+"""Activation patching with a logit-difference metric at five sites (a head's z, q, k or v; the
+residual stream by layer and position), all prompt pairs in one padded batch, and the
+indirect-object identification (IOI) prompts of Wang et al. 2022 as the worked example.
 
 Activation patching (Meng et al. 2022; Wang et al. 2022, "Interpretability in the Wild: a Circuit
 for Indirect Object Identification in GPT-2 small", arXiv 2211.00593; the conventions of Heimersheim
 & Nanda 2024, "How to use and interpret activation patching"): run the model on a *clean* prompt
-and on a *corrupted* one of the same length, then run the clean prompt again with one head's
-output replaced by its output on the corrupted prompt, and measure how far the metric moves.
-Here a head's output is its ``z`` at ``hook_z`` (before W_O), as in every ablation of the engine
-(:func:`headprobe.probe.hooks.head_ablation_hooks`, kind ``resample``), at every position.
+and on a *corrupted* one of the same length, then run the clean prompt again with one unit's
+activation replaced by its activation on the corrupted prompt, and measure how far the metric
+moves. Sites (:data:`SITES`): a head's ``z`` at ``hook_z`` (before W_O; as every ablation of the
+engine, kind ``resample``), its query, key or value input (``hook_q``/``hook_k``/``hook_v``; under
+GQA one query head's k/v as :func:`head_input_hooks` says), each at every position; or the
+residual stream entering a layer at one position (``hook_resid_pre``).
 
-Metric: the logit difference ``LD = logit(correct) - logit(wrong)`` at the last position of each
-prompt (IOI: correct = the indirect object, wrong = the subject). Per head ``h`` and prompt ``i``:
-``effect_h,i = LD_patched(h),i - LD_clean,i`` (nats of logit difference; negative: the head
-carries what the clean answer needs), and the normalised effect
-``effect_h / (LD_corrupted - LD_clean)`` of the means (1: patching this head alone moves the
-metric all the way to the corrupted run's; 0: no change).
+Metric: the logit difference ``LD = logit(correct) - logit(wrong)`` after the last (real) token of
+each prompt (IOI: correct = the indirect object, wrong = the subject). Per unit ``u`` and prompt
+``i``: ``effect_u,i = LD_patched(u),i - LD_clean,i`` (logit units; negative: the unit carries what
+the clean answer needs), and the normalised effect ``effect_u / (LD_corrupted - LD_clean)`` of the
+means (1: patching this unit alone moves the metric all the way to the corrupted run's; 0: no change).
 
 Intervals: 95% percentile bootstrap over prompts (:func:`headprobe.analyses.statistics.bootstrap_ci`),
-as for ablations.
+as for ablations, only from ``MIN_PAIRS_FOR_CI`` (10) pairs up.
 """
 
 from __future__ import annotations

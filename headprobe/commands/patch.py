@@ -224,12 +224,12 @@ class PatchResult:
         ci = (top[["effect_ci95_lo", "effect_ci95_hi"]].to_numpy().T if p.has_intervals
               else np.full((2, len(top)), np.nan))
         bars = figures.effect_bars([self._label(r) for r in top.itertuples()], top["effect"].to_numpy(), ci,
-                                   f"{spec.name}: largest patching effects ({site}, {task})",
+                                   f"{spec.name}: largest effects, {site} ({task})",
                                    "Δ logit difference (patched − clean)", signs=top["normalized"].to_numpy(),
                                    sign_labels=("normalised effect > 0: toward corrupted (red in patching.png)",
                                                 "normalised effect < 0: away from corrupted (blue)"),
                                    ci_label=("whiskers: 95% bootstrap interval over prompts" if p.has_intervals
-                                             else f"no whiskers: intervals {p.interval_note.removeprefix('none: ')}"),
+                                             else f"no whiskers: {p.interval_note.removeprefix('none: ')}"),
                                    label_prefix="" if site == "resid" else "head ")
         return {"patching": heat, "patching_top": bars}
 
