@@ -452,3 +452,23 @@ def test_cli_site_writes_per_pair_effects_and_no_interval_below_ten(tiny_dir, pr
     np.testing.assert_allclose(table[[f"effect_pair_{i}" for i in range(1, 7)]].mean(1), table["effect"], atol=1e-4)
     assert list(table.columns[:2]) == (["layer", "pos"] if site == "resid" else ["layer", "head"])
     assert len(table) == (2 * 2 if site == "resid" else 16)
+
+
+@pytest.mark.real_model
+def test_smollm2_padded_ioi_patch_equals_one_batch_per_length(smollm2_native):
+    """4 IOI pairs of 2 token lengths on SmolLM2 (GQA, 3 query heads per KV head): one padded batch
+    gives the numbers of one unpadded batch per length, at z and at k, in fewer passes."""
+    model = smollm2_native
+    pairs = ioi_prompts(model.tokenizer, n=4)
+    heads = [(23, 3), (17, 4), (17, 3)]
+    assert len({len(model.to_tokens(p.clean)[0]) for p in pairs}) == 2
+    for site in ("z", "k"):
+        padded = patch(model, pairs, site, heads)
+        per_length = np.zeros_like(padded.patched_ld)
+        passes = 0
+        for b in encode_pairs(model, pairs, pad=False):
+            r = patch(model, [pairs[i] for i in b.index], site, heads)
+            per_length[:, b.index], passes = r.patched_ld, passes + r.n_forward
+        np.testing.assert_allclose(padded.patched_ld, per_length, atol=5e-5, rtol=0)
+        assert 2 * padded.n_forward <= passes
+    assert padded.effect[0].mean() < -0.3  # 23.3's key input matters for IOI (docs/patch.md)
