@@ -452,6 +452,8 @@ def test_cli_site_writes_per_pair_effects_and_no_interval_below_ten(tiny_dir, pr
     np.testing.assert_allclose(table[[f"effect_pair_{i}" for i in range(1, 7)]].mean(1), table["effect"], atol=1e-4)
     assert list(table.columns[:2]) == (["layer", "pos"] if site == "resid" else ["layer", "head"])
     assert len(table) == (2 * 2 if site == "resid" else 16)
+    top = summary["top_positions" if site == "resid" else "top_heads"][0]
+    assert set(top) >= ({"layer", "pos"} if site == "resid" else {"head"}) and "effect_ci95" not in top
 
 
 @pytest.mark.real_model

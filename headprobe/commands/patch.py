@@ -166,6 +166,12 @@ class PatchResult:
     def _label(self, r) -> str:
         return f"L{int(r.layer)} pos {int(r.pos)}" if self.config.site == "resid" else f"{int(r.layer)}.{int(r.head)}"
 
+    def _unit(self, r) -> dict:
+        """summary.json's name of a row: ``{"head": "23.3"}``, or ``{"layer": 21, "pos": -1}`` (resid)."""
+        if self.config.site == "resid":
+            return {"layer": int(r.layer), "pos": int(r.pos)}
+        return {"head": f"{int(r.layer)}.{int(r.head)}"}
+
     def _top(self, k: int):
         return self.table.reindex(self.table["effect"].abs().sort_values(ascending=False).index).head(k)
 
@@ -190,7 +196,7 @@ class PatchResult:
             "normaliser": round(p.total, 4),
             **({} if p.total else {"normalized_null_reason": "undefined: the corrupted prompts' mean logit difference "
                                    "equals the clean prompts' (normaliser 0), so effect / normaliser is 0/0"}),
-            key: [{"unit": self._label(r), "effect": round(float(r.effect), 4),
+            key: [{**self._unit(r), "effect": round(float(r.effect), 4),
                    **({"effect_ci95": [round(float(r.effect_ci95_lo), 4), round(float(r.effect_ci95_hi), 4)]}
                       if p.has_intervals else {}),
                    "normalized": round(float(r.normalized), 4)} for r in self._top(10).itertuples()],
@@ -242,7 +248,8 @@ class PatchResult:
                  f"largest effects at {self.config.site} (Δ logit difference{', 95% CI' if p.has_intervals else ''}, normalised):"]
         for t in s["top_positions" if self.config.site == "resid" else "top_heads"][:8]:
             ci_text = f"  [{t['effect_ci95'][0]:+.3f}, {t['effect_ci95'][1]:+.3f}]" if "effect_ci95" in t else ""
-            lines.append(f"  {t['unit']:>10}  {t['effect']:+.3f}{ci_text}  "
+            name = t["head"] if "head" in t else f"L{t['layer']} pos {t['pos']}"
+            lines.append(f"  {name:>10}  {t['effect']:+.3f}{ci_text}  "
                          + ("n/a" if "normalized_null_reason" in s else f"{t['normalized']:+.2f}"))
         if "normalized_null_reason" in s:
             lines.append(f"normalised effects n/a: {s['normalized_null_reason']}")
