@@ -354,8 +354,9 @@ class PairBatch:
 def encode_pairs(model: Any, pairs: Sequence[PromptPair], padding_side: str = "left",
                  pad: bool | None = None) -> list[PairBatch]:
     """Tokenize ``pairs`` into one padded :class:`PairBatch` (``pad``; default: where the backend
-    takes padded batches, :attr:`~headprobe.probe.backend.LoadedModel.supports_padding`), else one
-    unpadded batch per token length, shortest first.
+    computes ``padding_side`` exactly, :attr:`~headprobe.probe.backend.LoadedModel.padding_sides`:
+    the native backend both sides, the bridge right padding), else one unpadded batch per token
+    length, shortest first.
 
     Raises:
         HeadprobeError: a pair whose prompts differ in length, or an answer that is not one token.
@@ -373,7 +374,7 @@ def encode_pairs(model: Any, pairs: Sequence[PromptPair], padding_side: str = "l
         except HeadprobeError as e:
             raise HeadprobeError(f"prompt pair {i + 1}: {e}") from None
         rows.append((c, x, ans, i))
-    pad = model.supports_padding if pad is None else pad
+    pad = padding_side in getattr(model, "padding_sides", ()) if pad is None else pad
     groups: dict[int, list] = {}
     for r in rows:
         groups.setdefault(0 if pad else len(r[0]), []).append(r)
@@ -473,7 +474,7 @@ def _check_units(spec: Any, site: str, units: Sequence[Unit], batches: Sequence[
 
 @torch.inference_mode()
 def patch(model: Any, pairs: Sequence[PromptPair], site: str = "z", units: Sequence[Unit] | None = None,
-          max_batch: int = 64, padding_side: str = "left", progress: bool = False) -> PatchingResult:
+          max_batch: int = 64, padding_side: str | None = None, progress: bool = False) -> PatchingResult:
     """Patch each of ``units`` alone at ``site`` from the corrupted into the clean run.
 
     ``site`` (:data:`SITES`): a query head's ``z``, ``q``, ``k`` or ``v`` at every position (units
@@ -481,8 +482,10 @@ def patch(model: Any, pairs: Sequence[PromptPair], site: str = "z", units: Seque
     entering a layer at one position (``resid``; units ``(layer, pos)``, ``pos`` counted over the
     prompt's real tokens). Default units: :func:`default_units`.
 
-    All pairs run as one padded batch (``padding_side``) on a backend that takes padding, so pairs
-    of different lengths need no pass per length (per length on the others). One forward captures
+    All pairs run as one padded batch (``padding_side``; default left where the backend computes it
+    exactly, else right: :attr:`~headprobe.probe.backend.LoadedModel.padding_sides`), so pairs of
+    different lengths need no pass per length (one batch per length where the backend takes no
+    padding). One forward captures
     the clean and corrupted runs together; then several units share a forward along the batch
     axis (the clean prompts repeated once per unit), at most ``max_batch`` sequences and
     :data:`~headprobe.analyses.ablation.LOGITS_BYTES_PER_PASS` of logits per pass. Equal to one
@@ -494,7 +497,9 @@ def patch(model: Any, pairs: Sequence[PromptPair], site: str = "z", units: Seque
     """
     require_head_ablation(model)
     spec = model.spec
-    batches = encode_pairs(model, pairs, padding_side)
+    sides = getattr(model, "padding_sides", ())
+    side = padding_side or ("left" if "left" in sides or not sides else "right")
+    batches = encode_pairs(model, pairs, side)
     units = list(default_units(spec, site, min(int(b.lengths.min()) for b in batches)) if units is None else units)
     _check_units(spec, site, units, batches)
     layers = sorted({u[0] for u in units})

@@ -201,6 +201,8 @@ class LoadedModel:
     """The backend's name (``--backend``)."""
     supports_padding: ClassVar[bool] = False
     """Whether :meth:`forward` takes an ``attention_mask``."""
+    padding_sides: ClassVar[tuple[str, ...]] = ()
+    """The padding sides :meth:`forward` computes exactly at the real tokens (``left``, ``right``)."""
     _registry: ClassVar[list[type[LoadedModel]]] = []
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

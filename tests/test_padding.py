@@ -92,13 +92,6 @@ def test_padding_is_not_vacuous(tiny_llama_gqa_native):
     assert (logits[0, _real(mask[0])] - alone[0]).abs().max() > 1e-3
 
 
-def test_bridge_refuses_a_mask_in_one_line(tiny_llama_gqa):
-    tokens, mask = tiny_llama_gqa.to_tokens(TEXTS)
-    with pytest.raises(HeadprobeError, match="padded batches need the native backend") as e:
-        capture_heads(tiny_llama_gqa, tokens, attention_mask=mask)
-    assert "\n" not in str(e.value)
-
-
 @pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("kind", ["zero", "resample"])
 def test_padded_set_ablations_equal_each_text_alone(tiny_llama_gqa_native, side, kind):
@@ -173,3 +166,24 @@ def test_wrap_needs_a_tokenizer(tiny_llama_gqa_checkpoint):
 def test_smollm2_to_tokens_gives_two_rows_and_a_mask(smollm2_native):
     tokens, mask = smollm2_native.to_tokens(["The cat sat", "A much longer sentence about the cat"])
     assert tokens.shape[0] == 2 and mask.shape == tokens.shape and int(mask[0].sum()) < int(mask[1].sum())
+
+
+def test_bridge_takes_right_padding_exactly_and_refuses_left(tiny_llama_gqa, tiny_gpt2):
+    """A causal model's real tokens never read later keys, so the bridge runs a right-padded batch
+    exactly at the real tokens; left padding is refused in one line."""
+    for model in (tiny_llama_gqa, tiny_gpt2):
+        tokens, mask = model.to_tokens(TEXTS, padding_side="right")
+        with torch.no_grad():
+            cap = capture_heads(model, tokens, attention_mask=mask)
+            logits = model.forward(tokens, attention_mask=mask)
+            for b, text in enumerate(TEXTS):
+                alone = capture_heads(model, model.to_tokens(text))
+                sl = _real(mask[b])
+                torch.testing.assert_close(logits[b, sl], model.forward(model.to_tokens(text))[0], atol=1e-4, rtol=0)
+                for layer in alone["z"]:
+                    torch.testing.assert_close(cap["pattern"][layer][b][:, sl, sl], alone["pattern"][layer][0], atol=ATOL, rtol=0)
+                    torch.testing.assert_close(cap["z"][layer][b, sl], alone["z"][layer][0], atol=ATOL, rtol=0)
+        left, left_mask = model.to_tokens(TEXTS, padding_side="left")
+        with pytest.raises(HeadprobeError, match="need right padding") as e:
+            capture_heads(model, left, attention_mask=left_mask)
+        assert "\n" not in str(e.value)

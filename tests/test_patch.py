@@ -408,8 +408,9 @@ def test_four_pairs_of_two_lengths_take_half_the_passes(tiny_llama_gqa_native, m
 
 
 def test_bridge_patches_the_same_sites_as_native(tiny_llama_gqa, tiny_llama_gqa_native):
-    """On the bridge (per length, no padding) q, k, v and resid patching give the native numbers."""
+    """On the bridge (one right-padded batch) q, k, v and resid patching give the native numbers."""
     pairs = _pairs(4)
+    assert len(encode_pairs(tiny_llama_gqa, pairs, "right")) == 1 and len(encode_pairs(tiny_llama_gqa, pairs, "left")) == 2
     for site, units in [("q", [(0, 2), (1, 5)]), ("k", [(0, 2), (1, 5)]), ("v", [(1, 0), (1, 7)]), ("resid", [(1, 1)])]:
         native = patch(tiny_llama_gqa_native, pairs, site, units)
         bridge = patch(tiny_llama_gqa, pairs, site, units)
