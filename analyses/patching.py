@@ -262,6 +262,7 @@ class PatchingResult:
 
     @property
     def units(self) -> list[Unit]:
+        """The patched units (the same list as ``heads``; ``(layer, pos)`` for ``resid``)."""
         return self.heads
 
     @property
@@ -348,6 +349,7 @@ class PairBatch:
 
     @property
     def lengths(self) -> Tensor:
+        """``[n]`` each prompt's number of real tokens."""
         return self.last - self.first + 1
 
 
