@@ -12,8 +12,12 @@ John gave a drink to" -> " Mary" vs " John"; corrupted: three other names); ``--
 reads your own pairs, one JSON object per line with ``clean``, ``corrupted``, ``correct`` and
 ``wrong`` (the answers single tokens, e.g. ``" Mary"``; clean and corrupted the same token length).
 
-Outputs: ``head_patching.csv`` (layer, head, kv_head, effect, its 95% interval, normalised
-effect), ``patching.{png,pdf,svg}`` (the normalised effect of every head), ``patching_top``
+``--site q|k|v`` patches a head's query, key or value input instead of its ``z`` (GQA: that query
+head alone gets the corrupted k/v), ``--site resid`` the residual stream before each layer at each
+of ``--positions``; all pairs run as one padded batch.
+
+Outputs: ``head_patching.csv`` (layer, head, kv_head, effect, its 95% interval from 10 pairs up,
+normalised effect, each pair's effect; ``resid_patching.csv`` for ``--site resid``), ``patching.{png,pdf,svg}`` (the normalised effect of every head), ``patching_top``
 (the largest effects with their intervals) and ``summary.json`` (written last).
 
 As a library::
@@ -35,7 +39,8 @@ from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import package_versions, prepare_output_dir, read_text_file, write_json, write_text
 
-HELP = "activation patching per head (clean vs corrupted prompt, logit difference); the IOI task built in"
+HELP = ("activation patching of heads (z, q, k, v) or the residual stream (clean vs corrupted prompt, logit "
+        "difference); the IOI task built in")
 
 TASKS = ("ioi",)
 
