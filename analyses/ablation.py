@@ -161,6 +161,7 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
                         max_batch: int = 64, progress: bool = False, desc: str = "ablations",
                         score: Any = None,
                         source_tokens: Int[Tensor, "batch pos"] | None = None,
+                        attention_mask: Int[Tensor, "batch pos"] | None = None,
                         clean: "CleanResiduals | None" = None) -> Float[Tensor, "n_sets batch"]:
     """Per-sequence scored loss (nats/token) with each of ``head_sets`` ablated, one set at a time.
 
@@ -171,7 +172,7 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
     forward per set (tested), in fewer passes on a GPU; on a CPU the work is the same.
 
     Args:
-        tokens: ``[batch, pos]``, no padding. head_sets: ``n_sets`` sets of ``(layer, head)``.
+        tokens: ``[batch, pos]``. head_sets: ``n_sets`` sets of ``(layer, head)``.
         kind: a kind of :data:`headprobe.probe.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
             ``mean_z`` ``[layer, head, d_head]``) or ``resample`` (needs ``source_tokens``, the
             shape of ``tokens``).
@@ -179,17 +180,28 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
         progress: a tqdm bar over the sets (``desc`` its label).
         score: ``(tokens [n, pos], first, fwd_hooks) -> [n]``, what is measured per sequence; None:
             ``model.scored_losses`` (nats/token). :class:`EmbeddingDistance` for an encoder.
+        attention_mask: ``[batch, pos]``, 1 real, 0 padding (``model.to_tokens(texts)``), for a
+            padded batch (``source_tokens`` padded alike): the loss is then
+            :func:`masked_scored_losses`, equal to each sequence's unpadded loss (tested).
         clean: the clean residual streams of ``tokens`` (:class:`CleanResiduals`): each set's
             forwards start at its first ablated layer from there
             (:meth:`~headprobe.probe.backend.Backend.scored_losses_from`; nothing before that
-            layer changes), sets of one first layer sharing passes. Ignored with ``score``.
+            layer changes), sets of one first layer sharing passes. Ignored with ``score`` or
+            ``attention_mask``.
 
     Raises:
-        HeadprobeError: unknown ``kind`` or its input missing, or the model failed its self-check
-            (see :func:`require_head_ablation`).
+        HeadprobeError: unknown ``kind`` or its input missing, the model failed its self-check
+            (see :func:`require_head_ablation`), or ``attention_mask`` with a custom ``score`` or on a
+            backend without padding.
     """
     require_head_ablation(model)
-    _, inputs = kind_inputs(model, kind, mean_z, source_tokens)
+    if attention_mask is not None:
+        if score is not None:
+            raise HeadprobeError("set ablations of a padded batch (attention_mask) are scored by the loss only, not a custom score")
+        mask = attention_mask.to(model.device)
+        score = lambda toks, first_, hooks: masked_scored_losses(  # noqa: E731
+            model, toks, first_, hooks, mask.repeat(toks.shape[0] // mask.shape[0], 1))
+    _, inputs = kind_inputs(model, kind, mean_z, source_tokens, attention_mask)
     spec = model.spec
     tokens = tokens.to(model.device)
     B, T = tokens.shape
@@ -247,6 +259,25 @@ class CleanResiduals:
                 self.backend.scored_losses(self.tokens.to(self.backend.device), 0,
                                            [(f"blocks.{layer}.hook_resid_pre", save(layer)) for layer in self.layers])
         return self.pre[layer]
+
+
+def masked_scored_losses(model: Backend, tokens: Int[Tensor, "batch pos"], first: int, fwd_hooks: Sequence = (),
+                         attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch"]:
+    """Per-sequence mean next-token cross-entropy (nats/token) of a padded batch, as
+    :func:`~headprobe.probe.backend.scored_loss` gives it for each sequence alone: the predictions
+    of a real token by the real token before it, from each sequence's ``first``-th real token on
+    (either padding side; padding is never scored). Full logits from one forward with ``fwd_hooks``.
+
+    Raises:
+        HeadprobeError: ``attention_mask`` on a backend without padding (the TransformerLens bridge).
+    """
+    if attention_mask is None:
+        return model.scored_losses(tokens, first, fwd_hooks)
+    losses = token_losses(model.forward(tokens, fwd_hooks, attention_mask), tokens)  # [batch, pos - 1]
+    real = attention_mask.to(losses.device).bool()
+    index = real.long().cumsum(1) - 1  # each position's index among its sequence's real tokens
+    scored = (real[:, :-1] & real[:, 1:] & (index[:, :-1] >= first)).to(losses.dtype)
+    return (losses * scored).sum(1) / scored.sum(1).clamp_min(1)
 
 
 @dataclass
@@ -397,8 +428,10 @@ def ablate(model: Backend, heads: Sequence[Head], kind: AblationKind = "zero",
 
 
 @torch.inference_mode()
-def capture_z(model: Backend, tokens: Int[Tensor, "batch pos"]) -> dict[int, Float[Tensor, "batch pos head d_head"]]:
-    """Every layer's ``z`` on a clean forward pass over ``tokens`` (for mean and resample ablation)."""
+def capture_z(model: Backend, tokens: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None = None
+              ) -> dict[int, Float[Tensor, "batch pos head d_head"]]:
+    """Every layer's ``z`` on a clean forward pass over ``tokens`` (for mean and resample ablation;
+    ``attention_mask`` for a padded batch)."""
     out: dict[int, Tensor] = {}
 
     def saver(layer: int):
@@ -406,12 +439,14 @@ def capture_z(model: Backend, tokens: Int[Tensor, "batch pos"]) -> dict[int, Flo
             out[layer] = z.detach().clone()
         return hook
 
-    model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), saver(layer)) for layer in range(model.spec.n_layers)])
+    model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), saver(layer)) for layer in range(model.spec.n_layers)],
+                  attention_mask=attention_mask)
     return out
 
 
 def kind_inputs(model: Backend, kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None,
-                source_tokens: Int[Tensor, "batch pos"] | None) -> tuple[Kind, AblationInputs]:
+                source_tokens: Int[Tensor, "batch pos"] | None,
+                attention_mask: Int[Tensor, "batch pos"] | None = None) -> tuple[Kind, AblationInputs]:
     """The ablation kind called ``kind`` (:mod:`headprobe.probe.ablation_kinds`) and the second
     inputs of its replacement: ``mean_z`` as given, and, for a kind that needs a source, every
     layer's z on ``source_tokens`` (:func:`capture_z`, ``{layer: [batch, pos, head, d_head]}``).
@@ -420,7 +455,8 @@ def kind_inputs(model: Backend, kind: AblationKind, mean_z: Float[Tensor, "layer
         HeadprobeError: unknown ``kind``, or the input it needs missing.
     """
     ablation = ablation_kinds.check(kind, mean_z, source_tokens)
-    source_z = capture_z(model, source_tokens.to(model.device)) if ablation.needs == "source" else None
+    source_z = (capture_z(model, source_tokens.to(model.device), None if attention_mask is None else attention_mask.to(model.device))
+                if ablation.needs == "source" else None)
     return ablation, AblationInputs(mean_z, source_z)
 
 

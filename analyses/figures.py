@@ -643,9 +643,11 @@ POSITIVE_COLOR, NEGATIVE_COLOR = "#B2182B", "#2166AC"
 @_styled
 def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, title: str, ylabel: str,
                 signs: np.ndarray | None = None,
-                sign_labels: tuple[str, str] = ("above zero", "below zero")) -> Figure:
+                sign_labels: tuple[str, str] = ("above zero", "below zero"),
+                ci_label: str = "whiskers: 95% bootstrap interval over prompts", label_prefix: str = "head ") -> Figure:
     """Horizontal bars of signed per-head effects (largest first, top to bottom) with their 95%
-    intervals as whiskers (``ci``: ``[2, n]`` lower and upper bounds).
+    intervals as whiskers (``ci``: ``[2, n]`` lower and upper bounds; NaN: no whisker, and
+    ``ci_label`` should then say why). ``label_prefix`` goes before each label on the axis.
 
     A bar is red (:data:`POSITIVE_COLOR`) where ``signs`` (default: ``effects``) is positive, else
     blue, as on the ``RdBu_r`` heatmaps; pass the values a companion heatmap shows (e.g. a
@@ -659,16 +661,16 @@ def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, titl
     fig = _figure(COLUMN_WIDTH, 1.2 + 0.17 * n)
     ax = fig.subplots()
     y = np.arange(n)
-    err = np.where(np.isfinite(ci), np.abs(ci - effects[None]), 0.0)
+    err = np.where(np.isfinite(ci), np.abs(ci - effects[None]), 0.0) if np.isfinite(ci).any() else None
     ax.barh(y, effects, 0.7, color=np.where(signs > 0, POSITIVE_COLOR, NEGATIVE_COLOR), xerr=err, capsize=1.5,
             error_kw={"lw": 0.6})
     ax.axvline(0, color="black", lw=0.5)
-    ax.set_yticks(y, [f"head {label}" for label in labels])
+    ax.set_yticks(y, [f"{label_prefix}{label}" for label in labels])
     ax.invert_yaxis()
     ax.set_xlabel(ylabel)
     ax.set_title(title)
     handles = [Patch(color=POSITIVE_COLOR, label=sign_labels[0]), Patch(color=NEGATIVE_COLOR, label=sign_labels[1]),
-               Patch(color="none", label="whiskers: 95% bootstrap interval over prompts")]
+               Patch(color="none", label=ci_label)]
     fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     return fig
 

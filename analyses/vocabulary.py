@@ -29,6 +29,13 @@ PRIMARY_KIND = "mean"
 """The ablation kind each verdict is tested with; the other kind is reported beside it."""
 DEFAULT_PATTERN_LEN = 128
 """Tokens of every head's pattern kept for the viewer (``--pattern-len``)."""
+PATCH_SITES: tuple[str, ...] = ("z", "q", "k", "v", "resid")
+"""Where ``headprobe patch --site`` patches (:data:`headprobe.analyses.patching.SITES`): a head's
+``z`` (its output, before W_O), its query, key or value input, or the residual stream entering a
+layer at one position."""
+MIN_PAIRS_FOR_CI = 10
+"""Bootstrap intervals over prompt pairs are given only from this many pairs up
+(:mod:`headprobe.analyses.patching`)."""
 FIGURE_FORMATS: tuple[str, ...] = ("png", "pdf", "svg")
 """Every format a figure is written in (:func:`headprobe.analyses.figures.save_figure`), in order."""
 FIGURE_FORMATS_ENV = "HEADPROBE_FIGURE_FORMATS"

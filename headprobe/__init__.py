@@ -6,6 +6,7 @@ The public API (each name is imported on first use, so ``import headprobe`` stay
     model = headprobe.load_model("smollm2-135m")          # or any name/path load_model takes
     result = headprobe.scan(model, types=("induction",))   # ScanResult: .table (DataFrame), .save(out)
     cap = headprobe.capture_heads(model, tokens)           # patterns, z, per-head results
+    model = headprobe.wrap(hf_model, tokenizer)            # a transformers model in memory (left untouched)
 
 Every command of the ``headprobe`` CLI is a function here with the same settings as keyword
 arguments (``scan``, ``ablate``, ``prune``, ``budget``, ``train``, ``study``); each returns a
@@ -34,6 +35,7 @@ _EXPORTS = {
     "atlas": ("headprobe.commands.atlas", "atlas"),
     "patch": ("headprobe.commands.patch", "patch"),
     "load_model": ("headprobe.probe.loading", "load_model"),
+    "wrap": ("headprobe.probe.loading", "wrap_model"),
     "LoadedModel": ("headprobe.probe.loading", "LoadedModel"),
     "Backend": ("headprobe.probe.backend", "Backend"),
     "capture_heads": ("headprobe.probe.capture", "capture_heads"),

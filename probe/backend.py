@@ -207,6 +207,8 @@ class LoadedModel:
     """The backend's name (``--backend``)."""
     supports_padding: ClassVar[bool] = False
     """Whether :meth:`forward` takes an ``attention_mask``."""
+    padding_sides: ClassVar[tuple[str, ...]] = ()
+    """The padding sides :meth:`forward` computes exactly at the real tokens (``left``, ``right``)."""
     _registry: ClassVar[list[type[LoadedModel]]] = []
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -401,18 +403,35 @@ class LoadedModel:
         """
         raise HeadprobeError(f"the final residual stream needs the native backend, not {self.name}")
 
-    def to_tokens(self, text: str) -> Int[Tensor, "batch pos"]:
+    def to_tokens(self, text: str | Sequence[str], padding_side: str = "right"
+                  ) -> Int[Tensor, "batch pos"] | tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
         """Tokenize ``text`` into ids ``[1, pos]`` (a batch of one, as TransformerLens' ``to_tokens``),
         with exactly one BOS in front when ``prepend_bos`` (an encoder: ``[CLS]`` in front and
-        ``[SEP]`` at the end, as its tokenizer would).
+        ``[SEP]`` at the end, as its tokenizer would). A tokenizer that already adds BOS does not
+        get a second one.
 
-        A tokenizer that already adds BOS does not get a second one.
+        A list of strings gives a padded batch ``(tokens [batch, pos], attention_mask [batch, pos])``:
+        each text tokenized as one string would be, padded to the longest with :attr:`pad_token_id`
+        after (``padding_side="right"``) or before (``"left"``) it; the mask is 1 on real tokens, 0
+        on padding (Hugging Face's convention). Pass the mask on to :meth:`forward`,
+        :func:`~headprobe.probe.capture.capture_heads`, ...: the native backend counts positions
+        over real tokens only and masks padded keys, so either side gives the unpadded numbers at
+        the real tokens (tests/test_padding.py).
 
         Raises:
-            TypeError: ``text`` is not a string (batches of several strings are not supported).
+            TypeError: ``text`` is neither a string nor a list/tuple of strings.
+            HeadprobeError: an empty list, or ``padding_side`` not ``left``/``right``.
         """
         if not isinstance(text, str):
-            raise TypeError(f"to_tokens takes one string, got {type(text).__name__}")
+            if not isinstance(text, (list, tuple)) or not all(isinstance(t, str) for t in text):
+                raise TypeError(f"to_tokens takes a string or a list of strings, got {type(text).__name__}")
+            if not text:
+                raise HeadprobeError("to_tokens got an empty list of texts")
+            if padding_side not in ("left", "right"):
+                raise HeadprobeError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+            from headprobe.probe.capture import pad_prompts
+
+            return pad_prompts([self.to_tokens(t)[0] for t in text], self.pad_token_id, padding_side)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if self.prepend_bos:
             if not ids or ids[0] != self.bos_token_id:
@@ -420,6 +439,16 @@ class LoadedModel:
         if self.end_token_id is not None and ids[-1] != self.end_token_id:  # an encoder: [CLS] ... [SEP]
             ids = [*ids, self.end_token_id]
         return torch.tensor([ids], dtype=torch.long)
+
+    @property
+    def pad_token_id(self) -> int:
+        """The id :meth:`to_tokens` pads with: the tokenizer's pad token, else EOS, else BOS, else 0
+        (which one does not matter: padded keys are masked and padded positions never scored)."""
+        for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+            tid = getattr(self.tokenizer, name, None)
+            if isinstance(tid, int):
+                return tid
+        return 0
 
     def hooks(self, fwd_hooks: Sequence[tuple[str, HookFn]] = (),
               bwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> AbstractContextManager[None]:

@@ -24,10 +24,19 @@ from headprobe.probe.errors import HeadprobeError
 
 class BridgeModel(LoadedModel):
     """A :class:`~headprobe.probe.backend.LoadedModel` on TransformerLens' ``TransformerBridge``
-    (``model``), one unpadded prompt batch at a time."""
+    (``model``); padded batches only right-padded (:meth:`BridgeModel.forward`)."""
 
     name = "transformer-lens"
-    supports_padding = False
+
+    @property
+    def supports_padding(self) -> bool:  # type: ignore[override]
+        """Right padding of a causal model only (:meth:`forward`)."""
+        return self.spec.causal
+
+    @property
+    def padding_sides(self) -> tuple[str, ...]:  # type: ignore[override]
+        """``("right",)`` for a causal model (:meth:`forward`), else none."""
+        return ("right",) if self.spec.causal else ()
 
     @classmethod
     def wraps(cls, module: Any) -> bool:
@@ -40,12 +49,22 @@ class BridgeModel(LoadedModel):
         ``hook_z`` through hooks, and hooks on ``hook_attn_scores`` see masked keys as ``-inf``
         (:func:`_scores_with_neg_inf`).
 
+        ``attention_mask``: right padding of a causal model only. Real tokens come first there and a
+        causal query never reads a later key, so the forward without the mask is exact at every
+        real token (tested against each text alone); what padded positions hold means nothing.
+        Left padding would need positions counted over real tokens, which this backend does not
+        promise, so it is refused.
+
         Raises:
-            HeadprobeError: ``attention_mask`` given (the bridge takes no padding).
+            HeadprobeError: an ``attention_mask`` with left (or inner) padding, or on an encoder.
         """
         if attention_mask is not None:
-            raise HeadprobeError("padded batches need the native backend (--backend native); "
-                                 "the TransformerLens bridge runs one unpadded prompt at a time")
+            real = attention_mask.to(torch.bool)
+            right = bool((real[:, 1:] <= real[:, :-1]).all()) and bool(real[:, 0].all())  # 1...1 0...0 per row
+            if not (self.spec.causal and right):
+                raise HeadprobeError("padded batches on the TransformerLens bridge need right padding of a causal model "
+                                     "(to_tokens(texts, padding_side='right')); left padding needs the native backend (--backend native)")
+            attention_mask = None  # exact at the real tokens, see above
         tokens = tokens.to(self.device)
         fwd_hooks = _scores_with_neg_inf(fwd_hooks)
         if head_mask is not None:

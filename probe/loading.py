@@ -547,6 +547,46 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
     return loaded
 
 
+def wrap_model(hf_model: Any, tokenizer: Any, backend: str = "auto", device: str | torch.device | None = None,
+               prepend_bos: bool = True, name: str | None = None) -> LoadedModel:
+    """Wrap a transformers model already in memory (a notebook's ``AutoModelForCausalLM``, or
+    ``AutoModel`` for an encoder) and its tokenizer as a :class:`LoadedModel`: ``headprobe.wrap``.
+
+    The caller's model is left untouched (weights, buffers, mode and forward; tested): ``native``
+    (``auto`` wherever :mod:`headprobe.probe.convert` supports the family, see :func:`wrap`) copies
+    its weights into headprobe's own transformer; the TransformerLens bridge wraps a deep copy. A
+    model in half precision is converted and self-checked in float32, then cast back
+    (:meth:`LoadedModel.to`), on the native backend; the bridge checks it in its own dtype. The
+    load-time self-check (:mod:`headprobe.probe.selfcheck`) runs before this returns.
+
+    Args:
+        hf_model: a ``transformers`` ``PreTrainedModel`` (it must have ``.config``).
+        tokenizer: its tokenizer. backend: ``auto``, ``native`` or ``transformer-lens``.
+        device: where the wrapped copy goes (default: where ``hf_model``'s weights are).
+        name: what outputs call the model (default: the config's ``_name_or_path``, else the class name).
+
+    Raises:
+        HeadprobeError: ``hf_model`` is not a transformers model, ``tokenizer`` is None, weights that
+            are NaN or Inf, or as :func:`wrap` (an unknown backend, ``native`` for an architecture it lacks).
+    """
+    if not isinstance(hf_model, torch.nn.Module) or getattr(hf_model, "config", None) is None:
+        raise HeadprobeError(f"headprobe.wrap takes a transformers model (with .config), got {type(hf_model).__name__}")
+    if tokenizer is None:
+        raise HeadprobeError("headprobe.wrap needs the model's tokenizer")
+    check_finite_weights(hf_model)
+    hf_name = getattr(hf_model.config, "_name_or_path", "") or type(hf_model).__name__
+    first = next(hf_model.parameters())
+    dtype = first.dtype
+    precision = f"{str(dtype).removeprefix('torch.')} (a transformers model wrapped in memory)"
+    ckpt = Checkpoint(name or hf_name, hf_name, precision, hf_model, tokenizer)
+    loaded = wrap(ckpt, backend, first.device if device is None else device, prepend_bos, copy=True)
+    if loaded.backend == "native" and dtype != torch.float32:
+        loaded.model.float()  # its own copy: check the decomposition in float32, then round
+        loaded.to(dtype)
+    loaded.self_check  # noqa: B018 - as load_model: run the self-check now
+    return loaded
+
+
 def _execution_device(module: torch.nn.Module) -> torch.device:
     """Where accelerate runs ``module`` (its hook's execution device), else where its weights are."""
     device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)

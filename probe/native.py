@@ -27,6 +27,7 @@ class NativeModel(LoadedModel):
 
     name = "native"
     supports_padding = True
+    padding_sides = ("left", "right")
 
     @classmethod
     def wraps(cls, module: Any) -> bool:
