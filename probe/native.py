@@ -129,6 +129,27 @@ class NativeModel(LoadedModel):
                 normed: bool = False) -> Float[Tensor, "n"]:
         return _scored_losses_from_resid(self.model, resid, tokens, first, normed)
 
+    def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.attention_input`."""
+        block = self.model.blocks[layer]
+        if block.post_ln:
+            raise HeadprobeError("a post-LN block (BERT) normalises the residual after the attention: "
+                                 "paths into its heads' inputs are not defined here")
+        return resid if block.ln1 is None else block.ln1(resid)
+
+    def attention_scale(self, layer: int) -> tuple[float, float | None]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.attention_scale`."""
+        attn = self.model.blocks[layer].attn
+        return float(attn.scale), attn.softcap
+
+    def qk_terms(self, layer: int, head: int, side: str, terms: Float[Tensor, "n d_model"],
+                 ref: Float[Tensor, "d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.qk_terms`."""
+        from headprobe.probe.qk import head_qk_terms
+
+        with self._aligned(self.model.blocks[layer]):
+            return head_qk_terms(self.model, layer, head, side, terms, ref, pos)
+
     def check_prunable(self) -> None:
         """See :meth:`headprobe.probe.backend.LoadedModel.check_prunable`."""
         from headprobe.probe.pruned import check_prunable
