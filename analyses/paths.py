@@ -112,6 +112,7 @@ class PathRuns:
         metric: the per-sequence metric.
         deltas: ``[layer, batch, pos, head, d_model]`` float32, ``result(corrupted) - result(clean)``.
         resid_pre: ``[layer, batch, pos, d_model]`` of the clean run.
+        resid_final: ``[batch, pos, d_model]``, the clean final residual stream before the final norm.
         clean_metric: ``[batch]`` of the clean run.
     """
 
@@ -120,6 +121,7 @@ class PathRuns:
     metric: Metric
     deltas: Tensor
     resid_pre: Tensor
+    resid_final: Tensor
     clean_metric: Tensor
     embed_clean: Tensor
     embed_corrupted: Tensor
@@ -157,8 +159,9 @@ def prepare_runs(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Ten
         cap_corr = capture_internal(model, corrupted)
     deltas = torch.stack([(cap_corr["result"][l] - cap_clean["result"][l]).float() for l in range(L)])
     resid_pre = torch.stack([cap_clean["resid_pre"][l].float() for l in range(L)])
+    resid_final = cap_clean["resid_post"][L - 1].float()
     clean_metric = metric(model.forward(clean).float(), clean.to(model.device)).float()
-    return PathRuns(clean, corrupted, metric, deltas, resid_pre, clean_metric, embeds[0], embeds[1])
+    return PathRuns(clean, corrupted, metric, deltas, resid_pre, resid_final, clean_metric, embeds[0], embeds[1])
 
 
 def _group(model: Any) -> int:
@@ -217,13 +220,13 @@ def path_patch_effects(model: Any, runs: PathRuns, senders: Sequence[tuple[int, 
     for idx in _chunks(len(senders), B, max_rows):
         delta = torch.cat([runs.deltas[senders[i][0], :, :, senders[i][1]] for i in idx])  # [n*B, pos, d_model]
         tokens = runs.clean.repeat(len(idx), 1).to(model.device)
-        if receiver is None:
-            def add(x: Tensor, hook: Any, delta=delta) -> Tensor:
-                return x + delta.to(x)
-            hooks = [(f"blocks.{L - 1}.hook_resid_post", add)]
-        else:
-            hooks = _receiver_hooks(model, runs, receiver, inp, delta, len(idx))
-        m = runs.metric(model.forward(tokens, fwd_hooks=hooks).float(), tokens).float()
+        if receiver is None:  # the final residual plus delta_s, through the final norm and unembedding
+            resid = runs.resid_final.repeat(len(idx), 1, 1).to(model.device)
+            logits = model.logits_from_residual(resid + delta.to(resid))
+        else:  # the clean run up to the receiver's layer, resumed there with its input patched
+            resid = runs.resid_pre[receiver[0]].repeat(len(idx), 1, 1)
+            logits = model.forward_from(receiver[0], resid, _receiver_hooks(model, runs, receiver, inp, delta, len(idx)))
+        m = runs.metric(logits.float(), tokens).float()
         out[list(idx)] = (m.view(len(idx), B) - runs.clean_metric.to(m)).mean(1).cpu().numpy()
     return out
 

@@ -170,6 +170,11 @@ class Backend(Protocol):
         attention output replaced by ``attn_out``, and score them like :meth:`scored_losses`."""
         ...
 
+    def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
+                     fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits of a forward resumed at layer ``layer`` from its residual stream ``resid_pre``, hooks active."""
+        ...
+
     def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         """What layer ``layer``'s attention reads from the residual stream ``resid``: its
         pre-attention norm applied (recomputed), or ``resid`` where the block has none."""
@@ -579,6 +584,18 @@ class LoadedModel:
         :meth:`forward`; returns :meth:`scored_losses` of each of the ``n`` (nats/token).
         """
         raise NotImplementedError
+
+    def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
+                     fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch pos d_vocab"]:
+        """The logits of :meth:`forward` resumed at layer ``layer``: blocks ``layer ..`` run from
+        ``resid_pre`` (what ``blocks.{layer}.hook_resid_pre`` held, no padding, positions ``0 .. pos-1``)
+        with ``fwd_hooks`` active, then the final norm and unembedding. The layers before are not
+        run, so path patching into a late receiver skips them.
+
+        Raises:
+            HeadprobeError: not the native backend.
+        """
+        raise HeadprobeError(f"resuming a forward at a layer needs the native backend, not {self.name}")
 
     def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         """Layer ``layer``'s pre-attention norm applied to ``resid`` ``[batch, pos, d_model]`` (recomputed,

@@ -129,6 +129,17 @@ class NativeModel(LoadedModel):
                 normed: bool = False) -> Float[Tensor, "n"]:
         return _scored_losses_from_resid(self.model, resid, tokens, first, normed)
 
+    def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
+                     fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch pos d_vocab"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.forward_from`."""
+        net = self.model
+        x = resid_pre.to(self.device, self.dtype)
+        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        with self.hooks(fwd_hooks):
+            for block in net.blocks[layer:]:
+                x = block(x, positions)
+            return net.logits(x)
+
     def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.attention_input`."""
         block = self.model.blocks[layer]

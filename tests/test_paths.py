@@ -201,3 +201,14 @@ def test_bad_edges_and_inputs_are_one_line(tiny_tokenizer, tiny_gpt2):
     with pytest.raises(HeadprobeError, match="is not"):
         parse_edge("5.1 -> 7.2:z")
     assert parse_edge("5.1 -> 7.2:k").name == "5.1 -> 7.2:k" and parse_edge("0.3->logits").receiver is None
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_neox"])
+def test_forward_from_a_layer_equals_the_whole_forward(tiny_tokenizer, family):
+    model = wrap(zoo.make_checkpoint(family, tiny_tokenizer), backend="native")
+    tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    seen = {}
+    want = model.forward(tokens, fwd_hooks=[("blocks.1.hook_resid_pre", lambda x, hook: seen.setdefault("r", x.detach().clone()))])
+    torch.testing.assert_close(model.forward_from(1, seen["r"]), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(HeadprobeError, match="native backend"):
+        LoadedModel.forward_from(model, 1, seen["r"])
