@@ -325,7 +325,7 @@ def _pull_back(model: Any, layer: int, grads: dict[tuple[int, str], Tensor], res
     return g.detach().view(cot.shape)
 
 
-def edge_attribution(model: Any, runs: PathRuns, method: str = "eap-ig", steps: int = 5) -> EdgeScores:
+def edge_scores(model: Any, runs: PathRuns, method: str = "eap-ig", steps: int = 5) -> EdgeScores:
     """EAP or EAP-IG scores (module docstring) of every head -> head (q/k/v) edge and head -> logits
     edge: ``delta_s . mean_alpha dM/d(input_r)(alpha)``, summed over batch and positions, in the
     metric's units (an estimate of :func:`path_patch_effects`).
@@ -375,3 +375,107 @@ def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str,
     finite = lambda v: None if not np.isfinite(v) else float(v)
     return {"spearman": finite(spearmanr(exact, estimate).statistic), "pearson": finite(pearsonr(exact, estimate).statistic),
             "top_k": k, "top_k_recall": len(top(exact) & top(estimate)) / k, "n_edges": int(exact.size)}
+
+
+def exact_effects(model: Any, runs: PathRuns, edges: Sequence[Edge], max_rows: int = 32) -> np.ndarray:
+    """Exact path patching (:func:`path_patch_effects`) of each edge, edges of one receiver input batched together."""
+    out = np.full(len(edges), np.nan)
+    groups: dict[tuple, list[int]] = {}
+    for i, e in enumerate(edges):
+        groups.setdefault((e.receiver, e.input), []).append(i)
+    for (receiver, inp), idx in groups.items():
+        out[idx] = path_patch_effects(model, runs, [edges[i].sender for i in idx], receiver,
+                                      "k" if receiver is None else inp, max_rows=max_rows)
+    return out
+
+
+def verify_edges(model: Any, runs: PathRuns, table: pd.DataFrame, n: int, seed: int = 0,
+                 k: int = 10) -> tuple[pd.DataFrame, dict | None]:
+    """Path patch the ``n`` edges of ``table`` (:meth:`EdgeScores.table`, sorted by ``|score|``) largest
+    in ``|score|`` and ``n`` drawn at random (seeded) from the rest, exactly. Returns the table with an
+    ``exact`` column (NaN where not patched) and :func:`agreement` over the patched edges (None if fewer than 3)."""
+    table = table.copy()
+    table["exact"] = np.nan
+    if n <= 0:
+        return table, None
+    rest = np.arange(n, len(table))
+    pick = np.concatenate([np.arange(min(n, len(table))),
+                           np.sort(np.random.default_rng(seed).choice(rest, size=min(n, len(rest)), replace=False))])
+    edges = [parse_edge(name) for name in table["edge"].to_numpy()[pick]]
+    table.loc[table.index[pick], "exact"] = exact_effects(model, runs, edges)
+    done = table.dropna(subset=["exact"])
+    return table, (agreement(done["exact"].to_numpy(), done["score"].to_numpy(), k) if len(done) >= 3 else None)
+
+
+def receiver_sweep(model: Any, runs: PathRuns, receivers: Sequence[tuple[tuple[int, int] | None, str]],
+                   scores: EdgeScores | None = None) -> pd.DataFrame:
+    """Exact path patching from every earlier head into each receiver (``(head, input)`` or ``(None,
+    "logits")``): ``receiver, sender, effect`` (and ``score``, the edge attribution, when given), each
+    receiver's senders largest effect first.
+
+    Raises:
+        HeadprobeError: a receiver head outside the model.
+    """
+    L, H = model.spec.n_layers, model.spec.n_heads
+    rows = []
+    for receiver, inp in receivers:
+        if receiver is not None and not (0 < receiver[0] < L and 0 <= receiver[1] < H):
+            raise HeadprobeError(f"receiver {receiver[0]}.{receiver[1]} is not a head after layer 0 of a model of "
+                                 f"{L} layers x {H} heads")
+        senders = [(l, h) for l in range(L if receiver is None else receiver[0]) for h in range(H)]
+        effects = path_patch_effects(model, runs, senders, receiver, "k" if receiver is None else inp)
+        name = "logits" if receiver is None else f"{receiver[0]}.{receiver[1]}:{inp}"
+        for (l, h), eff in zip(senders, effects):
+            score = np.nan if scores is None else (scores.logit_scores[l, h] if receiver is None else
+                                                   scores.head_scores[INPUTS.index(inp), receiver[0], receiver[1], l, h])
+            rows.append((name, f"{l}.{h}", float(eff), float(score)))
+    df = pd.DataFrame(rows, columns=["receiver", "sender", "effect", "score"])
+    order = {name: i for i, name in enumerate(dict.fromkeys(df["receiver"]))}
+    df = df.assign(rank=df["receiver"].map(order)).sort_values(["rank", "effect"], ascending=[True, False], kind="stable")
+    return df.drop(columns="rank").reset_index(drop=True)
+
+
+@torch.inference_mode()
+def baseline_error(model: Any, runs: PathRuns, layers: Sequence[int]) -> float:
+    """Largest ``|M(resumed at layer, unpatched) - M(clean)|`` over ``layers`` (and the logits
+    receiver's unembedding): 0 up to float rounding when the resumed runs are the clean run."""
+    tokens = runs.clean.to(model.device)
+    outs = [model.logits_from_residual(runs.resid_final.to(model.device))]
+    outs += [model.forward_from(l, runs.resid_pre[l]) for l in sorted(set(layers))]
+    return max(float((runs.metric(o.float(), tokens).float() - runs.clean_metric.to(model.device)).abs().max()) for o in outs)
+
+
+def path_patch(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
+               senders: tuple[int, int] | Sequence[tuple[int, int]], receiver: tuple[int, int] | str,
+               input: str = "k", metric: Metric | None = None, first: int = 0) -> float | np.ndarray:
+    """Exact path patching (module docstring; Wang et al. 2022, Goldowsky-Dill et al. 2023) of sender
+    head(s) into ``receiver``'s ``input`` (``"q"``, ``"k"``, ``"v"``) or, with ``receiver="logits"``,
+    into the logits: ``M(patched) - M(clean)`` averaged over the batch, in the metric's units
+    (default :func:`next_token_loss` from ``first``, nats/token).
+
+    Args:
+        clean, corrupted: token ids ``[batch, pos]`` of the same shape.
+        senders: one head ``(layer, head)`` (returns a float) or a list (returns ``[sender]``).
+        receiver: ``(layer, head)`` after every sender's layer, or ``"logits"``.
+        metric: ``metric(logits [batch, pos, d_vocab], tokens) -> [batch]``.
+
+    Raises:
+        HeadprobeError: as :func:`prepare_runs` and :func:`path_patch_effects`.
+    """
+    one = len(senders) == 2 and all(isinstance(x, int) for x in senders)
+    runs = prepare_runs(model, clean, corrupted, metric, first)
+    rec = None if receiver == "logits" else tuple(receiver)
+    out = path_patch_effects(model, runs, [tuple(senders)] if one else [tuple(s) for s in senders], rec, input)
+    return float(out[0]) if one else out
+
+
+def edge_attribution(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
+                     method: str = "eap-ig", steps: int = 5, metric: Metric | None = None, first: int = 0) -> EdgeScores:
+    """EAP or EAP-IG scores of every head -> head (q/k/v) and head -> logits edge (module docstring;
+    Syed et al. 2023; Hanna et al. 2024): :func:`edge_scores` after :func:`prepare_runs`; ``.table()``
+    lists the edges. Scores estimate :func:`path_patch`'s effects, in the metric's units.
+
+    Raises:
+        HeadprobeError: as :func:`prepare_runs` and :func:`edge_scores`.
+    """
+    return edge_scores(model, prepare_runs(model, clean, corrupted, metric, first), method, steps)

@@ -17,7 +17,7 @@ import torch
 from scipy.stats import spearmanr
 
 import zoo
-from headprobe.analyses.paths import agreement, edge_attribution, path_patch_effects, prepare_runs, parse_edge
+from headprobe.analyses.paths import agreement, edge_scores, path_patch_effects, prepare_runs, parse_edge
 from headprobe.probe.convert import spec_from_native
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.loading import LoadedModel, wrap
@@ -98,7 +98,7 @@ def test_path_patching_equals_the_hand_built_models_known_paths(tiny_tokenizer):
     # by construction only the key path carries the sender's change
     assert got["q"] == pytest.approx(0, abs=1e-6) and got["v"] == pytest.approx(0, abs=1e-6)
     assert got["logits"] == pytest.approx(0, abs=1e-6) and abs(got["k"]) > 1e-3
-    scores = edge_attribution(model, runs, "eap-ig", steps=4)
+    scores = edge_scores(model, runs, "eap-ig", steps=4)
     assert scores.head_scores[0, 1, 0, 0, 0] == pytest.approx(0, abs=1e-6)  # q
     assert scores.head_scores[2, 1, 0, 0, 0] == pytest.approx(0, abs=1e-6)  # v
     assert scores.logit_scores[0, 0] == pytest.approx(0, abs=1e-6)
@@ -123,7 +123,7 @@ def test_eap_is_the_derivative_of_path_patching(tiny_tokenizer, family):
     g = torch.Generator().manual_seed(2)
     clean, corrupted = torch.randint(0, 100, (2, 10), generator=g), torch.randint(0, 100, (2, 10), generator=g)
     runs = prepare_runs(model, clean, corrupted, first=2)
-    eap = edge_attribution(model, runs, "eap")
+    eap = edge_scores(model, runs, "eap")
     eps = 5e-2  # central differences: error O(eps^2); float32 noise ~1e-6 / eps
     plus, minus = (dataclasses.replace(runs, deltas=runs.deltas * e) for e in (eps, -eps))
     H = model.spec.n_heads
@@ -148,7 +148,7 @@ def test_eap_ig_ranks_edges_as_exact_path_patching(tiny_tokenizer, family):
     g = torch.Generator().manual_seed(4)
     clean, corrupted = torch.randint(0, 100, (3, 10), generator=g), torch.randint(0, 100, (3, 10), generator=g)
     runs = prepare_runs(model, clean, corrupted, first=2)
-    ig = edge_attribution(model, runs, "eap-ig", steps=8)
+    ig = edge_scores(model, runs, "eap-ig", steps=8)
     H = model.spec.n_heads
     exact, approx = [], []
     for i, inp in enumerate(("q", "k", "v")):
