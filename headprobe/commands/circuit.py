@@ -177,7 +177,7 @@ class CircuitResult:
                  zip((parse_edge(name) for name in top["edge"]), top["score"])]
         label = self.config.method.upper()
         return figures.circuit_graph(edges, self.spec.n_layers, self.spec.n_heads,
-                                     f"{self.spec.name}: top {len(edges)} edges by |{label}| (induction task)",
+                                     f"{self.spec.name}: top {len(edges)} edges by |{label}|",
                                      f"{label} score (nats/token)")
 
     def report(self) -> str:
