@@ -766,6 +766,8 @@ def per_layer_plot(layers: np.ndarray, clean: float, best_only: np.ndarray, wors
 
 CIRCUIT_INPUT_COLORS = {"q": "#0072B2", "k": "#D55E00", "v": "#009E73", "logits": "#CC79A7"}
 """Edge colours of :func:`circuit_graph` by the receiver's input (Okabe-Ito, colourblind-safe)."""
+_CIRCUIT_BEND = {"q": 0.08, "k": 0.22, "v": 0.36, "logits": 0.15}
+"""Arc of each input's edges, so that a sender's q, k and v edges into one receiver do not overlap."""
 
 
 @_styled
@@ -796,7 +798,7 @@ def circuit_graph(edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None,
                     textcoords="offset points", fontsize=5.5, zorder=4, ha="center" if node is None else "left")
     for sender, receiver, inp, score in sorted(edges, key=lambda e: abs(e[3])):
         arrow = FancyArrowPatch(where(sender), where(receiver), arrowstyle="-|>", mutation_scale=6,
-                                connectionstyle="arc3,rad=0.15", color=CIRCUIT_INPUT_COLORS[inp],
+                                connectionstyle=f"arc3,rad={_CIRCUIT_BEND[inp]}", color=CIRCUIT_INPUT_COLORS[inp],
                                 linewidth=0.4 + 2.6 * abs(score) / top, linestyle="--" if score < 0 else "-",
                                 alpha=0.85, zorder=2)
         ax.add_patch(arrow)
