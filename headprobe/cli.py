@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, str] = {
     "show": "headprobe.commands.show",
     "atlas": "headprobe.commands.atlas",
     "patch": "headprobe.commands.patch",
+    "circuit": "headprobe.commands.circuit",
 }
 
 

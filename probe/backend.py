@@ -176,6 +176,26 @@ class Backend(Protocol):
         ``resid_pre``, hooks active (hooks of earlier layers must be none)."""
         ...
 
+    def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
+                     fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits of a forward resumed at layer ``layer`` from its residual stream ``resid_pre``, hooks active."""
+        ...
+
+    def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """What layer ``layer``'s attention reads from the residual stream ``resid``: its
+        pre-attention norm applied (recomputed), or ``resid`` where the block has none."""
+        ...
+
+    def attention_scale(self, layer: int) -> tuple[float, float | None]:
+        """Layer ``layer``'s score factor (``scores = scale * q . k``) and its soft-cap (None: none)."""
+        ...
+
+    def qk_terms(self, layer: int, head: int, side: str, terms: Float[Tensor, "n d_model"],
+                 ref: Float[Tensor, "d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
+        """Head ``head``'s query or key at ``pos`` as the sum of what each row of ``terms`` (terms
+        of the attention input) contributes, plus a bias row; internal norms frozen at ``ref``."""
+        ...
+
     def check_prunable(self) -> None:
         """Raise :class:`HeadprobeError` unless :meth:`remove_heads` is exact for this model."""
         ...
@@ -611,6 +631,50 @@ class LoadedModel:
         This base version is the honest full forward (``resid_pre`` unused), which is what a
         backend that cannot start a forward mid-way does (the TransformerLens bridge)."""
         return self.scored_losses(tokens, first, fwd_hooks)
+
+    def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
+                     fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch pos d_vocab"]:
+        """The logits of :meth:`forward` resumed at layer ``layer``: blocks ``layer ..`` run from
+        ``resid_pre`` (what ``blocks.{layer}.hook_resid_pre`` held, no padding, positions ``0 .. pos-1``)
+        with ``fwd_hooks`` active, then the final norm and unembedding. The layers before are not
+        run, so path patching into a late receiver skips them.
+
+        Raises:
+            HeadprobeError: not the native backend.
+        """
+        raise HeadprobeError(f"resuming a forward at a layer needs the native backend, not {self.name}")
+
+    def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """Layer ``layer``'s pre-attention norm applied to ``resid`` ``[batch, pos, d_model]`` (recomputed,
+        differentiable), or ``resid`` itself where the block reads the raw residual (OLMo-2). Path
+        patching and edge attribution (:mod:`headprobe.analyses.paths`) build a receiver's input with it.
+
+        Raises:
+            HeadprobeError: a backend or architecture without it (the bridge; post-LN encoders).
+        """
+        raise HeadprobeError(f"a head's attention input (path patching, edge attribution) needs the native backend, not {self.name}")
+
+    def attention_scale(self, layer: int) -> tuple[float, float | None]:
+        """Layer ``layer``'s factor of ``q . k`` in the scores (``1/sqrt(d_qk)`` or the family's) and
+        its attention soft-cap ``c`` (scores ``c tanh(s / c)``, Gemma-2), or None.
+
+        Raises:
+            HeadprobeError: not the native backend.
+        """
+        raise HeadprobeError(f"the attention scale of a layer is read on the native backend only, not {self.name}")
+
+    def qk_terms(self, layer: int, head: int, side: str, terms: Float[Tensor, "n d_model"],
+                 ref: Float[Tensor, "d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
+        """Query head ``head``'s query (``side="q"``) or key (``"k"``, its key/value head's) at
+        position ``pos`` as a sum of terms: row ``i`` is what ``terms[i]`` (a term of the attention
+        input, after the pre-attention norm) contributes, the last row the projection bias; QK-norm
+        (and MLA's latent norm) frozen at their scale for ``ref``, the whole input at ``pos``; rotary
+        applied at ``pos`` (:func:`headprobe.probe.qk.head_qk_terms`). Used by the QK attribution.
+
+        Raises:
+            HeadprobeError: not the native backend, or an attention it does not split (MLA with a query latent).
+        """
+        raise HeadprobeError(f"QK attribution needs the native backend (--backend native), not {self.name}")
 
     def check_prunable(self) -> None:
         """Raise unless :meth:`remove_heads` removes heads exactly from this model.

@@ -131,18 +131,50 @@ class NativeModel(LoadedModel):
                            first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "n"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.scored_losses_from`: blocks ``layer`` on
         from ``resid_pre``, then logits only at the scored positions."""
-        net = self.model
-        tokens = tokens.to(self.device)
-        x = resid_pre.to(self._block_device(layer))
-        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
         with self.hooks(fwd_hooks):
-            for block in net.blocks[layer:]:
-                x = block(x, positions)
-        return self._losses(x.to(self.device), tokens, first)
+            resid = self._resid_from(layer, resid_pre)
+        return self._losses(resid.to(self.device), tokens.to(self.device), first)
+
+    def _resid_from(self, layer: int, resid_pre: Float[Tensor, "n pos d_model"]) -> Float[Tensor, "n pos d_model"]:
+        """Blocks ``layer ..`` from ``resid_pre`` (positions ``0 .. pos-1``, no padding): the final
+        residual before the final norm (:meth:`forward_from`, :meth:`scored_losses_from`; their
+        callers hold the hooks)."""
+        x = resid_pre.to(self._block_device(layer), self.dtype)
+        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        for block in self.model.blocks[layer:]:
+            x = block(x, positions)
+        return x
 
     def _losses(self, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"], first: int,
                 normed: bool = False) -> Float[Tensor, "n"]:
         return _scored_losses_from_resid(self.model, resid, tokens, first, normed)
+
+    def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
+                     fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch pos d_vocab"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.forward_from`."""
+        with self.hooks(fwd_hooks):  # hooks on ln_final fire too
+            return self.model.logits(self._resid_from(layer, resid_pre).to(self.device))
+
+    def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.attention_input`."""
+        block = self.model.blocks[layer]
+        if block.post_ln:
+            raise HeadprobeError("a post-LN block (BERT) normalises the residual after the attention: "
+                                 "paths into its heads' inputs are not defined here")
+        return resid if block.ln1 is None else block.ln1(resid)
+
+    def attention_scale(self, layer: int) -> tuple[float, float | None]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.attention_scale`."""
+        attn = self.model.blocks[layer].attn
+        return float(attn.scale), attn.softcap
+
+    def qk_terms(self, layer: int, head: int, side: str, terms: Float[Tensor, "n d_model"],
+                 ref: Float[Tensor, "d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.qk_terms`."""
+        from headprobe.probe.qk import head_qk_terms
+
+        with self._aligned(self.model.blocks[layer]):
+            return head_qk_terms(self.model, layer, head, side, terms, ref, pos)
 
     def check_prunable(self) -> None:
         """See :meth:`headprobe.probe.backend.LoadedModel.check_prunable`."""
