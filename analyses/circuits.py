@@ -30,6 +30,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headprobe.probe.backend import LoadedModel
+
 
 @dataclass(frozen=True)
 class HeadWeights:
@@ -58,7 +60,7 @@ def _fold(W: Tensor, norm) -> Tensor:
 
 
 @torch.inference_mode()
-def head_weights(model: Any) -> HeadWeights:
+def head_weights(model: LoadedModel) -> HeadWeights:
     """The processed weights of every head of ``model`` (a :class:`~headprobe.probe.backend.Backend`,
     either backend): pre-attention norm folded into W_Q/W_K/W_V, the final norm into W_U, centred
     for LayerNorm models, W_U centred over the vocabulary (module docstring).
@@ -114,7 +116,7 @@ def copying_scores(W_E: Float[Tensor, "d_vocab d_model"], W_V: Float[Tensor, "la
 
 
 @torch.inference_mode()
-def copying_score(model: Any) -> Float[Tensor, "layer head"]:
+def copying_score(model: LoadedModel) -> Float[Tensor, "layer head"]:
     """:func:`copying_scores` of ``model``'s processed weights (:func:`head_weights`: norms folded,
     W_U centred over the vocabulary, as TransformerLens' default processing; GQA heads use their
     key/value group's W_V). Invariant to a vector added to every token's unembedding (tested).

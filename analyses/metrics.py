@@ -19,6 +19,7 @@ from torch import Tensor
 
 from headprobe.analyses import circuits
 from headprobe.analyses.data import NeedleSet, TokenSet
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import stream_patterns
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import attn_hook
@@ -111,7 +112,7 @@ def needle_queries(needles: NeedleSet) -> tuple[Int[Tensor, "batch n"], Int[Tens
 
 
 @torch.inference_mode()
-def retrieval_score(model: Any, needles: NeedleSet) -> Float[Tensor, "layer head"]:
+def retrieval_score(model: LoadedModel, needles: NeedleSet) -> Float[Tensor, "layer head"]:
     """:func:`retrieval_hits` of every head on ``needles`` in one forward pass (teacher forced:
     the second needle is in the input, and the model's top prediction at each of its positions
     decides whether the token is copied). Also see :func:`needle_queries`."""
@@ -134,7 +135,7 @@ def retrieval_score(model: Any, needles: NeedleSet) -> Float[Tensor, "layer head
 
 
 @torch.inference_mode()
-def direct_logit_attribution(model: Any, tokens: Int[Tensor, "batch pos"], first: int
+def direct_logit_attribution(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int
                              ) -> Float[Tensor, "batch n layer head"]:
     """Each head's direct contribution to the logit of the correct next token, through the final
     norm with its per-token scale frozen at the clean run's (Elhage et al. 2021; TransformerLens'
@@ -211,7 +212,7 @@ def direct_logit_attribution(model: Any, tokens: Int[Tensor, "batch pos"], first
 
 
 @torch.inference_mode()
-def scan_metrics(model: Any, natural: TokenSet, needles: NeedleSet | None,
+def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | None,
                  first: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Every metric column of a scan, ``[layer, head]`` each: ``copying`` (weights), ``sink_rate``
     and ``entropy`` (natural text), ``retrieval`` (``needles``), ``dla`` (mean over the natural-text
@@ -291,7 +292,7 @@ NEEDLE_LEN = 16
 """Needle length (tokens) of the retrieval score, unless a quarter of the sequence is shorter."""
 
 
-def scan_needles(model: Any, n_seqs: int, seq_len: int, seed: int, text: str | TextFile | None = None,
+def scan_needles(model: LoadedModel, n_seqs: int, seq_len: int, seed: int, text: str | TextFile | None = None,
                  source: str | None = None) -> NeedleSet | None:
     """The retrieval score's token set for a scan: ``n_seqs`` windows of ``seq_len`` tokens with a
     needle of :data:`NEEDLE_LEN` tokens (or a quarter of the sequence if shorter) inserted twice;
@@ -304,7 +305,7 @@ def scan_needles(model: Any, n_seqs: int, seq_len: int, seed: int, text: str | T
 
 
 @torch.inference_mode()
-def scan_composition(model: Any) -> dict[str, np.ndarray] | None:
+def scan_composition(model: LoadedModel) -> dict[str, np.ndarray] | None:
     """:func:`headprobe.analyses.circuits.composition_scores` of ``model`` as numpy arrays
     ``[layer_j, head_j, layer_i, head_i]``, or None where the weights do not allow it (MLA)."""
     try:

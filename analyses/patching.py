@@ -33,6 +33,7 @@ from torch import Tensor
 
 from headprobe.analyses.ablation import LOGITS_BYTES_PER_PASS, require_head_ablation
 from headprobe.analyses.statistics import bootstrap_ci
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import all_heads
@@ -177,7 +178,7 @@ def _token_id(tokenizer: Any, text: str) -> int:
     return ids[0]
 
 
-def encode_pairs(model: Any, pairs: Sequence[PromptPair]) -> list[tuple[Tensor, Tensor, Tensor, list[int]]]:
+def encode_pairs(model: LoadedModel, pairs: Sequence[PromptPair]) -> list[tuple[Tensor, Tensor, Tensor, list[int]]]:
     """Group ``pairs`` by token length: ``(clean [n, pos], corrupted [n, pos], answers [n, 2], indices)``
     per length (answers: correct and wrong token ids).
 
@@ -205,7 +206,7 @@ def logit_diff(logits: Float[Tensor, "batch pos d_vocab"], answers: Int[Tensor, 
     return last.gather(1, answers[:, :1].to(last.device))[:, 0] - last.gather(1, answers[:, 1:].to(last.device))[:, 0]
 
 
-def _last_logit_diff(model: Any, tokens: Tensor, answers: Tensor, hooks=()) -> Tensor:
+def _last_logit_diff(model: LoadedModel, tokens: Tensor, answers: Tensor, hooks=()) -> Tensor:
     """:func:`logit_diff` of a forward with ``hooks``: the last position's final residual through
     the backend's own logits function (:meth:`~headprobe.probe.backend.LoadedModel.logits_from_residual`:
     final norm, unembedding, the family's soft-cap and logit scale), for the two answer tokens
@@ -217,7 +218,7 @@ def _last_logit_diff(model: Any, tokens: Tensor, answers: Tensor, hooks=()) -> T
 
 
 @torch.inference_mode()
-def patch_heads(model: Any, pairs: Sequence[PromptPair], heads: Sequence[Head] | None = None,
+def patch_heads(model: LoadedModel, pairs: Sequence[PromptPair], heads: Sequence[Head] | None = None,
                 max_batch: int = 64, progress: bool = False) -> PatchingResult:
     """Patch each of ``heads`` (default: all) alone from the corrupted into the clean run.
 

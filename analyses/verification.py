@@ -39,6 +39,7 @@ from headprobe.analyses.vocabulary import ALPHA, CORRECTION, PRIMARY_KIND, check
 from headprobe.analyses.vocabulary import unreachable_note as _unreachable_note
 from headprobe.analyses.ablation import (
     LOSS_METRIC, P_VALUE_TIE, AblationMetric, Verification, first_scored, names, set_ablation_losses)
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import Head
 
@@ -213,7 +214,7 @@ def _draw_controls(top: dict[str, list[Head]], task_of: dict[str, str], all_head
     return tests, streams, excluded, notes
 
 
-def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tokens: dict[str, object],
+def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[str, str], tokens: dict[str, object],
                  clean: dict[str, torch.Tensor], mean_z: torch.Tensor, settings: VerificationSettings,
                  metric: AblationMetric = LOSS_METRIC, scorers: dict[str, Callable] | None = None,
                  untrusted: dict[str, str | None] | None = None, removed: Iterable[Head] = (),

@@ -35,7 +35,6 @@ _EXPORTS = {
     "patch": ("headprobe.commands.patch", "patch"),
     "load_model": ("headprobe.probe.loading", "load_model"),
     "LoadedModel": ("headprobe.probe.loading", "LoadedModel"),
-    "Backend": ("headprobe.probe.backend", "Backend"),
     "capture_heads": ("headprobe.probe.capture", "capture_heads"),
     "stream_patterns": ("headprobe.probe.capture", "stream_patterns"),
     "SelfCheck": ("headprobe.probe.selfcheck", "SelfCheck"),

@@ -1,5 +1,5 @@
 """The native backend: headprobe's own :class:`~headprobe.probe.model.Transformer` behind
-:class:`~headprobe.probe.backend.Backend`.
+:class:`~headprobe.probe.backend.LoadedModel`.
 
 Resuming a forward (:meth:`NativeModel.resume_scored_losses`) runs the rest of one block from
 its raw attention output (:meth:`headprobe.probe.model.Block.resume`) and the later blocks, then
@@ -19,6 +19,8 @@ from torch import Tensor
 
 from headprobe.probe.backend import HookFn, LoadedModel, _module_type, cross_entropy_inplace
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import Checkpoint
+
 
 
 class NativeModel(LoadedModel):
@@ -29,8 +31,30 @@ class NativeModel(LoadedModel):
     supports_padding = True
 
     @classmethod
-    def wraps(cls, module: Any) -> bool:
+    def wraps(cls, module: object) -> bool:
         return _module_type(module, "headprobe.probe.model", "Transformer")  # no Transformer exists before that import
+
+    @classmethod
+    def supports(cls, hf_config: Any) -> bool:
+        """Whether a registered family converts ``hf_config`` exactly (:func:`headprobe.probe.convert.supports`)."""
+        from headprobe.probe import convert
+
+        return convert.supports(hf_config)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint, device: str | torch.device = "cpu", prepend_bos: bool = True,
+                        copy: bool = True) -> NativeModel:
+        """The checkpoint's weights in headprobe's own transformer (:func:`headprobe.probe.convert.from_hf`;
+        ``copy`` False takes its tensors without copying them).
+
+        Raises:
+            HeadprobeError: an architecture or option the native model does not implement.
+        """
+        from headprobe.probe import convert
+
+        model = convert.from_hf(ckpt.hf_model, copy=copy).to(device).eval()
+        spec = convert.spec_from_native(ckpt.name, ckpt.hf_name, ckpt.precision, model.cfg)
+        return cls(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
 
     def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
                 attention_mask: Int[Tensor, "batch pos"] | None = None,

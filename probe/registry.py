@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 from headprobe.probe.errors import HeadprobeError
@@ -109,3 +109,38 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self._targets)})"
+
+    def choices(self, *extra: str) -> Choices:
+        """A live tuple-like view ``(*extra, *names())`` (e.g. ``("auto", "native", ...)``): an
+        argparse ``choices=`` or a ``" ".join`` that sees names registered later."""
+        return Choices(self, extra)
+
+
+class Choices(Sequence[str]):
+    """``(*extra, *registry.names())``, read from the registry on every use (:meth:`Registry.choices`);
+    compares equal to the tuple it stands for."""
+
+    def __init__(self, registry: Registry, extra: tuple[str, ...] = ()) -> None:
+        self.registry = registry
+        self.extra = tuple(extra)
+
+    def _items(self) -> tuple[str, ...]:
+        return (*self.extra, *self.registry.names())
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._items()[index]
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items()
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, Sequence) and not isinstance(other, str) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._items())
+
+    def __repr__(self) -> str:
+        return repr(self._items())

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from headprobe import options
 from headprobe.options import positive_int
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import package_versions, prepare_output_dir, read_text_file, write_json, write_text
 
@@ -194,7 +195,7 @@ class PatchResult:
         return written + [out / "summary.json"]
 
 
-def run(model, config: PatchConfig, progress: bool = True) -> PatchResult:
+def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> PatchResult:
     """Patch every head (or ``config.heads``) of the loaded ``model`` on ``config``'s prompt pairs.
 
     Raises:
@@ -227,7 +228,7 @@ def run(model, config: PatchConfig, progress: bool = True) -> PatchResult:
                                    "self_check": model.self_check.to_dict()})
 
 
-def patch(model="smollm2-135m", *, progress: bool = False, **config_fields) -> PatchResult:
+def patch(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **config_fields) -> PatchResult:
     """``headprobe patch`` as a function: ``model`` a name/path (loaded as ``config_fields`` ask) or a
     loaded model; ``config_fields`` the :class:`PatchConfig` fields.
 

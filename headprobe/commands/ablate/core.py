@@ -22,6 +22,7 @@ from headprobe.analyses.ablation import (
 from headprobe.analyses.attribution import atp_star, forward_equivalents, second_order
 from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
 from headprobe.analyses.scoring import score_token_set
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
@@ -56,7 +57,7 @@ CHUNK_LAYERS = 5
 """Layers swept between two checkpoints (each chunk costs one extra clean forward pass)."""
 
 
-def checkpointed_sweep(model, tokens, heads, kind, mean_z, source_tokens, first, max_batch, done: dict, save,
+def checkpointed_sweep(model: LoadedModel, tokens, heads, kind, mean_z, source_tokens, first, max_batch, done: dict, save,
                        desc: str = "ablation sweep", progress: bool = True) -> SweepResult:
     """:func:`~headprobe.analyses.ablation.exact_sweep` in chunks of :data:`CHUNK_LAYERS` layers, recording
     each chunk's losses in ``done`` (``{"clean": float, "loss": {"layer.head": float}}``) and
@@ -344,7 +345,7 @@ ESTIMATE_COLUMN = {"atp": "atp_star_estimate", "attribution": "attribution_estim
 assert set(ESTIMATE_LABELS) == set(ESTIMATE_SHORT) == set(ESTIMATE_COLUMN) == set(ESTIMATES)
 
 
-def _estimate(model, method: str, tokens, first: int, kind: str, mean_z, source, heads, n_probes: int) -> TaskResult:
+def _estimate(model: LoadedModel, method: str, tokens, first: int, kind: str, mean_z, source, heads, n_probes: int) -> TaskResult:
     """One task's ``--estimate``: the estimator's ``[layer, head]`` values (NaN outside ``heads``)."""
     spec = model.spec
     t0 = time.perf_counter()
@@ -364,7 +365,7 @@ def _estimate(model, method: str, tokens, first: int, kind: str, mean_z, source,
     return TaskResult(clean, nan, nan, nan, 0.0, time.perf_counter() - t0, estimated=values)
 
 
-def _task_sets(model, cfg: AblateConfig) -> tuple[TokenSet, TokenSet, dict, torch.Tensor | None]:
+def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSet, dict, torch.Tensor | None]:
     """``(natural, repeated, sets, mean_z)``: the token sets, each task's ``(tokens, first scored,
     source tokens)`` (the source None unless the kind needs one: the natural task's is the other
     natural-text windows, the induction task's other repeated sequences), and ``mean_z`` (over the
@@ -385,7 +386,7 @@ def _task_sets(model, cfg: AblateConfig) -> tuple[TokenSet, TokenSet, dict, torc
     return natural, repeated, sets, mean_z
 
 
-def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
+def run(model: LoadedModel, config: AblateConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
         progress: bool = True) -> AblateResult:
     """Sweep every head (or ``config.heads``) on both tasks, with gradient importance and
     attribution patching beside the exact effects (see the module docstring); with
@@ -485,7 +486,7 @@ def _mark_removed(table: pd.DataFrame, spec) -> pd.DataFrame:
 
 
 
-def ablate(model="smollm2-135m", *, progress: bool = False, **config_fields) -> AblateResult:
+def ablate(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **config_fields) -> AblateResult:
     """Every head's single-head ablation effect: ``headprobe ablate`` as a function (no checkpoint).
 
     Args:

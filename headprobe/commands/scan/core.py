@@ -31,6 +31,7 @@ from headprobe.analyses.scoring import example_patterns, score_token_set  # noqa
 from headprobe.analyses import metrics as head_metrics
 from headprobe.analyses import viewer
 from headprobe.options import positive_int
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import format_head
@@ -130,7 +131,7 @@ def verification_settings(cfg: ScanConfig) -> verif.VerificationSettings:
                                       correction=cfg.correction, seed=cfg.seed, sequential=cfg.sequential)
 
 
-def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet,
+def verify(model: LoadedModel, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet,
            clean: dict[str, torch.Tensor], mean_z: torch.Tensor, cfg: ScanConfig, progress: bool = True,
            untrusted: dict[str, str | None] | None = None) -> tuple[list[Verification], dict]:
     """Ablate the top-k heads of each of ``cfg.types`` against random control sets
@@ -149,7 +150,7 @@ def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: To
                               scorers=scorers, untrusted=untrusted, removed=removed_heads(model), progress=progress)
 
 
-def removed_heads(model) -> list[tuple[int, int]]:
+def removed_heads(model: LoadedModel) -> list[tuple[int, int]]:
     """The heads a pruned model no longer has (``spec.removed_heads``; none for others)."""
     return list(getattr(model.spec, "removed_heads", ()) or ())
 
@@ -160,7 +161,7 @@ def scan_metric(spec):
     return LOSS_METRIC if spec.causal else EMBEDDING_METRIC
 
 
-def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
+def run(model: LoadedModel, config: ScanConfig, progress: bool = True) -> ScanResult:
     """Run the scan (see the module docstring) on a loaded model.
 
     Args:
@@ -181,7 +182,7 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
         model.self_check.require_decomposition("verification by ablation (pass --no-verify to score patterns only)")
 
     t0 = time.perf_counter()
-    cfg = config.resolved(spec, getattr(model, "trained_periods", None))
+    cfg = config.resolved(spec, model.trained_periods)
     natural = natural_text_tokens(model, cfg.n_natural, cfg.seq_len, cfg.seed, text,
                                   source=str(cfg.text) if cfg.text else None)
     repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
@@ -298,7 +299,7 @@ def metrics_summary(scores: dict[str, np.ndarray], composition: dict | None, typ
     return out
 
 
-def unknown_share(model, tokens: TokenSet) -> float:
+def unknown_share(model: LoadedModel, tokens: TokenSet) -> float:
     """Share of ``tokens``' real positions (after BOS) that are the tokenizer's unknown token (0 without one)."""
     unk = getattr(getattr(model, "tokenizer", None), "unk_token_id", None)
     if unk is None:
@@ -308,7 +309,7 @@ def unknown_share(model, tokens: TokenSet) -> float:
 
 
 
-def scan(model="smollm2-135m", *, progress: bool = False, **config_fields) -> ScanResult:
+def scan(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **config_fields) -> ScanResult:
     """Score, verify and draw the heads of ``model``: ``headprobe scan`` as a function.
 
     Args:
@@ -330,7 +331,7 @@ def scan(model="smollm2-135m", *, progress: bool = False, **config_fields) -> Sc
     return result
 
 
-def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
+def run_scan(cfg: ScanConfig, model: LoadedModel | None=None, progress: bool = True) -> ScanResult:
     """Compatibility: :func:`run` on ``model``, or on ``cfg.model`` loaded when ``model`` is None."""
     t0 = time.perf_counter()
     loaded = options.load_for(cfg) if model is None else model
