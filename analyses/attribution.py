@@ -73,11 +73,7 @@ from torch import Tensor
 from headprobe.analyses.ablation import ablation_directions, kind_inputs, require_head_ablation
 from headprobe.probe.backend import LoadedModel, scored_loss
 from headprobe.probe.hooks import attn_hook
-
-ESTIMATORS: tuple[str, ...] = ("atp", "attribution", "gradient", "second-order")
-"""``headprobe ablate --estimate`` choices: ``atp`` (AtP* with GradDrop, unsigned), ``attribution``
-(plain attribution patching, signed), ``gradient`` (Michel et al.'s importance, unsigned),
-``second-order`` (attribution patching plus the Monte-Carlo Gauss-Newton term, signed)."""
+from headprobe.analyses.vocabulary import ESTIMATORS  # the --estimate choices, defined once (torch-free)
 
 N_PROBES = 8
 """Default sampled-target probes of :func:`second_order`. On SmolLM2-135M's 60 benchmark heads

@@ -39,12 +39,8 @@ from headprobe.analyses.ablation import head_importance, require_head_ablation, 
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import Head, attn_hook, format_head
-
-ORDERS = ("importance", "random")
-METHODS = ("michel", "l0", "random")
-"""The pruning methods ``headprobe prune --method`` compares: Michel et al.'s iterative gradient
-importance (:func:`iterative_pruning`, ``order="importance"``), Voita et al.'s L0 head gates
-(:func:`l0_pruning`) and a seeded random order (``order="random"``)."""
+from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # noqa: F401 - defined once (torch-free)
+from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS
 
 
 @dataclass(frozen=True)

@@ -443,6 +443,11 @@ class LoadedModel:
         (:func:`scored_loss`), with ``fwd_hooks`` active for this forward."""
         raise NotImplementedError
 
+    def _projection(self, layer: int, which: str) -> Tensor:
+        """Layer ``layer``'s ``which`` (``q``, ``k``, ``v``) projection split by head: what each
+        backend implements behind :meth:`W_Q`, :meth:`W_K` and :meth:`W_V`."""
+        raise NotImplementedError
+
     def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
         """Layer ``layer``'s query projection split by head (``q_h = x @ W_Q[h]``, before rotary and
         QK-norm; the pre-attention norm not folded in).
@@ -450,7 +455,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: latent attention (MLA), which has no per-head W_Q/W_K/W_V.
         """
-        raise NotImplementedError
+        return self._projection(layer, "q")
 
     def W_K(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
         """Layer ``layer``'s key projection split by key/value head (query head h reads ``h // group_size``).
@@ -458,7 +463,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: as :meth:`W_Q`.
         """
-        raise NotImplementedError
+        return self._projection(layer, "k")
 
     def W_V(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
         """Layer ``layer``'s value projection split by key/value head (``v = x @ W_V[kv_head]``).
@@ -466,7 +471,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: as :meth:`W_Q`.
         """
-        raise NotImplementedError
+        return self._projection(layer, "v")
 
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         """The token embedding matrix (without Gemma's ``sqrt(d_model)`` factor)."""

@@ -117,24 +117,14 @@ class BridgeModel(LoadedModel):
                 weight = attn.o.original_component.weight  # nn.Linear [d_model, head * d_v]
                 return weight.T.unflatten(0, (self.spec.n_heads, weight.shape[1] // self.spec.n_heads))
 
-    def _split(self, layer: int, name: str) -> Tensor:
+    def _projection(self, layer: int, which: str) -> Tensor:
+        """The bridge's per-head ``W_Q`` / ``W_K`` / ``W_V`` (``which``: ``q``, ``k``, ``v``) of layer ``layer``."""
+        name = f"W_{which.upper()}"
         try:
             with self._aligned(self.model.blocks[layer]):
                 return getattr(self.model.blocks[layer].attn, name)
         except (ValueError, AttributeError, NotImplementedError):  # latent attention (MLA) has no per-head W_Q/W_K/W_V
             raise HeadprobeError(f"this architecture has no per-head {name}: weight-based head metrics do not apply") from None
-
-    def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_Q`."""
-        return self._split(layer, "W_Q")
-
-    def W_K(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_K`."""
-        return self._split(layer, "W_K")
-
-    def W_V(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_V`."""
-        return self._split(layer, "W_V")
 
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.W_E`."""

@@ -83,25 +83,14 @@ class NativeModel(LoadedModel):
         with self._aligned(self.model.blocks[layer]):
             return self.model.blocks[layer].attn.W_O
 
-    def _split(self, layer: int, proj: str) -> Float[Tensor, "head d_model d_head"]:
-        attn = self.model.blocks[layer].attn
+    def _projection(self, layer: int, which: str) -> Float[Tensor, "head d_model d_head"]:
+        """A view of ``{which}_proj.weight`` (``which``: ``q``, ``k``, ``v``) split by head."""
+        attn, proj = self.model.blocks[layer].attn, f"{which}_proj"
         if self.model.cfg.is_mla:
             raise HeadprobeError("latent attention (MLA) has no per-head W_Q, W_K, W_V: weight-based head metrics do not apply")
         with self._aligned(self.model.blocks[layer]):
             weight = getattr(attn, proj).weight  # nn.Linear [n * d_head, d_model]
         return weight.T.unflatten(1, (-1, self.model.cfg.d_head)).transpose(0, 1)
-
-    def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_Q` (a view of ``q_proj.weight``)."""
-        return self._split(layer, "q_proj")
-
-    def W_K(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_K` (a view of ``k_proj.weight``)."""
-        return self._split(layer, "k_proj")
-
-    def W_V(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_V` (a view of ``v_proj.weight``)."""
-        return self._split(layer, "v_proj")
 
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.W_E`."""

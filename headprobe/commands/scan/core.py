@@ -26,7 +26,7 @@ from headprobe.analyses.ablation import (
 from headprobe.analyses import verification as verif
 from headprobe.analyses.statistics import bootstrap_ci
 from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
-from headprobe.analyses.detectors import DETECTORS, select_detectors
+from headprobe.analyses.columns import DETECTORS, metric_columns
 from headprobe.analyses.scoring import example_patterns, score_token_set  # noqa: F401 - score_token_set re-exported
 from headprobe.analyses import metrics as head_metrics
 from headprobe.analyses import viewer
@@ -260,7 +260,7 @@ def _head_table(spec, scores: dict[str, np.ndarray], types: Sequence[str]) -> pd
         "head": head.ravel(),
         "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads),
         **{c: scores[c].ravel() for d in dets for c in d.columns},
-        **{c: scores[c].ravel() for c in head_metrics.METRIC_COLUMNS if c in scores},
+        **{c: scores[c].ravel() for c in metric_columns() if c in scores},
     })
     for d in dets:
         for c in d.integer_columns:
@@ -284,7 +284,7 @@ def metrics_summary(scores: dict[str, np.ndarray], composition: dict | None, typ
     share of sink heads (sink rate > 0.3), and the K-composition of the top previous-token into
     the top induction heads beside its baselines (:func:`~headprobe.analyses.metrics.composition_summary`)."""
     out: dict = {"skipped": skipped, "top_heads": {}}
-    for c in head_metrics.METRIC_COLUMNS:
+    for c in metric_columns():
         v = scores.get(c)
         if v is not None and np.isfinite(v).any():
             order = np.argsort(-np.nan_to_num(v, nan=-np.inf), axis=None)[:top_n]
@@ -431,11 +431,7 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], object]]:
         tasks = [w.split(" task:")[0] for w in result.warnings]
         tag += f"\nNO VERDICT on the {' and '.join(tasks)} task{'s' if len(tasks) > 1 else ''} (summary.json: warnings)"
     out: dict[str, Callable[[], object]] = {}
-    for det in dets:
-        for style in det.figures:
-            out[f"heatmap_{style.column}"] = partial(figs.head_heatmap, result.scores[style.column], f"{style.title}, {tag}",
-                                                     style.label, group_size=spec.group_size,
-                                                     **style.figure_options(result.scores, spec.causal))
+    out.update(head_metrics.heatmap_makers(dets, result.scores, spec.group_size, tag, spec.causal))
     panels = [(det.panel_title, result.scores[det.rank_by]) for det in dets]
     out["overview"] = partial(figs.scores_overview, panels, spec.group_size, f"Head scores of {tag}")
     for head_type, ex in result.examples.items():
