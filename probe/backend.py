@@ -162,17 +162,14 @@ class LoadedModel:
 
     @property
     def architecture(self) -> str:
-        """The Hugging Face architecture behind the model (``LlamaForCausalLM``), or
-        ``headprobe Transformer`` for a native checkpoint trained by headprobe."""
-        hf = getattr(self.model, "original_model", None)
-        if hf is None:
-            return getattr(self, "_architecture", "headprobe Transformer")
-        return (getattr(hf.config, "architectures", None) or [type(hf).__name__])[0]
+        """The Hugging Face architecture behind the model (``LlamaForCausalLM``, on the bridge), or
+        ``headprobe Transformer`` (the native backend, whose module is headprobe's own)."""
+        return "headprobe Transformer"
 
     @property
     def hf_config(self) -> Any | None:
         """The Hugging Face config of the wrapped model (the bridge's), or None (native)."""
-        return getattr(getattr(self.model, "original_model", None), "config", None)
+        return None
 
     def hook_names(self) -> list[str]:
         """Every hook point the backend offers (TransformerLens names)."""

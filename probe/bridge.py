@@ -80,6 +80,17 @@ class BridgeModel(LoadedModel):
             loaded._main_device = _execution_device(hf_model.get_input_embeddings())
         return loaded
 
+    @property
+    def architecture(self) -> str:
+        """See :attr:`headprobe.probe.backend.LoadedModel.architecture`: the wrapped Hugging Face model's."""
+        hf = self.model.original_model
+        return (getattr(hf.config, "architectures", None) or [type(hf).__name__])[0]
+
+    @property
+    def hf_config(self) -> Any:
+        """The wrapped Hugging Face model's config."""
+        return self.model.original_model.config
+
     def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
                 attention_mask: Int[Tensor, "batch pos"] | None = None,
                 head_mask: Float[Tensor, "layer head"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
