@@ -42,6 +42,7 @@ from torch import Tensor
 
 from headprobe.analyses import distributed
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 from headprobe.probe.heads import all_heads  # noqa: F401 - re-exported
 from headprobe.probe.backend import LoadedModel, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
 from headprobe.probe import ablation_kinds
@@ -676,7 +677,7 @@ def ablation_directions(zs: dict[int, Tensor], kind: Kind,
     return diff
 
 
-def _reduced_importance(sums: Tensor, spec: Any, n: int, kind: str, normalize: bool) -> HeadImportance:
+def _reduced_importance(sums: Tensor, spec: ModelSpec, n: int, kind: str, normalize: bool) -> HeadImportance:
     """:func:`head_importance`'s result from this rank's float64 sums over its sequences
     (``[importance (layer*head), attribution (layer*head), loss]``), added over the ranks."""
     distributed.all_reduce_sum(sums)

@@ -34,6 +34,7 @@ from headprobe import options
 from headprobe.options import positive_int
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 from headprobe.probe.io import package_versions, prepare_output_dir, read_text_file, write_json, write_text
 
 HELP = "activation patching per head (clean vs corrupted prompt, logit difference); the IOI task built in"
@@ -110,7 +111,7 @@ class PatchResult:
     (:class:`headprobe.analyses.patching.PatchingResult`), ``table`` (head_patching.csv) and ``seconds``."""
 
     config: PatchConfig
-    spec: object
+    spec: ModelSpec
     patching: object
     table: object
     seconds: float = 0.0

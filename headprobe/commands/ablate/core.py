@@ -25,6 +25,7 @@ from headprobe.analyses.scoring import score_token_set
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
 from headprobe.probe import ablation_kinds
 from headprobe.probe.heads import format_head
@@ -165,7 +166,7 @@ class AblateResult:
     """
 
     config: AblateConfig
-    spec: object
+    spec: ModelSpec
     table: pd.DataFrame
     tasks: dict[str, TaskResult]
     induction_score: np.ndarray
@@ -449,7 +450,7 @@ def run(model: LoadedModel, config: AblateConfig, *, resume: dict | None = None,
                         ranks=distributed.world_size())
 
 
-def _head_table(spec, results: dict[str, TaskResult], induction_score: np.ndarray, estimate: str | None) -> pd.DataFrame:
+def _head_table(spec: ModelSpec, results: dict[str, TaskResult], induction_score: np.ndarray, estimate: str | None) -> pd.DataFrame:
     """head_ablation.csv: one row per head (``layer``, ``head``, ``kv_head``), then each task's
     ``<task>_loss_delta``, each task's ``<task>_importance`` and ``<task>_attribution`` (nats/token)
     and the ``induction_score``; with ``estimate``, the same rows with one column per task named as

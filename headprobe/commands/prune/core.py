@@ -20,6 +20,7 @@ from headprobe.analyses.pruning import (LossSet, PruningRun, build_pruned, curve
                                         per_layer_best_head)
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
@@ -60,7 +61,7 @@ class PruneResult:
     """
 
     config: PruneConfig
-    spec: object
+    spec: ModelSpec
     runs: dict[str, PruningRun]
     table: pd.DataFrame
     score_shape: list[int]

@@ -34,6 +34,7 @@ from headprobe.options import positive_int
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 from headprobe.probe.hooks import format_head
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
@@ -70,7 +71,7 @@ class ScanResult:
     """
 
     config: ScanConfig
-    spec: object
+    spec: ModelSpec
     table: pd.DataFrame
     scores: dict[str, np.ndarray]
     verifications: list[Verification]
@@ -155,7 +156,7 @@ def removed_heads(model: LoadedModel) -> list[tuple[int, int]]:
     return list(getattr(model.spec, "removed_heads", ()) or ())
 
 
-def scan_metric(spec):
+def scan_metric(spec: ModelSpec):
     """What scan's ablations measure on a model of ``spec``: the loss (decoders) or, for an
     encoder (``spec.causal`` False, no LM head), the sentence-embedding cosine distance."""
     return LOSS_METRIC if spec.causal else EMBEDDING_METRIC
@@ -234,7 +235,7 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True) -> ScanRe
                       verification=design, removed_heads=removed)
 
 
-def _clean_losses(spec, natural: TokenSet, repeated: TokenSet, nat_logits: torch.Tensor,
+def _clean_losses(spec: ModelSpec, natural: TokenSet, repeated: TokenSet, nat_logits: torch.Tensor,
                   rep_logits: torch.Tensor) -> dict[str, torch.Tensor]:
     """Task -> each sequence's clean loss ``[batch]`` (nats/token, on the CPU) over the scored
     positions (:func:`~headprobe.analyses.ablation.first_scored`); zeros for an encoder
@@ -248,7 +249,7 @@ def _clean_losses(spec, natural: TokenSet, repeated: TokenSet, nat_logits: torch
     }
 
 
-def _head_table(spec, scores: dict[str, np.ndarray], types: Sequence[str]) -> pd.DataFrame:
+def _head_table(spec: ModelSpec, scores: dict[str, np.ndarray], types: Sequence[str]) -> pd.DataFrame:
     """head_scores.csv: one row per head (``layer``, ``head``, ``kv_head``), then the columns of
     each detector of ``types`` and every head metric in ``scores`` (each ``[layer, head]``); a
     detector's integer columns are ``int``, or pandas' nullable ``Int64`` where a removed head
@@ -398,7 +399,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
     }
 
 
-def verification_rules(spec) -> dict:
+def verification_rules(spec: ModelSpec) -> dict:
     """summary.json's statement of the verdict rule, the controls and the p-values (docs/scan.md)."""
     metric = scan_metric(spec)
     return {
