@@ -514,7 +514,7 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
     to float rounding (tested to 1e-4 nats on every native family and on the bridge).
 
     Args:
-        model: a LoadedModel (any :class:`~headprobe.probe.backend.LoadedModel`). tokens: ``[batch, pos]``, no padding.
+        model: a :class:`~headprobe.probe.backend.LoadedModel` (either backend). tokens: ``[batch, pos]``, no padding.
         heads: ``(layer, head)`` pairs to ablate one at a time.
         kind: a kind of :data:`headprobe.probe.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
             ``mean_z``) or ``resample`` (needs ``source_tokens``, same shape as ``tokens``).

@@ -24,7 +24,6 @@ positions and QK-norm are left out of W_QK (as Elhage et al., who study models w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from jaxtyping import Float

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from jaxtyping import Float

@@ -8,11 +8,9 @@ implement each name import theirs from here.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
+from headprobe.analyses.columns import HEAD_TYPES, TASKS, select_head_types  # noqa: F401 - the head columns' names, defined there
 from headprobe.probe.errors import HeadprobeError
-
-from headprobe.analyses.columns import HEAD_TYPES, TASKS, select_head_types  # noqa: E402,F401 - the head columns' names, defined there
 
 PRUNING_METHODS: tuple[str, ...] = ("michel", "l0", "random")
 """The pruning methods ``headprobe prune --method`` compares: Michel et al. 2019's iterative gradient
