@@ -16,7 +16,7 @@ The ablation engine:
   W_O^(h)``), batches several ablations along the batch axis, and (on the native backend)
   computes logits only at the scored positions. Equal to :func:`sweep_loop`, the plain
   per-head hook loop. It uses only the typed backend interface
-  (:class:`headprobe.probe.backend.Backend`), like everything here.
+  (:class:`headprobe.probe.backend.LoadedModel`), like everything here.
 * :func:`head_importance`: Michel et al. 2019's gradient importance ``I_h = E_x |dL(x)/dxi_h|``
   (arXiv 1905.10650) and attribution patching (the first-order estimate of each head's ablation
   effect, Nanda 2023), both from one forward and one backward pass.
@@ -42,8 +42,9 @@ from torch import Tensor
 
 from headprobe.analyses import distributed
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 from headprobe.probe.heads import all_heads  # noqa: F401 - re-exported
-from headprobe.probe.backend import Backend, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
+from headprobe.probe.backend import LoadedModel, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
 from headprobe.probe import ablation_kinds
 from headprobe.probe.ablation_kinds import AblationInputs, AblationKind, Kind
 from headprobe.probe.hooks import (
@@ -77,7 +78,7 @@ def mean_z_from(z_by_layer: dict[int, Tensor], start: int,
 
 
 @torch.inference_mode()
-def ablated_loss(model: Backend, tokens: Tensor, heads: Sequence[Head], kind: AblationKind, mean_z: Tensor | None,
+def ablated_loss(model: LoadedModel, tokens: Tensor, heads: Sequence[Head], kind: AblationKind, mean_z: Tensor | None,
                  task: str, start: int, period: int | None) -> float:
     """Task loss with ``heads`` ablated (at hook_z, before W_O) by a kind that needs no source
     input (zero, or mean with ``mean_z``)."""
@@ -115,7 +116,7 @@ degrees) was set before any encoder was scanned, as the analogue of :data:`LOSS_
 the random control is the main part of the rule either way."""
 
 
-def sentence_embeddings(model: Backend, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence = (),
+def sentence_embeddings(model: LoadedModel, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence = (),
                         attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch d_model"]:
     """Sentence embeddings as sentence-transformers computes them for mean pooling: the model's
     last hidden state (:meth:`~headprobe.probe.backend.LoadedModel.final_residual`) averaged over
@@ -140,7 +141,7 @@ class EmbeddingDistance:
     with the hooks active. Sequence ``i`` of a call is ``tokens[i % batch]`` (the engine
     repeats the batch once per head set)."""
 
-    def __init__(self, model: Backend, tokens: Int[Tensor, "batch pos"]):
+    def __init__(self, model: LoadedModel, tokens: Int[Tensor, "batch pos"]):
         self.backend = model
         with torch.inference_mode():
             self.clean = sentence_embeddings(model, tokens.to(model.device))  # [batch, d_model]
@@ -156,7 +157,7 @@ LOGITS_BYTES_PER_PASS = 512 * 2**20
 
 
 @torch.inference_mode()
-def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_sets: Sequence[Sequence[Head]],
+def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], head_sets: Sequence[Sequence[Head]],
                         kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None, first: int,
                         max_batch: int = 64, progress: bool = False, desc: str = "ablations",
                         score: Any = None,
@@ -185,7 +186,7 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
             :func:`masked_scored_losses`, equal to each sequence's unpadded loss (tested).
         clean: the clean residual streams of ``tokens`` (:class:`CleanResiduals`): each set's
             forwards start at its first ablated layer from there
-            (:meth:`~headprobe.probe.backend.Backend.scored_losses_from`; nothing before that
+            (:meth:`~headprobe.probe.backend.LoadedModel.scored_losses_from`; nothing before that
             layer changes), sets of one first layer sharing passes. Ignored with ``score`` or
             ``attention_mask``.
 
@@ -237,7 +238,7 @@ class CleanResiduals:
     each set's forwards. Layers whose residuals would pass :data:`STORED_ACTIVATION_BYTES`
     (float32) are left out (``at`` gives None: those sets run whole forwards)."""
 
-    def __init__(self, model: Backend, tokens: Int[Tensor, "batch pos"], layers: Iterable[int]):
+    def __init__(self, model: LoadedModel, tokens: Int[Tensor, "batch pos"], layers: Iterable[int]):
         B, T = tokens.shape
         fit = max(0, STORED_ACTIVATION_BYTES // max(1, B * T * model.spec.d_model * 4))
         self.backend, self.tokens = model, tokens
@@ -261,7 +262,7 @@ class CleanResiduals:
         return self.pre[layer]
 
 
-def masked_scored_losses(model: Backend, tokens: Int[Tensor, "batch pos"], first: int, fwd_hooks: Sequence = (),
+def masked_scored_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int, fwd_hooks: Sequence = (),
                          attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch"]:
     """Per-sequence mean next-token cross-entropy (nats/token) of a padded batch, as
     :func:`~headprobe.probe.backend.scored_loss` gives it for each sequence alone: the predictions
@@ -396,7 +397,7 @@ def first_scored(task: str, start: int, period: int | None) -> int:
     raise HeadprobeError(f"unknown task {task!r}; expected 'natural' or 'repeated'")
 
 
-def require_head_ablation(model: Any) -> None:
+def require_head_ablation(model: LoadedModel) -> None:
     """Refuse head ablation on a model whose load-time self-check found its per-head W_O
     decomposition wrong (:mod:`headprobe.probe.selfcheck`): indexing heads at ``hook_z`` is then
     not known to remove one head's contribution.
@@ -410,7 +411,7 @@ def require_head_ablation(model: Any) -> None:
 
 
 @contextlib.contextmanager
-def ablate(model: Backend, heads: Sequence[Head], kind: AblationKind = "zero",
+def ablate(model: LoadedModel, heads: Sequence[Head], kind: AblationKind = "zero",
            mean_z: Float[Tensor, "layer head d_head"] | None = None,
            source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None) -> Iterator[Any]:
     """Ablate ``heads`` for the ``with`` body: every forward of ``model`` (a LoadedModel, either
@@ -428,7 +429,7 @@ def ablate(model: Backend, heads: Sequence[Head], kind: AblationKind = "zero",
 
 
 @torch.inference_mode()
-def capture_z(model: Backend, tokens: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None = None
+def capture_z(model: LoadedModel, tokens: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None = None
               ) -> dict[int, Float[Tensor, "batch pos head d_head"]]:
     """Every layer's ``z`` on a clean forward pass over ``tokens`` (for mean and resample ablation;
     ``attention_mask`` for a padded batch)."""
@@ -444,7 +445,7 @@ def capture_z(model: Backend, tokens: Int[Tensor, "batch pos"], attention_mask: 
     return out
 
 
-def kind_inputs(model: Backend, kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None,
+def kind_inputs(model: LoadedModel, kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None,
                 source_tokens: Int[Tensor, "batch pos"] | None,
                 attention_mask: Int[Tensor, "batch pos"] | None = None) -> tuple[Kind, AblationInputs]:
     """The ablation kind called ``kind`` (:mod:`headprobe.probe.ablation_kinds`) and the second
@@ -487,7 +488,7 @@ def __getattr__(name: str):
 
 
 @torch.inference_mode()
-def sweep_loop(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
+def sweep_loop(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
                kind: str = "zero", mean_z: Tensor | None = None,
                source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0) -> SweepResult:
     """The plain reference: one full forward pass per head, with that head ablated by a hook.
@@ -524,7 +525,7 @@ class _CleanActivations:
     recorded with the clean loss (:attr:`clean_loss`); each later one costs a clean pass up to its
     last layer, made when :meth:`at` first asks for one of its layers."""
 
-    def __init__(self, model: Backend, tokens: Int[Tensor, "batch pos"], first: int, layers: Sequence[int]):
+    def __init__(self, model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int, layers: Sequence[int]):
         self.backend, self.tokens, self.first = model, tokens, first
         B, T = tokens.shape
         spec = model.spec
@@ -574,7 +575,7 @@ class _CleanActivations:
 
 
 @torch.inference_mode()
-def exact_sweep(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
+def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
                 kind: str = "zero", mean_z: Float[Tensor, "layer head d_head"] | None = None,
                 source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0,
                 max_batch: int = 64, progress: bool = False) -> SweepResult:
@@ -589,14 +590,14 @@ def exact_sweep(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequenc
     replacement, :mod:`headprobe.probe.ablation_kinds`: 0, the mean z, or the z on
     ``source_tokens``), so each ablation adds that to the clean raw attention output and resumes
     the forward from layer l
-    (:meth:`~headprobe.probe.backend.Backend.resume_scored_losses`: the native backend runs the
+    (:meth:`~headprobe.probe.backend.LoadedModel.resume_scored_losses`: the native backend runs the
     rest of the block, the later blocks and the unembedding at the scored positions only; the
     TransformerLens bridge runs a forward with both replaced through hooks). ``max_batch //
     batch`` ablations of one layer share a pass along the batch axis. Equal to :func:`sweep_loop`
     to float rounding (tested to 1e-4 nats on every native family and on the bridge).
 
     Args:
-        model: a LoadedModel (any :class:`~headprobe.probe.backend.Backend`). tokens: ``[batch, pos]``, no padding.
+        model: a :class:`~headprobe.probe.backend.LoadedModel` (either backend). tokens: ``[batch, pos]``, no padding.
         heads: ``(layer, head)`` pairs to ablate one at a time.
         kind: a kind of :data:`headprobe.probe.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
             ``mean_z``) or ``resample`` (needs ``source_tokens``, same shape as ``tokens``).
@@ -659,7 +660,7 @@ class HeadImportance:
     kind: str
 
 
-def head_importance(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
+def head_importance(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
                     mean_z: Float[Tensor, "layer head d_head"] | None = None,
                     source_tokens: Int[Tensor, "batch pos"] | None = None,
                     head_mask: Float[Tensor, "layer head"] | None = None,
@@ -759,7 +760,7 @@ def ablation_directions(zs: dict[int, Tensor], kind: Kind,
     return diff
 
 
-def _reduced_importance(sums: Tensor, spec: Any, n: int, kind: str, normalize: bool) -> HeadImportance:
+def _reduced_importance(sums: Tensor, spec: ModelSpec, n: int, kind: str, normalize: bool) -> HeadImportance:
     """:func:`head_importance`'s result from this rank's float64 sums over its sequences
     (``[importance (layer*head), attribution (layer*head), loss]``), added over the ranks."""
     distributed.all_reduce_sum(sums)

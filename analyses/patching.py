@@ -36,6 +36,8 @@ from torch import Tensor
 from headprobe.analyses.ablation import LOGITS_BYTES_PER_PASS, require_head_ablation
 from headprobe.analyses.statistics import bootstrap_ci
 from headprobe.analyses.vocabulary import MIN_PAIRS_FOR_CI, PATCH_SITES
+from headprobe.probe.backend import LoadedModel
+from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import all_heads
 from headprobe.probe.hooks import Head, attn_hook
@@ -147,7 +149,7 @@ def site_hook_name(site: str, layer: int) -> str:
     raise HeadprobeError(f"unknown patching site {site!r}; choose one of {', '.join(SITES)}")
 
 
-def check_site(model: Any, site: str, layers: Sequence[int]) -> None:
+def check_site(model: LoadedModel, site: str, layers: Sequence[int]) -> None:
     """Refuse, with one line, a site the backend has no hook point for (at one of ``layers``).
 
     Raises:
@@ -353,7 +355,7 @@ class PairBatch:
         return self.last - self.first + 1
 
 
-def encode_pairs(model: Any, pairs: Sequence[PromptPair], padding_side: str = "left",
+def encode_pairs(model: LoadedModel, pairs: Sequence[PromptPair], padding_side: str = "left",
                  pad: bool | None = None) -> list[PairBatch]:
     """Tokenize ``pairs`` into one padded :class:`PairBatch` (``pad``; default: where the backend
     computes ``padding_side`` exactly, :attr:`~headprobe.probe.backend.LoadedModel.padding_sides`:
@@ -397,7 +399,7 @@ def logit_diff(logits: Float[Tensor, "batch pos d_vocab"], answers: Int[Tensor, 
     return last.gather(1, answers[:, :1].to(last.device))[:, 0] - last.gather(1, answers[:, 1:].to(last.device))[:, 0]
 
 
-def _logit_diffs(model: Any, batch: PairBatch, tokens: Tensor, copies: int, hooks=()) -> Tensor:
+def _logit_diffs(model: LoadedModel, batch: PairBatch, tokens: Tensor, copies: int, hooks=()) -> Tensor:
     """The logit difference after each prompt's last real token (``copies`` repeats of ``batch``
     along the batch axis) from one forward with ``hooks``: the final residual there through the
     backend's own logits function (:meth:`~headprobe.probe.backend.LoadedModel.logits_from_residual`:
@@ -412,7 +414,7 @@ def _logit_diffs(model: Any, batch: PairBatch, tokens: Tensor, copies: int, hook
     return logits[:, 0] - logits[:, 1]
 
 
-def _capture(model: Any, batch: PairBatch, names: Sequence[str]) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
+def _capture(model: LoadedModel, batch: PairBatch, names: Sequence[str]) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
     """One forward over the clean and corrupted prompts together: the activations at ``names``
     (clean, corrupted) and the logit differences ``[2, n]``."""
     kept: dict[str, Tensor] = {}
@@ -475,7 +477,7 @@ def _check_units(spec: Any, site: str, units: Sequence[Unit], batches: Sequence[
 
 
 @torch.inference_mode()
-def patch(model: Any, pairs: Sequence[PromptPair], site: str = "z", units: Sequence[Unit] | None = None,
+def patch(model: LoadedModel, pairs: Sequence[PromptPair], site: str = "z", units: Sequence[Unit] | None = None,
           max_batch: int = 64, padding_side: str | None = None, progress: bool = False) -> PatchingResult:
     """Patch each of ``units`` alone at ``site`` from the corrupted into the clean run.
 
@@ -530,7 +532,7 @@ def patch(model: Any, pairs: Sequence[PromptPair], site: str = "z", units: Seque
     return PatchingResult(units, clean_ld, corrupted_ld, patched, spec.n_layers, spec.n_heads, list(pairs), site, passes)
 
 
-def patch_heads(model: Any, pairs: Sequence[PromptPair], heads: Sequence[Head] | None = None,
+def patch_heads(model: LoadedModel, pairs: Sequence[PromptPair], heads: Sequence[Head] | None = None,
                 max_batch: int = 64, progress: bool = False) -> PatchingResult:
     """:func:`patch` at ``site="z"``: each of ``heads`` (default: all) alone, its ``z`` from the
     corrupted run (resample ablation at ``hook_z``; equal to one forward per head with a

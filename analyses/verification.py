@@ -39,6 +39,7 @@ from headprobe.analyses.vocabulary import ALPHA, CORRECTION, PRIMARY_KIND, check
 from headprobe.analyses.vocabulary import unreachable_note as _unreachable_note
 from headprobe.analyses.ablation import (
     LOSS_METRIC, P_VALUE_TIE, AblationMetric, CleanResiduals, Verification, first_scored, names, set_ablation_losses)
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import Head
 
@@ -213,7 +214,7 @@ def _draw_controls(top: dict[str, list[Head]], task_of: dict[str, str], all_head
     return tests, streams, excluded, notes
 
 
-def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tokens: dict[str, object],
+def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[str, str], tokens: dict[str, object],
                  clean: dict[str, torch.Tensor], mean_z: torch.Tensor, settings: VerificationSettings,
                  metric: AblationMetric = LOSS_METRIC, scorers: dict[str, Callable] | None = None,
                  untrusted: dict[str, str | None] | None = None, removed: Iterable[Head] = (),
@@ -221,7 +222,7 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
     """Ablate each type's top-k heads and its control sets; the verdicts, corrected for their number.
 
     Args:
-        model: a :class:`~headprobe.probe.backend.Backend` (its self-check allows head ablation).
+        model: a :class:`~headprobe.probe.backend.LoadedModel` (its self-check allows head ablation).
         top: head type -> its top-k heads. task_of: head type -> the task it is judged on.
         tokens: task -> :class:`~headprobe.analyses.data.TokenSet` (``tokens``, ``start``, ``period``).
         clean: task -> per-sequence clean loss ``[batch]`` (nats/token; zeros for an encoder).

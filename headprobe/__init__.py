@@ -41,7 +41,6 @@ _EXPORTS = {
     "load_model": ("headprobe.probe.loading", "load_model"),
     "wrap": ("headprobe.probe.loading", "wrap_model"),
     "LoadedModel": ("headprobe.probe.loading", "LoadedModel"),
-    "Backend": ("headprobe.probe.backend", "Backend"),
     "capture_heads": ("headprobe.probe.capture", "capture_heads"),
     "stream_patterns": ("headprobe.probe.capture", "stream_patterns"),
     "SelfCheck": ("headprobe.probe.selfcheck", "SelfCheck"),

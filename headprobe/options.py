@@ -11,15 +11,18 @@ import argparse
 import contextlib
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from headprobe.probe.backend import LoadedModel
 
 DTYPES = ("float32", "bfloat16", "float16")
 """Compute precisions, by torch's names."""
 DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 """Short names accepted everywhere for :data:`DTYPES`."""
-DEVICES = ("auto", "cpu", "cuda")
-DEVICE_MAPS = ("auto", "balanced", "sequential")
-"""``--device-map`` strategies (:data:`headprobe.probe.devicemap.DEVICE_MAPS`)."""
-BACKENDS = ("auto", "native", "transformer-lens")
+
+from headprobe.probe.vocabulary import BACKENDS, DEVICE_MAPS, DEVICES  # noqa: F401 - defined once there (torch-free)
+
 DEFAULT_MODEL = "smollm2-135m"
 
 
@@ -250,7 +253,7 @@ FLOAT16_BRIDGE = ("--dtype float16 runs only on the native backend: TransformerL
 """Why float16 is refused on the TransformerLens bridge (its attention code is not ours to patch)."""
 
 
-def describe_model(model) -> str:
+def describe_model(model: LoadedModel) -> str:
     """One line on a loaded model's device, precision, layout and weights, for a command's output."""
     spec = model.spec
     dtype = str(model.dtype).removeprefix("torch.")
@@ -307,7 +310,7 @@ def load_for(config):
                          max_memory=getattr(config, "max_memory", None))
 
 
-def config_and_model(config_cls, model, config_fields: dict):
+def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict):
     """What a command's Python function (``headprobe.scan(model, **fields)``, ...) starts with:
     ``(config, LoadedModel, load seconds)``.
 

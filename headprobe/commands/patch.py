@@ -36,7 +36,9 @@ from pathlib import Path
 from headprobe import options
 from headprobe.analyses.vocabulary import PATCH_SITES
 from headprobe.options import positive_int
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 from headprobe.probe.io import package_versions, prepare_output_dir, read_text_file, write_json, write_text
 
 HELP = ("activation patching of heads (z, q, k, v) or the residual stream (clean vs corrupted prompt, logit "
@@ -158,7 +160,7 @@ class PatchResult:
     resid_patching.csv for ``--site resid``) and ``seconds``."""
 
     config: PatchConfig
-    spec: object
+    spec: ModelSpec
     patching: object
     table: object
     seconds: float = 0.0
@@ -278,7 +280,7 @@ class PatchResult:
         return written + [out / "summary.json"]
 
 
-def run(model, config: PatchConfig, progress: bool = True) -> PatchResult:
+def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> PatchResult:
     """Patch every head (or ``config.heads``; ``resid``: every layer at each position) of the loaded
     ``model`` at ``config.site`` on ``config``'s prompt pairs, all pairs in one padded batch on the
     native backend.
@@ -317,7 +319,7 @@ def run(model, config: PatchConfig, progress: bool = True) -> PatchResult:
                                    "self_check": model.self_check.to_dict()})
 
 
-def patch(model="smollm2-135m", *, progress: bool = False, **config_fields) -> PatchResult:
+def patch(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **config_fields) -> PatchResult:
     """``headprobe patch`` as a function: ``model`` a name/path (loaded as ``config_fields`` ask) or a
     loaded model; ``config_fields`` the :class:`PatchConfig` fields.
 
