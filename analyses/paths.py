@@ -49,6 +49,7 @@ from torch import Tensor
 
 from scipy.stats import pearsonr, spearmanr
 
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.backend import token_losses
 from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
@@ -127,7 +128,7 @@ class PathRuns:
     embed_corrupted: Tensor
 
 
-def _check_model(model: Any) -> None:
+def _check_model(model: LoadedModel) -> None:
     spec = model.spec
     if not spec.causal:
         raise HeadprobeError("path patching and edge attribution need a decoder (an encoder's post-LN blocks have no direct paths)")
@@ -139,7 +140,7 @@ def _check_model(model: Any) -> None:
 
 
 @torch.inference_mode()
-def prepare_runs(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
+def prepare_runs(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
                  metric: Metric | None = None, first: int = 0) -> PathRuns:
     """Run ``clean`` and ``corrupted`` once each and keep what every edge needs (:class:`PathRuns`).
     ``metric`` None: :func:`next_token_loss` from ``first``.
@@ -164,11 +165,11 @@ def prepare_runs(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Ten
     return PathRuns(clean, corrupted, metric, deltas, resid_pre, resid_final, clean_metric, embeds[0], embeds[1])
 
 
-def _group(model: Any) -> int:
+def _group(model: LoadedModel) -> int:
     return model.spec.n_heads // model.spec.n_kv_heads
 
 
-def _input_weight(model: Any, layer: int, head: int, inp: str) -> Tensor:
+def _input_weight(model: LoadedModel, layer: int, head: int, inp: str) -> Tensor:
     """``W`` ``[d_model, d]`` of head ``head``'s ``inp`` (its key/value head's for k, v)."""
     if inp == "q":
         return model.W_Q(layer)[head]
@@ -176,7 +177,7 @@ def _input_weight(model: Any, layer: int, head: int, inp: str) -> Tensor:
     return W[head // _group(model)]
 
 
-def _expand_hook(model: Any, layer: int, inp: str, edit: Callable[[Tensor], Tensor]):
+def _expand_hook(model: LoadedModel, layer: int, inp: str, edit: Callable[[Tensor], Tensor]):
     """A hook on ``hook_{inp}`` that copies a key/value per query head (GQA) and applies ``edit``."""
     G = _group(model)
 
@@ -188,7 +189,7 @@ def _expand_hook(model: Any, layer: int, inp: str, edit: Callable[[Tensor], Tens
     return (f"blocks.{layer}.attn.hook_{inp}", hook)
 
 
-def _check_expandable(model: Any, inputs: Sequence[str]) -> None:
+def _check_expandable(model: LoadedModel, inputs: Sequence[str]) -> None:
     if _group(model) > 1 and any(i in ("k", "v") for i in inputs) and model.spec.layout.qk_norm == "full":
         raise HeadprobeError("one query head's key cannot be patched under a QK-norm over all key/value heads with GQA")
 
@@ -199,7 +200,7 @@ def _chunks(n: int, batch: int, max_rows: int) -> list[range]:
 
 
 @torch.inference_mode()
-def path_patch_effects(model: Any, runs: PathRuns, senders: Sequence[tuple[int, int]], receiver: tuple[int, int] | None,
+def path_patch_effects(model: LoadedModel, runs: PathRuns, senders: Sequence[tuple[int, int]], receiver: tuple[int, int] | None,
                        inp: str = "k", max_rows: int = 32) -> Float[np.ndarray, "sender"]:
     """Exact path patching (module docstring) of each sender into one receiver's input ``inp``
     (``receiver`` None: the logits), several senders per batched forward (at most ``max_rows``
@@ -231,7 +232,7 @@ def path_patch_effects(model: Any, runs: PathRuns, senders: Sequence[tuple[int, 
     return out
 
 
-def _receiver_hooks(model: Any, runs: PathRuns, receiver: tuple[int, int], inp: str, delta: Tensor, n: int) -> list:
+def _receiver_hooks(model: LoadedModel, runs: PathRuns, receiver: tuple[int, int], inp: str, delta: Tensor, n: int) -> list:
     """The hooks that add ``(attn_in(resid + delta) - attn_in(resid)) W`` to head ``receiver``'s ``inp``
     (with GQA, keys and values both copied per query head, so that their head counts agree)."""
     layer, head = receiver
@@ -284,7 +285,7 @@ class EdgeScores:
         return df.reindex(df["score"].abs().sort_values(ascending=False, kind="stable").index).reset_index(drop=True)
 
 
-def _input_gradients(model: Any, runs: PathRuns, alpha: float) -> tuple[dict[tuple[int, str], Tensor], Tensor, list[Tensor]]:
+def _input_gradients(model: LoadedModel, runs: PathRuns, alpha: float) -> tuple[dict[tuple[int, str], Tensor], Tensor, list[Tensor]]:
     """One forward and backward with the token embedding at ``e_corrupted + alpha (e_clean -
     e_corrupted)``: ``dM/d hook_{q,k,v}`` per (layer, input) ``[batch, pos, head, d]`` (keys and
     values copied per query head), ``dM/d resid_final`` and each layer's ``resid_pre`` (detached)."""
@@ -312,7 +313,7 @@ def _input_gradients(model: Any, runs: PathRuns, alpha: float) -> tuple[dict[tup
     return out, out.pop((L, "final")), resid_pre
 
 
-def _pull_back(model: Any, layer: int, grads: dict[tuple[int, str], Tensor], resid: Tensor) -> Tensor:
+def _pull_back(model: LoadedModel, layer: int, grads: dict[tuple[int, str], Tensor], resid: Tensor) -> Tensor:
     """``dM/d resid`` as each head's q, k, v of ``layer`` reads the residual: ``[input, head, batch, pos,
     d_model]``, the input gradients through ``W`` and the (recomputed) pre-attention norm's Jacobian."""
     H = model.spec.n_heads
@@ -325,7 +326,7 @@ def _pull_back(model: Any, layer: int, grads: dict[tuple[int, str], Tensor], res
     return g.detach().view(cot.shape)
 
 
-def edge_scores(model: Any, runs: PathRuns, method: str = "eap-ig", steps: int = 5) -> EdgeScores:
+def edge_scores(model: LoadedModel, runs: PathRuns, method: str = "eap-ig", steps: int = 5) -> EdgeScores:
     """EAP or EAP-IG scores (module docstring) of every head -> head (q/k/v) edge and head -> logits
     edge: ``delta_s . mean_alpha dM/d(input_r)(alpha)``, summed over batch and positions, in the
     metric's units (an estimate of :func:`path_patch_effects`).
@@ -377,7 +378,7 @@ def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str,
             "top_k": k, "top_k_recall": len(top(exact) & top(estimate)) / k, "n_edges": int(exact.size)}
 
 
-def exact_effects(model: Any, runs: PathRuns, edges: Sequence[Edge], max_rows: int = 32) -> np.ndarray:
+def exact_effects(model: LoadedModel, runs: PathRuns, edges: Sequence[Edge], max_rows: int = 32) -> np.ndarray:
     """Exact path patching (:func:`path_patch_effects`) of each edge, edges of one receiver input batched together."""
     out = np.full(len(edges), np.nan)
     groups: dict[tuple, list[int]] = {}
@@ -389,7 +390,7 @@ def exact_effects(model: Any, runs: PathRuns, edges: Sequence[Edge], max_rows: i
     return out
 
 
-def verify_edges(model: Any, runs: PathRuns, table: pd.DataFrame, n: int, seed: int = 0,
+def verify_edges(model: LoadedModel, runs: PathRuns, table: pd.DataFrame, n: int, seed: int = 0,
                  k: int = 10) -> tuple[pd.DataFrame, dict | None]:
     """Path patch the ``n`` edges of ``table`` (:meth:`EdgeScores.table`, sorted by ``|score|``) largest
     in ``|score|`` and ``n`` drawn at random (seeded) from the rest, exactly. Returns the table with an
@@ -407,7 +408,7 @@ def verify_edges(model: Any, runs: PathRuns, table: pd.DataFrame, n: int, seed: 
     return table, (agreement(done["exact"].to_numpy(), done["score"].to_numpy(), k) if len(done) >= 3 else None)
 
 
-def receiver_sweep(model: Any, runs: PathRuns, receivers: Sequence[tuple[tuple[int, int] | None, str]],
+def receiver_sweep(model: LoadedModel, runs: PathRuns, receivers: Sequence[tuple[tuple[int, int] | None, str]],
                    scores: EdgeScores | None = None) -> pd.DataFrame:
     """Exact path patching from every earlier head into each receiver (``(head, input)`` or ``(None,
     "logits")``): ``receiver, sender, effect`` (and ``score``, the edge attribution, when given), each
@@ -436,7 +437,7 @@ def receiver_sweep(model: Any, runs: PathRuns, receivers: Sequence[tuple[tuple[i
 
 
 @torch.inference_mode()
-def baseline_error(model: Any, runs: PathRuns, layers: Sequence[int]) -> float:
+def baseline_error(model: LoadedModel, runs: PathRuns, layers: Sequence[int]) -> float:
     """Largest ``|M(resumed at layer, unpatched) - M(clean)|`` over ``layers`` (and the logits
     receiver's unembedding): 0 up to float rounding when the resumed runs are the clean run."""
     tokens = runs.clean.to(model.device)
@@ -445,7 +446,7 @@ def baseline_error(model: Any, runs: PathRuns, layers: Sequence[int]) -> float:
     return max(float((runs.metric(o.float(), tokens).float() - runs.clean_metric.to(model.device)).abs().max()) for o in outs)
 
 
-def path_patch(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
+def path_patch(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
                senders: tuple[int, int] | Sequence[tuple[int, int]], receiver: tuple[int, int] | str,
                input: str = "k", metric: Metric | None = None, first: int = 0) -> float | np.ndarray:
     """Exact path patching (module docstring; Wang et al. 2022, Goldowsky-Dill et al. 2023) of sender
@@ -469,7 +470,7 @@ def path_patch(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Tenso
     return float(out[0]) if one else out
 
 
-def edge_attribution(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
+def edge_attribution(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
                      method: str = "eap-ig", steps: int = 5, metric: Metric | None = None, first: int = 0) -> EdgeScores:
     """EAP or EAP-IG scores of every head -> head (q/k/v) and head -> logits edge (module docstring;
     Syed et al. 2023; Hanna et al. 2024): :func:`edge_scores` after :func:`prepare_runs`; ``.table()``

@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
 
@@ -85,7 +86,7 @@ def _rel(a: Tensor, b: Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-def residual_components(model: Any, tokens: Int[Tensor, "1 pos"], layer: int
+def residual_components(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int
                         ) -> tuple[list[str], Tensor, Tensor, Tensor, Tensor | None]:
     """The components of the residual stream entering ``layer``, the attention input and scores.
 
@@ -135,7 +136,7 @@ def residual_components(model: Any, tokens: Int[Tensor, "1 pos"], layer: int
     return labels, comps_t, resid, attn_in, grabbed.get(f"blocks.{layer}.attn.hook_attn_scores")
 
 
-def frozen_norm_terms(model: Any, layer: int, comps: Tensor, resid: Tensor, attn_in: Tensor) -> tuple[Tensor, Tensor | None]:
+def frozen_norm_terms(model: LoadedModel, layer: int, comps: Tensor, resid: Tensor, attn_in: Tensor) -> tuple[Tensor, Tensor | None]:
     """``comps`` ``[n, pos, d_model]`` through layer ``layer``'s pre-attention norm with its per-token
     scale frozen: ``w * s_t * (c - mean(c))`` (LayerNorm) or ``w * s_t * c`` (RMS-type), ``s_t``
     fitted by least squares to the norm's output ``attn_in`` (exact for either form, as
@@ -153,7 +154,7 @@ def frozen_norm_terms(model: Any, layer: int, comps: Tensor, resid: Tensor, attn
 
 
 @torch.inference_mode()
-def qk_attribution(model: Any, tokens: Int[Tensor, "1 pos"], layer: int, head: int, q_pos: int, k_pos: int) -> QKAttribution:
+def qk_attribution(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int, head: int, q_pos: int, k_pos: int) -> QKAttribution:
     """Split head ``layer.head``'s pre-softmax score for query ``q_pos`` and key ``k_pos`` of one
     prompt into (query-component x key-component) contributions (module docstring; Elhage et al.
     2021's QK circuit with the norms' scales frozen).

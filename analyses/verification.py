@@ -278,7 +278,7 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
     return out, design
 
 
-def _clean_residuals(model, tests: list[_Test], streams: list[list[list[Head]]], tokens: dict) -> dict:
+def _clean_residuals(model: LoadedModel, tests: list[_Test], streams: list[list[list[Head]]], tokens: dict) -> dict:
     """Task -> :class:`CleanResiduals` at the first layer of each set its tests will ablate (a
     layer-matched set starts where its top-k set starts)."""
     starts: dict[str, set[int]] = {}

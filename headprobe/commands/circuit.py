@@ -36,6 +36,7 @@ from pathlib import Path
 
 from headprobe import options
 from headprobe.options import positive_int
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 
@@ -221,7 +222,7 @@ class CircuitResult:
         return written + [out / "summary.json"]
 
 
-def run(model, config: CircuitConfig, progress: bool = True) -> CircuitResult:
+def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> CircuitResult:
     """Score, verify and explain on the loaded ``model`` (module docstring).
 
     Raises:
@@ -266,7 +267,7 @@ def run(model, config: CircuitConfig, progress: bool = True) -> CircuitResult:
                          model_info={"device": str(model.device), "dtype": dtype, "self_check": model.self_check.to_dict()})
 
 
-def circuit(model="smollm2-135m", *, progress: bool = False, **config_fields) -> CircuitResult:
+def circuit(model: str | LoadedModel = "smollm2-135m", *, progress: bool = False, **config_fields) -> CircuitResult:
     """``headprobe circuit`` as a function: ``model`` a name/path (loaded as ``config_fields`` ask) or a
     loaded model; ``config_fields`` the :class:`CircuitConfig` fields.
 
