@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.analyses.vocabulary import HEAD_TYPES, select_head_types
@@ -58,6 +58,12 @@ def offset_score(pattern: Pattern, offset: int, first_query: int) -> Float[Tenso
     """
     _check(pattern, max(offset + 1, first_query + 1))
     diag = pattern.diagonal(offset=-offset, dim1=-2, dim2=-1)  # [batch, head, T - offset], entry i is q = i + offset
+    return diagonal_mean(diag, offset, first_query)
+
+
+def diagonal_mean(diag: Float[Tensor, "batch head n"], offset: int, first_query: int) -> Float[Tensor, "head"]:
+    """Mean of ``diag`` (``A[q, q - offset]``, entry i is query ``i + offset``) over queries
+    ``q >= first_query`` and the batch: :func:`offset_score` from a diagonal (the streamed path's)."""
     return diag[..., max(first_query - offset, 0) :].float().mean(dim=(0, 2))
 
 
@@ -137,16 +143,54 @@ def positional_score(pattern: Pattern) -> tuple[Float[Tensor, "head"], Float[Ten
         (offset, fraction): the winning relative offset ``k - q`` (e.g. -1) and its frequency in [0, 1].
     """
     _check(pattern)
-    T = pattern.shape[-1]
-    argmax = pattern[..., 1:, :].argmax(dim=-1)  # [batch, head, T-1]
-    queries = torch.arange(1, T, device=pattern.device)
+    return positional_from_argmax(pattern[..., 1:, :].argmax(dim=-1), pattern.shape[-1])
+
+
+def positional_from_argmax(argmax: Int[Tensor, "batch head n"], T: int) -> tuple[Float[Tensor, "head"], Float[Tensor, "head"]]:
+    """:func:`positional_score` from the argmax key of queries ``1 .. T-1`` (``argmax[..., i]`` is
+    query ``i + 1``'s), the streamed path's input."""
+    queries = torch.arange(1, T, device=argmax.device)
     back = queries - argmax  # how far back the maximum lies, in (-(T-1), T-1); negative: ahead (encoders)
     # bin b < T: b back (offset -b); bin b >= T: b - (T - 1) ahead, so ties go 0, -1, ..., then +1, +2, ...
     bins = torch.where(back >= 0, back, T - 1 - back)
-    counts = torch.nn.functional.one_hot(bins, 2 * T - 1).sum(dim=(0, 2))  # [head, bin]
+    H = bins.shape[1]
+    flat = bins.transpose(0, 1).reshape(H, -1)  # [head, batch * n]; a one-hot [.., n, 2T - 1] would be O(T^2)
+    counts = torch.zeros(H, 2 * T - 1, dtype=torch.long, device=bins.device).scatter_add_(1, flat, torch.ones_like(flat))
     top, b = counts.max(dim=1)
     offset = torch.where(b < T, -b, b - (T - 1))
     return offset.float(), top.float() / (back.shape[0] * back.shape[-1])
+
+
+def _stats_scores(name: str, st, S: int | None, start: int) -> dict[str, Tensor]:
+    """The scores of head type ``name`` from streamed statistics ``st``
+    (:class:`headprobe.probe.streaming.HeadStats`): the same definitions as the pattern functions
+    above, read from diagonals, key columns and argmaxes instead of the ``[q_pos, k_pos]`` pattern."""
+    T = st.n_pos
+    if name == "previous_token":
+        _check_len(T, 2)
+        return {name: diagonal_mean(st.diagonal(1), 1, 1)}
+    if name in ("duplicate_token", "induction"):
+        off = S if name == "duplicate_token" else S - 1
+        _check_len(T, max(off + 1, start + S + 1))
+        return {name: diagonal_mean(st.diagonal(off), off, start + S)}
+    if name == "first_token":
+        _check_len(T, 2)
+        return {name: st.key_column(0)[..., 1:].float().mean(dim=(0, 2))}
+    if name == "positional":
+        _check_len(T, 2)
+        return dict(zip(("positional_offset", "positional_fraction"), positional_from_argmax(st.argmax[..., 1:], T)))
+    if name == "next_token":
+        _check_len(T, 3)
+        return {name: st.diagonal(-1)[..., 1:].float().mean(dim=(0, 2))}
+    if name == "last_token":
+        _check_len(T, 3)
+        return {name: st.key_column(T - 1)[..., 1:-1].float().mean(dim=(0, 2))}
+    raise KeyError(name)
+
+
+def _check_len(T: int, min_len: int) -> None:
+    if T < min_len:
+        raise HeadprobeError(f"sequence length {T} is too short: this score needs at least {min_len} positions")
 
 
 POSITIONAL_FIGURE_FRACTION = 0.5
@@ -229,6 +273,12 @@ class Detector:
     integer_columns: tuple[str, ...] = ()
     top_head_extras: tuple[tuple[str, str], ...] = ()
     encoder_only: bool = False
+
+    def score_stats(self, stats, period: int | None, start: int) -> dict[str, Tensor]:
+        """:attr:`score` from streamed statistics (:class:`headprobe.probe.streaming.HeadStats`)
+        instead of a pattern: the same columns and numbers (to float32 rounding), without the
+        ``[head, q_pos, k_pos]`` pattern."""
+        return _stats_scores(self.name, stats, period, start)
 
     def applies_to(self, causal: bool) -> bool:
         """Whether this head type is scored on a model with (``causal``) or without causal attention."""

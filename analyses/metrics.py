@@ -73,6 +73,32 @@ def attention_entropy(pattern: Pattern) -> Float[Tensor, "head"]:
     return ent.mean(dim=(0, 2))
 
 
+def local_fraction(pattern: Pattern, window: int) -> Float[Tensor, "head"]:
+    """Local fraction: the attention mass on the keys ``j`` with ``|i - j| < window`` (for a causal
+    query ``i`` its last ``window`` keys, itself included), averaged over the queries ``i >=
+    window`` (those that can read a key outside the window) and the batch. A head that reads only
+    recent tokens scores 1; a sink or retrieval head little. ``1 -`` it at the largest window is
+    the *distant mass*. The per-head split of DuoAttention (Xiao et al. 2024, arXiv 2410.10819:
+    "streaming heads" that need only an attention sink and recent tokens) and of the sliding
+    windows of Beltagy et al. 2020 (Longformer), measured from the pattern.
+
+    Raises:
+        ValueError: ``pattern`` is not ``[batch, head, q, q]`` with q > ``window``.
+    """
+    T = pattern.shape[-1]
+    if pattern.ndim != 4 or T != pattern.shape[-2] or T <= window:
+        raise ValueError(f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos > window={window}, "
+                         f"got {tuple(pattern.shape)}")
+    i = torch.arange(T, device=pattern.device)
+    near = (i[:, None] - i[None, :]).abs() < window
+    return (pattern.float() * near).sum(-1)[..., window:].mean(dim=(0, 2))
+
+
+def local_columns(windows: tuple[int, ...]) -> tuple[str, ...]:
+    """head_scores.csv's local-fraction columns, ``local_<W>`` per window, then ``distant_mass``."""
+    return (*(f"local_{w}" for w in windows), "distant_mass")
+
+
 def retrieval_hits(pattern: Pattern, queries: Int[Tensor, "batch n"], sources: Int[Tensor, "batch n"],
                    copied: Bool[Tensor, "batch n"]) -> Float[Tensor, "head"]:
     """Retrieval score (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context
