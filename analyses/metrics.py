@@ -31,7 +31,12 @@ SINK_THRESHOLD = 0.3
 (here the batch-mean rate; see :func:`sink_rate` for how Gu et al.'s code differs)."""
 
 METRIC_COLUMNS = ("copying", "sink_rate", "entropy", "retrieval", "dla")
-"""head_scores.csv's metric columns, after the head types' columns."""
+"""head_scores.csv's metric columns with a heatmap each, after the head types' columns (then the
+local-fraction columns, :func:`local_columns`)."""
+
+LOCAL_WINDOWS = (16, 64, 256)
+"""The windows ``W`` (keys) of the ``local_<W>`` columns; ``distant_mass`` is read at the largest
+one shorter than the sequence."""
 
 
 def sink_rate(pattern: Pattern, key: int = 0) -> Float[Tensor, "head"]:
@@ -137,21 +142,39 @@ def needle_queries(needles: NeedleSet) -> tuple[Int[Tensor, "batch n"], Int[Tens
 
 
 @torch.inference_mode()
-def retrieval_score(model: Any, needles: NeedleSet) -> Float[Tensor, "layer head"]:
+def retrieval_score(model: Any, needles: NeedleSet, streaming: bool = False) -> Float[Tensor, "layer head"]:
     """:func:`retrieval_hits` of every head on ``needles`` in one forward pass (teacher forced:
     the second needle is in the input, and the model's top prediction at each of its positions
-    decides whether the token is copied). Also see :func:`needle_queries`."""
+    decides whether the token is copied). Also see :func:`needle_queries`. ``streaming``: each
+    head's argmax from :func:`headprobe.probe.streaming.stream_head_stats` instead of the
+    pattern (the same keys; native backend); the logits only at the scored queries either way."""
     spec = model.spec
     queries, sources, targets = needle_queries(needles)
     B = queries.shape[0]
     top: dict[int, Tensor] = {}
+    rows_b = torch.arange(B)[:, None]
 
     def on_pattern(layer: int, pattern: Tensor) -> None:
-        rows = pattern[torch.arange(B)[:, None], :, queries.to(pattern.device)]
+        rows = pattern[rows_b, :, queries.to(pattern.device)]
         top[layer] = rows.argmax(-1).cpu()  # [batch, n, head]
 
-    logits = stream_patterns(model, needles.tokens, on_pattern)
-    pred = logits[torch.arange(B)[:, None], queries.to(logits.device)].argmax(-1).cpu()
+    def on_stats(layer: int, st: Any) -> None:  # the same argmax, streamed: [batch, head, pos] -> [batch, n, head]
+        top[layer] = st.argmax.transpose(1, 2)[rows_b, queries.to(st.argmax.device)].cpu()
+
+    if streaming:
+        from headprobe.probe.streaming import stream_head_stats
+
+        resid = stream_head_stats(model, needles.tokens, on_stats, windows=())
+    else:
+        hooks = [(attn_hook(layer, "pattern"), (lambda layer: lambda p, hook: on_pattern(layer, p))(layer))
+                 for layer in range(spec.n_layers)]
+        resid = model.final_residual(needles.tokens, fwd_hooks=hooks)
+    # the model's prediction at the scored queries only: no [batch, pos, d_vocab] logits
+    logits = model.logits_from_residual(resid[rows_b, queries.to(resid.device)], normed=True)
+    if len(top) != spec.n_layers:
+        raise HeadprobeError(f"attention of {spec.n_layers - len(top)} layers was not seen: the model probably runs a "
+                             f"fused attention kernel that hides attention patterns")
+    pred = logits.argmax(-1).cpu()
     copied = pred == targets
     out = torch.zeros(spec.n_layers, spec.n_heads)
     for layer, t in top.items():
@@ -202,7 +225,8 @@ def direct_logit_attribution(model: Any, tokens: Int[Tensor, "batch pos"], first
     tokens = tokens.to(model.device)
     last = f"blocks.{spec.n_layers - 1}.hook_resid_post"
     kept: dict[str, Tensor] = {}
-    model.forward(tokens, fwd_hooks=[(last, lambda x, hook: kept.__setitem__("x", x.detach().float()))])
+    # final_residual: the forward without the [batch, pos, d_vocab] logits (native backend)
+    model.final_residual(tokens, fwd_hooks=[(last, lambda x, hook: kept.__setitem__("x", x.detach().float()))])
     x = kept["x"][:, first:-1]  # [batch, n, d_model]
     target = tokens[:, first + 1:]
     y_model = model.final_norm(x.to(model.dtype))  # the normed residual the unembedding reads
@@ -232,22 +256,28 @@ def direct_logit_attribution(model: Any, tokens: Int[Tensor, "batch pos"], first
             out[:, :, layer] = (z[:, first:-1].float() * dirs).sum(-1)
         return hook
 
-    model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)])
+    model.final_residual(tokens, fwd_hooks=[(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)])
     return out
 
 
 @torch.inference_mode()
-def scan_metrics(model: Any, natural: TokenSet, needles: NeedleSet | None,
-                 first: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Every metric column of a scan, ``[layer, head]`` each: ``copying`` (weights), ``sink_rate``
-    and ``entropy`` (natural text), ``retrieval`` (``needles``), ``dla`` (mean over the natural-text
-    predictions from index ``first`` on).
+def scan_metrics(model: Any, natural: TokenSet, needles: NeedleSet | None, first: int, streaming: str = "auto",
+                 windows: tuple[int, ...] = LOCAL_WINDOWS) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Every metric column of a scan, ``[layer, head]`` each: ``copying`` (weights), ``sink_rate``,
+    ``entropy``, ``local_<W>`` and ``distant_mass`` (natural text), ``retrieval`` (``needles``),
+    ``dla`` (mean over the natural-text predictions from index ``first`` on). ``streaming``
+    (``auto``, ``on``, ``off``; :func:`headprobe.analyses.scoring.use_streaming`): the pattern
+    metrics from streamed statistics (the same numbers) or from the pattern.
 
     A metric the model does not allow is NaN, with the reason in the second dict (column ->
     reason): ``copying`` for latent attention (no per-head W_V), ``dla`` for post-attention norms
     or a failed per-head self-check, ``retrieval`` without ``needles``; ``retrieval`` and ``dla``
-    for encoders (``spec.causal`` False: no next-token prediction to copy or attribute).
+    for encoders (``spec.causal`` False: no next-token prediction to copy or attribute); a
+    ``local_<W>`` whose window is not shorter than the sequence. ``distant_mass`` is ``1 -
+    local`` at the largest window shorter than the sequence (:func:`distant_window`).
     """
+    from headprobe.analyses.scoring import use_streaming
+
     spec = model.spec
     nan = np.full((spec.n_layers, spec.n_heads), np.nan, dtype=np.float32)
     out: dict[str, np.ndarray] = {}
@@ -256,31 +286,69 @@ def scan_metrics(model: Any, natural: TokenSet, needles: NeedleSet | None,
         out["copying"] = circuits.copying_score(model).numpy()
     except HeadprobeError as e:
         out["copying"], skipped["copying"] = nan.copy(), str(e)
-    sink = torch.zeros(spec.n_layers, spec.n_heads)
-    ent = torch.zeros(spec.n_layers, spec.n_heads)
-
-    def on_pattern(layer: int, pattern: Tensor) -> None:
-        sink[layer] = sink_rate(pattern).cpu()
-        ent[layer] = attention_entropy(pattern).cpu()
-
-    stream_patterns(model, natural.tokens, on_pattern)
-    out["sink_rate"], out["entropy"] = sink.numpy(), ent.numpy()
+    out.update(_pattern_metrics(model, natural, use_streaming(model, natural.tokens.shape[1], streaming), windows, skipped))
     encoder = not getattr(spec, "causal", True)
+    columns = (*METRIC_COLUMNS, *local_columns(windows))
     if encoder:
         why = "an encoder makes no next-token prediction"
         out["retrieval"], skipped["retrieval"] = nan.copy(), why
         out["dla"], skipped["dla"] = nan.copy(), why
-        return {c: out[c] for c in METRIC_COLUMNS}, skipped
+        return {c: out[c] for c in columns}, skipped
     if needles is None:
         out["retrieval"], skipped["retrieval"] = nan.copy(), "sequences too short for two needles"
     else:
-        out["retrieval"] = retrieval_score(model, needles).numpy()
+        out["retrieval"] = retrieval_score(model, needles, use_streaming(model, needles.tokens.shape[1], streaming)).numpy()
     try:
         model.self_check.require_decomposition("direct logit attribution")
         out["dla"] = direct_logit_attribution(model, natural.tokens, first).mean(dim=(0, 1)).cpu().numpy()
     except HeadprobeError as e:
         out["dla"], skipped["dla"] = nan.copy(), str(e)
-    return {c: out[c] for c in METRIC_COLUMNS}, skipped
+    return {c: out[c] for c in columns}, skipped
+
+
+def distant_window(seq_len: int, windows: tuple[int, ...] = LOCAL_WINDOWS) -> int | None:
+    """The window ``distant_mass`` is ``1 - local`` of: the largest of ``windows`` shorter than
+    ``seq_len`` (None: none is)."""
+    shorter = [w for w in windows if w < seq_len]
+    return max(shorter) if shorter else None
+
+
+def _pattern_metrics(model: Any, natural: TokenSet, stream: bool, windows: tuple[int, ...],
+                     skipped: dict[str, str]) -> dict[str, np.ndarray]:
+    """``sink_rate``, ``entropy``, ``local_<W>`` and ``distant_mass`` on ``natural`` in one forward."""
+    spec = model.spec
+    T = natural.tokens.shape[1]
+    kept = [w for w in windows if w < T]
+    cols = ("sink_rate", "entropy", *(f"local_{w}" for w in windows))
+    res = {c: torch.full((spec.n_layers, spec.n_heads), float("nan")) for c in cols}
+
+    def on_pattern(layer: int, pattern: Tensor) -> None:
+        res["sink_rate"][layer] = sink_rate(pattern).cpu()
+        res["entropy"][layer] = attention_entropy(pattern).cpu()
+        for w in kept:
+            res[f"local_{w}"][layer] = local_fraction(pattern, w).cpu()
+
+    def on_stats(layer: int, st: Any) -> None:
+        res["sink_rate"][layer] = st.key_column(0).float().mean(dim=(0, 2)).cpu()
+        res["entropy"][layer] = st.entropy[..., 1:].float().mean(dim=(0, 2)).cpu()
+        for w in kept:
+            res[f"local_{w}"][layer] = st.local[w][..., w:].float().mean(dim=(0, 2)).cpu()
+
+    if stream:
+        from headprobe.probe.streaming import stream_head_stats
+
+        stream_head_stats(model, natural.tokens, on_stats, windows=tuple(kept), final_residual=False)
+    else:
+        stream_patterns(model, natural.tokens, on_pattern)
+    for w in windows:
+        if w not in kept:
+            skipped[f"local_{w}"] = f"the window of {w} keys is not shorter than the sequences ({T} tokens)"
+    out = {c: v.numpy() for c, v in res.items()}
+    far = distant_window(T, windows)
+    out["distant_mass"] = (1.0 - out[f"local_{far}"]) if far is not None else np.full_like(out["sink_rate"], np.nan)
+    if far is None:
+        skipped["distant_mass"] = f"no window shorter than the sequences ({T} tokens)"
+    return out
 
 
 def metric_figure_makers(scores: dict[str, np.ndarray], group_size: int | None, tag: str) -> dict[str, Any]:
@@ -295,6 +363,7 @@ def metric_figure_makers(scores: dict[str, np.ndarray], group_size: int | None, 
         "sink_rate": ("sink rate (first token)", "mean attention to token 0", {}),
         "entropy": ("attention entropy", "nats (mean over queries)", dict(vmax=None)),
         "retrieval": ("retrieval score (needle copy-paste)", "share of needle tokens", {}),
+        "distant_mass": ("distant mass (outside the last W keys)", "1 - local fraction", {}),
     }
     out: dict[str, Any] = {}
     for col, (title, label, opts) in styles.items():

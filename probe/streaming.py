@@ -116,6 +116,12 @@ class HeadStats:
         """Sequence length ``T``."""
         return self.q.shape[2]
 
+    def select(self, i: int) -> "HeadStats":
+        """The statistics of sequence ``i`` alone (batch 1)."""
+        sl = slice(i, i + 1)
+        return HeadStats(self.lse[sl], self.entropy[sl], self.argmax[sl], {W: v[sl] for W, v in self.local.items()},
+                         self.q[sl], self.k[sl], self.geometry)
+
     def _kv(self) -> Tensor:
         """Keys repeated per query head, ``[batch, head, pos, d_qk]`` (one layer's copy, cached)."""
         if "kv" not in self._cache:
@@ -282,11 +288,13 @@ StatsCallback = Callable[[int, HeadStats], None]
 def stream_head_stats(model: Any, tokens: Int[Tensor, "batch pos"], on_stats: StatsCallback,
                       layers: Sequence[int] | None = None, windows: Sequence[int] = DEFAULT_WINDOWS,
                       block: int = DEFAULT_BLOCK, extra_hooks: Sequence[tuple[str, Callable]] = (),
-                      final_residual: bool = True) -> Float[Tensor, "batch pos d_model"] | None:
+                      final_residual: bool = True, statistics: bool = True) -> Float[Tensor, "batch pos d_model"] | None:
     """Run ``model`` (native backend) on ``tokens`` with the fused attention kernel, calling
     ``on_stats(layer, stats)`` (:class:`HeadStats`) for each of ``layers`` (default: all) as soon as
     its queries and keys exist. The callback must not keep ``stats``. No N x N pattern is made
     (except inside a layer whose soft-cap forces the eager path, Gemma-2: the model's own).
+    ``statistics`` False skips the recurrence: ``stats`` then only serves :meth:`HeadStats.rows`
+    (its ``lse``, ``entropy``, ``argmax`` are None and ``local`` empty).
 
     Returns:
         The final residual stream (after the final norm, what the unembedding reads), or None
@@ -312,7 +320,9 @@ def stream_head_stats(model: Any, tokens: Int[Tensor, "batch pos"], on_stats: St
             k = x.detach().transpose(1, 2)
             if geom.n_kv_heads == geom.n_heads and k.shape[1] != geom.n_heads:
                 raise HeadprobeError(f"layer {layer}: keys have {k.shape[1]} heads, expected {geom.n_heads}")
-            on_stats(layer, layer_stats(kept.pop("q"), k, geom, windows, block))
+            q = kept.pop("q")
+            on_stats(layer, layer_stats(q, k, geom, windows, block) if statistics
+                     else HeadStats(None, None, None, {}, q, k, geom))
 
         hooks += [(q_name, keep_q), (k_name, use_k)]
         names.append(k_name)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import headprobe
-from headprobe.analyses.metrics import METRIC_COLUMNS
+from headprobe.analyses.metrics import LOCAL_WINDOWS, METRIC_COLUMNS, local_columns
 from headprobe.cli import main
 from headprobe.probe.errors import HeadprobeError
 
@@ -62,11 +62,12 @@ def test_types_limit_columns_figures_and_verifications(api_scan, text_file, tmp_
     model, full = api_scan
     part = headprobe.scan(model, text=str(text_file), types="induction,previous-token", **SMALL_SCAN)
     assert part.config.types == ("previous_token", "induction")  # registry order, `-` spelling accepted
-    assert list(part.table.columns) == ["layer", "head", "kv_head", "previous_token", "induction", *METRIC_COLUMNS]
+    assert list(part.table.columns) == ["layer", "head", "kv_head", "previous_token", "induction", *METRIC_COLUMNS,
+                                        *local_columns(LOCAL_WINDOWS)]
     pd.testing.assert_frame_equal(part.table, full.table[list(part.table.columns)])  # same numbers as the full scan
     assert set(part.figures()) == {"heatmap_previous_token", "heatmap_induction", "overview",
                                    "pattern_previous_token", "pattern_induction", "ablation", "composition_k",
-                                   *(f"heatmap_{c}" for c in METRIC_COLUMNS)}
+                                   *(f"heatmap_{c}" for c in METRIC_COLUMNS)}  # 16 tokens: no window W < 16, no distant mass
     assert {v.head_type for v in part.verifications} == {"previous_token", "induction"}
     same = [v for v in full.verifications if v.head_type in ("previous_token", "induction")]
     # the heads under test and their effects do not depend on the other types selected; the random
