@@ -102,9 +102,9 @@ class HeadStats:
         geometry: the layer's :class:`AttentionGeometry`.
     """
 
-    lse: Tensor
-    entropy: Tensor
-    argmax: Tensor
+    lse: Tensor | None
+    entropy: Tensor | None
+    argmax: Tensor | None
     local: dict[int, Tensor]
     q: Tensor
     k: Tensor
@@ -119,7 +119,10 @@ class HeadStats:
     def select(self, i: int) -> "HeadStats":
         """The statistics of sequence ``i`` alone (batch 1)."""
         sl = slice(i, i + 1)
-        return HeadStats(self.lse[sl], self.entropy[sl], self.argmax[sl], {W: v[sl] for W, v in self.local.items()},
+
+        def cut(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[sl]
+        return HeadStats(cut(self.lse), cut(self.entropy), cut(self.argmax), {W: v[sl] for W, v in self.local.items()},
                          self.q[sl], self.k[sl], self.geometry)
 
     def _kv(self) -> Tensor:

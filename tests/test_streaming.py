@@ -134,3 +134,45 @@ def test_streamed_statistics_equal_the_pattern_on_smollm2(smollm2_native):
     text = model.to_tokens("The cat sat on the mat, and the dog lay down by the door of the house.")[:, : T - 2 * PERIOD]
     tokens = torch.cat([text, r, r], dim=1)
     _compare(model, tokens)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "deepseek_v3"])
+def test_scan_streamed_equals_materialised(family, tiny_tokenizer, text_file):
+    """The whole scan (scores, metrics, clean losses, example windows) with --streaming on and off,
+    on a length both run: MHA, GQA, a sliding window and MLA."""
+    import numpy as np
+
+    import headprobe
+
+    model = _native(family, tiny_tokenizer)
+    args = dict(text=str(text_file), n_natural=2, seq_len=64, n_repeated=2, period=25, verify=False, pattern_len=0)
+    on = headprobe.scan(model, streaming="on", **args)
+    off = headprobe.scan(model, streaming="off", **args)
+    assert list(on.table.columns) == list(off.table.columns)
+    assert "local_16" in on.table and np.isfinite(on.table["distant_mass"]).all()
+    for col in on.table.columns:
+        np.testing.assert_allclose(on.table[col].to_numpy(float), off.table[col].to_numpy(float), atol=1e-5, rtol=0,
+                                   err_msg=col)
+    for task in ("natural", "repeated"):
+        assert on.clean_loss[task] == pytest.approx(off.clean_loss[task], abs=1e-6)
+    for t, ex in on.examples.items():
+        np.testing.assert_allclose(ex["pattern"], off.examples[t]["pattern"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
+def test_chunked_losses_equal_the_whole_logits(family, tiny_tokenizer, monkeypatch):
+    """Losses unembedded a few positions at a time equal those of the forward's whole logits (1e-6):
+    chunked_token_losses, and the native scored losses with a tiny chunk (gemma2: soft-capped logits)."""
+    from headprobe.probe import backend, native
+
+    model = _native(family, tiny_tokenizer)
+    tokens = _tokens(100)
+    logits = model.forward(tokens)
+    want = backend.token_losses(logits, tokens)
+    resid = model.final_residual(tokens)
+    for first, rows in [(0, 7), (3, 1), (5, 1000)]:
+        got = backend.chunked_token_losses(model, resid, tokens, first, rows=rows)
+        torch.testing.assert_close(got, want[:, first:], atol=1e-6, rtol=0)
+    monkeypatch.setattr(native, "LOSS_ROWS", 6)  # 3 positions of 2 sequences per chunk
+    for first in (0, 4):
+        torch.testing.assert_close(model.scored_losses(tokens, first), want[:, first:].mean(dim=1), atol=1e-6, rtol=0)
