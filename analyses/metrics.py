@@ -158,13 +158,13 @@ def retrieval_score(model: Any, needles: NeedleSet, streaming: bool = False) -> 
         rows = pattern[rows_b, :, queries.to(pattern.device)]
         top[layer] = rows.argmax(-1).cpu()  # [batch, n, head]
 
-    def on_stats(layer: int, st: Any) -> None:  # the same argmax, streamed: [batch, head, pos] -> [batch, n, head]
-        top[layer] = st.argmax.transpose(1, 2)[rows_b, queries.to(st.argmax.device)].cpu()
+    def on_stats(layer: int, st: Any) -> None:  # the same argmax from the scored rows alone: [batch, n, head]
+        top[layer] = torch.stack([st.select(b).rows(queries[b])[0].argmax(-1).T for b in range(B)]).cpu()
 
     if streaming:
         from headprobe.probe.streaming import stream_head_stats
 
-        resid = stream_head_stats(model, needles.tokens, on_stats, windows=())
+        resid = stream_head_stats(model, needles.tokens, on_stats, windows=(), statistics=False)
     else:
         hooks = [(attn_hook(layer, "pattern"), (lambda layer: lambda p, hook: on_pattern(layer, p))(layer))
                  for layer in range(spec.n_layers)]
@@ -337,7 +337,7 @@ def _pattern_metrics(model: Any, natural: TokenSet, stream: bool, windows: tuple
     if stream:
         from headprobe.probe.streaming import stream_head_stats
 
-        stream_head_stats(model, natural.tokens, on_stats, windows=tuple(kept), final_residual=False)
+        stream_head_stats(model, natural.tokens, on_stats, windows=tuple(kept), final_residual=False, argmax=False)
     else:
         stream_patterns(model, natural.tokens, on_pattern)
     for w in windows:

@@ -171,7 +171,8 @@ def score_tokens(model: Any, tokens: TokenSet, dataset: str, first: int, mean_z:
     with torch.inference_mode():
         if stream:
             resid = stream_head_stats(model, tokens.tokens, lambda l, st: score(l, st, lambda d, x: d.score_stats(
-                x, tokens.period, tokens.start)), extra_hooks=extra)
+                x, tokens.period, tokens.start)), extra_hooks=extra, windows=(),
+                argmax=any(d.name == "positional" for d in dets), entropy=False)
         else:
             counter = HookCounter()
             pat = [(attn_hook(layer, "pattern"), _pattern_hook(layer, counter, lambda l, p: score(l, p, lambda d, x: d.score(

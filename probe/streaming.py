@@ -39,9 +39,9 @@ from torch import Tensor
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import HookCounter, attn_hook
 
-DEFAULT_BLOCK = 512
-"""Query and key positions per block of :func:`stream_head_stats` (a block of SmolLM2's 9 heads
-is 9 MiB of float32 scores)."""
+DEFAULT_BLOCK = 256
+"""Query and key positions per block of :func:`stream_head_stats`: a block of SmolLM2's 9 heads
+is 2.25 MiB of float32 scores, about a core's L2 cache (on this CPU 256 was faster than 128 or 512)."""
 
 STREAMING_MIN_LEN = 1024
 """Sequences of at least this many tokens are scored by streaming (``auto``); shorter ones from
@@ -75,8 +75,17 @@ class AttentionGeometry:
         s = (q.reshape(B, KV, (H // KV) * nq, d).float() @ k.float().transpose(-1, -2)).view(B, H, nq, nk) * self.scale
         if self.softcap is not None:
             s = torch.tanh(s / self.softcap) * self.softcap
+        if not self.masks_block(q_pos, k_pos):
+            return s  # every key of the block is read by every query: no mask
         allowed = self.allowed(q_pos, k_pos)
-        return s if allowed is None else s.masked_fill(~allowed, float("-inf"))
+        return s if allowed is None else s.masked_fill_(~allowed, float("-inf"))
+
+    def masks_block(self, q_pos: Int[Tensor, "n_q"], k_pos: Int[Tensor, "n_k"]) -> bool:
+        """Whether some query of ``q_pos`` does not read some key of ``k_pos`` (consecutive positions)."""
+        if not self.causal:
+            return False
+        q_first, q_last, k_first, k_last = int(q_pos[0]), int(q_pos[-1]), int(k_pos[0]), int(k_pos[-1])
+        return not (q_first >= k_last and (self.window is None or q_last - k_first < self.window))
 
     def allowed(self, q_pos: Int[Tensor, "n_q"], k_pos: Int[Tensor, "n_k"]) -> torch.Tensor | None:
         """``[n_q, n_k]`` True where query ``q_pos[i]`` reads key ``k_pos[j]`` (None: all)."""
@@ -218,8 +227,10 @@ def _key_range(geom: AttentionGeometry, q0: int, q1: int, T: int) -> tuple[int, 
 
 def layer_stats(q: Float[Tensor, "batch head pos d_qk"], k: Float[Tensor, "batch kv_head pos d_qk"],
                 geom: AttentionGeometry, windows: Sequence[int] = DEFAULT_WINDOWS,
-                block: int = DEFAULT_BLOCK) -> HeadStats:
+                block: int = DEFAULT_BLOCK, argmax: bool = True, entropy: bool = True) -> HeadStats:
     """Stream one layer's statistics (see the module docstring) from its queries and keys.
+    ``argmax`` / ``entropy`` False skip those (about a fifth and a quarter of the time; the
+    field is then None).
 
     Returns:
         :class:`HeadStats` of the layer.
@@ -227,24 +238,29 @@ def layer_stats(q: Float[Tensor, "batch head pos d_qk"], k: Float[Tensor, "batch
     B, H, T, _ = q.shape
     dev = q.device
     lse = torch.empty(B, H, T, device=dev)
-    ent = torch.empty(B, H, T, device=dev)
-    arg = torch.empty(B, H, T, dtype=torch.long, device=dev)
+    ent = torch.empty(B, H, T, device=dev) if entropy else None
+    arg = torch.empty(B, H, T, dtype=torch.long, device=dev) if argmax else None
     local = {W: torch.empty(B, H, T, device=dev) for W in windows}
     for q0 in range(0, T, block):
         q1 = min(q0 + block, T)
-        m, l, a, idx, lw = _query_block(q, k, geom, q0, q1, windows, block)
+        m, l, a, idx, lw = _query_block(q, k, geom, q0, q1, windows, block, argmax, entropy)
         lse[..., q0:q1] = m + l.log()
-        ent[..., q0:q1] = l.log() + a / l
-        arg[..., q0:q1] = idx
+        if entropy:
+            ent[..., q0:q1] = l.log() + a / l
+        if argmax:
+            arg[..., q0:q1] = idx
         for W in windows:
             local[W][..., q0:q1] = lw[W] / l
     return HeadStats(lse, ent, arg, local, q, k, geom)
 
 
 def _query_block(q: Tensor, k: Tensor, geom: AttentionGeometry, q0: int, q1: int, windows: Sequence[int],
-                 block: int) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[int, Tensor]]:
+                 block: int, argmax: bool, entropy: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[int, Tensor]]:
     """The online-softmax recurrence over the key blocks of queries ``[q0, q1)``: running
-    maximum ``m``, sum ``l``, entropy numerator ``a``, argmax and per-window sums, ``[batch, head, n_q]``."""
+    maximum ``m``, sum ``l``, entropy numerator ``a``, argmax and per-window sums, ``[batch, head, n_q]``.
+
+    Per block ``t = s - m_new`` is computed in place and ``e = exp(t)``; the block's entropy
+    term is ``-sum_j e_j t_j`` (0 for a masked key: ``0 * -inf`` is set to 0)."""
     B, H, T, _ = q.shape
     dev = q.device
     n = q1 - q0
@@ -260,26 +276,34 @@ def _query_block(q: Tensor, k: Tensor, geom: AttentionGeometry, q0: int, q1: int
         k1 = min(k0 + block, hi)
         k_pos = torch.arange(k0, k1, device=dev)
         s = geom.scores(qb, k[:, :, k0:k1], q_pos, k_pos)
-        bmax, barg = s.max(dim=-1)
+        masked = geom.masks_block(q_pos, k_pos)
+        if argmax:
+            bmax, barg = s.max(dim=-1)
+            idx = torch.where(bmax > m, barg + k0, idx)  # strictly: an earlier block keeps a tie (first maximum)
+        else:
+            bmax = s.amax(dim=-1)
         m_new = torch.maximum(m, bmax)
-        better = bmax > m  # strictly: an earlier block keeps a tie (first maximum)
-        idx = torch.where(better, barg + k0, idx)
-        # exp(m - m_new) is 0 for m = -inf; a row with no key yet keeps m_new = -inf (guarded)
-        safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
-        alpha = torch.exp(m - safe)
-        e = torch.exp(s - safe[..., None])  # masked keys: exp(-inf) = 0
-        gap = torch.where(e > 0, safe[..., None] - s, torch.zeros_like(s))
-        a = alpha * (a + l * (safe - torch.where(torch.isfinite(m), m, safe)))
-        l = alpha * l + e.sum(-1)
-        a = a + (e * gap).sum(-1)
+        # a row with no key yet keeps m_new = -inf: shift by 0 there (its e are all exp(-inf) = 0)
+        safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new)) if masked else m_new
+        alpha = torch.exp(m - safe)  # 0 where m = -inf
+        t = s.sub_(safe[..., None])  # in place: s is not needed again
+        e = t.exp()
+        if entropy:
+            dm = torch.where(torch.isfinite(m), safe - m, torch.zeros_like(m))
+            et = e * t
+            if masked:
+                et = et.nan_to_num_(nan=0.0)
+            a = alpha * (a + l * dm) - et.sum(-1)
+        esum = e.sum(-1)
+        l = alpha * l + esum
         for W in windows:
             kind = _block_kinds(q0, q1, k0, k1, W)
-            lw[W] = lw[W] * alpha
+            lw[W].mul_(alpha)
             if kind == "in":
-                lw[W] = lw[W] + e.sum(-1)
+                lw[W].add_(esum)
             elif kind == "mixed":
                 near = (q_pos[:, None] - k_pos[None, :]).abs() < W
-                lw[W] = lw[W] + (e * near).sum(-1)
+                lw[W].add_((e * near).sum(-1))
         m = m_new
     return m, l, a, idx, lw
 
@@ -291,13 +315,15 @@ StatsCallback = Callable[[int, HeadStats], None]
 def stream_head_stats(model: Any, tokens: Int[Tensor, "batch pos"], on_stats: StatsCallback,
                       layers: Sequence[int] | None = None, windows: Sequence[int] = DEFAULT_WINDOWS,
                       block: int = DEFAULT_BLOCK, extra_hooks: Sequence[tuple[str, Callable]] = (),
-                      final_residual: bool = True, statistics: bool = True) -> Float[Tensor, "batch pos d_model"] | None:
+                      final_residual: bool = True, statistics: bool = True, argmax: bool = True,
+                      entropy: bool = True) -> Float[Tensor, "batch pos d_model"] | None:
     """Run ``model`` (native backend) on ``tokens`` with the fused attention kernel, calling
     ``on_stats(layer, stats)`` (:class:`HeadStats`) for each of ``layers`` (default: all) as soon as
     its queries and keys exist. The callback must not keep ``stats``. No N x N pattern is made
     (except inside a layer whose soft-cap forces the eager path, Gemma-2: the model's own).
     ``statistics`` False skips the recurrence: ``stats`` then only serves :meth:`HeadStats.rows`
-    (its ``lse``, ``entropy``, ``argmax`` are None and ``local`` empty).
+    (its ``lse``, ``entropy``, ``argmax`` are None and ``local`` empty); ``argmax``, ``entropy``
+    False skip those (:func:`layer_stats`).
 
     Returns:
         The final residual stream (after the final norm, what the unembedding reads), or None
@@ -324,7 +350,7 @@ def stream_head_stats(model: Any, tokens: Int[Tensor, "batch pos"], on_stats: St
             if geom.n_kv_heads == geom.n_heads and k.shape[1] != geom.n_heads:
                 raise HeadprobeError(f"layer {layer}: keys have {k.shape[1]} heads, expected {geom.n_heads}")
             q = kept.pop("q")
-            on_stats(layer, layer_stats(q, k, geom, windows, block) if statistics
+            on_stats(layer, layer_stats(q, k, geom, windows, block, argmax, entropy) if statistics
                      else HeadStats(None, None, None, {}, q, k, geom))
 
         hooks += [(q_name, keep_q), (k_name, use_k)]
