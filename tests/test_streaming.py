@@ -176,3 +176,19 @@ def test_chunked_losses_equal_the_whole_logits(family, tiny_tokenizer, monkeypat
     monkeypatch.setattr(native, "LOSS_ROWS", 6)  # 3 positions of 2 sequences per chunk
     for first in (0, 4):
         torch.testing.assert_close(model.scored_losses(tokens, first), want[:, first:].mean(dim=1), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_capture_heads_keeps_chosen_layers_heads_and_rows(family, tiny_tokenizer):
+    """capture_heads(layers, heads, rows) equals the same slices of the full capture; on the
+    native backend the rows come from q and k (no pattern hook fires)."""
+    from headprobe.probe.capture import capture_heads
+
+    model = _native(family, tiny_tokenizer)
+    tokens = _tokens(100)
+    full = capture_heads(model, tokens)
+    part = capture_heads(model, tokens, layers=[1], heads=[2, 0], rows=[0, 7, T - 1])
+    assert set(part["pattern"]) == {1}
+    torch.testing.assert_close(part["pattern"][1], full["pattern"][1][:, [2, 0]][:, :, [0, 7, T - 1]], atol=1e-6, rtol=0)
+    torch.testing.assert_close(part["result"][1], full["result"][1][:, :, [2, 0]])
+    torch.testing.assert_close(part["attn_out"][1], full["attn_out"][1])
