@@ -109,7 +109,8 @@ def use_streaming(model: Any, seq_len: int, streaming: str = "auto") -> bool:
         raise HeadprobeError(f"streaming must be one of {', '.join(STREAMING_CHOICES)}, got {streaming!r}")
     if streaming != "auto":
         return streaming == "on"
-    return getattr(model, "backend", None) == "native" and seq_len >= STREAMING_MIN_LEN
+    pruned = bool(getattr(model.spec, "removed_heads", ()) or ())  # layers with fewer heads: the pattern path
+    return getattr(model, "backend", None) == "native" and not pruned and seq_len >= STREAMING_MIN_LEN
 
 
 def _finite_checks(n_layers: int, first_bad: list[int]) -> list[tuple[str, Any]]:

@@ -197,6 +197,9 @@ def geometry_and_hooks(model: Any, layer: int) -> tuple[AttentionGeometry, str, 
             attention reads (a query/key norm without rotary positions).
     """
     attn = native_attention(model, layer)
+    if hasattr(attn, "kept_heads"):
+        raise HeadprobeError("streaming head statistics do not cover pruned models (their layers keep fewer heads); "
+                             "use --streaming off")
     rotary = getattr(attn, "rotary", None) is not None and hasattr(attn, "hook_rot_q")
     if not rotary and getattr(attn, "q_norm", None) is not None:
         raise HeadprobeError(f"layer {layer} normalises queries after hook_q and has no rotary hook: "
