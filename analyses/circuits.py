@@ -38,15 +38,16 @@ class HeadWeights:
     Attributes:
         W_Q, W_K, W_V: ``[layer, head, d_model, d_head]`` (W_K, W_V: the head's key/value group's).
         W_O: ``[layer, head, d_head, d_model]``.
-        W_E: ``[d_vocab, d_model]``; W_U: ``[d_model, d_vocab]``, centred over ``d_vocab``.
+        W_E: ``[d_vocab, d_model]``; W_U: ``[d_model, d_vocab]``, centred over ``d_vocab`` (both
+            None from ``head_weights(model, vocab=False)``).
     """
 
     W_Q: Float[Tensor, "layer head d_model d_head"]
     W_K: Float[Tensor, "layer head d_model d_head"]
     W_V: Float[Tensor, "layer head d_model d_head"]
     W_O: Float[Tensor, "layer head d_head d_model"]
-    W_E: Float[Tensor, "d_vocab d_model"]
-    W_U: Float[Tensor, "d_model d_vocab"]
+    W_E: Float[Tensor, "d_vocab d_model"] | None
+    W_U: Float[Tensor, "d_model d_vocab"] | None
 
 
 def _fold(W: Tensor, norm) -> Tensor:
@@ -58,7 +59,7 @@ def _fold(W: Tensor, norm) -> Tensor:
 
 
 @torch.inference_mode()
-def head_weights(model: Any) -> HeadWeights:
+def head_weights(model: Any, vocab: bool = True) -> HeadWeights:
     """The processed weights of every head of ``model`` (a :class:`~headprobe.probe.backend.Backend`,
     either backend): pre-attention norm folded into W_Q/W_K/W_V, the final norm into W_U, centred
     for LayerNorm models, W_U centred over the vocabulary (module docstring).
@@ -80,9 +81,12 @@ def head_weights(model: Any) -> HeadWeights:
     final = model.norm_weights(None)
     centers = centers or bool(final is not None and final.centers)
     W_O = torch.stack(O)
-    W_E = model.W_E().detach().float().cpu()
     if centers:  # center_writing_weights: what a LayerNorm would remove anyway
         W_O = W_O - W_O.mean(dim=-1, keepdim=True)
+    if not vocab:  # the composition scores read no embedding (their copies cost 2-3 x d_vocab x d_model floats)
+        return HeadWeights(torch.stack(Q), torch.stack(K), torch.stack(V), W_O, None, None)
+    W_E = model.W_E().detach().float().cpu()
+    if centers:
         W_E = W_E - W_E.mean(dim=-1, keepdim=True)
     W_U = _fold(model.W_U().detach().float().cpu(), final)
     W_U = W_U - W_U.mean(dim=-1, keepdim=True)  # center_unembed: a direction every token shares moves no softmax
@@ -143,16 +147,20 @@ def _layer_factors(weights: HeadWeights, device: torch.device | str | None) -> l
     float64 one layer at a time (so the float64 copies of a whole model's matrices never exist at
     once: 1.4 GB of peak for SmolLM2-135M before) and kept in float32 (the pair products need no
     more: scores ~0.1, ~10^5 pairs); norms ``[layer, head]`` in float64."""
-    parts: list[list[Tensor]] = [[] for _ in range(8)]
-    for layer in range(weights.W_Q.shape[0]):
+    out: list[Tensor] | None = None
+    L = weights.W_Q.shape[0]
+    for layer in range(L):
         W_Q, W_K, W_V, W_O = (t[layer].to(device).double() for t in (weights.W_Q, weights.W_K, weights.W_V, weights.W_O))
         # W_OV = W_V W_O = W_V (W_O^T)^T ; W_QK = W_Q W_K^T
         Pov, Mov, Nov = _factor(W_V, W_O.transpose(-1, -2))
         Pqk, Mqk, Nqk = _factor(W_Q, W_K)
-        norms = (torch.linalg.matrix_norm(Mov), torch.linalg.matrix_norm(Mqk))
-        for part, t in zip(parts, (Pov.float(), Mov.float(), Nov.float(), Pqk.float(), Mqk.float(), Nqk.float(), *norms)):
-            part.append(t)
-    return [torch.stack(p) for p in parts]
+        parts = (Pov.float(), Mov.float(), Nov.float(), Pqk.float(), Mqk.float(), Nqk.float(),
+                 torch.linalg.matrix_norm(Mov), torch.linalg.matrix_norm(Mqk))
+        if out is None:  # preallocated: no list of per-layer copies beside the stacked result
+            out = [torch.empty(L, *t.shape, dtype=t.dtype, device=t.device) for t in parts]
+        for o, t in zip(out, parts):
+            o[layer] = t
+    return out
 
 
 def composition_scores(weights: HeadWeights, device: torch.device | str | None = None

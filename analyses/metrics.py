@@ -403,7 +403,7 @@ def scan_composition(model: Any) -> dict[str, np.ndarray] | None:
     """:func:`headprobe.analyses.circuits.composition_scores` of ``model`` as numpy arrays
     ``[layer_j, head_j, layer_i, head_i]``, or None where the weights do not allow it (MLA)."""
     try:
-        return {k: v.numpy() for k, v in circuits.composition_scores(circuits.head_weights(model), model.device).items()}
+        return {k: v.numpy() for k, v in circuits.composition_scores(circuits.head_weights(model, vocab=False), model.device).items()}
     except HeadprobeError:
         return None
 
