@@ -83,8 +83,9 @@ def ablated_loss(model: LoadedModel, tokens: Tensor, heads: Sequence[Head], kind
     """Task loss with ``heads`` ablated (at hook_z, before W_O) by a kind that needs no source
     input (zero, or mean with ``mean_z``)."""
     require_head_ablation(model)
-    logits = model.forward(tokens, fwd_hooks=head_ablation_hooks(heads, kind, mean_z))
-    return task_loss(logits, tokens, task, start, period)
+    # the backend's scored losses: the native one unembeds in position chunks (no [pos, d_vocab] logits)
+    hooks = head_ablation_hooks(heads, kind, mean_z)
+    return float(model.scored_losses(tokens, first_scored(task, start, period), fwd_hooks=hooks).double().mean())
 
 
 @dataclass(frozen=True)
@@ -500,11 +501,11 @@ def sweep_loop(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Sequ
     spec = model.spec
     heads = all_heads(spec.n_layers, spec.n_heads) if heads is None else list(heads)
     tokens = tokens.to(model.device)
-    clean = float(scored_loss(model.forward(tokens), tokens, first).mean())
+    clean = float(model.scored_losses(tokens, first).mean())
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     for layer, head in heads:
-        logits = model.forward(tokens, fwd_hooks=head_ablation_hooks([(layer, head)], kind, inputs.mean_z, inputs.source_z))
-        loss[layer, head] = float(scored_loss(logits, tokens, first).mean())
+        hooks = head_ablation_hooks([(layer, head)], kind, inputs.mean_z, inputs.source_z)
+        loss[layer, head] = float(model.scored_losses(tokens, first, fwd_hooks=hooks).mean())
     return SweepResult(clean, loss, kind)
 
 

@@ -39,15 +39,16 @@ class HeadWeights:
     Attributes:
         W_Q, W_K, W_V: ``[layer, head, d_model, d_head]`` (W_K, W_V: the head's key/value group's).
         W_O: ``[layer, head, d_head, d_model]``.
-        W_E: ``[d_vocab, d_model]``; W_U: ``[d_model, d_vocab]``, centred over ``d_vocab``.
+        W_E: ``[d_vocab, d_model]``; W_U: ``[d_model, d_vocab]``, centred over ``d_vocab`` (both
+            None from ``head_weights(model, vocab=False)``).
     """
 
     W_Q: Float[Tensor, "layer head d_model d_head"]
     W_K: Float[Tensor, "layer head d_model d_head"]
     W_V: Float[Tensor, "layer head d_model d_head"]
     W_O: Float[Tensor, "layer head d_head d_model"]
-    W_E: Float[Tensor, "d_vocab d_model"]
-    W_U: Float[Tensor, "d_model d_vocab"]
+    W_E: Float[Tensor, "d_vocab d_model"] | None
+    W_U: Float[Tensor, "d_model d_vocab"] | None
 
 
 def _fold(W: Tensor, norm) -> Tensor:
@@ -59,7 +60,7 @@ def _fold(W: Tensor, norm) -> Tensor:
 
 
 @torch.inference_mode()
-def head_weights(model: LoadedModel) -> HeadWeights:
+def head_weights(model: LoadedModel, vocab: bool = True) -> HeadWeights:
     """The processed weights of every head of ``model`` (a :class:`~headprobe.probe.backend.LoadedModel`,
     either backend): pre-attention norm folded into W_Q/W_K/W_V, the final norm into W_U, centred
     for LayerNorm models, W_U centred over the vocabulary (module docstring).
@@ -81,9 +82,12 @@ def head_weights(model: LoadedModel) -> HeadWeights:
     final = model.norm_weights(None)
     centers = centers or bool(final is not None and final.centers)
     W_O = torch.stack(O)
-    W_E = model.W_E().detach().float().cpu()
     if centers:  # center_writing_weights: what a LayerNorm would remove anyway
         W_O = W_O - W_O.mean(dim=-1, keepdim=True)
+    if not vocab:  # the composition scores read no embedding (their copies cost 2-3 x d_vocab x d_model floats)
+        return HeadWeights(torch.stack(Q), torch.stack(K), torch.stack(V), W_O, None, None)
+    W_E = model.W_E().detach().float().cpu()
+    if centers:
         W_E = W_E - W_E.mean(dim=-1, keepdim=True)
     W_U = _fold(model.W_U().detach().float().cpu(), final)
     W_U = W_U - W_U.mean(dim=-1, keepdim=True)  # center_unembed: a direction every token shares moves no softmax
@@ -108,7 +112,11 @@ def copying_scores(W_E: Float[Tensor, "d_vocab d_model"], W_V: Float[Tensor, "la
     d_head]`` matrix ``W_O (W_U W_E) W_V``; ``W_U W_E`` ``[d_model, d_model]`` is formed once.
     Float64. A head whose OV circuit is zero scores NaN.
     """
-    G = W_U.double() @ W_E.double()  # [d_model, d_model]
+    # G = W_U W_E [d_model, d_model] in float64, over vocabulary chunks: no float64 copy of the
+    # [d_vocab, d_model] matrices (2 x 226 MB for a 49,152-token vocabulary)
+    G = torch.zeros(W_U.shape[0], W_E.shape[1], dtype=torch.float64, device=W_E.device)
+    for c in range(0, W_E.shape[0], 4096):
+        G += W_U[:, c:c + 4096].double() @ W_E[c:c + 4096].double()
     small = torch.einsum("lhed,df,lhfk->lhek", W_O.double(), G, W_V.double())  # W_O G W_V, [d_head, d_head]
     lam = torch.linalg.eigvals(small)
     return (lam.sum(-1).real / lam.abs().sum(-1)).float()
@@ -135,6 +143,27 @@ def _factor(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return P, Ra @ Rb.transpose(-1, -2), N
 
 
+def _layer_factors(weights: HeadWeights, device: torch.device | str | None) -> list[Tensor]:
+    """The factors ``(P, M, N)`` of W_OV and W_QK of every head and their Frobenius norms, taken in
+    float64 one layer at a time (so the float64 copies of a whole model's matrices never exist at
+    once: 1.4 GB of peak for SmolLM2-135M before) and kept in float32 (the pair products need no
+    more: scores ~0.1, ~10^5 pairs); norms ``[layer, head]`` in float64."""
+    out: list[Tensor] | None = None
+    L = weights.W_Q.shape[0]
+    for layer in range(L):
+        W_Q, W_K, W_V, W_O = (t[layer].to(device).double() for t in (weights.W_Q, weights.W_K, weights.W_V, weights.W_O))
+        # W_OV = W_V W_O = W_V (W_O^T)^T ; W_QK = W_Q W_K^T
+        Pov, Mov, Nov = _factor(W_V, W_O.transpose(-1, -2))
+        Pqk, Mqk, Nqk = _factor(W_Q, W_K)
+        parts = (Pov.float(), Mov.float(), Nov.float(), Pqk.float(), Mqk.float(), Nqk.float(),
+                 torch.linalg.matrix_norm(Mov), torch.linalg.matrix_norm(Mqk))
+        if out is None:  # preallocated: no list of per-layer copies beside the stacked result
+            out = [torch.empty(L, *t.shape, dtype=t.dtype, device=t.device) for t in parts]
+        for o, t in zip(out, parts):
+            o[layer] = t
+    return out
+
+
 def composition_scores(weights: HeadWeights, device: torch.device | str | None = None
                        ) -> dict[str, Float[Tensor, "layer_j head_j layer_i head_i"]]:
     """Q-, K- and V-composition of every later head j with every earlier head i (Elhage et al. 2021):
@@ -155,14 +184,8 @@ def composition_scores(weights: HeadWeights, device: torch.device | str | None =
     Returns:
         ``{"q", "k", "v"}`` -> ``[layer_j, head_j, layer_i, head_i]`` float32 arrays.
     """
-    W_Q, W_K, W_V, W_O = (t.to(device).double() for t in (weights.W_Q, weights.W_K, weights.W_V, weights.W_O))
-    L, H = W_Q.shape[:2]
-    # W_OV = W_V W_O = W_V (W_O^T)^T ; W_QK = W_Q W_K^T
-    Pov, Mov, Nov = _factor(W_V, W_O.transpose(-1, -2))
-    Pqk, Mqk, Nqk = _factor(W_Q, W_K)
-    norm_ov, norm_qk = torch.linalg.matrix_norm(Mov), torch.linalg.matrix_norm(Mqk)  # [layer, head]
-    # the pair products in float32 (scores ~0.1 need no more; a 30-layer model has ~10^5 of them)
-    Pov, Mov, Nov, Pqk, Mqk, Nqk = (t.float() for t in (Pov, Mov, Nov, Pqk, Mqk, Nqk))
+    L, H = weights.W_Q.shape[:2]
+    Pov, Mov, Nov, Pqk, Mqk, Nqk, norm_ov, norm_qk = _layer_factors(weights, device)
     out = {kind: torch.full((L, H, L, H), float("nan"), dtype=torch.float32, device=Pov.device) for kind in "qkv"}
     for j in range(1, L):
         for kind, (right_P, right_M, right_norm, transpose) in {

@@ -103,6 +103,10 @@ class HeadColumn:
         encoder_only: scored only on bidirectional models (the score reads keys after the query).
         causal_only: computed only on causal models (a next-token prediction is needed: retrieval,
             direct logit attribution); NaN for an encoder, with that reason.
+        score_stats: a head type's ``score`` from streamed attention statistics instead of a
+            pattern, ``(stats: headprobe.probe.streaming.HeadStats, period, start) -> {column:
+            [head]}`` (the same numbers, for long contexts; docs/long-context.md); None: the head
+            type needs the pattern, and a streamed scan refuses it in one line.
     """
 
     name: str
@@ -116,6 +120,7 @@ class HeadColumn:
     top_head_extras: tuple[tuple[str, str], ...] = ()
     encoder_only: bool = False
     causal_only: bool = False
+    score_stats: Callable | None = None
 
     def __post_init__(self) -> None:
         if not self.rank_by:
@@ -143,7 +148,7 @@ HEAD_COLUMNS: Registry[HeadColumn] = Registry("head column")
 """Every head column, head types first (head_scores.csv's column order), each a lazy target."""
 for _name in ("previous_token", "duplicate_token", "induction", "first_token", "positional", "next_token", "last_token"):
     HEAD_COLUMNS.register(_name, f"headprobe.analyses.detectors:{_name.upper()}", group=HEAD_TYPE)
-for _name in ("copying", "sink_rate", "entropy", "retrieval", "dla"):
+for _name in ("copying", "sink_rate", "entropy", "retrieval", "dla", "local_fraction"):
     HEAD_COLUMNS.register(_name, f"headprobe.analyses.metrics:{_name.upper()}", group=METRIC)
 del _name
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.analyses.columns import DETECTORS, HeadColumn, HeatmapStyle, score_columns, select_head_types  # noqa: F401 - re-exported
@@ -56,6 +56,12 @@ def offset_score(pattern: Pattern, offset: int, first_query: int) -> Float[Tenso
     """
     _check(pattern, max(offset + 1, first_query + 1))
     diag = pattern.diagonal(offset=-offset, dim1=-2, dim2=-1)  # [batch, head, T - offset], entry i is q = i + offset
+    return diagonal_mean(diag, offset, first_query)
+
+
+def diagonal_mean(diag: Float[Tensor, "batch head n"], offset: int, first_query: int) -> Float[Tensor, "head"]:
+    """Mean of ``diag`` (``A[q, q - offset]``, entry i is query ``i + offset``) over queries
+    ``q >= first_query`` and the batch: :func:`offset_score` from a diagonal (the streamed path's)."""
     return diag[..., max(first_query - offset, 0) :].float().mean(dim=(0, 2))
 
 
@@ -135,16 +141,54 @@ def positional_score(pattern: Pattern) -> tuple[Float[Tensor, "head"], Float[Ten
         (offset, fraction): the winning relative offset ``k - q`` (e.g. -1) and its frequency in [0, 1].
     """
     _check(pattern)
-    T = pattern.shape[-1]
-    argmax = pattern[..., 1:, :].argmax(dim=-1)  # [batch, head, T-1]
-    queries = torch.arange(1, T, device=pattern.device)
+    return positional_from_argmax(pattern[..., 1:, :].argmax(dim=-1), pattern.shape[-1])
+
+
+def positional_from_argmax(argmax: Int[Tensor, "batch head n"], T: int) -> tuple[Float[Tensor, "head"], Float[Tensor, "head"]]:
+    """:func:`positional_score` from the argmax key of queries ``1 .. T-1`` (``argmax[..., i]`` is
+    query ``i + 1``'s), the streamed path's input."""
+    queries = torch.arange(1, T, device=argmax.device)
     back = queries - argmax  # how far back the maximum lies, in (-(T-1), T-1); negative: ahead (encoders)
     # bin b < T: b back (offset -b); bin b >= T: b - (T - 1) ahead, so ties go 0, -1, ..., then +1, +2, ...
     bins = torch.where(back >= 0, back, T - 1 - back)
-    counts = torch.nn.functional.one_hot(bins, 2 * T - 1).sum(dim=(0, 2))  # [head, bin]
+    H = bins.shape[1]
+    flat = bins.transpose(0, 1).reshape(H, -1)  # [head, batch * n]; a one-hot [.., n, 2T - 1] would be O(T^2)
+    counts = torch.zeros(H, 2 * T - 1, dtype=torch.long, device=bins.device).scatter_add_(1, flat, torch.ones_like(flat))
     top, b = counts.max(dim=1)
     offset = torch.where(b < T, -b, b - (T - 1))
     return offset.float(), top.float() / (back.shape[0] * back.shape[-1])
+
+
+def _stats_scores(name: str, st, S: int | None, start: int) -> dict[str, Tensor]:
+    """The scores of head type ``name`` from streamed statistics ``st``
+    (:class:`headprobe.probe.streaming.HeadStats`): the same definitions as the pattern functions
+    above, read from diagonals, key columns and argmaxes instead of the ``[q_pos, k_pos]`` pattern."""
+    T = st.n_pos
+    if name == "previous_token":
+        _check_len(T, 2)
+        return {name: diagonal_mean(st.diagonal(1), 1, 1)}
+    if name in ("duplicate_token", "induction"):
+        off = S if name == "duplicate_token" else S - 1
+        _check_len(T, max(off + 1, start + S + 1))
+        return {name: diagonal_mean(st.diagonal(off), off, start + S)}
+    if name == "first_token":
+        _check_len(T, 2)
+        return {name: st.key_column(0)[..., 1:].float().mean(dim=(0, 2))}
+    if name == "positional":
+        _check_len(T, 2)
+        return dict(zip(("positional_offset", "positional_fraction"), positional_from_argmax(st.argmax[..., 1:], T)))
+    if name == "next_token":
+        _check_len(T, 3)
+        return {name: st.diagonal(-1)[..., 1:].float().mean(dim=(0, 2))}
+    if name == "last_token":
+        _check_len(T, 3)
+        return {name: st.key_column(T - 1)[..., 1:-1].float().mean(dim=(0, 2))}
+    raise KeyError(name)
+
+
+def _check_len(T: int, min_len: int) -> None:
+    if T < min_len:
+        raise HeadprobeError(f"sequence length {T} is too short: this score needs at least {min_len} positions")
 
 
 POSITIONAL_FIGURE_FRACTION = 0.5
@@ -166,19 +210,26 @@ def _one(column: str, fn: Callable[..., Tensor], *args: str) -> Callable[[Patter
     return score
 
 
+def _stats(name: str) -> Callable:
+    """Head type ``name``'s :attr:`~headprobe.analyses.columns.HeadColumn.score_stats` (:func:`_stats_scores`)."""
+    def score(st, period: int | None, start: int) -> dict[str, Tensor]:
+        return _stats_scores(name, st, period, start)
+    return score
+
+
 def _positional(p: Pattern, period: int | None, start: int) -> dict[str, Tensor]:
     return dict(zip(("positional_offset", "positional_fraction"), positional_score(p)))
 
 
 PREVIOUS_TOKEN = Detector("previous_token", ("previous_token",), _one("previous_token", previous_token_score), "natural", "natural",
-                          figures=(HeatmapStyle("previous_token", "previous-token score", "attention to i−1"),))
+                          figures=(HeatmapStyle("previous_token", "previous-token score", "attention to i−1"),), score_stats=_stats("previous_token"))
 DUPLICATE_TOKEN = Detector("duplicate_token", ("duplicate_token",), _one("duplicate_token", duplicate_token_score, "period", "start"),
                            "repeated", "natural",
-                           figures=(HeatmapStyle("duplicate_token", "duplicate-token score", "attention to earlier copy"),))
+                           figures=(HeatmapStyle("duplicate_token", "duplicate-token score", "attention to earlier copy"),), score_stats=_stats("duplicate_token"))
 INDUCTION = Detector("induction", ("induction",), _one("induction", induction_score, "period", "start"), "repeated", "repeated",
-                     figures=(HeatmapStyle("induction", "induction score", "attention to token after copy"),))
+                     figures=(HeatmapStyle("induction", "induction score", "attention to token after copy"),), score_stats=_stats("induction"))
 FIRST_TOKEN = Detector("first_token", ("first_token",), _one("first_token", first_token_score), "natural", "natural",
-                       figures=(HeatmapStyle("first_token", "first-token (sink) score", "attention to position 0"),))
+                       figures=(HeatmapStyle("first_token", "first-token (sink) score", "attention to position 0"),), score_stats=_stats("first_token"))
 POSITIONAL = Detector(
     "positional", ("positional_offset", "positional_fraction"), _positional, "natural", "natural", rank_by="positional_fraction",
     figures=(HeatmapStyle("positional_fraction", "positional score", "share of queries at top offset"),
@@ -187,12 +238,12 @@ POSITIONAL = Detector(
                           (("cmap", "cividis"), ("discrete", True), ("vmin", -7), ("vmax", 0), ("extend", "min")),
                           (("cmap", "RdBu_r"), ("vmin", -3), ("vmax", 3), ("extend", "both")),
                           mask_below=("positional_fraction", POSITIONAL_FIGURE_FRACTION))),
-    integer_columns=("positional_offset",), top_head_extras=(("offset", "positional_offset"),))
+    integer_columns=("positional_offset",), top_head_extras=(("offset", "positional_offset"),), score_stats=_stats("positional"))
 NEXT_TOKEN = Detector("next_token", ("next_token",), _one("next_token", next_token_score), "natural", "natural",
-                      figures=(HeatmapStyle("next_token", "next-token score", "attention to i+1"),), encoder_only=True)
+                      figures=(HeatmapStyle("next_token", "next-token score", "attention to i+1"),), encoder_only=True, score_stats=_stats("next_token"))
 LAST_TOKEN = Detector("last_token", ("last_token",), _one("last_token", last_token_score), "natural", "natural",
                       figures=(HeatmapStyle("last_token", "last-token score", "attention to the last position ([SEP])"),),
-                      encoder_only=True)
+                      encoder_only=True, score_stats=_stats("last_token"))
 """The head types, each registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`
 (which :data:`DETECTORS` views, in head_scores.csv's column order)."""
 

@@ -12,7 +12,7 @@ every head of a layer at once, without modifying the pattern. Each metric is one
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,9 @@ SINK_THRESHOLD = 0.3
 """Gu et al. 2024's epsilon: a head is a sink head for token k when its sink rate exceeds it
 (here the batch-mean rate; see :func:`sink_rate` for how Gu et al.'s code differs)."""
 
+LOCAL_WINDOWS = (16, 64, 256)
+"""The windows ``W`` (keys) of the ``local_<W>`` columns; ``distant_mass`` is read at the largest
+one shorter than the sequence."""
 
 
 def sink_rate(pattern: Pattern, key: int = 0) -> Float[Tensor, "head"]:
@@ -76,6 +79,32 @@ def attention_entropy(pattern: Pattern) -> Float[Tensor, "head"]:
     return ent.mean(dim=(0, 2))
 
 
+def local_fraction(pattern: Pattern, window: int) -> Float[Tensor, "head"]:
+    """Local fraction: the attention mass on the keys ``j`` with ``|i - j| < window`` (for a causal
+    query ``i`` its last ``window`` keys, itself included), averaged over the queries ``i >=
+    window`` (those that can read a key outside the window) and the batch. A head that reads only
+    recent tokens scores 1; a sink or retrieval head little. ``1 -`` it at the largest window is
+    the *distant mass*. The per-head split of DuoAttention (Xiao et al. 2024, arXiv 2410.10819:
+    "streaming heads" that need only an attention sink and recent tokens) and of the sliding
+    windows of Beltagy et al. 2020 (Longformer), measured from the pattern.
+
+    Raises:
+        ValueError: ``pattern`` is not ``[batch, head, q, q]`` with q > ``window``.
+    """
+    T = pattern.shape[-1]
+    if pattern.ndim != 4 or T != pattern.shape[-2] or T <= window:
+        raise ValueError(f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos > window={window}, "
+                         f"got {tuple(pattern.shape)}")
+    i = torch.arange(T, device=pattern.device)
+    near = (i[:, None] - i[None, :]).abs() < window
+    return (pattern.float() * near).sum(-1)[..., window:].mean(dim=(0, 2))
+
+
+def local_columns(windows: tuple[int, ...]) -> tuple[str, ...]:
+    """head_scores.csv's local-fraction columns, ``local_<W>`` per window, then ``distant_mass``."""
+    return (*(f"local_{w}" for w in windows), "distant_mass")
+
+
 def retrieval_hits(pattern: Pattern, queries: Int[Tensor, "batch n"], sources: Int[Tensor, "batch n"],
                    copied: Bool[Tensor, "batch n"]) -> Float[Tensor, "head"]:
     """Retrieval score (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context
@@ -114,21 +143,39 @@ def needle_queries(needles: NeedleSet) -> tuple[Int[Tensor, "batch n"], Int[Tens
 
 
 @torch.inference_mode()
-def retrieval_score(model: LoadedModel, needles: NeedleSet) -> Float[Tensor, "layer head"]:
+def retrieval_score(model: LoadedModel, needles: NeedleSet, streaming: bool = False) -> Float[Tensor, "layer head"]:
     """:func:`retrieval_hits` of every head on ``needles`` in one forward pass (teacher forced:
     the second needle is in the input, and the model's top prediction at each of its positions
-    decides whether the token is copied). Also see :func:`needle_queries`."""
+    decides whether the token is copied). Also see :func:`needle_queries`. ``streaming``: each
+    head's argmax from :func:`headprobe.probe.streaming.stream_head_stats` instead of the
+    pattern (the same keys; native backend); the logits only at the scored queries either way."""
     spec = model.spec
     queries, sources, targets = needle_queries(needles)
     B = queries.shape[0]
     top: dict[int, Tensor] = {}
+    rows_b = torch.arange(B)[:, None]
 
     def on_pattern(layer: int, pattern: Tensor) -> None:
-        rows = pattern[torch.arange(B)[:, None], :, queries.to(pattern.device)]
+        rows = pattern[rows_b, :, queries.to(pattern.device)]
         top[layer] = rows.argmax(-1).cpu()  # [batch, n, head]
 
-    logits = stream_patterns(model, needles.tokens, on_pattern)
-    pred = logits[torch.arange(B)[:, None], queries.to(logits.device)].argmax(-1).cpu()
+    def on_stats(layer: int, st: Any) -> None:  # the same argmax from the scored rows alone: [batch, n, head]
+        top[layer] = torch.stack([st.select(b).rows(queries[b])[0].argmax(-1).T for b in range(B)]).cpu()
+
+    if streaming:
+        from headprobe.probe.streaming import stream_head_stats
+
+        resid = stream_head_stats(model, needles.tokens, on_stats, windows=(), statistics=False)
+    else:
+        hooks = [(attn_hook(layer, "pattern"), (lambda layer: lambda p, hook: on_pattern(layer, p))(layer))
+                 for layer in range(spec.n_layers)]
+        resid = model.final_residual(needles.tokens, fwd_hooks=hooks)
+    # the model's prediction at the scored queries only: no [batch, pos, d_vocab] logits
+    logits = model.logits_from_residual(resid[rows_b, queries.to(resid.device)], normed=True)
+    if len(top) != spec.n_layers:
+        raise HeadprobeError(f"attention of {spec.n_layers - len(top)} layers was not seen: the model probably runs a "
+                             f"fused attention kernel that hides attention patterns")
+    pred = logits.argmax(-1).cpu()
     copied = pred == targets
     out = torch.zeros(spec.n_layers, spec.n_heads)
     for layer, t in top.items():
@@ -179,7 +226,8 @@ def direct_logit_attribution(model: LoadedModel, tokens: Int[Tensor, "batch pos"
     tokens = tokens.to(model.device)
     last = f"blocks.{spec.n_layers - 1}.hook_resid_post"
     kept: dict[str, Tensor] = {}
-    model.forward(tokens, fwd_hooks=[(last, lambda x, hook: kept.__setitem__("x", x.detach().float()))])
+    # final_residual: the forward without the [batch, pos, d_vocab] logits (native backend)
+    model.final_residual(tokens, fwd_hooks=[(last, lambda x, hook: kept.__setitem__("x", x.detach().float()))])
     x = kept["x"][:, first:-1]  # [batch, n, d_model]
     target = tokens[:, first + 1:]
     y_model = model.final_norm(x.to(model.dtype))  # the normed residual the unembedding reads
@@ -209,7 +257,7 @@ def direct_logit_attribution(model: LoadedModel, tokens: Int[Tensor, "batch pos"
             out[:, :, layer] = (z[:, first:-1].float() * dirs).sum(-1)
         return hook
 
-    model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)])
+    model.final_residual(tokens, fwd_hooks=[(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)])
     return out
 
 
@@ -222,29 +270,44 @@ class MetricInputs:
     natural: TokenSet
     needles: NeedleSet | None
     first: int
+    streaming: str = "auto"
+    """``auto``, ``on`` or ``off``: pattern metrics from streamed statistics or from the pattern."""
+    notes: dict[str, str] = field(default_factory=dict)
+    """Column -> why it is NaN, for a column one metric leaves NaN while the others are filled."""
+    cache: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    """Results shared by several metrics (the natural-text pattern pass), computed once."""
+
+
+def _natural_pattern_metrics(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
+    """``sink_rate``, ``entropy``, ``local_<W>`` and ``distant_mass`` of the natural text, from one
+    forward (:func:`_pattern_metrics`) the first time a metric asks."""
+    from headprobe.analyses.scoring import use_streaming
+
+    if "pattern" not in inputs.cache:
+        stream = use_streaming(model, inputs.natural.tokens.shape[1], inputs.streaming)
+        inputs.cache["pattern"] = _pattern_metrics(model, inputs.natural, stream, LOCAL_WINDOWS, inputs.notes)
+    return inputs.cache["pattern"]
+
+
+def _from_pattern_pass(*columns: str) -> Callable[[LoadedModel, MetricInputs], dict[str, np.ndarray]]:
+    """A metric whose ``columns`` come from the natural-text pattern pass."""
+    def score(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
+        res = _natural_pattern_metrics(model, inputs)
+        return {c: res[c] for c in columns}
+    return score
 
 
 def _copying(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
     return {"copying": circuits.copying_score(model).numpy()}
 
 
-def _pattern_metric(column: str, fn) -> Callable[[LoadedModel, MetricInputs], dict[str, np.ndarray]]:
-    """A metric that is ``fn(pattern) -> [head]`` of each layer's pattern on the natural text."""
-    def score(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
-        out = torch.zeros(model.spec.n_layers, model.spec.n_heads)
-
-        def on_pattern(layer: int, pattern: Tensor) -> None:
-            out[layer] = fn(pattern).cpu()
-
-        stream_patterns(model, inputs.natural.tokens, on_pattern)
-        return {column: out.numpy()}
-    return score
-
-
 def _retrieval(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
     if inputs.needles is None:
         raise HeadprobeError("sequences too short for two needles")
-    return {"retrieval": retrieval_score(model, inputs.needles).numpy()}
+    from headprobe.analyses.scoring import use_streaming
+
+    stream = use_streaming(model, inputs.needles.tokens.shape[1], inputs.streaming)
+    return {"retrieval": retrieval_score(model, inputs.needles, stream).numpy()}
 
 
 def _dla(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
@@ -255,14 +318,17 @@ def _dla(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
 COPYING = HeadColumn("copying", ("copying",), _copying,
                      figures=(HeatmapStyle("copying", "copying score (OV eigenvalues)", "Σλ / Σ|λ|",
                                            (("cmap", "RdBu_r"), ("vmin", -1.0), ("vmax", 1.0))),))
-SINK_RATE = HeadColumn("sink_rate", ("sink_rate",), _pattern_metric("sink_rate", sink_rate),
+SINK_RATE = HeadColumn("sink_rate", ("sink_rate",), _from_pattern_pass("sink_rate"),
                        figures=(HeatmapStyle("sink_rate", "sink rate (first token)", "mean attention to token 0"),))
-ENTROPY = HeadColumn("entropy", ("entropy",), _pattern_metric("entropy", attention_entropy),
+ENTROPY = HeadColumn("entropy", ("entropy",), _from_pattern_pass("entropy"),
                      figures=(HeatmapStyle("entropy", "attention entropy", "nats (mean over queries)", (("vmax", None),)),))
 RETRIEVAL = HeadColumn("retrieval", ("retrieval",), _retrieval, causal_only=True,
                        figures=(HeatmapStyle("retrieval", "retrieval score (needle copy-paste)", "share of needle tokens"),))
 DLA = HeadColumn("dla", ("dla",), _dla, causal_only=True,
                  figures=(HeatmapStyle("dla", "direct logit attribution", "logit of the next token", signed=True),))
+LOCAL_FRACTION = HeadColumn("local_fraction", local_columns(LOCAL_WINDOWS), _from_pattern_pass(*local_columns(LOCAL_WINDOWS)),
+                            figures=(HeatmapStyle("distant_mass", "distant mass (outside the last W keys)",
+                                                  "1 - local fraction at the largest W shorter than the text"),))
 """The reported metrics, each registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`
 (group ``"metric"``; :data:`~headprobe.analyses.columns.METRICS` views them in column order)."""
 
@@ -271,19 +337,24 @@ ENCODER_SKIP = "an encoder makes no next-token prediction"
 
 
 @torch.inference_mode()
-def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | None,
-                 first: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | None, first: int,
+                 streaming: str = "auto") -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Every metric column of a scan (:data:`~headprobe.analyses.columns.METRICS`, in order),
-    ``[layer, head]`` each: ``copying`` (weights), ``sink_rate`` and ``entropy`` (natural text),
-    ``retrieval`` (``needles``), ``dla`` (mean over the natural-text predictions from index ``first`` on).
+    ``[layer, head]`` each: ``copying`` (weights), ``sink_rate``, ``entropy``, ``local_<W>`` and
+    ``distant_mass`` (natural text, one forward for the four), ``retrieval`` (``needles``), ``dla``
+    (mean over the natural-text predictions from index ``first`` on). ``streaming`` (``auto``,
+    ``on``, ``off``; :func:`headprobe.analyses.scoring.use_streaming`): the pattern metrics from
+    streamed statistics (the same numbers) or from the pattern.
 
     A metric the model does not allow is NaN, with the reason in the second dict (column ->
     reason): ``copying`` for latent attention (no per-head W_V), ``dla`` for post-attention norms
     or a failed per-head self-check, ``retrieval`` without ``needles``; ``retrieval`` and ``dla``
-    for encoders (``spec.causal`` False: no next-token prediction to copy or attribute).
+    for encoders (``spec.causal`` False: no next-token prediction to copy or attribute); a
+    ``local_<W>`` whose window is not shorter than the sequence. ``distant_mass`` is ``1 -
+    local`` at the largest window shorter than the sequence (:func:`distant_window`).
     """
     spec = model.spec
-    inputs = MetricInputs(natural, needles, first)
+    inputs = MetricInputs(natural, needles, first, streaming)
     out: dict[str, np.ndarray] = {}
     skipped: dict[str, str] = {}
     for metric in METRICS.values():
@@ -294,7 +365,53 @@ def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | Non
         except HeadprobeError as e:
             for c in metric.columns:
                 out[c], skipped[c] = np.full((spec.n_layers, spec.n_heads), np.nan, dtype=np.float32), str(e)
+    skipped.update({c: why for c, why in inputs.notes.items() if c not in skipped})
     return {c: out[c] for c in metric_columns()}, skipped
+
+
+def distant_window(seq_len: int, windows: tuple[int, ...] = LOCAL_WINDOWS) -> int | None:
+    """The window ``distant_mass`` is ``1 - local`` of: the largest of ``windows`` shorter than
+    ``seq_len`` (None: none is)."""
+    shorter = [w for w in windows if w < seq_len]
+    return max(shorter) if shorter else None
+
+
+def _pattern_metrics(model: LoadedModel, natural: TokenSet, stream: bool, windows: tuple[int, ...],
+                     skipped: dict[str, str]) -> dict[str, np.ndarray]:
+    """``sink_rate``, ``entropy``, ``local_<W>`` and ``distant_mass`` on ``natural`` in one forward."""
+    spec = model.spec
+    T = natural.tokens.shape[1]
+    kept = [w for w in windows if w < T]
+    cols = ("sink_rate", "entropy", *(f"local_{w}" for w in windows))
+    res = {c: torch.full((spec.n_layers, spec.n_heads), float("nan")) for c in cols}
+
+    def on_pattern(layer: int, pattern: Tensor) -> None:
+        res["sink_rate"][layer] = sink_rate(pattern).cpu()
+        res["entropy"][layer] = attention_entropy(pattern).cpu()
+        for w in kept:
+            res[f"local_{w}"][layer] = local_fraction(pattern, w).cpu()
+
+    def on_stats(layer: int, st: Any) -> None:
+        res["sink_rate"][layer] = st.key_column(0).float().mean(dim=(0, 2)).cpu()
+        res["entropy"][layer] = st.entropy[..., 1:].float().mean(dim=(0, 2)).cpu()
+        for w in kept:
+            res[f"local_{w}"][layer] = st.local[w][..., w:].float().mean(dim=(0, 2)).cpu()
+
+    if stream:
+        from headprobe.probe.streaming import stream_head_stats
+
+        stream_head_stats(model, natural.tokens, on_stats, windows=tuple(kept), final_residual=False, argmax=False)
+    else:
+        stream_patterns(model, natural.tokens, on_pattern)
+    for w in windows:
+        if w not in kept:
+            skipped[f"local_{w}"] = f"the window of {w} keys is not shorter than the sequences ({T} tokens)"
+    out = {c: v.numpy() for c, v in res.items()}
+    far = distant_window(T, windows)
+    out["distant_mass"] = (1.0 - out[f"local_{far}"]) if far is not None else np.full_like(out["sink_rate"], np.nan)
+    if far is None:
+        skipped["distant_mass"] = f"no window shorter than the sequences ({T} tokens)"
+    return out
 
 
 def heatmap_makers(records: Sequence[HeadColumn], scores: dict[str, np.ndarray], group_size: int | None, tag: str,
@@ -352,7 +469,7 @@ def scan_composition(model: LoadedModel) -> dict[str, np.ndarray] | None:
     """:func:`headprobe.analyses.circuits.composition_scores` of ``model`` as numpy arrays
     ``[layer_j, head_j, layer_i, head_i]``, or None where the weights do not allow it (MLA)."""
     try:
-        return {k: v.numpy() for k, v in circuits.composition_scores(circuits.head_weights(model), model.device).items()}
+        return {k: v.numpy() for k, v in circuits.composition_scores(circuits.head_weights(model, vocab=False), model.device).items()}
     except HeadprobeError:
         return None
 

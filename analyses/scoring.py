@@ -19,7 +19,7 @@ from headprobe.analyses.detectors import DETECTORS
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import stream_patterns
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import Head, attn_hook
+from headprobe.probe.hooks import Head, HookCounter, attn_hook
 
 
 def score_token_set(model: LoadedModel, tokens: TokenSet, dataset: str, mean_z: bool = False,
@@ -87,6 +87,132 @@ def score_token_set(model: LoadedModel, tokens: TokenSet, dataset: str, mean_z: 
     if not torch.isfinite(logits).all():
         raise HeadprobeError("the model produced NaN or Inf logits on the scan's input")
     return scores, logits, z_mean
+
+
+STREAMING_CHOICES = ("auto", "on", "off")
+"""How head statistics are computed: ``on`` streamed (:mod:`headprobe.probe.streaming`, no
+``[head, q_pos, k_pos]`` pattern, native backend only), ``off`` from the materialised pattern,
+``auto`` streamed from :data:`~headprobe.probe.streaming.STREAMING_MIN_LEN` tokens on where the
+backend is native."""
+
+
+def use_streaming(model: LoadedModel, seq_len: int, streaming: str = "auto") -> bool:
+    """Whether a sequence of ``seq_len`` tokens is scored by streaming under ``streaming``
+    (:data:`STREAMING_CHOICES`).
+
+    Raises:
+        HeadprobeError: an unknown choice.
+    """
+    from headprobe.probe.streaming import STREAMING_MIN_LEN
+
+    if streaming not in STREAMING_CHOICES:
+        raise HeadprobeError(f"streaming must be one of {', '.join(STREAMING_CHOICES)}, got {streaming!r}")
+    if streaming != "auto":
+        return streaming == "on"
+    pruned = bool(getattr(model.spec, "removed_heads", ()) or ())  # layers with fewer heads: the pattern path
+    return getattr(model, "backend", None) == "native" and not pruned and seq_len >= STREAMING_MIN_LEN
+
+
+def _finite_checks(n_layers: int, first_bad: list[int]) -> list[tuple[str, Any]]:
+    def make(layer: int):
+        def hook(resid, hook):
+            if not first_bad and not torch.isfinite(resid).all():
+                first_bad.append(layer)
+        return hook
+    return [(f"blocks.{layer}.hook_resid_post", make(layer)) for layer in range(n_layers)]
+
+
+def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int, mean_z: bool = False,
+                 types: Sequence[str] | None = None, per_sequence: dict[str, Tensor] | None = None,
+                 streaming: str = "auto") -> tuple[dict[str, Float[Tensor, "layer head"]], Float[Tensor, "batch"],
+                                                   Float[Tensor, "layer head d_head"] | None]:
+    """:func:`score_token_set` with the clean loss instead of the logits, for sequences of any
+    length: the detectors read streamed statistics (:func:`use_streaming`; the same numbers) or the
+    materialised pattern, and the loss is unembedded in position chunks
+    (:func:`~headprobe.probe.backend.chunked_token_losses`), so neither a ``[head, q_pos, k_pos]``
+    pattern (streamed) nor ``[pos, d_vocab]`` logits of a whole sequence exist.
+
+    Args:
+        first: the first scored prediction (:func:`~headprobe.analyses.ablation.first_scored`).
+        streaming: ``auto``, ``on`` or ``off`` (:data:`STREAMING_CHOICES`).
+        (the others as :func:`score_token_set`.)
+
+    Returns:
+        (scores, loss, mean_z): ``loss`` ``[batch]`` nats/token over the predictions from
+        ``first`` on (zeros for an encoder, which has no next-token loss).
+
+    Raises:
+        HeadprobeError: NaN/Inf activations or losses; streaming asked of a non-native backend.
+    """
+    from headprobe.probe.backend import chunked_token_losses
+    from headprobe.probe.streaming import stream_head_stats
+
+    spec = model.spec
+    dets = [d for name, d in DETECTORS.items() if d.dataset == dataset and (types is None or name in types)]
+    scores = {c: torch.zeros(spec.n_layers, spec.n_heads) for d in dets for c in d.columns}
+    B = tokens.tokens.shape[0]
+    if per_sequence is not None:
+        per_sequence.update({c: torch.zeros(B, spec.n_layers, spec.n_heads) for d in dets for c in d.columns})
+    stream = use_streaming(model, tokens.tokens.shape[1], streaming)
+    if stream and (lacking := [d.name for d in dets if d.score_stats is None]):
+        raise HeadprobeError(f"head type {', '.join(lacking)} has no streamed score (score_stats): scan it with "
+                             f"--streaming off, or give it one")
+
+    def score(layer: int, x: Any, fn) -> None:
+        for det in dets:
+            for col, v in fn(det, x).items():
+                scores[col][layer] = v.cpu()
+            if per_sequence is not None:
+                for i in range(B):
+                    for col, v in fn(det, _one(x, i)).items():
+                        per_sequence[col][i, layer] = v.cpu()
+
+    first_bad: list[int] = []
+    extra = _finite_checks(spec.n_layers, first_bad)
+    z_mean = torch.zeros(spec.n_layers, spec.n_heads, spec.d_head) if mean_z else None
+    if mean_z:
+        extra += [(attn_hook(layer, "z"), _mean_z_hook(z_mean, layer, tokens.start)) for layer in range(spec.n_layers)]
+    with torch.inference_mode():
+        if stream:
+            resid = stream_head_stats(model, tokens.tokens, lambda l, st: score(l, st, lambda d, x: d.score_stats(
+                x, tokens.period, tokens.start)), extra_hooks=extra, windows=(),
+                argmax=any(d.name == "positional" for d in dets), entropy=False)
+        else:
+            counter = HookCounter()
+            pat = [(attn_hook(layer, "pattern"), _pattern_hook(layer, counter, lambda l, p: score(l, p, lambda d, x: d.score(
+                x, tokens.period, tokens.start)))) for layer in range(spec.n_layers)]
+            resid = (model.final_residual(tokens.tokens, fwd_hooks=[*pat, *extra]) if spec.causal
+                     else model.forward(tokens.tokens, fwd_hooks=[*pat, *extra]))
+            counter.check_once([name for name, _ in pat])
+        if first_bad:
+            raise HeadprobeError(f"activations become NaN or Inf in layer {first_bad[0]} (residual stream after the "
+                                 f"block); check the weights of that layer")
+        if not spec.causal:
+            return scores, torch.zeros(B), z_mean
+        loss = chunked_token_losses(model, resid, tokens.tokens.to(resid.device), first).mean(dim=1).cpu()
+    if not torch.isfinite(loss).all():
+        raise HeadprobeError("the model produced NaN or Inf logits on the scan's input")
+    return scores, loss, z_mean
+
+
+def _one(x: Any, i: int) -> Any:
+    """Sequence ``i`` of a pattern ``[batch, ...]`` or of streamed statistics."""
+    if isinstance(x, Tensor):
+        return x[i:i + 1]
+    return x.select(i)
+
+
+def _pattern_hook(layer: int, counter: Any, fn):
+    def hook(pattern: Tensor, hook: Any) -> None:
+        counter.tick(attn_hook(layer, "pattern"))
+        fn(layer, pattern)
+    return hook
+
+
+def _mean_z_hook(z_mean: Tensor, layer: int, start: int):
+    def hook(z: Tensor, hook: Any) -> None:
+        z_mean[layer] = z[:, start:].float().mean(dim=(0, 1)).cpu()
+    return hook
 
 
 LABEL_CHARS = 10
@@ -164,7 +290,8 @@ def repeat_window(seq_len: int, start: int, period: int, size: int = EXAMPLE_WIN
 
 
 @torch.inference_mode()
-def example_patterns(model: LoadedModel, best: dict[str, Head], natural: TokenSet, repeated: TokenSet) -> dict[str, dict]:
+def example_patterns(model: LoadedModel, best: dict[str, Head], natural: TokenSet, repeated: TokenSet,
+                     streaming: str = "auto") -> dict[str, dict]:
     """The attention pattern of the top head of each type on an example from its own token set,
     with the scoring settings: the first :data:`NATURAL_EXAMPLE_LEN` tokens of the first
     natural-text window (an encoder's: the first ``NATURAL_EXAMPLE_LEN - 1`` and its final
@@ -174,6 +301,8 @@ def example_patterns(model: LoadedModel, best: dict[str, Head], natural: TokenSe
 
     Args:
         best: head type -> its top ``(layer, head)``.
+        streaming: as :func:`use_streaming`: a long example's window is computed from the rows
+            it shows (:meth:`headprobe.probe.streaming.HeadStats.rows`), never the whole pattern.
 
     Returns:
         head type -> ``{"head": (layer, head), "pattern": [q, k] array (the rows ``positions[0]``
@@ -198,17 +327,33 @@ def example_patterns(model: LoadedModel, best: dict[str, Head], natural: TokenSe
         layers = sorted({h[0] for h in wanted.values()})
         if not layers:
             continue
-        kept: dict[int, Tensor] = {}
-
-        def on_pattern(layer, pattern):
-            kept[layer] = pattern[0].detach().float().cpu().clone()
-
-        stream_patterns(model, toks, on_pattern, layers=layers)
-        labels = token_labels(model, toks[0])
         n = toks.shape[1]
         rows, cols = (repeat_window(n, repeated.start, repeated.period) if dataset == "repeated"
                       else (list(range(n)), list(range(n))))
+        kept = _example_windows(model, toks, layers, rows, cols, use_streaming(model, n, streaming))
+        labels = token_labels(model, toks[0])
         for t, (layer, head) in wanted.items():
-            out[t] = {"head": (layer, head), "pattern": kept[layer][head][rows][:, cols].numpy(), "labels": labels,
+            out[t] = {"head": (layer, head), "pattern": kept[layer][head].numpy(), "labels": labels,
                       "positions": (rows, cols), "marks": marks[dataset], "period": period[dataset]}
     return out
+
+
+def _example_windows(model: LoadedModel, toks: Tensor, layers: list[int], rows: list[int], cols: list[int],
+                     stream: bool) -> dict[int, Tensor]:
+    """Layer -> ``[head, len(rows), len(cols)]`` of the first sequence's pattern: from whole rows
+    computed from q and k (``stream``) or cut from the materialised pattern."""
+    kept: dict[int, Tensor] = {}
+    if stream:
+        from headprobe.probe.streaming import stream_head_stats
+
+        def on_stats(layer, st):
+            kept[layer] = st.rows(rows)[0][:, :, cols].float().cpu()
+
+        stream_head_stats(model, toks, on_stats, layers=layers, windows=(), final_residual=False, statistics=False)
+        return kept
+
+    def on_pattern(layer, pattern):
+        kept[layer] = pattern[0][:, rows][:, :, cols].detach().float().cpu().clone()
+
+    stream_patterns(model, toks, on_pattern, layers=layers)
+    return kept

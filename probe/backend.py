@@ -18,7 +18,8 @@ The backends are :class:`headprobe.probe.native.NativeModel` (headprobe's own
 :func:`headprobe.probe.loading.wrap` builds from it, and ``LoadedModel(module, tokenizer, spec)``
 picks the registered class whose :meth:`LoadedModel.wraps` accepts ``module``.
 
-The losses here (:func:`token_losses`, :func:`scored_loss`, :func:`cross_entropy_inplace`) are
+The losses here (:func:`token_losses`, :func:`scored_loss`, :func:`cross_entropy_inplace`,
+:func:`chunked_token_losses`) are
 cross-entropies in nats, the unit of every loss headprobe reports.
 """
 
@@ -68,6 +69,39 @@ def cross_entropy_inplace(logits: Float[Tensor, "n d_vocab"], target: Int[Tensor
     picked = logits.gather(1, target[:, None])[:, 0]
     top = logits.amax(dim=1, keepdim=True)
     return logits.sub_(top).exp_().sum(dim=1).log_() + top[:, 0] - picked
+
+
+LOSS_ROWS = 1024
+"""Most positions (rows of ``[rows, d_vocab]`` logits) unembedded at once by the chunked losses
+(:func:`chunked_token_losses`, the native backend's scored losses): 192 MiB of float32 logits for
+a 49,152-token vocabulary, whatever the sequence length (a whole 8,192-token sequence would be 1.5 GiB)."""
+
+
+@torch.inference_mode()
+def chunked_token_losses(model: "LoadedModel", resid: Float[Tensor, "batch pos d_model"], tokens: Int[Tensor, "batch pos"],
+                         first: int = 0, rows: int = LOSS_ROWS) -> Float[Tensor, "batch n"]:
+    """:func:`token_losses` from the final residual stream (after the final norm, as
+    :meth:`LoadedModel.final_residual` returns it) for the predictions from index ``first`` on
+    (``n = pos - 1 - first``), unembedding at most ``rows`` positions at a time through
+    :meth:`LoadedModel.logits_from_residual` (the one unembedding), so no ``[pos, d_vocab]``
+    tensor of a whole sequence exists. Cross-entropy in nats (float32), the same numbers as
+    ``token_losses(logits, tokens)[:, first:]`` to float32 rounding (tested).
+
+    Raises:
+        ValueError: ``first`` outside ``[0, pos - 1)`` or ``rows`` < 1.
+    """
+    B, T = tokens.shape
+    if not 0 <= first < T - 1 or rows < 1:
+        raise ValueError(f"first must be in [0, {T - 1}) and rows >= 1, got first={first}, rows={rows}")
+    step = max(1, rows // B)
+    out = []
+    for c0 in range(first, T - 1, step):
+        c1 = min(c0 + step, T - 1)
+        logits = model.logits_from_residual(resid[:, c0:c1], normed=True).float().flatten(0, 1)
+        target = tokens[:, c0 + 1:c1 + 1].flatten().to(logits.device)
+        out.append(cross_entropy_inplace(logits, target).view(B, c1 - c0))
+        del logits
+    return torch.cat(out, dim=1)
 
 
 class LoadedModel:

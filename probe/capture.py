@@ -138,12 +138,14 @@ def capture_internal(
     residual: bool = False,
     out: dict[str, dict[int, Tensor]] | None = None,
     attention_mask: Int[Tensor, "batch pos"] | None = None,
+    patterns: bool = True,
 ) -> dict[str, dict[int, Tensor]]:
     """:func:`capture_heads` without the self-check guard (the self-check itself uses it).
 
     With ``residual``, also ``resid_pre``, ``resid_mid``, ``resid_post`` and ``mlp_out`` of each
     layer (those the backend has hook points for). ``out``, if given, is filled in place, so a
-    caller keeps what was captured before an error.
+    caller keeps what was captured before an error. ``patterns`` False: no pattern hook (the
+    fused kernel runs; ``out["pattern"]`` stays empty).
     """
     layers = list(range(model.spec.n_layers) if layers is None else layers)
     out = {} if out is None else out
@@ -158,7 +160,8 @@ def capture_internal(
 
     hooks = []
     for layer in layers:
-        hooks.append((attn_hook(layer, "pattern"), saver("pattern", layer)))
+        if patterns:
+            hooks.append((attn_hook(layer, "pattern"), saver("pattern", layer)))
         hooks.append((attn_hook(layer, "z"), saver("z", layer)))
         post = model.post_attention_norm_hooks(layer)
         if post is not None:  # the block adds norm(attention output): keep the norm's input and output
@@ -171,7 +174,7 @@ def capture_internal(
                 if f"blocks.{layer}.hook_{kind}" in names:
                     hooks.append((f"blocks.{layer}.hook_{kind}", saver(kind, layer)))
     model.forward(tokens, fwd_hooks=hooks, attention_mask=attention_mask)
-    missing = [attn_hook(layer, "pattern") for layer in layers if layer not in out["pattern"]]
+    missing = [attn_hook(layer, "pattern") for layer in layers if patterns and layer not in out["pattern"]]
     if missing:
         raise HeadprobeError(f"hook {missing[0]} did not fire; the model probably runs a fused attention kernel "
                              f"that hides attention patterns: load it with attn_implementation='eager'")
@@ -214,8 +217,17 @@ def capture_heads(
     tokens: Int[Tensor, "batch pos"],
     layers: Sequence[int] | None = None,
     attention_mask: Int[Tensor, "batch pos"] | None = None,
+    heads: Sequence[int] | None = None,
+    rows: Sequence[int] | None = None,
 ) -> dict[str, dict[int, Tensor]]:
     """Patterns, z, per-head results and attention outputs of ``layers`` (default: all).
+
+    Long sequences: ``heads`` keeps only those query heads in ``pattern``, ``z`` and ``result``
+    (their head axis is then ``len(heads)``, in the order given); ``rows`` keeps only those
+    query positions of ``pattern`` (``[batch, head, len(rows), k_pos]``), computed on the native
+    backend from the layer's queries and keys (:meth:`headprobe.probe.streaming.HeadStats.rows`,
+    the fused kernel running), so no ``[head, q_pos, k_pos]`` pattern of a layer is made; on the
+    bridge they are cut from the materialised pattern.
 
     ``attention_mask`` ``[batch, pos]`` (1 real, 0 padding; from ``model.to_tokens(list_of_texts)``)
     runs a padded batch: padded keys get zero weight and positions count real tokens only, so at
@@ -248,6 +260,22 @@ def capture_heads(
             ``attention_mask`` on a backend without padding (the TransformerLens bridge).
     """
     model.self_check.require_decomposition("per-head results (capture_heads)")
-    out = capture_internal(model, tokens, layers, attention_mask=attention_mask)
+    stream = rows is not None and getattr(model, "backend", None) == "native" and attention_mask is None
+    out = capture_internal(model, tokens, layers, attention_mask=attention_mask, patterns=not stream)
     out.pop("norm_in", None)
+    if stream:
+        from headprobe.probe.streaming import stream_head_stats
+
+        def keep(layer: int, st: Any) -> None:
+            out["pattern"][layer] = st.rows(rows).to(out["z"][layer].dtype)
+
+        stream_head_stats(model, tokens, keep, layers=sorted(out["z"]), windows=(), final_residual=False,
+                          statistics=False)
+    elif rows is not None:
+        out["pattern"] = {layer: p[:, :, list(rows)] for layer, p in out["pattern"].items()}
+    if heads is not None:
+        h = list(heads)
+        out["pattern"] = {layer: p[:, h] for layer, p in out["pattern"].items()}
+        out["z"] = {layer: z[:, :, h] for layer, z in out["z"].items()}
+        out["result"] = {layer: r[:, :, h] for layer, r in out["result"].items()}
     return out

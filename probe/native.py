@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from headprobe.probe.backend import HookFn, LoadedModel, _module_type, cross_entropy_inplace
+from headprobe.probe.backend import LOSS_ROWS, HookFn, LoadedModel, _module_type, cross_entropy_inplace
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import Checkpoint
 
@@ -236,25 +236,31 @@ def _scored_losses_from_resid(net: torch.nn.Module, resid: Float[Tensor, "n pos 
                               first: int, normed: bool = False) -> Float[Tensor, "n"]:
     """Per-sequence mean loss (nats/token) from the final residual of ``n = k * batch`` sequences
     (k copies of ``tokens``), unembedding only the scored positions ``first .. pos-2`` (the
-    logits at position i predict token i+1), ``batch`` sequences at a time into one reused
-    logits buffer (a fresh 150 MB tensor per chunk costs page faults), with the loss taken in
+    logits at position i predict token i+1), ``batch`` sequences and at most
+    :data:`~headprobe.probe.backend.LOSS_ROWS` rows at a time (positions in chunks, so a long
+    sequence never has its ``[pos, d_vocab]`` logits at once) into one reused logits buffer (a fresh 150 MB tensor per chunk costs page faults), with the loss taken in
     place (:func:`~headprobe.probe.backend.cross_entropy_inplace`). The logits come from
     :meth:`headprobe.probe.model.Transformer.logits`, as in the forward pass (Gemma-2's soft-cap
     included)."""
-    B = tokens.shape[0]
-    target = tokens[:, first + 1:].flatten()
-    # every chunk is B sequences x the same scored positions: one [rows, d_vocab] buffer serves all
+    B, T = tokens.shape
+    step = max(1, LOSS_ROWS // B)  # positions per chunk: at most LOSS_ROWS rows of logits, whatever T
     W_U = net.unembed.weight  # [d_vocab, d_model]
-    buffer = torch.empty(len(target), W_U.shape[0], device=resid.device) if W_U.dtype == torch.float32 else None
+    width = min(step, T - 1 - first)
+    buffer = torch.empty(B * width, W_U.shape[0], device=resid.device) if W_U.dtype == torch.float32 else None
     out = []
     for i in range(0, resid.shape[0], B):
-        sel = resid[i:i + B, first:-1]
-        if not normed and net.ln_final is not None:
-            sel = net.ln_final(sel)
-        sel = sel.flatten(0, 1)
-        if buffer is not None:
-            logits = net.logits(sel, normed=True, out=buffer)
-        else:  # half precision: logits in float32, as cross_entropy would compute them
-            logits = net.logits(sel, normed=True).float()
-        out.append(cross_entropy_inplace(logits, target).view(B, -1).mean(dim=1))
+        total = torch.zeros(B, dtype=torch.float64, device=resid.device)
+        for c0 in range(first, T - 1, step):
+            c1 = min(c0 + step, T - 1)
+            sel = resid[i:i + B, c0:c1]
+            if not normed and net.ln_final is not None:
+                sel = net.ln_final(sel)
+            sel = sel.flatten(0, 1)
+            target = tokens[:, c0 + 1:c1 + 1].flatten()
+            if buffer is not None:
+                logits = net.logits(sel, normed=True, out=buffer[:len(target)])
+            else:  # half precision: logits in float32, as cross_entropy would compute them
+                logits = net.logits(sel, normed=True).float()
+            total += cross_entropy_inplace(logits, target).view(B, -1).double().sum(dim=1)
+        out.append((total / (T - 1 - first)).float())
     return torch.cat(out)

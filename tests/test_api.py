@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import headprobe
-from headprobe.analyses.columns import metric_columns
+from headprobe.analyses.columns import METRICS, metric_columns
 from headprobe.cli import main
 from headprobe.probe.errors import HeadprobeError
 
@@ -64,9 +64,10 @@ def test_types_limit_columns_figures_and_verifications(api_scan, text_file, tmp_
     assert part.config.types == ("previous_token", "induction")  # registry order, `-` spelling accepted
     assert list(part.table.columns) == ["layer", "head", "kv_head", "previous_token", "induction", *metric_columns()]
     pd.testing.assert_frame_equal(part.table, full.table[list(part.table.columns)])  # same numbers as the full scan
+    drawn = [s.column for m in METRICS.values() for s in m.figures if s.column != "distant_mass"]  # 16 tokens: no W < 16
     assert set(part.figures()) == {"heatmap_previous_token", "heatmap_induction", "overview",
                                    "pattern_previous_token", "pattern_induction", "ablation", "composition_k",
-                                   *(f"heatmap_{c}" for c in metric_columns())}
+                                   *(f"heatmap_{c}" for c in drawn)}
     assert {v.head_type for v in part.verifications} == {"previous_token", "induction"}
     same = [v for v in full.verifications if v.head_type in ("previous_token", "induction")]
     # the heads under test and their effects do not depend on the other types selected; the random

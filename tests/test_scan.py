@@ -16,7 +16,8 @@ from headprobe.commands.scan import ScanConfig, run
 from test_loading import assert_one_line_error, run_cli
 
 EXPECTED_COLUMNS = ["layer", "head", "kv_head", "previous_token", "duplicate_token", "induction", "first_token",
-                    "positional_offset", "positional_fraction", "copying", "sink_rate", "entropy", "retrieval", "dla"]
+                    "positional_offset", "positional_fraction", "copying", "sink_rate", "entropy", "retrieval", "dla",
+                    "local_16", "local_64", "local_256", "distant_mass"]
 
 
 @pytest.fixture

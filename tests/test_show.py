@@ -40,3 +40,24 @@ def test_show_refuses_bad_heads_and_prompts_in_one_line(tiny_dir, tmp_path):
     assert_one_line_error(rc, err, "one head")
     rc, _, err = run_cli("show", "--model", str(tiny_dir), "--head", "1.1", "--prompt", "  ", "--out", str(tmp_path / "c"))
     assert_one_line_error(rc, err, "prompt is empty")
+
+
+def test_show_draws_a_window_of_a_long_prompt(tiny_dir, tmp_path, monkeypatch):
+    """Past MAX_TOKENS the figure is the window of the last queries against the sink and the last
+    keys, equal to those cells of the whole pattern; the page keeps the first MAX_TOKENS tokens."""
+    import headprobe
+    from headprobe.commands import show
+
+    monkeypatch.setattr(show, "MAX_TOKENS", 16)
+    monkeypatch.setattr(show, "LONG_WINDOW", 8)
+    prompt = " ".join(f"t{(7 * i) % 50}" for i in range(40))
+    result = run(ShowConfig(model=str(tiny_dir), head="L1H2", prompt=prompt, out=str(tmp_path / "o"), device="cpu"))
+    model = headprobe.load_model(str(tiny_dir), quiet=True)
+    tokens = model.to_tokens(prompt)
+    n = tokens.shape[1]
+    full = headprobe.capture_heads(model, tokens, layers=[1])["pattern"][1][0, 2].float().numpy()
+    rows, cols = list(range(n - 8, n)), [0, 1, 2, 3, n - 4, n - 3, n - 2, n - 1]
+    assert result.pattern.shape == (8, 8)
+    np.testing.assert_allclose(result.pattern, full[rows][:, cols], atol=1e-6)
+    page = (tmp_path / "o" / "index.html").read_text()
+    assert f"first 16 of {n} tokens" in page

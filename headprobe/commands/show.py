@@ -19,7 +19,14 @@ from headprobe.probe.heads import parse_heads
 HELP = "draw one head's attention pattern on your own text (PNG/PDF/SVG and an offline HTML page)"
 
 MAX_TOKENS = 1024
-"""Longest prompt accepted: the HTML page keeps every head's pattern (n_layers x n_heads x T^2 bytes)."""
+"""Longest prompt drawn whole: the HTML page keeps every head's pattern (n_layers x n_heads x T^2 bytes).
+A longer prompt (up to the model's context) is drawn as a window (:data:`LONG_WINDOW`)."""
+
+LONG_WINDOW = 64
+"""A prompt longer than :data:`MAX_TOKENS`: the figure shows its last ``LONG_WINDOW`` queries
+against the first 4 keys (the attention sink) and the last ``LONG_WINDOW - 4`` keys, computed from
+those rows alone (streamed from q and k on the native backend), and the page every head on the
+first :data:`MAX_TOKENS` tokens (a causal model's pattern on a prefix is that corner of the whole one)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,8 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
 
     from headprobe.analyses import figures as figs
     from headprobe.analyses.data import TokenSet
-    from headprobe.analyses.scoring import drawable, score_token_set
+    from headprobe.analyses.scoring import drawable, score_tokens, token_labels
+    from headprobe.probe.capture import capture_heads
     from headprobe.analyses.viewer import build_page, head_patterns
     from headprobe.probe.heads import format_head
     from headprobe.probe.io import prepare_output_dir, write_text
@@ -91,20 +99,31 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     (layer, head), = heads
     tokens = model.to_tokens(cfg.prompt)
     n = tokens.shape[1]
-    if n < 2 or n > min(MAX_TOKENS, spec.n_ctx):
-        raise HeadprobeError(f"the prompt is {n} tokens; show draws 2 to {min(MAX_TOKENS, spec.n_ctx)}")
+    longest = spec.n_ctx if spec.causal else min(MAX_TOKENS, spec.n_ctx)
+    if n < 2 or n > longest:
+        raise HeadprobeError(f"the prompt is {n} tokens; show draws 2 to {longest}")
     start = int(n > 1 and cfg.prepend_bos and model.tokenizer.bos_token_id is not None
                 and int(tokens[0, 0]) == model.tokenizer.bos_token_id)
     ts = TokenSet(tokens=tokens, start=start, source="prompt")
-    patterns = head_patterns(model, {"prompt": ts}, max_len=n)
-    scores, _, _ = score_token_set(model, ts, "natural")
-    pattern = patterns["prompt"]["pattern"][layer, head].astype(np.float32)
-    labels = [drawable(label) for label in patterns["prompt"]["labels"]]  # the viewer's are for a browser
+    shown = min(n, MAX_TOKENS)
+    patterns = head_patterns(model, {"prompt": TokenSet(tokens=tokens[:, :shown], start=start, source="prompt")},
+                             max_len=shown)
+    scores, _, _ = score_tokens(model, ts, "natural", first=0)
+    labels = [drawable(label) for label in token_labels(model, tokens[0].cpu())]  # the viewer's are for a browser
+    positions = None
+    if n <= MAX_TOKENS:
+        pattern = patterns["prompt"]["pattern"][layer, head].astype(np.float32)
+    else:
+        rows, cols = long_window(n, LONG_WINDOW)
+        cap = capture_heads(model, tokens, layers=[layer], heads=[head], rows=rows)
+        pattern = cap["pattern"][layer][0, 0][:, cols].float().cpu().numpy()
+        positions = (rows, cols)
 
     out = prepare_output_dir(out, overwrite)
     name = format_head((layer, head))
     title = f"head {name}, {spec.name} ({figs.weights_label(spec.weights)})\nyour prompt ({n} tokens)"
-    paths = figs.save_figure(figs.pattern_plot(pattern, labels, title, causal=model.spec.causal), out / f"pattern_{name}")
+    paths = figs.save_figure(figs.pattern_plot(pattern, labels, title, causal=model.spec.causal, positions=positions),
+                             out / f"pattern_{name}")
     L, H = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
     table = pd.DataFrame({"layer": L.ravel(), "head": H.ravel(),
                           "kv_head": H.ravel() // max(1, spec.n_heads // spec.n_kv_heads),
@@ -112,10 +131,17 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     summary = {"model": spec.name, "weights_precision": spec.precision,
                "layout": {"n_layers": spec.n_layers, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads},
                "selected_head": name}
-    patterns["prompt"]["label"] = f"your prompt ({n} tokens)"
+    patterns["prompt"]["label"] = f"your prompt ({n} tokens)" if n == shown else f"your prompt (first {shown} of {n} tokens)"
     page = build_page(table, summary, patterns, title=f"{spec.name}: head {name} on your prompt", verdicts=False)
     write_text(out / "index.html", page)
     return ShowResult((layer, head), pattern, labels, [*paths, out / "index.html"])
+
+
+def long_window(n: int, size: int = LONG_WINDOW, sink: int = 4) -> tuple[list[int], list[int]]:
+    """The part of an ``n``-token pattern a long prompt's figure shows: the last ``size`` queries
+    against keys ``0 .. sink-1`` and the last ``size - sink`` keys (absolute positions)."""
+    rows = list(range(n - size, n))
+    return rows, [*range(sink), *range(n - (size - sink), n)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

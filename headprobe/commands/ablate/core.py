@@ -21,7 +21,7 @@ from headprobe.analyses.ablation import (
 )
 from headprobe.analyses.attribution import atp_star, forward_equivalents, second_order
 from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
-from headprobe.analyses.scoring import score_token_set
+from headprobe.analyses.scoring import score_tokens
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
@@ -439,7 +439,9 @@ def run(model: LoadedModel, config: AblateConfig, *, resume: dict | None = None,
                                    grad.attribution.numpy(), t1 - t0, t2 - t1)
 
     # prefix-matching (induction) score of every head, to check the induction ranking against
-    induction_score = score_token_set(model, repeated, "repeated", types=("induction",))[0]["induction"].numpy()
+    # (score_tokens: streamed on long sequences, losses in position chunks: no pattern or logits of the whole sequence)
+    induction_score = score_tokens(model, repeated, "repeated", first_scored("repeated", repeated.start, repeated.period),
+                                   types=("induction",))[0]["induction"].numpy()
 
     table = _head_table(spec, results, induction_score, cfg.estimate)
     if cfg.estimate:  # no exact effect was measured

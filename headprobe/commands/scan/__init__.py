@@ -110,7 +110,11 @@ class ScanConfig:
             sequence is kept for the viewer (patterns.npz, uint8, see :mod:`headprobe.analyses.viewer`); 0: none.
         metrics: also compute the reported (not ablation-verified) head metrics of
             :mod:`headprobe.analyses.metrics` (columns ``copying``, ``sink_rate``, ``entropy``,
-            ``retrieval``, ``dla``, their heatmaps, and the K-composition figure).
+            ``retrieval``, ``dla``, ``local_<W>``, ``distant_mass``, their heatmaps, and the K-composition figure).
+        streaming: ``auto`` (default), ``on`` or ``off``: compute the head statistics streamed from each
+            layer's queries and keys, without the ``[head, q_pos, k_pos]`` pattern (:mod:`headprobe.probe.streaming`;
+            the same numbers; native backend), or from the materialised pattern; ``auto`` streams sequences
+            of 1,024 tokens or more on the native backend.
     """
 
     model: str = options.DEFAULT_MODEL
@@ -136,6 +140,7 @@ class ScanConfig:
     types: str | Sequence[str] | None = None
     pattern_len: int = vocab.DEFAULT_PATTERN_LEN
     metrics: bool = True
+    streaming: str = "auto"
 
     def __post_init__(self):
         object.__setattr__(self, "types", vocab.select_head_types(self.types))
@@ -145,6 +150,8 @@ class ScanConfig:
         vocab.check_verification_choices(self.alpha, self.control, self.correction)
         if self.k is not None and self.k < 1:
             raise HeadprobeError(f"--top-k must be at least 1, got {self.k}")
+        if self.streaming not in ("auto", "on", "off"):
+            raise HeadprobeError(f"--streaming must be auto, on or off, got {self.streaming!r}")
         if self.pattern_len != 0 and self.pattern_len < 2:
             raise HeadprobeError(f"--pattern-len must be 0 (no patterns.npz) or at least 2, got {self.pattern_len}")
 
@@ -238,6 +245,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for headprobe view (default %(default)s; 0: none)")
     p.add_argument("--no-metrics", dest="metrics", action="store_false",
                    help="skip the reported head metrics (copying, sink rate, entropy, retrieval, DLA, composition)")
+    p.add_argument("--streaming", choices=("auto", "on", "off"), default=d.streaming,
+                   help="head statistics streamed from queries and keys without the N x N pattern (on; native "
+                        "backend), from the pattern (off), or streamed from 1,024 tokens on (auto, the default)")
     p.add_argument("--html", action="store_true",
                    help="also write index.html, the interactive viewer (same as headprobe view OUT afterwards)")
 

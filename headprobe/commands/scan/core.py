@@ -26,8 +26,8 @@ from headprobe.analyses.ablation import (
 from headprobe.analyses import verification as verif
 from headprobe.analyses.statistics import bootstrap_ci
 from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
-from headprobe.analyses.columns import DETECTORS, metric_columns
-from headprobe.analyses.scoring import example_patterns, score_token_set  # noqa: F401 - score_token_set re-exported
+from headprobe.analyses.columns import DETECTORS, METRICS, metric_columns
+from headprobe.analyses.scoring import example_patterns, score_token_set, score_tokens  # noqa: F401 - score_token_set re-exported
 from headprobe.analyses import metrics as head_metrics
 from headprobe.analyses import viewer
 from headprobe.options import positive_int
@@ -189,17 +189,19 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True) -> ScanRe
     repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
     steps = tqdm(total=2, desc="scoring heads", unit="pass", disable=not progress)
     per_seq: dict[str, torch.Tensor] = {}
-    nat_scores, nat_logits, mean_z = score_token_set(model, natural, "natural", mean_z=cfg.verify, types=cfg.types,
-                                                     per_sequence=per_seq)
+    nat_scores, nat_loss, mean_z = score_tokens(model, natural, "natural", first_scored("natural", natural.start, None),
+                                                mean_z=cfg.verify, types=cfg.types, per_sequence=per_seq,
+                                                streaming=cfg.streaming)
     steps.update()
-    rep_scores, rep_logits, _ = score_token_set(model, repeated, "repeated", types=cfg.types, per_sequence=per_seq)
+    rep_scores, rep_loss, _ = score_tokens(model, repeated, "repeated",
+                                           first_scored("repeated", repeated.start, repeated.period), types=cfg.types,
+                                           per_sequence=per_seq, streaming=cfg.streaming)
     steps.update()
     steps.close()
     scores = {c: v.numpy() for c, v in {**nat_scores, **rep_scores}.items()}
     removed = removed_heads(model)
     _mark_removed(scores, removed)
-    clean_seq = _clean_losses(spec, natural, repeated, nat_logits, rep_logits)
-    del nat_logits, rep_logits
+    clean_seq = {"natural": nat_loss, "repeated": rep_loss}  # zeros for an encoder (its effects are 1 - cos)
     clean = {task: float(v.double().mean()) for task, v in clean_seq.items()}
     untrusted = {"natural": untrusted_task_reason(clean["natural"], spec.d_vocab, unknown_share(model, natural)),
                  "repeated": untrusted_task_reason(clean["repeated"], spec.d_vocab)}
@@ -213,14 +215,15 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True) -> ScanRe
     timings["ablate_s"] = time.perf_counter() - t0
 
     best = {name: top_heads(torch.as_tensor(scores[DETECTORS[name].rank_by]), 1)[0] for name in cfg.types}
-    examples = example_patterns(model, best, natural, repeated)
+    examples = example_patterns(model, best, natural, repeated, streaming=cfg.streaming)
     patterns = (viewer.head_patterns(model, {"natural": natural, "repeated": repeated}, cfg.pattern_len)
                 if cfg.pattern_len else None)
 
     composition, metric_notes = None, {}
     if cfg.metrics:
         needles = head_metrics.scan_needles(model, cfg.n_natural, cfg.seq_len, cfg.seed, text, natural.source)
-        metric_scores, metric_notes = head_metrics.scan_metrics(model, natural, needles, first_scored("natural", natural.start, None))
+        metric_scores, metric_notes = head_metrics.scan_metrics(model, natural, needles, first_scored("natural", natural.start, None),
+                                                                streaming=cfg.streaming)
         scores.update(metric_scores)
         _mark_removed(scores, removed)
         composition = head_metrics.scan_composition(model)
@@ -233,20 +236,6 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True) -> ScanRe
                       warnings=warnings, score_ci95=score_ci95, patterns=patterns, composition=composition,
                       metrics=metrics_summary(scores, composition, cfg.types, metric_notes) if cfg.metrics else {},
                       verification=design, removed_heads=removed)
-
-
-def _clean_losses(spec: ModelSpec, natural: TokenSet, repeated: TokenSet, nat_logits: torch.Tensor,
-                  rep_logits: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Task -> each sequence's clean loss ``[batch]`` (nats/token, on the CPU) over the scored
-    positions (:func:`~headprobe.analyses.ablation.first_scored`); zeros for an encoder
-    (``spec.causal`` False), which has no LM loss: its effects are ``1 - cos`` against the clean
-    embedding, 0 on the clean run."""
-    if not spec.causal:
-        return {"natural": torch.zeros(len(natural.tokens)), "repeated": torch.zeros(len(repeated.tokens))}
-    return {
-        "natural": scored_loss(nat_logits, natural.tokens, first_scored("natural", natural.start, None)).cpu(),
-        "repeated": scored_loss(rep_logits, repeated.tokens, first_scored("repeated", repeated.start, repeated.period)).cpu(),
-    }
 
 
 def _head_table(spec: ModelSpec, scores: dict[str, np.ndarray], types: Sequence[str]) -> pd.DataFrame:
@@ -285,7 +274,7 @@ def metrics_summary(scores: dict[str, np.ndarray], composition: dict | None, typ
     share of sink heads (sink rate > 0.3), and the K-composition of the top previous-token into
     the top induction heads beside its baselines (:func:`~headprobe.analyses.metrics.composition_summary`)."""
     out: dict = {"skipped": skipped, "top_heads": {}}
-    for c in metric_columns():
+    for c in (s.column for metric in METRICS.values() for s in metric.figures):  # each drawn metric column
         v = scores.get(c)
         if v is not None and np.isfinite(v).any():
             order = np.argsort(-np.nan_to_num(v, nan=-np.inf), axis=None)[:top_n]
