@@ -23,16 +23,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    # name: (module, attribute)
-    "scan": ("headprobe.commands.scan", "scan"),
-    "ablate": ("headprobe.commands.ablate", "ablate"),
-    "prune": ("headprobe.commands.prune", "prune"),
-    "budget": ("headprobe.commands.budget", "budget"),
-    "train": ("headprobe.commands.train", "train"),
-    "study": ("headprobe.commands.study", "study"),
-    "view": ("headprobe.commands.view", "view"),
-    "atlas": ("headprobe.commands.atlas", "atlas"),
-    "patch": ("headprobe.commands.patch", "patch"),
+    # name: (module, attribute); the commands' functions come from headprobe.commands.COMMANDS
     "load_model": ("headprobe.probe.loading", "load_model"),
     "LoadedModel": ("headprobe.probe.loading", "LoadedModel"),
     "Backend": ("headprobe.probe.backend", "Backend"),
@@ -42,7 +33,7 @@ _EXPORTS = {
     "HeadprobeError": ("headprobe.probe.errors", "HeadprobeError"),
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = ["__version__", *_EXPORTS]  # and every command with a Python function (__dir__)
 
 
 def __getattr__(name: str):
@@ -54,14 +45,30 @@ def __getattr__(name: str):
         except PackageNotFoundError:  # pragma: no cover - running from a checkout without installing
             globals()["__version__"] = "0+unknown"
         return globals()["__version__"]
-    try:
+    if name in _EXPORTS:
         module, attr = _EXPORTS[name]
-    except KeyError:
-        raise AttributeError(f"module 'headprobe' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attr)
+        value = getattr(importlib.import_module(module), attr)
+    else:
+        value = _command_function(name)
     globals()[name] = value
     return value
 
 
+def _command_function(name: str):
+    """The Python function of command ``name`` (:data:`headprobe.commands.COMMANDS`).
+
+    Raises:
+        AttributeError: no such command, or the command has no Python function.
+    """
+    from headprobe.commands import COMMANDS
+
+    function = COMMANDS.get(name).function() if name in COMMANDS else None
+    if function is None:
+        raise AttributeError(f"module 'headprobe' has no attribute {name!r}")
+    return function
+
+
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    from headprobe.commands import COMMANDS
+
+    return sorted({*__all__, *COMMANDS.names()})

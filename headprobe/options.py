@@ -12,74 +12,11 @@ import contextlib
 import re
 from dataclasses import dataclass
 
-DTYPES = ("float32", "bfloat16", "float16")
-"""Compute precisions, by torch's names."""
-DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-"""Short names accepted everywhere for :data:`DTYPES`."""
-DEVICES = ("auto", "cpu", "cuda")
-DEVICE_MAPS = ("auto", "balanced", "sequential")
-"""``--device-map`` strategies (:data:`headprobe.probe.devicemap.DEVICE_MAPS`)."""
-BACKENDS = ("auto", "native", "transformer-lens")
-DEFAULT_MODEL = "smollm2-135m"
-
-
-def positive_int(text: str) -> int:
-    """argparse ``type`` for counts and lengths: an integer >= 1 (else a one-line usage error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def dtype_name(text: str) -> str:
-    """argparse ``type`` for ``--dtype``: torch's name (``bfloat16``) or a short alias (``bf16``),
-    returned as torch's name."""
-    name = DTYPE_ALIASES.get(text.lower().removeprefix("torch."), text.lower().removeprefix("torch."))
-    if name not in DTYPES:
-        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; choose one of {', '.join(DTYPES)} "
-                                         f"(or {', '.join(DTYPE_ALIASES)})")
-    return name
-
-
-_SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B)?$", re.IGNORECASE)
-_MEMORY_DEVICE = re.compile(r"^(cpu|disk|mps|(cuda:)?\d+)$")
-
-
-def parse_max_memory(text: str) -> dict[int | str, int | str]:
-    """argparse ``type`` for ``--max-memory``: ``DEVICE=SIZE,...`` (``cpu=2GiB,cuda:0=10GiB,disk=100GB``)
-    as accelerate's ``max_memory`` dict: devices ``cpu``, ``disk``, ``mps``, ``cuda:N`` or ``N``
-    (GPU N, an int key), sizes in bytes or with a unit (``KB MB GB TB``, ``KiB MiB GiB TiB``).
-    A device not named gets nothing, except disk, which is unlimited unless named."""
-    out: dict[int | str, int | str] = {}
-    for part in text.split(","):
-        device, eq, size = (x.strip() for x in part.partition("="))
-        if not eq or not _MEMORY_DEVICE.match(device) or not _SIZE.match(size):
-            raise argparse.ArgumentTypeError(f"bad --max-memory entry {part.strip()!r}: expected DEVICE=SIZE with DEVICE one of "
-                                             f"cpu, disk, mps, cuda:N and SIZE like 2GiB or 500MB, e.g. cpu=2GiB,cuda:0=10GiB")
-        key: int | str = int(device.removeprefix("cuda:")) if device[-1].isdigit() else device
-        if key in out:
-            raise argparse.ArgumentTypeError(f"--max-memory names {device} twice")
-        out[key] = int(size) if size.isdigit() else size.replace(" ", "").upper().replace("IB", "iB")
-    return out
-
-
-def max_memory_dict(max_memory: dict | str | None) -> dict | None:
-    """``--max-memory``'s text parsed (:func:`parse_max_memory`), a dict or None as given.
-
-    Raises:
-        HeadprobeError: bad text (one line).
-    """
-    from headprobe.probe.errors import HeadprobeError
-
-    if not isinstance(max_memory, str):
-        return max_memory
-    try:
-        return parse_max_memory(max_memory)
-    except argparse.ArgumentTypeError as e:
-        raise HeadprobeError(str(e)) from None
+from headprobe.settings import (  # noqa: F401 - the shared vocabularies and flag types, re-exported
+    BACKENDS, DEFAULT_MODEL, DEVICE_MAPS, DEVICES, DTYPE_ALIASES, DTYPES, DataSettings, ModelSettings,
+    OutputSettings, add_flags, check_device_map, dtype_name, max_memory_dict, parse_max_memory, positive_int,
+)
+from headprobe.settings import check_settings as check_config_fields  # noqa: F401 - the old name
 
 
 def torch_dtype(name: str):
@@ -92,56 +29,42 @@ def torch_dtype(name: str):
 def add_model_options(p: argparse.ArgumentParser, *, dtype: bool = True, backend: bool = True,
                       default_model: str | None = DEFAULT_MODEL, device_map: bool = True,
                       listed_model: bool = True) -> None:
-    """``--model --device [--dtype] [--backend] [--device-map --max-memory]``; ``listed_model=False``
-    keeps ``--model`` out of ``--help`` (a command that takes ``--models`` refuses it in one line)."""
-    p.add_argument("--model", default=default_model,
-                   help=argparse.SUPPRESS if listed_model is False else
-                   f"{DEFAULT_MODEL} (default, embedded 4-bit weights), gpt2 or another Hugging Face name, "
-                   "a local Hugging Face directory, a .gguf file or a headprobe checkpoint directory")
-    p.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda when a GPU is present, else cpu")
-    if dtype:
-        p.add_argument("--dtype", default="float32", type=dtype_name, metavar="{" + ",".join(DTYPES) + "}",
-                       help="compute precision of weights and activations (default %(default)s; bf16/fp16/fp32 "
-                            "accepted); attention softmax and losses stay float32; float16 needs the native backend")
-    if backend:
-        p.add_argument("--backend", default="auto", choices=BACKENDS,
-                       help="native: headprobe's own transformer (auto picks it where it supports the architecture); "
-                            "transformer-lens: TransformerLens' TransformerBridge around the Hugging Face model")
-    if device_map:
-        p.add_argument("--device-map", default=None, choices=DEVICE_MAPS,
-                       help="split a model too large for one device over the GPUs, CPU memory and disk (accelerate; "
-                            "the bridge in float32 only): auto/balanced spread the blocks evenly over the GPUs, sequential fills each in turn; "
-                            "the embedding and unembedding stay on the first device; replaces --device (leave it at auto)")
-        p.add_argument("--max-memory", default=None, metavar="DEVICE=SIZE,...",
-                       help="what --device-map may put on each device, e.g. cpu=2GiB,cuda:0=10GiB,disk=100GB (default: the "
-                            "free memory of every GPU and the CPU; disk unlimited unless named)")
+    """``--model --device [--dtype] [--backend] [--device-map --max-memory]``, generated from
+    :class:`~headprobe.settings.ModelSettings` (``--no-bos`` is added by the commands that take it,
+    with :func:`add_flags`); ``listed_model=False`` keeps ``--model`` out of ``--help`` (a command
+    that takes ``--models`` refuses it in one line)."""
+    skip = ("prepend_bos", *(() if dtype else ("dtype",)), *(() if backend else ("backend",)),
+            *(() if device_map else ("device_map", "max_memory")))
+    add_flags(p, ModelSettings, skip=skip, defaults={"model": default_model},
+              helps={} if listed_model else {"model": argparse.SUPPRESS})
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:
-    """``--out --overwrite``."""
-    p.add_argument("--out", required=True, help="output directory (must be empty or absent unless --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty output directory")
+    """``--out --overwrite --formats`` (:class:`~headprobe.settings.OutputSettings`)."""
+    add_flags(p, OutputSettings)
 
 
 def add_text_option(p: argparse.ArgumentParser) -> None:
     """``--text``."""
-    p.add_argument("--text", default=None, help="UTF-8 text file for natural text (default: CPython's pydoc_data.topics)")
+    add_flags(p, DataSettings, only=("text",))
 
 
 def add_seed_option(p: argparse.ArgumentParser, default: int = 0) -> None:
     """``--seed``."""
-    p.add_argument("--seed", type=int, default=default, help="seeds data windows, random tokens and draws (default %(default)s)")
+    add_flags(p, DataSettings, only=("seed",), defaults={"seed": default})
 
 
 def add_data_options(p: argparse.ArgumentParser, *, seq_len: int | None = 128, n_repeated: int = 8,
                      period: int | None = 50, seq_len_help: str = "", period_help: str = "") -> None:
-    """``--text --seq-len --n-repeated --period``: the natural-text and repeated-random-token sets."""
-    add_text_option(p)
-    p.add_argument("--seq-len", type=positive_int, default=seq_len,
-                   help="natural-text sequence length in tokens " + (seq_len_help or "(default %(default)s)"))
-    p.add_argument("--n-repeated", type=positive_int, default=n_repeated, help="repeated random sequences (default %(default)s)")
-    p.add_argument("--period", type=positive_int, default=period,
-                   help="length of the repeated random block " + (period_help or "(default %(default)s)"))
+    """``--text --seq-len --n-repeated --period``: the natural-text and repeated-random-token sets
+    (:class:`~headprobe.settings.DataSettings`); ``*_help`` replaces the ``(default ...)`` part of a help."""
+    helps = {}
+    if seq_len_help:
+        helps["seq_len"] = "natural-text sequence length in tokens " + seq_len_help
+    if period_help:
+        helps["period"] = "length of the repeated random block " + period_help
+    add_flags(p, DataSettings, only=("text", "seq_len", "n_repeated", "period"),
+              defaults={"seq_len": seq_len, "n_repeated": n_repeated, "period": period}, helps=helps)
 
 
 SMOLLM2_LAYOUT = (30, 9)
@@ -226,24 +149,6 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
     return model
 
 
-def check_device_map(device: str | None, device_map: str | None, max_memory: dict | str | None) -> None:
-    """``--device-map`` among :data:`DEVICE_MAPS`, ``--max-memory`` only with it, and ``--device``
-    left at ``auto`` (or ``cpu``) with it: the map places the model itself.
-
-    Raises:
-        HeadprobeError: one line naming the flag.
-    """
-    from headprobe.probe.errors import HeadprobeError
-
-    if device_map is not None and device_map not in DEVICE_MAPS:
-        raise HeadprobeError(f"--device-map {device_map!r} is not one of {', '.join(DEVICE_MAPS)}")
-    if max_memory is not None and device_map is None:
-        raise HeadprobeError("--max-memory needs --device-map (auto, balanced or sequential)")
-    if device_map is not None and device not in (None, "auto", "cpu"):
-        raise HeadprobeError(f"--device-map places the model itself: leave --device at auto, not {device} "
-                             f"(keep the model off the GPU with --max-memory cpu=SIZE)")
-
-
 FLOAT16_BRIDGE = ("--dtype float16 runs only on the native backend: TransformerLens' bridge computes q k^T in "
                   "float16, which overflows (65504) to NaN patterns on models with large queries and keys; "
                   "use --dtype bfloat16 (float32's range) or --backend native")
@@ -261,42 +166,6 @@ def describe_model(model) -> str:
         where = f"{', '.join(dict.fromkeys(names))} (--device-map)"
     return (f"model {spec.name} on {where} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
             f"{spec.n_kv_heads} KV heads); weights: {spec.precision}")
-
-
-def check_config_fields(cfg) -> None:
-    """Check and normalise the fields a command config shares with the flags here (in place, on a
-    frozen dataclass, from its ``__post_init__``): ``dtype`` to torch's name, ``text`` to a str,
-    counts (``n_natural``, ``n_repeated``) >= 1, ``seq_len`` and ``period`` >= 2 where set,
-    ``device`` and ``backend`` among their choices. Fields the config lacks are skipped.
-
-    Raises:
-        HeadprobeError: one line naming the flag.
-    """
-    from headprobe.probe.errors import HeadprobeError
-
-    def has(name):
-        return getattr(cfg, name, None) is not None
-
-    if has("dtype"):
-        try:
-            object.__setattr__(cfg, "dtype", dtype_name(cfg.dtype))
-        except argparse.ArgumentTypeError as e:
-            raise HeadprobeError(str(e)) from None
-    if has("text"):
-        object.__setattr__(cfg, "text", str(cfg.text))
-    for name in ("n_natural", "n_repeated"):
-        if has(name) and getattr(cfg, name) < 1:
-            raise HeadprobeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
-    if has("seq_len") and cfg.seq_len < 2:
-        raise HeadprobeError(f"sequence length {cfg.seq_len} is too short: scores need at least 2 positions (--seq-len)")
-    if has("period") and cfg.period < 2:
-        raise HeadprobeError(f"--period {cfg.period} is too short: induction needs a repeated block of at least 2 tokens")
-    for name, allowed in (("device", DEVICES), ("backend", BACKENDS)):
-        if has(name) and getattr(cfg, name) not in allowed:
-            raise HeadprobeError(f"--{name} {getattr(cfg, name)!r} is not one of {', '.join(allowed)}")
-    if has("max_memory"):  # kept as text (JSON keys stay as typed), checked now
-        max_memory_dict(cfg.max_memory)
-    check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))
 
 
 def load_for(config):
@@ -348,43 +217,14 @@ def check_fields(config_cls, config_fields: dict) -> None:
 
 
 @dataclass(frozen=True)
-class ModelRunConfig:
+class ModelRunConfig(ModelSettings, DataSettings):
     """The settings every command that runs a model on natural text and repeated random tokens
-    shares (``ablate``, ``prune``; the flags of :func:`add_model_run_options`). A command's config
-    derives from it and adds its own fields. Invalid values raise
-    :class:`~headprobe.probe.errors.HeadprobeError` when the config is made.
-
-    Attributes:
-        model: model name or path (see :func:`headprobe.probe.loading.load_model`).
-        n_natural: natural-text sequences (>= 1); as many more, disjoint, are the reference
-            (ablate: mean/resample source; prune: the held-out curve).
-        seq_len: natural-text sequence length in tokens, BOS included (>= 2).
-        n_repeated: repeated-random-token sequences of the induction task (>= 1).
-        period: length S of the repeated block (>= 2).
-        seed: seeds the window choice, the random tokens and any random order or source.
-        text: a UTF-8 file to use instead of the Python documentation text.
-        device: ``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name.
-        dtype: compute precision (``float32``, ``bfloat16``, ``float16`` or bf16/fp16/fp32); applies when loaded by name.
-        backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; applies when loaded by name.
-        device_map: ``auto``, ``balanced`` or ``sequential``: split the model over devices (:func:`load_model_as`); None: one device.
-        max_memory: per-device budget for ``device_map`` (a dict, or ``--max-memory``'s text); None: what is free.
-    """
-
-    model: str = DEFAULT_MODEL
-    n_natural: int = 8
-    seq_len: int = 128
-    n_repeated: int = 8
-    period: int = 50
-    seed: int = 0
-    text: str | None = None
-    device: str = "auto"
-    dtype: str = "float32"
-    backend: str = "auto"
-    device_map: str | None = None
-    max_memory: str | dict | None = None
-
-    def __post_init__(self):
-        check_config_fields(self)
+    shares (``ablate``, ``prune``): :class:`~headprobe.settings.ModelSettings` and
+    :class:`~headprobe.settings.DataSettings` composed (the fields and their help are declared
+    there). ``n_natural`` sequences are used, as many more, disjoint, are the reference (ablate:
+    mean/resample source; prune: the held-out curve). A command's config derives from it and adds
+    its own fields. Invalid values raise :class:`~headprobe.probe.errors.HeadprobeError` when the
+    config is made."""
 
     def preflight(self) -> None:
         """Check, without loading weights, what the settings and files alone decide (here: the
@@ -399,14 +239,13 @@ class ModelRunConfig:
             open_text_file(self.text)
 
 
-def add_model_run_options(p: argparse.ArgumentParser) -> None:
+def add_model_run_options(p: argparse.ArgumentParser, *, n_natural_help: str = "") -> None:
     """The flags of a command that runs a model on text and writes a directory (``ablate``,
-    ``prune``): :func:`add_model_options`, :func:`add_output_options`, :func:`add_data_options`
-    with their defaults, :func:`add_seed_option`."""
+    ``prune``), generated from :class:`ModelRunConfig`'s settings: the model's (no ``--no-bos``),
+    :func:`add_output_options`, the data's."""
     add_model_options(p)
     add_output_options(p)
-    add_data_options(p)
-    add_seed_option(p)
+    add_flags(p, DataSettings, helps={"n_natural": n_natural_help} if n_natural_help else None)
 
 
 @contextlib.contextmanager

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from headprobe.commands import Command
 from headprobe import options
 from headprobe.analyses import atlas as atlas_lib
 from headprobe.analyses import figures
@@ -449,3 +450,7 @@ def main(args: argparse.Namespace) -> int:
           f"{result.out}/ (each model's scan in {result.out}/{MODELS_DIR}/)")
     n_failed = sum(m["status"] == "failed" for m in result.models.values())
     return 1 if n_failed == len(result.models) else 0
+
+
+COMMAND = Command(HELP, add_arguments, main, api=atlas)
+"""``headprobe atlas``, registered in :data:`headprobe.commands.COMMANDS`."""

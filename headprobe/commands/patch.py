@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
+from headprobe.commands import Command
 from headprobe import options
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
@@ -267,4 +268,8 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["HELP", "PatchConfig", "PatchResult", "run", "patch", "add_arguments", "main"]
+__all__ = ["HELP", "COMMAND", "PatchConfig", "PatchResult", "run", "patch", "add_arguments", "main"]
+
+
+COMMAND = Command(HELP, add_arguments, main, api=patch)
+"""``headprobe patch``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -12,6 +12,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from headprobe.commands import Command
 from headprobe import options
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import parse_heads
@@ -118,6 +119,17 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     return ShowResult((layer, head), pattern, labels, [*paths, out / "index.html"])
 
 
+def show(model: str = options.DEFAULT_MODEL, *, head: str, prompt: str, out: str | Path, overwrite: bool = False,
+         **load) -> ShowResult:
+    """``headprobe show`` from Python: ``head``'s pattern on ``prompt`` written into ``out``
+    (``load``: ``device``, ``dtype``, ``backend``, ``prepend_bos``, ``device_map``, ``max_memory``).
+
+    Raises:
+        HeadprobeError: as :func:`run`. TypeError: an unknown setting.
+    """
+    return run(ShowConfig(model=str(model), head=head, prompt=prompt, out=str(out), **load), overwrite=overwrite)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     options.add_model_options(p)
     p.add_argument("--head", required=True, help="the head, as layer.head (e.g. 18.6; L18H6 also accepted)")
@@ -147,3 +159,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"head {result.head[0]}.{result.head[1]} on {len(result.labels)} tokens; wrote "
           + ", ".join(str(p) for p in result.paths))
     return 0
+
+
+COMMAND = Command(HELP, add_arguments, main, api=show)
+"""``headprobe show``, registered in :data:`headprobe.commands.COMMANDS`."""

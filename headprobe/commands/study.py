@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from headprobe.commands import Command
 from headprobe.analyses import figures
 from headprobe.analyses.train import INDUCTION_FORMED, N_CHARS, TrainConfig, train as train_model, training_tokenizer
 from headprobe.options import DEVICES, add_output_options
@@ -46,7 +47,7 @@ from headprobe.probe.io import package_versions, prepare_output_dir, write_json,
 
 HELP = "train small models side by side: how many heads (study heads), MHA vs GQA vs MQA vs MLA (study layouts)"
 
-__all__ = ["HELP", "StudyConfig", "StudyResult", "run", "study", "add_arguments", "main"]
+__all__ = ["HELP", "COMMAND", "StudyConfig", "StudyResult", "run", "study", "add_arguments", "main"]
 
 CONTEXT = 2048  # tokens, for the per-request KV cache column
 STUDIES = ("heads", "layouts")
@@ -365,3 +366,7 @@ def main(args: argparse.Namespace) -> int:
     print(result.report())
     print(f"wrote results.csv, study.json and the figure to {Path(args.out)}/")
     return 0
+
+
+COMMAND = Command(HELP, add_arguments, main, api=study)
+"""``headprobe study``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from headprobe.commands import Command
 from headprobe.analyses import figures
 from headprobe.analyses.train import (
     CORPORA, INDUCTION_FORMED, TrainConfig, TrainRun, phase_change_step, train as train_model, training_tokenizer,
@@ -44,7 +45,7 @@ from headprobe.probe.io import package_versions, prepare_output_dir, write_json,
 
 HELP = "train a small attention-only transformer from scratch and watch induction heads form (phase change)"
 
-__all__ = ["HELP", "TrainConfig", "TrainResult", "run", "train", "add_arguments", "main"]
+__all__ = ["HELP", "COMMAND", "TrainConfig", "TrainResult", "run", "train", "add_arguments", "main"]
 
 
 @dataclass
@@ -244,3 +245,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"\n{result.report()}")
     print(f"wrote {len(paths)} files to {out}/ (headprobe scan --model {out} reads the checkpoint)")
     return 0
+
+
+COMMAND = Command(HELP, add_arguments, main, api=train)
+"""``headprobe train``, registered in :data:`headprobe.commands.COMMANDS`."""

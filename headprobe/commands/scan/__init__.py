@@ -28,7 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from headprobe import options
+from headprobe.commands import Command
+from headprobe import options, settings
 from headprobe.analyses import vocabulary as vocab
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
@@ -244,7 +245,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> ScanConfig:
     """The :class:`ScanConfig` the flags ask for (checks everything the flags alone decide)."""
-    return ScanConfig(**{f: getattr(args, f) for f in ScanConfig.__dataclass_fields__})
+    return settings.from_args(ScanConfig, args)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -278,3 +279,7 @@ def main(args: argparse.Namespace) -> int:
                   f"PDF and SVG{extras})")
         distributed.barrier()
     return 0
+
+
+COMMAND = Command(HELP, add_arguments, main, api="headprobe.commands.scan.core:scan", epilog=EPILOG)
+"""``headprobe scan``, registered in :data:`headprobe.commands.COMMANDS`."""
