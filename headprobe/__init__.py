@@ -33,10 +33,12 @@ _EXPORTS = {
     "HeadprobeError": ("headprobe.probe.errors", "HeadprobeError"),
 }
 
-__all__ = ["__version__", *_EXPORTS]  # and every command with a Python function (__dir__)
+# ``__all__`` is computed on use (:func:`__getattr__`): these names and every registered command.
 
 
 def __getattr__(name: str):
+    if name == "__all__":  # every registered command, one registered at run time too
+        return _public_names()
     if name == "__version__":  # read from the installed distribution on first use (importlib.metadata is slow)
         from importlib.metadata import PackageNotFoundError, version
 
@@ -68,7 +70,12 @@ def _command_function(name: str):
     return function
 
 
-def __dir__() -> list[str]:
+def _public_names() -> list[str]:
+    """``__version__``, the exported names and every command in :data:`headprobe.commands.COMMANDS`."""
     from headprobe.commands import COMMANDS
 
-    return sorted({*__all__, *COMMANDS.names()})
+    return ["__version__", *_EXPORTS, *COMMANDS.names()]
+
+
+def __dir__() -> list[str]:
+    return sorted(_public_names())

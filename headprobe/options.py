@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from headprobe.settings import (  # noqa: F401 - the shared vocabularies and flag types, re-exported
     BACKENDS, DEFAULT_MODEL, DEVICE_MAPS, DEVICES, DTYPE_ALIASES, DTYPES, DataSettings, ModelSettings,
@@ -30,12 +31,13 @@ def add_model_options(p: argparse.ArgumentParser, *, dtype: bool = True, backend
                       default_model: str | None = DEFAULT_MODEL, device_map: bool = True,
                       listed_model: bool = True) -> None:
     """``--model --device [--dtype] [--backend] [--device-map --max-memory]``, generated from
-    :class:`~headprobe.settings.ModelSettings` (``--no-bos`` is added by the commands that take it,
-    with :func:`add_flags`); ``listed_model=False`` keeps ``--model`` out of ``--help`` (a command
-    that takes ``--models`` refuses it in one line)."""
-    skip = ("prepend_bos", *(() if dtype else ("dtype",)), *(() if backend else ("backend",)),
-            *(() if device_map else ("device_map", "max_memory")))
-    add_flags(p, ModelSettings, skip=skip, defaults={"model": default_model},
+    :class:`~headprobe.settings.ModelSettings`, for a command whose config does not compose it
+    (``view``, ``atlas``: a setting added to the group is not theirs); a config that composes it
+    calls ``add_flags(p, Config, group=ModelSettings)``. ``listed_model=False`` keeps ``--model``
+    out of ``--help`` (a command that takes ``--models`` refuses it in one line)."""
+    only = ("model", "device", *(("dtype",) if dtype else ()), *(("backend",) if backend else ()),
+            *(("device_map", "max_memory") if device_map else ()))  # a config that lacks the rest gets no flag for them
+    add_flags(p, ModelSettings, only=only, defaults={"model": default_model},
               helps={} if listed_model else {"model": argparse.SUPPRESS})
 
 
@@ -243,9 +245,9 @@ def add_model_run_options(p: argparse.ArgumentParser, *, n_natural_help: str = "
     """The flags of a command that runs a model on text and writes a directory (``ablate``,
     ``prune``), generated from :class:`ModelRunConfig`'s settings: the model's (no ``--no-bos``),
     :func:`add_output_options`, the data's."""
-    add_model_options(p)
+    add_flags(p, ModelRunConfig, group=ModelSettings, skip=("prepend_bos",))
     add_output_options(p)
-    add_flags(p, DataSettings, helps={"n_natural": n_natural_help} if n_natural_help else None)
+    add_flags(p, ModelRunConfig, group=DataSettings, helps={"n_natural": n_natural_help} if n_natural_help else None)
 
 
 @contextlib.contextmanager
@@ -267,13 +269,62 @@ def process_group(device: str = "auto"):
         distributed.shutdown()
 
 
-def main_resumable(args: argparse.Namespace, config, core: str, resumed) -> int:
-    """The ``main`` of a command that resumes from a checkpoint in its output directory (``ablate``,
-    ``prune``): check the settings (``config.preflight()``) and ``--out`` before the model loads,
-    pick up the checkpoint written by an interrupted run of the same config (printing
-    ``resumed(state)``, a short account of what is done), load the model, run the ``run(model,
-    config, resume=state, on_save=...)`` of module ``core`` (imported only now: the computation
-    needs torch), save the result, drop the checkpoint, print the report and the files written.
+@dataclass(frozen=True)
+class Run:
+    """How :func:`run_command` runs one command (what differs between commands; the steps are the same).
+
+    Attributes:
+        core: the module with ``run(model, config, progress=..., [resume=..., on_save=...])``,
+            imported only once the settings are checked (the computation needs torch).
+        resumed: a short account of a checkpoint's state (``"12 head ablations done"``): the run is
+            resumable, its checkpoint kept in ``--out`` (:class:`~headprobe.probe.io.RunCheckpoint`); None: not resumable.
+        note: a line printed before the model loads (``NOTE: ...``), or None.
+        sharded: what a multi-rank run splits, for the model line (``"verification"``), or ``""``.
+        save: keyword arguments of the result's ``save`` beyond ``out`` and ``overwrite``.
+        wrote: the last line, from the paths written (default: ``wrote a.csv, summary.json, ... to OUT/``).
+    """
+
+    core: str
+    resumed: Callable[[dict], str] | None = None
+    note: str | None = None
+    sharded: str = ""
+    save: dict = field(default_factory=dict)
+    wrote: Callable[[list, Path], str] | None = None
+
+
+def _wrote(paths: list, out: Path) -> str:
+    names = [p.name for p in paths]
+    return f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {out}/"
+
+
+def _resume(out: str, overwrite: bool, config, module, sharded: bool, main_rank: bool):
+    """``(state or None, on_save, checkpoints found)`` of a resumable run; see :func:`run_command`."""
+    from dataclasses import asdict
+
+    from headprobe.analyses import distributed
+    from headprobe.probe.io import RunCheckpoint, shard_checkpoint_name
+
+    key = asdict(config)
+    checkpoint = RunCheckpoint(out, key)
+    merge = getattr(module, "merge_states", None)
+    if merge is not None:  # every rank reads every checkpoint before any rank writes one
+        found = RunCheckpoint.shards(out, key)
+        saved = merge([c.load(overwrite) for c in found])
+        if sharded:
+            checkpoint = RunCheckpoint(out, key, shard_checkpoint_name(distributed.rank(), distributed.world_size()))
+        return saved, checkpoint.save, found
+    saved = checkpoint.load(overwrite) if main_rank or not sharded else None
+    return distributed.broadcast_object(saved), checkpoint.save if main_rank else None, [checkpoint]
+
+
+def run_command(args: argparse.Namespace, config, how: Run) -> int:
+    """The ``main`` of every command that loads one model and writes a directory (``scan``,
+    ``ablate``, ``prune``, ``patch``): check the settings (``config.preflight()``) and ``--out``
+    before the model loads, pick up the checkpoint an interrupted run of the same config wrote
+    (resumable commands, ``how.resumed``), load the model (:func:`load_for`), run ``how.core``'s
+    ``run`` (imported only now), save the result (``summary.json`` last), drop the checkpoint,
+    print the report and the files written. Ctrl-C and SIGTERM end the run between writes
+    (:mod:`headprobe.cli` says so); progress bars only on the main rank.
 
     Under ``torchrun --nproc-per-node N`` (``WORLD_SIZE > 1``) every rank runs this: it joins the
     process group (:func:`headprobe.analyses.distributed.init_from_env`), reads the checkpoints,
@@ -289,48 +340,38 @@ def main_resumable(args: argparse.Namespace, config, core: str, resumed) -> int:
     """
     import importlib
     import time
-    from dataclasses import asdict
-    from pathlib import Path
 
     from headprobe.analyses import distributed
-    from headprobe.probe.io import RunCheckpoint, prepare_output_dir, shard_checkpoint_name
+    from headprobe.probe.io import RunCheckpoint, prepare_output_dir
 
     with process_group(config.device) as sharded:
-        main_rank = distributed.is_main()
+        main_rank, resumable = distributed.is_main(), how.resumed is not None
         config.preflight()
-        prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
-        key = asdict(config)
-        checkpoint = RunCheckpoint(args.out, key)
-        merge = getattr(importlib.import_module(core), "merge_states", None)
-        if merge is not None:  # every rank reads every checkpoint before any rank writes one
-            found = RunCheckpoint.shards(args.out, key)
-            saved = merge([c.load(args.overwrite) for c in found])
-            if sharded:
-                checkpoint = RunCheckpoint(args.out, key, shard_checkpoint_name(distributed.rank(), distributed.world_size()))
-            on_save = checkpoint.save
-        else:
-            found = [checkpoint]
-            saved = checkpoint.load(args.overwrite) if main_rank or not sharded else None
-            saved = distributed.broadcast_object(saved)
-            on_save = checkpoint.save if main_rank else None
-        distributed.barrier()
+        prepare_output_dir(args.out, args.overwrite, create=False, resumable=resumable)
+        module = importlib.import_module(how.core)
+        saved, on_save, found = _resume(args.out, args.overwrite, config, module, sharded, main_rank) if resumable else (None, None, [])
+        distributed.barrier()  # every rank has checked --out (and read its checkpoint) before rank 0 writes
         if saved and main_rank:
-            print(f"resuming from {', '.join(str(c.path) for c in found if c.path.is_file())} ({resumed(saved)})")
+            print(f"resuming from {', '.join(str(c.path) for c in found if c.path.is_file())} ({how.resumed(saved)})")
+        if how.note and main_rank:  # said before anything runs
+            print(f"NOTE: {how.note}", flush=True)
         t0 = time.perf_counter()
         model = load_for(config)
         load_s = time.perf_counter() - t0
         if main_rank:
-            print(describe_model(model) + (f"; sharded over {distributed.world_size()} ranks" if sharded else ""),
-                  flush=True)
-        result = importlib.import_module(core).run(model, config, resume=saved, on_save=on_save, progress=main_rank)
-        result.load_s = load_s
-        if main_rank:
-            paths = result.save(args.out, overwrite=True)  # ours: only checkpoints can be there unless --overwrite
-            for c in RunCheckpoint.shards(args.out, key):
+            what = f"{how.sharded} sharded" if how.sharded else "sharded"
+            print(describe_model(model) + (f"; {what} over {distributed.world_size()} ranks" if sharded else ""), flush=True)
+        resume = {"resume": saved, "on_save": on_save} if resumable else {}
+        result = module.run(model, config, progress=main_rank, **resume)
+        if hasattr(result, "load_s"):  # recorded in its summary.json's timings
+            result.load_s = load_s
+        if main_rank:  # the others computed the same result
+            # resumable: only checkpoints can be in --out unless --overwrite (checked above)
+            paths = result.save(args.out, overwrite=resumable or args.overwrite, **how.save)
+            for c in RunCheckpoint.shards(args.out, asdict(config)) if resumable else ():
                 c.clear()
             print()
             print(result.report())
-            names = [p.name for p in paths]
-            print(f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {Path(args.out)}/")
+            print((how.wrote or _wrote)(paths, Path(args.out)))
         distributed.barrier()
     return 0

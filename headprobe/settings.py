@@ -137,13 +137,19 @@ def flag_names(cls) -> dict[str, str]:
             for f in dataclasses.fields(cls) if _meta(cls, f.name)}
 
 
-def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls, *, only: tuple[str, ...] | None = None,
-              skip: tuple[str, ...] = (), defaults: dict[str, Any] | None = None, helps: dict[str, str] | None = None) -> None:
+def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls, *, group=None,
+              only: tuple[str, ...] | None = None, skip: tuple[str, ...] = (), defaults: dict[str, Any] | None = None,
+              helps: dict[str, str] | None = None) -> None:
     """Add a flag for each :func:`setting` field of dataclass ``cls`` (in field order), generated
-    from the field: its name (``seq_len`` -> ``--seq-len``, or the field's ``flag``), default, type,
-    choices and help. ``only``/``skip`` pick fields; ``defaults``/``helps`` replace a field's
-    default or help for this parser alone (a command that documents a default of its own)."""
+    from the field: its name (``seq_len`` -> ``--seq-len``, or the field's ``flag``), default (the
+    one ``cls`` declares), type, choices and help. ``group`` (a settings class ``cls`` composes,
+    e.g. :class:`DataSettings`): only the fields it declares, so a field added to the group reaches
+    every command that composes it. ``only``/``skip`` pick fields; ``defaults``/``helps`` replace a
+    field's default or help for this parser alone (a command that documents a default of its own)."""
     defaults, helps = defaults or {}, helps or {}
+    if group is not None:
+        names = tuple(f.name for f in dataclasses.fields(group))
+        only = names if only is None else tuple(n for n in only if n in names)
     for f in dataclasses.fields(cls):
         meta = _meta(cls, f.name)
         if not meta or f.name in skip or (only is not None and f.name not in only):

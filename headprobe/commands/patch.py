@@ -31,9 +31,10 @@ from pathlib import Path
 
 
 from headprobe.commands import Command
-from headprobe import options
+from headprobe import options, settings
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
+from headprobe.settings import ModelSettings
 from headprobe.probe.io import package_versions, prepare_output_dir, read_text_file, write_json, write_text
 
 HELP = "activation patching per head (clean vs corrupted prompt, logit difference); the IOI task built in"
@@ -42,32 +43,25 @@ TASKS = ("ioi",)
 
 
 @dataclass(frozen=True)
-class PatchConfig:
-    """Settings of ``headprobe patch``.
+class PatchConfig(ModelSettings):
+    """Settings of ``headprobe patch``: the shared :class:`~headprobe.settings.ModelSettings` (how
+    the model is loaded, :func:`headprobe.options.load_model_as`) composed, and the patching's own.
 
     Attributes:
-        model: model name or path. task: ``ioi`` (ignored with ``prompts``).
+        task: ``ioi`` (ignored with ``prompts``).
         prompts: a JSONL file of prompt pairs (see the module docstring), instead of the task's.
         n_prompts: IOI pairs to build (>= 2). seed: draws the IOI names and the bootstrap.
         heads: ``layer.head`` list (comma-separated) to patch; None: every head.
-        device, dtype, backend, prepend_bos, device_map, max_memory: how the model is loaded
-            (:func:`headprobe.options.load_model_as`).
     """
 
-    model: str = options.DEFAULT_MODEL
     task: str = "ioi"
     prompts: str | None = None
     n_prompts: int = 24
     seed: int = 0
     heads: str | None = None
-    device: str = "auto"
-    dtype: str = "float32"
-    backend: str = "auto"
-    prepend_bos: bool = True
-    device_map: str | None = None
-    max_memory: str | dict | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         if self.task not in TASKS:
             raise HeadprobeError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r} (or give --prompts FILE)")
         if self.n_prompts < 2:
@@ -241,32 +235,23 @@ def patch(model="smollm2-135m", *, progress: bool = False, **config_fields) -> P
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = PatchConfig()
-    options.add_model_options(p)
+    settings.add_flags(p, PatchConfig, group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the prompts"})
     options.add_output_options(p)
     p.add_argument("--task", choices=TASKS, default=d.task, help="built-in prompt pairs (default %(default)s: indirect-object identification)")
     p.add_argument("--prompts", default=None, metavar="FILE",
                    help="your own pairs instead: JSONL with clean, corrupted, correct, wrong per line")
     p.add_argument("--n-prompts", type=positive_int, default=d.n_prompts, help="IOI prompt pairs (default %(default)s)")
     p.add_argument("--heads", default=None, help="only these heads, e.g. 9.6,9.9 or L9H6 (default: every head)")
-    p.add_argument("--no-bos", dest="prepend_bos", action="store_false", help="do not put BOS in front of the prompts")
     options.add_seed_option(p, d.seed)
 
 
 def main(args: argparse.Namespace) -> int:
-    config = PatchConfig(model=args.model, task=args.task, prompts=args.prompts, n_prompts=args.n_prompts, seed=args.seed,
-                         heads=args.heads, device=args.device, dtype=args.dtype, backend=args.backend,
-                         prepend_bos=args.prepend_bos, device_map=args.device_map, max_memory=args.max_memory)
-    config.preflight()
-    prepare_output_dir(args.out, args.overwrite, create=False)
-    model = options.load_for(config)
-    print(options.describe_model(model), flush=True)
-    result = run(model, config)
-    paths = result.save(args.out, args.overwrite)
-    print()
-    print(result.report())
-    print(f"\nwrote {len(paths)} files to {Path(args.out)}/ (head_patching.csv, summary.json, figures)")
-    return 0
+    """``headprobe patch``: flags -> config (the prompts file and --out checked before the model
+    loads) -> run -> save -> print (:func:`headprobe.options.run_command`)."""
+    def wrote(paths, out):
+        return f"\nwrote {len(paths)} files to {out}/ (head_patching.csv, summary.json, figures)"
 
+    return options.run_command(args, settings.from_args(PatchConfig, args), options.Run("headprobe.commands.patch", wrote=wrote))
 
 __all__ = ["HELP", "COMMAND", "PatchConfig", "PatchResult", "run", "patch", "add_arguments", "main"]
 

@@ -152,8 +152,10 @@ def config_from_args(args: argparse.Namespace) -> AblateConfig:
 def main(args: argparse.Namespace) -> int:
     """``headprobe ablate``: flags -> config (checked with --text, --heads and --out before the
     model loads) -> resumable run -> save -> print."""
-    return options.main_resumable(args, config_from_args(args), "headprobe.commands.ablate.core",
-                                  lambda saved: f"{sum(len(t['loss']) for t in saved.values())} head ablations done")
+    def resumed(saved: dict) -> str:
+        return f"{sum(len(t['loss']) for t in saved.values())} head ablations done"
+
+    return options.run_command(args, config_from_args(args), options.Run("headprobe.commands.ablate.core", resumed=resumed))
 
 
 COMMAND = Command(HELP, add_arguments, main, api="headprobe.commands.ablate.core:ablate", epilog=EPILOG)

@@ -174,9 +174,11 @@ def config_from_args(args: argparse.Namespace) -> PruneConfig:
 def main(args: argparse.Namespace) -> int:
     """``headprobe prune``: flags -> config (checked with --text and --out before the model loads)
     -> resumable run -> save -> print."""
-    return options.main_resumable(args, config_from_args(args), "headprobe.commands.prune.core",
-                                  lambda saved: ", ".join(f"{name}: {len(s['rows']) - 1} steps" for name, s in saved.items()
-                                                         if isinstance(s, dict) and "rows" in s) + " done")
+    def resumed(saved: dict) -> str:
+        return ", ".join(f"{name}: {len(s['rows']) - 1} steps" for name, s in saved.items()
+                         if isinstance(s, dict) and "rows" in s) + " done"
+
+    return options.run_command(args, config_from_args(args), options.Run("headprobe.commands.prune.core", resumed=resumed))
 
 
 COMMAND = Command(HELP, add_arguments, main, api="headprobe.commands.prune.core:prune", epilog=EPILOG)

@@ -89,6 +89,15 @@ class ScanResult:
     verification: dict = field(default_factory=dict)
     removed_heads: list = field(default_factory=list)
 
+    @property
+    def load_s(self) -> float:
+        """Seconds spent loading the model (``timings["load_s"]``; set by the caller that loaded it)."""
+        return self.timings["load_s"]
+
+    @load_s.setter
+    def load_s(self, seconds: float) -> None:
+        self.timings["load_s"] = seconds
+
     def summary(self) -> dict:
         """summary.json's content (as a dict; package versions included)."""
         return summary(self)
