@@ -173,21 +173,25 @@ def _diff_file(a: Path, b: Path) -> list[str]:
     return []
 
 
-IGNORED = {".png", ".pdf", ".svg", ".html", ".log", ".safetensors", ".txt"}
+IGNORED = {".png", ".pdf", ".svg", ".html", ".log", ".safetensors", ".txt", ".pt"}
+#: atlas names each model's folder after its path (``<run folder>_inputs_llama-<hash of the path>``)
+_RUN_PATH = re.compile(r"[^/]*_inputs_(\w+)-[0-9a-f]{10}")
 
 
 def diff(before: Path, after: Path) -> int:
     """Print every difference between two ``run`` folders; returns the number of differing files."""
     def files(root):
-        return {p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.suffix not in IGNORED}
+        return {Path(_RUN_PATH.sub(r"\1", str(p.relative_to(root)))): p for p in root.rglob("*")
+                if p.is_file() and p.suffix not in IGNORED}
 
-    fa, fb = files(before), files(after)
+    pa, pb = files(before), files(after)
+    fa, fb = set(pa), set(pb)
     bad = 0
     for rel in sorted(fa ^ fb):
         print(f"{rel}: only in {'before' if rel in fa else 'after'}")
         bad += 1
     for rel in sorted(fa & fb):
-        lines = _diff_file(before / rel, after / rel)
+        lines = _diff_file(pa[rel], pb[rel])
         for line in lines[:20]:
             print(f"{rel.parent}/{line}")
         bad += bool(lines)

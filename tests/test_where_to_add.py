@@ -147,7 +147,8 @@ ADD_SETTING = textwrap.dedent('''
                                       ("ablate", "headprobe.commands.ablate", "AblateConfig"),
                                       ("prune", "headprobe.commands.prune", "PruneConfig"),
                                       ("patch", "headprobe.commands.patch", "PatchConfig"),
-                                      ("show", "headprobe.commands.show", "ShowConfig")]:
+                                      ("show", "headprobe.commands.show", "ShowConfig"),
+                                      ("atlas", "headprobe.commands.atlas", "AtlasConfig")]:
         cls = getattr(importlib.import_module(module_name), config)
         if "trust_remote_code" in {f.name for f in dataclasses.fields(cls)}:
             extra = ["--head", "1.1", "--prompt", "x"] if name == "show" else []
@@ -155,8 +156,12 @@ ADD_SETTING = textwrap.dedent('''
             changes = {"prompt": "x"} if name == "show" else {}
             options.check_fields(cls, {"trust_remote_code": True})  # the Python API takes it as a keyword
             configs[name] = settings.from_args(cls, args, **changes).trust_remote_code
+    if "atlas" in configs:
+        atlas = importlib.import_module("headprobe.commands.atlas").AtlasConfig(models="m", trust_remote_code=True)
+        configs_scan = atlas.scan_config("m").trust_remote_code
     help_text = " ".join(sub.choices["scan"].format_help().split())
-    print(json.dumps({"flagged": flagged, "configs": configs, "help": "run the repository's own code" in help_text}))
+    print(json.dumps({"flagged": flagged, "configs": configs, "help": "run the repository's own code" in help_text,
+                      "atlas_scan": configs_scan if "atlas" in configs else None}))
 ''')
 
 FIELD = ('    trust_remote_code: bool = setting(False, "run the repository\'s own code", action="store_true")\n'
@@ -165,7 +170,7 @@ FIELD = ('    trust_remote_code: bool = setting(False, "run the repository\'s ow
 
 @pytest.mark.parametrize("group, commands", [
     ("ModelSettings", ["ablate", "patch", "prune", "scan", "show"]),
-    ("DataSettings", ["ablate", "prune", "scan"]),
+    ("DataSettings", ["ablate", "atlas", "prune", "scan"]),
 ])
 def test_a_shared_setting_is_one_field(group, commands):
     r = subprocess.run([sys.executable, "-c", ADD_SETTING, group, FIELD], capture_output=True, text=True, cwd=ROOT)
@@ -173,6 +178,8 @@ def test_a_shared_setting_is_one_field(group, commands):
     found = json.loads(r.stdout.strip().splitlines()[-1])
     assert found["flagged"] == commands  # every command that composes the group, and no other
     assert found["configs"] == {c: True for c in commands}  # the flag sets the config's field
+    if group == "DataSettings":  # atlas hands its data settings to every model's scan
+        assert found["atlas_scan"] is True
     assert found["help"]  # its help is the field's
 
 

@@ -35,7 +35,7 @@ from headprobe import options, settings
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 from headprobe.settings import ModelSettings
-from headprobe.probe.io import package_versions, prepare_output_dir, read_text_file, write_json, write_text
+from headprobe.probe.io import package_versions, read_text_file
 
 HELP = "activation patching per head (clean vs corrupted prompt, logit difference); the IOI task built in"
 
@@ -178,15 +178,10 @@ class PatchResult:
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
         """
-        from headprobe.analyses import figures
+        from headprobe.analyses.outputs import write_outputs
 
-        out = prepare_output_dir(out_dir, overwrite)
-        write_text(out / "head_patching.csv", self.table.to_csv(index=False, float_format="%.5f"))
-        written = [out / "head_patching.csv"]
-        for stem, fig in self.figures().items():
-            written += figures.save_figure(fig, out / stem)
-        write_json(out / "summary.json", self.summary())
-        return written + [out / "summary.json"]
+        return write_outputs(out_dir, overwrite, summary=self.summary, figures=self.figures(),
+                             tables={"head_patching.csv": self.table.to_csv(index=False, float_format="%.5f")})
 
 
 def run(model, config: PatchConfig, progress: bool = True) -> PatchResult:
