@@ -144,16 +144,23 @@ def _diff_json(a, b, where: str, out: list[str]) -> None:
         out.append(f"{where}: {str(a)[:80]} != {str(b)[:80]}")
 
 
-def _diff_file(a: Path, b: Path) -> list[str]:
+def _diff_file(a: Path, b: Path, roots: tuple[Path, Path]) -> list[str]:
+    """The differences of two files of one name; ``roots``: the two run folders, whose paths
+    inside the files (atlas names models by path) are replaced by ``<run>``."""
+    import io
+
     import numpy as np
     import pandas as pd
 
+    def text(path, root):
+        return path.read_text(encoding="utf-8").replace(str(root.resolve()), "<run>").replace(str(root), "<run>")
+
     if a.suffix == ".json":
         out: list[str] = []
-        _diff_json(_strip(json.loads(a.read_text())), _strip(json.loads(b.read_text())), a.name, out)
+        _diff_json(_strip(json.loads(text(a, roots[0]))), _strip(json.loads(text(b, roots[1]))), a.name, out)
         return out
     if a.suffix == ".csv":
-        x, y = pd.read_csv(a), pd.read_csv(b)
+        x, y = pd.read_csv(io.StringIO(text(a, roots[0]))), pd.read_csv(io.StringIO(text(b, roots[1])))
         x, y = (t[[c for c in t.columns if not VOLATILE.search(c)]] for t in (x, y))
         if list(x.columns) != list(y.columns) or x.shape != y.shape:
             return [f"{a.name}: columns/shape {list(x.columns)} {x.shape} != {list(y.columns)} {y.shape}"]
@@ -182,7 +189,7 @@ def diff(before: Path, after: Path) -> int:
     """Print every difference between two ``run`` folders; returns the number of differing files."""
     def files(root):
         return {Path(_RUN_PATH.sub(r"\1", str(p.relative_to(root)))): p for p in root.rglob("*")
-                if p.is_file() and p.suffix not in IGNORED}
+                if p.is_file() and p.suffix not in IGNORED and "_inputs" not in p.relative_to(root).parts}
 
     pa, pb = files(before), files(after)
     fa, fb = set(pa), set(pb)
@@ -191,7 +198,7 @@ def diff(before: Path, after: Path) -> int:
         print(f"{rel}: only in {'before' if rel in fa else 'after'}")
         bad += 1
     for rel in sorted(fa & fb):
-        lines = _diff_file(pa[rel], pb[rel])
+        lines = _diff_file(pa[rel], pb[rel], (before, after))
         for line in lines[:20]:
             print(f"{rel.parent}/{line}")
         bad += bool(lines)

@@ -195,3 +195,18 @@ def test_an_output_setting_reaches_every_command_that_writes_files():
     found = json.loads(r.stdout.strip().splitlines()[-1])
     assert found["flagged"] == ["ablate", "atlas", "patch", "prune", "scan", "show", "study", "train"]
     assert found["configs"] == {}
+
+
+def _where_to_add_row(name: str) -> str:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = [line for line in readme.split("## Where to add", 1)[1].splitlines() if line.startswith(f"| {name} |")]
+    assert len(rows) == 1, f"README's Where to add has {len(rows)} rows for {name!r}"
+    return rows[0]
+
+
+def test_the_readme_names_the_places_these_tests_use():
+    """The rows say where the tests above add things: the registry entry and the settings module."""
+    command = _where_to_add_row("a command")
+    assert "`COMMANDS` in `headprobe/commands/__init__.py`" in command and "headprobe/commands/<name>.py" in command
+    setting = _where_to_add_row("a shared setting")
+    assert "`headprobe/settings.py`" in setting and "SUBCOMMANDS" not in command and "options.py" not in setting
