@@ -1,8 +1,10 @@
-"""Flags every command shares, defined once: the same names, choices and help in every command.
-
-Commands call :func:`add_model_options` / :func:`add_output_options` / :func:`add_seed_option`
-from their ``add_arguments``; their config dataclasses take the parsed values. Nothing here
-imports torch (``headprobe budget`` must start fast): dtypes are names until :func:`torch_dtype`.
+"""What the commands share above the settings: loading a model as the settings ask
+(:func:`load_model_as`, :func:`load_for`), the one runner of a command (:func:`run_command`), and
+flag helpers for commands whose config does not compose a settings group (:func:`add_model_options`
+for ``view`` and ``atlas``; :func:`add_output_options` for all). The settings themselves and the
+flag generator are :mod:`headprobe.settings` (re-exported here under their old names). Nothing
+here imports torch at module level (``headprobe budget`` must start fast): dtypes are names until
+:func:`torch_dtype`.
 """
 
 from __future__ import annotations
