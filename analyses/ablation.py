@@ -16,7 +16,7 @@ The ablation engine:
   W_O^(h)``), batches several ablations along the batch axis, and (on the native backend)
   computes logits only at the scored positions. Equal to :func:`sweep_loop`, the plain
   per-head hook loop. It uses only the typed backend interface
-  (:class:`headprobe.probe.backend.Backend`), like everything here.
+  (:class:`headprobe.probe.backend.LoadedModel`), like everything here.
 * :func:`head_importance`: Michel et al. 2019's gradient importance ``I_h = E_x |dL(x)/dxi_h|``
   (arXiv 1905.10650) and attribution patching (the first-order estimate of each head's ablation
   effect, Nanda 2023), both from one forward and one backward pass.
@@ -42,8 +42,9 @@ from torch import Tensor
 
 from headprobe.analyses import distributed
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 from headprobe.probe.heads import all_heads  # noqa: F401 - re-exported
-from headprobe.probe.backend import Backend, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
+from headprobe.probe.backend import LoadedModel, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
 from headprobe.probe import ablation_kinds
 from headprobe.probe.ablation_kinds import AblationInputs, AblationKind, Kind
 from headprobe.probe.hooks import (
@@ -77,7 +78,7 @@ def mean_z_from(z_by_layer: dict[int, Tensor], start: int,
 
 
 @torch.inference_mode()
-def ablated_loss(model: Backend, tokens: Tensor, heads: Sequence[Head], kind: AblationKind, mean_z: Tensor | None,
+def ablated_loss(model: LoadedModel, tokens: Tensor, heads: Sequence[Head], kind: AblationKind, mean_z: Tensor | None,
                  task: str, start: int, period: int | None) -> float:
     """Task loss with ``heads`` ablated (at hook_z, before W_O) by a kind that needs no source
     input (zero, or mean with ``mean_z``)."""
@@ -115,7 +116,7 @@ degrees) was set before any encoder was scanned, as the analogue of :data:`LOSS_
 the random control is the main part of the rule either way."""
 
 
-def sentence_embeddings(model: Backend, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence = (),
+def sentence_embeddings(model: LoadedModel, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence = (),
                         attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch d_model"]:
     """Sentence embeddings as sentence-transformers computes them for mean pooling: the model's
     last hidden state (:meth:`~headprobe.probe.backend.LoadedModel.final_residual`) averaged over
@@ -140,7 +141,7 @@ class EmbeddingDistance:
     with the hooks active. Sequence ``i`` of a call is ``tokens[i % batch]`` (the engine
     repeats the batch once per head set)."""
 
-    def __init__(self, model: Backend, tokens: Int[Tensor, "batch pos"]):
+    def __init__(self, model: LoadedModel, tokens: Int[Tensor, "batch pos"]):
         self.backend = model
         with torch.inference_mode():
             self.clean = sentence_embeddings(model, tokens.to(model.device))  # [batch, d_model]
@@ -156,11 +157,13 @@ LOGITS_BYTES_PER_PASS = 512 * 2**20
 
 
 @torch.inference_mode()
-def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_sets: Sequence[Sequence[Head]],
+def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], head_sets: Sequence[Sequence[Head]],
                         kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None, first: int,
                         max_batch: int = 64, progress: bool = False, desc: str = "ablations",
                         score: Any = None,
-                        source_tokens: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "n_sets batch"]:
+                        source_tokens: Int[Tensor, "batch pos"] | None = None,
+                        attention_mask: Int[Tensor, "batch pos"] | None = None,
+                        clean: "CleanResiduals | None" = None) -> Float[Tensor, "n_sets batch"]:
     """Per-sequence scored loss (nats/token) with each of ``head_sets`` ablated, one set at a time.
 
     Several sets share a forward pass along the batch axis (``tokens`` repeated once per set;
@@ -170,7 +173,7 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
     forward per set (tested), in fewer passes on a GPU; on a CPU the work is the same.
 
     Args:
-        tokens: ``[batch, pos]``, no padding. head_sets: ``n_sets`` sets of ``(layer, head)``.
+        tokens: ``[batch, pos]``. head_sets: ``n_sets`` sets of ``(layer, head)``.
         kind: a kind of :data:`headprobe.probe.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
             ``mean_z`` ``[layer, head, d_head]``) or ``resample`` (needs ``source_tokens``, the
             shape of ``tokens``).
@@ -178,13 +181,28 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
         progress: a tqdm bar over the sets (``desc`` its label).
         score: ``(tokens [n, pos], first, fwd_hooks) -> [n]``, what is measured per sequence; None:
             ``model.scored_losses`` (nats/token). :class:`EmbeddingDistance` for an encoder.
+        attention_mask: ``[batch, pos]``, 1 real, 0 padding (``model.to_tokens(texts)``), for a
+            padded batch (``source_tokens`` padded alike): the loss is then
+            :func:`masked_scored_losses`, equal to each sequence's unpadded loss (tested).
+        clean: the clean residual streams of ``tokens`` (:class:`CleanResiduals`): each set's
+            forwards start at its first ablated layer from there
+            (:meth:`~headprobe.probe.backend.LoadedModel.scored_losses_from`; nothing before that
+            layer changes), sets of one first layer sharing passes. Ignored with ``score`` or
+            ``attention_mask``.
 
     Raises:
-        HeadprobeError: unknown ``kind`` or its input missing, or the model failed its self-check
-            (see :func:`require_head_ablation`).
+        HeadprobeError: unknown ``kind`` or its input missing, the model failed its self-check
+            (see :func:`require_head_ablation`), or ``attention_mask`` with a custom ``score`` or on a
+            backend without padding.
     """
     require_head_ablation(model)
-    _, inputs = kind_inputs(model, kind, mean_z, source_tokens)
+    if attention_mask is not None:
+        if score is not None:
+            raise HeadprobeError("set ablations of a padded batch (attention_mask) are scored by the loss only, not a custom score")
+        mask = attention_mask.to(model.device)
+        score = lambda toks, first_, hooks: masked_scored_losses(  # noqa: E731
+            model, toks, first_, hooks, mask.repeat(toks.shape[0] // mask.shape[0], 1))
+    _, inputs = kind_inputs(model, kind, mean_z, source_tokens, attention_mask)
     spec = model.spec
     tokens = tokens.to(model.device)
     B, T = tokens.shape
@@ -194,14 +212,73 @@ def set_ablation_losses(model: Backend, tokens: Int[Tensor, "batch pos"], head_s
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(head_sets), desc=desc, unit="set", disable=not progress)
-    for lo in range(0, len(head_sets), per_pass):
-        chunk = masks[lo:lo + per_pass].to(model.device)  # [m, layer, head]
-        m = chunk.shape[0]
-        hooks = batched_ablation_hooks(chunk, B, kind, inputs.mean_z, inputs.source_z)
-        out[lo:lo + m] = (score or model.scored_losses)(tokens.repeat(m, 1), first, hooks).view(m, B).float().cpu()
-        bar.update(m)
+    starts = [min((layer for layer, _ in hs), default=0) if clean is not None and score is None else 0
+              for hs in head_sets]
+    for start in sorted(set(starts)):  # sets that start at one layer share passes
+        idx = [i for i, s in enumerate(starts) if s == start]
+        pre = clean.at(start) if start else None
+        for lo in range(0, len(idx), per_pass):
+            sel = idx[lo:lo + per_pass]
+            chunk = masks[sel].to(model.device)  # [m, layer, head]
+            m = chunk.shape[0]
+            hooks = batched_ablation_hooks(chunk, B, kind, inputs.mean_z, inputs.source_z)
+            if pre is None:
+                losses = (score or model.scored_losses)(tokens.repeat(m, 1), first, hooks)
+            else:
+                losses = model.scored_losses_from(start, tokens.repeat(m, 1), pre.repeat(m, 1, 1), first, hooks)
+            out[sel] = losses.view(m, B).float().cpu()
+            bar.update(m)
     bar.close()
     return out
+
+
+class CleanResiduals:
+    """The clean residual stream entering chosen layers of ``tokens`` (``[batch, pos, d_model]``
+    each), recorded by one clean forward when first asked: where :func:`set_ablation_losses` starts
+    each set's forwards. Layers whose residuals would pass :data:`STORED_ACTIVATION_BYTES`
+    (float32) are left out (``at`` gives None: those sets run whole forwards)."""
+
+    def __init__(self, model: LoadedModel, tokens: Int[Tensor, "batch pos"], layers: Iterable[int]):
+        B, T = tokens.shape
+        fit = max(0, STORED_ACTIVATION_BYTES // max(1, B * T * model.spec.d_model * 4))
+        self.backend, self.tokens = model, tokens
+        self.layers = sorted({layer for layer in layers if layer > 0}, reverse=True)[:fit]  # the deepest save most
+        self.pre: dict[int, Tensor] | None = None
+
+    def at(self, layer: int) -> Tensor | None:
+        """Layer ``layer``'s clean ``resid_pre`` ``[batch, pos, d_model]``, or None if not kept."""
+        if layer not in self.layers:
+            return None
+        if self.pre is None:
+            self.pre = {}
+
+            def save(layer: int):
+                def hook(x: Tensor, hook: Any) -> None:
+                    self.pre[layer] = x.detach().clone()
+                return hook
+            with torch.inference_mode():
+                self.backend.scored_losses(self.tokens.to(self.backend.device), 0,
+                                           [(f"blocks.{layer}.hook_resid_pre", save(layer)) for layer in self.layers])
+        return self.pre[layer]
+
+
+def masked_scored_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int, fwd_hooks: Sequence = (),
+                         attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch"]:
+    """Per-sequence mean next-token cross-entropy (nats/token) of a padded batch, as
+    :func:`~headprobe.probe.backend.scored_loss` gives it for each sequence alone: the predictions
+    of a real token by the real token before it, from each sequence's ``first``-th real token on
+    (either padding side; padding is never scored). Full logits from one forward with ``fwd_hooks``.
+
+    Raises:
+        HeadprobeError: ``attention_mask`` on a backend without padding (the TransformerLens bridge).
+    """
+    if attention_mask is None:
+        return model.scored_losses(tokens, first, fwd_hooks)
+    losses = token_losses(model.forward(tokens, fwd_hooks, attention_mask), tokens)  # [batch, pos - 1]
+    real = attention_mask.to(losses.device).bool()
+    index = real.long().cumsum(1) - 1  # each position's index among its sequence's real tokens
+    scored = (real[:, :-1] & real[:, 1:] & (index[:, :-1] >= first)).to(losses.dtype)
+    return (losses * scored).sum(1) / scored.sum(1).clamp_min(1)
 
 
 @dataclass
@@ -213,7 +290,7 @@ class Verification:
     ``tested`` is True for the one ablation kind each type's verdict is tested with (mean); its
     ``p_value`` is the sequential Monte Carlo p-value (with the generalized Pareto tail where no
     control draw reached the top-k effect; ``p_method`` says which), ``p_adjusted`` that p after
-    Holm's correction over the run's tested verdicts (``correction``), and ``confirmed`` holds when
+    the correction over the run's tested verdicts (``correction``: ``bh`` or ``holm``), and ``confirmed`` holds when
     ``p_adjusted <= alpha`` and the effect is large (at least ``min_effect`` and twice the mean
     control effect). The other kind is reported beside it on the same control sets (``tested``
     False, ``confirmed`` None, ``p_value`` the plain ``(1 + #{random >= top}) / (1 + draws)``).
@@ -221,8 +298,10 @@ class Verification:
     cannot be trusted (see :func:`untrusted_task_reason`). ``draws`` control sets were ablated
     (``random_effects``, ``random_heads``); ``control`` is ``layer-matched`` or ``uniform``; they
     never include the heads under test (``control_excludes``) or a removed head. ``stopped`` says
-    why a test ended before ``--n-random`` draws (``futility``: enough draws reached its effect;
-    ``tail``: its tail p-value already passed). ``top_effect_ci95`` is the 95% percentile-bootstrap
+    why a test ended before ``--n-random`` draws (``futility``: ``h`` draws reached its effect, so
+    its p is above alpha; ``curtailed``: no later draw could have made it CONFIRMED after the
+    correction, or its effect is below ``min_effect``; its p is then the largest the rule could
+    still give). ``top_effect_ci95`` is the 95% percentile-bootstrap
     interval of the top-k effect over the task's sequences
     (:func:`headprobe.analyses.statistics.bootstrap_ci`), ``[nan, nan]`` from one sequence.
     """
@@ -318,7 +397,7 @@ def first_scored(task: str, start: int, period: int | None) -> int:
     raise HeadprobeError(f"unknown task {task!r}; expected 'natural' or 'repeated'")
 
 
-def require_head_ablation(model: Any) -> None:
+def require_head_ablation(model: LoadedModel) -> None:
     """Refuse head ablation on a model whose load-time self-check found its per-head W_O
     decomposition wrong (:mod:`headprobe.probe.selfcheck`): indexing heads at ``hook_z`` is then
     not known to remove one head's contribution.
@@ -332,7 +411,7 @@ def require_head_ablation(model: Any) -> None:
 
 
 @contextlib.contextmanager
-def ablate(model: Backend, heads: Sequence[Head], kind: AblationKind = "zero",
+def ablate(model: LoadedModel, heads: Sequence[Head], kind: AblationKind = "zero",
            mean_z: Float[Tensor, "layer head d_head"] | None = None,
            source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None) -> Iterator[Any]:
     """Ablate ``heads`` for the ``with`` body: every forward of ``model`` (a LoadedModel, either
@@ -350,8 +429,10 @@ def ablate(model: Backend, heads: Sequence[Head], kind: AblationKind = "zero",
 
 
 @torch.inference_mode()
-def capture_z(model: Backend, tokens: Int[Tensor, "batch pos"]) -> dict[int, Float[Tensor, "batch pos head d_head"]]:
-    """Every layer's ``z`` on a clean forward pass over ``tokens`` (for mean and resample ablation)."""
+def capture_z(model: LoadedModel, tokens: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None = None
+              ) -> dict[int, Float[Tensor, "batch pos head d_head"]]:
+    """Every layer's ``z`` on a clean forward pass over ``tokens`` (for mean and resample ablation;
+    ``attention_mask`` for a padded batch)."""
     out: dict[int, Tensor] = {}
 
     def saver(layer: int):
@@ -359,12 +440,14 @@ def capture_z(model: Backend, tokens: Int[Tensor, "batch pos"]) -> dict[int, Flo
             out[layer] = z.detach().clone()
         return hook
 
-    model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), saver(layer)) for layer in range(model.spec.n_layers)])
+    model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), saver(layer)) for layer in range(model.spec.n_layers)],
+                  attention_mask=attention_mask)
     return out
 
 
-def kind_inputs(model: Backend, kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None,
-                source_tokens: Int[Tensor, "batch pos"] | None) -> tuple[Kind, AblationInputs]:
+def kind_inputs(model: LoadedModel, kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None,
+                source_tokens: Int[Tensor, "batch pos"] | None,
+                attention_mask: Int[Tensor, "batch pos"] | None = None) -> tuple[Kind, AblationInputs]:
     """The ablation kind called ``kind`` (:mod:`headprobe.probe.ablation_kinds`) and the second
     inputs of its replacement: ``mean_z`` as given, and, for a kind that needs a source, every
     layer's z on ``source_tokens`` (:func:`capture_z`, ``{layer: [batch, pos, head, d_head]}``).
@@ -373,7 +456,8 @@ def kind_inputs(model: Backend, kind: AblationKind, mean_z: Float[Tensor, "layer
         HeadprobeError: unknown ``kind``, or the input it needs missing.
     """
     ablation = ablation_kinds.check(kind, mean_z, source_tokens)
-    source_z = capture_z(model, source_tokens.to(model.device)) if ablation.needs == "source" else None
+    source_z = (capture_z(model, source_tokens.to(model.device), None if attention_mask is None else attention_mask.to(model.device))
+                if ablation.needs == "source" else None)
     return ablation, AblationInputs(mean_z, source_z)
 
 
@@ -404,7 +488,7 @@ def __getattr__(name: str):
 
 
 @torch.inference_mode()
-def sweep_loop(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
+def sweep_loop(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
                kind: str = "zero", mean_z: Tensor | None = None,
                source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0) -> SweepResult:
     """The plain reference: one full forward pass per head, with that head ablated by a hook.
@@ -441,7 +525,7 @@ class _CleanActivations:
     recorded with the clean loss (:attr:`clean_loss`); each later one costs a clean pass up to its
     last layer, made when :meth:`at` first asks for one of its layers."""
 
-    def __init__(self, model: Backend, tokens: Int[Tensor, "batch pos"], first: int, layers: Sequence[int]):
+    def __init__(self, model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int, layers: Sequence[int]):
         self.backend, self.tokens, self.first = model, tokens, first
         B, T = tokens.shape
         spec = model.spec
@@ -491,7 +575,7 @@ class _CleanActivations:
 
 
 @torch.inference_mode()
-def exact_sweep(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
+def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
                 kind: str = "zero", mean_z: Float[Tensor, "layer head d_head"] | None = None,
                 source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0,
                 max_batch: int = 64, progress: bool = False) -> SweepResult:
@@ -506,14 +590,14 @@ def exact_sweep(model: Backend, tokens: Int[Tensor, "batch pos"], heads: Sequenc
     replacement, :mod:`headprobe.probe.ablation_kinds`: 0, the mean z, or the z on
     ``source_tokens``), so each ablation adds that to the clean raw attention output and resumes
     the forward from layer l
-    (:meth:`~headprobe.probe.backend.Backend.resume_scored_losses`: the native backend runs the
+    (:meth:`~headprobe.probe.backend.LoadedModel.resume_scored_losses`: the native backend runs the
     rest of the block, the later blocks and the unembedding at the scored positions only; the
     TransformerLens bridge runs a forward with both replaced through hooks). ``max_batch //
     batch`` ablations of one layer share a pass along the batch axis. Equal to :func:`sweep_loop`
     to float rounding (tested to 1e-4 nats on every native family and on the bridge).
 
     Args:
-        model: a LoadedModel (any :class:`~headprobe.probe.backend.Backend`). tokens: ``[batch, pos]``, no padding.
+        model: a :class:`~headprobe.probe.backend.LoadedModel` (either backend). tokens: ``[batch, pos]``, no padding.
         heads: ``(layer, head)`` pairs to ablate one at a time.
         kind: a kind of :data:`headprobe.probe.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
             ``mean_z``) or ``resample`` (needs ``source_tokens``, same shape as ``tokens``).
@@ -576,7 +660,7 @@ class HeadImportance:
     kind: str
 
 
-def head_importance(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
+def head_importance(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
                     mean_z: Float[Tensor, "layer head d_head"] | None = None,
                     source_tokens: Int[Tensor, "batch pos"] | None = None,
                     head_mask: Float[Tensor, "layer head"] | None = None,
@@ -676,7 +760,7 @@ def ablation_directions(zs: dict[int, Tensor], kind: Kind,
     return diff
 
 
-def _reduced_importance(sums: Tensor, spec: Any, n: int, kind: str, normalize: bool) -> HeadImportance:
+def _reduced_importance(sums: Tensor, spec: ModelSpec, n: int, kind: str, normalize: bool) -> HeadImportance:
     """:func:`head_importance`'s result from this rank's float64 sums over its sequences
     (``[importance (layer*head), attribution (layer*head), loss]``), added over the ranks."""
     distributed.all_reduce_sum(sums)

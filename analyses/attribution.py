@@ -71,13 +71,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.analyses.ablation import ablation_directions, kind_inputs, require_head_ablation
-from headprobe.probe.backend import Backend, scored_loss
+from headprobe.probe.backend import LoadedModel, scored_loss
 from headprobe.probe.hooks import attn_hook
-
-ESTIMATORS: tuple[str, ...] = ("atp", "attribution", "gradient", "second-order")
-"""``headprobe ablate --estimate`` choices: ``atp`` (AtP* with GradDrop, unsigned), ``attribution``
-(plain attribution patching, signed), ``gradient`` (Michel et al.'s importance, unsigned),
-``second-order`` (attribution patching plus the Monte-Carlo Gauss-Newton term, signed)."""
+from headprobe.analyses.vocabulary import ESTIMATORS  # the --estimate choices, defined once (torch-free)
 
 N_PROBES = 8
 """Default sampled-target probes of :func:`second_order`. On SmolLM2-135M's 60 benchmark heads
@@ -151,14 +147,14 @@ class AtPStar:
         return torch.sign(self.attribution) * self.estimate
 
 
-def atp_star(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
+def atp_star(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
              mean_z: Float[Tensor, "layer head d_head"] | None = None,
              source_tokens: Int[Tensor, "batch pos"] | None = None, graddrop: bool = True) -> AtPStar:
     """AtP and AtP* (GradDrop) for every head at once, from one forward pass, one backward pass
     and ``L - 1`` partial backward passes (see the module docstring for the definitions and why
     the QK fix does not apply to z ablation).
 
-    Hooks (both backends, the :class:`~headprobe.probe.backend.Backend` protocol): ``hook_z`` of
+    Hooks (both backends, the :class:`~headprobe.probe.backend.LoadedModel` protocol): ``hook_z`` of
     every layer returns ``z + delta`` and ``hook_resid_pre`` of every layer (and ``hook_resid_post``
     of the last) ``x + eps``, with ``delta`` and ``eps`` zero tensors that require grad, so the
     values of the forward are unchanged and the gradients at z and at every layer boundary come
@@ -245,7 +241,7 @@ class SecondOrder:
         return self.attribution + self.curvature
 
 
-def second_order(model: Backend, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
+def second_order(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
                  mean_z: Float[Tensor, "layer head d_head"] | None = None,
                  source_tokens: Int[Tensor, "batch pos"] | None = None, n_probes: int = N_PROBES,
                  seed: int = 0) -> SecondOrder:

@@ -24,11 +24,12 @@ positions and QK-norm are left out of W_QK (as Elhage et al., who study models w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
+
+from headprobe.probe.backend import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,8 @@ def _fold(W: Tensor, norm) -> Tensor:
 
 
 @torch.inference_mode()
-def head_weights(model: Any) -> HeadWeights:
-    """The processed weights of every head of ``model`` (a :class:`~headprobe.probe.backend.Backend`,
+def head_weights(model: LoadedModel) -> HeadWeights:
+    """The processed weights of every head of ``model`` (a :class:`~headprobe.probe.backend.LoadedModel`,
     either backend): pre-attention norm folded into W_Q/W_K/W_V, the final norm into W_U, centred
     for LayerNorm models, W_U centred over the vocabulary (module docstring).
 
@@ -114,7 +115,7 @@ def copying_scores(W_E: Float[Tensor, "d_vocab d_model"], W_V: Float[Tensor, "la
 
 
 @torch.inference_mode()
-def copying_score(model: Any) -> Float[Tensor, "layer head"]:
+def copying_score(model: LoadedModel) -> Float[Tensor, "layer head"]:
     """:func:`copying_scores` of ``model``'s processed weights (:func:`head_weights`: norms folded,
     W_U centred over the vocabulary, as TransformerLens' default processing; GQA heads use their
     key/value group's W_V). Invariant to a vector added to every token's unembedding (tested).

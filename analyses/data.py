@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import WHOLE_TEXT_BYTES, TextFile, open_text_file, read_text_file  # noqa: F401 - re-exported
 
@@ -96,7 +97,7 @@ def file_token_ids(tokenizer, text: TextFile, need: int) -> tuple[list[int], int
 
 
 def natural_text_tokens(
-    model, n_seqs: int, seq_len: int, seed: int, text: str | TextFile | None = None, source: str | None = None
+    model: LoadedModel, n_seqs: int, seq_len: int, seed: int, text: str | TextFile | None = None, source: str | None = None
 ) -> TokenSet:
     """``n_seqs`` windows of ``seq_len`` tokens (BOS included when the model uses one) of natural text;
     an encoder's windows are ``[CLS] text [SEP]`` (``seq_len`` counts both).
@@ -154,7 +155,7 @@ def random_token_ids(tokenizer, d_vocab: int) -> Tensor:
     return allowed.nonzero().squeeze(-1)
 
 
-def repeated_random_tokens(model, n_seqs: int, period: int, seed: int) -> TokenSet:
+def repeated_random_tokens(model: LoadedModel, n_seqs: int, period: int, seed: int) -> TokenSet:
     """``n_seqs`` sequences ``[BOS] r_1..r_S r_1..r_S`` with ``r`` uniform over non-special tokens.
 
     Raises:
@@ -188,7 +189,7 @@ class TaskTokens:
     repeated_source: TokenSet
 
 
-def task_tokens(model, n_natural: int, seq_len: int, n_repeated: int, period: int, seed: int,
+def task_tokens(model: LoadedModel, n_natural: int, seq_len: int, n_repeated: int, period: int, seed: int,
                 text: str | TextFile | None = None, source: str | None = None) -> TaskTokens:
     """The natural-text and induction token sets of ``ablate`` and ``prune`` (see :class:`TaskTokens`).
 
@@ -234,7 +235,7 @@ class NeedleSet:
     source: str
 
 
-def needle_tokens(model, n_seqs: int, seq_len: int, needle_len: int, seed: int, text: str | TextFile | None = None,
+def needle_tokens(model: LoadedModel, n_seqs: int, seq_len: int, needle_len: int, seed: int, text: str | TextFile | None = None,
                   source: str | None = None) -> NeedleSet:
     """``n_seqs`` natural-text windows with a random-token needle inserted twice (:class:`NeedleSet`),
     after Wu et al. 2024 ("Retrieval Head Mechanistically Explains Long-Context Factuality"),

@@ -3,7 +3,7 @@
 A detector takes ``pattern: [batch, head, q_pos, k_pos]`` (rows sum to 1; causal for a
 decoder, bidirectional for an encoder) and returns a score per head, averaged over the batch and
 over the queries the definition uses. None of them modifies its input. They are collected in
-:data:`DETECTORS`, keyed by head type.
+:data:`DETECTORS` (a view of :data:`headprobe.analyses.columns.HEAD_COLUMNS`), keyed by head type.
 
 Conventions: positions are 0-indexed; ``start`` is the first position that is not BOS (1 with
 BOS, 0 without; an encoder's ``[CLS]`` is its BOS). Query 0 is excluded everywhere: in a decoder
@@ -31,14 +31,12 @@ range over both signs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headprobe.analyses.vocabulary import HEAD_TYPES, select_head_types
+from headprobe.analyses.columns import DETECTORS, HeadColumn, HeatmapStyle, score_columns, select_head_types  # noqa: F401 - re-exported
 from headprobe.probe.errors import HeadprobeError
 
 Pattern = Float[Tensor, "batch head q_pos k_pos"]
@@ -156,135 +154,59 @@ head does (18.6, an induction head, has offset -10 at 0.02), and those heads are
 Voita et al. 2019's "positional" is stricter (>= 0.9, docs/scan.md); the fraction map shows both."""
 
 
-@dataclass(frozen=True)
-class HeatmapStyle:
-    """How one head_scores.csv column is drawn as a layer x head heatmap (``heatmap_<column>``).
-
-    Attributes:
-        column: the score column drawn.
-        title: the figure's title, e.g. ``"induction score"`` (the overview panel drops " score").
-        label: the colour bar's label (what the number measures).
-        options: extra keyword arguments of :func:`headprobe.analyses.figures.head_heatmap`
-            (colour map, range, ``discrete`` categories); empty: ``viridis`` on [0, 1].
-        encoder_options: options that replace those of ``options`` for an encoder (bidirectional
-            attention), e.g. a range with positive offsets.
-        mask_below: ``(column, threshold)``: heads whose ``column`` is below ``threshold`` are drawn
-            masked (grey, named in the legend) rather than with their value, e.g. the offset of a
-            head that is not positional; None: every head is drawn.
-    """
-
-    column: str
-    title: str
-    label: str
-    options: tuple[tuple[str, object], ...] = ()
-    encoder_options: tuple[tuple[str, object], ...] = ()
-    mask_below: tuple[str, float] | None = None
-
-    def options_for(self, causal: bool) -> dict[str, object]:
-        """The heatmap's keyword arguments for a causal model or an encoder."""
-        return dict(self.options) if causal else {**dict(self.options), **dict(self.encoder_options)}
-
-    def figure_options(self, scores: dict, causal: bool) -> dict[str, object]:
-        """:meth:`options_for`, plus the ``mask`` (``[layer, head]`` booleans) and its legend label
-        that :attr:`mask_below` asks for, computed from ``scores`` (column -> ``[layer, head]``)."""
-        opts = self.options_for(causal)
-        if self.mask_below is not None:
-            column, threshold = self.mask_below
-            opts["mask"] = np.asarray(scores[column], dtype=float) < threshold
-            opts["mask_label"] = f"{column.replace('_', ' ')} < {threshold:g}: not drawn"
-        return opts
+Detector = HeadColumn
+"""A head type's record (:class:`headprobe.analyses.columns.HeadColumn` with ``task`` set)."""
 
 
-@dataclass(frozen=True)
-class Detector:
-    """A head type, everything about it in one entry: which token set it is scored on, how to
-    score it, which column ranks it, which task verifies it, and how it is drawn. Adding a head
-    type means adding one entry to :data:`DETECTORS`.
-
-    Attributes:
-        name: head type, e.g. ``"induction"``.
-        dataset: ``"natural"`` (natural text) or ``"repeated"`` (repeated random tokens): the
-            token set its score is computed on.
-        columns: the head_scores.csv columns it fills.
-        rank_by: the column its top-k heads are chosen by (also its overview panel).
-        score: ``(pattern, period, start) -> {column: [head]}``.
-        task: the loss its ablations are judged on: ``"natural"`` or ``"repeated"`` (the loss on
-            the repeated half).
-        figures: one :class:`HeatmapStyle` per heatmap drawn; the one of ``rank_by`` also
-            titles its overview panel.
-        integer_columns: columns that hold integers (written without decimals).
-        top_head_extras: ``(key, column)`` pairs: each top head in summary.json also reports
-            ``key: int(column)`` (e.g. the positional head's offset).
-        encoder_only: scored only on bidirectional models (encoders): the score reads keys
-            after the query, which a causal pattern never weights (it would be 0 everywhere).
-    """
-
-    name: str
-    dataset: str
-    columns: tuple[str, ...]
-    rank_by: str
-    score: Callable[[Pattern, int | None, int], dict[str, Tensor]]
-    task: str
-    figures: tuple[HeatmapStyle, ...] = ()
-    integer_columns: tuple[str, ...] = ()
-    top_head_extras: tuple[tuple[str, str], ...] = ()
-    encoder_only: bool = False
-
-    def applies_to(self, causal: bool) -> bool:
-        """Whether this head type is scored on a model with (``causal``) or without causal attention."""
-        return not (self.encoder_only and causal)
-
-    @property
-    def panel_title(self) -> str:
-        """The overview panel's title: the ``rank_by`` heatmap's title without " score"."""
-        style = next((f for f in self.figures if f.column == self.rank_by), None)
-        return (style.title if style else self.name.replace("_", "-")).removesuffix(" score")
+def _one(column: str, fn: Callable[..., Tensor], *args: str) -> Callable[[Pattern, int | None, int], dict[str, Tensor]]:
+    """A score function filling ``column`` with ``fn(pattern)`` (``args`` ``"period"``/``"start"``: also those)."""
+    def score(p: Pattern, period: int | None, start: int) -> dict[str, Tensor]:
+        extra = {"period": period, "start": start}
+        return {column: fn(p, *(extra[a] for a in args))}
+    return score
 
 
-DETECTORS: dict[str, Detector] = {
-    d.name: d
-    for d in [
-        Detector("previous_token", "natural", ("previous_token",), "previous_token",
-                 lambda p, S, s: {"previous_token": previous_token_score(p)}, "natural",
-                 figures=(HeatmapStyle("previous_token", "previous-token score", "attention to i−1"),)),
-        Detector("duplicate_token", "repeated", ("duplicate_token",), "duplicate_token",
-                 lambda p, S, s: {"duplicate_token": duplicate_token_score(p, S, s)}, "natural",
-                 figures=(HeatmapStyle("duplicate_token", "duplicate-token score", "attention to earlier copy"),)),
-        Detector("induction", "repeated", ("induction",), "induction",
-                 lambda p, S, s: {"induction": induction_score(p, S, s)}, "repeated",
-                 figures=(HeatmapStyle("induction", "induction score", "attention to token after copy"),)),
-        Detector("first_token", "natural", ("first_token",), "first_token",
-                 lambda p, S, s: {"first_token": first_token_score(p)}, "natural",
-                 figures=(HeatmapStyle("first_token", "first-token (sink) score", "attention to position 0"),)),
-        Detector("positional", "natural", ("positional_offset", "positional_fraction"), "positional_fraction",
-                 lambda p, S, s: dict(zip(("positional_offset", "positional_fraction"), positional_score(p))), "natural",
-                 figures=(HeatmapStyle("positional_fraction", "positional score", "share of queries at top offset"),
-                          # one colour per offset (0 and -1 apart), heads that are not positional masked
-                          HeatmapStyle("positional_offset", "positional offset k − q", "most frequent offset of the maximum",
-                                       (("cmap", "cividis"), ("discrete", True), ("vmin", -7), ("vmax", 0), ("extend", "min")),
-                                       (("cmap", "RdBu_r"), ("vmin", -3), ("vmax", 3), ("extend", "both")),
-                                       mask_below=("positional_fraction", POSITIONAL_FIGURE_FRACTION))),
-                 integer_columns=("positional_offset",), top_head_extras=(("offset", "positional_offset"),)),
-        Detector("next_token", "natural", ("next_token",), "next_token",
-                 lambda p, S, s: {"next_token": next_token_score(p)}, "natural",
-                 figures=(HeatmapStyle("next_token", "next-token score", "attention to i+1"),), encoder_only=True),
-        Detector("last_token", "natural", ("last_token",), "last_token",
-                 lambda p, S, s: {"last_token": last_token_score(p)}, "natural",
-                 figures=(HeatmapStyle("last_token", "last-token score", "attention to the last position ([SEP])"),),
-                 encoder_only=True),
-    ]
-}
-"""All head types, in the order of head_scores.csv's columns."""
+def _positional(p: Pattern, period: int | None, start: int) -> dict[str, Tensor]:
+    return dict(zip(("positional_offset", "positional_fraction"), positional_score(p)))
 
-if tuple(DETECTORS) != HEAD_TYPES:  # the names live in the torch-free vocabulary; the registry must follow it
-    raise ImportError(f"DETECTORS {tuple(DETECTORS)} differ from vocabulary.HEAD_TYPES {HEAD_TYPES}")
 
-SCORE_COLUMNS: tuple[str, ...] = tuple(c for d in DETECTORS.values() if not d.encoder_only for c in d.columns)
-"""head_scores.csv's score columns of a decoder (all head types but the encoder-only ones), in order."""
-ENCODER_SCORE_COLUMNS: tuple[str, ...] = tuple(c for d in DETECTORS.values() for c in d.columns)
-"""head_scores.csv's score columns of an encoder (all head types), in order."""
+PREVIOUS_TOKEN = Detector("previous_token", ("previous_token",), _one("previous_token", previous_token_score), "natural", "natural",
+                          figures=(HeatmapStyle("previous_token", "previous-token score", "attention to i−1"),))
+DUPLICATE_TOKEN = Detector("duplicate_token", ("duplicate_token",), _one("duplicate_token", duplicate_token_score, "period", "start"),
+                           "repeated", "natural",
+                           figures=(HeatmapStyle("duplicate_token", "duplicate-token score", "attention to earlier copy"),))
+INDUCTION = Detector("induction", ("induction",), _one("induction", induction_score, "period", "start"), "repeated", "repeated",
+                     figures=(HeatmapStyle("induction", "induction score", "attention to token after copy"),))
+FIRST_TOKEN = Detector("first_token", ("first_token",), _one("first_token", first_token_score), "natural", "natural",
+                       figures=(HeatmapStyle("first_token", "first-token (sink) score", "attention to position 0"),))
+POSITIONAL = Detector(
+    "positional", ("positional_offset", "positional_fraction"), _positional, "natural", "natural", rank_by="positional_fraction",
+    figures=(HeatmapStyle("positional_fraction", "positional score", "share of queries at top offset"),
+             # one colour per offset (0 and -1 apart), heads that are not positional masked
+             HeatmapStyle("positional_offset", "positional offset k − q", "most frequent offset of the maximum",
+                          (("cmap", "cividis"), ("discrete", True), ("vmin", -7), ("vmax", 0), ("extend", "min")),
+                          (("cmap", "RdBu_r"), ("vmin", -3), ("vmax", 3), ("extend", "both")),
+                          mask_below=("positional_fraction", POSITIONAL_FIGURE_FRACTION))),
+    integer_columns=("positional_offset",), top_head_extras=(("offset", "positional_offset"),))
+NEXT_TOKEN = Detector("next_token", ("next_token",), _one("next_token", next_token_score), "natural", "natural",
+                      figures=(HeatmapStyle("next_token", "next-token score", "attention to i+1"),), encoder_only=True)
+LAST_TOKEN = Detector("last_token", ("last_token",), _one("last_token", last_token_score), "natural", "natural",
+                      figures=(HeatmapStyle("last_token", "last-token score", "attention to the last position ([SEP])"),),
+                      encoder_only=True)
+"""The head types, each registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`
+(which :data:`DETECTORS` views, in head_scores.csv's column order)."""
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``SCORE_COLUMNS`` (a decoder's head-type columns) and ``ENCODER_SCORE_COLUMNS`` (an encoder's),
+    read from the registry when asked (:func:`headprobe.analyses.columns.score_columns`)."""
+    if name == "SCORE_COLUMNS":
+        return score_columns(causal=True)
+    if name == "ENCODER_SCORE_COLUMNS":
+        return score_columns(causal=False)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def select_detectors(types: str | Sequence[str] | None = None) -> tuple[str, ...]:
-    """:func:`headprobe.analyses.vocabulary.select_head_types` (the torch-free home of the names)."""
+    """:func:`headprobe.analyses.columns.select_head_types` (the torch-free home of the names)."""
     return select_head_types(types)

@@ -643,9 +643,11 @@ POSITIVE_COLOR, NEGATIVE_COLOR = "#B2182B", "#2166AC"
 @_styled
 def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, title: str, ylabel: str,
                 signs: np.ndarray | None = None,
-                sign_labels: tuple[str, str] = ("above zero", "below zero")) -> Figure:
+                sign_labels: tuple[str, str] = ("above zero", "below zero"),
+                ci_label: str = "whiskers: 95% bootstrap interval over prompts", label_prefix: str = "head ") -> Figure:
     """Horizontal bars of signed per-head effects (largest first, top to bottom) with their 95%
-    intervals as whiskers (``ci``: ``[2, n]`` lower and upper bounds).
+    intervals as whiskers (``ci``: ``[2, n]`` lower and upper bounds; NaN: no whisker, and
+    ``ci_label`` should then say why). ``label_prefix`` goes before each label on the axis.
 
     A bar is red (:data:`POSITIVE_COLOR`) where ``signs`` (default: ``effects``) is positive, else
     blue, as on the ``RdBu_r`` heatmaps; pass the values a companion heatmap shows (e.g. a
@@ -659,16 +661,16 @@ def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, titl
     fig = _figure(COLUMN_WIDTH, 1.2 + 0.17 * n)
     ax = fig.subplots()
     y = np.arange(n)
-    err = np.where(np.isfinite(ci), np.abs(ci - effects[None]), 0.0)
+    err = np.where(np.isfinite(ci), np.abs(ci - effects[None]), 0.0) if np.isfinite(ci).any() else None
     ax.barh(y, effects, 0.7, color=np.where(signs > 0, POSITIVE_COLOR, NEGATIVE_COLOR), xerr=err, capsize=1.5,
             error_kw={"lw": 0.6})
     ax.axvline(0, color="black", lw=0.5)
-    ax.set_yticks(y, [f"head {label}" for label in labels])
+    ax.set_yticks(y, [f"{label_prefix}{label}" for label in labels])
     ax.invert_yaxis()
     ax.set_xlabel(ylabel)
     ax.set_title(title)
     handles = [Patch(color=POSITIVE_COLOR, label=sign_labels[0]), Patch(color=NEGATIVE_COLOR, label=sign_labels[1]),
-               Patch(color="none", label="whiskers: 95% bootstrap interval over prompts")]
+               Patch(color="none", label=ci_label)]
     fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     return fig
 
@@ -761,4 +763,59 @@ def per_layer_plot(layers: np.ndarray, clean: float, best_only: np.ndarray, wors
     ax.set_title(title)
     ax.grid(alpha=0.3, lw=0.4)
     ax.legend(frameon=False, fontsize=5.5)
+    return fig
+
+
+CIRCUIT_INPUT_COLORS = {"q": "#0072B2", "k": "#D55E00", "v": "#009E73", "logits": "#CC79A7"}
+"""Edge colours of :func:`circuit_graph` by the receiver's input (Okabe-Ito, colourblind-safe)."""
+_CIRCUIT_BEND = {"q": 0.08, "k": 0.22, "v": 0.36, "logits": 0.15}
+"""Arc of each input's edges, so that a sender's q, k and v edges into one receiver do not overlap."""
+
+
+@_styled
+def circuit_graph(edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None, str, float]], n_layers: int, n_heads: int,
+                  title: str, score_label: str) -> Figure:
+    """The top edges of a circuit as a graph: each head a node at (head, layer), the logits one node
+    above the last layer, each edge ``(sender, receiver or None, input, score)`` an arrow from the
+    sender to the receiver coloured by the receiver's input (:data:`CIRCUIT_INPUT_COLORS`), its width
+    proportional to ``|score|``, dashed where the score is negative.
+
+    Raises:
+        ValueError: no edges.
+    """
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import FancyArrowPatch
+
+    if not edges:
+        raise ValueError("circuit_graph needs at least one edge")
+    fig = _figure(COLUMN_WIDTH, 3.6)
+    ax = fig.add_subplot()
+    top = max(abs(e[3]) for e in edges) or 1.0
+    where = lambda node: ((n_heads - 1) / 2, n_layers + 1.5) if node is None else (node[1], node[0])
+    nodes = {e[0] for e in edges} | {e[1] for e in edges}
+    for node in nodes:
+        x, y = where(node)
+        ax.scatter([x], [y], s=60 if node is None else 30, color="#333333", zorder=3)
+        ax.annotate("logits" if node is None else format_head(node), (x, y), xytext=(0, 5) if node is None else (4, 3),
+                    textcoords="offset points", fontsize=5.5, zorder=4, ha="center" if node is None else "left")
+    for sender, receiver, inp, score in sorted(edges, key=lambda e: abs(e[3])):
+        arrow = FancyArrowPatch(where(sender), where(receiver), arrowstyle="-|>", mutation_scale=6,
+                                connectionstyle=f"arc3,rad={_CIRCUIT_BEND[inp]}", color=CIRCUIT_INPUT_COLORS[inp],
+                                linewidth=0.4 + 2.6 * abs(score) / top, linestyle="--" if score < 0 else "-",
+                                alpha=0.85, zorder=2)
+        ax.add_patch(arrow)
+    lowest = min(e[0][0] for e in edges)
+    ax.set_xlim(-0.8, n_heads - 0.2)
+    ax.set_ylim(max(-0.8, lowest - 1.5), n_layers + 2.8)  # only the layers the edges span, the logits on top
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    handles = [Line2D([], [], color=c, label=f"into {k}" if k != "logits" else "into the logits")
+               for k, c in CIRCUIT_INPUT_COLORS.items() if any(e[2] == k for e in edges)]
+    handles.append(Line2D([], [], color="#666666", linestyle="--", label=f"negative {score_label}"))
+    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(
+        [t for t in matplotlib.ticker.MaxNLocator(integer=True).tick_values(max(0, lowest - 1), n_layers - 1) if t < n_layers]))
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    handles.append(Line2D([], [], color="none", label=f"width: |{score_label}|, largest {top:.3g}"))
+    fig.legend(handles=handles, loc="outside lower center", fontsize=5, frameon=False, ncols=2)
     return fig

@@ -3,13 +3,16 @@ rate, the attention entropy, the retrieval score, the direct logit attribution, 
 metrics of :mod:`headprobe.analyses.circuits` (copying score, composition).
 
 Pattern metrics take ``pattern: [batch, head, q_pos, k_pos]`` (rows sum to 1, causal) and score
-every head of a layer at once, without modifying the pattern. :func:`scan_metrics` computes all
-columns of a scan (``copying``, ``sink_rate``, ``entropy``, ``retrieval``, ``dla``) in three
-forward passes.
+every head of a layer at once, without modifying the pattern. Each metric is one
+:class:`~headprobe.analyses.columns.HeadColumn` record here (``COPYING``, ``SINK_RATE``, ``ENTROPY``,
+``RETRIEVAL``, ``DLA``), registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`;
+:func:`scan_metrics` computes every registered one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,7 +21,9 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headprobe.analyses import circuits
+from headprobe.analyses.columns import METRICS, HeadColumn, HeatmapStyle, metric_columns
 from headprobe.analyses.data import NeedleSet, TokenSet
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import stream_patterns
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import attn_hook
@@ -30,8 +35,6 @@ SINK_THRESHOLD = 0.3
 """Gu et al. 2024's epsilon: a head is a sink head for token k when its sink rate exceeds it
 (here the batch-mean rate; see :func:`sink_rate` for how Gu et al.'s code differs)."""
 
-METRIC_COLUMNS = ("copying", "sink_rate", "entropy", "retrieval", "dla")
-"""head_scores.csv's metric columns, after the head types' columns."""
 
 
 def sink_rate(pattern: Pattern, key: int = 0) -> Float[Tensor, "head"]:
@@ -111,7 +114,7 @@ def needle_queries(needles: NeedleSet) -> tuple[Int[Tensor, "batch n"], Int[Tens
 
 
 @torch.inference_mode()
-def retrieval_score(model: Any, needles: NeedleSet) -> Float[Tensor, "layer head"]:
+def retrieval_score(model: LoadedModel, needles: NeedleSet) -> Float[Tensor, "layer head"]:
     """:func:`retrieval_hits` of every head on ``needles`` in one forward pass (teacher forced:
     the second needle is in the input, and the model's top prediction at each of its positions
     decides whether the token is copied). Also see :func:`needle_queries`."""
@@ -134,7 +137,7 @@ def retrieval_score(model: Any, needles: NeedleSet) -> Float[Tensor, "layer head
 
 
 @torch.inference_mode()
-def direct_logit_attribution(model: Any, tokens: Int[Tensor, "batch pos"], first: int
+def direct_logit_attribution(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int
                              ) -> Float[Tensor, "batch n layer head"]:
     """Each head's direct contribution to the logit of the correct next token, through the final
     norm with its per-token scale frozen at the clean run's (Elhage et al. 2021; TransformerLens'
@@ -210,12 +213,69 @@ def direct_logit_attribution(model: Any, tokens: Int[Tensor, "batch pos"], first
     return out
 
 
+@dataclass(frozen=True)
+class MetricInputs:
+    """What a metric's score function (:attr:`~headprobe.analyses.columns.HeadColumn.score`) is given
+    besides the model: the scan's natural-text token set, its needle set (None where the sequences
+    are too short for two needles) and the first scored prediction of the natural text."""
+
+    natural: TokenSet
+    needles: NeedleSet | None
+    first: int
+
+
+def _copying(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
+    return {"copying": circuits.copying_score(model).numpy()}
+
+
+def _pattern_metric(column: str, fn) -> Callable[[LoadedModel, MetricInputs], dict[str, np.ndarray]]:
+    """A metric that is ``fn(pattern) -> [head]`` of each layer's pattern on the natural text."""
+    def score(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
+        out = torch.zeros(model.spec.n_layers, model.spec.n_heads)
+
+        def on_pattern(layer: int, pattern: Tensor) -> None:
+            out[layer] = fn(pattern).cpu()
+
+        stream_patterns(model, inputs.natural.tokens, on_pattern)
+        return {column: out.numpy()}
+    return score
+
+
+def _retrieval(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
+    if inputs.needles is None:
+        raise HeadprobeError("sequences too short for two needles")
+    return {"retrieval": retrieval_score(model, inputs.needles).numpy()}
+
+
+def _dla(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
+    model.self_check.require_decomposition("direct logit attribution")
+    return {"dla": direct_logit_attribution(model, inputs.natural.tokens, inputs.first).mean(dim=(0, 1)).cpu().numpy()}
+
+
+COPYING = HeadColumn("copying", ("copying",), _copying,
+                     figures=(HeatmapStyle("copying", "copying score (OV eigenvalues)", "Σλ / Σ|λ|",
+                                           (("cmap", "RdBu_r"), ("vmin", -1.0), ("vmax", 1.0))),))
+SINK_RATE = HeadColumn("sink_rate", ("sink_rate",), _pattern_metric("sink_rate", sink_rate),
+                       figures=(HeatmapStyle("sink_rate", "sink rate (first token)", "mean attention to token 0"),))
+ENTROPY = HeadColumn("entropy", ("entropy",), _pattern_metric("entropy", attention_entropy),
+                     figures=(HeatmapStyle("entropy", "attention entropy", "nats (mean over queries)", (("vmax", None),)),))
+RETRIEVAL = HeadColumn("retrieval", ("retrieval",), _retrieval, causal_only=True,
+                       figures=(HeatmapStyle("retrieval", "retrieval score (needle copy-paste)", "share of needle tokens"),))
+DLA = HeadColumn("dla", ("dla",), _dla, causal_only=True,
+                 figures=(HeatmapStyle("dla", "direct logit attribution", "logit of the next token", signed=True),))
+"""The reported metrics, each registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`
+(group ``"metric"``; :data:`~headprobe.analyses.columns.METRICS` views them in column order)."""
+
+ENCODER_SKIP = "an encoder makes no next-token prediction"
+"""Why a :attr:`~headprobe.analyses.columns.HeadColumn.causal_only` metric is NaN on an encoder."""
+
+
 @torch.inference_mode()
-def scan_metrics(model: Any, natural: TokenSet, needles: NeedleSet | None,
+def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | None,
                  first: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Every metric column of a scan, ``[layer, head]`` each: ``copying`` (weights), ``sink_rate``
-    and ``entropy`` (natural text), ``retrieval`` (``needles``), ``dla`` (mean over the natural-text
-    predictions from index ``first`` on).
+    """Every metric column of a scan (:data:`~headprobe.analyses.columns.METRICS`, in order),
+    ``[layer, head]`` each: ``copying`` (weights), ``sink_rate`` and ``entropy`` (natural text),
+    ``retrieval`` (``needles``), ``dla`` (mean over the natural-text predictions from index ``first`` on).
 
     A metric the model does not allow is NaN, with the reason in the second dict (column ->
     reason): ``copying`` for latent attention (no per-head W_V), ``dla`` for post-attention norms
@@ -223,62 +283,46 @@ def scan_metrics(model: Any, natural: TokenSet, needles: NeedleSet | None,
     for encoders (``spec.causal`` False: no next-token prediction to copy or attribute).
     """
     spec = model.spec
-    nan = np.full((spec.n_layers, spec.n_heads), np.nan, dtype=np.float32)
+    inputs = MetricInputs(natural, needles, first)
     out: dict[str, np.ndarray] = {}
     skipped: dict[str, str] = {}
-    try:
-        out["copying"] = circuits.copying_score(model).numpy()
-    except HeadprobeError as e:
-        out["copying"], skipped["copying"] = nan.copy(), str(e)
-    sink = torch.zeros(spec.n_layers, spec.n_heads)
-    ent = torch.zeros(spec.n_layers, spec.n_heads)
-
-    def on_pattern(layer: int, pattern: Tensor) -> None:
-        sink[layer] = sink_rate(pattern).cpu()
-        ent[layer] = attention_entropy(pattern).cpu()
-
-    stream_patterns(model, natural.tokens, on_pattern)
-    out["sink_rate"], out["entropy"] = sink.numpy(), ent.numpy()
-    encoder = not getattr(spec, "causal", True)
-    if encoder:
-        why = "an encoder makes no next-token prediction"
-        out["retrieval"], skipped["retrieval"] = nan.copy(), why
-        out["dla"], skipped["dla"] = nan.copy(), why
-        return {c: out[c] for c in METRIC_COLUMNS}, skipped
-    if needles is None:
-        out["retrieval"], skipped["retrieval"] = nan.copy(), "sequences too short for two needles"
-    else:
-        out["retrieval"] = retrieval_score(model, needles).numpy()
-    try:
-        model.self_check.require_decomposition("direct logit attribution")
-        out["dla"] = direct_logit_attribution(model, natural.tokens, first).mean(dim=(0, 1)).cpu().numpy()
-    except HeadprobeError as e:
-        out["dla"], skipped["dla"] = nan.copy(), str(e)
-    return {c: out[c] for c in METRIC_COLUMNS}, skipped
+    for metric in METRICS.values():
+        try:
+            if not metric.applies_to(spec.causal):
+                raise HeadprobeError(ENCODER_SKIP)
+            out.update(metric.score(model, inputs))
+        except HeadprobeError as e:
+            for c in metric.columns:
+                out[c], skipped[c] = np.full((spec.n_layers, spec.n_heads), np.nan, dtype=np.float32), str(e)
+    return {c: out[c] for c in metric_columns()}, skipped
 
 
-def metric_figure_makers(scores: dict[str, np.ndarray], group_size: int | None, tag: str) -> dict[str, Any]:
-    """``heatmap_<column>`` -> a function of no arguments that draws it, for each metric column in
-    ``scores`` with a finite value (:func:`metric_figures` draws them all at once)."""
+def heatmap_makers(records: Sequence[HeadColumn], scores: dict[str, np.ndarray], group_size: int | None, tag: str,
+                   causal: bool = True) -> dict[str, Any]:
+    """``heatmap_<column>`` -> a function of no arguments that draws it, for every
+    :class:`~headprobe.analyses.columns.HeatmapStyle` of ``records`` (head types and metrics alike);
+    a metric's heatmap only where its column has a finite value."""
     from functools import partial
 
     from headprobe.analyses import figures as figs
 
-    styles = {
-        "copying": ("copying score (OV eigenvalues)", "Σλ / Σ|λ|", dict(cmap="RdBu_r", vmin=-1.0, vmax=1.0)),
-        "sink_rate": ("sink rate (first token)", "mean attention to token 0", {}),
-        "entropy": ("attention entropy", "nats (mean over queries)", dict(vmax=None)),
-        "retrieval": ("retrieval score (needle copy-paste)", "share of needle tokens", {}),
-    }
     out: dict[str, Any] = {}
-    for col, (title, label, opts) in styles.items():
-        if col in scores and np.isfinite(scores[col]).any():
-            out[f"heatmap_{col}"] = partial(figs.head_heatmap, scores[col], f"{title}, {tag}", label,
-                                            group_size=group_size, **opts)
-    if "dla" in scores and np.isfinite(scores["dla"]).any():
-        out["heatmap_dla"] = partial(figs.signed_head_heatmap, scores["dla"], f"direct logit attribution, {tag}",
-                                     "logit of the next token", group_size=group_size)
+    for record in records:
+        for style in record.figures:
+            values = scores.get(style.column)
+            if values is None or (not record.is_head_type and not np.isfinite(values).any()):
+                continue
+            title = f"{style.title}, {tag}"
+            out[f"heatmap_{style.column}"] = (
+                partial(figs.signed_head_heatmap, values, title, style.label, group_size=group_size) if style.signed
+                else partial(figs.head_heatmap, values, title, style.label, group_size=group_size,
+                             **style.figure_options(scores, causal)))
     return out
+
+
+def metric_figure_makers(scores: dict[str, np.ndarray], group_size: int | None, tag: str) -> dict[str, Any]:
+    """:func:`heatmap_makers` of every metric (:data:`~headprobe.analyses.columns.METRICS`)."""
+    return heatmap_makers(list(METRICS.values()), scores, group_size, tag)
 
 
 def metric_figures(scores: dict[str, np.ndarray], group_size: int | None, tag: str) -> dict[str, Any]:
@@ -291,7 +335,7 @@ NEEDLE_LEN = 16
 """Needle length (tokens) of the retrieval score, unless a quarter of the sequence is shorter."""
 
 
-def scan_needles(model: Any, n_seqs: int, seq_len: int, seed: int, text: str | TextFile | None = None,
+def scan_needles(model: LoadedModel, n_seqs: int, seq_len: int, seed: int, text: str | TextFile | None = None,
                  source: str | None = None) -> NeedleSet | None:
     """The retrieval score's token set for a scan: ``n_seqs`` windows of ``seq_len`` tokens with a
     needle of :data:`NEEDLE_LEN` tokens (or a quarter of the sequence if shorter) inserted twice;
@@ -304,7 +348,7 @@ def scan_needles(model: Any, n_seqs: int, seq_len: int, seed: int, text: str | T
 
 
 @torch.inference_mode()
-def scan_composition(model: Any) -> dict[str, np.ndarray] | None:
+def scan_composition(model: LoadedModel) -> dict[str, np.ndarray] | None:
     """:func:`headprobe.analyses.circuits.composition_scores` of ``model`` as numpy arrays
     ``[layer_j, head_j, layer_i, head_i]``, or None where the weights do not allow it (MLA)."""
     try:

@@ -1,23 +1,25 @@
-"""Per-head activation patching with a logit-difference metric, and the indirect-object
-identification (IOI) prompts of Wang et al. 2022 as the worked example.
+"""Activation patching with a logit-difference metric at five sites (a head's z, q, k or v; the
+residual stream by layer and position), all prompt pairs in one padded batch, and the
+indirect-object identification (IOI) prompts of Wang et al. 2022 as the worked example.
 
 Activation patching (Meng et al. 2022; Wang et al. 2022, "Interpretability in the Wild: a Circuit
 for Indirect Object Identification in GPT-2 small", arXiv 2211.00593; the conventions of Heimersheim
 & Nanda 2024, "How to use and interpret activation patching"): run the model on a *clean* prompt
-and on a *corrupted* one of the same length, then run the clean prompt again with one head's
-output replaced by its output on the corrupted prompt, and measure how far the metric moves.
-Here a head's output is its ``z`` at ``hook_z`` (before W_O), as in every ablation of the engine
-(:func:`headprobe.probe.hooks.head_ablation_hooks`, kind ``resample``), at every position.
+and on a *corrupted* one of the same length, then run the clean prompt again with one unit's
+activation replaced by its activation on the corrupted prompt, and measure how far the metric
+moves. Sites (:data:`SITES`): a head's ``z`` at ``hook_z`` (before W_O; as every ablation of the
+engine, kind ``resample``), its query, key or value input (``hook_q``/``hook_k``/``hook_v``; under
+GQA one query head's k/v as :func:`head_input_hooks` says), each at every position; or the
+residual stream entering a layer at one position (``hook_resid_pre``).
 
-Metric: the logit difference ``LD = logit(correct) - logit(wrong)`` at the last position of each
-prompt (IOI: correct = the indirect object, wrong = the subject). Per head ``h`` and prompt ``i``:
-``effect_h,i = LD_patched(h),i - LD_clean,i`` (nats of logit difference; negative: the head
-carries what the clean answer needs), and the normalised effect
-``effect_h / (LD_corrupted - LD_clean)`` of the means (1: patching this head alone moves the
-metric all the way to the corrupted run's; 0: no change).
+Metric: the logit difference ``LD = logit(correct) - logit(wrong)`` after the last (real) token of
+each prompt (IOI: correct = the indirect object, wrong = the subject). Per unit ``u`` and prompt
+``i``: ``effect_u,i = LD_patched(u),i - LD_clean,i`` (logit units; negative: the unit carries what
+the clean answer needs), and the normalised effect ``effect_u / (LD_corrupted - LD_clean)`` of the
+means (1: patching this unit alone moves the metric all the way to the corrupted run's; 0: no change).
 
 Intervals: 95% percentile bootstrap over prompts (:func:`headprobe.analyses.statistics.bootstrap_ci`),
-as for ablations.
+as for ablations, only from ``MIN_PAIRS_FOR_CI`` (10) pairs up.
 """
 
 from __future__ import annotations
@@ -28,15 +30,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headprobe.analyses.ablation import LOGITS_BYTES_PER_PASS, require_head_ablation
 from headprobe.analyses.statistics import bootstrap_ci
+from headprobe.analyses.vocabulary import MIN_PAIRS_FOR_CI, PATCH_SITES
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import all_heads
-from headprobe.probe.hooks import Head, batched_ablation_hooks, head_set_masks
+from headprobe.probe.hooks import Head, attn_hook
 
 
 @dataclass(frozen=True)
@@ -113,32 +117,159 @@ def ioi_prompts(tokenizer: Any, n: int = 48, seed: int = 0) -> list[PromptPair]:
 
 
 # --------------------------------------------------------------------------------------------
+# Hook sites: what a patch replaces (small public functions; path patching builds on them)
+# --------------------------------------------------------------------------------------------
+
+SITES = PATCH_SITES
+"""Where :func:`patch` can patch: a head's ``z`` (its output, before W_O), its query, key or value
+input (``hook_q``/``hook_k``/``hook_v``), or the residual stream entering a layer at one position
+(``hook_resid_pre``)."""
+
+HEAD_SITES = ("z", "q", "k", "v")
+"""The sites patched per query head (the others are patched per layer and position)."""
+
+# MIN_PAIRS_FOR_CI (vocabulary.py, 10): intervals over prompt pairs only from 10 pairs up. With fewer, a
+# percentile bootstrap resamples so few values that its interval is no 95% interval (4 pairs give at most 35
+# distinct resampled means); the outputs say so and give none.
+
+
+def site_hook_name(site: str, layer: int) -> str:
+    """The TransformerLens hook name of ``site`` at ``layer``: ``blocks.{layer}.attn.hook_{z,q,k,v}``
+    (``hook_z`` ``[batch, pos, head, d_head]``; ``hook_q`` ``[batch, pos, head, d_qk]``; ``hook_k``,
+    ``hook_v`` ``[batch, pos, kv_head, d]``, before rotary and QK-norm on the native backend) or
+    ``blocks.{layer}.hook_resid_pre`` ``[batch, pos, d_model]``.
+
+    Raises:
+        HeadprobeError: ``site`` not one of :data:`SITES`.
+    """
+    if site == "resid":
+        return f"blocks.{layer}.hook_resid_pre"
+    if site in HEAD_SITES:
+        return attn_hook(layer, site)
+    raise HeadprobeError(f"unknown patching site {site!r}; choose one of {', '.join(SITES)}")
+
+
+def check_site(model: LoadedModel, site: str, layers: Sequence[int]) -> None:
+    """Refuse, with one line, a site the backend has no hook point for (at one of ``layers``).
+
+    Raises:
+        HeadprobeError: unknown ``site`` or a missing hook point.
+    """
+    names = set(model.hook_names())
+    for layer in layers:
+        if site_hook_name(site, layer) not in names:
+            raise HeadprobeError(f"the {model.backend} backend has no hook point {site_hook_name(site, layer)}: "
+                                 f"--site {site} is not available for this model")
+
+
+def head_input_hooks(layer: int, site: str, heads: Bool[Tensor, "batch head"], source: Float[Tensor, "batch pos n d"],
+                     clean_z: Float[Tensor, "batch pos head d_head"] | None = None) -> list[tuple[str, Any]]:
+    """Hooks giving, in sequence ``b`` of a forward, each query head ``h`` with ``heads[b, h]`` its
+    ``site`` activation (``z``, ``q``, ``k`` or ``v``) from ``source[b]`` at layer ``layer``, every
+    position; every other head keeps its own.
+
+    GQA (``n_kv_heads < n_heads``): a key or value belongs to one KV head, shared by its group of
+    ``n_heads // n_kv_heads`` query heads. To give one query head the corrupted k/v while its group
+    keeps the clean one, the KV head is replaced at ``hook_k``/``hook_v`` (so every head of the
+    group attends with it) and, at the same layer's ``hook_z``, the group's *other* heads get back
+    their clean ``z`` from ``clean_z`` (the run without the patch). This is exact: the patch acts at
+    ``layer`` only, so that layer's input is the clean run's and the other heads' clean ``z`` is
+    what they compute with the clean k/v. It equals expanding the KV head into one copy per query
+    head and patching that query head's copy (tested against a model whose KV heads are expanded so,
+    tests/test_patch.py). Where the hook holds one slice per query head (``q``, ``z``, MHA, MLA, or a
+    backend that expands KV heads itself), the slice is replaced directly.
+
+    Args:
+        layer: the layer. site: ``z``, ``q``, ``k`` or ``v``. heads: ``[batch, head]`` which query
+            heads are patched in which sequence. source: the site's activation ``[batch, pos, n, d]``
+            on the corrupted input (``n``: heads or KV heads, as the hook holds them).
+        clean_z: ``[batch, pos, head, d_head]``, the layer's z without the patch; needed for ``k``/``v``
+            under GQA.
+
+    Raises:
+        HeadprobeError: (when the hooks run) the hook's head axis fits neither the query heads nor a
+            grouping of them, or ``clean_z`` missing where a group's other heads must be restored.
+    """
+    name, n_heads, state = site_hook_name(site, layer), heads.shape[1], {}
+
+    def put(act: Tensor, hook: Any) -> Tensor:
+        n = act.shape[2]
+        if n == n_heads:
+            sel = heads.to(act.device)
+        elif site in ("k", "v") and n_heads % n == 0:  # the KV heads read by the patched query heads
+            sel = heads.to(act.device).view(heads.shape[0], n, n_heads // n).any(-1)
+            state["others"] = sel.repeat_interleave(n_heads // n, dim=1) & ~heads.to(act.device)
+        else:
+            raise HeadprobeError(f"{name} has {n} heads on its head axis; expected {n_heads} query heads or a divisor")
+        return torch.where(sel[:, None, :, None], source.to(act), act)
+
+    def restore(z: Tensor, hook: Any) -> Tensor:
+        others = state.pop("others", None)
+        if others is None or not others.any():
+            return z
+        if clean_z is None:
+            raise HeadprobeError("patching one query head's k or v under GQA needs the layer's clean z (clean_z) "
+                                 "to keep the other heads of its group clean")
+        return torch.where(others[:, None, :, None], clean_z.to(z), z)
+
+    hooks = [(name, put)]
+    if site in ("k", "v"):
+        hooks.append((attn_hook(layer, "z"), restore))
+    return hooks
+
+
+def resid_hooks(layer: int, where: Bool[Tensor, "batch pos"], source: Float[Tensor, "batch pos d_model"]
+                ) -> list[tuple[str, Any]]:
+    """A hook replacing the residual stream entering ``layer`` (``hook_resid_pre``) by ``source``
+    where ``where`` is True (sequence, position) and leaving it elsewhere."""
+
+    def put(x: Tensor, hook: Any) -> Tensor:
+        return torch.where(where.to(x.device)[..., None], source.to(x), x)
+
+    return [(site_hook_name("resid", layer), put)]
+
+
+# --------------------------------------------------------------------------------------------
 # Patching
 # --------------------------------------------------------------------------------------------
 
+Unit = tuple[int, int]
+"""What one patch replaces: ``(layer, head)`` for the head sites, ``(layer, pos)`` for ``resid``
+(``pos`` indexes the prompt's real tokens, BOS included; negative counts from the end)."""
+
+
 @dataclass
 class PatchingResult:
-    """Per-head activation patching over a set of prompt pairs.
+    """Activation patching of one site over a set of prompt pairs.
 
     Attributes:
-        heads: the patched ``(layer, head)`` pairs, in order.
+        site: one of :data:`SITES`. units: the patched ``(layer, head)`` (head sites) or
+            ``(layer, pos)`` (``resid``) pairs, in order (``heads`` is the same list).
         clean_ld, corrupted_ld: ``[n_prompts]`` logit differences of the clean and corrupted runs.
-        patched_ld: ``[n_heads_patched, n_prompts]`` logit difference of the clean run with one head's z
-            from the corrupted run.
+        patched_ld: ``[n_units, n_prompts]`` logit difference of the clean run with one unit from
+            the corrupted run.
         n_layers, n_heads: the model's layout (for ``[layer, head]`` arrays).
+        n_forward: forward passes the run took (the clean and corrupted capture included).
     """
 
-    heads: list[Head]
+    heads: list[Unit]
     clean_ld: np.ndarray
     corrupted_ld: np.ndarray
     patched_ld: np.ndarray
     n_layers: int
     n_heads: int
     pairs: list[PromptPair] = field(default_factory=list)
+    site: str = "z"
+    n_forward: int = 0
+
+    @property
+    def units(self) -> list[Unit]:
+        """The patched units (the same list as ``heads``; ``(layer, pos)`` for ``resid``)."""
+        return self.heads
 
     @property
     def effect(self) -> np.ndarray:
-        """``[n_heads_patched, n_prompts]``: patched minus clean logit difference."""
+        """``[n_units, n_prompts]``: patched minus clean logit difference."""
         return self.patched_ld - self.clean_ld[None]
 
     @property
@@ -146,26 +277,52 @@ class PatchingResult:
         """Mean corrupted minus mean clean logit difference: the normaliser."""
         return float(self.corrupted_ld.mean() - self.clean_ld.mean())
 
+    @property
+    def has_intervals(self) -> bool:
+        """Whether there are enough pairs (:data:`MIN_PAIRS_FOR_CI`) for bootstrap intervals."""
+        return len(self.clean_ld) >= MIN_PAIRS_FOR_CI
+
+    @property
+    def interval_note(self) -> str:
+        """What the outputs say about intervals."""
+        if self.has_intervals:
+            return "95% percentile bootstrap over prompts (2000 resamples, seeded)"
+        return f"none: {len(self.clean_ld)} prompt pairs; intervals are given from {MIN_PAIRS_FOR_CI} pairs up"
+
+    @property
+    def positions(self) -> list[int]:
+        """``resid``: the patched positions, in the order they first appear."""
+        return list(dict.fromkeys(u[1] for u in self.heads))
+
     def as_grid(self, values: np.ndarray) -> np.ndarray:
-        """``[layer, head]`` array of per-patched-head ``values`` (NaN for heads not patched)."""
-        grid = np.full((self.n_layers, self.n_heads), np.nan)
-        for (layer, head), v in zip(self.heads, values):
-            grid[layer, head] = v
+        """``[layer, head]`` (``resid``: ``[layer, position]`` over :attr:`positions`) array of
+        per-unit ``values`` (NaN where not patched)."""
+        cols = {p: i for i, p in enumerate(self.positions)} if self.site == "resid" else None
+        grid = np.full((self.n_layers, len(cols) if cols else self.n_heads), np.nan)
+        for (layer, col), v in zip(self.heads, values):
+            grid[layer, cols[col] if cols else col] = v
         return grid
 
     def table(self, seed: int = 0):
-        """head_patching.csv: ``layer, head, effect`` (mean over prompts), ``effect_ci95_lo/hi``
-        (bootstrap over prompts), ``normalized`` (``effect / total``)."""
+        """The CSV: ``layer, head`` (``resid``: ``layer, pos``), ``effect`` (mean over prompts),
+        ``effect_ci95_lo/hi`` (bootstrap over prompts; from :data:`MIN_PAIRS_FOR_CI` pairs up, else
+        one column ``effect_ci95`` saying why there are none), ``normalized`` (``effect / total``)
+        and ``effect_pair_1 .. effect_pair_n`` (each prompt pair's effect; their mean is ``effect``)."""
         import pandas as pd
 
         eff = self.effect
-        ci = bootstrap_ci(eff.T, seed=seed)  # [2, n_heads_patched]
         total = self.total
-        return pd.DataFrame({
-            "layer": [h[0] for h in self.heads], "head": [h[1] for h in self.heads],
-            "effect": eff.mean(1), "effect_ci95_lo": ci[0], "effect_ci95_hi": ci[1],
-            "normalized": eff.mean(1) / total if total != 0 else np.nan,
-        })
+        cols: dict[str, Any] = {"layer": [u[0] for u in self.heads],
+                                ("pos" if self.site == "resid" else "head"): [u[1] for u in self.heads],
+                                "effect": eff.mean(1)}
+        if self.has_intervals:
+            ci = bootstrap_ci(eff.T, seed=seed)  # [2, n_units]
+            cols.update(effect_ci95_lo=ci[0], effect_ci95_hi=ci[1])
+        else:
+            cols["effect_ci95"] = self.interval_note
+        cols["normalized"] = eff.mean(1) / total if total != 0 else np.nan
+        cols.update({f"effect_pair_{i + 1}": eff[:, i] for i in range(eff.shape[1])})
+        return pd.DataFrame(cols)
 
 
 def _token_id(tokenizer: Any, text: str) -> int:
@@ -177,14 +334,40 @@ def _token_id(tokenizer: Any, text: str) -> int:
     return ids[0]
 
 
-def encode_pairs(model: Any, pairs: Sequence[PromptPair]) -> list[tuple[Tensor, Tensor, Tensor, list[int]]]:
-    """Group ``pairs`` by token length: ``(clean [n, pos], corrupted [n, pos], answers [n, 2], indices)``
-    per length (answers: correct and wrong token ids).
+@dataclass
+class PairBatch:
+    """Prompt pairs as one (padded) batch: ``clean``, ``corrupted`` ``[n, pos]``, ``mask`` ``[n, pos]``
+    (1 real, 0 padding; None when nothing is padded), ``answers`` ``[n, 2]`` (correct, wrong token
+    ids), ``first``/``last`` ``[n]`` (index of each prompt's first and last real token), ``index``
+    (which pairs, in the caller's order). A pair's two prompts have one length, so they pad alike."""
+
+    clean: Tensor
+    corrupted: Tensor
+    mask: Tensor | None
+    answers: Tensor
+    first: Tensor
+    last: Tensor
+    index: list[int]
+
+    @property
+    def lengths(self) -> Tensor:
+        """``[n]`` each prompt's number of real tokens."""
+        return self.last - self.first + 1
+
+
+def encode_pairs(model: LoadedModel, pairs: Sequence[PromptPair], padding_side: str = "left",
+                 pad: bool | None = None) -> list[PairBatch]:
+    """Tokenize ``pairs`` into one padded :class:`PairBatch` (``pad``; default: where the backend
+    computes ``padding_side`` exactly, :attr:`~headprobe.probe.backend.LoadedModel.padding_sides`:
+    the native backend both sides, the bridge right padding), else one unpadded batch per token
+    length, shortest first.
 
     Raises:
         HeadprobeError: a pair whose prompts differ in length, or an answer that is not one token.
     """
-    groups: dict[int, list] = {}
+    from headprobe.probe.capture import pad_prompts
+
+    rows = []
     for i, p in enumerate(pairs):
         c, x = model.to_tokens(p.clean)[0], model.to_tokens(p.corrupted)[0]
         if c.shape != x.shape:
@@ -194,9 +377,20 @@ def encode_pairs(model: Any, pairs: Sequence[PromptPair]) -> list[tuple[Tensor, 
             ans = torch.tensor([_token_id(model.tokenizer, p.correct), _token_id(model.tokenizer, p.wrong)])
         except HeadprobeError as e:
             raise HeadprobeError(f"prompt pair {i + 1}: {e}") from None
-        groups.setdefault(len(c), []).append((c, x, ans, i))
-    return [(torch.stack([g[0] for g in grp]), torch.stack([g[1] for g in grp]), torch.stack([g[2] for g in grp]),
-             [g[3] for g in grp]) for _, grp in sorted(groups.items())]
+        rows.append((c, x, ans, i))
+    pad = padding_side in getattr(model, "padding_sides", ()) if pad is None else pad
+    groups: dict[int, list] = {}
+    for r in rows:
+        groups.setdefault(0 if pad else len(r[0]), []).append(r)
+    out = []
+    for _, grp in sorted(groups.items()):
+        clean, mask = pad_prompts([g[0] for g in grp], model.pad_token_id, padding_side)
+        corrupted, _ = pad_prompts([g[1] for g in grp], model.pad_token_id, padding_side)
+        lengths = mask.sum(1)
+        first = clean.shape[1] - lengths if padding_side == "left" else torch.zeros_like(lengths)
+        out.append(PairBatch(clean, corrupted, None if bool(mask.all()) else mask, torch.stack([g[2] for g in grp]),
+                             first, first + lengths - 1, [g[3] for g in grp]))
+    return out
 
 
 def logit_diff(logits: Float[Tensor, "batch pos d_vocab"], answers: Int[Tensor, "batch 2"]) -> Float[Tensor, "batch"]:
@@ -205,56 +399,146 @@ def logit_diff(logits: Float[Tensor, "batch pos d_vocab"], answers: Int[Tensor, 
     return last.gather(1, answers[:, :1].to(last.device))[:, 0] - last.gather(1, answers[:, 1:].to(last.device))[:, 0]
 
 
-def _last_logit_diff(model: Any, tokens: Tensor, answers: Tensor, hooks=()) -> Tensor:
-    """:func:`logit_diff` of a forward with ``hooks``: the last position's final residual through
-    the backend's own logits function (:meth:`~headprobe.probe.backend.LoadedModel.logits_from_residual`:
+def _logit_diffs(model: LoadedModel, batch: PairBatch, tokens: Tensor, copies: int, hooks=()) -> Tensor:
+    """The logit difference after each prompt's last real token (``copies`` repeats of ``batch``
+    along the batch axis) from one forward with ``hooks``: the final residual there through the
+    backend's own logits function (:meth:`~headprobe.probe.backend.LoadedModel.logits_from_residual`:
     final norm, unembedding, the family's soft-cap and logit scale), for the two answer tokens
     only (the numbers of Hugging Face's logits, tested, without a ``[batch, pos, d_vocab]``
     tensor on the native backend)."""
-    resid = model.final_residual(tokens, hooks)[:, -1]  # after the final norm
-    logits = model.logits_from_residual(resid, vocab=answers, normed=True).float()  # [batch, 2]
+    mask = None if batch.mask is None else batch.mask.repeat(copies, 1).to(model.device)
+    resid = model.final_residual(tokens.to(model.device), hooks, mask)  # after the final norm
+    last = batch.last.repeat(copies).to(resid.device)
+    resid = resid[torch.arange(len(last), device=resid.device), last]
+    logits = model.logits_from_residual(resid, vocab=batch.answers.repeat(copies, 1), normed=True).float()  # [rows, 2]
     return logits[:, 0] - logits[:, 1]
 
 
-@torch.inference_mode()
-def patch_heads(model: Any, pairs: Sequence[PromptPair], heads: Sequence[Head] | None = None,
-                max_batch: int = 64, progress: bool = False) -> PatchingResult:
-    """Patch each of ``heads`` (default: all) alone from the corrupted into the clean run.
+def _capture(model: LoadedModel, batch: PairBatch, names: Sequence[str]) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
+    """One forward over the clean and corrupted prompts together: the activations at ``names``
+    (clean, corrupted) and the logit differences ``[2, n]``."""
+    kept: dict[str, Tensor] = {}
 
-    Several heads share a forward pass along the batch axis (the clean prompts repeated once per
-    head; :func:`~headprobe.probe.hooks.batched_ablation_hooks` replaces, in each copy, that copy's head
-    by its corrupted z: resample ablation),
-    at most ``max_batch`` sequences and :data:`~headprobe.analyses.ablation.LOGITS_BYTES_PER_PASS`
-    of logits per pass. Equal to one forward per head with a ``resample`` hook (tested).
+    def saver(name: str):
+        def hook(x: Tensor, hook: Any) -> None:
+            kept[name] = x.detach().clone()
+        return hook
+
+    both = PairBatch(*(torch.cat([t, t]) if t is not None else None
+                       for t in (batch.clean, batch.corrupted, batch.mask, batch.answers, batch.first, batch.last)),
+                     index=batch.index)
+    ld = _logit_diffs(model, both, torch.cat([batch.clean, batch.corrupted]), 1, [(n, saver(n)) for n in names])
+    n = batch.clean.shape[0]
+    return {k: v[:n] for k, v in kept.items()}, {k: v[n:] for k, v in kept.items()}, ld.view(2, n)
+
+
+def _unit_hooks(site: str, chunk: Sequence[Unit], batch: PairBatch, n_heads: int, clean: dict[str, Tensor],
+                corrupted: dict[str, Tensor]) -> list[tuple[str, Any]]:
+    """Hooks for one forward over ``len(chunk)`` copies of ``batch``: copy ``j`` patches ``chunk[j]``."""
+    m, n, T = len(chunk), batch.clean.shape[0], batch.clean.shape[1]
+    hooks: list[tuple[str, Any]] = []
+    for layer in sorted({u[0] for u in chunk}):
+        name = site_hook_name(site, layer)
+        source = corrupted[name].repeat(m, *[1] * (corrupted[name].dim() - 1))
+        if site == "resid":
+            where = torch.zeros(m, n, T, dtype=torch.bool)
+            for j, (lay, pos) in enumerate(chunk):
+                if lay == layer:
+                    index = batch.first + pos if pos >= 0 else batch.last + 1 + pos
+                    where[j, torch.arange(n), index] = True
+            hooks += resid_hooks(layer, where.flatten(0, 1), source)
+            continue
+        sel = torch.zeros(m, n_heads, dtype=torch.bool)
+        for j, (lay, head) in enumerate(chunk):
+            sel[j, head] = lay == layer
+        z = clean.get(attn_hook(layer, "z"))
+        hooks += head_input_hooks(layer, site, sel.repeat_interleave(n, dim=0), source,
+                                  None if z is None else z.repeat(m, 1, 1, 1))
+    return hooks
+
+
+def default_units(spec: Any, site: str, pairs_min_length: int) -> list[Unit]:
+    """Every head for the head sites; every (layer, position) of the shortest prompt for ``resid``."""
+    if site == "resid":
+        return [(layer, pos) for layer in range(spec.n_layers) for pos in range(pairs_min_length)]
+    return list(all_heads(spec.n_layers, spec.n_heads))
+
+
+def _check_units(spec: Any, site: str, units: Sequence[Unit], batches: Sequence[PairBatch]) -> None:
+    shortest = min(int(b.lengths.min()) for b in batches)
+    for layer, col in units:
+        if not 0 <= layer < spec.n_layers:
+            raise HeadprobeError(f"layer {layer} does not exist (the model has {spec.n_layers} layers)")
+        if site != "resid" and not 0 <= col < spec.n_heads:
+            raise HeadprobeError(f"head {layer}.{col} does not exist (the model has {spec.n_heads} heads per layer)")
+        if site == "resid" and not -shortest <= col < shortest:
+            raise HeadprobeError(f"position {col} is outside the shortest prompt ({shortest} tokens); "
+                                 f"positions run from {-shortest} to {shortest - 1}")
+
+
+@torch.inference_mode()
+def patch(model: LoadedModel, pairs: Sequence[PromptPair], site: str = "z", units: Sequence[Unit] | None = None,
+          max_batch: int = 64, padding_side: str | None = None, progress: bool = False) -> PatchingResult:
+    """Patch each of ``units`` alone at ``site`` from the corrupted into the clean run.
+
+    ``site`` (:data:`SITES`): a query head's ``z``, ``q``, ``k`` or ``v`` at every position (units
+    ``(layer, head)``; k/v under GQA as :func:`head_input_hooks` says), or the residual stream
+    entering a layer at one position (``resid``; units ``(layer, pos)``, ``pos`` counted over the
+    prompt's real tokens). Default units: :func:`default_units`.
+
+    All pairs run as one padded batch (``padding_side``; default left where the backend computes it
+    exactly, else right: :attr:`~headprobe.probe.backend.LoadedModel.padding_sides`), so pairs of
+    different lengths need no pass per length (one batch per length where the backend takes no
+    padding). One forward captures
+    the clean and corrupted runs together; then several units share a forward along the batch
+    axis (the clean prompts repeated once per unit), at most ``max_batch`` sequences and
+    :data:`~headprobe.analyses.ablation.LOGITS_BYTES_PER_PASS` of logits per pass. Equal to one
+    unpadded forward per unit and pair with a hand-written hook (tested).
 
     Raises:
-        HeadprobeError: bad pairs (see :func:`encode_pairs`), or a model whose self-check forbids head ablation.
+        HeadprobeError: bad pairs (see :func:`encode_pairs`), a unit or site that does not exist
+            for the model, or a model whose self-check forbids head ablation.
     """
     require_head_ablation(model)
     spec = model.spec
-    heads = list(all_heads(spec.n_layers, spec.n_heads) if heads is None else heads)
+    sides = getattr(model, "padding_sides", ())
+    side = padding_side or ("left" if "left" in sides or not sides else "right")
+    batches = encode_pairs(model, pairs, side)
+    units = list(default_units(spec, site, min(int(b.lengths.min()) for b in batches)) if units is None else units)
+    _check_units(spec, site, units, batches)
+    layers = sorted({u[0] for u in units})
+    check_site(model, site, layers)
+    names = [site_hook_name(site, layer) for layer in layers]
+    names += [attn_hook(layer, "z") for layer in layers] if site in ("k", "v") else []
     n = len(pairs)
-    clean_ld, corrupted_ld = np.zeros(n), np.zeros(n)
-    patched = np.zeros((len(heads), n))
+    clean_ld, corrupted_ld, patched = np.zeros(n), np.zeros(n), np.zeros((len(units), n))
     from tqdm.auto import tqdm
 
-    groups = encode_pairs(model, pairs)
-    bar = tqdm(total=len(heads) * len(groups), desc=f"patching {len(heads)} heads x {len(groups)} prompt lengths", unit="pass",
-               disable=not progress)
-    for clean, corrupted, answers, idx in groups:
-        clean, corrupted = clean.to(model.device), corrupted.to(model.device)
-        B, T = clean.shape
-        clean_ld[idx] = _last_logit_diff(model, clean, answers).cpu().numpy()
-        source = capture_internal(model, corrupted)["z"]  # {layer: [B, T, head, d_head]}
-        corrupted_ld[idx] = _last_logit_diff(model, corrupted, answers).cpu().numpy()
+    bar = tqdm(total=len(units) * len(batches), desc=f"patching {len(units)} x {site}", unit="patch", disable=not progress)
+    passes = 0
+    for b in batches:
+        clean, corrupted, ld = _capture(model, b, names)
+        clean_ld[b.index], corrupted_ld[b.index] = ld.cpu().numpy()
+        B, T = b.clean.shape
         per_pass = max(1, min(max_batch // B, LOGITS_BYTES_PER_PASS // max(1, B * T * spec.d_vocab * 4)))
-        for lo in range(0, len(heads), per_pass):
-            chunk = heads[lo:lo + per_pass]
-            m = len(chunk)
-            masks = head_set_masks([[head] for head in chunk], spec.n_layers, spec.n_heads)  # copy j patches chunk[j]
-            hooks = batched_ablation_hooks(masks.to(model.device), B, "resample", source_z=source)
-            ld = _last_logit_diff(model, clean.repeat(m, 1), answers.repeat(m, 1), hooks).view(m, B).cpu().numpy()
-            patched[lo:lo + m, idx] = ld
-            bar.update(m)
+        passes += 1 + -(-len(units) // per_pass)
+        for lo in range(0, len(units), per_pass):
+            chunk = units[lo:lo + per_pass]
+            hooks = _unit_hooks(site, chunk, b, spec.n_heads, clean, corrupted)
+            ld = _logit_diffs(model, b, b.clean.repeat(len(chunk), 1), len(chunk), hooks)
+            patched[lo:lo + len(chunk), b.index] = ld.view(len(chunk), B).cpu().numpy()
+            bar.update(len(chunk))
     bar.close()
-    return PatchingResult(heads, clean_ld, corrupted_ld, patched, spec.n_layers, spec.n_heads, list(pairs))
+    return PatchingResult(units, clean_ld, corrupted_ld, patched, spec.n_layers, spec.n_heads, list(pairs), site, passes)
+
+
+def patch_heads(model: LoadedModel, pairs: Sequence[PromptPair], heads: Sequence[Head] | None = None,
+                max_batch: int = 64, progress: bool = False) -> PatchingResult:
+    """:func:`patch` at ``site="z"``: each of ``heads`` (default: all) alone, its ``z`` from the
+    corrupted run (resample ablation at ``hook_z``; equal to one forward per head with a
+    ``resample`` hook of :func:`~headprobe.probe.hooks.head_ablation_hooks`, tested).
+
+    Raises:
+        HeadprobeError: as :func:`patch`.
+    """
+    return patch(model, pairs, "z", heads, max_batch=max_batch, progress=progress)

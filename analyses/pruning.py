@@ -36,15 +36,11 @@ from torch import Tensor
 
 from headprobe.analyses import distributed
 from headprobe.analyses.ablation import head_importance, require_head_ablation, scored_loss
-from headprobe.probe.backend import Backend
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import Head, attn_hook, format_head
-
-ORDERS = ("importance", "random")
-METHODS = ("michel", "l0", "random")
-"""The pruning methods ``headprobe prune --method`` compares: Michel et al.'s iterative gradient
-importance (:func:`iterative_pruning`, ``order="importance"``), Voita et al.'s L0 head gates
-(:func:`l0_pruning`) and a seeded random order (``order="random"``)."""
+from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # noqa: F401 - defined once (torch-free)
+from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS
 
 
 @dataclass(frozen=True)
@@ -57,7 +53,7 @@ class LossSet:
 
 
 @torch.inference_mode()
-def masked_loss(model: Any, data: LossSet, keep: Float[Tensor, "layer head"]) -> float:
+def masked_loss(model: LoadedModel, data: LossSet, keep: Float[Tensor, "layer head"]) -> float:
     """Mean scored loss (nats/token) with each head's z multiplied by ``keep[layer, head]``
     (a hook at ``hook_z``; either backend). Data-parallel under ``torchrun``: each rank sums the
     losses of its slice of the rows (:func:`~headprobe.analyses.distributed.batch_slice`, float64)
@@ -104,7 +100,7 @@ class PruningRun:
         return keep
 
 
-def iterative_pruning(model: Any, score_set: LossSet, eval_sets: Mapping[str, LossSet], order: str = "importance",
+def iterative_pruning(model: LoadedModel, score_set: LossSet, eval_sets: Mapping[str, LossSet], order: str = "importance",
                       step_fraction: int | float = 0.1, rescore: bool = True, normalize: bool = True,
                       max_fraction: float = 1.0, seed: int = 0, progress: bool = False,
                       resume: dict | None = None, on_step: Callable[[dict], None] | None = None) -> PruningRun:
@@ -200,12 +196,12 @@ def _median_time(fn, repeats: int = 3) -> float:
 
 
 @torch.inference_mode()
-def build_pruned(model: Backend, keep: Bool[Tensor, "layer head"], tokens: Int[Tensor, "batch pos"]) -> tuple[Any, dict]:
+def build_pruned(model: LoadedModel, keep: Bool[Tensor, "layer head"], tokens: Int[Tensor, "batch pos"]) -> tuple[Any, dict]:
     """Remove the heads ``keep`` marks False for real (:func:`headprobe.probe.pruned.remove_heads`),
     round-trip the result through a saved model directory, and compare it with the masked model.
 
     Args:
-        model: a LoadedModel whose heads can be removed (:meth:`~headprobe.probe.backend.Backend.check_prunable`).
+        model: a LoadedModel whose heads can be removed (:meth:`~headprobe.probe.backend.LoadedModel.check_prunable`).
         keep: True for the heads kept.
         tokens: the input the two are compared and timed on.
 
@@ -275,7 +271,7 @@ def expected_open(log_alpha: Tensor) -> Tensor:
     return torch.sigmoid(log_alpha - HC_BETA * torch.log(torch.tensor(-HC_GAMMA / HC_ZETA)))
 
 
-def _gated_loss(model: Any, data: LossSet, gates: Float[Tensor, "layer head"]) -> Tensor:
+def _gated_loss(model: LoadedModel, data: LossSet, gates: Float[Tensor, "layer head"]) -> Tensor:
     """Mean scored loss (nats/token) with each head's z multiplied by its gate (a hook at
     ``hook_z``), differentiable in ``gates``."""
     def make(layer: int):
@@ -288,7 +284,7 @@ def _gated_loss(model: Any, data: LossSet, gates: Float[Tensor, "layer head"]) -
     return scored_loss(model.forward(tokens, fwd_hooks=hooks), tokens, data.first).float().mean()
 
 
-def l0_pruning(model: Any, train_set: LossSet, eval_sets: Mapping[str, LossSet],
+def l0_pruning(model: LoadedModel, train_set: LossSet, eval_sets: Mapping[str, LossSet],
                lambdas: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0), steps: int = 30, lr: float = 0.1,
                init: float = 1.0, batch_size: int = 4, seed: int = 0, progress: bool = False,
                resume: dict | None = None, on_step: Callable[[dict], None] | None = None) -> PruningRun:
@@ -388,7 +384,7 @@ def _l0_state(run: PruningRun, log_alpha: Tensor, gen: torch.Generator, opt: tor
             "adam": None if st is None else {k: (float(v) if k == "step" else v.cpu().tolist()) for k, v in st.items()}}
 
 
-def _l0_row(model: Any, eval_sets: Mapping[str, LossSet], log_alpha: Tensor, step: int, lam: float | None,
+def _l0_row(model: LoadedModel, eval_sets: Mapping[str, LossSet], log_alpha: Tensor, step: int, lam: float | None,
             removed: list[Head]) -> dict:
     """One curve row of :func:`l0_pruning`: the held-out losses (nats/token) with the heads whose
     gate is closed (``log_alpha <= 0``) removed, the penalty ``lam`` and the expected number of
@@ -405,7 +401,7 @@ def _l0_row(model: Any, eval_sets: Mapping[str, LossSet], log_alpha: Tensor, ste
     return row
 
 
-def _l0_step(model: Any, train_set: LossSet, log_alpha: Tensor, opt: torch.optim.Adam, gen: torch.Generator,
+def _l0_step(model: LoadedModel, train_set: LossSet, log_alpha: Tensor, opt: torch.optim.Adam, gen: torch.Generator,
              lam: float, batch_size: int) -> None:
     """One Adam step of :func:`l0_pruning` on ``task loss + lam * E[open gates] / n_heads_total``,
     on ``batch_size`` sequences of ``train_set`` and one Hard Concrete sample (both drawn from
@@ -452,7 +448,7 @@ def curve_auc(fraction: Any, loss: Any, upto: float) -> float:
 
 
 @torch.inference_mode()
-def per_layer_best_head(model: Any, data: LossSet, progress: bool = False) -> list[dict]:
+def per_layer_best_head(model: LoadedModel, data: LossSet, progress: bool = False) -> list[dict]:
     """Michel et al. 2019 (section 3.2, Table 2): each layer reduced to one head, the other
     layers intact. For every layer and head, the loss with every *other* head of that layer
     zero-ablated (at ``hook_z``; :func:`headprobe.analyses.ablation.set_ablation_losses`; under

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -17,12 +16,13 @@ from torch import Tensor
 
 from headprobe.analyses.data import TokenSet
 from headprobe.analyses.detectors import DETECTORS
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import stream_patterns
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import Head, attn_hook
 
 
-def score_token_set(model: Any, tokens: TokenSet, dataset: str, mean_z: bool = False,
+def score_token_set(model: LoadedModel, tokens: TokenSet, dataset: str, mean_z: bool = False,
                     types: Sequence[str] | None = None, per_sequence: dict[str, Tensor] | None = None
                     ) -> tuple[dict[str, Float[Tensor, "layer head"]], Float[Tensor, "batch pos d_vocab"],
                                Float[Tensor, "layer head d_head"] | None]:
@@ -116,7 +116,7 @@ def drawable(text: str) -> str:
                    for c in text)
 
 
-def token_labels(model: Any, ids: Tensor, for_font: bool = True) -> list[str]:
+def token_labels(model: LoadedModel, ids: Tensor, for_font: bool = True) -> list[str]:
     """Short printable labels of token ids ``[pos]``, for pattern plots: at most
     :data:`LABEL_CHARS` characters (a cut one ends in ``…``), except special tokens, which are
     shown whole (``<|im_start|>``) so that BOS is recognisable. With ``for_font`` (matplotlib
@@ -164,7 +164,7 @@ def repeat_window(seq_len: int, start: int, period: int, size: int = EXAMPLE_WIN
 
 
 @torch.inference_mode()
-def example_patterns(model: Any, best: dict[str, Head], natural: TokenSet, repeated: TokenSet) -> dict[str, dict]:
+def example_patterns(model: LoadedModel, best: dict[str, Head], natural: TokenSet, repeated: TokenSet) -> dict[str, dict]:
     """The attention pattern of the top head of each type on an example from its own token set,
     with the scoring settings: the first :data:`NATURAL_EXAMPLE_LEN` tokens of the first
     natural-text window (an encoder's: the first ``NATURAL_EXAMPLE_LEN - 1`` and its final

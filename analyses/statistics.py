@@ -105,6 +105,53 @@ def sequential_mc_null_cdf(u: float, n_max: int, h: int) -> float:
     return total / (n_max + 1)
 
 
+def sequential_mc_p_bound(reached: Sequence[bool], n_max: int, h: int) -> float:
+    """The largest p-value :func:`sequential_mc_p_value` could still give after the draws in
+    ``reached`` (fewer than ``n_max``, fewer than ``h`` reaching): the p of a test *curtailed*
+    there, whose remaining draws are never made.
+
+    The next ``h - g`` draws all reaching the observed effect give the largest, ``h / (L + h - g)``
+    (``L`` draws so far, ``g`` of them reaching); when that many draws are not left, every remaining
+    draw reaching gives ``(g + n_max - L + 1) / (n_max + 1)``. Because it is at least the p-value the
+    full sequential test would give on every continuation, ``P(bound <= u) <= u`` under the null for
+    any rule that decides when to curtail from the draws seen (tested exhaustively in
+    tests/test_verification.py, where the naive ``(g + 1) / (L + 1)`` fails).
+    """
+    L, g = len(reached), sum(bool(r) for r in reached)
+    if L >= n_max or g >= h:
+        return sequential_mc_p_value(reached, n_max, h)[0]
+    if L + h - g <= n_max:
+        return h / (L + h - g)
+    return (g + n_max - L + 1) / (n_max + 1)
+
+
+def sequential_mc_best_p(reached: Sequence[bool], n_max: int, h: int) -> float:
+    """The smallest p-value :func:`sequential_mc_p_value` could still give after ``reached``: no
+    later draw reaching the observed effect, ``(g + 1) / (n_max + 1)`` (or the final p of a test
+    that has ended)."""
+    L, g = len(reached), sum(bool(r) for r in reached)
+    if L >= n_max or g >= h:
+        return sequential_mc_p_value(reached, n_max, h)[0]
+    return (g + 1) / (n_max + 1)
+
+
+def unwinnable(best_p: Sequence[float], open_: Sequence[bool], method: str, alpha: float) -> list[int]:
+    """The open tests of a family that no continuation can make significant after the correction.
+
+    Test ``i`` is unwinnable when, with every open test at its best reachable p-value (``best_p``,
+    :func:`sequential_mc_best_p`) and every ended test at its final one, its adjusted p-value is
+    above ``alpha``. Both corrections are monotone (raising any p-value never adds a rejection), so
+    such a test is rejected on no continuation, and curtailing it (reporting
+    :func:`sequential_mc_p_bound`, at least its final p) leaves every other test's verdict as it
+    would have been: a test outside the rejected set that raises its p-value keeps that set.
+
+    Returns:
+        indices of the open tests that can stop.
+    """
+    adjusted = adjust_p_values(best_p, method)
+    return [i for i, (o, a) in enumerate(zip(open_, adjusted)) if o and a > alpha + 1e-12]
+
+
 class SequentialMCTest:
     """One Monte Carlo test of an observed effect against control draws that arrive in batches,
     stopped as soon as its outcome at ``alpha`` is settled: once ``h`` draws reached the observed
@@ -122,7 +169,8 @@ class SequentialMCTest:
         self.sequential, self.tie = sequential, tie
         self.h = besag_clifford_h(alpha, n_max) if sequential else n_max + 1
         self.draws: list[float] = []
-        self.stopped = False  # stopped before n_max draws
+        self.stopped = False  # stopped before n_max draws (h reached, or curtailed)
+        self.curtailed = False  # stopped because no continuation could make it significant
 
     @property
     def reached(self) -> list[bool]:
@@ -139,8 +187,22 @@ class SequentialMCTest:
         if len(self.draws) < self.n_max and sum(self.reached) >= self.h:
             self.stopped = True
 
+    def curtail(self) -> None:
+        """Stop now because the test cannot be significant (:func:`unwinnable`, or an effect-size
+        condition it cannot meet); its p-value becomes :func:`sequential_mc_p_bound`."""
+        if not self.done:
+            self.stopped = self.curtailed = True
+
+    @property
+    def best_p(self) -> float:
+        """:func:`sequential_mc_best_p` of the draws taken."""
+        return sequential_mc_best_p(self.reached, self.n_max, self.h)
+
     def p_value(self) -> float:
-        """:func:`sequential_mc_p_value` of the draws taken (the test must be :attr:`done`)."""
+        """:func:`sequential_mc_p_value` of the draws taken (the test must be :attr:`done`); a
+        curtailed test's :func:`sequential_mc_p_bound`."""
+        if self.curtailed:
+            return sequential_mc_p_bound(self.reached, self.n_max, self.h)
         return sequential_mc_p_value(self.reached, self.n_max, self.h)[0]
 
 

@@ -39,8 +39,9 @@ from headprobe.analyses.ablation import task_loss, token_losses
 from headprobe.analyses.data import TokenSet, ascii_text, pydoc_topics, repeated_random_tokens
 from headprobe.analyses.detectors import induction_score, previous_token_score
 from headprobe.probe.capture import stream_patterns
-from headprobe.probe.backend import Backend
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.vocabulary import DEVICES
 from headprobe.probe.hooks import format_head
 from headprobe.probe.tokenizers import TEXT_CHARS, char_level_tokenizer, word_level_tokenizer
 
@@ -48,8 +49,6 @@ CORPORA = ("copy", "text+copy")
 """The training corpora :attr:`TrainConfig.corpus` accepts."""
 INDUCTION_FORMED = 0.5
 """An induction score above this: the head has formed (train's summary, the phase change, study's marks)."""
-DEVICES = ("auto", "cpu", "cuda")
-"""The devices :attr:`TrainConfig.device` accepts (those of ``headprobe.options.DEVICES``)."""
 N_CHARS = len(TEXT_CHARS)
 """96: the character vocabulary of ``corpus="text+copy"`` (newline and printable ASCII)."""
 
@@ -355,7 +354,7 @@ def in_context_loss(losses: Tensor, early: float = 0.10, late: float = 0.98, win
 
 
 @torch.inference_mode()
-def evaluate(loaded, held_out: Tensor, repeated, held_out_text: Tensor | None = None) -> dict[str, object]:
+def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Tensor | None = None) -> dict[str, object]:
     """Scores of every head and the evaluation losses.
 
     Args:
@@ -518,7 +517,7 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     return TrainRun(cfg, loaded, log, final, seconds, device, snapshots)
 
 
-def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, Backend, str]:
+def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, LoadedModel, str]:
     """:func:`train`'s model before its first step, ``(model, loaded, device)``: the native
     :class:`~headprobe.probe.model.Transformer` of ``cfg.model_config()``, initialised from
     ``cfg.seed`` (:func:`~headprobe.probe.model.init_weights`) on ``device`` (``"cpu"`` or
@@ -542,7 +541,7 @@ def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, Back
     return model, LoadedModel(model, tokenizer, spec, prepend_bos=True), device
 
 
-def _eval_data(cfg: TrainConfig, loaded: Backend, device: str) -> tuple[Tensor, TokenSet, Tensor | None, TextCorpus | None]:
+def _eval_data(cfg: TrainConfig, loaded: LoadedModel, device: str) -> tuple[Tensor, TokenSet, Tensor | None, TextCorpus | None]:
     """:func:`train`'s fixed evaluation data, on ``device``: ``(held_out, repeated,
     held_out_text, corpus)``: ``cfg.n_eval`` copy sequences (seed ``cfg.seed + 1``), repeated
     random tokens of period ``cfg.eval_period`` (seed ``+ 2``) and, for ``"text+copy"``, windows

@@ -38,7 +38,8 @@ from headprobe.analyses import statistics as st
 from headprobe.analyses.vocabulary import ALPHA, CORRECTION, PRIMARY_KIND, check_verification_choices, reachable
 from headprobe.analyses.vocabulary import unreachable_note as _unreachable_note
 from headprobe.analyses.ablation import (
-    LOSS_METRIC, P_VALUE_TIE, AblationMetric, Verification, first_scored, names, set_ablation_losses)
+    LOSS_METRIC, P_VALUE_TIE, AblationMetric, CleanResiduals, Verification, first_scored, names, set_ablation_losses)
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import Head
 
@@ -213,7 +214,7 @@ def _draw_controls(top: dict[str, list[Head]], task_of: dict[str, str], all_head
     return tests, streams, excluded, notes
 
 
-def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tokens: dict[str, object],
+def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[str, str], tokens: dict[str, object],
                  clean: dict[str, torch.Tensor], mean_z: torch.Tensor, settings: VerificationSettings,
                  metric: AblationMetric = LOSS_METRIC, scorers: dict[str, Callable] | None = None,
                  untrusted: dict[str, str | None] | None = None, removed: Iterable[Head] = (),
@@ -221,7 +222,7 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
     """Ablate each type's top-k heads and its control sets; the verdicts, corrected for their number.
 
     Args:
-        model: a :class:`~headprobe.probe.backend.Backend` (its self-check allows head ablation).
+        model: a :class:`~headprobe.probe.backend.LoadedModel` (its self-check allows head ablation).
         top: head type -> its top-k heads. task_of: head type -> the task it is judged on.
         tokens: task -> :class:`~headprobe.analyses.data.TokenSet` (``tokens``, ``start``, ``period``).
         clean: task -> per-sequence clean loss ``[batch]`` (nats/token; zeros for an encoder).
@@ -257,9 +258,9 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
 
     total = len(tests) * len(KINDS) + len(streams) * (settings.n_random + n_secondary * len(secondary))
     run = _Ablator(model, tokens, clean, mean_z, scorers, tqdm(total=total, desc="verification", unit="set",
-                                                              disable=not progress))
+                                                              disable=not progress), _clean_residuals(model, tests, streams, tokens))
     run.top_sets(tests)
-    run.controls(tests, streams, settings, n_secondary)
+    run.controls(tests, streams, settings, n_secondary, metric.min_effect)
     run.bar.close()
     family = [x for x in tests if x.no_verdict is None]
     adjusted = dict(zip((x.head_type for x in family),
@@ -277,6 +278,15 @@ def verify_heads(model, top: dict[str, list[Head]], task_of: dict[str, str], tok
     return out, design
 
 
+def _clean_residuals(model: LoadedModel, tests: list[_Test], streams: list[list[list[Head]]], tokens: dict) -> dict:
+    """Task -> :class:`CleanResiduals` at the first layer of each set its tests will ablate (a
+    layer-matched set starts where its top-k set starts)."""
+    starts: dict[str, set[int]] = {}
+    for x in tests:
+        starts.setdefault(x.task, set()).update(min(layer for layer, _ in hs) for hs in [x.top, *streams[x.stream]])
+    return {task: CleanResiduals(model, tokens[task].tokens, layers) for task, layers in starts.items()}
+
+
 @dataclass
 class _Ablator:
     """Ablates head sets of a task (batched, sharded under torchrun) and keeps one progress bar over
@@ -288,6 +298,7 @@ class _Ablator:
     mean_z: torch.Tensor
     scorers: dict
     bar: object
+    resid: dict = field(default_factory=dict)  # task -> CleanResiduals: each set starts at its first layer
     ablated: int = 0
 
     def effects(self, task: str, sets: list[list[Head]], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,7 +307,7 @@ class _Ablator:
         first = first_scored(task, ts.start, ts.period)
         losses = distributed.map_sharded(  # under torchrun each rank ablates its slice of the sets
             lambda part: set_ablation_losses(self.backend, ts.tokens, part, kind, self.mean_z, first,
-                                             score=self.scorers.get(task)), sets)
+                                             score=self.scorers.get(task), clean=self.resid.get(task)), sets)
         self.ablated += len(sets)
         self.bar.update(len(sets))
         return losses, (losses - self.clean[task][None]).double()
@@ -312,9 +323,10 @@ class _Ablator:
                     x.top_loss[kind] = float(loss.double().mean())
 
     def controls(self, tests: list[_Test], streams: list[list[list[Head]]], settings: VerificationSettings,
-                 n_secondary: int) -> None:
+                 n_secondary: int, min_effect: float) -> None:
         """Ablate each stream's control sets a batch at a time, feeding the tests on it, until every
-        test is done; the untested kind on the first ``n_secondary`` sets of each stream."""
+        test is done (:func:`_curtail` after each round); the untested kind on the first
+        ``n_secondary`` sets of each stream."""
         secondary = [k for k in KINDS if k != PRIMARY_KIND]
         for x in tests:
             x.mc = st.SequentialMCTest(x.top_effect[PRIMARY_KIND], settings.n_random, settings.alpha,
@@ -334,10 +346,30 @@ class _Ablator:
                 for x in on:
                     x.mc.add(x.effects[PRIMARY_KIND][lo:hi])
                 done[s] = hi
-                if all(x.mc.done for x in on):  # every test on this stream is settled: its sets are not needed
+            _curtail(tests, settings, min_effect)
+            for s in range(len(streams)):  # a stream whose tests are all settled: its sets are not needed
+                if planned[s] and all(x.mc.done for x in tests if x.stream == s):
                     self.bar.total -= planned[s]
                     planned[s] = 0
                     self.bar.refresh()
+
+
+def _curtail(tests: list[_Test], settings: VerificationSettings, min_effect: float) -> None:
+    """Stop the open tests of the family that can no longer be CONFIRMED: an effect below
+    ``min_effect`` (the top-k effect does not change with more draws), or an adjusted p-value above
+    ``alpha`` even if no later draw reached it (:func:`~headprobe.analyses.statistics.unwinnable`).
+    Their verdicts, and every other test's, are what running them to the end would give; their
+    p-value is the largest the sequential rule could still have given. Off for fixed-size runs and
+    when ``n_random`` cannot reach ``alpha`` (then every test runs to the end, for its p-value)."""
+    if not settings.sequential or not settings.reachable:
+        return
+    family = [x for x in tests if x.no_verdict is None]
+    for x in family:
+        if x.top_effect[PRIMARY_KIND] < min_effect:
+            x.mc.curtail()
+    for i in st.unwinnable([x.mc.best_p for x in family], [not x.mc.done for x in family], settings.correction,
+                           settings.alpha):
+        family[i].mc.curtail()
 
 
 def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[Head], p_adj: float | None,
@@ -364,7 +396,16 @@ def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[
         no_verdict=x.no_verdict, metric=metric.name, alpha=settings.alpha,
         p_adjusted=None if p_adj is None or kind != PRIMARY_KIND else float(p_adj), draws=n, control=settings.control,
         correction=settings.correction if tested else None, tested=tested,
-        p_method=("sequential monte-carlo" + (" (stopped early)" if x.mc.stopped else "")) if kind == PRIMARY_KIND
-        else "monte-carlo (reported, not tested)",
-        stopped="futility" if kind == PRIMARY_KIND and x.mc.stopped else None,
+        p_method=_p_method(x.mc) if kind == PRIMARY_KIND else "monte-carlo (reported, not tested)",
+        stopped=_stop_reason(x.mc) if kind == PRIMARY_KIND else None,
     )
+
+
+def _stop_reason(mc: st.SequentialMCTest) -> str | None:
+    """``futility``: h draws reached the effect; ``curtailed``: no continuation could confirm it."""
+    return None if not mc.stopped else "curtailed" if mc.curtailed else "futility"
+
+
+def _p_method(mc: st.SequentialMCTest) -> str:
+    return {None: "sequential monte-carlo", "futility": "sequential monte-carlo (stopped early)",
+            "curtailed": "sequential monte-carlo (curtailed: largest p still reachable)"}[_stop_reason(mc)]

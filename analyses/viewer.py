@@ -28,10 +28,13 @@ import zlib
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from headprobe.probe.backend import LoadedModel
 
 from headprobe.analyses.vocabulary import DEFAULT_PATTERN_LEN  # noqa: E402 - torch-free home of the default
 """Tokens per example kept in ``patterns.npz`` by default: the scan's natural-text sequence
@@ -55,7 +58,7 @@ def _round(x: float | None, digits: int = 5) -> float | None:
 # ----------------------------------------------------------------------------- patterns
 
 
-def head_patterns(model: Any, examples: Mapping[str, Any], max_len: int = DEFAULT_PATTERN_LEN) -> dict[str, dict]:
+def head_patterns(model: LoadedModel, examples: Mapping[str, Any], max_len: int = DEFAULT_PATTERN_LEN) -> dict[str, dict]:
     """Every head's attention pattern on the first sequence of each token set, for the viewer.
 
     Args:

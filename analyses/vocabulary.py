@@ -1,20 +1,28 @@
-"""The names the command line checks before torch loads: head types, the verification's design
-choices and its defaults. Torch-free (``headprobe scan -k -3`` is refused in a fraction of a
-second); the modules that implement each name import theirs from here, and
-:mod:`headprobe.analyses.detectors` checks at import that its registry has exactly
-:data:`HEAD_TYPES`, in order.
+"""The names the command line checks before torch loads: the verification's design choices and
+defaults, the pruning methods, the gradient estimators, the figure formats; and, re-exported from
+:mod:`headprobe.analyses.columns` (the head columns' registry), the head types and tasks.
+Torch-free (``headprobe scan -k -3`` is refused in a fraction of a second); the modules that
+implement each name import theirs from here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
+from headprobe.analyses.columns import HEAD_TYPES, TASKS, select_head_types  # noqa: F401 - the head columns' names, defined there
 from headprobe.probe.errors import HeadprobeError
 
-HEAD_TYPES: tuple[str, ...] = ("previous_token", "duplicate_token", "induction", "first_token", "positional",
-                               "next_token", "last_token")
-"""Every head type (:data:`headprobe.analyses.detectors.DETECTORS`), in head_scores.csv's column order."""
+PRUNING_METHODS: tuple[str, ...] = ("michel", "l0", "random")
+"""The pruning methods ``headprobe prune --method`` compares: Michel et al. 2019's iterative gradient
+importance (:func:`headprobe.analyses.pruning.iterative_pruning`, ``order="importance"``), Voita et
+al. 2019's L0 head gates (:func:`headprobe.analyses.pruning.l0_pruning`) and a seeded random order."""
+PRUNING_ORDERS: tuple[str, ...] = ("importance", "random")
+"""The orders :func:`headprobe.analyses.pruning.iterative_pruning` removes heads in."""
+ESTIMATORS: tuple[str, ...] = ("atp", "attribution", "gradient", "second-order")
+"""``headprobe ablate --estimate`` choices (:mod:`headprobe.analyses.attribution`): ``atp`` AtP* with
+GradDrop (Kramár et al. 2024; unsigned, signed by attribution patching), ``attribution`` plain
+attribution patching (signed), ``gradient`` Michel et al. 2019's importance (unsigned),
+``second-order`` attribution patching plus the Monte-Carlo Gauss-Newton curvature term (signed)."""
 
 ALPHA = 0.05
 """The default significance level of the verdicts (``--alpha``)."""
@@ -29,6 +37,13 @@ PRIMARY_KIND = "mean"
 """The ablation kind each verdict is tested with; the other kind is reported beside it."""
 DEFAULT_PATTERN_LEN = 128
 """Tokens of every head's pattern kept for the viewer (``--pattern-len``)."""
+PATCH_SITES: tuple[str, ...] = ("z", "q", "k", "v", "resid")
+"""Where ``headprobe patch --site`` patches (:data:`headprobe.analyses.patching.SITES`): a head's
+``z`` (its output, before W_O), its query, key or value input, or the residual stream entering a
+layer at one position."""
+MIN_PAIRS_FOR_CI = 10
+"""Bootstrap intervals over prompt pairs are given only from this many pairs up
+(:mod:`headprobe.analyses.patching`)."""
 FIGURE_FORMATS: tuple[str, ...] = ("png", "pdf", "svg")
 """Every format a figure is written in (:func:`headprobe.analyses.figures.save_figure`), in order."""
 FIGURE_FORMATS_ENV = "HEADPROBE_FIGURE_FORMATS"
@@ -51,43 +66,6 @@ def figure_formats() -> tuple[str, ...]:
         raise HeadprobeError(f"{FIGURE_FORMATS_ENV}={os.environ[FIGURE_FORMATS_ENV]!r}: unknown figure format "
                              f"{unknown[0]!r}; choose from {', '.join(FIGURE_FORMATS)} (comma-separated)")
     return tuple(f for f in FIGURE_FORMATS if f in asked) if asked else FIGURE_FORMATS
-
-
-def select_head_types(types: str | Sequence[str] | None = None) -> tuple[str, ...]:
-    """Registry names of the head types asked for, in :func:`known_head_types` order.
-
-    Args:
-        types: None (all), a comma-separated string (``"induction,previous-token"``) or a
-            sequence of names; ``-`` and ``_`` are interchangeable, case is ignored.
-
-    Raises:
-        HeadprobeError: an unknown name or an empty selection (one line listing the known names).
-    """
-    names = known_head_types()
-    if types is None:
-        return names
-    items = types.split(",") if isinstance(types, str) else list(types)
-    wanted = {str(t).strip().lower().replace("-", "_") for t in items} - {""}
-    known = ", ".join(n.replace("_", "-") for n in names)
-    unknown = sorted(wanted - set(names))
-    if unknown:
-        import difflib
-
-        close = [m for u in unknown for m in difflib.get_close_matches(u, names, n=1, cutoff=0.7)]
-        hint = f" (did you mean {', '.join(c.replace('_', '-') for c in close)}?)" if close else ""
-        raise HeadprobeError(f"unknown head type {', '.join(unknown).replace('_', '-')}{hint}; known types: {known}")
-    if not wanted:
-        raise HeadprobeError(f"no head type given; known types: {known}")
-    return tuple(n for n in names if n in wanted)
-
-
-def known_head_types() -> tuple[str, ...]:
-    """:data:`HEAD_TYPES`, or, once the registry (:data:`headprobe.analyses.detectors.DETECTORS`) is
-    imported, its names: a type registered there at run time is known everywhere."""
-    import sys
-
-    detectors = sys.modules.get("headprobe.analyses.detectors")
-    return tuple(detectors.DETECTORS) if detectors is not None and hasattr(detectors, "DETECTORS") else HEAD_TYPES
 
 
 def check_verification_choices(alpha: float, control: str, correction: str) -> None:

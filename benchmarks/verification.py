@@ -62,18 +62,25 @@ def main() -> None:
 
 def replay(fixed, args) -> None:
     """The sequential design on ``fixed``'s control effects: each tested kind's draws fed in batches
-    to :class:`~headprobe.analyses.statistics.SequentialMCTest`, the untested kind counted on its
-    first batch, the family corrected as the scan does."""
+    to :class:`~headprobe.analyses.statistics.SequentialMCTest`, curtailed as the scan curtails,
+    the untested kind counted on its first batch, the family corrected as the scan does."""
     from headprobe.analyses import statistics as st
     from headprobe.analyses import verification as verif
 
     cfg = fixed.config
     tested = [v for v in fixed.verifications if v.tested]
     sets, ps, rows = 0, [], []
-    for v in tested:
-        test = st.SequentialMCTest(v.top_effect, cfg.n_random, cfg.alpha, tie=1e-5)
-        while not test.done:
-            test.add(v.random_effects[len(test.draws):len(test.draws) + verif.BATCH])
+    tests = [st.SequentialMCTest(v.top_effect, cfg.n_random, cfg.alpha, tie=1e-5) for v in tested]
+    while not all(t.done for t in tests):  # rounds of one batch per open test, then curtailment, as the scan runs
+        for v, t in zip(tested, tests):
+            if not t.done:
+                t.add(v.random_effects[len(t.draws):len(t.draws) + verif.BATCH])
+        for v, t in zip(tested, tests):
+            if v.top_effect < 0.05:
+                t.curtail()
+        for i in st.unwinnable([t.best_p for t in tests], [not t.done for t in tests], cfg.correction, cfg.alpha):
+            tests[i].curtail()
+    for v, test in zip(tested, tests):
         sets += len(test.draws) + min(verif.BATCH, cfg.n_random) + 2  # both kinds' top-k sets, the other kind's batch
         ps.append(test.p_value())
         rows.append((v, test))

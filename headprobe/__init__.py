@@ -6,6 +6,7 @@ The public API (each name is imported on first use, so ``import headprobe`` stay
     model = headprobe.load_model("smollm2-135m")          # or any name/path load_model takes
     result = headprobe.scan(model, types=("induction",))   # ScanResult: .table (DataFrame), .save(out)
     cap = headprobe.capture_heads(model, tokens)           # patterns, z, per-head results
+    model = headprobe.wrap(hf_model, tokenizer)            # a transformers model in memory (left untouched)
 
 Every command of the ``headprobe`` CLI is a function here with the same settings as keyword
 arguments (``scan``, ``ablate``, ``prune``, ``budget``, ``train``, ``study``); each returns a
@@ -24,9 +25,12 @@ import importlib
 
 _EXPORTS = {
     # name: (module, attribute); the commands' functions come from headprobe.commands.COMMANDS
+    "path_patch": ("headprobe.analyses.paths", "path_patch"),
+    "edge_attribution": ("headprobe.analyses.paths", "edge_attribution"),
+    "qk_attribution": ("headprobe.analyses.qk_attribution", "qk_attribution"),
     "load_model": ("headprobe.probe.loading", "load_model"),
+    "wrap": ("headprobe.probe.loading", "wrap_model"),
     "LoadedModel": ("headprobe.probe.loading", "LoadedModel"),
-    "Backend": ("headprobe.probe.backend", "Backend"),
     "capture_heads": ("headprobe.probe.capture", "capture_heads"),
     "stream_patterns": ("headprobe.probe.capture", "stream_patterns"),
     "SelfCheck": ("headprobe.probe.selfcheck", "SelfCheck"),

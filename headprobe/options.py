@@ -14,12 +14,16 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from headprobe.settings import (  # noqa: F401 - the shared vocabularies and flag types, re-exported
     BACKENDS, DEFAULT_MODEL, DEVICE_MAPS, DEVICES, DTYPE_ALIASES, DTYPES, DataSettings, ModelSettings,
     OutputSettings, add_flags, check_device_map, dtype_name, max_memory_dict, parse_max_memory, positive_int,
 )
 from headprobe.settings import check_settings as check_config_fields  # noqa: F401 - the old name
+
+if TYPE_CHECKING:
+    from headprobe.probe.backend import LoadedModel
 
 
 def torch_dtype(name: str):
@@ -159,7 +163,7 @@ FLOAT16_BRIDGE = ("--dtype float16 runs only on the native backend: TransformerL
 """Why float16 is refused on the TransformerLens bridge (its attention code is not ours to patch)."""
 
 
-def describe_model(model) -> str:
+def describe_model(model: LoadedModel) -> str:
     """One line on a loaded model's device, precision, layout and weights, for a command's output."""
     spec = model.spec
     dtype = str(model.dtype).removeprefix("torch.")
@@ -180,7 +184,7 @@ def load_for(config):
                          max_memory=getattr(config, "max_memory", None))
 
 
-def config_and_model(config_cls, model, config_fields: dict):
+def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict):
     """What a command's Python function (``headprobe.scan(model, **fields)``, ...) starts with:
     ``(config, LoadedModel, load seconds)``.
 

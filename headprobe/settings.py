@@ -32,15 +32,12 @@ from typing import Any
 
 from headprobe.analyses.vocabulary import FIGURE_FORMATS
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.vocabulary import BACKENDS, DEVICE_MAPS, DEVICES  # defined once there (torch-free)
 
 DTYPES = ("float32", "bfloat16", "float16")
 """Compute precisions, by torch's names."""
 DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 """Short names accepted everywhere for :data:`DTYPES`."""
-DEVICES = ("auto", "cpu", "cuda")
-DEVICE_MAPS = ("auto", "balanced", "sequential")
-"""``--device-map`` strategies (:data:`headprobe.probe.devicemap.DEVICE_MAPS`)."""
-BACKENDS = ("auto", "native", "transformer-lens")
 DEFAULT_MODEL = "smollm2-135m"
 
 

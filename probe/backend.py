@@ -1,19 +1,22 @@
-"""The typed backend interface analyses program against, and what every backend shares.
+"""The one model interface analyses and commands program against, and what every backend shares.
 
-:class:`Backend` (a ``typing.Protocol``) is the whole surface a head analysis may use: forward
-passes with TransformerLens-named hooks, hooks held across several forwards, each layer's
-``W_O`` / ``b_O``, the clean run scored at chosen positions, and resuming a forward from one
-layer's residual stream with a replaced attention output (what the exact ablation sweep,
-:func:`headprobe.analyses.ablation.exact_sweep`, is built on). No analysis or command reaches
-into a backend's modules (``tests/test_architecture.py`` checks this on the sources).
+:class:`LoadedModel` is that interface. It is a base class, not a ``typing.Protocol``: about half
+of its members (tokenizing, the norms read off the modules, hook bookkeeping, casting, the
+self-check) are the same code on every backend, so a Protocol would have to be re-declared by a
+base class anyway, and the two drifted apart (a 25-member Protocol beside a base re-declaring
+24 of them, with members used that neither declared). Here every member an analysis or a
+command uses is declared once, on :class:`LoadedModel`: implemented where the backends share it,
+and with a documented body that raises where each backend implements it (``forward``, ``W_O``,
+``scored_losses``, ...). ``tests/test_architecture.py`` checks that no function in ``analyses/``
+or ``headprobe/`` takes an unannotated or ``Any`` model, and that analyses never reach into a
+backend's modules.
 
-:class:`LoadedModel` is the base of the two implementations, :class:`headprobe.probe.native.NativeModel`
-(headprobe's own :class:`~headprobe.probe.model.Transformer`) and
-:class:`headprobe.probe.bridge.BridgeModel` (TransformerLens' ``TransformerBridge``). It holds the
-tokenizer and the layout (:class:`~headprobe.probe.spec.ModelSpec`) and the code both share;
-``LoadedModel(module, tokenizer, spec)`` builds the subclass whose :meth:`LoadedModel.wraps`
-accepts ``module`` (a registry filled by subclassing; :mod:`headprobe.probe.loading` imports
-both backends).
+The backends are :class:`headprobe.probe.native.NativeModel` (headprobe's own
+:class:`~headprobe.probe.model.Transformer`) and :class:`headprobe.probe.bridge.BridgeModel`
+(TransformerLens' ``TransformerBridge``), registered once, by name, in
+:data:`headprobe.probe.vocabulary.BACKEND_REGISTRY` (lazy targets): ``--backend`` lists it,
+:func:`headprobe.probe.loading.wrap` builds from it, and ``LoadedModel(module, tokenizer, spec)``
+picks the registered class whose :meth:`LoadedModel.wraps` accepts ``module``.
 
 The losses here (:func:`token_losses`, :func:`scored_loss`, :func:`cross_entropy_inplace`) are
 cross-entropies in nats, the unit of every loss headprobe reports.
@@ -26,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +38,8 @@ from torch import Tensor
 
 from headprobe.probe.devicemap import aligned
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.spec import ModelSpec
+from headprobe.probe.selfcheck import SelfCheck
+from headprobe.probe.spec import Checkpoint, ModelSpec
 
 HookFn = Callable[..., Any]
 """A TransformerLens hook: ``fn(activation, hook) -> replacement or None``."""
@@ -66,9 +70,9 @@ def cross_entropy_inplace(logits: Float[Tensor, "n d_vocab"], target: Int[Tensor
     return logits.sub_(top).exp_().sum(dim=1).log_() + top[:, 0] - picked
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """What a head analysis may ask of a model (every :class:`LoadedModel` satisfies it).
+class LoadedModel:
+    """A pretrained model behind TransformerLens hook points, with its tokenizer and layout: the
+    whole surface a head analysis or a command may use.
 
     Hook names are TransformerLens': ``blocks.{l}.hook_resid_pre`` ``[batch, pos, d_model]``,
     ``blocks.{l}.attn.hook_attn_scores`` ``[batch, head, q_pos, k_pos]`` (scaled and, where the
@@ -76,148 +80,65 @@ class Backend(Protocol):
     sliding window or padding, is ``-inf`` on every backend, TransformerLens' ``HookedTransformer``
     convention), ``blocks.{l}.attn.hook_pattern`` ``[batch, head, q_pos, k_pos]``,
     ``blocks.{l}.attn.hook_z`` ``[batch, pos, head, d_head]``, ``blocks.{l}.hook_attn_out``
-    ``[batch, pos, d_model]``, ...
-    Losses are in nats per token. Attributes: ``spec`` (the layout), ``tokenizer``,
-    ``prepend_bos``; a LoadedModel also has ``self_check`` (not a member here: Python 3.11's
-    ``isinstance`` on a protocol reads every member, and reading it runs the check).
-    """
+    ``[batch, pos, d_model]``, ..., so the same analysis code serves every backend. Losses are in
+    nats per token.
 
-    spec: ModelSpec
-    tokenizer: Any
-    prepend_bos: bool
+    ``LoadedModel(module, tokenizer, spec)`` returns the registered backend class that wraps
+    ``module`` (:data:`~headprobe.probe.vocabulary.BACKEND_REGISTRY`, :meth:`wraps`). ``model``
+    is the wrapped module: for the probe floor and tests, not for analyses.
 
-    @property
-    def backend(self) -> str:
-        """The backend's name: ``native`` or ``transformer-lens``."""
-        ...
-
-    @property
-    def device(self) -> torch.device: ...
-
-    @property
-    def dtype(self) -> torch.dtype: ...
-
-    @property
-    def n_params(self) -> int:
-        """Number of parameters (a tied embedding counted once)."""
-        ...
-
-    @property
-    def supports_padding(self) -> bool:
-        """Whether :meth:`forward` takes an ``attention_mask``."""
-        ...
-
-    def hook_names(self) -> list[str]: ...
-
-    def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
-                attention_mask: Int[Tensor, "batch pos"] | None = None,
-                head_mask: Float[Tensor, "layer head"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
-        """Logits with ``fwd_hooks`` active for this call only; ``head_mask`` multiplies each head's z."""
-        ...
-
-    def hooks(self, fwd_hooks: Sequence[tuple[str, HookFn]] = (),
-              bwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> AbstractContextManager[None]:
-        """Hooks active for every forward inside the ``with`` body, removed on exit (also on error)."""
-        ...
-
-    def final_residual(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
-                       attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_model"]:
-        """The last hidden state (an encoder's sentence-embedding input), hooks active for this call."""
-        ...
-
-    def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]: ...
-
-    def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]: ...
-
-    def W_K(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]: ...
-
-    def W_V(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]: ...
-
-    def W_E(self) -> Float[Tensor, "d_vocab d_model"]: ...
-
-    def W_U(self) -> Float[Tensor, "d_model d_vocab"]: ...
-
-    def b_U(self) -> Float[Tensor, "d_vocab"] | None: ...
-
-    def norm_weights(self, layer: int | None = None) -> NormWeights | None:
-        """The affine part of layer ``layer``'s pre-attention norm (None: the final norm)."""
-        ...
-
-    def final_norm(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]: ...
-
-    def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
-                normed: bool = False, softcap: bool = True) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
-        """Logits from the final residual stream as :meth:`forward` computes them: the final norm
-        (unless ``normed``), ``W_U``, ``b_U`` and the family's output transform (soft-cap, logit scale).
-        Every analysis that turns a residual into logits calls this."""
-        ...
-
-    def b_O(self, layer: int) -> Float[Tensor, "d_model"] | None: ...
-
-    def attn_out_hook(self, layer: int) -> str:
-        """The hook holding layer ``layer``'s raw attention output ``sum_h z_h W_O^(h) + b_O``."""
-        ...
-
-    def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
-                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch"]:
-        """Per-sequence mean loss of the predictions from index ``first`` on, hooks active."""
-        ...
-
-    def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
-                             resid_pre: Float[Tensor, "n pos d_model"], attn_out: Float[Tensor, "n pos d_model"],
-                             first: int) -> Float[Tensor, "n"]:
-        """Finish ``n = k * batch`` forwards from layer ``layer``'s ``resid_pre`` with its raw
-        attention output replaced by ``attn_out``, and score them like :meth:`scored_losses`."""
-        ...
-
-    def check_prunable(self) -> None:
-        """Raise :class:`HeadprobeError` unless :meth:`remove_heads` is exact for this model."""
-        ...
-
-    def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> torch.nn.Module:
-        """A smaller copy of the model without the heads ``keep`` marks False."""
-        ...
-
-    def attention_parameters(self) -> int:
-        """Parameters in all attention projections (q, k, v, o; biases included)."""
-        ...
-
-
-class LoadedModel:
-    """A pretrained model behind TransformerLens hook points, with its tokenizer and layout.
-
-    The hook names are TransformerLens' (``blocks.{l}.attn.hook_pattern`` ``[batch, head, q_pos,
-    k_pos]``, ``blocks.{l}.attn.hook_z`` ``[batch, pos, head, d_head]``, ...), so the same
-    analysis code serves every backend. ``LoadedModel(module, tokenizer, spec)`` returns the
-    backend class that wraps ``module`` (:class:`~headprobe.probe.native.NativeModel` or
-    :class:`~headprobe.probe.bridge.BridgeModel`); it implements :class:`Backend`. ``model`` is
-    the wrapped module: for the probe floor and tests, not for analyses.
+    Attributes:
+        spec: the layout and provenance (:class:`~headprobe.probe.spec.ModelSpec`).
+        tokenizer: the Hugging Face tokenizer.
+        prepend_bos: inputs start with BOS (``[CLS]`` for an encoder); False where the tokenizer has none.
+        trained_periods: ``(min_period, max_period, eval_period)`` of a model ``headprobe train``
+            made (its repeated-block periods, tokens), else None.
 
     Raises:
         TypeError: no registered backend wraps ``module``.
     """
 
     name: ClassVar[str] = ""
-    """The backend's name (``--backend``)."""
+    """The backend's name (``--backend``; its key in :data:`~headprobe.probe.vocabulary.BACKEND_REGISTRY`)."""
     supports_padding: ClassVar[bool] = False
     """Whether :meth:`forward` takes an ``attention_mask``."""
-    _registry: ClassVar[list[type[LoadedModel]]] = []
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        LoadedModel._registry.append(cls)
+    padding_sides: ClassVar[tuple[str, ...]] = ()
+    """The padding sides :meth:`forward` computes exactly at the real tokens (``left``, ``right``)."""
+    spec: ModelSpec
+    tokenizer: Any
+    prepend_bos: bool
+    trained_periods: tuple[int, int, int] | None
 
     @classmethod
-    def wraps(cls, module: Any) -> bool:
-        """Whether this backend class wraps ``module``."""
+    def wraps(cls, module: object) -> bool:
+        """Whether this backend class wraps ``module`` (what ``LoadedModel(module, ...)`` dispatches on)."""
         return False
+
+    @classmethod
+    def supports(cls, hf_config: Any) -> bool:
+        """Whether this backend runs the architecture of ``hf_config`` (a Hugging Face config):
+        ``--backend auto`` takes the first registered backend that does."""
+        return False
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint, device: str | torch.device = "cpu", prepend_bos: bool = True,
+                        copy: bool = True) -> LoadedModel:
+        """Wrap a loaded Hugging Face checkpoint (:func:`headprobe.probe.loading.wrap`, which has the
+        arguments' meaning).
+
+        Raises:
+            HeadprobeError: this backend cannot run the checkpoint's architecture.
+        """
+        raise NotImplementedError
 
     def __new__(cls, *args: Any, **kwargs: Any) -> LoadedModel:
         if cls is LoadedModel:
+            from headprobe.probe.vocabulary import BACKEND_REGISTRY
+
             module = args[0] if args else kwargs.get("model")
-            for sub in LoadedModel._registry:
-                if sub.wraps(module):
-                    cls = sub
+            for name in BACKEND_REGISTRY.names():
+                if BACKEND_REGISTRY.get(name).wraps(module):
+                    cls = BACKEND_REGISTRY.get(name)
                     break
             else:
                 raise TypeError(f"no headprobe backend wraps a {type(module).__name__}")
@@ -228,12 +149,11 @@ class LoadedModel:
         self.tokenizer = tokenizer
         self.spec = spec
         self.prepend_bos = prepend_bos and self.bos_token_id is not None
-        self._self_check = None
+        self._self_check: SelfCheck | None = None
         self._post_norm_weights: dict[int, Tensor] = {}
         self._main_device: torch.device | None = None  # set by dispatch: a model split over devices
         self._offload_dir: Any = None  # the temporary offload folder of a dispatched model, kept alive with it
-        # a model trained by headprobe train: its repeated-block periods (min_period, max_period, eval_period)
-        self.trained_periods: tuple[int, int, int] | None = None
+        self.trained_periods = None
 
     # ---- what every backend shares -------------------------------------------------------------
 
@@ -244,17 +164,14 @@ class LoadedModel:
 
     @property
     def architecture(self) -> str:
-        """The Hugging Face architecture behind the model (``LlamaForCausalLM``), or
-        ``headprobe Transformer`` for a native checkpoint trained by headprobe."""
-        hf = getattr(self.model, "original_model", None)
-        if hf is None:
-            return getattr(self, "_architecture", "headprobe Transformer")
-        return (getattr(hf.config, "architectures", None) or [type(hf).__name__])[0]
+        """The Hugging Face architecture behind the model (``LlamaForCausalLM``, on the bridge), or
+        ``headprobe Transformer`` (the native backend, whose module is headprobe's own)."""
+        return "headprobe Transformer"
 
     @property
     def hf_config(self) -> Any | None:
         """The Hugging Face config of the wrapped model (the bridge's), or None (native)."""
-        return getattr(getattr(self.model, "original_model", None), "config", None)
+        return None
 
     def hook_names(self) -> list[str]:
         """Every hook point the backend offers (TransformerLens names)."""
@@ -291,7 +208,7 @@ class LoadedModel:
         return self._post_norm_weights[layer]
 
     @property
-    def self_check(self):
+    def self_check(self) -> SelfCheck:
         """The load-time :class:`~headprobe.probe.selfcheck.SelfCheck` (run on first access;
         :func:`~headprobe.probe.loading.load_model` runs it at load)."""
         if self._self_check is None:
@@ -395,18 +312,46 @@ class LoadedModel:
         """
         raise HeadprobeError(f"the final residual stream needs the native backend, not {self.name}")
 
-    def to_tokens(self, text: str) -> Int[Tensor, "batch pos"]:
-        """Tokenize ``text`` into ids ``[1, pos]`` (a batch of one, as TransformerLens' ``to_tokens``),
-        with exactly one BOS in front when ``prepend_bos`` (an encoder: ``[CLS]`` in front and
-        ``[SEP]`` at the end, as its tokenizer would).
-
-        A tokenizer that already adds BOS does not get a second one.
+    def forward_with_cache(self, tokens: Int[Tensor, "batch pos"], cache: Any = None) -> Any:
+        """Run ``tokens`` with the Hugging Face key/value cache on and return the cache object the
+        model filled (``cache``, e.g. a ``transformers.StaticCache``, when given; else the one the
+        model made), or None when it returned none (``headprobe budget --check``'s live check).
 
         Raises:
-            TypeError: ``text`` is not a string (batches of several strings are not supported).
+            HeadprobeError: the backend runs no Hugging Face cache (the native backend).
+        """
+        raise HeadprobeError(f"the live key/value-cache check runs the Hugging Face model: it needs --backend "
+                             f"transformer-lens, not {self.name}")
+
+    def to_tokens(self, text: str | Sequence[str], padding_side: str = "right"
+                  ) -> Int[Tensor, "batch pos"] | tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+        """Tokenize ``text`` into ids ``[1, pos]`` (a batch of one, as TransformerLens' ``to_tokens``),
+        with exactly one BOS in front when ``prepend_bos`` (an encoder: ``[CLS]`` in front and
+        ``[SEP]`` at the end, as its tokenizer would). A tokenizer that already adds BOS does not
+        get a second one.
+
+        A list of strings gives a padded batch ``(tokens [batch, pos], attention_mask [batch, pos])``:
+        each text tokenized as one string would be, padded to the longest with :attr:`pad_token_id`
+        after (``padding_side="right"``) or before (``"left"``) it; the mask is 1 on real tokens, 0
+        on padding (Hugging Face's convention). Pass the mask on to :meth:`forward`,
+        :func:`~headprobe.probe.capture.capture_heads`, ...: the native backend counts positions
+        over real tokens only and masks padded keys, so either side gives the unpadded numbers at
+        the real tokens (tests/test_padding.py).
+
+        Raises:
+            TypeError: ``text`` is neither a string nor a list/tuple of strings.
+            HeadprobeError: an empty list, or ``padding_side`` not ``left``/``right``.
         """
         if not isinstance(text, str):
-            raise TypeError(f"to_tokens takes one string, got {type(text).__name__}")
+            if not isinstance(text, (list, tuple)) or not all(isinstance(t, str) for t in text):
+                raise TypeError(f"to_tokens takes a string or a list of strings, got {type(text).__name__}")
+            if not text:
+                raise HeadprobeError("to_tokens got an empty list of texts")
+            if padding_side not in ("left", "right"):
+                raise HeadprobeError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+            from headprobe.probe.capture import pad_prompts
+
+            return pad_prompts([self.to_tokens(t)[0] for t in text], self.pad_token_id, padding_side)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if self.prepend_bos:
             if not ids or ids[0] != self.bos_token_id:
@@ -414,6 +359,16 @@ class LoadedModel:
         if self.end_token_id is not None and ids[-1] != self.end_token_id:  # an encoder: [CLS] ... [SEP]
             ids = [*ids, self.end_token_id]
         return torch.tensor([ids], dtype=torch.long)
+
+    @property
+    def pad_token_id(self) -> int:
+        """The id :meth:`to_tokens` pads with: the tokenizer's pad token, else EOS, else BOS, else 0
+        (which one does not matter: padded keys are masked and padded positions never scored)."""
+        for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+            tid = getattr(self.tokenizer, name, None)
+            if isinstance(tid, int):
+                return tid
+        return 0
 
     def hooks(self, fwd_hooks: Sequence[tuple[str, HookFn]] = (),
               bwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> AbstractContextManager[None]:
@@ -514,6 +469,11 @@ class LoadedModel:
         (:func:`scored_loss`), with ``fwd_hooks`` active for this forward."""
         raise NotImplementedError
 
+    def _projection(self, layer: int, which: str) -> Tensor:
+        """Layer ``layer``'s ``which`` (``q``, ``k``, ``v``) projection split by head: what each
+        backend implements behind :meth:`W_Q`, :meth:`W_K` and :meth:`W_V`."""
+        raise NotImplementedError
+
     def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
         """Layer ``layer``'s query projection split by head (``q_h = x @ W_Q[h]``, before rotary and
         QK-norm; the pre-attention norm not folded in).
@@ -521,7 +481,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: latent attention (MLA), which has no per-head W_Q/W_K/W_V.
         """
-        raise NotImplementedError
+        return self._projection(layer, "q")
 
     def W_K(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
         """Layer ``layer``'s key projection split by key/value head (query head h reads ``h // group_size``).
@@ -529,7 +489,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: as :meth:`W_Q`.
         """
-        raise NotImplementedError
+        return self._projection(layer, "k")
 
     def W_V(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
         """Layer ``layer``'s value projection split by key/value head (``v = x @ W_V[kv_head]``).
@@ -537,7 +497,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: as :meth:`W_Q`.
         """
-        raise NotImplementedError
+        return self._projection(layer, "v")
 
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         """The token embedding matrix (without Gemma's ``sqrt(d_model)`` factor)."""
@@ -564,6 +524,62 @@ class LoadedModel:
         :meth:`forward`; returns :meth:`scored_losses` of each of the ``n`` (nats/token).
         """
         raise NotImplementedError
+
+    def scored_losses_from(self, layer: int, tokens: Int[Tensor, "n pos"], resid_pre: Float[Tensor, "n pos d_model"],
+                           first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "n"]:
+        """:meth:`scored_losses` of ``tokens`` (nats/token, ``[n]``) with ``fwd_hooks`` active, run
+        from layer ``layer`` on: ``resid_pre[i]`` is the clean residual stream entering that layer
+        for ``tokens[i]``, which is what the earlier layers compute when no hook acts on them (the
+        caller's promise: every hook is on layer ``layer`` or later). Saves the first ``layer``
+        blocks of every forward of a head-set ablation (:func:`headprobe.analyses.ablation.set_ablation_losses`).
+
+        This base version is the honest full forward (``resid_pre`` unused), which is what a
+        backend that cannot start a forward mid-way does (the TransformerLens bridge)."""
+        return self.scored_losses(tokens, first, fwd_hooks)
+
+    def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
+                     fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch pos d_vocab"]:
+        """The logits of :meth:`forward` resumed at layer ``layer``: blocks ``layer ..`` run from
+        ``resid_pre`` (what ``blocks.{layer}.hook_resid_pre`` held, no padding, positions ``0 .. pos-1``)
+        with ``fwd_hooks`` active, then the final norm and unembedding. The layers before are not
+        run, so path patching into a late receiver skips them.
+
+        Raises:
+            HeadprobeError: not the native backend.
+        """
+        raise HeadprobeError(f"resuming a forward at a layer needs the native backend, not {self.name}")
+
+    def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """Layer ``layer``'s pre-attention norm applied to ``resid`` ``[batch, pos, d_model]`` (recomputed,
+        differentiable), or ``resid`` itself where the block reads the raw residual (OLMo-2). Path
+        patching and edge attribution (:mod:`headprobe.analyses.paths`) build a receiver's input with it.
+
+        Raises:
+            HeadprobeError: a backend or architecture without it (the bridge; post-LN encoders).
+        """
+        raise HeadprobeError(f"a head's attention input (path patching, edge attribution) needs the native backend, not {self.name}")
+
+    def attention_scale(self, layer: int) -> tuple[float, float | None]:
+        """Layer ``layer``'s factor of ``q . k`` in the scores (``1/sqrt(d_qk)`` or the family's) and
+        its attention soft-cap ``c`` (scores ``c tanh(s / c)``, Gemma-2), or None.
+
+        Raises:
+            HeadprobeError: not the native backend.
+        """
+        raise HeadprobeError(f"the attention scale of a layer is read on the native backend only, not {self.name}")
+
+    def qk_terms(self, layer: int, head: int, side: str, terms: Float[Tensor, "n d_model"],
+                 ref: Float[Tensor, "d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
+        """Query head ``head``'s query (``side="q"``) or key (``"k"``, its key/value head's) at
+        position ``pos`` as a sum of terms: row ``i`` is what ``terms[i]`` (a term of the attention
+        input, after the pre-attention norm) contributes, the last row the projection bias; QK-norm
+        (and MLA's latent norm) frozen at their scale for ``ref``, the whole input at ``pos``; rotary
+        applied at ``pos`` (:func:`headprobe.probe.qk.head_qk_terms`). Used by the QK attribution.
+
+        Raises:
+            HeadprobeError: not the native backend, or an attention it does not split (MLA with a query latent).
+        """
+        raise HeadprobeError(f"QK attribution needs the native backend (--backend native), not {self.name}")
 
     def check_prunable(self) -> None:
         """Raise unless :meth:`remove_heads` removes heads exactly from this model.

@@ -1,5 +1,5 @@
 """The TransformerLens backend: a ``TransformerBridge`` (TransformerLens 4.x) behind
-:class:`~headprobe.probe.backend.Backend`.
+:class:`~headprobe.probe.backend.LoadedModel`.
 
 The bridge runs the Hugging Face modules themselves, so there is no block to resume from
 outside. :meth:`BridgeModel.resume_scored_losses` is therefore an honest forward from the tokens
@@ -11,8 +11,10 @@ one full forward per ``batch`` sequences, the numbers of the shortcut the native
 from __future__ import annotations
 
 import contextlib
+import logging
+import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
@@ -20,18 +22,83 @@ from torch import Tensor
 
 from headprobe.probe.backend import HookFn, LoadedModel, _module_type, scored_loss
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.layout import layout_from_hf_config
+from headprobe.probe.spec import Checkpoint, ModelSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformer_lens.model_bridge import TransformerBridge
 
 
 class BridgeModel(LoadedModel):
     """A :class:`~headprobe.probe.backend.LoadedModel` on TransformerLens' ``TransformerBridge``
-    (``model``), one unpadded prompt batch at a time."""
+    (``model``); padded batches only right-padded (:meth:`BridgeModel.forward`)."""
 
     name = "transformer-lens"
-    supports_padding = False
+
+    @property
+    def supports_padding(self) -> bool:  # type: ignore[override]
+        """Right padding of a causal model only (:meth:`forward`)."""
+        return self.spec.causal
+
+    @property
+    def padding_sides(self) -> tuple[str, ...]:  # type: ignore[override]
+        """``("right",)`` for a causal model (:meth:`forward`), else none."""
+        return ("right",) if self.spec.causal else ()
 
     @classmethod
-    def wraps(cls, module: Any) -> bool:
+    def wraps(cls, module: object) -> bool:
         return _module_type(module, "transformer_lens.model_bridge", "TransformerBridge")
+
+    @classmethod
+    def supports(cls, hf_config: Any) -> bool:
+        """Every causal LM TransformerLens has an adapter for (whether it has one shows at wrapping);
+        not an encoder (its BERT adapter wants ``BertForMaskedLM``)."""
+        from headprobe.probe import convert
+
+        return not convert.is_encoder(getattr(hf_config, "model_type", None))
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint, device: str | torch.device = "cpu", prepend_bos: bool = True,
+                        copy: bool = True) -> BridgeModel:
+        """The checkpoint's Hugging Face model (a deep copy unless ``copy`` is False) wrapped in a
+        ``TransformerBridge`` (:func:`boot_bridge`); a model transformers
+        split over devices at load stays where it is.
+
+        Raises:
+            HeadprobeError: an encoder (BERT), or an architecture TransformerLens cannot wrap.
+        """
+        import copy as copy_module
+        import io
+
+        from headprobe.probe.layout import attention_bias
+
+        if not cls.supports(ckpt.hf_model.config):
+            # TransformerLens' BERT adapter wants BertForMaskedLM (it reads `.bert`); a bare encoder fails inside it
+            raise HeadprobeError(f"{ckpt.name} is an encoder ({type(ckpt.hf_model).__name__}): it runs on --backend native "
+                                 f"(or auto), not on TransformerLens' bridge")
+        hf_model = copy_module.deepcopy(ckpt.hf_model) if copy else ckpt.hf_model
+        bias = attention_bias(hf_model)  # before the bridge rewires the modules it wraps
+        model = boot_bridge(ckpt.hf_name, hf_model, ckpt.tokenizer)
+        split = getattr(hf_model, "hf_device_map", None) is not None
+        if not split:  # a model split at load stays where transformers put it
+            with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints "Moving model to device" on stdout
+                model.to(device)
+        loaded = cls(model, ckpt.tokenizer, spec_from_bridge(ckpt.name, ckpt.hf_name, ckpt.precision, model, bias),
+                     prepend_bos=prepend_bos)
+        if split:
+            loaded._main_device = _execution_device(hf_model.get_input_embeddings())
+        return loaded
+
+    @property
+    def architecture(self) -> str:
+        """See :attr:`headprobe.probe.backend.LoadedModel.architecture`: the wrapped Hugging Face model's."""
+        hf = self.model.original_model
+        return (getattr(hf.config, "architectures", None) or [type(hf).__name__])[0]
+
+    @property
+    def hf_config(self) -> Any:
+        """The wrapped Hugging Face model's config."""
+        return self.model.original_model.config
 
     def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
                 attention_mask: Int[Tensor, "batch pos"] | None = None,
@@ -40,12 +107,22 @@ class BridgeModel(LoadedModel):
         ``hook_z`` through hooks, and hooks on ``hook_attn_scores`` see masked keys as ``-inf``
         (:func:`_scores_with_neg_inf`).
 
+        ``attention_mask``: right padding of a causal model only. Real tokens come first there and a
+        causal query never reads a later key, so the forward without the mask is exact at every
+        real token (tested against each text alone); what padded positions hold means nothing.
+        Left padding would need positions counted over real tokens, which this backend does not
+        promise, so it is refused.
+
         Raises:
-            HeadprobeError: ``attention_mask`` given (the bridge takes no padding).
+            HeadprobeError: an ``attention_mask`` with left (or inner) padding, or on an encoder.
         """
         if attention_mask is not None:
-            raise HeadprobeError("padded batches need the native backend (--backend native); "
-                                 "the TransformerLens bridge runs one unpadded prompt at a time")
+            real = attention_mask.to(torch.bool)
+            right = bool((real[:, 1:] <= real[:, :-1]).all()) and bool(real[:, 0].all())  # 1...1 0...0 per row
+            if not (self.spec.causal and right):
+                raise HeadprobeError("padded batches on the TransformerLens bridge need right padding of a causal model "
+                                     "(to_tokens(texts, padding_side='right')); left padding needs the native backend (--backend native)")
+            attention_mask = None  # exact at the real tokens, see above
         tokens = tokens.to(self.device)
         fwd_hooks = _scores_with_neg_inf(fwd_hooks)
         if head_mask is not None:
@@ -70,24 +147,14 @@ class BridgeModel(LoadedModel):
                 weight = attn.o.original_component.weight  # nn.Linear [d_model, head * d_v]
                 return weight.T.unflatten(0, (self.spec.n_heads, weight.shape[1] // self.spec.n_heads))
 
-    def _split(self, layer: int, name: str) -> Tensor:
+    def _projection(self, layer: int, which: str) -> Tensor:
+        """The bridge's per-head ``W_Q`` / ``W_K`` / ``W_V`` (``which``: ``q``, ``k``, ``v``) of layer ``layer``."""
+        name = f"W_{which.upper()}"
         try:
             with self._aligned(self.model.blocks[layer]):
                 return getattr(self.model.blocks[layer].attn, name)
         except (ValueError, AttributeError, NotImplementedError):  # latent attention (MLA) has no per-head W_Q/W_K/W_V
             raise HeadprobeError(f"this architecture has no per-head {name}: weight-based head metrics do not apply") from None
-
-    def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_Q`."""
-        return self._split(layer, "W_Q")
-
-    def W_K(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_K`."""
-        return self._split(layer, "W_K")
-
-    def W_V(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_V`."""
-        return self._split(layer, "W_V")
 
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.W_E`."""
@@ -239,3 +306,53 @@ def _head_mask_hooks(head_mask: Float[Tensor, "layer head"]) -> list[tuple[str, 
         return hook
 
     return [(attn_hook(layer, "z"), make(layer)) for layer in range(head_mask.shape[0])]
+
+
+def boot_bridge(hf_name: str, hf_model: Any, tokenizer: Any) -> "TransformerBridge":
+    """Wrap a loaded Hugging Face causal LM in a TransformerLens ``TransformerBridge``.
+
+    Raises:
+        HeadprobeError: TransformerLens has no adapter for the architecture.
+    """
+    from transformer_lens.model_bridge import TransformerBridge
+
+    # TransformerLens re-reads the tokenizer from `name_or_path`; a tokenizer built in memory has none.
+    tokenizer.init_kwargs.setdefault("name_or_path", getattr(tokenizer, "name_or_path", "") or hf_name)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logging.getLogger("transformer_lens").setLevel(logging.ERROR)
+            bridge = TransformerBridge.boot_transformers(hf_name, hf_model=hf_model, tokenizer=tokenizer)
+    except (ValueError, NotImplementedError, KeyError) as e:
+        arch = getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__]
+        raise HeadprobeError(f"TransformerLens cannot wrap architecture {arch[0]}: {str(e).splitlines()[0]}") from None
+    bridge.eval()
+    return bridge
+
+
+def spec_from_bridge(name: str, hf_name: str, weights: str, bridge: Any, bias: str) -> ModelSpec:
+    """The :class:`ModelSpec` of a TransformerLens bridge: sizes from the bridge's config
+    (``n_layers``, ``n_heads``, ``n_key_value_heads``, ``d_head``, ``d_model``, ``d_vocab``,
+    ``n_ctx``), the rest of the layout from the wrapped Hugging Face config
+    (:func:`~headprobe.probe.layout.layout_from_hf_config`: MLA sizes, QK-norm, windows; a layer
+    type other than attention is read as global). ``bias`` is the bias kind of the Hugging Face
+    model's attention, read before the bridge rewired it
+    (:func:`~headprobe.probe.layout.attention_bias`).
+
+    Raises:
+        HeadprobeError: the sizes make no valid :class:`~headprobe.probe.layout.AttentionLayout`.
+    """
+    cfg = bridge.cfg
+    layout = layout_from_hf_config(bridge.original_model.config, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                                   n_kv_heads=getattr(cfg, "n_key_value_heads", None) or cfg.n_heads,
+                                   d_head=cfg.d_head, d_model=cfg.d_model, bias=bias, strict=False)
+    return ModelSpec(name=name, hf_name=hf_name, layout=layout, d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx,
+                     weights=weights, backend="transformer-lens")
+
+
+def _execution_device(module: torch.nn.Module) -> torch.device:
+    """Where accelerate runs ``module`` (its hook's execution device), else where its weights are."""
+    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+    if device is None:
+        return next(module.parameters()).device
+    return torch.device(f"cuda:{device}" if isinstance(device, int) else device)

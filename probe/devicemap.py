@@ -37,11 +37,7 @@ from typing import Any
 import torch
 
 from headprobe.probe.errors import HeadprobeError
-
-DEVICE_MAPS = ("auto", "balanced", "sequential")
-"""Placement strategies, as transformers names them: ``auto`` and ``balanced`` spread the blocks
-evenly over the GPUs (accelerate's ``get_balanced_memory``) before CPU memory and disk;
-``sequential`` fills each device up to its budget before the next."""
+from headprobe.probe.vocabulary import DEVICE_MAPS  # noqa: F401 - the strategies, defined once (torch-free)
 
 NO_SPLIT = ["Block"]
 """Module classes accelerate must keep whole on one device."""

@@ -53,19 +53,16 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from headprobe.probe.backend import LoadedModel
-from headprobe.probe.bridge import BridgeModel
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.layout import attention_bias, layout_from_hf_config
 from headprobe.probe.native import NativeModel
-from headprobe.probe.spec import ModelSpec
-
-if TYPE_CHECKING:  # pragma: no cover
-    from transformer_lens.model_bridge import TransformerBridge
+from headprobe.probe.vocabulary import AUTO_FALLBACK, BACKEND_REGISTRY, BACKENDS
+from headprobe.probe.bridge import _execution_device, boot_bridge, spec_from_bridge  # noqa: F401 - the bridge's loading, re-exported
+from headprobe.probe.spec import Checkpoint  # noqa: F401 - re-exported: loading's input type
 
 log = logging.getLogger(__name__)
 
@@ -390,48 +387,6 @@ def _resolve(name: str) -> tuple[str, str, dict[str, Any]]:
     return hf_name, "float32 (downloaded from the Hugging Face hub)", dict(source=hf_name, local_only=False)
 
 
-def boot_bridge(hf_name: str, hf_model: Any, tokenizer: Any) -> "TransformerBridge":
-    """Wrap a loaded Hugging Face causal LM in a TransformerLens ``TransformerBridge``.
-
-    Raises:
-        HeadprobeError: TransformerLens has no adapter for the architecture.
-    """
-    from transformer_lens.model_bridge import TransformerBridge
-
-    # TransformerLens re-reads the tokenizer from `name_or_path`; a tokenizer built in memory has none.
-    tokenizer.init_kwargs.setdefault("name_or_path", getattr(tokenizer, "name_or_path", "") or hf_name)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            logging.getLogger("transformer_lens").setLevel(logging.ERROR)
-            bridge = TransformerBridge.boot_transformers(hf_name, hf_model=hf_model, tokenizer=tokenizer)
-    except (ValueError, NotImplementedError, KeyError) as e:
-        arch = getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__]
-        raise HeadprobeError(f"TransformerLens cannot wrap architecture {arch[0]}: {str(e).splitlines()[0]}") from None
-    bridge.eval()
-    return bridge
-
-
-def spec_from_bridge(name: str, hf_name: str, weights: str, bridge: Any, bias: str) -> ModelSpec:
-    """The :class:`ModelSpec` of a TransformerLens bridge: sizes from the bridge's config
-    (``n_layers``, ``n_heads``, ``n_key_value_heads``, ``d_head``, ``d_model``, ``d_vocab``,
-    ``n_ctx``), the rest of the layout from the wrapped Hugging Face config
-    (:func:`~headprobe.probe.layout.layout_from_hf_config`: MLA sizes, QK-norm, windows; a layer
-    type other than attention is read as global). ``bias`` is the bias kind of the Hugging Face
-    model's attention, read before the bridge rewired it
-    (:func:`~headprobe.probe.layout.attention_bias`).
-
-    Raises:
-        HeadprobeError: the sizes make no valid :class:`~headprobe.probe.layout.AttentionLayout`.
-    """
-    cfg = bridge.cfg
-    layout = layout_from_hf_config(bridge.original_model.config, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                                   n_kv_heads=getattr(cfg, "n_key_value_heads", None) or cfg.n_heads,
-                                   d_head=cfg.d_head, d_model=cfg.d_model, bias=bias, strict=False)
-    return ModelSpec(name=name, hf_name=hf_name, layout=layout, d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx,
-                     weights=weights, backend="transformer-lens")
-
-
 def check_finite_weights(model: torch.nn.Module) -> None:
     """Raise HeadprobeError naming the first parameter that holds NaN or Inf.
 
@@ -446,23 +401,6 @@ def check_finite_weights(model: torch.nn.Module) -> None:
             raise HeadprobeError(f"weights are not finite: parameter {pname} holds NaN or Inf")
 
 
-BACKENDS = ("auto", "native", "transformer-lens")
-
-
-@dataclass
-class Checkpoint:
-    """A Hugging Face causal LM loaded in float32 with eager attention, before wrapping.
-
-    Attributes:
-        name: what the user asked for. hf_name: the Hugging Face name or path.
-        precision: where the weights come from and in which precision they are computed.
-    """
-
-    name: str
-    hf_name: str
-    precision: str
-    hf_model: Any
-    tokenizer: Any
 
 
 def load_checkpoint(name: str = SMOLLM2_NAME, quiet: bool = False, split: dict[str, Any] | None = None) -> Checkpoint:
@@ -514,45 +452,55 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
         HeadprobeError: unknown backend, ``native`` asked for an architecture it lacks, or
             ``transformer-lens`` asked for an encoder (BERT).
     """
-    from headprobe.probe import convert
+    from headprobe.probe.registry import did_you_mean
 
     if backend not in BACKENDS:
-        raise HeadprobeError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if backend == "auto":
-        backend = "native" if convert.supports(ckpt.hf_model.config) else "transformer-lens"
-    if backend == "transformer-lens" and convert.is_encoder(getattr(ckpt.hf_model.config, "model_type", None)):
-        # TransformerLens' BERT adapter wants BertForMaskedLM (it reads `.bert`); a bare encoder fails inside it
-        raise HeadprobeError(f"{ckpt.name} is an encoder ({type(ckpt.hf_model).__name__}): it runs on --backend native "
-                             f"(or auto), not on TransformerLens' bridge")
-    if backend == "native":
-        model = convert.from_hf(ckpt.hf_model, copy=copy).to(device).eval()
-        spec = convert.spec_from_native(ckpt.name, ckpt.hf_name, ckpt.precision, model.cfg)
-    else:
-        import copy as copy_module
+        raise HeadprobeError(f"unknown backend {backend!r}{did_you_mean(str(backend), BACKENDS)}; "
+                             f"choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":  # the first registered backend that runs the architecture (native, then the bridge)
+        backend = next((name for name in BACKEND_REGISTRY.names() if BACKEND_REGISTRY.get(name).supports(ckpt.hf_model.config)),
+                       AUTO_FALLBACK)
+    return BACKEND_REGISTRY.get(backend).from_checkpoint(ckpt, device=device, prepend_bos=prepend_bos, copy=copy)
 
-        hf_model = copy_module.deepcopy(ckpt.hf_model) if copy else ckpt.hf_model
-        bias = attention_bias(hf_model)  # before the bridge rewires the modules it wraps
-        model = boot_bridge(ckpt.hf_name, hf_model, ckpt.tokenizer)
-        import contextlib
-        import io
 
-        if getattr(hf_model, "hf_device_map", None) is None:  # a model split at load stays where transformers put it
-            with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints "Moving model to device" on stdout
-                model.to(device)
-        spec = spec_from_bridge(ckpt.name, ckpt.hf_name, ckpt.precision, model, bias)
-    cls = NativeModel if backend == "native" else BridgeModel
-    loaded = cls(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
-    if backend != "native" and getattr(hf_model, "hf_device_map", None) is not None:
-        loaded._main_device = _execution_device(hf_model.get_input_embeddings())
+def wrap_model(hf_model: Any, tokenizer: Any, backend: str = "auto", device: str | torch.device | None = None,
+               prepend_bos: bool = True, name: str | None = None) -> LoadedModel:
+    """Wrap a transformers model already in memory (a notebook's ``AutoModelForCausalLM``, or
+    ``AutoModel`` for an encoder) and its tokenizer as a :class:`LoadedModel`: ``headprobe.wrap``.
+
+    The caller's model is left untouched (weights, buffers, mode and forward; tested): ``native``
+    (``auto`` wherever :mod:`headprobe.probe.convert` supports the family, see :func:`wrap`) copies
+    its weights into headprobe's own transformer; the TransformerLens bridge wraps a deep copy. A
+    model in half precision is converted and self-checked in float32, then cast back
+    (:meth:`LoadedModel.to`), on the native backend; the bridge checks it in its own dtype. The
+    load-time self-check (:mod:`headprobe.probe.selfcheck`) runs before this returns.
+
+    Args:
+        hf_model: a ``transformers`` ``PreTrainedModel`` (it must have ``.config``).
+        tokenizer: its tokenizer. backend: ``auto``, ``native`` or ``transformer-lens``.
+        device: where the wrapped copy goes (default: where ``hf_model``'s weights are).
+        name: what outputs call the model (default: the config's ``_name_or_path``, else the class name).
+
+    Raises:
+        HeadprobeError: ``hf_model`` is not a transformers model, ``tokenizer`` is None, weights that
+            are NaN or Inf, or as :func:`wrap` (an unknown backend, ``native`` for an architecture it lacks).
+    """
+    if not isinstance(hf_model, torch.nn.Module) or getattr(hf_model, "config", None) is None:
+        raise HeadprobeError(f"headprobe.wrap takes a transformers model (with .config), got {type(hf_model).__name__}")
+    if tokenizer is None:
+        raise HeadprobeError("headprobe.wrap needs the model's tokenizer")
+    check_finite_weights(hf_model)
+    hf_name = getattr(hf_model.config, "_name_or_path", "") or type(hf_model).__name__
+    first = next(hf_model.parameters())
+    dtype = first.dtype
+    precision = f"{str(dtype).removeprefix('torch.')} (a transformers model wrapped in memory)"
+    ckpt = Checkpoint(name or hf_name, hf_name, precision, hf_model, tokenizer)
+    loaded = wrap(ckpt, backend, first.device if device is None else device, prepend_bos, copy=True)
+    if loaded.backend == "native" and dtype != torch.float32:
+        loaded.model.float()  # its own copy: check the decomposition in float32, then round
+        loaded.to(dtype)
+    loaded.self_check  # noqa: B018 - as load_model: run the self-check now
     return loaded
-
-
-def _execution_device(module: torch.nn.Module) -> torch.device:
-    """Where accelerate runs ``module`` (its hook's execution device), else where its weights are."""
-    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
-    if device is None:
-        return next(module.parameters()).device
-    return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
 
 
 from headprobe.probe.checkpoint import NATIVE_FORMAT, NATIVE_WEIGHTS, is_native_dir  # noqa: E402

@@ -1,5 +1,5 @@
 """The native backend: headprobe's own :class:`~headprobe.probe.model.Transformer` behind
-:class:`~headprobe.probe.backend.Backend`.
+:class:`~headprobe.probe.backend.LoadedModel`.
 
 Resuming a forward (:meth:`NativeModel.resume_scored_losses`) runs the rest of one block from
 its raw attention output (:meth:`headprobe.probe.model.Block.resume`) and the later blocks, then
@@ -19,6 +19,8 @@ from torch import Tensor
 
 from headprobe.probe.backend import HookFn, LoadedModel, _module_type, cross_entropy_inplace
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import Checkpoint
+
 
 
 class NativeModel(LoadedModel):
@@ -27,10 +29,33 @@ class NativeModel(LoadedModel):
 
     name = "native"
     supports_padding = True
+    padding_sides = ("left", "right")
 
     @classmethod
-    def wraps(cls, module: Any) -> bool:
+    def wraps(cls, module: object) -> bool:
         return _module_type(module, "headprobe.probe.model", "Transformer")  # no Transformer exists before that import
+
+    @classmethod
+    def supports(cls, hf_config: Any) -> bool:
+        """Whether a registered family converts ``hf_config`` exactly (:func:`headprobe.probe.convert.supports`)."""
+        from headprobe.probe import convert
+
+        return convert.supports(hf_config)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint, device: str | torch.device = "cpu", prepend_bos: bool = True,
+                        copy: bool = True) -> NativeModel:
+        """The checkpoint's weights in headprobe's own transformer (:func:`headprobe.probe.convert.from_hf`;
+        ``copy`` False takes its tensors without copying them).
+
+        Raises:
+            HeadprobeError: an architecture or option the native model does not implement.
+        """
+        from headprobe.probe import convert
+
+        model = convert.from_hf(ckpt.hf_model, copy=copy).to(device).eval()
+        spec = convert.spec_from_native(ckpt.name, ckpt.hf_name, ckpt.precision, model.cfg)
+        return cls(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
 
     def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
                 attention_mask: Int[Tensor, "batch pos"] | None = None,
@@ -59,25 +84,14 @@ class NativeModel(LoadedModel):
         with self._aligned(self.model.blocks[layer]):
             return self.model.blocks[layer].attn.W_O
 
-    def _split(self, layer: int, proj: str) -> Float[Tensor, "head d_model d_head"]:
-        attn = self.model.blocks[layer].attn
+    def _projection(self, layer: int, which: str) -> Float[Tensor, "head d_model d_head"]:
+        """A view of ``{which}_proj.weight`` (``which``: ``q``, ``k``, ``v``) split by head."""
+        attn, proj = self.model.blocks[layer].attn, f"{which}_proj"
         if self.model.cfg.is_mla:
             raise HeadprobeError("latent attention (MLA) has no per-head W_Q, W_K, W_V: weight-based head metrics do not apply")
         with self._aligned(self.model.blocks[layer]):
             weight = getattr(attn, proj).weight  # nn.Linear [n * d_head, d_model]
         return weight.T.unflatten(1, (-1, self.model.cfg.d_head)).transpose(0, 1)
-
-    def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_Q` (a view of ``q_proj.weight``)."""
-        return self._split(layer, "q_proj")
-
-    def W_K(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_K` (a view of ``k_proj.weight``)."""
-        return self._split(layer, "k_proj")
-
-    def W_V(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_V` (a view of ``v_proj.weight``)."""
-        return self._split(layer, "v_proj")
 
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.W_E`."""
@@ -125,9 +139,55 @@ class NativeModel(LoadedModel):
             x = later(x, positions)
         return self._losses(x.to(self.device), tokens, first)
 
+    @torch.inference_mode()
+    def scored_losses_from(self, layer: int, tokens: Int[Tensor, "n pos"], resid_pre: Float[Tensor, "n pos d_model"],
+                           first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "n"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.scored_losses_from`: blocks ``layer`` on
+        from ``resid_pre``, then logits only at the scored positions."""
+        with self.hooks(fwd_hooks):
+            resid = self._resid_from(layer, resid_pre)
+        return self._losses(resid.to(self.device), tokens.to(self.device), first)
+
+    def _resid_from(self, layer: int, resid_pre: Float[Tensor, "n pos d_model"]) -> Float[Tensor, "n pos d_model"]:
+        """Blocks ``layer ..`` from ``resid_pre`` (positions ``0 .. pos-1``, no padding): the final
+        residual before the final norm (:meth:`forward_from`, :meth:`scored_losses_from`; their
+        callers hold the hooks)."""
+        x = resid_pre.to(self._block_device(layer), self.dtype)
+        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        for block in self.model.blocks[layer:]:
+            x = block(x, positions)
+        return x
+
     def _losses(self, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"], first: int,
                 normed: bool = False) -> Float[Tensor, "n"]:
         return _scored_losses_from_resid(self.model, resid, tokens, first, normed)
+
+    def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
+                     fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch pos d_vocab"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.forward_from`."""
+        with self.hooks(fwd_hooks):  # hooks on ln_final fire too
+            return self.model.logits(self._resid_from(layer, resid_pre).to(self.device))
+
+    def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.attention_input`."""
+        block = self.model.blocks[layer]
+        if block.post_ln:
+            raise HeadprobeError("a post-LN block (BERT) normalises the residual after the attention: "
+                                 "paths into its heads' inputs are not defined here")
+        return resid if block.ln1 is None else block.ln1(resid)
+
+    def attention_scale(self, layer: int) -> tuple[float, float | None]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.attention_scale`."""
+        attn = self.model.blocks[layer].attn
+        return float(attn.scale), attn.softcap
+
+    def qk_terms(self, layer: int, head: int, side: str, terms: Float[Tensor, "n d_model"],
+                 ref: Float[Tensor, "d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.qk_terms`."""
+        from headprobe.probe.qk import head_qk_terms
+
+        with self._aligned(self.model.blocks[layer]):
+            return head_qk_terms(self.model, layer, head, side, terms, ref, pos)
 
     def check_prunable(self) -> None:
         """See :meth:`headprobe.probe.backend.LoadedModel.check_prunable`."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 from headprobe.probe.errors import HeadprobeError
@@ -47,10 +47,12 @@ class Registry(Generic[T]):
         self.kind = kind
         self.hint = hint
         self._targets: dict[str, T | str] = {}
+        self._groups: dict[str, str] = {}
 
-    def register(self, name: str, target: T | str, *, replace: bool = False) -> None:
+    def register(self, name: str, target: T | str, *, replace: bool = False, group: str = "") -> None:
         """Register ``target`` under ``name``: the object itself, or ``"module:attr"`` (imported by
-        :meth:`get` on first use).
+        :meth:`get` on first use). ``group`` files the name under a subset that :meth:`names` can
+        list without importing anything (the head columns' ``"head type"`` and ``"metric"``).
 
         Raises:
             ValueError: ``name`` is taken (unless ``replace``), or a string target is not
@@ -61,6 +63,7 @@ class Registry(Generic[T]):
         if isinstance(target, str) and (target.count(":") != 1 or not all(target.split(":"))):
             raise ValueError(f"a lazy {self.kind} target is 'module:attr', got {target!r}")
         self._targets[name] = target
+        self._groups[name] = group
 
     def unregister(self, name: str) -> None:
         """Remove ``name`` (a target registered for a while, as tests do).
@@ -69,6 +72,7 @@ class Registry(Generic[T]):
             KeyError: ``name`` is not registered.
         """
         del self._targets[name]
+        del self._groups[name]
 
     def get(self, name: str) -> T:
         """The target registered under ``name``, importing a ``"module:attr"`` one (once).
@@ -94,9 +98,19 @@ class Registry(Generic[T]):
         return HeadprobeError(f"unknown {self.kind}: {name!r}{did_you_mean(str(name), self._targets)}; "
                               f"known: {', '.join(self._targets) or 'none'}{hint}")
 
-    def names(self) -> tuple[str, ...]:
-        """Every registered name, in registration order (imports nothing)."""
-        return tuple(self._targets)
+    def names(self, group: str | None = None) -> tuple[str, ...]:
+        """Every registered name (of ``group`` only, if given), in registration order (imports nothing)."""
+        return tuple(n for n in self._targets if group is None or self._groups[n] == group)
+
+    def group_of(self, name: str) -> str:
+        """The group ``name`` was registered in (``""`` for none).
+
+        Raises:
+            HeadprobeError: ``name`` is not registered.
+        """
+        if name not in self._groups:
+            raise self.unknown(name)
+        return self._groups[name]
 
     def __contains__(self, name: object) -> bool:
         return name in self._targets
@@ -109,3 +123,39 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self._targets)})"
+
+    def choices(self, *extra: str, group: str | None = None) -> Choices:
+        """A live tuple-like view ``(*extra, *names(group))`` (e.g. ``("auto", "native", ...)``): an
+        argparse ``choices=`` or a ``" ".join`` that sees names registered later."""
+        return Choices(self, extra, group)
+
+
+class Choices(Sequence[str]):
+    """``(*extra, *registry.names(group))``, read from the registry on every use (:meth:`Registry.choices`);
+    compares equal to the tuple it stands for."""
+
+    def __init__(self, registry: Registry, extra: tuple[str, ...] = (), group: str | None = None) -> None:
+        self.registry = registry
+        self.extra = tuple(extra)
+        self.group = group
+
+    def _items(self) -> tuple[str, ...]:
+        return (*self.extra, *self.registry.names(self.group))
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._items()[index]
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items()
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, Sequence) and not isinstance(other, str) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._items())
+
+    def __repr__(self) -> str:
+        return repr(self._items())

@@ -4,6 +4,7 @@ converters without an import cycle."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
@@ -96,3 +97,19 @@ class ModelSpec:
     def kv_head(self, head: int | Tensor) -> int | Tensor:
         """The key/value head that query head ``head`` reads: ``head // group_size`` (GQA)."""
         return head // self.group_size
+
+
+@dataclass
+class Checkpoint:
+    """A Hugging Face causal LM loaded in float32 with eager attention, before wrapping.
+
+    Attributes:
+        name: what the user asked for. hf_name: the Hugging Face name or path.
+        precision: where the weights come from and in which precision they are computed.
+    """
+
+    name: str
+    hf_name: str
+    precision: str
+    hf_model: Any
+    tokenizer: Any

@@ -36,7 +36,7 @@ def _tokens(n=3, T=12, seed=0):
 
 
 MODELS = ["tiny_gpt2_native", "tiny_llama_gqa_native", "deep_gqa_native", "tiny_gpt2", "tiny_llama_gqa"]
-"""Both backends: the exact sweep runs one algorithm through the Backend interface on each."""
+"""Both backends: the exact sweep runs one algorithm through the LoadedModel interface on each."""
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -111,12 +111,12 @@ def test_sweep_subset_of_heads_on_both_backends(tiny_gpt2, tiny_gpt2_native):
 
 @pytest.mark.parametrize("name", ["tiny_gpt2", "tiny_gpt2_native", "tiny_llama_gqa", "tiny_llama_gqa_native"])
 def test_backends_satisfy_the_interface_and_resume_exactly(request, name):
-    """Each backend is a Backend; resuming at any layer from the clean residual and attention output
+    """Each backend is a LoadedModel; resuming at any layer from the clean residual and attention output
     gives the clean losses, and a changed attention output changes them (the resumption is not a no-op)."""
-    from headprobe.probe.backend import Backend
+    from headprobe.probe.backend import LoadedModel
 
     model = request.getfixturevalue(name)
-    assert isinstance(model, Backend)
+    assert isinstance(model, LoadedModel)
     tokens, first = _tokens(), 2
     pre, attn = {}, {}
     hooks = [(f"blocks.{l}.hook_resid_pre", lambda x, hook, l=l: pre.__setitem__(l, x.clone())) for l in range(2)]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import headprobe
-from headprobe.analyses.metrics import METRIC_COLUMNS
+from headprobe.analyses.columns import metric_columns
 from headprobe.cli import main
 from headprobe.probe.errors import HeadprobeError
 
@@ -62,11 +62,11 @@ def test_types_limit_columns_figures_and_verifications(api_scan, text_file, tmp_
     model, full = api_scan
     part = headprobe.scan(model, text=str(text_file), types="induction,previous-token", **SMALL_SCAN)
     assert part.config.types == ("previous_token", "induction")  # registry order, `-` spelling accepted
-    assert list(part.table.columns) == ["layer", "head", "kv_head", "previous_token", "induction", *METRIC_COLUMNS]
+    assert list(part.table.columns) == ["layer", "head", "kv_head", "previous_token", "induction", *metric_columns()]
     pd.testing.assert_frame_equal(part.table, full.table[list(part.table.columns)])  # same numbers as the full scan
     assert set(part.figures()) == {"heatmap_previous_token", "heatmap_induction", "overview",
                                    "pattern_previous_token", "pattern_induction", "ablation", "composition_k",
-                                   *(f"heatmap_{c}" for c in METRIC_COLUMNS)}
+                                   *(f"heatmap_{c}" for c in metric_columns())}
     assert {v.head_type for v in part.verifications} == {"previous_token", "induction"}
     same = [v for v in full.verifications if v.head_type in ("previous_token", "induction")]
     # the heads under test and their effects do not depend on the other types selected; the random
@@ -82,16 +82,18 @@ def test_types_limit_columns_figures_and_verifications(api_scan, text_file, tmp_
     assert not list((tmp_path / "out").glob("*first_token*")) and (tmp_path / "out" / "heatmap_induction.png").is_file()
 
 
-def test_a_new_head_type_is_one_registry_entry(api_scan, text_file, monkeypatch):
-    """A head type added to DETECTORS alone is scored, verified, drawn and summarised."""
+def test_a_new_head_type_is_one_registry_entry(api_scan, text_file, request):
+    """A head type registered in HEAD_COLUMNS alone is scored, verified, drawn and summarised."""
     from headprobe.analyses import detectors
+    from headprobe.analyses.columns import HEAD_COLUMNS, HEAD_TYPE
 
     model, full = api_scan
     prev = detectors.DETECTORS["previous_token"]
     copy = dataclasses.replace(prev, name="prev_copy", columns=("prev_copy",), rank_by="prev_copy",
                                score=lambda p, S, s: {"prev_copy": detectors.previous_token_score(p)},
                                figures=(detectors.HeatmapStyle("prev_copy", "copied score", "attention to i-1"),))
-    monkeypatch.setitem(detectors.DETECTORS, "prev_copy", copy)
+    HEAD_COLUMNS.register("prev_copy", copy, group=HEAD_TYPE)
+    request.addfinalizer(lambda: HEAD_COLUMNS.unregister("prev_copy"))
     r = headprobe.scan(model, text=str(text_file), types="prev-copy", **SMALL_SCAN)
     assert list(r.table["prev_copy"]) == list(full.table["previous_token"])
     assert {"heatmap_prev_copy", "pattern_prev_copy"} <= set(r.figures())

@@ -101,7 +101,7 @@ def _reaches_into_modules(source: str) -> list[str]:
 
 def test_analyses_and_commands_use_only_the_backend_interface():
     """No module of analyses/ or headprobe/ (API, CLI, commands) reads a LoadedModel's ``.model`` or a
-    module's internals: they program against headprobe.probe.backend.Backend."""
+    module's internals: they program against headprobe.probe.backend.LoadedModel."""
     offences = {}
     for path in sorted([*(ROOT / "analyses").glob("*.py"), *(ROOT / "headprobe").rglob("*.py")]):
         found = _reaches_into_modules(path.read_text(encoding="utf-8"))
@@ -120,6 +120,74 @@ def test_the_interface_check_can_fail():
     fine = "cfg.model\nconfig.model\nargs.model\nmodel.spec.n_layers\nclass AblateConfig:\n    def f(self):\n        self.model\n"
     assert _reaches_into_modules(fine) == []
     assert _reaches_into_modules("class AblateResult:\n    def f(self):\n        self.model.blocks\n") != []
+
+
+MODEL_PARAMETERS = {"model", "loaded"}
+"""Parameter names that hold a loaded model in analyses/ and headprobe/."""
+
+
+def _loose_model_parameters(source: str) -> list[str]:
+    """``function(param: annotation)`` for each model parameter (:data:`MODEL_PARAMETERS`) that is
+    unannotated or annotated ``Any`` / ``object`` (a name, ``model: str``, is a name, not a loose model)."""
+    import ast
+
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs:
+                if a.arg in MODEL_PARAMETERS:
+                    ann = ast.unparse(a.annotation) if a.annotation is not None else None
+                    if ann is None or "Any" in ann or ann == "object":
+                        found.append(f"{fn.name}({a.arg}: {ann})")
+    return found
+
+
+def _interface_members_used(source: str) -> dict[str, int]:
+    """``attribute -> line`` of every ``model.attribute`` read on a parameter annotated ``LoadedModel``."""
+    import ast
+
+    used: dict[str, int] = {}
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            typed = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+                     if a.annotation is not None and "LoadedModel" in ast.unparse(a.annotation)}
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in typed:
+                    used.setdefault(node.attr, node.lineno)
+    return used
+
+
+def _sources() -> list[Path]:
+    return sorted([*(ROOT / "analyses").glob("*.py"), *(ROOT / "headprobe").rglob("*.py")])
+
+
+def test_every_model_parameter_names_the_interface():
+    """No function in analyses/ or headprobe/ takes a model parameter that is unannotated or ``Any``:
+    each says ``LoadedModel`` (the one interface, probe/backend.py), so a type checker and a reader
+    see which members it may use."""
+    offences = {str(p.relative_to(ROOT)): f for p in _sources() if (f := _loose_model_parameters(p.read_text(encoding="utf-8")))}
+    assert not offences, offences
+
+
+def test_the_model_parameter_count_can_fail():
+    bad = ("def a(model): ...\ndef b(model: Any, x): ...\ndef c(*, loaded: object): ...\n"
+           "def d(model: LoadedModel): ...\ndef e(model: str | LoadedModel = 'x'): ...\ndef f(model: str): ...\n")
+    assert _loose_model_parameters(bad) == ["a(model: None)", "b(model: Any)", "c(loaded: object)"]
+
+
+def test_the_interface_declares_every_member_used():
+    """Every ``model.x`` that analyses/ and headprobe/ read on a ``LoadedModel`` parameter is declared on
+    :class:`~headprobe.probe.backend.LoadedModel` (a method, property or annotated attribute): no member
+    that only one backend has (the bridge's ``forward_with_cache`` once), none read through ``getattr``."""
+    from headprobe.probe.backend import LoadedModel
+
+    members = set(dir(LoadedModel)) | set(LoadedModel.__annotations__)
+    missing = {f"{p.relative_to(ROOT)}:{line}": attr for p in _sources()
+               for attr, line in _interface_members_used(p.read_text(encoding="utf-8")).items() if attr not in members}
+    assert not missing, missing
+    assert "model" not in members  # the wrapped module is an instance attribute for the probe floor, not the interface
+    assert _interface_members_used("def f(model: LoadedModel):\n    model.forward_with_cache(t)\n    model.zzz\n") == {
+        "forward_with_cache": 2, "zzz": 3}
 
 
 def test_every_subpackage_is_installed():

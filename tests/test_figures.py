@@ -4,7 +4,6 @@ run, special tokens readable. Checked on the matplotlib objects, not on pixels."
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
 import matplotlib.colors
 import numpy as np
@@ -49,8 +48,17 @@ class _Tokenizer:
         return self.words[ids[0]]
 
 
-def test_token_labels_keep_special_tokens_whole_and_mark_cuts():
-    labels = token_labels(SimpleNamespace(tokenizer=_Tokenizer()), torch.tensor([0, 1, 2, 3]))
+def _with_tokenizer(model, tokenizer):
+    """A copy of the LoadedModel ``model`` (the interface token_labels takes) reading ``tokenizer``."""
+    import copy
+
+    out = copy.copy(model)
+    out.tokenizer = tokenizer
+    return out
+
+
+def test_token_labels_keep_special_tokens_whole_and_mark_cuts(tiny_gpt2_native):
+    labels = token_labels(_with_tokenizer(tiny_gpt2_native, _Tokenizer()), torch.tensor([0, 1, 2, 3]))
     assert labels == ["<|im_start|>", "Instrumen…", "why", "\\n"]
     assert all(len(s) <= LABEL_CHARS for s in labels[1:])
 
@@ -171,7 +179,7 @@ def test_long_titles_and_suptitles_wrap_inside_the_figure():
         assert _inside(fig, text), text.get_text()
 
 
-def test_token_labels_escape_characters_the_font_cannot_draw():
+def test_token_labels_escape_characters_the_font_cannot_draw(tiny_gpt2_native):
     """A Tamil letter (in MiniLM's vocabulary) has no glyph in DejaVu Sans: it was drawn as an
     empty box with a matplotlib warning; the label now spells its code point."""
     import warnings
@@ -180,7 +188,7 @@ def test_token_labels_escape_characters_the_font_cannot_draw():
 
     tok = _Tokenizer()
     tok.words = {0: "<|im_start|>", 1: "\u0bae", 2: "café", 3: "x\u0bae\u0bcd"}
-    labels = token_labels(SimpleNamespace(tokenizer=tok), torch.tensor([0, 1, 2, 3]))
+    labels = token_labels(_with_tokenizer(tiny_gpt2_native, tok), torch.tensor([0, 1, 2, 3]))
     assert labels == ["<|im_start|>", "\\u0bae", "café", "x\\u0bae\\u0bcd"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -115,11 +115,13 @@ def _argv(name: str, models, prompts, text: str) -> list[str]:
         "atlas": ["atlas", "--models", models["llama"], models["zero_wo"], *t, *SMALL, "-k", "2", "--n-random", "2",
                   "--pattern-len", "0", "--no-model-figures", "--types", "induction,previous_token"],
         "show": ["show", "--model", models["llama"], "--head", "1.1", "--prompt", "t1 t2 t3 t1 t2 t3", "--device", "cpu"],
+        "circuit": ["circuit", "--model", models["llama"], "--n-seqs", "1", "--period", "5", "--steps", "2", "--verify", "3",
+                    "--qk-head", "1.0", "--device", "cpu"],
     }[name]
 
 
 COMMANDS = ["scan", "ablate", "ablate_zero_wo", "ablate_estimate", "prune", "patch", "patch_same", "train", "study",
-            "atlas", "show"]
+            "atlas", "show", "circuit"]
 _RUNS: dict[str, Path] = {}
 
 

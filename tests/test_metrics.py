@@ -3,6 +3,7 @@ weights with known answers, brute-force references (a d_vocab eigendecomposition
 pairs with explicit d_model x d_model matrices), the logit identity of the direct logit
 attribution, and both backends' weight accessors against the Hugging Face modules."""
 
+import copy
 import math
 
 import numpy as np
@@ -315,14 +316,9 @@ def test_dla_catches_a_head_output_that_is_not_what_the_block_adds(tiny_gpt2_nat
     tokens = torch.randint(0, 100, (1, 10), generator=torch.Generator().manual_seed(4))
     good = metrics.direct_logit_attribution(model, tokens, 1)
 
-    class WrongWO:
-        def __getattr__(self, name):
-            return getattr(model, name)
-
-        def W_O(self, layer):
-            return model.W_O(layer) * 1.5
-
-    bad = metrics.direct_logit_attribution(WrongWO(), tokens, 1)
+    wrong = copy.copy(model)  # the same LoadedModel (the interface), its W_O rescaled
+    wrong.W_O = lambda layer: model.W_O(layer) * 1.5
+    bad = metrics.direct_logit_attribution(wrong, tokens, 1)
     assert not torch.allclose(good.sum((-1, -2)), bad.sum((-1, -2)), atol=1e-4)
 
 

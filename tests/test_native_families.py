@@ -428,3 +428,31 @@ def test_pruned_models_saved_with_the_old_names_load_the_same_model(tiny_tokeniz
         for again in (load_pruned_dir(tmp_path / "dir"), load_pruned_dir_full(tmp_path / "dir")[0], load_pruned(payload_path)):
             assert again.cfg == net.cfg
             assert (again(x) - want).abs().max() < 1e-5
+
+
+def test_a_set_ablation_started_at_its_first_layer_equals_whole_forwards(family):
+    """Head-set ablations started at each set's first ablated layer from the clean residual
+    (CleanResiduals, scored_losses_from) give the losses of whole forwards with the same hooks, and
+    the blocks before that layer do not run again."""
+    from headprobe.analyses.ablation import CleanResiduals, set_ablation_losses
+
+    name, _, model = family
+    kind, spec = "mean", model.spec
+    x = _tokens(2, 16)
+    mean_z = torch.randn(spec.n_layers, spec.n_heads, spec.d_head, generator=torch.Generator().manual_seed(0))
+    last = spec.n_layers - 1
+    sets = [[(last, 0)], [(last, 0), (last, spec.n_heads - 1)], [(0, 1), (last, 0)], [(last, 1)]]
+    whole = set_ablation_losses(model, x, sets, kind, mean_z, first=1)
+    clean = CleanResiduals(model, x, [last, 0])
+    clean.at(last)  # record it now, so that the count below sees only the ablations
+    calls = []
+    handle = model.model.blocks[0].register_forward_hook(lambda *a: calls.append(1))
+    try:
+        resumed = set_ablation_losses(model, x, [s for s in sets if s[0][0] == last], kind, mean_z, first=1, clean=clean)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(resumed, whole[[0, 1, 3]], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(set_ablation_losses(model, x, sets, kind, mean_z, first=1, clean=clean), whole,
+                               atol=1e-5, rtol=1e-5)  # sets of two first layers, in their order
+    assert not calls, name  # no set of these starts before the last layer: block 0 never ran
+    assert not torch.allclose(whole[0], whole[3])  # the sets differ, so the comparison can fail

@@ -17,7 +17,7 @@ import torch
 import headprobe
 import zoo
 from headprobe.analyses.patching import (
-    PromptPair, encode_pairs, ioi_prompts, logit_diff, patch_heads,
+    PromptPair, encode_pairs, ioi_prompts, logit_diff, patch, patch_heads,
 )
 from headprobe.cli import main
 from headprobe.probe.capture import capture_internal
@@ -25,6 +25,16 @@ from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import all_heads
 from headprobe.probe.hooks import head_ablation_hooks
 from headprobe.probe.loading import wrap
+
+
+def _unpadded(model, pairs):
+    """Each pair alone, unpadded: ``(clean [1, pos], corrupted [1, pos], answers [1, 2], [index])``
+    (the reference every padded batch is compared with)."""
+    tok = model.tokenizer
+    for i, p in enumerate(pairs):
+        ans = torch.tensor([[tok(p.correct, add_special_tokens=False)["input_ids"][0],
+                             tok(p.wrong, add_special_tokens=False)["input_ids"][0]]])
+        yield model.to_tokens(p.clean), model.to_tokens(p.corrupted), ans, [i]
 
 
 def _pairs(n: int = 5, seed: int = 0) -> list[PromptPair]:
@@ -48,7 +58,7 @@ def test_batched_patching_equals_one_forward_per_head(fixture, request):
     got = patch_heads(model, pairs, heads, max_batch=8)
     want = np.zeros((len(heads), len(pairs)))
     torch.set_grad_enabled(False)
-    for clean, corrupted, answers, idx in encode_pairs(model, pairs):
+    for clean, corrupted, answers, idx in _unpadded(model, pairs):
         source = capture_internal(model, corrupted)["z"]
         np.testing.assert_allclose(got.clean_ld[idx], logit_diff(model.forward(clean), answers).numpy(), atol=1e-4)
         np.testing.assert_allclose(got.corrupted_ld[idx], logit_diff(model.forward(corrupted), answers).numpy(), atol=1e-4)
@@ -103,7 +113,7 @@ def test_gemma2_logit_differences_are_those_of_the_soft_capped_logits(backend, t
     d_head = hf.config.head_dim
     cap_moved = 0.0
     with torch.no_grad():
-        for clean, corrupted, answers, idx in encode_pairs(model, pairs):
+        for clean, corrupted, answers, idx in _unpadded(model, pairs):
             want_clean = logit_diff(hf(clean).logits, answers).numpy()
             np.testing.assert_allclose(got.clean_ld[idx], want_clean, rtol=1e-5, atol=1e-5)
             np.testing.assert_allclose(got.corrupted_ld[idx], logit_diff(hf(corrupted).logits, answers).numpy(),
@@ -125,11 +135,21 @@ def test_patching_a_prompt_into_itself_changes_nothing(tiny_llama_gqa_native):
 
 
 def test_table_normalises_by_the_corrupted_minus_clean_difference(tiny_gpt2_native):
-    r = patch_heads(tiny_gpt2_native, _pairs(6))
+    r = patch_heads(tiny_gpt2_native, _pairs(12))
     t = r.table()
     np.testing.assert_allclose(t["effect"], (r.patched_ld - r.clean_ld[None]).mean(1))
     np.testing.assert_allclose(t["normalized"], t["effect"] / (r.corrupted_ld.mean() - r.clean_ld.mean()))
     assert (t["effect_ci95_lo"] <= t["effect"] + 1e-12).all() and (t["effect"] <= t["effect_ci95_hi"] + 1e-12).all()
+    per_pair = t[[f"effect_pair_{i + 1}" for i in range(12)]].to_numpy()
+    np.testing.assert_allclose(per_pair, r.patched_ld - r.clean_ld[None])  # each pair's effect, in pair order
+    np.testing.assert_allclose(per_pair.mean(1), t["effect"])
+
+
+def test_fewer_than_ten_pairs_get_no_interval_and_say_so(tiny_gpt2_native):
+    t = patch_heads(tiny_gpt2_native, _pairs(9)).table()
+    assert not {"effect_ci95_lo", "effect_ci95_hi"} & set(t.columns)
+    assert (t["effect_ci95"] == "none: 9 prompt pairs; intervals are given from 10 pairs up").all()
+    assert {f"effect_pair_{i}" for i in range(1, 10)} <= set(t.columns)
 
 
 class _WordTokenizer:
@@ -228,3 +248,230 @@ def test_a_multi_token_answer_names_its_pair(tiny_dir, tmp_path, capsys):
     assert e.value.code == 2 and "Traceback" not in err and len(errors) == 1, err
     assert "prompt pair 2: answer ' t5 t7' is 2 tokens" in errors[0]
     assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# q/k/v and residual sites, padded batches, forward passes
+# ---------------------------------------------------------------------------------------------
+
+def _expanded_kv(model):
+    """The GQA ``model`` rebuilt as MHA: each KV head's k and v projections copied once per query
+    head of its group (a loop over KV heads), so query head h has a key/value head of its own. Its
+    logits equal the GQA model's (checked below); in it, patching one query head's k or v is a plain
+    per-head replacement: the independent reference for GQA k/v patching."""
+    from headprobe.probe.convert import spec_from_native
+    from headprobe.probe.model import Transformer
+    from headprobe.probe.native import NativeModel
+
+    net = model.model
+    cfg = net.cfg
+    G = cfg.n_heads // cfg.n_kv_heads
+    state = {}
+    for name, w in net.state_dict().items():
+        if any(name.endswith(f"attn.{p}_proj.{t}") for p in "kv" for t in ("weight", "bias")):
+            per_kv = w.unflatten(0, (cfg.n_kv_heads, -1))  # [kv_head, d, ...]
+            w = torch.cat([per_kv[g:g + 1].expand(G, *per_kv.shape[1:]) for g in range(cfg.n_kv_heads)]).flatten(0, 1)
+        state[name] = w.clone()
+    big_cfg = dataclasses.replace(cfg, n_kv_heads=cfg.n_heads)
+    big = Transformer.from_state_dict(big_cfg, state).eval()
+    return NativeModel(big, model.tokenizer, spec_from_native("expanded", "expanded", "float32", big_cfg))
+
+
+def _capture_at(model, tokens, name):
+    kept = {}
+    model.forward(tokens, fwd_hooks=[(name, lambda x, hook: kept.__setitem__("x", x.clone()))])
+    return kept["x"]
+
+
+def _replace_hook(name, index, value):
+    """A hand-made hook: ``x[index] = value[index]`` (index into the activation after ``[:]``)."""
+    def hook(x, hook):
+        x = x.clone()
+        x[index] = value[index]
+        return x
+    return [(name, hook)]
+
+
+@pytest.mark.parametrize("site", ["k", "v"])
+def test_gqa_kv_patching_equals_the_expanded_model_patched_by_hand(tiny_llama_gqa_native, site):
+    """patch(site=k|v) on the GQA model (8 query heads on 2 KV heads) equals, for every query head,
+    the MHA-expanded model with that head's own k/v copy replaced by a hand-made hook; and the loop
+    over KV heads: replacing KV head g in the GQA model equals replacing all of g's copies."""
+    model = tiny_llama_gqa_native
+    big = _expanded_kv(model)
+    pairs = _pairs(4)
+    heads = all_heads(model.spec.n_layers, model.spec.n_heads)
+    got = patch(model, pairs, site, heads)
+    G = model.spec.n_heads // model.spec.n_kv_heads
+    torch.set_grad_enabled(False)
+    try:
+        for clean, corrupted, answers, idx in _unpadded(model, pairs):
+            torch.testing.assert_close(big.forward(clean), model.forward(clean), atol=1e-5, rtol=0)
+            for layer in range(model.spec.n_layers):
+                name = f"blocks.{layer}.attn.hook_{site}"
+                src_big, src = _capture_at(big, corrupted, name), _capture_at(model, corrupted, name)
+                for g in range(model.spec.n_kv_heads):  # the loop over KV heads
+                    whole = logit_diff(model.forward(clean, _replace_hook(name, (slice(None), slice(None), g), src)), answers)
+                    copies = (slice(None), slice(None), slice(g * G, (g + 1) * G))
+                    np.testing.assert_allclose(whole.numpy(), logit_diff(big.forward(clean, _replace_hook(name, copies, src_big)),
+                                                                         answers).numpy(), atol=1e-5)
+                for head in range(model.spec.n_heads):
+                    want = logit_diff(big.forward(clean, _replace_hook(name, (slice(None), slice(None), head), src_big)), answers)
+                    i = heads.index((layer, head))
+                    np.testing.assert_allclose(got.patched_ld[i, idx], want.numpy(), atol=1e-5, err_msg=f"{layer}.{head}")
+    finally:
+        torch.set_grad_enabled(True)
+    # not vacuous: one query head's patch is not its whole KV head's
+    whole_kv = patch(big, pairs, site, heads)  # on MHA, per head = per KV head copy
+    np.testing.assert_allclose(whole_kv.patched_ld, got.patched_ld, atol=1e-5)
+    assert np.abs(got.effect).max() > 1e-3
+
+
+def test_q_and_resid_patching_equal_hand_made_hooks(tiny_llama_gqa_native):
+    model = tiny_llama_gqa_native
+    pairs = _pairs(4)
+    q = patch(model, pairs, "q", [(1, 3), (0, 6)])
+    units = [(0, 0), (1, 2), (1, -1), (0, -2)]
+    r = patch(model, pairs, "resid", units)
+    torch.set_grad_enabled(False)
+    try:
+        for clean, corrupted, answers, idx in _unpadded(model, pairs):
+            for i, (layer, head) in enumerate([(1, 3), (0, 6)]):
+                name = f"blocks.{layer}.attn.hook_q"
+                hook = _replace_hook(name, (slice(None), slice(None), head), _capture_at(model, corrupted, name))
+                np.testing.assert_allclose(q.patched_ld[i, idx], logit_diff(model.forward(clean, hook), answers).numpy(), atol=1e-5)
+            for i, (layer, pos) in enumerate(units):
+                name = f"blocks.{layer}.hook_resid_pre"
+                hook = _replace_hook(name, (slice(None), pos), _capture_at(model, corrupted, name))
+                np.testing.assert_allclose(r.patched_ld[i, idx], logit_diff(model.forward(clean, hook), answers).numpy(), atol=1e-5)
+    finally:
+        torch.set_grad_enabled(True)
+    assert np.abs(r.effect).max() > 1e-3 and np.abs(q.effect).max() > 1e-3
+    # the whole residual stream at every position of layer 0 is the corrupted run: LD_corrupted
+    n = min(len(model.to_tokens(p.clean)[0]) for p in pairs)
+    every = patch(model, pairs, "resid", [(0, pos) for pos in range(n)])
+    short = [i for i, p in enumerate(pairs) if len(model.to_tokens(p.clean)[0]) == n]
+    assert np.abs(every.patched_ld[:, short].min(0) - every.patched_ld[:, short].max(0)).max() > 1e-3  # positions differ
+    sum_check = patch(model, [pairs[i] for i in short], "resid", [(0, pos) for pos in range(n)])
+    np.testing.assert_allclose(sum_check.patched_ld, every.patched_ld[:, short], atol=1e-5)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama_gqa_native", "tiny_gpt2_native"])
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("site", ["z", "q", "k", "v", "resid"])
+def test_padded_patch_equals_unpadded_runs(fixture, side, site, request):
+    """All pairs (two token lengths) in one padded batch give each pair's unpadded numbers (1e-5),
+    rotary (Llama) and learned positions (GPT-2), either padding side."""
+    model = request.getfixturevalue(fixture)
+    pairs = _pairs(4)
+    units = [(0, 1), (1, 0), (1, 3)] if site != "resid" else [(0, 1), (1, -1), (1, 3)]
+    batches = encode_pairs(model, pairs, side)
+    assert len(batches) == 1 and batches[0].mask is not None and int((batches[0].mask == 0).sum()) > 0
+    got = patch(model, pairs, site, units, padding_side=side)
+    for i, pair in enumerate(pairs):
+        alone = patch(model, [pair], site, units)  # one pair: nothing padded
+        np.testing.assert_allclose(got.clean_ld[i], alone.clean_ld[0], atol=1e-5)
+        np.testing.assert_allclose(got.corrupted_ld[i], alone.corrupted_ld[0], atol=1e-5)
+        np.testing.assert_allclose(got.patched_ld[:, i], alone.patched_ld[:, 0], atol=1e-5)
+
+
+def _count_passes(model, monkeypatch) -> list[int]:
+    calls = [0]
+    for name in ("forward", "final_residual"):
+        real = getattr(model, name)
+
+        def counted(*args, _real=real, **kwargs):
+            calls[0] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(model, name, counted)
+    return calls
+
+
+def test_four_pairs_of_two_lengths_take_half_the_passes(tiny_llama_gqa_native, monkeypatch):
+    """4 pairs of 2 token lengths: one padded batch per pass, against today's one batch per length
+    (each length run on its own), counted at the model's forward calls."""
+    model = tiny_llama_gqa_native
+    pairs = _pairs(4)
+    calls = _count_passes(model, monkeypatch)
+    padded = patch(model, pairs, "z")
+    n_padded = calls[0]
+    calls[0] = 0
+    by_length: dict[int, list] = {}
+    for p in pairs:
+        by_length.setdefault(len(model.to_tokens(p.clean)[0]), []).append(p)
+    assert len(by_length) == 2
+    for group in by_length.values():
+        patch(model, group, "z")
+    n_per_length = calls[0]
+    assert n_padded == padded.n_forward == 2 and n_per_length == 4, (n_padded, n_per_length)
+    assert 2 * n_padded <= n_per_length
+
+
+def test_bridge_patches_the_same_sites_as_native(tiny_llama_gqa, tiny_llama_gqa_native):
+    """On the bridge (one right-padded batch) q, k, v and resid patching give the native numbers."""
+    pairs = _pairs(4)
+    assert len(encode_pairs(tiny_llama_gqa, pairs, "right")) == 1 and len(encode_pairs(tiny_llama_gqa, pairs, "left")) == 2
+    for site, units in [("q", [(0, 2), (1, 5)]), ("k", [(0, 2), (1, 5)]), ("v", [(1, 0), (1, 7)]), ("resid", [(1, 1)])]:
+        native = patch(tiny_llama_gqa_native, pairs, site, units)
+        bridge = patch(tiny_llama_gqa, pairs, site, units)
+        np.testing.assert_allclose(bridge.patched_ld, native.patched_ld, atol=1e-4, err_msg=site)
+        assert np.abs(native.effect).max() > 1e-3
+
+
+def test_bad_sites_and_units_are_refused(tiny_llama_gqa_native):
+    pairs = _pairs(2)
+    with pytest.raises(HeadprobeError, match="unknown patching site"):
+        patch(tiny_llama_gqa_native, pairs, "x")
+    with pytest.raises(HeadprobeError, match="outside the shortest prompt"):
+        patch(tiny_llama_gqa_native, pairs, "resid", [(0, 40)])
+    with pytest.raises(HeadprobeError, match="does not exist"):
+        patch(tiny_llama_gqa_native, pairs, "k", [(0, 8)])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--site", "w"], "invalid choice"), (["--site", "resid", "--heads", "0.1"], "--positions"),
+    (["--site", "k", "--positions", "1"], "--site resid"), (["--site", "resid", "--positions", "a"], "integers")])
+def test_bad_site_flags_are_one_line_and_exit_2(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["patch", "--model", "smollm2-135m", *argv, "--out", str(tmp_path / "o")]))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("site", ["k", "resid"])
+def test_cli_site_writes_per_pair_effects_and_no_interval_below_ten(tiny_dir, prompts_file, tmp_path, site):
+    out = tmp_path / site
+    extra = ["--positions", "0,-1"] if site == "resid" else []
+    assert main(["patch", "--model", str(tiny_dir), "--prompts", str(prompts_file), "--site", site, *extra,
+                 "--out", str(out), "--device", "cpu"]) == 0
+    csv = out / ("resid_patching.csv" if site == "resid" else "head_patching.csv")
+    table = pd.read_csv(csv)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["site"] == site and summary["n_prompts"] == 6 and summary["interval_rule"].startswith("none: 6")
+    assert "clean_logit_diff_ci95" not in summary and "effect_ci95_lo" not in table.columns
+    np.testing.assert_allclose(table[[f"effect_pair_{i}" for i in range(1, 7)]].mean(1), table["effect"], atol=1e-4)
+    assert list(table.columns[:2]) == (["layer", "pos"] if site == "resid" else ["layer", "head"])
+    assert len(table) == (2 * 2 if site == "resid" else 16)
+    top = summary["top_positions" if site == "resid" else "top_heads"][0]
+    assert set(top) >= ({"layer", "pos"} if site == "resid" else {"head"}) and "effect_ci95" not in top
+
+
+@pytest.mark.real_model
+def test_smollm2_padded_ioi_patch_equals_one_batch_per_length(smollm2_native):
+    """4 IOI pairs of 2 token lengths on SmolLM2 (GQA, 3 query heads per KV head): one padded batch
+    gives the numbers of one unpadded batch per length, at z and at k, in fewer passes."""
+    model = smollm2_native
+    pairs = ioi_prompts(model.tokenizer, n=4)
+    heads = [(23, 3), (17, 4), (17, 3)]
+    assert len({len(model.to_tokens(p.clean)[0]) for p in pairs}) == 2
+    for site in ("z", "k"):
+        padded = patch(model, pairs, site, heads)
+        per_length = np.zeros_like(padded.patched_ld)
+        passes = 0
+        for b in encode_pairs(model, pairs, pad=False):
+            r = patch(model, [pairs[i] for i in b.index], site, heads)
+            per_length[:, b.index], passes = r.patched_ld, passes + r.n_forward
+        np.testing.assert_allclose(padded.patched_ld, per_length, atol=5e-5, rtol=0)
+        assert 2 * padded.n_forward <= passes
+    assert padded.effect[0].mean() < -0.3  # 23.3's key input matters for IOI (docs/patch.md)

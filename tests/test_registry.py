@@ -84,3 +84,34 @@ def test_the_registries_import_no_torch():
             "print(len(names), [m for m in ('torch', 'transformers') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["10", "[]"]
+
+
+def test_groups_and_live_choices():
+    """A name filed under a group is listed with it (nothing imported); a choices view sees names
+    registered after it was made, and compares equal to the tuple it stands for."""
+    reg = Registry("column")
+    reg.register("a", "no_such_module_is_imported:X", group="type")
+    reg.register("b", 2, group="metric")
+    view = reg.choices("auto")
+    typed = reg.choices(group="type")
+    assert reg.names("type") == ("a",) and reg.names("metric") == ("b",) and reg.names() == ("a", "b")
+    assert view == ("auto", "a", "b") and typed == ("a",) and "b" not in typed
+    reg.register("c", 3, group="type")
+    assert view == ("auto", "a", "b", "c") and list(typed) == ["a", "c"] and ", ".join(typed) == "a, c"
+    assert reg.group_of("c") == "type"
+    reg.unregister("a")
+    assert typed == ("c",) and view != ("auto", "a", "b", "c")
+    with pytest.raises(HeadprobeError, match="unknown column: 'a'"):
+        reg.group_of("a")
+
+
+def test_backend_choices_follow_the_registry():
+    from headprobe.probe.vocabulary import BACKEND_REGISTRY, BACKENDS
+
+    assert BACKENDS == ("auto", "native", "transformer-lens") == ("auto", *BACKEND_REGISTRY.names())
+    BACKEND_REGISTRY.register("other", object)
+    try:
+        assert "other" in BACKENDS and BACKENDS[-1] == "other"
+    finally:
+        BACKEND_REGISTRY.unregister("other")
+    assert "other" not in BACKENDS

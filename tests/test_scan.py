@@ -188,12 +188,12 @@ class _Records:
         self.logger.setLevel(self.level)
 
 
-def test_windowing_a_long_text_does_not_warn_about_its_length(tmp_path, word_text):
+def test_windowing_a_long_text_does_not_warn_about_its_length(tmp_path, word_text, tiny_gpt2_native):
     """The encoder scan printed transformers' "Token indices sequence length is longer than ...
     will result in indexing errors" (MiniLM: 128071 > 512): the whole text is tokenized only to be
     cut into windows that fit. That call is silent now; the same tokenizer still warns where a
     long sequence is tokenized elsewhere (nothing global was switched off)."""
-    from types import SimpleNamespace
+    import copy
 
     import transformers
 
@@ -202,7 +202,9 @@ def test_windowing_a_long_text_does_not_warn_about_its_length(tmp_path, word_tex
 
     tok = make_tiny_tokenizer(tmp_path / "tok")
     tok.model_max_length = 64  # like MiniLM's 512: far below the 2000-word text
-    model = SimpleNamespace(tokenizer=tok, prepend_bos=True, bos_token_id=100, end_token_id=None)
+    model = copy.copy(tiny_gpt2_native)  # a LoadedModel (the interface) with this tokenizer
+    model.tokenizer = tok
+    assert model.prepend_bos and model.bos_token_id == 100 and model.end_token_id is None
     text = word_text.read_text()
     with _Records() as rec:
         level = transformers.logging.get_verbosity()

@@ -112,7 +112,8 @@ def test_padding_gets_no_weight_and_no_nan(tiny_llama_gqa_native, side):
 
 
 def test_bridge_refuses_padding_with_a_clear_error(tiny_gpt2):
-    tokens, mask = pad_prompts([torch.arange(1, 4), torch.arange(1, 3)], pad_id=100)
+    """Left padding: the bridge takes right padding of a causal model only (exact there, tests/test_padding.py)."""
+    tokens, mask = pad_prompts([torch.arange(1, 4), torch.arange(1, 3)], pad_id=100, side="left")
     with pytest.raises(HeadprobeError, match="native backend"):
         tiny_gpt2.forward(tokens, attention_mask=mask)
 

@@ -54,6 +54,96 @@ def test_sequential_p_value_matches_its_closed_form_null_distribution(n_max, alp
     assert any(abs((wrong <= u).mean() - st.sequential_mc_null_cdf(u, n_max, h)) > 0.01 for u in support)
 
 
+def test_the_curtailed_p_value_is_the_largest_any_continuation_gives():
+    """sequential_mc_p_bound against a brute force over every continuation of every prefix."""
+    import itertools
+
+    n_max, h = 7, 3
+    for L in range(n_max):
+        for prefix in itertools.product([False, True], repeat=L):
+            if sum(prefix) >= h:
+                continue
+            finals = [st.sequential_mc_p_value(list(prefix) + list(rest), n_max, h)[0]
+                      for rest in itertools.product([False, True], repeat=n_max - L)]
+            assert st.sequential_mc_p_bound(list(prefix), n_max, h) == pytest.approx(max(finals))
+            assert st.sequential_mc_best_p(list(prefix), n_max, h) == pytest.approx(min(finals))
+
+
+def _null_distribution(rule, n_max, h, batch, naive=False):
+    """Every draw order under the null, exactly: the observed effect's rank among the n_max + 1 values
+    is uniform, so g reaching draws (uniform on 0..n_max) sit in a uniformly chosen subset. Run in
+    batches; after each batch the test ends (h reached, or n_max), or ``rule(prefix)`` curtails it.
+    Returns {p: probability}."""
+    import itertools
+    from math import comb
+
+    dist: dict[float, float] = {}
+    for seq in itertools.product([False, True], repeat=n_max):
+        prob = 1 / ((n_max + 1) * comb(n_max, sum(seq)))
+        for L in range(batch, n_max + batch, batch):
+            prefix = list(seq[:min(L, n_max)])
+            if sum(prefix) >= h or len(prefix) == n_max:
+                p = st.sequential_mc_p_value(prefix, n_max, h)[0]
+                break
+            if rule(prefix):
+                p = (sum(prefix) + 1) / (len(prefix) + 1) if naive else st.sequential_mc_p_bound(prefix, n_max, h)
+                break
+        dist[p] = dist.get(p, 0.0) + prob
+    return dist
+
+
+@pytest.mark.parametrize("rule, naive_fails", [
+    (lambda pre: len(pre) == 2 and sum(pre) == 0, True),  # curtails a test that looks good: the naive p's worst case
+    (lambda pre: sum(pre) >= 1, False),                   # curtails one that looks bad (as the verification does)
+    (lambda pre: hash(tuple(pre)) % 3 == 0, False),       # any rule at all
+])
+def test_a_curtailed_test_keeps_a_valid_p_value_under_any_curtailing_rule(rule, naive_fails):
+    n_max, h, batch = 10, 2, 2
+    dist = _null_distribution(rule, n_max, h, batch)
+    assert sum(dist.values()) == pytest.approx(1.0)
+    for u in sorted(dist):
+        assert sum(q for p, q in dist.items() if p <= u + 1e-12) <= u + 1e-12, u
+    if naive_fails:  # the check can fail: the naive (g + 1) / (L + 1) is not a valid p-value under this rule
+        naive = _null_distribution(rule, n_max, h, batch, naive=True)
+        assert any(sum(q for p, q in naive.items() if p <= u + 1e-12) > u + 1e-9 for u in naive)
+
+
+def _run_family(effects, observed, n_max, alpha, batch, curtail, threshold=None):
+    """The verification's loop on precomputed control effects: each test's draws in batches, then
+    (``curtail``) statistics.unwinnable over the family. Returns (rejected, draws per test)."""
+    tests = [st.SequentialMCTest(o, n_max, alpha) for o in observed]
+    while not all(t.done for t in tests):
+        for t, e in zip(tests, effects):
+            if not t.done:
+                t.add(e[len(t.draws):len(t.draws) + batch])
+        if curtail:
+            best = [t.best_p for t in tests]
+            for i in st.unwinnable(best, [not t.done for t in tests], "bh", alpha if threshold is None else threshold):
+                tests[i].curtail()
+    adjusted = st.adjust_p_values([t.p_value() for t in tests], "bh")
+    return [bool(a <= alpha + 1e-12) for a in adjusted], [len(t.draws) for t in tests]
+
+
+def test_curtailment_changes_no_verdict_and_saves_draws():
+    """Families of five tests (effects a mix of null and shifted), each run to the end and with
+    curtailment on the same draws: the same rejections every time; curtailment stops tests early;
+    and a wrong curtailment (at alpha / 2) changes verdicts, so the comparison can fail."""
+    rng = np.random.default_rng(1)
+    n_max, alpha, batch = 50, 0.05, 10
+    saved, wrong_differs = 0, 0
+    for _ in range(300):
+        shift = rng.choice([0.0, 1.5, 2.5, 3.5], size=5)
+        effects = rng.standard_normal((5, n_max))
+        observed = rng.standard_normal(5) + shift
+        full, d_full = _run_family(effects, observed, n_max, alpha, batch, curtail=False)
+        cut, d_cut = _run_family(effects, observed, n_max, alpha, batch, curtail=True)
+        assert full == cut
+        saved += sum(d_full) - sum(d_cut)
+        wrong, _ = _run_family(effects, observed, n_max, alpha, batch, curtail=True, threshold=alpha / 2)
+        wrong_differs += wrong != full
+    assert saved > 0 and wrong_differs > 0
+
+
 def test_a_fixed_size_test_is_the_plain_monte_carlo_p_value():
     test = st.SequentialMCTest(0.5, 20, 0.05, sequential=False)
     test.add([0.9, 0.8, 0.7] + [0.1] * 17)
@@ -124,7 +214,7 @@ def test_scan_records_the_design_and_stops_settled_tests_early(tiny_llama_gqa, t
     assert {v.kind for v in tested} == {"mean"} and all(v.correction == "bh" for v in tested)
     np.testing.assert_allclose([v.p_adjusted for v in tested], st.adjust_p_values([v.p_value for v in tested], "bh"))
     # a random model: every top-k set is beaten by draws, so every sequential test stops at its first batch
-    assert all(v.draws == 10 and v.stopped == "futility" for v in seq.verifications if v.kind == "mean")
+    assert all(v.draws == 10 and v.stopped in ("futility", "curtailed") for v in seq.verifications if v.kind == "mean")
     assert all(v.draws == 30 for v in fixed.verifications if v.kind == "mean")
     assert seq.verification["sets_ablated"] < fixed.verification["sets_ablated"] / 2
     assert [v.confirmed for v in seq.verifications] == [v.confirmed for v in fixed.verifications]

@@ -42,6 +42,8 @@ from headprobe.probe.layout import attention_module, windows_from_hf_config
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
 
+    from headprobe.probe.backend import LoadedModel
+
 HELP = "attention cost calculator: parameters, KV cache, FLOPs and attention-matrix memory for MHA, GQA, MQA and MLA"
 
 DEFAULT_SEQ_LEN = 8192
@@ -402,12 +404,6 @@ def _cache_tensors(cache: Any) -> list[tuple[Any, Any]]:
     return [(k, v) for k, v in cache]
 
 
-def hf_config(loaded: Any) -> Any | None:
-    """The Hugging Face config of a loaded model (the bridge's ``original_model.config``), or None
-    for a model without one (headprobe's native backend)."""
-    return loaded.hf_config
-
-
 def attention_params_of_hf_config(config: Any) -> int | None:
     """Parameters of layer 0's attention module as Hugging Face builds it from ``config`` (a count).
 
@@ -434,10 +430,10 @@ def attention_params_of_hf_config(config: Any) -> int | None:
     return None if module is None else sum(p.numel() for p in module.parameters())
 
 
-def attention_params_of_model(loaded: Any) -> int | None:
+def attention_params_of_model(loaded: LoadedModel) -> int | None:
     """Parameters of layer 0's attention of a loaded model, from its Hugging Face config
     (:func:`attention_params_of_hf_config`), or None without one."""
-    cfg = hf_config(loaded)
+    cfg = loaded.hf_config
     return None if cfg is None else attention_params_of_hf_config(cfg)
 
 
@@ -452,7 +448,7 @@ def check_length(lay: AttentionLayout, prompt_tokens: int, n_ctx: int) -> int:
     return max(n, wanted) if wanted <= n_ctx else n
 
 
-def measure_kv_cache(loaded: Any, n_tokens: int | None = None, text: str = CHECK_PROMPT) -> dict[str, Any]:
+def measure_kv_cache(loaded: LoadedModel, n_tokens: int | None = None, text: str = CHECK_PROMPT) -> dict[str, Any]:
     """Run ``loaded`` once on ``n_tokens`` tokens (``text``, repeated as needed; default: ``text``
     once) with the model's own Hugging Face cache and measure what it holds.
 
@@ -475,7 +471,7 @@ def measure_kv_cache(loaded: Any, n_tokens: int | None = None, text: str = CHECK
     prompt = loaded.to_tokens(text)[0]  # [pos]
     n = max(n_tokens or 0, prompt.shape[0])
     tokens = prompt.repeat(-(-n // prompt.shape[0]))[:n][None].to(loaded.device)
-    cfg = hf_config(loaded)
+    cfg = loaded.hf_config
     kwargs: dict[str, Any] = {}
     if cfg is not None:
         from transformers import StaticCache
@@ -503,7 +499,7 @@ def measure_kv_cache(loaded: Any, n_tokens: int | None = None, text: str = CHECK
     }
 
 
-def check_loaded(loaded: Any) -> tuple[AttentionLayout, dict[str, Any]]:
+def check_loaded(loaded: LoadedModel) -> tuple[AttentionLayout, dict[str, Any]]:
     """Compare the formulas on a loaded model's own layout (``loaded.spec.layout``, the
     :class:`~headprobe.probe.layout.AttentionLayout` its loader built) with the model.
 
@@ -523,7 +519,7 @@ def check_loaded(loaded: Any) -> tuple[AttentionLayout, dict[str, Any]]:
             :func:`~headprobe.probe.layout.windows_from_hf_config`); the model returns no cache.
     """
     s = loaded.spec
-    config = hf_config(loaded)
+    config = loaded.hf_config
     if config is not None:  # the spec reads a non-attention layer as global; the formulas do not cover it
         windows_from_hf_config(config, s.n_layers)
     counted = attention_params_of_model(loaded)

@@ -12,8 +12,12 @@ John gave a drink to" -> " Mary" vs " John"; corrupted: three other names); ``--
 reads your own pairs, one JSON object per line with ``clean``, ``corrupted``, ``correct`` and
 ``wrong`` (the answers single tokens, e.g. ``" Mary"``; clean and corrupted the same token length).
 
-Outputs: ``head_patching.csv`` (layer, head, kv_head, effect, its 95% interval, normalised
-effect), ``patching.{png,pdf,svg}`` (the normalised effect of every head), ``patching_top``
+``--site q|k|v`` patches a head's query, key or value input instead of its ``z`` (GQA: that query
+head alone gets the corrupted k/v), ``--site resid`` the residual stream before each layer at each
+of ``--positions``; all pairs run as one padded batch.
+
+Outputs: ``head_patching.csv`` (layer, head, kv_head, effect, its 95% interval from 10 pairs up,
+normalised effect, each pair's effect; ``resid_patching.csv`` for ``--site resid``), ``patching.{png,pdf,svg}`` (the normalised effect of every head), ``patching_top``
 (the largest effects with their intervals) and ``summary.json`` (written last).
 
 As a library::
@@ -29,15 +33,18 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-
-from headprobe.commands import Command
 from headprobe import options, settings
+from headprobe.analyses.vocabulary import PATCH_SITES
+from headprobe.commands import Command
 from headprobe.options import positive_int
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.settings import ModelSettings
+from headprobe.probe.spec import ModelSpec
 from headprobe.probe.io import package_versions, read_text_file
 
-HELP = "activation patching per head (clean vs corrupted prompt, logit difference); the IOI task built in"
+HELP = ("activation patching of heads (z, q, k, v) or the residual stream (clean vs corrupted prompt, logit "
+        "difference); the IOI task built in")
 
 TASKS = ("ioi",)
 
@@ -51,7 +58,13 @@ class PatchConfig(ModelSettings):
         task: ``ioi`` (ignored with ``prompts``).
         prompts: a JSONL file of prompt pairs (see the module docstring), instead of the task's.
         n_prompts: IOI pairs to build (>= 2). seed: draws the IOI names and the bootstrap.
-        heads: ``layer.head`` list (comma-separated) to patch; None: every head.
+        heads: ``layer.head`` list (comma-separated) to patch; None: every head (not with ``resid``).
+        site: what is patched (:data:`~headprobe.analyses.vocabulary.PATCH_SITES`): ``z`` (a head's
+            output), ``q``, ``k``, ``v`` (its query, key or value input; GQA as
+            :func:`headprobe.analyses.patching.head_input_hooks` says) or ``resid`` (the residual
+            stream entering each layer, at one position at a time).
+        positions: ``resid`` only: comma-separated token positions (0 = the first token, BOS;
+            negative from the end); None: every position of the shortest prompt.
     """
 
     task: str = "ioi"
@@ -59,6 +72,8 @@ class PatchConfig(ModelSettings):
     n_prompts: int = 24
     seed: int = 0
     heads: str | None = None
+    site: str = "z"
+    positions: str | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -66,6 +81,27 @@ class PatchConfig(ModelSettings):
             raise HeadprobeError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r} (or give --prompts FILE)")
         if self.n_prompts < 2:
             raise HeadprobeError(f"--n-prompts must be at least 2 (an interval needs two prompts), got {self.n_prompts}")
+        if self.site not in PATCH_SITES:
+            raise HeadprobeError(f"--site must be one of {', '.join(PATCH_SITES)}, got {self.site!r}")
+        if self.site == "resid" and self.heads:
+            raise HeadprobeError("--heads names heads; --site resid patches layers and positions (use --positions)")
+        if self.positions is not None and self.site != "resid":
+            raise HeadprobeError(f"--positions is for --site resid, not --site {self.site}")
+        self.position_list()
+
+    def position_list(self) -> list[int] | None:
+        """``positions`` as integers (None without it).
+
+        Raises:
+            HeadprobeError: not a comma-separated list of integers.
+        """
+        if self.positions is None:
+            return None
+        try:
+            out = [int(x) for x in str(self.positions).split(",")]
+        except ValueError:
+            raise HeadprobeError(f"--positions takes comma-separated integers (e.g. -1,-3,0), got {self.positions!r}") from None
+        return list(dict.fromkeys(out))
 
     def preflight(self) -> None:
         """Read and check ``prompts`` (before a model loads)."""
@@ -98,82 +134,132 @@ class PatchConfig(ModelSettings):
         return pairs
 
 
+SITE_TEXT = {
+    "z": "the head's z (hook_z, every position) on the corrupted prompt, into the clean run",
+    "q": "the head's query input (hook_q, every position) on the corrupted prompt, into the clean run",
+    "k": "the head's key input (hook_k, every position) on the corrupted prompt, into the clean run; under GQA its KV "
+         "head is replaced and the group's other query heads keep their clean z (as if the KV head were expanded into "
+         "one copy per query head and only this head's copy patched)",
+    "v": "the head's value input (hook_v, every position) on the corrupted prompt, into the clean run; under GQA its KV "
+         "head is replaced and the group's other query heads keep their clean z (as if the KV head were expanded into "
+         "one copy per query head and only this head's copy patched)",
+    "resid": "the residual stream entering the layer (hook_resid_pre) at one position (counted over the prompt's real "
+             "tokens, 0 = the first, negative from the end) on the corrupted prompt, into the clean run",
+}
+
+
 @dataclass
 class PatchResult:
     """A finished patching run: ``config``, the model's ``spec``, ``patching``
-    (:class:`headprobe.analyses.patching.PatchingResult`), ``table`` (head_patching.csv) and ``seconds``."""
+    (:class:`headprobe.analyses.patching.PatchingResult`), ``table`` (head_patching.csv, or
+    resid_patching.csv for ``--site resid``) and ``seconds``."""
 
     config: PatchConfig
-    spec: object
+    spec: ModelSpec
     patching: object
     table: object
     seconds: float = 0.0
     model_info: dict = field(default_factory=dict)
 
+    @property
+    def csv_name(self) -> str:
+        return "resid_patching.csv" if self.config.site == "resid" else "head_patching.csv"
+
+    def _label(self, r) -> str:
+        return f"L{int(r.layer)} pos {int(r.pos)}" if self.config.site == "resid" else f"{int(r.layer)}.{int(r.head)}"
+
+    def _unit(self, r) -> dict:
+        """summary.json's name of a row: ``{"head": "23.3"}``, or ``{"layer": 21, "pos": -1}`` (resid)."""
+        if self.config.site == "resid":
+            return {"layer": int(r.layer), "pos": int(r.pos)}
+        return {"head": f"{int(r.layer)}.{int(r.head)}"}
+
+    def _top(self, k: int):
+        return self.table.reindex(self.table["effect"].abs().sort_values(ascending=False).index).head(k)
+
     def summary(self) -> dict:
-        """summary.json: model, task, prompts, clean and corrupted logit differences (means and 95%
-        intervals), the normaliser, the top heads by |effect|, the metric's definition."""
+        """summary.json: model, task, site, prompts, clean and corrupted logit differences (means and,
+        from 10 pairs up, 95% intervals), the normaliser, the top units by |effect|, the metric's
+        definition, the interval rule, the forward passes taken."""
         from headprobe.analyses.statistics import bootstrap_ci
 
         p, seed = self.patching, self.config.seed
-        top = self.table.reindex(self.table["effect"].abs().sort_values(ascending=False).index).head(10)
+        ci = (lambda x: {"ci95": [round(float(v), 4) for v in bootstrap_ci(x, seed=seed)]}) if p.has_intervals else (lambda x: {})
+        key = "top_positions" if self.config.site == "resid" else "top_heads"
         return {
             "model": self.spec.name, "weights_precision": self.spec.precision, **self.model_info,
-            "task": "custom prompts" if self.config.prompts else self.config.task,
+            "task": "custom prompts" if self.config.prompts else self.config.task, "site": self.config.site,
             "n_prompts": int(len(p.clean_ld)), "example": asdict(p.pairs[0]) if p.pairs else None,
             "clean_logit_diff": round(float(p.clean_ld.mean()), 4),
-            "clean_logit_diff_ci95": [round(float(x), 4) for x in bootstrap_ci(p.clean_ld, seed=seed)],
+            **{f"clean_logit_diff_{k}": v for k, v in ci(p.clean_ld).items()},
             "clean_correct_share": round(float((p.clean_ld > 0).mean()), 4),
             "corrupted_logit_diff": round(float(p.corrupted_ld.mean()), 4),
-            "corrupted_logit_diff_ci95": [round(float(x), 4) for x in bootstrap_ci(p.corrupted_ld, seed=seed)],
+            **{f"corrupted_logit_diff_{k}": v for k, v in ci(p.corrupted_ld).items()},
             "normaliser": round(p.total, 4),
             **({} if p.total else {"normalized_null_reason": "undefined: the corrupted prompts' mean logit difference "
                                    "equals the clean prompts' (normaliser 0), so effect / normaliser is 0/0"}),
-            "top_heads": [{"head": f"{int(r.layer)}.{int(r.head)}", "effect": round(float(r.effect), 4),
-                           "effect_ci95": [round(float(r.effect_ci95_lo), 4), round(float(r.effect_ci95_hi), 4)],
-                           "normalized": round(float(r.normalized), 4)} for r in top.itertuples()],
+            key: [{**self._unit(r), "effect": round(float(r.effect), 4),
+                   **({"effect_ci95": [round(float(r.effect_ci95_lo), 4), round(float(r.effect_ci95_hi), 4)]}
+                      if p.has_intervals else {}),
+                   "normalized": round(float(r.normalized), 4)} for r in self._top(10).itertuples()],
             "metric": "logit difference logit(correct) - logit(wrong) after the last token; effect = patched - clean "
-                      "(per prompt, mean over prompts); normalized = effect / (mean corrupted - mean clean)",
-            "patching": "the head's z (hook_z, every position) on the corrupted prompt, into the clean run",
-            "interval_rule": "95% percentile bootstrap over prompts (2000 resamples, seeded)",
+                      "(per prompt pair: the effect_pair_* columns of the CSV; mean over pairs); "
+                      "normalized = effect / (mean corrupted - mean clean)",
+            "patching": SITE_TEXT[self.config.site],
+            "interval_rule": p.interval_note,
+            "forward_passes": int(p.n_forward),
             "config": asdict(self.config), "seconds": round(self.seconds, 1), "versions": package_versions(),
         }
 
     def figures(self) -> dict:
-        """``patching`` (every head's normalised effect, layer x head) and ``patching_top`` (the
-        largest |effects| with 95% intervals)."""
+        """``patching`` (every unit's normalised effect, layer x head or layer x position) and
+        ``patching_top`` (the largest |effects|, with 95% intervals from 10 pairs up)."""
+        import numpy as np
+
         from headprobe.analyses import figures
 
-        spec, p = self.spec, self.patching
+        spec, p, site = self.spec, self.patching, self.config.site
         grid = p.as_grid(self.table["normalized"].to_numpy())
         task = "custom prompts" if self.config.prompts else self.config.task.upper()
         heat = figures.signed_head_heatmap(
-            grid, f"{spec.name}: activation patching, {task} ({len(p.clean_ld)} prompts)",
-            "normalised effect (1 = all of corrupted − clean)", group_size=spec.group_size)
-        top = self.table.reindex(self.table["effect"].abs().sort_values(ascending=False).index).head(12)
-        bars = figures.effect_bars([f"{int(r.layer)}.{int(r.head)}" for r in top.itertuples()], top["effect"].to_numpy(),
-                                   top[["effect_ci95_lo", "effect_ci95_hi"]].to_numpy().T,
-                                   f"{spec.name}: largest patching effects ({task})",
+            grid, f"{spec.name}: patching {site}, {task} ({len(p.clean_ld)} prompts)",
+            "normalised effect (1 = all of corrupted − clean)", group_size=None if site == "resid" else spec.group_size)
+        if site == "resid":
+            ax = heat.axes[0]
+            ax.set_xticks(range(len(p.positions)), [str(x) for x in p.positions], fontsize=5)
+            ax.set_xlabel("position (token index, 0 = first)")
+        top = self._top(12)
+        ci = (top[["effect_ci95_lo", "effect_ci95_hi"]].to_numpy().T if p.has_intervals
+              else np.full((2, len(top)), np.nan))
+        bars = figures.effect_bars([self._label(r) for r in top.itertuples()], top["effect"].to_numpy(), ci,
+                                   f"{spec.name}: largest effects, {site} ({task})",
                                    "Δ logit difference (patched − clean)", signs=top["normalized"].to_numpy(),
                                    sign_labels=("normalised effect > 0: toward corrupted (red in patching.png)",
-                                                "normalised effect < 0: away from corrupted (blue)"))
+                                                "normalised effect < 0: away from corrupted (blue)"),
+                                   ci_label=("whiskers: 95% bootstrap interval over prompts" if p.has_intervals
+                                             else f"no whiskers: {p.interval_note.removeprefix('none: ')}"),
+                                   label_prefix="" if site == "resid" else "head ")
         return {"patching": heat, "patching_top": bars}
 
     def report(self) -> str:
-        s = self.summary()
-        lines = [f"clean logit difference {s['clean_logit_diff']:+.3f} (95% CI {s['clean_logit_diff_ci95'][0]:+.3f} .. "
-                 f"{s['clean_logit_diff_ci95'][1]:+.3f}; correct on {s['clean_correct_share']:.0%} of {s['n_prompts']} prompts), "
-                 f"corrupted {s['corrupted_logit_diff']:+.3f}",
-                 "largest effects (Δ logit difference, 95% CI, normalised):"]
-        for t in s["top_heads"][:8]:
-            lines.append(f"  {t['head']:>6}  {t['effect']:+.3f}  [{t['effect_ci95'][0]:+.3f}, {t['effect_ci95'][1]:+.3f}]  "
+        s, p = self.summary(), self.patching
+        ci = (lambda k: f" (95% CI {s[k + '_ci95'][0]:+.3f} .. {s[k + '_ci95'][1]:+.3f})") if p.has_intervals else (lambda k: "")
+        lines = [f"clean logit difference {s['clean_logit_diff']:+.3f}{ci('clean_logit_diff')}, correct on "
+                 f"{s['clean_correct_share']:.0%} of {s['n_prompts']} prompts; corrupted {s['corrupted_logit_diff']:+.3f}",
+                 f"intervals: {p.interval_note}",
+                 f"largest effects at {self.config.site} (Δ logit difference{', 95% CI' if p.has_intervals else ''}, normalised):"]
+        for t in s["top_positions" if self.config.site == "resid" else "top_heads"][:8]:
+            ci_text = f"  [{t['effect_ci95'][0]:+.3f}, {t['effect_ci95'][1]:+.3f}]" if "effect_ci95" in t else ""
+            name = t["head"] if "head" in t else f"L{t['layer']} pos {t['pos']}"
+            lines.append(f"  {name:>10}  {t['effect']:+.3f}{ci_text}  "
                          + ("n/a" if "normalized_null_reason" in s else f"{t['normalized']:+.2f}"))
         if "normalized_null_reason" in s:
             lines.append(f"normalised effects n/a: {s['normalized_null_reason']}")
         return "\n".join(lines)
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
-        """Write head_patching.csv, the figures and, last, summary.json into ``out_dir``.
+        """Write the CSV (head_patching.csv; resid_patching.csv for ``--site resid``), the figures
+        and, last, summary.json into ``out_dir``.
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
@@ -181,43 +267,49 @@ class PatchResult:
         from headprobe.analyses.outputs import write_outputs
 
         return write_outputs(out_dir, overwrite, summary=self.summary, figures=self.figures(),
-                             tables={"head_patching.csv": self.table.to_csv(index=False, float_format="%.5f")})
+                             tables={self.csv_name: self.table.to_csv(index=False, float_format="%.5f")})
 
 
-def run(model, config: PatchConfig, progress: bool = True) -> PatchResult:
-    """Patch every head (or ``config.heads``) of the loaded ``model`` on ``config``'s prompt pairs.
+def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> PatchResult:
+    """Patch every head (or ``config.heads``; ``resid``: every layer at each position) of the loaded
+    ``model`` at ``config.site`` on ``config``'s prompt pairs, all pairs in one padded batch on the
+    native backend.
 
     Raises:
-        HeadprobeError: bad prompts or heads, a model whose self-check forbids head ablation, or
-            logit differences that are NaN or Inf (a float16 overflow).
+        HeadprobeError: bad prompts, heads or positions, a site the backend has no hook for, a model
+            whose self-check forbids head ablation, or logit differences that are NaN or Inf (a
+            float16 overflow).
     """
     import time
 
     import numpy as np
 
-    from headprobe.analyses.patching import ioi_prompts, patch_heads
+    from headprobe.analyses.patching import ioi_prompts, patch
     from headprobe.probe.capture import kv_head_of
     from headprobe.probe.heads import parse_heads
 
     spec = model.spec
     if not spec.causal:
         raise HeadprobeError(f"{spec.name} is an encoder: patching's logit difference needs a language-model head")
-    heads = parse_heads(config.heads, spec.n_layers, spec.n_heads) if config.heads else None
+    units = parse_heads(config.heads, spec.n_layers, spec.n_heads) if config.heads else None
+    if config.site == "resid" and config.positions is not None:
+        units = [(layer, pos) for layer in range(spec.n_layers) for pos in config.position_list()]
     pairs = config.read_pairs() or ioi_prompts(model.tokenizer, config.n_prompts, config.seed)
     t0 = time.perf_counter()
-    p = patch_heads(model, pairs, heads, progress=progress)
+    p = patch(model, pairs, config.site, units, progress=progress)
     dtype = str(model.dtype).removeprefix("torch.")
     if not all(np.isfinite(x).all() for x in (p.clean_ld, p.corrupted_ld, p.patched_ld)):  # as scan and ablate refuse
         raise HeadprobeError(f"the model's logit differences are NaN or Inf in {dtype}"
                              + (" (float16 overflows above 65504: use --dtype bfloat16 or float32)" if dtype == "float16" else ""))
     table = p.table(seed=config.seed)
-    table.insert(2, "kv_head", kv_head_of(table["head"].to_numpy(), spec.n_heads, spec.n_kv_heads))
+    if config.site != "resid":
+        table.insert(2, "kv_head", kv_head_of(table["head"].to_numpy(), spec.n_heads, spec.n_kv_heads))
     return PatchResult(config, spec, p, table, seconds=time.perf_counter() - t0,
                        model_info={"device": str(model.device), "dtype": dtype,
                                    "self_check": model.self_check.to_dict()})
 
 
-def patch(model="smollm2-135m", *, progress: bool = False, **config_fields) -> PatchResult:
+def patch(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **config_fields) -> PatchResult:
     """``headprobe patch`` as a function: ``model`` a name/path (loaded as ``config_fields`` ask) or a
     loaded model; ``config_fields`` the :class:`PatchConfig` fields.
 
@@ -237,6 +329,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="your own pairs instead: JSONL with clean, corrupted, correct, wrong per line")
     p.add_argument("--n-prompts", type=positive_int, default=d.n_prompts, help="IOI prompt pairs (default %(default)s)")
     p.add_argument("--heads", default=None, help="only these heads, e.g. 9.6,9.9 or L9H6 (default: every head)")
+    p.add_argument("--site", choices=PATCH_SITES, default=d.site,
+                   help="what to patch: z (a head's output, default), q/k/v (its query, key or value input; GQA: the "
+                        "query head alone gets the corrupted k/v) or resid (the residual stream before each layer, "
+                        "one position at a time)")
+    p.add_argument("--positions", default=None, metavar="P,P,...",
+                   help="--site resid: token positions (0 = first, negative from the end; default: every position "
+                        "of the shortest prompt)")
     options.add_seed_option(p, d.seed)
 
 
@@ -244,9 +343,10 @@ def main(args: argparse.Namespace) -> int:
     """``headprobe patch``: flags -> config (the prompts file and --out checked before the model
     loads) -> run -> save -> print (:func:`headprobe.options.run_command`)."""
     def wrote(paths, out):
-        return f"\nwrote {len(paths)} files to {out}/ (head_patching.csv, summary.json, figures)"
+        return f"\nwrote {len(paths)} files to {out}/ ({paths[0].name}, summary.json, figures)"
 
     return options.run_command(args, settings.from_args(PatchConfig, args), options.Run("headprobe.commands.patch", wrote=wrote))
+
 
 __all__ = ["HELP", "COMMAND", "PatchConfig", "PatchResult", "run", "patch", "add_arguments", "main"]
 

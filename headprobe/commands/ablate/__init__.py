@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from headprobe.commands import Command
 from headprobe import options, settings
 from headprobe.options import positive_int
+from headprobe.analyses.vocabulary import ESTIMATORS as ESTIMATES  # the --estimate choices, torch-free
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe import ablation_kinds
 from headprobe.probe.heads import Head, all_heads, format_head, parse_heads
@@ -54,11 +55,6 @@ def __getattr__(name: str):
 
 
 TASKS = ("natural", "induction")
-ESTIMATES = ("atp", "attribution", "gradient", "second-order")
-"""``--estimate`` choices (the same as :data:`headprobe.analyses.attribution.ESTIMATORS`, kept here so that
-the flags are checked without importing torch): ``atp`` AtP* with GradDrop (Kramár et al. 2024) signed by
-attribution patching, ``attribution`` plain attribution patching, ``gradient`` Michel et al.'s importance,
-``second-order`` attribution patching plus the Monte-Carlo Gauss-Newton curvature term."""
 _ANY = 10**9  # bounds for checking the layer.head syntax alone
 
 

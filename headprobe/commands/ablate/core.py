@@ -22,8 +22,10 @@ from headprobe.analyses.ablation import (
 from headprobe.analyses.attribution import atp_star, forward_equivalents, second_order
 from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
 from headprobe.analyses.scoring import score_token_set
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
 from headprobe.probe import ablation_kinds
 from headprobe.probe.heads import format_head
@@ -56,7 +58,7 @@ CHUNK_LAYERS = 5
 """Layers swept between two checkpoints (each chunk costs one extra clean forward pass)."""
 
 
-def checkpointed_sweep(model, tokens, heads, kind, mean_z, source_tokens, first, max_batch, done: dict, save,
+def checkpointed_sweep(model: LoadedModel, tokens, heads, kind, mean_z, source_tokens, first, max_batch, done: dict, save,
                        desc: str = "ablation sweep", progress: bool = True) -> SweepResult:
     """:func:`~headprobe.analyses.ablation.exact_sweep` in chunks of :data:`CHUNK_LAYERS` layers, recording
     each chunk's losses in ``done`` (``{"clean": float, "loss": {"layer.head": float}}``) and
@@ -164,7 +166,7 @@ class AblateResult:
     """
 
     config: AblateConfig
-    spec: object
+    spec: ModelSpec
     table: pd.DataFrame
     tasks: dict[str, TaskResult]
     induction_score: np.ndarray
@@ -341,7 +343,7 @@ ESTIMATE_COLUMN = {"atp": "atp_star_estimate", "attribution": "attribution_estim
 assert set(ESTIMATE_LABELS) == set(ESTIMATE_SHORT) == set(ESTIMATE_COLUMN) == set(ESTIMATES)
 
 
-def _estimate(model, method: str, tokens, first: int, kind: str, mean_z, source, heads, n_probes: int) -> TaskResult:
+def _estimate(model: LoadedModel, method: str, tokens, first: int, kind: str, mean_z, source, heads, n_probes: int) -> TaskResult:
     """One task's ``--estimate``: the estimator's ``[layer, head]`` values (NaN outside ``heads``)."""
     spec = model.spec
     t0 = time.perf_counter()
@@ -361,7 +363,7 @@ def _estimate(model, method: str, tokens, first: int, kind: str, mean_z, source,
     return TaskResult(clean, nan, nan, nan, 0.0, time.perf_counter() - t0, estimated=values)
 
 
-def _task_sets(model, cfg: AblateConfig) -> tuple[TokenSet, TokenSet, dict, torch.Tensor | None]:
+def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSet, dict, torch.Tensor | None]:
     """``(natural, repeated, sets, mean_z)``: the token sets, each task's ``(tokens, first scored,
     source tokens)`` (the source None unless the kind needs one: the natural task's is the other
     natural-text windows, the induction task's other repeated sequences), and ``mean_z`` (over the
@@ -382,7 +384,7 @@ def _task_sets(model, cfg: AblateConfig) -> tuple[TokenSet, TokenSet, dict, torc
     return natural, repeated, sets, mean_z
 
 
-def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
+def run(model: LoadedModel, config: AblateConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
         progress: bool = True) -> AblateResult:
     """Sweep every head (or ``config.heads``) on both tasks, with gradient importance and
     attribution patching beside the exact effects (see the module docstring); with
@@ -445,7 +447,7 @@ def run(model, config: AblateConfig, *, resume: dict | None = None, on_save: Cal
                         ranks=distributed.world_size())
 
 
-def _head_table(spec, results: dict[str, TaskResult], induction_score: np.ndarray, estimate: str | None) -> pd.DataFrame:
+def _head_table(spec: ModelSpec, results: dict[str, TaskResult], induction_score: np.ndarray, estimate: str | None) -> pd.DataFrame:
     """head_ablation.csv: one row per head (``layer``, ``head``, ``kv_head``), then each task's
     ``<task>_loss_delta``, each task's ``<task>_importance`` and ``<task>_attribution`` (nats/token)
     and the ``induction_score``; with ``estimate``, the same rows with one column per task named as
@@ -482,7 +484,7 @@ def _mark_removed(table: pd.DataFrame, spec) -> pd.DataFrame:
 
 
 
-def ablate(model="smollm2-135m", *, progress: bool = False, **config_fields) -> AblateResult:
+def ablate(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **config_fields) -> AblateResult:
     """Every head's single-head ablation effect: ``headprobe ablate`` as a function (no checkpoint).
 
     Args:

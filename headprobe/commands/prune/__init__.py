@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from headprobe.commands import Command
 from headprobe import options, settings
 from headprobe.options import positive_int
+from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # the --method choices, torch-free
+from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS  # noqa: F401 - re-exported
 from headprobe.probe.errors import HeadprobeError
 
 HELP = "head pruning methods compared (Michel gradient importance, L0 gates, random): one CSV + figure, optional pruned model"
@@ -47,10 +49,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-ORDERS = ("importance", "random")
-METHODS = ("michel", "l0", "random")
-"""``--method`` choices (see :data:`headprobe.analyses.pruning.METHODS`; kept here so flags are
-checked without torch)."""
 PRUNED_DIR = "pruned_model"
 PRUNED_FILE = PRUNED_DIR  # the old name of the output (it was a .pt file)
 

@@ -18,7 +18,9 @@ from headprobe.analyses.ablation import first_scored
 from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
 from headprobe.analyses.pruning import (LossSet, PruningRun, build_pruned, curve_auc, iterative_pruning, l0_pruning,
                                         per_layer_best_head)
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import package_versions
@@ -59,7 +61,7 @@ class PruneResult:
     """
 
     config: PruneConfig
-    spec: object
+    spec: ModelSpec
     runs: dict[str, PruningRun]
     table: pd.DataFrame
     score_shape: list[int]
@@ -214,7 +216,7 @@ class PruneResult:
         return "\n".join(lines)
 
 
-def run(model, config: PruneConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
+def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
         progress: bool = True) -> PruneResult:
     """Run every method of ``config.methods`` on the same data (see the module docstring).
 
@@ -296,7 +298,7 @@ def run(model, config: PruneConfig, *, resume: dict | None = None, on_save: Call
                        getattr(model, "tokenizer", None), time.perf_counter() - t_start, method_s=method_s)
 
 
-def prune(model="smollm2-135m", *, progress: bool = False, **config_fields) -> PruneResult:
+def prune(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **config_fields) -> PruneResult:
     """Pruning methods compared on one curve: ``headprobe prune`` as a function (no checkpoint).
 
     Args:

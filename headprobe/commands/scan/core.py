@@ -26,13 +26,15 @@ from headprobe.analyses.ablation import (
 from headprobe.analyses import verification as verif
 from headprobe.analyses.statistics import bootstrap_ci
 from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
-from headprobe.analyses.detectors import DETECTORS, select_detectors
+from headprobe.analyses.columns import DETECTORS, metric_columns
 from headprobe.analyses.scoring import example_patterns, score_token_set  # noqa: F401 - score_token_set re-exported
 from headprobe.analyses import metrics as head_metrics
 from headprobe.analyses import viewer
 from headprobe.options import positive_int
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 from headprobe.probe.hooks import format_head
 from headprobe.probe.io import package_versions, prepare_output_dir, write_text
 from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
@@ -69,7 +71,7 @@ class ScanResult:
     """
 
     config: ScanConfig
-    spec: object
+    spec: ModelSpec
     table: pd.DataFrame
     scores: dict[str, np.ndarray]
     verifications: list[Verification]
@@ -139,7 +141,7 @@ def verification_settings(cfg: ScanConfig) -> verif.VerificationSettings:
                                       correction=cfg.correction, seed=cfg.seed, sequential=cfg.sequential)
 
 
-def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet,
+def verify(model: LoadedModel, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet,
            clean: dict[str, torch.Tensor], mean_z: torch.Tensor, cfg: ScanConfig, progress: bool = True,
            untrusted: dict[str, str | None] | None = None) -> tuple[list[Verification], dict]:
     """Ablate the top-k heads of each of ``cfg.types`` against random control sets
@@ -158,18 +160,18 @@ def verify(model, scores: dict[str, np.ndarray], natural: TokenSet, repeated: To
                               scorers=scorers, untrusted=untrusted, removed=removed_heads(model), progress=progress)
 
 
-def removed_heads(model) -> list[tuple[int, int]]:
+def removed_heads(model: LoadedModel) -> list[tuple[int, int]]:
     """The heads a pruned model no longer has (``spec.removed_heads``; none for others)."""
     return list(getattr(model.spec, "removed_heads", ()) or ())
 
 
-def scan_metric(spec):
+def scan_metric(spec: ModelSpec):
     """What scan's ablations measure on a model of ``spec``: the loss (decoders) or, for an
     encoder (``spec.causal`` False, no LM head), the sentence-embedding cosine distance."""
     return LOSS_METRIC if spec.causal else EMBEDDING_METRIC
 
 
-def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
+def run(model: LoadedModel, config: ScanConfig, progress: bool = True) -> ScanResult:
     """Run the scan (see the module docstring) on a loaded model.
 
     Args:
@@ -190,7 +192,7 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
         model.self_check.require_decomposition("verification by ablation (pass --no-verify to score patterns only)")
 
     t0 = time.perf_counter()
-    cfg = config.resolved(spec, getattr(model, "trained_periods", None))
+    cfg = config.resolved(spec, model.trained_periods)
     natural = natural_text_tokens(model, cfg.n_natural, cfg.seq_len, cfg.seed, text,
                                   source=str(cfg.text) if cfg.text else None)
     repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
@@ -242,7 +244,7 @@ def run(model, config: ScanConfig, progress: bool = True) -> ScanResult:
                       verification=design, removed_heads=removed)
 
 
-def _clean_losses(spec, natural: TokenSet, repeated: TokenSet, nat_logits: torch.Tensor,
+def _clean_losses(spec: ModelSpec, natural: TokenSet, repeated: TokenSet, nat_logits: torch.Tensor,
                   rep_logits: torch.Tensor) -> dict[str, torch.Tensor]:
     """Task -> each sequence's clean loss ``[batch]`` (nats/token, on the CPU) over the scored
     positions (:func:`~headprobe.analyses.ablation.first_scored`); zeros for an encoder
@@ -256,7 +258,7 @@ def _clean_losses(spec, natural: TokenSet, repeated: TokenSet, nat_logits: torch
     }
 
 
-def _head_table(spec, scores: dict[str, np.ndarray], types: Sequence[str]) -> pd.DataFrame:
+def _head_table(spec: ModelSpec, scores: dict[str, np.ndarray], types: Sequence[str]) -> pd.DataFrame:
     """head_scores.csv: one row per head (``layer``, ``head``, ``kv_head``), then the columns of
     each detector of ``types`` and every head metric in ``scores`` (each ``[layer, head]``); a
     detector's integer columns are ``int``, or pandas' nullable ``Int64`` where a removed head
@@ -268,7 +270,7 @@ def _head_table(spec, scores: dict[str, np.ndarray], types: Sequence[str]) -> pd
         "head": head.ravel(),
         "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads),
         **{c: scores[c].ravel() for d in dets for c in d.columns},
-        **{c: scores[c].ravel() for c in head_metrics.METRIC_COLUMNS if c in scores},
+        **{c: scores[c].ravel() for c in metric_columns() if c in scores},
     })
     for d in dets:
         for c in d.integer_columns:
@@ -292,7 +294,7 @@ def metrics_summary(scores: dict[str, np.ndarray], composition: dict | None, typ
     share of sink heads (sink rate > 0.3), and the K-composition of the top previous-token into
     the top induction heads beside its baselines (:func:`~headprobe.analyses.metrics.composition_summary`)."""
     out: dict = {"skipped": skipped, "top_heads": {}}
-    for c in head_metrics.METRIC_COLUMNS:
+    for c in metric_columns():
         v = scores.get(c)
         if v is not None and np.isfinite(v).any():
             order = np.argsort(-np.nan_to_num(v, nan=-np.inf), axis=None)[:top_n]
@@ -307,7 +309,7 @@ def metrics_summary(scores: dict[str, np.ndarray], composition: dict | None, typ
     return out
 
 
-def unknown_share(model, tokens: TokenSet) -> float:
+def unknown_share(model: LoadedModel, tokens: TokenSet) -> float:
     """Share of ``tokens``' real positions (after BOS) that are the tokenizer's unknown token (0 without one)."""
     unk = getattr(getattr(model, "tokenizer", None), "unk_token_id", None)
     if unk is None:
@@ -317,7 +319,7 @@ def unknown_share(model, tokens: TokenSet) -> float:
 
 
 
-def scan(model="smollm2-135m", *, progress: bool = False, **config_fields) -> ScanResult:
+def scan(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **config_fields) -> ScanResult:
     """Score, verify and draw the heads of ``model``: ``headprobe scan`` as a function.
 
     Args:
@@ -339,7 +341,7 @@ def scan(model="smollm2-135m", *, progress: bool = False, **config_fields) -> Sc
     return result
 
 
-def run_scan(cfg: ScanConfig, model=None, progress: bool = True) -> ScanResult:
+def run_scan(cfg: ScanConfig, model: LoadedModel | None=None, progress: bool = True) -> ScanResult:
     """Compatibility: :func:`run` on ``model``, or on ``cfg.model`` loaded when ``model`` is None."""
     t0 = time.perf_counter()
     loaded = options.load_for(cfg) if model is None else model
@@ -406,7 +408,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
     }
 
 
-def verification_rules(spec) -> dict:
+def verification_rules(spec: ModelSpec) -> dict:
     """summary.json's statement of the verdict rule, the controls and the p-values (docs/scan.md)."""
     metric = scan_metric(spec)
     return {
@@ -439,11 +441,7 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], object]]:
         tasks = [w.split(" task:")[0] for w in result.warnings]
         tag += f"\nNO VERDICT on the {' and '.join(tasks)} task{'s' if len(tasks) > 1 else ''} (summary.json: warnings)"
     out: dict[str, Callable[[], object]] = {}
-    for det in dets:
-        for style in det.figures:
-            out[f"heatmap_{style.column}"] = partial(figs.head_heatmap, result.scores[style.column], f"{style.title}, {tag}",
-                                                     style.label, group_size=spec.group_size,
-                                                     **style.figure_options(result.scores, spec.causal))
+    out.update(head_metrics.heatmap_makers(dets, result.scores, spec.group_size, tag, spec.causal))
     panels = [(det.panel_title, result.scores[det.rank_by]) for det in dets]
     out["overview"] = partial(figs.scores_overview, panels, spec.group_size, f"Head scores of {tag}")
     for head_type, ex in result.examples.items():

@@ -1,0 +1,214 @@
+"""Head columns: every per-head quantity of head_scores.csv, one record type in one registry.
+
+A :class:`HeadColumn` is either a **head type** (``task`` set: scored from one token set's attention
+pattern, its top-k heads verified by ablation on ``task``; :mod:`headprobe.analyses.detectors`)
+or a **reported metric** (``task`` None: computed from the model, reported and drawn, not
+verified; :mod:`headprobe.analyses.metrics`). :data:`HEAD_COLUMNS` (a
+:class:`~headprobe.probe.registry.Registry`, as lm-evaluation-harness keeps its tasks) maps each
+name to its record as a lazy ``"module:ATTR"`` target, filed in the group ``"head type"`` or
+``"metric"``: so the command line lists and checks ``--types`` before torch loads (this module
+imports neither torch nor numpy), and the scan, the CSV, the summary, the figures and the viewer
+read the records from here. Adding one is one ``register`` call here and its record in the file
+it points to (README "Where to add").
+
+``scan --types`` selects head types (:func:`select_head_types`); every metric is computed when
+metrics are on (``--no-metrics`` turns them off).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.registry import Choices, Registry
+
+HEAD_TYPE = "head type"
+"""The registry group of head types (verified by ablation)."""
+METRIC = "metric"
+"""The registry group of reported metrics (not verified)."""
+NATURAL, REPEATED = "natural", "repeated"
+"""The two token sets and the two tasks (the loss on natural text; the loss on the repeated half of
+repeated random tokens, the induction task). A task is named by its token set everywhere."""
+TASKS: tuple[str, ...] = (NATURAL, REPEATED)
+"""The tasks a head type's ablation is judged on (:attr:`HeadColumn.task`), in order."""
+
+
+@dataclass(frozen=True)
+class HeatmapStyle:
+    """How one head_scores.csv column is drawn as a layer x head heatmap (``heatmap_<column>``).
+
+    Attributes:
+        column: the score column drawn.
+        title: the figure's title, e.g. ``"induction score"`` (the overview panel drops " score").
+        label: the colour bar's label (what the number measures).
+        options: extra keyword arguments of :func:`headprobe.analyses.figures.head_heatmap`
+            (colour map, range, ``discrete`` categories); empty: ``viridis`` on [0, 1].
+        encoder_options: options that replace those of ``options`` for an encoder (bidirectional
+            attention), e.g. a range with positive offsets.
+        mask_below: ``(column, threshold)``: heads whose ``column`` is below ``threshold`` are drawn
+            masked (grey, named in the legend) rather than with their value, e.g. the offset of a
+            head that is not positional; None: every head is drawn.
+        signed: a signed quantity, drawn by :func:`headprobe.analyses.figures.signed_head_heatmap`
+            (``RdBu_r`` centred at 0, symmetric limits; ``options`` unused).
+    """
+
+    column: str
+    title: str
+    label: str
+    options: tuple[tuple[str, object], ...] = ()
+    encoder_options: tuple[tuple[str, object], ...] = ()
+    mask_below: tuple[str, float] | None = None
+    signed: bool = False
+
+    def options_for(self, causal: bool) -> dict[str, object]:
+        """The heatmap's keyword arguments for a causal model or an encoder."""
+        return dict(self.options) if causal else {**dict(self.options), **dict(self.encoder_options)}
+
+    def figure_options(self, scores: Mapping, causal: bool) -> dict[str, object]:
+        """:meth:`options_for`, plus the ``mask`` (``[layer, head]`` booleans) and its legend label
+        that :attr:`mask_below` asks for, computed from ``scores`` (column -> ``[layer, head]``)."""
+        import numpy as np
+
+        opts = self.options_for(causal)
+        if self.mask_below is not None:
+            column, threshold = self.mask_below
+            opts["mask"] = np.asarray(scores[column], dtype=float) < threshold
+            opts["mask_label"] = f"{column.replace('_', ' ')} < {threshold:g}: not drawn"
+        return opts
+
+
+@dataclass(frozen=True)
+class HeadColumn:
+    """One per-head quantity, everything about it in one entry: its columns, how it is computed,
+    which column ranks it, whether and on which task it is verified, and how it is drawn.
+
+    Attributes:
+        name: its registry name, e.g. ``"induction"`` or ``"sink_rate"``.
+        columns: the head_scores.csv columns it fills.
+        score: a head type's ``(pattern [batch, head, q_pos, k_pos], period, start) -> {column:
+            [head]}`` (every head of a layer at once; never modifies the pattern), or a metric's
+            ``(model, inputs: MetricInputs) -> {column: [layer, head] ndarray}``, raising
+            :class:`~headprobe.probe.errors.HeadprobeError` where the model does not allow it (the
+            column is then NaN, the message its reason in summary.json).
+        dataset: a head type's token set, ``"natural"`` or ``"repeated"``; None for a metric.
+        task: a head type's ablation task, ``"natural"`` or ``"repeated"`` (:data:`TASKS`); None: a
+            reported metric, not verified.
+        rank_by: the column its top heads are chosen by (a head type's overview panel); default
+            the first of ``columns``.
+        figures: one :class:`HeatmapStyle` per heatmap drawn.
+        integer_columns: columns that hold integers (written without decimals).
+        top_head_extras: ``(key, column)`` pairs: each top head in summary.json also reports
+            ``key: int(column)`` (e.g. the positional head's offset).
+        encoder_only: scored only on bidirectional models (the score reads keys after the query).
+        causal_only: computed only on causal models (a next-token prediction is needed: retrieval,
+            direct logit attribution); NaN for an encoder, with that reason.
+    """
+
+    name: str
+    columns: tuple[str, ...]
+    score: Callable
+    dataset: str | None = None
+    task: str | None = None
+    rank_by: str = ""
+    figures: tuple[HeatmapStyle, ...] = ()
+    integer_columns: tuple[str, ...] = ()
+    top_head_extras: tuple[tuple[str, str], ...] = ()
+    encoder_only: bool = False
+    causal_only: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.rank_by:
+            object.__setattr__(self, "rank_by", self.columns[0])
+        if self.task is not None and (self.task not in TASKS or self.dataset not in TASKS):
+            raise ValueError(f"head type {self.name!r}: task and dataset must be among {TASKS}, got {self.task!r}, {self.dataset!r}")
+
+    @property
+    def is_head_type(self) -> bool:
+        """Verified by ablation (a head type), not only reported (a metric)."""
+        return self.task is not None
+
+    def applies_to(self, causal: bool) -> bool:
+        """Whether it is computed on a model with (``causal``) or without causal attention."""
+        return not (self.encoder_only and causal) and not (self.causal_only and not causal)
+
+    @property
+    def panel_title(self) -> str:
+        """The overview panel's title: the ``rank_by`` heatmap's title without " score"."""
+        style = next((f for f in self.figures if f.column == self.rank_by), None)
+        return (style.title if style else self.name.replace("_", "-")).removesuffix(" score")
+
+
+HEAD_COLUMNS: Registry[HeadColumn] = Registry("head column")
+"""Every head column, head types first (head_scores.csv's column order), each a lazy target."""
+for _name in ("previous_token", "duplicate_token", "induction", "first_token", "positional", "next_token", "last_token"):
+    HEAD_COLUMNS.register(_name, f"headprobe.analyses.detectors:{_name.upper()}", group=HEAD_TYPE)
+for _name in ("copying", "sink_rate", "entropy", "retrieval", "dla"):
+    HEAD_COLUMNS.register(_name, f"headprobe.analyses.metrics:{_name.upper()}", group=METRIC)
+del _name
+
+HEAD_TYPES: Choices = HEAD_COLUMNS.choices(group=HEAD_TYPE)
+"""The head types' names (a live view: a type registered at run time is in it), in column order."""
+
+
+class _Group(Mapping):
+    """Name -> :class:`HeadColumn` of one registry group, read from :data:`HEAD_COLUMNS` on every
+    use (listing names imports nothing; a value imports its module)."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+
+    def __getitem__(self, name: str) -> HeadColumn:
+        if name not in HEAD_COLUMNS or HEAD_COLUMNS.group_of(name) != self.group:
+            raise KeyError(name)
+        return HEAD_COLUMNS.get(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(HEAD_COLUMNS.names(self.group))
+
+    def __len__(self) -> int:
+        return len(HEAD_COLUMNS.names(self.group))
+
+
+DETECTORS: Mapping[str, HeadColumn] = _Group(HEAD_TYPE)
+"""Head type -> its record (a view of :data:`HEAD_COLUMNS`), in head_scores.csv's column order."""
+METRICS: Mapping[str, HeadColumn] = _Group(METRIC)
+"""Metric -> its record (a view of :data:`HEAD_COLUMNS`), in head_scores.csv's column order."""
+
+
+def score_columns(causal: bool = True) -> tuple[str, ...]:
+    """head_scores.csv's head-type columns for a causal model (no encoder-only types) or an encoder."""
+    return tuple(c for d in DETECTORS.values() if d.applies_to(causal) for c in d.columns)
+
+
+def metric_columns() -> tuple[str, ...]:
+    """head_scores.csv's metric columns, after the head types' columns, in order."""
+    return tuple(c for m in METRICS.values() for c in m.columns)
+
+
+def select_head_types(types: str | Sequence[str] | None = None) -> tuple[str, ...]:
+    """Registry names of the head types asked for, in :data:`HEAD_TYPES` order.
+
+    Args:
+        types: None (all), a comma-separated string (``"induction,previous-token"``) or a
+            sequence of names; ``-`` and ``_`` are interchangeable, case is ignored.
+
+    Raises:
+        HeadprobeError: an unknown name or an empty selection (one line listing the known names).
+    """
+    import difflib
+
+    names = tuple(HEAD_TYPES)
+    if types is None:
+        return names
+    items = types.split(",") if isinstance(types, str) else list(types)
+    wanted = {str(t).strip().lower().replace("-", "_") for t in items} - {""}
+    known = ", ".join(n.replace("_", "-") for n in names)
+    unknown = sorted(wanted - set(names))
+    if unknown:
+        close = [m for u in unknown for m in difflib.get_close_matches(u, names, n=1, cutoff=0.7)]
+        hint = f" (did you mean {', '.join(c.replace('_', '-') for c in close)}?)" if close else ""
+        raise HeadprobeError(f"unknown head type {', '.join(unknown).replace('_', '-')}{hint}; known types: {known}")
+    if not wanted:
+        raise HeadprobeError(f"no head type given; known types: {known}")
+    return tuple(n for n in names if n in wanted)

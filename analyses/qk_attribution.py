@@ -1,0 +1,206 @@
+"""Why a head attends: its pre-softmax score split over the components on the query and key sides.
+
+For head ``h`` of layer ``L`` and a (query, key) pair ``(i, j)`` of one prompt, the score is
+``s_ij = scale * q_i . k_j`` (before any soft-cap and the softmax). The residual stream entering
+layer ``L`` at a position is a sum of components (Elhage et al. 2021, "A Mathematical Framework
+for Transformer Circuits"): the token embedding (and a learned position embedding), each earlier
+head's result ``z_h W_O^(h)`` (``hook_result``), each earlier layer's ``b_O`` and each earlier MLP's
+output. With the pre-attention norm's per-token scale frozen (its bias a component of its own),
+QK-norm frozen likewise and rotary applied at ``i`` and ``j`` (:meth:`~headprobe.probe.backend.
+LoadedModel.qk_terms`), the query and key are sums of per-component terms, so ``s_ij`` is the sum
+of the (query-component x key-component) matrix ``C[a, b] = scale * q_i^(a) . k_j^(b)``: the
+bilinear QK circuit ``x_i W_Q^h W_K^h^T x_j^T`` of the framework paper, on one prompt. The key
+side's totals ``sum_a C[a, b]`` say what at key ``j`` drew the attention (for an induction head:
+the previous-token head that wrote the token before ``j``). This answers the "attention QK"
+question of circuit-tracer's issue 53 and Anthropic's 2025 notes on attention QK attributions.
+
+Every result carries the identity ``|sum C - s_ij| / |s_ij|`` against the score the model computed
+(``hook_attn_scores``, the soft-cap undone), and the residual identity (components summing to
+``resid_pre``) is checked before anything is split: either off by more than
+:data:`IDENTITY_TOLERANCE` raises.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from headprobe.probe.backend import LoadedModel
+from headprobe.probe.capture import capture_internal
+from headprobe.probe.errors import HeadprobeError
+
+IDENTITY_TOLERANCE = 1e-4
+"""Largest relative error allowed of the residual identity and of ``sum C = s_ij`` (float32)."""
+
+
+@dataclass(frozen=True)
+class QKAttribution:
+    """Outcome of :func:`qk_attribution`.
+
+    Attributes:
+        layer, head, q_pos, k_pos: the head and the (query, key) pair.
+        q_labels, k_labels: component names, one per row / column of ``contributions``: ``embed``,
+            ``pos_embed``, ``L.H`` (a head's result), ``b_O L``, ``mlp L``, ``ln1 bias`` (the
+            pre-attention norm's bias), ``q bias`` / ``k bias`` (the projection's).
+        contributions: ``[n_q, n_k]`` float64, in score units (the pre-softmax logit ``scale * q . k``).
+        score: the score the model computed (its soft-cap undone), float.
+        identity_error: ``|contributions.sum() - score| / |score|``.
+    """
+
+    layer: int
+    head: int
+    q_pos: int
+    k_pos: int
+    q_labels: list[str]
+    k_labels: list[str]
+    contributions: np.ndarray
+    score: float
+    identity_error: float
+
+    def key_side(self) -> pd.Series:
+        """Each key-side component's total ``sum_a C[a, b]``, largest first."""
+        return pd.Series(self.contributions.sum(0), index=self.k_labels).sort_values(ascending=False)
+
+    def query_side(self) -> pd.Series:
+        """Each query-side component's total ``sum_b C[a, b]``, largest first."""
+        return pd.Series(self.contributions.sum(1), index=self.q_labels).sort_values(ascending=False)
+
+    def table(self) -> pd.DataFrame:
+        """One row per (query component, key component): ``q_component, k_component, contribution``,
+        largest ``|contribution|`` first."""
+        q, k = np.meshgrid(np.arange(len(self.q_labels)), np.arange(len(self.k_labels)), indexing="ij")
+        df = pd.DataFrame({"q_component": np.asarray(self.q_labels)[q.ravel()],
+                           "k_component": np.asarray(self.k_labels)[k.ravel()],
+                           "contribution": self.contributions.ravel()})
+        return df.reindex(df["contribution"].abs().sort_values(ascending=False).index).reset_index(drop=True)
+
+
+def _rel(a: Tensor, b: Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def residual_components(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int
+                        ) -> tuple[list[str], Tensor, Tensor, Tensor, Tensor | None]:
+    """The components of the residual stream entering ``layer``, the attention input and scores.
+
+    Returns ``(labels, comps [n, pos, d_model], resid_pre [pos, d_model], attn_in [pos, d_model],
+    scores [head, q_pos, k_pos] or None)`` (float32, ``hook_attn_scores`` of ``layer``), where ``comps.sum(0) == resid_pre`` to :data:`IDENTITY_TOLERANCE` (checked) and
+    ``attn_in`` is what layer ``layer``'s attention reads (after the pre-attention norm).
+
+    Raises:
+        HeadprobeError: an encoder (post-LN blocks renormalise the stream), or the identity fails.
+    """
+    if not model.spec.causal:
+        raise HeadprobeError("QK attribution needs a pre-norm decoder: an encoder's post-LN blocks renormalise "
+                             "the residual stream, which is then not a sum of its components")
+    grabbed: dict[str, Tensor] = {}
+
+    def grab(name: str):
+        def hook(x: Tensor, hook: Any) -> None:
+            grabbed[name] = x.detach()[0].float()
+        return hook
+
+    names = set(model.hook_names())
+    extra = [n for n in ("hook_embed", "hook_pos_embed", f"blocks.{layer}.hook_resid_pre",
+                         f"blocks.{layer}.ln1.hook_normalized", f"blocks.{layer}.attn.hook_attn_scores") if n in names]
+    with model.hooks([(n, grab(n)) for n in extra]):
+        cap = capture_internal(model, tokens, layers=range(layer), residual=True) if layer else {}
+        if not layer:
+            model.forward(tokens)
+    labels, comps = ["embed"], [grabbed["hook_embed"]]
+    if "hook_pos_embed" in grabbed:
+        labels.append("pos_embed")
+        comps.append(grabbed["hook_pos_embed"])
+    for l in range(layer):
+        H = cap["result"][l].shape[2]
+        labels += [f"{l}.{h}" for h in range(H)] + [f"b_O {l}"]
+        comps += [cap["result"][l][0, :, h].float() for h in range(H)]
+        comps.append(cap["b_O"][l].float().expand_as(comps[-1]) if cap["b_O"][l].dim() == 1 else cap["b_O"][l][0].float())
+        if l in cap.get("mlp_out", {}):
+            labels.append(f"mlp {l}")
+            comps.append(cap["mlp_out"][l][0].float())
+    comps_t = torch.stack(comps)
+    resid = grabbed[f"blocks.{layer}.hook_resid_pre"]
+    err = _rel(comps_t.sum(0), resid)
+    if err > IDENTITY_TOLERANCE:
+        raise HeadprobeError(f"the residual stream entering layer {layer} is not the sum of its components "
+                             f"(off by {err:.2g} relative): this architecture is not split by QK attribution")
+    attn_in = grabbed.get(f"blocks.{layer}.ln1.hook_normalized", resid)
+    return labels, comps_t, resid, attn_in, grabbed.get(f"blocks.{layer}.attn.hook_attn_scores")
+
+
+def frozen_norm_terms(model: LoadedModel, layer: int, comps: Tensor, resid: Tensor, attn_in: Tensor) -> tuple[Tensor, Tensor | None]:
+    """``comps`` ``[n, pos, d_model]`` through layer ``layer``'s pre-attention norm with its per-token
+    scale frozen: ``w * s_t * (c - mean(c))`` (LayerNorm) or ``w * s_t * c`` (RMS-type), ``s_t``
+    fitted by least squares to the norm's output ``attn_in`` (exact for either form, as
+    :func:`headprobe.probe.capture.post_norm_factor`). Returns the terms and the norm's bias
+    ``[d_model]`` (None where zero or no norm)."""
+    nw = model.norm_weights(layer)
+    if nw is None:
+        return comps, None
+    w, b = nw.weight.float(), nw.bias.float()
+    x = resid - resid.mean(-1, keepdim=True) if nw.centers else resid
+    wx = w * x
+    s = ((attn_in - b) * wx).sum(-1, keepdim=True) / (wx * wx).sum(-1, keepdim=True).clamp_min(1e-30)  # [pos, 1]
+    c = comps - comps.mean(-1, keepdim=True) if nw.centers else comps
+    return w * s * c, (b if bool(b.abs().max() > 0) else None)
+
+
+@torch.inference_mode()
+def qk_attribution(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int, head: int, q_pos: int, k_pos: int) -> QKAttribution:
+    """Split head ``layer.head``'s pre-softmax score for query ``q_pos`` and key ``k_pos`` of one
+    prompt into (query-component x key-component) contributions (module docstring; Elhage et al.
+    2021's QK circuit with the norms' scales frozen).
+
+    Args:
+        model: a :class:`~headprobe.probe.backend.LoadedModel` (native backend).
+        tokens: one prompt ``[1, pos]``.
+        layer, head: the query head (GQA: its key is its key/value head's, ``head // group_size``).
+        q_pos, k_pos: positions, ``k_pos <= q_pos`` for a decoder.
+
+    Returns:
+        :class:`QKAttribution`; ``contributions.sum()`` equals the model's score to
+        :data:`IDENTITY_TOLERANCE` relative (checked).
+
+    Raises:
+        HeadprobeError: bad head or positions, a masked key, the bridge, an encoder, or an identity that fails.
+    """
+    spec = model.spec
+    T = tokens.shape[-1]
+    if tokens.dim() != 2 or tokens.shape[0] != 1:
+        raise HeadprobeError(f"qk_attribution takes one prompt [1, pos], got shape {tuple(tokens.shape)}")
+    if not (0 <= layer < spec.n_layers and 0 <= head < spec.n_heads):
+        raise HeadprobeError(f"no head {layer}.{head} in a model of {spec.n_layers} layers x {spec.n_heads} heads")
+    if not (0 <= k_pos <= q_pos < T):
+        raise HeadprobeError(f"query {q_pos} and key {k_pos} must satisfy 0 <= key <= query < {T} (the prompt's length)")
+    model.self_check.require_decomposition("QK attribution")
+    labels, comps, resid, attn_in, scores = residual_components(model, tokens, layer)
+    terms, bias = frozen_norm_terms(model, layer, comps, resid, attn_in)
+    side_labels = labels + (["ln1 bias"] if bias is not None else [])
+
+    def side(kind: str, pos: int) -> Tensor:
+        rows = terms[:, pos] if bias is None else torch.cat([terms[:, pos], bias[None]])
+        return model.qk_terms(layer, head, kind, rows, attn_in[pos], pos).double()
+
+    q, k = side("q", q_pos), side("k", k_pos)
+    scale, cap = model.attention_scale(layer)
+    contributions = (scale * q @ k.T).cpu().numpy()
+    if scores is None or not math.isfinite(float(scores[head, q_pos, k_pos])):
+        raise HeadprobeError(f"the model gave no finite score for head {layer}.{head} at ({q_pos}, {k_pos}) "
+                             f"(a key outside its sliding window?)")
+    score = float(scores[head, q_pos, k_pos])
+    if cap is not None:
+        score = cap * math.atanh(score / cap)
+    err = abs(float(contributions.sum()) - score) / max(abs(score), 1e-30)
+    if err > IDENTITY_TOLERANCE:
+        raise HeadprobeError(f"QK attribution of {layer}.{head} does not sum to its score ({contributions.sum():.6g} "
+                             f"against {score:.6g}, {err:.2g} relative)")
+    return QKAttribution(layer, head, q_pos, k_pos, side_labels + ["q bias"], side_labels + ["k bias"],
+                         contributions, score, err)

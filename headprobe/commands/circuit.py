@@ -1,0 +1,320 @@
+"""``headprobe circuit``: how heads connect, on the induction task.
+
+Clean prompts are ``--n-seqs`` repeated random sequences ``[BOS] r r`` (``--period`` tokens each);
+the corrupted prompts are other repeated random sequences (seed + 1), so every head's output
+differs between the two at every position. The metric is the next-token loss (nats/token) on the
+second copy (its predictable part, from the second token of the copy on).
+
+1. **Edge attribution** of every head -> head (q, k, v) and head -> logits edge, EAP or EAP-IG
+   (``--method``, ``--steps``; Syed et al. 2023; Hanna et al. 2024, "Have Faith in Faithfulness").
+2. **Exact path patching** (Wang et al. 2022; Goldowsky-Dill et al. 2023) of the ``--verify``
+   edges largest in ``|score|`` and as many drawn at random from the rest (seeded), and the
+   agreement of the two (Spearman, Pearson, top-k recall).
+3. With ``--receivers 18.6:k,17.3:k``: exact path patching from every earlier head into each.
+4. With ``--qk-head 18.6``: the QK attribution of that head on the first clean prompt, query in
+   the middle of the second copy, key the token after its first occurrence (the induction target).
+
+Definitions: :mod:`headprobe.analyses.paths`, :mod:`headprobe.analyses.qk_attribution`.
+
+Outputs: ``edges.csv`` (every edge: ``edge, sender, receiver, input, score`` and ``exact`` where
+path patched), ``path_patching.csv`` (``--receivers``), ``qk_attribution.csv`` (``--qk-head``: each
+component's query-side and key-side total), ``circuit.{png,pdf,svg}`` (the ``--top`` edges as a
+graph) and ``summary.json`` (written last). Native backend only (the bridge: a one-line refusal).
+
+As a library::
+
+    result = headprobe.circuit("smollm2-135m", n_seqs=2, period=12, receivers="18.6:k")
+    result.edges.head()                                 # edges.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from headprobe import options
+from headprobe.commands import Command
+from headprobe.options import positive_int
+from headprobe.probe.backend import LoadedModel
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
+
+HELP = "head circuits: edge attribution (EAP, EAP-IG) checked by exact path patching, and why a head attends"
+
+METHODS = ("eap-ig", "eap")
+_RECEIVER = re.compile(r"^(\d+)\.(\d+):(q|k|v)$|^logits$")
+_HEAD = re.compile(r"^(\d+)\.(\d+)$")
+BASELINE_TOLERANCE = 1e-4
+"""Largest change of the metric (nats/token) allowed when a forward resumed at a receiver's layer
+runs unpatched: it must reproduce the clean run."""
+
+
+def parse_receivers(text: str) -> list[tuple[tuple[int, int] | None, str]]:
+    """``"18.6:k,17.3:q,logits"`` -> ``[((18, 6), "k"), ((17, 3), "q"), (None, "logits")]``.
+
+    Raises:
+        HeadprobeError: an item not of the form ``L.H:q|k|v`` or ``logits``.
+    """
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        m = _RECEIVER.match(item)
+        if m is None:
+            raise HeadprobeError(f"--receivers item {item!r} is not L.H:q, L.H:k, L.H:v or logits")
+        out.append((None, "logits") if item == "logits" else ((int(m[1]), int(m[2])), m[3]))
+    return out
+
+
+@dataclass(frozen=True)
+class CircuitConfig:
+    """Settings of ``headprobe circuit``.
+
+    Attributes:
+        model: model name or path.
+        n_seqs: clean (and corrupted) repeated random sequences. period: tokens per copy (>= 4).
+        seed: draws the clean sequences (the corrupted: ``seed + 1``) and the random verified edges.
+        method: ``eap-ig`` or ``eap``. steps: EAP-IG's integration steps (>= 1; EAP: 1).
+        verify: edges path patched exactly: this many largest by ``|score|`` and this many at random (0: none).
+        top: edges in the figure.
+        receivers: comma-separated ``L.H:q|k|v`` / ``logits``, each path patched from every earlier head.
+        qk_head: ``L.H`` to explain by QK attribution, or None.
+        device, dtype, backend, prepend_bos, device_map, max_memory: how the model is loaded
+            (:func:`headprobe.options.load_model_as`).
+    """
+
+    model: str = options.DEFAULT_MODEL
+    n_seqs: int = 2
+    period: int = 12
+    seed: int = 0
+    method: str = "eap-ig"
+    steps: int = 5
+    verify: int = 20
+    top: int = 20
+    receivers: str | None = None
+    qk_head: str | None = None
+    device: str = "auto"
+    dtype: str = "float32"
+    backend: str = "auto"
+    prepend_bos: bool = True
+    device_map: str | None = None
+    max_memory: str | dict | None = None
+
+    def __post_init__(self):
+        options.check_config_fields(self)
+        if self.method not in METHODS:
+            raise HeadprobeError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        for name, least in (("n_seqs", 1), ("steps", 1), ("top", 1), ("verify", 0), ("period", 4)):
+            if getattr(self, name) < least:
+                raise HeadprobeError(f"--{name.replace('_', '-')} must be at least {least}, got {getattr(self, name)}")
+        if self.receivers is not None:
+            parse_receivers(self.receivers)
+        if self.qk_head is not None and _HEAD.match(self.qk_head) is None:
+            raise HeadprobeError(f"--qk-head {self.qk_head!r} is not a head L.H (e.g. 18.6)")
+
+    def preflight(self) -> None:
+        """Every check the settings alone decide (done in ``__post_init__``)."""
+
+
+@dataclass
+class CircuitResult:
+    """A finished ``circuit`` run: ``config``, the model's ``spec``, ``edges`` (edges.csv),
+    ``agreement`` (EAP(-IG) against exact path patching on the verified edges, or None),
+    ``paths`` (path_patching.csv or None), ``qk`` (:class:`~headprobe.analyses.qk_attribution.QKAttribution`
+    or None), ``clean_loss`` (nats/token), ``baseline_error`` and ``seconds``."""
+
+    config: CircuitConfig
+    spec: object
+    edges: object
+    agreement: dict | None
+    paths: object
+    qk: object
+    clean_loss: float
+    baseline_error: float
+    seconds: float = 0.0
+    model_info: dict = field(default_factory=dict)
+
+    def qk_table(self):
+        """qk_attribution.csv: ``component, query_side, key_side`` (each component's total, score units)."""
+        import pandas as pd
+
+        q, k = self.qk.query_side(), self.qk.key_side()
+        return pd.DataFrame({"component": k.index, "key_side": k.to_numpy(),
+                             "query_side": q.reindex(k.index.str.replace("k bias", "q bias")).to_numpy()})
+
+    def summary(self) -> dict:
+        """summary.json: the task, the clean loss, the top edges with their exact effects, the
+        agreement, the receivers' top senders, the QK attribution's largest terms, definitions."""
+        top = self.edges.head(self.config.top)
+        s = {"model": self.spec.name, "weights_precision": self.spec.precision, **self.model_info,
+             "task": f"{self.config.n_seqs} repeated random sequences of {self.config.period} tokens; corrupted: "
+                     f"other repeated random sequences (seed + 1)",
+             "metric": "next-token loss (nats/token) on the second copy from its second token; effect = patched - clean",
+             "clean_loss": round(self.clean_loss, 4), "baseline_error": float(f"{self.baseline_error:.3g}"),
+             "method": self.config.method, "steps": self.config.steps if self.config.method == "eap-ig" else 1,
+             "n_edges": int(len(self.edges)),
+             "top_edges": [{"edge": r.edge, "score": round(float(r.score), 5),
+                            "exact": None if r.exact != r.exact else round(float(r.exact), 5)} for r in top.itertuples()],
+             "agreement": self.agreement,
+             "path_patching": "clean run; the sender's corrupted - clean result added only to the receiver's input "
+                              "residual, the receiver's input norm recomputed; every later layer recomputed"}
+        if self.paths is not None:
+            s["receivers"] = {rec: [{"sender": r.sender, "effect": round(float(r.effect), 5), "score": round(float(r.score), 5)}
+                                    for r in grp.head(8).itertuples()] for rec, grp in self.paths.groupby("receiver", sort=False)}
+        if self.qk is not None:
+            q = self.qk
+            s["qk_attribution"] = {"head": f"{q.layer}.{q.head}", "q_pos": q.q_pos, "k_pos": q.k_pos,
+                                   "score": round(q.score, 4), "identity_error": float(f"{q.identity_error:.3g}"),
+                                   "key_side_top": {k: round(float(v), 4) for k, v in q.key_side().head(8).items()},
+                                   "query_side_top": {k: round(float(v), 4) for k, v in q.query_side().head(8).items()}}
+        return {**s, "config": asdict(self.config), "seconds": round(self.seconds, 1), "versions": package_versions()}
+
+    def figure(self):
+        """``circuit``: the ``top`` edges as a graph (:func:`headprobe.analyses.figures.circuit_graph`)."""
+        from headprobe.analyses import figures
+        from headprobe.analyses.paths import parse_edge
+
+        top = self.edges.head(self.config.top)
+        edges = [(e.sender, e.receiver, e.input, float(score)) for e, score in
+                 zip((parse_edge(name) for name in top["edge"]), top["score"])]
+        label = self.config.method.upper()
+        return figures.circuit_graph(edges, self.spec.n_layers, self.spec.n_heads,
+                                     f"{self.spec.name}: top {len(edges)} edges by |{label}|",
+                                     f"{label} score (nats/token)")
+
+    def report(self) -> str:
+        s = self.summary()
+        lines = [f"clean loss {s['clean_loss']:.3f} nats/token; {s['n_edges']} edges scored by {s['method']}"]
+        if self.agreement:
+            a = self.agreement
+            lines.append(f"against exact path patching on {a['n_edges']} edges: Spearman {a['spearman']:.3f}, "
+                         f"Pearson {a['pearson']:.3f}, top-{a['top_k']} recall {a['top_k_recall']:.2f}")
+        lines.append("largest edges (score, exact):")
+        lines += [f"  {t['edge']:>18}  {t['score']:+.4f}  " + ("" if t["exact"] is None else f"{t['exact']:+.4f}")
+                  for t in s["top_edges"][:10]]
+        for rec, rows in s.get("receivers", {}).items():
+            lines.append(f"path patching into {rec}: " + ", ".join(f"{r['sender']} {r['effect']:+.4f}" for r in rows[:5]))
+        if self.qk is not None:
+            q = s["qk_attribution"]
+            lines.append(f"QK attribution of {q['head']} ({q['q_pos']} -> {q['k_pos']}): score {q['score']:+.3f} "
+                         f"(identity error {q['identity_error']:.1g}); key side: "
+                         + ", ".join(f"{k} {v:+.2f}" for k, v in list(q["key_side_top"].items())[:5]))
+        return "\n".join(lines)
+
+    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+        """Write edges.csv, path_patching.csv, qk_attribution.csv, the figure and, last, summary.json.
+
+        Raises:
+            HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
+        """
+        from headprobe.analyses import figures
+
+        out = prepare_output_dir(out_dir, overwrite)
+        write_text(out / "edges.csv", self.edges.to_csv(index=False, float_format="%.6g"))
+        written = [out / "edges.csv"]
+        if self.paths is not None:
+            write_text(out / "path_patching.csv", self.paths.to_csv(index=False, float_format="%.6g"))
+            written.append(out / "path_patching.csv")
+        if self.qk is not None:
+            write_text(out / "qk_attribution.csv", self.qk_table().to_csv(index=False, float_format="%.6g"))
+            written.append(out / "qk_attribution.csv")
+        written += figures.save_figure(self.figure(), out / "circuit")
+        write_json(out / "summary.json", self.summary())
+        return written + [out / "summary.json"]
+
+
+def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> CircuitResult:
+    """Score, verify and explain on the loaded ``model`` (module docstring).
+
+    Raises:
+        HeadprobeError: the bridge, an encoder, MLA, a receiver or head outside the model, a
+            sequence longer than the context, or a resumed forward that does not reproduce the clean run.
+    """
+    import time
+
+    from headprobe.analyses import paths
+    from headprobe.analyses.data import repeated_random_tokens
+
+    spec, t0 = model.spec, time.perf_counter()
+    if 2 * config.period + 1 > spec.n_ctx:
+        raise HeadprobeError(f"--period {config.period} gives sequences longer than the model's context ({spec.n_ctx} tokens)")
+    receivers = parse_receivers(config.receivers) if config.receivers else []
+    for r, _ in receivers:
+        if r is not None and not (0 < r[0] < spec.n_layers and 0 <= r[1] < spec.n_heads):
+            raise HeadprobeError(f"receiver {r[0]}.{r[1]} is not a head after layer 0 of a model of "
+                                 f"{spec.n_layers} layers x {spec.n_heads} heads")
+    qk_head = tuple(int(x) for x in config.qk_head.split(".")) if config.qk_head else None
+    if qk_head is not None and not (0 <= qk_head[0] < spec.n_layers and 0 <= qk_head[1] < spec.n_heads):
+        raise HeadprobeError(f"--qk-head {config.qk_head} is not a head of a model of {spec.n_layers} layers x {spec.n_heads} heads")
+    clean = repeated_random_tokens(model, config.n_seqs, config.period, config.seed)
+    corrupted = repeated_random_tokens(model, config.n_seqs, config.period, config.seed + 1)
+    runs = paths.prepare_runs(model, clean.tokens, corrupted.tokens, first=clean.start + config.period)
+    layers = sorted({r[0] for r, _ in receivers if r is not None} | set(range(1, spec.n_layers)))
+    base = paths.baseline_error(model, runs, layers if config.verify or receivers else [])
+    if base > BASELINE_TOLERANCE:
+        raise HeadprobeError(f"a forward resumed at a layer changes the clean loss by {base:.2g} nats/token: path patching refused")
+    scores = paths.edge_scores(model, runs, config.method, config.steps)
+    edges, agreement = paths.verify_edges(model, runs, scores.table(), config.verify, config.seed)
+    sweep = paths.receiver_sweep(model, runs, receivers, scores) if receivers else None
+    qk = None
+    if qk_head is not None:
+        from headprobe.analyses.qk_attribution import qk_attribution
+
+        q_pos = clean.start + config.period + config.period // 2  # the middle of the second copy
+        qk = qk_attribution(model, clean.tokens[:1], *qk_head, q_pos, q_pos - config.period + 1)
+    dtype = str(model.dtype).removeprefix("torch.")
+    return CircuitResult(config, spec, edges, agreement, sweep, qk, float(runs.clean_metric.mean()), base,
+                         seconds=time.perf_counter() - t0,
+                         model_info={"device": str(model.device), "dtype": dtype, "self_check": model.self_check.to_dict()})
+
+
+def circuit(model: str | LoadedModel = "smollm2-135m", *, progress: bool = False, **config_fields) -> CircuitResult:
+    """``headprobe circuit`` as a function: ``model`` a name/path (loaded as ``config_fields`` ask) or a
+    loaded model; ``config_fields`` the :class:`CircuitConfig` fields.
+
+    Raises:
+        HeadprobeError: as :func:`run`, or bad settings. TypeError: an unknown field.
+    """
+    config, loaded, _ = options.config_and_model(CircuitConfig, model, config_fields)
+    return run(loaded, config, progress=progress)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = CircuitConfig()
+    options.add_model_options(p)
+    options.add_output_options(p)
+    p.add_argument("--n-seqs", type=positive_int, default=d.n_seqs, help="repeated random sequences (default %(default)s)")
+    p.add_argument("--period", type=positive_int, default=d.period, help="tokens per copy (default %(default)s)")
+    p.add_argument("--method", choices=METHODS, default=d.method, help="edge attribution (default %(default)s)")
+    p.add_argument("--steps", type=positive_int, default=d.steps, help="EAP-IG integration steps (default %(default)s)")
+    p.add_argument("--verify", type=int, default=d.verify,
+                   help="path patch this many top edges and as many random ones exactly (default %(default)s; 0: none)")
+    p.add_argument("--top", type=positive_int, default=d.top, help="edges in the figure and summary (default %(default)s)")
+    p.add_argument("--receivers", default=None, help="path patch every earlier head into these, e.g. 18.6:k,17.3:k,logits")
+    p.add_argument("--qk-head", default=None, help="explain this head's attention by QK attribution, e.g. 18.6")
+    p.add_argument("--no-bos", dest="prepend_bos", action="store_false", help="do not put BOS in front of the prompts")
+    options.add_seed_option(p, d.seed)
+
+
+def main(args: argparse.Namespace) -> int:
+    config = CircuitConfig(model=args.model, n_seqs=args.n_seqs, period=args.period, seed=args.seed, method=args.method,
+                           steps=args.steps, verify=args.verify, top=args.top, receivers=args.receivers, qk_head=args.qk_head,
+                           device=args.device, dtype=args.dtype, backend=args.backend, prepend_bos=args.prepend_bos,
+                           device_map=args.device_map, max_memory=args.max_memory)
+    config.preflight()
+    prepare_output_dir(args.out, args.overwrite, create=False)
+    model = options.load_for(config)
+    print(options.describe_model(model), flush=True)
+    result = run(model, config)
+    paths = result.save(args.out, args.overwrite)
+    print()
+    print(result.report())
+    print(f"\nwrote {len(paths)} files to {Path(args.out)}/ (edges.csv, summary.json, circuit figure)")
+    return 0
+
+
+__all__ = ["HELP", "COMMAND", "CircuitConfig", "CircuitResult", "run", "circuit", "add_arguments", "main"]
+
+
+COMMAND = Command(HELP, add_arguments, main, api=circuit)
+"""``headprobe circuit``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -1,0 +1,82 @@
+"""``headprobe circuit``: outputs, their identities against the functions, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import headprobe
+import zoo
+from headprobe.analyses.data import repeated_random_tokens
+from headprobe.analyses.paths import path_patch_effects, parse_edge, prepare_runs
+from headprobe.cli import main
+from headprobe.probe.errors import HeadprobeError
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory, tiny_tokenizer):
+    return zoo.save_dir("llama", tiny_tokenizer, tmp_path_factory.mktemp("llama"))
+
+
+def test_cli_writes_edges_figure_and_summary(llama_dir, tmp_path, capsys):
+    out = tmp_path / "c"
+    assert main(["circuit", "--model", str(llama_dir), "--out", str(out), "--device", "cpu", "--n-seqs", "2",
+                 "--period", "6", "--steps", "3", "--verify", "6", "--receivers", "1.0:k,logits", "--qk-head", "1.3"]) == 0
+    edges = pd.read_csv(out / "edges.csv")
+    H = 4
+    assert len(edges) == 3 * H * H + 2 * H  # 2 layers: layer-0 senders into layer-1 q/k/v, every head into the logits
+    assert list(edges.columns) == ["edge", "sender", "receiver", "input", "score", "exact"]
+    assert edges["exact"].notna().sum() == 12 and edges["exact"].head(6).notna().all()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["agreement"]["n_edges"] == 12 and summary["baseline_error"] < 1e-4
+    assert summary["qk_attribution"]["identity_error"] < 1e-4
+    # the exact effects written are those of path patching itself
+    model = headprobe.load_model(str(llama_dir), device="cpu")
+    clean, corr = (repeated_random_tokens(model, 2, 6, s) for s in (0, 1))
+    runs = prepare_runs(model, clean.tokens, corr.tokens, first=clean.start + 6)
+    row = edges.dropna(subset=["exact"]).iloc[0]
+    e = parse_edge(row["edge"])
+    want = path_patch_effects(model, runs, [e.sender], e.receiver, "k" if e.receiver is None else e.input)[0]
+    assert row["exact"] == pytest.approx(want, rel=1e-4, abs=1e-7)
+    paths = pd.read_csv(out / "path_patching.csv")
+    assert set(paths["receiver"]) == {"1.0:k", "logits"} and len(paths) == H + 2 * H
+    qk = pd.read_csv(out / "qk_attribution.csv")
+    assert qk["key_side"].sum() == pytest.approx(summary["qk_attribution"]["score"], rel=1e-3)
+    assert (out / "circuit.png").is_file()
+    assert "Spearman" in capsys.readouterr().out
+
+
+def test_the_function_and_public_api(llama_dir):
+    r = headprobe.circuit(str(llama_dir), device="cpu", n_seqs=1, period=5, steps=2, verify=0, top=5)
+    assert r.agreement is None and r.edges["exact"].isna().all()
+    model = headprobe.load_model(str(llama_dir), device="cpu")
+    clean, corr = (repeated_random_tokens(model, 1, 5, s).tokens for s in (0, 1))
+    single = headprobe.path_patch(model, clean, corr, (0, 1), (1, 2), "v")
+    many = headprobe.path_patch(model, clean, corr, [(0, 1), (0, 2)], (1, 2), "v")
+    assert single == pytest.approx(many[0])
+    scores = headprobe.edge_attribution(model, clean, corr, method="eap")
+    assert scores.head_scores.shape == (3, 2, 4, 2, 4)
+    assert headprobe.qk_attribution(model, clean, 1, 0, 4, 2).identity_error < 1e-4
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--method", "atp"], "invalid choice"),
+    (["--receivers", "1.0:z"], "is not L.H:q"),
+    (["--qk-head", "x"], "is not a head"),
+    (["--period", "2"], "at least 4"),
+    (["--receivers", "7.0:k"], "is not a head after layer 0"),
+    (["--qk-head", "9.1"], "is not a head of a model"),
+    (["--backend", "transformer-lens"], "native backend"),
+])
+def test_bad_input_is_one_line_and_exit_2(llama_dir, tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["circuit", "--model", str(llama_dir), "--out", str(tmp_path / "o"), "--device", "cpu",
+                               "--verify", "0", "--steps", "1", *flags]))
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
+    assert e.value.code == 2 and "Traceback" not in err and len(errors) == 1 and message in errors[0], err
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())

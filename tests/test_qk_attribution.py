@@ -1,0 +1,83 @@
+"""QK attribution (analyses/qk_attribution.py) against Hugging Face's own attention patterns.
+
+Independent reference: for one query ``i`` and two keys ``j, j'`` the softmax gives
+``log p_ij - log p_ij' = s_ij - s_ij'`` (scores after any soft-cap), so the Hugging Face eager
+model's ``output_attentions`` pins down the differences of the scores that the per-component
+contributions must sum to, on every causal family of the zoo (tests/zoo.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import zoo
+from headprobe.analyses.qk_attribution import qk_attribution
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.loading import wrap
+
+T = 12
+PAIRS = [(7, 3), (7, 6)]  # both keys inside Mistral's/Gemma-2's sliding window of 8
+
+
+def _tokens(model):
+    ids = torch.randint(0, 100, (1, T), generator=torch.Generator().manual_seed(1))
+    ids[0, 0] = model.bos_token_id
+    return ids
+
+
+@pytest.mark.parametrize("family", zoo.names())
+def test_contributions_sum_to_the_score_of_hugging_face(tiny_tokenizer, family):
+    ckpt = zoo.make_checkpoint(family, tiny_tokenizer)
+    hf = ckpt.hf_model
+    model = wrap(ckpt, backend="native")
+    tokens = _tokens(model)
+    with torch.no_grad():
+        attentions = hf(tokens, output_attentions=True).attentions
+    cap = getattr(hf.config, "attn_logit_softcapping", None)
+    n_heads = model.spec.n_heads
+    for layer in range(model.spec.n_layers):
+        for head in (0, n_heads - 1):
+            (i, j), (_, j2) = PAIRS
+            a, b = (qk_attribution(model, tokens, layer, head, i, k) for k in (j, j2))
+            assert a.identity_error < 1e-4 and b.identity_error < 1e-4
+            s, s2 = a.contributions.sum(), b.contributions.sum()
+            if cap:
+                s, s2 = cap * math.tanh(s / cap), cap * math.tanh(s2 / cap)
+            p = attentions[layer][0, head, i].double()
+            want = float(p[j].log() - p[j2].log())
+            assert abs((s - s2) - want) <= 1e-4 * max(1.0, abs(want)), (family, layer, head)
+            # every component appears on both sides, and the biases are separate rows
+            assert a.q_labels[-1] == "q bias" and a.k_labels[-1] == "k bias"
+            assert a.contributions.shape == (len(a.q_labels), len(a.k_labels))
+
+
+def test_a_key_rotated_at_the_wrong_position_is_caught(tiny_tokenizer, monkeypatch):
+    """The identity can fail: rotating the key as if it sat at the query's position breaks it."""
+    model = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
+    tokens = _tokens(model)
+    original = type(model).qk_terms
+
+    def wrong(self, layer, head, side, terms, ref, pos):
+        return original(self, layer, head, side, terms, ref, 7 if side == "k" else pos)
+
+    monkeypatch.setattr(type(model), "qk_terms", wrong)
+    with pytest.raises(HeadprobeError, match="does not sum to its score"):
+        qk_attribution(model, tokens, 1, 0, 7, 2)
+
+
+def test_bad_input_is_one_line(tiny_tokenizer):
+    model = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
+    tokens = _tokens(model)
+    for args, match in [((5, 0, 3, 2), "no head"), ((1, 0, 3, 5), "key <= query"), ((1, 9, 3, 2), "no head")]:
+        with pytest.raises(HeadprobeError, match=match) as e:
+            qk_attribution(model, tokens, *args)
+        assert "\n" not in str(e.value)
+
+
+def test_the_bridge_and_encoders_are_refused(tiny_gpt2, tiny_tokenizer, tmp_path):
+    tokens = _tokens(tiny_gpt2)
+    with pytest.raises(HeadprobeError, match="native backend"):
+        qk_attribution(tiny_gpt2, tokens, 1, 0, 5, 2)
