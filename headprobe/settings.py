@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,7 +100,7 @@ def max_memory_dict(max_memory: dict | str | None) -> dict | None:
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None, short: str | None = None,
-            type: Any = None, choices: tuple | None = None, metavar: str | None = None, action: str | None = None,
+            type: Any = None, choices: Sequence[str] | None = None, metavar: str | None = None, action: str | None = None,
             required: bool = False, nargs: str | None = None) -> Any:
     """A dataclass field that is also a command-line flag: its ``default``, its ``help`` (argparse's
     ``%(default)s`` allowed) and how the flag reads it. ``flag`` defaults to ``--field-name``;
