@@ -24,17 +24,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    # name: (module, attribute)
-    "scan": ("headprobe.commands.scan", "scan"),
-    "ablate": ("headprobe.commands.ablate", "ablate"),
-    "prune": ("headprobe.commands.prune", "prune"),
-    "budget": ("headprobe.commands.budget", "budget"),
-    "train": ("headprobe.commands.train", "train"),
-    "study": ("headprobe.commands.study", "study"),
-    "view": ("headprobe.commands.view", "view"),
-    "atlas": ("headprobe.commands.atlas", "atlas"),
-    "patch": ("headprobe.commands.patch", "patch"),
-    "circuit": ("headprobe.commands.circuit", "circuit"),
+    # name: (module, attribute); the commands' functions come from headprobe.commands.COMMANDS
     "path_patch": ("headprobe.analyses.paths", "path_patch"),
     "edge_attribution": ("headprobe.analyses.paths", "edge_attribution"),
     "qk_attribution": ("headprobe.analyses.qk_attribution", "qk_attribution"),
@@ -47,10 +37,12 @@ _EXPORTS = {
     "HeadprobeError": ("headprobe.probe.errors", "HeadprobeError"),
 }
 
-__all__ = ["__version__", *_EXPORTS]
+# ``__all__`` is computed on use (:func:`__getattr__`): these names and every registered command.
 
 
 def __getattr__(name: str):
+    if name == "__all__":  # every registered command, one registered at run time too
+        return _public_names()
     if name == "__version__":  # read from the installed distribution on first use (importlib.metadata is slow)
         from importlib.metadata import PackageNotFoundError, version
 
@@ -59,14 +51,35 @@ def __getattr__(name: str):
         except PackageNotFoundError:  # pragma: no cover - running from a checkout without installing
             globals()["__version__"] = "0+unknown"
         return globals()["__version__"]
-    try:
+    if name in _EXPORTS:
         module, attr = _EXPORTS[name]
-    except KeyError:
-        raise AttributeError(f"module 'headprobe' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attr)
+        value = getattr(importlib.import_module(module), attr)
+    else:
+        value = _command_function(name)
     globals()[name] = value
     return value
 
 
+def _command_function(name: str):
+    """The Python function of command ``name`` (:data:`headprobe.commands.COMMANDS`).
+
+    Raises:
+        AttributeError: no such command, or the command has no Python function.
+    """
+    from headprobe.commands import COMMANDS
+
+    function = COMMANDS.get(name).function() if name in COMMANDS else None
+    if function is None:
+        raise AttributeError(f"module 'headprobe' has no attribute {name!r}")
+    return function
+
+
+def _public_names() -> list[str]:
+    """``__version__``, the exported names and every command in :data:`headprobe.commands.COMMANDS`."""
+    from headprobe.commands import COMMANDS
+
+    return ["__version__", *_EXPORTS, *COMMANDS.names()]
+
+
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return sorted(_public_names())

@@ -1,39 +1,26 @@
 """The ``headprobe`` command.
 
-Each subcommand lives in its own module under :mod:`headprobe.commands`, which provides ``HELP``
-(one line), ``add_arguments(parser)`` (flags shared by several commands come from
-:mod:`headprobe.options`) and ``main(args) -> int``, which only maps the flags to the command's
-config and calls its ``run``; add a module to :data:`SUBCOMMANDS` to add a subcommand. Errors a user can cause are raised as :class:`headprobe.probe.errors.HeadprobeError` and end the
-program with one line on stderr and exit status 2 (argparse's usage errors too, see :class:`OneLineErrorParser`).
+Each subcommand is a :class:`headprobe.commands.Command` registered in
+:data:`headprobe.commands.COMMANDS` (its ``help``, ``add_arguments(parser)`` -- flags shared by
+several commands are generated from :mod:`headprobe.settings` -- and ``main(args) -> int``, which
+only maps the flags to the command's config and runs it); this module lists no command. Errors a
+user can cause are raised as :class:`headprobe.probe.errors.HeadprobeError` and end the program
+with one line on stderr and exit status 2 (argparse's usage errors too, see :class:`OneLineErrorParser`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import contextlib
 import os
 import signal
 import sys
 import threading
 
-from headprobe.analyses.vocabulary import figure_formats
+from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV, figure_formats
+from headprobe.commands import COMMANDS
 from headprobe.probe.errors import HeadprobeError
-
-# subcommand -> module providing HELP, add_arguments(parser), main(args)
-SUBCOMMANDS: dict[str, str] = {
-    "scan": "headprobe.commands.scan",
-    "budget": "headprobe.commands.budget",
-    "ablate": "headprobe.commands.ablate",
-    "prune": "headprobe.commands.prune",
-    "train": "headprobe.commands.train",
-    "study": "headprobe.commands.study",
-    "view": "headprobe.commands.view",
-    "show": "headprobe.commands.show",
-    "atlas": "headprobe.commands.atlas",
-    "patch": "headprobe.commands.patch",
-    "circuit": "headprobe.commands.circuit",
-}
-
+from headprobe.probe.registry import did_you_mean
 
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse with usage errors as one line (``headprobe: error: ... (see headprobe scan
@@ -45,6 +32,8 @@ class OneLineErrorParser(argparse.ArgumentParser):
             message += _did_you_mean(message.split(":", 1)[1].split(), self._known_options())
             command = next((c for c in self._known_options() if c and c in sys.argv[1:2]), None)
             prog = f"{self.prog} {command}" if command else prog
+        if message.startswith("argument COMMAND: invalid choice:"):  # a misspelt command: the registry's suggestion
+            message += did_you_mean(message.split("'")[1], COMMANDS.names())
         self.exit(2, f"headprobe: error: {message} (see {prog} --help)\n")
 
     def _known_options(self) -> dict[str, list[str]]:
@@ -85,16 +74,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"headprobe {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module_name in SUBCOMMANDS.items():
-        if command in SUBCOMMANDS and name != command or command == "--version":
+    for name in COMMANDS.names():
+        if command in COMMANDS and name != command or command == "--version":
             sub.add_parser(name)  # never parsed: the command line names another command
             continue
-        module = importlib.import_module(module_name)  # a registered command that does not import is a bug: fail loudly
-        epilog = getattr(module, "EPILOG", None)  # optional: usage notes kept as written (line breaks)
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP, epilog=epilog,
-                           formatter_class=argparse.RawDescriptionHelpFormatter if epilog else argparse.HelpFormatter)
-        module.add_arguments(p)
-        p.set_defaults(_run=module.main)
+        cmd = COMMANDS.get(name)  # a registered command that does not import is a bug: fail loudly
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help, epilog=cmd.epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter if cmd.epilog else argparse.HelpFormatter)
+        cmd.add_arguments(p)
+        p.set_defaults(_run=cmd.main)
     return parser
 
 
@@ -102,6 +90,32 @@ def _version() -> str:
     from headprobe import __version__
 
     return __version__
+
+
+@contextlib.contextmanager
+def _figure_formats(formats: str | None):
+    """``--formats`` (:class:`headprobe.settings.OutputSettings`) for the command's run: the figure
+    writers read :func:`~headprobe.analyses.vocabulary.figure_formats`, which the flag sets for
+    this process (``$HEADPROBE_FIGURE_FORMATS``, restored afterwards); None leaves it as it is.
+
+    Raises:
+        HeadprobeError: a format that is not png, pdf or svg.
+    """
+    if formats is None:
+        yield
+        return
+    from headprobe.settings import OutputSettings
+
+    checked = OutputSettings(out="", formats=formats).formats
+    previous = os.environ.get(FIGURE_FORMATS_ENV)
+    os.environ[FIGURE_FORMATS_ENV] = checked
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(FIGURE_FORMATS_ENV, None)
+        else:
+            os.environ[FIGURE_FORMATS_ENV] = previous
 
 
 class Terminated(KeyboardInterrupt):
@@ -124,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
     try:
-        figure_formats()  # a bad $HEADPROBE_FIGURE_FORMATS is refused before any work, not at the first figure
-        return int(args._run(args) or 0)
+        with _figure_formats(getattr(args, "formats", None)):
+            figure_formats()  # a bad $HEADPROBE_FIGURE_FORMATS is refused before any work, not at the first figure
+            return int(args._run(args) or 0)
     except HeadprobeError as e:
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: one line, from rank 0
             print(f"headprobe: error: {e}", file=sys.stderr)

@@ -1,88 +1,29 @@
-"""Flags every command shares, defined once: the same names, choices and help in every command.
-
-Commands call :func:`add_model_options` / :func:`add_output_options` / :func:`add_seed_option`
-from their ``add_arguments``; their config dataclasses take the parsed values. Nothing here
-imports torch (``headprobe budget`` must start fast): dtypes are names until :func:`torch_dtype`.
+"""What the commands share above the settings: loading a model as the settings ask
+(:func:`load_model_as`, :func:`load_for`), the one runner of a command (:func:`run_command`), and
+flag helpers for commands whose config does not compose a settings group (:func:`add_model_options`
+for ``view`` and ``atlas``; :func:`add_output_options` for all). The settings themselves and the
+flag generator are :mod:`headprobe.settings` (re-exported here under their old names). Nothing
+here imports torch at module level (``headprobe budget`` must start fast): dtypes are names until
+:func:`torch_dtype`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from headprobe.settings import (  # noqa: F401 - the shared vocabularies and flag types, re-exported
+    BACKENDS, DEFAULT_MODEL, DEVICE_MAPS, DEVICES, DTYPE_ALIASES, DTYPES, DataSettings, ModelSettings,
+    OutputSettings, add_flags, check_device_map, dtype_name, max_memory_dict, parse_max_memory, positive_int,
+)
+from headprobe.settings import check_settings as check_config_fields  # noqa: F401 - the old name
 
 if TYPE_CHECKING:
     from headprobe.probe.backend import LoadedModel
-
-DTYPES = ("float32", "bfloat16", "float16")
-"""Compute precisions, by torch's names."""
-DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-"""Short names accepted everywhere for :data:`DTYPES`."""
-
-from headprobe.probe.vocabulary import BACKENDS, DEVICE_MAPS, DEVICES  # noqa: F401 - defined once there (torch-free)
-
-DEFAULT_MODEL = "smollm2-135m"
-
-
-def positive_int(text: str) -> int:
-    """argparse ``type`` for counts and lengths: an integer >= 1 (else a one-line usage error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def dtype_name(text: str) -> str:
-    """argparse ``type`` for ``--dtype``: torch's name (``bfloat16``) or a short alias (``bf16``),
-    returned as torch's name."""
-    name = DTYPE_ALIASES.get(text.lower().removeprefix("torch."), text.lower().removeprefix("torch."))
-    if name not in DTYPES:
-        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; choose one of {', '.join(DTYPES)} "
-                                         f"(or {', '.join(DTYPE_ALIASES)})")
-    return name
-
-
-_SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B)?$", re.IGNORECASE)
-_MEMORY_DEVICE = re.compile(r"^(cpu|disk|mps|(cuda:)?\d+)$")
-
-
-def parse_max_memory(text: str) -> dict[int | str, int | str]:
-    """argparse ``type`` for ``--max-memory``: ``DEVICE=SIZE,...`` (``cpu=2GiB,cuda:0=10GiB,disk=100GB``)
-    as accelerate's ``max_memory`` dict: devices ``cpu``, ``disk``, ``mps``, ``cuda:N`` or ``N``
-    (GPU N, an int key), sizes in bytes or with a unit (``KB MB GB TB``, ``KiB MiB GiB TiB``).
-    A device not named gets nothing, except disk, which is unlimited unless named."""
-    out: dict[int | str, int | str] = {}
-    for part in text.split(","):
-        device, eq, size = (x.strip() for x in part.partition("="))
-        if not eq or not _MEMORY_DEVICE.match(device) or not _SIZE.match(size):
-            raise argparse.ArgumentTypeError(f"bad --max-memory entry {part.strip()!r}: expected DEVICE=SIZE with DEVICE one of "
-                                             f"cpu, disk, mps, cuda:N and SIZE like 2GiB or 500MB, e.g. cpu=2GiB,cuda:0=10GiB")
-        key: int | str = int(device.removeprefix("cuda:")) if device[-1].isdigit() else device
-        if key in out:
-            raise argparse.ArgumentTypeError(f"--max-memory names {device} twice")
-        out[key] = int(size) if size.isdigit() else size.replace(" ", "").upper().replace("IB", "iB")
-    return out
-
-
-def max_memory_dict(max_memory: dict | str | None) -> dict | None:
-    """``--max-memory``'s text parsed (:func:`parse_max_memory`), a dict or None as given.
-
-    Raises:
-        HeadprobeError: bad text (one line).
-    """
-    from headprobe.probe.errors import HeadprobeError
-
-    if not isinstance(max_memory, str):
-        return max_memory
-    try:
-        return parse_max_memory(max_memory)
-    except argparse.ArgumentTypeError as e:
-        raise HeadprobeError(str(e)) from None
 
 
 def torch_dtype(name: str):
@@ -95,56 +36,43 @@ def torch_dtype(name: str):
 def add_model_options(p: argparse.ArgumentParser, *, dtype: bool = True, backend: bool = True,
                       default_model: str | None = DEFAULT_MODEL, device_map: bool = True,
                       listed_model: bool = True) -> None:
-    """``--model --device [--dtype] [--backend] [--device-map --max-memory]``; ``listed_model=False``
-    keeps ``--model`` out of ``--help`` (a command that takes ``--models`` refuses it in one line)."""
-    p.add_argument("--model", default=default_model,
-                   help=argparse.SUPPRESS if listed_model is False else
-                   f"{DEFAULT_MODEL} (default, embedded 4-bit weights), gpt2 or another Hugging Face name, "
-                   "a local Hugging Face directory, a .gguf file or a headprobe checkpoint directory")
-    p.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda when a GPU is present, else cpu")
-    if dtype:
-        p.add_argument("--dtype", default="float32", type=dtype_name, metavar="{" + ",".join(DTYPES) + "}",
-                       help="compute precision of weights and activations (default %(default)s; bf16/fp16/fp32 "
-                            "accepted); attention softmax and losses stay float32; float16 needs the native backend")
-    if backend:
-        p.add_argument("--backend", default="auto", choices=BACKENDS,
-                       help="native: headprobe's own transformer (auto picks it where it supports the architecture); "
-                            "transformer-lens: TransformerLens' TransformerBridge around the Hugging Face model")
-    if device_map:
-        p.add_argument("--device-map", default=None, choices=DEVICE_MAPS,
-                       help="split a model too large for one device over the GPUs, CPU memory and disk (accelerate; "
-                            "the bridge in float32 only): auto/balanced spread the blocks evenly over the GPUs, sequential fills each in turn; "
-                            "the embedding and unembedding stay on the first device; replaces --device (leave it at auto)")
-        p.add_argument("--max-memory", default=None, metavar="DEVICE=SIZE,...",
-                       help="what --device-map may put on each device, e.g. cpu=2GiB,cuda:0=10GiB,disk=100GB (default: the "
-                            "free memory of every GPU and the CPU; disk unlimited unless named)")
+    """``--model --device [--dtype] [--backend] [--device-map --max-memory]``, generated from
+    :class:`~headprobe.settings.ModelSettings`, for a command whose config does not compose it
+    (``view``, ``atlas``: a setting added to the group is not theirs); a config that composes it
+    calls ``add_flags(p, Config, group=ModelSettings)``. ``listed_model=False`` keeps ``--model``
+    out of ``--help`` (a command that takes ``--models`` refuses it in one line)."""
+    only = ("model", "device", *(("dtype",) if dtype else ()), *(("backend",) if backend else ()),
+            *(("device_map", "max_memory") if device_map else ()))  # a config that lacks the rest gets no flag for them
+    add_flags(p, ModelSettings, only=only, defaults={"model": default_model},
+              helps={} if listed_model else {"model": argparse.SUPPRESS})
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:
-    """``--out --overwrite``."""
-    p.add_argument("--out", required=True, help="output directory (must be empty or absent unless --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty output directory")
+    """``--out --overwrite --formats`` (:class:`~headprobe.settings.OutputSettings`)."""
+    add_flags(p, OutputSettings)
 
 
 def add_text_option(p: argparse.ArgumentParser) -> None:
     """``--text``."""
-    p.add_argument("--text", default=None, help="UTF-8 text file for natural text (default: CPython's pydoc_data.topics)")
+    add_flags(p, DataSettings, only=("text",))
 
 
 def add_seed_option(p: argparse.ArgumentParser, default: int = 0) -> None:
     """``--seed``."""
-    p.add_argument("--seed", type=int, default=default, help="seeds data windows, random tokens and draws (default %(default)s)")
+    add_flags(p, DataSettings, only=("seed",), defaults={"seed": default})
 
 
 def add_data_options(p: argparse.ArgumentParser, *, seq_len: int | None = 128, n_repeated: int = 8,
                      period: int | None = 50, seq_len_help: str = "", period_help: str = "") -> None:
-    """``--text --seq-len --n-repeated --period``: the natural-text and repeated-random-token sets."""
-    add_text_option(p)
-    p.add_argument("--seq-len", type=positive_int, default=seq_len,
-                   help="natural-text sequence length in tokens " + (seq_len_help or "(default %(default)s)"))
-    p.add_argument("--n-repeated", type=positive_int, default=n_repeated, help="repeated random sequences (default %(default)s)")
-    p.add_argument("--period", type=positive_int, default=period,
-                   help="length of the repeated random block " + (period_help or "(default %(default)s)"))
+    """``--text --seq-len --n-repeated --period``: the natural-text and repeated-random-token sets
+    (:class:`~headprobe.settings.DataSettings`); ``*_help`` replaces the ``(default ...)`` part of a help."""
+    helps = {}
+    if seq_len_help:
+        helps["seq_len"] = "natural-text sequence length in tokens " + seq_len_help
+    if period_help:
+        helps["period"] = "length of the repeated random block " + period_help
+    add_flags(p, DataSettings, only=("text", "seq_len", "n_repeated", "period"),
+              defaults={"seq_len": seq_len, "n_repeated": n_repeated, "period": period}, helps=helps)
 
 
 SMOLLM2_LAYOUT = (30, 9)
@@ -229,24 +157,6 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
     return model
 
 
-def check_device_map(device: str | None, device_map: str | None, max_memory: dict | str | None) -> None:
-    """``--device-map`` among :data:`DEVICE_MAPS`, ``--max-memory`` only with it, and ``--device``
-    left at ``auto`` (or ``cpu``) with it: the map places the model itself.
-
-    Raises:
-        HeadprobeError: one line naming the flag.
-    """
-    from headprobe.probe.errors import HeadprobeError
-
-    if device_map is not None and device_map not in DEVICE_MAPS:
-        raise HeadprobeError(f"--device-map {device_map!r} is not one of {', '.join(DEVICE_MAPS)}")
-    if max_memory is not None and device_map is None:
-        raise HeadprobeError("--max-memory needs --device-map (auto, balanced or sequential)")
-    if device_map is not None and device not in (None, "auto", "cpu"):
-        raise HeadprobeError(f"--device-map places the model itself: leave --device at auto, not {device} "
-                             f"(keep the model off the GPU with --max-memory cpu=SIZE)")
-
-
 FLOAT16_BRIDGE = ("--dtype float16 runs only on the native backend: TransformerLens' bridge computes q k^T in "
                   "float16, which overflows (65504) to NaN patterns on models with large queries and keys; "
                   "use --dtype bfloat16 (float32's range) or --backend native")
@@ -264,42 +174,6 @@ def describe_model(model: LoadedModel) -> str:
         where = f"{', '.join(dict.fromkeys(names))} (--device-map)"
     return (f"model {spec.name} on {where} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
             f"{spec.n_kv_heads} KV heads); weights: {spec.precision}")
-
-
-def check_config_fields(cfg) -> None:
-    """Check and normalise the fields a command config shares with the flags here (in place, on a
-    frozen dataclass, from its ``__post_init__``): ``dtype`` to torch's name, ``text`` to a str,
-    counts (``n_natural``, ``n_repeated``) >= 1, ``seq_len`` and ``period`` >= 2 where set,
-    ``device`` and ``backend`` among their choices. Fields the config lacks are skipped.
-
-    Raises:
-        HeadprobeError: one line naming the flag.
-    """
-    from headprobe.probe.errors import HeadprobeError
-
-    def has(name):
-        return getattr(cfg, name, None) is not None
-
-    if has("dtype"):
-        try:
-            object.__setattr__(cfg, "dtype", dtype_name(cfg.dtype))
-        except argparse.ArgumentTypeError as e:
-            raise HeadprobeError(str(e)) from None
-    if has("text"):
-        object.__setattr__(cfg, "text", str(cfg.text))
-    for name in ("n_natural", "n_repeated"):
-        if has(name) and getattr(cfg, name) < 1:
-            raise HeadprobeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
-    if has("seq_len") and cfg.seq_len < 2:
-        raise HeadprobeError(f"sequence length {cfg.seq_len} is too short: scores need at least 2 positions (--seq-len)")
-    if has("period") and cfg.period < 2:
-        raise HeadprobeError(f"--period {cfg.period} is too short: induction needs a repeated block of at least 2 tokens")
-    for name, allowed in (("device", DEVICES), ("backend", BACKENDS)):
-        if has(name) and getattr(cfg, name) not in allowed:
-            raise HeadprobeError(f"--{name} {getattr(cfg, name)!r} is not one of {', '.join(allowed)}")
-    if has("max_memory"):  # kept as text (JSON keys stay as typed), checked now
-        max_memory_dict(cfg.max_memory)
-    check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))
 
 
 def load_for(config):
@@ -351,43 +225,14 @@ def check_fields(config_cls, config_fields: dict) -> None:
 
 
 @dataclass(frozen=True)
-class ModelRunConfig:
+class ModelRunConfig(ModelSettings, DataSettings):
     """The settings every command that runs a model on natural text and repeated random tokens
-    shares (``ablate``, ``prune``; the flags of :func:`add_model_run_options`). A command's config
-    derives from it and adds its own fields. Invalid values raise
-    :class:`~headprobe.probe.errors.HeadprobeError` when the config is made.
-
-    Attributes:
-        model: model name or path (see :func:`headprobe.probe.loading.load_model`).
-        n_natural: natural-text sequences (>= 1); as many more, disjoint, are the reference
-            (ablate: mean/resample source; prune: the held-out curve).
-        seq_len: natural-text sequence length in tokens, BOS included (>= 2).
-        n_repeated: repeated-random-token sequences of the induction task (>= 1).
-        period: length S of the repeated block (>= 2).
-        seed: seeds the window choice, the random tokens and any random order or source.
-        text: a UTF-8 file to use instead of the Python documentation text.
-        device: ``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name.
-        dtype: compute precision (``float32``, ``bfloat16``, ``float16`` or bf16/fp16/fp32); applies when loaded by name.
-        backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; applies when loaded by name.
-        device_map: ``auto``, ``balanced`` or ``sequential``: split the model over devices (:func:`load_model_as`); None: one device.
-        max_memory: per-device budget for ``device_map`` (a dict, or ``--max-memory``'s text); None: what is free.
-    """
-
-    model: str = DEFAULT_MODEL
-    n_natural: int = 8
-    seq_len: int = 128
-    n_repeated: int = 8
-    period: int = 50
-    seed: int = 0
-    text: str | None = None
-    device: str = "auto"
-    dtype: str = "float32"
-    backend: str = "auto"
-    device_map: str | None = None
-    max_memory: str | dict | None = None
-
-    def __post_init__(self):
-        check_config_fields(self)
+    shares (``ablate``, ``prune``): :class:`~headprobe.settings.ModelSettings` and
+    :class:`~headprobe.settings.DataSettings` composed (the fields and their help are declared
+    there). ``n_natural`` sequences are used, as many more, disjoint, are the reference (ablate:
+    mean/resample source; prune: the held-out curve). A command's config derives from it and adds
+    its own fields. Invalid values raise :class:`~headprobe.probe.errors.HeadprobeError` when the
+    config is made."""
 
     def preflight(self) -> None:
         """Check, without loading weights, what the settings and files alone decide (here: the
@@ -402,14 +247,13 @@ class ModelRunConfig:
             open_text_file(self.text)
 
 
-def add_model_run_options(p: argparse.ArgumentParser) -> None:
+def add_model_run_options(p: argparse.ArgumentParser, *, n_natural_help: str = "") -> None:
     """The flags of a command that runs a model on text and writes a directory (``ablate``,
-    ``prune``): :func:`add_model_options`, :func:`add_output_options`, :func:`add_data_options`
-    with their defaults, :func:`add_seed_option`."""
-    add_model_options(p)
+    ``prune``), generated from :class:`ModelRunConfig`'s settings: the model's (no ``--no-bos``),
+    :func:`add_output_options`, the data's."""
+    add_flags(p, ModelRunConfig, group=ModelSettings, skip=("prepend_bos",))
     add_output_options(p)
-    add_data_options(p)
-    add_seed_option(p)
+    add_flags(p, ModelRunConfig, group=DataSettings, helps={"n_natural": n_natural_help} if n_natural_help else None)
 
 
 @contextlib.contextmanager
@@ -431,13 +275,62 @@ def process_group(device: str = "auto"):
         distributed.shutdown()
 
 
-def main_resumable(args: argparse.Namespace, config, core: str, resumed) -> int:
-    """The ``main`` of a command that resumes from a checkpoint in its output directory (``ablate``,
-    ``prune``): check the settings (``config.preflight()``) and ``--out`` before the model loads,
-    pick up the checkpoint written by an interrupted run of the same config (printing
-    ``resumed(state)``, a short account of what is done), load the model, run the ``run(model,
-    config, resume=state, on_save=...)`` of module ``core`` (imported only now: the computation
-    needs torch), save the result, drop the checkpoint, print the report and the files written.
+@dataclass(frozen=True)
+class Run:
+    """How :func:`run_command` runs one command (what differs between commands; the steps are the same).
+
+    Attributes:
+        core: the module with ``run(model, config, progress=..., [resume=..., on_save=...])``,
+            imported only once the settings are checked (the computation needs torch).
+        resumed: a short account of a checkpoint's state (``"12 head ablations done"``): the run is
+            resumable, its checkpoint kept in ``--out`` (:class:`~headprobe.probe.io.RunCheckpoint`); None: not resumable.
+        note: a line printed before the model loads (``NOTE: ...``), or None.
+        sharded: what a multi-rank run splits, for the model line (``"verification"``), or ``""``.
+        save: keyword arguments of the result's ``save`` beyond ``out`` and ``overwrite``.
+        wrote: the last line, from the paths written (default: ``wrote a.csv, summary.json, ... to OUT/``).
+    """
+
+    core: str
+    resumed: Callable[[dict], str] | None = None
+    note: str | None = None
+    sharded: str = ""
+    save: dict = field(default_factory=dict)
+    wrote: Callable[[list, Path], str] | None = None
+
+
+def _wrote(paths: list, out: Path) -> str:
+    names = [p.name for p in paths]
+    return f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {out}/"
+
+
+def _resume(out: str, overwrite: bool, config, module, sharded: bool, main_rank: bool):
+    """``(state or None, on_save, checkpoints found)`` of a resumable run; see :func:`run_command`."""
+    from dataclasses import asdict
+
+    from headprobe.analyses import distributed
+    from headprobe.probe.io import RunCheckpoint, shard_checkpoint_name
+
+    key = asdict(config)
+    checkpoint = RunCheckpoint(out, key)
+    merge = getattr(module, "merge_states", None)
+    if merge is not None:  # every rank reads every checkpoint before any rank writes one
+        found = RunCheckpoint.shards(out, key)
+        saved = merge([c.load(overwrite) for c in found])
+        if sharded:
+            checkpoint = RunCheckpoint(out, key, shard_checkpoint_name(distributed.rank(), distributed.world_size()))
+        return saved, checkpoint.save, found
+    saved = checkpoint.load(overwrite) if main_rank or not sharded else None
+    return distributed.broadcast_object(saved), checkpoint.save if main_rank else None, [checkpoint]
+
+
+def run_command(args: argparse.Namespace, config, how: Run) -> int:
+    """The ``main`` of every command that loads one model and writes a directory (``scan``,
+    ``ablate``, ``prune``, ``patch``): check the settings (``config.preflight()``) and ``--out``
+    before the model loads, pick up the checkpoint an interrupted run of the same config wrote
+    (resumable commands, ``how.resumed``), load the model (:func:`load_for`), run ``how.core``'s
+    ``run`` (imported only now), save the result (``summary.json`` last), drop the checkpoint,
+    print the report and the files written. Ctrl-C and SIGTERM end the run between writes
+    (:mod:`headprobe.cli` says so); progress bars only on the main rank.
 
     Under ``torchrun --nproc-per-node N`` (``WORLD_SIZE > 1``) every rank runs this: it joins the
     process group (:func:`headprobe.analyses.distributed.init_from_env`), reads the checkpoints,
@@ -453,48 +346,38 @@ def main_resumable(args: argparse.Namespace, config, core: str, resumed) -> int:
     """
     import importlib
     import time
-    from dataclasses import asdict
-    from pathlib import Path
 
     from headprobe.analyses import distributed
-    from headprobe.probe.io import RunCheckpoint, prepare_output_dir, shard_checkpoint_name
+    from headprobe.probe.io import RunCheckpoint, prepare_output_dir
 
     with process_group(config.device) as sharded:
-        main_rank = distributed.is_main()
+        main_rank, resumable = distributed.is_main(), how.resumed is not None
         config.preflight()
-        prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
-        key = asdict(config)
-        checkpoint = RunCheckpoint(args.out, key)
-        merge = getattr(importlib.import_module(core), "merge_states", None)
-        if merge is not None:  # every rank reads every checkpoint before any rank writes one
-            found = RunCheckpoint.shards(args.out, key)
-            saved = merge([c.load(args.overwrite) for c in found])
-            if sharded:
-                checkpoint = RunCheckpoint(args.out, key, shard_checkpoint_name(distributed.rank(), distributed.world_size()))
-            on_save = checkpoint.save
-        else:
-            found = [checkpoint]
-            saved = checkpoint.load(args.overwrite) if main_rank or not sharded else None
-            saved = distributed.broadcast_object(saved)
-            on_save = checkpoint.save if main_rank else None
-        distributed.barrier()
+        prepare_output_dir(args.out, args.overwrite, create=False, resumable=resumable)
+        module = importlib.import_module(how.core)
+        saved, on_save, found = _resume(args.out, args.overwrite, config, module, sharded, main_rank) if resumable else (None, None, [])
+        distributed.barrier()  # every rank has checked --out (and read its checkpoint) before rank 0 writes
         if saved and main_rank:
-            print(f"resuming from {', '.join(str(c.path) for c in found if c.path.is_file())} ({resumed(saved)})")
+            print(f"resuming from {', '.join(str(c.path) for c in found if c.path.is_file())} ({how.resumed(saved)})")
+        if how.note and main_rank:  # said before anything runs
+            print(f"NOTE: {how.note}", flush=True)
         t0 = time.perf_counter()
         model = load_for(config)
         load_s = time.perf_counter() - t0
         if main_rank:
-            print(describe_model(model) + (f"; sharded over {distributed.world_size()} ranks" if sharded else ""),
-                  flush=True)
-        result = importlib.import_module(core).run(model, config, resume=saved, on_save=on_save, progress=main_rank)
-        result.load_s = load_s
-        if main_rank:
-            paths = result.save(args.out, overwrite=True)  # ours: only checkpoints can be there unless --overwrite
-            for c in RunCheckpoint.shards(args.out, key):
+            what = f"{how.sharded} sharded" if how.sharded else "sharded"
+            print(describe_model(model) + (f"; {what} over {distributed.world_size()} ranks" if sharded else ""), flush=True)
+        resume = {"resume": saved, "on_save": on_save} if resumable else {}
+        result = module.run(model, config, progress=main_rank, **resume)
+        if hasattr(result, "load_s"):  # recorded in its summary.json's timings
+            result.load_s = load_s
+        if main_rank:  # the others computed the same result
+            # resumable: only checkpoints can be in --out unless --overwrite (checked above)
+            paths = result.save(args.out, overwrite=resumable or args.overwrite, **how.save)
+            for c in RunCheckpoint.shards(args.out, asdict(config)) if resumable else ():
                 c.clear()
             print()
             print(result.report())
-            names = [p.name for p in paths]
-            print(f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {Path(args.out)}/")
+            print((how.wrote or _wrote)(paths, Path(args.out)))
         distributed.barrier()
     return 0

@@ -121,3 +121,20 @@ def test_flag_errors_are_refused_before_torch_is_imported(tmp_path, argv, fragme
     assert r.returncode == 2 and len(errors) == 1 and fragment in errors[0], r.stderr[-2000:]
     assert not [line for line in r.stderr.splitlines() if line.startswith("import time:") and " torch" in line]
     assert not (tmp_path / "x").exists()
+
+
+def test_formats_flag_sets_the_figure_formats_of_one_run(tmp_path, capsys, monkeypatch):
+    """``--formats`` (OutputSettings): checked before any work (one line, exit 2, nothing written),
+    in force for the run only, and in the canonical order whatever order it was given in."""
+    import os
+
+    from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV, figure_formats
+    from headprobe.cli import _figure_formats, main
+
+    assert main(["scan", "--formats", "gif", "--out", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.strip() == "headprobe: error: --formats 'gif': choose from png, pdf, svg (comma-separated)"
+    assert not (tmp_path / "x").exists()
+    monkeypatch.setenv(FIGURE_FORMATS_ENV, "png")
+    with _figure_formats("SVG,pdf"):
+        assert figure_formats() == ("pdf", "svg")
+    assert os.environ[FIGURE_FORMATS_ENV] == "png" and figure_formats() == ("png",)

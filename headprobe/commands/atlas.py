@@ -30,6 +30,7 @@ As a library::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import hashlib
 import json
@@ -41,12 +42,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from headprobe import options
+from headprobe.commands import Command
+from headprobe import options, settings
 from headprobe.analyses import atlas as atlas_lib
 from headprobe.analyses import figures
 from headprobe.analyses.detectors import select_detectors
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
+from headprobe.settings import DataSettings
 from headprobe.probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "scan many models (or a training run's checkpoints) and show where each head type sits across them"
@@ -85,15 +88,16 @@ def _read_json(path: Path):
 
 
 @dataclass(frozen=True)
-class AtlasConfig:
-    """Settings of an atlas (all recorded in summary.json's ``config``).
+class AtlasConfig(DataSettings):
+    """Settings of an atlas (all recorded in summary.json's ``config``): the shared
+    :class:`~headprobe.settings.DataSettings` composed (passed to every model's scan; ``seq_len``
+    and ``period`` None: as scan) and the atlas' own.
 
     Attributes:
         models: model names or paths (``toy``: train one first); None: :data:`DEFAULT_MODELS` plus
             the cached :data:`CACHED_CANDIDATES` (or none with ``checkpoints``).
         checkpoints: a ``headprobe train --save-every`` output directory: scan its snapshots in step order.
-        n_natural, seq_len, n_repeated, period, text, n_random, alpha, control, correction, k, seed, types, device,
-            dtype, backend, pattern_len: the scan's settings (:class:`headprobe.commands.scan.ScanConfig`), the same
+        n_random, alpha, control, correction, k, types, device, dtype, backend, pattern_len: the scan's settings (:class:`headprobe.commands.scan.ScanConfig`), the same
             for every model; each model's verdicts are corrected over that model's scan (its own family).
         toy_steps: training steps of the ``toy`` model.
         metrics: compute the scan's reported head metrics (copying, sink rate, entropy, retrieval,
@@ -104,17 +108,13 @@ class AtlasConfig:
 
     models: Sequence[str] | str | None = None
     checkpoints: str | None = None
-    n_natural: int = 8
     seq_len: int | None = None
-    n_repeated: int = 8
     period: int | None = None
-    text: str | None = None
     n_random: int = 50
     alpha: float = 0.05
     control: str = "layer-matched"
     correction: str = "bh"
     k: int | None = None
-    seed: int = 0
     types: Sequence[str] | str | None = None
     device: str = "auto"
     dtype: str = "float32"
@@ -125,6 +125,7 @@ class AtlasConfig:
     metrics: bool = True
 
     def __post_init__(self):
+        super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
         if isinstance(self.models, str):
             object.__setattr__(self, "models", tuple(m for m in re.split(r"[,\s]+", self.models) if m))
         elif self.models is not None:
@@ -142,9 +143,9 @@ class AtlasConfig:
         """The :class:`~headprobe.commands.scan.ScanConfig` every model is scanned with."""
         from headprobe.commands.scan import ScanConfig
 
-        return ScanConfig(model=model, n_natural=self.n_natural, seq_len=self.seq_len, n_repeated=self.n_repeated,
-                          period=self.period, text=self.text, n_random=self.n_random,
-                          alpha=self.alpha, control=self.control, correction=self.correction, k=self.k, seed=self.seed, types=self.types, device=self.device, dtype=self.dtype,
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(DataSettings)}
+        return ScanConfig(model=model, **data, n_random=self.n_random, alpha=self.alpha, control=self.control,
+                          correction=self.correction, k=self.k, types=self.types, device=self.device, dtype=self.dtype,
                           backend=self.backend, pattern_len=self.pattern_len, metrics=self.metrics)
 
     def model_list(self) -> list[tuple[str, str, int | None]]:
@@ -405,10 +406,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoints", default=None, metavar="RUN",
                    help="scan the snapshots of a headprobe train --save-every run (RUN/checkpoints/step-*) in step order")
     options.add_output_options(p)
-    options.add_data_options(p, seq_len=None, n_repeated=d.n_repeated, period=None,
-                             seq_len_help="(default: as scan, 128 or the model's context)",
-                             period_help="(default: as scan, 50 or what fits the context twice)")
-    p.add_argument("--n-natural", type=positive_int, default=d.n_natural, help="natural-text sequences (default %(default)s)")
+    settings.add_flags(p, AtlasConfig, group=DataSettings, helps={
+        "seq_len": "natural-text sequence length in tokens (default: as scan, 128 or the model's context)",
+        "period": "length of the repeated random block (default: as scan, 50 or what fits the context twice)"})
     p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=None, help="heads ablated per type (default: as scan)")
     p.add_argument("--n-random", type=positive_int, default=d.n_random,
                    help="the most control sets of k heads a verdict's test ablates (default %(default)s; see scan)")
@@ -425,7 +425,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-metrics", dest="metrics", action="store_false",
                    help="skip the scan's reported head metrics (copying, sink rate, entropy, retrieval, DLA, composition)")
     p.add_argument("--toy-steps", type=positive_int, default=d.toy_steps, help="training steps of the toy model (default %(default)s)")
-    options.add_seed_option(p, d.seed)
     options.add_model_options(p, default_model=None, device_map=False, listed_model=False)
     p.set_defaults(model=None)
 
@@ -433,13 +432,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "model", None):
         raise HeadprobeError("headprobe atlas takes --models (one or more), not --model")
-    config = AtlasConfig(models=tuple(args.models) if args.models else None, checkpoints=args.checkpoints,
-                         n_natural=args.n_natural, seq_len=args.seq_len,
-                         n_repeated=args.n_repeated, period=args.period, text=args.text, n_random=args.n_random,
-                         alpha=args.alpha, control=args.control, correction=args.correction, k=args.k,
-                         seed=args.seed, types=args.types, device=args.device, dtype=args.dtype, backend=args.backend,
-                         pattern_len=args.pattern_len, toy_steps=args.toy_steps, model_figures=args.model_figures,
-                         metrics=args.metrics)
+    config = settings.from_args(AtlasConfig, args, models=tuple(args.models) if args.models else None)
     config.model_list()
     prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
     result = run(config, args.out, overwrite=args.overwrite, progress=True)
@@ -449,3 +442,7 @@ def main(args: argparse.Namespace) -> int:
           f"{result.out}/ (each model's scan in {result.out}/{MODELS_DIR}/)")
     n_failed = sum(m["status"] == "failed" for m in result.models.values())
     return 1 if n_failed == len(result.models) else 0
+
+
+COMMAND = Command(HELP, add_arguments, main, api=atlas)
+"""``headprobe atlas``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -32,6 +32,7 @@ from contextlib import redirect_stdout
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from headprobe.commands import Command
 from headprobe.options import dtype_name, positive_int
 from headprobe.probe import cost
 from headprobe.probe.cost import AttentionLayout, format_bytes, format_flops, format_tflop
@@ -971,3 +972,7 @@ def main(args: argparse.Namespace) -> int:
     result = run(config_from_args(args))
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
     return result.exit_code
+
+
+COMMAND = Command(HELP, add_arguments, main, api=budget)
+"""``headprobe budget``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from headprobe import options
+from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
@@ -312,4 +313,8 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["HELP", "CircuitConfig", "CircuitResult", "run", "circuit", "add_arguments", "main"]
+__all__ = ["HELP", "COMMAND", "CircuitConfig", "CircuitResult", "run", "circuit", "add_arguments", "main"]
+
+
+COMMAND = Command(HELP, add_arguments, main, api=circuit)
+"""``headprobe circuit``, registered in :data:`headprobe.commands.COMMANDS`."""

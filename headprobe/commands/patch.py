@@ -33,13 +33,15 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from headprobe import options
+from headprobe import options, settings
 from headprobe.analyses.vocabulary import PATCH_SITES
+from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
+from headprobe.settings import ModelSettings
 from headprobe.probe.spec import ModelSpec
-from headprobe.probe.io import package_versions, prepare_output_dir, read_text_file, write_json, write_text
+from headprobe.probe.io import package_versions, read_text_file
 
 HELP = ("activation patching of heads (z, q, k, v) or the residual stream (clean vs corrupted prompt, logit "
         "difference); the IOI task built in")
@@ -48,11 +50,12 @@ TASKS = ("ioi",)
 
 
 @dataclass(frozen=True)
-class PatchConfig:
-    """Settings of ``headprobe patch``.
+class PatchConfig(ModelSettings):
+    """Settings of ``headprobe patch``: the shared :class:`~headprobe.settings.ModelSettings` (how
+    the model is loaded, :func:`headprobe.options.load_model_as`) composed, and the patching's own.
 
     Attributes:
-        model: model name or path. task: ``ioi`` (ignored with ``prompts``).
+        task: ``ioi`` (ignored with ``prompts``).
         prompts: a JSONL file of prompt pairs (see the module docstring), instead of the task's.
         n_prompts: IOI pairs to build (>= 2). seed: draws the IOI names and the bootstrap.
         heads: ``layer.head`` list (comma-separated) to patch; None: every head (not with ``resid``).
@@ -62,11 +65,8 @@ class PatchConfig:
             stream entering each layer, at one position at a time).
         positions: ``resid`` only: comma-separated token positions (0 = the first token, BOS;
             negative from the end); None: every position of the shortest prompt.
-        device, dtype, backend, prepend_bos, device_map, max_memory: how the model is loaded
-            (:func:`headprobe.options.load_model_as`).
     """
 
-    model: str = options.DEFAULT_MODEL
     task: str = "ioi"
     prompts: str | None = None
     n_prompts: int = 24
@@ -74,14 +74,9 @@ class PatchConfig:
     heads: str | None = None
     site: str = "z"
     positions: str | None = None
-    device: str = "auto"
-    dtype: str = "float32"
-    backend: str = "auto"
-    prepend_bos: bool = True
-    device_map: str | None = None
-    max_memory: str | dict | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         if self.task not in TASKS:
             raise HeadprobeError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r} (or give --prompts FILE)")
         if self.n_prompts < 2:
@@ -269,15 +264,10 @@ class PatchResult:
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
         """
-        from headprobe.analyses import figures
+        from headprobe.analyses.outputs import write_outputs
 
-        out = prepare_output_dir(out_dir, overwrite)
-        write_text(out / self.csv_name, self.table.to_csv(index=False, float_format="%.5f"))
-        written = [out / self.csv_name]
-        for stem, fig in self.figures().items():
-            written += figures.save_figure(fig, out / stem)
-        write_json(out / "summary.json", self.summary())
-        return written + [out / "summary.json"]
+        return write_outputs(out_dir, overwrite, summary=self.summary, figures=self.figures(),
+                             tables={self.csv_name: self.table.to_csv(index=False, float_format="%.5f")})
 
 
 def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> PatchResult:
@@ -332,7 +322,7 @@ def patch(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = PatchConfig()
-    options.add_model_options(p)
+    settings.add_flags(p, PatchConfig, group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the prompts"})
     options.add_output_options(p)
     p.add_argument("--task", choices=TASKS, default=d.task, help="built-in prompt pairs (default %(default)s: indirect-object identification)")
     p.add_argument("--prompts", default=None, metavar="FILE",
@@ -346,25 +336,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--positions", default=None, metavar="P,P,...",
                    help="--site resid: token positions (0 = first, negative from the end; default: every position "
                         "of the shortest prompt)")
-    p.add_argument("--no-bos", dest="prepend_bos", action="store_false", help="do not put BOS in front of the prompts")
     options.add_seed_option(p, d.seed)
 
 
 def main(args: argparse.Namespace) -> int:
-    config = PatchConfig(model=args.model, task=args.task, prompts=args.prompts, n_prompts=args.n_prompts, seed=args.seed,
-                         heads=args.heads, site=args.site, positions=args.positions, device=args.device,
-                         dtype=args.dtype, backend=args.backend,
-                         prepend_bos=args.prepend_bos, device_map=args.device_map, max_memory=args.max_memory)
-    config.preflight()
-    prepare_output_dir(args.out, args.overwrite, create=False)
-    model = options.load_for(config)
-    print(options.describe_model(model), flush=True)
-    result = run(model, config)
-    paths = result.save(args.out, args.overwrite)
-    print()
-    print(result.report())
-    print(f"\nwrote {len(paths)} files to {Path(args.out)}/ ({result.csv_name}, summary.json, figures)")
-    return 0
+    """``headprobe patch``: flags -> config (the prompts file and --out checked before the model
+    loads) -> run -> save -> print (:func:`headprobe.options.run_command`)."""
+    def wrote(paths, out):
+        return f"\nwrote {len(paths)} files to {out}/ ({paths[0].name}, summary.json, figures)"
+
+    return options.run_command(args, settings.from_args(PatchConfig, args), options.Run("headprobe.commands.patch", wrote=wrote))
 
 
-__all__ = ["HELP", "PatchConfig", "PatchResult", "run", "patch", "add_arguments", "main"]
+__all__ = ["HELP", "COMMAND", "PatchConfig", "PatchResult", "run", "patch", "add_arguments", "main"]
+
+
+COMMAND = Command(HELP, add_arguments, main, api=patch)
+"""``headprobe patch``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -9,11 +9,13 @@ head asked for, with each head's previous-token, first-token and positional scor
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from headprobe import options
+from headprobe.commands import Command
+from headprobe import options, settings
 from headprobe.probe.errors import HeadprobeError
+from headprobe.settings import ModelSettings
 from headprobe.probe.heads import parse_heads
 
 HELP = "draw one head's attention pattern on your own text (PNG/PDF/SVG and an offline HTML page)"
@@ -30,27 +32,19 @@ first :data:`MAX_TOKENS` tokens (a causal model's pattern on a prefix is that co
 
 
 @dataclass(frozen=True)
-class ShowConfig:
-    """Settings of ``headprobe show``.
+class ShowConfig(ModelSettings):
+    """Settings of ``headprobe show``: the shared :class:`~headprobe.settings.ModelSettings` (how
+    the model is loaded, :func:`headprobe.options.load_model_as`) composed, and these (keyword-only).
 
     Attributes:
         head: ``layer.head`` (or ``L5H1``), checked against the model once it is loaded.
         prompt: the text (or ``prompt_file``'s content); at most :data:`MAX_TOKENS` tokens.
         out: output directory.
-        device, dtype, backend, prepend_bos, device_map, max_memory: how the model is loaded
-            (:func:`headprobe.options.load_model_as`).
     """
 
-    model: str
-    head: str
-    prompt: str
-    out: str
-    device: str = "auto"
-    dtype: str = "float32"
-    backend: str = "auto"
-    prepend_bos: bool = True
-    device_map: str | None = None
-    max_memory: str | dict | None = None
+    head: str = field(kw_only=True)
+    prompt: str = field(kw_only=True)
+    out: str = field(kw_only=True)
 
 
 @dataclass
@@ -89,8 +83,7 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     if not cfg.prompt.strip():
         raise HeadprobeError("the prompt is empty; give --prompt TEXT or --prompt-file FILE")
     out = prepare_output_dir(cfg.out, overwrite, create=False)
-    model = options.load_model_as(cfg.model, device=cfg.device, dtype=cfg.dtype, backend=cfg.backend,
-                                  prepend_bos=cfg.prepend_bos, device_map=cfg.device_map, max_memory=cfg.max_memory)
+    model = options.load_for(cfg)
     model.self_check.require_patterns("attention patterns")
     spec = model.spec
     heads = parse_heads(cfg.head, spec.n_layers, spec.n_heads)
@@ -144,14 +137,24 @@ def long_window(n: int, size: int = LONG_WINDOW, sink: int = 4) -> tuple[list[in
     return rows, [*range(sink), *range(n - (size - sink), n)]
 
 
+def show(model: str = options.DEFAULT_MODEL, *, head: str, prompt: str, out: str | Path, overwrite: bool = False,
+         **load) -> ShowResult:
+    """``headprobe show`` from Python: ``head``'s pattern on ``prompt`` written into ``out``
+    (``load``: ``device``, ``dtype``, ``backend``, ``prepend_bos``, ``device_map``, ``max_memory``).
+
+    Raises:
+        HeadprobeError: as :func:`run`. TypeError: an unknown setting.
+    """
+    return run(ShowConfig(model=str(model), head=head, prompt=prompt, out=str(out), **load), overwrite=overwrite)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    options.add_model_options(p)
+    settings.add_flags(p, ShowConfig, group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the text"})
     p.add_argument("--head", required=True, help="the head, as layer.head (e.g. 18.6; L18H6 also accepted)")
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--prompt", help="the text to run the model on")
     text.add_argument("--prompt-file", help="a UTF-8 file holding the text (its final newline dropped)")
     options.add_output_options(p)
-    p.add_argument("--no-bos", dest="prepend_bos", action="store_false", help="do not put BOS in front of the text")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -166,10 +169,12 @@ def main(args: argparse.Namespace) -> int:
     # a file's final newline is the editor's, not part of the text to show
     prompt = read_text_file(args.prompt_file).rstrip("\r\n") if args.prompt_file else args.prompt
     prepare_output_dir(args.out, args.overwrite, create=False)
-    cfg = ShowConfig(model=args.model, head=args.head, prompt=prompt, out=args.out, device=args.device,
-                     dtype=args.dtype, backend=args.backend, prepend_bos=args.prepend_bos, device_map=args.device_map,
-                     max_memory=args.max_memory)
+    cfg = settings.from_args(ShowConfig, args, prompt=prompt)
     result = run(cfg, overwrite=args.overwrite)
     print(f"head {result.head[0]}.{result.head[1]} on {len(result.labels)} tokens; wrote "
           + ", ".join(str(p) for p in result.paths))
     return 0
+
+
+COMMAND = Command(HELP, add_arguments, main, api=show)
+"""``headprobe show``, registered in :data:`headprobe.commands.COMMANDS`."""

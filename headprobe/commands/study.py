@@ -37,16 +37,17 @@ from pathlib import Path
 
 import pandas as pd
 
+from headprobe.commands import Command
 from headprobe.analyses import figures
 from headprobe.analyses.train import INDUCTION_FORMED, N_CHARS, TrainConfig, train as train_model, training_tokenizer
 from headprobe.options import DEVICES, add_output_options
 from headprobe.probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.probe.io import package_versions, prepare_output_dir
 
 HELP = "train small models side by side: how many heads (study heads), MHA vs GQA vs MQA vs MLA (study layouts)"
 
-__all__ = ["HELP", "StudyConfig", "StudyResult", "run", "study", "add_arguments", "main"]
+__all__ = ["HELP", "COMMAND", "StudyConfig", "StudyResult", "run", "study", "add_arguments", "main"]
 
 CONTEXT = 2048  # tokens, for the per-request KV cache column
 STUDIES = ("heads", "layouts")
@@ -281,14 +282,10 @@ class StudyResult:
             HeadprobeError: ``out_dir`` is a non-empty directory and ``overwrite`` is False, is a
                 file, or cannot be written.
         """
-        out = prepare_output_dir(out_dir, overwrite)
-        write_text(out / "results.csv", self.table.to_csv(index=False, float_format="%.5f"))
-        written = [out / "results.csv"]
-        for name, fig in self.figures().items():
-            written += figures.save_figure(fig, out / name)
-        write_json(out / "study.json", self.summary())  # last
-        written.append(out / "study.json")
-        return written
+        from headprobe.analyses.outputs import write_outputs
+
+        return write_outputs(out_dir, overwrite, summary=self.summary, summary_name="study.json", figures=self.figures(),
+                             tables={"results.csv": self.table.to_csv(index=False, float_format="%.5f")})
 
     def report(self) -> str:
         """The per-variant means ``headprobe study`` prints."""
@@ -365,3 +362,7 @@ def main(args: argparse.Namespace) -> int:
     print(result.report())
     print(f"wrote results.csv, study.json and the figure to {Path(args.out)}/")
     return 0
+
+
+COMMAND = Command(HELP, add_arguments, main, api=study)
+"""``headprobe study``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from headprobe.commands import Command
 from headprobe.analyses import figures
 from headprobe.analyses.train import (
     CORPORA, INDUCTION_FORMED, TrainConfig, TrainRun, phase_change_step, train as train_model, training_tokenizer,
@@ -40,11 +41,11 @@ from headprobe.analyses.train import (
 from headprobe.options import DEVICES, add_output_options, add_seed_option
 from headprobe.probe.checkpoint import NATIVE_WEIGHTS, save_native_state
 from headprobe.probe.hooks import format_head
-from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.probe.io import package_versions, prepare_output_dir
 
 HELP = "train a small attention-only transformer from scratch and watch induction heads form (phase change)"
 
-__all__ = ["HELP", "TrainConfig", "TrainResult", "run", "train", "add_arguments", "main"]
+__all__ = ["HELP", "COMMAND", "TrainConfig", "TrainResult", "run", "train", "add_arguments", "main"]
 
 
 @dataclass
@@ -109,19 +110,17 @@ class TrainResult(TrainRun):
             HeadprobeError: ``out_dir`` is a non-empty directory and ``overwrite`` is False, is a
                 file, or cannot be written.
         """
-        out = prepare_output_dir(out_dir, overwrite)
-        summ = self.summary()
-        written = []
-        write_text(out / "train_log.csv", self.log.to_csv(index=False, float_format="%.5f"))
-        tokenizer_files = self.loaded.tokenizer.save_pretrained(out)
-        self.loaded.save(out, {"train": asdict(self.config)})
-        written += [out / "train_log.csv", out / "summary.json", out / "config.json", out / "headprobe_model.pt"]
-        written += sorted({Path(f) for f in tokenizer_files if Path(f).is_file()} - set(written))
-        written += self.save_snapshots(out / CHECKPOINTS)
-        for name, fig in self.figures().items():
-            written += figures.save_figure(fig, out / name)
-        write_json(out / "summary.json", summ)  # last: a directory with summary.json is complete
-        return written
+        from headprobe.analyses.outputs import write_outputs
+
+        def model_files(out: Path) -> list[Path]:  # the checkpoint headprobe.load_model reads, and the snapshots
+            tokenizer_files = self.loaded.tokenizer.save_pretrained(out)
+            self.loaded.save(out, {"train": asdict(self.config)})
+            written = [out / "config.json", out / "headprobe_model.pt"]
+            written += sorted({Path(f) for f in tokenizer_files if Path(f).is_file()} - set(written))
+            return written + self.save_snapshots(out / CHECKPOINTS)
+
+        return write_outputs(out_dir, overwrite, summary=self.summary(), figures=self.figures(), extra=model_files,
+                             tables={"train_log.csv": self.log.to_csv(index=False, float_format="%.5f")})
 
     def save_snapshots(self, out_dir: Path) -> list[Path]:
         """Write every snapshot (``save_every``) as a headprobe checkpoint directory
@@ -244,3 +243,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"\n{result.report()}")
     print(f"wrote {len(paths)} files to {out}/ (headprobe scan --model {out} reads the checkpoint)")
     return 0
+
+
+COMMAND = Command(HELP, add_arguments, main, api=train)
+"""``headprobe train``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -18,6 +18,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from headprobe.commands import Command
 from headprobe import options
 from headprobe.probe.errors import HeadprobeError
 
@@ -168,3 +169,7 @@ def main(args: argparse.Namespace) -> int:
     size = path.stat().st_size
     print(f"wrote {path} ({size / 1e6:.1f} MB); open it in a browser (works offline, from file://)")
     return 0
+
+
+COMMAND = Command(HELP, add_arguments, main, api=view)
+"""``headprobe view``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -21,7 +21,8 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from headprobe import options
+from headprobe.commands import Command
+from headprobe import options, settings
 from headprobe.options import positive_int
 from headprobe.analyses.vocabulary import ESTIMATORS as ESTIMATES  # the --estimate choices, torch-free
 from headprobe.probe.errors import HeadprobeError
@@ -42,7 +43,7 @@ _CORE = ("run", "ablate", "AblateResult", "TaskResult", "checkpointed_sweep", "C
 """Names of :mod:`headprobe.commands.ablate.core`, the computation, imported on first use (it needs
 torch; this module, the settings and the flags, does not)."""
 
-__all__ = ["HELP", "EPILOG", "TASKS", "ESTIMATES", "AblateConfig", "add_arguments", "config_from_args", "main", *_CORE]
+__all__ = ["HELP", "COMMAND", "EPILOG", "TASKS", "ESTIMATES", "AblateConfig", "add_arguments", "config_from_args", "main", *_CORE]
 
 
 def __getattr__(name: str):
@@ -123,7 +124,6 @@ class AblateConfig(options.ModelRunConfig):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     options.add_model_run_options(p)
-    p.add_argument("--n-natural", type=positive_int, default=8, help="natural-text sequences (default %(default)s)")
     kinds = ", ".join(f"{k.name} ({k.help})" for k in ablation_kinds.kinds())
     p.add_argument("--kind", default="zero", choices=ablation_kinds.names(),
                    help=f"how an ablated head's z is replaced: {kinds}; the reference tokens are other natural-text "
@@ -142,11 +142,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> AblateConfig:
     """The :class:`AblateConfig` the flags ask for (checks everything the flags alone decide)."""
-    return AblateConfig(**{f: getattr(args, f) for f in AblateConfig.__dataclass_fields__})
+    return settings.from_args(AblateConfig, args)
 
 
 def main(args: argparse.Namespace) -> int:
     """``headprobe ablate``: flags -> config (checked with --text, --heads and --out before the
     model loads) -> resumable run -> save -> print."""
-    return options.main_resumable(args, config_from_args(args), "headprobe.commands.ablate.core",
-                                  lambda saved: f"{sum(len(t['loss']) for t in saved.values())} head ablations done")
+    def resumed(saved: dict) -> str:
+        return f"{sum(len(t['loss']) for t in saved.values())} head ablations done"
+
+    return options.run_command(args, config_from_args(args), options.Run("headprobe.commands.ablate.core", resumed=resumed))
+
+
+COMMAND = Command(HELP, add_arguments, main, api="headprobe.commands.ablate.core:ablate", epilog=EPILOG)
+"""``headprobe ablate``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -29,7 +29,7 @@ from headprobe.probe.spec import ModelSpec
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
 from headprobe.probe import ablation_kinds
 from headprobe.probe.heads import format_head
-from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.probe.io import package_versions
 
 @dataclass(frozen=True)
 class TaskResult:
@@ -273,13 +273,10 @@ class AblateResult:
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
         """
-        out = prepare_output_dir(out_dir, overwrite, resumable=True)
-        write_text(out / "head_ablation.csv", self.table.to_csv(index=False, float_format="%.6f"))
-        paths = [out / "head_ablation.csv"]
-        for stem, fig in self.figures().items():
-            paths += figs.save_figure(fig, out / stem)
-        write_json(out / "summary.json", self.summary())  # last: a directory with summary.json is complete
-        return [*paths, out / "summary.json"]
+        from headprobe.analyses.outputs import write_outputs
+
+        return write_outputs(out_dir, overwrite, resumable=True, summary=self.summary, figures=self.figures(),
+                             tables={"head_ablation.csv": self.table.to_csv(index=False, float_format="%.6f")})
 
     def report(self) -> str:
         """The terminal summary: clean losses, top heads per task, rank correlations, timings."""

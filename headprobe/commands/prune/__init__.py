@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from headprobe import options
+from headprobe.commands import Command
+from headprobe import options, settings
 from headprobe.options import positive_int
 from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # the --method choices, torch-free
 from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS  # noqa: F401 - re-exported
@@ -37,7 +38,7 @@ _CORE = ("run", "prune", "PruneResult")
 """Names of :mod:`headprobe.commands.prune.core`, the computation, imported on first use (it needs
 torch; this module, the settings and the flags, does not)."""
 
-__all__ = ["HELP", "EPILOG", "METHODS", "ORDERS", "PRUNED_DIR", "PRUNED_FILE", "PruneConfig", "add_arguments", "config_from_args", "main", *_CORE]
+__all__ = ["HELP", "COMMAND", "EPILOG", "METHODS", "ORDERS", "PRUNED_DIR", "PRUNED_FILE", "PruneConfig", "add_arguments", "config_from_args", "main", *_CORE]
 
 
 def __getattr__(name: str):
@@ -141,7 +142,8 @@ class PruneConfig(options.ModelRunConfig):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    options.add_model_run_options(p)
+    options.add_model_run_options(p, n_natural_help="natural-text sequences for scoring, and as many held out for the curve "
+                                                    "(default %(default)s)")
     p.add_argument("--method", "--methods", dest="methods", default=",".join(METHODS),
                    help="pruning methods to compare, comma-separated: michel (gradient importance), l0 (Voita et al. "
                         "head gates), random (default %(default)s)")
@@ -151,8 +153,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--l0-steps", type=positive_int, default=20, help="Adam steps of the gates per penalty weight (default %(default)s)")
     p.add_argument("--per-layer", action="store_true",
                    help="also write per_layer.csv + figure: each layer reduced to its single best head (Michel et al. Table 2)")
-    p.add_argument("--n-natural", type=positive_int, default=8,
-                   help="natural-text sequences for scoring, and as many held out for the curve (default %(default)s)")
     p.add_argument("--step-fraction", type=float, default=0.1, help="fraction of all heads removed per step (default %(default)s)")
     p.add_argument("--max-fraction", type=float, default=1.0, help="stop after removing this fraction (default %(default)s)")
     p.add_argument("--no-rescore", dest="rescore", action="store_false",
@@ -166,15 +166,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> PruneConfig:
     """The :class:`PruneConfig` the flags ask for (checks everything the flags alone decide)."""
-    fields = {f: getattr(args, f) for f in PruneConfig.__dataclass_fields__}
-    fields["methods"] = parse_methods(fields["methods"])
-    fields["l0_lambdas"] = parse_floats(fields["l0_lambdas"])
-    return PruneConfig(**fields)
+    return settings.from_args(PruneConfig, args, methods=parse_methods(args.methods), l0_lambdas=parse_floats(args.l0_lambdas))
 
 
 def main(args: argparse.Namespace) -> int:
     """``headprobe prune``: flags -> config (checked with --text and --out before the model loads)
     -> resumable run -> save -> print."""
-    return options.main_resumable(args, config_from_args(args), "headprobe.commands.prune.core",
-                                  lambda saved: ", ".join(f"{name}: {len(s['rows']) - 1} steps" for name, s in saved.items()
-                                                         if isinstance(s, dict) and "rows" in s) + " done")
+    def resumed(saved: dict) -> str:
+        return ", ".join(f"{name}: {len(s['rows']) - 1} steps" for name, s in saved.items()
+                         if isinstance(s, dict) and "rows" in s) + " done"
+
+    return options.run_command(args, config_from_args(args), options.Run("headprobe.commands.prune.core", resumed=resumed))
+
+
+COMMAND = Command(HELP, add_arguments, main, api="headprobe.commands.prune.core:prune", epilog=EPILOG)
+"""``headprobe prune``, registered in :data:`headprobe.commands.COMMANDS`."""

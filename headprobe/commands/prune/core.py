@@ -23,7 +23,7 @@ from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import ModelSpec
 from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.heads import format_head
-from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.probe.io import package_versions
 
 METRICS = (("natural_loss", "held-out text loss (nats)"), ("induction_loss", "induction loss (nats)"))
 LABELS = {"michel": "Michel et al. gradient importance", "l0": "Voita et al. L0 gates", "random": "random order"}
@@ -171,19 +171,20 @@ class PruneResult:
         """
         from headprobe.probe.pruned import save_pruned_dir
 
-        out = prepare_output_dir(out_dir, overwrite, resumable=True)
-        write_text(out / "pruning_curve.csv", self.table.to_csv(index=False, float_format="%.5f"))
-        paths = [out / "pruning_curve.csv"]
+        from headprobe.analyses.outputs import write_outputs
+
+        tables = {"pruning_curve.csv": self.table.to_csv(index=False, float_format="%.5f")}
         if self.per_layer is not None:
-            write_text(out / "per_layer.csv", pd.DataFrame(self.per_layer).to_csv(index=False, float_format="%.5f"))
-            paths.append(out / "per_layer.csv")
-        for stem, fig in self.figures().items():
-            paths += figs.save_figure(fig, out / stem)
-        if self.pruned is not None:
+            tables["per_layer.csv"] = pd.DataFrame(self.per_layer).to_csv(index=False, float_format="%.5f")
+
+        def pruned_model(out: Path) -> list[Path]:
+            if self.pruned is None:
+                return []
             save_pruned_dir(self.pruned, out / PRUNED_DIR, self.tokenizer, source=self.spec.name)
-            paths.append(out / PRUNED_DIR)
-        write_json(out / "summary.json", self.summary())  # last: a directory with summary.json is complete
-        return [*paths, out / "summary.json"]
+            return [out / PRUNED_DIR]
+
+        return write_outputs(out_dir, overwrite, resumable=True, summary=self.summary, tables=tables,
+                             figures=self.figures(), extra=pruned_model)
 
     def report(self) -> str:
         """The terminal table: each method's curve, random as mean over seeds, then the areas."""

@@ -23,16 +23,16 @@ imported on first use (``run``, ``scan``, ``ScanResult``, ...).
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from headprobe import options
+from headprobe.commands import Command
+from headprobe import options, settings
 from headprobe.analyses import vocabulary as vocab
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import TextFile, open_text_file, prepare_output_dir
+from headprobe.settings import DataSettings, ModelSettings
+from headprobe.probe.io import TextFile, open_text_file
 
 _CORE = ("run", "scan", "run_scan", "ScanResult", "verify", "summary", "scan_figures", "figure_makers",
          "write_outputs", "format_report", "verification_settings", "scan_metric", "metrics_summary",
@@ -76,16 +76,16 @@ def _default_period(n_ctx: int, trained_periods: tuple[int, int, int] | None) ->
 
 
 @dataclass(frozen=True)
-class ScanConfig:
-    """Settings of a scan (all recorded in summary.json's ``config``). Invalid values raise
+class ScanConfig(ModelSettings, DataSettings):
+    """Settings of a scan (all recorded in summary.json's ``config``): the shared
+    :class:`~headprobe.settings.ModelSettings` (applied when the model is loaded by name) and
+    :class:`~headprobe.settings.DataSettings` composed, and the scan's own. Invalid values raise
     :class:`~headprobe.probe.errors.HeadprobeError` when the config is made, before any model loads.
 
     Attributes:
-        model: model name or path (see :func:`headprobe.probe.loading.load_model`); loaded by :func:`scan` and the CLI.
-        n_natural: natural-text sequences (>= 1).
-        seq_len: natural-text sequence length in tokens, BOS included (>= 2); None: 128, or the model's context if shorter.
-        n_repeated: repeated-random-token sequences (>= 1).
-        period: length S of the repeated block (>= 2); None: 50, or the longest that fits twice, ``(n_ctx - 1) // 2``.
+        seq_len: as :class:`~headprobe.settings.DataSettings`; None (default): 128, or the model's context if shorter.
+        period: as :class:`~headprobe.settings.DataSettings`; None (default): 50, or the longest that fits twice,
+            ``(n_ctx - 1) // 2``.
         k: heads ablated per type and per random draw (>= 1, below the head count); None: 10, or a quarter of the heads if fewer.
         n_random: the most random control sets of k heads a verdict's test ablates (>= 1); a test stops
             earlier once its outcome at ``alpha`` is settled (:mod:`headprobe.analyses.verification`).
@@ -95,14 +95,6 @@ class ScanConfig:
             top-k set) or ``uniform`` (any heads outside the task's top-k sets).
         correction: ``bh`` (Benjamini-Hochberg, default) or ``holm`` over the run's tested verdicts.
         sequential: stop each test once settled (False: every test ablates ``n_random`` sets).
-        seed: seeds the window choice, the random tokens and the random head draws.
-        text: a UTF-8 file to use instead of the Python documentation text (read and checked when the config is made).
-        device: ``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name.
-        dtype: compute precision (``float32``, ``bfloat16``, ``float16`` or bf16/fp16/fp32); applies when the model is loaded by name.
-        prepend_bos: put the tokenizer's BOS token first (once) where the model has one; applies when loaded by name.
-        backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``; applies when loaded by name.
-        device_map, max_memory: split the model over devices (``auto``, ``balanced``, ``sequential``; per-device budget
-            ``cpu=2GiB,...``), see :func:`headprobe.options.load_model_as`; applies when loaded by name.
         verify: ablate each type's top-k heads against random heads (needs the per-head decomposition's self-check); False scores patterns only.
         types: head types to score, verify and draw (names of :data:`~headprobe.analyses.detectors.DETECTORS`, a tuple
             or a comma-separated string, ``-``/``_`` alike); None: all. Stored as the tuple of registry names.
@@ -117,10 +109,7 @@ class ScanConfig:
             of 1,024 tokens or more on the native backend.
     """
 
-    model: str = options.DEFAULT_MODEL
-    n_natural: int = 8
     seq_len: int | None = None
-    n_repeated: int = 8
     period: int | None = None
     k: int | None = None
     n_random: int = 50
@@ -128,14 +117,6 @@ class ScanConfig:
     control: str = "layer-matched"
     correction: str = vocab.CORRECTION
     sequential: bool = True
-    seed: int = 0
-    text: str | None = None
-    device: str = "auto"
-    dtype: str = "float32"
-    prepend_bos: bool = True
-    backend: str = "auto"
-    device_map: str | None = None
-    max_memory: str | dict | None = None
     verify: bool = True
     types: str | Sequence[str] | None = None
     pattern_len: int = vocab.DEFAULT_PATTERN_LEN
@@ -144,7 +125,7 @@ class ScanConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "types", vocab.select_head_types(self.types))
-        options.check_config_fields(self)
+        super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
         if self.n_random < 1:
             raise HeadprobeError(f"--n-random must be at least 1, got {self.n_random}")
         vocab.check_verification_choices(self.alpha, self.control, self.correction)
@@ -212,13 +193,12 @@ def unreachable_note(cfg: ScanConfig) -> str | None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ScanConfig()
-    options.add_model_options(p)
+    settings.add_flags(p, ScanConfig, group=ModelSettings)
     options.add_output_options(p)
-    options.add_data_options(p, seq_len=None, n_repeated=d.n_repeated, period=None,
-                             seq_len_help=f"(default {DEFAULT_SEQ_LEN}, or the model's context if shorter)",
-                             period_help=f"(default {DEFAULT_PERIOD}, or what fits the model's context twice; for a model "
-                                         "headprobe train made, its eval period when that is outside the periods it was trained on)")
-    p.add_argument("--n-natural", type=positive_int, default=d.n_natural, help="natural-text sequences (default %(default)s)")
+    settings.add_flags(p, ScanConfig, group=DataSettings, helps={
+        "seq_len": f"natural-text sequence length in tokens (default {DEFAULT_SEQ_LEN}, or the model's context if shorter)",
+        "period": f"length of the repeated random block (default {DEFAULT_PERIOD}, or what fits the model's context twice; "
+                  "for a model headprobe train made, its eval period when that is outside the periods it was trained on)"})
     p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=None,
                    help=f"heads ablated per type (default {DEFAULT_K}, or a quarter of the heads if fewer)")
     p.add_argument("--n-random", type=positive_int, default=d.n_random,
@@ -234,10 +214,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "rate) or Holm (family-wise error) (default %(default)s)")
     p.add_argument("--fixed-draws", dest="sequential", action="store_false",
                    help="ablate --n-random control sets for every test (no early stopping)")
-    options.add_seed_option(p, d.seed)
     p.add_argument("--types", default=None, metavar="TYPE[,TYPE...]",
                    help=f"score, verify and draw only these head types (default: all of {','.join(vocab.HEAD_TYPES)})")
-    p.add_argument("--no-bos", dest="prepend_bos", action="store_false", help="do not put BOS in front of sequences")
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="score patterns only, without the ablation check (also where a model's per-head decomposition fails its self-check)")
     p.add_argument("--pattern-len", type=int, default=d.pattern_len, metavar="N",
@@ -254,37 +232,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> ScanConfig:
     """The :class:`ScanConfig` the flags ask for (checks everything the flags alone decide)."""
-    return ScanConfig(**{f: getattr(args, f) for f in ScanConfig.__dataclass_fields__})
+    return settings.from_args(ScanConfig, args)
 
 
 def main(args: argparse.Namespace) -> int:
-    """``headprobe scan``: flags -> config (checked, with --text and --out, before the model loads) -> run -> save -> print."""
+    """``headprobe scan``: flags -> config (checked, with --text and --out, before the model loads) -> run -> save -> print
+    (:func:`headprobe.options.run_command`; torchrun shards the verification over the ranks)."""
     config = config_from_args(args)
-    from headprobe.analyses import distributed
-    from headprobe.commands.scan.core import run
 
-    with options.process_group(config.device) as sharded:  # torchrun: shard the verification over the ranks
-        main_rank = distributed.is_main()
-        config.read_text()
-        prepare_output_dir(args.out, args.overwrite, create=False)
-        distributed.barrier()  # every rank has checked --out before rank 0 can write into it
-        note = unreachable_note(config)
-        if note and main_rank:  # said before anything runs: the ablations still run and are reported
-            print(f"NOTE: {note}", flush=True)
-        t0 = time.perf_counter()
-        model = options.load_for(config)
-        load_s = time.perf_counter() - t0
-        if main_rank:
-            print(options.describe_model(model) + (f"; verification sharded over {distributed.world_size()} ranks"
-                                                   if sharded else ""), flush=True)
-        result = run(model, config, progress=main_rank)
-        result.timings["load_s"] = load_s
-        if main_rank:  # the others computed the same result
-            paths = result.save(args.out, args.overwrite, html=args.html, progress=True)
-            print()
-            print(result.report())
-            extras = (", patterns.npz" if result.patterns else "") + (", index.html" if args.html else "")
-            print(f"\nwrote {len(paths)} files to {Path(args.out)}/ (head_scores.csv, summary.json, figures as PNG, "
-                  f"PDF and SVG{extras})")
-        distributed.barrier()
-    return 0
+    def wrote(paths, out):
+        extras = (", patterns.npz" if (out / "patterns.npz") in paths else "") + (", index.html" if args.html else "")
+        return (f"\nwrote {len(paths)} files to {out}/ (head_scores.csv, summary.json, figures as "
+                f"{', '.join(f.upper() for f in vocab.figure_formats())}{extras})")
+
+    return options.run_command(args, config, options.Run("headprobe.commands.scan.core", note=unreachable_note(config),
+                                                         sharded="verification", wrote=wrote,
+                                                         save={"html": args.html, "progress": True}))
+
+COMMAND = Command(HELP, add_arguments, main, api="headprobe.commands.scan.core:scan", epilog=EPILOG)
+"""``headprobe scan``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -36,7 +36,7 @@ from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import ModelSpec
 from headprobe.probe.hooks import format_head
-from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.probe.io import package_versions, prepare_output_dir, write_text
 from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
 
 @dataclass
@@ -90,6 +90,15 @@ class ScanResult:
     composition: dict | None = None
     verification: dict = field(default_factory=dict)
     removed_heads: list = field(default_factory=list)
+
+    @property
+    def load_s(self) -> float:
+        """Seconds spent loading the model (``timings["load_s"]``; set by the caller that loaded it)."""
+        return self.timings["load_s"]
+
+    @load_s.setter
+    def load_s(self, seconds: float) -> None:
+        self.timings["load_s"] = seconds
 
     def summary(self) -> dict:
         """summary.json's content (as a dict; package versions included)."""
@@ -460,26 +469,24 @@ def write_outputs(result: ScanResult, out: Path, html: bool = False, figures: bo
     atomically), so a directory with summary.json in it is complete. ``progress``: a progress bar
     (stderr) over the figures, each drawn and written as PNG, PDF and SVG in turn (0.5-1 s of CPU
     a figure: 18 for a full scan)."""
-    out = Path(out)
-    csv = out / "head_scores.csv"
-    write_text(csv, result.table.to_csv(index=False, float_format="%.5f"))
-    written = [csv]
-    makers = figure_makers(result) if figures else {}
-    for stem, make in tqdm(makers.items(), total=len(makers), desc=f"writing figures ({', '.join(figs.figure_formats())})",
-                           unit="figure", disable=not progress or not makers):
-        written += figs.save_figure(make(), out / stem)
-    if result.verifications:
-        write_text(out / "ablation.caption.txt", figs.ablation_caption([v.to_dict() for v in result.verifications],
-                                                                       result.verification))
-        written.append(out / "ablation.caption.txt")
-    if result.patterns:
-        written.append(viewer.save_patterns(out / "patterns.npz", result.patterns))
-    if html:
-        write_text(out / "index.html", result.html())
-        written.append(out / "index.html")
-    write_json(out / "summary.json", result.summary())
-    written.append(out / "summary.json")
-    return written
+    from headprobe.analyses.outputs import write_outputs as write_directory
+
+    def others(out: Path) -> list[Path]:
+        written = []
+        if result.verifications:
+            write_text(out / "ablation.caption.txt", figs.ablation_caption([v.to_dict() for v in result.verifications],
+                                                                           result.verification))
+            written.append(out / "ablation.caption.txt")
+        if result.patterns:
+            written.append(viewer.save_patterns(out / "patterns.npz", result.patterns))
+        if html:
+            write_text(out / "index.html", result.html())
+            written.append(out / "index.html")
+        return written
+
+    return write_directory(out, True, summary=result.summary, figures=figure_makers(result) if figures else {},
+                         tables={"head_scores.csv": result.table.to_csv(index=False, float_format="%.5f")},
+                         extra=others, progress=progress)
 
 
 def format_report(result: ScanResult) -> str:

@@ -1,0 +1,308 @@
+"""The settings several commands share, each declared once: a frozen dataclass field with its
+default and its help, from which the command-line flag is generated.
+
+Three groups (tuned-lens' composed settings, ``scripts/ingredients.py``, done with the standard
+library):
+
+* :class:`ModelSettings` -- which model and how it is loaded (``--model --device --dtype --backend
+  --no-bos --device-map --max-memory``);
+* :class:`DataSettings` -- the natural-text and repeated-random-token sets (``--text --seq-len
+  --n-natural --n-repeated --period --seed``);
+* :class:`OutputSettings` -- where the files go (``--out --overwrite --formats``).
+
+A command's Config derives from the groups it takes (``class ScanConfig(ModelSettings,
+DataSettings)``): dataclass inheritance composes their fields into one flat, frozen record, so
+``config.seq_len``, the Python API's keywords (``headprobe.scan(model, seq_len=64)``) and
+summary.json's ``config`` stay flat. A command that needs another default redeclares the field
+with the default alone (``seq_len: int | None = None``); its help is still the group's. The
+command's own settings are fields made with :func:`setting` too, and :func:`add_flags` turns any
+of these dataclasses into argparse flags; :func:`from_args` builds it back from the parsed flags.
+
+Nothing here imports torch (flag and config errors come before torch loads; ``headprobe budget``
+starts without it): dtypes are names until :func:`headprobe.options.torch_dtype`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from headprobe.analyses.vocabulary import FIGURE_FORMATS
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.vocabulary import BACKENDS, DEVICE_MAPS, DEVICES  # defined once there (torch-free)
+
+DTYPES = ("float32", "bfloat16", "float16")
+"""Compute precisions, by torch's names."""
+DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+"""Short names accepted everywhere for :data:`DTYPES`."""
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` for counts and lengths: an integer >= 1 (else a one-line usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def dtype_name(text: str) -> str:
+    """argparse ``type`` for ``--dtype``: torch's name (``bfloat16``) or a short alias (``bf16``),
+    returned as torch's name."""
+    name = DTYPE_ALIASES.get(text.lower().removeprefix("torch."), text.lower().removeprefix("torch."))
+    if name not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; choose one of {', '.join(DTYPES)} "
+                                         f"(or {', '.join(DTYPE_ALIASES)})")
+    return name
+
+
+_SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B)?$", re.IGNORECASE)
+_MEMORY_DEVICE = re.compile(r"^(cpu|disk|mps|(cuda:)?\d+)$")
+
+
+def parse_max_memory(text: str) -> dict[int | str, int | str]:
+    """argparse ``type`` for ``--max-memory``: ``DEVICE=SIZE,...`` (``cpu=2GiB,cuda:0=10GiB,disk=100GB``)
+    as accelerate's ``max_memory`` dict: devices ``cpu``, ``disk``, ``mps``, ``cuda:N`` or ``N``
+    (GPU N, an int key), sizes in bytes or with a unit (``KB MB GB TB``, ``KiB MiB GiB TiB``).
+    A device not named gets nothing, except disk, which is unlimited unless named."""
+    out: dict[int | str, int | str] = {}
+    for part in text.split(","):
+        device, eq, size = (x.strip() for x in part.partition("="))
+        if not eq or not _MEMORY_DEVICE.match(device) or not _SIZE.match(size):
+            raise argparse.ArgumentTypeError(f"bad --max-memory entry {part.strip()!r}: expected DEVICE=SIZE with DEVICE one of "
+                                             f"cpu, disk, mps, cuda:N and SIZE like 2GiB or 500MB, e.g. cpu=2GiB,cuda:0=10GiB")
+        key: int | str = int(device.removeprefix("cuda:")) if device[-1].isdigit() else device
+        if key in out:
+            raise argparse.ArgumentTypeError(f"--max-memory names {device} twice")
+        out[key] = int(size) if size.isdigit() else size.replace(" ", "").upper().replace("IB", "iB")
+    return out
+
+
+def max_memory_dict(max_memory: dict | str | None) -> dict | None:
+    """``--max-memory``'s text parsed (:func:`parse_max_memory`), a dict or None as given.
+
+    Raises:
+        HeadprobeError: bad text (one line).
+    """
+    if not isinstance(max_memory, str):
+        return max_memory
+    try:
+        return parse_max_memory(max_memory)
+    except argparse.ArgumentTypeError as e:
+        raise HeadprobeError(str(e)) from None
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None, short: str | None = None,
+            type: Any = None, choices: Sequence[str] | None = None, metavar: str | None = None, action: str | None = None,
+            required: bool = False, nargs: str | None = None) -> Any:
+    """A dataclass field that is also a command-line flag: its ``default``, its ``help`` (argparse's
+    ``%(default)s`` allowed) and how the flag reads it. ``flag`` defaults to ``--field-name``;
+    ``action="store_false"`` with ``flag="--no-bos"`` makes a switch that turns the field off.
+    The help is the field's documentation (:func:`field_help`)."""
+    meta = {"help": help, "flag": flag, "short": short, "type": type, "choices": choices, "metavar": metavar,
+            "action": action, "required": required, "nargs": nargs}
+    return field(default=default, metadata={k: v for k, v in meta.items() if v not in (None, False)})
+
+
+def _meta(cls, name: str) -> dict:
+    """The flag metadata of field ``name`` of ``cls``: the nearest declaration in the MRO that has a
+    help (a subclass that redeclares a field for another default keeps the group's help)."""
+    for klass in cls.__mro__:
+        f = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if f is not None and "help" in f.metadata:
+            return dict(f.metadata)
+    return {}
+
+
+def field_help(cls, name: str) -> str:
+    """The documentation of setting ``name`` of dataclass ``cls`` (its flag's help, ``%(default)s``
+    filled in with the field's default); ``""`` for a field that is not a flag."""
+    meta = _meta(cls, name)
+    f = cls.__dataclass_fields__[name]
+    return meta.get("help", "").replace("%(default)s", str(f.default))
+
+
+def flag_names(cls) -> dict[str, str]:
+    """Field name -> the long flag :func:`add_flags` gives it, for every flag field of ``cls``."""
+    return {f.name: _meta(cls, f.name).get("flag") or "--" + f.name.replace("_", "-")
+            for f in dataclasses.fields(cls) if _meta(cls, f.name)}
+
+
+def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls, *, group=None,
+              only: tuple[str, ...] | None = None, skip: tuple[str, ...] = (), defaults: dict[str, Any] | None = None,
+              helps: dict[str, str] | None = None) -> None:
+    """Add a flag for each :func:`setting` field of dataclass ``cls`` (in field order), generated
+    from the field: its name (``seq_len`` -> ``--seq-len``, or the field's ``flag``), default (the
+    one ``cls`` declares), type, choices and help. ``group`` (a settings class ``cls`` composes,
+    e.g. :class:`DataSettings`): only the fields it declares, so a field added to the group reaches
+    every command that composes it. ``only``/``skip`` pick fields; ``defaults``/``helps`` replace a
+    field's default or help for this parser alone (a command that documents a default of its own)."""
+    defaults, helps = defaults or {}, helps or {}
+    if group is not None:
+        names = tuple(f.name for f in dataclasses.fields(group))
+        only = names if only is None else tuple(n for n in only if n in names)
+    for f in dataclasses.fields(cls):
+        meta = _meta(cls, f.name)
+        if not meta or f.name in skip or (only is not None and f.name not in only):
+            continue
+        long = meta.get("flag") or "--" + f.name.replace("_", "-")
+        names = [meta["short"], long] if meta.get("short") else [long]
+        kwargs: dict[str, Any] = {"dest": f.name, "help": helps.get(f.name, meta["help"])}
+        default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else None)
+        if meta.get("action"):
+            kwargs["action"] = meta["action"]
+        else:
+            kwargs["default"] = default
+            for key in ("type", "choices", "metavar", "nargs"):
+                if key in meta:
+                    kwargs[key] = meta[key]
+        if meta.get("required"):
+            kwargs["required"] = True
+        parser.add_argument(*names, **kwargs)
+
+
+def from_args(cls, args: argparse.Namespace, **changes):
+    """An instance of dataclass ``cls`` from the parsed flags (every field ``args`` has), with
+    ``changes`` applied; the dataclass's own checks run (``__post_init__``)."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.init and hasattr(args, f.name)}
+    return cls(**{**values, **changes})
+
+
+MODEL_HELP = (f"{DEFAULT_MODEL} (default, embedded 4-bit weights), gpt2 or another Hugging Face name, "
+              "a local Hugging Face directory, a .gguf file or a headprobe checkpoint directory")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Which model a command runs and how it is loaded (:func:`headprobe.options.load_model_as`).
+    Invalid values raise :class:`~headprobe.probe.errors.HeadprobeError` when the config is made
+    (:func:`check_settings`). Every field's help is its documentation (``--help``)."""
+
+    model: str = setting(DEFAULT_MODEL, MODEL_HELP)
+    """Model name or path (see :func:`headprobe.probe.loading.load_model`)."""
+    device: str = setting("auto", "auto: cuda when a GPU is present, else cpu", choices=DEVICES)
+    """``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name."""
+    dtype: str = setting("float32", "compute precision of weights and activations (default %(default)s; bf16/fp16/fp32 "
+                         "accepted); attention softmax and losses stay float32; float16 needs the native backend",
+                         type=dtype_name, metavar="{" + ",".join(DTYPES) + "}")
+    """Compute precision (``float32``, ``bfloat16``, ``float16``, or bf16/fp16/fp32), stored as torch's name."""
+    backend: str = setting("auto", "native: headprobe's own transformer (auto picks it where it supports the architecture); "
+                           "transformer-lens: TransformerLens' TransformerBridge around the Hugging Face model",
+                           choices=BACKENDS)
+    """``auto`` (native where supported), ``native`` or ``transformer-lens``."""
+    prepend_bos: bool = setting(True, "do not put BOS in front of sequences", flag="--no-bos", action="store_false")
+    """Put the tokenizer's BOS token first (once) where the model has one."""
+    device_map: str | None = setting(
+        None, "split a model too large for one device over the GPUs, CPU memory and disk (accelerate; "
+        "the bridge in float32 only): auto/balanced spread the blocks evenly over the GPUs, sequential fills each in turn; "
+        "the embedding and unembedding stay on the first device; replaces --device (leave it at auto)", choices=DEVICE_MAPS)
+    """``auto``, ``balanced`` or ``sequential``: split the model over devices; None: one device."""
+    max_memory: str | dict | None = setting(
+        None, "what --device-map may put on each device, e.g. cpu=2GiB,cuda:0=10GiB,disk=100GB (default: the "
+        "free memory of every GPU and the CPU; disk unlimited unless named)", metavar="DEVICE=SIZE,...")
+    """Per-device budget for ``device_map`` (a dict, or ``--max-memory``'s text); None: what is free."""
+
+    def __post_init__(self):
+        check_settings(self)
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """The natural-text and repeated-random-token sets a command runs the model on
+    (:mod:`headprobe.analyses.data`). Checked as :class:`ModelSettings` is."""
+
+    text: str | None = setting(None, "UTF-8 text file for natural text (default: CPython's pydoc_data.topics)")
+    """A UTF-8 file to use instead of the Python documentation text."""
+    seq_len: int | None = setting(128, "natural-text sequence length in tokens (default %(default)s)", type=positive_int)
+    """Natural-text sequence length in tokens, BOS included (>= 2)."""
+    n_natural: int = setting(8, "natural-text sequences (default %(default)s)", type=positive_int)
+    """Natural-text sequences (>= 1)."""
+    n_repeated: int = setting(8, "repeated random sequences (default %(default)s)", type=positive_int)
+    """Repeated-random-token sequences of the induction task (>= 1)."""
+    period: int | None = setting(50, "length of the repeated random block (default %(default)s)", type=positive_int)
+    """Length S of the repeated block ``[BOS] r_1..r_S r_1..r_S`` (>= 2; Olsson et al. 2022)."""
+    seed: int = setting(0, "seeds data windows, random tokens and draws (default %(default)s)", type=int)
+    """Seeds the window choice, the random tokens and any random draw of the command."""
+
+    def __post_init__(self):
+        check_settings(self)
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """Where a command writes its files: not part of its Config (the Config is what is computed,
+    recorded in summary.json and the checkpoint's key; the same run may be written anywhere)."""
+
+    out: str = setting(dataclasses.MISSING, "output directory (must be empty or absent unless --overwrite)", required=True)
+    """The output directory (must be empty or absent unless ``overwrite``)."""
+    overwrite: bool = setting(False, "replace files in a non-empty output directory", action="store_true")
+    """Replace files in a non-empty output directory."""
+    formats: str | None = setting(None, f"figure formats, comma-separated, of {','.join(FIGURE_FORMATS)} (default: "
+                                  "$HEADPROBE_FIGURE_FORMATS, or all three)", metavar="FMT[,FMT...]")
+    """Figure formats (None: :func:`headprobe.analyses.vocabulary.figure_formats`, all unless the environment says)."""
+
+    def __post_init__(self):
+        if self.formats is not None:
+            asked = [f.strip().lower() for f in str(self.formats).split(",") if f.strip()]
+            bad = [f for f in asked if f not in FIGURE_FORMATS]
+            if bad or not asked:
+                raise HeadprobeError(f"--formats {self.formats!r}: choose from {', '.join(FIGURE_FORMATS)} (comma-separated)")
+            object.__setattr__(self, "formats", ",".join(f for f in FIGURE_FORMATS if f in asked))
+
+
+def check_device_map(device: str | None, device_map: str | None, max_memory: dict | str | None) -> None:
+    """``--device-map`` among :data:`DEVICE_MAPS`, ``--max-memory`` only with it, and ``--device``
+    left at ``auto`` (or ``cpu``) with it: the map places the model itself.
+
+    Raises:
+        HeadprobeError: one line naming the flag.
+    """
+    if device_map is not None and device_map not in DEVICE_MAPS:
+        raise HeadprobeError(f"--device-map {device_map!r} is not one of {', '.join(DEVICE_MAPS)}")
+    if max_memory is not None and device_map is None:
+        raise HeadprobeError("--max-memory needs --device-map (auto, balanced or sequential)")
+    if device_map is not None and device not in (None, "auto", "cpu"):
+        raise HeadprobeError(f"--device-map places the model itself: leave --device at auto, not {device} "
+                             f"(keep the model off the GPU with --max-memory cpu=SIZE)")
+
+
+def check_settings(cfg) -> None:
+    """Check and normalise the shared fields a config has (in place, on a frozen dataclass, from its
+    ``__post_init__``): ``dtype`` to torch's name, ``text`` to a str, counts (``n_natural``,
+    ``n_repeated``) >= 1, ``seq_len`` and ``period`` >= 2 where set, ``device`` and ``backend``
+    among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
+    lacks, or leaves None, are skipped.
+
+    Raises:
+        HeadprobeError: one line naming the flag.
+    """
+    def has(name):
+        return getattr(cfg, name, None) is not None
+
+    if has("dtype"):
+        try:
+            object.__setattr__(cfg, "dtype", dtype_name(cfg.dtype))
+        except argparse.ArgumentTypeError as e:
+            raise HeadprobeError(str(e)) from None
+    if has("text"):
+        object.__setattr__(cfg, "text", str(cfg.text))
+    for name in ("n_natural", "n_repeated"):
+        if has(name) and getattr(cfg, name) < 1:
+            raise HeadprobeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if has("seq_len") and cfg.seq_len < 2:
+        raise HeadprobeError(f"sequence length {cfg.seq_len} is too short: scores need at least 2 positions (--seq-len)")
+    if has("period") and cfg.period < 2:
+        raise HeadprobeError(f"--period {cfg.period} is too short: induction needs a repeated block of at least 2 tokens")
+    for name, allowed in (("device", DEVICES), ("backend", BACKENDS)):
+        if has(name) and getattr(cfg, name) not in allowed:
+            raise HeadprobeError(f"--{name} {getattr(cfg, name)!r} is not one of {', '.join(allowed)}")
+    if has("max_memory"):  # kept as text (JSON keys stay as typed), checked now
+        max_memory_dict(cfg.max_memory)
+    check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))
