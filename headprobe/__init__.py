@@ -38,6 +38,7 @@ _EXPORTS = {
     "path_patch": ("headprobe.analyses.paths", "path_patch"),
     "edge_attribution": ("headprobe.analyses.paths", "edge_attribution"),
     "qk_attribution": ("headprobe.analyses.qk_attribution", "qk_attribution"),
+    "kv": ("headprobe.commands.kv", "kv"),
     "load_model": ("headprobe.probe.loading", "load_model"),
     "wrap": ("headprobe.probe.loading", "wrap_model"),
     "LoadedModel": ("headprobe.probe.loading", "LoadedModel"),

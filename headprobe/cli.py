@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, str] = {
     "atlas": "headprobe.commands.atlas",
     "patch": "headprobe.commands.patch",
     "circuit": "headprobe.commands.circuit",
+    "kv": "headprobe.commands.kv",
 }
 
 
