@@ -16,7 +16,8 @@ arXiv:2410.10819) keeps full caches for the few "retrieval heads" and streams th
 * :func:`kv_curve` compares the chosen policy with the same window on every group at the same
   memory and with random groups at the same memory (several seeds), for several budgets.
 
-Pure functions over the native :class:`~headprobe.probe.model.Transformer` and token sets; no
+Functions over a loaded model of the native backend (its ``kv_policy``, ``n_kv_groups``,
+``streaming_cache_bytes``: :class:`~headprobe.probe.native.NativeModel`) and token sets; no
 printing, no argparse.
 """
 
@@ -39,8 +40,9 @@ from headprobe.probe.layout import KVPolicy, Streaming
 LOGIT_CHUNK = 256
 
 
-def native_transformer(model):
-    """The :class:`~headprobe.probe.model.Transformer` of a loaded model (KV policies live there).
+def check_kv_backend(model) -> None:
+    """Raise unless ``model`` (a :class:`~headprobe.probe.backend.LoadedModel`) can run KV policies:
+    the native backend (:class:`~headprobe.probe.native.NativeModel`'s ``kv_policy``) and a decoder.
 
     Raises:
         HeadprobeError: another backend (the bridge has no per-group masks) or an encoder.
@@ -48,9 +50,8 @@ def native_transformer(model):
     if getattr(model, "backend", None) != "native":
         raise HeadprobeError("headprobe kv masks attention per KV group in headprobe's native model; "
                              "load with --backend native (or auto) a family it supports")
-    if not model.model.cfg.causal:
+    if not model.spec.causal:
         raise HeadprobeError(f"{model.spec.name} is an encoder; KV-cache policies are for causal decoders")
-    return model.model
 
 
 @dataclass(frozen=True)
@@ -73,45 +74,46 @@ class Quality:
         return asdict(self)
 
 
-def _chunked_loss(net, resid: Float[Tensor, "batch pos d_model"], tokens: Int[Tensor, "batch pos"], start: int) -> Tensor:
+def _chunked_loss(model, resid: Float[Tensor, "batch pos d_model"], tokens: Int[Tensor, "batch pos"], start: int) -> Tensor:
     """Per-token next-token losses ``[batch, pos - 1 - start]`` (nats), unembedding :data:`LOGIT_CHUNK` positions at a time."""
     out = []
     T = tokens.shape[1]
     for a in range(start, T - 1, LOGIT_CHUNK):
         b = min(a + LOGIT_CHUNK, T - 1)
-        logits = net.logits(resid[:, a:b], normed=True).float()
+        logits = model.logits_from_residual(resid[:, a:b], normed=True).float()
         out.append(F.cross_entropy(logits.flatten(0, 1), tokens[:, a + 1:b + 1].flatten(), reduction="none").view(len(tokens), -1))
     return torch.cat(out, dim=1)
 
 
 @torch.inference_mode()
-def natural_loss(net, tokens: Int[Tensor, "batch pos"], start: int, policy: KVPolicy | None = None) -> float:
+def natural_loss(model, tokens: Int[Tensor, "batch pos"], start: int, policy: KVPolicy | None = None) -> float:
     """Mean next-token loss (nats/token) of ``tokens`` from position ``start`` on, under ``policy``
     (None: full attention). The logits are never held for a whole sequence."""
-    with net.kv_policy(policy):
-        resid = net(tokens, return_type="resid")
-    return float(_chunked_loss(net, resid, tokens, start).mean())
+    with model.kv_policy(policy):
+        resid = model.final_residual(tokens)
+    return float(_chunked_loss(model, resid, tokens.to(resid.device), start).mean())
 
 
 @torch.inference_mode()
-def long_range_quality(net, lr: LongRangeSet, policy: KVPolicy | None = None) -> tuple[Tensor, Tensor]:
+def long_range_quality(model, lr: LongRangeSet, policy: KVPolicy | None = None) -> tuple[Tensor, Tensor]:
     """Losses (nats) and top-1 hits (0/1) of the repeated block's tokens 2..block_len,
     ``[batch, block_len - 1]`` each, under ``policy``."""
-    with net.kv_policy(policy):
-        resid = net(lr.tokens, return_type="resid")
-    pos, target = lr.targets()
+    with model.kv_policy(policy):
+        resid = model.final_residual(lr.tokens)
+    pos, target = (t.to(resid.device) for t in lr.targets())
     r = resid.gather(1, pos[..., None].expand(-1, -1, resid.shape[-1]))
-    logits = net.logits(r, normed=True).float()
+    logits = model.logits_from_residual(r, normed=True).float()
     loss = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view_as(target)
     return loss, (logits.argmax(-1) == target).float()
 
 
-def evaluate(net, natural: Int[Tensor, "batch pos"], start: int, lr: LongRangeSet, policy: KVPolicy | None = None) -> Quality:
+def evaluate(model, natural: Int[Tensor, "batch pos"], start: int, lr: LongRangeSet, policy: KVPolicy | None = None) -> Quality:
     """:class:`Quality` of ``policy`` (exact: the attention masked per KV group)."""
-    loss, hit = long_range_quality(net, lr, policy)
+    loss, hit = long_range_quality(model, lr, policy)
+    loss, hit = loss.cpu(), hit.cpu()
     per = {int(d): {"loss": float(loss[lr.distance == d].mean()), "accuracy": float(hit[lr.distance == d].mean())}
            for d in lr.distance.unique()}
-    return Quality(natural_loss(net, natural, start, policy), float(loss.mean()), float(hit.mean()), per)
+    return Quality(natural_loss(model, natural, start, policy), float(loss.mean()), float(hit.mean()), per)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,19 +140,19 @@ def distant_mass_of_pattern(pattern: Float[Tensor, "batch head q_pos k_pos"], si
 
 
 @torch.inference_mode()
-def distant_mass(net, tokens: Int[Tensor, "batch pos"], sink: int, window: int,
+def distant_mass(model, tokens: Int[Tensor, "batch pos"], sink: int, window: int,
                  rows: Int[Tensor, "batch n"] | None = None) -> Float[Tensor, "layer head"]:
     """:func:`distant_mass_of_pattern` of every head, one layer's pattern at a time (the hook
     reduces it and lets the forward pass go on; no layer's pattern outlives its layer)."""
-    out = torch.zeros(net.cfg.n_layers, net.cfg.n_heads)
+    L = model.spec.n_layers
+    out = torch.zeros(L, model.spec.n_heads)
 
     def hook(layer):
         def fn(pattern, hook):
-            out[layer] = distant_mass_of_pattern(pattern.float(), sink, window, rows).cpu()
+            out[layer] = distant_mass_of_pattern(pattern.float(), sink, window, None if rows is None else rows.to(pattern.device)).cpu()
         return fn
 
-    net.run_with_hooks(tokens, return_type="resid",
-                       fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", hook(layer)) for layer in range(net.cfg.n_layers)])
+    model.final_residual(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", hook(layer)) for layer in range(L)])
     return out
 
 
@@ -183,26 +185,26 @@ class GroupCosts:
         return self.natural + self.long_range
 
 
-def estimated_group_costs(net, natural: Tensor, lr: LongRangeSet, streaming: Streaming) -> GroupCosts:
+def estimated_group_costs(model, natural: Tensor, lr: LongRangeSet, streaming: Streaming) -> GroupCosts:
     """:class:`GroupCosts` from :func:`distant_mass`: the natural text's queries past ``sink +
     window``, and the repeated block's queries (where copying reads the first occurrence)."""
     pos, _ = lr.targets()
-    G = net.n_kv_groups
-    nat = group_mean(distant_mass(net, natural, streaming.sink, streaming.window), G)
-    far = group_mean(distant_mass(net, lr.tokens, streaming.sink, streaming.window, rows=pos), G)
+    G = model.n_kv_groups
+    nat = group_mean(distant_mass(model, natural, streaming.sink, streaming.window), G)
+    far = group_mean(distant_mass(model, lr.tokens, streaming.sink, streaming.window, rows=pos), G)
     return GroupCosts("estimate", nat, far)
 
 
-def measured_group_costs(net, natural: Tensor, start: int, lr: LongRangeSet, streaming: Streaming,
+def measured_group_costs(model, natural: Tensor, start: int, lr: LongRangeSet, streaming: Streaming,
                          full: Quality, progress=None) -> GroupCosts:
     """:class:`GroupCosts` measured: for each group, the policy with only it streaming, against ``full``."""
-    L, G = net.cfg.n_layers, net.n_kv_groups
+    L, G = model.spec.n_layers, model.n_kv_groups
     nat, far, acc = torch.zeros(L, G), torch.zeros(L, G), torch.zeros(L, G)
     for layer in range(L):
         for g in range(G):
             rows = [[None] * G for _ in range(L)]
             rows[layer][g] = streaming
-            q = evaluate(net, natural, start, lr, KVPolicy(tuple(map(tuple, rows))))
+            q = evaluate(model, natural, start, lr, KVPolicy(tuple(map(tuple, rows))))
             nat[layer, g] = q.natural_loss - full.natural_loss
             far[layer, g] = q.long_range_loss - full.long_range_loss
             acc[layer, g] = full.copy_accuracy - q.copy_accuracy
@@ -282,7 +284,7 @@ def curve_row(kind: str, budget: float, seed: int | None, policy: KVPolicy, qual
             "copy_accuracy": quality.copy_accuracy, "copy_accuracy_drop": full.copy_accuracy - quality.copy_accuracy}
 
 
-def compare_at(net, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming, k: int,
+def compare_at(model, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming, k: int,
                seeds: list[int], layout, full: Quality, label: float, progress=None) -> list[dict]:
     """The chosen policy (the ``k`` top groups by ``score`` full), the same window on every group
     at the same memory (:func:`uniform_policy`) and ``k`` random groups full (one per seed), each
@@ -293,13 +295,13 @@ def compare_at(net, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor
     policies += [("random", s, random_policy(L, G, k, streaming, s)) for s in seeds]
     rows = []
     for kind, seed, policy in policies:
-        rows.append(curve_row(kind, label, seed, policy, evaluate(net, natural, start, lr, policy), full, layout, T))
+        rows.append(curve_row(kind, label, seed, policy, evaluate(model, natural, start, lr, policy), full, layout, T))
         if progress is not None:
             progress()
     return rows
 
 
-def kv_curve(net, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming,
+def kv_curve(model, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming,
              budgets: list[float], seeds: list[int], layout, full: Quality, progress=None) -> list[dict]:
     """:func:`compare_at` for each budget (``k`` from :func:`n_full_for_budget`), plus the full
     cache's row (``policy = "full"``, budget 1)."""
@@ -308,11 +310,11 @@ def kv_curve(net, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, 
     rows = [curve_row("full", 1.0, None, KVPolicy.uniform(L, G), full, full, layout, T)]
     for b in budgets:
         k = n_full_for_budget(L * G, T, streaming.span, b)
-        rows += compare_at(net, natural, start, lr, score, streaming, k, seeds, layout, full, b, progress)
+        rows += compare_at(model, natural, start, lr, score, streaming, k, seeds, layout, full, b, progress)
     return rows
 
 
-def tolerance_k(net, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming,
+def tolerance_k(model, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming,
                 tolerance: float, full: Quality) -> int:
     """The fewest full groups (the top ones by ``score``) whose policy's natural-text loss increase
     is at most ``tolerance`` nats/token: a binary search, each step measured exactly (it assumes
@@ -321,7 +323,7 @@ def tolerance_k(net, natural: Tensor, start: int, lr: LongRangeSet, score: Tenso
     lo, hi = 0, L * G  # all full: increase 0
     while lo < hi:
         mid = (lo + hi) // 2
-        q = evaluate(net, natural, start, lr, chosen_policy(score, mid, streaming))
+        q = evaluate(model, natural, start, lr, chosen_policy(score, mid, streaming))
         if q.natural_loss - full.natural_loss <= tolerance:
             hi = mid
         else:
@@ -329,7 +331,7 @@ def tolerance_k(net, natural: Tensor, start: int, lr: LongRangeSet, score: Tenso
     return lo
 
 
-def allocated_cache_check(net, tokens: Tensor, policy: KVPolicy, layout) -> dict:
+def allocated_cache_check(model, tokens: Tensor, policy: KVPolicy, layout) -> dict:
     """Prefill the native model's :class:`~headprobe.probe.model.StreamingKVCache` for ``policy``
     with one sequence (a little past the largest streaming span) and compare its bytes with
     :func:`~headprobe.probe.cost.policy_cost`'s.
@@ -341,11 +343,9 @@ def allocated_cache_check(net, tokens: Tensor, policy: KVPolicy, layout) -> dict
 
     spans = [s.span for row in policy.groups for s in row if s is not None]
     n = min(tokens.shape[1], max(spans, default=0) + 32)
-    cache = net.streaming_cache(policy)
-    with torch.inference_mode():
-        net(tokens[:1, :n], return_type="resid", cache=cache)
+    allocated = model.streaming_cache_bytes(tokens[:1, :n], policy)
     want = policy_cost(layout, policy, n).kv_bytes
-    if cache.nbytes != want:
-        raise HeadprobeError(f"the policy's allocated KV cache ({cache.nbytes} bytes at {n} tokens) differs from "
+    if allocated != want:
+        raise HeadprobeError(f"the policy's allocated KV cache ({allocated} bytes at {n} tokens) differs from "
                              f"budget's formula ({want} bytes)")
-    return {"tokens": n, "allocated_bytes": cache.nbytes, "policy_cost_bytes": want, "ok": True}
+    return {"tokens": n, "allocated_bytes": allocated, "policy_cost_bytes": want, "ok": True}

@@ -55,7 +55,7 @@ def test_losses_equal_hugging_face(llama, text_file):
         logits = ckpt.hf_model(nat.tokens).logits
         want = F.cross_entropy(logits[:, nat.start:-1].flatten(0, 1), nat.tokens[:, nat.start + 1:].flatten())
         lr_logits = ckpt.hf_model(lr.tokens).logits
-    q = kp.evaluate(model.model, nat.tokens, nat.start, lr)
+    q = kp.evaluate(model, nat.tokens, nat.start, lr)
     assert q.natural_loss == pytest.approx(float(want), abs=1e-5)
     rows = lr_logits[:, 34:39]  # the repeat starts at 34; its logits at 34..38 predict tokens 35..39
     loss = F.cross_entropy(rows.flatten(0, 1), lr.tokens[:, 35:40].flatten())
@@ -129,7 +129,7 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
         rows = [[None] * G for _ in range(L)]
         rows[L - 1][G - 1] = Streaming(2, 6)
         nat = natural_text_tokens(model, 1, 48, 0, text_file.read_text())
-        alone = kp.natural_loss(model.model, nat.tokens, nat.start, KVPolicy(tuple(map(tuple, rows))))
+        alone = kp.natural_loss(model, nat.tokens, nat.start, KVPolicy(tuple(map(tuple, rows))))
         assert float(r.costs.natural[L - 1, G - 1]) == pytest.approx(alone - r.full.natural_loss, abs=1e-6)
     out = tmp_path / "out"
     r.save(out)
@@ -159,7 +159,7 @@ def test_tolerance_mode_meets_the_tolerance(llama, text_file):
     if r.policy.full_groups:  # one group fewer full would break the tolerance (the search's answer is minimal)
         k = len(r.policy.full_groups) - 1
         nat = natural_text_tokens(model, 1, 48, 0, text_file.read_text())
-        worse = kp.natural_loss(model.model, nat.tokens, nat.start, kp.chosen_policy(r.costs.score, k, Streaming(2, 6)))
+        worse = kp.natural_loss(model, nat.tokens, nat.start, kp.chosen_policy(r.costs.score, k, Streaming(2, 6)))
         assert worse - r.full.natural_loss > 0
 
 

@@ -289,7 +289,6 @@ def run(model, config: KVConfig, progress: bool = True) -> KVResult:
     """
     import time
 
-    import torch
     from tqdm.auto import tqdm
 
     from headprobe.analyses import kvpolicy as kp
@@ -297,38 +296,37 @@ def run(model, config: KVConfig, progress: bool = True) -> KVResult:
     from headprobe.probe.layout import Streaming
 
     config.preflight()
-    net = kp.native_transformer(model)
-    if net.cfg.layout.windows is not None:
+    kp.check_kv_backend(model)
+    layout = model.kv_layout
+    if layout.windows is not None:
         raise HeadprobeError(f"{model.spec.name} has sliding-window layers; headprobe kv streams groups of global layers only")
     t0 = time.perf_counter()
     natural, lr = _token_sets(model, config)
     tokens, start = natural.tokens.to(model.device), natural.start
     lr = dataclasses.replace(lr, tokens=lr.tokens.to(model.device))
     streaming = Streaming(config.sink, config.window)
-    layout = dataclasses.replace(net.cfg.layout, bytes_per_element=next(net.parameters()).element_size())
-    L, G = net.cfg.n_layers, net.n_kv_groups
+    L, G = model.spec.n_layers, model.n_kv_groups
     seeds = list(range(config.seed, config.seed + config.n_random))
     n_evals = 1 + (L * G if config.method == "measured" else 0) + len(config.budgets) * (2 + len(seeds))
     bar = tqdm(total=n_evals, desc="kv policies", disable=not progress)
-    full = kp.evaluate(net, tokens, start, lr)
+    full = kp.evaluate(model, tokens, start, lr)
     bar.update()
-    costs = (kp.measured_group_costs(net, tokens, start, lr, streaming, full, progress=bar.update)
-             if config.method == "measured" else kp.estimated_group_costs(net, tokens, lr, streaming))
-    curve = kp.kv_curve(net, tokens, start, lr, costs.score, streaming, list(config.budgets), seeds, layout, full,
+    costs = (kp.measured_group_costs(model, tokens, start, lr, streaming, full, progress=bar.update)
+             if config.method == "measured" else kp.estimated_group_costs(model, tokens, lr, streaming))
+    curve = kp.kv_curve(model, tokens, start, lr, costs.score, streaming, list(config.budgets), seeds, layout, full,
                         progress=bar.update)
     if config.loss_tolerance is None:
         k = kp.n_full_for_budget(L * G, config.seq_len, streaming.span, config.kv_budget)
         comparison = [r for r in curve if r["budget"] == config.kv_budget and r["policy"] != "full"]
     else:
-        k = kp.tolerance_k(net, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full)
-        comparison = kp.compare_at(net, tokens, start, lr, costs.score, streaming, k, seeds, layout, full,
+        k = kp.tolerance_k(model, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full)
+        comparison = kp.compare_at(model, tokens, start, lr, costs.score, streaming, k, seeds, layout, full,
                                    label=(k * config.seq_len + (L * G - k) * streaming.span) / (L * G * config.seq_len))
     bar.close()
     policy = dataclasses.replace(kp.chosen_policy(costs.score, k, streaming), model=model.spec.name)
     chosen_row = next(r for r in comparison if r["policy"] == "chosen")
     chosen = kp.Quality(chosen_row["natural_loss"], chosen_row["long_range_loss"], chosen_row["copy_accuracy"], {})
-    with torch.inference_mode():
-        check = kp.allocated_cache_check(net, tokens, policy, layout)
+    check = kp.allocated_cache_check(model, tokens, policy, layout)
     return KVResult(config, model.spec, layout, policy, policy_cost(layout, policy, config.seq_len), costs, full, chosen,
                     comparison, curve, check, sources={"natural": natural.source, "long_range": lr.source},
                     seconds=time.perf_counter() - t0)
