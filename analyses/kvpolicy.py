@@ -349,3 +349,18 @@ def allocated_cache_check(model, tokens: Tensor, policy: KVPolicy, layout) -> di
         raise HeadprobeError(f"the policy's allocated KV cache ({allocated} bytes at {n} tokens) differs from "
                              f"budget's formula ({want} bytes)")
     return {"tokens": n, "allocated_bytes": allocated, "policy_cost_bytes": want, "ok": True}
+
+
+def loss_identity_check(model, tokens: Tensor, start: int, policy: KVPolicy, natural: float, atol: float = 1e-4) -> dict:
+    """The policy's natural-text loss again through the backend's own scoring
+    (:meth:`~headprobe.probe.backend.LoadedModel.scored_losses`, unchunked, under ``kv_policy``):
+    the printed number is checked by a second computation.
+
+    Raises:
+        HeadprobeError: they differ by more than ``atol`` nats/token.
+    """
+    with torch.inference_mode(), model.kv_policy(policy):
+        scored = float(model.scored_losses(tokens, start).mean())
+    if abs(scored - natural) > atol:
+        raise HeadprobeError(f"the policy's natural-text loss {natural:.6f} differs from the backend's scored loss {scored:.6f}")
+    return {"natural_loss": natural, "backend_scored_loss": scored, "ok": True}

@@ -125,6 +125,7 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
     assert {row["policy"] for row in r.curve} == {"full", "chosen", "uniform", "random"}
     assert sorted({row["budget"] for row in r.curve if row["policy"] != "full"}) == [0.3, 0.5, 0.75]
     assert r.cache_check["allocated_bytes"] == r.cache_check["policy_cost_bytes"]
+    assert r.cache_check["loss"]["backend_scored_loss"] == pytest.approx(r.chosen.natural_loss, abs=1e-4)
     if method == "measured":  # a group's measured cost is the loss of the policy with it alone streaming
         rows = [[None] * G for _ in range(L)]
         rows[L - 1][G - 1] = Streaming(2, 6)
@@ -178,3 +179,8 @@ def test_kv_cli_errors_are_one_line(tiny_dir, tmp_path, capsys, argv, message):
     errors = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
     assert e.value.code == 2 and len(errors) == 1 and message in errors[0] and "Traceback" not in err
     assert not out.exists()
+
+
+def test_the_bridge_is_refused(tiny_llama_gqa):
+    with pytest.raises(HeadprobeError, match="native model"):
+        kp.check_kv_backend(tiny_llama_gqa)

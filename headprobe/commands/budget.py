@@ -988,7 +988,8 @@ def _run_headprobe_dir(config: BudgetConfig) -> BudgetResult:
     pruned = _is_pruned(config.model)
     if pruned:
         given = [f"--{f.replace('_', '-')}" for f in UNIFORM_LAYOUT_FLAGS if getattr(config, f) is not None]
-        given += [flag for flag, on in (("--compare", config.compare), ("--flops-table", config.flops_table is not None)) if on]
+        given += [flag for flag, on in (("--compare", config.compare), ("--flops-table", config.flops_table is not None),
+                                        ("--policy", config.policy is not None)) if on]
         if given:
             raise HeadprobeError(f"{config.model} is a pruned model whose layers keep different numbers of heads; "
                                  f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} one uniform layout: "

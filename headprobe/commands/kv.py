@@ -157,7 +157,8 @@ class KVResult:
         costs: :class:`~headprobe.analyses.kvpolicy.GroupCosts`. full, chosen: :class:`Quality`
             of the full cache and of the policy. comparison: curve rows at the policy's memory.
         curve: the quality-memory rows (:func:`~headprobe.analyses.kvpolicy.curve_row`).
-        cache_check: the native model's allocated StreamingKVCache bytes against the formula.
+        cache_check: the native model's allocated StreamingKVCache bytes against the formula, and
+            (``loss``) the chosen policy's natural-text loss against the backend's own scoring.
     """
 
     config: KVConfig
@@ -326,7 +327,8 @@ def run(model, config: KVConfig, progress: bool = True) -> KVResult:
     policy = dataclasses.replace(kp.chosen_policy(costs.score, k, streaming), model=model.spec.name)
     chosen_row = next(r for r in comparison if r["policy"] == "chosen")
     chosen = kp.Quality(chosen_row["natural_loss"], chosen_row["long_range_loss"], chosen_row["copy_accuracy"], {})
-    check = kp.allocated_cache_check(model, tokens, policy, layout)
+    check = {**kp.allocated_cache_check(model, tokens, policy, layout),
+             "loss": kp.loss_identity_check(model, tokens, start, policy, chosen.natural_loss)}
     return KVResult(config, model.spec, layout, policy, policy_cost(layout, policy, config.seq_len), costs, full, chosen,
                     comparison, curve, check, sources={"natural": natural.source, "long_range": lr.source},
                     seconds=time.perf_counter() - t0)
