@@ -841,7 +841,9 @@ def kv_policy_curve(rows: Sequence[dict], title: str) -> Figure:
             ax.errorbar(x, y, yerr=err, color=color, marker=marker, ms=3, lw=0.9, capsize=2, label=label)
     full = next((r for r in rows if r["policy"] == "full"), None)
     if full is not None:
-        axes[1].axhline(full["copy_accuracy"], color="black", lw=0.6, ls="--", label="full cache")
+        axes[1].axhline(full["copy_accuracy"], color="black", lw=0.6, ls="--")
+        axes[0].plot([full["kv_fraction"]], [0.0], "k*", ms=6)
+        axes[1].plot([full["kv_fraction"]], [full["copy_accuracy"]], "k*", ms=6, label="full cache")
     axes[0].axhline(0, color="black", lw=0.6, ls="--")
     axes[0].set_ylabel("natural-text loss\nincrease (nats/token)")
     axes[1].set_ylabel("long-range copy\naccuracy (top-1)")
