@@ -139,6 +139,37 @@ def distant_mass_of_pattern(pattern: Float[Tensor, "batch head q_pos k_pos"], si
     return (p * drop[:, None]).sum(-1).mean(dim=(0, 2))
 
 
+def retrieval_mass_of_pattern(pattern: Float[Tensor, "batch head q_pos k_pos"], lr: LongRangeSet) -> Float[Tensor, "head"]:
+    """Mean attention mass each head puts, from the repeat's queries (``second + i``, the ones
+    that predict the repeat's tokens 2..block_len), on the block's first occurrence ``[first,
+    first + block_len)``: the retrieval score of Wu et al. 2024 (arXiv:2404.15574; attention on
+    the tokens being copied), in [0, 1]. A diffuse head puts about ``block_len / pos`` there,
+    a head that copies from far back most of its mass. Pure."""
+    B, H, T, _ = pattern.shape
+    rows, _ = (t.to(pattern.device) for t in lr.targets())
+    p = pattern.gather(2, rows[:, None, :, None].expand(B, H, rows.shape[1], T))  # [batch, head, n, k_pos]
+    k = torch.arange(T, device=pattern.device)
+    first = lr.first.to(pattern.device)[:, None]
+    block = (k[None, :] >= first) & (k[None, :] < first + lr.block_len)  # [batch, k_pos]
+    return (p * block[:, None, None, :]).sum(-1).mean(dim=(0, 2))
+
+
+@torch.inference_mode()
+def pattern_statistic(model, tokens: Int[Tensor, "batch pos"], reduce) -> Float[Tensor, "layer head"]:
+    """``reduce(pattern) -> [head]`` of every layer's pattern, one layer at a time (the hook
+    reduces it and lets the forward pass go on; no layer's pattern outlives its layer)."""
+    L = model.spec.n_layers
+    out = torch.zeros(L, model.spec.n_heads)
+
+    def hook(layer):
+        def fn(pattern, hook):
+            out[layer] = reduce(pattern.float()).cpu()
+        return fn
+
+    model.final_residual(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", hook(layer)) for layer in range(L)])
+    return out
+
+
 @torch.inference_mode()
 def distant_mass(model, tokens: Int[Tensor, "batch pos"], sink: int, window: int,
                  rows: Int[Tensor, "batch n"] | None = None) -> Float[Tensor, "layer head"]:
@@ -162,13 +193,20 @@ def group_mean(per_head: Float[Tensor, "layer head"], n_kv_groups: int) -> Float
     return per_head.view(L, n_kv_groups, H // n_kv_groups).mean(-1)
 
 
+def group_max(per_head: Float[Tensor, "layer head"], n_kv_groups: int) -> Float[Tensor, "layer kv_group"]:
+    """Max over each KV group's query heads: a group must stay full if any of its heads needs it."""
+    L, H = per_head.shape
+    return per_head.view(L, n_kv_groups, H // n_kv_groups).amax(-1)
+
+
 @dataclass(frozen=True)
 class GroupCosts:
     """Cost of making each KV group streaming, ``[layer, kv_group]`` tensors.
 
     Attributes:
         method: ``"estimate"`` (attention mass outside sink + window, 0..1, natural text and the
-            repeat's queries) or ``"measured"`` (the policy with only that group streaming:
+            repeat's queries; mean over a group's heads), ``"retrieval"`` (the long-range cost is
+            the mass on the block's first occurrence; max over a group's heads) or ``"measured"`` (the policy with only that group streaming:
             increases in nats/token and the drop in copy accuracy, 0..1).
         natural: natural-text cost. long_range: long-range cost (the repeat's loss or mass).
         accuracy_drop: measured only: full copy accuracy minus the group-streaming one; else None.
@@ -193,6 +231,17 @@ def estimated_group_costs(model, natural: Tensor, lr: LongRangeSet, streaming: S
     nat = group_mean(distant_mass(model, natural, streaming.sink, streaming.window), G)
     far = group_mean(distant_mass(model, lr.tokens, streaming.sink, streaming.window, rows=pos), G)
     return GroupCosts("estimate", nat, far)
+
+
+def retrieval_group_costs(model, natural: Tensor, lr: LongRangeSet, streaming: Streaming) -> GroupCosts:
+    """:class:`GroupCosts` ``"retrieval"``: the long-range cost is each group's largest
+    :func:`retrieval_mass_of_pattern` (the heads that copy from the block's first occurrence),
+    the natural cost its largest :func:`distant_mass_of_pattern` on natural text; max over the
+    group's heads (:func:`group_max`)."""
+    G = model.n_kv_groups
+    nat = group_max(pattern_statistic(model, natural, lambda p: distant_mass_of_pattern(p, streaming.sink, streaming.window)), G)
+    far = group_max(pattern_statistic(model, lr.tokens, lambda p: retrieval_mass_of_pattern(p, lr)), G)
+    return GroupCosts("retrieval", nat, far)
 
 
 def measured_group_costs(model, natural: Tensor, start: int, lr: LongRangeSet, streaming: Streaming,

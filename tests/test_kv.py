@@ -76,6 +76,20 @@ def test_distant_mass_equals_a_loop():
         torch.testing.assert_close(got, want)
 
 
+def test_retrieval_mass_equals_a_loop(llama, text_file):
+    _, model = llama
+    lr = long_range_tokens(model, 40, [10, 30], 6, seed=1, text=text_file.read_text())
+    g = torch.Generator().manual_seed(1)
+    p = torch.rand(2, 3, 40, 40, generator=g).tril().softmax(-1)
+    want = torch.zeros(3)
+    for h in range(3):
+        vals = [sum(float(p[b, h, q, k]) for k in range(int(lr.first[b]), int(lr.first[b]) + 6))
+                for b in range(2) for q in range(int(lr.second[b]), int(lr.second[b]) + 5)]
+        want[h] = sum(vals) / len(vals)
+    torch.testing.assert_close(kp.retrieval_mass_of_pattern(p, lr), want)
+    assert kp.group_max(torch.tensor([[1.0, 7.0, 2.0, 3.0]]), 2).tolist() == [[7.0, 3.0]]
+
+
 @pytest.mark.parametrize("T, span, N", [(64, 10, 4), (1024, 132, 90), (100, 99, 6)])
 def test_memory_matching_by_loop(T, span, N):
     streaming = Streaming(4, span - 4)
@@ -110,8 +124,7 @@ CASES = {"gpt2-MHA": ("gpt2", {}), "llama-GQA": ("llama", {}), "llama-MQA": ("ll
          "deepseek_v3-MLA": ("deepseek_v3", {})}
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("method", ["estimate", "measured"])
+@pytest.mark.parametrize("case, method", [(c, m) for c in CASES for m in ("estimate", "measured")] + [("llama-GQA", "retrieval")])
 def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, capsys):
     family, change = CASES[case]
     model = wrap(zoo.make_checkpoint(family, tiny_tokenizer, **change), backend="native")

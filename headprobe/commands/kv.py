@@ -41,7 +41,7 @@ from headprobe.probe.io import package_versions, prepare_output_dir, write_json,
 
 HELP = "head-level KV-cache policy: which KV groups keep a full cache, measured causally against uniform and random"
 
-METHODS = ("estimate", "measured")
+METHODS = ("estimate", "retrieval", "measured")
 DEFAULT_BUDGETS = (0.25, 0.5, 0.75)
 
 
@@ -81,7 +81,8 @@ class KVConfig:
         kv_budget: the chosen policy's KV cache as a fraction of the full one (ignored with loss_tolerance).
         loss_tolerance: instead of a budget, the most natural-text loss increase (nats/token) allowed.
         budgets: KV fractions of the quality-memory curve (kv_budget is added).
-        method: ``estimate`` (attention mass outside sink + window) or ``measured`` (one group streaming at a time).
+        method: ``estimate`` (attention mass outside sink + window), ``retrieval`` (attention on the
+            planted block from its repeat; max over a group's heads) or ``measured`` (one group streaming at a time).
         n_random: random policies per budget (seeds seed .. seed + n_random - 1).
         seed: seeds the text windows, the random tokens and the random policies.
         device, dtype, backend: how the model is loaded (:func:`headprobe.options.load_model_as`).
@@ -312,8 +313,10 @@ def run(model, config: KVConfig, progress: bool = True) -> KVResult:
     bar = tqdm(total=n_evals, desc="kv policies", disable=not progress)
     full = kp.evaluate(model, tokens, start, lr)
     bar.update()
-    costs = (kp.measured_group_costs(model, tokens, start, lr, streaming, full, progress=bar.update)
-             if config.method == "measured" else kp.estimated_group_costs(model, tokens, lr, streaming))
+    if config.method == "measured":
+        costs = kp.measured_group_costs(model, tokens, start, lr, streaming, full, progress=bar.update)
+    else:
+        costs = (kp.retrieval_group_costs if config.method == "retrieval" else kp.estimated_group_costs)(model, tokens, lr, streaming)
     curve = kp.kv_curve(model, tokens, start, lr, costs.score, streaming, list(config.budgets), seeds, layout, full,
                         progress=bar.update)
     if config.loss_tolerance is None:
@@ -368,8 +371,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budgets", type=_fractions, default=d.budgets, metavar="B,...",
                    help="KV fractions of the curve (default 0.25,0.5,0.75; --kv-budget is added)")
     p.add_argument("--method", choices=METHODS, default=d.method,
-                   help="group costs: estimate (attention mass outside sink + window; default) or measured (one group "
-                        "streaming at a time, a forward pass per group)")
+                   help="group costs: estimate (attention mass outside sink + window, mean over a group's heads; "
+                        "default), retrieval (attention on the planted block's first occurrence from its repeat, max over "
+                        "a group's heads) or measured (one group streaming at a time, a forward pass per group)")
     p.add_argument("--n-random", type=positive_int, default=d.n_random, help="random policies per budget (default %(default)s)")
     options.add_seed_option(p, d.seed)
 
