@@ -826,7 +826,7 @@ def kv_policy_curve(rows: Sequence[dict], title: str) -> Figure:
     increase (nats/token) and long-range copy accuracy against the cache's fraction of the full
     one, for the chosen policy, the same window on every group and random groups (mean over
     seeds, whiskers their range). ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`."""
-    fig = _figure(COLUMN_WIDTH, 3.6)
+    fig = _figure(COLUMN_WIDTH, 4.0)
     axes = fig.subplots(2, 1, sharex=True)
     styles = {"chosen": ("#0072B2", "o", "chosen groups full"), "uniform": ("#E69F00", "s", "same window, every group"),
               "random": ("#009E73", "^", "random groups full (seed range)")}
@@ -849,5 +849,6 @@ def kv_policy_curve(rows: Sequence[dict], title: str) -> Figure:
     axes[1].set_ylabel("long-range copy\naccuracy (top-1)")
     axes[1].set_xlabel("KV cache (fraction of the full cache)")
     axes[0].set_title(title)
-    axes[1].legend(frameon=False, fontsize=5.5)
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", frameon=False, fontsize=5.5, ncols=2)
     return fig
