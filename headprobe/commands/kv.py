@@ -8,9 +8,10 @@ caches only for its "retrieval heads"). The command
 1. measures the full model on natural text and on the long-range retrieval task (a random block
    planted early in natural text and repeated at the end, at ``--distances``): the loss in
    nats/token and the repeat's top-1 copy accuracy;
-2. scores each group's cost of streaming: ``--method estimate`` (default; the attention mass its
-   heads put outside the sink and the window, one pattern at a time) or ``measured`` (the model
-   with only that group streaming, one forward pass per group);
+2. scores each group's cost of streaming: ``--method retrieval`` (default; the attention its heads
+   put on the planted block's first occurrence from the repeat, and outside the sink and window on
+   natural text), ``estimate`` (the attention mass outside the sink and the window) or
+   ``measured`` (the model with only that group streaming, one forward pass per group);
 3. keeps the highest-cost groups full within ``--kv-budget`` (a fraction of the full cache) or,
    with ``--loss-tolerance``, the fewest whose natural-text loss increase stays within it (a
    binary search, each step measured exactly);
@@ -100,7 +101,7 @@ class KVConfig:
     kv_budget: float = 0.5
     loss_tolerance: float | None = None
     budgets: tuple[float, ...] = DEFAULT_BUDGETS
-    method: str = "estimate"
+    method: str = "retrieval"
     n_random: int = 3
     seed: int = 0
     device: str = "auto"
@@ -371,9 +372,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budgets", type=_fractions, default=d.budgets, metavar="B,...",
                    help="KV fractions of the curve (default 0.25,0.5,0.75; --kv-budget is added)")
     p.add_argument("--method", choices=METHODS, default=d.method,
-                   help="group costs: estimate (attention mass outside sink + window, mean over a group's heads; "
-                        "default), retrieval (attention on the planted block's first occurrence from its repeat, max over "
-                        "a group's heads) or measured (one group streaming at a time, a forward pass per group)")
+                   help="group costs: retrieval (default: attention on the planted block's first occurrence from its "
+                        "repeat, max over a group's heads), estimate (attention mass outside sink + window, mean over a "
+                        "group's heads) or measured (one group streaming at a time, a forward pass per group)")
     p.add_argument("--n-random", type=positive_int, default=d.n_random, help="random policies per budget (default %(default)s)")
     options.add_seed_option(p, d.seed)
 
