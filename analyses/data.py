@@ -309,7 +309,7 @@ class LongRangeSet:
         return pos, self.tokens.gather(1, pos + 1)
 
 
-def long_range_tokens(model, seq_len: int, distances: list[int], block_len: int, seed: int, n_per_distance: int = 1,
+def long_range_tokens(model: LoadedModel, seq_len: int, distances: list[int], block_len: int, seed: int, n_per_distance: int = 1,
                       text: str | TextFile | None = None, source: str | None = None) -> LongRangeSet:
     """``n_per_distance`` sequences per distance of the long-range retrieval task (:class:`LongRangeSet`).
 

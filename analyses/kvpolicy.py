@@ -33,6 +33,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.analyses.data import LongRangeSet
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.layout import KVPolicy, Streaming
 
@@ -40,7 +41,7 @@ from headprobe.probe.layout import KVPolicy, Streaming
 LOGIT_CHUNK = 256
 
 
-def check_kv_backend(model) -> None:
+def check_kv_backend(model: LoadedModel) -> None:
     """Raise unless ``model`` (a :class:`~headprobe.probe.backend.LoadedModel`) can run KV policies:
     the native backend (:class:`~headprobe.probe.native.NativeModel`'s ``kv_policy``) and a decoder.
 
@@ -74,7 +75,7 @@ class Quality:
         return asdict(self)
 
 
-def _chunked_loss(model, resid: Float[Tensor, "batch pos d_model"], tokens: Int[Tensor, "batch pos"], start: int) -> Tensor:
+def _chunked_loss(model: LoadedModel, resid: Float[Tensor, "batch pos d_model"], tokens: Int[Tensor, "batch pos"], start: int) -> Tensor:
     """Per-token next-token losses ``[batch, pos - 1 - start]`` (nats), unembedding :data:`LOGIT_CHUNK` positions at a time."""
     out = []
     T = tokens.shape[1]
@@ -86,7 +87,7 @@ def _chunked_loss(model, resid: Float[Tensor, "batch pos d_model"], tokens: Int[
 
 
 @torch.inference_mode()
-def natural_loss(model, tokens: Int[Tensor, "batch pos"], start: int, policy: KVPolicy | None = None) -> float:
+def natural_loss(model: LoadedModel, tokens: Int[Tensor, "batch pos"], start: int, policy: KVPolicy | None = None) -> float:
     """Mean next-token loss (nats/token) of ``tokens`` from position ``start`` on, under ``policy``
     (None: full attention). The logits are never held for a whole sequence."""
     with model.kv_policy(policy):
@@ -95,7 +96,7 @@ def natural_loss(model, tokens: Int[Tensor, "batch pos"], start: int, policy: KV
 
 
 @torch.inference_mode()
-def long_range_quality(model, lr: LongRangeSet, policy: KVPolicy | None = None) -> tuple[Tensor, Tensor]:
+def long_range_quality(model: LoadedModel, lr: LongRangeSet, policy: KVPolicy | None = None) -> tuple[Tensor, Tensor]:
     """Losses (nats) and top-1 hits (0/1) of the repeated block's tokens 2..block_len,
     ``[batch, block_len - 1]`` each, under ``policy``."""
     with model.kv_policy(policy):
@@ -107,7 +108,7 @@ def long_range_quality(model, lr: LongRangeSet, policy: KVPolicy | None = None) 
     return loss, (logits.argmax(-1) == target).float()
 
 
-def evaluate(model, natural: Int[Tensor, "batch pos"], start: int, lr: LongRangeSet, policy: KVPolicy | None = None) -> Quality:
+def evaluate(model: LoadedModel, natural: Int[Tensor, "batch pos"], start: int, lr: LongRangeSet, policy: KVPolicy | None = None) -> Quality:
     """:class:`Quality` of ``policy`` (exact: the attention masked per KV group)."""
     loss, hit = long_range_quality(model, lr, policy)
     loss, hit = loss.cpu(), hit.cpu()
@@ -155,7 +156,7 @@ def retrieval_mass_of_pattern(pattern: Float[Tensor, "batch head q_pos k_pos"], 
 
 
 @torch.inference_mode()
-def pattern_statistic(model, tokens: Int[Tensor, "batch pos"], reduce) -> Float[Tensor, "layer head"]:
+def pattern_statistic(model: LoadedModel, tokens: Int[Tensor, "batch pos"], reduce) -> Float[Tensor, "layer head"]:
     """``reduce(pattern) -> [head]`` of every layer's pattern, one layer at a time (the hook
     reduces it and lets the forward pass go on; no layer's pattern outlives its layer)."""
     L = model.spec.n_layers
@@ -171,7 +172,7 @@ def pattern_statistic(model, tokens: Int[Tensor, "batch pos"], reduce) -> Float[
 
 
 @torch.inference_mode()
-def distant_mass(model, tokens: Int[Tensor, "batch pos"], sink: int, window: int,
+def distant_mass(model: LoadedModel, tokens: Int[Tensor, "batch pos"], sink: int, window: int,
                  rows: Int[Tensor, "batch n"] | None = None) -> Float[Tensor, "layer head"]:
     """:func:`distant_mass_of_pattern` of every head, one layer's pattern at a time (the hook
     reduces it and lets the forward pass go on; no layer's pattern outlives its layer)."""
@@ -223,7 +224,7 @@ class GroupCosts:
         return self.natural + self.long_range
 
 
-def estimated_group_costs(model, natural: Tensor, lr: LongRangeSet, streaming: Streaming) -> GroupCosts:
+def estimated_group_costs(model: LoadedModel, natural: Tensor, lr: LongRangeSet, streaming: Streaming) -> GroupCosts:
     """:class:`GroupCosts` from :func:`distant_mass`: the natural text's queries past ``sink +
     window``, and the repeated block's queries (where copying reads the first occurrence)."""
     pos, _ = lr.targets()
@@ -233,7 +234,7 @@ def estimated_group_costs(model, natural: Tensor, lr: LongRangeSet, streaming: S
     return GroupCosts("estimate", nat, far)
 
 
-def retrieval_group_costs(model, natural: Tensor, lr: LongRangeSet, streaming: Streaming) -> GroupCosts:
+def retrieval_group_costs(model: LoadedModel, natural: Tensor, lr: LongRangeSet, streaming: Streaming) -> GroupCosts:
     """:class:`GroupCosts` ``"retrieval"``: the long-range cost is each group's largest
     :func:`retrieval_mass_of_pattern` (the heads that copy from the block's first occurrence),
     the natural cost its largest :func:`distant_mass_of_pattern` on natural text; max over the
@@ -244,7 +245,7 @@ def retrieval_group_costs(model, natural: Tensor, lr: LongRangeSet, streaming: S
     return GroupCosts("retrieval", nat, far)
 
 
-def measured_group_costs(model, natural: Tensor, start: int, lr: LongRangeSet, streaming: Streaming,
+def measured_group_costs(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, streaming: Streaming,
                          full: Quality, progress=None) -> GroupCosts:
     """:class:`GroupCosts` measured: for each group, the policy with only it streaming, against ``full``."""
     L, G = model.spec.n_layers, model.n_kv_groups
@@ -333,7 +334,7 @@ def curve_row(kind: str, budget: float, seed: int | None, policy: KVPolicy, qual
             "copy_accuracy": quality.copy_accuracy, "copy_accuracy_drop": full.copy_accuracy - quality.copy_accuracy}
 
 
-def compare_at(model, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming, k: int,
+def compare_at(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming, k: int,
                seeds: list[int], layout, full: Quality, label: float, progress=None) -> list[dict]:
     """The chosen policy (the ``k`` top groups by ``score`` full), the same window on every group
     at the same memory (:func:`uniform_policy`) and ``k`` random groups full (one per seed), each
@@ -350,7 +351,7 @@ def compare_at(model, natural: Tensor, start: int, lr: LongRangeSet, score: Tens
     return rows
 
 
-def kv_curve(model, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming,
+def kv_curve(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming,
              budgets: list[float], seeds: list[int], layout, full: Quality, progress=None) -> list[dict]:
     """:func:`compare_at` for each budget (``k`` from :func:`n_full_for_budget`), plus the full
     cache's row (``policy = "full"``, budget 1)."""
@@ -363,7 +364,7 @@ def kv_curve(model, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor
     return rows
 
 
-def tolerance_k(model, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming,
+def tolerance_k(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming,
                 tolerance: float, full: Quality) -> int:
     """The fewest full groups (the top ones by ``score``) whose policy's natural-text loss increase
     is at most ``tolerance`` nats/token: a binary search, each step measured exactly (it assumes
@@ -380,7 +381,7 @@ def tolerance_k(model, natural: Tensor, start: int, lr: LongRangeSet, score: Ten
     return lo
 
 
-def allocated_cache_check(model, tokens: Tensor, policy: KVPolicy, layout) -> dict:
+def allocated_cache_check(model: LoadedModel, tokens: Tensor, policy: KVPolicy, layout) -> dict:
     """Prefill the native model's :class:`~headprobe.probe.model.StreamingKVCache` for ``policy``
     with one sequence (a little past the largest streaming span) and compare its bytes with
     :func:`~headprobe.probe.cost.policy_cost`'s.
@@ -400,7 +401,7 @@ def allocated_cache_check(model, tokens: Tensor, policy: KVPolicy, layout) -> di
     return {"tokens": n, "allocated_bytes": allocated, "policy_cost_bytes": want, "ok": True}
 
 
-def loss_identity_check(model, tokens: Tensor, start: int, policy: KVPolicy, natural: float, atol: float = 1e-4) -> dict:
+def loss_identity_check(model: LoadedModel, tokens: Tensor, start: int, policy: KVPolicy, natural: float, atol: float = 1e-4) -> dict:
     """The policy's natural-text loss again through the backend's own scoring
     (:meth:`~headprobe.probe.backend.LoadedModel.scored_losses`, unchunked, under ``kv_policy``):
     the printed number is checked by a second computation.

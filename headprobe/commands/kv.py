@@ -37,6 +37,7 @@ from pathlib import Path
 
 from headprobe import options
 from headprobe.options import positive_int
+from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 
@@ -266,7 +267,7 @@ def _beats(chosen: dict, others: list[dict]) -> bool:
             and chosen["copy_accuracy"] >= _mean(r["copy_accuracy"] for r in others))
 
 
-def _token_sets(model, config: KVConfig):
+def _token_sets(model: LoadedModel, config: KVConfig):
     """The natural-text windows and the long-range set (:func:`~headprobe.analyses.data.long_range_tokens`)."""
     from headprobe.analyses.data import long_range_tokens, natural_text_tokens
     from headprobe.probe.io import open_text_file
@@ -283,7 +284,7 @@ def _token_sets(model, config: KVConfig):
     return natural, lr
 
 
-def run(model, config: KVConfig, progress: bool = True) -> KVResult:
+def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult:
     """Choose and measure a head-level KV policy for the loaded ``model`` (see the module docstring).
 
     Raises:
@@ -338,7 +339,7 @@ def run(model, config: KVConfig, progress: bool = True) -> KVResult:
                     seconds=time.perf_counter() - t0)
 
 
-def kv(model="smollm2-135m", *, progress: bool = False, **config_fields) -> KVResult:
+def kv(model: str | LoadedModel = "smollm2-135m", *, progress: bool = False, **config_fields) -> KVResult:
     """``headprobe kv`` as a function: ``model`` a name/path (loaded as ``config_fields`` ask) or a
     loaded model; ``config_fields`` the :class:`KVConfig` fields.
 
