@@ -818,6 +818,7 @@ def circuit_graph(edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None,
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     handles.append(Line2D([], [], color="none", label=f"width: |{score_label}|, largest {top:.3g}"))
     fig.legend(handles=handles, loc="outside lower center", fontsize=5, frameon=False, ncols=2)
+    return fig
 
 
 @_styled
