@@ -268,3 +268,80 @@ def needle_tokens(model: LoadedModel, n_seqs: int, seq_len: int, needle_len: int
         second.append(start + a + needle_len + (c - a))
     return NeedleSet(torch.stack(rows), start, torch.tensor(first), torch.tensor(second), needle_len,
                      f"{len(rows)} natural-text windows of {hay.source} with a random needle of {needle_len} tokens, twice")
+
+
+@dataclass(frozen=True)
+class LongRangeSet:
+    """Natural text with a block of random tokens planted early and repeated at the end, at a
+    chosen distance (the long-range retrieval task of ``headprobe kv``).
+
+    Sequence b is ``[BOS] hay_1 block hay_2 block`` (``seq_len`` tokens; the repeat is the last
+    ``block_len`` tokens): ``hay_*`` are consecutive pieces of one natural-text window, ``block`` is
+    ``block_len`` tokens drawn uniformly from the non-special vocabulary, and the repeat starts
+    ``distance[b]`` positions after the first occurrence. A model that copies (induction heads,
+    Olsson et al. 2022; retrieval heads, Wu et al. 2024, arXiv:2404.15574) predicts the repeat's
+    tokens 2..block_len from the first occurrence, however far back it is.
+
+    Attributes:
+        tokens: ``[batch, pos]`` token ids.
+        start: index of the first non-BOS position.
+        first: ``[batch]`` position of the block's first token in its first occurrence.
+        second: ``[batch]`` the same in the repeat (``seq_len - block_len``).
+        distance: ``[batch]`` ``second - first``, in tokens.
+        block_len: the block's length in tokens.
+        source: a short description (for summary.json).
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    start: int
+    first: Int[Tensor, "batch"]
+    second: Int[Tensor, "batch"]
+    distance: Int[Tensor, "batch"]
+    block_len: int
+    source: str
+
+    def targets(self) -> tuple[Int[Tensor, "batch copy"], Int[Tensor, "batch copy"]]:
+        """``(query positions, target tokens)``, ``[batch, block_len - 1]`` each: the logits at
+        ``second + i`` predict the repeat's token ``i + 1`` (``i = 0..block_len - 2``), which only
+        the first occurrence tells."""
+        i = torch.arange(self.block_len - 1)
+        pos = self.second[:, None] + i[None, :]
+        return pos, self.tokens.gather(1, pos + 1)
+
+
+def long_range_tokens(model: LoadedModel, seq_len: int, distances: list[int], block_len: int, seed: int, n_per_distance: int = 1,
+                      text: str | TextFile | None = None, source: str | None = None) -> LongRangeSet:
+    """``n_per_distance`` sequences per distance of the long-range retrieval task (:class:`LongRangeSet`).
+
+    Raises:
+        HeadprobeError: ``block_len < 2``, a distance below ``block_len`` (the two blocks would
+            overlap) or one that puts the first block before the text starts, or a text too short
+            for the windows (:func:`natural_text_tokens`).
+    """
+    start = 1 if model.prepend_bos else 0
+    if block_len < 2:
+        raise HeadprobeError(f"block length {block_len} is too short: copying needs at least 2 tokens")
+    second = seq_len - block_len
+    bad = [d for d in distances if d < block_len or second - d < start]
+    if bad or not distances:
+        raise HeadprobeError(f"distances must lie in [{block_len}, {second - start}] for --seq-len {seq_len} and a block of "
+                             f"{block_len} tokens; got {', '.join(map(str, bad or distances)) or 'none'}")
+    n = len(distances) * n_per_distance
+    hay = natural_text_tokens(model, n, seq_len - 2 * block_len, seed, text, source)
+    if hay.tokens.shape[0] < n:
+        raise HeadprobeError(f"the text holds {hay.tokens.shape[0]} windows of {seq_len} tokens; {n} are needed")
+    gen = torch.Generator().manual_seed(seed + 11)
+    ids = random_token_ids(model.tokenizer, model.spec.d_vocab)
+    rows, first, dist = [], [], []
+    for b, row in enumerate(hay.tokens):
+        d = distances[b // n_per_distance]
+        block = ids[torch.randint(len(ids), (block_len,), generator=gen)]
+        a = second - d  # first occurrence, counted with BOS
+        body = row[start:]
+        rows.append(torch.cat([row[:start], body[:a - start], block, body[a - start:], block]))
+        first.append(a)
+        dist.append(d)
+    tokens = torch.stack(rows)  # [BOS] hay block hay block: seq_len tokens by construction
+    return LongRangeSet(tokens, start, torch.tensor(first), torch.full((n,), second), torch.tensor(dist), block_len,
+                        f"{n} natural-text windows of {hay.source} with a random block of {block_len} tokens planted "
+                        f"{', '.join(map(str, distances))} tokens before its repeat at the end")

@@ -819,3 +819,37 @@ def circuit_graph(edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None,
     handles.append(Line2D([], [], color="none", label=f"width: |{score_label}|, largest {top:.3g}"))
     fig.legend(handles=handles, loc="outside lower center", fontsize=5, frameon=False, ncols=2)
     return fig
+
+
+@_styled
+def kv_policy_curve(rows: Sequence[dict], title: str) -> Figure:
+    """Quality against KV memory for head-level KV policies (``headprobe kv``): natural-text loss
+    increase (nats/token) and long-range copy accuracy against the cache's fraction of the full
+    one, for the chosen policy, the same window on every group and random groups (mean over
+    seeds, whiskers their range). ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`."""
+    fig = _figure(COLUMN_WIDTH, 4.0)
+    axes = fig.subplots(2, 1, sharex=True)
+    styles = {"chosen": ("#0072B2", "o", "chosen groups full"), "uniform": ("#E69F00", "s", "same window, every group"),
+              "random": ("#009E73", "^", "random groups full (seed range)")}
+    for kind, (color, marker, label) in styles.items():
+        sel = [r for r in rows if r["policy"] == kind]
+        budgets = sorted({r["budget"] for r in sel})
+        for ax, key in zip(axes, ("natural_loss_increase", "copy_accuracy")):
+            x = np.array([np.mean([r["kv_fraction"] for r in sel if r["budget"] == b]) for b in budgets])
+            vals = [np.array([r[key] for r in sel if r["budget"] == b]) for b in budgets]
+            y = np.array([v.mean() for v in vals])
+            err = np.array([[y_ - v.min() for y_, v in zip(y, vals)], [v.max() - y_ for y_, v in zip(y, vals)]])
+            ax.errorbar(x, y, yerr=err, color=color, marker=marker, ms=3, lw=0.9, capsize=2, label=label)
+    full = next((r for r in rows if r["policy"] == "full"), None)
+    if full is not None:
+        axes[1].axhline(full["copy_accuracy"], color="black", lw=0.6, ls="--")
+        axes[0].plot([full["kv_fraction"]], [0.0], "k*", ms=6)
+        axes[1].plot([full["kv_fraction"]], [full["copy_accuracy"]], "k*", ms=6, label="full cache")
+    axes[0].axhline(0, color="black", lw=0.6, ls="--")
+    axes[0].set_ylabel("natural-text loss\nincrease (nats/token)")
+    axes[1].set_ylabel("long-range copy\naccuracy (top-1)")
+    axes[1].set_xlabel("KV cache (fraction of the full cache)")
+    axes[0].set_title(title)
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", frameon=False, fontsize=5.5, ncols=2)
+    return fig

@@ -336,6 +336,39 @@ class LoadedModel:
             return None
         return getattr(self.tokenizer, "sep_token_id", None)
 
+    # ---- head-level KV-cache policies (headprobe kv): the native backend implements them --------
+
+    @property
+    def n_kv_groups(self) -> int:
+        """KV groups per layer, the units a :class:`~headprobe.probe.layout.KVPolicy` addresses
+        (``n_kv_heads``; 1 for MLA, whose latent is shared by every head)."""
+        return 1 if self.spec.layout.is_mla else self.spec.n_kv_heads
+
+    @property
+    def kv_layout(self) -> Any:
+        """The attention layout with the bytes per element of the compute dtype (what a KV cache holds).
+
+        Raises:
+            HeadprobeError: the backend does not offer it.
+        """
+        raise HeadprobeError(f"KV-cache policies need the native backend, not {self.name}")
+
+    def kv_policy(self, policy: Any) -> AbstractContextManager[Any]:
+        """Context manager: forwards inside run with ``policy``'s per-KV-group streaming attention.
+
+        Raises:
+            HeadprobeError: the backend has no per-group masks (only the native one does).
+        """
+        raise HeadprobeError(f"KV-cache policies need the native backend, not {self.name}")
+
+    def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy: Any) -> int:
+        """Bytes of the KV cache the model allocates for ``policy`` after prefilling ``tokens``.
+
+        Raises:
+            HeadprobeError: the backend does not offer it.
+        """
+        raise HeadprobeError(f"KV-cache policies need the native backend, not {self.name}")
+
     def final_residual(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
                        attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_model"]:
         """The last hidden state ``[batch, pos, d_model]`` (after the final norm where the model

@@ -267,22 +267,68 @@ def projection_flops(layout: AttentionLayout, seq_len: int, batch: int = 1, as_m
     return 2 * batch * seq_len * weights
 
 
-def score_flops(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
+def visible_keys(seq_len: int, window: int | None = None) -> int:
+    """(query, key) pairs one head scores over a sequence of ``seq_len`` tokens (a count).
+
+    Without a window every score of the ``T x T`` matrix is counted, ``T**2`` (an eager
+    implementation computes them all and masks; see :func:`score_flops`). With a window of ``W``
+    keys each query at position ``pos`` reads ``min(W, pos + 1)`` keys (Mistral 7B's sliding
+    window, arXiv:2310.06825; a kernel that skips masked blocks, FlashAttention-2's
+    ``window_size`` or FlexAttention, computes only these):
+    ``sum_{pos < T} min(W, pos + 1) = W(W+1)/2 + (T - W) W`` for ``T >= W``, ``T(T+1)/2`` below.
+    A streaming group with ``S`` sink and ``W`` recent keys reads ``min(S + W, pos + 1)`` keys
+    (the sink and the window are disjoint once ``pos + 1 > S + W``), i.e. the window ``S + W``.
+
+    Raises:
+        HeadprobeError: ``seq_len`` or ``window`` is not a positive integer.
+    """
+    _check_positive("seq_len", seq_len)
+    if window is None:
+        return seq_len * seq_len
+    _check_positive("window", window)
+    w = min(window, seq_len)
+    return w * (w + 1) // 2 + (seq_len - w) * w
+
+
+def score_flops(layout: AttentionLayout, seq_len: int, batch: int = 1, window: int | None = None) -> int:
     """FLOPs of the scores QK^T and the weighted sum AV of one attention layer.
 
     Per head: QK^T is (T x d_qk)(d_qk x T), ``2*T**2*d_qk`` FLOPs; AV is (T x T)(T x d_head),
     ``2*T**2*d_head``. With ``n_heads * d_head == D`` the total is the lesson's ``4 * T**2 * D``.
     For MLA ``d_qk = qk_nope_head_dim + qk_rope_head_dim`` (the naive,
-    non-absorbed form). Sliding windows are not applied (an eager implementation masks, it does
-    not skip). Every score is
+    non-absorbed form). Without ``window`` every score is
     counted: a causal mask lets a kernel skip about half of them; the softmax is not counted.
-    GQA does not change this term: every query head still scores every key.
+    GQA does not change this term: every query head still scores every key. With ``window`` (a
+    sliding-window layer) only the keys each query reads, ``T**2`` replaced by
+    :func:`visible_keys` ``(T, window)``: Mistral 7B at T = 32768, W = 4096: 2.06 TFLOP per layer
+    instead of 17.6.
 
     Returns:
         FLOPs.
     """
     _check_workload(seq_len, batch)
-    return 2 * batch * layout.n_heads * seq_len**2 * (layout.d_qk + layout.d_head)
+    return 2 * batch * layout.n_heads * visible_keys(seq_len, window) * (layout.d_qk + layout.d_head)
+
+
+def crossover_seq_len(layout: AttentionLayout, window: int | None = None, as_mha: bool = False) -> float | None:
+    """The T at which projections and scores+AV cost the same FLOPs (a real number of tokens).
+
+    Projections cost ``p*T`` and scores ``s * visible_keys(T, window)``. Without a window
+    ``T = p / s`` (``2*D`` for MHA, lesson 003). With a window ``W``: below ``W`` the scores are
+    ``s*T(T+1)/2``, equal at ``T = 2p/s - 1``; past ``W`` they grow as ``s*W`` per token, so
+    when ``s*W > p`` they catch up at ``T = s*W(W-1) / (2(s*W - p))``, and when ``s*W <= p`` never
+    (None: the projections dominate at every length; Mistral 7B with W = 4096).
+    """
+    p = projection_flops(layout, 1, 1, as_mha=as_mha)
+    s = score_flops(layout, 1, 1)
+    if window is None:
+        return p / s
+    t = 2 * p / s - 1
+    if t <= window:
+        return t
+    if s * window <= p:
+        return None
+    return s * window * (window - 1) / (2 * (s * window - p))
 
 
 @dataclass(frozen=True)
@@ -335,18 +381,21 @@ def attention_flops(layout: AttentionLayout, seq_len: int, batch: int = 1, as_mh
 # ---------------------------------------------------------------------------------------------
 
 
-def attention_matrix_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
+def attention_matrix_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1, window: int | None = None) -> int:
     """Bytes of one layer's materialised attention weights ``[batch, head, q_pos, k_pos]``.
 
     ``batch * n_heads * T * T * bytes_per_element`` (lesson 003, ``score_matrix_bytes``): Llama 3
     8B in bf16, 32 heads: 4 GiB at T = 8192, 1 TiB at T = 131072. A naive implementation holds
-    several such matrices at once (scores, masked scores, weights).
+    several such matrices at once (scores, masked scores, weights). With ``window`` (a
+    sliding-window layer) only the weights each query reads are stored (a banded matrix,
+    ``min(W, pos + 1)`` per query, :func:`visible_keys`): Mistral 7B at 32768 tokens, 7.5 GiB
+    instead of 64 GiB per layer.
 
     Raises:
         HeadprobeError: ``seq_len`` or ``batch`` is not a positive integer.
     """
     _check_workload(seq_len, batch)
-    return batch * layout.n_heads * seq_len * seq_len * layout.bytes_per_element
+    return batch * layout.n_heads * visible_keys(seq_len, window) * layout.bytes_per_element
 
 
 def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
@@ -410,6 +459,103 @@ def layer_cost(formula: Callable[..., int], layout: AttentionLayout, n_heads: in
     a = at[2, 1] - at[1, 1]
     b = at[2, 2] - at[2, 1]
     return at[1, 1] - a - b + a * n_heads + b * n_kv_heads
+
+
+# ---------------------------------------------------------------------------------------------
+# Head-level KV-cache policies (per layer and KV group: full, or streaming with S sinks + W recent)
+# ---------------------------------------------------------------------------------------------
+
+
+def n_kv_groups(layout: AttentionLayout) -> int:
+    """KV groups per layer, the units that own cache: ``n_kv_heads`` for MHA/GQA/MQA, 1 for MLA
+    (its latent ``c^KV`` and rotary key are shared by every head)."""
+    return 1 if layout.is_mla else layout.n_kv_heads
+
+
+def kv_numbers_per_token_per_group(layout: AttentionLayout) -> int:
+    """Numbers one KV group caches per position: ``d_qk + d_head`` (its key and value) for
+    MHA/GQA/MQA, ``kv_lora_rank + qk_rope_head_dim`` for MLA (the layer's latent). Times
+    :func:`n_kv_groups` this is :func:`kv_numbers_per_token_per_layer`."""
+    return kv_numbers_per_token_per_layer(layout) // n_kv_groups(layout)
+
+
+@dataclass(frozen=True)
+class PolicyCost:
+    """What a :class:`~headprobe.probe.layout.KVPolicy` costs on ``batch`` sequences of ``seq_len``.
+
+    Attributes:
+        seq_len, batch: the workload.
+        kv_bytes_per_layer: KV cache of each layer, bytes.
+        kv_bytes: the whole cache, bytes (the sum of ``kv_bytes_per_layer``).
+        kv_bytes_full: the same layout with every group full (layer windows kept), bytes.
+        kv_fraction: ``kv_bytes / kv_bytes_full``.
+        n_full_groups, n_streaming_groups: counts.
+        flops_scores_per_layer: scores + AV FLOPs of each layer (full groups as
+            :func:`score_flops`, every score counted; streaming ones only the keys they read).
+        flops_scores, flops_scores_full: their sum over layers, and with every group full; FLOPs.
+        attention_matrix_bytes_largest_layer: the largest layer's materialised weights, bytes.
+    """
+
+    seq_len: int
+    batch: int
+    kv_bytes_per_layer: list[int]
+    kv_bytes: int
+    kv_bytes_full: int
+    kv_fraction: float
+    n_full_groups: int
+    n_streaming_groups: int
+    flops_scores_per_layer: list[int]
+    flops_scores: int
+    flops_scores_full: int
+    attention_matrix_bytes_largest_layer: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _group_keys(layout: AttentionLayout, group: Any, layer: int, seq_len: int) -> tuple[int, int]:
+    """(cached positions, visible keys per head) of one group of ``layer``."""
+    window = layout.windows[layer] if layout.windows else None
+    if group is None:
+        return (seq_len if window is None else min(seq_len, window)), visible_keys(seq_len, window)
+    if window is not None:
+        raise HeadprobeError(f"layer {layer} has a sliding window of {window}; a KV policy makes only global layers streaming")
+    return min(seq_len, group.span), visible_keys(seq_len, group.span)
+
+
+def policy_cost(layout: AttentionLayout, policy: Any, seq_len: int, batch: int = 1) -> PolicyCost:
+    """The exact cost of a head-level policy (:class:`~headprobe.probe.layout.KVPolicy`).
+
+    A full group of layer ``l`` caches ``min(T, window_l)`` positions (``T`` on a global layer), a
+    streaming one ``min(T, S + W)``, each ``kv_numbers_per_token_per_group * bytes_per_element``
+    bytes per sequence; its ``group_size`` query heads (all heads for MLA) score
+    :func:`visible_keys` keys each, ``2 * (d_qk + d_head)`` FLOPs per key (DuoAttention, Xiao et
+    al. 2024, arXiv:2410.10819, counts memory the same way: full heads grow with T, streaming
+    heads stay at S + W).
+
+    Raises:
+        HeadprobeError: the policy's layer or group count differs from the layout's, a streaming
+            group on a sliding-window layer, a bad workload.
+    """
+    _check_workload(seq_len, batch)
+    policy.check_layout(layout.n_layers, n_kv_groups(layout), "the layout")
+    per_pos = kv_numbers_per_token_per_group(layout) * layout.bytes_per_element * batch
+    heads = layout.n_heads // n_kv_groups(layout)
+    per_key = 2 * batch * heads * (layout.d_qk + layout.d_head)
+    kv, flops, matrix = [], [], []
+    for layer, row in enumerate(policy.groups):
+        costs = [_group_keys(layout, g, layer, seq_len) for g in row]
+        kv.append(sum(c for c, _ in costs) * per_pos)
+        flops.append(sum(k for _, k in costs) * per_key)
+        matrix.append(sum(k for _, k in costs) * batch * heads * layout.bytes_per_element)
+    full = type(policy).uniform(policy.n_layers, policy.n_kv_groups)
+    kv_full = sum(sum(_group_keys(layout, None, layer, seq_len)[0] for _ in row) * per_pos
+                  for layer, row in enumerate(full.groups))
+    flops_full = sum(sum(_group_keys(layout, None, layer, seq_len)[1] for _ in row) * per_key
+                     for layer, row in enumerate(full.groups))
+    n_full = len(policy.full_groups)
+    return PolicyCost(seq_len, batch, kv, sum(kv), kv_full, sum(kv) / kv_full, n_full,
+                      policy.n_layers * policy.n_kv_groups - n_full, flops, sum(flops), flops_full, max(matrix))
 
 
 # ---------------------------------------------------------------------------------------------

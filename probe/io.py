@@ -321,3 +321,21 @@ def read_text_file(path: str | Path, max_bytes: int = MAX_WHOLE_FILE_BYTES) -> s
         raise HeadprobeError(f"text file {text.path} is {text.size / 2**20:.1f} MiB; at most {max_bytes / 2**20:.0f} MiB "
                              f"is read whole")
     return text.read()
+
+
+def read_kv_policy(path: Any) -> "KVPolicy":
+    """Read a policy file (JSON, docs/kv.md).
+
+    Raises:
+        HeadprobeError: the file is missing, not JSON, or not a valid policy (:meth:`KVPolicy.from_dict`).
+    """
+    from headprobe.probe.layout import KVPolicy
+
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise HeadprobeError(f"cannot read the KV policy {path}: {err.strerror or err}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise HeadprobeError(f"the KV policy {path} is not JSON: {err}") from None
+    return KVPolicy.from_dict(data, source=str(path))

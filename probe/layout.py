@@ -5,7 +5,9 @@ model's spec (:attr:`headprobe.probe.spec.ModelSpec.layout`) and the cost formul
 
 Also here: the layout of a Hugging Face model as read from its config and attention module
 (:func:`layout_from_hf_config`, :func:`attention_module`, :func:`attention_bias`), which the
-TransformerLens bridge's spec and ``headprobe budget --model`` use. No torch, no I/O.
+TransformerLens bridge's spec and ``headprobe budget --model`` use; and head-level KV-cache
+policies (:class:`KVPolicy`: per layer and KV group, a full or a streaming cache; the file format
+in docs/kv.md, read by :func:`headprobe.probe.io.read_kv_policy`). No torch, no I/O.
 """
 
 from __future__ import annotations
@@ -289,3 +291,144 @@ def attention_bias(model: Any) -> str:
     if not out:
         return "qkv"
     return "all" if len(out) < len(biases) else "out"
+
+
+# ---------------------------------------------------------------------------------------------
+# Head-level KV-cache policies: per layer and KV group, a full cache or a streaming one
+# ---------------------------------------------------------------------------------------------
+
+#: The ``format`` field of a policy file (documented in docs/kv.md).
+KV_POLICY_FORMAT = "headprobe-kv-policy"
+KV_POLICY_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """A streaming KV group: its query heads read only the first ``sink`` keys (attention sinks)
+    and the ``window`` most recent ones, the query itself included; the cache keeps those
+    ``sink + window`` positions (StreamingLLM, Xiao et al. 2023, arXiv:2309.17453; DuoAttention,
+    Xiao et al. 2024, arXiv:2410.10819, section 3.2).
+
+    Attributes:
+        sink: positions kept from the start, >= 0.
+        window: recent positions kept, >= 1.
+
+    Raises:
+        HeadprobeError: a negative ``sink`` or a ``window`` below 1.
+    """
+
+    sink: int
+    window: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sink, bool) or not isinstance(self.sink, int) or self.sink < 0:
+            raise HeadprobeError(f"a streaming group's sink must be an integer >= 0, got {self.sink!r}")
+        _check_positive("a streaming group's window", self.window)
+
+    @property
+    def span(self) -> int:
+        """``sink + window``: the most keys one query reads and the positions cached."""
+        return self.sink + self.window
+
+
+@dataclass(frozen=True)
+class KVPolicy:
+    """A head-level KV-cache policy: ``groups[layer][kv_group]`` is None (a full cache) or a
+    :class:`Streaming` group. The unit is the one that owns cache: a key/value head for
+    MHA/GQA/MQA (``n_kv_groups = n_kv_heads``; its ``group_size`` query heads share it), the
+    layer's latent ``c^KV`` and rotary key for MLA (``n_kv_groups = 1``: the latent is shared by
+    every head, so a window applies to all of the layer's heads at once).
+
+    Attributes:
+        groups: ``n_layers`` tuples of ``n_kv_groups`` entries.
+        model: a label (the model the policy was chosen for), or "".
+
+    Raises:
+        HeadprobeError: no layer, layers of different group counts, or an entry that is neither
+            None nor :class:`Streaming`.
+    """
+
+    groups: tuple[tuple[Streaming | None, ...], ...]
+    model: str = ""
+
+    def __post_init__(self) -> None:
+        groups = tuple(tuple(layer) for layer in self.groups)
+        if not groups or not groups[0] or len({len(layer) for layer in groups}) != 1:
+            raise HeadprobeError("a KV policy needs at least one layer and the same number of KV groups in every layer")
+        if any(g is not None and not isinstance(g, Streaming) for layer in groups for g in layer):
+            raise HeadprobeError("a KV policy's group is a full cache (None) or Streaming(sink, window)")
+        object.__setattr__(self, "groups", groups)
+
+    @classmethod
+    def uniform(cls, n_layers: int, n_kv_groups: int, group: Streaming | None = None, model: str = "") -> "KVPolicy":
+        """Every group the same: all full (``group=None``) or all ``group``."""
+        return cls(tuple((group,) * n_kv_groups for _ in range(n_layers)), model)
+
+    @classmethod
+    def with_full(cls, n_layers: int, n_kv_groups: int, full: Any, streaming: Streaming, model: str = "") -> "KVPolicy":
+        """``full`` (an iterable of ``(layer, kv_group)``) keep full caches; every other group is ``streaming``."""
+        keep = {tuple(x) for x in full}
+        return cls(tuple(tuple(None if (layer, g) in keep else streaming for g in range(n_kv_groups))
+                         for layer in range(n_layers)), model)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.groups)
+
+    @property
+    def n_kv_groups(self) -> int:
+        return len(self.groups[0])
+
+    @property
+    def full_groups(self) -> list[tuple[int, int]]:
+        """``(layer, kv_group)`` of every group with a full cache."""
+        return [(layer, g) for layer, row in enumerate(self.groups) for g, s in enumerate(row) if s is None]
+
+    def cached_positions(self, seq_len: int) -> list[list[int]]:
+        """Positions each group caches after ``seq_len`` tokens, ``[layer][kv_group]``:
+        ``seq_len`` for a full group, ``min(seq_len, sink + window)`` for a streaming one."""
+        return [[seq_len if s is None else min(seq_len, s.span) for s in row] for row in self.groups]
+
+    def check_layout(self, n_layers: int, n_kv_groups: int, what: str = "the model") -> None:
+        """Raise HeadprobeError unless the policy has ``n_layers`` layers of ``n_kv_groups`` groups."""
+        if (self.n_layers, self.n_kv_groups) != (n_layers, n_kv_groups):
+            raise HeadprobeError(f"the KV policy has {self.n_layers} layers x {self.n_kv_groups} KV groups; "
+                                 f"{what} has {n_layers} x {n_kv_groups}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The policy file's JSON (docs/kv.md): format, version, model, sizes, one entry per group."""
+        entries = [{"layer": layer, "kv_group": g, "cache": "full"} if s is None else
+                   {"layer": layer, "kv_group": g, "cache": "streaming", "sink": s.sink, "window": s.window}
+                   for layer, row in enumerate(self.groups) for g, s in enumerate(row)]
+        return {"format": KV_POLICY_FORMAT, "version": KV_POLICY_VERSION, "model": self.model,
+                "n_layers": self.n_layers, "n_kv_groups": self.n_kv_groups, "groups": entries}
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "the KV policy") -> "KVPolicy":
+        """Read :meth:`to_dict`'s JSON.
+
+        Raises:
+            HeadprobeError: another format or version, missing or bad fields, a group listed twice
+                or not at all.
+        """
+        if not isinstance(d, dict) or d.get("format") != KV_POLICY_FORMAT:
+            raise HeadprobeError(f"{source} is not a KV policy file (its \"format\" must be {KV_POLICY_FORMAT!r})")
+        if d.get("version") != KV_POLICY_VERSION:
+            raise HeadprobeError(f"{source} has version {d.get('version')!r}; this headprobe reads version {KV_POLICY_VERSION}")
+        try:
+            n_layers, n_groups = int(d["n_layers"]), int(d["n_kv_groups"])
+            grid: list[list[Any]] = [[...] * n_groups for _ in range(n_layers)]
+            for e in d["groups"]:
+                layer, g = int(e["layer"]), int(e["kv_group"])
+                if not (0 <= layer < n_layers and 0 <= g < n_groups) or grid[layer][g] is not ...:
+                    raise HeadprobeError(f"{source}: group (layer {layer}, kv_group {g}) is out of range or listed twice")
+                if e["cache"] not in ("full", "streaming"):
+                    raise HeadprobeError(f"{source}: a group's cache is \"full\" or \"streaming\", not {e['cache']!r}")
+                grid[layer][g] = None if e["cache"] == "full" else Streaming(e["sink"], e["window"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise HeadprobeError(f"{source}: malformed policy ({type(err).__name__}: {err})") from None
+        missing = [(layer, g) for layer in range(n_layers) for g in range(n_groups) if grid[layer][g] is ...]
+        if missing:
+            raise HeadprobeError(f"{source}: {len(missing)} groups are not listed, first (layer, kv_group) = {missing[0]}")
+        return cls(tuple(tuple(row) for row in grid), str(d.get("model", "")))
+

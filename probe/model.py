@@ -40,9 +40,11 @@ block, model.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,7 +57,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.layout import QK_NORM_KINDS, AttentionLayout
+from headprobe.probe.layout import QK_NORM_KINDS, AttentionLayout, KVPolicy, Streaming
 
 
 # --------------------------------------------------------------------------------------------
@@ -567,6 +569,114 @@ class KVCache:
         return self.keys[layer], self.values[layer]
 
 
+#: The most mask entries (``head x q_pos x k_pos``) one block of queries builds under a KV policy.
+STREAMING_MASK_ENTRIES = 2**24
+
+
+def streaming_key_mask(
+    q_pos: Int[Tensor, "q_pos"],
+    key_pos: Int[Tensor, "group k_pos"],
+    groups: Sequence[Streaming | None],
+    n_heads: int,
+    window: int | None = None,
+) -> Bool[Tensor, "head q_pos k_pos"]:
+    """Which keys each query head reads under a head-level KV policy, True where it may.
+
+    Query head ``h`` belongs to KV group ``g = h * G // n_heads`` (``h // group_size`` for
+    MHA/GQA/MQA; 0 for MLA, whose one latent is the layer's only group). It reads the key at
+    position ``j`` from query position ``i`` when ``j <= i`` (causal), ``j >= 0`` (-1 marks an empty
+    slot of a :class:`StreamingKVCache`), and, for a :class:`~headprobe.probe.layout.Streaming`
+    group, ``j < sink`` or ``j > i - window`` (StreamingLLM's sink + recent window, Xiao et al.
+    2023, arXiv:2309.17453; DuoAttention's streaming heads, arXiv:2410.10819). ``window`` is the
+    layer's own sliding window, if any. Built for one block of queries at a time: ``[head,
+    q_pos, k_pos]``, never ``[pos, pos]`` for a whole sequence unless asked.
+
+    Args:
+        q_pos: positions of the queries.
+        key_pos: ``[group, k_pos]`` positions of each group's keys (all groups the same without a cache).
+        groups: the layer's policy, one entry per KV group (None: full).
+        n_heads: query heads of the layer.
+    """
+    G = len(groups)
+    far = torch.iinfo(torch.long).max // 4
+    head_group = torch.arange(n_heads, device=key_pos.device) * G // n_heads
+    sink = torch.tensor([0 if g is None else g.sink for g in groups], device=key_pos.device)[head_group]
+    recent = torch.tensor([far if g is None else g.window for g in groups], device=key_pos.device)[head_group]
+    j = key_pos[head_group][:, None, :]  # [head, 1, k_pos]
+    i = q_pos.to(key_pos.device)[None, :, None]  # [1, q_pos, 1]
+    mask = (j >= 0) & (j <= i) & ((j < sink[:, None, None]) | (j > i - recent[:, None, None]))
+    if window is not None:
+        mask = mask & (j > i - window)
+    return mask
+
+
+@dataclass
+class StreamingKVCache:
+    """The KV cache of a head-level policy: each KV group keeps only what its queries will read.
+
+    ``keys[l][g]`` and ``values[l][g]`` are ``[batch, pos_kept, .]`` tensors of layer ``l``'s group
+    ``g`` (a key/value head's keys after rotary and values; MLA: the latent ``c^KV`` and the rotary
+    key ``k^R``, one group per layer), and ``positions[l][g]`` their positions. A full group keeps
+    every position; a :class:`~headprobe.probe.layout.Streaming` group keeps the first ``sink``
+    and the ``window`` most recent ones (those its latest query read), so after ``T`` tokens it
+    holds ``min(T, sink + window)`` (a full group of a sliding-window layer, ``min(T, window_l)``): :func:`headprobe.probe.cost.policy_cost` predicts
+    :attr:`nbytes`. Keys are cached after rotary with their original positions, so the kept
+    keys give exactly the attention of :func:`streaming_key_mask` (no re-positioning).
+    """
+
+    policy: KVPolicy
+    windows: tuple[int | None, ...] | None = None  # the layers' sliding windows (a full group there keeps its window)
+    keys: list[list[Tensor]] = dataclasses.field(default_factory=list)
+    values: list[list[Tensor]] = dataclasses.field(default_factory=list)
+    positions: list[list[Tensor]] = dataclasses.field(default_factory=list)
+    seen: list[int] = dataclasses.field(default_factory=list)
+    key_positions: list[Tensor] = dataclasses.field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens seen so far (positions of the next token start here), not positions kept."""
+        return self.seen[0] if self.seen else 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the cached keys and values (the position indices are bookkeeping, not counted)."""
+        return sum(t.numel() * t.element_size() for layer in (*self.keys, *self.values) for t in layer)
+
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append ``k``/``v`` (``[batch, group, new_pos, .]``); return every group's kept and new
+        keys and values, ``[batch, group, k_pos, .]`` zero-padded to the longest group (its
+        positions, -1 in padding, in ``key_positions[layer]``), then evict what no later query reads."""
+        B, G, new = k.shape[:3]
+        if layer == len(self.keys):
+            self.keys.append([k[:, g, :0] for g in range(G)])
+            self.values.append([v[:, g, :0] for g in range(G)])
+            self.positions.append([torch.zeros(0, dtype=torch.long, device=k.device)] * G)
+            self.seen.append(0)
+        past = self.seen[layer]
+        new_pos = torch.arange(past, past + new, device=k.device)
+        ks = [torch.cat([self.keys[layer][g], k[:, g]], 1) for g in range(G)]
+        vs = [torch.cat([self.values[layer][g], v[:, g]], 1) for g in range(G)]
+        ps = [torch.cat([self.positions[layer][g], new_pos]) for g in range(G)]
+        L = max(p.numel() for p in ps)
+        k_out, v_out = k.new_zeros(B, G, L, k.shape[-1]), v.new_zeros(B, G, L, v.shape[-1])
+        p_out = torch.full((G, L), -1, dtype=torch.long, device=k.device)
+        for g in range(G):
+            n = ps[g].numel()
+            k_out[:, g, :n], v_out[:, g, :n], p_out[g, :n] = ks[g], vs[g], ps[g]
+        last = past + new - 1
+        layer_window = self.windows[layer] if self.windows else None
+        for g, spec in enumerate(self.policy.groups[layer]):
+            if spec is not None or layer_window is not None:
+                keep = (ps[g] > last - layer_window) if spec is None else (ps[g] < spec.sink) | (ps[g] > last - spec.window)
+                ks[g], vs[g], ps[g] = ks[g][:, keep].clone(), vs[g][:, keep].clone(), ps[g][keep]
+        self.keys[layer], self.values[layer], self.positions[layer] = ks, vs, ps
+        self.seen[layer] = past + new
+        if layer == len(self.key_positions):
+            self.key_positions.append(p_out)
+        self.key_positions[layer] = p_out
+        return k_out, v_out
+
+
 @functools.cache
 def _sdpa_has_enable_gqa() -> bool:
     """``scaled_dot_product_attention(..., enable_gqa=True)`` exists from torch 2.5 on (it is a
@@ -606,6 +716,7 @@ class SelfAttention(nn.Module):
         self.softcap = cfg.attn_softcap
         self.scale = 1.0 / math.sqrt(cfg.d_qk) if cfg.attn_scale is None else cfg.attn_scale
         self.force_eager = False
+        self.streaming: tuple[Streaming | None, ...] | None = None  # this layer's KV policy (Transformer.kv_policy)
 
     def _add_output(self, rotary_hooks: bool) -> None:
         """W_O and the hook points, made after the subclass's projections (so that parameters,
@@ -640,7 +751,7 @@ class SelfAttention(nn.Module):
                 or self.hook_attn_scores.has_hooks())
 
     def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
-            cache: KVCache | None = None) -> QKV:
+            cache: KVCache | StreamingKVCache | None = None) -> QKV:
         """Queries of ``x``'s positions; keys and values of the cached positions and ``x``'s
         (this call's are added to ``cache``). The mechanism: a subclass's."""
         raise NotImplementedError
@@ -651,7 +762,7 @@ class SelfAttention(nn.Module):
         positions: Int[Tensor, "batch pos"],
         padding: Bool[Tensor, "batch pos"] | None = None,
         head_mask: Float[Tensor, "head"] | Float[Tensor, "batch head"] | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | StreamingKVCache | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         """Attention output ``[batch, pos, d_model]`` for the normalised residual ``x``.
 
@@ -664,7 +775,47 @@ class SelfAttention(nn.Module):
             cache: keys and values of earlier positions (generation); this call's are appended.
         """
         q, k, v = self.qkv(x, positions, cache)
-        return self.output(self.attend(q, k, v, padding), head_mask)
+        if isinstance(cache, StreamingKVCache):
+            z = self._attend_streaming(q, k, v, cache.policy.groups[self.layer], cache.key_positions[self.layer], padding)
+        elif self.streaming is not None:
+            z = self._attend_streaming(q, k, v, self.streaming, None, padding)
+        else:
+            z = self.attend(q, k, v, padding)
+        return self.output(z, head_mask)
+
+    def _attend_streaming(
+        self,
+        q: Float[Tensor, "batch head q_pos d_qk"],
+        k: Float[Tensor, "batch kv_head k_pos d_qk"],
+        v: Float[Tensor, "batch kv_head k_pos d_head"],
+        groups: Sequence[Streaming | None],
+        key_pos: Int[Tensor, "group k_pos"] | None,
+        padding: Tensor | None,
+    ) -> Float[Tensor, "batch q_pos head d_head"]:
+        """:meth:`attend` under a KV policy (:func:`streaming_key_mask`): the eager path with the
+        mask of all queries when a pattern is asked for (it is materialised anyway), else the
+        fused kernel one block of queries at a time (at most :data:`STREAMING_MASK_ENTRIES` per block), so
+        no ``[pos, pos]`` mask exists. ``key_pos`` None: the keys are positions ``0..k_pos-1``.
+
+        Raises:
+            HeadprobeError: padding or a bidirectional model (a policy is for causal decoders).
+        """
+        if padding is not None or not self.cfg.causal:
+            raise HeadprobeError("a KV policy needs causal attention without padding (one unpadded batch)")
+        T, L = q.shape[2], k.shape[2]
+        if key_pos is None:
+            key_pos = torch.arange(L, device=q.device).expand(len(groups), L)
+        last = int(key_pos.max())
+        q_pos = torch.arange(last - T + 1, last + 1, device=q.device)
+
+        def mask(a: int, b: int) -> Tensor:
+            return streaming_key_mask(q_pos[a:b], key_pos, groups, self.n_heads, self.window)[None]
+
+        if self.needs_pattern():
+            return self._eager(q, k, v, mask(0, T)).transpose(1, 2)
+        block = max(1, STREAMING_MASK_ENTRIES // (self.n_heads * L))
+        z = torch.cat([self._fused(q[:, :, a:a + block], k, v, mask(a, a + block)) for a in range(0, T, block)], dim=2)
+        return z.transpose(1, 2)
 
     def attend(
         self,
@@ -802,7 +953,7 @@ class Attention(SelfAttention):
         self._add_output(rotary_hooks=True)
 
     def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
-            cache: KVCache | None = None) -> QKV:
+            cache: KVCache | StreamingKVCache | None = None) -> QKV:
         """``q`` ``[batch, head, pos, d_qk]``; ``k``, ``v`` ``[batch, kv_head, k_pos, .]`` of the
         cached positions and this call's (appended to ``cache``)."""
         B, T, _ = x.shape
@@ -861,7 +1012,7 @@ class LatentAttention(SelfAttention):
         self._add_output(rotary_hooks=False)
 
     def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
-            cache: KVCache | None = None) -> QKV:
+            cache: KVCache | StreamingKVCache | None = None) -> QKV:
         """Queries ``[q_nope, rope(q_rope)]`` per head; keys ``[W_UK norm(c), rope(k^R)]`` and
         values ``W_UV norm(c)`` of every head, decompressed from the latent ``c^KV`` of all
         positions so far (the cache holds ``c^KV`` as ``keys`` ``[batch, 1, pos, rank]`` and
@@ -962,7 +1113,7 @@ class Block(nn.Module):
 
     def forward(self, resid: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
                 padding: Bool[Tensor, "batch pos"] | None = None, head_mask: Tensor | None = None,
-                cache: KVCache | None = None) -> Float[Tensor, "batch pos d_model"]:
+                cache: KVCache | StreamingKVCache | None = None) -> Float[Tensor, "batch pos d_model"]:
         """``resid_post`` from ``resid_pre``; the other arguments as :meth:`SelfAttention.forward`'s."""
         resid = self.hook_resid_pre(resid)
         x = resid if self.ln1 is None or self.post_ln else self.ln1(resid)
@@ -1064,13 +1215,57 @@ class Transformer(HookedRootModule):
         for b in self.blocks:
             b.attn.force_eager = bool(value)
 
+    @property
+    def n_kv_groups(self) -> int:
+        """KV groups per layer, the units a :class:`~headprobe.probe.layout.KVPolicy` addresses:
+        ``n_kv_heads``, or 1 for MLA (the latent is shared by every head of the layer)."""
+        return 1 if self.cfg.is_mla else self.cfg.n_kv_heads
+
+    def check_kv_policy(self, policy: KVPolicy) -> None:
+        """Raise HeadprobeError unless ``policy`` fits: ``n_layers`` x :attr:`n_kv_groups`, and no
+        streaming group on a sliding-window layer (already windowed; budget refuses it too)."""
+        policy.check_layout(self.cfg.n_layers, self.n_kv_groups, "the model")
+        for layer, row in enumerate(policy.groups):
+            if self.cfg.is_sliding(layer) and any(g is not None for g in row):
+                raise HeadprobeError(f"layer {layer} has a sliding window; a KV policy makes only global layers streaming")
+
+    def streaming_cache(self, policy: KVPolicy) -> StreamingKVCache:
+        """An empty :class:`StreamingKVCache` for ``policy`` on this model (its sliding windows included).
+
+        Raises:
+            HeadprobeError: see :meth:`check_kv_policy`.
+        """
+        self.check_kv_policy(policy)
+        return StreamingKVCache(policy, windows=self.cfg.layout.windows)
+
+    @contextlib.contextmanager
+    def kv_policy(self, policy: KVPolicy | None) -> Iterator["Transformer"]:
+        """Within the block, each KV group's query heads read only the keys ``policy`` leaves them
+        (:func:`streaming_key_mask`: a streaming group's first ``sink`` and last ``window``
+        positions); exact attention, not an estimate. None: no change. Restored in ``finally``.
+
+        Raises:
+            HeadprobeError: see :meth:`check_kv_policy`.
+        """
+        if policy is not None:
+            self.check_kv_policy(policy)
+        before = [b.attn.streaming for b in self.blocks]
+        try:
+            for layer, b in enumerate(self.blocks):
+                row = None if policy is None else policy.groups[layer]
+                b.attn.streaming = None if row is None or all(g is None for g in row) else row
+            yield self
+        finally:
+            for b, row in zip(self.blocks, before):
+                b.attn.streaming = row
+
     def forward(
         self,
         tokens: Int[Tensor, "batch pos"],
         head_mask: Float[Tensor, "..."] | None = None,
         attention_mask: Shaped[Tensor, "batch pos"] | None = None,
         return_type: Literal["logits", "resid"] = "logits",
-        cache: KVCache | None = None,
+        cache: KVCache | StreamingKVCache | None = None,
     ) -> Float[Tensor, "batch pos d_vocab"]:
         """Logits ``[batch, pos, d_vocab]`` (or the final residual, ``return_type="resid"``).
 
@@ -1191,22 +1386,30 @@ def init_weights(model: Transformer, std: float = 0.02) -> Transformer:
 
 @torch.inference_mode()
 def generate(model: Transformer, tokens: Int[Tensor, "batch pos"], n_new: int, use_cache: bool = True,
-             ) -> tuple[Int[Tensor, "batch pos_plus_new"], KVCache | None]:
+             policy: KVPolicy | None = None) -> tuple[Int[Tensor, "batch pos_plus_new"], KVCache | StreamingKVCache | None]:
     """Greedy decoding of ``n_new`` tokens after ``tokens``.
 
     With ``use_cache`` the prompt runs once and each new token runs alone against a
-    :class:`KVCache` (MHA, GQA and MQA cache ``n_kv_heads`` keys and values per layer); without
-    it the whole sequence is recomputed every step (the reference the cache must equal).
+    :class:`KVCache` (MHA, GQA and MQA cache ``n_kv_heads`` keys and values per layer), or with
+    ``policy`` a :class:`StreamingKVCache` (each KV group keeps what the policy leaves it); without
+    it the whole sequence is recomputed every step (the reference the cache must equal), under
+    :meth:`Transformer.kv_policy` when ``policy`` is given.
 
     Returns:
         (tokens with the ``n_new`` generated ones appended, the cache or None).
+
+    Raises:
+        HeadprobeError: a policy that does not fit the model (:meth:`Transformer.check_kv_policy`).
     """
-    cache = KVCache() if use_cache else None
+    if policy is not None:
+        model.check_kv_policy(policy)
+    cache = (KVCache() if policy is None else model.streaming_cache(policy)) if use_cache else None
     out = tokens
     step_in = tokens
-    for _ in range(n_new):
-        logits = model(step_in, cache=cache) if use_cache else model(out)
-        nxt = logits[:, -1].argmax(-1, keepdim=True)
-        out = torch.cat([out, nxt], dim=1)
-        step_in = nxt
+    with model.kv_policy(None if use_cache else policy):
+        for _ in range(n_new):
+            logits = model(step_in, cache=cache) if use_cache else model(out)
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            out = torch.cat([out, nxt], dim=1)
+            step_in = nxt
     return out, cache

@@ -10,6 +10,7 @@ unembedding and the loss dominate each ablation's cost in the exact sweep.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -229,6 +230,37 @@ class NativeModel(LoadedModel):
             self.model.to("cpu")
         self.model, self._main_device, self._offload_dir = dispatch(self.model, device_map, max_memory, offload_dir)
         return self
+
+    # ---- head-level KV-cache policies (headprobe kv; the native backend only) ------------------
+
+    @property
+    def n_kv_groups(self) -> int:
+        """KV groups per layer, the units a KV policy addresses (``n_kv_heads``; 1 for MLA)."""
+        return self.model.n_kv_groups
+
+    @property
+    def kv_layout(self):
+        """The attention layout (:class:`~headprobe.probe.layout.AttentionLayout`) with the bytes
+        per element of the compute dtype: what the KV cache holds."""
+        return dataclasses.replace(self.model.cfg.layout, bytes_per_element=torch.empty((), dtype=self.dtype).element_size())
+
+    def kv_policy(self, policy):
+        """Context manager: every forward inside runs with ``policy``'s per-KV-group streaming
+        attention (:meth:`headprobe.probe.model.Transformer.kv_policy`; None: full attention).
+
+        Raises:
+            HeadprobeError: a policy that does not fit the model.
+        """
+        return self.model.kv_policy(policy)
+
+    def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy) -> int:
+        """Bytes of the :class:`~headprobe.probe.model.StreamingKVCache` the model allocates for
+        ``policy`` after prefilling ``tokens`` (one forward pass)."""
+        cache = self.model.streaming_cache(policy)
+        with torch.inference_mode():
+            self.model(tokens.to(self.device), return_type="resid", cache=cache)
+        return cache.nbytes
+
 
 
 @torch.inference_mode()

@@ -116,6 +116,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--params", help="recommend: parameter budget without embeddings, e.g. 135M, 8B")
     mode.add_argument("--kv-limit", help="recommend: KV-cache memory limit per request, e.g. 2GiB, 512MiB")
     mode.add_argument("--target", choices=cost.TARGETS, default="gpu-server", help="recommend: deployment target (default gpu-server)")
+    mode.add_argument("--policy", metavar="FILE",
+                      help="cost a head-level KV policy (headprobe kv's policy.json: per layer and KV group, full or "
+                           "streaming with S sink + W recent positions; format in docs/kv.md) at --seq-len")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -155,6 +158,7 @@ class BudgetConfig:
         params: recommend: parameter budget without embeddings, a count or text such as "135M".
         kv_limit: recommend: KV-cache limit per request, bytes or text such as "2GiB".
         target: recommend: deployment target, one of :data:`headprobe.probe.cost.TARGETS`.
+        policy: a KV policy file (docs/kv.md) to cost exactly on the layout (:func:`cost.policy_cost`), or None.
 
     Raises:
         HeadprobeError: an unknown dtype.
@@ -185,6 +189,7 @@ class BudgetConfig:
     params: str | int | None = None
     kv_limit: str | int | None = None
     target: str = "gpu-server"
+    policy: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -307,7 +312,27 @@ def report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
         "crossover_seq_len_as_mha": fl_mha.crossover_seq_len,
         "attention_matrix_bytes_per_layer": cost.attention_matrix_bytes(lay, seq_len, batch),
         "fused_attention_bytes_per_layer": cost.fused_attention_bytes(lay, seq_len, batch),
+        **windowed_report(lay, seq_len, batch),
     }
+
+
+def windowed_report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
+    """The sliding-window layers' costs, one entry per window size: each query at ``pos`` reads
+    ``min(W, pos + 1)`` keys (:func:`~headprobe.probe.cost.visible_keys`), so the scores+AV FLOPs,
+    the attention-matrix bytes and the crossover are the window's; plus the sum over all layers.
+    Empty when every layer is global."""
+    if lay.windows is None:
+        return {}
+    rows = []
+    for w in sorted({w for w in lay.windows if w is not None}):
+        scores = cost.score_flops(lay, seq_len, batch, window=w)
+        proj = cost.projection_flops(lay, seq_len, batch)
+        rows.append({"window": w, "n_layers": lay.windows.count(w), "flops_scores_per_layer": scores,
+                     "quadratic_share": scores / (scores + proj),
+                     "crossover_seq_len": cost.crossover_seq_len(lay, window=w),
+                     "attention_matrix_bytes_per_layer": cost.attention_matrix_bytes(lay, seq_len, batch, window=w)})
+    total = sum(cost.score_flops(lay, seq_len, batch, window=w) for w in lay.windows)
+    return {"windowed_layers": rows, "flops_scores_all_layers": total}
 
 
 def _table(rows: list[list[str]], header: list[str], right: set[int] = frozenset()) -> str:
@@ -341,8 +366,33 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
         ["attention matrix per layer [batch, head, T, T]", format_bytes(r["attention_matrix_bytes_per_layer"]), "naive, materialised"],
         ["fused kernel per layer (Q, K, V, out, LSE)", format_bytes(r["fused_attention_bytes_per_layer"]), "FlashAttention / SDPA"],
     ]
+    if lay.windows is not None:
+        for i in (6, 7, 8, 9):  # the full-attention rows: what a global layer costs
+            rows[i][0] += ", global layer"
+    for w in r.get("windowed_layers", []):
+        cross = "never (projections dominate)" if w["crossover_seq_len"] is None else f"{w['crossover_seq_len']:,.0f}"
+        note = f"{w['n_layers']} layers, min(W, pos+1) keys per query"
+        rows += [[f"scores + AV FLOPs per layer, window {w['window']:,}", format_flops(w["flops_scores_per_layer"]), note],
+                 [f"quadratic share, window {w['window']:,}", f"{100 * w['quadratic_share']:.0f}%", ""],
+                 [f"crossover T, window {w['window']:,}", cross, ""],
+                 [f"attention matrix per layer, window {w['window']:,}", format_bytes(w["attention_matrix_bytes_per_layer"]),
+                  "banded, materialised"]]
+    if "flops_scores_all_layers" in r:
+        rows.append(["scores + AV FLOPs, all layers", format_flops(r["flops_scores_all_layers"]), "windows applied"])
     head = f"{describe(lay, dtype)}\nworkload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
     return head + "\n" + _table(rows, ["quantity", "value", "note"], right={1})
+
+
+def format_policy(pc: dict[str, Any], path: str) -> str:
+    """The ``--policy`` rows: the policy's cache, FLOPs and attention matrix next to all-full."""
+    rows = [["KV groups full / streaming", f"{pc['n_full_groups']:,} / {pc['n_streaming_groups']:,}", ""],
+            ["KV cache per request, policy", format_bytes(pc["kv_bytes"]), f"{pc['kv_bytes']:,} bytes"],
+            ["KV cache per request, all groups full", format_bytes(pc["kv_bytes_full"]), f"{pc['kv_bytes_full']:,} bytes"],
+            ["KV cache fraction", f"{pc['kv_fraction']:.4f}", "policy / full"],
+            ["scores + AV FLOPs, all layers, policy", format_flops(pc["flops_scores"]), "streaming groups: S+W keys"],
+            ["scores + AV FLOPs, all layers, full", format_flops(pc["flops_scores_full"]), ""],
+            ["attention matrix, largest layer, policy", format_bytes(pc["attention_matrix_bytes_largest_layer"]), ""]]
+    return f"KV policy {path}\n\n" + _table(rows, ["quantity", "value", "note"], right={1})
 
 
 def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str, seq_len: int, batch: int) -> str:
@@ -777,7 +827,8 @@ class BudgetResult:
         config: the :class:`BudgetConfig` it ran.
         mode: ``"report"`` (one layout), ``"compare"``, ``"flops_table"``, ``"recommend"`` or
             ``"pruned"`` (a pruned model directory: :func:`layers_report` of the pruned and the
-            unpruned heads, under ``data["pruned"]`` and ``data["unpruned"]``).
+            unpruned heads, under ``data["pruned"]`` and ``data["unpruned"]``) or ``"policy"``
+            (the report plus ``data["policy"]``, :func:`~headprobe.probe.cost.policy_cost` of ``--policy``).
         layout: the layout reported on (the proposed one for ``recommend``).
         data: every number, as ``--json`` prints it (see :meth:`to_dict`).
         check: the live check record of ``--model`` (``measured``, ``expected``, ``ok``), or None.
@@ -820,6 +871,8 @@ class BudgetResult:
             text = format_layers_report(d, self.layout, c.dtype)
         else:
             text = format_report(d, self.layout, c.dtype)
+        if self.mode == "policy":
+            text += "\n\n" + format_policy(d["policy"], d["policy_file"])
         if self.check is None:
             return text
         checked = format_dir_check if "heads_per_layer" in self.check["measured"] else format_check
@@ -843,7 +896,7 @@ class BudgetResult:
             r = self.recommendation
             return pd.DataFrame([{**self.layout.to_dict(), "kind": self.layout.kind, "use_mla": r.use_mla,
                                   "fits": r.fits, "kv_bytes_per_request": r.kv_bytes_per_request}])
-        skip = {"layout", "workload", "check"}
+        skip = {"layout", "workload", "check", "windowed_layers", "policy", "policy_file"}
         return pd.DataFrame({"quantity": [k for k in self.data if k not in skip],
                              "value": [v for k, v in self.data.items() if k not in skip]})
 
@@ -915,6 +968,14 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
         out = {"layout": lay.to_dict(), "workload": {"seq_len": config.seq_len, "batch": config.batch}, "compare": rows}
     else:
         mode, out = "report", report(lay, config.seq_len, config.batch)
+    if config.policy is not None:
+        if mode != "report":
+            raise HeadprobeError("--policy costs one layout; drop --compare and --flops-table")
+        from headprobe.probe.io import read_kv_policy
+
+        policy = read_kv_policy(config.policy)
+        mode, out = "policy", {**out, "policy_file": str(config.policy),
+                               "policy": cost.policy_cost(lay, policy, config.seq_len, config.batch).to_dict()}
     if check is not None:
         out = {"check": check, **out}
     return BudgetResult(config, mode, lay, out, check=check)
@@ -928,7 +989,8 @@ def _run_headprobe_dir(config: BudgetConfig) -> BudgetResult:
     pruned = _is_pruned(config.model)
     if pruned:
         given = [f"--{f.replace('_', '-')}" for f in UNIFORM_LAYOUT_FLAGS if getattr(config, f) is not None]
-        given += [flag for flag, on in (("--compare", config.compare), ("--flops-table", config.flops_table is not None)) if on]
+        given += [flag for flag, on in (("--compare", config.compare), ("--flops-table", config.flops_table is not None),
+                                        ("--policy", config.policy is not None)) if on]
         if given:
             raise HeadprobeError(f"{config.model} is a pruned model whose layers keep different numbers of heads; "
                                  f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} one uniform layout: "

@@ -1,0 +1,416 @@
+"""Head-level KV-cache policies measured causally: which KV groups keep a full cache.
+
+A policy (:class:`~headprobe.probe.layout.KVPolicy`) makes some KV groups *streaming*: their
+query heads read only the first ``sink`` keys and the last ``window`` ones, and their cache keeps
+only those (StreamingLLM, Xiao et al. 2023, arXiv:2309.17453). DuoAttention (Xiao et al. 2024,
+arXiv:2410.10819) keeps full caches for the few "retrieval heads" and streams the rest. Here:
+
+* the quality of a policy is measured exactly, with the native model's attention masked per KV
+  group (:meth:`~headprobe.probe.model.Transformer.kv_policy`): the natural-text loss (nats per
+  token) and, on the long-range retrieval task (:func:`headprobe.analyses.data.long_range_tokens`),
+  the loss on the repeated block and its top-1 copy accuracy, per distance (:func:`evaluate`);
+* the cost of streaming each group is either measured (one group streaming at a time,
+  :func:`measured_group_costs`) or estimated from the attention mass a group's heads put outside
+  the sink and the window (:func:`distant_mass`, the "local fraction" complement), and then
+  checked exactly on the chosen policy;
+* :func:`kv_curve` compares the chosen policy with the same window on every group at the same
+  memory and with random groups at the same memory (several seeds), for several budgets.
+
+Functions over a loaded model of the native backend (its ``kv_policy``, ``n_kv_groups``,
+``streaming_cache_bytes``: :class:`~headprobe.probe.native.NativeModel`) and token sets; no
+printing, no argparse.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from headprobe.analyses.data import LongRangeSet
+from headprobe.probe.backend import LoadedModel
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.layout import KVPolicy, Streaming
+
+#: Positions of logits computed at once (a ``[batch, chunk, d_vocab]`` block, never a whole sequence's).
+LOGIT_CHUNK = 256
+
+
+def check_kv_backend(model: LoadedModel) -> None:
+    """Raise unless ``model`` (a :class:`~headprobe.probe.backend.LoadedModel`) can run KV policies:
+    the native backend (:class:`~headprobe.probe.native.NativeModel`'s ``kv_policy``) and a decoder.
+
+    Raises:
+        HeadprobeError: another backend (the bridge has no per-group masks) or an encoder.
+    """
+    if getattr(model, "backend", None) != "native":
+        raise HeadprobeError("headprobe kv masks attention per KV group in headprobe's native model; "
+                             "load with --backend native (or auto) a family it supports")
+    if not model.spec.causal:
+        raise HeadprobeError(f"{model.spec.name} is an encoder; KV-cache policies are for causal decoders")
+
+
+@dataclass(frozen=True)
+class Quality:
+    """What a policy leaves of the model.
+
+    Attributes:
+        natural_loss: mean next-token loss on natural text, nats/token.
+        long_range_loss: mean loss on the repeated block's tokens 2..block_len, nats/token.
+        copy_accuracy: share of those tokens that are the top-1 prediction, 0..1.
+        per_distance: distance (tokens) -> ``{"loss", "accuracy"}`` over that distance's sequences.
+    """
+
+    natural_loss: float
+    long_range_loss: float
+    copy_accuracy: float
+    per_distance: dict[int, dict[str, float]]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _chunked_loss(model: LoadedModel, resid: Float[Tensor, "batch pos d_model"], tokens: Int[Tensor, "batch pos"], start: int) -> Tensor:
+    """Per-token next-token losses ``[batch, pos - 1 - start]`` (nats), unembedding :data:`LOGIT_CHUNK` positions at a time."""
+    out = []
+    T = tokens.shape[1]
+    for a in range(start, T - 1, LOGIT_CHUNK):
+        b = min(a + LOGIT_CHUNK, T - 1)
+        logits = model.logits_from_residual(resid[:, a:b], normed=True).float()
+        out.append(F.cross_entropy(logits.flatten(0, 1), tokens[:, a + 1:b + 1].flatten(), reduction="none").view(len(tokens), -1))
+    return torch.cat(out, dim=1)
+
+
+@torch.inference_mode()
+def natural_loss(model: LoadedModel, tokens: Int[Tensor, "batch pos"], start: int, policy: KVPolicy | None = None) -> float:
+    """Mean next-token loss (nats/token) of ``tokens`` from position ``start`` on, under ``policy``
+    (None: full attention). The logits are never held for a whole sequence."""
+    with model.kv_policy(policy):
+        resid = model.final_residual(tokens)
+    return float(_chunked_loss(model, resid, tokens.to(resid.device), start).mean())
+
+
+@torch.inference_mode()
+def long_range_quality(model: LoadedModel, lr: LongRangeSet, policy: KVPolicy | None = None) -> tuple[Tensor, Tensor]:
+    """Losses (nats) and top-1 hits (0/1) of the repeated block's tokens 2..block_len,
+    ``[batch, block_len - 1]`` each, under ``policy``."""
+    with model.kv_policy(policy):
+        resid = model.final_residual(lr.tokens)
+    pos, target = (t.to(resid.device) for t in lr.targets())
+    r = resid.gather(1, pos[..., None].expand(-1, -1, resid.shape[-1]))
+    logits = model.logits_from_residual(r, normed=True).float()
+    loss = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view_as(target)
+    return loss, (logits.argmax(-1) == target).float()
+
+
+def evaluate(model: LoadedModel, natural: Int[Tensor, "batch pos"], start: int, lr: LongRangeSet, policy: KVPolicy | None = None) -> Quality:
+    """:class:`Quality` of ``policy`` (exact: the attention masked per KV group)."""
+    loss, hit = long_range_quality(model, lr, policy)
+    loss, hit = loss.cpu(), hit.cpu()
+    per = {int(d): {"loss": float(loss[lr.distance == d].mean()), "accuracy": float(hit[lr.distance == d].mean())}
+           for d in lr.distance.unique()}
+    return Quality(natural_loss(model, natural, start, policy), float(loss.mean()), float(hit.mean()), per)
+
+
+# ---------------------------------------------------------------------------------------------
+# Costs of streaming each group: estimated (attention mass outside sink + window) or measured
+# ---------------------------------------------------------------------------------------------
+
+
+def distant_mass_of_pattern(pattern: Float[Tensor, "batch head q_pos k_pos"], sink: int, window: int,
+                            rows: Int[Tensor, "batch n"] | None = None) -> Float[Tensor, "head"]:
+    """Mean attention mass each head puts on keys a streaming group would drop: ``sink <= k <=
+    q - window`` (1 minus the local-plus-sink fraction), over the queries ``rows`` (``[batch,
+    n]`` positions; None: every query at ``q >= sink + window``, the first that lose a key). A
+    number in [0, 1] per head. Pure: the pattern is not modified."""
+    B, H, T, _ = pattern.shape
+    if rows is None:
+        q = torch.arange(sink + window, T, device=pattern.device)
+        if q.numel() == 0:
+            return pattern.new_zeros(H)
+        rows = q.expand(B, -1)
+    p = pattern.gather(2, rows[:, None, :, None].expand(B, H, rows.shape[1], T))  # [batch, head, n, k_pos]
+    k = torch.arange(T, device=pattern.device)
+    drop = (k[None, None, :] >= sink) & (k[None, None, :] <= rows[:, :, None] - window)  # [batch, n, k_pos]
+    return (p * drop[:, None]).sum(-1).mean(dim=(0, 2))
+
+
+def retrieval_mass_of_pattern(pattern: Float[Tensor, "batch head q_pos k_pos"], lr: LongRangeSet) -> Float[Tensor, "head"]:
+    """Mean attention mass each head puts, from the repeat's queries (``second + i``, the ones
+    that predict the repeat's tokens 2..block_len), on the block's first occurrence ``[first,
+    first + block_len)``: the retrieval score of Wu et al. 2024 (arXiv:2404.15574; attention on
+    the tokens being copied), in [0, 1]. A diffuse head puts about ``block_len / pos`` there,
+    a head that copies from far back most of its mass. Pure."""
+    B, H, T, _ = pattern.shape
+    rows, _ = (t.to(pattern.device) for t in lr.targets())
+    p = pattern.gather(2, rows[:, None, :, None].expand(B, H, rows.shape[1], T))  # [batch, head, n, k_pos]
+    k = torch.arange(T, device=pattern.device)
+    first = lr.first.to(pattern.device)[:, None]
+    block = (k[None, :] >= first) & (k[None, :] < first + lr.block_len)  # [batch, k_pos]
+    return (p * block[:, None, None, :]).sum(-1).mean(dim=(0, 2))
+
+
+@torch.inference_mode()
+def pattern_statistic(model: LoadedModel, tokens: Int[Tensor, "batch pos"], reduce) -> Float[Tensor, "layer head"]:
+    """``reduce(pattern) -> [head]`` of every layer's pattern, one layer at a time (the hook
+    reduces it and lets the forward pass go on; no layer's pattern outlives its layer)."""
+    L = model.spec.n_layers
+    out = torch.zeros(L, model.spec.n_heads)
+
+    def hook(layer):
+        def fn(pattern, hook):
+            out[layer] = reduce(pattern.float()).cpu()
+        return fn
+
+    model.final_residual(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", hook(layer)) for layer in range(L)])
+    return out
+
+
+@torch.inference_mode()
+def distant_mass(model: LoadedModel, tokens: Int[Tensor, "batch pos"], sink: int, window: int,
+                 rows: Int[Tensor, "batch n"] | None = None) -> Float[Tensor, "layer head"]:
+    """:func:`distant_mass_of_pattern` of every head, one layer's pattern at a time (the hook
+    reduces it and lets the forward pass go on; no layer's pattern outlives its layer)."""
+    L = model.spec.n_layers
+    out = torch.zeros(L, model.spec.n_heads)
+
+    def hook(layer):
+        def fn(pattern, hook):
+            out[layer] = distant_mass_of_pattern(pattern.float(), sink, window, None if rows is None else rows.to(pattern.device)).cpu()
+        return fn
+
+    model.final_residual(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", hook(layer)) for layer in range(L)])
+    return out
+
+
+def group_mean(per_head: Float[Tensor, "layer head"], n_kv_groups: int) -> Float[Tensor, "layer kv_group"]:
+    """Mean over each KV group's query heads (head ``h`` is in group ``h * G // n_heads``)."""
+    L, H = per_head.shape
+    return per_head.view(L, n_kv_groups, H // n_kv_groups).mean(-1)
+
+
+def group_max(per_head: Float[Tensor, "layer head"], n_kv_groups: int) -> Float[Tensor, "layer kv_group"]:
+    """Max over each KV group's query heads: a group must stay full if any of its heads needs it."""
+    L, H = per_head.shape
+    return per_head.view(L, n_kv_groups, H // n_kv_groups).amax(-1)
+
+
+@dataclass(frozen=True)
+class GroupCosts:
+    """Cost of making each KV group streaming, ``[layer, kv_group]`` tensors.
+
+    Attributes:
+        method: ``"estimate"`` (attention mass outside sink + window, 0..1, natural text and the
+            repeat's queries; mean over a group's heads), ``"retrieval"`` (the long-range cost is
+            the mass on the block's first occurrence; max over a group's heads) or ``"measured"`` (the policy with only that group streaming:
+            increases in nats/token and the drop in copy accuracy, 0..1).
+        natural: natural-text cost. long_range: long-range cost (the repeat's loss or mass).
+        accuracy_drop: measured only: full copy accuracy minus the group-streaming one; else None.
+    """
+
+    method: str
+    natural: Tensor
+    long_range: Tensor
+    accuracy_drop: Tensor | None = None
+
+    @property
+    def score(self) -> Tensor:
+        """The ranking score: ``natural + long_range`` (higher = keep full)."""
+        return self.natural + self.long_range
+
+
+def estimated_group_costs(model: LoadedModel, natural: Tensor, lr: LongRangeSet, streaming: Streaming) -> GroupCosts:
+    """:class:`GroupCosts` from :func:`distant_mass`: the natural text's queries past ``sink +
+    window``, and the repeated block's queries (where copying reads the first occurrence)."""
+    pos, _ = lr.targets()
+    G = model.n_kv_groups
+    nat = group_mean(distant_mass(model, natural, streaming.sink, streaming.window), G)
+    far = group_mean(distant_mass(model, lr.tokens, streaming.sink, streaming.window, rows=pos), G)
+    return GroupCosts("estimate", nat, far)
+
+
+def retrieval_group_costs(model: LoadedModel, natural: Tensor, lr: LongRangeSet, streaming: Streaming) -> GroupCosts:
+    """:class:`GroupCosts` ``"retrieval"``: the long-range cost is each group's largest
+    :func:`retrieval_mass_of_pattern` (the heads that copy from the block's first occurrence),
+    the natural cost its largest :func:`distant_mass_of_pattern` on natural text; max over the
+    group's heads (:func:`group_max`)."""
+    G = model.n_kv_groups
+    nat = group_max(pattern_statistic(model, natural, lambda p: distant_mass_of_pattern(p, streaming.sink, streaming.window)), G)
+    far = group_max(pattern_statistic(model, lr.tokens, lambda p: retrieval_mass_of_pattern(p, lr)), G)
+    return GroupCosts("retrieval", nat, far)
+
+
+def measured_group_costs(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, streaming: Streaming,
+                         full: Quality, progress=None) -> GroupCosts:
+    """:class:`GroupCosts` measured: for each group, the policy with only it streaming, against ``full``."""
+    L, G = model.spec.n_layers, model.n_kv_groups
+    nat, far, acc = torch.zeros(L, G), torch.zeros(L, G), torch.zeros(L, G)
+    for layer in range(L):
+        for g in range(G):
+            rows = [[None] * G for _ in range(L)]
+            rows[layer][g] = streaming
+            q = evaluate(model, natural, start, lr, KVPolicy(tuple(map(tuple, rows))))
+            nat[layer, g] = q.natural_loss - full.natural_loss
+            far[layer, g] = q.long_range_loss - full.long_range_loss
+            acc[layer, g] = full.copy_accuracy - q.copy_accuracy
+            if progress is not None:
+                progress()
+    return GroupCosts("measured", nat, far, acc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies at a memory budget and the quality-memory curve
+# ---------------------------------------------------------------------------------------------
+
+
+def n_full_for_budget(n_groups: int, seq_len: int, span: int, budget: float) -> int:
+    """The most groups that can keep full caches with the rest streaming (``span = sink +
+    window`` positions each) within ``budget`` of the all-full cache at ``seq_len`` tokens:
+    ``k * T + (N - k) * min(T, span) <= budget * N * T``. A count in 0..N.
+
+    Raises:
+        HeadprobeError: ``budget`` outside (0, 1], or one below what all-streaming costs.
+    """
+    if not 0 < budget <= 1:
+        raise HeadprobeError(f"--kv-budget must be in (0, 1], got {budget}")
+    span = min(span, seq_len)
+    if span == seq_len:
+        return n_groups
+    k = math.floor(n_groups * (budget * seq_len - span) / (seq_len - span) + 1e-9)
+    if k < 0:
+        raise HeadprobeError(f"--kv-budget {budget} is below what every group streaming costs "
+                             f"({span / seq_len:.3f} of the full cache at {seq_len} tokens): use a smaller --window or --sink")
+    return min(k, n_groups)
+
+
+def ranked_groups(score: Tensor) -> list[tuple[int, int]]:
+    """``(layer, kv_group)`` by descending score (ties: lower layer, then group, first)."""
+    L, G = score.shape
+    order = sorted(((float(score[l_, g]), -l_, -g) for l_ in range(L) for g in range(G)), reverse=True)
+    return [(-a, -b) for _, a, b in order]
+
+
+def chosen_policy(score: Tensor, k: int, streaming: Streaming, model: str = "") -> KVPolicy:
+    """The ``k`` highest-scoring groups full, every other group ``streaming``."""
+    L, G = score.shape
+    return KVPolicy.with_full(L, G, ranked_groups(score)[:k], streaming, model)
+
+
+def random_policy(n_layers: int, n_groups: int, k: int, streaming: Streaming, seed: int) -> KVPolicy:
+    """``k`` groups drawn uniformly (``random.Random(seed)``) full, the rest ``streaming``."""
+    groups = [(layer, g) for layer in range(n_layers) for g in range(n_groups)]
+    return KVPolicy.with_full(n_layers, n_groups, random.Random(seed).sample(groups, k), streaming)
+
+
+def uniform_policy(n_layers: int, n_groups: int, k: int, streaming: Streaming, seq_len: int) -> KVPolicy:
+    """Every group streaming with ``streaming.sink`` sinks and one window ``W'`` chosen so that the
+    cache is at most that of ``k`` full groups and ``N - k`` streaming ones at ``seq_len``:
+    ``N (S + W') <= k T + (N - k)(S + W)``, the largest such ``W'``. All full when ``W' + S >= T``."""
+    N = n_layers * n_groups
+    per_group = (k * seq_len + (N - k) * min(seq_len, streaming.span)) // N
+    w = per_group - streaming.sink
+    if per_group >= seq_len:
+        return KVPolicy.uniform(n_layers, n_groups)
+    return KVPolicy.uniform(n_layers, n_groups, Streaming(streaming.sink, max(1, w)))
+
+
+def curve_row(kind: str, budget: float, seed: int | None, policy: KVPolicy, quality: Quality, full: Quality,
+              layout, seq_len: int) -> dict:
+    """One row of the quality-memory curve: the policy's exact KV bytes
+    (:func:`~headprobe.probe.cost.policy_cost` at ``seq_len``, one sequence) and its quality
+    against the full cache's (increases in nats/token, accuracy drop in 0..1)."""
+    from headprobe.probe.cost import policy_cost
+
+    pc = policy_cost(layout, policy, seq_len)
+    return {"policy": kind, "budget": budget, "seed": seed, "n_full_groups": pc.n_full_groups,
+            "kv_bytes": pc.kv_bytes, "kv_fraction": pc.kv_fraction,
+            "natural_loss": quality.natural_loss, "natural_loss_increase": quality.natural_loss - full.natural_loss,
+            "long_range_loss": quality.long_range_loss, "long_range_loss_increase": quality.long_range_loss - full.long_range_loss,
+            "copy_accuracy": quality.copy_accuracy, "copy_accuracy_drop": full.copy_accuracy - quality.copy_accuracy}
+
+
+def compare_at(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming, k: int,
+               seeds: list[int], layout, full: Quality, label: float, progress=None) -> list[dict]:
+    """The chosen policy (the ``k`` top groups by ``score`` full), the same window on every group
+    at the same memory (:func:`uniform_policy`) and ``k`` random groups full (one per seed), each
+    measured exactly (:func:`evaluate`); rows as :func:`curve_row` with ``budget = label``."""
+    L, G = score.shape
+    T = natural.shape[1]
+    policies = [("chosen", None, chosen_policy(score, k, streaming)), ("uniform", None, uniform_policy(L, G, k, streaming, T))]
+    policies += [("random", s, random_policy(L, G, k, streaming, s)) for s in seeds]
+    rows = []
+    for kind, seed, policy in policies:
+        rows.append(curve_row(kind, label, seed, policy, evaluate(model, natural, start, lr, policy), full, layout, T))
+        if progress is not None:
+            progress()
+    return rows
+
+
+def kv_curve(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming,
+             budgets: list[float], seeds: list[int], layout, full: Quality, progress=None) -> list[dict]:
+    """:func:`compare_at` for each budget (``k`` from :func:`n_full_for_budget`), plus the full
+    cache's row (``policy = "full"``, budget 1)."""
+    L, G = score.shape
+    T = natural.shape[1]
+    rows = [curve_row("full", 1.0, None, KVPolicy.uniform(L, G), full, full, layout, T)]
+    for b in budgets:
+        k = n_full_for_budget(L * G, T, streaming.span, b)
+        rows += compare_at(model, natural, start, lr, score, streaming, k, seeds, layout, full, b, progress)
+    return rows
+
+
+def tolerance_k(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming,
+                tolerance: float, full: Quality) -> int:
+    """The fewest full groups (the top ones by ``score``) whose policy's natural-text loss increase
+    is at most ``tolerance`` nats/token: a binary search, each step measured exactly (it assumes
+    the increase does not grow as groups are made full; the answer itself is always measured)."""
+    L, G = score.shape
+    lo, hi = 0, L * G  # all full: increase 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        q = evaluate(model, natural, start, lr, chosen_policy(score, mid, streaming))
+        if q.natural_loss - full.natural_loss <= tolerance:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def allocated_cache_check(model: LoadedModel, tokens: Tensor, policy: KVPolicy, layout) -> dict:
+    """Prefill the native model's :class:`~headprobe.probe.model.StreamingKVCache` for ``policy``
+    with one sequence (a little past the largest streaming span) and compare its bytes with
+    :func:`~headprobe.probe.cost.policy_cost`'s.
+
+    Raises:
+        HeadprobeError: they differ (the formula does not describe the cache).
+    """
+    from headprobe.probe.cost import policy_cost
+
+    spans = [s.span for row in policy.groups for s in row if s is not None]
+    n = min(tokens.shape[1], max(spans, default=0) + 32)
+    allocated = model.streaming_cache_bytes(tokens[:1, :n], policy)
+    want = policy_cost(layout, policy, n).kv_bytes
+    if allocated != want:
+        raise HeadprobeError(f"the policy's allocated KV cache ({allocated} bytes at {n} tokens) differs from "
+                             f"budget's formula ({want} bytes)")
+    return {"tokens": n, "allocated_bytes": allocated, "policy_cost_bytes": want, "ok": True}
+
+
+def loss_identity_check(model: LoadedModel, tokens: Tensor, start: int, policy: KVPolicy, natural: float, atol: float = 1e-4) -> dict:
+    """The policy's natural-text loss again through the backend's own scoring
+    (:meth:`~headprobe.probe.backend.LoadedModel.scored_losses`, unchunked, under ``kv_policy``):
+    the printed number is checked by a second computation.
+
+    Raises:
+        HeadprobeError: they differ by more than ``atol`` nats/token.
+    """
+    with torch.inference_mode(), model.kv_policy(policy):
+        scored = float(model.scored_losses(tokens, start).mean())
+    if abs(scored - natural) > atol:
+        raise HeadprobeError(f"the policy's natural-text loss {natural:.6f} differs from the backend's scored loss {scored:.6f}")
+    return {"natural_loss": natural, "backend_scored_loss": scored, "ok": True}

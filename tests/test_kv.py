@@ -1,0 +1,199 @@
+"""``headprobe kv`` and its pieces: the long-range retrieval task, the chunked losses against Hugging
+Face's logits, the distant-mass estimate against a loop, the memory matching of the uniform and
+random comparisons, and the command end to end on the zoo (MHA, GQA, MQA, MLA), whose policy file
+``budget --policy`` costs to the bytes the run reports."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import zoo
+from headprobe.analyses import kvpolicy as kp
+from headprobe.analyses.data import long_range_tokens, natural_text_tokens
+from headprobe.cli import main
+from headprobe.commands.kv import KVConfig, run
+from headprobe.probe import cost
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.layout import KVPolicy, Streaming
+from headprobe.probe.loading import wrap
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_tokenizer):
+    ckpt = zoo.make_checkpoint("llama", tiny_tokenizer)
+    return ckpt, wrap(ckpt, backend="native")
+
+
+def test_long_range_task_layout(llama, text_file):
+    _, model = llama
+    text = text_file.read_text()
+    lr = long_range_tokens(model, 60, [8, 20, 51], 8, seed=3, n_per_distance=2, text=text)
+    assert lr.tokens.shape == (6, 60) and lr.distance.tolist() == [8, 8, 20, 20, 51, 51]
+    hay = natural_text_tokens(model, 6, 60 - 16, 3, text).tokens
+    for b in range(6):
+        row, a, s = lr.tokens[b].tolist(), int(lr.first[b]), int(lr.second[b])
+        assert s == 52 and s - a == lr.distance[b] and row[0] == model.bos_token_id
+        assert row[a:a + 8] == row[s:s + 8]  # the block and its repeat
+        assert row[:a] + row[a + 8:s] == hay[b].tolist()  # the rest is one natural-text window, in order
+    pos, target = lr.targets()
+    assert (target == lr.tokens[:, 53:60]).all() and (pos == torch.arange(52, 59)).all()
+    for bad in ([7], [52], []):
+        with pytest.raises(HeadprobeError, match="distances must lie in"):
+            long_range_tokens(model, 60, bad, 8, seed=0, text=text)
+
+
+def test_losses_equal_hugging_face(llama, text_file):
+    ckpt, model = llama
+    nat = natural_text_tokens(model, 2, 40, 0, text_file.read_text())
+    lr = long_range_tokens(model, 40, [10, 30], 6, seed=1, text=text_file.read_text())
+    with torch.no_grad():
+        logits = ckpt.hf_model(nat.tokens).logits
+        want = F.cross_entropy(logits[:, nat.start:-1].flatten(0, 1), nat.tokens[:, nat.start + 1:].flatten())
+        lr_logits = ckpt.hf_model(lr.tokens).logits
+    q = kp.evaluate(model, nat.tokens, nat.start, lr)
+    assert q.natural_loss == pytest.approx(float(want), abs=1e-5)
+    rows = lr_logits[:, 34:39]  # the repeat starts at 34; its logits at 34..38 predict tokens 35..39
+    loss = F.cross_entropy(rows.flatten(0, 1), lr.tokens[:, 35:40].flatten())
+    acc = (rows.argmax(-1) == lr.tokens[:, 35:40]).float().mean()
+    assert q.long_range_loss == pytest.approx(float(loss), abs=1e-5) and q.copy_accuracy == pytest.approx(float(acc))
+
+
+def test_distant_mass_equals_a_loop():
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(2, 3, 12, 12, generator=g).tril().softmax(-1)
+    for rows in (None, torch.tensor([[7, 11], [9, 10]])):
+        got = kp.distant_mass_of_pattern(p, 2, 3, rows)
+        want = torch.zeros(3)
+        for h in range(3):
+            vals = [sum(float(p[b, h, q, k]) for k in range(12) if 2 <= k <= q - 3)
+                    for b in range(2) for q in (range(5, 12) if rows is None else rows[b].tolist())]
+            want[h] = sum(vals) / len(vals)
+        torch.testing.assert_close(got, want)
+
+
+def test_retrieval_mass_equals_a_loop(llama, text_file):
+    _, model = llama
+    lr = long_range_tokens(model, 40, [10, 30], 6, seed=1, text=text_file.read_text())
+    g = torch.Generator().manual_seed(1)
+    p = torch.rand(2, 3, 40, 40, generator=g).tril().softmax(-1)
+    want = torch.zeros(3)
+    for h in range(3):
+        vals = [sum(float(p[b, h, q, k]) for k in range(int(lr.first[b]), int(lr.first[b]) + 6))
+                for b in range(2) for q in range(int(lr.second[b]), int(lr.second[b]) + 5)]
+        want[h] = sum(vals) / len(vals)
+    torch.testing.assert_close(kp.retrieval_mass_of_pattern(p, lr), want)
+    assert kp.group_max(torch.tensor([[1.0, 7.0, 2.0, 3.0]]), 2).tolist() == [[7.0, 3.0]]
+
+
+@pytest.mark.parametrize("T, span, N", [(64, 10, 4), (1024, 132, 90), (100, 99, 6)])
+def test_memory_matching_by_loop(T, span, N):
+    streaming = Streaming(4, span - 4)
+    for b in (0.2, 0.25, 0.5, 0.9, 1.0):
+        if b * T < span:
+            with pytest.raises(HeadprobeError, match="below what every group streaming costs"):
+                kp.n_full_for_budget(N, T, span, b)
+            continue
+        k = kp.n_full_for_budget(N, T, span, b)
+        fits = [j for j in range(N + 1) if j * T + (N - j) * span <= b * N * T + 1e-6]
+        assert k == max(fits)
+        lay = cost.AttentionLayout(d_model=8 * N, n_layers=1, n_heads=N, bytes_per_element=4)
+        mem = cost.policy_cost(lay, KVPolicy.with_full(1, N, [(0, g) for g in range(k)], streaming), T).kv_bytes
+        uni = kp.uniform_policy(1, N, k, streaming, T)
+        uni_mem = cost.policy_cost(lay, uni, T).kv_bytes
+        assert uni_mem <= mem
+        if uni.groups[0][0] is not None:  # maximal: one more window position would not fit
+            wider = KVPolicy.uniform(1, N, Streaming(4, uni.groups[0][0].window + 1))
+            assert cost.policy_cost(lay, wider, T).kv_bytes > mem
+        for seed in range(3):
+            assert cost.policy_cost(lay, kp.random_policy(1, N, k, streaming, seed), T).kv_bytes == mem
+
+
+def test_chosen_policy_keeps_the_top_scores():
+    score = torch.tensor([[0.1, 0.9], [0.5, 0.2], [0.7, 0.0]])
+    policy = kp.chosen_policy(score, 2, Streaming(1, 2))
+    assert sorted(policy.full_groups) == [(0, 1), (2, 0)]
+    assert kp.chosen_policy(score, 0, Streaming(1, 2)).full_groups == []
+
+
+CASES = {"gpt2-MHA": ("gpt2", {}), "llama-GQA": ("llama", {}), "llama-MQA": ("llama", {"num_key_value_heads": 1}),
+         "deepseek_v3-MLA": ("deepseek_v3", {})}
+
+
+@pytest.mark.parametrize("case, method", [(c, m) for c in CASES for m in ("estimate", "measured")] + [("llama-GQA", "retrieval")])
+def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, capsys):
+    family, change = CASES[case]
+    model = wrap(zoo.make_checkpoint(family, tiny_tokenizer, **change), backend="native")
+    cfg = KVConfig(model=family, seq_len=48, block_len=6, sink=2, window=6, kv_budget=0.5, budgets=(0.3, 0.75),
+                   method=method, n_random=2, text=str(text_file))
+    r = run(model, cfg, progress=False)
+    L, G = model.model.cfg.n_layers, model.model.n_kv_groups
+    k = kp.n_full_for_budget(L * G, 48, 8, 0.5)
+    assert len(r.policy.full_groups) == k
+    assert sorted(r.policy.full_groups) == sorted(kp.ranked_groups(r.costs.score)[:k])
+    assert {row["policy"] for row in r.curve} == {"full", "chosen", "uniform", "random"}
+    assert sorted({row["budget"] for row in r.curve if row["policy"] != "full"}) == [0.3, 0.5, 0.75]
+    assert r.cache_check["allocated_bytes"] == r.cache_check["policy_cost_bytes"]
+    assert r.cache_check["loss"]["backend_scored_loss"] == pytest.approx(r.chosen.natural_loss, abs=1e-4)
+    if method == "measured":  # a group's measured cost is the loss of the policy with it alone streaming
+        rows = [[None] * G for _ in range(L)]
+        rows[L - 1][G - 1] = Streaming(2, 6)
+        nat = natural_text_tokens(model, 1, 48, 0, text_file.read_text())
+        alone = kp.natural_loss(model, nat.tokens, nat.start, KVPolicy(tuple(map(tuple, rows))))
+        assert float(r.costs.natural[L - 1, G - 1]) == pytest.approx(alone - r.full.natural_loss, abs=1e-6)
+    out = tmp_path / "out"
+    r.save(out)
+    summary = json.loads((out / "summary.json").read_text())
+    budget_file = json.loads((out / "policy_budget.json").read_text())
+    assert summary["kv_bytes"] == budget_file["kv_bytes"] == r.policy_cost.kv_bytes
+    assert KVPolicy.from_dict(json.loads((out / "policy.json").read_text())).full_groups == r.policy.full_groups
+    lay = r.layout
+    flags = ["--d-model", str(lay.d_model), "--n-layers", str(lay.n_layers), "--n-heads", str(lay.n_heads),
+             "--d-head", str(lay.d_head), "--dtype", "fp32", "--seq-len", "48", "--policy", str(out / "policy.json"), "--json"]
+    flags += (["--kv-lora-rank", str(lay.kv_lora_rank), "--qk-rope-head-dim", str(lay.qk_rope_head_dim),
+               "--qk-nope-head-dim", str(lay.qk_nope_head_dim)] if lay.is_mla else ["--n-kv-heads", str(lay.n_kv_heads)])
+    capsys.readouterr()
+    assert main(["budget", *flags]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"]["kv_bytes"] == summary["kv_bytes"]
+    text = (out / "summary.json").read_text()
+    assert "NaN" not in text and math.isfinite(summary["chosen"]["natural_loss"])
+    assert (out / "kv_curve.png").stat().st_size > 0 and (out / "curve.csv").read_text().count("\n") == 1 + 1 + 3 * 4
+
+
+def test_tolerance_mode_meets_the_tolerance(llama, text_file):
+    _, model = llama
+    cfg = KVConfig(model="llama", seq_len=48, block_len=6, sink=2, window=6, loss_tolerance=0.0, budgets=(0.5,),
+                   n_random=1, text=str(text_file))
+    r = run(model, cfg, progress=False)
+    assert r.comparison[0]["natural_loss_increase"] <= 1e-12
+    if r.policy.full_groups:  # one group fewer full would break the tolerance (the search's answer is minimal)
+        k = len(r.policy.full_groups) - 1
+        nat = natural_text_tokens(model, 1, 48, 0, text_file.read_text())
+        worse = kp.natural_loss(model, nat.tokens, nat.start, kp.chosen_policy(r.costs.score, k, Streaming(2, 6)))
+        assert worse - r.full.natural_loss > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--kv-budget", "0.05"], "below what every group streaming costs"),
+    (["--sink", "40", "--window", "30"], "cover all 64 tokens"),
+    (["--backend", "transformer-lens"], "native model"),
+    (["--distances", "3"], "--distances must lie in"),
+    (["--budgets", "0.5,2"], "budgets are fractions in (0, 1]"),
+])
+def test_kv_cli_errors_are_one_line(tiny_dir, tmp_path, capsys, argv, message):
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["kv", "--model", str(tiny_dir), "--seq-len", "64", "--out", str(out), "--device", "cpu", *argv]))
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
+    assert e.value.code == 2 and len(errors) == 1 and message in errors[0] and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_the_bridge_is_refused(tiny_llama_gqa):
+    with pytest.raises(HeadprobeError, match="native model"):
+        kp.check_kv_backend(tiny_llama_gqa)
