@@ -396,7 +396,7 @@ def test_an_output_setting_reaches_every_command_that_writes_files():
     r = subprocess.run([sys.executable, "-c", script, "OutputSettings", FIELD], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     found = json.loads(r.stdout.strip().splitlines()[-1])
-    assert found["flagged"] == ["ablate", "atlas", "circuit", "patch", "prune", "scan", "show", "study", "train"]
+    assert found["flagged"] == ["ablate", "atlas", "circuit", "kv", "patch", "prune", "scan", "show", "study", "train"]
     assert found["configs"] == {}
 
 
