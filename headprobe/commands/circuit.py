@@ -301,16 +301,11 @@ def main(args: argparse.Namespace) -> int:
                            steps=args.steps, verify=args.verify, top=args.top, receivers=args.receivers, qk_head=args.qk_head,
                            device=args.device, dtype=args.dtype, backend=args.backend, prepend_bos=args.prepend_bos,
                            device_map=args.device_map, max_memory=args.max_memory)
-    config.preflight()
-    prepare_output_dir(args.out, args.overwrite, create=False)
-    model = options.load_for(config)
-    print(options.describe_model(model), flush=True)
-    result = run(model, config)
-    paths = result.save(args.out, args.overwrite)
-    print()
-    print(result.report())
-    print(f"\nwrote {len(paths)} files to {Path(args.out)}/ (edges.csv, summary.json, circuit figure)")
-    return 0
+    return options.run_command(args, config, options.Run("headprobe.commands.circuit", wrote=_wrote))
+
+
+def _wrote(paths: list, out: Path) -> str:
+    return f"\nwrote {len(paths)} files to {out}/ (edges.csv, summary.json, circuit figure)"
 
 
 __all__ = ["HELP", "COMMAND", "CircuitConfig", "CircuitResult", "run", "circuit", "add_arguments", "main"]

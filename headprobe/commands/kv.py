@@ -387,16 +387,11 @@ def main(args: argparse.Namespace) -> int:
                       sink=args.sink, window=args.window, kv_budget=args.kv_budget, loss_tolerance=args.loss_tolerance,
                       budgets=args.budgets, method=args.method, n_random=args.n_random, seed=args.seed,
                       device=args.device, dtype=args.dtype, backend=args.backend)
-    config.preflight()
-    prepare_output_dir(args.out, args.overwrite, create=False)
-    model = options.load_for(config)
-    print(options.describe_model(model), flush=True)
-    result = run(model, config)
-    paths = result.save(args.out, args.overwrite)
-    print()
-    print(result.report())
-    print(f"\nwrote {len(paths)} files to {Path(args.out)}/ (policy.json, policy_budget.json, curve.csv, summary.json, figures)")
-    return 0
+    return options.run_command(args, config, options.Run("headprobe.commands.kv", wrote=_wrote))
+
+
+def _wrote(paths: list, out: Path) -> str:
+    return f"\nwrote {len(paths)} files to {out}/ (policy.json, policy_budget.json, curve.csv, summary.json, figures)"
 
 
 __all__ = ["HELP", "COMMAND", "KVConfig", "KVResult", "run", "kv", "add_arguments", "main"]
