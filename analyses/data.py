@@ -287,7 +287,7 @@ class LongRangeSet:
         start: index of the first non-BOS position.
         first: ``[batch]`` position of the block's first token in its first occurrence.
         second: ``[batch]`` the same in the repeat (``seq_len - block_len``).
-        distance: ``[batch]`` ``second - first``, in tokens.
+        distance: ``[batch]`` ``second - first``, in tokens (a property).
         block_len: the block's length in tokens.
         source: a short description (for summary.json).
     """
@@ -296,9 +296,13 @@ class LongRangeSet:
     start: int
     first: Int[Tensor, "batch"]
     second: Int[Tensor, "batch"]
-    distance: Int[Tensor, "batch"]
     block_len: int
     source: str
+
+    @property
+    def distance(self) -> Int[Tensor, "batch"]:
+        """``second - first``: how far back the block's first occurrence is, in tokens."""
+        return self.second - self.first
 
     def targets(self) -> tuple[Int[Tensor, "batch copy"], Int[Tensor, "batch copy"]]:
         """``(query positions, target tokens)``, ``[batch, block_len - 1]`` each: the logits at
@@ -332,7 +336,7 @@ def long_range_tokens(model: LoadedModel, seq_len: int, distances: list[int], bl
         raise HeadprobeError(f"the text holds {hay.tokens.shape[0]} windows of {seq_len} tokens; {n} are needed")
     gen = torch.Generator().manual_seed(seed + 11)
     ids = random_token_ids(model.tokenizer, model.spec.d_vocab)
-    rows, first, dist = [], [], []
+    rows, first = [], []
     for b, row in enumerate(hay.tokens):
         d = distances[b // n_per_distance]
         block = ids[torch.randint(len(ids), (block_len,), generator=gen)]
@@ -340,8 +344,7 @@ def long_range_tokens(model: LoadedModel, seq_len: int, distances: list[int], bl
         body = row[start:]
         rows.append(torch.cat([row[:start], body[:a - start], block, body[a - start:], block]))
         first.append(a)
-        dist.append(d)
     tokens = torch.stack(rows)  # [BOS] hay block hay block: seq_len tokens by construction
-    return LongRangeSet(tokens, start, torch.tensor(first), torch.full((n,), second), torch.tensor(dist), block_len,
+    return LongRangeSet(tokens, start, torch.tensor(first), torch.full((n,), second), block_len,
                         f"{n} natural-text windows of {hay.source} with a random block of {block_len} tokens planted "
                         f"{', '.join(map(str, distances))} tokens before its repeat at the end")
