@@ -226,9 +226,50 @@ def _verdicts(summary: Mapping | None) -> list[dict]:
     return rows
 
 
+CIRCUIT_EDGES = 20
+"""Edges of a ``headprobe circuit`` run listed on the page (the summary's ``top_edges``, at most this many)."""
+
+
+def circuit_data(summary: Mapping, figure: str | Path | None = None) -> dict:
+    """The page's circuit section from a ``headprobe circuit`` run: its summary.json (``top_edges``
+    with each edge's attribution ``score`` and, where verified, the ``exact`` path-patching effect
+    in nats/token; ``agreement``; ``receivers``, the path-patching sweeps; ``qk_attribution``) and
+    its figure (``circuit.svg`` or ``.png``), inlined as a ``data:`` image (an ``<img>`` runs no
+    script, whatever the file holds).
+
+    Raises:
+        ValueError: ``summary`` is not a circuit run's (no ``top_edges``), or the figure is not SVG/PNG.
+    """
+    edges = summary.get("top_edges")
+    if not isinstance(edges, list) or not all(isinstance(e, Mapping) and "edge" in e for e in edges):
+        raise ValueError("not a headprobe circuit summary.json (it has no top_edges)")
+    image = None
+    if figure is not None:
+        figure = Path(figure)
+        mime = {".svg": "image/svg+xml", ".png": "image/png"}.get(figure.suffix.lower())
+        if mime is None:
+            raise ValueError(f"{figure}: the circuit figure must be .svg or .png")
+        image = f"data:{mime};base64," + base64.b64encode(figure.read_bytes()).decode("ascii")
+    receivers = {r: [{"sender": str(x["sender"]), "effect": _round(x["effect"], 4), "score": _round(x.get("score"), 4)}
+                     for x in rows[:5]] for r, rows in (summary.get("receivers") or {}).items()}
+    qk = summary.get("qk_attribution")
+    return {
+        "method": summary.get("method"), "metric": summary.get("metric"), "task": summary.get("task"),
+        "n_edges": summary.get("n_edges"), "agreement": summary.get("agreement"), "image": image,
+        "edges": [{"edge": str(e["edge"]), "score": _round(e.get("score"), 4), "exact": _round(e.get("exact"), 4)}
+                  for e in edges[:CIRCUIT_EDGES]],
+        "receivers": receivers,
+        "qk": None if not qk else {"head": qk.get("head"), "q_pos": qk.get("q_pos"), "k_pos": qk.get("k_pos"),
+                                   "score": _round(qk.get("score"), 4), "identity_error": qk.get("identity_error"),
+                                   "key_side": {k: _round(v, 4) for k, v in list((qk.get("key_side_top") or {}).items())[:5]},
+                                   "query_side": {k: _round(v, 4) for k, v in list((qk.get("query_side_top") or {}).items())[:5]}},
+    }
+
+
 def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = None,
                 patterns: Mapping[str, dict] | None = None, ablation: pd.DataFrame | None = None,
-                ablation_summary: Mapping | None = None, title: str | None = None, verdicts: bool = True) -> dict:
+                ablation_summary: Mapping | None = None, title: str | None = None, verdicts: bool = True,
+                circuit: Mapping | None = None) -> dict:
     """The JSON the page reads: layout, maps, table, verdicts, patterns. At least one of ``scores``
     (head_scores.csv) and ``ablation`` (head_ablation.csv) must be given.
 
@@ -243,6 +284,8 @@ def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = No
         verdicts: the page has a section for scan's ablation checks (saying so when there are
             none); False for a page that no scan made (``headprobe show``): no section,
             ``"verdicts"`` is None.
+        circuit: :func:`circuit_data` of a ``headprobe circuit`` run of the same model: a section
+            with its figure, top edges, path-patching sweeps and QK attribution (None: no section).
 
     Raises:
         ValueError: neither table given, tables of different head layouts, or patterns whose
@@ -281,6 +324,7 @@ def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = No
         "selected": (summary or {}).get("selected_head"),  # a head to open the page on (headprobe show)
         "colormaps": {name: _colormap(name) for name in sorted({m["cmap"] for m in maps} | {"viridis", "Blues"})},
         "patterns": {},
+        "circuit": _checked_circuit(circuit, n_layers, n_heads),
     }
     for name, ex in (patterns or {}).items():
         p = np.asarray(ex["pattern"])
@@ -291,6 +335,19 @@ def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = No
                                   "start": int(ex.get("start", 0)), "data": encode_pattern(p),
                                   "label": ex.get("label") or EXAMPLE_LABELS.get(name, f"the {name} example")}
     return data
+
+
+def _checked_circuit(circuit: Mapping | None, n_layers: int, n_heads: int) -> dict | None:
+    """``circuit`` as given, after checking that every head its edges name exists in the table's
+    layout (a circuit run of another model would name heads the page does not have)."""
+    if circuit is None:
+        return None
+    for e in circuit["edges"]:
+        for end in re.findall(r"(\d+)\.(\d+)", e["edge"]):
+            if int(end[0]) >= n_layers or int(end[1]) >= n_heads:
+                raise ValueError(f"the circuit's edge {e['edge']} names a head outside the table's "
+                                 f"{n_layers} layers x {n_heads} heads: a circuit run of another model?")
+    return dict(circuit)
 
 
 def _template() -> str:
@@ -316,9 +373,10 @@ def render(data: Mapping) -> str:
 
 def build_page(scores: pd.DataFrame | None = None, summary: Mapping | None = None,
                patterns: Mapping[str, dict] | None = None, ablation: pd.DataFrame | None = None,
-               ablation_summary: Mapping | None = None, title: str | None = None, verdicts: bool = True) -> str:
+               ablation_summary: Mapping | None = None, title: str | None = None, verdicts: bool = True,
+               circuit: Mapping | None = None) -> str:
     """The whole self-contained HTML page (arguments and errors as :func:`viewer_data`)."""
-    return render(viewer_data(scores, summary, patterns, ablation, ablation_summary, title, verdicts))
+    return render(viewer_data(scores, summary, patterns, ablation, ablation_summary, title, verdicts, circuit))
 
 
 def notebook_html(page: str, height: int = 900) -> str:

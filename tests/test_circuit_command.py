@@ -48,6 +48,39 @@ def test_cli_writes_edges_figure_and_summary(llama_dir, tmp_path, capsys):
     assert qk["key_side"].sum() == pytest.approx(summary["qk_attribution"]["score"], rel=1e-3)
     assert (out / "circuit.png").is_file()
     assert "Spearman" in capsys.readouterr().out
+    _check_viewer_section(out, summary, H, tmp_path, capsys)
+
+
+def _check_viewer_section(out, summary, H, tmp_path, capsys):
+    """``headprobe view SCAN --circuit OUT``: the page carries the run's figure byte for byte, its
+    top edges, sweeps and QK attribution as summary.json has them; a circuit of a larger model
+    than the table (a head it does not have) is refused in one line and no page is written."""
+    import base64
+    import re
+
+    scan = tmp_path / "scan"
+    scan.mkdir()
+    pd.DataFrame({"layer": np.repeat([0, 1], H), "head": np.tile(np.arange(H), 2), "kv_head": np.tile(np.arange(H) // 2, 2),
+                  "induction": np.linspace(0, 1, 2 * H)}).to_csv(scan / "head_scores.csv", index=False)
+    assert main(["view", str(scan), "--circuit", str(out)]) == 0
+    page = (scan / "index.html").read_text()
+    data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))["circuit"]
+    assert [e["edge"] for e in data["edges"]] == [e["edge"] for e in summary["top_edges"]]
+    assert [e["score"] for e in data["edges"]] == pytest.approx([e["score"] for e in summary["top_edges"]], abs=1e-4)
+    mime, b64 = data["image"].split(",", 1)
+    figure = out / ("circuit.svg" if "svg" in mime else "circuit.png")
+    assert base64.b64decode(b64) == figure.read_bytes()
+    assert set(data["receivers"]) == {"1.0:k", "logits"}
+    assert data["qk"]["head"] == summary["qk_attribution"]["head"] and data["agreement"]["n_edges"] == 12
+    small = tmp_path / "small"
+    small.mkdir()
+    pd.read_csv(scan / "head_scores.csv").query("layer == 0").assign(layer=0).to_csv(small / "head_scores.csv", index=False)
+    capsys.readouterr()
+    assert main(["view", str(small), "--circuit", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "outside the table" in err and not (small / "index.html").exists()
+    assert main(["view", str(scan), "--circuit", str(small)]) == 2
+    assert "no summary.json" in capsys.readouterr().err
 
 
 def test_the_function_and_public_api(llama_dir):

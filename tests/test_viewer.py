@@ -308,6 +308,43 @@ def test_hostile_token_text_neither_breaks_the_page_nor_runs(browser, tmp_path):
     _assert_offline(page)
 
 
+def test_circuit_section_in_chromium(browser, tmp_path):
+    """A circuit run's section: its figure loads (a data: image, no request), its edges table has
+    one row per edge given, a head named in an edge is a link that selects that head on the map,
+    and a hostile edge text stays text. The circuit's numbers against a real run: test_circuit_command."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.plot([0, 1], [0, 1])
+    fig.savefig(tmp_path / "circuit.png")
+    plt.close(fig)
+    summary = {"method": "eap-ig", "n_edges": 3, "metric": "loss", "task": "repeated",
+               "agreement": {"n_edges": 2, "spearman": 0.95, "top_k": 2, "top_k_recall": 0.5},
+               "top_edges": [{"edge": "0.1 -> 1.0:k", "score": 0.5, "exact": 0.4}, {"edge": "1.1 -> logits", "score": -0.2, "exact": None}],
+               "receivers": {"1.0:k": [{"sender": "0.1", "effect": 0.4, "score": 0.5}]},
+               "qk_attribution": {"head": "1.0", "q_pos": 3, "k_pos": 1, "score": 2.0, "identity_error": 1e-7,
+                                  "key_side_top": {"0.1": 1.5, "<img src=x onerror=window.__pwned=1>": 0.5}, "query_side_top": {"mlp 0": 2.0}}}
+    circuit = viewer.circuit_data(summary, tmp_path / "circuit.png")
+    p = np.broadcast_to(np.tril(np.ones((4, 4), np.float32)) / np.arange(1, 5)[:, None], (2, 2, 4, 4))
+    page_path = tmp_path / "index.html"
+    page_path.write_text(viewer.build_page(_table(2, 2, 1), None, {"natural": {"labels": list("abcd"), "pattern": p}},
+                                           circuit=circuit), encoding="utf-8")
+    page = _open(browser, page_path)
+    assert page.is_visible("#circuit-section")
+    assert page.eval_on_selector("#circuit-figure", "i => i.complete && i.naturalWidth") == 200
+    assert page.locator("#circuit-tables table").first.locator("tbody tr").count() == 2
+    assert "Spearman 0.950, top-2 recall 0.500" in page.inner_text("#circuit-note")
+    page.locator("#circuit-tables span", has_text="0.1").first.click()
+    page.wait_for_function('document.getElementById("pattern").dataset.head === "0.1"', timeout=5000)
+    assert page.evaluate("window.__pwned") is None
+    _assert_offline(page)
+    with pytest.raises(ValueError, match="outside the table"):
+        viewer.build_page(_table(1, 2, 1), circuit=circuit)
+
+
 def test_a_2048_token_example_stays_responsive(browser, tmp_path):
     n, L, H = 2048, 1, 2
     q = np.arange(n)[:, None]

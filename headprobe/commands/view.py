@@ -6,7 +6,8 @@ It uses whatever is there: the score maps and the table always, the attention pa
 ``patterns.npz`` exists (else the page says how to get them). ``--model NAME`` computes the
 patterns of a scan directory that has none (the token sets are rebuilt from summary.json's
 settings, so they are the scan's) and writes ``patterns.npz`` first; ``--ablation DIR2`` adds an
-ablate run's per-head loss increases to a scan's table. The page builder is
+ablate run's per-head loss increases to a scan's table; ``--circuit DIR3`` adds a ``headprobe
+circuit`` run's section (its figure, top edges, path-patching sweeps, QK attribution). The page builder is
 :mod:`headprobe.analyses.viewer`.
 """
 
@@ -34,6 +35,8 @@ class ViewConfig:
     Attributes:
         dir: a directory written by ``headprobe scan`` or ``headprobe ablate``; index.html goes there.
         ablation: another directory holding an ablate run's head_ablation.csv, merged into the table.
+        circuit: a ``headprobe circuit`` output directory (summary.json, circuit.svg or .png) of
+            the same model, shown in a section of its own.
         model: compute patterns.npz with this model when DIR (a scan) has none; None: never load a model.
         pattern_len: tokens per example when computing patterns (>= 2).
         device, dtype, backend: how ``model`` is loaded (see :func:`headprobe.options.load_model_as`).
@@ -41,6 +44,7 @@ class ViewConfig:
 
     dir: str
     ablation: str | None = None
+    circuit: str | None = None
     model: str | None = None
     pattern_len: int = 128
     device: str = "auto"
@@ -74,6 +78,21 @@ def _read_dir(d: Path) -> dict:
     if (d / PATTERNS).is_file():
         out["patterns"] = d / PATTERNS
     return out
+
+
+def _read_circuit(d: Path) -> dict:
+    """:func:`~headprobe.analyses.viewer.circuit_data` of circuit output directory ``d``.
+    Raises HeadprobeError for a directory that no ``headprobe circuit`` run wrote."""
+    from headprobe.analyses.viewer import circuit_data
+
+    if not (d / SUMMARY).is_file():
+        raise HeadprobeError(f"--circuit {d}: no {SUMMARY} there (give the --out directory of headprobe circuit)")
+    try:
+        summary = json.loads((d / SUMMARY).read_text(encoding="utf-8"))
+        figure = next((d / f"circuit.{ext}" for ext in ("svg", "png") if (d / f"circuit.{ext}").is_file()), None)
+        return circuit_data(summary, figure)
+    except (OSError, ValueError, AttributeError) as e:
+        raise HeadprobeError(f"--circuit {d}: {e}") from None
 
 
 def compute_patterns(cfg: ViewConfig, summary: dict | None, path: Path) -> None:
@@ -113,6 +132,7 @@ def run(cfg: ViewConfig) -> Path:
     extra = _read_dir(Path(cfg.ablation)) if cfg.ablation else None
     if extra is not None and extra["ablation"] is None:
         raise HeadprobeError(f"--ablation {cfg.ablation} holds no {ABLATION} (give the --out directory of headprobe ablate)")
+    circuit = _read_circuit(Path(cfg.circuit)) if cfg.circuit else None
     patterns = None
     if found["patterns"] is not None:
         try:
@@ -124,19 +144,21 @@ def run(cfg: ViewConfig) -> Path:
         page = build_page(
             scores=found["scores"], summary=found["summary"] if is_scan else None, patterns=patterns,
             ablation=extra["ablation"] if extra else found["ablation"],
-            ablation_summary=extra["summary"] if extra else (None if is_scan else found["summary"]))
+            ablation_summary=extra["summary"] if extra else (None if is_scan else found["summary"]), circuit=circuit)
     except ValueError as e:
         raise HeadprobeError(str(e)) from None
     write_text(d / PAGE, page)
     return d / PAGE
 
 
-def view(dir: str | Path, *, ablation: str | Path | None = None, model: str | None = None, **load) -> Path:
+def view(dir: str | Path, *, ablation: str | Path | None = None, model: str | None = None,
+         circuit: str | Path | None = None, **load) -> Path:
     """Write ``dir``/index.html: ``headprobe view`` as a function. Returns the page's path.
 
     Args:
         dir: a ``headprobe scan`` or ``headprobe ablate`` output directory.
         ablation: an ablate run's directory, merged into the table and maps.
+        circuit: a ``headprobe circuit`` run's directory, shown in a section of its own.
         model: compute patterns.npz with this model where ``dir`` (a scan) has none.
         **load: ``pattern_len``, ``device``, ``dtype``, ``backend`` (see :class:`ViewConfig`).
 
@@ -144,13 +166,16 @@ def view(dir: str | Path, *, ablation: str | Path | None = None, model: str | No
         HeadprobeError: as :func:`run`.
         TypeError: an unknown keyword.
     """
-    return run(ViewConfig(dir=str(dir), ablation=None if ablation is None else str(ablation), model=model, **load))
+    return run(ViewConfig(dir=str(dir), ablation=None if ablation is None else str(ablation), model=model,
+                          circuit=None if circuit is None else str(circuit), **load))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", metavar="DIR", help="output directory of headprobe scan or ablate; index.html is written there")
     p.add_argument("--ablation", metavar="DIR2", default=None,
                    help="an ablate run's directory: add its per-head loss increases to the table and maps")
+    p.add_argument("--circuit", metavar="DIR3", default=None,
+                   help="a headprobe circuit run's directory: add its figure, top edges and path patching as a section")
     options.add_model_options(p, default_model=None, device_map=False)
     next(a for a in p._actions if a.dest == "model").help = (
         "compute patterns.npz with this model (e.g. smollm2-135m) when DIR, a scan, has none; default: load no model")
@@ -163,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
     """``headprobe view``: flags -> config -> run -> print the page's path."""
     if args.pattern_len < 2:
         raise HeadprobeError(f"--pattern-len must be at least 2, got {args.pattern_len}")
-    cfg = ViewConfig(dir=args.dir, ablation=args.ablation, model=args.model, pattern_len=args.pattern_len,
+    cfg = ViewConfig(dir=args.dir, ablation=args.ablation, circuit=args.circuit, model=args.model, pattern_len=args.pattern_len,
                      device=args.device, dtype=args.dtype, backend=args.backend)
     path = run(cfg)
     size = path.stat().st_size
