@@ -60,11 +60,23 @@ Metric = Callable[[Tensor, Tensor], Tensor]
 """``metric(logits [batch, pos, d_vocab], tokens [batch, pos]) -> [batch]``, differentiable."""
 
 
-def next_token_loss(first: int) -> Metric:
+def next_token_loss(first: int, attention_mask: Int[Tensor, "batch pos"] | None = None) -> Metric:
     """The default metric: per-sequence mean next-token cross-entropy (nats/token) of the
-    predictions from index ``first`` on (index ``i`` predicts token ``i + 1``)."""
+    predictions from index ``first`` on (index ``i`` predicts token ``i + 1``).
+
+    With ``attention_mask`` ``[batch, pos]`` (1 real, 0 padding, either side) ``first`` counts real
+    tokens: a prediction counts when it is made from the ``first``-th real token or a later one and
+    its target is real, so each row's value is the one of its text run alone. The metric then takes
+    ``k * batch`` rows too (path patching stacks ``k`` copies of the batch), the mask repeated."""
     def metric(logits: Tensor, tokens: Tensor) -> Tensor:
-        return token_losses(logits, tokens)[:, first:].mean(dim=1)
+        losses = token_losses(logits, tokens)
+        if attention_mask is None:
+            return losses[:, first:].mean(dim=1)
+        real = attention_mask.to(losses.device, torch.bool)
+        real = real.repeat(losses.shape[0] // real.shape[0], 1)
+        index = real.long().cumsum(-1) - 1  # each real token's index among the real tokens
+        scored = (real[:, :-1] & real[:, 1:] & (index[:, :-1] >= first)).to(losses.dtype)
+        return (losses * scored).sum(dim=1) / scored.sum(dim=1)
     return metric
 
 
@@ -111,7 +123,8 @@ class PathRuns:
     Attributes:
         clean, corrupted: token ids ``[batch, pos]`` (same shape).
         metric: the per-sequence metric.
-        deltas: ``[layer, batch, pos, head, d_model]`` float32, ``result(corrupted) - result(clean)``.
+        deltas: ``[layer, batch, pos, head, d_model]`` float32, ``result(corrupted) - result(clean)``
+            (0 at padding positions).
         resid_pre: ``[layer, batch, pos, d_model]`` of the clean run.
         resid_final: ``[batch, pos, d_model]``, the clean final residual stream before the final norm.
         clean_metric: ``[batch]`` of the clean run.
@@ -126,6 +139,12 @@ class PathRuns:
     clean_metric: Tensor
     embed_clean: Tensor
     embed_corrupted: Tensor
+    mask: Tensor | None = None
+    """``[batch, pos]`` (1 real, 0 padding) shared by the clean and corrupted prompts; None: no padding."""
+
+    def mask_for(self, copies: int = 1) -> Tensor | None:
+        """The mask of ``copies`` stacked copies of the batch (None without padding)."""
+        return None if self.mask is None else self.mask.repeat(copies, 1)
 
 
 def _check_model(model: LoadedModel) -> None:
@@ -141,9 +160,13 @@ def _check_model(model: LoadedModel) -> None:
 
 @torch.inference_mode()
 def prepare_runs(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
-                 metric: Metric | None = None, first: int = 0) -> PathRuns:
+                 metric: Metric | None = None, first: int = 0,
+                 attention_mask: Int[Tensor, "batch pos"] | None = None) -> PathRuns:
     """Run ``clean`` and ``corrupted`` once each and keep what every edge needs (:class:`PathRuns`).
-    ``metric`` None: :func:`next_token_loss` from ``first``.
+    ``metric`` None: :func:`next_token_loss` from ``first`` (with the mask). ``attention_mask``
+    ``[batch, pos]`` (1 real, 0 padding, from ``model.to_tokens(list_of_texts)``): a padded batch,
+    the same padding for both prompts of a row (a clean and a corrupted prompt of one length); a
+    ``metric`` of the caller's must leave padding positions out itself.
 
     Raises:
         HeadprobeError: shapes differ, not the native backend, an encoder, MLA, or a failed self-check.
@@ -152,17 +175,22 @@ def prepare_runs(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted:
     if clean.shape != corrupted.shape or clean.dim() != 2:
         raise HeadprobeError(f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} prompts must be "
                              f"[batch, pos] of the same shape")
-    metric = next_token_loss(first) if metric is None else metric
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(clean.shape):
+        raise HeadprobeError(f"attention_mask {tuple(attention_mask.shape)} must have the prompts' shape {tuple(clean.shape)}")
+    mask = None if attention_mask is None or bool(attention_mask.bool().all()) else attention_mask.to(model.device)
+    metric = next_token_loss(first, mask) if metric is None else metric
     L = model.spec.n_layers
     embeds: list[Tensor] = []
     with model.hooks([("hook_embed", lambda x, hook: embeds.append(x.detach().clone()))]):
-        cap_clean = capture_internal(model, clean, residual=True)
-        cap_corr = capture_internal(model, corrupted)
+        cap_clean = capture_internal(model, clean, residual=True, attention_mask=mask)
+        cap_corr = capture_internal(model, corrupted, attention_mask=mask)
     deltas = torch.stack([(cap_corr["result"][l] - cap_clean["result"][l]).float() for l in range(L)])
+    if mask is not None:  # a padding position's change reaches no real one; left out of every score
+        deltas = deltas * mask.to(deltas.device, deltas.dtype)[None, :, :, None, None]
     resid_pre = torch.stack([cap_clean["resid_pre"][l].float() for l in range(L)])
     resid_final = cap_clean["resid_post"][L - 1].float()
-    clean_metric = metric(model.forward(clean).float(), clean.to(model.device)).float()
-    return PathRuns(clean, corrupted, metric, deltas, resid_pre, resid_final, clean_metric, embeds[0], embeds[1])
+    clean_metric = metric(model.forward(clean, attention_mask=mask).float(), clean.to(model.device)).float()
+    return PathRuns(clean, corrupted, metric, deltas, resid_pre, resid_final, clean_metric, embeds[0], embeds[1], mask)
 
 
 def _group(model: LoadedModel) -> int:
@@ -226,7 +254,8 @@ def path_patch_effects(model: LoadedModel, runs: PathRuns, senders: Sequence[tup
             logits = model.logits_from_residual(resid + delta.to(resid))
         else:  # the clean run up to the receiver's layer, resumed there with its input patched
             resid = runs.resid_pre[receiver[0]].repeat(len(idx), 1, 1)
-            logits = model.forward_from(receiver[0], resid, _receiver_hooks(model, runs, receiver, inp, delta, len(idx)))
+            logits = model.forward_from(receiver[0], resid, _receiver_hooks(model, runs, receiver, inp, delta, len(idx)),
+                                        attention_mask=runs.mask_for(len(idx)))
         m = runs.metric(logits.float(), tokens).float()
         out[list(idx)] = (m.view(len(idx), B) - runs.clean_metric.to(m)).mean(1).cpu().numpy()
     return out
@@ -306,7 +335,7 @@ def _input_gradients(model: LoadedModel, runs: PathRuns, alpha: float) -> tuple[
     hooks.append((f"blocks.{L - 1}.hook_resid_post", lambda x, hook: keep((L, "final"))(x)))
     with torch.enable_grad():
         tokens = runs.clean.to(model.device)
-        M = runs.metric(model.forward(tokens, fwd_hooks=hooks).float(), tokens).float().mean()
+        M = runs.metric(model.forward(tokens, fwd_hooks=hooks, attention_mask=runs.mask).float(), tokens).float().mean()
         keys = list(stored)
         grads = torch.autograd.grad(M, [stored[k] for k in keys], allow_unused=True)
     out = {k: (torch.zeros_like(stored[k]) if g is None else g).detach().float() for k, g in zip(keys, grads)}
@@ -442,13 +471,14 @@ def baseline_error(model: LoadedModel, runs: PathRuns, layers: Sequence[int]) ->
     receiver's unembedding): 0 up to float rounding when the resumed runs are the clean run."""
     tokens = runs.clean.to(model.device)
     outs = [model.logits_from_residual(runs.resid_final.to(model.device))]
-    outs += [model.forward_from(l, runs.resid_pre[l]) for l in sorted(set(layers))]
+    outs += [model.forward_from(l, runs.resid_pre[l], attention_mask=runs.mask) for l in sorted(set(layers))]
     return max(float((runs.metric(o.float(), tokens).float() - runs.clean_metric.to(model.device)).abs().max()) for o in outs)
 
 
 def path_patch(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
                senders: tuple[int, int] | Sequence[tuple[int, int]], receiver: tuple[int, int] | str,
-               input: str = "k", metric: Metric | None = None, first: int = 0) -> float | np.ndarray:
+               input: str = "k", metric: Metric | None = None, first: int = 0,
+               attention_mask: Int[Tensor, "batch pos"] | None = None) -> float | np.ndarray:
     """Exact path patching (module docstring; Wang et al. 2022, Goldowsky-Dill et al. 2023) of sender
     head(s) into ``receiver``'s ``input`` (``"q"``, ``"k"``, ``"v"``) or, with ``receiver="logits"``,
     into the logits: ``M(patched) - M(clean)`` averaged over the batch, in the metric's units
@@ -459,24 +489,28 @@ def path_patch(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: I
         senders: one head ``(layer, head)`` (returns a float) or a list (returns ``[sender]``).
         receiver: ``(layer, head)`` after every sender's layer, or ``"logits"``.
         metric: ``metric(logits [batch, pos, d_vocab], tokens) -> [batch]``.
+        attention_mask: ``[batch, pos]``, 1 real and 0 padding (:func:`prepare_runs`): a padded
+            batch gives the mean of each row's effect run alone.
 
     Raises:
         HeadprobeError: as :func:`prepare_runs` and :func:`path_patch_effects`.
     """
     one = len(senders) == 2 and all(isinstance(x, int) for x in senders)
-    runs = prepare_runs(model, clean, corrupted, metric, first)
+    runs = prepare_runs(model, clean, corrupted, metric, first, attention_mask)
     rec = None if receiver == "logits" else tuple(receiver)
     out = path_patch_effects(model, runs, [tuple(senders)] if one else [tuple(s) for s in senders], rec, input)
     return float(out[0]) if one else out
 
 
 def edge_attribution(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
-                     method: str = "eap-ig", steps: int = 5, metric: Metric | None = None, first: int = 0) -> EdgeScores:
+                     method: str = "eap-ig", steps: int = 5, metric: Metric | None = None, first: int = 0,
+                     attention_mask: Int[Tensor, "batch pos"] | None = None) -> EdgeScores:
     """EAP or EAP-IG scores of every head -> head (q/k/v) and head -> logits edge (module docstring;
     Syed et al. 2023; Hanna et al. 2024): :func:`edge_scores` after :func:`prepare_runs`; ``.table()``
     lists the edges. Scores estimate :func:`path_patch`'s effects, in the metric's units.
+    ``attention_mask``: a padded batch, as :func:`path_patch`.
 
     Raises:
         HeadprobeError: as :func:`prepare_runs` and :func:`edge_scores`.
     """
-    return edge_scores(model, prepare_runs(model, clean, corrupted, metric, first), method, steps)
+    return edge_scores(model, prepare_runs(model, clean, corrupted, metric, first, attention_mask), method, steps)

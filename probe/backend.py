@@ -605,11 +605,13 @@ class LoadedModel:
         return self.scored_losses(tokens, first, fwd_hooks)
 
     def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
-                     fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch pos d_vocab"]:
+                     fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+                     attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
         """The logits of :meth:`forward` resumed at layer ``layer``: blocks ``layer ..`` run from
-        ``resid_pre`` (what ``blocks.{layer}.hook_resid_pre`` held, no padding, positions ``0 .. pos-1``)
-        with ``fwd_hooks`` active, then the final norm and unembedding. The layers before are not
-        run, so path patching into a late receiver skips them.
+        ``resid_pre`` (what ``blocks.{layer}.hook_resid_pre`` held; positions ``0 .. pos-1``, or
+        with ``attention_mask`` -- 1 real, 0 padding -- those of :meth:`forward` on that padded
+        batch) with ``fwd_hooks`` active, then the final norm and unembedding. The layers before
+        are not run, so path patching into a late receiver skips them.
 
         Raises:
             HeadprobeError: not the native backend.

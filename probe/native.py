@@ -149,14 +149,21 @@ class NativeModel(LoadedModel):
             resid = self._resid_from(layer, resid_pre)
         return self._losses(resid.to(self.device), tokens.to(self.device), first)
 
-    def _resid_from(self, layer: int, resid_pre: Float[Tensor, "n pos d_model"]) -> Float[Tensor, "n pos d_model"]:
-        """Blocks ``layer ..`` from ``resid_pre`` (positions ``0 .. pos-1``, no padding): the final
-        residual before the final norm (:meth:`forward_from`, :meth:`scored_losses_from`; their
-        callers hold the hooks)."""
+    def _resid_from(self, layer: int, resid_pre: Float[Tensor, "n pos d_model"],
+                    attention_mask: Int[Tensor, "n pos"] | None = None) -> Float[Tensor, "n pos d_model"]:
+        """Blocks ``layer ..`` from ``resid_pre``: the final residual before the final norm
+        (:meth:`forward_from`, :meth:`scored_losses_from`; their callers hold the hooks).
+        Positions ``0 .. pos-1`` without ``attention_mask``; with it (1 real, 0 padding) the
+        positions and padding keys of :meth:`forward` on a padded batch."""
         x = resid_pre.to(self._block_device(layer), self.dtype)
-        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        if attention_mask is None:
+            padding = None
+            positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        else:  # as Transformer.forward does for a padded batch
+            padding = attention_mask.to(x.device, torch.bool)
+            positions = (padding.long().cumsum(-1) - 1).clamp(min=0)
         for block in self.model.blocks[layer:]:
-            x = block(x, positions)
+            x = block(x, positions, padding)
         return x
 
     def _losses(self, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"], first: int,
@@ -164,10 +171,11 @@ class NativeModel(LoadedModel):
         return _scored_losses_from_resid(self.model, resid, tokens, first, normed)
 
     def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
-                     fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch pos d_vocab"]:
+                     fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+                     attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.forward_from`."""
         with self.hooks(fwd_hooks):  # hooks on ln_final fire too
-            return self.model.logits(self._resid_from(layer, resid_pre).to(self.device))
+            return self.model.logits(self._resid_from(layer, resid_pre, attention_mask).to(self.device))
 
     def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.attention_input`."""

@@ -232,3 +232,31 @@ def test_smollm2_induction_keys_read_the_previous_token_heads(smollm2_native):
     assert set(np.argsort(-ig)[:2]) == {16 * 9 + 0, 17 * 9 + 8}
     qk = qk_attribution(model, clean.tokens[:1], 18, 6, 19, 8)
     assert list(qk.key_side().index[:2]) == ["16.0", "17.8"] and qk.identity_error < 1e-4
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_padded_batch_equals_each_prompt_run_alone(tiny_tokenizer, side):
+    """Two prompt pairs of lengths 9 and 6 in one padded batch: path patching (into a key, a value
+    and the logits) and EAP-IG equal the mean of the two pairs run alone, unpadded (1e-5, or 1e-6 nats); the
+    padding is not vacuous (the same batch without its mask differs)."""
+    from headprobe.analyses.paths import edge_attribution, path_patch
+    from headprobe.probe.capture import pad_prompts
+
+    model = _sharpened(tiny_tokenizer, "llama")  # GQA: 4 query heads on 2 KV heads; effects well above float32 rounding
+    g = torch.Generator().manual_seed(5)
+    pairs = [(torch.randint(0, 100, (n,), generator=g), torch.randint(0, 100, (n,), generator=g)) for n in (9, 6)]
+    clean, mask = pad_prompts([c for c, _ in pairs], 0, side)
+    corrupted, mask2 = pad_prompts([x for _, x in pairs], 0, side)
+    assert torch.equal(mask, mask2) and not bool(mask.all())
+    senders = [(0, h) for h in range(model.spec.n_heads)]
+    for receiver, inp in (((1, 1), "k"), ((1, 2), "v"), ("logits", "k")):
+        padded = path_patch(model, clean, corrupted, senders, receiver, inp, first=2, attention_mask=mask)
+        alone = np.mean([path_patch(model, c[None], x[None], senders, receiver, inp, first=2) for c, x in pairs], axis=0)
+        np.testing.assert_allclose(padded, alone, rtol=1e-5, atol=1e-6)  # atol: float32 rounding of a ~5-nat loss
+        if receiver != "logits":
+            unmasked = path_patch(model, clean, corrupted, senders, receiver, inp, first=2)
+            assert np.abs(unmasked - alone).max() > 1e-4
+    ig = edge_attribution(model, clean, corrupted, steps=3, first=2, attention_mask=mask)
+    singles = [edge_attribution(model, c[None], x[None], steps=3, first=2) for c, x in pairs]
+    np.testing.assert_allclose(ig.head_scores, np.mean([s.head_scores for s in singles], axis=0), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(ig.logit_scores, np.mean([s.logit_scores for s in singles], axis=0), rtol=1e-4, atol=1e-7)
