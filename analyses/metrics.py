@@ -327,8 +327,8 @@ RETRIEVAL = HeadColumn("retrieval", ("retrieval",), _retrieval, causal_only=True
 DLA = HeadColumn("dla", ("dla",), _dla, causal_only=True,
                  figures=(HeatmapStyle("dla", "direct logit attribution", "logit of the next token", signed=True),))
 LOCAL_FRACTION = HeadColumn("local_fraction", local_columns(LOCAL_WINDOWS), _from_pattern_pass(*local_columns(LOCAL_WINDOWS)),
-                            figures=(HeatmapStyle("distant_mass", "distant mass (outside the last W keys)",
-                                                  "1 - local fraction at the largest W shorter than the text"),))
+                            figures=(HeatmapStyle("distant_mass", "distant mass (outside the last {W} keys)",
+                                                  "1 - local_{W}: attention beyond the last {W} keys"),))
 """The reported metrics, each registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`
 (group ``"metric"``; :data:`~headprobe.analyses.columns.METRICS` views them in column order)."""
 
@@ -414,11 +414,19 @@ def _pattern_metrics(model: LoadedModel, natural: TokenSet, stream: bool, window
     return out
 
 
+class _Fields(dict):
+    """``str.format_map`` fields that leave a field not given as its name (``{W}`` -> ``W``)."""
+
+    def __missing__(self, key: str) -> str:
+        return key
+
+
 def heatmap_makers(records: Sequence[HeadColumn], scores: dict[str, np.ndarray], group_size: int | None, tag: str,
-                   causal: bool = True) -> dict[str, Any]:
+                   causal: bool = True, fields: dict[str, object] | None = None) -> dict[str, Any]:
     """``heatmap_<column>`` -> a function of no arguments that draws it, for every
     :class:`~headprobe.analyses.columns.HeatmapStyle` of ``records`` (head types and metrics alike);
-    a metric's heatmap only where its column has a finite value."""
+    a metric's heatmap only where its column has a finite value. ``fields`` fill the styles'
+    ``{name}`` fields in titles and labels (``W``: the window of ``distant_mass``, :func:`distant_window`)."""
     from functools import partial
 
     from headprobe.analyses import figures as figs
@@ -429,17 +437,19 @@ def heatmap_makers(records: Sequence[HeadColumn], scores: dict[str, np.ndarray],
             values = scores.get(style.column)
             if values is None or (not record.is_head_type and not np.isfinite(values).any()):
                 continue
-            title = f"{style.title}, {tag}"
+            title = f"{style.title.format_map(_Fields(fields or {}))}, {tag}"
+            label = style.label.format_map(_Fields(fields or {}))
             out[f"heatmap_{style.column}"] = (
-                partial(figs.signed_head_heatmap, values, title, style.label, group_size=group_size) if style.signed
-                else partial(figs.head_heatmap, values, title, style.label, group_size=group_size,
+                partial(figs.signed_head_heatmap, values, title, label, group_size=group_size) if style.signed
+                else partial(figs.head_heatmap, values, title, label, group_size=group_size,
                              **style.figure_options(scores, causal)))
     return out
 
 
-def metric_figure_makers(scores: dict[str, np.ndarray], group_size: int | None, tag: str) -> dict[str, Any]:
+def metric_figure_makers(scores: dict[str, np.ndarray], group_size: int | None, tag: str,
+                         fields: dict[str, object] | None = None) -> dict[str, Any]:
     """:func:`heatmap_makers` of every metric (:data:`~headprobe.analyses.columns.METRICS`)."""
-    return heatmap_makers(list(METRICS.values()), scores, group_size, tag)
+    return heatmap_makers(list(METRICS.values()), scores, group_size, tag, fields=fields)
 
 
 def metric_figures(scores: dict[str, np.ndarray], group_size: int | None, tag: str) -> dict[str, Any]:

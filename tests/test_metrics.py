@@ -337,3 +337,19 @@ def test_smollm2_previous_token_heads_k_compose_into_induction_heads(smollm2_nat
     s = metrics.composition_summary(k, top("previous_token"), top("induction"))
     assert s["pairs_stats"]["mean"] > s["all_pairs"]["p95"]  # the circuit's pairs, on average, beyond 95% of all pairs
     assert s["pairs_stats"]["median"] > s["into_same_heads"]["median"]  # not just induction heads' keys reading everything
+
+
+def test_the_distant_mass_heatmap_names_its_window():
+    """The title and colour-bar label say which W the distant mass is read at (they said "W")."""
+    import matplotlib.pyplot as plt
+
+    from headprobe.analyses.metrics import LOCAL_FRACTION, heatmap_makers
+
+    scores = {"distant_mass": np.linspace(0, 1, 8).reshape(2, 4)}
+    fig = heatmap_makers([LOCAL_FRACTION], scores, 2, "tiny", fields={"W": 64})["heatmap_distant_mass"]()
+    texts = [t.get_text() for ax in fig.axes for t in (ax.title, ax.yaxis.label)]
+    plt.close(fig)
+    assert any("outside the last 64 keys" in t for t in texts) and any("local_64" in t for t in texts), texts
+    fig = heatmap_makers([LOCAL_FRACTION], scores, 2, "tiny")["heatmap_distant_mass"]()  # no fields: the name stays
+    assert any("last W keys" in ax.title.get_text() for ax in fig.axes)
+    plt.close(fig)

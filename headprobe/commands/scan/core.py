@@ -442,7 +442,8 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], object]]:
         out[f"pattern_{head_type}"] = partial(figs.pattern_plot, ex["pattern"], ex["labels"], title, ex.get("marks", ()),
                                               causal=spec.causal, ylabel="query position (first scored sequence)",
                                               positions=ex.get("positions"))
-    out.update(head_metrics.metric_figure_makers(result.scores, spec.group_size, tag))
+    fields = {"W": head_metrics.distant_window(int(result.natural.tokens.shape[1]))}  # as the metric reads it
+    out.update(head_metrics.metric_figure_makers(result.scores, spec.group_size, tag, fields))
     if result.composition is not None and {"previous_token", "induction"} <= set(result.config.types):
         out["composition_k"] = partial(
             figs.composition_plot, result.composition["k"], top_heads(torch.tensor(result.scores["previous_token"]), 5),
