@@ -351,6 +351,8 @@ ADD_SETTING = textwrap.dedent('''
                                       ("prune", "headprobe.commands.prune", "PruneConfig"),
                                       ("patch", "headprobe.commands.patch", "PatchConfig"),
                                       ("show", "headprobe.commands.show", "ShowConfig"),
+                                      ("kv", "headprobe.commands.kv", "KVConfig"),
+                                      ("circuit", "headprobe.commands.circuit", "CircuitConfig"),
                                       ("atlas", "headprobe.commands.atlas", "AtlasConfig")]:
         cls = getattr(importlib.import_module(module_name), config)
         if "trust_remote_code" in {f.name for f in dataclasses.fields(cls)}:
@@ -372,7 +374,7 @@ FIELD = ('    trust_remote_code: bool = setting(False, "run the repository\'s ow
 
 
 @pytest.mark.parametrize("group, commands", [
-    ("ModelSettings", ["ablate", "patch", "prune", "scan", "show"]),
+    ("ModelSettings", ["ablate", "circuit", "kv", "patch", "prune", "scan", "show"]),
     ("DataSettings", ["ablate", "atlas", "prune", "scan"]),
 ])
 def test_a_shared_setting_is_one_field(group, commands):
