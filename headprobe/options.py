@@ -209,6 +209,58 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict):
     return config_cls(model=model.spec.name, **config_fields), model, 0.0
 
 
+def command_function(config_cls, run: Callable, name: str, summary: str, example: str = "") -> Callable:
+    """``headprobe <name>`` as a Python function, the same for every command that runs one model:
+    ``fn(model=DEFAULT_MODEL, *, progress=False, **config_fields)`` builds ``config_cls`` from
+    ``config_fields`` and the model (:func:`config_and_model`: the config's checks and
+    ``preflight`` before a model named by a string loads), calls ``run(loaded, config,
+    progress=progress)`` and records the load's seconds in the result's ``load_s`` where it has one.
+
+    The function gets ``__name__`` ``name``, ``__module__`` that of ``run``, a docstring opening with
+    ``summary`` (then the arguments, ``example`` among them, and the errors) and a ``__signature__``
+    listing every field of ``config_cls`` but ``model`` as a keyword with its default, so
+    ``help(headprobe.scan)`` and ``inspect.signature`` show the settings.
+    """
+    import dataclasses
+    import inspect
+
+    result = run.__annotations__.get("return", "")
+    result = result if isinstance(result, str) else getattr(result, "__name__", "")
+
+    def fn(model: str | LoadedModel = DEFAULT_MODEL, *, progress: bool = False, **config_fields):
+        config, loaded, load_s = config_and_model(config_cls, model, config_fields)
+        out = run(loaded, config, progress=progress)
+        if hasattr(out, "load_s"):  # recorded in its summary.json's timings, as run_command does
+            out.load_s = load_s
+        return out
+
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    fields = [inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type)
+              for f in dataclasses.fields(config_cls) if f.init and f.name != "model"]
+    fn.__signature__ = inspect.Signature(
+        [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=DEFAULT_MODEL, annotation="str | LoadedModel"),
+         inspect.Parameter("progress", keyword, default=False, annotation="bool"), *fields], return_annotation=result)
+    fn.__name__ = fn.__qualname__ = name
+    fn.__module__ = run.__module__
+    fn.__doc__ = f"""{summary}: ``headprobe {name}`` as a function.
+
+    Args:
+        model: a model name or path (loaded as ``config_fields`` ask, after the config's checks and
+            ``preflight``), or a :class:`~headprobe.probe.backend.LoadedModel` (used as given).
+        progress: show progress bars.
+        **config_fields: any :class:`{config_cls.__name__}` field but ``model``{f" (e.g. {example})" if example else ""}.
+
+    Returns:
+        :class:`{result}`; ``result.save(out)`` writes the files ``headprobe {name}`` writes.
+
+    Raises:
+        HeadprobeError: bad settings (before anything loads), the model cannot be loaded, or as
+            :func:`{run.__module__}.run`.
+        TypeError: a field :class:`{config_cls.__name__}` does not have.
+    """
+    return fn
+
+
 def check_fields(config_cls, config_fields: dict) -> None:
     """Raise ``TypeError`` naming the command's function (``scan()``, not ``ScanConfig``), the
     unknown setting and the nearest valid one, for a keyword ``config_cls`` does not have."""

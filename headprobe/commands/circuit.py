@@ -265,15 +265,10 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
                          model_info={"device": str(model.device), "dtype": dtype, "self_check": model.self_check.to_dict()})
 
 
-def circuit(model: str | LoadedModel = "smollm2-135m", *, progress: bool = False, **config_fields) -> CircuitResult:
-    """``headprobe circuit`` as a function: ``model`` a name/path (loaded as ``config_fields`` ask) or a
-    loaded model; ``config_fields`` the :class:`CircuitConfig` fields.
-
-    Raises:
-        HeadprobeError: as :func:`run`, or bad settings. TypeError: an unknown field.
-    """
-    config, loaded, _ = options.config_and_model(CircuitConfig, model, config_fields)
-    return run(loaded, config, progress=progress)
+circuit = options.command_function(
+    CircuitConfig, run, "circuit", "Head circuits on the induction task: edge attribution checked by exact path patching",
+    '``n_seqs=2``, ``receivers="18.6:k"``')
+"""``headprobe circuit`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -353,15 +353,10 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
                     seconds=time.perf_counter() - t0)
 
 
-def kv(model: str | LoadedModel = "smollm2-135m", *, progress: bool = False, **config_fields) -> KVResult:
-    """``headprobe kv`` as a function: ``model`` a name/path (loaded as ``config_fields`` ask) or a
-    loaded model; ``config_fields`` the :class:`KVConfig` fields.
-
-    Raises:
-        HeadprobeError: as :func:`run`, or bad settings. TypeError: an unknown field.
-    """
-    config, loaded, _ = options.config_and_model(KVConfig, model, config_fields)
-    return run(loaded, config, progress=progress)
+kv = options.command_function(
+    KVConfig, run, "kv", "A head-level KV-cache policy, chosen from the heads and measured causally",
+    '``seq_len=1024``, ``kv_budget=0.5``')
+"""``headprobe kv`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
