@@ -1,7 +1,7 @@
 """What the commands share above the settings: loading a model as the settings ask
-(:func:`load_model_as`, :func:`load_for`), the one runner of a command (:func:`run_command`), and
-flag helpers for commands whose config does not compose a settings group (:func:`add_model_options`
-for ``view`` and ``atlas``; :func:`add_output_options` for all). The settings themselves and the
+(:func:`load_model_as`, :func:`load_for`), the one runner of a command (:func:`run_command`), the
+one maker of a command's Python function (:func:`command_function`), and flag helpers
+(:func:`add_output_options` for every command that writes a directory). The settings themselves and the
 flag generator are :mod:`headprobe.settings` (re-exported here under their old names). Nothing
 here imports torch at module level (``headprobe budget`` must start fast): dtypes are names until
 :func:`torch_dtype`.
@@ -33,46 +33,14 @@ def torch_dtype(name: str):
     return getattr(torch, dtype_name(name))
 
 
-def add_model_options(p: argparse.ArgumentParser, *, dtype: bool = True, backend: bool = True,
-                      default_model: str | None = DEFAULT_MODEL, device_map: bool = True,
-                      listed_model: bool = True) -> None:
-    """``--model --device [--dtype] [--backend] [--device-map --max-memory]``, generated from
-    :class:`~headprobe.settings.ModelSettings`, for a command whose config does not compose it
-    (``view``, ``atlas``: a setting added to the group is not theirs); a config that composes it
-    calls ``add_flags(p, Config, group=ModelSettings)``. ``listed_model=False`` keeps ``--model``
-    out of ``--help`` (a command that takes ``--models`` refuses it in one line)."""
-    only = ("model", "device", *(("dtype",) if dtype else ()), *(("backend",) if backend else ()),
-            *(("device_map", "max_memory") if device_map else ()))  # a config that lacks the rest gets no flag for them
-    add_flags(p, ModelSettings, only=only, defaults={"model": default_model},
-              helps={} if listed_model else {"model": argparse.SUPPRESS})
-
-
 def add_output_options(p: argparse.ArgumentParser) -> None:
     """``--out --overwrite --formats`` (:class:`~headprobe.settings.OutputSettings`)."""
     add_flags(p, OutputSettings)
 
 
-def add_text_option(p: argparse.ArgumentParser) -> None:
-    """``--text``."""
-    add_flags(p, DataSettings, only=("text",))
-
-
 def add_seed_option(p: argparse.ArgumentParser, default: int = 0) -> None:
     """``--seed``."""
     add_flags(p, DataSettings, only=("seed",), defaults={"seed": default})
-
-
-def add_data_options(p: argparse.ArgumentParser, *, seq_len: int | None = 128, n_repeated: int = 8,
-                     period: int | None = 50, seq_len_help: str = "", period_help: str = "") -> None:
-    """``--text --seq-len --n-repeated --period``: the natural-text and repeated-random-token sets
-    (:class:`~headprobe.settings.DataSettings`); ``*_help`` replaces the ``(default ...)`` part of a help."""
-    helps = {}
-    if seq_len_help:
-        helps["seq_len"] = "natural-text sequence length in tokens " + seq_len_help
-    if period_help:
-        helps["period"] = "length of the repeated random block " + period_help
-    add_flags(p, DataSettings, only=("text", "seq_len", "n_repeated", "period"),
-              defaults={"seq_len": seq_len, "n_repeated": n_repeated, "period": period}, helps=helps)
 
 
 SMOLLM2_LAYOUT = (30, 9)
