@@ -152,7 +152,7 @@ def load_for(config):
                          max_memory=getattr(config, "max_memory", None))
 
 
-def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict):
+def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, name: str | None = None):
     """What a command's Python function (``headprobe.scan(model, **fields)``, ...) starts with:
     ``(config, LoadedModel, load seconds)``.
 
@@ -162,12 +162,12 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict):
 
     Raises:
         HeadprobeError: bad settings, or the model cannot be loaded.
-        TypeError: a field ``config_cls`` does not have.
+        TypeError: a field ``config_cls`` does not have (naming the function ``name``, see :func:`check_fields`).
     """
     import os
     import time
 
-    check_fields(config_cls, config_fields)
+    check_fields(config_cls, config_fields, name)
     if isinstance(model, (str, os.PathLike)):
         config = config_cls(model=str(model), **config_fields)
         config.preflight()
@@ -196,7 +196,7 @@ def command_function(config_cls, run: Callable, name: str, summary: str, example
     result = result if isinstance(result, str) else getattr(result, "__name__", "")
 
     def fn(model: str | LoadedModel = DEFAULT_MODEL, *, progress: bool = False, **config_fields):
-        config, loaded, load_s = config_and_model(config_cls, model, config_fields)
+        config, loaded, load_s = config_and_model(config_cls, model, config_fields, name)
         out = run(loaded, config, progress=progress)
         if hasattr(out, "load_s"):  # recorded in its summary.json's timings, as run_command does
             out.load_s = load_s
@@ -229,9 +229,10 @@ def command_function(config_cls, run: Callable, name: str, summary: str, example
     return fn
 
 
-def check_fields(config_cls, config_fields: dict) -> None:
-    """Raise ``TypeError`` naming the command's function (``scan()``, not ``ScanConfig``), the
-    unknown setting and the nearest valid one, for a keyword ``config_cls`` does not have."""
+def check_fields(config_cls, config_fields: dict, function: str | None = None) -> None:
+    """Raise ``TypeError`` naming the command's function (``function``, else the Config's name without
+    ``Config``: ``scan()``, not ``ScanConfig``), the unknown setting and the nearest valid one, for
+    a keyword ``config_cls`` does not have."""
     import dataclasses
     import difflib
 
@@ -240,7 +241,7 @@ def check_fields(config_cls, config_fields: dict) -> None:
         if name not in valid:
             near = difflib.get_close_matches(name, valid, n=1)
             hint = f"; did you mean {near[0]}?" if near else ""
-            command = config_cls.__name__.removesuffix("Config").lower()
+            command = function or config_cls.__name__.removesuffix("Config").lower()
             raise TypeError(f"{command}() got an unknown setting {name!r}{hint} (settings: {', '.join(valid)})")
 
 
