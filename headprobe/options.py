@@ -1,7 +1,7 @@
 """What the commands share above the settings: loading a model as the settings ask
-(:func:`load_model_as`, :func:`load_for`), the one runner of a command (:func:`run_command`), and
-flag helpers for commands whose config does not compose a settings group (:func:`add_model_options`
-for ``view`` and ``atlas``; :func:`add_output_options` for all). The settings themselves and the
+(:func:`load_model_as`, :func:`load_for`), the one runner of a command (:func:`run_command`), the
+one maker of a command's Python function (:func:`command_function`), and flag helpers
+(:func:`add_output_options` for every command that writes a directory). The settings themselves and the
 flag generator are :mod:`headprobe.settings` (re-exported here under their old names). Nothing
 here imports torch at module level (``headprobe budget`` must start fast): dtypes are names until
 :func:`torch_dtype`.
@@ -33,46 +33,14 @@ def torch_dtype(name: str):
     return getattr(torch, dtype_name(name))
 
 
-def add_model_options(p: argparse.ArgumentParser, *, dtype: bool = True, backend: bool = True,
-                      default_model: str | None = DEFAULT_MODEL, device_map: bool = True,
-                      listed_model: bool = True) -> None:
-    """``--model --device [--dtype] [--backend] [--device-map --max-memory]``, generated from
-    :class:`~headprobe.settings.ModelSettings`, for a command whose config does not compose it
-    (``view``, ``atlas``: a setting added to the group is not theirs); a config that composes it
-    calls ``add_flags(p, Config, group=ModelSettings)``. ``listed_model=False`` keeps ``--model``
-    out of ``--help`` (a command that takes ``--models`` refuses it in one line)."""
-    only = ("model", "device", *(("dtype",) if dtype else ()), *(("backend",) if backend else ()),
-            *(("device_map", "max_memory") if device_map else ()))  # a config that lacks the rest gets no flag for them
-    add_flags(p, ModelSettings, only=only, defaults={"model": default_model},
-              helps={} if listed_model else {"model": argparse.SUPPRESS})
-
-
 def add_output_options(p: argparse.ArgumentParser) -> None:
     """``--out --overwrite --formats`` (:class:`~headprobe.settings.OutputSettings`)."""
     add_flags(p, OutputSettings)
 
 
-def add_text_option(p: argparse.ArgumentParser) -> None:
-    """``--text``."""
-    add_flags(p, DataSettings, only=("text",))
-
-
 def add_seed_option(p: argparse.ArgumentParser, default: int = 0) -> None:
     """``--seed``."""
     add_flags(p, DataSettings, only=("seed",), defaults={"seed": default})
-
-
-def add_data_options(p: argparse.ArgumentParser, *, seq_len: int | None = 128, n_repeated: int = 8,
-                     period: int | None = 50, seq_len_help: str = "", period_help: str = "") -> None:
-    """``--text --seq-len --n-repeated --period``: the natural-text and repeated-random-token sets
-    (:class:`~headprobe.settings.DataSettings`); ``*_help`` replaces the ``(default ...)`` part of a help."""
-    helps = {}
-    if seq_len_help:
-        helps["seq_len"] = "natural-text sequence length in tokens " + seq_len_help
-    if period_help:
-        helps["period"] = "length of the repeated random block " + period_help
-    add_flags(p, DataSettings, only=("text", "seq_len", "n_repeated", "period"),
-              defaults={"seq_len": seq_len, "n_repeated": n_repeated, "period": period}, helps=helps)
 
 
 SMOLLM2_LAYOUT = (30, 9)
@@ -184,7 +152,7 @@ def load_for(config):
                          max_memory=getattr(config, "max_memory", None))
 
 
-def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict):
+def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, name: str | None = None):
     """What a command's Python function (``headprobe.scan(model, **fields)``, ...) starts with:
     ``(config, LoadedModel, load seconds)``.
 
@@ -194,12 +162,12 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict):
 
     Raises:
         HeadprobeError: bad settings, or the model cannot be loaded.
-        TypeError: a field ``config_cls`` does not have.
+        TypeError: a field ``config_cls`` does not have (naming the function ``name``, see :func:`check_fields`).
     """
     import os
     import time
 
-    check_fields(config_cls, config_fields)
+    check_fields(config_cls, config_fields, name)
     if isinstance(model, (str, os.PathLike)):
         config = config_cls(model=str(model), **config_fields)
         config.preflight()
@@ -209,9 +177,62 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict):
     return config_cls(model=model.spec.name, **config_fields), model, 0.0
 
 
-def check_fields(config_cls, config_fields: dict) -> None:
-    """Raise ``TypeError`` naming the command's function (``scan()``, not ``ScanConfig``), the
-    unknown setting and the nearest valid one, for a keyword ``config_cls`` does not have."""
+def command_function(config_cls, run: Callable, name: str, summary: str, example: str = "") -> Callable:
+    """``headprobe <name>`` as a Python function, the same for every command that runs one model:
+    ``fn(model=DEFAULT_MODEL, *, progress=False, **config_fields)`` builds ``config_cls`` from
+    ``config_fields`` and the model (:func:`config_and_model`: the config's checks and
+    ``preflight`` before a model named by a string loads), calls ``run(loaded, config,
+    progress=progress)`` and records the load's seconds in the result's ``load_s`` where it has one.
+
+    The function gets ``__name__`` ``name``, ``__module__`` that of ``run``, a docstring opening with
+    ``summary`` (then the arguments, ``example`` among them, and the errors) and a ``__signature__``
+    listing every field of ``config_cls`` but ``model`` as a keyword with its default, so
+    ``help(headprobe.scan)`` and ``inspect.signature`` show the settings.
+    """
+    import dataclasses
+    import inspect
+
+    result = run.__annotations__.get("return", "")
+    result = result if isinstance(result, str) else getattr(result, "__name__", "")
+
+    def fn(model: str | LoadedModel = DEFAULT_MODEL, *, progress: bool = False, **config_fields):
+        config, loaded, load_s = config_and_model(config_cls, model, config_fields, name)
+        out = run(loaded, config, progress=progress)
+        if hasattr(out, "load_s"):  # recorded in its summary.json's timings, as run_command does
+            out.load_s = load_s
+        return out
+
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    fields = [inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type)
+              for f in dataclasses.fields(config_cls) if f.init and f.name != "model"]
+    fn.__signature__ = inspect.Signature(
+        [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=DEFAULT_MODEL, annotation="str | LoadedModel"),
+         inspect.Parameter("progress", keyword, default=False, annotation="bool"), *fields], return_annotation=result)
+    fn.__name__ = fn.__qualname__ = name
+    fn.__module__ = run.__module__
+    fn.__doc__ = f"""{summary}: ``headprobe {name}`` as a function.
+
+    Args:
+        model: a model name or path (loaded as ``config_fields`` ask, after the config's checks and
+            ``preflight``), or a :class:`~headprobe.probe.backend.LoadedModel` (used as given).
+        progress: show progress bars.
+        **config_fields: any :class:`{config_cls.__name__}` field but ``model``{f" (e.g. {example})" if example else ""}.
+
+    Returns:
+        :class:`{result}`; ``result.save(out)`` writes the files ``headprobe {name}`` writes.
+
+    Raises:
+        HeadprobeError: bad settings (before anything loads), the model cannot be loaded, or as
+            :func:`{run.__module__}.run`.
+        TypeError: a field :class:`{config_cls.__name__}` does not have.
+    """
+    return fn
+
+
+def check_fields(config_cls, config_fields: dict, function: str | None = None) -> None:
+    """Raise ``TypeError`` naming the command's function (``function``, else the Config's name without
+    ``Config``: ``scan()``, not ``ScanConfig``), the unknown setting and the nearest valid one, for
+    a keyword ``config_cls`` does not have."""
     import dataclasses
     import difflib
 
@@ -220,7 +241,7 @@ def check_fields(config_cls, config_fields: dict) -> None:
         if name not in valid:
             near = difflib.get_close_matches(name, valid, n=1)
             hint = f"; did you mean {near[0]}?" if near else ""
-            command = config_cls.__name__.removesuffix("Config").lower()
+            command = function or config_cls.__name__.removesuffix("Config").lower()
             raise TypeError(f"{command}() got an unknown setting {name!r}{hint} (settings: {', '.join(valid)})")
 
 

@@ -14,7 +14,11 @@ A command's Config derives from the groups it takes (``class ScanConfig(ModelSet
 DataSettings)``): dataclass inheritance composes their fields into one flat, frozen record, so
 ``config.seq_len``, the Python API's keywords (``headprobe.scan(model, seq_len=64)``) and
 summary.json's ``config`` stay flat. A command that needs another default redeclares the field
-with the default alone (``seq_len: int | None = None``); its help is still the group's. The
+with the default alone (``seq_len: int | None = None``); its help is still the group's. A command
+that takes only some of a group's fields (``kv`` has natural text but no repeated tokens) does not
+compose the group -- it would gain settings it ignores -- but declares each with :func:`shared`
+(``seq_len: int = shared(DataSettings, "seq_len", 1024)``): the group's help, flag, type and
+checks, its own default; a field added to the group does not reach it. The
 command's own settings are fields made with :func:`setting` too, and :func:`add_flags` turns any
 of these dataclasses into argparse flags; :func:`from_args` builds it back from the parsed flags.
 
@@ -109,6 +113,20 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | N
     meta = {"help": help, "flag": flag, "short": short, "type": type, "choices": choices, "metavar": metavar,
             "action": action, "required": required, "nargs": nargs}
     return field(default=default, metadata={k: v for k, v in meta.items() if v not in (None, False)})
+
+
+def shared(group, name: str, default: Any = dataclasses.MISSING) -> Any:
+    """Field ``name`` of settings ``group`` (:class:`DataSettings`, ...) for a Config that takes only
+    some of the group's fields: the group's declaration -- help, flag, type, choices, so
+    :func:`add_flags` makes the same flag -- with ``default`` (else the group's). Its value is
+    checked by :func:`check_settings` as a composed field is (the Config's ``__post_init__`` must
+    call it, e.g. through :class:`ModelSettings`').
+
+    Raises:
+        KeyError: ``group`` has no field ``name``.
+    """
+    f = group.__dataclass_fields__[name]
+    return field(default=f.default if default is dataclasses.MISSING else default, metadata=f.metadata)
 
 
 def _meta(cls, name: str) -> dict:

@@ -351,11 +351,15 @@ ADD_SETTING = textwrap.dedent('''
                                       ("prune", "headprobe.commands.prune", "PruneConfig"),
                                       ("patch", "headprobe.commands.patch", "PatchConfig"),
                                       ("show", "headprobe.commands.show", "ShowConfig"),
+                                      ("kv", "headprobe.commands.kv", "KVConfig"),
+                                      ("circuit", "headprobe.commands.circuit", "CircuitConfig"),
+                                      ("view", "headprobe.commands.view", "ViewConfig"),
                                       ("atlas", "headprobe.commands.atlas", "AtlasConfig")]:
         cls = getattr(importlib.import_module(module_name), config)
         if "trust_remote_code" in {f.name for f in dataclasses.fields(cls)}:
             extra = ["--head", "1.1", "--prompt", "x"] if name == "show" else []
-            args = build_parser(name).parse_args([name, "--out", "x", "--trust-remote-code", *extra])
+            where = ["x"] if name == "view" else ["--out", "x"]  # view writes into its DIR
+            args = build_parser(name).parse_args([name, *where, "--trust-remote-code", *extra])
             changes = {"prompt": "x"} if name == "show" else {}
             options.check_fields(cls, {"trust_remote_code": True})  # the Python API takes it as a keyword
             configs[name] = settings.from_args(cls, args, **changes).trust_remote_code
@@ -372,7 +376,7 @@ FIELD = ('    trust_remote_code: bool = setting(False, "run the repository\'s ow
 
 
 @pytest.mark.parametrize("group, commands", [
-    ("ModelSettings", ["ablate", "patch", "prune", "scan", "show"]),
+    ("ModelSettings", ["ablate", "atlas", "circuit", "kv", "patch", "prune", "scan", "show", "view"]),
     ("DataSettings", ["ablate", "atlas", "prune", "scan"]),
 ])
 def test_a_shared_setting_is_one_field(group, commands):
@@ -381,8 +385,7 @@ def test_a_shared_setting_is_one_field(group, commands):
     found = json.loads(r.stdout.strip().splitlines()[-1])
     assert found["flagged"] == commands  # every command that composes the group, and no other
     assert found["configs"] == {c: True for c in commands}  # the flag sets the config's field
-    if group == "DataSettings":  # atlas hands its data settings to every model's scan
-        assert found["atlas_scan"] is True
+    assert found["atlas_scan"] is True  # atlas hands its model and data settings to every model's load and scan
     assert found["help"]  # its help is the field's
 
 

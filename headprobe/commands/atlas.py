@@ -49,7 +49,7 @@ from headprobe.analyses import figures
 from headprobe.analyses.detectors import select_detectors
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import DataSettings
+from headprobe.settings import DataSettings, ModelSettings
 from headprobe.probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json, write_text
 
 HELP = "scan many models (or a training run's checkpoints) and show where each head type sits across them"
@@ -88,16 +88,20 @@ def _read_json(path: Path):
 
 
 @dataclass(frozen=True)
-class AtlasConfig(DataSettings):
+class AtlasConfig(ModelSettings, DataSettings):
     """Settings of an atlas (all recorded in summary.json's ``config``): the shared
-    :class:`~headprobe.settings.DataSettings` composed (passed to every model's scan; ``seq_len``
-    and ``period`` None: as scan) and the atlas' own.
+    :class:`~headprobe.settings.ModelSettings` and :class:`~headprobe.settings.DataSettings`
+    composed (passed to every model's load and scan; ``seq_len`` and ``period`` None: as scan) and
+    the atlas' own.
 
     Attributes:
+        model: always None: an atlas takes ``models`` (a value is refused in one line).
+        device, dtype, backend, prepend_bos, device_map, max_memory: how each model is loaded
+            (:func:`headprobe.options.load_model_as`); ``prepend_bos`` takes no flag (always true).
         models: model names or paths (``toy``: train one first); None: :data:`DEFAULT_MODELS` plus
             the cached :data:`CACHED_CANDIDATES` (or none with ``checkpoints``).
         checkpoints: a ``headprobe train --save-every`` output directory: scan its snapshots in step order.
-        n_random, alpha, control, correction, k, types, device, dtype, backend, pattern_len: the scan's settings (:class:`headprobe.commands.scan.ScanConfig`), the same
+        n_random, alpha, control, correction, k, types, pattern_len: the scan's settings (:class:`headprobe.commands.scan.ScanConfig`), the same
             for every model; each model's verdicts are corrected over that model's scan (its own family).
         toy_steps: training steps of the ``toy`` model.
         metrics: compute the scan's reported head metrics (copying, sink rate, entropy, retrieval,
@@ -106,6 +110,7 @@ class AtlasConfig(DataSettings):
             summary.json, patterns and viewer page; the atlas figures are always written).
     """
 
+    model: str | None = None
     models: Sequence[str] | str | None = None
     checkpoints: str | None = None
     seq_len: int | None = None
@@ -116,9 +121,6 @@ class AtlasConfig(DataSettings):
     correction: str = "bh"
     k: int | None = None
     types: Sequence[str] | str | None = None
-    device: str = "auto"
-    dtype: str = "float32"
-    backend: str = "auto"
     pattern_len: int = 64
     toy_steps: int = 1200
     model_figures: bool = True
@@ -126,6 +128,8 @@ class AtlasConfig(DataSettings):
 
     def __post_init__(self):
         super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
+        if self.model is not None:
+            raise HeadprobeError("headprobe atlas takes --models (one or more), not --model")
         if isinstance(self.models, str):
             object.__setattr__(self, "models", tuple(m for m in re.split(r"[,\s]+", self.models) if m))
         elif self.models is not None:
@@ -143,10 +147,11 @@ class AtlasConfig(DataSettings):
         """The :class:`~headprobe.commands.scan.ScanConfig` every model is scanned with."""
         from headprobe.commands.scan import ScanConfig
 
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(DataSettings)}
-        return ScanConfig(model=model, **data, n_random=self.n_random, alpha=self.alpha, control=self.control,
-                          correction=self.correction, k=self.k, types=self.types, device=self.device, dtype=self.dtype,
-                          backend=self.backend, pattern_len=self.pattern_len, metrics=self.metrics)
+        shared = {f.name: getattr(self, f.name) for group in (ModelSettings, DataSettings)
+                  for f in dataclasses.fields(group) if f.name != "model"}
+        return ScanConfig(model=model, **shared, n_random=self.n_random, alpha=self.alpha, control=self.control,
+                          correction=self.correction, k=self.k, types=self.types, pattern_len=self.pattern_len,
+                          metrics=self.metrics)
 
     def model_list(self) -> list[tuple[str, str, int | None]]:
         """``(label, model, step)`` of every model to scan, in order: the checkpoints' snapshots
@@ -337,7 +342,8 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     t_start = time.perf_counter()
     models = config.model_list()
     out = prepare_output_dir(out, overwrite, resumable=True)
-    ckpt = RunCheckpoint(out, {k: v for k, v in asdict(config).items() if k != "device"})
+    # where the models run is not part of the key: a run resumed on another device (or split) reads the same checkpoint
+    ckpt = RunCheckpoint(out, {k: v for k, v in asdict(config).items() if k not in ("device", "device_map", "max_memory")})
     ckpt.load(overwrite=overwrite)
     ckpt.save({})  # from now on the directory is resumable without --overwrite
     records: dict[str, dict] = {}
@@ -425,13 +431,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-metrics", dest="metrics", action="store_false",
                    help="skip the scan's reported head metrics (copying, sink rate, entropy, retrieval, DLA, composition)")
     p.add_argument("--toy-steps", type=positive_int, default=d.toy_steps, help="training steps of the toy model (default %(default)s)")
-    options.add_model_options(p, default_model=None, device_map=False, listed_model=False)
-    p.set_defaults(model=None)
+    # --model is kept off --help (AtlasConfig refuses it in one line: an atlas takes --models); no --no-bos
+    settings.add_flags(p, AtlasConfig, group=ModelSettings, skip=("prepend_bos",), helps={"model": argparse.SUPPRESS})
 
 
 def main(args: argparse.Namespace) -> int:
-    if getattr(args, "model", None):
-        raise HeadprobeError("headprobe atlas takes --models (one or more), not --model")
     config = settings.from_args(AtlasConfig, args, models=tuple(args.models) if args.models else None)
     config.model_list()
     prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)

@@ -34,12 +34,13 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from headprobe import options
+from headprobe import options, settings
 from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.settings import DataSettings, ModelSettings, setting, shared
 
 HELP = "head circuits: edge attribution (EAP, EAP-IG) checked by exact path patching, and why a head attends"
 
@@ -67,8 +68,12 @@ def parse_receivers(text: str) -> list[tuple[tuple[int, int] | None, str]]:
 
 
 @dataclass(frozen=True)
-class CircuitConfig:
-    """Settings of ``headprobe circuit``.
+class CircuitConfig(ModelSettings):
+    """Settings of ``headprobe circuit``: the shared :class:`~headprobe.settings.ModelSettings` (how
+    the model is loaded, :func:`headprobe.options.load_model_as`) composed, ``period`` and ``seed``
+    of :class:`~headprobe.settings.DataSettings` (declared there: :func:`~headprobe.settings.shared`;
+    its prompts are repeated random sequences only, counted by ``n_seqs``), and its own. Every
+    field's help is its flag's.
 
     Attributes:
         model: model name or path.
@@ -79,29 +84,21 @@ class CircuitConfig:
         top: edges in the figure.
         receivers: comma-separated ``L.H:q|k|v`` / ``logits``, each path patched from every earlier head.
         qk_head: ``L.H`` to explain by QK attribution, or None.
-        device, dtype, backend, prepend_bos, device_map, max_memory: how the model is loaded
-            (:func:`headprobe.options.load_model_as`).
     """
 
-    model: str = options.DEFAULT_MODEL
-    n_seqs: int = 2
-    period: int = 12
-    seed: int = 0
-    method: str = "eap-ig"
-    steps: int = 5
-    verify: int = 20
-    top: int = 20
-    receivers: str | None = None
-    qk_head: str | None = None
-    device: str = "auto"
-    dtype: str = "float32"
-    backend: str = "auto"
-    prepend_bos: bool = True
-    device_map: str | None = None
-    max_memory: str | dict | None = None
+    n_seqs: int = setting(2, "repeated random sequences (default %(default)s)", type=positive_int)
+    period: int = shared(DataSettings, "period", 12)
+    seed: int = shared(DataSettings, "seed")
+    method: str = setting("eap-ig", "edge attribution (default %(default)s)", choices=METHODS)
+    steps: int = setting(5, "EAP-IG integration steps (default %(default)s)", type=positive_int)
+    verify: int = setting(20, "path patch this many top edges and as many random ones exactly (default %(default)s; 0: none)",
+                          type=int)
+    top: int = setting(20, "edges in the figure and summary (default %(default)s)", type=positive_int)
+    receivers: str | None = setting(None, "path patch every earlier head into these, e.g. 18.6:k,17.3:k,logits")
+    qk_head: str | None = setting(None, "explain this head's attention by QK attribution, e.g. 18.6")
 
     def __post_init__(self):
-        options.check_config_fields(self)
+        super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
         if self.method not in METHODS:
             raise HeadprobeError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
         for name, least in (("n_seqs", 1), ("steps", 1), ("top", 1), ("verify", 0), ("period", 4)):
@@ -268,40 +265,22 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
                          model_info={"device": str(model.device), "dtype": dtype, "self_check": model.self_check.to_dict()})
 
 
-def circuit(model: str | LoadedModel = "smollm2-135m", *, progress: bool = False, **config_fields) -> CircuitResult:
-    """``headprobe circuit`` as a function: ``model`` a name/path (loaded as ``config_fields`` ask) or a
-    loaded model; ``config_fields`` the :class:`CircuitConfig` fields.
-
-    Raises:
-        HeadprobeError: as :func:`run`, or bad settings. TypeError: an unknown field.
-    """
-    config, loaded, _ = options.config_and_model(CircuitConfig, model, config_fields)
-    return run(loaded, config, progress=progress)
+circuit = options.command_function(
+    CircuitConfig, run, "circuit", "Head circuits on the induction task: edge attribution checked by exact path patching",
+    '``n_seqs=2``, ``receivers="18.6:k"``')
+"""``headprobe circuit`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = CircuitConfig()
-    options.add_model_options(p)
+    settings.add_flags(p, CircuitConfig, group=ModelSettings, skip=("prepend_bos",))  # --no-bos below, as before
     options.add_output_options(p)
-    p.add_argument("--n-seqs", type=positive_int, default=d.n_seqs, help="repeated random sequences (default %(default)s)")
-    p.add_argument("--period", type=positive_int, default=d.period, help="tokens per copy (default %(default)s)")
-    p.add_argument("--method", choices=METHODS, default=d.method, help="edge attribution (default %(default)s)")
-    p.add_argument("--steps", type=positive_int, default=d.steps, help="EAP-IG integration steps (default %(default)s)")
-    p.add_argument("--verify", type=int, default=d.verify,
-                   help="path patch this many top edges and as many random ones exactly (default %(default)s; 0: none)")
-    p.add_argument("--top", type=positive_int, default=d.top, help="edges in the figure and summary (default %(default)s)")
-    p.add_argument("--receivers", default=None, help="path patch every earlier head into these, e.g. 18.6:k,17.3:k,logits")
-    p.add_argument("--qk-head", default=None, help="explain this head's attention by QK attribution, e.g. 18.6")
-    p.add_argument("--no-bos", dest="prepend_bos", action="store_false", help="do not put BOS in front of the prompts")
-    options.add_seed_option(p, d.seed)
+    settings.add_flags(p, CircuitConfig, only=("n_seqs", "period", "method", "steps", "verify", "top", "receivers", "qk_head"),
+                       helps={"period": "tokens per copy (default %(default)s)"})
+    settings.add_flags(p, CircuitConfig, only=("prepend_bos", "seed"), helps={"prepend_bos": "do not put BOS in front of the prompts"})
 
 
 def main(args: argparse.Namespace) -> int:
-    config = CircuitConfig(model=args.model, n_seqs=args.n_seqs, period=args.period, seed=args.seed, method=args.method,
-                           steps=args.steps, verify=args.verify, top=args.top, receivers=args.receivers, qk_head=args.qk_head,
-                           device=args.device, dtype=args.dtype, backend=args.backend, prepend_bos=args.prepend_bos,
-                           device_map=args.device_map, max_memory=args.max_memory)
-    return options.run_command(args, config, options.Run("headprobe.commands.circuit", wrote=_wrote))
+    return options.run_command(args, settings.from_args(CircuitConfig, args), options.Run("headprobe.commands.circuit", wrote=_wrote))
 
 
 def _wrote(paths: list, out: Path) -> str:

@@ -35,12 +35,13 @@ import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from headprobe import options
+from headprobe import options, settings
 from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.settings import DataSettings, ModelSettings, setting, shared
 
 HELP = "head-level KV-cache policy: which KV groups keep a full cache, measured causally against uniform and random"
 
@@ -69,13 +70,19 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class KVConfig:
-    """Settings of ``headprobe kv``.
+class KVConfig(ModelSettings):
+    """Settings of ``headprobe kv``: the shared :class:`~headprobe.settings.ModelSettings` (how the
+    model is loaded, :func:`headprobe.options.load_model_as`) composed, the natural-text settings of
+    :class:`~headprobe.settings.DataSettings` it uses (``text``, ``seq_len``, ``n_natural``,
+    ``seed``, declared there: :func:`~headprobe.settings.shared`; it has no repeated-token set), and
+    its own. Every field's help is its flag's.
 
     Attributes:
         model: model name or path (the native backend: policies mask its attention per KV group).
-        seq_len: tokens per sequence of both tasks (natural text and long-range).
-        n_natural: natural-text windows. text: a UTF-8 file instead of CPython's pydoc_data.topics.
+        device_map, max_memory: refused (not ``--device-map``: the per-group masks and the
+            streaming cache are checked on one device only); ``prepend_bos`` takes no flag (always true).
+        text: a UTF-8 file instead of CPython's pydoc_data.topics.
+        seq_len: tokens per sequence of both tasks (natural text and long-range). n_natural: natural-text windows.
         distances: long-range task: tokens from the planted block to its repeat (None: 1/4, 1/2,
             3/4 of the room and the farthest that fits). block_len: the planted block's tokens.
         n_per_distance: long-range sequences per distance.
@@ -88,29 +95,35 @@ class KVConfig:
             planted block from its repeat; max over a group's heads) or ``measured`` (one group streaming at a time).
         n_random: random policies per budget (seeds seed .. seed + n_random - 1).
         seed: seeds the text windows, the random tokens and the random policies.
-        device, dtype, backend: how the model is loaded (:func:`headprobe.options.load_model_as`).
     """
 
-    model: str = options.DEFAULT_MODEL
-    seq_len: int = 1024
-    n_natural: int = 1
-    text: str | None = None
-    distances: tuple[int, ...] | None = None
-    block_len: int = 16
-    n_per_distance: int = 1
-    sink: int = 4
-    window: int | None = None
-    kv_budget: float = 0.5
-    loss_tolerance: float | None = None
-    budgets: tuple[float, ...] = DEFAULT_BUDGETS
-    method: str = "retrieval"
-    n_random: int = 3
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "float32"
-    backend: str = "auto"
+    text: str | None = shared(DataSettings, "text")
+    seq_len: int = shared(DataSettings, "seq_len", 1024)
+    n_natural: int = shared(DataSettings, "n_natural", 1)
+    distances: tuple[int, ...] | None = setting(
+        None, "long-range task: tokens from the planted block to its repeat (default: 1/4, 1/2, 3/4 of the "
+        "sequence and the farthest that fits)", type=_ints, metavar="D,...")
+    block_len: int = setting(16, "planted block length (default %(default)s)", type=positive_int)
+    n_per_distance: int = setting(1, "long-range sequences per distance (default %(default)s)", type=positive_int)
+    sink: int = setting(4, "attention-sink positions a streaming group keeps (default %(default)s)", type=int)
+    window: int | None = setting(None, "recent positions a streaming group keeps (default seq-len / 8)", type=positive_int)
+    kv_budget: float = setting(0.5, "the policy's KV cache as a fraction of the full cache (default %(default)s)", type=float)
+    loss_tolerance: float | None = setting(
+        None, "instead: the most natural-text loss increase (nats/token); the fewest full groups that meet it", type=float)
+    budgets: tuple[float, ...] = setting(DEFAULT_BUDGETS, "KV fractions of the curve (default 0.25,0.5,0.75; --kv-budget is added)",
+                                         type=_fractions, metavar="B,...")
+    method: str = setting("retrieval", "group costs: retrieval (default: attention on the planted block's first occurrence "
+                          "from its repeat, max over a group's heads), estimate (attention mass outside sink + window, mean "
+                          "over a group's heads) or measured (one group streaming at a time, a forward pass per group)",
+                          choices=METHODS)
+    n_random: int = setting(3, "random policies per budget (default %(default)s)", type=positive_int)
+    seed: int = shared(DataSettings, "seed")
 
     def __post_init__(self):
+        super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
+        if self.device_map is not None:
+            raise HeadprobeError("headprobe kv runs on one device: its per-KV-group masks and streaming cache are not "
+                                 "checked on a model split by a device map (leave device_map and max_memory unset)")
         if self.method not in METHODS:
             raise HeadprobeError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if not 0 < self.kv_budget <= 1:
@@ -340,54 +353,27 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
                     seconds=time.perf_counter() - t0)
 
 
-def kv(model: str | LoadedModel = "smollm2-135m", *, progress: bool = False, **config_fields) -> KVResult:
-    """``headprobe kv`` as a function: ``model`` a name/path (loaded as ``config_fields`` ask) or a
-    loaded model; ``config_fields`` the :class:`KVConfig` fields.
-
-    Raises:
-        HeadprobeError: as :func:`run`, or bad settings. TypeError: an unknown field.
-    """
-    config, loaded, _ = options.config_and_model(KVConfig, model, config_fields)
-    return run(loaded, config, progress=progress)
+kv = options.command_function(
+    KVConfig, run, "kv", "A head-level KV-cache policy, chosen from the heads and measured causally",
+    '``seq_len=1024``, ``kv_budget=0.5``')
+"""``headprobe kv`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = KVConfig()
-    options.add_model_options(p, device_map=False)
+    # No --device-map/--max-memory (the config refuses a device map: the per-group masks and the
+    # streaming cache are checked on one device only) and no --no-bos (as ablate and prune).
+    settings.add_flags(p, KVConfig, group=ModelSettings, skip=("prepend_bos", "device_map", "max_memory"))
     options.add_output_options(p)
-    options.add_text_option(p)
-    p.add_argument("--seq-len", type=positive_int, default=d.seq_len, help="tokens per sequence (default %(default)s)")
-    p.add_argument("--n-natural", type=positive_int, default=d.n_natural, help="natural-text windows (default %(default)s)")
-    p.add_argument("--distances", type=_ints, default=None, metavar="D,...",
-                   help="long-range task: tokens from the planted block to its repeat (default: 1/4, 1/2, 3/4 of the "
-                        "sequence and the farthest that fits)")
-    p.add_argument("--block-len", type=positive_int, default=d.block_len, help="planted block length (default %(default)s)")
-    p.add_argument("--n-per-distance", type=positive_int, default=d.n_per_distance,
-                   help="long-range sequences per distance (default %(default)s)")
-    p.add_argument("--sink", type=int, default=d.sink, help="attention-sink positions a streaming group keeps (default %(default)s)")
-    p.add_argument("--window", type=positive_int, default=None, help="recent positions a streaming group keeps (default seq-len / 8)")
-    target = p.add_mutually_exclusive_group()
-    target.add_argument("--kv-budget", type=float, default=d.kv_budget,
-                        help="the policy's KV cache as a fraction of the full cache (default %(default)s)")
-    target.add_argument("--loss-tolerance", type=float, default=None,
-                        help="instead: the most natural-text loss increase (nats/token); the fewest full groups that meet it")
-    p.add_argument("--budgets", type=_fractions, default=d.budgets, metavar="B,...",
-                   help="KV fractions of the curve (default 0.25,0.5,0.75; --kv-budget is added)")
-    p.add_argument("--method", choices=METHODS, default=d.method,
-                   help="group costs: retrieval (default: attention on the planted block's first occurrence from its "
-                        "repeat, max over a group's heads), estimate (attention mass outside sink + window, mean over a "
-                        "group's heads) or measured (one group streaming at a time, a forward pass per group)")
-    p.add_argument("--n-random", type=positive_int, default=d.n_random, help="random policies per budget (default %(default)s)")
-    options.add_seed_option(p, d.seed)
+    settings.add_flags(p, KVConfig, only=("text", "seq_len", "n_natural"),
+                       helps={"seq_len": "tokens per sequence (default %(default)s)",
+                              "n_natural": "natural-text windows (default %(default)s)"})
+    settings.add_flags(p, KVConfig, only=("distances", "block_len", "n_per_distance", "sink", "window"))
+    settings.add_flags(p.add_mutually_exclusive_group(), KVConfig, only=("kv_budget", "loss_tolerance"))
+    settings.add_flags(p, KVConfig, only=("budgets", "method", "n_random", "seed"))
 
 
 def main(args: argparse.Namespace) -> int:
-    config = KVConfig(model=args.model, seq_len=args.seq_len, n_natural=args.n_natural, text=args.text,
-                      distances=args.distances, block_len=args.block_len, n_per_distance=args.n_per_distance,
-                      sink=args.sink, window=args.window, kv_budget=args.kv_budget, loss_tolerance=args.loss_tolerance,
-                      budgets=args.budgets, method=args.method, n_random=args.n_random, seed=args.seed,
-                      device=args.device, dtype=args.dtype, backend=args.backend)
-    return options.run_command(args, config, options.Run("headprobe.commands.kv", wrote=_wrote))
+    return options.run_command(args, settings.from_args(KVConfig, args), options.Run("headprobe.commands.kv", wrote=_wrote))
 
 
 def _wrote(paths: list, out: Path) -> str:

@@ -309,15 +309,10 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
                                    "self_check": model.self_check.to_dict()})
 
 
-def patch(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **config_fields) -> PatchResult:
-    """``headprobe patch`` as a function: ``model`` a name/path (loaded as ``config_fields`` ask) or a
-    loaded model; ``config_fields`` the :class:`PatchConfig` fields.
-
-    Raises:
-        HeadprobeError: as :func:`run`, or bad settings. TypeError: an unknown field.
-    """
-    config, loaded, _ = options.config_and_model(PatchConfig, model, config_fields)
-    return run(loaded, config, progress=progress)
+patch = options.command_function(
+    PatchConfig, run, "patch", "Per-head activation patching from a corrupted into a clean prompt, scored by a logit difference",
+    '``n_prompts=24``, ``site="v"``')
+"""``headprobe patch`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

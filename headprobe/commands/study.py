@@ -40,7 +40,8 @@ import pandas as pd
 from headprobe.commands import Command
 from headprobe.analyses import figures
 from headprobe.analyses.train import INDUCTION_FORMED, N_CHARS, TrainConfig, train as train_model, training_tokenizer
-from headprobe.options import DEVICES, add_output_options
+from headprobe.options import add_output_options
+from headprobe.settings import ModelSettings, add_flags
 from headprobe.probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import package_versions, prepare_output_dir
@@ -335,7 +336,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", default=",".join(map(str, d.ranks)), help="layouts: MLA latent ranks (default %(default)s)")
     p.add_argument("--rope", type=int, default=d.rope, help="layouts: MLA decoupled rotary width (default %(default)s; 4 gives the shared rotary key only 2 frequencies and no previous-token head formed within the default steps)")
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between evaluations (default %(default)s)")
-    p.add_argument("--device", default=d.device, choices=DEVICES, help="auto: cuda when a GPU is present, else cpu; trains and scores in float32 (no --dtype)")
+    add_flags(p, ModelSettings, only=("device",), defaults={"device": d.device},
+              helps={"device": "auto: cuda when a GPU is present, else cpu; trains and scores in float32 (no --dtype)"})
 
 
 def _ints(text: str, name: str) -> tuple[int, ...]:

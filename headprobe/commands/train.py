@@ -38,7 +38,8 @@ from headprobe.analyses import figures
 from headprobe.analyses.train import (
     CORPORA, INDUCTION_FORMED, TrainConfig, TrainRun, phase_change_step, train as train_model, training_tokenizer,
 )
-from headprobe.options import DEVICES, add_output_options, add_seed_option
+from headprobe.options import add_output_options, add_seed_option
+from headprobe.settings import ModelSettings, add_flags
 from headprobe.probe.checkpoint import NATIVE_WEIGHTS, save_native_state
 from headprobe.probe.hooks import format_head
 from headprobe.probe.io import package_versions, prepare_output_dir
@@ -220,7 +221,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also save the weights at step 0 and every N steps as checkpoints/step-NNNNNN/ "
                         "(for headprobe atlas --checkpoints; default 0: only the final model)")
     add_seed_option(p, d.seed)
-    p.add_argument("--device", default=d.device, choices=DEVICES, help="auto: cuda when a GPU is present, else cpu; trains in float32 (no --dtype: small models train in full precision)")
+    add_flags(p, ModelSettings, only=("device",), defaults={"device": d.device}, helps={
+        "device": "auto: cuda when a GPU is present, else cpu; trains in float32 (no --dtype: small models train in full precision)"})
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -14,14 +14,16 @@ circuit`` run's section (its figure, top edges, path-patching sweeps, QK attribu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from headprobe.commands import Command
-from headprobe import options
+from headprobe import options, settings
 from headprobe.probe.errors import HeadprobeError
+from headprobe.settings import ModelSettings
 
 HELP = "write DIR/index.html: an interactive, offline page of a scan's (or ablate run's) head scores and patterns"
 
@@ -29,8 +31,9 @@ SCORES, ABLATION, PATTERNS, SUMMARY, PAGE = "head_scores.csv", "head_ablation.cs
 
 
 @dataclass(frozen=True)
-class ViewConfig:
-    """Settings of ``headprobe view``.
+class ViewConfig(ModelSettings):
+    """Settings of ``headprobe view``: the shared :class:`~headprobe.settings.ModelSettings` (how
+    ``model`` is loaded where one is, :func:`headprobe.options.load_model_as`) composed, and the view's own.
 
     Attributes:
         dir: a directory written by ``headprobe scan`` or ``headprobe ablate``; index.html goes there.
@@ -38,18 +41,27 @@ class ViewConfig:
         circuit: a ``headprobe circuit`` output directory (summary.json, circuit.svg or .png) of
             the same model, shown in a section of its own.
         model: compute patterns.npz with this model when DIR (a scan) has none; None: never load a model.
+        prepend_bos: not view's to set (no flag): the patterns are computed with the scan's BOS
+            setting (its summary.json); False is refused.
         pattern_len: tokens per example when computing patterns (>= 2).
-        device, dtype, backend: how ``model`` is loaded (see :func:`headprobe.options.load_model_as`).
+
+    Raises:
+        HeadprobeError: a bad shared setting, ``prepend_bos`` False or ``pattern_len`` below 2.
     """
 
-    dir: str
+    dir: str = field(kw_only=True)  # required: keyword-only, as it follows the group's defaulted fields
     ablation: str | None = None
     circuit: str | None = None
     model: str | None = None
     pattern_len: int = 128
-    device: str = "auto"
-    dtype: str = "float32"
-    backend: str = "auto"
+
+    def __post_init__(self):
+        super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
+        if not self.prepend_bos:
+            raise HeadprobeError("headprobe view computes patterns with the scan's own BOS setting (its summary.json); "
+                                 "prepend_bos is not view's to change")
+        if self.pattern_len < 2:
+            raise HeadprobeError(f"--pattern-len must be at least 2, got {self.pattern_len}")
 
 
 def _read_dir(d: Path) -> dict:
@@ -105,8 +117,7 @@ def compute_patterns(cfg: ViewConfig, summary: dict | None, path: Path) -> None:
         raise HeadprobeError(f"--model needs the scan's {SUMMARY} (its token settings); {path.parent} has none")
     if summary.get("model") and cfg.model.lower() != str(summary["model"]).lower() and cfg.model != sc.get("model"):
         raise HeadprobeError(f"{path.parent} is a scan of {summary['model']}, not of {cfg.model}")
-    model = options.load_model_as(cfg.model, device=cfg.device, dtype=cfg.dtype, backend=cfg.backend,
-                                  prepend_bos=sc.get("prepend_bos", True))
+    model = options.load_for(dataclasses.replace(cfg, prepend_bos=sc.get("prepend_bos", True)))
     text = open_text_file(sc["text"]) if sc.get("text") else None
     natural = natural_text_tokens(model, sc["n_natural"], sc["seq_len"], sc["seed"], text,
                                   source=str(sc["text"]) if sc.get("text") else None)
@@ -160,7 +171,8 @@ def view(dir: str | Path, *, ablation: str | Path | None = None, model: str | No
         ablation: an ablate run's directory, merged into the table and maps.
         circuit: a ``headprobe circuit`` run's directory, shown in a section of its own.
         model: compute patterns.npz with this model where ``dir`` (a scan) has none.
-        **load: ``pattern_len``, ``device``, ``dtype``, ``backend`` (see :class:`ViewConfig`).
+        **load: ``pattern_len`` and how ``model`` is loaded: ``device``, ``dtype``, ``backend``,
+            ``device_map``, ``max_memory`` (see :class:`ViewConfig`).
 
     Raises:
         HeadprobeError: as :func:`run`.
@@ -176,9 +188,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an ablate run's directory: add its per-head loss increases to the table and maps")
     p.add_argument("--circuit", metavar="DIR3", default=None,
                    help="a headprobe circuit run's directory: add its figure, top edges and path patching as a section")
-    options.add_model_options(p, default_model=None, device_map=False)
-    next(a for a in p._actions if a.dest == "model").help = (
-        "compute patterns.npz with this model (e.g. smollm2-135m) when DIR, a scan, has none; default: load no model")
+    settings.add_flags(p, ViewConfig, group=ModelSettings, skip=("prepend_bos",), helps={  # BOS: the scan's
+        "model": "compute patterns.npz with this model (e.g. smollm2-135m) when DIR, a scan, has none; default: load no model"})
     p.add_argument("--pattern-len", type=options.positive_int, default=128,
                    help="with --model: tokens per example in the computed patterns.npz (default %(default)s)")
     p.epilog = ("--model NAME computes patterns.npz when DIR (a scan) has none; without it no model is loaded")
@@ -186,11 +197,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """``headprobe view``: flags -> config -> run -> print the page's path."""
-    if args.pattern_len < 2:
-        raise HeadprobeError(f"--pattern-len must be at least 2, got {args.pattern_len}")
-    cfg = ViewConfig(dir=args.dir, ablation=args.ablation, circuit=args.circuit, model=args.model, pattern_len=args.pattern_len,
-                     device=args.device, dtype=args.dtype, backend=args.backend)
-    path = run(cfg)
+    path = run(settings.from_args(ViewConfig, args))
     size = path.stat().st_size
     print(f"wrote {path} ({size / 1e6:.1f} MB); open it in a browser (works offline, from file://)")
     return 0

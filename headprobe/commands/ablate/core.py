@@ -486,19 +486,7 @@ def _mark_removed(table: pd.DataFrame, spec) -> pd.DataFrame:
 
 
 
-def ablate(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **config_fields) -> AblateResult:
-    """Every head's single-head ablation effect: ``headprobe ablate`` as a function (no checkpoint).
-
-    Args:
-        model: a model name or path (loaded as ``config_fields`` ask, after :meth:`AblateConfig.preflight`),
-            or a :class:`~headprobe.probe.loading.LoadedModel` (used as given).
-        progress: show progress bars.
-        **config_fields: any :class:`AblateConfig` field but ``model`` (e.g. ``kind="mean"``, ``heads="5.1,7.3"``).
-
-    Raises:
-        HeadprobeError: bad settings (before anything loads), or as :func:`run`.
-    """
-    config, loaded, load_s = options.config_and_model(AblateConfig, model, config_fields)
-    result = run(loaded, config, progress=progress)
-    result.load_s = load_s
-    return result
+ablate = options.command_function(
+    AblateConfig, run, "ablate", "Every head's single-head ablation effect (no checkpoint)",
+    '``kind="mean"``, ``heads="5.1,7.3"``')
+"""``headprobe ablate`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""

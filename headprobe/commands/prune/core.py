@@ -298,19 +298,7 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
                        getattr(model, "tokenizer", None), time.perf_counter() - t_start, method_s=method_s)
 
 
-def prune(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **config_fields) -> PruneResult:
-    """Pruning methods compared on one curve: ``headprobe prune`` as a function (no checkpoint).
-
-    Args:
-        model: a model name or path (loaded as ``config_fields`` ask), or a
-            :class:`~headprobe.probe.loading.LoadedModel` (used as given).
-        progress: show progress bars.
-        **config_fields: any :class:`PruneConfig` field but ``model`` (e.g. ``step_fraction=0.25``).
-
-    Raises:
-        HeadprobeError: bad settings (before anything loads), or as :func:`run`.
-    """
-    config, loaded, load_s = options.config_and_model(PruneConfig, model, config_fields)
-    result = run(loaded, config, progress=progress)
-    result.load_s = load_s
-    return result
+prune = options.command_function(
+    PruneConfig, run, "prune", "Pruning methods compared on one curve (no checkpoint)",
+    '``step_fraction=0.25``')
+"""``headprobe prune`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""

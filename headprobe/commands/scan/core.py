@@ -308,26 +308,10 @@ def unknown_share(model: LoadedModel, tokens: TokenSet) -> float:
 
 
 
-def scan(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **config_fields) -> ScanResult:
-    """Score, verify and draw the heads of ``model``: ``headprobe scan`` as a function.
-
-    Args:
-        model: a model name or path (loaded as ``config_fields`` ask), or a
-            :class:`~headprobe.probe.loading.LoadedModel` (used as given).
-        progress: show progress bars.
-        **config_fields: any :class:`ScanConfig` field but ``model`` (e.g. ``types=("induction",)``, ``k=5``).
-
-    Returns:
-        :class:`ScanResult`; ``result.table`` is head_scores.csv, ``result.save(out)`` writes the CLI's files.
-
-    Raises:
-        HeadprobeError: bad settings (before anything loads), or as :func:`run`.
-        TypeError: an unknown config field.
-    """
-    config, loaded, load_s = options.config_and_model(ScanConfig, model, config_fields)
-    result = run(loaded, config, progress=progress)
-    result.timings["load_s"] = load_s
-    return result
+scan = options.command_function(
+    ScanConfig, run, "scan", "Score, verify and draw the heads of ``model``",
+    '``types=("induction",)``, ``k=5``')
+"""``headprobe scan`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 
 def run_scan(cfg: ScanConfig, model: LoadedModel | None=None, progress: bool = True) -> ScanResult:

@@ -1,0 +1,129 @@
+"""The settings groups as the commands compose them: ``settings.shared`` fields (kv, circuit), the
+one maker of the commands' Python functions (``options.command_function``), and the model settings
+that view and atlas now take. No model is loaded."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import inspect
+import types
+
+import pytest
+
+import headprobe
+from headprobe import options, settings
+from headprobe.cli import build_parser, main
+from headprobe.probe.errors import HeadprobeError
+from headprobe.settings import DataSettings, ModelSettings
+
+
+def _flag(parser: argparse.ArgumentParser, dest: str) -> argparse.Action:
+    return next(a for a in parser._actions if a.dest == dest)
+
+
+@pytest.mark.parametrize("command, name, default", [("kv", "seq_len", 1024), ("kv", "n_natural", 1), ("kv", "seed", 0),
+                                                    ("circuit", "period", 12), ("circuit", "seed", 0)])
+def test_a_shared_field_is_the_groups_flag_with_the_commands_default(command, name, default):
+    """The flag a command makes from its ``shared`` field has the group's type and option string,
+    the command's default; the group's own parser is the reference."""
+    group = argparse.ArgumentParser()
+    settings.add_flags(group, DataSettings, only=(name,))
+    sub = next(a for a in build_parser(command)._actions if isinstance(a, argparse._SubParsersAction))
+    mine, theirs = _flag(sub.choices[command], name), _flag(group, name)
+    assert mine.option_strings == theirs.option_strings and mine.type is theirs.type and mine.default == default
+
+
+def test_shared_fields_are_checked_as_the_groups_are():
+    from headprobe.commands.circuit import CircuitConfig
+    from headprobe.commands.kv import KVConfig
+
+    with pytest.raises(HeadprobeError, match="--n-natural must be at least 1"):
+        KVConfig(n_natural=0)
+    with pytest.raises(HeadprobeError, match="--period 1 is too short"):
+        CircuitConfig(period=1)
+    assert KVConfig(dtype="bf16").dtype == "bfloat16"  # ModelSettings' normalisation, which kv lacked
+    assert "n_repeated" not in {f.name for f in dataclasses.fields(KVConfig)}  # only the fields it uses
+
+
+def test_kv_refuses_a_device_map_and_has_no_flag_for_it(capsys):
+    from headprobe.commands.kv import KVConfig
+
+    with pytest.raises(HeadprobeError, match="runs on one device"):
+        KVConfig(device_map="auto")
+    with pytest.raises(HeadprobeError, match="runs on one device"):
+        headprobe.kv("smollm2-135m", device_map="sequential")  # before anything loads
+    assert main(["kv", "--out", "x", "--device-map", "auto"]) == 2
+    assert "unrecognized arguments: --device-map" in capsys.readouterr().err
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config(ModelSettings):
+    width: int = 3
+
+    def preflight(self):
+        pass
+
+
+@dataclasses.dataclass
+class _Result:
+    config: _Config
+    progress: bool
+    load_s: float = -1.0
+
+
+def _run(model, config: _Config, progress: bool = True) -> _Result:
+    return _Result(config, progress)
+
+
+def test_command_function_builds_the_config_and_runs_on_a_given_model():
+    fn = options.command_function(_Config, _run, "hello", "Say hello", "``width=4``")
+    model = types.SimpleNamespace(spec=types.SimpleNamespace(name="tiny"))
+    result = fn(model, width=5, progress=True)
+    assert result.config == _Config(model="tiny", width=5) and result.progress is True and result.load_s == 0.0
+    with pytest.raises(TypeError, match=r"hello\(\) got an unknown setting 'widht'; did you mean width\?"):
+        fn(model, widht=5)
+    with pytest.raises(HeadprobeError, match="--device-map"):
+        fn(model, device="cuda", device_map="auto")
+
+
+@pytest.mark.parametrize("name, config", [("scan", "ScanConfig"), ("ablate", "AblateConfig"), ("prune", "PruneConfig"),
+                                          ("patch", "PatchConfig"), ("kv", "KVConfig"), ("circuit", "CircuitConfig")])
+def test_each_commands_function_lists_its_configs_fields(name, config):
+    fn = getattr(headprobe, name)
+    cls = getattr(importlib.import_module(fn.__module__), config)
+    params = inspect.signature(fn).parameters
+    want = {f.name: f.default for f in dataclasses.fields(cls) if f.name != "model"}
+    assert list(params)[:2] == ["model", "progress"] and params["model"].default == settings.DEFAULT_MODEL
+    assert {k: p.default for k, p in list(params.items())[2:]} == want
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in list(params.values())[1:])
+    assert fn.__name__ == name and f"headprobe {name}" in fn.__doc__ and config in fn.__doc__ and "HeadprobeError" in fn.__doc__
+
+
+def test_atlas_hands_its_model_settings_to_every_models_scan():
+    from headprobe.commands.atlas import AtlasConfig
+
+    cfg = AtlasConfig(models="a,b", device_map="sequential", max_memory="cpu=1GB", dtype="bf16", backend="native")
+    scan = cfg.scan_config("a")
+    for f in dataclasses.fields(ModelSettings):
+        assert getattr(scan, f.name) == ("a" if f.name == "model" else getattr(cfg, f.name)), f.name
+    with pytest.raises(HeadprobeError, match="takes --models"):
+        AtlasConfig(model="gpt2")
+    args = build_parser("atlas").parse_args(["atlas", "--out", "x", "--device-map", "auto", "--max-memory", "cpu=2GiB"])
+    assert settings.from_args(AtlasConfig, args).scan_config("m").max_memory == "cpu=2GiB"
+
+
+def test_view_takes_the_model_settings_and_checks_its_own(tmp_path):
+    from headprobe.commands.view import ViewConfig
+
+    args = build_parser("view").parse_args(["view", str(tmp_path), "--model", "m", "--device-map", "auto"])
+    cfg = settings.from_args(ViewConfig, args)
+    assert (cfg.dir, cfg.model, cfg.device_map, cfg.prepend_bos) == (str(tmp_path), "m", "auto", True)
+    assert ViewConfig(dir="d").model is None  # no model unless asked
+    with pytest.raises(HeadprobeError, match="--pattern-len must be at least 2"):
+        ViewConfig(dir="d", pattern_len=1)
+    with pytest.raises(HeadprobeError, match="BOS setting"):
+        ViewConfig(dir="d", prepend_bos=False)
+    with pytest.raises(HeadprobeError, match="--max-memory needs --device-map"):
+        ViewConfig(dir="d", max_memory="cpu=1GB")
