@@ -2,7 +2,7 @@
 a refactor of the commands (settings, runner, writer, registry) must leave them equal.
 
 ``run DIR`` runs every command (scan, ablate, ablate --estimate, prune, patch, show, view,
-atlas, train, study, budget) through ``python -m headprobe`` -- only the command line, so it runs
+atlas, train, study, budget, kv, circuit) through ``python -m headprobe`` -- only the command line, so it runs
 unchanged on a commit before or after a refactor -- on tiny seeded random-init checkpoints of
 tests/zoo.py (Llama with GQA, GPT-2), with fixed seeds, PNG figures only, on the CPU, into
 ``DIR/<command>/`` (stdout and the exit status in ``DIR/<command>.log``). ``diff A B`` compares
@@ -85,6 +85,10 @@ def commands(m: dict[str, Path], out: Path) -> dict[str, list[str]]:
         "study": ["study", "heads", "--steps", "2", "--eval-every", "2", "--seeds", "0", "--d-model", "16",
                   "--n-heads-list", "1,2", "--device", "cpu", "--out", str(out / "study")],
         "budget": ["budget", "--model", llama, "--seq-len", "64", "--json"],
+        "kv": ["kv", "--model", llama, "--text", text, "--seq-len", "64", "--block-len", "4", "--sink", "2", "--window", "8",
+               "--budgets", "0.5", "--n-random", "2", "--device", "cpu", "--out", str(out / "kv")],
+        "circuit": ["circuit", "--model", llama, "--n-seqs", "2", "--period", "6", "--steps", "2", "--verify", "6",
+                    "--receivers", "1.0:k,logits", "--qk-head", "1.3", "--device", "cpu", "--out", str(out / "circuit")],
     }
 
 
