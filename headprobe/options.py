@@ -209,6 +209,23 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict):
     return config_cls(model=model.spec.name, **config_fields), model, 0.0
 
 
+def run_function(config_cls, run, model: str | LoadedModel, config_fields: dict, progress: bool = False):
+    """The body of a command's Python function (``headprobe.ablate(model, **fields)``, ...):
+    :func:`config_and_model`, then ``run(loaded, config, progress=progress)``; the seconds spent
+    loading go to the result's ``load_s`` where it has one (as :func:`run_command` records them).
+    Returns the result.
+
+    Raises:
+        HeadprobeError: bad settings (before anything loads), or as ``run``.
+        TypeError: a field ``config_cls`` does not have.
+    """
+    config, loaded, load_s = config_and_model(config_cls, model, config_fields)
+    result = run(loaded, config, progress=progress)
+    if hasattr(result, "load_s"):  # recorded in its summary.json's timings
+        result.load_s = load_s
+    return result
+
+
 def check_fields(config_cls, config_fields: dict) -> None:
     """Raise ``TypeError`` naming the command's function (``scan()``, not ``ScanConfig``), the
     unknown setting and the nearest valid one, for a keyword ``config_cls`` does not have."""

@@ -347,8 +347,7 @@ def kv(model: str | LoadedModel = "smollm2-135m", *, progress: bool = False, **c
     Raises:
         HeadprobeError: as :func:`run`, or bad settings. TypeError: an unknown field.
     """
-    config, loaded, _ = options.config_and_model(KVConfig, model, config_fields)
-    return run(loaded, config, progress=progress)
+    return options.run_function(KVConfig, run, model, config_fields, progress)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

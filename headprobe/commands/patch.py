@@ -316,8 +316,7 @@ def patch(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **
     Raises:
         HeadprobeError: as :func:`run`, or bad settings. TypeError: an unknown field.
     """
-    config, loaded, _ = options.config_and_model(PatchConfig, model, config_fields)
-    return run(loaded, config, progress=progress)
+    return options.run_function(PatchConfig, run, model, config_fields, progress)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -500,7 +500,4 @@ def ablate(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, *
     Raises:
         HeadprobeError: bad settings (before anything loads), or as :func:`run`.
     """
-    config, loaded, load_s = options.config_and_model(AblateConfig, model, config_fields)
-    result = run(loaded, config, progress=progress)
-    result.load_s = load_s
-    return result
+    return options.run_function(AblateConfig, run, model, config_fields, progress)

@@ -319,7 +319,4 @@ def prune(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **
     Raises:
         HeadprobeError: bad settings (before anything loads), or as :func:`run`.
     """
-    config, loaded, load_s = options.config_and_model(PruneConfig, model, config_fields)
-    result = run(loaded, config, progress=progress)
-    result.load_s = load_s
-    return result
+    return options.run_function(PruneConfig, run, model, config_fields, progress)

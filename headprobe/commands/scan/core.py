@@ -324,10 +324,7 @@ def scan(model: str | LoadedModel="smollm2-135m", *, progress: bool = False, **c
         HeadprobeError: bad settings (before anything loads), or as :func:`run`.
         TypeError: an unknown config field.
     """
-    config, loaded, load_s = options.config_and_model(ScanConfig, model, config_fields)
-    result = run(loaded, config, progress=progress)
-    result.timings["load_s"] = load_s
-    return result
+    return options.run_function(ScanConfig, run, model, config_fields, progress)
 
 
 def run_scan(cfg: ScanConfig, model: LoadedModel | None=None, progress: bool = True) -> ScanResult:
