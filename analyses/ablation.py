@@ -164,7 +164,7 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
                         score: Any = None,
                         source_tokens: Int[Tensor, "batch pos"] | None = None,
                         attention_mask: Int[Tensor, "batch pos"] | None = None,
-                        clean: "CleanResiduals | None" = None) -> Float[Tensor, "n_sets batch"]:
+                        clean: "CleanActivations | None" = None) -> Float[Tensor, "n_sets batch"]:
     """Per-sequence scored loss (nats/token) with each of ``head_sets`` ablated, one set at a time.
 
     Several sets share a forward pass along the batch axis (``tokens`` repeated once per set;
@@ -217,7 +217,8 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
               for hs in head_sets]
     for start in sorted(set(starts)):  # sets that start at one layer share passes
         idx = [i for i, s in enumerate(starts) if s == start]
-        pre = clean.at(start) if start else None
+        kept = clean.at(start) if start else None  # (resid_pre,), or None: not kept
+        pre = kept[0] if kept else None
         for lo in range(0, len(idx), per_pass):
             sel = idx[lo:lo + per_pass]
             chunk = masks[sel].to(model.device)  # [m, layer, head]
@@ -231,36 +232,6 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
             bar.update(m)
     bar.close()
     return out
-
-
-class CleanResiduals:
-    """The clean residual stream entering chosen layers of ``tokens`` (``[batch, pos, d_model]``
-    each), recorded by one clean forward when first asked: where :func:`set_ablation_losses` starts
-    each set's forwards. Layers whose residuals would pass :data:`STORED_ACTIVATION_BYTES`
-    (float32) are left out (``at`` gives None: those sets run whole forwards)."""
-
-    def __init__(self, model: LoadedModel, tokens: Int[Tensor, "batch pos"], layers: Iterable[int]):
-        B, T = tokens.shape
-        fit = max(0, STORED_ACTIVATION_BYTES // max(1, B * T * model.spec.d_model * 4))
-        self.backend, self.tokens = model, tokens
-        self.layers = sorted({layer for layer in layers if layer > 0}, reverse=True)[:fit]  # the deepest save most
-        self.pre: dict[int, Tensor] | None = None
-
-    def at(self, layer: int) -> Tensor | None:
-        """Layer ``layer``'s clean ``resid_pre`` ``[batch, pos, d_model]``, or None if not kept."""
-        if layer not in self.layers:
-            return None
-        if self.pre is None:
-            self.pre = {}
-
-            def save(layer: int):
-                def hook(x: Tensor, hook: Any) -> None:
-                    self.pre[layer] = x.detach().clone()
-                return hook
-            with torch.inference_mode():
-                self.backend.scored_losses(self.tokens.to(self.backend.device), 0,
-                                           [(f"blocks.{layer}.hook_resid_pre", save(layer)) for layer in self.layers])
-        return self.pre[layer]
 
 
 def masked_scored_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int, fwd_hooks: Sequence = (),
@@ -515,36 +486,65 @@ beyond that it records the swept layers in chunks, one clean pass per chunk."""
 
 
 class _CleanPrefixDone(Exception):
-    """Raised by :class:`_CleanActivations`' last recording hook of a chunk to end that clean pass early."""
+    """Raised by :class:`CleanActivations`' last recording hook of a chunk to end that clean pass early."""
 
 
-class _CleanActivations:
-    """The clean ``resid_pre``, ``z`` and raw attention output of the swept layers (for
-    :func:`exact_sweep`), recorded a chunk of layers at a time: only one chunk's activations
-    (each layer's ~3 x batch x pos x d_model values) are alive at once, at most
-    :data:`STORED_ACTIVATION_BYTES`, so memory stays flat in ``n_layers``. The first chunk is
-    recorded with the clean loss (:attr:`clean_loss`); each later one costs a clean pass up to its
-    last layer, made when :meth:`at` first asks for one of its layers."""
+CLEAN_PARTS = ("resid_pre", "z", "attn_out")
+"""What :class:`CleanActivations` can record of a layer: the residual stream entering it
+``[batch, pos, d_model]``, its heads' ``z`` ``[batch, pos, head, d_head]``, its raw attention output
+``[batch, pos, d_model]``."""
 
-    def __init__(self, model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int, layers: Sequence[int]):
-        self.backend, self.tokens, self.first = model, tokens, first
+
+class CleanActivations:
+    """Clean activations of ``tokens`` at chosen layers (``parts``, a subset of :data:`CLEAN_PARTS`),
+    recorded by clean forwards when first asked, never more than :data:`STORED_ACTIVATION_BYTES`
+    (float32) of them alive at once. The one recorder of clean activations: :func:`exact_sweep`
+    resumes each ablation from all three parts, :func:`set_ablation_losses` starts each head set's
+    forwards at its first ablated layer from ``resid_pre`` (:class:`CleanResiduals`).
+
+    Two ways to stay within the bytes:
+
+    * ``drop=False`` (:func:`exact_sweep`, which asks for its layers in order): the layers in
+      chunks that fit (at least one layer each), one chunk's activations kept at a time; each chunk
+      costs a clean pass up to its last layer, made when :meth:`at` first asks for one of its
+      layers, so memory stays flat in ``n_layers``;
+    * ``drop=True`` (the verification's set ablations, which ask in any order again and again): the
+      deepest layers that fit (the deepest save the most) from one clean pass; :meth:`at` gives
+      None for the others (those sets run whole forwards).
+
+    Args:
+        model, tokens: the model and its clean input ``[batch, pos]``.
+        layers: the layers to record (any order; duplicates ignored).
+        first: first scored prediction of the clean loss (:func:`first_scored`).
+        clean_loss: record the first chunk now, in a whole clean pass, and keep that pass's mean scored
+            loss (nats/token) as :attr:`clean_loss` (``model.scored_losses`` alone when ``layers`` is empty).
+    """
+
+    def __init__(self, model: LoadedModel, tokens: Int[Tensor, "batch pos"], layers: Iterable[int], first: int = 0,
+                 parts: Sequence[str] = CLEAN_PARTS, drop: bool = False, clean_loss: bool = False):
+        self.backend, self.tokens, self.first, self.parts = model, tokens.to(model.device), first, tuple(parts)
         B, T = tokens.shape
         spec = model.spec
-        per_layer = B * T * (2 * spec.d_model + spec.n_heads * spec.d_head) * 4
-        size = max(1, STORED_ACTIVATION_BYTES // per_layer)
-        self.chunks = [list(layers[i:i + size]) for i in range(0, len(layers), size)]
+        width = {"resid_pre": spec.d_model, "z": spec.n_heads * spec.d_head, "attn_out": spec.d_model}
+        fit = STORED_ACTIVATION_BYTES // max(1, B * T * sum(width[p] for p in self.parts) * 4)
+        layers = sorted(set(layers))
+        if drop:
+            self.chunks = [sorted(sorted(layers, reverse=True)[:fit])] if fit and layers else []
+        else:
+            size = max(1, fit)
+            self.chunks = [layers[i:i + size] for i in range(0, len(layers), size)]
         self.chunk_of = {layer: c for c, chunk in enumerate(self.chunks) for layer in chunk}
-        self.pre: dict[int, Tensor] = {}
-        self.z: dict[int, Tensor] = {}
-        self.attn: dict[int, Tensor] = {}
-        self.current = 0
-        self.clean_loss = (self._capture(self.chunks[0], whole=True) if self.chunks
-                           else float(model.scored_losses(tokens, first).mean()))
+        self.stores: dict[str, dict[int, Tensor]] = {p: {} for p in self.parts}
+        self.current: int | None = None
+        if clean_loss:
+            self.current = 0
+            self.clean_loss = (self._capture(self.chunks[0], whole=True) if self.chunks
+                               else float(model.scored_losses(self.tokens, first).mean()))
 
     def _capture(self, chunk: Sequence[int], whole: bool) -> float | None:
         """Record ``chunk``'s clean activations; the clean loss if ``whole``, else the pass stops
-        after the chunk's last attention output (nothing later is needed)."""
-        for store in (self.pre, self.z, self.attn):
+        after the chunk's last recorded activation (nothing later is needed)."""
+        for store in self.stores.values():
             store.clear()
 
         def save(store: dict, layer: int, stop: bool = False):
@@ -554,25 +554,38 @@ class _CleanActivations:
                     raise _CleanPrefixDone
             return hook
 
-        hooks = [(f"blocks.{layer}.hook_resid_pre", save(self.pre, layer)) for layer in chunk]
-        hooks += [(attn_hook(layer, "z"), save(self.z, layer)) for layer in chunk]
-        hooks += [(self.backend.attn_out_hook(layer), save(self.attn, layer, stop=not whole and layer == chunk[-1]))
-                  for layer in chunk]
-        if whole:
-            return float(self.backend.scored_losses(self.tokens, self.first, hooks).mean())
-        try:
-            self.backend.scored_losses(self.tokens, self.first, hooks)
-        except _CleanPrefixDone:
-            pass
+        names = {"resid_pre": lambda layer: f"blocks.{layer}.hook_resid_pre", "z": lambda layer: attn_hook(layer, "z"),
+                 "attn_out": self.backend.attn_out_hook}
+        parts = [p for p in CLEAN_PARTS if p in self.parts]  # in forward order: the last part's last layer comes last
+        hooks = [(names[p](layer), save(self.stores[p], layer, stop=not whole and p == parts[-1] and layer == chunk[-1]))
+                 for p in parts for layer in chunk]
+        with torch.inference_mode():
+            if whole:
+                return float(self.backend.scored_losses(self.tokens, self.first, hooks).mean())
+            try:
+                self.backend.scored_losses(self.tokens, self.first, hooks)
+            except _CleanPrefixDone:
+                pass
         return None
 
-    def at(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Layer ``layer``'s clean ``(resid_pre [batch, pos, d_model], z [batch, pos, head, d_head],
-        attention output [batch, pos, d_model])``."""
+    def at(self, layer: int) -> tuple[Tensor, ...] | None:
+        """Layer ``layer``'s clean activations, one tensor per part (in the order of ``parts``), or
+        None where ``layer`` was not asked for or was dropped."""
+        if layer not in self.chunk_of:
+            return None
         if self.chunk_of[layer] != self.current:
             self.current = self.chunk_of[layer]
             self._capture(self.chunks[self.current], whole=False)
-        return self.pre[layer], self.z[layer], self.attn[layer]
+        return tuple(self.stores[p][layer] for p in self.parts)
+
+
+class CleanResiduals(CleanActivations):
+    """The clean ``resid_pre`` entering ``layers`` (but layer 0: its forward starts at the embedding)
+    of ``tokens``: where :func:`set_ablation_losses` starts each head set's forwards. The deepest
+    layers that fit :data:`STORED_ACTIVATION_BYTES` are kept (:class:`CleanActivations` with ``drop``)."""
+
+    def __init__(self, model: LoadedModel, tokens: Int[Tensor, "batch pos"], layers: Iterable[int]):
+        super().__init__(model, tokens, [layer for layer in layers if layer > 0], parts=("resid_pre",), drop=True)
 
 
 @torch.inference_mode()
@@ -585,7 +598,7 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
     One clean forward pass records each swept layer's ``resid_pre``, ``z`` and raw attention
     output (in chunks of layers where they would exceed :data:`STORED_ACTIVATION_BYTES`: one
     clean pass per chunk, each ending after its chunk's last layer, so the memory they take is
-    bounded whatever ``n_layers``; :class:`_CleanActivations`).
+    bounded whatever ``n_layers``; :class:`CleanActivations`).
     Ablating head h of layer l changes nothing before layer l, and changes layer l's raw
     attention output ``sum_h z_h W_O^(h) + b_O`` only by ``(r_h - z_h) W_O^(h)`` (r_h: the kind's
     replacement, :mod:`headprobe.probe.ablation_kinds`: 0, the mean z, or the z on
@@ -616,7 +629,7 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
     device = model.device
     tokens = tokens.to(device)
     B, T = tokens.shape
-    clean = _CleanActivations(model, tokens, first, sorted({layer for layer, _ in heads}))
+    clean = CleanActivations(model, tokens, {layer for layer, _ in heads}, first, clean_loss=True)
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     per_pass = max(1, max_batch // B)
     by_layer: dict[int, list[int]] = {}

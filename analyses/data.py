@@ -211,19 +211,18 @@ def task_tokens(model: LoadedModel, n_natural: int, seq_len: int, n_repeated: in
 
 
 @dataclass(frozen=True)
-class NeedleSet:
-    """Natural text with a random-token needle inserted twice (the retrieval score's token set).
-
-    Sequence b is ``[BOS] hay_1 needle hay_2 needle hay_3`` (``seq_len`` tokens): ``hay_*`` are
-    consecutive pieces of one natural-text window, ``needle`` is ``needle_len`` tokens drawn
-    uniformly from the non-special vocabulary.
+class PlantedSpan:
+    """Natural text with a span of random tokens planted twice: the record :class:`NeedleSet` and
+    :class:`LongRangeSet` share (each says how its sequences are built). A model that copies
+    predicts the second occurrence's tokens 2..length from the first (induction heads, Olsson et
+    al. 2022; retrieval heads, Wu et al. 2024, arXiv:2404.15574).
 
     Attributes:
         tokens: ``[batch, pos]`` token ids.
         start: index of the first non-BOS position.
-        first: ``[batch]`` position of the needle's first token in its first occurrence.
+        first: ``[batch]`` position of the span's first token in its first occurrence.
         second: ``[batch]`` the same in the second occurrence.
-        needle_len: the needle's length in tokens.
+        length: the span's length in tokens (>= 2).
         source: a short description (for summary.json).
     """
 
@@ -231,8 +230,38 @@ class NeedleSet:
     start: int
     first: Int[Tensor, "batch"]
     second: Int[Tensor, "batch"]
-    needle_len: int
+    length: int
     source: str
+
+    @property
+    def distance(self) -> Int[Tensor, "batch"]:
+        """``second - first``: how far back the span's first occurrence is, in tokens."""
+        return self.second - self.first
+
+    def queries(self) -> tuple[Int[Tensor, "batch copy"], Int[Tensor, "batch copy"], Int[Tensor, "batch copy"]]:
+        """``(query positions, source positions, target tokens)``, ``[batch, length - 1]`` each:
+        inside the second occurrence the logits at ``second + i`` predict its token ``i + 1``
+        (``i = 0..length - 2``; the span's first token has no cue), whose earlier occurrence is at
+        ``first + i + 1``."""
+        i = torch.arange(self.length - 1)
+        queries = self.second[:, None] + i[None, :]
+        return queries, self.first[:, None] + i[None, :] + 1, self.tokens.gather(1, queries + 1)
+
+
+@dataclass(frozen=True)
+class NeedleSet(PlantedSpan):
+    """Natural text with a random-token needle inserted twice (the retrieval score's token set): a
+    :class:`PlantedSpan` whose span is the needle.
+
+    Sequence b is ``[BOS] hay_1 needle hay_2 needle hay_3`` (``seq_len`` tokens): ``hay_*`` are
+    consecutive pieces of one natural-text window, ``needle`` is ``needle_len`` tokens drawn
+    uniformly from the non-special vocabulary; ``first`` and ``second`` are the needle's two starts.
+    """
+
+    @property
+    def needle_len(self) -> int:
+        """The needle's length in tokens (:attr:`PlantedSpan.length`)."""
+        return self.length
 
 
 def needle_tokens(model: LoadedModel, n_seqs: int, seq_len: int, needle_len: int, seed: int, text: str | TextFile | None = None,
@@ -271,46 +300,29 @@ def needle_tokens(model: LoadedModel, n_seqs: int, seq_len: int, needle_len: int
 
 
 @dataclass(frozen=True)
-class LongRangeSet:
+class LongRangeSet(PlantedSpan):
     """Natural text with a block of random tokens planted early and repeated at the end, at a
-    chosen distance (the long-range retrieval task of ``headprobe kv``).
+    chosen distance (the long-range retrieval task of ``headprobe kv``): a :class:`PlantedSpan`
+    whose span is the block.
 
     Sequence b is ``[BOS] hay_1 block hay_2 block`` (``seq_len`` tokens; the repeat is the last
-    ``block_len`` tokens): ``hay_*`` are consecutive pieces of one natural-text window, ``block`` is
-    ``block_len`` tokens drawn uniformly from the non-special vocabulary, and the repeat starts
-    ``distance[b]`` positions after the first occurrence. A model that copies (induction heads,
-    Olsson et al. 2022; retrieval heads, Wu et al. 2024, arXiv:2404.15574) predicts the repeat's
-    tokens 2..block_len from the first occurrence, however far back it is.
-
-    Attributes:
-        tokens: ``[batch, pos]`` token ids.
-        start: index of the first non-BOS position.
-        first: ``[batch]`` position of the block's first token in its first occurrence.
-        second: ``[batch]`` the same in the repeat (``seq_len - block_len``).
-        distance: ``[batch]`` ``second - first``, in tokens (a property).
-        block_len: the block's length in tokens.
-        source: a short description (for summary.json).
+    ``block_len`` tokens, ``second = seq_len - block_len``): ``hay_*`` are consecutive pieces of
+    one natural-text window, ``block`` is ``block_len`` tokens drawn uniformly from the
+    non-special vocabulary, and the repeat starts ``distance[b]`` positions after the first
+    occurrence. A model that copies predicts the repeat's tokens 2..block_len from the first
+    occurrence, however far back it is.
     """
 
-    tokens: Int[Tensor, "batch pos"]
-    start: int
-    first: Int[Tensor, "batch"]
-    second: Int[Tensor, "batch"]
-    block_len: int
-    source: str
-
     @property
-    def distance(self) -> Int[Tensor, "batch"]:
-        """``second - first``: how far back the block's first occurrence is, in tokens."""
-        return self.second - self.first
+    def block_len(self) -> int:
+        """The block's length in tokens (:attr:`PlantedSpan.length`)."""
+        return self.length
 
     def targets(self) -> tuple[Int[Tensor, "batch copy"], Int[Tensor, "batch copy"]]:
-        """``(query positions, target tokens)``, ``[batch, block_len - 1]`` each: the logits at
-        ``second + i`` predict the repeat's token ``i + 1`` (``i = 0..block_len - 2``), which only
-        the first occurrence tells."""
-        i = torch.arange(self.block_len - 1)
-        pos = self.second[:, None] + i[None, :]
-        return pos, self.tokens.gather(1, pos + 1)
+        """``(query positions, target tokens)``, ``[batch, block_len - 1]`` each, of :meth:`PlantedSpan.queries`:
+        the logits at ``second + i`` predict the repeat's token ``i + 1``, which only the first occurrence tells."""
+        queries, _, targets = self.queries()
+        return queries, targets
 
 
 def long_range_tokens(model: LoadedModel, seq_len: int, distances: list[int], block_len: int, seed: int, n_per_distance: int = 1,

@@ -135,11 +135,7 @@ def needle_queries(needles: NeedleSet) -> tuple[Int[Tensor, "batch n"], Int[Tens
     Returns:
         (queries, sources, targets): query positions, source positions, target token ids.
     """
-    i = torch.arange(needles.needle_len - 1)
-    queries = needles.second[:, None] + i
-    sources = needles.first[:, None] + i + 1
-    targets = needles.tokens.gather(1, queries + 1)
-    return queries, sources, targets
+    return needles.queries()
 
 
 @torch.inference_mode()

@@ -364,12 +364,24 @@ def _curtail(tests: list[_Test], settings: VerificationSettings, min_effect: flo
     if not settings.sequential or not settings.reachable:
         return
     family = [x for x in tests if x.no_verdict is None]
-    for x in family:
-        if x.top_effect[PRIMARY_KIND] < min_effect:
-            x.mc.curtail()
-    for i in st.unwinnable([x.mc.best_p for x in family], [not x.mc.done for x in family], settings.correction,
-                           settings.alpha):
-        family[i].mc.curtail()
+    curtail_family([x.mc for x in family], [x.top_effect[PRIMARY_KIND] for x in family], settings.correction,
+                   settings.alpha, min_effect)
+
+
+def curtail_family(tests: Sequence[st.SequentialMCTest], top_effects: Sequence[float], correction: str, alpha: float,
+                   min_effect: float) -> None:
+    """The curtailment rule of a family of sequential tests (one per tested head type, with the
+    top-k effect ``top_effects[i]`` of each, in the metric's unit), applied in place after every
+    round of draws: curtail each test whose effect is below ``min_effect``, then each open test
+    whose adjusted p-value (``correction`` over the family) stays above ``alpha`` even if no later
+    draw reached its effect (:func:`~headprobe.analyses.statistics.unwinnable`). The scan applies
+    it in :func:`verify_heads` (where sequential and ``alpha`` reachable); ``benchmarks/verification.py``
+    replays it on a fixed-size run's draws."""
+    for test, effect in zip(tests, top_effects, strict=True):
+        if effect < min_effect:
+            test.curtail()
+    for i in st.unwinnable([t.best_p for t in tests], [not t.done for t in tests], correction, alpha):
+        tests[i].curtail()
 
 
 def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[Head], p_adj: float | None,

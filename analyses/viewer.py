@@ -196,7 +196,8 @@ def _score_maps(table: pd.DataFrame) -> list[dict]:
 def _delta_maps(table: pd.DataFrame) -> list[dict]:
     """Map entries for an ablate run's loss increases (diverging, centred at 0)."""
     maps = []
-    for col, example in (("natural_loss_delta", "natural"), ("induction_loss_delta", "repeated")):
+    # induction_loss_delta: the repeated task's column in head_ablation.csv files written before it took scan's name
+    for col, example in (("natural_loss_delta", "natural"), ("repeated_loss_delta", "repeated"), ("induction_loss_delta", "repeated")):
         if col in table:
             vmax = float(np.nanmax(np.abs(table[col].to_numpy()))) or 1.0
             maps.append({"column": col, "title": f"{col.split('_')[0]} loss increase when ablated (nats/token)",

@@ -66,6 +66,7 @@ def replay(fixed, args) -> None:
     the untested kind counted on its first batch, the family corrected as the scan does."""
     from headprobe.analyses import statistics as st
     from headprobe.analyses import verification as verif
+    from headprobe.analyses.ablation import LOSS_METRIC  # a decoder's scan: effects in nats/token
 
     cfg = fixed.config
     tested = [v for v in fixed.verifications if v.tested]
@@ -75,11 +76,7 @@ def replay(fixed, args) -> None:
         for v, t in zip(tested, tests):
             if not t.done:
                 t.add(v.random_effects[len(t.draws):len(t.draws) + verif.BATCH])
-        for v, t in zip(tested, tests):
-            if v.top_effect < 0.05:
-                t.curtail()
-        for i in st.unwinnable([t.best_p for t in tests], [not t.done for t in tests], cfg.correction, cfg.alpha):
-            tests[i].curtail()
+        verif.curtail_family(tests, [v.top_effect for v in tested], cfg.correction, cfg.alpha, LOSS_METRIC.min_effect)
     for v, test in zip(tested, tests):
         sets += len(test.draws) + min(verif.BATCH, cfg.n_random) + 2  # both kinds' top-k sets, the other kind's batch
         ps.append(test.p_value())
@@ -88,7 +85,7 @@ def replay(fixed, args) -> None:
     print(f"sequential (replayed on the same sets) sets ablated {sets:4d}")
     same = True
     for (v, test), p, adj in zip(rows, ps, adjusted):
-        confirmed = bool(adj <= cfg.alpha and verif.effect_is_large(v.top_effect, test.draws, 0.05))
+        confirmed = bool(adj <= cfg.alpha and verif.effect_is_large(v.top_effect, test.draws, LOSS_METRIC.min_effect))
         same &= confirmed == v.confirmed
         print(f"    {v.head_type:<16} {v.kind:<5} draws {len(test.draws):3d}  p {p:.4f}  adj {adj:.4f}  "
               f"{'CONFIRMED' if confirmed else 'not confirmed'}")

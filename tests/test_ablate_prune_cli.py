@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -29,8 +30,8 @@ def test_ablate_cli(tiny_dir, tmp_path):
     assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]) == 0
     table = pd.read_csv(out / "head_ablation.csv")
     assert len(table) == 16
-    assert {"layer", "head", "kv_head", "natural_loss_delta", "induction_loss_delta", "natural_importance",
-            "induction_attribution", "induction_score"} <= set(table.columns)
+    assert {"layer", "head", "kv_head", "natural_loss_delta", "repeated_loss_delta", "natural_importance",
+            "repeated_attribution", "induction_score"} <= set(table.columns)
     assert table["kv_head"].tolist() == [h // 4 for h in range(8)] * 2
     summary = json.loads((out / "summary.json").read_text())
     assert summary["units"] == "nats/token"
@@ -183,7 +184,7 @@ def test_ablate_cli_heads_subset_and_out_of_range(tiny_dir, tmp_path):
 
 
 @pytest.mark.parametrize("command, kill_after, csv", [
-    ("ablate", 1, "head_ablation.csv"),  # killed after the natural-text sweep, before the induction sweep
+    ("ablate", 1, "head_ablation.csv"),  # killed after the natural-text sweep, before the repeated-tokens sweep
     ("prune", 3, "pruning_curve.csv"),  # killed in the middle of the importance-order run
 ])
 def test_killed_run_resumes_to_the_same_results(tiny_dir, tmp_path, capsys, command, kill_after, csv):
@@ -210,3 +211,37 @@ def test_killed_run_resumes_to_the_same_results(tiny_dir, tmp_path, capsys, comm
     rc = main([command, "--out", str(tmp_path / "other"), *args[:-2], "--seed", "5"])
     err = capsys.readouterr().err
     assert rc == 2 and "other settings" in err and "--overwrite" in err
+
+
+def test_checkpoint_from_when_the_repeated_task_was_called_induction_resumes(tiny_dir, tmp_path):
+    """The repeated task took scan's name ``repeated`` (it was ``induction`` in ablate and prune):
+    a checkpoint written under the old name is read, not silently redone or broken. Ablate: a
+    marked loss under the old key shows up in the result, so the old sweep was used; prune: the
+    resumed curve's ``repeated_loss`` equals the uninterrupted run's."""
+    import headprobe
+    from headprobe.commands.ablate import AblateConfig, core as ablate_core
+    from headprobe.commands.prune import PruneConfig, core as prune_core
+
+    model = headprobe.load_model(str(tiny_dir), device="cpu")
+    data = dict(model=str(tiny_dir), text=_text(tmp_path), seq_len=16, n_natural=3, n_repeated=2, period=6, device="cpu")
+    states = []
+    whole = ablate_core.run(model, AblateConfig(**data), on_save=lambda s: states.append(json.loads(json.dumps(s))),
+                            progress=False)
+    old = states[-1]
+    old["induction"] = old.pop("repeated")
+    old["induction"]["loss"]["1.2"] = old["induction"]["clean"] + 7.0
+    resumed = ablate_core.run(model, AblateConfig(**data), resume=old, progress=False)
+    assert resumed.tasks["repeated"].effect[1, 2] == pytest.approx(7.0, abs=1e-5)
+    assert resumed.swept == 0 and set(resumed.tasks) == {"natural", "repeated"}
+    np.testing.assert_array_equal(np.delete(resumed.tasks["repeated"].effect.ravel(), 1 * 8 + 2),
+                                  np.delete(whole.tasks["repeated"].effect.ravel(), 1 * 8 + 2))
+
+    states = []
+    cfg = PruneConfig(**data, methods="michel", step_fraction=0.25)
+    whole = prune_core.run(model, cfg, on_save=lambda s: states.append(json.loads(json.dumps(s))), progress=False)
+    old = states[1]
+    old["michel"]["rows"] = [{("induction_loss" if k == "repeated_loss" else k): v for k, v in r.items()}
+                             for r in old["michel"]["rows"]]
+    resumed = prune_core.run(model, cfg, resume=old, progress=False)
+    pd.testing.assert_frame_equal(resumed.table, whole.table)
+    assert "induction_loss" not in resumed.table

@@ -89,6 +89,32 @@ def test_exact_sweep_in_chunks_of_layers_is_the_same_sweep(request, monkeypatch,
     assert torch.equal(chunked.loss, whole.loss)
 
 
+@pytest.mark.parametrize("name", ["deep_gqa_native", "tiny_llama_gqa"])
+def test_clean_residuals_over_budget_keep_the_deepest_and_the_rest_run_whole(request, monkeypatch, name):
+    """With room for two layers' residuals, CleanResiduals keeps the two deepest of those asked
+    for (one clean pass, stopped at the deepest), gives None for the others, and the set ablations
+    started from them equal whole forwards (the kept and the dropped alike)."""
+    from headprobe.analyses import ablation
+
+    model = request.getfixturevalue(name)
+    tokens, spec = _tokens(), model.spec
+    B, T = tokens.shape
+    layers = list(range(spec.n_layers))
+    sets = [[(layer, 1)] for layer in layers]
+    whole = ablation.set_ablation_losses(model, tokens, sets, "zero", None, first=2)
+    monkeypatch.setattr(ablation, "STORED_ACTIVATION_BYTES", 2 * B * T * spec.d_model * 4)
+    clean = ablation.CleanResiduals(model, tokens, layers)
+    kept = [layer for layer in layers if clean.at(layer) is not None]
+    assert kept == sorted(layer for layer in layers if layer > 0)[-2:]
+    pre = {}
+    model.scored_losses(tokens, 0, [(f"blocks.{l}.hook_resid_pre", lambda x, hook, l=l: pre.__setitem__(l, x.clone()))
+                                    for l in kept])
+    for layer in kept:  # what it kept is the clean residual, recorded independently here
+        torch.testing.assert_close(clean.at(layer)[0], pre[layer], atol=0, rtol=0)
+    resumed = ablation.set_ablation_losses(model, tokens, sets, "zero", None, first=2, clean=clean)
+    torch.testing.assert_close(resumed, whole, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("scale", [1.0, 30.0, 300.0])
 def test_cross_entropy_inplace_equals_torch(scale):
     """The engine's in-place loss against F.cross_entropy, up to logits far beyond exp's range."""

@@ -191,6 +191,23 @@ def test_api_ablate_and_prune_equal_their_cli(tiny_dir, text_file, tmp_path):
         assert s == t
 
 
+def test_api_functions_record_the_load_time(tiny_dir, text_file, monkeypatch):
+    """A function given a model name records the seconds it spent loading (summary.json's timings),
+    as the CLI does; given a loaded model, 0. The load is slowed by a known 0.2 s to see it counted."""
+    import time
+
+    from headprobe import options
+
+    load_for = options.load_for
+    monkeypatch.setattr(options, "load_for", lambda cfg: (time.sleep(0.2), load_for(cfg))[1])
+    small = dict(text=str(text_file), n_natural=2, seq_len=12, n_repeated=2, period=5, device="cpu")
+    a = headprobe.ablate(str(tiny_dir), heads="1.3", **small)
+    s = headprobe.scan(str(tiny_dir), types="induction", verify=False, metrics=False, **small)
+    assert a.load_s >= 0.2 and a.summary()["timings_s"]["total"] >= 0.2 and s.timings["load_s"] >= 0.2
+    model = load_for(a.config)
+    assert headprobe.ablate(model, heads="1.3", **small).load_s == 0.0
+
+
 def test_scan_dtype_flag_casts_the_weights(tiny_dir, text_file, tmp_path):
     """``scan --dtype bf16`` computes in bfloat16 as ``ablate --dtype`` does; recorded in summary.json."""
     out = tmp_path / "bf16"

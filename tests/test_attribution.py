@@ -221,7 +221,7 @@ def test_ablate_estimate_cli(tiny_dir, tmp_path):
     assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", text, "--estimate", "atp", *SMALL]) == 0
     table = pd.read_csv(out / "head_ablation.csv")
     assert len(table) == 16 and not any(c.endswith("loss_delta") for c in table.columns)  # no exact effect claimed
-    assert {"natural_atp_star_estimate", "induction_atp_star_estimate", "induction_score"} <= set(table.columns)
+    assert {"natural_atp_star_estimate", "repeated_atp_star_estimate", "induction_score"} <= set(table.columns)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["estimate"]["method"] == "atp" and summary["estimate"]["exact"] is False
     assert (out / "ablation_estimate.png").is_file() and not (out / "ablation_effect.png").exists()

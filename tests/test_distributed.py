@@ -167,5 +167,5 @@ def test_sharded_prune_writes_the_one_process_curves(tiny_dir, tmp_path):
     assert s1["removal_order"] == s2["removal_order"]
     for name, curve in s1["curves"].items():
         for r1, r2 in zip(curve, s2["curves"][name], strict=True):
-            for key in ("natural_loss", "induction_loss"):
+            for key in ("natural_loss", "repeated_loss"):
                 assert r1[key] == pytest.approx(r2[key], abs=1e-6), (name, key)

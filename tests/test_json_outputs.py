@@ -166,9 +166,9 @@ def test_ablate_of_a_zero_wo_model_says_why_its_correlations_are_null(run_comman
     """W_O = 0: every head's ablation changes nothing, so every effect (and importance) is the same and
     Spearman's rho is undefined (it was NaN in summary.json): null, with the reason."""
     s = strict_loads((run_command("ablate_zero_wo") / "summary.json").read_text())
-    assert all(v == 0 for t in ("natural", "induction") for v in (e["loss_delta"] for e in s["top_heads_by_loss_delta"][t]))
+    assert all(v == 0 for t in ("natural", "repeated") for v in (e["loss_delta"] for e in s["top_heads_by_loss_delta"][t]))
     nulls = [*(f"{t}.{k}" for t, d in s["spearman_with_exact_sweep"].items() for k, v in d.items() if v is None),
-             *(["induction_score_vs_induction_loss_delta"] if s["spearman_induction_score_vs_induction_loss_delta"] is None else [])]
+             *(["induction_score_vs_repeated_loss_delta"] if s["spearman_induction_score_vs_repeated_loss_delta"] is None else [])]
     assert len(nulls) == 7 and sorted(s["spearman_null_reasons"]) == sorted(nulls)
     assert all("the same for every head" in why for why in s["spearman_null_reasons"].values())
     ok = strict_loads((run_command("ablate") / "summary.json").read_text())  # a sound model: every rho, no reasons

@@ -276,3 +276,25 @@ def test_a_pruned_models_removed_heads_are_blank_and_never_drawn(tiny_tokenizer,
     csv = tmp_path / "scan.csv"
     result.table.to_csv(csv, index=False)
     assert pd.read_csv(csv).query("layer == 0 and head == 0")["induction"].isna().all()
+
+
+def test_curtail_family_stops_what_cannot_be_confirmed_and_nothing_else():
+    """The one curtailment rule (the scan's and benchmarks/verification.py's replay), on hand-made
+    tests of at most 50 draws at alpha 0.05 (h = 3; 10 draws taken): a test whose effect is below
+    min_effect stops whatever its draws; one whose 2 draws reached its effect can reach p = 3/51 at
+    best, above 0.05 with any correction, and stops; the two with no draw reaching it (best p
+    1/51 each; BH over the family's best p-values 1/51, 1/51, 3/51, 1/51 adjusts them to 4/153)
+    stay open."""
+    from headprobe.analyses import statistics as st
+    from headprobe.analyses.verification import curtail_family
+
+    def test(effect, reached):
+        t = st.SequentialMCTest(effect, 50, 0.05)
+        t.add([2.0] * reached + [0.0] * (10 - reached))
+        return t
+
+    tests = [test(1.0, 0), test(1.0, 0), test(1.0, 2), test(0.01, 0)]
+    assert [t.best_p for t in tests] == pytest.approx([1 / 51, 1 / 51, 3 / 51, 1 / 51])
+    curtail_family(tests, [t.observed for t in tests], "bh", 0.05, min_effect=0.05)
+    assert [t.curtailed for t in tests] == [False, False, True, True]
+    assert not any(t.done for t in tests[:2])

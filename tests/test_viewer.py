@@ -139,7 +139,7 @@ def test_view_without_patterns_says_so_and_merges_an_ablate_run(tiny_scan_dir, t
     abl = tmp_path / "ablate"
     abl.mkdir()
     t = _table(2, 8, 2)[["layer", "head", "kv_head"]].assign(natural_loss_delta=np.linspace(-0.1, 0.5, 16),
-                                                            induction_loss_delta=0.0)
+                                                            repeated_loss_delta=0.0)
     t.to_csv(abl / "head_ablation.csv", index=False)
     import headprobe
 
@@ -147,6 +147,7 @@ def test_view_without_patterns_says_so_and_merges_an_ablate_run(tiny_scan_dir, t
     data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
     assert data["patterns"] == {} and "patterns.npz is missing" in page
     assert "natural_loss_delta" in data["columns"] and "natural_loss_delta" in [m["column"] for m in data["maps"]]
+    assert "repeated_loss_delta" in [m["column"] for m in data["maps"]]
     assert data["rows"][15][3 + data["columns"].index("natural_loss_delta")] == pytest.approx(0.5)
 
 

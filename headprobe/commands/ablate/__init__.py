@@ -1,11 +1,11 @@
 """``headprobe ablate``: every head's exact single-head ablation effect on natural text and on the
-in-context (induction) task, with Michel et al.'s gradient importance and attribution patching
+in-context task on repeated random tokens (``repeated``, the induction task), with Michel et al.'s gradient importance and attribution patching
 beside it, written as a CSV, a summary and heatmaps.
 
 Tasks (losses in nats/token):
 
 * ``natural``: every next-token prediction on held-out windows of natural text;
-* ``induction``: the repeated half of ``[BOS] r_1..r_S r_1..r_S`` random tokens (predictions of
+* ``repeated``: the repeated half of ``[BOS] r_1..r_S r_1..r_S`` random tokens (predictions of
   r_2..r_S of the repeat), which only in-context copying can get right (Olsson et al. 2022).
 
 The exact sweep is :func:`headprobe.analyses.ablation.exact_sweep` (fast on the native model); the
@@ -25,11 +25,12 @@ from headprobe.commands import Command
 from headprobe import options, settings
 from headprobe.options import positive_int
 from headprobe.analyses.vocabulary import ESTIMATORS as ESTIMATES  # the --estimate choices, torch-free
+from headprobe.analyses.vocabulary import TASKS  # ("natural", "repeated"): the tasks, named as scan names them
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe import ablation_kinds
 from headprobe.probe.heads import Head, all_heads, format_head, parse_heads
 
-HELP = "exact single-head ablation effect of every head (natural text, induction task), gradient importance, CSV + heatmaps"
+HELP = "exact single-head ablation effect of every head (natural text, repeated tokens), gradient importance, CSV + heatmaps"
 
 EPILOG = """\
 sharded over processes (torch.distributed, gloo on CPU, NCCL with one GPU per process):
@@ -54,7 +55,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-TASKS = ("natural", "induction")
 _ANY = 10**9  # bounds for checking the layer.head syntax alone
 
 

@@ -131,7 +131,7 @@ def _rank_correlation(a, b, names: tuple[str, str] = ("one ranking", "the other"
 
 
 def _rank_correlations(tasks: dict, induction_score) -> dict[str, tuple[float | None, str | None]]:
-    """summary.json's rank correlations, keyed ``<task>.<name>`` and ``induction_score_vs_induction_loss_delta``:
+    """summary.json's rank correlations, keyed ``<task>.<name>`` and ``induction_score_vs_repeated_loss_delta``:
     ``(rho, None)`` or ``(None, why)`` (:func:`_rank_correlation`)."""
     out = {}
     for t, r in tasks.items():
@@ -139,8 +139,8 @@ def _rank_correlations(tasks: dict, induction_score) -> dict[str, tuple[float | 
                                                                           ("gradient importance", "|exact effect|"))
         out[f"{t}.gradient_importance"] = _rank_correlation(r.importance, r.effect, ("gradient importance", "exact effect"))
         out[f"{t}.attribution_patching"] = _rank_correlation(r.attribution, r.effect, ("attribution patching", "exact effect"))
-    out["induction_score_vs_induction_loss_delta"] = _rank_correlation(
-        induction_score, tasks["induction"].effect, ("induction score", "exact induction effect"))
+    out["induction_score_vs_repeated_loss_delta"] = _rank_correlation(
+        induction_score, tasks["repeated"].effect, ("induction score", "exact repeated-tokens effect"))
     return out
 
 
@@ -156,8 +156,8 @@ class AblateResult:
         spec: the model's :class:`~headprobe.probe.loading.ModelSpec`.
         table: head_ablation.csv: one row per head (``layer``, ``head``, ``kv_head``, ``<task>_loss_delta``,
             ``<task>_importance``, ``<task>_attribution``, ``induction_score``).
-        tasks: task (``natural``, ``induction``) -> :class:`TaskResult`.
-        induction_score: ``[layer, head]`` prefix-matching score on the induction task's tokens.
+        tasks: task (:data:`~headprobe.analyses.columns.TASKS`: ``natural``, ``repeated``) -> :class:`TaskResult`.
+        induction_score: ``[layer, head]`` prefix-matching score on the repeated task's tokens.
         natural, repeated: the token sets (natural: both halves).
         device: where the model ran. self_check: the model's load-time self-check.
         run_s: seconds of :func:`run`; load_s: seconds loading the model (set by the caller that loaded it).
@@ -194,7 +194,7 @@ class AblateResult:
                                               ("gradient_importance_vs_abs_effect", "gradient_importance", "attribution_patching")}
                                           for t in results},
             "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)],
-            "spearman_induction_score_vs_induction_loss_delta": rho["induction_score_vs_induction_loss_delta"][0],
+            "spearman_induction_score_vs_repeated_loss_delta": rho["induction_score_vs_repeated_loss_delta"][0],
             "spearman_null_reasons": {k: why for k, (_, why) in rho.items() if why},
             "timings_s": {**{f"{t}_sweep": round(r.sweep_s, 2) for t, r in results.items()},
                           **{f"{t}_gradient": round(r.gradient_s, 2) for t, r in results.items()},
@@ -211,7 +211,7 @@ class AblateResult:
             "model": spec.name, "weights_precision": spec.precision, "dtype": cfg.dtype, "device": self.device,
             "self_check": self.self_check, "ablation": cfg.kind,
             "tokens": {"natural": [cfg.n_natural, int(self.natural.tokens.shape[1])],
-                       "induction": list(self.repeated.tokens.shape), "period": cfg.period,
+                       "repeated": list(self.repeated.tokens.shape), "period": cfg.period,
                        "natural_source": self.natural.source},
             "clean_loss": {t: r.clean_loss for t, r in self.tasks.items()},
         }
@@ -245,12 +245,12 @@ class AblateResult:
         if self.config.estimate:
             unit = "importance" if self.config.estimate == "gradient" else "estimated Δ loss (nats/token)"
             fig = figs.ablation_effect_panels(
-                [("natural text", self.tasks["natural"].estimated), ("induction (repeated half)", self.tasks["induction"].estimated)],
+                [("natural text", self.tasks["natural"].estimated), ("repeated tokens (repeated half)", self.tasks["repeated"].estimated)],
                 spec.group_size, estimate_title(self.config.estimate, tag),
                 cbar_label=unit)
             return {"ablation_estimate": fig}
         fig = figs.ablation_effect_panels(
-            [("natural text", self.tasks["natural"].effect), ("induction (repeated half)", self.tasks["induction"].effect)],
+            [("natural text", self.tasks["natural"].effect), ("repeated tokens (repeated half)", self.tasks["repeated"].effect)],
             spec.group_size, f"Loss increase from ablating one head\n{tag}")
         return {"ablation_effect": fig}
 
@@ -285,13 +285,13 @@ class AblateResult:
         if self.config.estimate:
             lines = [f"ESTIMATE, not an exact ablation: {s['estimate']['description']} "
                      f"(~{s['estimate']['forward_equivalents_per_task']:.0f} forward passes per task)",
-                     f"clean loss: natural {t['natural'].clean_loss:.3f}, induction {t['induction'].clean_loss:.3f} nats/token"]
+                     f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token"]
             for task in TASKS:
                 tops = ", ".join(f"{e['head']} ({e['estimate']:+.3f})" for e in s["top_heads_by_estimate"][task][:5])
                 lines.append(f"{task:<10} top heads by estimate: {tops}")
             lines.append("timings: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items()))
             return "\n".join(lines)
-        lines = [f"clean loss: natural {t['natural'].clean_loss:.3f}, induction {t['induction'].clean_loss:.3f} nats/token"]
+        lines = [f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token"]
         for task in TASKS:
             tops = ", ".join(f"{e['head']} ({e['loss_delta']:+.3f})" for e in s["top_heads_by_loss_delta"][task][:5])
             rho = s["spearman_with_exact_sweep"][task]
@@ -366,7 +366,7 @@ def _estimate(model: LoadedModel, method: str, tokens, first: int, kind: str, me
 def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSet, dict, torch.Tensor | None]:
     """``(natural, repeated, sets, mean_z)``: the token sets, each task's ``(tokens, first scored,
     source tokens)`` (the source None unless the kind needs one: the natural task's is the other
-    natural-text windows, the induction task's other repeated sequences), and ``mean_z`` (over the
+    natural-text windows, the repeated task's other repeated sequences), and ``mean_z`` (over the
     other natural-text windows, where the kind needs it)."""
     text = open_text_file(cfg.text) if cfg.text else None
     data = task_tokens(model, cfg.n_natural, cfg.seq_len, cfg.n_repeated, cfg.period, cfg.seed, text,
@@ -378,7 +378,7 @@ def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSe
     source = needs == "source"
     sets = {
         "natural": (nat, first_scored("natural", natural.start, None), nat_ref if source else None),
-        "induction": (repeated.tokens, first_scored("repeated", repeated.start, repeated.period),
+        "repeated": (repeated.tokens, first_scored("repeated", repeated.start, repeated.period),
                       data.repeated_source.tokens if source else None),
     }
     return natural, repeated, sets, mean_z
@@ -409,6 +409,8 @@ def run(model: LoadedModel, config: AblateConfig, *, resume: dict | None = None,
     """
     t_start = time.perf_counter()
     saved = {} if resume is None else resume
+    if "induction" in saved:  # a checkpoint written when the repeated task was called "induction"
+        saved.setdefault("repeated", saved.pop("induction"))
     save = (lambda: on_save(saved)) if on_save is not None else (lambda: None)
     cfg = config
     model.self_check.require_decomposition("head ablation (ablate, prune)")
@@ -435,7 +437,7 @@ def run(model: LoadedModel, config: AblateConfig, *, resume: dict | None = None,
         results[task] = TaskResult(sweep.clean_loss, sweep.effect.numpy(), grad.importance.numpy(),
                                    grad.attribution.numpy(), t1 - t0, t2 - t1)
 
-    # prefix-matching (induction) score of every head, to check the induction ranking against
+    # prefix-matching (induction) score of every head, to check the repeated task's ranking against
     # (score_tokens: streamed on long sequences, losses in position chunks: no pattern or logits of the whole sequence)
     induction_score = score_tokens(model, repeated, "repeated", first_scored("repeated", repeated.start, repeated.period),
                                    types=("induction",))[0]["induction"].numpy()

@@ -1,11 +1,12 @@
 """``headprobe prune``: head pruning methods on one curve: Michel et al. 2019's iterative
 gradient importance (arXiv 1905.10650, ``michel``), Voita et al. 2019's L0 head gates (arXiv
 1905.09418, ``l0``) and a seeded random order (``random``, one curve per seed, drawn as a band),
-each recording the held-out natural-text loss and the induction (in-context) loss against the
-fraction of heads removed; optionally saves a model with the pruned heads' weights removed.
+each recording the held-out natural-text loss and the in-context loss on repeated random tokens
+(``repeated``, the induction task) against the fraction of heads removed; optionally saves a
+model with the pruned heads' weights removed.
 
 Data: ``2 n_natural`` disjoint natural-text windows, the first half scores head importance, the
-second half is held out for the curve; repeated random tokens give the induction loss (the
+second half is held out for the curve; repeated random tokens give the ``repeated`` loss (the
 repeated half, Olsson et al. 2022). Writes ``pruning_curve.csv``, ``summary.json``
 (with each curve's area), ``pruning_curve.png/pdf``, with ``--per-layer`` ``per_layer.csv`` and
 its figure, and with ``--save-pruned`` the directory ``pruned_model/`` (a model ``--model DIR`` loads).

@@ -25,7 +25,7 @@ from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import package_versions
 
-METRICS = (("natural_loss", "held-out text loss (nats)"), ("induction_loss", "induction loss (nats)"))
+METRICS = (("natural_loss", "held-out text loss (nats)"), ("repeated_loss", "repeated-tokens loss (nats)"))
 LABELS = {"michel": "Michel et al. gradient importance", "l0": "Voita et al. L0 gates", "random": "random order"}
 
 
@@ -47,10 +47,10 @@ class PruneResult:
         runs: curve name (``michel``, ``l0``, ``random:<seed>``; see :func:`run_names`) ->
             :class:`~headprobe.analyses.pruning.PruningRun`.
         table: pruning_curve.csv: one row per curve and step (``method, seed, step, n_pruned,
-            fraction_pruned, natural_loss, induction_loss, lambda, expected_open, removed``;
+            fraction_pruned, natural_loss, repeated_loss, lambda, expected_open, removed``;
             ``seed`` for random only, ``lambda`` and ``expected_open`` for l0 only).
         score_shape, natural_shape: ``[batch, pos]`` of the scoring and held-out natural-text sets.
-        repeated: the induction task's token set.
+        repeated: the repeated task's token set.
         device: where the model ran. self_check: the model's load-time self-check.
         per_layer: rows of :func:`headprobe.analyses.pruning.per_layer_best_head` (``per_layer``) or None.
         pruned: the pruned :class:`~headprobe.probe.model.Transformer` (``save_pruned``) or None.
@@ -118,9 +118,9 @@ class PruneResult:
             "self_check": self.self_check,
             "units": "nats/token", "n_heads_total": spec.n_layers * spec.n_heads,
             "methods": {m: methods[m] for m in cfg.methods},
-            "evaluation": "every curve: the same held-out natural text and induction task, heads removed by z * 0 at hook_z",
+            "evaluation": "every curve: the same held-out natural text and repeated tokens, heads removed by z * 0 at hook_z",
             "tokens": {"score": self.score_shape, "held_out_natural": self.natural_shape,
-                       "induction": list(self.repeated.tokens.shape), "period": cfg.period},
+                       "repeated": list(self.repeated.tokens.shape), "period": cfg.period},
             "auc": self.auc(),
             "curves": {name: [{k: v for k, v in row.items() if k != "removed"} for row in r.rows] for name, r in self.runs.items()},
             "removal_order": {name: [format_head(h) for h in r.removal_order] for name, r in self.runs.items()},
@@ -136,7 +136,7 @@ class PruneResult:
         return out
 
     def figures(self) -> dict[str, object]:
-        """``{"pruning_curve": Figure}`` (every method's held-out text and induction loss against the
+        """``{"pruning_curve": Figure}`` (every method's held-out text and repeated-tokens loss against the
         fraction pruned, random as a band over seeds) and, with ``per_layer``, ``{"per_layer": Figure}``."""
         cfg, spec = self.config, self.spec
 
@@ -188,12 +188,12 @@ class PruneResult:
 
     def report(self) -> str:
         """The terminal table: each method's curve, random as mean over seeds, then the areas."""
-        lines = [f"{'curve':<12} {'removed':>7} {'fraction':>8} {'natural':>8} {'induction':>9}"]
+        lines = [f"{'curve':<12} {'removed':>7} {'fraction':>8} {'natural':>8} {'repeated':>9}"]
         for m in self.config.methods:
             rs = self._curves(m)
             for i, row in enumerate(rs[0].rows):
                 nat = np.mean([r.rows[i]["natural_loss"] for r in rs])
-                ind = np.mean([r.rows[i]["induction_loss"] for r in rs])
+                ind = np.mean([r.rows[i]["repeated_loss"] for r in rs])
                 name = m if len(rs) == 1 else f"{m} (mean {len(rs)})"
                 lines.append(f"{name:<12} {row['n_pruned']:>7} {row['fraction_pruned']:>8.2f} {nat:>8.3f} {ind:>9.3f}")
         auc = self.auc()
@@ -202,7 +202,7 @@ class PruneResult:
             for m in self.config.methods:
                 a = auc[m]
                 fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else f"{v['mean']:.3f} +- {v['std']:.3f}"  # noqa: E731
-                lines.append(f"area (mean loss over {lo:.2f}-{hi:.2f} removed) {m}: natural {fmt(a['natural'])}, induction {fmt(a['induction'])}")
+                lines.append(f"area (mean loss over {lo:.2f}-{hi:.2f} removed) {m}: natural {fmt(a['natural'])}, repeated {fmt(a['repeated'])}")
         if self.per_layer is not None:
             best = min(self.per_layer, key=lambda r: r["delta_best_only"])
             lines.append(f"per layer: one head kept costs {min(r['delta_best_only'] for r in self.per_layer):+.3f} .. "
@@ -214,6 +214,15 @@ class PruneResult:
                          f"|logit diff| vs masked {p['max_abs_logit_diff_vs_masked']:.2e}; forward {p['forward_s']['masked']:.3f} s "
                          f"masked vs {p['forward_s']['pruned']:.3f} s pruned ({p['speedup']:.2f}x)")
         return "\n".join(lines)
+
+
+def _rename_old_task(saved: dict) -> dict:
+    """``saved`` (a checkpoint's state) with its curves' ``induction_loss`` renamed ``repeated_loss``
+    in place (a checkpoint written when the repeated task was called "induction"); returns it."""
+    for state in saved.values():
+        if isinstance(state, dict) and "rows" in state:
+            state["rows"] = [{"repeated_loss" if k == "induction_loss" else k: v for k, v in row.items()} for row in state["rows"]]
+    return saved
 
 
 def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
@@ -234,7 +243,7 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
     """
     t_start = time.perf_counter()
     cfg = config
-    saved = {} if resume is None else resume
+    saved = _rename_old_task({} if resume is None else resume)
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     if cfg.save_pruned:
         model.check_prunable()  # before any computation: the native backend only; MLA and all-head QK-norm cannot be pruned exactly
@@ -247,7 +256,7 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
     natural, repeated = data.natural, data.repeated
     score = LossSet(natural.tokens[: cfg.n_natural], first_scored("natural", natural.start, None))
     evals = {"natural": LossSet(natural.tokens[cfg.n_natural:], score.first),
-             "induction": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period))}
+             "repeated": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period))}
     runs, method_s = {}, {}
     for name in run_names(cfg):
         def on_step(state, name=name):
@@ -276,7 +285,7 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
     for col in ("lambda", "expected_open"):
         if col not in table:
             table[col] = np.nan
-    table = table[["method", "seed", "step", "n_pruned", "fraction_pruned", "natural_loss", "induction_loss",
+    table = table[["method", "seed", "step", "n_pruned", "fraction_pruned", "natural_loss", "repeated_loss",
                    "lambda", "expected_open", "removed"]]
     per_layer = None
     if cfg.per_layer:
