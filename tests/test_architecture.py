@@ -175,6 +175,22 @@ def test_the_model_parameter_count_can_fail():
     assert _loose_model_parameters(bad) == ["a(model: None)", "b(model: Any)", "c(loaded: object)"]
 
 
+def _loose_spec_fields(source: str) -> list[str]:
+    """``Class.spec: annotation`` for each class field named ``spec`` that is annotated ``object`` or ``Any``."""
+    import ast
+
+    return [f"{c.name}.spec: {ast.unparse(f.annotation)}" for c in ast.walk(ast.parse(source)) if isinstance(c, ast.ClassDef)
+            for f in c.body if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name) and f.target.id == "spec"
+            and ast.unparse(f.annotation) in ("object", "Any")]
+
+
+def test_every_result_types_its_spec():
+    """Results say their ``spec`` is a ``ModelSpec`` (circuit's and kv's said ``object``); the check can fail."""
+    offences = {str(p.relative_to(ROOT)): f for p in _sources() if (f := _loose_spec_fields(p.read_text(encoding="utf-8")))}
+    assert not offences, offences
+    assert _loose_spec_fields("class R:\n    spec: object\n    x: int\nclass S:\n    spec: ModelSpec\n") == ["R.spec: object"]
+
+
 def test_the_interface_declares_every_member_used():
     """Every ``model.x`` that analyses/ and headprobe/ read on a ``LoadedModel`` parameter is declared on
     :class:`~headprobe.probe.backend.LoadedModel` (a method, property or annotated attribute): no member

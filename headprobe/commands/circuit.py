@@ -39,6 +39,7 @@ from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 from headprobe.settings import DataSettings, ModelSettings, setting, shared
 
@@ -121,7 +122,7 @@ class CircuitResult:
     or None), ``clean_loss`` (nats/token), ``baseline_error`` and ``seconds``."""
 
     config: CircuitConfig
-    spec: object
+    spec: ModelSpec
     edges: object
     agreement: dict | None
     paths: object

@@ -40,6 +40,7 @@ from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.spec import ModelSpec
 from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
 from headprobe.settings import DataSettings, ModelSettings, setting, shared
 
@@ -179,7 +180,7 @@ class KVResult:
     """
 
     config: KVConfig
-    spec: object
+    spec: ModelSpec
     layout: object
     policy: object
     policy_cost: object
