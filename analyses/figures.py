@@ -61,8 +61,9 @@ def _wrap_titles(fig: Figure) -> Figure:
     """A safety net: a title too wide for the room it has breaks into lines (at spaces), so the
     layout made when the figure is saved has room for every line (matplotlib's own
     ``Text.set_wrap`` wraps only at draw time, after the layout, and pushed the first line of a
-    three-line title off the top). The figure is laid out once to measure: a title's room is
-    twice the distance from its centre to the nearer figure edge."""
+    three-line title off the top). The figure is laid out once to measure (``draw_without_rendering``:
+    the layout and text positions of a draw, no pixels): a title's room is twice the distance from
+    its centre to the nearer figure edge."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
@@ -71,7 +72,7 @@ def _wrap_titles(fig: Figure) -> Figure:
     if not texts:
         return fig
     for _ in range(3):  # again after wrapping: the new layout can move a title that fitted
-        canvas.draw()  # the constrained layout places axes and titles
+        fig.draw_without_rendering()  # the constrained layout places axes and titles; nothing is rasterised
         if not _wrap_to_room(texts, canvas.get_renderer(), fig.bbox.width):
             break  # every title fits this layout: no further pass (most figures need only the one)
     return fig
