@@ -178,6 +178,9 @@ def prepare_runs(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted:
     if attention_mask is not None and tuple(attention_mask.shape) != tuple(clean.shape):
         raise HeadprobeError(f"attention_mask {tuple(attention_mask.shape)} must have the prompts' shape {tuple(clean.shape)}")
     mask = None if attention_mask is None or bool(attention_mask.bool().all()) else attention_mask.to(model.device)
+    if mask is not None and metric is None and int(mask.sum(1).min()) < first + 2:
+        raise HeadprobeError(f"a padded prompt of {int(mask.sum(1).min())} real tokens has no prediction from its "
+                             f"real token {first} on to score (the metric would be NaN)")
     metric = next_token_loss(first, mask) if metric is None else metric
     L = model.spec.n_layers
     embeds: list[Tensor] = []

@@ -260,3 +260,5 @@ def test_a_padded_batch_equals_each_prompt_run_alone(tiny_tokenizer, side):
     singles = [edge_attribution(model, c[None], x[None], steps=3, first=2) for c, x in pairs]
     np.testing.assert_allclose(ig.head_scores, np.mean([s.head_scores for s in singles], axis=0), rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(ig.logit_scores, np.mean([s.logit_scores for s in singles], axis=0), rtol=1e-4, atol=1e-7)
+    with pytest.raises(HeadprobeError, match="no prediction from its real token 5"):  # the 6-token row: NaN, refused
+        path_patch(model, clean, corrupted, senders, (1, 1), "k", first=5, attention_mask=mask)
