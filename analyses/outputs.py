@@ -1,8 +1,8 @@
 """The one writer of a command's output directory: tables, figures, other files and, last,
 ``summary.json``, each file atomically, so a directory with its summary in it is complete.
 
-Every command's ``Result.save`` calls :func:`write_outputs` (``scan``, ``ablate``, ``prune``,
-``patch``, ``train``, ``study``); the order of its steps is the guarantee ``headprobe`` prints on
+Every command that writes a summary calls :func:`write_outputs` (``scan``, ``ablate``, ``prune``,
+``patch``, ``circuit``, ``kv``, ``atlas``, ``train``, ``study``); the order of its steps is the guarantee ``headprobe`` prints on
 Ctrl-C ("files already written are complete (summary.json comes last)").
 """
 

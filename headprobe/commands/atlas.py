@@ -45,12 +45,12 @@ import pandas as pd
 from headprobe.commands import Command
 from headprobe import options, settings
 from headprobe.analyses import atlas as atlas_lib
-from headprobe.analyses import figures
+from headprobe.analyses.outputs import write_outputs
 from headprobe.analyses.detectors import select_detectors
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 from headprobe.settings import DataSettings, ModelSettings
-from headprobe.probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json, write_text
+from headprobe.probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json
 
 HELP = "scan many models (or a training run's checkpoints) and show where each head type sits across them"
 
@@ -384,12 +384,9 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
             parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
     table = atlas_lib.atlas_table(parts) if parts else pd.DataFrame(columns=list(atlas_lib.ID_COLUMNS))
     result = AtlasResult(config, table, records, out, seconds=time.perf_counter() - t_start)
-    files = [out / TABLE]
-    write_text(out / TABLE, table.to_csv(index=False, float_format="%.5f"))
-    for stem, fig in result.figures().items():
-        files += figures.save_figure(fig, out / stem)
-    write_json(out / "summary.json", result.summary())
-    files.append(out / "summary.json")
+    # --out was checked when the run began; it now holds the models' directories
+    files = write_outputs(out, True, summary=result.summary, tables={TABLE: table.to_csv(index=False, float_format="%.5f")},
+                          figures=result.figures())
     ckpt.clear()
     result.files = files
     return result

@@ -40,7 +40,7 @@ from headprobe.options import positive_int
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import ModelSpec
-from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.probe.io import package_versions
 from headprobe.settings import DataSettings, ModelSettings, setting, shared
 
 HELP = "head circuits: edge attribution (EAP, EAP-IG) checked by exact path patching, and why a head attends"
@@ -205,20 +205,14 @@ class CircuitResult:
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
         """
-        from headprobe.analyses import figures
+        from headprobe.analyses.outputs import write_outputs
 
-        out = prepare_output_dir(out_dir, overwrite)
-        write_text(out / "edges.csv", self.edges.to_csv(index=False, float_format="%.6g"))
-        written = [out / "edges.csv"]
+        tables = {"edges.csv": self.edges.to_csv(index=False, float_format="%.6g")}
         if self.paths is not None:
-            write_text(out / "path_patching.csv", self.paths.to_csv(index=False, float_format="%.6g"))
-            written.append(out / "path_patching.csv")
+            tables["path_patching.csv"] = self.paths.to_csv(index=False, float_format="%.6g")
         if self.qk is not None:
-            write_text(out / "qk_attribution.csv", self.qk_table().to_csv(index=False, float_format="%.6g"))
-            written.append(out / "qk_attribution.csv")
-        written += figures.save_figure(self.figure(), out / "circuit")
-        write_json(out / "summary.json", self.summary())
-        return written + [out / "summary.json"]
+            tables["qk_attribution.csv"] = self.qk_table().to_csv(index=False, float_format="%.6g")
+        return write_outputs(out_dir, overwrite, summary=self.summary, tables=tables, figures={"circuit": self.figure})
 
 
 def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> CircuitResult:

@@ -41,7 +41,7 @@ from headprobe.options import positive_int
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import ModelSpec
-from headprobe.probe.io import package_versions, prepare_output_dir, write_json, write_text
+from headprobe.probe.io import package_versions, write_json
 from headprobe.settings import DataSettings, ModelSettings, setting, shared
 
 HELP = "head-level KV-cache policy: which KV groups keep a full cache, measured causally against uniform and random"
@@ -254,20 +254,23 @@ class KVResult:
         import pandas as pd
 
         from headprobe.analyses import figures
+        from headprobe.analyses.outputs import write_outputs
 
-        out = prepare_output_dir(out_dir, overwrite)
-        write_json(out / "policy.json", self.policy.to_dict())
-        write_json(out / "policy_budget.json", {"layout": self.layout.to_dict(), **self.policy_cost.to_dict(),
-                                                "command": f"headprobe budget --model {self.spec.name} --seq-len "
-                                                           f"{self.config.seq_len} --dtype {self.config.dtype} --policy policy.json"})
-        write_text(out / "group_costs.csv", self.group_table().to_csv(index=False, float_format="%.6f"))
-        write_text(out / "curve.csv", pd.DataFrame(self.curve).to_csv(index=False, float_format="%.6f"))
-        written = [out / n for n in ("policy.json", "policy_budget.json", "group_costs.csv", "curve.csv")]
-        fig = figures.kv_policy_curve(self.curve, f"{self.spec.name}: KV policy at {self.config.seq_len} tokens "
-                                                  f"(sink {self.config.sink}, window {self.config.window})")
-        written += figures.save_figure(fig, out / "kv_curve")
-        write_json(out / "summary.json", self.summary())
-        return written + [out / "summary.json"]
+        def policy_files(out: Path) -> list[Path]:
+            write_json(out / "policy.json", self.policy.to_dict())
+            write_json(out / "policy_budget.json", {"layout": self.layout.to_dict(), **self.policy_cost.to_dict(),
+                                                    "command": f"headprobe budget --model {self.spec.name} --seq-len "
+                                                               f"{self.config.seq_len} --dtype {self.config.dtype} --policy policy.json"})
+            return [out / "policy.json", out / "policy_budget.json"]
+
+        def curve_figure():
+            return figures.kv_policy_curve(self.curve, f"{self.spec.name}: KV policy at {self.config.seq_len} tokens "
+                                                       f"(sink {self.config.sink}, window {self.config.window})")
+
+        tables = {"group_costs.csv": self.group_table().to_csv(index=False, float_format="%.6f"),
+                  "curve.csv": pd.DataFrame(self.curve).to_csv(index=False, float_format="%.6f")}
+        return write_outputs(out_dir, overwrite, summary=self.summary, tables=tables, figures={"kv_curve": curve_figure},
+                             extra=policy_files)
 
 
 def _mean(values) -> float:
