@@ -95,9 +95,10 @@ def test_path_patching_equals_the_hand_built_models_known_paths(tiny_tokenizer):
     got["logits"] = float(path_patch_effects(model, runs, [(0, 0)], None)[0])
     for path in got:
         assert got[path] == pytest.approx(_np_path(net, clean[0].numpy(), corrupted[0].numpy(), path), abs=1e-5), path
-    # by construction only the key path carries the sender's change
-    assert got["q"] == pytest.approx(0, abs=1e-6) and got["v"] == pytest.approx(0, abs=1e-6)
-    assert got["logits"] == pytest.approx(0, abs=1e-6) and abs(got["k"]) > 1e-3
+    # by construction only the key path carries the sender's change; "zero" is to float32 rounding of
+    # a loss near 2.5 (a few ulp, 2.4e-7 each: runs batched differently round differently; seen 1.9e-6)
+    assert got["q"] == pytest.approx(0, abs=1e-5) and got["v"] == pytest.approx(0, abs=1e-5)
+    assert got["logits"] == pytest.approx(0, abs=1e-5) and abs(got["k"]) > 1e-3
     scores = edge_scores(model, runs, "eap-ig", steps=4)
     assert scores.head_scores[0, 1, 0, 0, 0] == pytest.approx(0, abs=1e-6)  # q
     assert scores.head_scores[2, 1, 0, 0, 0] == pytest.approx(0, abs=1e-6)  # v
