@@ -19,12 +19,13 @@ from headprobe.probe.io import prepare_output_dir, write_json, write_text
 
 def write_outputs(out_dir: str | os.PathLike[str], overwrite: bool, *, summary: dict | Callable[[], dict],
                   tables: Mapping[str, str] | None = None,
-                  figures: Mapping[str, Figure | Callable[[], Figure]] | None = None,
+                  figures: Mapping[str, Figure | Callable[[], Figure]] | Callable[[], Mapping[str, Figure]] | None = None,
                   extra: Callable[[Path], list[Path]] | None = None, summary_name: str = "summary.json",
                   resumable: bool = False, progress: bool = False) -> list[Path]:
     """Write into ``out_dir`` (created; checked by :func:`~headprobe.probe.io.prepare_output_dir`
     with ``overwrite`` and ``resumable``): each of ``tables`` (file name -> text, usually a CSV),
-    each of ``figures`` (stem -> a figure or a function drawing it, written in
+    each of ``figures`` (stem -> a figure or a function drawing it, or a function returning that
+    mapping; none is drawn with ``--formats none``), written in
     :func:`~headprobe.analyses.vocabulary.figure_formats` by
     :func:`~headprobe.analyses.figures.save_figure`; ``progress``: a progress bar on stderr), the
     files ``extra(out)`` writes (it returns their paths), and, last, ``summary`` (a dict or a
@@ -48,7 +49,7 @@ def write_outputs(out_dir: str | os.PathLike[str], overwrite: bool, *, summary: 
     for name, text in (tables or {}).items():
         write_text(out / name, text)
         written.append(out / name)
-    figures = figures or {}
+    figures = {} if not figure_formats() else (figures() if callable(figures) else figures) or {}
     for stem, fig in tqdm(figures.items(), total=len(figures), desc=f"writing figures ({', '.join(figure_formats())})",
                           unit="figure", disable=not progress or not figures):
         written += save_figure(fig() if callable(fig) else fig, out / stem)

@@ -46,6 +46,8 @@ MIN_PAIRS_FOR_CI = 10
 (:mod:`headprobe.analyses.patching`)."""
 FIGURE_FORMATS: tuple[str, ...] = ("png", "pdf", "svg")
 """Every format a figure is written in (:func:`headprobe.analyses.figures.save_figure`), in order."""
+NO_FIGURES = "none"
+"""``--formats none``: write no figures (tables and summary only)."""
 FIGURE_FORMATS_ENV = "HEADPROBE_FIGURE_FORMATS"
 """The environment variable that narrows :data:`FIGURE_FORMATS` (:func:`figure_formats`)."""
 
@@ -53,19 +55,39 @@ FIGURE_FORMATS_ENV = "HEADPROBE_FIGURE_FORMATS"
 def figure_formats() -> tuple[str, ...]:
     """The formats figures are written in: :data:`FIGURE_FORMATS`, or those named in
     ``$HEADPROBE_FIGURE_FORMATS`` (comma-separated, case ignored, e.g. ``png``: a third of the
-    writing time, what the test suite sets), in :data:`FIGURE_FORMATS` order. Unset or empty: all.
+    writing time), in :data:`FIGURE_FORMATS` order; ``none`` (:data:`NO_FIGURES`, alone): no
+    figures at all, the empty tuple (tables and summary only; the test suite's default, as drawing
+    is most of a small model's run). Unset or empty: all.
 
     Raises:
-        HeadprobeError: a name that is not one of :data:`FIGURE_FORMATS`.
+        HeadprobeError: a name that is not one of :data:`FIGURE_FORMATS`, or ``none`` with another.
     """
     import os
 
-    asked = [f.strip().lower() for f in os.environ.get(FIGURE_FORMATS_ENV, "").split(",") if f.strip()]
+    asked = parse_figure_formats(os.environ.get(FIGURE_FORMATS_ENV, ""), FIGURE_FORMATS_ENV + "=")
+    return FIGURE_FORMATS if asked is None else asked
+
+
+def parse_figure_formats(text: str, source: str) -> tuple[str, ...] | None:
+    """``text`` (comma-separated names, case ignored) as formats in :data:`FIGURE_FORMATS` order;
+    ``()`` for ``none``; None when ``text`` names nothing. ``source`` (``--formats `` or
+    ``HEADPROBE_FIGURE_FORMATS=``) starts the error line.
+
+    Raises:
+        HeadprobeError: an unknown name, or ``none`` with another.
+    """
+    asked = [f.strip().lower() for f in text.split(",") if f.strip()]
+    if not asked:
+        return None
+    if NO_FIGURES in asked:
+        if len(asked) > 1:
+            raise HeadprobeError(f"{source}{text!r}: {NO_FIGURES!r} (no figures) cannot be combined with a format")
+        return ()
     unknown = [f for f in asked if f not in FIGURE_FORMATS]
     if unknown:
-        raise HeadprobeError(f"{FIGURE_FORMATS_ENV}={os.environ[FIGURE_FORMATS_ENV]!r}: unknown figure format "
-                             f"{unknown[0]!r}; choose from {', '.join(FIGURE_FORMATS)} (comma-separated)")
-    return tuple(f for f in FIGURE_FORMATS if f in asked) if asked else FIGURE_FORMATS
+        raise HeadprobeError(f"{source}{text!r}: unknown figure format {unknown[0]!r}; choose from "
+                             f"{', '.join(FIGURE_FORMATS)} (comma-separated) or {NO_FIGURES}")
+    return tuple(f for f in FIGURE_FORMATS if f in asked)
 
 
 def check_verification_choices(alpha: float, control: str, correction: str) -> None:

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from headprobe.analyses.vocabulary import FIGURE_FORMATS
+from headprobe.analyses.vocabulary import FIGURE_FORMATS, NO_FIGURES, parse_figure_formats
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.vocabulary import BACKENDS, DEVICE_MAPS, DEVICES  # defined once there (torch-free)
 
@@ -262,17 +262,19 @@ class OutputSettings:
     """The output directory (must be empty or absent unless ``overwrite``)."""
     overwrite: bool = setting(False, "replace files in a non-empty output directory", action="store_true")
     """Replace files in a non-empty output directory."""
-    formats: str | None = setting(None, f"figure formats, comma-separated, of {','.join(FIGURE_FORMATS)} (default: "
-                                  "$HEADPROBE_FIGURE_FORMATS, or all three)", metavar="FMT[,FMT...]")
-    """Figure formats (None: :func:`headprobe.analyses.vocabulary.figure_formats`, all unless the environment says)."""
+    formats: str | None = setting(None, f"figure formats, comma-separated, of {','.join(FIGURE_FORMATS)}, or "
+                                  f"{NO_FIGURES} for no figures (default: $HEADPROBE_FIGURE_FORMATS, or all three)",
+                                  metavar="FMT[,FMT...]")
+    """Figure formats (None: :func:`headprobe.analyses.vocabulary.figure_formats`, all unless the
+    environment says; ``none``: no figures)."""
 
     def __post_init__(self):
         if self.formats is not None:
-            asked = [f.strip().lower() for f in str(self.formats).split(",") if f.strip()]
-            bad = [f for f in asked if f not in FIGURE_FORMATS]
-            if bad or not asked:
-                raise HeadprobeError(f"--formats {self.formats!r}: choose from {', '.join(FIGURE_FORMATS)} (comma-separated)")
-            object.__setattr__(self, "formats", ",".join(f for f in FIGURE_FORMATS if f in asked))
+            asked = parse_figure_formats(str(self.formats), "--formats ")
+            if asked is None:
+                raise HeadprobeError(f"--formats {self.formats!r}: choose from {', '.join(FIGURE_FORMATS)} "
+                                     f"(comma-separated) or {NO_FIGURES}")
+            object.__setattr__(self, "formats", ",".join(asked) or NO_FIGURES)
 
 
 def check_device_map(device: str | None, device_map: str | None, max_memory: dict | str | None) -> None:

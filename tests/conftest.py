@@ -10,23 +10,28 @@ import os
 import pytest
 import torch
 
-from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
+from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV, NO_FIGURES
 
 
 def pytest_configure(config):
-    """Figures as PNG only for the whole run, subprocesses included (the PDF and SVG are two thirds
-    of a figure's writing time); a test that checks them asks for every format with
-    ``@pytest.mark.all_figure_formats`` (:func:`_figure_formats`)."""
+    """No figures for the whole run, subprocesses included (``$HEADPROBE_FIGURE_FORMATS=none``:
+    drawing is most of a tiny model's command); a test that checks its figures asks for them with
+    ``@pytest.mark.figures`` (PNG) or ``@pytest.mark.all_figure_formats`` (PNG, PDF and SVG, the
+    default of a real run) (:func:`_figure_formats`)."""
+    config.addinivalue_line("markers", "figures: the test writes its figures as PNG (the suite writes none)")
     config.addinivalue_line("markers", "all_figure_formats: the test writes figures as PNG, PDF and SVG "
-                                       "(the default), not PNG only")
-    os.environ[FIGURE_FORMATS_ENV] = "png"
+                                       "(the default), not none")
+    os.environ[FIGURE_FORMATS_ENV] = NO_FIGURES
 
 
 @pytest.fixture(autouse=True)
 def _figure_formats(request, monkeypatch):
-    """``@pytest.mark.all_figure_formats``: this test (and the processes it starts) writes every format."""
+    """``@pytest.mark.figures``: this test (and the processes it starts) writes PNG figures;
+    ``@pytest.mark.all_figure_formats``: every format."""
     if request.node.get_closest_marker("all_figure_formats"):
         monkeypatch.delenv(FIGURE_FORMATS_ENV)
+    elif request.node.get_closest_marker("figures"):
+        monkeypatch.setenv(FIGURE_FORMATS_ENV, "png")
 
 
 def make_tiny_tokenizer(tmp_dir, n_words: int = 100):

@@ -47,6 +47,7 @@ def test_ablate_cli(tiny_dir, tmp_path):
 FAST_L0 = ["--l0-steps", "12", "--l0-lambdas", "10,100", "--n-seeds", "2"]
 
 
+@pytest.mark.figures
 def test_prune_cli_saves_reloadable_model(tiny_dir, tmp_path):
     """Issue 16: every method on one CSV and figure, areas in summary.json, and the pruned model a
     directory that ``load_model`` and ``scan --model DIR`` load, equal to the masked model."""

@@ -58,6 +58,7 @@ def test_scan_result_save_writes_the_cli_files(cli_scan, api_scan, tmp_path):
         result.save(tmp_path / "api")
 
 
+@pytest.mark.figures
 def test_types_limit_columns_figures_and_verifications(api_scan, text_file, tmp_path):
     model, full = api_scan
     part = headprobe.scan(model, text=str(text_file), types="induction,previous-token", **SMALL_SCAN)
@@ -208,6 +209,7 @@ def test_api_functions_record_the_load_time(tiny_dir, text_file, monkeypatch):
     assert headprobe.ablate(model, heads="1.3", **small).load_s == 0.0
 
 
+@pytest.mark.figures
 def test_scan_dtype_flag_casts_the_weights(tiny_dir, text_file, tmp_path):
     """``scan --dtype bf16`` computes in bfloat16 as ``ablate --dtype`` does; recorded in summary.json."""
     out = tmp_path / "bf16"

@@ -230,6 +230,7 @@ def test_snapshots_reload_as_the_model_they_were_taken_from(train_run):
     assert middle["step"] == 3 and middle["train"]["save_every"] == 3
 
 
+@pytest.mark.figures
 def test_atlas_over_checkpoints_is_in_step_order(train_run, tmp_path):
     _, run = train_run
     result = headprobe.atlas(checkpoints=str(run), out=tmp_path / "a", n_natural=2, seq_len=16, n_repeated=2, period=6, k=1,

@@ -213,6 +213,7 @@ def _text(tmp_path):
     return str(p)
 
 
+@pytest.mark.figures
 def test_ablate_estimate_cli(tiny_dir, tmp_path):
     from headprobe.cli import main
 

@@ -22,6 +22,7 @@ def llama_dir(tmp_path_factory, tiny_tokenizer):
     return zoo.save_dir("llama", tiny_tokenizer, tmp_path_factory.mktemp("llama"))
 
 
+@pytest.mark.figures
 def test_cli_writes_edges_figure_and_summary(llama_dir, tmp_path, capsys):
     out = tmp_path / "c"
     assert main(["circuit", "--model", str(llama_dir), "--out", str(out), "--device", "cpu", "--n-seqs", "2",

@@ -132,9 +132,12 @@ def test_formats_flag_sets_the_figure_formats_of_one_run(tmp_path, capsys, monke
     from headprobe.cli import _figure_formats, main
 
     assert main(["scan", "--formats", "gif", "--out", str(tmp_path / "x")]) == 2
-    assert capsys.readouterr().err.strip() == "headprobe: error: --formats 'gif': choose from png, pdf, svg (comma-separated)"
+    assert capsys.readouterr().err.strip() == ("headprobe: error: --formats 'gif': unknown figure format 'gif'; "
+                                                "choose from png, pdf, svg (comma-separated) or none")
     assert not (tmp_path / "x").exists()
     monkeypatch.setenv(FIGURE_FORMATS_ENV, "png")
     with _figure_formats("SVG,pdf"):
         assert figure_formats() == ("pdf", "svg")
+    with _figure_formats("NONE"):  # no figures at all
+        assert figure_formats() == ()
     assert os.environ[FIGURE_FORMATS_ENV] == "png" and figure_formats() == ("png",)

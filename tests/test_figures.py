@@ -13,6 +13,8 @@ import torch
 from headprobe.analyses import figures as figs
 from headprobe.analyses.scoring import LABEL_CHARS, token_labels
 
+pytestmark = pytest.mark.figures  # every test here draws and writes figures (PNG; the suite writes none)
+
 
 def test_unmeasured_heads_are_hatched_grey_and_named_in_a_legend():
     values = np.array([[0.5, -0.2, np.nan], [np.nan, 0.0, 0.1]])
@@ -85,23 +87,36 @@ def test_figures_leave_matplotlib_settings_alone_and_embed_truetype(tmp_path):
     assert paths_again[2].read_bytes() == svg and paths_again[1].read_bytes() == pdf
 
 
-def test_the_suite_writes_png_only_unless_a_test_asks_for_every_format(tmp_path, monkeypatch):
-    """tests/conftest.py sets HEADPROBE_FIGURE_FORMATS=png for the run (two thirds of the writing time
-    saved); unset, every format is written; a subset is written in FORMATS order; a bad name is refused."""
+def test_the_suite_writes_no_figures_unless_a_test_asks(tmp_path, monkeypatch):
+    """tests/conftest.py sets HEADPROBE_FIGURE_FORMATS=none for the run: no figure is drawn (the
+    one writer does not call the figure makers); png writes PNG only; unset, every format is
+    written; a subset is written in FORMATS order; a bad name, or none with a format, is refused."""
+    from headprobe.analyses.outputs import write_outputs
     from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV, figure_formats
     from headprobe.probe.errors import HeadprobeError
 
+    def never():
+        raise AssertionError("a figure was drawn with --formats none")
+
+    monkeypatch.setenv(FIGURE_FORMATS_ENV, "none")  # the suite's setting (this module asks for PNG)
+    assert figure_formats() == ()
+    got = write_outputs(tmp_path / "none", False, summary={"a": 1}, tables={"t.csv": "x\n1\n"}, figures=never)
+    assert [p.name for p in got] == ["t.csv", "summary.json"]
     fig = figs.signed_head_heatmap(np.array([[0.5, -0.2], [0.1, 0.0]]), "effect", "Δ loss")
-    assert [p.name for p in figs.save_figure(fig, tmp_path / "png")] == ["png.png"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["png.png"]
+    assert figs.save_figure(fig, tmp_path / "nothing") == [] and not list(tmp_path.glob("nothing*"))
+    monkeypatch.setenv(FIGURE_FORMATS_ENV, "png")
+    got = write_outputs(tmp_path / "png", False, summary={"a": 1}, figures=lambda: {"heat": lambda: fig})
+    assert [p.name for p in got] == ["heat.png", "summary.json"]
     monkeypatch.delenv(FIGURE_FORMATS_ENV)
     assert [p.suffix for p in figs.save_figure(fig, tmp_path / "all")] == [".png", ".pdf", ".svg"]
-    for value, want in (("", figs.FORMATS), ("svg, PNG", ("png", "svg")), ("pdf", ("pdf",))):
+    for value, want in (("", figs.FORMATS), ("svg, PNG", ("png", "svg")), ("pdf", ("pdf",)), ("None", ())):
         monkeypatch.setenv(FIGURE_FORMATS_ENV, value)
         assert figure_formats() == want
-    monkeypatch.setenv(FIGURE_FORMATS_ENV, "png,jpeg")
-    with pytest.raises(HeadprobeError, match="unknown figure format 'jpeg'; choose from png, pdf, svg"):
-        figs.save_figure(fig, tmp_path / "bad")
+    for value, message in (("png,jpeg", "unknown figure format 'jpeg'; choose from png, pdf, svg"),
+                           ("none,png", "'none' .no figures. cannot be combined with a format")):
+        monkeypatch.setenv(FIGURE_FORMATS_ENV, value)
+        with pytest.raises(HeadprobeError, match=message):
+            figs.save_figure(fig, tmp_path / "bad")
     assert not list(tmp_path.glob("bad*"))
 
 

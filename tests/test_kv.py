@@ -124,6 +124,7 @@ CASES = {"gpt2-MHA": ("gpt2", {}), "llama-GQA": ("llama", {}), "llama-MQA": ("ll
          "deepseek_v3-MLA": ("deepseek_v3", {})}
 
 
+@pytest.mark.figures
 @pytest.mark.parametrize("case, method", [(c, m) for c in CASES for m in ("estimate", "measured")] + [("llama-GQA", "retrieval")])
 def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, capsys):
     family, change = CASES[case]

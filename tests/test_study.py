@@ -27,6 +27,7 @@ def test_study_layouts(tmp_path):
     assert (tmp_path / "quality_vs_kv.png").is_file() and (tmp_path / "quality_vs_kv.pdf").is_file()
 
 
+@pytest.mark.figures
 def test_study_heads(tmp_path):
     assert _tiny("heads", tmp_path, ["--n-heads-list", "1,2"]) == 0
     t = pd.read_csv(tmp_path / "results.csv")

@@ -82,6 +82,7 @@ def test_a_head_type_is_a_cli_choice(registered, capsys):
         select_head_types("prev-cpy")
 
 
+@pytest.mark.figures
 def test_a_head_type_reaches_the_csv_summary_figures_and_viewer(registered, model, text_file, tmp_path):
     from headprobe.analyses import viewer
     from headprobe.probe.capture import capture_heads
@@ -130,6 +131,7 @@ def _metric_records():
     return copy, HeadColumn("never", ("never",), never, figures=(HeatmapStyle("never", "never", "never"),))
 
 
+@pytest.mark.figures
 def test_a_metric_reaches_the_csv_summary_figures_and_viewer(registered, model, text_file, tmp_path):
     from headprobe.analyses import viewer
     from headprobe.probe.capture import capture_heads

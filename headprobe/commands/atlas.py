@@ -386,7 +386,7 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     result = AtlasResult(config, table, records, out, seconds=time.perf_counter() - t_start)
     # --out was checked when the run began; it now holds the models' directories
     files = write_outputs(out, True, summary=result.summary, tables={TABLE: table.to_csv(index=False, float_format="%.5f")},
-                          figures=result.figures())
+                          figures=result.figures)
     ckpt.clear()
     result.files = files
     return result

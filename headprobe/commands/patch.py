@@ -266,7 +266,7 @@ class PatchResult:
         """
         from headprobe.analyses.outputs import write_outputs
 
-        return write_outputs(out_dir, overwrite, summary=self.summary, figures=self.figures(),
+        return write_outputs(out_dir, overwrite, summary=self.summary, figures=self.figures,
                              tables={self.csv_name: self.table.to_csv(index=False, float_format="%.5f")})
 
 

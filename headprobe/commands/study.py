@@ -285,7 +285,7 @@ class StudyResult:
         """
         from headprobe.analyses.outputs import write_outputs
 
-        return write_outputs(out_dir, overwrite, summary=self.summary, summary_name="study.json", figures=self.figures(),
+        return write_outputs(out_dir, overwrite, summary=self.summary, summary_name="study.json", figures=self.figures,
                              tables={"results.csv": self.table.to_csv(index=False, float_format="%.5f")})
 
     def report(self) -> str:

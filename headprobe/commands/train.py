@@ -120,7 +120,7 @@ class TrainResult(TrainRun):
             written += sorted({Path(f) for f in tokenizer_files if Path(f).is_file()} - set(written))
             return written + self.save_snapshots(out / CHECKPOINTS)
 
-        return write_outputs(out_dir, overwrite, summary=self.summary(), figures=self.figures(), extra=model_files,
+        return write_outputs(out_dir, overwrite, summary=self.summary(), figures=self.figures, extra=model_files,
                              tables={"train_log.csv": self.log.to_csv(index=False, float_format="%.5f")})
 
     def save_snapshots(self, out_dir: Path) -> list[Path]:

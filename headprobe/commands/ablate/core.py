@@ -275,7 +275,7 @@ class AblateResult:
         """
         from headprobe.analyses.outputs import write_outputs
 
-        return write_outputs(out_dir, overwrite, resumable=True, summary=self.summary, figures=self.figures(),
+        return write_outputs(out_dir, overwrite, resumable=True, summary=self.summary, figures=self.figures,
                              tables={"head_ablation.csv": self.table.to_csv(index=False, float_format="%.6f")})
 
     def report(self) -> str:

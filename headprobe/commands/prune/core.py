@@ -184,7 +184,7 @@ class PruneResult:
             return [out / PRUNED_DIR]
 
         return write_outputs(out_dir, overwrite, resumable=True, summary=self.summary, tables=tables,
-                             figures=self.figures(), extra=pruned_model)
+                             figures=self.figures, extra=pruned_model)
 
     def report(self) -> str:
         """The terminal table: each method's curve, random as mean over seeds, then the areas."""

@@ -242,8 +242,9 @@ def main(args: argparse.Namespace) -> int:
 
     def wrote(paths, out):
         extras = (", patterns.npz" if (out / "patterns.npz") in paths else "") + (", index.html" if args.html else "")
-        return (f"\nwrote {len(paths)} files to {out}/ (head_scores.csv, summary.json, figures as "
-                f"{', '.join(f.upper() for f in vocab.figure_formats())}{extras})")
+        formats = vocab.figure_formats()
+        figures = f"figures as {', '.join(f.upper() for f in formats)}" if formats else "no figures (--formats none)"
+        return f"\nwrote {len(paths)} files to {out}/ (head_scores.csv, summary.json, {figures}{extras})"
 
     return options.run_command(args, config, options.Run("headprobe.commands.scan.core", note=unreachable_note(config),
                                                          sharded="verification", wrote=wrote,
