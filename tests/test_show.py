@@ -32,6 +32,15 @@ def test_show_draws_the_heads_own_pattern(tiny_dir, tmp_path):
     assert data["selected"] == "1.5" and data["n_layers"] * data["n_heads"] == len(data["rows"])
 
 
+def test_show_with_no_figures_draws_none_and_writes_the_page(tiny_dir, tmp_path, monkeypatch):
+    """The suite's ``--formats none``: the pattern figure is not drawn, the page is written."""
+    from headprobe.analyses import figures as figs
+
+    monkeypatch.setattr(figs, "pattern_plot", lambda *a, **k: pytest.fail("drawn with --formats none"))
+    result = run(ShowConfig(model=str(tiny_dir), head="1.5", prompt=PROMPT, out=str(tmp_path / "o"), device="cpu"))
+    assert [p.name for p in result.paths] == ["index.html"] and sorted(p.name for p in (tmp_path / "o").iterdir()) == ["index.html"]
+
+
 def test_show_refuses_bad_heads_and_prompts_in_one_line(tiny_dir, tmp_path):
     rc, _, err = run_cli("show", "--model", str(tiny_dir), "--head", "7.0", "--prompt", PROMPT, "--out", str(tmp_path / "a"))
     assert_one_line_error(rc, err, "out of range")

@@ -73,6 +73,7 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     import pandas as pd
 
     from headprobe.analyses import figures as figs
+    from headprobe.analyses.vocabulary import figure_formats
     from headprobe.analyses.data import TokenSet
     from headprobe.analyses.scoring import drawable, score_tokens, token_labels
     from headprobe.probe.capture import capture_heads
@@ -115,8 +116,9 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     out = prepare_output_dir(out, overwrite)
     name = format_head((layer, head))
     title = f"head {name}, {spec.name} ({figs.weights_label(spec.weights)})\nyour prompt ({n} tokens)"
-    paths = figs.save_figure(figs.pattern_plot(pattern, labels, title, causal=model.spec.causal, positions=positions),
-                             out / f"pattern_{name}")
+    # drawn only when a figure is written (--formats none: the page alone)
+    paths = (figs.save_figure(figs.pattern_plot(pattern, labels, title, causal=model.spec.causal, positions=positions),
+                              out / f"pattern_{name}") if figure_formats() else [])
     L, H = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
     table = pd.DataFrame({"layer": L.ravel(), "head": H.ravel(),
                           "kv_head": H.ravel() // max(1, spec.n_heads // spec.n_kv_heads),
