@@ -49,8 +49,13 @@ def write_outputs(out_dir: str | os.PathLike[str], overwrite: bool, *, summary: 
     for name, text in (tables or {}).items():
         write_text(out / name, text)
         written.append(out / name)
-    figures = {} if not figure_formats() else (figures() if callable(figures) else figures) or {}
-    for stem, fig in tqdm(figures.items(), total=len(figures), desc=f"writing figures ({', '.join(figure_formats())})",
+    formats = figure_formats()
+    if not formats:  # --formats none: no figure function is called
+        figures = {}
+    elif callable(figures):
+        figures = figures()
+    figures = figures or {}
+    for stem, fig in tqdm(figures.items(), total=len(figures), desc=f"writing figures ({', '.join(formats)})",
                           unit="figure", disable=not progress or not figures):
         written += save_figure(fig() if callable(fig) else fig, out / stem)
     if extra is not None:
