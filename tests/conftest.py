@@ -22,6 +22,19 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "all_figure_formats: the test writes figures as PNG, PDF and SVG "
                                        "(the default), not none")
     os.environ[FIGURE_FORMATS_ENV] = NO_FIGURES
+    _share_cores_between_workers()
+
+
+def _share_cores_between_workers():
+    """Under pytest-xdist (``make test`` runs ``-n 2``), give each worker its share of the cores:
+    torch's CPU kernels use one thread per core and wait for the slowest, so two workers with
+    two threads each on two cores run slower than one (README, "On a machine shared with other
+    jobs"). Subprocesses a test starts (``OMP_NUM_THREADS``) get the same share."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 @pytest.fixture(autouse=True)
