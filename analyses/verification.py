@@ -9,12 +9,13 @@ The design (docs/scan.md, "How a verdict is reached"):
   *primary* ablation kind (:data:`PRIMARY_KIND`, mean ablation: it keeps each head's output on
   the data's distribution, where zero ablation also measures the damage of an off-distribution
   input, Wang et al. 2022 sec. 3; Heimersheim & Nanda 2024). The other kind (zero) is ablated on
-  the first batch of the same control sets and reported with its raw p-value, not tested.
+  the first :data:`SECONDARY_DRAWS` of the same control sets and reported with its raw p-value,
+  not tested.
 * **Controls** (:func:`layer_matched_sets`, default): each random set has as many heads in each
   layer as the top-k set it is compared with, drawn from the heads outside every top-k of the
   task (and never a removed head of a pruned model); ``uniform`` draws from all those heads.
 * **Sequential Monte Carlo p-values** (:class:`~headprobe.analyses.statistics.SequentialMCTest`):
-  controls are ablated in batches of :data:`BATCH`; a test stops as soon as ``h = floor(alpha n) + 1``
+  controls are ablated one set per test a round (:data:`BATCH`); a test stops as soon as ``h = floor(alpha n) + 1``
   draws reach the top-k effect (Besag & Clifford 1991: its p-value ``h / L`` is then above
   ``alpha``, so no later draw can change the verdict). ``--n-random`` (n) is the most draws a test
   makes; a test no draw beats ends at n with ``p = 1 / (n + 1)``.
@@ -45,8 +46,16 @@ from headprobe.probe.hooks import Head
 
 KINDS = ("zero", "mean")
 """The kinds a verification ablates (both need no second input)."""
-BATCH = 10
-"""Control sets ablated per test between two looks."""
+BATCH = 1
+"""Control sets ablated per test between two looks: 1, Besag & Clifford's rule as published (a
+look after every draw), so that a test ends at the very draw that settles it. A round ablates the
+next set of every open test of a task in one call, so a GPU pass or the ranks of a torchrun run
+still share several sets. (It was 10: every test then ran to the end of the batch in which it was
+settled; on the demo 36 sets of 270 were made after their test was settled.)"""
+SECONDARY_DRAWS = 5
+"""Control sets on which the untested kind (zero ablation) is reported: the first 5 of each
+test's stream. A description of that kind's scale beside the controls, not a test (its p-value
+cannot go below 1/6); it was 10."""
 EFFECT_RATIO = 2.0
 """The top-k effect must be at least this many times the mean control effect."""
 
@@ -62,9 +71,10 @@ class VerificationSettings:
         control: ``layer-matched`` (default) or ``uniform``.
         correction: ``bh`` (Benjamini-Hochberg, default) or ``holm`` over the run's tested verdicts.
         seed: seeds the control draws.
-        batch: control sets ablated per test between looks (the untested kind ablates the first batch).
-        sequential: stop tests early and ablate the untested kind on the first batch only (False:
-            every test ablates ``n_random`` sets of both kinds; the benchmark's fixed-size reference).
+        batch: control sets ablated per test between looks.
+        sequential: stop tests early and ablate the untested kind on the first
+            :data:`SECONDARY_DRAWS` sets only (False: every test ablates ``n_random`` sets of both
+            kinds; the benchmark's fixed-size reference).
     """
 
     k: int
@@ -253,8 +263,8 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
     for x in tests:
         x.no_verdict = untrusted.get(x.task)
     secondary = [k for k in KINDS if k != PRIMARY_KIND]
-    # the untested kind: the first batch of each test's sets (fixed-size: all of them, the design before sequential tests)
-    n_secondary = min(settings.batch, settings.n_random) if settings.sequential else settings.n_random
+    # the untested kind: the first sets of each test's stream (fixed-size: all of them, the design before sequential tests)
+    n_secondary = min(SECONDARY_DRAWS, settings.n_random) if settings.sequential else settings.n_random
 
     total = len(tests) * len(KINDS) + len(streams) * (settings.n_random + n_secondary * len(secondary))
     run = _Ablator(model, tokens, clean, mean_z, scorers, tqdm(total=total, desc="verification", unit="set",
@@ -271,7 +281,7 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
     design = {
         "alpha": settings.alpha, "correction": settings.correction, "family_size": len(family),
         "primary_kind": PRIMARY_KIND, "control": settings.control, "max_draws": settings.n_random,
-        "batch": settings.batch, "sequential": settings.sequential, "besag_clifford_h": tests[0].mc.h if tests else None,
+        "batch": settings.batch, "secondary_draws": n_secondary, "sequential": settings.sequential, "besag_clifford_h": tests[0].mc.h if tests else None,
         "sets_ablated": run.ablated,  # the top-k sets and every control set, each kind counted
         "notes": notes + ([unreachable_note(settings)] if not settings.reachable else []),
     }
@@ -324,27 +334,28 @@ class _Ablator:
 
     def controls(self, tests: list[_Test], streams: list[list[list[Head]]], settings: VerificationSettings,
                  n_secondary: int, min_effect: float) -> None:
-        """Ablate each stream's control sets a batch at a time, feeding the tests on it, until every
-        test is done (:func:`_curtail` after each round); the untested kind on the first
-        ``n_secondary`` sets of each stream."""
-        secondary = [k for k in KINDS if k != PRIMARY_KIND]
+        """Ablate the control sets in rounds, ``settings.batch`` sets of each open stream a round
+        (the open streams of one task and kind in one call), feeding the tests on each stream,
+        until every test is done (:func:`_curtail` after each round); the untested kind on the
+        first ``n_secondary`` sets of each stream, in the first round."""
         for x in tests:
             x.mc = st.SequentialMCTest(x.top_effect[PRIMARY_KIND], settings.n_random, settings.alpha,
                                        sequential=settings.sequential, tie=P_VALUE_TIE)
-        planned = [settings.n_random + n_secondary * len(secondary) for _ in streams]
+        planned = [settings.n_random + n_secondary * (len(KINDS) - 1) for _ in streams]
         done = [0] * len(streams)
+        task_of = {x.stream: x.task for x in tests}
         while any(not x.mc.done for x in tests):
-            for s in sorted({x.stream for x in tests if not x.mc.done}):
-                on = [x for x in tests if x.stream == s and not x.mc.done]
-                lo, hi = done[s], min(done[s] + settings.batch, settings.n_random)
-                for kind in [PRIMARY_KIND] + (secondary if lo < n_secondary else []):
-                    sub = streams[s][lo:hi if kind == PRIMARY_KIND else min(hi, n_secondary)]
-                    eff = self.effects(on[0].task, sub, kind)[1].mean(dim=1).tolist()
-                    for x in on:
-                        x.effects[kind] += eff
-                    planned[s] -= len(sub)
-                for x in on:
-                    x.mc.add(x.effects[PRIMARY_KIND][lo:hi])
+            spans = {s: (done[s], min(done[s] + settings.batch, settings.n_random))
+                     for s in sorted({x.stream for x in tests if not x.mc.done})}
+            for task in dict.fromkeys(task_of[s] for s in spans):
+                for kind in KINDS:
+                    cut = {s: streams[s][lo:hi] if kind == PRIMARY_KIND else streams[s][:n_secondary] if lo == 0 else []
+                           for s, (lo, hi) in spans.items() if task_of[s] == task}
+                    planned = self._ablate_round(tests, task, kind, cut, planned)
+            for s, (lo, hi) in spans.items():
+                for x in tests:
+                    if x.stream == s and not x.mc.done:
+                        x.mc.add(x.effects[PRIMARY_KIND][lo:hi])
                 done[s] = hi
             _curtail(tests, settings, min_effect)
             for s in range(len(streams)):  # a stream whose tests are all settled: its sets are not needed
@@ -352,6 +363,22 @@ class _Ablator:
                     self.bar.total -= planned[s]
                     planned[s] = 0
                     self.bar.refresh()
+
+    def _ablate_round(self, tests: list[_Test], task: str, kind: str, cut: dict[int, list[list[Head]]],
+                      planned: list[int]) -> list[int]:
+        """Ablate ``cut`` (stream -> its sets this round) of one task and kind in one call; each open
+        test on a stream gets its sets' effects. Returns ``planned`` less the sets ablated."""
+        flat = [hs for sets in cut.values() for hs in sets]
+        if not flat:
+            return planned
+        eff = iter(self.effects(task, flat, kind)[1].mean(dim=1).tolist())
+        for s, sets in cut.items():
+            part = [next(eff) for _ in sets]
+            for x in tests:
+                if x.stream == s and not x.mc.done:
+                    x.effects[kind] += part
+            planned[s] -= len(sets)
+        return planned
 
 
 def _curtail(tests: list[_Test], settings: VerificationSettings, min_effect: float) -> None:

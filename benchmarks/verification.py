@@ -3,7 +3,7 @@
 Loads the model once and runs the scan's verification (scores, then the ablations; no metrics or
 patterns) twice with the same settings and seed: every test ablating ``--n-random`` control sets
 of both kinds (fixed-size, the design before sequential tests), and the sequential design
-(Besag & Clifford stopping; the untested kind on the first batch). Prints, for each, the sets
+(Besag & Clifford stopping, a look after every draw; the untested kind on the first 5 sets). Prints, for each, the sets
 ablated, the verification's wall time and every verdict, and the ratios; ``--control`` picks the
 control design (run it once per design to compare layer-matched with uniform). With
 ``--replay`` the sequential design is not run but replayed on the fixed-size run's control
@@ -63,7 +63,7 @@ def main() -> None:
 def replay(fixed, args) -> None:
     """The sequential design on ``fixed``'s control effects: each tested kind's draws fed in batches
     to :class:`~headprobe.analyses.statistics.SequentialMCTest`, curtailed as the scan curtails,
-    the untested kind counted on its first batch, the family corrected as the scan does."""
+    the untested kind counted on its first sets, the family corrected as the scan does."""
     from headprobe.analyses import statistics as st
     from headprobe.analyses import verification as verif
     from headprobe.analyses.ablation import LOSS_METRIC  # a decoder's scan: effects in nats/token
@@ -78,7 +78,7 @@ def replay(fixed, args) -> None:
                 t.add(v.random_effects[len(t.draws):len(t.draws) + verif.BATCH])
         verif.curtail_family(tests, [v.top_effect for v in tested], cfg.correction, cfg.alpha, LOSS_METRIC.min_effect)
     for v, test in zip(tested, tests):
-        sets += len(test.draws) + min(verif.BATCH, cfg.n_random) + 2  # both kinds' top-k sets, the other kind's batch
+        sets += len(test.draws) + min(verif.SECONDARY_DRAWS, cfg.n_random) + 2  # both kinds' top-k sets, the other kind's sets
         ps.append(test.p_value())
         rows.append((v, test))
     adjusted = st.adjust_p_values(ps, cfg.correction)

@@ -12,7 +12,7 @@ import torch
 
 from headprobe.analyses import statistics as st
 from headprobe.analyses.verification import (
-    VerificationSettings, effect_is_large, layer_matched_sets, uniform_sets, unreachable_note)
+    BATCH, SECONDARY_DRAWS, VerificationSettings, effect_is_large, layer_matched_sets, uniform_sets, unreachable_note)
 from headprobe.probe.errors import HeadprobeError
 
 
@@ -27,7 +27,8 @@ def test_sequential_p_value_by_hand():
 
 @pytest.mark.parametrize("n_max, alpha", [(30, 0.05), (50, 0.05), (10, 0.1)])
 def test_sequential_p_value_matches_its_closed_form_null_distribution(n_max, alpha):
-    """Simulate the test under the null (top effect and draws i.i.d.) in batches of 10, as the
+    """Simulate the test under the null (top effect and draws i.i.d.; each test's n_max draws made
+    up front, so the sample does not depend on the batch) fed in batches of BATCH, as the
     verification runs it, and compare P(p <= u) with the closed form at every value p takes; the
     closed form itself never exceeds u (a valid p-value)."""
     rng = np.random.default_rng(0)
@@ -35,8 +36,9 @@ def test_sequential_p_value_matches_its_closed_form_null_distribution(n_max, alp
     ps, draws = [], []
     for _ in range(n_sim):
         test = st.SequentialMCTest(rng.random(), n_max, alpha)
+        sample = rng.random(n_max)
         while not test.done:
-            test.add(rng.random(10))
+            test.add(sample[len(test.draws):len(test.draws) + BATCH])
         ps.append(test.p_value())
         draws.append(len(test.draws))
     ps = np.array(ps)
@@ -47,7 +49,7 @@ def test_sequential_p_value_matches_its_closed_form_null_distribution(n_max, alp
         assert exact <= u + 1e-12, (u, exact)
         se = np.sqrt(exact * (1 - exact) / n_sim)
         assert abs((ps <= u + 1e-15).mean() - exact) <= 4 * se + 1e-9, (u, (ps <= u).mean(), exact)
-    if n_max > 10:  # batches of 10: a test of 10 draws cannot stop before its end
+    if n_max > 10:  # a test of 10 draws at alpha 0.1 (h = 2) has little room to stop early
         assert np.mean(draws) < n_max / 2  # under the null most tests stop early
     # the comparison can fail: an off-by-one p-value (h / (L + 1)) does not match the closed form
     wrong = np.where(ps < 1, ps * 0.8, ps)
@@ -213,9 +215,16 @@ def test_scan_records_the_design_and_stops_settled_tests_early(tiny_llama_gqa, t
     tested = [v for v in seq.verifications if v.tested]
     assert {v.kind for v in tested} == {"mean"} and all(v.correction == "bh" for v in tested)
     np.testing.assert_allclose([v.p_adjusted for v in tested], st.adjust_p_values([v.p_value for v in tested], "bh"))
-    # a random model: every top-k set is beaten by draws, so every sequential test stops at its first batch
-    assert all(v.draws == 10 and v.stopped in ("futility", "curtailed") for v in seq.verifications if v.kind == "mean")
-    assert all(v.draws == 30 for v in fixed.verifications if v.kind == "mean")
+    # a random model: every top-k set is beaten by draws, so every sequential test stops early, a stop
+    # for futility at the very draw that settles it (the h-th reaching one; draw by draw: BATCH == 1)
+    h = st.besag_clifford_h(0.05, 30)
+    for v in (v for v in seq.verifications if v.kind == "mean"):
+        assert v.stopped in ("futility", "curtailed") and v.draws < 30, (v.head_type, v.draws)
+        reached = [e >= v.top_effect - 1e-5 for e in v.random_effects]
+        assert v.stopped == "curtailed" or (sum(reached) == h and reached[-1] and BATCH == 1), (v.head_type, reached)
+    # the untested kind: its first SECONDARY_DRAWS sets, whenever the tested one stopped
+    assert all(v.draws == SECONDARY_DRAWS for v in seq.verifications if v.kind == "zero")
+    assert all(v.draws == 30 for v in fixed.verifications)
     assert seq.verification["sets_ablated"] < fixed.verification["sets_ablated"] / 2
     assert [v.confirmed for v in seq.verifications] == [v.confirmed for v in fixed.verifications]
     # the first batch is the same sets either way

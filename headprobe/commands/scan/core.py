@@ -393,9 +393,9 @@ def verification_rules(spec: ModelSpec) -> dict:
                              "1/(n_random+1) > alpha",
         "control_rule": "per type, control sets of k heads from the heads outside the top-k of every type judged on the "
                         "same task (never a removed head); layer-matched: as many heads in each layer as the top-k set; "
-                        "uniform: any of those heads; drawn in batches of 10, a test stopping when settled; the zero-ablation "
-                        "rows use the first batch of the same sets",
-        "p_value_rule": "sequential Monte Carlo p (Besag & Clifford 1991): a test stops after the batch in which h = "
+                        f"uniform: any of those heads; drawn {verif.BATCH} per test a round, a test stopping when settled; the "
+                        f"zero-ablation rows use the first {verif.SECONDARY_DRAWS} of the same sets",
+        "p_value_rule": "sequential Monte Carlo p (Besag & Clifford 1991): a test stops at the draw at which h = "
                         "floor(alpha*n_random)+1 control draws reached the top-k effect (within "
                         f"{P_VALUE_TIE:g}); p = h/L where the h-th such draw is draw L, else (g+1)/(n_random+1) with g "
                         "reaching draws of n_random; p_adjusted: the correction (bh: Benjamini-Hochberg, holm: "
