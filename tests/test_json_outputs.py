@@ -104,6 +104,8 @@ def _argv(name: str, models, prompts, text: str) -> list[str]:
         "ablate": ["ablate", "--model", models["llama"], *t, *SMALL],
         "ablate_zero_wo": ["ablate", "--model", models["zero_wo"], *t, *SMALL],
         "ablate_estimate": ["ablate", "--model", models["zero_wo"], *t, *SMALL, "--estimate", "attribution"],
+        "scan_one_sequence": ["scan", "--model", models["llama"], *t, *SMALL, "-k", "2", "--n-random", "2", "--html",
+                              "--n-natural", "1", "--n-repeated", "1", "--no-metrics"],
         "prune": ["prune", "--model", models["llama"], *t, *SMALL, "--step-fraction", "0.5", "--l0-steps", "2",
                   "--l0-lambdas", "10", "--n-seeds", "1"],
         "patch": ["patch", "--model", models["llama"], "--prompts", prompts["distinct"], "--device", "cpu"],
@@ -120,8 +122,8 @@ def _argv(name: str, models, prompts, text: str) -> list[str]:
     }[name]
 
 
-COMMANDS = ["scan", "ablate", "ablate_zero_wo", "ablate_estimate", "prune", "patch", "patch_same", "train", "study",
-            "atlas", "show", "circuit"]
+COMMANDS = ["scan", "scan_one_sequence", "ablate", "ablate_zero_wo", "ablate_estimate", "prune", "patch", "patch_same",
+            "train", "study", "atlas", "show", "circuit"]
 _RUNS: dict[str, Path] = {}
 
 
@@ -210,3 +212,26 @@ def test_patch_refuses_a_float16_overflow_in_one_line(models, prompts, tmp_path,
     assert main(["scan", "--model", models["overflow"], "--dtype", "float16", "--backend", "native", *SMALL,
                  "--no-verify", "--out", str(tmp_path / "s16")]) == 2  # scan's refusal, for comparison
     assert "NaN or Inf" in capsys.readouterr().err and not (tmp_path / "s16").exists()
+
+
+def test_scan_of_one_sequence_says_why_its_intervals_are_null(run_command):
+    """--n-natural 1 --n-repeated 1: a bootstrap over one sequence has no interval. Every score_ci95 and
+    top_effect_ci95 was [null, null] with no reason, and ablation.caption.txt (and the terminal)
+    said "[95% CI +nan, +nan]"; now null with the reason per task, and "n/a" in the text."""
+    out = run_command("scan_one_sequence")
+    s = strict_loads((out / "summary.json").read_text())
+    cis = [*(e["score_ci95"] for entries in s["top_heads"].values() for e in entries if "score_ci95" in e),
+           *(a["top_effect_ci95"] for a in s["ablations"])]
+    assert cis and all(ci == [None, None] for ci in cis)
+    assert set(s["interval_null_reasons"]) == {"natural", "repeated"}
+    assert all("at least 2 sequences" in why for why in s["interval_null_reasons"].values())
+    caption = (out / "ablation.caption.txt").read_text()
+    assert "[95% CI n/a]" in caption and not re.search(r"\bnan\b|\binf\b", caption, re.I), caption
+    assert "interval_null_reasons" not in strict_loads((run_command("scan") / "summary.json").read_text())
+
+
+def test_format_interval_never_prints_nan():
+    from headprobe.analyses.figures import format_interval
+
+    assert format_interval(float("nan"), float("nan"), "+.2f") == "[n/a]" and format_interval(None, 1.0, "+.2f") == "[n/a]"
+    assert format_interval(-0.5, 0.25, "+.2f", "95% CI ") == "[95% CI -0.50, +0.25]"

@@ -374,11 +374,22 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         "interval_rule": "95% percentile bootstrap over sequences (2000 resamples, seeded): top_effect_ci95 of each "
                          "ablation's mean per-sequence effect, score_ci95 of each listed head's mean per-sequence score "
                          "(not for positional scores, a most-frequent offset)",
+        **({"interval_null_reasons": no_ci} if (no_ci := interval_null_reasons(result)) else {}),
         "ablations": [v.to_dict() for v in result.verifications],
         "metrics": result.metrics,
         "timings_s": {k: round(v, 2) for k, v in result.timings.items()},
         "versions": package_versions(),
     }
+
+
+def interval_null_reasons(result: ScanResult) -> dict[str, str]:
+    """Task (``natural``, ``repeated``) -> why its intervals (``score_ci95`` of the types scored on
+    it, ``top_effect_ci95`` of its ablations) are null, for each task of fewer than 2 sequences
+    (:func:`~headprobe.analyses.statistics.no_interval_reason`; ``--n-natural 1``, ``--n-repeated 1``)."""
+    from headprobe.analyses.statistics import no_interval_reason
+
+    sets = {"natural": result.natural, "repeated": result.repeated}
+    return {task: why for task, tokens in sets.items() if (why := no_interval_reason(int(tokens.tokens.shape[0])))}
 
 
 def verification_rules(spec: ModelSpec) -> dict:
@@ -502,7 +513,7 @@ def format_report(result: ScanResult) -> str:
         p_adj = f"{v.p_adjusted:7.4f}" if v.p_adjusted is not None else f"{'-':>7}"
         verdict = v.verdict if v.tested or v.no_verdict else "(reported, not tested)"
         lines.append(f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {v.clean_loss:6.2f} {v.top_effect:+8.{d}f} "
-                     f"[{lo:+.{d}f}, {hi:+.{d}f}] {v.random_mean:+9.{d}f}/{v.random_max:+.{d}f} {v.draws:>4} "
+                     f"{figs.format_interval(lo, hi, f'+.{d}f')} {v.random_mean:+9.{d}f}/{v.random_max:+.{d}f} {v.draws:>4} "
                      f"{v.p_value:7.4f} {p_adj}  {verdict}")
     units = ("losses in nats/token" if metric is LOSS_METRIC else
              f"Δ in {metric.unit}: {metric.definition}")
