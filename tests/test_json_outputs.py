@@ -107,7 +107,7 @@ def _argv(name: str, models, prompts, text: str) -> list[str]:
         "scan_one_sequence": ["scan", "--model", models["llama"], *t, *SMALL, "-k", "2", "--n-random", "2", "--html",
                               "--n-natural", "1", "--n-repeated", "1", "--no-metrics"],
         "prune": ["prune", "--model", models["llama"], *t, *SMALL, "--step-fraction", "0.5", "--l0-steps", "2",
-                  "--l0-lambdas", "10", "--n-seeds", "1"],
+                  "--l0-lambdas", "10", "--n-seeds", "1", "--save-pruned", "--save-fraction", "0.5"],
         "patch": ["patch", "--model", models["llama"], "--prompts", prompts["distinct"], "--device", "cpu"],
         "patch_same": ["patch", "--model", models["llama"], "--prompts", prompts["same"], "--device", "cpu"],
         "train": ["train", "--steps", "4", "--eval-every", "2", "--d-model", "16", "--n-heads", "2", "--n-words", "16",
@@ -235,3 +235,25 @@ def test_format_interval_never_prints_nan():
 
     assert format_interval(float("nan"), float("nan"), "+.2f") == "[n/a]" and format_interval(None, 1.0, "+.2f") == "[n/a]"
     assert format_interval(-0.5, 0.25, "+.2f", "95% CI ") == "[95% CI -0.50, +0.25]"
+
+
+def test_scan_of_a_pruned_model_writes_its_page_and_no_null_score(run_command, text_file, tmp_path):
+    """A pruned model's removed heads have no score (NaN; pandas' NA in the integer columns): scan
+    --html raised "boolean value of NA is ambiguous" in the viewer (no summary.json), and the
+    metrics' top heads listed removed heads with "score": null; now the page is written and only
+    heads with a score are listed."""
+    model = run_command("prune") / "pruned_model"
+    out = tmp_path / "scan"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("headprobe.commands.scan.figure_makers", lambda result: {})
+        assert main(["scan", "--model", str(model), "--text", str(text_file), *SMALL, "-k", "1", "--n-random", "2",
+                     "--html", "--out", str(out)]) == 0
+    texts = _json_texts(out)
+    for text in texts.values():
+        strict_loads(text)
+    s = strict_loads(texts["summary.json"])
+    assert s["removed_heads"] and s["metrics"]["top_heads"]
+    assert all(e["score"] is not None and e["head"] not in s["removed_heads"]
+               for entries in s["metrics"]["top_heads"].values() for e in entries)
+    rows = strict_loads(texts["index.html#0"])["rows"]
+    assert any(None in r for r in rows)  # the removed heads' cells: null on the page

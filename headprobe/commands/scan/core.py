@@ -286,7 +286,8 @@ def metrics_summary(scores: dict[str, np.ndarray], composition: dict | None, typ
     for c in (s.column for metric in METRICS.values() for s in metric.figures):  # each drawn metric column
         v = scores.get(c)
         if v is not None and np.isfinite(v).any():
-            order = np.argsort(-np.nan_to_num(v, nan=-np.inf), axis=None)[:top_n]
+            # only heads with a score: a removed head's NaN is no rank (top_heads does the same)
+            order = np.argsort(-np.nan_to_num(v, nan=-np.inf), axis=None)[:min(top_n, int(np.isfinite(v).sum()))]
             out["top_heads"][c] = [{"head": format_head(divmod(int(i), v.shape[1])), "score": round(float(v.flat[i]), 4)}
                                    for i in order]
     if np.isfinite(scores.get("sink_rate", np.nan)).all():
