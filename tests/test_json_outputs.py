@@ -119,11 +119,13 @@ def _argv(name: str, models, prompts, text: str) -> list[str]:
         "show": ["show", "--model", models["llama"], "--head", "1.1", "--prompt", "t1 t2 t3 t1 t2 t3", "--device", "cpu"],
         "circuit": ["circuit", "--model", models["llama"], "--n-seqs", "1", "--period", "5", "--steps", "2", "--verify", "3",
                     "--qk-head", "1.0", "--device", "cpu"],
+        "circuit_zero_wo": ["circuit", "--model", models["zero_wo"], "--n-seqs", "1", "--period", "5", "--steps", "2",
+                            "--verify", "3", "--device", "cpu"],
     }[name]
 
 
 COMMANDS = ["scan", "scan_one_sequence", "ablate", "ablate_zero_wo", "ablate_estimate", "prune", "patch", "patch_same",
-            "train", "study", "atlas", "show", "circuit"]
+            "train", "study", "atlas", "show", "circuit", "circuit_zero_wo"]
 _RUNS: dict[str, Path] = {}
 
 
@@ -235,6 +237,19 @@ def test_format_interval_never_prints_nan():
 
     assert format_interval(float("nan"), float("nan"), "+.2f") == "[n/a]" and format_interval(None, 1.0, "+.2f") == "[n/a]"
     assert format_interval(-0.5, 0.25, "+.2f", "95% CI ") == "[95% CI -0.50, +0.25]"
+
+
+def test_circuit_of_a_zero_wo_model_says_why_its_correlations_are_null(run_command):
+    """W_O = 0: every exact path-patching effect and every edge score is 0, so Spearman's and Pearson's
+    correlations are undefined: they were null with no reason, and the terminal report raised a
+    TypeError (formatting None) after summary.json was written; now null with the reason, exit 0."""
+    s = strict_loads((run_command("circuit_zero_wo") / "summary.json").read_text())
+    a = s["agreement"]
+    assert a["spearman"] is None and a["pearson"] is None and set(a["null_reasons"]) == {"spearman", "pearson"}
+    assert all("the same on every verified edge" in why for why in a["null_reasons"].values())
+    assert any(e["exact"] is None for e in s["top_edges"]) and "not path patched" in s["exact_null_reason"]
+    ok = strict_loads((run_command("circuit") / "summary.json").read_text())["agreement"]
+    assert "null_reasons" not in ok and ok["spearman"] is not None
 
 
 def test_scan_of_a_pruned_model_writes_its_page_and_no_null_score(run_command, text_file, tmp_path):
