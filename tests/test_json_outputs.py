@@ -272,3 +272,18 @@ def test_scan_of_a_pruned_model_writes_its_page_and_no_null_score(run_command, t
                for entries in s["metrics"]["top_heads"].values() for e in entries)
     rows = strict_loads(texts["index.html#0"])["rows"]
     assert any(None in r for r in rows)  # the removed heads' cells: null on the page
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--steps", "2", "--eval-every", "2", "--d-model", "16", "--n-heads", "2", "--n-words", "16", "--seq-len", "33",
+     "--max-period", "12", "--eval-period", "8", "--n-eval", "4", "--device", "cpu", "--lr", "1e6"],
+    ["study", "heads", "--steps", "2", "--eval-every", "2", "--seeds", "0", "--d-model", "16", "--device", "cpu",
+     "--n-heads-list", "1,2", "--corpus", "copy", "--lr", "1e6"]], ids=["train", "study"])
+def test_training_that_diverges_at_its_last_step_is_refused(argv, tmp_path, capsys):
+    """An update that makes the weights (or the forward pass) NaN at the last step shows in no training
+    loss: train wrote a NaN model and a summary of nulls with no reason, study wrote "loss nan" and
+    nulls, both exit 0. Now both refuse it as train refused a NaN loss: one line, exit 2, nothing written."""
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "training diverged at step 2" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
