@@ -274,6 +274,13 @@ def test_scan_of_a_pruned_model_writes_its_page_and_no_null_score(run_command, t
     assert any(None in r for r in rows)  # the removed heads' cells: null on the page
 
 
+def test_study_of_one_seed_says_why_its_spreads_are_null(run_command):
+    """One seed: no standard deviation over seeds (pandas' std of one value is NaN): null, and why."""
+    s = strict_loads((run_command("study") / "study.json").read_text())
+    for row in s["per_variant"].values():
+        assert row["eval_loss_sd"] is None and row["in_context_loss_sd"] is None and "one seed" in row["sd_null_reason"]
+
+
 @pytest.mark.parametrize("argv", [
     ["train", "--steps", "2", "--eval-every", "2", "--d-model", "16", "--n-heads", "2", "--n-words", "16", "--seq-len", "33",
      "--max-period", "12", "--eval-period", "8", "--n-eval", "4", "--device", "cpu", "--lr", "1e6"],
