@@ -294,3 +294,14 @@ def test_training_that_diverges_at_its_last_step_is_refused(argv, tmp_path, caps
     err = capsys.readouterr().err
     assert "training diverged at step 2" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_budget_says_why_a_window_never_crosses_over(capsys):
+    """A sliding window so small that the projections dominate at every length: crossover_seq_len is
+    null (never), with the reason beside it; --json stays strict."""
+    assert main(["budget", "--preset", "llama3-8b", "--sliding-window", "16", "--seq-len", "8192", "--json"]) == 0
+    rows = strict_loads(capsys.readouterr().out)["windowed_layers"]
+    assert rows[0]["crossover_seq_len"] is None and "projections dominate" in rows[0]["crossover_seq_len_null_reason"]
+    assert main(["budget", "--preset", "llama3-8b", "--sliding-window", "8000", "--global-every", "2", "--seq-len", "8192",
+                 "--json"]) == 0
+    assert all("crossover_seq_len_null_reason" not in r for r in strict_loads(capsys.readouterr().out)["windowed_layers"])
