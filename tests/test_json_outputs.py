@@ -121,11 +121,14 @@ def _argv(name: str, models, prompts, text: str) -> list[str]:
                     "--qk-head", "1.0", "--device", "cpu"],
         "circuit_zero_wo": ["circuit", "--model", models["zero_wo"], "--n-seqs", "1", "--period", "5", "--steps", "2",
                             "--verify", "3", "--device", "cpu"],
+        "kv": ["kv", "--model", models["llama"], *t, "--seq-len", "48", "--block-len", "8", "--n-random", "1", "--device", "cpu"],
+        "kv_zero_wo": ["kv", "--model", models["zero_wo"], *t, "--seq-len", "48", "--block-len", "8", "--n-random", "1",
+                       "--method", "measured", "--loss-tolerance", "0.01", "--device", "cpu"],
     }[name]
 
 
 COMMANDS = ["scan", "scan_one_sequence", "ablate", "ablate_zero_wo", "ablate_estimate", "prune", "patch", "patch_same",
-            "train", "study", "atlas", "show", "circuit", "circuit_zero_wo"]
+            "train", "study", "atlas", "show", "circuit", "circuit_zero_wo", "kv", "kv_zero_wo"]
 _RUNS: dict[str, Path] = {}
 
 
