@@ -416,6 +416,14 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     return fig
 
 
+def format_interval(lo: float | None, hi: float | None, spec: str, prefix: str = "") -> str:
+    """``[<prefix>lo, hi]`` with both bounds in format ``spec``, or ``[<prefix>n/a]`` where there is
+    no interval (a bound NaN or None: a bootstrap over one sequence), never ``[+nan, +nan]``."""
+    if lo is None or hi is None or not np.isfinite([lo, hi]).all():
+        return f"[{prefix}n/a]"
+    return f"[{prefix}{lo:{spec}}, {hi:{spec}}]"
+
+
 def ablation_caption(rows: Sequence[dict], design: dict) -> str:
     """The numbers a paper's caption of ``ablation.png`` needs, as plain text: the design (k, the
     control, draws, alpha, correction) and per tested type its effect, interval, control mean and
@@ -435,7 +443,7 @@ def ablation_caption(rows: Sequence[dict], design: dict) -> str:
         role = (f"p_adj = {r['p_adjusted']:.4g}, {r['confirmed'] and 'CONFIRMED' or 'not confirmed'}" if r.get("tested")
                 else "not tested" if r.get("no_verdict") is None else f"no verdict ({r['no_verdict']})")
         lines.append(f"{r['head_type'].replace('_', '-')} ({r['kind']}, {r['task']}): top-{k} effect {r['top_effect']:+.4g} "
-                     f"[95% CI {lo:+.4g}, {hi:+.4g}] vs control mean {r['random_mean']:+.4g}, max {r['random_max']:+.4g} "
+                     f"{format_interval(lo, hi, '+.4g', '95% CI ')} vs control mean {r['random_mean']:+.4g}, max {r['random_max']:+.4g} "
                      f"over {r['draws']} sets; p = {r['p_value']:.4g}; {role}.")
     return "\n".join(lines) + "\n"
 

@@ -391,11 +391,13 @@ def edge_scores(model: LoadedModel, runs: PathRuns, method: str = "eap-ig", step
     return EdgeScores("eap" if method == "eap" else "eap-ig", n, (head_scores / n).numpy(), (logit_scores / n).numpy())
 
 
-def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str, float]:
+def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str, Any]:
     """How well edge scores ``estimate`` track exact path patching ``exact`` over the same edges:
     Spearman's and Pearson's correlation (scipy) and the top-``k`` recall, the fraction of the ``k``
     edges largest in ``|exact|`` that are among the ``k`` largest in ``|estimate|`` (Hanna et al.
-    2024 compare EAP and EAP-IG with patching this way). NaN correlations (constant input) are None.
+    2024 compare EAP and EAP-IG with patching this way). A correlation that is undefined (one side
+    the same on every edge: a model whose W_O is zero patches to no effect at all) is None, and
+    ``null_reasons`` (present only then) says why, keyed like the correlation.
 
     Raises:
         HeadprobeError: fewer than 3 edges, or arrays of different lengths.
@@ -405,9 +407,22 @@ def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str,
         raise HeadprobeError(f"agreement needs two equally long arrays of at least 3 edges, got {exact.shape} and {estimate.shape}")
     k = min(k, exact.size)
     top = lambda v: set(np.argsort(-np.abs(v), kind="stable")[:k].tolist())
-    finite = lambda v: None if not np.isfinite(v) else float(v)
-    return {"spearman": finite(spearmanr(exact, estimate).statistic), "pearson": finite(pearsonr(exact, estimate).statistic),
-            "top_k": k, "top_k_recall": len(top(exact) & top(estimate)) / k, "n_edges": int(exact.size)}
+    flat = [name for name, v in (("the exact path-patching effect", exact), ("the edge score", estimate))
+            if np.isfinite(v).all() and v.min() == v.max()]
+    why = (f"undefined: {' and '.join(flat)} {'is' if len(flat) == 1 else 'are'} the same on every verified edge"
+           if flat else "undefined: an exact effect or an edge score is not finite")
+    out: dict[str, Any] = {"spearman": None, "pearson": None, "top_k": k,
+                           "top_k_recall": len(top(exact) & top(estimate)) / k, "n_edges": int(exact.size)}
+    reasons = {}
+    for name, corr in (("spearman", spearmanr), ("pearson", pearsonr)):
+        if flat or not (np.isfinite(exact).all() and np.isfinite(estimate).all()):
+            reasons[name] = why  # scipy would warn and give NaN
+            continue
+        value = float(corr(exact, estimate).statistic)
+        out[name] = value if np.isfinite(value) else None
+        if out[name] is None:
+            reasons[name] = why
+    return {**out, "null_reasons": reasons} if reasons else out
 
 
 def exact_effects(model: LoadedModel, runs: PathRuns, edges: Sequence[Edge], max_rows: int = 32) -> np.ndarray:

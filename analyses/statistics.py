@@ -41,6 +41,14 @@ def bootstrap_ci(per_sequence: np.ndarray, level: float = LEVEL, n_resamples: in
     return np.stack([lo, hi])
 
 
+def no_interval_reason(n_sequences: int) -> str | None:
+    """Why :func:`bootstrap_ci` over ``n_sequences`` sequences gives no interval (NaN bounds, JSON
+    ``null``), or None when it gives one: a resample of one sequence is that sequence again."""
+    if n_sequences >= 2:
+        return None
+    return (f"undefined: a bootstrap interval over sequences needs at least 2 sequences, the task has {n_sequences}")
+
+
 # --- Monte Carlo tests of a top-k effect against random control sets ------------------------------
 #
 # The design (docs/scan.md, "How a verdict is reached"):

@@ -480,6 +480,9 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
         model.train()
         row = _log_row(step, running, ev, heads, text)
         running.clear()
+        bad = [k for k, v in row.items() if k != "train_loss" and isinstance(v, float) and not math.isfinite(v)]
+        if bad:  # finite weights so large that the forward pass overflows: the model is no better than NaN ones
+            raise HeadprobeError(f"training diverged at step {step} (the evaluation's {bad[0]} is {row[bad[0]]}); lower --lr")
         return row
 
     snapshots: dict[int, dict[str, Tensor]] = {}
@@ -503,6 +506,12 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
         running.append(float(loss.detach()))
         if not math.isfinite(running[-1]):
             raise HeadprobeError(f"training diverged at step {step} (loss {running[-1]}); lower --lr")
+        # the loss above is the one before this step's update: an update that made the weights NaN or
+        # Inf shows only in the next step's loss, and after the last step in none (a NaN model, its
+        # evaluation NaN, would be saved and summarised); one check over every parameter, on the device
+        if not bool(torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all()):
+            raise HeadprobeError(f"training diverged at step {step} (a weight is NaN or Inf after the update, "
+                                 f"loss before it {running[-1]:.4g}); lower --lr")
         snapshot(step)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             rows.append(log_row(step))

@@ -51,8 +51,10 @@ own ``label`` (``headprobe show``: the user's prompt)."""
 _ID_COLUMNS = ("layer", "head", "kv_head")
 
 
-def _round(x: float | None, digits: int = 5) -> float | None:
-    return None if x is None or not np.isfinite(x) else round(float(x), digits)
+def _round(x: Any, digits: int = 5) -> float | None:
+    """``x`` rounded, or None (JSON null) where it is missing: None, NaN, +-Inf or pandas' ``NA``
+    (a removed head's cell in a nullable ``Int64`` column of a pruned model's scan)."""
+    return None if x is None or pd.isna(x) or not np.isfinite(x) else round(float(x), digits)
 
 
 # ----------------------------------------------------------------------------- patterns

@@ -104,8 +104,10 @@ def _argv(name: str, models, prompts, text: str) -> list[str]:
         "ablate": ["ablate", "--model", models["llama"], *t, *SMALL],
         "ablate_zero_wo": ["ablate", "--model", models["zero_wo"], *t, *SMALL],
         "ablate_estimate": ["ablate", "--model", models["zero_wo"], *t, *SMALL, "--estimate", "attribution"],
+        "scan_one_sequence": ["scan", "--model", models["llama"], *t, *SMALL, "-k", "2", "--n-random", "2", "--html",
+                              "--n-natural", "1", "--n-repeated", "1", "--no-metrics"],
         "prune": ["prune", "--model", models["llama"], *t, *SMALL, "--step-fraction", "0.5", "--l0-steps", "2",
-                  "--l0-lambdas", "10", "--n-seeds", "1"],
+                  "--l0-lambdas", "10", "--n-seeds", "1", "--save-pruned", "--save-fraction", "0.5"],
         "patch": ["patch", "--model", models["llama"], "--prompts", prompts["distinct"], "--device", "cpu"],
         "patch_same": ["patch", "--model", models["llama"], "--prompts", prompts["same"], "--device", "cpu"],
         "train": ["train", "--steps", "4", "--eval-every", "2", "--d-model", "16", "--n-heads", "2", "--n-words", "16",
@@ -117,11 +119,16 @@ def _argv(name: str, models, prompts, text: str) -> list[str]:
         "show": ["show", "--model", models["llama"], "--head", "1.1", "--prompt", "t1 t2 t3 t1 t2 t3", "--device", "cpu"],
         "circuit": ["circuit", "--model", models["llama"], "--n-seqs", "1", "--period", "5", "--steps", "2", "--verify", "3",
                     "--qk-head", "1.0", "--device", "cpu"],
+        "circuit_zero_wo": ["circuit", "--model", models["zero_wo"], "--n-seqs", "1", "--period", "5", "--steps", "2",
+                            "--verify", "3", "--device", "cpu"],
+        "kv": ["kv", "--model", models["llama"], *t, "--seq-len", "48", "--block-len", "8", "--n-random", "1", "--device", "cpu"],
+        "kv_zero_wo": ["kv", "--model", models["zero_wo"], *t, "--seq-len", "48", "--block-len", "8", "--n-random", "1",
+                       "--method", "measured", "--loss-tolerance", "0.01", "--device", "cpu"],
     }[name]
 
 
-COMMANDS = ["scan", "ablate", "ablate_zero_wo", "ablate_estimate", "prune", "patch", "patch_same", "train", "study",
-            "atlas", "show", "circuit"]
+COMMANDS = ["scan", "scan_one_sequence", "ablate", "ablate_zero_wo", "ablate_estimate", "prune", "patch", "patch_same",
+            "train", "study", "atlas", "show", "circuit", "circuit_zero_wo", "kv", "kv_zero_wo"]
 _RUNS: dict[str, Path] = {}
 
 
@@ -210,3 +217,94 @@ def test_patch_refuses_a_float16_overflow_in_one_line(models, prompts, tmp_path,
     assert main(["scan", "--model", models["overflow"], "--dtype", "float16", "--backend", "native", *SMALL,
                  "--no-verify", "--out", str(tmp_path / "s16")]) == 2  # scan's refusal, for comparison
     assert "NaN or Inf" in capsys.readouterr().err and not (tmp_path / "s16").exists()
+
+
+def test_scan_of_one_sequence_says_why_its_intervals_are_null(run_command):
+    """--n-natural 1 --n-repeated 1: a bootstrap over one sequence has no interval. Every score_ci95 and
+    top_effect_ci95 was [null, null] with no reason, and ablation.caption.txt (and the terminal)
+    said "[95% CI +nan, +nan]"; now null with the reason per task, and "n/a" in the text."""
+    out = run_command("scan_one_sequence")
+    s = strict_loads((out / "summary.json").read_text())
+    cis = [*(e["score_ci95"] for entries in s["top_heads"].values() for e in entries if "score_ci95" in e),
+           *(a["top_effect_ci95"] for a in s["ablations"])]
+    assert cis and all(ci == [None, None] for ci in cis)
+    assert set(s["interval_null_reasons"]) == {"natural", "repeated"}
+    assert all("at least 2 sequences" in why for why in s["interval_null_reasons"].values())
+    caption = (out / "ablation.caption.txt").read_text()
+    assert "[95% CI n/a]" in caption and not re.search(r"\bnan\b|\binf\b", caption, re.I), caption
+    assert "interval_null_reasons" not in strict_loads((run_command("scan") / "summary.json").read_text())
+
+
+def test_format_interval_never_prints_nan():
+    from headprobe.analyses.figures import format_interval
+
+    assert format_interval(float("nan"), float("nan"), "+.2f") == "[n/a]" and format_interval(None, 1.0, "+.2f") == "[n/a]"
+    assert format_interval(-0.5, 0.25, "+.2f", "95% CI ") == "[95% CI -0.50, +0.25]"
+
+
+def test_circuit_of_a_zero_wo_model_says_why_its_correlations_are_null(run_command):
+    """W_O = 0: every exact path-patching effect and every edge score is 0, so Spearman's and Pearson's
+    correlations are undefined: they were null with no reason, and the terminal report raised a
+    TypeError (formatting None) after summary.json was written; now null with the reason, exit 0."""
+    s = strict_loads((run_command("circuit_zero_wo") / "summary.json").read_text())
+    a = s["agreement"]
+    assert a["spearman"] is None and a["pearson"] is None and set(a["null_reasons"]) == {"spearman", "pearson"}
+    assert all("the same on every verified edge" in why for why in a["null_reasons"].values())
+    assert any(e["exact"] is None for e in s["top_edges"]) and "not path patched" in s["exact_null_reason"]
+    ok = strict_loads((run_command("circuit") / "summary.json").read_text())["agreement"]
+    assert "null_reasons" not in ok and ok["spearman"] is not None
+
+
+def test_scan_of_a_pruned_model_writes_its_page_and_no_null_score(run_command, text_file, tmp_path):
+    """A pruned model's removed heads have no score (NaN; pandas' NA in the integer columns): scan
+    --html raised "boolean value of NA is ambiguous" in the viewer (no summary.json), and the
+    metrics' top heads listed removed heads with "score": null; now the page is written and only
+    heads with a score are listed."""
+    model = run_command("prune") / "pruned_model"
+    out = tmp_path / "scan"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("headprobe.commands.scan.figure_makers", lambda result: {})
+        assert main(["scan", "--model", str(model), "--text", str(text_file), *SMALL, "-k", "1", "--n-random", "2",
+                     "--html", "--out", str(out)]) == 0
+    texts = _json_texts(out)
+    for text in texts.values():
+        strict_loads(text)
+    s = strict_loads(texts["summary.json"])
+    assert s["removed_heads"] and s["metrics"]["top_heads"]
+    assert all(e["score"] is not None and e["head"] not in s["removed_heads"]
+               for entries in s["metrics"]["top_heads"].values() for e in entries)
+    rows = strict_loads(texts["index.html#0"])["rows"]
+    assert any(None in r for r in rows)  # the removed heads' cells: null on the page
+
+
+def test_study_of_one_seed_says_why_its_spreads_are_null(run_command):
+    """One seed: no standard deviation over seeds (pandas' std of one value is NaN): null, and why."""
+    s = strict_loads((run_command("study") / "study.json").read_text())
+    for row in s["per_variant"].values():
+        assert row["eval_loss_sd"] is None and row["in_context_loss_sd"] is None and "one seed" in row["sd_null_reason"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--steps", "2", "--eval-every", "2", "--d-model", "16", "--n-heads", "2", "--n-words", "16", "--seq-len", "33",
+     "--max-period", "12", "--eval-period", "8", "--n-eval", "4", "--device", "cpu", "--lr", "1e6"],
+    ["study", "heads", "--steps", "2", "--eval-every", "2", "--seeds", "0", "--d-model", "16", "--device", "cpu",
+     "--n-heads-list", "1,2", "--corpus", "copy", "--lr", "1e6"]], ids=["train", "study"])
+def test_training_that_diverges_at_its_last_step_is_refused(argv, tmp_path, capsys):
+    """An update that makes the weights (or the forward pass) NaN at the last step shows in no training
+    loss: train wrote a NaN model and a summary of nulls with no reason, study wrote "loss nan" and
+    nulls, both exit 0. Now both refuse it as train refused a NaN loss: one line, exit 2, nothing written."""
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "training diverged at step 2" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_budget_says_why_a_window_never_crosses_over(capsys):
+    """A sliding window so small that the projections dominate at every length: crossover_seq_len is
+    null (never), with the reason beside it; --json stays strict."""
+    assert main(["budget", "--preset", "llama3-8b", "--sliding-window", "16", "--seq-len", "8192", "--json"]) == 0
+    rows = strict_loads(capsys.readouterr().out)["windowed_layers"]
+    assert rows[0]["crossover_seq_len"] is None and "projections dominate" in rows[0]["crossover_seq_len_null_reason"]
+    assert main(["budget", "--preset", "llama3-8b", "--sliding-window", "8000", "--global-every", "2", "--seq-len", "8192",
+                 "--json"]) == 0
+    assert all("crossover_seq_len_null_reason" not in r for r in strict_loads(capsys.readouterr().out)["windowed_layers"])

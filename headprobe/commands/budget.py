@@ -37,6 +37,7 @@ from headprobe.options import dtype_name, positive_int
 from headprobe.probe import cost
 from headprobe.probe.cost import AttentionLayout, format_bytes, format_flops, format_tflop
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.io import finite_json
 from headprobe.probe.layout import attention_module, windows_from_hf_config
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -327,9 +328,13 @@ def windowed_report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str,
     for w in sorted({w for w in lay.windows if w is not None}):
         scores = cost.score_flops(lay, seq_len, batch, window=w)
         proj = cost.projection_flops(lay, seq_len, batch)
+        cross = cost.crossover_seq_len(lay, window=w)
         rows.append({"window": w, "n_layers": lay.windows.count(w), "flops_scores_per_layer": scores,
-                     "quadratic_share": scores / (scores + proj),
-                     "crossover_seq_len": cost.crossover_seq_len(lay, window=w),
+                     "quadratic_share": scores / (scores + proj), "crossover_seq_len": cross,
+                     **({} if cross is not None else {"crossover_seq_len_null_reason": (
+                         f"never: past the window a token's scores+AV cost s*W = {cost.score_flops(lay, 1, 1) * w:,} "
+                         f"FLOPs, no more than its projections' {cost.projection_flops(lay, 1, 1):,}; the projections "
+                         "dominate at every length")}),
                      "attention_matrix_bytes_per_layer": cost.attention_matrix_bytes(lay, seq_len, batch, window=w)})
     total = sum(cost.score_flops(lay, seq_len, batch, window=w) for w in lay.windows)
     return {"windowed_layers": rows, "flops_scores_all_layers": total}
@@ -1032,7 +1037,8 @@ def main(args: argparse.Namespace) -> int:
     """The CLI entry point: parsed flags -> :class:`BudgetConfig` -> :func:`run` -> printed text or
     JSON; returns the exit status (:attr:`BudgetResult.exit_code`)."""
     result = run(config_from_args(args))
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
+    # --json as strictly as every file headprobe writes (headprobe.probe.io.write_json): no bare NaN or Infinity
+    print(json.dumps(finite_json(result.to_dict()), indent=2, allow_nan=False) if args.json else result.format())
     return result.exit_code
 
 

@@ -154,6 +154,7 @@ class CircuitResult:
              "top_edges": [{"edge": r.edge, "score": round(float(r.score), 5),
                             "exact": None if r.exact != r.exact else round(float(r.exact), 5)} for r in top.itertuples()],
              "agreement": self.agreement,
+             **self._null_reasons(top),
              "path_patching": "clean run; the sender's corrupted - clean result added only to the receiver's input "
                               "residual, the receiver's input norm recomputed; every later layer recomputed"}
         if self.paths is not None:
@@ -166,6 +167,18 @@ class CircuitResult:
                                    "key_side_top": {k: round(float(v), 4) for k, v in q.key_side().head(8).items()},
                                    "query_side_top": {k: round(float(v), 4) for k, v in q.query_side().head(8).items()}}
         return {**s, "config": asdict(self.config), "seconds": round(self.seconds, 1), "versions": package_versions()}
+
+    def _null_reasons(self, top) -> dict:
+        """Why the summary's nulls are null, where there are any: ``exact_null_reason`` (a listed edge
+        that was not path patched) and ``agreement_null_reason`` (no agreement: fewer than 3 edges patched)."""
+        out = {}
+        if top["exact"].isna().any():
+            out["exact_null_reason"] = (f"not path patched: --verify {self.config.verify} patches the {self.config.verify} "
+                                        "edges largest in |score| and as many drawn at random from the rest")
+        if self.agreement is None:
+            out["agreement_null_reason"] = (f"fewer than 3 edges path patched (--verify {self.config.verify}); "
+                                            "a correlation needs at least 3")
+        return out
 
     def figure(self):
         """``circuit``: the ``top`` edges as a graph (:func:`headprobe.analyses.figures.circuit_graph`)."""
@@ -185,8 +198,11 @@ class CircuitResult:
         lines = [f"clean loss {s['clean_loss']:.3f} nats/token; {s['n_edges']} edges scored by {s['method']}"]
         if self.agreement:
             a = self.agreement
-            lines.append(f"against exact path patching on {a['n_edges']} edges: Spearman {a['spearman']:.3f}, "
-                         f"Pearson {a['pearson']:.3f}, top-{a['top_k']} recall {a['top_k_recall']:.2f}")
+            r = {k: "n/a" if a[k] is None else f"{a[k]:.3f}" for k in ("spearman", "pearson")}
+            why = "; ".join(dict.fromkeys(a.get("null_reasons", {}).values()))
+            lines.append(f"against exact path patching on {a['n_edges']} edges: Spearman {r['spearman']}, "
+                         f"Pearson {r['pearson']}, top-{a['top_k']} recall {a['top_k_recall']:.2f}"
+                         + (f" (n/a: {why})" if why else ""))
         lines.append("largest edges (score, exact):")
         lines += [f"  {t['edge']:>18}  {t['score']:+.4f}  " + ("" if t["exact"] is None else f"{t['exact']:+.4f}")
                   for t in s["top_edges"][:10]]

@@ -200,7 +200,10 @@ def headline(which: str, table: pd.DataFrame) -> dict:
         in_context_loss_sd=("in_context_loss", "std"), max_induction=("max_induction", "mean"),
         min_max_induction=("max_induction", "min"), kv_bytes_per_token=("kv_bytes_per_token", "first"),
         seconds=("seconds", "mean"))
-    out = {"per_variant": {k: {c: (None if pd.isna(v) else round(float(v), 4)) for c, v in row.items()}
+    n_seeds = table.groupby("variant", sort=False)["seed"].nunique()
+    one_seed = "undefined: one seed; a standard deviation over seeds needs at least 2 (--seeds)"
+    out = {"per_variant": {k: {**{c: (None if pd.isna(v) else round(float(v), 4)) for c, v in row.items()},
+                               **({"sd_null_reason": one_seed} if n_seeds[k] < 2 else {})}
                            for k, row in agg.iterrows()}}
     if which == "layouts" and "MHA" in agg.index:
         mha = agg.loc["MHA"]
@@ -212,6 +215,7 @@ def headline(which: str, table: pd.DataFrame) -> dict:
                 "variant": best, "kv_fraction_of_mha": round(float(small.loc[best, "kv_bytes_per_token"] / mha["kv_bytes_per_token"]), 4),
                 "loss_gap_vs_mha": round(float(small.loc[best, "eval_loss"] - mha["eval_loss"]), 4),
                 "mha_loss_seed_sd": None if pd.isna(mha["eval_loss_sd"]) else round(float(mha["eval_loss_sd"]), 4),
+                **({"mha_loss_seed_sd_null_reason": one_seed} if pd.isna(mha["eval_loss_sd"]) else {}),
                 # the held-out loss alone hides a missing induction circuit: report the in-context loss too
                 "in_context_loss_gap_vs_mha": round(float(small.loc[best, "in_context_loss"] - mha["in_context_loss"]), 4),
                 "induction_formed": bool(small.loc[best, "min_max_induction"] > INDUCTION_FORMED),
@@ -220,6 +224,8 @@ def headline(which: str, table: pd.DataFrame) -> dict:
                                          "max_induction": round(float(r["max_induction"]), 4)} for v, r in small.iterrows()}}
         else:
             out["mla_below_one_eighth"] = None
+            out["mla_below_one_eighth_null_reason"] = ("no MLA rank of --ranks has a KV cache below 1/8 of MHA's "
+                                                       f"({float(mha['kv_bytes_per_token']) / 8:g} bytes per token)")
     return out
 
 

@@ -286,7 +286,8 @@ def metrics_summary(scores: dict[str, np.ndarray], composition: dict | None, typ
     for c in (s.column for metric in METRICS.values() for s in metric.figures):  # each drawn metric column
         v = scores.get(c)
         if v is not None and np.isfinite(v).any():
-            order = np.argsort(-np.nan_to_num(v, nan=-np.inf), axis=None)[:top_n]
+            # only heads with a score: a removed head's NaN is no rank (top_heads does the same)
+            order = np.argsort(-np.nan_to_num(v, nan=-np.inf), axis=None)[:min(top_n, int(np.isfinite(v).sum()))]
             out["top_heads"][c] = [{"head": format_head(divmod(int(i), v.shape[1])), "score": round(float(v.flat[i]), 4)}
                                    for i in order]
     if np.isfinite(scores.get("sink_rate", np.nan)).all():
@@ -374,11 +375,22 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         "interval_rule": "95% percentile bootstrap over sequences (2000 resamples, seeded): top_effect_ci95 of each "
                          "ablation's mean per-sequence effect, score_ci95 of each listed head's mean per-sequence score "
                          "(not for positional scores, a most-frequent offset)",
+        **({"interval_null_reasons": no_ci} if (no_ci := interval_null_reasons(result)) else {}),
         "ablations": [v.to_dict() for v in result.verifications],
         "metrics": result.metrics,
         "timings_s": {k: round(v, 2) for k, v in result.timings.items()},
         "versions": package_versions(),
     }
+
+
+def interval_null_reasons(result: ScanResult) -> dict[str, str]:
+    """Task (``natural``, ``repeated``) -> why its intervals (``score_ci95`` of the types scored on
+    it, ``top_effect_ci95`` of its ablations) are null, for each task of fewer than 2 sequences
+    (:func:`~headprobe.analyses.statistics.no_interval_reason`; ``--n-natural 1``, ``--n-repeated 1``)."""
+    from headprobe.analyses.statistics import no_interval_reason
+
+    sets = {"natural": result.natural, "repeated": result.repeated}
+    return {task: why for task, tokens in sets.items() if (why := no_interval_reason(int(tokens.tokens.shape[0])))}
 
 
 def verification_rules(spec: ModelSpec) -> dict:
@@ -502,7 +514,7 @@ def format_report(result: ScanResult) -> str:
         p_adj = f"{v.p_adjusted:7.4f}" if v.p_adjusted is not None else f"{'-':>7}"
         verdict = v.verdict if v.tested or v.no_verdict else "(reported, not tested)"
         lines.append(f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {v.clean_loss:6.2f} {v.top_effect:+8.{d}f} "
-                     f"[{lo:+.{d}f}, {hi:+.{d}f}] {v.random_mean:+9.{d}f}/{v.random_max:+.{d}f} {v.draws:>4} "
+                     f"{figs.format_interval(lo, hi, f'+.{d}f')} {v.random_mean:+9.{d}f}/{v.random_max:+.{d}f} {v.draws:>4} "
                      f"{v.p_value:7.4f} {p_adj}  {verdict}")
     units = ("losses in nats/token" if metric is LOSS_METRIC else
              f"Δ in {metric.unit}: {metric.definition}")
