@@ -49,6 +49,10 @@ EXAMPLE_LABELS = {"natural": "the natural-text example", "repeated": "the repeat
 own ``label`` (``headprobe show``: the user's prompt)."""
 
 _ID_COLUMNS = ("layer", "head", "kv_head")
+VERDICT_DIGITS = 6
+"""Decimals the page's data keeps of a verdict's numbers. The page shows 3 (2 on the map's
+tooltip): kept to 4, an adjusted p of 0.076531 became 0.0765 and then showed as 0.076 (a rounding
+of a rounding); kept to 6, every shown digit is the value's own."""
 
 
 def _round(x: Any, digits: int = 5) -> float | None:
@@ -216,13 +220,14 @@ def _verdicts(summary: Mapping | None) -> list[dict]:
     ablated, p, adjusted p, whether the row is the tested one, verdict (the rule of summary.json's
     ``verification``; the untested kind says ``not tested``)."""
     rows = []
+    d = VERDICT_DIGITS
     for a in (summary or {}).get("ablations", []):
         rows.append({"head_type": a["head_type"], "kind": a["kind"], "task": a["task"], "heads": a["top_heads"],
-                     "effect": _round(a["top_effect"], 4), "random_mean": _round(a["random_mean"], 4),
-                     "random_max": _round(a["random_max"], 4), "p_value": _round(a.get("p_value"), 4),
-                     "p_adjusted": _round(a.get("p_adjusted"), 4), "draws": a.get("draws", len(a.get("random_effects", []))),
+                     "effect": _round(a["top_effect"], d), "random_mean": _round(a["random_mean"], d),
+                     "random_max": _round(a["random_max"], d), "p_value": _round(a.get("p_value"), d),
+                     "p_adjusted": _round(a.get("p_adjusted"), d), "draws": a.get("draws", len(a.get("random_effects", []))),
                      "tested": bool(a.get("tested", True)), "alpha": a.get("alpha"), "correction": a.get("correction"),
-                     "ci95": [_round(x, 4) for x in a.get("top_effect_ci95") or []],
+                     "ci95": [_round(x, d) for x in a.get("top_effect_ci95") or []],
                      "confirmed": a["confirmed"],  # None: no verdict (see the summary's warnings)
                      "verdict": ("not tested" if not a.get("tested", True) and not a.get("no_verdict")
                                  else "no verdict" if a["confirmed"] is None else "CONFIRMED" if a["confirmed"] else "not confirmed")})

@@ -93,9 +93,14 @@ def test_page_data_keeps_every_head_and_no_label_can_end_the_script():
     data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
     assert data["patterns"]["natural"]["labels"] == labels
     assert data["verdicts"] == [{"head_type": "induction", "kind": "zero", "task": "repeated", "heads": ["2.1", "0.3"],
-                                 "effect": 0.7, "random_mean": 0.1, "random_max": 0.2, "p_value": 0.1667,
+                                 "effect": 0.7, "random_mean": 0.1, "random_max": 0.2, "p_value": 0.166667,
                                  "p_adjusted": 0.2, "draws": 5, "tested": True, "alpha": 0.25, "correction": "bh",
                                  "ci95": [0.5, 0.9], "confirmed": True, "verdict": "CONFIRMED"}]
+    # the page shows 3 decimals of what the data keeps: a rounding of a rounding (0.076531 -> 0.0765 ->
+    # 0.076) would show a number that is not the value's; each kept value rounds as the value does
+    near = {**check, "p_value": 0.06122449, "p_adjusted": 0.07653061, "top_effect": 0.0946489}
+    kept = viewer.viewer_data(table, {"model": "toy", "ablations": [near]})["verdicts"][0]
+    assert [f"{kept[k]:.3f}" for k in ("p_value", "p_adjusted", "effect")] == ["0.061", "0.077", "0.095"]
     no_verdict = {**check, "confirmed": None}
     page = viewer.build_page(table, {"model": "toy", "ablations": [no_verdict], "warnings": ["natural task: unknown text"]})
     data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
