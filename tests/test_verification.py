@@ -167,7 +167,7 @@ def test_layer_matched_sets_have_the_top_sets_layer_counts():
     heads = [(l, h) for l in range(30) for h in range(9)]
     avail = [x for x in heads if x not in top]
     sets, note = layer_matched_sets(top, avail, 30, 40, torch.Generator().manual_seed(0))
-    assert note is None and len(sets) == 40 and len({tuple(s) for s in sets}) > 30
+    assert note is None and len(sets) == 40 and len({tuple(s) for s in sets}) == 40  # no set drawn twice
     for s in sets:
         assert sorted(l for l, _ in s) == [17, 17, 18, 18, 20] and not set(s) & set(top) and len(set(s)) == 5
     # a layer with too few heads outside the top-k: its shortfall comes from the nearest layer, and the note says so
@@ -181,6 +181,49 @@ def test_layer_matched_sets_have_the_top_sets_layer_counts():
         layer_matched_sets(top, [(0, 0), (0, 1)], 3, 1, torch.Generator())
     u = uniform_sets(3, avail, 50, torch.Generator().manual_seed(1))
     assert len({h for s in u for h in s}) == len(avail)  # uniform draws reach every available head
+
+
+def test_control_sets_are_distinct_and_every_one_where_few_exist():
+    """A p-value (g + 1) / (n + 1) counts each control set as one more comparison: a set drawn twice
+    is one comparison counted twice. Where k heads outside the top-k leave one possible layer-matched
+    set (layer 0 of 4 heads, 2 under test, 2 left), the stream is that one set, not 50 copies of it
+    (its p can then be no smaller than 1/2); where few exist, every one of them, in a random order;
+    where many, n distinct draws. The same for uniform sets."""
+    import itertools
+
+    from headprobe.analyses.verification import ENUMERATE_BELOW
+
+    gen = torch.Generator().manual_seed(0)
+    heads = [(0, h) for h in range(4)]
+    sets, _ = layer_matched_sets([(0, 0), (0, 1)], heads[2:], 1, 50, gen)
+    assert sets == [[(0, 2), (0, 3)]]
+    # two layers of 6 heads, 2 under test in each: C(4, 2)^2 = 36 < 4 x 50 possible sets, all of them
+    heads = [(l, h) for l in range(2) for h in range(6)]
+    top = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    avail = [x for x in heads if x not in top]
+    sets, _ = layer_matched_sets(top, avail, 2, 50, gen)
+    every = {tuple(sorted(a + b)) for a in itertools.combinations(avail[:4], 2) for b in itertools.combinations(avail[4:], 2)}
+    assert len(sets) == 36 and {tuple(s) for s in sets} == every
+    assert sets != sorted(sets)  # in a random order: the first sets of a stream are a random sample
+    sets, _ = layer_matched_sets(top, avail, 2, 5, gen)  # 36 >= 4 x 5: drawn, repeats skipped
+    assert len(sets) == 5 and len({tuple(s) for s in sets}) == 5 and 36 >= ENUMERATE_BELOW * 5
+    sets, _ = layer_matched_sets(top, avail, 2, 10, gen)  # 36 < 40: enumerated, cut to 10
+    assert len(sets) == 10 and len({tuple(s) for s in sets}) == 10 and {tuple(s) for s in sets} <= every
+    u = uniform_sets(2, avail[:4], 50, gen)  # C(4, 2) = 6 sets of 2
+    assert sorted(map(tuple, u)) == sorted(itertools.combinations(avail[:4], 2))
+
+
+def test_a_test_with_few_distinct_control_sets_is_exact_and_says_so(tiny_llama_gqa, text_file):
+    """k = 8 of the tiny model's 16 heads: few layer-matched sets of 8 exist among the other 8
+    (C(8 - a, ...) per layer), so each stream holds every distinct set, no set twice, and the
+    notes say how many; a test whose sets cannot give p <= alpha is not CONFIRMED."""
+    result = _scan(tiny_llama_gqa, text_file, n_random=30, k=8, types="induction", sequential=False)
+    (v,) = [v for v in result.verifications if v.kind == "mean"]
+    assert len({tuple(s) for s in v.random_heads}) == len(v.random_heads) == v.draws < 30
+    assert any(f"only {v.draws} distinct layer-matched control set" in n for n in result.verification["notes"])
+    assert v.p_value >= 1 / (v.draws + 1) - 1e-12
+    if 1 / (v.draws + 1) > 0.05:
+        assert v.confirmed is not True
 
 
 def test_settings_reachability_and_effect_rule():
@@ -224,7 +267,9 @@ def test_scan_records_the_design_and_stops_settled_tests_early(tiny_llama_gqa, t
         assert v.stopped == "curtailed" or (sum(reached) == h and reached[-1] and BATCH == 1), (v.head_type, reached)
     # the untested kind: its first SECONDARY_DRAWS sets, whenever the tested one stopped
     assert all(v.draws == SECONDARY_DRAWS for v in seq.verifications if v.kind == "zero")
-    assert all(v.draws == 30 for v in fixed.verifications)
+    for v in fixed.verifications:  # distinct sets: 30, or every one where this 16-head model allows fewer (noted)
+        assert len({tuple(s) for s in v.random_heads}) == len(v.random_heads) == v.draws
+        assert v.draws == 30 or any(f"only {v.draws} distinct" in n for n in fixed.verification["notes"]), v.head_type
     assert seq.verification["sets_ablated"] < fixed.verification["sets_ablated"] / 2
     assert [v.confirmed for v in seq.verifications] == [v.confirmed for v in fixed.verifications]
     # the first batch is the same sets either way
