@@ -184,8 +184,8 @@ def model_labels(table: pd.DataFrame) -> list[str]:
 @_styled
 def depth_plot(table: pd.DataFrame, head_type: str) -> Figure:
     """Where ``head_type``'s top-k heads sit by relative depth in each model of ``table``
-    (one row per model; marker = verdict of the type's zero ablation, area = score on one scale
-    for all models)."""
+    (one row per model; marker = the scan's tested verdict of the type (:data:`VERDICT_KIND`
+    ablation), area = score on one scale for all models)."""
     labels = model_labels(table)
     fig = _figure(COLUMN_WIDTH, 0.9 + 0.28 * len(labels))
     ax = fig.subplots()
@@ -218,8 +218,9 @@ def atlas_overview(table: pd.DataFrame, title: str = "Head atlas", ncols: int = 
 @_styled
 def over_training_plot(table: pd.DataFrame, title: str) -> Figure:
     """One model's checkpoints (``step`` column) in training order: per head type, the highest
-    score of any head at each step; a filled marker where the scan confirmed the type (zero
-    ablation of its top-k heads), hollow where it did not, a cross where it gave no verdict."""
+    score of any head at each step; a filled marker where the scan confirmed the type (its tested
+    :data:`VERDICT_KIND` ablation of the top-k heads), hollow where it did not, a cross where it
+    gave no verdict."""
     t = table.dropna(subset=["step"]).copy()
     t["step"] = t["step"].astype(int)
     types = table_types(t)
