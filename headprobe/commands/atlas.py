@@ -296,7 +296,7 @@ class AtlasResult:
             lines.append("")
             models = atlas_lib.model_labels(self.table)
             lines.append(f"verdicts (each scan's tested verdict: {atlas_lib.VERDICT_KIND} ablation of each type's top-k heads "
-                         "against layer-matched controls): " + ", ".join(models))
+                         f"against {self.config.control} controls): " + ", ".join(models))
             for t, per in s.items():
                 lines.append(f"  {t:<16} " + " | ".join(per.get(m, "") or "-" for m in models))
         return "\n".join(lines)
