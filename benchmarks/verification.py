@@ -71,7 +71,8 @@ def replay(fixed, args) -> None:
     cfg = fixed.config
     tested = [v for v in fixed.verifications if v.tested]
     sets, ps, rows = 0, [], []
-    tests = [st.SequentialMCTest(v.top_effect, cfg.n_random, cfg.alpha, tie=1e-5) for v in tested]
+    # each test's most draws: its stream (n_random sets, or every distinct set where fewer exist), all ablated by the fixed run
+    tests = [st.SequentialMCTest(v.top_effect, v.draws, cfg.alpha, tie=1e-5) for v in tested]
     while not all(t.done for t in tests):  # rounds of one batch per open test, then curtailment, as the scan runs
         for v, t in zip(tested, tests):
             if not t.done:
