@@ -297,6 +297,7 @@ class Verification:
     no_verdict: str | None = None
     metric: str = LOSS_METRIC.name
     alpha: float | None = None
+    min_effect: float | None = None  # the effect floor of the CONFIRMED rule, in the metric's unit
     p_adjusted: float | None = None
     draws: int | None = None
     control: str | None = None

@@ -362,6 +362,7 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     types = list(dict.fromkeys(r["head_type"] for r in rows))
     k = rows[0]["k"]
     alpha = next((r["alpha"] for r in rows if r.get("alpha") is not None), None)
+    floor = next((r["min_effect"] for r in rows if r.get("min_effect") is not None), None)
     correction = next((r["correction"] for r in rows if r.get("correction")), None)
     fig = _figure(COLUMN_WIDTH, 2.5 * len(kinds) + 0.9)
     axes = np.atleast_1d(fig.subplots(len(kinds), 1, sharex=True))
@@ -401,10 +402,12 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     handles = [Line2D([], [], ls="", marker="D", ms=4, color=blue, label=f"top-{k} heads (bars: 95% CI over sequences)"),
                Line2D([], [], ls="", marker="o", ms=2, color=grey, label=f"control sets of {k} random heads (n sets)"),
                Line2D([], [], color="black", lw=0.9, label="largest control effect")]
-    if alpha is not None:
-        handles.append(Line2D([], [], ls="", label=f"CONFIRMED: adjusted p ≤ α = {alpha:g} "
-                                                   f"({'Benjamini-Hochberg' if correction == 'bh' else 'Holm'})\nand top-k Δ ≥ 2x the control mean"))
     unit = "" if rows[0].get("metric") == "embedding_cosine" else " nats"
+    if alpha is not None:
+        at_least = f"{floor:g}{unit} and ≥ " if floor is not None else ""
+        handles.append(Line2D([], [], ls="", label=f"CONFIRMED: adjusted p ≤ α = {alpha:g} "
+                                                   f"({'Benjamini-Hochberg' if correction == 'bh' else 'Holm'})\n"
+                                                   f"and top-k Δ ≥ {at_least}2x the control mean"))
     handles.append(Line2D([], [], ls="", label=f"y axis: symmetric log (linear within ±0.1{unit}) where effects exceed 0.1"))
     fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     fig.suptitle(title, fontsize=_RC["axes.titlesize"])
@@ -436,8 +439,9 @@ def ablation_caption(rows: Sequence[dict], design: dict) -> str:
              f"({design.get('control')}, drawn outside every top-{k} set of the task), {design.get('primary_kind')} "
              f"ablation tested, at most {design.get('max_draws')} sets per test, stopped once the verdict was settled "
              f"(Besag & Clifford 1991). Verdicts at alpha = {design.get('alpha')} after {corr} correction over "
-             f"{design.get('family_size')} test{'' if design.get('family_size') == 1 else 's'}; CONFIRMED also needs the effect to be at least twice the control "
-             "mean. Effects in nats/token (loss increase) unless stated."]
+             f"{design.get('family_size')} test{'' if design.get('family_size') == 1 else 's'}; CONFIRMED also needs the effect to be at least "
+             + (f"{floor:g} and " if (floor := next((r['min_effect'] for r in rows if r.get('min_effect') is not None), None)) is not None else "")
+             + "twice the control mean. Effects in nats/token (loss increase) unless stated."]
     for r in rows:
         lo, hi = r.get("top_effect_ci95") or [float("nan")] * 2
         role = (f"p_adj = {r['p_adjusted']:.4g}, {r['confirmed'] and 'CONFIRMED' or 'not confirmed'}" if r.get("tested")

@@ -479,7 +479,7 @@ def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[
         random_effects=effects, random_mean=float(np.mean(effects)), random_max=float(np.max(effects)),
         confirmed=confirmed, random_heads=[names(s) for s in stream[:n]], control_excludes=names(excluded),
         p_value=float(p), top_effect_ci95=[float(v) for v in st.bootstrap_ci(x.top_per_seq[kind], seed=settings.seed)],
-        no_verdict=x.no_verdict, metric=metric.name, alpha=settings.alpha,
+        no_verdict=x.no_verdict, metric=metric.name, alpha=settings.alpha, min_effect=metric.min_effect,
         p_adjusted=None if p_adj is None or kind != PRIMARY_KIND else float(p_adj), draws=n, control=settings.control,
         correction=settings.correction if tested else None, tested=tested,
         p_method=_p_method(x.mc) if kind == PRIMARY_KIND else "monte-carlo (reported, not tested)",

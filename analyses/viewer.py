@@ -227,6 +227,7 @@ def _verdicts(summary: Mapping | None) -> list[dict]:
                      "random_max": _round(a["random_max"], d), "p_value": _round(a.get("p_value"), d),
                      "p_adjusted": _round(a.get("p_adjusted"), d), "draws": a.get("draws", len(a.get("random_effects", []))),
                      "tested": bool(a.get("tested", True)), "alpha": a.get("alpha"), "correction": a.get("correction"),
+                     "min_effect": a.get("min_effect"),
                      "ci95": [_round(x, d) for x in a.get("top_effect_ci95") or []],
                      "confirmed": a["confirmed"],  # None: no verdict (see the summary's warnings)
                      "verdict": ("not tested" if not a.get("tested", True) and not a.get("no_verdict")

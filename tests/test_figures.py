@@ -355,3 +355,21 @@ def test_save_figure_lays_the_figure_out_once_for_all_three_formats(tmp_path, mo
     paths = figs.save_figure(fig, tmp_path / "heat")
     assert len(calls) == 1 and all(p.stat().st_size > 1000 for p in paths)
     assert fig.get_layout_engine() is engine
+
+
+def test_the_ablation_figure_and_caption_state_the_whole_confirmation_rule():
+    """CONFIRMED needs the adjusted p <= alpha, the effect >= the metric's floor (0.05 nats for a
+    loss) and >= twice the control mean: the figure's legend and the caption state all three (they
+    left out the floor), taken from the rows, not written in."""
+    from headprobe.analyses import figures as figs
+
+    row = {"head_type": "induction", "kind": "mean", "task": "repeated", "k": 3, "top_effect": 2.0,
+           "top_effect_ci95": [1.5, 2.5], "random_effects": [0.1, 0.3], "random_mean": 0.2, "random_max": 0.3,
+           "draws": 2, "p_value": 1 / 3, "p_adjusted": 1 / 3, "confirmed": False, "tested": True, "alpha": 0.1,
+           "correction": "bh", "metric": "loss", "min_effect": 0.07, "no_verdict": None}
+    fig = figs.ablation_plot([row], "t")
+    legend = " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    assert "adjusted p ≤ α = 0.1" in legend and "top-k Δ ≥ 0.07 nats and ≥ 2x the control mean" in legend, legend
+    caption = figs.ablation_caption([row], {"correction": "bh", "control": "layer-matched", "primary_kind": "mean",
+                                            "max_draws": 2, "alpha": 0.1, "family_size": 1})
+    assert "at least 0.07 and twice the control mean" in caption, caption
