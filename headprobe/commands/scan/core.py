@@ -518,10 +518,11 @@ def format_report(result: ScanResult) -> str:
                      f"{v.p_value:7.4f} {p_adj}  {verdict}")
     units = ("losses in nats/token" if metric is LOSS_METRIC else
              f"Δ in {metric.unit}: {metric.definition}")
-    floor = "0.05 nats" if metric is LOSS_METRIC else f"{metric.min_effect} ({metric.unit})"
+    floor = f"{metric.min_effect:g} nats" if metric is LOSS_METRIC else f"{metric.min_effect:g} ({metric.unit})"
+    m = design.get("family_size")
     lines.append(f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k, at most "
                  f"{design.get('max_draws')} per test, stopped once settled (sets: ablated). p: sequential Monte Carlo "
-                 f"(Besag & Clifford); p adj: {design.get('correction')} over the {design.get('family_size')} tested verdicts. "
+                 f"(Besag & Clifford); p adj: {design.get('correction')} over the {m} tested verdict{'' if m == 1 else 's'}. "
                  f"CI: 95% bootstrap over sequences.\n CONFIRMED: {verif.PRIMARY_KIND} ablation, p adj <= alpha = "
                  f"{design.get('alpha')}, top-k Δ >= {floor} and >= {verif.EFFECT_RATIO:g}x the control mean; "
                  "docs/scan.md has the rule)")
