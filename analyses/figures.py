@@ -362,7 +362,7 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     types = list(dict.fromkeys(r["head_type"] for r in rows))
     k = rows[0]["k"]
     alpha = next((r["alpha"] for r in rows if r.get("alpha") is not None), None)
-    floor = next((r["min_effect"] for r in rows if r.get("min_effect") is not None), None)
+    floor = _effect_floor(rows)
     correction = next((r["correction"] for r in rows if r.get("correction")), None)
     fig = _figure(COLUMN_WIDTH, 2.5 * len(kinds) + 0.9)
     axes = np.atleast_1d(fig.subplots(len(kinds), 1, sharex=True))
@@ -419,6 +419,12 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     return fig
 
 
+def _effect_floor(rows: Sequence[dict]) -> float | None:
+    """The effect floor of the CONFIRMED rule (``min_effect``, the metric's unit) the verdict rows
+    carry, or None for rows written before they carried it."""
+    return next((r["min_effect"] for r in rows if r.get("min_effect") is not None), None)
+
+
 def format_interval(lo: float | None, hi: float | None, spec: str, prefix: str = "") -> str:
     """``[<prefix>lo, hi]`` with both bounds in format ``spec``, or ``[<prefix>n/a]`` where there is
     no interval (a bound NaN or None: a bootstrap over one sequence), never ``[+nan, +nan]``."""
@@ -440,7 +446,7 @@ def ablation_caption(rows: Sequence[dict], design: dict) -> str:
              f"ablation tested, at most {design.get('max_draws')} sets per test, stopped once the verdict was settled "
              f"(Besag & Clifford 1991). Verdicts at alpha = {design.get('alpha')} after {corr} correction over "
              f"{design.get('family_size')} test{'' if design.get('family_size') == 1 else 's'}; CONFIRMED also needs the effect to be at least "
-             + (f"{floor:g} and " if (floor := next((r['min_effect'] for r in rows if r.get('min_effect') is not None), None)) is not None else "")
+             + (f"{floor:g} and " if (floor := _effect_floor(rows)) is not None else "")
              + "twice the control mean. Effects in nats/token (loss increase) unless stated."]
     for r in rows:
         lo, hi = r.get("top_effect_ci95") or [float("nan")] * 2

@@ -193,7 +193,6 @@ def distinct_sets(draw: Callable[[], list[Head]], every: Callable[[], Iterable[l
     return out
 
 
-
 def uniform_sets(k: int, available: Iterable[Head], n_draws: int, gen: torch.Generator) -> list[list[Head]]:
     """``n_draws`` distinct sets of ``k`` distinct heads drawn uniformly from ``available`` (fewer
     where fewer exist: every one of them, :func:`distinct_sets`).
@@ -252,16 +251,14 @@ def _draw_controls(top: dict[str, list[Head]], task_of: dict[str, str], all_head
         for t in judged:
             excluded[t] = sorted(union if shared else set(top[t]))
             avail = [h for h in all_heads if h not in excluded[t] and h not in removed]
-            if settings.control == "uniform" and shared and uniform_stream is not None:
-                pass  # the task's one uniform stream
-            elif settings.control == "uniform":
-                streams.append(uniform_sets(settings.k, avail, settings.n_random, gen))
-                uniform_stream = len(streams) - 1
-            else:
+            if settings.control != "uniform":
                 sets, note = layer_matched_sets(top[t], avail, max(h[0] for h in all_heads) + 1, settings.n_random, gen)
                 streams.append(sets)
                 if note:
                     notes.append(f"{t.replace('_', '-')}: {note}")
+            elif uniform_stream is None or not shared:  # else the task's one uniform stream
+                streams.append(uniform_sets(settings.k, avail, settings.n_random, gen))
+                uniform_stream = len(streams) - 1
             tests.append(_Test(t, task, list(top[t]), uniform_stream if settings.control == "uniform" else len(streams) - 1))
             if (n := len(streams[tests[-1].stream])) < settings.n_random:
                 notes.append(f"{t.replace('_', '-')}: only {n} distinct {settings.control} control "
@@ -398,7 +395,7 @@ class _Ablator:
                 for kind in KINDS:
                     cut = {s: streams[s][lo:hi] if kind == PRIMARY_KIND else streams[s][:n_secondary] if lo == 0 else []
                            for s, (lo, hi) in spans.items() if task_of[s] == task}
-                    planned = self._ablate_round(tests, task, kind, cut, planned)
+                    self._ablate_round(tests, task, kind, cut, planned)
             for s, (lo, hi) in spans.items():
                 for x in tests:
                     if x.stream == s and not x.mc.done:
@@ -412,12 +409,12 @@ class _Ablator:
                     self.bar.refresh()
 
     def _ablate_round(self, tests: list[_Test], task: str, kind: str, cut: dict[int, list[list[Head]]],
-                      planned: list[int]) -> list[int]:
+                      planned: list[int]) -> None:
         """Ablate ``cut`` (stream -> its sets this round) of one task and kind in one call; each open
-        test on a stream gets its sets' effects. Returns ``planned`` less the sets ablated."""
+        test on a stream gets its sets' effects; ``planned`` (sets left per stream) loses them."""
         flat = [hs for sets in cut.values() for hs in sets]
         if not flat:
-            return planned
+            return
         eff = iter(self.effects(task, flat, kind)[1].mean(dim=1).tolist())
         for s, sets in cut.items():
             part = [next(eff) for _ in sets]
@@ -425,7 +422,6 @@ class _Ablator:
                 if x.stream == s and not x.mc.done:
                     x.effects[kind] += part
             planned[s] -= len(sets)
-        return planned
 
 
 def _curtail(tests: list[_Test], settings: VerificationSettings, min_effect: float) -> None:

@@ -79,7 +79,7 @@ def replay(fixed, args) -> None:
                 t.add(v.random_effects[len(t.draws):len(t.draws) + verif.BATCH])
         verif.curtail_family(tests, [v.top_effect for v in tested], cfg.correction, cfg.alpha, LOSS_METRIC.min_effect)
     for v, test in zip(tested, tests):
-        sets += len(test.draws) + min(verif.SECONDARY_DRAWS, cfg.n_random) + 2  # both kinds' top-k sets, the other kind's sets
+        sets += len(test.draws) + min(verif.SECONDARY_DRAWS, v.draws) + 2  # both kinds' top-k sets, the other kind's sets
         ps.append(test.p_value())
         rows.append((v, test))
     adjusted = st.adjust_p_values(ps, cfg.correction)
