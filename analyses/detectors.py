@@ -111,10 +111,20 @@ def duplicate_token_score(pattern: Pattern, period: int, start: int) -> Float[Te
     """Duplicate-token score on ``[BOS] r_1..r_S r_1..r_S``: mean attention from each token of
     the repeat to its earlier occurrence (key ``q - S``), over the repeat's queries.
 
+    Without BOS (``start == 0``) the first query of the repeat is left out: its earlier
+    occurrence is position 0, where a first-token (sink) head attends anyway, which would give a
+    pure sink head ``1/S``. With BOS every earlier occurrence is at position >= 1.
+
     Source: TransformerLens' head detector; Wang et al. 2022 (IOI). Its ``detect_head`` ("mul",
-    over all T queries) gives this times ``S / T``.
+    over all T queries) gives this times ``S / T`` (with BOS).
     """
-    return offset_score(pattern, offset=period, first_query=start + period)
+    return offset_score(pattern, offset=period, first_query=duplicate_first_query(period, start))
+
+
+def duplicate_first_query(period: int, start: int) -> int:
+    """The first query the duplicate-token score reads: ``start + period``, but never the query
+    whose earlier occurrence is position 0 (the sink position, when there is no BOS)."""
+    return max(start, 1) + period
 
 
 def induction_score(pattern: Pattern, period: int, start: int) -> Float[Tensor, "head"]:
@@ -168,9 +178,9 @@ def _stats_scores(name: str, st, S: int | None, start: int) -> dict[str, Tensor]
         _check_len(T, 2)
         return {name: diagonal_mean(st.diagonal(1), 1, 1)}
     if name in ("duplicate_token", "induction"):
-        off = S if name == "duplicate_token" else S - 1
-        _check_len(T, max(off + 1, start + S + 1))
-        return {name: diagonal_mean(st.diagonal(off), off, start + S)}
+        off, first = (S, duplicate_first_query(S, start)) if name == "duplicate_token" else (S - 1, start + S)
+        _check_len(T, max(off + 1, first + 1))
+        return {name: diagonal_mean(st.diagonal(off), off, first)}
     if name == "first_token":
         _check_len(T, 2)
         return {name: st.key_column(0)[..., 1:].float().mean(dim=(0, 2))}

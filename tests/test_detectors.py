@@ -59,6 +59,33 @@ def test_first_token_sink():
     assert previous_token_score(p).item() == pytest.approx(1 / 8)  # only query 1's previous is position 0
 
 
+@pytest.mark.parametrize("start", [0, 1])
+def test_a_pure_sink_head_is_no_duplicate_token_head_with_or_without_bos(start):
+    """Without BOS the repeat's first query has its earlier copy at position 0, where a sink head
+    attends anyway: that query is not counted (a pure sink head scored 1/S there)."""
+    S = 7
+    T = start + 2 * S
+    sink = one_hot_pattern(T, lambda q: 0)
+    assert duplicate_token_score(sink, S, start).item() == 0.0
+    duplicate = one_hot_pattern(T, lambda q: q - S if q >= start + S else 0)
+    assert duplicate_token_score(duplicate, S, start).item() == pytest.approx(1.0)
+    # the streamed path reads the same queries
+    from headprobe.analyses.detectors import _stats_scores
+
+    class Stats:  # the two members the streamed duplicate-token score reads
+        n_pos = T
+
+        def __init__(self, p):
+            self.p = p
+
+        def diagonal(self, off):
+            return self.p.diagonal(offset=-off, dim1=-2, dim2=-1)
+
+    for p in (sink, duplicate):
+        torch.testing.assert_close(_stats_scores("duplicate_token", Stats(p), S, start)["duplicate_token"],
+                                   duplicate_token_score(p, S, start))
+
+
 def test_positional_head_offset_and_fraction():
     T = 11
     p = one_hot_pattern(T, lambda q: max(q - 2, 0))  # offset -2 wherever possible
@@ -75,7 +102,7 @@ def _loop_reference(pattern, S, start):
         prev = [pattern[b, h, q, q - 1] for b in range(B) for q in range(1, T)]
         first = [pattern[b, h, q, 0] for b in range(B) for q in range(1, T)]
         ind = [pattern[b, h, q, q - S + 1] for b in range(B) for q in range(start + S, T)]
-        dup = [pattern[b, h, q, q - S] for b in range(B) for q in range(start + S, T)]
+        dup = [pattern[b, h, q, q - S] for b in range(B) for q in range(start + S, T) if q - S > 0]
         out["prev"][h], out["first"][h] = sum(prev) / len(prev), sum(first) / len(first)
         out["ind"][h], out["dup"][h] = sum(ind) / len(ind), sum(dup) / len(dup)
         offsets = [int(pattern[b, h, q].argmax()) - q for b in range(B) for q in range(1, T)]
@@ -84,9 +111,10 @@ def _loop_reference(pattern, S, start):
     return out
 
 
-def test_vectorised_detectors_equal_loops_over_heads():
+@pytest.mark.parametrize("start", [0, 1])
+def test_vectorised_detectors_equal_loops_over_heads(start):
     g = torch.Generator().manual_seed(0)
-    S, start, B, H = 6, 1, 3, 5
+    S, B, H = 6, 3, 5
     T = start + 2 * S
     scores = torch.randn(B, H, T, T, generator=g) * 3
     scores = scores.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf"))
