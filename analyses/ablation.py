@@ -273,9 +273,9 @@ class Verification:
     why a test ended before ``--n-random`` draws (``futility``: ``h`` draws reached its effect, so
     its p is above alpha; ``curtailed``: no later draw could have made it CONFIRMED after the
     correction, or its effect is below ``min_effect``; its p is then the largest the rule could
-    still give). ``top_effect_ci95`` is the 95% percentile-bootstrap
+    still give). ``top_effect_ci95`` is the 95% Student-t
     interval of the top-k effect over the task's sequences
-    (:func:`headprobe.analyses.statistics.bootstrap_ci`), ``[nan, nan]`` from one sequence.
+    (:func:`headprobe.analyses.statistics.mean_ci`), ``[nan, nan]`` from one sequence.
     """
 
     head_type: str

@@ -349,7 +349,7 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     ``rows`` are :class:`headprobe.analyses.ablation.Verification` dicts. One panel per ablation
     kind, the tested kind (mean) first. Per type: every control set's effect (grey dots, jittered),
     their maximum (a short black bar), the top-k effect (a blue diamond; whiskers: its 95%
-    bootstrap interval over sequences) and, above, the verdict's numbers: the control sets
+    t interval over sequences) and, above, the verdict's numbers: the control sets
     ablated (n), the p-value and, for the tested kind, the adjusted p and the verdict (CONFIRMED,
     not confirmed, no verdict); the other kind says "not tested". Each type's tick says which loss it
     is judged on. The y axis is symmetric-log (linear within +-0.1 nats), as effects span 0.01 to
@@ -427,7 +427,7 @@ def _effect_floor(rows: Sequence[dict]) -> float | None:
 
 def format_interval(lo: float | None, hi: float | None, spec: str, prefix: str = "") -> str:
     """``[<prefix>lo, hi]`` with both bounds in format ``spec``, or ``[<prefix>n/a]`` where there is
-    no interval (a bound NaN or None: a bootstrap over one sequence), never ``[+nan, +nan]``."""
+    no interval (a bound NaN or None: an interval over one sequence), never ``[+nan, +nan]``."""
     if lo is None or hi is None or not np.isfinite([lo, hi]).all():
         return f"[{prefix}n/a]"
     return f"[{prefix}{lo:{spec}}, {hi:{spec}}]"
@@ -663,7 +663,7 @@ POSITIVE_COLOR, NEGATIVE_COLOR = "#B2182B", "#2166AC"
 def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, title: str, ylabel: str,
                 signs: np.ndarray | None = None,
                 sign_labels: tuple[str, str] = ("above zero", "below zero"),
-                ci_label: str = "whiskers: 95% bootstrap interval over prompts", label_prefix: str = "head ") -> Figure:
+                ci_label: str = "whiskers: 95% t interval over prompts", label_prefix: str = "head ") -> Figure:
     """Horizontal bars of signed per-head effects (largest first, top to bottom) with their 95%
     intervals as whiskers (``ci``: ``[2, n]`` lower and upper bounds; NaN: no whisker, and
     ``ci_label`` should then say why). ``label_prefix`` goes before each label on the axis.

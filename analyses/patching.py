@@ -18,8 +18,8 @@ each prompt (IOI: correct = the indirect object, wrong = the subject). Per unit 
 the clean answer needs), and the normalised effect ``effect_u / (LD_corrupted - LD_clean)`` of the
 means (1: patching this unit alone moves the metric all the way to the corrupted run's; 0: no change).
 
-Intervals: 95% percentile bootstrap over prompts (:func:`headprobe.analyses.statistics.bootstrap_ci`),
-as for ablations, only from ``MIN_PAIRS_FOR_CI`` (10) pairs up.
+Intervals: the Student-t interval over prompts (:func:`headprobe.analyses.statistics.mean_ci`), as
+for ablations, from ``MIN_N_FOR_CI`` (2) pairs up.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headprobe.analyses.ablation import LOGITS_BYTES_PER_PASS, require_head_ablation
-from headprobe.analyses.statistics import bootstrap_ci
-from headprobe.analyses.vocabulary import MIN_PAIRS_FOR_CI, PATCH_SITES
+from headprobe.analyses.statistics import interval_rule, mean_ci
+from headprobe.analyses.vocabulary import MIN_N_FOR_CI, PATCH_SITES
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
@@ -128,9 +128,6 @@ input (``hook_q``/``hook_k``/``hook_v``), or the residual stream entering a laye
 HEAD_SITES = ("z", "q", "k", "v")
 """The sites patched per query head (the others are patched per layer and position)."""
 
-# MIN_PAIRS_FOR_CI (vocabulary.py, 10): intervals over prompt pairs only from 10 pairs up. With fewer, a
-# percentile bootstrap resamples so few values that its interval is no 95% interval (4 pairs give at most 35
-# distinct resampled means); the outputs say so and give none.
 
 
 def site_hook_name(site: str, layer: int) -> str:
@@ -279,15 +276,15 @@ class PatchingResult:
 
     @property
     def has_intervals(self) -> bool:
-        """Whether there are enough pairs (:data:`MIN_PAIRS_FOR_CI`) for bootstrap intervals."""
-        return len(self.clean_ld) >= MIN_PAIRS_FOR_CI
+        """Whether there are enough pairs (:data:`MIN_N_FOR_CI`) for intervals."""
+        return len(self.clean_ld) >= MIN_N_FOR_CI
 
     @property
     def interval_note(self) -> str:
         """What the outputs say about intervals."""
         if self.has_intervals:
-            return "95% percentile bootstrap over prompts (2000 resamples, seeded)"
-        return f"none: {len(self.clean_ld)} prompt pairs; intervals are given from {MIN_PAIRS_FOR_CI} pairs up"
+            return interval_rule("prompt pairs")
+        return f"none: {len(self.clean_ld)} prompt pair; intervals are given from {MIN_N_FOR_CI} pairs up"
 
     @property
     def positions(self) -> list[int]:
@@ -305,7 +302,7 @@ class PatchingResult:
 
     def table(self, seed: int = 0):
         """The CSV: ``layer, head`` (``resid``: ``layer, pos``), ``effect`` (mean over prompts),
-        ``effect_ci95_lo/hi`` (bootstrap over prompts; from :data:`MIN_PAIRS_FOR_CI` pairs up, else
+        ``effect_ci95_lo/hi`` (t interval over prompts; from :data:`MIN_N_FOR_CI` pairs up, else
         one column ``effect_ci95`` saying why there are none), ``normalized`` (``effect / total``)
         and ``effect_pair_1 .. effect_pair_n`` (each prompt pair's effect; their mean is ``effect``)."""
         import pandas as pd
@@ -316,7 +313,7 @@ class PatchingResult:
                                 ("pos" if self.site == "resid" else "head"): [u[1] for u in self.heads],
                                 "effect": eff.mean(1)}
         if self.has_intervals:
-            ci = bootstrap_ci(eff.T, seed=seed)  # [2, n_units]
+            ci = mean_ci(eff.T)  # [2, n_units]
             cols.update(effect_ci95_lo=ci[0], effect_ci95_hi=ci[1])
         else:
             cols["effect_ci95"] = self.interval_note

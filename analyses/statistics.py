@@ -1,9 +1,14 @@
-"""Intervals for the numbers a scan reports: percentile bootstrap over sequences (scipy).
+"""Intervals for the numbers headprobe reports, and the Monte Carlo tests of its verdicts.
 
-A head's score and an ablation's effect are means over sequences of a per-sequence value (each
-sequence contributes the same number of queries or predictions), so resampling the sequences
-with replacement gives the interval a reviewer asks for (Efron & Tibshirani 1993, ch. 13,
-percentile method), computed by :func:`scipy.stats.bootstrap`.
+A head's score, an ablation's effect and a patch's effect are means over sequences (or prompt
+pairs) of a per-sequence value, so their interval is the Student-t interval of a mean over those
+units: ``mean +- t_{n-1, 0.975} * sd / sqrt(n)``, from 2 units up (:data:`MIN_N_FOR_CI`); one unit
+has none. One rule for every command. Its coverage (tests/test_statistics.py simulates it, 20,000
+samples each): exactly 0.95 at every n for normal per-unit values; for skewed values below that
+(lognormal sigma 1: 0.89 at n = 2, 0.83 at n = 8, 0.87 at n = 20; exponential 0.88-0.92; a 0/1 value
+with p = 0.2: 0.32 at n = 2, 0.83 at n = 8). The percentile bootstrap this replaced covered 0.51 at
+n = 2, 0.74 at n = 3 and 0.88 at n = 8 even for normal values (Efron & Tibshirani 1993, ch. 13,
+warn it is too narrow in small samples).
 """
 
 from __future__ import annotations
@@ -12,41 +17,47 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from headprobe.analyses.vocabulary import MIN_N_FOR_CI
+
 LEVEL = 0.95
-N_RESAMPLES = 2000
 
 
-def bootstrap_ci(per_sequence: np.ndarray, level: float = LEVEL, n_resamples: int = N_RESAMPLES,
-                 seed: int = 0) -> np.ndarray:
-    """Percentile-bootstrap interval of the mean over axis 0 (sequences).
+def interval_rule(units: str = "sequences") -> str:
+    """The one-line statement of :func:`mean_ci` that outputs carry (``units``: what is averaged over)."""
+    return (f"95% Student-t interval of the mean over {units} (mean +- t(n-1) sd / sqrt(n)); none from fewer "
+            f"than {MIN_N_FOR_CI} {units}")
+
+
+def mean_ci(per_unit: np.ndarray, level: float = LEVEL) -> np.ndarray:
+    """Student-t confidence interval of the mean over axis 0 (sequences or prompt pairs).
 
     Args:
-        per_sequence: ``[n_seq, ...]`` one value per sequence (and per head, ...).
-        level: confidence level. n_resamples: bootstrap resamples. seed: their random state.
+        per_unit: ``[n, ...]`` one value per sequence (and per head, ...).
+        level: confidence level.
 
     Returns:
-        ``[2, ...]``: lower and upper bounds; NaN where fewer than 2 sequences (no interval).
+        ``[2, ...]``: lower and upper bounds (same units as the values); NaN where fewer than
+        :data:`MIN_N_FOR_CI` units (no interval). A constant column gives ``[value, value]``.
+
+    Source: Student (1908); the t quantile from :func:`scipy.stats.t.ppf`.
     """
-    x = np.asarray(per_sequence, dtype=float)
-    if x.shape[0] < 2:
+    x = np.asarray(per_unit, dtype=float)
+    n = x.shape[0]
+    if n < MIN_N_FOR_CI:
         return np.full((2, *x.shape[1:]), np.nan)
-    from scipy.stats import bootstrap
+    from scipy.stats import t
 
-    res = bootstrap((x,), np.mean, axis=0, vectorized=True, confidence_level=level, n_resamples=n_resamples,
-                    method="percentile", random_state=np.random.default_rng(seed))
-    lo, hi = res.confidence_interval
-    # a constant column gives a degenerate interval (scipy returns it, with a warning, as NaN on some versions)
-    const = np.all(x == x[:1], axis=0)
-    lo, hi = np.where(const, x[0], lo), np.where(const, x[0], hi)
-    return np.stack([lo, hi])
+    half = t.ppf(0.5 + level / 2, n - 1) * x.std(axis=0, ddof=1) / np.sqrt(n)
+    m = x.mean(axis=0)
+    return np.stack([m - half, m + half])
 
 
-def no_interval_reason(n_sequences: int) -> str | None:
-    """Why :func:`bootstrap_ci` over ``n_sequences`` sequences gives no interval (NaN bounds, JSON
-    ``null``), or None when it gives one: a resample of one sequence is that sequence again."""
-    if n_sequences >= 2:
+def no_interval_reason(n_sequences: int, units: str = "sequences") -> str | None:
+    """Why :func:`mean_ci` over ``n_sequences`` units gives no interval (NaN bounds, JSON
+    ``null``), or None when it gives one."""
+    if n_sequences >= MIN_N_FOR_CI:
         return None
-    return (f"undefined: a bootstrap interval over sequences needs at least 2 sequences, the task has {n_sequences}")
+    return f"undefined: an interval over {units} needs at least {MIN_N_FOR_CI} {units}, the task has {n_sequences}"
 
 
 # --- Monte Carlo tests of a top-k effect against random control sets ------------------------------

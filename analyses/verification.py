@@ -474,7 +474,7 @@ def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[
         clean_loss=clean_loss, top_loss=x.top_loss[kind], top_effect=x.top_effect[kind],
         random_effects=effects, random_mean=float(np.mean(effects)), random_max=float(np.max(effects)),
         confirmed=confirmed, random_heads=[names(s) for s in stream[:n]], control_excludes=names(excluded),
-        p_value=float(p), top_effect_ci95=[float(v) for v in st.bootstrap_ci(x.top_per_seq[kind], seed=settings.seed)],
+        p_value=float(p), top_effect_ci95=[float(v) for v in st.mean_ci(x.top_per_seq[kind])],
         no_verdict=x.no_verdict, metric=metric.name, alpha=settings.alpha, min_effect=metric.min_effect,
         p_adjusted=None if p_adj is None or kind != PRIMARY_KIND else float(p_adj), draws=n, control=settings.control,
         correction=settings.correction if tested else None, tested=tested,

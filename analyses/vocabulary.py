@@ -41,9 +41,9 @@ PATCH_SITES: tuple[str, ...] = ("z", "q", "k", "v", "resid")
 """Where ``headprobe patch --site`` patches (:data:`headprobe.analyses.patching.SITES`): a head's
 ``z`` (its output, before W_O), its query, key or value input, or the residual stream entering a
 layer at one position."""
-MIN_PAIRS_FOR_CI = 10
-"""Bootstrap intervals over prompt pairs are given only from this many pairs up
-(:mod:`headprobe.analyses.patching`)."""
+MIN_N_FOR_CI = 2
+"""Intervals over sequences or prompt pairs (:func:`headprobe.analyses.statistics.mean_ci`, a
+Student-t interval) are given from this many up; one has none."""
 FIGURE_FORMATS: tuple[str, ...] = ("png", "pdf", "svg")
 """Every format a figure is written in (:func:`headprobe.analyses.figures.save_figure`), in order."""
 NO_FIGURES = "none"

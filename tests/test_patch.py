@@ -145,11 +145,11 @@ def test_table_normalises_by_the_corrupted_minus_clean_difference(tiny_gpt2_nati
     np.testing.assert_allclose(per_pair.mean(1), t["effect"])
 
 
-def test_fewer_than_ten_pairs_get_no_interval_and_say_so(tiny_gpt2_native):
-    t = patch_heads(tiny_gpt2_native, _pairs(9)).table()
+def test_one_pair_gets_no_interval_and_says_so(tiny_gpt2_native):
+    t = patch_heads(tiny_gpt2_native, _pairs(1)).table()
     assert not {"effect_ci95_lo", "effect_ci95_hi"} & set(t.columns)
-    assert (t["effect_ci95"] == "none: 9 prompt pairs; intervals are given from 10 pairs up").all()
-    assert {f"effect_pair_{i}" for i in range(1, 10)} <= set(t.columns)
+    assert (t["effect_ci95"] == "none: 1 prompt pair; intervals are given from 2 pairs up").all()
+    assert "effect_pair_1" in t.columns
 
 
 class _WordTokenizer:
@@ -440,7 +440,9 @@ def test_bad_site_flags_are_one_line_and_exit_2(argv, message, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("site", ["k", "resid"])
-def test_cli_site_writes_per_pair_effects_and_no_interval_below_ten(tiny_dir, prompts_file, tmp_path, site):
+def test_cli_site_writes_per_pair_effects_and_t_intervals(tiny_dir, prompts_file, tmp_path, site):
+    from scipy import stats
+
     out = tmp_path / site
     extra = ["--positions", "0,-1"] if site == "resid" else []
     assert main(["patch", "--model", str(tiny_dir), "--prompts", str(prompts_file), "--site", site, *extra,
@@ -448,13 +450,17 @@ def test_cli_site_writes_per_pair_effects_and_no_interval_below_ten(tiny_dir, pr
     csv = out / ("resid_patching.csv" if site == "resid" else "head_patching.csv")
     table = pd.read_csv(csv)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["site"] == site and summary["n_prompts"] == 6 and summary["interval_rule"].startswith("none: 6")
-    assert "clean_logit_diff_ci95" not in summary and "effect_ci95_lo" not in table.columns
-    np.testing.assert_allclose(table[[f"effect_pair_{i}" for i in range(1, 7)]].mean(1), table["effect"], atol=1e-4)
+    assert summary["site"] == site and summary["n_prompts"] == 6 and "Student-t" in summary["interval_rule"]
+    assert "clean_logit_diff_ci95" in summary
+    per_pair = table[[f"effect_pair_{i}" for i in range(1, 7)]].to_numpy()
+    np.testing.assert_allclose(per_pair.mean(1), table["effect"], atol=1e-4)
+    for row, x in zip(table.itertuples(), per_pair):  # scipy's t interval per unit, from the CSV's own pairs
+        lo, hi = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x)) if x.std() > 0 else (x[0], x[0])
+        assert row.effect_ci95_lo == pytest.approx(lo, abs=2e-4) and row.effect_ci95_hi == pytest.approx(hi, abs=2e-4)
     assert list(table.columns[:2]) == (["layer", "pos"] if site == "resid" else ["layer", "head"])
     assert len(table) == (2 * 2 if site == "resid" else 16)
     top = summary["top_positions" if site == "resid" else "top_heads"][0]
-    assert set(top) >= ({"layer", "pos"} if site == "resid" else {"head"}) and "effect_ci95" not in top
+    assert set(top) >= ({"layer", "pos"} if site == "resid" else {"head"})
 
 
 @pytest.mark.real_model

@@ -1,5 +1,5 @@
-"""Verdicts with statistics: batched control ablations equal one forward per set, bootstrap
-intervals agree with a plain resampling loop, and a text the model cannot read gets a warning
+"""Verdicts with statistics: batched control ablations equal one forward per set, t intervals
+agree with scipy's and cover as stated, and a text the model cannot read gets a warning
 and no verdict."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from headprobe.analyses.ablation import (
     head_ablation_hooks, scored_loss, set_ablation_losses, untrusted_task_reason,
 )
-from headprobe.analyses.statistics import bootstrap_ci
+from headprobe.analyses.statistics import mean_ci
 from headprobe.commands.scan import ScanConfig, run
 
 
@@ -38,18 +38,29 @@ def test_batched_set_ablations_equal_one_forward_per_set(fixture, kind, request)
     assert not torch.allclose(got[0], got[-1])  # an ablation changes the loss: the hooks did act
 
 
-def test_bootstrap_interval_matches_a_resampling_loop():
+def test_mean_interval_equals_scipys_t_interval_per_column():
+    from scipy import stats
+
     rng = np.random.default_rng(0)
-    x = rng.normal(0.3, 1.0, size=(40, 3))
+    x = rng.normal(0.3, 1.0, size=(5, 3))
     x[:, 2] = 0.7  # a constant column: a point interval
-    ci = bootstrap_ci(x, n_resamples=4000, seed=1)
-    idx = rng.integers(0, 40, size=(4000, 40))
-    means = x[idx].mean(axis=1)  # [resample, column]
-    ref = np.percentile(means, [2.5, 97.5], axis=0)
-    np.testing.assert_allclose(ci[:, :2], ref[:, :2], atol=0.05)
-    assert ci[0, 0] < x[:, 0].mean() < ci[1, 0]
-    np.testing.assert_array_equal(ci[:, 2], [0.7, 0.7])
-    assert np.isnan(bootstrap_ci(x[:1])).all()  # one sequence: no interval
+    ci = mean_ci(x)
+    for j in range(2):
+        ref = stats.t.interval(0.95, 4, loc=x[:, j].mean(), scale=stats.sem(x[:, j]))
+        np.testing.assert_allclose(ci[:, j], ref)
+    np.testing.assert_allclose(ci[:, 2], [0.7, 0.7])
+    assert np.isnan(mean_ci(x[:1])).all()  # one sequence: no interval
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_interval_covers_the_mean_95_percent_of_the_time(n):
+    """Coverage by simulation on normal per-sequence values: the stated 95% at every n (the
+    percentile bootstrap it replaced covered 0.51 at n = 2, 0.74 at n = 3, 0.88 at n = 8)."""
+    rng = np.random.default_rng(n)
+    x = rng.normal(1.0, 2.0, size=(n, 20000))  # 20,000 samples of n sequences, one per column
+    lo, hi = mean_ci(x)
+    coverage = float(np.mean((lo <= 1.0) & (1.0 <= hi)))
+    assert 0.94 <= coverage <= 0.96, coverage  # binomial sd of the estimate: 0.0015
 
 
 def test_untrusted_task_reasons():

@@ -16,7 +16,7 @@ reads your own pairs, one JSON object per line with ``clean``, ``corrupted``, ``
 head alone gets the corrupted k/v), ``--site resid`` the residual stream before each layer at each
 of ``--positions``; all pairs run as one padded batch.
 
-Outputs: ``head_patching.csv`` (layer, head, kv_head, effect, its 95% interval from 10 pairs up,
+Outputs: ``head_patching.csv`` (layer, head, kv_head, effect, its 95% t interval over prompts,
 normalised effect, each pair's effect; ``resid_patching.csv`` for ``--site resid``), ``patching.{png,pdf,svg}`` (the normalised effect of every head), ``patching_top``
 (the largest effects with their intervals) and ``summary.json`` (written last).
 
@@ -57,7 +57,7 @@ class PatchConfig(ModelSettings):
     Attributes:
         task: ``ioi`` (ignored with ``prompts``).
         prompts: a JSONL file of prompt pairs (see the module docstring), instead of the task's.
-        n_prompts: IOI pairs to build (>= 2). seed: draws the IOI names and the bootstrap.
+        n_prompts: IOI pairs to build (>= 2). seed: draws the IOI names.
         heads: ``layer.head`` list (comma-separated) to patch; None: every head (not with ``resid``).
         site: what is patched (:data:`~headprobe.analyses.vocabulary.PATCH_SITES`): ``z`` (a head's
             output), ``q``, ``k``, ``v`` (its query, key or value input; GQA as
@@ -179,12 +179,12 @@ class PatchResult:
 
     def summary(self) -> dict:
         """summary.json: model, task, site, prompts, clean and corrupted logit differences (means and,
-        from 10 pairs up, 95% intervals), the normaliser, the top units by |effect|, the metric's
+        95% t intervals), the normaliser, the top units by |effect|, the metric's
         definition, the interval rule, the forward passes taken."""
-        from headprobe.analyses.statistics import bootstrap_ci
+        from headprobe.analyses.statistics import mean_ci
 
-        p, seed = self.patching, self.config.seed
-        ci = (lambda x: {"ci95": [round(float(v), 4) for v in bootstrap_ci(x, seed=seed)]}) if p.has_intervals else (lambda x: {})
+        p = self.patching
+        ci = (lambda x: {"ci95": [round(float(v), 4) for v in mean_ci(x)]}) if p.has_intervals else (lambda x: {})
         key = "top_positions" if self.config.site == "resid" else "top_heads"
         return {
             "model": self.spec.name, "weights_precision": self.spec.precision, **self.model_info,
@@ -213,7 +213,7 @@ class PatchResult:
 
     def figures(self) -> dict:
         """``patching`` (every unit's normalised effect, layer x head or layer x position) and
-        ``patching_top`` (the largest |effects|, with 95% intervals from 10 pairs up)."""
+        ``patching_top`` (the largest |effects|, with 95% t intervals over prompts)."""
         import numpy as np
 
         from headprobe.analyses import figures
@@ -236,7 +236,7 @@ class PatchResult:
                                    "Δ logit difference (patched − clean)", signs=top["normalized"].to_numpy(),
                                    sign_labels=("normalised effect > 0: toward corrupted (red in patching.png)",
                                                 "normalised effect < 0: away from corrupted (blue)"),
-                                   ci_label=("whiskers: 95% bootstrap interval over prompts" if p.has_intervals
+                                   ci_label=("whiskers: 95% t interval over prompts" if p.has_intervals
                                              else f"no whiskers: {p.interval_note.removeprefix('none: ')}"),
                                    label_prefix="" if site == "resid" else "head ")
         return {"patching": heat, "patching_top": bars}

@@ -24,7 +24,7 @@ from headprobe.analyses.ablation import (
     scored_loss, top_heads, untrusted_task_reason,
 )
 from headprobe.analyses import verification as verif
-from headprobe.analyses.statistics import bootstrap_ci
+from headprobe.analyses.statistics import interval_rule, mean_ci
 from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
 from headprobe.analyses.columns import DETECTORS, METRICS, metric_columns
 from headprobe.analyses.scoring import example_patterns, score_token_set, score_tokens  # noqa: F401 - score_token_set re-exported
@@ -58,7 +58,7 @@ class ScanResult:
         device, dtype: where and in which precision the model ran.
         self_check: the model's load-time self-check (:meth:`SelfCheck.to_dict`).
         warnings: why a task's numbers cannot carry verdicts (unknown text, loss above ln(vocabulary)), one line each.
-        score_ci95: column -> ``[2, layer, head]`` 95% bootstrap interval over sequences (columns that are a
+        score_ci95: column -> ``[2, layer, head]`` 95% t interval over sequences (columns that are a
             mean over sequences; not ``positional_*``, a most-frequent offset).
         patterns: every head's pattern on each token set's first sequence (``natural``, ``repeated``;
             :func:`headprobe.analyses.viewer.head_patterns`), or None (``pattern_len`` 0).
@@ -238,7 +238,7 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True) -> ScanRe
         composition = head_metrics.scan_composition(model)
 
     table = _head_table(spec, scores, cfg.types)
-    score_ci95 = {c: bootstrap_ci(v.double().numpy(), seed=cfg.seed) for c, v in per_seq.items()
+    score_ci95 = {c: mean_ci(v.double().numpy()) for c, v in per_seq.items()
                   if np.allclose(v.double().mean(0).numpy(), scores[c], atol=1e-5)}  # only where the score is that mean
     return ScanResult(cfg, spec, table, scores, verifications, clean, natural, repeated, examples, timings,
                       device=str(model.device), dtype=str(model.dtype), self_check=model.self_check.to_dict(),
@@ -372,7 +372,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         "warnings": result.warnings,
         "verification": {**result.verification, **verification_rules(spec)} if result.verifications else {},
         "removed_heads": [format_head(h) for h in result.removed_heads],
-        "interval_rule": "95% percentile bootstrap over sequences (2000 resamples, seeded): top_effect_ci95 of each "
+        "interval_rule": interval_rule() + ": top_effect_ci95 of each "
                          "ablation's mean per-sequence effect, score_ci95 of each listed head's mean per-sequence score "
                          "(not for positional scores, a most-frequent offset)",
         **({"interval_null_reasons": no_ci} if (no_ci := interval_null_reasons(result)) else {}),
@@ -523,7 +523,7 @@ def format_report(result: ScanResult) -> str:
     lines.append(f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k, at most "
                  f"{design.get('max_draws')} per test, stopped once settled (sets: ablated). p: sequential Monte Carlo "
                  f"(Besag & Clifford); p adj: {design.get('correction')} over the {m} tested verdict{'' if m == 1 else 's'}. "
-                 f"CI: 95% bootstrap over sequences.\n CONFIRMED: {verif.PRIMARY_KIND} ablation, p adj <= alpha = "
+                 f"CI: 95% t interval over sequences.\n CONFIRMED: {verif.PRIMARY_KIND} ablation, p adj <= alpha = "
                  f"{design.get('alpha')}, top-k Δ >= {floor} and >= {verif.EFFECT_RATIO:g}x the control mean; "
                  "docs/scan.md has the rule)")
     lines += [f"NOTE: {n}" for n in design.get("notes", [])]
