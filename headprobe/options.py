@@ -140,13 +140,63 @@ def describe_model(model: LoadedModel) -> str:
     if split:  # a model split over devices (--device-map): the devices, in order of first use
         names = [f"cuda:{d}" if isinstance(d, int) else str(d) for d in split.values()]
         where = f"{', '.join(dict.fromkeys(names))} (--device-map)"
+    threads = getattr(model, "threads_note", None)
     return (f"model {spec.name} on {where} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
-            f"{spec.n_kv_heads} KV heads); weights: {spec.precision}")
+            f"{spec.n_kv_heads} KV heads); weights: {spec.precision}" + (f"; {threads}" if threads else ""))
+
+
+IDLE_SAMPLE_S = 0.25
+"""How long :func:`choose_threads` watches the cores to count the idle ones (seconds)."""
+
+
+def choose_threads(requested: int | None = None) -> tuple[int, str]:
+    """torch's CPU threads for a run, and why: ``requested`` (``--threads``); else
+    ``OMP_NUM_THREADS`` where it is set; else the cores this process may use that are idle now --
+    the sum of their idle shares over :data:`IDLE_SAMPLE_S` (psutil), rounded, at least 1.
+
+    Why: torch's CPU kernels split each operation over one thread per core and wait for the
+    slowest, so a thread that shares its core with a busy process slows the whole run several-fold
+    (README, "On a machine shared with other jobs"; benchmarks/threads.py measures it).
+    """
+    import os
+
+    if requested is not None:
+        return requested, "--threads"
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env), "OMP_NUM_THREADS"
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    try:
+        import psutil
+
+        busy = psutil.cpu_percent(interval=IDLE_SAMPLE_S, percpu=True)
+        idle = sum(1 - busy[c] / 100 for c in cores if c < len(busy))
+    except Exception:  # no psutil or no per-core counters: take every core
+        return len(cores), f"{len(cores)} cores (idle time not readable)"
+    n = max(1, min(len(cores), round(idle)))
+    return n, f"{idle:.1f} of {len(cores)} cores idle"
+
+
+def set_threads(requested: int | None = None) -> str:
+    """Set torch's CPU threads by :func:`choose_threads`; the header's words for it."""
+    import torch
+
+    n, why = choose_threads(requested)
+    torch.set_num_threads(n)
+    return f"torch threads {n} ({why})"
 
 
 def load_for(config):
     """Load ``config.model`` as a command's config asks (its ``device``, ``dtype``, ``backend`` and,
-    where it has one, ``prepend_bos``); see :func:`load_model_as`."""
+    where it has one, ``prepend_bos``); see :func:`load_model_as`. Sets torch's CPU threads first
+    (``config.threads``, :func:`set_threads`); the words for it are the model's ``threads_note``."""
+    note = set_threads(getattr(config, "threads", None))
+    model = _load_for(config)
+    model.threads_note = note
+    return model
+
+
+def _load_for(config):
     return load_model_as(config.model, device=config.device, dtype=config.dtype, backend=config.backend,
                          prepend_bos=getattr(config, "prepend_bos", True), device_map=getattr(config, "device_map", None),
                          max_memory=getattr(config, "max_memory", None))
@@ -324,6 +374,17 @@ def _wrote(paths: list, out: Path) -> str:
     return f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {out}/"
 
 
+RUN_ONLY = ("threads",)
+"""Config fields that change how fast a run goes, not what it computes: left out of a checkpoint's key."""
+
+
+def checkpoint_key(config) -> dict:
+    """The fields of ``config`` that a resumed run must share with the run that saved the checkpoint."""
+    from dataclasses import asdict
+
+    return {k: v for k, v in asdict(config).items() if k not in RUN_ONLY}
+
+
 def _resume(out: str, overwrite: bool, config, module, sharded: bool, main_rank: bool):
     """``(state or None, on_save, checkpoints found)`` of a resumable run; see :func:`run_command`."""
     from dataclasses import asdict
@@ -331,7 +392,7 @@ def _resume(out: str, overwrite: bool, config, module, sharded: bool, main_rank:
     from headprobe.analyses import distributed
     from headprobe.probe.io import RunCheckpoint, shard_checkpoint_name
 
-    key = asdict(config)
+    key = checkpoint_key(config)
     checkpoint = RunCheckpoint(out, key)
     merge = getattr(module, "merge_states", None)
     if merge is not None:  # every rank reads every checkpoint before any rank writes one
@@ -395,7 +456,7 @@ def run_command(args: argparse.Namespace, config, how: Run) -> int:
         if main_rank:  # the others computed the same result
             # resumable: only checkpoints can be in --out unless --overwrite (checked above)
             paths = result.save(args.out, overwrite=resumable or args.overwrite, **how.save)
-            for c in RunCheckpoint.shards(args.out, asdict(config)) if resumable else ():
+            for c in RunCheckpoint.shards(args.out, checkpoint_key(config)) if resumable else ():
                 c.clear()
             print()
             print(result.report())

@@ -226,6 +226,10 @@ class ModelSettings:
         None, "what --device-map may put on each device, e.g. cpu=2GiB,cuda:0=10GiB,disk=100GB (default: the "
         "free memory of every GPU and the CPU; disk unlimited unless named)", metavar="DEVICE=SIZE,...")
     """Per-device budget for ``device_map`` (a dict, or ``--max-memory``'s text); None: what is free."""
+    threads: int | None = setting(None, "torch CPU threads (default: OMP_NUM_THREADS if set, else the cores that are "
+                                  "idle now, at least 1; the header prints the number and why)", type=positive_int,
+                                  metavar="N")
+    """torch's intra-op CPU threads (:func:`headprobe.options.choose_threads`); None: the default rule."""
 
     def __post_init__(self):
         check_settings(self)
@@ -313,7 +317,7 @@ def check_settings(cfg) -> None:
             raise HeadprobeError(str(e)) from None
     if has("text"):
         object.__setattr__(cfg, "text", str(cfg.text))
-    for name in ("n_natural", "n_repeated"):
+    for name in ("n_natural", "n_repeated", "threads"):
         if has(name) and getattr(cfg, name) < 1:
             raise HeadprobeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     if has("seq_len") and cfg.seq_len < 2:

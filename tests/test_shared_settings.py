@@ -127,3 +127,42 @@ def test_view_takes_the_model_settings_and_checks_its_own(tmp_path):
         ViewConfig(dir="d", prepend_bos=False)
     with pytest.raises(HeadprobeError, match="--max-memory needs --device-map"):
         ViewConfig(dir="d", max_memory="cpu=1GB")
+
+
+def test_threads_follow_the_idle_cores_unless_asked(monkeypatch):
+    """--threads wins, then OMP_NUM_THREADS, then the idle share of this process's cores."""
+    import os
+
+    import psutil
+
+    from headprobe.options import choose_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for busy, want in (([0.0, 0.0], 2), ([100.0, 5.0], 1), ([100.0, 100.0], 1), ([60.0, 60.0], 1), ([30.0, 20.0], 2)):
+        monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None, percpu=False, b=busy: list(b))
+        n, why = choose_threads()
+        assert n == want and "idle" in why, (busy, n, why)
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None, percpu=False: [100.0, 0.0, 0.0, 0.0])
+    assert choose_threads()[0] == 1  # idle cores outside this process's affinity do not count
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert choose_threads() == (3, "OMP_NUM_THREADS")
+    assert choose_threads(5) == (5, "--threads")
+
+
+def test_threads_do_not_change_a_checkpoints_key():
+    """A run resumed with another --threads computes the same numbers: it resumes."""
+    from headprobe.commands.ablate import AblateConfig
+    from headprobe.options import checkpoint_key
+
+    a, b = AblateConfig(model="m", threads=1), AblateConfig(model="m", threads=2)
+    assert checkpoint_key(a) == checkpoint_key(b) and "threads" not in checkpoint_key(a)
+    assert checkpoint_key(a) != checkpoint_key(AblateConfig(model="m", seed=1))
+
+
+def test_threads_zero_is_refused_in_one_line(capsys):
+    from headprobe.cli import main
+
+    code = main(["ablate", "--threads", "0", "--out", "x"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--threads" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
