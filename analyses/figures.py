@@ -405,8 +405,8 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
                       ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine" else "Δ loss (nats)"))
     handles = [Line2D([], [], ls="", marker="D", ms=4, color=blue, label=f"top-{k} heads (bars: 95% CI over sequences)"),
                Line2D([], [], ls="", marker="o", ms=2, color=grey,
-                      label=f"control sets of {k} random heads (g/n reached: g of the n sets reached the top-k Δ;\n"
-                            "p ≤: a test stopped early reports a bound)"),
+                      label=f"control sets of {k} random heads (g/n reached: g of n sets\nreached the top-k Δ; "
+                            "p ≤: a stopped test's bound)"),
                Line2D([], [], color="black", lw=0.9, label="largest control effect")]
     unit = "" if rows[0].get("metric") == "embedding_cosine" else " nats"
     if alpha is not None:
