@@ -260,8 +260,7 @@ class Verification:
 
     Made by :func:`headprobe.analyses.verification.verify_heads`, which documents the rule:
     ``tested`` is True for the one ablation kind each type's verdict is tested with (mean); its
-    ``p_value`` is the sequential Monte Carlo p-value (with the generalized Pareto tail where no
-    control draw reached the top-k effect; ``p_method`` says which), ``p_adjusted`` that p after
+    ``p_value`` is the sequential Monte Carlo p-value (``p_method`` says how its test ended), ``p_adjusted`` that p after
     the correction over the run's tested verdicts (``correction``: ``bh`` or ``holm``), and ``confirmed`` holds when
     ``p_adjusted <= alpha`` and the effect is large (at least ``min_effect`` and twice the mean
     control effect). The other kind is reported beside it on the same control sets (``tested``
@@ -269,11 +268,15 @@ class Verification:
     ``confirmed`` is also ``None`` (no verdict) when ``no_verdict`` gives a reason the task's loss
     cannot be trusted (see :func:`untrusted_task_reason`). ``draws`` control sets were ablated
     (``random_effects``, ``random_heads``); ``control`` is ``layer-matched`` or ``uniform``; they
-    never include the heads under test (``control_excludes``) or a removed head. ``stopped`` says
-    why a test ended before ``--n-random`` draws (``futility``: ``h`` draws reached its effect, so
-    its p is above alpha; ``curtailed``: no later draw could have made it CONFIRMED after the
-    correction, or its effect is below ``min_effect``; its p is then the largest the rule could
-    still give). ``top_effect_ci95`` is the 95% Student-t
+    never include the heads under test (``control_excludes``) or a removed head. ``stop_reason``
+    says how the tested kind's test ended (``settled above alpha``: h draws reached its effect;
+    ``futile under the correction``: curtailed, no later draw could have made it a rejection;
+    ``ran to the end``), ``exceedances`` how many control sets reached the top-k effect, and
+    ``p_value_is_bound`` whether ``p_value`` is a curtailed test's bound (the largest p the rule
+    could still have given: the full test's p is at most this), and then ``p_value_min`` the
+    smallest it could still have given (the full test's p lies between the two). ``no_verdict`` is also set, with
+    ``confirmed`` None, for a test whose draws cannot reach alpha after the correction, or whose
+    top-k loss is not finite. ``top_effect_ci95`` is the 95% Student-t
     interval of the top-k effect over the task's sequences
     (:func:`headprobe.analyses.statistics.mean_ci`), ``[nan, nan]`` from one sequence.
     """
@@ -304,7 +307,10 @@ class Verification:
     correction: str | None = None
     tested: bool = False
     p_method: str | None = None
-    stopped: str | None = None
+    stop_reason: str | None = None
+    exceedances: int | None = None
+    p_value_is_bound: bool = False
+    p_value_min: float | None = None  # a curtailed test's smallest reachable p: its full test's p lies in [this, p_value]
 
     @property
     def verdict(self) -> str:

@@ -17,6 +17,7 @@ import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 
+from headprobe.analyses.verdicts import CORRECTION_NAMES, evidence_text, p_text
 from headprobe.analyses.vocabulary import FIGURE_FORMATS, figure_formats
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import atomic_path
@@ -383,13 +384,16 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
             err = None if not np.isfinite([lo, hi]).all() else [[r["top_effect"] - lo], [hi - r["top_effect"]]]
             ax.errorbar([i], [r["top_effect"]], yerr=err, fmt="D", ms=4, color=blue, lw=0.8, capsize=2, zorder=4)
             top_all += [r["top_effect"], float(draws.max())]
+            reached = f"{r['exceedances']}/{r['draws']} reached" if r.get("exceedances") is not None else f"n={r['draws']}"
             if r.get("tested"):
                 verdict = {True: "CONFIRMED", False: "not confirmed", None: "no verdict"}[r["confirmed"]]
-                text = f"n={r['draws']}\np={r['p_value']:.3g}\nadj {r['p_adjusted']:.3g}\n{verdict}"
+                stop = {"futile under the correction": "\n(stopped: cannot\nreach α after "
+                        f"{CORRECTION_NAMES.get(r.get('correction'), '')})", "settled above alpha": "\n(stopped: > α)"}
+                text = (f"{reached}\n{p_text(r)}{stop.get(r.get('stop_reason'), '')}\nadj {r['p_adjusted']:.3g}\n{verdict}")
             elif r["confirmed"] is None and r.get("no_verdict"):
-                text = f"n={r['draws']}\np={r['p_value']:.3g}\nno verdict"
+                text = f"{reached}\n{p_text(r)}\nno verdict"
             else:
-                text = f"n={r['draws']}\np={r['p_value']:.3g}\nnot tested"
+                text = f"{reached}\n{p_text(r)}\nnot tested"
             ax.annotate(text, (i, 1.0), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize=4.5,
                         fontweight="bold" if r.get("confirmed") else "normal", annotation_clip=False)
         if max(np.abs(top_all), default=0) > 0.1:  # effects from 0.01 to 10 nats: symmetric-log
@@ -400,7 +404,9 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
         ax.set_ylabel(f"{kind} ablation{' (tested)' if tested else ' (reported)'}\n" +
                       ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine" else "Δ loss (nats)"))
     handles = [Line2D([], [], ls="", marker="D", ms=4, color=blue, label=f"top-{k} heads (bars: 95% CI over sequences)"),
-               Line2D([], [], ls="", marker="o", ms=2, color=grey, label=f"control sets of {k} random heads (n sets)"),
+               Line2D([], [], ls="", marker="o", ms=2, color=grey,
+                      label=f"control sets of {k} random heads (g/n reached: g of n sets\nreached the top-k Δ; "
+                            "p in [a, b]: a stopped test's range)"),
                Line2D([], [], color="black", lw=0.9, label="largest control effect")]
     unit = "" if rows[0].get("metric") == "embedding_cosine" else " nats"
     if alpha is not None:
@@ -450,11 +456,12 @@ def ablation_caption(rows: Sequence[dict], design: dict) -> str:
              + "twice the control mean. Effects in nats/token (loss increase) unless stated."]
     for r in rows:
         lo, hi = r.get("top_effect_ci95") or [float("nan")] * 2
-        role = (f"p_adj = {r['p_adjusted']:.4g}, {r['confirmed'] and 'CONFIRMED' or 'not confirmed'}" if r.get("tested")
+        verdict = {True: "CONFIRMED", False: "not confirmed", None: f"no verdict ({r.get('no_verdict')})"}[r["confirmed"]]
+        role = (f"p_adj = {r['p_adjusted']:.4g}, {verdict}" if r.get("tested")
                 else "not tested" if r.get("no_verdict") is None else f"no verdict ({r['no_verdict']})")
         lines.append(f"{r['head_type'].replace('_', '-')} ({r['kind']}, {r['task']}): top-{k} effect {r['top_effect']:+.4g} "
                      f"{format_interval(lo, hi, '+.4g', '95% CI ')} vs control mean {r['random_mean']:+.4g}, max {r['random_max']:+.4g} "
-                     f"over {r['draws']} sets; p = {r['p_value']:.4g}; {role}.")
+                     f"over {r['draws']} sets; {evidence_text(r, 4)}; {role}.")
     return "\n".join(lines) + "\n"
 
 

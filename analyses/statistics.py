@@ -13,6 +13,7 @@ warn it is too narrow in small samples).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -68,7 +69,7 @@ def no_interval_reason(n_sequences: int, units: str = "sequences") -> str | None
 #   (L draws used) or, when the n-th draw comes first, (g + 1) / (n + 1), is exact.
 #   :func:`besag_clifford_h`, :func:`sequential_mc_p_value`, :class:`SequentialMCTest`.
 # * Benjamini & Hochberg (1995) over the verdicts of one run (scipy's ``false_discovery_control``),
-#   or Holm (1979) (statsmodels' ``multipletests``): :func:`adjust_p_values`.
+#   or Holm (1979) (its step-down from the definition): :func:`adjust_p_values`.
 # A generalized-Pareto tail for p below 1/(n+1) (Knijnenburg et al. 2009) was tried and is not
 # used: with 20-50 draws it was anti-conservative under the null (benchmarks/tail_calibration.py).
 
@@ -157,12 +158,14 @@ def sequential_mc_best_p(reached: Sequence[bool], n_max: int, h: int) -> float:
 def unwinnable(best_p: Sequence[float], open_: Sequence[bool], method: str, alpha: float) -> list[int]:
     """The open tests of a family that no continuation can make significant after the correction.
 
-    Test ``i`` is unwinnable when, with every open test at its best reachable p-value (``best_p``,
-    :func:`sequential_mc_best_p`) and every ended test at its final one, its adjusted p-value is
-    above ``alpha``. Both corrections are monotone (raising any p-value never adds a rejection), so
-    such a test is rejected on no continuation, and curtailing it (reporting
-    :func:`sequential_mc_p_bound`, at least its final p) leaves every other test's verdict as it
-    would have been: a test outside the rejected set that raises its p-value keeps that set.
+    Test ``i`` is unwinnable when, with every test at its best p-value (``best_p``,
+    :func:`sequential_mc_best_p`: an open test's smallest reachable one, a test stopped by the
+    Besag-Clifford rule its final one, above ``alpha``, and a curtailed test the best it had when
+    it was curtailed, *not* the bound it reports), its adjusted p-value is above ``alpha``. Every
+    coordinate of that vector is at most what the same test gives with fixed draws, so by the
+    monotonicity of both corrections such a test is rejected on no continuation and in no
+    fixed-draw run; a test outside the rejected set whose p-value changes (to its bound) keeps
+    that set. docs/scan.md, "Curtailment", has the whole argument.
 
     Returns:
         indices of the open tests that can stop.
@@ -193,8 +196,15 @@ class SequentialMCTest:
 
     @property
     def reached(self) -> list[bool]:
-        """Per draw: did it reach the observed effect (within ``tie``)?"""
-        return [d >= self.observed - self.tie for d in self.draws]
+        """Per draw: did it reach the observed effect (within ``tie``)? A NaN draw (or a NaN
+        observed effect) counts as reaching it: a loss that could not be measured is no evidence
+        against the null (``d >= observed`` alone is False for NaN and gave a NaN effect p = 1/51)."""
+        return [not d < self.observed - self.tie for d in self.draws]
+
+    @property
+    def exceedances(self) -> int:
+        """How many draws so far reached the observed effect (``g``)."""
+        return sum(self.reached)
 
     @property
     def done(self) -> bool:
@@ -234,7 +244,8 @@ def adjust_p_values(p_values: Sequence[float], method: str) -> np.ndarray:
     ``bh``: Benjamini & Hochberg (1995), J. R. Stat. Soc. B 57(1):289-300, by
     :func:`scipy.stats.false_discovery_control` (controls the false discovery rate for independent
     or positively dependent tests, Benjamini & Yekutieli 2001). ``holm``: Holm (1979), Scand. J.
-    Stat. 6(2):65-70, by statsmodels' ``multipletests`` (family-wise error, any dependence).
+    Stat. 6(2):65-70, computed from its definition (family-wise error, any dependence; checked against
+    statsmodels' ``multipletests`` in the tests).
 
     Raises:
         ValueError: an unknown method.
@@ -248,6 +259,40 @@ def adjust_p_values(p_values: Sequence[float], method: str) -> np.ndarray:
         from scipy.stats import false_discovery_control
 
         return false_discovery_control(p, method="bh")
-    from statsmodels.stats.multitest import multipletests
+    # Holm's step-down from its definition (statsmodels' multipletests gives the same numbers, the
+    # tests check it, but runs a full garbage collection per call: 0.29 s a curtailment round with
+    # torch loaded): sorted p_(j) times (m - j + 1), a running maximum, capped at 1
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    steps = np.minimum(np.maximum.accumulate(p[order] * (m - np.arange(m))), 1.0)
+    out = np.empty(m)
+    out[order] = steps
+    return out
 
-    return multipletests(p, method="holm")[1]
+
+def confirmable(smallest_p: Sequence[float], method: str, alpha: float) -> list[str]:
+    """Per test of a family, what its draws allow before any is made: ``alone`` (its smallest
+    possible p-value, ``1 / (n + 1)`` for n control sets, is rejected after the correction even
+    with every other test at p = 1), ``with others`` (rejected only when the others are rejected
+    too: every test at its smallest p) or ``never`` (not rejected even then). Both corrections are
+    monotone, so these two extreme p-vectors decide it.
+
+    For ``m`` tests of ``n`` draws each, BH and Holm reject a lone test iff ``1 / (n + 1) <= alpha / m``,
+    i.e. ``n >= m / alpha - 1`` (:func:`lone_draws_needed`)."""
+    best = [float(p) for p in smallest_p]
+    together = adjust_p_values(best, method) <= alpha + 1e-12
+    out = []
+    for i in range(len(best)):
+        lone = [1.0] * len(best)
+        lone[i] = best[i]
+        out.append("alone" if adjust_p_values(lone, method)[i] <= alpha + 1e-12 else
+                   "with others" if together[i] else "never")
+    return out
+
+
+def lone_draws_needed(m: int, alpha: float) -> int:
+    """The fewest control sets with which one test of a family of ``m`` can be confirmed on its
+    own under BH or Holm: a lone rejection needs ``p <= alpha / m``, and the smallest exact Monte
+    Carlo p-value of n draws is ``1 / (n + 1)``, so ``n >= m / alpha - 1`` (39 for m = 2 at
+    alpha 0.05, 99 for m = 5)."""
+    return max(1, math.ceil(max(m, 1) / alpha - 1 - 1e-9))

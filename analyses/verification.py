@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import zlib
+from dataclasses import replace
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -76,6 +78,8 @@ class VerificationSettings:
         sequential: stop tests early and ablate the untested kind on the first
             :data:`SECONDARY_DRAWS` sets only (False: every test ablates ``n_random`` sets of both
             kinds; the benchmark's fixed-size reference).
+        keep_n_random: keep ``n_random`` where it is below the draws a lone verdict needs under
+            the correction (:func:`plan_draws`; default: raise it to that number).
     """
 
     k: int
@@ -86,6 +90,7 @@ class VerificationSettings:
     seed: int = 0
     batch: int = BATCH
     sequential: bool = True
+    keep_n_random: bool = False
 
     def __post_init__(self):
         check_verification_choices(self.alpha, self.control, self.correction)
@@ -231,14 +236,23 @@ class _Test:
     effects: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
     mc: st.SequentialMCTest | None = None
     no_verdict: str | None = None
+    reach: str | None = None  # what its draws allow: alone, with others, never (statistics.confirmable)
+
+
+def stream_seed(seed: int, name: str) -> int:
+    """The seed of one control stream: a function of ``--seed`` and the stream's name (its head
+    type; ``task:<task>`` for a task's shared uniform stream) only, so a type's control sets do not
+    depend on which other types are scanned (numpy's ``SeedSequence`` mixes the two)."""
+    return int(np.random.SeedSequence([seed, zlib.crc32(name.encode())]).generate_state(1)[0])
 
 
 def _draw_controls(top: dict[str, list[Head]], task_of: dict[str, str], all_heads: list[Head], removed: set,
                    settings: VerificationSettings) -> tuple[list[_Test], list[list[list[Head]]], dict, list[str]]:
-    """The tests, their control streams (``n_random`` distinct seeded sets each, or every distinct
-    set where fewer exist; types of one task share one under ``uniform``), each type's excluded
-    heads, and notes on layers that could not be matched and on streams shorter than ``n_random``."""
-    gen = torch.Generator().manual_seed(settings.seed)
+    """The tests, their control streams (``n_random`` distinct sets each, or every distinct set
+    where fewer exist, seeded by :func:`stream_seed`; types of one task share one under
+    ``uniform``), each type's excluded heads, and notes on layers that could not be matched.
+    A type's pool (the heads outside the task's top-k sets) still depends on the other types
+    judged on the same task."""
     tests: list[_Test] = []
     streams: list[list[list[Head]]] = []
     excluded: dict[str, list[Head]] = {}
@@ -252,27 +266,63 @@ def _draw_controls(top: dict[str, list[Head]], task_of: dict[str, str], all_head
             excluded[t] = sorted(union if shared else set(top[t]))
             avail = [h for h in all_heads if h not in excluded[t] and h not in removed]
             if settings.control != "uniform":
+                gen = torch.Generator().manual_seed(stream_seed(settings.seed, t))
                 sets, note = layer_matched_sets(top[t], avail, max(h[0] for h in all_heads) + 1, settings.n_random, gen)
                 streams.append(sets)
                 if note:
                     notes.append(f"{t.replace('_', '-')}: {note}")
             elif uniform_stream is None or not shared:  # else the task's one uniform stream
+                gen = torch.Generator().manual_seed(stream_seed(settings.seed, f"task:{task}" if shared else t))
                 streams.append(uniform_sets(settings.k, avail, settings.n_random, gen))
                 uniform_stream = len(streams) - 1
             tests.append(_Test(t, task, list(top[t]), uniform_stream if settings.control == "uniform" else len(streams) - 1))
-            if (n := len(streams[tests[-1].stream])) < settings.n_random:
-                notes.append(f"{t.replace('_', '-')}: only {n} distinct {settings.control} control "
-                             f"{'set exists' if n == 1 else 'sets exist'} (the heads "
-                             f"outside the task's top-k sets allow no more), so its smallest possible p-value is 1/{n + 1}"
-                             + (f", above alpha = {settings.alpha:g}: it cannot be CONFIRMED" if 1 / (n + 1) > settings.alpha else ""))
     return tests, streams, excluded, notes
+
+
+def plan_draws(m: int, settings: VerificationSettings) -> int:
+    """The most control sets each test draws: ``--n-random``, raised to what one test of a
+    family of ``m`` needs to be CONFIRMED on its own under the correction
+    (:func:`~headprobe.analyses.statistics.lone_draws_needed`), unless ``keep_n_random``."""
+    if settings.keep_n_random or m == 0:
+        return settings.n_random
+    return max(settings.n_random, st.lone_draws_needed(m, settings.alpha))
+
+
+def make_plan(tests: list[_Test], streams: list[list[list[Head]]], settings: VerificationSettings, requested: int,
+              n_secondary: int) -> dict:
+    """The verification's plan, before any control set is ablated (summary.json's
+    ``verification.plan``): the family, the draws a lone verdict needs, the draws asked for and
+    used, each test's control sets and what they allow (:func:`~headprobe.analyses.statistics.confirmable`),
+    and the most sets the whole verification ablates."""
+    family = [x for x in tests if x.no_verdict is None]
+    sizes = [len(streams[x.stream]) for x in family]
+    reach = st.confirmable([1 / (n + 1) for n in sizes], settings.correction, settings.alpha) if family else []
+    for x, r in zip(family, reach):
+        x.reach = r
+    return {
+        "family": [x.head_type for x in family], "family_size": len(family), "correction": settings.correction,
+        "alpha": settings.alpha, "lone_draws_needed": st.lone_draws_needed(len(family), settings.alpha) if family else None,
+        "n_random_requested": requested, "n_random": settings.n_random, "raised": settings.n_random > requested,
+        "kept": settings.keep_n_random, "tests": [{"head_type": x.head_type, "task": x.task, "control_sets": n,
+                                                   "confirmable": r} for x, n, r in zip(family, sizes, reach)],
+        "max_sets": len(tests) * len(KINDS) + sum(len(s) + min(n_secondary, len(s)) * (len(KINDS) - 1) for s in streams),
+    }
+
+
+def _unreachable_reason(x: _Test, n: int, plan: dict) -> str:
+    """Why a test's draws cannot give a verdict (its ``no_verdict``)."""
+    few = f"only {n} distinct control sets exist" if n < plan["n_random"] else f"{n} control sets"
+    return (f"{few}: its smallest p-value 1/{n + 1} = {1 / (n + 1):.3f} cannot reach alpha = {plan['alpha']:g} after "
+            f"{plan['correction']} over {plan['family_size']} tests"
+            + (f" (use --n-random {plan['lone_draws_needed']} or more)" if n >= plan["n_random"] else ""))
 
 
 def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[str, str], tokens: dict[str, object],
                  clean: dict[str, torch.Tensor], mean_z: torch.Tensor, settings: VerificationSettings,
                  metric: AblationMetric = LOSS_METRIC, scorers: dict[str, Callable] | None = None,
                  untrusted: dict[str, str | None] | None = None, removed: Iterable[Head] = (),
-                 progress: bool = False) -> tuple[list[Verification], dict]:
+                 progress: bool = False, say: Callable[[str], None] | None = None,
+                 on_round: Callable[[dict], None] | None = None) -> tuple[list[Verification], dict]:
     """Ablate each type's top-k heads and its control sets; the verdicts, corrected for their number.
 
     Args:
@@ -289,47 +339,129 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
             ``confirmed=None`` and are not in the corrected family).
         removed: heads a pruned model no longer has: never drawn into a control set.
         progress: one tqdm bar over every set to ablate; its total shrinks when a test stops.
+        say: called with each line of the plan (:func:`plan_lines`) before the first control set.
+        on_round: called after every round with the loop's state (:func:`loop_record`), a plain
+            record a checkpoint can hold.
 
     Returns:
         ``(verifications, design)``: one :class:`Verification` per type and kind (the tested kind
-        first), and the design record for summary.json (alpha, correction, family size, sets
-        ablated, notes).
+        first), and the design record for summary.json (alpha, correction, family size, the plan,
+        sets ablated, notes, warnings: the tests whose draws cannot reach alpha).
 
     Raises:
         HeadprobeError: too few heads for a control set, or as :func:`set_ablation_losses`.
     """
+    import time
+
     from tqdm.auto import tqdm
 
     spec = model.spec
     untrusted, scorers, removed = untrusted or {}, scorers or {}, set(removed)
     all_heads = [(layer, head) for layer in range(spec.n_layers) for head in range(spec.n_heads)]
+    requested = settings.n_random
+    m = len([t for t in top if not untrusted.get(task_of[t])])
+    settings = replace(settings, n_random=plan_draws(m, settings))
     tests, streams, excluded, notes = _draw_controls(top, task_of, all_heads, removed, settings)
     for x in tests:
         x.no_verdict = untrusted.get(x.task)
-    secondary = [k for k in KINDS if k != PRIMARY_KIND]
     # the untested kind: the first sets of each test's stream (fixed-size: all of them, the design before sequential tests)
     n_secondary = min(SECONDARY_DRAWS, settings.n_random) if settings.sequential else settings.n_random
-
-    total = len(tests) * len(KINDS) + sum(len(s) + min(n_secondary, len(s)) * len(secondary) for s in streams)
-    run = _Ablator(model, tokens, clean, mean_z, scorers, tqdm(total=total, desc="verification", unit="set",
+    plan = make_plan(tests, streams, settings, requested, n_secondary)
+    notes += _pool_notes(tests, streams, settings)
+    run = _Ablator(model, tokens, clean, mean_z, scorers, tqdm(total=plan["max_sets"], desc="verification", unit="set",
                                                               disable=not progress), _clean_residuals(model, tests, streams, tokens))
+    t0 = time.perf_counter()
     run.top_sets(tests)
-    run.controls(tests, streams, settings, n_secondary, metric.min_effect)
+    plan["seconds_per_set"] = (time.perf_counter() - t0) / max(run.ablated, 1)
+    plan["estimated_s"] = plan["seconds_per_set"] * plan["max_sets"]
+    notes += _non_finite_top(tests)
+    plan["lines"] = plan_lines(plan)
+    for line in plan["lines"]:
+        (say or (lambda _: None))(line)
+    run.controls(tests, streams, settings, n_secondary, on_round)
     run.bar.close()
+    return _verdicts(tests, streams, excluded, settings, metric, clean, plan, notes, run.ablated)
+
+
+def _verdicts(tests: list[_Test], streams: list, excluded: dict, settings: VerificationSettings, metric: AblationMetric,
+              clean: dict, plan: dict, notes: list[str], ablated: int) -> tuple[list[Verification], dict]:
+    """The corrected verdicts of the finished tests and the design record (:func:`verify_heads`)."""
     family = [x for x in tests if x.no_verdict is None]
     adjusted = dict(zip((x.head_type for x in family),
                         st.adjust_p_values([x.mc.p_value() for x in family], settings.correction)))
     out = [_verification(x, kind, streams[x.stream], excluded[x.head_type], adjusted.get(x.head_type), settings, metric,
-                         float(clean[x.task].double().mean()))
-           for x in tests for kind in (PRIMARY_KIND, *secondary)]
+                         float(clean[x.task].double().mean()), plan)
+           for x in tests for kind in (PRIMARY_KIND, *(k for k in KINDS if k != PRIMARY_KIND))]
+    notes += [f"{t.replace('_', '-')}: {n} control set{'s' if n > 1 else ''} gave a non-finite loss, counted as "
+              "reaching the effect" for t, n in ((x.head_type, sum(not np.isfinite(e) for e in x.effects[PRIMARY_KIND]))
+                                                 for x in tests) if n]
     design = {
         "alpha": settings.alpha, "correction": settings.correction, "family_size": len(family),
         "primary_kind": PRIMARY_KIND, "control": settings.control, "max_draws": settings.n_random,
-        "batch": settings.batch, "secondary_draws": n_secondary, "sequential": settings.sequential, "besag_clifford_h": tests[0].mc.h if tests else None,
-        "sets_ablated": run.ablated,  # the top-k sets and every control set, each kind counted
-        "notes": notes + ([unreachable_note(settings)] if not settings.reachable else []),
+        "batch": settings.batch, "secondary_draws": min(SECONDARY_DRAWS, settings.n_random) if settings.sequential
+        else settings.n_random, "sequential": settings.sequential, "besag_clifford_h": tests[0].mc.h if tests else None,
+        "sets_ablated": ablated,  # the top-k sets and every control set, each kind counted
+        "plan": plan, "notes": notes,
+        "warnings": [f"{v.head_type.replace('_', '-')}: no verdict: {v.no_verdict}" for v in out
+                     if v.tested and v.no_verdict],
     }
     return out, design
+
+
+def _pool_notes(tests: list[_Test], streams: list, settings: VerificationSettings) -> list[str]:
+    """A note per test whose stream is shorter than ``n_random`` (fewer distinct sets exist)."""
+    out = []
+    for x in tests:
+        if (n := len(streams[x.stream])) < settings.n_random:
+            out.append(f"{x.head_type.replace('_', '-')}: only {n} distinct {settings.control} control "
+                       f"{'set exists' if n == 1 else 'sets exist'} (the heads outside the task's top-k sets allow no "
+                       f"more), so its smallest possible p-value is 1/{n + 1}"
+                       + {"never": ": it cannot be CONFIRMED", "with others": ": it can be CONFIRMED only together with "
+                          "other tests"}.get(x.reach, ""))
+    return out
+
+
+def _non_finite_top(tests: list[_Test]) -> list[str]:
+    """Tests whose top-k effect is not finite (a NaN or infinite ablated loss) leave the family
+    with that reason (``no_verdict``): a loss that could not be measured confirms nothing."""
+    out = []
+    for x in tests:
+        if x.no_verdict is None and not np.isfinite(x.top_effect[PRIMARY_KIND]):
+            x.no_verdict = (f"ablating its top-k heads gave a non-finite loss ({x.top_effect[PRIMARY_KIND]}); "
+                            "it leaves the corrected family")
+            out.append(f"{x.head_type.replace('_', '-')}: {x.no_verdict}")
+    return out
+
+
+def plan_lines(plan: dict) -> list[str]:
+    """The plan as printed before the control sets are ablated: one line, and one more per
+    verdict the draws cannot reach on its own."""
+    m, need, n = plan["family_size"], plan["lone_draws_needed"], plan["n_random"]
+    if not m:
+        return []
+    est = plan.get("estimated_s")
+    line = (f"verification plan: {m} test{'s' if m > 1 else ''} ({', '.join(t.replace('_', '-') for t in plan['family'])}),"
+            f" {plan['correction']} at alpha {plan['alpha']:g}: a lone CONFIRMED needs p <= {plan['alpha'] / m:.4g}, "
+            f"i.e. {need} control sets; ")
+    if plan["raised"]:
+        line += f"--n-random {plan['n_random_requested']} raised to {n} (--keep-n-random keeps it); "
+    elif plan["kept"] and n < need:
+        line += f"--n-random {n} kept (--keep-n-random); "
+    else:
+        line += f"--n-random {n}; "
+    line += f"at most {plan['max_sets']} sets" + (f", about {est:.0f} s at {plan['seconds_per_set']:.2f} s a set"
+                                                  if est is not None else "")
+    out = [line]
+    hard = [t for t in plan["tests"] if t["confirmable"] != "alone"]
+    for t in hard:
+        short = (f"only {t['control_sets']} distinct control sets exist" if t["control_sets"] < n
+                 else f"{t['control_sets']} control sets are below the {need} a lone verdict needs")
+        what = ("it cannot be CONFIRMED at all" if t["confirmable"] == "never"
+                else "it can be CONFIRMED only together with other tests")
+        out.append(f"NOTE: {t['head_type'].replace('_', '-')}: {short}: {what} ({plan['correction']} over {m} tests)")
+    if hard and len(hard) == m and all(t["control_sets"] >= n for t in hard):
+        out.append(f"NOTE: no verdict of this run can be CONFIRMED on its own; use --n-random {need} or more")
+    return out
 
 
 def _clean_residuals(model: LoadedModel, tests: list[_Test], streams: list[list[list[Head]]], tokens: dict) -> dict:
@@ -377,11 +509,12 @@ class _Ablator:
                     x.top_loss[kind] = float(loss.double().mean())
 
     def controls(self, tests: list[_Test], streams: list[list[list[Head]]], settings: VerificationSettings,
-                 n_secondary: int, min_effect: float) -> None:
+                 n_secondary: int, on_round: Callable[[dict], None] | None = None) -> None:
         """Ablate the control sets in rounds, ``settings.batch`` sets of each open stream a round
         (the open streams of one task and kind in one call), feeding the tests on each stream,
         until every test is done (:func:`_curtail` after each round); the untested kind on the
-        first ``n_secondary`` sets of each stream, in the first round."""
+        first ``n_secondary`` sets of each stream, in the first round. ``on_round`` gets
+        :func:`loop_record` after each round."""
         for x in tests:  # a stream holds n_random sets, or every distinct set where there are fewer
             x.mc = st.SequentialMCTest(x.top_effect[PRIMARY_KIND], len(streams[x.stream]), settings.alpha,
                                        sequential=settings.sequential, tie=P_VALUE_TIE)
@@ -401,7 +534,9 @@ class _Ablator:
                     if x.stream == s and not x.mc.done:
                         x.mc.add(x.effects[PRIMARY_KIND][lo:hi])
                 done[s] = hi
-            _curtail(tests, settings, min_effect)
+            _curtail(tests, settings)
+            if on_round is not None:
+                on_round(loop_record(tests, streams, done, settings))
             for s in range(len(streams)):  # a stream whose tests are all settled: its sets are not needed
                 if planned[s] and all(x.mc.done for x in tests if x.stream == s):
                     self.bar.total -= planned[s]
@@ -424,70 +559,100 @@ class _Ablator:
             planned[s] -= len(sets)
 
 
-def _curtail(tests: list[_Test], settings: VerificationSettings, min_effect: float) -> None:
-    """Stop the open tests of the family that can no longer be CONFIRMED: an effect below
-    ``min_effect`` (the top-k effect does not change with more draws), or an adjusted p-value above
-    ``alpha`` even if no later draw reached it (:func:`~headprobe.analyses.statistics.unwinnable`).
-    Their verdicts, and every other test's, are what running them to the end would give; their
-    p-value is the largest the sequential rule could still have given. Off for fixed-size runs and
-    when ``n_random`` cannot reach ``alpha`` (then every test runs to the end, for its p-value)."""
+def loop_record(tests: list[_Test], streams: list[list[list[Head]]], done: list[int],
+                settings: VerificationSettings) -> dict:
+    """The verification loop's whole state after a round, as plain JSON-able data: each stream's
+    seed and drawn sets, the sets ablated per stream, and per test its top-k effects, the control
+    effects per kind and its sequential test (draws, stopped, curtailed). The streams are drawn
+    whole before the first round from their seeds (:func:`stream_seed`), so no generator state is
+    left to keep: the record and the same flags rebuild the loop."""
+    return {
+        "seed": settings.seed, "n_random": settings.n_random,
+        "streams": [[names(s) for s in sets] for sets in streams],
+        "stream_seeds": [stream_seed(settings.seed, f"task:{x.task}" if settings.control == "uniform" else x.head_type)
+                         for x in {x.stream: x for x in tests}.values()],
+        "done": list(done),
+        "tests": [{"head_type": x.head_type, "stream": x.stream, "top_effect": dict(x.top_effect),
+                   "effects": {k: list(v) for k, v in x.effects.items()},
+                   "mc": {"draws": list(x.mc.draws), "stopped": x.mc.stopped, "curtailed": x.mc.curtailed}}
+                  for x in tests],
+    }
+
+
+def _curtail(tests: list[_Test], settings: VerificationSettings) -> None:
+    """Stop the open tests of the family that can no longer be rejected after the correction
+    (:func:`curtail_family`). Off for fixed-size runs and when ``n_random`` cannot reach ``alpha``
+    (then every test runs to the end, for its p-value)."""
     if not settings.sequential or not settings.reachable:
         return
-    family = [x for x in tests if x.no_verdict is None]
-    curtail_family([x.mc for x in family], [x.top_effect[PRIMARY_KIND] for x in family], settings.correction,
-                   settings.alpha, min_effect)
+    curtail_family([x.mc for x in tests if x.no_verdict is None], settings.correction, settings.alpha)
 
 
-def curtail_family(tests: Sequence[st.SequentialMCTest], top_effects: Sequence[float], correction: str, alpha: float,
-                   min_effect: float) -> None:
-    """The curtailment rule of a family of sequential tests (one per tested head type, with the
-    top-k effect ``top_effects[i]`` of each, in the metric's unit), applied in place after every
-    round of draws: curtail each test whose effect is below ``min_effect``, then each open test
-    whose adjusted p-value (``correction`` over the family) stays above ``alpha`` even if no later
-    draw reached its effect (:func:`~headprobe.analyses.statistics.unwinnable`). The scan applies
-    it in :func:`verify_heads` (where sequential and ``alpha`` reachable); ``benchmarks/verification.py``
+def curtail_family(tests: Sequence[st.SequentialMCTest], correction: str, alpha: float) -> None:
+    """The curtailment rule of a family of sequential tests (one per tested head type), applied
+    in place after every round of draws: stop each open test that at least one control draw has
+    reached and whose adjusted p-value (``correction`` over the family, every test at its best
+    p-value) stays above ``alpha`` even if no later draw reached its effect
+    (:func:`~headprobe.analyses.statistics.unwinnable`).
+
+    Two things are deliberately *not* reasons to stop: an effect below the effect floor (such a
+    test may still be a rejection that lowers the others' adjusted p-values, so stopping it with a
+    bound changed verdicts), and the other tests' outcomes alone while no draw has reached this
+    test's effect (it keeps drawing to the planned number, and reports p = 1/(n+1) if none ever
+    does). With these two exclusions the verdicts are those of fixed draws (docs/scan.md,
+    "Curtailment"). The scan applies it in :func:`verify_heads`; ``benchmarks/verification.py``
     replays it on a fixed-size run's draws."""
-    for test, effect in zip(tests, top_effects, strict=True):
-        if effect < min_effect:
-            test.curtail()
     for i in st.unwinnable([t.best_p for t in tests], [not t.done for t in tests], correction, alpha):
-        tests[i].curtail()
+        if tests[i].exceedances >= 1:
+            tests[i].curtail()
 
 
 def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[Head], p_adj: float | None,
-                  settings: VerificationSettings, metric: AblationMetric, clean_loss: float) -> Verification:
+                  settings: VerificationSettings, metric: AblationMetric, clean_loss: float, plan: dict) -> Verification:
     """One row of evidence: the tested kind with its sequential p and adjusted p, or the other kind
-    (reported on the control sets it ablated, plain Monte Carlo p)."""
+    (reported on the control sets it ablated, plain Monte Carlo p). A tested test whose draws
+    cannot reach alpha (``reach`` never) has no verdict, with the reason."""
     effects = x.effects[kind]
     n = len(effects)
     tested = kind == PRIMARY_KIND and x.no_verdict is None
     if kind == PRIMARY_KIND:
-        p = x.mc.p_value()
+        p, g = x.mc.p_value(), x.mc.exceedances
     else:
-        p = (1 + sum(e >= x.top_effect[kind] - P_VALUE_TIE for e in effects)) / (1 + n)
-    confirmed = None
-    if tested:
-        confirmed = bool(settings.reachable and p_adj <= settings.alpha + 1e-12
-                         and effect_is_large(x.top_effect[kind], effects, metric.min_effect))
+        g = sum(not e < x.top_effect[kind] - P_VALUE_TIE for e in effects)  # NaN counts as reaching
+        p = (1 + g) / (1 + n)
+    confirmed, no_verdict = None, x.no_verdict
+    if tested and x.reach == "never":
+        no_verdict = _unreachable_reason(x, len(stream), plan)
+    elif tested:
+        confirmed = bool(p_adj <= settings.alpha + 1e-12 and effect_is_large(x.top_effect[kind], effects, metric.min_effect))
     return Verification(
         head_type=x.head_type, kind=kind, task=x.task, k=settings.k, top_heads=names(x.top),
         clean_loss=clean_loss, top_loss=x.top_loss[kind], top_effect=x.top_effect[kind],
         random_effects=effects, random_mean=float(np.mean(effects)), random_max=float(np.max(effects)),
         confirmed=confirmed, random_heads=[names(s) for s in stream[:n]], control_excludes=names(excluded),
         p_value=float(p), top_effect_ci95=[float(v) for v in st.mean_ci(x.top_per_seq[kind])],
-        no_verdict=x.no_verdict, metric=metric.name, alpha=settings.alpha, min_effect=metric.min_effect,
+        no_verdict=no_verdict, metric=metric.name, alpha=settings.alpha, min_effect=metric.min_effect,
         p_adjusted=None if p_adj is None or kind != PRIMARY_KIND else float(p_adj), draws=n, control=settings.control,
         correction=settings.correction if tested else None, tested=tested,
         p_method=_p_method(x.mc) if kind == PRIMARY_KIND else "monte-carlo (reported, not tested)",
-        stopped=_stop_reason(x.mc) if kind == PRIMARY_KIND else None,
+        stop_reason=stop_reason(x.mc) if kind == PRIMARY_KIND else None, exceedances=int(g),
+        p_value_is_bound=bool(kind == PRIMARY_KIND and x.mc.curtailed),
+        p_value_min=float(x.mc.best_p) if kind == PRIMARY_KIND and x.mc.curtailed else None,
     )
 
 
-def _stop_reason(mc: st.SequentialMCTest) -> str | None:
-    """``futility``: h draws reached the effect; ``curtailed``: no continuation could confirm it."""
-    return None if not mc.stopped else "curtailed" if mc.curtailed else "futility"
+SETTLED, FUTILE, RAN_TO_END = "settled above alpha", "futile under the correction", "ran to the end"
+"""The values of a verdict's ``stop_reason``: ``h`` draws reached its effect (Besag-Clifford: its
+p is above alpha whatever came next); curtailed (:func:`curtail_family`: its p is a bound); all of
+its stream's sets drawn."""
+
+
+def stop_reason(mc: st.SequentialMCTest) -> str:
+    """Why a tested kind's test ended: :data:`SETTLED`, :data:`FUTILE` or :data:`RAN_TO_END`."""
+    return FUTILE if mc.curtailed else SETTLED if mc.stopped else RAN_TO_END
 
 
 def _p_method(mc: st.SequentialMCTest) -> str:
-    return {None: "sequential monte-carlo", "futility": "sequential monte-carlo (stopped early)",
-            "curtailed": "sequential monte-carlo (curtailed: largest p still reachable)"}[_stop_reason(mc)]
+    if mc.curtailed:
+        return "sequential monte-carlo (curtailed: the largest p still reachable, a bound)"
+    return "sequential monte-carlo (stopped early)" if mc.stopped else "sequential monte-carlo"

@@ -36,6 +36,7 @@ import pandas as pd
 if TYPE_CHECKING:
     from headprobe.probe.backend import LoadedModel
 
+from headprobe.analyses.verdicts import evidence_text, stop_text  # noqa: E402 - torch-free verdict texts
 from headprobe.analyses.vocabulary import DEFAULT_PATTERN_LEN  # noqa: E402 - torch-free home of the default
 """Tokens per example kept in ``patterns.npz`` by default: the scan's natural-text sequence
 length, and more than the repeated example's ``1 + 2 * 50``. 30 layers x 9 heads of SmolLM2 at
@@ -230,6 +231,8 @@ def _verdicts(summary: Mapping | None) -> list[dict]:
                      "min_effect": a.get("min_effect"),
                      "ci95": [_round(x, d) for x in a.get("top_effect_ci95") or []],
                      "confirmed": a["confirmed"],  # None: no verdict (see the summary's warnings)
+                     "exceedances": a.get("exceedances"), "p_bound": bool(a.get("p_value_is_bound")), "p_min": a.get("p_value_min"),
+                     "stop": stop_text(a), "evidence": evidence_text(a),
                      "verdict": ("not tested" if not a.get("tested", True) and not a.get("no_verdict")
                                  else "no verdict" if a["confirmed"] is None else "CONFIRMED" if a["confirmed"] else "not confirmed")})
     return rows

@@ -48,7 +48,8 @@ def main() -> None:
         for v in result.verifications:
             if v.tested or v.no_verdict:
                 print(f"    {v.head_type:<16} {v.kind:<5} draws {v.draws:3d}  top Δ {v.top_effect:+.3f}  control mean/max "
-                      f"{v.random_mean:+.3f}/{v.random_max:+.3f}  p {v.p_value:.4f}  adj {v.p_adjusted:.4f}  {v.verdict}")
+                      f"{v.random_mean:+.3f}/{v.random_max:+.3f}  {'p<=' if v.p_value_is_bound else 'p  '} {v.p_value:.4f}  "
+                      f"adj {v.p_adjusted:.4f}  {v.stop_reason}, {v.exceedances} reached  {v.verdict}")
     if args.replay:
         replay(out["fixed-size"][0], args)
         return
@@ -77,7 +78,7 @@ def replay(fixed, args) -> None:
         for v, t in zip(tested, tests):
             if not t.done:
                 t.add(v.random_effects[len(t.draws):len(t.draws) + verif.BATCH])
-        verif.curtail_family(tests, [v.top_effect for v in tested], cfg.correction, cfg.alpha, LOSS_METRIC.min_effect)
+        verif.curtail_family(tests, cfg.correction, cfg.alpha)
     for v, test in zip(tested, tests):
         sets += len(test.draws) + min(verif.SECONDARY_DRAWS, v.draws) + 2  # both kinds' top-k sets, the other kind's sets
         ps.append(test.p_value())
@@ -88,7 +89,7 @@ def replay(fixed, args) -> None:
     for (v, test), p, adj in zip(rows, ps, adjusted):
         confirmed = bool(adj <= cfg.alpha and verif.effect_is_large(v.top_effect, test.draws, LOSS_METRIC.min_effect))
         same &= confirmed == v.confirmed
-        print(f"    {v.head_type:<16} {v.kind:<5} draws {len(test.draws):3d}  p {p:.4f}  adj {adj:.4f}  "
+        print(f"    {v.head_type:<16} {v.kind:<5} draws {len(test.draws):3d}  {'p<=' if test.curtailed else 'p  '} {p:.4f}  adj {adj:.4f}  "
               f"{'CONFIRMED' if confirmed else 'not confirmed'}")
     total = fixed.verification["sets_ablated"]
     print(f"\ncontrol={cfg.control} correction={cfg.correction} n_random={cfg.n_random}: sets ratio (sequential / fixed) "

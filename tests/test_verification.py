@@ -5,6 +5,7 @@ examples, and the verification's stopping, reachability and bookkeeping on a tin
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -262,9 +263,10 @@ def test_scan_records_the_design_and_stops_settled_tests_early(tiny_llama_gqa, t
     # for futility at the very draw that settles it (the h-th reaching one; draw by draw: BATCH == 1)
     h = st.besag_clifford_h(0.05, 30)
     for v in (v for v in seq.verifications if v.kind == "mean"):
-        assert v.stopped in ("futility", "curtailed") and v.draws < 30, (v.head_type, v.draws)
+        assert v.stop_reason in ("settled above alpha", "futile under the correction") and v.draws < 30, v.head_type
         reached = [e >= v.top_effect - 1e-5 for e in v.random_effects]
-        assert v.stopped == "curtailed" or (sum(reached) == h and reached[-1] and BATCH == 1), (v.head_type, reached)
+        assert v.exceedances == sum(reached) >= 1 and v.p_value_is_bound == (v.stop_reason != "settled above alpha")
+        assert v.p_value_is_bound or (sum(reached) == h and reached[-1] and BATCH == 1), (v.head_type, reached)
     # the untested kind: its first SECONDARY_DRAWS sets, whenever the tested one stopped
     assert all(v.draws == SECONDARY_DRAWS for v in seq.verifications if v.kind == "zero")
     for v in fixed.verifications:  # distinct sets: 30, or every one where this 16-head model allows fewer (noted)
@@ -281,10 +283,11 @@ def test_too_few_draws_confirm_nothing_and_say_so(tiny_llama_gqa, text_file, mon
 
     # make every test look significant: the effect rule is all that stands, and reachability must still refuse
     monkeypatch.setattr(verif, "effect_is_large", lambda *a: True)
-    result = _scan(tiny_llama_gqa, text_file, n_random=5, types="induction")
-    assert result.verification["notes"] and "cannot reach alpha=0.05" in result.verification["notes"][0]
-    assert all(v.confirmed is False for v in result.verifications if v.tested)
-    assert "NOTE: --n-random 5 cannot reach" in result.report()
+    result = _scan(tiny_llama_gqa, text_file, n_random=5, types="induction", keep_n_random=True)
+    assert all(v.confirmed is None and "cannot reach alpha = 0.05" in v.no_verdict
+               for v in result.verifications if v.tested)
+    assert "no verdict: 5 control sets: its smallest p-value 1/6" in result.report()
+    assert any("induction: no verdict" in w for w in result.warnings)
 
 
 def test_cli_says_before_running_that_no_verdict_can_be_confirmed(tmp_path):
@@ -293,6 +296,7 @@ def test_cli_says_before_running_that_no_verdict_can_be_confirmed(tmp_path):
 
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "headprobe", "scan", "--model", "/nonexistent-model", "--n-random", "10",
+                        "--keep-n-random",
                         "--out", str(out)], capture_output=True, text=True)
     assert r.stdout.splitlines()[0].startswith("NOTE: --n-random 10 cannot reach alpha=0.05"), r.stdout
     assert r.returncode == 2 and not out.exists()  # and then the usual one-line refusal of the missing model
@@ -334,21 +338,198 @@ def test_a_pruned_models_removed_heads_are_blank_and_never_drawn(tiny_tokenizer,
 
 def test_curtail_family_stops_what_cannot_be_confirmed_and_nothing_else():
     """The one curtailment rule (the scan's and benchmarks/verification.py's replay), on hand-made
-    tests of at most 50 draws at alpha 0.05 (h = 3; 10 draws taken): a test whose effect is below
-    min_effect stops whatever its draws; one whose 2 draws reached its effect can reach p = 3/51 at
-    best, above 0.05 with any correction, and stops; the two with no draw reaching it (best p
-    1/51 each; BH over the family's best p-values 1/51, 1/51, 3/51, 1/51 adjusts them to 4/153)
-    stay open."""
+    tests of at most 50 draws at alpha 0.05 (h = 3; 10 draws taken): one whose 2 draws reached its
+    effect can reach p = 3/51 at best, above 0.05 with any correction, and stops; the ones no draw
+    reached stay open, the one with an effect below the floor too (it may be a rejection that
+    lowers the others' adjusted p); and with 10 draws of at most 24 (h = 2; BH over three at 1/25
+    and one at 2/25: 4/3 x 1/25 = 0.053 > 0.05, every test unwinnable) a test no draw reached
+    still stays open."""
     from headprobe.analyses import statistics as st
     from headprobe.analyses.verification import curtail_family
 
-    def test(effect, reached):
-        t = st.SequentialMCTest(effect, 50, 0.05)
+    def test(effect, reached, n_max=50):
+        t = st.SequentialMCTest(effect, n_max, 0.05)
         t.add([2.0] * reached + [0.0] * (10 - reached))
         return t
 
     tests = [test(1.0, 0), test(1.0, 0), test(1.0, 2), test(0.01, 0)]
     assert [t.best_p for t in tests] == pytest.approx([1 / 51, 1 / 51, 3 / 51, 1 / 51])
-    curtail_family(tests, [t.observed for t in tests], "bh", 0.05, min_effect=0.05)
-    assert [t.curtailed for t in tests] == [False, False, True, True]
-    assert not any(t.done for t in tests[:2])
+    curtail_family(tests, "bh", 0.05)
+    assert [t.curtailed for t in tests] == [False, False, True, False]
+    short = [test(1.0, 0, 24), test(1.0, 0, 24), test(1.0, 0, 24), test(1.0, 1, 24)]
+    assert st.unwinnable([t.best_p for t in short], [True] * 4, "bh", 0.05) == [0, 1, 2, 3]
+    curtail_family(short, "bh", 0.05)
+    assert [t.curtailed for t in short] == [False, False, False, True]
+
+
+# --- issue 36: the plan, honest curtailment, per-type streams, NaN losses ---------------------------
+
+def _scripted(monkeypatch, model, text, effect_of, **kw):
+    """A scripted ablation engine on the tiny model: the loss of ablating a head set is the task's
+    clean loss plus ``effect_of(task, heads)`` (so the set's mean effect) (``heads``: sorted (layer, head) tuples), whatever the model
+    does; the task is told from the token set's shape. Both tasks carry verdicts (the random tiny
+    model's natural-text loss is above ln(vocabulary)). Returns a run without verification."""
+    import headprobe.analyses.verification as verif
+    from headprobe.commands.scan import core
+
+    monkeypatch.setattr(core, "untrusted_task_reason", lambda *a, **k: None)
+
+    base = _scan(model, text, verify=False, **kw)
+    shapes = {tuple(base.natural.tokens.shape): "natural", tuple(base.repeated.tokens.shape): "repeated"}
+
+    def losses(backend, tokens, sets, kind, mean_z, first, score=None, clean=None):
+        task = shapes[tuple(tokens.shape)]
+        return torch.stack([torch.full((tokens.shape[0],), base.clean_loss[task] + effect_of(task, tuple(map(tuple, s))))
+                            for s in sets])
+
+    monkeypatch.setattr(verif, "set_ablation_losses", losses)
+    return base
+
+
+def _noise(heads, scale=1.0, power=1):
+    import random
+
+    return scale * random.Random(str(heads)).random() ** power
+
+
+def _planted(top_ind):
+    """Induction's top-k set raises the loss by 8 nats; every other set by 0-0.7 (previous-token's top-k among them)."""
+    return lambda task, heads: 8.0 if list(heads) == top_ind else _noise(heads, 0.7)
+
+
+def test_a_strong_effect_is_planned_for_and_confirmed_or_said_unreachable(tiny_llama_gqa, text_file, monkeypatch,
+                                                                          capsys):
+    """Issue 36, the repro: two types, n_random=20. By default the plan raises the draws to the 39
+    a lone BH verdict needs (p <= 0.05 / 2 needs 1/(n+1) <= 0.025) and confirms the planted
+    induction effect; with keep_n_random it says before the ablations that no lone verdict can
+    reach alpha, and induction (beating every draw) is never curtailed: p = 1/21, not a bound."""
+    from headprobe.analyses.ablation import top_heads
+
+    kw = {"types": "induction,previous_token", "n_random": 20, "control": "uniform"}
+    base = _scripted(monkeypatch, tiny_llama_gqa, text_file, lambda *a: 0.0, **kw)
+    top_ind = top_heads(torch.as_tensor(base.scores["induction"]), 3)
+    _scripted(monkeypatch, tiny_llama_gqa, text_file, _planted(top_ind), **kw)
+    capsys.readouterr()
+    result = _scan(tiny_llama_gqa, text_file, **kw)
+    err = capsys.readouterr().err
+    ind = next(v for v in result.verifications if v.tested and v.head_type == "induction")
+    assert "--n-random 20 raised to 39" in err and "a lone CONFIRMED needs p <= 0.025" in err
+    assert ind.draws == 39 and ind.exceedances == 0 and ind.stop_reason == "ran to the end"
+    assert ind.p_value == pytest.approx(1 / 40) and ind.confirmed is True and not ind.p_value_is_bound
+    plan = result.summary()["verification"]["plan"]
+    assert plan["n_random"] == 39 and plan["n_random_requested"] == 20 and plan["lone_draws_needed"] == 39
+    assert plan["max_sets"] >= 2 * 39 and plan["estimated_s"] >= 0
+
+    kept = _scan(tiny_llama_gqa, text_file, keep_n_random=True, **kw)
+    err = capsys.readouterr().err
+    assert err.index("no verdict of this run can be CONFIRMED on its own") < len(err)
+    ind = next(v for v in kept.verifications if v.tested and v.head_type == "induction")
+    assert ind.draws == 20 and ind.exceedances == 0 and ind.stop_reason == "ran to the end"
+    assert ind.p_value == pytest.approx(1 / 21) and not ind.p_value_is_bound and ind.confirmed is False
+    report = kept.report()
+    assert "0 of 20 control sets reached the effect" in report
+    for v in kept.verifications:  # a bound is never printed as a plain p
+        if v.p_value_is_bound:
+            assert f"p in [{v.p_value_min:.4g}, {v.p_value:.4g}]" in report and "stopped: cannot reach alpha after BH" in report
+            assert v.p_value_min <= v.p_value and f"p = {v.p_value:.4g}" not in report
+
+
+def test_holm_with_too_few_draws_gives_no_verdict_with_the_reason(tiny_llama_gqa, text_file, monkeypatch):
+    """Issue 35 item 15 and 36.1: where a test's draws cannot reach alpha after the correction
+    (Holm over 2 tests: its first rejection needs p <= 0.025, 20 draws give 1/21 at best), its
+    verdict is null with the reason, and summary.json's warnings carry it."""
+    kw = {"types": "induction,previous_token", "n_random": 20, "control": "uniform", "correction": "holm"}
+    _scripted(monkeypatch, tiny_llama_gqa, text_file, lambda task, heads: _noise(heads), **kw)
+    result = _scan(tiny_llama_gqa, text_file, keep_n_random=True, **kw)
+    summary = result.summary()
+    for v in result.verifications:
+        if v.tested:
+            assert v.confirmed is None and "cannot reach alpha = 0.05 after holm over 2 tests" in v.no_verdict
+            assert summary["confirmed"][v.head_type] is None
+            assert any(v.head_type.replace("_", "-") in w and "no verdict" in w for w in summary["warnings"])
+
+
+def test_sequential_and_fixed_draws_give_the_same_verdicts_with_a_test_below_the_floor(tiny_llama_gqa, text_file,
+                                                                                       monkeypatch):
+    """Issue 36 item 6: previous-token's effect (0.03 nats) is below the 0.05 floor but beats every
+    control (natural-text controls 0-0.02): a BH rejection that is not CONFIRMED. Induction's
+    effect is beaten by one of its 59 controls (p = 2/60). With fixed draws BH adjusts induction
+    to 3 x (2/60) / 2 = 0.05: CONFIRMED. Curtailing previous-token at its first draw for the floor
+    gave it the bound 3/4 and induction 0.1 (not confirmed); the sequential run must agree."""
+    kw = {"types": "induction,previous_token,duplicate_token", "n_random": 59, "control": "uniform"}
+    heavy = {"natural": lambda h: _noise(h, 0.02), "repeated": lambda h: _noise(h, 2.0, power=6)}
+    _scripted(monkeypatch, tiny_llama_gqa, text_file, lambda task, heads: heavy[task](heads), **kw)
+    probe = _scan(tiny_llama_gqa, text_file, sequential=False, **kw)
+    ind = next(v for v in probe.verifications if v.tested and v.head_type == "induction")
+    second, first = sorted(ind.random_effects)[-2:]
+    tops = {v.head_type: tuple(map(tuple, (map(int, h.split(".")) for h in v.top_heads)))
+            for v in probe.verifications if v.tested}
+    planted = {tops["induction"]: (first + second) / 2, tops["previous_token"]: 0.03, tops["duplicate_token"]: 0.0}
+    _scripted(monkeypatch, tiny_llama_gqa, text_file, lambda task, heads: planted.get(heads, heavy[task](heads)), **kw)
+    fixed = _scan(tiny_llama_gqa, text_file, sequential=False, **kw)
+    seq = _scan(tiny_llama_gqa, text_file, **kw)
+    by = {r.head_type: r for r in fixed.verifications if r.tested}
+    assert by["induction"].p_value == pytest.approx(2 / 60) and by["previous_token"].p_value == pytest.approx(1 / 60)
+    assert by["induction"].confirmed is True and by["previous_token"].confirmed is False
+    assert [v.confirmed for v in seq.verifications] == [v.confirmed for v in fixed.verifications]
+    assert seq.verification["sets_ablated"] < fixed.verification["sets_ablated"]  # duplicate-token still stops early
+    dup = next(v for v in seq.verifications if v.tested and v.head_type == "duplicate_token")
+    assert dup.stop_reason == "settled above alpha" and dup.draws < 59
+
+
+def test_a_nan_effect_never_confirms(tiny_llama_gqa, text_file, monkeypatch):
+    """Issue 36 item 6: a NaN top-k loss got the best p (1/n+1) because NaN >= x is False. It now
+    leaves the family with the reason; NaN control losses count as reaching the effect."""
+    from headprobe.analyses.ablation import top_heads
+
+    kw = {"types": "induction,previous_token", "n_random": 39, "control": "uniform"}
+    base = _scripted(monkeypatch, tiny_llama_gqa, text_file, lambda *a: 0.0, **kw)
+    top_ind = top_heads(torch.as_tensor(base.scores["induction"]), 3)
+    _scripted(monkeypatch, tiny_llama_gqa, text_file,
+              lambda task, heads: float("nan") if list(heads) == top_ind else _noise(heads, 0.7), **kw)
+    result = _scan(tiny_llama_gqa, text_file, **kw)
+    ind = [v for v in result.verifications if v.head_type == "induction"]
+    assert all(v.confirmed is None and "non-finite" in v.no_verdict for v in ind)
+    assert result.verification["family_size"] == 1
+    mc = st.SequentialMCTest(1.0, 10, 0.05)
+    mc.add([float("nan"), 0.0])
+    assert mc.reached == [True, False]
+    nan_top = st.SequentialMCTest(float("nan"), 10, 0.05)
+    nan_top.add([0.0] * 10)
+    assert nan_top.p_value() > 0.05
+
+
+def test_a_types_control_sets_do_not_depend_on_the_other_types(tiny_llama_gqa, text_file):
+    """Issue 36 item 5: control streams are seeded per (seed, type)."""
+    both = _scan(tiny_llama_gqa, text_file, types="induction,previous_token", n_random=6, keep_n_random=True,
+                 sequential=False)
+    alone = _scan(tiny_llama_gqa, text_file, types="induction", n_random=6, keep_n_random=True, sequential=False)
+    a = next(v for v in both.verifications if v.tested and v.head_type == "induction")
+    b = next(v for v in alone.verifications if v.tested and v.head_type == "induction")
+    assert a.random_heads == b.random_heads and a.p_value == b.p_value and a.draws == 6
+
+
+def test_holm_from_its_definition_matches_statsmodels():
+    """Issue 35 item 21: Holm is computed from its definition (statsmodels' multipletests ran a
+    full garbage collection per curtailment round); the same numbers, ties included."""
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(0)
+    for m in (1, 2, 3, 5, 8):
+        for _ in range(50):
+            p = rng.choice([1 / 51, 2 / 51, 0.01, 0.3, 0.9, 1.0], size=m) if m > 2 else rng.uniform(0, 0.2, size=m)
+            np.testing.assert_allclose(st.adjust_p_values(p.tolist(), "holm"), multipletests(p, method="holm")[1])
+
+
+def test_draws_the_docs_state_for_bh_and_a_lone_verdict():
+    """Issue 35 item 21: BH confirms three of five types at 1/(n+1) only from n = 33 (at 32 the
+    adjusted p is 5/3 x 1/33 = 0.0505); a lone verdict of m tests needs m/alpha - 1 draws."""
+    three = lambda n: st.adjust_p_values([1 / (n + 1)] * 3 + [1.0, 1.0], "bh")[0]
+    assert three(32) == pytest.approx(0.0505, abs=1e-4) and three(32) > 0.05 >= three(33)
+    assert "33 for three" in (Path(__file__).parents[1] / "docs" / "scan.md").read_text()
+    for m in (1, 2, 5):
+        n = st.lone_draws_needed(m, 0.05)
+        for method in ("bh", "holm"):
+            assert st.confirmable([1 / (n + 1)] + [1 / (n + 1)] * (m - 1), method, 0.05)[0] == "alone"
+            assert st.confirmable([1 / n] + [1 / (n + 1)] * (m - 1), method, 0.05)[0] != "alone"
+    assert [st.lone_draws_needed(m, 0.05) for m in (1, 2, 5)] == [19, 39, 99]

@@ -95,6 +95,9 @@ class ScanConfig(ModelSettings, DataSettings):
             top-k set) or ``uniform`` (any heads outside the task's top-k sets).
         correction: ``bh`` (Benjamini-Hochberg, default) or ``holm`` over the run's tested verdicts.
         sequential: stop each test once settled (False: every test ablates ``n_random`` sets).
+        keep_n_random: keep ``n_random`` where it is below the draws one test needs to be
+            CONFIRMED on its own under ``correction`` (``m / alpha - 1`` for m tests); by default it
+            is raised to that number, and the plan printed before the ablations says so.
         verify: ablate each type's top-k heads against random heads (needs the per-head decomposition's self-check); False scores patterns only.
         types: head types to score, verify and draw (names of :data:`~headprobe.analyses.detectors.DETECTORS`, a tuple
             or a comma-separated string, ``-``/``_`` alike); None: all. Stored as the tuple of registry names.
@@ -117,6 +120,7 @@ class ScanConfig(ModelSettings, DataSettings):
     control: str = "layer-matched"
     correction: str = vocab.CORRECTION
     sequential: bool = True
+    keep_n_random: bool = False
     verify: bool = True
     types: str | Sequence[str] | None = None
     pattern_len: int = vocab.DEFAULT_PATTERN_LEN
@@ -185,8 +189,9 @@ class ScanConfig(ModelSettings, DataSettings):
 
 
 def unreachable_note(cfg: ScanConfig) -> str | None:
-    """The line saying that ``cfg``'s draws cannot reach its alpha (None when they can, or without verification)."""
-    if not cfg.verify:
+    """The line saying that ``cfg``'s draws cannot reach its alpha (None when they can, without
+    verification, or without ``keep_n_random``: then the draws are raised to what a lone verdict needs)."""
+    if not cfg.verify or not cfg.keep_n_random:
         return None
     return vocab.unreachable_note(cfg.n_random, cfg.alpha)
 
@@ -212,6 +217,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--correction", choices=vocab.CORRECTIONS, default=d.correction,
                    help="multiple-testing correction over the run's verdicts: Benjamini-Hochberg (bh, false discovery "
                         "rate) or Holm (family-wise error) (default %(default)s)")
+    p.add_argument("--keep-n-random", action="store_true",
+                   help="keep --n-random where it is below the draws one verdict needs to be CONFIRMED on its own "
+                        "under --correction (m/alpha - 1 for m tested types); by default it is raised, and the plan "
+                        "printed before the ablations says so")
     p.add_argument("--fixed-draws", dest="sequential", action="store_false",
                    help="ablate --n-random control sets for every test (no early stopping)")
     p.add_argument("--types", default=None, metavar="TYPE[,TYPE...]",

@@ -24,6 +24,7 @@ from headprobe.analyses.ablation import (
     scored_loss, top_heads, untrusted_task_reason,
 )
 from headprobe.analyses import verification as verif
+from headprobe.analyses.verdicts import evidence_text
 from headprobe.analyses.statistics import interval_rule, mean_ci
 from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
 from headprobe.analyses.columns import DETECTORS, METRICS, metric_columns
@@ -138,7 +139,8 @@ class ScanResult:
 def verification_settings(cfg: ScanConfig) -> verif.VerificationSettings:
     """The verification's parameters from a resolved scan config (k set)."""
     return verif.VerificationSettings(k=cfg.k, n_random=cfg.n_random, alpha=cfg.alpha, control=cfg.control,
-                                      correction=cfg.correction, seed=cfg.seed, sequential=cfg.sequential)
+                                      correction=cfg.correction, seed=cfg.seed, sequential=cfg.sequential,
+                                      keep_n_random=cfg.keep_n_random)
 
 
 def verify(model: LoadedModel, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet,
@@ -147,8 +149,9 @@ def verify(model: LoadedModel, scores: dict[str, np.ndarray], natural: TokenSet,
     """Ablate the top-k heads of each of ``cfg.types`` against random control sets
     (:func:`headprobe.analyses.verification.verify_heads`); ``cfg`` is resolved (k set).
     ``clean``: task -> per-sequence clean loss ``[batch]``. Under ``torchrun`` each rank ablates
-    its slice of every batch of sets and every rank gets all the losses. Returns the
-    verifications and the design record of summary.json's ``verification``."""
+    its slice of every batch of sets and every rank gets all the losses. The plan's lines
+    (:func:`headprobe.analyses.verification.plan_lines`) go to stderr before the first control
+    set. Returns the verifications and the design record of summary.json's ``verification``."""
     spec = model.spec
     metric = scan_metric(spec)
     sets = {"natural": natural, "repeated": repeated}
@@ -157,7 +160,16 @@ def verify(model: LoadedModel, scores: dict[str, np.ndarray], natural: TokenSet,
     scorers = ({task: EmbeddingDistance(model, ts.tokens) for task, ts in sets.items()}
                if metric is EMBEDDING_METRIC else None)
     return verif.verify_heads(model, top, task_of, sets, clean, mean_z, verification_settings(cfg), metric=metric,
-                              scorers=scorers, untrusted=untrusted, removed=removed_heads(model), progress=progress)
+                              scorers=scorers, untrusted=untrusted, removed=removed_heads(model), progress=progress,
+                              say=_say)
+
+
+def _say(line: str) -> None:
+    """One line of the verification's plan on stderr (rank 0 only under torchrun), clear of a progress bar."""
+    import sys
+
+    if distributed.is_main():
+        tqdm.write(line, file=sys.stderr)
 
 
 def removed_heads(model: LoadedModel) -> list[tuple[int, int]]:
@@ -222,6 +234,7 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True) -> ScanRe
     verifications, design = (verify(model, scores, natural, repeated, clean_seq, mean_z, cfg, progress, untrusted)
                              if cfg.verify else ([], {}))
     timings["ablate_s"] = time.perf_counter() - t0
+    warnings += design.get("warnings", [])
 
     best = {name: top_heads(torch.as_tensor(scores[DETECTORS[name].rank_by]), 1)[0] for name in cfg.types}
     examples = example_patterns(model, best, natural, repeated, streaming=cfg.streaming)
@@ -402,7 +415,7 @@ def verification_rules(spec: ModelSpec) -> dict:
                              "effect of the control sets ablated; the zero-ablation rows are reported, not tested; "
                              "no verdict (confirmed: null) when the task's clean loss is above ln(vocabulary) or more than "
                              "half of the natural text is the tokenizer's unknown token; nothing is CONFIRMED when "
-                             "1/(n_random+1) > alpha",
+                             "its draws cannot reach alpha after the correction (the reason in no_verdict and warnings)",
         "control_rule": "per type, control sets of k heads from the heads outside the top-k of every type judged on the "
                         "same task (never a removed head); layer-matched: as many heads in each layer as the top-k set; "
                         f"uniform: any of those heads; drawn {verif.BATCH} per test a round, a test stopping when settled; the "
@@ -410,8 +423,12 @@ def verification_rules(spec: ModelSpec) -> dict:
         "p_value_rule": "sequential Monte Carlo p (Besag & Clifford 1991): a test stops at the draw at which h = "
                         "floor(alpha*n_random)+1 control draws reached the top-k effect (within "
                         f"{P_VALUE_TIE:g}); p = h/L where the h-th such draw is draw L, else (g+1)/(n_random+1) with g "
-                        "reaching draws of n_random; p_adjusted: the correction (bh: Benjamini-Hochberg, holm: "
-                        "Holm-Bonferroni) over the tested verdicts of this run",
+                        "reaching draws of n_random (a NaN effect counts as reaching); a test curtailed because no "
+                        "later draw could make it a rejection after the correction (stop_reason 'futile under the "
+                        "correction', only once a draw reached its effect) reports the largest p its rule could still "
+                        "give (p_value_is_bound); n_random is first raised to m/alpha-1, what one of m tests needs to "
+                        "be confirmed alone (verification.plan); p_adjusted: the correction (bh: Benjamini-Hochberg, "
+                        "holm: Holm-Bonferroni) over the tested verdicts of this run",
     }
 
 
@@ -515,14 +532,18 @@ def format_report(result: ScanResult) -> str:
         verdict = v.verdict if v.tested or v.no_verdict else "(reported, not tested)"
         lines.append(f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {v.clean_loss:6.2f} {v.top_effect:+8.{d}f} "
                      f"{figs.format_interval(lo, hi, f'+.{d}f')} {v.random_mean:+9.{d}f}/{v.random_max:+.{d}f} {v.draws:>4} "
-                     f"{v.p_value:7.4f} {p_adj}  {verdict}")
+                     f"{'≤' if v.p_value_is_bound else ' '}{v.p_value:6.4f} {p_adj}  {verdict}")
+    lines += [f"  {v.head_type.replace('_', '-')}: {evidence_text(v.to_dict(), 4)}"
+              + (f"; no verdict: {v.no_verdict}" if v.no_verdict else "")
+              for v in result.verifications if v.tested or (v.kind == verif.PRIMARY_KIND and v.no_verdict)]
     units = ("losses in nats/token" if metric is LOSS_METRIC else
              f"Δ in {metric.unit}: {metric.definition}")
     floor = f"{metric.min_effect:g} nats" if metric is LOSS_METRIC else f"{metric.min_effect:g} ({metric.unit})"
     m = design.get("family_size")
     lines.append(f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k, at most "
                  f"{design.get('max_draws')} per test, stopped once settled (sets: ablated). p: sequential Monte Carlo "
-                 f"(Besag & Clifford); p adj: {design.get('correction')} over the {m} tested verdict{'' if m == 1 else 's'}. "
+                 f"(Besag & Clifford; ≤: a curtailed test's bound, its range on the lines below); p adj: {design.get('correction')} over the {m} tested "
+                 f"verdict{'' if m == 1 else 's'}. "
                  f"CI: 95% t interval over sequences.\n CONFIRMED: {verif.PRIMARY_KIND} ablation, p adj <= alpha = "
                  f"{design.get('alpha')}, top-k Δ >= {floor} and >= {verif.EFFECT_RATIO:g}x the control mean; "
                  "docs/scan.md has the rule)")
