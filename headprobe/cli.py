@@ -127,6 +127,18 @@ def _raise_terminated(signum, frame):
     raise Terminated
 
 
+def _progress_bar_open() -> bool:
+    """Whether a tqdm bar (of any tqdm class: each keeps its own ``_instances``) is still on the screen."""
+    tqdm = sys.modules.get("tqdm.std")
+    classes = [tqdm.tqdm] if tqdm is not None else []
+    while classes:
+        cls = classes.pop()
+        if vars(cls).get("_instances"):
+            return True
+        classes += cls.__subclasses__()
+    return False
+
+
 def _interrupted(e: KeyboardInterrupt, out: str | None) -> str:
     """What an interrupted command left, on a line of its own (after a progress bar, a newline first)."""
     from pathlib import Path
@@ -134,8 +146,7 @@ def _interrupted(e: KeyboardInterrupt, out: str | None) -> str:
     from headprobe.probe.io import CHECKPOINT_GLOB
 
     how = "terminated" if isinstance(e, Terminated) else "interrupted"
-    tqdm = sys.modules.get("tqdm.std")
-    newline = "\n" if tqdm is not None and getattr(tqdm.tqdm, "_instances", None) else ""
+    newline = "\n" if _progress_bar_open() else ""
     if out is None:
         said = "files are written atomically: none was left half-written"
     elif Path(out).is_dir() and any(Path(out).glob(CHECKPOINT_GLOB)):

@@ -18,7 +18,7 @@ SMALL = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period",
 
 
 def _scan(tiny_dir, text_file, out, *extra):
-    return main(["scan", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), *SMALL, *extra])
+    return main(["scan", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), *SMALL, "--no-metrics", *extra])
 
 
 def _names(d):
