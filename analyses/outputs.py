@@ -2,26 +2,27 @@
 ``summary.json``, each file atomically, so a directory with its summary in it is complete.
 
 Every command that writes a summary calls :func:`write_outputs` (``scan``, ``ablate``, ``prune``,
-``patch``, ``circuit``, ``kv``, ``atlas``, ``train``, ``study``); the order of its steps is the guarantee ``headprobe`` prints on
-Ctrl-C ("files already written are complete (summary.json comes last)").
+``patch``, ``circuit``, ``kv``, ``atlas``, ``train``, ``study``; ``show`` without a summary). It writes
+into a staging folder and swaps the files in at the end, the summary last: what ``headprobe`` says
+on Ctrl-C (the directory is as it was before the run, or holds the whole new run).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from headprobe.probe.io import prepare_output_dir, write_json, write_text
+from headprobe.probe.io import prepare_output_dir, staging, swap_in, write_json, write_text
 
 
-def write_outputs(out_dir: str | os.PathLike[str], overwrite: bool, *, summary: dict | Callable[[], dict],
+def write_outputs(out_dir: str | os.PathLike[str], overwrite: bool, *, summary: dict | Callable[[], dict] | None,
                   tables: Mapping[str, str] | None = None,
                   figures: Mapping[str, Figure | Callable[[], Figure]] | Callable[[], Mapping[str, Figure]] | None = None,
                   extra: Callable[[Path], list[Path]] | None = None, summary_name: str = "summary.json",
-                  resumable: bool = False, progress: bool = False) -> list[Path]:
+                  resumable: bool = False, progress: bool = False, produced: Sequence[Path] = ()) -> list[Path]:
     """Write into ``out_dir`` (created; checked by :func:`~headprobe.probe.io.prepare_output_dir`
     with ``overwrite`` and ``resumable``): each of ``tables`` (file name -> text, usually a CSV),
     each of ``figures`` (stem -> a figure or a function drawing it, or a function returning that
@@ -30,7 +31,15 @@ def write_outputs(out_dir: str | os.PathLike[str], overwrite: bool, *, summary: 
     :func:`~headprobe.analyses.figures.save_figure`; ``progress``: a progress bar on stderr), the
     files ``extra(out)`` writes (it returns their paths), and, last, ``summary`` (a dict or a
     function returning it, written by :func:`~headprobe.probe.io.write_json`: no bare NaN) as
-    ``summary_name``.
+    ``summary_name`` (None: no summary).
+
+    Everything is written into a staging folder first and then swapped in
+    (:func:`~headprobe.probe.io.swap_in`): the previous run's summary goes first, then its other
+    files (``--overwrite``), and the new summary comes last, so a directory never mixes two runs and
+    a run that fails or is interrupted while writing leaves it as it was. Files headprobe did not
+    write stay (:func:`~headprobe.probe.io.foreign_files`). ``produced``: paths in ``out_dir`` this run
+    already wrote itself (atlas's per-model scans), recorded as its own. ``extra`` is called with the
+    staging folder and writes relative to it.
 
     Returns:
         The paths written, in that order (``summary_name`` last).
@@ -45,20 +54,25 @@ def write_outputs(out_dir: str | os.PathLike[str], overwrite: bool, *, summary: 
     from headprobe.analyses.vocabulary import figure_formats
 
     out = prepare_output_dir(out_dir, overwrite, resumable=resumable)
-    written: list[Path] = []
-    for name, text in (tables or {}).items():
-        write_text(out / name, text)
-        written.append(out / name)
-    formats = figure_formats()
-    if not formats:  # --formats none: no figure function is called
-        figures = {}
-    elif callable(figures):
-        figures = figures()
-    figures = figures or {}
-    for stem, fig in tqdm(figures.items(), total=len(figures), desc=f"writing figures ({', '.join(formats)})",
-                          unit="figure", disable=not progress or not figures):
-        written += save_figure(fig() if callable(fig) else fig, out / stem)
-    if extra is not None:
-        written += extra(out)
-    write_json(out / summary_name, summary() if callable(summary) else summary)
-    return [*written, out / summary_name]
+    with staging(out) as tmp:
+        written: list[Path] = []
+        for name, text in (tables or {}).items():
+            write_text(tmp / name, text)
+            written.append(tmp / name)
+        formats = figure_formats()
+        if not formats:  # --formats none: no figure function is called
+            figures = {}
+        elif callable(figures):
+            figures = figures()
+        figures = figures or {}
+        for stem, fig in tqdm(figures.items(), total=len(figures), desc=f"writing figures ({', '.join(formats)})",
+                              unit="figure", disable=not progress or not figures):
+            written += save_figure(fig() if callable(fig) else fig, tmp / stem)
+        if extra is not None:
+            written += extra(tmp)
+        if summary is not None:
+            write_json(tmp / summary_name, summary() if callable(summary) else summary)
+            written.append(tmp / summary_name)
+        files = [Path(p).relative_to(tmp).as_posix() for p in written]
+        swap_in(out, tmp, files, [Path(p).relative_to(out).as_posix() for p in produced])
+    return [out / f for f in files]

@@ -127,6 +127,36 @@ def _raise_terminated(signum, frame):
     raise Terminated
 
 
+def _progress_bar_open() -> bool:
+    """Whether a tqdm bar (of any tqdm class: each keeps its own ``_instances``) is still on the screen."""
+    tqdm = sys.modules.get("tqdm.std")
+    classes = [tqdm.tqdm] if tqdm is not None else []
+    while classes:
+        cls = classes.pop()
+        if vars(cls).get("_instances"):
+            return True
+        classes += cls.__subclasses__()
+    return False
+
+
+def _interrupted(e: KeyboardInterrupt, out: str | None) -> str:
+    """What an interrupted command left, on a line of its own (after a progress bar, a newline first)."""
+    from pathlib import Path
+
+    from headprobe.probe.io import CHECKPOINT_GLOB
+
+    how = "terminated" if isinstance(e, Terminated) else "interrupted"
+    newline = "\n" if _progress_bar_open() else ""
+    if out is None:
+        said = "files are written atomically: none was left half-written"
+    elif Path(out).is_dir() and any(Path(out).glob(CHECKPOINT_GLOB)):
+        said = f"the checkpoint in {out}/ is kept: run the same command again to resume from it"
+    else:
+        said = (f"{out}/ is as it was before this run (a run's files are moved in together when it ends, "
+                f"summary.json last); run the command again to start over")
+    return f"{newline}headprobe: {how}; {said}"
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -150,10 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a program killed by it
     except KeyboardInterrupt as e:
-        how = "terminated" if isinstance(e, Terminated) else "interrupted"
-        print(f"headprobe: {how}; files already written are complete (summary.json comes last), the rest were not "
-              f"written; ablate and prune resume from their checkpoint when the same command is run again",
-              file=sys.stderr)
+        print(_interrupted(e, getattr(args, "out", None)), file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     finally:
         if in_main:

@@ -405,6 +405,43 @@ def _resume(out: str, overwrite: bool, config, module, sharded: bool, main_rank:
     return distributed.broadcast_object(saved), checkpoint.save if main_rank else None, [checkpoint]
 
 
+def kept_line(out: str | Path) -> str | None:
+    """The line that says which files in ``out`` an ``--overwrite`` left because headprobe did not
+    write them (:func:`~headprobe.probe.io.foreign_files`), or None when there are none."""
+    from headprobe.probe.io import foreign_files
+
+    kept = foreign_files(out)
+    if not kept:
+        return None
+    shown = ", ".join(kept[:5]) + (f" and {len(kept) - 5} more" if len(kept) > 5 else "")
+    return f"kept {len(kept)} file{'s' * (len(kept) != 1)} not written by headprobe in {out}/: {shown}"
+
+
+@contextlib.contextmanager
+def out_as_it_was(out: str | Path, main_rank: bool = True):
+    """Leave ``out`` as it was when the block fails (:class:`HeadprobeError`: the checkpoints the run
+    added are removed, as resuming would fail alike; other errors and interruptions keep them, to
+    resume), and remove it when the run created it and it is empty then. Writing goes through a
+    staging folder (:func:`~headprobe.analyses.outputs.write_outputs`), so no other file is added."""
+    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.io import CHECKPOINT_GLOB
+
+    out = Path(out)
+    existed = out.exists()
+    had = {p.name for p in out.glob(CHECKPOINT_GLOB)} if out.is_dir() else set()
+    try:
+        yield
+    except BaseException as e:
+        if main_rank and out.is_dir():
+            if isinstance(e, HeadprobeError):
+                for p in out.glob(CHECKPOINT_GLOB):
+                    if p.name not in had:
+                        p.unlink(missing_ok=True)
+            if not existed and not any(out.iterdir()):
+                out.rmdir()
+        raise
+
+
 def run_command(args: argparse.Namespace, config, how: Run) -> int:
     """The ``main`` of every command that loads one model and writes a directory (``scan``,
     ``ablate``, ``prune``, ``patch``): check the settings (``config.preflight()``) and ``--out``
@@ -424,42 +461,53 @@ def run_command(args: argparse.Namespace, config, how: Run) -> int:
     prints, writes the outputs and removes the checkpoints.
 
     Raises:
-        HeadprobeError: bad settings, a bad ``--out``, or as ``run``.
+        HeadprobeError: bad settings, a bad ``--out``, or as ``run`` (``--out`` left as it was: :func:`out_as_it_was`).
     """
-    import importlib
-    import time
-
     from headprobe.analyses import distributed
-    from headprobe.probe.io import RunCheckpoint, prepare_output_dir
+    from headprobe.probe.io import prepare_output_dir
 
     with process_group(config.device) as sharded:
         main_rank, resumable = distributed.is_main(), how.resumed is not None
         config.preflight()
         prepare_output_dir(args.out, args.overwrite, create=False, resumable=resumable)
-        module = importlib.import_module(how.core)
-        saved, on_save, found = _resume(args.out, args.overwrite, config, module, sharded, main_rank) if resumable else (None, None, [])
-        distributed.barrier()  # every rank has checked --out (and read its checkpoint) before rank 0 writes
-        if saved and main_rank:
-            print(f"resuming from {', '.join(str(c.path) for c in found if c.path.is_file())} ({how.resumed(saved)})")
-        if how.note and main_rank:  # said before anything runs
-            print(f"NOTE: {how.note}", flush=True)
-        t0 = time.perf_counter()
-        model = load_for(config)
-        load_s = time.perf_counter() - t0
-        if main_rank:
-            what = f"{how.sharded} sharded" if how.sharded else "sharded"
-            print(describe_model(model) + (f"; {what} over {distributed.world_size()} ranks" if sharded else ""), flush=True)
-        resume = {"resume": saved, "on_save": on_save} if resumable else {}
-        result = module.run(model, config, progress=main_rank, **resume)
-        if hasattr(result, "load_s"):  # recorded in its summary.json's timings
-            result.load_s = load_s
-        if main_rank:  # the others computed the same result
-            # resumable: only checkpoints can be in --out unless --overwrite (checked above)
-            paths = result.save(args.out, overwrite=resumable or args.overwrite, **how.save)
-            for c in RunCheckpoint.shards(args.out, checkpoint_key(config)) if resumable else ():
-                c.clear()
-            print()
-            print(result.report())
-            print((how.wrote or _wrote)(paths, Path(args.out)))
+        with out_as_it_was(args.out, main_rank):
+            _run_checked(args, config, how, sharded, main_rank, resumable)
         distributed.barrier()
     return 0
+
+
+def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main_rank: bool, resumable: bool) -> None:
+    """:func:`run_command` once the settings and ``--out`` are checked."""
+    import importlib
+    import time
+
+    from headprobe.analyses import distributed
+    from headprobe.probe.io import RunCheckpoint
+
+    module = importlib.import_module(how.core)
+    saved, on_save, found = _resume(args.out, args.overwrite, config, module, sharded, main_rank) if resumable else (None, None, [])
+    distributed.barrier()  # every rank has checked --out (and read its checkpoint) before rank 0 writes
+    if saved and main_rank:
+        print(f"resuming from {', '.join(str(c.path) for c in found if c.path.is_file())} ({how.resumed(saved)})")
+    if how.note and main_rank:  # said before anything runs
+        print(f"NOTE: {how.note}", flush=True)
+    t0 = time.perf_counter()
+    model = load_for(config)
+    load_s = time.perf_counter() - t0
+    if main_rank:
+        what = f"{how.sharded} sharded" if how.sharded else "sharded"
+        print(describe_model(model) + (f"; {what} over {distributed.world_size()} ranks" if sharded else ""), flush=True)
+    resume = {"resume": saved, "on_save": on_save} if resumable else {}
+    result = module.run(model, config, progress=main_rank, **resume)
+    if hasattr(result, "load_s"):  # recorded in its summary.json's timings
+        result.load_s = load_s
+    if main_rank:  # the others computed the same result
+        # resumable: only checkpoints can be in --out unless --overwrite (checked above)
+        paths = result.save(args.out, overwrite=resumable or args.overwrite, **how.save)
+        for c in RunCheckpoint.shards(args.out, checkpoint_key(config)) if resumable else ():
+            c.clear()
+        print()
+        print(result.report())
+        print((how.wrote or _wrote)(paths, Path(args.out)))
+        if kept := kept_line(args.out):
+            print(kept)

@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -120,6 +121,100 @@ def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool, create: boo
         except OSError as e:
             raise HeadprobeError(f"cannot create output directory {out}: {e.strerror}") from None
     return out
+
+
+OUTPUTS_NAME = ".headprobe-outputs.json"
+"""The list of the files (paths relative to the directory) the last run wrote into an output
+directory, its summary last: what the next run with ``--overwrite`` removes (:func:`swap_in`)."""
+STAGING_PREFIX = ".headprobe-staging-"
+OLD_OUTPUT_PATTERNS = ("summary.json", "study.json", "index.html", "patterns.npz", "*.caption.txt", "*.csv",
+                       "*.png", "*.pdf", "*.svg")
+"""Top-level names headprobe's writers use: what counts as a previous run's file in a directory
+written before headprobe recorded its files (:data:`OUTPUTS_NAME`)."""
+
+
+def _is_own(name: str) -> bool:
+    """Headprobe's bookkeeping in an output directory: checkpoints, the file list, staging folders
+    and the temporary files of interrupted atomic writes."""
+    return (Path(name).match(CHECKPOINT_GLOB) or name == OUTPUTS_NAME or name.startswith(STAGING_PREFIX)
+            or (name.startswith(".") and ".tmp" in name))
+
+
+def previous_outputs(out: str | os.PathLike[str]) -> list[str]:
+    """The files (relative paths, summary last) an earlier headprobe run wrote into ``out``: those
+    in :data:`OUTPUTS_NAME`, or, without it, the top-level files matching :data:`OLD_OUTPUT_PATTERNS`."""
+    out = Path(out)
+    try:
+        listed = json.loads((out / OUTPUTS_NAME).read_text(encoding="utf-8"))["files"]
+        return [str(f) for f in listed if f and not Path(f).is_absolute() and ".." not in Path(f).parts]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if not out.is_dir():
+        return []
+    found = [p.name for p in out.iterdir() if p.is_file() and any(p.match(g) for g in OLD_OUTPUT_PATTERNS)]
+    return sorted(found, key=lambda n: n in ("summary.json", "study.json"))  # summaries last
+
+
+def foreign_files(out: str | os.PathLike[str]) -> list[str]:
+    """The top-level entries of ``out`` that no headprobe run recorded (:func:`previous_outputs`) and
+    that are not headprobe's bookkeeping (checkpoints, staging): what ``--overwrite`` left in place."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    ours = {Path(f).parts[0] for f in previous_outputs(out)}
+    return sorted(p.name for p in out.iterdir() if p.name not in ours and not _is_own(p.name))
+
+
+def _remove(out: Path, rel: str) -> None:
+    path = out / rel
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    for parent in Path(rel).parents:  # folders a listed file was in (a snapshot's), once empty
+        if parent != Path(".") and (out / parent).is_dir() and not any((out / parent).iterdir()):
+            (out / parent).rmdir()
+
+
+@contextlib.contextmanager
+def staging(out: str | os.PathLike[str]) -> Iterator[Path]:
+    """A new hidden folder in the existing directory ``out`` for a run's files, removed when the
+    block ends (:func:`swap_in` moves its files into ``out`` first); also removes the staging
+    folders of runs killed before they ended. A run that fails or is interrupted while it writes
+    thus leaves ``out`` as it was."""
+    out = Path(out)
+    for old in out.glob(STAGING_PREFIX + "*"):
+        shutil.rmtree(old, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def swap_in(out: str | os.PathLike[str], staged: Path, files: list[str], produced: list[str] = ()) -> None:
+    """Replace the previous run's files in ``out`` with ``files`` (relative paths in ``staged``, the
+    summary last), in an order where ``out`` never looks complete with a mix of runs: the previous
+    summary is removed first, the file list (:data:`OUTPUTS_NAME`) then covers both runs' files, the
+    previous run's other files are removed, the new files moved in, the list rewritten to this run's
+    files, and the summary moved in last. ``produced``: entries this run already wrote into ``out``
+    itself (recorded, not moved). Files headprobe did not write are left (:func:`foreign_files`)."""
+    out = Path(out)
+    old = previous_outputs(out)
+    new = [*produced, *files]
+    for rel in [*old[-1:], *files[-1:]]:  # the summaries first
+        _remove(out, rel)
+    write_json(out / OUTPUTS_NAME, {"files": [*dict.fromkeys([*old, *new])]})
+    for rel in old:
+        if rel not in new:
+            _remove(out, rel)
+    for rel in files:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        if rel == files[-1]:
+            write_json(out / OUTPUTS_NAME, {"files": new})
+        os.replace(staged / rel, out / rel)
+    if not files:
+        write_json(out / OUTPUTS_NAME, {"files": new})
 
 
 class RunCheckpoint:

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+from headprobe.probe.io import OUTPUTS_NAME
 import headprobe
 from headprobe.analyses.columns import METRICS, metric_columns
 from headprobe.cli import main
@@ -46,7 +47,7 @@ def test_scan_result_save_writes_the_cli_files(cli_scan, api_scan, tmp_path):
     paths = result.save(tmp_path / "api")
     assert paths[-1].name == "summary.json"  # last: its presence means the directory is complete
     assert sorted(p.name for p in (tmp_path / "api").iterdir()) == sorted(p.name for p in cli_scan.iterdir())
-    assert sorted(p.name for p in paths) == sorted(p.name for p in cli_scan.iterdir())
+    assert sorted(p.name for p in paths) == sorted(p.name for p in cli_scan.iterdir() if p.name != OUTPUTS_NAME)
     assert (tmp_path / "api" / "head_scores.csv").read_bytes() == (cli_scan / "head_scores.csv").read_bytes()
     a, c = (json.loads((d / "summary.json").read_text()) for d in (tmp_path / "api", cli_scan))
     for s in (a, c):

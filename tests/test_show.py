@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 
+from headprobe.probe.io import OUTPUTS_NAME
 from headprobe.commands.show import ShowConfig, run
 from test_loading import assert_one_line_error, run_cli
 
@@ -38,7 +39,7 @@ def test_show_with_no_figures_draws_none_and_writes_the_page(tiny_dir, tmp_path,
 
     monkeypatch.setattr(figs, "pattern_plot", lambda *a, **k: pytest.fail("drawn with --formats none"))
     result = run(ShowConfig(model=str(tiny_dir), head="1.5", prompt=PROMPT, out=str(tmp_path / "o"), device="cpu"))
-    assert [p.name for p in result.paths] == ["index.html"] and sorted(p.name for p in (tmp_path / "o").iterdir()) == ["index.html"]
+    assert [p.name for p in result.paths] == ["index.html"] and sorted(p.name for p in (tmp_path / "o").iterdir()) == [OUTPUTS_NAME, "index.html"]
 
 
 def test_show_refuses_bad_heads_and_prompts_in_one_line(tiny_dir, tmp_path):

@@ -7,6 +7,7 @@ import json
 import pandas as pd
 import pytest
 
+from headprobe.probe.io import OUTPUTS_NAME
 from headprobe.cli import main
 
 
@@ -80,7 +81,7 @@ def test_api_study_matches_cli_and_trains_what_it_says(tmp_path, capsys):
                  "--d-model", "16", "--n-heads-list", "1,2", "--corpus", "copy", "--device", "cpu"]) == 0
     capsys.readouterr()
     paths = result.save(tmp_path / "api")
-    assert sorted(p.name for p in paths) == sorted(p.name for p in (tmp_path / "cli").iterdir())
+    assert sorted(p.name for p in paths) == sorted(p.name for p in (tmp_path / "cli").iterdir() if p.name != OUTPUTS_NAME)
     cli = pd.read_csv(tmp_path / "cli" / "results.csv")
     api = pd.read_csv(tmp_path / "api" / "results.csv")
     pd.testing.assert_frame_equal(api.drop(columns="seconds"), cli.drop(columns="seconds"))

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+from headprobe.probe.io import OUTPUTS_NAME
 from headprobe.cli import main
 from headprobe.analyses.train import TrainConfig, copy_sequences, in_context_loss, phase_change_step, train
 from headprobe.commands.train import run
@@ -121,7 +122,7 @@ def test_cli_reports_no_phase_change_without_induction_and_counts_its_files(tmp_
     text = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["phase_change_step"] is None and "no phase change yet" in text and "None" not in text
-    n_files = len([p for p in out.iterdir() if p.is_file()])
+    n_files = len([p for p in out.iterdir() if p.is_file() and not p.name.startswith(".")])  # not the file list
     assert f"wrote {n_files} files" in text
 
 
@@ -286,8 +287,8 @@ def test_api_train_matches_cli(tmp_path, capsys):
 
     paths = result.save(tmp_path / "api")
     api, cli = tmp_path / "api", tmp_path / "cli"
-    names = sorted(p.name for p in cli.iterdir())
-    assert sorted(p.name for p in api.iterdir()) == names == sorted(p.name for p in paths)
+    names = sorted(p.name for p in cli.iterdir() if p.name != OUTPUTS_NAME)
+    assert sorted(p.name for p in api.iterdir() if p.name != OUTPUTS_NAME) == names == sorted(p.name for p in paths)
     for name in names:
         if name.endswith((".csv", ".png", ".pdf")) or name.startswith("tokenizer") or name == "config.json":
             assert (api / name).read_bytes() == (cli / name).read_bytes(), name
@@ -298,7 +299,7 @@ def test_api_train_matches_cli(tmp_path, capsys):
     assert s_api == s_cli and s_api == {k: v for k, v in result.summary().items() if k != "train_seconds"}
     assert s_api["config"]["periodic"] is False and s_api["config"]["n_kv_heads"] == 1 and s_api["layout"] == "MQA"
     # summary.json is written last: a directory holding it is complete
-    assert max(p.stat().st_mtime_ns for p in api.iterdir()) == (api / "summary.json").stat().st_mtime_ns
+    assert max(p.stat().st_mtime_ns for p in api.iterdir() if p.name != OUTPUTS_NAME) == (api / "summary.json").stat().st_mtime_ns
     from headprobe.probe.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="--overwrite"):

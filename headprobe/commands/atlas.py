@@ -386,8 +386,9 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     table = atlas_lib.atlas_table(parts) if parts else pd.DataFrame(columns=list(atlas_lib.ID_COLUMNS))
     result = AtlasResult(config, table, records, out, seconds=time.perf_counter() - t_start)
     # --out was checked when the run began; it now holds the models' directories
+    produced = [p for p in [*(out / r["dir"] for r in records.values()), out / TOY_DIR] if p.exists()]  # recorded as this atlas's
     files = write_outputs(out, True, summary=result.summary, tables={TABLE: table.to_csv(index=False, float_format="%.5f")},
-                          figures=result.figures)
+                          figures=result.figures, produced=produced)
     ckpt.clear()
     result.files = files
     return result
@@ -437,11 +438,14 @@ def main(args: argparse.Namespace) -> int:
     config = settings.from_args(AtlasConfig, args, models=tuple(args.models) if args.models else None)
     config.model_list()
     prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
-    result = run(config, args.out, overwrite=args.overwrite, progress=True)
+    with options.out_as_it_was(args.out):
+        result = run(config, args.out, overwrite=args.overwrite, progress=True)
     print()
     print(result.report())
     print(f"\nwrote atlas.csv ({len(result.table)} heads), {len(result.files) - 2} figure files and summary.json to "
           f"{result.out}/ (each model's scan in {result.out}/{MODELS_DIR}/)")
+    if kept := options.kept_line(result.out):
+        print(kept)
     n_failed = sum(m["status"] == "failed" for m in result.models.values())
     return 1 if n_failed == len(result.models) else 0
 

@@ -73,7 +73,7 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     import pandas as pd
 
     from headprobe.analyses import figures as figs
-    from headprobe.analyses.vocabulary import figure_formats
+    from headprobe.analyses.outputs import write_outputs
     from headprobe.analyses.data import TokenSet
     from headprobe.analyses.scoring import drawable, score_tokens, token_labels
     from headprobe.probe.capture import capture_heads
@@ -113,12 +113,10 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
         pattern = cap["pattern"][layer][0, 0][:, cols].float().cpu().numpy()
         positions = (rows, cols)
 
-    out = prepare_output_dir(out, overwrite)
     name = format_head((layer, head))
     title = f"head {name}, {spec.name} ({figs.weights_label(spec.weights)})\nyour prompt ({n} tokens)"
     # drawn only when a figure is written (--formats none: the page alone)
-    paths = (figs.save_figure(figs.pattern_plot(pattern, labels, title, causal=model.spec.causal, positions=positions),
-                              out / f"pattern_{name}") if figure_formats() else [])
+    figure = {f"pattern_{name}": lambda: figs.pattern_plot(pattern, labels, title, causal=model.spec.causal, positions=positions)}
     L, H = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
     table = pd.DataFrame({"layer": L.ravel(), "head": H.ravel(),
                           "kv_head": H.ravel() // max(1, spec.n_heads // spec.n_kv_heads),
@@ -128,8 +126,13 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
                "selected_head": name}
     patterns["prompt"]["label"] = f"your prompt ({n} tokens)" if n == shown else f"your prompt (first {shown} of {n} tokens)"
     page = build_page(table, summary, patterns, title=f"{spec.name}: head {name} on your prompt", verdicts=False)
-    write_text(out / "index.html", page)
-    return ShowResult((layer, head), pattern, labels, [*paths, out / "index.html"])
+
+    def write_page(d: Path) -> list[Path]:
+        write_text(d / "index.html", page)
+        return [d / "index.html"]
+
+    paths = write_outputs(out, overwrite, summary=None, figures=figure, extra=write_page)
+    return ShowResult((layer, head), pattern, labels, paths)
 
 
 def long_window(n: int, size: int = LONG_WINDOW, sink: int = 4) -> tuple[list[int], list[int]]:
@@ -172,9 +175,12 @@ def main(args: argparse.Namespace) -> int:
     prompt = read_text_file(args.prompt_file).rstrip("\r\n") if args.prompt_file else args.prompt
     prepare_output_dir(args.out, args.overwrite, create=False)
     cfg = settings.from_args(ShowConfig, args, prompt=prompt)
-    result = run(cfg, overwrite=args.overwrite)
+    with options.out_as_it_was(args.out):
+        result = run(cfg, overwrite=args.overwrite)
     print(f"head {result.head[0]}.{result.head[1]} on {len(result.labels)} tokens; wrote "
           + ", ".join(str(p) for p in result.paths))
+    if kept := options.kept_line(args.out):
+        print(kept)
     return 0
 
 

@@ -40,7 +40,7 @@ import pandas as pd
 from headprobe.commands import Command
 from headprobe.analyses import figures
 from headprobe.analyses.train import INDUCTION_FORMED, N_CHARS, TrainConfig, train as train_model, training_tokenizer
-from headprobe.options import add_output_options
+from headprobe.options import add_output_options, kept_line, out_as_it_was
 from headprobe.settings import ModelSettings, add_flags
 from headprobe.probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 from headprobe.probe.errors import HeadprobeError
@@ -366,9 +366,12 @@ def main(args: argparse.Namespace) -> int:
     config.validate()
     prepare_output_dir(args.out, args.overwrite, create=False)  # fail before training, leave nothing behind
     result = run(config, progress=True)
-    result.save(args.out, overwrite=args.overwrite)
+    with out_as_it_was(args.out):
+        result.save(args.out, overwrite=args.overwrite)
     print(result.report())
     print(f"wrote results.csv, study.json and the figure to {Path(args.out)}/")
+    if kept := kept_line(args.out):
+        print(kept)
     return 0
 
 

@@ -38,7 +38,7 @@ from headprobe.analyses import figures
 from headprobe.analyses.train import (
     CORPORA, INDUCTION_FORMED, TrainConfig, TrainRun, phase_change_step, train as train_model, training_tokenizer,
 )
-from headprobe.options import add_output_options, add_seed_option
+from headprobe.options import add_output_options, add_seed_option, kept_line, out_as_it_was
 from headprobe.settings import ModelSettings, add_flags
 from headprobe.probe.checkpoint import NATIVE_WEIGHTS, save_native_state
 from headprobe.probe.hooks import format_head
@@ -240,10 +240,13 @@ def main(args: argparse.Namespace) -> int:
     cfg.model_config()  # layout errors before any work
     prepare_output_dir(args.out, args.overwrite, create=False)  # fail before training, leave nothing behind
     result = run(cfg, progress=True)
-    paths = result.save(args.out, overwrite=args.overwrite)
+    with out_as_it_was(args.out):
+        paths = result.save(args.out, overwrite=args.overwrite)
     out = Path(args.out)
     print(f"\n{result.report()}")
     print(f"wrote {len(paths)} files to {out}/ (headprobe scan --model {out} reads the checkpoint)")
+    if kept := kept_line(out):
+        print(kept)
     return 0
 
 

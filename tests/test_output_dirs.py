@@ -1,0 +1,160 @@
+"""An output directory holds one run: ``--overwrite`` replaces the previous run's files (and says which
+files it left), a run stopped while writing or failing leaves the directory as it was, and the
+message on SIGTERM says what is true for the command (issue 35, items 1, 2 and 15)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from headprobe.cli import main
+from headprobe.probe.io import CHECKPOINT_NAME, OUTPUTS_NAME
+
+SMALL = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "-k", "3", "--n-random", "2",
+         "--device", "cpu"]
+
+
+def _scan(tiny_dir, text_file, out, *extra):
+    return main(["scan", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), *SMALL, "--no-metrics", *extra])
+
+
+def _names(d):
+    return sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file())
+
+
+@pytest.mark.figures
+def test_overwrite_replaces_the_previous_runs_files_and_keeps_the_users(tiny_dir, text_file, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert _scan(tiny_dir, text_file, out, "--types", "induction,previous_token", "--html") == 0
+    first = set(_names(out))
+    assert any("previous_token" in n for n in first)
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert _scan(tiny_dir, text_file, out, "--types", "induction", "--overwrite") == 0
+    stdout = capsys.readouterr().out
+    # the reference: the same one-type scan into an empty directory
+    assert _scan(tiny_dir, text_file, tmp_path / "fresh", "--types", "induction") == 0
+    assert _names(out) == sorted([*_names(tmp_path / "fresh"), "notes.txt"])
+    assert not any("previous_token" in n for n in _names(out)) and not (out / "index.html").exists()
+    assert (out / "notes.txt").read_text() == "mine"
+    assert "kept 1 file not written by headprobe" in stdout and "notes.txt" in stdout
+    assert json.loads((out / "summary.json").read_text())["config"]["types"] == ["induction"]
+
+
+@pytest.mark.figures
+def test_sigterm_while_writing_leaves_the_previous_run_whole(tiny_dir, text_file, tmp_path, capsys, monkeypatch):
+    """Stopped after its table and before its figures, a ``--overwrite`` run leaves the folder as the
+    previous run wrote it: its summary.json beside its own head_scores.csv, not another run's; the
+    message starts on a line of its own and talks about scan, not about checkpoints."""
+    import headprobe.analyses.figures as figs
+
+    out = tmp_path / "o"
+    assert _scan(tiny_dir, text_file, out, "--seed", "1") == 0
+    before = {n: (out / n).read_bytes() for n in _names(out)}
+    real_save = figs.save_figure
+
+    def stop(fig, stem, *a, **k):  # the table is written by now
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_save(fig, stem, *a, **k)
+
+    monkeypatch.setattr(figs, "save_figure", stop)
+    capsys.readouterr()
+    assert _scan(tiny_dir, text_file, out, "--seed", "2", "--overwrite") == 143
+    err = capsys.readouterr().err
+    assert {n: (out / n).read_bytes() for n in _names(out)} == before
+    assert json.loads((out / "summary.json").read_text())["config"]["seed"] == 1
+    last = err.rstrip("\n").split("\n")[-1]
+    assert last.startswith("headprobe: terminated;") and "as it was before" in last
+    assert "ablate" not in last and "checkpoint" not in last
+
+
+def test_overwrite_with_a_file_list_from_an_older_headprobe(tmp_path):
+    """A directory written before headprobe recorded its files: the old summary and the names its
+    writers use are replaced; the user's files stay."""
+    from headprobe.analyses.outputs import write_outputs
+    from headprobe.probe.io import foreign_files
+
+    out = tmp_path / "o"
+    out.mkdir()
+    for name in ("summary.json", "head_scores.csv", "heatmap_previous_token.png", "index.html", "notes.txt"):
+        (out / name).write_text("old")
+    (out / "mine").mkdir()
+    with pytest.raises(Exception, match="--overwrite"):
+        write_outputs(out, False, summary={"run": 2}, tables={"head_scores.csv": "x\n"})
+    paths = write_outputs(out, True, summary={"run": 2}, tables={"head_scores.csv": "x\n"})
+    assert [p.name for p in paths] == ["head_scores.csv", "summary.json"]
+    assert _names(out) == [OUTPUTS_NAME, "head_scores.csv", "notes.txt", "summary.json"]
+    assert foreign_files(out) == ["mine", "notes.txt"]
+    assert json.loads((out / OUTPUTS_NAME).read_text()) == {"files": ["head_scores.csv", "summary.json"]}
+    # a third run replaces exactly what the second recorded, nested files and their folders included
+    write_outputs(out, True, summary={"run": 3}, extra=lambda d: [_write(d / "sub" / "a.txt")])
+    assert _names(out) == [OUTPUTS_NAME, "notes.txt", "sub/a.txt", "summary.json"]
+    write_outputs(out, True, summary={"run": 4})
+    assert _names(out) == [OUTPUTS_NAME, "notes.txt", "summary.json"] and not (out / "sub").exists()
+
+
+def _write(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("a")
+    return path
+
+
+@pytest.mark.figures
+def test_a_failure_while_writing_leaves_the_directory_as_it_was(tmp_path):
+    from headprobe.analyses.outputs import write_outputs
+
+    out = tmp_path / "o"
+    write_outputs(out, False, summary={"run": 1}, tables={"a.csv": "1\n"})
+    before = {n: (out / n).read_bytes() for n in _names(out)}
+
+    def broken():
+        raise RuntimeError("a figure failed")
+
+    with pytest.raises(RuntimeError):
+        write_outputs(out, True, summary={"run": 2}, tables={"b.csv": "2\n"}, figures={"f": broken})
+    assert {n: (out / n).read_bytes() for n in _names(out)} == before
+    assert sorted(p.name for p in out.iterdir()) == sorted(before)  # no staging folder left
+
+
+def _save_nan_llama(path, tokenizer):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, hidden_size=64,
+                      intermediate_size=128, vocab_size=101, max_position_embeddings=128, bos_token_id=100,
+                      eos_token_id=100, pad_token_id=100, attn_implementation="eager")
+    hf = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        hf.model.layers[1].self_attn.o_proj.weight[0, 0] = float("nan")  # offloaded: found only in a forward
+    hf.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_failed_device_map_run_leaves_no_folder(tmp_path, tiny_tokenizer, text_file, capsys):
+    """Item 2: the bridge on a sequential device map finds the NaN weight only after its sweeps saved
+    a checkpoint; the run fails in one line and leaves no folder (:func:`out_as_it_was` removes only
+    the checkpoints it added, so an existing folder stays as it was)."""
+    model = _save_nan_llama(tmp_path / "m", tiny_tokenizer)
+    args = ["--model", str(model), "--backend", "transformer-lens", "--device-map", "sequential",
+            "--max-memory", "cpu=250KB,disk=1GB", "--text", str(text_file), "--n-natural", "3", "--seq-len", "16",
+            "--n-repeated", "2", "--period", "6", "--device", "cpu"]
+    assert main(["ablate", "--out", str(tmp_path / "new"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("headprobe: error:") and "NaN" in err[-1]
+    assert not (tmp_path / "new").exists()
+
+
+def test_interrupted_resumable_run_says_it_resumes(tmp_path):
+    """The interruption message says what is in --out: a checkpoint (resume) or the folder as it was."""
+    from headprobe.cli import Terminated, _interrupted
+
+    (tmp_path / CHECKPOINT_NAME).write_text("{}")
+    line = _interrupted(Terminated(), str(tmp_path))
+    assert "resume" in line and str(tmp_path) in line and "\n" not in line
+    line = _interrupted(KeyboardInterrupt(), str(tmp_path / "none"))
+    assert line.startswith("headprobe: interrupted;") and "as it was before" in line
