@@ -24,7 +24,10 @@ from headprobe.probe.io import atomic_path
 COLUMN_WIDTH = 3.25  # inches: one column of a two-column paper
 PAGE_WIDTH = 6.75  # inches: both columns
 
-_RC = {"font.size": 7, "axes.titlesize": 7.5, "axes.labelsize": 7, "xtick.labelsize": 6, "ytick.labelsize": 6}
+_RC = {"font.size": 7, "axes.titlesize": 7.5, "axes.labelsize": 7, "xtick.labelsize": 6, "ytick.labelsize": 6,
+       "text.parse_math": False}
+"""``text.parse_math`` off: no figure here uses mathtext, and every label may carry data (tokens, prompts,
+model names), where two ``$`` would be parsed as mathtext (:func:`literal_text`)."""
 
 
 NOT_MEASURED_COLOR = "#bdbdbd"
@@ -33,9 +36,25 @@ also hatched (:data:`NOT_MEASURED_HATCH`), so they stay distinct in greyscale pr
 NOT_MEASURED_HATCH = "////"
 
 
-_SAVE_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt": "headprobe"}
+_SAVE_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt": "headprobe", "text.parse_math": False}
 """TrueType fonts in PDF/PS (matplotlib's default embeds Type 3 fonts, which camera-ready checks
-reject); a fixed salt for the ids in SVG files, so the same figure gives the same bytes."""
+reject); a fixed salt for the ids in SVG files, so the same figure gives the same bytes; no
+mathtext in the tick labels made while saving (:func:`literal_text`)."""
+
+
+def literal_text(fig: Figure) -> Figure:
+    """Draw every text of ``fig`` as written: matplotlib parses a text with two ``$`` as mathtext
+    (``$$x^2$$`` raises a ParseException, ``$x$`` becomes an italic x), and tokens, prompts and model
+    names reach titles, tick labels, annotations and legends. No figure here uses mathtext, so it is
+    switched off for the whole figure (``Text.set_parse_math(False)``) rather than escaped label by
+    label: a text added by a caller after the figure function is covered too. Called on every
+    figure function's result (:func:`_styled`) and again before saving (:func:`save_figure`), whose
+    ``rc_context`` covers the tick labels matplotlib makes while drawing."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        text.set_parse_math(False)
+    return fig
 
 FORMATS = FIGURE_FORMATS
 """What :func:`save_figure` writes: a PNG (300 dpi) to look at, a PDF and an SVG for the paper
@@ -52,7 +71,7 @@ def _styled(draw):
         import matplotlib
 
         with matplotlib.rc_context(_RC):
-            return _wrap_titles(draw(*args, **kwargs))
+            return _wrap_titles(literal_text(draw(*args, **kwargs)))
 
     return styled
 
@@ -710,6 +729,7 @@ def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
     # no creation date in PDF and SVG: the same run gives the same bytes (clean diffs of figures/)
     metadata = {"pdf": {"CreationDate": None}, "svg": {"Date": None}}
     paths = []
+    literal_text(fig)
     engine = fig.get_layout_engine()
     try:
         for i, ext in enumerate(figure_formats()):
