@@ -289,6 +289,11 @@ def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | 
     return fig
 
 
+PATTERN_CMAP = "viridis"
+"""The colour map of attention weights in [0, 1], in :func:`pattern_plot` and in the HTML viewer's
+pattern (:mod:`headprobe.analyses.viewer`), so that a head looks the same in both; masked future
+keys in :data:`NOT_MEASURED_COLOR` in both."""
+
 MAX_TICK_LABELS = 40
 """A pattern plot labels every token up to this many positions per axis, else every n-th (still real tokens)."""
 
@@ -327,7 +332,7 @@ def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: 
         pattern[future] = np.nan
     fig = _figure(COLUMN_WIDTH, COLUMN_WIDTH * 0.95)
     ax = fig.add_subplot()
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad=NOT_MEASURED_COLOR)
+    cmap = matplotlib.colormaps[PATTERN_CMAP].with_extremes(bad=NOT_MEASURED_COLOR)
     im = ax.imshow(pattern, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
     n = max(len(rows), len(cols))
     step = 1 if n <= MAX_TICK_LABELS else int(np.ceil(n / 16))  # "token (position)" labels are long: fewer
