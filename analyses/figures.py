@@ -100,6 +100,7 @@ def _wrap_titles(fig: Figure) -> Figure:
 def _wrap_to_room(texts, renderer, width: float) -> bool:
     """Break each of ``texts`` that reaches past the figure's edges at spaces (see :func:`_wrap_titles`);
     True when one was broken (the layout then changes)."""
+    import re
     import textwrap
 
     changed = False
@@ -114,7 +115,10 @@ def _wrap_to_room(texts, renderer, width: float) -> bool:
         for line in text.get_text().split("\n"):
             text.set_text(line)
             w = text.get_window_extent(renderer).width
-            lines += [line] if w <= room else textwrap.wrap(line, max(12, int(len(line) * room / w)))
+            width = max(12, int(len(line) * room / w))
+            # a parenthesis shorter than a line stays whole: "(sink 4,\nwindow 64)" read as two thoughts
+            kept = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\0") if len(m.group(0)) <= width else m.group(0), line)
+            lines += [line] if w <= room else [part.replace("\0", " ") for part in textwrap.wrap(kept, width)]
         text.set_text("\n".join(lines))
     return changed
 
@@ -422,7 +426,7 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
         ax.axhline(0, color="black", lw=0.5)
         tested = any(r.get("tested") for r in by_type.values())
         ax.set_ylabel(f"{kind} ablation{' (tested)' if tested else ' (reported)'}\n" +
-                      ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine" else "Δ loss (nats)"))
+                      ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine" else "Δ loss (nats/token)"))
     handles = [Line2D([], [], ls="", marker="D", ms=4, color=blue, label=f"top-{k} heads (bars: 95% CI over sequences)"),
                Line2D([], [], ls="", marker="o", ms=2, color=grey, label=f"control sets of {k} random heads (n sets)"),
                Line2D([], [], color="black", lw=0.9, label="largest control effect")]
@@ -803,7 +807,7 @@ def per_layer_plot(layers: np.ndarray, clean: float, best_only: np.ndarray, wors
     for x, y, h in zip(layers, best_only, best_head):
         ax.annotate(str(int(h)), (x, y), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=4.5, color="#0072B2")
     ax.set_xlabel("layer")
-    ax.set_ylabel("held-out text loss (nats)")
+    ax.set_ylabel("held-out text loss (nats/token)")
     ax.set_title(title)
     ax.grid(alpha=0.3, lw=0.4)
     ax.legend(frameon=False, fontsize=5.5)

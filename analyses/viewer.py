@@ -332,6 +332,7 @@ def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = No
                   *[_round(getattr(r, c)) for c in columns]] for r in table.itertuples(index=False)],
         "verdicts": _verdicts(summary) if verdicts else None,
         "warnings": list((summary or {}).get("warnings", [])),
+        "notes": list((summary or {}).get("notes", [])),  # what a column means on this page (headprobe show)
         "selected": (summary or {}).get("selected_head"),  # a head to open the page on (headprobe show)
         "colormaps": {name: _colormap(name) for name in sorted({m["cmap"] for m in maps} | {PATTERN_CMAP})},
         "pattern_cmap": PATTERN_CMAP, "masked_color": NOT_MEASURED_COLOR,  # the pattern as pattern_plot draws it

@@ -398,3 +398,11 @@ def test_dollar_signs_in_tokens_and_titles_are_drawn_as_written(tmp_path):
     heat = figs.head_heatmap(np.zeros((2, 3)), "$induction$ on $$text$$")
     heat.savefig(io.BytesIO(), format="png")
     assert heat.axes[0].get_title() == "$induction$ on $$text$$"
+
+
+def test_a_title_breaks_outside_parentheses():
+    """kv_curve.png's title broke "(sink 4,\\nwindow 64)"; a parenthesis that fits a line stays whole."""
+    fig = figs.kv_policy_curve([{"policy": "chosen", "budget": 1, "kv_fraction": 0.5, "natural_loss_increase": 0.1,
+                                 "copy_accuracy": 0.9}], "smollm2-135m: KV policy at 4096 tokens (sink 4, window 64)")
+    title = fig.axes[0].get_title()
+    assert "\n" in title and "(sink 4, window 64)" in title.split("\n")[-1]

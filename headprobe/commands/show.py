@@ -121,7 +121,7 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     table, notes = head_table(spec, scores, patterns["prompt"], n)
     summary = {"model": spec.name, "weights_precision": spec.precision,
                "layout": {"n_layers": spec.n_layers, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads},
-               "selected_head": name, "warnings": notes}
+               "selected_head": name, "notes": notes}
     patterns["prompt"]["label"] = f"your prompt ({n} tokens)" if n == shown else f"your prompt (first {shown} of {n} tokens)"
     page = build_page(table, summary, patterns, title=f"{spec.name}: head {name} on your prompt", verdicts=False)
     write_text(out / "index.html", page)
@@ -133,7 +133,7 @@ def head_table(spec, scores: dict, prompt: dict, n: int) -> tuple[object, list[s
     the model (a decoder has no next-token or last-token column: encoder-only types), and the
     duplicate-token and induction scores wherever the prompt's tokens repeat
     (:func:`~headprobe.analyses.detectors.text_repeat_scores`, on the tokens the page keeps); with
-    the notes the page shows above it (what those two mean here, or why they are empty)."""
+    the notes the page shows under its heading (what those two mean here, or why they are empty)."""
     import numpy as np
     import pandas as pd
     import torch
