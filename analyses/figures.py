@@ -822,11 +822,13 @@ _CIRCUIT_BEND = {"q": 0.08, "k": 0.22, "v": 0.36, "logits": 0.15}
 
 @_styled
 def circuit_graph(edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None, str, float]], n_layers: int, n_heads: int,
-                  title: str, score_label: str) -> Figure:
+                  title: str, score_label: str, checked: Sequence[bool] | None = None) -> Figure:
     """The top edges of a circuit as a graph: each head a node at (head, layer), the logits one node
     above the last layer, each edge ``(sender, receiver or None, input, score)`` an arrow from the
     sender to the receiver coloured by the receiver's input (:data:`CIRCUIT_INPUT_COLORS`), its width
-    proportional to ``|score|``, dashed where the score is negative.
+    proportional to ``|score|``, dashed where the score is negative. ``checked`` (one bool per edge):
+    the edges whose effect exact path patching measured, drawn with a black outline and counted in
+    the legend ("outlined: ...").
 
     Raises:
         ValueError: no edges.
@@ -846,11 +848,16 @@ def circuit_graph(edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None,
         ax.scatter([x], [y], s=60 if node is None else 30, color="#333333", zorder=3)
         ax.annotate("logits" if node is None else format_head(node), (x, y), xytext=(0, 5) if node is None else (4, 3),
                     textcoords="offset points", fontsize=5.5, zorder=4, ha="center" if node is None else "left")
-    for sender, receiver, inp, score in sorted(edges, key=lambda e: abs(e[3])):
+    import matplotlib.patheffects as pe
+
+    checked = [False] * len(edges) if checked is None else list(checked)
+    for (sender, receiver, inp, score), ok in sorted(zip(edges, checked), key=lambda e: abs(e[0][3])):
+        width = 0.4 + 2.6 * abs(score) / top
         arrow = FancyArrowPatch(where(sender), where(receiver), arrowstyle="-|>", mutation_scale=6,
                                 connectionstyle=f"arc3,rad={_CIRCUIT_BEND[inp]}", color=CIRCUIT_INPUT_COLORS[inp],
-                                linewidth=0.4 + 2.6 * abs(score) / top, linestyle="--" if score < 0 else "-",
-                                alpha=0.85, zorder=2)
+                                linewidth=width, linestyle="--" if score < 0 else "-",
+                                alpha=0.85, zorder=2.5 if ok else 2,
+                                path_effects=[pe.Stroke(linewidth=width + 1.4, foreground="black"), pe.Normal()] if ok else None)
         ax.add_patch(arrow)
     lowest = min(e[0][0] for e in edges)
     ax.set_xlim(-0.8, n_heads - 0.2)
@@ -865,6 +872,8 @@ def circuit_graph(edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None,
         [t for t in matplotlib.ticker.MaxNLocator(integer=True).tick_values(max(0, lowest - 1), n_layers - 1) if t < n_layers]))
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     handles.append(Line2D([], [], color="none", label=f"width: |{score_label}|, largest {top:.3g}"))
+    handles.append(Line2D([], [], color="#666666", lw=1.5, path_effects=[pe.Stroke(linewidth=2.9, foreground="black"), pe.Normal()],
+                          label=f"outlined: checked by path patching ({sum(checked)} of {len(edges)})"))
     fig.legend(handles=handles, loc="outside lower center", fontsize=5, frameon=False, ncols=2)
     return fig
 

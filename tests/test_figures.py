@@ -406,3 +406,12 @@ def test_a_title_breaks_outside_parentheses():
                                  "copy_accuracy": 0.9}], "smollm2-135m: KV policy at 4096 tokens (sink 4, window 64)")
     title = fig.axes[0].get_title()
     assert "\n" in title and "(sink 4, window 64)" in title.split("\n")[-1]
+
+
+def test_circuit_graph_outlines_the_edges_path_patching_checked():
+    edges = [((1, 0), (2, 1), "k", 0.5), ((0, 1), None, "logits", -0.2), ((0, 0), (1, 1), "v", 0.1)]
+    fig = figs.circuit_graph(edges, 3, 2, "t", "EAP score", checked=[True, False, True])
+    arrows = [p for p in fig.axes[0].patches if p.get_path_effects()]
+    assert len(arrows) == 2 and len(fig.axes[0].patches) == 3
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "outlined: checked by path patching (2 of 3)" in labels
