@@ -126,9 +126,25 @@ _COLOR = "#0072B2"  # Okabe-Ito blue
 _GREY = "#9e9e9e"
 
 
-def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str], show_labels: bool) -> None:
+def _marker_area(score: np.ndarray | float, scale: float) -> np.ndarray | float:
+    """A top-k marker's area (points^2) for ``|score|`` on the panel's ``scale``: 6 to 36."""
+    return 6 + 30 * np.clip(np.abs(score) / scale, 0, 1)
+
+
+def _size_key(scales: Sequence[float]) -> list:
+    """Legend entries for the marker area: three scores with their markers' sizes (the panels' one
+    scale; fractions of each panel's largest score where the panels' scales differ)."""
+    one = len(set(scales)) == 1
+    scale = scales[0] if one else 1.0
+    return [Line2D([], [], marker="o", ls="", color=_COLOR, markersize=float(np.sqrt(_marker_area(v, 1.0))),
+                   label=(f"score {v * scale:g}" if one else f"{v:g} x the panel's largest score"))
+            for v in (0.1, 0.5, 1.0)]
+
+
+def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str], show_labels: bool) -> float:
     """One type across the models: row per model, x = relative depth; every head a faint tick,
-    the top-k heads marked by verdict, their size by score."""
+    the top-k heads marked by verdict, their size by score (:func:`_marker_area`). Returns the
+    score scale of the sizes."""
     col = _rank_column(head_type)
     # marker size on one scale for every model (scores in [0, 1] as they are), so a model whose best
     # head scores 0.01 does not get the markers of one whose best scores 0.9
@@ -153,7 +169,7 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
             sel = top & (m[f"{head_type}_verdict"].to_numpy() == verdict)
             if not sel.any():
                 continue
-            sizes = 6 + 30 * np.clip(np.abs(score[sel]) / scale, 0, 1)
+            sizes = _marker_area(score[sel], scale)
             if style["filled"]:
                 ax.scatter(x[sel], np.full(sel.sum(), y), s=sizes, marker=style["marker"], color=_COLOR, lw=0.8, zorder=3)
             else:
@@ -166,6 +182,7 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
     ax.set_xticks([0, 0.5, 1], ["0", "", "1"])
     ax.set_xlabel(DEPTH_LABEL)
     ax.set_title(head_type.replace("_", "-"))
+    return scale
 
 
 def _legend_handles() -> list:
@@ -189,9 +206,10 @@ def depth_plot(table: pd.DataFrame, head_type: str) -> Figure:
     labels = model_labels(table)
     fig = _figure(COLUMN_WIDTH, 0.9 + 0.28 * len(labels))
     ax = fig.subplots()
-    _depth_panel(ax, table, head_type, labels, show_labels=True)
+    scale = _depth_panel(ax, table, head_type, labels, show_labels=True)
     ax.set_title(f"{head_type.replace('_', '-')} heads across models")
-    fig.legend(handles=_legend_handles()[:4], loc="outside lower center", ncol=2, frameon=False, fontsize=5.5)
+    fig.legend(handles=_legend_handles()[:4] + _size_key([scale]), loc="outside lower center", ncol=2, frameon=False,
+               fontsize=5.5, title="marker area: score", title_fontsize=5.5)
     return fig
 
 
@@ -204,13 +222,15 @@ def atlas_overview(table: pd.DataFrame, title: str = "Head atlas", ncols: int = 
     nrows = -(-len(types) // ncols)
     fig = _figure(PAGE_WIDTH, 0.6 + nrows * (0.55 + 0.22 * len(labels)))
     axes = np.atleast_2d(fig.subplots(nrows, ncols, sharey=True, squeeze=False))
+    scales = []
     for i, ax in enumerate(axes.flat):
         if i >= len(types):
             ax.set_axis_off()
             continue
-        _depth_panel(ax, table, types[i], labels, show_labels=i % ncols == 0)
+        scales.append(_depth_panel(ax, table, types[i], labels, show_labels=i % ncols == 0))
         ax.set_xlabel("")
-    fig.legend(handles=_legend_handles(), loc="outside lower center", ncol=3, frameon=False, fontsize=6)
+    fig.legend(handles=_legend_handles()[:4] + _size_key(scales), loc="outside lower center", ncol=2, frameon=False,
+               fontsize=6, title=_legend_handles()[4].get_label(), title_fontsize=6)
     fig.suptitle(title)
     return fig
 

@@ -227,6 +227,41 @@ def _stats(name: str) -> Callable:
     return score
 
 
+def text_repeat_scores(pattern: Float[Tensor, "... q_pos k_pos"], ids: Int[Tensor, "pos"],
+                       start: int) -> dict[str, Float[Tensor, "..."]]:
+    """Duplicate-token and induction scores on any text (``headprobe show``'s prompt), where the
+    tokens repeat wherever they happen to, not in one block: for each query ``q >= start`` whose
+    token occurred at earlier positions ``start <= j < q``, the attention on those ``j``
+    (duplicate-token) and on the tokens right after them, ``j + 1 < q`` (induction), averaged over
+    the queries that have such keys. On ``[BOS] r_1..r_S r_1..r_S`` of distinct tokens this is
+    :func:`duplicate_token_score` and :func:`induction_score` (one earlier occurrence per query of
+    the repeat). NaN where no query has such keys (no token repeats). Source: TransformerLens'
+    ``detect_head`` detection patterns, built from token equality the same way (it divides by all
+    queries; see the module's notes).
+
+    Args:
+        pattern: attention weights ``[..., q_pos, k_pos]`` (e.g. ``[layer, head, pos, pos]``).
+        ids: the token ids ``[pos]``. start: the first position that is not BOS.
+
+    Returns:
+        ``{"duplicate_token": [...], "induction": [...]}``, float32, one score per leading index.
+    """
+    n = ids.shape[0]
+    if pattern.shape[-2:] != (n, n):
+        raise ValueError(f"pattern {tuple(pattern.shape)} does not match {n} tokens")
+    pos = torch.arange(n)
+    kept = pos >= start
+    dup = (ids[:, None] == ids[None, :]) & (pos[None, :] < pos[:, None]) & kept[:, None] & kept[None, :]
+    ind = torch.zeros_like(dup)
+    ind[:, 1:] = dup[:, :-1] & (pos[None, 1:] < pos[:, None])  # the key after each earlier occurrence, before q
+    out = {}
+    for name, mask in (("duplicate_token", dup), ("induction", ind)):
+        rows = mask.any(dim=1)
+        on = (pattern.float() * mask.to(pattern.device)).sum(dim=-1)[..., rows.to(pattern.device)]
+        out[name] = on.mean(dim=-1) if rows.any() else torch.full(pattern.shape[:-2], float("nan"))
+    return out
+
+
 def _positional(p: Pattern, period: int | None, start: int) -> dict[str, Tensor]:
     return dict(zip(("positional_offset", "positional_fraction"), positional_score(p)))
 

@@ -25,7 +25,10 @@ from headprobe.probe.io import atomic_path
 COLUMN_WIDTH = 3.25  # inches: one column of a two-column paper
 PAGE_WIDTH = 6.75  # inches: both columns
 
-_RC = {"font.size": 7, "axes.titlesize": 7.5, "axes.labelsize": 7, "xtick.labelsize": 6, "ytick.labelsize": 6}
+_RC = {"font.size": 7, "axes.titlesize": 7.5, "axes.labelsize": 7, "xtick.labelsize": 6, "ytick.labelsize": 6,
+       "text.parse_math": False}
+"""``text.parse_math`` off: no figure here uses mathtext, and every label may carry data (tokens, prompts,
+model names), where two ``$`` would be parsed as mathtext (:func:`literal_text`)."""
 
 
 NOT_MEASURED_COLOR = "#bdbdbd"
@@ -34,9 +37,25 @@ also hatched (:data:`NOT_MEASURED_HATCH`), so they stay distinct in greyscale pr
 NOT_MEASURED_HATCH = "////"
 
 
-_SAVE_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt": "headprobe"}
+_SAVE_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt": "headprobe", "text.parse_math": False}
 """TrueType fonts in PDF/PS (matplotlib's default embeds Type 3 fonts, which camera-ready checks
-reject); a fixed salt for the ids in SVG files, so the same figure gives the same bytes."""
+reject); a fixed salt for the ids in SVG files, so the same figure gives the same bytes; no
+mathtext in the tick labels made while saving (:func:`literal_text`)."""
+
+
+def literal_text(fig: Figure) -> Figure:
+    """Draw every text of ``fig`` as written: matplotlib parses a text with two ``$`` as mathtext
+    (``$$x^2$$`` raises a ParseException, ``$x$`` becomes an italic x), and tokens, prompts and model
+    names reach titles, tick labels, annotations and legends. No figure here uses mathtext, so it is
+    switched off for the whole figure (``Text.set_parse_math(False)``) rather than escaped label by
+    label: a text added by a caller after the figure function is covered too. Called on every
+    figure function's result (:func:`_styled`) and again before saving (:func:`save_figure`), whose
+    ``rc_context`` covers the tick labels matplotlib makes while drawing."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        text.set_parse_math(False)
+    return fig
 
 FORMATS = FIGURE_FORMATS
 """What :func:`save_figure` writes: a PNG (300 dpi) to look at, a PDF and an SVG for the paper
@@ -53,7 +72,7 @@ def _styled(draw):
         import matplotlib
 
         with matplotlib.rc_context(_RC):
-            return _wrap_titles(draw(*args, **kwargs))
+            return _wrap_titles(literal_text(draw(*args, **kwargs)))
 
     return styled
 
@@ -82,6 +101,7 @@ def _wrap_titles(fig: Figure) -> Figure:
 def _wrap_to_room(texts, renderer, width: float) -> bool:
     """Break each of ``texts`` that reaches past the figure's edges at spaces (see :func:`_wrap_titles`);
     True when one was broken (the layout then changes)."""
+    import re
     import textwrap
 
     changed = False
@@ -96,7 +116,10 @@ def _wrap_to_room(texts, renderer, width: float) -> bool:
         for line in text.get_text().split("\n"):
             text.set_text(line)
             w = text.get_window_extent(renderer).width
-            lines += [line] if w <= room else textwrap.wrap(line, max(12, int(len(line) * room / w)))
+            width = max(12, int(len(line) * room / w))
+            # a parenthesis shorter than a line stays whole: "(sink 4,\nwindow 64)" read as two thoughts
+            kept = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\0") if len(m.group(0)) <= width else m.group(0), line)
+            lines += [line] if w <= room else [part.replace("\0", " ") for part in textwrap.wrap(kept, width)]
         text.set_text("\n".join(lines))
     return changed
 
@@ -271,6 +294,11 @@ def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | 
     return fig
 
 
+PATTERN_CMAP = "viridis"
+"""The colour map of attention weights in [0, 1], in :func:`pattern_plot` and in the HTML viewer's
+pattern (:mod:`headprobe.analyses.viewer`), so that a head looks the same in both; masked future
+keys in :data:`NOT_MEASURED_COLOR` in both."""
+
 MAX_TICK_LABELS = 40
 """A pattern plot labels every token up to this many positions per axis, else every n-th (still real tokens)."""
 
@@ -309,7 +337,7 @@ def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: 
         pattern[future] = np.nan
     fig = _figure(COLUMN_WIDTH, COLUMN_WIDTH * 0.95)
     ax = fig.add_subplot()
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad=NOT_MEASURED_COLOR)
+    cmap = matplotlib.colormaps[PATTERN_CMAP].with_extremes(bad=NOT_MEASURED_COLOR)
     im = ax.imshow(pattern, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
     n = max(len(rows), len(cols))
     step = 1 if n <= MAX_TICK_LABELS else int(np.ceil(n / 16))  # "token (position)" labels are long: fewer
@@ -402,7 +430,7 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
         ax.axhline(0, color="black", lw=0.5)
         tested = any(r.get("tested") for r in by_type.values())
         ax.set_ylabel(f"{kind} ablation{' (tested)' if tested else ' (reported)'}\n" +
-                      ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine" else "Δ loss (nats)"))
+                      ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine" else "Δ loss (nats/token)"))
     handles = [Line2D([], [], ls="", marker="D", ms=4, color=blue, label=f"top-{k} heads (bars: 95% CI over sequences)"),
                Line2D([], [], ls="", marker="o", ms=2, color=grey,
                       label=f"control sets of {k} random heads (g/n reached: g of n sets\nreached the top-k Δ; "
@@ -717,6 +745,7 @@ def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
     # no creation date in PDF and SVG: the same run gives the same bytes (clean diffs of figures/)
     metadata = {"pdf": {"CreationDate": None}, "svg": {"Date": None}}
     paths = []
+    literal_text(fig)
     engine = fig.get_layout_engine()
     try:
         for i, ext in enumerate(figure_formats()):
@@ -785,7 +814,7 @@ def per_layer_plot(layers: np.ndarray, clean: float, best_only: np.ndarray, wors
     for x, y, h in zip(layers, best_only, best_head):
         ax.annotate(str(int(h)), (x, y), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=4.5, color="#0072B2")
     ax.set_xlabel("layer")
-    ax.set_ylabel("held-out text loss (nats)")
+    ax.set_ylabel("held-out text loss (nats/token)")
     ax.set_title(title)
     ax.grid(alpha=0.3, lw=0.4)
     ax.legend(frameon=False, fontsize=5.5)
@@ -800,11 +829,13 @@ _CIRCUIT_BEND = {"q": 0.08, "k": 0.22, "v": 0.36, "logits": 0.15}
 
 @_styled
 def circuit_graph(edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None, str, float]], n_layers: int, n_heads: int,
-                  title: str, score_label: str) -> Figure:
+                  title: str, score_label: str, checked: Sequence[bool] | None = None) -> Figure:
     """The top edges of a circuit as a graph: each head a node at (head, layer), the logits one node
     above the last layer, each edge ``(sender, receiver or None, input, score)`` an arrow from the
     sender to the receiver coloured by the receiver's input (:data:`CIRCUIT_INPUT_COLORS`), its width
-    proportional to ``|score|``, dashed where the score is negative.
+    proportional to ``|score|``, dashed where the score is negative. ``checked`` (one bool per edge):
+    the edges whose effect exact path patching measured, drawn with a black outline and counted in
+    the legend ("outlined: ...").
 
     Raises:
         ValueError: no edges.
@@ -824,11 +855,16 @@ def circuit_graph(edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None,
         ax.scatter([x], [y], s=60 if node is None else 30, color="#333333", zorder=3)
         ax.annotate("logits" if node is None else format_head(node), (x, y), xytext=(0, 5) if node is None else (4, 3),
                     textcoords="offset points", fontsize=5.5, zorder=4, ha="center" if node is None else "left")
-    for sender, receiver, inp, score in sorted(edges, key=lambda e: abs(e[3])):
+    import matplotlib.patheffects as pe
+
+    checked = [False] * len(edges) if checked is None else list(checked)
+    for (sender, receiver, inp, score), ok in sorted(zip(edges, checked), key=lambda e: abs(e[0][3])):
+        width = 0.4 + 2.6 * abs(score) / top
         arrow = FancyArrowPatch(where(sender), where(receiver), arrowstyle="-|>", mutation_scale=6,
                                 connectionstyle=f"arc3,rad={_CIRCUIT_BEND[inp]}", color=CIRCUIT_INPUT_COLORS[inp],
-                                linewidth=0.4 + 2.6 * abs(score) / top, linestyle="--" if score < 0 else "-",
-                                alpha=0.85, zorder=2)
+                                linewidth=width, linestyle="--" if score < 0 else "-",
+                                alpha=0.85, zorder=2.5 if ok else 2,
+                                path_effects=[pe.Stroke(linewidth=width + 1.4, foreground="black"), pe.Normal()] if ok else None)
         ax.add_patch(arrow)
     lowest = min(e[0][0] for e in edges)
     ax.set_xlim(-0.8, n_heads - 0.2)
@@ -843,6 +879,8 @@ def circuit_graph(edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None,
         [t for t in matplotlib.ticker.MaxNLocator(integer=True).tick_values(max(0, lowest - 1), n_layers - 1) if t < n_layers]))
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     handles.append(Line2D([], [], color="none", label=f"width: |{score_label}|, largest {top:.3g}"))
+    handles.append(Line2D([], [], color="#666666", lw=1.5, path_effects=[pe.Stroke(linewidth=2.9, foreground="black"), pe.Normal()],
+                          label=f"outlined: checked by path patching ({sum(checked)} of {len(edges)})"))
     fig.legend(handles=handles, loc="outside lower center", fontsize=5, frameon=False, ncols=2)
     return fig
 

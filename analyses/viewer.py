@@ -303,6 +303,8 @@ def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = No
         ValueError: neither table given, tables of different head layouts, or patterns whose
             layer/head counts disagree with the table's.
     """
+    from headprobe.analyses.figures import NOT_MEASURED_COLOR, PATTERN_CMAP  # the PNG's pattern colours
+
     tables = [t for t in (scores, ablation) if t is not None]
     if not tables:
         raise ValueError("nothing to show: need head_scores.csv (scan) or head_ablation.csv (ablate)")
@@ -333,8 +335,10 @@ def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = No
                   *[_round(getattr(r, c)) for c in columns]] for r in table.itertuples(index=False)],
         "verdicts": _verdicts(summary) if verdicts else None,
         "warnings": list((summary or {}).get("warnings", [])),
+        "notes": list((summary or {}).get("notes", [])),  # what a column means on this page (headprobe show)
         "selected": (summary or {}).get("selected_head"),  # a head to open the page on (headprobe show)
-        "colormaps": {name: _colormap(name) for name in sorted({m["cmap"] for m in maps} | {"viridis", "Blues"})},
+        "colormaps": {name: _colormap(name) for name in sorted({m["cmap"] for m in maps} | {PATTERN_CMAP})},
+        "pattern_cmap": PATTERN_CMAP, "masked_color": NOT_MEASURED_COLOR,  # the pattern as pattern_plot draws it
         "patterns": {},
         "circuit": _checked_circuit(circuit, n_layers, n_heads),
     }

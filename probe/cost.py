@@ -655,6 +655,11 @@ PRESETS: dict[str, AttentionLayout] = {
     # meta-llama/Meta-Llama-3-8B config.json: hidden_size 4096, num_hidden_layers 32,
     # num_attention_heads 32, num_key_value_heads 8, attention_bias false; bf16.
     "llama3-8b": AttentionLayout(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, name="Llama 3 8B"),
+    # mistralai/Mistral-7B-v0.1 config.json: hidden_size 4096, num_hidden_layers 32,
+    # num_attention_heads 32, num_key_value_heads 8 (d_head 128), sliding_window 4096 on every
+    # layer (Jiang et al. 2023, arXiv:2310.06825, table 1), no attention bias.
+    "mistral-7b": AttentionLayout(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, windows=(4096,) * 32,
+                                  name="Mistral 7B"),
     # Qwen/Qwen2.5-7B config.json: hidden_size 3584, num_hidden_layers 28,
     # num_attention_heads 28, num_key_value_heads 4 (d_head 128); biases on q, k, v only.
     "qwen2.5-7b": AttentionLayout(d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, bias="qkv", name="Qwen2.5-7B"),

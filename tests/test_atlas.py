@@ -5,6 +5,7 @@ resuming, and snapshots that reload as the model they were taken from."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import re
 
 import numpy as np
@@ -243,3 +244,19 @@ def test_atlas_over_checkpoints_is_in_step_order(train_run, tmp_path):
                          n_random=2, pattern_len=0, device="cpu", types="induction,previous_token").table
     got = result.table[result.table["step"] == 3].reset_index(drop=True)
     np.testing.assert_allclose(got["induction"].to_numpy(float), ref["induction"].to_numpy(float), atol=1e-5)  # atlas.csv keeps 5 decimals
+
+
+@pytest.mark.figures
+def test_atlas_overview_has_a_key_for_marker_size():
+    """The top-k markers' area encodes the score; the legend gives three scores at their markers' sizes."""
+    import numpy as np
+    from headprobe.analyses import atlas
+
+    table = pd.read_csv(Path(__file__).resolve().parents[1] / "figures" / "atlas" / "atlas.csv")
+    fig = atlas.atlas_overview(table)
+    legend = fig.legends[0]
+    sizes = {t.get_text(): h.get_markersize() for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    for v in (0.1, 0.5, 1.0):
+        assert sizes[f"score {v:g}"] ** 2 == pytest.approx(6 + 30 * v)  # scatter's s: area in points^2
+    drawn = [c for ax in fig.axes for c in ax.collections if len(c.get_sizes()) and c.get_sizes().max() > 6]
+    assert drawn and max(c.get_sizes().max() for c in drawn) <= 36 + 1e-9

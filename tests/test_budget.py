@@ -127,7 +127,7 @@ def test_presets_match_the_lesson_table():
         "transformer-base": (512, 8, 64, None), "gpt2-small": (768, 12, 64, None),
         "gpt3-175b": (12288, 96, 128, None), "llama3-8b": (4096, 32, 128, 8),
         "qwen2.5-7b": (3584, 28, 128, 4), "deepseek-v3": (7168, 128, 128, None),
-        "kimi-k2": (7168, 64, 128, None), "smollm2-135m": (576, 9, 64, 3),
+        "kimi-k2": (7168, 64, 128, None), "smollm2-135m": (576, 9, 64, 3), "mistral-7b": (4096, 32, 128, 8),
     }
     assert set(table) == set(cost.PRESETS)
     for name, (d, h, dh, kv) in table.items():

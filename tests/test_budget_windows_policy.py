@@ -121,3 +121,23 @@ def test_bad_policy_files_are_one_line_errors(tmp_path, capsys, edit, message):
     code = main(["budget", "--d-model", "32", "--n-layers", "2", "--n-heads", "4", "--n-kv-heads", "2", "--policy", str(path)])
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_mistral_7b_preset_is_its_published_layout_and_prints_no_global_layer(capsys):
+    """Mistral-7B-v0.1's config.json: 32 layers of 32 query heads and 8 KV heads of 128, sliding
+    window 4096 on every layer. With no global layer, the text report has no "global layer" rows
+    (they described a layer the model does not have)."""
+    lay = cost.preset("mistral-7b")
+    assert (lay.d_model, lay.n_layers, lay.n_heads, lay.n_kv_heads, lay.d_head, lay.bias) == (4096, 32, 32, 8, 128, "none")
+    assert lay.windows == tuple([4096] * 32)
+    by_flags = budget_json(capsys, *MISTRAL, "--sliding-window", "4096", "--seq-len", "32768")
+    by_preset = budget_json(capsys, "--preset", "mistral-7b", "--seq-len", "32768")
+    strip = lambda r: {k: v for k, v in r.items() if k != "layout"}
+    assert strip(by_preset) == strip(by_flags) and by_preset["n_global_layers"] == 0
+    assert main(["budget", "--preset", "mistral-7b", "--seq-len", "32768"]) == 0
+    text = capsys.readouterr().out
+    assert "global layer" not in text and "[batch, head, T, T]" not in text
+    assert "window 4,096" in text and "512 MiB" in text
+    # a layout with global layers keeps them, named as such
+    assert main(["budget", *MISTRAL, "--sliding-window", "4096", "--global-every", "2", "--seq-len", "32768"]) == 0
+    assert capsys.readouterr().out.count("global layer") == 4

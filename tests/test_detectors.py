@@ -142,3 +142,36 @@ def test_length_one_is_a_clear_error():
         previous_token_score(torch.ones(1, 1, 1, 1))
     with pytest.raises(HeadprobeError):
         offset_score(torch.ones(1, 1, 3, 3), offset=5, first_query=5)
+
+
+def test_text_repeat_scores_equal_a_loop_and_the_block_scores_on_a_repeat():
+    """``show``'s duplicate-token and induction scores on any text: a plain loop over queries and
+    earlier occurrences; on ``[BOS] r r`` of distinct tokens, the scan's block-repeat scores."""
+    from headprobe.analyses.detectors import duplicate_token_score, induction_score, text_repeat_scores
+
+    g = torch.Generator().manual_seed(0)
+    T = 12
+    pattern = torch.rand(2, 3, T, T, generator=g).tril()
+    pattern /= pattern.sum(-1, keepdim=True)
+    ids = torch.tensor([0, 5, 6, 5, 7, 5, 6, 8, 9, 7, 7, 1])
+    got = text_repeat_scores(pattern, ids, start=1)
+    for name, after in (("duplicate_token", 0), ("induction", 1)):
+        ref = torch.zeros(2, 3)
+        for a in range(2):
+            for h in range(3):
+                per_query = []
+                for q in range(1, T):
+                    keys = [j + after for j in range(1, q) if ids[j] == ids[q] and j + after < q]
+                    if keys:
+                        per_query.append(sum(float(pattern[a, h, q, k]) for k in keys))
+                ref[a, h] = sum(per_query) / len(per_query)
+        torch.testing.assert_close(got[name], ref, rtol=1e-5, atol=1e-6)
+    S = 5
+    block = torch.tensor([0, *range(10, 10 + S), *range(10, 10 + S)])
+    pat = torch.rand(1, 3, 2 * S + 1, 2 * S + 1, generator=g).tril()
+    pat /= pat.sum(-1, keepdim=True)
+    got = text_repeat_scores(pat[0], block, start=1)
+    torch.testing.assert_close(got["duplicate_token"], duplicate_token_score(pat, S, 1))
+    torch.testing.assert_close(got["induction"], induction_score(pat, S, 1))
+    none = text_repeat_scores(pat[0], torch.arange(2 * S + 1), start=1)  # no token repeats
+    assert torch.isnan(none["induction"]).all() and torch.isnan(none["duplicate_token"]).all()

@@ -373,3 +373,45 @@ def test_the_ablation_figure_and_caption_state_the_whole_confirmation_rule():
     caption = figs.ablation_caption([row], {"correction": "bh", "control": "layer-matched", "primary_kind": "mean",
                                             "max_draws": 2, "alpha": 0.1, "family_size": 1})
     assert "at least 0.07 and twice the control mean" in caption, caption
+
+
+def test_dollar_signs_in_tokens_and_titles_are_drawn_as_written(tmp_path):
+    """Two ``$`` in a text make matplotlib parse it as mathtext: ``$$x^2$$`` raised a ParseException
+    and ``$y$`` was drawn as an italic y. Every text of a figure is drawn literally: the SVG, with its
+    text kept as text, holds each label as written (mathtext would be drawn as separate glyphs)."""
+    import io
+
+    import matplotlib
+
+    labels = ["The", " sum", " is", " $$x^2$$", " and", " $y$", " \\$"]
+    pattern = np.tril(np.ones((7, 7))) / np.arange(1, 8)[:, None]
+    fig = figs.pattern_plot(pattern, labels, "head 1.2 on $x$ costs $$5", causal=True)
+    fig.text(0.5, 0.01, "added later: $a$")  # a text a caller adds after the figure function
+    (png,) = figs.save_figure(fig, tmp_path / "dollars")  # raised ParseException before
+    assert png.stat().st_size > 0
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(buf, format="svg")
+    svg = buf.getvalue()
+    for text in ["$$x^2$$", "$y$", "\\$", "head 1.2 on $x$ costs $$5", "added later: $a$"]:
+        assert text in svg, text
+    heat = figs.head_heatmap(np.zeros((2, 3)), "$induction$ on $$text$$")
+    heat.savefig(io.BytesIO(), format="png")
+    assert heat.axes[0].get_title() == "$induction$ on $$text$$"
+
+
+def test_a_title_breaks_outside_parentheses():
+    """kv_curve.png's title broke "(sink 4,\\nwindow 64)"; a parenthesis that fits a line stays whole."""
+    fig = figs.kv_policy_curve([{"policy": "chosen", "budget": 1, "kv_fraction": 0.5, "natural_loss_increase": 0.1,
+                                 "copy_accuracy": 0.9}], "smollm2-135m: KV policy at 4096 tokens (sink 4, window 64)")
+    title = fig.axes[0].get_title()
+    assert "\n" in title and "(sink 4, window 64)" in title.split("\n")[-1]
+
+
+def test_circuit_graph_outlines_the_edges_path_patching_checked():
+    edges = [((1, 0), (2, 1), "k", 0.5), ((0, 1), None, "logits", -0.2), ((0, 0), (1, 1), "v", 0.1)]
+    fig = figs.circuit_graph(edges, 3, 2, "t", "EAP score", checked=[True, False, True])
+    arrows = [p for p in fig.axes[0].patches if p.get_path_effects()]
+    assert len(arrows) == 2 and len(fig.axes[0].patches) == 3
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "outlined: checked by path patching (2 of 3)" in labels

@@ -309,3 +309,16 @@ def test_redraw_script_reproduces_a_scan_and_refuses_one_it_cannot(tiny_dir, wor
     (out / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(SystemExit, match="does not reproduce the run"):
         redraw_figures.redraw_scan(out)
+
+
+def test_overview_title_names_the_data_it_was_scored_on(tiny_llama_gqa_native, word_text):
+    """Two scans of one model at 64 and 4,096 tokens had the same overview title, their scores tenfold
+    apart: the title names the sequences, their length, the text and the repeat period."""
+    from headprobe.commands.scan import figure_makers
+
+    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=2, verify=False,
+                     text=str(word_text), pattern_len=0)
+    result = run(tiny_llama_gqa_native, cfg, progress=False)
+    title = figure_makers(result)["overview"]()._suptitle.get_text().replace("\n", " ")
+    assert f"{result.natural.tokens.shape[0]} sequences of 24 tokens of {word_text.name}" in title
+    assert f"{result.repeated.tokens.shape[0]} random blocks of 8 tokens" in title

@@ -71,3 +71,35 @@ def test_show_draws_a_window_of_a_long_prompt(tiny_dir, tmp_path, monkeypatch):
     np.testing.assert_allclose(result.pattern, full[rows][:, cols], atol=1e-6)
     page = (tmp_path / "o" / "index.html").read_text()
     assert f"first 16 of {n} tokens" in page
+
+
+def test_show_page_lists_the_models_columns_with_repeat_scores_in_the_pngs_colours(tiny_dir, tmp_path):
+    """A decoder's page has no next-token or last-token column (encoder-only, all 0 before); it has
+    duplicate-token and induction on the prompt (here a repeated block: scan's block scores, from the
+    model's own pattern); its pattern is drawn in the PNG's colour map, masked keys in the PNG's grey."""
+    import headprobe
+    import matplotlib
+    from headprobe.analyses import figures as figs
+    from headprobe.analyses.detectors import duplicate_token_score, induction_score
+
+    run(ShowConfig(model=str(tiny_dir), head="1.5", prompt=PROMPT, out=str(tmp_path / "o"), device="cpu"))
+    page = (tmp_path / "o" / "index.html").read_text()
+    data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
+    assert "next_token" not in data["columns"] and "last_token" not in data["columns"]
+    assert {"previous_token", "duplicate_token", "induction"} <= set(data["columns"])
+    model = headprobe.load_model(str(tiny_dir), quiet=True)
+    tokens = model.to_tokens(PROMPT)
+    ids = tokens[0].tolist()
+    start = int(ids[0] == model.tokenizer.bos_token_id)
+    period = ids[start:].index(ids[start], 1)  # "t1" again: a repeated block of `period` tokens
+    assert ids[start:start + period] == ids[start + period:start + 2 * period] and len(set(ids[start:start + period])) == period
+    pattern = headprobe.capture_heads(model, tokens, layers=[1])["pattern"][1].float()
+    row = next(r for r in data["rows"] if r[:2] == [1, 5])
+    col = {c: row[3 + i] for i, c in enumerate(data["columns"])}
+    assert col["induction"] == pytest.approx(float(induction_score(pattern, period, start)[5]), abs=2e-3)
+    assert col["duplicate_token"] == pytest.approx(float(duplicate_token_score(pattern, period, start)[5]), abs=2e-3)
+    png = figs.pattern_plot(np.eye(3), ["a", "b", "c"], "t", causal=True).axes[0].images[0].cmap
+    assert data["pattern_cmap"] == png.name
+    ref = matplotlib.colormaps[data["pattern_cmap"]]
+    assert data["colormaps"][data["pattern_cmap"]][255] == matplotlib.colors.to_hex(ref(1.0))
+    assert data["masked_color"] == matplotlib.colors.to_hex(png.get_bad())

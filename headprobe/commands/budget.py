@@ -337,7 +337,8 @@ def windowed_report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str,
                          "dominate at every length")}),
                      "attention_matrix_bytes_per_layer": cost.attention_matrix_bytes(lay, seq_len, batch, window=w)})
     total = sum(cost.score_flops(lay, seq_len, batch, window=w) for w in lay.windows)
-    return {"windowed_layers": rows, "flops_scores_all_layers": total}
+    return {"windowed_layers": rows, "flops_scores_all_layers": total,
+            "n_global_layers": lay.n_layers - lay.n_windowed_layers}
 
 
 def _table(rows: list[list[str]], header: list[str], right: set[int] = frozenset()) -> str:
@@ -371,7 +372,9 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
         ["attention matrix per layer [batch, head, T, T]", format_bytes(r["attention_matrix_bytes_per_layer"]), "naive, materialised"],
         ["fused kernel per layer (Q, K, V, out, LSE)", format_bytes(r["fused_attention_bytes_per_layer"]), "FlashAttention / SDPA"],
     ]
-    if lay.windows is not None:
+    if lay.windows is not None and lay.n_windowed_layers == lay.n_layers:
+        del rows[6:10]  # the full-attention rows: no layer of this layout is global
+    elif lay.windows is not None:
         for i in (6, 7, 8, 9):  # the full-attention rows: what a global layer costs
             rows[i][0] += ", global layer"
     for w in r.get("windowed_layers", []):

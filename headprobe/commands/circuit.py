@@ -191,7 +191,7 @@ class CircuitResult:
         label = self.config.method.upper()
         return figures.circuit_graph(edges, self.spec.n_layers, self.spec.n_heads,
                                      f"{self.spec.name}: top {len(edges)} edges by |{label}|",
-                                     f"{label} score (nats/token)")
+                                     f"{label} score (nats/token)", checked=top["exact"].notna().tolist())
 
     def report(self) -> str:
         s = self.summary()

@@ -70,7 +70,6 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
             self-check forbids patterns, or an output directory that is not empty (without ``overwrite``).
     """
     import numpy as np
-    import pandas as pd
 
     from headprobe.analyses import figures as figs
     from headprobe.analyses.outputs import write_outputs
@@ -117,13 +116,10 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     title = f"head {name}, {spec.name} ({figs.weights_label(spec.weights)})\nyour prompt ({n} tokens)"
     # drawn only when a figure is written (--formats none: the page alone)
     figure = {f"pattern_{name}": lambda: figs.pattern_plot(pattern, labels, title, causal=model.spec.causal, positions=positions)}
-    L, H = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
-    table = pd.DataFrame({"layer": L.ravel(), "head": H.ravel(),
-                          "kv_head": H.ravel() // max(1, spec.n_heads // spec.n_kv_heads),
-                          **{c: v.numpy().ravel() for c, v in scores.items() if c != "positional_offset"}})
+    table, notes = head_table(spec, scores, patterns["prompt"], n)
     summary = {"model": spec.name, "weights_precision": spec.precision,
                "layout": {"n_layers": spec.n_layers, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads},
-               "selected_head": name}
+               "selected_head": name, "notes": notes}
     patterns["prompt"]["label"] = f"your prompt ({n} tokens)" if n == shown else f"your prompt (first {shown} of {n} tokens)"
     page = build_page(table, summary, patterns, title=f"{spec.name}: head {name} on your prompt", verdicts=False)
 
@@ -133,6 +129,38 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
 
     paths = write_outputs(out, overwrite, summary=None, figures=figure, extra=write_page)
     return ShowResult((layer, head), pattern, labels, paths)
+
+
+def head_table(spec, scores: dict, prompt: dict, n: int) -> tuple[object, list[str]]:
+    """The page's table: one row per head with the head types' scores on the prompt that apply to
+    the model (a decoder has no next-token or last-token column: encoder-only types), and the
+    duplicate-token and induction scores wherever the prompt's tokens repeat
+    (:func:`~headprobe.analyses.detectors.text_repeat_scores`, on the tokens the page keeps); with
+    the notes the page shows under its heading (what those two mean here, or why they are empty)."""
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    from headprobe.analyses.columns import score_columns
+    from headprobe.analyses.detectors import text_repeat_scores
+
+    applies = set(score_columns(causal=spec.causal))
+    L, H = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
+    repeat = text_repeat_scores(torch.from_numpy(np.asarray(prompt["pattern"], dtype=np.float32)),
+                                torch.from_numpy(np.asarray(prompt["ids"], dtype=np.int64)), prompt["start"])
+    columns = {c: v.numpy().ravel() for c, v in {**scores, **repeat}.items() if c in applies and c != "positional_offset"}
+    table = pd.DataFrame({"layer": L.ravel(), "head": H.ravel(),
+                          "kv_head": H.ravel() // max(1, spec.n_heads // spec.n_kv_heads),
+                          **{c: columns[c] for c in score_columns(causal=spec.causal) if c in columns}})
+    kept = len(prompt["ids"])
+    where = "" if kept == n else f" (on the first {kept} of {n} tokens)"
+    notes = ([f"duplicate-token and induction scores on your prompt{where}: the attention of each token that "
+              "occurred before on its earlier occurrences (duplicate-token) and on the tokens right after them "
+              "(induction), averaged over those tokens; on a repeated block they are scan's scores"]
+             if np.isfinite(repeat["induction"].numpy()).any() or np.isfinite(repeat["duplicate_token"].numpy()).any()
+             else [f"no token of your prompt{where} repeats: no duplicate-token or induction score (empty columns); "
+                   "repeat a phrase to see them"])
+    return table, notes
 
 
 def long_window(n: int, size: int = LONG_WINDOW, sink: int = 4) -> tuple[list[int], list[int]]:

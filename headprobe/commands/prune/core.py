@@ -25,7 +25,7 @@ from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import package_versions
 
-METRICS = (("natural_loss", "held-out text loss (nats)"), ("repeated_loss", "repeated-tokens loss (nats)"))
+METRICS = (("natural_loss", "held-out text loss (nats/token)"), ("repeated_loss", "repeated-tokens loss (nats/token)"))
 LABELS = {"michel": "Michel et al. gradient importance", "l0": "Voita et al. L0 gates", "random": "random order"}
 
 
