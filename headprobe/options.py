@@ -380,15 +380,11 @@ RUN_ONLY = ("threads",)
 
 def checkpoint_key(config) -> dict:
     """The fields of ``config`` that a resumed run must share with the run that saved the checkpoint."""
-    from dataclasses import asdict
-
     return {k: v for k, v in asdict(config).items() if k not in RUN_ONLY}
 
 
 def _resume(out: str, overwrite: bool, config, module, sharded: bool, main_rank: bool):
     """``(state or None, on_save, checkpoints found)`` of a resumable run; see :func:`run_command`."""
-    from dataclasses import asdict
-
     from headprobe.analyses import distributed
     from headprobe.probe.io import RunCheckpoint, shard_checkpoint_name
 
