@@ -322,7 +322,8 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
                  metric: AblationMetric = LOSS_METRIC, scorers: dict[str, Callable] | None = None,
                  untrusted: dict[str, str | None] | None = None, removed: Iterable[Head] = (),
                  progress: bool = False, say: Callable[[str], None] | None = None,
-                 on_round: Callable[[dict], None] | None = None) -> tuple[list[Verification], dict]:
+                 on_round: Callable[[dict], None] | None = None,
+                 cache: SetLosses | None = None) -> tuple[list[Verification], dict]:
     """Ablate each type's top-k heads and its control sets; the verdicts, corrected for their number.
 
     Args:
@@ -340,8 +341,9 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
         removed: heads a pruned model no longer has: never drawn into a control set.
         progress: one tqdm bar over every set to ablate; its total shrinks when a test stops.
         say: called with each line of the plan (:func:`plan_lines`) before the first control set.
-        on_round: called after every round with the loop's state (:func:`loop_record`), a plain
-            record a checkpoint can hold.
+        on_round: called after every round with the loop's state (:func:`loop_record`).
+        cache: the set losses of an interrupted run and where to save them as they grow
+            (:class:`SetLosses`, a scan's checkpoint); None: a fresh one that saves nowhere.
 
     Returns:
         ``(verifications, design)``: one :class:`Verification` per type and kind (the tested kind
@@ -369,10 +371,14 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
     plan = make_plan(tests, streams, settings, requested, n_secondary)
     notes += _pool_notes(tests, streams, settings)
     run = _Ablator(model, tokens, clean, mean_z, scorers, tqdm(total=plan["max_sets"], desc="verification", unit="set",
-                                                              disable=not progress), _clean_residuals(model, tests, streams, tokens))
+                                                              disable=not progress), _clean_residuals(model, tests, streams, tokens),
+                   cache=cache if cache is not None else SetLosses())
     t0 = time.perf_counter()
     run.top_sets(tests)
-    plan["seconds_per_set"] = (time.perf_counter() - t0) / max(run.ablated, 1)
+    if run.cache.seconds_per_set is None:  # a resumed run keeps the first run's timing
+        run.cache.seconds_per_set = (time.perf_counter() - t0) / max(run.ablated, 1)
+        run.cache.save()
+    plan["seconds_per_set"] = run.cache.seconds_per_set
     plan["estimated_s"] = plan["seconds_per_set"] * plan["max_sets"]
     notes += _non_finite_top(tests)
     plan["lines"] = plan_lines(plan)
@@ -473,6 +479,34 @@ def _clean_residuals(model: LoadedModel, tests: list[_Test], streams: list[list[
     return {task: CleanResiduals(model, tokens[task].tokens, layers) for task, layers in starts.items()}
 
 
+class SetLosses:
+    """The per-sequence losses of every head set a verification ablates, by task, kind and set:
+    what a scan's checkpoint holds. Every set goes through it, in an uninterrupted run too, so a
+    run resumed from a checkpoint makes the same calls on the same batches from where it stopped
+    and ends with the same numbers. Non-finite losses are stored as text (``"nan"``), as JSON
+    allows no NaN."""
+
+    def __init__(self, saved: dict | None = None, on_save: Callable[[dict], None] | None = None):
+        saved = saved or {}
+        self.losses: dict[str, list[float]] = {k: [float(v) for v in row] for k, row in saved.get("losses", {}).items()}
+        self.seconds_per_set: float | None = saved.get("seconds_per_set")
+        self.resumed = len(self.losses)
+        self.on_save = on_save
+
+    @staticmethod
+    def key(task: str, kind: str, heads: Sequence[Head]) -> str:
+        return f"{task}|{kind}|" + ",".join(f"{layer}.{head}" for layer, head in heads)
+
+    def state(self) -> dict:
+        """The JSON-able record a checkpoint saves (:meth:`__init__` reads it back)."""
+        return {"losses": {k: [v if math.isfinite(v) else str(v) for v in row] for k, row in self.losses.items()},
+                "seconds_per_set": self.seconds_per_set}
+
+    def save(self) -> None:
+        if self.on_save is not None:
+            self.on_save(self.state())
+
+
 @dataclass
 class _Ablator:
     """Ablates head sets of a task (batched, sharded under torchrun) and keeps one progress bar over
@@ -486,14 +520,22 @@ class _Ablator:
     bar: object
     resid: dict = field(default_factory=dict)  # task -> CleanResiduals: each set starts at its first layer
     ablated: int = 0
+    cache: SetLosses = field(default_factory=SetLosses)
 
     def effects(self, task: str, sets: list[list[Head]], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(losses [set, batch], effects [set, batch])`` of ablating each of ``sets`` (kind ``kind``)."""
+        """``(losses [set, batch], effects [set, batch])`` of ablating each of ``sets`` (kind
+        ``kind``); sets already in :attr:`cache` (a resumed run's) are not ablated again."""
         ts = self.tokens[task]
         first = first_scored(task, ts.start, ts.period)
-        losses = distributed.map_sharded(  # under torchrun each rank ablates its slice of the sets
-            lambda part: set_ablation_losses(self.backend, ts.tokens, part, kind, self.mean_z, first,
-                                             score=self.scorers.get(task), clean=self.resid.get(task)), sets)
+        keys = [SetLosses.key(task, kind, hs) for hs in sets]
+        todo = {k: hs for k, hs in zip(keys, sets) if k not in self.cache.losses}
+        if todo:
+            new = distributed.map_sharded(  # under torchrun each rank ablates its slice of the sets
+                lambda part: set_ablation_losses(self.backend, ts.tokens, part, kind, self.mean_z, first,
+                                                 score=self.scorers.get(task), clean=self.resid.get(task)), list(todo.values()))
+            self.cache.losses.update(zip(todo, new.float().tolist()))
+            self.cache.save()
+        losses = torch.tensor([self.cache.losses[k] for k in keys], dtype=torch.float32)
         self.ablated += len(sets)
         self.bar.update(len(sets))
         return losses, (losses - self.clean[task][None]).double()

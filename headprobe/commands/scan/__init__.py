@@ -255,7 +255,11 @@ def main(args: argparse.Namespace) -> int:
         figures = f"figures as {', '.join(f.upper() for f in formats)}" if formats else "no figures (--formats none)"
         return f"\nwrote {len(paths)} files to {out}/ (head_scores.csv, summary.json, {figures}{extras})"
 
+    def resumed(saved: dict) -> str:
+        return f"{len(saved.get('verification', {}).get('losses', {}))} head sets already ablated"
+
     return options.run_command(args, config, options.Run("headprobe.commands.scan.core", note=unreachable_note(config),
+                                                         resumed=resumed,
                                                          sharded="verification", wrote=wrote,
                                                          save={"html": args.html, "progress": True}))
 

@@ -145,7 +145,8 @@ def verification_settings(cfg: ScanConfig) -> verif.VerificationSettings:
 
 def verify(model: LoadedModel, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet,
            clean: dict[str, torch.Tensor], mean_z: torch.Tensor, cfg: ScanConfig, progress: bool = True,
-           untrusted: dict[str, str | None] | None = None) -> tuple[list[Verification], dict]:
+           untrusted: dict[str, str | None] | None = None,
+           cache: "verif.SetLosses | None" = None) -> tuple[list[Verification], dict]:
     """Ablate the top-k heads of each of ``cfg.types`` against random control sets
     (:func:`headprobe.analyses.verification.verify_heads`); ``cfg`` is resolved (k set).
     ``clean``: task -> per-sequence clean loss ``[batch]``. Under ``torchrun`` each rank ablates
@@ -161,7 +162,7 @@ def verify(model: LoadedModel, scores: dict[str, np.ndarray], natural: TokenSet,
                if metric is EMBEDDING_METRIC else None)
     return verif.verify_heads(model, top, task_of, sets, clean, mean_z, verification_settings(cfg), metric=metric,
                               scorers=scorers, untrusted=untrusted, removed=removed_heads(model), progress=progress,
-                              say=_say)
+                              say=_say, cache=cache)
 
 
 def _say(line: str) -> None:
@@ -183,7 +184,8 @@ def scan_metric(spec: ModelSpec):
     return LOSS_METRIC if spec.causal else EMBEDDING_METRIC
 
 
-def run(model: LoadedModel, config: ScanConfig, progress: bool = True) -> ScanResult:
+def run(model: LoadedModel, config: ScanConfig, progress: bool = True, resume: dict | None = None,
+        on_save: Callable[[dict], None] | None = None) -> ScanResult:
     """Run the scan (see the module docstring) on a loaded model.
 
     Args:
@@ -191,6 +193,10 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True) -> ScanRe
             dtype, backend and prepend_bos apply only where :func:`scan` or the CLI load it).
         config: the settings.
         progress: show progress bars (stderr).
+        resume: the state an interrupted run with the same config saved (``on_save``'s argument):
+            its verification goes on from the control sets it had ablated.
+        on_save: called with the whole state after every batch of ablated sets (the CLI's
+            checkpoint, :class:`~headprobe.probe.io.RunCheckpoint`).
 
     Raises:
         HeadprobeError: bad text, sequences longer than the context, k too large, a model whose
@@ -231,7 +237,9 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True) -> ScanRe
     timings["score_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    verifications, design = (verify(model, scores, natural, repeated, clean_seq, mean_z, cfg, progress, untrusted)
+    cache = verif.SetLosses((resume or {}).get("verification"),
+                            (lambda state: on_save({"verification": state})) if on_save is not None else None)
+    verifications, design = (verify(model, scores, natural, repeated, clean_seq, mean_z, cfg, progress, untrusted, cache)
                              if cfg.verify else ([], {}))
     timings["ablate_s"] = time.perf_counter() - t0
     warnings += design.get("warnings", [])
