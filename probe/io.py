@@ -211,7 +211,8 @@ MAX_WHOLE_FILE_BYTES = 16 << 20
 def _check_text(path: Path, data: bytes, offset: int, decoder=None, final: bool = True) -> str:
     """``data`` (the bytes of ``path`` from byte ``offset``) decoded as UTF-8 by ``decoder`` (an
     incremental one, which keeps a sequence cut at the end of ``data`` for the next call unless
-    ``final``; None: a new one).
+    ``final``; None: a new one). A UTF-8 byte-order mark at the file's start (Windows editors write
+    one) is dropped, as Python's ``utf-8-sig`` codec does.
 
     Raises:
         HeadprobeError: a NUL byte (a binary file, or UTF-16) or an invalid UTF-8 sequence, naming its byte.
@@ -220,6 +221,8 @@ def _check_text(path: Path, data: bytes, offset: int, decoder=None, final: bool 
     if nul >= 0:
         raise HeadprobeError(f"text file {path} holds a NUL byte at byte {offset + nul}: a binary file (or UTF-16), "
                              f"not UTF-8 text")
+    if offset == 0 and data.startswith(codecs.BOM_UTF8):
+        data, offset = data[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)
     decoder = decoder or codecs.getincrementaldecoder("utf-8")()
     held = len(decoder.getstate()[0])  # bytes of a sequence begun in the previous call
     try:
@@ -333,7 +336,7 @@ def read_kv_policy(path: Any) -> "KVPolicy":
 
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8-sig"))
     except OSError as err:
         raise HeadprobeError(f"cannot read the KV policy {path}: {err.strerror or err}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
