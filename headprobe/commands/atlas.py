@@ -416,7 +416,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=None, help="heads ablated per type (default: as scan)")
     p.add_argument("--n-random", type=positive_int, default=d.n_random,
                    help="the most control sets of k heads a verdict's test ablates (default %(default)s; see scan)")
-    p.add_argument("--alpha", type=float, default=d.alpha, help="significance level of the verdicts (default %(default)s)")
+    p.add_argument("--alpha", type=settings.probability, default=d.alpha, help="significance level of the verdicts (default %(default)s)")
     p.add_argument("--control", choices=("layer-matched", "uniform"), default=d.control,
                    help="how control sets are drawn (default %(default)s; see scan)")
     p.add_argument("--correction", choices=("bh", "holm"), default=d.correction,
