@@ -267,6 +267,10 @@ class TextFile:
         read, rest = 0, ""
         try:
             with self.path.open("rb") as f:
+                if f.read(len(codecs.BOM_UTF8)) == codecs.BOM_UTF8:  # a byte-order mark: dropped (utf-8-sig)
+                    read = len(codecs.BOM_UTF8)
+                else:
+                    f.seek(0)
                 while True:
                     data = f.read(min(piece_bytes, max_bytes - read))
                     text = rest + _check_text(self.path, data, read, decoder, final=not data)
