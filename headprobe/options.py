@@ -288,20 +288,33 @@ def command_function(config_cls, run: Callable, name: str, summary: str, example
     return fn
 
 
-def check_fields(config_cls, config_fields: dict, function: str | None = None) -> None:
+def check_fields(config_cls, config_fields: dict, function: str | None = None, positional: tuple[str, ...] = ("model",)) -> None:
     """Raise ``TypeError`` naming the command's function (``function``, else the Config's name without
-    ``Config``: ``scan()``, not ``ScanConfig``), the unknown setting and the nearest valid one, for
-    a keyword ``config_cls`` does not have."""
+    ``Config``: ``scan()``, not ``ScanConfig``), the unknown setting and the nearest valid one
+    (:func:`nearest_keyword`), for a keyword ``config_cls`` does not have (``positional``: fields
+    the function takes as arguments, not keywords)."""
     import dataclasses
-    import difflib
 
-    valid = [f.name for f in dataclasses.fields(config_cls) if f.name != "model"]
+    valid = [f.name for f in dataclasses.fields(config_cls) if f.name not in positional]
     for name in config_fields:
         if name not in valid:
-            near = difflib.get_close_matches(name, valid, n=1)
-            hint = f"; did you mean {near[0]}?" if near else ""
+            near = nearest_keyword(name, valid)
+            hint = f"; did you mean {near}?" if near else ""
             command = function or config_cls.__name__.removesuffix("Config").lower()
             raise TypeError(f"{command}() got an unknown setting {name!r}{hint} (settings: {', '.join(valid)})")
+
+
+def nearest_keyword(name: str, valid: list[str]) -> str | None:
+    """The valid keyword ``name`` most likely means: the closest spelling (difflib, as Python's own
+    ``did you mean``), else one that ``name`` ends with as its last word (a flag's spelling:
+    ``top_k`` for ``k``, whose flag is ``--top-k``); None when none is near."""
+    import difflib
+
+    key = name.replace("-", "_").lower()
+    near = difflib.get_close_matches(key, valid, n=1)
+    if near:
+        return near[0]
+    return next((v for v in sorted(valid, key=len, reverse=True) if key.endswith("_" + v)), None)
 
 
 @dataclass(frozen=True)

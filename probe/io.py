@@ -53,7 +53,8 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 
 def finite_json(obj: Any) -> Any:
     """``obj`` with every float that is NaN or +-Inf replaced by None (JSON ``null``), through dicts,
-    lists and tuples (tuples become lists); everything else as it is.
+    lists and tuples (tuples become lists); numpy scalars (float32, int64, bool_) as the Python
+    number they hold (then the same rule), pandas' ``NA`` and ``NaT`` as None; everything else as it is.
 
     JSON (RFC 8259) has no NaN or Infinity: Python's ``json`` writes them as the bare words ``NaN``
     and ``Infinity``, which strict parsers (``JSON.parse``, jq, Go, Rust's serde) reject. Where a
@@ -65,6 +66,11 @@ def finite_json(obj: Any) -> Any:
         return {k: finite_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [finite_json(v) for v in obj]
+    kind = type(obj)
+    if kind.__module__ == "numpy" and getattr(obj, "ndim", None) == 0:  # a numpy scalar (numpy not imported here)
+        return finite_json(obj.item())
+    if kind.__name__ in ("NAType", "NaTType") and kind.__module__.startswith("pandas"):  # missing, like NaN
+        return None
     return obj
 
 
@@ -74,7 +80,7 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     ``Infinity`` is written, by any command.
 
     Raises:
-        TypeError: ``obj`` holds a value JSON cannot represent (e.g. a numpy float32 or array).
+        TypeError: ``obj`` holds a value JSON cannot represent (e.g. a numpy array).
     """
     write_text(path, json.dumps(finite_json(obj), indent=2, sort_keys=False, allow_nan=False) + "\n")
 

@@ -33,7 +33,8 @@ new entry. ``HEADPROBE_CACHE=off`` turns it off. To clear it, delete the directo
 (``rm -rf ~/.cache/headprobe``); this is always safe, the next load rebuilds what it needs.
 
 Progress: each load prints one line to stderr (``loading smollm2-135m from cache ...``,
-``loading smollm2-135m: dequantizing 4-bit GGUF (first time, ~30 s; cached for next time) ...``)
+``loading smollm2-135m: dequantizing 4-bit GGUF (first time, last took 168 s here; cached for next time) ...``,
+the time measured at the previous cold load, where there was one)
 instead of transformers' and huggingface_hub's progress bars, which are off during loading;
 ``quiet=True`` silences the line.
 
@@ -172,7 +173,6 @@ def _load_source(name: str, kwargs: dict[str, Any], quiet: bool, split: dict[str
         load_dir=lambda entry: _load_hf(str(entry), local_only=True, split=split),
         say=say, name=name,
         what="4-bit GGUF" if smollm2 else f"GGUF file {kwargs['gguf_file']}",
-        eta="~30 s" if smollm2 else "",
         extra=_native_source_file,
     )
 

@@ -155,11 +155,19 @@ class AtlasConfig(ModelSettings, DataSettings):
 
     def model_list(self) -> list[tuple[str, str, int | None]]:
         """``(label, model, step)`` of every model to scan, in order: the checkpoints' snapshots
-        (label ``step N``), then the models (or the defaults)."""
+        (label ``step N``), then the models (or the defaults).
+
+        Raises:
+            HeadprobeError: a model named twice, or one that cannot be loaded (an unknown name, a
+                missing path: :func:`headprobe.options.check_model`, before anything loads or is written).
+        """
         out: list[tuple[str, str, int | None]] = []
         if self.checkpoints is not None:
             out += [(f"step {step}", str(d), step) for step, d in snapshot_dirs(self.checkpoints)]
         models = self.models if self.models is not None else (() if self.checkpoints else default_models())
+        for m in models:
+            if m != TOY:
+                options.check_model(m)
         out += [(m, m, None) for m in models]
         labels = [label for label, _, _ in out]
         if len(set(labels)) != len(labels):
@@ -171,7 +179,7 @@ def default_models() -> tuple[str, ...]:
     """:data:`DEFAULT_MODELS` plus the :data:`CACHED_CANDIDATES` the local Hugging Face cache holds."""
     from huggingface_hub import try_to_load_from_cache
 
-    from headprobe.probe.loading import ALIASES
+    from headprobe.probe.sources import ALIASES
 
     cached = [m for m in CACHED_CANDIDATES if isinstance(try_to_load_from_cache(ALIASES.get(m, m), "config.json"), str)]
     return (*DEFAULT_MODELS, *cached)
@@ -434,7 +442,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    config = settings.from_args(AtlasConfig, args, models=tuple(args.models) if args.models else None)
+    models = tuple(m.strip() for a in args.models for m in a.split(",") if m.strip()) if args.models else None  # a,b or a b
+    config = settings.from_args(AtlasConfig, args, models=models)
     config.model_list()
     prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
     result = run(config, args.out, overwrite=args.overwrite, progress=True)
