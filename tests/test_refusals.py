@@ -156,3 +156,35 @@ def test_kv_policy_integers_must_be_json_integers(tmp_path, capsys, value):
         assert main(["budget", "--preset", "llama3-8b", "--policy", str(bad)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("headprobe: error:") and "\n" not in err and f"'{where}' must be an integer" in err, err
+
+
+def test_write_json_takes_numpy_scalars_and_pandas_missing_values(tmp_path):
+    """Item 15: numpy float32/int64/bool_ are written as the numbers they hold (NaN float32 as null,
+    the rule NaN follows), pandas NA and NaT as null; the file is strict JSON (json.loads with no NaN)."""
+    import numpy as np
+    import pandas as pd
+
+    from headprobe.probe.io import write_json
+
+    obj = {"f": np.float32(0.25), "i": np.int64(3), "b": np.bool_(True), "nan": np.float32("nan"),
+           "na": pd.NA, "nat": pd.NaT, "list": [np.float64(1.5), np.float16("inf")]}
+    write_json(tmp_path / "x.json", obj)
+    strict = json.loads((tmp_path / "x.json").read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    assert strict == {"f": 0.25, "i": 3, "b": True, "nan": None, "na": None, "nat": None, "list": [1.5, None]}
+
+
+@pytest.mark.parametrize("call, near", [("scan", "k"), ("budget", "preset")])
+def test_api_keyword_errors_suggest_the_nearest_keyword(call, near):
+    """Item 15: scan(top_k=3) (the flag is --top-k, the keyword k) and budget(prest=...) name the keyword meant."""
+    import headprobe
+
+    with pytest.raises(TypeError, match=f"did you mean {near}\\?"):
+        getattr(headprobe, call)(**({"top_k": 3} if call == "scan" else {"prest": "llama3-8b"}))
+
+
+def test_atlas_refuses_unknown_models_before_writing(tmp_path):
+    """Item 11: --models a,b exited 1 with an atlas of 0 heads; hub-style names ended in HFValidationError."""
+    for models in ("a,b", "smollm2-135m,x y/z"):
+        code, errors, torch = _refuse(["atlas", "--models", models, "--out", "o"], tmp_path)
+        assert code == 2 and len(errors) == 1 and "unknown model" in errors[0] and "HFValidation" not in errors[0], errors
+        assert not (tmp_path / "o").exists()  # (atlas's module still imports torch: not item 13's list)
