@@ -188,3 +188,28 @@ def test_atlas_refuses_unknown_models_before_writing(tmp_path):
         code, errors, torch = _refuse(["atlas", "--models", models, "--out", "o"], tmp_path)
         assert code == 2 and len(errors) == 1 and "unknown model" in errors[0] and "HFValidation" not in errors[0], errors
         assert not (tmp_path / "o").exists()  # (atlas's module still imports torch: not item 13's list)
+
+
+@pytest.mark.parametrize("backend", ["native", "bridge"])
+def test_capture_heads_counts_negative_indices_from_the_end(backend, tiny_llama_gqa_native, tiny_llama_gqa):
+    """Item 5: rows=[-1] gave an all-NaN pattern on the native backend (its causal mask built from
+    position -1) and the last row on the bridge; now both give the full capture's last row, layer -1 is
+    the last layer (keyed by its index), head -1 the last head; out of range: one HeadprobeError line."""
+    import torch
+
+    from headprobe.probe.capture import capture_heads
+    from headprobe.probe.errors import HeadprobeError
+
+    model = tiny_llama_gqa_native if backend == "native" else tiny_llama_gqa
+    tokens = model.to_tokens("t1 t2 t3 t4 t5")
+    full = capture_heads(model, tokens)
+    T, L, H = tokens.shape[1], model.spec.n_layers, model.spec.n_heads
+    got = capture_heads(model, tokens, layers=[-1], heads=[-1, 0], rows=[-1, 1])
+    assert list(got["pattern"]) == [L - 1]
+    want = full["pattern"][L - 1][:, [H - 1, 0]][:, :, [T - 1, 1]]
+    torch.testing.assert_close(got["pattern"][L - 1], want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got["z"][L - 1], full["z"][L - 1][:, :, [H - 1, 0]])
+    for bad in ({"rows": [T]}, {"rows": [-T - 1]}, {"layers": [L]}, {"heads": [-H - 1]}):
+        with pytest.raises(HeadprobeError, match="out of range|not an integer index") as e:
+            capture_heads(model, tokens, **bad)
+        assert "\n" not in str(e.value)
