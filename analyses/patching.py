@@ -360,7 +360,8 @@ def encode_pairs(model: LoadedModel, pairs: Sequence[PromptPair], padding_side: 
     length, shortest first.
 
     Raises:
-        HeadprobeError: a pair whose prompts differ in length, or an answer that is not one token.
+        HeadprobeError: a pair whose prompts differ in length or are longer than the model's context
+            (``spec.n_ctx``), or an answer that is not one token.
     """
     from headprobe.probe.capture import pad_prompts
 
@@ -370,6 +371,9 @@ def encode_pairs(model: LoadedModel, pairs: Sequence[PromptPair], padding_side: 
         if c.shape != x.shape:
             raise HeadprobeError(f"prompt pair {i + 1}: clean and corrupted prompts have {len(c)} and {len(x)} tokens; "
                                  f"patching needs the same length")
+        if len(c) > model.spec.n_ctx:
+            raise HeadprobeError(f"prompt pair {i + 1}: the prompts are {len(c)} tokens, longer than the model's context "
+                                 f"of {model.spec.n_ctx} positions")
         try:
             ans = torch.tensor([_token_id(model.tokenizer, p.correct), _token_id(model.tokenizer, p.wrong)])
         except HeadprobeError as e:

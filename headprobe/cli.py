@@ -66,16 +66,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``headprobe`` parser. With ``command`` (the subcommand about to run), only that
     command's module is imported -- the others get placeholder subparsers -- so a light command
     (``budget``) does not pay for the heavy imports of the rest; with ``--version`` none is
-    (0.2 s instead of 5.5 s and 330 MB for torch); otherwise (``--help``, a misspelt command)
-    every command."""
+    (0.2 s instead of 5.5 s and 330 MB for torch), nor for a misspelt command (refused from the
+    registry's names); otherwise (``--help``) every command."""
     parser = OneLineErrorParser(
         prog="headprobe",
         description="Attention-head interpretability: find head types, verify them by ablation, prune, plot.",
     )
     parser.add_argument("--version", action="version", version=f"headprobe {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    misspelt = command is not None and not command.startswith("-") and command not in COMMANDS
     for name in COMMANDS.names():
-        if command in COMMANDS and name != command or command == "--version":
+        if command in COMMANDS and name != command or command == "--version" or misspelt:
             sub.add_parser(name)  # never parsed: the command line names another command
             continue
         cmd = COMMANDS.get(name)  # a registered command that does not import is a bug: fail loudly

@@ -47,21 +47,24 @@ SMOLLM2_LAYOUT = (30, 9)
 """(layers, query heads per layer) of the embedded ``smollm2-135m`` (SmolLM2-135M; checked against
 the loaded model by the real-model tests)."""
 
+SMOLLM2_CONTEXT = 8192
+"""Context length (positions) of the embedded ``smollm2-135m`` (its ``max_position_embeddings``)."""
 
-def peek_layout(model: str) -> tuple[int, int] | None:
-    """``(n_layers, n_heads)`` of ``model`` read without loading weights (milliseconds), so that
-    flags naming heads can be checked before a load: the embedded ``smollm2-135m``, a Hugging Face
-    directory (its ``config.json``) or a headprobe checkpoint directory. None where the layout
-    cannot be read that cheaply (hub names, ``.gguf`` files, unreadable configs): the caller checks
-    after loading instead."""
+
+def peek_config(model: str) -> dict | None:
+    """What ``model``'s config says, read without loading weights or torch (milliseconds):
+    ``{"n_layers", "n_heads", "n_ctx"}`` (``n_ctx`` None where the config gives no context length),
+    from the embedded ``smollm2-135m``'s layout, a Hugging Face directory's ``config.json`` or a
+    headprobe checkpoint directory's. None where it cannot be read that cheaply (hub names,
+    ``.gguf`` files, unreadable configs): the caller checks after loading instead."""
     import json
     from pathlib import Path
 
     if model.lower() == DEFAULT_MODEL and not Path(model).exists():  # case-insensitive, as load_model reads it
-        return SMOLLM2_LAYOUT
+        return {"n_layers": SMOLLM2_LAYOUT[0], "n_heads": SMOLLM2_LAYOUT[1], "n_ctx": SMOLLM2_CONTEXT}
     path = Path(model).expanduser() / "config.json"
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, ValueError):
         return None
     if not isinstance(cfg, dict):
@@ -69,9 +72,64 @@ def peek_layout(model: str) -> tuple[int, int] | None:
     if isinstance(cfg.get("model"), dict) and "format" in cfg:  # headprobe checkpoint
         cfg = cfg["model"]
     cfg = cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
-    layers = next((cfg[k] for k in ("n_layers", "num_hidden_layers", "n_layer", "num_layers") if isinstance(cfg.get(k), int)), None)
-    heads = next((cfg[k] for k in ("n_heads", "num_attention_heads", "n_head") if isinstance(cfg.get(k), int)), None)
-    return (layers, heads) if layers and heads else None
+
+    def first(*keys):
+        return next((cfg[k] for k in keys if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool)), None)
+
+    layers = first("n_layers", "num_hidden_layers", "n_layer", "num_layers")
+    heads = first("n_heads", "num_attention_heads", "n_head")
+    n_ctx = first("n_ctx", "max_position_embeddings", "n_positions")
+    return {"n_layers": layers, "n_heads": heads, "n_ctx": n_ctx} if layers and heads else None
+
+
+def peek_layout(model: str) -> tuple[int, int] | None:
+    """``(n_layers, n_heads)`` of ``model`` read without loading weights (:func:`peek_config`), so
+    that flags naming heads can be checked before a load; None where it cannot be read cheaply."""
+    cfg = peek_config(model)
+    return (cfg["n_layers"], cfg["n_heads"]) if cfg else None
+
+
+def peek_token_count(model: str, text: str, prepend_bos: bool = True) -> int | None:
+    """How many tokens ``model`` makes of ``text`` (BOS included where ``prepend_bos`` and the
+    tokenizer has one), read without loading weights or torch: the ``tokenizers`` library over the
+    model directory's ``tokenizer.json`` (the embedded ``smollm2-135m``: its weights-cache entry's).
+    None where no such file is at hand; the caller counts after loading instead. For checks before
+    a load only: the loaded model's own count is the one that is final."""
+    import glob
+    import json
+    from pathlib import Path
+
+    folder = Path(model).expanduser()
+    if model.lower() == DEFAULT_MODEL and not folder.exists():
+        from headprobe.probe.weights_cache import cache_root
+
+        root = cache_root()
+        found = sorted(glob.glob(str(root / "gguf" / "SmolLM2-135M-Instruct*" / "tokenizer.json"))) if root else []
+        folder = Path(found[-1]).parent if found else folder
+    if not (folder / "tokenizer.json").is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        n = len(tokenizer.encode(text, add_special_tokens=False).ids)
+        bos = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8-sig")).get("bos_token") \
+            if (folder / "tokenizer_config.json").is_file() else None
+    except Exception:  # noqa: BLE001 - an unreadable tokenizer: counted after loading instead
+        return None
+    return n + int(bool(prepend_bos and bos))
+
+
+def check_model(model: str) -> None:
+    """Refuse, before torch loads, a ``--model`` that cannot be loaded (an unknown name, a missing
+    path, a directory without config.json or weights; :func:`headprobe.probe.sources.check_model`).
+
+    Raises:
+        HeadprobeError: one line.
+    """
+    from headprobe.probe.sources import check_model as check
+
+    check(model)
 
 
 def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", backend: str = "auto",
@@ -220,6 +278,7 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, 
     check_fields(config_cls, config_fields, name)
     if isinstance(model, (str, os.PathLike)):
         config = config_cls(model=str(model), **config_fields)
+        check_model(config.model)
         config.preflight()
         t0 = time.perf_counter()
         loaded = load_for(config)
@@ -279,20 +338,33 @@ def command_function(config_cls, run: Callable, name: str, summary: str, example
     return fn
 
 
-def check_fields(config_cls, config_fields: dict, function: str | None = None) -> None:
+def check_fields(config_cls, config_fields: dict, function: str | None = None, positional: tuple[str, ...] = ("model",)) -> None:
     """Raise ``TypeError`` naming the command's function (``function``, else the Config's name without
-    ``Config``: ``scan()``, not ``ScanConfig``), the unknown setting and the nearest valid one, for
-    a keyword ``config_cls`` does not have."""
+    ``Config``: ``scan()``, not ``ScanConfig``), the unknown setting and the nearest valid one
+    (:func:`nearest_keyword`), for a keyword ``config_cls`` does not have (``positional``: fields
+    the function takes as arguments, not keywords)."""
     import dataclasses
-    import difflib
 
-    valid = [f.name for f in dataclasses.fields(config_cls) if f.name != "model"]
+    valid = [f.name for f in dataclasses.fields(config_cls) if f.name not in positional]
     for name in config_fields:
         if name not in valid:
-            near = difflib.get_close_matches(name, valid, n=1)
-            hint = f"; did you mean {near[0]}?" if near else ""
+            near = nearest_keyword(name, valid)
+            hint = f"; did you mean {near}?" if near else ""
             command = function or config_cls.__name__.removesuffix("Config").lower()
             raise TypeError(f"{command}() got an unknown setting {name!r}{hint} (settings: {', '.join(valid)})")
+
+
+def nearest_keyword(name: str, valid: list[str]) -> str | None:
+    """The valid keyword ``name`` most likely means: the closest spelling (difflib, as Python's own
+    ``did you mean``), else one that ``name`` ends with as its last word (a flag's spelling:
+    ``top_k`` for ``k``, whose flag is ``--top-k``); None when none is near."""
+    import difflib
+
+    key = name.replace("-", "_").lower()
+    near = difflib.get_close_matches(key, valid, n=1)
+    if near:
+        return near[0]
+    return next((v for v in sorted(valid, key=len, reverse=True) if key.endswith("_" + v)), None)
 
 
 @dataclass(frozen=True)
@@ -464,6 +536,7 @@ def run_command(args: argparse.Namespace, config, how: Run) -> int:
 
     with process_group(config.device) as sharded:
         main_rank, resumable = distributed.is_main(), how.resumed is not None
+        check_model(config.model)
         config.preflight()
         prepare_output_dir(args.out, args.overwrite, create=False, resumable=resumable)
         with out_as_it_was(args.out, main_rank):

@@ -57,6 +57,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def probability(text: str) -> float:
+    """argparse ``type`` for a significance level: a number strictly between 0 and 1 (else a
+    one-line usage error, ``(see headprobe scan --help)`` like every other flag's)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number between 0 and 1 (exclusive), got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {value}")
+    return value
+
+
 def dtype_name(text: str) -> str:
     """argparse ``type`` for ``--dtype``: torch's name (``bfloat16``) or a short alias (``bf16``),
     returned as torch's name."""

@@ -212,6 +212,28 @@ def post_norm_factor(
 
 
 @torch.inference_mode()
+def _indices(values: Sequence[int], n: int, what: str) -> list[int]:
+    """``values`` as indices into ``n`` items, negative ones counted from the end as Python does.
+
+    Raises:
+        HeadprobeError: an index outside ``-n .. n-1`` or not an integer (one line).
+    """
+    import operator
+
+    out = []
+    for v in values:
+        try:
+            if isinstance(v, bool):
+                raise TypeError
+            v = operator.index(v)  # ints, numpy and 0-d integer torch scalars; not 0.9
+        except TypeError:
+            raise HeadprobeError(f"{what} {v!r} is not an integer index") from None
+        if not -n <= v < n:
+            raise HeadprobeError(f"{what} {v} is out of range: there are {n} (0 .. {n - 1}, or -{n} .. -1 from the end)")
+        out.append(v % n)
+    return out
+
+
 def capture_heads(
     model: Any,
     tokens: Int[Tensor, "batch pos"],
@@ -256,10 +278,16 @@ def capture_heads(
 
     Raises:
         HeadprobeError: the model's load-time self-check found that its per-head results do not
-            sum to what its blocks add (see :mod:`headprobe.probe.selfcheck`), or an
-            ``attention_mask`` on a backend without padding (the TransformerLens bridge).
+            sum to what its blocks add (see :mod:`headprobe.probe.selfcheck`), an
+            ``attention_mask`` on a backend without padding (the TransformerLens bridge), or a
+            layer, head or row out of range (negative ones count from the end, as Python's, the
+            same on both backends; the dicts are keyed by the non-negative layer).
     """
     model.self_check.require_decomposition("per-head results (capture_heads)")
+    spec = model.spec
+    layers = None if layers is None else _indices(layers, spec.n_layers, "layer")
+    heads = None if heads is None else _indices(heads, spec.n_heads, "head")
+    rows = None if rows is None else _indices(rows, tokens.shape[-1], "row (query position)")
     stream = rows is not None and getattr(model, "backend", None) == "native" and attention_mask is None
     out = capture_internal(model, tokens, layers, attention_mask=attention_mask, patterns=not stream)
     out.pop("norm_in", None)

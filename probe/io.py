@@ -54,7 +54,8 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 
 def finite_json(obj: Any) -> Any:
     """``obj`` with every float that is NaN or +-Inf replaced by None (JSON ``null``), through dicts,
-    lists and tuples (tuples become lists); everything else as it is.
+    lists and tuples (tuples become lists); numpy scalars (float32, int64, bool_) as the Python
+    number they hold (then the same rule), pandas' ``NA`` and ``NaT`` as None; everything else as it is.
 
     JSON (RFC 8259) has no NaN or Infinity: Python's ``json`` writes them as the bare words ``NaN``
     and ``Infinity``, which strict parsers (``JSON.parse``, jq, Go, Rust's serde) reject. Where a
@@ -66,6 +67,11 @@ def finite_json(obj: Any) -> Any:
         return {k: finite_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [finite_json(v) for v in obj]
+    kind = type(obj)
+    if kind.__module__ == "numpy" and getattr(obj, "ndim", None) == 0:  # a numpy scalar (numpy not imported here)
+        return finite_json(obj.item())
+    if kind.__name__ in ("NAType", "NaTType") and kind.__module__.startswith("pandas"):  # missing, like NaN
+        return None
     return obj
 
 
@@ -75,7 +81,7 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     ``Infinity`` is written, by any command.
 
     Raises:
-        TypeError: ``obj`` holds a value JSON cannot represent (e.g. a numpy float32 or array).
+        TypeError: ``obj`` holds a value JSON cannot represent (e.g. a numpy array).
     """
     write_text(path, json.dumps(finite_json(obj), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
@@ -306,7 +312,8 @@ MAX_WHOLE_FILE_BYTES = 16 << 20
 def _check_text(path: Path, data: bytes, offset: int, decoder=None, final: bool = True) -> str:
     """``data`` (the bytes of ``path`` from byte ``offset``) decoded as UTF-8 by ``decoder`` (an
     incremental one, which keeps a sequence cut at the end of ``data`` for the next call unless
-    ``final``; None: a new one).
+    ``final``; None: a new one). A UTF-8 byte-order mark at the file's start (Windows editors write
+    one) is dropped, as Python's ``utf-8-sig`` codec does.
 
     Raises:
         HeadprobeError: a NUL byte (a binary file, or UTF-16) or an invalid UTF-8 sequence, naming its byte.
@@ -315,6 +322,8 @@ def _check_text(path: Path, data: bytes, offset: int, decoder=None, final: bool 
     if nul >= 0:
         raise HeadprobeError(f"text file {path} holds a NUL byte at byte {offset + nul}: a binary file (or UTF-16), "
                              f"not UTF-8 text")
+    if offset == 0 and data.startswith(codecs.BOM_UTF8):
+        data, offset = data[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)
     decoder = decoder or codecs.getincrementaldecoder("utf-8")()
     held = len(decoder.getstate()[0])  # bytes of a sequence begun in the previous call
     try:
@@ -359,6 +368,10 @@ class TextFile:
         read, rest = 0, ""
         try:
             with self.path.open("rb") as f:
+                if f.read(len(codecs.BOM_UTF8)) == codecs.BOM_UTF8:  # a byte-order mark: dropped (utf-8-sig)
+                    read = len(codecs.BOM_UTF8)
+                else:
+                    f.seek(0)
                 while True:
                     data = f.read(min(piece_bytes, max_bytes - read))
                     text = rest + _check_text(self.path, data, read, decoder, final=not data)
@@ -428,7 +441,7 @@ def read_kv_policy(path: Any) -> "KVPolicy":
 
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8-sig"))
     except OSError as err:
         raise HeadprobeError(f"cannot read the KV policy {path}: {err.strerror or err}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

@@ -331,6 +331,18 @@ class Streaming:
         return self.sink + self.window
 
 
+def _json_int(d: dict, key: str, source: str) -> int:
+    """``d[key]``, a JSON integer (not 0.9, 1e999, Infinity or true).
+
+    Raises:
+        KeyError: missing. HeadprobeError: any other value, in one line.
+    """
+    value = d[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HeadprobeError(f"{source}: {key!r} must be an integer, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class KVPolicy:
     """A head-level KV-cache policy: ``groups[layer][kv_group]`` is None (a full cache) or a
@@ -416,10 +428,10 @@ class KVPolicy:
         if d.get("version") != KV_POLICY_VERSION:
             raise HeadprobeError(f"{source} has version {d.get('version')!r}; this headprobe reads version {KV_POLICY_VERSION}")
         try:
-            n_layers, n_groups = int(d["n_layers"]), int(d["n_kv_groups"])
+            n_layers, n_groups = _json_int(d, "n_layers", source), _json_int(d, "n_kv_groups", source)
             grid: list[list[Any]] = [[...] * n_groups for _ in range(n_layers)]
             for e in d["groups"]:
-                layer, g = int(e["layer"]), int(e["kv_group"])
+                layer, g = _json_int(e, "layer", source), _json_int(e, "kv_group", source)
                 if not (0 <= layer < n_layers and 0 <= g < n_groups) or grid[layer][g] is not ...:
                     raise HeadprobeError(f"{source}: group (layer {layer}, kv_group {g}) is out of range or listed twice")
                 if e["cache"] not in ("full", "streaming"):

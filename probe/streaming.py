@@ -81,10 +81,11 @@ class AttentionGeometry:
         return s if allowed is None else s.masked_fill_(~allowed, float("-inf"))
 
     def masks_block(self, q_pos: Int[Tensor, "n_q"], k_pos: Int[Tensor, "n_k"]) -> bool:
-        """Whether some query of ``q_pos`` does not read some key of ``k_pos`` (consecutive positions)."""
+        """Whether some query of ``q_pos`` does not read some key of ``k_pos`` (any positions, in any
+        order: ``capture_heads(rows=[-1, 1])`` asks for the last row first)."""
         if not self.causal:
             return False
-        q_first, q_last, k_first, k_last = int(q_pos[0]), int(q_pos[-1]), int(k_pos[0]), int(k_pos[-1])
+        q_first, q_last, k_first, k_last = int(q_pos.min()), int(q_pos.max()), int(k_pos.min()), int(k_pos.max())
         return not (q_first >= k_last and (self.window is None or q_last - k_first < self.window))
 
     def allowed(self, q_pos: Int[Tensor, "n_q"], k_pos: Int[Tensor, "n_k"]) -> torch.Tensor | None:

@@ -259,20 +259,25 @@ def load_cached(source: str | os.PathLike[str], build: Callable[[], tuple[Any, A
             cached for next time) ...`` before ``build``, ``loading <name> from cache ...``
             before ``load_dir``.
         name, what, eta: the model's name, what is dequantized (``4-bit GGUF``), the expected
-            time of a cold load (``~30 s``) or ``""``.
+            time of a cold load or ``""``: then the time the last cold load of this file took on
+            this machine (:data:`LOAD_TIMES`, ``last took 168 s``), or nothing where none was measured.
 
     A cold load returns ``build()``'s own objects after writing the entry, so the first load and
     every later one hold the same tensors and tokenizer (checked in tests/test_weights_cache.py).
     Errors of ``build`` propagate; cache problems are logged as warnings (logger
     ``headprobe.probe.weights_cache``) and the load goes on without the cache.
     """
+    root = cache_root()
+    eta = eta or _recorded_eta(root, source)
     eta_part = f", {eta}" if eta else ""
 
     def cold(note: str) -> tuple[Any, Any]:
         say(f"loading {name}: dequantizing {what} ({note}) ...")
-        return build()
+        t0 = time.perf_counter()
+        got = build()
+        _record_seconds(root, source, time.perf_counter() - t0)
+        return got
 
-    root = cache_root()
     if root is None:
         return cold(f"{eta + '; ' if eta else ''}cache off: {ENV_VAR}=off")
     try:
@@ -304,6 +309,37 @@ def load_cached(source: str | os.PathLike[str], build: Callable[[], tuple[Any, A
         return model, tokenizer
     finally:
         lock.release()
+
+
+LOAD_TIMES = "load-times.json"
+"""In the cache root: GGUF file name -> seconds its last cold load (dequantization) took here, the
+estimate a later cold load prints (a new entry after an upgrade, ``HEADPROBE_CACHE`` elsewhere)."""
+
+
+def _recorded_eta(root: Path | None, source: str | os.PathLike[str]) -> str:
+    """``last took N s`` from :data:`LOAD_TIMES`, or ``""`` (none recorded, unreadable, cache off)."""
+    try:
+        seconds = json.loads((root / LOAD_TIMES).read_text(encoding="utf-8"))[Path(source).name] if root else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return f"last took {seconds:.0f} s here" if isinstance(seconds, (int, float)) and seconds > 0 else ""
+
+
+def _record_seconds(root: Path | None, source: str | os.PathLike[str], seconds: float) -> None:
+    """Record a cold load's ``seconds`` in :data:`LOAD_TIMES` (best effort: a failure is logged, not raised)."""
+    if root is None:
+        return
+    try:
+        path = root / LOAD_TIMES
+        times = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        times = times if isinstance(times, dict) else {}
+        times[Path(source).name] = round(seconds, 1)
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{LOAD_TIMES}.{os.getpid()}")
+        tmp.write_text(json.dumps(times, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except (OSError, ValueError) as e:
+        log.warning("headprobe: cannot record the load time in %s (%s)", root, e)
 
 
 class _EntryReader:

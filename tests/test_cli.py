@@ -105,7 +105,7 @@ def test_flags_match_the_python_keywords_they_set(capsys):
 
 @pytest.mark.parametrize("argv, fragment", [
     (["scan", "-k", "-3", "--out", "x"], "-k/--top-k: must be a positive integer"),
-    (["scan", "--alpha", "1.5", "--out", "x"], "--alpha must be between 0 and 1"),
+    (["scan", "--alpha", "1.5", "--out", "x"], "--alpha: must be between 0 and 1 (exclusive), got 1.5 (see headprobe scan --help)"),
     (["scan", "--types", "inductoin", "--out", "x"], "did you mean induction"),
     (["show", "--head", "40.2", "--prompt", "hi", "--out", "x"], "head 40.2 is out of range: the model has 30 layers"),
 ])

@@ -155,7 +155,12 @@ class AtlasConfig(ModelSettings, DataSettings):
 
     def model_list(self) -> list[tuple[str, str, int | None]]:
         """``(label, model, step)`` of every model to scan, in order: the checkpoints' snapshots
-        (label ``step N``), then the models (or the defaults)."""
+        (label ``step N``), then the models (or the defaults).
+
+        Raises:
+            HeadprobeError: a model named twice, or a name that names no model (an unknown name, a
+                missing path: :func:`headprobe.options.check_model`, before anything loads or is written).
+        """
         out: list[tuple[str, str, int | None]] = []
         if self.checkpoints is not None:
             out += [(f"step {step}", str(d), step) for step, d in snapshot_dirs(self.checkpoints)]
@@ -164,6 +169,9 @@ class AtlasConfig(ModelSettings, DataSettings):
         labels = [label for label, _, _ in out]
         if len(set(labels)) != len(labels):
             raise HeadprobeError(f"a model is named twice: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}")
+        for m in models:  # a path that exists but does not load is recorded as failed by run, and the atlas goes on
+            if m != TOY and not Path(m).expanduser().exists():
+                options.check_model(m)
         return out
 
 
@@ -171,7 +179,7 @@ def default_models() -> tuple[str, ...]:
     """:data:`DEFAULT_MODELS` plus the :data:`CACHED_CANDIDATES` the local Hugging Face cache holds."""
     from huggingface_hub import try_to_load_from_cache
 
-    from headprobe.probe.loading import ALIASES
+    from headprobe.probe.sources import ALIASES
 
     cached = [m for m in CACHED_CANDIDATES if isinstance(try_to_load_from_cache(ALIASES.get(m, m), "config.json"), str)]
     return (*DEFAULT_MODELS, *cached)
@@ -417,7 +425,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=None, help="heads ablated per type (default: as scan)")
     p.add_argument("--n-random", type=positive_int, default=d.n_random,
                    help="the most control sets of k heads a verdict's test ablates (default %(default)s; see scan)")
-    p.add_argument("--alpha", type=float, default=d.alpha, help="significance level of the verdicts (default %(default)s)")
+    p.add_argument("--alpha", type=settings.probability, default=d.alpha, help="significance level of the verdicts (default %(default)s)")
     p.add_argument("--control", choices=("layer-matched", "uniform"), default=d.control,
                    help="how control sets are drawn (default %(default)s; see scan)")
     p.add_argument("--correction", choices=("bh", "holm"), default=d.correction,
@@ -435,7 +443,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    config = settings.from_args(AtlasConfig, args, models=tuple(args.models) if args.models else None)
+    models = tuple(m.strip() for a in args.models for m in a.split(",") if m.strip()) if args.models else None  # a,b or a b
+    config = settings.from_args(AtlasConfig, args, models=models)
     config.model_list()
     prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
     with options.out_as_it_was(args.out):

@@ -1031,8 +1031,11 @@ def budget(**fields_: Any) -> BudgetResult:
     :class:`BudgetResult`.
 
     Raises:
-        TypeError: an unknown keyword. HeadprobeError: see :func:`run`.
+        TypeError: an unknown keyword (naming the nearest one). HeadprobeError: see :func:`run`.
     """
+    from headprobe.options import check_fields
+
+    check_fields(BudgetConfig, fields_, "budget", positional=())
     return run(BudgetConfig(**fields_))
 
 

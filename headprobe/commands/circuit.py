@@ -33,15 +33,18 @@ import argparse
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from headprobe import options, settings
 from headprobe.commands import Command
 from headprobe.options import positive_int
-from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.spec import ModelSpec
 from headprobe.probe.io import package_versions
 from headprobe.settings import DataSettings, ModelSettings, setting, shared
+
+if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
+    from headprobe.probe.backend import LoadedModel
+    from headprobe.probe.spec import ModelSpec
 
 HELP = "head circuits: edge attribution (EAP, EAP-IG) checked by exact path patching, and why a head attends"
 
@@ -111,7 +114,25 @@ class CircuitConfig(ModelSettings):
             raise HeadprobeError(f"--qk-head {self.qk_head!r} is not a head L.H (e.g. 18.6)")
 
     def preflight(self) -> None:
-        """Every check the settings alone decide (done in ``__post_init__``)."""
+        """Check before the model loads (torch-free): what the settings alone decide (``__post_init__``)
+        and, where config.json gives the layout (:func:`headprobe.options.peek_config`), the
+        receivers, ``--qk-head`` and the sequences' length against it.
+
+        Raises:
+            HeadprobeError: a head outside the model, or sequences longer than its context.
+        """
+        cfg = options.peek_config(self.model)
+        if cfg is None:
+            return  # checked after loading (run)
+        L, H, n_ctx = cfg["n_layers"], cfg["n_heads"], cfg["n_ctx"]
+        for r, _ in parse_receivers(self.receivers) if self.receivers else []:
+            if r is not None and not (0 < r[0] < L and 0 <= r[1] < H):
+                raise HeadprobeError(f"receiver {r[0]}.{r[1]} is not a head after layer 0 of a model of {L} layers x {H} heads")
+        qk = tuple(int(x) for x in self.qk_head.split(".")) if self.qk_head else None
+        if qk is not None and not (0 <= qk[0] < L and 0 <= qk[1] < H):
+            raise HeadprobeError(f"--qk-head {self.qk_head} is not a head of a model of {L} layers x {H} heads")
+        if n_ctx and 2 * self.period + 1 > n_ctx:
+            raise HeadprobeError(f"--period {self.period} gives sequences longer than the model's context ({n_ctx} tokens)")
 
 
 @dataclass

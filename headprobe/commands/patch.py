@@ -32,16 +32,20 @@ import argparse
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from headprobe import options, settings
 from headprobe.analyses.vocabulary import PATCH_SITES
 from headprobe.commands import Command
 from headprobe.options import positive_int
-from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.settings import ModelSettings
-from headprobe.probe.spec import ModelSpec
+from headprobe.probe.heads import parse_heads
 from headprobe.probe.io import package_versions, read_text_file
+
+if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
+    from headprobe.probe.backend import LoadedModel
+    from headprobe.probe.spec import ModelSpec
 
 HELP = ("activation patching of heads (z, q, k, v) or the residual stream (clean vs corrupted prompt, logit "
         "difference); the IOI task built in")
@@ -104,11 +108,28 @@ class PatchConfig(ModelSettings):
         return list(dict.fromkeys(out))
 
     def preflight(self) -> None:
-        """Read and check ``prompts`` (before a model loads)."""
-        self.read_pairs()
+        """Check before a model loads (torch-free): ``prompts`` read and checked, ``heads`` in range and
+        each prompt within the model's context where config.json and tokenizer.json can be read
+        (:func:`headprobe.options.peek_config`, :func:`headprobe.options.peek_token_count`).
+
+        Raises:
+            HeadprobeError: as :meth:`read_pairs`, a head out of range, a prompt longer than the context.
+        """
+        pairs = self._pair_fields()
+        cfg = options.peek_config(self.model)
+        if cfg and self.heads:
+            parse_heads(self.heads, cfg["n_layers"], cfg["n_heads"])
+        for i, pair in enumerate(pairs or ()):
+            for which in ("clean", "corrupted"):
+                n = options.peek_token_count(self.model, pair[which], self.prepend_bos)
+                if n is None or not cfg or not cfg["n_ctx"]:
+                    return
+                if n > cfg["n_ctx"]:
+                    raise HeadprobeError(f"prompt pair {i + 1}: the {which} prompt is {n} tokens, longer than the model's "
+                                         f"context of {cfg['n_ctx']} positions")
 
     def read_pairs(self):
-        """The prompt pairs of ``prompts`` (None without it).
+        """The prompt pairs of ``prompts`` (:class:`headprobe.analyses.patching.PromptPair`; None without it).
 
         Raises:
             HeadprobeError: unreadable file, a line that is not a JSON object with the four string fields, fewer than 2 pairs.
@@ -117,14 +138,20 @@ class PatchConfig(ModelSettings):
             return None
         from headprobe.analyses.patching import PromptPair
 
-        pairs = []
+        return [PromptPair(**pair) for pair in self._pair_fields()]
+
+    def _pair_fields(self) -> list[dict] | None:
+        """``prompts``' pairs as dicts of the four strings (torch-free; see :meth:`read_pairs`)."""
+        if self.prompts is None:
+            return None
+        pairs, keys = [], ("clean", "corrupted", "correct", "wrong")
         for n, line in enumerate(read_text_file(self.prompts).splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
-                pairs.append(PromptPair(**{k: obj[k] for k in ("clean", "corrupted", "correct", "wrong")}))
-                if not all(isinstance(getattr(pairs[-1], k), str) for k in ("clean", "corrupted", "correct", "wrong")):
+                pairs.append({k: obj[k] for k in keys})
+                if not all(isinstance(pairs[-1][k], str) for k in keys):
                     raise TypeError
             except (ValueError, KeyError, TypeError):
                 raise HeadprobeError(f"{self.prompts} line {n}: expected a JSON object with string fields clean, corrupted, "
@@ -286,7 +313,6 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
 
     from headprobe.analyses.patching import ioi_prompts, patch
     from headprobe.probe.capture import kv_head_of
-    from headprobe.probe.heads import parse_heads
 
     spec = model.spec
     if not spec.causal:

@@ -24,6 +24,9 @@ MAX_TOKENS = 1024
 """Longest prompt drawn whole: the HTML page keeps every head's pattern (n_layers x n_heads x T^2 bytes).
 A longer prompt (up to the model's context) is drawn as a window (:data:`LONG_WINDOW`)."""
 
+MIN_TOKENS = 3
+"""Shortest prompt shown: the page's scores (previous-token, first-token) need 3 positions."""
+
 LONG_WINDOW = 64
 """A prompt longer than :data:`MAX_TOKENS`: the figure shows its last ``LONG_WINDOW`` queries
 against the first 4 keys (the attention sink) and the last ``LONG_WINDOW - 4`` keys, computed from
@@ -69,6 +72,8 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
         HeadprobeError: an empty or too long prompt, a head outside the model, a model whose
             self-check forbids patterns, or an output directory that is not empty (without ``overwrite``).
     """
+    if not cfg.prompt.strip():
+        raise HeadprobeError("the prompt is empty; give --prompt TEXT or --prompt-file FILE")
     import numpy as np
 
     from headprobe.analyses import figures as figs
@@ -80,8 +85,6 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     from headprobe.probe.heads import format_head
     from headprobe.probe.io import prepare_output_dir, write_text
 
-    if not cfg.prompt.strip():
-        raise HeadprobeError("the prompt is empty; give --prompt TEXT or --prompt-file FILE")
     out = prepare_output_dir(cfg.out, overwrite, create=False)
     model = options.load_for(cfg)
     model.self_check.require_patterns("attention patterns")
@@ -93,8 +96,7 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     tokens = model.to_tokens(cfg.prompt)
     n = tokens.shape[1]
     longest = spec.n_ctx if spec.causal else min(MAX_TOKENS, spec.n_ctx)
-    if n < 2 or n > longest:
-        raise HeadprobeError(f"the prompt is {n} tokens; show draws 2 to {longest}")
+    check_length(n, longest)
     start = int(n > 1 and cfg.prepend_bos and model.tokenizer.bos_token_id is not None
                 and int(tokens[0, 0]) == model.tokenizer.bos_token_id)
     ts = TokenSet(tokens=tokens, start=start, source="prompt")
@@ -163,6 +165,31 @@ def head_table(spec, scores: dict, prompt: dict, n: int) -> tuple[object, list[s
     return table, notes
 
 
+def check_length(n: int, longest: int | None) -> None:
+    """Refuse a prompt of ``n`` tokens outside :data:`MIN_TOKENS` .. ``longest`` (None: no upper bound known).
+
+    Raises:
+        HeadprobeError: one line giving the prompt's length and the range.
+    """
+    if n < MIN_TOKENS:
+        raise HeadprobeError(f"the prompt is {n} tokens; the pattern's scores need at least {MIN_TOKENS} tokens (BOS included)")
+    if longest is not None and n > longest:
+        raise HeadprobeError(f"the prompt is {n} tokens; show draws {MIN_TOKENS} to {longest} (the model's context)")
+
+
+def _preflight(args: argparse.Namespace, prompt: str) -> None:
+    """What ``show`` refuses before torch loads: an empty prompt, a model that cannot be loaded, and a
+    prompt too short or longer than the context where the tokenizer and config.json can be read
+    without loading (:func:`headprobe.options.peek_token_count`, :func:`headprobe.options.peek_config`)."""
+    if not prompt.strip():
+        raise HeadprobeError("the prompt is empty; give --prompt TEXT or --prompt-file FILE")
+    options.check_model(args.model)
+    n = options.peek_token_count(args.model, prompt, args.prepend_bos)
+    if n is not None:
+        cfg = options.peek_config(args.model) or {}
+        check_length(n, cfg.get("n_ctx"))
+
+
 def long_window(n: int, size: int = LONG_WINDOW, sink: int = 4) -> tuple[list[int], list[int]]:
     """The part of an ``n``-token pattern a long prompt's figure shows: the last ``size`` queries
     against keys ``0 .. sink-1`` and the last ``size - sink`` keys (absolute positions)."""
@@ -201,6 +228,7 @@ def main(args: argparse.Namespace) -> int:
         parse_heads(args.head, *layout)
     # a file's final newline is the editor's, not part of the text to show
     prompt = read_text_file(args.prompt_file).rstrip("\r\n") if args.prompt_file else args.prompt
+    _preflight(args, prompt)
     prepare_output_dir(args.out, args.overwrite, create=False)
     cfg = settings.from_args(ShowConfig, args, prompt=prompt)
     with options.out_as_it_was(args.out):

@@ -132,10 +132,14 @@ def run(cfg: ViewConfig) -> Path:
         HeadprobeError: DIR (or --ablation's) missing or without headprobe tables, tables of
             different head layouts, an unreadable patterns.npz, or as :func:`compute_patterns`.
     """
+    d = Path(cfg.dir)
+    for folder, flag in ((d, ""), (cfg.ablation, "--ablation "), (cfg.circuit, "--circuit ")):  # before pandas loads
+        if folder is not None and not Path(folder).is_dir():
+            raise HeadprobeError(f"{flag}{folder} is not a directory (give the --out directory of headprobe "
+                                 f"{'circuit' if flag == '--circuit ' else 'scan or ablate'})")
     from headprobe.analyses.viewer import build_page, load_patterns
     from headprobe.probe.io import write_text
 
-    d = Path(cfg.dir)
     found = _read_dir(d)
     if cfg.model and found["patterns"] is None and found["scores"] is not None:
         compute_patterns(cfg, found["summary"], d / PATTERNS)

@@ -141,12 +141,30 @@ class ScanConfig(ModelSettings, DataSettings):
             raise HeadprobeError(f"--pattern-len must be 0 (no patterns.npz) or at least 2, got {self.pattern_len}")
 
     def preflight(self) -> None:
-        """Every check the settings alone decide, before a model loads (the text file here).
+        """Every check the settings alone decide, before a model loads: the text file, and ``k``, the
+        sequence length and the period against the layout and context config.json gives
+        (:func:`headprobe.options.peek_config`; else after loading, :meth:`resolved`).
 
         Raises:
-            HeadprobeError: as :meth:`read_text`.
+            HeadprobeError: as :meth:`read_text`; ``k`` at least the head count; a sequence longer than the context.
         """
         self.read_text()
+        cfg = options.peek_config(self.model)
+        if cfg:
+            self._check_layout(cfg["n_layers"] * cfg["n_heads"], cfg["n_ctx"])
+
+    def _check_layout(self, n_heads: int, n_ctx: int | None) -> None:
+        """The checks of ``seq_len``, ``period`` and ``k`` against a model's context and head count
+        (``n_ctx`` None: unknown, not checked)."""
+        if n_ctx and self.seq_len is not None and self.seq_len > n_ctx:
+            raise HeadprobeError(f"--seq-len {self.seq_len} is longer than the model's context ({n_ctx} tokens); "
+                                 f"use --seq-len {n_ctx} or less (longer text is cut into windows)")
+        if n_ctx and self.period is not None and 2 * self.period + 1 > n_ctx:
+            raise HeadprobeError(f"--period {self.period} gives sequences longer than the model's context ({n_ctx} tokens); "
+                                 f"use --period {(n_ctx - 1) // 2} or less")
+        if self.k is not None and self.k >= n_heads:
+            raise HeadprobeError(f"--top-k {self.k} leaves no random control: the model has {n_heads} heads; "
+                                 f"use --top-k {max(1, n_heads // 4)} or so")
 
     def read_text(self) -> TextFile | None:
         """The natural-text file, checked but read only as the token sets need it (None: the default text).
@@ -167,22 +185,14 @@ class ScanConfig(ModelSettings, DataSettings):
         Raises:
             HeadprobeError: a sequence longer than the model's context, or k >= the head count.
         """
-        if self.seq_len is not None and self.seq_len > spec.n_ctx:
-            raise HeadprobeError(f"--seq-len {self.seq_len} is longer than the model's context ({spec.n_ctx} tokens); "
-                                 f"use --seq-len {spec.n_ctx} or less (longer text is cut into windows)")
-        if self.period is not None and 2 * self.period + 1 > spec.n_ctx:
-            raise HeadprobeError(f"--period {self.period} gives sequences longer than the model's context ({spec.n_ctx} tokens); "
-                                 f"use --period {(spec.n_ctx - 1) // 2} or less")
+        n_heads = spec.n_layers * spec.n_heads
+        self._check_layout(n_heads, spec.n_ctx)
         from headprobe.analyses.detectors import DETECTORS
 
         types = tuple(t for t in self.types if DETECTORS[t].applies_to(spec.causal))
         if not types:
             raise HeadprobeError(f"head types {', '.join(self.types).replace('_', '-')} are scored on encoders only "
                                  f"(bidirectional attention); {spec.name} is causal")
-        n_heads = spec.n_layers * spec.n_heads
-        if self.k is not None and self.k >= n_heads:
-            raise HeadprobeError(f"--top-k {self.k} leaves no random control: the model has {n_heads} heads; "
-                                 f"use --top-k {max(1, n_heads // 4)} or so")
         return replace(self, types=types, seq_len=self.seq_len or min(DEFAULT_SEQ_LEN, spec.n_ctx),
                        period=self.period or _default_period(spec.n_ctx, trained_periods),
                        k=self.k or max(1, min(DEFAULT_K, n_heads // 4)))
@@ -209,7 +219,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-random", type=positive_int, default=d.n_random,
                    help="the most random control sets of k heads a verdict's test ablates; it stops earlier once its "
                         "outcome at --alpha is settled (default %(default)s)")
-    p.add_argument("--alpha", type=float, default=d.alpha,
+    p.add_argument("--alpha", type=settings.probability, default=d.alpha,
                    help="significance level of the verdicts, after --correction (default %(default)s)")
     p.add_argument("--control", choices=vocab.CONTROLS, default=d.control,
                    help="control sets: as many heads per layer as the top-k set (layer-matched), or any heads "
