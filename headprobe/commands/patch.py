@@ -254,7 +254,7 @@ class PatchResult:
         if site == "resid":
             ax = heat.axes[0]
             ax.set_xticks(range(len(p.positions)), [str(x) for x in p.positions], fontsize=5)
-            ax.set_xlabel("position (token index, 0 = first)")
+            ax.set_xlabel("position (token index: 0 = first, −1 = last)")
         top = self._top(12)
         ci = (top[["effect_ci95_lo", "effect_ci95_hi"]].to_numpy().T if p.has_intervals
               else np.full((2, len(top)), np.nan))
