@@ -49,8 +49,19 @@ METHODS = ("eap-ig", "eap")
 _RECEIVER = re.compile(r"^(\d+)\.(\d+):(q|k|v)$|^logits$")
 _HEAD = re.compile(r"^(\d+)\.(\d+)$")
 BASELINE_TOLERANCE = 1e-4
-"""Largest change of the metric (nats/token) allowed when a forward resumed at a receiver's layer
-runs unpatched: it must reproduce the clean run."""
+"""Largest change of the metric (nats/token) allowed in float32 when a forward resumed at a
+receiver's layer runs unpatched (half precision: :func:`headprobe.analyses.paths.baseline_tolerance`)."""
+
+
+def _gib(text: str) -> float:
+    """``--memory-gb``: a positive number of GiB."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of GiB")
+    return value
 
 
 def parse_receivers(text: str) -> list[tuple[tuple[int, int] | None, str]]:
@@ -97,6 +108,9 @@ class CircuitConfig(ModelSettings):
     top: int = setting(20, "edges in the figure and summary (default %(default)s)", type=positive_int)
     receivers: str | None = setting(None, "path patch every earlier head into these, e.g. 18.6:k,17.3:k,logits")
     qk_head: str | None = setting(None, "explain this head's attention by QK attribution, e.g. 18.6")
+    memory_gb: float | None = setting(None, "working memory beyond the weights, GiB (default: 1, or half the available "
+                                            "memory if less); sequences are scored in chunks that fit, and a run whose "
+                                            "one sequence does not fit is refused before it starts", type=_gib)
 
     def __post_init__(self):
         super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
@@ -107,6 +121,8 @@ class CircuitConfig(ModelSettings):
                 raise HeadprobeError(f"--{name.replace('_', '-')} must be at least {least}, got {getattr(self, name)}")
         if self.receivers is not None:
             parse_receivers(self.receivers)
+        if self.memory_gb is not None and not 0 < self.memory_gb < float("inf"):
+            raise HeadprobeError(f"--memory-gb must be a positive number of GiB, got {self.memory_gb}")
         if self.qk_head is not None and _HEAD.match(self.qk_head) is None:
             raise HeadprobeError(f"--qk-head {self.qk_head!r} is not a head L.H (e.g. 18.6)")
 
@@ -256,11 +272,16 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
         raise HeadprobeError(f"--qk-head {config.qk_head} is not a head of a model of {spec.n_layers} layers x {spec.n_heads} heads")
     clean = repeated_random_tokens(model, config.n_seqs, config.period, config.seed)
     corrupted = repeated_random_tokens(model, config.n_seqs, config.period, config.seed + 1)
-    runs = paths.prepare_runs(model, clean.tokens, corrupted.tokens, first=clean.start + config.period)
+    budget = None if config.memory_gb is None else config.memory_gb * paths.GIB
+    rows, stack = paths.plan_rows(model, config.n_seqs, clean.tokens.shape[1], budget)
+    runs = paths.RunChunks(model, clean.tokens, corrupted.tokens, rows, stack, first=clean.start + config.period)
     layers = sorted({r[0] for r, _ in receivers if r is not None} | set(range(1, spec.n_layers)))
     base = paths.baseline_error(model, runs, layers if config.verify or receivers else [])
-    if base > BASELINE_TOLERANCE:
-        raise HeadprobeError(f"a forward resumed at a layer changes the clean loss by {base:.2g} nats/token: path patching refused")
+    clean_loss = runs.clean_metric()
+    tolerance, rule = paths.baseline_tolerance(model, clean_loss)
+    if base > tolerance:
+        raise HeadprobeError(f"a forward resumed at a layer, unpatched, changes the clean loss by {base:.2g} nats/token, "
+                             f"more than float rounding allows ({tolerance:.2g}: {rule}): direct-path patching refused")
     scores = paths.edge_scores(model, runs, config.method, config.steps)
     edges, agreement = paths.verify_edges(model, runs, scores.table(), config.verify, config.seed)
     sweep = paths.receiver_sweep(model, runs, receivers, scores) if receivers else None
@@ -271,9 +292,11 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
         q_pos = clean.start + config.period + config.period // 2  # the middle of the second copy
         qk = qk_attribution(model, clean.tokens[:1], *qk_head, q_pos, q_pos - config.period + 1)
     dtype = str(model.dtype).removeprefix("torch.")
-    return CircuitResult(config, spec, edges, agreement, sweep, qk, float(runs.clean_metric.mean()), base,
+    return CircuitResult(config, spec, edges, agreement, sweep, qk, clean_loss, base,
                          seconds=time.perf_counter() - t0,
-                         model_info={"device": str(model.device), "dtype": dtype, "self_check": model.self_check.to_dict()})
+                         model_info={"device": str(model.device), "dtype": dtype, "self_check": model.self_check.to_dict(),
+                                     "baseline_tolerance": float(f"{tolerance:.3g}"), "baseline_tolerance_rule": rule,
+                                     "sequences_per_chunk": rows})
 
 
 circuit = options.command_function(
@@ -285,7 +308,8 @@ circuit = options.command_function(
 def add_arguments(p: argparse.ArgumentParser) -> None:
     settings.add_flags(p, CircuitConfig, group=ModelSettings, skip=("prepend_bos",))  # --no-bos below, as before
     options.add_output_options(p)
-    settings.add_flags(p, CircuitConfig, only=("n_seqs", "period", "method", "steps", "verify", "top", "receivers", "qk_head"),
+    settings.add_flags(p, CircuitConfig, only=("n_seqs", "period", "method", "steps", "verify", "top", "receivers", "qk_head",
+                                               "memory_gb"),
                        helps={"period": "tokens per copy (default %(default)s)"})
     settings.add_flags(p, CircuitConfig, only=("prepend_bos", "seed"), helps={"prepend_bos": "do not put BOS in front of the prompts"})
 
