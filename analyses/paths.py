@@ -576,7 +576,7 @@ def exact_effects(model: LoadedModel, runs: "PathRuns | RunChunks", edges: Seque
     return out
 
 
-def verify_edges(model: LoadedModel, runs: PathRuns, table: pd.DataFrame, n: int, seed: int = 0,
+def verify_edges(model: LoadedModel, runs: "PathRuns | RunChunks", table: pd.DataFrame, n: int, seed: int = 0,
                  k: int = 10) -> tuple[pd.DataFrame, dict | None]:
     """Path patch the ``n`` edges of ``table`` (:meth:`EdgeScores.table`, sorted by ``|score|``) largest
     in ``|score|`` and ``n`` drawn at random (seeded) from the rest, exactly. Returns the table with an
