@@ -7,7 +7,8 @@ second copy (its predictable part, from the second token of the copy on).
 
 1. **Edge attribution** of every head -> head (q, k, v) and head -> logits edge, EAP or EAP-IG
    (``--method``, ``--steps``; Syed et al. 2023; Hanna et al. 2024, "Have Faith in Faithfulness").
-2. **Exact path patching** (Wang et al. 2022; Goldowsky-Dill et al. 2023) of the ``--verify``
+2. **Exact direct-path patching** (the sender's change added to the receiver's input only, not through
+   the MLPs between them as in Wang et al. 2022's path patching; Goldowsky-Dill et al. 2023) of the ``--verify``
    edges largest in ``|score|`` and as many drawn at random from the rest (seeded), and the
    agreement of the two (Spearman, Pearson, top-k recall).
 3. With ``--receivers 18.6:k,17.3:k``: exact path patching from every earlier head into each.
@@ -43,7 +44,8 @@ from headprobe.probe.spec import ModelSpec
 from headprobe.probe.io import package_versions
 from headprobe.settings import DataSettings, ModelSettings, setting, shared
 
-HELP = "head circuits: edge attribution (EAP, EAP-IG) checked by exact path patching, and why a head attends"
+HELP = ("head circuits: edge attribution (EAP, EAP-IG) checked by exact direct-path patching (the sender's change "
+        "reaches the receiver directly, not through the MLPs between), and why a head attends")
 
 METHODS = ("eap-ig", "eap")
 _RECEIVER = re.compile(r"^(\d+)\.(\d+):(q|k|v)$|^logits$")
@@ -166,13 +168,15 @@ class CircuitResult:
              "metric": "next-token loss (nats/token) on the second copy from its second token; effect = patched - clean",
              "clean_loss": round(self.clean_loss, 4), "baseline_error": float(f"{self.baseline_error:.3g}"),
              "method": self.config.method, "steps": self.config.steps if self.config.method == "eap-ig" else 1,
+             "ig_alphas": "right Riemann, 1/m..1" if self.config.method == "eap-ig" else "1 (the clean run)",
              "n_edges": int(len(self.edges)),
              "top_edges": [{"edge": r.edge, "score": round(float(r.score), 5),
                             "exact": None if r.exact != r.exact else round(float(r.exact), 5)} for r in top.itertuples()],
              "agreement": self.agreement,
              **self._null_reasons(top),
-             "path_patching": "clean run; the sender's corrupted - clean result added only to the receiver's input "
-                              "residual, the receiver's input norm recomputed; every later layer recomputed"}
+             "path_patching": "direct-path patching: clean run; the sender's corrupted - clean result added only to the "
+                              "receiver's input residual (the MLPs between sender and receiver stay clean, unlike Wang et "
+                              "al. 2022, who recompute them), the receiver's input norm recomputed; every later layer recomputed"}
         if self.paths is not None:
             s["receivers"] = {rec: [{"sender": r.sender, "effect": round(float(r.effect), 5), "score": round(float(r.score), 5)}
                                     for r in grp.head(8).itertuples()] for rec, grp in self.paths.groupby("receiver", sort=False)}
