@@ -262,7 +262,7 @@ class RunChunks:
 
     def __init__(self, model: LoadedModel, clean: Tensor, corrupted: Tensor, rows: int, stack_rows: int = 32,
                  metric: Metric | None = None, first: int = 0, attention_mask: Tensor | None = None):
-        self.model, self.clean, self.corrupted, self.rows, self.stack_rows = model, clean, corrupted, max(1, rows), stack_rows
+        self.loaded, self.clean, self.corrupted, self.rows, self.stack_rows = model, clean, corrupted, max(1, rows), stack_rows
         self.metric, self.first, self.mask = metric, first, attention_mask
         self._whole: PathRuns | None = None
 
@@ -271,13 +271,13 @@ class RunChunks:
         B = self.clean.shape[0]
         if self.rows >= B:
             if self._whole is None:
-                self._whole = prepare_runs(self.model, self.clean, self.corrupted, self.metric, self.first, self.mask)
+                self._whole = prepare_runs(self.loaded, self.clean, self.corrupted, self.metric, self.first, self.mask)
             yield 1.0, self._whole
             return
         for i in range(0, B, self.rows):
             j = min(i + self.rows, B)
             mask = None if self.mask is None else self.mask[i:j]
-            yield (j - i) / B, prepare_runs(self.model, self.clean[i:j], self.corrupted[i:j], self.metric, self.first, mask)
+            yield (j - i) / B, prepare_runs(self.loaded, self.clean[i:j], self.corrupted[i:j], self.metric, self.first, mask)
 
     def clean_metric(self) -> float:
         """The clean run's metric, the batch mean (one pass when chunked)."""
