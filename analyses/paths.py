@@ -208,6 +208,10 @@ DEFAULT_BUDGET = 1.0 * GIB
 half the memory available)."""
 
 
+MAX_STACK = 32
+"""The most stacked sequences per path-patched forward, whatever the budget allows (more gain no speed)."""
+
+
 def row_bytes(model: LoadedModel, pos: int) -> tuple[int, int]:
     """Estimated bytes of working memory per sequence of ``pos`` tokens: ``(scoring, patching)``.
 
@@ -246,7 +250,7 @@ def plan_rows(model: LoadedModel, batch: int, pos: int, budget: float | None = N
         raise HeadprobeError(f"one sequence of {pos} tokens needs about {max(scoring, patching) / GIB:.2f} GiB of "
                              f"working memory, more than the budget of {budget / GIB:.2f} GiB (available "
                              f"{available / GIB:.2f} GiB): use shorter sequences or a larger budget")
-    return max(1, min(batch, int(budget // scoring))), max(1, int(budget // patching))
+    return max(1, min(batch, int(budget // scoring))), max(1, min(MAX_STACK, int(budget // patching)))
 
 
 class RunChunks:
