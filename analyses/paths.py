@@ -8,7 +8,8 @@ where the block has one, :func:`headprobe.probe.capture.capture_internal`), and 
 a corrupted and the clean run is ``delta_s = result_s(corrupted) - result_s(clean)``
 ``[batch, pos, d_model]``.
 
-**Path patching** (Wang et al. 2022, "Interpretability in the Wild", arXiv 2211.00593, sec. 3.1;
+**Direct-path patching** (after Wang et al. 2022, "Interpretability in the Wild", arXiv 2211.00593,
+sec. 3.1, who also recompute the MLPs between sender and receiver, which this does not;
 Goldowsky-Dill et al. 2023, "Localizing Model Behavior with Path Patching", arXiv 2304.05969): the
 clean run, with only receiver ``r``'s chosen input recomputed from the residual stream
 ``resid_pre(l_r) + delta_s`` at every position: the sender's corrupted output reaches ``r`` along the
@@ -31,7 +32,7 @@ residual stream as ``r``'s input reads it (summed over batch and positions). **E
 Pezzelle, Belinkov 2024, "Have Faith in Faithfulness", arXiv 2403.17806) averages that gradient
 over ``m`` inputs whose token embeddings interpolate from the corrupted to the clean prompt,
 ``e(alpha) = e_corrupted + alpha (e_clean - e_corrupted)``, ``alpha = k/m`` for ``k = 1..m``
-(integrated gradients, Sundararajan et al. 2017). Both cost one corrupted forward plus one
+(integrated gradients, Sundararajan et al. 2017; the right Riemann sum, :func:`ig_alphas`). Both cost one corrupted forward plus one
 forward and backward per step.
 """
 
@@ -185,15 +186,114 @@ def prepare_runs(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted:
     L = model.spec.n_layers
     embeds: list[Tensor] = []
     with model.hooks([("hook_embed", lambda x, hook: embeds.append(x.detach().clone()))]):
-        cap_clean = capture_internal(model, clean, residual=True, attention_mask=mask)
-        cap_corr = capture_internal(model, corrupted, attention_mask=mask)
-    deltas = torch.stack([(cap_corr["result"][l] - cap_clean["result"][l]).float() for l in range(L)])
+        # the fused kernel (no pattern hook), as the clean run and the resumed runs use: bitwise the same residuals
+        cap = capture_internal(model, clean, residual=True, attention_mask=mask, patterns=False)
+        deltas = torch.stack([-cap["result"].pop(l).float() for l in range(L)])  # one layer's capture freed at a time
+        resid_pre = torch.stack([cap["resid_pre"].pop(l).float() for l in range(L)])
+        resid_final = cap["resid_post"][L - 1].float()
+        del cap
+        cap = capture_internal(model, corrupted, attention_mask=mask, patterns=False)
+        for l in range(L):
+            deltas[l] += cap["result"].pop(l).float()
+        del cap
     if mask is not None:  # a padding position's change reaches no real one; left out of every score
-        deltas = deltas * mask.to(deltas.device, deltas.dtype)[None, :, :, None, None]
-    resid_pre = torch.stack([cap_clean["resid_pre"][l].float() for l in range(L)])
-    resid_final = cap_clean["resid_post"][L - 1].float()
+        deltas *= mask.to(deltas.device, deltas.dtype)[None, :, :, None, None]
     clean_metric = metric(model.forward(clean, attention_mask=mask).float(), clean.to(model.device)).float()
     return PathRuns(clean, corrupted, metric, deltas, resid_pre, resid_final, clean_metric, embeds[0], embeds[1], mask)
+
+
+GIB = 2 ** 30
+DEFAULT_BUDGET = 1.0 * GIB
+"""The default working memory (bytes) of the circuit engines beyond the model's weights (at most
+half the memory available)."""
+
+
+MAX_STACK = 32
+"""The most stacked sequences per path-patched forward, whatever the budget allows (more gain no speed)."""
+
+
+def row_bytes(model: LoadedModel, pos: int) -> tuple[int, int]:
+    """Estimated bytes of working memory per sequence of ``pos`` tokens: ``(scoring, patching)``.
+
+    ``scoring``: one sequence's share of :func:`prepare_runs` and one EAP(-IG) step: its deltas
+    ``[layer, pos, head, d_model]`` twice while they are built, the clean residuals, the autograd
+    graph of a forward (per layer about ``12 d_model + 2 head pos + 6 head d_head`` floats per
+    token, an MLP of ``4 d_model`` assumed), the logits three times (logits, log-probabilities,
+    their gradient) and one layer's pull-back ``[3, head, pos, d_model]`` four times. ``patching``:
+    one stacked copy of a path-patched forward (logits three times, a layer's activations).
+    float32 throughout (the engines keep float32 copies whatever the weights' dtype)."""
+    sp = model.spec
+    L, H, D, V, dh = sp.n_layers, sp.n_heads, sp.d_model, sp.d_vocab, sp.d_head
+    scoring = 2 * L * H * D + 2 * L * D + L * (12 * D + 2 * H * pos + 6 * H * dh) + 3 * V + 12 * H * D
+    patching = 3 * V + 16 * D + 2 * H * pos + 2 * D
+    return 4 * pos * scoring, 4 * pos * patching
+
+
+def plan_rows(model: LoadedModel, batch: int, pos: int, budget: float | None = None) -> tuple[int, int]:
+    """How many sequences to score at a time and how many stacked copies to path patch per forward,
+    so that the working memory (:func:`row_bytes`) stays within ``budget`` bytes (None:
+    :data:`DEFAULT_BUDGET` or half the available memory, whichever is less; psutil).
+
+    Raises:
+        HeadprobeError: ``budget`` exceeds the available memory, or one sequence does not fit in it.
+    """
+    import psutil
+
+    available = psutil.virtual_memory().available
+    if budget is None:
+        budget = min(DEFAULT_BUDGET, available / 2)
+    elif budget > available:
+        raise HeadprobeError(f"a working-memory budget of {budget / GIB:.2f} GiB is more than the "
+                             f"{available / GIB:.2f} GiB available")
+    scoring, patching = row_bytes(model, pos)
+    if scoring > budget or patching > budget:
+        raise HeadprobeError(f"one sequence of {pos} tokens needs about {max(scoring, patching) / GIB:.2f} GiB of "
+                             f"working memory, more than the budget of {budget / GIB:.2f} GiB (available "
+                             f"{available / GIB:.2f} GiB): use shorter sequences or a larger budget")
+    return max(1, min(batch, int(budget // scoring))), max(1, min(MAX_STACK, int(budget // patching)))
+
+
+class RunChunks:
+    """The clean and corrupted runs of a batch taken ``rows`` sequences at a time, so that memory does
+    not grow with the batch: each pass over :meth:`parts` prepares one chunk's :class:`PathRuns`
+    (:func:`prepare_runs`) at a time (kept, not recomputed, when one chunk holds the whole batch).
+    Every engine that takes a :class:`PathRuns` also takes this and returns the batch mean, each
+    chunk weighted by its share of the sequences (the metric is a per-sequence mean).
+
+    Attributes:
+        stack_rows: the most stacked sequences per path-patched forward.
+    """
+
+    def __init__(self, model: LoadedModel, clean: Tensor, corrupted: Tensor, rows: int, stack_rows: int = 32,
+                 metric: Metric | None = None, first: int = 0, attention_mask: Tensor | None = None):
+        self.loaded, self.clean, self.corrupted, self.rows, self.stack_rows = model, clean, corrupted, max(1, rows), stack_rows
+        self.metric, self.first, self.mask = metric, first, attention_mask
+        self._whole: PathRuns | None = None
+
+    def parts(self):
+        """Yields ``(weight, PathRuns)`` per chunk, ``weight`` its share of the batch."""
+        B = self.clean.shape[0]
+        if self.rows >= B:
+            if self._whole is None:
+                self._whole = prepare_runs(self.loaded, self.clean, self.corrupted, self.metric, self.first, self.mask)
+            yield 1.0, self._whole
+            return
+        for i in range(0, B, self.rows):
+            j = min(i + self.rows, B)
+            mask = None if self.mask is None else self.mask[i:j]
+            yield (j - i) / B, prepare_runs(self.loaded, self.clean[i:j], self.corrupted[i:j], self.metric, self.first, mask)
+
+    def clean_metric(self) -> float:
+        """The clean run's metric, the batch mean (one pass when chunked)."""
+        return sum(w * float(r.clean_metric.mean()) for w, r in self.parts())
+
+
+def _parts(runs: "PathRuns | RunChunks"):
+    return runs.parts() if isinstance(runs, RunChunks) else [(1.0, runs)]
+
+
+def _stack_rows(runs: "PathRuns | RunChunks", max_rows: int | None) -> int:
+    return max_rows if max_rows is not None else (runs.stack_rows if isinstance(runs, RunChunks) else 32)
 
 
 def _group(model: LoadedModel) -> int:
@@ -231,16 +331,16 @@ def _chunks(n: int, batch: int, max_rows: int) -> list[range]:
 
 
 @torch.inference_mode()
-def path_patch_effects(model: LoadedModel, runs: PathRuns, senders: Sequence[tuple[int, int]], receiver: tuple[int, int] | None,
-                       inp: str = "k", max_rows: int = 32) -> Float[np.ndarray, "sender"]:
-    """Exact path patching (module docstring) of each sender into one receiver's input ``inp``
+def path_patch_effects(model: LoadedModel, runs: "PathRuns | RunChunks", senders: Sequence[tuple[int, int]],
+                       receiver: tuple[int, int] | None, inp: str = "k", max_rows: int | None = None) -> Float[np.ndarray, "sender"]:
+    """Exact direct-path patching (module docstring) of each sender into one receiver's input ``inp``
     (``receiver`` None: the logits), several senders per batched forward (at most ``max_rows``
-    sequences). Returns ``M(patched) - M(clean)`` averaged over the batch, one per sender.
+    sequences; None: 32, or the :class:`RunChunks`' ``stack_rows``). Returns ``M(patched) - M(clean)``
+    averaged over the batch, one per sender.
 
     Raises:
         HeadprobeError: a sender not before its receiver, or a bad input name.
     """
-    B = runs.clean.shape[0]
     L = model.spec.n_layers
     if receiver is not None and inp not in INPUTS:
         raise HeadprobeError(f"receiver input must be one of {INPUTS}, got {inp!r}")
@@ -248,6 +348,15 @@ def path_patch_effects(model: LoadedModel, runs: PathRuns, senders: Sequence[tup
         if not (0 <= s[0] < L and 0 <= s[1] < model.spec.n_heads) or (receiver is not None and s[0] >= receiver[0]):
             raise HeadprobeError(f"sender {s[0]}.{s[1]} is not a head before its receiver")
     _check_expandable(model, [inp])
+    if isinstance(runs, RunChunks):
+        return sum(w * _patch_part(model, r, senders, receiver, inp, _stack_rows(runs, max_rows)) for w, r in runs.parts())
+    return _patch_part(model, runs, senders, receiver, inp, _stack_rows(runs, max_rows))
+
+
+def _patch_part(model: LoadedModel, runs: PathRuns, senders: Sequence[tuple[int, int]], receiver: tuple[int, int] | None,
+                inp: str, max_rows: int) -> np.ndarray:
+    """:func:`path_patch_effects` on one :class:`PathRuns` (checks done)."""
+    B = runs.clean.shape[0]
     out = np.zeros(len(senders))
     for idx in _chunks(len(senders), B, max_rows):
         delta = torch.cat([runs.deltas[senders[i][0], :, :, senders[i][1]] for i in idx])  # [n*B, pos, d_model]
@@ -358,14 +467,30 @@ def _pull_back(model: LoadedModel, layer: int, grads: dict[tuple[int, str], Tens
     return g.detach().view(cot.shape)
 
 
-def edge_scores(model: LoadedModel, runs: PathRuns, method: str = "eap-ig", steps: int = 5) -> EdgeScores:
+IG_ALPHAS = "right Riemann sum, alpha = k/m for k = 1..m (ends at the clean run)"
+"""EAP-IG's integration points (:func:`ig_alphas`), as summaries state them."""
+
+
+def ig_alphas(method: str, steps: int) -> list[float]:
+    """The interpolation points: EAP ``[1.0]`` (the clean run); EAP-IG the right Riemann sum
+    ``k/m``, ``k = 1..m``: it includes the clean run (alpha = 1), where EAP's gradient is taken, and
+    leaves out the corrupted one (alpha = 0), so that EAP-IG with one step is EAP. This is the rule of
+    Hanna et al.'s paper and of hannamw/EAP-IG's node attribution (and its edge attribution before
+    2025-02); its edge code now sums ``k = 0..m-1`` (left Riemann), which at 5 steps ranks edges
+    differently (Spearman 0.81 between the two rules, as measured for issue 35)."""
+    return [1.0] if method == "eap" else [k / steps for k in range(1, steps + 1)]
+
+
+def edge_scores(model: LoadedModel, runs: "PathRuns | RunChunks", method: str = "eap-ig", steps: int = 5) -> EdgeScores:
     """EAP or EAP-IG scores (module docstring) of every head -> head (q/k/v) edge and head -> logits
     edge: ``delta_s . mean_alpha dM/d(input_r)(alpha)``, summed over batch and positions, in the
-    metric's units (an estimate of :func:`path_patch_effects`).
+    metric's units (an estimate of :func:`path_patch_effects`). The products are taken one sender
+    layer at a time (no ``[layer, batch, pos, head, d_model]`` copy), and a :class:`RunChunks` is
+    scored chunk by chunk, so memory grows with neither the layers nor the batch.
 
     Args:
-        runs: from :func:`prepare_runs`.
-        method: ``eap`` (the gradient at the clean run) or ``eap-ig`` (``steps`` points ``alpha = k/steps``).
+        runs: from :func:`prepare_runs`, or a :class:`RunChunks`.
+        method: ``eap`` (the gradient at the clean run) or ``eap-ig`` (``steps`` points, :func:`ig_alphas`).
         steps: integration steps of EAP-IG (>= 1).
 
     Raises:
@@ -377,7 +502,19 @@ def edge_scores(model: LoadedModel, runs: PathRuns, method: str = "eap-ig", step
         raise HeadprobeError(f"EAP-IG needs at least 1 step, got {steps}")
     _check_expandable(model, INPUTS)
     L, H = model.spec.n_layers, model.spec.n_heads
-    alphas = [1.0] if method == "eap" else [k / steps for k in range(1, steps + 1)]
+    alphas = ig_alphas(method, steps)
+    head_scores, logit_scores = torch.zeros(3, L, H, L, H, dtype=torch.float64), torch.zeros(L, H, dtype=torch.float64)
+    for weight, part in _parts(runs):
+        heads, logits = _score_part(model, part, alphas)
+        head_scores += weight * heads
+        logit_scores += weight * logits
+    n = len(alphas)
+    return EdgeScores("eap" if method == "eap" else "eap-ig", n, (head_scores / n).numpy(), (logit_scores / n).numpy())
+
+
+def _score_part(model: LoadedModel, runs: PathRuns, alphas: Sequence[float]) -> tuple[Tensor, Tensor]:
+    """The sums over ``alphas`` of :func:`edge_scores`' products on one :class:`PathRuns`."""
+    L, H = model.spec.n_layers, model.spec.n_heads
     head_scores, logit_scores = torch.zeros(3, L, H, L, H, dtype=torch.float64), torch.zeros(L, H, dtype=torch.float64)
     deltas = runs.deltas.to(model.device)
     for alpha in alphas:
@@ -385,10 +522,14 @@ def edge_scores(model: LoadedModel, runs: PathRuns, method: str = "eap-ig", step
         for layer in range(1, L):
             g = _pull_back(model, layer, grads, resid_pre[layer])
             with torch.no_grad():
-                head_scores[:, layer, :, :layer] += torch.einsum("ihbpd,lbpsd->ihls", g, deltas[:layer]).double().cpu()
-        logit_scores += torch.einsum("bpd,lbpsd->ls", final, deltas).double().cpu()
-    n = len(alphas)
-    return EdgeScores("eap" if method == "eap" else "eap-ig", n, (head_scores / n).numpy(), (logit_scores / n).numpy())
+                for ls in range(layer):
+                    head_scores[:, layer, :, ls] += torch.einsum("ihbpd,bpsd->ihs", g, deltas[ls]).double().cpu()
+            del g
+        with torch.no_grad():
+            for ls in range(L):
+                logit_scores[ls] += torch.einsum("bpd,bpsd->s", final, deltas[ls]).double().cpu()
+        del grads, final, resid_pre
+    return head_scores, logit_scores
 
 
 def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str, Any]:
@@ -425,19 +566,22 @@ def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str,
     return {**out, "null_reasons": reasons} if reasons else out
 
 
-def exact_effects(model: LoadedModel, runs: PathRuns, edges: Sequence[Edge], max_rows: int = 32) -> np.ndarray:
-    """Exact path patching (:func:`path_patch_effects`) of each edge, edges of one receiver input batched together."""
-    out = np.full(len(edges), np.nan)
+def exact_effects(model: LoadedModel, runs: "PathRuns | RunChunks", edges: Sequence[Edge],
+                  max_rows: int | None = None) -> np.ndarray:
+    """Exact path patching (:func:`path_patch_effects`) of each edge, edges of one receiver input batched
+    together (a :class:`RunChunks` prepared once per chunk for all of them)."""
+    out = np.zeros(len(edges))
     groups: dict[tuple, list[int]] = {}
     for i, e in enumerate(edges):
         groups.setdefault((e.receiver, e.input), []).append(i)
-    for (receiver, inp), idx in groups.items():
-        out[idx] = path_patch_effects(model, runs, [edges[i].sender for i in idx], receiver,
-                                      "k" if receiver is None else inp, max_rows=max_rows)
+    for weight, part in _parts(runs):
+        for (receiver, inp), idx in groups.items():
+            out[idx] += weight * path_patch_effects(model, part, [edges[i].sender for i in idx], receiver,
+                                                    "k" if receiver is None else inp, max_rows=_stack_rows(runs, max_rows))
     return out
 
 
-def verify_edges(model: LoadedModel, runs: PathRuns, table: pd.DataFrame, n: int, seed: int = 0,
+def verify_edges(model: LoadedModel, runs: "PathRuns | RunChunks", table: pd.DataFrame, n: int, seed: int = 0,
                  k: int = 10) -> tuple[pd.DataFrame, dict | None]:
     """Path patch the ``n`` edges of ``table`` (:meth:`EdgeScores.table`, sorted by ``|score|``) largest
     in ``|score|`` and ``n`` drawn at random (seeded) from the rest, exactly. Returns the table with an
@@ -455,7 +599,7 @@ def verify_edges(model: LoadedModel, runs: PathRuns, table: pd.DataFrame, n: int
     return table, (agreement(done["exact"].to_numpy(), done["score"].to_numpy(), k) if len(done) >= 3 else None)
 
 
-def receiver_sweep(model: LoadedModel, runs: PathRuns, receivers: Sequence[tuple[tuple[int, int] | None, str]],
+def receiver_sweep(model: LoadedModel, runs: "PathRuns | RunChunks", receivers: Sequence[tuple[tuple[int, int] | None, str]],
                    scores: EdgeScores | None = None) -> pd.DataFrame:
     """Exact path patching from every earlier head into each receiver (``(head, input)`` or ``(None,
     "logits")``): ``receiver, sender, effect`` (and ``score``, the edge attribution, when given), each
@@ -470,10 +614,16 @@ def receiver_sweep(model: LoadedModel, runs: PathRuns, receivers: Sequence[tuple
         if receiver is not None and not (0 < receiver[0] < L and 0 <= receiver[1] < H):
             raise HeadprobeError(f"receiver {receiver[0]}.{receiver[1]} is not a head after layer 0 of a model of "
                                  f"{L} layers x {H} heads")
+    effects = {i: 0.0 for i in range(len(receivers))}
+    for weight, part in _parts(runs):
+        for i, (receiver, inp) in enumerate(receivers):
+            senders = [(l, h) for l in range(L if receiver is None else receiver[0]) for h in range(H)]
+            effects[i] = effects[i] + weight * path_patch_effects(model, part, senders, receiver, "k" if receiver is None else inp,
+                                                                  max_rows=_stack_rows(runs, None))
+    for i, (receiver, inp) in enumerate(receivers):
         senders = [(l, h) for l in range(L if receiver is None else receiver[0]) for h in range(H)]
-        effects = path_patch_effects(model, runs, senders, receiver, "k" if receiver is None else inp)
         name = "logits" if receiver is None else f"{receiver[0]}.{receiver[1]}:{inp}"
-        for (l, h), eff in zip(senders, effects):
+        for (l, h), eff in zip(senders, effects[i]):
             score = np.nan if scores is None else (scores.logit_scores[l, h] if receiver is None else
                                                    scores.head_scores[INPUTS.index(inp), receiver[0], receiver[1], l, h])
             rows.append((name, f"{l}.{h}", float(eff), float(score)))
@@ -484,9 +634,24 @@ def receiver_sweep(model: LoadedModel, runs: PathRuns, receivers: Sequence[tuple
 
 
 @torch.inference_mode()
-def baseline_error(model: LoadedModel, runs: PathRuns, layers: Sequence[int]) -> float:
-    """Largest ``|M(resumed at layer, unpatched) - M(clean)|`` over ``layers`` (and the logits
-    receiver's unembedding): 0 up to float rounding when the resumed runs are the clean run."""
+def baseline_error(model: LoadedModel, runs: "PathRuns | RunChunks", layers: Sequence[int]) -> float:
+    """Largest ``|M(resumed at layer, unpatched) - M(clean)|`` (nats/token with the default metric)
+    over ``layers`` (and the logits receiver's unembedding) and the sequences: 0 when the resumed
+    runs are bitwise the clean run (as on the native backend, both on the fused kernel)."""
+    return max(_baseline_part(model, part, layers) for _, part in _parts(runs))
+
+
+def baseline_tolerance(model: LoadedModel, clean_metric: float) -> tuple[float, str]:
+    """The largest :func:`baseline_error` taken for float rounding, and the rule: ``1e-4`` in float32;
+    in half precision ``eps(dtype) * max(1, |M(clean)|)`` (bfloat16's eps is 2^-7, float16's 2^-10),
+    since a resumed run may round differently from the clean one there."""
+    if model.dtype in (torch.float32, torch.float64):
+        return 1e-4, "1e-4 (float32)"
+    eps = torch.finfo(model.dtype).eps
+    return eps * max(1.0, abs(clean_metric)), f"eps({str(model.dtype).removeprefix('torch.')}) * max(1, |clean metric|)"
+
+
+def _baseline_part(model: LoadedModel, runs: PathRuns, layers: Sequence[int]) -> float:
     tokens = runs.clean.to(model.device)
     outs = [model.logits_from_residual(runs.resid_final.to(model.device))]
     outs += [model.forward_from(l, runs.resid_pre[l], attention_mask=runs.mask) for l in sorted(set(layers))]

@@ -14,8 +14,9 @@ side's totals ``sum_a C[a, b]`` say what at key ``j`` drew the attention (for an
 the previous-token head that wrote the token before ``j``). This answers the "attention QK"
 question of circuit-tracer's issue 53 and Anthropic's 2025 notes on attention QK attributions.
 
-Every result carries the identity ``|sum C - s_ij| / |s_ij|`` against the score the model computed
-(``hook_attn_scores``, the soft-cap undone), and the residual identity (components summing to
+Every result carries the identity ``|sum C - s_ij| / max(|s_ij|, 1)`` against the score the model computed
+(``hook_attn_scores``; for a soft-capped head the score before the cap, ``scale * q_i . k_j`` from the
+query and key the attention multiplies, :func:`pre_cap_score`), and the residual identity (components summing to
 ``resid_pre``) is checked before anything is split: either off by more than
 :data:`IDENTITY_TOLERANCE` raises.
 """
@@ -50,8 +51,9 @@ class QKAttribution:
             ``pos_embed``, ``L.H`` (a head's result), ``b_O L``, ``mlp L``, ``ln1 bias`` (the
             pre-attention norm's bias), ``q bias`` / ``k bias`` (the projection's).
         contributions: ``[n_q, n_k]`` float64, in score units (the pre-softmax logit ``scale * q . k``).
-        score: the score the model computed (its soft-cap undone), float.
-        identity_error: ``|contributions.sum() - score| / |score|``.
+        score: the score the model computed (before any soft-cap: :func:`pre_cap_score`), float.
+        identity_error: ``|contributions.sum() - score| / max(|score|, 1)`` (absolute below 1: a
+            score near 0 is a difference of large float32 terms).
     """
 
     layer: int
@@ -154,6 +156,34 @@ def frozen_norm_terms(model: LoadedModel, layer: int, comps: Tensor, resid: Tens
 
 
 @torch.inference_mode()
+def pre_cap_score(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int, head: int, q_pos: int, k_pos: int) -> float:
+    """``scale * q_i . k_j`` of head ``layer.head`` before its soft-cap, from the query and key the
+    attention multiplies (``hook_rot_q``/``hook_rot_k``, after QK-norm and rotary; ``hook_q``/``hook_k``
+    where the model has no rotary hooks), in float64. Undoing the cap, ``cap * atanh(s / cap)``, is
+    not used: float32's ``tanh`` saturates from a few times the cap on (and ``atanh(1)`` is infinite).
+
+    Raises:
+        HeadprobeError: a QK-norm with no hook after it (the query the attention multiplies is not visible).
+    """
+    names = set(model.hook_names())
+    pre = f"blocks.{layer}.attn.hook_"
+    kind = "rot_" if f"{pre}rot_q" in names else ""
+    if not kind and model.spec.layout.qk_norm != "none":
+        raise HeadprobeError(f"layer {layer}'s soft-capped score cannot be read before its cap: its QK-norm has no hook after it")
+    grabbed: dict[str, Tensor] = {}
+
+    def grab(side: str):
+        def hook(x: Tensor, hook: Any) -> None:
+            grabbed[side] = x.detach()[0].double()  # [pos, head or kv_head, d_qk]
+        return hook
+
+    with model.hooks([(f"{pre}{kind}{side}", grab(side)) for side in ("q", "k")]):
+        model.forward(tokens)
+    q, k = grabbed["q"][q_pos, head], grabbed["k"][k_pos, model.spec.kv_head(head)]
+    return float(model.attention_scale(layer)[0] * (q @ k))
+
+
+@torch.inference_mode()
 def qk_attribution(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int, head: int, q_pos: int, k_pos: int) -> QKAttribution:
     """Split head ``layer.head``'s pre-softmax score for query ``q_pos`` and key ``k_pos`` of one
     prompt into (query-component x key-component) contributions (module docstring; Elhage et al.
@@ -195,10 +225,8 @@ def qk_attribution(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int,
     if scores is None or not math.isfinite(float(scores[head, q_pos, k_pos])):
         raise HeadprobeError(f"the model gave no finite score for head {layer}.{head} at ({q_pos}, {k_pos}) "
                              f"(a key outside its sliding window?)")
-    score = float(scores[head, q_pos, k_pos])
-    if cap is not None:
-        score = cap * math.atanh(score / cap)
-    err = abs(float(contributions.sum()) - score) / max(abs(score), 1e-30)
+    score = float(scores[head, q_pos, k_pos]) if cap is None else pre_cap_score(model, tokens, layer, head, q_pos, k_pos)
+    err = abs(float(contributions.sum()) - score) / max(abs(score), 1.0)  # a score near 0: absolute error
     if err > IDENTITY_TOLERANCE:
         raise HeadprobeError(f"QK attribution of {layer}.{head} does not sum to its score ({contributions.sum():.6g} "
                              f"against {score:.6g}, {err:.2g} relative)")

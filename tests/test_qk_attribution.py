@@ -81,3 +81,27 @@ def test_the_bridge_and_encoders_are_refused(tiny_gpt2, tiny_tokenizer, tmp_path
     tokens = _tokens(tiny_gpt2)
     with pytest.raises(HeadprobeError, match="native backend"):
         qk_attribution(tiny_gpt2, tokens, 1, 0, 5, 2)
+
+
+def test_soft_capped_scores_far_past_the_cap_are_split_exactly(tiny_tokenizer):
+    """Gemma-2 with layer 1's queries scaled x600 and its attention cap lowered to 2 (the tiny model's
+    scores stay under the real cap of 50): scores lie far beyond the cap, where undoing it
+    (``cap * atanh(s / cap)``) in float32 loses them (or raises at ``s == cap``). Reference: the same
+    model with layer 1's cap removed, whose ``hook_attn_scores`` is the raw score."""
+    ckpt = zoo.make_checkpoint("gemma2", tiny_tokenizer, attn_logit_softcapping=2.0)
+    with torch.no_grad():
+        ckpt.hf_model.model.layers[1].self_attn.q_proj.weight.mul_(600)
+    model = wrap(ckpt, backend="native")
+    tokens = _tokens(model)
+    attn = model.model.blocks[1].attn
+    cap = attn.softcap
+    pairs = [(i, j) for i in range(T) for j in range(max(0, i - 7), i + 1)][:32]
+    got = {(h, i, j): qk_attribution(model, tokens, 1, h, i, j) for h in range(model.spec.n_heads) for i, j in pairs}
+    attn.softcap = None
+    seen = {}
+    with model.hooks([("blocks.1.attn.hook_attn_scores", lambda x, hook: seen.setdefault("s", x.detach()[0].double()))]):
+        model.forward(tokens)
+    raw = torch.stack([seen["s"][h, i, j] for h, i, j in got]).numpy()
+    assert len(got) == 128 and (abs(raw) > 6 * cap).sum() >= 10  # far beyond the cap: the case at issue
+    for (key, r), want in zip(got.items(), raw):
+        assert r.identity_error < 1e-4 and abs(r.contributions.sum() - want) <= 1e-4 * max(1.0, abs(want)), key

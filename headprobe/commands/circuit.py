@@ -7,7 +7,8 @@ second copy (its predictable part, from the second token of the copy on).
 
 1. **Edge attribution** of every head -> head (q, k, v) and head -> logits edge, EAP or EAP-IG
    (``--method``, ``--steps``; Syed et al. 2023; Hanna et al. 2024, "Have Faith in Faithfulness").
-2. **Exact path patching** (Wang et al. 2022; Goldowsky-Dill et al. 2023) of the ``--verify``
+2. **Exact direct-path patching** (the sender's change added to the receiver's input only, not through
+   the MLPs between them as in Wang et al. 2022's path patching; Goldowsky-Dill et al. 2023) of the ``--verify``
    edges largest in ``|score|`` and as many drawn at random from the rest (seeded), and the
    agreement of the two (Spearman, Pearson, top-k recall).
 3. With ``--receivers 18.6:k,17.3:k``: exact path patching from every earlier head into each.
@@ -46,14 +47,26 @@ if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
     from headprobe.probe.backend import LoadedModel
     from headprobe.probe.spec import ModelSpec
 
-HELP = "head circuits: edge attribution (EAP, EAP-IG) checked by exact path patching, and why a head attends"
+HELP = ("head circuits: edge attribution (EAP, EAP-IG) checked by exact direct-path patching (the sender's change "
+        "reaches the receiver directly, not through the MLPs between), and why a head attends")
 
 METHODS = ("eap-ig", "eap")
 _RECEIVER = re.compile(r"^(\d+)\.(\d+):(q|k|v)$|^logits$")
 _HEAD = re.compile(r"^(\d+)\.(\d+)$")
 BASELINE_TOLERANCE = 1e-4
-"""Largest change of the metric (nats/token) allowed when a forward resumed at a receiver's layer
-runs unpatched: it must reproduce the clean run."""
+"""Largest change of the metric (nats/token) allowed in float32 when a forward resumed at a
+receiver's layer runs unpatched (half precision: :func:`headprobe.analyses.paths.baseline_tolerance`)."""
+
+
+def _gib(text: str) -> float:
+    """``--memory-gb``: a positive number of GiB."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of GiB")
+    return value
 
 
 def parse_receivers(text: str) -> list[tuple[tuple[int, int] | None, str]]:
@@ -100,6 +113,9 @@ class CircuitConfig(ModelSettings):
     top: int = setting(20, "edges in the figure and summary (default %(default)s)", type=positive_int)
     receivers: str | None = setting(None, "path patch every earlier head into these, e.g. 18.6:k,17.3:k,logits")
     qk_head: str | None = setting(None, "explain this head's attention by QK attribution, e.g. 18.6")
+    memory_gb: float | None = setting(None, "working memory beyond the weights, GiB (default: 1, or half the available "
+                                            "memory if less); sequences are scored in chunks that fit, and a run whose "
+                                            "one sequence does not fit is refused before it starts", type=_gib)
 
     def __post_init__(self):
         super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
@@ -110,6 +126,8 @@ class CircuitConfig(ModelSettings):
                 raise HeadprobeError(f"--{name.replace('_', '-')} must be at least {least}, got {getattr(self, name)}")
         if self.receivers is not None:
             parse_receivers(self.receivers)
+        if self.memory_gb is not None and not 0 < self.memory_gb < float("inf"):
+            raise HeadprobeError(f"--memory-gb must be a positive number of GiB, got {self.memory_gb}")
         if self.qk_head is not None and _HEAD.match(self.qk_head) is None:
             raise HeadprobeError(f"--qk-head {self.qk_head!r} is not a head L.H (e.g. 18.6)")
 
@@ -171,13 +189,15 @@ class CircuitResult:
              "metric": "next-token loss (nats/token) on the second copy from its second token; effect = patched - clean",
              "clean_loss": round(self.clean_loss, 4), "baseline_error": float(f"{self.baseline_error:.3g}"),
              "method": self.config.method, "steps": self.config.steps if self.config.method == "eap-ig" else 1,
+             "ig_alphas": "right Riemann, 1/m..1" if self.config.method == "eap-ig" else "1 (the clean run)",
              "n_edges": int(len(self.edges)),
              "top_edges": [{"edge": r.edge, "score": round(float(r.score), 5),
                             "exact": None if r.exact != r.exact else round(float(r.exact), 5)} for r in top.itertuples()],
              "agreement": self.agreement,
              **self._null_reasons(top),
-             "path_patching": "clean run; the sender's corrupted - clean result added only to the receiver's input "
-                              "residual, the receiver's input norm recomputed; every later layer recomputed"}
+             "path_patching": "direct-path patching: clean run; the sender's corrupted - clean result added only to the "
+                              "receiver's input residual (the MLPs between sender and receiver stay clean, unlike Wang et "
+                              "al. 2022, who recompute them), the receiver's input norm recomputed; every later layer recomputed"}
         if self.paths is not None:
             s["receivers"] = {rec: [{"sender": r.sender, "effect": round(float(r.effect), 5), "score": round(float(r.score), 5)}
                                     for r in grp.head(8).itertuples()] for rec, grp in self.paths.groupby("receiver", sort=False)}
@@ -277,11 +297,16 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
         raise HeadprobeError(f"--qk-head {config.qk_head} is not a head of a model of {spec.n_layers} layers x {spec.n_heads} heads")
     clean = repeated_random_tokens(model, config.n_seqs, config.period, config.seed)
     corrupted = repeated_random_tokens(model, config.n_seqs, config.period, config.seed + 1)
-    runs = paths.prepare_runs(model, clean.tokens, corrupted.tokens, first=clean.start + config.period)
+    budget = None if config.memory_gb is None else config.memory_gb * paths.GIB
+    rows, stack = paths.plan_rows(model, config.n_seqs, clean.tokens.shape[1], budget)
+    runs = paths.RunChunks(model, clean.tokens, corrupted.tokens, rows, stack, first=clean.start + config.period)
     layers = sorted({r[0] for r, _ in receivers if r is not None} | set(range(1, spec.n_layers)))
     base = paths.baseline_error(model, runs, layers if config.verify or receivers else [])
-    if base > BASELINE_TOLERANCE:
-        raise HeadprobeError(f"a forward resumed at a layer changes the clean loss by {base:.2g} nats/token: path patching refused")
+    clean_loss = runs.clean_metric()
+    tolerance, rule = paths.baseline_tolerance(model, clean_loss)
+    if base > tolerance:
+        raise HeadprobeError(f"a forward resumed at a layer, unpatched, changes the clean loss by {base:.2g} nats/token, "
+                             f"more than float rounding allows ({tolerance:.2g}: {rule}): direct-path patching refused")
     scores = paths.edge_scores(model, runs, config.method, config.steps)
     edges, agreement = paths.verify_edges(model, runs, scores.table(), config.verify, config.seed)
     sweep = paths.receiver_sweep(model, runs, receivers, scores) if receivers else None
@@ -292,9 +317,11 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
         q_pos = clean.start + config.period + config.period // 2  # the middle of the second copy
         qk = qk_attribution(model, clean.tokens[:1], *qk_head, q_pos, q_pos - config.period + 1)
     dtype = str(model.dtype).removeprefix("torch.")
-    return CircuitResult(config, spec, edges, agreement, sweep, qk, float(runs.clean_metric.mean()), base,
+    return CircuitResult(config, spec, edges, agreement, sweep, qk, clean_loss, base,
                          seconds=time.perf_counter() - t0,
-                         model_info={"device": str(model.device), "dtype": dtype, "self_check": model.self_check.to_dict()})
+                         model_info={"device": str(model.device), "dtype": dtype, "self_check": model.self_check.to_dict(),
+                                     "baseline_tolerance": float(f"{tolerance:.3g}"), "baseline_tolerance_rule": rule,
+                                     "sequences_per_chunk": rows})
 
 
 circuit = options.command_function(
@@ -306,7 +333,8 @@ circuit = options.command_function(
 def add_arguments(p: argparse.ArgumentParser) -> None:
     settings.add_flags(p, CircuitConfig, group=ModelSettings, skip=("prepend_bos",))  # --no-bos below, as before
     options.add_output_options(p)
-    settings.add_flags(p, CircuitConfig, only=("n_seqs", "period", "method", "steps", "verify", "top", "receivers", "qk_head"),
+    settings.add_flags(p, CircuitConfig, only=("n_seqs", "period", "method", "steps", "verify", "top", "receivers", "qk_head",
+                                               "memory_gb"),
                        helps={"period": "tokens per copy (default %(default)s)"})
     settings.add_flags(p, CircuitConfig, only=("prepend_bos", "seed"), helps={"prepend_bos": "do not put BOS in front of the prompts"})
 

@@ -225,7 +225,9 @@ class KVResult:
             "definitions": {"natural_loss": "mean next-token loss on natural text, nats/token",
                             "long_range": "a random block planted early and repeated at the end; loss and top-1 accuracy "
                                           "on its tokens 2..block_len", "streaming": "a KV group's query heads read only "
-                                          "the first sink and the last window keys; exact, the attention masked per group",
+                                          "the first sink and the last window keys; exact, the attention masked per group; "
+                                          "the window slides for every query, prompt included (kvpress's StreamingLLM "
+                                          "press instead prunes the cache once after a full-attention prefill)",
                             "uniform": "every group streaming with one window at the same KV memory",
                             "random": "as many groups full as the chosen policy, drawn at random"},
             "config": asdict(c), "seconds": round(self.seconds, 1), "versions": package_versions(),
