@@ -378,15 +378,16 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
     if run.cache.seconds_per_set is None:  # a resumed run keeps the first run's timing
         run.cache.seconds_per_set = (time.perf_counter() - t0) / max(run.ablated, 1)
         run.cache.save()
-    plan["seconds_per_set"] = run.cache.seconds_per_set
-    plan["estimated_s"] = plan["seconds_per_set"] * plan["max_sets"]
+    estimate = {"seconds_per_set": run.cache.seconds_per_set, "estimated_s": run.cache.seconds_per_set * plan["max_sets"]}
     notes += _non_finite_top(tests)
-    plan["lines"] = plan_lines(plan)
-    for line in plan["lines"]:
+    plan["lines"] = plan_lines(plan)  # stored without the time estimate (a timing: the design's "timings_s")
+    for line in plan_lines({**plan, **estimate}):
         (say or (lambda _: None))(line)
     run.controls(tests, streams, settings, n_secondary, on_round)
     run.bar.close()
-    return _verdicts(tests, streams, excluded, settings, metric, clean, plan, notes, run.ablated)
+    out, design = _verdicts(tests, streams, excluded, settings, metric, clean, plan, notes, run.ablated)
+    design["timings_s"] = {f"plan_{k}": v for k, v in estimate.items()}
+    return out, design
 
 
 def _verdicts(tests: list[_Test], streams: list, excluded: dict, settings: VerificationSettings, metric: AblationMetric,

@@ -37,7 +37,7 @@ START=$(date +%s)
 FAILED=()
 
 if [ "$QUICK" = 1 ]; then
-  SCAN_ARGS=(--n-natural 2 --seq-len 16 --n-repeated 2 --period 6 --n-random 4 -k 2)
+  SCAN_ARGS=(--n-natural 2 --seq-len 16 --n-repeated 2 --period 6 --n-random 4 --keep-n-random -k 2)
   SWEEP_ARGS=(--n-seqs 2 --seq-len 16)
   ABLATE_ARGS=(--n-natural 2 --seq-len 16 --n-repeated 2 --period 6 --heads 0.0,0.1,1.0,1.1,1.2,1.3)
   SPEED_ARGS=(--batch 2 --seq-len 32 --repeats 1)

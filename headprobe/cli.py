@@ -151,7 +151,8 @@ def _interrupted(e: KeyboardInterrupt, out: str | None) -> str:
     if out is None:
         said = "files are written atomically: none was left half-written"
     elif Path(out).is_dir() and any(Path(out).glob(CHECKPOINT_GLOB)):
-        said = f"the checkpoint in {out}/ is kept: run the same command again to resume from it"
+        said = (f"{out}/ holds what it held before this run, and this run's checkpoint: run the same command again "
+                f"to resume from it")
     else:
         said = (f"{out}/ is as it was before this run (a run's files are moved in together when it ends, "
                 f"summary.json last); run the command again to start over")

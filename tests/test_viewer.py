@@ -95,7 +95,9 @@ def test_page_data_keeps_every_head_and_no_label_can_end_the_script():
     assert data["verdicts"] == [{"head_type": "induction", "kind": "zero", "task": "repeated", "heads": ["2.1", "0.3"],
                                  "effect": 0.7, "random_mean": 0.1, "random_max": 0.2, "p_value": 0.166667,
                                  "p_adjusted": 0.2, "draws": 5, "tested": True, "alpha": 0.25, "correction": "bh",
-                                 "min_effect": 0.05, "ci95": [0.5, 0.9], "confirmed": True, "verdict": "CONFIRMED"}]
+                                 "min_effect": 0.05, "ci95": [0.5, 0.9], "confirmed": True, "exceedances": None,
+                                 "p_bound": False, "p_min": None, "stop": None, "evidence": "p = 0.167 (5 control sets)",
+                                 "verdict": "CONFIRMED"}]
     # the page shows 3 decimals of what the data keeps: a rounding of a rounding (0.076531 -> 0.0765 ->
     # 0.076) would show a number that is not the value's; each kept value rounds as the value does
     near = {**check, "p_value": 0.06122449, "p_adjusted": 0.07653061, "top_effect": 0.0946489}

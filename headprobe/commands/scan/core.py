@@ -165,6 +165,12 @@ def verify(model: LoadedModel, scores: dict[str, np.ndarray], natural: TokenSet,
                               say=_say, cache=cache)
 
 
+def _set_losses(resume: dict | None, on_save: Callable[[dict], None] | None) -> verif.SetLosses:
+    """The verification's set losses: a resumed run's, saved under ``"verification"`` as they grow."""
+    return verif.SetLosses((resume or {}).get("verification"),
+                           (lambda state: on_save({"verification": state})) if on_save is not None else None)
+
+
 def _say(line: str) -> None:
     """One line of the verification's plan on stderr (rank 0 only under torchrun), clear of a progress bar."""
     import sys
@@ -237,12 +243,12 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True, resume: d
     timings["score_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    cache = verif.SetLosses((resume or {}).get("verification"),
-                            (lambda state: on_save({"verification": state})) if on_save is not None else None)
-    verifications, design = (verify(model, scores, natural, repeated, clean_seq, mean_z, cfg, progress, untrusted, cache)
+    verifications, design = (verify(model, scores, natural, repeated, clean_seq, mean_z, cfg, progress, untrusted,
+                                    _set_losses(resume, on_save))
                              if cfg.verify else ([], {}))
     timings["ablate_s"] = time.perf_counter() - t0
     warnings += design.get("warnings", [])
+    timings.update(design.pop("timings_s", {}))  # the plan's time estimate
 
     best = {name: top_heads(torch.as_tensor(scores[DETECTORS[name].rank_by]), 1)[0] for name in cfg.types}
     examples = example_patterns(model, best, natural, repeated, streaming=cfg.streaming)
@@ -431,7 +437,7 @@ def verification_rules(spec: ModelSpec) -> dict:
         "p_value_rule": "sequential Monte Carlo p (Besag & Clifford 1991): a test stops at the draw at which h = "
                         "floor(alpha*n_random)+1 control draws reached the top-k effect (within "
                         f"{P_VALUE_TIE:g}); p = h/L where the h-th such draw is draw L, else (g+1)/(n_random+1) with g "
-                        "reaching draws of n_random (a NaN effect counts as reaching); a test curtailed because no "
+                        "reaching draws of n_random (a non-finite effect counts as reaching); a test curtailed because no "
                         "later draw could make it a rejection after the correction (stop_reason 'futile under the "
                         "correction', only once a draw reached its effect) reports the largest p its rule could still "
                         "give (p_value_is_bound); n_random is first raised to m/alpha-1, what one of m tests needs to "
