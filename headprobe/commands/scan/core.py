@@ -255,15 +255,7 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True, resume: d
     patterns = (viewer.head_patterns(model, {"natural": natural, "repeated": repeated}, cfg.pattern_len)
                 if cfg.pattern_len else None)
 
-    composition, metric_notes = None, {}
-    if cfg.metrics:
-        needles = head_metrics.scan_needles(model, cfg.n_natural, cfg.seq_len, cfg.seed, text, natural.source)
-        metric_scores, metric_notes = head_metrics.scan_metrics(model, natural, needles, first_scored("natural", natural.start, None),
-                                                                streaming=cfg.streaming)
-        scores.update(metric_scores)
-        _mark_removed(scores, removed)
-        composition = head_metrics.scan_composition(model)
-
+    composition, metric_notes = _metrics(model, cfg, text, natural, scores, removed) if cfg.metrics else (None, {})
     table = _head_table(spec, scores, cfg.types)
     score_ci95 = {c: mean_ci(v.double().numpy()) for c, v in per_seq.items()
                   if np.allclose(v.double().mean(0).numpy(), scores[c], atol=1e-5)}  # only where the score is that mean
@@ -272,6 +264,16 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True, resume: d
                       warnings=warnings, score_ci95=score_ci95, patterns=patterns, composition=composition,
                       metrics=metrics_summary(scores, composition, cfg.types, metric_notes) if cfg.metrics else {},
                       verification=design, removed_heads=removed)
+
+
+def _metrics(model: LoadedModel, cfg: ScanConfig, text, natural: TokenSet, scores: dict, removed: list):
+    """The head metrics' columns, added to ``scores`` (removed heads blank): ``(composition, notes)``."""
+    needles = head_metrics.scan_needles(model, cfg.n_natural, cfg.seq_len, cfg.seed, text, natural.source)
+    metric_scores, notes = head_metrics.scan_metrics(model, natural, needles, first_scored("natural", natural.start, None),
+                                                     streaming=cfg.streaming)
+    scores.update(metric_scores)
+    _mark_removed(scores, removed)
+    return head_metrics.scan_composition(model), notes
 
 
 def _head_table(spec: ModelSpec, scores: dict[str, np.ndarray], types: Sequence[str]) -> pd.DataFrame:
