@@ -482,7 +482,7 @@ def kept_line(out: str | Path) -> str | None:
     if not kept:
         return None
     shown = ", ".join(kept[:5]) + (f" and {len(kept) - 5} more" if len(kept) > 5 else "")
-    return f"kept {len(kept)} file{'s' * (len(kept) != 1)} not written by headprobe in {out}/: {shown}"
+    return f"kept {len(kept)} file{'s' * (len(kept) != 1)} that no headprobe run recorded in {out}/: {shown}"
 
 
 @contextlib.contextmanager

@@ -133,10 +133,11 @@ OUTPUTS_NAME = ".headprobe-outputs.json"
 """The list of the files (paths relative to the directory) the last run wrote into an output
 directory, its summary last: what the next run with ``--overwrite`` removes (:func:`swap_in`)."""
 STAGING_PREFIX = ".headprobe-staging-"
-OLD_OUTPUT_PATTERNS = ("summary.json", "study.json", "index.html", "patterns.npz", "*.caption.txt", "*.csv",
-                       "*.png", "*.pdf", "*.svg")
-"""Top-level names headprobe's writers use: what counts as a previous run's file in a directory
-written before headprobe recorded its files (:data:`OUTPUTS_NAME`)."""
+OLD_OUTPUT_PATTERNS = ("summary.json", "study.json", "index.html", "patterns.npz", "*.caption.txt")
+"""Top-level names only headprobe's writers use: what counts as a previous run's file in a directory
+written before headprobe recorded its files (:data:`OUTPUTS_NAME`). Figures and tables are not
+among them: a PNG or CSV there may be the user's (a screenshot beside the figures), so it is kept,
+replaced only where the new run writes the same name, and named in the line that lists what was kept."""
 
 
 def _is_own(name: str) -> bool:

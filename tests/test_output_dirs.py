@@ -40,7 +40,7 @@ def test_overwrite_replaces_the_previous_runs_files_and_keeps_the_users(tiny_dir
     assert _names(out) == sorted([*_names(tmp_path / "fresh"), "notes.txt"])
     assert not any("previous_token" in n for n in _names(out)) and not (out / "index.html").exists()
     assert (out / "notes.txt").read_text() == "mine"
-    assert "kept 1 file not written by headprobe" in stdout and "notes.txt" in stdout
+    assert "kept 1 file that no headprobe run recorded" in stdout and "notes.txt" in stdout
     assert json.loads((out / "summary.json").read_text())["config"]["types"] == ["induction"]
 
 
@@ -73,8 +73,8 @@ def test_sigterm_while_writing_leaves_the_previous_run_whole(tiny_dir, text_file
 
 
 def test_overwrite_with_a_file_list_from_an_older_headprobe(tmp_path):
-    """A directory written before headprobe recorded its files: the old summary and the names its
-    writers use are replaced; the user's files stay."""
+    """A directory written before headprobe recorded its files: the old summary and the names only its
+    writers use are replaced; figures and tables it cannot tell from the user's stay (and are listed)."""
     from headprobe.analyses.outputs import write_outputs
     from headprobe.probe.io import foreign_files
 
@@ -87,14 +87,16 @@ def test_overwrite_with_a_file_list_from_an_older_headprobe(tmp_path):
         write_outputs(out, False, summary={"run": 2}, tables={"head_scores.csv": "x\n"})
     paths = write_outputs(out, True, summary={"run": 2}, tables={"head_scores.csv": "x\n"})
     assert [p.name for p in paths] == ["head_scores.csv", "summary.json"]
-    assert _names(out) == [OUTPUTS_NAME, "head_scores.csv", "notes.txt", "summary.json"]
-    assert foreign_files(out) == ["mine", "notes.txt"]
+    assert _names(out) == [OUTPUTS_NAME, "head_scores.csv", "heatmap_previous_token.png", "notes.txt", "summary.json"]
+    assert (out / "head_scores.csv").read_text() == "x\n" and not (out / "index.html").exists()
+    assert foreign_files(out) == ["heatmap_previous_token.png", "mine", "notes.txt"]
     assert json.loads((out / OUTPUTS_NAME).read_text()) == {"files": ["head_scores.csv", "summary.json"]}
     # a third run replaces exactly what the second recorded, nested files and their folders included
     write_outputs(out, True, summary={"run": 3}, extra=lambda d: [_write(d / "sub" / "a.txt")])
-    assert _names(out) == [OUTPUTS_NAME, "notes.txt", "sub/a.txt", "summary.json"]
+    assert _names(out) == [OUTPUTS_NAME, "heatmap_previous_token.png", "notes.txt", "sub/a.txt", "summary.json"]
     write_outputs(out, True, summary={"run": 4})
-    assert _names(out) == [OUTPUTS_NAME, "notes.txt", "summary.json"] and not (out / "sub").exists()
+    assert _names(out) == [OUTPUTS_NAME, "heatmap_previous_token.png", "notes.txt", "summary.json"]
+    assert not (out / "sub").exists()
 
 
 def _write(path):
