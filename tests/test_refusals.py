@@ -40,6 +40,8 @@ LONG = "word " * 9000  # 9,001 tokens or so: longer than SmolLM2's 8,192 positio
     (["show", "--head", "1.1", "--prompt", "", "--out", "o"], "the prompt is empty"),
     (["show", "--head", "1.1", "--prompt", LONG, "--out", "o"], "tokens; show draws 3 to 8192"),
     (["patch", "--bogus"], "required: --out"),
+    (["train", "--bogus", "--out", "o"], "unrecognized arguments: --bogus"),
+    (["study", "heads", "--steps", "x", "--out", "o"], "--steps"),
     (["circuit", "--out", "o", "--n-seqs", "x"], "--n-seqs: must be a positive integer"),
     (["scnn"], "invalid choice: 'scnn'"),
     (["view", "missing-folder"], "missing-folder is not a directory"),

@@ -39,7 +39,7 @@ import pandas as pd
 
 from headprobe.commands import Command
 from headprobe.analyses import figures
-from headprobe.analyses.train import INDUCTION_FORMED, N_CHARS, TrainConfig, train as train_model, training_tokenizer
+from headprobe.analyses.train_config import INDUCTION_FORMED, N_CHARS, TrainConfig
 from headprobe.options import add_output_options, kept_line, out_as_it_was
 from headprobe.settings import ModelSettings, add_flags
 from headprobe.probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
@@ -161,6 +161,8 @@ def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: b
     """Train every (label, config) of ``runs`` once per seed; one row per run: the variant, its
     layout and cost columns (:mod:`headprobe.probe.cost`), the last evaluation's losses (nats/token)
     and scores, seconds and the self-check. ``progress`` prints one line per run."""
+    from headprobe.analyses.train import train as train_model, training_tokenizer  # torch: only when training
+
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = training_tokenizer(runs[0][1], tmp)  # every variant shares corpus and vocabulary
