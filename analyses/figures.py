@@ -279,7 +279,8 @@ def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | 
     """Layer x head heatmaps of several scores in [0, 1] side by side (page width), one shared
     colour bar; ``panels`` are ``(title, scores)``."""
     n_layers, n_heads = np.asarray(panels[0][1]).shape
-    fig = _figure(PAGE_WIDTH, min(1.3 + 0.11 * n_layers, 6.0))
+    # a few layers still leave room for a suptitle of two or three lines (else constrained layout collapses the axes)
+    fig = _figure(PAGE_WIDTH, min(max(1.3 + 0.11 * n_layers, 2.6), 6.0))
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
     for i, (ax, (title, scores)) in enumerate(zip(axes, panels)):
         im = ax.imshow(np.asarray(scores, dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto",

@@ -91,7 +91,7 @@ def test_unknown_text_gives_a_warning_and_no_verdict(tiny_llama_gqa, tmp_path):
     figures = scan_figures(result)
     titles = {stem: " ".join(t.get_text() for ax in f.axes for t in (ax.title,)) + (f._suptitle.get_text() if f._suptitle else "")
               for stem, f in figures.items()}
-    assert all("NO VERDICT on the natural" in t for t in titles.values()), titles
+    assert all("NO VERDICT for the natural" in t for t in titles.values()), titles
 
 
 def test_verdicts_carry_p_values_and_intervals(tiny_llama_gqa, tmp_path):

@@ -464,9 +464,13 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], object]]:
     spec = result.spec
     dets = [DETECTORS[name] for name in result.config.types]
     tag = f"{spec.name} ({figs.weights_label(spec.weights)})"
-    if result.warnings:  # the figures say it too: they travel without the terminal's WARNING lines
-        tasks = [w.split(" task:")[0] for w in result.warnings]
-        tag += f"\nNO VERDICT on the {' and '.join(tasks)} task{'s' if len(tasks) > 1 else ''} (summary.json: warnings)"
+    # the figures say it too: they travel without the terminal's WARNING lines (a task's text, or a type's draws)
+    tasks = [w.split(" task:")[0] for w in result.warnings if " task:" in w]
+    types = [w.split(": no verdict:")[0] for w in result.warnings if ": no verdict:" in w and " task:" not in w]
+    if tasks or types:
+        what = [f"the {' and '.join(tasks)} task{'s' if len(tasks) > 1 else ''}"] if tasks else []
+        what += [", ".join(types)] if types else []
+        tag += f"\nNO VERDICT for {' and '.join(what)} (summary.json: warnings)"
     out: dict[str, Callable[[], object]] = {}
     out.update(head_metrics.heatmap_makers(dets, result.scores, spec.group_size, tag, spec.causal))
     panels = [(det.panel_title, result.scores[det.rank_by]) for det in dets]
