@@ -11,7 +11,8 @@ effects (the same seeded sets in the same order, so the same stopping points and
 float rounding of batched sums): its sets are counted, its wall time is not measured. Not a test:
 times depend on the machine.
 
-    python benchmarks/verification.py [--model smollm2-135m] [--n-random 50] [--control layer-matched] [--replay]
+    python benchmarks/verification.py [--model smollm2-135m] [--n-random 50] [--control layer-matched]
+        [--correction bh] [--types induction,previous_token] [--replay]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def main() -> None:
     p.add_argument("--n-random", type=int, default=ScanConfig.n_random)
     p.add_argument("--control", default="layer-matched", choices=("layer-matched", "uniform"))
     p.add_argument("--correction", default="bh", choices=("bh", "holm"))
+    p.add_argument("--types", default=None, help="comma-separated head types (default: the scan's five)")
     p.add_argument("--replay", action="store_true", help="replay the sequential design on the fixed-size run's effects")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -38,7 +40,8 @@ def main() -> None:
     out = {}
     for name, sequential in (("fixed-size", False), ("sequential", True)) if not args.replay else (("fixed-size", False),):
         cfg = ScanConfig(model=args.model, n_random=args.n_random, control=args.control, correction=args.correction,
-                         sequential=sequential, metrics=False, pattern_len=0)
+                         sequential=sequential, metrics=False, pattern_len=0,
+                         **({"types": tuple(args.types.split(","))} if args.types else {}))
         t0 = time.perf_counter()
         result = run(model, cfg, progress=False)
         out[name] = (result, time.perf_counter() - t0)
