@@ -71,10 +71,6 @@ def cross_entropy_inplace(logits: Float[Tensor, "n d_vocab"], target: Int[Tensor
     return logits.sub_(top).exp_().sum(dim=1).log_() + top[:, 0] - picked
 
 
-STREAMING_REFUSAL = ("streaming head statistics need the native backend, not {backend}; load the model with "
-                     "--backend native, or use the materialised path (--streaming off)")
-"""Why streaming refuses a backend without :attr:`LoadedModel.streams_statistics`."""
-
 CAPABILITIES: tuple[str, ...] = ("streams_statistics", "kv_policies", "path_patching", "half_precision",
                                  "native_weights", "splits_after_load", "removes_heads")
 """The capability flags of :class:`LoadedModel` (class attributes, False there; each backend sets
@@ -702,6 +698,8 @@ class LoadedModel:
             HeadprobeError: a backend without :attr:`streams_statistics`, a pruned layer, or a layer
                 whose hooked queries are not the ones attention reads.
         """
+        from headprobe.probe.streaming import STREAMING_REFUSAL
+
         raise self.lacks("streams_statistics", STREAMING_REFUSAL.format(backend=self.name))
 
     def check_prunable(self) -> None:

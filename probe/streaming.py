@@ -36,7 +36,6 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headprobe.probe.backend import STREAMING_REFUSAL
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import HookCounter, attn_hook
 
@@ -177,6 +176,11 @@ class HeadStats:
         s = self.geometry.scores(self.q[:, :, qi], self.k, qi, torch.arange(T, device=self.q.device))
         p = s.softmax(dim=-1)
         return p if heads is None else p[:, list(heads)]
+
+
+STREAMING_REFUSAL = ("streaming head statistics need the native backend, not {backend}; load the model with "
+                     "--backend native, or use the materialised path (--streaming off)")
+"""Why streaming refuses a backend without ``streams_statistics`` (:class:`~headprobe.probe.backend.LoadedModel`)."""
 
 
 def geometry_and_hooks(model: Any, layer: int) -> tuple[AttentionGeometry, str, str]:
