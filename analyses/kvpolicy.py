@@ -48,9 +48,8 @@ def check_kv_backend(model: LoadedModel) -> None:
     Raises:
         HeadprobeError: another backend (the bridge has no per-group masks) or an encoder.
     """
-    if getattr(model, "backend", None) != "native":
-        raise HeadprobeError("headprobe kv masks attention per KV group in headprobe's native model; "
-                             "load with --backend native (or auto) a family it supports")
+    model.require("kv_policies", "headprobe kv masks attention per KV group in headprobe's native model; "
+                                 "load with --backend native (or auto) a family it supports")
     if not model.spec.causal:
         raise HeadprobeError(f"{model.spec.name} is an encoder; KV-cache policies are for causal decoders")
 

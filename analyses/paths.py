@@ -152,8 +152,8 @@ def _check_model(model: LoadedModel) -> None:
     spec = model.spec
     if not spec.causal:
         raise HeadprobeError("path patching and edge attribution need a decoder (an encoder's post-LN blocks have no direct paths)")
-    if model.backend != "native":
-        raise HeadprobeError(f"path patching and edge attribution need the native backend (--backend native), not {model.backend}")
+    model.require("path_patching", f"path patching and edge attribution need the native backend (--backend native), "
+                                   f"not {model.backend}")
     if spec.layout.is_mla:
         raise HeadprobeError("path patching into q/k/v is not defined for latent attention (MLA): its keys and values share one latent")
     model.self_check.require_decomposition("path patching")

@@ -93,7 +93,7 @@ STREAMING_CHOICES = ("auto", "on", "off")
 """How head statistics are computed: ``on`` streamed (:mod:`headprobe.probe.streaming`, no
 ``[head, q_pos, k_pos]`` pattern, native backend only), ``off`` from the materialised pattern,
 ``auto`` streamed from :data:`~headprobe.probe.streaming.STREAMING_MIN_LEN` tokens on where the
-backend is native."""
+backend has ``streams_statistics`` (native)."""
 
 
 def use_streaming(model: LoadedModel, seq_len: int, streaming: str = "auto") -> bool:
@@ -110,7 +110,7 @@ def use_streaming(model: LoadedModel, seq_len: int, streaming: str = "auto") -> 
     if streaming != "auto":
         return streaming == "on"
     pruned = bool(getattr(model.spec, "removed_heads", ()) or ())  # layers with fewer heads: the pattern path
-    return getattr(model, "backend", None) == "native" and not pruned and seq_len >= STREAMING_MIN_LEN
+    return model.streams_statistics and not pruned and seq_len >= STREAMING_MIN_LEN
 
 
 def _finite_checks(n_layers: int, first_bad: list[int]) -> list[tuple[str, Any]]:

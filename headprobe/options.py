@@ -148,14 +148,16 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
     (:mod:`headprobe.probe.devicemap`); ``device`` must be ``auto`` or ``cpu``.
 
     Raises:
-        HeadprobeError: ``cuda`` asked for but absent, an unknown dtype, ``float16`` on the
-            transformer-lens backend (:data:`FLOAT16_BRIDGE`), a bad ``max_memory``, a
-            ``device_map`` with ``device`` ``cuda`` or on the bridge, or the model cannot be loaded.
+        HeadprobeError: ``cuda`` asked for but absent, an unknown dtype, ``float16`` on a
+            backend without ``half_precision`` (:data:`FLOAT16_BRIDGE`), a bad ``max_memory``, a
+            ``device_map`` with ``device`` ``cuda`` or, in half precision, on a backend without
+            ``splits_after_load``, or the model cannot be loaded.
     """
     import torch
 
     from headprobe.probe import loading
     from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.vocabulary import backend_lacks
 
     try:
         dtype = dtype_name(dtype)
@@ -163,19 +165,20 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
         raise HeadprobeError(str(e)) from None
     if device == "cuda" and not torch.cuda.is_available():
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
-    if dtype == "float16" and backend == "transformer-lens":
-        raise HeadprobeError(FLOAT16_BRIDGE)
+    if dtype == "float16" and backend_lacks(backend, "half_precision"):
+        raise HeadprobeError(f"{FLOAT16_BRIDGE} (the {backend} backend lacks half_precision)")
     max_memory = max_memory_dict(max_memory)
     check_device_map(device, device_map, max_memory)
-    if device_map is not None and dtype != "float32" and backend == "transformer-lens":
-        raise HeadprobeError("--device-map on the transformer-lens backend loads float32 only (transformers splits the model "
-                             "as it loads, before any cast): use --dtype float32 or --backend native")
+    if device_map is not None and dtype != "float32" and backend_lacks(backend, "splits_after_load"):
+        raise HeadprobeError(f"--device-map on the {backend} backend loads float32 only (transformers splits the model "
+                             f"as it loads, before any cast): use --dtype float32 or --backend native "
+                             f"(the {backend} backend lacks splits_after_load)")
     device = "cpu" if device_map is not None else loading.device_auto(device)
     split_later = device_map is not None and dtype != "float32"  # cast first: a split model's dtype is fixed
     model = loading.load_model(name, device=device, prepend_bos=prepend_bos, backend=backend,
                                device_map=None if split_later else device_map, max_memory=None if split_later else max_memory)
-    if dtype == "float16" and model.backend == "transformer-lens":
-        raise HeadprobeError(f"{model.architecture}: {FLOAT16_BRIDGE}")
+    if dtype == "float16" and not model.half_precision:
+        raise model.lacks("half_precision", f"{model.architecture}: {FLOAT16_BRIDGE}")
     if dtype != "float32":
         model.to(torch_dtype(dtype))  # after load_model's float32 self-check (LoadedModel.to)
     if split_later:

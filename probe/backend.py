@@ -71,6 +71,12 @@ def cross_entropy_inplace(logits: Float[Tensor, "n d_vocab"], target: Int[Tensor
     return logits.sub_(top).exp_().sum(dim=1).log_() + top[:, 0] - picked
 
 
+CAPABILITIES: tuple[str, ...] = ("streams_statistics", "kv_policies", "path_patching", "half_precision",
+                                 "native_weights", "splits_after_load", "removes_heads")
+"""The capability flags of :class:`LoadedModel` (class attributes, False there; each backend sets
+those it has). Features check a flag, never a backend's name."""
+
+
 LOSS_ROWS = 1024
 """Most positions (rows of ``[rows, d_vocab]`` logits) unembedded at once by the chunked losses
 (:func:`chunked_token_losses`, the native backend's scored losses): 192 MiB of float32 logits for
@@ -136,6 +142,21 @@ class LoadedModel:
     """The backend's name (``--backend``; its key in :data:`~headprobe.probe.vocabulary.BACKEND_REGISTRY`)."""
     supports_padding: ClassVar[bool] = False
     """Whether :meth:`forward` takes an ``attention_mask``."""
+    # Capabilities (:data:`CAPABILITIES`): what a feature asks of a backend, never its name.
+    streams_statistics: ClassVar[bool] = False
+    """Scores and captures a layer at a time with online-softmax statistics, no pattern (:meth:`stream_geometry`)."""
+    kv_policies: ClassVar[bool] = False
+    """Runs head-level KV-cache policies (:meth:`kv_policy`, :attr:`kv_layout`, :meth:`streaming_cache_bytes`; ``headprobe kv``)."""
+    path_patching: ClassVar[bool] = False
+    """Resumes a forward at a layer and rebuilds a head's input (:meth:`forward_from`, :meth:`attention_input`; path patching)."""
+    half_precision: ClassVar[bool] = False
+    """Self-checks a half-precision model in float32 before casting it back, attention scores and softmax in float32 (float16 safe)."""
+    native_weights: ClassVar[bool] = False
+    """Loads headprobe's own weights: a headprobe checkpoint directory, the weights cache's native entries."""
+    splits_after_load: ClassVar[bool] = False
+    """Is split over devices after the load, the self-check and any cast (:meth:`dispatch`); else transformers splits it as it loads."""
+    removes_heads: ClassVar[bool] = False
+    """Removes heads from its weights (:meth:`check_prunable`, :meth:`remove_heads`; ``prune --save-pruned``)."""
     padding_sides: ClassVar[tuple[str, ...]] = ()
     """The padding sides :meth:`forward` computes exactly at the real tokens (``left``, ``right``)."""
     spec: ModelSpec
@@ -188,6 +209,22 @@ class LoadedModel:
         self._main_device: torch.device | None = None  # set by dispatch: a model split over devices
         self._offload_dir: Any = None  # the temporary offload folder of a dispatched model, kept alive with it
         self.trained_periods = None
+
+    @classmethod
+    def lacks(cls, capability: str, what: str) -> HeadprobeError:
+        """The one-line refusal of ``what`` (a sentence naming the feature) on this backend, which
+        lacks ``capability`` (one of :data:`CAPABILITIES`): the flag and the backend named."""
+        return HeadprobeError(f"{what} (the {cls.name} backend lacks {capability})")
+
+    @classmethod
+    def require(cls, capability: str, what: str) -> None:
+        """Raise :meth:`lacks` unless this backend has ``capability``.
+
+        Raises:
+            HeadprobeError: the flag is off.
+        """
+        if not getattr(cls, capability):
+            raise cls.lacks(capability, what)
 
     # ---- what every backend shares -------------------------------------------------------------
 
@@ -290,8 +327,8 @@ class LoadedModel:
             HeadprobeError: a backend that cannot be split, a model split already, or as
                 :func:`headprobe.probe.devicemap.dispatch`.
         """
-        raise HeadprobeError(f"the {self.name} backend is split only as transformers loads it, in float32 "
-                             f"(load_model(device_map=...), no --dtype): --dtype with --device-map needs --backend native")
+        raise self.lacks("splits_after_load", f"the {self.name} backend is split only as transformers loads it, in float32 "
+                         f"(load_model(device_map=...), no --dtype): --dtype with --device-map needs --backend native")
 
     @property
     def n_params(self) -> int:
@@ -351,7 +388,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: the backend does not offer it.
         """
-        raise HeadprobeError(f"KV-cache policies need the native backend, not {self.name}")
+        raise self.lacks("kv_policies", f"KV-cache policies need the native backend, not {self.name}")
 
     def kv_policy(self, policy: Any) -> AbstractContextManager[Any]:
         """Context manager: forwards inside run with ``policy``'s per-KV-group streaming attention.
@@ -359,7 +396,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: the backend has no per-group masks (only the native one does).
         """
-        raise HeadprobeError(f"KV-cache policies need the native backend, not {self.name}")
+        raise self.lacks("kv_policies", f"KV-cache policies need the native backend, not {self.name}")
 
     def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy: Any) -> int:
         """Bytes of the KV cache the model allocates for ``policy`` after prefilling ``tokens``.
@@ -367,7 +404,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: the backend does not offer it.
         """
-        raise HeadprobeError(f"KV-cache policies need the native backend, not {self.name}")
+        raise self.lacks("kv_policies", f"KV-cache policies need the native backend, not {self.name}")
 
     def final_residual(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
                        attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_model"]:
@@ -616,7 +653,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: not the native backend.
         """
-        raise HeadprobeError(f"resuming a forward at a layer needs the native backend, not {self.name}")
+        raise self.lacks("path_patching", f"resuming a forward at a layer needs the native backend, not {self.name}")
 
     def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         """Layer ``layer``'s pre-attention norm applied to ``resid`` ``[batch, pos, d_model]`` (recomputed,
@@ -626,7 +663,8 @@ class LoadedModel:
         Raises:
             HeadprobeError: a backend or architecture without it (the bridge; post-LN encoders).
         """
-        raise HeadprobeError(f"a head's attention input (path patching, edge attribution) needs the native backend, not {self.name}")
+        raise self.lacks("path_patching", f"a head's attention input (path patching, edge attribution) needs the native backend, "
+                         f"not {self.name}")
 
     def attention_scale(self, layer: int) -> tuple[float, float | None]:
         """Layer ``layer``'s factor of ``q . k`` in the scores (``1/sqrt(d_qk)`` or the family's) and
@@ -650,6 +688,20 @@ class LoadedModel:
         """
         raise HeadprobeError(f"QK attribution needs the native backend (--backend native), not {self.name}")
 
+    def stream_geometry(self, layer: int) -> tuple[Any, bool]:
+        """Layer ``layer``'s :class:`~headprobe.probe.streaming.AttentionGeometry` and whether its final
+        queries and keys are the rotary hooks' (``hook_rot_q``/``hook_rot_k``, else ``hook_q``/``hook_k``):
+        what :func:`headprobe.probe.streaming.stream_head_stats` recomputes the scores from
+        (:attr:`streams_statistics`).
+
+        Raises:
+            HeadprobeError: a backend without :attr:`streams_statistics`, a pruned layer, or a layer
+                whose hooked queries are not the ones attention reads.
+        """
+        from headprobe.probe.streaming import STREAMING_REFUSAL
+
+        raise self.lacks("streams_statistics", STREAMING_REFUSAL.format(backend=self.name))
+
     def check_prunable(self) -> None:
         """Raise unless :meth:`remove_heads` removes heads exactly from this model.
 
@@ -657,7 +709,7 @@ class LoadedModel:
             HeadprobeError: not the native backend, or an architecture whose heads cannot be
                 removed exactly (MLA, all-head QK-norm; :func:`headprobe.probe.pruned.check_prunable`).
         """
-        raise HeadprobeError("real head removal (--save-pruned) needs the native backend (--backend native)")
+        raise self.lacks("removes_heads", "real head removal (--save-pruned) needs the native backend (--backend native)")
 
     def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> torch.nn.Module:
         """A copy of the model with the heads ``keep`` marks False removed

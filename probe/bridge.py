@@ -34,6 +34,8 @@ class BridgeModel(LoadedModel):
     (``model``); padded batches only right-padded (:meth:`BridgeModel.forward`)."""
 
     name = "transformer-lens"
+    # No capability flag (streams_statistics, kv_policies, path_patching, half_precision, native_weights,
+    # splits_after_load, removes_heads): LoadedModel's False stands.
 
     @property
     def supports_padding(self) -> bool:  # type: ignore[override]

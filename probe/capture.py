@@ -288,7 +288,7 @@ def capture_heads(
     layers = None if layers is None else _indices(layers, spec.n_layers, "layer")
     heads = None if heads is None else _indices(heads, spec.n_heads, "head")
     rows = None if rows is None else _indices(rows, tokens.shape[-1], "row (query position)")
-    stream = rows is not None and getattr(model, "backend", None) == "native" and attention_mask is None
+    stream = rows is not None and model.streams_statistics and attention_mask is None
     out = capture_internal(model, tokens, layers, attention_mask=attention_mask, patterns=not stream)
     out.pop("norm_in", None)
     if stream:

@@ -59,7 +59,7 @@ import torch
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.native import NativeModel
-from headprobe.probe.vocabulary import AUTO_FALLBACK, BACKEND_REGISTRY, BACKENDS
+from headprobe.probe.vocabulary import backend_class, backend_with
 from headprobe.probe.bridge import _execution_device, boot_bridge, spec_from_bridge  # noqa: F401 - the bridge's loading, re-exported
 from headprobe.probe.spec import Checkpoint  # noqa: F401 - re-exported: loading's input type
 
@@ -193,7 +193,8 @@ def _native_source_file(hf_model: Any) -> dict[str, Any]:
     return {NATIVE_SOURCE_FILE: convert.NativeSource.of(hf_model.config).to_json()}
 
 
-def _load_native_from_cache(name: str, device: str | torch.device, prepend_bos: bool, quiet: bool) -> LoadedModel | None:
+def _load_native_from_cache(name: str, device: str | torch.device, prepend_bos: bool, quiet: bool,
+                            cls: type[LoadedModel] = NativeModel) -> LoadedModel | None:
     """A warm native load of a GGUF model (``smollm2-135m`` or a ``.gguf`` path) straight from its
     weights-cache entry: the tokenizer (``PreTrainedTokenizerFast``, what the entry holds), the
     safetensors weights and the entry's :data:`NATIVE_SOURCE_FILE`, without building the Hugging
@@ -201,7 +202,8 @@ def _load_native_from_cache(name: str, device: str | torch.device, prepend_bos: 
     about 8 s, most of it the imports it makes; the same tensors and token ids, see
     tests/test_weights_cache.py). None where this does not apply (another kind of name, no ready
     entry, no native description, a tokenizer of another class) or fails: the caller then loads
-    the usual way, which reports or repairs whatever is wrong."""
+    the usual way, which reports or repairs whatever is wrong. ``cls``: the backend (with
+    ``native_weights``) the model is wrapped in."""
     import json
     import sys
 
@@ -239,7 +241,7 @@ def _load_native_from_cache(name: str, device: str | torch.device, prepend_bos: 
         return None
     check_finite_weights(model)
     spec = convert.spec_from_native(name, hf_name, precision, model.cfg)
-    return NativeModel(model, tokenizer, spec, prepend_bos=prepend_bos)
+    return cls(model, tokenizer, spec, prepend_bos=prepend_bos)
 
 
 def check_finite_weights(model: torch.nn.Module) -> None:
@@ -307,15 +309,9 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
         HeadprobeError: unknown backend, ``native`` asked for an architecture it lacks, or
             ``transformer-lens`` asked for an encoder (BERT).
     """
-    from headprobe.probe.registry import did_you_mean
-
-    if backend not in BACKENDS:
-        raise HeadprobeError(f"unknown backend {backend!r}{did_you_mean(str(backend), BACKENDS)}; "
-                             f"choose one of {', '.join(BACKENDS)}")
-    if backend == "auto":  # the first registered backend that runs the architecture (native, then the bridge)
-        backend = next((name for name in BACKEND_REGISTRY.names() if BACKEND_REGISTRY.get(name).supports(ckpt.hf_model.config)),
-                       AUTO_FALLBACK)
-    return BACKEND_REGISTRY.get(backend).from_checkpoint(ckpt, device=device, prepend_bos=prepend_bos, copy=copy)
+    # auto: the first registered backend that runs the architecture (native, then the bridge)
+    cls = backend_class(backend, lambda: ckpt.hf_model.config)
+    return cls.from_checkpoint(ckpt, device=device, prepend_bos=prepend_bos, copy=copy)
 
 
 def wrap_model(hf_model: Any, tokenizer: Any, backend: str = "auto", device: str | torch.device | None = None,
@@ -351,7 +347,7 @@ def wrap_model(hf_model: Any, tokenizer: Any, backend: str = "auto", device: str
     precision = f"{str(dtype).removeprefix('torch.')} (a transformers model wrapped in memory)"
     ckpt = Checkpoint(name or hf_name, hf_name, precision, hf_model, tokenizer)
     loaded = wrap(ckpt, backend, first.device if device is None else device, prepend_bos, copy=True)
-    if loaded.backend == "native" and dtype != torch.float32:
+    if loaded.half_precision and dtype != torch.float32:
         loaded.model.float()  # its own copy: check the decomposition in float32, then round
         loaded.to(dtype)
     loaded.self_check  # noqa: B018 - as load_model: run the self-check now
@@ -361,8 +357,10 @@ def wrap_model(hf_model: Any, tokenizer: Any, backend: str = "auto", device: str
 from headprobe.probe.checkpoint import NATIVE_FORMAT, NATIVE_WEIGHTS, is_native_dir  # noqa: E402
 
 
-def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bos: bool = True) -> LoadedModel:
-    """Load a headprobe checkpoint directory (see :func:`save_native`) into the native backend.
+def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bos: bool = True,
+                cls: type[LoadedModel] = NativeModel) -> LoadedModel:
+    """Load a headprobe checkpoint directory (see :func:`save_native`) into the native backend
+    (``cls``: a backend with ``native_weights``).
 
     Raises:
         HeadprobeError: config.json is missing or not a headprobe config, the weights do not
@@ -405,7 +403,7 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
         p = meta["pruned"]
         weights = f"{p.get('dtype', 'float32')} (pruned headprobe checkpoint, {p.get('n_removed')} heads removed, zero weights)"
     spec = dataclasses.replace(spec_from_native(str(path), str(path), weights, cfg), removed_heads=removed)
-    loaded = NativeModel(model.to(device).eval(), tokenizer, spec, prepend_bos=prepend_bos)
+    loaded = cls(model.to(device).eval(), tokenizer, spec, prepend_bos=prepend_bos)
     train = meta.get("train") or {}
     if all(isinstance(train.get(k), int) for k in ("min_period", "max_period", "eval_period")):
         loaded.trained_periods = (train["min_period"], train["max_period"], train["eval_period"])
@@ -451,12 +449,14 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
         if torch.device(device).type != "cpu":
             raise HeadprobeError("--device-map places the model itself: leave --device at auto (or cpu); "
                                  "keep the model off a GPU with --max-memory cpu=...")
+    native = backend_with(backend, "native_weights")  # the backend that reads headprobe's own weights, or None
     if is_native_dir(Path(name).expanduser()):
-        if backend not in ("auto", "native"):
-            raise HeadprobeError(f"{name} is a headprobe checkpoint; it loads only with --backend native (or auto)")
-        model = load_native(Path(name).expanduser(), device, prepend_bos)
+        if native is None:
+            raise HeadprobeError(f"{name} is a headprobe checkpoint; it loads only with --backend native (or auto) "
+                                 f"(the {backend} backend lacks native_weights)")
+        model = load_native(Path(name).expanduser(), device, prepend_bos, cls=native)
     else:
-        model = _load_native_from_cache(name, device, prepend_bos, quiet) if backend in ("auto", "native") else None
+        model = _load_native_from_cache(name, device, prepend_bos, quiet, cls=native) if native is not None else None
         if model is None:
             split = _bridge_split(name, backend, device_map, max_memory, offload_dir)
             handle = None
@@ -468,9 +468,10 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
             model = wrap(load_checkpoint(name, quiet=quiet, split=split), backend, device, prepend_bos, copy=False)
             model._offload_dir = handle  # removed with the model
     split_at_load = model.device_map is not None  # the bridge: transformers split the Hugging Face model
-    if device_map is not None and model.backend != "native" and not split_at_load:
-        raise HeadprobeError(f"{name}: --device-map on the transformer-lens backend needs the model split as transformers "
-                             f"loads it; a .gguf file is split only from its weights cache: load it once without --device-map")
+    if device_map is not None and not model.splits_after_load and not split_at_load:
+        raise model.lacks("splits_after_load", f"{name}: --device-map on the {model.backend} backend needs the model split "
+                          f"as transformers loads it; a .gguf file is split only from its weights cache: load it once "
+                          f"without --device-map")
     model.self_check  # noqa: B018 - run the self-check now, at load (see headprobe.probe.selfcheck)
     if device_map is not None and not split_at_load:
         model.dispatch(device_map, max_memory, offload_dir)  # after the self-check, on the whole float32 model
@@ -479,26 +480,26 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
 
 def _bridge_split(name: str, backend: str, device_map: Any, max_memory: Any, offload_dir: str | None) -> dict[str, Any] | None:
     """transformers' ``from_pretrained`` arguments splitting the Hugging Face model at load, where
-    the model will go to the transformer-lens backend (``backend``, or ``auto`` on an architecture
-    the native backend lacks; its config is read first); None otherwise: the native backend is
-    split after conversion (:meth:`LoadedModel.dispatch`)."""
-    if device_map is None or backend == "native":
+    the model will go to a backend without ``splits_after_load`` (``backend``, or what ``auto``
+    takes for the architecture; its config is read first); None otherwise: such a backend (native)
+    is split after conversion (:meth:`LoadedModel.dispatch`)."""
+    if device_map is None:
         return None
-    if backend == "auto":
-        from headprobe.probe import convert
 
-        try:
-            from transformers import AutoConfig
+    def config() -> Any:
+        from transformers import AutoConfig
 
-            _, _, kwargs = _resolve(name)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                config = AutoConfig.from_pretrained(kwargs["source"], local_files_only=kwargs["local_only"],
-                                                    **({"gguf_file": kwargs["gguf_file"]} if kwargs.get("gguf_file") else {}))
-            if convert.supports(config):
-                return None
-        except (OSError, ValueError, HeadprobeError):
-            return None  # the load reports it
+        _, _, kwargs = _resolve(name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoConfig.from_pretrained(kwargs["source"], local_files_only=kwargs["local_only"],
+                                              **({"gguf_file": kwargs["gguf_file"]} if kwargs.get("gguf_file") else {}))
+
+    try:
+        if backend_class(backend, config).splits_after_load:
+            return None
+    except (OSError, ValueError, HeadprobeError):
+        return None  # the load reports it
     if not isinstance(device_map, str):
         raise HeadprobeError("a device map given by hand names the native model's pieces: use auto, balanced or sequential "
                              "on the transformer-lens backend")

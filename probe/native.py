@@ -31,6 +31,8 @@ class NativeModel(LoadedModel):
     name = "native"
     supports_padding = True
     padding_sides = ("left", "right")
+    streams_statistics = kv_policies = path_patching = half_precision = True
+    native_weights = splits_after_load = removes_heads = True
 
     @classmethod
     def wraps(cls, module: object) -> bool:
@@ -198,10 +200,27 @@ class NativeModel(LoadedModel):
         with self._aligned(self.model.blocks[layer]):
             return head_qk_terms(self.model, layer, head, side, terms, ref, pos)
 
+    def stream_geometry(self, layer: int) -> tuple[Any, bool]:
+        """See :meth:`headprobe.probe.backend.LoadedModel.stream_geometry`: read off the layer's attention module."""
+        from headprobe.probe.streaming import AttentionGeometry
+
+        attn = self.model.blocks[layer].attn
+        if hasattr(attn, "kept_heads"):
+            raise HeadprobeError("streaming head statistics do not cover pruned models (their layers keep fewer heads); "
+                                 "use --streaming off")
+        rotary = getattr(attn, "rotary", None) is not None and hasattr(attn, "hook_rot_q")
+        if not rotary and getattr(attn, "q_norm", None) is not None:
+            raise HeadprobeError(f"layer {layer} normalises queries after hook_q and has no rotary hook: "
+                                 f"streaming statistics cannot read its queries")
+        geom = AttentionGeometry(float(attn.scale), attn.softcap, attn.window, bool(attn.cfg.causal), attn.n_heads,
+                                 attn.n_kv_heads)
+        return geom, rotary
+
     def check_prunable(self) -> None:
         """See :meth:`headprobe.probe.backend.LoadedModel.check_prunable`."""
         from headprobe.probe.pruned import check_prunable
 
+        self.require("removes_heads", "real head removal (--save-pruned) needs the native backend (--backend native)")
         if self._main_device is not None:
             raise HeadprobeError("real head removal (--save-pruned) needs the whole model on one device, not split by --device-map")
         check_prunable(self.model.cfg)

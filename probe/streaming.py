@@ -178,36 +178,21 @@ class HeadStats:
         return p if heads is None else p[:, list(heads)]
 
 
-def native_attention(model: Any, layer: int) -> Any:
-    """The native attention module of ``layer``.
-
-    Raises:
-        HeadprobeError: ``model`` is not on the native backend.
-    """
-    if getattr(model, "backend", None) != "native":
-        raise HeadprobeError(f"streaming head statistics need the native backend, not {getattr(model, 'backend', '?')}; "
-                             f"load the model with --backend native, or use the materialised path (--streaming off)")
-    return model.model.blocks[layer].attn
+STREAMING_REFUSAL = ("streaming head statistics need the native backend, not {backend}; load the model with "
+                     "--backend native, or use the materialised path (--streaming off)")
+"""Why streaming refuses a backend without ``streams_statistics`` (:class:`~headprobe.probe.backend.LoadedModel`)."""
 
 
 def geometry_and_hooks(model: Any, layer: int) -> tuple[AttentionGeometry, str, str]:
-    """The layer's :class:`AttentionGeometry` and the hook names of its final queries and keys.
+    """The layer's :class:`AttentionGeometry` and the hook names of its final queries and keys
+    (:meth:`~headprobe.probe.backend.LoadedModel.stream_geometry`).
 
     Raises:
-        HeadprobeError: not the native backend, or a layer whose hooked queries are not the ones
-            attention reads (a query/key norm without rotary positions).
+        HeadprobeError: a backend without ``streams_statistics``, or a layer whose hooked queries are
+            not the ones attention reads (a query/key norm without rotary positions).
     """
-    attn = native_attention(model, layer)
-    if hasattr(attn, "kept_heads"):
-        raise HeadprobeError("streaming head statistics do not cover pruned models (their layers keep fewer heads); "
-                             "use --streaming off")
-    rotary = getattr(attn, "rotary", None) is not None and hasattr(attn, "hook_rot_q")
-    if not rotary and getattr(attn, "q_norm", None) is not None:
-        raise HeadprobeError(f"layer {layer} normalises queries after hook_q and has no rotary hook: "
-                             f"streaming statistics cannot read its queries")
-    cfg = attn.cfg
-    geom = AttentionGeometry(float(attn.scale), attn.softcap, attn.window, bool(cfg.causal), attn.n_heads,
-                             attn.n_kv_heads)
+    model.require("streams_statistics", STREAMING_REFUSAL.format(backend=model.name))
+    geom, rotary = model.stream_geometry(layer)
     q, k = ("hook_rot_q", "hook_rot_k") if rotary else ("hook_q", "hook_k")
     return geom, attn_hook(layer, q[5:]), attn_hook(layer, k[5:])
 

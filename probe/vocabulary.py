@@ -3,12 +3,18 @@ is refused before torch loads): the backends (a :class:`~headprobe.probe.registr
 ``"module:attr"`` targets, the one registry of backends), the devices and the device-map strategies.
 
 Commands' flags, the loader (:func:`headprobe.probe.loading.wrap`) and
-:mod:`headprobe.probe.devicemap` read these; nothing else spells them.
+:mod:`headprobe.probe.devicemap` read these; nothing else spells them. What a backend can do is
+asked of its class's capability flags (:data:`~headprobe.probe.backend.CAPABILITIES`), by name only
+here (:func:`backend_class`, :func:`backend_with`, :func:`backend_lacks`).
 """
 
 from __future__ import annotations
 
-from headprobe.probe.registry import Choices, Registry
+from collections.abc import Callable
+from typing import Any
+
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.registry import Choices, Registry, did_you_mean
 
 BACKEND_REGISTRY: Registry[type] = Registry("backend")
 """Backend name (``--backend``, ``ModelSpec.backend``) -> its :class:`~headprobe.probe.backend.LoadedModel`
@@ -23,6 +29,56 @@ error then says why the model cannot be wrapped)."""
 
 BACKENDS: Choices = BACKEND_REGISTRY.choices("auto")
 """``--backend`` choices: ``auto`` and every registered backend (a live view of :data:`BACKEND_REGISTRY`)."""
+
+
+def check_backend(name: str) -> None:
+    """Raise unless ``name`` is a :data:`BACKENDS` choice.
+
+    Raises:
+        HeadprobeError: an unknown backend (one line, the closest choices named).
+    """
+    if name not in BACKENDS:
+        raise HeadprobeError(f"unknown backend {name!r}{did_you_mean(str(name), BACKENDS)}; "
+                             f"choose one of {', '.join(BACKENDS)}")
+
+
+def backend_class(name: str, hf_config: Callable[[], Any]) -> type:
+    """The :class:`~headprobe.probe.backend.LoadedModel` subclass ``--backend name`` wraps a model in
+    (imported on first use). ``auto``: the first registered backend whose ``supports`` accepts the
+    Hugging Face config ``hf_config()`` (called for ``auto`` only), else :data:`AUTO_FALLBACK`'s.
+
+    Raises:
+        HeadprobeError: an unknown backend; whatever ``hf_config`` raises.
+    """
+    check_backend(name)
+    if name == "auto":
+        config = hf_config()
+        name = next((n for n in BACKEND_REGISTRY.names() if BACKEND_REGISTRY.get(n).supports(config)), AUTO_FALLBACK)
+    return BACKEND_REGISTRY.get(name)
+
+
+def backend_with(name: str, capability: str) -> type | None:
+    """The class ``--backend name`` gives a model where ``capability`` (a
+    :data:`~headprobe.probe.backend.CAPABILITIES` flag) decides: the named backend's class if it has
+    the flag, else None; for ``auto`` the first registered backend that has it (imported on first use).
+
+    Raises:
+        HeadprobeError: an unknown backend.
+    """
+    check_backend(name)
+    names = BACKEND_REGISTRY.names() if name == "auto" else (name,)
+    return next((cls for cls in map(BACKEND_REGISTRY.get, names) if getattr(cls, capability)), None)
+
+
+def backend_lacks(name: str, capability: str) -> bool:
+    """Whether ``--backend name`` is a registered backend without ``capability`` (imports its class);
+    False for ``auto``, which picks a backend at load (the loaded model's flag decides then).
+
+    Raises:
+        HeadprobeError: an unknown backend.
+    """
+    check_backend(name)
+    return name != "auto" and not getattr(BACKEND_REGISTRY.get(name), capability)
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 """``--device`` choices: ``auto`` is cuda when a GPU is present, else cpu."""
 DEVICE_MAPS: tuple[str, ...] = ("auto", "balanced", "sequential")

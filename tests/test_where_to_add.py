@@ -219,6 +219,192 @@ def test_a_backend_runs_a_scan_from_the_cli(copy_backend, tiny_dir, text_file, t
     assert json.loads((out / "summary.json").read_text())["config"]["backend"] == "native-copy"
 
 
+# ---- a backend's capabilities: class flags on LoadedModel decide every gated feature, never its name ---
+
+FLAGGED = "native-flags"
+
+
+@pytest.fixture
+def flagged():
+    """``make(*flags)``: register, for this test, the native model under the name ``native-flags``
+    with only ``flags`` of :data:`~headprobe.probe.backend.CAPABILITIES` on (its own class, its own
+    registry entry; ``--backend auto`` never takes it)."""
+    from headprobe.probe.backend import CAPABILITIES
+    from headprobe.probe.native import NativeModel
+    from headprobe.probe.vocabulary import BACKEND_REGISTRY
+
+    def make(*on: str) -> type:
+        assert set(on) <= set(CAPABILITIES), on
+        cls = type("FlaggedModel", (NativeModel,), {"name": FLAGGED, "wraps": classmethod(lambda c, m: False),
+                                                      "supports": classmethod(lambda c, h: False),
+                                                      **{flag: flag in on for flag in CAPABILITIES}})
+        BACKEND_REGISTRY.register(FLAGGED, cls, replace=True)
+        return cls
+
+    yield make
+    if FLAGGED in BACKEND_REGISTRY:
+        BACKEND_REGISTRY.unregister(FLAGGED)
+
+
+@dataclasses.dataclass
+class Subject:
+    """What the gated features run on: a tiny native model to re-wrap, its Hugging Face directory and
+    a headprobe checkpoint directory of it."""
+
+    base: object
+    hf_dir: Path
+    native_dir: Path
+    tokens: torch.Tensor
+
+    def model(self, cls):
+        return cls(self.base.model, self.base.tokenizer, self.base.spec)
+
+
+@pytest.fixture
+def subject(tiny_llama_gqa_native, tiny_dir, tmp_path):
+    (tmp_path / "native").mkdir()
+    tiny_llama_gqa_native.save(tmp_path / "native")
+    tiny_llama_gqa_native.tokenizer.save_pretrained(tmp_path / "native")
+    tokens = torch.randint(1, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    return Subject(tiny_llama_gqa_native, tiny_dir, tmp_path / "native", tokens)
+
+
+def _streams(cls, s):
+    from headprobe.probe.streaming import stream_head_stats
+
+    seen = []
+    stream_head_stats(s.model(cls), s.tokens, lambda layer, stats: seen.append(stats.lse.shape))
+    assert len(seen) == s.base.spec.n_layers
+
+
+def _kv_preflight(cls, s):
+    from headprobe.commands.kv import KVConfig
+
+    KVConfig(model=str(s.hf_dir), seq_len=64, backend=cls.name).preflight()
+
+
+def _kv_check(cls, s):
+    from headprobe.analyses.kvpolicy import check_kv_backend
+
+    check_kv_backend(s.model(cls))
+
+
+def _paths(cls, s):
+    from headprobe.analyses.paths import prepare_runs
+
+    assert prepare_runs(s.model(cls), s.tokens, s.tokens.flip(1)) is not None
+
+
+def _float16(cls, s):
+    from headprobe.options import load_model_as
+
+    m = load_model_as(str(s.hf_dir), device="cpu", dtype="float16", backend=cls.name)
+    assert type(m) is cls and m.dtype == torch.float16
+
+
+def _native_dir(cls, s):
+    m = headprobe.load_model(str(s.native_dir), backend=cls.name, quiet=True)
+    assert type(m) is cls
+
+
+def _half_split(cls, s):
+    from headprobe.options import load_model_as
+
+    m = load_model_as(str(s.hf_dir), dtype="bfloat16", backend=cls.name, device_map="auto", max_memory="cpu=100KB")
+    assert type(m) is cls and m.dtype == torch.bfloat16 and m.device_map
+
+
+def _split(cls, s):
+    m = headprobe.load_model(str(s.hf_dir), backend=cls.name, quiet=True, device_map="auto")
+    assert type(m) is cls and m.device_map is not None
+
+
+def _prune_preflight(cls, s):
+    from headprobe.commands.prune import PruneConfig
+
+    PruneConfig(backend=cls.name, save_pruned=True)
+
+
+def _prunable(cls, s):
+    s.model(cls).check_prunable()
+
+
+GATED = {"streams_statistics": (_streams,), "kv_policies": (_kv_preflight, _kv_check), "path_patching": (_paths,),
+         "half_precision": (_float16,), "native_weights": (_native_dir,), "splits_after_load": (_half_split, _split),
+         "removes_heads": (_prune_preflight, _prunable)}
+"""Capability -> the ways in to a feature it gates (each runs the feature on backend ``cls``)."""
+
+
+def test_every_capability_flag_is_declared_off_on_loaded_model_and_has_its_gated_features():
+    from headprobe.probe.backend import CAPABILITIES, LoadedModel
+    from headprobe.probe.bridge import BridgeModel
+    from headprobe.probe.native import NativeModel
+
+    flags = sorted(n for n, v in vars(LoadedModel).items() if isinstance(v, bool) and n != "supports_padding")
+    assert flags == sorted(CAPABILITIES) == sorted(GATED)
+    assert not any(getattr(LoadedModel, f) or getattr(BridgeModel, f) for f in CAPABILITIES)
+    assert all(getattr(NativeModel, f) is True for f in CAPABILITIES)
+
+
+def test_a_backend_without_capabilities_is_refused_every_gated_feature_naming_the_flag(flagged, subject):
+    """All flags off: each way in to each gated feature is refused in one line that names the missing
+    flag and the backend; what needs no flag runs (the materialised pattern instead of streaming)."""
+    from headprobe.analyses.scoring import use_streaming
+    from headprobe.probe.capture import capture_heads
+
+    cls = flagged()
+    for flag, ways in GATED.items():
+        for way in ways:
+            with pytest.raises(HeadprobeError) as e:
+                way(cls, subject)
+            assert f"(the {FLAGGED} backend lacks {flag})" in str(e.value) and "\n" not in str(e.value), (way, e.value)
+    bare, native = subject.model(cls), subject.base
+    assert not use_streaming(bare, 100_000) and use_streaming(native, 100_000)
+    rows = capture_heads(bare, subject.tokens, rows=[3, 11])["pattern"]  # materialised, then rows cut
+    want = capture_heads(native, subject.tokens, rows=[3, 11])["pattern"]  # streamed from q and k
+    for layer in want:
+        torch.testing.assert_close(rows[layer], want[layer], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("flag", sorted(GATED))
+def test_a_backend_with_one_capability_reaches_its_features(flagged, subject, flag):
+    cls = flagged(flag)
+    for way in GATED[flag]:
+        way(cls, subject)
+
+
+BACKEND_NAME_COMPARISON = re.compile(
+    r"""backend\w*\s*(?:[!=]=|(?<!for )\bnot in\b|(?<!for \w{7})\bin\b)\s*[("'\[]"""  # backend == "x", backend in ("x", ...)
+    r"""|getattr\([^)]*["']backend["']"""  # getattr(model, "backend", None)
+    r"""|["'](?:native|transformer-lens|auto)["']\s*(?:[!=]=|\bin\b)\s*\w*backend"""  # "x" == backend
+    r"""|\.name\s*[!=]=\s*["'](?:native|transformer-lens)["']""")
+"""A comparison of a backend's name (what ``grep '"native"\\|backend ==\\|.backend'`` looked for)."""
+
+
+def backend_name_comparisons(text: str) -> list[str]:
+    """The lines of ``text`` that compare a backend's name (:data:`BACKEND_NAME_COMPARISON`)."""
+    return [line.strip() for line in text.splitlines() if BACKEND_NAME_COMPARISON.search(line)
+            and not line.lstrip().startswith("for ")]
+
+
+def test_only_the_backend_registry_compares_backend_names():
+    """Features ask a capability flag; names are compared in probe/vocabulary.py only."""
+    found = {str(f.relative_to(ROOT)): backend_name_comparisons(f.read_text(encoding="utf-8"))
+             for folder in ("probe", "analyses", "headprobe") for f in sorted((ROOT / folder).rglob("*.py"))
+             if f != ROOT / "probe" / "vocabulary.py"}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_name_comparison_check_can_fail():
+    planted = ['    if getattr(model, "backend", None) != "native":', '    if model.backend != "native":',
+               '        if backend not in ("auto", "native"):', '    if self.backend == "transformer-lens":',
+               '    if backend == "auto":', '    stream = rows is not None and getattr(model, "backend", None) == "native"',
+               '    if cls.name == "native":']
+    fine = ['    for backend in ("native", "transformer-lens"):', '    if not model.kv_policies:',
+            '    backend: str = "native"', '    """backend in one line."""']
+    assert backend_name_comparisons("\n".join(planted + fine)) == [p.strip() for p in planted]
+
+
 # A command (one module and one entry in headprobe.commands.COMMANDS) and a shared setting (one field
 # of a settings dataclass in headprobe/settings.py).
 

@@ -41,6 +41,7 @@ from headprobe.options import positive_int
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import ModelSpec
+from headprobe.probe.vocabulary import backend_lacks
 from headprobe.probe.io import package_versions, write_json
 from headprobe.settings import DataSettings, ModelSettings, setting, shared
 
@@ -152,9 +153,9 @@ class KVConfig(ModelSettings):
 
     def preflight(self) -> None:
         """Checks that need no model: the backend, budgets above the all-streaming floor, distances in range."""
-        if self.backend == "transformer-lens":
-            raise HeadprobeError("headprobe kv masks attention per KV group in headprobe's native model; "
-                                 "use --backend native (or auto) with a family it supports")
+        if backend_lacks(self.backend, "kv_policies"):
+            raise HeadprobeError("headprobe kv masks attention per KV group in headprobe's native model; use --backend "
+                                 f"native (or auto) with a family it supports (the {self.backend} backend lacks kv_policies)")
         low = [b for b in (*self.budgets, self.kv_budget) if b < self.floor]
         if low:
             raise HeadprobeError(f"budget {low[0]} is below what every group streaming costs ({self.floor:.3f} of the cache "

@@ -23,6 +23,7 @@ from headprobe.options import positive_int
 from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # the --method choices, torch-free
 from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS  # noqa: F401 - re-exported
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.vocabulary import backend_lacks
 
 HELP = "head pruning methods compared (Michel gradient importance, L0 gates, random): one CSV + figure, optional pruned model"
 
@@ -136,8 +137,9 @@ class PruneConfig(options.ModelRunConfig):
         if self.n_seeds < 1 or self.l0_steps < 1:
             raise HeadprobeError("--n-seeds and --l0-steps must be at least 1")
         super().__post_init__()
-        if self.save_pruned and self.backend == "transformer-lens":
-            raise HeadprobeError("--save-pruned needs the native backend (--backend native)")
+        if self.save_pruned and backend_lacks(self.backend, "removes_heads"):  # imports the named backend's class
+            raise HeadprobeError(f"--save-pruned needs the native backend (--backend native) "
+                                 f"(the {self.backend} backend lacks removes_heads)")
         if self.save_pruned and self.device_map is not None:  # removing heads rewrites weights that may be offloaded
             raise HeadprobeError("--save-pruned needs the whole model on one device: drop --device-map")
 
