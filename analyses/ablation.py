@@ -47,8 +47,9 @@ from headprobe.probe.heads import all_heads  # noqa: F401 - re-exported
 from headprobe.probe.backend import LoadedModel, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
 from headprobe.probe import ablation_kinds
 from headprobe.probe.ablation_kinds import AblationInputs, AblationKind, Kind
+from headprobe.probe.hook_names import attn_hook, block_hook
 from headprobe.probe.hooks import (
-    Head, attn_hook, batched_ablation_hooks, format_head, head_ablation_hooks, head_set_masks)
+    Head, batched_ablation_hooks, format_head, head_ablation_hooks, head_set_masks)
 
 
 def task_loss(logits: Tensor, tokens: Tensor, task: str, start: int, period: int | None) -> float:
@@ -561,7 +562,7 @@ class CleanActivations:
                     raise _CleanPrefixDone
             return hook
 
-        names = {"resid_pre": lambda layer: f"blocks.{layer}.hook_resid_pre", "z": lambda layer: attn_hook(layer, "z"),
+        names = {"resid_pre": lambda layer: block_hook(layer, "resid_pre"), "z": lambda layer: attn_hook(layer, "z"),
                  "attn_out": self.backend.attn_out_hook}
         parts = [p for p in CLEAN_PARTS if p in self.parts]  # in forward order: the last part's last layer comes last
         hooks = [(names[p](layer), save(self.stores[p], layer, stop=not whole and p == parts[-1] and layer == chunk[-1]))

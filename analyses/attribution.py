@@ -72,7 +72,7 @@ from torch import Tensor
 
 from headprobe.analyses.ablation import ablation_directions, kind_inputs, require_head_ablation
 from headprobe.probe.backend import LoadedModel, scored_loss
-from headprobe.probe.hooks import attn_hook
+from headprobe.probe.hook_names import attn_hook, block_hook
 from headprobe.analyses.vocabulary import ESTIMATORS  # the --estimate choices, defined once (torch-free)
 
 N_PROBES = 8
@@ -188,8 +188,8 @@ def atp_star(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 
             return resid[index]
         return hook
 
-    hooks = z_hooks + [(f"blocks.{layer}.hook_resid_pre", resid_hook(layer)) for layer in range(L)]
-    hooks += [(f"blocks.{L - 1}.hook_resid_post", resid_hook(L))]
+    hooks = z_hooks + [(block_hook(layer, "resid_pre"), resid_hook(layer)) for layer in range(L)]
+    hooks += [(block_hook(L - 1, "resid_post"), resid_hook(L))]
     B = tokens.shape[0]
     with torch.inference_mode(False), torch.enable_grad():
         per_seq = scored_loss(model.forward(tokens, fwd_hooks=hooks), tokens, first)  # [batch]

@@ -35,6 +35,7 @@ from torch import Tensor
 from headprobe.analyses.data import LongRangeSet
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hook_names import attn_hook
 from headprobe.probe.layout import KVPolicy, Streaming
 
 #: Positions of logits computed at once (a ``[batch, chunk, d_vocab]`` block, never a whole sequence's).
@@ -166,7 +167,7 @@ def pattern_statistic(model: LoadedModel, tokens: Int[Tensor, "batch pos"], redu
             out[layer] = reduce(pattern.float()).cpu()
         return fn
 
-    model.final_residual(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", hook(layer)) for layer in range(L)])
+    model.final_residual(tokens, fwd_hooks=[(attn_hook(layer, "pattern"), hook(layer)) for layer in range(L)])
     return out
 
 
@@ -183,7 +184,7 @@ def distant_mass(model: LoadedModel, tokens: Int[Tensor, "batch pos"], sink: int
             out[layer] = distant_mass_of_pattern(pattern.float(), sink, window, None if rows is None else rows.to(pattern.device)).cpu()
         return fn
 
-    model.final_residual(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", hook(layer)) for layer in range(L)])
+    model.final_residual(tokens, fwd_hooks=[(attn_hook(layer, "pattern"), hook(layer)) for layer in range(L)])
     return out
 
 

@@ -26,7 +26,7 @@ from headprobe.analyses.data import NeedleSet, TokenSet
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import stream_patterns
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import attn_hook
+from headprobe.probe.hook_names import attn_hook, block_hook
 from headprobe.probe.io import TextFile
 
 Pattern = Float[Tensor, "batch head q_pos k_pos"]
@@ -220,7 +220,7 @@ def direct_logit_attribution(model: LoadedModel, tokens: Int[Tensor, "batch pos"
     if model.has_post_attention_norm:
         raise HeadprobeError("direct logit attribution of single heads needs a model without post-attention norms")
     tokens = tokens.to(model.device)
-    last = f"blocks.{spec.n_layers - 1}.hook_resid_post"
+    last = block_hook(spec.n_layers - 1, "resid_post")
     kept: dict[str, Tensor] = {}
     # final_residual: the forward without the [batch, pos, d_vocab] logits (native backend)
     model.final_residual(tokens, fwd_hooks=[(last, lambda x, hook: kept.__setitem__("x", x.detach().float()))])

@@ -40,7 +40,8 @@ from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import all_heads
-from headprobe.probe.hooks import Head, attn_hook
+from headprobe.probe.hook_names import attn_hook, block_hook
+from headprobe.probe.hooks import Head
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def site_hook_name(site: str, layer: int) -> str:
         HeadprobeError: ``site`` not one of :data:`SITES`.
     """
     if site == "resid":
-        return f"blocks.{layer}.hook_resid_pre"
+        return block_hook(layer, "resid_pre")
     if site in HEAD_SITES:
         return attn_hook(layer, site)
     raise HeadprobeError(f"unknown patching site {site!r}; choose one of {', '.join(SITES)}")

@@ -54,6 +54,7 @@ from headprobe.probe.backend import LoadedModel
 from headprobe.probe.backend import token_losses
 from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hook_names import EMBED, attn_hook, block_hook
 
 INPUTS = ("q", "k", "v")
 """A receiver head's inputs; the logits receiver is ``"logits"``."""
@@ -185,7 +186,7 @@ def prepare_runs(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted:
     metric = next_token_loss(first, mask) if metric is None else metric
     L = model.spec.n_layers
     embeds: list[Tensor] = []
-    with model.hooks([("hook_embed", lambda x, hook: embeds.append(x.detach().clone()))]):
+    with model.hooks([(EMBED, lambda x, hook: embeds.append(x.detach().clone()))]):
         # the fused kernel (no pattern hook), as the clean run and the resumed runs use: bitwise the same residuals
         cap = capture_internal(model, clean, residual=True, attention_mask=mask, patterns=False)
         deltas = torch.stack([-cap["result"].pop(l).float() for l in range(L)])  # one layer's capture freed at a time
@@ -317,7 +318,7 @@ def _expand_hook(model: LoadedModel, layer: int, inp: str, edit: Callable[[Tenso
             x = x.repeat_interleave(G, dim=2)
         return edit(x)
 
-    return (f"blocks.{layer}.attn.hook_{inp}", hook)
+    return (attn_hook(layer, inp), hook)
 
 
 def _check_expandable(model: LoadedModel, inputs: Sequence[str]) -> None:
@@ -441,10 +442,10 @@ def _input_gradients(model: LoadedModel, runs: PathRuns, alpha: float) -> tuple[
             return x
         return store
 
-    hooks = [("hook_embed", lambda x, hook: e.to(x))]
-    hooks += [(f"blocks.{l}.hook_resid_pre", lambda x, hook: resid_pre.append(x.detach().clone())) for l in range(L)]
+    hooks = [(EMBED, lambda x, hook: e.to(x))]
+    hooks += [(block_hook(l, "resid_pre"), lambda x, hook: resid_pre.append(x.detach().clone())) for l in range(L)]
     hooks += [_expand_hook(model, l, inp, keep((l, inp))) for l in range(1, L) for inp in INPUTS]
-    hooks.append((f"blocks.{L - 1}.hook_resid_post", lambda x, hook: keep((L, "final"))(x)))
+    hooks.append((block_hook(L - 1, "resid_post"), lambda x, hook: keep((L, "final"))(x)))
     with torch.enable_grad():
         tokens = runs.clean.to(model.device)
         M = runs.metric(model.forward(tokens, fwd_hooks=hooks, attention_mask=runs.mask).float(), tokens).float().mean()

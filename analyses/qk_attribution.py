@@ -36,6 +36,7 @@ from torch import Tensor
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hook_names import EMBED, POS_EMBED, attn_hook, block_hook, norm_hook
 
 IDENTITY_TOLERANCE = 1e-4
 """Largest relative error allowed of the residual identity and of ``sum C = s_ij`` (float32)."""
@@ -110,16 +111,16 @@ def residual_components(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer:
         return hook
 
     names = set(model.hook_names())
-    extra = [n for n in ("hook_embed", "hook_pos_embed", f"blocks.{layer}.hook_resid_pre",
-                         f"blocks.{layer}.ln1.hook_normalized", f"blocks.{layer}.attn.hook_attn_scores") if n in names]
+    extra = [n for n in (EMBED, POS_EMBED, block_hook(layer, "resid_pre"),
+                         norm_hook(layer, "ln1", "normalized"), attn_hook(layer, "attn_scores")) if n in names]
     with model.hooks([(n, grab(n)) for n in extra]):
         cap = capture_internal(model, tokens, layers=range(layer), residual=True) if layer else {}
         if not layer:
             model.forward(tokens)
-    labels, comps = ["embed"], [grabbed["hook_embed"]]
-    if "hook_pos_embed" in grabbed:
+    labels, comps = ["embed"], [grabbed[EMBED]]
+    if POS_EMBED in grabbed:
         labels.append("pos_embed")
-        comps.append(grabbed["hook_pos_embed"])
+        comps.append(grabbed[POS_EMBED])
     for l in range(layer):
         H = cap["result"][l].shape[2]
         labels += [f"{l}.{h}" for h in range(H)] + [f"b_O {l}"]
@@ -129,13 +130,13 @@ def residual_components(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer:
             labels.append(f"mlp {l}")
             comps.append(cap["mlp_out"][l][0].float())
     comps_t = torch.stack(comps)
-    resid = grabbed[f"blocks.{layer}.hook_resid_pre"]
+    resid = grabbed[block_hook(layer, "resid_pre")]
     err = _rel(comps_t.sum(0), resid)
     if err > IDENTITY_TOLERANCE:
         raise HeadprobeError(f"the residual stream entering layer {layer} is not the sum of its components "
                              f"(off by {err:.2g} relative): this architecture is not split by QK attribution")
-    attn_in = grabbed.get(f"blocks.{layer}.ln1.hook_normalized", resid)
-    return labels, comps_t, resid, attn_in, grabbed.get(f"blocks.{layer}.attn.hook_attn_scores")
+    attn_in = grabbed.get(norm_hook(layer, "ln1", "normalized"), resid)
+    return labels, comps_t, resid, attn_in, grabbed.get(attn_hook(layer, "attn_scores"))
 
 
 def frozen_norm_terms(model: LoadedModel, layer: int, comps: Tensor, resid: Tensor, attn_in: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -166,8 +167,7 @@ def pre_cap_score(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int, 
         HeadprobeError: a QK-norm with no hook after it (the query the attention multiplies is not visible).
     """
     names = set(model.hook_names())
-    pre = f"blocks.{layer}.attn.hook_"
-    kind = "rot_" if f"{pre}rot_q" in names else ""
+    kind = "rot_" if attn_hook(layer, "rot_q") in names else ""
     if not kind and model.spec.layout.qk_norm != "none":
         raise HeadprobeError(f"layer {layer}'s soft-capped score cannot be read before its cap: its QK-norm has no hook after it")
     grabbed: dict[str, Tensor] = {}
@@ -177,7 +177,7 @@ def pre_cap_score(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int, 
             grabbed[side] = x.detach()[0].double()  # [pos, head or kv_head, d_qk]
         return hook
 
-    with model.hooks([(f"{pre}{kind}{side}", grab(side)) for side in ("q", "k")]):
+    with model.hooks([(attn_hook(layer, kind + side), grab(side)) for side in ("q", "k")]):
         model.forward(tokens)
     q, k = grabbed["q"][q_pos, head], grabbed["k"][k_pos, model.spec.kv_head(head)]
     return float(model.attention_scale(layer)[0] * (q @ k))

@@ -19,7 +19,8 @@ from headprobe.analyses.detectors import DETECTORS
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import stream_patterns
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import Head, HookCounter, attn_hook
+from headprobe.probe.hook_names import attn_hook, block_hook
+from headprobe.probe.hooks import Head, HookCounter
 
 
 def score_token_set(model: LoadedModel, tokens: TokenSet, dataset: str, mean_z: bool = False,
@@ -72,7 +73,7 @@ def score_token_set(model: LoadedModel, tokens: TokenSet, dataset: str, mean_z: 
                 first_bad.append(layer)
         return hook
 
-    extra = [(f"blocks.{layer}.hook_resid_post", make_finite_check(layer)) for layer in range(spec.n_layers)]
+    extra = [(block_hook(layer, "resid_post"), make_finite_check(layer)) for layer in range(spec.n_layers)]
     if mean_z:
         def make(layer: int):
             def hook(z, hook):
@@ -119,7 +120,7 @@ def _finite_checks(n_layers: int, first_bad: list[int]) -> list[tuple[str, Any]]
             if not first_bad and not torch.isfinite(resid).all():
                 first_bad.append(layer)
         return hook
-    return [(f"blocks.{layer}.hook_resid_post", make(layer)) for layer in range(n_layers)]
+    return [(block_hook(layer, "resid_post"), make(layer)) for layer in range(n_layers)]
 
 
 def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int, mean_z: bool = False,

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from headprobe.probe.devicemap import aligned
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hook_names import block_hook, norm_hook
 from headprobe.probe.selfcheck import SelfCheck
 from headprobe.probe.spec import Checkpoint, ModelSpec
 
@@ -256,7 +257,7 @@ class LoadedModel:
 
     def post_attention_norm_hooks(self, layer: int) -> tuple[str, str] | None:
         """(input, output) hook names of layer ``layer``'s post-attention norm, or None."""
-        names = (f"blocks.{layer}.ln1_post.hook_in", f"blocks.{layer}.ln1_post.hook_out")
+        names = (norm_hook(layer, "ln1_post", "in"), norm_hook(layer, "ln1_post", "out"))
         return names if names[0] in self.model.hook_dict and names[1] in self.model.hook_dict else None
 
     def attn_out_hook(self, layer: int) -> str:
@@ -264,7 +265,7 @@ class LoadedModel:
         ``[batch, pos, d_model]``: the post-attention norm's input where there is one, else
         ``blocks.{layer}.hook_attn_out``. Replacing it changes what the rest of the block sees."""
         post = self.post_attention_norm_hooks(layer)
-        return post[0] if post is not None else f"blocks.{layer}.hook_attn_out"
+        return post[0] if post is not None else block_hook(layer, "attn_out")
 
     @torch.inference_mode()
     def post_attention_norm_weight(self, layer: int) -> Float[Tensor, "d_model"]:

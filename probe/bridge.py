@@ -22,6 +22,7 @@ from torch import Tensor
 
 from headprobe.probe.backend import HookFn, LoadedModel, _module_type, scored_loss
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hook_names import UNEMBED_IN, attn_hook, block_hook
 from headprobe.probe.layout import layout_from_hf_config
 from headprobe.probe.spec import Checkpoint, ModelSpec
 
@@ -182,14 +183,14 @@ class BridgeModel(LoadedModel):
             HeadprobeError: an encoder (its last hidden state is not what the bridge unembeds),
                 ``attention_mask`` given (as :meth:`forward`).
         """
-        if not self.spec.causal or "unembed.hook_in" not in self.model.hook_dict:
+        if not self.spec.causal or UNEMBED_IN not in self.model.hook_dict:
             raise HeadprobeError(f"the final residual stream of this model needs the native backend, not {self.name}")
         kept: dict[str, Tensor] = {}
 
         def keep(x: Tensor, hook: Any) -> None:
             kept["x"] = x
 
-        self.forward(tokens, [*fwd_hooks, ("unembed.hook_in", keep)], attention_mask)
+        self.forward(tokens, [*fwd_hooks, (UNEMBED_IN, keep)], attention_mask)
         return kept["x"]
 
     def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
@@ -234,7 +235,7 @@ class BridgeModel(LoadedModel):
         B = tokens.shape[0]
         out = []
         for i in range(0, resid_pre.shape[0], B):
-            hooks = [(f"blocks.{layer}.hook_resid_pre", _replace(resid_pre[i:i + B])),
+            hooks = [(block_hook(layer, "resid_pre"), _replace(resid_pre[i:i + B])),
                      (self.attn_out_hook(layer), _replace(attn_out[i:i + B]))]
             out.append(self.scored_losses(tokens, first, hooks))
         return torch.cat(out)
@@ -300,8 +301,6 @@ def _replace(value: Tensor) -> HookFn:
 
 def _head_mask_hooks(head_mask: Float[Tensor, "layer head"]) -> list[tuple[str, HookFn]]:
     """Hooks multiplying each head's ``z`` by ``head_mask[layer, head]`` (Michel et al. 2019)."""
-    from headprobe.probe.hooks import attn_hook
-
     def make(layer: int) -> HookFn:
         def hook(z: Tensor, hook: Any) -> Tensor:
             return z * head_mask[layer].to(z.device, z.dtype)[:, None]

@@ -25,7 +25,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import HookCounter, attn_hook
+from headprobe.probe.hook_names import attn_hook, block_hook
+from headprobe.probe.hooks import HookCounter
 
 PatternCallback = Callable[[int, Float[Tensor, "batch head q_pos k_pos"]], None]
 
@@ -168,11 +169,11 @@ def capture_internal(
             hooks.append((post[0], saver("norm_in", layer)))
             hooks.append((post[1], saver("attn_out", layer)))
         else:
-            hooks.append((f"blocks.{layer}.hook_attn_out", saver("attn_out", layer)))
+            hooks.append((block_hook(layer, "attn_out"), saver("attn_out", layer)))
         if residual:
             for kind in ("resid_pre", "resid_mid", "resid_post", "mlp_out"):
-                if f"blocks.{layer}.hook_{kind}" in names:
-                    hooks.append((f"blocks.{layer}.hook_{kind}", saver(kind, layer)))
+                if block_hook(layer, kind) in names:
+                    hooks.append((block_hook(layer, kind), saver(kind, layer)))
     model.forward(tokens, fwd_hooks=hooks, attention_mask=attention_mask)
     missing = [attn_hook(layer, "pattern") for layer in layers if patterns and layer not in out["pattern"]]
     if missing:

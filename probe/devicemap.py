@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hook_names import block_path
 from headprobe.probe.vocabulary import DEVICE_MAPS  # noqa: F401 - the strategies, defined once (torch-free)
 
 NO_SPLIT = ["Block"]
@@ -47,7 +48,7 @@ def placement_units(model: torch.nn.Module) -> tuple[list[str], list[str]]:
     """``(pinned, blocks)``: the names of the native model's top-level pieces that stay on the
     main device (embedding, embedding norm, final norm, unembedding) and of its blocks, in order."""
     pinned = [n for n in ("embed", "ln_embed", "ln_final", "unembed") if getattr(model, n, None) is not None]
-    return pinned, [f"blocks.{i}" for i in range(len(model.blocks))]
+    return pinned, [block_path(i) for i in range(len(model.blocks))]
 
 
 def _sizes(model: torch.nn.Module) -> dict[str, int]:

@@ -1,4 +1,5 @@
-"""Hook names and hook functions (head ablation), on TransformerLens' hook-point infrastructure.
+"""Hook functions (head ablation), on TransformerLens' hook-point infrastructure; their names come from
+:mod:`headprobe.probe.hook_names`.
 
 Hooks are registered for a ``with`` body only (:meth:`headprobe.probe.backend.LoadedModel.hooks`,
 TransformerLens' ``model.hooks(...)``) and removed in its ``finally``, so an exception inside an
@@ -19,14 +20,9 @@ from headprobe.probe import ablation_kinds
 from headprobe.probe.ablation_kinds import AblationInputs, AblationKind
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import Head, format_head, parse_heads  # noqa: F401 - re-exported
+from headprobe.probe.hook_names import attn_hook
 
 HookFn = Callable[[Tensor, Any], Tensor | None]
-
-
-def attn_hook(layer: int, name: str) -> str:
-    """TransformerLens name of an attention hook, e.g. ``attn_hook(5, "pattern")`` ->
-    ``blocks.5.attn.hook_pattern``."""
-    return f"blocks.{layer}.attn.hook_{name}"
 
 
 def _group_by_layer(heads: Iterable[Head]) -> dict[int, list[int]]:

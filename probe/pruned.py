@@ -29,6 +29,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hook_names import attn_hook, block_path
 from headprobe.probe.io import atomic_path
 from headprobe.probe.model import QKV, Attention, Transformer, TransformerConfig
 
@@ -241,8 +242,7 @@ from headprobe.probe.checkpoint import PRUNED_WEIGHTS  # noqa: E402 - the weight
 
 
 def _attn_keys(layer: int) -> dict[str, str]:
-    p = f"blocks.{layer}.attn."
-    return {n: p + n for n in ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight",
+    return {n: block_path(layer, "attn." + n) for n in ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight",
                                "v_proj.bias", "o_proj.weight", "kv_index")}
 
 
@@ -325,7 +325,7 @@ def load_pruned_dir(path: Any, device: str | torch.device = "cpu") -> Transforme
     _install(net, keep)
     net.to(next(iter(state.values())).dtype)
     for layer, b in enumerate(net.blocks):
-        state[f"blocks.{layer}.attn.kv_index"] = b.attn.kv_index
+        state[block_path(layer, "attn.kv_index")] = b.attn.kv_index
     try:
         net.load_state_dict(state, strict=True)
     except RuntimeError as e:
@@ -395,7 +395,7 @@ def attention_sizes(model: Any, n_tokens: int) -> dict[str, list[int]]:
             seen[layer, kind] = tuple(x.shape)  # [batch, pos, kv_head, d]
         return hook
 
-    hooks = [(f"blocks.{l}.attn.hook_{kind}", keep_shape(l, kind)) for l in range(cfg.n_layers) for kind in ("k", "v")]
+    hooks = [(attn_hook(l, kind), keep_shape(l, kind)) for l in range(cfg.n_layers) for kind in ("k", "v")]
     with torch.no_grad():
         net.run_with_hooks(tokens, fwd_hooks=hooks)
     layers = range(cfg.n_layers)

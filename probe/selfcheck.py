@@ -57,6 +57,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hook_names import block_hook
 
 N_TOKENS = 16
 """Tokens in the self-check's forward pass (one sequence, BOS first where the model has one)."""
@@ -207,7 +208,7 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
     T = tokens.shape[1]
     names = set(model.hook_names())
     layers = range(spec.n_layers)
-    parallel = any(f"blocks.{l}.hook_resid_mid" not in names for l in layers)
+    parallel = any(block_hook(l, "resid_mid") not in names for l in layers)
     reference = "resid_post - resid_pre - mlp_out" if parallel else "resid_mid - resid_pre"
     tol = tolerance(model.dtype)
     common = dict(architecture=model.architecture, backend=model.backend, n_tokens=T, reference=reference,

@@ -37,7 +37,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import HookCounter, attn_hook
+from headprobe.probe.hook_names import attn_hook
+from headprobe.probe.hooks import HookCounter
 
 DEFAULT_BLOCK = 256
 """Query and key positions per block of :func:`stream_head_stats`: a block of SmolLM2's 9 heads
@@ -193,8 +194,8 @@ def geometry_and_hooks(model: Any, layer: int) -> tuple[AttentionGeometry, str, 
     """
     model.require("streams_statistics", STREAMING_REFUSAL.format(backend=model.name))
     geom, rotary = model.stream_geometry(layer)
-    q, k = ("hook_rot_q", "hook_rot_k") if rotary else ("hook_q", "hook_k")
-    return geom, attn_hook(layer, q[5:]), attn_hook(layer, k[5:])
+    q, k = ("rot_q", "rot_k") if rotary else ("q", "k")
+    return geom, attn_hook(layer, q), attn_hook(layer, k)
 
 
 def _block_kinds(q0: int, q1: int, k0: int, k1: int, W: int) -> str:

@@ -17,7 +17,8 @@ from headprobe.analyses.attribution import atp_star, second_order
 from headprobe.probe import ablation_kinds
 from headprobe.probe.ablation_kinds import Kind
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import attn_hook, head_ablation_hooks
+from headprobe.probe.hook_names import attn_hook
+from headprobe.probe.hooks import head_ablation_hooks
 
 HALF = 0.5
 

@@ -256,3 +256,40 @@ def test_the_function_length_check_can_fail():
               + "class C:\n    def method(self):\n" + deeper * 80
               + "def outer():\n    def inner():\n" + deeper * 80 + "    return inner\n")
     assert _long_functions(source) == {"long": 81, "method": 81, "inner": 81, "outer": 83}
+
+
+# ---------------------------------------------------------------------------------------------
+# Hook, module and parameter names of a block are built by probe/hook_names.py (issue 37)
+# ---------------------------------------------------------------------------------------------
+
+NAMES_SPELLED_IN = {"probe/model.py", "probe/hook_names.py"}
+"""The only files of probe/, analyses/ and headprobe/ that may spell ``blocks.`` (the model declares the
+hook points, hook_names builds their names)."""
+
+
+def _hand_spelled_block_names(source: str) -> list[str]:
+    """``line: text`` of each string constant, or literal part of an f-string, in ``source`` that
+    starts with ``blocks.`` (``"blocks.0.hook_z"``, ``f"blocks.{layer}.attn.hook_{name}"``)."""
+    import ast
+
+    return [f"{node.lineno}: {node.value}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("blocks.")]
+
+
+def test_no_block_name_is_spelled_by_hand():
+    """Hook names and a block's module/parameter paths come from headprobe.probe.hook_names."""
+    offences = {}
+    for folder in ("probe", "analyses", "headprobe"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel not in NAMES_SPELLED_IN and (found := _hand_spelled_block_names(path.read_text(encoding="utf-8"))):
+                offences[rel] = found
+    assert not offences, f"use headprobe.probe.hook_names: {offences}"
+
+
+def test_the_block_name_check_can_fail():
+    """Hand-spelled names in constants and f-strings are flagged; a docstring mentioning one and the
+    module's functions are not."""
+    source = ('"""Reads ``blocks.{l}.hook_z``."""\nA = "blocks.0.attn.hook_pattern"\nB = f"blocks.{l}.hook_resid_pre"\n'
+              'h, b = f"model.layers.{l}.", f"blocks.{l}."\nC = attn_hook(l, "z")\nD = "blocks"\n')
+    assert _hand_spelled_block_names(source) == ["2: blocks.0.attn.hook_pattern", "3: blocks.", "4: blocks."]

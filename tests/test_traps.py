@@ -7,7 +7,8 @@ from headprobe.analyses.detectors import DETECTORS, first_token_score, positiona
 from conftest import TINY_MODELS
 from headprobe.probe.capture import capture_heads, pad_prompts, stream_patterns, stream_prompt_patterns
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import attn_hook, head_ablation_hooks
+from headprobe.probe.hook_names import attn_hook
+from headprobe.probe.hooks import head_ablation_hooks
 
 
 # 1. GQA head axes ---------------------------------------------------------------------------------

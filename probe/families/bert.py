@@ -18,6 +18,7 @@ from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.families.base import TINY_ENCODER_VOCAB, Family, TinySpec, gelu_mlp, hf_sizes, renamed
+from headprobe.probe.hook_names import block_path
 from headprobe.probe.model import TransformerConfig
 
 
@@ -58,7 +59,7 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
            "embed.W_pos.weight": sd[e + "position_embeddings.weight"][: cfg.n_ctx] + sd[e + "token_type_embeddings.weight"][0],
            **renamed(sd, (("ln_embed.norm", "LayerNorm"),), theirs=e)}
     for l in range(cfg.n_layers):
-        out.update(renamed(sd, LAYER, f"blocks.{l}.", f"{p}encoder.layer.{l}."))
+        out.update(renamed(sd, LAYER, block_path(l) + ".", f"{p}encoder.layer.{l}."))
     out["unembed.weight"] = out["embed.W_E.weight"]
     return out
 

@@ -15,6 +15,7 @@ from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.families.base import (
     GATED_MLP, TINY_FIELDS, Family, TinySpec, Variant, hf_sizes, plain_rope, renamed, rope_theta,
 )
+from headprobe.probe.hook_names import block_path
 from headprobe.probe.model import TransformerConfig
 
 
@@ -68,7 +69,7 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
 
     out = {"embed.W_E.weight": sd["model.embed_tokens.weight"]}
     for l in range(cfg.n_layers):
-        h, b = f"model.layers.{l}.", f"blocks.{l}."
+        h, b = f"model.layers.{l}.", block_path(l) + "."
         if cfg.q_lora_rank is None:
             out[b + "attn.q_proj.weight"] = q_rows(sd[h + "self_attn.q_proj.weight"])
         else:

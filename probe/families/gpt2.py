@@ -14,6 +14,7 @@ from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.families.base import TINY_VOCAB, Family, TinySpec, hf_sizes, renamed
+from headprobe.probe.hook_names import block_path
 from headprobe.probe.model import TransformerConfig
 
 
@@ -48,7 +49,7 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
     out = {"embed.W_E.weight": sd["transformer.wte.weight"], "embed.W_pos.weight": sd["transformer.wpe.weight"],
            **renamed(sd, (("ln_final.norm", "transformer.ln_f"),))}
     for l in range(cfg.n_layers):
-        h, b = f"transformer.h.{l}.", f"blocks.{l}."
+        h, b = f"transformer.h.{l}.", block_path(l) + "."
         W_qkv, b_qkv = sd[h + "attn.c_attn.weight"], sd[h + "attn.c_attn.bias"]  # [d_model, 3 d_model], [3 d_model]
         for i, name in enumerate("qkv"):
             out[b + f"attn.{name}_proj.weight"] = W_qkv[:, i * D : (i + 1) * D].T

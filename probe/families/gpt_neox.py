@@ -13,6 +13,7 @@ from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.families.base import (
     TINY_VOCAB, Family, TinySpec, Variant, gelu_mlp, hf_sizes, plain_rope, renamed, rope_parameters, rope_theta,
 )
+from headprobe.probe.hook_names import block_path
 from headprobe.probe.model import TransformerConfig
 
 
@@ -56,7 +57,7 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
     out = {"embed.W_E.weight": sd["gpt_neox.embed_in.weight"],
            **renamed(sd, (("ln_final.norm", "gpt_neox.final_layer_norm"),))}
     for l in range(cfg.n_layers):
-        h, b = f"gpt_neox.layers.{l}.", f"blocks.{l}."
+        h, b = f"gpt_neox.layers.{l}.", block_path(l) + "."
         W = sd[h + "attention.query_key_value.weight"].view(H, 3, d_head, D)
         bias = sd[h + "attention.query_key_value.bias"].view(H, 3, d_head)
         for i, name in enumerate("qkv"):

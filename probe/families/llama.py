@@ -18,6 +18,7 @@ from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.families.base import (
     GATED_MLP, TINY_FIELDS, Family, TinySpec, hf_sizes, plain_rope, renamed, rope_theta, sliding,
 )
+from headprobe.probe.hook_names import block_path
 from headprobe.probe.model import TransformerConfig
 
 WINDOWS = ("none", "layer_types", "every_layer")
@@ -79,7 +80,7 @@ def llama_weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave
     """
     out = {"embed.W_E.weight": sd["model.embed_tokens.weight"]}
     for l in range(cfg.n_layers):
-        h, b = f"model.layers.{l}.", f"blocks.{l}."
+        h, b = f"model.layers.{l}.", block_path(l) + "."
         for name in "qkvo":
             out[b + f"attn.{name}_proj.weight"] = sd[h + f"self_attn.{name}_proj.weight"]
             if h + f"self_attn.{name}_proj.bias" in sd:  # Qwen2: q, k, v
