@@ -376,7 +376,7 @@ def rule_legend(rule: VerdictRule) -> str:
     """The ablation figure's legend entry of the verdict rule: its :meth:`~VerdictRule.condition`, wrapped."""
     import textwrap
 
-    return textwrap.fill(f"CONFIRMED: {rule.condition()}", 78)
+    return textwrap.fill(f"CONFIRMED: {rule.condition()}", 60)
 
 
 @_styled
