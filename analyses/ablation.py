@@ -41,6 +41,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.analyses import distributed
+from headprobe.analyses.verdicts import VerdictRule, label
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import ModelSpec
 from headprobe.probe.heads import all_heads  # noqa: F401 - re-exported
@@ -97,25 +98,34 @@ class AblationMetric:
         name: ``loss`` or ``embedding_cosine``.
         unit: how numbers are labelled (``nats/token``, ``1 - cos``).
         definition: one sentence, with its source.
-        min_effect: the smallest top-k effect :func:`is_confirmed` accepts, in ``unit``.
     """
 
     name: str
     unit: str
     definition: str
-    min_effect: float
+
+    @property
+    def min_effect(self) -> float:
+        """The effect floor of the verdict rule for this metric, in ``unit``
+        (:data:`headprobe.analyses.verdicts.MIN_EFFECT`, which owns it)."""
+        from headprobe.analyses.verdicts import MIN_EFFECT
+
+        return MIN_EFFECT[self.name]
+
+    def verdict_rule(self, alpha: float, correction: str) -> VerdictRule:
+        """The :class:`~headprobe.analyses.verdicts.VerdictRule` of effects in this metric."""
+        return VerdictRule.for_metric(self.name, self.unit, alpha, correction)
 
 
 LOSS_METRIC = AblationMetric(
-    "loss", "nats/token", "mean next-token cross-entropy of the scored predictions, ablated minus clean", 0.05)
+    "loss", "nats/token", "mean next-token cross-entropy of the scored predictions, ablated minus clean")
 EMBEDDING_METRIC = AblationMetric(
     "embedding_cosine", "1 - cos",
     "1 - cosine between the clean and the ablated sentence embedding of each sequence: the last hidden state "
     "mean-pooled over its tokens and L2-normalised (sentence-transformers' all-MiniLM-L6-v2 pooling: "
-    "1_Pooling/config.json pooling_mode_mean_tokens, then Normalize); clean is 0", 0.01)
-"""The metric of encoders without an LM head. ``min_effect`` 0.01 (the embedding turns by about 8
-degrees) was set before any encoder was scanned, as the analogue of :data:`LOSS_METRIC`'s 0.05 nats;
-the random control is the main part of the rule either way."""
+    "1_Pooling/config.json pooling_mode_mean_tokens, then Normalize); clean is 0")
+"""The metric of encoders without an LM head (its floor: :data:`headprobe.analyses.verdicts.MIN_EFFECT`;
+the random control is the main part of the rule either way)."""
 
 
 def sentence_embeddings(model: LoadedModel, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence = (),
@@ -263,8 +273,9 @@ class Verification:
     ``tested`` is True for the one ablation kind each type's verdict is tested with (mean); its
     ``p_value`` is the sequential Monte Carlo p-value (``p_method`` says how its test ended), ``p_adjusted`` that p after
     the correction over the run's tested verdicts (``correction``: ``bh`` or ``holm``), and ``confirmed`` holds when
-    ``p_adjusted <= alpha`` and the effect is large (at least ``min_effect`` and twice the mean
-    control effect). The other kind is reported beside it on the same control sets (``tested``
+    ``p_adjusted <= alpha`` and the effect is large (the
+    :class:`~headprobe.analyses.verdicts.VerdictRule`: at least ``min_effect`` and its ratio times the
+    mean control effect). The other kind is reported beside it on the same control sets (``tested``
     False, ``confirmed`` None, ``p_value`` the plain ``(1 + #{random >= top}) / (1 + draws)``).
     ``confirmed`` is also ``None`` (no verdict) when ``no_verdict`` gives a reason the task's loss
     cannot be trusted (see :func:`untrusted_task_reason`). ``draws`` control sets were ablated
@@ -315,8 +326,8 @@ class Verification:
 
     @property
     def verdict(self) -> str:
-        """``CONFIRMED``, ``not confirmed`` or ``no verdict``."""
-        return "no verdict" if self.confirmed is None else "CONFIRMED" if self.confirmed else "not confirmed"
+        """``CONFIRMED``, ``not confirmed`` or ``no verdict`` (:func:`~headprobe.analyses.verdicts.label`)."""
+        return label(self.confirmed)
 
     def to_dict(self) -> dict:
         return asdict(self)

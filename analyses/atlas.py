@@ -26,20 +26,39 @@ from matplotlib.patches import Patch
 
 from headprobe.analyses.detectors import DETECTORS
 from headprobe.analyses.figures import COLUMN_WIDTH, PAGE_WIDTH, _figure, _styled
+from headprobe.analyses.verdicts import LABELS, VerdictRule, label
+from headprobe.analyses.verdicts import VERDICTS as _VERDICTS
 
-VERDICT_KIND = "mean"
-"""The ablation kind whose verdict the atlas reports per type: the one scan tests (mean ablation,
-:data:`headprobe.analyses.verification.PRIMARY_KIND`); the other kind's rows carry no verdict."""
+VERDICT_KIND = VerdictRule().tested_kind
+"""The ablation kind whose verdict the atlas reports per type: the one scan tests (the verdict
+rule's ``tested_kind``, mean ablation); the other kind's rows carry no verdict."""
 
-VERDICTS = ("CONFIRMED", "not confirmed", "no verdict")
+VERDICTS = _VERDICTS
+"""The labels (:data:`headprobe.analyses.verdicts.VERDICTS`)."""
 
 ID_COLUMNS = ("model", "family", "step", "n_layers", "n_heads", "layer", "relative_depth", "head", "kv_head")
 """The first columns of atlas.csv; the score columns and each type's ``<type>_top`` /
 ``<type>_verdict`` follow."""
 
 
-def _verdict(confirmed: bool | None) -> str:
-    return "no verdict" if confirmed is None else "CONFIRMED" if confirmed else "not confirmed"
+_verdict = label
+
+
+def scan_rule(summary: dict) -> VerdictRule | None:
+    """The verdict rule a scan's summary.json records (``verification.verdict_rule``; an older one's:
+    what its rows carry), or None for a scan without verdicts."""
+    return VerdictRule.from_rows(summary.get("ablations", []), (summary.get("verification") or {}).get("verdict_rule"))
+
+
+def verdict_rule_text(rules: Sequence[VerdictRule]) -> str:
+    """The atlas's statement of its verdicts: each type's is its scan's tested verdict of its top-k
+    heads, under the scans' rule (:meth:`VerdictRule.condition`; each scan's summary.json where they differ)."""
+    kinds = sorted({r.tested_kind for r in rules}) or [VERDICT_KIND]
+    text = f"each type's verdict is its scan's {'/'.join(kinds)}-ablation verdict of its top-k heads"
+    conditions = list(dict.fromkeys(r.condition() for r in rules))
+    if len(conditions) == 1:
+        return f"{text}; CONFIRMED: {conditions[0]}"
+    return text + ("; CONFIRMED as each scan's summary.json states (verification.confirmation_rule)" if conditions else "")
 
 
 def type_verdicts(summary: dict) -> dict[str, tuple[list[str], str]]:
@@ -120,8 +139,8 @@ def _rank_column(head_type: str) -> str:
 
 DEPTH_LABEL = "depth: first layer (0) to last (1)"
 
-_MARK = {"CONFIRMED": dict(marker="o", filled=True), "not confirmed": dict(marker="o", filled=False),
-         "no verdict": dict(marker="x", filled=True)}
+_MARK = {LABELS[True]: dict(marker="o", filled=True), LABELS[False]: dict(marker="o", filled=False),
+         LABELS[None]: dict(marker="x", filled=True)}
 _COLOR = "#0072B2"  # Okabe-Ito blue
 _GREY = "#9e9e9e"
 
@@ -186,9 +205,9 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
 
 
 def _legend_handles() -> list:
-    return [Line2D([], [], marker="o", ls="", color=_COLOR, label="top-k, CONFIRMED"),
-            Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor=_COLOR, label="top-k, not confirmed"),
-            Line2D([], [], marker="x", ls="", color=_COLOR, label="top-k, no verdict"),
+    return [Line2D([], [], marker="o", ls="", color=_COLOR, label=f"top-k, {LABELS[True]}"),
+            Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor=_COLOR, label=f"top-k, {LABELS[False]}"),
+            Line2D([], [], marker="x", ls="", color=_COLOR, label=f"top-k, {LABELS[None]}"),
             Line2D([], [], marker="o", ls="", color=_GREY, markersize=2, label="other heads"),
             Patch(color="none", label="x: depth, first layer (0) to last (1), each layer's heads side by side; marker area: score")]
 
@@ -256,17 +275,17 @@ def over_training_plot(table: pd.DataFrame, title: str) -> Figure:
         verdict = [next(iter(v[v != ""]), "") for v in (t.loc[t["step"] == s, f"{ht}_verdict"] for s in steps)]
         ax.plot(steps, best, color=color, lw=1, label=ht.replace("_", "-"))
         for s, b, v in zip(steps, best, verdict):
-            if v == "CONFIRMED":
+            if v == LABELS[True]:
                 ax.scatter([s], [b], color=color, s=14, zorder=3)
-            elif v == "not confirmed":
+            elif v == LABELS[False]:
                 ax.scatter([s], [b], facecolors="white", edgecolors=color, s=14, zorder=3)
-            elif v == "no verdict":
+            elif v == LABELS[None]:
                 ax.scatter([s], [b], color=color, marker="x", s=14, zorder=3)
     ax.set_xlabel("training step")
     ax.set_ylabel("highest score of any head")
     ax.set_title(title)
     handles, _ = ax.get_legend_handles_labels()
     handles += [Line2D([], [], marker="o", ls="", color="k", label="confirmed (ablation)"),
-                Line2D([], [], marker="o", ls="", markerfacecolor="white", markeredgecolor="k", label="not confirmed")]
+                Line2D([], [], marker="o", ls="", markerfacecolor="white", markeredgecolor="k", label=LABELS[False])]
     fig.legend(handles=handles, fontsize=5.5, frameon=False, loc="outside lower center", ncol=3)
     return fig

@@ -17,7 +17,7 @@ import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 
-from headprobe.analyses.verdicts import CORRECTION_NAMES, evidence_text, p_text
+from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, VerdictRule, evidence_text, label, p_text
 from headprobe.analyses.vocabulary import FIGURE_FORMATS, figure_formats
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import atomic_path
@@ -372,8 +372,15 @@ EMBEDDING_TASK_LABELS = {"natural": "text", "repeated": "repeat"}
 """The same for an encoder's embedding metric (the text whose embedding is compared)."""
 
 
+def rule_legend(rule: VerdictRule) -> str:
+    """The ablation figure's legend entry of the verdict rule: its :meth:`~VerdictRule.condition`, wrapped."""
+    import textwrap
+
+    return textwrap.fill(f"CONFIRMED: {rule.condition()}", 60)
+
+
 @_styled
-def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
+def ablation_plot(rows: Sequence[dict], title: str, rule: VerdictRule | None = None) -> Figure:
     """Each head type's top-k ablation effect beside every control set's effect, with the rule.
 
     ``rows`` are :class:`headprobe.analyses.ablation.Verification` dicts. One panel per ablation
@@ -383,7 +390,7 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     ablated (n), the p-value and, for the tested kind, the adjusted p and the verdict (CONFIRMED,
     not confirmed, no verdict); the other kind says "not tested". Each type's tick says which loss it
     is judged on. The y axis is symmetric-log (linear within +-0.1 nats), as effects span 0.01 to
-    10 nats.
+    10 nats. The legend states ``rule`` (None: the one the rows carry, :meth:`VerdictRule.from_rows`).
     """
     from matplotlib.lines import Line2D
 
@@ -391,9 +398,7 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
                                                               ["mean", "zero"].index(k) if k in ("mean", "zero") else 9))
     types = list(dict.fromkeys(r["head_type"] for r in rows))
     k = rows[0]["k"]
-    alpha = next((r["alpha"] for r in rows if r.get("alpha") is not None), None)
-    floor = _effect_floor(rows)
-    correction = next((r["correction"] for r in rows if r.get("correction")), None)
+    rule = rule or VerdictRule.from_rows(rows)
     fig = _figure(COLUMN_WIDTH, 2.5 * len(kinds) + 0.9)
     axes = np.atleast_1d(fig.subplots(len(kinds), 1, sharex=True))
     x = np.arange(len(types))
@@ -415,14 +420,14 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
             top_all += [r["top_effect"], float(draws.max())]
             reached = f"{r['exceedances']}/{r['draws']} reached" if r.get("exceedances") is not None else f"n={r['draws']}"
             if r.get("tested"):
-                verdict = {True: "CONFIRMED", False: "not confirmed", None: "no verdict"}[r["confirmed"]]
+                verdict = label(r["confirmed"])
                 stop = {"futile under the correction": "\n(stopped: cannot\nreach α after "
                         f"{CORRECTION_NAMES.get(r.get('correction'), '')})", "settled above alpha": "\n(stopped: > α)"}
                 text = (f"{reached}\n{p_text(r)}{stop.get(r.get('stop_reason'), '')}\nadj {r['p_adjusted']:.3g}\n{verdict}")
             elif r["confirmed"] is None and r.get("no_verdict"):
-                text = f"{reached}\n{p_text(r)}\nno verdict"
+                text = f"{reached}\n{p_text(r)}\n{label(None)}"
             else:
-                text = f"{reached}\n{p_text(r)}\nnot tested"
+                text = f"{reached}\n{p_text(r)}\n{NOT_TESTED}"
             ax.annotate(text, (i, 1.0), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize=4.5,
                         fontweight="bold" if r.get("confirmed") else "normal", annotation_clip=False)
         if max(np.abs(top_all), default=0) > 0.1:  # effects from 0.01 to 10 nats: symmetric-log
@@ -438,11 +443,8 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
                             "p in [a, b]: a stopped test's range)"),
                Line2D([], [], color="black", lw=0.9, label="largest control effect")]
     unit = "" if rows[0].get("metric") == "embedding_cosine" else " nats"
-    if alpha is not None:
-        at_least = f"{floor:g}{unit} and ≥ " if floor is not None else ""
-        handles.append(Line2D([], [], ls="", label=f"CONFIRMED: adjusted p ≤ α = {alpha:g} "
-                                                   f"({'Benjamini-Hochberg' if correction == 'bh' else 'Holm'})\n"
-                                                   f"and top-k Δ ≥ {at_least}2x the control mean"))
+    if rule is not None:
+        handles.append(Line2D([], [], ls="", label=rule_legend(rule)))
     handles.append(Line2D([], [], ls="", label=f"y axis: symmetric log (linear within ±0.1{unit}) where effects exceed 0.1"))
     fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     fig.suptitle(title, fontsize=_RC["axes.titlesize"])
@@ -454,12 +456,6 @@ def ablation_plot(rows: Sequence[dict], title: str) -> Figure:
     return fig
 
 
-def _effect_floor(rows: Sequence[dict]) -> float | None:
-    """The effect floor of the CONFIRMED rule (``min_effect``, the metric's unit) the verdict rows
-    carry, or None for rows written before they carried it."""
-    return next((r["min_effect"] for r in rows if r.get("min_effect") is not None), None)
-
-
 def format_interval(lo: float | None, hi: float | None, spec: str, prefix: str = "") -> str:
     """``[<prefix>lo, hi]`` with both bounds in format ``spec``, or ``[<prefix>n/a]`` where there is
     no interval (a bound NaN or None: an interval over one sequence), never ``[+nan, +nan]``."""
@@ -468,26 +464,27 @@ def format_interval(lo: float | None, hi: float | None, spec: str, prefix: str =
     return f"[{prefix}{lo:{spec}}, {hi:{spec}}]"
 
 
-def ablation_caption(rows: Sequence[dict], design: dict) -> str:
+def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | None = None) -> str:
     """The numbers a paper's caption of ``ablation.png`` needs, as plain text: the design (k, the
-    control, draws, alpha, correction) and per tested type its effect, interval, control mean and
-    maximum, sets ablated, p, adjusted p and verdict."""
+    control, draws, the family), the verdict rule (``rule``; None: the design's ``verdict_rule``, else
+    what the rows carry) and per tested type its effect, interval, control mean and maximum, sets
+    ablated, p, adjusted p and verdict."""
     if not rows:
         return ""
     k = rows[0]["k"]
-    corr = {"bh": "Benjamini-Hochberg", "holm": "Holm-Bonferroni"}.get(design.get("correction"), design.get("correction"))
+    rule = rule or VerdictRule.from_rows(rows, design.get("verdict_rule"))
+    n = design.get("family_size")
     lines = [f"Ablation check: the top-{k} heads of each head type against random control sets of {k} heads "
              f"({design.get('control')}, drawn outside every top-{k} set of the task), {design.get('primary_kind')} "
              f"ablation tested, at most {design.get('max_draws')} sets per test, stopped once the verdict was settled "
-             f"(Besag & Clifford 1991). Verdicts at alpha = {design.get('alpha')} after {corr} correction over "
-             f"{design.get('family_size')} test{'' if design.get('family_size') == 1 else 's'}; CONFIRMED also needs the effect to be at least "
-             + (f"{floor:g} and " if (floor := _effect_floor(rows)) is not None else "")
-             + "twice the control mean. Effects in nats/token (loss increase) unless stated."]
+             f"(Besag & Clifford 1991); {n} test{'' if n == 1 else 's'}"
+             + (f". CONFIRMED: {rule.condition()}" if rule is not None else "")
+             + ". Effects in nats/token (loss increase) unless stated."]
     for r in rows:
         lo, hi = r.get("top_effect_ci95") or [float("nan")] * 2
-        verdict = {True: "CONFIRMED", False: "not confirmed", None: f"no verdict ({r.get('no_verdict')})"}[r["confirmed"]]
+        verdict = label(r["confirmed"]) + (f" ({r.get('no_verdict')})" if r["confirmed"] is None else "")
         role = (f"p_adj = {r['p_adjusted']:.4g}, {verdict}" if r.get("tested")
-                else "not tested" if r.get("no_verdict") is None else f"no verdict ({r['no_verdict']})")
+                else NOT_TESTED if r.get("no_verdict") is None else f"{label(None)} ({r['no_verdict']})")
         lines.append(f"{r['head_type'].replace('_', '-')} ({r['kind']}, {r['task']}): top-{k} effect {r['top_effect']:+.4g} "
                      f"{format_interval(lo, hi, '+.4g', '95% CI ')} vs control mean {r['random_mean']:+.4g}, max {r['random_max']:+.4g} "
                      f"over {r['draws']} sets; {evidence_text(r, 4)}; {role}.")

@@ -1,6 +1,7 @@
-"""How a verdict's p-value and stopping are said in words, the same on the terminal, in
-ablation.caption.txt, on ablation.png and in the viewer (torch-free: rows are
-:class:`~headprobe.analyses.ablation.Verification` dicts, as in summary.json's ``ablations``).
+"""The verdict rule (:class:`VerdictRule`: what CONFIRMED needs, its labels and its one wording)
+and how a verdict's p-value and stopping are said in words, the same on the terminal, in
+summary.json, ablation.caption.txt, on ablation.png, in the viewer and the atlas (torch-free: rows
+are :class:`~headprobe.analyses.ablation.Verification` dicts, as in summary.json's ``ablations``).
 
 A curtailed test's p-value is a bound (the largest p its rule could still have given, a valid
 p-value) and the full test's p would have been between the smallest it could still reach and that
@@ -10,10 +11,132 @@ bound, so it is written ``p in [0.059, 0.75]`` with why the test stopped, never 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 
 CORRECTION_NAMES = {"bh": "BH", "holm": "Holm"}
 """Short names of the corrections in verdict texts."""
+CORRECTION_LONG_NAMES = {"bh": "Benjamini-Hochberg", "holm": "Holm-Bonferroni"}
+"""Full names of the corrections (the rule's wording)."""
+
+LABELS: dict[bool | None, str] = {True: "CONFIRMED", False: "not confirmed", None: "no verdict"}
+"""A tested verdict's label by its ``confirmed`` (None: no verdict)."""
+VERDICTS = tuple(LABELS.values())
+"""Every label, in that order."""
+NOT_TESTED = "not tested"
+"""What an untested row (the reported kind) says in place of a verdict."""
+EFFECT_RATIO = 2.0
+"""The default ratio: the top-k effect must be at least this many times the mean control effect."""
+MIN_EFFECT = {"loss": 0.05, "embedding_cosine": 0.01}
+"""The default effect floor per metric (:class:`~headprobe.analyses.ablation.AblationMetric` name):
+0.05 nats/token of loss; 0.01 of ``1 - cos`` for an encoder's sentence embedding (the embedding
+turns by about 8 degrees), set before any encoder was scanned as the loss floor's analogue."""
+
+
+def label(confirmed: bool | None) -> str:
+    """``CONFIRMED``, ``not confirmed`` or ``no verdict`` (:data:`LABELS`)."""
+    return LABELS[confirmed]
+
+
+@dataclass(frozen=True)
+class VerdictRule:
+    """The rule that makes a tested verdict CONFIRMED, in one place: the verification decides with
+    it (:meth:`confirms`) and every output states it from it (:meth:`condition`,
+    :meth:`description`), never in words of its own.
+
+    CONFIRMED when the tested kind's adjusted p-value (``correction`` over the run's tested
+    verdicts) is at most ``alpha`` and the top-k effect is at least ``min_effect`` (in ``unit``) and
+    at least ``ratio`` times the mean effect of the control sets ablated (docs/scan.md, "How a
+    verdict is reached").
+
+    Attributes:
+        alpha: significance level after the correction.
+        correction: ``bh`` (Benjamini-Hochberg) or ``holm`` (Holm-Bonferroni).
+        min_effect: the effect floor, in ``unit``.
+        unit: the effect's unit (``nats/token``, ``1 - cos``).
+        ratio: how many times the mean control effect the top-k effect must reach.
+        tested_kind: the ablation kind the verdict is tested with.
+        reported_kinds: the kinds reported beside it, not tested.
+    """
+
+    alpha: float = 0.05
+    correction: str = "bh"
+    min_effect: float = MIN_EFFECT["loss"]
+    unit: str = "nats/token"
+    ratio: float = EFFECT_RATIO
+    tested_kind: str = "mean"
+    reported_kinds: tuple[str, ...] = ("zero",)
+
+    @classmethod
+    def for_metric(cls, metric: str, unit: str, alpha: float, correction: str, **kw) -> VerdictRule:
+        """The rule for an effect measured by ``metric`` (its default floor, :data:`MIN_EFFECT`,
+        and :data:`EFFECT_RATIO`, read when called)."""
+        return cls(alpha=alpha, correction=correction, min_effect=MIN_EFFECT[metric], unit=unit,
+                   **{"ratio": EFFECT_RATIO, **kw})
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> VerdictRule:
+        """The rule a summary.json recorded (``verification.verdict_rule``, :meth:`to_dict`)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: tuple(v) if k == "reported_kinds" else v for k, v in d.items() if k in names})
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Mapping], record: Mapping | None = None) -> VerdictRule | None:
+        """The rule of a verification: ``record`` (a summary's ``verdict_rule``) where there is one,
+        else what its rows carry (``alpha``, ``correction``, ``min_effect``, ``metric``; a summary
+        written before the record); None where no row was tested with an alpha."""
+        if record:
+            return cls.from_dict(record)
+        tested = [r for r in rows if r.get("alpha") is not None and (r.get("tested") or r.get("correction"))]
+        if not tested:
+            return None
+        r = tested[0]
+        metric = r.get("metric") or "loss"
+        return cls(alpha=r["alpha"], correction=r.get("correction") or "bh",
+                   min_effect=r["min_effect"] if r.get("min_effect") is not None else MIN_EFFECT.get(metric, 0.0),
+                   unit="nats/token" if metric == "loss" else "1 - cos", tested_kind=r.get("kind", "mean"),
+                   reported_kinds=tuple(dict.fromkeys(x["kind"] for x in rows if x.get("kind") != r.get("kind"))))
+
+    def to_dict(self) -> dict:
+        """The record's fields, for summary.json's ``verification.verdict_rule``."""
+        return {**asdict(self), "reported_kinds": list(self.reported_kinds)}
+
+    @staticmethod
+    def label(confirmed: bool | None) -> str:
+        """A verdict's label (:func:`label`)."""
+        return label(confirmed)
+
+    def effect_is_large(self, top_effect: float, control_effects: Sequence[float]) -> bool:
+        """The effect-size half of the rule: at least ``min_effect`` and at least ``ratio`` times the
+        mean control effect (a p-value alone would confirm a tiny difference from a tight control
+        distribution)."""
+        import numpy as np
+
+        mean = float(np.mean(control_effects)) if len(control_effects) else 0.0
+        return bool(top_effect >= self.min_effect and top_effect >= self.ratio * max(mean, 0.0))
+
+    def confirms(self, p_adjusted: float, top_effect: float, control_effects: Sequence[float]) -> bool:
+        """Whether a tested verdict is CONFIRMED: ``p_adjusted <= alpha`` and :meth:`effect_is_large`."""
+        return bool(p_adjusted <= self.alpha + 1e-12 and self.effect_is_large(top_effect, control_effects))
+
+    def condition(self) -> str:
+        """What CONFIRMED needs, in one line (the figure's legend, the caption, the report, the viewer):
+        ``the mean-ablation test's adjusted p-value (Benjamini-Hochberg) <= alpha = 0.05, and the top-k
+        effect >= 0.05 (nats/token) and >= 2x the mean effect of the control sets ablated``."""
+        return (f"the {self.tested_kind}-ablation test's adjusted p-value "
+                f"({CORRECTION_LONG_NAMES.get(self.correction, self.correction)}) <= alpha = {self.alpha:g}, and the "
+                f"top-k effect >= {self.min_effect:g} ({self.unit}) and >= {self.ratio:g}x the mean effect of the "
+                "control sets ablated")
+
+    def description(self) -> str:
+        """The whole rule in words (summary.json's ``verification.confirmation_rule``): :meth:`condition`,
+        the untested kinds, and when there is no verdict."""
+        reported = " and ".join(self.reported_kinds)
+        return (f"CONFIRMED: {self.condition()}; "
+                + (f"the {reported}-ablation rows are reported, not tested; " if reported else "")
+                + "no verdict (confirmed: null) when the task's clean loss is above ln(vocabulary) or more than "
+                "half of the natural text is the tokenizer's unknown token; nothing is CONFIRMED when "
+                "its draws cannot reach alpha after the correction (the reason in no_verdict and warnings)")
 
 
 def p_text(row: Mapping, digits: int = 3) -> str:

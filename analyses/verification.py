@@ -22,7 +22,7 @@ The design (docs/scan.md, "How a verdict is reached"):
 * **The correction** over the primary tests with a verdict: Benjamini-Hochberg by default (a scan
   screens m head types; with exact Monte Carlo p-values, Holm needs ``m / alpha - 1`` draws for
   every confirmed test, BH ``m / (r alpha) - 1`` when r are confirmed), Holm on request. CONFIRMED
-  when the adjusted p is at most ``alpha`` and the effect is large (:func:`effect_is_large`).
+  by the :class:`~headprobe.analyses.verdicts.VerdictRule` (:meth:`VerificationSettings.rule`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ import torch
 
 from headprobe.analyses import distributed
 from headprobe.analyses import statistics as st
+from headprobe.analyses import verdicts
+from headprobe.analyses.verdicts import VerdictRule
 from headprobe.analyses.vocabulary import ALPHA, CORRECTION, PRIMARY_KIND, check_verification_choices, reachable
 from headprobe.analyses.vocabulary import unreachable_note as _unreachable_note
 from headprobe.analyses.ablation import (
@@ -59,8 +61,8 @@ SECONDARY_DRAWS = 5
 """Control sets on which the untested kind (zero ablation) is reported: the first 5 of each
 test's stream. A description of that kind's scale beside the controls, not a test (its p-value
 cannot go below 1/6); it was 10."""
-EFFECT_RATIO = 2.0
-"""The top-k effect must be at least this many times the mean control effect."""
+EFFECT_RATIO = verdicts.EFFECT_RATIO
+"""The default ratio of the rule (:data:`headprobe.analyses.verdicts.EFFECT_RATIO`, which owns it)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,11 @@ class VerificationSettings:
         check_verification_choices(self.alpha, self.control, self.correction)
         if self.n_random < 1 or self.k < 1 or self.batch < 1:
             raise HeadprobeError("--n-random and --top-k must be at least 1")
+
+    def rule(self, metric: AblationMetric = LOSS_METRIC) -> VerdictRule:
+        """The verdict rule of these settings for effects in ``metric`` (its floor)."""
+        return VerdictRule.for_metric(metric.name, metric.unit, self.alpha, self.correction, tested_kind=PRIMARY_KIND,
+                                      reported_kinds=tuple(k for k in KINDS if k != PRIMARY_KIND))
 
     @property
     def reachable(self) -> bool:
@@ -213,11 +220,9 @@ def uniform_sets(k: int, available: Iterable[Head], n_draws: int, gen: torch.Gen
 
 
 def effect_is_large(top_effect: float, control_effects: Sequence[float], min_effect: float) -> bool:
-    """The effect-size half of the rule: at least ``min_effect`` and at least
-    :data:`EFFECT_RATIO` times the mean control effect (a p-value alone would confirm a tiny
-    difference from a tight control distribution)."""
-    mean = float(np.mean(control_effects)) if len(control_effects) else 0.0
-    return bool(top_effect >= min_effect and top_effect >= EFFECT_RATIO * max(mean, 0.0))
+    """The effect-size half of the default rule with floor ``min_effect``
+    (:meth:`~headprobe.analyses.verdicts.VerdictRule.effect_is_large`)."""
+    return VerdictRule(min_effect=min_effect, ratio=verdicts.EFFECT_RATIO).effect_is_large(top_effect, control_effects)
 
 
 # --- the whole verification ------------------------------------------------------------------------
@@ -403,7 +408,8 @@ def _verdicts(tests: list[_Test], streams: list, excluded: dict, settings: Verif
               "reaching the effect" for t, n in ((x.head_type, sum(not np.isfinite(e) for e in x.effects[PRIMARY_KIND]))
                                                  for x in tests) if n]
     design = {
-        "alpha": settings.alpha, "correction": settings.correction, "family_size": len(family),
+        "alpha": settings.alpha, "correction": settings.correction, "verdict_rule": settings.rule(metric).to_dict(),
+        "family_size": len(family),
         "primary_kind": PRIMARY_KIND, "control": settings.control, "max_draws": settings.n_random,
         "batch": settings.batch, "secondary_draws": min(SECONDARY_DRAWS, settings.n_random) if settings.sequential
         else settings.n_random, "sequential": settings.sequential, "besag_clifford_h": tests[0].mc.h if tests else None,
@@ -667,14 +673,14 @@ def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[
     if tested and x.reach == "never":
         no_verdict = _unreachable_reason(x, len(stream), plan)
     elif tested:
-        confirmed = bool(p_adj <= settings.alpha + 1e-12 and effect_is_large(x.top_effect[kind], effects, metric.min_effect))
+        confirmed = settings.rule(metric).confirms(p_adj, x.top_effect[kind], effects)
     return Verification(
         head_type=x.head_type, kind=kind, task=x.task, k=settings.k, top_heads=names(x.top),
         clean_loss=clean_loss, top_loss=x.top_loss[kind], top_effect=x.top_effect[kind],
         random_effects=effects, random_mean=float(np.mean(effects)), random_max=float(np.max(effects)),
         confirmed=confirmed, random_heads=[names(s) for s in stream[:n]], control_excludes=names(excluded),
         p_value=float(p), top_effect_ci95=[float(v) for v in st.mean_ci(x.top_per_seq[kind])],
-        no_verdict=no_verdict, metric=metric.name, alpha=settings.alpha, min_effect=metric.min_effect,
+        no_verdict=no_verdict, metric=metric.name, alpha=settings.alpha, min_effect=settings.rule(metric).min_effect,
         p_adjusted=None if p_adj is None or kind != PRIMARY_KIND else float(p_adj), draws=n, control=settings.control,
         correction=settings.correction if tested else None, tested=tested,
         p_method=_p_method(x.mc) if kind == PRIMARY_KIND else "monte-carlo (reported, not tested)",

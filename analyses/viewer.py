@@ -36,7 +36,7 @@ import pandas as pd
 if TYPE_CHECKING:
     from headprobe.probe.backend import LoadedModel
 
-from headprobe.analyses.verdicts import evidence_text, stop_text  # noqa: E402 - torch-free verdict texts
+from headprobe.analyses.verdicts import LABELS, NOT_TESTED, VerdictRule, evidence_text, label, stop_text  # noqa: E402 - torch-free verdict texts
 from headprobe.analyses.vocabulary import DEFAULT_PATTERN_LEN  # noqa: E402 - torch-free home of the default
 """Tokens per example kept in ``patterns.npz`` by default: the scan's natural-text sequence
 length, and more than the repeated example's ``1 + 2 * 50``. 30 layers x 9 heads of SmolLM2 at
@@ -233,9 +233,21 @@ def _verdicts(summary: Mapping | None) -> list[dict]:
                      "confirmed": a["confirmed"],  # None: no verdict (see the summary's warnings)
                      "exceedances": a.get("exceedances"), "p_bound": bool(a.get("p_value_is_bound")), "p_min": a.get("p_value_min"),
                      "stop": stop_text(a), "evidence": evidence_text(a),
-                     "verdict": ("not tested" if not a.get("tested", True) and not a.get("no_verdict")
-                                 else "no verdict" if a["confirmed"] is None else "CONFIRMED" if a["confirmed"] else "not confirmed")})
+                     "verdict": (NOT_TESTED if not a.get("tested", True) and not a.get("no_verdict")
+                                 else label(a["confirmed"]))})
     return rows
+
+
+def _rule(summary: Mapping | None) -> dict | None:
+    """The page's statement of the verdict rule: its text (:meth:`VerdictRule.description`, from the
+    summary's ``verification.verdict_rule`` or, for an older summary, its rows) and the labels; None
+    without a tested verdict."""
+    rule = VerdictRule.from_rows((summary or {}).get("ablations", []),
+                                 ((summary or {}).get("verification") or {}).get("verdict_rule"))
+    if rule is None:
+        return None
+    return {"text": rule.description(), "labels": {"confirmed": LABELS[True], "not_confirmed": LABELS[False],
+                                                   "no_verdict": LABELS[None], "not_tested": NOT_TESTED}}
 
 
 CIRCUIT_EDGES = 20
@@ -334,6 +346,7 @@ def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = No
         "rows": [[int(r.layer), int(r.head), int(r.kv_head) if "kv_head" in table else int(r.head) // max(1, n_heads // n_kv),
                   *[_round(getattr(r, c)) for c in columns]] for r in table.itertuples(index=False)],
         "verdicts": _verdicts(summary) if verdicts else None,
+        "rule": _rule(summary) if verdicts else None,
         "warnings": list((summary or {}).get("warnings", [])),
         "notes": list((summary or {}).get("notes", [])),  # what a column means on this page (headprobe show)
         "selected": (summary or {}).get("selected_head"),  # a head to open the page on (headprobe show)

@@ -285,6 +285,32 @@ class RunCheckpoint:
         return [cls(out, key, p.name) for p in sorted(Path(out).glob(CHECKPOINT_GLOB)) if p.is_file()]
 
 
+ENVELOPE_KEYS = ("model", "weights_precision", "device", "self_check", "config", "timings_s", "versions")
+"""The keys every command's summary.json has (:func:`summary_envelope`)."""
+
+
+def summary_envelope(body: dict, *, model: str | None, precision: str | None, device: str | None,
+                     self_check: dict | None, config: Any, timings_s: dict[str, float]) -> dict:
+    """A command's summary.json: ``body`` (the command's own keys) inside the envelope every command
+    shares (:data:`ENVELOPE_KEYS`): ``model`` and ``weights_precision`` first, then ``body``, then
+    ``device``, ``self_check``, ``config`` (a dataclass, as a dict), ``timings_s`` (seconds per
+    stage, rounded to 0.01 s; ``load_s`` wherever a model was loaded) and ``versions``
+    (:func:`package_versions`). ``model`` and the others are None where a command has none of its
+    own (an atlas of many models, a study of many trained ones).
+
+    Raises:
+        ValueError: ``body`` sets a key of the envelope (the envelope is built here only).
+    """
+    import dataclasses
+
+    clash = [k for k in ENVELOPE_KEYS if k in body]
+    if clash:
+        raise ValueError(f"a summary's own keys may not set the envelope's: {', '.join(clash)}")
+    return {"model": model, "weights_precision": precision, **body, "device": device, "self_check": self_check,
+            "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config),
+            "timings_s": {k: round(float(v), 2) for k, v in timings_s.items()}, "versions": package_versions()}
+
+
 def package_versions() -> dict[str, str]:
     """Python's and the relevant packages' versions, for a run's summary."""
     import importlib.metadata as md

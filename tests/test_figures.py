@@ -368,11 +368,12 @@ def test_the_ablation_figure_and_caption_state_the_whole_confirmation_rule():
            "draws": 2, "p_value": 1 / 3, "p_adjusted": 1 / 3, "confirmed": False, "tested": True, "alpha": 0.1,
            "correction": "bh", "metric": "loss", "min_effect": 0.07, "no_verdict": None}
     fig = figs.ablation_plot([row], "t")
-    legend = " ".join(t.get_text() for t in fig.legends[0].get_texts())
-    assert "adjusted p ≤ α = 0.1" in legend and "top-k Δ ≥ 0.07 nats and ≥ 2x the control mean" in legend, legend
+    legend = " ".join(t.get_text().replace("\n", " ") for t in fig.legends[0].get_texts())
+    assert "adjusted p-value (Benjamini-Hochberg) <= alpha = 0.1" in legend, legend
+    assert "top-k effect >= 0.07 (nats/token) and >= 2x the mean effect" in legend, legend
     caption = figs.ablation_caption([row], {"correction": "bh", "control": "layer-matched", "primary_kind": "mean",
                                             "max_draws": 2, "alpha": 0.1, "family_size": 1})
-    assert "at least 0.07 and twice the control mean" in caption, caption
+    assert "alpha = 0.1, and the top-k effect >= 0.07 (nats/token) and >= 2x the mean effect" in caption, caption
 
 
 def test_dollar_signs_in_tokens_and_titles_are_drawn_as_written(tmp_path):

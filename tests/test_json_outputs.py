@@ -308,3 +308,40 @@ def test_budget_says_why_a_window_never_crosses_over(capsys):
     assert main(["budget", "--preset", "llama3-8b", "--sliding-window", "8000", "--global-every", "2", "--seq-len", "8192",
                  "--json"]) == 0
     assert all("crossover_seq_len_null_reason" not in r for r in strict_loads(capsys.readouterr().out)["windowed_layers"])
+
+
+LOADS_A_MODEL = {"scan", "scan_one_sequence", "ablate", "ablate_zero_wo", "ablate_estimate", "prune", "patch",
+                 "patch_same", "circuit", "circuit_zero_wo", "kv", "kv_zero_wo"}
+"""The commands (of COMMANDS) that load one model: their summary's timings carry ``load_s``."""
+
+
+@pytest.mark.parametrize("name", [c for c in COMMANDS if c != "show"])
+def test_every_summary_has_the_common_envelope(name, run_command):
+    """Every command's summary.json (study.json) has the keys they all share, built in one place:
+    model, weights_precision, device, self_check, config, timings_s (with load_s wherever a model was
+    loaded; no ``seconds`` of its own) and versions."""
+    out = run_command(name)
+    s = json.loads((out / ("study.json" if name == "study" else "summary.json")).read_text(encoding="utf-8"))
+    assert {"model", "weights_precision", "device", "self_check", "config", "timings_s", "versions"} <= set(s), name
+    assert "seconds" not in s and "train_seconds" not in s
+    assert s["device"] == "cpu" and isinstance(s["config"], dict) and s["config"] and "python" in s["versions"]
+    assert all(isinstance(v, (int, float)) and v >= 0 for v in s["timings_s"].values()) and s["timings_s"]
+    assert ("load_s" in s["timings_s"]) == (name in LOADS_A_MODEL), s["timings_s"]
+    if name in LOADS_A_MODEL or name == "train":  # one model: its name, precision and self-check
+        assert s["model"] and s["weights_precision"] and s["self_check"]["ok"] is True, name
+    else:  # an atlas of models, a study of trained ones: no one model
+        assert s["model"] is None and s["weights_precision"] is None
+    if name == "atlas":
+        assert all("scan_s" in m["timings_s"] and "seconds" not in m for m in s["models"].values())
+
+
+def test_the_envelope_is_built_in_one_place():
+    """A summary's own keys may not set the envelope's."""
+    from headprobe.probe.io import summary_envelope
+
+    kw = dict(model="m", precision="float32", device="cpu", self_check=None, config={"a": 1}, timings_s={"load_s": 0.123})
+    s = summary_envelope({"x": 1}, **kw)
+    assert list(s) == ["model", "weights_precision", "x", "device", "self_check", "config", "timings_s", "versions"]
+    assert s["timings_s"] == {"load_s": 0.12}
+    with pytest.raises(ValueError, match="model"):
+        summary_envelope({"model": "other"}, **kw)

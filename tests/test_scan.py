@@ -350,3 +350,43 @@ def test_a_two_layer_models_figures_keep_their_layout(tiny_llama_gqa_native, tmp
         title = " ".join(t.get_text() for t in [fig._suptitle, *(ax.title for ax in fig.axes)] if t is not None)
         assert "cannot reach alpha" not in title and "NO VERDICT for the natural task and induction" in title.replace(
             "\n", " "), (name, title)
+
+
+@pytest.mark.figures
+def test_every_output_states_the_verdict_rule_from_its_record(tiny_llama_gqa_native, word_text, tmp_path, monkeypatch):
+    """The verdict rule (alpha, correction, floor, ratio) is worded once, by ``VerdictRule``: with a
+    non-default alpha, floor and ratio, summary.json, the caption, the figure's legend, the terminal
+    footer, the viewer's embedded JSON and the atlas all carry the changed rule's words; a place that
+    restated the rule in words of its own (``2x``, ``0.05``) would not."""
+    import re
+
+    from headprobe.analyses import atlas as atlas_lib
+    from headprobe.analyses import figures as figs
+    from headprobe.analyses import verdicts
+    from headprobe.commands.scan.core import figure_makers
+
+    monkeypatch.setitem(verdicts.MIN_EFFECT, "loss", 0.123)
+    monkeypatch.setattr(verdicts, "EFFECT_RATIO", 3.5)
+    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=16, n_repeated=2, period=6, k=2, n_random=2, alpha=0.1,
+                     keep_n_random=True, types=("induction", "previous_token"), metrics=False, text=str(word_text))
+    result = run(tiny_llama_gqa_native, cfg, progress=False)
+    rule = verdicts.VerdictRule(alpha=0.1, correction="bh", min_effect=0.123, unit="nats/token", ratio=3.5)
+    condition = rule.condition()
+    assert "alpha = 0.1," in condition and ">= 0.123 (nats/token)" in condition and ">= 3.5x" in condition
+    out = tmp_path / "out"
+    result.save(out, html=True, figures=False)  # the one figure checked is drawn below
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["verification"]["confirmation_rule"] == rule.description()
+    assert summary["verification"]["verdict_rule"] == rule.to_dict()
+    assert summary["metric"]["min_effect"] == 0.123 and {a["min_effect"] for a in summary["ablations"]} == {0.123}
+    assert condition in (out / "ablation.caption.txt").read_text()
+    fig = figure_makers(result)["ablation"]()
+    assert condition in " ".join(t.get_text().replace("\n", " ") for t in fig.legends[0].get_texts())
+    assert figs.save_figure(fig, tmp_path / "ablation")[0].stat().st_size > 1000
+    assert condition in result.report().replace("\n", " ")
+    page = (out / "index.html").read_text()
+    data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
+    assert data["rule"]["text"] == rule.description()
+    assert data["rule"]["labels"]["confirmed"] == "CONFIRMED" and data["rule"]["labels"]["no_verdict"] == "no verdict"
+    assert condition in atlas_lib.verdict_rule_text([atlas_lib.scan_rule(summary)])

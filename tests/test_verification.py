@@ -279,10 +279,10 @@ def test_scan_records_the_design_and_stops_settled_tests_early(tiny_llama_gqa, t
 
 
 def test_too_few_draws_confirm_nothing_and_say_so(tiny_llama_gqa, text_file, monkeypatch):
-    import headprobe.analyses.verification as verif
-
     # make every test look significant: the effect rule is all that stands, and reachability must still refuse
-    monkeypatch.setattr(verif, "effect_is_large", lambda *a: True)
+    from headprobe.analyses.verdicts import VerdictRule
+
+    monkeypatch.setattr(VerdictRule, "effect_is_large", lambda *a: True)
     result = _scan(tiny_llama_gqa, text_file, n_random=5, types="induction", keep_n_random=True)
     assert all(v.confirmed is None and "cannot reach alpha = 0.05" in v.no_verdict
                for v in result.verifications if v.tested)

@@ -50,7 +50,7 @@ from headprobe.analyses.detectors import select_detectors
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 from headprobe.settings import DataSettings, ModelSettings
-from headprobe.probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json
+from headprobe.probe.io import RunCheckpoint, prepare_output_dir, summary_envelope, write_json
 
 HELP = "scan many models (or a training run's checkpoints) and show where each head type sits across them"
 
@@ -260,9 +260,11 @@ class AtlasResult:
     Attributes:
         config: the settings.
         table: atlas.csv (see :func:`headprobe.analyses.atlas.atlas_rows`).
-        models: label -> ``{"model", "family", "step", "dir", "status", "seconds"}`` (``status``:
-            ``scanned``, ``resumed`` or ``failed``; failed ones also have ``error``, one line).
-        out: the output directory.
+        models: label -> ``{"model", "family", "step", "dir", "status", "timings_s"}`` (``status``:
+            ``scanned``, ``resumed`` or ``failed``; failed ones also have ``error``, one line;
+            ``timings_s``: ``scan_s``, the model's scan).
+        out: the output directory. seconds: the whole run's.
+        rules: the :class:`~headprobe.analyses.verdicts.VerdictRule` of each scan with verdicts.
     """
 
     config: AtlasConfig
@@ -271,6 +273,7 @@ class AtlasResult:
     out: Path
     seconds: float = 0.0
     files: list[Path] = field(default_factory=list)
+    rules: list = field(default_factory=list)
 
     def figures(self) -> dict[str, object]:
         """``atlas`` (every type), ``atlas_<type>`` (one per type) and, with checkpoints, ``over_training``."""
@@ -290,15 +293,17 @@ class AtlasResult:
         for t in atlas_lib.table_types(self.table):
             v = self.table[self.table[f"{t}_top"].fillna(False).astype(bool)].groupby("model", sort=False)[f"{t}_verdict"].first()
             confirmed[t] = {m: v.get(m, "") for m in atlas_lib.model_labels(self.table)}
-        return {"config": asdict(self.config), "models": self.models, "verdicts": confirmed,
-                "verdict_rule": f"each type's verdict is its scan's {atlas_lib.VERDICT_KIND}-ablation verdict of its top-k heads",
-                "relative_depth": "layer / (n_layers - 1)", "seconds": round(self.seconds, 1),
-                "versions": package_versions()}
+        return summary_envelope({"models": self.models, "verdicts": confirmed,
+                                 "verdict_rule": atlas_lib.verdict_rule_text(self.rules),
+                                 "relative_depth": "layer / (n_layers - 1)"},
+                                model=None, precision=None, device=self.config.device, self_check=None, config=self.config,
+                                timings_s={"run_s": self.seconds})
 
     def report(self) -> str:
         lines = []
         for label, m in self.models.items():
-            lines.append(f"{label:<28} {m['status']:<8} " + (m.get("error", "") if m["status"] == "failed" else f"{m['seconds']:.0f} s"))
+            lines.append(f"{label:<28} {m['status']:<8} " + (m.get("error", "") if m["status"] == "failed"
+                                                              else f"{m['timings_s']['scan_s']:.0f} s"))
         s = self.summary()["verdicts"]
         if s:
             lines.append("")
@@ -356,7 +361,7 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     ckpt.load(overwrite=overwrite)
     ckpt.save({})  # from now on the directory is resumable without --overwrite
     records: dict[str, dict] = {}
-    parts = []
+    parts, rules = [], []
     for label, name, step in models:
         d = out / MODELS_DIR / slug(label)
         rec = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
@@ -365,7 +370,7 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
             key["train"] = asdict(toy_train_config(config))
         saved = _read_json(d / SCAN_KEY) or {}
         if saved.get("key") == key and (d / "summary.json").is_file():
-            rec.update(status="resumed", seconds=saved.get("seconds", 0.0))
+            rec.update(status="resumed", timings_s={"scan_s": saved.get("timings_s", {}).get("scan_s", saved.get("seconds", 0.0))})
         else:
             t0 = time.perf_counter()
             try:
@@ -376,12 +381,12 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
                 result = run_scan(loaded, config.scan_config(path), progress=progress)
                 result.save(d, overwrite=True, html=bool(config.pattern_len), figures=config.model_figures)
                 del loaded, result
-                rec.update(status="scanned", seconds=round(time.perf_counter() - t0, 1))
-                write_json(d / SCAN_KEY, {"key": key, "seconds": rec["seconds"]})  # last: this model's scan is complete and reusable
+                rec.update(status="scanned", timings_s={"scan_s": round(time.perf_counter() - t0, 2)})
+                write_json(d / SCAN_KEY, {"key": key, "timings_s": rec["timings_s"]})  # last: this model's scan is complete and reusable
             except HeadprobeError as e:
-                rec.update(status="failed", seconds=round(time.perf_counter() - t0, 1), error=str(e).splitlines()[0])
+                rec.update(status="failed", timings_s={"scan_s": round(time.perf_counter() - t0, 2)}, error=str(e).splitlines()[0])
             except Exception as e:  # noqa: BLE001 - one model's crash must not end the atlas; recorded with its type
-                rec.update(status="failed", seconds=round(time.perf_counter() - t0, 1),
+                rec.update(status="failed", timings_s={"scan_s": round(time.perf_counter() - t0, 2)},
                            error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             finally:
                 gc.collect()
@@ -391,8 +396,10 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
         if rec["status"] != "failed":
             summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
             parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
+            rules.append(atlas_lib.scan_rule(summary))
     table = atlas_lib.atlas_table(parts) if parts else pd.DataFrame(columns=list(atlas_lib.ID_COLUMNS))
-    result = AtlasResult(config, table, records, out, seconds=time.perf_counter() - t_start)
+    result = AtlasResult(config, table, records, out, seconds=time.perf_counter() - t_start,
+                         rules=[r for r in rules if r is not None])
     # --out was checked when the run began; it now holds the models' directories
     produced = [p for p in [*(out / r["dir"] for r in records.values()), out / TOY_DIR] if p.exists()]  # recorded as this atlas's
     files = write_outputs(out, True, summary=result.summary, tables={TABLE: table.to_csv(index=False, float_format="%.5f")},

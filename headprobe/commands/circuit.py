@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,7 +40,7 @@ from headprobe import options, settings
 from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import package_versions
+from headprobe.probe.io import summary_envelope
 from headprobe.settings import DataSettings, ModelSettings, setting, shared
 
 if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
@@ -158,7 +158,8 @@ class CircuitResult:
     """A finished ``circuit`` run: ``config``, the model's ``spec``, ``edges`` (edges.csv),
     ``agreement`` (EAP(-IG) against exact path patching on the verified edges, or None),
     ``paths`` (path_patching.csv or None), ``qk`` (:class:`~headprobe.analyses.qk_attribution.QKAttribution`
-    or None), ``clean_loss`` (nats/token), ``baseline_error`` and ``seconds``."""
+    or None), ``clean_loss`` (nats/token), ``baseline_error``, ``seconds`` (the run's) and ``load_s``
+    (the model's load, set by the caller that loaded it)."""
 
     config: CircuitConfig
     spec: ModelSpec
@@ -170,6 +171,7 @@ class CircuitResult:
     baseline_error: float
     seconds: float = 0.0
     model_info: dict = field(default_factory=dict)
+    load_s: float = 0.0
 
     def qk_table(self):
         """qk_attribution.csv: ``component, query_side, key_side`` (each component's total, score units)."""
@@ -183,7 +185,9 @@ class CircuitResult:
         """summary.json: the task, the clean loss, the top edges with their exact effects, the
         agreement, the receivers' top senders, the QK attribution's largest terms, definitions."""
         top = self.edges.head(self.config.top)
-        s = {"model": self.spec.name, "weights_precision": self.spec.precision, **self.model_info,
+        info = dict(self.model_info)
+        device, self_check = info.pop("device", None), info.pop("self_check", None)
+        s = {**info,
              "task": f"{self.config.n_seqs} repeated random sequences of {self.config.period} tokens; corrupted: "
                      f"other repeated random sequences (seed + 1)",
              "metric": "next-token loss (nats/token) on the second copy from its second token; effect = patched - clean",
@@ -207,7 +211,8 @@ class CircuitResult:
                                    "score": round(q.score, 4), "identity_error": float(f"{q.identity_error:.3g}"),
                                    "key_side_top": {k: round(float(v), 4) for k, v in q.key_side().head(8).items()},
                                    "query_side_top": {k: round(float(v), 4) for k, v in q.query_side().head(8).items()}}
-        return {**s, "config": asdict(self.config), "seconds": round(self.seconds, 1), "versions": package_versions()}
+        return summary_envelope(s, model=self.spec.name, precision=self.spec.precision, device=device, self_check=self_check,
+                                config=self.config, timings_s={"load_s": self.load_s, "run_s": self.seconds})
 
     def _null_reasons(self, top) -> dict:
         """Why the summary's nulls are null, where there are any: ``exact_null_reason`` (a listed edge

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from headprobe import options, settings
@@ -42,7 +42,7 @@ from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import ModelSpec
 from headprobe.probe.vocabulary import backend_lacks
-from headprobe.probe.io import package_versions, write_json
+from headprobe.probe.io import summary_envelope, write_json
 from headprobe.settings import DataSettings, ModelSettings, setting, shared
 
 HELP = "head-level KV-cache policy: which KV groups keep a full cache, measured causally against uniform and random"
@@ -178,6 +178,8 @@ class KVResult:
         curve: the quality-memory rows (:func:`~headprobe.analyses.kvpolicy.curve_row`).
         cache_check: the native model's allocated StreamingKVCache bytes against the formula, and
             (``loss``) the chosen policy's natural-text loss against the backend's own scoring.
+        sources: where the token sets came from. seconds: the run's; device, self_check: the
+            model's; load_s: the model's load (set by the caller that loaded it).
     """
 
     config: KVConfig
@@ -193,6 +195,9 @@ class KVResult:
     cache_check: dict
     sources: dict = field(default_factory=dict)
     seconds: float = 0.0
+    device: str | None = None
+    self_check: dict | None = None
+    load_s: float = 0.0
 
     def group_table(self):
         """group_costs.csv: one row per (layer, kv_group) with its costs and whether it stays full."""
@@ -210,8 +215,8 @@ class KVResult:
         by = {r["policy"]: r for r in self.comparison if r["policy"] != "random"}
         rnd = [r for r in self.comparison if r["policy"] == "random"]
         c = self.config
-        return {
-            "model": self.spec.name, "n_layers": self.policy.n_layers, "n_kv_groups": self.policy.n_kv_groups,
+        return summary_envelope({
+            "n_layers": self.policy.n_layers, "n_kv_groups": self.policy.n_kv_groups,
             "unit": "latent (MLA: one per layer)" if self.layout.is_mla else "kv_head",
             "seq_len": c.seq_len, "sink": c.sink, "window": c.window, "method": self.costs.method,
             "target": {"kv_budget": c.kv_budget} if c.loss_tolerance is None else {"loss_tolerance": c.loss_tolerance},
@@ -231,8 +236,8 @@ class KVResult:
                                           "press instead prunes the cache once after a full-attention prefill)",
                             "uniform": "every group streaming with one window at the same KV memory",
                             "random": "as many groups full as the chosen policy, drawn at random"},
-            "config": asdict(c), "seconds": round(self.seconds, 1), "versions": package_versions(),
-        }
+        }, model=self.spec.name, precision=self.spec.precision, device=self.device, self_check=self.self_check,
+            config=c, timings_s={"load_s": self.load_s, "run_s": self.seconds})
 
     def report(self) -> str:
         s = self.summary()
@@ -357,7 +362,7 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
              "loss": kp.loss_identity_check(model, tokens, start, policy, chosen.natural_loss)}
     return KVResult(config, model.spec, layout, policy, policy_cost(layout, policy, config.seq_len), costs, full, chosen,
                     comparison, curve, check, sources={"natural": natural.source, "long_range": lr.source},
-                    seconds=time.perf_counter() - t0)
+                    seconds=time.perf_counter() - t0, device=str(model.device), self_check=model.self_check.to_dict())
 
 
 kv = options.command_function(

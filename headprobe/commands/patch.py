@@ -41,7 +41,7 @@ from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 from headprobe.settings import ModelSettings
 from headprobe.probe.heads import parse_heads
-from headprobe.probe.io import package_versions, read_text_file
+from headprobe.probe.io import read_text_file, summary_envelope
 
 if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
     from headprobe.probe.backend import LoadedModel
@@ -179,7 +179,8 @@ SITE_TEXT = {
 class PatchResult:
     """A finished patching run: ``config``, the model's ``spec``, ``patching``
     (:class:`headprobe.analyses.patching.PatchingResult`), ``table`` (head_patching.csv, or
-    resid_patching.csv for ``--site resid``) and ``seconds``."""
+    resid_patching.csv for ``--site resid``), ``seconds`` (the run's) and ``load_s`` (the model's load,
+    set by the caller that loaded it)."""
 
     config: PatchConfig
     spec: ModelSpec
@@ -187,6 +188,7 @@ class PatchResult:
     table: object
     seconds: float = 0.0
     model_info: dict = field(default_factory=dict)
+    load_s: float = 0.0
 
     @property
     def csv_name(self) -> str:
@@ -213,8 +215,10 @@ class PatchResult:
         p = self.patching
         ci = (lambda x: {"ci95": [round(float(v), 4) for v in mean_ci(x)]}) if p.has_intervals else (lambda x: {})
         key = "top_positions" if self.config.site == "resid" else "top_heads"
-        return {
-            "model": self.spec.name, "weights_precision": self.spec.precision, **self.model_info,
+        info = dict(self.model_info)
+        device, self_check = info.pop("device", None), info.pop("self_check", None)
+        return summary_envelope({
+            **info,
             "task": "custom prompts" if self.config.prompts else self.config.task, "site": self.config.site,
             "n_prompts": int(len(p.clean_ld)), "example": asdict(p.pairs[0]) if p.pairs else None,
             "clean_logit_diff": round(float(p.clean_ld.mean()), 4),
@@ -235,8 +239,8 @@ class PatchResult:
             "patching": SITE_TEXT[self.config.site],
             "interval_rule": p.interval_note,
             "forward_passes": int(p.n_forward),
-            "config": asdict(self.config), "seconds": round(self.seconds, 1), "versions": package_versions(),
-        }
+        }, model=self.spec.name, precision=self.spec.precision, device=device, self_check=self_check, config=self.config,
+            timings_s={"load_s": self.load_s, "run_s": self.seconds})
 
     def figures(self) -> dict:
         """``patching`` (every unit's normalised effect, layer x head or layer x position) and

@@ -44,7 +44,7 @@ from headprobe.options import add_output_options, kept_line, out_as_it_was
 from headprobe.settings import ModelSettings, add_flags
 from headprobe.probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import package_versions, prepare_output_dir
+from headprobe.probe.io import prepare_output_dir, summary_envelope
 
 HELP = "train small models side by side: how many heads (study heads), MHA vs GQA vs MQA vs MLA (study layouts)"
 
@@ -263,16 +263,19 @@ class StudyResult:
 
     def summary(self) -> dict:
         """The content of study.json: the study, seeds, the shared training settings (``base``), the
-        grid, device, the self-check over every trained model, package versions and the headline
-        numbers of :func:`headline`."""
+        grid and the headline numbers of :func:`headline`, in the summary envelope
+        (:func:`~headprobe.probe.io.summary_envelope`: no one model, so ``model`` and
+        ``weights_precision`` are null; the self-check over every trained model; ``timings_s``:
+        ``train_s``, the runs' training time)."""
         c, table = self.config, self.table
         grid = {"n_heads_list": list(c.n_heads_list)} if c.which == "heads" else {"ranks": list(c.ranks), "rope": c.rope}
         self_check = {"all_ok": bool(table["self_check_ok"].all()),
                       "max_relative_error": float(f"{table['self_check_max_relative_error'].max():.3g}"),
                       "what": "per trained model: patterns and the per-head W_O decomposition (headprobe.probe.selfcheck)"}
-        return {"which": c.which, "seeds": list(c.seeds), "base": dataclasses.asdict(c.base()), **grid,
-                "device": c.device, "self_check": self_check, "versions": package_versions(),
-                **headline(c.which, table)}
+        return summary_envelope({"which": c.which, "seeds": list(c.seeds), "base": dataclasses.asdict(c.base()), **grid,
+                                 **headline(c.which, table)},
+                                model=None, precision=None, device=c.device, self_check=self_check, config=c,
+                                timings_s={"train_s": float(table["seconds"].sum())})
 
     def figures(self) -> dict:
         """``{"loss_vs_heads": Figure}`` or ``{"quality_vs_kv": Figure}`` (see :func:`study_figure`)."""

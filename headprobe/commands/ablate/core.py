@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,7 @@ from headprobe.probe.spec import ModelSpec
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
 from headprobe.probe import ablation_kinds
 from headprobe.probe.heads import format_head
-from headprobe.probe.io import package_versions
+from headprobe.probe.io import summary_envelope
 
 @dataclass(frozen=True)
 class TaskResult:
@@ -183,9 +183,9 @@ class AblateResult:
         """summary.json's content (as a dict; package versions included)."""
         if self.config.estimate:
             return self._estimate_summary()
-        cfg, results = self.config, self.tasks
+        results = self.tasks
         rho = _rank_correlations(results, self.induction_score)
-        return {
+        return self._envelope({
             **self._run_fields(), "units": "nats/token",
             "top_heads_by_loss_delta": {t: [{"head": format_head(h), "loss_delta": round(float(r.effect[h]), 5)}
                                             for h in top_heads(torch.as_tensor(r.effect), TOP_N)] for t, r in results.items()},
@@ -196,20 +196,21 @@ class AblateResult:
             "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)],
             "spearman_induction_score_vs_repeated_loss_delta": rho["induction_score_vs_repeated_loss_delta"][0],
             "spearman_null_reasons": {k: why for k, (_, why) in rho.items() if why},
-            "timings_s": {**{f"{t}_sweep": round(r.sweep_s, 2) for t, r in results.items()},
-                          **{f"{t}_gradient": round(r.gradient_s, 2) for t, r in results.items()},
-                          "total": round(self.run_s + self.load_s, 1)},
-            "config": asdict(cfg),
-            "versions": package_versions(),
-        }
+        }, {**{f"{t}_sweep": r.sweep_s for t, r in results.items()}, **{f"{t}_gradient": r.gradient_s for t, r in results.items()}})
+
+    def _envelope(self, body: dict, timings: dict[str, float]) -> dict:
+        """``body`` in the summary envelope (:func:`~headprobe.probe.io.summary_envelope`), with
+        ``timings`` and the load's and the whole run's seconds."""
+        return summary_envelope(body, model=self.spec.name, precision=self.spec.precision, device=self.device,
+                                self_check=self.self_check, config=self.config,
+                                timings_s={"load_s": self.load_s, **timings, "total": self.run_s + self.load_s})
 
     def _run_fields(self) -> dict:
-        """What summary.json says of the run whether it swept or estimated: model, precision, device,
-        self-check, ablation kind, the token sets and the clean losses."""
-        cfg, spec = self.config, self.spec
+        """What summary.json says of the run whether it swept or estimated beyond the envelope:
+        dtype, ablation kind, the token sets and the clean losses."""
+        cfg = self.config
         return {
-            "model": spec.name, "weights_precision": spec.precision, "dtype": cfg.dtype, "device": self.device,
-            "self_check": self.self_check, "ablation": cfg.kind,
+            "dtype": cfg.dtype, "ablation": cfg.kind,
             "tokens": {"natural": [cfg.n_natural, int(self.natural.tokens.shape[1])],
                        "repeated": list(self.repeated.tokens.shape), "period": cfg.period,
                        "natural_source": self.natural.source},
@@ -219,7 +220,7 @@ class AblateResult:
     def _estimate_summary(self) -> dict:
         """summary.json of an ``--estimate`` run: what was estimated, how, at what cost; no sweep."""
         cfg, spec, results = self.config, self.spec, self.tasks
-        return {
+        return self._envelope({
             **self._run_fields(),
             "estimate": {"method": cfg.estimate, "description": ESTIMATE_LABELS[cfg.estimate],
                          "exact": False, "signed": cfg.estimate != "gradient",
@@ -231,11 +232,7 @@ class AblateResult:
             "top_heads_by_estimate": {t: [{"head": format_head(h), "estimate": round(float(r.estimated[h]), 5)}
                                           for h in top_heads(torch.as_tensor(r.estimated), TOP_N)] for t, r in results.items()},
             "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)],
-            "timings_s": {**{f"{t}_estimate": round(r.gradient_s, 2) for t, r in results.items()},
-                          "total": round(self.run_s + self.load_s, 1)},
-            "config": asdict(cfg),
-            "versions": package_versions(),
-        }
+        }, {f"{t}_estimate": r.gradient_s for t, r in results.items()})
 
     def figures(self) -> dict[str, object]:
         """``{"ablation_effect": Figure}``: each head's loss increase on both tasks (or, with
@@ -289,7 +286,7 @@ class AblateResult:
             for task in TASKS:
                 tops = ", ".join(f"{e['head']} ({e['estimate']:+.3f})" for e in s["top_heads_by_estimate"][task][:5])
                 lines.append(f"{task:<10} top heads by estimate: {tops}")
-            lines.append("timings: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items()))
+            lines.append("timings: " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items()))
             return "\n".join(lines)
         lines = [f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token"]
         for task in TASKS:
@@ -307,7 +304,7 @@ class AblateResult:
         lines.append(f"head ablations (one per head and task): {self.swept} swept on {self.ranks} rank{'s' * (self.ranks > 1)}, "
                      f"{resumed} resumed from a checkpoint")
         lines.append(f"top induction-score heads: {', '.join(s['top_induction_score_heads'][:5])}")
-        lines.append("timings: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items()))
+        lines.append("timings: " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items()))
         return "\n".join(lines)
 
 

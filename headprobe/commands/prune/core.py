@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,7 @@ from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import ModelSpec
 from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.heads import format_head
-from headprobe.probe.io import package_versions
+from headprobe.probe.io import summary_envelope
 
 METRICS = (("natural_loss", "held-out text loss (nats/token)"), ("repeated_loss", "repeated-tokens loss (nats/token)"))
 LABELS = {"michel": "Michel et al. gradient importance", "l0": "Voita et al. L0 gates", "random": "random order"}
@@ -114,8 +114,7 @@ class PruneResult:
             "random": f"seeded random orders, seeds {cfg.seed}..{cfg.seed + cfg.n_seeds - 1}, {cfg.step_fraction:g} of all heads per step",
         }
         out = {
-            "model": spec.name, "weights_precision": spec.precision, "dtype": cfg.dtype, "device": self.device,
-            "self_check": self.self_check,
+            "dtype": cfg.dtype,
             "units": "nats/token", "n_heads_total": spec.n_layers * spec.n_heads,
             "methods": {m: methods[m] for m in cfg.methods},
             "evaluation": "every curve: the same held-out natural text and repeated tokens, heads removed by z * 0 at hook_z",
@@ -124,16 +123,14 @@ class PruneResult:
             "auc": self.auc(),
             "curves": {name: [{k: v for k, v in row.items() if k != "removed"} for row in r.rows] for name, r in self.runs.items()},
             "removal_order": {name: [format_head(h) for h in r.removal_order] for name, r in self.runs.items()},
-            "config": asdict(cfg),
-            "versions": package_versions(),
         }
         if self.per_layer is not None:
             out["per_layer"] = self.per_layer
         if self.pruned_info is not None:
             out["pruned_model"] = {"dir": PRUNED_DIR, **self.pruned_info}
-        out["timings_s"] = {"total": round(self.run_s + self.load_s, 1),
-                            **{k: round(v, 1) for k, v in (self.method_s or {}).items()}}
-        return out
+        return summary_envelope(out, model=spec.name, precision=spec.precision, device=self.device,
+                                self_check=self.self_check, config=cfg,
+                                timings_s={"load_s": self.load_s, "total": self.run_s + self.load_s, **(self.method_s or {})})
 
     def figures(self) -> dict[str, object]:
         """``{"pruning_curve": Figure}`` (every method's held-out text and repeated-tokens loss against the

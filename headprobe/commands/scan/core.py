@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from headprobe.analyses.ablation import (
     scored_loss, top_heads, untrusted_task_reason,
 )
 from headprobe.analyses import verification as verif
-from headprobe.analyses.verdicts import evidence_text
+from headprobe.analyses.verdicts import VerdictRule, evidence_text
 from headprobe.analyses.statistics import interval_rule, mean_ci
 from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
 from headprobe.analyses.columns import DETECTORS, METRICS, metric_columns
@@ -37,7 +37,7 @@ from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import ModelSpec
 from headprobe.probe.hooks import format_head
-from headprobe.probe.io import package_versions, prepare_output_dir, write_text
+from headprobe.probe.io import prepare_output_dir, summary_envelope, write_text
 from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
 
 @dataclass
@@ -91,6 +91,12 @@ class ScanResult:
     composition: dict | None = None
     verification: dict = field(default_factory=dict)
     removed_heads: list = field(default_factory=list)
+
+    @property
+    def rule(self) -> VerdictRule | None:
+        """The verdict rule the verification decided with (None without one)."""
+        record = self.verification.get("verdict_rule")
+        return VerdictRule.from_dict(record) if record else None
 
     @property
     def load_s(self) -> float:
@@ -373,10 +379,8 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
             entries.append(e)
         top[name] = entries
     confirmed = {v.head_type: v.confirmed for v in result.verifications if v.tested or v.no_verdict}
-    return {
-        "model": spec.name,
+    return summary_envelope({
         "hf_name": spec.hf_name,
-        "weights_precision": spec.precision,
         "layout": {"attention": spec.kind, "n_layers": spec.n_layers, "n_heads": spec.n_heads,
                    "n_kv_heads": spec.n_kv_heads, "d_head": spec.d_head, "d_model": spec.d_model},
         "tokens": {
@@ -388,18 +392,16 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
                                 "bos": bool(result.repeated.start)},
         },
         "seed": cfg.seed,
-        "device": str(result.device),
         "dtype": str(result.dtype).removeprefix("torch."),
         "backend": spec.backend,
-        "self_check": result.self_check,
-        "config": asdict(cfg),
         "clean_loss_nats": result.clean_loss,
         "metric": {"name": scan_metric(spec).name, "unit": scan_metric(spec).unit,
-                   "definition": scan_metric(spec).definition, "min_effect": scan_metric(spec).min_effect},
+                   "definition": scan_metric(spec).definition,
+                   "min_effect": (result.rule or scan_metric(spec)).min_effect},
         "top_heads": top,
         "confirmed": confirmed,
         "warnings": result.warnings,
-        "verification": {**result.verification, **verification_rules(spec)} if result.verifications else {},
+        "verification": {**result.verification, **verification_rules(spec, result.rule)} if result.verifications else {},
         "removed_heads": [format_head(h) for h in result.removed_heads],
         "interval_rule": interval_rule() + ": top_effect_ci95 of each "
                          "ablation's mean per-sequence effect, score_ci95 of each listed head's mean per-sequence score "
@@ -407,9 +409,8 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         **({"interval_null_reasons": no_ci} if (no_ci := interval_null_reasons(result)) else {}),
         "ablations": [v.to_dict() for v in result.verifications],
         "metrics": result.metrics,
-        "timings_s": {k: round(v, 2) for k, v in result.timings.items()},
-        "versions": package_versions(),
-    }
+    }, model=spec.name, precision=spec.precision, device=str(result.device), self_check=result.self_check, config=cfg,
+        timings_s=result.timings)
 
 
 def interval_null_reasons(result: ScanResult) -> dict[str, str]:
@@ -422,16 +423,12 @@ def interval_null_reasons(result: ScanResult) -> dict[str, str]:
     return {task: why for task, tokens in sets.items() if (why := no_interval_reason(int(tokens.tokens.shape[0])))}
 
 
-def verification_rules(spec: ModelSpec) -> dict:
-    """summary.json's statement of the verdict rule, the controls and the p-values (docs/scan.md)."""
-    metric = scan_metric(spec)
+def verification_rules(spec: ModelSpec, rule: VerdictRule | None = None) -> dict:
+    """summary.json's statement of the verdict rule (``rule``'s own words; None: the default rule of
+    ``spec``'s metric), the controls and the p-values (docs/scan.md)."""
+    rule = rule or scan_metric(spec).verdict_rule(verif.ALPHA, verif.CORRECTION)
     return {
-        "confirmation_rule": f"CONFIRMED: the {verif.PRIMARY_KIND}-ablation test's adjusted p-value <= alpha, and the "
-                             f"top-k effect >= {metric.min_effect} ({metric.unit}) and >= {verif.EFFECT_RATIO:g}x the mean "
-                             "effect of the control sets ablated; the zero-ablation rows are reported, not tested; "
-                             "no verdict (confirmed: null) when the task's clean loss is above ln(vocabulary) or more than "
-                             "half of the natural text is the tokenizer's unknown token; nothing is CONFIRMED when "
-                             "its draws cannot reach alpha after the correction (the reason in no_verdict and warnings)",
+        "confirmation_rule": rule.description(),
         "control_rule": "per type, control sets of k heads from the heads outside the top-k of every type judged on the "
                         "same task (never a removed head); layer-matched: as many heads in each layer as the top-k set; "
                         f"uniform: any of those heads; drawn {verif.BATCH} per test a round, a test stopping when settled; the "
@@ -493,7 +490,7 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], object]]:
             f"K-composition: top previous-token → top induction heads, {tag}")
     rows = [v.to_dict() for v in result.verifications]
     if rows:
-        out["ablation"] = partial(figs.ablation_plot, rows, f"Ablation check\n{tag}")
+        out["ablation"] = partial(figs.ablation_plot, rows, f"Ablation check\n{tag}", rule=result.rule)
     return out
 
 
@@ -518,7 +515,7 @@ def write_outputs(result: ScanResult, out: Path, html: bool = False, figures: bo
         written = []
         if result.verifications:
             write_text(out / "ablation.caption.txt", figs.ablation_caption([v.to_dict() for v in result.verifications],
-                                                                           result.verification))
+                                                                           result.verification, rule=result.rule))
             written.append(out / "ablation.caption.txt")
         if result.patterns:
             written.append(viewer.save_patterns(out / "patterns.npz", result.patterns))
@@ -567,14 +564,12 @@ def format_report(result: ScanResult) -> str:
               for v in result.verifications if v.tested or (v.kind == verif.PRIMARY_KIND and v.no_verdict)]
     units = ("losses in nats/token" if metric is LOSS_METRIC else
              f"Δ in {metric.unit}: {metric.definition}")
-    floor = f"{metric.min_effect:g} nats" if metric is LOSS_METRIC else f"{metric.min_effect:g} ({metric.unit})"
     m = design.get("family_size")
     lines.append(f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k, at most "
                  f"{design.get('max_draws')} per test, stopped once settled (sets: ablated). p: sequential Monte Carlo "
                  f"(Besag & Clifford; ≤: a curtailed test's bound, its range on the lines below); p adj: {design.get('correction')} over the {m} tested "
                  f"verdict{'' if m == 1 else 's'}. "
-                 f"CI: 95% t interval over sequences.\n CONFIRMED: {verif.PRIMARY_KIND} ablation, p adj <= alpha = "
-                 f"{design.get('alpha')}, top-k Δ >= {floor} and >= {verif.EFFECT_RATIO:g}x the control mean; "
+                 f"CI: 95% t interval over sequences.\n CONFIRMED: {result.rule.condition()}; "
                  "docs/scan.md has the rule)")
     lines += [f"NOTE: {n}" for n in design.get("notes", [])]
     return "\n".join(lines)

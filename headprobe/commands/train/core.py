@@ -41,7 +41,7 @@ from headprobe.options import add_output_options, add_seed_option, kept_line, ou
 from headprobe.settings import ModelSettings, add_flags
 from headprobe.probe.checkpoint import NATIVE_WEIGHTS, save_native_state
 from headprobe.probe.hooks import format_head
-from headprobe.probe.io import package_versions, prepare_output_dir
+from headprobe.probe.io import prepare_output_dir, summary_envelope
 
 __all__ = ["TrainConfig", "TrainResult", "run", "train"]
 
@@ -55,18 +55,16 @@ class TrainResult(TrainRun):
     def summary(self) -> dict:
         """The content of summary.json: layout, parameter count, final losses (nats/token), top
         heads, the phase-change step (:func:`headprobe.analyses.train.phase_change_step`), seed,
-        self-check, config and package versions."""
+        self-check, config, the training time (``timings_s.train_s``) and package versions."""
         log, cfg = self.log, self.config
         steps, icl = log["step"].to_numpy(), log["in_context_loss"].to_numpy()
         formed = log.index[log["max_induction"] > INDUCTION_FORMED]
         top = np.unravel_index(np.argmax(self.final_scores["induction"]), self.final_scores["induction"].shape)
         top_prev = np.unravel_index(np.argmax(self.final_scores["previous_token"]), self.final_scores["previous_token"].shape)
         last = log.iloc[-1]
-        return {
+        return summary_envelope({
             "layout": self.loaded.spec.kind,
             "n_params": self.loaded.n_params,
-            "device": self.device,
-            "train_seconds": round(self.seconds, 1),
             "final": {"train_loss": round(float(last["train_loss"]), 4), "eval_loss": round(float(last["eval_loss"]), 4),
                       "in_context_loss": round(float(last["in_context_loss"]), 4),
                       "repeated_loss": round(float(last["repeated_loss"]), 4),
@@ -81,11 +79,9 @@ class TrainResult(TrainRun):
                                  "none unless some head's induction score exceeds 0.5",
             "induction_formed": bool(self.final_scores["induction"].max() > INDUCTION_FORMED),
             "seed": cfg.seed,
-            "self_check": self.loaded.self_check.to_dict(),
             "dtype": str(self.loaded.dtype).removeprefix("torch."),
-            "config": asdict(cfg),
-            "versions": package_versions(),
-        }
+        }, model=self.loaded.spec.name, precision=self.loaded.spec.precision, device=self.device,
+            self_check=self.loaded.self_check.to_dict(), config=cfg, timings_s={"train_s": self.seconds})
 
     def figures(self) -> dict:
         """``{"training": Figure}``: max induction and previous-token score, in-context and
@@ -139,7 +135,7 @@ class TrainResult(TrainRun):
         s = self.summary()
         formed = (f"induction > 0.5 first at step {s['first_step_induction_above_0.5']}; phase change at step {s['phase_change_step']}"
                   if s["phase_change_step"] is not None else "no head's induction score exceeded 0.5: no phase change yet")
-        return (f"trained {s['n_params']} parameters in {s['train_seconds']} s on {s['device']}; final loss "
+        return (f"trained {s['n_params']} parameters in {self.seconds:.1f} s on {s['device']}; final loss "
                 f"{s['final']['train_loss']:.3f} (chance {s['chance_loss_nats']:.3f}), in-context loss "
                 f"{s['final']['in_context_loss']:+.3f}\n"
                 f"top induction head {s['final']['top_induction_head']} ({s['final']['top_induction_score']:.2f}); {formed}")
