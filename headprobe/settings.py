@@ -117,14 +117,20 @@ def max_memory_dict(max_memory: dict | str | None) -> dict | None:
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None, short: str | None = None,
             type: Any = None, choices: Sequence[str] | None = None, metavar: str | None = None, action: str | None = None,
-            required: bool = False, nargs: str | None = None) -> Any:
+            required: bool = False, nargs: str | None = None, section: str | None = None, exclusive: str | None = None,
+            positional: bool = False, kw_only: bool = False) -> Any:
     """A dataclass field that is also a command-line flag: its ``default``, its ``help`` (argparse's
     ``%(default)s`` allowed) and how the flag reads it. ``flag`` defaults to ``--field-name``;
     ``action="store_false"`` with ``flag="--no-bos"`` makes a switch that turns the field off.
-    The help is the field's documentation (:func:`field_help`)."""
+    ``section``: the title of the argparse argument group it is listed under in ``--help``;
+    ``exclusive``: the name of a mutually exclusive group it shares with the fields of the same
+    name (``required`` then makes the group required); ``positional``: an argument named by its
+    field (``DIR``), not a flag; ``kw_only``: the dataclass field is keyword-only (a required field
+    after defaulted ones). The help is the field's documentation (:func:`field_help`)."""
     meta = {"help": help, "flag": flag, "short": short, "type": type, "choices": choices, "metavar": metavar,
-            "action": action, "required": required, "nargs": nargs}
-    return field(default=default, metadata={k: v for k, v in meta.items() if v not in (None, False)})
+            "action": action, "required": required, "nargs": nargs, "section": section, "exclusive": exclusive,
+            "positional": positional}
+    return field(default=default, kw_only=kw_only, metadata={k: v for k, v in meta.items() if v not in (None, False)})
 
 
 def shared(group, name: str, default: Any = dataclasses.MISSING) -> Any:
@@ -167,35 +173,80 @@ def flag_names(cls) -> dict[str, str]:
 
 def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls, *, group=None,
               only: tuple[str, ...] | None = None, skip: tuple[str, ...] = (), defaults: dict[str, Any] | None = None,
-              helps: dict[str, str] | None = None) -> None:
+              helps: dict[str, str] | None = None, order: Sequence[Any] = ()) -> None:
     """Add a flag for each :func:`setting` field of dataclass ``cls`` (in field order), generated
     from the field: its name (``seq_len`` -> ``--seq-len``, or the field's ``flag``), default (the
     one ``cls`` declares), type, choices and help. ``group`` (a settings class ``cls`` composes,
     e.g. :class:`DataSettings`): only the fields it declares, so a field added to the group reaches
     every command that composes it. ``only``/``skip`` pick fields; ``defaults``/``helps`` replace a
-    field's default or help for this parser alone (a command that documents a default of its own)."""
+    field's default or help for this parser alone (a command that documents a default of its own).
+    ``order``: field names and dataclasses whose flags come first, in that order (a dataclass: its
+    fields not named in ``order``; one ``cls`` does not compose, e.g. :class:`OutputSettings`,
+    adds its own flags); ``cls``'s other flags follow. Fields with a ``section`` go into that
+    argument group, with an ``exclusive`` name into that mutually exclusive group."""
     defaults, helps = defaults or {}, helps or {}
     if group is not None:
         names = tuple(f.name for f in dataclasses.fields(group))
         only = names if only is None else tuple(n for n in only if n in names)
-    for f in dataclasses.fields(cls):
-        meta = _meta(cls, f.name)
-        if not meta or f.name in skip or (only is not None and f.name not in only):
+    containers: dict[tuple, Any] = {}
+    for source, f in _ordered_fields(cls, order):
+        meta = _meta(source, f.name)
+        if not meta or f.name in skip or (source is cls and only is not None and f.name not in only):
             continue
         long = meta.get("flag") or "--" + f.name.replace("_", "-")
         names = [meta["short"], long] if meta.get("short") else [long]
         kwargs: dict[str, Any] = {"dest": f.name, "help": helps.get(f.name, meta["help"])}
         default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else None)
+        if meta.get("positional"):
+            names = [kwargs.pop("dest")]
         if meta.get("action"):
             kwargs["action"] = meta["action"]
         else:
-            kwargs["default"] = default
+            if not meta.get("positional") or f.default is not dataclasses.MISSING:
+                kwargs["default"] = default
             for key in ("type", "choices", "metavar", "nargs"):
                 if key in meta:
                     kwargs[key] = meta[key]
-        if meta.get("required"):
+        if meta.get("required") and not meta.get("exclusive"):
             kwargs["required"] = True
-        parser.add_argument(*names, **kwargs)
+        _container(parser, meta, containers).add_argument(*names, **kwargs)
+
+
+def _ordered_fields(cls, order: Sequence[Any]) -> list[tuple[type, dataclasses.Field]]:
+    """``(class whose declaration makes the flag, field)`` in :func:`add_flags`' ``order``, then
+    ``cls``'s fields not yet listed; a field comes from ``cls`` where ``cls`` declares it as a flag.
+
+    Raises:
+        KeyError: a name in ``order`` that is not a field of ``cls``.
+    """
+    named = {x for x in order if isinstance(x, str)}
+    out: dict[str, tuple[type, dataclasses.Field]] = {}
+    for entry in (*order, None):
+        if isinstance(entry, str):
+            pairs = [(cls, cls.__dataclass_fields__[entry])]
+        else:
+            pairs = [(entry or cls, f) for f in dataclasses.fields(entry or cls) if entry is None or f.name not in named]
+        for owner, f in pairs:
+            if f.name not in out:
+                source = cls if f.name in cls.__dataclass_fields__ and _meta(cls, f.name) else owner
+                out[f.name] = (source, source.__dataclass_fields__[f.name])
+    return list(out.values())
+
+
+def _container(parser, meta: dict, made: dict) -> Any:
+    """Where :func:`add_flags` puts a flag: ``parser``, the argument group of its ``section`` and/or
+    the mutually exclusive group of its ``exclusive`` name (each made once per call, in ``made``)."""
+    where = parser
+    if meta.get("section"):
+        if ("section", meta["section"]) not in made:
+            made["section", meta["section"]] = parser.add_argument_group(meta["section"])
+        where = made["section", meta["section"]]
+    if meta.get("exclusive"):
+        if ("exclusive", meta["exclusive"]) not in made:
+            made["exclusive", meta["exclusive"]] = where.add_mutually_exclusive_group()
+        where = made["exclusive", meta["exclusive"]]
+        where.required = where.required or bool(meta.get("required"))
+    return where
 
 
 def from_args(cls, args: argparse.Namespace, **changes):

@@ -83,6 +83,37 @@ def test_the_import_probe_sees_torch_when_it_loads(tmp_path, tiny_dir):
     assert code == 0 and torch, errors
 
 
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["budget", "--seq-len", "0"], "argument --seq-len: must be a positive integer, got 0"),
+    (["budget", "--json", "--bogus"], "unrecognized arguments: --bogus"),
+    (["patch", "--out", "o", "--site", "w"], "argument --site: invalid choice: 'w'"),
+    (["show", "--head", "1.1", "--prompt", "x", "--prompt-file", "y", "--out", "o"],
+     "argument --prompt-file: not allowed with argument --prompt"),
+    (["show", "--head", "1.1", "--out", "o"], "one of the arguments --prompt --prompt-file is required"),
+    (["view", "d", "--pattern-len", "x"], "argument --pattern-len: must be a positive integer, got 'x'"),
+    (["view"], "the following arguments are required: DIR"),
+    (["circuit", "--out", "o", "--method", "x"], "argument --method: invalid choice: 'x'"),
+    (["kv", "--out", "o", "--kv-budget", "0.5", "--loss-tolerance", "0.1"],
+     "argument --loss-tolerance: not allowed with argument --kv-budget"),
+    (["kv", "--out", "o", "--no-bos"], "unrecognized arguments: --no-bos"),
+])
+def test_generated_flags_refuse_bad_input_before_torch_is_imported(tmp_path, argv, fragment):
+    """Issue 37 item 3: the flags generated from budget's, patch's, show's, view's, circuit's and
+    kv's Configs (argument groups, mutually exclusive flags, a positional DIR) refuse a bad flag in
+    one line, exit 2, with no torch module imported."""
+    code, errors, torch = _refuse(argv, tmp_path)
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("headprobe: error:") and fragment in errors[0], errors
+    assert not torch
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["budget", "patch", "show", "view", "circuit", "kv"])
+def test_help_imports_no_torch(tmp_path, command):
+    """``headprobe COMMAND --help`` prints its flags without importing torch (kv imported it with its backend)."""
+    code, errors, torch = _refuse([command, "--help"], tmp_path)
+    assert code == 0 and not errors and not torch
+
 def _long_pairs(path, n_tokens):
     words = " ".join(f"t{i % 100}" for i in range(n_tokens))
     path.write_text("\n".join(json.dumps({"clean": words, "corrupted": words, "correct": " t1", "wrong": " t2"})

@@ -32,6 +32,7 @@ from contextlib import redirect_stdout
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from headprobe import settings
 from headprobe.commands import Command
 from headprobe.options import dtype_name, positive_int
 from headprobe.probe import cost
@@ -39,6 +40,7 @@ from headprobe.probe.cost import AttentionLayout, format_bytes, format_flops, fo
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import finite_json
 from headprobe.probe.layout import attention_module, windows_from_hf_config
+from headprobe.settings import setting
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -49,6 +51,8 @@ HELP = "attention cost calculator: parameters, KV cache, FLOPs and attention-mat
 
 DEFAULT_SEQ_LEN = 8192
 FLOPS_TABLE_SEQ_LENS = (1024, 8192, 32768, 131072)  # the lesson's table (seeds/003, "FLOPs")
+LAYOUT, WORKLOAD, MODES = ("layout (a preset, a model, explicit flags; flags override the first two)", "workload", "modes")
+"""The sections of ``headprobe budget --help`` (the fields' ``section``)."""
 CHECK_PROMPT = "The quick brown fox jumps over the lazy dog. Attention heads share keys and values."
 CHECK_PAST_WINDOW = 8  # the live check runs this many tokens past the smallest sliding window
 CHECK_MIN_TOKENS = 16  # and at least this many (a tokenizer may read the prompt as a single unknown token)
@@ -78,51 +82,6 @@ def budget_dtype(text: str) -> str:
             f"or torch's {', '.join(n for n in TORCH_DTYPE_NAMES if n not in cost.DTYPE_BYTES)}") from None
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    src = p.add_argument_group("layout (a preset, a model, explicit flags; flags override the first two)")
-    src.add_argument("--preset", help=f"a published layout: {', '.join(cost.PRESETS)}")
-    src.add_argument("--model", help="load this model (e.g. smollm2-135m, gpt2, a local directory, a headprobe "
-                                     "train or prune --save-pruned directory), read its layout and check the formulas "
-                                     "against its own KV cache and attention parameters")
-    src.add_argument("--d-model", type=positive_int, help="residual width D")
-    src.add_argument("--n-layers", type=positive_int, help="number of attention layers")
-    src.add_argument("--n-heads", type=positive_int, help="query heads H")
-    src.add_argument("--n-kv-heads", type=positive_int, help="key/value heads (default: --n-heads, i.e. MHA; 1 is MQA)")
-    src.add_argument("--d-head", type=positive_int,
-                     help="width of each head's value (z); of its query and key too except for MLA (default: d_model / n_heads)")
-    src.add_argument("--bias", choices=cost.BIAS_KINDS, help="projections with biases (default: the preset's, else none)")
-    src.add_argument("--qk-norm", choices=cost.QK_NORM_KINDS,
-                     help="QK-norm weights: per_head (Qwen3, Gemma 3) or full (OLMo 2) (default: the model's, else none)")
-    src.add_argument("--sliding-window", type=positive_int, metavar="W",
-                     help="layers attend to (and cache) at most W positions (Mistral: 4096); see --global-every")
-    src.add_argument("--global-every", type=positive_int, metavar="N",
-                     help="with --sliding-window: every N-th layer is global (Gemma 2: 2, Gemma 3: 6)")
-    src.add_argument("--kv-lora-rank", type=positive_int, help="MLA: width of the cached KV latent (DeepSeek-V3: 512)")
-    src.add_argument("--q-lora-rank", type=positive_int, help="MLA: width of the query latent (DeepSeek-V3: 1536)")
-    src.add_argument("--qk-rope-head-dim", type=positive_int, help="MLA: width of the decoupled rotary key (DeepSeek-V3: 64)")
-    src.add_argument("--qk-nope-head-dim", type=positive_int,
-                     help="MLA: width of each head's non-rotary query/key part (DeepSeek-V3: 128; default: --d-head)")
-    work = p.add_argument_group("workload")
-    work.add_argument("--seq-len", type=positive_int, default=DEFAULT_SEQ_LEN, help=f"tokens per sequence T (default {DEFAULT_SEQ_LEN})")
-    work.add_argument("--batch", type=positive_int, default=1, help="sequences per request (default 1)")
-    work.add_argument("--dtype", type=budget_dtype, default="bf16", metavar="{" + ",".join(cost.DTYPE_BYTES) + "}",
-                      help="number format of cache and activations, sets the bytes per element "
-                           "(default bf16; torch's names bfloat16, float32, float16 accepted)")
-    mode = p.add_argument_group("modes")
-    mode.add_argument("--compare", action="store_true", help="MHA, GQA (every group count) and MQA of the same width side by side")
-    mode.add_argument("--flops-table", nargs="*", type=positive_int, metavar="T",
-                      help=f"FLOPs of one layer at several lengths (default {' '.join(map(str, FLOPS_TABLE_SEQ_LENS))})")
-    mode.add_argument("--as-mha", action="store_true", help="--flops-table: count K/V projections as MHA, as the lesson's table does")
-    mode.add_argument("--recommend", action="store_true", help="propose a head layout for --params/--d-model, --seq-len, --kv-limit, --target")
-    mode.add_argument("--params", help="recommend: parameter budget without embeddings, e.g. 135M, 8B")
-    mode.add_argument("--kv-limit", help="recommend: KV-cache memory limit per request, e.g. 2GiB, 512MiB")
-    mode.add_argument("--target", choices=cost.TARGETS, default="gpu-server", help="recommend: deployment target (default gpu-server)")
-    mode.add_argument("--policy", metavar="FILE",
-                      help="cost a head-level KV policy (headprobe kv's policy.json: per layer and KV group, full or "
-                           "streaming with S sink + W recent positions; format in docs/kv.md) at --seq-len")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
 # ---------------------------------------------------------------------------------------------
 # The configuration
 # ---------------------------------------------------------------------------------------------
@@ -130,7 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class BudgetConfig:
-    """Everything ``headprobe budget`` takes; each field is the flag of the same name.
+    """Everything ``headprobe budget`` computes from; each field is the flag of the same name
+    (:func:`~headprobe.settings.setting`; ``--json`` is :class:`BudgetPrint`'s).
 
     Attributes:
         preset: a published layout by name (:data:`headprobe.probe.cost.PRESETS`), or None.
@@ -165,32 +125,56 @@ class BudgetConfig:
         HeadprobeError: an unknown dtype.
     """
 
-    preset: str | None = None
-    model: str | None = None
-    d_model: int | None = None
-    n_layers: int | None = None
-    n_heads: int | None = None
-    n_kv_heads: int | None = None
-    d_head: int | None = None
-    bias: str | None = None
-    qk_norm: str | None = None
-    sliding_window: int | None = None
-    global_every: int | None = None
-    kv_lora_rank: int | None = None
-    q_lora_rank: int | None = None
-    qk_rope_head_dim: int | None = None
-    qk_nope_head_dim: int | None = None
-    seq_len: int = DEFAULT_SEQ_LEN
-    batch: int = 1
-    dtype: str = "bf16"
-    compare: bool = False
-    flops_table: Sequence[int] | None = None
-    as_mha: bool = False
-    recommend: bool = False
-    params: str | int | None = None
-    kv_limit: str | int | None = None
-    target: str = "gpu-server"
-    policy: str | None = None
+    preset: str | None = setting(None, f"a published layout: {', '.join(cost.PRESETS)}", section=LAYOUT)
+    model: str | None = setting(None, "load this model (e.g. smollm2-135m, gpt2, a local directory, a headprobe "
+                                      "train or prune --save-pruned directory), read its layout and check the formulas "
+                                      "against its own KV cache and attention parameters", section=LAYOUT)
+    d_model: int | None = setting(None, "residual width D", type=positive_int, section=LAYOUT)
+    n_layers: int | None = setting(None, "number of attention layers", type=positive_int, section=LAYOUT)
+    n_heads: int | None = setting(None, "query heads H", type=positive_int, section=LAYOUT)
+    n_kv_heads: int | None = setting(None, "key/value heads (default: --n-heads, i.e. MHA; 1 is MQA)", type=positive_int,
+                                     section=LAYOUT)
+    d_head: int | None = setting(None, "width of each head's value (z); of its query and key too except for MLA "
+                                       "(default: d_model / n_heads)", type=positive_int, section=LAYOUT)
+    bias: str | None = setting(None, "projections with biases (default: the preset's, else none)", choices=cost.BIAS_KINDS,
+                               section=LAYOUT)
+    qk_norm: str | None = setting(None, "QK-norm weights: per_head (Qwen3, Gemma 3) or full (OLMo 2) (default: the model's, "
+                                        "else none)", choices=cost.QK_NORM_KINDS, section=LAYOUT)
+    sliding_window: int | None = setting(None, "layers attend to (and cache) at most W positions (Mistral: 4096); see "
+                                               "--global-every", type=positive_int, metavar="W", section=LAYOUT)
+    global_every: int | None = setting(None, "with --sliding-window: every N-th layer is global (Gemma 2: 2, Gemma 3: 6)",
+                                       type=positive_int, metavar="N", section=LAYOUT)
+    kv_lora_rank: int | None = setting(None, "MLA: width of the cached KV latent (DeepSeek-V3: 512)", type=positive_int,
+                                       section=LAYOUT)
+    q_lora_rank: int | None = setting(None, "MLA: width of the query latent (DeepSeek-V3: 1536)", type=positive_int,
+                                      section=LAYOUT)
+    qk_rope_head_dim: int | None = setting(None, "MLA: width of the decoupled rotary key (DeepSeek-V3: 64)",
+                                           type=positive_int, section=LAYOUT)
+    qk_nope_head_dim: int | None = setting(None, "MLA: width of each head's non-rotary query/key part (DeepSeek-V3: 128; "
+                                                 "default: --d-head)", type=positive_int, section=LAYOUT)
+    seq_len: int = setting(DEFAULT_SEQ_LEN, "tokens per sequence T (default %(default)s)", type=positive_int,
+                           section=WORKLOAD)
+    batch: int = setting(1, "sequences per request (default %(default)s)", type=positive_int, section=WORKLOAD)
+    dtype: str = setting("bf16", "number format of cache and activations, sets the bytes per element (default "
+                                 "%(default)s; torch's names bfloat16, float32, float16 accepted)", type=budget_dtype,
+                         metavar="{" + ",".join(cost.DTYPE_BYTES) + "}", section=WORKLOAD)
+    compare: bool = setting(False, "MHA, GQA (every group count) and MQA of the same width side by side",
+                            action="store_true", section=MODES)
+    flops_table: Sequence[int] | None = setting(
+        None, f"FLOPs of one layer at several lengths (default {' '.join(map(str, FLOPS_TABLE_SEQ_LENS))})",
+        nargs="*", type=positive_int, metavar="T", section=MODES)
+    as_mha: bool = setting(False, "--flops-table: count K/V projections as MHA, as the lesson's table does",
+                           action="store_true", section=MODES)
+    recommend: bool = setting(False, "propose a head layout for --params/--d-model, --seq-len, --kv-limit, --target",
+                              action="store_true", section=MODES)
+    params: str | int | None = setting(None, "recommend: parameter budget without embeddings, e.g. 135M, 8B", section=MODES)
+    kv_limit: str | int | None = setting(None, "recommend: KV-cache memory limit per request, e.g. 2GiB, 512MiB",
+                                         section=MODES)
+    target: str = setting("gpu-server", "recommend: deployment target (default %(default)s)", choices=cost.TARGETS,
+                          section=MODES)
+    policy: str | None = setting(None, "cost a head-level KV policy (headprobe kv's policy.json: per layer and KV group, "
+                                       "full or streaming with S sink + W recent positions; format in docs/kv.md) at "
+                                       "--seq-len", metavar="FILE", section=MODES)
 
     def __post_init__(self) -> None:
         try:
@@ -204,6 +188,19 @@ class BudgetConfig:
     def bytes_per_element(self) -> int:
         """Bytes of one number in :attr:`dtype`."""
         return cost.DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class BudgetPrint:
+    """How ``headprobe budget`` prints its result: a flag of the command line, not part of the
+    :class:`BudgetConfig` (the Python API returns the :class:`BudgetResult` itself)."""
+
+    json: bool = setting(False, "print JSON instead of a table", action="store_true")
+    """Print :meth:`BudgetResult.to_dict` as JSON instead of the table."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    settings.add_flags(p, BudgetConfig, order=(BudgetConfig, BudgetPrint))
 
 
 # ---------------------------------------------------------------------------------------------

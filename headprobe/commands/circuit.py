@@ -41,7 +41,7 @@ from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import summary_envelope
-from headprobe.settings import DataSettings, ModelSettings, setting, shared
+from headprobe.settings import DataSettings, ModelSettings, OutputSettings, setting, shared
 
 if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
     from headprobe.probe.backend import LoadedModel
@@ -336,12 +336,9 @@ circuit = options.command_function(
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_flags(p, CircuitConfig, group=ModelSettings, skip=("prepend_bos",))  # --no-bos below, as before
-    options.add_output_options(p)
-    settings.add_flags(p, CircuitConfig, only=("n_seqs", "period", "method", "steps", "verify", "top", "receivers", "qk_head",
-                                               "memory_gb"),
-                       helps={"period": "tokens per copy (default %(default)s)"})
-    settings.add_flags(p, CircuitConfig, only=("prepend_bos", "seed"), helps={"prepend_bos": "do not put BOS in front of the prompts"})
+    settings.add_flags(p, CircuitConfig, order=(ModelSettings, OutputSettings, CircuitConfig, "prepend_bos", "seed"),
+                       helps={"period": "tokens per copy (default %(default)s)",
+                              "prepend_bos": "do not put BOS in front of the prompts"})
 
 
 def main(args: argparse.Namespace) -> int:

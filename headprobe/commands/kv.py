@@ -34,16 +34,19 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from headprobe import options, settings
 from headprobe.commands import Command
 from headprobe.options import positive_int
-from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.spec import ModelSpec
-from headprobe.probe.vocabulary import backend_lacks
 from headprobe.probe.io import summary_envelope, write_json
-from headprobe.settings import DataSettings, ModelSettings, setting, shared
+from headprobe.probe.vocabulary import backend_lacks
+from headprobe.settings import DataSettings, ModelSettings, OutputSettings, setting, shared
+
+if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
+    from headprobe.probe.backend import LoadedModel
+    from headprobe.probe.spec import ModelSpec
 
 HELP = "head-level KV-cache policy: which KV groups keep a full cache, measured causally against uniform and random"
 
@@ -109,9 +112,11 @@ class KVConfig(ModelSettings):
     n_per_distance: int = setting(1, "long-range sequences per distance (default %(default)s)", type=positive_int)
     sink: int = setting(4, "attention-sink positions a streaming group keeps (default %(default)s)", type=int)
     window: int | None = setting(None, "recent positions a streaming group keeps (default seq-len / 8)", type=positive_int)
-    kv_budget: float = setting(0.5, "the policy's KV cache as a fraction of the full cache (default %(default)s)", type=float)
+    kv_budget: float = setting(0.5, "the policy's KV cache as a fraction of the full cache (default %(default)s)", type=float,
+                               exclusive="budget")
     loss_tolerance: float | None = setting(
-        None, "instead: the most natural-text loss increase (nats/token); the fewest full groups that meet it", type=float)
+        None, "instead: the most natural-text loss increase (nats/token); the fewest full groups that meet it", type=float,
+        exclusive="budget")
     budgets: tuple[float, ...] = setting(DEFAULT_BUDGETS, "KV fractions of the curve (default 0.25,0.5,0.75; --kv-budget is added)",
                                          type=_fractions, metavar="B,...")
     method: str = setting("retrieval", "group costs: retrieval (default: attention on the planted block's first occurrence "
@@ -374,14 +379,9 @@ kv = options.command_function(
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # No --device-map/--max-memory (the config refuses a device map: the per-group masks and the
     # streaming cache are checked on one device only) and no --no-bos (as ablate and prune).
-    settings.add_flags(p, KVConfig, group=ModelSettings, skip=("prepend_bos", "device_map", "max_memory"))
-    options.add_output_options(p)
-    settings.add_flags(p, KVConfig, only=("text", "seq_len", "n_natural"),
+    settings.add_flags(p, KVConfig, order=(ModelSettings, OutputSettings), skip=("prepend_bos", "device_map", "max_memory"),
                        helps={"seq_len": "tokens per sequence (default %(default)s)",
                               "n_natural": "natural-text windows (default %(default)s)"})
-    settings.add_flags(p, KVConfig, only=("distances", "block_len", "n_per_distance", "sink", "window"))
-    settings.add_flags(p.add_mutually_exclusive_group(), KVConfig, only=("kv_budget", "loss_tolerance"))
-    settings.add_flags(p, KVConfig, only=("budgets", "method", "n_random", "seed"))
 
 
 def main(args: argparse.Namespace) -> int:

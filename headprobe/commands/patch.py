@@ -39,7 +39,7 @@ from headprobe.analyses.vocabulary import PATCH_SITES
 from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import ModelSettings
+from headprobe.settings import DataSettings, ModelSettings, OutputSettings, setting, shared
 from headprobe.probe.heads import parse_heads
 from headprobe.probe.io import read_text_file, summary_envelope
 
@@ -71,13 +71,17 @@ class PatchConfig(ModelSettings):
             negative from the end); None: every position of the shortest prompt.
     """
 
-    task: str = "ioi"
-    prompts: str | None = None
-    n_prompts: int = 24
-    seed: int = 0
-    heads: str | None = None
-    site: str = "z"
-    positions: str | None = None
+    task: str = setting("ioi", "built-in prompt pairs (default %(default)s: indirect-object identification)", choices=TASKS)
+    prompts: str | None = setting(None, "your own pairs instead: JSONL with clean, corrupted, correct, wrong per line",
+                                  metavar="FILE")
+    n_prompts: int = setting(24, "IOI prompt pairs (default %(default)s)", type=positive_int)
+    seed: int = shared(DataSettings, "seed")
+    heads: str | None = setting(None, "only these heads, e.g. 9.6,9.9 or L9H6 (default: every head)")
+    site: str = setting("z", "what to patch: z (a head's output, default), q/k/v (its query, key or value input; GQA: the "
+                             "query head alone gets the corrupted k/v) or resid (the residual stream before each layer, "
+                             "one position at a time)", choices=PATCH_SITES)
+    positions: str | None = setting(None, "--site resid: token positions (0 = first, negative from the end; default: every "
+                                          "position of the shortest prompt)", metavar="P,P,...")
 
     def __post_init__(self):
         super().__post_init__()
@@ -346,22 +350,8 @@ patch = options.command_function(
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = PatchConfig()
-    settings.add_flags(p, PatchConfig, group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the prompts"})
-    options.add_output_options(p)
-    p.add_argument("--task", choices=TASKS, default=d.task, help="built-in prompt pairs (default %(default)s: indirect-object identification)")
-    p.add_argument("--prompts", default=None, metavar="FILE",
-                   help="your own pairs instead: JSONL with clean, corrupted, correct, wrong per line")
-    p.add_argument("--n-prompts", type=positive_int, default=d.n_prompts, help="IOI prompt pairs (default %(default)s)")
-    p.add_argument("--heads", default=None, help="only these heads, e.g. 9.6,9.9 or L9H6 (default: every head)")
-    p.add_argument("--site", choices=PATCH_SITES, default=d.site,
-                   help="what to patch: z (a head's output, default), q/k/v (its query, key or value input; GQA: the "
-                        "query head alone gets the corrupted k/v) or resid (the residual stream before each layer, "
-                        "one position at a time)")
-    p.add_argument("--positions", default=None, metavar="P,P,...",
-                   help="--site resid: token positions (0 = first, negative from the end; default: every position "
-                        "of the shortest prompt)")
-    options.add_seed_option(p, d.seed)
+    settings.add_flags(p, PatchConfig, order=(ModelSettings, OutputSettings, PatchConfig, "seed"),
+                       helps={"prepend_bos": "do not put BOS in front of the prompts"})
 
 
 def main(args: argparse.Namespace) -> int:

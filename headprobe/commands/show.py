@@ -9,13 +9,13 @@ head asked for, with each head's previous-token, first-token and positional scor
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 
 from headprobe.commands import Command
 from headprobe import options, settings
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import ModelSettings
+from headprobe.settings import ModelSettings, OutputSettings, setting
 from headprobe.probe.heads import parse_heads
 
 HELP = "draw one head's attention pattern on your own text (PNG/PDF/SVG and an offline HTML page)"
@@ -45,9 +45,19 @@ class ShowConfig(ModelSettings):
         out: output directory.
     """
 
-    head: str = field(kw_only=True)
-    prompt: str = field(kw_only=True)
-    out: str = field(kw_only=True)
+    head: str = setting(MISSING, "the head, as layer.head (e.g. 18.6; L18H6 also accepted)", required=True, kw_only=True)
+    prompt: str = setting(MISSING, "the text to run the model on", exclusive="text", required=True, kw_only=True)
+    out: str = field(kw_only=True)  # its flag is OutputSettings'
+
+
+@dataclass(frozen=True)
+class PromptFile:
+    """``--prompt-file``, the other way to give ``show``'s text: a flag of the command line, not
+    part of :class:`ShowConfig` (:func:`main` reads the file into ``prompt``)."""
+
+    prompt_file: str | None = setting(None, "a UTF-8 file holding the text (its final newline dropped)",
+                                      exclusive="text", required=True)
+    """A UTF-8 file holding the prompt."""
 
 
 @dataclass
@@ -209,12 +219,8 @@ def show(model: str = options.DEFAULT_MODEL, *, head: str, prompt: str, out: str
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_flags(p, ShowConfig, group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the text"})
-    p.add_argument("--head", required=True, help="the head, as layer.head (e.g. 18.6; L18H6 also accepted)")
-    text = p.add_mutually_exclusive_group(required=True)
-    text.add_argument("--prompt", help="the text to run the model on")
-    text.add_argument("--prompt-file", help="a UTF-8 file holding the text (its final newline dropped)")
-    options.add_output_options(p)
+    settings.add_flags(p, ShowConfig, order=(ModelSettings, "head", "prompt", PromptFile, OutputSettings),
+                       helps={"prepend_bos": "do not put BOS in front of the text"})
 
 
 def main(args: argparse.Namespace) -> int:

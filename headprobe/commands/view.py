@@ -17,16 +17,17 @@ import argparse
 import dataclasses
 import json
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 
 from headprobe.commands import Command
 from headprobe import options, settings
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import ModelSettings
+from headprobe.settings import ModelSettings, positive_int, setting
 
 HELP = "write DIR/index.html: an interactive, offline page of a scan's (or ablate run's) head scores and patterns"
 
+EPILOG = "--model NAME computes patterns.npz when DIR (a scan) has none; without it no model is loaded"
 SCORES, ABLATION, PATTERNS, SUMMARY, PAGE = "head_scores.csv", "head_ablation.csv", "patterns.npz", "summary.json", "index.html"
 
 
@@ -49,11 +50,15 @@ class ViewConfig(ModelSettings):
         HeadprobeError: a bad shared setting, ``prepend_bos`` False or ``pattern_len`` below 2.
     """
 
-    dir: str = field(kw_only=True)  # required: keyword-only, as it follows the group's defaulted fields
-    ablation: str | None = None
-    circuit: str | None = None
+    dir: str = setting(MISSING, "output directory of headprobe scan or ablate; index.html is written there", metavar="DIR",
+                       positional=True, kw_only=True)  # required: keyword-only, as it follows the group's defaulted fields
+    ablation: str | None = setting(None, "an ablate run's directory: add its per-head loss increases to the table and maps",
+                                   metavar="DIR2")
+    circuit: str | None = setting(None, "a headprobe circuit run's directory: add its figure, top edges and path patching "
+                                        "as a section", metavar="DIR3")
     model: str | None = None
-    pattern_len: int = 128
+    pattern_len: int = setting(128, "with --model: tokens per example in the computed patterns.npz (default %(default)s)",
+                               type=positive_int)
 
     def __post_init__(self):
         super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
@@ -187,16 +192,9 @@ def view(dir: str | Path, *, ablation: str | Path | None = None, model: str | No
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", metavar="DIR", help="output directory of headprobe scan or ablate; index.html is written there")
-    p.add_argument("--ablation", metavar="DIR2", default=None,
-                   help="an ablate run's directory: add its per-head loss increases to the table and maps")
-    p.add_argument("--circuit", metavar="DIR3", default=None,
-                   help="a headprobe circuit run's directory: add its figure, top edges and path patching as a section")
-    settings.add_flags(p, ViewConfig, group=ModelSettings, skip=("prepend_bos",), helps={  # BOS: the scan's
+    settings.add_flags(p, ViewConfig, order=("dir", "ablation", "circuit", ModelSettings), skip=("prepend_bos",), helps={
         "model": "compute patterns.npz with this model (e.g. smollm2-135m) when DIR, a scan, has none; default: load no model"})
-    p.add_argument("--pattern-len", type=options.positive_int, default=128,
-                   help="with --model: tokens per example in the computed patterns.npz (default %(default)s)")
-    p.epilog = ("--model NAME computes patterns.npz when DIR (a scan) has none; without it no model is loaded")
+    p.epilog = EPILOG  # wrapped as argparse wraps it (Command's epilog is printed as written)
 
 
 def main(args: argparse.Namespace) -> int:
