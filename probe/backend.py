@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -637,7 +637,7 @@ class LoadedModel:
         """
         raise HeadprobeError(f"the attention scale of a layer is read on the native backend only, not {self.name}")
 
-    def qk_terms(self, layer: int, head: int, side: str, terms: Float[Tensor, "n d_model"],
+    def qk_terms(self, layer: int, head: int, side: Literal["q", "k"], terms: Float[Tensor, "n d_model"],
                  ref: Float[Tensor, "d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
         """Query head ``head``'s query (``side="q"``) or key (``"k"``, its key/value head's) at
         position ``pos`` as a sum of terms: row ``i`` is what ``terms[i]`` (a term of the attention

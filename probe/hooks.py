@@ -67,7 +67,7 @@ def head_ablation_hooks(
     inputs = AblationInputs(mean_z, source_z)
     hooks: list[tuple[str, HookFn]] = []
     for layer, idx in sorted(_group_by_layer(heads).items()):
-        if ablation.needs == "source" and layer not in source_z:
+        if ablation.needs == "source" and layer not in (source_z or {}):  # None: refused by check()
             raise HeadprobeError(f"{kind} ablation of layer {layer} needs source_z[{layer}]")
         index = torch.tensor(sorted(set(idx)))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -21,6 +21,9 @@ from torch import Tensor
 from headprobe.probe.backend import LOSS_ROWS, HookFn, LoadedModel, _module_type, cross_entropy_inplace
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import Checkpoint
+
+if TYPE_CHECKING:
+    from headprobe.probe.model import Transformer
 
 
 
@@ -190,7 +193,7 @@ class NativeModel(LoadedModel):
         attn = self.model.blocks[layer].attn
         return float(attn.scale), attn.softcap
 
-    def qk_terms(self, layer: int, head: int, side: str, terms: Float[Tensor, "n d_model"],
+    def qk_terms(self, layer: int, head: int, side: Literal["q", "k"], terms: Float[Tensor, "n d_model"],
                  ref: Float[Tensor, "d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.qk_terms`."""
         from headprobe.probe.qk import head_qk_terms
@@ -272,7 +275,7 @@ class NativeModel(LoadedModel):
 
 
 @torch.inference_mode()
-def _scored_losses_from_resid(net: torch.nn.Module, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"],
+def _scored_losses_from_resid(net: Transformer, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"],
                               first: int, normed: bool = False) -> Float[Tensor, "n"]:
     """Per-sequence mean loss (nats/token) from the final residual of ``n = k * batch`` sequences
     (k copies of ``tokens``), unembedding only the scored positions ``first .. pos-2`` (the

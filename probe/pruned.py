@@ -22,7 +22,7 @@ import pickle
 import warnings
 from collections.abc import Sequence
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -72,6 +72,8 @@ class PrunedAttention(Attention):
         HeadprobeError: an architecture :func:`check_prunable` refuses, or kept heads out of range.
     """
 
+    kv_index: Tensor  # the buffer registered in __init__
+
     def __init__(self, cfg: TransformerConfig, kept_heads: Sequence[int], layer: int = 0):
         check_prunable(cfg)
         kept = sorted(set(int(h) for h in kept_heads))
@@ -95,6 +97,7 @@ class PrunedAttention(Attention):
     def load_from(self, attn: Attention) -> "PrunedAttention":
         """Copy the kept heads' slices of a full :class:`Attention`'s weights into this module."""
         d_qk, d_head, dev = self.cfg.d_qk, self.cfg.d_head, attn.q_proj.weight.device
+        assert d_head is not None  # filled by TransformerConfig.__post_init__
         self.to(attn.q_proj.weight)
         for name, heads, d in (("q_proj", self.kept_heads, d_qk), ("k_proj", self.kept_kv_heads, d_qk),
                                ("v_proj", self.kept_kv_heads, d_head)):
@@ -165,6 +168,7 @@ def _install(net: Transformer, keep: Tensor) -> Transformer:
         kept = keep[layer].nonzero().flatten().tolist()
         new = PrunedAttention(cfg, kept, layer)
         if not isinstance(block.attn, PrunedAttention):
+            assert isinstance(block.attn, Attention)  # check_prunable refused MLA
             new.load_from(block.attn)
         block.attn = new
     net.kept_heads = [keep[layer].nonzero().flatten().tolist() for layer in range(cfg.n_layers)]
@@ -192,7 +196,7 @@ def count_attention_parameters(net: Transformer) -> int:
 
 def count_kv_heads(net: Transformer) -> int:
     """Key/value heads left in all layers of a model from :func:`remove_heads` (a count)."""
-    return sum(len(b.attn.kept_kv_heads) for b in net.blocks)
+    return sum(len(cast(PrunedAttention, b.attn).kept_kv_heads) for b in net.blocks)  # a model from remove_heads
 
 
 def save_pruned(net: Transformer, path: str | os.PathLike[str]) -> None:
@@ -325,6 +329,7 @@ def load_pruned_dir(path: Any, device: str | torch.device = "cpu") -> Transforme
     _install(net, keep)
     net.to(next(iter(state.values())).dtype)
     for layer, b in enumerate(net.blocks):
+        assert isinstance(b.attn, PrunedAttention)  # installed just above
         state[f"blocks.{layer}.attn.kv_index"] = b.attn.kv_index
     try:
         net.load_state_dict(state, strict=True)
@@ -350,6 +355,7 @@ def load_pruned_dir_full(path: Any) -> tuple[Transformer, list[list[int]]]:
     for layer, heads in enumerate(kept):
         keys = _attn_keys(layer)
         kv = sorted({h // cfg.group_size for h in heads})
+        assert cfg.n_kv_heads is not None and cfg.d_head is not None  # filled by TransformerConfig.__post_init__
         for name, hs, n, d in (("q_proj", heads, cfg.n_heads, cfg.d_qk), ("k_proj", kv, cfg.n_kv_heads, cfg.d_qk),
                                ("v_proj", kv, cfg.n_kv_heads, cfg.d_head)):
             for part in ("weight", "bias"):

@@ -8,9 +8,12 @@ Commands' flags, the loader (:func:`headprobe.probe.loading.wrap`) and
 
 from __future__ import annotations
 
+from typing import Any
+
 from headprobe.probe.registry import Choices, Registry
 
-BACKEND_REGISTRY: Registry[type] = Registry("backend")
+# Any: LoadedModel subclasses (probe/backend.py), not imported in this torch-free module
+BACKEND_REGISTRY: Registry[Any] = Registry("backend")
 """Backend name (``--backend``, ``ModelSpec.backend``) -> its :class:`~headprobe.probe.backend.LoadedModel`
 subclass, imported on first use. Registration order is ``--backend auto``'s preference: the first
 backend whose :meth:`~headprobe.probe.backend.LoadedModel.supports` accepts the Hugging Face config."""

@@ -53,6 +53,7 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
     ``rope_interleave`` is ignored (NeoX rotates halves).
     """
     H, d_head, D = cfg.n_heads, cfg.d_head, cfg.d_model
+    assert d_head is not None  # filled by TransformerConfig.__post_init__
     out = {"embed.W_E.weight": sd["gpt_neox.embed_in.weight"],
            **renamed(sd, (("ln_final.norm", "gpt_neox.final_layer_norm"),))}
     for l in range(cfg.n_layers):
