@@ -64,7 +64,12 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
             out[b + f"attn.{name}_proj.weight"] = W[:, i].reshape(H * d_head, D)
             out[b + f"attn.{name}_proj.bias"] = bias[:, i].reshape(H * d_head)
         out.update(renamed(sd, LAYER, b, h))
-    out["unembed.weight"] = sd.get("lm_head.weight", sd.get("embed_out.weight"))
+    unembed = sd.get("lm_head.weight", sd.get("embed_out.weight"))
+    if unembed is None and cfg.tied_unembed:  # safetensors keeps one name of a tied pair
+        unembed = sd["gpt_neox.embed_in.weight"]
+    if unembed is None:
+        raise KeyError("lm_head.weight")
+    out["unembed.weight"] = unembed
     return out
 
 
