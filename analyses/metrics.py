@@ -166,6 +166,7 @@ def retrieval_score(model: LoadedModel, needles: NeedleSet, streaming: bool = Fa
         hooks = [(attn_hook(layer, "pattern"), (lambda layer: lambda p, hook: on_pattern(layer, p))(layer))
                  for layer in range(spec.n_layers)]
         resid = model.final_residual(needles.tokens, fwd_hooks=hooks)
+    assert resid is not None  # stream_head_stats returns it (final_residual defaults to True)
     # the model's prediction at the scored queries only: no [batch, pos, d_vocab] logits
     logits = model.logits_from_residual(resid[rows_b, queries.to(resid.device)], normed=True)
     if len(top) != spec.n_layers:

@@ -432,7 +432,7 @@ def _eval_data(cfg: TrainConfig, loaded: LoadedModel, device: str) -> tuple[Tens
     text = cfg.corpus == "text+copy"
     corpus = text_corpus() if text else None
     held_out_text = (held_out_text_windows(corpus.held_out, cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.seed + 3).to(device)
-                     if text else None)
+                     if corpus is not None else None)  # text
     return held_out, repeated, held_out_text, corpus
 
 
@@ -440,6 +440,7 @@ def _training_batch(cfg: TrainConfig, corpus: TextCorpus | None, gen: torch.Gene
     """One training batch of ``cfg.batch_size`` sequences drawn from ``gen`` (on the CPU): copy
     sequences, mixed with windows of ``corpus.train`` for ``"text+copy"``."""
     if cfg.corpus == "text+copy":
+        assert corpus is not None  # _eval_data made it for text+copy
         return mixed_batch(cfg.batch_size, cfg.seq_len, corpus.train, cfg.n_words, cfg.min_period, cfg.max_period,
                            cfg.copy_fraction, gen, cfg.periodic)[0]
     return copy_sequences(cfg.batch_size, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period, gen, cfg.periodic)

@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,9 @@ from headprobe.probe.devicemap import aligned
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.selfcheck import SelfCheck
 from headprobe.probe.spec import Checkpoint, ModelSpec
+
+if TYPE_CHECKING:
+    from headprobe.probe.model import Transformer
 
 HookFn = Callable[..., Any]
 """A TransformerLens hook: ``fn(activation, hook) -> replacement or None``."""
@@ -659,7 +662,7 @@ class LoadedModel:
         """
         raise HeadprobeError("real head removal (--save-pruned) needs the native backend (--backend native)")
 
-    def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> torch.nn.Module:
+    def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> Transformer:
         """A copy of the model with the heads ``keep`` marks False removed
         (:func:`headprobe.probe.pruned.remove_heads`).
 

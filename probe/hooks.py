@@ -8,7 +8,7 @@ analysis never leaves a hook behind. Hook functions never edit the activation th
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -40,7 +40,7 @@ def head_ablation_hooks(
     heads: Iterable[Head],
     kind: AblationKind = "zero",
     mean_z: Float[Tensor, "layer head d_head"] | None = None,
-    source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None,
+    source_z: Mapping[int, Float[Tensor, "batch pos head d_head"]] | None = None,
 ) -> list[tuple[str, HookFn]]:
     """Hooks that ablate query heads at ``hook_z``, before the output projection.
 
@@ -96,7 +96,7 @@ def batched_ablation_hooks(
     batch: int,
     kind: AblationKind = "zero",
     mean_z: Float[Tensor, "layer head d_head"] | None = None,
-    source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None,
+    source_z: Mapping[int, Float[Tensor, "batch pos head d_head"]] | None = None,
 ) -> list[tuple[str, HookFn]]:
     """Hooks for one forward pass over ``copy * batch`` sequences, a batch repeated once per copy
     (``tokens.repeat(copy, 1)``): in copy ``i`` the heads where ``masks[i]`` is True are ablated

@@ -209,7 +209,7 @@ class NativeModel(LoadedModel):
             raise HeadprobeError("real head removal (--save-pruned) needs the whole model on one device, not split by --device-map")
         check_prunable(self.model.cfg)
 
-    def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> torch.nn.Module:
+    def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> Transformer:
         """See :meth:`headprobe.probe.backend.LoadedModel.remove_heads`."""
         from headprobe.probe.pruned import remove_heads
 
