@@ -54,6 +54,7 @@ from headprobe.probe.backend import LoadedModel
 from headprobe.probe.backend import token_losses
 from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.hooks import HookFn
 
 INPUTS = ("q", "k", "v")
 """A receiver head's inputs; the logits receiver is ``"logits"``."""
@@ -441,7 +442,7 @@ def _input_gradients(model: LoadedModel, runs: PathRuns, alpha: float) -> tuple[
             return x
         return store
 
-    hooks = [("hook_embed", lambda x, hook: e.to(x))]
+    hooks: list[tuple[str, HookFn]] = [("hook_embed", lambda x, hook: e.to(x))]
     hooks += [(f"blocks.{l}.hook_resid_pre", lambda x, hook: resid_pre.append(x.detach().clone())) for l in range(L)]
     hooks += [_expand_hook(model, l, inp, keep((l, inp))) for l in range(1, L) for inp in INPUTS]
     hooks.append((f"blocks.{L - 1}.hook_resid_post", lambda x, hook: keep((L, "final"))(x)))
@@ -614,7 +615,7 @@ def receiver_sweep(model: LoadedModel, runs: "PathRuns | RunChunks", receivers: 
         if receiver is not None and not (0 < receiver[0] < L and 0 <= receiver[1] < H):
             raise HeadprobeError(f"receiver {receiver[0]}.{receiver[1]} is not a head after layer 0 of a model of "
                                  f"{L} layers x {H} heads")
-    effects = {i: 0.0 for i in range(len(receivers))}
+    effects: dict[int, Any] = {i: 0.0 for i in range(len(receivers))}  # 0.0, then an array [sender]
     for weight, part in _parts(runs):
         for i, (receiver, inp) in enumerate(receivers):
             senders = [(l, h) for l in range(L if receiver is None else receiver[0]) for h in range(H)]
