@@ -106,16 +106,16 @@ def parse_edge(text: str) -> Edge:
     """
     try:
         s, r = (p.strip() for p in text.split("->"))
-        sender = tuple(int(x) for x in s.split("."))
+        sl, sh = (int(x) for x in s.split("."))  # ValueError unless two numbers
         if r == "logits":
-            return Edge(sender, None, "logits")
+            return Edge((sl, sh), None, "logits")
         head, inp = r.split(":")
-        receiver = tuple(int(x) for x in head.split("."))
-        if len(sender) != 2 or len(receiver) != 2 or inp not in INPUTS:
+        rl, rh = (int(x) for x in head.split("."))
+        if inp not in INPUTS:
             raise ValueError
     except ValueError:
         raise HeadprobeError(f"edge {text!r} is not 'L.H -> L.H:q|k|v' or 'L.H -> logits'") from None
-    return Edge(sender, receiver, inp)
+    return Edge((sl, sh), (rl, rh), inp)
 
 
 @dataclass
