@@ -682,7 +682,8 @@ def path_patch(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: I
     one = len(senders) == 2 and all(isinstance(x, int) for x in senders)
     runs = prepare_runs(model, clean, corrupted, metric, first, attention_mask)
     rec = None if receiver == "logits" else tuple(receiver)
-    out = path_patch_effects(model, runs, [tuple(senders)] if one else [tuple(s) for s in senders], rec, input)
+    # mypy cannot narrow the two unions by the tests above (one head; "logits"): the types hold after them
+    out = path_patch_effects(model, runs, [tuple(senders)] if one else [tuple(s) for s in senders], rec, input)  # type: ignore[list-item, misc, arg-type]
     return float(out[0]) if one else out
 
 
