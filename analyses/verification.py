@@ -31,7 +31,7 @@ import itertools
 import math
 import zlib
 from dataclasses import replace
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,7 @@ from headprobe.analyses.ablation import (
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import Head
+from headprobe.analyses.data import TokenSet
 
 KINDS = ("zero", "mean")
 """The kinds a verification ablates (both need no second input)."""
@@ -319,9 +320,9 @@ def _unreachable_reason(x: _Test, n: int, plan: dict) -> str:
             + (f" (use --n-random {plan['lone_draws_needed']} or more)" if n >= plan["n_random"] else ""))
 
 
-def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[str, str], tokens: dict[str, object],
+def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[str, str], tokens: Mapping[str, TokenSet],
                  clean: dict[str, torch.Tensor], mean_z: torch.Tensor, settings: VerificationSettings,
-                 metric: AblationMetric = LOSS_METRIC, scorers: dict[str, Callable] | None = None,
+                 metric: AblationMetric = LOSS_METRIC, scorers: Mapping[str, Callable] | None = None,
                  untrusted: dict[str, str | None] | None = None, removed: Iterable[Head] = (),
                  progress: bool = False, say: Callable[[str], None] | None = None,
                  on_round: Callable[[dict], None] | None = None,
@@ -473,7 +474,7 @@ def plan_lines(plan: dict) -> list[str]:
     return out
 
 
-def _clean_residuals(model: LoadedModel, tests: list[_Test], streams: list[list[list[Head]]], tokens: dict) -> dict:
+def _clean_residuals(model: LoadedModel, tests: list[_Test], streams: list[list[list[Head]]], tokens: Mapping[str, TokenSet]) -> dict:
     """Task -> :class:`CleanResiduals` at the first layer of each set its tests will ablate (a
     layer-matched set starts where its top-k set starts)."""
     starts: dict[str, set[int]] = {}
@@ -516,10 +517,10 @@ class _Ablator:
     the whole verification, made with every set planned; a settled stream's unneeded sets leave its total."""
 
     backend: LoadedModel
-    tokens: dict
+    tokens: Mapping[str, TokenSet]
     clean: dict
     mean_z: torch.Tensor
-    scorers: dict
+    scorers: Mapping[str, Callable]
     bar: Any  # a tqdm bar (tqdm ships no types)
     resid: dict = field(default_factory=dict)  # task -> CleanResiduals: each set starts at its first layer
     ablated: int = 0
