@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -51,6 +52,9 @@ from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 from headprobe.settings import DataSettings, ModelSettings
 from headprobe.probe.io import RunCheckpoint, package_versions, prepare_output_dir, write_json
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 HELP = "scan many models (or a training run's checkpoints) and show where each head type sits across them"
 
@@ -272,7 +276,7 @@ class AtlasResult:
     seconds: float = 0.0
     files: list[Path] = field(default_factory=list)
 
-    def figures(self) -> dict[str, object]:
+    def figures(self) -> dict[str, Figure]:
         """``atlas`` (every type), ``atlas_<type>`` (one per type) and, with checkpoints, ``over_training``."""
         if self.table.empty:
             return {}

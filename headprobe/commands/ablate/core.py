@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,9 @@ from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
 from headprobe.probe import ablation_kinds
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import package_versions
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 @dataclass(frozen=True)
 class TaskResult:
@@ -237,7 +241,7 @@ class AblateResult:
             "versions": package_versions(),
         }
 
-    def figures(self) -> dict[str, object]:
+    def figures(self) -> dict[str, Figure]:
         """``{"ablation_effect": Figure}``: each head's loss increase on both tasks (or, with
         ``--estimate``, ``{"ablation_estimate": Figure}``: the estimate, titled as one)."""
         spec = self.spec

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -24,6 +25,9 @@ from headprobe.probe.spec import ModelSpec
 from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import package_versions
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 METRICS = (("natural_loss", "held-out text loss (nats/token)"), ("repeated_loss", "repeated-tokens loss (nats/token)"))
 LABELS = {"michel": "Michel et al. gradient importance", "l0": "Voita et al. L0 gates", "random": "random order"}
@@ -135,7 +139,7 @@ class PruneResult:
                             **{k: round(v, 1) for k, v in (self.method_s or {}).items()}}
         return out
 
-    def figures(self) -> dict[str, object]:
+    def figures(self) -> dict[str, Figure]:
         """``{"pruning_curve": Figure}`` (every method's held-out text and repeated-tokens loss against the
         fraction pruned, random as a band over seeds) and, with ``per_layer``, ``{"per_layer": Figure}``."""
         cfg, spec = self.config, self.spec
