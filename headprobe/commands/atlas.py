@@ -39,7 +39,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -70,7 +70,7 @@ CACHED_CANDIDATES = (
 )
 """Models the default atlas adds when the local Hugging Face cache (``HF_HOME``) holds them."""
 
-TOY_TRAIN = dict(corpus="text+copy", n_heads=8, seq_len=48, min_period=4, max_period=23, eval_period=12,
+TOY_TRAIN: dict[str, Any] = dict(corpus="text+copy", n_heads=8, seq_len=48, min_period=4, max_period=23, eval_period=12,
                  copy_fraction=0.75, bias=False, eval_every=200)
 """The ``toy`` model's training settings (``headprobe study``'s, with segments up to the 23 tokens
 the scan repeats at this context length): 2 attention-only layers of 8 heads, d_model 64, 48-token
@@ -114,7 +114,7 @@ class AtlasConfig(ModelSettings, DataSettings):
             summary.json, patterns and viewer page; the atlas figures are always written).
     """
 
-    model: str | None = None
+    model: str | None = None  # type: ignore[assignment]  # optional here (--models, --checkpoints), required by the other commands
     models: Sequence[str] | str | None = None
     checkpoints: str | None = None
     seq_len: int | None = None
@@ -363,7 +363,7 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     parts = []
     for label, name, step in models:
         d = out / MODELS_DIR / slug(label)
-        rec = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
+        rec: dict[str, Any] = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
         key = {"model": name, "scan": json.loads(json.dumps(asdict(config.scan_config(name)), default=str))}
         if name == TOY:  # the toy is retrained (and rescanned) when its training settings change
             key["train"] = asdict(toy_train_config(config))

@@ -52,7 +52,7 @@ class ViewConfig(ModelSettings):
     dir: str = field(kw_only=True)  # required: keyword-only, as it follows the group's defaulted fields
     ablation: str | None = None
     circuit: str | None = None
-    model: str | None = None
+    model: str | None = None  # type: ignore[assignment]  # optional here (the patterns need it), required by the other commands
     pattern_len: int = 128
 
     def __post_init__(self):
@@ -115,6 +115,7 @@ def compute_patterns(cfg: ViewConfig, summary: dict | None, path: Path) -> None:
     sc = (summary or {}).get("config")
     if not sc or "n_natural" not in sc:
         raise HeadprobeError(f"--model needs the scan's {SUMMARY} (its token settings); {path.parent} has none")
+    assert summary is not None and cfg.model is not None  # sc came from the summary; called with --model only
     if summary.get("model") and cfg.model.lower() != str(summary["model"]).lower() and cfg.model != sc.get("model"):
         raise HeadprobeError(f"{path.parent} is a scan of {summary['model']}, not of {cfg.model}")
     model = options.load_for(dataclasses.replace(cfg, prepend_bos=sc.get("prepend_bos", True)))
