@@ -29,6 +29,8 @@ from headprobe.probe.io import package_versions
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from headprobe.probe.model import Transformer
+
 METRICS = (("natural_loss", "held-out text loss (nats/token)"), ("repeated_loss", "repeated-tokens loss (nats/token)"))
 LABELS = {"michel": "Michel et al. gradient importance", "l0": "Voita et al. L0 gates", "random": "random order"}
 
@@ -74,7 +76,7 @@ class PruneResult:
     device: str
     self_check: dict
     per_layer: list[dict] | None = None
-    pruned: object = None
+    pruned: Transformer | None = None
     pruned_info: dict | None = None
     tokenizer: object = None
     run_s: float = 0.0
@@ -252,6 +254,7 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
     if cfg.save_pruned:
         model.check_prunable()  # before any computation: the native backend only; MLA and all-head QK-norm cannot be pruned exactly
     spec = model.spec
+    assert cfg.period is not None and cfg.seq_len is not None  # prune's defaults (DataSettings); None is scan's
     if 2 * cfg.period + 1 > spec.n_ctx:
         raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
     text = open_text_file(cfg.text) if cfg.text else None
@@ -261,7 +264,8 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
     score = LossSet(natural.tokens[: cfg.n_natural], first_scored("natural", natural.start, None))
     evals = {"natural": LossSet(natural.tokens[cfg.n_natural:], score.first),
              "repeated": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period))}
-    runs, method_s = {}, {}
+    runs: dict[str, PruningRun] = {}
+    method_s: dict[str, float] = {}
     for name in run_names(cfg):
         def on_step(state, name=name):
             saved[name] = state
@@ -271,6 +275,7 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
         t0 = time.perf_counter()
         method, _, seed = name.partition(":")
         if method == "l0":
+            assert not isinstance(cfg.l0_lambdas, str)  # parsed by PruneConfig.__post_init__
             runs[name] = l0_pruning(model, score, evals, lambdas=cfg.l0_lambdas, steps=cfg.l0_steps, seed=cfg.seed,
                                     progress=progress, resume=saved.get(name), on_step=on_step)
         else:
