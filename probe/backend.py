@@ -43,6 +43,7 @@ from headprobe.probe.selfcheck import SelfCheck
 from headprobe.probe.spec import Checkpoint, ModelSpec
 
 if TYPE_CHECKING:
+    from headprobe.probe.layout import KVPolicy
     from headprobe.probe.model import Transformer
 
 HookFn = Callable[..., Any]
@@ -356,7 +357,7 @@ class LoadedModel:
         """
         raise HeadprobeError(f"KV-cache policies need the native backend, not {self.name}")
 
-    def kv_policy(self, policy: Any) -> AbstractContextManager[Any]:
+    def kv_policy(self, policy: KVPolicy | None) -> AbstractContextManager[Any]:
         """Context manager: forwards inside run with ``policy``'s per-KV-group streaming attention.
 
         Raises:
@@ -364,7 +365,7 @@ class LoadedModel:
         """
         raise HeadprobeError(f"KV-cache policies need the native backend, not {self.name}")
 
-    def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy: Any) -> int:
+    def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy: KVPolicy) -> int:
         """Bytes of the KV cache the model allocates for ``policy`` after prefilling ``tokens``.
 
         Raises:

@@ -41,6 +41,7 @@ from typing import Any
 from headprobe.probe.errors import HeadprobeError
 # The layout lives in headprobe.probe.layout; re-exported so that cost.AttentionLayout keeps working.
 from headprobe.probe.layout import BIAS_KINDS, QK_NORM_KINDS, AttentionLayout, _check_positive  # noqa: F401
+from headprobe.probe.layout import KVPolicy, Streaming
 
 KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40
 TFLOP = 10**12
@@ -521,7 +522,7 @@ class PolicyCost:
         return asdict(self)
 
 
-def _group_keys(layout: AttentionLayout, group: Any, layer: int, seq_len: int) -> tuple[int, int]:
+def _group_keys(layout: AttentionLayout, group: Streaming | None, layer: int, seq_len: int) -> tuple[int, int]:
     """(cached positions, visible keys per head) of one group of ``layer``."""
     window = layout.windows[layer] if layout.windows else None
     if group is None:
@@ -531,7 +532,7 @@ def _group_keys(layout: AttentionLayout, group: Any, layer: int, seq_len: int) -
     return min(seq_len, group.span), visible_keys(seq_len, group.span)
 
 
-def policy_cost(layout: AttentionLayout, policy: Any, seq_len: int, batch: int = 1) -> PolicyCost:
+def policy_cost(layout: AttentionLayout, policy: KVPolicy, seq_len: int, batch: int = 1) -> PolicyCost:
     """The exact cost of a head-level policy (:class:`~headprobe.probe.layout.KVPolicy`).
 
     A full group of layer ``l`` caches ``min(T, window_l)`` positions (``T`` on a global layer), a

@@ -23,6 +23,9 @@ from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import Checkpoint
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from headprobe.probe.layout import KVPolicy
     from headprobe.probe.model import Transformer
 
 
@@ -255,7 +258,7 @@ class NativeModel(LoadedModel):
         per element of the compute dtype: what the KV cache holds."""
         return dataclasses.replace(self.model.cfg.layout, bytes_per_element=torch.empty((), dtype=self.dtype).element_size())
 
-    def kv_policy(self, policy):
+    def kv_policy(self, policy: KVPolicy | None) -> AbstractContextManager[Any]:
         """Context manager: every forward inside runs with ``policy``'s per-KV-group streaming
         attention (:meth:`headprobe.probe.model.Transformer.kv_policy`; None: full attention).
 
@@ -264,7 +267,7 @@ class NativeModel(LoadedModel):
         """
         return self.model.kv_policy(policy)
 
-    def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy) -> int:
+    def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy: KVPolicy) -> int:
         """Bytes of the :class:`~headprobe.probe.model.StreamingKVCache` the model allocates for
         ``policy`` after prefilling ``tokens`` (one forward pass)."""
         cache = self.model.streaming_cache(policy)

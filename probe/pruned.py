@@ -30,7 +30,7 @@ from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import atomic_path
-from headprobe.probe.model import QKV, Attention, Transformer, TransformerConfig
+from headprobe.probe.model import QKV, Attention, KVCache, StreamingKVCache, Transformer, TransformerConfig
 
 FORMAT = "headprobe-pruned-v1"
 
@@ -113,7 +113,8 @@ class PrunedAttention(Attention):
                 getattr(self, name).weight.copy_(getattr(attn, name).weight)
         return self
 
-    def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"], cache: Any = None) -> QKV:
+    def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
+            cache: KVCache | StreamingKVCache | None = None) -> QKV:
         """:class:`~headprobe.probe.model.Attention`'s, with each kept query head given its own
         key/value head when the groups are no longer uniform (``kv_index``)."""
         q, k, v = super().qkv(x, positions)  # [batch, kept head | kept kv_head, pos, d]
@@ -127,7 +128,7 @@ class PrunedAttention(Attention):
         positions: Int[Tensor, "batch pos"],
         padding: Bool[Tensor, "batch pos"] | None = None,
         head_mask: Tensor | None = None,
-        cache: Any = None,
+        cache: KVCache | StreamingKVCache | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         """:meth:`~headprobe.probe.model.SelfAttention.forward` over the kept heads (``hook_z``
         ``[batch, pos, kept head, d_head]``); a layer with no head left returns ``b_O``.
@@ -286,7 +287,7 @@ def save_pruned_dir(net: Transformer, out: str | os.PathLike[str], tokenizer: An
                    "n_removed": sum(len(r) for r in removed), "dtype": str(next(iter(state.values())).dtype).removeprefix("torch.")}})
 
 
-def _read_pruned_dir(path: Any) -> tuple[TransformerConfig, list[list[int]], dict[str, Tensor]]:
+def _read_pruned_dir(path: str | os.PathLike[str]) -> tuple[TransformerConfig, list[list[int]], dict[str, Tensor]]:
     import json
     from pathlib import Path
 
@@ -307,14 +308,14 @@ def _read_pruned_dir(path: Any) -> tuple[TransformerConfig, list[list[int]], dic
     return cfg, kept, state
 
 
-def is_pruned_dir(path: Any) -> bool:
+def is_pruned_dir(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a directory written by :func:`save_pruned_dir`."""
     from pathlib import Path
 
     return (Path(path) / PRUNED_WEIGHTS).is_file()
 
 
-def load_pruned_dir(path: Any, device: str | torch.device = "cpu") -> Transformer:
+def load_pruned_dir(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> Transformer:
     """The small pruned model (removed heads' weights absent, as :func:`remove_heads` made it) from
     a directory of :func:`save_pruned_dir`, in the saved dtype, on ``device``.
 
@@ -338,7 +339,7 @@ def load_pruned_dir(path: Any, device: str | torch.device = "cpu") -> Transforme
     return net.to(device).eval()
 
 
-def load_pruned_dir_full(path: Any) -> tuple[Transformer, list[list[int]]]:
+def load_pruned_dir_full(path: str | os.PathLike[str]) -> tuple[Transformer, list[list[int]]]:
     """The pruned model of :func:`save_pruned_dir` as a full-shape native model for analysis:
     every head present, a removed head's rows of ``q_proj`` / ``k_proj`` / ``v_proj`` (a key/value
     head only when no kept head reads it) and its columns of ``o_proj`` set to zero, so its output
