@@ -195,6 +195,12 @@ def _category_label(v: int, first: bool, last: bool, extend: str) -> str:
     return text
 
 
+def _integer_levels(vmin: float | None, vmax: float | None) -> list[int]:
+    """The integers ``vmin .. vmax`` of a discrete heatmap (which takes both)."""
+    assert vmin is not None and vmax is not None
+    return list(range(int(vmin), int(vmax) + 1))
+
+
 @_styled
 def head_heatmap(
     scores: np.ndarray,
@@ -245,8 +251,7 @@ def head_heatmap(
         ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
     shown = np.where(masked, np.nan, scores)
     if discrete:
-        assert vmin is not None and vmax is not None  # discrete takes both (the docstring)
-        levels = list(range(int(vmin), int(vmax) + 1))
+        levels = _integer_levels(vmin, vmax)
         colors = ListedColormap(_category_colors(levels)).with_extremes(bad=(0, 0, 0, 0))
         norm = BoundaryNorm(np.arange(levels[0] - 0.5, levels[-1] + 1.0), len(levels))
         im = ax.imshow(np.clip(shown, levels[0], levels[-1]), cmap=colors, norm=norm, aspect="auto",

@@ -237,11 +237,10 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
 
     Args:
         model: a :class:`~headprobe.probe.loading.LoadedModel`, used as given (the native backend for ``save_pruned``).
-        config: the settings.
+        config: the settings. progress: show progress bars.
         resume: a state saved by an interrupted run with the same config (``on_save``'s argument);
             every curve continues after its last saved step. Updated in place.
         on_save: called with the whole state after every step (e.g. :meth:`RunCheckpoint.save`).
-        progress: show progress bars.
 
     Raises:
         HeadprobeError: the model's self-check forbids head ablation, ``save_pruned`` on a
@@ -254,7 +253,7 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
     if cfg.save_pruned:
         model.check_prunable()  # before any computation: the native backend only; MLA and all-head QK-norm cannot be pruned exactly
     spec = model.spec
-    assert cfg.period is not None and cfg.seq_len is not None  # prune's defaults (DataSettings); None is scan's
+    assert cfg.period is not None and cfg.seq_len is not None and not isinstance(cfg.l0_lambdas, str)  # set by the defaults and __post_init__
     if 2 * cfg.period + 1 > spec.n_ctx:
         raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
     text = open_text_file(cfg.text) if cfg.text else None
@@ -264,8 +263,7 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
     score = LossSet(natural.tokens[: cfg.n_natural], first_scored("natural", natural.start, None))
     evals = {"natural": LossSet(natural.tokens[cfg.n_natural:], score.first),
              "repeated": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period))}
-    runs: dict[str, PruningRun] = {}
-    method_s: dict[str, float] = {}
+    runs, method_s = dict[str, PruningRun](), dict[str, float]()
     for name in run_names(cfg):
         def on_step(state, name=name):
             saved[name] = state
@@ -275,7 +273,6 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
         t0 = time.perf_counter()
         method, _, seed = name.partition(":")
         if method == "l0":
-            assert not isinstance(cfg.l0_lambdas, str)  # parsed by PruneConfig.__post_init__
             runs[name] = l0_pruning(model, score, evals, lambdas=cfg.l0_lambdas, steps=cfg.l0_steps, seed=cfg.seed,
                                     progress=progress, resume=saved.get(name), on_step=on_step)
         else:
