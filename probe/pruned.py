@@ -22,7 +22,7 @@ import pickle
 import warnings
 from collections.abc import Sequence
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -197,7 +197,11 @@ def count_attention_parameters(net: Transformer) -> int:
 
 def count_kv_heads(net: Transformer) -> int:
     """Key/value heads left in all layers of a model from :func:`remove_heads` (a count)."""
-    return sum(len(cast(PrunedAttention, b.attn).kept_kv_heads) for b in net.blocks)  # a model from remove_heads
+    total = 0
+    for b in net.blocks:
+        assert isinstance(b.attn, PrunedAttention)  # a model from remove_heads
+        total += len(b.attn.kept_kv_heads)
+    return total
 
 
 def save_pruned(net: Transformer, path: str | os.PathLike[str]) -> None:
