@@ -156,7 +156,7 @@ def stop_text(row: Mapping) -> str | None:
     untested row): ``stopped: cannot reach alpha after BH`` or ``stopped: settled above alpha``."""
     reason = row.get("stop_reason")
     if reason == "futile under the correction":
-        return f"stopped: cannot reach alpha after {CORRECTION_NAMES.get(row.get('correction'), row.get('correction'))}"
+        return f"stopped: cannot reach alpha after {CORRECTION_NAMES.get(row.get('correction') or '', row.get('correction'))}"
     if reason == "settled above alpha":
         return "stopped: settled above alpha"
     return None

@@ -194,7 +194,7 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls, *,
         if not meta or f.name in skip or (source is cls and only is not None and f.name not in only):
             continue
         long = meta.get("flag") or "--" + f.name.replace("_", "-")
-        names = [meta["short"], long] if meta.get("short") else [long]
+        flags = [meta["short"], long] if meta.get("short") else [long]
         kwargs: dict[str, Any] = {"dest": f.name, "help": helps.get(f.name, meta["help"])}
         default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else None)
         if meta.get("positional"):

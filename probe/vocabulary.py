@@ -16,7 +16,8 @@ from typing import Any
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.registry import Choices, Registry, did_you_mean
 
-BACKEND_REGISTRY: Registry[type] = Registry("backend")
+# Any: LoadedModel subclasses (probe/backend.py), not imported in this torch-free module
+BACKEND_REGISTRY: Registry[Any] = Registry("backend")
 """Backend name (``--backend``, ``ModelSpec.backend``) -> its :class:`~headprobe.probe.backend.LoadedModel`
 subclass, imported on first use. Registration order is ``--backend auto``'s preference: the first
 backend whose :meth:`~headprobe.probe.backend.LoadedModel.supports` accepts the Hugging Face config."""

@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -51,6 +52,9 @@ from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 from headprobe.settings import DataSettings, ModelSettings
 from headprobe.probe.io import RunCheckpoint, prepare_output_dir, summary_envelope, write_json
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 HELP = "scan many models (or a training run's checkpoints) and show where each head type sits across them"
 
@@ -66,7 +70,7 @@ CACHED_CANDIDATES = (
 )
 """Models the default atlas adds when the local Hugging Face cache (``HF_HOME``) holds them."""
 
-TOY_TRAIN = dict(corpus="text+copy", n_heads=8, seq_len=48, min_period=4, max_period=23, eval_period=12,
+TOY_TRAIN: dict[str, Any] = dict(corpus="text+copy", n_heads=8, seq_len=48, min_period=4, max_period=23, eval_period=12,
                  copy_fraction=0.75, bias=False, eval_every=200)
 """The ``toy`` model's training settings (``headprobe study``'s, with segments up to the 23 tokens
 the scan repeats at this context length): 2 attention-only layers of 8 heads, d_model 64, 48-token
@@ -110,7 +114,7 @@ class AtlasConfig(ModelSettings, DataSettings):
             summary.json, patterns and viewer page; the atlas figures are always written).
     """
 
-    model: str | None = None
+    model: str | None = None  # type: ignore[assignment]  # optional here (--models, --checkpoints), required by the other commands
     models: Sequence[str] | str | None = None
     checkpoints: str | None = None
     seq_len: int | None = None
@@ -275,7 +279,7 @@ class AtlasResult:
     files: list[Path] = field(default_factory=list)
     rules: list = field(default_factory=list)
 
-    def figures(self) -> dict[str, object]:
+    def figures(self) -> dict[str, Figure]:
         """``atlas`` (every type), ``atlas_<type>`` (one per type) and, with checkpoints, ``over_training``."""
         if self.table.empty:
             return {}
@@ -364,7 +368,7 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     parts, rules = [], []
     for label, name, step in models:
         d = out / MODELS_DIR / slug(label)
-        rec = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
+        rec: dict[str, Any] = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
         key = {"model": name, "scan": json.loads(json.dumps(asdict(config.scan_config(name)), default=str))}
         if name == TOY:  # the toy is retrained (and rescanned) when its training settings change
             key["train"] = asdict(toy_train_config(config))

@@ -47,6 +47,10 @@ if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
     from headprobe.probe.backend import LoadedModel
     from headprobe.probe.spec import ModelSpec
 
+    import pandas as pd
+
+    from headprobe.analyses.qk_attribution import QKAttribution
+
 HELP = ("head circuits: edge attribution (EAP, EAP-IG) checked by exact direct-path patching (the sender's change "
         "reaches the receiver directly, not through the MLPs between), and why a head attends")
 
@@ -75,7 +79,7 @@ def parse_receivers(text: str) -> list[tuple[tuple[int, int] | None, str]]:
     Raises:
         HeadprobeError: an item not of the form ``L.H:q|k|v`` or ``logits``.
     """
-    out = []
+    out: list[tuple[tuple[int, int] | None, str]] = []
     for item in (s.strip() for s in text.split(",")):
         m = _RECEIVER.match(item)
         if m is None:
@@ -163,10 +167,10 @@ class CircuitResult:
 
     config: CircuitConfig
     spec: ModelSpec
-    edges: object
+    edges: pd.DataFrame
     agreement: dict | None
-    paths: object
-    qk: object
+    paths: pd.DataFrame | None
+    qk: QKAttribution | None
     clean_loss: float
     baseline_error: float
     seconds: float = 0.0
@@ -320,7 +324,7 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
         from headprobe.analyses.qk_attribution import qk_attribution
 
         q_pos = clean.start + config.period + config.period // 2  # the middle of the second copy
-        qk = qk_attribution(model, clean.tokens[:1], *qk_head, q_pos, q_pos - config.period + 1)
+        qk = qk_attribution(model, clean.tokens[:1], qk_head[0], qk_head[1], q_pos, q_pos - config.period + 1)
     dtype = str(model.dtype).removeprefix("torch.")
     return CircuitResult(config, spec, edges, agreement, sweep, qk, clean_loss, base,
                          seconds=time.perf_counter() - t0,

@@ -48,6 +48,11 @@ if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
     from headprobe.probe.backend import LoadedModel
     from headprobe.probe.spec import ModelSpec
 
+if TYPE_CHECKING:
+    from headprobe.analyses.kvpolicy import GroupCosts, Quality
+    from headprobe.probe.cost import PolicyCost
+    from headprobe.probe.layout import AttentionLayout, KVPolicy
+
 HELP = "head-level KV-cache policy: which KV groups keep a full cache, measured causally against uniform and random"
 
 METHODS = ("estimate", "retrieval", "measured")
@@ -154,6 +159,7 @@ class KVConfig(ModelSettings):
     @property
     def floor(self) -> float:
         """The KV fraction of every group streaming."""
+        assert self.window is not None  # filled by __post_init__
         return (self.sink + self.window) / self.seq_len
 
     def preflight(self) -> None:
@@ -165,6 +171,7 @@ class KVConfig(ModelSettings):
         if low:
             raise HeadprobeError(f"budget {low[0]} is below what every group streaming costs ({self.floor:.3f} of the cache "
                                  f"at {self.seq_len} tokens with --sink {self.sink} --window {self.window})")
+        assert self.distances is not None  # filled by __post_init__
         bad = [d for d in self.distances if not self.block_len <= d <= self.seq_len - self.block_len - 1]
         if bad:
             raise HeadprobeError(f"--distances must lie in [{self.block_len}, {self.seq_len - self.block_len - 1}]; got {bad[0]}")
@@ -189,12 +196,12 @@ class KVResult:
 
     config: KVConfig
     spec: ModelSpec
-    layout: object
-    policy: object
-    policy_cost: object
-    costs: object
-    full: object
-    chosen: object
+    layout: AttentionLayout
+    policy: KVPolicy
+    policy_cost: PolicyCost
+    costs: GroupCosts
+    full: Quality
+    chosen: Quality
     comparison: list
     curve: list
     cache_check: dict
@@ -310,6 +317,7 @@ def _token_sets(model: LoadedModel, config: KVConfig):
     if natural.tokens.shape[0] < config.n_natural:
         raise HeadprobeError(f"the text holds {natural.tokens.shape[0]} windows of {config.seq_len} tokens; "
                              f"{config.n_natural} are needed")
+    assert config.distances is not None  # filled by KVConfig.__post_init__
     lr = long_range_tokens(model, config.seq_len, list(config.distances), config.block_len, config.seed + 1,
                            config.n_per_distance, text)
     return natural, lr
@@ -339,6 +347,7 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
     natural, lr = _token_sets(model, config)
     tokens, start = natural.tokens.to(model.device), natural.start
     lr = dataclasses.replace(lr, tokens=lr.tokens.to(model.device))
+    assert config.window is not None  # filled by KVConfig.__post_init__
     streaming = Streaming(config.sink, config.window)
     L, G = model.spec.n_layers, model.n_kv_groups
     seeds = list(range(config.seed, config.seed + config.n_random))
