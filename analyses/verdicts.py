@@ -11,6 +11,8 @@ bound, so it is written ``p in [0.059, 0.75]`` with why the test stopped, never 
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 
@@ -78,7 +80,8 @@ class VerdictRule:
     def from_dict(cls, d: Mapping) -> VerdictRule:
         """The rule a summary.json recorded (``verification.verdict_rule``, :meth:`to_dict`)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: tuple(v) if k == "reported_kinds" else v for k, v in d.items() if k in names})
+        kw: dict[str, Any] = {k: tuple(v) if k == "reported_kinds" else v for k, v in d.items() if k in names}
+        return cls(**kw)
 
     @classmethod
     def from_rows(cls, rows: Sequence[Mapping], record: Mapping | None = None) -> VerdictRule | None:

@@ -198,7 +198,7 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls, *,
         kwargs: dict[str, Any] = {"dest": f.name, "help": helps.get(f.name, meta["help"])}
         default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else None)
         if meta.get("positional"):
-            names = [kwargs.pop("dest")]
+            flags = [kwargs.pop("dest")]
         if meta.get("action"):
             kwargs["action"] = meta["action"]
         else:
@@ -209,7 +209,7 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls, *,
                     kwargs[key] = meta[key]
         if meta.get("required") and not meta.get("exclusive"):
             kwargs["required"] = True
-        _container(parser, meta, containers).add_argument(*names, **kwargs)
+        _container(parser, meta, containers).add_argument(*flags, **kwargs)
 
 
 def _ordered_fields(cls, order: Sequence[Any]) -> list[tuple[type, dataclasses.Field]]:

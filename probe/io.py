@@ -310,7 +310,7 @@ def summary_envelope(body: dict, *, model: str | None, precision: str | None, de
     if clash:
         raise ValueError(f"a summary's own keys may not set the envelope's: {', '.join(clash)}")
     return {"model": model, "weights_precision": precision, **body, "device": device, "self_check": self_check,
-            "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config),
+            "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) and not isinstance(config, type) else dict(config),
             "timings_s": {k: round(float(v), 2) for k, v in timings_s.items()}, "versions": package_versions()}
 
 

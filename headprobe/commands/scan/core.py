@@ -559,7 +559,8 @@ def format_report(result: ScanResult) -> str:
     if not result.verifications:
         lines.append("no ablation check (--no-verify): these are pattern scores, not verified findings")
         return "\n".join(lines)
-    design = result.verification
+    design, rule = result.verification, result.rule
+    assert rule is not None  # a verification records the rule it decided with
     lines.append(f"{'ablation (k=' + str(result.config.k) + ')':<22} {'task':<9} {'clean':>6} {'top-k Δ [95% CI]':>22} "
                  f"{'control Δ mean/max':>18} {'sets':>4} {'p':>7} {'p adj':>7}  verdict")
     metric = scan_metric(spec)
@@ -581,7 +582,7 @@ def format_report(result: ScanResult) -> str:
                  f"{design.get('max_draws')} per test, stopped once settled (sets: ablated). p: sequential Monte Carlo "
                  f"(Besag & Clifford; ≤: a curtailed test's bound, its range on the lines below); p adj: {design.get('correction')} over the {m} tested "
                  f"verdict{'' if m == 1 else 's'}. "
-                 f"CI: 95% t interval over sequences.\n CONFIRMED: {result.rule.condition()}; "
+                 f"CI: 95% t interval over sequences.\n CONFIRMED: {rule.condition()}; "
                  "docs/scan.md has the rule)")
     lines += [f"NOTE: {n}" for n in design.get("notes", [])]
     return "\n".join(lines)
