@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,30 +115,39 @@ def max_memory_dict(max_memory: dict | str | None) -> dict | None:
         raise HeadprobeError(str(e)) from None
 
 
-def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None, short: str | None = None,
-            type: Any = None, choices: Sequence[str] | None = None, metavar: str | None = None, action: str | None = None,
-            required: bool = False, nargs: str | None = None) -> Any:
+def setting(default: Any = dataclasses.MISSING, help: str | Callable[[], str] = "", *, flag: str | None = None,
+            short: str | None = None, aliases: tuple[str, ...] = (), type: Any = None,
+            choices: Sequence[str] | Callable[[], Sequence[str]] | None = None, metavar: str | None = None,
+            action: str | None = None, required: bool = False, nargs: str | None = None, positional: bool = False,
+            exclusive: str | None = None, text: Callable[[Any], str] | None = None,
+            parse: Callable[[Any], Any] | None = None) -> Any:
     """A dataclass field that is also a command-line flag: its ``default``, its ``help`` (argparse's
-    ``%(default)s`` allowed) and how the flag reads it. ``flag`` defaults to ``--field-name``;
-    ``action="store_false"`` with ``flag="--no-bos"`` makes a switch that turns the field off.
-    The help is the field's documentation (:func:`field_help`)."""
-    meta = {"help": help, "flag": flag, "short": short, "type": type, "choices": choices, "metavar": metavar,
-            "action": action, "required": required, "nargs": nargs}
-    return field(default=default, metadata={k: v for k, v in meta.items() if v not in (None, False)})
+    ``%(default)s`` allowed) and how the flag reads it. ``flag`` defaults to ``--field-name``
+    (``aliases``: more long names); ``action="store_false"`` with ``flag="--no-bos"`` makes a switch
+    that turns the field off; ``positional``: an argument without a flag (``headprobe study heads``);
+    ``exclusive``: flags sharing this name are mutually exclusive. ``help`` and ``choices`` may be
+    functions, called when the flag is made (a registry that grows at run time). ``text`` writes the
+    default as the flag's text (``(1, 3)`` -> ``"1,3"``) and ``parse`` turns the flag's value into
+    the field's (:func:`from_args`). The help is the field's documentation (:func:`field_help`)."""
+    meta = {"help": help, "flag": flag, "short": short, "aliases": tuple(aliases), "type": type, "choices": choices,
+            "metavar": metavar, "action": action, "required": required, "nargs": nargs, "positional": positional,
+            "exclusive": exclusive, "text": text, "parse": parse}
+    return field(default=default, metadata={k: v for k, v in meta.items() if v not in (None, False, ())})
 
 
-def shared(group, name: str, default: Any = dataclasses.MISSING) -> Any:
+def shared(group, name: str, default: Any = dataclasses.MISSING, *, help: str | None = None) -> Any:
     """Field ``name`` of settings ``group`` (:class:`DataSettings`, ...) for a Config that takes only
     some of the group's fields: the group's declaration -- help, flag, type, choices, so
     :func:`add_flags` makes the same flag -- with ``default`` (else the group's). Its value is
     checked by :func:`check_settings` as a composed field is (the Config's ``__post_init__`` must
-    call it, e.g. through :class:`ModelSettings`').
+    call it, e.g. through :class:`ModelSettings`'). ``help``: the command's own text for the flag.
 
     Raises:
         KeyError: ``group`` has no field ``name``.
     """
     f = group.__dataclass_fields__[name]
-    return field(default=f.default if default is dataclasses.MISSING else default, metadata=f.metadata)
+    metadata = f.metadata if help is None else {**f.metadata, "help": help}
+    return field(default=f.default if default is dataclasses.MISSING else default, metadata=metadata)
 
 
 def _meta(cls, name: str) -> dict:
@@ -151,58 +160,118 @@ def _meta(cls, name: str) -> dict:
     return {}
 
 
+def _default_text(meta: dict, default: Any) -> Any:
+    """The flag's default: the field's, written by the setting's ``text`` where it has one."""
+    if "text" in meta and default is not None and default is not dataclasses.MISSING:
+        return meta["text"](default)
+    return default
+
+
 def field_help(cls, name: str) -> str:
     """The documentation of setting ``name`` of dataclass ``cls`` (its flag's help, ``%(default)s``
     filled in with the field's default); ``""`` for a field that is not a flag."""
     meta = _meta(cls, name)
     f = cls.__dataclass_fields__[name]
-    return meta.get("help", "").replace("%(default)s", str(f.default))
+    text = meta.get("help", "")
+    text = text() if callable(text) else text
+    return text.replace("%(default)s", str(_default_text(meta, f.default)))
 
 
 def flag_names(cls) -> dict[str, str]:
-    """Field name -> the long flag :func:`add_flags` gives it, for every flag field of ``cls``."""
-    return {f.name: _meta(cls, f.name).get("flag") or "--" + f.name.replace("_", "-")
-            for f in dataclasses.fields(cls) if _meta(cls, f.name)}
+    """Field name -> the long flag :func:`add_flags` gives it (a positional argument: its name),
+    for every flag field of ``cls``."""
+    def name(f):
+        meta = _meta(cls, f.name)
+        return f.name if meta.get("positional") else meta.get("flag") or "--" + f.name.replace("_", "-")
+
+    return {f.name: name(f) for f in dataclasses.fields(cls) if _meta(cls, f.name)}
+
+
+def _flag_call(name: str, meta: dict, default: Any, help: str | Callable[[], str]) -> tuple[list[str], dict[str, Any]]:
+    """``(names, keywords)`` of the ``add_argument`` call that makes the flag of field ``name``."""
+    kwargs: dict[str, Any] = {"help": help() if callable(help) else help}
+    if meta.get("positional"):
+        names = [name]
+    else:
+        long = meta.get("flag") or "--" + name.replace("_", "-")
+        names = [*([meta["short"]] if meta.get("short") else []), long, *meta.get("aliases", ())]
+        kwargs["dest"] = name
+    if meta.get("action"):
+        kwargs["action"] = meta["action"]
+    else:
+        if not meta.get("positional") or default is not None:
+            kwargs["default"] = default
+        for key in ("type", "choices", "metavar", "nargs"):
+            if key in meta:
+                kwargs[key] = meta[key]() if key == "choices" and callable(meta[key]) else meta[key]
+    if meta.get("required"):
+        kwargs["required"] = True
+    return names, kwargs
 
 
 def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls, *, group=None,
               only: tuple[str, ...] | None = None, skip: tuple[str, ...] = (), defaults: dict[str, Any] | None = None,
               helps: dict[str, str] | None = None) -> None:
-    """Add a flag for each :func:`setting` field of dataclass ``cls`` (in field order), generated
+    """Add a flag for each :func:`setting` field of dataclass ``cls`` (in field order, or ``only``'s), generated
     from the field: its name (``seq_len`` -> ``--seq-len``, or the field's ``flag``), default (the
     one ``cls`` declares), type, choices and help. ``group`` (a settings class ``cls`` composes,
     e.g. :class:`DataSettings`): only the fields it declares, so a field added to the group reaches
     every command that composes it. ``only``/``skip`` pick fields; ``defaults``/``helps`` replace a
-    field's default or help for this parser alone (a command that documents a default of its own)."""
+    field's default or help for this parser alone (a command that documents a default of its own).
+    Fields with the same ``exclusive`` name go in one mutually exclusive group of ``parser``."""
     defaults, helps = defaults or {}, helps or {}
     if group is not None:
         names = tuple(f.name for f in dataclasses.fields(group))
         only = names if only is None else tuple(n for n in only if n in names)
-    for f in dataclasses.fields(cls):
+    exclusive = vars(parser).setdefault("_exclusive_settings", {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for f in (fields[n] for n in (fields if only is None else only) if n in fields):
         meta = _meta(cls, f.name)
-        if not meta or f.name in skip or (only is not None and f.name not in only):
+        if not meta or f.name in skip:
             continue
-        long = meta.get("flag") or "--" + f.name.replace("_", "-")
-        names = [meta["short"], long] if meta.get("short") else [long]
-        kwargs: dict[str, Any] = {"dest": f.name, "help": helps.get(f.name, meta["help"])}
-        default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else None)
-        if meta.get("action"):
-            kwargs["action"] = meta["action"]
-        else:
-            kwargs["default"] = default
-            for key in ("type", "choices", "metavar", "nargs"):
-                if key in meta:
-                    kwargs[key] = meta[key]
-        if meta.get("required"):
-            kwargs["required"] = True
-        parser.add_argument(*names, **kwargs)
+        default = defaults.get(f.name, _default_text(meta, f.default if f.default is not dataclasses.MISSING else None))
+        names, kwargs = _flag_call(f.name, meta, default, helps.get(f.name, meta["help"]))
+        target = parser
+        if meta.get("exclusive"):
+            target = exclusive.setdefault(meta["exclusive"], parser.add_mutually_exclusive_group())
+        target.add_argument(*names, **kwargs)
 
 
 def from_args(cls, args: argparse.Namespace, **changes):
-    """An instance of dataclass ``cls`` from the parsed flags (every field ``args`` has), with
-    ``changes`` applied; the dataclass's own checks run (``__post_init__``)."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.init and hasattr(args, f.name)}
+    """An instance of dataclass ``cls`` from the parsed flags (every field ``args`` has, through the
+    setting's ``parse`` where it has one), with ``changes`` applied; the dataclass's own checks run
+    (``__post_init__``)."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.init and hasattr(args, f.name):
+            parse = _meta(cls, f.name).get("parse")
+            values[f.name] = getattr(args, f.name) if parse is None else parse(getattr(args, f.name))
     return cls(**{**values, **changes})
+
+
+@dataclass(frozen=True)
+class Flags:
+    """One block of a command's flags, in ``--help`` order (:func:`add_layout`): the flags of the
+    :func:`setting` fields of ``settings`` (None: the command's Config), as :func:`add_flags`
+    makes them with the same ``group``, ``only`` (in its order), ``skip``, ``helps`` and
+    ``defaults``; ``title``: under a heading of their own in ``--help`` (an argument group)."""
+
+    settings: Any = None
+    group: Any = None
+    only: tuple[str, ...] | None = None
+    skip: tuple[str, ...] = ()
+    helps: dict[str, str] | None = None
+    defaults: dict[str, Any] | None = None
+    title: str | None = None
+
+
+def add_layout(parser: argparse.ArgumentParser, config, layout: Sequence[Flags] = ()) -> None:
+    """The flags of a command whose Config is ``config``: each block of ``layout`` in turn (empty:
+    every setting field of ``config``, in field order)."""
+    for block in layout or (Flags(),):
+        target = parser.add_argument_group(block.title) if block.title else parser
+        add_flags(target, block.settings or config, group=block.group, only=block.only, skip=block.skip,
+                  helps=block.helps, defaults=block.defaults)
 
 
 MODEL_HELP = (f"{DEFAULT_MODEL} (default, embedded 4-bit weights), gpt2 or another Hugging Face name, "
@@ -291,6 +360,10 @@ class OutputSettings:
                 raise HeadprobeError(f"--formats {self.formats!r}: choose from {', '.join(FIGURE_FORMATS)} "
                                      f"(comma-separated) or {NO_FIGURES}")
             object.__setattr__(self, "formats", ",".join(asked) or NO_FIGURES)
+
+
+OUTPUT = Flags(OutputSettings)
+"""The flags of :class:`OutputSettings` (``--out --overwrite --formats``), a block of a command's layout."""
 
 
 def check_device_map(device: str | None, device_map: str | None, max_memory: dict | str | None) -> None:

@@ -34,15 +34,18 @@ import argparse
 import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from headprobe import options, settings
 from headprobe.commands import Command
 from headprobe.options import positive_int
-from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.spec import ModelSpec
 from headprobe.probe.io import package_versions, write_json
 from headprobe.settings import DataSettings, ModelSettings, setting, shared
+
+if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
+    from headprobe.probe.backend import LoadedModel
+    from headprobe.probe.spec import ModelSpec
 
 HELP = "head-level KV-cache policy: which KV groups keep a full cache, measured causally against uniform and random"
 
