@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from headprobe.settings import (  # noqa: F401 - the shared vocabularies and flag types, re-exported
     BACKENDS, DEFAULT_MODEL, DEVICE_MAPS, DEVICES, DTYPE_ALIASES, DTYPES, DataSettings, ModelSettings,
-    OutputSettings, add_flags, check_device_map, dtype_name, max_memory_dict, parse_max_memory, positive_int,
+    OUTPUT, Flags, OutputSettings, add_flags, add_layout, check_device_map, dtype_name, max_memory_dict, parse_max_memory,
+    positive_int,
 )
 from headprobe.settings import check_settings as check_config_fields  # noqa: F401 - the old name
 
@@ -393,13 +394,17 @@ class ModelRunConfig(ModelSettings, DataSettings):
             open_text_file(self.text)
 
 
-def add_model_run_options(p: argparse.ArgumentParser, *, n_natural_help: str = "") -> None:
-    """The flags of a command that runs a model on text and writes a directory (``ablate``,
+def model_run_flags(n_natural_help: str = "") -> tuple[Flags, ...]:
+    """The flag blocks of a command that runs a model on text and writes a directory (``ablate``,
     ``prune``), generated from :class:`ModelRunConfig`'s settings: the model's (no ``--no-bos``),
-    :func:`add_output_options`, the data's."""
-    add_flags(p, ModelRunConfig, group=ModelSettings, skip=("prepend_bos",))
-    add_output_options(p)
-    add_flags(p, ModelRunConfig, group=DataSettings, helps={"n_natural": n_natural_help} if n_natural_help else None)
+    the output's, the data's (``n_natural_help``: the command's own help of ``--n-natural``)."""
+    return (Flags(group=ModelSettings, skip=("prepend_bos",)), OUTPUT,
+            Flags(group=DataSettings, helps={"n_natural": n_natural_help} if n_natural_help else None))
+
+
+def add_model_run_options(p: argparse.ArgumentParser, *, n_natural_help: str = "") -> None:
+    """The flags of :func:`model_run_flags`, added to ``p``."""
+    add_layout(p, ModelRunConfig, model_run_flags(n_natural_help))
 
 
 @contextlib.contextmanager

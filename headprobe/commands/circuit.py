@@ -41,7 +41,7 @@ from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import summary_envelope
-from headprobe.settings import DataSettings, ModelSettings, OutputSettings, setting, shared
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
     from headprobe.probe.backend import LoadedModel
@@ -335,10 +335,15 @@ circuit = options.command_function(
 """``headprobe circuit`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 
+FLAGS = (Flags(group=ModelSettings, skip=("prepend_bos",)), OUTPUT,
+         Flags(only=("n_seqs", "period", "method", "steps", "verify", "top", "receivers", "qk_head", "memory_gb",
+                     "prepend_bos", "seed"),
+               helps={"period": "tokens per copy (default %(default)s)", "prepend_bos": "do not put BOS in front of the prompts"}))
+"""``--help``'s blocks: the model's flags (``--no-bos`` with the prompts'), the output's, the command's own."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_flags(p, CircuitConfig, order=(ModelSettings, OutputSettings, CircuitConfig, "prepend_bos", "seed"),
-                       helps={"period": "tokens per copy (default %(default)s)",
-                              "prepend_bos": "do not put BOS in front of the prompts"})
+    settings.add_layout(p, CircuitConfig, FLAGS)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import summary_envelope, write_json
 from headprobe.probe.vocabulary import backend_lacks
-from headprobe.settings import DataSettings, ModelSettings, OutputSettings, setting, shared
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
     from headprobe.probe.backend import LoadedModel
@@ -376,12 +376,18 @@ kv = options.command_function(
 """``headprobe kv`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 
+# No --device-map/--max-memory (the config refuses a device map: the per-group masks and the
+# streaming cache are checked on one device only) and no --no-bos (as ablate and prune).
+FLAGS = (Flags(group=ModelSettings, skip=("prepend_bos", "device_map", "max_memory")), OUTPUT,
+         Flags(only=("text", "seq_len", "n_natural", "distances", "block_len", "n_per_distance", "sink", "window", "kv_budget",
+                     "loss_tolerance", "budgets", "method", "n_random", "seed"),
+               helps={"seq_len": "tokens per sequence (default %(default)s)",
+                      "n_natural": "natural-text windows (default %(default)s)"}))
+"""``--help``'s blocks: the model's flags, the output's, the command's own."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    # No --device-map/--max-memory (the config refuses a device map: the per-group masks and the
-    # streaming cache are checked on one device only) and no --no-bos (as ablate and prune).
-    settings.add_flags(p, KVConfig, order=(ModelSettings, OutputSettings), skip=("prepend_bos", "device_map", "max_memory"),
-                       helps={"seq_len": "tokens per sequence (default %(default)s)",
-                              "n_natural": "natural-text windows (default %(default)s)"})
+    settings.add_layout(p, KVConfig, FLAGS)
 
 
 def main(args: argparse.Namespace) -> int:

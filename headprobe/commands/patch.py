@@ -39,7 +39,7 @@ from headprobe.analyses.vocabulary import PATCH_SITES
 from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import DataSettings, ModelSettings, OutputSettings, setting, shared
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 from headprobe.probe.heads import parse_heads
 from headprobe.probe.io import read_text_file, summary_envelope
 
@@ -349,9 +349,13 @@ patch = options.command_function(
 """``headprobe patch`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 
+FLAGS = (Flags(group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the prompts"}), OUTPUT,
+         Flags(only=("task", "prompts", "n_prompts", "heads", "site", "positions", "seed")))
+"""``--help``'s blocks: the model's flags, the output's, the command's own."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_flags(p, PatchConfig, order=(ModelSettings, OutputSettings, PatchConfig, "seed"),
-                       helps={"prepend_bos": "do not put BOS in front of the prompts"})
+    settings.add_layout(p, PatchConfig, FLAGS)
 
 
 def main(args: argparse.Namespace) -> int:

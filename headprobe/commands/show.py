@@ -15,7 +15,7 @@ from pathlib import Path
 from headprobe.commands import Command
 from headprobe import options, settings
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import ModelSettings, OutputSettings, setting
+from headprobe.settings import OUTPUT, Flags, ModelSettings, setting
 from headprobe.probe.heads import parse_heads
 
 HELP = "draw one head's attention pattern on your own text (PNG/PDF/SVG and an offline HTML page)"
@@ -218,9 +218,13 @@ def show(model: str = options.DEFAULT_MODEL, *, head: str, prompt: str, out: str
     return run(ShowConfig(model=str(model), head=head, prompt=prompt, out=str(out), **load), overwrite=overwrite)
 
 
+FLAGS = (Flags(group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the text"}),
+         Flags(only=("head", "prompt")), Flags(PromptFile), OUTPUT)
+"""``--help``'s blocks: the model's flags, the head and the text (``--prompt`` or ``--prompt-file``), the output's."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_flags(p, ShowConfig, order=(ModelSettings, "head", "prompt", PromptFile, OutputSettings),
-                       helps={"prepend_bos": "do not put BOS in front of the text"})
+    settings.add_layout(p, ShowConfig, FLAGS)
 
 
 def main(args: argparse.Namespace) -> int:

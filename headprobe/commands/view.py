@@ -23,7 +23,7 @@ from pathlib import Path
 from headprobe.commands import Command
 from headprobe import options, settings
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import ModelSettings, positive_int, setting
+from headprobe.settings import Flags, ModelSettings, positive_int, setting
 
 HELP = "write DIR/index.html: an interactive, offline page of a scan's (or ablate run's) head scores and patterns"
 
@@ -191,9 +191,15 @@ def view(dir: str | Path, *, ablation: str | Path | None = None, model: str | No
                           circuit=None if circuit is None else str(circuit), **load))
 
 
+FLAGS = (Flags(only=("dir", "ablation", "circuit")),
+         Flags(group=ModelSettings, skip=("prepend_bos",), helps={
+             "model": "compute patterns.npz with this model (e.g. smollm2-135m) when DIR, a scan, has none; default: load no model"}),
+         Flags(only=("pattern_len",)))
+"""``--help``'s blocks: the directories, the model's flags (no ``--no-bos``), the patterns' length."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_flags(p, ViewConfig, order=("dir", "ablation", "circuit", ModelSettings), skip=("prepend_bos",), helps={
-        "model": "compute patterns.npz with this model (e.g. smollm2-135m) when DIR, a scan, has none; default: load no model"})
+    settings.add_layout(p, ViewConfig, FLAGS)
     p.epilog = EPILOG  # wrapped as argparse wraps it (Command's epilog is printed as written)
 
 

@@ -184,4 +184,4 @@ def train(*, progress: bool = False, **config_fields) -> TrainResult:
     return run(TrainConfig(**config_fields), progress=progress)
 
 
-from headprobe.commands.train import HELP, add_arguments, config_from_args, main  # noqa: E402,F401 - the flags live there
+from headprobe.commands.train import HELP, TrainFlags, config_from_args, main  # noqa: E402,F401 - the flags live there
