@@ -81,7 +81,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             continue
         cmd = COMMANDS.get(name)  # a registered command that does not import is a bug: fail loudly
         p = sub.add_parser(name, help=cmd.help, description=cmd.help, epilog=cmd.epilog,
-                           formatter_class=argparse.RawDescriptionHelpFormatter if cmd.epilog else argparse.HelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter if cmd.epilog and "\n" in cmd.epilog
+                           else argparse.HelpFormatter)
         cmd.add_flags(p)
         p.set_defaults(_run=cmd.execute)
     return parser

@@ -62,7 +62,8 @@ class Command:
             :data:`~headprobe.settings.OUTPUT`); empty: every setting of ``config``.
         api: the Python function ``headprobe.<name>`` (same settings as keyword arguments), the
             function itself or ``"module:attr"`` imported on first use; None: no Python function.
-        epilog: usage notes printed after the flags in ``--help``, kept as written (line breaks).
+        epilog: usage notes printed after the flags in ``--help``: kept as written where they span
+            several lines, else wrapped as argparse wraps text.
         add_arguments, main: the earlier shape, accepted until every command has a ``config``:
             ``add_arguments(parser)`` adds the flags, ``main(args) -> int`` makes the Config and runs it.
     """

@@ -29,10 +29,9 @@ import json
 import sys
 from collections.abc import Sequence
 from contextlib import redirect_stdout
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from headprobe import settings
 from headprobe.commands import Command
 from headprobe.options import dtype_name, positive_int
 from headprobe.probe import cost
@@ -199,10 +198,6 @@ FLAGS = (Flags(only=("preset", "model", "d_model", "n_layers", "n_heads", "n_kv_
 """``--help``'s blocks: the layout, the workload and the modes under their headings, then ``--json``."""
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_layout(p, BudgetConfig, FLAGS)
-
-
 # ---------------------------------------------------------------------------------------------
 # Building the layout
 # ---------------------------------------------------------------------------------------------
@@ -245,11 +240,6 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
         fields_["windows"] = cost.sliding_windows(n_layers, config.sliding_window, config.global_every)
     fields_["bytes_per_element"] = config.bytes_per_element
     return AttentionLayout(**fields_)
-
-
-def config_from_args(args: argparse.Namespace) -> BudgetConfig:
-    """The :class:`BudgetConfig` of parsed flags (every config field is a flag of the same name)."""
-    return BudgetConfig(**{f.name: getattr(args, f.name) for f in fields(BudgetConfig) if hasattr(args, f.name)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1036,14 +1026,14 @@ def budget(**fields_: Any) -> BudgetResult:
     return run(BudgetConfig(**fields_))
 
 
-def main(args: argparse.Namespace) -> int:
-    """The CLI entry point: parsed flags -> :class:`BudgetConfig` -> :func:`run` -> printed text or
-    JSON; returns the exit status (:attr:`BudgetResult.exit_code`)."""
-    result = run(config_from_args(args))
+def main(args: argparse.Namespace, config: BudgetConfig) -> int:
+    """The CLI's run target: :class:`BudgetConfig` -> :func:`run` -> printed text or JSON
+    (``args.json``); returns the exit status (:attr:`BudgetResult.exit_code`)."""
+    result = run(config)
     # --json as strictly as every file headprobe writes (headprobe.probe.io.write_json): no bare NaN or Infinity
     print(json.dumps(finite_json(result.to_dict()), indent=2, allow_nan=False) if args.json else result.format())
     return result.exit_code
 
 
-COMMAND = Command(HELP, add_arguments, main, api=budget)
+COMMAND = Command(HELP, config=BudgetConfig, run="headprobe.commands.budget:main", flags=FLAGS, api=budget)
 """``headprobe budget``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headprobe import options, settings
+from headprobe import options
 from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
@@ -342,20 +342,16 @@ FLAGS = (Flags(group=ModelSettings, skip=("prepend_bos",)), OUTPUT,
 """``--help``'s blocks: the model's flags (``--no-bos`` with the prompts'), the output's, the command's own."""
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_layout(p, CircuitConfig, FLAGS)
-
-
-def main(args: argparse.Namespace) -> int:
-    return options.run_command(args, settings.from_args(CircuitConfig, args), options.Run("headprobe.commands.circuit", wrote=_wrote))
+def main(args: argparse.Namespace, config: CircuitConfig) -> int:
+    return options.run_command(args, config, options.Run("headprobe.commands.circuit", wrote=_wrote))
 
 
 def _wrote(paths: list, out: Path) -> str:
     return f"\nwrote {len(paths)} files to {out}/ (edges.csv, summary.json, circuit figure)"
 
 
-__all__ = ["HELP", "COMMAND", "CircuitConfig", "CircuitResult", "run", "circuit", "add_arguments", "main"]
+__all__ = ["HELP", "COMMAND", "CircuitConfig", "CircuitResult", "run", "circuit", "main"]
 
 
-COMMAND = Command(HELP, add_arguments, main, api=circuit)
+COMMAND = Command(HELP, config=CircuitConfig, run="headprobe.commands.circuit:main", flags=FLAGS, api=circuit)
 """``headprobe circuit``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headprobe import options, settings
+from headprobe import options
 from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
@@ -386,19 +386,15 @@ FLAGS = (Flags(group=ModelSettings, skip=("prepend_bos", "device_map", "max_memo
 """``--help``'s blocks: the model's flags, the output's, the command's own."""
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_layout(p, KVConfig, FLAGS)
-
-
-def main(args: argparse.Namespace) -> int:
-    return options.run_command(args, settings.from_args(KVConfig, args), options.Run("headprobe.commands.kv", wrote=_wrote))
+def main(args: argparse.Namespace, config: KVConfig) -> int:
+    return options.run_command(args, config, options.Run("headprobe.commands.kv", wrote=_wrote))
 
 
 def _wrote(paths: list, out: Path) -> str:
     return f"\nwrote {len(paths)} files to {out}/ (policy.json, policy_budget.json, curve.csv, summary.json, figures)"
 
 
-__all__ = ["HELP", "COMMAND", "KVConfig", "KVResult", "run", "kv", "add_arguments", "main"]
+__all__ = ["HELP", "COMMAND", "KVConfig", "KVResult", "run", "kv", "main"]
 
-COMMAND = Command(HELP, add_arguments, main, api=kv)
+COMMAND = Command(HELP, config=KVConfig, run="headprobe.commands.kv:main", flags=FLAGS, api=kv)
 """``headprobe kv``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 
 from headprobe.commands import Command
-from headprobe import options, settings
+from headprobe import options
 from headprobe.probe.errors import HeadprobeError
 from headprobe.settings import Flags, ModelSettings, positive_int, setting
 
@@ -198,18 +198,13 @@ FLAGS = (Flags(only=("dir", "ablation", "circuit")),
 """``--help``'s blocks: the directories, the model's flags (no ``--no-bos``), the patterns' length."""
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_layout(p, ViewConfig, FLAGS)
-    p.epilog = EPILOG  # wrapped as argparse wraps it (Command's epilog is printed as written)
-
-
-def main(args: argparse.Namespace) -> int:
-    """``headprobe view``: flags -> config -> run -> print the page's path."""
-    path = run(settings.from_args(ViewConfig, args))
+def main(args: argparse.Namespace, config: ViewConfig) -> int:
+    """``headprobe view``: config -> run -> print the page's path."""
+    path = run(config)
     size = path.stat().st_size
     print(f"wrote {path} ({size / 1e6:.1f} MB); open it in a browser (works offline, from file://)")
     return 0
 
 
-COMMAND = Command(HELP, add_arguments, main, api=view)
+COMMAND = Command(HELP, config=ViewConfig, run="headprobe.commands.view:main", flags=FLAGS, api=view, epilog=EPILOG)
 """``headprobe view``, registered in :data:`headprobe.commands.COMMANDS`."""
