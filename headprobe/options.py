@@ -1,7 +1,7 @@
 """What the commands share above the settings: loading a model as the settings ask
 (:func:`load_model_as`, :func:`load_for`), the one runner of a command (:func:`run_command`), the
-one maker of a command's Python function (:func:`command_function`), and flag helpers
-(:func:`add_output_options` for every command that writes a directory). The settings themselves and the
+one maker of a command's Python function (:func:`command_function`), and the flag blocks of
+:class:`ModelRunConfig` (:func:`model_run_flags`). The settings themselves and the
 flag generator are :mod:`headprobe.settings` (re-exported here under their old names). Nothing
 here imports torch at module level (``headprobe budget`` must start fast): dtypes are names until
 :func:`torch_dtype`.
@@ -32,16 +32,6 @@ def torch_dtype(name: str):
     import torch
 
     return getattr(torch, dtype_name(name))
-
-
-def add_output_options(p: argparse.ArgumentParser) -> None:
-    """``--out --overwrite --formats`` (:class:`~headprobe.settings.OutputSettings`)."""
-    add_flags(p, OutputSettings)
-
-
-def add_seed_option(p: argparse.ArgumentParser, default: int = 0) -> None:
-    """``--seed``."""
-    add_flags(p, DataSettings, only=("seed",), defaults={"seed": default})
 
 
 SMOLLM2_LAYOUT = (30, 9)
@@ -400,11 +390,6 @@ def model_run_flags(n_natural_help: str = "") -> tuple[Flags, ...]:
     the output's, the data's (``n_natural_help``: the command's own help of ``--n-natural``)."""
     return (Flags(group=ModelSettings, skip=("prepend_bos",)), OUTPUT,
             Flags(group=DataSettings, helps={"n_natural": n_natural_help} if n_natural_help else None))
-
-
-def add_model_run_options(p: argparse.ArgumentParser, *, n_natural_help: str = "") -> None:
-    """The flags of :func:`model_run_flags`, added to ``p``."""
-    add_layout(p, ModelRunConfig, model_run_flags(n_natural_help))
 
 
 @contextlib.contextmanager

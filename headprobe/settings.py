@@ -220,14 +220,17 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls, *,
     e.g. :class:`DataSettings`): only the fields it declares, so a field added to the group reaches
     every command that composes it. ``only``/``skip`` pick fields; ``defaults``/``helps`` replace a
     field's default or help for this parser alone (a command that documents a default of its own).
+    A name in ``only`` that is not a field of ``cls`` raises ``KeyError`` (a misspelt block).
     Fields with the same ``exclusive`` name go in one mutually exclusive group of ``parser``
     (required where one of them is ``required``)."""
     defaults, helps = defaults or {}, helps or {}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if unknown := [n for n in only or () if n not in fields]:
+        raise KeyError(f"{cls.__name__} has no field {', '.join(unknown)}")
     if group is not None:
         names = tuple(f.name for f in dataclasses.fields(group))
         only = names if only is None else tuple(n for n in only if n in names)
     exclusive = vars(parser).setdefault("_exclusive_settings", {})
-    fields = {f.name: f for f in dataclasses.fields(cls)}
     for f in (fields[n] for n in (fields if only is None else only) if n in fields):
         meta = _meta(cls, f.name)
         if not meta or f.name in skip:

@@ -295,11 +295,6 @@ def test_the_block_name_check_can_fail():
     assert _hand_spelled_block_names(source) == ["2: blocks.0.attn.hook_pattern", "3: blocks.", "4: blocks."]
 
 
-# Commands whose flags are still hand-written (branch settings-b converts them to setting() fields;
-# empty this set when it lands).
-NOT_YET_SETTINGS = {"budget", "patch", "show", "view"}
-
-
 def _add_argument_calls(source: str) -> list[int]:
     """Lines of ``source`` that call ``add_argument`` (``p.add_argument(...)``, ``group.add_argument(...)``)."""
     import ast
@@ -313,7 +308,7 @@ def test_no_command_writes_its_flags_by_hand():
     no module under headprobe/commands calls argparse's add_argument."""
     found = {}
     for path in sorted((ROOT / "headprobe" / "commands").rglob("*.py")):
-        if path.stem not in NOT_YET_SETTINGS and (lines := _add_argument_calls(path.read_text(encoding="utf-8"))):
+        if lines := _add_argument_calls(path.read_text(encoding="utf-8")):
             found[path.relative_to(ROOT).as_posix()] = lines
     assert not found, f"add_argument calls (declare the flag as a setting() field instead): {found}"
 

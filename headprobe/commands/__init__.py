@@ -64,22 +64,14 @@ class Command:
             function itself or ``"module:attr"`` imported on first use; None: no Python function.
         epilog: usage notes printed after the flags in ``--help``: kept as written where they span
             several lines, else wrapped as argparse wraps text.
-        add_arguments, main: the earlier shape, accepted until every command has a ``config``:
-            ``add_arguments(parser)`` adds the flags, ``main(args) -> int`` makes the Config and runs it.
     """
 
     help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
-    main: Callable[[argparse.Namespace], int] | None = None
+    config: type | str
+    run: str
+    flags: Sequence[Any] = ()
     api: Callable[..., Any] | str | None = None
     epilog: str | None = None
-    config: type | str | None = None
-    run: str | None = None
-    flags: Sequence[Any] = ()
-
-    def __post_init__(self):
-        if (self.config is None) != (self.run is None) or (self.config is None) == (self.main is None):
-            raise TypeError("a Command takes config and run (or, for now, add_arguments and main), not both")
 
     def config_class(self) -> type | None:
         """The Config dataclass (:attr:`config`), imported now where it is a ``"module:Config"`` string."""
@@ -87,9 +79,6 @@ class Command:
 
     def add_flags(self, parser: argparse.ArgumentParser) -> None:
         """Add the command's flags to its parser."""
-        if self.add_arguments is not None:
-            self.add_arguments(parser)
-            return
         from headprobe import settings
 
         settings.add_layout(parser, self.config_class(), self.flags)
@@ -101,8 +90,6 @@ class Command:
         Raises:
             HeadprobeError: a bad value (the Config's checks) or bad input found by the run.
         """
-        if self.main is not None:
-            return self.main(args)
         from headprobe import settings
 
         config = settings.from_args(self.config_class(), args)
