@@ -228,7 +228,7 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
               for hs in head_sets]
     for start in sorted(set(starts)):  # sets that start at one layer share passes
         idx = [i for i, s in enumerate(starts) if s == start]
-        kept = clean.at(start) if start else None  # (resid_pre,), or None: not kept
+        kept = clean.at(start) if start and clean is not None else None  # (resid_pre,), or None: not kept
         pre = kept[0] if kept else None
         for lo in range(0, len(idx), per_pass):
             sel = idx[lo:lo + per_pass]
@@ -384,6 +384,7 @@ def first_scored(task: str, start: int, period: int | None) -> int:
     if task == "natural":
         return 0
     if task == "repeated":
+        assert period is not None  # a repeated token set has one
         return start + period
     raise HeadprobeError(f"unknown task {task!r}; expected 'natural' or 'repeated'")
 
@@ -448,7 +449,7 @@ def kind_inputs(model: LoadedModel, kind: AblationKind, mean_z: Float[Tensor, "l
     """
     ablation = ablation_kinds.check(kind, mean_z, source_tokens)
     source_z = (capture_z(model, source_tokens.to(model.device), None if attention_mask is None else attention_mask.to(model.device))
-                if ablation.needs == "source" else None)
+                if ablation.needs == "source" and source_tokens is not None else None)  # None: refused by check()
     return ablation, AblationInputs(mean_z, source_z)
 
 
@@ -659,7 +660,9 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
         from tqdm.auto import tqdm
         it = tqdm(it, desc="ablation sweep", unit="pass")
     for layer, group in it:
-        pre, zs, attn = clean.at(layer)
+        kept = clean.at(layer)
+        assert kept is not None  # every swept layer was asked for
+        pre, zs, attn = kept
         k = len(group)
         W_O = model.W_O(layer)  # [head, d_head, d_model]
         idx = torch.tensor(group, device=device)
@@ -670,6 +673,7 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
             layer, tokens, pre[None].expand(k, -1, -1, -1).reshape(k * B, T, -1),
             (attn[None] + delta).reshape(k * B, T, -1), first)  # [k * batch]
         loss[layer, idx.cpu()] = per_seq.view(k, B).mean(dim=1).float().cpu()
+    assert clean.clean_loss is not None  # recorded by clean_loss=True
     return SweepResult(clean.clean_loss, loss, kind)
 
 

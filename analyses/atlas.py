@@ -65,7 +65,7 @@ def type_verdicts(summary: dict) -> dict[str, tuple[list[str], str]]:
     """Head type -> (its top-k heads as ``"L.H"``, the verdict) from a scan's summary.json: the
     tested row's (``tested``), else the :data:`VERDICT_KIND` row's (a scan without the flag), else
     the type's first ablation's."""
-    out: dict[str, tuple[list[str], str]] = {}
+    out: dict[str, tuple[list[str], str, tuple[bool, bool]]] = {}
     rank = lambda v: (bool(v.get("tested")), v["kind"] == VERDICT_KIND)  # noqa: E731
     for v in summary.get("ablations", []):
         t = v["head_type"]

@@ -132,6 +132,7 @@ def copying_score(model: LoadedModel) -> Float[Tensor, "layer head"]:
         HeadprobeError: as :func:`head_weights`.
     """
     w = head_weights(model)
+    assert w.W_E is not None and w.W_U is not None  # vocab=True gives them
     return copying_scores(w.W_E, w.W_V, w.W_O, w.W_U)
 
 
@@ -161,6 +162,7 @@ def _layer_factors(weights: HeadWeights, device: torch.device | str | None) -> l
             out = [torch.empty(L, *t.shape, dtype=t.dtype, device=t.device) for t in parts]
         for o, t in zip(out, parts):
             o[layer] = t
+    assert out is not None  # a model has at least one layer
     return out
 
 

@@ -140,6 +140,7 @@ def natural_text_tokens(
     pick = torch.randperm(n_windows, generator=gen)[: min(n_seqs, n_windows)].sort().values
     tokens = windows[pick]
     if start:
+        assert model.bos_token_id is not None  # a model that prepends BOS has one
         tokens = torch.cat([torch.full((len(tokens), 1), model.bos_token_id), tokens], dim=1)
     if end_id is not None:
         tokens = torch.cat([tokens, torch.full((len(tokens), 1), end_id)], dim=1)
@@ -169,6 +170,7 @@ def repeated_random_tokens(model: LoadedModel, n_seqs: int, period: int, seed: i
     tokens = torch.cat([half, half], dim=1)
     start = 1 if model.prepend_bos else 0
     if start:
+        assert model.bos_token_id is not None  # a model that prepends BOS has one
         tokens = torch.cat([torch.full((n_seqs, 1), model.bos_token_id), tokens], dim=1)
     return TokenSet(tokens=tokens, start=start, period=period, source=f"{n_seqs} random sequences of {period} tokens, repeated once")
 

@@ -178,6 +178,7 @@ def _stats_scores(name: str, st, S: int | None, start: int) -> dict[str, Tensor]
         _check_len(T, 2)
         return {name: diagonal_mean(st.diagonal(1), 1, 1)}
     if name in ("duplicate_token", "induction"):
+        assert S is not None  # these types are scored on repeated sequences of period S
         off, first = (S, duplicate_first_query(S, start)) if name == "duplicate_token" else (S - 1, start + S)
         _check_len(T, max(off + 1, first + 1))
         return {name: diagonal_mean(st.diagonal(off), off, first)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import matplotlib.ticker
 import numpy as np
@@ -21,6 +22,9 @@ from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, VerdictRul
 from headprobe.analyses.vocabulary import FIGURE_FORMATS, figure_formats
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import atomic_path
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 COLUMN_WIDTH = 3.25  # inches: one column of a two-column paper
 PAGE_WIDTH = 6.75  # inches: both columns
@@ -37,7 +41,7 @@ also hatched (:data:`NOT_MEASURED_HATCH`), so they stay distinct in greyscale pr
 NOT_MEASURED_HATCH = "////"
 
 
-_SAVE_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt": "headprobe", "text.parse_math": False}
+_SAVE_RC: dict[RcKeyType, Any] = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt": "headprobe", "text.parse_math": False}
 """TrueType fonts in PDF/PS (matplotlib's default embeds Type 3 fonts, which camera-ready checks
 reject); a fixed salt for the ids in SVG files, so the same figure gives the same bytes; no
 mathtext in the tick labels made while saving (:func:`literal_text`)."""
@@ -87,8 +91,8 @@ def _wrap_titles(fig: Figure) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
-    texts = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title) if t.get_text()]
-    texts += [fig._suptitle] if fig._suptitle is not None and fig._suptitle.get_text() else []
+    texts = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title) if t.get_text()]  # type: ignore[attr-defined]  # private, not in matplotlib's stubs
+    texts += [fig._suptitle] if fig._suptitle is not None and fig._suptitle.get_text() else []  # type: ignore[attr-defined]  # private, as above
     if not texts:
         return fig
     for _ in range(3):  # again after wrapping: the new layout can move a title that fitted
@@ -191,6 +195,12 @@ def _category_label(v: int, first: bool, last: bool, extend: str) -> str:
     return text
 
 
+def _integer_levels(vmin: float | None, vmax: float | None) -> list[int]:
+    """The integers ``vmin .. vmax`` of a discrete heatmap (which takes both)."""
+    assert vmin is not None and vmax is not None
+    return list(range(int(vmin), int(vmax) + 1))
+
+
 @_styled
 def head_heatmap(
     scores: np.ndarray,
@@ -241,7 +251,7 @@ def head_heatmap(
         ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
     shown = np.where(masked, np.nan, scores)
     if discrete:
-        levels = list(range(int(vmin), int(vmax) + 1))
+        levels = _integer_levels(vmin, vmax)
         colors = ListedColormap(_category_colors(levels)).with_extremes(bad=(0, 0, 0, 0))
         norm = BoundaryNorm(np.arange(levels[0] - 0.5, levels[-1] + 1.0), len(levels))
         im = ax.imshow(np.clip(shown, levels[0], levels[-1]), cmap=colors, norm=norm, aspect="auto",
@@ -345,8 +355,9 @@ def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: 
     fs = max(3.0, min(6.0, (140.0 if step == 1 else 110.0) / -(-n // step)))
     for set_ticks, axis in ((ax.set_xticks, cols), (ax.set_yticks, rows)):
         idx = list(range(0, len(axis), step))
+        rotation: dict[str, Any] = {"rotation": 90} if axis is cols else {}
         set_ticks(idx, [labels[axis[i]] if step == 1 else f"{labels[axis[i]]} ({axis[i]})" for i in idx], fontsize=fs,
-                  **({"rotation": 90} if axis is cols else {}))
+                  **rotation)
     for m in marks:  # a block starting at position m: a line before it, on each axis that shows m
         if m in cols:
             ax.axvline(cols.index(m) - 0.5, color="white", lw=0.5, ls="--")
@@ -422,8 +433,8 @@ def ablation_plot(rows: Sequence[dict], title: str, rule: VerdictRule | None = N
             if r.get("tested"):
                 verdict = label(r["confirmed"])
                 stop = {"futile under the correction": "\n(stopped: cannot\nreach α after "
-                        f"{CORRECTION_NAMES.get(r.get('correction'), '')})", "settled above alpha": "\n(stopped: > α)"}
-                text = (f"{reached}\n{p_text(r)}{stop.get(r.get('stop_reason'), '')}\nadj {r['p_adjusted']:.3g}\n{verdict}")
+                        f"{CORRECTION_NAMES.get(r.get('correction') or '', '')})", "settled above alpha": "\n(stopped: > α)"}
+                text = (f"{reached}\n{p_text(r)}{stop.get(r.get('stop_reason') or '', '')}\nadj {r['p_adjusted']:.3g}\n{verdict}")
             elif r["confirmed"] is None and r.get("no_verdict"):
                 text = f"{reached}\n{p_text(r)}\n{label(None)}"
             else:

@@ -252,7 +252,7 @@ def measured_group_costs(model: LoadedModel, natural: Tensor, start: int, lr: Lo
     nat, far, acc = torch.zeros(L, G), torch.zeros(L, G), torch.zeros(L, G)
     for layer in range(L):
         for g in range(G):
-            rows = [[None] * G for _ in range(L)]
+            rows: list[list[Streaming | None]] = [[None] * G for _ in range(L)]
             rows[layer][g] = streaming
             q = evaluate(model, natural, start, lr, KVPolicy(tuple(map(tuple, rows))))
             nat[layer, g] = q.natural_loss - full.natural_loss
@@ -341,7 +341,7 @@ def compare_at(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet
     measured exactly (:func:`evaluate`); rows as :func:`curve_row` with ``budget = label``."""
     L, G = score.shape
     T = natural.shape[1]
-    policies = [("chosen", None, chosen_policy(score, k, streaming)), ("uniform", None, uniform_policy(L, G, k, streaming, T))]
+    policies: list[tuple[str, int | None, KVPolicy]] = [("chosen", None, chosen_policy(score, k, streaming)), ("uniform", None, uniform_policy(L, G, k, streaming, T))]
     policies += [("random", s, random_policy(L, G, k, streaming, s)) for s in seeds]
     rows = []
     for kind, seed, policy in policies:

@@ -11,7 +11,7 @@ every head of a layer at once, without modifying the pattern. Each metric is one
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +166,7 @@ def retrieval_score(model: LoadedModel, needles: NeedleSet, streaming: bool = Fa
         hooks = [(attn_hook(layer, "pattern"), (lambda layer: lambda p, hook: on_pattern(layer, p))(layer))
                  for layer in range(spec.n_layers)]
         resid = model.final_residual(needles.tokens, fwd_hooks=hooks)
+    assert resid is not None  # stream_head_stats returns it (final_residual defaults to True)
     # the model's prediction at the scored queries only: no [batch, pos, d_vocab] logits
     logits = model.logits_from_residual(resid[rows_b, queries.to(resid.device)], normed=True)
     if len(top) != spec.n_layers:
@@ -418,7 +419,7 @@ class _Fields(dict):
 
 
 def heatmap_makers(records: Sequence[HeadColumn], scores: dict[str, np.ndarray], group_size: int | None, tag: str,
-                   causal: bool = True, fields: dict[str, object] | None = None) -> dict[str, Any]:
+                   causal: bool = True, fields: Mapping[str, object] | None = None) -> dict[str, Any]:
     """``heatmap_<column>`` -> a function of no arguments that draws it, for every
     :class:`~headprobe.analyses.columns.HeatmapStyle` of ``records`` (head types and metrics alike);
     a metric's heatmap only where its column has a finite value. ``fields`` fill the styles'
@@ -443,7 +444,7 @@ def heatmap_makers(records: Sequence[HeadColumn], scores: dict[str, np.ndarray],
 
 
 def metric_figure_makers(scores: dict[str, np.ndarray], group_size: int | None, tag: str,
-                         fields: dict[str, object] | None = None) -> dict[str, Any]:
+                         fields: Mapping[str, object] | None = None) -> dict[str, Any]:
     """:func:`heatmap_makers` of every metric (:data:`~headprobe.analyses.columns.METRICS`)."""
     return heatmap_makers(list(METRICS.values()), scores, group_size, tag, fields=fields)
 

@@ -41,7 +41,7 @@ from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import all_heads
 from headprobe.probe.hook_names import attn_hook, block_hook
-from headprobe.probe.hooks import Head
+from headprobe.probe.hooks import Head, HookFn
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,7 @@ def head_input_hooks(layer: int, site: str, heads: Bool[Tensor, "batch head"], s
                                  "to keep the other heads of its group clean")
         return torch.where(others[:, None, :, None], clean_z.to(z), z)
 
-    hooks = [(name, put)]
+    hooks: list[tuple[str, HookFn]] = [(name, put)]
     if site in ("k", "v"):
         hooks.append((attn_hook(layer, "z"), restore))
     return hooks
@@ -426,9 +426,10 @@ def _capture(model: LoadedModel, batch: PairBatch, names: Sequence[str]) -> tupl
             kept[name] = x.detach().clone()
         return hook
 
-    both = PairBatch(*(torch.cat([t, t]) if t is not None else None
-                       for t in (batch.clean, batch.corrupted, batch.mask, batch.answers, batch.first, batch.last)),
-                     index=batch.index)
+    clean, corrupted, answers, first, last = (torch.cat([t, t]) for t in (batch.clean, batch.corrupted, batch.answers,
+                                                                          batch.first, batch.last))
+    both = PairBatch(clean, corrupted, None if batch.mask is None else torch.cat([batch.mask, batch.mask]), answers, first,
+                     last, index=batch.index)
     ld = _logit_diffs(model, both, torch.cat([batch.clean, batch.corrupted]), 1, [(n, saver(n)) for n in names])
     n = batch.clean.shape[0]
     return {k: v[:n] for k, v in kept.items()}, {k: v[n:] for k, v in kept.items()}, ld.view(2, n)

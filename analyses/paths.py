@@ -55,6 +55,7 @@ from headprobe.probe.backend import token_losses
 from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hook_names import EMBED, attn_hook, block_hook
+from headprobe.probe.hooks import HookFn
 
 INPUTS = ("q", "k", "v")
 """A receiver head's inputs; the logits receiver is ``"logits"``."""
@@ -106,16 +107,16 @@ def parse_edge(text: str) -> Edge:
     """
     try:
         s, r = (p.strip() for p in text.split("->"))
-        sender = tuple(int(x) for x in s.split("."))
+        sl, sh = (int(x) for x in s.split("."))  # ValueError unless two numbers
         if r == "logits":
-            return Edge(sender, None, "logits")
+            return Edge((sl, sh), None, "logits")
         head, inp = r.split(":")
-        receiver = tuple(int(x) for x in head.split("."))
-        if len(sender) != 2 or len(receiver) != 2 or inp not in INPUTS:
+        rl, rh = (int(x) for x in head.split("."))
+        if inp not in INPUTS:
             raise ValueError
     except ValueError:
         raise HeadprobeError(f"edge {text!r} is not 'L.H -> L.H:q|k|v' or 'L.H -> logits'") from None
-    return Edge(sender, receiver, inp)
+    return Edge((sl, sh), (rl, rh), inp)
 
 
 @dataclass
@@ -442,7 +443,7 @@ def _input_gradients(model: LoadedModel, runs: PathRuns, alpha: float) -> tuple[
             return x
         return store
 
-    hooks = [(EMBED, lambda x, hook: e.to(x))]
+    hooks: list[tuple[str, HookFn]] = [(EMBED, lambda x, hook: e.to(x))]
     hooks += [(block_hook(l, "resid_pre"), lambda x, hook: resid_pre.append(x.detach().clone())) for l in range(L)]
     hooks += [_expand_hook(model, l, inp, keep((l, inp))) for l in range(1, L) for inp in INPUTS]
     hooks.append((block_hook(L - 1, "resid_post"), lambda x, hook: keep((L, "final"))(x)))
@@ -615,7 +616,7 @@ def receiver_sweep(model: LoadedModel, runs: "PathRuns | RunChunks", receivers: 
         if receiver is not None and not (0 < receiver[0] < L and 0 <= receiver[1] < H):
             raise HeadprobeError(f"receiver {receiver[0]}.{receiver[1]} is not a head after layer 0 of a model of "
                                  f"{L} layers x {H} heads")
-    effects = {i: 0.0 for i in range(len(receivers))}
+    effects: dict[int, Any] = {i: 0.0 for i in range(len(receivers))}  # 0.0, then an array [sender]
     for weight, part in _parts(runs):
         for i, (receiver, inp) in enumerate(receivers):
             senders = [(l, h) for l in range(L if receiver is None else receiver[0]) for h in range(H)]
@@ -682,7 +683,8 @@ def path_patch(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: I
     one = len(senders) == 2 and all(isinstance(x, int) for x in senders)
     runs = prepare_runs(model, clean, corrupted, metric, first, attention_mask)
     rec = None if receiver == "logits" else tuple(receiver)
-    out = path_patch_effects(model, runs, [tuple(senders)] if one else [tuple(s) for s in senders], rec, input)
+    # mypy cannot narrow the two unions by the tests above (one head; "logits"): the types hold after them
+    out = path_patch_effects(model, runs, [tuple(senders)] if one else [tuple(s) for s in senders], rec, input)  # type: ignore[list-item, misc, arg-type]
     return float(out[0]) if one else out
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -215,7 +215,7 @@ def qk_attribution(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int,
     terms, bias = frozen_norm_terms(model, layer, comps, resid, attn_in)
     side_labels = labels + (["ln1 bias"] if bias is not None else [])
 
-    def side(kind: str, pos: int) -> Tensor:
+    def side(kind: Literal["q", "k"], pos: int) -> Tensor:
         rows = terms[:, pos] if bias is None else torch.cat([terms[:, pos], bias[None]])
         return model.qk_terms(layer, head, kind, rows, attn_in[pos], pos).double()
 

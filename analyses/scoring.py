@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -171,7 +172,7 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
     first_bad: list[int] = []
     extra = _finite_checks(spec.n_layers, first_bad)
     z_mean = torch.zeros(spec.n_layers, spec.n_heads, spec.d_head) if mean_z else None
-    if mean_z:
+    if z_mean is not None:  # mean_z
         extra += [(attn_hook(layer, "z"), _mean_z_hook(z_mean, layer, tokens.start)) for layer in range(spec.n_layers)]
     with torch.inference_mode():
         if stream:
@@ -190,6 +191,7 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
                                  f"block); check the weights of that layer")
         if not spec.causal:
             return scores, torch.zeros(B), z_mean
+        assert resid is not None  # stream_head_stats returns it (final_residual defaults to True)
         loss = chunked_token_losses(model, resid, tokens.tokens.to(resid.device), first).mean(dim=1).cpu()
     if not torch.isfinite(loss).all():
         raise HeadprobeError("the model produced NaN or Inf logits on the scan's input")
@@ -320,6 +322,7 @@ def example_patterns(model: LoadedModel, best: dict[str, Head], natural: TokenSe
         "natural": first[:, :NATURAL_EXAMPLE_LEN],
         "repeated": repeated.tokens[:1],
     }
+    assert repeated.period is not None  # a repeated token set has one
     marks = {"natural": [], "repeated": [repeated.start, repeated.start + repeated.period]}
     period = {"natural": None, "repeated": repeated.period}
     out: dict[str, dict] = {}

@@ -40,6 +40,7 @@ from headprobe.analyses.data import TokenSet, ascii_text, pydoc_topics, repeated
 from headprobe.analyses.detectors import induction_score, previous_token_score
 from headprobe.probe.capture import stream_patterns
 from headprobe.probe.backend import LoadedModel
+from headprobe.probe.native import NativeModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.vocabulary import DEVICES
 from headprobe.probe.hooks import format_head
@@ -307,7 +308,7 @@ class TrainRun:
     """
 
     config: TrainConfig
-    loaded: object
+    loaded: NativeModel
     log: pd.DataFrame
     final_scores: dict[str, np.ndarray]
     seconds: float
@@ -396,7 +397,7 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     return TrainRun(cfg, loaded, log, final, seconds, device, snapshots)
 
 
-def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, LoadedModel, str]:
+def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, NativeModel, str]:
     """:func:`train`'s model before its first step, ``(model, loaded, device)``: the native
     :class:`~headprobe.probe.model.Transformer` of ``cfg.model_config()``, initialised from
     ``cfg.seed`` (:func:`~headprobe.probe.model.init_weights`) on ``device`` (``"cpu"`` or
@@ -407,9 +408,8 @@ def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, Load
         HeadprobeError: ``device="cuda"`` without a CUDA GPU.
     """
     from headprobe.probe.convert import spec_from_native
-    from headprobe.probe.loading import LoadedModel, device_auto
+    from headprobe.probe.loading import device_auto
     from headprobe.probe.model import Transformer, init_weights
-
     device = device_auto(cfg.device)
     if device == "cuda" and not torch.cuda.is_available():
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
@@ -417,7 +417,7 @@ def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, Load
     torch.manual_seed(cfg.seed)
     model = init_weights(Transformer(mcfg)).to(device)
     spec = spec_from_native("headprobe-train", "headprobe-train", "float32 (training)", mcfg)
-    return model, LoadedModel(model, tokenizer, spec, prepend_bos=True), device
+    return model, NativeModel(model, tokenizer, spec, prepend_bos=True), device  # what LoadedModel(model, ...) picks
 
 
 def _eval_data(cfg: TrainConfig, loaded: LoadedModel, device: str) -> tuple[Tensor, TokenSet, Tensor | None, TextCorpus | None]:
@@ -432,7 +432,7 @@ def _eval_data(cfg: TrainConfig, loaded: LoadedModel, device: str) -> tuple[Tens
     text = cfg.corpus == "text+copy"
     corpus = text_corpus() if text else None
     held_out_text = (held_out_text_windows(corpus.held_out, cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.seed + 3).to(device)
-                     if text else None)
+                     if corpus is not None else None)  # text
     return held_out, repeated, held_out_text, corpus
 
 
@@ -440,6 +440,7 @@ def _training_batch(cfg: TrainConfig, corpus: TextCorpus | None, gen: torch.Gene
     """One training batch of ``cfg.batch_size`` sequences drawn from ``gen`` (on the CPU): copy
     sequences, mixed with windows of ``corpus.train`` for ``"text+copy"``."""
     if cfg.corpus == "text+copy":
+        assert corpus is not None  # _eval_data made it for text+copy
         return mixed_batch(cfg.batch_size, cfg.seq_len, corpus.train, cfg.n_words, cfg.min_period, cfg.max_period,
                            cfg.copy_fraction, gen, cfg.periodic)[0]
     return copy_sequences(cfg.batch_size, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period, gen, cfg.periodic)

@@ -11,6 +11,8 @@ bound, so it is written ``p in [0.059, 0.75]`` with why the test stopped, never 
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 
@@ -78,7 +80,8 @@ class VerdictRule:
     def from_dict(cls, d: Mapping) -> VerdictRule:
         """The rule a summary.json recorded (``verification.verdict_rule``, :meth:`to_dict`)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: tuple(v) if k == "reported_kinds" else v for k, v in d.items() if k in names})
+        kw: dict[str, Any] = {k: tuple(v) if k == "reported_kinds" else v for k, v in d.items() if k in names}
+        return cls(**kw)
 
     @classmethod
     def from_rows(cls, rows: Sequence[Mapping], record: Mapping | None = None) -> VerdictRule | None:
@@ -156,7 +159,7 @@ def stop_text(row: Mapping) -> str | None:
     untested row): ``stopped: cannot reach alpha after BH`` or ``stopped: settled above alpha``."""
     reason = row.get("stop_reason")
     if reason == "futile under the correction":
-        return f"stopped: cannot reach alpha after {CORRECTION_NAMES.get(row.get('correction'), row.get('correction'))}"
+        return f"stopped: cannot reach alpha after {CORRECTION_NAMES.get(row.get('correction') or '', row.get('correction'))}"
     if reason == "settled above alpha":
         return "stopped: settled above alpha"
     return None

@@ -31,8 +31,9 @@ import itertools
 import math
 import zlib
 from dataclasses import replace
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,6 +49,7 @@ from headprobe.analyses.ablation import (
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import Head
+from headprobe.analyses.data import TokenSet
 
 KINDS = ("zero", "mean")
 """The kinds a verification ablates (both need no second input)."""
@@ -196,7 +198,8 @@ def distinct_sets(draw: Callable[[], list[Head]], every: Callable[[], Iterable[l
     if n_sets < ENUMERATE_BELOW * n_draws:
         sets = list(every())
         return [sets[i] for i in torch.randperm(len(sets), generator=gen)[:n_draws].tolist()]
-    out, seen = [], set()
+    out: list[list[Head]] = []
+    seen: set[tuple[Head, ...]] = set()
     while len(out) < n_draws:
         s = draw()
         if tuple(s) not in seen:
@@ -239,7 +242,7 @@ class _Test:
     top_per_seq: dict[str, np.ndarray] = field(default_factory=dict)
     top_loss: dict[str, float] = field(default_factory=dict)
     effects: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
-    mc: st.SequentialMCTest | None = None
+    mc: st.SequentialMCTest = None  # type: ignore[assignment]  # None until verify_heads sets it, before any use
     no_verdict: str | None = None
     reach: str | None = None  # what its draws allow: alone, with others, never (statistics.confirmable)
 
@@ -280,7 +283,7 @@ def _draw_controls(top: dict[str, list[Head]], task_of: dict[str, str], all_head
                 gen = torch.Generator().manual_seed(stream_seed(settings.seed, f"task:{task}" if shared else t))
                 streams.append(uniform_sets(settings.k, avail, settings.n_random, gen))
                 uniform_stream = len(streams) - 1
-            tests.append(_Test(t, task, list(top[t]), uniform_stream if settings.control == "uniform" else len(streams) - 1))
+            tests.append(_Test(t, task, list(top[t]), uniform_stream if settings.control == "uniform" and uniform_stream is not None else len(streams) - 1))
     return tests, streams, excluded, notes
 
 
@@ -322,9 +325,9 @@ def _unreachable_reason(x: _Test, n: int, plan: dict) -> str:
             + (f" (use --n-random {plan['lone_draws_needed']} or more)" if n >= plan["n_random"] else ""))
 
 
-def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[str, str], tokens: dict[str, object],
+def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[str, str], tokens: Mapping[str, TokenSet],
                  clean: dict[str, torch.Tensor], mean_z: torch.Tensor, settings: VerificationSettings,
-                 metric: AblationMetric = LOSS_METRIC, scorers: dict[str, Callable] | None = None,
+                 metric: AblationMetric = LOSS_METRIC, scorers: Mapping[str, Callable] | None = None,
                  untrusted: dict[str, str | None] | None = None, removed: Iterable[Head] = (),
                  progress: bool = False, say: Callable[[str], None] | None = None,
                  on_round: Callable[[dict], None] | None = None,
@@ -430,7 +433,7 @@ def _pool_notes(tests: list[_Test], streams: list, settings: VerificationSetting
                        f"{'set exists' if n == 1 else 'sets exist'} (the heads outside the task's top-k sets allow no "
                        f"more), so its smallest possible p-value is 1/{n + 1}"
                        + {"never": ": it cannot be CONFIRMED", "with others": ": it can be CONFIRMED only together with "
-                          "other tests"}.get(x.reach, ""))
+                          "other tests"}.get(x.reach or "", ""))
     return out
 
 
@@ -477,7 +480,7 @@ def plan_lines(plan: dict) -> list[str]:
     return out
 
 
-def _clean_residuals(model: LoadedModel, tests: list[_Test], streams: list[list[list[Head]]], tokens: dict) -> dict:
+def _clean_residuals(model: LoadedModel, tests: list[_Test], streams: list[list[list[Head]]], tokens: Mapping[str, TokenSet]) -> dict:
     """Task -> :class:`CleanResiduals` at the first layer of each set its tests will ablate (a
     layer-matched set starts where its top-k set starts)."""
     starts: dict[str, set[int]] = {}
@@ -519,12 +522,12 @@ class _Ablator:
     """Ablates head sets of a task (batched, sharded under torchrun) and keeps one progress bar over
     the whole verification, made with every set planned; a settled stream's unneeded sets leave its total."""
 
-    backend: object
-    tokens: dict
+    backend: LoadedModel
+    tokens: Mapping[str, TokenSet]
     clean: dict
     mean_z: torch.Tensor
-    scorers: dict
-    bar: object
+    scorers: Mapping[str, Callable]
+    bar: Any  # a tqdm bar (tqdm ships no types)
     resid: dict = field(default_factory=dict)  # task -> CleanResiduals: each set starts at its first layer
     ablated: int = 0
     cache: SetLosses = field(default_factory=SetLosses)
@@ -673,6 +676,7 @@ def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[
     if tested and x.reach == "never":
         no_verdict = _unreachable_reason(x, len(stream), plan)
     elif tested:
+        assert p_adj is not None  # a tested row has an adjusted p
         confirmed = settings.rule(metric).confirms(p_adj, x.top_effect[kind], effects)
     return Verification(
         head_type=x.head_type, kind=kind, task=x.task, k=settings.k, top_heads=names(x.top),

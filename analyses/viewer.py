@@ -122,7 +122,7 @@ def save_patterns(path: str | Path, patterns: Mapping[str, dict], dtype: str = "
 
     if dtype not in ("uint8", "float16"):
         raise ValueError(f"dtype must be uint8 or float16, got {dtype!r}")
-    arrays = {}
+    arrays: dict[str, Any] = {}  # numpy arrays and scalars
     for name, ex in patterns.items():
         arrays[f"{name}_ids"] = np.asarray(ex["ids"], dtype=np.int32)
         arrays[f"{name}_labels"] = np.asarray(ex["labels"], dtype=str)
@@ -322,6 +322,7 @@ def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = No
         raise ValueError("nothing to show: need head_scores.csv (scan) or head_ablation.csv (ablate)")
     table = tables[0].copy()
     if len(tables) == 2:
+        assert ablation is not None
         a = ablation.drop(columns=[c for c in ablation.columns if c in table and c not in ("layer", "head")])
         if len(a) != len(table):
             raise ValueError(f"head_scores.csv has {len(table)} heads but head_ablation.csv {len(a)}")

@@ -109,6 +109,7 @@ def _figure_formats(formats: str | None):
     from headprobe.settings import OutputSettings
 
     checked = OutputSettings(out="", formats=formats).formats
+    assert checked is not None  # formats given: stored checked
     previous = os.environ.get(FIGURE_FORMATS_ENV)
     os.environ[FIGURE_FORMATS_ENV] = checked
     try:

@@ -173,6 +173,7 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
     if dtype != "float32":
         model.to(torch_dtype(dtype))  # after load_model's float32 self-check (LoadedModel.to)
     if split_later:
+        assert device_map is not None  # split_later says so
         model.dispatch(device_map, max_memory)
     return model
 
@@ -308,7 +309,7 @@ def command_function(config_cls, run: Callable, name: str, summary: str, example
     keyword = inspect.Parameter.KEYWORD_ONLY
     fields = [inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type)
               for f in dataclasses.fields(config_cls) if f.init and f.name != "model"]
-    fn.__signature__ = inspect.Signature(
+    fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # what inspect.signature and help() read
         [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=DEFAULT_MODEL, annotation="str | LoadedModel"),
          inspect.Parameter("progress", keyword, default=False, annotation="bool"), *fields], return_annotation=result)
     fn.__name__ = fn.__qualname__ = name
@@ -550,6 +551,7 @@ def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main
     saved, on_save, found = _resume(args.out, args.overwrite, config, module, sharded, main_rank) if resumable else (None, None, [])
     distributed.barrier()  # every rank has checked --out (and read its checkpoint) before rank 0 writes
     if saved and main_rank:
+        assert how.resumed is not None  # a resumable command says what its checkpoint holds
         print(f"resuming from {', '.join(str(c.path) for c in found if c.path.is_file())} ({how.resumed(saved)})")
     if how.note and main_rank:  # said before anything runs
         print(f"NOTE: {how.note}", flush=True)

@@ -236,14 +236,14 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls, *,
         if not meta or f.name in skip:
             continue
         default = defaults.get(f.name, _default_text(meta, f.default if f.default is not dataclasses.MISSING else None))
-        names, kwargs = _flag_call(f.name, meta, default, helps.get(f.name, meta["help"]))
+        flags, kwargs = _flag_call(f.name, meta, default, helps.get(f.name, meta["help"]))
         target = parser
         if meta.get("exclusive"):
             if meta["exclusive"] not in exclusive:  # made once: an empty group breaks argparse's usage line
                 exclusive[meta["exclusive"]] = parser.add_mutually_exclusive_group()
             target = exclusive[meta["exclusive"]]
             target.required = target.required or bool(meta.get("required"))
-        target.add_argument(*names, **kwargs)
+        target.add_argument(*flags, **kwargs)
 
 
 def from_args(cls, args: argparse.Namespace, **changes):

@@ -105,10 +105,12 @@ def _zero(z: Tensor, layer: int, heads: Any, inputs: AblationInputs) -> Tensor:
 
 
 def _mean(z: Tensor, layer: int, heads: Any, inputs: AblationInputs) -> Tensor:
+    assert inputs.mean_z is not None  # check() refused the kind without it
     return inputs.mean_z[layer, heads].to(z)  # [k, d_head], the same at every batch and position
 
 
 def _resample(z: Tensor, layer: int, heads: Any, inputs: AblationInputs) -> Tensor:
+    assert inputs.source_z is not None  # check() refused the kind without it
     return inputs.source_z[layer][:, :, heads].to(z)
 
 

@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,10 @@ from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hook_names import block_hook, norm_hook
 from headprobe.probe.selfcheck import SelfCheck
 from headprobe.probe.spec import Checkpoint, ModelSpec
+
+if TYPE_CHECKING:
+    from headprobe.probe.layout import KVPolicy
+    from headprobe.probe.model import Transformer
 
 HookFn = Callable[..., Any]
 """A TransformerLens hook: ``fn(activation, hook) -> replacement or None``."""
@@ -391,7 +395,7 @@ class LoadedModel:
         """
         raise self.lacks("kv_policies", f"KV-cache policies need the native backend, not {self.name}")
 
-    def kv_policy(self, policy: Any) -> AbstractContextManager[Any]:
+    def kv_policy(self, policy: KVPolicy | None) -> AbstractContextManager[Any]:
         """Context manager: forwards inside run with ``policy``'s per-KV-group streaming attention.
 
         Raises:
@@ -399,7 +403,7 @@ class LoadedModel:
         """
         raise self.lacks("kv_policies", f"KV-cache policies need the native backend, not {self.name}")
 
-    def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy: Any) -> int:
+    def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy: KVPolicy) -> int:
         """Bytes of the KV cache the model allocates for ``policy`` after prefilling ``tokens``.
 
         Raises:
@@ -676,7 +680,7 @@ class LoadedModel:
         """
         raise HeadprobeError(f"the attention scale of a layer is read on the native backend only, not {self.name}")
 
-    def qk_terms(self, layer: int, head: int, side: str, terms: Float[Tensor, "n d_model"],
+    def qk_terms(self, layer: int, head: int, side: Literal["q", "k"], terms: Float[Tensor, "n d_model"],
                  ref: Float[Tensor, "d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
         """Query head ``head``'s query (``side="q"``) or key (``"k"``, its key/value head's) at
         position ``pos`` as a sum of terms: row ``i`` is what ``terms[i]`` (a term of the attention
@@ -712,7 +716,7 @@ class LoadedModel:
         """
         raise self.lacks("removes_heads", "real head removal (--save-pruned) needs the native backend (--backend native)")
 
-    def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> torch.nn.Module:
+    def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> Transformer:
         """A copy of the model with the heads ``keep`` marks False removed
         (:func:`headprobe.probe.pruned.remove_heads`).
 

@@ -41,6 +41,7 @@ from typing import Any
 from headprobe.probe.errors import HeadprobeError
 # The layout lives in headprobe.probe.layout; re-exported so that cost.AttentionLayout keeps working.
 from headprobe.probe.layout import BIAS_KINDS, QK_NORM_KINDS, AttentionLayout, _check_positive  # noqa: F401
+from headprobe.probe.layout import KVPolicy, Streaming
 
 KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40
 TFLOP = 10**12
@@ -97,6 +98,7 @@ def attention_weight_shapes(layout: AttentionLayout) -> dict[str, tuple[int, int
         name -> (in_features, out_features), counts of numbers.
     """
     D, H, dh, dqk, KV = layout.d_model, layout.n_heads, layout.d_head, layout.d_qk, layout.n_kv_heads
+    assert dh is not None and KV is not None  # filled by AttentionLayout.__post_init__
     if not layout.is_mla:
         return {"W_Q": (D, H * dqk), "W_K": (D, KV * dqk), "W_V": (D, KV * dh), "W_O": (H * dh, D)}
     shapes: dict[str, tuple[int, int]] = {}
@@ -105,6 +107,7 @@ def attention_weight_shapes(layout: AttentionLayout) -> dict[str, tuple[int, int
     else:
         shapes["W_DQ"] = (D, layout.q_lora_rank)
         shapes["W_UQ"] = (layout.q_lora_rank, H * dqk)
+    assert layout.kv_lora_rank is not None and layout.qk_rope_head_dim is not None and layout.qk_nope_head_dim is not None
     shapes["W_DKV_KR"] = (D, layout.kv_lora_rank + layout.qk_rope_head_dim)
     shapes["W_UKV"] = (layout.kv_lora_rank, H * (layout.qk_nope_head_dim + dh))
     shapes["W_O"] = (H * dh, D)
@@ -134,11 +137,12 @@ def attention_params_per_layer(layout: AttentionLayout) -> int:
         total += sum(o for name, (_, o) in shapes.items() if name != "W_O")
     if layout.bias in ("all", "out"):
         total += shapes["W_O"][1]
-    if layout.is_mla:
+    if layout.kv_lora_rank is not None:  # MLA
         total += layout.kv_lora_rank + (layout.q_lora_rank or 0)
     if layout.qk_norm == "per_head":
         total += 2 * layout.d_qk
     elif layout.qk_norm == "full":
+        assert layout.n_kv_heads is not None  # filled by AttentionLayout.__post_init__
         total += (layout.n_heads + layout.n_kv_heads) * layout.d_qk
     return total
 
@@ -169,7 +173,9 @@ def kv_numbers_per_token_per_layer(layout: AttentionLayout, decompressed: bool =
     Returns:
         a count of numbers.
     """
+    assert layout.d_head is not None and layout.n_kv_heads is not None  # filled by AttentionLayout.__post_init__
     if layout.is_mla:
+        assert layout.kv_lora_rank is not None and layout.qk_rope_head_dim is not None
         if decompressed:
             return layout.n_heads * (layout.d_qk + layout.d_head)
         return layout.kv_lora_rank + layout.qk_rope_head_dim
@@ -307,6 +313,7 @@ def score_flops(layout: AttentionLayout, seq_len: int, batch: int = 1, window: i
         FLOPs.
     """
     _check_workload(seq_len, batch)
+    assert layout.d_head is not None  # filled by AttentionLayout.__post_init__
     return 2 * batch * layout.n_heads * visible_keys(seq_len, window) * (layout.d_qk + layout.d_head)
 
 
@@ -413,6 +420,7 @@ def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1)
     _check_workload(seq_len, batch)
     H, n, d_qk, d_v = layout.n_heads, batch * seq_len, layout.d_qk, layout.d_head
     kv_heads = H if layout.is_mla else layout.n_kv_heads  # MLA: decompressed keys and values, one per head
+    assert kv_heads is not None and d_v is not None  # filled by AttentionLayout.__post_init__
     numbers = n * (H * d_qk + kv_heads * d_qk + kv_heads * d_v + H * d_v)
     return numbers * layout.bytes_per_element + n * H * 4
 
@@ -469,6 +477,7 @@ def layer_cost(formula: Callable[..., int], layout: AttentionLayout, n_heads: in
 def n_kv_groups(layout: AttentionLayout) -> int:
     """KV groups per layer, the units that own cache: ``n_kv_heads`` for MHA/GQA/MQA, 1 for MLA
     (its latent ``c^KV`` and rotary key are shared by every head)."""
+    assert layout.n_kv_heads is not None  # filled by AttentionLayout.__post_init__
     return 1 if layout.is_mla else layout.n_kv_heads
 
 
@@ -513,7 +522,7 @@ class PolicyCost:
         return asdict(self)
 
 
-def _group_keys(layout: AttentionLayout, group: Any, layer: int, seq_len: int) -> tuple[int, int]:
+def _group_keys(layout: AttentionLayout, group: Streaming | None, layer: int, seq_len: int) -> tuple[int, int]:
     """(cached positions, visible keys per head) of one group of ``layer``."""
     window = layout.windows[layer] if layout.windows else None
     if group is None:
@@ -523,7 +532,7 @@ def _group_keys(layout: AttentionLayout, group: Any, layer: int, seq_len: int) -
     return min(seq_len, group.span), visible_keys(seq_len, group.span)
 
 
-def policy_cost(layout: AttentionLayout, policy: Any, seq_len: int, batch: int = 1) -> PolicyCost:
+def policy_cost(layout: AttentionLayout, policy: KVPolicy, seq_len: int, batch: int = 1) -> PolicyCost:
     """The exact cost of a head-level policy (:class:`~headprobe.probe.layout.KVPolicy`).
 
     A full group of layer ``l`` caches ``min(T, window_l)`` positions (``T`` on a global layer), a
@@ -541,6 +550,7 @@ def policy_cost(layout: AttentionLayout, policy: Any, seq_len: int, batch: int =
     policy.check_layout(layout.n_layers, n_kv_groups(layout), "the layout")
     per_pos = kv_numbers_per_token_per_group(layout) * layout.bytes_per_element * batch
     heads = layout.n_heads // n_kv_groups(layout)
+    assert layout.d_head is not None  # filled by AttentionLayout.__post_init__
     per_key = 2 * batch * heads * (layout.d_qk + layout.d_head)
     kv, flops, matrix = [], [], []
     for layer, row in enumerate(policy.groups):
@@ -624,7 +634,9 @@ def parse_bytes(text: str) -> int:
         HeadprobeError: the text is not a positive size, or a bare number below 1024.
     """
     n = _parse_quantity(text, _BYTE_UNITS, "a memory size", "2GiB, 512MiB or 1.5GB")
-    if n < 1024 and _SIZE_RE.match(str(text)).group(2) == "":
+    match = _SIZE_RE.match(str(text))
+    assert match is not None  # _parse_quantity accepted the text
+    if n < 1024 and match.group(2) == "":
         raise HeadprobeError(f"{text!r} would be {n} bytes; give a unit, e.g. {text.strip()}GiB or {text.strip()}MiB")
     return n
 
@@ -857,6 +869,7 @@ def recommend(
     fitting = [k for k in divisors(base.n_heads) if k <= cap and fits(base.with_kv_heads(k))]
     gqa = base.with_kv_heads(fitting[0] if fitting else 1)
     mla = replace(base, kv_lora_rank=4 * d_head, qk_rope_head_dim=d_head // 2)
+    assert gqa.n_kv_heads is not None  # filled by AttentionLayout.__post_init__
     squeezed = not fitting or gqa.n_kv_heads < min(_MIN_GQA_KV_HEADS, cap)
     use_mla = squeezed and fits(mla) and target != "edge" and d_model >= 1024
     chosen = mla if use_mla else gqa
@@ -904,8 +917,8 @@ def _recommended_d_head(target: str, d_model: int) -> int:
     """
     d_head = 64 if (target == "edge" or d_model < 2048) else 128
     if d_model % d_head:
-        d_head = 64 if d_model % 64 == 0 else None
-    if d_head is None:
+        d_head = 64
+    if d_model % d_head:
         raise HeadprobeError(f"d_model {d_model} is not a multiple of 64; no d_head of 64 or 128 divides it")
     return d_head
 
@@ -917,6 +930,7 @@ def _recommendation_summary(base: AttentionLayout, gqa: AttentionLayout, mla: At
     (``req`` bytes), then what MHA, the GQA choice (``any_fit``: some KV-head count fits) and
     MLA would cache."""
     d_model, n_layers, n_heads, d_head = base.d_model, base.n_layers, base.n_heads, base.d_head
+    assert gqa.n_kv_heads is not None  # filled by AttentionLayout.__post_init__
     limit_txt = format_bytes(kv_limit_bytes) if kv_limit_bytes is not None else "no limit"
     req_txt = f"{batch} x {seq_len} tokens" if batch > 1 else f"{seq_len} tokens"
     return [
@@ -944,6 +958,7 @@ def _recommendation_verdict(chosen: AttentionLayout, gqa: AttentionLayout, mla: 
         return ("MLA is worth it: it keeps per-head keys and values (MHA-like quality, DeepSeek-V2) "
                 "for a cache between MQA and GQA-2, at the price of latent projections and absorbed kernels.")
     if not ok:
+        assert kv_limit_bytes is not None  # without a limit everything fits
         most = max_tokens_in_kv(chosen, kv_limit_bytes, batch)
         return (f"Nothing fits: at this size at most {most} tokens fit; shorten the context, "
                 f"quantise the cache (fp8 halves bf16), or use fewer layers.")

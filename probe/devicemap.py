@@ -31,8 +31,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sized
+from typing import Any, cast
 
 import torch
 
@@ -48,7 +48,7 @@ def placement_units(model: torch.nn.Module) -> tuple[list[str], list[str]]:
     """``(pinned, blocks)``: the names of the native model's top-level pieces that stay on the
     main device (embedding, embedding norm, final norm, unembedding) and of its blocks, in order."""
     pinned = [n for n in ("embed", "ln_embed", "ln_final", "unembed") if getattr(model, n, None) is not None]
-    return pinned, [block_path(i) for i in range(len(model.blocks))]
+    return pinned, [block_path(i) for i in range(len(cast(Sized, model.blocks)))]  # an nn.ModuleList
 
 
 def _sizes(model: torch.nn.Module) -> dict[str, int]:

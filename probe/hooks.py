@@ -9,7 +9,7 @@ analysis never leaves a hook behind. Hook functions never edit the activation th
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,7 +36,7 @@ def head_ablation_hooks(
     heads: Iterable[Head],
     kind: AblationKind = "zero",
     mean_z: Float[Tensor, "layer head d_head"] | None = None,
-    source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None,
+    source_z: Mapping[int, Float[Tensor, "batch pos head d_head"]] | None = None,
 ) -> list[tuple[str, HookFn]]:
     """Hooks that ablate query heads at ``hook_z``, before the output projection.
 
@@ -63,7 +63,7 @@ def head_ablation_hooks(
     inputs = AblationInputs(mean_z, source_z)
     hooks: list[tuple[str, HookFn]] = []
     for layer, idx in sorted(_group_by_layer(heads).items()):
-        if ablation.needs == "source" and layer not in source_z:
+        if ablation.needs == "source" and layer not in (source_z or {}):  # None: refused by check()
             raise HeadprobeError(f"{kind} ablation of layer {layer} needs source_z[{layer}]")
         index = torch.tensor(sorted(set(idx)))
 
@@ -92,7 +92,7 @@ def batched_ablation_hooks(
     batch: int,
     kind: AblationKind = "zero",
     mean_z: Float[Tensor, "layer head d_head"] | None = None,
-    source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None,
+    source_z: Mapping[int, Float[Tensor, "batch pos head d_head"]] | None = None,
 ) -> list[tuple[str, HookFn]]:
     """Hooks for one forward pass over ``copy * batch`` sequences, a batch repeated once per copy
     (``tokens.repeat(copy, 1)``): in copy ``i`` the heads where ``masks[i]`` is True are ablated

@@ -11,12 +11,15 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headprobe.probe.errors import HeadprobeError
+
+if TYPE_CHECKING:
+    from headprobe.probe.layout import KVPolicy
 
 
 def _new_file_mode() -> int:
@@ -199,7 +202,7 @@ def staging(out: str | os.PathLike[str]) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def swap_in(out: str | os.PathLike[str], staged: Path, files: list[str], produced: list[str] = ()) -> None:
+def swap_in(out: str | os.PathLike[str], staged: Path, files: list[str], produced: Sequence[str] = ()) -> None:
     """Replace the previous run's files in ``out`` with ``files`` (relative paths in ``staged``, the
     summary last), in an order where ``out`` never looks complete with a mix of runs: the previous
     summary is removed first, the file list (:data:`OUTPUTS_NAME`) then covers both runs' files, the
@@ -307,7 +310,7 @@ def summary_envelope(body: dict, *, model: str | None, precision: str | None, de
     if clash:
         raise ValueError(f"a summary's own keys may not set the envelope's: {', '.join(clash)}")
     return {"model": model, "weights_precision": precision, **body, "device": device, "self_check": self_check,
-            "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config),
+            "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) and not isinstance(config, type) else dict(config),
             "timings_s": {k: round(float(v), 2) for k, v in timings_s.items()}, "versions": package_versions()}
 
 
@@ -458,7 +461,7 @@ def read_text_file(path: str | Path, max_bytes: int = MAX_WHOLE_FILE_BYTES) -> s
     return text.read()
 
 
-def read_kv_policy(path: Any) -> "KVPolicy":
+def read_kv_policy(path: str | os.PathLike[str]) -> "KVPolicy":
     """Read a policy file (JSON, docs/kv.md).
 
     Raises:

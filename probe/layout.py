@@ -111,6 +111,7 @@ class AttentionLayout:
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
+        assert self.n_kv_heads is not None  # filled above
         if self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads:
             raise HeadprobeError(
                 f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}; "
@@ -149,11 +150,16 @@ class AttentionLayout:
     def d_qk(self) -> int:
         """Width of each head's query and key: ``qk_nope_head_dim + qk_rope_head_dim`` for MLA (the
         non-rotary part and the decoupled rotary part, DeepSeek-V2 eq. 16), else ``d_head``."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.d_head
+        assert self.d_head is not None  # filled by __post_init__, as the MLA sizes for MLA
+        if self.is_mla:
+            assert self.qk_nope_head_dim is not None and self.qk_rope_head_dim is not None
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
+        return self.d_head
 
     @property
     def group_size(self) -> int:
         """Query heads per key/value head: ``n_heads // n_kv_heads``."""
+        assert self.n_kv_heads is not None  # filled by __post_init__
         return self.n_heads // self.n_kv_heads
 
     @property
@@ -257,7 +263,7 @@ def layout_from_hf_config(config: Any, *, n_layers: int, n_heads: int, n_kv_head
         HeadprobeError: with ``strict``, a layer type that is not attention; a size that
             :class:`AttentionLayout` refuses.
     """
-    common = dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads, bias=bias,
+    common: dict[str, Any] = dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads, bias=bias,
                   windows=windows_from_hf_config(config, n_layers, strict))
     if getattr(config, "kv_lora_rank", None):
         return AttentionLayout(d_head=config.v_head_dim, kv_lora_rank=config.kv_lora_rank,

@@ -86,7 +86,7 @@ def quiet_progress_bars() -> Iterator[None]:
     try:
         import transformers.modeling_gguf_pytorch_utils as gguf_utils
     except ImportError:  # pragma: no cover - transformers without GGUF support
-        gguf_utils = None
+        gguf_utils = None  # type: ignore[assignment]  # the module or None, read with getattr below
     gguf_tqdm = getattr(gguf_utils, "tqdm", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "cannot disable: HF_HUB_DISABLE_PROGRESS_BARS=0 has priority"
@@ -450,6 +450,7 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
             raise HeadprobeError("--device-map places the model itself: leave --device at auto (or cpu); "
                                  "keep the model off a GPU with --max-memory cpu=...")
     native = backend_with(backend, "native_weights")  # the backend that reads headprobe's own weights, or None
+    model: LoadedModel | None  # None until one of the loaders below gives it
     if is_native_dir(Path(name).expanduser()):
         if native is None:
             raise HeadprobeError(f"{name} is a headprobe checkpoint; it loads only with --backend native (or auto) "

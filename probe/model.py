@@ -46,7 +46,8 @@ import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal, cast
 
 import einops
 import torch
@@ -210,12 +211,14 @@ class TransformerConfig:
             object.__setattr__(self, "qkv_bias", self.bias)
         if self.sliding_layers is not None:  # JSON gives a list
             object.__setattr__(self, "sliding_layers", tuple(int(l) for l in self.sliding_layers))
+        assert self.n_kv_heads is not None  # filled above
         if min(self.n_layers, self.d_model, self.n_heads, self.n_kv_heads, self.d_vocab, self.n_ctx) < 1:
             raise HeadprobeError(f"config sizes must be positive: {self}")
         if self.d_head is None and self.d_model % self.n_heads:
             raise HeadprobeError(f"d_model={self.d_model} is not a multiple of n_heads={self.n_heads}")
         if self.d_head is None:
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        assert self.d_head is not None  # filled above
         if self.d_head < 1:
             raise HeadprobeError(f"d_head must be positive, got {self.d_head}")
         if self.n_heads % self.n_kv_heads:
@@ -266,6 +269,7 @@ class TransformerConfig:
             raise HeadprobeError("MLA is implemented without biases (DeepSeek-V2); pass bias=False")
         if self.qk_norm != "none" or self.rotary_dim is not None or self.sliding_window or self.attn_softcap:
             raise HeadprobeError("MLA is implemented without qk_norm, rotary_dim, sliding windows and soft-capping")
+        assert self.qk_nope_head_dim is not None  # filled above
         if min(self.qk_nope_head_dim, self.q_lora_rank or 1) < 1:
             raise HeadprobeError(f"MLA needs positive qk_nope_head_dim and q_lora_rank, got "
                                  f"{self.qk_nope_head_dim} and {self.q_lora_rank}")
@@ -279,7 +283,11 @@ class TransformerConfig:
     def d_qk(self) -> int:
         """Width of each head's query and key: ``qk_nope_head_dim + qk_rope_head_dim`` for MLA
         (DeepSeek-V2 eq. 16), else ``d_head`` (the layout's :attr:`~AttentionLayout.d_qk`)."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.d_head
+        assert self.d_head is not None  # filled by __post_init__, as qk_nope_head_dim for MLA
+        if self.is_mla:
+            assert self.qk_nope_head_dim is not None
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
+        return self.d_head
 
     def is_sliding(self, layer: int) -> bool:
         """Whether layer ``layer`` attends within ``sliding_window`` only."""
@@ -288,6 +296,7 @@ class TransformerConfig:
     @property
     def group_size(self) -> int:
         """Query heads per key/value head: ``n_heads // n_kv_heads``."""
+        assert self.n_kv_heads is not None  # filled by __post_init__
         return self.n_heads // self.n_kv_heads
 
     @classmethod
@@ -300,7 +309,8 @@ class TransformerConfig:
         Raises:
             TypeError: a field the config does not have. HeadprobeError: as the constructor.
         """
-        return cls(**{OLD_FIELDS.get(k, k): tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        kwargs: dict[str, Any] = {OLD_FIELDS.get(k, k): tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+        return cls(**kwargs)
 
     @property
     def layout(self) -> AttentionLayout:
@@ -316,12 +326,13 @@ class TransformerConfig:
         bias = {(True, True): "all", (False, True): "qkv", (True, False): "out", (False, False): "none"}[
             (bool(self.bias), bool(self.qkv_bias))]
         windows = tuple(self.sliding_window if self.is_sliding(l) else None for l in range(self.n_layers))
-        common = dict(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_head=self.d_head,
+        common: dict[str, Any] = dict(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_head=self.d_head,
                       bias=bias, windows=windows)
         if self.is_mla:
             return AttentionLayout(kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank,
                                    qk_rope_head_dim=self.qk_rope_head_dim, qk_nope_head_dim=self.qk_nope_head_dim,
                                    **common)
+        assert self.qk_norm is not None  # None is read as "none" by __post_init__
         return AttentionLayout(n_kv_heads=self.n_kv_heads, qk_norm=self.qk_norm, **common)
 
 
@@ -666,9 +677,13 @@ class StreamingKVCache:
         last = past + new - 1
         layer_window = self.windows[layer] if self.windows else None
         for g, spec in enumerate(self.policy.groups[layer]):
-            if spec is not None or layer_window is not None:
-                keep = (ps[g] > last - layer_window) if spec is None else (ps[g] < spec.sink) | (ps[g] > last - spec.window)
-                ks[g], vs[g], ps[g] = ks[g][:, keep].clone(), vs[g][:, keep].clone(), ps[g][keep]
+            if spec is not None:
+                keep = (ps[g] < spec.sink) | (ps[g] > last - spec.window)
+            elif layer_window is not None:
+                keep = ps[g] > last - layer_window
+            else:
+                continue
+            ks[g], vs[g], ps[g] = ks[g][:, keep].clone(), vs[g][:, keep].clone(), ps[g][keep]
         self.keys[layer], self.values[layer], self.positions[layer] = ks, vs, ps
         self.seen[layer] = past + new
         if layer == len(self.key_positions):
@@ -722,6 +737,7 @@ class SelfAttention(nn.Module):
         """W_O and the hook points, made after the subclass's projections (so that parameters,
         and a seeded initialisation, come in forward order)."""
         cfg = self.cfg
+        assert cfg.d_head is not None  # filled by TransformerConfig.__post_init__
         self.o_proj = nn.Linear(self.n_heads * cfg.d_head, cfg.d_model, bias=cfg.bias)
         self.hook_q = HookPoint()  # [batch, pos, head, d_qk]
         self.hook_k = HookPoint()  # [batch, pos, kv_head, d_qk]
@@ -895,7 +911,7 @@ class SelfAttention(nn.Module):
     ) -> Float[Tensor, "batch head q_pos d_head"]:
         """``scaled_dot_product_attention``; no pattern exists on this path. ``mask`` None is the
         kernel's own causal mask (``is_causal``) for a decoder, no mask for an encoder."""
-        kwargs = dict(is_causal=self.cfg.causal) if mask is None else dict(attn_mask=mask)
+        kwargs: dict[str, Any] = dict(is_causal=self.cfg.causal) if mask is None else dict(attn_mask=mask)
         if v.shape[-1] < q.shape[-1]:
             # MLA: values (d_head) are narrower than queries/keys (d_qk). PyTorch's fused kernels
             # need equal widths and fall back to the slow math path otherwise (2-3x slower
@@ -940,10 +956,12 @@ class Attention(SelfAttention):
         H, KV = self.n_heads, cfg.n_kv_heads if n_kv_heads is None else n_kv_heads
         self.n_kv_heads = KV
         D, d_qk, d_head = cfg.d_model, cfg.d_qk, cfg.d_head
+        assert KV is not None and d_head is not None and cfg.qkv_bias is not None  # filled by TransformerConfig.__post_init__
         self.q_proj = nn.Linear(D, H * d_qk, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(D, KV * d_qk, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.qkv_bias)
-        self.q_norm = self.k_norm = None
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
         if cfg.qk_norm == "per_head":  # Qwen3: over each head's d_qk, one weight for all heads
             self.q_norm, self.k_norm = RMSNorm(d_qk, cfg.norm_eps), RMSNorm(d_qk, cfg.norm_eps)
         elif cfg.qk_norm == "full":  # OLMo-2: over the whole projection
@@ -963,8 +981,10 @@ class Attention(SelfAttention):
         k = self.hook_k(self.k_proj(x).view(B, T, KV, d_qk))  # [batch, pos, kv_head, d_qk]
         v = self.hook_v(self.v_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
         if self.cfg.qk_norm == "per_head":
+            assert self.q_norm is not None and self.k_norm is not None
             q, k = self.q_norm(q), self.k_norm(k)
         elif self.cfg.qk_norm == "full":
+            assert self.q_norm is not None and self.k_norm is not None
             q, k = self.q_norm(q.flatten(2)).view_as(q), self.k_norm(k.flatten(2)).view_as(k)
         if self.rotary is not None:
             q = self.hook_rot_q(self.rotary(q, positions))
@@ -999,6 +1019,7 @@ class LatentAttention(SelfAttention):
         super().__init__(cfg, layer, cfg.n_heads)
         self.n_kv_heads = cfg.n_heads
         H, D, R, r, N = cfg.n_heads, cfg.d_model, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.qk_nope_head_dim
+        assert r is not None and N is not None and cfg.d_head is not None  # MLA, filled by TransformerConfig.__post_init__
         if cfg.q_lora_rank is None:
             self.q_proj = nn.Linear(D, H * (N + R), bias=False)
         else:  # the query latent c^Q
@@ -1020,6 +1041,7 @@ class LatentAttention(SelfAttention):
         cfg = self.cfg
         B, T, _ = x.shape
         H, R, r, N = self.n_heads, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.qk_nope_head_dim
+        assert r is not None and N is not None and cfg.d_head is not None  # MLA, filled by TransformerConfig.__post_init__
         q = self.q_proj(x) if cfg.q_lora_rank is None else self.q_up(self.q_down_norm(self.q_down(x)))
         q = q.view(B, T, H, N + R)
         ckv = self.kv_down(x)
@@ -1049,7 +1071,7 @@ def make_attention(cfg: TransformerConfig, layer: int = 0) -> SelfAttention:
 # --------------------------------------------------------------------------------------------
 
 
-_ACTIVATIONS = {
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": functools.partial(F.gelu, approximate="tanh"),  # GPT-2's gelu_new
     "gelu_erf": F.gelu,
     "swiglu": F.silu,
@@ -1063,6 +1085,7 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
+        assert cfg.mlp is not None and cfg.d_mlp is not None  # an MLP is made only with cfg.mlp; d_mlp filled by __post_init__
         self.gated = cfg.mlp in ("swiglu", "geglu")
         self.act = _ACTIVATIONS[cfg.mlp]
         self.fc_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias)
@@ -1074,6 +1097,7 @@ class MLP(nn.Module):
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         if self.gated:
+            assert self.fc_gate is not None
             post = self.act(self.hook_pre(self.fc_gate(x))) * self.hook_pre_linear(self.fc_in(x))
         else:
             post = self.act(self.hook_pre(self.fc_in(x)))
@@ -1131,6 +1155,9 @@ class Block(nn.Module):
         Post-LN blocks (``post_ln``, BERT): ``resid_mid = resid_pre + attn_out``, ``x =
         ln1(resid_mid)``, ``resid_post = x + mlp(x)``, and the block returns ``ln2(resid_post)``."""
         if self.post_ln:
+            # post_ln: not parallel, both norms (TransformerConfig.__post_init__)
+            assert self.hook_resid_mid is not None and self.ln1 is not None and self.ln2 is not None
+            assert self.hook_normalized_resid_post is not None
             resid = self.hook_resid_mid(resid_pre + self.hook_attn_out(attn_out))
             x = self.ln1(resid)
             resid_post = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(x)) if self.mlp is not None else x)
@@ -1141,12 +1168,14 @@ class Block(nn.Module):
         if self.parallel:
             mlp_out = self.hook_mlp_out(self._mlp(resid_pre)) if self.mlp is not None else 0
             return self.hook_resid_post(mlp_out + attn_out + resid_pre)  # Hugging Face's GPT-NeoX order
+        assert self.hook_resid_mid is not None  # not parallel
         resid = self.hook_resid_mid(resid_pre + attn_out)
         if self.mlp is not None:
             resid = resid + self.hook_mlp_out(self._mlp(resid))
         return self.hook_resid_post(resid)
 
     def _mlp(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        assert self.mlp is not None  # called only with an MLP
         out = self.mlp(resid if self.ln2 is None else self.ln2(resid))
         return out if self.ln2_post is None else self.ln2_post(out)
 
@@ -1167,12 +1196,15 @@ class Transformer(HookedRootModule):
     ``blocks.{l}.hook_normalized_resid_post``, where ``ln1``/``ln2`` follow the residual sums.
     """
 
+    kept_heads: list[list[int]]  # a pruned copy's query heads per layer (set by headprobe.probe.pruned)
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
         self.embed = Embedding(cfg)
         self.ln_embed = Norm(cfg) if cfg.embed_norm else None
-        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
+        # nn.ModuleList is typed as holding nn.Module; these are Blocks
+        self.blocks = cast("Sequence[Block]", nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers)))
         self.ln_final = Norm(cfg) if cfg.final_norm else None
         self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
         if cfg.tied_unembed:
@@ -1219,6 +1251,7 @@ class Transformer(HookedRootModule):
     def n_kv_groups(self) -> int:
         """KV groups per layer, the units a :class:`~headprobe.probe.layout.KVPolicy` addresses:
         ``n_kv_heads``, or 1 for MLA (the latent is shared by every head of the layer)."""
+        assert self.cfg.n_kv_heads is not None  # filled by TransformerConfig.__post_init__
         return 1 if self.cfg.is_mla else self.cfg.n_kv_heads
 
     def check_kv_policy(self, policy: KVPolicy) -> None:
@@ -1379,8 +1412,9 @@ def init_weights(model: Transformer, std: float = 0.02) -> Transformer:
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 last = name.rsplit(".", 1)[-1]
                 module.weight.normal_(0.0, resid_std if last in ("o_proj", "fc_out") else std)
-                if getattr(module, "bias", None) is not None:
-                    module.bias.zero_()
+                bias = getattr(module, "bias", None)  # nn.Embedding has none
+                if bias is not None:
+                    bias.zero_()
     return model
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -21,6 +21,12 @@ from torch import Tensor
 from headprobe.probe.backend import LOSS_ROWS, HookFn, LoadedModel, _module_type, cross_entropy_inplace
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.spec import Checkpoint
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from headprobe.probe.layout import KVPolicy
+    from headprobe.probe.model import Transformer
 
 
 
@@ -192,7 +198,7 @@ class NativeModel(LoadedModel):
         attn = self.model.blocks[layer].attn
         return float(attn.scale), attn.softcap
 
-    def qk_terms(self, layer: int, head: int, side: str, terms: Float[Tensor, "n d_model"],
+    def qk_terms(self, layer: int, head: int, side: Literal["q", "k"], terms: Float[Tensor, "n d_model"],
                  ref: Float[Tensor, "d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.qk_terms`."""
         from headprobe.probe.qk import head_qk_terms
@@ -225,7 +231,7 @@ class NativeModel(LoadedModel):
             raise HeadprobeError("real head removal (--save-pruned) needs the whole model on one device, not split by --device-map")
         check_prunable(self.model.cfg)
 
-    def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> torch.nn.Module:
+    def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> Transformer:
         """See :meth:`headprobe.probe.backend.LoadedModel.remove_heads`."""
         from headprobe.probe.pruned import remove_heads
 
@@ -271,7 +277,7 @@ class NativeModel(LoadedModel):
         per element of the compute dtype: what the KV cache holds."""
         return dataclasses.replace(self.model.cfg.layout, bytes_per_element=torch.empty((), dtype=self.dtype).element_size())
 
-    def kv_policy(self, policy):
+    def kv_policy(self, policy: KVPolicy | None) -> AbstractContextManager[Any]:
         """Context manager: every forward inside runs with ``policy``'s per-KV-group streaming
         attention (:meth:`headprobe.probe.model.Transformer.kv_policy`; None: full attention).
 
@@ -280,7 +286,7 @@ class NativeModel(LoadedModel):
         """
         return self.model.kv_policy(policy)
 
-    def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy) -> int:
+    def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy: KVPolicy) -> int:
         """Bytes of the :class:`~headprobe.probe.model.StreamingKVCache` the model allocates for
         ``policy`` after prefilling ``tokens`` (one forward pass)."""
         cache = self.model.streaming_cache(policy)
@@ -291,7 +297,7 @@ class NativeModel(LoadedModel):
 
 
 @torch.inference_mode()
-def _scored_losses_from_resid(net: torch.nn.Module, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"],
+def _scored_losses_from_resid(net: Transformer, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"],
                               first: int, normed: bool = False) -> Float[Tensor, "n"]:
     """Per-sequence mean loss (nats/token) from the final residual of ``n = k * batch`` sequences
     (k copies of ``tokens``), unembedding only the scored positions ``first .. pos-2`` (the

@@ -31,7 +31,7 @@ from torch import Tensor
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hook_names import attn_hook, block_path
 from headprobe.probe.io import atomic_path
-from headprobe.probe.model import QKV, Attention, Transformer, TransformerConfig
+from headprobe.probe.model import QKV, Attention, KVCache, StreamingKVCache, Transformer, TransformerConfig
 
 FORMAT = "headprobe-pruned-v1"
 
@@ -73,6 +73,8 @@ class PrunedAttention(Attention):
         HeadprobeError: an architecture :func:`check_prunable` refuses, or kept heads out of range.
     """
 
+    kv_index: Tensor  # the buffer registered in __init__
+
     def __init__(self, cfg: TransformerConfig, kept_heads: Sequence[int], layer: int = 0):
         check_prunable(cfg)
         kept = sorted(set(int(h) for h in kept_heads))
@@ -96,6 +98,7 @@ class PrunedAttention(Attention):
     def load_from(self, attn: Attention) -> "PrunedAttention":
         """Copy the kept heads' slices of a full :class:`Attention`'s weights into this module."""
         d_qk, d_head, dev = self.cfg.d_qk, self.cfg.d_head, attn.q_proj.weight.device
+        assert d_head is not None  # filled by TransformerConfig.__post_init__
         self.to(attn.q_proj.weight)
         for name, heads, d in (("q_proj", self.kept_heads, d_qk), ("k_proj", self.kept_kv_heads, d_qk),
                                ("v_proj", self.kept_kv_heads, d_head)):
@@ -111,7 +114,8 @@ class PrunedAttention(Attention):
                 getattr(self, name).weight.copy_(getattr(attn, name).weight)
         return self
 
-    def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"], cache: Any = None) -> QKV:
+    def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
+            cache: KVCache | StreamingKVCache | None = None) -> QKV:
         """:class:`~headprobe.probe.model.Attention`'s, with each kept query head given its own
         key/value head when the groups are no longer uniform (``kv_index``)."""
         q, k, v = super().qkv(x, positions)  # [batch, kept head | kept kv_head, pos, d]
@@ -125,7 +129,7 @@ class PrunedAttention(Attention):
         positions: Int[Tensor, "batch pos"],
         padding: Bool[Tensor, "batch pos"] | None = None,
         head_mask: Tensor | None = None,
-        cache: Any = None,
+        cache: KVCache | StreamingKVCache | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         """:meth:`~headprobe.probe.model.SelfAttention.forward` over the kept heads (``hook_z``
         ``[batch, pos, kept head, d_head]``); a layer with no head left returns ``b_O``.
@@ -166,6 +170,7 @@ def _install(net: Transformer, keep: Tensor) -> Transformer:
         kept = keep[layer].nonzero().flatten().tolist()
         new = PrunedAttention(cfg, kept, layer)
         if not isinstance(block.attn, PrunedAttention):
+            assert isinstance(block.attn, Attention)  # check_prunable refused MLA
             new.load_from(block.attn)
         block.attn = new
     net.kept_heads = [keep[layer].nonzero().flatten().tolist() for layer in range(cfg.n_layers)]
@@ -193,7 +198,11 @@ def count_attention_parameters(net: Transformer) -> int:
 
 def count_kv_heads(net: Transformer) -> int:
     """Key/value heads left in all layers of a model from :func:`remove_heads` (a count)."""
-    return sum(len(b.attn.kept_kv_heads) for b in net.blocks)
+    total = 0
+    for b in net.blocks:
+        assert isinstance(b.attn, PrunedAttention)  # a model from remove_heads
+        total += len(b.attn.kept_kv_heads)
+    return total
 
 
 def save_pruned(net: Transformer, path: str | os.PathLike[str]) -> None:
@@ -282,7 +291,7 @@ def save_pruned_dir(net: Transformer, out: str | os.PathLike[str], tokenizer: An
                    "n_removed": sum(len(r) for r in removed), "dtype": str(next(iter(state.values())).dtype).removeprefix("torch.")}})
 
 
-def _read_pruned_dir(path: Any) -> tuple[TransformerConfig, list[list[int]], dict[str, Tensor]]:
+def _read_pruned_dir(path: str | os.PathLike[str]) -> tuple[TransformerConfig, list[list[int]], dict[str, Tensor]]:
     import json
     from pathlib import Path
 
@@ -303,14 +312,14 @@ def _read_pruned_dir(path: Any) -> tuple[TransformerConfig, list[list[int]], dic
     return cfg, kept, state
 
 
-def is_pruned_dir(path: Any) -> bool:
+def is_pruned_dir(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a directory written by :func:`save_pruned_dir`."""
     from pathlib import Path
 
     return (Path(path) / PRUNED_WEIGHTS).is_file()
 
 
-def load_pruned_dir(path: Any, device: str | torch.device = "cpu") -> Transformer:
+def load_pruned_dir(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> Transformer:
     """The small pruned model (removed heads' weights absent, as :func:`remove_heads` made it) from
     a directory of :func:`save_pruned_dir`, in the saved dtype, on ``device``.
 
@@ -325,6 +334,7 @@ def load_pruned_dir(path: Any, device: str | torch.device = "cpu") -> Transforme
     _install(net, keep)
     net.to(next(iter(state.values())).dtype)
     for layer, b in enumerate(net.blocks):
+        assert isinstance(b.attn, PrunedAttention)  # installed just above
         state[block_path(layer, "attn.kv_index")] = b.attn.kv_index
     try:
         net.load_state_dict(state, strict=True)
@@ -333,7 +343,7 @@ def load_pruned_dir(path: Any, device: str | torch.device = "cpu") -> Transforme
     return net.to(device).eval()
 
 
-def load_pruned_dir_full(path: Any) -> tuple[Transformer, list[list[int]]]:
+def load_pruned_dir_full(path: str | os.PathLike[str]) -> tuple[Transformer, list[list[int]]]:
     """The pruned model of :func:`save_pruned_dir` as a full-shape native model for analysis:
     every head present, a removed head's rows of ``q_proj`` / ``k_proj`` / ``v_proj`` (a key/value
     head only when no kept head reads it) and its columns of ``o_proj`` set to zero, so its output
@@ -350,6 +360,7 @@ def load_pruned_dir_full(path: Any) -> tuple[Transformer, list[list[int]]]:
     for layer, heads in enumerate(kept):
         keys = _attn_keys(layer)
         kv = sorted({h // cfg.group_size for h in heads})
+        assert cfg.n_kv_heads is not None and cfg.d_head is not None  # filled by TransformerConfig.__post_init__
         for name, hs, n, d in (("q_proj", heads, cfg.n_heads, cfg.d_qk), ("k_proj", kv, cfg.n_kv_heads, cfg.d_qk),
                                ("v_proj", kv, cfg.n_kv_heads, cfg.d_head)):
             for part in ("weight", "bias"):

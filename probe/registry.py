@@ -74,7 +74,7 @@ class Registry(Generic[T]):
         del self._targets[name]
         del self._groups[name]
 
-    def get(self, name: str) -> T:
+    def get(self, name: str | None) -> T:
         """The target registered under ``name``, importing a ``"module:attr"`` one (once).
 
         Raises:
@@ -142,7 +142,7 @@ class Choices(Sequence[str]):
     def _items(self) -> tuple[str, ...]:
         return (*self.extra, *self.registry.names(self.group))
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):  # unannotated: Sequence's int and slice overloads in one
         return self._items()[index]
 
     def __len__(self) -> int:

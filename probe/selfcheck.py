@@ -241,6 +241,7 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
     errors = []
     for l in layers:
         added = cap["result"][l].sum(dim=2) + cap["b_O"][l]
+        resid: tuple[Tensor, ...]
         if parallel:
             resid = (cap["resid_post"][l], cap["resid_pre"][l], cap["mlp_out"][l])
         else:

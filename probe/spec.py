@@ -71,12 +71,14 @@ class ModelSpec:
     @property
     def n_kv_heads(self) -> int:
         """Key/value heads per layer (``n_heads`` for MHA and MLA, 1 for MQA)."""
+        assert self.layout.n_kv_heads is not None  # filled by AttentionLayout.__post_init__
         return self.layout.n_kv_heads
 
     @property
     def d_head(self) -> int:
         """Width of each head's ``z`` (``hook_z``'s last axis), of its values and of its block of
         W_O rows: the layout's ``d_head`` (for MLA not the query/key width, ``layout.d_qk``)."""
+        assert self.layout.d_head is not None  # filled by AttentionLayout.__post_init__
         return self.layout.d_head
 
     @property

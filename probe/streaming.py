@@ -149,6 +149,7 @@ class HeadStats:
         s = (self.q[:, :, qi].float() * self._kv()[:, :, kj].float()).sum(-1) * g.scale
         if g.softcap is not None:
             s = torch.tanh(s / g.softcap) * g.softcap
+        assert self.lse is not None  # layer_stats always fills it
         p = torch.exp(s - self.lse[:, :, qi])
         if g.causal:
             d = qi - kj
@@ -235,9 +236,9 @@ def layer_stats(q: Float[Tensor, "batch head pos d_qk"], k: Float[Tensor, "batch
         q1 = min(q0 + block, T)
         m, l, a, idx, lw = _query_block(q, k, geom, q0, q1, windows, block, argmax, entropy)
         lse[..., q0:q1] = m + l.log()
-        if entropy:
+        if ent is not None:  # entropy
             ent[..., q0:q1] = l.log() + a / l
-        if argmax:
+        if arg is not None:  # argmax
             arg[..., q0:q1] = idx
         for W in windows:
             local[W][..., q0:q1] = lw[W] / l

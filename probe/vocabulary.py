@@ -16,7 +16,8 @@ from typing import Any
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.registry import Choices, Registry, did_you_mean
 
-BACKEND_REGISTRY: Registry[type] = Registry("backend")
+# Any: LoadedModel subclasses (probe/backend.py), not imported in this torch-free module
+BACKEND_REGISTRY: Registry[Any] = Registry("backend")
 """Backend name (``--backend``, ``ModelSpec.backend``) -> its :class:`~headprobe.probe.backend.LoadedModel`
 subclass, imported on first use. Registration order is ``--backend auto``'s preference: the first
 backend whose :meth:`~headprobe.probe.backend.LoadedModel.supports` accepts the Hugging Face config."""
@@ -42,7 +43,7 @@ def check_backend(name: str) -> None:
                              f"choose one of {', '.join(BACKENDS)}")
 
 
-def backend_class(name: str, hf_config: Callable[[], Any]) -> type:
+def backend_class(name: str, hf_config: Callable[[], Any]) -> Any:
     """The :class:`~headprobe.probe.backend.LoadedModel` subclass ``--backend name`` wraps a model in
     (imported on first use). ``auto``: the first registered backend whose ``supports`` accepts the
     Hugging Face config ``hf_config()`` (called for ``auto`` only), else :data:`AUTO_FALLBACK`'s.
@@ -57,7 +58,7 @@ def backend_class(name: str, hf_config: Callable[[], Any]) -> type:
     return BACKEND_REGISTRY.get(name)
 
 
-def backend_with(name: str, capability: str) -> type | None:
+def backend_with(name: str, capability: str) -> Any:
     """The class ``--backend name`` gives a model where ``capability`` (a
     :data:`~headprobe.probe.backend.CAPABILITIES` flag) decides: the named backend's class if it has
     the flag, else None; for ``auto`` the first registered backend that has it (imported on first use).

@@ -456,3 +456,28 @@ def test_a_set_ablation_started_at_its_first_layer_equals_whole_forwards(family)
                                atol=1e-5, rtol=1e-5)  # sets of two first layers, in their order
     assert not calls, name  # no set of these starts before the last layer: block 0 never ran
     assert not torch.allclose(whole[0], whole[3])  # the sets differ, so the comparison can fail
+
+
+def test_tied_gpt_neox_without_its_unembedding_loads_and_untied_is_refused():
+    """safetensors keeps one name of a tied pair; a tied GPT-NeoX saved so has no ``lm_head.weight``
+    (this gave ``'NoneType' object has no attribute 'contiguous'``). Reference: Hugging Face's logits."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from headprobe.probe.convert import NativeSource
+
+    def state(tied):
+        hf_cfg = GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                               intermediate_size=64, max_position_embeddings=64, tie_word_embeddings=tied)
+        torch.manual_seed(0)
+        hf = GPTNeoXForCausalLM(hf_cfg).eval()
+        sd = {k: v for k, v in hf.state_dict().items() if k not in ("lm_head.weight", "embed_out.weight")}
+        return hf_cfg, hf, sd
+
+    hf_cfg, hf, sd = state(tied=True)
+    net = NativeSource.of(hf_cfg).build(sd)
+    tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(net(tokens), hf(tokens).logits, rtol=1e-4, atol=1e-4)
+    hf_cfg, _, sd = state(tied=False)
+    with pytest.raises(KeyError, match="lm_head.weight"):
+        NativeSource.of(hf_cfg).build(sd)

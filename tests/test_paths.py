@@ -202,6 +202,9 @@ def test_bad_edges_and_inputs_are_one_line(tiny_tokenizer, tiny_gpt2):
     with pytest.raises(HeadprobeError, match="is not"):
         parse_edge("5.1 -> 7.2:z")
     assert parse_edge("5.1 -> 7.2:k").name == "5.1 -> 7.2:k" and parse_edge("0.3->logits").receiver is None
+    for text in ("5.1.2 -> logits", "5 -> logits", "5.1 -> 7.2.1:k"):  # a sender into the logits was not checked
+        with pytest.raises(HeadprobeError, match="is not"):
+            parse_edge(text)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_neox"])

@@ -114,7 +114,10 @@ class AblateConfig(options.ModelRunConfig):
         Raises:
             HeadprobeError: a head out of range (one line naming the model's layout).
         """
-        return parse_heads(self.heads, n_layers, n_heads) if self.heads else all_heads(n_layers, n_heads)
+        if not self.heads:
+            return all_heads(n_layers, n_heads)
+        assert isinstance(self.heads, str)  # stored as the string by __post_init__
+        return parse_heads(self.heads, n_layers, n_heads)
 
     def preflight(self) -> None:
         """Check, without loading weights, what the settings and files alone decide: the text file,

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -31,6 +32,9 @@ from headprobe.probe import ablation_kinds
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import summary_envelope
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 @dataclass(frozen=True)
 class TaskResult:
     """One task's sweep and gradient scores; arrays are ``[layer, head]``, losses in nats/token.
@@ -52,6 +56,12 @@ class TaskResult:
     sweep_s: float
     gradient_s: float
     estimated: np.ndarray | None = None
+
+    @property
+    def estimate(self) -> np.ndarray:
+        """:attr:`estimated` of an ``--estimate`` run (never None there)."""
+        assert self.estimated is not None
+        return self.estimated
 
 
 CHUNK_LAYERS = 5
@@ -220,6 +230,7 @@ class AblateResult:
     def _estimate_summary(self) -> dict:
         """summary.json of an ``--estimate`` run: what was estimated, how, at what cost; no sweep."""
         cfg, spec, results = self.config, self.spec, self.tasks
+        assert cfg.estimate is not None  # an --estimate run
         return self._envelope({
             **self._run_fields(),
             "estimate": {"method": cfg.estimate, "description": ESTIMATE_LABELS[cfg.estimate],
@@ -229,12 +240,12 @@ class AblateResult:
                          **({"n_probes": cfg.n_probes} if cfg.estimate == "second-order" else {}),
                          "note": "a gradient estimate of each head's single-head ablation effect, not an exact "
                                  "ablation; check the heads it ranks high with `headprobe ablate --heads`"},
-            "top_heads_by_estimate": {t: [{"head": format_head(h), "estimate": round(float(r.estimated[h]), 5)}
+            "top_heads_by_estimate": {t: [{"head": format_head(h), "estimate": round(float(r.estimate[h]), 5)}
                                           for h in top_heads(torch.as_tensor(r.estimated), TOP_N)] for t, r in results.items()},
             "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)],
         }, {f"{t}_estimate": r.gradient_s for t, r in results.items()})
 
-    def figures(self) -> dict[str, object]:
+    def figures(self) -> dict[str, Figure]:
         """``{"ablation_effect": Figure}``: each head's loss increase on both tasks (or, with
         ``--estimate``, ``{"ablation_estimate": Figure}``: the estimate, titled as one)."""
         spec = self.spec
@@ -355,9 +366,9 @@ def _estimate(model: LoadedModel, method: str, tokens, first: int, kind: str, me
         values, clean = (grad.attribution if method == "attribution" else grad.importance), grad.clean_loss
     keep = torch.zeros(spec.n_layers, spec.n_heads, dtype=torch.bool)
     keep[tuple(torch.tensor(heads).T)] = True
-    values = torch.where(keep, values.float(), torch.tensor(float("nan"))).numpy()
+    estimated = torch.where(keep, values.float(), torch.tensor(float("nan"))).numpy()
     nan = np.full((spec.n_layers, spec.n_heads), np.nan)
-    return TaskResult(clean, nan, nan, nan, 0.0, time.perf_counter() - t0, estimated=values)
+    return TaskResult(clean, nan, nan, nan, 0.0, time.perf_counter() - t0, estimated=estimated)
 
 
 def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSet, dict, torch.Tensor | None]:
@@ -366,6 +377,7 @@ def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSe
     natural-text windows, the repeated task's other repeated sequences), and ``mean_z`` (over the
     other natural-text windows, where the kind needs it)."""
     text = open_text_file(cfg.text) if cfg.text else None
+    assert cfg.seq_len is not None and cfg.period is not None  # ablate's defaults (DataSettings); None is scan's
     data = task_tokens(model, cfg.n_natural, cfg.seq_len, cfg.n_repeated, cfg.period, cfg.seed, text,
                        source=str(cfg.text) if cfg.text else None)
     natural, repeated = data.natural, data.repeated
@@ -412,6 +424,7 @@ def run(model: LoadedModel, config: AblateConfig, *, resume: dict | None = None,
     cfg = config
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     spec = model.spec
+    assert cfg.period is not None  # ablate's default (DataSettings); None is scan's
     if 2 * cfg.period + 1 > spec.n_ctx:
         raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
     heads = cfg.head_list(spec.n_layers, spec.n_heads)
@@ -458,7 +471,7 @@ def _head_table(spec: ModelSpec, results: dict[str, TaskResult], induction_score
     cols = {"layer": layer.ravel(), "head": head.ravel(), "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads)}
     if estimate:
         for task, r in results.items():
-            cols[f"{task}_{ESTIMATE_COLUMN[estimate]}"] = r.estimated.ravel()
+            cols[f"{task}_{ESTIMATE_COLUMN[estimate]}"] = r.estimate.ravel()
     else:
         for task, r in results.items():
             cols[f"{task}_loss_delta"] = r.effect.ravel()

@@ -37,6 +37,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from headprobe.commands import Command, lazy_names, resolve
 from headprobe import options, settings
@@ -65,7 +66,7 @@ CACHED_CANDIDATES = (
 )
 """Models the default atlas adds when the local Hugging Face cache (``HF_HOME``) holds them."""
 
-TOY_TRAIN = dict(corpus="text+copy", n_heads=8, seq_len=48, min_period=4, max_period=23, eval_period=12,
+TOY_TRAIN: dict[str, Any] = dict(corpus="text+copy", n_heads=8, seq_len=48, min_period=4, max_period=23, eval_period=12,
                  copy_fraction=0.75, bias=False, eval_every=200)
 """The ``toy`` model's training settings (``headprobe study``'s, with segments up to the 23 tokens
 the scan repeats at this context length): 2 attention-only layers of 8 heads, d_model 64, 48-token
@@ -114,7 +115,7 @@ class AtlasConfig(ModelSettings, DataSettings):
             summary.json, patterns and viewer page; the atlas figures are always written).
     """
 
-    model: str | None = None
+    model: str | None = None  # type: ignore[assignment]  # optional here (--models, --checkpoints), required by the other commands
     models: Sequence[str] | str | None = setting(
         None, f"models to scan: names, paths, or {TOY} (a small model trained first); default: {' '.join(DEFAULT_MODELS)} "
         "and the cached ones of GPT-2, Pythia, Qwen, Llama ...", nargs="+", metavar="MODEL", parse=_model_names)

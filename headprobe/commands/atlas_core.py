@@ -9,6 +9,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -21,6 +22,9 @@ from headprobe.commands.atlas import (  # noqa: F401 - the light module's names,
 )
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import RunCheckpoint, prepare_output_dir, summary_envelope, write_json
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @dataclass
@@ -45,7 +49,7 @@ class AtlasResult:
     files: list[Path] = field(default_factory=list)
     rules: list = field(default_factory=list)
 
-    def figures(self) -> dict[str, object]:
+    def figures(self) -> dict[str, Figure]:
         """``atlas`` (every type), ``atlas_<type>`` (one per type) and, with checkpoints, ``over_training``."""
         if self.table.empty:
             return {}
@@ -134,7 +138,7 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     parts, rules = [], []
     for label, name, step in models:
         d = out / MODELS_DIR / slug(label)
-        rec = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
+        rec: dict[str, Any] = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
         key = {"model": name, "scan": json.loads(json.dumps(asdict(config.scan_config(name)), default=str))}
         if name == TOY:  # the toy is retrained (and rescanned) when its training settings change
             key["train"] = asdict(toy_train_config(config))
@@ -148,9 +152,9 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
                 if progress:
                     print(f"[{len(records) + 1}/{len(models)}] scanning {label} ...", flush=True)
                 loaded = options.load_for(config.scan_config(path))
-                result = run_scan(loaded, config.scan_config(path), progress=progress)
-                result.save(d, overwrite=True, html=bool(config.pattern_len), figures=config.model_figures)
-                del loaded, result
+                scanned = run_scan(loaded, config.scan_config(path), progress=progress)
+                scanned.save(d, overwrite=True, html=bool(config.pattern_len), figures=config.model_figures)
+                del loaded, scanned
                 rec.update(status="scanned", timings_s={"scan_s": round(time.perf_counter() - t0, 2)})
                 write_json(d / SCAN_KEY, {"key": key, "timings_s": rec["timings_s"]})  # last: this model's scan is complete and reusable
             except HeadprobeError as e:

@@ -237,6 +237,7 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
             fields_[f] = getattr(config, f)
     if config.sliding_window is not None or config.global_every is not None:
         n_layers = fields_.get("n_layers")
+        assert n_layers is not None  # given (the missing-flags check) or the base's
         fields_["windows"] = cost.sliding_windows(n_layers, config.sliding_window, config.global_every)
     fields_["bytes_per_element"] = config.bytes_per_element
     return AttentionLayout(**fields_)
@@ -328,7 +329,7 @@ def windowed_report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str,
             "n_global_layers": lay.n_layers - lay.n_windowed_layers}
 
 
-def _table(rows: list[list[str]], header: list[str], right: set[int] = frozenset()) -> str:
+def _table(rows: list[list[str]], header: list[str], right: set[int] | frozenset[int] = frozenset()) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
 
     def line(r: list[str]) -> str:
@@ -340,6 +341,7 @@ def _table(rows: list[list[str]], header: list[str], right: set[int] = frozenset
 def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
     T, B = r["workload"]["seq_len"], r["workload"]["batch"]
     other = lay.kind != "MHA"
+    assert lay.d_head is not None  # filled by AttentionLayout.__post_init__
     two_d = " = 2D" if lay.n_heads * lay.d_head == lay.d_model else ""
     mha = (lambda s: f"MHA: {s}") if other else (lambda s: "")
     rows = [
@@ -569,7 +571,9 @@ def check_loaded(loaded: LoadedModel) -> tuple[AttentionLayout, dict[str, Any]]:
         windows_from_hf_config(config, s.n_layers)
     counted = attention_params_of_model(loaded)
     lay = replace(s.layout, name=s.name)
-    n = check_length(lay, loaded.to_tokens(CHECK_PROMPT).shape[-1], s.n_ctx)
+    tokens = loaded.to_tokens(CHECK_PROMPT)
+    assert not isinstance(tokens, tuple)  # one text: one tensor, no mask
+    n = check_length(lay, tokens.shape[-1], s.n_ctx)
     measured = measure_kv_cache(loaded, n)
     lay = replace(lay, bytes_per_element=measured["element_bytes"])
     T = measured["tokens"]
@@ -655,6 +659,7 @@ def heads_per_layer(lay: AttentionLayout, kept: Sequence[Sequence[int]] | None) 
     when ``kept`` is None, else each layer's kept query heads (original numbering) and the
     key/value heads they read (:func:`headprobe.probe.cost.kept_kv_heads`). Counts."""
     if kept is None:
+        assert lay.n_kv_heads is not None  # filled by AttentionLayout.__post_init__
         return [lay.n_heads] * lay.n_layers, [lay.n_kv_heads] * lay.n_layers
     return [len(k) for k in kept], [cost.kept_kv_heads(lay, k) for k in kept]
 
@@ -722,7 +727,7 @@ def check_headprobe_dir(path: str) -> tuple[AttentionLayout, list[list[int]] | N
         model: Any = load_pruned_dir(path)  # the small model: a native Transformer
         kept: list[list[int]] | None = [list(k) for k in model.kept_heads]
         base, n_ctx, element = model.cfg.layout, model.cfg.n_ctx, next(model.parameters()).element_size()
-        n_removed = base.n_layers * base.n_heads - sum(map(len, kept))
+        n_removed = base.n_layers * base.n_heads - sum(map(len, model.kept_heads))
         precision = (f"pruned headprobe checkpoint, {n_removed} of {base.n_layers * base.n_heads} heads removed, "
                      f"{str(next(model.parameters()).dtype).removeprefix('torch.')} weights")
         self_check = None
@@ -857,6 +862,7 @@ class BudgetResult:
         """The text ``headprobe budget`` prints."""
         c, d = self.config, self.data
         if self.mode == "recommend":
+            assert self.recommendation is not None  # recommend's result carries it
             return format_recommendation(self.recommendation, c.dtype)
         if self.mode == "flops_table":
             text = format_flops_table(d["flops"], self.layout, c.dtype, c.as_mha)
@@ -889,6 +895,7 @@ class BudgetResult:
             return pd.DataFrame({"quantity": list(p), "pruned": list(p.values()), "unpruned": [u[k] for k in p]})
         if self.mode == "recommend":
             r = self.recommendation
+            assert r is not None  # recommend's result carries it
             return pd.DataFrame([{**self.layout.to_dict(), "kind": self.layout.kind, "use_mla": r.use_mla,
                                   "fits": r.fits, "kv_bytes_per_request": r.kv_bytes_per_request}])
         skip = {"layout", "workload", "check", "windowed_layers", "policy", "policy_file"}
@@ -981,6 +988,7 @@ def _run_headprobe_dir(config: BudgetConfig) -> BudgetResult:
     An unpruned one is reported like any layout (and takes every mode and flag); a pruned one
     has per-layer head counts: it gets :func:`layers_report` (pruned and unpruned side by side)
     and refuses what describes one uniform layout (``--compare``, ``--flops-table``, layout flags)."""
+    assert config.model is not None  # called for --model DIR
     pruned = _is_pruned(config.model)
     if pruned:
         given = [f"--{f.replace('_', '-')}" for f in UNIFORM_LAYOUT_FLAGS if getattr(config, f) is not None]

@@ -76,7 +76,7 @@ def parse_receivers(text: str) -> list[tuple[tuple[int, int] | None, str]]:
     Raises:
         HeadprobeError: an item not of the form ``L.H:q|k|v`` or ``logits``.
     """
-    out = []
+    out: list[tuple[tuple[int, int] | None, str]] = []
     for item in (s.strip() for s in text.split(",")):
         m = _RECEIVER.match(item)
         if m is None:

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from headprobe.probe.backend import LoadedModel
     from headprobe.probe.spec import ModelSpec
 
+    import pandas as pd
+
+    from headprobe.analyses.qk_attribution import QKAttribution
+
 
 @dataclass
 class CircuitResult:
@@ -28,10 +32,10 @@ class CircuitResult:
 
     config: CircuitConfig
     spec: ModelSpec
-    edges: object
+    edges: pd.DataFrame
     agreement: dict | None
-    paths: object
-    qk: object
+    paths: pd.DataFrame | None
+    qk: QKAttribution | None
     clean_loss: float
     baseline_error: float
     seconds: float = 0.0
@@ -185,7 +189,7 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
         from headprobe.analyses.qk_attribution import qk_attribution
 
         q_pos = clean.start + config.period + config.period // 2  # the middle of the second copy
-        qk = qk_attribution(model, clean.tokens[:1], *qk_head, q_pos, q_pos - config.period + 1)
+        qk = qk_attribution(model, clean.tokens[:1], qk_head[0], qk_head[1], q_pos, q_pos - config.period + 1)
     dtype = str(model.dtype).removeprefix("torch.")
     return CircuitResult(config, spec, edges, agreement, sweep, qk, clean_loss, base,
                          seconds=time.perf_counter() - t0,

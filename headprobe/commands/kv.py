@@ -154,6 +154,7 @@ class KVConfig(ModelSettings):
     @property
     def floor(self) -> float:
         """The KV fraction of every group streaming."""
+        assert self.window is not None  # filled by __post_init__
         return (self.sink + self.window) / self.seq_len
 
     def preflight(self) -> None:
@@ -165,6 +166,7 @@ class KVConfig(ModelSettings):
         if low:
             raise HeadprobeError(f"budget {low[0]} is below what every group streaming costs ({self.floor:.3f} of the cache "
                                  f"at {self.seq_len} tokens with --sink {self.sink} --window {self.window})")
+        assert self.distances is not None  # filled by __post_init__
         bad = [d for d in self.distances if not self.block_len <= d <= self.seq_len - self.block_len - 1]
         if bad:
             raise HeadprobeError(f"--distances must lie in [{self.block_len}, {self.seq_len - self.block_len - 1}]; got {bad[0]}")

@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from headprobe.probe.backend import LoadedModel
     from headprobe.probe.spec import ModelSpec
 
+    from headprobe.analyses.kvpolicy import GroupCosts, Quality
+    from headprobe.probe.cost import PolicyCost
+    from headprobe.probe.layout import AttentionLayout, KVPolicy
+
 
 @dataclass
 class KVResult:
@@ -38,12 +42,12 @@ class KVResult:
 
     config: KVConfig
     spec: ModelSpec
-    layout: object
-    policy: object
-    policy_cost: object
-    costs: object
-    full: object
-    chosen: object
+    layout: AttentionLayout
+    policy: KVPolicy
+    policy_cost: PolicyCost
+    costs: GroupCosts
+    full: Quality
+    chosen: Quality
     comparison: list
     curve: list
     cache_check: dict
@@ -159,6 +163,7 @@ def _token_sets(model: LoadedModel, config: KVConfig):
     if natural.tokens.shape[0] < config.n_natural:
         raise HeadprobeError(f"the text holds {natural.tokens.shape[0]} windows of {config.seq_len} tokens; "
                              f"{config.n_natural} are needed")
+    assert config.distances is not None  # filled by KVConfig.__post_init__
     lr = long_range_tokens(model, config.seq_len, list(config.distances), config.block_len, config.seed + 1,
                            config.n_per_distance, text)
     return natural, lr
@@ -188,6 +193,7 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
     natural, lr = _token_sets(model, config)
     tokens, start = natural.tokens.to(model.device), natural.start
     lr = dataclasses.replace(lr, tokens=lr.tokens.to(model.device))
+    assert config.window is not None  # filled by KVConfig.__post_init__
     streaming = Streaming(config.sink, config.window)
     L, G = model.spec.n_layers, model.n_kv_groups
     seeds = list(range(config.seed, config.seed + config.n_random))

@@ -47,6 +47,10 @@ if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
     from headprobe.probe.backend import LoadedModel
     from headprobe.probe.spec import ModelSpec
 
+    import pandas as pd
+
+    from headprobe.analyses.patching import PatchingResult
+
 HELP = ("activation patching of heads (z, q, k, v) or the residual stream (clean vs corrupted prompt, logit "
         "difference); the IOI task built in")
 
@@ -188,8 +192,8 @@ class PatchResult:
 
     config: PatchConfig
     spec: ModelSpec
-    patching: object
-    table: object
+    patching: PatchingResult
+    table: pd.DataFrame
     seconds: float = 0.0
     model_info: dict = field(default_factory=dict)
     load_s: float = 0.0
@@ -327,7 +331,7 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
         raise HeadprobeError(f"{spec.name} is an encoder: patching's logit difference needs a language-model head")
     units = parse_heads(config.heads, spec.n_layers, spec.n_heads) if config.heads else None
     if config.site == "resid" and config.positions is not None:
-        units = [(layer, pos) for layer in range(spec.n_layers) for pos in config.position_list()]
+        units = [(layer, pos) for layer in range(spec.n_layers) for pos in config.position_list() or []]  # positions given
     pairs = config.read_pairs() or ioi_prompts(model.tokenizer, config.n_prompts, config.seed)
     t0 = time.perf_counter()
     p = patch(model, pairs, config.site, units, progress=progress)

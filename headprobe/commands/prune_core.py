@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -24,6 +25,11 @@ from headprobe.probe.spec import ModelSpec
 from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import summary_envelope
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from headprobe.probe.model import Transformer
 
 METRICS = (("natural_loss", "held-out text loss (nats/token)"), ("repeated_loss", "repeated-tokens loss (nats/token)"))
 LABELS = {"michel": "Michel et al. gradient importance", "l0": "Voita et al. L0 gates", "random": "random order"}
@@ -70,7 +76,7 @@ class PruneResult:
     device: str
     self_check: dict
     per_layer: list[dict] | None = None
-    pruned: object = None
+    pruned: Transformer | None = None
     pruned_info: dict | None = None
     tokenizer: object = None
     run_s: float = 0.0
@@ -132,7 +138,7 @@ class PruneResult:
                                 self_check=self.self_check, config=cfg,
                                 timings_s={"load_s": self.load_s, "total": self.run_s + self.load_s, **(self.method_s or {})})
 
-    def figures(self) -> dict[str, object]:
+    def figures(self) -> dict[str, Figure]:
         """``{"pruning_curve": Figure}`` (every method's held-out text and repeated-tokens loss against the
         fraction pruned, random as a band over seeds) and, with ``per_layer``, ``{"per_layer": Figure}``."""
         cfg, spec = self.config, self.spec
@@ -228,11 +234,10 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
 
     Args:
         model: a :class:`~headprobe.probe.loading.LoadedModel`, used as given (the native backend for ``save_pruned``).
-        config: the settings.
+        config: the settings. progress: show progress bars.
         resume: a state saved by an interrupted run with the same config (``on_save``'s argument);
             every curve continues after its last saved step. Updated in place.
         on_save: called with the whole state after every step (e.g. :meth:`RunCheckpoint.save`).
-        progress: show progress bars.
 
     Raises:
         HeadprobeError: the model's self-check forbids head ablation, ``save_pruned`` on a
@@ -245,6 +250,7 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
     if cfg.save_pruned:
         model.check_prunable()  # before any computation: the native backend only; MLA and all-head QK-norm cannot be pruned exactly
     spec = model.spec
+    assert cfg.period is not None and cfg.seq_len is not None and not isinstance(cfg.l0_lambdas, str)  # set by the defaults and __post_init__
     if 2 * cfg.period + 1 > spec.n_ctx:
         raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
     text = open_text_file(cfg.text) if cfg.text else None
@@ -254,7 +260,7 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
     score = LossSet(natural.tokens[: cfg.n_natural], first_scored("natural", natural.start, None))
     evals = {"natural": LossSet(natural.tokens[cfg.n_natural:], score.first),
              "repeated": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period))}
-    runs, method_s = {}, {}
+    runs, method_s = dict[str, PruningRun](), dict[str, float]()
     for name in run_names(cfg):
         def on_step(state, name=name):
             saved[name] = state

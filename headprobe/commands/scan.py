@@ -201,6 +201,7 @@ class ScanConfig(ModelSettings, DataSettings):
         self._check_layout(n_heads, spec.n_ctx)
         from headprobe.analyses.detectors import DETECTORS
 
+        assert self.types is not None  # set by __post_init__
         types = tuple(t for t in self.types if DETECTORS[t].applies_to(spec.causal))
         if not types:
             raise HeadprobeError(f"head types {', '.join(self.types).replace('_', '-')} are scored on encoders only "

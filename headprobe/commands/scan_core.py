@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -39,6 +40,9 @@ from headprobe.probe.spec import ModelSpec
 from headprobe.probe.hooks import format_head
 from headprobe.probe.io import prepare_output_dir, summary_envelope, write_text
 from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 @dataclass
 class ScanResult:
@@ -111,7 +115,7 @@ class ScanResult:
         """summary.json's content (as a dict; package versions included)."""
         return summary(self)
 
-    def figures(self) -> dict[str, object]:
+    def figures(self) -> dict[str, Figure]:
         """The figures scan writes, by file stem (``heatmap_induction``, ``overview``, ``pattern_induction``,
         ``ablation``): matplotlib Figures of the selected types only."""
         return scan_figures(self)
@@ -144,13 +148,14 @@ class ScanResult:
 
 def verification_settings(cfg: ScanConfig) -> verif.VerificationSettings:
     """The verification's parameters from a resolved scan config (k set)."""
+    assert cfg.k is not None  # set by ScanConfig.resolved
     return verif.VerificationSettings(k=cfg.k, n_random=cfg.n_random, alpha=cfg.alpha, control=cfg.control,
                                       correction=cfg.correction, seed=cfg.seed, sequential=cfg.sequential,
                                       keep_n_random=cfg.keep_n_random)
 
 
 def verify(model: LoadedModel, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet,
-           clean: dict[str, torch.Tensor], mean_z: torch.Tensor, cfg: ScanConfig, progress: bool = True,
+           clean: dict[str, torch.Tensor], mean_z: torch.Tensor | None, cfg: ScanConfig, progress: bool = True,
            untrusted: dict[str, str | None] | None = None,
            cache: "verif.SetLosses | None" = None) -> tuple[list[Verification], dict]:
     """Ablate the top-k heads of each of ``cfg.types`` against random control sets
@@ -162,8 +167,10 @@ def verify(model: LoadedModel, scores: dict[str, np.ndarray], natural: TokenSet,
     spec = model.spec
     metric = scan_metric(spec)
     sets = {"natural": natural, "repeated": repeated}
+    assert cfg.k is not None and cfg.types is not None  # set by ScanConfig.resolved and __post_init__
+    assert mean_z is not None  # score_tokens gives it when the scan verifies
     top = {name: top_heads(torch.as_tensor(scores[DETECTORS[name].rank_by]), cfg.k) for name in cfg.types}
-    task_of = {name: DETECTORS[name].task for name in cfg.types}
+    task_of = {name: task for name in cfg.types if (task := DETECTORS[name].task) is not None}  # every head type has one
     scorers = ({task: EmbeddingDistance(model, ts.tokens) for task, ts in sets.items()}
                if metric is EMBEDDING_METRIC else None)
     return verif.verify_heads(model, top, task_of, sets, clean, mean_z, verification_settings(cfg), metric=metric,
@@ -223,6 +230,7 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True, resume: d
 
     t0 = time.perf_counter()
     cfg = config.resolved(spec, model.trained_periods)
+    assert cfg.seq_len is not None and cfg.period is not None and cfg.types is not None  # set by resolved()
     natural = natural_text_tokens(model, cfg.n_natural, cfg.seq_len, cfg.seed, text,
                                   source=str(cfg.text) if cfg.text else None)
     repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
@@ -274,6 +282,7 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True, resume: d
 
 def _metrics(model: LoadedModel, cfg: ScanConfig, text, natural: TokenSet, scores: dict, removed: list):
     """The head metrics' columns, added to ``scores`` (removed heads blank): ``(composition, notes)``."""
+    assert cfg.seq_len is not None  # set by ScanConfig.resolved
     needles = head_metrics.scan_needles(model, cfg.n_natural, cfg.seq_len, cfg.seed, text, natural.source)
     metric_scores, notes = head_metrics.scan_metrics(model, natural, needles, first_scored("natural", natural.start, None),
                                                      streaming=cfg.streaming)
@@ -364,6 +373,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
     """summary.json's content: layout, token sets, settings, clean losses, each selected type's
     top ``top_n`` heads, the ablation verdicts and evidence, timings and package versions."""
     spec, cfg = result.spec, result.config
+    assert cfg.types is not None  # set by ScanConfig.__post_init__
     top = {}
     for name in cfg.types:
         det = DETECTORS[name]
@@ -454,11 +464,12 @@ def data_label(result: ScanResult) -> str:
             f"{rep.tokens.shape[0]} random blocks of {rep.period} tokens, repeated once")
 
 
-def figure_makers(result: ScanResult) -> dict[str, Callable[[], object]]:
+def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
     """File stem -> a function of no arguments that draws that figure (a matplotlib Figure): what
     :func:`scan_figures` draws, not drawn yet, so that :func:`write_outputs` can draw, write and
     drop them one at a time and count them in a progress bar."""
     spec = result.spec
+    assert result.config.types is not None  # set by ScanConfig.__post_init__
     dets = [DETECTORS[name] for name in result.config.types]
     tag = f"{spec.name} ({figs.weights_label(spec.weights)})"
     # the figures say it too: they travel without the terminal's WARNING lines (a task's text, or a type's draws)
@@ -468,7 +479,7 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], object]]:
         what = [f"the {' and '.join(tasks)} task{'s' if len(tasks) > 1 else ''}"] if tasks else []
         what += [", ".join(types)] if types else []
         tag += f"\nNO VERDICT for {' and '.join(what)} (summary.json: warnings)"
-    out: dict[str, Callable[[], object]] = {}
+    out: dict[str, Callable[[], Figure]] = {}
     out.update(head_metrics.heatmap_makers(dets, result.scores, spec.group_size, tag, spec.causal))
     panels = [(det.panel_title, result.scores[det.rank_by]) for det in dets]
     out["overview"] = partial(figs.scores_overview, panels, spec.group_size, f"Head scores of {tag}\n{data_label(result)}")
@@ -494,7 +505,7 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], object]]:
     return out
 
 
-def scan_figures(result: ScanResult) -> dict[str, object]:
+def scan_figures(result: ScanResult) -> dict[str, Figure]:
     """File stem -> matplotlib Figure: one heatmap per registered figure of each selected type
     (``heatmap_<column>``), the ``overview`` of their ranking scores, each type's top-head
     ``pattern_<type>``, the metric heatmaps and ``composition_k`` (with metrics) and, after
@@ -538,6 +549,7 @@ def format_report(result: ScanResult) -> str:
     checked = (f"the top {result.config.k} of each type were ablated" if result.verifications
                else "no head was ablated (--no-verify)")
     lines.append(f"{'head type':<16} top heads (score: see docs/scan.md; {checked}; all in summary.json)")
+    assert result.config.types is not None  # set by ScanConfig.__post_init__
     for name in result.config.types:
         col = result.scores[DETECTORS[name].rank_by]
         tops = top_heads(torch.as_tensor(col), 4)
@@ -547,7 +559,8 @@ def format_report(result: ScanResult) -> str:
     if not result.verifications:
         lines.append("no ablation check (--no-verify): these are pattern scores, not verified findings")
         return "\n".join(lines)
-    design = result.verification
+    design, rule = result.verification, result.rule
+    assert rule is not None  # a verification records the rule it decided with
     lines.append(f"{'ablation (k=' + str(result.config.k) + ')':<22} {'task':<9} {'clean':>6} {'top-k Δ [95% CI]':>22} "
                  f"{'control Δ mean/max':>18} {'sets':>4} {'p':>7} {'p adj':>7}  verdict")
     metric = scan_metric(spec)
@@ -569,7 +582,7 @@ def format_report(result: ScanResult) -> str:
                  f"{design.get('max_draws')} per test, stopped once settled (sets: ablated). p: sequential Monte Carlo "
                  f"(Besag & Clifford; ≤: a curtailed test's bound, its range on the lines below); p adj: {design.get('correction')} over the {m} tested "
                  f"verdict{'' if m == 1 else 's'}. "
-                 f"CI: 95% t interval over sequences.\n CONFIRMED: {result.rule.condition()}; "
+                 f"CI: 95% t interval over sequences.\n CONFIRMED: {rule.condition()}; "
                  "docs/scan.md has the rule)")
     lines += [f"NOTE: {n}" for n in design.get("notes", [])]
     return "\n".join(lines)

@@ -34,6 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -221,7 +222,7 @@ def headline(which: str, table: pd.DataFrame) -> dict:
         seconds=("seconds", "mean"))
     n_seeds = table.groupby("variant", sort=False)["seed"].nunique()
     one_seed = "undefined: one seed; a standard deviation over seeds needs at least 2 (--seeds)"
-    out = {"per_variant": {k: {**{c: (None if pd.isna(v) else round(float(v), 4)) for c, v in row.items()},
+    out: dict[str, Any] = {"per_variant": {k: {**{c: (None if pd.isna(v) else round(float(v), 4)) for c, v in row.items()},
                                **({"sd_null_reason": one_seed} if n_seeds[k] < 2 else {})}
                            for k, row in agg.iterrows()}}
     if which == "layouts" and "MHA" in agg.index:

@@ -56,7 +56,7 @@ class ViewConfig(ModelSettings):
                                    metavar="DIR2")
     circuit: str | None = setting(None, "a headprobe circuit run's directory: add its figure, top edges and path patching "
                                         "as a section", metavar="DIR3")
-    model: str | None = None
+    model: str | None = None  # type: ignore[assignment]  # optional here (the patterns need it), required by the other commands
     pattern_len: int = setting(128, "with --model: tokens per example in the computed patterns.npz (default %(default)s)",
                                type=positive_int)
 
@@ -120,6 +120,7 @@ def compute_patterns(cfg: ViewConfig, summary: dict | None, path: Path) -> None:
     sc = (summary or {}).get("config")
     if not sc or "n_natural" not in sc:
         raise HeadprobeError(f"--model needs the scan's {SUMMARY} (its token settings); {path.parent} has none")
+    assert summary is not None and cfg.model is not None  # sc came from the summary; called with --model only
     if summary.get("model") and cfg.model.lower() != str(summary["model"]).lower() and cfg.model != sc.get("model"):
         raise HeadprobeError(f"{path.parent} is a scan of {summary['model']}, not of {cfg.model}")
     model = options.load_for(dataclasses.replace(cfg, prepend_bos=sc.get("prepend_bos", True)))

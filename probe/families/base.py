@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from torch import Tensor
 
@@ -110,7 +110,7 @@ TINY_FIELDS: Mapping[str, Any] = dict(
 # ---------------------------------------------------------------------------------------------
 
 
-def hf_sizes(hf_config: Any, d_mlp: int | None = None) -> dict[str, int]:
+def hf_sizes(hf_config: Any, d_mlp: int | None = None) -> dict[str, Any]:
     """The :class:`TransformerConfig` sizes under transformers' standard config names
     (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, ``vocab_size``,
     ``max_position_embeddings``, ``intermediate_size``; GPT-2's ``n_layer`` ... answer to them
@@ -140,11 +140,11 @@ def renamed(sd: Mapping[str, Tensor], pairs: tuple[tuple[str, str], ...], ours: 
 GATED_MLP = (("mlp.fc_gate", "mlp.gate_proj"), ("mlp.fc_in", "mlp.up_proj"), ("mlp.fc_out", "mlp.down_proj"))
 """Native name -> Hugging Face name of a gated MLP's projections (Llama's, DeepSeek's)."""
 
-GELU_MLPS = {"gelu": "gelu_erf", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
+GELU_MLPS: dict[str, Literal["gelu", "gelu_erf"]] = {"gelu": "gelu_erf", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
 """Hugging Face activation name -> the native GELU MLP (``gelu_erf`` exact, ``gelu`` tanh)."""
 
 
-def gelu_mlp(act: str, kind: str) -> str:
+def gelu_mlp(act: str, kind: str) -> Literal["gelu", "gelu_erf"]:
     """The native MLP of a Hugging Face GELU activation (:data:`GELU_MLPS`).
 
     Raises:

@@ -61,6 +61,7 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
     unchanged).
     """
     H, R, N, r = cfg.n_heads, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.kv_lora_rank
+    assert N is not None and r is not None  # MLA, filled by TransformerConfig.__post_init__
     perm = torch.cat([torch.arange(0, R, 2), torch.arange(1, R, 2)]) if rope_interleave else torch.arange(R)
 
     def q_rows(W: Tensor) -> Tensor:  # [H * (N + R), in]: permute each head's rotary rows

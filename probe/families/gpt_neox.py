@@ -54,6 +54,7 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
     ``rope_interleave`` is ignored (NeoX rotates halves).
     """
     H, d_head, D = cfg.n_heads, cfg.d_head, cfg.d_model
+    assert d_head is not None  # filled by TransformerConfig.__post_init__
     out = {"embed.W_E.weight": sd["gpt_neox.embed_in.weight"],
            **renamed(sd, (("ln_final.norm", "gpt_neox.final_layer_norm"),))}
     for l in range(cfg.n_layers):
@@ -64,7 +65,12 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
             out[b + f"attn.{name}_proj.weight"] = W[:, i].reshape(H * d_head, D)
             out[b + f"attn.{name}_proj.bias"] = bias[:, i].reshape(H * d_head)
         out.update(renamed(sd, LAYER, b, h))
-    out["unembed.weight"] = sd.get("lm_head.weight", sd.get("embed_out.weight"))
+    unembed = sd.get("lm_head.weight", sd.get("embed_out.weight"))
+    if unembed is None and cfg.tied_unembed:  # safetensors keeps one name of a tied pair
+        unembed = sd["gpt_neox.embed_in.weight"]
+    if unembed is None:
+        raise KeyError("lm_head.weight")
+    out["unembed.weight"] = unembed
     return out
 
 

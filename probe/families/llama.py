@@ -10,7 +10,7 @@ Its relatives save their checkpoints under Llama's parameter names
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from torch import Tensor
 
@@ -25,7 +25,7 @@ WINDOWS = ("none", "layer_types", "every_layer")
 """How a Llama-like family reads sliding windows (:func:`llama_config`)."""
 
 
-def llama_config(hf_config: Any, kind: str, *, act_field: str = "hidden_act", act: str = "silu", mlp: str = "swiglu",
+def llama_config(hf_config: Any, kind: str, *, act_field: str = "hidden_act", act: str = "silu", mlp: Literal["swiglu", "geglu"] = "swiglu",
                  qkv_bias: bool = False, windows: str = "none", **fields: Any) -> TransformerConfig:
     """The native config of Llama or a relative: Llama's block with the family's differences.
 
