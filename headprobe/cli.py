@@ -1,9 +1,9 @@
 """The ``headprobe`` command.
 
 Each subcommand is a :class:`headprobe.commands.Command` registered in
-:data:`headprobe.commands.COMMANDS` (its ``help``, ``add_arguments(parser)`` -- flags shared by
-several commands are generated from :mod:`headprobe.settings` -- and ``main(args) -> int``, which
-only maps the flags to the command's config and runs it); this module lists no command. Errors a
+:data:`headprobe.commands.COMMANDS` (its ``help``, its Config, whose settings are its flags -- see
+:mod:`headprobe.settings` -- and its run target, imported once the flags made a valid Config);
+this module lists no command. Errors a
 user can cause are raised as :class:`headprobe.probe.errors.HeadprobeError` and end the program
 with one line on stderr and exit status 2 (argparse's usage errors too, see :class:`OneLineErrorParser`).
 """
@@ -81,9 +81,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             continue
         cmd = COMMANDS.get(name)  # a registered command that does not import is a bug: fail loudly
         p = sub.add_parser(name, help=cmd.help, description=cmd.help, epilog=cmd.epilog,
-                           formatter_class=argparse.RawDescriptionHelpFormatter if cmd.epilog else argparse.HelpFormatter)
-        cmd.add_arguments(p)
-        p.set_defaults(_run=cmd.main)
+                           formatter_class=argparse.RawDescriptionHelpFormatter if cmd.epilog and "\n" in cmd.epilog
+                           else argparse.HelpFormatter)
+        cmd.add_flags(p)
+        p.set_defaults(_run=cmd.execute)
     return parser
 
 

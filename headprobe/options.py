@@ -1,7 +1,7 @@
 """What the commands share above the settings: loading a model as the settings ask
 (:func:`load_model_as`, :func:`load_for`), the one runner of a command (:func:`run_command`), the
-one maker of a command's Python function (:func:`command_function`), and flag helpers
-(:func:`add_output_options` for every command that writes a directory). The settings themselves and the
+one maker of a command's Python function (:func:`command_function`), and the flag blocks of
+:class:`ModelRunConfig` (:func:`model_run_flags`). The settings themselves and the
 flag generator are :mod:`headprobe.settings` (re-exported here under their old names). Nothing
 here imports torch at module level (``headprobe budget`` must start fast): dtypes are names until
 :func:`torch_dtype`.
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from headprobe.settings import (  # noqa: F401 - the shared vocabularies and flag types, re-exported
     BACKENDS, DEFAULT_MODEL, DEVICE_MAPS, DEVICES, DTYPE_ALIASES, DTYPES, DataSettings, ModelSettings,
-    OutputSettings, add_flags, check_device_map, dtype_name, max_memory_dict, parse_max_memory, positive_int,
+    OUTPUT, Flags, OutputSettings, add_flags, add_layout, check_device_map, dtype_name, max_memory_dict, parse_max_memory,
+    positive_int,
 )
 from headprobe.settings import check_settings as check_config_fields  # noqa: F401 - the old name
 
@@ -31,16 +32,6 @@ def torch_dtype(name: str):
     import torch
 
     return getattr(torch, dtype_name(name))
-
-
-def add_output_options(p: argparse.ArgumentParser) -> None:
-    """``--out --overwrite --formats`` (:class:`~headprobe.settings.OutputSettings`)."""
-    add_flags(p, OutputSettings)
-
-
-def add_seed_option(p: argparse.ArgumentParser, default: int = 0) -> None:
-    """``--seed``."""
-    add_flags(p, DataSettings, only=("seed",), defaults={"seed": default})
 
 
 SMOLLM2_LAYOUT = (30, 9)
@@ -394,13 +385,12 @@ class ModelRunConfig(ModelSettings, DataSettings):
             open_text_file(self.text)
 
 
-def add_model_run_options(p: argparse.ArgumentParser, *, n_natural_help: str = "") -> None:
-    """The flags of a command that runs a model on text and writes a directory (``ablate``,
+def model_run_flags(n_natural_help: str = "") -> tuple[Flags, ...]:
+    """The flag blocks of a command that runs a model on text and writes a directory (``ablate``,
     ``prune``), generated from :class:`ModelRunConfig`'s settings: the model's (no ``--no-bos``),
-    :func:`add_output_options`, the data's."""
-    add_flags(p, ModelRunConfig, group=ModelSettings, skip=("prepend_bos",))
-    add_output_options(p)
-    add_flags(p, ModelRunConfig, group=DataSettings, helps={"n_natural": n_natural_help} if n_natural_help else None)
+    the output's, the data's (``n_natural_help``: the command's own help of ``--n-natural``)."""
+    return (Flags(group=ModelSettings, skip=("prepend_bos",)), OUTPUT,
+            Flags(group=DataSettings, helps={"n_natural": n_natural_help} if n_natural_help else None))
 
 
 @contextlib.contextmanager

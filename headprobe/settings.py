@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,36 +115,41 @@ def max_memory_dict(max_memory: dict | str | None) -> dict | None:
         raise HeadprobeError(str(e)) from None
 
 
-def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None, short: str | None = None,
-            type: Any = None, choices: Sequence[str] | None = None, metavar: str | None = None, action: str | None = None,
-            required: bool = False, nargs: str | None = None, section: str | None = None, exclusive: str | None = None,
-            positional: bool = False, kw_only: bool = False) -> Any:
+def setting(default: Any = dataclasses.MISSING, help: str | Callable[[], str] = "", *, flag: str | None = None,
+            short: str | None = None, aliases: tuple[str, ...] = (), type: Any = None,
+            choices: Sequence[str] | Callable[[], Sequence[str]] | None = None, metavar: str | None = None,
+            action: str | None = None, required: bool = False, nargs: str | None = None, positional: bool = False,
+            exclusive: str | None = None, text: Callable[[Any], str] | None = None,
+            parse: Callable[[Any], Any] | None = None, kw_only: bool = False) -> Any:
     """A dataclass field that is also a command-line flag: its ``default``, its ``help`` (argparse's
-    ``%(default)s`` allowed) and how the flag reads it. ``flag`` defaults to ``--field-name``;
-    ``action="store_false"`` with ``flag="--no-bos"`` makes a switch that turns the field off.
-    ``section``: the title of the argparse argument group it is listed under in ``--help``;
-    ``exclusive``: the name of a mutually exclusive group it shares with the fields of the same
-    name (``required`` then makes the group required); ``positional``: an argument named by its
-    field (``DIR``), not a flag; ``kw_only``: the dataclass field is keyword-only (a required field
-    after defaulted ones). The help is the field's documentation (:func:`field_help`)."""
-    meta = {"help": help, "flag": flag, "short": short, "type": type, "choices": choices, "metavar": metavar,
-            "action": action, "required": required, "nargs": nargs, "section": section, "exclusive": exclusive,
-            "positional": positional}
-    return field(default=default, kw_only=kw_only, metadata={k: v for k, v in meta.items() if v not in (None, False)})
+    ``%(default)s`` allowed) and how the flag reads it. ``flag`` defaults to ``--field-name``
+    (``aliases``: more long names); ``action="store_false"`` with ``flag="--no-bos"`` makes a switch
+    that turns the field off; ``positional``: an argument without a flag (``headprobe study heads``);
+    ``exclusive``: flags sharing this name are mutually exclusive (``required``: one of them must be
+    given); ``kw_only``: the dataclass field is keyword-only (a required field after defaulted
+    ones). ``help`` and ``choices`` may be
+    functions, called when the flag is made (a registry that grows at run time). ``text`` writes the
+    default as the flag's text (``(1, 3)`` -> ``"1,3"``) and ``parse`` turns the flag's value into
+    the field's (:func:`from_args`). The help is the field's documentation (:func:`field_help`)."""
+    meta = {"help": help, "flag": flag, "short": short, "aliases": tuple(aliases), "type": type, "choices": choices,
+            "metavar": metavar, "action": action, "required": required, "nargs": nargs, "positional": positional,
+            "exclusive": exclusive, "text": text, "parse": parse}
+    return field(default=default, kw_only=kw_only, metadata={k: v for k, v in meta.items() if v not in (None, False, ())})
 
 
-def shared(group, name: str, default: Any = dataclasses.MISSING) -> Any:
+def shared(group, name: str, default: Any = dataclasses.MISSING, *, help: str | None = None) -> Any:
     """Field ``name`` of settings ``group`` (:class:`DataSettings`, ...) for a Config that takes only
     some of the group's fields: the group's declaration -- help, flag, type, choices, so
     :func:`add_flags` makes the same flag -- with ``default`` (else the group's). Its value is
     checked by :func:`check_settings` as a composed field is (the Config's ``__post_init__`` must
-    call it, e.g. through :class:`ModelSettings`').
+    call it, e.g. through :class:`ModelSettings`'). ``help``: the command's own text for the flag.
 
     Raises:
         KeyError: ``group`` has no field ``name``.
     """
     f = group.__dataclass_fields__[name]
-    return field(default=f.default if default is dataclasses.MISSING else default, metadata=f.metadata)
+    metadata = f.metadata if help is None else {**f.metadata, "help": help}
+    return field(default=f.default if default is dataclasses.MISSING else default, metadata=metadata)
 
 
 def _meta(cls, name: str) -> dict:
@@ -157,103 +162,125 @@ def _meta(cls, name: str) -> dict:
     return {}
 
 
+def _default_text(meta: dict, default: Any) -> Any:
+    """The flag's default: the field's, written by the setting's ``text`` where it has one."""
+    if "text" in meta and default is not None and default is not dataclasses.MISSING:
+        return meta["text"](default)
+    return default
+
+
 def field_help(cls, name: str) -> str:
     """The documentation of setting ``name`` of dataclass ``cls`` (its flag's help, ``%(default)s``
     filled in with the field's default); ``""`` for a field that is not a flag."""
     meta = _meta(cls, name)
     f = cls.__dataclass_fields__[name]
-    return meta.get("help", "").replace("%(default)s", str(f.default))
+    text = meta.get("help", "")
+    text = text() if callable(text) else text
+    return text.replace("%(default)s", str(_default_text(meta, f.default)))
 
 
 def flag_names(cls) -> dict[str, str]:
-    """Field name -> the long flag :func:`add_flags` gives it, for every flag field of ``cls``."""
-    return {f.name: _meta(cls, f.name).get("flag") or "--" + f.name.replace("_", "-")
-            for f in dataclasses.fields(cls) if _meta(cls, f.name)}
+    """Field name -> the long flag :func:`add_flags` gives it (a positional argument: its name),
+    for every flag field of ``cls``."""
+    def name(f):
+        meta = _meta(cls, f.name)
+        return f.name if meta.get("positional") else meta.get("flag") or "--" + f.name.replace("_", "-")
+
+    return {f.name: name(f) for f in dataclasses.fields(cls) if _meta(cls, f.name)}
+
+
+def _flag_call(name: str, meta: dict, default: Any, help: str | Callable[[], str]) -> tuple[list[str], dict[str, Any]]:
+    """``(names, keywords)`` of the ``add_argument`` call that makes the flag of field ``name``."""
+    kwargs: dict[str, Any] = {"help": help() if callable(help) else help}
+    if meta.get("positional"):
+        names = [name]
+    else:
+        long = meta.get("flag") or "--" + name.replace("_", "-")
+        names = [*([meta["short"]] if meta.get("short") else []), long, *meta.get("aliases", ())]
+        kwargs["dest"] = name
+    if meta.get("action"):
+        kwargs["action"] = meta["action"]
+    else:
+        if not meta.get("positional") or default is not None:
+            kwargs["default"] = default
+        for key in ("type", "choices", "metavar", "nargs"):
+            if key in meta:
+                kwargs[key] = meta[key]() if key == "choices" and callable(meta[key]) else meta[key]
+    if meta.get("required") and not meta.get("exclusive"):  # an exclusive one: its group is required
+        kwargs["required"] = True
+    return names, kwargs
 
 
 def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls, *, group=None,
               only: tuple[str, ...] | None = None, skip: tuple[str, ...] = (), defaults: dict[str, Any] | None = None,
-              helps: dict[str, str] | None = None, order: Sequence[Any] = ()) -> None:
-    """Add a flag for each :func:`setting` field of dataclass ``cls`` (in field order), generated
+              helps: dict[str, str] | None = None) -> None:
+    """Add a flag for each :func:`setting` field of dataclass ``cls`` (in field order, or ``only``'s), generated
     from the field: its name (``seq_len`` -> ``--seq-len``, or the field's ``flag``), default (the
     one ``cls`` declares), type, choices and help. ``group`` (a settings class ``cls`` composes,
     e.g. :class:`DataSettings`): only the fields it declares, so a field added to the group reaches
     every command that composes it. ``only``/``skip`` pick fields; ``defaults``/``helps`` replace a
     field's default or help for this parser alone (a command that documents a default of its own).
-    ``order``: field names and dataclasses whose flags come first, in that order (a dataclass: its
-    fields not named in ``order``; one ``cls`` does not compose, e.g. :class:`OutputSettings`,
-    adds its own flags); ``cls``'s other flags follow. Fields with a ``section`` go into that
-    argument group, with an ``exclusive`` name into that mutually exclusive group."""
+    A name in ``only`` that is not a field of ``cls`` raises ``KeyError`` (a misspelt block).
+    Fields with the same ``exclusive`` name go in one mutually exclusive group of ``parser``
+    (required where one of them is ``required``)."""
     defaults, helps = defaults or {}, helps or {}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if unknown := [n for n in only or () if n not in fields]:
+        raise KeyError(f"{cls.__name__} has no field {', '.join(unknown)}")
     if group is not None:
         names = tuple(f.name for f in dataclasses.fields(group))
         only = names if only is None else tuple(n for n in only if n in names)
-    containers: dict[tuple, Any] = {}
-    for source, f in _ordered_fields(cls, order):
-        meta = _meta(source, f.name)
-        if not meta or f.name in skip or (source is cls and only is not None and f.name not in only):
+    exclusive = vars(parser).setdefault("_exclusive_settings", {})
+    for f in (fields[n] for n in (fields if only is None else only) if n in fields):
+        meta = _meta(cls, f.name)
+        if not meta or f.name in skip:
             continue
-        long = meta.get("flag") or "--" + f.name.replace("_", "-")
-        flags = [meta["short"], long] if meta.get("short") else [long]
-        kwargs: dict[str, Any] = {"dest": f.name, "help": helps.get(f.name, meta["help"])}
-        default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else None)
-        if meta.get("positional"):
-            flags = [kwargs.pop("dest")]
-        if meta.get("action"):
-            kwargs["action"] = meta["action"]
-        else:
-            if not meta.get("positional") or f.default is not dataclasses.MISSING:
-                kwargs["default"] = default
-            for key in ("type", "choices", "metavar", "nargs"):
-                if key in meta:
-                    kwargs[key] = meta[key]
-        if meta.get("required") and not meta.get("exclusive"):
-            kwargs["required"] = True
-        _container(parser, meta, containers).add_argument(*flags, **kwargs)
-
-
-def _ordered_fields(cls, order: Sequence[Any]) -> list[tuple[type, dataclasses.Field]]:
-    """``(class whose declaration makes the flag, field)`` in :func:`add_flags`' ``order``, then
-    ``cls``'s fields not yet listed; a field comes from ``cls`` where ``cls`` declares it as a flag.
-
-    Raises:
-        KeyError: a name in ``order`` that is not a field of ``cls``.
-    """
-    named = {x for x in order if isinstance(x, str)}
-    out: dict[str, tuple[type, dataclasses.Field]] = {}
-    for entry in (*order, None):
-        if isinstance(entry, str):
-            pairs = [(cls, cls.__dataclass_fields__[entry])]
-        else:
-            pairs = [(entry or cls, f) for f in dataclasses.fields(entry or cls) if entry is None or f.name not in named]
-        for owner, f in pairs:
-            if f.name not in out:
-                source = cls if f.name in cls.__dataclass_fields__ and _meta(cls, f.name) else owner
-                out[f.name] = (source, source.__dataclass_fields__[f.name])
-    return list(out.values())
-
-
-def _container(parser, meta: dict, made: dict) -> Any:
-    """Where :func:`add_flags` puts a flag: ``parser``, the argument group of its ``section`` and/or
-    the mutually exclusive group of its ``exclusive`` name (each made once per call, in ``made``)."""
-    where = parser
-    if meta.get("section"):
-        if ("section", meta["section"]) not in made:
-            made["section", meta["section"]] = parser.add_argument_group(meta["section"])
-        where = made["section", meta["section"]]
-    if meta.get("exclusive"):
-        if ("exclusive", meta["exclusive"]) not in made:
-            made["exclusive", meta["exclusive"]] = where.add_mutually_exclusive_group()
-        where = made["exclusive", meta["exclusive"]]
-        where.required = where.required or bool(meta.get("required"))
-    return where
+        default = defaults.get(f.name, _default_text(meta, f.default if f.default is not dataclasses.MISSING else None))
+        flags, kwargs = _flag_call(f.name, meta, default, helps.get(f.name, meta["help"]))
+        target = parser
+        if meta.get("exclusive"):
+            if meta["exclusive"] not in exclusive:  # made once: an empty group breaks argparse's usage line
+                exclusive[meta["exclusive"]] = parser.add_mutually_exclusive_group()
+            target = exclusive[meta["exclusive"]]
+            target.required = target.required or bool(meta.get("required"))
+        target.add_argument(*flags, **kwargs)
 
 
 def from_args(cls, args: argparse.Namespace, **changes):
-    """An instance of dataclass ``cls`` from the parsed flags (every field ``args`` has), with
-    ``changes`` applied; the dataclass's own checks run (``__post_init__``)."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.init and hasattr(args, f.name)}
+    """An instance of dataclass ``cls`` from the parsed flags (every field ``args`` has, through the
+    setting's ``parse`` where it has one), with ``changes`` applied; the dataclass's own checks run
+    (``__post_init__``)."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.init and hasattr(args, f.name):
+            parse = _meta(cls, f.name).get("parse")
+            values[f.name] = getattr(args, f.name) if parse is None else parse(getattr(args, f.name))
     return cls(**{**values, **changes})
+
+
+@dataclass(frozen=True)
+class Flags:
+    """One block of a command's flags, in ``--help`` order (:func:`add_layout`): the flags of the
+    :func:`setting` fields of ``settings`` (None: the command's Config), as :func:`add_flags`
+    makes them with the same ``group``, ``only`` (in its order), ``skip``, ``helps`` and
+    ``defaults``; ``title``: under a heading of their own in ``--help`` (an argument group)."""
+
+    settings: Any = None
+    group: Any = None
+    only: tuple[str, ...] | None = None
+    skip: tuple[str, ...] = ()
+    helps: dict[str, str] | None = None
+    defaults: dict[str, Any] | None = None
+    title: str | None = None
+
+
+def add_layout(parser: argparse.ArgumentParser, config, layout: Sequence[Flags] = ()) -> None:
+    """The flags of a command whose Config is ``config``: each block of ``layout`` in turn (empty:
+    every setting field of ``config``, in field order)."""
+    for block in layout or (Flags(),):
+        target = parser.add_argument_group(block.title) if block.title else parser
+        add_flags(target, block.settings or config, group=block.group, only=block.only, skip=block.skip,
+                  helps=block.helps, defaults=block.defaults)
 
 
 MODEL_HELP = (f"{DEFAULT_MODEL} (default, embedded 4-bit weights), gpt2 or another Hugging Face name, "
@@ -342,6 +369,10 @@ class OutputSettings:
                 raise HeadprobeError(f"--formats {self.formats!r}: choose from {', '.join(FIGURE_FORMATS)} "
                                      f"(comma-separated) or {NO_FIGURES}")
             object.__setattr__(self, "formats", ",".join(asked) or NO_FIGURES)
+
+
+OUTPUT = Flags(OutputSettings)
+"""The flags of :class:`OutputSettings` (``--out --overwrite --formats``), a block of a command's layout."""
 
 
 def check_device_map(device: str | None, device_map: str | None, max_memory: dict | str | None) -> None:

@@ -293,3 +293,30 @@ def test_the_block_name_check_can_fail():
     source = ('"""Reads ``blocks.{l}.hook_z``."""\nA = "blocks.0.attn.hook_pattern"\nB = f"blocks.{l}.hook_resid_pre"\n'
               'h, b = f"model.layers.{l}.", f"blocks.{l}."\nC = attn_hook(l, "z")\nD = "blocks"\n')
     assert _hand_spelled_block_names(source) == ["2: blocks.0.attn.hook_pattern", "3: blocks.", "4: blocks."]
+
+
+def _add_argument_calls(source: str) -> list[int]:
+    """Lines of ``source`` that call ``add_argument`` (``p.add_argument(...)``, ``group.add_argument(...)``)."""
+    import ast
+
+    return [node.lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"]
+
+
+def test_no_command_writes_its_flags_by_hand():
+    """A command's flags are its Config's setting() fields, made by headprobe.settings' generator:
+    no module under headprobe/commands calls argparse's add_argument."""
+    found = {}
+    for path in sorted((ROOT / "headprobe" / "commands").rglob("*.py")):
+        if lines := _add_argument_calls(path.read_text(encoding="utf-8")):
+            found[path.relative_to(ROOT).as_posix()] = lines
+    assert not found, f"add_argument calls (declare the flag as a setting() field instead): {found}"
+
+
+def test_the_hand_written_flag_check_can_fail():
+    """A planted command module with a hand-written flag is caught; a setting() field is not."""
+    planted = ("from headprobe.settings import setting\n\n"
+               "class Config:\n    steps: int = setting(3, 'steps')\n\n"
+               "def add_arguments(p):\n    group = p.add_argument_group('x')\n    group.add_argument('--steps', type=int)\n")
+    assert _add_argument_calls(planted) == [8]
+    assert _add_argument_calls(planted.replace("group.add_argument('--steps', type=int)", "pass")) == []

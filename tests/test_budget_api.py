@@ -81,12 +81,13 @@ def test_config_is_frozen_and_every_field_documented():
 def test_main_only_maps_flags():
     """Every BudgetConfig field is a flag of the same name, with the same default."""
     from headprobe.cli import build_parser
+    from headprobe.commands import resolve
 
     args = build_parser().parse_args(["budget"])
     for f in dataclasses.fields(BudgetConfig):
         assert hasattr(args, f.name), f.name
         assert getattr(args, f.name) == f.default, f.name
-    assert args._run is budget.main
+    assert args._run == budget.COMMAND.execute and resolve(budget.COMMAND.run) is budget.main
 
 
 def test_library_errors_are_headprobe_errors():

@@ -168,7 +168,7 @@ def test_estimate_figure_titles_are_short_and_inside_the_figure():
     """ablation_estimate.png's suptitle names the method briefly (the full label with its
     sources stays in summary.json) and every line fits without wrapping: "ESTIMATE" is never cut."""
     from headprobe.commands.ablate import ESTIMATES
-    from headprobe.commands.ablate.core import ESTIMATE_LABELS, estimate_title
+    from headprobe.commands.ablate_core import ESTIMATE_LABELS, estimate_title
 
     values = np.random.default_rng(0).normal(size=(30, 9))
     for method in ESTIMATES:

@@ -57,6 +57,45 @@ def test_usage_errors_are_refused_before_torch_is_imported(tmp_path, argv, fragm
     assert not (tmp_path / "o").exists()
 
 
+# What each command needs besides the bad flag, so that the flag is what argparse refuses.
+REQUIRED = {"scan": ["--out", "o"], "budget": [], "ablate": ["--out", "o"], "prune": ["--out", "o"],
+            "train": ["--out", "o"], "study": ["heads", "--out", "o"], "view": ["d"], "show": ["--head", "1.1", "--prompt",
+            "x", "--out", "o"], "atlas": ["--out", "o"], "patch": ["--out", "o"], "circuit": ["--out", "o"],
+            "kv": ["--out", "o"]}
+
+
+def test_every_command_is_in_the_bad_flag_list():
+    from headprobe.commands import COMMANDS
+
+    assert sorted(REQUIRED) == sorted(COMMANDS.names())
+
+
+@pytest.mark.parametrize("command", sorted(REQUIRED))
+def test_a_bad_flag_of_every_command_is_refused_before_torch_is_imported(tmp_path, command):
+    """Every command's parser is made from its settings without torch: a misspelt flag is one line, exit 2."""
+    code, errors, torch = _refuse([command, *REQUIRED[command], "--no-such-flag"], tmp_path)
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("headprobe: error: unrecognized arguments: "
+                                                                   "--no-such-flag"), errors
+    assert not torch
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["scan", "--pattern-len", "1", "--out", "o"], "--pattern-len must be 0 (no patterns.npz) or at least 2, got 1"),
+    (["ablate", "--heads", "5.x", "--out", "o"], "5.x"),
+    (["prune", "--step-fraction", "2", "--out", "o"], "--step-fraction must be in (0, 1], got 2.0"),
+    (["train", "--lr", "-1", "--out", "o"], "--lr must be a positive number, got -1.0"),
+    (["study", "layouts", "--rope", "3", "--out", "o"], "--rope must be an even non-negative integer, got 3"),
+    (["atlas", "--model", "gpt2", "--out", "o"], "headprobe atlas takes --models (one or more), not --model"),
+])
+def test_a_value_the_config_refuses_is_refused_before_torch_is_imported(tmp_path, argv, fragment):
+    """The Config made from the flags checks their values before the run target (which may import torch) is."""
+    code, errors, torch = _refuse(argv, tmp_path)
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("headprobe: error:") and fragment in errors[0], errors
+    assert not torch
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_prompt_too_short_for_the_scores_is_refused_before_loading(tmp_path):
     """Item 15: ``show --prompt w`` (2 tokens with BOS): refused before loading, naming the
     tokens the pattern's scores need; the count is that of the model's own tokenizer (checked in

@@ -363,7 +363,7 @@ def test_every_output_states_the_verdict_rule_from_its_record(tiny_llama_gqa_nat
     from headprobe.analyses import atlas as atlas_lib
     from headprobe.analyses import figures as figs
     from headprobe.analyses import verdicts
-    from headprobe.commands.scan.core import figure_makers
+    from headprobe.commands.scan_core import figure_makers
 
     monkeypatch.setitem(verdicts.MIN_EFFECT, "loss", 0.123)
     monkeypatch.setattr(verdicts, "EFFECT_RATIO", 3.5)

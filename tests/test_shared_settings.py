@@ -171,27 +171,31 @@ def test_threads_zero_is_refused_in_one_line(capsys):
 @dataclasses.dataclass(frozen=True)
 class _Flags(ModelSettings):
     dir: str = settings.setting(dataclasses.MISSING, "d", positional=True, metavar="DIR", kw_only=True)
-    a: int = settings.setting(1, "a (default %(default)s)", type=int, section="S")
-    b: int | None = settings.setting(None, "b", type=int, exclusive="x", required=True, section="S")
-    c: int | None = settings.setting(None, "c", type=int, exclusive="x", section="S")
+    a: int = settings.setting(1, "a (default %(default)s)", type=int)
+    b: int | None = settings.setting(None, "b", type=int, exclusive="x", required=True)
+    c: int | None = settings.setting(None, "c", type=int, exclusive="x")
 
 
-def test_add_flags_orders_sections_exclusive_groups_and_positionals():
-    """Issue 37 item 3: ``order`` puts the named fields and classes first (OutputSettings' own
-    flags too), ``section`` makes an argument group, ``exclusive`` a mutually exclusive group
-    (required when a member is), ``positional`` an argument; from_args reads them back."""
+def test_layout_orders_blocks_titles_exclusive_groups_and_positionals():
+    """Issue 37 item 3: the Flags blocks come in their order (OUTPUT's flags from a class the
+    Config does not compose), ``title`` makes an argument group, ``exclusive`` one mutually
+    exclusive group however many members (required when a member is), ``positional`` an argument;
+    from_args reads them back."""
     p = argparse.ArgumentParser()
-    settings.add_flags(p, _Flags, order=("dir", settings.OutputSettings, "b"), skip=("device_map",))
-    assert [a.dest for a in p._actions[1:]] == ["dir", "out", "overwrite", "formats", "b", "model", "device", "dtype",
-                                                "backend", "prepend_bos", "max_memory", "threads", "a", "c"]
+    settings.add_layout(p, _Flags, (settings.Flags(only=("dir",)), settings.OUTPUT,
+                                    settings.Flags(only=("b", "a", "c"), title="S"),
+                                    settings.Flags(group=ModelSettings, skip=("device_map",))))
+    assert [a.dest for a in p._actions[1:]] == ["dir", "out", "overwrite", "formats", "b", "a", "c", "model", "device",
+                                                "dtype", "backend", "prepend_bos", "max_memory", "threads"]
     assert [a.option_strings for a in p._actions[1:3]] == [[], ["--out"]]
     assert {g.title: [a.dest for a in g._group_actions] for g in p._action_groups}["S"] == ["b", "a", "c"]
     (group,) = p._mutually_exclusive_groups
     assert group.required and [a.dest for a in group._group_actions] == ["b", "c"]
+    p.format_help()  # an empty exclusive group would break the usage line
     for argv in (["d", "--out", "o"], ["d", "--out", "o", "--b", "1", "--c", "2"], ["--out", "o", "--b", "1"]):
         with pytest.raises(SystemExit):
             p.parse_args(argv)
     args = p.parse_args(["d", "--out", "o", "--c", "2", "--a", "3"])
     assert settings.from_args(_Flags, args) == _Flags(dir="d", a=3, c=2)
     with pytest.raises(KeyError):
-        settings.add_flags(argparse.ArgumentParser(), _Flags, order=("nosuchfield",))
+        settings.add_flags(argparse.ArgumentParser(), _Flags, only=("nosuchfield",))

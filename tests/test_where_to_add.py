@@ -413,7 +413,6 @@ HELLO = '''
 import argparse
 from dataclasses import dataclass
 
-from headprobe import settings
 from headprobe.commands import Command
 from headprobe.probe.errors import HeadprobeError
 from headprobe.settings import DataSettings, setting
@@ -436,17 +435,12 @@ def hello(**fields) -> str:
     return " ".join(["hello"] * cfg.times) + f" (seed {cfg.seed})"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_flags(p, HelloConfig)
-
-
-def main(args: argparse.Namespace) -> int:
-    cfg = settings.from_args(HelloConfig, args)
+def main(args: argparse.Namespace, cfg: HelloConfig) -> int:
     print(hello(times=cfg.times, seed=cfg.seed))
     return 0
 
 
-COMMAND = Command(HELP, add_arguments, main, api=hello)
+COMMAND = Command(HELP, config=HelloConfig, run="hp_hello_command:main", api=hello)
 '''
 
 

@@ -1,22 +1,49 @@
 """The ``headprobe`` subcommands, one module each, registered once in :data:`COMMANDS`.
 
-A command is a module ``headprobe/commands/<name>.py`` (or a package, where its flags must be
-checked before torch loads: ``commands/<name>/__init__.py`` light, ``core.py`` the computation)
-that defines ``COMMAND = Command(...)``, and one entry here: ``COMMANDS.register("<name>",
-"headprobe.commands.<name>:COMMAND")``. ``headprobe <name>`` (:mod:`headprobe.cli`), its
-``--help`` and the Python function ``headprobe.<name>`` (:mod:`headprobe`) are read from that
-entry; nothing else lists the commands. Listing the names imports no command module.
+A command is a light module ``headprobe/commands/<name>.py`` -- its frozen Config dataclass, whose
+:func:`~headprobe.settings.setting` fields are the flags, and ``COMMAND = Command(HELP,
+config=<Config>, run="headprobe.commands.<name>:main", api=...)`` -- that imports no torch, so a bad
+flag or value is refused before torch loads. Where the computation needs torch it is the sibling
+module ``headprobe/commands/<name>_core.py`` (``run``, the Result, the Python function), which
+imports the light module and is imported only on first use: by the run target, by
+``Command.api``'s ``"module:attr"`` and by the light module's :func:`lazy_names` (``from
+headprobe.commands.scan import ScanResult`` still works). One entry here registers it:
+``COMMANDS.register("<name>", "headprobe.commands.<name>:COMMAND")``. ``headprobe <name>``
+(:mod:`headprobe.cli`), its ``--help`` and the Python function ``headprobe.<name>``
+(:mod:`headprobe`) are read from that entry; nothing else lists the commands. Listing the names
+imports no command module.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from headprobe.probe.registry import Registry
+
+
+def resolve(spec: Any) -> Any:
+    """``"module:attr"`` imported now; anything else as it is."""
+    if isinstance(spec, str):
+        module, _, attr = spec.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return spec
+
+
+def lazy_names(module: str, core: str, names: Sequence[str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for light module ``module`` that imports its sibling ``core`` (it
+    needs torch) on first use of one of ``names`` (``"core"``: the module itself)."""
+    def __getattr__(name: str):
+        if name == "core":
+            return importlib.import_module(core)
+        if name in names:
+            return getattr(importlib.import_module(core), name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 @dataclass(frozen=True)
@@ -25,27 +52,52 @@ class Command:
 
     Attributes:
         help: one line, shown by ``headprobe --help`` and as the command's description.
-        add_arguments: adds the command's flags to its parser (shared ones generated from
-            :mod:`headprobe.settings`).
-        main: ``main(args) -> exit status``: maps the parsed flags to the command's Config and runs it;
-            raises :class:`~headprobe.probe.errors.HeadprobeError` for bad input (one line, exit 2).
+        config: the command's Config dataclass (or ``"module:Config"``): its
+            :func:`~headprobe.settings.setting` fields are the flags (:func:`~headprobe.settings.add_layout`),
+            and :func:`~headprobe.settings.from_args` builds it from them, its checks refusing bad values.
+        run: ``"module:attr"`` of ``attr(args, config) -> exit status``, imported only once the flags
+            parsed and the Config was made (it may import torch); ``args`` holds the flags that are
+            not the Config's (``--out``).
+        flags: the flag blocks in ``--help`` order (:class:`~headprobe.settings.Flags`,
+            :data:`~headprobe.settings.OUTPUT`); empty: every setting of ``config``.
         api: the Python function ``headprobe.<name>`` (same settings as keyword arguments), the
             function itself or ``"module:attr"`` imported on first use; None: no Python function.
-        epilog: usage notes printed after the flags in ``--help``, kept as written (line breaks).
+        epilog: usage notes printed after the flags in ``--help``: kept as written where they span
+            several lines, else wrapped as argparse wraps text.
     """
 
     help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    main: Callable[[argparse.Namespace], int]
+    config: type | str
+    run: str
+    flags: Sequence[Any] = ()
     api: Callable[..., Any] | str | None = None
     epilog: str | None = None
 
+    def config_class(self) -> type | None:
+        """The Config dataclass (:attr:`config`), imported now where it is a ``"module:Config"`` string."""
+        return resolve(self.config)
+
+    def add_flags(self, parser: argparse.ArgumentParser) -> None:
+        """Add the command's flags to its parser."""
+        from headprobe import settings
+
+        settings.add_layout(parser, self.config_class(), self.flags)
+
+    def execute(self, args: argparse.Namespace) -> int:
+        """Run the command on its parsed flags: the Config made (and checked), then the run target
+        imported and called.
+
+        Raises:
+            HeadprobeError: a bad value (the Config's checks) or bad input found by the run.
+        """
+        from headprobe import settings
+
+        config = settings.from_args(self.config_class(), args)
+        return resolve(self.run)(args, config)
+
     def function(self) -> Callable[..., Any] | None:
         """The Python function (:attr:`api`), imported now where it is a ``"module:attr"`` string."""
-        if isinstance(self.api, str):
-            module, _, attr = self.api.partition(":")
-            return getattr(importlib.import_module(module), attr)
-        return self.api
+        return resolve(self.api)
 
 
 COMMANDS: Registry[Command] = Registry("command", hint="see headprobe --help")

@@ -31,30 +31,26 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import hashlib
 import json
 import re
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import pandas as pd
-
-from headprobe.commands import Command
+from headprobe.commands import Command, lazy_names, resolve
 from headprobe import options, settings
-from headprobe.analyses import atlas as atlas_lib
-from headprobe.analyses.outputs import write_outputs
-from headprobe.analyses.detectors import select_detectors
+from headprobe.analyses.columns import select_head_types as select_detectors
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import DataSettings, ModelSettings
-from headprobe.probe.io import RunCheckpoint, prepare_output_dir, summary_envelope, write_json
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
+from headprobe.probe.io import prepare_output_dir
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+_CORE = ("AtlasResult", "toy_train_config", "run", "atlas")
+"""Names of :mod:`headprobe.commands.atlas_core` (the scans and the atlas: torch), imported on first use."""
+
+__getattr__ = lazy_names(__name__, "headprobe.commands.atlas_core", _CORE)
 
 HELP = "scan many models (or a training run's checkpoints) and show where each head type sits across them"
 
@@ -91,6 +87,11 @@ def _read_json(path: Path):
         return None
 
 
+def _model_names(values: Sequence[str] | None) -> tuple[str, ...] | None:
+    """``--models a,b c`` (commas and spaces alike) as ``("a", "b", "c")``; None: not given."""
+    return tuple(m.strip() for a in values for m in a.split(",") if m.strip()) if values else None
+
+
 @dataclass(frozen=True)
 class AtlasConfig(ModelSettings, DataSettings):
     """Settings of an atlas (all recorded in summary.json's ``config``): the shared
@@ -115,20 +116,31 @@ class AtlasConfig(ModelSettings, DataSettings):
     """
 
     model: str | None = None  # type: ignore[assignment]  # optional here (--models, --checkpoints), required by the other commands
-    models: Sequence[str] | str | None = None
-    checkpoints: str | None = None
-    seq_len: int | None = None
-    period: int | None = None
-    n_random: int = 50
-    alpha: float = 0.05
-    control: str = "layer-matched"
-    correction: str = "bh"
-    k: int | None = None
-    types: Sequence[str] | str | None = None
-    pattern_len: int = 64
-    toy_steps: int = 1200
-    model_figures: bool = True
-    metrics: bool = True
+    models: Sequence[str] | str | None = setting(
+        None, f"models to scan: names, paths, or {TOY} (a small model trained first); default: {' '.join(DEFAULT_MODELS)} "
+        "and the cached ones of GPT-2, Pythia, Qwen, Llama ...", nargs="+", metavar="MODEL", parse=_model_names)
+    checkpoints: str | None = setting(None, "scan the snapshots of a headprobe train --save-every run (RUN/checkpoints/step-*) "
+                                      "in step order", metavar="RUN")
+    seq_len: int | None = shared(DataSettings, "seq_len", None, help=(
+        "natural-text sequence length in tokens (default: as scan, 128 or the model's context)"))
+    period: int | None = shared(DataSettings, "period", None, help=(
+        "length of the repeated random block (default: as scan, 50 or what fits the context twice)"))
+    n_random: int = setting(50, "the most control sets of k heads a verdict's test ablates (default %(default)s; see scan)",
+                            type=positive_int)
+    alpha: float = setting(0.05, "significance level of the verdicts (default %(default)s)", type=settings.probability)
+    control: str = setting("layer-matched", "how control sets are drawn (default %(default)s; see scan)",
+                           choices=("layer-matched", "uniform"))
+    correction: str = setting("bh", "multiple-testing correction over each model's verdicts (default %(default)s)",
+                              choices=("bh", "holm"))
+    k: int | None = setting(None, "heads ablated per type (default: as scan)", flag="--top-k", short="-k", type=positive_int)
+    types: Sequence[str] | str | None = setting(None, "head types (default: all)", metavar="TYPE[,TYPE...]")
+    pattern_len: int = setting(64, "tokens of each head's pattern kept per model for headprobe view (default %(default)s; "
+                               "0: none)", type=int)
+    toy_steps: int = setting(1200, "training steps of the toy model (default %(default)s)", type=positive_int)
+    model_figures: bool = setting(True, "write only each model's tables, patterns and viewer page, not its scan figures "
+                                  "(faster)", flag="--no-model-figures", action="store_false")
+    metrics: bool = setting(True, "skip the scan's reported head metrics (copying, sink rate, entropy, retrieval, DLA, "
+                            "composition)", flag="--no-metrics", action="store_false")
 
     def __post_init__(self):
         super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
@@ -257,209 +269,19 @@ def family_of(model: str) -> str:
         return "unknown"
 
 
-@dataclass
-class AtlasResult:
-    """A finished atlas.
-
-    Attributes:
-        config: the settings.
-        table: atlas.csv (see :func:`headprobe.analyses.atlas.atlas_rows`).
-        models: label -> ``{"model", "family", "step", "dir", "status", "timings_s"}`` (``status``:
-            ``scanned``, ``resumed`` or ``failed``; failed ones also have ``error``, one line;
-            ``timings_s``: ``scan_s``, the model's scan).
-        out: the output directory. seconds: the whole run's.
-        rules: the :class:`~headprobe.analyses.verdicts.VerdictRule` of each scan with verdicts.
-    """
-
-    config: AtlasConfig
-    table: pd.DataFrame
-    models: dict[str, dict]
-    out: Path
-    seconds: float = 0.0
-    files: list[Path] = field(default_factory=list)
-    rules: list = field(default_factory=list)
-
-    def figures(self) -> dict[str, Figure]:
-        """``atlas`` (every type), ``atlas_<type>`` (one per type) and, with checkpoints, ``over_training``."""
-        if self.table.empty:
-            return {}
-        n = self.table["model"].nunique()
-        what = "checkpoint" if self.table["step"].notna().all() else "model"
-        figs = {"atlas": atlas_lib.atlas_overview(self.table, f"Head atlas: {n} {what}{'s' if n > 1 else ''}")}
-        figs.update({f"atlas_{t}": atlas_lib.depth_plot(self.table, t) for t in atlas_lib.table_types(self.table)})
-        if self.table["step"].notna().any():
-            figs["over_training"] = atlas_lib.over_training_plot(self.table, "head types over training (real scans)")
-        return figs
-
-    def summary(self) -> dict:
-        """summary.json: settings, every model's status (and error), where each type was confirmed."""
-        confirmed = {}
-        for t in atlas_lib.table_types(self.table):
-            v = self.table[self.table[f"{t}_top"].fillna(False).astype(bool)].groupby("model", sort=False)[f"{t}_verdict"].first()
-            confirmed[t] = {m: v.get(m, "") for m in atlas_lib.model_labels(self.table)}
-        return summary_envelope({"models": self.models, "verdicts": confirmed,
-                                 "verdict_rule": atlas_lib.verdict_rule_text(self.rules),
-                                 "relative_depth": "layer / (n_layers - 1)"},
-                                model=None, precision=None, device=self.config.device, self_check=None, config=self.config,
-                                timings_s={"run_s": self.seconds})
-
-    def report(self) -> str:
-        lines = []
-        for label, m in self.models.items():
-            lines.append(f"{label:<28} {m['status']:<8} " + (m.get("error", "") if m["status"] == "failed"
-                                                              else f"{m['timings_s']['scan_s']:.0f} s"))
-        s = self.summary()["verdicts"]
-        if s:
-            lines.append("")
-            models = atlas_lib.model_labels(self.table)
-            lines.append(f"verdicts (each scan's tested verdict: {atlas_lib.VERDICT_KIND} ablation of each type's top-k heads "
-                         f"against {self.config.control} controls): " + ", ".join(models))
-            for t, per in s.items():
-                lines.append(f"  {t:<16} " + " | ".join(per.get(m, "") or "-" for m in models))
-        return "\n".join(lines)
+# --model is kept off --help (AtlasConfig refuses it in one line: an atlas takes --models); no --no-bos
+FLAGS = (Flags(only=("models", "checkpoints")), OUTPUT, Flags(group=DataSettings),
+         Flags(only=("k", "n_random", "alpha", "control", "correction", "types", "pattern_len", "model_figures", "metrics",
+                     "toy_steps")),
+         Flags(group=ModelSettings, skip=("prepend_bos",), helps={"model": argparse.SUPPRESS}))
+"""``headprobe atlas``'s flags in ``--help`` order."""
 
 
-def toy_train_config(config: AtlasConfig):
-    """The :class:`~headprobe.analyses.train.TrainConfig` of the ``toy`` model (:data:`TOY_TRAIN`
-    with the atlas's ``toy_steps`` and ``seed``, on CPU unless ``device`` asks for CUDA)."""
-    from headprobe.analyses.train import N_CHARS, TrainConfig
-
-    return TrainConfig(**{**TOY_TRAIN, "steps": config.toy_steps, "seed": config.seed, "device": config.device},
-                       n_words=N_CHARS)
-
-
-def _train_toy(config: AtlasConfig, out: Path, progress: bool) -> Path:
-    """Train the ``toy`` model into ``out`` (skipped when a finished one is there); returns ``out``."""
-    import tempfile
-
-    from headprobe.analyses.train import train, training_tokenizer
-
-    cfg = toy_train_config(config)
-    done = out / "config.json"
-    if done.is_file() and json.loads(done.read_text(encoding="utf-8")).get("train") == asdict(cfg):
-        return out
-    if progress:
-        print(f"training the toy model ({cfg.steps} steps, text+copy) ...", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        run = train(cfg, training_tokenizer(cfg, tmp))
-    out.mkdir(parents=True, exist_ok=True)
-    run.loaded.tokenizer.save_pretrained(out)
-    run.loaded.save(out, {"train": asdict(cfg)})  # config.json last: the directory is complete
-    return out
-
-
-def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress: bool = True) -> AtlasResult:
-    """Scan every model of ``config`` into ``out`` and write the atlas (see the module docstring).
-
-    Raises:
-        HeadprobeError: bad settings, or ``out`` not writable / holding another run's files
-            without ``overwrite``. A model that fails is recorded, not raised.
-    """
-    from headprobe.commands.scan import run as run_scan
-
-    t_start = time.perf_counter()
-    models = config.model_list()
-    out = prepare_output_dir(out, overwrite, resumable=True)
-    # where the models run is not part of the key: a run resumed on another device (or split) reads the same checkpoint
-    ckpt = RunCheckpoint(out, {k: v for k, v in asdict(config).items() if k not in ("device", "device_map", "max_memory")})
-    ckpt.load(overwrite=overwrite)
-    ckpt.save({})  # from now on the directory is resumable without --overwrite
-    records: dict[str, dict] = {}
-    parts, rules = [], []
-    for label, name, step in models:
-        d = out / MODELS_DIR / slug(label)
-        rec: dict[str, Any] = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
-        key = {"model": name, "scan": json.loads(json.dumps(asdict(config.scan_config(name)), default=str))}
-        if name == TOY:  # the toy is retrained (and rescanned) when its training settings change
-            key["train"] = asdict(toy_train_config(config))
-        saved = _read_json(d / SCAN_KEY) or {}
-        if saved.get("key") == key and (d / "summary.json").is_file():
-            rec.update(status="resumed", timings_s={"scan_s": saved.get("timings_s", {}).get("scan_s", saved.get("seconds", 0.0))})
-        else:
-            t0 = time.perf_counter()
-            try:
-                path = str(_train_toy(config, out / TOY_DIR, progress)) if name == TOY else name
-                if progress:
-                    print(f"[{len(records) + 1}/{len(models)}] scanning {label} ...", flush=True)
-                loaded = options.load_for(config.scan_config(path))
-                result = run_scan(loaded, config.scan_config(path), progress=progress)
-                result.save(d, overwrite=True, html=bool(config.pattern_len), figures=config.model_figures)
-                del loaded, result
-                rec.update(status="scanned", timings_s={"scan_s": round(time.perf_counter() - t0, 2)})
-                write_json(d / SCAN_KEY, {"key": key, "timings_s": rec["timings_s"]})  # last: this model's scan is complete and reusable
-            except HeadprobeError as e:
-                rec.update(status="failed", timings_s={"scan_s": round(time.perf_counter() - t0, 2)}, error=str(e).splitlines()[0])
-            except Exception as e:  # noqa: BLE001 - one model's crash must not end the atlas; recorded with its type
-                rec.update(status="failed", timings_s={"scan_s": round(time.perf_counter() - t0, 2)},
-                           error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            finally:
-                gc.collect()
-            if rec["status"] == "failed" and progress:
-                print(f"  {label} failed: {rec['error']}", flush=True)
-        records[label] = rec
-        if rec["status"] != "failed":
-            summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
-            parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
-            rules.append(atlas_lib.scan_rule(summary))
-    table = atlas_lib.atlas_table(parts) if parts else pd.DataFrame(columns=list(atlas_lib.ID_COLUMNS))
-    result = AtlasResult(config, table, records, out, seconds=time.perf_counter() - t_start,
-                         rules=[r for r in rules if r is not None])
-    # --out was checked when the run began; it now holds the models' directories
-    produced = [p for p in [*(out / r["dir"] for r in records.values()), out / TOY_DIR] if p.exists()]  # recorded as this atlas's
-    files = write_outputs(out, True, summary=result.summary, tables={TABLE: table.to_csv(index=False, float_format="%.5f")},
-                          figures=result.figures, produced=produced)
-    ckpt.clear()
-    result.files = files
-    return result
-
-
-def atlas(*, out: str | Path, overwrite: bool = False, progress: bool = False, **config_fields) -> AtlasResult:
-    """``headprobe atlas`` as a function: :func:`run` on ``AtlasConfig(**config_fields)``.
-
-    Raises:
-        HeadprobeError: as :func:`run`. TypeError: an unknown field.
-    """
-    return run(AtlasConfig(**config_fields), out, overwrite=overwrite, progress=progress)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = AtlasConfig()
-    p.add_argument("--models", nargs="+", default=None, metavar="MODEL",
-                   help=f"models to scan: names, paths, or {TOY} (a small model trained first); default: "
-                        f"{' '.join(DEFAULT_MODELS)} and the cached ones of GPT-2, Pythia, Qwen, Llama ...")
-    p.add_argument("--checkpoints", default=None, metavar="RUN",
-                   help="scan the snapshots of a headprobe train --save-every run (RUN/checkpoints/step-*) in step order")
-    options.add_output_options(p)
-    settings.add_flags(p, AtlasConfig, group=DataSettings, helps={
-        "seq_len": "natural-text sequence length in tokens (default: as scan, 128 or the model's context)",
-        "period": "length of the repeated random block (default: as scan, 50 or what fits the context twice)"})
-    p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=None, help="heads ablated per type (default: as scan)")
-    p.add_argument("--n-random", type=positive_int, default=d.n_random,
-                   help="the most control sets of k heads a verdict's test ablates (default %(default)s; see scan)")
-    p.add_argument("--alpha", type=settings.probability, default=d.alpha, help="significance level of the verdicts (default %(default)s)")
-    p.add_argument("--control", choices=("layer-matched", "uniform"), default=d.control,
-                   help="how control sets are drawn (default %(default)s; see scan)")
-    p.add_argument("--correction", choices=("bh", "holm"), default=d.correction,
-                   help="multiple-testing correction over each model's verdicts (default %(default)s)")
-    p.add_argument("--types", default=None, metavar="TYPE[,TYPE...]", help="head types (default: all)")
-    p.add_argument("--pattern-len", type=int, default=d.pattern_len,
-                   help="tokens of each head's pattern kept per model for headprobe view (default %(default)s; 0: none)")
-    p.add_argument("--no-model-figures", dest="model_figures", action="store_false",
-                   help="write only each model's tables, patterns and viewer page, not its scan figures (faster)")
-    p.add_argument("--no-metrics", dest="metrics", action="store_false",
-                   help="skip the scan's reported head metrics (copying, sink rate, entropy, retrieval, DLA, composition)")
-    p.add_argument("--toy-steps", type=positive_int, default=d.toy_steps, help="training steps of the toy model (default %(default)s)")
-    # --model is kept off --help (AtlasConfig refuses it in one line: an atlas takes --models); no --no-bos
-    settings.add_flags(p, AtlasConfig, group=ModelSettings, skip=("prepend_bos",), helps={"model": argparse.SUPPRESS})
-
-
-def main(args: argparse.Namespace) -> int:
-    models = tuple(m.strip() for a in args.models for m in a.split(",") if m.strip()) if args.models else None  # a,b or a b
-    config = settings.from_args(AtlasConfig, args, models=models)
+def main(args: argparse.Namespace, config: AtlasConfig) -> int:
     config.model_list()
     prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
     with options.out_as_it_was(args.out):
-        result = run(config, args.out, overwrite=args.overwrite, progress=True)
+        result = resolve("headprobe.commands.atlas_core:run")(config, args.out, overwrite=args.overwrite, progress=True)
     print()
     print(result.report())
     print(f"\nwrote atlas.csv ({len(result.table)} heads), {len(result.files) - 2} figure files and summary.json to "
@@ -470,5 +292,6 @@ def main(args: argparse.Namespace) -> int:
     return 1 if n_failed == len(result.models) else 0
 
 
-COMMAND = Command(HELP, add_arguments, main, api=atlas)
+COMMAND = Command(HELP, config=AtlasConfig, run="headprobe.commands.atlas:main", flags=FLAGS,
+                  api="headprobe.commands.atlas_core:atlas")
 """``headprobe atlas``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -29,10 +29,9 @@ import json
 import sys
 from collections.abc import Sequence
 from contextlib import redirect_stdout
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from headprobe import settings
 from headprobe.commands import Command
 from headprobe.options import dtype_name, positive_int
 from headprobe.probe import cost
@@ -40,7 +39,7 @@ from headprobe.probe.cost import AttentionLayout, format_bytes, format_flops, fo
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import finite_json
 from headprobe.probe.layout import attention_module, windows_from_hf_config
-from headprobe.settings import setting
+from headprobe.settings import Flags, setting
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -52,7 +51,7 @@ HELP = "attention cost calculator: parameters, KV cache, FLOPs and attention-mat
 DEFAULT_SEQ_LEN = 8192
 FLOPS_TABLE_SEQ_LENS = (1024, 8192, 32768, 131072)  # the lesson's table (seeds/003, "FLOPs")
 LAYOUT, WORKLOAD, MODES = ("layout (a preset, a model, explicit flags; flags override the first two)", "workload", "modes")
-"""The sections of ``headprobe budget --help`` (the fields' ``section``)."""
+"""The sections of ``headprobe budget --help`` (:data:`FLAGS`)."""
 CHECK_PROMPT = "The quick brown fox jumps over the lazy dog. Attention heads share keys and values."
 CHECK_PAST_WINDOW = 8  # the live check runs this many tokens past the smallest sliding window
 CHECK_MIN_TOKENS = 16  # and at least this many (a tokenizer may read the prompt as a single unknown token)
@@ -125,56 +124,49 @@ class BudgetConfig:
         HeadprobeError: an unknown dtype.
     """
 
-    preset: str | None = setting(None, f"a published layout: {', '.join(cost.PRESETS)}", section=LAYOUT)
+    preset: str | None = setting(None, f"a published layout: {', '.join(cost.PRESETS)}")
     model: str | None = setting(None, "load this model (e.g. smollm2-135m, gpt2, a local directory, a headprobe "
                                       "train or prune --save-pruned directory), read its layout and check the formulas "
-                                      "against its own KV cache and attention parameters", section=LAYOUT)
-    d_model: int | None = setting(None, "residual width D", type=positive_int, section=LAYOUT)
-    n_layers: int | None = setting(None, "number of attention layers", type=positive_int, section=LAYOUT)
-    n_heads: int | None = setting(None, "query heads H", type=positive_int, section=LAYOUT)
-    n_kv_heads: int | None = setting(None, "key/value heads (default: --n-heads, i.e. MHA; 1 is MQA)", type=positive_int,
-                                     section=LAYOUT)
+                                      "against its own KV cache and attention parameters")
+    d_model: int | None = setting(None, "residual width D", type=positive_int)
+    n_layers: int | None = setting(None, "number of attention layers", type=positive_int)
+    n_heads: int | None = setting(None, "query heads H", type=positive_int)
+    n_kv_heads: int | None = setting(None, "key/value heads (default: --n-heads, i.e. MHA; 1 is MQA)", type=positive_int)
     d_head: int | None = setting(None, "width of each head's value (z); of its query and key too except for MLA "
-                                       "(default: d_model / n_heads)", type=positive_int, section=LAYOUT)
-    bias: str | None = setting(None, "projections with biases (default: the preset's, else none)", choices=cost.BIAS_KINDS,
-                               section=LAYOUT)
+                                       "(default: d_model / n_heads)", type=positive_int)
+    bias: str | None = setting(None, "projections with biases (default: the preset's, else none)", choices=cost.BIAS_KINDS)
     qk_norm: str | None = setting(None, "QK-norm weights: per_head (Qwen3, Gemma 3) or full (OLMo 2) (default: the model's, "
-                                        "else none)", choices=cost.QK_NORM_KINDS, section=LAYOUT)
+                                        "else none)", choices=cost.QK_NORM_KINDS)
     sliding_window: int | None = setting(None, "layers attend to (and cache) at most W positions (Mistral: 4096); see "
-                                               "--global-every", type=positive_int, metavar="W", section=LAYOUT)
+                                               "--global-every", type=positive_int, metavar="W")
     global_every: int | None = setting(None, "with --sliding-window: every N-th layer is global (Gemma 2: 2, Gemma 3: 6)",
-                                       type=positive_int, metavar="N", section=LAYOUT)
-    kv_lora_rank: int | None = setting(None, "MLA: width of the cached KV latent (DeepSeek-V3: 512)", type=positive_int,
-                                       section=LAYOUT)
-    q_lora_rank: int | None = setting(None, "MLA: width of the query latent (DeepSeek-V3: 1536)", type=positive_int,
-                                      section=LAYOUT)
+                                       type=positive_int, metavar="N")
+    kv_lora_rank: int | None = setting(None, "MLA: width of the cached KV latent (DeepSeek-V3: 512)", type=positive_int)
+    q_lora_rank: int | None = setting(None, "MLA: width of the query latent (DeepSeek-V3: 1536)", type=positive_int)
     qk_rope_head_dim: int | None = setting(None, "MLA: width of the decoupled rotary key (DeepSeek-V3: 64)",
-                                           type=positive_int, section=LAYOUT)
+                                           type=positive_int)
     qk_nope_head_dim: int | None = setting(None, "MLA: width of each head's non-rotary query/key part (DeepSeek-V3: 128; "
-                                                 "default: --d-head)", type=positive_int, section=LAYOUT)
-    seq_len: int = setting(DEFAULT_SEQ_LEN, "tokens per sequence T (default %(default)s)", type=positive_int,
-                           section=WORKLOAD)
-    batch: int = setting(1, "sequences per request (default %(default)s)", type=positive_int, section=WORKLOAD)
+                                                 "default: --d-head)", type=positive_int)
+    seq_len: int = setting(DEFAULT_SEQ_LEN, "tokens per sequence T (default %(default)s)", type=positive_int)
+    batch: int = setting(1, "sequences per request (default %(default)s)", type=positive_int)
     dtype: str = setting("bf16", "number format of cache and activations, sets the bytes per element (default "
                                  "%(default)s; torch's names bfloat16, float32, float16 accepted)", type=budget_dtype,
-                         metavar="{" + ",".join(cost.DTYPE_BYTES) + "}", section=WORKLOAD)
+                         metavar="{" + ",".join(cost.DTYPE_BYTES) + "}")
     compare: bool = setting(False, "MHA, GQA (every group count) and MQA of the same width side by side",
-                            action="store_true", section=MODES)
+                            action="store_true")
     flops_table: Sequence[int] | None = setting(
         None, f"FLOPs of one layer at several lengths (default {' '.join(map(str, FLOPS_TABLE_SEQ_LENS))})",
-        nargs="*", type=positive_int, metavar="T", section=MODES)
+        nargs="*", type=positive_int, metavar="T")
     as_mha: bool = setting(False, "--flops-table: count K/V projections as MHA, as the lesson's table does",
-                           action="store_true", section=MODES)
+                           action="store_true")
     recommend: bool = setting(False, "propose a head layout for --params/--d-model, --seq-len, --kv-limit, --target",
-                              action="store_true", section=MODES)
-    params: str | int | None = setting(None, "recommend: parameter budget without embeddings, e.g. 135M, 8B", section=MODES)
-    kv_limit: str | int | None = setting(None, "recommend: KV-cache memory limit per request, e.g. 2GiB, 512MiB",
-                                         section=MODES)
-    target: str = setting("gpu-server", "recommend: deployment target (default %(default)s)", choices=cost.TARGETS,
-                          section=MODES)
+                              action="store_true")
+    params: str | int | None = setting(None, "recommend: parameter budget without embeddings, e.g. 135M, 8B")
+    kv_limit: str | int | None = setting(None, "recommend: KV-cache memory limit per request, e.g. 2GiB, 512MiB")
+    target: str = setting("gpu-server", "recommend: deployment target (default %(default)s)", choices=cost.TARGETS)
     policy: str | None = setting(None, "cost a head-level KV policy (headprobe kv's policy.json: per layer and KV group, "
                                        "full or streaming with S sink + W recent positions; format in docs/kv.md) at "
-                                       "--seq-len", metavar="FILE", section=MODES)
+                                       "--seq-len", metavar="FILE")
 
     def __post_init__(self) -> None:
         try:
@@ -199,8 +191,11 @@ class BudgetPrint:
     """Print :meth:`BudgetResult.to_dict` as JSON instead of the table."""
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_flags(p, BudgetConfig, order=(BudgetConfig, BudgetPrint))
+FLAGS = (Flags(only=("preset", "model", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "bias", "qk_norm", "sliding_window", "global_every", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim"), title=LAYOUT),
+         Flags(only=("seq_len", "batch", "dtype"), title=WORKLOAD),
+         Flags(only=("compare", "flops_table", "as_mha", "recommend", "params", "kv_limit", "target", "policy"), title=MODES),
+         Flags(BudgetPrint))
+"""``--help``'s blocks: the layout, the workload and the modes under their headings, then ``--json``."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,11 +241,6 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
         fields_["windows"] = cost.sliding_windows(n_layers, config.sliding_window, config.global_every)
     fields_["bytes_per_element"] = config.bytes_per_element
     return AttentionLayout(**fields_)
-
-
-def config_from_args(args: argparse.Namespace) -> BudgetConfig:
-    """The :class:`BudgetConfig` of parsed flags (every config field is a flag of the same name)."""
-    return BudgetConfig(**{f.name: getattr(args, f.name) for f in fields(BudgetConfig) if hasattr(args, f.name)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1044,14 +1034,14 @@ def budget(**fields_: Any) -> BudgetResult:
     return run(BudgetConfig(**fields_))
 
 
-def main(args: argparse.Namespace) -> int:
-    """The CLI entry point: parsed flags -> :class:`BudgetConfig` -> :func:`run` -> printed text or
-    JSON; returns the exit status (:attr:`BudgetResult.exit_code`)."""
-    result = run(config_from_args(args))
+def main(args: argparse.Namespace, config: BudgetConfig) -> int:
+    """The CLI's run target: :class:`BudgetConfig` -> :func:`run` -> printed text or JSON
+    (``args.json``); returns the exit status (:attr:`BudgetResult.exit_code`)."""
+    result = run(config)
     # --json as strictly as every file headprobe writes (headprobe.probe.io.write_json): no bare NaN or Infinity
     print(json.dumps(finite_json(result.to_dict()), indent=2, allow_nan=False) if args.json else result.format())
     return result.exit_code
 
 
-COMMAND = Command(HELP, add_arguments, main, api=budget)
+COMMAND = Command(HELP, config=BudgetConfig, run="headprobe.commands.budget:main", flags=FLAGS, api=budget)
 """``headprobe budget``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -34,12 +34,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headprobe import options, settings
+from headprobe import options
 from headprobe.analyses.vocabulary import PATCH_SITES
 from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import DataSettings, ModelSettings, OutputSettings, setting, shared
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 from headprobe.probe.heads import parse_heads
 from headprobe.probe.io import read_text_file, summary_envelope
 
@@ -353,22 +353,22 @@ patch = options.command_function(
 """``headprobe patch`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_flags(p, PatchConfig, order=(ModelSettings, OutputSettings, PatchConfig, "seed"),
-                       helps={"prepend_bos": "do not put BOS in front of the prompts"})
+FLAGS = (Flags(group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the prompts"}), OUTPUT,
+         Flags(only=("task", "prompts", "n_prompts", "heads", "site", "positions", "seed")))
+"""``--help``'s blocks: the model's flags, the output's, the command's own."""
 
 
-def main(args: argparse.Namespace) -> int:
-    """``headprobe patch``: flags -> config (the prompts file and --out checked before the model
-    loads) -> run -> save -> print (:func:`headprobe.options.run_command`)."""
+def main(args: argparse.Namespace, config: PatchConfig) -> int:
+    """``headprobe patch``: config (the prompts file and --out checked before the model loads) ->
+    run -> save -> print (:func:`headprobe.options.run_command`)."""
     def wrote(paths, out):
         return f"\nwrote {len(paths)} files to {out}/ ({paths[0].name}, summary.json, figures)"
 
-    return options.run_command(args, settings.from_args(PatchConfig, args), options.Run("headprobe.commands.patch", wrote=wrote))
+    return options.run_command(args, config, options.Run("headprobe.commands.patch", wrote=wrote))
 
 
-__all__ = ["HELP", "COMMAND", "PatchConfig", "PatchResult", "run", "patch", "add_arguments", "main"]
+__all__ = ["HELP", "COMMAND", "PatchConfig", "PatchResult", "run", "patch", "main"]
 
 
-COMMAND = Command(HELP, add_arguments, main, api=patch)
+COMMAND = Command(HELP, config=PatchConfig, run="headprobe.commands.patch:main", flags=FLAGS, api=patch)
 """``headprobe patch``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -9,13 +9,14 @@ head asked for, with each head's previous-token, first-token and positional scor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 
 from headprobe.commands import Command
-from headprobe import options, settings
+from headprobe import options
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import ModelSettings, OutputSettings, setting
+from headprobe.settings import OUTPUT, Flags, ModelSettings, setting
 from headprobe.probe.heads import parse_heads
 
 HELP = "draw one head's attention pattern on your own text (PNG/PDF/SVG and an offline HTML page)"
@@ -218,13 +219,14 @@ def show(model: str = options.DEFAULT_MODEL, *, head: str, prompt: str, out: str
     return run(ShowConfig(model=str(model), head=head, prompt=prompt, out=str(out), **load), overwrite=overwrite)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_flags(p, ShowConfig, order=(ModelSettings, "head", "prompt", PromptFile, OutputSettings),
-                       helps={"prepend_bos": "do not put BOS in front of the text"})
+FLAGS = (Flags(group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the text"}),
+         Flags(only=("head", "prompt")), Flags(PromptFile), OUTPUT)
+"""``--help``'s blocks: the model's flags, the head and the text (``--prompt`` or ``--prompt-file``), the output's."""
 
 
-def main(args: argparse.Namespace) -> int:
-    """``headprobe show``: check the head's form and the output directory, load, draw, print the files."""
+def main(args: argparse.Namespace, config: ShowConfig) -> int:
+    """``headprobe show``: check the head's form, the text (``--prompt`` or ``--prompt-file``, read
+    into the config's ``prompt``) and the output directory, load, draw, print the files."""
     from headprobe.probe.io import prepare_output_dir, read_text_file
 
     if len(parse_heads(args.head, 10**9, 10**9)) != 1:  # the form, before anything loads
@@ -236,7 +238,7 @@ def main(args: argparse.Namespace) -> int:
     prompt = read_text_file(args.prompt_file).rstrip("\r\n") if args.prompt_file else args.prompt
     _preflight(args, prompt)
     prepare_output_dir(args.out, args.overwrite, create=False)
-    cfg = settings.from_args(ShowConfig, args, prompt=prompt)
+    cfg = dataclasses.replace(config, prompt=prompt)
     with options.out_as_it_was(args.out):
         result = run(cfg, overwrite=args.overwrite)
     print(f"head {result.head[0]}.{result.head[1]} on {len(result.labels)} tokens; wrote "
@@ -246,5 +248,5 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command(HELP, add_arguments, main, api=show)
+COMMAND = Command(HELP, config=ShowConfig, run="headprobe.commands.show:main", flags=FLAGS, api=show)
 """``headprobe show``, registered in :data:`headprobe.commands.COMMANDS`."""

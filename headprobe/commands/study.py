@@ -41,18 +41,29 @@ import pandas as pd
 from headprobe.commands import Command
 from headprobe.analyses import figures
 from headprobe.analyses.train_config import INDUCTION_FORMED, N_CHARS, TrainConfig
-from headprobe.options import add_output_options, kept_line, out_as_it_was
-from headprobe.settings import ModelSettings, add_flags
+from headprobe.options import kept_line, out_as_it_was
+from headprobe.settings import OUTPUT, Flags, ModelSettings, from_args, setting, shared
 from headprobe.probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import prepare_output_dir, summary_envelope
 
 HELP = "train small models side by side: how many heads (study heads), MHA vs GQA vs MQA vs MLA (study layouts)"
 
-__all__ = ["HELP", "COMMAND", "StudyConfig", "StudyResult", "run", "study", "add_arguments", "main"]
+__all__ = ["HELP", "COMMAND", "StudyConfig", "StudyResult", "run", "study", "FLAGS", "main"]
 
 CONTEXT = 2048  # tokens, for the per-request KV cache column
 STUDIES = ("heads", "layouts")
+
+
+def _ints(text: str, name: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise HeadprobeError(f"--{name} must be a comma-separated list of integers, got {text!r}") from None
+
+
+def _comma(values: Sequence[int]) -> str:
+    return ",".join(map(str, values))
 
 
 @dataclass(frozen=True)
@@ -61,40 +72,46 @@ class StudyConfig:
     :class:`headprobe.analyses.train.TrainConfig` built by :meth:`base` and varied by :meth:`variants`.
     List fields accept any sequence of ints and are stored as tuples."""
 
-    which: str
+    which: str = setting(help="heads: 1..16 heads at one width; layouts: MHA/GQA/MQA/MLA", positional=True, choices=STUDIES)
     """``"heads"``: ``d_model`` split into each count of ``n_heads_list`` heads (MHA).
     ``"layouts"``: ``n_heads`` heads as MHA, GQA (4 and 2 groups where they divide ``n_heads``), MQA
     and MLA at each rank of ``ranks``."""
-    steps: int = 1200
+    steps: int = setting(1200, "training steps per run (default %(default)s)", type=int)
     """Training steps per run."""
-    corpus: str = "text+copy"
+    corpus: str = setting("text+copy", "text+copy: CPython documentation text (character level) mixed with copy sequences "
+                          "(default); copy: random-token copy sequences only, as headprobe train", choices=["text+copy", "copy"])
     """``"text+copy"``: CPython documentation text (character level, 96 characters + BOS) mixed with
     copy sequences over the same characters; ``"copy"``: random-token copy sequences only (64
     words), as ``headprobe train``."""
-    copy_fraction: float = 0.75
+    copy_fraction: float = setting(0.75, "text+copy: copy sequences per batch (default %(default)s)", type=float)
     """``"text+copy"``: the fraction of each batch that is copy sequences."""
-    seq_len: int = 48
+    seq_len: int = setting(48, "tokens per sequence, BOS included (default %(default)s)", type=int)
     """Tokens per sequence, BOS included."""
-    batch_size: int = 32
+    batch_size: int = setting(32, "sequences per step (default %(default)s)", type=int)
     """Sequences per step."""
-    lr: float = 3e-3
+    lr: float = setting(3e-3, "AdamW learning rate (default %(default)s)", type=float)
     """AdamW learning rate."""
-    seeds: Sequence[int] = (0, 1)
+    seeds: Sequence[int] = setting((0, 1), "comma-separated seeds (default %(default)s)", text=_comma,
+                                   parse=lambda text: _ints(text, "seeds"))
     """Training seeds: every variant is trained once per seed (non-negative)."""
-    d_model: int = 64
+    d_model: int = setting(64, type=int)
     """Residual width of every model."""
-    n_heads: int = 8
+    n_heads: int = setting(8, "layouts: query heads (default %(default)s)", type=int)
     """``"layouts"``: query heads per layer."""
-    n_heads_list: Sequence[int] = (1, 2, 4, 8, 16)
+    n_heads_list: Sequence[int] = setting((1, 2, 4, 8, 16), "heads: head counts (default %(default)s)", text=_comma,
+                                          parse=lambda text: _ints(text, "n-heads-list"))
     """``"heads"``: the head counts (each must divide ``d_model``)."""
-    ranks: Sequence[int] = (4, 6, 8, 16)
+    ranks: Sequence[int] = setting((4, 6, 8, 16), "layouts: MLA latent ranks (default %(default)s)", text=_comma,
+                                   parse=lambda text: _ints(text, "ranks"))
     """``"layouts"``: MLA latent ranks (``kv_lora_rank``)."""
-    rope: int = 8
+    rope: int = setting(8, "layouts: MLA decoupled rotary width (default %(default)s; 4 gives the shared rotary key only "
+                        "2 frequencies and no previous-token head formed within the default steps)", type=int)
     """``"layouts"``: MLA's decoupled rotary width (``qk_rope_head_dim``, even; 4 gives the shared
     rotary key only 2 frequencies and no previous-token head formed within the default steps)."""
-    eval_every: int = 200
+    eval_every: int = setting(200, "steps between evaluations (default %(default)s)", type=int)
     """Steps between evaluations."""
-    device: str = "auto"
+    device: str = shared(ModelSettings, "device", "auto", help="auto: cuda when a GPU is present, else cpu; trains and "
+                         "scores in float32 (no --dtype)")
     """``"auto"`` (cuda when a GPU is present), ``"cpu"`` or ``"cuda"``."""
 
     def __post_init__(self):
@@ -329,46 +346,16 @@ def study(which: str, *, progress: bool = False, **config_fields) -> StudyResult
     return run(StudyConfig(which, **config_fields), progress=progress)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = StudyConfig("heads")
-    p.add_argument("which", choices=STUDIES, help="heads: 1..16 heads at one width; layouts: MHA/GQA/MQA/MLA")
-    add_output_options(p)
-    p.add_argument("--steps", type=int, default=d.steps, help="training steps per run (default %(default)s)")
-    p.add_argument("--corpus", choices=["text+copy", "copy"], default=d.corpus,
-                   help="text+copy: CPython documentation text (character level) mixed with copy sequences (default); "
-                        "copy: random-token copy sequences only, as headprobe train")
-    p.add_argument("--copy-fraction", type=float, default=d.copy_fraction, help="text+copy: copy sequences per batch (default %(default)s)")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per sequence, BOS included (default %(default)s)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per step (default %(default)s)")
-    p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate (default %(default)s)")
-    p.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="comma-separated seeds (default %(default)s)")
-    p.add_argument("--d-model", type=int, default=d.d_model)
-    p.add_argument("--n-heads", type=int, default=d.n_heads, help="layouts: query heads (default %(default)s)")
-    p.add_argument("--n-heads-list", default=",".join(map(str, d.n_heads_list)), help="heads: head counts (default %(default)s)")
-    p.add_argument("--ranks", default=",".join(map(str, d.ranks)), help="layouts: MLA latent ranks (default %(default)s)")
-    p.add_argument("--rope", type=int, default=d.rope, help="layouts: MLA decoupled rotary width (default %(default)s; 4 gives the shared rotary key only 2 frequencies and no previous-token head formed within the default steps)")
-    p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between evaluations (default %(default)s)")
-    add_flags(p, ModelSettings, only=("device",), defaults={"device": d.device},
-              helps={"device": "auto: cuda when a GPU is present, else cpu; trains and scores in float32 (no --dtype)"})
-
-
-def _ints(text: str, name: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise HeadprobeError(f"--{name} must be a comma-separated list of integers, got {text!r}") from None
+FLAGS = (Flags(only=("which",)), OUTPUT, Flags(skip=("which",)))
+"""``headprobe study``'s flags in ``--help`` order."""
 
 
 def config_from_args(args: argparse.Namespace) -> StudyConfig:
     """The :class:`StudyConfig` of parsed ``headprobe study`` flags (lists are comma-separated)."""
-    return StudyConfig(args.which, steps=args.steps, corpus=args.corpus, copy_fraction=args.copy_fraction,
-                       seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, seeds=_ints(args.seeds, "seeds"),
-                       d_model=args.d_model, n_heads=args.n_heads, n_heads_list=_ints(args.n_heads_list, "n-heads-list"),
-                       ranks=_ints(args.ranks, "ranks"), rope=args.rope, eval_every=args.eval_every, device=args.device)
+    return from_args(StudyConfig, args)
 
 
-def main(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
+def main(args: argparse.Namespace, config: StudyConfig) -> int:
     config.validate()
     prepare_output_dir(args.out, args.overwrite, create=False)  # fail before training, leave nothing behind
     result = run(config, progress=True)
@@ -381,5 +368,5 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command(HELP, add_arguments, main, api=study)
+COMMAND = Command(HELP, config=StudyConfig, run="headprobe.commands.study:main", flags=FLAGS, api=study)
 """``headprobe study``, registered in :data:`headprobe.commands.COMMANDS`."""

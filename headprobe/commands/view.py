@@ -21,9 +21,9 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 
 from headprobe.commands import Command
-from headprobe import options, settings
+from headprobe import options
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import ModelSettings, positive_int, setting
+from headprobe.settings import Flags, ModelSettings, positive_int, setting
 
 HELP = "write DIR/index.html: an interactive, offline page of a scan's (or ablate run's) head scores and patterns"
 
@@ -192,19 +192,20 @@ def view(dir: str | Path, *, ablation: str | Path | None = None, model: str | No
                           circuit=None if circuit is None else str(circuit), **load))
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_flags(p, ViewConfig, order=("dir", "ablation", "circuit", ModelSettings), skip=("prepend_bos",), helps={
-        "model": "compute patterns.npz with this model (e.g. smollm2-135m) when DIR, a scan, has none; default: load no model"})
-    p.epilog = EPILOG  # wrapped as argparse wraps it (Command's epilog is printed as written)
+FLAGS = (Flags(only=("dir", "ablation", "circuit")),
+         Flags(group=ModelSettings, skip=("prepend_bos",), helps={
+             "model": "compute patterns.npz with this model (e.g. smollm2-135m) when DIR, a scan, has none; default: load no model"}),
+         Flags(only=("pattern_len",)))
+"""``--help``'s blocks: the directories, the model's flags (no ``--no-bos``), the patterns' length."""
 
 
-def main(args: argparse.Namespace) -> int:
-    """``headprobe view``: flags -> config -> run -> print the page's path."""
-    path = run(settings.from_args(ViewConfig, args))
+def main(args: argparse.Namespace, config: ViewConfig) -> int:
+    """``headprobe view``: config -> run -> print the page's path."""
+    path = run(config)
     size = path.stat().st_size
     print(f"wrote {path} ({size / 1e6:.1f} MB); open it in a browser (works offline, from file://)")
     return 0
 
 
-COMMAND = Command(HELP, add_arguments, main, api=view)
+COMMAND = Command(HELP, config=ViewConfig, run="headprobe.commands.view:main", flags=FLAGS, api=view, epilog=EPILOG)
 """``headprobe view``, registered in :data:`headprobe.commands.COMMANDS`."""

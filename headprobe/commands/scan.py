@@ -15,9 +15,9 @@ Pipeline (one model load, a handful of forward passes):
    pattern on the first sequence of each token set (patterns.npz, for ``headprobe view``) and,
    with ``--html``, the viewer page index.html.
 
-The flags, the settings (:class:`ScanConfig`) and :func:`main` live here and import no torch, so
-a bad flag is refused in a fraction of a second; the computation is :mod:`headprobe.commands.scan.core`,
-imported on first use (``run``, ``scan``, ``ScanResult``, ...).
+The settings (:class:`ScanConfig`, whose fields are the flags) and :func:`main` live here and import
+no torch, so a bad flag is refused in a fraction of a second; the computation is
+:mod:`headprobe.commands.scan_core`, imported on first use (``run``, ``scan``, ``ScanResult``, ...).
 """
 
 from __future__ import annotations
@@ -26,26 +26,20 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from headprobe.commands import Command
+from headprobe.commands import Command, lazy_names
 from headprobe import options, settings
 from headprobe.analyses import vocabulary as vocab
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import DataSettings, ModelSettings
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 from headprobe.probe.io import TextFile, open_text_file
 
 _CORE = ("run", "scan", "run_scan", "ScanResult", "verify", "summary", "scan_figures", "figure_makers",
          "write_outputs", "format_report", "verification_settings", "scan_metric", "metrics_summary",
          "unknown_share", "removed_heads", "score_token_set")
-"""Names of :mod:`headprobe.commands.scan.core` (it needs torch), imported on first use."""
+"""Names of :mod:`headprobe.commands.scan_core` (it needs torch), imported on first use."""
 
-
-def __getattr__(name: str):
-    if name in _CORE:
-        from headprobe.commands.scan import core
-
-        return getattr(core, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, "headprobe.commands.scan_core", _CORE)
 
 
 HELP = "find the classic head types in a pretrained model, verify them by ablation, write table and figures"
@@ -112,20 +106,38 @@ class ScanConfig(ModelSettings, DataSettings):
             of 1,024 tokens or more on the native backend.
     """
 
-    seq_len: int | None = None
-    period: int | None = None
-    k: int | None = None
-    n_random: int = 50
-    alpha: float = vocab.ALPHA
-    control: str = "layer-matched"
-    correction: str = vocab.CORRECTION
-    sequential: bool = True
-    keep_n_random: bool = False
-    verify: bool = True
-    types: str | Sequence[str] | None = None
-    pattern_len: int = vocab.DEFAULT_PATTERN_LEN
-    metrics: bool = True
-    streaming: str = "auto"
+    seq_len: int | None = shared(DataSettings, "seq_len", None, help=(
+        f"natural-text sequence length in tokens (default {DEFAULT_SEQ_LEN}, or the model's context if shorter)"))
+    period: int | None = shared(DataSettings, "period", None, help=(
+        f"length of the repeated random block (default {DEFAULT_PERIOD}, or what fits the model's context twice; "
+        "for a model headprobe train made, its eval period when that is outside the periods it was trained on)"))
+    k: int | None = setting(None, f"heads ablated per type (default {DEFAULT_K}, or a quarter of the heads if fewer)",
+                            flag="--top-k", short="-k", type=positive_int)
+    n_random: int = setting(50, "the most random control sets of k heads a verdict's test ablates; it stops earlier once "
+                            "its outcome at --alpha is settled (default %(default)s)", type=positive_int)
+    alpha: float = setting(vocab.ALPHA, "significance level of the verdicts, after --correction (default %(default)s)",
+                           type=settings.probability)
+    control: str = setting("layer-matched", "control sets: as many heads per layer as the top-k set (layer-matched), or "
+                           "any heads (uniform) (default %(default)s)", choices=vocab.CONTROLS)
+    correction: str = setting(vocab.CORRECTION, "multiple-testing correction over the run's verdicts: Benjamini-Hochberg "
+                              "(bh, false discovery rate) or Holm (family-wise error) (default %(default)s)",
+                              choices=vocab.CORRECTIONS)
+    sequential: bool = setting(True, "ablate --n-random control sets for every test (no early stopping)",
+                               flag="--fixed-draws", action="store_false")
+    keep_n_random: bool = setting(False, "keep --n-random where it is below the draws one verdict needs to be CONFIRMED on "
+                                  "its own under --correction (m/alpha - 1 for m tested types); by default it is raised, "
+                                  "and the plan printed before the ablations says so", action="store_true")
+    verify: bool = setting(True, "score patterns only, without the ablation check (also where a model's per-head "
+                           "decomposition fails its self-check)", flag="--no-verify", action="store_false")
+    types: str | Sequence[str] | None = setting(None, "score, verify and draw only these head types (default: all of "
+                                                f"{','.join(vocab.HEAD_TYPES)})", metavar="TYPE[,TYPE...]")
+    pattern_len: int = setting(vocab.DEFAULT_PATTERN_LEN, "keep every head's pattern on the first N tokens of each example "
+                               "in patterns.npz, for headprobe view (default %(default)s; 0: none)", type=int, metavar="N")
+    metrics: bool = setting(True, "skip the reported head metrics (copying, sink rate, entropy, retrieval, DLA, "
+                            "composition)", flag="--no-metrics", action="store_false")
+    streaming: str = setting("auto", "head statistics streamed from queries and keys without the N x N pattern (on; native "
+                             "backend), from the pattern (off), or streamed from 1,024 tokens on (auto, the default)",
+                             choices=("auto", "on", "off"))
 
     def __post_init__(self):
         object.__setattr__(self, "types", vocab.select_head_types(self.types))
@@ -207,47 +219,21 @@ def unreachable_note(cfg: ScanConfig) -> str | None:
     return vocab.unreachable_note(cfg.n_random, cfg.alpha)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = ScanConfig()
-    settings.add_flags(p, ScanConfig, group=ModelSettings)
-    options.add_output_options(p)
-    settings.add_flags(p, ScanConfig, group=DataSettings, helps={
-        "seq_len": f"natural-text sequence length in tokens (default {DEFAULT_SEQ_LEN}, or the model's context if shorter)",
-        "period": f"length of the repeated random block (default {DEFAULT_PERIOD}, or what fits the model's context twice; "
-                  "for a model headprobe train made, its eval period when that is outside the periods it was trained on)"})
-    p.add_argument("-k", "--top-k", dest="k", type=positive_int, default=None,
-                   help=f"heads ablated per type (default {DEFAULT_K}, or a quarter of the heads if fewer)")
-    p.add_argument("--n-random", type=positive_int, default=d.n_random,
-                   help="the most random control sets of k heads a verdict's test ablates; it stops earlier once its "
-                        "outcome at --alpha is settled (default %(default)s)")
-    p.add_argument("--alpha", type=settings.probability, default=d.alpha,
-                   help="significance level of the verdicts, after --correction (default %(default)s)")
-    p.add_argument("--control", choices=vocab.CONTROLS, default=d.control,
-                   help="control sets: as many heads per layer as the top-k set (layer-matched), or any heads "
-                        "(uniform) (default %(default)s)")
-    p.add_argument("--correction", choices=vocab.CORRECTIONS, default=d.correction,
-                   help="multiple-testing correction over the run's verdicts: Benjamini-Hochberg (bh, false discovery "
-                        "rate) or Holm (family-wise error) (default %(default)s)")
-    p.add_argument("--keep-n-random", action="store_true",
-                   help="keep --n-random where it is below the draws one verdict needs to be CONFIRMED on its own "
-                        "under --correction (m/alpha - 1 for m tested types); by default it is raised, and the plan "
-                        "printed before the ablations says so")
-    p.add_argument("--fixed-draws", dest="sequential", action="store_false",
-                   help="ablate --n-random control sets for every test (no early stopping)")
-    p.add_argument("--types", default=None, metavar="TYPE[,TYPE...]",
-                   help=f"score, verify and draw only these head types (default: all of {','.join(vocab.HEAD_TYPES)})")
-    p.add_argument("--no-verify", dest="verify", action="store_false",
-                   help="score patterns only, without the ablation check (also where a model's per-head decomposition fails its self-check)")
-    p.add_argument("--pattern-len", type=int, default=d.pattern_len, metavar="N",
-                   help="keep every head's pattern on the first N tokens of each example in patterns.npz, "
-                        "for headprobe view (default %(default)s; 0: none)")
-    p.add_argument("--no-metrics", dest="metrics", action="store_false",
-                   help="skip the reported head metrics (copying, sink rate, entropy, retrieval, DLA, composition)")
-    p.add_argument("--streaming", choices=("auto", "on", "off"), default=d.streaming,
-                   help="head statistics streamed from queries and keys without the N x N pattern (on; native "
-                        "backend), from the pattern (off), or streamed from 1,024 tokens on (auto, the default)")
-    p.add_argument("--html", action="store_true",
-                   help="also write index.html, the interactive viewer (same as headprobe view OUT afterwards)")
+@dataclass(frozen=True)
+class ScanFiles:
+    """What ``headprobe scan`` writes beyond the files of its result (not part of :class:`ScanConfig`:
+    the same scan may be written with or without them)."""
+
+    html: bool = setting(False, "also write index.html, the interactive viewer (same as headprobe view OUT afterwards)",
+                         action="store_true")
+    """Write the viewer page index.html too."""
+
+
+FLAGS = (Flags(group=ModelSettings), OUTPUT, Flags(group=DataSettings),
+         Flags(only=("k", "n_random", "alpha", "control", "correction", "keep_n_random", "sequential", "types", "verify",
+                     "pattern_len", "metrics", "streaming")),
+         Flags(ScanFiles))
+"""``headprobe scan``'s flags in ``--help`` order."""
 
 
 def config_from_args(args: argparse.Namespace) -> ScanConfig:
@@ -255,10 +241,9 @@ def config_from_args(args: argparse.Namespace) -> ScanConfig:
     return settings.from_args(ScanConfig, args)
 
 
-def main(args: argparse.Namespace) -> int:
-    """``headprobe scan``: flags -> config (checked, with --text and --out, before the model loads) -> run -> save -> print
+def main(args: argparse.Namespace, config: ScanConfig) -> int:
+    """``headprobe scan``: the checked config (with --text and --out, before the model loads) -> run -> save -> print
     (:func:`headprobe.options.run_command`; torchrun shards the verification over the ranks)."""
-    config = config_from_args(args)
 
     def wrote(paths, out):
         extras = (", patterns.npz" if (out / "patterns.npz") in paths else "") + (", index.html" if args.html else "")
@@ -269,10 +254,11 @@ def main(args: argparse.Namespace) -> int:
     def resumed(saved: dict) -> str:
         return f"{len(saved.get('verification', {}).get('losses', {}))} head sets already ablated"
 
-    return options.run_command(args, config, options.Run("headprobe.commands.scan.core", note=unreachable_note(config),
+    return options.run_command(args, config, options.Run("headprobe.commands.scan_core", note=unreachable_note(config),
                                                          resumed=resumed,
                                                          sharded="verification", wrote=wrote,
                                                          save={"html": args.html, "progress": True}))
 
-COMMAND = Command(HELP, add_arguments, main, api="headprobe.commands.scan.core:scan", epilog=EPILOG)
+COMMAND = Command(HELP, config=ScanConfig, run="headprobe.commands.scan:main", flags=FLAGS,
+                  api="headprobe.commands.scan_core:scan", epilog=EPILOG)
 """``headprobe scan``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -21,8 +21,9 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from headprobe.commands import Command
+from headprobe.commands import Command, lazy_names
 from headprobe import options, settings
+from headprobe.settings import setting
 from headprobe.options import positive_int
 from headprobe.analyses.vocabulary import ESTIMATORS as ESTIMATES  # the --estimate choices, torch-free
 from headprobe.analyses.vocabulary import TASKS  # ("natural", "repeated"): the tasks, named as scan names them
@@ -41,18 +42,12 @@ sharded over processes (torch.distributed, gloo on CPU, NCCL with one GPU per pr
 """
 
 _CORE = ("run", "ablate", "AblateResult", "TaskResult", "checkpointed_sweep", "CHUNK_LAYERS", "TOP_N")
-"""Names of :mod:`headprobe.commands.ablate.core`, the computation, imported on first use (it needs
+"""Names of :mod:`headprobe.commands.ablate_core`, the computation, imported on first use (it needs
 torch; this module, the settings and the flags, does not)."""
 
-__all__ = ["HELP", "COMMAND", "EPILOG", "TASKS", "ESTIMATES", "AblateConfig", "add_arguments", "config_from_args", "main", *_CORE]
+__all__ = ["HELP", "COMMAND", "EPILOG", "TASKS", "ESTIMATES", "AblateConfig", "FLAGS", "config_from_args", "main", *_CORE]
 
-
-def __getattr__(name: str):
-    if name in _CORE:
-        from headprobe.commands.ablate import core
-
-        return getattr(core, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, "headprobe.commands.ablate_core", _CORE)
 
 
 _ANY = 10**9  # bounds for checking the layer.head syntax alone
@@ -65,6 +60,13 @@ def _heads_text(heads) -> str | None:
     if not isinstance(heads, str):
         heads = ",".join(h if isinstance(h, str) else format_head(tuple(h)) for h in heads)
     return ",".join(format_head(h) for h in parse_heads(heads, _ANY, _ANY))
+
+
+def _kind_help() -> str:
+    """``--kind``'s help, from the kinds registered when the parser is made."""
+    kinds = ", ".join(f"{k.name} ({k.help})" for k in ablation_kinds.kinds())
+    return (f"how an ablated head's z is replaced: {kinds}; the reference tokens are other natural-text windows, the "
+            "other input one of the same task (default %(default)s)")
 
 
 @dataclass(frozen=True)
@@ -84,11 +86,16 @@ class AblateConfig(options.ModelRunConfig):
         n_probes: sampled-target probes of ``estimate="second-order"`` (>= 1; ignored otherwise).
     """
 
-    kind: str = "zero"
-    heads: str | Sequence[tuple[int, int]] | None = None
-    max_batch: int = 64
-    estimate: str | None = None
-    n_probes: int = 8
+    kind: str = setting("zero", lambda: _kind_help(), choices=ablation_kinds.names)
+    heads: str | Sequence[tuple[int, int]] | None = setting(
+        None, "sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3; L5H1 also accepted); default: all")
+    max_batch: int = setting(64, "sequences per forward pass in the sweep (default %(default)s)", type=positive_int)
+    estimate: str | None = setting(None, "no sweep: write a gradient estimate of each head's effect instead (atp: AtP* with "
+                                   "GradDrop, ~n_layers+2 forward passes; attribution: attribution patching, ~3; gradient: "
+                                   "Michel et al.'s unsigned importance, ~3; second-order: attribution patching plus a "
+                                   "sampled Gauss-Newton curvature term, ~3+2*n_probes)", choices=ESTIMATES)
+    n_probes: int = setting(8, "sampled-target backward passes of --estimate second-order (default %(default)s)",
+                            type=positive_int)
 
     def __post_init__(self):
         super().__post_init__()
@@ -125,22 +132,8 @@ class AblateConfig(options.ModelRunConfig):
             self.head_list(*layout)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    options.add_model_run_options(p)
-    kinds = ", ".join(f"{k.name} ({k.help})" for k in ablation_kinds.kinds())
-    p.add_argument("--kind", default="zero", choices=ablation_kinds.names(),
-                   help=f"how an ablated head's z is replaced: {kinds}; the reference tokens are other natural-text "
-                        "windows, the other input one of the same task (default %(default)s)")
-    p.add_argument("--heads", default=None,
-                   help="sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3; L5H1 also accepted); default: all")
-    p.add_argument("--max-batch", type=positive_int, default=64, help="sequences per forward pass in the sweep (default %(default)s)")
-    p.add_argument("--estimate", default=None, choices=ESTIMATES,
-                   help="no sweep: write a gradient estimate of each head's effect instead (atp: AtP* with GradDrop, "
-                        "~n_layers+2 forward passes; attribution: attribution patching, ~3; gradient: Michel et al.'s "
-                        "unsigned importance, ~3; second-order: attribution patching plus a sampled Gauss-Newton "
-                        "curvature term, ~3+2*n_probes)")
-    p.add_argument("--n-probes", type=positive_int, default=8,
-                   help="sampled-target backward passes of --estimate second-order (default %(default)s)")
+FLAGS = (*options.model_run_flags(), settings.Flags(only=("kind", "heads", "max_batch", "estimate", "n_probes")))
+"""``headprobe ablate``'s flags in ``--help`` order."""
 
 
 def config_from_args(args: argparse.Namespace) -> AblateConfig:
@@ -148,14 +141,15 @@ def config_from_args(args: argparse.Namespace) -> AblateConfig:
     return settings.from_args(AblateConfig, args)
 
 
-def main(args: argparse.Namespace) -> int:
-    """``headprobe ablate``: flags -> config (checked with --text, --heads and --out before the
+def main(args: argparse.Namespace, config: AblateConfig) -> int:
+    """``headprobe ablate``: the checked config (with --text, --heads and --out, before the
     model loads) -> resumable run -> save -> print."""
     def resumed(saved: dict) -> str:
         return f"{sum(len(t['loss']) for t in saved.values())} head ablations done"
 
-    return options.run_command(args, config_from_args(args), options.Run("headprobe.commands.ablate.core", resumed=resumed))
+    return options.run_command(args, config, options.Run("headprobe.commands.ablate_core", resumed=resumed))
 
 
-COMMAND = Command(HELP, add_arguments, main, api="headprobe.commands.ablate.core:ablate", epilog=EPILOG)
+COMMAND = Command(HELP, config=AblateConfig, run="headprobe.commands.ablate:main", flags=FLAGS,
+                  api="headprobe.commands.ablate_core:ablate", epilog=EPILOG)
 """``headprobe ablate``, registered in :data:`headprobe.commands.COMMANDS`."""

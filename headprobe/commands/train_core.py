@@ -25,7 +25,6 @@ tokenizer files) that ``headprobe scan --model OUT`` reads; with ``--save-every 
 
 from __future__ import annotations
 
-import argparse
 import math
 import tempfile
 from dataclasses import asdict, dataclass, fields
@@ -35,13 +34,11 @@ import numpy as np
 
 from headprobe.analyses import figures
 from headprobe.analyses.train import (
-    CORPORA, INDUCTION_FORMED, TrainConfig, TrainRun, phase_change_step, train as train_model, training_tokenizer,
+    INDUCTION_FORMED, TrainConfig, TrainRun, phase_change_step, train as train_model, training_tokenizer,
 )
-from headprobe.options import add_output_options, add_seed_option, kept_line, out_as_it_was
-from headprobe.settings import ModelSettings, add_flags
 from headprobe.probe.checkpoint import NATIVE_WEIGHTS, save_native_state
 from headprobe.probe.hooks import format_head
-from headprobe.probe.io import prepare_output_dir, summary_envelope
+from headprobe.probe.io import summary_envelope
 
 __all__ = ["TrainConfig", "TrainResult", "run", "train"]
 
@@ -184,4 +181,4 @@ def train(*, progress: bool = False, **config_fields) -> TrainResult:
     return run(TrainConfig(**config_fields), progress=progress)
 
 
-from headprobe.commands.train import HELP, add_arguments, config_from_args, main  # noqa: E402,F401 - the flags live there
+from headprobe.commands.train import HELP, TrainFlags, config_from_args, main  # noqa: E402,F401 - the flags live there

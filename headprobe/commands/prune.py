@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from headprobe.commands import Command
+from headprobe.commands import Command, lazy_names
 from headprobe import options, settings
+from headprobe.settings import setting
 from headprobe.options import positive_int
 from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # the --method choices, torch-free
 from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS  # noqa: F401 - re-exported
@@ -37,18 +38,12 @@ sharded over processes (torch.distributed, gloo on CPU, NCCL with one GPU per pr
 """
 
 _CORE = ("run", "prune", "PruneResult")
-"""Names of :mod:`headprobe.commands.prune.core`, the computation, imported on first use (it needs
+"""Names of :mod:`headprobe.commands.prune_core`, the computation, imported on first use (it needs
 torch; this module, the settings and the flags, does not)."""
 
-__all__ = ["HELP", "COMMAND", "EPILOG", "METHODS", "ORDERS", "PRUNED_DIR", "PRUNED_FILE", "PruneConfig", "add_arguments", "config_from_args", "main", *_CORE]
+__all__ = ["HELP", "COMMAND", "EPILOG", "METHODS", "ORDERS", "PRUNED_DIR", "PRUNED_FILE", "PruneConfig", "FLAGS", "config_from_args", "main", *_CORE]
 
-
-def __getattr__(name: str):
-    if name in _CORE:
-        from headprobe.commands.prune import core
-
-        return getattr(core, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, "headprobe.commands.prune_core", _CORE)
 
 
 PRUNED_DIR = "pruned_model"
@@ -107,17 +102,26 @@ class PruneConfig(options.ModelRunConfig):
         save_fraction: fraction of heads removed in that model, in (0, 1].
     """
 
-    methods: tuple[str, ...] | str = METHODS
-    n_seeds: int = 3
-    l0_lambdas: tuple[float, ...] | str = (1.0, 3.0, 10.0, 30.0, 100.0)
-    l0_steps: int = 20
-    per_layer: bool = False
-    step_fraction: float = 0.1
-    max_fraction: float = 1.0
-    rescore: bool = True
-    normalize: bool = True
-    save_pruned: bool = False
-    save_fraction: float = 0.3
+    methods: tuple[str, ...] | str = setting(METHODS, "pruning methods to compare, comma-separated: michel (gradient "
+                                             "importance), l0 (Voita et al. head gates), random (default %(default)s)",
+                                             flag="--method", aliases=("--methods",), text=",".join)
+    n_seeds: int = setting(3, "random orders drawn, shown as a band (default %(default)s)", type=positive_int)
+    l0_lambdas: tuple[float, ...] | str = setting(
+        (1.0, 3.0, 10.0, 30.0, 100.0), "L0 penalty weights swept, increasing, in nats per whole model's heads "
+        "(default %(default)s)", text=lambda lams: ",".join(f"{x:g}" for x in lams))
+    l0_steps: int = setting(20, "Adam steps of the gates per penalty weight (default %(default)s)", type=positive_int)
+    per_layer: bool = setting(False, "also write per_layer.csv + figure: each layer reduced to its single best head "
+                              "(Michel et al. Table 2)", action="store_true")
+    step_fraction: float = setting(0.1, "fraction of all heads removed per step (default %(default)s)", type=float)
+    max_fraction: float = setting(1.0, "stop after removing this fraction (default %(default)s)", type=float)
+    rescore: bool = setting(True, "score importance once before pruning (as in the paper) instead of after every step",
+                            flag="--no-rescore", action="store_false")
+    normalize: bool = setting(True, "skip per-layer L2 normalisation of importance", flag="--no-normalize",
+                              action="store_false")
+    save_pruned: bool = setting(False, "save the model with the first --save-fraction of heads (first method's order) "
+                                "really removed, as a model directory pruned_model/ that --model DIR loads (native "
+                                "backend)", action="store_true")
+    save_fraction: float = setting(0.3, "fraction of heads removed in the saved model (default %(default)s)", type=float)
 
     def __post_init__(self):
         for name in ("step_fraction", "max_fraction", "save_fraction"):
@@ -144,43 +148,28 @@ class PruneConfig(options.ModelRunConfig):
             raise HeadprobeError("--save-pruned needs the whole model on one device: drop --device-map")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    options.add_model_run_options(p, n_natural_help="natural-text sequences for scoring, and as many held out for the curve "
-                                                    "(default %(default)s)")
-    p.add_argument("--method", "--methods", dest="methods", default=",".join(METHODS),
-                   help="pruning methods to compare, comma-separated: michel (gradient importance), l0 (Voita et al. "
-                        "head gates), random (default %(default)s)")
-    p.add_argument("--n-seeds", type=positive_int, default=3, help="random orders drawn, shown as a band (default %(default)s)")
-    p.add_argument("--l0-lambdas", default="1,3,10,30,100",
-                   help="L0 penalty weights swept, increasing, in nats per whole model's heads (default %(default)s)")
-    p.add_argument("--l0-steps", type=positive_int, default=20, help="Adam steps of the gates per penalty weight (default %(default)s)")
-    p.add_argument("--per-layer", action="store_true",
-                   help="also write per_layer.csv + figure: each layer reduced to its single best head (Michel et al. Table 2)")
-    p.add_argument("--step-fraction", type=float, default=0.1, help="fraction of all heads removed per step (default %(default)s)")
-    p.add_argument("--max-fraction", type=float, default=1.0, help="stop after removing this fraction (default %(default)s)")
-    p.add_argument("--no-rescore", dest="rescore", action="store_false",
-                   help="score importance once before pruning (as in the paper) instead of after every step")
-    p.add_argument("--no-normalize", dest="normalize", action="store_false", help="skip per-layer L2 normalisation of importance")
-    p.add_argument("--save-pruned", action="store_true",
-                   help="save the model with the first --save-fraction of heads (first method's order) really removed, as a "
-                        "model directory pruned_model/ that --model DIR loads (native backend)")
-    p.add_argument("--save-fraction", type=float, default=0.3, help="fraction of heads removed in the saved model (default %(default)s)")
+FLAGS = (*options.model_run_flags(n_natural_help="natural-text sequences for scoring, and as many held out for the "
+                                                "curve (default %(default)s)"),
+         settings.Flags(only=("methods", "n_seeds", "l0_lambdas", "l0_steps", "per_layer", "step_fraction", "max_fraction",
+                              "rescore", "normalize", "save_pruned", "save_fraction")))
+"""``headprobe prune``'s flags in ``--help`` order."""
 
 
 def config_from_args(args: argparse.Namespace) -> PruneConfig:
     """The :class:`PruneConfig` the flags ask for (checks everything the flags alone decide)."""
-    return settings.from_args(PruneConfig, args, methods=parse_methods(args.methods), l0_lambdas=parse_floats(args.l0_lambdas))
+    return settings.from_args(PruneConfig, args)
 
 
-def main(args: argparse.Namespace) -> int:
-    """``headprobe prune``: flags -> config (checked with --text and --out before the model loads)
+def main(args: argparse.Namespace, config: PruneConfig) -> int:
+    """``headprobe prune``: the checked config (with --text and --out, before the model loads)
     -> resumable run -> save -> print."""
     def resumed(saved: dict) -> str:
         return ", ".join(f"{name}: {len(s['rows']) - 1} steps" for name, s in saved.items()
                          if isinstance(s, dict) and "rows" in s) + " done"
 
-    return options.run_command(args, config_from_args(args), options.Run("headprobe.commands.prune.core", resumed=resumed))
+    return options.run_command(args, config, options.Run("headprobe.commands.prune_core", resumed=resumed))
 
 
-COMMAND = Command(HELP, add_arguments, main, api="headprobe.commands.prune.core:prune", epilog=EPILOG)
+COMMAND = Command(HELP, config=PruneConfig, run="headprobe.commands.prune:main", flags=FLAGS,
+                  api="headprobe.commands.prune_core:prune", epilog=EPILOG)
 """``headprobe prune``, registered in :data:`headprobe.commands.COMMANDS`."""

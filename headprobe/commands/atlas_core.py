@@ -1,0 +1,192 @@
+"""The scans and the atlas of ``headprobe atlas`` (torch): :func:`run`, :class:`AtlasResult` and the
+Python function :func:`atlas`. The command, its settings (:class:`~headprobe.commands.atlas.AtlasConfig`)
+and its flags are :mod:`headprobe.commands.atlas`, which imports none of this."""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from headprobe import options
+from headprobe.analyses import atlas as atlas_lib
+from headprobe.analyses.outputs import write_outputs
+from headprobe.commands.atlas import (  # noqa: F401 - the light module's names, re-exported
+    CACHED_CANDIDATES, DEFAULT_MODELS, FAMILIES, HELP, MODELS_DIR, SCAN_KEY, TABLE, TOY, TOY_DIR, TOY_TRAIN, AtlasConfig, _read_json,
+    default_models, family_of, slug, snapshot_dirs,
+)
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.io import RunCheckpoint, prepare_output_dir, summary_envelope, write_json
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+@dataclass
+class AtlasResult:
+    """A finished atlas.
+
+    Attributes:
+        config: the settings.
+        table: atlas.csv (see :func:`headprobe.analyses.atlas.atlas_rows`).
+        models: label -> ``{"model", "family", "step", "dir", "status", "timings_s"}`` (``status``:
+            ``scanned``, ``resumed`` or ``failed``; failed ones also have ``error``, one line;
+            ``timings_s``: ``scan_s``, the model's scan).
+        out: the output directory. seconds: the whole run's.
+        rules: the :class:`~headprobe.analyses.verdicts.VerdictRule` of each scan with verdicts.
+    """
+
+    config: AtlasConfig
+    table: pd.DataFrame
+    models: dict[str, dict]
+    out: Path
+    seconds: float = 0.0
+    files: list[Path] = field(default_factory=list)
+    rules: list = field(default_factory=list)
+
+    def figures(self) -> dict[str, Figure]:
+        """``atlas`` (every type), ``atlas_<type>`` (one per type) and, with checkpoints, ``over_training``."""
+        if self.table.empty:
+            return {}
+        n = self.table["model"].nunique()
+        what = "checkpoint" if self.table["step"].notna().all() else "model"
+        figs = {"atlas": atlas_lib.atlas_overview(self.table, f"Head atlas: {n} {what}{'s' if n > 1 else ''}")}
+        figs.update({f"atlas_{t}": atlas_lib.depth_plot(self.table, t) for t in atlas_lib.table_types(self.table)})
+        if self.table["step"].notna().any():
+            figs["over_training"] = atlas_lib.over_training_plot(self.table, "head types over training (real scans)")
+        return figs
+
+    def summary(self) -> dict:
+        """summary.json: settings, every model's status (and error), where each type was confirmed."""
+        confirmed = {}
+        for t in atlas_lib.table_types(self.table):
+            v = self.table[self.table[f"{t}_top"].fillna(False).astype(bool)].groupby("model", sort=False)[f"{t}_verdict"].first()
+            confirmed[t] = {m: v.get(m, "") for m in atlas_lib.model_labels(self.table)}
+        return summary_envelope({"models": self.models, "verdicts": confirmed,
+                                 "verdict_rule": atlas_lib.verdict_rule_text(self.rules),
+                                 "relative_depth": "layer / (n_layers - 1)"},
+                                model=None, precision=None, device=self.config.device, self_check=None, config=self.config,
+                                timings_s={"run_s": self.seconds})
+
+    def report(self) -> str:
+        lines = []
+        for label, m in self.models.items():
+            lines.append(f"{label:<28} {m['status']:<8} " + (m.get("error", "") if m["status"] == "failed"
+                                                              else f"{m['timings_s']['scan_s']:.0f} s"))
+        s = self.summary()["verdicts"]
+        if s:
+            lines.append("")
+            models = atlas_lib.model_labels(self.table)
+            lines.append(f"verdicts (each scan's tested verdict: {atlas_lib.VERDICT_KIND} ablation of each type's top-k heads "
+                         f"against {self.config.control} controls): " + ", ".join(models))
+            for t, per in s.items():
+                lines.append(f"  {t:<16} " + " | ".join(per.get(m, "") or "-" for m in models))
+        return "\n".join(lines)
+
+
+def toy_train_config(config: AtlasConfig):
+    """The :class:`~headprobe.analyses.train.TrainConfig` of the ``toy`` model (:data:`TOY_TRAIN`
+    with the atlas's ``toy_steps`` and ``seed``, on CPU unless ``device`` asks for CUDA)."""
+    from headprobe.analyses.train import N_CHARS, TrainConfig
+
+    return TrainConfig(**{**TOY_TRAIN, "steps": config.toy_steps, "seed": config.seed, "device": config.device},
+                       n_words=N_CHARS)
+
+
+def _train_toy(config: AtlasConfig, out: Path, progress: bool) -> Path:
+    """Train the ``toy`` model into ``out`` (skipped when a finished one is there); returns ``out``."""
+    import tempfile
+
+    from headprobe.analyses.train import train, training_tokenizer
+
+    cfg = toy_train_config(config)
+    done = out / "config.json"
+    if done.is_file() and json.loads(done.read_text(encoding="utf-8")).get("train") == asdict(cfg):
+        return out
+    if progress:
+        print(f"training the toy model ({cfg.steps} steps, text+copy) ...", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        run = train(cfg, training_tokenizer(cfg, tmp))
+    out.mkdir(parents=True, exist_ok=True)
+    run.loaded.tokenizer.save_pretrained(out)
+    run.loaded.save(out, {"train": asdict(cfg)})  # config.json last: the directory is complete
+    return out
+
+
+def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress: bool = True) -> AtlasResult:
+    """Scan every model of ``config`` into ``out`` and write the atlas (see the module docstring).
+
+    Raises:
+        HeadprobeError: bad settings, or ``out`` not writable / holding another run's files
+            without ``overwrite``. A model that fails is recorded, not raised.
+    """
+    from headprobe.commands.scan_core import run as run_scan
+
+    t_start = time.perf_counter()
+    models = config.model_list()
+    out = prepare_output_dir(out, overwrite, resumable=True)
+    # where the models run is not part of the key: a run resumed on another device (or split) reads the same checkpoint
+    ckpt = RunCheckpoint(out, {k: v for k, v in asdict(config).items() if k not in ("device", "device_map", "max_memory")})
+    ckpt.load(overwrite=overwrite)
+    ckpt.save({})  # from now on the directory is resumable without --overwrite
+    records: dict[str, dict] = {}
+    parts, rules = [], []
+    for label, name, step in models:
+        d = out / MODELS_DIR / slug(label)
+        rec: dict[str, Any] = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
+        key = {"model": name, "scan": json.loads(json.dumps(asdict(config.scan_config(name)), default=str))}
+        if name == TOY:  # the toy is retrained (and rescanned) when its training settings change
+            key["train"] = asdict(toy_train_config(config))
+        saved = _read_json(d / SCAN_KEY) or {}
+        if saved.get("key") == key and (d / "summary.json").is_file():
+            rec.update(status="resumed", timings_s={"scan_s": saved.get("timings_s", {}).get("scan_s", saved.get("seconds", 0.0))})
+        else:
+            t0 = time.perf_counter()
+            try:
+                path = str(_train_toy(config, out / TOY_DIR, progress)) if name == TOY else name
+                if progress:
+                    print(f"[{len(records) + 1}/{len(models)}] scanning {label} ...", flush=True)
+                loaded = options.load_for(config.scan_config(path))
+                scanned = run_scan(loaded, config.scan_config(path), progress=progress)
+                scanned.save(d, overwrite=True, html=bool(config.pattern_len), figures=config.model_figures)
+                del loaded, scanned
+                rec.update(status="scanned", timings_s={"scan_s": round(time.perf_counter() - t0, 2)})
+                write_json(d / SCAN_KEY, {"key": key, "timings_s": rec["timings_s"]})  # last: this model's scan is complete and reusable
+            except HeadprobeError as e:
+                rec.update(status="failed", timings_s={"scan_s": round(time.perf_counter() - t0, 2)}, error=str(e).splitlines()[0])
+            except Exception as e:  # noqa: BLE001 - one model's crash must not end the atlas; recorded with its type
+                rec.update(status="failed", timings_s={"scan_s": round(time.perf_counter() - t0, 2)},
+                           error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            finally:
+                gc.collect()
+            if rec["status"] == "failed" and progress:
+                print(f"  {label} failed: {rec['error']}", flush=True)
+        records[label] = rec
+        if rec["status"] != "failed":
+            summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
+            parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
+            rules.append(atlas_lib.scan_rule(summary))
+    table = atlas_lib.atlas_table(parts) if parts else pd.DataFrame(columns=list(atlas_lib.ID_COLUMNS))
+    result = AtlasResult(config, table, records, out, seconds=time.perf_counter() - t_start,
+                         rules=[r for r in rules if r is not None])
+    # --out was checked when the run began; it now holds the models' directories
+    produced = [p for p in [*(out / r["dir"] for r in records.values()), out / TOY_DIR] if p.exists()]  # recorded as this atlas's
+    files = write_outputs(out, True, summary=result.summary, tables={TABLE: table.to_csv(index=False, float_format="%.5f")},
+                          figures=result.figures, produced=produced)
+    ckpt.clear()
+    result.files = files
+    return result
+
+
+def atlas(*, out: str | Path, overwrite: bool = False, progress: bool = False, **config_fields) -> AtlasResult:
+    """``headprobe atlas`` as a function: :func:`run` on ``AtlasConfig(**config_fields)``.
+
+    Raises:
+        HeadprobeError: as :func:`run`. TypeError: an unknown field.
+    """
+    return run(AtlasConfig(**config_fields), out, overwrite=overwrite, progress=progress)

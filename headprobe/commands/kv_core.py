@@ -1,0 +1,235 @@
+"""The run of ``headprobe kv`` (torch): :func:`run`, the result and the Python function
+:func:`kv`. The command, its settings (:class:`~headprobe.commands.kv.KVConfig`) and its flags are
+:mod:`headprobe.commands.kv`, which imports none of this."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from headprobe import options
+from headprobe.commands.kv import HELP, KVConfig  # noqa: F401 - the light module's names, re-exported
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.io import summary_envelope, write_json
+
+if TYPE_CHECKING:
+    from headprobe.probe.backend import LoadedModel
+    from headprobe.probe.spec import ModelSpec
+
+    from headprobe.analyses.kvpolicy import GroupCosts, Quality
+    from headprobe.probe.cost import PolicyCost
+    from headprobe.probe.layout import AttentionLayout, KVPolicy
+
+
+@dataclass
+class KVResult:
+    """A finished ``headprobe kv`` run.
+
+    Attributes:
+        config: the settings. spec: the model's spec. layout: its attention layout (bytes per
+            element of its dtype). policy: the chosen :class:`~headprobe.probe.layout.KVPolicy`.
+        policy_cost: :func:`~headprobe.probe.cost.policy_cost` of the policy at ``seq_len``.
+        costs: :class:`~headprobe.analyses.kvpolicy.GroupCosts`. full, chosen: :class:`Quality`
+            of the full cache and of the policy. comparison: curve rows at the policy's memory.
+        curve: the quality-memory rows (:func:`~headprobe.analyses.kvpolicy.curve_row`).
+        cache_check: the native model's allocated StreamingKVCache bytes against the formula, and
+            (``loss``) the chosen policy's natural-text loss against the backend's own scoring.
+        sources: where the token sets came from. seconds: the run's; device, self_check: the
+            model's; load_s: the model's load (set by the caller that loaded it).
+    """
+
+    config: KVConfig
+    spec: ModelSpec
+    layout: AttentionLayout
+    policy: KVPolicy
+    policy_cost: PolicyCost
+    costs: GroupCosts
+    full: Quality
+    chosen: Quality
+    comparison: list
+    curve: list
+    cache_check: dict
+    sources: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    device: str | None = None
+    self_check: dict | None = None
+    load_s: float = 0.0
+
+    def group_table(self):
+        """group_costs.csv: one row per (layer, kv_group) with its costs and whether it stays full."""
+        import pandas as pd
+
+        c, full = self.costs, set(self.policy.full_groups)
+        L, G = c.natural.shape
+        return pd.DataFrame([{"layer": layer, "kv_group": g, "natural_cost": float(c.natural[layer, g]),
+                              "long_range_cost": float(c.long_range[layer, g]), "score": float(c.score[layer, g]),
+                              **({"copy_accuracy_drop": float(c.accuracy_drop[layer, g])} if c.accuracy_drop is not None else {}),
+                              "full_cache": (layer, g) in full} for layer in range(L) for g in range(G)])
+
+    def summary(self) -> dict:
+        """summary.json: the policy, its bytes, its quality against full, uniform and random."""
+        by = {r["policy"]: r for r in self.comparison if r["policy"] != "random"}
+        rnd = [r for r in self.comparison if r["policy"] == "random"]
+        c = self.config
+        return summary_envelope({
+            "n_layers": self.policy.n_layers, "n_kv_groups": self.policy.n_kv_groups,
+            "unit": "latent (MLA: one per layer)" if self.layout.is_mla else "kv_head",
+            "seq_len": c.seq_len, "sink": c.sink, "window": c.window, "method": self.costs.method,
+            "target": {"kv_budget": c.kv_budget} if c.loss_tolerance is None else {"loss_tolerance": c.loss_tolerance},
+            "full_groups": [f"{layer}.{g}" for layer, g in self.policy.full_groups],
+            "kv_bytes": self.policy_cost.kv_bytes, "kv_bytes_full": self.policy_cost.kv_bytes_full,
+            "kv_fraction": self.policy_cost.kv_fraction, "cache_check": self.cache_check,
+            "full": self.full.to_dict(), "chosen": by["chosen"], "uniform": by["uniform"],
+            "random": {"rows": rnd, "natural_loss_increase_mean": _mean(r["natural_loss_increase"] for r in rnd),
+                       "copy_accuracy_mean": _mean(r["copy_accuracy"] for r in rnd)},
+            "beats_uniform": _beats(by["chosen"], [by["uniform"]]), "beats_random": _beats(by["chosen"], rnd),
+            "sources": self.sources,
+            "definitions": {"natural_loss": "mean next-token loss on natural text, nats/token",
+                            "long_range": "a random block planted early and repeated at the end; loss and top-1 accuracy "
+                                          "on its tokens 2..block_len", "streaming": "a KV group's query heads read only "
+                                          "the first sink and the last window keys; exact, the attention masked per group; "
+                                          "the window slides for every query, prompt included (kvpress's StreamingLLM "
+                                          "press instead prunes the cache once after a full-attention prefill)",
+                            "uniform": "every group streaming with one window at the same KV memory",
+                            "random": "as many groups full as the chosen policy, drawn at random"},
+        }, model=self.spec.name, precision=self.spec.precision, device=self.device, self_check=self.self_check,
+            config=c, timings_s={"load_s": self.load_s, "run_s": self.seconds})
+
+    def report(self) -> str:
+        s = self.summary()
+        lines = [f"policy: {len(s['full_groups'])} of {s['n_layers'] * s['n_kv_groups']} KV groups full, the rest "
+                 f"sink {s['sink']} + window {s['window']}; KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens",
+                 f"{'':>10} {'natural loss +':>15} {'copy accuracy':>14} {'long-range loss':>16}",
+                 f"{'full':>10} {0:>15.4f} {s['full']['copy_accuracy']:>14.3f} {s['full']['long_range_loss']:>16.3f}"]
+        for name in ("chosen", "uniform"):
+            r = s[name]
+            lines.append(f"{name:>10} {r['natural_loss_increase']:>15.4f} {r['copy_accuracy']:>14.3f} {r['long_range_loss']:>16.3f}")
+        for r in s["random"]["rows"]:
+            lines.append(f"{'random ' + str(r['seed']):>10} {r['natural_loss_increase']:>15.4f} {r['copy_accuracy']:>14.3f} "
+                         f"{r['long_range_loss']:>16.3f}")
+        return "\n".join(lines)
+
+    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+        """Write policy.json, policy_budget.json, group_costs.csv, curve.csv, the figure and, last, summary.json.
+
+        Raises:
+            HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
+        """
+        import pandas as pd
+
+        from headprobe.analyses import figures
+        from headprobe.analyses.outputs import write_outputs
+
+        def policy_files(out: Path) -> list[Path]:
+            write_json(out / "policy.json", self.policy.to_dict())
+            write_json(out / "policy_budget.json", {"layout": self.layout.to_dict(), **self.policy_cost.to_dict(),
+                                                    "command": f"headprobe budget --model {self.spec.name} --seq-len "
+                                                               f"{self.config.seq_len} --dtype {self.config.dtype} --policy policy.json"})
+            return [out / "policy.json", out / "policy_budget.json"]
+
+        def curve_figure():
+            return figures.kv_policy_curve(self.curve, f"{self.spec.name}: KV policy at {self.config.seq_len} tokens "
+                                                       f"(sink {self.config.sink}, window {self.config.window})")
+
+        tables = {"group_costs.csv": self.group_table().to_csv(index=False, float_format="%.6f"),
+                  "curve.csv": pd.DataFrame(self.curve).to_csv(index=False, float_format="%.6f")}
+        return write_outputs(out_dir, overwrite, summary=self.summary, tables=tables, figures={"kv_curve": curve_figure},
+                             extra=policy_files)
+
+
+def _mean(values) -> float:
+    v = list(values)
+    return sum(v) / len(v)
+
+
+def _beats(chosen: dict, others: list[dict]) -> bool:
+    """Lower natural-text loss increase and higher copy accuracy than the mean of ``others``
+    (ties in accuracy count, so a budget where both copy perfectly is judged on loss)."""
+    return (chosen["natural_loss_increase"] <= _mean(r["natural_loss_increase"] for r in others)
+            and chosen["copy_accuracy"] >= _mean(r["copy_accuracy"] for r in others))
+
+
+def _token_sets(model: LoadedModel, config: KVConfig):
+    """The natural-text windows and the long-range set (:func:`~headprobe.analyses.data.long_range_tokens`)."""
+    from headprobe.analyses.data import long_range_tokens, natural_text_tokens
+    from headprobe.probe.io import open_text_file
+
+    text = open_text_file(config.text) if config.text else None
+    if config.seq_len > model.spec.n_ctx:
+        raise HeadprobeError(f"--seq-len {config.seq_len} is longer than the model's context ({model.spec.n_ctx} tokens)")
+    natural = natural_text_tokens(model, config.n_natural, config.seq_len, config.seed, text)
+    if natural.tokens.shape[0] < config.n_natural:
+        raise HeadprobeError(f"the text holds {natural.tokens.shape[0]} windows of {config.seq_len} tokens; "
+                             f"{config.n_natural} are needed")
+    assert config.distances is not None  # filled by KVConfig.__post_init__
+    lr = long_range_tokens(model, config.seq_len, list(config.distances), config.block_len, config.seed + 1,
+                           config.n_per_distance, text)
+    return natural, lr
+
+
+def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult:
+    """Choose and measure a head-level KV policy for the loaded ``model`` (see the module docstring).
+
+    Raises:
+        HeadprobeError: a non-native backend, an encoder, sliding-window layers, bad lengths,
+            budgets below the all-streaming floor, or an allocated cache that disagrees with the formula.
+    """
+    import time
+
+    from tqdm.auto import tqdm
+
+    from headprobe.analyses import kvpolicy as kp
+    from headprobe.probe.cost import policy_cost
+    from headprobe.probe.layout import Streaming
+
+    config.preflight()
+    kp.check_kv_backend(model)
+    layout = model.kv_layout
+    if layout.windows is not None:
+        raise HeadprobeError(f"{model.spec.name} has sliding-window layers; headprobe kv streams groups of global layers only")
+    t0 = time.perf_counter()
+    natural, lr = _token_sets(model, config)
+    tokens, start = natural.tokens.to(model.device), natural.start
+    lr = dataclasses.replace(lr, tokens=lr.tokens.to(model.device))
+    assert config.window is not None  # filled by KVConfig.__post_init__
+    streaming = Streaming(config.sink, config.window)
+    L, G = model.spec.n_layers, model.n_kv_groups
+    seeds = list(range(config.seed, config.seed + config.n_random))
+    n_evals = 1 + (L * G if config.method == "measured" else 0) + len(config.budgets) * (2 + len(seeds))
+    bar = tqdm(total=n_evals, desc="kv policies", disable=not progress)
+    full = kp.evaluate(model, tokens, start, lr)
+    bar.update()
+    if config.method == "measured":
+        costs = kp.measured_group_costs(model, tokens, start, lr, streaming, full, progress=bar.update)
+    else:
+        costs = (kp.retrieval_group_costs if config.method == "retrieval" else kp.estimated_group_costs)(model, tokens, lr, streaming)
+    curve = kp.kv_curve(model, tokens, start, lr, costs.score, streaming, list(config.budgets), seeds, layout, full,
+                        progress=bar.update)
+    if config.loss_tolerance is None:
+        k = kp.n_full_for_budget(L * G, config.seq_len, streaming.span, config.kv_budget)
+        comparison = [r for r in curve if r["budget"] == config.kv_budget and r["policy"] != "full"]
+    else:
+        k = kp.tolerance_k(model, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full)
+        comparison = kp.compare_at(model, tokens, start, lr, costs.score, streaming, k, seeds, layout, full,
+                                   label=(k * config.seq_len + (L * G - k) * streaming.span) / (L * G * config.seq_len))
+    bar.close()
+    policy = dataclasses.replace(kp.chosen_policy(costs.score, k, streaming), model=model.spec.name)
+    chosen_row = next(r for r in comparison if r["policy"] == "chosen")
+    chosen = kp.Quality(chosen_row["natural_loss"], chosen_row["long_range_loss"], chosen_row["copy_accuracy"], {})
+    check = {**kp.allocated_cache_check(model, tokens, policy, layout),
+             "loss": kp.loss_identity_check(model, tokens, start, policy, chosen.natural_loss)}
+    return KVResult(config, model.spec, layout, policy, policy_cost(layout, policy, config.seq_len), costs, full, chosen,
+                    comparison, curve, check, sources={"natural": natural.source, "long_range": lr.source},
+                    seconds=time.perf_counter() - t0, device=str(model.device), self_check=model.self_check.to_dict())
+
+
+kv = options.command_function(
+    KVConfig, run, "kv", "A head-level KV-cache policy, chosen from the heads and measured causally",
+    '``seq_len=1024``, ``kv_budget=0.5``')
+"""``headprobe kv`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
+
+
+# No --device-map/--max-memory (the config refuses a device map: the per-group masks and the
+# streaming cache are checked on one device only) and no --no-bos (as ablate and prune).
