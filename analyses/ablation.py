@@ -42,15 +42,14 @@ from torch import Tensor
 
 from headprobe.analyses import distributed
 from headprobe.analyses.verdicts import VerdictRule, label
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.spec import ModelSpec
-from headprobe.probe.heads import all_heads  # noqa: F401 - re-exported
-from headprobe.probe.backend import LoadedModel, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
 from headprobe.probe import ablation_kinds
 from headprobe.probe.ablation_kinds import AblationInputs, AblationKind, Kind
+from headprobe.probe.backend import LoadedModel, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
+from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.heads import all_heads
 from headprobe.probe.hook_names import attn_hook, block_hook
-from headprobe.probe.hooks import (
-    Head, batched_ablation_hooks, format_head, head_ablation_hooks, head_set_masks)
+from headprobe.probe.hooks import Head, batched_ablation_hooks, format_head, head_ablation_hooks, head_set_masks
+from headprobe.probe.spec import ModelSpec
 
 
 def task_loss(logits: Tensor, tokens: Tensor, task: str, start: int, period: int | None) -> float:
@@ -158,7 +157,7 @@ class EmbeddingDistance:
         with torch.inference_mode():
             self.clean = sentence_embeddings(model, tokens.to(model.device))  # [batch, d_model]
 
-    def __call__(self, tokens: Int[Tensor, "n pos"], first: int, fwd_hooks: Sequence = ()) -> Float[Tensor, "n"]:
+    def __call__(self, tokens: Int[Tensor, "n pos"], first: int, fwd_hooks: Sequence = ()) -> Float[Tensor, " n"]:
         emb = sentence_embeddings(self.backend, tokens, fwd_hooks)
         clean = self.clean.repeat(tokens.shape[0] // self.clean.shape[0], 1)
         return 1 - (emb * clean).sum(dim=-1)
@@ -175,7 +174,7 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
                         score: Any = None,
                         source_tokens: Int[Tensor, "batch pos"] | None = None,
                         attention_mask: Int[Tensor, "batch pos"] | None = None,
-                        clean: "CleanActivations | None" = None) -> Float[Tensor, "n_sets batch"]:
+                        clean: CleanActivations | None = None) -> Float[Tensor, "n_sets batch"]:
     """Per-sequence scored loss (nats/token) with each of ``head_sets`` ablated, one set at a time.
 
     Several sets share a forward pass along the batch axis (``tokens`` repeated once per set;
@@ -212,7 +211,7 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
         if score is not None:
             raise HeadprobeError("set ablations of a padded batch (attention_mask) are scored by the loss only, not a custom score")
         mask = attention_mask.to(model.device)
-        score = lambda toks, first_, hooks: masked_scored_losses(  # noqa: E731
+        score = lambda toks, first_, hooks: masked_scored_losses(
             model, toks, first_, hooks, mask.repeat(toks.shape[0] // mask.shape[0], 1))
     _, inputs = kind_inputs(model, kind, mean_z, source_tokens, attention_mask)
     spec = model.spec
@@ -246,7 +245,7 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
 
 
 def masked_scored_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int, fwd_hooks: Sequence = (),
-                         attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch"]:
+                         attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, " batch"]:
     """Per-sequence mean next-token cross-entropy (nats/token) of a padded batch, as
     :func:`~headprobe.probe.backend.scored_loss` gives it for each sequence alone: the predictions
     of a real token by the real token before it, from each sequence's ``first``-th real token on

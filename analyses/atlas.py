@@ -66,7 +66,7 @@ def type_verdicts(summary: dict) -> dict[str, tuple[list[str], str]]:
     tested row's (``tested``), else the :data:`VERDICT_KIND` row's (a scan without the flag), else
     the type's first ablation's."""
     out: dict[str, tuple[list[str], str, tuple[bool, bool]]] = {}
-    rank = lambda v: (bool(v.get("tested")), v["kind"] == VERDICT_KIND)  # noqa: E731
+    rank = lambda v: (bool(v.get("tested")), v["kind"] == VERDICT_KIND)
     for v in summary.get("ablations", []):
         t = v["head_type"]
         if t not in out or rank(v) > out[t][2]:

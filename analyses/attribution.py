@@ -63,17 +63,18 @@ per probe (the forward is shared). Its cost: ``3 + 2 n_probes`` forward-equivale
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.analyses.ablation import ablation_directions, kind_inputs, require_head_ablation
+from headprobe.analyses.vocabulary import ESTIMATORS  # the --estimate choices, defined once (torch-free)
 from headprobe.probe.backend import LoadedModel, scored_loss
 from headprobe.probe.hook_names import attn_hook, block_hook
-from headprobe.analyses.vocabulary import ESTIMATORS  # the --estimate choices, defined once (torch-free)
 
 N_PROBES = 8
 """Default sampled-target probes of :func:`second_order`. On SmolLM2-135M's 60 benchmark heads
@@ -175,7 +176,7 @@ def atp_star(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 
     require_head_ablation(model)
     ablation, second = kind_inputs(model, kind, mean_z, source_tokens)
     spec = model.spec
-    L, H = spec.n_layers, spec.n_heads
+    L = spec.n_layers
     tokens = tokens.to(model.device)
     z_hooks, zs, deltas = _z_probes(L)
     resid: dict[int, Tensor] = {}  # resid[l]: the residual entering layer l (l = L: the last resid_post)

@@ -89,7 +89,7 @@ def file_token_ids(tokenizer, text: TextFile, need: int) -> tuple[list[int], int
         return tokenizer(text.read(), add_special_tokens=False, verbose=False)["input_ids"], text.size
     ids: list[int] = []
     read = 0
-    for piece, read in text.pieces():
+    for piece, read in text.pieces():  # noqa: B007 - the last value is read after the loop
         ids += tokenizer(piece, add_special_tokens=False, verbose=False)["input_ids"]
         if len(ids) >= need:
             break
@@ -230,13 +230,13 @@ class PlantedSpan:
 
     tokens: Int[Tensor, "batch pos"]
     start: int
-    first: Int[Tensor, "batch"]
-    second: Int[Tensor, "batch"]
+    first: Int[Tensor, " batch"]
+    second: Int[Tensor, " batch"]
     length: int
     source: str
 
     @property
-    def distance(self) -> Int[Tensor, "batch"]:
+    def distance(self) -> Int[Tensor, " batch"]:
         """``second - first``: how far back the span's first occurrence is, in tokens."""
         return self.second - self.first
 

@@ -49,7 +49,7 @@ def _check(pattern: Tensor, min_len: int = 2) -> None:
         raise HeadprobeError(f"sequence length {pattern.shape[-1]} is too short: this score needs at least {min_len} positions")
 
 
-def offset_score(pattern: Pattern, offset: int, first_query: int) -> Float[Tensor, "head"]:
+def offset_score(pattern: Pattern, offset: int, first_query: int) -> Float[Tensor, " head"]:
     """Mean attention from query ``q`` to key ``q - offset``, over queries ``q >= first_query``.
 
     The building block of the previous-token, duplicate-token and induction scores.
@@ -59,13 +59,13 @@ def offset_score(pattern: Pattern, offset: int, first_query: int) -> Float[Tenso
     return diagonal_mean(diag, offset, first_query)
 
 
-def diagonal_mean(diag: Float[Tensor, "batch head n"], offset: int, first_query: int) -> Float[Tensor, "head"]:
+def diagonal_mean(diag: Float[Tensor, "batch head n"], offset: int, first_query: int) -> Float[Tensor, " head"]:
     """Mean of ``diag`` (``A[q, q - offset]``, entry i is query ``i + offset``) over queries
     ``q >= first_query`` and the batch: :func:`offset_score` from a diagonal (the streamed path's)."""
     return diag[..., max(first_query - offset, 0) :].float().mean(dim=(0, 2))
 
 
-def previous_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
+def previous_token_score(pattern: Pattern) -> Float[Tensor, " head"]:
     """Previous-token score: mean attention from position i to i-1, over i >= 1.
 
     A pure previous-token pattern scores 1; a uniform causal pattern gives 1/(i+1) at query i.
@@ -75,7 +75,7 @@ def previous_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
     return offset_score(pattern, offset=1, first_query=1)
 
 
-def first_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
+def first_token_score(pattern: Pattern) -> Float[Tensor, " head"]:
     """First-token (attention-sink) score: mean attention to position 0 over queries i >= 1.
 
     Source: Xiao et al. 2023 (StreamingLLM); Gu et al. 2024 call a head a sink head when this
@@ -85,7 +85,7 @@ def first_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
     return pattern[..., 1:, 0].float().mean(dim=(0, 2))
 
 
-def next_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
+def next_token_score(pattern: Pattern) -> Float[Tensor, " head"]:
     """Next-token score: mean attention from position i to i+1, over queries 1 <= i <= T-2
     (the mirror of :func:`previous_token_score`; 0 for a causal pattern). On natural text the
     last query's next token is ``[SEP]``.
@@ -97,7 +97,7 @@ def next_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
     return diag[..., 1:].float().mean(dim=(0, 2))
 
 
-def last_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
+def last_token_score(pattern: Pattern) -> Float[Tensor, " head"]:
     """Last-token score: mean attention to position T-1 over queries 1 <= i <= T-2; on an
     encoder's natural text (``[CLS] ... [SEP]``) the ``[SEP]`` sink (0 for a causal pattern).
 
@@ -107,7 +107,7 @@ def last_token_score(pattern: Pattern) -> Float[Tensor, "head"]:
     return pattern[..., 1:-1, -1].float().mean(dim=(0, 2))
 
 
-def duplicate_token_score(pattern: Pattern, period: int, start: int) -> Float[Tensor, "head"]:
+def duplicate_token_score(pattern: Pattern, period: int, start: int) -> Float[Tensor, " head"]:
     """Duplicate-token score on ``[BOS] r_1..r_S r_1..r_S``: mean attention from each token of
     the repeat to its earlier occurrence (key ``q - S``), over the repeat's queries.
 
@@ -127,7 +127,7 @@ def duplicate_first_query(period: int, start: int) -> int:
     return max(start, 1) + period
 
 
-def induction_score(pattern: Pattern, period: int, start: int) -> Float[Tensor, "head"]:
+def induction_score(pattern: Pattern, period: int, start: int) -> Float[Tensor, " head"]:
     """Induction (prefix-matching) score on ``[BOS] r_1..r_S r_1..r_S``: mean attention from
     each token of the repeat to the token right after its earlier occurrence (key ``q - S + 1``).
 
@@ -138,7 +138,7 @@ def induction_score(pattern: Pattern, period: int, start: int) -> Float[Tensor, 
     return offset_score(pattern, offset=period - 1, first_query=start + period)
 
 
-def positional_score(pattern: Pattern) -> tuple[Float[Tensor, "head"], Float[Tensor, "head"]]:
+def positional_score(pattern: Pattern) -> tuple[Float[Tensor, " head"], Float[Tensor, " head"]]:
     """Positional heads (Voita et al. 2019): for each query i >= 1, the relative position
     ``k - i`` of its maximum attention; the head's most frequent offset and how often it wins.
 
@@ -154,7 +154,7 @@ def positional_score(pattern: Pattern) -> tuple[Float[Tensor, "head"], Float[Ten
     return positional_from_argmax(pattern[..., 1:, :].argmax(dim=-1), pattern.shape[-1])
 
 
-def positional_from_argmax(argmax: Int[Tensor, "batch head n"], T: int) -> tuple[Float[Tensor, "head"], Float[Tensor, "head"]]:
+def positional_from_argmax(argmax: Int[Tensor, "batch head n"], T: int) -> tuple[Float[Tensor, " head"], Float[Tensor, " head"]]:
     """:func:`positional_score` from the argmax key of queries ``1 .. T-1`` (``argmax[..., i]`` is
     query ``i + 1``'s), the streamed path's input."""
     queries = torch.arange(1, T, device=argmax.device)
@@ -228,8 +228,8 @@ def _stats(name: str) -> Callable:
     return score
 
 
-def text_repeat_scores(pattern: Float[Tensor, "... q_pos k_pos"], ids: Int[Tensor, "pos"],
-                       start: int) -> dict[str, Float[Tensor, "..."]]:
+def text_repeat_scores(pattern: Float[Tensor, "... q_pos k_pos"], ids: Int[Tensor, " pos"],
+                       start: int) -> dict[str, Float[Tensor, ...]]:
     """Duplicate-token and induction scores on any text (``headprobe show``'s prompt), where the
     tokens repeat wherever they happen to, not in one block: for each query ``q >= start`` whose
     token occurred at earlier positions ``start <= j < q``, the attention on those ``j``

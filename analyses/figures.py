@@ -18,7 +18,8 @@ import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 
-from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, VerdictRule, evidence_text, label, p_text
+from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, VerdictRule, evidence_text, p_text
+from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.analyses.vocabulary import FIGURE_FORMATS, figure_formats
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import atomic_path
@@ -122,7 +123,7 @@ def _wrap_to_room(texts, renderer, width: float) -> bool:
             w = text.get_window_extent(renderer).width
             width = max(12, int(len(line) * room / w))
             # a parenthesis shorter than a line stays whole: "(sink 4,\nwindow 64)" read as two thoughts
-            kept = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\0") if len(m.group(0)) <= width else m.group(0), line)
+            kept = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\0") if len(m.group(0)) <= width else m.group(0), line)  # noqa: B023 - used in this iteration
             lines += [line] if w <= room else [part.replace("\0", " ") for part in textwrap.wrap(kept, width)]
         text.set_text("\n".join(lines))
     return changed
@@ -431,12 +432,12 @@ def ablation_plot(rows: Sequence[dict], title: str, rule: VerdictRule | None = N
             top_all += [r["top_effect"], float(draws.max())]
             reached = f"{r['exceedances']}/{r['draws']} reached" if r.get("exceedances") is not None else f"n={r['draws']}"
             if r.get("tested"):
-                verdict = label(r["confirmed"])
+                verdict = verdict_label(r["confirmed"])
                 stop = {"futile under the correction": "\n(stopped: cannot\nreach α after "
                         f"{CORRECTION_NAMES.get(r.get('correction') or '', '')})", "settled above alpha": "\n(stopped: > α)"}
                 text = (f"{reached}\n{p_text(r)}{stop.get(r.get('stop_reason') or '', '')}\nadj {r['p_adjusted']:.3g}\n{verdict}")
             elif r["confirmed"] is None and r.get("no_verdict"):
-                text = f"{reached}\n{p_text(r)}\n{label(None)}"
+                text = f"{reached}\n{p_text(r)}\n{verdict_label(None)}"
             else:
                 text = f"{reached}\n{p_text(r)}\n{NOT_TESTED}"
             ax.annotate(text, (i, 1.0), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize=4.5,
@@ -493,9 +494,9 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
              + ". Effects in nats/token (loss increase) unless stated."]
     for r in rows:
         lo, hi = r.get("top_effect_ci95") or [float("nan")] * 2
-        verdict = label(r["confirmed"]) + (f" ({r.get('no_verdict')})" if r["confirmed"] is None else "")
+        verdict = verdict_label(r["confirmed"]) + (f" ({r.get('no_verdict')})" if r["confirmed"] is None else "")
         role = (f"p_adj = {r['p_adjusted']:.4g}, {verdict}" if r.get("tested")
-                else NOT_TESTED if r.get("no_verdict") is None else f"{label(None)} ({r['no_verdict']})")
+                else NOT_TESTED if r.get("no_verdict") is None else f"{verdict_label(None)} ({r['no_verdict']})")
         lines.append(f"{r['head_type'].replace('_', '-')} ({r['kind']}, {r['task']}): top-{k} effect {r['top_effect']:+.4g} "
                      f"{format_interval(lo, hi, '+.4g', '95% CI ')} vs control mean {r['random_mean']:+.4g}, max {r['random_max']:+.4g} "
                      f"over {r['draws']} sets; {evidence_text(r, 4)}; {role}.")

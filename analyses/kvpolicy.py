@@ -123,7 +123,7 @@ def evaluate(model: LoadedModel, natural: Int[Tensor, "batch pos"], start: int, 
 
 
 def distant_mass_of_pattern(pattern: Float[Tensor, "batch head q_pos k_pos"], sink: int, window: int,
-                            rows: Int[Tensor, "batch n"] | None = None) -> Float[Tensor, "head"]:
+                            rows: Int[Tensor, "batch n"] | None = None) -> Float[Tensor, " head"]:
     """Mean attention mass each head puts on keys a streaming group would drop: ``sink <= k <=
     q - window`` (1 minus the local-plus-sink fraction), over the queries ``rows`` (``[batch,
     n]`` positions; None: every query at ``q >= sink + window``, the first that lose a key). A
@@ -140,7 +140,7 @@ def distant_mass_of_pattern(pattern: Float[Tensor, "batch head q_pos k_pos"], si
     return (p * drop[:, None]).sum(-1).mean(dim=(0, 2))
 
 
-def retrieval_mass_of_pattern(pattern: Float[Tensor, "batch head q_pos k_pos"], lr: LongRangeSet) -> Float[Tensor, "head"]:
+def retrieval_mass_of_pattern(pattern: Float[Tensor, "batch head q_pos k_pos"], lr: LongRangeSet) -> Float[Tensor, " head"]:
     """Mean attention mass each head puts, from the repeat's queries (``second + i``, the ones
     that predict the repeat's tokens 2..block_len), on the block's first occurrence ``[first,
     first + block_len)``: the retrieval score of Wu et al. 2024 (arXiv:2404.15574; attention on

@@ -40,7 +40,7 @@ LOCAL_WINDOWS = (16, 64, 256)
 one shorter than the sequence."""
 
 
-def sink_rate(pattern: Pattern, key: int = 0) -> Float[Tensor, "head"]:
+def sink_rate(pattern: Pattern, key: int = 0) -> Float[Tensor, " head"]:
     """Attention to key ``key`` averaged over the queries that can see it (Gu et al. 2024, "When
     Attention Sink Emerges in Language Models", eq. 1: ``alpha_k = 1/(T-k+1) sum_{i>=k} A_{i,k}``,
     1-indexed), then over the batch. For the first token (``key`` 0) that is every query, query 0
@@ -62,7 +62,7 @@ def sink_rate(pattern: Pattern, key: int = 0) -> Float[Tensor, "head"]:
     return pattern[..., key:, key].float().mean(dim=(0, 2))
 
 
-def attention_entropy(pattern: Pattern) -> Float[Tensor, "head"]:
+def attention_entropy(pattern: Pattern) -> Float[Tensor, " head"]:
     """Mean entropy (nats) of each query's attention distribution, ``-sum_k A_{q,k} ln A_{q,k}``
     (``0 ln 0 = 0``), over queries ``q >= 1`` and the batch. Query 0 is excluded (it sees one
     key, entropy 0), as in every detector. A uniform causal pattern gives ``ln(q + 1)`` at query q;
@@ -79,7 +79,7 @@ def attention_entropy(pattern: Pattern) -> Float[Tensor, "head"]:
     return ent.mean(dim=(0, 2))
 
 
-def local_fraction(pattern: Pattern, window: int) -> Float[Tensor, "head"]:
+def local_fraction(pattern: Pattern, window: int) -> Float[Tensor, " head"]:
     """Local fraction: the attention mass on the keys ``j`` with ``|i - j| < window`` (for a causal
     query ``i`` its last ``window`` keys, itself included), averaged over the queries ``i >=
     window`` (those that can read a key outside the window) and the batch. A head that reads only
@@ -106,7 +106,7 @@ def local_columns(windows: tuple[int, ...]) -> tuple[str, ...]:
 
 
 def retrieval_hits(pattern: Pattern, queries: Int[Tensor, "batch n"], sources: Int[Tensor, "batch n"],
-                   copied: Bool[Tensor, "batch n"]) -> Float[Tensor, "head"]:
+                   copied: Bool[Tensor, "batch n"]) -> Float[Tensor, " head"]:
     """Retrieval score (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context
     Factuality"): the share of needle tokens that a head copy-pastes, ``|g_h ∩ k| / |k|``. At
     query ``queries[b, i]`` the model predicts a needle token; it is copy-pasted by head h when
@@ -163,7 +163,7 @@ def retrieval_score(model: LoadedModel, needles: NeedleSet, streaming: bool = Fa
 
         resid = stream_head_stats(model, needles.tokens, on_stats, windows=(), statistics=False)
     else:
-        hooks = [(attn_hook(layer, "pattern"), (lambda layer: lambda p, hook: on_pattern(layer, p))(layer))
+        hooks = [(attn_hook(layer, "pattern"), (lambda layer: lambda p, hook: on_pattern(layer, p))(layer))  # noqa: B023 - bound by the call
                  for layer in range(spec.n_layers)]
         resid = model.final_residual(needles.tokens, fwd_hooks=hooks)
     assert resid is not None  # stream_head_stats returns it (final_residual defaults to True)

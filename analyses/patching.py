@@ -37,7 +37,6 @@ from headprobe.analyses.ablation import LOGITS_BYTES_PER_PASS, require_head_abla
 from headprobe.analyses.statistics import interval_rule, mean_ci
 from headprobe.analyses.vocabulary import MIN_N_FOR_CI, PATCH_SITES
 from headprobe.probe.backend import LoadedModel
-from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import all_heads
 from headprobe.probe.hook_names import attn_hook, block_hook
@@ -395,7 +394,7 @@ def encode_pairs(model: LoadedModel, pairs: Sequence[PromptPair], padding_side: 
     return out
 
 
-def logit_diff(logits: Float[Tensor, "batch pos d_vocab"], answers: Int[Tensor, "batch 2"]) -> Float[Tensor, "batch"]:
+def logit_diff(logits: Float[Tensor, "batch pos d_vocab"], answers: Int[Tensor, "batch 2"]) -> Float[Tensor, " batch"]:
     """``logit(answers[:, 0]) - logit(answers[:, 1])`` at the last position, in float32."""
     last = logits[:, -1].float()
     return last.gather(1, answers[:, :1].to(last.device))[:, 0] - last.gather(1, answers[:, 1:].to(last.device))[:, 0]

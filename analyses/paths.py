@@ -46,12 +46,10 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
+from scipy.stats import pearsonr, spearmanr
 from torch import Tensor
 
-from scipy.stats import pearsonr, spearmanr
-
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.backend import token_losses
+from headprobe.probe.backend import LoadedModel, token_losses
 from headprobe.probe.capture import capture_internal
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hook_names import EMBED, attn_hook, block_hook
@@ -290,11 +288,11 @@ class RunChunks:
         return sum(w * float(r.clean_metric.mean()) for w, r in self.parts())
 
 
-def _parts(runs: "PathRuns | RunChunks"):
+def _parts(runs: PathRuns | RunChunks):
     return runs.parts() if isinstance(runs, RunChunks) else [(1.0, runs)]
 
 
-def _stack_rows(runs: "PathRuns | RunChunks", max_rows: int | None) -> int:
+def _stack_rows(runs: PathRuns | RunChunks, max_rows: int | None) -> int:
     return max_rows if max_rows is not None else (runs.stack_rows if isinstance(runs, RunChunks) else 32)
 
 
@@ -333,8 +331,8 @@ def _chunks(n: int, batch: int, max_rows: int) -> list[range]:
 
 
 @torch.inference_mode()
-def path_patch_effects(model: LoadedModel, runs: "PathRuns | RunChunks", senders: Sequence[tuple[int, int]],
-                       receiver: tuple[int, int] | None, inp: str = "k", max_rows: int | None = None) -> Float[np.ndarray, "sender"]:
+def path_patch_effects(model: LoadedModel, runs: PathRuns | RunChunks, senders: Sequence[tuple[int, int]],
+                       receiver: tuple[int, int] | None, inp: str = "k", max_rows: int | None = None) -> Float[np.ndarray, " sender"]:
     """Exact direct-path patching (module docstring) of each sender into one receiver's input ``inp``
     (``receiver`` None: the logits), several senders per batched forward (at most ``max_rows``
     sequences; None: 32, or the :class:`RunChunks`' ``stack_rows``). Returns ``M(patched) - M(clean)``
@@ -483,7 +481,7 @@ def ig_alphas(method: str, steps: int) -> list[float]:
     return [1.0] if method == "eap" else [k / steps for k in range(1, steps + 1)]
 
 
-def edge_scores(model: LoadedModel, runs: "PathRuns | RunChunks", method: str = "eap-ig", steps: int = 5) -> EdgeScores:
+def edge_scores(model: LoadedModel, runs: PathRuns | RunChunks, method: str = "eap-ig", steps: int = 5) -> EdgeScores:
     """EAP or EAP-IG scores (module docstring) of every head -> head (q/k/v) edge and head -> logits
     edge: ``delta_s . mean_alpha dM/d(input_r)(alpha)``, summed over batch and positions, in the
     metric's units (an estimate of :func:`path_patch_effects`). The products are taken one sender
@@ -568,7 +566,7 @@ def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str,
     return {**out, "null_reasons": reasons} if reasons else out
 
 
-def exact_effects(model: LoadedModel, runs: "PathRuns | RunChunks", edges: Sequence[Edge],
+def exact_effects(model: LoadedModel, runs: PathRuns | RunChunks, edges: Sequence[Edge],
                   max_rows: int | None = None) -> np.ndarray:
     """Exact path patching (:func:`path_patch_effects`) of each edge, edges of one receiver input batched
     together (a :class:`RunChunks` prepared once per chunk for all of them)."""
@@ -583,7 +581,7 @@ def exact_effects(model: LoadedModel, runs: "PathRuns | RunChunks", edges: Seque
     return out
 
 
-def verify_edges(model: LoadedModel, runs: "PathRuns | RunChunks", table: pd.DataFrame, n: int, seed: int = 0,
+def verify_edges(model: LoadedModel, runs: PathRuns | RunChunks, table: pd.DataFrame, n: int, seed: int = 0,
                  k: int = 10) -> tuple[pd.DataFrame, dict | None]:
     """Path patch the ``n`` edges of ``table`` (:meth:`EdgeScores.table`, sorted by ``|score|``) largest
     in ``|score|`` and ``n`` drawn at random (seeded) from the rest, exactly. Returns the table with an
@@ -601,7 +599,7 @@ def verify_edges(model: LoadedModel, runs: "PathRuns | RunChunks", table: pd.Dat
     return table, (agreement(done["exact"].to_numpy(), done["score"].to_numpy(), k) if len(done) >= 3 else None)
 
 
-def receiver_sweep(model: LoadedModel, runs: "PathRuns | RunChunks", receivers: Sequence[tuple[tuple[int, int] | None, str]],
+def receiver_sweep(model: LoadedModel, runs: PathRuns | RunChunks, receivers: Sequence[tuple[tuple[int, int] | None, str]],
                    scores: EdgeScores | None = None) -> pd.DataFrame:
     """Exact path patching from every earlier head into each receiver (``(head, input)`` or ``(None,
     "logits")``): ``receiver, sender, effect`` (and ``score``, the edge attribution, when given), each
@@ -612,7 +610,7 @@ def receiver_sweep(model: LoadedModel, runs: "PathRuns | RunChunks", receivers: 
     """
     L, H = model.spec.n_layers, model.spec.n_heads
     rows = []
-    for receiver, inp in receivers:
+    for receiver, _inp in receivers:
         if receiver is not None and not (0 < receiver[0] < L and 0 <= receiver[1] < H):
             raise HeadprobeError(f"receiver {receiver[0]}.{receiver[1]} is not a head after layer 0 of a model of "
                                  f"{L} layers x {H} heads")
@@ -636,7 +634,7 @@ def receiver_sweep(model: LoadedModel, runs: "PathRuns | RunChunks", receivers: 
 
 
 @torch.inference_mode()
-def baseline_error(model: LoadedModel, runs: "PathRuns | RunChunks", layers: Sequence[int]) -> float:
+def baseline_error(model: LoadedModel, runs: PathRuns | RunChunks, layers: Sequence[int]) -> float:
     """Largest ``|M(resumed at layer, unpatched) - M(clean)|`` (nats/token with the default metric)
     over ``layers`` (and the logits receiver's unembedding) and the sequences: 0 when the resumed
     runs are bitwise the clean run (as on the native backend, both on the fused kernel)."""

@@ -36,12 +36,12 @@ from torch import Tensor
 
 from headprobe.analyses import distributed
 from headprobe.analyses.ablation import head_importance, require_head_ablation, scored_loss
+from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # noqa: F401 - defined once (torch-free)
+from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hook_names import attn_hook
 from headprobe.probe.hooks import Head, format_head
-from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # noqa: F401 - defined once (torch-free)
-from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,7 @@ def _finite_checks(n_layers: int, first_bad: list[int]) -> list[tuple[str, Any]]
 
 def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int, mean_z: bool = False,
                  types: Sequence[str] | None = None, per_sequence: dict[str, Tensor] | None = None,
-                 streaming: str = "auto") -> tuple[dict[str, Float[Tensor, "layer head"]], Float[Tensor, "batch"],
+                 streaming: str = "auto") -> tuple[dict[str, Float[Tensor, "layer head"]], Float[Tensor, " batch"],
                                                    Float[Tensor, "layer head d_head"] | None]:
     """:func:`score_token_set` with the clean loss instead of the logits, for sequences of any
     length: the detectors read streamed statistics (:func:`use_streaming`; the same numbers) or the

@@ -38,16 +38,13 @@ from torch import Tensor
 from headprobe.analyses.ablation import task_loss, token_losses
 from headprobe.analyses.data import TokenSet, ascii_text, pydoc_topics, repeated_random_tokens
 from headprobe.analyses.detectors import induction_score, previous_token_score
-from headprobe.probe.capture import stream_patterns
+from headprobe.analyses.train_config import CORPORA, INDUCTION_FORMED, N_CHARS, TrainConfig  # noqa: F401 - re-exported
 from headprobe.probe.backend import LoadedModel
-from headprobe.probe.native import NativeModel
+from headprobe.probe.capture import stream_patterns
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.vocabulary import DEVICES
 from headprobe.probe.hooks import format_head
+from headprobe.probe.native import NativeModel
 from headprobe.probe.tokenizers import TEXT_CHARS, char_level_tokenizer, word_level_tokenizer
-
-from headprobe.analyses.train_config import CORPORA, INDUCTION_FORMED, N_CHARS, TrainConfig  # noqa: E402,F401 - re-exported
-
 
 # --------------------------------------------------------------------------------------------
 # Data
@@ -68,14 +65,14 @@ class TextCorpus:
         source: where the text comes from.
     """
 
-    train: Int[Tensor, "n_train"]
-    held_out: Int[Tensor, "n_held_out"]
+    train: Int[Tensor, " n_train"]
+    held_out: Int[Tensor, " n_held_out"]
     train_topics: tuple[str, ...]
     held_out_topics: tuple[str, ...]
     source: str
 
 
-def char_ids(text: str) -> Int[Tensor, "n_tokens"]:
+def char_ids(text: str) -> Int[Tensor, " n_tokens"]:
     """Character-level ids of ``text`` (id ``i`` is ``TEXT_CHARS[i]``; the same ids as
     :func:`headprobe.probe.tokenizers.char_level_tokenizer`, computed by table look-up). Characters outside
     the vocabulary map to BOS/unknown (96); pass the text through :func:`headprobe.analyses.data.ascii_text` first."""
@@ -154,7 +151,7 @@ def copy_sequences(n_seqs: int, seq_len: int, n_words: int, min_period: int, max
     return torch.cat([bos, tokens], dim=1)
 
 
-def text_windows(ids: Int[Tensor, "n_tokens"], n_seqs: int, seq_len: int, bos: int,
+def text_windows(ids: Int[Tensor, " n_tokens"], n_seqs: int, seq_len: int, bos: int,
                  gen: torch.Generator) -> Int[Tensor, "batch pos"]:
     """``n_seqs`` windows of ``seq_len - 1`` consecutive tokens of ``ids`` at offsets drawn
     uniformly (with ``gen``; windows may overlap and cross topic boundaries), each with ``bos``
@@ -171,7 +168,7 @@ def text_windows(ids: Int[Tensor, "n_tokens"], n_seqs: int, seq_len: int, bos: i
     return torch.cat([torch.full((n_seqs, 1), bos, dtype=torch.long), windows], dim=1)
 
 
-def held_out_text_windows(ids: Int[Tensor, "n_tokens"], n_seqs: int, seq_len: int, bos: int,
+def held_out_text_windows(ids: Int[Tensor, " n_tokens"], n_seqs: int, seq_len: int, bos: int,
                           seed: int) -> Int[Tensor, "batch pos"]:
     """A fixed evaluation set: the text is cut into consecutive non-overlapping windows of
     ``seq_len - 1`` tokens and ``n_seqs`` of them (all there are, if fewer) are drawn without
@@ -185,7 +182,7 @@ def held_out_text_windows(ids: Int[Tensor, "n_tokens"], n_seqs: int, seq_len: in
     return torch.cat([torch.full((len(pick), 1), bos, dtype=torch.long), windows[pick]], dim=1)
 
 
-def mixed_batch(n_seqs: int, seq_len: int, text_ids: Int[Tensor, "n_tokens"], n_words: int, min_period: int,
+def mixed_batch(n_seqs: int, seq_len: int, text_ids: Int[Tensor, " n_tokens"], n_words: int, min_period: int,
                 max_period: int, copy_fraction: float, gen: torch.Generator,
                 periodic: bool = True) -> tuple[Int[Tensor, "batch pos"], Tensor]:
     """A ``"text+copy"`` training batch: ``round(n_seqs * copy_fraction)`` copy sequences

@@ -11,10 +11,9 @@ bound, so it is written ``p in [0.059, 0.75]`` with why the test stopped, never 
 
 from __future__ import annotations
 
-from typing import Any
-
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 CORRECTION_NAMES = {"bh": "BH", "holm": "Holm"}
 """Short names of the corrections in verdict texts."""

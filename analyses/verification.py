@@ -30,26 +30,32 @@ from __future__ import annotations
 import itertools
 import math
 import zlib
-from dataclasses import replace
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from headprobe.analyses import distributed
+from headprobe.analyses import distributed, verdicts
 from headprobe.analyses import statistics as st
-from headprobe.analyses import verdicts
+from headprobe.analyses.ablation import (
+    LOSS_METRIC,
+    P_VALUE_TIE,
+    AblationMetric,
+    CleanResiduals,
+    Verification,
+    first_scored,
+    names,
+    set_ablation_losses,
+)
+from headprobe.analyses.data import TokenSet
 from headprobe.analyses.verdicts import VerdictRule
 from headprobe.analyses.vocabulary import ALPHA, CORRECTION, PRIMARY_KIND, check_verification_choices, reachable
 from headprobe.analyses.vocabulary import unreachable_note as _unreachable_note
-from headprobe.analyses.ablation import (
-    LOSS_METRIC, P_VALUE_TIE, AblationMetric, CleanResiduals, Verification, first_scored, names, set_ablation_losses)
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import Head
-from headprobe.analyses.data import TokenSet
 
 KINDS = ("zero", "mean")
 """The kinds a verification ablates (both need no second input)."""

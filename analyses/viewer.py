@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import re
 import zlib
 from collections.abc import Mapping
@@ -36,8 +35,9 @@ import pandas as pd
 if TYPE_CHECKING:
     from headprobe.probe.backend import LoadedModel
 
-from headprobe.analyses.verdicts import LABELS, NOT_TESTED, VerdictRule, evidence_text, label, stop_text  # noqa: E402 - torch-free verdict texts
-from headprobe.analyses.vocabulary import DEFAULT_PATTERN_LEN  # noqa: E402 - torch-free home of the default
+from headprobe.analyses.verdicts import LABELS, NOT_TESTED, VerdictRule, evidence_text, label, stop_text
+from headprobe.analyses.vocabulary import DEFAULT_PATTERN_LEN
+
 """Tokens per example kept in ``patterns.npz`` by default: the scan's natural-text sequence
 length, and more than the repeated example's ``1 + 2 * 50``. 30 layers x 9 heads of SmolLM2 at
 128 tokens take 4.4 MB as uint8 before compression (causal patterns are half zeros)."""
@@ -181,7 +181,7 @@ def _colormap(name: str) -> list[str]:
     import matplotlib
 
     rgba = matplotlib.colormaps[name](np.linspace(0, 1, 256))
-    return ["#%02x%02x%02x" % tuple(int(round(c * 255)) for c in row[:3]) for row in rgba]
+    return ["#" + "".join(f"{int(round(c * 255)):02x}" for c in row[:3]) for row in rgba]
 
 
 def _score_maps(table: pd.DataFrame) -> list[dict]:

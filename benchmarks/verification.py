@@ -56,7 +56,7 @@ def main() -> None:
     if args.replay:
         replay(out["fixed-size"][0], args)
         return
-    (fixed, t_fixed), (seq, t_seq) = out["fixed-size"], out["sequential"]
+    (fixed, _), (seq, _) = out["fixed-size"], out["sequential"]
     same = [a.confirmed for a in fixed.verifications if a.tested] == [b.confirmed for b in seq.verifications if b.tested]
     ratio = seq.verification["sets_ablated"] / fixed.verification["sets_ablated"]
     time_ratio = seq.timings["ablate_s"] / fixed.timings["ablate_s"]

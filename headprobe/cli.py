@@ -22,6 +22,7 @@ from headprobe.commands import COMMANDS
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.registry import did_you_mean
 
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse with usage errors as one line (``headprobe: error: ... (see headprobe scan
     --help)``) and exit status 2, like every other bad input; subparsers inherit it."""

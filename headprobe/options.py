@@ -17,8 +17,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headprobe.settings import (  # noqa: F401 - the shared vocabularies and flag types, re-exported
-    BACKENDS, DEFAULT_MODEL, DEVICE_MAPS, DEVICES, DTYPE_ALIASES, DTYPES, DataSettings, ModelSettings,
-    OUTPUT, Flags, OutputSettings, add_flags, add_layout, check_device_map, dtype_name, max_memory_dict, parse_max_memory,
+    BACKENDS,
+    DEFAULT_MODEL,
+    DEVICE_MAPS,
+    DEVICES,
+    DTYPE_ALIASES,
+    DTYPES,
+    OUTPUT,
+    DataSettings,
+    Flags,
+    ModelSettings,
+    OutputSettings,
+    add_flags,
+    add_layout,
+    check_device_map,
+    dtype_name,
+    max_memory_dict,
+    parse_max_memory,
     positive_int,
 )
 from headprobe.settings import check_settings as check_config_fields  # noqa: F401 - the old name
@@ -106,7 +121,7 @@ def peek_token_count(model: str, text: str, prepend_bos: bool = True) -> int | N
         n = len(tokenizer.encode(text, add_special_tokens=False).ids)
         bos = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8-sig")).get("bos_token") \
             if (folder / "tokenizer_config.json").is_file() else None
-    except Exception:  # noqa: BLE001 - an unreadable tokenizer: counted after loading instead
+    except Exception:
         return None
     return n + int(bool(prepend_bos and bos))
 

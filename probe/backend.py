@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -58,13 +58,13 @@ def token_losses(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor,
 
 
 def scored_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"],
-                first: int) -> Float[Tensor, "batch"]:
+                first: int) -> Float[Tensor, " batch"]:
     """Per-sequence mean cross-entropy (nats/token) of the predictions from index ``first`` on
     (index i predicts token i + 1)."""
     return token_losses(logits, tokens)[:, first:].mean(dim=1)
 
 
-def cross_entropy_inplace(logits: Float[Tensor, "n d_vocab"], target: Int[Tensor, "n"]) -> Float[Tensor, "n"]:
+def cross_entropy_inplace(logits: Float[Tensor, "n d_vocab"], target: Int[Tensor, " n"]) -> Float[Tensor, " n"]:
     """``F.cross_entropy(logits, target, reduction="none")`` (nats), overwriting ``logits``.
 
     ``logsumexp(logits) - logits[target]`` with the exponentials taken in place, so the
@@ -89,7 +89,7 @@ a 49,152-token vocabulary, whatever the sequence length (a whole 8,192-token seq
 
 
 @torch.inference_mode()
-def chunked_token_losses(model: "LoadedModel", resid: Float[Tensor, "batch pos d_model"], tokens: Int[Tensor, "batch pos"],
+def chunked_token_losses(model: LoadedModel, resid: Float[Tensor, "batch pos d_model"], tokens: Int[Tensor, "batch pos"],
                          first: int = 0, rows: int = LOSS_ROWS) -> Float[Tensor, "batch n"]:
     """:func:`token_losses` from the final residual stream (after the final norm, as
     :meth:`LoadedModel.final_residual` returns it) for the predictions from index ``first`` on
@@ -272,7 +272,7 @@ class LoadedModel:
         return post[0] if post is not None else block_hook(layer, "attn_out")
 
     @torch.inference_mode()
-    def post_attention_norm_weight(self, layer: int) -> Float[Tensor, "d_model"]:
+    def post_attention_norm_weight(self, layer: int) -> Float[Tensor, " d_model"]:
         """The elementwise weight ``w`` of layer ``layer``'s post-attention RMS-type norm, read off
         the norm itself: ``norm(c * 1) = w * c / sqrt(c^2 + eps) = w`` to float rounding for
         ``c = 1e3`` (so Gemma's ``1 + w`` convention needs no special case)."""
@@ -485,7 +485,7 @@ class LoadedModel:
         the ``with`` body; removed on exit, also when the body raises."""
         return self.model.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks))
 
-    def b_O(self, layer: int) -> Float[Tensor, "d_model"] | None:
+    def b_O(self, layer: int) -> Float[Tensor, " d_model"] | None:
         """Layer ``layer``'s output bias (None for models without one, e.g. Llama)."""
         with self._aligned(self.model.blocks[layer]):
             return self.model.blocks[layer].attn.b_O
@@ -573,7 +573,7 @@ class LoadedModel:
         raise NotImplementedError
 
     def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
-                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch"]:
+                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " batch"]:
         """Per-sequence mean loss (nats/token) of the predictions from index ``first`` on
         (:func:`scored_loss`), with ``fwd_hooks`` active for this forward."""
         raise NotImplementedError
@@ -617,13 +617,13 @@ class LoadedModel:
         the logits before the family's output transform: use :meth:`logits_from_residual` for logits)."""
         raise NotImplementedError
 
-    def b_U(self) -> Float[Tensor, "d_vocab"] | None:
+    def b_U(self) -> Float[Tensor, " d_vocab"] | None:
         """The unembedding bias, or None."""
         raise NotImplementedError
 
     def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
                              resid_pre: Float[Tensor, "n pos d_model"], attn_out: Float[Tensor, "n pos d_model"],
-                             first: int) -> Float[Tensor, "n"]:
+                             first: int) -> Float[Tensor, " n"]:
         """Resume ``n = k * batch`` forward passes at layer ``layer`` and score them.
 
         Sequence ``i`` of the ``n`` is ``tokens[i % batch]``; its residual stream entering layer
@@ -635,7 +635,7 @@ class LoadedModel:
         raise NotImplementedError
 
     def scored_losses_from(self, layer: int, tokens: Int[Tensor, "n pos"], resid_pre: Float[Tensor, "n pos d_model"],
-                           first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "n"]:
+                           first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " n"]:
         """:meth:`scored_losses` of ``tokens`` (nats/token, ``[n]``) with ``fwd_hooks`` active, run
         from layer ``layer`` on: ``resid_pre[i]`` is the clean residual stream entering that layer
         for ``tokens[i]``, which is what the earlier layers compute when no hook acts on them (the
@@ -681,7 +681,7 @@ class LoadedModel:
         raise HeadprobeError(f"the attention scale of a layer is read on the native backend only, not {self.name}")
 
     def qk_terms(self, layer: int, head: int, side: Literal["q", "k"], terms: Float[Tensor, "n d_model"],
-                 ref: Float[Tensor, "d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
+                 ref: Float[Tensor, " d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
         """Query head ``head``'s query (``side="q"``) or key (``"k"``, its key/value head's) at
         position ``pos`` as a sum of terms: row ``i`` is what ``terms[i]`` (a term of the attention
         input, after the pre-attention norm) contributes, the last row the projection bias; QK-norm
@@ -747,8 +747,8 @@ class NormWeights:
             component orthogonal to the all-ones direction.
     """
 
-    weight: Float[Tensor, "d_model"]
-    bias: Float[Tensor, "d_model"]
+    weight: Float[Tensor, " d_model"]
+    bias: Float[Tensor, " d_model"]
     centers: bool
 
 

@@ -169,7 +169,7 @@ class BridgeModel(LoadedModel):
         with self._aligned(self.model.unembed):
             return self.model.W_U
 
-    def b_U(self) -> Float[Tensor, "d_vocab"] | None:
+    def b_U(self) -> Float[Tensor, " d_vocab"] | None:
         """See :meth:`headprobe.probe.backend.LoadedModel.b_U`."""
         with self._aligned(self.model.unembed):
             return getattr(self.model, "b_U", None)
@@ -219,7 +219,7 @@ class BridgeModel(LoadedModel):
 
     @torch.inference_mode()
     def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
-                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch"]:
+                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " batch"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.scored_losses`."""
         tokens = tokens.to(self.device)
         return scored_loss(self.forward(tokens, fwd_hooks), tokens, first)
@@ -227,7 +227,7 @@ class BridgeModel(LoadedModel):
     @torch.inference_mode()
     def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
                              resid_pre: Float[Tensor, "n pos d_model"], attn_out: Float[Tensor, "n pos d_model"],
-                             first: int) -> Float[Tensor, "n"]:
+                             first: int) -> Float[Tensor, " n"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.resume_scored_losses`: one forward of
         ``tokens`` per ``batch`` of the ``n`` sequences, with ``blocks.{layer}.hook_resid_pre`` and
         the raw attention output replaced (the layers before ``layer`` are recomputed)."""
@@ -309,7 +309,7 @@ def _head_mask_hooks(head_mask: Float[Tensor, "layer head"]) -> list[tuple[str, 
     return [(attn_hook(layer, "z"), make(layer)) for layer in range(head_mask.shape[0])]
 
 
-def boot_bridge(hf_name: str, hf_model: Any, tokenizer: Any) -> "TransformerBridge":
+def boot_bridge(hf_name: str, hf_model: Any, tokenizer: Any) -> TransformerBridge:
     """Wrap a loaded Hugging Face causal LM in a TransformerLens ``TransformerBridge``.
 
     Raises:

@@ -38,8 +38,8 @@ def head_results(
     return einops.einsum(z, W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
 
 
-def kv_head_of(head: Int[Tensor, "head"] | Int[np.ndarray, "head"] | int, n_heads: int, n_kv_heads: int
-               ) -> Int[Tensor, "head"] | Int[np.ndarray, "head"] | int:
+def kv_head_of(head: Int[Tensor, " head"] | Int[np.ndarray, " head"] | int, n_heads: int, n_kv_heads: int
+               ) -> Int[Tensor, " head"] | Int[np.ndarray, " head"] | int:
     """GQA: the key/value head that query head ``head`` reads, ``head // (n_heads // n_kv_heads)``."""
     return head // (n_heads // n_kv_heads)
 
@@ -82,7 +82,7 @@ def stream_patterns(
 
 
 def pad_prompts(
-    prompts: Sequence[Int[Tensor, "_pos"]], pad_id: int, side: str = "right"
+    prompts: Sequence[Int[Tensor, " _pos"]], pad_id: int, side: str = "right"
 ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
     """Stack token sequences of different lengths into ``(tokens, attention_mask)``.
 
@@ -103,7 +103,7 @@ def pad_prompts(
 @torch.inference_mode()
 def stream_prompt_patterns(
     model: Any,
-    prompts: Sequence[Int[Tensor, "_pos"]],
+    prompts: Sequence[Int[Tensor, " _pos"]],
     on_pattern: Callable[[int, int, Float[Tensor, "head q_pos k_pos"]], None],
     side: str = "right",
     layers: Sequence[int] | None = None,
@@ -200,7 +200,7 @@ def capture_internal(
 
 
 def post_norm_factor(
-    a: Float[Tensor, "batch pos d_model"], y: Float[Tensor, "batch pos d_model"], w: Float[Tensor, "d_model"]
+    a: Float[Tensor, "batch pos d_model"], y: Float[Tensor, "batch pos d_model"], w: Float[Tensor, " d_model"]
 ) -> Float[Tensor, "batch pos d_model"]:
     """The per-token linear map ``w * s_t`` of an RMS-type norm ``y_t = w * a_t * s_t`` applied to
     the attention output ``a``: ``s_t`` is fitted per token by least squares,

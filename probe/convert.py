@@ -96,7 +96,7 @@ class NativeSource:
     rope_interleave: bool = False
 
     @classmethod
-    def of(cls, hf_config: Any) -> "NativeSource":
+    def of(cls, hf_config: Any) -> NativeSource:
         """From a Hugging Face config.
 
         Raises:
@@ -109,7 +109,7 @@ class NativeSource:
                 "rope_interleave": self.rope_interleave}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "NativeSource":
+    def from_json(cls, data: dict[str, Any]) -> NativeSource:
         """Inverse of :meth:`to_json` (JSON lists back to the config's tuples).
 
         Raises:

@@ -39,9 +39,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from headprobe.probe.errors import HeadprobeError
+
 # The layout lives in headprobe.probe.layout; re-exported so that cost.AttentionLayout keeps working.
-from headprobe.probe.layout import BIAS_KINDS, QK_NORM_KINDS, AttentionLayout, _check_positive  # noqa: F401
-from headprobe.probe.layout import KVPolicy, Streaming
+from headprobe.probe.layout import BIAS_KINDS, QK_NORM_KINDS, AttentionLayout, KVPolicy, Streaming, _check_positive  # noqa: F401
 
 KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40
 TFLOP = 10**12
@@ -580,7 +580,7 @@ def format_bytes(n: int | float) -> str:
 
     Whole numbers of a unit print without decimals; others with up to two decimals.
     """
-    for unit, size in _BINARY:
+    for unit, size in _BINARY:  # noqa: B007 - the unit found is read after the loop
         if abs(n) >= size:
             v = n / size
             break
@@ -940,7 +940,7 @@ def _recommendation_summary(base: AttentionLayout, gqa: AttentionLayout, mla: At
         + f"; KV cache {format_bytes(req)} per request at {req_txt}"
         + (f" against {limit_txt}." if kv_limit_bytes is not None else " (no KV-cache limit given)."),
         f"MHA would cache {format_bytes(kv_bytes_per_request(base, seq_len, batch))} ({n_heads} KV heads); "
-        + ((f"the most KV heads that fit: " if kv_limit_bytes is not None
+        + (("the most KV heads that fit: " if kv_limit_bytes is not None
             else f"no limit given, so the {target} target's cap: ")
            + f"{_kv_heads_txt(gqa.n_kv_heads)} ({gqa.kind}, {format_bytes(kv_bytes_per_request(gqa, seq_len, batch))})"
            if any_fit else "even MQA (1 KV head) does not fit")

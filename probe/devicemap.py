@@ -38,7 +38,7 @@ import torch
 
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hook_names import block_path
-from headprobe.probe.vocabulary import DEVICE_MAPS  # noqa: F401 - the strategies, defined once (torch-free)
+from headprobe.probe.vocabulary import DEVICE_MAPS
 
 NO_SPLIT = ["Block"]
 """Module classes accelerate must keep whole on one device."""

@@ -461,7 +461,7 @@ def read_text_file(path: str | Path, max_bytes: int = MAX_WHOLE_FILE_BYTES) -> s
     return text.read()
 
 
-def read_kv_policy(path: str | os.PathLike[str]) -> "KVPolicy":
+def read_kv_policy(path: str | os.PathLike[str]) -> KVPolicy:
     """Read a policy file (JSON, docs/kv.md).
 
     Raises:

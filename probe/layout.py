@@ -176,12 +176,12 @@ class AttentionLayout:
         """How many layers attend within a sliding window (0 when every layer is global)."""
         return sum(w is not None for w in self.windows or ())
 
-    def with_kv_heads(self, n_kv_heads: int) -> "AttentionLayout":
+    def with_kv_heads(self, n_kv_heads: int) -> AttentionLayout:
         """The same layout (not MLA) with ``n_kv_heads`` key/value heads."""
         return replace(self, n_kv_heads=n_kv_heads, kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=None,
                        qk_nope_head_dim=None)
 
-    def as_mha(self) -> "AttentionLayout":
+    def as_mha(self) -> AttentionLayout:
         """The MHA layout of the same heads: one K and one V per query head, no latent."""
         return self.with_kv_heads(self.n_heads)
 
@@ -378,12 +378,12 @@ class KVPolicy:
         object.__setattr__(self, "groups", groups)
 
     @classmethod
-    def uniform(cls, n_layers: int, n_kv_groups: int, group: Streaming | None = None, model: str = "") -> "KVPolicy":
+    def uniform(cls, n_layers: int, n_kv_groups: int, group: Streaming | None = None, model: str = "") -> KVPolicy:
         """Every group the same: all full (``group=None``) or all ``group``."""
         return cls(tuple((group,) * n_kv_groups for _ in range(n_layers)), model)
 
     @classmethod
-    def with_full(cls, n_layers: int, n_kv_groups: int, full: Any, streaming: Streaming, model: str = "") -> "KVPolicy":
+    def with_full(cls, n_layers: int, n_kv_groups: int, full: Any, streaming: Streaming, model: str = "") -> KVPolicy:
         """``full`` (an iterable of ``(layer, kv_group)``) keep full caches; every other group is ``streaming``."""
         keep = {tuple(x) for x in full}
         return cls(tuple(tuple(None if (layer, g) in keep else streaming for g in range(n_kv_groups))
@@ -422,7 +422,7 @@ class KVPolicy:
                 "n_layers": self.n_layers, "n_kv_groups": self.n_kv_groups, "groups": entries}
 
     @classmethod
-    def from_dict(cls, d: Any, source: str = "the KV policy") -> "KVPolicy":
+    def from_dict(cls, d: Any, source: str = "the KV policy") -> KVPolicy:
         """Read :meth:`to_dict`'s JSON.
 
         Raises:

@@ -44,30 +44,48 @@ weights, a corrupt file) raises :class:`~headprobe.probe.errors.HeadprobeError` 
 
 from __future__ import annotations
 
-import dataclasses
-
 import contextlib
+import dataclasses
 import logging
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from headprobe.probe.backend import LoadedModel
+from headprobe.probe.bridge import _execution_device, boot_bridge, spec_from_bridge  # noqa: F401 - the bridge's loading, re-exported
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.native import NativeModel
+from headprobe.probe.sources import (  # noqa: F401 - the names, re-exported (torch-free, checked before loading)
+    ALIASES,
+    MINILM_HF_NAME,
+    MINILM_NAME,
+    MINILM_PRECISION,
+    MINILM_WHEEL,
+    MINILM_WHEEL_VERSION,
+    SMOLLM2_HF_NAME,
+    SMOLLM2_NAME,
+    SMOLLM2_PRECISION,
+    SMOLLM2_WHEEL,
+    SMOLLM2_WHEEL_VERSION,
+    WEIGHT_FILES,
+    _hub_reachable,
+    _is_cached,
+    _wheel_file,
+    canonical_name,
+    minilm_model_dir,
+    smollm2_gguf_path,
+)
+from headprobe.probe.sources import (
+    resolve as _resolve,
+)
+from headprobe.probe.spec import Checkpoint
 from headprobe.probe.vocabulary import backend_class, backend_with
-from headprobe.probe.bridge import _execution_device, boot_bridge, spec_from_bridge  # noqa: F401 - the bridge's loading, re-exported
-from headprobe.probe.spec import Checkpoint  # noqa: F401 - re-exported: loading's input type
 
 log = logging.getLogger(__name__)
 
-from headprobe.probe.sources import (  # noqa: F401 - the names, re-exported (torch-free, checked before loading)
-    SMOLLM2_NAME, SMOLLM2_HF_NAME, SMOLLM2_WHEEL, SMOLLM2_WHEEL_VERSION, SMOLLM2_PRECISION, MINILM_NAME, MINILM_HF_NAME, MINILM_WHEEL, MINILM_WHEEL_VERSION, MINILM_PRECISION, ALIASES, WEIGHT_FILES, smollm2_gguf_path, minilm_model_dir, _wheel_file, _hub_reachable, _is_cached, canonical_name, resolve as _resolve,
-)
 
 @contextlib.contextmanager
 def quiet_progress_bars() -> Iterator[None]:
@@ -235,7 +253,7 @@ def _load_native_from_cache(name: str, device: str | torch.device, prepend_bos: 
         # copies the page, never writes the file; entries are replaced by rename, never rewritten
         # in place). tests/test_weights_cache.py, benchmarks/memory.py.
         model = source.build(load_file(str(entry / "model.safetensors"))).to(device)
-    except Exception as e:  # noqa: BLE001 - any failure falls back to the full load, which reports it
+    except Exception as e:
         logging.getLogger(__name__).warning("headprobe: fast load of %s from %s failed (%s); loading the usual way",
                                             name, entry, type(e).__name__)
         return None

@@ -44,9 +44,8 @@ import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from collections.abc import Callable
 from typing import Any, Literal, cast
 
 import einops
@@ -59,7 +58,6 @@ from transformer_lens.hook_points import HookPoint
 
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.layout import QK_NORM_KINDS, AttentionLayout, KVPolicy, Streaming
-
 
 # --------------------------------------------------------------------------------------------
 # Config
@@ -300,7 +298,7 @@ class TransformerConfig:
         return self.n_heads // self.n_kv_heads
 
     @classmethod
-    def from_json(cls, fields: dict) -> "TransformerConfig":
+    def from_json(cls, fields: dict) -> TransformerConfig:
         """The config whose ``dataclasses.asdict`` is ``fields`` after a JSON round trip (JSON
         turns the tuple fields, e.g. ``sliding_layers``, into lists; they come back as tuples).
         Configs saved under the old names (:data:`OLD_FIELDS`, :data:`OLD_QK_NORM`: checkpoints,
@@ -451,7 +449,7 @@ class Rotary(nn.Module):
             self.inv_freq = self.frequencies().to(self.inv_freq.device)
         return self
 
-    def frequencies(self) -> Float[Tensor, "half_dim"]:
+    def frequencies(self) -> Float[Tensor, " half_dim"]:
         """``inv_freq_i = theta^(-2i/dim)``, float32 on the CPU (a fresh tensor)."""
         arange = torch.arange(0, self.dim, 2, dtype=torch.int64, device="cpu")
         return 1.0 / (self.theta ** (arange.float() / self.dim))
@@ -585,7 +583,7 @@ STREAMING_MASK_ENTRIES = 2**24
 
 
 def streaming_key_mask(
-    q_pos: Int[Tensor, "q_pos"],
+    q_pos: Int[Tensor, " q_pos"],
     key_pos: Int[Tensor, "group k_pos"],
     groups: Sequence[Streaming | None],
     n_heads: int,
@@ -756,7 +754,7 @@ class SelfAttention(nn.Module):
         return self.o_proj.weight.T.unflatten(0, (self.n_heads, self.cfg.d_head))
 
     @property
-    def b_O(self) -> Float[Tensor, "d_model"] | None:
+    def b_O(self) -> Float[Tensor, " d_model"] | None:
         """The output bias (None without biases)."""
         return self.o_proj.bias
 
@@ -777,7 +775,7 @@ class SelfAttention(nn.Module):
         x: Float[Tensor, "batch pos d_model"],
         positions: Int[Tensor, "batch pos"],
         padding: Bool[Tensor, "batch pos"] | None = None,
-        head_mask: Float[Tensor, "head"] | Float[Tensor, "batch head"] | None = None,
+        head_mask: Float[Tensor, " head"] | Float[Tensor, "batch head"] | None = None,
         cache: KVCache | StreamingKVCache | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         """Attention output ``[batch, pos, d_model]`` for the normalised residual ``x``.
@@ -851,7 +849,7 @@ class SelfAttention(nn.Module):
     def output(
         self,
         z: Float[Tensor, "batch pos head d_head"],
-        head_mask: Float[Tensor, "head"] | Float[Tensor, "batch head"] | None = None,
+        head_mask: Float[Tensor, " head"] | Float[Tensor, "batch head"] | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         """``sum_h xi_h z_h W_O^(h) + b_O``: ``z`` times ``head_mask``, through ``hook_z``, then
         W_O (per head through ``hook_result`` when a hook reads it, else one merged matmul)."""
@@ -1214,7 +1212,7 @@ class Transformer(HookedRootModule):
         self.setup()
 
     @classmethod
-    def from_state_dict(cls, cfg: TransformerConfig, state: dict[str, Tensor]) -> "Transformer":
+    def from_state_dict(cls, cfg: TransformerConfig, state: dict[str, Tensor]) -> Transformer:
         """A model of ``cfg`` holding ``state``'s tensors themselves (``load_state_dict(...,
         assign=True)``, no copy): built on the meta device, so no weight is initialised only to
         be overwritten (for SmolLM2-135M that saved ~2 s of a load); the only buffers, the rotary
@@ -1272,7 +1270,7 @@ class Transformer(HookedRootModule):
         return StreamingKVCache(policy, windows=self.cfg.layout.windows)
 
     @contextlib.contextmanager
-    def kv_policy(self, policy: KVPolicy | None) -> Iterator["Transformer"]:
+    def kv_policy(self, policy: KVPolicy | None) -> Iterator[Transformer]:
         """Within the block, each KV group's query heads read only the keys ``policy`` leaves them
         (:func:`streaming_key_mask`: a streaming group's first ``sink`` and last ``window``
         positions); exact attention, not an estimate. None: no change. Restored in ``finally``.
@@ -1295,7 +1293,7 @@ class Transformer(HookedRootModule):
     def forward(
         self,
         tokens: Int[Tensor, "batch pos"],
-        head_mask: Float[Tensor, "..."] | None = None,
+        head_mask: Float[Tensor, ...] | None = None,
         attention_mask: Shaped[Tensor, "batch pos"] | None = None,
         return_type: Literal["logits", "resid"] = "logits",
         cache: KVCache | StreamingKVCache | None = None,

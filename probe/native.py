@@ -110,7 +110,7 @@ class NativeModel(LoadedModel):
         """See :meth:`headprobe.probe.backend.LoadedModel.W_U`."""
         return self.model.unembed.weight.T
 
-    def b_U(self) -> Float[Tensor, "d_vocab"] | None:
+    def b_U(self) -> Float[Tensor, " d_vocab"] | None:
         """See :meth:`headprobe.probe.backend.LoadedModel.b_U`."""
         return self.model.unembed.bias
 
@@ -124,7 +124,7 @@ class NativeModel(LoadedModel):
 
     @torch.inference_mode()
     def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
-                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "batch"]:
+                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " batch"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.scored_losses`; logits only at the scored positions."""
         tokens = tokens.to(self.device)
         with self.hooks(fwd_hooks):
@@ -134,7 +134,7 @@ class NativeModel(LoadedModel):
     @torch.inference_mode()
     def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
                              resid_pre: Float[Tensor, "n pos d_model"], attn_out: Float[Tensor, "n pos d_model"],
-                             first: int) -> Float[Tensor, "n"]:
+                             first: int) -> Float[Tensor, " n"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.resume_scored_losses`: layer ``layer``'s
         :meth:`~headprobe.probe.model.Block.resume` (post-attention norm and parallel MLP as in the
         forward pass), the later blocks, and logits only at the scored positions."""
@@ -150,7 +150,7 @@ class NativeModel(LoadedModel):
 
     @torch.inference_mode()
     def scored_losses_from(self, layer: int, tokens: Int[Tensor, "n pos"], resid_pre: Float[Tensor, "n pos d_model"],
-                           first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, "n"]:
+                           first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " n"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.scored_losses_from`: blocks ``layer`` on
         from ``resid_pre``, then logits only at the scored positions."""
         with self.hooks(fwd_hooks):
@@ -175,7 +175,7 @@ class NativeModel(LoadedModel):
         return x
 
     def _losses(self, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"], first: int,
-                normed: bool = False) -> Float[Tensor, "n"]:
+                normed: bool = False) -> Float[Tensor, " n"]:
         return _scored_losses_from_resid(self.model, resid, tokens, first, normed)
 
     def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
@@ -199,7 +199,7 @@ class NativeModel(LoadedModel):
         return float(attn.scale), attn.softcap
 
     def qk_terms(self, layer: int, head: int, side: Literal["q", "k"], terms: Float[Tensor, "n d_model"],
-                 ref: Float[Tensor, "d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
+                 ref: Float[Tensor, " d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
         """See :meth:`headprobe.probe.backend.LoadedModel.qk_terms`."""
         from headprobe.probe.qk import head_qk_terms
 
@@ -253,7 +253,7 @@ class NativeModel(LoadedModel):
         save_native(self.model, out, extra)
 
     def dispatch(self, device_map: str | dict[str, int | str], max_memory: dict[int | str, int | str] | None = None,
-                 offload_dir: str | None = None) -> "NativeModel":
+                 offload_dir: str | None = None) -> NativeModel:
         """See :meth:`headprobe.probe.backend.LoadedModel.dispatch`."""
         from headprobe.probe.devicemap import dispatch
 
@@ -298,7 +298,7 @@ class NativeModel(LoadedModel):
 
 @torch.inference_mode()
 def _scored_losses_from_resid(net: Transformer, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"],
-                              first: int, normed: bool = False) -> Float[Tensor, "n"]:
+                              first: int, normed: bool = False) -> Float[Tensor, " n"]:
     """Per-sequence mean loss (nats/token) from the final residual of ``n = k * batch`` sequences
     (k copies of ``tokens``), unembedding only the scored positions ``first .. pos-2`` (the
     logits at position i predict token i+1), ``batch`` sequences and at most

@@ -21,7 +21,6 @@ import os
 import pickle
 import warnings
 from collections.abc import Sequence
-
 from typing import Any
 
 import torch
@@ -95,7 +94,7 @@ class PrunedAttention(Attention):
         return self.softcap is not None
 
     @torch.no_grad()
-    def load_from(self, attn: Attention) -> "PrunedAttention":
+    def load_from(self, attn: Attention) -> PrunedAttention:
         """Copy the kept heads' slices of a full :class:`Attention`'s weights into this module."""
         d_qk, d_head, dev = self.cfg.d_qk, self.cfg.d_head, attn.q_proj.weight.device
         assert d_head is not None  # filled by TransformerConfig.__post_init__
@@ -147,7 +146,7 @@ class PrunedAttention(Attention):
         return super().forward(x, positions, padding)
 
 
-def head_rows(heads: Sequence[int], width: int, device: torch.device | str = "cpu") -> Int[Tensor, "n"]:
+def head_rows(heads: Sequence[int], width: int, device: torch.device | str = "cpu") -> Int[Tensor, " n"]:
     """The rows ``h*width:(h+1)*width`` of every head ``h`` in ``heads``, in order: where those
     heads sit in a fused projection's output (``width``: ``d_qk`` for q/k, ``d_head`` for v, and
     for ``o_proj``'s input columns)."""

@@ -69,7 +69,7 @@ def _mla_terms(attn: Any, head: int, side: str, terms: Tensor, ref: Tensor, pos:
 
 def head_qk_terms(
     net: Any, layer: int, head: int, side: Literal["q", "k"],
-    terms: Float[Tensor, "n d_model"], ref: Float[Tensor, "d_model"], pos: int,
+    terms: Float[Tensor, "n d_model"], ref: Float[Tensor, " d_model"], pos: int,
 ) -> Float[Tensor, "n_plus_1 d_qk"]:
     """Query (``side="q"``) or key (``"k"``) of query head ``head`` of layer ``layer`` of the native
     :class:`~headprobe.probe.model.Transformer` ``net`` as a sum of terms: row ``i < n`` is what

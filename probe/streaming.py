@@ -68,7 +68,7 @@ class AttentionGeometry:
     n_kv_heads: int
 
     def scores(self, q: Float[Tensor, "batch head n_q d_qk"], k: Float[Tensor, "batch kv_head n_k d_qk"],
-               q_pos: Int[Tensor, "n_q"], k_pos: Int[Tensor, "n_k"]) -> Float[Tensor, "batch head n_q n_k"]:
+               q_pos: Int[Tensor, " n_q"], k_pos: Int[Tensor, " n_k"]) -> Float[Tensor, "batch head n_q n_k"]:
         """Masked scores (float32, masked keys ``-inf``) of queries at positions ``q_pos`` against
         keys at ``k_pos``, computed as the native eager path does (q grouped per KV head)."""
         B, H, nq, d = q.shape
@@ -81,7 +81,7 @@ class AttentionGeometry:
         allowed = self.allowed(q_pos, k_pos)
         return s if allowed is None else s.masked_fill_(~allowed, float("-inf"))
 
-    def masks_block(self, q_pos: Int[Tensor, "n_q"], k_pos: Int[Tensor, "n_k"]) -> bool:
+    def masks_block(self, q_pos: Int[Tensor, " n_q"], k_pos: Int[Tensor, " n_k"]) -> bool:
         """Whether some query of ``q_pos`` does not read some key of ``k_pos`` (any positions, in any
         order: ``capture_heads(rows=[-1, 1])`` asks for the last row first)."""
         if not self.causal:
@@ -89,7 +89,7 @@ class AttentionGeometry:
         q_first, q_last, k_first, k_last = int(q_pos.min()), int(q_pos.max()), int(k_pos.min()), int(k_pos.max())
         return not (q_first >= k_last and (self.window is None or q_last - k_first < self.window))
 
-    def allowed(self, q_pos: Int[Tensor, "n_q"], k_pos: Int[Tensor, "n_k"]) -> torch.Tensor | None:
+    def allowed(self, q_pos: Int[Tensor, " n_q"], k_pos: Int[Tensor, " n_k"]) -> torch.Tensor | None:
         """``[n_q, n_k]`` True where query ``q_pos[i]`` reads key ``k_pos[j]`` (None: all)."""
         if not self.causal:
             return None
@@ -127,7 +127,7 @@ class HeadStats:
         """Sequence length ``T``."""
         return self.q.shape[2]
 
-    def select(self, i: int) -> "HeadStats":
+    def select(self, i: int) -> HeadStats:
         """The statistics of sequence ``i`` alone (batch 1)."""
         sl = slice(i, i + 1)
 
@@ -351,7 +351,7 @@ def stream_head_stats(model: Any, tokens: Int[Tensor, "batch pos"], on_stats: St
     return resid if final_residual else None
 
 
-def windowed_means(stats: HeadStats) -> dict[int, Float[Tensor, "head"]]:
+def windowed_means(stats: HeadStats) -> dict[int, Float[Tensor, " head"]]:
     """The local fraction of every window of ``stats`` with ``W < T``: the batch mean of
     ``local_W`` over the queries ``i >= W`` (those with keys outside the window)."""
     return {W: v[..., W:].float().mean(dim=(0, 2)) for W, v in stats.local.items() if W < stats.n_pos}

@@ -43,8 +43,8 @@ def _models(root: Path) -> dict[str, Path]:
     sys.path.insert(0, "tests")
     import numpy as np
     import torch
-    import zoo  # noqa: E402 - the test zoo, next to the tests
-    from conftest import make_tiny_tokenizer  # noqa: E402
+    import zoo
+    from conftest import make_tiny_tokenizer
 
     tok = make_tiny_tokenizer(root / "tokenizer")
     made = {f: zoo.save_dir(f, tok, root / f) for f in ("llama", "gpt2")}

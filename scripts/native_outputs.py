@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, "tests")
-import zoo  # noqa: E402 - the test zoo, next to the tests
-from conftest import make_tiny_tokenizer  # noqa: E402
+import zoo
+from conftest import make_tiny_tokenizer
 
-from headprobe.probe.loading import wrap  # noqa: E402
-from headprobe.probe.model import KVCache, Transformer, TransformerConfig  # noqa: E402
+from headprobe.probe.loading import wrap
+from headprobe.probe.model import KVCache, Transformer, TransformerConfig
 
 #: name -> (family, config changes) of the Hugging Face checkpoints compared.
 VARIANTS = {

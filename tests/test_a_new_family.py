@@ -22,14 +22,14 @@ import inspect
 import json
 
 import pytest
-import torch
-
 import test_native_families as per_family
 import test_selfcheck
+import torch
 import zoo
+from test_native_families import family_dir  # noqa: F401 - the fixture, over this module's family
+
 from headprobe.probe.families import FAMILIES
 from headprobe.probe.families.base import TINY_FIELDS, TinySpec
-from test_native_families import family_dir  # noqa: F401 - the fixture, over this module's family
 
 MODEL_TYPE = "headprobe_toy_llama"
 

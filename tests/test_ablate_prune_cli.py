@@ -192,8 +192,9 @@ def test_killed_run_resumes_to_the_same_results(tiny_dir, tmp_path, capsys, comm
     """Issue 6: a run killed midway (SIGKILL) resumes from its checkpoint, in a new process as a user
     would rerun it, and ends with the same results as an uninterrupted run (the reference, run in
     this process, as is the refusal at the end: each process start is seconds)."""
-    from headprobe.probe.io import CHECKPOINT_NAME
     from test_loading import run_cli
+
+    from headprobe.probe.io import CHECKPOINT_NAME
 
     # prune: one method keeps it short (L0's own resume is tested in test_prune_methods.py)
     args = ["--model", str(tiny_dir), "--text", _text(tmp_path), *(["--method", "michel"] if command == "prune" else []), *SMALL]
@@ -220,8 +221,10 @@ def test_checkpoint_from_when_the_repeated_task_was_called_induction_resumes(tin
     marked loss under the old key shows up in the result, so the old sweep was used; prune: the
     resumed curve's ``repeated_loss`` equals the uninterrupted run's."""
     import headprobe
-    from headprobe.commands.ablate import AblateConfig, core as ablate_core
-    from headprobe.commands.prune import PruneConfig, core as prune_core
+    from headprobe.commands.ablate import AblateConfig
+    from headprobe.commands.ablate import core as ablate_core
+    from headprobe.commands.prune import PruneConfig
+    from headprobe.commands.prune import core as prune_core
 
     model = headprobe.load_model(str(tiny_dir), device="cpu")
     data = dict(model=str(tiny_dir), text=_text(tmp_path), seq_len=16, n_natural=3, n_repeated=2, period=6, device="cpu")

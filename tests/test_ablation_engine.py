@@ -7,7 +7,15 @@ import pytest
 import torch
 
 from headprobe.analyses.ablation import (
-    ablate, capture_z, cross_entropy_inplace, exact_sweep, first_scored, head_importance, mean_z_from, spearman, sweep_loop,
+    ablate,
+    capture_z,
+    cross_entropy_inplace,
+    exact_sweep,
+    first_scored,
+    head_importance,
+    mean_z_from,
+    spearman,
+    sweep_loop,
 )
 
 
@@ -243,7 +251,7 @@ def test_attribution_patching_matches_directional_derivative(deep_gqa_native):
     for layer, head in [(0, 2), (2, 5), (3, 0)]:
         losses = []
         for a in (eps, -eps):
-            def hook(z, hook, a=a):
+            def hook(z, hook, a=a, layer=layer, head=head):
                 z = z.clone()
                 z[:, :, head] = z[:, :, head] + a * (mean_z[layer, head].to(z) - z[:, :, head])
                 return z

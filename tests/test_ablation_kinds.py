@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from headprobe.analyses.ablation import (
-    capture_z, exact_sweep, head_importance, mean_z_from, scored_loss, set_ablation_losses, sweep_loop,
+    capture_z,
+    exact_sweep,
+    head_importance,
+    mean_z_from,
+    scored_loss,
+    set_ablation_losses,
+    sweep_loop,
 )
 from headprobe.analyses.attribution import atp_star, second_order
 from headprobe.probe import ablation_kinds

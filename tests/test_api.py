@@ -8,13 +8,12 @@ import json
 
 import pandas as pd
 import pytest
-import torch
 
-from headprobe.probe.io import OUTPUTS_NAME
 import headprobe
 from headprobe.analyses.columns import METRICS, metric_columns
 from headprobe.cli import main
 from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.io import OUTPUTS_NAME
 
 SMALL_SCAN = dict(n_natural=3, seq_len=16, n_repeated=2, period=6, k=3, n_random=2)
 SMALL_FLAGS = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "-k", "3", "--n-random", "2",

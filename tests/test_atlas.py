@@ -5,8 +5,8 @@ resuming, and snapshots that reload as the model they were taken from."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -249,7 +249,6 @@ def test_atlas_over_checkpoints_is_in_step_order(train_run, tmp_path):
 @pytest.mark.figures
 def test_atlas_overview_has_a_key_for_marker_size():
     """The top-k markers' area encodes the score; the legend gives three scores at their markers' sizes."""
-    import numpy as np
     from headprobe.analyses import atlas
 
     table = pd.read_csv(Path(__file__).resolve().parents[1] / "figures" / "atlas" / "atlas.csv")

@@ -23,8 +23,8 @@ import pytest
 import torch
 from torch import nn
 
-from headprobe.commands import budget
 from headprobe.cli import main
+from headprobe.commands import budget
 from headprobe.probe import cost
 from headprobe.probe.cost import GIB, KIB, MIB, TIB, AttentionLayout
 from headprobe.probe.errors import HeadprobeError

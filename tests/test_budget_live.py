@@ -234,7 +234,13 @@ def test_budget_reads_a_pruned_directory(family, removed, tiny_tokenizer, tmp_pa
     real costs (it said to use --backend native, which budget does not take). References: the small model's
     own tensors (its attention parameters, the key and value widths of its k_proj and v_proj) and the
     unpruned layout's uniform formulas."""
-    from headprobe.probe.pruned import count_attention_parameters, keep_mask_from, load_pruned_dir, remove_heads, save_pruned_dir
+    from headprobe.probe.pruned import (
+        count_attention_parameters,
+        keep_mask_from,
+        load_pruned_dir,
+        remove_heads,
+        save_pruned_dir,
+    )
 
     full = _native(family, tiny_tokenizer)
     L, H = full.spec.n_layers, full.spec.n_heads

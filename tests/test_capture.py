@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from conftest import TINY_MODELS
 
 from headprobe.probe.capture import capture_heads, head_results, kv_head_of, stream_patterns
-from conftest import TINY_MODELS
 from headprobe.probe.hooks import head_ablation_hooks
 
 
@@ -80,6 +80,7 @@ def sentinel_models(tiny_tokenizer):
     import dataclasses
 
     import zoo
+
     from headprobe.probe.loading import wrap
 
     out = {}

@@ -7,14 +7,12 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-import torch
+import zoo
 
 import headprobe
-import zoo
 from headprobe.analyses.data import repeated_random_tokens
-from headprobe.analyses.paths import path_patch_effects, parse_edge, prepare_runs
+from headprobe.analyses.paths import parse_edge, path_patch_effects, prepare_runs
 from headprobe.cli import main
-from headprobe.probe.errors import HeadprobeError
 
 
 @pytest.fixture(scope="module")

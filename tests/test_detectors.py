@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from headprobe.analyses.detectors import (
-    DETECTORS, duplicate_token_score, first_token_score, induction_score, offset_score, positional_score,
+    DETECTORS,
+    duplicate_token_score,
+    first_token_score,
+    induction_score,
+    offset_score,
+    positional_score,
     previous_token_score,
 )
 from headprobe.probe.errors import HeadprobeError

@@ -11,12 +11,20 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-
 import zoo
+
 from headprobe.analyses.ablation import EMBEDDING_METRIC, EmbeddingDistance, sentence_embeddings, set_ablation_losses
 from headprobe.analyses.detectors import (
-    DETECTORS, ENCODER_SCORE_COLUMNS, SCORE_COLUMNS, duplicate_token_score, first_token_score, induction_score,
-    last_token_score, next_token_score, positional_score, previous_token_score,
+    DETECTORS,
+    ENCODER_SCORE_COLUMNS,
+    SCORE_COLUMNS,
+    duplicate_token_score,
+    first_token_score,
+    induction_score,
+    last_token_score,
+    next_token_score,
+    positional_score,
+    previous_token_score,
 )
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.loading import wrap

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 import zoo
+
 from headprobe.analyses import kvpolicy as kp
 from headprobe.analyses.data import long_range_tokens, natural_text_tokens
 from headprobe.cli import main

@@ -10,9 +10,10 @@ import dataclasses
 
 import pytest
 import torch
-
 import zoo
-from headprobe.probe import cost, model as model_mod
+
+from headprobe.probe import cost
+from headprobe.probe import model as model_mod
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.layout import KVPolicy, Streaming
 from headprobe.probe.loading import wrap

@@ -92,8 +92,9 @@ def test_usage_errors_are_one_line(argv, fragment, capsys):
 
 def test_wrapping_prints_nothing_on_stdout(tiny_tokenizer, capfd):
     """A command's stdout is its report: the bridge's own "Moving model to device" must not reach it."""
-    from headprobe.probe.loading import wrap
     from zoo import make_checkpoint
+
+    from headprobe.probe.loading import wrap
 
     for backend in ("transformer-lens", "native"):
         wrap(make_checkpoint("llama", tiny_tokenizer), backend=backend)

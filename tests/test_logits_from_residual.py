@@ -15,8 +15,8 @@ import dataclasses
 
 import pytest
 import torch
-
 import zoo
+
 from headprobe.probe.backend import scored_loss
 from headprobe.probe.loading import Checkpoint, wrap
 

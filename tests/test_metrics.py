@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_MODELS
 
 from headprobe.analyses import circuits, metrics
 from headprobe.analyses.data import needle_tokens
 from headprobe.probe.capture import capture_heads
-from conftest import TINY_MODELS
 
 
 def uniform_causal(B: int, H: int, T: int) -> torch.Tensor:
@@ -110,7 +110,7 @@ def test_weight_accessors_match_the_hugging_face_modules(fixture, request):
         blk = ckpt.model.layers[1]
         Wq, Wk, Wv = (getattr(blk.self_attn, n).weight.T for n in ("q_proj", "k_proj", "v_proj"))
         ln, lnf, W_E = blk.input_layernorm, ckpt.model.norm, ckpt.model.embed_tokens.weight
-    split = lambda W: W.unflatten(1, (-1, dh)).transpose(0, 1)  # noqa: E731
+    split = lambda W: W.unflatten(1, (-1, dh)).transpose(0, 1)
     assert torch.allclose(model.W_Q(1), split(Wq))
     assert torch.allclose(model.W_K(1), split(Wk)) and model.W_K(1).shape[0] == model.spec.n_kv_heads
     assert torch.allclose(model.W_V(1), split(Wv))
@@ -278,7 +278,7 @@ def test_dla_plus_the_other_components_sums_to_the_logit(fixture, request):
     names = ["hook_embed", "hook_pos_embed"] + [f"blocks.{l}.hook_{k}" for l in range(spec.n_layers)
                                                  for k in ("attn_out", "mlp_out")]
     names += [f"blocks.{spec.n_layers - 1}.hook_resid_post"]
-    hooks = [(n, (lambda n: lambda x, hook: kept.__setitem__(n, x.detach().double()))(n))
+    hooks = [(n, (lambda n: lambda x, hook: kept.__setitem__(n, x.detach().double()))(n))  # noqa: B023 - bound by the call
              for n in names if n in model.hook_names()]
     logits = model.forward(tokens, fwd_hooks=hooks).double()
     x = kept[f"blocks.{spec.n_layers - 1}.hook_resid_post"][:, first:-1]
@@ -290,12 +290,12 @@ def test_dla_plus_the_other_components_sums_to_the_logit(fixture, request):
     y = model.final_norm(x.float()).double()
     sigma = ((w * xc) * (w * xc)).sum(-1, keepdim=True) / ((y - b) * (w * xc)).sum(-1, keepdim=True)
     W_U = model.W_U().double() / getattr(model.hf_config, "logits_scaling", 1.0)
-    direct = lambda c: ((((c - c.mean(-1, keepdim=True)) if nw.centers else c) * w / sigma) @ W_U).gather(  # noqa: E731
+    direct = lambda c: ((((c - c.mean(-1, keepdim=True)) if nw.centers else c) * w / sigma) @ W_U).gather(
         -1, target[..., None]).squeeze(-1)
     b_U = model.b_U()
     rest = (b @ W_U)[target] + (0 if b_U is None else b_U.double()[target] / getattr(model.hf_config, "logits_scaling", 1.0))
     heads_sum = torch.zeros_like(rest)
-    for l in range(spec.n_layers):  # noqa: E741
+    for l in range(spec.n_layers):
         # attn_out minus the heads is b_O: the heads come from dla, b_O from the bias
         b_O = model.b_O(l)
         if b_O is not None:
@@ -328,11 +328,12 @@ def test_dla_catches_a_head_output_that_is_not_what_the_block_adds(tiny_gpt2_nat
 def test_smollm2_previous_token_heads_k_compose_into_induction_heads(smollm2_native):
     """On SmolLM2-135M the top previous-token heads' outputs are read by the top induction heads'
     keys more than by a typical pair of heads (Olsson et al. 2022's induction circuit)."""
-    import pandas as pd
     from pathlib import Path
 
+    import pandas as pd
+
     table = pd.read_csv(Path(__file__).parents[1] / "figures/smollm2-135m/head_scores.csv")
-    top = lambda col: [tuple(map(int, r)) for r in table.nlargest(5, col)[["layer", "head"]].to_numpy()]  # noqa: E731
+    top = lambda col: [tuple(map(int, r)) for r in table.nlargest(5, col)[["layer", "head"]].to_numpy()]
     k = circuits.composition_scores(circuits.head_weights(smollm2_native))["k"].numpy()
     s = metrics.composition_summary(k, top("previous_token"), top("induction"))
     assert s["pairs_stats"]["mean"] > s["all_pairs"]["p95"]  # the circuit's pairs, on average, beyond 95% of all pairs

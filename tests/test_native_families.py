@@ -17,15 +17,14 @@ import json
 
 import pytest
 import torch
-
 import zoo
+
 from headprobe.analyses.ablation import exact_sweep, sweep_loop
-from headprobe.probe.convert import supports
 from headprobe.probe.checkpoint import save_native
+from headprobe.probe.convert import supports
+from headprobe.probe.families import FAMILIES as REGISTRY
 from headprobe.probe.loading import load_native, wrap
 from headprobe.probe.model import TransformerConfig, generate
-
-from headprobe.probe.families import FAMILIES as REGISTRY
 
 FAMILIES = zoo.names()
 VARIANTS = [(name, v) for name in FAMILIES for v in zoo.tiny(name).variants]
@@ -410,8 +409,15 @@ def test_checkpoints_saved_with_the_old_names_load_the_same_model(tiny_tokenizer
 def test_pruned_models_saved_with_the_old_names_load_the_same_model(tiny_tokenizer, tmp_path, family_name, change):
     """The same for a pruned model directory (``prune --save-pruned``, read small and at full
     shape) and a pruned model file (:func:`~headprobe.probe.pruned.save_pruned`)."""
-    from headprobe.probe.pruned import (keep_mask_from, load_pruned, load_pruned_dir, load_pruned_dir_full, remove_heads,
-                                        save_pruned, save_pruned_dir)
+    from headprobe.probe.pruned import (
+        keep_mask_from,
+        load_pruned,
+        load_pruned_dir,
+        load_pruned_dir_full,
+        remove_heads,
+        save_pruned,
+        save_pruned_dir,
+    )
 
     net = wrap(_variant(family_name, tiny_tokenizer, **change), backend="native").model
     pruned = remove_heads(net, keep_mask_from([(0, 1), (1, 2), (1, 3)], net.cfg.n_layers, net.cfg.n_heads))

@@ -9,7 +9,6 @@ SmolLM2-135M weights), and patterns/results against TransformerLens' Transformer
 from __future__ import annotations
 
 import dataclasses
-
 import math
 
 import pytest
@@ -19,10 +18,9 @@ from torch import nn
 
 from headprobe.probe.capture import capture_heads
 from headprobe.probe.convert import from_hf, spec_from_native
-from headprobe.probe.loading import load_model
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import head_ablation_hooks
-from headprobe.probe.loading import LoadedModel
+from headprobe.probe.loading import LoadedModel, load_model
 from headprobe.probe.model import Attention, Transformer, TransformerConfig, merge_heads, split_heads
 
 ATOL = 1e-5
@@ -71,7 +69,7 @@ def reference_loop_over_heads(attn: Attention, x: torch.Tensor) -> torch.Tensor:
     B, T, _ = x.shape
     dh, G = cfg.d_head, cfg.n_heads // cfg.n_kv_heads
     Wq, Wk, Wv, Wo = attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight
-    bias = lambda lin, rows: 0 if lin.bias is None else lin.bias[rows]  # noqa: E731
+    bias = lambda lin, rows: 0 if lin.bias is None else lin.bias[rows]
     causal = torch.ones(T, T).tril().bool()
     out = torch.zeros(B, T, cfg.d_model)
     for h in range(cfg.n_heads):
@@ -133,7 +131,7 @@ def test_config_rejects_n_heads_not_multiple_of_n_kv_heads():
 def test_config_is_frozen_and_derives_sizes():
     cfg = small_cfg(n_heads=4, n_kv_heads=2)
     assert (cfg.d_head, cfg.group_size, cfg.d_mlp) == (8, 2, 128)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.n_heads = 8  # type: ignore[misc]
 
 
@@ -432,8 +430,9 @@ def test_rotary_theta_matters():
 
 
 def test_unsupported_architecture_raises():
-    from headprobe.probe.convert import config_from_hf
     from transformers import BertConfig, ElectraConfig
+
+    from headprobe.probe.convert import config_from_hf
 
     with pytest.raises(HeadprobeError, match="native backend supports"):
         config_from_hf(ElectraConfig())  # BERT is supported since the encoder work; ELECTRA is not
@@ -591,8 +590,8 @@ def _mask_cases():
     from headprobe.probe.pruned import keep_mask_from, remove_heads
 
     x = tokens(batch=3, pos=6, seed=3)
-    cached = lambda m: torch.cat([m(x[:, :4], cache=(c := KVCache())), m(x[:, 4:], cache=c)], dim=1)  # noqa: E731
-    padded = lambda m: m(x, attention_mask=_PADDING.long())  # noqa: E731
+    cached = lambda m: torch.cat([m(x[:, :4], cache=(c := KVCache())), m(x[:, 4:], cache=c)], dim=1)
+    padded = lambda m: m(x, attention_mask=_PADDING.long())
     gqa = seeded_model(small_cfg(n_kv_heads=2, **LLAMA_LIKE, sliding_window=3, sliding_layers=(0,)))
     mla = seeded_model(small_cfg(bias=False, kv_lora_rank=8, qk_rope_head_dim=4, positional="rotary"), std=0.2)
     pruned = remove_heads(gqa, keep_mask_from([(0, 1), (1, 3)], 2, 4))

@@ -10,9 +10,9 @@ import dataclasses
 
 import pytest
 import torch
+import zoo
 
 import headprobe
-import zoo
 from headprobe.analyses.ablation import masked_scored_losses, set_ablation_losses
 from headprobe.probe.capture import capture_heads
 from headprobe.probe.errors import HeadprobeError

@@ -13,11 +13,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import zoo
 
 import headprobe
-import zoo
 from headprobe.analyses.patching import (
-    PromptPair, encode_pairs, ioi_prompts, logit_diff, patch, patch_heads,
+    PromptPair,
+    encode_pairs,
+    ioi_prompts,
+    logit_diff,
+    patch,
+    patch_heads,
 )
 from headprobe.cli import main
 from headprobe.probe.capture import capture_internal

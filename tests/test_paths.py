@@ -14,10 +14,10 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+import zoo
 from scipy.stats import spearmanr
 
-import zoo
-from headprobe.analyses.paths import agreement, edge_scores, path_patch_effects, prepare_runs, parse_edge
+from headprobe.analyses.paths import agreement, edge_scores, parse_edge, path_patch_effects, prepare_runs
 from headprobe.probe.convert import spec_from_native
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.loading import LoadedModel, wrap

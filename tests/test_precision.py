@@ -14,7 +14,6 @@ import math
 
 import pytest
 import torch
-
 from zoo import ZOO, make_checkpoint
 
 HALF = {"bfloat16": torch.bfloat16, "float16": torch.float16}

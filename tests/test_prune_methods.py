@@ -11,8 +11,14 @@ import pytest
 import torch
 
 from headprobe.analyses.ablation import scored_loss
-from headprobe.analyses.pruning import (LossSet, curve_auc, expected_open, hard_concrete_sample, l0_pruning,
-                                        per_layer_best_head)
+from headprobe.analyses.pruning import (
+    LossSet,
+    curve_auc,
+    expected_open,
+    hard_concrete_sample,
+    l0_pruning,
+    per_layer_best_head,
+)
 from headprobe.probe.errors import HeadprobeError
 
 USELESS, ESSENTIAL = (0, 1), (1, 2)

@@ -12,8 +12,8 @@ import math
 
 import pytest
 import torch
-
 import zoo
+
 from headprobe.analyses.qk_attribution import qk_attribution
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.loading import wrap

@@ -8,12 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_loading import assert_one_line_error, run_cli
 
 from headprobe.analyses.ablation import task_loss, token_losses
-from headprobe.probe.errors import HeadprobeError
 from headprobe.analyses.detectors import SCORE_COLUMNS
 from headprobe.commands.scan import ScanConfig, run
-from test_loading import assert_one_line_error, run_cli
 
 EXPECTED_COLUMNS = ["layer", "head", "kv_head", "previous_token", "duplicate_token", "induction", "first_token",
                     "positional_offset", "positional_fraction", "copying", "sink_rate", "entropy", "retrieval", "dla",
@@ -197,8 +196,8 @@ def test_windowing_a_long_text_does_not_warn_about_its_length(tmp_path, word_tex
     import copy
 
     import transformers
-
     from conftest import make_tiny_tokenizer
+
     from headprobe.analyses.data import natural_text_tokens
 
     tok = make_tiny_tokenizer(tmp_path / "tok")

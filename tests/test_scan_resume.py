@@ -38,7 +38,7 @@ def test_killed_scan_resumes_to_the_uninterrupted_summary(tiny_dir, text_file, t
 
     rc, out, err = run_cli("scan", "--out", str(cut), *args)
     assert rc == 0, err
-    assert f"resuming from" in out and f"{len(saved)} head sets already ablated" in out
+    assert "resuming from" in out and f"{len(saved)} head sets already ablated" in out
     resumed = json.loads((cut / "summary.json").read_text())
     assert _without_timings(resumed) == _without_timings(whole)
     assert (cut / "head_scores.csv").read_text() == (tmp_path / "whole" / "head_scores.csv").read_text()

@@ -12,8 +12,8 @@ import json
 
 import pytest
 import torch
-
 import zoo
+
 from headprobe.probe.errors import HeadprobeError
 
 FAMILIES = [*zoo.names(), *zoo.names(encoder=True)]

@@ -7,10 +7,10 @@ import re
 
 import numpy as np
 import pytest
-
-from headprobe.probe.io import OUTPUTS_NAME
-from headprobe.commands.show import ShowConfig, run
 from test_loading import assert_one_line_error, run_cli
+
+from headprobe.commands.show import ShowConfig, run
+from headprobe.probe.io import OUTPUTS_NAME
 
 PROMPT = "t1 t2 t3 t4 t5 t1 t2 t3 t4 t5"
 
@@ -77,8 +77,9 @@ def test_show_page_lists_the_models_columns_with_repeat_scores_in_the_pngs_colou
     """A decoder's page has no next-token or last-token column (encoder-only, all 0 before); it has
     duplicate-token and induction on the prompt (here a repeated block: scan's block scores, from the
     model's own pattern); its pattern is drawn in the PNG's colour map, masked keys in the PNG's grey."""
-    import headprobe
     import matplotlib
+
+    import headprobe
     from headprobe.analyses import figures as figs
     from headprobe.analyses.detectors import duplicate_token_score, induction_score
 

@@ -12,7 +12,10 @@ import pytest
 import torch
 
 from headprobe.analyses.ablation import (
-    head_ablation_hooks, scored_loss, set_ablation_losses, untrusted_task_reason,
+    head_ablation_hooks,
+    scored_loss,
+    set_ablation_losses,
+    untrusted_task_reason,
 )
 from headprobe.analyses.statistics import mean_ci
 from headprobe.commands.scan import ScanConfig, run

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import zoo
+
 from headprobe.analyses import detectors as det
 from headprobe.analyses import metrics
 from headprobe.probe.capture import stream_patterns

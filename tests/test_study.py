@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from headprobe.probe.io import OUTPUTS_NAME
 from headprobe.cli import main
+from headprobe.probe.io import OUTPUTS_NAME
 
 
 def _tiny(which, out, extra=()):

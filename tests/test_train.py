@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from headprobe.probe.io import OUTPUTS_NAME
-from headprobe.cli import main
 from headprobe.analyses.train import TrainConfig, copy_sequences, in_context_loss, phase_change_step, train
+from headprobe.cli import main
 from headprobe.commands.train import run
+from headprobe.probe.io import OUTPUTS_NAME
 
 TINY = TrainConfig(n_layers=2, d_model=16, n_heads=2, n_words=16, seq_len=33, min_period=4, max_period=12,
                    batch_size=8, steps=30, lr=3e-3, warmup=1, eval_every=10, n_eval=8, eval_period=8, device="cpu")

@@ -2,14 +2,13 @@
 
 import pytest
 import torch
+from conftest import TINY_MODELS
 
 from headprobe.analyses.detectors import DETECTORS, first_token_score, positional_score, previous_token_score
-from conftest import TINY_MODELS
 from headprobe.probe.capture import capture_heads, pad_prompts, stream_patterns, stream_prompt_patterns
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hook_names import attn_hook
 from headprobe.probe.hooks import head_ablation_hooks
-
 
 # 1. GQA head axes ---------------------------------------------------------------------------------
 

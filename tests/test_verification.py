@@ -13,7 +13,14 @@ import torch
 
 from headprobe.analyses import statistics as st
 from headprobe.analyses.verification import (
-    BATCH, SECONDARY_DRAWS, VerificationSettings, effect_is_large, layer_matched_sets, uniform_sets, unreachable_note)
+    BATCH,
+    SECONDARY_DRAWS,
+    VerificationSettings,
+    effect_is_large,
+    layer_matched_sets,
+    uniform_sets,
+    unreachable_note,
+)
 from headprobe.probe.errors import HeadprobeError
 
 
@@ -306,9 +313,9 @@ def test_a_pruned_models_removed_heads_are_blank_and_never_drawn(tiny_tokenizer,
     """Issue 23 item 2: a reloaded pruned model scanned as if its removed heads were alive gave them
     ordinary scores, filled the random control with zero-effect heads and drove every p to its floor."""
     import pandas as pd
+    import zoo
 
     import headprobe
-    import zoo
     from headprobe.probe.pruned import remove_heads, save_pruned_dir
 
     base = headprobe.load_model(str(zoo.save_dir("llama", tiny_tokenizer, tmp_path / "llama")), device="cpu", quiet=True)

@@ -16,11 +16,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_loading import assert_one_line_error, run_cli
 
 from headprobe.analyses import viewer
 from headprobe.commands import view
 from headprobe.commands.scan import ScanConfig, run
-from test_loading import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "figures" / "smollm2-135m"

@@ -313,7 +313,7 @@ def test_two_concurrent_cold_loads_both_succeed_and_leave_one_entry(tiny_gguf, r
     procs = [subprocess.Popen([sys.executable, str(script), str(tiny_gguf), str(barrier)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err
     assert outs[0][0] == outs[1][0]  # same tensors and token ids in both processes
     errs = sorted(err for _, err in outs)

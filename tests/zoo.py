@@ -22,9 +22,11 @@ import torch
 
 from headprobe.probe.families import FAMILIES
 from headprobe.probe.families.base import TINY_ENCODER_VOCAB as ENCODER_VOCAB  # noqa: F401 - the zoo's vocabularies
+from headprobe.probe.families.base import (
+    TINY_FIELDS,  # noqa: F401 - the sizes, for families outside the registry (Granite)
+    TinySpec,
+)
 from headprobe.probe.families.base import TINY_VOCAB as VOCAB  # noqa: F401
-from headprobe.probe.families.base import TINY_FIELDS  # noqa: F401 - the sizes, for families outside the registry (Granite)
-from headprobe.probe.families.base import TinySpec
 
 
 def tiny(family: str) -> TinySpec:

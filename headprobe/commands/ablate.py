@@ -21,15 +21,15 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from headprobe.commands import Command, lazy_names
 from headprobe import options, settings
-from headprobe.settings import setting
-from headprobe.options import positive_int
 from headprobe.analyses.vocabulary import ESTIMATORS as ESTIMATES  # the --estimate choices, torch-free
 from headprobe.analyses.vocabulary import TASKS  # ("natural", "repeated"): the tasks, named as scan names them
-from headprobe.probe.errors import HeadprobeError
+from headprobe.commands import Command, lazy_names
+from headprobe.options import positive_int
 from headprobe.probe import ablation_kinds
+from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.heads import Head, all_heads, format_head, parse_heads
+from headprobe.settings import setting
 
 HELP = "exact single-head ablation effect of every head (natural text, repeated tokens), gradient importance, CSV + heatmaps"
 

@@ -18,19 +18,26 @@ from headprobe import options
 from headprobe.analyses import distributed
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
-    SweepResult, capture_z, exact_sweep, first_scored, head_importance, mean_z_from, spearman, top_heads,
+    SweepResult,
+    capture_z,
+    exact_sweep,
+    first_scored,
+    head_importance,
+    mean_z_from,
+    spearman,
+    top_heads,
 )
 from headprobe.analyses.attribution import atp_star, forward_equivalents, second_order
 from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
 from headprobe.analyses.scoring import score_tokens
+from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
+from headprobe.probe import ablation_kinds
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import kv_head_of
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.spec import ModelSpec
-from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
-from headprobe.probe import ablation_kinds
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import summary_envelope
+from headprobe.probe.spec import ModelSpec
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

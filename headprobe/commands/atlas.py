@@ -39,13 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from headprobe.commands import Command, lazy_names, resolve
 from headprobe import options, settings
 from headprobe.analyses.columns import select_head_types as select_detectors
+from headprobe.commands import Command, lazy_names, resolve
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 from headprobe.probe.io import prepare_output_dir
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 _CORE = ("AtlasResult", "toy_train_config", "run", "atlas")
 """Names of :mod:`headprobe.commands.atlas_core` (the scans and the atlas: torch), imported on first use."""
@@ -265,7 +265,7 @@ def family_of(model: str) -> str:
         from headprobe.probe.loading import ALIASES
 
         return AutoConfig.from_pretrained(ALIASES.get(model, model), local_files_only=True).model_type
-    except Exception:  # noqa: BLE001 - not in the cache: the scan will say why
+    except Exception:
         return "unknown"
 
 

@@ -17,8 +17,22 @@ from headprobe import options
 from headprobe.analyses import atlas as atlas_lib
 from headprobe.analyses.outputs import write_outputs
 from headprobe.commands.atlas import (  # noqa: F401 - the light module's names, re-exported
-    CACHED_CANDIDATES, DEFAULT_MODELS, FAMILIES, HELP, MODELS_DIR, SCAN_KEY, TABLE, TOY, TOY_DIR, TOY_TRAIN, AtlasConfig, _read_json,
-    default_models, family_of, slug, snapshot_dirs,
+    CACHED_CANDIDATES,
+    DEFAULT_MODELS,
+    FAMILIES,
+    HELP,
+    MODELS_DIR,
+    SCAN_KEY,
+    TABLE,
+    TOY,
+    TOY_DIR,
+    TOY_TRAIN,
+    AtlasConfig,
+    _read_json,
+    default_models,
+    family_of,
+    slug,
+    snapshot_dirs,
 )
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import RunCheckpoint, prepare_output_dir, summary_envelope, write_json
@@ -159,7 +173,7 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
                 write_json(d / SCAN_KEY, {"key": key, "timings_s": rec["timings_s"]})  # last: this model's scan is complete and reusable
             except HeadprobeError as e:
                 rec.update(status="failed", timings_s={"scan_s": round(time.perf_counter() - t0, 2)}, error=str(e).splitlines()[0])
-            except Exception as e:  # noqa: BLE001 - one model's crash must not end the atlas; recorded with its type
+            except Exception as e:
                 rec.update(status="failed", timings_s={"scan_s": round(time.perf_counter() - t0, 2)},
                            error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             finally:

@@ -880,7 +880,7 @@ class BudgetResult:
         return checked(self.check) + "\n\n" + text
 
     @property
-    def table(self) -> "pandas.DataFrame":
+    def table(self) -> pandas.DataFrame:
         """The result as a pandas DataFrame: one row per layout (compare), per length (flops
         table), per quantity (report: columns ``quantity``, ``value``), or the proposed layout
         (recommend)."""
@@ -903,7 +903,7 @@ class BudgetResult:
                              "value": [v for k, v in self.data.items() if k not in skip]})
 
     @property
-    def check_table(self) -> "pandas.DataFrame | None":
+    def check_table(self) -> pandas.DataFrame | None:
         """The live check as a DataFrame (``quantity``, ``measured``, ``expected``), or None."""
         if self.check is None:
             return None

@@ -14,12 +14,11 @@ from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import summary_envelope
 
 if TYPE_CHECKING:
-    from headprobe.probe.backend import LoadedModel
-    from headprobe.probe.spec import ModelSpec
-
     import pandas as pd
 
     from headprobe.analyses.qk_attribution import QKAttribution
+    from headprobe.probe.backend import LoadedModel
+    from headprobe.probe.spec import ModelSpec
 
 
 @dataclass

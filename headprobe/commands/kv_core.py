@@ -15,12 +15,11 @@ from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import summary_envelope, write_json
 
 if TYPE_CHECKING:
-    from headprobe.probe.backend import LoadedModel
-    from headprobe.probe.spec import ModelSpec
-
     from headprobe.analyses.kvpolicy import GroupCosts, Quality
+    from headprobe.probe.backend import LoadedModel
     from headprobe.probe.cost import PolicyCost
     from headprobe.probe.layout import AttentionLayout, KVPolicy
+    from headprobe.probe.spec import ModelSpec
 
 
 @dataclass

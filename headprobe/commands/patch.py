@@ -39,17 +39,16 @@ from headprobe.analyses.vocabulary import PATCH_SITES
 from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 from headprobe.probe.heads import parse_heads
 from headprobe.probe.io import read_text_file, summary_envelope
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
-    from headprobe.probe.backend import LoadedModel
-    from headprobe.probe.spec import ModelSpec
-
     import pandas as pd
 
     from headprobe.analyses.patching import PatchingResult
+    from headprobe.probe.backend import LoadedModel
+    from headprobe.probe.spec import ModelSpec
 
 HELP = ("activation patching of heads (z, q, k, v) or the residual stream (clean vs corrupted prompt, logit "
         "difference); the IOI task built in")

@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from headprobe.commands import Command, lazy_names
 from headprobe import options, settings
-from headprobe.settings import setting
-from headprobe.options import positive_int
 from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # the --method choices, torch-free
-from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS  # noqa: F401 - re-exported
+from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS
+from headprobe.commands import Command, lazy_names
+from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.vocabulary import backend_lacks
+from headprobe.settings import setting
 
 HELP = "head pruning methods compared (Michel gradient importance, L0 gates, random): one CSV + figure, optional pruned model"
 

@@ -17,14 +17,21 @@ from headprobe import options
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import first_scored
 from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
-from headprobe.analyses.pruning import (LossSet, PruningRun, build_pruned, curve_auc, iterative_pruning, l0_pruning,
-                                        per_layer_best_head)
+from headprobe.analyses.pruning import (
+    LossSet,
+    PruningRun,
+    build_pruned,
+    curve_auc,
+    iterative_pruning,
+    l0_pruning,
+    per_layer_best_head,
+)
+from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.spec import ModelSpec
-from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.heads import format_head
 from headprobe.probe.io import summary_envelope
+from headprobe.probe.spec import ModelSpec
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -172,9 +179,8 @@ class PruneResult:
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
         """
-        from headprobe.probe.pruned import save_pruned_dir
-
         from headprobe.analyses.outputs import write_outputs
+        from headprobe.probe.pruned import save_pruned_dir
 
         tables = {"pruning_curve.csv": self.table.to_csv(index=False, float_format="%.5f")}
         if self.per_layer is not None:
@@ -204,7 +210,7 @@ class PruneResult:
             lo, hi = auc["range"]
             for m in self.config.methods:
                 a = auc[m]
-                fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else f"{v['mean']:.3f} +- {v['std']:.3f}"  # noqa: E731
+                fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else f"{v['mean']:.3f} +- {v['std']:.3f}"
                 lines.append(f"area (mean loss over {lo:.2f}-{hi:.2f} removed) {m}: natural {fmt(a['natural'])}, repeated {fmt(a['repeated'])}")
         if self.per_layer is not None:
             best = min(self.per_layer, key=lambda r: r["delta_best_only"])

@@ -26,13 +26,13 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from headprobe.commands import Command, lazy_names
 from headprobe import options, settings
 from headprobe.analyses import vocabulary as vocab
+from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 from headprobe.probe.io import TextFile, open_text_file
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 _CORE = ("run", "scan", "run_scan", "ScanResult", "verify", "summary", "scan_figures", "figure_makers",
          "write_outputs", "format_report", "verification_settings", "scan_metric", "metrics_summary",

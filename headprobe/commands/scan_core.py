@@ -4,10 +4,9 @@ import none of this."""
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable, Sequence
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,28 +17,31 @@ import torch
 from tqdm.auto import tqdm
 
 from headprobe import options
-from headprobe.analyses import distributed
+from headprobe.analyses import distributed, viewer
 from headprobe.analyses import figures as figs
-from headprobe.analyses.ablation import (
-    EMBEDDING_METRIC, LOSS_METRIC, P_VALUE_TIE, EmbeddingDistance, Verification, first_scored,
-    scored_loss, top_heads, untrusted_task_reason,
-)
-from headprobe.analyses import verification as verif
-from headprobe.analyses.verdicts import VerdictRule, evidence_text
-from headprobe.analyses.statistics import interval_rule, mean_ci
-from headprobe.analyses.data import TokenSet, natural_text_tokens, read_text_file, repeated_random_tokens
-from headprobe.analyses.columns import DETECTORS, METRICS, metric_columns
-from headprobe.analyses.scoring import example_patterns, score_token_set, score_tokens  # noqa: F401 - score_token_set re-exported
 from headprobe.analyses import metrics as head_metrics
-from headprobe.analyses import viewer
-from headprobe.options import positive_int
+from headprobe.analyses import verification as verif
+from headprobe.analyses.ablation import (
+    EMBEDDING_METRIC,
+    LOSS_METRIC,
+    P_VALUE_TIE,
+    EmbeddingDistance,
+    Verification,
+    first_scored,
+    top_heads,
+    untrusted_task_reason,
+)
+from headprobe.analyses.columns import DETECTORS, METRICS, metric_columns
+from headprobe.analyses.data import TokenSet, natural_text_tokens, repeated_random_tokens
+from headprobe.analyses.scoring import example_patterns, score_token_set, score_tokens  # noqa: F401 - score_token_set re-exported
+from headprobe.analyses.statistics import interval_rule, mean_ci
+from headprobe.analyses.verdicts import VerdictRule, evidence_text
+from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
 from headprobe.probe.backend import LoadedModel
 from headprobe.probe.capture import kv_head_of
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.spec import ModelSpec
 from headprobe.probe.hooks import format_head
 from headprobe.probe.io import prepare_output_dir, summary_envelope, write_text
-from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
+from headprobe.probe.spec import ModelSpec
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -157,7 +159,7 @@ def verification_settings(cfg: ScanConfig) -> verif.VerificationSettings:
 def verify(model: LoadedModel, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet,
            clean: dict[str, torch.Tensor], mean_z: torch.Tensor | None, cfg: ScanConfig, progress: bool = True,
            untrusted: dict[str, str | None] | None = None,
-           cache: "verif.SetLosses | None" = None) -> tuple[list[Verification], dict]:
+           cache: verif.SetLosses | None = None) -> tuple[list[Verification], dict]:
     """Ablate the top-k heads of each of ``cfg.types`` against random control sets
     (:func:`headprobe.analyses.verification.verify_heads`); ``cfg`` is resolved (k set).
     ``clean``: task -> per-sequence clean loss ``[batch]``. Under ``torchrun`` each rank ablates

@@ -13,11 +13,11 @@ import dataclasses
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 
-from headprobe.commands import Command
 from headprobe import options
+from headprobe.commands import Command
 from headprobe.probe.errors import HeadprobeError
-from headprobe.settings import OUTPUT, Flags, ModelSettings, setting
 from headprobe.probe.heads import parse_heads
+from headprobe.settings import OUTPUT, Flags, ModelSettings, setting
 
 HELP = "draw one head's attention pattern on your own text (PNG/PDF/SVG and an offline HTML page)"
 
@@ -88,11 +88,11 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     import numpy as np
 
     from headprobe.analyses import figures as figs
-    from headprobe.analyses.outputs import write_outputs
     from headprobe.analyses.data import TokenSet
+    from headprobe.analyses.outputs import write_outputs
     from headprobe.analyses.scoring import drawable, score_tokens, token_labels
-    from headprobe.probe.capture import capture_heads
     from headprobe.analyses.viewer import build_page, head_patterns
+    from headprobe.probe.capture import capture_heads
     from headprobe.probe.heads import format_head
     from headprobe.probe.io import prepare_output_dir, write_text
 

@@ -28,24 +28,24 @@ Outputs (``--out``, :meth:`StudyResult.save`): ``results.csv`` (one row per run)
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 import dataclasses
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from headprobe.commands import Command
 from headprobe.analyses import figures
 from headprobe.analyses.train_config import INDUCTION_FORMED, N_CHARS, TrainConfig
+from headprobe.commands import Command
 from headprobe.options import kept_line, out_as_it_was
-from headprobe.settings import OUTPUT, Flags, ModelSettings, from_args, setting, shared
 from headprobe.probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.io import prepare_output_dir, summary_envelope
+from headprobe.settings import OUTPUT, Flags, ModelSettings, from_args, setting, shared
 
 HELP = "train small models side by side: how many heads (study heads), MHA vs GQA vs MQA vs MLA (study layouts)"
 
@@ -179,7 +179,8 @@ def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: b
     """Train every (label, config) of ``runs`` once per seed; one row per run: the variant, its
     layout and cost columns (:mod:`headprobe.probe.cost`), the last evaluation's losses (nats/token)
     and scores, seconds and the self-check. ``progress`` prints one line per run."""
-    from headprobe.analyses.train import train as train_model, training_tokenizer  # torch: only when training
+    from headprobe.analyses.train import train as train_model  # torch: only when training
+    from headprobe.analyses.train import training_tokenizer
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -34,7 +34,14 @@ import numpy as np
 
 from headprobe.analyses import figures
 from headprobe.analyses.train import (
-    INDUCTION_FORMED, TrainConfig, TrainRun, phase_change_step, train as train_model, training_tokenizer,
+    INDUCTION_FORMED,
+    TrainConfig,
+    TrainRun,
+    phase_change_step,
+    training_tokenizer,
+)
+from headprobe.analyses.train import (
+    train as train_model,
 )
 from headprobe.probe.checkpoint import NATIVE_WEIGHTS, save_native_state
 from headprobe.probe.hooks import format_head

@@ -20,8 +20,8 @@ import zipfile
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 
-from headprobe.commands import Command
 from headprobe import options
+from headprobe.commands import Command
 from headprobe.probe.errors import HeadprobeError
 from headprobe.settings import Flags, ModelSettings, positive_int, setting
 

@@ -13,7 +13,15 @@ from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.families.base import (
-    GATED_MLP, TINY_FIELDS, Family, TinySpec, Variant, hf_sizes, plain_rope, renamed, rope_theta,
+    GATED_MLP,
+    TINY_FIELDS,
+    Family,
+    TinySpec,
+    Variant,
+    hf_sizes,
+    plain_rope,
+    renamed,
+    rope_theta,
 )
 from headprobe.probe.hook_names import block_path
 from headprobe.probe.model import TransformerConfig

@@ -11,7 +11,16 @@ from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.families.base import (
-    TINY_VOCAB, Family, TinySpec, Variant, gelu_mlp, hf_sizes, plain_rope, renamed, rope_parameters, rope_theta,
+    TINY_VOCAB,
+    Family,
+    TinySpec,
+    Variant,
+    gelu_mlp,
+    hf_sizes,
+    plain_rope,
+    renamed,
+    rope_parameters,
+    rope_theta,
 )
 from headprobe.probe.hook_names import block_path
 from headprobe.probe.model import TransformerConfig

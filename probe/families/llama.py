@@ -16,7 +16,15 @@ from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.families.base import (
-    GATED_MLP, TINY_FIELDS, Family, TinySpec, hf_sizes, plain_rope, renamed, rope_theta, sliding,
+    GATED_MLP,
+    TINY_FIELDS,
+    Family,
+    TinySpec,
+    hf_sizes,
+    plain_rope,
+    renamed,
+    rope_theta,
+    sliding,
 )
 from headprobe.probe.hook_names import block_path
 from headprobe.probe.model import TransformerConfig
