@@ -433,9 +433,10 @@ def ablation_plot(rows: Sequence[dict], title: str, rule: VerdictRule | None = N
             reached = f"{r['exceedances']}/{r['draws']} reached" if r.get("exceedances") is not None else f"n={r['draws']}"
             if r.get("tested"):
                 verdict = verdict_label(r["confirmed"])
-                stop = {"futile under the correction": "\n(stopped: cannot\nreach α after "
+                stop = {"futile under the correction": "\n(stopped: cannot\nreach α after\n"
                         f"{CORRECTION_NAMES.get(r.get('correction') or '', '')})", "settled above alpha": "\n(stopped: > α)"}
-                text = (f"{reached}\n{p_text(r)}{stop.get(r.get('stop_reason') or '', '')}\nadj {r['p_adjusted']:.3g}\n{verdict}")
+                p = p_text(r).replace("p in [", "p in\n[")  # five columns: at most ~15 characters a line
+                text = (f"{reached}\n{p}{stop.get(r.get('stop_reason') or '', '')}\nadj {r['p_adjusted']:.3g}\n{verdict}")
             elif r["confirmed"] is None and r.get("no_verdict"):
                 text = f"{reached}\n{p_text(r)}\n{verdict_label(None)}"
             else:
