@@ -129,8 +129,8 @@ class ScanConfig(ModelSettings, DataSettings):
                                   "and the plan printed before the ablations says so", action="store_true")
     verify: bool = setting(True, "score patterns only, without the ablation check (also where a model's per-head "
                            "decomposition fails its self-check)", flag="--no-verify", action="store_false")
-    types: str | Sequence[str] | None = setting(None, "score, verify and draw only these head types (default: all of "
-                                                f"{','.join(vocab.HEAD_TYPES)})", metavar="TYPE[,TYPE...]")
+    types: str | Sequence[str] | None = setting(None, lambda: "score, verify and draw only these head types (default: "
+                                                f"all of {','.join(vocab.HEAD_TYPES)})", metavar="TYPE[,TYPE...]")
     pattern_len: int = setting(vocab.DEFAULT_PATTERN_LEN, "keep every head's pattern on the first N tokens of each example "
                                "in patterns.npz, for headprobe view (default %(default)s; 0: none)", type=int, metavar="N")
     metrics: bool = setting(True, "skip the reported head metrics (copying, sink rate, entropy, retrieval, DLA, "
