@@ -20,7 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _mirror(tmp: Path) -> None:
+def mirror(tmp: Path) -> Path:
+    """``tmp`` holding a package ``headprobe/`` whose entries and ``probe``/``analyses`` subpackages are
+    symlinks to the real folders (tools that read the file tree: mypy here, grimp in test_architecture)."""
     pkg = tmp / "headprobe"
     pkg.mkdir()
     for entry in (ROOT / "headprobe").iterdir():
@@ -28,6 +30,7 @@ def _mirror(tmp: Path) -> None:
             (pkg / entry.name).symlink_to(entry)
     (pkg / "probe").symlink_to(ROOT / "probe")
     (pkg / "analyses").symlink_to(ROOT / "analyses")
+    return tmp
 
 
 def _real_path(line: str) -> str:
@@ -39,7 +42,7 @@ def _real_path(line: str) -> str:
 
 def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="headprobe-mypy-") as tmp:
-        _mirror(Path(tmp))
+        mirror(Path(tmp))
         cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
                "--cache-dir", str(ROOT / ".mypy_cache"), *argv, "-p", "headprobe"]
         env = {**os.environ, "MYPYPATH": tmp}

@@ -7,6 +7,7 @@ builds a mirror ``headprobe/`` whose subpackages are symlinks to the real folder
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -16,14 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _mirror(tmp_path: Path) -> Path:
-    pkg = tmp_path / "headprobe"
-    pkg.mkdir()
-    for entry in (ROOT / "headprobe").iterdir():
-        if entry.name != "__pycache__":
-            (pkg / entry.name).symlink_to(entry)
-    (pkg / "probe").symlink_to(ROOT / "probe")
-    (pkg / "analyses").symlink_to(ROOT / "analyses")
-    return tmp_path
+    """The symlinked mirror of scripts/typecheck.py (the one place that builds it)."""
+    spec = importlib.util.spec_from_file_location("_typecheck", ROOT / "scripts" / "typecheck.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.mirror(tmp_path)
 
 
 def _lint(tmp_path: Path, config: Path) -> subprocess.CompletedProcess:
