@@ -10,8 +10,8 @@ import pytest
 import zoo
 
 import headprobe
+from headprobe.analyses.circuit import parse_edge, path_patch_effects, prepare_runs
 from headprobe.analyses.data import repeated_random_tokens
-from headprobe.analyses.paths import parse_edge, path_patch_effects, prepare_runs
 from headprobe.cli import main
 
 
@@ -137,18 +137,18 @@ def test_one_sequence_over_the_memory_budget_is_refused_before_running(llama_dir
 def test_scoring_in_chunks_equals_the_whole_batch(llama_dir):
     """RunChunks (one sequence at a time) gives the batch's EAP-IG scores, exact effects and sweeps:
     the per-sequence mean metric makes every quantity a weighted sum over chunks."""
-    from headprobe.analyses import paths
+    from headprobe.analyses import circuit as circuit_analysis
 
     model = headprobe.load_model(str(llama_dir), device="cpu")
     clean, corr = (repeated_random_tokens(model, 3, 6, s) for s in (0, 1))
     first = clean.start + 6
     whole = prepare_runs(model, clean.tokens, corr.tokens, first=first)
-    chunks = paths.RunChunks(model, clean.tokens, corr.tokens, rows=1, stack_rows=2, first=first)
-    a, b = (paths.edge_scores(model, r, "eap-ig", 3) for r in (whole, chunks))
+    chunks = circuit_analysis.RunChunks(model, clean.tokens, corr.tokens, rows=1, stack_rows=2, first=first)
+    a, b = (circuit_analysis.edge_scores(model, r, "eap-ig", 3) for r in (whole, chunks))
     np.testing.assert_allclose(b.head_scores, a.head_scores, rtol=1e-5, atol=1e-8)
     np.testing.assert_allclose(b.logit_scores, a.logit_scores, rtol=1e-5, atol=1e-8)
     senders = [(0, h) for h in range(4)]
     np.testing.assert_allclose(path_patch_effects(model, chunks, senders, (1, 2), "k"),
                                path_patch_effects(model, whole, senders, (1, 2), "k"), rtol=1e-5, atol=1e-8)
     assert chunks.clean_metric() == pytest.approx(float(whole.clean_metric.mean()), rel=1e-6)
-    assert paths.baseline_error(model, chunks, [1]) <= 1e-6
+    assert circuit_analysis.baseline_error(model, chunks, [1]) <= 1e-6

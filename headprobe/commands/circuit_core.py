@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING
 
 from headprobe import options
 from headprobe.commands.circuit import HELP, CircuitConfig, parse_receivers  # noqa: F401 - the light module's names, re-exported
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import summary_envelope
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import summary_envelope
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from headprobe.analyses.qk_attribution import QKAttribution
-    from headprobe.probe.backend import LoadedModel
-    from headprobe.probe.spec import ModelSpec
+    from headprobe.probe.backends.base import LoadedModel
+    from headprobe.probe.layout.spec import ModelSpec
 
 
 @dataclass
@@ -97,7 +97,7 @@ class CircuitResult:
     def figure(self):
         """``circuit``: the ``top`` edges as a graph (:func:`headprobe.analyses.figures.circuit_graph`)."""
         from headprobe.analyses import figures
-        from headprobe.analyses.paths import parse_edge
+        from headprobe.analyses.circuit import parse_edge
 
         top = self.edges.head(self.config.top)
         edges = [(e.sender, e.receiver, e.input, float(score)) for e, score in
@@ -154,7 +154,7 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
     """
     import time
 
-    from headprobe.analyses import paths
+    from headprobe.analyses import circuit as circuit_analysis
     from headprobe.analyses.data import repeated_random_tokens
 
     spec, t0 = model.spec, time.perf_counter()
@@ -170,19 +170,19 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
         raise HeadprobeError(f"--qk-head {config.qk_head} is not a head of a model of {spec.n_layers} layers x {spec.n_heads} heads")
     clean = repeated_random_tokens(model, config.n_seqs, config.period, config.seed)
     corrupted = repeated_random_tokens(model, config.n_seqs, config.period, config.seed + 1)
-    budget = None if config.memory_gb is None else config.memory_gb * paths.GIB
-    rows, stack = paths.plan_rows(model, config.n_seqs, clean.tokens.shape[1], budget)
-    runs = paths.RunChunks(model, clean.tokens, corrupted.tokens, rows, stack, first=clean.start + config.period)
+    budget = None if config.memory_gb is None else config.memory_gb * circuit_analysis.GIB
+    rows, stack = circuit_analysis.plan_rows(model, config.n_seqs, clean.tokens.shape[1], budget)
+    runs = circuit_analysis.RunChunks(model, clean.tokens, corrupted.tokens, rows, stack, first=clean.start + config.period)
     layers = sorted({r[0] for r, _ in receivers if r is not None} | set(range(1, spec.n_layers)))
-    base = paths.baseline_error(model, runs, layers if config.verify or receivers else [])
+    base = circuit_analysis.baseline_error(model, runs, layers if config.verify or receivers else [])
     clean_loss = runs.clean_metric()
-    tolerance, rule = paths.baseline_tolerance(model, clean_loss)
+    tolerance, rule = circuit_analysis.baseline_tolerance(model, clean_loss)
     if base > tolerance:
         raise HeadprobeError(f"a forward resumed at a layer, unpatched, changes the clean loss by {base:.2g} nats/token, "
                              f"more than float rounding allows ({tolerance:.2g}: {rule}): direct-path patching refused")
-    scores = paths.edge_scores(model, runs, config.method, config.steps)
-    edges, agreement = paths.verify_edges(model, runs, scores.table(), config.verify, config.seed)
-    sweep = paths.receiver_sweep(model, runs, receivers, scores) if receivers else None
+    scores = circuit_analysis.edge_scores(model, runs, config.method, config.steps)
+    edges, agreement = circuit_analysis.verify_edges(model, runs, scores.table(), config.verify, config.seed)
+    sweep = circuit_analysis.receiver_sweep(model, runs, receivers, scores) if receivers else None
     qk = None
     if qk_head is not None:
         from headprobe.analyses.qk_attribution import qk_attribution

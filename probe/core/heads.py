@@ -1,0 +1,54 @@
+"""Naming heads: ``(layer, head)`` pairs and their ``layer.head`` text form (the ablation kinds
+are in :mod:`headprobe.probe.core.ablation_kinds`).
+
+Pure Python (no torch), so the command line can check ``--heads`` before any heavy library is
+imported.
+"""
+
+from __future__ import annotations
+
+import re
+
+from headprobe.probe.core.errors import HeadprobeError
+
+Head = tuple[int, int]
+"""A head as ``(layer, head)``, both 0-indexed; printed as ``layer.head``."""
+
+
+def format_head(head: Head) -> str:
+    """``(5, 1)`` -> ``"5.1"``."""
+    return f"{head[0]}.{head[1]}"
+
+
+def all_heads(n_layers: int, n_heads: int) -> list[Head]:
+    """Every ``(layer, head)`` of an ``n_layers x n_heads`` model, layer by layer."""
+    return [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+
+
+_HEAD = re.compile(r"(\d+)\.(\d+)|[Ll](\d+)[Hh](\d+)")
+
+
+def parse_heads(text: str, n_layers: int, n_heads: int) -> list[Head]:
+    """Parse ``"5.1,7.10"`` into ``[(5, 1), (7, 10)]``, checking the range. TransformerLens'
+    spelling ``L5H1`` is accepted too; headprobe always prints ``5.1``.
+
+    Raises:
+        HeadprobeError: a malformed entry or a head outside ``n_layers x n_heads``.
+    """
+    heads: list[Head] = []
+    items = [s.strip() for s in text.split(",")]
+    if "" in items and any(items):  # "5.1," or "5.1,,7.3": a head left out by mistake?
+        raise HeadprobeError(f"empty entry in the head list {text!r}; give layer.head entries separated by single commas")
+    for item in filter(None, items):
+        m = _HEAD.fullmatch(item)
+        if m is None:
+            raise HeadprobeError(f"head {item!r} is not of the form layer.head (e.g. 5.1, or L5H1)")
+        layer, head = (int(g) for g in m.groups() if g is not None)
+        if layer >= n_layers or head >= n_heads:
+            raise HeadprobeError(
+                f"head {item} is out of range: the model has {n_layers} layers of {n_heads} heads (0-indexed)"
+            )
+        heads.append((layer, head))
+    if not heads:
+        raise HeadprobeError("no heads given")
+    return heads

