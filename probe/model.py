@@ -158,6 +158,10 @@ class TransformerConfig:
             et al. 2019). Not combined with sliding windows or a KV cache.
         embedding_multiplier: the token embedding is multiplied by it (Granite); None: not.
         logits_scaling: the logits are divided by it (Granite); None: not.
+        residual_multiplier: Granite's factor of what attention and MLP add to the residual
+            stream, recorded for the conversion, which folds it into ``o_proj`` and the MLP's
+            ``fc_out`` (so that the heads' results are what the residual receives); the forward
+            pass does not apply it again. None: 1.
         n_experts: the MLP of the MoE layers is a mixture of this many gated experts
             (:class:`MoE`; Shazeer et al. 2017, Mixtral); None: dense MLPs only.
         n_experts_per_token: experts each token is routed to (top-k).
@@ -223,6 +227,7 @@ class TransformerConfig:
     causal: bool = True
     embedding_multiplier: float | None = None
     logits_scaling: float | None = None
+    residual_multiplier: float | None = None
     n_experts: int | None = None
     n_experts_per_token: int = 2
     d_expert: int | None = None
@@ -284,7 +289,7 @@ class TransformerConfig:
             raise HeadprobeError("post_ln (BERT's post-LN blocks) needs pre_norm=False, post_norm=False and parallel_residual=False")
         if not self.causal and self.sliding_window is not None:
             raise HeadprobeError("bidirectional attention (causal=False) with a sliding window is not implemented")
-        for field in ("embedding_multiplier", "logits_scaling"):
+        for field in ("embedding_multiplier", "logits_scaling", "residual_multiplier"):
             if getattr(self, field) is not None and not getattr(self, field) > 0:
                 raise HeadprobeError(f"{field} must be positive, got {getattr(self, field)}")
         self._check_moe()
