@@ -23,7 +23,7 @@ FAMILY = Family(
     tiny=TinySpec(
         fields=dict(TINY_FIELDS, num_local_experts=4, num_experts_per_tok=2),
         layout=("GQA", "none", "none", None),
-        perturb=("norm", "experts", "mlp.gate"),
+        perturb=("norm", "mlp.gate"),  # the router (and a dense layer's gate_proj)
         variants=(Variant(dict(sliding_window=8), "sliding window on every layer", layout=dict(windows=(8, 8))),
                   Variant(dict(num_experts_per_tok=1), "one expert per token")),
         unsupported=(dict(rope_parameters={"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}), dict(hidden_act="gelu")),

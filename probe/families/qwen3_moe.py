@@ -31,7 +31,7 @@ FAMILY = Family(
         fields=dict(TINY_FIELDS, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                     norm_topk_prob=False),
         layout=("GQA", "none", "per_head", None),
-        perturb=("norm", "experts", "mlp.gate"),
+        perturb=("norm", "mlp.gate"),  # the router (and a dense layer's gate_proj)
         variants=(
             Variant(dict(norm_topk_prob=True, mlp_only_layers=[0]), "norm_topk_prob, a dense layer 0"),
             Variant(dict(decoder_sparse_step=2, head_dim=8), "MoE every other layer, n_heads * head_dim != d_model",
