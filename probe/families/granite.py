@@ -9,14 +9,14 @@ from typing import Any
 
 from torch import Tensor
 
-from headprobe.probe.families.base import TINY_FIELDS, Family, TinySpec, Variant
-from headprobe.probe.families.llama import llama_config, llama_weights
-from headprobe.probe.hook_names import block_path
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec, Variant
+from headprobe.probe.model.families.llama import llama_config, llama_weights
+from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:
-    """The native config of a ``GraniteConfig`` (:func:`~headprobe.probe.families.llama.llama_config`;
+    """The native config of a ``GraniteConfig`` (:func:`~headprobe.probe.model.families.llama.llama_config`;
     full attention only)."""
     return llama_config(hf_config, "granite", attn_scale=float(hf_config.attention_multiplier),
                         embedding_multiplier=_unless_one(hf_config.embedding_multiplier),
@@ -29,7 +29,7 @@ def _unless_one(x: float) -> float | None:
 
 
 def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool = False) -> dict[str, Tensor]:
-    """:func:`~headprobe.probe.families.llama.llama_weights` with ``residual_multiplier`` folded
+    """:func:`~headprobe.probe.model.families.llama.llama_weights` with ``residual_multiplier`` folded
     into every ``o_proj`` and MLP ``fc_out`` (``GraniteDecoderLayer``: ``residual + out *
     residual_multiplier``), so that the heads' results are what the residual stream receives."""
     out = llama_weights(sd, cfg, rope_interleave)

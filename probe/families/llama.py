@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.families.base import (
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.families.base import (
     GATED_MLP,
     TINY_FIELDS,
     Family,
@@ -27,8 +28,7 @@ from headprobe.probe.families.base import (
     rope_theta,
     sliding,
 )
-from headprobe.probe.hook_names import block_path
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.transformer import TransformerConfig
 
 WINDOWS = ("none", "layer_types", "every_layer")
 """How a Llama-like family reads sliding windows (:func:`llama_config`)."""
@@ -45,7 +45,7 @@ def llama_config(hf_config: Any, kind: str, *, act_field: str = "hidden_act", ac
         qkv_bias: q/k/v projections carry biases (Qwen2), else every projection is bias-free.
         windows: ``none`` (full attention; a ``sliding_window`` is refused), ``layer_types``
             (windows where ``layer_types`` says) or ``every_layer`` (also a ``sliding_window``
-            alone windows every layer, Mistral); see :func:`~headprobe.probe.families.base.sliding`.
+            alone windows every layer, Mistral); see :func:`~headprobe.probe.model.families.base.sliding`.
         fields: further :class:`TransformerConfig` fields of the family.
 
     Raises:
@@ -87,7 +87,7 @@ def llama_weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave
         rope_interleave: ignored (Hugging Face's Llama-like models rotate halves).
         norms: native norm of a layer -> the Hugging Face norm it loads (:data:`NORMS`).
         norm: applied to every norm weight (Gemma's ``1 + w``); None: the weight itself.
-        moe: keywords of :func:`~headprobe.probe.families.base.moe_weights` for the ``mlp`` of
+        moe: keywords of :func:`~headprobe.probe.model.families.base.moe_weights` for the ``mlp`` of
             ``cfg``'s mixture-of-experts layers (Mixtral, Qwen3-MoE); None: the default's.
     """
     out = {"embed.W_E.weight": sd["model.embed_tokens.weight"]}

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from headprobe.probe.families.base import TINY_FIELDS, Family, TinySpec, Variant
-from headprobe.probe.families.llama import llama_config, llama_weights
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec, Variant
+from headprobe.probe.model.families.llama import llama_config, llama_weights
+from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:
-    """The native config of a ``MixtralConfig`` (:func:`~headprobe.probe.families.llama.llama_config`;
+    """The native config of a ``MixtralConfig`` (:func:`~headprobe.probe.model.families.llama.llama_config`;
     its ``hidden_act`` check covers the experts)."""
     return llama_config(hf_config, "mixtral", windows="every_layer", n_experts=hf_config.num_local_experts,
                         n_experts_per_token=hf_config.num_experts_per_tok, router="softmax_topk", router_renorm=True)

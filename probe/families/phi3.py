@@ -9,13 +9,13 @@ from typing import Any
 
 from torch import Tensor
 
-from headprobe.probe.families.base import TINY_FIELDS, Family, TinySpec, Variant, rope_parameters
-from headprobe.probe.families.llama import llama_config, llama_weights
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec, Variant, rope_parameters
+from headprobe.probe.model.families.llama import llama_config, llama_weights
+from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:
-    """The native config of a ``Phi3Config`` (:func:`~headprobe.probe.families.llama.llama_config`;
+    """The native config of a ``Phi3Config`` (:func:`~headprobe.probe.model.families.llama.llama_config`;
     ``rotary_dim`` as ``Phi3RotaryEmbedding``: ``int(head_dim * partial_rotary_factor)``)."""
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     rotary_dim = int(head_dim * rope_parameters(hf_config).get("partial_rotary_factor", 1.0))
@@ -23,7 +23,7 @@ def config(hf_config: Any) -> TransformerConfig:
 
 
 def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool = False) -> dict[str, Tensor]:
-    """:func:`~headprobe.probe.families.llama.llama_weights` after splitting ``qkv_proj`` into its
+    """:func:`~headprobe.probe.model.families.llama.llama_weights` after splitting ``qkv_proj`` into its
     query, key and value rows and ``gate_up_proj`` into gate then up rows (``Phi3Attention``,
     ``Phi3MLP``: views, no copy)."""
     assert cfg.n_kv_heads is not None and cfg.d_head is not None  # filled by TransformerConfig.__post_init__

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from headprobe.probe.families.base import TINY_FIELDS, Family, TinySpec, Variant
-from headprobe.probe.families.llama import llama_config, llama_weights
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec, Variant
+from headprobe.probe.model.families.llama import llama_config, llama_weights
+from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:
-    """The native config of a ``Qwen3MoeConfig`` (:func:`~headprobe.probe.families.llama.llama_config`;
+    """The native config of a ``Qwen3MoeConfig`` (:func:`~headprobe.probe.model.families.llama.llama_config`;
     the MoE layers as ``Qwen3MoeDecoderLayer`` picks them)."""
     n, step, dense = hf_config.num_hidden_layers, hf_config.decoder_sparse_step, hf_config.mlp_only_layers or []
     layers = tuple(l for l in range(n) if l not in dense and hf_config.num_experts > 0 and (l + 1) % step == 0)
