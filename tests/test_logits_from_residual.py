@@ -5,7 +5,7 @@ attribution, the exact sweep's losses) goes through it; here it is checked on bo
 backends against the untouched Hugging Face model, for families whose logits are more than
 ``final_norm(x) @ W_U + b_U``: Gemma-2's final soft-cap (``30 tanh(x / 30)``, with the LM head
 scaled so that the logits reach the cap's range, as a trained Gemma-2's do) and Granite's
-``logits_scaling`` (the bridge only), next to plain Llama and GPT-2.
+``logits_scaling`` (native since Granite is a registered family), next to plain Llama and GPT-2.
 """
 
 from __future__ import annotations

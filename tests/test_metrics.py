@@ -249,27 +249,43 @@ def test_composition_scores_match_a_loop_over_head_pairs_and_are_scale_invariant
 
 # ---- direct logit attribution -------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny_granite(tiny_tokenizer):
+GRANITE_LOGITS_SCALING = 8.0
+
+
+def _tiny_granite(tokenizer, backend):
     """A tiny random Granite (Llama-like, logits divided by ``logits_scaling`` = 8 after the LM
-    head) behind TransformerLens' bridge: a family whose logits are not ``final_norm(x) @ W_U``."""
+    head): a family whose logits are not ``final_norm(x) @ W_U``."""
     import zoo
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from headprobe.probe.backends.loading import Checkpoint, wrap
 
-    cfg = AutoConfig.for_model("granite", **zoo.TINY_FIELDS, logits_scaling=8.0, architectures=["GraniteForCausalLM"])
+    cfg = AutoConfig.for_model("granite", **zoo.TINY_FIELDS, logits_scaling=GRANITE_LOGITS_SCALING,
+                               architectures=["GraniteForCausalLM"])
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
-    return wrap(Checkpoint("tiny-granite", "tiny-granite", "float32 (random init)", hf, tiny_tokenizer), backend="auto")
+    return wrap(Checkpoint("tiny-granite", "tiny-granite", "float32 (random init)", hf, tokenizer), backend=backend)
 
 
-@pytest.mark.parametrize("fixture", [*TINY_MODELS, "tiny_granite"])
+@pytest.fixture(scope="module")
+def tiny_granite(tiny_tokenizer):
+    """Granite behind TransformerLens' bridge."""
+    return _tiny_granite(tiny_tokenizer, "transformer-lens")
+
+
+@pytest.fixture(scope="module")
+def tiny_granite_native(tiny_tokenizer):
+    """Granite on the native backend (``logits_scaling`` in its config)."""
+    return _tiny_granite(tiny_tokenizer, "native")
+
+
+@pytest.mark.parametrize("fixture", [*TINY_MODELS, "tiny_granite", "tiny_granite_native"])
 def test_dla_plus_the_other_components_sums_to_the_logit(fixture, request):
     """The identity: heads + b_O + embeddings + MLP outputs, each through the frozen final norm,
     plus the norm's bias and b_U, give the correct token's logit (Hugging Face's); times the
-    family's logit scale, read here from its Hugging Face config (Granite: ``1 / logits_scaling``)."""
+    family's logit scale, here Granite's ``1 / logits_scaling`` by hand."""
     model = request.getfixturevalue(fixture)
+    scale = GRANITE_LOGITS_SCALING if fixture.startswith("tiny_granite") else 1.0
     spec = model.spec
     tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(3))
     first = 1
@@ -289,11 +305,11 @@ def test_dla_plus_the_other_components_sums_to_the_logit(fixture, request):
     xc = x - x.mean(-1, keepdim=True) if nw.centers else x
     y = model.final_norm(x.float()).double()
     sigma = ((w * xc) * (w * xc)).sum(-1, keepdim=True) / ((y - b) * (w * xc)).sum(-1, keepdim=True)
-    W_U = model.W_U().double() / getattr(model.hf_config, "logits_scaling", 1.0)
+    W_U = model.W_U().double() / scale
     direct = lambda c: ((((c - c.mean(-1, keepdim=True)) if nw.centers else c) * w / sigma) @ W_U).gather(
         -1, target[..., None]).squeeze(-1)
     b_U = model.b_U()
-    rest = (b @ W_U)[target] + (0 if b_U is None else b_U.double()[target] / getattr(model.hf_config, "logits_scaling", 1.0))
+    rest = (b @ W_U)[target] + (0 if b_U is None else b_U.double()[target] / scale)
     heads_sum = torch.zeros_like(rest)
     for l in range(spec.n_layers):
         # attn_out minus the heads is b_O: the heads come from dla, b_O from the bias

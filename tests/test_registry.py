@@ -61,7 +61,7 @@ def test_every_registered_family_resolves_to_a_family():
     from headprobe.probe.model.families.base import Family
 
     assert FAMILIES.names() == ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox",
-                                "deepseek_v3", "bert")
+                                "deepseek_v3", "bert", "mixtral", "qwen3_moe", "phi3", "granite")
     for name in FAMILIES.names():
         family = FAMILIES.get(name)
         assert isinstance(family, Family), name
@@ -75,7 +75,7 @@ def test_an_unknown_model_type_is_refused_with_the_closest_family_and_the_bridge
         config_from_hf(SimpleNamespace(model_type="lama"))
     msg = str(e.value)
     assert "\n" not in msg and "'lama'" in msg and "did you mean 'llama'" in msg and "--backend transformer-lens" in msg
-    assert not supports(SimpleNamespace(model_type="phi3"))
+    assert not supports(SimpleNamespace(model_type="falcon"))
 
 
 def test_the_registries_import_no_torch():
@@ -83,7 +83,7 @@ def test_the_registries_import_no_torch():
     code = ("import sys; from headprobe.probe.model.families import FAMILIES; names = FAMILIES.names(); "
             "print(len(names), [m for m in ('torch', 'transformers') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["10", "[]"]
+    assert out.split() == ["14", "[]"]
 
 
 def test_groups_and_live_choices():

@@ -22,6 +22,7 @@ from headprobe.probe.model.families.base import (
     Family,
     TinySpec,
     hf_sizes,
+    moe_weights,
     plain_rope,
     renamed,
     rope_theta,
@@ -77,7 +78,8 @@ NORMS = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
 
 
 def llama_weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool = False, *,
-                  norms: Mapping[str, str] = NORMS, norm: Callable[[Tensor], Tensor] | None = None) -> dict[str, Tensor]:
+                  norms: Mapping[str, str] = NORMS, norm: Callable[[Tensor], Tensor] | None = None,
+                  moe: Mapping[str, Any] | None = None) -> dict[str, Tensor]:
     """Native parameter names from a Llama-like state dict (all projections ``nn.Linear``; a
     Qwen2 q/k/v bias and a QK-norm weight are loaded where the checkpoint and ``cfg`` have them).
 
@@ -85,6 +87,8 @@ def llama_weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave
         rope_interleave: ignored (Hugging Face's Llama-like models rotate halves).
         norms: native norm of a layer -> the Hugging Face norm it loads (:data:`NORMS`).
         norm: applied to every norm weight (Gemma's ``1 + w``); None: the weight itself.
+        moe: keywords of :func:`~headprobe.probe.model.families.base.moe_weights` for the ``mlp`` of
+            ``cfg``'s mixture-of-experts layers (Mixtral, Qwen3-MoE); None: the default's.
     """
     out = {"embed.W_E.weight": sd["model.embed_tokens.weight"]}
     for l in range(cfg.n_layers):
@@ -96,7 +100,10 @@ def llama_weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave
         for name in ("q_norm", "k_norm"):
             if cfg.qk_norm != "none":
                 out[b + f"attn.{name}.weight"] = sd[h + f"self_attn.{name}.weight"]
-        out.update(renamed(sd, GATED_MLP, b, h, params=("weight",)))
+        if cfg.is_moe(l):
+            out.update(moe_weights(sd, b + "mlp.", h + "mlp.", **(moe or {})))
+        else:
+            out.update(renamed(sd, GATED_MLP, b, h, params=("weight",)))
         for ours, theirs in norms.items():
             out[b + f"{ours}.norm.weight"] = _normed(sd[h + f"{theirs}.weight"], norm)
     out["ln_final.norm.weight"] = _normed(sd["model.norm.weight"], norm)
