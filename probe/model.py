@@ -290,21 +290,19 @@ class TransformerConfig:
 
     def _check_layer_rope(self) -> None:
         """``rope_thetas``/``rope_factors``: tuples (JSON gives lists) of ``n_layers`` positive
-        entries, on a rotary model; ``logit_scale`` positive."""
+        entries (``rope_thetas`` also None), on a rotary model; ``logit_scale`` positive."""
         for field in ("rope_thetas", "rope_factors"):
             values = getattr(self, field)
             if values is None:
                 continue
             values = tuple(None if v is None else float(v) for v in values)
             object.__setattr__(self, field, values)
-            if len(values) != self.n_layers or any(v is not None and not v > 0 for v in values):
+            if len(values) != self.n_layers or any(not v > 0 if v is not None else field == "rope_factors" for v in values):
                 raise HeadprobeError(f"{field} must hold {self.n_layers} positive values, got {values}")
             if self.positional != "rotary" or self.is_mla:
                 raise HeadprobeError(f"{field} needs rotary positions (positional='rotary', not MLA)")
         if self.rotary_interleaved and (self.positional != "rotary" or self.is_mla):
             raise HeadprobeError("rotary_interleaved needs rotary positions (positional='rotary', not MLA)")
-        if self.rope_factors is not None and None in self.rope_factors:
-            raise HeadprobeError(f"rope_factors must be numbers, got {self.rope_factors}")
         if self.logit_scale is not None and not self.logit_scale > 0:
             raise HeadprobeError(f"logit_scale must be positive, got {self.logit_scale}")
 
