@@ -14,20 +14,20 @@ from typing import Any
 
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.families.base import TINY_FIELDS, Family, TinySpec, Variant
-from headprobe.probe.families.gemma2 import NORMS, one_plus
-from headprobe.probe.families.llama import llama_config, llama_weights
-from headprobe.probe.hook_names import block_path
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec, Variant
+from headprobe.probe.model.families.gemma2 import NORMS, one_plus
+from headprobe.probe.model.families.llama import llama_config, llama_weights
+from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:
-    """The native config of a ``Gemma3TextConfig`` (:func:`~headprobe.probe.families.llama.llama_config`).
+    """The native config of a ``Gemma3TextConfig`` (:func:`~headprobe.probe.model.families.llama.llama_config`).
 
     Raises:
         HeadprobeError: bidirectional attention (``use_bidirectional_attention``), and what
-            :func:`~headprobe.probe.families.llama.llama_config` refuses.
+            :func:`~headprobe.probe.model.families.llama.llama_config` refuses.
     """
     if getattr(hf_config, "use_bidirectional_attention", False):
         raise HeadprobeError("native gemma3_text implements causal attention only, not use_bidirectional_attention")

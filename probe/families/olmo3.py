@@ -8,14 +8,14 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from headprobe.probe.families.base import TINY_FIELDS, Family, TinySpec, Variant
-from headprobe.probe.families.llama import llama_config, llama_weights
-from headprobe.probe.families.olmo2 import NORMS
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec, Variant
+from headprobe.probe.model.families.llama import llama_config, llama_weights
+from headprobe.probe.model.families.olmo2 import NORMS
+from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:
-    """The native config of an ``Olmo3Config`` (:func:`~headprobe.probe.families.llama.llama_config`)."""
+    """The native config of an ``Olmo3Config`` (:func:`~headprobe.probe.model.families.llama.llama_config`)."""
     return llama_config(hf_config, "olmo3", windows="layer_types", qk_norm="full", pre_norm=False, post_norm=True)
 
 
