@@ -2,7 +2,8 @@
 hand-built boolean mask applied to the materialised scores, and the policy's KV cache
 (``StreamingKVCache``) against recomputation and against ``budget --policy``'s bytes, on the zoo:
 MHA (gpt2), GQA (llama, qwen2), MQA (llama with one KV head), MLA (deepseek_v3: the latent is the
-layer's one group), gemma2 (soft-capping: the eager path; its sliding layer stays full)."""
+layer's one group), gemma2 (soft-capping: the eager path; its sliding layer stays full), SmolLM3 and
+Cohere2 (a NoPE layer; Cohere2's interleaved rotary), Gemma-3 (a rotary base per layer)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from headprobe.probe.model import transformer as model_mod
 from headprobe.probe.model.transformer import generate
 
 CASES = {"gpt2-MHA": ("gpt2", {}), "llama-GQA": ("llama", {}), "llama-MQA": ("llama", {"num_key_value_heads": 1}),
-         "qwen2-GQA": ("qwen2", {}), "deepseek_v3-MLA": ("deepseek_v3", {}), "gemma2-softcap": ("gemma2", {})}
+         "qwen2-GQA": ("qwen2", {}), "deepseek_v3-MLA": ("deepseek_v3", {}), "gemma2-softcap": ("gemma2", {}),
+         "smollm3-NoPE": ("smollm3", {}), "cohere2-NoPE-interleaved": ("cohere2", {}),
+         "gemma3_text-rope-bases": ("gemma3_text", {})}
 
 
 @pytest.fixture(scope="module", params=list(CASES))

@@ -487,3 +487,60 @@ def test_tied_gpt_neox_without_its_unembedding_loads_and_untied_is_refused():
     hf_cfg, _, sd = state(tied=False)
     with pytest.raises(KeyError, match="lm_head.weight"):
         NativeSource.of(hf_cfg).build(sd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-layer rotary (NoPE layers, a base and a linear factor per layer), interleaved pairs, logit scale
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family_name, change, want", [
+    ("smollm3", {}, dict(rope_thetas=(2e6, None))),  # SmolLM3Config.default_theta 2e6, layer 1 NoPE
+    ("cohere2", {}, dict(rope_thetas=(None, 1e4), rotary_interleaved=True, logit_scale=0.3)),
+    ("gemma3_text", {}, dict(rope_thetas=(1e4, 1e6), rope_factors=None)),
+    ("gemma3_text", dict(rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                          "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}}),
+     dict(rope_thetas=(1e4, 1e6), rope_factors=(1.0, 8.0))),
+    ("olmo3", {}, dict(rope_thetas=(1e4, 5e5))),
+    ("llama", {}, dict(rope_thetas=None, rope_factors=None, rotary_interleaved=False, logit_scale=None)),
+])
+def test_per_layer_rotary_fields_read_from_the_config(tiny_tokenizer, tmp_path, family_name, change, want):
+    """The fields as read by hand from the tiny Hugging Face configs (NoPE layers None), each
+    layer's rotary module built from them, and a JSON round trip (save_native/load_native) that
+    gives the same config and logits."""
+    from transformers import AutoConfig
+
+    from headprobe.probe.model.convert import config_from_hf
+
+    hf_cfg = AutoConfig.for_model(family_name, **{**zoo.tiny(family_name).fields, **change})
+    cfg = config_from_hf(hf_cfg)
+    assert {k: getattr(cfg, k) for k in want} == want
+    model = wrap(_variant(family_name, tiny_tokenizer, **change), backend="native")
+    for l, block in enumerate(model.model.blocks):
+        rope = cfg.layer_rope(l)
+        assert (block.attn.rotary is None) == (rope is None)
+        if rope is not None:
+            assert (block.attn.rotary.theta, block.attn.rotary.factor) == rope
+    save_native(model.model, tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    again = load_native(tmp_path)
+    assert again.model.cfg == model.model.cfg
+    x = _tokens()
+    with torch.no_grad():
+        assert torch.equal(again.model(x), model.model(x))
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(rope_thetas=(1e4,)), "rope_thetas must hold 2"),
+    (dict(rope_thetas=(1e4, -1.0)), "rope_thetas must hold 2 positive"),
+    (dict(rope_factors=(1.0, 0.0)), "rope_factors must hold 2 positive"),
+    (dict(rope_thetas=(1e4, None), positional="learned"), "rope_thetas needs rotary"),
+    (dict(rotary_interleaved=True, positional="learned"), "rotary_interleaved needs rotary"),
+    (dict(logit_scale=0.0), "logit_scale must be positive"),
+])
+def test_per_layer_rotary_fields_are_checked(fields, match):
+    from headprobe.probe.core.errors import HeadprobeError
+
+    base = dict(n_layers=2, d_model=32, n_heads=4, d_vocab=11, positional="rotary")
+    assert TransformerConfig(**base).layer_rope(1) == (1e4, 1.0)
+    with pytest.raises(HeadprobeError, match=match):
+        TransformerConfig(**{**base, **fields})

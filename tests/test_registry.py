@@ -61,7 +61,7 @@ def test_every_registered_family_resolves_to_a_family():
     from headprobe.probe.model.families.base import Family
 
     assert FAMILIES.names() == ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox",
-                                "deepseek_v3", "bert", "mixtral", "qwen3_moe", "phi3", "granite")
+                                "deepseek_v3", "bert", "mixtral", "qwen3_moe", "phi3", "granite", "smollm3", "olmo3", "gemma3_text", "cohere2")
     for name in FAMILIES.names():
         family = FAMILIES.get(name)
         assert isinstance(family, Family), name

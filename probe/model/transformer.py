@@ -157,7 +157,6 @@ class TransformerConfig:
             attention, every query reads every (non-padding) key (encoders such as BERT; Devlin
             et al. 2019). Not combined with sliding windows or a KV cache.
         embedding_multiplier: the token embedding is multiplied by it (Granite); None: not.
-        logits_scaling: the logits are divided by it (Granite); None: not.
         residual_multiplier: Granite's factor of what attention and MLP add to the residual
             stream, recorded for the conversion, which folds it into ``o_proj`` and the MLP's
             ``fc_out`` (so that the heads' results are what the residual receives); the forward
@@ -181,6 +180,17 @@ class TransformerConfig:
             (Llama-4, Qwen3-Next); None: none.
         shared_expert_gate: the shared expert's output is multiplied by ``sigmoid(w . x)`` (Qwen3-Next).
         moe_layers: the layers whose MLP is the mixture; None: every layer (with ``n_experts``).
+        rope_thetas: per-layer rotary bases, ``n_layers`` entries (``positional="rotary"``); an
+            entry None is a layer without positions (NoPE: no rotary, no ``hook_rot_q``/``hook_rot_k``;
+            SmolLM3's ``no_rope_layers``, Cohere2's full layers); None: ``rope_theta`` on every
+            layer (Gemma-3: ``rope_local_base_freq`` on sliding layers, ``rope_theta`` on global ones).
+        rope_factors: per-layer linear rotary scaling, ``n_layers`` entries: ``inv_freq / factor``
+            (Hugging Face's ``rope_type="linear"``, position interpolation, Chen et al. 2023, arXiv
+            2306.15595; Gemma-3's global layers); None: 1 on every layer.
+        rotary_interleaved: rotary pairs adjacent dimensions ``(2i, 2i+1)`` (Cohere's
+            ``rotate_half``, the angles repeated per pair); False: ``i`` with ``i + dim/2`` (Llama).
+        logit_scale: the logits are multiplied by it after the unembedding (Cohere's
+            ``logit_scale``; Granite's ``1 / logits_scaling``); None: 1.
 
     ``n_kv_heads``, ``d_mlp``, ``qkv_bias``, ``d_head`` (and for MLA ``qk_nope_head_dim``) given
     as None hold their derived value after construction.
@@ -226,7 +236,6 @@ class TransformerConfig:
     embed_norm: bool = False
     causal: bool = True
     embedding_multiplier: float | None = None
-    logits_scaling: float | None = None
     residual_multiplier: float | None = None
     n_experts: int | None = None
     n_experts_per_token: int = 2
@@ -241,6 +250,10 @@ class TransformerConfig:
     d_shared_expert: int | None = None
     shared_expert_gate: bool = False
     moe_layers: tuple[int, ...] | None = None
+    rope_thetas: tuple[float | None, ...] | None = None
+    rope_factors: tuple[float, ...] | None = None
+    rotary_interleaved: bool = False
+    logit_scale: float | None = None
 
     def __post_init__(self) -> None:
         if self.qk_norm in OLD_QK_NORM:
@@ -274,6 +287,7 @@ class TransformerConfig:
             if value not in allowed:
                 raise HeadprobeError(f"config {field}={value!r} is not one of {allowed}")
         self._check_mla()
+        self._check_layer_rope()
         if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.d_qk and self.rotary_dim % 2 == 0):
             raise HeadprobeError(f"rotary_dim must be even and in (0, d_qk={self.d_qk}], got {self.rotary_dim}")
         if self.sliding_window is not None and self.sliding_window < 1:
@@ -289,7 +303,7 @@ class TransformerConfig:
             raise HeadprobeError("post_ln (BERT's post-LN blocks) needs pre_norm=False, post_norm=False and parallel_residual=False")
         if not self.causal and self.sliding_window is not None:
             raise HeadprobeError("bidirectional attention (causal=False) with a sliding window is not implemented")
-        for field in ("embedding_multiplier", "logits_scaling", "residual_multiplier"):
+        for field in ("embedding_multiplier", "residual_multiplier"):
             if getattr(self, field) is not None and not getattr(self, field) > 0:
                 raise HeadprobeError(f"{field} must be positive, got {getattr(self, field)}")
         self._check_moe()
@@ -347,6 +361,33 @@ class TransformerConfig:
         if min(self.qk_nope_head_dim, self.q_lora_rank or 1) < 1:
             raise HeadprobeError(f"MLA needs positive qk_nope_head_dim and q_lora_rank, got "
                                  f"{self.qk_nope_head_dim} and {self.q_lora_rank}")
+
+    def _check_layer_rope(self) -> None:
+        """``rope_thetas``/``rope_factors``: tuples (JSON gives lists) of ``n_layers`` positive
+        entries (``rope_thetas`` also None), on a rotary model; ``logit_scale`` positive."""
+        for field in ("rope_thetas", "rope_factors"):
+            values = getattr(self, field)
+            if values is None:
+                continue
+            values = tuple(None if v is None else float(v) for v in values)
+            object.__setattr__(self, field, values)
+            if len(values) != self.n_layers or any(not v > 0 if v is not None else field == "rope_factors" for v in values):
+                raise HeadprobeError(f"{field} must hold {self.n_layers} positive values, got {values}")
+            if self.positional != "rotary" or self.is_mla:
+                raise HeadprobeError(f"{field} needs rotary positions (positional='rotary', not MLA)")
+        if self.rotary_interleaved and (self.positional != "rotary" or self.is_mla):
+            raise HeadprobeError("rotary_interleaved needs rotary positions (positional='rotary', not MLA)")
+        if self.logit_scale is not None and not self.logit_scale > 0:
+            raise HeadprobeError(f"logit_scale must be positive, got {self.logit_scale}")
+
+    def layer_rope(self, layer: int) -> tuple[float, float] | None:
+        """Layer ``layer``'s rotary ``(base, linear factor)``, or None where it has no positions
+        (learned positions, or a NoPE entry of ``rope_thetas``)."""
+        if self.positional != "rotary":
+            return None
+        theta = self.rope_theta if self.rope_thetas is None else self.rope_thetas[layer]
+        factor = 1.0 if self.rope_factors is None else self.rope_factors[layer]
+        return None if theta is None else (theta, factor)
 
     @property
     def is_mla(self) -> bool:
@@ -502,6 +543,12 @@ def rotate_half(x: Float[Tensor, "... d_head"]) -> Float[Tensor, "... d_head"]:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rotate_pairs(x: Float[Tensor, "... d_head"]) -> Float[Tensor, "... d_head"]:
+    """``(x_2i, x_2i+1) -> (-x_2i+1, x_2i)`` on adjacent pairs of the last axis (the interleaved
+    RoPE layout of the original paper and of Hugging Face's Cohere ``rotate_half``)."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
 class Rotary(nn.Module):
     """Rotary position embedding (Su et al. 2021) in the convention of ``transformers``' Llama:
     ``inv_freq_i = theta^(-2i/dim)``, angle ``pos * inv_freq`` repeated over both halves,
@@ -509,12 +556,16 @@ class Rotary(nn.Module):
     (as Hugging Face's reference); ``cos``/``sin`` are cast to the dtype of ``x`` for the rotation.
 
     With ``dim`` below the head width only the first ``dim`` dimensions of each head rotate
-    and the rest pass through (GPT-NeoX's partial rotary, ``rotary_pct``)."""
+    and the rest pass through (GPT-NeoX's partial rotary, ``rotary_pct``). ``factor`` divides the
+    frequencies (linear scaling); ``interleaved`` rotates adjacent pairs (:func:`rotate_pairs`,
+    the angles repeated per pair) instead of halves."""
 
-    def __init__(self, dim: int, theta: float):
+    def __init__(self, dim: int, theta: float, factor: float = 1.0, interleaved: bool = False):
         super().__init__()
         self.dim = dim
         self.theta = theta
+        self.factor = factor
+        self.interleaved = interleaved
         self.register_buffer("inv_freq", self.frequencies(), persistent=False)
 
     def _apply(self, fn, recurse=True):
@@ -529,9 +580,10 @@ class Rotary(nn.Module):
         return self
 
     def frequencies(self) -> Float[Tensor, " half_dim"]:
-        """``inv_freq_i = theta^(-2i/dim)``, float32 on the CPU (a fresh tensor)."""
+        """``inv_freq_i = theta^(-2i/dim) / factor``, float32 on the CPU (a fresh tensor)."""
         arange = torch.arange(0, self.dim, 2, dtype=torch.int64, device="cpu")
-        return 1.0 / (self.theta ** (arange.float() / self.dim))
+        inv_freq = 1.0 / (self.theta ** (arange.float() / self.dim))
+        return inv_freq if self.factor == 1.0 else inv_freq / self.factor
 
     def forward(
         self,
@@ -541,9 +593,12 @@ class Rotary(nn.Module):
         if x.shape[-1] > self.dim:
             return torch.cat((self(x[..., :self.dim], positions), x[..., self.dim:]), dim=-1)
         angles = positions[..., None].float() * self.inv_freq  # [batch, pos, dim/2]
-        angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # [batch, pos, 1, dim]
+        if self.interleaved:
+            angles = angles.repeat_interleave(2, dim=-1)[:, :, None, :]  # [batch, pos, 1, dim]
+        else:
+            angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # [batch, pos, 1, dim]
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        return x * cos + rotate_half(x) * sin
+        return x * cos + (rotate_pairs(x) if self.interleaved else rotate_half(x)) * sin
 
 
 # --------------------------------------------------------------------------------------------
@@ -820,8 +875,8 @@ class SelfAttention(nn.Module):
         self.hook_k = HookPoint()  # [batch, pos, kv_head, d_qk]
         self.hook_v = HookPoint()  # [batch, pos, kv_head, d_head]
         if rotary_hooks:
-            self.hook_rot_q = HookPoint()  # [batch, pos, head, d_qk]     (rotary only)
-            self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_qk]  (rotary only)
+            self.hook_rot_q = HookPoint()  # [batch, pos, head, d_qk]     (rotary layers only)
+            self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_qk]  (rotary layers only)
         self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos], scaled, capped, masked keys exactly -inf
         self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos], rows sum to 1, masked keys 0
         self.hook_z = HookPoint()  # [batch, pos, head, d_head], after head_mask
@@ -1044,7 +1099,8 @@ class Attention(SelfAttention):
         elif cfg.qk_norm == "full":  # OLMo-2: over the whole projection
             self.q_norm, self.k_norm = RMSNorm(H * d_qk, cfg.norm_eps), RMSNorm(KV * d_qk, cfg.norm_eps)
         rotary_dim = d_qk if cfg.rotary_dim is None else cfg.rotary_dim
-        self.rotary = Rotary(rotary_dim, cfg.rope_theta) if cfg.positional == "rotary" else None
+        rope = cfg.layer_rope(layer)  # None: learned positions or a NoPE layer
+        self.rotary = None if rope is None else Rotary(rotary_dim, *rope, interleaved=cfg.rotary_interleaved)
         self._add_output(rotary_hooks=True)
 
     def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
@@ -1362,7 +1418,8 @@ class Transformer(HookedRootModule):
     pattern,z,result}``, ``blocks.{l}.hook_attn_out``, ``blocks.{l}.hook_resid_mid``,
     ``blocks.{l}.mlp.hook_{pre,pre_linear,post}``, ``blocks.{l}.hook_mlp_out``,
     ``blocks.{l}.hook_resid_post``, ``ln_final.hook_normalized`` (an MLA layer has no
-    ``hook_rot_q``/``hook_rot_k``: its ``hook_q``/``hook_k`` are after rotary); with ``post_norm`` also
+    ``hook_rot_q``/``hook_rot_k``: its ``hook_q``/``hook_k`` are after rotary; a layer without
+    positions, a NoPE entry of ``rope_thetas``, never calls them); with ``post_norm`` also
     ``blocks.{l}.ln1_post.hook_{in,out}`` and ``blocks.{l}.ln2_post.hook_{in,out}``; parallel
     blocks have no ``hook_resid_mid``, blocks without ``pre_norm`` no ``ln1``/``ln2``. An
     encoder (BERT) adds ``ln_embed.hook_normalized`` and, per post-LN block,
@@ -1537,8 +1594,8 @@ class Transformer(HookedRootModule):
                vocab: Int[Tensor, "... k"] | None = None, out: Tensor | None = None, softcap: bool = True
                ) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
         """Logits from a final residual stream: ``ln_final`` (unless ``normed``), the unembedding
-        (``@ W_U + b_U``), the division by ``logits_scaling`` (Granite) and ``final_softcap`` (``c *
-        tanh(logits / c)``, Gemma-2) where the config has them. The one place the native model turns a residual into logits: the forward
+        (``@ W_U + b_U``), ``logit_scale`` (Cohere, Granite) and ``final_softcap`` (``c * tanh(logits / c)``,
+        Gemma-2) where the config has them. The one place the native model turns a residual into logits: the forward
         pass, the losses of the exact sweep and patching's logit difference all end here.
 
         Args:
@@ -1563,8 +1620,8 @@ class Transformer(HookedRootModule):
                 logits += b
         else:
             logits = self.unembed(resid)
-        if self.cfg.logits_scaling is not None:  # Granite: logits / logits_scaling (GraniteForCausalLM)
-            logits = logits.div_(self.cfg.logits_scaling) if out is not None and vocab is None else logits / self.cfg.logits_scaling
+        if self.cfg.logit_scale is not None:  # Cohere; Granite's 1 / logits_scaling
+            logits = logits.mul_(self.cfg.logit_scale) if out is not None and vocab is None else logits * self.cfg.logit_scale
         cap = self.cfg.final_softcap
         if cap is None or not softcap:
             return logits

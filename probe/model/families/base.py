@@ -8,7 +8,7 @@ registered in :data:`headprobe.probe.model.families.FAMILIES`; nothing else name
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -221,6 +221,45 @@ def plain_rope(hf_config: Any, kind: str) -> None:
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
         raise HeadprobeError(f"native {kind} implements plain rotary positions, not rope_type={rope_type}")
+
+
+ROPE_LAYER_TYPES = ("full_attention", "sliding_attention")
+"""Layer types that key a per-layer-type ``rope_parameters`` (transformers 5: Gemma-3, OLMo-3)."""
+
+
+def layer_ropes(hf_config: Any, kind: str, no_rope_layers: Collection[int] = ()) -> dict:
+    """The rotary fields of :class:`TransformerConfig`: ``rope_theta``, and ``rope_thetas`` /
+    ``rope_factors`` where layers differ. A flat ``rope_parameters`` gives every layer its base
+    (plain rotary only, :func:`plain_rope`); one keyed by layer type (Gemma-3's sliding layers
+    with ``rope_local_base_freq``, OLMo-3) gives each layer its type's base and, for
+    ``rope_type="linear"``, its factor. ``no_rope_layers`` have no positions (None in
+    ``rope_thetas``).
+
+    Raises:
+        HeadprobeError: a rotary scaling other than linear per layer type, or none per flat config.
+    """
+    params = rope_parameters(hf_config)
+    types = getattr(hf_config, "layer_types", None)
+    if types is not None and set(params) & set(ROPE_LAYER_TYPES):
+        thetas, factors = [], []
+        for t in types:
+            p = params.get(t) or {}
+            rope_type = p.get("rope_type", "default")
+            if rope_type not in ("default", "linear"):
+                raise HeadprobeError(f"native {kind} implements plain and linear rotary positions, not rope_type={rope_type} on {t} layers")
+            thetas.append(float(p.get("rope_theta", 10000.0)))
+            factors.append(float(p.get("factor", 1.0)) if rope_type == "linear" else 1.0)
+    else:
+        plain_rope(hf_config, kind)
+        thetas, factors = [rope_theta(hf_config)] * hf_config.num_hidden_layers, [1.0] * hf_config.num_hidden_layers
+    per_layer: list[float | None] = [None if l in no_rope_layers else t for l, t in enumerate(thetas)]
+    first = next((t for t in per_layer if t is not None), thetas[0])
+    out: dict[str, Any] = dict(rope_theta=first)
+    if any(t != first for t in per_layer):
+        out["rope_thetas"] = tuple(per_layer)
+    if any(f != 1.0 for f in factors):
+        out["rope_factors"] = tuple(factors)
+    return out
 
 
 def sliding(hf_config: Any, kind: str, every_layer: bool = False) -> dict:

@@ -20,7 +20,7 @@ def config(hf_config: Any) -> TransformerConfig:
     full attention only)."""
     return llama_config(hf_config, "granite", attn_scale=float(hf_config.attention_multiplier),
                         embedding_multiplier=_unless_one(hf_config.embedding_multiplier),
-                        logits_scaling=_unless_one(hf_config.logits_scaling),
+                        logit_scale=None if hf_config.logits_scaling == 1 else 1 / float(hf_config.logits_scaling),
                         residual_multiplier=_unless_one(hf_config.residual_multiplier))
 
 

@@ -9,7 +9,7 @@ Its relatives save their checkpoints under Llama's parameter names
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal
 
 from torch import Tensor
@@ -24,8 +24,8 @@ from headprobe.probe.model.families.base import (
     hf_sizes,
     moe_weights,
     plain_rope,
+    layer_ropes,
     renamed,
-    rope_theta,
     sliding,
 )
 from headprobe.probe.model.transformer import TransformerConfig
@@ -35,7 +35,8 @@ WINDOWS = ("none", "layer_types", "every_layer")
 
 
 def llama_config(hf_config: Any, kind: str, *, act_field: str = "hidden_act", act: str = "silu", mlp: Literal["swiglu", "geglu"] = "swiglu",
-                 qkv_bias: bool = False, windows: str = "none", **fields: Any) -> TransformerConfig:
+                 qkv_bias: bool = False, windows: str = "none", no_rope_layers: Collection[int] = (),
+                 **fields: Any) -> TransformerConfig:
     """The native config of Llama or a relative: Llama's block with the family's differences.
 
     Args:
@@ -46,13 +47,15 @@ def llama_config(hf_config: Any, kind: str, *, act_field: str = "hidden_act", ac
         windows: ``none`` (full attention; a ``sliding_window`` is refused), ``layer_types``
             (windows where ``layer_types`` says) or ``every_layer`` (also a ``sliding_window``
             alone windows every layer, Mistral); see :func:`~headprobe.probe.model.families.base.sliding`.
+        no_rope_layers: layers without positions (NoPE; SmolLM3); the rotary bases and factors
+            per layer: :func:`~headprobe.probe.model.families.base.layer_ropes`.
         fields: further :class:`TransformerConfig` fields of the family.
 
     Raises:
         HeadprobeError: rotary scaling, another activation, biases the family does not have, or
             windows it does not implement.
     """
-    plain_rope(hf_config, kind)
+    fields.update(layer_ropes(hf_config, kind, no_rope_layers))
     n_heads, d_model = hf_config.num_attention_heads, hf_config.hidden_size
     head_dim = getattr(hf_config, "head_dim", None) or d_model // n_heads
     got = getattr(hf_config, act_field, None)
@@ -70,7 +73,7 @@ def llama_config(hf_config: Any, kind: str, *, act_field: str = "hidden_act", ac
     return TransformerConfig(**hf_sizes(hf_config), n_kv_heads=getattr(hf_config, "num_key_value_heads", None) or n_heads,
                              positional="rotary", norm="rmsnorm", mlp=mlp, bias=False,
                              tied_unembed=getattr(hf_config, "tie_word_embeddings", False), norm_eps=hf_config.rms_norm_eps,
-                             rope_theta=rope_theta(hf_config), **fields)
+                             **fields)
 
 
 NORMS = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
