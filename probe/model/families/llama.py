@@ -22,9 +22,8 @@ from headprobe.probe.model.families.base import (
     Family,
     TinySpec,
     hf_sizes,
-    moe_weights,
-    plain_rope,
     layer_ropes,
+    moe_weights,
     renamed,
     sliding,
 )
