@@ -465,7 +465,8 @@ def sink_removal_effect(model: LoadedModel, tokens: Int[Tensor, "batch pos"], fi
     Monte Carlo p-value ``(1 + #{control >= effect}) / (1 + n)`` (Davison & Hinkley 1997).
 
     Returns:
-        ``{"effect", "controls", "p", "note"}`` (``note``: the layer matching's, or None).
+        ``{"effect", "controls", "control_sets", "p", "note"}`` (``controls``: the control sets'
+        effects; ``note``: the layer matching's, or None).
 
     Raises:
         HeadprobeError: the model has no learned sinks, or too few other heads for a control.
@@ -486,7 +487,7 @@ def sink_removal_effect(model: LoadedModel, tokens: Int[Tensor, "batch pos"], fi
     sets, note = layer_matched_sets(top, others, spec.n_layers, n_controls, torch.Generator().manual_seed(seed))
     top_effect, controls = effect(top), [effect(c) for c in sets]
     p = (1 + sum(c >= top_effect for c in controls)) / (1 + len(controls))
-    return {"effect": top_effect, "controls": controls, "p": p, "note": note}
+    return {"effect": top_effect, "controls": controls, "control_sets": sets, "p": p, "note": note}
 
 
 COPYING = HeadColumn("copying", ("copying",), _copying,

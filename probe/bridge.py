@@ -152,11 +152,12 @@ class BridgeModel(LoadedModel):
 
     def sink_logits(self, layer: int) -> Float[Tensor, " head"] | None:
         """See :meth:`headprobe.probe.backend.LoadedModel.sink_logits`: the Hugging Face attention
-        module's ``sinks`` (GPT-OSS), read off the wrapped model."""
-        for name, module in self.model.original_model.named_modules():
-            if name.endswith(f"layers.{layer}.self_attn"):
-                sinks = getattr(module, "sinks", None)
-                return None if sinks is None else sinks.detach().float()
+        module's ``sinks`` (GPT-OSS), read off the wrapped model (the bridge nests each module it
+        wraps as ``_original_component``)."""
+        want = f"layers.{layer}.self_attn.sinks"
+        for name, p in self.model.original_model.named_parameters():
+            if name.replace("_original_component.", "").endswith(want):
+                return p.detach().float()
         return None
 
     def _projection(self, layer: int, which: str) -> Tensor:

@@ -416,7 +416,7 @@ class TransformerConfig:
             (bool(self.bias), bool(self.qkv_bias))]
         windows = tuple(self.sliding_window if self.is_sliding(l) else None for l in range(self.n_layers))
         common: dict[str, Any] = dict(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_head=self.d_head,
-                      bias=bias, windows=windows)
+                      bias=bias, windows=windows, sinks=self.attn_sinks)
         if self.is_mla:
             return AttentionLayout(kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank,
                                    qk_rope_head_dim=self.qk_rope_head_dim, qk_nope_head_dim=self.qk_nope_head_dim,
@@ -552,7 +552,7 @@ class YaRN:
         low, high = max(low, 0), min(high, dim - 1)
         if low == high:
             high += 0.001  # as Hugging Face: no division by zero
-        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=pos_freqs.device) - low) / (high - low)).clamp(0, 1)
         extrapolation = 1 - ramp
         return 1.0 / (self.factor * pos_freqs) * (1 - extrapolation) + 1.0 / pos_freqs * extrapolation
 
@@ -857,21 +857,27 @@ def with_sink_key(
     there and 0 elsewhere. Its score is then ``sink_h`` and every real key's is unchanged, so
     ``softmax`` over the keys is the softmax over ``[scores, sink]``, and the zero value adds
     nothing to ``z``. The mask gains a first column that every query reads (a causal mask is
-    made explicit: the kernel's own would align it top-left)."""
+    made explicit: the kernel's own would align it top-left). A sink of ``-inf`` (removed) is
+    masked for its head instead (``-inf`` times a real key's 0 would be NaN)."""
     B, H, T, _ = q.shape
     KV, S = k.shape[1], k.shape[2]
-    extra = (sinks / scale).to(q.dtype)[None, :, None, None].expand(B, H, T, 1)
+    finite = torch.isfinite(sinks)
+    extra = torch.where(finite, sinks / scale, 0.0).to(q.dtype)[None, :, None, None].expand(B, H, T, 1)
     q = torch.cat([q, extra], dim=-1)
     k = torch.cat([k, k.new_zeros(B, KV, S, 1)], dim=-1)
     sink_key = torch.zeros(B, KV, 1, k.shape[-1], dtype=k.dtype, device=k.device)
     sink_key[..., -1] = 1
     k = torch.cat([sink_key, k], dim=2)
     v = torch.cat([v.new_zeros(B, KV, 1, v.shape[-1]), v], dim=2)
-    if mask is None and causal:
-        mask = key_mask(T, S, q.device, causal=True)
-    if mask is not None:
-        mask = torch.cat([mask.new_ones(*mask.shape[:-1], 1), mask], dim=-1)
-    return q, k, v, mask
+    if mask is None and (causal or not bool(finite.all())):
+        mask = key_mask(T, S, q.device, causal=True) if causal else torch.ones(T, S, dtype=torch.bool, device=q.device)
+    if mask is None:
+        return q, k, v, None
+    if bool(finite.all()):
+        return q, k, v, torch.cat([mask.new_ones(*mask.shape[:-1], 1), mask], dim=-1)
+    m = mask if mask.dim() == 4 else mask[None, None]  # [batch | 1, head | 1, q_pos | 1, k_pos]
+    m = m.expand(m.shape[0], H, T, S)
+    return q, k, v, torch.cat([finite.to(m.device)[None, :, None, None].expand(m.shape[0], H, T, 1), m], dim=-1)
 
 
 class SelfAttention(nn.Module):
