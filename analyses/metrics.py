@@ -372,7 +372,7 @@ NO_GATE = "the model has no attention output gate (hook_gate)"
 
 
 @torch.inference_mode()
-def value_first_token(model: LoadedModel, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer head"]:
+def value_share_token0(model: LoadedModel, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer head"]:
     """:func:`value_weighted_share` of token 0 for every head, from one forward reading each layer's
     ``hook_v`` and ``hook_pattern`` (``f(x_j) = v_j W_O^(h)``, before any post-attention norm).
 
@@ -444,13 +444,13 @@ def _no_op(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
         nan("gate_closure", str(e))
     tokens = inputs.natural.tokens
     if use_streaming(model, tokens.shape[1], inputs.streaming):
-        nan("value_first_token", f"value-weighted attention needs the materialised pattern; the {tokens.shape[1]}-token "
+        nan("value_share_token0", f"value-weighted attention needs the materialised pattern; the {tokens.shape[1]}-token "
                                  f"sequences are streamed (--streaming off materialises it)")
     else:
         try:
-            out["value_first_token"] = value_first_token(model, tokens).numpy()
+            out["value_share_token0"] = value_share_token0(model, tokens).numpy()
         except HeadprobeError as e:
-            nan("value_first_token", str(e))
+            nan("value_share_token0", str(e))
     return out
 
 
@@ -506,10 +506,10 @@ LOCAL_FRACTION = HeadColumn("local_fraction", local_columns(LOCAL_WINDOWS), _fro
                                                   "1 - local_{W}: attention beyond the last {W} keys"),))
 """The reported metrics, each registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`
 (group ``"metric"``; :data:`~headprobe.analyses.columns.METRICS` views them in column order)."""
-NO_OP = HeadColumn("no_op", ("learned_sink_mass", "gate_closure", "value_first_token"), _no_op,
+NO_OP = HeadColumn("no_op", ("learned_sink_mass", "gate_closure", "value_share_token0"), _no_op,
                   figures=(HeatmapStyle("learned_sink_mass", "learned sink mass", "1 - row sum: weight on the learned sink"),
                            HeatmapStyle("gate_closure", "output gate closure", "1 - mean gate value"),
-                           HeatmapStyle("value_first_token", "value-weighted attention to token 0",
+                           HeatmapStyle("value_share_token0", "value-weighted attention to token 0",
                                         "share of sum_j |A_ij v_j W_O|")))
 """How a head says nothing (with ``sink_rate``, the first token's mass): the learned sink's mass,
 the closure of an output gate and the share of the value-weighted attention on token 0."""
@@ -525,7 +525,7 @@ def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | Non
     ``[layer, head]`` each: ``copying`` (weights), ``sink_rate``, ``entropy``, ``local_<W>`` and
     ``distant_mass`` (natural text, one forward for the four), ``retrieval`` (``needles``), ``dla``
     (mean over the natural-text predictions from index ``first`` on), ``learned_sink_mass``,
-    ``gate_closure`` and ``value_first_token`` (:data:`NO_OP`). ``streaming`` (``auto``,
+    ``gate_closure`` and ``value_share_token0`` (:data:`NO_OP`). ``streaming`` (``auto``,
     ``on``, ``off``; :func:`headprobe.analyses.scoring.use_streaming`): the pattern metrics from
     streamed statistics (the same numbers) or from the pattern.
 
@@ -534,7 +534,7 @@ def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | Non
     or a failed per-head self-check, ``retrieval`` without ``needles``; ``retrieval`` and ``dla``
     for encoders (``spec.causal`` False: no next-token prediction to copy or attribute);
     ``learned_sink_mass`` without learned sinks, ``gate_closure`` without ``hook_gate``,
-    ``value_first_token`` on streamed sequences; a
+    ``value_share_token0`` on streamed sequences; a
     ``local_<W>`` whose window is not shorter than the sequence. ``distant_mass`` is ``1 -
     local`` at the largest window shorter than the sequence (:func:`distant_window`).
     """

@@ -406,14 +406,14 @@ def _natural(model, n=2, T=24):
 
 def test_no_op_columns_are_nan_with_reasons_where_the_model_lacks_the_mechanism(tiny_llama_gqa_native):
     """A model without sinks and gates: learned_sink_mass and gate_closure NaN with their reasons;
-    value_first_token equals a loop over the captured pattern, z's values and W_O."""
+    value_share_token0 equals a loop over the captured pattern, z's values and W_O."""
     model = tiny_llama_gqa_native
     nat = _natural(model)
     scores, skipped = metrics.scan_metrics(model, nat, None, 1, streaming="off")
     assert np.isnan(scores["learned_sink_mass"]).all() and skipped["learned_sink_mass"] == metrics.NO_SINKS
     assert np.isnan(scores["gate_closure"]).all() and skipped["gate_closure"] == metrics.NO_GATE
-    assert "value_first_token" not in skipped
-    got = scores["value_first_token"]
+    assert "value_share_token0" not in skipped
+    got = scores["value_share_token0"]
     values = {}
     hooks = [(f"blocks.{l}.attn.hook_v", lambda v, hook, l=l: values.__setitem__(l, v.clone())) for l in range(2)]
     pats = {}
@@ -445,7 +445,7 @@ def test_learned_sink_mass_of_a_sink_model_and_its_streamed_value(tiny_llama_gqa
         assert "learned_sink_mass" not in skipped
         np.testing.assert_allclose(scores["learned_sink_mass"], want, atol=1e-5)
     assert want.min() > 1e-3 and want.max() > 0.3
-    assert skipped["value_first_token"].startswith("value-weighted attention needs the materialised pattern")
+    assert skipped["value_share_token0"].startswith("value-weighted attention needs the materialised pattern")
 
 
 def test_gate_closure_reads_a_gate_hook_where_the_model_has_one(tiny_llama_gqa_native):
