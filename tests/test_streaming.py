@@ -151,6 +151,9 @@ def test_scan_streamed_equals_materialised(family, tiny_tokenizer, text_file):
     assert list(on.table.columns) == list(off.table.columns)
     assert "local_16" in on.table and np.isfinite(on.table["distant_mass"]).all()
     for col in on.table.columns:
+        if col == "value_share_token0":  # needs the materialised pattern: NaN when streamed
+            assert np.isnan(on.table[col]).all() and np.isfinite(off.table[col]).all()
+            continue
         np.testing.assert_allclose(on.table[col].to_numpy(float), off.table[col].to_numpy(float), atol=1e-5, rtol=0,
                                    err_msg=col)
     for task in ("natural", "repeated"):
