@@ -98,6 +98,9 @@ FAMILY = Family(
         layout=("GQA", "all", "none", (8, None)),  # layer 0 of 2 slides; biases on q, k, v and o
         perturb=("norm", "sinks", "router"),
         variants=(Variant(dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4}), "plain rotary"),
+                  Variant(dict(rope_parameters={"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0, "beta_fast": 8.0,
+                                                "beta_slow": 1.0, "original_max_position_embeddings": 16, "truncate": True}),
+                          "YaRN moving the frequencies of 20 tokens"),
                   Variant(dict(attention_bias=False), "no attention biases", layout=dict(bias="none"))),
         unsupported=(dict(rope_parameters={"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}),
                      dict(rope_parameters={"rope_theta": 1.5e5, "rope_type": "yarn", "factor": 32.0, "mscale": 1.0,
