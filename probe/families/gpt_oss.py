@@ -12,8 +12,9 @@ from typing import Any
 
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.families.base import (
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.families.base import (
     TINY_FIELDS,
     Family,
     TinySpec,
@@ -24,8 +25,7 @@ from headprobe.probe.families.base import (
     rope_theta,
     sliding,
 )
-from headprobe.probe.hook_names import block_path
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.transformer import TransformerConfig
 
 YARN_KEYS = {"rope_type", "rope_theta", "factor", "beta_fast", "beta_slow", "truncate", "original_max_position_embeddings",
              "attention_factor"}
