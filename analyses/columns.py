@@ -148,7 +148,7 @@ HEAD_COLUMNS: Registry[HeadColumn] = Registry("head column")
 """Every head column, head types first (head_scores.csv's column order), each a lazy target."""
 for _name in ("previous_token", "duplicate_token", "induction", "first_token", "positional", "next_token", "last_token"):
     HEAD_COLUMNS.register(_name, f"headprobe.analyses.detectors:{_name.upper()}", group=HEAD_TYPE)
-for _name in ("copying", "sink_rate", "entropy", "retrieval", "dla", "local_fraction"):
+for _name in ("copying", "sink_rate", "entropy", "retrieval", "dla", "local_fraction", "no_op"):
     HEAD_COLUMNS.register(_name, f"headprobe.analyses.metrics:{_name.upper()}", group=METRIC)
 del _name
 

@@ -2,7 +2,10 @@
 
 A detector takes ``pattern: [batch, head, q_pos, k_pos]`` (rows sum to 1; causal for a
 decoder, bidirectional for an encoder) and returns a score per head, averaged over the batch and
-over the queries the definition uses. None of them modifies its input. They are collected in
+over the queries the definition uses. With learned attention sinks (GPT-OSS) the pattern holds the
+real keys' weights (rows sum to ``1 -`` the sink mass) and is scored as it is: a head that parks
+its attention on the learned sink scores low on every type, and ``first-token`` reads token 0, not
+the learned sink (``learned_sink_mass`` in :mod:`headprobe.analyses.metrics` reports that). None of them modifies its input. They are collected in
 :data:`DETECTORS` (a view of :data:`headprobe.analyses.columns.HEAD_COLUMNS`), keyed by head type.
 
 Conventions: positions are 0-indexed; ``start`` is the first position that is not BOS (1 with

@@ -16,6 +16,11 @@ arXiv:2410.10819) keeps full caches for the few "retrieval heads" and streams th
 * :func:`kv_curve` compares the chosen policy with the same window on every group at the same
   memory and with random groups at the same memory (several seeds), for several budgets.
 
+Learned attention sinks (GPT-OSS's per-head sink logit) are parameters, not cached keys: every
+policy keeps them, a streaming group's ``sink`` counts its first positions only, and the
+attention mass of :func:`distant_mass` is that of the real keys (the learned sink's share is
+neither near nor distant).
+
 Functions over a loaded model of the native backend (its ``kv_policy``, ``n_kv_groups``,
 ``streaming_cache_bytes``: :class:`~headprobe.probe.backends.native.NativeModel`) and token sets; no
 printing, no argparse.

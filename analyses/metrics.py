@@ -3,7 +3,10 @@ rate, the attention entropy, the retrieval score, the direct logit attribution, 
 metrics of :mod:`headprobe.analyses.composition` (copying score, composition).
 
 Pattern metrics take ``pattern: [batch, head, q_pos, k_pos]`` (rows sum to 1, causal) and score
-every head of a layer at once, without modifying the pattern. Each metric is one
+every head of a layer at once, without modifying the pattern. With learned attention sinks
+(GPT-OSS) the pattern holds the real keys' weights (rows sum to ``1 -`` the sink mass) and every
+pattern metric scores it as it is: ``sink_rate`` is the weight on token 0, not the learned sink's,
+which ``learned_sink_mass`` reports (:data:`NO_OP`, how a head says nothing). Each metric is one
 :class:`~headprobe.analyses.columns.HeadColumn` record here (``COPYING``, ``SINK_RATE``, ``ENTROPY``,
 ``RETRIEVAL``, ``DLA``), registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`;
 :func:`scan_metrics` computes every registered one.
@@ -103,6 +106,56 @@ def local_fraction(pattern: Pattern, window: int) -> Float[Tensor, " head"]:
 def local_columns(windows: tuple[int, ...]) -> tuple[str, ...]:
     """head_scores.csv's local-fraction columns, ``local_<W>`` per window, then ``distant_mass``."""
     return (*(f"local_{w}" for w in windows), "distant_mass")
+
+
+def learned_sink_mass(pattern: Pattern) -> Float[Tensor, " head"]:
+    """The learned sink's mass (GPT-OSS's per-head sink logit), ``1 - sum_k A[q, k]`` of the
+    real-key pattern, averaged over every query and the batch: 0 for a model without sinks."""
+    return (1.0 - pattern.float().sum(-1)).mean(dim=(0, 2))
+
+
+def gate_closure(gate: Float[Tensor, "batch pos head ..."]) -> Float[Tensor, " head"]:
+    """How closed an output gate is: ``1 - mean gate value`` of each head (gated attention, e.g.
+    Qwen3-Next: ``z_h`` times a gate in [0, 1]; Qiu et al. 2025, "Gated Attention for Large
+    Language Models", arXiv 2505.06708), over the batch, the positions and any per-dimension axes.
+
+    Raises:
+        ValueError: ``gate`` has fewer than 3 axes.
+    """
+    if gate.ndim < 3:
+        raise ValueError(f"gate must be [batch, pos, head, ...], got {tuple(gate.shape)}")
+    g = gate.float().movedim(2, 0).flatten(1)
+    return 1.0 - g.mean(dim=1)
+
+
+def value_norms(v: Float[Tensor, "batch pos kv_head d_head"], W_O: Float[Tensor, "head d_head d_model"]
+                ) -> Float[Tensor, "batch head pos"]:
+    """``||f_h(x_j)|| = ||v_j W_O^(h)||`` of every head and key (query head h reads key/value head
+    ``h // (head / kv_head)``), through the Gram matrix ``W_O^(h) W_O^(h)T`` (no ``[.., d_model]``
+    product); Kobayashi et al. 2020, "Attention is Not Only a Weight", eq. 5 without ``b_V``."""
+    H, KV = W_O.shape[0], v.shape[2]
+    gram = W_O.float() @ W_O.float().transpose(1, 2)  # [head, d_head, d_head]
+    vh = v.float()[:, :, torch.arange(H, device=v.device) // (H // KV)]  # [batch, pos, head, d_head]
+    sq = torch.einsum("bphd,hde,bphe->bhp", vh, gram.to(vh.device), vh)
+    return sq.clamp_min(0).sqrt()
+
+
+def value_weighted_share(pattern: Pattern, norms: Float[Tensor, "batch head k_pos"], key: int = 0) -> Float[Tensor, " head"]:
+    """The share of the value-weighted attention ``||A_ij f(x_j)|| = A_ij ||f(x_j)||`` that goes to
+    key ``key``: ``A_i,key n_key / sum_j A_ij n_j`` (Kobayashi et al. 2020, "Attention is Not Only a
+    Weight", the norm ``||alpha f(x)||``), over queries ``i > key`` and the batch (query ``key``
+    reads only itself at ``key`` 0). A learned sink's value is zero, so it takes no share.
+
+    Raises:
+        ValueError: ``pattern`` is not ``[batch, head, q, q]`` with q > ``key + 1``, or ``norms`` not ``[batch, head, q]``.
+    """
+    T = pattern.shape[-1]
+    if pattern.ndim != 4 or T != pattern.shape[-2] or T <= key + 1 or tuple(norms.shape) != (*pattern.shape[:2], T):
+        raise ValueError(f"pattern must be [batch, head, q, q] with q > {key + 1} and norms [batch, head, q], got "
+                         f"{tuple(pattern.shape)} and {tuple(norms.shape)}")
+    w = pattern.float() * norms.float()[:, :, None, :]
+    share = w[..., key] / w.sum(-1).clamp_min(1e-30)
+    return share[..., key + 1:].mean(dim=(0, 2))
 
 
 def retrieval_hits(pattern: Pattern, queries: Int[Tensor, "batch n"], sources: Int[Tensor, "batch n"],
@@ -312,6 +365,131 @@ def _dla(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
     return {"dla": direct_logit_attribution(model, inputs.natural.tokens, inputs.first).mean(dim=(0, 1)).cpu().numpy()}
 
 
+NO_SINKS = "the model has no learned attention sinks"
+"""Why ``learned_sink_mass`` is NaN on a model without them."""
+NO_GATE = "the model has no attention output gate (hook_gate)"
+"""Why ``gate_closure`` is NaN on a model without a gate."""
+
+
+@torch.inference_mode()
+def value_share_token0(model: LoadedModel, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer head"]:
+    """:func:`value_weighted_share` of token 0 for every head, from one forward reading each layer's
+    ``hook_v`` and ``hook_pattern`` (``f(x_j) = v_j W_O^(h)``, before any post-attention norm).
+
+    Raises:
+        HeadprobeError: ``hook_v`` is not ``[batch, pos, kv_head, d_head]`` with W_O's ``d_head``.
+    """
+    spec = model.spec
+    out = torch.full((spec.n_layers, spec.n_heads), float("nan"))
+    values: dict[int, Tensor] = {}
+
+    def keep_v(layer: int):
+        def hook(v: Tensor, hook: Any) -> None:
+            values[layer] = v.detach()
+        return hook
+
+    def on_pattern(layer: int, pattern: Tensor) -> None:
+        v, W_O = values.pop(layer), model.W_O(layer).detach()
+        if v.ndim != 4 or v.shape[-1] != W_O.shape[1] or spec.n_heads % v.shape[2]:
+            raise HeadprobeError(f"hook_v of layer {layer} is {tuple(v.shape)}, not [batch, pos, kv_head, d_head={W_O.shape[1]}]: "
+                                 f"value-weighted attention cannot be read")
+        out[layer] = value_weighted_share(pattern, value_norms(v, W_O.to(v.device))).cpu()
+
+    patterns_by_layer(model, tokens, on_pattern, extra_hooks=[(attn_hook(l, "v"), keep_v(l)) for l in range(spec.n_layers)])
+    return out
+
+
+@torch.inference_mode()
+def gate_closures(model: LoadedModel, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer head"]:
+    """:func:`gate_closure` of every head from each layer's ``hook_gate`` in one forward.
+
+    Raises:
+        HeadprobeError: a layer without ``hook_gate``, or a gate whose head axis is not ``n_heads``.
+    """
+    spec = model.spec
+    names = [attn_hook(l, "gate") for l in range(spec.n_layers)]
+    if not set(names) <= set(model.hook_names()):
+        raise HeadprobeError(NO_GATE)
+    out = torch.full((spec.n_layers, spec.n_heads), float("nan"))
+
+    def make(layer: int):
+        def hook(gate: Tensor, hook: Any) -> None:
+            if gate.ndim < 3 or gate.shape[2] != spec.n_heads:
+                raise HeadprobeError(f"hook_gate of layer {layer} is {tuple(gate.shape)}, not [batch, pos, head={spec.n_heads}, ...]")
+            out[layer] = gate_closure(gate).cpu()
+        return hook
+
+    model.final_residual(tokens, fwd_hooks=[(n, make(l)) for l, n in enumerate(names)])
+    return out
+
+
+def _no_op(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
+    """The columns of :data:`NO_OP`, each NaN with its reason (``inputs.notes``) where it does not apply."""
+    from headprobe.analyses.scoring import use_online_stats
+
+    spec = model.spec
+    out: dict[str, np.ndarray] = {}
+
+    def nan(column: str, why: str) -> None:
+        out[column] = np.full((spec.n_layers, spec.n_heads), np.nan, dtype=np.float32)
+        inputs.notes[column] = why
+
+    if all(model.sink_logits(l) is None for l in range(spec.n_layers)):
+        nan("learned_sink_mass", NO_SINKS)
+    else:
+        out["learned_sink_mass"] = _natural_pattern_metrics(model, inputs)["learned_sink_mass"]
+    try:
+        out["gate_closure"] = gate_closures(model, inputs.natural.tokens).numpy()
+    except HeadprobeError as e:
+        nan("gate_closure", str(e))
+    tokens = inputs.natural.tokens
+    if use_online_stats(model, tokens.shape[1], inputs.streaming):
+        nan("value_share_token0", f"value-weighted attention needs the materialised pattern; the {tokens.shape[1]}-token "
+                                 f"sequences are streamed (--streaming off materialises it)")
+    else:
+        try:
+            out["value_share_token0"] = value_share_token0(model, tokens).numpy()
+        except HeadprobeError as e:
+            nan("value_share_token0", str(e))
+    return out
+
+
+@torch.inference_mode()
+def sink_removal_effect(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int, heads: Sequence[tuple[int, int]],
+                        n_controls: int = 20, seed: int = 0) -> dict[str, Any]:
+    """The causal check of learned sinks: the loss increase (nats/token, predictions from index
+    ``first`` on) when the sinks of ``heads`` are removed (their sink logits ``-inf``,
+    :func:`headprobe.probe.hooks.ablation.sink_removal_hooks`), beside the same removal on ``n_controls``
+    random sets of the other heads with as many heads in each layer (the layer-matched controls of
+    scan's verdicts, :func:`headprobe.analyses.verification.layer_matched_sets`). ``p`` is the
+    Monte Carlo p-value ``(1 + #{control >= effect}) / (1 + n)`` (Davison & Hinkley 1997).
+
+    Returns:
+        ``{"effect", "controls", "control_sets", "p", "note"}`` (``controls``: the control sets'
+        effects; ``note``: the layer matching's, or None).
+
+    Raises:
+        HeadprobeError: the model has no learned sinks, or too few other heads for a control.
+    """
+    from headprobe.analyses.verification import layer_matched_sets
+    from headprobe.probe.hooks.ablation import sink_removal_hooks
+
+    spec = model.spec
+    if all(model.sink_logits(l) is None for l in range(spec.n_layers)):
+        raise HeadprobeError(f"sink removal needs learned attention sinks: {NO_SINKS}")
+    clean = float(model.scored_losses(tokens, first).mean())
+
+    def effect(hs: Sequence[tuple[int, int]]) -> float:
+        return float(model.scored_losses(tokens, first, fwd_hooks=sink_removal_hooks(hs)).mean()) - clean
+
+    top = sorted(set(heads))
+    others = [(l, h) for l in range(spec.n_layers) for h in range(spec.n_heads) if (l, h) not in set(top)]
+    sets, note = layer_matched_sets(top, others, spec.n_layers, n_controls, torch.Generator().manual_seed(seed))
+    top_effect, controls = effect(top), [effect(c) for c in sets]
+    p = (1 + sum(c >= top_effect for c in controls)) / (1 + len(controls))
+    return {"effect": top_effect, "controls": controls, "control_sets": sets, "p": p, "note": note}
+
+
 COPYING = HeadColumn("copying", ("copying",), _copying,
                      figures=(HeatmapStyle("copying", "copying score (OV eigenvalues)", "Σλ / Σ|λ|",
                                            (("cmap", "RdBu_r"), ("vmin", -1.0), ("vmax", 1.0))),))
@@ -328,6 +506,13 @@ LOCAL_FRACTION = HeadColumn("local_fraction", local_columns(LOCAL_WINDOWS), _fro
                                                   "1 - local_{W}: attention beyond the last {W} keys"),))
 """The reported metrics, each registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`
 (group ``"metric"``; :data:`~headprobe.analyses.columns.METRICS` views them in column order)."""
+NO_OP = HeadColumn("no_op", ("learned_sink_mass", "gate_closure", "value_share_token0"), _no_op,
+                  figures=(HeatmapStyle("learned_sink_mass", "learned sink mass", "1 - row sum: weight on the learned sink"),
+                           HeatmapStyle("gate_closure", "output gate closure", "1 - mean gate value"),
+                           HeatmapStyle("value_share_token0", "value-weighted attention to token 0",
+                                        "share of sum_j |A_ij v_j W_O|")))
+"""How a head says nothing (with ``sink_rate``, the first token's mass): the learned sink's mass,
+the closure of an output gate and the share of the value-weighted attention on token 0."""
 
 ENCODER_SKIP = "an encoder makes no next-token prediction"
 """Why a :attr:`~headprobe.analyses.columns.HeadColumn.causal_only` metric is NaN on an encoder."""
@@ -339,14 +524,17 @@ def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | Non
     """Every metric column of a scan (:data:`~headprobe.analyses.columns.METRICS`, in order),
     ``[layer, head]`` each: ``copying`` (weights), ``sink_rate``, ``entropy``, ``local_<W>`` and
     ``distant_mass`` (natural text, one forward for the four), ``retrieval`` (``needles``), ``dla``
-    (mean over the natural-text predictions from index ``first`` on). ``streaming`` (``auto``,
+    (mean over the natural-text predictions from index ``first`` on), ``learned_sink_mass``,
+    ``gate_closure`` and ``value_share_token0`` (:data:`NO_OP`). ``streaming`` (``auto``,
     ``on``, ``off``; :func:`headprobe.analyses.scoring.use_online_stats`): the pattern metrics from
     streamed statistics (the same numbers) or from the pattern.
 
     A metric the model does not allow is NaN, with the reason in the second dict (column ->
     reason): ``copying`` for latent attention (no per-head W_V), ``dla`` for post-attention norms
     or a failed per-head self-check, ``retrieval`` without ``needles``; ``retrieval`` and ``dla``
-    for encoders (``spec.causal`` False: no next-token prediction to copy or attribute); a
+    for encoders (``spec.causal`` False: no next-token prediction to copy or attribute);
+    ``learned_sink_mass`` without learned sinks, ``gate_closure`` without ``hook_gate``,
+    ``value_share_token0`` on streamed sequences; a
     ``local_<W>`` whose window is not shorter than the sequence. ``distant_mass`` is ``1 -
     local`` at the largest window shorter than the sequence (:func:`distant_window`).
     """
@@ -379,18 +567,20 @@ def _pattern_metrics(model: LoadedModel, natural: TokenSet, stream: bool, window
     spec = model.spec
     T = natural.tokens.shape[1]
     kept = [w for w in windows if w < T]
-    cols = ("sink_rate", "entropy", *(f"local_{w}" for w in windows))
+    cols = ("sink_rate", "entropy", "learned_sink_mass", *(f"local_{w}" for w in windows))
     res = {c: torch.full((spec.n_layers, spec.n_heads), float("nan")) for c in cols}
 
     def on_pattern(layer: int, pattern: Tensor) -> None:
         res["sink_rate"][layer] = sink_rate(pattern).cpu()
         res["entropy"][layer] = attention_entropy(pattern).cpu()
+        res["learned_sink_mass"][layer] = learned_sink_mass(pattern).cpu()
         for w in kept:
             res[f"local_{w}"][layer] = local_fraction(pattern, w).cpu()
 
     def on_stats(layer: int, st: Any) -> None:
         res["sink_rate"][layer] = st.key_column(0).float().mean(dim=(0, 2)).cpu()
         res["entropy"][layer] = st.entropy[..., 1:].float().mean(dim=(0, 2)).cpu()
+        res["learned_sink_mass"][layer] = 0.0 if st.sink is None else st.sink.float().mean(dim=(0, 2)).cpu()
         for w in kept:
             res[f"local_{w}"][layer] = st.local[w][..., w:].float().mean(dim=(0, 2)).cpu()
 

@@ -65,7 +65,9 @@ def test_types_limit_columns_figures_and_verifications(api_scan, text_file, tmp_
     assert part.config.types == ("previous_token", "induction")  # registry order, `-` spelling accepted
     assert list(part.table.columns) == ["layer", "head", "kv_head", "previous_token", "induction", *metric_columns()]
     pd.testing.assert_frame_equal(part.table, full.table[list(part.table.columns)])  # same numbers as the full scan
-    drawn = [s.column for m in METRICS.values() for s in m.figures if s.column != "distant_mass"]  # 16 tokens: no W < 16
+    # 16 tokens: no W < 16; no learned sinks or output gates in a Llama
+    drawn = [s.column for m in METRICS.values() for s in m.figures
+             if s.column not in ("distant_mass", "learned_sink_mass", "gate_closure")]
     assert set(part.figures()) == {"heatmap_previous_token", "heatmap_induction", "overview",
                                    "pattern_previous_token", "pattern_induction", "ablation", "composition_k",
                                    *(f"heatmap_{c}" for c in drawn)}

@@ -370,3 +370,161 @@ def test_the_distant_mass_heatmap_names_its_window():
     fig = heatmap_makers([LOCAL_FRACTION], scores, 2, "tiny")["heatmap_distant_mass"]()  # no fields: the name stays
     assert any("last W keys" in ax.title.get_text() for ax in fig.axes)
     plt.close(fig)
+
+
+# ---- how a head says nothing: learned sinks, output gates, value-weighted attention ---------------
+
+def test_learned_sink_mass_is_one_minus_the_row_sums():
+    """Rows of 0.7 (the sink took 0.3) give 0.3; rows of 1 (no sink) give 0."""
+    p = uniform_causal(2, 3, 6)
+    p[:, 1] *= 0.7
+    torch.testing.assert_close(metrics.learned_sink_mass(p), torch.tensor([0.0, 0.3, 0.0]), atol=1e-6, rtol=0)
+
+
+def test_gate_closure_is_one_minus_the_mean_gate():
+    """Per head: always open (1) -> 0, a quarter open -> 0.75, half its dimensions shut -> 0.5 (its first
+    dimension alone, shut: 1)."""
+    g = torch.ones(2, 5, 3, 4)
+    g[:, :, 1] = 0.25
+    g[:, :, 2, :2] = 0.0
+    torch.testing.assert_close(metrics.gate_closure(g), torch.tensor([0.0, 0.75, 0.5]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(metrics.gate_closure(g[..., 0]), torch.tensor([0.0, 0.75, 1.0]), atol=1e-6, rtol=0)
+
+
+def test_value_norms_match_a_loop_over_heads_and_keys():
+    """||v_j W_O^(h)|| through the Gram matrix equals the plain product's norm (GQA: head h reads kv head h // 2)."""
+    g = torch.Generator().manual_seed(0)
+    v, W_O = torch.randn(2, 5, 2, 3, generator=g), torch.randn(4, 3, 7, generator=g)
+    got = metrics.value_norms(v, W_O)
+    for b in range(2):
+        for h in range(4):
+            for j in range(5):
+                assert got[b, h, j].item() == pytest.approx((v[b, j, h // 2] @ W_O[h]).norm().item(), rel=1e-5)
+
+
+def test_value_weighted_share_weights_attention_by_the_value_norms():
+    """Uniform attention over keys 0 and 1 with value norms 3 and 1: token 0 gets 3/4 at query 1; at query 2
+    (uniform over norms 3, 1, 0) also 3/4; query 0 is left out. A head whose token-0 value is 0 gives 0."""
+    p = uniform_causal(1, 2, 3)
+    norms = torch.tensor([[[3.0, 1.0, 0.0], [0.0, 1.0, 2.0]]])
+    torch.testing.assert_close(metrics.value_weighted_share(p, norms), torch.tensor([0.75, 0.0]), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError):
+        metrics.value_weighted_share(p, norms, key=2)
+
+
+def _natural(model, n=2, T=24):
+    from headprobe.analyses.data import TokenSet
+
+    tokens = torch.randint(0, 100, (n, T), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = model.bos_token_id
+    return TokenSet(tokens, 1, "random")
+
+
+def test_no_op_columns_are_nan_with_reasons_where_the_model_lacks_the_mechanism(tiny_llama_gqa_native):
+    """A model without sinks and gates: learned_sink_mass and gate_closure NaN with their reasons;
+    value_share_token0 equals a loop over the captured pattern, z's values and W_O."""
+    model = tiny_llama_gqa_native
+    nat = _natural(model)
+    scores, skipped = metrics.scan_metrics(model, nat, None, 1, streaming="off")
+    assert np.isnan(scores["learned_sink_mass"]).all() and skipped["learned_sink_mass"] == metrics.NO_SINKS
+    assert np.isnan(scores["gate_closure"]).all() and skipped["gate_closure"] == metrics.NO_GATE
+    assert "value_share_token0" not in skipped
+    got = scores["value_share_token0"]
+    values = {}
+    hooks = [(f"blocks.{l}.attn.hook_v", lambda v, hook, l=l: values.__setitem__(l, v.clone())) for l in range(2)]
+    pats = {}
+    hooks += [(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: pats.__setitem__(l, p.clone())) for l in range(2)]
+    model.forward(nat.tokens, fwd_hooks=hooks)
+    group = model.spec.n_heads // values[0].shape[2]
+    for l in range(2):
+        W_O = model.W_O(l).detach()
+        for h in range(model.spec.n_heads):
+            shares = []
+            for b in range(2):
+                f = torch.stack([(values[l][b, j, h // group] @ W_O[h]).norm() for j in range(24)])
+                for i in range(1, 24):
+                    w = pats[l][b, h, i] * f
+                    shares.append((w[0] / w.sum()).item())
+            assert got[l, h] == pytest.approx(np.mean(shares), rel=1e-4)
+
+
+def test_learned_sink_mass_of_a_sink_model_and_its_streamed_value(tiny_llama_gqa_native):
+    """With learned sinks: 1 - the mean row sum of the captured pattern, from the pattern and from streaming."""
+    import zoo
+
+    model = zoo.with_sinks(tiny_llama_gqa_native, scale=2.0)
+    nat = _natural(model)
+    pats = capture_heads(model, nat.tokens)["pattern"]
+    want = np.stack([(1 - pats[l].sum(-1)).mean(dim=(0, 2)).numpy() for l in range(2)])
+    for streaming in ("off", "on"):
+        scores, skipped = metrics.scan_metrics(model, nat, None, 1, streaming=streaming)
+        assert "learned_sink_mass" not in skipped
+        np.testing.assert_allclose(scores["learned_sink_mass"], want, atol=1e-5)
+    assert want.min() > 1e-3 and want.max() > 0.3
+    assert skipped["value_share_token0"].startswith("value-weighted attention needs the materialised pattern")
+
+
+def test_gate_closure_reads_a_gate_hook_where_the_model_has_one(tiny_llama_gqa_native):
+    """A model given a hook_gate per layer (firing with gates 0.25 on head 1, 1 elsewhere) gets
+    gate_closure 0.75 on head 1 and 0 elsewhere; a gate with the wrong head axis is refused in one line."""
+    import copy as copy_
+
+    from transformer_lens.hook_points import HookPoint
+
+    from headprobe.probe.backends.base import LoadedModel
+    from headprobe.probe.core.errors import HeadprobeError
+
+    net = copy_.deepcopy(tiny_llama_gqa_native.model)
+    shape_heads = [tiny_llama_gqa_native.spec.n_heads]
+    for b in net.blocks:
+        b.attn.hook_gate = HookPoint()
+
+        def fire(mod, args, out, attn=b.attn):
+            gate = torch.ones(*out.shape[:2], shape_heads[0])
+            gate[:, :, 1] = 0.25
+            attn.hook_gate(gate)
+        b.attn.hook_z.register_forward_hook(fire)
+    net.setup()
+    model = LoadedModel(net, tiny_llama_gqa_native.tokenizer, tiny_llama_gqa_native.spec)
+    got = metrics.gate_closures(model, _natural(model).tokens)
+    want = torch.zeros(2, model.spec.n_heads)
+    want[:, 1] = 0.75
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    shape_heads[0] = 2
+    with pytest.raises(HeadprobeError, match="hook_gate of layer 0") as e:
+        metrics.gate_closures(model, _natural(model).tokens)
+    assert "\n" not in str(e.value)
+
+
+def test_sink_removal_equals_a_model_without_those_sinks_and_has_layer_matched_controls(tiny_llama_gqa_native):
+    """Removing the sinks of heads 0.0 and 1.6 by hook equals the loss of a copy whose sink logits there are
+    -inf (rows of those heads then sum to 1; the fused path masks a -inf sink); the controls are sets with
+    one head in each layer, neither 0.0 nor 1.6; a model without sinks is refused in one line."""
+    import zoo
+
+    from headprobe.probe.backends.base import scored_loss
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.hooks.ablation import sink_removal_hooks
+
+    model = zoo.with_sinks(tiny_llama_gqa_native, scale=2.0)
+    tokens = _natural(model).tokens
+    heads = [(0, 0), (1, 6)]  # sink masses 0.66 and 0.47 (the largest of each layer)
+    res = metrics.sink_removal_effect(model, tokens, 1, heads, n_controls=5, seed=0)
+    removed = zoo.with_sinks(tiny_llama_gqa_native, scale=2.0)
+    with torch.no_grad():
+        for l, h in heads:
+            removed.model.blocks[l].attn.sinks[h] = float("-inf")
+        want = (scored_loss(removed.forward(tokens), tokens, 1) - scored_loss(model.forward(tokens), tokens, 1)).mean().item()
+    assert res["effect"] == pytest.approx(want, abs=1e-5) and abs(want) > 1e-4
+    assert len(res["controls"]) == 5 and 1 / 6 <= res["p"] <= 1
+    pats = {}
+    model.forward(tokens, fwd_hooks=[*sink_removal_hooks(heads),
+                                     ("blocks.0.attn.hook_pattern", lambda p, hook: pats.__setitem__(0, p.clone()))])
+    rows = pats[0].sum(-1)
+    torch.testing.assert_close(rows[:, 0], torch.ones_like(rows[:, 0]), atol=1e-5, rtol=0)
+    assert (rows[:, 1] < 1 - 1e-3).all()
+    for c in res["control_sets"]:
+        assert [l for l, _ in c] == [0, 1] and not set(c) & set(heads)
+    with pytest.raises(HeadprobeError, match="learned attention sinks") as e:
+        metrics.sink_removal_effect(tiny_llama_gqa_native, tokens, 1, heads)
+    assert "\n" not in str(e.value)

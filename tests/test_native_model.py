@@ -644,3 +644,45 @@ def test_mla_is_an_attention_class_of_its_own():
         Attention(mla_cfg)
     with pytest.raises(HeadprobeError, match="MLA config"):
         LatentAttention(small_cfg())
+
+
+@pytest.mark.parametrize("change", [{}, dict(sliding_window=5, sliding_layers=(0,))], ids=["full", "layer 0 slides"])
+def test_learned_sinks_fused_path_equals_eager(tiny_llama_gqa_native, change):
+    """With learned sinks the fused kernel (the sink as one more key) gives the eager path's logits
+    (softmax over [scores, sink], sink column dropped): unpadded, left-padded, generating with a KV
+    cache, and under a KV policy (streaming KV group 0 of layer 1, the learned sink kept); and the sinks
+    change the model (a copy without them differs)."""
+    import zoo
+
+    from headprobe.probe.layout.attention import KVPolicy, Streaming
+    from headprobe.probe.model.transformer import generate
+
+    net = zoo.with_sinks(tiny_llama_gqa_native, scale=2.0, **change).model
+    tokens = torch.randint(0, 100, (2, 14), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 14, dtype=torch.long)
+    mask[0, :4] = 0
+    policy = KVPolicy(((None, None), (Streaming(1, 4), None)))
+
+    def both(**kw):
+        with torch.no_grad():
+            fused = net(tokens, **kw)
+            net.force_eager = True
+            try:
+                eager = net(tokens, **kw)
+            finally:
+                net.force_eager = False
+        return fused, eager
+
+    for kw in ({}, dict(attention_mask=mask)):
+        fused, eager = both(**kw)
+        torch.testing.assert_close(fused[:, 4:], eager[:, 4:], atol=1e-5, rtol=1e-5)
+    with net.kv_policy(policy):
+        fused, eager = both()
+    torch.testing.assert_close(fused, eager, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(fused, both()[0], atol=1e-3)  # the policy changes the model
+    cached, _ = generate(net, tokens[:, :6], 6, use_cache=True)
+    recomputed, _ = generate(net, tokens[:, :6], 6, use_cache=False)
+    assert torch.equal(cached, recomputed)
+    if not change:
+        with torch.no_grad():
+            assert not torch.allclose(net(tokens), tiny_llama_gqa_native.model(tokens), atol=1e-3)

@@ -57,7 +57,7 @@ def test_registering_twice_or_a_malformed_lazy_target_is_a_programming_error():
 
 
 EXPECTED = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox", "deepseek_v3", "bert",
-            "mixtral", "qwen3_moe", "phi3", "granite", "smollm3", "olmo3", "gemma3_text", "cohere2")
+            "mixtral", "qwen3_moe", "phi3", "granite", "smollm3", "olmo3", "gemma3_text", "cohere2", "gpt_oss")
 """The registered families, in registration order (written by hand)."""
 
 

@@ -16,7 +16,8 @@ from headprobe.commands.scan import ScanConfig, run
 
 EXPECTED_COLUMNS = ["layer", "head", "kv_head", "previous_token", "duplicate_token", "induction", "first_token",
                     "positional_offset", "positional_fraction", "copying", "sink_rate", "entropy", "retrieval", "dla",
-                    "local_16", "local_64", "local_256", "distant_mass"]
+                    "local_16", "local_64", "local_256", "distant_mass", "learned_sink_mass", "gate_closure",
+                    "value_share_token0"]
 
 
 @pytest.fixture

@@ -273,3 +273,45 @@ def test_a_broken_decomposition_with_a_massive_feature_still_fails(tiny_tokenize
         assert check.patterns_ok and not check.decomposition_ok, (name, check)
         assert check.worst_layer == 1 and check.max_relative_error > 0.1, (name, check)
     assert run_self_check(LoadedModel(good.model, good.tokenizer, good.spec)).ok
+
+
+def test_learned_sinks_rows_plus_the_sink_mass_sum_to_one(tiny_llama_gqa_native):
+    """With learned sinks the pattern holds the real keys' weights: rows sum to 1 - sink mass, the sink
+    mass being computed apart from the pattern (from the scores and the sink logit); the check passes and
+    reports the largest sink mass, which a plain softmax over the real keys' scores does not reproduce."""
+    from headprobe.probe.hooks.capture import capture_internal
+    from headprobe.probe.hooks.selfcheck import run_self_check, sink_mass
+
+    model = zoo.with_sinks(tiny_llama_gqa_native, scale=2.0)
+    check = run_self_check(model)
+    assert check.ok and check.max_row_sum_error < 1e-5
+    assert check.max_sink_mass is not None and check.max_sink_mass > 0.3
+    assert "max_sink_mass" in check.to_dict() and "max_sink_mass" not in tiny_llama_gqa_native.self_check.to_dict()
+    cap = capture_internal(model, torch.arange(12)[None], scores=True)
+    for layer in range(2):
+        rows = cap["pattern"][layer].double().sum(-1)
+        mass = sink_mass(cap["attn_scores"][layer], model.sink_logits(layer))
+        assert float(rows.max()) < 1 - 1e-3  # the sink takes weight from every row
+        torch.testing.assert_close(rows + mass, torch.ones_like(rows), atol=1e-6, rtol=0)
+        by_hand = torch.cat([cap["attn_scores"][layer], model.sink_logits(layer)[None, :, None, None].expand(1, -1, 12, 1)],
+                            -1).softmax(-1)[..., :-1]
+        torch.testing.assert_close(cap["pattern"][layer], by_hand, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("how", ["forward drops the sink", "pattern renormalised"])
+def test_a_dropped_sink_is_caught(tiny_llama_gqa_native, how):
+    """A model whose softmax leaves the sink out (its sink logits -inf in the forward while the weights keep
+    them), or a pattern renormalised to rows of 1, fails check (a) by the sink mass, in one line."""
+    from headprobe.probe.hooks.selfcheck import run_self_check
+
+    model = zoo.with_sinks(tiny_llama_gqa_native, scale=2.0)
+    if how == "forward drops the sink":
+        model.model.add_hook("blocks.1.attn.hook_sinks", lambda s, hook: torch.full_like(s, float("-inf")), is_permanent=True)
+    else:
+        model.model.add_hook("blocks.1.attn.hook_pattern", lambda p, hook: p / p.sum(-1, keepdim=True), is_permanent=True)
+    check = run_self_check(model)
+    assert not check.patterns_ok and check.max_row_sum_error > 0.3
+    model._self_check = check
+    with pytest.raises(HeadprobeError, match="rows plus their sink mass sum to 1 within") as e:
+        check.require_patterns("head scores")
+    assert "\n" not in str(e.value)

@@ -126,3 +126,20 @@ def encoder_tokenizer(save_dir: Path):
     PreTrainedTokenizerFast(tokenizer_object=tk, cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]",
                             pad_token="[PAD]").save_pretrained(save_dir)
     return AutoTokenizer.from_pretrained(save_dir)
+
+
+def with_sinks(model, seed: int = 0, scale: float = 1.0, **change):
+    """A native copy of ``model`` (a native :class:`~headprobe.probe.backends.base.LoadedModel`) with
+    learned attention sinks (``attn_sinks``, GPT-OSS's mechanism): the same weights, every head's
+    sink logit drawn ``N(0, scale^2)`` (seeded), and ``change`` applied to the config (a sliding
+    window, ...). The caller's model is left as it was."""
+    from headprobe.probe.backends.base import LoadedModel
+    from headprobe.probe.model.transformer import Transformer
+
+    net = model.model
+    cfg = dataclasses.replace(net.cfg, attn_sinks=True, **change)
+    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    gen = torch.Generator().manual_seed(seed)
+    for layer in range(cfg.n_layers):
+        state[f"blocks.{layer}.attn.sinks"] = torch.randn(cfg.n_heads, generator=gen) * scale
+    return LoadedModel(Transformer.from_state_dict(cfg, state), model.tokenizer, model.spec, prepend_bos=model.prepend_bos)

@@ -572,6 +572,12 @@ class LoadedModel:
         """Layer ``layer``'s output projection split by head: ``result_h = z_h @ W_O[h]``."""
         raise NotImplementedError
 
+    def sink_logits(self, layer: int) -> Float[Tensor, " head"] | None:
+        """Layer ``layer``'s learned attention-sink logits (GPT-OSS's ``self_attn.sinks``: the
+        softmax runs over ``[scores, sink]`` and the sink's column is dropped, so a pattern row
+        sums to ``1 - sink mass``), float32; None where the model has none."""
+        return None
+
     def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
                       fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " batch"]:
         """Per-sequence mean loss (nats/token) of the predictions from index ``first`` on

@@ -150,6 +150,16 @@ class BridgeModel(LoadedModel):
                 weight = attn.o.original_component.weight  # nn.Linear [d_model, head * d_v]
                 return weight.T.unflatten(0, (self.spec.n_heads, weight.shape[1] // self.spec.n_heads))
 
+    def sink_logits(self, layer: int) -> Float[Tensor, " head"] | None:
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.sink_logits`: the Hugging Face attention
+        module's ``sinks`` (GPT-OSS), read off the wrapped model (the bridge nests each module it
+        wraps as ``_original_component``)."""
+        want = f"layers.{layer}.self_attn.sinks"
+        for name, p in self.model.original_model.named_parameters():
+            if name.replace("_original_component.", "").endswith(want):
+                return p.detach().float()
+        return None
+
     def _projection(self, layer: int, which: str) -> Tensor:
         """The bridge's per-head ``W_Q`` / ``W_K`` / ``W_V`` (``which``: ``q``, ``k``, ``v``) of layer ``layer``."""
         name = f"W_{which.upper()}"

@@ -93,6 +93,11 @@ class NativeModel(LoadedModel):
         with self._aligned(self.model.blocks[layer]):
             return self.model.blocks[layer].attn.W_O
 
+    def sink_logits(self, layer: int) -> Float[Tensor, " head"] | None:
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.sink_logits` (``attn.sinks``)."""
+        sinks = self.model.blocks[layer].attn.sinks
+        return None if sinks is None else sinks.detach().float()
+
     def _projection(self, layer: int, which: str) -> Float[Tensor, "head d_model d_head"]:
         """A view of ``{which}_proj.weight`` (``which``: ``q``, ``k``, ``v``) split by head."""
         attn, proj = self.model.blocks[layer].attn, f"{which}_proj"
@@ -219,7 +224,7 @@ class NativeModel(LoadedModel):
             raise HeadprobeError(f"layer {layer} normalises queries after hook_q and has no rotary hook: "
                                  f"streaming statistics cannot read its queries")
         geom = AttentionGeometry(float(attn.scale), attn.softcap, attn.window, bool(attn.cfg.causal), attn.n_heads,
-                                 attn.n_kv_heads)
+                                 attn.n_kv_heads, None if attn.sinks is None else attn.sinks.detach().float())
         return geom, rotary
 
     def check_prunable(self) -> None:

@@ -144,3 +144,19 @@ class HookCounter:
                     f"hook {name} fired {n} times in one forward pass (expected 1); the model probably runs a fused "
                     f"attention kernel that hides attention patterns: load it with attn_implementation='eager'"
                 )
+
+
+def sink_removal_hooks(heads: Iterable[Head]) -> list[tuple[str, HookFn]]:
+    """Hooks that remove the learned attention sinks of ``heads`` (GPT-OSS): their sink logits
+    (``hook_sinks``, ``[head]``) become ``-inf``, so the softmax runs over the real keys alone
+    (rows sum to 1) and the other heads keep theirs. A model without sinks has no ``hook_sinks``
+    and the forward refuses the hook name."""
+    def make(remove: list[int]) -> HookFn:
+        def hook(sinks: Tensor, hook: Any) -> Tensor:
+            out = sinks.clone()
+            out[remove] = float("-inf")
+            return out
+        return hook
+
+    return [(attn_hook(layer, "sinks"), make(sorted(hs))) for layer, hs in sorted(_group_by_layer(heads).items())]
+

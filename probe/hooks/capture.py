@@ -140,11 +140,13 @@ def capture_internal(
     out: dict[str, dict[int, Tensor]] | None = None,
     attention_mask: Int[Tensor, "batch pos"] | None = None,
     patterns: bool = True,
+    scores: bool = False,
 ) -> dict[str, dict[int, Tensor]]:
     """:func:`capture_heads` without the self-check guard (the self-check itself uses it).
 
     With ``residual``, also ``resid_pre``, ``resid_mid``, ``resid_post`` and ``mlp_out`` of each
-    layer (those the backend has hook points for). ``out``, if given, is filled in place, so a
+    layer (those the backend has hook points for); with ``scores``, ``attn_scores`` (the
+    pre-softmax scores, masked keys ``-inf``). ``out``, if given, is filled in place, so a
     caller keeps what was captured before an error. ``patterns`` False: no pattern hook (the
     fused kernel runs; ``out["pattern"]`` stays empty).
     """
@@ -163,6 +165,8 @@ def capture_internal(
     for layer in layers:
         if patterns:
             hooks.append((attn_hook(layer, "pattern"), saver("pattern", layer)))
+        if scores:
+            hooks.append((attn_hook(layer, "attn_scores"), saver("attn_scores", layer)))
         hooks.append((attn_hook(layer, "z"), saver("z", layer)))
         post = model.post_attention_norm_hooks(layer)
         if post is not None:  # the block adds norm(attention output): keep the norm's input and output

@@ -17,6 +17,14 @@ whenever the maximum grows, and beside them, rescaled the same way:
   query ``i``, itself included): ``local_W = l_W / l``;
 * the argmax key (the first of equal maxima, as ``torch.argmax``).
 
+Learned attention sinks (GPT-OSS: the softmax runs over ``[scores, sink]`` and the sink's column is
+dropped) enter the normaliser after the last key block, as one more term of ``l`` (``e_sink =
+exp(sink - m)``, with ``m`` raised to the sink logit where it is larger), and nowhere else: ``lse``
+is then the log of the whole normaliser, so every entry ``exp(s - lse)`` is the real key's weight as
+``hook_pattern`` has it, ``local_W = l_W / l``, the entropy is ``-sum_j A_j ln A_j`` over the real
+keys (``(a + l_keys ln l) / l``), the argmax is over the real keys, and ``sink`` holds the sink
+mass ``e_sink / l`` of every query.
+
 Single entries of the pattern (a diagonal ``A[i, i - o]``, a key column ``A[:, j]``) and a few
 whole rows are computed afterwards from ``q``, ``k`` and ``lse = m + ln l``: ``exp(s - lse)``.
 Memory per layer: ``q`` and ``k`` (``[batch, pos, head, d_qk]``), a few ``[batch, head, pos]``
@@ -66,6 +74,16 @@ class AttentionGeometry:
     causal: bool
     n_heads: int
     n_kv_heads: int
+    sinks: Tensor | None = None
+    """Learned sink logits ``[head]`` (float32), or None."""
+
+    def softmax(self, s: Float[Tensor, "batch head n_q n_k"]) -> Float[Tensor, "batch head n_q n_k"]:
+        """The pattern of whole rows of scores: the softmax, over ``[s, sink]`` with the sink's
+        column dropped where the layer has learned sinks."""
+        if self.sinks is None:
+            return s.softmax(dim=-1)
+        sink = self.sinks.to(s.device)[None, :, None, None].expand(*s.shape[:-1], 1)
+        return torch.cat([s, sink], dim=-1).softmax(dim=-1)[..., :-1]
 
     def scores(self, q: Float[Tensor, "batch head n_q d_qk"], k: Float[Tensor, "batch kv_head n_k d_qk"],
                q_pos: Int[Tensor, " n_q"], k_pos: Int[Tensor, " n_k"]) -> Float[Tensor, "batch head n_q n_k"]:
@@ -111,6 +129,7 @@ class HeadStats:
         q, k: the layer's queries ``[batch, head, pos, d_qk]`` and keys ``[batch, kv_head, pos, d_qk]``
             (post-rotary), for :meth:`diagonal`, :meth:`key_column` and :meth:`rows`.
         geometry: the layer's :class:`AttentionGeometry`.
+        sink: ``[batch, head, q_pos]`` the learned sink's mass of each query (None without sinks).
     """
 
     lse: Tensor | None
@@ -120,6 +139,7 @@ class HeadStats:
     q: Tensor
     k: Tensor
     geometry: AttentionGeometry
+    sink: Tensor | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -134,7 +154,7 @@ class HeadStats:
         def cut(t: Tensor | None) -> Tensor | None:
             return None if t is None else t[sl]
         return HeadStats(cut(self.lse), cut(self.entropy), cut(self.argmax), {W: v[sl] for W, v in self.local.items()},
-                         self.q[sl], self.k[sl], self.geometry)
+                         self.q[sl], self.k[sl], self.geometry, cut(self.sink))
 
     def _kv(self) -> Tensor:
         """Keys repeated per query head, ``[batch, head, pos, d_qk]`` (one layer's copy, cached)."""
@@ -176,7 +196,7 @@ class HeadStats:
         qi = torch.as_tensor(queries, device=self.q.device, dtype=torch.long)
         T = self.n_pos
         s = self.geometry.scores(self.q[:, :, qi], self.k, qi, torch.arange(T, device=self.q.device))
-        p = s.softmax(dim=-1)
+        p = self.geometry.softmax(s)
         return p if heads is None else p[:, list(heads)]
 
 
@@ -232,17 +252,38 @@ def layer_stats(q: Float[Tensor, "batch head pos d_qk"], k: Float[Tensor, "batch
     ent = torch.empty(B, H, T, device=dev) if entropy else None
     arg = torch.empty(B, H, T, dtype=torch.long, device=dev) if argmax else None
     local = {W: torch.empty(B, H, T, device=dev) for W in windows}
+    sink = None if geom.sinks is None else torch.empty(B, H, T, device=dev)
     for q0 in range(0, T, block):
         q1 = min(q0 + block, T)
         m, l, a, idx, lw = _query_block(q, k, geom, q0, q1, windows, block, argmax, entropy)
+        l_keys = l
+        if geom.sinks is not None:  # the sink enters the normaliser only
+            m, l, a, lw, e_sink = _add_sink(m, l, a, lw, geom.sinks.to(dev))
+            l_keys = l - e_sink
+            assert sink is not None
+            sink[..., q0:q1] = e_sink / l
         lse[..., q0:q1] = m + l.log()
-        if ent is not None:  # entropy
-            ent[..., q0:q1] = l.log() + a / l
+        if ent is not None:  # entropy of the real keys' weights: ln l + a / l, with a sink (a + l_keys ln l) / l
+            ent[..., q0:q1] = l.log() + a / l if sink is None else (a + l_keys * l.log()) / l
         if arg is not None:  # argmax
             arg[..., q0:q1] = idx
         for W in windows:
             local[W][..., q0:q1] = lw[W] / l
-    return HeadStats(lse, ent, arg, local, q, k, geom)
+    return HeadStats(lse, ent, arg, local, q, k, geom, sink)
+
+
+def _add_sink(m: Tensor, l: Tensor, a: Tensor, lw: dict[int, Tensor], sinks: Float[Tensor, " head"]
+              ) -> tuple[Tensor, Tensor, Tensor, dict[int, Tensor], Tensor]:
+    """The learned sink folded into a query block's running statistics ``[batch, head, n_q]``: the
+    maximum raised to the sink logit where larger (``l``, ``a``, ``l_W`` rescaled as for a key
+    block), then ``e_sink = exp(sink - m)`` added to ``l`` only. Returns ``m, l, a, l_W, e_sink``."""
+    s = sinks[None, :, None].expand_as(m)
+    m_new = torch.maximum(m, s)
+    alpha = torch.exp(m - m_new)
+    a = alpha * (a + l * (m_new - m))
+    lw = {W: v * alpha for W, v in lw.items()}
+    e_sink = torch.exp(s - m_new)
+    return m_new, alpha * l + e_sink, a, lw, e_sink
 
 
 def _query_block(q: Tensor, k: Tensor, geom: AttentionGeometry, q0: int, q1: int, windows: Sequence[int],

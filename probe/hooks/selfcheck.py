@@ -9,7 +9,12 @@ per-head numbers. So one short forward pass (:data:`N_TOKENS` tokens) checks, pe
 
 (a) **patterns**: every row of ``hook_pattern`` sums to 1 and puts no weight on a future key
     (``k_pos > q_pos``), within :data:`PATTERN_TOLERANCE` (an encoder's bidirectional heads read
-    later keys by design: only the row sums are checked, ``max_future_weight`` is None);
+    later keys by design: only the row sums are checked, ``max_future_weight`` is None). With
+    learned attention sinks (GPT-OSS, :meth:`~headprobe.probe.backends.base.LoadedModel.sink_logits`)
+    the pattern holds the real keys' weights and a row plus its sink mass sums to 1, the sink
+    mass computed apart from the pattern, from the scores (``hook_attn_scores``) and the sink
+    logit: ``sigmoid(sink - logsumexp_k scores)`` (:func:`sink_mass`); a model that dropped
+    the sink from its softmax fails;
 (b) **decomposition**: ``sum_h result_h + b_O`` equals what the attention block adds to the
     residual stream, to :data:`DECOMPOSITION_TOLERANCE` relative. Two errors are measured per
     layer, each at the scale of the quantities it subtracts, and the larger counts
@@ -84,7 +89,8 @@ class SelfCheck:
         backend: ``native`` or ``transformer-lens``.
         n_tokens: tokens in the checked forward pass.
         patterns_ok: (a) held in every layer.
-        max_row_sum_error: largest ``|sum_k pattern[q, k] - 1|`` over layers, heads and queries.
+        max_row_sum_error: largest ``|sum_k pattern[q, k] + sink mass - 1|`` over layers, heads and
+            queries (the sink mass is 0 without learned sinks; :func:`sink_mass`).
         max_future_weight: largest weight on a key after its query.
         decomposition_ok: (b) held in every layer.
         max_relative_error: largest relative error of (b) over layers (None if not computed).
@@ -113,6 +119,8 @@ class SelfCheck:
     error: str | None = None
     tolerance: float = DECOMPOSITION_TOLERANCE
     dtype: str = "float32"
+    max_sink_mass: float | None = None
+    """Largest sink mass of a row (learned sinks only; None without them, and left out of the record)."""
 
     @property
     def ok(self) -> bool:
@@ -122,9 +130,11 @@ class SelfCheck:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready record, floats rounded to 3 significant digits."""
         d = asdict(self)
-        for key in ("max_row_sum_error", "max_future_weight", "max_relative_error"):
+        for key in ("max_row_sum_error", "max_future_weight", "max_relative_error", "max_sink_mass"):
             if d[key] is not None:
                 d[key] = float(f"{d[key]:.3g}")
+        if d["max_sink_mass"] is None:  # no learned sinks: the record as before
+            del d["max_sink_mass"]
         d["ok"] = self.ok
         return d
 
@@ -152,8 +162,9 @@ class SelfCheck:
             HeadprobeError: one line naming the architecture and the pattern property that failed.
         """
         if not self.patterns_ok:
+            rows = "rows plus their sink mass sum" if self.max_sink_mass is not None else "rows sum"
             why = self.error if self.max_row_sum_error is None else (
-                f"rows sum to 1 within {self.max_row_sum_error:.2g}" + ("" if self.max_future_weight is None else
+                f"{rows} to 1 within {self.max_row_sum_error:.2g}" + ("" if self.max_future_weight is None else
                                                                        f" and future keys get up to {self.max_future_weight:.2g}"))
             raise HeadprobeError(f"{what} refused for {self.architecture} ({self.backend} backend): the load-time "
                                  f"self-check of attention patterns failed: {why} (tolerance {self.tolerance:g})")
@@ -196,6 +207,32 @@ def decomposition_error(
     return max(_relative_error(added, attn_out), beyond / float(ref.norm().clamp_min(1e-30)))
 
 
+def sink_mass(scores: Float[Tensor, "batch head q_pos k_pos"], sinks: Float[Tensor, " head"]
+              ) -> Float[Tensor, "batch head q_pos"]:
+    """The weight a learned sink takes from each row: ``exp(sink_h) / (exp(sink_h) + sum_k
+    exp(scores_k))`` ``= sigmoid(sink_h - logsumexp_k scores_k)`` (masked keys ``-inf``), in float64."""
+    lse = scores.double().logsumexp(dim=-1)
+    return torch.sigmoid(sinks.double().to(lse.device)[None, :, None] - lse)
+
+
+def _row_sum_error(cap: dict, sinks: list[Tensor | None]) -> tuple[float, float | None]:
+    """Check (a)'s row error ``max |sum_k pattern + sink mass - 1|`` over layers, and the largest
+    sink mass (None without sinks).
+
+    Raises:
+        KeyError: a layer with sinks whose scores were not captured.
+    """
+    err, most = 0.0, None
+    for l, s in enumerate(sinks):
+        rows = cap["pattern"][l].double().sum(-1)
+        if s is not None:
+            mass = sink_mass(cap["attn_scores"][l], s).to(rows.device)
+            rows = rows + mass
+            most = max(most or 0.0, float(mass.max()))
+        err = max(err, float((rows - 1).abs().max()))
+    return err, most
+
+
 @torch.inference_mode()
 def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
     """Run checks (a) and (b) of the module docstring on ``model`` (a
@@ -219,17 +256,23 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
                       max_relative_error=None, worst_layer=None)
         return SelfCheck(**{**fields, **kw}, error=why, **common)
 
+    sinks = [model.sink_logits(l) for l in layers]
+    has_sinks = any(s is not None for s in sinks)
     cap: dict = {}
     try:
-        capture_internal(model, tokens, residual=True, out=cap)
+        capture_internal(model, tokens, residual=True, out=cap, scores=has_sinks)
     except Exception as e:  # a backend that cannot be captured fails the check, with the reason
         why = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
         if len(cap.get("pattern", ())) < spec.n_layers:
             return failed(why)
         cap["failure"] = why
+    try:
+        row_err, most = _row_sum_error(cap, sinks)
+    except KeyError:
+        return failed("the model has learned attention sinks but hook_attn_scores did not fire: the sink mass cannot be checked")
+    common["max_sink_mass"] = most
 
     future = torch.ones(T, T, dtype=torch.bool).triu(1)
-    row_err = max(float((cap["pattern"][l].double().sum(-1) - 1).abs().max()) for l in layers)
     if spec.causal:
         future_w = max(float(cap["pattern"][l].double().cpu()[..., future].abs().max()) if T > 1 else 0.0 for l in layers)
     else:  # bidirectional (an encoder): later keys are read by design

@@ -70,6 +70,8 @@ class AttentionLayout:
             (global attention). ``None`` for the whole field means every layer is global.
             Gemma 2 alternates sliding (4096) and global layers.
         name: a label for tables.
+        sinks: every query head has a learned sink logit in the attention module (GPT-OSS's
+            ``sinks``: ``n_heads`` parameters per layer; nothing cached).
 
     Raises:
         HeadprobeError: a size is not a positive integer, ``d_model`` is not divisible by
@@ -93,6 +95,7 @@ class AttentionLayout:
     qk_nope_head_dim: int | None = None
     windows: tuple[int | None, ...] | None = None
     name: str = ""
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         for field in ("d_model", "n_layers", "n_heads", "bytes_per_element"):
@@ -186,8 +189,11 @@ class AttentionLayout:
         return self.with_kv_heads(self.n_heads)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a JSON-ready dict (``windows`` a tuple or None)."""
-        return asdict(self)
+        """The fields as a JSON-ready dict (``windows`` a tuple or None; ``sinks`` only where True)."""
+        d = asdict(self)
+        if not d["sinks"]:
+            del d["sinks"]
+        return d
 
 
 def _check_positive(name: str, value: Any) -> None:
@@ -204,6 +210,9 @@ def _check_positive(name: str, value: Any) -> None:
 #: projections (Olmo2Attention, Olmo3Attention, OlmoeAttention).
 QK_NORM_OF_MODEL_TYPE = {"qwen3": "per_head", "qwen3_moe": "per_head", "gemma3": "per_head",
                          "gemma3_text": "per_head", "olmo2": "full", "olmo3": "full", "olmoe": "full"}
+
+#: Hugging Face ``model_type``s whose attention has a learned sink logit per head (``sinks``).
+SINKS_OF_MODEL_TYPE = frozenset({"gpt_oss"})
 
 #: Layer 0's attention module in a Hugging Face model: ``self_attn``/``attn``/``attention`` of
 #: ``layers.0``/``h.0``.
@@ -253,7 +262,8 @@ def layout_from_hf_config(config: Any, *, n_layers: int, n_heads: int, n_kv_head
     normalises them from ``config``), with what only ``config`` says: the MLA sizes
     (``kv_lora_rank``, ``q_lora_rank``, ``qk_rope_head_dim``, ``qk_nope_head_dim``, and
     ``v_head_dim`` as ``d_head``; ``n_kv_heads`` is then ``n_heads``), QK-norm by ``model_type``
-    (:data:`QK_NORM_OF_MODEL_TYPE`) and sliding windows (:func:`windows_from_hf_config`).
+    (:data:`QK_NORM_OF_MODEL_TYPE`), learned sinks (:data:`SINKS_OF_MODEL_TYPE`) and sliding windows
+    (:func:`windows_from_hf_config`).
 
     Args:
         bias: the bias kind, read from the model's attention module (:func:`attention_bias`).
@@ -264,7 +274,8 @@ def layout_from_hf_config(config: Any, *, n_layers: int, n_heads: int, n_kv_head
             :class:`AttentionLayout` refuses.
     """
     common: dict[str, Any] = dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads, bias=bias,
-                  windows=windows_from_hf_config(config, n_layers, strict))
+                  windows=windows_from_hf_config(config, n_layers, strict),
+                  sinks=getattr(config, "model_type", "") in SINKS_OF_MODEL_TYPE)
     if getattr(config, "kv_lora_rank", None):
         return AttentionLayout(d_head=config.v_head_dim, kv_lora_rank=config.kv_lora_rank,
                                q_lora_rank=getattr(config, "q_lora_rank", None) or None,

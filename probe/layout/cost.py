@@ -133,7 +133,7 @@ def attention_params_per_layer(layout: AttentionLayout) -> int:
     MLA adds the two RMSNorm weight vectors of the latents (``q_lora_rank`` and ``kv_lora_rank``
     numbers), which live inside the attention block in DeepSeek-V3. QK-norm adds its weights
     (see :class:`AttentionLayout`): ``2 * d_qk`` per layer for ``"per_head"`` (Qwen3),
-    ``(n_heads + n_kv_heads) * d_qk`` for ``"full"`` (OLMo 2).
+    ``(n_heads + n_kv_heads) * d_qk`` for ``"full"`` (OLMo 2). Learned sinks add ``n_heads`` (GPT-OSS).
 
     Returns:
         a count of parameters.
@@ -146,6 +146,8 @@ def attention_params_per_layer(layout: AttentionLayout) -> int:
         total += shapes["W_O"][1]
     if layout.kv_lora_rank is not None:  # MLA
         total += layout.kv_lora_rank + (layout.q_lora_rank or 0)
+    if layout.sinks:  # GPT-OSS: one learned sink logit per query head
+        total += layout.n_heads
     if layout.qk_norm == "per_head":
         total += 2 * layout.d_qk
     elif layout.qk_norm == "full":

@@ -108,6 +108,9 @@ class PrunedAttention(Attention):
         self.o_proj.weight.copy_(attn.o_proj.weight[:, head_rows(self.kept_heads, d_head, dev)])
         if self.o_proj.bias is not None:
             self.o_proj.bias.copy_(attn.o_proj.bias)
+        if self.sinks is not None:  # learned sinks (GPT-OSS): one logit per query head
+            assert attn.sinks is not None  # the same config
+            self.sinks.copy_(attn.sinks[self.kept_heads])
         for name in ("q_norm", "k_norm"):  # per-head QK-norm (Qwen3): one weight shared by all heads
             if getattr(self, name) is not None:
                 getattr(self, name).weight.copy_(getattr(attn, name).weight)

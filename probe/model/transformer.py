@@ -191,6 +191,15 @@ class TransformerConfig:
             ``rotate_half``, the angles repeated per pair); False: ``i`` with ``i + dim/2`` (Llama).
         logit_scale: the logits are multiplied by it after the unembedding (Cohere's
             ``logit_scale``; Granite's ``1 / logits_scaling``); None: 1.
+        attn_sinks: every head has a learned sink logit ``attn.sinks`` ``[head]`` (GPT-OSS): the
+            softmax runs over ``[scores, sink]`` and the sink's column is dropped, so a pattern
+            row sums to ``1 - sink mass`` and the sink adds nothing to ``z``.
+        yarn_factor: YaRN rotary scaling (Peng et al. 2023, arXiv 2309.00071; Hugging Face's
+            ``_compute_yarn_parameters``): the frequencies are blended between ``inv_freq`` and
+            ``inv_freq / yarn_factor`` over the dimensions between the corrections of
+            ``yarn_beta`` (fast, slow) rotations in ``yarn_original_ctx`` positions (rounded out
+            with ``yarn_truncate``), and ``cos``/``sin`` are multiplied by
+            ``yarn_attention_factor`` (None: ``0.1 ln(factor) + 1``). None: plain rotary.
 
     ``n_kv_heads``, ``d_mlp``, ``qkv_bias``, ``d_head`` (and for MLA ``qk_nope_head_dim``) given
     as None hold their derived value after construction.
@@ -254,6 +263,12 @@ class TransformerConfig:
     rope_factors: tuple[float, ...] | None = None
     rotary_interleaved: bool = False
     logit_scale: float | None = None
+    attn_sinks: bool = False
+    yarn_factor: float | None = None
+    yarn_original_ctx: int = 4096
+    yarn_beta: tuple[float, float] = (32.0, 1.0)
+    yarn_truncate: bool = True
+    yarn_attention_factor: float | None = None
 
     def __post_init__(self) -> None:
         if self.qk_norm in OLD_QK_NORM:
@@ -266,6 +281,7 @@ class TransformerConfig:
             object.__setattr__(self, "qkv_bias", self.bias)
         if self.sliding_layers is not None:  # JSON gives a list
             object.__setattr__(self, "sliding_layers", tuple(int(l) for l in self.sliding_layers))
+        object.__setattr__(self, "yarn_beta", tuple(float(b) for b in self.yarn_beta))
         assert self.n_kv_heads is not None  # filled above
         if min(self.n_layers, self.d_model, self.n_heads, self.n_kv_heads, self.d_vocab, self.n_ctx) < 1:
             raise HeadprobeError(f"config sizes must be positive: {self}")
@@ -303,6 +319,10 @@ class TransformerConfig:
             raise HeadprobeError("post_ln (BERT's post-LN blocks) needs pre_norm=False, post_norm=False and parallel_residual=False")
         if not self.causal and self.sliding_window is not None:
             raise HeadprobeError("bidirectional attention (causal=False) with a sliding window is not implemented")
+        if self.yarn_factor is not None and not (self.yarn_factor > 0 and self.positional == "rotary"):
+            raise HeadprobeError(f"yarn_factor needs rotary positions and a positive factor, got {self.yarn_factor}")
+        if self.attn_sinks and self.is_mla:
+            raise HeadprobeError("learned attention sinks (attn_sinks) are implemented for MHA/GQA/MQA, not MLA")
         for field in ("embedding_multiplier", "residual_multiplier"):
             if getattr(self, field) is not None and not getattr(self, field) > 0:
                 raise HeadprobeError(f"{field} must be positive, got {getattr(self, field)}")
@@ -442,7 +462,7 @@ class TransformerConfig:
             (bool(self.bias), bool(self.qkv_bias))]
         windows = tuple(self.sliding_window if self.is_sliding(l) else None for l in range(self.n_layers))
         common: dict[str, Any] = dict(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_head=self.d_head,
-                      bias=bias, windows=windows)
+                      bias=bias, windows=windows, sinks=self.attn_sinks)
         if self.is_mla:
             return AttentionLayout(kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank,
                                    qk_rope_head_dim=self.qk_rope_head_dim, qk_nope_head_dim=self.qk_nope_head_dim,
@@ -549,6 +569,46 @@ def rotate_pairs(x: Float[Tensor, "... d_head"]) -> Float[Tensor, "... d_head"]:
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
+@dataclass(frozen=True)
+class YaRN:
+    """YaRN's rotary scaling (Peng et al. 2023, arXiv 2309.00071), as Hugging Face's
+    ``_compute_yarn_parameters`` computes it: see :class:`TransformerConfig` ``yarn_factor``."""
+
+    factor: float
+    original_ctx: int
+    beta_fast: float
+    beta_slow: float
+    truncate: bool
+    attention_factor: float
+
+    @classmethod
+    def of(cls, cfg: TransformerConfig) -> YaRN | None:
+        """The config's YaRN scaling, or None (plain rotary)."""
+        if cfg.yarn_factor is None:
+            return None
+        f = cfg.yarn_factor
+        attention = cfg.yarn_attention_factor
+        if attention is None:
+            attention = 0.1 * math.log(f) + 1.0 if f > 1 else 1.0
+        return cls(f, cfg.yarn_original_ctx, cfg.yarn_beta[0], cfg.yarn_beta[1], cfg.yarn_truncate, float(attention))
+
+    def blend(self, pos_freqs: Float[Tensor, " half_dim"], dim: int, theta: float) -> Float[Tensor, " half_dim"]:
+        """``inv_freq = 1 / pos_freqs`` blended with ``1 / (factor pos_freqs)`` by the linear ramp between the correction
+        dimensions of ``beta_fast`` and ``beta_slow`` rotations (extrapolated above, interpolated below)."""
+        def correction(rotations: float) -> float:
+            return dim * math.log(self.original_ctx / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+        low, high = correction(self.beta_fast), correction(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # as Hugging Face: no division by zero
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=pos_freqs.device) - low) / (high - low)).clamp(0, 1)
+        extrapolation = 1 - ramp
+        return 1.0 / (self.factor * pos_freqs) * (1 - extrapolation) + 1.0 / pos_freqs * extrapolation
+
+
 class Rotary(nn.Module):
     """Rotary position embedding (Su et al. 2021) in the convention of ``transformers``' Llama:
     ``inv_freq_i = theta^(-2i/dim)``, angle ``pos * inv_freq`` repeated over both halves,
@@ -560,12 +620,14 @@ class Rotary(nn.Module):
     frequencies (linear scaling); ``interleaved`` rotates adjacent pairs (:func:`rotate_pairs`,
     the angles repeated per pair) instead of halves."""
 
-    def __init__(self, dim: int, theta: float, factor: float = 1.0, interleaved: bool = False):
+    def __init__(self, dim: int, theta: float, factor: float = 1.0, interleaved: bool = False, yarn: YaRN | None = None):
         super().__init__()
         self.dim = dim
         self.theta = theta
         self.factor = factor
         self.interleaved = interleaved
+        self.yarn = yarn
+        self.attention_factor = 1.0 if yarn is None else yarn.attention_factor
         self.register_buffer("inv_freq", self.frequencies(), persistent=False)
 
     def _apply(self, fn, recurse=True):
@@ -582,7 +644,10 @@ class Rotary(nn.Module):
     def frequencies(self) -> Float[Tensor, " half_dim"]:
         """``inv_freq_i = theta^(-2i/dim) / factor``, float32 on the CPU (a fresh tensor)."""
         arange = torch.arange(0, self.dim, 2, dtype=torch.int64, device="cpu")
-        inv_freq = 1.0 / (self.theta ** (arange.float() / self.dim))
+        pos_freqs = self.theta ** (arange.float() / self.dim)
+        if self.yarn is not None:
+            return self.yarn.blend(pos_freqs, self.dim, self.theta)
+        inv_freq = 1.0 / pos_freqs
         return inv_freq if self.factor == 1.0 else inv_freq / self.factor
 
     def forward(
@@ -597,7 +662,10 @@ class Rotary(nn.Module):
             angles = angles.repeat_interleave(2, dim=-1)[:, :, None, :]  # [batch, pos, 1, dim]
         else:
             angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # [batch, pos, 1, dim]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1.0:  # YaRN: as Hugging Face, on cos and sin in float32
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         return x * cos + (rotate_pairs(x) if self.interleaved else rotate_half(x)) * sin
 
 
@@ -837,6 +905,43 @@ QKV = tuple[Float[Tensor, "batch head q_pos d_qk"], Float[Tensor, "batch kv_head
             Float[Tensor, "batch kv_head k_pos d_head"]]
 
 
+def with_sink_key(
+    q: Float[Tensor, "batch head q_pos d_qk"],
+    k: Float[Tensor, "batch kv_head k_pos d_qk"],
+    v: Float[Tensor, "batch kv_head k_pos d_head"],
+    mask: Tensor | None,
+    sinks: Float[Tensor, " head"],
+    scale: float,
+    causal: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Learned sink logits as one more key a fused kernel can read: every query gets one more
+    dimension, ``sink_h / scale``; real keys get 0 there and the sink key (first, value 0) is 1
+    there and 0 elsewhere. Its score is then ``sink_h`` and every real key's is unchanged, so
+    ``softmax`` over the keys is the softmax over ``[scores, sink]``, and the zero value adds
+    nothing to ``z``. The mask gains a first column that every query reads (a causal mask is
+    made explicit: the kernel's own would align it top-left). A sink of ``-inf`` (removed) is
+    masked for its head instead (``-inf`` times a real key's 0 would be NaN)."""
+    B, H, T, _ = q.shape
+    KV, S = k.shape[1], k.shape[2]
+    finite = torch.isfinite(sinks)
+    extra = torch.where(finite, sinks / scale, 0.0).to(q.dtype)[None, :, None, None].expand(B, H, T, 1)
+    q = torch.cat([q, extra], dim=-1)
+    k = torch.cat([k, k.new_zeros(B, KV, S, 1)], dim=-1)
+    sink_key = torch.zeros(B, KV, 1, k.shape[-1], dtype=k.dtype, device=k.device)
+    sink_key[..., -1] = 1
+    k = torch.cat([sink_key, k], dim=2)
+    v = torch.cat([v.new_zeros(B, KV, 1, v.shape[-1]), v], dim=2)
+    if mask is None and (causal or not bool(finite.all())):
+        mask = key_mask(T, S, q.device, causal=True) if causal else torch.ones(T, S, dtype=torch.bool, device=q.device)
+    if mask is None:
+        return q, k, v, None
+    if bool(finite.all()):
+        return q, k, v, torch.cat([mask.new_ones(*mask.shape[:-1], 1), mask], dim=-1)
+    m = mask if mask.dim() == 4 else mask[None, None]  # [batch | 1, head | 1, q_pos | 1, k_pos]
+    m = m.expand(m.shape[0], H, T, S)
+    return q, k, v, torch.cat([finite.to(m.device)[None, :, None, None].expand(m.shape[0], H, T, 1), m], dim=-1)
+
+
 class SelfAttention(nn.Module):
     """What every attention mechanism shares; a subclass adds its projections and :meth:`qkv`.
 
@@ -878,7 +983,11 @@ class SelfAttention(nn.Module):
             self.hook_rot_q = HookPoint()  # [batch, pos, head, d_qk]     (rotary layers only)
             self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_qk]  (rotary layers only)
         self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos], scaled, capped, masked keys exactly -inf
-        self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos], rows sum to 1, masked keys 0
+        self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos], rows sum to 1 (less the sink mass), masked keys 0
+        # learned sink logits (GPT-OSS): softmax over [scores, sink], the sink's column dropped
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if cfg.attn_sinks else None
+        if cfg.attn_sinks:
+            self.hook_sinks = HookPoint()  # [head], the sink logits this forward uses (-inf removes the sink)
         self.hook_z = HookPoint()  # [batch, pos, head, d_head], after head_mask
         self.hook_result = HookPoint()  # [batch, pos, head, d_model], z_h W_O^(h)
 
@@ -896,7 +1005,11 @@ class SelfAttention(nn.Module):
         """Whether this forward must materialise the pattern (a scores/pattern hook is active,
         or soft-capping, which the fused kernel cannot do)."""
         return (self.force_eager or self.softcap is not None or self.hook_pattern.has_hooks()
-                or self.hook_attn_scores.has_hooks())
+                or self.hook_attn_scores.has_hooks() or (self.sinks is not None and self.hook_sinks.has_hooks()))
+
+    def sink_logits(self) -> Float[Tensor, " head"] | None:
+        """This forward's sink logits, float32, through ``hook_sinks`` (None without sinks)."""
+        return None if self.sinks is None else self.hook_sinks(self.sinks).float()
 
     def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
             cache: KVCache | StreamingKVCache | None = None) -> QKV:
@@ -1030,7 +1143,12 @@ class SelfAttention(nn.Module):
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         scores = self.hook_attn_scores(scores)
-        pattern = self.hook_pattern(scores.softmax(dim=-1).to(v.dtype))  # [batch, head, q_pos, k_pos]
+        sinks = self.sink_logits()
+        if sinks is None:
+            probs = scores.softmax(dim=-1)
+        else:  # GPT-OSS: the sink takes part in the softmax, then its column is dropped
+            probs = torch.cat([scores, sinks[:, None, None].expand(B, H, T, 1)], dim=-1).softmax(dim=-1)[..., :-1]
+        pattern = self.hook_pattern(probs.to(v.dtype))  # [batch, head, q_pos, k_pos]
         z = pattern.reshape(B, KV, (H // KV) * T, S) @ v
         return z.view(B, H, T, v.shape[-1])  # MLA: values are narrower than queries/keys
 
@@ -1042,14 +1160,24 @@ class SelfAttention(nn.Module):
         mask: Tensor | None,
     ) -> Float[Tensor, "batch head q_pos d_head"]:
         """``scaled_dot_product_attention``; no pattern exists on this path. ``mask`` None is the
-        kernel's own causal mask (``is_causal``) for a decoder, no mask for an encoder."""
+        kernel's own causal mask (``is_causal``) for a decoder, no mask for an encoder. Learned
+        sinks enter as one extra key (:func:`with_sink_key`)."""
+        if self.sinks is not None:
+            d_v = v.shape[-1]
+            q, k, v, mask = with_sink_key(q, k, v, mask, self.sinks.float(), self.scale, self.cfg.causal)
+            v = F.pad(v, (0, q.shape[-1] - d_v))  # equal widths for the fused kernels (as MLA below)
+            return self._sdpa(q, k, v, mask)[..., :d_v]
+        return self._sdpa(q, k, v, mask)
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """:meth:`_fused` after the learned sinks are a key."""
         kwargs: dict[str, Any] = dict(is_causal=self.cfg.causal) if mask is None else dict(attn_mask=mask)
         if v.shape[-1] < q.shape[-1]:
             # MLA: values (d_head) are narrower than queries/keys (d_qk). PyTorch's fused kernels
             # need equal widths and fall back to the slow math path otherwise (2-3x slower
             # training on CPU), so pad the values with zeros and drop the padding afterwards (exact).
             d_v = v.shape[-1]
-            return self._fused(q, k, F.pad(v, (0, q.shape[-1] - d_v)), mask)[..., :d_v]
+            return self._sdpa(q, k, F.pad(v, (0, q.shape[-1] - d_v)), mask)[..., :d_v]
         if k.shape[1] != q.shape[1]:
             if _sdpa_has_enable_gqa():
                 kwargs["enable_gqa"] = True
@@ -1100,7 +1228,8 @@ class Attention(SelfAttention):
             self.q_norm, self.k_norm = RMSNorm(H * d_qk, cfg.norm_eps), RMSNorm(KV * d_qk, cfg.norm_eps)
         rotary_dim = d_qk if cfg.rotary_dim is None else cfg.rotary_dim
         rope = cfg.layer_rope(layer)  # None: learned positions or a NoPE layer
-        self.rotary = None if rope is None else Rotary(rotary_dim, *rope, interleaved=cfg.rotary_interleaved)
+        self.rotary = (None if rope is None else
+                       Rotary(rotary_dim, *rope, interleaved=cfg.rotary_interleaved, yarn=YaRN.of(cfg)))
         self._add_output(rotary_hooks=True)
 
     def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
@@ -1162,7 +1291,7 @@ class LatentAttention(SelfAttention):
         self.kv_down = nn.Linear(D, r + R, bias=False)  # latent c^KV and the shared rotary key k^R
         self.kv_norm = RMSNorm(r, cfg.norm_eps)
         self.kv_up = nn.Linear(r, H * (N + cfg.d_head), bias=False)  # keys and values of every head
-        self.rotary = Rotary(R, cfg.rope_theta) if R else None
+        self.rotary = Rotary(R, cfg.rope_theta, yarn=YaRN.of(cfg)) if R else None
         self._add_output(rotary_hooks=False)
 
     def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
