@@ -153,6 +153,17 @@ class TransformerConfig:
         causal: every query reads only keys at or before it (decoders); False: bidirectional
             attention, every query reads every (non-padding) key (encoders such as BERT; Devlin
             et al. 2019). Not combined with sliding windows or a KV cache.
+        attention_chunk: chunked local attention (Llama-4's ``attention_chunk_size``): a query at
+            position ``p`` reads only keys at ``k <= p`` with ``k // attention_chunk == p //
+            attention_chunk``; None: none.
+        chunked_layers: the layers that use ``attention_chunk``; None: every layer.
+        nope_layers: layers without rotary positions (Llama-4's NoPE layers, ``no_rope_layers``
+            0); None: none.
+        qk_l2_norm: a weightless RMSNorm on each query and key head after rotary, on the rotary
+            layers only (Llama-4's ``use_qk_norm``, ``Llama4TextL2Norm``, eps ``norm_eps``).
+        attn_temperature: ``(floor_scale, attn_scale)``: on the NoPE layers queries are scaled by
+            ``log1p(floor((p + 1) / floor_scale)) * attn_scale + 1`` at position ``p`` (Llama-4's
+            ``attn_temperature_tuning``, arXiv 2501.19399); None: no scaling.
 
     ``n_kv_heads``, ``d_mlp``, ``qkv_bias``, ``d_head`` (and for MLA ``qk_nope_head_dim``) given
     as None hold their derived value after construction.
@@ -197,6 +208,11 @@ class TransformerConfig:
     post_ln: bool = False
     embed_norm: bool = False
     causal: bool = True
+    attention_chunk: int | None = None
+    chunked_layers: tuple[int, ...] | None = None
+    nope_layers: tuple[int, ...] | None = None
+    qk_l2_norm: bool = False
+    attn_temperature: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.qk_norm in OLD_QK_NORM:
@@ -207,8 +223,11 @@ class TransformerConfig:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
         if self.qkv_bias is None:
             object.__setattr__(self, "qkv_bias", self.bias)
-        if self.sliding_layers is not None:  # JSON gives a list
-            object.__setattr__(self, "sliding_layers", tuple(int(l) for l in self.sliding_layers))
+        for field in ("sliding_layers", "chunked_layers", "nope_layers"):  # JSON gives a list
+            if getattr(self, field) is not None:
+                object.__setattr__(self, field, tuple(int(l) for l in getattr(self, field)))
+        if self.attn_temperature is not None:
+            object.__setattr__(self, "attn_temperature", tuple(float(x) for x in self.attn_temperature))
         assert self.n_kv_heads is not None  # filled above
         if min(self.n_layers, self.d_model, self.n_heads, self.n_kv_heads, self.d_vocab, self.n_ctx) < 1:
             raise HeadprobeError(f"config sizes must be positive: {self}")
@@ -243,8 +262,13 @@ class TransformerConfig:
             raise HeadprobeError("parallel_residual with post_norm is not implemented")
         if self.post_ln and (self.pre_norm or self.post_norm or self.parallel_residual):
             raise HeadprobeError("post_ln (BERT's post-LN blocks) needs pre_norm=False, post_norm=False and parallel_residual=False")
-        if not self.causal and self.sliding_window is not None:
-            raise HeadprobeError("bidirectional attention (causal=False) with a sliding window is not implemented")
+        if not self.causal and (self.sliding_window is not None or self.attention_chunk is not None):
+            raise HeadprobeError("bidirectional attention (causal=False) with a sliding window or chunks is not implemented")
+        if self.attention_chunk is not None and self.attention_chunk < 1:
+            raise HeadprobeError(f"attention_chunk must be positive, got {self.attention_chunk}")
+        for field in ("chunked_layers", "nope_layers"):
+            if any(not 0 <= l < self.n_layers for l in getattr(self, field) or ()):
+                raise HeadprobeError(f"{field} {getattr(self, field)} out of range for {self.n_layers} layers")
 
     def _check_mla(self) -> None:
         """The MLA fields: all or none, sizes positive, no option MLA is not implemented with;
@@ -291,6 +315,14 @@ class TransformerConfig:
         """Whether layer ``layer`` attends within ``sliding_window`` only."""
         return self.sliding_window is not None and (self.sliding_layers is None or layer in self.sliding_layers)
 
+    def is_chunked(self, layer: int) -> bool:
+        """Whether layer ``layer`` attends within its ``attention_chunk`` only."""
+        return self.attention_chunk is not None and (self.chunked_layers is None or layer in self.chunked_layers)
+
+    def is_nope(self, layer: int) -> bool:
+        """Whether layer ``layer`` has no rotary positions (a NoPE layer of a rotary model)."""
+        return self.nope_layers is not None and layer in self.nope_layers
+
     @property
     def group_size(self) -> int:
         """Query heads per key/value head: ``n_heads // n_kv_heads``."""
@@ -318,12 +350,13 @@ class TransformerConfig:
 
         The widths, MLA sizes and ``qk_norm`` are this config's, under the same names. Biases:
         ``"all"`` (``bias`` with ``qkv_bias``), ``"qkv"``, ``"out"`` (W_O only) or ``"none"``.
-        Windows: ``sliding_window`` on :meth:`is_sliding` layers. ``bytes_per_element`` is the
+        Windows: ``sliding_window`` on :meth:`is_sliding` layers, ``attention_chunk`` on :meth:`is_chunked` ones. ``bytes_per_element`` is the
         layout's default (2); ``name`` is empty.
         """
         bias = {(True, True): "all", (False, True): "qkv", (True, False): "out", (False, False): "none"}[
             (bool(self.bias), bool(self.qkv_bias))]
-        windows = tuple(self.sliding_window if self.is_sliding(l) else None for l in range(self.n_layers))
+        windows = tuple(self.sliding_window if self.is_sliding(l) else self.attention_chunk if self.is_chunked(l) else None
+                        for l in range(self.n_layers))  # a chunked layer caches at most a chunk, as layout_from_hf_config
         common: dict[str, Any] = dict(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_head=self.d_head,
                       bias=bias, windows=windows)
         if self.is_mla:
@@ -375,6 +408,13 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+
+def l2_norm(x: Float[Tensor, "... d"], eps: float) -> Float[Tensor, "... d"]:
+    """``x / sqrt(mean(x^2) + eps)`` over the last axis in float32, no weight (Llama-4's
+    ``Llama4TextL2Norm``)."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
 
 
 def make_norm(cfg: TransformerConfig, width: int | None = None) -> nn.Module:
@@ -496,6 +536,7 @@ def key_mask(
     window: int | None = None,
     padding: Bool[Tensor, "batch k_pos"] | None = None,
     implicit: bool = False,
+    chunk: int | None = None,
 ) -> Bool[Tensor, "#batch 1 #q_pos k_pos"] | Bool[Tensor, "q_pos k_pos"] | None:
     """Which keys each query reads, True where it may: the one mask of every attention path.
 
@@ -512,7 +553,9 @@ def key_mask(
             real key before it; its output is never scored).
         implicit: return None where no tensor is needed because the fused kernel's own masking is
             exact (``is_causal`` for a causal mask with ``n_queries == n_keys``; nothing for a
-            bidirectional one), i.e. without window and padding. The eager path asks for the
+            bidirectional one), i.e. without window, chunk and padding.
+        chunk: also only if ``j`` and ``p_i`` are in the same chunk of ``chunk`` positions, counted
+            over real tokens where there is padding (Hugging Face's ``chunked_overlay``, Llama-4). The eager path asks for the
             tensor (``implicit=False``); it is then None only when nothing is masked at all.
 
     Returns:
@@ -527,13 +570,17 @@ def key_mask(
         if window is not None:
             raise HeadprobeError("bidirectional attention (causal=False) with a sliding window is not implemented")
         return None if padding is None else padding[:, None, None, :]
-    if padding is None and window is None and implicit and n_queries == n_keys:
+    if padding is None and window is None and chunk is None and implicit and n_queries == n_keys:
         return None
     i = torch.arange(n_keys - n_queries, n_keys, device=device)[:, None]  # the queries' positions
     j = torch.arange(n_keys, device=device)[None, :]
     mask = j <= i
     if window is not None:
         mask = mask & (j > i - window)
+    if chunk is not None:  # chunks of real-token positions
+        pos = (j[0] if padding is None else padding.long().cumsum(-1) - 1) // chunk  # [k_pos] | [batch, k_pos]
+        q_chunk = pos[..., n_keys - n_queries:, None]  # [q_pos, 1] | [batch, q_pos, 1]
+        mask = mask & (pos[..., None, :] == q_chunk if padding is None else (pos[:, None, :] == q_chunk)[:, None])
     if padding is not None:
         mask = (mask & padding[:, None, None, :]) | (j == i)
     return mask
@@ -726,6 +773,7 @@ class SelfAttention(nn.Module):
         self.layer = layer
         self.n_heads = n_heads
         self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
+        self.chunk = cfg.attention_chunk if cfg.is_chunked(layer) else None
         self.softcap = cfg.attn_softcap
         self.scale = 1.0 / math.sqrt(cfg.d_qk) if cfg.attn_scale is None else cfg.attn_scale
         self.force_eager = False
@@ -842,7 +890,7 @@ class SelfAttention(nn.Module):
         both under this layer's :func:`key_mask`."""
         eager = self.needs_pattern()
         mask = key_mask(q.shape[2], k.shape[2], q.device, causal=self.cfg.causal, window=self.window,
-                        padding=padding, implicit=not eager)
+                        padding=padding, implicit=not eager, chunk=self.chunk)
         z = self._eager(q, k, v, mask) if eager else self._fused(q, k, v, mask)
         return z.transpose(1, 2)
 
@@ -965,7 +1013,9 @@ class Attention(SelfAttention):
         elif cfg.qk_norm == "full":  # OLMo-2: over the whole projection
             self.q_norm, self.k_norm = RMSNorm(H * d_qk, cfg.norm_eps), RMSNorm(KV * d_qk, cfg.norm_eps)
         rotary_dim = d_qk if cfg.rotary_dim is None else cfg.rotary_dim
-        self.rotary = Rotary(rotary_dim, cfg.rope_theta) if cfg.positional == "rotary" else None
+        self.rotary = Rotary(rotary_dim, cfg.rope_theta) if cfg.positional == "rotary" and not cfg.is_nope(layer) else None
+        self.qk_l2 = cfg.qk_l2_norm and self.rotary is not None  # Llama-4: on the rotary layers only
+        self.temperature = cfg.attn_temperature if cfg.is_nope(layer) else None
         self._add_output(rotary_hooks=True)
 
     def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
@@ -987,6 +1037,12 @@ class Attention(SelfAttention):
         if self.rotary is not None:
             q = self.hook_rot_q(self.rotary(q, positions))
             k = self.hook_rot_k(self.rotary(k, positions))
+        if self.qk_l2:  # Llama-4: weightless RMSNorm after rotary
+            q, k = l2_norm(q, self.cfg.norm_eps), l2_norm(k, self.cfg.norm_eps)
+        if self.temperature is not None:  # Llama-4's temperature tuning of NoPE layers
+            floor_scale, attn_scale = self.temperature
+            scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+            q = (q * scale[:, :, None, None]).to(q.dtype)
         # ... then transpose to [batch, head, pos, d].
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
@@ -1256,6 +1312,8 @@ class Transformer(HookedRootModule):
         """Raise HeadprobeError unless ``policy`` fits: ``n_layers`` x :attr:`n_kv_groups`, and no
         streaming group on a sliding-window layer (already windowed; budget refuses it too)."""
         policy.check_layout(self.cfg.n_layers, self.n_kv_groups, "the model")
+        if self.cfg.attention_chunk is not None:
+            raise HeadprobeError("KV policies are not implemented for chunked attention (attention_chunk)")
         for layer, row in enumerate(policy.groups):
             if self.cfg.is_sliding(layer) and any(g is not None for g in row):
                 raise HeadprobeError(f"layer {layer} has a sliding window; a KV policy makes only global layers streaming")

@@ -85,6 +85,10 @@ def test_every_pattern_equals_hugging_face(family):
             q, k = torch.meshgrid(torch.arange(20), torch.arange(20), indexing="ij")
             assert (got[l][..., q - k >= cfg.sliding_window] == 0).all()
             assert (got[l][..., q - k == cfg.sliding_window - 1] > 0).all()
+        if cfg.is_chunked(l):  # chunked attention (Llama-4): keys of another chunk get exactly 0
+            q, k = torch.meshgrid(torch.arange(20), torch.arange(20), indexing="ij")
+            same = q // cfg.attention_chunk == k // cfg.attention_chunk
+            assert (got[l][..., ~same] == 0).all() and (got[l][..., same & (k <= q)] > 0).all()
 
 
 def test_self_check_passes(family):
