@@ -13,8 +13,8 @@ from __future__ import annotations
 
 BLOCK_HOOKS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post", "normalized_resid_post")
 """Hook points of a block itself: ``blocks.{layer}.hook_<name>``."""
-ATTN_HOOKS = ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result")
-"""Hook points of a block's attention: ``blocks.{layer}.attn.hook_<name>``."""
+ATTN_HOOKS = ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "gate", "z", "result")
+"""Hook points of a block's attention: ``blocks.{layer}.attn.hook_<name>`` (``gate``: gated attention only)."""
 NORMS = {"ln1": ("normalized", "scale"), "ln2": ("normalized", "scale"),
          "ln1_post": ("in", "out"), "ln2_post": ("in", "out")}
 """A block's norms and their hook points: ``blocks.{layer}.<norm>.hook_<name>`` (the pre-norms' ``hook_scale``

@@ -161,6 +161,10 @@ class TransformerConfig:
             0); None: none.
         qk_l2_norm: a weightless RMSNorm on each query and key head after rotary, on the rotary
             layers only (Llama-4's ``use_qk_norm``, ``Llama4TextL2Norm``, eps ``norm_eps``).
+        attn_gate: gated attention (Qwen3-Next): ``q_proj`` gives each head its query and an
+            output gate ``g_h`` (``[q_h, g_h]`` per head), and ``z_h`` (``hook_z``) is
+            ``sigmoid(g_h) * pattern_h v`` (``sigmoid(g_h)`` at ``hook_gate``), so ``sum_h z_h
+            W_O^(h)`` is still the attention output.
         attn_temperature: ``(floor_scale, attn_scale)``: on the NoPE layers queries are scaled by
             ``log1p(floor((p + 1) / floor_scale)) * attn_scale + 1`` at position ``p`` (Llama-4's
             ``attn_temperature_tuning``, arXiv 2501.19399); None: no scaling.
@@ -213,6 +217,7 @@ class TransformerConfig:
     nope_layers: tuple[int, ...] | None = None
     qk_l2_norm: bool = False
     attn_temperature: tuple[float, float] | None = None
+    attn_gate: bool = False
 
     def __post_init__(self) -> None:
         if self.qk_norm in OLD_QK_NORM:
@@ -289,8 +294,8 @@ class TransformerConfig:
             raise HeadprobeError("MLA with rotary positions needs qk_rope_head_dim > 0 (the decoupled rotary key)")
         if self.bias:
             raise HeadprobeError("MLA is implemented without biases (DeepSeek-V2); pass bias=False")
-        if self.qk_norm != "none" or self.rotary_dim is not None or self.sliding_window or self.attn_softcap:
-            raise HeadprobeError("MLA is implemented without qk_norm, rotary_dim, sliding windows and soft-capping")
+        if self.qk_norm != "none" or self.rotary_dim is not None or self.sliding_window or self.attn_softcap or self.attn_gate:
+            raise HeadprobeError("MLA is implemented without qk_norm, rotary_dim, sliding windows, soft-capping and gates")
         assert self.qk_nope_head_dim is not None  # filled above
         if min(self.qk_nope_head_dim, self.q_lora_rank or 1) < 1:
             raise HeadprobeError(f"MLA needs positive qk_nope_head_dim and q_lora_rank, got "
@@ -364,7 +369,7 @@ class TransformerConfig:
                                    qk_rope_head_dim=self.qk_rope_head_dim, qk_nope_head_dim=self.qk_nope_head_dim,
                                    **common)
         assert self.qk_norm is not None  # None is read as "none" by __post_init__
-        return AttentionLayout(n_kv_heads=self.n_kv_heads, qk_norm=self.qk_norm, **common)
+        return AttentionLayout(n_kv_heads=self.n_kv_heads, qk_norm=self.qk_norm, output_gate=self.attn_gate, **common)
 
 
 # --------------------------------------------------------------------------------------------
@@ -778,6 +783,7 @@ class SelfAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(cfg.d_qk) if cfg.attn_scale is None else cfg.attn_scale
         self.force_eager = False
         self.streaming: tuple[Streaming | None, ...] | None = None  # this layer's KV policy (Transformer.kv_policy)
+        self._gate: Tensor | None = None  # this forward's output gate [batch, pos, head, d_head] (attn_gate), set by qkv
 
     def _add_output(self, rotary_hooks: bool) -> None:
         """W_O and the hook points, made after the subclass's projections (so that parameters,
@@ -793,6 +799,8 @@ class SelfAttention(nn.Module):
             self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_qk]  (rotary only)
         self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos], scaled, capped, masked keys exactly -inf
         self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos], rows sum to 1, masked keys 0
+        if cfg.attn_gate:
+            self.hook_gate = HookPoint()  # [batch, pos, head, d_head], sigmoid of the output gate (attn_gate only)
         self.hook_z = HookPoint()  # [batch, pos, head, d_head], after head_mask
         self.hook_result = HookPoint()  # [batch, pos, head, d_model], z_h W_O^(h)
 
@@ -843,6 +851,9 @@ class SelfAttention(nn.Module):
             z = self._attend_streaming(q, k, v, self.streaming, None, padding)
         else:
             z = self.attend(q, k, v, padding)
+        gate, self._gate = self._gate, None
+        if gate is not None:  # gated attention (attn_gate): z_h = sigmoid(g_h) * pattern_h v
+            z = z * self.hook_gate(torch.sigmoid(gate))
         return self.output(z, head_mask)
 
     def _attend_streaming(
@@ -1003,7 +1014,7 @@ class Attention(SelfAttention):
         self.n_kv_heads = KV
         D, d_qk, d_head = cfg.d_model, cfg.d_qk, cfg.d_head
         assert KV is not None and d_head is not None and cfg.qkv_bias is not None  # filled by TransformerConfig.__post_init__
-        self.q_proj = nn.Linear(D, H * d_qk, bias=cfg.qkv_bias)
+        self.q_proj = nn.Linear(D, H * (d_qk + (d_head if cfg.attn_gate else 0)), bias=cfg.qkv_bias)  # gate: [q_h, g_h] per head
         self.k_proj = nn.Linear(D, KV * d_qk, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.qkv_bias)
         self.q_norm: RMSNorm | None = None
@@ -1025,7 +1036,10 @@ class Attention(SelfAttention):
         B, T, _ = x.shape
         H, KV, d_qk, d_head = self.n_heads, self.n_kv_heads, self.cfg.d_qk, self.cfg.d_head
         # Split heads: reshape to [batch, pos, head, d] (head h = columns h*d:(h+1)*d) ...
-        q = self.hook_q(self.q_proj(x).view(B, T, H, d_qk))  # [batch, pos, head, d_qk]
+        q = self.q_proj(x).view(B, T, H, -1)
+        if self.cfg.attn_gate:  # Qwen3-Next: each head's query, then its output gate
+            q, self._gate = q[..., :d_qk], q[..., d_qk:]
+        q = self.hook_q(q)  # [batch, pos, head, d_qk]
         k = self.hook_k(self.k_proj(x).view(B, T, KV, d_qk))  # [batch, pos, kv_head, d_qk]
         v = self.hook_v(self.v_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
         if self.cfg.qk_norm == "per_head":
