@@ -68,6 +68,9 @@ from headprobe.probe.layout import QK_NORM_KINDS, AttentionLayout, KVPolicy, Str
 #: (:data:`~headprobe.probe.layout.QK_NORM_KINDS`); still accepted, read as the new ones.
 OLD_QK_NORM = {None: "none", "head": "per_head", "all": "full"}
 
+#: ``TransformerConfig.router``: how router logits become the top-k expert weights (:class:`MoE`).
+ROUTERS = ("softmax_topk", "topk_softmax", "topk_sigmoid")
+
 #: Field names of :class:`TransformerConfig` in configs saved before they took the layout's
 #: names (checkpoints, pruned models, weights-cache entries): old -> new, mapped by ``from_json``.
 OLD_FIELDS = {"head_dim": "d_head"}
@@ -168,6 +171,27 @@ class TransformerConfig:
         attn_temperature: ``(floor_scale, attn_scale)``: on the NoPE layers queries are scaled by
             ``log1p(floor((p + 1) / floor_scale)) * attn_scale + 1`` at position ``p`` (Llama-4's
             ``attn_temperature_tuning``, arXiv 2501.19399); None: no scaling.
+        embedding_multiplier: the token embedding is multiplied by it (Granite); None: not.
+        logits_scaling: the logits are divided by it (Granite); None: not.
+        n_experts: the MLP of the MoE layers is a mixture of this many gated experts
+            (:class:`MoE`; Shazeer et al. 2017, Mixtral); None: dense MLPs only.
+        n_experts_per_token: experts each token is routed to (top-k).
+        d_expert: hidden width of each expert; None: ``d_mlp``.
+        router: how router logits become the top-k weights: ``"softmax_topk"`` (softmax over all
+            experts, then top-k; Mixtral, Qwen3-MoE, Qwen3-Next), ``"topk_softmax"`` (top-k logits,
+            then softmax over them; GPT-OSS) or ``"topk_sigmoid"`` (sigmoid of the top-k logits; Llama-4).
+        router_renorm: ``"softmax_topk"`` only: the k weights are divided by their sum (Mixtral;
+            Qwen3-MoE's ``norm_topk_prob``).
+        router_bias: the router has a bias (GPT-OSS).
+        router_on_input: the weight multiplies the expert's input, not its output (Llama-4).
+        expert_bias: the experts' projections have biases (GPT-OSS).
+        swiglu_limit: GPT-OSS's clamped SwiGLU in the experts, ``(clamp(up, -l, l) + 1) * g *
+            sigmoid(swiglu_alpha * g)`` with ``g = clamp(gate, max=l)``; None: ``act(gate) * up``.
+        swiglu_alpha: GPT-OSS's ``alpha`` (with ``swiglu_limit``).
+        d_shared_expert: hidden width of an always-on gated expert added to the routed ones
+            (Llama-4, Qwen3-Next); None: none.
+        shared_expert_gate: the shared expert's output is multiplied by ``sigmoid(w . x)`` (Qwen3-Next).
+        moe_layers: the layers whose MLP is the mixture; None: every layer (with ``n_experts``).
 
     ``n_kv_heads``, ``d_mlp``, ``qkv_bias``, ``d_head`` (and for MLA ``qk_nope_head_dim``) given
     as None hold their derived value after construction.
@@ -218,6 +242,21 @@ class TransformerConfig:
     qk_l2_norm: bool = False
     attn_temperature: tuple[float, float] | None = None
     attn_gate: bool = False
+    embedding_multiplier: float | None = None
+    logits_scaling: float | None = None
+    n_experts: int | None = None
+    n_experts_per_token: int = 2
+    d_expert: int | None = None
+    router: Literal["softmax_topk", "topk_softmax", "topk_sigmoid"] = "softmax_topk"
+    router_renorm: bool = True
+    router_bias: bool = False
+    router_on_input: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
+    d_shared_expert: int | None = None
+    shared_expert_gate: bool = False
+    moe_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.qk_norm in OLD_QK_NORM:
@@ -274,6 +313,40 @@ class TransformerConfig:
         for field in ("chunked_layers", "nope_layers"):
             if any(not 0 <= l < self.n_layers for l in getattr(self, field) or ()):
                 raise HeadprobeError(f"{field} {getattr(self, field)} out of range for {self.n_layers} layers")
+        if not self.causal and self.sliding_window is not None:
+            raise HeadprobeError("bidirectional attention (causal=False) with a sliding window is not implemented")
+        for field in ("embedding_multiplier", "logits_scaling"):
+            if getattr(self, field) is not None and not getattr(self, field) > 0:
+                raise HeadprobeError(f"{field} must be positive, got {getattr(self, field)}")
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        """The mixture-of-experts fields: sizes in range, a gated MLP, known router; fills
+        ``d_expert`` (None: ``d_mlp``)."""
+        if self.moe_layers is not None:  # JSON gives a list
+            object.__setattr__(self, "moe_layers", tuple(int(l) for l in self.moe_layers))
+        if self.n_experts is None:
+            if self.moe_layers is not None or self.d_shared_expert is not None:
+                raise HeadprobeError("moe_layers and d_shared_expert describe a mixture of experts; give n_experts too")
+            return
+        if self.d_expert is None:
+            object.__setattr__(self, "d_expert", self.d_mlp)
+        assert self.d_expert is not None  # filled above
+        if not 1 <= self.n_experts_per_token <= self.n_experts or min(self.d_expert, self.d_shared_expert or 1) < 1:
+            raise HeadprobeError(f"a mixture of experts needs 1 <= n_experts_per_token <= n_experts and positive widths, "
+                                 f"got {self.n_experts_per_token} of {self.n_experts}")
+        if self.mlp not in ("swiglu", "geglu"):
+            raise HeadprobeError(f"experts are gated MLPs (mlp swiglu or geglu), not {self.mlp}")
+        if self.router not in ROUTERS:
+            raise HeadprobeError(f"config router={self.router!r} is not one of {ROUTERS}")
+        if self.moe_layers is not None and any(not 0 <= l < self.n_layers for l in self.moe_layers):
+            raise HeadprobeError(f"moe_layers {self.moe_layers} out of range for {self.n_layers} layers")
+        if self.swiglu_limit is not None and not self.swiglu_limit > 0:
+            raise HeadprobeError(f"swiglu_limit must be positive, got {self.swiglu_limit}")
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether layer ``layer``'s MLP is the mixture of experts."""
+        return self.n_experts is not None and (self.moe_layers is None or layer in self.moe_layers)
 
     def _check_mla(self) -> None:
         """The MLA fields: all or none, sizes positive, no option MLA is not implemented with;
@@ -379,7 +452,7 @@ class TransformerConfig:
 
 class Embedding(nn.Module):
     """Token embedding ``W_E`` (times ``sqrt(d_model)`` with ``embed_scale``, as Gemma, the
-    factor rounded to the weights' dtype) and, for ``positional="learned"``, the position table
+    factor rounded to the weights' dtype; times ``embedding_multiplier``, Granite) and, for ``positional="learned"``, the position table
     ``W_pos``.
 
     Returns the two terms separately so that the model's root hook points ``hook_embed`` and
@@ -391,6 +464,7 @@ class Embedding(nn.Module):
         self.W_E = nn.Embedding(cfg.d_vocab, cfg.d_model)
         self.W_pos = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positional == "learned" else None
         self.scale = cfg.d_model ** 0.5 if cfg.embed_scale else None
+        self.multiplier = cfg.embedding_multiplier
 
     def forward(
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
@@ -398,6 +472,8 @@ class Embedding(nn.Module):
         tok = self.W_E(tokens)
         if self.scale is not None:
             tok = tok * torch.tensor(self.scale, dtype=tok.dtype, device=tok.device)
+        if self.multiplier is not None:  # Granite: inputs_embeds * embedding_multiplier
+            tok = tok * self.multiplier
         return tok, None if self.W_pos is None else self.W_pos(positions)
 
 
@@ -1172,6 +1248,102 @@ class MLP(nn.Module):
         return self.fc_out(self.hook_post(post))
 
 
+class SharedExpert(nn.Module):
+    """An always-on gated expert beside the routed ones, ``W_out (act(W_gate x) * W_in x)``
+    without biases or hook points (Llama-4's ``shared_expert``, Qwen3-Next's)."""
+
+    def __init__(self, cfg: TransformerConfig, width: int):
+        super().__init__()
+        assert cfg.mlp is not None  # a mixture of experts is gated (TransformerConfig._check_moe)
+        self.act = _ACTIVATIONS[cfg.mlp]
+        self.fc_gate = nn.Linear(cfg.d_model, width, bias=False)
+        self.fc_in = nn.Linear(cfg.d_model, width, bias=False)
+        self.fc_out = nn.Linear(width, cfg.d_model, bias=False)
+
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        return self.fc_out(self.act(self.fc_gate(x)) * self.fc_in(x))
+
+
+class MoE(nn.Module):
+    """Mixture-of-experts MLP (Shazeer et al. 2017; Fedus et al. 2022): a router ``W_r x (+ b_r)``
+    picks ``n_experts_per_token`` of ``n_experts`` gated experts per token and weights them
+    (``cfg.router``), the output is the weighted sum of their outputs, plus a shared expert
+    (times ``sigmoid(w . x)`` with ``shared_expert_gate``). Expert ``e`` is ``W_down[e] f(W_gate_up[e]
+    x + b)``, ``W_gate_up[e]`` the gate rows then the up rows, ``f`` the gated activation (or
+    GPT-OSS's clamped one, ``swiglu_limit``). The weight multiplies the expert's output, or its
+    input (``router_on_input``, Llama-4).
+
+    Sources (transformers): ``MixtralSparseMoeBlock``, ``Qwen3MoeSparseMoeBlock``, ``GptOssMLP``,
+    ``Llama4TextMoe``, ``Qwen3NextSparseMoeBlock``. A loop over the experts each token picked, in
+    expert order (as Hugging Face's); no hook points inside (``hook_mlp_out`` holds the sum).
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        E, D, d = cfg.n_experts, cfg.d_model, cfg.d_expert
+        assert E is not None and d is not None and cfg.mlp is not None  # a MoE config (TransformerConfig._check_moe)
+        self.cfg = cfg
+        self.act = _ACTIVATIONS[cfg.mlp]
+        self.router = nn.Linear(D, E, bias=cfg.router_bias)
+        self.gate_up = nn.Parameter(torch.randn(E, 2 * d, D) * 0.02)  # [expert, gate rows | up rows, d_model]
+        self.down = nn.Parameter(torch.randn(E, D, d) * 0.02)  # [expert, d_model, d_expert]
+        self.gate_up_bias = nn.Parameter(torch.zeros(E, 2 * d)) if cfg.expert_bias else None
+        self.down_bias = nn.Parameter(torch.zeros(E, D)) if cfg.expert_bias else None
+        self.shared = None if cfg.d_shared_expert is None else SharedExpert(cfg, cfg.d_shared_expert)
+        self.shared_gate = nn.Linear(D, 1, bias=False) if cfg.shared_expert_gate else None
+
+    def route(self, x: Float[Tensor, "token d_model"]) -> tuple[Float[Tensor, "token k"], Int[Tensor, "token k"]]:
+        """The top-k experts of every token and their weights (``cfg.router``)."""
+        cfg, k = self.cfg, self.cfg.n_experts_per_token
+        logits = self.router(x)  # [token, expert]
+        if cfg.router == "softmax_topk":  # Mixtral, Qwen3-MoE: softmax over all experts, then top-k
+            weights, index = torch.topk(logits.float().softmax(dim=-1), k, dim=-1)
+            if cfg.router_renorm:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+            return weights.to(logits.dtype), index
+        top, index = torch.topk(logits, k, dim=-1)
+        if cfg.router == "topk_softmax":  # GPT-OSS: softmax over the k logits
+            return top.softmax(dim=-1), index
+        return torch.sigmoid(top.float()).to(top.dtype), index  # Llama-4: sigmoid of each
+
+    def expert(self, e: int, x: Float[Tensor, "token d_model"]) -> Float[Tensor, "token d_model"]:
+        """Expert ``e``'s output."""
+        b_gu = None if self.gate_up_bias is None else self.gate_up_bias[e]
+        gate, up = F.linear(x, self.gate_up[e], b_gu).chunk(2, dim=-1)
+        limit = self.cfg.swiglu_limit
+        if limit is None:
+            h = self.act(gate) * up
+        else:  # GPT-OSS (GptOssExperts._apply_gate)
+            gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+            h = (up + 1) * (gate * torch.sigmoid(gate * self.cfg.swiglu_alpha))
+        return F.linear(h, self.down[e], None if self.down_bias is None else self.down_bias[e])
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        flat = x.reshape(-1, x.shape[-1])
+        weights, index = self.route(flat)  # [token, k]
+        out = torch.zeros_like(flat)
+        for e in index.unique().tolist():
+            token, slot = torch.where(index == e)
+            w = weights[token, slot, None]
+            if self.cfg.router_on_input:
+                y = self.expert(e, flat[token] * w)
+            else:
+                y = self.expert(e, flat[token]) * w
+            out.index_add_(0, token, y.to(out.dtype))
+        if self.shared is not None:
+            shared = self.shared(flat)
+            out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(flat)) * shared)
+        return out.view_as(x)
+
+
+def make_mlp(cfg: TransformerConfig, layer: int = 0) -> nn.Module | None:
+    """Layer ``layer``'s MLP: :class:`MoE` on a mixture-of-experts layer, else :class:`MLP`, or
+    None for an attention-only model."""
+    if cfg.mlp is None:
+        return None
+    return MoE(cfg) if cfg.is_moe(layer) else MLP(cfg)
+
+
 class Block(nn.Module):
     """Residual block. Sequential (default): ``resid_mid = resid_pre + attn_out``,
     ``resid_post = resid_mid + mlp_out``; parallel (``parallel_residual``): ``resid_post =
@@ -1192,7 +1364,7 @@ class Block(nn.Module):
         self.attn = make_attention(cfg, layer)
         self.ln1_post = PostNorm(cfg) if cfg.post_norm else None
         self.ln2 = Norm(cfg) if (has_mlp and cfg.pre_norm) or cfg.post_ln else None
-        self.mlp = MLP(cfg) if has_mlp else None
+        self.mlp = make_mlp(cfg, layer)
         self.ln2_post = PostNorm(cfg) if has_mlp and cfg.post_norm else None
         self.parallel = cfg.parallel_residual
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
@@ -1434,8 +1606,8 @@ class Transformer(HookedRootModule):
                vocab: Int[Tensor, "... k"] | None = None, out: Tensor | None = None, softcap: bool = True
                ) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
         """Logits from a final residual stream: ``ln_final`` (unless ``normed``), the unembedding
-        (``@ W_U + b_U``) and ``final_softcap`` (``c * tanh(logits / c)``, Gemma-2) where the
-        config has it. The one place the native model turns a residual into logits: the forward
+        (``@ W_U + b_U``), the division by ``logits_scaling`` (Granite) and ``final_softcap`` (``c *
+        tanh(logits / c)``, Gemma-2) where the config has them. The one place the native model turns a residual into logits: the forward
         pass, the losses of the exact sweep and patching's logit difference all end here.
 
         Args:
@@ -1460,6 +1632,8 @@ class Transformer(HookedRootModule):
                 logits += b
         else:
             logits = self.unembed(resid)
+        if self.cfg.logits_scaling is not None:  # Granite: logits / logits_scaling (GraniteForCausalLM)
+            logits = logits.div_(self.cfg.logits_scaling) if out is not None and vocab is None else logits / self.cfg.logits_scaling
         cap = self.cfg.final_softcap
         if cap is None or not softcap:
             return logits

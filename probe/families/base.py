@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
@@ -139,6 +140,49 @@ def renamed(sd: Mapping[str, Tensor], pairs: tuple[tuple[str, str], ...], ours: 
 
 GATED_MLP = (("mlp.fc_gate", "mlp.gate_proj"), ("mlp.fc_in", "mlp.up_proj"), ("mlp.fc_out", "mlp.down_proj"))
 """Native name -> Hugging Face name of a gated MLP's projections (Llama's, DeepSeek's)."""
+
+EXPERT_LAYOUTS = ("chunked", "transposed", "interleaved")
+"""How a Hugging Face family stacks its experts' weights (:func:`moe_weights`)."""
+
+
+def moe_weights(sd: Mapping[str, Tensor], ours: str, theirs: str, *, router: str = "gate", layout: str = "chunked",
+                shared: str | None = None, shared_gate: str | None = None) -> dict[str, Tensor]:
+    """A mixture-of-experts MLP's weights (Hugging Face names under ``theirs``) in the names and
+    layouts of :class:`~headprobe.probe.model.MoE` (under ``ours``): ``gate_up`` ``[expert, gate
+    rows | up rows, d_model]`` and ``down`` ``[expert, d_model, d_expert]``.
+
+    Args:
+        router: the router's module (``gate``: Mixtral, Qwen3; ``router``: GPT-OSS, Llama-4); its
+            bias is loaded where the state dict has one.
+        layout: ``chunked`` (``experts.gate_up_proj`` ``[E, 2I, D]``, ``down_proj`` ``[E, D, I]``:
+            ``MixtralExperts``, ``Qwen3MoeExperts``; passed through), ``transposed`` (``[E, D, 2I]``,
+            ``[E, I, D]``: ``Llama4TextExperts``) or ``interleaved`` (as ``transposed`` with gate and up
+            columns alternating, and biases: ``GptOssExperts``).
+        shared, shared_gate: the shared expert's module (``gate_proj``/``up_proj``/``down_proj``)
+            and its sigmoid gate's (Qwen3-Next), where the family has them.
+
+    Raises:
+        KeyError: a tensor missing from ``sd``.
+    """
+    gate_up, down = sd[f"{theirs}experts.gate_up_proj"], sd[f"{theirs}experts.down_proj"]
+    out = {f"{ours}router.weight": sd[f"{theirs}{router}.weight"]}
+    if f"{theirs}{router}.bias" in sd:
+        out[f"{ours}router.bias"] = sd[f"{theirs}{router}.bias"]
+    if layout != "chunked":
+        gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+    if layout == "interleaved":  # GptOssExperts._apply_gate: gate = [..., ::2], up = [..., 1::2]
+        gate_up = torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1)
+        b = sd[f"{theirs}experts.gate_up_proj_bias"]
+        out[f"{ours}gate_up_bias"] = torch.cat([b[:, 0::2], b[:, 1::2]], dim=1)
+        out[f"{ours}down_bias"] = sd[f"{theirs}experts.down_proj_bias"]
+    out[f"{ours}gate_up"], out[f"{ours}down"] = gate_up, down
+    if shared is not None:
+        out.update(renamed(sd, (("shared.fc_gate", "gate_proj"), ("shared.fc_in", "up_proj"), ("shared.fc_out", "down_proj")),
+                           ours, f"{theirs}{shared}.", params=("weight",)))
+    if shared_gate is not None:
+        out[f"{ours}shared_gate.weight"] = sd[f"{theirs}{shared_gate}.weight"]
+    return out
+
 
 GELU_MLPS: dict[str, Literal["gelu", "gelu_erf"]] = {"gelu": "gelu_erf", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
 """Hugging Face activation name -> the native GELU MLP (``gelu_erf`` exact, ``gelu`` tanh)."""
