@@ -96,7 +96,8 @@ def llama_weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave
         for name in ("q_norm", "k_norm"):
             if cfg.qk_norm != "none":
                 out[b + f"attn.{name}.weight"] = sd[h + f"self_attn.{name}.weight"]
-        out.update(renamed(sd, GATED_MLP, b, h, params=("weight",)))
+        if not cfg.is_moe(l):  # a mixture of experts is the family's own (moe_weights)
+            out.update(renamed(sd, GATED_MLP, b, h, params=("weight",)))
         for ours, theirs in norms.items():
             out[b + f"{ours}.norm.weight"] = _normed(sd[h + f"{theirs}.weight"], norm)
     out["ln_final.norm.weight"] = _normed(sd["model.norm.weight"], norm)

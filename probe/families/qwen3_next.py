@@ -1,9 +1,8 @@
-"""Qwen3-Next (``Qwen3NextForCausalLM``; Qwen Team 2025) with full-attention layers and dense MLPs
-only: Qwen3's block with gated attention (``q_proj`` gives each head its query and an output
+"""Qwen3-Next (``Qwen3NextForCausalLM``; Qwen Team 2025) with full-attention layers only: Qwen3's block with gated attention (``q_proj`` gives each head its query and an output
 gate, ``o_proj(attn * sigmoid(gate))``), partial rotary (``partial_rotary_factor``) and the
 ``(1 + w)`` RMSNorm (``Qwen3NextRMSNorm``, its QK-norm too; loaded as ``1 + w``, the same float32
-product). Its Gated-DeltaNet linear-attention layers (``layer_types``) and mixture-of-experts
-MLPs are refused.
+product), mixture-of-experts MLPs with a sigmoid-gated shared expert (:class:`~headprobe.probe.model.MoE`).
+Its Gated-DeltaNet linear-attention layers (``layer_types``) are refused.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from typing import Any
 from torch import Tensor
 
 from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.families.base import TINY_FIELDS, Family, TinySpec, Variant, rope_parameters
+from headprobe.probe.families.base import TINY_FIELDS, Family, TinySpec, Variant, moe_weights, rope_parameters
 from headprobe.probe.families.gemma2 import one_plus
 from headprobe.probe.families.llama import llama_config, llama_weights
 from headprobe.probe.hook_names import block_path
@@ -28,24 +27,24 @@ def sparse_layers(hf_config: Any) -> list[int]:
 
 
 def gated_config(hf_config: Any, kind: str) -> TransformerConfig:
-    """The native config of a Qwen3-Next-like text config with full attention and dense MLPs.
+    """The native config of a Qwen3-Next-like text config with full attention.
 
     Raises:
-        HeadprobeError: linear-attention layers, mixture-of-experts layers, or what
-            :func:`~headprobe.probe.families.llama.llama_config` refuses.
+        HeadprobeError: linear-attention layers, or what :func:`~headprobe.probe.families.llama.llama_config` refuses.
     """
     linear = [l for l, t in enumerate(hf_config.layer_types) if t != "full_attention"]
     if linear:
         raise HeadprobeError(f"native {kind} implements full-attention layers only; layers {linear} are linear attention "
                              "(Gated DeltaNet): use --backend transformer-lens")
-    moe = sparse_layers(hf_config)
-    if moe:
-        raise HeadprobeError(f"native {kind} implements dense MLPs only; layers {moe} are mixture-of-experts: "
-                             "use --backend transformer-lens")
+    moe = tuple(sparse_layers(hf_config))
+    experts = dict(n_experts=hf_config.num_experts, n_experts_per_token=hf_config.num_experts_per_tok,
+                   d_expert=hf_config.moe_intermediate_size, router="softmax_topk", router_renorm=bool(hf_config.norm_topk_prob),
+                   d_shared_expert=hf_config.shared_expert_intermediate_size, shared_expert_gate=True,
+                   moe_layers=moe) if moe else {}
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     rotary_dim = int(head_dim * rope_parameters(hf_config).get("partial_rotary_factor", 1.0))
     return llama_config(hf_config, kind, qk_norm="per_head", attn_gate=True,
-                        rotary_dim=None if rotary_dim == head_dim else rotary_dim)
+                        rotary_dim=None if rotary_dim == head_dim else rotary_dim, **experts)
 
 
 def config(hf_config: Any) -> TransformerConfig:
@@ -55,8 +54,11 @@ def config(hf_config: Any) -> TransformerConfig:
 
 def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool = False) -> dict[str, Tensor]:
     """Native parameter names: Llama's (``q_proj`` keeps its per-head ``[query, gate]`` rows), every
-    norm weight, QK-norms included, as ``1 + w``."""
+    norm weight, QK-norms included, as ``1 + w``; the mixtures of experts by :func:`~headprobe.probe.families.base.moe_weights`."""
     out = llama_weights(sd, cfg, norm=one_plus)
+    for l in cfg.moe_layers or ():
+        out.update(moe_weights(sd, block_path(l, "mlp."), f"model.layers.{l}.mlp.", shared="shared_expert",
+                               shared_gate="shared_expert_gate"))
     for l in range(cfg.n_layers):
         for name in ("q_norm", "k_norm"):
             key = block_path(l, f"attn.{name}.weight")
@@ -66,16 +68,18 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
 
 TINY = dict(TINY_FIELDS, head_dim=16, layer_types=["full_attention"] * 2, num_experts=0,
             rope_parameters={"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 0.5})
-"""Two full-attention layers, dense MLPs, half of each head rotary."""
+"""Two full-attention layers, dense MLPs, half of each head rotary (Qwen3.5's text model's too)."""
 
 FAMILY = Family(
     config=config, weights=weights,
     tiny=TinySpec(
-        fields=TINY, layout=("GQA", "none", "per_head", None), norm_offset=1.0,
+        fields=dict(TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                    mlp_only_layers=[0]),  # layer 0 dense, layer 1 a mixture of experts
+        layout=("GQA", "none", "per_head", None), norm_offset=1.0, perturb=("norm", "gate"),
         unprunable="gated attention",
         variants=(Variant(dict(rope_parameters={"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 1.0}),
-                          "full rotary"),),
-        unsupported=(dict(layer_types=["linear_attention", "full_attention"]), dict(num_experts=4),
-                     dict(attention_bias=True)),
+                          "full rotary"),
+                  Variant(dict(num_experts=0), "dense MLPs only")),
+        unsupported=(dict(layer_types=["linear_attention", "full_attention"]), dict(attention_bias=True)),
     ),
 )
