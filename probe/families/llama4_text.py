@@ -4,7 +4,7 @@ NoPE layers (``no_rope_layers`` 0: no rotary) with query temperature tuning, a w
 L2 (RMS) norm on queries and keys after rotary on the rotary layers (``use_qk_norm``), an
 explicit ``head_dim``, the dense MLP's own width (``intermediate_size_mlp``) and mixture-of-experts
 MLPs on ``moe_layers`` (sigmoid of the top-k router logits weighting the expert's input, plus a
-shared expert; :class:`~headprobe.probe.model.MoE`).
+shared expert; :class:`~headprobe.probe.model.transformer.MoE`).
 
 Llama-4's rotary multiplies adjacent pairs ``(2i, 2i+1)`` as complex numbers; ordering each
 head's query and key rows evens-then-odds turns it into the ``rotate_half`` rotation the native
@@ -19,8 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.families.base import (
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.families.base import (
     TINY_FIELDS,
     Family,
     TinySpec,
@@ -30,9 +31,8 @@ from headprobe.probe.families.base import (
     plain_rope,
     rope_theta,
 )
-from headprobe.probe.families.llama import llama_weights
-from headprobe.probe.hook_names import block_path
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.families.llama import llama_weights
+from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:
@@ -74,7 +74,7 @@ NORMS = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
 
 def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool = False) -> dict[str, Tensor]:
     """Native parameter names from a ``Llama4ForCausalLM`` state dict: Llama's, with the MLP under
-    ``feed_forward`` (a mixture of experts by :func:`~headprobe.probe.families.base.moe_weights`) and
+    ``feed_forward`` (a mixture of experts by :func:`~headprobe.probe.model.families.base.moe_weights`) and
     each head's q/k rows of a rotary layer ordered evens-then-odds (module docstring)."""
     d = cfg.d_qk
     perm = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])

@@ -1,19 +1,19 @@
 """Qwen3.5's text model (``Qwen3_5ForCausalLM``, ``model_type`` ``qwen3_5_text``): the attention of
 Qwen3-Next (gated, partial rotary, ``(1 + w)`` norms and QK-norm; text positions, where the
 multimodal rotary sections all take the same position) with dense MLPs; its Gated-DeltaNet
-layers are refused (:mod:`headprobe.probe.families.qwen3_next`)."""
+layers are refused (:mod:`headprobe.probe.model.families.qwen3_next`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from headprobe.probe.families.base import Family, TinySpec
-from headprobe.probe.families.qwen3_next import TINY, gated_config, weights
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.families.base import Family, TinySpec
+from headprobe.probe.model.families.qwen3_next import TINY, gated_config, weights
+from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:
-    """The native config of a ``Qwen3_5TextConfig`` (:func:`~headprobe.probe.families.qwen3_next.gated_config`)."""
+    """The native config of a ``Qwen3_5TextConfig`` (:func:`~headprobe.probe.model.families.qwen3_next.gated_config`)."""
     return gated_config(hf_config, "qwen3_5_text")
 
 

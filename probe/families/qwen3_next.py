@@ -1,7 +1,7 @@
 """Qwen3-Next (``Qwen3NextForCausalLM``; Qwen Team 2025) with full-attention layers only: Qwen3's block with gated attention (``q_proj`` gives each head its query and an output
 gate, ``o_proj(attn * sigmoid(gate))``), partial rotary (``partial_rotary_factor``) and the
 ``(1 + w)`` RMSNorm (``Qwen3NextRMSNorm``, its QK-norm too; loaded as ``1 + w``, the same float32
-product), mixture-of-experts MLPs with a sigmoid-gated shared expert (:class:`~headprobe.probe.model.MoE`).
+product), mixture-of-experts MLPs with a sigmoid-gated shared expert (:class:`~headprobe.probe.model.transformer.MoE`).
 Its Gated-DeltaNet linear-attention layers (``layer_types``) are refused.
 """
 
@@ -11,12 +11,12 @@ from typing import Any
 
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.families.base import TINY_FIELDS, Family, TinySpec, Variant, moe_weights, rope_parameters
-from headprobe.probe.families.gemma2 import one_plus
-from headprobe.probe.families.llama import llama_config, llama_weights
-from headprobe.probe.hook_names import block_path
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec, Variant, moe_weights, rope_parameters
+from headprobe.probe.model.families.gemma2 import one_plus
+from headprobe.probe.model.families.llama import llama_config, llama_weights
+from headprobe.probe.model.transformer import TransformerConfig
 
 
 def sparse_layers(hf_config: Any) -> list[int]:
@@ -30,7 +30,7 @@ def gated_config(hf_config: Any, kind: str) -> TransformerConfig:
     """The native config of a Qwen3-Next-like text config with full attention.
 
     Raises:
-        HeadprobeError: linear-attention layers, or what :func:`~headprobe.probe.families.llama.llama_config` refuses.
+        HeadprobeError: linear-attention layers, or what :func:`~headprobe.probe.model.families.llama.llama_config` refuses.
     """
     linear = [l for l, t in enumerate(hf_config.layer_types) if t != "full_attention"]
     if linear:
@@ -54,7 +54,7 @@ def config(hf_config: Any) -> TransformerConfig:
 
 def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool = False) -> dict[str, Tensor]:
     """Native parameter names: Llama's (``q_proj`` keeps its per-head ``[query, gate]`` rows), every
-    norm weight, QK-norms included, as ``1 + w``; the mixtures of experts by :func:`~headprobe.probe.families.base.moe_weights`."""
+    norm weight, QK-norms included, as ``1 + w``; the mixtures of experts by :func:`~headprobe.probe.model.families.base.moe_weights`."""
     out = llama_weights(sd, cfg, norm=one_plus)
     for l in cfg.moe_layers or ():
         out.update(moe_weights(sd, block_path(l, "mlp."), f"model.layers.{l}.mlp.", shared="shared_expert",
