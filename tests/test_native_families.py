@@ -89,6 +89,10 @@ def test_every_pattern_equals_hugging_face(family):
             q, k = torch.meshgrid(torch.arange(20), torch.arange(20), indexing="ij")
             assert (got[l][..., q - k >= cfg.sliding_window] == 0).all()
             assert (got[l][..., q - k == cfg.sliding_window - 1] > 0).all()
+        if cfg.is_chunked(l):  # chunked attention (Llama-4): keys of another chunk get exactly 0
+            q, k = torch.meshgrid(torch.arange(20), torch.arange(20), indexing="ij")
+            same = q // cfg.attention_chunk == k // cfg.attention_chunk
+            assert (got[l][..., ~same] == 0).all() and (got[l][..., same & (k <= q)] > 0).all()
 
 
 def test_self_check_passes(family):
@@ -548,3 +552,32 @@ def test_per_layer_rotary_fields_are_checked(fields, match):
     assert TransformerConfig(**base).layer_rope(1) == (1e4, 1.0)
     with pytest.raises(HeadprobeError, match=match):
         TransformerConfig(**{**base, **fields})
+def test_gated_attention_gate_hook_is_hugging_faces_gate(tiny_tokenizer):
+    """Qwen3-Next: ``hook_gate`` is sigmoid of the gate half of Hugging Face's own ``q_proj`` output
+    (per head ``[query, gate]``), and ``hook_z`` is that gate times ``pattern @ v`` (so the
+    decomposition ``sum_h z_h W_O^(h)`` carries the gate); a model without the gate is caught."""
+    ckpt = zoo.make_checkpoint("qwen3_next", tiny_tokenizer)
+    model = wrap(ckpt, backend="native")
+    x = _tokens()
+    hf_q = {}
+    handles = [ckpt.hf_model.model.layers[l].self_attn.q_proj.register_forward_hook(
+        lambda m, a, out, l=l: hf_q.__setitem__(l, out.detach())) for l in range(2)]
+    try:
+        with torch.no_grad():
+            want = ckpt.hf_model(x).logits
+    finally:
+        for h in handles:
+            h.remove()
+    with torch.no_grad():
+        _, cache = model.model.run_with_cache(x)
+    H, d = model.spec.n_heads, model.spec.d_head
+    for l in range(2):
+        gate = torch.sigmoid(hf_q[l].view(2, 20, H, 2 * d)[..., d:])
+        torch.testing.assert_close(cache[f"blocks.{l}.attn.hook_gate"], gate, atol=1e-6, rtol=1e-5)
+        v = cache[f"blocks.{l}.attn.hook_v"].repeat_interleave(H // model.model.cfg.n_kv_heads, dim=2)
+        ungated = torch.einsum("bhqk,bkhd->bqhd", cache[f"blocks.{l}.attn.hook_pattern"], v)
+        torch.testing.assert_close(cache[f"blocks.{l}.attn.hook_z"], gate * ungated, atol=1e-6, rtol=1e-5)
+        assert (gate - 1).abs().max() > 0.1  # the gate matters
+    no_gate = [(f"blocks.{l}.attn.hook_gate", lambda g, hook: torch.ones_like(g)) for l in range(2)]
+    with torch.no_grad():
+        assert (model.model.run_with_hooks(x, fwd_hooks=no_gate) - want).abs().max() > 10 * LOGIT_ATOL

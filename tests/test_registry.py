@@ -57,7 +57,8 @@ def test_registering_twice_or_a_malformed_lazy_target_is_a_programming_error():
 
 
 EXPECTED = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox", "deepseek_v3", "bert",
-            "mixtral", "qwen3_moe", "phi3", "granite", "smollm3", "olmo3", "gemma3_text", "cohere2", "gpt_oss")
+            "mixtral", "qwen3_moe", "phi3", "granite", "smollm3", "olmo3", "gemma3_text", "cohere2", "gpt_oss",
+            "llama4_text", "qwen3_next", "qwen3_5_text")
 """The registered families, in registration order (written by hand)."""
 
 

@@ -219,6 +219,9 @@ class NativeModel(LoadedModel):
         if hasattr(attn, "kept_heads"):
             raise HeadprobeError("streaming head statistics do not cover pruned models (their layers keep fewer heads); "
                                  "use --streaming off")
+        if getattr(attn, "chunk", None) or getattr(attn, "qk_l2", False) or getattr(attn, "temperature", None):
+            raise HeadprobeError(f"streaming head statistics do not cover layer {layer}'s chunked attention, QK L2 norm or "
+                                 "query temperature (Llama-4); use --streaming off")
         rotary = getattr(attn, "rotary", None) is not None and hasattr(attn, "hook_rot_q")
         if not rotary and getattr(attn, "q_norm", None) is not None:
             raise HeadprobeError(f"layer {layer} normalises queries after hook_q and has no rotary hook: "

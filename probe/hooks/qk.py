@@ -80,7 +80,8 @@ def head_qk_terms(
     the query or key the forward computes (after QK-norm and rotary, before the score scale).
 
     Raises:
-        HeadprobeError: ``side`` is not ``q``/``k``, or MLA with a query latent.
+        HeadprobeError: ``side`` is not ``q``/``k``, MLA with a query latent, gated attention, a QK L2
+            norm or a query temperature (Llama-4, Qwen3-Next).
     """
     if side not in ("q", "k"):
         raise HeadprobeError(f"side must be 'q' or 'k', got {side!r}")
@@ -88,6 +89,8 @@ def head_qk_terms(
     cfg = net.cfg
     if cfg.is_mla:
         return _mla_terms(attn, head, side, terms, ref, pos)
+    if cfg.attn_gate or cfg.qk_l2_norm or cfg.attn_temperature is not None:
+        raise HeadprobeError("QK attribution of gated attention, a QK L2 norm or a query temperature is not implemented")
     d = cfg.d_qk
     idx = head if side == "q" else head // (attn.n_heads // attn.n_kv_heads)
     proj, norm = (attn.q_proj, attn.q_norm) if side == "q" else (attn.k_proj, attn.k_norm)

@@ -96,6 +96,9 @@ class AttentionLayout:
     windows: tuple[int | None, ...] | None = None
     name: str = ""
     sinks: bool = False
+    output_gate: bool = False
+    """A per-head output gate computed by the query projection (Qwen3-Next's gated attention:
+    ``W_G`` d_model -> n_heads*d_head beside ``W_Q``; ``z_h`` is multiplied by ``sigmoid(x W_G^h)``)."""
 
     def __post_init__(self) -> None:
         for field in ("d_model", "n_layers", "n_heads", "bytes_per_element"):
@@ -209,7 +212,11 @@ def _check_positive(name: str, value: Any) -> None:
 #: ``q_norm``/``k_norm`` of size ``head_dim`` (Qwen3Attention, Gemma3Attention) or over the whole
 #: projections (Olmo2Attention, Olmo3Attention, OlmoeAttention).
 QK_NORM_OF_MODEL_TYPE = {"qwen3": "per_head", "qwen3_moe": "per_head", "gemma3": "per_head",
-                         "gemma3_text": "per_head", "olmo2": "full", "olmo3": "full", "olmoe": "full"}
+                         "gemma3_text": "per_head", "olmo2": "full", "olmo3": "full", "olmoe": "full",
+                         "qwen3_next": "per_head", "qwen3_5_text": "per_head"}
+
+#: Model types whose query projection also gives each head an output gate (:attr:`AttentionLayout.output_gate`).
+OUTPUT_GATE_MODEL_TYPES = ("qwen3_next", "qwen3_5_text")
 
 #: Hugging Face ``model_type``s whose attention has a learned sink logit per head (``sinks``).
 SINKS_OF_MODEL_TYPE = frozenset({"gpt_oss"})
@@ -281,8 +288,9 @@ def layout_from_hf_config(config: Any, *, n_layers: int, n_heads: int, n_kv_head
                                q_lora_rank=getattr(config, "q_lora_rank", None) or None,
                                qk_rope_head_dim=config.qk_rope_head_dim, qk_nope_head_dim=config.qk_nope_head_dim,
                                **common)
-    return AttentionLayout(n_kv_heads=n_kv_heads, d_head=d_head,
-                           qk_norm=QK_NORM_OF_MODEL_TYPE.get(getattr(config, "model_type", ""), "none"), **common)
+    model_type = getattr(config, "model_type", "")
+    return AttentionLayout(n_kv_heads=n_kv_heads, d_head=d_head, qk_norm=QK_NORM_OF_MODEL_TYPE.get(model_type, "none"),
+                           output_gate=model_type in OUTPUT_GATE_MODEL_TYPES, **common)
 
 
 def attention_module(model: Any) -> Any | None:

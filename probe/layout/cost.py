@@ -107,7 +107,8 @@ def attention_weight_shapes(layout: AttentionLayout) -> dict[str, tuple[int, int
     D, H, dh, dqk, KV = layout.d_model, layout.n_heads, layout.d_head, layout.d_qk, layout.n_kv_heads
     assert dh is not None and KV is not None  # filled by AttentionLayout.__post_init__
     if not layout.is_mla:
-        return {"W_Q": (D, H * dqk), "W_K": (D, KV * dqk), "W_V": (D, KV * dh), "W_O": (H * dh, D)}
+        gate = {"W_G": (D, H * dh)} if layout.output_gate else {}  # Qwen3-Next's output gate
+        return {"W_Q": (D, H * dqk), **gate, "W_K": (D, KV * dqk), "W_V": (D, KV * dh), "W_O": (H * dh, D)}
     shapes: dict[str, tuple[int, int]] = {}
     if layout.q_lora_rank is None:
         shapes["W_Q"] = (D, H * dqk)

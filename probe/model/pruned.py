@@ -45,6 +45,8 @@ def check_prunable(cfg: TransformerConfig) -> None:
     """
     if cfg.is_mla:
         raise HeadprobeError("real head removal is not implemented for multi-head latent attention (MLA)")
+    if cfg.attn_gate:
+        raise HeadprobeError("real head removal is not implemented for gated attention (attn_gate); use head masks (headprobe ablate)")
     if cfg.qk_norm == "full":
         raise HeadprobeError("real head removal is not exact for a QK-norm over all heads (OLMo-2): removing a head "
                              "changes the other heads' queries; use head masks (headprobe ablate) instead")

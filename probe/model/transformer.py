@@ -156,6 +156,19 @@ class TransformerConfig:
         causal: every query reads only keys at or before it (decoders); False: bidirectional
             attention, every query reads every (non-padding) key (encoders such as BERT; Devlin
             et al. 2019). Not combined with sliding windows or a KV cache.
+        attention_chunk: chunked local attention (Llama-4's ``attention_chunk_size``): a query at
+            position ``p`` reads only keys at ``k <= p`` with ``k // attention_chunk == p //
+            attention_chunk``; None: none.
+        chunked_layers: the layers that use ``attention_chunk``; None: every layer.
+        qk_l2_norm: a weightless RMSNorm on each query and key head after rotary, on the rotary
+            layers only (Llama-4's ``use_qk_norm``, ``Llama4TextL2Norm``, eps ``norm_eps``).
+        attn_gate: gated attention (Qwen3-Next): ``q_proj`` gives each head its query and an
+            output gate ``g_h`` (``[q_h, g_h]`` per head), and ``z_h`` (``hook_z``) is
+            ``sigmoid(g_h) * pattern_h v`` (``sigmoid(g_h)`` at ``hook_gate``), so ``sum_h z_h
+            W_O^(h)`` is still the attention output.
+        attn_temperature: ``(floor_scale, attn_scale)``: on the NoPE layers queries are scaled by
+            ``log1p(floor((p + 1) / floor_scale)) * attn_scale + 1`` at position ``p`` (Llama-4's
+            ``attn_temperature_tuning``, arXiv 2501.19399); None: no scaling.
         embedding_multiplier: the token embedding is multiplied by it (Granite); None: not.
         residual_multiplier: Granite's factor of what attention and MLP add to the residual
             stream, recorded for the conversion, which folds it into ``o_proj`` and the MLP's
@@ -244,6 +257,11 @@ class TransformerConfig:
     post_ln: bool = False
     embed_norm: bool = False
     causal: bool = True
+    attention_chunk: int | None = None
+    chunked_layers: tuple[int, ...] | None = None
+    qk_l2_norm: bool = False
+    attn_temperature: tuple[float, float] | None = None
+    attn_gate: bool = False
     embedding_multiplier: float | None = None
     residual_multiplier: float | None = None
     n_experts: int | None = None
@@ -279,8 +297,11 @@ class TransformerConfig:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
         if self.qkv_bias is None:
             object.__setattr__(self, "qkv_bias", self.bias)
-        if self.sliding_layers is not None:  # JSON gives a list
-            object.__setattr__(self, "sliding_layers", tuple(int(l) for l in self.sliding_layers))
+        for field in ("sliding_layers", "chunked_layers"):  # JSON gives a list
+            if getattr(self, field) is not None:
+                object.__setattr__(self, field, tuple(int(l) for l in getattr(self, field)))
+        if self.attn_temperature is not None:
+            object.__setattr__(self, "attn_temperature", tuple(float(x) for x in self.attn_temperature))
         object.__setattr__(self, "yarn_beta", tuple(float(b) for b in self.yarn_beta))
         assert self.n_kv_heads is not None  # filled above
         if min(self.n_layers, self.d_model, self.n_heads, self.n_kv_heads, self.d_vocab, self.n_ctx) < 1:
@@ -317,6 +338,12 @@ class TransformerConfig:
             raise HeadprobeError("parallel_residual with post_norm is not implemented")
         if self.post_ln and (self.pre_norm or self.post_norm or self.parallel_residual):
             raise HeadprobeError("post_ln (BERT's post-LN blocks) needs pre_norm=False, post_norm=False and parallel_residual=False")
+        if not self.causal and (self.sliding_window is not None or self.attention_chunk is not None):
+            raise HeadprobeError("bidirectional attention (causal=False) with a sliding window or chunks is not implemented")
+        if self.attention_chunk is not None and self.attention_chunk < 1:
+            raise HeadprobeError(f"attention_chunk must be positive, got {self.attention_chunk}")
+        if any(not 0 <= l < self.n_layers for l in self.chunked_layers or ()):
+            raise HeadprobeError(f"chunked_layers {self.chunked_layers} out of range for {self.n_layers} layers")
         if not self.causal and self.sliding_window is not None:
             raise HeadprobeError("bidirectional attention (causal=False) with a sliding window is not implemented")
         if self.yarn_factor is not None and not (self.yarn_factor > 0 and self.positional == "rotary"):
@@ -375,8 +402,8 @@ class TransformerConfig:
             raise HeadprobeError("MLA with rotary positions needs qk_rope_head_dim > 0 (the decoupled rotary key)")
         if self.bias:
             raise HeadprobeError("MLA is implemented without biases (DeepSeek-V2); pass bias=False")
-        if self.qk_norm != "none" or self.rotary_dim is not None or self.sliding_window or self.attn_softcap:
-            raise HeadprobeError("MLA is implemented without qk_norm, rotary_dim, sliding windows and soft-capping")
+        if self.qk_norm != "none" or self.rotary_dim is not None or self.sliding_window or self.attn_softcap or self.attn_gate:
+            raise HeadprobeError("MLA is implemented without qk_norm, rotary_dim, sliding windows, soft-capping and gates")
         assert self.qk_nope_head_dim is not None  # filled above
         if min(self.qk_nope_head_dim, self.q_lora_rank or 1) < 1:
             raise HeadprobeError(f"MLA needs positive qk_nope_head_dim and q_lora_rank, got "
@@ -428,6 +455,15 @@ class TransformerConfig:
         """Whether layer ``layer`` attends within ``sliding_window`` only."""
         return self.sliding_window is not None and (self.sliding_layers is None or layer in self.sliding_layers)
 
+    def is_chunked(self, layer: int) -> bool:
+        """Whether layer ``layer`` attends within its ``attention_chunk`` only."""
+        return self.attention_chunk is not None and (self.chunked_layers is None or layer in self.chunked_layers)
+
+    def is_nope(self, layer: int) -> bool:
+        """Whether layer ``layer`` has no rotary positions (a NoPE layer of a rotary model: a None
+        entry of ``rope_thetas``)."""
+        return self.positional == "rotary" and self.layer_rope(layer) is None
+
     @property
     def group_size(self) -> int:
         """Query heads per key/value head: ``n_heads // n_kv_heads``."""
@@ -455,12 +491,13 @@ class TransformerConfig:
 
         The widths, MLA sizes and ``qk_norm`` are this config's, under the same names. Biases:
         ``"all"`` (``bias`` with ``qkv_bias``), ``"qkv"``, ``"out"`` (W_O only) or ``"none"``.
-        Windows: ``sliding_window`` on :meth:`is_sliding` layers. ``bytes_per_element`` is the
+        Windows: ``sliding_window`` on :meth:`is_sliding` layers, ``attention_chunk`` on :meth:`is_chunked` ones. ``bytes_per_element`` is the
         layout's default (2); ``name`` is empty.
         """
         bias = {(True, True): "all", (False, True): "qkv", (True, False): "out", (False, False): "none"}[
             (bool(self.bias), bool(self.qkv_bias))]
-        windows = tuple(self.sliding_window if self.is_sliding(l) else None for l in range(self.n_layers))
+        windows = tuple(self.sliding_window if self.is_sliding(l) else self.attention_chunk if self.is_chunked(l) else None
+                        for l in range(self.n_layers))  # a chunked layer caches at most a chunk, as layout_from_hf_config
         common: dict[str, Any] = dict(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_head=self.d_head,
                       bias=bias, windows=windows, sinks=self.attn_sinks)
         if self.is_mla:
@@ -468,7 +505,7 @@ class TransformerConfig:
                                    qk_rope_head_dim=self.qk_rope_head_dim, qk_nope_head_dim=self.qk_nope_head_dim,
                                    **common)
         assert self.qk_norm is not None  # None is read as "none" by __post_init__
-        return AttentionLayout(n_kv_heads=self.n_kv_heads, qk_norm=self.qk_norm, **common)
+        return AttentionLayout(n_kv_heads=self.n_kv_heads, qk_norm=self.qk_norm, output_gate=self.attn_gate, **common)
 
 
 # --------------------------------------------------------------------------------------------
@@ -515,6 +552,13 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+
+def l2_norm(x: Float[Tensor, "... d"], eps: float) -> Float[Tensor, "... d"]:
+    """``x / sqrt(mean(x^2) + eps)`` over the last axis in float32, no weight (Llama-4's
+    ``Llama4TextL2Norm``)."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
 
 
 def make_norm(cfg: TransformerConfig, width: int | None = None) -> nn.Module:
@@ -698,6 +742,7 @@ def key_mask(
     window: int | None = None,
     padding: Bool[Tensor, "batch k_pos"] | None = None,
     implicit: bool = False,
+    chunk: int | None = None,
 ) -> Bool[Tensor, "#batch 1 #q_pos k_pos"] | Bool[Tensor, "q_pos k_pos"] | None:
     """Which keys each query reads, True where it may: the one mask of every attention path.
 
@@ -714,7 +759,9 @@ def key_mask(
             real key before it; its output is never scored).
         implicit: return None where no tensor is needed because the fused kernel's own masking is
             exact (``is_causal`` for a causal mask with ``n_queries == n_keys``; nothing for a
-            bidirectional one), i.e. without window and padding. The eager path asks for the
+            bidirectional one), i.e. without window, chunk and padding.
+        chunk: also only if ``j`` and ``p_i`` are in the same chunk of ``chunk`` positions, counted
+            over real tokens where there is padding (Hugging Face's ``chunked_overlay``, Llama-4). The eager path asks for the
             tensor (``implicit=False``); it is then None only when nothing is masked at all.
 
     Returns:
@@ -729,13 +776,17 @@ def key_mask(
         if window is not None:
             raise HeadprobeError("bidirectional attention (causal=False) with a sliding window is not implemented")
         return None if padding is None else padding[:, None, None, :]
-    if padding is None and window is None and implicit and n_queries == n_keys:
+    if padding is None and window is None and chunk is None and implicit and n_queries == n_keys:
         return None
     i = torch.arange(n_keys - n_queries, n_keys, device=device)[:, None]  # the queries' positions
     j = torch.arange(n_keys, device=device)[None, :]
     mask = j <= i
     if window is not None:
         mask = mask & (j > i - window)
+    if chunk is not None:  # chunks of real-token positions
+        pos = (j[0] if padding is None else padding.long().cumsum(-1) - 1) // chunk  # [k_pos] | [batch, k_pos]
+        q_chunk = pos[..., n_keys - n_queries:, None]  # [q_pos, 1] | [batch, q_pos, 1]
+        mask = mask & (pos[..., None, :] == q_chunk if padding is None else (pos[:, None, :] == q_chunk)[:, None])
     if padding is not None:
         mask = (mask & padding[:, None, None, :]) | (j == i)
     return mask
@@ -965,10 +1016,12 @@ class SelfAttention(nn.Module):
         self.layer = layer
         self.n_heads = n_heads
         self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
+        self.chunk = cfg.attention_chunk if cfg.is_chunked(layer) else None
         self.softcap = cfg.attn_softcap
         self.scale = 1.0 / math.sqrt(cfg.d_qk) if cfg.attn_scale is None else cfg.attn_scale
         self.force_eager = False
         self.streaming: tuple[Streaming | None, ...] | None = None  # this layer's KV policy (Transformer.kv_policy)
+        self._gate: Tensor | None = None  # this forward's output gate [batch, pos, head, d_head] (attn_gate), set by qkv
 
     def _add_output(self, rotary_hooks: bool) -> None:
         """W_O and the hook points, made after the subclass's projections (so that parameters,
@@ -988,6 +1041,8 @@ class SelfAttention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if cfg.attn_sinks else None
         if cfg.attn_sinks:
             self.hook_sinks = HookPoint()  # [head], the sink logits this forward uses (-inf removes the sink)
+        if cfg.attn_gate:
+            self.hook_gate = HookPoint()  # [batch, pos, head, d_head], sigmoid of the output gate (attn_gate only)
         self.hook_z = HookPoint()  # [batch, pos, head, d_head], after head_mask
         self.hook_result = HookPoint()  # [batch, pos, head, d_model], z_h W_O^(h)
 
@@ -1042,6 +1097,9 @@ class SelfAttention(nn.Module):
             z = self._attend_streaming(q, k, v, self.streaming, None, padding)
         else:
             z = self.attend(q, k, v, padding)
+        gate, self._gate = self._gate, None
+        if gate is not None:  # gated attention (attn_gate): z_h = sigmoid(g_h) * pattern_h v
+            z = z * self.hook_gate(torch.sigmoid(gate))
         return self.output(z, head_mask)
 
     def _attend_streaming(
@@ -1089,7 +1147,7 @@ class SelfAttention(nn.Module):
         both under this layer's :func:`key_mask`."""
         eager = self.needs_pattern()
         mask = key_mask(q.shape[2], k.shape[2], q.device, causal=self.cfg.causal, window=self.window,
-                        padding=padding, implicit=not eager)
+                        padding=padding, implicit=not eager, chunk=self.chunk)
         z = self._eager(q, k, v, mask) if eager else self._fused(q, k, v, mask)
         return z.transpose(1, 2)
 
@@ -1217,7 +1275,7 @@ class Attention(SelfAttention):
         self.n_kv_heads = KV
         D, d_qk, d_head = cfg.d_model, cfg.d_qk, cfg.d_head
         assert KV is not None and d_head is not None and cfg.qkv_bias is not None  # filled by TransformerConfig.__post_init__
-        self.q_proj = nn.Linear(D, H * d_qk, bias=cfg.qkv_bias)
+        self.q_proj = nn.Linear(D, H * (d_qk + (d_head if cfg.attn_gate else 0)), bias=cfg.qkv_bias)  # gate: [q_h, g_h] per head
         self.k_proj = nn.Linear(D, KV * d_qk, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.qkv_bias)
         self.q_norm: RMSNorm | None = None
@@ -1230,6 +1288,8 @@ class Attention(SelfAttention):
         rope = cfg.layer_rope(layer)  # None: learned positions or a NoPE layer
         self.rotary = (None if rope is None else
                        Rotary(rotary_dim, *rope, interleaved=cfg.rotary_interleaved, yarn=YaRN.of(cfg)))
+        self.qk_l2 = cfg.qk_l2_norm and self.rotary is not None  # Llama-4: on the rotary layers only
+        self.temperature = cfg.attn_temperature if cfg.is_nope(layer) else None
         self._add_output(rotary_hooks=True)
 
     def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
@@ -1239,7 +1299,10 @@ class Attention(SelfAttention):
         B, T, _ = x.shape
         H, KV, d_qk, d_head = self.n_heads, self.n_kv_heads, self.cfg.d_qk, self.cfg.d_head
         # Split heads: reshape to [batch, pos, head, d] (head h = columns h*d:(h+1)*d) ...
-        q = self.hook_q(self.q_proj(x).view(B, T, H, d_qk))  # [batch, pos, head, d_qk]
+        q = self.q_proj(x).view(B, T, H, -1)
+        if self.cfg.attn_gate:  # Qwen3-Next: each head's query, then its output gate
+            q, self._gate = q[..., :d_qk], q[..., d_qk:]
+        q = self.hook_q(q)  # [batch, pos, head, d_qk]
         k = self.hook_k(self.k_proj(x).view(B, T, KV, d_qk))  # [batch, pos, kv_head, d_qk]
         v = self.hook_v(self.v_proj(x).view(B, T, KV, d_head))  # [batch, pos, kv_head, d_head]
         if self.cfg.qk_norm == "per_head":
@@ -1251,6 +1314,12 @@ class Attention(SelfAttention):
         if self.rotary is not None:
             q = self.hook_rot_q(self.rotary(q, positions))
             k = self.hook_rot_k(self.rotary(k, positions))
+        if self.qk_l2:  # Llama-4: weightless RMSNorm after rotary
+            q, k = l2_norm(q, self.cfg.norm_eps), l2_norm(k, self.cfg.norm_eps)
+        if self.temperature is not None:  # Llama-4's temperature tuning of NoPE layers
+            floor_scale, attn_scale = self.temperature
+            scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+            q = (q * scale[:, :, None, None]).to(q.dtype)
         # ... then transpose to [batch, head, pos, d].
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
@@ -1617,6 +1686,8 @@ class Transformer(HookedRootModule):
         """Raise HeadprobeError unless ``policy`` fits: ``n_layers`` x :attr:`n_kv_groups`, and no
         streaming group on a sliding-window layer (already windowed; budget refuses it too)."""
         policy.check_layout(self.cfg.n_layers, self.n_kv_groups, "the model")
+        if self.cfg.attention_chunk is not None:
+            raise HeadprobeError("KV policies are not implemented for chunked attention (attention_chunk)")
         for layer, row in enumerate(policy.groups):
             if self.cfg.is_sliding(layer) and any(g is not None for g in row):
                 raise HeadprobeError(f"layer {layer} has a sliding window; a KV policy makes only global layers streaming")
