@@ -74,7 +74,7 @@ def on_files(files: Files, config) -> Files:
 
 
 SPHINX_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):`~?([^`]+)`")
-"""A Sphinx cross-reference in a docstring (``:class:`~headprobe.probe.backend.LoadedModel```)."""
+"""A Sphinx cross-reference in a docstring (``:class:`~headprobe.probe.backends.base.LoadedModel```)."""
 
 
 class PublicNames(griffe.Extension):
