@@ -239,7 +239,7 @@ def read_mib(data: dict, name: str, layout: Layout | None) -> HeadFile:
                 raise HeadprobeError(f"{name} has node {node}; {layout.name} has {layout.n_layers} layers of "
                                      f"{layout.n_heads} heads")
             heads.append(head)
-    scores = {}
+    scores: dict[Head, float] = {}
     for edge, info in (data.get("edges") or {}).items():
         m = _MIB_HEAD.fullmatch(str(edge).split("->")[0])
         if m and isinstance(info, dict) and isinstance(info.get("score"), (int, float)):
@@ -341,7 +341,7 @@ def read_parquet(path: Path, layout: Layout | None, k: int, score: str | None) -
     if not {"layer", "head"} <= set(table.columns):
         raise HeadprobeError(f"{path.name} has no layer and head columns (a head table)")
     column = score or next((c for c in ("retrieval", "induction") if c in table.columns), None)
-    if column not in table.columns:
+    if column is None or column not in table.columns:
         raise HeadprobeError(f"{path.name} has no column {column!r}; it has {', '.join(map(str, table.columns))}")
     if layout is not None:
         n_layers, n_heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1

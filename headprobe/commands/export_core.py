@@ -122,7 +122,7 @@ def _score_column(src: Source, asked: str | None) -> str:
         HeadprobeError: the scan has no such column (or neither default)."""
     table = src.table
     column = asked or next((c for c in ("retrieval", "induction") if c in table and table[c].notna().any()), None)
-    if column not in table or column in ("layer", "head", "kv_head"):
+    if column is None or column not in table or column in ("layer", "head", "kv_head"):
         raise HeadprobeError(f"--score {column}: {src.path} has no such score column; it has "
                              f"{', '.join(c for c in table.columns if c not in ('layer', 'head', 'kv_head'))}")
     return column
@@ -184,8 +184,8 @@ def parquet_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
     name = {"scan": "heads", "kv": "groups", "circuit": "edges"}[src.kind]
     buf = io.BytesIO()
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow as pa  # type: ignore[import-untyped]
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
     except ImportError:
         raise HeadprobeError("--format parquet needs pyarrow: pip install 'headprobe[exchange]'") from None
     arrow = pa.Table.from_pandas(table, preserve_index=False)

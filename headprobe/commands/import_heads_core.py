@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from headprobe import options
 from headprobe.analyses import exchange as ex
@@ -80,7 +81,7 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
     if len(heads) >= spec.n_layers * spec.n_heads:
         raise HeadprobeError(f"{config.heads_file} names all {len(heads)} heads of {spec.name}: no head is left for a control set")
     model.self_check.require_decomposition("verification by ablation")
-    cfg = replace(config, k=len(heads), types=("induction",)).resolved(spec, model.trained_periods)
+    cfg = cast(ImportConfig, replace(config, k=len(heads), types=("induction",)).resolved(spec, model.trained_periods))
     assert cfg.seq_len is not None and cfg.period is not None
     text = cfg.read_text()
     natural = natural_text_tokens(model, cfg.n_natural, cfg.seq_len, cfg.seed, text, source=str(cfg.text) if cfg.text else None)
@@ -89,6 +90,7 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
                                        types=(), streaming=cfg.streaming)
     _, rep_loss, _ = score_tokens(model, repeated, "repeated", first_scored("repeated", repeated.start, repeated.period),
                                   types=(), streaming=cfg.streaming)
+    assert mean_z is not None  # asked for
     clean = {"natural": nat_loss, "repeated": rep_loss}
     untrusted = {"natural": untrusted_task_reason(float(nat_loss.double().mean()), spec.d_vocab,
                                                   scan_core.unknown_share(model, natural)),
@@ -136,14 +138,15 @@ def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> li
     full = kp.evaluate(model, tokens, natural.start, lr)
     k = len(policy.full_groups)
     uniform = kp.uniform_policy(policy.n_layers, policy.n_kv_groups, k, Streaming(sink, window), cfg.seq_len)
-    rows = [{"policy": "full", "kv_fraction": 1.0, "quality": full}]
-    for name, p in (("file", policy), ("uniform", uniform)):
-        cached = sum(map(sum, p.cached_positions(cfg.seq_len)))
-        rows.append({"policy": name, "kv_fraction": cached / (policy.n_layers * policy.n_kv_groups * cfg.seq_len),
-                     "quality": kp.evaluate(model, tokens, natural.start, lr, p)})
-    return [{"policy": r["policy"], "kv_fraction": r["kv_fraction"],
-             "natural_loss_increase": r["quality"].natural_loss - full.natural_loss,
-             "long_range_loss": r["quality"].long_range_loss, "copy_accuracy": r["quality"].copy_accuracy} for r in rows]
+    rows = []
+    for name, p in (("full", None), ("file", policy), ("uniform", uniform)):
+        cached = sum(map(sum, p.cached_positions(cfg.seq_len))) if p is not None else None
+        q = full if p is None else kp.evaluate(model, tokens, natural.start, lr, p)
+        rows.append({"policy": name, "kv_fraction": 1.0 if cached is None else
+                     cached / (policy.n_layers * policy.n_kv_groups * cfg.seq_len),
+                     "natural_loss_increase": q.natural_loss - full.natural_loss, "long_range_loss": q.long_range_loss,
+                     "copy_accuracy": q.copy_accuracy})
+    return rows
 
 
 import_heads = options.command_function(
