@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.heads import Head, format_head, parse_heads
-from headprobe.probe.layout import KVPolicy, Streaming
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import Head, format_head, parse_heads
+from headprobe.probe.layout.attention import KVPolicy, Streaming
 
 DUO_TSV = "full_attention_heads.tsv"
 DUO_CONFIG = "config.json"

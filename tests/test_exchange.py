@@ -67,7 +67,7 @@ def test_duo_round_trip_of_a_kv_policy(runs, tmp_path, tiny_dir):
     """kv policy -> TSV + config.json -> kvpress's reader (shape [layers, KV heads], sink, window)
     and headprobe's reader (the same policy)."""
     from headprobe.analyses.exchange import read_head_file
-    from headprobe.probe.io import read_kv_policy
+    from headprobe.probe.core.io import read_kv_policy
 
     out = _export(runs / "kv", tmp_path / "e", "--format", "duo")
     policy = read_kv_policy(runs / "kv" / "policy.json")

@@ -25,7 +25,7 @@ from dataclasses import MISSING, dataclass
 
 from headprobe.analyses.exchange import FORMATS
 from headprobe.commands import Command, lazy_names, resolve
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.settings import setting
 
 _CORE = ("ExportResult", "run", "export")

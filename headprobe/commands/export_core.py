@@ -16,7 +16,7 @@ import pandas as pd
 
 from headprobe.analyses import exchange as ex
 from headprobe.commands.export import HELP, ExportConfig  # noqa: F401 - the light module's names, re-exported
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 SUPPORTED = {"scan": ("duo", "headkv", "parquet"), "kv": ("duo", "headkv", "parquet"), "circuit": ("mib", "parquet")}
 """The formats each source kind can be written in."""
@@ -64,7 +64,7 @@ class ExportResult:
         Raises:
             HeadprobeError: ``out`` is a file, not writable, or not empty without ``overwrite``."""
         from headprobe.analyses.outputs import write_outputs
-        from headprobe.probe.io import atomic_path
+        from headprobe.probe.core.io import atomic_path
 
         def files(tmp: Path) -> list[Path]:
             for rel, data in self.files.items():
@@ -131,7 +131,7 @@ def _score_column(src: Source, asked: str | None) -> str:
 def duo_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
     """full_attention_heads.tsv and config.json."""
     if src.kind == "kv":
-        from headprobe.probe.io import read_kv_policy
+        from headprobe.probe.core.io import read_kv_policy
 
         values, sink, recent = ex.policy_values(read_kv_policy(src.path / "policy.json"))
         if not sink and not recent:  # every group full: the kv run's own streaming span

@@ -24,7 +24,7 @@ from headprobe import options
 from headprobe.analyses import vocabulary as vocab
 from headprobe.commands import Command, lazy_names, resolve
 from headprobe.commands.scan import DEFAULT_K, ScanConfig
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.settings import DataSettings, Flags, ModelSettings, setting
 
 _CORE = ("ImportResult", "run", "import_heads")

@@ -14,9 +14,9 @@ from headprobe.analyses import exchange as ex
 from headprobe.analyses.ablation import Verification
 from headprobe.commands import scan_core
 from headprobe.commands.import_heads import HELP, ImportConfig  # noqa: F401 - the light module's names, re-exported
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.heads import Head
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import Head
 
 SET_NAME = "imported"
 """The head set's name in the verification (its test and its control streams' seed)."""
@@ -120,7 +120,7 @@ def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> li
     from headprobe.analyses import kvpolicy as kp
     from headprobe.commands import kv_core
     from headprobe.commands.kv import KVConfig
-    from headprobe.probe.layout import Streaming
+    from headprobe.probe.layout.attention import Streaming
 
     policy = hf.policy
     spans = {(s.sink, s.window) for row in policy.groups for s in row if s is not None}
