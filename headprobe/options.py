@@ -53,13 +53,17 @@ SMOLLM2_LAYOUT = (30, 9)
 """(layers, query heads per layer) of the embedded ``smollm2-135m`` (SmolLM2-135M; checked against
 the loaded model by the real-model tests)."""
 
+SMOLLM2_KV_HEADS = 3
+"""Key/value heads per layer of the embedded ``smollm2-135m`` (GQA, 3 query heads each)."""
+
 SMOLLM2_CONTEXT = 8192
 """Context length (positions) of the embedded ``smollm2-135m`` (its ``max_position_embeddings``)."""
 
 
 def peek_config(model: str) -> dict | None:
     """What ``model``'s config says, read without loading weights or torch (milliseconds):
-    ``{"n_layers", "n_heads", "n_ctx"}`` (``n_ctx`` None where the config gives no context length),
+    ``{"n_layers", "n_heads", "n_ctx", "n_kv_heads", "n_kv_groups"}`` (``n_ctx`` None where the config
+    gives no context length; ``n_kv_groups``: the KV heads, or 1 for MLA's per-layer latent),
     from the embedded ``smollm2-135m``'s layout, a Hugging Face directory's ``config.json`` or a
     headprobe checkpoint directory's. None where it cannot be read that cheaply (hub names,
     ``.gguf`` files, unreadable configs): the caller checks after loading instead."""
@@ -67,7 +71,8 @@ def peek_config(model: str) -> dict | None:
     from pathlib import Path
 
     if model.lower() == DEFAULT_MODEL and not Path(model).exists():  # case-insensitive, as load_model reads it
-        return {"n_layers": SMOLLM2_LAYOUT[0], "n_heads": SMOLLM2_LAYOUT[1], "n_ctx": SMOLLM2_CONTEXT}
+        return {"n_layers": SMOLLM2_LAYOUT[0], "n_heads": SMOLLM2_LAYOUT[1], "n_ctx": SMOLLM2_CONTEXT,
+                "n_kv_heads": SMOLLM2_KV_HEADS, "n_kv_groups": SMOLLM2_KV_HEADS}
     path = Path(model).expanduser() / "config.json"
     try:
         cfg = json.loads(path.read_text(encoding="utf-8-sig"))
@@ -85,7 +90,10 @@ def peek_config(model: str) -> dict | None:
     layers = first("n_layers", "num_hidden_layers", "n_layer", "num_layers")
     heads = first("n_heads", "num_attention_heads", "n_head")
     n_ctx = first("n_ctx", "max_position_embeddings", "n_positions")
-    return {"n_layers": layers, "n_heads": heads, "n_ctx": n_ctx} if layers and heads else None
+    kv_heads = first("num_key_value_heads", "n_kv_heads", "n_head_kv") or (1 if cfg.get("multi_query") else heads)
+    kv_groups = 1 if cfg.get("kv_lora_rank") else kv_heads
+    return ({"n_layers": layers, "n_heads": heads, "n_ctx": n_ctx, "n_kv_heads": kv_heads, "n_kv_groups": kv_groups}
+            if layers and heads else None)
 
 
 def peek_layout(model: str) -> tuple[int, int] | None:

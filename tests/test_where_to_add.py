@@ -536,11 +536,12 @@ ADD_SETTING = textwrap.dedent('''
                                       ("kv", "headprobe.commands.kv", "KVConfig"),
                                       ("circuit", "headprobe.commands.circuit", "CircuitConfig"),
                                       ("view", "headprobe.commands.view", "ViewConfig"),
-                                      ("atlas", "headprobe.commands.atlas", "AtlasConfig")]:
+                                      ("atlas", "headprobe.commands.atlas", "AtlasConfig"),
+                                      ("import", "headprobe.commands.import_heads", "ImportConfig")]:
         cls = getattr(importlib.import_module(module_name), config)
         if "trust_remote_code" in {f.name for f in dataclasses.fields(cls)}:
             extra = ["--head", "1.1", "--prompt", "x"] if name == "show" else []
-            where = ["x"] if name == "view" else ["--out", "x"]  # view writes into its DIR
+            where = ["x"] if name == "view" else ["--heads-file", "x"] if name == "import" else ["--out", "x"]  # view writes into its DIR
             args = build_parser(name).parse_args([name, *where, "--trust-remote-code", *extra])
             changes = {"prompt": "x"} if name == "show" else {}
             options.check_fields(cls, {"trust_remote_code": True})  # the Python API takes it as a keyword
@@ -558,8 +559,8 @@ FIELD = ('    trust_remote_code: bool = setting(False, "run the repository\'s ow
 
 
 @pytest.mark.parametrize("group, commands", [
-    ("ModelSettings", ["ablate", "atlas", "circuit", "kv", "patch", "prune", "scan", "show", "view"]),
-    ("DataSettings", ["ablate", "atlas", "prune", "scan"]),
+    ("ModelSettings", ["ablate", "atlas", "circuit", "import", "kv", "patch", "prune", "scan", "show", "view"]),
+    ("DataSettings", ["ablate", "atlas", "import", "prune", "scan"]),
 ])
 def test_a_shared_setting_is_one_field(group, commands):
     r = subprocess.run([sys.executable, "-c", ADD_SETTING, group, FIELD], capture_output=True, text=True, cwd=ROOT)

@@ -1,0 +1,358 @@
+"""Head files other tools read, written and read back (torch-free): DuoAttention's
+``full_attention_heads.tsv`` + ``config.json``, Retrieval_Head / HeadKV's ``{"layer-head":
+[scores]}`` JSON, EAP-IG / MIB circuit graphs and a plain ``layer.head`` list. The shape of each is
+checked against a model's layout in one line (duo-attention#23: a 32-row file for a 36-layer model).
+
+Sources of each format (read, not copied):
+
+* DuoAttention (arXiv:2410.10819): ``duo_attn/utils.py`` ``load_attn_pattern`` in
+  mit-han-lab/duo-attention, and kvpress's ``DuoAttentionPress.load_attention_pattern``
+  (``kvpress/presses/duo_attention_press.py``): ``np.loadtxt(..., dtype=float, delimiter="\\t")``
+  clipped to [0, 1], ``[n_layers, n_kv_heads]``, no header; ``config.json`` gives ``sink_size`` and
+  ``recent_size`` (other keys are ignored by both).
+* Retrieval_Head (Wu et al. 2024, nightdessert/Retrieval_Head ``head_score/<model>.json``) and
+  HeadKV (FYYFU/HeadKV): one line of JSON, ``{"<layer>-<head>": [per-sample scores]}``, read with
+  ``json.loads(file.readline())`` and ranked by the mean; query heads; no other key.
+* EAP-IG (hannamw/EAP-IG ``Graph.to_json``), the format of the MIB circuit track: ``{"cfg",
+  "nodes": {name: in_graph}, "edges": {"<parent>-><child>[<q|k|v>]": {"score", "in_graph"}}}``,
+  nodes ``input``, ``a{l}.h{h}``, ``m{l}``, ``logits``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import Head, format_head, parse_heads
+from headprobe.probe.layout.attention import KVPolicy, Streaming
+
+DUO_TSV = "full_attention_heads.tsv"
+DUO_CONFIG = "config.json"
+DUO_THRESHOLD = 0.5
+"""A KV group with a value at or above this keeps a full cache (DuoAttention's ``count_attention_head_types``)."""
+FORMATS = ("duo", "headkv", "mib", "parquet")
+IMPORT_KINDS = ("duo", "headkv", "mib", "parquet", "kv-policy", "list")
+
+_HEADKV_KEY = re.compile(r"^(\d+)-(\d+)$")
+_MIB_HEAD = re.compile(r"^a(\d+)\.h(\d+)$")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a head file is checked against: the model's name and its sizes (``n_kv_groups``: KV
+    heads, or 1 per layer for MLA's latent; None where unknown)."""
+
+    name: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int | None = None
+    n_kv_groups: int | None = None
+
+    def identity(self) -> dict[str, Any]:
+        return {"model": self.name, "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads}
+
+
+@dataclass
+class HeadFile:
+    """A head file read back: its ``kind`` (:data:`IMPORT_KINDS`), the ``heads`` it names (a set, or
+    the top ``k`` of its ``scores``), ``scores`` (``{(layer, head): score}``, where it has them),
+    ``policy`` (DuoAttention and policy files: full groups at or above the threshold, the rest
+    streaming), ``meta`` (what the file says of itself) and how the heads were chosen (``rule``)."""
+
+    kind: str
+    heads: list[Head]
+    rule: str
+    scores: dict[Head, float] = field(default_factory=dict)
+    policy: KVPolicy | None = None
+    meta: dict = field(default_factory=dict)
+
+
+def group_heads(groups: list[tuple[int, int]], n_heads: int, n_kv_groups: int) -> list[Head]:
+    """The query heads of KV groups ``(layer, kv_group)`` (``n_heads / n_kv_groups`` consecutive heads each)."""
+    size = n_heads // n_kv_groups
+    return [(layer, g * size + i) for layer, g in groups for i in range(size)]
+
+
+# --- DuoAttention ---------------------------------------------------------------------------------
+
+
+def duo_text(values: list[list[float]]) -> str:
+    """The TSV: one row per layer, one tab-separated value per KV group, no header."""
+    return "".join("\t".join(f"{float(v):.6f}" for v in row) + "\n" for row in values)
+
+
+def duo_config(sink: int, recent: int, identity: dict, how: str) -> dict:
+    """config.json: DuoAttention's two keys, then what headprobe adds (ignored by its readers)."""
+    return {"sink_size": int(sink), "recent_size": int(recent), "headprobe": {**identity, "values": how,
+            "rows": "layers", "columns": "KV groups (key/value heads)", "threshold": DUO_THRESHOLD}}
+
+
+def policy_values(policy: KVPolicy) -> tuple[list[list[float]], int, int]:
+    """A KV policy as DuoAttention values (1 full, 0 streaming) and its one ``(sink, window)``.
+
+    Raises:
+        HeadprobeError: streaming groups with different sinks or windows (DuoAttention has one)."""
+    spans = {(s.sink, s.window) for row in policy.groups for s in row if s is not None}
+    if len(spans) > 1:
+        raise HeadprobeError(f"the policy's streaming groups use {len(spans)} different (sink, window) pairs; "
+                             "DuoAttention's config.json has one sink_size and one recent_size")
+    sink, window = spans.pop() if spans else (0, 0)
+    return [[1.0 if s is None else 0.0 for s in row] for row in policy.groups], sink, window
+
+
+def read_duo(path: Path, layout: Layout | None) -> HeadFile:
+    """A DuoAttention pattern (the TSV, or its folder), as ``load_attn_pattern`` reads it, checked
+    against ``layout``; groups at or above :data:`DUO_THRESHOLD` keep a full cache.
+
+    Raises:
+        HeadprobeError: unreadable, not numbers, values outside [0, 1], or rows/columns that are not the model's.
+    """
+    import numpy as np
+
+    tsv = path / DUO_TSV if path.is_dir() else path
+    try:
+        values = np.atleast_2d(np.loadtxt(tsv, dtype=float, delimiter="\t"))
+    except (OSError, ValueError) as err:
+        raise HeadprobeError(f"cannot read {tsv.name} as DuoAttention's tab-separated numbers: {err}") from None
+    if not np.isfinite(values).all() or values.min() < 0 or values.max() > 1:
+        raise HeadprobeError(f"{tsv.name} holds values outside [0, 1] (DuoAttention's gate values are in [0, 1])")
+    config_path = tsv.parent / DUO_CONFIG
+    config = json.loads(config_path.read_text(encoding="utf-8-sig")) if config_path.is_file() else {}
+    if layout is not None:
+        check_duo_shape(values.shape, layout, tsv.name)
+    rows, cols = values.shape
+    full = [(int(layer), int(g)) for layer, g in zip(*np.nonzero(values >= DUO_THRESHOLD))]
+    policy = None
+    if isinstance(config.get("sink_size"), int) and isinstance(config.get("recent_size"), int):
+        policy = KVPolicy.with_full(rows, cols, full, Streaming(config["sink_size"], config["recent_size"]),
+                                    model=str(config.get("headprobe", {}).get("model", "")))
+    n_heads = layout.n_heads if layout is not None else cols
+    heads = group_heads(full, n_heads, cols)
+    return HeadFile("duo", heads, f"query heads of the KV groups with a value >= {DUO_THRESHOLD}",
+                    {(layer, g): float(values[layer, g]) for layer in range(rows) for g in range(cols)}, policy,
+                    {**config.get("headprobe", {}), "sink_size": config.get("sink_size"),
+                     "recent_size": config.get("recent_size"), "shape": [rows, cols]})
+
+
+def check_duo_shape(shape: tuple[int, ...], layout: Layout, name: str = DUO_TSV) -> None:
+    """One line naming the mismatch of a DuoAttention file's ``[rows, columns]`` with the model."""
+    rows, cols = shape
+    if rows != layout.n_layers:
+        raise HeadprobeError(f"{name} has {rows} rows; {layout.name} has {layout.n_layers} layers")
+    if layout.n_kv_groups is not None and cols != layout.n_kv_groups:
+        raise HeadprobeError(f"{name} has {cols} columns; {layout.name} has {layout.n_kv_groups} KV heads per layer")
+
+
+# --- Retrieval_Head / HeadKV ----------------------------------------------------------------------
+
+
+def headkv_text(scores: dict[Head, list[float]]) -> str:
+    """The one-line JSON, heads in layer-major order (readers reshape the values to ``[layers, heads]``)."""
+    return json.dumps({f"{layer}-{head}": [float(x) for x in v] for (layer, head), v in sorted(scores.items())}) + "\n"
+
+
+def read_headkv(data: dict, name: str, layout: Layout | None, k: int) -> HeadFile:
+    """A Retrieval_Head / HeadKV score file: each head's mean score; the heads are the top ``k``.
+
+    Raises:
+        HeadprobeError: a key that is not ``layer-head``, an empty or non-numeric list, or a head outside the model.
+    """
+    scores: dict[Head, float] = {}
+    for key, values in data.items():
+        m = _HEADKV_KEY.fullmatch(str(key))
+        if m is None or not isinstance(values, list) or not values or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise HeadprobeError(f"{name}: entry {key!r} is not \"layer-head\": [scores] (Retrieval_Head's format)")
+        head = (int(m.group(1)), int(m.group(2)))
+        if layout is not None and (head[0] >= layout.n_layers or head[1] >= layout.n_heads):
+            raise HeadprobeError(f"{name} names head {key}; {layout.name} has {layout.n_layers} layers of "
+                                 f"{layout.n_heads} heads")
+        scores[head] = sum(values) / len(values)
+    if layout is not None and len(scores) > layout.n_layers * layout.n_heads:
+        raise HeadprobeError(f"{name} has {len(scores)} heads; {layout.name} has {layout.n_layers * layout.n_heads}")
+    return HeadFile("headkv", top_k(scores, k), f"the top {k} heads by mean score", scores)
+
+
+def top_k(scores: dict[Head, float], k: int) -> list[Head]:
+    """The ``k`` highest-scoring heads (ties: layer-major order), NaN never among them."""
+    ranked = sorted((h for h, v in scores.items() if v == v), key=lambda h: (-scores[h], h))
+    return sorted(ranked[:k])
+
+
+# --- EAP-IG / MIB ---------------------------------------------------------------------------------
+
+
+def mib_node(name: str) -> str:
+    """headprobe's ``5.1`` -> ``a5.h1``; ``logits`` stays."""
+    if name == "logits":
+        return name
+    layer, head = name.split(".")
+    return f"a{layer}.h{head}"
+
+
+def mib_graph(edges: list[dict], layout: Layout, in_graph: set[str], d_model: int | None) -> dict:
+    """EAP-IG's graph JSON from headprobe edges (``sender``, ``receiver``, ``input``, ``score``,
+    ``exact``): ``in_graph`` names the edges of the circuit; every attention node, ``input``, the
+    MLPs and ``logits`` are listed (MLP and input edges are not scored by headprobe)."""
+    out_edges, nodes = {}, {"input": False}
+    for layer in range(layout.n_layers):
+        nodes.update({f"a{layer}.h{h}": False for h in range(layout.n_heads)})
+        nodes[f"m{layer}"] = False
+    nodes["logits"] = True
+    for e in edges:
+        child = mib_node(e["receiver"])
+        name = f"{mib_node(e['sender'])}->{child}" + ("" if child == "logits" else f"<{e['input']}>")
+        entry = {"score": float(e["score"]), "in_graph": e["edge"] in in_graph}
+        if e.get("exact") is not None and e["exact"] == e["exact"]:
+            entry["path_patched"] = float(e["exact"])
+        out_edges[name] = entry
+        if entry["in_graph"]:
+            nodes[mib_node(e["sender"])] = True
+            nodes[child] = True
+    cfg = {"n_layers": layout.n_layers, "n_heads": layout.n_heads, "d_model": d_model, "parallel_attn_mlp": False}
+    return {"cfg": cfg, "nodes": nodes, "edges": out_edges}
+
+
+def read_mib(data: dict, name: str, layout: Layout | None) -> HeadFile:
+    """An EAP-IG / MIB graph: the heads are the attention nodes in the graph.
+
+    Raises:
+        HeadprobeError: no ``nodes``, a node that is no head of the model, or a ``cfg`` of another shape.
+    """
+    cfg, nodes = data.get("cfg") or {}, data.get("nodes")
+    if not isinstance(nodes, dict):
+        raise HeadprobeError(f"{name} has no \"nodes\" (EAP-IG's graph JSON: cfg, nodes, edges)")
+    if layout is not None:
+        for key, size in (("n_layers", layout.n_layers), ("n_heads", layout.n_heads)):
+            if isinstance(cfg.get(key), int) and cfg[key] != size:
+                raise HeadprobeError(f"{name} is a graph of {cfg[key]} {key[2:]}; {layout.name} has {size}")
+    heads = []
+    for node, in_graph in nodes.items():
+        m = _MIB_HEAD.fullmatch(str(node))
+        if m and in_graph:
+            head = (int(m.group(1)), int(m.group(2)))
+            if layout is not None and (head[0] >= layout.n_layers or head[1] >= layout.n_heads):
+                raise HeadprobeError(f"{name} has node {node}; {layout.name} has {layout.n_layers} layers of "
+                                     f"{layout.n_heads} heads")
+            heads.append(head)
+    scores: dict[Head, float] = {}
+    for edge, info in (data.get("edges") or {}).items():
+        m = _MIB_HEAD.fullmatch(str(edge).split("->")[0])
+        if m and isinstance(info, dict) and isinstance(info.get("score"), (int, float)):
+            h = (int(m.group(1)), int(m.group(2)))
+            scores[h] = max(scores.get(h, 0.0), abs(float(info["score"])))
+    return HeadFile("mib", sorted(heads), "the attention nodes in the graph (in_graph true)", scores,
+                    meta=data.get("headprobe", {}))
+
+
+# --- reading any of them --------------------------------------------------------------------------
+
+
+def sniff(path: Path) -> str:
+    """The kind of head file at ``path`` (:data:`IMPORT_KINDS`), from its name and, for JSON, its keys.
+
+    Raises:
+        HeadprobeError: missing, or a JSON file of none of the known shapes.
+    """
+    if path.is_dir():
+        if (path / DUO_TSV).is_file():
+            return "duo"
+        raise HeadprobeError(f"{path} is a folder without {DUO_TSV}; give the head file itself")
+    if not path.is_file():
+        raise HeadprobeError(f"head file {path} does not exist")
+    if path.suffix == ".tsv":
+        return "duo"
+    if path.suffix == ".parquet":
+        return "parquet"
+    if path.suffix == ".json":
+        data = load_json(path)
+        if isinstance(data, dict) and data.get("format") == "headprobe-kv-policy":
+            return "kv-policy"
+        if isinstance(data, dict) and "nodes" in data and "edges" in data:
+            return "mib"
+        if isinstance(data, dict) and data and all(_HEADKV_KEY.fullmatch(str(k)) for k in data):
+            return "headkv"
+        raise HeadprobeError(f"{path.name} is JSON of no known head format (a Retrieval_Head/HeadKV score file, "
+                             "an EAP-IG graph or a headprobe KV policy)")
+    return "list"
+
+
+def load_json(path: Path) -> Any:
+    """``path`` as JSON (UTF-8, a byte-order mark allowed).
+
+    Raises:
+        HeadprobeError: unreadable or not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise HeadprobeError(f"cannot read {path.name} as JSON: {err}") from None
+
+
+def read_head_file(path: str | Path, layout: Layout | None, k: int, score: str | None = None) -> HeadFile:
+    """Any head file (:func:`sniff`), its shape checked against ``layout`` where given (None: not checked).
+
+    Args:
+        k: how many heads a score file (HeadKV, Parquet) names: its top ``k``.
+        score: the Parquet column ranked (None: ``retrieval``, else ``induction``).
+
+    Raises:
+        HeadprobeError: unreadable, of no known format, or of another shape than the model's.
+    """
+    path = Path(path)
+    kind = sniff(path)
+    if kind == "duo":
+        return read_duo(path, layout)
+    if kind == "parquet":
+        return read_parquet(path, layout, k, score)
+    if kind == "list":
+        text = path.read_text(encoding="utf-8-sig")
+        items = ",".join(s.strip() for s in text.replace("\n", ",").split(",") if s.strip() and not s.startswith("#"))
+        bound = (layout.n_layers, layout.n_heads) if layout is not None else (10**9, 10**9)
+        return HeadFile("list", sorted(set(parse_heads(items, *bound))), "the heads listed")
+    data = load_json(path)
+    if kind == "headkv":
+        return read_headkv(data, path.name, layout, k)
+    if kind == "mib":
+        return read_mib(data, path.name, layout)
+    policy = KVPolicy.from_dict(data, path.name)
+    if layout is not None and layout.n_kv_groups is not None:
+        policy.check_layout(layout.n_layers, layout.n_kv_groups, layout.name)
+    n_heads = layout.n_heads if layout is not None else policy.n_kv_groups
+    return HeadFile("kv-policy", group_heads(policy.full_groups, n_heads, policy.n_kv_groups),
+                    "query heads of the full-cache KV groups", policy=policy)
+
+
+def read_parquet(path: Path, layout: Layout | None, k: int, score: str | None) -> HeadFile:
+    """A headprobe head table (one row per ``layer``, ``head``): the top ``k`` by ``score``.
+
+    Raises:
+        HeadprobeError: not Parquet, no layer/head columns, no such score column, or heads outside the model.
+    """
+    import pandas as pd
+
+    try:
+        table = pd.read_parquet(path)
+    except Exception as err:  # pyarrow raises its own errors for a bad file
+        raise HeadprobeError(f"cannot read {path.name} as Parquet: {type(err).__name__}: {err}") from None
+    if not {"layer", "head"} <= set(table.columns):
+        raise HeadprobeError(f"{path.name} has no layer and head columns (a head table)")
+    column = score or next((c for c in ("retrieval", "induction") if c in table.columns), None)
+    if column is None or column not in table.columns:
+        raise HeadprobeError(f"{path.name} has no column {column!r}; it has {', '.join(map(str, table.columns))}")
+    if layout is not None:
+        n_layers, n_heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+        if n_layers != layout.n_layers or n_heads > layout.n_heads:
+            raise HeadprobeError(f"{path.name} has {n_layers} layers of {n_heads} heads; {layout.name} has "
+                                 f"{layout.n_layers} of {layout.n_heads}")
+    scores = {(int(r.layer), int(r.head)): float(getattr(r, column)) for r in table.itertuples()}
+    return HeadFile("parquet", top_k(scores, k), f"the top {k} heads by {column}", scores)
+
+
+def describe(heads: list[Head], limit: int = 12) -> str:
+    """``5.1, 7.3, ...`` (at most ``limit`` named)."""
+    names = [format_head(h) for h in heads]
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} heads)" if len(names) > limit else "")

@@ -1,0 +1,88 @@
+"""``headprobe export --from DIR --to OUT --format duo|headkv|mib|parquet|all``: a scan, kv or circuit
+output folder written in the files other tools read (formats and sources: docs/export.md,
+:mod:`headprobe.analyses.exchange`):
+
+* ``duo``: DuoAttention's ``full_attention_heads.tsv`` (``[n_layers, n_kv_heads]`` in [0, 1], no
+  header) and ``config.json`` (``sink_size``, ``recent_size``; kvpress's ``DuoAttentionPress``
+  reads the same): from a kv folder the policy (1 full, 0 streaming), from a scan ``--score``
+  aggregated per KV group (the max over the group's query heads, clipped to [0, 1]);
+* ``headkv``: Retrieval_Head / HeadKV's ``head_score/<model>.json`` (``{"layer-head": [score]}``);
+* ``mib``: EAP-IG / MIB's circuit graph JSON from a circuit folder (q/k/v receivers, scores, the
+  path-patched edges' exact effects);
+* ``parquet``: ``heads.parquet`` (one row per head: scores, metrics, verdicts; a kv folder's
+  groups, a circuit folder's edges) and its dataset card ``README.md``.
+
+Every file records the model, n_layers, n_heads and n_kv_heads where its format has room (the TSV
+and the HeadKV JSON have none: config.json and ``head_score/<model>.provenance.json`` beside them).
+The folder is written as every command's (a staging folder swapped in, ``summary.json`` last), so a
+refusal leaves nothing half-written. No model is loaded and no torch imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, dataclass
+
+from headprobe.analyses.exchange import FORMATS
+from headprobe.commands import Command, lazy_names, resolve
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.settings import setting
+
+_CORE = ("ExportResult", "run", "export")
+"""Names of :mod:`headprobe.commands.export_core` (pandas, pyarrow), imported on first use."""
+
+__all__ = ["HELP", "COMMAND", "ExportConfig", "main", *_CORE]
+
+__getattr__ = lazy_names(__name__, "headprobe.commands.export_core", _CORE)
+
+HELP = "write a scan, kv or circuit folder as DuoAttention, HeadKV, MIB/EAP-IG or Parquet files for other tools"
+CHOICES = (*FORMATS, "all")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """Settings of ``headprobe export`` (every field's help is its flag's).
+
+    Attributes:
+        source: a folder written by ``headprobe scan``, ``kv`` or ``circuit`` (flag ``--from``).
+        to: the folder the files go to (empty or absent unless ``overwrite``).
+        format: ``duo``, ``headkv``, ``mib``, ``parquet`` or ``all`` (every one the source has).
+        score: a scan's column written as DuoAttention values and HeadKV scores (None:
+            ``retrieval`` where the scan computed it, else ``induction``).
+        sink, recent: DuoAttention's ``sink_size`` and ``recent_size`` for a scan source (a kv
+            folder's policy gives its own); DuoAttention's defaults.
+        overwrite: replace the files of a non-empty ``to``.
+    """
+
+    source: str = setting(MISSING, "output folder of headprobe scan, kv or circuit", flag="--from", metavar="DIR",
+                          required=True, kw_only=True)
+    to: str = setting(MISSING, "folder to write (empty or absent unless --overwrite)", metavar="OUT", required=True,
+                      kw_only=True)
+    format: str = setting("all", f"{', '.join(FORMATS)} or all (every format the source has; default %(default)s)",
+                          choices=CHOICES)
+    score: str | None = setting(None, "a scan's column for the DuoAttention and HeadKV files (default: retrieval, "
+                                "else induction)", metavar="COLUMN")
+    sink: int = setting(128, "DuoAttention sink_size for a scan source (a kv policy gives its own; default %(default)s)",
+                        type=int)
+    recent: int = setting(256, "DuoAttention recent_size for a scan source (default %(default)s)", type=int)
+    overwrite: bool = setting(False, "replace files in a non-empty --to folder", action="store_true")
+
+    def __post_init__(self):
+        if self.format not in CHOICES:
+            raise HeadprobeError(f"--format must be one of {', '.join(CHOICES)}, got {self.format!r}")
+        if self.sink < 0 or self.recent < 1:
+            raise HeadprobeError(f"--sink must be >= 0 and --recent >= 1, got {self.sink} and {self.recent}")
+
+
+def main(args: argparse.Namespace, config: ExportConfig) -> int:
+    """Read the source folder, build every file in memory, then write the folder (nothing on a refusal)."""
+    result = resolve("headprobe.commands.export_core:run")(config)  # named as a string: no import cycle
+    paths = result.save(config.to, overwrite=config.overwrite)
+    print(result.report())
+    print(f"\nwrote {len(paths)} files to {config.to}/")
+    return 0
+
+
+COMMAND = Command(HELP, config=ExportConfig, run="headprobe.commands.export:main",
+                  api="headprobe.commands.export_core:export")
+"""``headprobe export``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -1,0 +1,264 @@
+"""The run of ``headprobe export`` (pandas; pyarrow for Parquet): read a scan, kv or circuit
+folder, build each format's files in memory (:mod:`headprobe.analyses.exchange`), write them. The
+command and its settings are :mod:`headprobe.commands.export`."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from headprobe.analyses import exchange as ex
+from headprobe.commands.export import HELP, ExportConfig  # noqa: F401 - the light module's names, re-exported
+from headprobe.probe.core.errors import HeadprobeError
+
+SUPPORTED = {"scan": ("duo", "headkv", "parquet"), "kv": ("duo", "headkv", "parquet"), "circuit": ("mib", "parquet")}
+"""The formats each source kind can be written in."""
+
+
+@dataclass
+class Source:
+    """A headprobe output folder: its ``kind`` (scan, kv, circuit), ``summary``, main ``table``
+    (head_scores.csv, group_costs.csv, edges.csv), the model's layout and where it came from."""
+
+    kind: str
+    path: Path
+    summary: dict
+    table: pd.DataFrame
+    layout: ex.Layout
+    provenance: dict
+
+    def identity(self) -> dict:
+        return {**self.layout.identity(), **self.provenance}
+
+
+@dataclass
+class ExportResult:
+    """The files to write (relative path -> text or bytes) and how each was made (``notes``)."""
+
+    config: ExportConfig
+    source: Source
+    files: dict[str, str | bytes]
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {"format": "headprobe-export", "version": 1, **self.source.identity(), "source": str(self.source.path),
+                "source_kind": self.source.kind, "files": list(self.files), "how": self.notes,
+                "config": {"format": self.config.format, "score": self.config.score}}
+
+    def report(self) -> str:
+        lines = [f"{self.source.kind} folder {self.source.path} ({self.source.layout.name}: "
+                 f"{self.source.layout.n_layers} layers x {self.source.layout.n_heads} heads)"]
+        lines += [f"  {name}: {how}" for name, how in self.notes.items()]
+        return "\n".join(lines)
+
+    def save(self, out: str | Path, overwrite: bool = False) -> list[Path]:
+        """Write the files and, last, summary.json (staged and swapped in: nothing half-written).
+
+        Raises:
+            HeadprobeError: ``out`` is a file, not writable, or not empty without ``overwrite``."""
+        from headprobe.analyses.outputs import write_outputs
+        from headprobe.probe.core.io import atomic_path
+
+        def files(tmp: Path) -> list[Path]:
+            for rel, data in self.files.items():
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                with atomic_path(tmp / rel) as p:
+                    p.write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
+            return [tmp / rel for rel in self.files]
+
+        return write_outputs(out, overwrite, summary=self.summary, extra=files)
+
+
+def read_source(path: Path) -> Source:
+    """The scan, kv or circuit folder at ``path``.
+
+    Raises:
+        HeadprobeError: not a folder, no summary.json, or no table of a known command."""
+    if not path.is_dir():
+        raise HeadprobeError(f"{path} is not a folder (give the output folder of headprobe scan, kv or circuit)")
+    kind = next((k for k, f in (("kv", "policy.json"), ("circuit", "edges.csv"), ("scan", "head_scores.csv"))
+                 if (path / f).is_file()), None)
+    if kind is None or not (path / "summary.json").is_file():
+        raise HeadprobeError(f"{path} holds no finished headprobe scan, kv or circuit run (summary.json with "
+                             "head_scores.csv, policy.json or edges.csv)")
+    raw = (path / "summary.json").read_bytes()
+    summary = json.loads(raw)
+    table = pd.read_csv(path / {"kv": "group_costs.csv", "circuit": "edges.csv", "scan": "head_scores.csv"}[kind],
+                        dtype={c: str for c in ("edge", "sender", "receiver", "input")})  # "16.0" is a head, not 16.0
+    model = str(summary.get("model", ""))
+    return Source(kind, path, summary, table, _layout(kind, model, summary, table),
+                  {"hf_name": summary.get("hf_name"), "source_summary_sha256": hashlib.sha256(raw).hexdigest(),
+                   "headprobe_version": (summary.get("versions") or {}).get("headprobe")})
+
+
+def _layout(kind: str, model: str, summary: dict, table: pd.DataFrame) -> ex.Layout:
+    """The model's layout from the summary (scan), else its config (:func:`headprobe.options.peek_config`)."""
+    from headprobe.options import peek_config
+
+    if kind == "scan":
+        lay = summary["layout"]
+        return ex.Layout(model, lay["n_layers"], lay["n_heads"], lay["n_kv_heads"], lay["n_kv_heads"])
+    cfg = peek_config(model) or {}
+    if kind == "kv":
+        n_layers, groups = int(summary["n_layers"]), int(summary["n_kv_groups"])
+        return ex.Layout(model, n_layers, cfg.get("n_heads") or groups, cfg.get("n_kv_heads") or groups, groups)
+    heads = [h for c in ("sender", "receiver") for h in table[c].astype(str) if h != "logits"]
+    n_layers = cfg.get("n_layers") or 1 + max(int(h.split(".")[0]) for h in heads)
+    return ex.Layout(model, n_layers, cfg.get("n_heads") or 1 + max(int(h.split(".")[1]) for h in heads),
+                     cfg.get("n_kv_heads"), cfg.get("n_kv_groups"))
+
+
+def _score_column(src: Source, asked: str | None) -> str:
+    """The scan column written as DuoAttention values and HeadKV scores.
+
+    Raises:
+        HeadprobeError: the scan has no such column (or neither default)."""
+    table = src.table
+    column = asked or next((c for c in ("retrieval", "induction") if c in table and table[c].notna().any()), None)
+    if column is None or column not in table or column in ("layer", "head", "kv_head"):
+        raise HeadprobeError(f"--score {column}: {src.path} has no such score column; it has "
+                             f"{', '.join(c for c in table.columns if c not in ('layer', 'head', 'kv_head'))}")
+    return column
+
+
+def duo_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
+    """full_attention_heads.tsv and config.json."""
+    if src.kind == "kv":
+        from headprobe.probe.core.io import read_kv_policy
+
+        values, sink, recent = ex.policy_values(read_kv_policy(src.path / "policy.json"))
+        if not sink and not recent:  # every group full: the kv run's own streaming span
+            sink, recent = int(src.summary["sink"]), int(src.summary["window"])
+        how = "the kv policy: 1 = full cache, 0 = streaming (sink_size + recent_size)"
+    else:
+        column = _score_column(src, cfg.score)
+        grid = src.table.groupby(["layer", "kv_head"])[column].max().unstack().sort_index()
+        values = grid.fillna(0.0).clip(0.0, 1.0).to_numpy().tolist()
+        sink, recent = cfg.sink, cfg.recent
+        how = f"scan column {column}: the max over each KV group's query heads, clipped to [0, 1], NaN as 0"
+    return {ex.DUO_TSV: ex.duo_text(values),
+            ex.DUO_CONFIG: json.dumps(ex.duo_config(sink, recent, src.identity(), how), indent=2) + "\n"}, how
+
+
+def headkv_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
+    """head_score/<model>.json (scores only: its readers take every key as a head) and its provenance."""
+    lay = src.layout
+    if src.kind == "kv":
+        size = lay.n_heads // (lay.n_kv_groups or lay.n_heads)
+        scores = {(int(r.layer), int(r.kv_group) * size + i): [float(r.score)] for r in src.table.itertuples()
+                  for i in range(size)}
+        how = "kv group score (group_costs.csv) given to each query head of the group, one sample"
+    else:
+        column = _score_column(src, cfg.score)
+        scores = {(int(r.layer), int(r.head)): [float(getattr(r, column))] for r in src.table.itertuples()
+                  if getattr(r, column) == getattr(r, column)}
+        how = f"scan column {column}, one value per head (the scan's mean over its sequences)"
+    stem = f"head_score/{Path(lay.name).name or 'model'}"
+    meta = {**src.identity(), "values": how, "keys": "layer-head (query heads, 0-indexed)"}
+    return {f"{stem}.json": ex.headkv_text(scores), f"{stem}.provenance.json": json.dumps(meta, indent=2) + "\n"}, how
+
+
+def mib_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
+    """circuit_graph.json: the circuit's ``--top`` edges in the graph, every scored edge listed."""
+    top = int(src.summary.get("config", {}).get("top", 20))
+    edges = src.table.to_dict("records")
+    in_graph = {e["edge"] for e in edges[:top]}  # edges.csv is sorted by |score|
+    graph = ex.mib_graph(edges, src.layout, in_graph, None)
+    patched = [e for e in edges if e.get("exact") == e.get("exact") and e.get("exact") is not None]
+    graph["headprobe"] = {**src.identity(), "method": src.summary.get("method"), "in_graph": f"the top {top} edges by |score|",
+                          "path_patched": "edges with a path_patched value: the exact direct-path patching effect",
+                          "n_path_patched": len(patched), "task": src.summary.get("task"), "metric": src.summary.get("metric")}
+    return {"circuit_graph.json": json.dumps(graph) + "\n"}, f"{len(edges)} edges, the top {top} in the graph"
+
+
+def parquet_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
+    """heads.parquet (groups.parquet, edges.parquet) with the identity in its schema metadata, and README.md."""
+    table = _with_verdicts(src) if src.kind == "scan" else src.table
+    name = {"scan": "heads", "kv": "groups", "circuit": "edges"}[src.kind]
+    buf = io.BytesIO()
+    try:
+        import pyarrow as pa  # type: ignore[import-untyped]
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    except ImportError:
+        raise HeadprobeError("--format parquet needs pyarrow: pip install 'headprobe[exchange]'") from None
+    arrow = pa.Table.from_pandas(table, preserve_index=False)
+    arrow = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}),
+                                           b"headprobe": json.dumps(src.identity()).encode()})
+    pq.write_table(arrow, buf)
+    return ({f"{name}.parquet": buf.getvalue(), "README.md": dataset_card(src, f"{name}.parquet", table)},
+            f"{len(table)} rows x {len(table.columns)} columns")
+
+
+def _with_verdicts(src: Source) -> pd.DataFrame:
+    """head_scores.csv with, per verified head type, ``top_<type>`` (in its ablated top-k set) and
+    ``confirmed_<type>`` (its tested verdict, for those heads; empty elsewhere)."""
+    table = src.table.copy()
+    names = [f"{layer}.{head}" for layer, head in zip(table["layer"], table["head"])]
+    primary = (src.summary.get("verification") or {}).get("primary_kind", "mean")
+    for a in src.summary.get("ablations") or []:
+        if a.get("kind") != primary:
+            continue
+        top = set(a.get("top_heads") or [])
+        table[f"top_{a['head_type']}"] = [n in top for n in names]
+        table[f"confirmed_{a['head_type']}"] = pd.array([a.get("confirmed") if n in top else None for n in names],
+                                                        dtype="boolean")
+    return table
+
+
+def dataset_card(src: Source, data_file: str, table: pd.DataFrame) -> str:
+    """README.md of a Hugging Face dataset: YAML front matter (values written as JSON, which YAML reads)."""
+    meta: dict[str, Any] = {"configs": [{"config_name": "default", "data_files": data_file}],
+                            "tags": ["interpretability", "attention-heads", "headprobe"],
+                            "headprobe": {**src.identity(), "source_kind": src.kind,
+                                          "settings": src.summary.get("config", {}),
+                                          "date": datetime.date.today().isoformat()}}
+    front = "".join(f"{k}: {json.dumps(v)}\n" for k, v in meta.items())
+    return (f"---\n{front}---\n\n# headprobe {src.kind}: {src.layout.name}\n\n"
+            f"One row per {'head' if src.kind == 'scan' else 'KV group' if src.kind == 'kv' else 'edge'} of "
+            f"{src.layout.name} ({src.layout.n_layers} layers x {src.layout.n_heads} heads, {src.layout.n_kv_heads} KV "
+            f"heads), written by `headprobe export` from a `headprobe {src.kind}` run. Columns: "
+            f"{', '.join(f'`{c}`' for c in table.columns)}. Definitions: headprobe's docs/{src.kind}.md.\n\n"
+            f"```python\nimport pandas as pd\npd.read_parquet(\"{data_file}\")\n# or: datasets.load_dataset(\"parquet\", "
+            f"data_files=\"{data_file}\")\n```\n")
+
+
+BUILDERS = {"duo": duo_files, "headkv": headkv_files, "mib": mib_files, "parquet": parquet_files}
+
+
+def run(config: ExportConfig) -> ExportResult:
+    """Every file of ``config.format`` from ``config.source``, in memory (nothing written).
+
+    Raises:
+        HeadprobeError: a bad source folder, a format the source cannot give, or no such score column."""
+    src = read_source(Path(config.source))
+    formats = SUPPORTED[src.kind] if config.format == "all" else (config.format,)
+    if formats[0] not in SUPPORTED[src.kind]:
+        raise HeadprobeError(f"--format {config.format} needs a {' or '.join(k for k, v in SUPPORTED.items() if config.format in v)} "
+                             f"folder; {src.path} is a {src.kind} run")
+    files: dict = {}
+    notes = {}
+    for fmt in formats:
+        made, how = BUILDERS[fmt](src, config)
+        files.update(made)
+        notes[fmt] = how
+    return ExportResult(config, src, files, notes)
+
+
+def export(source: str, to: str | None = None, **fields) -> ExportResult:
+    """``headprobe export`` as a function: the files built (``result.files``) and, with ``to``, written.
+
+    Raises:
+        HeadprobeError: as :func:`run`, or a bad ``to``."""
+    config = ExportConfig(source=source, to=to or "", **fields)
+    result = run(config)
+    if to:
+        result.save(to, overwrite=config.overwrite)
+    return result
+

@@ -1,0 +1,106 @@
+"""``headprobe import --heads-file FILE --model M``: check someone else's head file against the
+model and run scan's causal verdict on the heads it names.
+
+The file is a DuoAttention ``full_attention_heads.tsv`` (or its folder), a Retrieval_Head / HeadKV
+score JSON, an EAP-IG / MIB circuit graph, a headprobe Parquet head table or KV policy, or a plain
+``layer.head`` list (one per line or comma-separated); :mod:`headprobe.analyses.exchange` reads
+them. Its shape is checked against the model's config before any weights load where config.json
+gives the layout (one line naming the mismatch: ``full_attention_heads.tsv has 32 rows; M has 30
+layers``), else after loading. The heads (a DuoAttention or policy file: the query heads of its
+full-cache KV groups; a score file: its top ``--top-k``; a graph: its attention nodes) are then
+mean-ablated against control sets of as many heads, with scan's draws, ``--alpha``,
+``--correction`` and stopping rule (:func:`headprobe.analyses.verification.verify_heads`), on
+``--task``. With ``--kv``, a DuoAttention or policy file's KV policy is measured as ``headprobe kv``
+measures its own (exact per-group masks), against full caches and one window on every group at the
+same memory. Nothing is written; the verdict is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, dataclass
+
+from headprobe import options
+from headprobe.analyses import vocabulary as vocab
+from headprobe.commands import Command, lazy_names, resolve
+from headprobe.commands.scan import DEFAULT_K, ScanConfig
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.settings import DataSettings, Flags, ModelSettings, setting
+
+_CORE = ("ImportResult", "run", "import_heads")
+"""Names of :mod:`headprobe.commands.import_heads_core` (torch), imported on first use."""
+
+__all__ = ["HELP", "COMMAND", "ImportConfig", "FLAGS", "main", *_CORE]
+
+__getattr__ = lazy_names(__name__, "headprobe.commands.import_heads_core", _CORE)
+
+HELP = "check a DuoAttention, HeadKV, MIB or layer.head file against a model and give scan's causal verdict on its heads"
+
+
+@dataclass(frozen=True)
+class ImportConfig(ScanConfig):
+    """Settings of ``headprobe import``: scan's (:class:`~headprobe.commands.scan.ScanConfig`: the
+    model, the token sets and the verification's draws, alpha, control design and correction) and its own.
+
+    Attributes:
+        heads_file: the head file (see the module docstring).
+        task: the task the heads are judged on, ``natural`` or ``repeated`` (the induction task).
+        score: a Parquet table's column ranked for the top ``k`` (None: ``retrieval``, else ``induction``).
+        measure_kv: also measure a DuoAttention or policy file's KV policy (``headprobe kv``'s measurement).
+    """
+
+    heads_file: str = setting(MISSING, "a DuoAttention full_attention_heads.tsv (or its folder), a Retrieval_Head/HeadKV "
+                              "JSON, an EAP-IG/MIB graph JSON, a headprobe .parquet or policy.json, or layer.head lines",
+                              metavar="FILE", required=True, kw_only=True)
+    task: str = setting("repeated", "the task the heads are judged on: repeated (the induction task on repeated random "
+                        "tokens; default) or natural (natural text)", choices=vocab.TASKS)
+    score: str | None = setting(None, "a Parquet table's column whose top --top-k heads are checked (default: retrieval, "
+                                "else induction)", metavar="COLUMN")
+    measure_kv: bool = setting(False, "also measure a DuoAttention/policy file's KV policy as headprobe kv does (exact "
+                               "per-group masks) against full caches and one window at the same memory",
+                               flag="--kv", action="store_true")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.task not in vocab.TASKS:
+            raise HeadprobeError(f"--task must be one of {', '.join(vocab.TASKS)}, got {self.task!r}")
+
+    def preflight(self) -> None:
+        """The file read and its shape checked against the model's config.json, before any weights load.
+
+        Raises:
+            HeadprobeError: as :func:`headprobe.analyses.exchange.read_head_file`, or scan's preflight."""
+        self.read_text()
+        cfg = options.peek_config(self.model)
+        from headprobe.analyses.exchange import Layout, read_head_file
+
+        layout = (Layout(self.model, cfg["n_layers"], cfg["n_heads"], cfg.get("n_kv_heads"), cfg.get("n_kv_groups"))
+                  if cfg else None)
+        read_head_file(self.heads_file, layout, self.k or DEFAULT_K, self.score)
+
+
+FLAGS = (Flags(group=ModelSettings), Flags(group=DataSettings),
+         Flags(only=("heads_file", "task", "k", "score", "n_random", "alpha", "control", "correction", "keep_n_random",
+                     "sequential", "measure_kv"),
+               helps={"k": f"a score file's (HeadKV, Parquet) top K heads are checked (default {DEFAULT_K})"}))
+"""``headprobe import``'s flags in ``--help`` order."""
+
+
+def main(args: argparse.Namespace, config: ImportConfig) -> int:
+    """Check the file before loading, load the model, verify the heads, print the verdict."""
+    import time
+
+    options.check_model(config.model)
+    config.preflight()  # the file against config.json: before torch and the weights
+    run = resolve("headprobe.commands.import_heads_core:run")  # named as a string: no import cycle
+    t0 = time.perf_counter()
+    model = options.load_for(config)
+    result = run(model, config, progress=True)
+    result.load_s = time.perf_counter() - t0 - result.seconds
+    print(result.report())
+    return 0
+
+
+COMMAND = Command(HELP, config=ImportConfig, run="headprobe.commands.import_heads:main", flags=FLAGS,
+                  api="headprobe.commands.import_heads_core:import_heads")
+"""``headprobe import``, registered in :data:`headprobe.commands.COMMANDS`."""

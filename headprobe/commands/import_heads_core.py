@@ -1,0 +1,155 @@
+"""The run of ``headprobe import`` (torch): the head file read against the loaded model, scan's
+token sets, clean losses and mean z, scan's verification of the one head set
+(:func:`headprobe.analyses.verification.verify_heads`) and, with ``--kv``, ``headprobe kv``'s
+measurement of the file's policy. The command and its flags are :mod:`headprobe.commands.import_heads`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import cast
+
+from headprobe import options
+from headprobe.analyses import exchange as ex
+from headprobe.analyses.ablation import Verification
+from headprobe.commands import scan_core
+from headprobe.commands.import_heads import HELP, ImportConfig  # noqa: F401 - the light module's names, re-exported
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import Head
+
+SET_NAME = "imported"
+"""The head set's name in the verification (its test and its control streams' seed)."""
+
+
+@dataclass
+class ImportResult:
+    """The file (:class:`~headprobe.analyses.exchange.HeadFile`), the heads checked, the
+    verifications (tested kind first) and their design, and the KV measurement (``kv``: rows
+    ``policy, kv_fraction, natural_loss_increase, long_range_loss, copy_accuracy``, or None)."""
+
+    config: ImportConfig
+    file: ex.HeadFile
+    heads: list[Head]
+    verifications: list[Verification]
+    design: dict
+    kv: list[dict] | None = None
+    seconds: float = 0.0
+    load_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def report(self) -> str:
+        from headprobe.analyses.verdicts import evidence_text, label
+
+        lines = [f"{self.config.heads_file}: {self.file.kind}, {len(self.heads)} heads ({self.file.rule}): "
+                 f"{ex.describe(self.heads)}", *self.design.get("plan", {}).get("lines", [])]
+        for v in self.verifications:
+            row = v.to_dict() if hasattr(v, "to_dict") else vars(v)
+            verdict = label(v.confirmed) if v.tested else "(reported, not tested)"
+            lines.append(f"{v.kind}-ablation on {v.task}: effect {v.top_effect:+.4f} vs random {v.random_mean:+.4f} "
+                         f"nats/token; {evidence_text(row) if v.tested else ''} {verdict}".rstrip())
+        for r in self.kv or []:
+            lines.append(f"kv {r['policy']:>8}: KV {r['kv_fraction']:.3f} of full, natural loss +{r['natural_loss_increase']:.4f}, "
+                         f"copy accuracy {r['copy_accuracy']:.3f}")
+        return "\n".join([*lines, *self.notes])
+
+
+def _layout(model: LoadedModel) -> ex.Layout:
+    spec = model.spec
+    groups = 1 if str(getattr(spec, "kind", "")).upper() == "MLA" else spec.n_kv_heads
+    return ex.Layout(spec.name, spec.n_layers, spec.n_heads, spec.n_kv_heads, groups)
+
+
+def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> ImportResult:
+    """Verify the heads of ``config.heads_file`` on ``model`` as scan verifies a head type's top-k set.
+
+    Raises:
+        HeadprobeError: a file of another shape than the model, no heads, as many heads as the
+            model has (no control), a model whose self-check forbids ablation, or as scan's token sets.
+    """
+    from headprobe.analyses import verification as verif
+    from headprobe.analyses.ablation import EMBEDDING_METRIC, EmbeddingDistance, first_scored, untrusted_task_reason
+    from headprobe.analyses.data import natural_text_tokens, repeated_random_tokens
+    from headprobe.analyses.scoring import score_tokens
+
+    t0 = time.perf_counter()
+    spec = model.spec
+    hf = ex.read_head_file(config.heads_file, _layout(model), config.k or scan_core.DEFAULT_K, config.score)
+    heads = hf.heads
+    if not heads:
+        raise HeadprobeError(f"{config.heads_file} names no heads ({hf.rule})")
+    if len(heads) >= spec.n_layers * spec.n_heads:
+        raise HeadprobeError(f"{config.heads_file} names all {len(heads)} heads of {spec.name}: no head is left for a control set")
+    model.self_check.require_decomposition("verification by ablation")
+    cfg = cast(ImportConfig, replace(config, k=len(heads), types=("induction",)).resolved(spec, model.trained_periods))
+    assert cfg.seq_len is not None and cfg.period is not None
+    text = cfg.read_text()
+    natural = natural_text_tokens(model, cfg.n_natural, cfg.seq_len, cfg.seed, text, source=str(cfg.text) if cfg.text else None)
+    repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
+    _, nat_loss, mean_z = score_tokens(model, natural, "natural", first_scored("natural", natural.start, None), mean_z=True,
+                                       types=(), streaming=cfg.streaming)
+    _, rep_loss, _ = score_tokens(model, repeated, "repeated", first_scored("repeated", repeated.start, repeated.period),
+                                  types=(), streaming=cfg.streaming)
+    assert mean_z is not None  # asked for
+    clean = {"natural": nat_loss, "repeated": rep_loss}
+    untrusted = {"natural": untrusted_task_reason(float(nat_loss.double().mean()), spec.d_vocab,
+                                                  scan_core.unknown_share(model, natural)),
+                 "repeated": untrusted_task_reason(float(rep_loss.double().mean()), spec.d_vocab)}
+    sets = {"natural": natural, "repeated": repeated}
+    metric = scan_core.scan_metric(spec)
+    scorers = ({task: EmbeddingDistance(model, ts.tokens) for task, ts in sets.items()}
+               if metric is EMBEDDING_METRIC else None)
+    verifications, design = verif.verify_heads(
+        model, {SET_NAME: heads}, {SET_NAME: cfg.task}, sets, clean, mean_z, scan_core.verification_settings(cfg),
+        metric=metric, scorers=scorers, untrusted=untrusted, removed=scan_core.removed_heads(model), progress=progress,
+        say=scan_core._say)
+    kv = measure_policy(model, cfg, hf) if config.measure_kv else None
+    notes = [] if hf.policy is not None or not config.measure_kv else [f"--kv: {hf.kind} files carry no KV policy"]
+    return ImportResult(config, hf, heads, verifications, design, kv, time.perf_counter() - t0, notes=notes)
+
+
+def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> list[dict] | None:
+    """``headprobe kv``'s measurement of the file's policy at ``cfg.seq_len``: full caches, the
+    policy and one window on every group at the same KV memory (``kv_core``'s token sets,
+    :mod:`headprobe.analyses.kvpolicy`'s exact per-group masks). None: the file has no policy.
+
+    Raises:
+        HeadprobeError: a backend without per-group KV masks, or a window covering the whole sequence."""
+    if hf.policy is None:
+        return None
+    from headprobe.analyses import kvpolicy as kp
+    from headprobe.commands import kv_core
+    from headprobe.commands.kv import KVConfig
+    from headprobe.probe.layout.attention import Streaming
+
+    policy = hf.policy
+    spans = {(s.sink, s.window) for row in policy.groups for s in row if s is not None}
+    sink, window = spans.pop() if spans else (0, 1)
+    assert cfg.seq_len is not None
+    if sink + window >= cfg.seq_len:
+        raise HeadprobeError(f"the policy's sink {sink} + window {window} cover all {cfg.seq_len} tokens of --seq-len: "
+                             "nothing would stream; give a longer --seq-len")
+    kp.check_kv_backend(model)
+    kvc = KVConfig(model=cfg.model, seq_len=cfg.seq_len, n_natural=cfg.n_natural, text=cfg.text, sink=sink,
+                   window=window, seed=cfg.seed)
+    natural, lr = kv_core._token_sets(model, kvc)
+    tokens = natural.tokens.to(model.device)
+    lr = replace(lr, tokens=lr.tokens.to(model.device))
+    full = kp.evaluate(model, tokens, natural.start, lr)
+    k = len(policy.full_groups)
+    uniform = kp.uniform_policy(policy.n_layers, policy.n_kv_groups, k, Streaming(sink, window), cfg.seq_len)
+    rows = []
+    for name, p in (("full", None), ("file", policy), ("uniform", uniform)):
+        cached = sum(map(sum, p.cached_positions(cfg.seq_len))) if p is not None else None
+        q = full if p is None else kp.evaluate(model, tokens, natural.start, lr, p)
+        rows.append({"policy": name, "kv_fraction": 1.0 if cached is None else
+                     cached / (policy.n_layers * policy.n_kv_groups * cfg.seq_len),
+                     "natural_loss_increase": q.natural_loss - full.natural_loss, "long_range_loss": q.long_range_loss,
+                     "copy_accuracy": q.copy_accuracy})
+    return rows
+
+
+import_heads = options.command_function(
+    ImportConfig, run, "import_heads", "Check a head file against ``model`` and verify its heads causally",
+    '``heads_file="full_attention_heads.tsv"``, ``task="repeated"``')
+"""``headprobe import`` as a function (``import`` is a Python keyword)."""
