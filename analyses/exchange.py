@@ -28,6 +28,7 @@ from typing import Any
 
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import Head, format_head, parse_heads
+from headprobe.probe.core.io import read_json
 from headprobe.probe.layout.attention import KVPolicy, Streaming
 
 DUO_TSV = "full_attention_heads.tsv"
@@ -356,3 +357,12 @@ def describe(heads: list[Head], limit: int = 12) -> str:
     """``5.1, 7.3, ...`` (at most ``limit`` named)."""
     names = [format_head(h) for h in heads]
     return ", ".join(names[:limit]) + (f", ... ({len(names)} heads)" if len(names) > limit else "")
+
+
+def read_kv_policy(path: str | Path) -> KVPolicy:
+    """The ``headprobe-kv-policy`` v1 file ``path`` (docs/kv.md).
+
+    Raises:
+        HeadprobeError: the file is missing, not JSON, or not a valid policy (:meth:`KVPolicy.from_dict`).
+    """
+    return KVPolicy.from_dict(read_json(path, "the KV policy"), source=str(path))

@@ -66,8 +66,7 @@ def retrieval_head_load(path: Path):
 def test_duo_round_trip_of_a_kv_policy(runs, tmp_path, tiny_dir):
     """kv policy -> TSV + config.json -> kvpress's reader (shape [layers, KV heads], sink, window)
     and headprobe's reader (the same policy)."""
-    from headprobe.analyses.exchange import read_head_file
-    from headprobe.probe.core.io import read_kv_policy
+    from headprobe.analyses.exchange import read_head_file, read_kv_policy
 
     out = _export(runs / "kv", tmp_path / "e", "--format", "duo")
     policy = read_kv_policy(runs / "kv" / "policy.json")

@@ -973,10 +973,9 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
     if config.policy is not None:
         if mode != "report":
             raise HeadprobeError("--policy costs one layout; drop --compare and --flops-table")
-        from headprobe.probe.core.io import read_json
-        from headprobe.probe.layout.attention import KVPolicy
+        from headprobe.analyses.exchange import read_kv_policy
 
-        policy = KVPolicy.from_dict(read_json(config.policy, "the KV policy"), source=str(config.policy))
+        policy = read_kv_policy(config.policy)
         mode, out = "policy", {**out, "policy_file": str(config.policy),
                                "policy": cost.policy_cost(lay, policy, config.seq_len, config.batch).to_dict()}
     if check is not None:

@@ -131,7 +131,7 @@ def _score_column(src: Source, asked: str | None) -> str:
 def duo_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
     """full_attention_heads.tsv and config.json."""
     if src.kind == "kv":
-        from headprobe.probe.core.io import read_kv_policy
+        from headprobe.analyses.exchange import read_kv_policy
 
         values, sink, recent = ex.policy_values(read_kv_policy(src.path / "policy.json"))
         if not sink and not recent:  # every group full: the kv run's own streaming span

@@ -7,7 +7,7 @@ Also here: the layout of a Hugging Face model as read from its config and attent
 (:func:`layout_from_hf_config`, :func:`attention_module`, :func:`attention_bias`), which the
 TransformerLens bridge's spec and ``headprobe budget --model`` use; and head-level KV-cache
 policies (:class:`KVPolicy`: per layer and KV group, a full or a streaming cache; the file format
-in docs/kv.md, read with :func:`headprobe.probe.core.io.read_json`). No torch, no I/O.
+in docs/kv.md, read by :func:`headprobe.analyses.exchange.read_kv_policy`). No torch, no I/O.
 """
 
 from __future__ import annotations
