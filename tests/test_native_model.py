@@ -610,7 +610,8 @@ def test_every_path_masks_through_key_mask(monkeypatch):
 
     real = model_module.key_mask
 
-    def reference(n_queries, n_keys, device, *, causal=True, window=None, padding=None, implicit=False):
+    def reference(n_queries, n_keys, device, *, causal=True, window=None, padding=None, implicit=False, chunk=None):
+        assert chunk is None  # no chunked model among the cases (chunks: tests/test_native_families.py)
         return reference_key_mask(n_queries, n_keys, causal, window, padding)
 
     def everything(n_queries, n_keys, device, **kw):
