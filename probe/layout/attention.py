@@ -192,10 +192,12 @@ class AttentionLayout:
         return self.with_kv_heads(self.n_heads)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a JSON-ready dict (``windows`` a tuple or None; ``sinks`` only where True)."""
+        """The fields as a JSON-ready dict (``windows`` a tuple or None; ``sinks`` and ``output_gate``
+        only where True)."""
         d = asdict(self)
-        if not d["sinks"]:
-            del d["sinks"]
+        for flag in ("sinks", "output_gate"):
+            if not d[flag]:
+                del d[flag]
         return d
 
 
