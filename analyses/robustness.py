@@ -24,7 +24,7 @@ def mean_pairwise_jaccard(sets: Sequence[Iterable[Head]]) -> float:
     return float(np.mean(pairs)) if pairs else float("nan")
 
 
-def bootstrap_interval(values: Sequence[float], n_boot: int = 2000, level: float = 0.95, seed: int = 0
+def bootstrap_interval(values: Sequence[float] | np.ndarray, n_boot: int = 2000, level: float = 0.95, seed: int = 0
                        ) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of ``values`` (resampled with replacement
     ``n_boot`` times; Efron & Tibshirani 1993, *An Introduction to the Bootstrap*, ch. 13). The

@@ -557,7 +557,7 @@ class _Ablator:
         first = first_scored(task, ts.start, ts.period)
         keys = [SetLosses.key(task, kind, hs) for hs in sets]
         todo = {k: hs for k, hs in zip(keys, sets) if k not in self.cache.losses}
-        source = {"source_tokens": self.sources[task]} if task in self.sources else {}
+        source: dict[str, Any] = {"source_tokens": self.sources[task]} if task in self.sources else {}
         if todo:
             new = distributed.map_sharded(  # under torchrun each rank ablates its slice of the sets
                 lambda part: set_ablation_losses(self.backend, ts.tokens, part, kind, self.mean_z, first,

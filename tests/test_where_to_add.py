@@ -539,7 +539,7 @@ ADD_SETTING = textwrap.dedent('''
                                       ("atlas", "headprobe.commands.atlas", "AtlasConfig")]:
         cls = getattr(importlib.import_module(module_name), config)
         if "trust_remote_code" in {f.name for f in dataclasses.fields(cls)}:
-            extra = ["--head", "1.1", "--prompt", "x"] if name == "show" else []
+            extra = ["--head", "1.1", "--prompt", "x"] if name == "show" else ["a", "b"] if name == "diff" else []
             where = ["x"] if name == "view" else ["--out", "x"]  # view writes into its DIR
             args = build_parser(name).parse_args([name, *where, "--trust-remote-code", *extra])
             changes = {"prompt": "x"} if name == "show" else {}
@@ -558,8 +558,8 @@ FIELD = ('    trust_remote_code: bool = setting(False, "run the repository\'s ow
 
 
 @pytest.mark.parametrize("group, commands", [
-    ("ModelSettings", ["ablate", "atlas", "circuit", "kv", "patch", "prune", "scan", "show", "view"]),
-    ("DataSettings", ["ablate", "atlas", "prune", "scan"]),
+    ("ModelSettings", ["ablate", "atlas", "circuit", "diff", "kv", "patch", "prune", "robustness", "scan", "show", "view"]),
+    ("DataSettings", ["ablate", "atlas", "diff", "prune", "robustness", "scan"]),
 ])
 def test_a_shared_setting_is_one_field(group, commands):
     r = subprocess.run([sys.executable, "-c", ADD_SETTING, group, FIELD], capture_output=True, text=True, cwd=ROOT)
@@ -581,7 +581,8 @@ def test_an_output_setting_reaches_every_command_that_writes_files():
     r = subprocess.run([sys.executable, "-c", script, "OutputSettings", FIELD], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     found = json.loads(r.stdout.strip().splitlines()[-1])
-    assert found["flagged"] == ["ablate", "atlas", "circuit", "kv", "patch", "prune", "scan", "show", "study", "train"]
+    assert found["flagged"] == ["ablate", "atlas", "circuit", "diff", "kv", "patch", "prune", "robustness", "scan", "show",
+                                "study", "train"]
     assert found["configs"] == {}
 
 

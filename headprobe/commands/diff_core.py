@@ -26,6 +26,7 @@ from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import format_head
 from headprobe.probe.io import open_text_file, summary_envelope
+from headprobe.probe.spec import ModelSpec
 
 DEFAULT_K = 10
 """A type's top-k set, unless that is more than a quarter of the heads (scan's rule)."""
@@ -70,7 +71,7 @@ def compare(a: dict[str, np.ndarray], b: dict[str, np.ndarray], correction: str,
         p = rb.sign_flip_p(d, n_perm, seed)
         adj = np.full(p.shape, np.nan)
         ok = ~np.isnan(p)
-        adj[ok] = adjust_p_values(p[ok], correction)
+        adj[ok] = adjust_p_values(p[ok].tolist(), correction)
         out[q] = {"change": d.mean(axis=0), "p": p, "p_adjusted": adj}
     return out
 
@@ -81,8 +82,8 @@ class DiffResult:
     sets of each type in each model, the flipped heads, the table (diff.csv) and the settings."""
 
     config: DiffConfig
-    spec_a: object
-    spec_b: object
+    spec_a: ModelSpec
+    spec_b: ModelSpec
     means: dict[str, dict[str, np.ndarray]]
     tests: dict[str, dict[str, np.ndarray]]
     top: dict[str, dict[str, list]]
@@ -105,7 +106,7 @@ class DiffResult:
     def summary(self) -> dict:
         c = self.config
         return summary_envelope({
-            "model_b": self.spec_b.name, "weights_precision_b": self.spec_b.precision,  # type: ignore[attr-defined]
+            "model_b": self.spec_b.name, "weights_precision_b": self.spec_b.precision,
             "requantize_b": c.requantize_b, "requantized_matrices": self.requantized,
             "layout": dict(zip(("n_layers", "n_heads", "n_kv_heads"), _spec_layout(self.spec_a))),
             "sequences": self.n_sequences,
@@ -118,14 +119,14 @@ class DiffResult:
             "flipped": self.flipped,
             "role_rule": f"a head's role flipped: in the top-{c.k} set of a type in one model and not the other, or a "
                          "significant change in any quantity",
-        }, model=self.spec_a.name, precision=self.spec_a.precision, device=self.device,  # type: ignore[attr-defined]
+        }, model=self.spec_a.name, precision=self.spec_a.precision, device=self.device,
             self_check=self.self_check, config=c, timings_s=self.timings)
 
     def figures(self) -> dict:
         return {"diff": lambda: diff_figure(self)}
 
     def report(self) -> str:
-        lines = [f"{self.spec_a.name} vs {self.spec_b.name}"  # type: ignore[attr-defined]
+        lines = [f"{self.spec_a.name} vs {self.spec_b.name}"
                  + (f" re-quantized to {self.config.requantize_b}" if self.config.requantize_b else ""), ""]
         for q, t in self.tests.items():
             sig = _heads(t["p_adjusted"] <= self.config.alpha)
@@ -291,7 +292,7 @@ def diff_figure(result: DiffResult):
     for ax in axes[len(qs):]:
         ax.set_visible(False)
     c = result.config
-    fig.suptitle(f"Change B − A per head: A = {result.spec_a.name}, B = {result.spec_b.name}"  # type: ignore[attr-defined]
+    fig.suptitle(f"Change B − A per head: A = {result.spec_a.name}, B = {result.spec_b.name}"
                  + (f" re-quantized to {c.requantize_b}" if c.requantize_b else "")
                  + f"\nboxed: significant ({c.correction} over heads, alpha {c.alpha}, paired sign-flip test over "
                    "sequences); dot: that type's top-k membership flipped", fontsize=8)

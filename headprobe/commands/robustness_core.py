@@ -28,6 +28,7 @@ from headprobe.probe.backend import LoadedModel
 from headprobe.probe.errors import HeadprobeError
 from headprobe.probe.hooks import format_head
 from headprobe.probe.io import open_text_file, summary_envelope
+from headprobe.probe.spec import ModelSpec
 
 Head = tuple[int, int]
 
@@ -130,7 +131,7 @@ class RobustnessResult:
     """
 
     config: RobustnessConfig
-    spec: object
+    spec: ModelSpec
     outcomes: list[Outcome]
     table: pd.DataFrame
     types: dict[str, dict]
@@ -162,7 +163,7 @@ class RobustnessResult:
                               f"{self.config.n_boot} resamples); mean_jaccard: the mean Jaccard index |A∩B|/|A∪B| "
                               "over every pair of its conditions' top-k sets; verdict_holds_everywhere: CONFIRMED "
                               "(scan's rule) in every one of its conditions",
-        }, model=self.spec.name, precision=self.spec.precision, device=self.device,  # type: ignore[attr-defined]
+        }, model=self.spec.name, precision=self.spec.precision, device=self.device,
             self_check=self.self_check, config=self.config, timings_s=self.timings)
 
     def figures(self) -> dict:
@@ -199,7 +200,7 @@ def evaluate(model: LoadedModel, cond: Condition, cfg: RobustnessConfig, k: int,
     scores, clean, mean_z = _scored(model, cond, cfg.types, cache)
     rank = {t: alternatives[cond.detector[t]] if t in cond.detector else scores[DETECTORS[t].rank_by] for t in cfg.types}
     top = {t: top_heads(torch.as_tensor(rank[t]), k) for t in cfg.types}
-    task_of = {t: DETECTORS[t].task for t in cfg.types}
+    task_of = {t: task for t in cfg.types if (task := DETECTORS[t].task) is not None}
     sets = {"natural": cond.natural, "repeated": cond.repeated}
     untrusted = {task: untrusted_task_reason(float(v.double().mean()), model.spec.d_vocab) for task, v in clean.items()}
     settings = verif.VerificationSettings(k=k, n_random=cfg.n_random, alpha=cfg.alpha, control=cfg.control,
@@ -309,7 +310,7 @@ def stability_figure(result: RobustnessResult):
         ax.set_title(f"{name.replace('_', '-')}: mean top-k Jaccard {rec['mean_jaccard']:.2f}; verdict holds in every "
                      f"condition: {'yes' if rec['verdict_holds_everywhere'] else 'no'}", fontsize=9)
         ax.set_ylabel("head  stability [95% bootstrap]", fontsize=7)
-    fig.suptitle(f"Label stability of {result.spec.name}, k = {result.config.k}\n"  # type: ignore[attr-defined]
+    fig.suptitle(f"Label stability of {result.spec.name}, k = {result.config.k}\n"
                  "dark: in the condition's top-k set; ✓/✗: CONFIRMED or not; ?: no verdict; –: does not apply",
                  fontsize=9)
     return fig
@@ -317,7 +318,7 @@ def stability_figure(result: RobustnessResult):
 
 def format_report(result: RobustnessResult) -> str:
     """The terminal table: per type the Jaccard, the verdicts and the least stable top heads."""
-    lines = [f"{result.spec.name}: {len(result.outcomes)} conditions, k = {result.config.k}", ""]  # type: ignore[attr-defined]
+    lines = [f"{result.spec.name}: {len(result.outcomes)} conditions, k = {result.config.k}", ""]
     for name, rec in result.types.items():
         verdicts = ", ".join(f"{c}: {'-' if v['confirmed'] is None else 'CONFIRMED' if v['confirmed'] else 'not confirmed'}"
                              for c, v in rec["verdicts"].items())
