@@ -130,10 +130,14 @@ class DiffResult:
                  + (f" re-quantized to {self.config.requantize_b}" if self.config.requantize_b else ""), ""]
         for q, t in self.tests.items():
             sig = _heads(t["p_adjusted"] <= self.config.alpha)
-            lines.append(f"{q:<22} max |change| {np.nanmax(np.abs(t['change'])):.4g}; significant: "
-                         f"{', '.join(format_head(h) for h in sig) or 'none'}")
-        lines.append(f"\nflipped roles ({len(self.flipped)}): " + (", ".join(f"{f['head']} ({'; '.join(f['why'])})"
-                                                                            for f in self.flipped) or "none"))
+            change = t["change"]
+            big = ", ".join(f"{format_head(h)} ({change[h]:+.3g})" for h in sorted(sig, key=lambda h: -abs(change[h]))[:6])
+            lines.append(f"{q:<22} max |change| {np.nanmax(np.abs(change)):.4g}; significant: {len(sig)} heads"
+                         + (f", largest {big}" if big else ""))
+        moved = {t: sorted(set(v["A"]) ^ set(v["B"])) for t, v in self.top.items()}
+        lines.append(f"\nflipped roles: {len(self.flipped)} heads (summary.json's flipped says why); top-{self.config.k} "
+                     "membership: " + ("; ".join(f"{t} {', '.join(format_head(h) for h in hs)}" for t, hs in moved.items()
+                                                if hs) or "unchanged"))
         return "\n".join(lines)
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
