@@ -536,7 +536,9 @@ ADD_SETTING = textwrap.dedent('''
                                       ("kv", "headprobe.commands.kv", "KVConfig"),
                                       ("circuit", "headprobe.commands.circuit", "CircuitConfig"),
                                       ("view", "headprobe.commands.view", "ViewConfig"),
-                                      ("atlas", "headprobe.commands.atlas", "AtlasConfig")]:
+                                      ("atlas", "headprobe.commands.atlas", "AtlasConfig"),
+                                      ("robustness", "headprobe.commands.robustness", "RobustnessConfig"),
+                                      ("diff", "headprobe.commands.diff", "DiffConfig")]:
         cls = getattr(importlib.import_module(module_name), config)
         if "trust_remote_code" in {f.name for f in dataclasses.fields(cls)}:
             extra = ["--head", "1.1", "--prompt", "x"] if name == "show" else ["a", "b"] if name == "diff" else []
