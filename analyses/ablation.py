@@ -7,7 +7,7 @@ that defines the type clearly more than ablating k random heads does (see :func:
 The ablation engine:
 
 * :func:`ablate`: zero, mean or resample ablation (any kind of
-  :data:`headprobe.probe.ablation_kinds.KINDS`, where each kind's replacement is defined) of any
+  :data:`headprobe.probe.core.ablation_kinds.KINDS`, where each kind's replacement is defined) of any
   set of heads as a context manager whose hooks are removed in ``finally`` (both backends;
   ablation at ``hook_z``).
 * :func:`exact_sweep`: the loss with each single head ablated, for every head. It runs the
@@ -16,7 +16,7 @@ The ablation engine:
   W_O^(h)``), batches several ablations along the batch axis, and (on the native backend)
   computes logits only at the scored positions. Equal to :func:`sweep_loop`, the plain
   per-head hook loop. It uses only the typed backend interface
-  (:class:`headprobe.probe.backend.LoadedModel`), like everything here.
+  (:class:`headprobe.probe.backends.base.LoadedModel`), like everything here.
 * :func:`head_importance`: Michel et al. 2019's gradient importance ``I_h = E_x |dL(x)/dxi_h|``
   (arXiv 1905.10650) and attribution patching (the first-order estimate of each head's ablation
   effect, Nanda 2023), both from one forward and one backward pass.
@@ -42,14 +42,20 @@ from torch import Tensor
 
 from headprobe.analyses import distributed
 from headprobe.analyses.verdicts import VerdictRule, label
-from headprobe.probe import ablation_kinds
-from headprobe.probe.ablation_kinds import AblationInputs, AblationKind, Kind
-from headprobe.probe.backend import LoadedModel, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.heads import all_heads
-from headprobe.probe.hook_names import attn_hook, block_hook
-from headprobe.probe.hooks import Head, batched_ablation_hooks, format_head, head_ablation_hooks, head_set_masks
-from headprobe.probe.spec import ModelSpec
+from headprobe.probe.backends.base import LoadedModel, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
+from headprobe.probe.core import ablation_kinds
+from headprobe.probe.core.ablation_kinds import AblationInputs, AblationKind, Kind
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import all_heads
+from headprobe.probe.hooks.ablation import (
+    Head,
+    batched_ablation_hooks,
+    format_head,
+    head_ablation_hooks,
+    head_set_masks,
+)
+from headprobe.probe.hooks.names import attn_hook, block_hook
+from headprobe.probe.layout.spec import ModelSpec
 
 
 def task_loss(logits: Tensor, tokens: Tensor, task: str, start: int, period: int | None) -> float:
@@ -130,7 +136,7 @@ the random control is the main part of the rule either way)."""
 def sentence_embeddings(model: LoadedModel, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence = (),
                         attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch d_model"]:
     """Sentence embeddings as sentence-transformers computes them for mean pooling: the model's
-    last hidden state (:meth:`~headprobe.probe.backend.LoadedModel.final_residual`) averaged over
+    last hidden state (:meth:`~headprobe.probe.backends.base.LoadedModel.final_residual`) averaged over
     the real tokens (``attention_mask`` 1; all tokens without one, special tokens included), then
     L2-normalised. Float32, ``[batch, d_model]``, with ``fwd_hooks`` active.
 
@@ -178,14 +184,14 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
     """Per-sequence scored loss (nats/token) with each of ``head_sets`` ablated, one set at a time.
 
     Several sets share a forward pass along the batch axis (``tokens`` repeated once per set;
-    :func:`~headprobe.probe.hooks.batched_ablation_hooks` replaces, in each copy, the heads of that
+    :func:`~headprobe.probe.hooks.ablation.batched_ablation_hooks` replaces, in each copy, the heads of that
     copy's set by their kind's ``r_h``), at most ``max_batch`` sequences and
     :data:`LOGITS_BYTES_PER_PASS` of logits per pass. Equal to one :func:`ablated_loss`-style
     forward per set (tested), in fewer passes on a GPU; on a CPU the work is the same.
 
     Args:
         tokens: ``[batch, pos]``. head_sets: ``n_sets`` sets of ``(layer, head)``.
-        kind: a kind of :data:`headprobe.probe.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
+        kind: a kind of :data:`headprobe.probe.core.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
             ``mean_z`` ``[layer, head, d_head]``) or ``resample`` (needs ``source_tokens``, the
             shape of ``tokens``).
         first: first scored prediction (see :func:`first_scored`).
@@ -197,7 +203,7 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
             :func:`masked_scored_losses`, equal to each sequence's unpadded loss (tested).
         clean: the clean residual streams of ``tokens`` (:class:`CleanResiduals`): each set's
             forwards start at its first ablated layer from there
-            (:meth:`~headprobe.probe.backend.LoadedModel.scored_losses_from`; nothing before that
+            (:meth:`~headprobe.probe.backends.base.LoadedModel.scored_losses_from`; nothing before that
             layer changes), sets of one first layer sharing passes. Ignored with ``score`` or
             ``attention_mask``.
 
@@ -247,7 +253,7 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
 def masked_scored_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int, fwd_hooks: Sequence = (),
                          attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, " batch"]:
     """Per-sequence mean next-token cross-entropy (nats/token) of a padded batch, as
-    :func:`~headprobe.probe.backend.scored_loss` gives it for each sequence alone: the predictions
+    :func:`~headprobe.probe.backends.base.scored_loss` gives it for each sequence alone: the predictions
     of a real token by the real token before it, from each sequence's ``first``-th real token on
     (either padding side; padding is never scored). Full logits from one forward with ``fwd_hooks``.
 
@@ -390,7 +396,7 @@ def first_scored(task: str, start: int, period: int | None) -> int:
 
 def require_head_ablation(model: LoadedModel) -> None:
     """Refuse head ablation on a model whose load-time self-check found its per-head W_O
-    decomposition wrong (:mod:`headprobe.probe.selfcheck`): indexing heads at ``hook_z`` is then
+    decomposition wrong (:mod:`headprobe.probe.hooks.selfcheck`): indexing heads at ``hook_z`` is then
     not known to remove one head's contribution.
 
     Raises:
@@ -407,7 +413,7 @@ def ablate(model: LoadedModel, heads: Sequence[Head], kind: AblationKind = "zero
            source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None) -> Iterator[Any]:
     """Ablate ``heads`` for the ``with`` body: every forward of ``model`` (a LoadedModel, either
     backend) inside it sees them zero-, mean- or resample-ablated at ``hook_z``
-    (see :func:`headprobe.probe.hooks.head_ablation_hooks`). The hooks are removed on exit, also when the
+    (see :func:`headprobe.probe.hooks.ablation.head_ablation_hooks`). The hooks are removed on exit, also when the
     body raises.
 
     Raises:
@@ -439,7 +445,7 @@ def capture_z(model: LoadedModel, tokens: Int[Tensor, "batch pos"], attention_ma
 def kind_inputs(model: LoadedModel, kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None,
                 source_tokens: Int[Tensor, "batch pos"] | None,
                 attention_mask: Int[Tensor, "batch pos"] | None = None) -> tuple[Kind, AblationInputs]:
-    """The ablation kind called ``kind`` (:mod:`headprobe.probe.ablation_kinds`) and the second
+    """The ablation kind called ``kind`` (:mod:`headprobe.probe.core.ablation_kinds`) and the second
     inputs of its replacement: ``mean_z`` as given, and, for a kind that needs a source, every
     layer's z on ``source_tokens`` (:func:`capture_z`, ``{layer: [batch, pos, head, d_head]}``).
 
@@ -459,7 +465,7 @@ class SweepResult:
     Attributes:
         clean_loss: mean scored loss with no head ablated.
         loss: ``[layer, head]`` mean scored loss with that one head ablated; NaN where not swept.
-        kind: the ablation kind (a name in :data:`headprobe.probe.ablation_kinds.KINDS`).
+        kind: the ablation kind (a name in :data:`headprobe.probe.core.ablation_kinds.KINDS`).
         per_sequence: ``[layer, head, batch]`` each sequence's scored loss with that head ablated
             (:func:`exact_sweep` with ``per_sequence``), else None.
         clean_per_sequence: ``[batch]`` each sequence's clean scored loss, with ``per_sequence``.
@@ -625,19 +631,19 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
     bounded whatever ``n_layers``; :class:`CleanActivations`).
     Ablating head h of layer l changes nothing before layer l, and changes layer l's raw
     attention output ``sum_h z_h W_O^(h) + b_O`` only by ``(r_h - z_h) W_O^(h)`` (r_h: the kind's
-    replacement, :mod:`headprobe.probe.ablation_kinds`: 0, the mean z, or the z on
+    replacement, :mod:`headprobe.probe.core.ablation_kinds`: 0, the mean z, or the z on
     ``source_tokens``), so each ablation adds that to the clean raw attention output and resumes
     the forward from layer l
-    (:meth:`~headprobe.probe.backend.LoadedModel.resume_scored_losses`: the native backend runs the
+    (:meth:`~headprobe.probe.backends.base.LoadedModel.resume_scored_losses`: the native backend runs the
     rest of the block, the later blocks and the unembedding at the scored positions only; the
     TransformerLens bridge runs a forward with both replaced through hooks). ``max_batch //
     batch`` ablations of one layer share a pass along the batch axis. Equal to :func:`sweep_loop`
     to float rounding (tested to 1e-4 nats on every native family and on the bridge).
 
     Args:
-        model: a :class:`~headprobe.probe.backend.LoadedModel` (either backend). tokens: ``[batch, pos]``, no padding.
+        model: a :class:`~headprobe.probe.backends.base.LoadedModel` (either backend). tokens: ``[batch, pos]``, no padding.
         heads: ``(layer, head)`` pairs to ablate one at a time.
-        kind: a kind of :data:`headprobe.probe.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
+        kind: a kind of :data:`headprobe.probe.core.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
             ``mean_z``) or ``resample`` (needs ``source_tokens``, same shape as ``tokens``).
         first: first scored prediction (see :func:`first_scored`).
         max_batch: most sequences in one forward pass (ablations x batch).
@@ -724,7 +730,7 @@ def head_importance(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first:
       each step; the authors' released code takes it per token, which ranks heads differently
       (Spearman 0.65, issue 23);
     * attribution ``A_h = mean_x sum_pos (r_h - z_h) . dL(x)/dz_h``, with ``r_h`` the ablated value
-      of ``kind`` (:mod:`headprobe.probe.ablation_kinds`: 0, ``mean_z``, or the z on
+      of ``kind`` (:mod:`headprobe.probe.core.ablation_kinds`: 0, ``mean_z``, or the z on
       ``source_tokens``): the first-order change of the mean loss.
 
     Data-parallel under ``torchrun`` (:mod:`headprobe.analyses.distributed`): each rank takes its

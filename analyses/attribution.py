@@ -5,7 +5,7 @@ a Monte-Carlo Gauss-Newton curvature term (the second-order estimate, :func:`sec
 
 What is estimated is :attr:`headprobe.analyses.ablation.SweepResult.effect`: the change of the
 mean scored loss (nats/token) when head ``h`` of layer ``m`` has its ``z`` (``hook_z``, before
-W_O) replaced by ``r``, its ablation kind's replacement (:mod:`headprobe.probe.ablation_kinds`: 0 for
+W_O) replaced by ``r``, its ablation kind's replacement (:mod:`headprobe.probe.core.ablation_kinds`: 0 for
 zero ablation, the head's mean z for mean ablation, its z on another input for resample).
 
 **AtP** (Nanda 2023; Kramár et al. eq. 4): ``c_AtP(m, h) = mean_x sum_pos (r - z_h) . dL(x)/dz_h``,
@@ -73,8 +73,8 @@ from torch import Tensor
 
 from headprobe.analyses.ablation import ablation_directions, kind_inputs, require_head_ablation
 from headprobe.analyses.vocabulary import ESTIMATORS  # the --estimate choices, defined once (torch-free)
-from headprobe.probe.backend import LoadedModel, scored_loss
-from headprobe.probe.hook_names import attn_hook, block_hook
+from headprobe.probe.backends.base import LoadedModel, scored_loss
+from headprobe.probe.hooks.names import attn_hook, block_hook
 
 N_PROBES = 8
 """Default sampled-target probes of :func:`second_order`. On SmolLM2-135M's 60 benchmark heads
@@ -155,7 +155,7 @@ def atp_star(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 
     and ``L - 1`` partial backward passes (see the module docstring for the definitions and why
     the QK fix does not apply to z ablation).
 
-    Hooks (both backends, the :class:`~headprobe.probe.backend.LoadedModel` protocol): ``hook_z`` of
+    Hooks (both backends, the :class:`~headprobe.probe.backends.base.LoadedModel` protocol): ``hook_z`` of
     every layer returns ``z + delta`` and ``hook_resid_pre`` of every layer (and ``hook_resid_post``
     of the last) ``x + eps``, with ``delta`` and ``eps`` zero tensors that require grad, so the
     values of the forward are unchanged and the gradients at z and at every layer boundary come
@@ -164,7 +164,7 @@ def atp_star(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 
     Args:
         model: a LoadedModel. tokens: ``[batch, pos]``.
         first: first scored prediction (:func:`headprobe.analyses.ablation.first_scored`).
-        kind: a kind of :data:`headprobe.probe.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
+        kind: a kind of :data:`headprobe.probe.core.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
             ``mean_z``) or ``resample`` (needs ``source_tokens``).
         graddrop: False skips the partial backward passes (``graddrop`` and ``estimate`` are then
             built from AtP alone, as if no layer could cancel: 3 forward-equivalents).
@@ -259,7 +259,7 @@ def second_order(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: in
     Args:
         model: a LoadedModel (either backend). tokens: ``[batch, pos]``.
         first: first scored prediction (:func:`headprobe.analyses.ablation.first_scored`).
-        kind: a kind of :data:`headprobe.probe.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
+        kind: a kind of :data:`headprobe.probe.core.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
             ``mean_z``) or ``resample`` (needs ``source_tokens``).
         n_probes: sampled-target backward passes (>= 1; :data:`N_PROBES` by default; the
             curvature's standard error falls as ``1 / sqrt(n_probes * batch)``).

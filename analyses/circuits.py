@@ -29,7 +29,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headprobe.probe.backend import LoadedModel
+from headprobe.probe.backends.base import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def _fold(W: Tensor, norm) -> Tensor:
 
 @torch.inference_mode()
 def head_weights(model: LoadedModel, vocab: bool = True) -> HeadWeights:
-    """The processed weights of every head of ``model`` (a :class:`~headprobe.probe.backend.LoadedModel`,
+    """The processed weights of every head of ``model`` (a :class:`~headprobe.probe.backends.base.LoadedModel`,
     either backend): pre-attention norm folded into W_Q/W_K/W_V, the final norm into W_U, centred
     for LayerNorm models, W_U centred over the vocabulary (module docstring).
 

@@ -4,7 +4,7 @@ A :class:`HeadColumn` is either a **head type** (``task`` set: scored from one t
 pattern, its top-k heads verified by ablation on ``task``; :mod:`headprobe.analyses.detectors`)
 or a **reported metric** (``task`` None: computed from the model, reported and drawn, not
 verified; :mod:`headprobe.analyses.metrics`). :data:`HEAD_COLUMNS` (a
-:class:`~headprobe.probe.registry.Registry`, as lm-evaluation-harness keeps its tasks) maps each
+:class:`~headprobe.probe.core.registry.Registry`, as lm-evaluation-harness keeps its tasks) maps each
 name to its record as a lazy ``"module:ATTR"`` target, filed in the group ``"head type"`` or
 ``"metric"``: so the command line lists and checks ``--types`` before torch loads (this module
 imports neither torch nor numpy), and the scan, the CSV, the summary, the figures and the viewer
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.registry import Choices, Registry
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import Choices, Registry
 
 HEAD_TYPE = "head type"
 """The registry group of head types (verified by ablation)."""
@@ -89,7 +89,7 @@ class HeadColumn:
         score: a head type's ``(pattern [batch, head, q_pos, k_pos], period, start) -> {column:
             [head]}`` (every head of a layer at once; never modifies the pattern), or a metric's
             ``(model, inputs: MetricInputs) -> {column: [layer, head] ndarray}``, raising
-            :class:`~headprobe.probe.errors.HeadprobeError` where the model does not allow it (the
+            :class:`~headprobe.probe.core.errors.HeadprobeError` where the model does not allow it (the
             column is then NaN, the message its reason in summary.json).
         dataset: a head type's token set, ``"natural"`` or ``"repeated"``; None for a metric.
         task: a head type's ablation task, ``"natural"`` or ``"repeated"`` (:data:`TASKS`); None: a
@@ -104,7 +104,7 @@ class HeadColumn:
         causal_only: computed only on causal models (a next-token prediction is needed: retrieval,
             direct logit attribution); NaN for an encoder, with that reason.
         score_stats: a head type's ``score`` from streamed attention statistics instead of a
-            pattern, ``(stats: headprobe.probe.streaming.HeadStats, period, start) -> {column:
+            pattern, ``(stats: headprobe.probe.hooks.online_stats.HeadStats, period, start) -> {column:
             [head]}`` (the same numbers, for long contexts; docs/long-context.md); None: the head
             type needs the pattern, and a streamed scan refuses it in one line.
     """

@@ -15,9 +15,9 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import WHOLE_TEXT_BYTES, TextFile, open_text_file, read_text_file  # noqa: F401 - re-exported
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import WHOLE_TEXT_BYTES, TextFile, open_text_file, read_text_file  # noqa: F401 - re-exported
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ _ASCII_FOR = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d
 
 
 def ascii_text(text: str) -> str:
-    """``text`` in the character vocabulary of :func:`headprobe.probe.tokenizers.char_level_tokenizer`
+    """``text`` in the character vocabulary of :func:`headprobe.probe.model.tokenizers.char_level_tokenizer`
     (newline and printable ASCII): typographic quotes, dashes and ellipses become their ASCII
     forms, tabs four spaces, carriage returns are dropped, and any other character becomes ``?``
     (in CPython 3.11's topics that is 3 characters of 465k)."""
@@ -69,17 +69,17 @@ def ascii_text(text: str) -> str:
 
 
 POOL_WINDOWS = 8
-"""From a ``--text`` file larger than :data:`~headprobe.probe.io.WHOLE_TEXT_BYTES`, pieces are
+"""From a ``--text`` file larger than :data:`~headprobe.probe.core.io.WHOLE_TEXT_BYTES`, pieces are
 read until their tokens make this many times the windows asked for, for the seed to draw from."""
 
 
 def file_token_ids(tokenizer, text: TextFile, need: int) -> tuple[list[int], int]:
     """Token ids of ``text`` (no special tokens) and the bytes read for them.
 
-    A file up to :data:`~headprobe.probe.io.WHOLE_TEXT_BYTES` is read and tokenized whole (the ids
+    A file up to :data:`~headprobe.probe.core.io.WHOLE_TEXT_BYTES` is read and tokenized whole (the ids
     its text as a ``str`` gives). Of a larger one only the beginning is read, in pieces ending at
-    line breaks (:meth:`~headprobe.probe.io.TextFile.pieces`), each tokenized alone, until the ids
-    number at least ``need`` or :data:`~headprobe.probe.io.MAX_TEXT_READ_BYTES` are read: time and
+    line breaks (:meth:`~headprobe.probe.core.io.TextFile.pieces`), each tokenized alone, until the ids
+    number at least ``need`` or :data:`~headprobe.probe.core.io.MAX_TEXT_READ_BYTES` are read: time and
     memory grow with ``need``, not with the file (tokenized whole, a 20 MB file took 3.1 GB).
 
     Raises:
@@ -102,13 +102,13 @@ def natural_text_tokens(
     """``n_seqs`` windows of ``seq_len`` tokens (BOS included when the model uses one) of natural text;
     an encoder's windows are ``[CLS] text [SEP]`` (``seq_len`` counts both).
 
-    The text (a string, a :class:`~headprobe.probe.io.TextFile` or, if None, CPython's
+    The text (a string, a :class:`~headprobe.probe.core.io.TextFile` or, if None, CPython's
     documentation) is tokenized once and cut into consecutive non-overlapping windows; ``n_seqs``
     of them are drawn without replacement with ``seed``. The whole text may be longer than the
     model's context (the windows are not): transformers' warning that it is, meant for a
     sequence about to be run as one, is not printed for this call. A text shorter than ``n_seqs``
     windows gives fewer sequences (all it has), never a truncated or padded one. Of a file larger
-    than :data:`~headprobe.probe.io.WHOLE_TEXT_BYTES` only the beginning is read,
+    than :data:`~headprobe.probe.core.io.WHOLE_TEXT_BYTES` only the beginning is read,
     :data:`POOL_WINDOWS` times the windows needed (:func:`file_token_ids`); ``source`` then says how much.
 
     Raises:

@@ -37,7 +37,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.analyses.columns import DETECTORS, HeadColumn, HeatmapStyle, score_columns, select_head_types  # noqa: F401 - re-exported
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 Pattern = Float[Tensor, "batch head q_pos k_pos"]
 
@@ -171,7 +171,7 @@ def positional_from_argmax(argmax: Int[Tensor, "batch head n"], T: int) -> tuple
 
 def _stats_scores(name: str, st, S: int | None, start: int) -> dict[str, Tensor]:
     """The scores of head type ``name`` from streamed statistics ``st``
-    (:class:`headprobe.probe.streaming.HeadStats`): the same definitions as the pattern functions
+    (:class:`headprobe.probe.hooks.online_stats.HeadStats`): the same definitions as the pattern functions
     above, read from diagonals, key columns and argmaxes instead of the ``[q_pos, k_pos]`` pattern."""
     T = st.n_pos
     if name == "previous_token":

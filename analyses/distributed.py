@@ -82,7 +82,7 @@ def init_from_env(device: str = "auto") -> bool:
     import torch
     import torch.distributed as dist
 
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     if dist.is_initialized():
         return True

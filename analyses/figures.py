@@ -21,8 +21,8 @@ from matplotlib.figure import Figure
 from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, VerdictRule, evidence_text, p_text
 from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.analyses.vocabulary import FIGURE_FORMATS, figure_formats
-from headprobe.probe.heads import format_head
-from headprobe.probe.io import atomic_path
+from headprobe.probe.core.heads import format_head
+from headprobe.probe.core.io import atomic_path
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
@@ -518,7 +518,7 @@ def signed_head_heatmap(values: np.ndarray, title: str, cbar_label: str, group_s
 def composition_plot(k_scores: np.ndarray, earlier: Sequence[tuple[int, int]], later: Sequence[tuple[int, int]],
                      title: str, earlier_name: str = "previous-token", later_name: str = "induction") -> Figure:
     """K-composition of chosen head pairs against the typical pair (double-column width); heads
-    are named ``layer.head`` (:func:`~headprobe.probe.heads.format_head`) as everywhere else.
+    are named ``layer.head`` (:func:`~headprobe.probe.core.heads.format_head`) as everywhere else.
 
     Left: the scores of ``earlier -> later`` pairs (``k_scores[layer_j, head_j, layer_i, head_i]``,
     rows the later heads), blank where the earlier head is not in an earlier layer. Right: the

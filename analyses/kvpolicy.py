@@ -1,12 +1,12 @@
 """Head-level KV-cache policies measured causally: which KV groups keep a full cache.
 
-A policy (:class:`~headprobe.probe.layout.KVPolicy`) makes some KV groups *streaming*: their
+A policy (:class:`~headprobe.probe.layout.attention.KVPolicy`) makes some KV groups *streaming*: their
 query heads read only the first ``sink`` keys and the last ``window`` ones, and their cache keeps
 only those (StreamingLLM, Xiao et al. 2023, arXiv:2309.17453). DuoAttention (Xiao et al. 2024,
 arXiv:2410.10819) keeps full caches for the few "retrieval heads" and streams the rest. Here:
 
 * the quality of a policy is measured exactly, with the native model's attention masked per KV
-  group (:meth:`~headprobe.probe.model.Transformer.kv_policy`): the natural-text loss (nats per
+  group (:meth:`~headprobe.probe.model.transformer.Transformer.kv_policy`): the natural-text loss (nats per
   token) and, on the long-range retrieval task (:func:`headprobe.analyses.data.long_range_tokens`),
   the loss on the repeated block and its top-1 copy accuracy, per distance (:func:`evaluate`);
 * the cost of streaming each group is either measured (one group streaming at a time,
@@ -17,7 +17,7 @@ arXiv:2410.10819) keeps full caches for the few "retrieval heads" and streams th
   memory and with random groups at the same memory (several seeds), for several budgets.
 
 Functions over a loaded model of the native backend (its ``kv_policy``, ``n_kv_groups``,
-``streaming_cache_bytes``: :class:`~headprobe.probe.native.NativeModel`) and token sets; no
+``streaming_cache_bytes``: :class:`~headprobe.probe.backends.native.NativeModel`) and token sets; no
 printing, no argparse.
 """
 
@@ -33,18 +33,18 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.analyses.data import LongRangeSet
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import attn_hook
-from headprobe.probe.layout import KVPolicy, Streaming
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.names import attn_hook
+from headprobe.probe.layout.attention import KVPolicy, Streaming
 
 #: Positions of logits computed at once (a ``[batch, chunk, d_vocab]`` block, never a whole sequence's).
 LOGIT_CHUNK = 256
 
 
 def check_kv_backend(model: LoadedModel) -> None:
-    """Raise unless ``model`` (a :class:`~headprobe.probe.backend.LoadedModel`) can run KV policies:
-    the native backend (:class:`~headprobe.probe.native.NativeModel`'s ``kv_policy``) and a decoder.
+    """Raise unless ``model`` (a :class:`~headprobe.probe.backends.base.LoadedModel`) can run KV policies:
+    the native backend (:class:`~headprobe.probe.backends.native.NativeModel`'s ``kv_policy``) and a decoder.
 
     Raises:
         HeadprobeError: another backend (the bridge has no per-group masks) or an encoder.
@@ -322,9 +322,9 @@ def uniform_policy(n_layers: int, n_groups: int, k: int, streaming: Streaming, s
 def curve_row(kind: str, budget: float, seed: int | None, policy: KVPolicy, quality: Quality, full: Quality,
               layout, seq_len: int) -> dict:
     """One row of the quality-memory curve: the policy's exact KV bytes
-    (:func:`~headprobe.probe.cost.policy_cost` at ``seq_len``, one sequence) and its quality
+    (:func:`~headprobe.probe.layout.cost.policy_cost` at ``seq_len``, one sequence) and its quality
     against the full cache's (increases in nats/token, accuracy drop in 0..1)."""
-    from headprobe.probe.cost import policy_cost
+    from headprobe.probe.layout.cost import policy_cost
 
     pc = policy_cost(layout, policy, seq_len)
     return {"policy": kind, "budget": budget, "seed": seed, "n_full_groups": pc.n_full_groups,
@@ -382,14 +382,14 @@ def tolerance_k(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSe
 
 
 def allocated_cache_check(model: LoadedModel, tokens: Tensor, policy: KVPolicy, layout) -> dict:
-    """Prefill the native model's :class:`~headprobe.probe.model.StreamingKVCache` for ``policy``
+    """Prefill the native model's :class:`~headprobe.probe.model.transformer.StreamingKVCache` for ``policy``
     with one sequence (a little past the largest streaming span) and compare its bytes with
-    :func:`~headprobe.probe.cost.policy_cost`'s.
+    :func:`~headprobe.probe.layout.cost.policy_cost`'s.
 
     Raises:
         HeadprobeError: they differ (the formula does not describe the cache).
     """
-    from headprobe.probe.cost import policy_cost
+    from headprobe.probe.layout.cost import policy_cost
 
     spans = [s.span for row in policy.groups for s in row if s is not None]
     n = min(tokens.shape[1], max(spans, default=0) + 32)
@@ -403,7 +403,7 @@ def allocated_cache_check(model: LoadedModel, tokens: Tensor, policy: KVPolicy, 
 
 def loss_identity_check(model: LoadedModel, tokens: Tensor, start: int, policy: KVPolicy, natural: float, atol: float = 1e-4) -> dict:
     """The policy's natural-text loss again through the backend's own scoring
-    (:meth:`~headprobe.probe.backend.LoadedModel.scored_losses`, unchunked, under ``kv_policy``):
+    (:meth:`~headprobe.probe.backends.base.LoadedModel.scored_losses`, unchunked, under ``kv_policy``):
     the printed number is checked by a second computation.
 
     Raises:

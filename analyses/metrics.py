@@ -1,6 +1,6 @@
 """Head metrics reported beside the head types (not verified by ablation): the attention sink
 rate, the attention entropy, the retrieval score, the direct logit attribution, and the weight
-metrics of :mod:`headprobe.analyses.circuits` (copying score, composition).
+metrics of :mod:`headprobe.analyses.composition` (copying score, composition).
 
 Pattern metrics take ``pattern: [batch, head, q_pos, k_pos]`` (rows sum to 1, causal) and score
 every head of a layer at once, without modifying the pattern. Each metric is one
@@ -20,14 +20,14 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from headprobe.analyses import circuits
+from headprobe.analyses import composition
 from headprobe.analyses.columns import METRICS, HeadColumn, HeatmapStyle, metric_columns
 from headprobe.analyses.data import NeedleSet, TokenSet
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.capture import stream_patterns
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import attn_hook, block_hook
-from headprobe.probe.io import TextFile
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import TextFile
+from headprobe.probe.hooks.capture import patterns_by_layer
+from headprobe.probe.hooks.names import attn_hook, block_hook
 
 Pattern = Float[Tensor, "batch head q_pos k_pos"]
 
@@ -143,7 +143,7 @@ def retrieval_score(model: LoadedModel, needles: NeedleSet, streaming: bool = Fa
     """:func:`retrieval_hits` of every head on ``needles`` in one forward pass (teacher forced:
     the second needle is in the input, and the model's top prediction at each of its positions
     decides whether the token is copied). Also see :func:`needle_queries`. ``streaming``: each
-    head's argmax from :func:`headprobe.probe.streaming.stream_head_stats` instead of the
+    head's argmax from :func:`headprobe.probe.hooks.online_stats.online_head_stats` instead of the
     pattern (the same keys; native backend); the logits only at the scored queries either way."""
     spec = model.spec
     queries, sources, targets = needle_queries(needles)
@@ -159,14 +159,14 @@ def retrieval_score(model: LoadedModel, needles: NeedleSet, streaming: bool = Fa
         top[layer] = torch.stack([st.select(b).rows(queries[b])[0].argmax(-1).T for b in range(B)]).cpu()
 
     if streaming:
-        from headprobe.probe.streaming import stream_head_stats
+        from headprobe.probe.hooks.online_stats import online_head_stats
 
-        resid = stream_head_stats(model, needles.tokens, on_stats, windows=(), statistics=False)
+        resid = online_head_stats(model, needles.tokens, on_stats, windows=(), statistics=False)
     else:
         hooks = [(attn_hook(layer, "pattern"), (lambda layer: lambda p, hook: on_pattern(layer, p))(layer))  # noqa: B023 - bound by the call
                  for layer in range(spec.n_layers)]
         resid = model.final_residual(needles.tokens, fwd_hooks=hooks)
-    assert resid is not None  # stream_head_stats returns it (final_residual defaults to True)
+    assert resid is not None  # online_head_stats returns it (final_residual defaults to True)
     # the model's prediction at the scored queries only: no [batch, pos, d_vocab] logits
     logits = model.logits_from_residual(resid[rows_b, queries.to(resid.device)], normed=True)
     if len(top) != spec.n_layers:
@@ -190,7 +190,7 @@ def direct_logit_attribution(model: LoadedModel, tokens: Int[Tensor, "batch pos"
     centring (LayerNorm only), ``s_i = 1/sigma_i`` fitted from the run by least squares, and
     ``g_i`` the gradient of the target's logit with respect to the normed residual, taken through
     the backend's own logits function
-    (:meth:`~headprobe.probe.backend.LoadedModel.logits_from_residual`, soft-cap left out):
+    (:meth:`~headprobe.probe.backends.base.LoadedModel.logits_from_residual`, soft-cap left out):
     ``W_U[:, target]`` times the family's logit scale where it has one (Cohere, Granite),
     ``W_U[:, target]`` itself otherwise. The heads, ``b_O``, embeddings and MLP outputs (the terms
     of the final residual) through the same map, plus the constant (the final norm's bias and
@@ -278,10 +278,10 @@ class MetricInputs:
 def _natural_pattern_metrics(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
     """``sink_rate``, ``entropy``, ``local_<W>`` and ``distant_mass`` of the natural text, from one
     forward (:func:`_pattern_metrics`) the first time a metric asks."""
-    from headprobe.analyses.scoring import use_streaming
+    from headprobe.analyses.scoring import use_online_stats
 
     if "pattern" not in inputs.cache:
-        stream = use_streaming(model, inputs.natural.tokens.shape[1], inputs.streaming)
+        stream = use_online_stats(model, inputs.natural.tokens.shape[1], inputs.streaming)
         inputs.cache["pattern"] = _pattern_metrics(model, inputs.natural, stream, LOCAL_WINDOWS, inputs.notes)
     return inputs.cache["pattern"]
 
@@ -295,15 +295,15 @@ def _from_pattern_pass(*columns: str) -> Callable[[LoadedModel, MetricInputs], d
 
 
 def _copying(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
-    return {"copying": circuits.copying_score(model).numpy()}
+    return {"copying": composition.copying_score(model).numpy()}
 
 
 def _retrieval(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
     if inputs.needles is None:
         raise HeadprobeError("sequences too short for two needles")
-    from headprobe.analyses.scoring import use_streaming
+    from headprobe.analyses.scoring import use_online_stats
 
-    stream = use_streaming(model, inputs.needles.tokens.shape[1], inputs.streaming)
+    stream = use_online_stats(model, inputs.needles.tokens.shape[1], inputs.streaming)
     return {"retrieval": retrieval_score(model, inputs.needles, stream).numpy()}
 
 
@@ -340,7 +340,7 @@ def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | Non
     ``[layer, head]`` each: ``copying`` (weights), ``sink_rate``, ``entropy``, ``local_<W>`` and
     ``distant_mass`` (natural text, one forward for the four), ``retrieval`` (``needles``), ``dla``
     (mean over the natural-text predictions from index ``first`` on). ``streaming`` (``auto``,
-    ``on``, ``off``; :func:`headprobe.analyses.scoring.use_streaming`): the pattern metrics from
+    ``on``, ``off``; :func:`headprobe.analyses.scoring.use_online_stats`): the pattern metrics from
     streamed statistics (the same numbers) or from the pattern.
 
     A metric the model does not allow is NaN, with the reason in the second dict (column ->
@@ -395,11 +395,11 @@ def _pattern_metrics(model: LoadedModel, natural: TokenSet, stream: bool, window
             res[f"local_{w}"][layer] = st.local[w][..., w:].float().mean(dim=(0, 2)).cpu()
 
     if stream:
-        from headprobe.probe.streaming import stream_head_stats
+        from headprobe.probe.hooks.online_stats import online_head_stats
 
-        stream_head_stats(model, natural.tokens, on_stats, windows=tuple(kept), final_residual=False, argmax=False)
+        online_head_stats(model, natural.tokens, on_stats, windows=tuple(kept), final_residual=False, argmax=False)
     else:
-        stream_patterns(model, natural.tokens, on_pattern)
+        patterns_by_layer(model, natural.tokens, on_pattern)
     for w in windows:
         if w not in kept:
             skipped[f"local_{w}"] = f"the window of {w} keys is not shorter than the sequences ({T} tokens)"
@@ -473,10 +473,10 @@ def scan_needles(model: LoadedModel, n_seqs: int, seq_len: int, seed: int, text:
 
 @torch.inference_mode()
 def scan_composition(model: LoadedModel) -> dict[str, np.ndarray] | None:
-    """:func:`headprobe.analyses.circuits.composition_scores` of ``model`` as numpy arrays
+    """:func:`headprobe.analyses.composition.composition_scores` of ``model`` as numpy arrays
     ``[layer_j, head_j, layer_i, head_i]``, or None where the weights do not allow it (MLA)."""
     try:
-        return {k: v.numpy() for k, v in circuits.composition_scores(circuits.head_weights(model, vocab=False), model.device).items()}
+        return {k: v.numpy() for k, v in composition.composition_scores(composition.head_weights(model, vocab=False), model.device).items()}
     except HeadprobeError:
         return None
 

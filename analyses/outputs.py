@@ -15,7 +15,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from headprobe.probe.io import prepare_output_dir, staging, swap_in, write_json, write_text
+from headprobe.probe.core.io import prepare_output_dir, staging, swap_in, write_json, write_text
 
 
 def write_outputs(out_dir: str | os.PathLike[str], overwrite: bool, *, summary: dict | Callable[[], dict] | None,
@@ -23,21 +23,21 @@ def write_outputs(out_dir: str | os.PathLike[str], overwrite: bool, *, summary: 
                   figures: Mapping[str, Figure | Callable[[], Figure]] | Callable[[], Mapping[str, Figure]] | None = None,
                   extra: Callable[[Path], list[Path]] | None = None, summary_name: str = "summary.json",
                   resumable: bool = False, progress: bool = False, produced: Sequence[Path] = ()) -> list[Path]:
-    """Write into ``out_dir`` (created; checked by :func:`~headprobe.probe.io.prepare_output_dir`
+    """Write into ``out_dir`` (created; checked by :func:`~headprobe.probe.core.io.prepare_output_dir`
     with ``overwrite`` and ``resumable``): each of ``tables`` (file name -> text, usually a CSV),
     each of ``figures`` (stem -> a figure or a function drawing it, or a function returning that
     mapping; none is drawn with ``--formats none``), written in
     :func:`~headprobe.analyses.vocabulary.figure_formats` by
     :func:`~headprobe.analyses.figures.save_figure`; ``progress``: a progress bar on stderr), the
     files ``extra(out)`` writes (it returns their paths), and, last, ``summary`` (a dict or a
-    function returning it, written by :func:`~headprobe.probe.io.write_json`: no bare NaN) as
+    function returning it, written by :func:`~headprobe.probe.core.io.write_json`: no bare NaN) as
     ``summary_name`` (None: no summary).
 
     Everything is written into a staging folder first and then swapped in
-    (:func:`~headprobe.probe.io.swap_in`): the previous run's summary goes first, then its other
+    (:func:`~headprobe.probe.core.io.swap_in`): the previous run's summary goes first, then its other
     files (``--overwrite``), and the new summary comes last, so a directory never mixes two runs and
     a run that fails or is interrupted while writing leaves it as it was. Files headprobe did not
-    write stay (:func:`~headprobe.probe.io.foreign_files`). ``produced``: paths in ``out_dir`` this run
+    write stay (:func:`~headprobe.probe.core.io.foreign_files`). ``produced``: paths in ``out_dir`` this run
     already wrote itself (atlas's per-model scans), recorded as its own. ``extra`` is called with the
     staging folder and writes relative to it.
 

@@ -36,11 +36,11 @@ from torch import Tensor
 from headprobe.analyses.ablation import LOGITS_BYTES_PER_PASS, require_head_ablation
 from headprobe.analyses.statistics import interval_rule, mean_ci
 from headprobe.analyses.vocabulary import MIN_N_FOR_CI, PATCH_SITES
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.heads import all_heads
-from headprobe.probe.hook_names import attn_hook, block_hook
-from headprobe.probe.hooks import Head, HookFn
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import all_heads
+from headprobe.probe.hooks.ablation import Head, HookFn
+from headprobe.probe.hooks.names import attn_hook, block_hook
 
 
 @dataclass(frozen=True)
@@ -355,7 +355,7 @@ class PairBatch:
 def encode_pairs(model: LoadedModel, pairs: Sequence[PromptPair], padding_side: str = "left",
                  pad: bool | None = None) -> list[PairBatch]:
     """Tokenize ``pairs`` into one padded :class:`PairBatch` (``pad``; default: where the backend
-    computes ``padding_side`` exactly, :attr:`~headprobe.probe.backend.LoadedModel.padding_sides`:
+    computes ``padding_side`` exactly, :attr:`~headprobe.probe.backends.base.LoadedModel.padding_sides`:
     the native backend both sides, the bridge right padding), else one unpadded batch per token
     length, shortest first.
 
@@ -363,7 +363,7 @@ def encode_pairs(model: LoadedModel, pairs: Sequence[PromptPair], padding_side: 
         HeadprobeError: a pair whose prompts differ in length or are longer than the model's context
             (``spec.n_ctx``), or an answer that is not one token.
     """
-    from headprobe.probe.capture import pad_prompts
+    from headprobe.probe.hooks.capture import pad_prompts
 
     rows = []
     for i, p in enumerate(pairs):
@@ -403,7 +403,7 @@ def logit_diff(logits: Float[Tensor, "batch pos d_vocab"], answers: Int[Tensor, 
 def _logit_diffs(model: LoadedModel, batch: PairBatch, tokens: Tensor, copies: int, hooks=()) -> Tensor:
     """The logit difference after each prompt's last real token (``copies`` repeats of ``batch``
     along the batch axis) from one forward with ``hooks``: the final residual there through the
-    backend's own logits function (:meth:`~headprobe.probe.backend.LoadedModel.logits_from_residual`:
+    backend's own logits function (:meth:`~headprobe.probe.backends.base.LoadedModel.logits_from_residual`:
     final norm, unembedding, the family's soft-cap and logit scale), for the two answer tokens
     only (the numbers of Hugging Face's logits, tested, without a ``[batch, pos, d_vocab]``
     tensor on the native backend)."""
@@ -489,7 +489,7 @@ def patch(model: LoadedModel, pairs: Sequence[PromptPair], site: str = "z", unit
     prompt's real tokens). Default units: :func:`default_units`.
 
     All pairs run as one padded batch (``padding_side``; default left where the backend computes it
-    exactly, else right: :attr:`~headprobe.probe.backend.LoadedModel.padding_sides`), so pairs of
+    exactly, else right: :attr:`~headprobe.probe.backends.base.LoadedModel.padding_sides`), so pairs of
     different lengths need no pass per length (one batch per length where the backend takes no
     padding). One forward captures
     the clean and corrupted runs together; then several units share a forward along the batch
@@ -538,7 +538,7 @@ def patch_heads(model: LoadedModel, pairs: Sequence[PromptPair], heads: Sequence
                 max_batch: int = 64, progress: bool = False) -> PatchingResult:
     """:func:`patch` at ``site="z"``: each of ``heads`` (default: all) alone, its ``z`` from the
     corrupted run (resample ablation at ``hook_z``; equal to one forward per head with a
-    ``resample`` hook of :func:`~headprobe.probe.hooks.head_ablation_hooks`, tested).
+    ``resample`` hook of :func:`~headprobe.probe.hooks.ablation.head_ablation_hooks`, tested).
 
     Raises:
         HeadprobeError: as :func:`patch`.

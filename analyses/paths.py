@@ -4,7 +4,7 @@
 ``l_s < l_r`` and one of its inputs, its query ``q``, key ``k`` or value ``v``, or the logits (the
 final residual stream, read through the final norm and the unembedding). The sender's *output* is
 its result ``z_s W_O^(s)`` (``hook_result``; after the post-attention norm with its scale frozen
-where the block has one, :func:`headprobe.probe.capture.capture_internal`), and its change between
+where the block has one, :func:`headprobe.probe.hooks.capture.capture_internal`), and its change between
 a corrupted and the clean run is ``delta_s = result_s(corrupted) - result_s(clean)``
 ``[batch, pos, d_model]``.
 
@@ -49,11 +49,11 @@ from jaxtyping import Float, Int
 from scipy.stats import pearsonr, spearmanr
 from torch import Tensor
 
-from headprobe.probe.backend import LoadedModel, token_losses
-from headprobe.probe.capture import capture_internal
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import EMBED, attn_hook, block_hook
-from headprobe.probe.hooks import HookFn
+from headprobe.probe.backends.base import LoadedModel, token_losses
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.ablation import HookFn
+from headprobe.probe.hooks.capture import capture_internal
+from headprobe.probe.hooks.names import EMBED, attn_hook, block_hook
 
 INPUTS = ("q", "k", "v")
 """A receiver head's inputs; the logits receiver is ``"logits"``."""

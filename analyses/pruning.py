@@ -7,7 +7,7 @@ the heads still present is removed; the importance is Michel et al.'s gradient s
 at the current head mask after every step (``rescore``) or once before pruning (as in the
 paper). After every step the loss on held-out sets is recorded. The random baseline removes the
 heads in one seeded random order, in the same steps. Removal here is by the head mask (z_h
-multiplied by 0); :mod:`headprobe.probe.pruned` turns a mask into a model without those weights.
+multiplied by 0); :mod:`headprobe.probe.model.pruned` turns a mask into a model without those weights.
 
 :func:`l0_pruning` is the other method: Voita, Talbot, Moiseev, Sennrich, Titov 2019 ("Analyzing
 Multi-Head Self-Attention", arXiv 1905.09418), one stochastic Hard Concrete gate per head
@@ -38,10 +38,10 @@ from headprobe.analyses import distributed
 from headprobe.analyses.ablation import head_importance, require_head_ablation, scored_loss
 from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # noqa: F401 - defined once (torch-free)
 from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import attn_hook
-from headprobe.probe.hooks import Head, format_head
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.ablation import Head, format_head
+from headprobe.probe.hooks.names import attn_hook
 
 
 @dataclass(frozen=True)
@@ -198,20 +198,20 @@ def _median_time(fn, repeats: int = 3) -> float:
 
 @torch.inference_mode()
 def build_pruned(model: LoadedModel, keep: Bool[Tensor, "layer head"], tokens: Int[Tensor, "batch pos"]) -> tuple[Any, dict]:
-    """Remove the heads ``keep`` marks False for real (:func:`headprobe.probe.pruned.remove_heads`),
+    """Remove the heads ``keep`` marks False for real (:func:`headprobe.probe.model.pruned.remove_heads`),
     round-trip the result through a saved model directory, and compare it with the masked model.
 
     Args:
-        model: a LoadedModel whose heads can be removed (:meth:`~headprobe.probe.backend.LoadedModel.check_prunable`).
+        model: a LoadedModel whose heads can be removed (:meth:`~headprobe.probe.backends.base.LoadedModel.check_prunable`).
         keep: True for the heads kept.
         tokens: the input the two are compared and timed on.
 
     Returns:
-        (pruned, info): the pruned :class:`~headprobe.probe.model.Transformer` and
+        (pruned, info): the pruned :class:`~headprobe.probe.model.transformer.Transformer` and
         ``{"heads_removed", "fraction_removed", "kv_heads_removed", "attention_parameters": {"full",
         "pruned"}, "max_abs_logit_diff_vs_masked", "forward_s": {"masked", "pruned"} (median seconds
         per forward), "speedup", "tokens", "bytes"}`` (size of the saved weights and config,
-        :func:`headprobe.probe.pruned.save_pruned_dir`, without the tokenizer).
+        :func:`headprobe.probe.model.pruned.save_pruned_dir`, without the tokenizer).
 
     Raises:
         HeadprobeError: the model's heads cannot be removed exactly (not native, MLA, all-head
@@ -220,7 +220,12 @@ def build_pruned(model: LoadedModel, keep: Bool[Tensor, "layer head"], tokens: I
     import tempfile
     from pathlib import Path
 
-    from headprobe.probe.pruned import count_attention_parameters, count_kv_heads, load_pruned_dir, save_pruned_dir
+    from headprobe.probe.model.pruned import (
+        count_attention_parameters,
+        count_kv_heads,
+        load_pruned_dir,
+        save_pruned_dir,
+    )
 
     spec = model.spec
     n = int((~keep.bool()).sum())

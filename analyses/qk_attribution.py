@@ -6,7 +6,7 @@ layer ``L`` at a position is a sum of components (Elhage et al. 2021, "A Mathema
 for Transformer Circuits"): the token embedding (and a learned position embedding), each earlier
 head's result ``z_h W_O^(h)`` (``hook_result``), each earlier layer's ``b_O`` and each earlier MLP's
 output. With the pre-attention norm's per-token scale frozen (its bias a component of its own),
-QK-norm frozen likewise and rotary applied at ``i`` and ``j`` (:meth:`~headprobe.probe.backend.
+QK-norm frozen likewise and rotary applied at ``i`` and ``j`` (:meth:`~headprobe.probe.backends.base.
 LoadedModel.qk_terms`), the query and key are sums of per-component terms, so ``s_ij`` is the sum
 of the (query-component x key-component) matrix ``C[a, b] = scale * q_i^(a) . k_j^(b)``: the
 bilinear QK circuit ``x_i W_Q^h W_K^h^T x_j^T`` of the framework paper, on one prompt. The key
@@ -33,10 +33,10 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.capture import capture_internal
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import EMBED, POS_EMBED, attn_hook, block_hook, norm_hook
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.capture import capture_internal
+from headprobe.probe.hooks.names import EMBED, POS_EMBED, attn_hook, block_hook, norm_hook
 
 IDENTITY_TOLERANCE = 1e-4
 """Largest relative error allowed of the residual identity and of ``sum C = s_ij`` (float32)."""
@@ -143,7 +143,7 @@ def frozen_norm_terms(model: LoadedModel, layer: int, comps: Tensor, resid: Tens
     """``comps`` ``[n, pos, d_model]`` through layer ``layer``'s pre-attention norm with its per-token
     scale frozen: ``w * s_t * (c - mean(c))`` (LayerNorm) or ``w * s_t * c`` (RMS-type), ``s_t``
     fitted by least squares to the norm's output ``attn_in`` (exact for either form, as
-    :func:`headprobe.probe.capture.post_norm_factor`). Returns the terms and the norm's bias
+    :func:`headprobe.probe.hooks.capture.post_norm_factor`). Returns the terms and the norm's bias
     ``[d_model]`` (None where zero or no norm)."""
     nw = model.norm_weights(layer)
     if nw is None:
@@ -190,7 +190,7 @@ def qk_attribution(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int,
     2021's QK circuit with the norms' scales frozen).
 
     Args:
-        model: a :class:`~headprobe.probe.backend.LoadedModel` (native backend).
+        model: a :class:`~headprobe.probe.backends.base.LoadedModel` (native backend).
         tokens: one prompt ``[1, pos]``.
         layer, head: the query head (GQA: its key is its key/value head's, ``head // group_size``).
         q_pos, k_pos: positions, ``k_pos <= q_pos`` for a decoder.

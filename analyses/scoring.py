@@ -17,11 +17,11 @@ from torch import Tensor
 
 from headprobe.analyses.data import TokenSet
 from headprobe.analyses.detectors import DETECTORS
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.capture import stream_patterns
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import attn_hook, block_hook
-from headprobe.probe.hooks import Head, HookCounter
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.ablation import Head, HookCounter
+from headprobe.probe.hooks.capture import patterns_by_layer
+from headprobe.probe.hooks.names import attn_hook, block_hook
 
 
 def score_token_set(model: LoadedModel, tokens: TokenSet, dataset: str, mean_z: bool = False,
@@ -31,7 +31,7 @@ def score_token_set(model: LoadedModel, tokens: TokenSet, dataset: str, mean_z: 
     """Stream one forward pass over ``tokens``, scoring every head with the detectors of ``dataset``.
 
     Args:
-        model: a :class:`~headprobe.probe.loading.LoadedModel` (either backend).
+        model: a :class:`~headprobe.probe.backends.loading.LoadedModel` (either backend).
         tokens: the token set (``tokens.tokens`` is ``[batch, pos]``).
         dataset: ``"natural"`` or ``"repeated"``: which detectors run (their ``dataset``).
         mean_z: also return each head's mean z over the real positions (for mean ablation).
@@ -82,7 +82,7 @@ def score_token_set(model: LoadedModel, tokens: TokenSet, dataset: str, mean_z: 
             return hook
         extra += [(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)]
 
-    logits = stream_patterns(model, tokens.tokens, on_pattern, extra_hooks=extra)
+    logits = patterns_by_layer(model, tokens.tokens, on_pattern, extra_hooks=extra)
     if first_bad:
         raise HeadprobeError(f"activations become NaN or Inf in layer {first_bad[0]} (residual stream after the block); "
                              f"check the weights of that layer")
@@ -92,20 +92,20 @@ def score_token_set(model: LoadedModel, tokens: TokenSet, dataset: str, mean_z: 
 
 
 STREAMING_CHOICES = ("auto", "on", "off")
-"""How head statistics are computed: ``on`` streamed (:mod:`headprobe.probe.streaming`, no
+"""How head statistics are computed: ``on`` streamed (:mod:`headprobe.probe.hooks.online_stats`, no
 ``[head, q_pos, k_pos]`` pattern, native backend only), ``off`` from the materialised pattern,
-``auto`` streamed from :data:`~headprobe.probe.streaming.STREAMING_MIN_LEN` tokens on where the
+``auto`` streamed from :data:`~headprobe.probe.hooks.online_stats.STREAMING_MIN_LEN` tokens on where the
 backend has ``streams_statistics`` (native)."""
 
 
-def use_streaming(model: LoadedModel, seq_len: int, streaming: str = "auto") -> bool:
+def use_online_stats(model: LoadedModel, seq_len: int, streaming: str = "auto") -> bool:
     """Whether a sequence of ``seq_len`` tokens is scored by streaming under ``streaming``
     (:data:`STREAMING_CHOICES`).
 
     Raises:
         HeadprobeError: an unknown choice.
     """
-    from headprobe.probe.streaming import STREAMING_MIN_LEN
+    from headprobe.probe.hooks.online_stats import STREAMING_MIN_LEN
 
     if streaming not in STREAMING_CHOICES:
         raise HeadprobeError(f"streaming must be one of {', '.join(STREAMING_CHOICES)}, got {streaming!r}")
@@ -129,9 +129,9 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
                  streaming: str = "auto") -> tuple[dict[str, Float[Tensor, "layer head"]], Float[Tensor, " batch"],
                                                    Float[Tensor, "layer head d_head"] | None]:
     """:func:`score_token_set` with the clean loss instead of the logits, for sequences of any
-    length: the detectors read streamed statistics (:func:`use_streaming`; the same numbers) or the
+    length: the detectors read streamed statistics (:func:`use_online_stats`; the same numbers) or the
     materialised pattern, and the loss is unembedded in position chunks
-    (:func:`~headprobe.probe.backend.chunked_token_losses`), so neither a ``[head, q_pos, k_pos]``
+    (:func:`~headprobe.probe.backends.base.chunked_token_losses`), so neither a ``[head, q_pos, k_pos]``
     pattern (streamed) nor ``[pos, d_vocab]`` logits of a whole sequence exist.
 
     Args:
@@ -146,8 +146,8 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
     Raises:
         HeadprobeError: NaN/Inf activations or losses; streaming asked of a non-native backend.
     """
-    from headprobe.probe.backend import chunked_token_losses
-    from headprobe.probe.streaming import stream_head_stats
+    from headprobe.probe.backends.base import chunked_token_losses
+    from headprobe.probe.hooks.online_stats import online_head_stats
 
     spec = model.spec
     dets = [d for name, d in DETECTORS.items() if d.dataset == dataset and (types is None or name in types)]
@@ -155,7 +155,7 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
     B = tokens.tokens.shape[0]
     if per_sequence is not None:
         per_sequence.update({c: torch.zeros(B, spec.n_layers, spec.n_heads) for d in dets for c in d.columns})
-    stream = use_streaming(model, tokens.tokens.shape[1], streaming)
+    stream = use_online_stats(model, tokens.tokens.shape[1], streaming)
     if stream and (lacking := [d.name for d in dets if d.score_stats is None]):
         raise HeadprobeError(f"head type {', '.join(lacking)} has no streamed score (score_stats): scan it with "
                              f"--streaming off, or give it one")
@@ -176,7 +176,7 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
         extra += [(attn_hook(layer, "z"), _mean_z_hook(z_mean, layer, tokens.start)) for layer in range(spec.n_layers)]
     with torch.inference_mode():
         if stream:
-            resid = stream_head_stats(model, tokens.tokens, lambda l, st: score(l, st, lambda d, x: d.score_stats(
+            resid = online_head_stats(model, tokens.tokens, lambda l, st: score(l, st, lambda d, x: d.score_stats(
                 x, tokens.period, tokens.start)), extra_hooks=extra, windows=(),
                 argmax=any(d.name == "positional" for d in dets), entropy=False)
         else:
@@ -191,7 +191,7 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
                                  f"block); check the weights of that layer")
         if not spec.causal:
             return scores, torch.zeros(B), z_mean
-        assert resid is not None  # stream_head_stats returns it (final_residual defaults to True)
+        assert resid is not None  # online_head_stats returns it (final_residual defaults to True)
         loss = chunked_token_losses(model, resid, tokens.tokens.to(resid.device), first).mean(dim=1).cpu()
     if not torch.isfinite(loss).all():
         raise HeadprobeError("the model produced NaN or Inf logits on the scan's input")
@@ -304,8 +304,8 @@ def example_patterns(model: LoadedModel, best: dict[str, Head], natural: TokenSe
 
     Args:
         best: head type -> its top ``(layer, head)``.
-        streaming: as :func:`use_streaming`: a long example's window is computed from the rows
-            it shows (:meth:`headprobe.probe.streaming.HeadStats.rows`), never the whole pattern.
+        streaming: as :func:`use_online_stats`: a long example's window is computed from the rows
+            it shows (:meth:`headprobe.probe.hooks.online_stats.HeadStats.rows`), never the whole pattern.
 
     Returns:
         head type -> ``{"head": (layer, head), "pattern": [q, k] array (the rows ``positions[0]``
@@ -334,7 +334,7 @@ def example_patterns(model: LoadedModel, best: dict[str, Head], natural: TokenSe
         n = toks.shape[1]
         rows, cols = (repeat_window(n, repeated.start, repeated.period) if dataset == "repeated"
                       else (list(range(n)), list(range(n))))
-        kept = _example_windows(model, toks, layers, rows, cols, use_streaming(model, n, streaming))
+        kept = _example_windows(model, toks, layers, rows, cols, use_online_stats(model, n, streaming))
         labels = token_labels(model, toks[0])
         for t, (layer, head) in wanted.items():
             out[t] = {"head": (layer, head), "pattern": kept[layer][head].numpy(), "labels": labels,
@@ -348,16 +348,16 @@ def _example_windows(model: LoadedModel, toks: Tensor, layers: list[int], rows: 
     computed from q and k (``stream``) or cut from the materialised pattern."""
     kept: dict[int, Tensor] = {}
     if stream:
-        from headprobe.probe.streaming import stream_head_stats
+        from headprobe.probe.hooks.online_stats import online_head_stats
 
         def on_stats(layer, st):
             kept[layer] = st.rows(rows)[0][:, :, cols].float().cpu()
 
-        stream_head_stats(model, toks, on_stats, layers=layers, windows=(), final_residual=False, statistics=False)
+        online_head_stats(model, toks, on_stats, layers=layers, windows=(), final_residual=False, statistics=False)
         return kept
 
     def on_pattern(layer, pattern):
         kept[layer] = pattern[0][:, rows][:, :, cols].detach().float().cpu().clone()
 
-    stream_patterns(model, toks, on_pattern, layers=layers)
+    patterns_by_layer(model, toks, on_pattern, layers=layers)
     return kept

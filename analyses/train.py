@@ -39,12 +39,12 @@ from headprobe.analyses.ablation import task_loss, token_losses
 from headprobe.analyses.data import TokenSet, ascii_text, pydoc_topics, repeated_random_tokens
 from headprobe.analyses.detectors import induction_score, previous_token_score
 from headprobe.analyses.train_config import CORPORA, INDUCTION_FORMED, N_CHARS, TrainConfig  # noqa: F401 - re-exported
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.capture import stream_patterns
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import format_head
-from headprobe.probe.native import NativeModel
-from headprobe.probe.tokenizers import TEXT_CHARS, char_level_tokenizer, word_level_tokenizer
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.backends.native import NativeModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.ablation import format_head
+from headprobe.probe.hooks.capture import patterns_by_layer
+from headprobe.probe.model.tokenizers import TEXT_CHARS, char_level_tokenizer, word_level_tokenizer
 
 # --------------------------------------------------------------------------------------------
 # Data
@@ -58,7 +58,7 @@ class TextCorpus:
 
     Attributes:
         train, held_out: 1-D character-level token ids (id ``i`` is ``TEXT_CHARS[i]``, see
-            :func:`headprobe.probe.tokenizers.char_level_tokenizer`): the topics of each part, in key order,
+            :func:`headprobe.probe.model.tokenizers.char_level_tokenizer`): the topics of each part, in key order,
             through :func:`headprobe.analyses.data.ascii_text`, joined by a blank line (training topics
             without the paragraphs they share with held-out ones, see :func:`text_corpus`).
         train_topics, held_out_topics: the topic names of each part (disjoint).
@@ -74,7 +74,7 @@ class TextCorpus:
 
 def char_ids(text: str) -> Int[Tensor, " n_tokens"]:
     """Character-level ids of ``text`` (id ``i`` is ``TEXT_CHARS[i]``; the same ids as
-    :func:`headprobe.probe.tokenizers.char_level_tokenizer`, computed by table look-up). Characters outside
+    :func:`headprobe.probe.model.tokenizers.char_level_tokenizer`, computed by table look-up). Characters outside
     the vocabulary map to BOS/unknown (96); pass the text through :func:`headprobe.analyses.data.ascii_text` first."""
     table = np.full(256, N_CHARS, dtype=np.int64)
     table[[ord(c) for c in TEXT_CHARS]] = np.arange(N_CHARS)
@@ -245,7 +245,7 @@ def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Ten
         ind[layer] = induction_score(pattern, repeated.period, repeated.start).cpu()
         prev[layer] = previous_token_score(pattern[..., repeated.start :, repeated.start :]).cpu()
 
-    logits = stream_patterns(loaded, repeated.tokens, on_pattern)
+    logits = patterns_by_layer(loaded, repeated.tokens, on_pattern)
     rep_loss = task_loss(logits, repeated.tokens.to(logits.device), "repeated", repeated.start, repeated.period)
     losses = token_losses(loaded.forward(held_out), held_out)
     out = {"induction": ind, "previous_token": prev, "repeated_loss": rep_loss,
@@ -290,8 +290,8 @@ class TrainRun:
 
     Attributes:
         config: the settings it ran with.
-        loaded: a :class:`headprobe.probe.loading.LoadedModel` around the trained native
-            :class:`~headprobe.probe.model.Transformer` (in eval mode, float32, on ``device``).
+        loaded: a :class:`headprobe.probe.backends.loading.LoadedModel` around the trained native
+            :class:`~headprobe.probe.model.transformer.Transformer` (in eval mode, float32, on ``device``).
         log: one row per evaluation (step 0, every ``eval_every`` steps and the last step):
             ``step``, ``train_loss`` (mean over the steps since the previous row; NaN at step 0),
             ``eval_loss``, ``in_context_loss`` (``text_in_context_loss`` too for ``"text+copy"``),
@@ -317,8 +317,8 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     """Train a model as ``cfg`` says; deterministic given ``cfg.seed`` on one device.
 
     ``tokenizer`` is a word-level tokenizer over the ``n_words`` random tokens plus BOS (see
-    :func:`headprobe.probe.tokenizers.word_level_tokenizer`) for ``corpus="copy"``, the character-level one
-    (:func:`headprobe.probe.tokenizers.char_level_tokenizer`) for ``"text+copy"``; :func:`training_tokenizer`
+    :func:`headprobe.probe.model.tokenizers.word_level_tokenizer`) for ``corpus="copy"``, the character-level one
+    (:func:`headprobe.probe.model.tokenizers.char_level_tokenizer`) for ``"text+copy"``; :func:`training_tokenizer`
     builds the right one. ``on_eval(row, seconds)``, when given, is called after every evaluation
     but the one at step 0 with the new log row (a dict, see :attr:`TrainRun.log`) and the seconds
     since training started: the only progress report (nothing is printed).
@@ -330,7 +330,7 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     cfg.validate()
     text = cfg.corpus == "text+copy"
     if text and tokenizer.convert_tokens_to_ids(list(TEXT_CHARS)) != list(range(N_CHARS)):
-        raise HeadprobeError("--corpus text+copy needs the character-level tokenizer (headprobe.probe.tokenizers.char_level_tokenizer)")
+        raise HeadprobeError("--corpus text+copy needs the character-level tokenizer (headprobe.probe.model.tokenizers.char_level_tokenizer)")
     model, loaded, device = _untrained_model(cfg, tokenizer)
     mcfg = cfg.model_config()
     held_out, repeated, held_out_text, corpus = _eval_data(cfg, loaded, device)
@@ -396,17 +396,17 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
 
 def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, NativeModel, str]:
     """:func:`train`'s model before its first step, ``(model, loaded, device)``: the native
-    :class:`~headprobe.probe.model.Transformer` of ``cfg.model_config()``, initialised from
-    ``cfg.seed`` (:func:`~headprobe.probe.model.init_weights`) on ``device`` (``"cpu"`` or
+    :class:`~headprobe.probe.model.transformer.Transformer` of ``cfg.model_config()``, initialised from
+    ``cfg.seed`` (:func:`~headprobe.probe.model.transformer.init_weights`) on ``device`` (``"cpu"`` or
     ``"cuda"``, from ``cfg.device``), and ``loaded``, the
-    :class:`~headprobe.probe.loading.LoadedModel` around it with ``tokenizer``.
+    :class:`~headprobe.probe.backends.loading.LoadedModel` around it with ``tokenizer``.
 
     Raises:
         HeadprobeError: ``device="cuda"`` without a CUDA GPU.
     """
-    from headprobe.probe.convert import spec_from_native
-    from headprobe.probe.loading import device_auto
-    from headprobe.probe.model import Transformer, init_weights
+    from headprobe.probe.backends.loading import device_auto
+    from headprobe.probe.model.convert import spec_from_native
+    from headprobe.probe.model.transformer import Transformer, init_weights
     device = device_auto(cfg.device)
     if device == "cuda" and not torch.cuda.is_available():
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.tokenizers import TEXT_CHARS
-from headprobe.probe.vocabulary import DEVICES
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.vocabulary import DEVICES
+from headprobe.probe.model.tokenizers import TEXT_CHARS
 
 CORPORA = ("copy", "text+copy")
 """The training corpora :attr:`TrainConfig.corpus` accepts."""
@@ -22,7 +22,7 @@ N_CHARS = len(TEXT_CHARS)
 class TrainConfig:
     """Settings of one training run (all recorded in the checkpoint's config.json and in summary.json).
 
-    The model is :class:`headprobe.probe.model.Transformer` with :meth:`model_config`;
+    The model is :class:`headprobe.probe.model.transformer.Transformer` with :meth:`model_config`;
     :meth:`validate` raises :class:`HeadprobeError` on settings that cannot train (the messages
     name the ``headprobe train`` flag of each field: ``n_layers`` is ``--n-layers``).
     """
@@ -74,7 +74,7 @@ class TrainConfig:
     bias: bool = True
     """Biases in the attention projections (MLA needs False)."""
     kv_lora_rank: int | None = None
-    """MLA's latent rank (see :class:`headprobe.probe.model.TransformerConfig`); None for MHA/GQA/MQA."""
+    """MLA's latent rank (see :class:`headprobe.probe.model.transformer.TransformerConfig`); None for MHA/GQA/MQA."""
     qk_rope_head_dim: int = 0
     """MLA's decoupled rotary width (0 for MHA/GQA/MQA)."""
     corpus: str = "copy"
@@ -127,14 +127,14 @@ class TrainConfig:
             raise HeadprobeError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
 
     def model_config(self):
-        """The :class:`headprobe.probe.model.TransformerConfig` of the model to train
+        """The :class:`headprobe.probe.model.transformer.TransformerConfig` of the model to train
         (``d_vocab = n_words + 1``, ``n_ctx = seq_len``).
 
         Raises:
             HeadprobeError: a layout the transformer cannot build (``d_model`` not a multiple of
                 ``n_heads``, ``n_heads`` not a multiple of ``n_kv_heads``, ...).
         """
-        from headprobe.probe.model import TransformerConfig
+        from headprobe.probe.model.transformer import TransformerConfig
 
         return TransformerConfig(
             n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,

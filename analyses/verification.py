@@ -53,9 +53,9 @@ from headprobe.analyses.data import TokenSet
 from headprobe.analyses.verdicts import VerdictRule
 from headprobe.analyses.vocabulary import ALPHA, CORRECTION, PRIMARY_KIND, check_verification_choices, reachable
 from headprobe.analyses.vocabulary import unreachable_note as _unreachable_note
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import Head
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.ablation import Head
 
 KINDS = ("zero", "mean")
 """The kinds a verification ablates (both need no second input)."""
@@ -351,7 +351,7 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
     """Ablate each type's top-k heads and its control sets; the verdicts, corrected for their number.
 
     Args:
-        model: a :class:`~headprobe.probe.backend.LoadedModel` (its self-check allows head ablation).
+        model: a :class:`~headprobe.probe.backends.base.LoadedModel` (its self-check allows head ablation).
         top: head type -> its top-k heads. task_of: head type -> the task it is judged on.
         tokens: task -> :class:`~headprobe.analyses.data.TokenSet` (``tokens``, ``start``, ``period``).
         clean: task -> per-sequence clean loss ``[batch]`` (nats/token; zeros for an encoder).

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from headprobe.probe.backend import LoadedModel
+    from headprobe.probe.backends.base import LoadedModel
 
 from headprobe.analyses.verdicts import LABELS, NOT_TESTED, VerdictRule, evidence_text, label, stop_text
 from headprobe.analyses.vocabulary import DEFAULT_PATTERN_LEN
@@ -69,7 +69,7 @@ def head_patterns(model: LoadedModel, examples: Mapping[str, Any], max_len: int 
     """Every head's attention pattern on the first sequence of each token set, for the viewer.
 
     Args:
-        model: a :class:`~headprobe.probe.loading.LoadedModel` (either backend).
+        model: a :class:`~headprobe.probe.backends.loading.LoadedModel` (either backend).
         examples: example name (``natural``, ``repeated``) -> :class:`~headprobe.analyses.data.TokenSet`.
         max_len: keep the first ``max_len`` tokens (>= 2) of each sequence.
 
@@ -79,12 +79,12 @@ def head_patterns(model: LoadedModel, examples: Mapping[str, Any], max_len: int 
 
     Raises:
         ValueError: ``max_len`` below 2.
-        HeadprobeError: as :func:`~headprobe.probe.capture.stream_patterns`.
+        HeadprobeError: as :func:`~headprobe.probe.hooks.capture.patterns_by_layer`.
     """
     import torch
 
     from headprobe.analyses.scoring import token_labels
-    from headprobe.probe.capture import stream_patterns
+    from headprobe.probe.hooks.capture import patterns_by_layer
 
     if max_len < 2:
         raise ValueError(f"max_len must be at least 2, got {max_len}")
@@ -99,7 +99,7 @@ def head_patterns(model: LoadedModel, examples: Mapping[str, Any], max_len: int 
             kept[layer] = pattern[0].detach().float().cpu().numpy().astype(np.float16)
 
         with torch.inference_mode():
-            stream_patterns(model, toks, on_pattern)
+            patterns_by_layer(model, toks, on_pattern)
         out[name] = {"ids": toks[0].cpu().numpy().astype(np.int32), "labels": token_labels(model, toks[0].cpu(), for_font=False),
                      "pattern": kept, "period": ts.period, "start": int(ts.start)}
     return out
@@ -118,7 +118,7 @@ def save_patterns(path: str | Path, patterns: Mapping[str, dict], dtype: str = "
     shows: SmolLM2's 270 heads on 128 + 101 tokens take 1.3 MB instead of 6.7 MB as float16 (whose
     mantissa noise hardly compresses); ``"float16"`` keeps float16. :func:`load_patterns` reads both.
     """
-    from headprobe.probe.io import atomic_path
+    from headprobe.probe.core.io import atomic_path
 
     if dtype not in ("uint8", "float16"):
         raise ValueError(f"dtype must be uint8 or float16, got {dtype!r}")

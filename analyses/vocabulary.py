@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from headprobe.analyses.columns import HEAD_TYPES, TASKS, select_head_types  # noqa: F401 - the head columns' names, defined there
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 PRUNING_METHODS: tuple[str, ...] = ("michel", "l0", "random")
 """The pruning methods ``headprobe prune --method`` compares: Michel et al. 2019's iterative gradient

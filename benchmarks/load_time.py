@@ -9,7 +9,7 @@ Each run is a fresh Python process pointed at one new, empty cache directory
 * warm: the next ones read the entry.
 
 A process imports headprobe's loading module, then calls
-:func:`headprobe.probe.loading.load_model` (``backend="auto"``, the self-check included), what
+:func:`headprobe.probe.backends.loading.load_model` (``backend="auto"``, the self-check included), what
 every command does. A warm native load reads the entry's weights straight into headprobe's own
 transformer, without building the Hugging Face model. Per run it prints the wall and CPU seconds
 of the imports and of the load, and the whole process. The last line reads exactly
@@ -38,7 +38,7 @@ def phase(name):
     now = clock()
     out[name] = [now[0] - t[0], now[1] - t[1]]
     t = now
-from headprobe.probe.loading import load_model
+from headprobe.probe.backends.loading import load_model
 phase("imports")
 model = load_model(sys.argv[1], quiet=True)
 phase("load_model")

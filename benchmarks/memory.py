@@ -38,8 +38,8 @@ import tempfile
 CHILD = r"""
 import gc, json, sys, time
 import torch, transformers  # noqa: F401 - in the baseline: every command imports them
-from headprobe.probe.loading import load_model
-import safetensors.torch, headprobe.probe.convert, headprobe.probe.weights_cache  # noqa: F401 - code the load imports
+from headprobe.probe.backends.loading import load_model
+import safetensors.torch, headprobe.probe.model.convert, headprobe.probe.backends.weights_cache  # noqa: F401 - code the load imports
 
 def rss_kb(field):
     with open("/proc/self/status") as f:
@@ -79,12 +79,12 @@ else:
     base = reset_peak()
     t0 = time.perf_counter()
     if mode == "scan":
-        from headprobe.probe.capture import stream_patterns
+        from headprobe.probe.hooks.capture import patterns_by_layer
         kept = {}
         def on_pattern(layer, pattern):
             kept[layer] = pattern.amax(dim=(-1, -2)).mean(0)  # a per-head score; the pattern is dropped
         with torch.inference_mode():
-            logits = stream_patterns(model, tokens, on_pattern)
+            logits = patterns_by_layer(model, tokens, on_pattern)
     else:
         from headprobe.analyses.ablation import exact_sweep
         L = spec.n_layers

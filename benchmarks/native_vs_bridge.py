@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from headprobe.probe.convert import from_hf
-from headprobe.probe.loading import _load_hf, _resolve, boot_bridge, canonical_name
+from headprobe.probe.backends.loading import _load_hf, _resolve, boot_bridge, canonical_name
+from headprobe.probe.model.convert import from_hf
 
 
 def timed(fn, repeats: int, device: str) -> float:

@@ -15,7 +15,7 @@ import numpy as np
 
 import headprobe
 from headprobe.analyses.patching import encode_pairs, ioi_prompts, patch
-from headprobe.probe.heads import parse_heads
+from headprobe.probe.core.heads import parse_heads
 
 
 def main() -> None:

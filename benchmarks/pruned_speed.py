@@ -6,7 +6,7 @@ Usage: ``.venv/bin/python benchmarks/pruned_speed.py [--model smollm2-135m] [--f
 In one process: load the model (native backend), rank its heads by Michel et al. 2019's
 gradient importance (:func:`headprobe.analyses.ablation.head_importance`, per-layer normalised,
 on 8 x 128 tokens of CPython's documentation), and for each fraction remove that share of the
-heads, least important first, with :func:`headprobe.probe.pruned.remove_heads` (the rows of
+heads, least important first, with :func:`headprobe.probe.model.pruned.remove_heads` (the rows of
 W_Q and the columns of W_O of a removed head are gone; a key/value head goes when its whole
 group does). Each model then runs ``--repeats`` forward passes (logits, ``inference_mode``) on
 the same ``batch x seq_len`` natural-text tokens after one warm-up pass; the median time gives
@@ -14,7 +14,7 @@ tokens/s.
 
 FLOPs of one forward pass are counted, not measured: every ``nn.Linear`` of the model
 (attention projections, MLP, unembedding; ``2 x tokens x weights``) plus each layer's attention
-scores and weighted sum (:func:`headprobe.probe.cost.score_flops` with that layer's kept query
+scores and weighted sum (:func:`headprobe.probe.layout.cost.score_flops` with that layer's kept query
 heads; every score counted, as for a non-causal kernel). The removed share is
 ``1 - flops_pruned / flops_full``; the realised share is the time saved over the FLOP share
 removed, ``(1 - t_pruned / t_full) / flop_share``: 1.0 means the time fell exactly as the FLOPs,
@@ -42,7 +42,7 @@ def linear_flops(net: torch.nn.Module, tokens: int) -> int:
 
 def forward_flops(net, layout, batch: int, seq_len: int) -> int:
     """Counted FLOPs of one forward pass of the native ``net`` (see the module docstring)."""
-    from headprobe.probe.cost import score_flops
+    from headprobe.probe.layout.cost import score_flops
 
     flops = linear_flops(net, batch * seq_len)  # the unembedding is an nn.Linear too
     for block in net.blocks:
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     from headprobe.analyses.ablation import head_importance
     from headprobe.analyses.data import natural_text_tokens
     from headprobe.options import DTYPES, torch_dtype
-    from headprobe.probe.pruned import remove_heads
+    from headprobe.probe.model.pruned import remove_heads
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -23,7 +23,7 @@ import time
 import torch
 
 from headprobe.commands.scan import ScanConfig, run
-from headprobe.probe.loading import load_model
+from headprobe.probe.backends.loading import load_model
 
 
 def main() -> None:

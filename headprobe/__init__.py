@@ -25,16 +25,16 @@ import importlib
 
 _EXPORTS = {
     # name: (module, attribute); the commands' functions come from headprobe.commands.COMMANDS
-    "path_patch": ("headprobe.analyses.paths", "path_patch"),
-    "edge_attribution": ("headprobe.analyses.paths", "edge_attribution"),
+    "path_patch": ("headprobe.analyses.circuit", "path_patch"),
+    "edge_attribution": ("headprobe.analyses.circuit", "edge_attribution"),
     "qk_attribution": ("headprobe.analyses.qk_attribution", "qk_attribution"),
-    "load_model": ("headprobe.probe.loading", "load_model"),
-    "wrap": ("headprobe.probe.loading", "wrap_model"),
-    "LoadedModel": ("headprobe.probe.loading", "LoadedModel"),
-    "capture_heads": ("headprobe.probe.capture", "capture_heads"),
-    "stream_patterns": ("headprobe.probe.capture", "stream_patterns"),
-    "SelfCheck": ("headprobe.probe.selfcheck", "SelfCheck"),
-    "HeadprobeError": ("headprobe.probe.errors", "HeadprobeError"),
+    "load_model": ("headprobe.probe.backends.loading", "load_model"),
+    "wrap": ("headprobe.probe.backends.loading", "wrap_model"),
+    "LoadedModel": ("headprobe.probe.backends.loading", "LoadedModel"),
+    "capture_heads": ("headprobe.probe.hooks.capture", "capture_heads"),
+    "patterns_by_layer": ("headprobe.probe.hooks.capture", "patterns_by_layer"),
+    "SelfCheck": ("headprobe.probe.hooks.selfcheck", "SelfCheck"),
+    "HeadprobeError": ("headprobe.probe.core.errors", "HeadprobeError"),
 }
 
 # ``__all__`` is computed on use (:func:`__getattr__`): these names and every registered command.

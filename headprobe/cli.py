@@ -4,7 +4,7 @@ Each subcommand is a :class:`headprobe.commands.Command` registered in
 :data:`headprobe.commands.COMMANDS` (its ``help``, its Config, whose settings are its flags -- see
 :mod:`headprobe.settings` -- and its run target, imported once the flags made a valid Config);
 this module lists no command. Errors a
-user can cause are raised as :class:`headprobe.probe.errors.HeadprobeError` and end the program
+user can cause are raised as :class:`headprobe.probe.core.errors.HeadprobeError` and end the program
 with one line on stderr and exit status 2 (argparse's usage errors too, see :class:`OneLineErrorParser`).
 """
 
@@ -19,8 +19,8 @@ import threading
 
 from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV, figure_formats
 from headprobe.commands import COMMANDS
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.registry import did_you_mean
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -147,7 +147,7 @@ def _interrupted(e: KeyboardInterrupt, out: str | None) -> str:
     """What an interrupted command left, on a line of its own (after a progress bar, a newline first)."""
     from pathlib import Path
 
-    from headprobe.probe.io import CHECKPOINT_GLOB
+    from headprobe.probe.core.io import CHECKPOINT_GLOB
 
     how = "terminated" if isinstance(e, Terminated) else "interrupted"
     newline = "\n" if _progress_bar_open() else ""

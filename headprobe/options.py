@@ -39,7 +39,7 @@ from headprobe.settings import (  # noqa: F401 - the shared vocabularies and fla
 from headprobe.settings import check_settings as check_config_fields  # noqa: F401 - the old name
 
 if TYPE_CHECKING:
-    from headprobe.probe.backend import LoadedModel
+    from headprobe.probe.backends.base import LoadedModel
 
 
 def torch_dtype(name: str):
@@ -107,7 +107,7 @@ def peek_token_count(model: str, text: str, prepend_bos: bool = True) -> int | N
 
     folder = Path(model).expanduser()
     if model.lower() == DEFAULT_MODEL and not folder.exists():
-        from headprobe.probe.weights_cache import cache_root
+        from headprobe.probe.backends.weights_cache import cache_root
 
         root = cache_root()
         found = sorted(glob.glob(str(root / "gguf" / "SmolLM2-135M-Instruct*" / "tokenizer.json"))) if root else []
@@ -128,12 +128,12 @@ def peek_token_count(model: str, text: str, prepend_bos: bool = True) -> int | N
 
 def check_model(model: str) -> None:
     """Refuse, before torch loads, a ``--model`` that cannot be loaded (an unknown name, a missing
-    path, a directory without config.json or weights; :func:`headprobe.probe.sources.check_model`).
+    path, a directory without config.json or weights; :func:`headprobe.probe.backends.sources.check_model`).
 
     Raises:
         HeadprobeError: one line.
     """
-    from headprobe.probe.sources import check_model as check
+    from headprobe.probe.backends.sources import check_model as check
 
     check(model)
 
@@ -141,17 +141,17 @@ def check_model(model: str) -> None:
 def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", backend: str = "auto",
                   prepend_bos: bool = True, device_map: str | None = None, max_memory: dict | str | None = None):
     """Load ``name`` the way every command's ``--model --device --dtype --backend`` ask for: a
-    :class:`~headprobe.probe.loading.LoadedModel` on ``device`` (``auto``: cuda when present),
+    :class:`~headprobe.probe.backends.loading.LoadedModel` on ``device`` (``auto``: cuda when present),
     its weights cast to ``dtype`` (a :data:`DTYPES` name or alias) after the float32 load-time
     self-check. The load prints its one progress line on stderr
-    (:func:`headprobe.probe.loading.load_model`).
+    (:func:`headprobe.probe.backends.loading.load_model`).
 
     Half precision: weights and activations in ``dtype``; attention scores and softmax, losses
     and importance scores in float32; rotary frequencies float32 (docs/engine.md, "Precision").
 
     ``device_map`` (a :data:`DEVICE_MAPS` strategy; ``max_memory`` a dict or ``--max-memory``'s
     text): the model is read, self-checked and cast on the CPU, then split over the devices
-    (:mod:`headprobe.probe.devicemap`); ``device`` must be ``auto`` or ``cpu``.
+    (:mod:`headprobe.probe.backends.devicemap`); ``device`` must be ``auto`` or ``cpu``.
 
     Raises:
         HeadprobeError: ``cuda`` asked for but absent, an unknown dtype, ``float16`` on a
@@ -161,9 +161,9 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
     """
     import torch
 
-    from headprobe.probe import loading
-    from headprobe.probe.errors import HeadprobeError
-    from headprobe.probe.vocabulary import backend_lacks
+    from headprobe.probe.backends import loading
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.core.vocabulary import backend_lacks
 
     try:
         dtype = dtype_name(dtype)
@@ -276,7 +276,7 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, 
 
     ``model`` is a name or path -- the config is built and its ``preflight()`` run (every check
     the settings alone decide) before the model loads as the config asks -- or a
-    :class:`~headprobe.probe.loading.LoadedModel`, used as given (0 s).
+    :class:`~headprobe.probe.backends.loading.LoadedModel`, used as given (0 s).
 
     Raises:
         HeadprobeError: bad settings, or the model cannot be loaded.
@@ -333,7 +333,7 @@ def command_function(config_cls, run: Callable, name: str, summary: str, example
 
     Args:
         model: a model name or path (loaded as ``config_fields`` ask, after the config's checks and
-            ``preflight``), or a :class:`~headprobe.probe.backend.LoadedModel` (used as given).
+            ``preflight``), or a :class:`~headprobe.probe.backends.base.LoadedModel` (used as given).
         progress: show progress bars.
         **config_fields: any :class:`{config_cls.__name__}` field but ``model``{f" (e.g. {example})" if example else ""}.
 
@@ -384,7 +384,7 @@ class ModelRunConfig(ModelSettings, DataSettings):
     :class:`~headprobe.settings.DataSettings` composed (the fields and their help are declared
     there). ``n_natural`` sequences are used, as many more, disjoint, are the reference (ablate:
     mean/resample source; prune: the held-out curve). A command's config derives from it and adds
-    its own fields. Invalid values raise :class:`~headprobe.probe.errors.HeadprobeError` when the
+    its own fields. Invalid values raise :class:`~headprobe.probe.core.errors.HeadprobeError` when the
     config is made."""
 
     def preflight(self) -> None:
@@ -394,7 +394,7 @@ class ModelRunConfig(ModelSettings, DataSettings):
         Raises:
             HeadprobeError: a bad text file.
         """
-        from headprobe.probe.io import open_text_file
+        from headprobe.probe.core.io import open_text_file
 
         if self.text:
             open_text_file(self.text)
@@ -435,7 +435,7 @@ class Run:
         core: the module with ``run(model, config, progress=..., [resume=..., on_save=...])``,
             imported only once the settings are checked (the computation needs torch).
         resumed: a short account of a checkpoint's state (``"12 head ablations done"``): the run is
-            resumable, its checkpoint kept in ``--out`` (:class:`~headprobe.probe.io.RunCheckpoint`); None: not resumable.
+            resumable, its checkpoint kept in ``--out`` (:class:`~headprobe.probe.core.io.RunCheckpoint`); None: not resumable.
         note: a line printed before the model loads (``NOTE: ...``), or None.
         sharded: what a multi-rank run splits, for the model line (``"verification"``), or ``""``.
         save: keyword arguments of the result's ``save`` beyond ``out`` and ``overwrite``.
@@ -467,7 +467,7 @@ def checkpoint_key(config) -> dict:
 def _resume(out: str, overwrite: bool, config, module, sharded: bool, main_rank: bool):
     """``(state or None, on_save, checkpoints found)`` of a resumable run; see :func:`run_command`."""
     from headprobe.analyses import distributed
-    from headprobe.probe.io import RunCheckpoint, shard_checkpoint_name
+    from headprobe.probe.core.io import RunCheckpoint, shard_checkpoint_name
 
     key = checkpoint_key(config)
     checkpoint = RunCheckpoint(out, key)
@@ -484,8 +484,8 @@ def _resume(out: str, overwrite: bool, config, module, sharded: bool, main_rank:
 
 def kept_line(out: str | Path) -> str | None:
     """The line that says which files in ``out`` an ``--overwrite`` left because headprobe did not
-    write them (:func:`~headprobe.probe.io.foreign_files`), or None when there are none."""
-    from headprobe.probe.io import foreign_files
+    write them (:func:`~headprobe.probe.core.io.foreign_files`), or None when there are none."""
+    from headprobe.probe.core.io import foreign_files
 
     kept = foreign_files(out)
     if not kept:
@@ -500,8 +500,8 @@ def out_as_it_was(out: str | Path, main_rank: bool = True):
     added are removed, as resuming would fail alike; other errors and interruptions keep them, to
     resume), and remove it when the run created it and it is empty then. Writing goes through a
     staging folder (:func:`~headprobe.analyses.outputs.write_outputs`), so no other file is added."""
-    from headprobe.probe.errors import HeadprobeError
-    from headprobe.probe.io import CHECKPOINT_GLOB
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.core.io import CHECKPOINT_GLOB
 
     out = Path(out)
     existed = out.exists()
@@ -533,7 +533,7 @@ def run_command(args: argparse.Namespace, config, how: Run) -> int:
     waits for all ranks, and runs ``core.run``, which shards its work. Where ``core`` has
     ``merge_states`` (its work is sharded by job) every checkpoint in ``--out`` is read and merged
     -- the one-process one and each rank's of a sharded run with any N, with or without torchrun
-    now -- and each rank saves its own (:func:`~headprobe.probe.io.shard_checkpoint_name`); else
+    now -- and each rank saves its own (:func:`~headprobe.probe.core.io.shard_checkpoint_name`); else
     rank 0 reads and saves the one checkpoint and hands the state to the others. Only rank 0
     prints, writes the outputs and removes the checkpoints.
 
@@ -541,7 +541,7 @@ def run_command(args: argparse.Namespace, config, how: Run) -> int:
         HeadprobeError: bad settings, a bad ``--out``, or as ``run`` (``--out`` left as it was: :func:`out_as_it_was`).
     """
     from headprobe.analyses import distributed
-    from headprobe.probe.io import prepare_output_dir
+    from headprobe.probe.core.io import prepare_output_dir
 
     with process_group(config.device) as sharded:
         main_rank, resumable = distributed.is_main(), how.resumed is not None
@@ -560,7 +560,7 @@ def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main
     import time
 
     from headprobe.analyses import distributed
-    from headprobe.probe.io import RunCheckpoint
+    from headprobe.probe.core.io import RunCheckpoint
 
     module = importlib.import_module(how.core)
     saved, on_save, found = _resume(args.out, args.overwrite, config, module, sharded, main_rank) if resumable else (None, None, [])

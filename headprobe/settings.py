@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headprobe.analyses.vocabulary import FIGURE_FORMATS, NO_FIGURES, parse_figure_formats
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.vocabulary import BACKENDS, DEVICE_MAPS, DEVICES  # defined once there (torch-free)
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.vocabulary import BACKENDS, DEVICE_MAPS, DEVICES  # defined once there (torch-free)
 
 DTYPES = ("float32", "bfloat16", "float16")
 """Compute precisions, by torch's names."""
@@ -290,11 +290,11 @@ MODEL_HELP = (f"{DEFAULT_MODEL} (default, embedded 4-bit weights), gpt2 or anoth
 @dataclass(frozen=True)
 class ModelSettings:
     """Which model a command runs and how it is loaded (:func:`headprobe.options.load_model_as`).
-    Invalid values raise :class:`~headprobe.probe.errors.HeadprobeError` when the config is made
+    Invalid values raise :class:`~headprobe.probe.core.errors.HeadprobeError` when the config is made
     (:func:`check_settings`). Every field's help is its documentation (``--help``)."""
 
     model: str = setting(DEFAULT_MODEL, MODEL_HELP)
-    """Model name or path (see :func:`headprobe.probe.loading.load_model`)."""
+    """Model name or path (see :func:`headprobe.probe.backends.loading.load_model`)."""
     device: str = setting("auto", "auto: cuda when a GPU is present, else cpu", choices=DEVICES)
     """``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name."""
     dtype: str = setting("float32", "compute precision of weights and activations (default %(default)s; bf16/fp16/fp32 "

@@ -4,6 +4,6 @@ Nothing here does work at import time; heavy libraries (transformers, transforme
 imported inside the functions that need them.
 """
 
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 __all__ = ["HeadprobeError"]

@@ -2,14 +2,14 @@
 input, and what it puts in place of an ablated head's ``z``.
 
 A head is ablated at ``hook_z``, before W_O (``z`` ``[batch, pos, head, d_head]``, the head's
-value-weighted sum; see :func:`headprobe.probe.hooks.head_ablation_hooks`): its ``z_h`` is
+value-weighted sum; see :func:`headprobe.probe.hooks.ablation.head_ablation_hooks`): its ``z_h`` is
 replaced by ``r_h``, which removes exactly its output contribution ``z_h W_O^(h)`` and keeps
 ``b_O``. Every user of a kind goes through :data:`KINDS`: the hooks, the exact sweep and the set
 ablations of :mod:`headprobe.analyses.ablation` (which use ``(r_h - z_h) W_O^(h)``), attribution
 patching and AtP* (:mod:`headprobe.analyses.attribution`, whose direction is ``r_h - z_h``),
 activation patching (resample) and ``headprobe ablate --kind``. Adding a kind is one
 :func:`register` call (or one entry below); nothing else names kinds. The unknown-name error is
-the registry's (:class:`~headprobe.probe.registry.Registry`: one line, with did-you-mean).
+the registry's (:class:`~headprobe.probe.core.registry.Registry`: one line, with did-you-mean).
 
 Built-in kinds (the vocabulary of Heimersheim & Nanda 2024, "How to use and interpret activation
 patching", arXiv 2404.15255, and Wang et al. 2022, arXiv 2211.00593, sec. 3):
@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.registry import Registry
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import Registry
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -115,7 +115,7 @@ def _resample(z: Tensor, layer: int, heads: Any, inputs: AblationInputs) -> Tens
 
 
 KINDS: Registry[Kind] = Registry("ablation kind")
-"""Every ablation kind by name (:class:`~headprobe.probe.registry.Registry`), in the order of
+"""Every ablation kind by name (:class:`~headprobe.probe.core.registry.Registry`), in the order of
 ``--kind``'s choices."""
 
 

@@ -11,11 +11,11 @@ and with a documented body that raises where each backend implements it (``forwa
 or ``headprobe/`` takes an unannotated or ``Any`` model, and that analyses never reach into a
 backend's modules.
 
-The backends are :class:`headprobe.probe.native.NativeModel` (headprobe's own
-:class:`~headprobe.probe.model.Transformer`) and :class:`headprobe.probe.bridge.BridgeModel`
+The backends are :class:`headprobe.probe.backends.native.NativeModel` (headprobe's own
+:class:`~headprobe.probe.model.transformer.Transformer`) and :class:`headprobe.probe.backends.bridge.BridgeModel`
 (TransformerLens' ``TransformerBridge``), registered once, by name, in
-:data:`headprobe.probe.vocabulary.BACKEND_REGISTRY` (lazy targets): ``--backend`` lists it,
-:func:`headprobe.probe.loading.wrap` builds from it, and ``LoadedModel(module, tokenizer, spec)``
+:data:`headprobe.probe.core.vocabulary.BACKEND_REGISTRY` (lazy targets): ``--backend`` lists it,
+:func:`headprobe.probe.backends.loading.wrap` builds from it, and ``LoadedModel(module, tokenizer, spec)``
 picks the registered class whose :meth:`LoadedModel.wraps` accepts ``module``.
 
 The losses here (:func:`token_losses`, :func:`scored_loss`, :func:`cross_entropy_inplace`,
@@ -37,15 +37,15 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from headprobe.probe.devicemap import aligned
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import block_hook, norm_hook
-from headprobe.probe.selfcheck import SelfCheck
-from headprobe.probe.spec import Checkpoint, ModelSpec
+from headprobe.probe.backends.devicemap import aligned
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.names import block_hook, norm_hook
+from headprobe.probe.hooks.selfcheck import SelfCheck
+from headprobe.probe.layout.spec import Checkpoint, ModelSpec
 
 if TYPE_CHECKING:
-    from headprobe.probe.layout import KVPolicy
-    from headprobe.probe.model import Transformer
+    from headprobe.probe.layout.attention import KVPolicy
+    from headprobe.probe.model.transformer import Transformer
 
 HookFn = Callable[..., Any]
 """A TransformerLens hook: ``fn(activation, hook) -> replacement or None``."""
@@ -129,11 +129,11 @@ class LoadedModel:
     nats per token.
 
     ``LoadedModel(module, tokenizer, spec)`` returns the registered backend class that wraps
-    ``module`` (:data:`~headprobe.probe.vocabulary.BACKEND_REGISTRY`, :meth:`wraps`). ``model``
+    ``module`` (:data:`~headprobe.probe.core.vocabulary.BACKEND_REGISTRY`, :meth:`wraps`). ``model``
     is the wrapped module: for the probe floor and tests, not for analyses.
 
     Attributes:
-        spec: the layout and provenance (:class:`~headprobe.probe.spec.ModelSpec`).
+        spec: the layout and provenance (:class:`~headprobe.probe.layout.spec.ModelSpec`).
         tokenizer: the Hugging Face tokenizer.
         prepend_bos: inputs start with BOS (``[CLS]`` for an encoder); False where the tokenizer has none.
         trained_periods: ``(min_period, max_period, eval_period)`` of a model ``headprobe train``
@@ -144,12 +144,12 @@ class LoadedModel:
     """
 
     name: ClassVar[str] = ""
-    """The backend's name (``--backend``; its key in :data:`~headprobe.probe.vocabulary.BACKEND_REGISTRY`)."""
+    """The backend's name (``--backend``; its key in :data:`~headprobe.probe.core.vocabulary.BACKEND_REGISTRY`)."""
     supports_padding: ClassVar[bool] = False
     """Whether :meth:`forward` takes an ``attention_mask``."""
     # Capabilities (:data:`CAPABILITIES`): what a feature asks of a backend, never its name.
     streams_statistics: ClassVar[bool] = False
-    """Scores and captures a layer at a time with online-softmax statistics, no pattern (:meth:`stream_geometry`)."""
+    """Scores and captures a layer at a time with online-softmax statistics, no pattern (:meth:`online_stats_geometry`)."""
     kv_policies: ClassVar[bool] = False
     """Runs head-level KV-cache policies (:meth:`kv_policy`, :attr:`kv_layout`, :meth:`streaming_cache_bytes`; ``headprobe kv``)."""
     path_patching: ClassVar[bool] = False
@@ -183,7 +183,7 @@ class LoadedModel:
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, device: str | torch.device = "cpu", prepend_bos: bool = True,
                         copy: bool = True) -> LoadedModel:
-        """Wrap a loaded Hugging Face checkpoint (:func:`headprobe.probe.loading.wrap`, which has the
+        """Wrap a loaded Hugging Face checkpoint (:func:`headprobe.probe.backends.loading.wrap`, which has the
         arguments' meaning).
 
         Raises:
@@ -193,7 +193,7 @@ class LoadedModel:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> LoadedModel:
         if cls is LoadedModel:
-            from headprobe.probe.vocabulary import BACKEND_REGISTRY
+            from headprobe.probe.core.vocabulary import BACKEND_REGISTRY
 
             module = args[0] if args else kwargs.get("model")
             for name in BACKEND_REGISTRY.names():
@@ -256,7 +256,7 @@ class LoadedModel:
     @property
     def has_post_attention_norm(self) -> bool:
         """Whether the blocks normalise the attention output before adding it to the residual
-        stream (OLMo-2, Gemma-2/3); see :func:`headprobe.probe.capture.capture_heads`."""
+        stream (OLMo-2, Gemma-2/3); see :func:`headprobe.probe.hooks.capture.capture_heads`."""
         return self.post_attention_norm_hooks(0) is not None
 
     def post_attention_norm_hooks(self, layer: int) -> tuple[str, str] | None:
@@ -285,10 +285,10 @@ class LoadedModel:
 
     @property
     def self_check(self) -> SelfCheck:
-        """The load-time :class:`~headprobe.probe.selfcheck.SelfCheck` (run on first access;
-        :func:`~headprobe.probe.loading.load_model` runs it at load)."""
+        """The load-time :class:`~headprobe.probe.hooks.selfcheck.SelfCheck` (run on first access;
+        :func:`~headprobe.probe.backends.loading.load_model` runs it at load)."""
         if self._self_check is None:
-            from headprobe.probe.selfcheck import run_self_check
+            from headprobe.probe.hooks.selfcheck import run_self_check
 
             self._self_check = run_self_check(self)
         return self._self_check
@@ -313,7 +313,7 @@ class LoadedModel:
 
     def _aligned(self, module: torch.nn.Module) -> AbstractContextManager[None]:
         """The weights of ``module`` real for the ``with`` body where the model is split and they are
-        offloaded (:func:`headprobe.probe.devicemap.aligned`); nothing for a model on one device."""
+        offloaded (:func:`headprobe.probe.backends.devicemap.aligned`); nothing for a model on one device."""
         return aligned(module) if self._main_device is not None else contextlib.nullcontext()
 
     def _block_device(self, layer: int) -> torch.device:
@@ -325,12 +325,12 @@ class LoadedModel:
     def dispatch(self, device_map: str | dict[str, int | str], max_memory: dict[int | str, int | str] | None = None,
                  offload_dir: str | None = None) -> LoadedModel:
         """Split the model over GPUs, CPU memory and disk with accelerate; returns ``self``
-        (see :mod:`headprobe.probe.devicemap`). Run it after the self-check and any cast
+        (see :mod:`headprobe.probe.backends.devicemap`). Run it after the self-check and any cast
         (:meth:`to`): a split model's dtype is fixed.
 
         Raises:
             HeadprobeError: a backend that cannot be split, a model split already, or as
-                :func:`headprobe.probe.devicemap.dispatch`.
+                :func:`headprobe.probe.backends.devicemap.dispatch`.
         """
         raise self.lacks("splits_after_load", f"the {self.name} backend is split only as transformers loads it, in float32 "
                          f"(load_model(device_map=...), no --dtype): --dtype with --device-map needs --backend native")
@@ -348,7 +348,7 @@ class LoadedModel:
         them float32 when it loads a model in half precision). The load-time self-check, if not
         run yet, runs first, in the dtype the model had (float32 for every loader), so that half
         precision rounding is never mistaken for a broken decomposition
-        (:mod:`headprobe.probe.selfcheck`)."""
+        (:mod:`headprobe.probe.hooks.selfcheck`)."""
         if self._main_device is not None and dtype != self.dtype:
             raise HeadprobeError("a model split over devices (--device-map) keeps the dtype it was split in: cast it before dispatch")
         if self._self_check is None and self.dtype == torch.float32 and dtype != torch.float32:
@@ -382,7 +382,7 @@ class LoadedModel:
 
     @property
     def n_kv_groups(self) -> int:
-        """KV groups per layer, the units a :class:`~headprobe.probe.layout.KVPolicy` addresses
+        """KV groups per layer, the units a :class:`~headprobe.probe.layout.attention.KVPolicy` addresses
         (``n_kv_heads``; 1 for MLA, whose latent is shared by every head)."""
         return 1 if self.spec.layout.is_mla else self.spec.n_kv_heads
 
@@ -443,7 +443,7 @@ class LoadedModel:
         each text tokenized as one string would be, padded to the longest with :attr:`pad_token_id`
         after (``padding_side="right"``) or before (``"left"``) it; the mask is 1 on real tokens, 0
         on padding (Hugging Face's convention). Pass the mask on to :meth:`forward`,
-        :func:`~headprobe.probe.capture.capture_heads`, ...: the native backend counts positions
+        :func:`~headprobe.probe.hooks.capture.capture_heads`, ...: the native backend counts positions
         over real tokens only and masks padded keys, so either side gives the unpadded numbers at
         the real tokens (tests/test_padding.py).
 
@@ -458,7 +458,7 @@ class LoadedModel:
                 raise HeadprobeError("to_tokens got an empty list of texts")
             if padding_side not in ("left", "right"):
                 raise HeadprobeError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-            from headprobe.probe.capture import pad_prompts
+            from headprobe.probe.hooks.capture import pad_prompts
 
             return pad_prompts([self.to_tokens(t)[0] for t in text], self.pad_token_id, padding_side)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -663,7 +663,7 @@ class LoadedModel:
     def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         """Layer ``layer``'s pre-attention norm applied to ``resid`` ``[batch, pos, d_model]`` (recomputed,
         differentiable), or ``resid`` itself where the block reads the raw residual (OLMo-2). Path
-        patching and edge attribution (:mod:`headprobe.analyses.paths`) build a receiver's input with it.
+        patching and edge attribution (:mod:`headprobe.analyses.circuit`) build a receiver's input with it.
 
         Raises:
             HeadprobeError: a backend or architecture without it (the bridge; post-LN encoders).
@@ -686,24 +686,24 @@ class LoadedModel:
         position ``pos`` as a sum of terms: row ``i`` is what ``terms[i]`` (a term of the attention
         input, after the pre-attention norm) contributes, the last row the projection bias; QK-norm
         (and MLA's latent norm) frozen at their scale for ``ref``, the whole input at ``pos``; rotary
-        applied at ``pos`` (:func:`headprobe.probe.qk.head_qk_terms`). Used by the QK attribution.
+        applied at ``pos`` (:func:`headprobe.probe.hooks.qk.head_qk_terms`). Used by the QK attribution.
 
         Raises:
             HeadprobeError: not the native backend, or an attention it does not split (MLA with a query latent).
         """
         raise HeadprobeError(f"QK attribution needs the native backend (--backend native), not {self.name}")
 
-    def stream_geometry(self, layer: int) -> tuple[Any, bool]:
-        """Layer ``layer``'s :class:`~headprobe.probe.streaming.AttentionGeometry` and whether its final
+    def online_stats_geometry(self, layer: int) -> tuple[Any, bool]:
+        """Layer ``layer``'s :class:`~headprobe.probe.hooks.online_stats.AttentionGeometry` and whether its final
         queries and keys are the rotary hooks' (``hook_rot_q``/``hook_rot_k``, else ``hook_q``/``hook_k``):
-        what :func:`headprobe.probe.streaming.stream_head_stats` recomputes the scores from
+        what :func:`headprobe.probe.hooks.online_stats.online_head_stats` recomputes the scores from
         (:attr:`streams_statistics`).
 
         Raises:
             HeadprobeError: a backend without :attr:`streams_statistics`, a pruned layer, or a layer
                 whose hooked queries are not the ones attention reads.
         """
-        from headprobe.probe.streaming import STREAMING_REFUSAL
+        from headprobe.probe.hooks.online_stats import STREAMING_REFUSAL
 
         raise self.lacks("streams_statistics", STREAMING_REFUSAL.format(backend=self.name))
 
@@ -712,13 +712,13 @@ class LoadedModel:
 
         Raises:
             HeadprobeError: not the native backend, or an architecture whose heads cannot be
-                removed exactly (MLA, all-head QK-norm; :func:`headprobe.probe.pruned.check_prunable`).
+                removed exactly (MLA, all-head QK-norm; :func:`headprobe.probe.model.pruned.check_prunable`).
         """
         raise self.lacks("removes_heads", "real head removal (--save-pruned) needs the native backend (--backend native)")
 
     def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> Transformer:
         """A copy of the model with the heads ``keep`` marks False removed
-        (:func:`headprobe.probe.pruned.remove_heads`).
+        (:func:`headprobe.probe.model.pruned.remove_heads`).
 
         Raises:
             HeadprobeError: as :meth:`check_prunable`, or ``keep`` has the wrong shape.

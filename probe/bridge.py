@@ -1,10 +1,10 @@
 """The TransformerLens backend: a ``TransformerBridge`` (TransformerLens 4.x) behind
-:class:`~headprobe.probe.backend.LoadedModel`.
+:class:`~headprobe.probe.backends.base.LoadedModel`.
 
 The bridge runs the Hugging Face modules themselves, so there is no block to resume from
 outside. :meth:`BridgeModel.resume_scored_losses` is therefore an honest forward from the tokens
 with layer ``layer``'s residual stream and raw attention output replaced through their hooks
-(``blocks.{l}.hook_resid_pre`` and :meth:`~headprobe.probe.backend.LoadedModel.attn_out_hook`):
+(``blocks.{l}.hook_resid_pre`` and :meth:`~headprobe.probe.backends.base.LoadedModel.attn_out_hook`):
 one full forward per ``batch`` sequences, the numbers of the shortcut the native backend takes.
 """
 
@@ -20,18 +20,18 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headprobe.probe.backend import HookFn, LoadedModel, _module_type, scored_loss
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import UNEMBED_IN, attn_hook, block_hook
-from headprobe.probe.layout import layout_from_hf_config
-from headprobe.probe.spec import Checkpoint, ModelSpec
+from headprobe.probe.backends.base import HookFn, LoadedModel, _module_type, scored_loss
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.names import UNEMBED_IN, attn_hook, block_hook
+from headprobe.probe.layout.attention import layout_from_hf_config
+from headprobe.probe.layout.spec import Checkpoint, ModelSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens.model_bridge import TransformerBridge
 
 
 class BridgeModel(LoadedModel):
-    """A :class:`~headprobe.probe.backend.LoadedModel` on TransformerLens' ``TransformerBridge``
+    """A :class:`~headprobe.probe.backends.base.LoadedModel` on TransformerLens' ``TransformerBridge``
     (``model``); padded batches only right-padded (:meth:`BridgeModel.forward`)."""
 
     name = "transformer-lens"
@@ -56,7 +56,7 @@ class BridgeModel(LoadedModel):
     def supports(cls, hf_config: Any) -> bool:
         """Every causal LM TransformerLens has an adapter for (whether it has one shows at wrapping);
         not an encoder (its BERT adapter wants ``BertForMaskedLM``)."""
-        from headprobe.probe import convert
+        from headprobe.probe.model import convert
 
         return not convert.is_encoder(getattr(hf_config, "model_type", None))
 
@@ -73,7 +73,7 @@ class BridgeModel(LoadedModel):
         import copy as copy_module
         import io
 
-        from headprobe.probe.layout import attention_bias
+        from headprobe.probe.layout.attention import attention_bias
 
         if not cls.supports(ckpt.hf_model.config):
             # TransformerLens' BERT adapter wants BertForMaskedLM (it reads `.bert`); a bare encoder fails inside it
@@ -94,7 +94,7 @@ class BridgeModel(LoadedModel):
 
     @property
     def architecture(self) -> str:
-        """See :attr:`headprobe.probe.backend.LoadedModel.architecture`: the wrapped Hugging Face model's."""
+        """See :attr:`headprobe.probe.backends.base.LoadedModel.architecture`: the wrapped Hugging Face model's."""
         hf = self.model.original_model
         return (getattr(hf.config, "architectures", None) or [type(hf).__name__])[0]
 
@@ -106,7 +106,7 @@ class BridgeModel(LoadedModel):
     def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
                 attention_mask: Int[Tensor, "batch pos"] | None = None,
                 head_mask: Float[Tensor, "layer head"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.forward`; ``head_mask`` multiplies
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.forward`; ``head_mask`` multiplies
         ``hook_z`` through hooks, and hooks on ``hook_attn_scores`` see masked keys as ``-inf``
         (:func:`_scores_with_neg_inf`).
 
@@ -136,7 +136,7 @@ class BridgeModel(LoadedModel):
 
     def hooks(self, fwd_hooks: Sequence[tuple[str, HookFn]] = (),
               bwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> contextlib.AbstractContextManager[None]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.hooks`; ``hook_attn_scores`` hooks see
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.hooks`; ``hook_attn_scores`` hooks see
         masked keys as ``-inf``, as in :meth:`forward`."""
         return self.model.hooks(fwd_hooks=_scores_with_neg_inf(fwd_hooks), bwd_hooks=list(bwd_hooks))
 
@@ -160,23 +160,23 @@ class BridgeModel(LoadedModel):
             raise HeadprobeError(f"this architecture has no per-head {name}: weight-based head metrics do not apply") from None
 
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_E`."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.W_E`."""
         with self._aligned(self.model.embed):
             return self.model.W_E
 
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_U`."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.W_U`."""
         with self._aligned(self.model.unembed):
             return self.model.W_U
 
     def b_U(self) -> Float[Tensor, " d_vocab"] | None:
-        """See :meth:`headprobe.probe.backend.LoadedModel.b_U`."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.b_U`."""
         with self._aligned(self.model.unembed):
             return getattr(self.model, "b_U", None)
 
     def final_residual(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
                        attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_model"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.final_residual`: what the unembedding
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.final_residual`: what the unembedding
         reads (``unembed.hook_in``, after the final norm), from one forward with ``fwd_hooks``.
 
         Raises:
@@ -195,7 +195,7 @@ class BridgeModel(LoadedModel):
 
     def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
                 normed: bool = False, softcap: bool = True) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.logits_from_residual`: the bridge's ``ln_final`` and
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.logits_from_residual`: the bridge's ``ln_final`` and
         ``unembed`` modules (Hugging Face's final norm and LM head), then the architecture adapter's
         ``apply_output_logits_transform`` (TransformerLens: the family's soft-cap and logit
         scaling). ``softcap=False``: the transform's slope at 0 instead (:meth:`_logit_scale`)."""
@@ -220,7 +220,7 @@ class BridgeModel(LoadedModel):
     @torch.inference_mode()
     def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
                       fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " batch"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.scored_losses`."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.scored_losses`."""
         tokens = tokens.to(self.device)
         return scored_loss(self.forward(tokens, fwd_hooks), tokens, first)
 
@@ -228,7 +228,7 @@ class BridgeModel(LoadedModel):
     def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
                              resid_pre: Float[Tensor, "n pos d_model"], attn_out: Float[Tensor, "n pos d_model"],
                              first: int) -> Float[Tensor, " n"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.resume_scored_losses`: one forward of
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.resume_scored_losses`: one forward of
         ``tokens`` per ``batch`` of the ``n`` sequences, with ``blocks.{layer}.hook_resid_pre`` and
         the raw attention output replaced (the layers before ``layer`` are recomputed)."""
         tokens = tokens.to(self.device)
@@ -335,13 +335,13 @@ def spec_from_bridge(name: str, hf_name: str, weights: str, bridge: Any, bias: s
     """The :class:`ModelSpec` of a TransformerLens bridge: sizes from the bridge's config
     (``n_layers``, ``n_heads``, ``n_key_value_heads``, ``d_head``, ``d_model``, ``d_vocab``,
     ``n_ctx``), the rest of the layout from the wrapped Hugging Face config
-    (:func:`~headprobe.probe.layout.layout_from_hf_config`: MLA sizes, QK-norm, windows; a layer
+    (:func:`~headprobe.probe.layout.attention.layout_from_hf_config`: MLA sizes, QK-norm, windows; a layer
     type other than attention is read as global). ``bias`` is the bias kind of the Hugging Face
     model's attention, read before the bridge rewired it
-    (:func:`~headprobe.probe.layout.attention_bias`).
+    (:func:`~headprobe.probe.layout.attention.attention_bias`).
 
     Raises:
-        HeadprobeError: the sizes make no valid :class:`~headprobe.probe.layout.AttentionLayout`.
+        HeadprobeError: the sizes make no valid :class:`~headprobe.probe.layout.attention.AttentionLayout`.
     """
     cfg = bridge.cfg
     layout = layout_from_hf_config(bridge.original_model.config, n_layers=cfg.n_layers, n_heads=cfg.n_heads,

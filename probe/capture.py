@@ -2,7 +2,7 @@
 
 Two ways:
 
-* :func:`stream_patterns` hands each layer's pattern ``[batch, head, q_pos, k_pos]`` to a
+* :func:`patterns_by_layer` hands each layer's pattern ``[batch, head, q_pos, k_pos]`` to a
   callback as the forward pass produces it and keeps nothing, so memory does not grow with the
   number of layers (the scan reduces each layer's patterns to scores this way).
 * :func:`capture_heads` returns patterns and per-head results for chosen layers, for small
@@ -24,9 +24,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import attn_hook, block_hook
-from headprobe.probe.hooks import HookCounter
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.ablation import HookCounter
+from headprobe.probe.hooks.names import attn_hook, block_hook
 
 PatternCallback = Callable[[int, Float[Tensor, "batch head q_pos k_pos"]], None]
 
@@ -45,7 +45,7 @@ def kv_head_of(head: Int[Tensor, " head"] | Int[np.ndarray, " head"] | int, n_he
 
 
 @torch.inference_mode()
-def stream_patterns(
+def patterns_by_layer(
     model: Any,
     tokens: Int[Tensor, "batch pos"],
     on_pattern: PatternCallback,
@@ -53,7 +53,7 @@ def stream_patterns(
     extra_hooks: Sequence[tuple[str, Callable]] = (),
     attention_mask: Int[Tensor, "batch pos"] | None = None,
 ) -> Float[Tensor, "batch pos d_vocab"]:
-    """Run ``model`` (a :class:`~headprobe.probe.loading.LoadedModel`) on ``tokens``, calling
+    """Run ``model`` (a :class:`~headprobe.probe.backends.loading.LoadedModel`) on ``tokens``, calling
     ``on_pattern(layer, pattern)`` for each layer as soon as its pattern exists.
 
     The callback must not keep or modify ``pattern``; it is dropped after the call.
@@ -101,7 +101,7 @@ def pad_prompts(
 
 
 @torch.inference_mode()
-def stream_prompt_patterns(
+def prompt_patterns_by_layer(
     model: Any,
     prompts: Sequence[Int[Tensor, " _pos"]],
     on_pattern: Callable[[int, int, Float[Tensor, "head q_pos k_pos"]], None],
@@ -128,7 +128,7 @@ def stream_prompt_patterns(
             sl = slice(T - L, T) if side == "left" else slice(0, L)
             on_pattern(layer, i, pattern[i, :, sl, sl])
 
-    stream_patterns(model, tokens, per_prompt, layers=layers, attention_mask=mask)
+    patterns_by_layer(model, tokens, per_prompt, layers=layers, attention_mask=mask)
 
 
 @torch.inference_mode()
@@ -248,7 +248,7 @@ def capture_heads(
     Long sequences: ``heads`` keeps only those query heads in ``pattern``, ``z`` and ``result``
     (their head axis is then ``len(heads)``, in the order given); ``rows`` keeps only those
     query positions of ``pattern`` (``[batch, head, len(rows), k_pos]``), computed on the native
-    backend from the layer's queries and keys (:meth:`headprobe.probe.streaming.HeadStats.rows`,
+    backend from the layer's queries and keys (:meth:`headprobe.probe.hooks.online_stats.HeadStats.rows`,
     the fused kernel running), so no ``[head, q_pos, k_pos]`` pattern of a layer is made; on the
     bridge they are cut from the materialised pattern.
 
@@ -279,7 +279,7 @@ def capture_heads(
 
     Raises:
         HeadprobeError: the model's load-time self-check found that its per-head results do not
-            sum to what its blocks add (see :mod:`headprobe.probe.selfcheck`), an
+            sum to what its blocks add (see :mod:`headprobe.probe.hooks.selfcheck`), an
             ``attention_mask`` on a backend without padding (the TransformerLens bridge), or a
             layer, head or row out of range (negative ones count from the end, as Python's, the
             same on both backends; the dicts are keyed by the non-negative layer).
@@ -293,12 +293,12 @@ def capture_heads(
     out = capture_internal(model, tokens, layers, attention_mask=attention_mask, patterns=not stream)
     out.pop("norm_in", None)
     if stream:
-        from headprobe.probe.streaming import stream_head_stats
+        from headprobe.probe.hooks.online_stats import online_head_stats
 
         def keep(layer: int, st: Any) -> None:
             out["pattern"][layer] = st.rows(rows).to(out["z"][layer].dtype)
 
-        stream_head_stats(model, tokens, keep, layers=sorted(out["z"]), windows=(), final_residual=False,
+        online_head_stats(model, tokens, keep, layers=sorted(out["z"]), windows=(), final_residual=False,
                           statistics=False)
     elif rows is not None:
         out["pattern"] = {layer: p[:, :, list(rows)] for layer, p in out["pattern"].items()}

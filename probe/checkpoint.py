@@ -1,7 +1,7 @@
 """The headprobe checkpoint format, written by ``headprobe train``: a directory holding
-``headprobe_model.pt`` (a native :class:`~headprobe.probe.model.Transformer`'s state dict),
+``headprobe_model.pt`` (a native :class:`~headprobe.probe.model.transformer.Transformer`'s state dict),
 ``config.json`` (``{"format": NATIVE_FORMAT, "model": TransformerConfig fields, ...}``) and the
-tokenizer files. :func:`headprobe.probe.loading.load_native` (through ``load_model``) reads it.
+tokenizer files. :func:`headprobe.probe.backends.loading.load_native` (through ``load_model``) reads it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ NATIVE_FORMAT = "headprobe-native-1"
 
 
 PRUNED_WEIGHTS = "headprobe_model.safetensors"
-"""The weights of a pruned model directory (:func:`headprobe.probe.pruned.save_pruned_dir`; its
+"""The weights of a pruned model directory (:func:`headprobe.probe.model.pruned.save_pruned_dir`; its
 config.json has the same format, plus ``pruned``)."""
 
 
@@ -27,18 +27,18 @@ def is_native_dir(path: str | Path) -> bool:
 
 
 def save_native(model: Any, out: str | Path, extra: dict[str, Any] | None = None) -> None:
-    """Write a native :class:`~headprobe.probe.model.Transformer`'s weights (``headprobe_model.pt``) and
+    """Write a native :class:`~headprobe.probe.model.transformer.Transformer`'s weights (``headprobe_model.pt``) and
     ``config.json`` (``{"format", "model": TransformerConfig fields, **extra}``) into ``out``,
     atomically. The tokenizer files are the caller's (``tokenizer.save_pretrained(out)``)."""
     save_native_state(model.state_dict(), model.cfg, out, extra)
 
 
 def save_native_state(state: dict[str, torch.Tensor], cfg: Any, out: str | Path, extra: dict[str, Any] | None = None) -> None:
-    """:func:`save_native` from a state dict and its :class:`~headprobe.probe.model.TransformerConfig`
+    """:func:`save_native` from a state dict and its :class:`~headprobe.probe.model.transformer.TransformerConfig`
     (e.g. a snapshot taken during training) instead of a model."""
     from dataclasses import asdict
 
-    from headprobe.probe.io import atomic_path, write_json
+    from headprobe.probe.core.io import atomic_path, write_json
 
     with atomic_path(Path(out) / NATIVE_WEIGHTS) as tmp:
         torch.save({k: v.detach().cpu() for k, v in state.items()}, tmp)

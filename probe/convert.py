@@ -1,15 +1,15 @@
-"""Loading Hugging Face weights into headprobe's own :class:`~headprobe.probe.model.Transformer`:
+"""Loading Hugging Face weights into headprobe's own :class:`~headprobe.probe.model.transformer.Transformer`:
 the machinery every family shares. Each family's config mapping and weight conversion lives in
-its own module ``probe/families/<model_type>.py``, registered by ``model_type`` in
-:data:`~headprobe.probe.families.FAMILIES`; this module dispatches through that registry.
+its own module ``probe/model/families/<model_type>.py``, registered by ``model_type`` in
+:data:`~headprobe.probe.model.families.FAMILIES`; this module dispatches through that registry.
 
 The families load exactly (logits equal to the Hugging Face eager model's to 1e-4 and every
 pattern to 1e-5 in float32, tested in ``tests/test_native_model.py`` and
 ``tests/test_native_families.py``); an option of theirs the native model lacks raises, so
 :func:`supports` is False and ``--backend auto`` takes the TransformerLens bridge.
 
-:func:`headprobe.probe.loading.load_model` with ``backend="native"`` (the default wherever
-:func:`supports` holds) puts the native model behind the same :class:`~headprobe.probe.loading.LoadedModel`.
+:func:`headprobe.probe.backends.loading.load_model` with ``backend="native"`` (the default wherever
+:func:`supports` holds) puts the native model behind the same :class:`~headprobe.probe.backends.loading.LoadedModel`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.families import FAMILIES
-from headprobe.probe.families.base import Family
-from headprobe.probe.model import Transformer, TransformerConfig
-from headprobe.probe.spec import ModelSpec
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.layout.spec import ModelSpec
+from headprobe.probe.model.families import FAMILIES
+from headprobe.probe.model.families.base import Family
+from headprobe.probe.model.transformer import Transformer, TransformerConfig
 
 
 def family_of(hf_config: Any) -> Family:
@@ -55,7 +55,7 @@ def supports(hf_config: Any) -> bool:
 
 def config_from_hf(hf_config: Any) -> TransformerConfig:
     """The :class:`TransformerConfig` that reproduces a Hugging Face config of a registered family
-    (:data:`~headprobe.probe.families.FAMILIES`): the family's own mapping.
+    (:data:`~headprobe.probe.model.families.FAMILIES`): the family's own mapping.
 
     Raises:
         HeadprobeError: another architecture, or an option of the family the native model
@@ -74,7 +74,7 @@ def from_hf(hf_model: Any, copy: bool = True) -> Transformer:
     transposed ``Conv1D`` weights and fused projections are still copied), so no second copy of
     the weights is ever alive. Then the caller must drop the Hugging Face model and never use it
     again (it would see the native model's in-place changes, and vice versa). What
-    :func:`~headprobe.probe.loading.load_model` does with a checkpoint nobody else holds.
+    :func:`~headprobe.probe.backends.loading.load_model` does with a checkpoint nobody else holds.
 
     Raises:
         HeadprobeError: an architecture :func:`config_from_hf` does not support.
@@ -88,7 +88,7 @@ class NativeSource:
     """What turns a Hugging Face state dict into a native model, without the Hugging Face model
     or config classes: the native config, the family (``model_type``) that names the weights,
     and DeepSeek's ``rope_interleave``. Saved as JSON beside cached weights
-    (:mod:`headprobe.probe.weights_cache`), so a warm load needs no transformers model at all.
+    (:mod:`headprobe.probe.backends.weights_cache`), so a warm load needs no transformers model at all.
     """
 
     config: TransformerConfig

@@ -1,7 +1,7 @@
 """What an attention layout costs: parameters, KV cache, FLOPs and attention-matrix memory.
 
-Pure, exact integer arithmetic over an :class:`~headprobe.probe.layout.AttentionLayout` (the shape
-of a model's attention, defined in :mod:`headprobe.probe.layout` and re-exported here) and a workload (``batch`` sequences of ``seq_len`` tokens). No torch, no model, no I/O.
+Pure, exact integer arithmetic over an :class:`~headprobe.probe.layout.attention.AttentionLayout` (the shape
+of a model's attention, defined in :mod:`headprobe.probe.layout.attention` and re-exported here) and a workload (``batch`` sequences of ``seq_len`` tokens). No torch, no model, no I/O.
 
 Units used throughout (every public function repeats the one it returns):
 
@@ -38,10 +38,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
-# The layout lives in headprobe.probe.layout; re-exported so that cost.AttentionLayout keeps working.
-from headprobe.probe.layout import BIAS_KINDS, QK_NORM_KINDS, AttentionLayout, KVPolicy, Streaming, _check_positive  # noqa: F401
+# The layout lives in headprobe.probe.layout.attention; re-exported so that cost.AttentionLayout keeps working.
+from headprobe.probe.layout.attention import (  # noqa: F401
+    BIAS_KINDS,
+    QK_NORM_KINDS,
+    AttentionLayout,
+    KVPolicy,
+    Streaming,
+    _check_positive,
+)
 
 KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40
 TFLOP = 10**12
@@ -433,7 +440,7 @@ def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1)
 def kept_kv_heads(layout: AttentionLayout, kept_heads: Sequence[int]) -> int:
     """Key/value heads a layer of ``layout`` keeps when it keeps the query heads ``kept_heads``
     (original numbering): each kept query head ``h`` reads ``h // group_size``, and a key/value head
-    goes only when every query head of its group goes (headprobe.probe.pruned). A count."""
+    goes only when every query head of its group goes (headprobe.probe.model.pruned). A count."""
     return len({h // layout.group_size for h in kept_heads})
 
 
@@ -490,7 +497,7 @@ def kv_numbers_per_token_per_group(layout: AttentionLayout) -> int:
 
 @dataclass(frozen=True)
 class PolicyCost:
-    """What a :class:`~headprobe.probe.layout.KVPolicy` costs on ``batch`` sequences of ``seq_len``.
+    """What a :class:`~headprobe.probe.layout.attention.KVPolicy` costs on ``batch`` sequences of ``seq_len``.
 
     Attributes:
         seq_len, batch: the workload.
@@ -533,7 +540,7 @@ def _group_keys(layout: AttentionLayout, group: Streaming | None, layer: int, se
 
 
 def policy_cost(layout: AttentionLayout, policy: KVPolicy, seq_len: int, batch: int = 1) -> PolicyCost:
-    """The exact cost of a head-level policy (:class:`~headprobe.probe.layout.KVPolicy`).
+    """The exact cost of a head-level policy (:class:`~headprobe.probe.layout.attention.KVPolicy`).
 
     A full group of layer ``l`` caches ``min(T, window_l)`` positions (``T`` on a global layer), a
     streaming one ``min(T, S + W)``, each ``kv_numbers_per_token_per_group * bytes_per_element``

@@ -2,7 +2,7 @@
 accelerate (``device_map``), as transformers' ``from_pretrained(device_map=...)`` and
 TransformerLens' bridge do it.
 
-The unit of placement is a top-level piece of :class:`~headprobe.probe.model.Transformer`:
+The unit of placement is a top-level piece of :class:`~headprobe.probe.model.transformer.Transformer`:
 ``embed``, ``ln_embed`` (encoders), ``blocks.0`` ... ``blocks.{n-1}``, ``ln_final`` and ``unembed``.
 The embedding, the final norm and the unembedding always sit on the first device of the
 memory budget (the *main device*, :attr:`LoadedModel.device`, where inputs go and logits come
@@ -19,7 +19,7 @@ through :func:`aligned`, accelerate's ``align_module_device``, which materialise
 module's weights for the ``with`` body.
 
 The transformer-lens backend is split by transformers instead, as it loads the Hugging Face model
-(``from_pretrained(device_map=, max_memory=, offload_folder=)``, :func:`headprobe.probe.loading.load_model`);
+(``from_pretrained(device_map=, max_memory=, offload_folder=)``, :func:`headprobe.probe.backends.loading.load_model`);
 the same :func:`aligned` serves its weight reads.
 
 The numbers are those of the unsplit model (tests/test_device_map.py: scan scores, captured
@@ -36,9 +36,9 @@ from typing import Any, cast
 
 import torch
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import block_path
-from headprobe.probe.vocabulary import DEVICE_MAPS
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.vocabulary import DEVICE_MAPS
+from headprobe.probe.hooks.names import block_path
 
 NO_SPLIT = ["Block"]
 """Module classes accelerate must keep whole on one device."""

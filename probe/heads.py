@@ -1,5 +1,5 @@
 """Naming heads: ``(layer, head)`` pairs and their ``layer.head`` text form (the ablation kinds
-are in :mod:`headprobe.probe.ablation_kinds`).
+are in :mod:`headprobe.probe.core.ablation_kinds`).
 
 Pure Python (no torch), so the command line can check ``--heads`` before any heavy library is
 imported.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 Head = tuple[int, int]
 """A head as ``(layer, head)``, both 0-indexed; printed as ``layer.head``."""

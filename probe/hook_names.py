@@ -3,10 +3,10 @@
 Every hook name the code registers or reads is built here, as TransformerLens names it
 (``transformer_lens.utils.get_act_name`` and the ``HookPoint`` attributes of
 ``transformer_lens/components/``: ``TransformerBlock``, ``AbstractAttention``, ``LayerNorm``/``RMSNorm``,
-``MLP``/``GatedMLP``); the native model (:mod:`headprobe.probe.model`) declares the same hook points,
+``MLP``/``GatedMLP``); the native model (:mod:`headprobe.probe.model.transformer`) declares the same hook points,
 and TransformerLens' ``TransformerBridge`` offers them too. Module and parameter paths of a
 block (``blocks.{layer}.attn.q_proj.weight``) are built by :func:`block_path`. Nothing outside
-this module and ``probe/model.py`` spells ``blocks.`` (``tests/test_architecture.py``).
+this module and ``probe/model/transformer.py`` spells ``blocks.`` (``tests/test_architecture.py``).
 """
 
 from __future__ import annotations

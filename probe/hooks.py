@@ -1,7 +1,7 @@
 """Hook functions (head ablation), on TransformerLens' hook-point infrastructure; their names come from
-:mod:`headprobe.probe.hook_names`.
+:mod:`headprobe.probe.hooks.names`.
 
-Hooks are registered for a ``with`` body only (:meth:`headprobe.probe.backend.LoadedModel.hooks`,
+Hooks are registered for a ``with`` body only (:meth:`headprobe.probe.backends.base.LoadedModel.hooks`,
 TransformerLens' ``model.hooks(...)``) and removed in its ``finally``, so an exception inside an
 analysis never leaves a hook behind. Hook functions never edit the activation they receive in place: they return a new one.
 """
@@ -16,11 +16,11 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from headprobe.probe import ablation_kinds
-from headprobe.probe.ablation_kinds import AblationInputs, AblationKind
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.heads import Head, format_head, parse_heads  # noqa: F401 - re-exported
-from headprobe.probe.hook_names import attn_hook
+from headprobe.probe.core import ablation_kinds
+from headprobe.probe.core.ablation_kinds import AblationInputs, AblationKind
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import Head, format_head, parse_heads  # noqa: F401 - re-exported
+from headprobe.probe.hooks.names import attn_hook
 
 HookFn = Callable[[Tensor, Any], Tensor | None]
 
@@ -44,11 +44,11 @@ def head_ablation_hooks(
     removes exactly the head's output contribution ``z_h W_O^(h)`` and leaves the bias ``b_O``;
     zeroing a slice of the projected attention output would not be a head ablation. Each hook
     returns a new z with the heads' slices replaced by their kind's ``r_h``
-    (:mod:`headprobe.probe.ablation_kinds`).
+    (:mod:`headprobe.probe.core.ablation_kinds`).
 
     Args:
         heads: ``(layer, head)`` pairs; under GQA ``head`` is a query head.
-        kind: a name in :data:`headprobe.probe.ablation_kinds.KINDS`: ``"zero"`` sets z_h to 0;
+        kind: a name in :data:`headprobe.probe.core.ablation_kinds.KINDS`: ``"zero"`` sets z_h to 0;
             ``"mean"`` to ``mean_z[layer, head]``, the head's mean z over a reference set of real
             tokens; ``"resample"`` to the head's z on another input, ``source_z[layer][:, :, head]``
             (same ``[batch, pos]`` shape).

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 if TYPE_CHECKING:
-    from headprobe.probe.layout import KVPolicy
+    from headprobe.probe.layout.attention import KVPolicy
 
 
 def _new_file_mode() -> int:
@@ -467,7 +467,7 @@ def read_kv_policy(path: str | os.PathLike[str]) -> KVPolicy:
     Raises:
         HeadprobeError: the file is missing, not JSON, or not a valid policy (:meth:`KVPolicy.from_dict`).
     """
-    from headprobe.probe.layout import KVPolicy
+    from headprobe.probe.layout.attention import KVPolicy
 
     p = Path(path)
     try:

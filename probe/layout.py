@@ -1,13 +1,13 @@
 """The attention layout of a decoder-only transformer (:class:`AttentionLayout`): one type shared
-by the native model's config (:attr:`headprobe.probe.model.TransformerConfig.layout`), a loaded
-model's spec (:attr:`headprobe.probe.spec.ModelSpec.layout`) and the cost formulas
-(:mod:`headprobe.probe.cost`).
+by the native model's config (:attr:`headprobe.probe.model.transformer.TransformerConfig.layout`), a loaded
+model's spec (:attr:`headprobe.probe.layout.spec.ModelSpec.layout`) and the cost formulas
+(:mod:`headprobe.probe.layout.cost`).
 
 Also here: the layout of a Hugging Face model as read from its config and attention module
 (:func:`layout_from_hf_config`, :func:`attention_module`, :func:`attention_bias`), which the
 TransformerLens bridge's spec and ``headprobe budget --model`` use; and head-level KV-cache
 policies (:class:`KVPolicy`: per layer and KV group, a full or a streaming cache; the file format
-in docs/kv.md, read by :func:`headprobe.probe.io.read_kv_policy`). No torch, no I/O.
+in docs/kv.md, read by :func:`headprobe.probe.core.io.read_kv_policy`). No torch, no I/O.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 #: Bias conventions: which projections carry a bias vector (``"out"``: W_O only).
 BIAS_KINDS = ("none", "qkv", "all", "out")

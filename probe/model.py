@@ -23,7 +23,7 @@ Two attention paths give the same numbers (to 1e-5 in float32):
 * otherwise ``torch.nn.functional.scaled_dot_product_attention``, a fused kernel that never
   materialises the ``[q_pos, k_pos]`` pattern.
 
-The architecture options load these families exactly (see :mod:`headprobe.probe.convert`):
+The architecture options load these families exactly (see :mod:`headprobe.probe.model.convert`):
 GPT-2 (learned positions, LayerNorm, GELU with the tanh approximation, biases, tied
 unembedding; Radford et al. 2019), Llama / SmolLM2 (rotary positions with Hugging Face's
 ``rotate_half`` convention, RMSNorm, SwiGLU, no biases, GQA; Touvron et al. 2023), Mistral,
@@ -56,8 +56,8 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.layout import QK_NORM_KINDS, AttentionLayout, KVPolicy, Streaming
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.layout.attention import QK_NORM_KINDS, AttentionLayout, KVPolicy, Streaming
 
 # --------------------------------------------------------------------------------------------
 # Config
@@ -65,7 +65,7 @@ from headprobe.probe.layout import QK_NORM_KINDS, AttentionLayout, KVPolicy, Str
 
 
 #: ``TransformerConfig.qk_norm`` as headprobe spelled it before it took the layout's names
-#: (:data:`~headprobe.probe.layout.QK_NORM_KINDS`); still accepted, read as the new ones.
+#: (:data:`~headprobe.probe.layout.attention.QK_NORM_KINDS`); still accepted, read as the new ones.
 OLD_QK_NORM = {None: "none", "head": "per_head", "all": "full"}
 
 #: Field names of :class:`TransformerConfig` in configs saved before they took the layout's
@@ -77,7 +77,7 @@ OLD_FIELDS = {"head_dim": "d_head"}
 class TransformerConfig:
     """The layout and architecture options of a :class:`Transformer`.
 
-    Widths and QK-norm are named as :class:`~headprobe.probe.layout.AttentionLayout` names
+    Widths and QK-norm are named as :class:`~headprobe.probe.layout.attention.AttentionLayout` names
     them, and :attr:`layout` is that layout.
 
     Attributes:
@@ -312,9 +312,9 @@ class TransformerConfig:
 
     @property
     def layout(self) -> AttentionLayout:
-        """The attention layout of this config (:class:`~headprobe.probe.layout.AttentionLayout`),
+        """The attention layout of this config (:class:`~headprobe.probe.layout.attention.AttentionLayout`),
         the one place a model config becomes a layout: what a loaded native model's
-        ``spec.layout`` is and what the cost formulas (:mod:`headprobe.probe.cost`) take.
+        ``spec.layout`` is and what the cost formulas (:mod:`headprobe.probe.layout.cost`) take.
 
         The widths, MLA sizes and ``qk_norm`` are this config's, under the same names. Biases:
         ``"all"`` (``bias`` with ``qkv_bias``), ``"qkv"``, ``"out"`` (W_O only) or ``"none"``.
@@ -398,7 +398,7 @@ class Norm(nn.Module):
 class PostNorm(nn.Module):
     """The norm of a branch's output before it joins the residual stream (``cfg.post_norm``;
     OLMo-2, Gemma-2), between ``hook_in`` and ``hook_out`` (the names TransformerLens' bridge
-    gives ``ln1_post``/``ln2_post``, which :func:`headprobe.probe.capture.capture_internal`
+    gives ``ln1_post``/``ln2_post``, which :func:`headprobe.probe.hooks.capture.capture_internal`
     reads). Called on any ``[..., d_model]`` tensor it returns the normed tensor."""
 
     def __init__(self, cfg: TransformerConfig):
@@ -563,7 +563,7 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes the cache holds: ``n_layers * batch * n_kv_heads * pos * (d_qk + d_head) *
         element size`` (MLA: ``n_layers * batch * pos * (kv_lora_rank + qk_rope_head_dim) *
-        element size``), the quantity :func:`headprobe.probe.cost.kv_bytes_per_request` predicts."""
+        element size``), the quantity :func:`headprobe.probe.layout.cost.kv_bytes_per_request` predicts."""
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
     def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -594,7 +594,7 @@ def streaming_key_mask(
     Query head ``h`` belongs to KV group ``g = h * G // n_heads`` (``h // group_size`` for
     MHA/GQA/MQA; 0 for MLA, whose one latent is the layer's only group). It reads the key at
     position ``j`` from query position ``i`` when ``j <= i`` (causal), ``j >= 0`` (-1 marks an empty
-    slot of a :class:`StreamingKVCache`), and, for a :class:`~headprobe.probe.layout.Streaming`
+    slot of a :class:`StreamingKVCache`), and, for a :class:`~headprobe.probe.layout.attention.Streaming`
     group, ``j < sink`` or ``j > i - window`` (StreamingLLM's sink + recent window, Xiao et al.
     2023, arXiv:2309.17453; DuoAttention's streaming heads, arXiv:2410.10819). ``window`` is the
     layer's own sliding window, if any. Built for one block of queries at a time: ``[head,
@@ -626,9 +626,9 @@ class StreamingKVCache:
     ``keys[l][g]`` and ``values[l][g]`` are ``[batch, pos_kept, .]`` tensors of layer ``l``'s group
     ``g`` (a key/value head's keys after rotary and values; MLA: the latent ``c^KV`` and the rotary
     key ``k^R``, one group per layer), and ``positions[l][g]`` their positions. A full group keeps
-    every position; a :class:`~headprobe.probe.layout.Streaming` group keeps the first ``sink``
+    every position; a :class:`~headprobe.probe.layout.attention.Streaming` group keeps the first ``sink``
     and the ``window`` most recent ones (those its latest query read), so after ``T`` tokens it
-    holds ``min(T, sink + window)`` (a full group of a sliding-window layer, ``min(T, window_l)``): :func:`headprobe.probe.cost.policy_cost` predicts
+    holds ``min(T, sink + window)`` (a full group of a sliding-window layer, ``min(T, window_l)``): :func:`headprobe.probe.layout.cost.policy_cost` predicts
     :attr:`nbytes`. Keys are cached after rotary with their original positions, so the kept
     keys give exactly the attention of :func:`streaming_key_mask` (no re-positioning).
     """
@@ -947,7 +947,7 @@ class Attention(SelfAttention):
 
     def __init__(self, cfg: TransformerConfig, layer: int = 0, n_heads: int | None = None, n_kv_heads: int | None = None):
         """``n_heads``/``n_kv_heads`` (default: the config's) are fewer in a pruned copy
-        (:class:`headprobe.probe.pruned.PrunedAttention`)."""
+        (:class:`headprobe.probe.model.pruned.PrunedAttention`)."""
         if cfg.is_mla:
             raise HeadprobeError("an MLA config (kv_lora_rank) is attention of its own: use LatentAttention")
         super().__init__(cfg, layer, cfg.n_heads if n_heads is None else n_heads)
@@ -1194,7 +1194,7 @@ class Transformer(HookedRootModule):
     ``blocks.{l}.hook_normalized_resid_post``, where ``ln1``/``ln2`` follow the residual sums.
     """
 
-    kept_heads: list[list[int]]  # a pruned copy's query heads per layer (set by headprobe.probe.pruned)
+    kept_heads: list[list[int]]  # a pruned copy's query heads per layer (set by headprobe.probe.model.pruned)
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -1247,7 +1247,7 @@ class Transformer(HookedRootModule):
 
     @property
     def n_kv_groups(self) -> int:
-        """KV groups per layer, the units a :class:`~headprobe.probe.layout.KVPolicy` addresses:
+        """KV groups per layer, the units a :class:`~headprobe.probe.layout.attention.KVPolicy` addresses:
         ``n_kv_heads``, or 1 for MLA (the latent is shared by every head of the layer)."""
         assert self.cfg.n_kv_heads is not None  # filled by TransformerConfig.__post_init__
         return 1 if self.cfg.is_mla else self.cfg.n_kv_heads

@@ -1,10 +1,10 @@
-"""The native backend: headprobe's own :class:`~headprobe.probe.model.Transformer` behind
-:class:`~headprobe.probe.backend.LoadedModel`.
+"""The native backend: headprobe's own :class:`~headprobe.probe.model.transformer.Transformer` behind
+:class:`~headprobe.probe.backends.base.LoadedModel`.
 
 Resuming a forward (:meth:`NativeModel.resume_scored_losses`) runs the rest of one block from
-its raw attention output (:meth:`headprobe.probe.model.Block.resume`) and the later blocks, then
+its raw attention output (:meth:`headprobe.probe.model.transformer.Block.resume`) and the later blocks, then
 unembeds only the scored positions into one reused logits buffer with the loss taken in place
-(:func:`~headprobe.probe.backend.cross_entropy_inplace`): with a 49,152-token vocabulary the
+(:func:`~headprobe.probe.backends.base.cross_entropy_inplace`): with a 49,152-token vocabulary the
 unembedding and the loss dominate each ablation's cost in the exact sweep.
 """
 
@@ -18,21 +18,21 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from headprobe.probe.backend import LOSS_ROWS, HookFn, LoadedModel, _module_type, cross_entropy_inplace
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.spec import Checkpoint
+from headprobe.probe.backends.base import LOSS_ROWS, HookFn, LoadedModel, _module_type, cross_entropy_inplace
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.layout.spec import Checkpoint
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from headprobe.probe.layout import KVPolicy
-    from headprobe.probe.model import Transformer
+    from headprobe.probe.layout.attention import KVPolicy
+    from headprobe.probe.model.transformer import Transformer
 
 
 
 class NativeModel(LoadedModel):
-    """A :class:`~headprobe.probe.backend.LoadedModel` on headprobe's own transformer
-    (``model`` is the :class:`~headprobe.probe.model.Transformer`). Takes padded batches."""
+    """A :class:`~headprobe.probe.backends.base.LoadedModel` on headprobe's own transformer
+    (``model`` is the :class:`~headprobe.probe.model.transformer.Transformer`). Takes padded batches."""
 
     name = "native"
     supports_padding = True
@@ -42,25 +42,25 @@ class NativeModel(LoadedModel):
 
     @classmethod
     def wraps(cls, module: object) -> bool:
-        return _module_type(module, "headprobe.probe.model", "Transformer")  # no Transformer exists before that import
+        return _module_type(module, "headprobe.probe.model.transformer", "Transformer")  # no Transformer exists before that import
 
     @classmethod
     def supports(cls, hf_config: Any) -> bool:
-        """Whether a registered family converts ``hf_config`` exactly (:func:`headprobe.probe.convert.supports`)."""
-        from headprobe.probe import convert
+        """Whether a registered family converts ``hf_config`` exactly (:func:`headprobe.probe.model.convert.supports`)."""
+        from headprobe.probe.model import convert
 
         return convert.supports(hf_config)
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, device: str | torch.device = "cpu", prepend_bos: bool = True,
                         copy: bool = True) -> NativeModel:
-        """The checkpoint's weights in headprobe's own transformer (:func:`headprobe.probe.convert.from_hf`;
+        """The checkpoint's weights in headprobe's own transformer (:func:`headprobe.probe.model.convert.from_hf`;
         ``copy`` False takes its tensors without copying them).
 
         Raises:
             HeadprobeError: an architecture or option the native model does not implement.
         """
-        from headprobe.probe import convert
+        from headprobe.probe.model import convert
 
         model = convert.from_hf(ckpt.hf_model, copy=copy).to(device).eval()
         spec = convert.spec_from_native(ckpt.name, ckpt.hf_name, ckpt.precision, model.cfg)
@@ -69,7 +69,7 @@ class NativeModel(LoadedModel):
     def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
                 attention_mask: Int[Tensor, "batch pos"] | None = None,
                 head_mask: Float[Tensor, "layer head"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.forward`."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.forward`."""
         tokens = tokens.to(self.device)
         kwargs: dict[str, Tensor] = {}
         if attention_mask is not None:
@@ -82,7 +82,7 @@ class NativeModel(LoadedModel):
 
     def final_residual(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
                        attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_model"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.final_residual`."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.final_residual`."""
         kwargs: dict[str, Tensor] = {} if attention_mask is None else {"attention_mask": attention_mask.to(self.device)}
         with self.hooks(fwd_hooks):
             return self.model(tokens.to(self.device), return_type="resid", **kwargs)
@@ -103,21 +103,21 @@ class NativeModel(LoadedModel):
         return weight.T.unflatten(1, (-1, self.model.cfg.d_head)).transpose(0, 1)
 
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_E`."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.W_E`."""
         return self.model.embed.W_E.weight
 
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.W_U`."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.W_U`."""
         return self.model.unembed.weight.T
 
     def b_U(self) -> Float[Tensor, " d_vocab"] | None:
-        """See :meth:`headprobe.probe.backend.LoadedModel.b_U`."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.b_U`."""
         return self.model.unembed.bias
 
     def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
                 normed: bool = False, softcap: bool = True) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.logits_from_residual`: the model's own
-        :meth:`~headprobe.probe.model.Transformer.logits`, the function its forward pass ends with."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.logits_from_residual`: the model's own
+        :meth:`~headprobe.probe.model.transformer.Transformer.logits`, the function its forward pass ends with."""
         resid = resid.to(self.device, self.dtype)
         return self.model.logits(resid, normed=normed, vocab=None if vocab is None else vocab.to(self.device),
                                  softcap=softcap)
@@ -125,7 +125,7 @@ class NativeModel(LoadedModel):
     @torch.inference_mode()
     def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
                       fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " batch"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.scored_losses`; logits only at the scored positions."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.scored_losses`; logits only at the scored positions."""
         tokens = tokens.to(self.device)
         with self.hooks(fwd_hooks):
             resid = self.model(tokens, return_type="resid")  # after ln_final
@@ -135,8 +135,8 @@ class NativeModel(LoadedModel):
     def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
                              resid_pre: Float[Tensor, "n pos d_model"], attn_out: Float[Tensor, "n pos d_model"],
                              first: int) -> Float[Tensor, " n"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.resume_scored_losses`: layer ``layer``'s
-        :meth:`~headprobe.probe.model.Block.resume` (post-attention norm and parallel MLP as in the
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.resume_scored_losses`: layer ``layer``'s
+        :meth:`~headprobe.probe.model.transformer.Block.resume` (post-attention norm and parallel MLP as in the
         forward pass), the later blocks, and logits only at the scored positions."""
         net = self.model
         tokens = tokens.to(self.device)
@@ -151,7 +151,7 @@ class NativeModel(LoadedModel):
     @torch.inference_mode()
     def scored_losses_from(self, layer: int, tokens: Int[Tensor, "n pos"], resid_pre: Float[Tensor, "n pos d_model"],
                            first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " n"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.scored_losses_from`: blocks ``layer`` on
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.scored_losses_from`: blocks ``layer`` on
         from ``resid_pre``, then logits only at the scored positions."""
         with self.hooks(fwd_hooks):
             resid = self._resid_from(layer, resid_pre)
@@ -181,12 +181,12 @@ class NativeModel(LoadedModel):
     def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
                      fwd_hooks: Sequence[tuple[str, HookFn]] = (),
                      attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.forward_from`."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.forward_from`."""
         with self.hooks(fwd_hooks):  # hooks on ln_final fire too
             return self.model.logits(self._resid_from(layer, resid_pre, attention_mask).to(self.device))
 
     def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.attention_input`."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.attention_input`."""
         block = self.model.blocks[layer]
         if block.post_ln:
             raise HeadprobeError("a post-LN block (BERT) normalises the residual after the attention: "
@@ -194,21 +194,21 @@ class NativeModel(LoadedModel):
         return resid if block.ln1 is None else block.ln1(resid)
 
     def attention_scale(self, layer: int) -> tuple[float, float | None]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.attention_scale`."""
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.attention_scale`."""
         attn = self.model.blocks[layer].attn
         return float(attn.scale), attn.softcap
 
     def qk_terms(self, layer: int, head: int, side: Literal["q", "k"], terms: Float[Tensor, "n d_model"],
                  ref: Float[Tensor, " d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.qk_terms`."""
-        from headprobe.probe.qk import head_qk_terms
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.qk_terms`."""
+        from headprobe.probe.hooks.qk import head_qk_terms
 
         with self._aligned(self.model.blocks[layer]):
             return head_qk_terms(self.model, layer, head, side, terms, ref, pos)
 
-    def stream_geometry(self, layer: int) -> tuple[Any, bool]:
-        """See :meth:`headprobe.probe.backend.LoadedModel.stream_geometry`: read off the layer's attention module."""
-        from headprobe.probe.streaming import AttentionGeometry
+    def online_stats_geometry(self, layer: int) -> tuple[Any, bool]:
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.online_stats_geometry`: read off the layer's attention module."""
+        from headprobe.probe.hooks.online_stats import AttentionGeometry
 
         attn = self.model.blocks[layer].attn
         if hasattr(attn, "kept_heads"):
@@ -223,8 +223,8 @@ class NativeModel(LoadedModel):
         return geom, rotary
 
     def check_prunable(self) -> None:
-        """See :meth:`headprobe.probe.backend.LoadedModel.check_prunable`."""
-        from headprobe.probe.pruned import check_prunable
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.check_prunable`."""
+        from headprobe.probe.model.pruned import check_prunable
 
         self.require("removes_heads", "real head removal (--save-pruned) needs the native backend (--backend native)")
         if self._main_device is not None:
@@ -232,21 +232,21 @@ class NativeModel(LoadedModel):
         check_prunable(self.model.cfg)
 
     def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> Transformer:
-        """See :meth:`headprobe.probe.backend.LoadedModel.remove_heads`."""
-        from headprobe.probe.pruned import remove_heads
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.remove_heads`."""
+        from headprobe.probe.model.pruned import remove_heads
 
         self.check_prunable()
         return remove_heads(self.model, keep)
 
     def attention_parameters(self) -> int:
         """Parameters in all attention projections (q, k, v, o; biases included)."""
-        from headprobe.probe.pruned import count_attention_parameters
+        from headprobe.probe.model.pruned import count_attention_parameters
 
         return count_attention_parameters(self.model)
 
     def save(self, out: Any, extra: dict[str, Any] | None = None) -> None:
-        """Write the weights and config as a headprobe checkpoint (:func:`headprobe.probe.checkpoint.save_native`)."""
-        from headprobe.probe.checkpoint import save_native
+        """Write the weights and config as a headprobe checkpoint (:func:`headprobe.probe.model.checkpoint.save_native`)."""
+        from headprobe.probe.model.checkpoint import save_native
 
         if self._main_device is not None:
             raise HeadprobeError("a model split over devices (--device-map) cannot be saved: load it without --device-map to save it")
@@ -254,8 +254,8 @@ class NativeModel(LoadedModel):
 
     def dispatch(self, device_map: str | dict[str, int | str], max_memory: dict[int | str, int | str] | None = None,
                  offload_dir: str | None = None) -> NativeModel:
-        """See :meth:`headprobe.probe.backend.LoadedModel.dispatch`."""
-        from headprobe.probe.devicemap import dispatch
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.dispatch`."""
+        from headprobe.probe.backends.devicemap import dispatch
 
         if self._main_device is not None:
             raise HeadprobeError("the model is split over devices already")
@@ -273,13 +273,13 @@ class NativeModel(LoadedModel):
 
     @property
     def kv_layout(self):
-        """The attention layout (:class:`~headprobe.probe.layout.AttentionLayout`) with the bytes
+        """The attention layout (:class:`~headprobe.probe.layout.attention.AttentionLayout`) with the bytes
         per element of the compute dtype: what the KV cache holds."""
         return dataclasses.replace(self.model.cfg.layout, bytes_per_element=torch.empty((), dtype=self.dtype).element_size())
 
     def kv_policy(self, policy: KVPolicy | None) -> AbstractContextManager[Any]:
         """Context manager: every forward inside runs with ``policy``'s per-KV-group streaming
-        attention (:meth:`headprobe.probe.model.Transformer.kv_policy`; None: full attention).
+        attention (:meth:`headprobe.probe.model.transformer.Transformer.kv_policy`; None: full attention).
 
         Raises:
             HeadprobeError: a policy that does not fit the model.
@@ -287,7 +287,7 @@ class NativeModel(LoadedModel):
         return self.model.kv_policy(policy)
 
     def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy: KVPolicy) -> int:
-        """Bytes of the :class:`~headprobe.probe.model.StreamingKVCache` the model allocates for
+        """Bytes of the :class:`~headprobe.probe.model.transformer.StreamingKVCache` the model allocates for
         ``policy`` after prefilling ``tokens`` (one forward pass)."""
         cache = self.model.streaming_cache(policy)
         with torch.inference_mode():
@@ -302,10 +302,10 @@ def _scored_losses_from_resid(net: Transformer, resid: Float[Tensor, "n pos d_mo
     """Per-sequence mean loss (nats/token) from the final residual of ``n = k * batch`` sequences
     (k copies of ``tokens``), unembedding only the scored positions ``first .. pos-2`` (the
     logits at position i predict token i+1), ``batch`` sequences and at most
-    :data:`~headprobe.probe.backend.LOSS_ROWS` rows at a time (positions in chunks, so a long
+    :data:`~headprobe.probe.backends.base.LOSS_ROWS` rows at a time (positions in chunks, so a long
     sequence never has its ``[pos, d_vocab]`` logits at once) into one reused logits buffer (a fresh 150 MB tensor per chunk costs page faults), with the loss taken in
-    place (:func:`~headprobe.probe.backend.cross_entropy_inplace`). The logits come from
-    :meth:`headprobe.probe.model.Transformer.logits`, as in the forward pass (Gemma-2's soft-cap
+    place (:func:`~headprobe.probe.backends.base.cross_entropy_inplace`). The logits come from
+    :meth:`headprobe.probe.model.transformer.Transformer.logits`, as in the forward pass (Gemma-2's soft-cap
     included)."""
     B, T = tokens.shape
     step = max(1, LOSS_ROWS // B)  # positions per chunk: at most LOSS_ROWS rows of logits, whatever T

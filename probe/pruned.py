@@ -1,4 +1,4 @@
-"""Real head removal: a native :class:`~headprobe.probe.model.Transformer` whose pruned heads' weights are gone.
+"""Real head removal: a native :class:`~headprobe.probe.model.transformer.Transformer` whose pruned heads' weights are gone.
 
 :func:`remove_heads` returns a copy of a native model in which each layer keeps only the query
 heads not pruned: the rows of ``q_proj`` and the columns of ``o_proj`` of a removed query head
@@ -27,10 +27,10 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import attn_hook, block_path
-from headprobe.probe.io import atomic_path
-from headprobe.probe.model import QKV, Attention, KVCache, StreamingKVCache, Transformer, TransformerConfig
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import atomic_path
+from headprobe.probe.hooks.names import attn_hook, block_path
+from headprobe.probe.model.transformer import QKV, Attention, KVCache, StreamingKVCache, Transformer, TransformerConfig
 
 FORMAT = "headprobe-pruned-v1"
 
@@ -53,7 +53,7 @@ def check_prunable(cfg: TransformerConfig) -> None:
 class PrunedAttention(Attention):
     """Causal attention over a subset of query heads (and the key/value heads they read).
 
-    Built by :class:`~headprobe.probe.model.Attention` with fewer heads, so every option of
+    Built by :class:`~headprobe.probe.model.transformer.Attention` with fewer heads, so every option of
     the config (biases, per-head QK-norm, partial rotary, sliding window, soft-capping) is
     computed by the same code as the full model.
 
@@ -115,7 +115,7 @@ class PrunedAttention(Attention):
 
     def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
             cache: KVCache | StreamingKVCache | None = None) -> QKV:
-        """:class:`~headprobe.probe.model.Attention`'s, with each kept query head given its own
+        """:class:`~headprobe.probe.model.transformer.Attention`'s, with each kept query head given its own
         key/value head when the groups are no longer uniform (``kv_index``)."""
         q, k, v = super().qkv(x, positions)  # [batch, kept head | kept kv_head, pos, d]
         if self.n_kv_heads != self.n_heads:
@@ -130,7 +130,7 @@ class PrunedAttention(Attention):
         head_mask: Tensor | None = None,
         cache: KVCache | StreamingKVCache | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
-        """:meth:`~headprobe.probe.model.SelfAttention.forward` over the kept heads (``hook_z``
+        """:meth:`~headprobe.probe.model.transformer.SelfAttention.forward` over the kept heads (``hook_z``
         ``[batch, pos, kept head, d_head]``); a layer with no head left returns ``b_O``.
 
         Raises:
@@ -246,7 +246,7 @@ def load_pruned(path: str | os.PathLike[str], device: str | torch.device = "cpu"
     return net.to(device).eval()
 
 
-from headprobe.probe.checkpoint import PRUNED_WEIGHTS  # noqa: E402 - the weights file of a pruned model directory
+from headprobe.probe.model.checkpoint import PRUNED_WEIGHTS  # noqa: E402 - the weights file of a pruned model directory
 
 
 def _attn_keys(layer: int) -> dict[str, str]:
@@ -256,9 +256,9 @@ def _attn_keys(layer: int) -> dict[str, str]:
 
 def save_pruned_dir(net: Transformer, out: str | os.PathLike[str], tokenizer: Any = None, source: str | None = None) -> None:
     """Write a pruned model as a model directory that ``headprobe --model DIR`` and
-    :func:`headprobe.probe.loading.load_model` load: ``headprobe_model.safetensors`` (the smaller
+    :func:`headprobe.probe.backends.loading.load_model` load: ``headprobe_model.safetensors`` (the smaller
     tensors, in the model's dtype; safetensors), ``config.json`` (the headprobe checkpoint format of
-    :mod:`headprobe.probe.checkpoint`, with ``pruned``: the kept and the removed heads per layer in
+    :mod:`headprobe.probe.model.checkpoint`, with ``pruned``: the kept and the removed heads per layer in
     the original numbering, and ``source``) and the tokenizer's files (``tokenizer.save_pretrained``)
     when ``tokenizer`` is given. :func:`load_pruned_dir` rebuilds the small model.
 
@@ -269,8 +269,8 @@ def save_pruned_dir(net: Transformer, out: str | os.PathLike[str], tokenizer: An
 
     from safetensors.torch import save_file
 
-    from headprobe.probe.checkpoint import NATIVE_FORMAT
-    from headprobe.probe.io import write_json
+    from headprobe.probe.core.io import write_json
+    from headprobe.probe.model.checkpoint import NATIVE_FORMAT
 
     if not hasattr(net, "kept_heads"):
         raise HeadprobeError("save_pruned_dir needs a model from remove_heads")
@@ -390,7 +390,7 @@ def attention_sizes(model: Any, n_tokens: int) -> dict[str, list[int]]:
     without weight absorption holds; 0 for a layer with no head left) and
     ``attn_params_per_layer`` (parameters of each attention module). Counts.
 
-    ``model`` is a native :class:`~headprobe.probe.model.Transformer` (full, or pruned by
+    ``model`` is a native :class:`~headprobe.probe.model.transformer.Transformer` (full, or pruned by
     :func:`remove_heads` / :func:`load_pruned_dir`) or a native-backend LoadedModel around one.
     ``headprobe budget`` checks its formulas against these (``--model DIR``).
     """

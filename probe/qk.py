@@ -6,11 +6,11 @@ from the attention's (normalised) input ``x`` at one position to the head's rota
 be affine: with QK-norm (Qwen3's per-head RMSNorm, OLMo-2's norm over the whole projection) and
 MLA's latent norm that holds once each norm's per-token scale ``1 / rms`` is frozen at its value in
 the clean forward (the frozen-norm linearisation of Elhage et al. 2021, as the self-check freezes
-the post-attention norm, :func:`headprobe.probe.capture.post_norm_factor`). Rotary positions (Su et
+the post-attention norm, :func:`headprobe.probe.hooks.capture.post_norm_factor`). Rotary positions (Su et
 al. 2021) are a rotation at the token's position, linear already.
 
 :func:`head_qk_terms` is the native backend's implementation of
-:meth:`headprobe.probe.backend.LoadedModel.qk_terms`.
+:meth:`headprobe.probe.backends.base.LoadedModel.qk_terms`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 
 def _frozen_rms(norm: Any, ref: Tensor) -> Tensor:
@@ -72,7 +72,7 @@ def head_qk_terms(
     terms: Float[Tensor, "n d_model"], ref: Float[Tensor, " d_model"], pos: int,
 ) -> Float[Tensor, "n_plus_1 d_qk"]:
     """Query (``side="q"``) or key (``"k"``) of query head ``head`` of layer ``layer`` of the native
-    :class:`~headprobe.probe.model.Transformer` ``net`` as a sum of terms: row ``i < n`` is what
+    :class:`~headprobe.probe.model.transformer.Transformer` ``net`` as a sum of terms: row ``i < n`` is what
     ``terms[i]`` (a term of the attention input at position ``pos``, after the pre-attention norm)
     contributes, the last row the projection bias. QK-norm and MLA's latent norm are frozen at
     their scale for ``ref`` (the whole attention input at ``pos``); rotary is applied at ``pos``.

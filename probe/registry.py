@@ -2,17 +2,17 @@
 
 Modelled on lm-evaluation-harness' ``lm_eval/api/registry.py``: a target is the object itself or
 a ``"module:attr"`` string that :meth:`Registry.get` imports on first use, so listing the names
-imports nothing; an unknown name raises :class:`~headprobe.probe.errors.HeadprobeError` (one line)
+imports nothing; an unknown name raises :class:`~headprobe.probe.core.errors.HeadprobeError` (one line)
 naming the closest registered names (:func:`difflib.get_close_matches`). Torch-free: this module
-imports only the standard library and :mod:`headprobe.probe.errors`, so a command can list or
+imports only the standard library and :mod:`headprobe.probe.core.errors`, so a command can list or
 check names before torch loads.
 
-Example (the model families of the native backend, :mod:`headprobe.probe.families`)::
+Example (the model families of the native backend, :mod:`headprobe.probe.model.families`)::
 
     FAMILIES = Registry("model type", hint="the native backend supports only these: use --backend transformer-lens")
-    FAMILIES.register("llama", "headprobe.probe.families.llama:FAMILY")
+    FAMILIES.register("llama", "headprobe.probe.model.families.llama:FAMILY")
     FAMILIES.names()        # ('llama',): nothing imported
-    FAMILIES.get("llama")   # imports headprobe.probe.families.llama, returns its FAMILY
+    FAMILIES.get("llama")   # imports headprobe.probe.model.families.llama, returns its FAMILY
     FAMILIES.get("lama")    # HeadprobeError: unknown model type: 'lama' (did you mean 'llama'?); known: llama; the ...
 """
 
@@ -23,7 +23,7 @@ import importlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 T = TypeVar("T")
 

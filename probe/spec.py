@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import Tensor
 
-from headprobe.probe.layout import AttentionLayout
+from headprobe.probe.layout.attention import AttentionLayout
 
 #: Backend name (``ModelSpec.backend``, ``--backend``) -> how ``precision`` names it.
 BACKEND_LABELS = {"native": "native", "transformer-lens": "TransformerLens"}
@@ -21,9 +21,9 @@ class ModelSpec:
     Attributes:
         name: what the user asked for (``smollm2-135m``, ``gpt2``, a path).
         hf_name: the Hugging Face name the architecture adapter was chosen with.
-        layout: the attention layout (:class:`~headprobe.probe.layout.AttentionLayout`): the
+        layout: the attention layout (:class:`~headprobe.probe.layout.attention.AttentionLayout`): the
             native model's ``TransformerConfig.layout``, or what the bridge's config and the
-            Hugging Face model say (:func:`headprobe.probe.loading.spec_from_bridge`). Its
+            Hugging Face model say (:func:`headprobe.probe.backends.loading.spec_from_bridge`). Its
             ``bytes_per_element`` is the layout's default, not the weights' (see ``weights``).
         d_vocab: vocabulary size.
         n_ctx: longest sequence the model takes (positions).

@@ -1,6 +1,6 @@
 """Head statistics of long sequences without the ``[head, q_pos, k_pos]`` pattern.
 
-:func:`stream_head_stats` runs the native model with its fused attention kernel and hooks only
+:func:`online_head_stats` runs the native model with its fused attention kernel and hooks only
 each layer's queries and keys (``hook_rot_q``/``hook_rot_k`` where the layer has rotary
 positions, else ``hook_q``/``hook_k``; latent attention's ``hook_q``/``hook_k`` are after rotary),
 then recomputes the layer's scores ``cap(q k^T * scale)`` (the layer's own scale and soft-cap,
@@ -36,12 +36,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import attn_hook
-from headprobe.probe.hooks import HookCounter
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.ablation import HookCounter
+from headprobe.probe.hooks.names import attn_hook
 
 DEFAULT_BLOCK = 256
-"""Query and key positions per block of :func:`stream_head_stats`: a block of SmolLM2's 9 heads
+"""Query and key positions per block of :func:`online_head_stats`: a block of SmolLM2's 9 heads
 is 2.25 MiB of float32 scores, about a core's L2 cache (on this CPU 256 was faster than 128 or 512)."""
 
 STREAMING_MIN_LEN = 1024
@@ -182,19 +182,19 @@ class HeadStats:
 
 STREAMING_REFUSAL = ("streaming head statistics need the native backend, not {backend}; load the model with "
                      "--backend native, or use the materialised path (--streaming off)")
-"""Why streaming refuses a backend without ``streams_statistics`` (:class:`~headprobe.probe.backend.LoadedModel`)."""
+"""Why streaming refuses a backend without ``streams_statistics`` (:class:`~headprobe.probe.backends.base.LoadedModel`)."""
 
 
 def geometry_and_hooks(model: Any, layer: int) -> tuple[AttentionGeometry, str, str]:
     """The layer's :class:`AttentionGeometry` and the hook names of its final queries and keys
-    (:meth:`~headprobe.probe.backend.LoadedModel.stream_geometry`).
+    (:meth:`~headprobe.probe.backends.base.LoadedModel.online_stats_geometry`).
 
     Raises:
         HeadprobeError: a backend without ``streams_statistics``, or a layer whose hooked queries are
             not the ones attention reads (a query/key norm without rotary positions).
     """
     model.require("streams_statistics", STREAMING_REFUSAL.format(backend=model.name))
-    geom, rotary = model.stream_geometry(layer)
+    geom, rotary = model.online_stats_geometry(layer)
     q, k = ("rot_q", "rot_k") if rotary else ("q", "k")
     return geom, attn_hook(layer, q), attn_hook(layer, k)
 
@@ -303,7 +303,7 @@ StatsCallback = Callable[[int, HeadStats], None]
 
 
 @torch.inference_mode()
-def stream_head_stats(model: Any, tokens: Int[Tensor, "batch pos"], on_stats: StatsCallback,
+def online_head_stats(model: Any, tokens: Int[Tensor, "batch pos"], on_stats: StatsCallback,
                       layers: Sequence[int] | None = None, windows: Sequence[int] = DEFAULT_WINDOWS,
                       block: int = DEFAULT_BLOCK, extra_hooks: Sequence[tuple[str, Callable]] = (),
                       final_residual: bool = True, statistics: bool = True, argmax: bool = True,
@@ -357,4 +357,4 @@ def windowed_means(stats: HeadStats) -> dict[int, Float[Tensor, " head"]]:
     return {W: v[..., W:].float().mean(dim=(0, 2)) for W, v in stats.local.items() if W < stats.n_pos}
 
 
-__all__ = ["AttentionGeometry", "HeadStats", "layer_stats", "stream_head_stats", "windowed_means"]
+__all__ = ["AttentionGeometry", "HeadStats", "layer_stats", "online_head_stats", "windowed_means"]

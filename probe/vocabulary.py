@@ -1,10 +1,10 @@
 """The names the probe floor offers, each defined once, torch-free (``headprobe scan --backend x``
-is refused before torch loads): the backends (a :class:`~headprobe.probe.registry.Registry` of lazy
+is refused before torch loads): the backends (a :class:`~headprobe.probe.core.registry.Registry` of lazy
 ``"module:attr"`` targets, the one registry of backends), the devices and the device-map strategies.
 
-Commands' flags, the loader (:func:`headprobe.probe.loading.wrap`) and
-:mod:`headprobe.probe.devicemap` read these; nothing else spells them. What a backend can do is
-asked of its class's capability flags (:data:`~headprobe.probe.backend.CAPABILITIES`), by name only
+Commands' flags, the loader (:func:`headprobe.probe.backends.loading.wrap`) and
+:mod:`headprobe.probe.backends.devicemap` read these; nothing else spells them. What a backend can do is
+asked of its class's capability flags (:data:`~headprobe.probe.backends.base.CAPABILITIES`), by name only
 here (:func:`backend_class`, :func:`backend_with`, :func:`backend_lacks`).
 """
 
@@ -13,16 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.registry import Choices, Registry, did_you_mean
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import Choices, Registry, did_you_mean
 
-# Any: LoadedModel subclasses (probe/backend.py), not imported in this torch-free module
+# Any: LoadedModel subclasses (probe/backends/base.py), not imported in this torch-free module
 BACKEND_REGISTRY: Registry[Any] = Registry("backend")
-"""Backend name (``--backend``, ``ModelSpec.backend``) -> its :class:`~headprobe.probe.backend.LoadedModel`
+"""Backend name (``--backend``, ``ModelSpec.backend``) -> its :class:`~headprobe.probe.backends.base.LoadedModel`
 subclass, imported on first use. Registration order is ``--backend auto``'s preference: the first
-backend whose :meth:`~headprobe.probe.backend.LoadedModel.supports` accepts the Hugging Face config."""
-BACKEND_REGISTRY.register("native", "headprobe.probe.native:NativeModel")
-BACKEND_REGISTRY.register("transformer-lens", "headprobe.probe.bridge:BridgeModel")
+backend whose :meth:`~headprobe.probe.backends.base.LoadedModel.supports` accepts the Hugging Face config."""
+BACKEND_REGISTRY.register("native", "headprobe.probe.backends.native:NativeModel")
+BACKEND_REGISTRY.register("transformer-lens", "headprobe.probe.backends.bridge:BridgeModel")
 
 AUTO_FALLBACK = "transformer-lens"
 """The backend ``--backend auto`` takes when no registered backend supports the architecture (its
@@ -44,7 +44,7 @@ def check_backend(name: str) -> None:
 
 
 def backend_class(name: str, hf_config: Callable[[], Any]) -> Any:
-    """The :class:`~headprobe.probe.backend.LoadedModel` subclass ``--backend name`` wraps a model in
+    """The :class:`~headprobe.probe.backends.base.LoadedModel` subclass ``--backend name`` wraps a model in
     (imported on first use). ``auto``: the first registered backend whose ``supports`` accepts the
     Hugging Face config ``hf_config()`` (called for ``auto`` only), else :data:`AUTO_FALLBACK`'s.
 
@@ -60,7 +60,7 @@ def backend_class(name: str, hf_config: Callable[[], Any]) -> Any:
 
 def backend_with(name: str, capability: str) -> Any:
     """The class ``--backend name`` gives a model where ``capability`` (a
-    :data:`~headprobe.probe.backend.CAPABILITIES` flag) decides: the named backend's class if it has
+    :data:`~headprobe.probe.backends.base.CAPABILITIES` flag) decides: the named backend's class if it has
     the flag, else None; for ``auto`` the first registered backend that has it (imported on first use).
 
     Raises:
@@ -85,4 +85,4 @@ DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 DEVICE_MAPS: tuple[str, ...] = ("auto", "balanced", "sequential")
 """``--device-map`` placement strategies, as transformers names them: ``auto`` and ``balanced`` spread the
 blocks evenly over the GPUs (accelerate's ``get_balanced_memory``) before CPU memory and disk;
-``sequential`` fills each device up to its budget before the next (:mod:`headprobe.probe.devicemap`)."""
+``sequential`` fills each device up to its budget before the next (:mod:`headprobe.probe.backends.devicemap`)."""

@@ -265,7 +265,7 @@ def load_cached(source: str | os.PathLike[str], build: Callable[[], tuple[Any, A
     A cold load returns ``build()``'s own objects after writing the entry, so the first load and
     every later one hold the same tensors and tokenizer (checked in tests/test_weights_cache.py).
     Errors of ``build`` propagate; cache problems are logged as warnings (logger
-    ``headprobe.probe.weights_cache``) and the load goes on without the cache.
+    ``headprobe.probe.backends.weights_cache``) and the load goes on without the cache.
     """
     root = cache_root()
     eta = eta or _recorded_eta(root, source)

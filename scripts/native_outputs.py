@@ -1,5 +1,5 @@
 """Every output of the native model on the zoo, saved by one commit and compared by another: a
-refactor of probe/model.py must leave them equal.
+refactor of probe/model/transformer.py must leave them equal.
 
 For each zoo family (tests/zoo.py), six variants of them, BERT and three native-only configs
 (MLA with learned positions, MLA with a query latent, attention-only GQA): the logits on the
@@ -25,8 +25,8 @@ sys.path.insert(0, "tests")
 import zoo
 from conftest import make_tiny_tokenizer
 
-from headprobe.probe.loading import wrap
-from headprobe.probe.model import KVCache, Transformer, TransformerConfig
+from headprobe.probe.backends.loading import wrap
+from headprobe.probe.model.transformer import KVCache, Transformer, TransformerConfig
 
 #: name -> (family, config changes) of the Hugging Face checkpoints compared.
 VARIANTS = {
@@ -93,8 +93,8 @@ def outputs(net: Transformer) -> dict[str, torch.Tensor]:
 
 def pruned_outputs(net: Transformer) -> dict[str, torch.Tensor]:
     """A pruned copy's logits on both paths (empty for an architecture that cannot be pruned)."""
-    from headprobe.probe.errors import HeadprobeError
-    from headprobe.probe.pruned import check_prunable, remove_heads
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.model.pruned import check_prunable, remove_heads
 
     try:
         check_prunable(net.cfg)

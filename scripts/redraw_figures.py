@@ -45,7 +45,7 @@ def redraw_train(d: Path) -> list[Path]:
     from headprobe.analyses.figures import save_figure
     from headprobe.analyses.train import TrainConfig
     from headprobe.commands.train import TrainResult
-    from headprobe.probe.loading import load_model
+    from headprobe.probe.backends.loading import load_model
 
     config = TrainConfig(**json.loads((d / "config.json").read_text())["train"])
     result = TrainResult(config=config, loaded=load_model(str(d), quiet=True), log=pd.read_csv(d / "train_log.csv"),
@@ -71,7 +71,7 @@ def redraw_scan(d: Path) -> list[Path]:
     from headprobe.analyses.figures import save_figure
     from headprobe.analyses.scoring import example_patterns
     from headprobe.commands.scan import ScanConfig, ScanResult
-    from headprobe.probe.heads import format_head
+    from headprobe.probe.core.heads import format_head
 
     summary = json.loads((d / "summary.json").read_text())
     table = pd.read_csv(d / "head_scores.csv")

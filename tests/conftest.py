@@ -49,25 +49,25 @@ def _figure_formats(request, monkeypatch):
 
 def make_tiny_tokenizer(tmp_dir, n_words: int = 100):
     """A word-level tokenizer over ``t0 .. t{n-1}`` with ``<|endoftext|>`` as BOS/EOS/unknown."""
-    from headprobe.probe.tokenizers import word_level_tokenizer
+    from headprobe.probe.model.tokenizers import word_level_tokenizer
 
     return word_level_tokenizer(tmp_dir, n_words)
 
 
 def _checkpoint(hf_model, tokenizer, name, hf_name):
-    from headprobe.probe.loading import Checkpoint
+    from headprobe.probe.backends.loading import Checkpoint
 
     return Checkpoint(name, hf_name, "float32 (random init)", hf_model.eval(), tokenizer)
 
 
 def _bridge(ckpt):
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
 
     return wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), backend="transformer-lens")
 
 
 def _native(ckpt):
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
 
     return wrap(ckpt, backend="native")
 
@@ -153,7 +153,7 @@ TINY_MODELS = ["tiny_gpt2", "tiny_llama_gqa", "tiny_gpt2_native", "tiny_llama_gq
 @pytest.fixture(scope="session")
 def smollm2_checkpoint():
     """The real SmolLM2-135M-Instruct (4-bit Q4_1 GGUF, dequantized to float32), loaded once (~30 s)."""
-    from headprobe.probe.loading import load_checkpoint
+    from headprobe.probe.backends.loading import load_checkpoint
 
     return load_checkpoint("smollm2-135m")
 

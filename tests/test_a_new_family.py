@@ -1,8 +1,8 @@
 """A model family added in one place, this file, and found everywhere it must appear.
 
-A family is one :class:`~headprobe.probe.families.base.Family` (config mapping, weight conversion,
+A family is one :class:`~headprobe.probe.model.families.base.Family` (config mapping, weight conversion,
 tiny zoo checkpoint, the facts the tests check) registered under its Hugging Face ``model_type``
-in :data:`~headprobe.probe.families.FAMILIES`. Here ``headprobe_toy_llama`` (Llama's conversion
+in :data:`~headprobe.probe.model.families.FAMILIES`. Here ``headprobe_toy_llama`` (Llama's conversion
 under a new ``model_type``, with 4 query heads on one KV head: MQA) is defined and registered for
 this module alone. Then the zoo lists and builds it, ``--backend auto`` loads it natively, every
 per-family test of ``tests/test_native_families.py`` runs on it (logits and patterns against
@@ -28,8 +28,8 @@ import torch
 import zoo
 from test_native_families import family_dir  # noqa: F401 - the fixture, over this module's family
 
-from headprobe.probe.families import FAMILIES
-from headprobe.probe.families.base import TINY_FIELDS, TinySpec
+from headprobe.probe.model.families import FAMILIES
+from headprobe.probe.model.families.base import TINY_FIELDS, TinySpec
 
 MODEL_TYPE = "headprobe_toy_llama"
 
@@ -42,7 +42,7 @@ for _name, _test in vars(per_family).items():
 
 def _toy_family():
     """The new family: Llama's config mapping and weight conversion, its own tiny model and facts."""
-    from headprobe.probe.families import llama
+    from headprobe.probe.model.families import llama
 
     return dataclasses.replace(llama.FAMILY, tiny=TinySpec(
         fields=dict(TINY_FIELDS, num_key_value_heads=1),
@@ -68,7 +68,7 @@ def _register_with_transformers() -> None:
 def family(tiny_tokenizer):
     """(family name, Hugging Face checkpoint, the model wrap(backend="auto") gives), as in
     test_native_families, with the new family registered while this module runs."""
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
 
     _register_with_transformers()
     FAMILIES.register(MODEL_TYPE, _toy_family())
@@ -80,7 +80,7 @@ def family(tiny_tokenizer):
 
 
 def test_the_zoo_and_the_converter_find_it(family):
-    from headprobe.probe import convert
+    from headprobe.probe.model import convert
 
     name, ckpt, model = family
     assert name in zoo.names() and name in zoo.ZOO and name not in zoo.ENCODER_ZOO
@@ -111,7 +111,7 @@ def test_a_saved_directory_loads_natively(family, tiny_tokenizer, tmp_path):
 
 def test_the_weights_cache_description_rebuilds_it(family):
     """What a warm load reads (NativeSource as JSON, then the Hugging Face state dict) gives the same model."""
-    from headprobe.probe.convert import NativeSource
+    from headprobe.probe.model.convert import NativeSource
 
     name, ckpt, model = family
     source = NativeSource.from_json(json.loads(json.dumps(NativeSource.of(ckpt.hf_model.config).to_json())))

@@ -75,7 +75,7 @@ def test_prune_cli_saves_reloadable_model(tiny_dir, tmp_path):
     assert summary["pruned_model"]["max_abs_logit_diff_vs_masked"] < 1e-4
     # the saved directory: small tensors, the removed heads in the original numbering, a tokenizer
     import headprobe
-    from headprobe.probe.pruned import load_pruned_dir
+    from headprobe.probe.model.pruned import load_pruned_dir
 
     d = out / "pruned_model"
     meta = json.loads((d / "config.json").read_text())
@@ -128,7 +128,7 @@ def test_bad_model_exits_2(tmp_path, capsys):
 def test_engine_on_smollm2(smollm2, smollm2_native):
     """The real GQA model: engine vs the bridge's hook loop, and real removal vs the mask."""
     from headprobe.analyses.ablation import exact_sweep, sweep_loop
-    from headprobe.probe.pruned import keep_mask_from, remove_heads
+    from headprobe.probe.model.pruned import keep_mask_from, remove_heads
 
     tokens = torch.randint(0, 49000, (2, 24), generator=torch.Generator().manual_seed(0))
     heads = [(0, 4), (14, 0), (29, 8)]
@@ -147,8 +147,8 @@ def test_engine_on_smollm2(smollm2, smollm2_native):
 
 
 def test_parse_heads_checks_form_and_range():
-    from headprobe.probe.errors import HeadprobeError
-    from headprobe.probe.hooks import parse_heads
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.hooks.ablation import parse_heads
 
     assert parse_heads("5.1, 7.10", 12, 12) == [(5, 1), (7, 10)]
     assert parse_heads("L5H1,l7h10", 12, 12) == [(5, 1), (7, 10)]  # TransformerLens' spelling too
@@ -195,7 +195,7 @@ def test_killed_run_resumes_to_the_same_results(tiny_dir, tmp_path, capsys, comm
     this process, as is the refusal at the end: each process start is seconds)."""
     from test_loading import run_cli
 
-    from headprobe.probe.io import CHECKPOINT_NAME
+    from headprobe.probe.core.io import CHECKPOINT_NAME
 
     # prune: one method keeps it short (L0's own resume is tested in test_prune_methods.py)
     args = ["--model", str(tiny_dir), "--text", _text(tmp_path), *(["--method", "michel"] if command == "prune" else []), *SMALL]

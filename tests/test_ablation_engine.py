@@ -23,9 +23,9 @@ from headprobe.analyses.ablation import (
 def deep_gqa_native(tiny_tokenizer):
     """4 layers x 6 query heads on 3 KV heads (GQA), rotary, SwiGLU, seeded: the prefix skip
     and batching of the sweep need more than two layers to be tested."""
-    from headprobe.probe.convert import spec_from_native
-    from headprobe.probe.loading import LoadedModel
-    from headprobe.probe.model import Transformer, TransformerConfig
+    from headprobe.probe.backends.loading import LoadedModel
+    from headprobe.probe.model.convert import spec_from_native
+    from headprobe.probe.model.transformer import Transformer, TransformerConfig
 
     torch.manual_seed(1)
     cfg = TransformerConfig(n_layers=4, d_model=48, n_heads=6, n_kv_heads=3, d_vocab=101, d_mlp=96,
@@ -147,7 +147,7 @@ def test_sweep_subset_of_heads_on_both_backends(tiny_gpt2, tiny_gpt2_native):
 def test_backends_satisfy_the_interface_and_resume_exactly(request, name):
     """Each backend is a LoadedModel; resuming at any layer from the clean residual and attention output
     gives the clean losses, and a changed attention output changes them (the resumption is not a no-op)."""
-    from headprobe.probe.backend import LoadedModel
+    from headprobe.probe.backends.base import LoadedModel
 
     model = request.getfixturevalue(name)
     assert isinstance(model, LoadedModel)
@@ -205,7 +205,7 @@ def test_ablate_matches_native_head_mask(tiny_llama_gqa_native):
 def _double(model):
     import copy
 
-    from headprobe.probe.loading import LoadedModel
+    from headprobe.probe.backends.loading import LoadedModel
 
     return LoadedModel(copy.deepcopy(model.model).double(), model.tokenizer, model.spec)
 
@@ -280,7 +280,7 @@ def test_gradient_importance_on_bridge_equals_native(tiny_gpt2, tiny_gpt2_native
 
 
 def test_bad_kind_raises(tiny_gpt2_native):
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError):
         exact_sweep(tiny_gpt2_native, _tokens(), kind="mean")

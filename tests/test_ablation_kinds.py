@@ -1,4 +1,4 @@
-"""Ablation kinds have one home (:mod:`headprobe.probe.ablation_kinds`): a kind registered there
+"""Ablation kinds have one home (:mod:`headprobe.probe.core.ablation_kinds`): a kind registered there
 alone reaches the hooks, the exact sweep, the set ablations, attribution patching, AtP*, the
 second-order estimate and ``headprobe ablate --kind``; every entry point refuses a bad kind or a
 missing input with the same error and message."""
@@ -20,11 +20,11 @@ from headprobe.analyses.ablation import (
     sweep_loop,
 )
 from headprobe.analyses.attribution import atp_star, second_order
-from headprobe.probe import ablation_kinds
-from headprobe.probe.ablation_kinds import Kind
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import attn_hook
-from headprobe.probe.hooks import head_ablation_hooks
+from headprobe.probe.core import ablation_kinds
+from headprobe.probe.core.ablation_kinds import Kind
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.ablation import head_ablation_hooks
+from headprobe.probe.hooks.names import attn_hook
 
 HALF = 0.5
 

@@ -12,8 +12,8 @@ import pytest
 import headprobe
 from headprobe.analyses.columns import METRICS, metric_columns
 from headprobe.cli import main
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import OUTPUTS_NAME
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import OUTPUTS_NAME
 
 SMALL_SCAN = dict(n_natural=3, seq_len=16, n_repeated=2, period=6, k=3, n_random=2)
 SMALL_FLAGS = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "-k", "3", "--n-random", "2",
@@ -108,7 +108,7 @@ def test_a_new_head_type_is_one_registry_entry(api_scan, text_file, request):
 @pytest.fixture
 def no_loading(monkeypatch):
     """Loading a model fails the test: the checks must come before it."""
-    from headprobe.probe import loading
+    from headprobe.probe.backends import loading
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the bad flag was refused")

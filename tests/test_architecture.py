@@ -56,7 +56,7 @@ def test_shape_annotations_are_checked_when_tests_run():
     import pytest
     import torch
 
-    from headprobe.probe.capture import head_results
+    from headprobe.probe.hooks.capture import head_results
 
     z = torch.zeros(1, 3, 4, 8)  # [batch, pos, head=4, d_head=8]
     W_O = torch.zeros(2, 8, 16)  # [head=2, d_head, d_model]: head disagrees
@@ -100,7 +100,7 @@ def _reaches_into_modules(source: str) -> list[str]:
 
 def test_analyses_and_commands_use_only_the_backend_interface():
     """No module of analyses/ or headprobe/ (API, CLI, commands) reads a LoadedModel's ``.model`` or a
-    module's internals: they program against headprobe.probe.backend.LoadedModel."""
+    module's internals: they program against headprobe.probe.backends.base.LoadedModel."""
     offences = {}
     for path in sorted([*(ROOT / "analyses").glob("*.py"), *(ROOT / "headprobe").rglob("*.py")]):
         found = _reaches_into_modules(path.read_text(encoding="utf-8"))
@@ -162,7 +162,7 @@ def _sources() -> list[Path]:
 
 def test_every_model_parameter_names_the_interface():
     """No function in analyses/ or headprobe/ takes a model parameter that is unannotated or ``Any``:
-    each says ``LoadedModel`` (the one interface, probe/backend.py), so a type checker and a reader
+    each says ``LoadedModel`` (the one interface, probe/backends/base.py), so a type checker and a reader
     see which members it may use."""
     offences = {str(p.relative_to(ROOT)): f for p in _sources() if (f := _loose_model_parameters(p.read_text(encoding="utf-8")))}
     assert not offences, offences
@@ -192,9 +192,9 @@ def test_every_result_types_its_spec():
 
 def test_the_interface_declares_every_member_used():
     """Every ``model.x`` that analyses/ and headprobe/ read on a ``LoadedModel`` parameter is declared on
-    :class:`~headprobe.probe.backend.LoadedModel` (a method, property or annotated attribute): no member
+    :class:`~headprobe.probe.backends.base.LoadedModel` (a method, property or annotated attribute): no member
     that only one backend has (the bridge's ``forward_with_cache`` once), none read through ``getattr``."""
-    from headprobe.probe.backend import LoadedModel
+    from headprobe.probe.backends.base import LoadedModel
 
     members = set(dir(LoadedModel)) | set(LoadedModel.__annotations__)
     missing = {f"{p.relative_to(ROOT)}:{line}": attr for p in _sources()
@@ -258,10 +258,10 @@ def test_the_function_length_check_can_fail():
 
 
 # ---------------------------------------------------------------------------------------------
-# Hook, module and parameter names of a block are built by probe/hook_names.py (issue 37)
+# Hook, module and parameter names of a block are built by probe/hooks/names.py (issue 37)
 # ---------------------------------------------------------------------------------------------
 
-NAMES_SPELLED_IN = {"probe/model.py", "probe/hook_names.py"}
+NAMES_SPELLED_IN = {"probe/model/transformer.py", "probe/hooks/names.py"}
 """The only files of probe/, analyses/ and headprobe/ that may spell ``blocks.`` (the model declares the
 hook points, hook_names builds their names)."""
 
@@ -276,14 +276,14 @@ def _hand_spelled_block_names(source: str) -> list[str]:
 
 
 def test_no_block_name_is_spelled_by_hand():
-    """Hook names and a block's module/parameter paths come from headprobe.probe.hook_names."""
+    """Hook names and a block's module/parameter paths come from headprobe.probe.hooks.names."""
     offences = {}
     for folder in ("probe", "analyses", "headprobe"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if rel not in NAMES_SPELLED_IN and (found := _hand_spelled_block_names(path.read_text(encoding="utf-8"))):
                 offences[rel] = found
-    assert not offences, f"use headprobe.probe.hook_names: {offences}"
+    assert not offences, f"use headprobe.probe.hooks.names: {offences}"
 
 
 def test_the_block_name_check_can_fail():

@@ -215,7 +215,7 @@ def train_run(tmp_path_factory):
 
 
 def test_snapshots_reload_as_the_model_they_were_taken_from(train_run):
-    from headprobe.probe.model import Transformer, init_weights
+    from headprobe.probe.model.transformer import Transformer, init_weights
 
     result, out = train_run
     steps = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").iterdir())

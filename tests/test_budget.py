@@ -1,4 +1,4 @@
-"""Tests of headprobe.probe.cost and ``headprobe budget``.
+"""Tests of headprobe.probe.layout.cost and ``headprobe budget``.
 
 Three kinds of check:
 
@@ -25,9 +25,9 @@ from torch import nn
 
 from headprobe.cli import main
 from headprobe.commands import budget
-from headprobe.probe import cost
-from headprobe.probe.cost import GIB, KIB, MIB, TIB, AttentionLayout
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.layout import cost
+from headprobe.probe.layout.cost import GIB, KIB, MIB, TIB, AttentionLayout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -192,7 +192,7 @@ def test_layer_cost_of_a_pruned_layer_matches_a_torch_module(h, kv, bias):
 
 @pytest.mark.parametrize("h, kv", [(2, 3), (2, 0), (0, 1), (-1, 0)])
 def test_layer_cost_refuses_impossible_counts(h, kv):
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="cannot keep"):
         cost.layer_cost(cost.attention_params_per_layer, cost.preset("llama3-8b"), h, kv)
@@ -497,9 +497,9 @@ def test_live_kv_cache_check_on_smollm2(smollm2):
 
 @pytest.mark.real_model
 def test_cli_model_flag_on_smollm2(smollm2, monkeypatch, capsys):
-    import headprobe.probe.loading
+    import headprobe.probe.backends.loading
 
-    monkeypatch.setattr(headprobe.probe.loading, "load_model", lambda name, **kw: smollm2)  # reuse the session's model
+    monkeypatch.setattr(headprobe.probe.backends.loading, "load_model", lambda name, **kw: smollm2)  # reuse the session's model
     code, out, _ = run_cli(capsys, "--model", "smollm2-135m", "--seq-len", "8192", "--json")
     r = json.loads(out)  # nothing but JSON on stdout
     assert code == 0 and r["check"]["ok"]
@@ -510,7 +510,7 @@ def test_cli_model_flag_on_smollm2(smollm2, monkeypatch, capsys):
 def test_cli_flops_table_of_a_small_model_scales_its_unit(capsys):
     """SmolLM2's attention layer is under a TFLOP at every length asked: the table switches to GFLOP
     (not rows of 0.00), and its numbers are the cost model's divided by 10^9."""
-    from headprobe.probe import cost
+    from headprobe.probe.layout import cost
 
     code, out, _ = run_cli(capsys, "--preset", "smollm2-135m", "--flops-table", "128", "1024")
     assert code == 0 and "projections, GFLOP" in out and "1 GFLOP = 10^9 FLOPs" in out

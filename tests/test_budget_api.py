@@ -16,8 +16,8 @@ import headprobe
 from headprobe.cli import main
 from headprobe.commands import budget
 from headprobe.commands.budget import BudgetConfig, BudgetResult
-from headprobe.probe import cost
-from headprobe.probe.cost import AttentionLayout
+from headprobe.probe.layout import cost
+from headprobe.probe.layout.cost import AttentionLayout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ def test_main_only_maps_flags():
 
 
 def test_library_errors_are_headprobe_errors():
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="unknown dtype"):
         BudgetConfig(dtype="fp4")
@@ -166,7 +166,7 @@ def test_new_flags_bad_input_one_line(capsys, argv, fragment):
 
 
 def test_windows_survive_overrides_but_not_a_new_layer_count():
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     base = AttentionLayout(d_model=64, n_layers=2, n_heads=4, windows=(8, None))
     lay = budget.layout_from_config(BudgetConfig(n_kv_heads=2), base)
@@ -182,7 +182,7 @@ def test_windows_survive_overrides_but_not_a_new_layer_count():
 
 
 def test_budget_modules_import_no_heavy_library():
-    code = ("import sys, headprobe.commands.budget, headprobe.probe.cost\n"
+    code = ("import sys, headprobe.commands.budget, headprobe.probe.layout.cost\n"
             "print([m for m in ('torch', 'transformers', 'pandas', 'matplotlib', 'transformer_lens') if m in sys.modules])")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -223,4 +223,4 @@ def test_the_budget_command_line_imports_no_heavy_library(argv):
 def test_the_import_probe_sees_torch():
     """The probe above is not vacuous: it sees torch where a module imports it (the model interface;
     kv's flags, which imported it, no longer do)."""
-    assert "torch" in _heavy_imports(module="headprobe.probe.backend")
+    assert "torch" in _heavy_imports(module="headprobe.probe.backends.base")

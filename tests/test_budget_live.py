@@ -17,8 +17,9 @@ import zoo
 
 from headprobe.cli import main
 from headprobe.commands import budget
-from headprobe.probe import cost, layout
-from headprobe.probe.cost import AttentionLayout
+from headprobe.probe.layout import attention as layout
+from headprobe.probe.layout import cost
+from headprobe.probe.layout.cost import AttentionLayout
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +163,7 @@ def test_non_attention_layers_are_refused_by_budget_and_read_as_global_by_a_spec
     reads such a layer as global rather than refusing the model."""
     from types import SimpleNamespace
 
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     cfg = SimpleNamespace(sliding_window=4, layer_types=["sliding_attention", "linear_attention", "full_attention"])
     with pytest.raises(HeadprobeError, match="'linear_attention'.*attention layers only"):
@@ -202,7 +203,7 @@ def test_max_tokens_with_windows_matches_a_loop():
     (dict(qk_nope_head_dim=8), "give kv_lora_rank"),
 ])
 def test_bad_new_layout_fields_raise(kwargs, fragment):
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match=fragment):
         AttentionLayout(d_model=64, n_layers=2, n_heads=4, **kwargs)
@@ -223,7 +224,7 @@ PRUNINGS = [  # (family, removed heads): the zoo has 2 layers of 4 query heads (
 
 
 def _native(family, tokenizer):
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
 
     return wrap(zoo.make_checkpoint(family, tokenizer), backend="native")
 
@@ -234,7 +235,7 @@ def test_budget_reads_a_pruned_directory(family, removed, tiny_tokenizer, tmp_pa
     real costs (it said to use --backend native, which budget does not take). References: the small model's
     own tensors (its attention parameters, the key and value widths of its k_proj and v_proj) and the
     unpruned layout's uniform formulas."""
-    from headprobe.probe.pruned import (
+    from headprobe.probe.model.pruned import (
         count_attention_parameters,
         keep_mask_from,
         load_pruned_dir,
@@ -271,7 +272,7 @@ def test_budget_reads_a_pruned_directory(family, removed, tiny_tokenizer, tmp_pa
 def test_budget_reads_a_trained_directory(tiny_tokenizer, tmp_path, capsys):
     """A headprobe checkpoint (headprobe train's format) is read directly too, with every mode; its KV cache
     is the native model's own (KVCache after a forward pass) and its parameters the model's."""
-    from headprobe.probe.model import KVCache
+    from headprobe.probe.model.transformer import KVCache
 
     model = _native("llama", tiny_tokenizer)
     d = tmp_path / "trained"
@@ -293,7 +294,7 @@ def test_budget_reads_a_trained_directory(tiny_tokenizer, tmp_path, capsys):
 
 @pytest.fixture
 def pruned_dir(tiny_tokenizer, tmp_path):
-    from headprobe.probe.pruned import keep_mask_from, remove_heads, save_pruned_dir
+    from headprobe.probe.model.pruned import keep_mask_from, remove_heads, save_pruned_dir
 
     full = _native("llama", tiny_tokenizer)
     save_pruned_dir(remove_heads(full.model, keep_mask_from([(0, 0), (1, 1)], 2, 4)), tmp_path / "p", tiny_tokenizer)

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from headprobe.cli import main
-from headprobe.probe import cost
-from headprobe.probe.cost import AttentionLayout
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.layout import KVPolicy, Streaming
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.layout import cost
+from headprobe.probe.layout.attention import KVPolicy, Streaming
+from headprobe.probe.layout.cost import AttentionLayout
 
 MISTRAL = ["--d-model", "4096", "--n-layers", "32", "--n-heads", "32", "--n-kv-heads", "8", "--d-head", "128"]
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from conftest import TINY_MODELS
 
-from headprobe.probe.capture import capture_heads, head_results, kv_head_of, stream_patterns
-from headprobe.probe.hooks import head_ablation_hooks
+from headprobe.probe.hooks.ablation import head_ablation_hooks
+from headprobe.probe.hooks.capture import capture_heads, head_results, kv_head_of, patterns_by_layer
 
 
 @pytest.mark.parametrize("fixture", TINY_MODELS)
@@ -65,7 +65,7 @@ def test_zero_ablating_one_head_changes_only_its_contribution(fixture, request):
 
 def test_stream_patterns_fires_once_per_layer_and_keeps_nothing(tiny_gpt2):
     seen = []
-    stream_patterns(tiny_gpt2, torch.randint(0, 100, (2, 6)), lambda layer, p: seen.append((layer, tuple(p.shape))))
+    patterns_by_layer(tiny_gpt2, torch.randint(0, 100, (2, 6)), lambda layer, p: seen.append((layer, tuple(p.shape))))
     assert seen == [(0, (2, 4, 6, 6)), (1, (2, 4, 6, 6))]
 
 
@@ -81,7 +81,7 @@ def sentinel_models(tiny_tokenizer):
 
     import zoo
 
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
 
     out = {}
     for family in dict(SENTINEL_CASES):

@@ -10,8 +10,8 @@ import pytest
 import zoo
 
 import headprobe
+from headprobe.analyses.circuit import parse_edge, path_patch_effects, prepare_runs
 from headprobe.analyses.data import repeated_random_tokens
-from headprobe.analyses.paths import parse_edge, path_patch_effects, prepare_runs
 from headprobe.cli import main
 
 

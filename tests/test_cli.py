@@ -37,7 +37,7 @@ def test_unrelated_flag_gets_no_suggestion():
 
 
 def test_model_short_names_are_case_insensitive(tmp_path, monkeypatch):
-    from headprobe.probe.loading import SMOLLM2_HF_NAME, _resolve, canonical_name
+    from headprobe.probe.backends.loading import SMOLLM2_HF_NAME, _resolve, canonical_name
 
     assert canonical_name("SmolLM2-135M") == "smollm2-135m" and canonical_name("GPT2-Medium") == "gpt2-medium"
     assert _resolve(canonical_name("SmolLM2-135M"))[0] == SMOLLM2_HF_NAME

@@ -12,7 +12,7 @@ from headprobe.analyses.detectors import (
     positional_score,
     previous_token_score,
 )
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 
 def causal_uniform(batch, heads, T):

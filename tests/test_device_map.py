@@ -1,4 +1,4 @@
-"""Models split over devices (``--device-map``, ``--max-memory``; headprobe.probe.devicemap).
+"""Models split over devices (``--device-map``, ``--max-memory``; headprobe.probe.backends.devicemap).
 
 No GPU is needed: the split is forced onto the CPU and disk (a small CPU budget puts the later
 blocks in an offload folder, read back for each forward), and every number is compared with the
@@ -57,7 +57,7 @@ def test_weights_read_outside_forward_are_real(split, whole):
 
 
 def test_logits_and_capture_equal_unsplit(split, whole):
-    from headprobe.probe.capture import capture_heads
+    from headprobe.probe.hooks.capture import capture_heads
 
     tokens = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(split.forward(tokens), whole.forward(tokens), rtol=0, atol=1e-6)
@@ -121,14 +121,14 @@ def test_hand_map_and_everything_on_disk_but_the_embedding(tiny_dir, whole):
 ])
 def test_refusals_at_load(tiny_dir, kwargs, message):
     import headprobe
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match=message):
         headprobe.load_model(str(tiny_dir), quiet=True, **kwargs)
 
 
 def test_refusals_on_a_split_model(split, tmp_path):
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="--save-pruned"):
         split.check_prunable()
@@ -177,8 +177,8 @@ def test_parse_max_memory():
 
 def test_bridge_half_precision_split_refused_before_loading(tiny_dir, monkeypatch):
     from headprobe.options import load_model_as
-    from headprobe.probe import loading
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.backends import loading
+    from headprobe.probe.core.errors import HeadprobeError
 
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(HeadprobeError, match="loads float32 only"):
@@ -219,7 +219,7 @@ def test_every_strategy_takes_a_disk_budget(tiny_dir, strategy):
     balances over real devices only, so the disk budget joins after balancing (it raised a
     RuntimeError from torch.device('disk') with auto and balanced)."""
     import headprobe
-    from headprobe.probe.devicemap import infer_device_map
+    from headprobe.probe.backends.devicemap import infer_device_map
 
     native = headprobe.load_model(str(tiny_dir), quiet=True, backend="native")
     assert infer_device_map(native.model, strategy, {"cpu": "200KB", "disk": "2GB"}) == SPLIT
@@ -228,6 +228,6 @@ def test_every_strategy_takes_a_disk_budget(tiny_dir, strategy):
 def test_the_flags_strategies_are_the_loaders():
     """options keeps its own copy so that --help needs no torch: the two must not drift."""
     from headprobe import options
-    from headprobe.probe import devicemap
+    from headprobe.probe.backends import devicemap
 
     assert options.DEVICE_MAPS == devicemap.DEVICE_MAPS

@@ -22,7 +22,7 @@ def _pair(tokenizer, scale: float):
     nats of ln(vocabulary) whatever a head writes."""
     import zoo
 
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
 
     a, b = zoo.make_checkpoint("llama", tokenizer), zoo.make_checkpoint("llama", tokenizer)
     cfg = b.hf_model.config
@@ -98,8 +98,8 @@ def test_loaded_models_of_other_layouts_are_refused(tiny_tokenizer):
     import zoo
 
     from headprobe.commands.diff_core import diff
-    from headprobe.probe.errors import HeadprobeError
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.core.errors import HeadprobeError
 
     a = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
     b = wrap(zoo.make_checkpoint("llama", tiny_tokenizer, num_key_value_heads=4), backend="native")

@@ -16,7 +16,7 @@ import pytest
 
 from headprobe.analyses import distributed
 from headprobe.cli import main
-from headprobe.probe.io import CHECKPOINT_GLOB
+from headprobe.probe.core.io import CHECKPOINT_GLOB
 
 SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu",
          "--kind", "resample"]  # 3 and 2 rows: uneven batch shards; resample also splits the source rows

@@ -26,8 +26,8 @@ from headprobe.analyses.detectors import (
     positional_score,
     previous_token_score,
 )
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.loading import wrap
+from headprobe.probe.backends.loading import wrap
+from headprobe.probe.core.errors import HeadprobeError
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_bert_to_tokens_adds_cls_and_sep(bert):
 
 
 def test_missing_minilm_wheel_names_the_pip_command(monkeypatch):
-    from headprobe.probe import loading, sources
+    from headprobe.probe.backends import loading, sources
 
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
@@ -240,7 +240,7 @@ def test_scan_of_a_tiny_bert_scores_encoder_types_and_states_its_metric(bert, tm
 @pytest.mark.real_model
 def test_scan_of_all_minilm_l6_v2_gives_72_rows_with_verdicts():
     from headprobe.commands.scan import ScanConfig, run
-    from headprobe.probe.loading import load_checkpoint
+    from headprobe.probe.backends.loading import load_checkpoint
 
     ckpt = load_checkpoint("all-minilm-l6-v2", quiet=True)
     ids = torch.tensor([[101, 1996, 4937, 2938, 2006, 1996, 13523, 1012, 102]])
@@ -263,7 +263,7 @@ def test_encoder_pattern_example_keeps_the_separator_the_last_token_score_is_abo
     model's own on exactly those tokens."""
     from headprobe.analyses.scoring import NATURAL_EXAMPLE_LEN, example_patterns
     from headprobe.commands.scan import ScanConfig, run
-    from headprobe.probe.capture import capture_heads
+    from headprobe.probe.hooks.capture import capture_heads
 
     text = tmp_path / "words.txt"
     text.write_text(" ".join(f"t{(i * 7) % 100}" for i in range(400)))

@@ -93,7 +93,7 @@ def test_the_suite_writes_no_figures_unless_a_test_asks(tmp_path, monkeypatch):
     written; a subset is written in FORMATS order; a bad name, or none with a format, is refused."""
     from headprobe.analyses.outputs import write_outputs
     from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV, figure_formats
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     def never():
         raise AssertionError("a figure was drawn with --formats none")

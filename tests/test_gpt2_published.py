@@ -4,7 +4,7 @@ there with that reason, and runs unchanged on a machine that has them."""
 
 import pytest
 
-from headprobe.probe.loading import ALIASES, _is_cached
+from headprobe.probe.backends.loading import ALIASES, _is_cached
 
 GPT2 = ALIASES["gpt2"]
 
@@ -17,7 +17,7 @@ def test_published_gpt2_small_heads():
     from headprobe.analyses.ablation import top_heads
     from headprobe.analyses.data import natural_text_tokens, repeated_random_tokens
     from headprobe.analyses.scoring import score_token_set
-    from headprobe.probe.loading import load_model
+    from headprobe.probe.backends.loading import load_model
 
     model = load_model("gpt2")
     assert (model.spec.n_layers, model.spec.n_heads) == (12, 12)

@@ -1,4 +1,4 @@
-"""headprobe.probe.hook_names against the hook points the native model declares (probe/model.py), for
+"""headprobe.probe.hooks.names against the hook points the native model declares (probe/model/transformer.py), for
 every registered family's tiny config: each hook point is a name the module builds, and each name it
 builds (but TransformerLens' ``hook_scale`` and the bridge's ``unembed.hook_in``) is a hook point of one."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from headprobe.probe import hook_names as hn
+from headprobe.probe.hooks import names as hn
 
 LAYERS = range(2)
 
@@ -25,8 +25,8 @@ def _built() -> set[str]:
 def native_nets():
     from transformers import AutoConfig
 
-    from headprobe.probe.families import FAMILIES
-    from headprobe.probe.model import Transformer
+    from headprobe.probe.model.families import FAMILIES
+    from headprobe.probe.model.transformer import Transformer
 
     nets = {}
     for name in FAMILIES.names():

@@ -16,7 +16,7 @@ import torch
 import zoo
 
 from headprobe.cli import main
-from headprobe.probe.io import finite_json, write_json
+from headprobe.probe.core.io import finite_json, write_json
 
 SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]
 
@@ -337,7 +337,7 @@ def test_every_summary_has_the_common_envelope(name, run_command):
 
 def test_the_envelope_is_built_in_one_place():
     """A summary's own keys may not set the envelope's."""
-    from headprobe.probe.io import summary_envelope
+    from headprobe.probe.core.io import summary_envelope
 
     kw = dict(model="m", precision="float32", device="cpu", self_check=None, config={"a": 1}, timings_s={"load_s": 0.123})
     s = summary_envelope({"x": 1}, **kw)

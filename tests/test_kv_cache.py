@@ -1,14 +1,14 @@
 """KV-cache generation (issue 7): cached greedy decoding equals recomputing the whole sequence,
-and the cache's measured size equals headprobe.probe.cost's KV-cache formula, for MHA, GQA and MQA."""
+and the cache's measured size equals headprobe.probe.layout.cost's KV-cache formula, for MHA, GQA and MQA."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from headprobe.probe.cost import AttentionLayout, kv_bytes_per_request, kv_bytes_per_token
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.model import KVCache, Transformer, TransformerConfig, generate, init_weights
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.layout.cost import AttentionLayout, kv_bytes_per_request, kv_bytes_per_token
+from headprobe.probe.model.transformer import KVCache, Transformer, TransformerConfig, generate, init_weights
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
@@ -48,7 +48,7 @@ def test_cache_respects_n_ctx_and_padding():
 
 @pytest.mark.parametrize("rank, rope, positional", [(8, 4, "rotary"), (4, 0, "learned"), (16, 8, "rotary")])
 def test_mla_params_cache_and_hooks(rank, rope, positional):
-    """MLA (DeepSeek-V2): parameter count and KV cache per token equal headprobe.probe.cost's formulas;
+    """MLA (DeepSeek-V2): parameter count and KV cache per token equal headprobe.probe.layout.cost's formulas;
     cached generation equals recomputation; pattern, z and result hooks decompose the output."""
     torch.manual_seed(0)
     cfg = TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=40, positional=positional,
@@ -56,7 +56,7 @@ def test_mla_params_cache_and_hooks(rank, rope, positional):
     model = init_weights(Transformer(cfg), std=0.2).eval()
     layout = AttentionLayout(d_model=32, n_layers=2, n_heads=4, kv_lora_rank=rank, qk_rope_head_dim=rope or None,
                              bytes_per_element=4)
-    from headprobe.probe.cost import attention_params_per_layer
+    from headprobe.probe.layout.cost import attention_params_per_layer
 
     attn = model.blocks[0].attn
     assert sum(p.numel() for p in attn.parameters()) == attention_params_per_layer(layout)

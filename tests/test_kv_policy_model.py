@@ -12,12 +12,12 @@ import pytest
 import torch
 import zoo
 
-from headprobe.probe import cost
-from headprobe.probe import model as model_mod
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.layout import KVPolicy, Streaming
-from headprobe.probe.loading import wrap
-from headprobe.probe.model import generate
+from headprobe.probe.backends.loading import wrap
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.layout import cost
+from headprobe.probe.layout.attention import KVPolicy, Streaming
+from headprobe.probe.model import transformer as model_mod
+from headprobe.probe.model.transformer import generate
 
 CASES = {"gpt2-MHA": ("gpt2", {}), "llama-GQA": ("llama", {}), "llama-MQA": ("llama", {"num_key_value_heads": 1}),
          "qwen2-GQA": ("qwen2", {}), "deepseek_v3-MLA": ("deepseek_v3", {}), "gemma2-softcap": ("gemma2", {})}

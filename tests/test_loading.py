@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.loading import load_model
+from headprobe.probe.backends.loading import load_model
+from headprobe.probe.core.errors import HeadprobeError
 
 
 def run_cli(*args, env=None, cwd=None):
@@ -94,7 +94,7 @@ def test_wrapping_prints_nothing_on_stdout(tiny_tokenizer, capfd):
     """A command's stdout is its report: the bridge's own "Moving model to device" must not reach it."""
     from zoo import make_checkpoint
 
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
 
     for backend in ("transformer-lens", "native"):
         wrap(make_checkpoint("llama", tiny_tokenizer), backend=backend)

@@ -17,8 +17,8 @@ import pytest
 import torch
 import zoo
 
-from headprobe.probe.backend import scored_loss
-from headprobe.probe.loading import Checkpoint, wrap
+from headprobe.probe.backends.base import scored_loss
+from headprobe.probe.backends.loading import Checkpoint, wrap
 
 BACKENDS = ["native", "transformer-lens"]
 

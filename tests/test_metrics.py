@@ -1,4 +1,4 @@
-"""The reported head metrics (analyses/metrics.py, analyses/circuits.py): hand-made patterns and
+"""The reported head metrics (analyses/metrics.py, analyses/composition.py): hand-made patterns and
 weights with known answers, brute-force references (a d_vocab eigendecomposition, a loop over head
 pairs with explicit d_model x d_model matrices), the logit identity of the direct logit
 attribution, and both backends' weight accessors against the Hugging Face modules."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import TINY_MODELS
 
-from headprobe.analyses import circuits, metrics
+from headprobe.analyses import composition, metrics
 from headprobe.analyses.data import needle_tokens
-from headprobe.probe.capture import capture_heads
+from headprobe.probe.hooks.capture import capture_heads
 
 
 def uniform_causal(B: int, H: int, T: int) -> torch.Tensor:
@@ -129,7 +129,7 @@ def test_copying_score_is_one_for_an_identity_ov_and_minus_one_for_its_negation(
     eye = torch.eye(D)[None, None]  # one layer, one head, d_head = d_model
     W_V = torch.cat([eye, eye, torch.randn(1, 1, D, D)], dim=1)  # [1, 3, D, D]
     W_O = torch.cat([eye, -eye, torch.randn(1, 1, D, D)], dim=1)
-    got = circuits.copying_scores(W_E, W_V, W_O, W_E.T)  # W_E W_OV W_E^T: PSD, or -PSD
+    got = composition.copying_scores(W_E, W_V, W_O, W_E.T)  # W_E W_OV W_E^T: PSD, or -PSD
     assert got[0, 0].item() == pytest.approx(1.0, abs=1e-6)
     assert got[0, 1].item() == pytest.approx(-1.0, abs=1e-6)
     assert -1 < got[0, 2].item() < 1
@@ -138,8 +138,8 @@ def test_copying_score_is_one_for_an_identity_ov_and_minus_one_for_its_negation(
 @pytest.mark.parametrize("fixture", ["tiny_gpt2_native", "tiny_llama_gqa"])
 def test_copying_score_equals_the_brute_force_d_vocab_eigendecomposition(fixture, request):
     model = request.getfixturevalue(fixture)
-    w = circuits.head_weights(model)
-    got = circuits.copying_score(model)
+    w = composition.head_weights(model)
+    got = composition.copying_score(model)
     for layer in range(model.spec.n_layers):
         for h in range(model.spec.n_heads):
             M = (w.W_E.double() @ w.W_V[layer, h].double() @ w.W_O[layer, h].double() @ w.W_U.double()).numpy()
@@ -160,7 +160,7 @@ def shared_unembedding_direction(tiny_llama_gqa_checkpoint):
     import copy
     import dataclasses
 
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
 
     g = torch.Generator().manual_seed(7)
 
@@ -191,9 +191,9 @@ def test_copying_score_ignores_a_direction_shared_by_every_tokens_unembedding(sh
     with torch.no_grad():
         torch.testing.assert_close(shifted.forward(tokens).log_softmax(-1), model.forward(tokens).log_softmax(-1),
                                    atol=1e-4, rtol=0)  # the same predictions
-    base, got = circuits.copying_score(model), circuits.copying_score(shifted)
+    base, got = composition.copying_score(model), composition.copying_score(shifted)
     torch.testing.assert_close(got, base, atol=1e-4, rtol=0)
-    w = circuits.head_weights(shifted)
+    w = composition.head_weights(shifted)
     W_U = shifted.norm_weights(None).weight.double()[:, None] * shifted.W_U().detach().double()
     W_U = W_U - W_U.mean(dim=1, keepdim=True)  # centred over the vocabulary
     for layer in range(shifted.spec.n_layers):
@@ -201,12 +201,12 @@ def test_copying_score_ignores_a_direction_shared_by_every_tokens_unembedding(sh
             M = (w.W_E.double() @ w.W_V[layer, h].double() @ w.W_O[layer, h].double() @ W_U).numpy()
             lam = np.linalg.eigvals(M)
             assert got[layer, h].item() == pytest.approx(lam.sum().real / np.abs(lam).sum(), abs=2e-4)
-    raw = circuits.copying_scores(w.W_E, w.W_V, w.W_O, shifted.norm_weights(None).weight[:, None] * shifted.W_U().detach())
+    raw = composition.copying_scores(w.W_E, w.W_V, w.W_O, shifted.norm_weights(None).weight[:, None] * shifted.W_U().detach())
     # the case that matters: uncentred, the shared direction swamps most heads' scores (to about +-1)
     assert (raw.abs() > 0.95).float().mean() > 0.5 and (raw - got).abs().max() > 0.5
 
 
-def _loop_composition(w: circuits.HeadWeights) -> dict[str, torch.Tensor]:
+def _loop_composition(w: composition.HeadWeights) -> dict[str, torch.Tensor]:
     L, H = w.W_Q.shape[:2]
     out = {k: torch.full((L, H, L, H), float("nan"), dtype=torch.float64) for k in "qkv"}
     fro = torch.linalg.matrix_norm
@@ -225,8 +225,8 @@ def _loop_composition(w: circuits.HeadWeights) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("fixture", ["tiny_llama_gqa_native", "tiny_gpt2"])
 def test_composition_scores_match_a_loop_over_head_pairs_and_are_scale_invariant(fixture, request):
     model = request.getfixturevalue(fixture)
-    w = circuits.head_weights(model)
-    got = circuits.composition_scores(w)
+    w = composition.head_weights(model)
+    got = composition.composition_scores(w)
     want = _loop_composition(w)
     for k in "qkv":
         assert got[k].shape == (model.spec.n_layers, model.spec.n_heads) * 2
@@ -237,13 +237,13 @@ def test_composition_scores_match_a_loop_over_head_pairs_and_are_scale_invariant
     W_V, W_Q = w.W_V.clone(), w.W_Q.clone()
     W_V[0, 1] *= 3.0
     W_Q[1, 2] *= 0.25
-    scaled = circuits.composition_scores(circuits.HeadWeights(W_Q, w.W_K, W_V, w.W_O, w.W_E, w.W_U))
+    scaled = composition.composition_scores(composition.HeadWeights(W_Q, w.W_K, W_V, w.W_O, w.W_E, w.W_U))
     for k in "qkv":
         assert torch.allclose(scaled[k].nan_to_num(), got[k].nan_to_num(), atol=1e-5)
     # while changing a head's direction does
     W_O = w.W_O.clone()
     W_O[0, 1] = torch.randn_like(W_O[0, 1])
-    moved = circuits.composition_scores(circuits.HeadWeights(w.W_Q, w.W_K, w.W_V, W_O, w.W_E, w.W_U))
+    moved = composition.composition_scores(composition.HeadWeights(w.W_Q, w.W_K, w.W_V, W_O, w.W_E, w.W_U))
     assert not torch.allclose(moved["k"][1, :, 0, 1], got["k"][1, :, 0, 1], atol=1e-3)
 
 
@@ -256,7 +256,7 @@ def tiny_granite(tiny_tokenizer):
     import zoo
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from headprobe.probe.loading import Checkpoint, wrap
+    from headprobe.probe.backends.loading import Checkpoint, wrap
 
     cfg = AutoConfig.for_model("granite", **zoo.TINY_FIELDS, logits_scaling=8.0, architectures=["GraniteForCausalLM"])
     torch.manual_seed(0)
@@ -334,7 +334,7 @@ def test_smollm2_previous_token_heads_k_compose_into_induction_heads(smollm2_nat
 
     table = pd.read_csv(Path(__file__).parents[1] / "figures/smollm2-135m/head_scores.csv")
     top = lambda col: [tuple(map(int, r)) for r in table.nlargest(5, col)[["layer", "head"]].to_numpy()]
-    k = circuits.composition_scores(circuits.head_weights(smollm2_native))["k"].numpy()
+    k = composition.composition_scores(composition.head_weights(smollm2_native))["k"].numpy()
     s = metrics.composition_summary(k, top("previous_token"), top("induction"))
     assert s["pairs_stats"]["mean"] > s["all_pairs"]["p95"]  # the circuit's pairs, on average, beyond 95% of all pairs
     assert s["pairs_stats"]["median"] > s["into_same_heads"]["median"]  # not just induction heads' keys reading everything

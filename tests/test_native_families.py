@@ -1,7 +1,7 @@
 """Every family the native transformer loads, against Hugging Face and against itself.
 
 For each tiny zoo checkpoint of a causal family (tests/zoo.py, from the family registry
-``headprobe.probe.families.FAMILIES``: GPT-2, Llama, Mistral, Qwen2, Qwen3, OLMo-2, Gemma-2,
+``headprobe.probe.model.families.FAMILIES``: GPT-2, Llama, Mistral, Qwen2, Qwen3, OLMo-2, Gemma-2,
 GPT-NeoX, DeepSeek-V3 with dense MLPs), the independent references are Hugging Face's eager model (logits to 1e-4,
 every layer's ``output_attentions`` pattern to 1e-5), the load-time self-check's identity, the
 plain per-head hook loop (:func:`sweep_loop`, which :func:`exact_sweep` must equal to 1e-4 nats),
@@ -20,11 +20,11 @@ import torch
 import zoo
 
 from headprobe.analyses.ablation import exact_sweep, sweep_loop
-from headprobe.probe.checkpoint import save_native
-from headprobe.probe.convert import supports
-from headprobe.probe.families import FAMILIES as REGISTRY
-from headprobe.probe.loading import load_native, wrap
-from headprobe.probe.model import TransformerConfig, generate
+from headprobe.probe.backends.loading import load_native, wrap
+from headprobe.probe.model.checkpoint import save_native
+from headprobe.probe.model.convert import supports
+from headprobe.probe.model.families import FAMILIES as REGISTRY
+from headprobe.probe.model.transformer import TransformerConfig, generate
 
 FAMILIES = zoo.names()
 VARIANTS = [(name, v) for name in FAMILIES for v in zoo.tiny(name).variants]
@@ -171,8 +171,8 @@ def family_dir(family, tmp_path_factory, tiny_tokenizer):
 
 def test_pruned_model_equals_masked_model_or_is_refused(family):
     """Real head removal (library): exact where supported; OLMo-2's all-head QK-norm and MLA refused."""
-    from headprobe.probe.errors import HeadprobeError
-    from headprobe.probe.pruned import keep_mask_from, remove_heads
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.model.pruned import keep_mask_from, remove_heads
 
     name, ckpt, model = family
     net, unprunable = model.model, zoo.tiny(name).unprunable
@@ -251,9 +251,9 @@ def _assert_one_layout(ckpt, native, family_name):
     TransformerLens and the Hugging Face config (for a family the bridge wraps), and the formulas
     count the parameters that are in the native model's and Hugging Face's attention modules;
     ``spec.d_head`` is z's width."""
-    from headprobe.probe import cost
-    from headprobe.probe.convert import config_from_hf
-    from headprobe.probe.layout import attention_module
+    from headprobe.probe.layout import cost
+    from headprobe.probe.layout.attention import attention_module
+    from headprobe.probe.model.convert import config_from_hf
 
     lay = native.spec.layout
     assert lay == native.model.cfg.layout == config_from_hf(ckpt.hf_model.config).layout
@@ -295,8 +295,8 @@ def test_config_layout_counts_the_attention_module(fields):
     builds; changing the layout's bias or QK-norm changes the count (the comparison can fail)."""
     from dataclasses import replace
 
-    from headprobe.probe import cost
-    from headprobe.probe.model import Transformer
+    from headprobe.probe.layout import cost
+    from headprobe.probe.model.transformer import Transformer
 
     cfg = TransformerConfig(n_layers=1, d_model=32, n_heads=4, d_vocab=11, mlp=None, **fields)
     lay = cfg.layout
@@ -309,8 +309,8 @@ def test_config_layout_counts_the_attention_module(fields):
 
 
 def test_deepseek_mixture_of_experts_is_refused_in_one_line(tiny_tokenizer):
-    from headprobe.probe.convert import config_from_hf
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.model.convert import config_from_hf
 
     ckpt = _variant("deepseek_v3", tiny_tokenizer, first_k_dense_replace=1)
     with pytest.raises(HeadprobeError, match="mixture-of-experts") as e:
@@ -356,7 +356,7 @@ _OLD_QK_NORM_SPELLING = {"none": None, "per_head": "head", "full": "all"}
 
 @pytest.mark.parametrize("new, old", list(_OLD_QK_NORM_SPELLING.items()))
 def test_config_takes_the_layouts_qk_norm_names_and_the_old_ones(new, old):
-    from headprobe.probe.layout import QK_NORM_KINDS
+    from headprobe.probe.layout.attention import QK_NORM_KINDS
 
     cfg = TransformerConfig(n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=11, qk_norm=new)
     assert new in QK_NORM_KINDS and cfg.qk_norm == cfg.layout.qk_norm == new
@@ -408,8 +408,8 @@ def test_checkpoints_saved_with_the_old_names_load_the_same_model(tiny_tokenizer
 @pytest.mark.parametrize("family_name, change", [("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)), ("qwen3", {})])
 def test_pruned_models_saved_with_the_old_names_load_the_same_model(tiny_tokenizer, tmp_path, family_name, change):
     """The same for a pruned model directory (``prune --save-pruned``, read small and at full
-    shape) and a pruned model file (:func:`~headprobe.probe.pruned.save_pruned`)."""
-    from headprobe.probe.pruned import (
+    shape) and a pruned model file (:func:`~headprobe.probe.model.pruned.save_pruned`)."""
+    from headprobe.probe.model.pruned import (
         keep_mask_from,
         load_pruned,
         load_pruned_dir,
@@ -469,7 +469,7 @@ def test_tied_gpt_neox_without_its_unembedding_loads_and_untied_is_refused():
     (this gave ``'NoneType' object has no attribute 'contiguous'``). Reference: Hugging Face's logits."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    from headprobe.probe.convert import NativeSource
+    from headprobe.probe.model.convert import NativeSource
 
     def state(tied):
         hf_cfg = GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,

@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headprobe.probe.capture import capture_heads
-from headprobe.probe.convert import from_hf, spec_from_native
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import head_ablation_hooks
-from headprobe.probe.loading import LoadedModel, load_model
-from headprobe.probe.model import Attention, Transformer, TransformerConfig, merge_heads, split_heads
+from headprobe.probe.backends.loading import LoadedModel, load_model
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.ablation import head_ablation_hooks
+from headprobe.probe.hooks.capture import capture_heads
+from headprobe.probe.model.convert import from_hf, spec_from_native
+from headprobe.probe.model.transformer import Attention, Transformer, TransformerConfig, merge_heads, split_heads
 
 ATOL = 1e-5
 
@@ -59,7 +59,7 @@ def tokens(batch=2, pos=12, d_vocab=101, seed=1):
 
 
 # ------------------------------------------------------------------------------------------
-# Independent references: written from the formulas, sharing no code with headprobe.probe.model.
+# Independent references: written from the formulas, sharing no code with headprobe.probe.model.transformer.
 # ------------------------------------------------------------------------------------------
 
 
@@ -432,7 +432,7 @@ def test_rotary_theta_matters():
 def test_unsupported_architecture_raises():
     from transformers import BertConfig, ElectraConfig
 
-    from headprobe.probe.convert import config_from_hf
+    from headprobe.probe.model.convert import config_from_hf
 
     with pytest.raises(HeadprobeError, match="native backend supports"):
         config_from_hf(ElectraConfig())  # BERT is supported since the encoder work; ELECTRA is not
@@ -477,8 +477,8 @@ def tiny_tokenizer(tmp_path, d_vocab=101):
 
 
 def test_patterns_and_results_equal_transformer_bridge(tmp_path):
-    from headprobe.probe.layout import attention_bias
-    from headprobe.probe.loading import boot_bridge, spec_from_bridge
+    from headprobe.probe.backends.loading import boot_bridge, spec_from_bridge
+    from headprobe.probe.layout.attention import attention_bias
 
     hf = random_gpt2()
     native = from_hf(hf)
@@ -524,7 +524,7 @@ def test_from_state_dict_equals_loading_into_an_initialised_model():
     """Transformer.from_state_dict (meta-device build, tensors assigned) gives the model that
     load_state_dict into a normally built one gives: same outputs, same parameter count (a tied
     unembedding stays one parameter), rotary frequencies computed, nothing left on the meta device."""
-    from headprobe.probe.model import Transformer, TransformerConfig
+    from headprobe.probe.model.transformer import Transformer, TransformerConfig
 
     for cfg in (TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=16, positional="rotary",
                                   norm="rmsnorm", mlp="swiglu", bias=False, n_kv_heads=2),
@@ -569,7 +569,7 @@ _PADDING = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 1, 0, 1, 1,
     (6, 6, None, _PADDING), (6, 6, 2, _PADDING),
 ])
 def test_key_mask_against_the_definitions(n_queries, n_keys, window, padding):
-    from headprobe.probe.model import key_mask
+    from headprobe.probe.model.transformer import key_mask
 
     got = key_mask(n_queries, n_keys, torch.device("cpu"), window=window, padding=padding)
     want = reference_key_mask(n_queries, n_keys, window=window, padding=padding)
@@ -586,8 +586,8 @@ def test_key_mask_against_the_definitions(n_queries, n_keys, window, padding):
 def _mask_cases():
     """(name, model, run) for every way a mask arises: fused and eager, padding, a KV cache,
     sliding windows, MLA and a pruned model; ``run(model)`` returns logits."""
-    from headprobe.probe.model import KVCache
-    from headprobe.probe.pruned import keep_mask_from, remove_heads
+    from headprobe.probe.model.pruned import keep_mask_from, remove_heads
+    from headprobe.probe.model.transformer import KVCache
 
     x = tokens(batch=3, pos=6, seed=3)
     cached = lambda m: torch.cat([m(x[:, :4], cache=(c := KVCache())), m(x[:, 4:], cache=c)], dim=1)
@@ -606,7 +606,7 @@ def _mask_cases():
 def test_every_path_masks_through_key_mask(monkeypatch):
     """Each attention path takes its mask from ``key_mask`` alone: with the function replaced by
     the reference above the logits are unchanged, with a mask that reads every key they change."""
-    import headprobe.probe.model as model_module
+    import headprobe.probe.model.transformer as model_module
 
     real = model_module.key_mask
 
@@ -633,7 +633,7 @@ def test_every_path_masks_through_key_mask(monkeypatch):
 def test_mla_is_an_attention_class_of_its_own():
     """MLA layers are LatentAttention (latent projections only), the others Attention (q/k/v
     projections only); both are SelfAttention, and neither accepts the other's config."""
-    from headprobe.probe.model import LatentAttention, SelfAttention
+    from headprobe.probe.model.transformer import LatentAttention, SelfAttention
 
     mla_cfg = small_cfg(bias=False, kv_lora_rank=8, qk_rope_head_dim=4, positional="rotary")
     for cfg, cls, has, lacks in ((mla_cfg, LatentAttention, "kv_up", "k_proj"), (small_cfg(), Attention, "k_proj", "kv_up")):

@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from headprobe.cli import main
-from headprobe.probe.io import CHECKPOINT_NAME, OUTPUTS_NAME
+from headprobe.probe.core.io import CHECKPOINT_NAME, OUTPUTS_NAME
 
 SMALL = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "-k", "3", "--n-random", "2",
          "--device", "cpu"]
@@ -76,7 +76,7 @@ def test_overwrite_with_a_file_list_from_an_older_headprobe(tmp_path):
     """A directory written before headprobe recorded its files: the old summary and the names only its
     writers use are replaced; figures and tables it cannot tell from the user's stay (and are listed)."""
     from headprobe.analyses.outputs import write_outputs
-    from headprobe.probe.io import foreign_files
+    from headprobe.probe.core.io import foreign_files
 
     out = tmp_path / "o"
     out.mkdir()

@@ -14,9 +14,9 @@ import zoo
 
 import headprobe
 from headprobe.analyses.ablation import masked_scored_losses, set_ablation_losses
-from headprobe.probe.capture import capture_heads
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.loading import wrap
+from headprobe.probe.backends.loading import wrap
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.capture import capture_heads
 
 TEXTS = ["t5 t17 t3", "t40 t2 t9 t9 t31 t8 t77", "t1 t60 t12 t4 t5"]
 ATOL = 1e-5

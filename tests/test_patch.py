@@ -25,11 +25,11 @@ from headprobe.analyses.patching import (
     patch_heads,
 )
 from headprobe.cli import main
-from headprobe.probe.capture import capture_internal
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.heads import all_heads
-from headprobe.probe.hooks import head_ablation_hooks
-from headprobe.probe.loading import wrap
+from headprobe.probe.backends.loading import wrap
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import all_heads
+from headprobe.probe.hooks.ablation import head_ablation_hooks
+from headprobe.probe.hooks.capture import capture_internal
 
 
 def _unpadded(model, pairs):
@@ -264,9 +264,9 @@ def _expanded_kv(model):
     head of its group (a loop over KV heads), so query head h has a key/value head of its own. Its
     logits equal the GQA model's (checked below); in it, patching one query head's k or v is a plain
     per-head replacement: the independent reference for GQA k/v patching."""
-    from headprobe.probe.convert import spec_from_native
-    from headprobe.probe.model import Transformer
-    from headprobe.probe.native import NativeModel
+    from headprobe.probe.backends.native import NativeModel
+    from headprobe.probe.model.convert import spec_from_native
+    from headprobe.probe.model.transformer import Transformer
 
     net = model.model
     cfg = net.cfg

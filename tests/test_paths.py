@@ -1,4 +1,4 @@
-"""Path patching and edge attribution (analyses/paths.py).
+"""Path patching and edge attribution (analyses/circuit.py).
 
 References: (1) a hand-built two-head attention-only model whose paths are known by construction
 (the sender writes only dimensions the receiver's key reads, and nothing its query, value or the
@@ -17,11 +17,11 @@ import torch
 import zoo
 from scipy.stats import spearmanr
 
-from headprobe.analyses.paths import agreement, edge_scores, parse_edge, path_patch_effects, prepare_runs
-from headprobe.probe.convert import spec_from_native
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.loading import LoadedModel, wrap
-from headprobe.probe.model import Transformer, TransformerConfig
+from headprobe.analyses.circuit import agreement, edge_scores, parse_edge, path_patch_effects, prepare_runs
+from headprobe.probe.backends.loading import LoadedModel, wrap
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.model.convert import spec_from_native
+from headprobe.probe.model.transformer import Transformer, TransformerConfig
 
 V, D, T = 12, 8, 6
 
@@ -178,7 +178,7 @@ def test_gqa_key_patching_touches_one_query_head(tiny_tokenizer):
     g = torch.Generator().manual_seed(2)
     clean, corrupted = torch.randint(0, 100, (1, 8), generator=g), torch.randint(0, 100, (1, 8), generator=g)
     runs = prepare_runs(model, clean, corrupted)
-    from headprobe.analyses.paths import _receiver_hooks
+    from headprobe.analyses.circuit import _receiver_hooks
     seen = {}
     hooks = [*_receiver_hooks(model, runs, (1, 0), "k", runs.deltas[0, :, :, 0], 1),
              ("blocks.1.attn.hook_pattern", lambda x, hook: seen.setdefault("p", x.detach().clone()))]
@@ -243,8 +243,8 @@ def test_a_padded_batch_equals_each_prompt_run_alone(tiny_tokenizer, side):
     """Two prompt pairs of lengths 9 and 6 in one padded batch: path patching (into a key, a value
     and the logits) and EAP-IG equal the mean of the two pairs run alone, unpadded (1e-5, or 1e-6 nats); the
     padding is not vacuous (the same batch without its mask differs)."""
-    from headprobe.analyses.paths import edge_attribution, path_patch
-    from headprobe.probe.capture import pad_prompts
+    from headprobe.analyses.circuit import edge_attribution, path_patch
+    from headprobe.probe.hooks.capture import pad_prompts
 
     model = _sharpened(tiny_tokenizer, "llama")  # GQA: 4 query heads on 2 KV heads; effects well above float32 rounding
     g = torch.Generator().manual_seed(5)

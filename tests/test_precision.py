@@ -43,7 +43,7 @@ def _scores_and_effects(model, tokens):
     """(scores ``{name: [layer, head]}`` from the scan's detectors, exact-sweep effects ``[layer, head]``)."""
     from headprobe.analyses import detectors
     from headprobe.analyses.ablation import exact_sweep
-    from headprobe.probe.capture import capture_internal
+    from headprobe.probe.hooks.capture import capture_internal
 
     cap: dict = {}
     capture_internal(model, tokens, out=cap, residual=False)
@@ -74,7 +74,7 @@ def _compare(ref, half, score_tol, effect_tol, tokens):
 
 
 def _native_pair(family, tokenizer, dtype, **change):
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
 
     ckpt = make_checkpoint(family, tokenizer, **change)
     ref = wrap(ckpt, backend="native")
@@ -97,8 +97,8 @@ def test_half_precision_scores_and_effects_on_the_zoo(family, dtype, tiny_tokeni
 def test_float16_large_queries_and_keys_give_no_nan(tiny_tokenizer):
     """A native Llama with q/k weights scaled 1000x: q k^T overflows float16 (65504). The eager (pattern)
     path used to give NaN pattern rows where the fused path gave none; now scores are float32."""
-    from headprobe.probe.capture import capture_internal
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.hooks.capture import capture_internal
 
     ckpt = make_checkpoint("llama", tiny_tokenizer)
     with torch.no_grad():
@@ -118,8 +118,8 @@ def test_float16_large_queries_and_keys_give_no_nan(tiny_tokenizer):
 
 def test_rotary_frequencies_stay_float32_through_a_cast(tiny_llama_gqa_checkpoint):
     """Cast to bfloat16, the rotary frequencies stay float32 (bfloat16 ones are off by radians at position 8,000)."""
-    from headprobe.probe.loading import wrap
-    from headprobe.probe.model import Rotary
+    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.model.transformer import Rotary
 
     model = wrap(tiny_llama_gqa_checkpoint, backend="native").to(torch.bfloat16)
     rotaries = [m for m in model.model.modules() if isinstance(m, Rotary)]
@@ -133,8 +133,8 @@ def test_rotary_frequencies_stay_float32_through_a_cast(tiny_llama_gqa_checkpoin
 def test_self_check_in_half_precision_passes_rounding_and_catches_a_real_failure(tiny_llama_gqa_checkpoint):
     """Checked in bfloat16 (dtype-dependent tolerance, 8 eps), a sound model passes; a 1.5x-rescaled
     attention output (a real decomposition failure) still fails."""
-    from headprobe.probe.loading import wrap
-    from headprobe.probe.selfcheck import run_self_check, tolerance
+    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.hooks.selfcheck import run_self_check, tolerance
 
     model = wrap(tiny_llama_gqa_checkpoint, backend="native")
     model.model.to(torch.bfloat16)  # cast without LoadedModel.to: the check now runs in bfloat16
@@ -151,7 +151,7 @@ def test_self_check_in_half_precision_passes_rounding_and_catches_a_real_failure
 def test_float16_is_refused_on_the_bridge():
     """float16 on TransformerLens' bridge: one line, before any load."""
     from headprobe.options import load_model_as
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="float16 runs only on the native backend"):
         load_model_as("no-such-model", dtype="fp16", backend="transformer-lens")
@@ -161,7 +161,7 @@ def test_float16_is_refused_on_the_bridge():
 def test_half_precision_on_smollm2(smollm2_checkpoint):
     """SmolLM2-135M in bfloat16 and float16: scores and exact-sweep effects (the last two layers'
     heads only, to stay short) within the measured tolerances of float32; no NaN."""
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
 
     ref = wrap(smollm2_checkpoint, backend="native")
     tokens = _tokens(10000, 1, 20, bos=ref.bos_token_id)
@@ -174,7 +174,7 @@ def test_half_precision_on_smollm2(smollm2_checkpoint):
         half = wrap(smollm2_checkpoint, backend="native").to(dtype)
         s32, s16 = {}, {}
         import headprobe.analyses.detectors as det
-        from headprobe.probe.capture import capture_internal
+        from headprobe.probe.hooks.capture import capture_internal
 
         for model, out in ((ref, s32), (half, s16)):
             cap: dict = {}

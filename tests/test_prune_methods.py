@@ -19,7 +19,7 @@ from headprobe.analyses.pruning import (
     l0_pruning,
     per_layer_best_head,
 )
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 USELESS, ESSENTIAL = (0, 1), (1, 2)
 

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.pruned import count_attention_parameters, keep_mask_from, load_pruned, remove_heads, save_pruned
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.model.pruned import (
+    count_attention_parameters,
+    keep_mask_from,
+    load_pruned,
+    remove_heads,
+    save_pruned,
+)
 
 
 def _tokens(n=3, T=12, seed=0):

@@ -7,7 +7,7 @@ import torch
 
 from headprobe.analyses.ablation import head_importance, scored_loss
 from headprobe.analyses.pruning import LossSet, iterative_pruning, masked_loss
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 
 def _tokens(n=3, T=12, seed=0):

@@ -15,8 +15,8 @@ import torch
 import zoo
 
 from headprobe.analyses.qk_attribution import qk_attribution
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.loading import wrap
+from headprobe.probe.backends.loading import wrap
+from headprobe.probe.core.errors import HeadprobeError
 
 T = 12
 PAIRS = [(7, 3), (7, 6)]  # both keys inside Mistral's/Gemma-2's sliding window of 8

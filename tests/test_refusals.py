@@ -175,7 +175,7 @@ def test_patch_refuses_prompts_longer_than_the_context_on_a_loaded_model(tmp_pat
                                                                          tiny_llama_gqa):
     """Item 10, after loading (a model given as a LoadedModel, where no config.json is read): both backends."""
     import headprobe
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     model = tiny_llama_gqa_native if backend == "native" else tiny_llama_gqa
     assert model.spec.n_ctx == 128
@@ -188,7 +188,7 @@ def test_a_byte_order_mark_is_dropped_from_text_inputs(tmp_path, tiny_dir, tiny_
     """Item 9: a prompts file and a --text file saved with a UTF-8 byte-order mark read as without it
     (the prompts were refused as 'line 1: expected a JSON object'; --text's first word became unknown)."""
     from headprobe.commands.patch import PatchConfig
-    from headprobe.probe.io import open_text_file, read_text_file
+    from headprobe.probe.core.io import open_text_file, read_text_file
 
     line = json.dumps({"clean": "t1 t2 t3", "corrupted": "t4 t5 t6", "correct": " t7", "wrong": " t8"})
     plain, marked = tmp_path / "plain.jsonl", tmp_path / "marked.jsonl"
@@ -236,7 +236,7 @@ def test_write_json_takes_numpy_scalars_and_pandas_missing_values(tmp_path):
     import numpy as np
     import pandas as pd
 
-    from headprobe.probe.io import write_json
+    from headprobe.probe.core.io import write_json
 
     obj = {"f": np.float32(0.25), "i": np.int64(3), "b": np.bool_(True), "nan": np.float32("nan"),
            "na": pd.NA, "nat": pd.NaT, "list": [np.float64(1.5), np.float16("inf")]}
@@ -269,8 +269,8 @@ def test_capture_heads_counts_negative_indices_from_the_end(backend, tiny_llama_
     the last layer (keyed by its index), head -1 the last head; out of range: one HeadprobeError line."""
     import torch
 
-    from headprobe.probe.capture import capture_heads
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.hooks.capture import capture_heads
 
     model = tiny_llama_gqa_native if backend == "native" else tiny_llama_gqa
     tokens = model.to_tokens("t1 t2 t3 t4 t5")

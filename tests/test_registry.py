@@ -1,5 +1,5 @@
-"""The one registry type (headprobe.probe.registry): lazy "module:attr" targets, did-you-mean for
-an unknown name, and the model-family registry built on it (headprobe.probe.families)."""
+"""The one registry type (headprobe.probe.core.registry): lazy "module:attr" targets, did-you-mean for
+an unknown name, and the model-family registry built on it (headprobe.probe.model.families)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.registry import Registry, did_you_mean
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import Registry, did_you_mean
 
 
 def test_a_lazy_target_is_imported_on_first_get_only(tmp_path, monkeypatch):
@@ -57,8 +57,8 @@ def test_registering_twice_or_a_malformed_lazy_target_is_a_programming_error():
 
 
 def test_every_registered_family_resolves_to_a_family():
-    from headprobe.probe.families import FAMILIES
-    from headprobe.probe.families.base import Family
+    from headprobe.probe.model.families import FAMILIES
+    from headprobe.probe.model.families.base import Family
 
     assert FAMILIES.names() == ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox",
                                 "deepseek_v3", "bert")
@@ -69,7 +69,7 @@ def test_every_registered_family_resolves_to_a_family():
 
 
 def test_an_unknown_model_type_is_refused_with_the_closest_family_and_the_bridge():
-    from headprobe.probe.convert import config_from_hf, supports
+    from headprobe.probe.model.convert import config_from_hf, supports
 
     with pytest.raises(HeadprobeError) as e:
         config_from_hf(SimpleNamespace(model_type="lama"))
@@ -80,7 +80,7 @@ def test_an_unknown_model_type_is_refused_with_the_closest_family_and_the_bridge
 
 def test_the_registries_import_no_torch():
     """Listing the families (what a command may do before it loads a model) imports no torch."""
-    code = ("import sys; from headprobe.probe.families import FAMILIES; names = FAMILIES.names(); "
+    code = ("import sys; from headprobe.probe.model.families import FAMILIES; names = FAMILIES.names(); "
             "print(len(names), [m for m in ('torch', 'transformers') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["10", "[]"]
@@ -106,7 +106,7 @@ def test_groups_and_live_choices():
 
 
 def test_backend_choices_follow_the_registry():
-    from headprobe.probe.vocabulary import BACKEND_REGISTRY, BACKENDS
+    from headprobe.probe.core.vocabulary import BACKEND_REGISTRY, BACKENDS
 
     assert BACKENDS == ("auto", "native", "transformer-lens") == ("auto", *BACKEND_REGISTRY.names())
     BACKEND_REGISTRY.register("other", object)

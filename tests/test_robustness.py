@@ -69,7 +69,7 @@ def test_fake_quantize_by_hand():
 def tiny(tiny_tokenizer):
     import zoo
 
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
 
     return wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
 

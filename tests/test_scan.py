@@ -91,7 +91,7 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, args, fragment):
 def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
     """Acceptance: zero-ablating the top-10 induction heads raises the repeated-half loss by > 3
     nats, clearly more than 10 random heads; the W_O identity holds on the real GQA model."""
-    from headprobe.probe.capture import capture_heads
+    from headprobe.probe.hooks.capture import capture_heads
 
     spec = smollm2_native.spec
     assert (spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head) == (30, 9, 3, 64)
@@ -227,7 +227,7 @@ def test_repeated_examples_are_cropped_to_the_repeat_start_with_every_token_labe
     every 7th token: the example is now the window around the repeat's start where the score
     lives (its queries' earlier copies and the tokens after them among the keys), each of its
     cells the head's attention at those positions of the whole sequence, every tick labelled."""
-    from headprobe.probe.capture import capture_heads
+    from headprobe.probe.hooks.capture import capture_heads
 
     S = 20  # 1 + 2 * 20 = 41 positions: more than a figure labels one by one
     cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=S, k=3, n_random=2,

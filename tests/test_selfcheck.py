@@ -14,7 +14,7 @@ import pytest
 import torch
 import zoo
 
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 FAMILIES = [*zoo.names(), *zoo.names(encoder=True)]
 
@@ -47,7 +47,7 @@ def _hf_attention_added(hf_model, family: str, tokens: torch.Tensor) -> dict[int
 
 
 def _wrap(ckpt, backend):
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
 
     return wrap(ckpt, backend=backend)
 
@@ -58,7 +58,7 @@ def test_decomposition_sums_to_what_the_block_adds(checkpoints, family, backend)
     """sum_h result_h + b_O from the public capture_heads equals the HF module's contribution (1e-4 relative);
     MLA through the bridge (head geometry read wrongly) is refused with one line instead, and so is a
     family the bridge does not wrap (an encoder)."""
-    from headprobe.probe.capture import capture_heads
+    from headprobe.probe.hooks.capture import capture_heads
 
     ckpt = checkpoints[family]
     if backend == "transformer-lens" and not zoo.tiny(family).bridge:
@@ -108,9 +108,9 @@ def test_a_rescaled_attention_output_is_caught(request, fixture):
     """A permanent hook that rescales one layer's attention output breaks the identity: the self-check fails,
     per-head results and head ablation refuse with one line naming the architecture."""
     from headprobe.analyses.ablation import ablated_loss
-    from headprobe.probe.capture import capture_heads
-    from headprobe.probe.loading import LoadedModel
-    from headprobe.probe.selfcheck import run_self_check
+    from headprobe.probe.backends.loading import LoadedModel
+    from headprobe.probe.hooks.capture import capture_heads
+    from headprobe.probe.hooks.selfcheck import run_self_check
 
     good = request.getfixturevalue(fixture)
     broken = LoadedModel(good.model, good.tokenizer, good.spec)
@@ -136,8 +136,8 @@ def test_a_rescaled_attention_output_is_caught(request, fixture):
 
 def test_a_pattern_that_reads_the_future_is_caught(tiny_llama_gqa_native):
     """A hook that moves attention onto future keys fails check (a); scores then refuse."""
-    from headprobe.probe.loading import LoadedModel
-    from headprobe.probe.selfcheck import run_self_check
+    from headprobe.probe.backends.loading import LoadedModel
+    from headprobe.probe.hooks.selfcheck import run_self_check
 
     good = tiny_llama_gqa_native
     broken = LoadedModel(good.model, good.tokenizer, good.spec)
@@ -232,8 +232,8 @@ def test_a_healthy_model_with_a_massive_residual_feature_passes(tiny_tokenizer, 
     off by far more than 1e-4 of the attention output: that rounding must not be taken for a failed
     decomposition. The reference that it is healthy: sum_h result_h + b_O equals the output of the untouched
     Hugging Face module (1e-4 relative), as in test_decomposition_sums_to_what_the_block_adds."""
-    from headprobe.probe.capture import capture_heads, capture_internal
-    from headprobe.probe.selfcheck import check_tokens
+    from headprobe.probe.hooks.capture import capture_heads, capture_internal
+    from headprobe.probe.hooks.selfcheck import check_tokens
 
     ckpt = _massive(tiny_tokenizer, family, value)
     model = _wrap(ckpt, backend)
@@ -255,8 +255,8 @@ def test_a_broken_decomposition_with_a_massive_feature_still_fails(tiny_tokenize
     """With a 2.5e4 residual feature, a rescaled attention output (x 1.5) and a block that adds more than its
     attention output (0.05 on every residual entry: what a norm or term unknown to the backend does) still
     fail check (b) at that layer: the residual's rounding (eps * 2.5e4 per entry) excuses nothing of order 1."""
-    from headprobe.probe.loading import LoadedModel
-    from headprobe.probe.selfcheck import run_self_check
+    from headprobe.probe.backends.loading import LoadedModel
+    from headprobe.probe.hooks.selfcheck import run_self_check
 
     good = _wrap(_massive(tiny_tokenizer, family, 2.5e4), backend)
     assert good.self_check.ok

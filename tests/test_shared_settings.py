@@ -15,7 +15,7 @@ import pytest
 import headprobe
 from headprobe import options, settings
 from headprobe.cli import build_parser, main
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.settings import DataSettings, ModelSettings
 
 

@@ -10,7 +10,7 @@ import pytest
 from test_loading import assert_one_line_error, run_cli
 
 from headprobe.commands.show import ShowConfig, run
-from headprobe.probe.io import OUTPUTS_NAME
+from headprobe.probe.core.io import OUTPUTS_NAME
 
 PROMPT = "t1 t2 t3 t4 t5 t1 t2 t3 t4 t5"
 

@@ -1,4 +1,4 @@
-"""Streamed head statistics (probe/streaming.py: the online-softmax recurrence over query and key
+"""Streamed head statistics (probe/hooks/online_stats.py: the online-softmax recurrence over query and key
 blocks from q and k) against the same numbers read from the materialised pattern (the native
 model's ``hook_pattern``, the eager path), on every zoo family and on SmolLM2."""
 
@@ -10,8 +10,8 @@ import zoo
 
 from headprobe.analyses import detectors as det
 from headprobe.analyses import metrics
-from headprobe.probe.capture import stream_patterns
-from headprobe.probe.streaming import stream_head_stats, windowed_means
+from headprobe.probe.hooks.capture import patterns_by_layer
+from headprobe.probe.hooks.online_stats import online_head_stats, windowed_means
 
 T = 44
 PERIOD = 20
@@ -20,7 +20,7 @@ WINDOWS = (3, 8, 16)
 
 
 def _native(family, tokenizer):
-    from headprobe.probe.loading import wrap
+    from headprobe.probe.backends.loading import wrap
 
     return wrap(zoo.make_checkpoint(family, tokenizer), backend="native")
 
@@ -43,7 +43,7 @@ def _tokens(vocab: int, seed: int = 0) -> torch.Tensor:
 
 def _materialised(model, tokens):
     kept = {}
-    stream_patterns(model, tokens, lambda layer, p: kept.__setitem__(layer, p.float().clone()))
+    patterns_by_layer(model, tokens, lambda layer, p: kept.__setitem__(layer, p.float().clone()))
     return kept
 
 
@@ -60,7 +60,7 @@ def _streamed(model, tokens):
         out["rows"] = st.rows([0, 5, T - 1])
         kept[layer] = out
 
-    stream_head_stats(model, tokens, on, windows=WINDOWS, block=BLOCK)
+    online_head_stats(model, tokens, on, windows=WINDOWS, block=BLOCK)
     return kept
 
 
@@ -96,7 +96,7 @@ def test_streamed_statistics_equal_the_pattern_on_encoders(family, encoder_tok):
 
 def test_a_wrong_scale_is_caught(tiny_tokenizer):
     """The comparison can fail: a streamed geometry with a wrong softmax scale differs."""
-    from headprobe.probe import streaming
+    from headprobe.probe.hooks import online_stats as streaming
 
     model = _native("llama", tiny_tokenizer)
     orig = streaming.geometry_and_hooks
@@ -163,7 +163,8 @@ def test_scan_streamed_equals_materialised(family, tiny_tokenizer, text_file):
 def test_chunked_losses_equal_the_whole_logits(family, tiny_tokenizer, monkeypatch):
     """Losses unembedded a few positions at a time equal those of the forward's whole logits (1e-6):
     chunked_token_losses, and the native scored losses with a tiny chunk (gemma2: soft-capped logits)."""
-    from headprobe.probe import backend, native
+    from headprobe.probe.backends import base as backend
+    from headprobe.probe.backends import native
 
     model = _native(family, tiny_tokenizer)
     tokens = _tokens(100)
@@ -182,7 +183,7 @@ def test_chunked_losses_equal_the_whole_logits(family, tiny_tokenizer, monkeypat
 def test_capture_heads_keeps_chosen_layers_heads_and_rows(family, tiny_tokenizer):
     """capture_heads(layers, heads, rows) equals the same slices of the full capture; on the
     native backend the rows come from q and k (no pattern hook fires)."""
-    from headprobe.probe.capture import capture_heads
+    from headprobe.probe.hooks.capture import capture_heads
 
     model = _native(family, tiny_tokenizer)
     tokens = _tokens(100)

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from headprobe.cli import main
-from headprobe.probe.io import OUTPUTS_NAME
+from headprobe.probe.core.io import OUTPUTS_NAME
 
 
 def _tiny(which, out, extra=()):
@@ -99,7 +99,7 @@ def test_api_study_matches_cli_and_trains_what_it_says(tmp_path, capsys):
                                              (dict(rope=3), "--rope"), (dict(n_heads_list=[3]), "not a multiple")])
 def test_api_study_rejects_bad_settings_before_training(fields, message):
     import headprobe
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match=message):
         headprobe.study("heads", d_model=16, device="cpu", **fields)
@@ -111,7 +111,7 @@ def test_api_study_rejects_a_string_of_seeds():
     """A string is not a sequence of seeds: a HeadprobeError, or the runtime shape/type check's TypeError first
     when the tests run with jaxtyping's hook (the annotation says Sequence[int])."""
     import headprobe
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises((HeadprobeError, TypeError), match="sequence of integers|seeds"):
         headprobe.study("heads", d_model=16, device="cpu", seeds="0,1")

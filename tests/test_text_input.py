@@ -17,8 +17,8 @@ import pytest
 
 from headprobe.analyses.data import natural_text_tokens
 from headprobe.cli import main
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import WHOLE_TEXT_BYTES, open_text_file, read_text_file
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import WHOLE_TEXT_BYTES, open_text_file, read_text_file
 
 
 def _words(n_words: int, seed: int = 0) -> str:
@@ -88,7 +88,7 @@ MEASURE = textwrap.dedent("""
     import json, resource, sys, time
     import headprobe
     from headprobe.analyses.data import natural_text_tokens
-    from headprobe.probe.io import open_text_file
+    from headprobe.probe.core.io import open_text_file
 
     model = headprobe.load_model(sys.argv[1], device="cpu", quiet=True)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -144,7 +144,7 @@ def _cli_error(argv, capsys) -> str:
 
 
 def test_bad_text_files_are_one_line_before_the_model_loads(tmp_path, capsys, monkeypatch):
-    from headprobe.probe import loading
+    from headprobe.probe.backends import loading
 
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     (tmp_path / "bin").write_bytes(bytes(range(256)) * 64)

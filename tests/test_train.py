@@ -14,7 +14,7 @@ import torch
 from headprobe.analyses.train import TrainConfig, copy_sequences, in_context_loss, phase_change_step, train
 from headprobe.cli import main
 from headprobe.commands.train import run
-from headprobe.probe.io import OUTPUTS_NAME
+from headprobe.probe.core.io import OUTPUTS_NAME
 
 TINY = TrainConfig(n_layers=2, d_model=16, n_heads=2, n_words=16, seq_len=33, min_period=4, max_period=12,
                    batch_size=8, steps=30, lr=3e-3, warmup=1, eval_every=10, n_eval=8, eval_period=8, device="cpu")
@@ -22,7 +22,7 @@ TINY = TrainConfig(n_layers=2, d_model=16, n_heads=2, n_words=16, seq_len=33, mi
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from headprobe.probe.tokenizers import word_level_tokenizer
+    from headprobe.probe.model.tokenizers import word_level_tokenizer
 
     return word_level_tokenizer(tmp_path_factory.mktemp("tok16"), TINY.n_words)
 
@@ -70,7 +70,7 @@ def test_gqa_run(tokenizer):
 
 @pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_checkpoint_reloads_with_same_logits(tiny_run, tmp_path):
-    from headprobe.probe.loading import load_model
+    from headprobe.probe.backends.loading import load_model
 
     tiny_run.save(tmp_path)
     for name in ("train_log.csv", "summary.json", "config.json", "headprobe_model.pt", "training.png", "training.pdf"):
@@ -81,7 +81,7 @@ def test_checkpoint_reloads_with_same_logits(tiny_run, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded.forward(tokens), tiny_run.loaded.forward(tokens), rtol=0, atol=0)
     assert loaded.to_tokens("t3 t5")[0, 0].item() == TINY.n_words  # BOS from the saved tokenizer
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="native"):
         load_model(str(tmp_path), backend="transformer-lens")
@@ -92,7 +92,7 @@ def test_checkpoint_reloads_with_same_logits(tiny_run, tmp_path):
 
 def test_scan_reads_the_checkpoint(tiny_run, tmp_path):
     from headprobe.commands.scan import ScanConfig, run_scan
-    from headprobe.probe.loading import load_model
+    from headprobe.probe.backends.loading import load_model
 
     tiny_run.save(tmp_path)
     cfg = ScanConfig(model=str(tmp_path), n_natural=2, seq_len=16, n_repeated=2, period=8, k=2, n_random=2, device="cpu")
@@ -166,13 +166,13 @@ def corpus():
 
 @pytest.fixture(scope="module")
 def char_tokenizer(tmp_path_factory):
-    from headprobe.probe.tokenizers import char_level_tokenizer
+    from headprobe.probe.model.tokenizers import char_level_tokenizer
 
     return char_level_tokenizer(tmp_path_factory.mktemp("chars"))
 
 
 def _decode(ids) -> str:
-    from headprobe.probe.tokenizers import TEXT_CHARS
+    from headprobe.probe.model.tokenizers import TEXT_CHARS
 
     return "".join(TEXT_CHARS[i] for i in ids.tolist())
 
@@ -253,7 +253,7 @@ def test_text_copy_run_logs_text_loss(char_tokenizer, tokenizer):
     assert log["eval_loss"].iloc[-1] < log["eval_loss"].iloc[0] < 5.0  # nats on held-out text; ln 97 = 4.57
     again = train(dataclasses.replace(TEXT, steps=10), char_tokenizer)
     np.testing.assert_array_equal(again.log.to_numpy(), log.iloc[:2].to_numpy())
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="character-level tokenizer"):
         train(TEXT, tokenizer)
@@ -300,7 +300,7 @@ def test_api_train_matches_cli(tmp_path, capsys):
     assert s_api["config"]["periodic"] is False and s_api["config"]["n_kv_heads"] == 1 and s_api["layout"] == "MQA"
     # summary.json is written last: a directory holding it is complete
     assert max(p.stat().st_mtime_ns for p in api.iterdir() if p.name != OUTPUTS_NAME) == (api / "summary.json").stat().st_mtime_ns
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="--overwrite"):
         result.save(api)
@@ -334,9 +334,9 @@ def test_training_module_neither_prints_nor_parses(tokenizer, capsys):
 def test_tokenizers_and_checkpoint_format_live_outside_loading():
     """Training tokenizers and the native checkpoint format have their own modules; loading.py only reads
     checkpoints (it does not re-export the writers)."""
-    import headprobe.probe.checkpoint as checkpoint
-    import headprobe.probe.loading as loading
-    import headprobe.probe.tokenizers as tokenizers
+    import headprobe.probe.backends.loading as loading
+    import headprobe.probe.model.checkpoint as checkpoint
+    import headprobe.probe.model.tokenizers as tokenizers
 
     for name in ("TEXT_CHARS", "char_level_tokenizer", "word_level_tokenizer"):
         assert hasattr(tokenizers, name) and not hasattr(loading, name)
@@ -349,7 +349,7 @@ def test_scan_of_a_trained_model_uses_a_period_it_was_trained_on(tiny_run, tmp_p
     twice) is a repeat length the model never saw, so the scan takes its eval period (8); an
     explicit --period and a default inside the trained range are kept."""
     from headprobe.commands.scan import ScanConfig
-    from headprobe.probe.loading import load_native
+    from headprobe.probe.backends.loading import load_native
 
     tiny_run.save(tmp_path)
     model = load_native(tmp_path)

@@ -5,10 +5,10 @@ import torch
 from conftest import TINY_MODELS
 
 from headprobe.analyses.detectors import DETECTORS, first_token_score, positional_score, previous_token_score
-from headprobe.probe.capture import capture_heads, pad_prompts, stream_patterns, stream_prompt_patterns
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hook_names import attn_hook
-from headprobe.probe.hooks import head_ablation_hooks
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.ablation import head_ablation_hooks
+from headprobe.probe.hooks.capture import capture_heads, pad_prompts, patterns_by_layer, prompt_patterns_by_layer
+from headprobe.probe.hooks.names import attn_hook
 
 # 1. GQA head axes ---------------------------------------------------------------------------------
 
@@ -59,7 +59,7 @@ def test_zero_ablating_every_head_leaves_the_output_bias(fixture, request):
 # 4. BOS -----------------------------------------------------------------------------------------------
 
 def test_bos_off_gives_one_position_per_word(tiny_gpt2):
-    from headprobe.probe.loading import LoadedModel
+    from headprobe.probe.backends.loading import LoadedModel
 
     no_bos = LoadedModel(tiny_gpt2.model, tiny_gpt2.tokenizer, tiny_gpt2.spec, prepend_bos=False)
     assert no_bos.to_tokens("t7").tolist() == [[7]]
@@ -68,7 +68,7 @@ def test_bos_off_gives_one_position_per_word(tiny_gpt2):
 
 @pytest.mark.real_model
 def test_smollm2_hello_is_one_position_without_bos_and_two_with(smollm2_native):
-    from headprobe.probe.loading import LoadedModel
+    from headprobe.probe.backends.loading import LoadedModel
 
     with_bos = smollm2_native.to_tokens("Hello")[0]
     assert len(with_bos) == 2 and with_bos[0] == smollm2_native.bos_token_id
@@ -85,7 +85,7 @@ def test_padded_batch_gives_each_prompt_its_own_patterns_and_scores(fixture, sid
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 100, (n,), generator=g) for n in (9, 4, 13)]
     batched: dict[tuple[int, int], torch.Tensor] = {}
-    stream_prompt_patterns(model, prompts, lambda layer, i, p: batched.__setitem__((layer, i), p.clone()), side=side)
+    prompt_patterns_by_layer(model, prompts, lambda layer, i, p: batched.__setitem__((layer, i), p.clone()), side=side)
     for i, prompt in enumerate(prompts):
         alone = capture_heads(model, prompt[None])["pattern"]
         for layer in range(model.spec.n_layers):
@@ -101,7 +101,7 @@ def test_padding_gets_no_weight_and_no_nan(tiny_llama_gqa_native, side):
     model = tiny_llama_gqa_native
     tokens, mask = pad_prompts([torch.arange(1, 6), torch.arange(1, 3)], pad_id=100, side=side)
     kept = {}
-    stream_patterns(model, tokens, lambda layer, p: kept.__setitem__(layer, p.clone()), attention_mask=mask)
+    patterns_by_layer(model, tokens, lambda layer, p: kept.__setitem__(layer, p.clone()), attention_mask=mask)
     for p in kept.values():
         assert torch.isfinite(p).all()
         real = mask.bool()
@@ -121,7 +121,7 @@ def test_bridge_refuses_padding_with_a_clear_error(tiny_gpt2):
 # 6. Kernels that hide patterns ---------------------------------------------------------------------
 
 def test_a_pattern_hook_that_never_fires_is_an_error(tiny_gpt2_native):
-    """A fused kernel returns no weights: stream_patterns must stop, not score nothing."""
+    """A fused kernel returns no weights: patterns_by_layer must stop, not score nothing."""
     class FusedOnly:
         spec = tiny_gpt2_native.spec
 
@@ -129,14 +129,14 @@ def test_a_pattern_hook_that_never_fires_is_an_error(tiny_gpt2_native):
             return tiny_gpt2_native.model(tokens)  # runs SDPA, ignores the pattern hooks
 
     with pytest.raises(HeadprobeError, match="fired 0 times.*eager"):
-        stream_patterns(FusedOnly(), torch.randint(0, 100, (1, 5)), lambda layer, p: None)
+        patterns_by_layer(FusedOnly(), torch.randint(0, 100, (1, 5)), lambda layer, p: None)
 
 
 @pytest.mark.parametrize("fixture", TINY_MODELS)
 def test_every_pattern_hook_fires_exactly_once_per_layer(fixture, request):
     model = request.getfixturevalue(fixture)
     calls = []
-    stream_patterns(model, torch.randint(0, 100, (1, 6)), lambda layer, p: calls.append(layer))
+    patterns_by_layer(model, torch.randint(0, 100, (1, 6)), lambda layer, p: calls.append(layer))
     assert calls == list(range(model.spec.n_layers))
 
 
@@ -151,7 +151,7 @@ def test_length_one_is_refused_and_length_equal_to_context_is_accepted(tiny_gpt2
     n_ctx = tiny_gpt2_native.spec.n_ctx
     full = natural_text_tokens(tiny_gpt2_native, 2, n_ctx, seed=0, text=text)
     assert full.tokens.shape == (2, n_ctx)
-    stream_patterns(tiny_gpt2_native, full.tokens, lambda layer, p: None)  # runs at exactly n_ctx
+    patterns_by_layer(tiny_gpt2_native, full.tokens, lambda layer, p: None)  # runs at exactly n_ctx
     # a long text is cut into windows (all of them available), not truncated to one
     assert full.n_available == 1000 // (n_ctx - 1)
 
@@ -174,7 +174,7 @@ def test_scan_defaults_shrink_to_a_small_model(tiny_gpt2_native):
     import dataclasses
 
     from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, ScanConfig, run
-    from headprobe.probe.loading import LoadedModel
+    from headprobe.probe.backends.loading import LoadedModel
 
     spec = dataclasses.replace(tiny_gpt2_native.spec, n_ctx=40)  # the scan reads the context from the spec
     model = LoadedModel(tiny_gpt2_native.model, tiny_gpt2_native.tokenizer, spec)
@@ -264,7 +264,7 @@ def test_cli_unknown_model_name_offline(tmp_path):
 # Long runs: atomic files, recorded settings, reproducible numbers ------------------------------------------
 
 def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
-    from headprobe.probe.io import atomic_path, write_text
+    from headprobe.probe.core.io import atomic_path, write_text
 
     target = tmp_path / "head_scores.csv"
     write_text(target, "complete\n")
@@ -283,7 +283,7 @@ def test_sigterm_mid_write_exits_143_and_leaves_no_temporary(tmp_path, monkeypat
 
     import headprobe.commands.budget
     from headprobe.cli import main
-    from headprobe.probe.io import atomic_path
+    from headprobe.probe.core.io import atomic_path
 
     def run(args):
         with atomic_path(tmp_path / "summary.json") as tmp:
@@ -302,7 +302,7 @@ def test_sigterm_mid_write_exits_143_and_leaves_no_temporary(tmp_path, monkeypat
 def test_outputs_are_readable_by_others_as_umask_allows(tmp_path):
     import os
 
-    from headprobe.probe.io import write_text
+    from headprobe.probe.core.io import write_text
 
     old = os.umask(0o022)
     try:

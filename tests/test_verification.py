@@ -21,7 +21,7 @@ from headprobe.analyses.verification import (
     uniform_sets,
     unreachable_note,
 )
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 
 def test_sequential_p_value_by_hand():
@@ -316,7 +316,7 @@ def test_a_pruned_models_removed_heads_are_blank_and_never_drawn(tiny_tokenizer,
     import zoo
 
     import headprobe
-    from headprobe.probe.pruned import remove_heads, save_pruned_dir
+    from headprobe.probe.model.pruned import remove_heads, save_pruned_dir
 
     base = headprobe.load_model(str(zoo.save_dir("llama", tiny_tokenizer, tmp_path / "llama")), device="cpu", quiet=True)
     spec = base.spec

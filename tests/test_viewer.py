@@ -128,7 +128,7 @@ def test_view_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
     _table(1, 2, 1).to_csv(tmp_path / "head_scores.csv", index=False)
     np.savez(tmp_path / "patterns.npz", natural_pattern=np.zeros((1, 2, 3, 3), np.uint8), natural_ids=np.arange(4),
              natural_labels=np.array(list("abcd")), natural_period=-1, natural_start=0)
-    from headprobe.probe.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError
     with pytest.raises(HeadprobeError, match="does not match 4 tokens"):
         view.run(view.ViewConfig(dir=str(tmp_path)))
     (tmp_path / "patterns.npz").write_bytes(b"not a zip")

@@ -1,4 +1,4 @@
-"""The weights cache of dequantized GGUF checkpoints (headprobe.probe.weights_cache).
+"""The weights cache of dequantized GGUF checkpoints (headprobe.probe.backends.weights_cache).
 
 The reference for every comparison is transformers' own GGUF load (``from_pretrained(dir,
 gguf_file=...)``), made without headprobe's cache: a cached load must give the same tensors bit
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from headprobe.probe import weights_cache
-from headprobe.probe.loading import load_checkpoint, quiet_progress_bars
+from headprobe.probe.backends import weights_cache
+from headprobe.probe.backends.loading import load_checkpoint, quiet_progress_bars
 
 TEXTS = ["the then t e", "hello there, theta!", "<|endoftext|>the", ""]
 
@@ -203,7 +203,7 @@ def test_a_damaged_entry_is_never_used_and_is_rebuilt(damage, tiny_gguf, referen
     DAMAGE[damage](entry)
     assert weights_cache.Entry(cache, tiny_gguf).problem() is not None or damage.endswith("match")
 
-    with caplog.at_level(logging.WARNING, logger="headprobe.probe.weights_cache"):
+    with caplog.at_level(logging.WARNING, logger="headprobe.probe.backends.weights_cache"):
         rebuilt = load_checkpoint(str(tiny_gguf))
     assert sum("is damaged" in r.getMessage() and "rebuilding" in r.getMessage() for r in caplog.records) == 1, caplog.text
     assert "dequantizing GGUF" in capfd.readouterr().err  # built again from the GGUF file, not read from the entry
@@ -258,7 +258,7 @@ def test_an_unusable_cache_directory_does_not_stop_the_load(tiny_gguf, reference
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     monkeypatch.setenv(weights_cache.ENV_VAR, str(blocker))
-    with caplog.at_level(logging.WARNING, logger="headprobe.probe.weights_cache"):
+    with caplog.at_level(logging.WARNING, logger="headprobe.probe.backends.weights_cache"):
         ckpt = load_checkpoint(str(tiny_gguf), quiet=True)
     assert_same(ckpt, *reference)
     assert "loading without it" in caplog.text
@@ -273,7 +273,7 @@ def test_a_failed_write_does_not_stop_the_load(tiny_gguf, reference, cache, monk
         raise SafetensorError("Error while serializing: IoError(No space left on device)")
 
     monkeypatch.setattr("safetensors.torch.save_model", full_disk)
-    with caplog.at_level(logging.WARNING, logger="headprobe.probe.weights_cache"):
+    with caplog.at_level(logging.WARNING, logger="headprobe.probe.backends.weights_cache"):
         ckpt = load_checkpoint(str(tiny_gguf), quiet=True)
     assert_same(ckpt, *reference)
     assert "cannot write the weights cache entry" in caplog.text
@@ -282,7 +282,7 @@ def test_a_failed_write_does_not_stop_the_load(tiny_gguf, reference, cache, monk
 
 CHILD = textwrap.dedent("""
     import hashlib, os, pathlib, sys, time
-    import headprobe.probe.loading as loading
+    import headprobe.probe.backends.loading as loading
     import transformers.modeling_gguf_pytorch_utils, transformers.models.llama.modeling_llama  # imports before the race
 
     build = loading._load_hf
@@ -329,7 +329,7 @@ def test_two_concurrent_cold_loads_both_succeed_and_leave_one_entry(tiny_gguf, r
 def test_smollm2_cached_load_equals_the_uncached_load(smollm2_checkpoint, tmp_path, monkeypatch, capfd):
     """SmolLM2-135M through an empty cache (a real GGUF parse, whatever the session fixture came
     from) and back from it: both bit-identical to the session's checkpoint."""
-    from headprobe.probe.loading import SMOLLM2_PRECISION
+    from headprobe.probe.backends.loading import SMOLLM2_PRECISION
 
     monkeypatch.setenv(weights_cache.ENV_VAR, str(tmp_path))
     ref = smollm2_checkpoint
@@ -354,8 +354,8 @@ def test_smollm2_cached_load_equals_the_uncached_load(smollm2_checkpoint, tmp_pa
 def test_check_finite_weights_fast_path_agrees_with_isfinite(dtype):
     """The sum-based shortcut must name the same parameter as the element-wise check, and must not
     flag finite weights whose sum overflows."""
-    from headprobe.probe.errors import HeadprobeError
-    from headprobe.probe.loading import check_finite_weights
+    from headprobe.probe.backends.loading import check_finite_weights
+    from headprobe.probe.core.errors import HeadprobeError
 
     big = torch.finfo(dtype).max
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)).to(dtype)
@@ -380,8 +380,8 @@ def test_models_from_cold_and_warm_loads_compute_the_same_logits(backend, tiny_g
     backends give bit-identical logits and self-checks for the GGUF load and the cached one. A
     warm native load reads the entry directly (no Hugging Face model is built: load_checkpoint
     is not called) and gives the same tokenizer too."""
-    from headprobe.probe import loading
-    from headprobe.probe.loading import load_model
+    from headprobe.probe.backends import loading
+    from headprobe.probe.backends.loading import load_model
 
     cold = load_model(str(tiny_gguf), backend=backend, quiet=True)
     assert weights_cache.Entry(cache, tiny_gguf).problem() is None
@@ -410,7 +410,7 @@ def test_a_cold_native_load_keeps_one_copy_of_the_weights(tiny_gguf, cache, monk
     import gc
     import weakref
 
-    from headprobe.probe import loading
+    from headprobe.probe.backends import loading
 
     seen = {}
     real = loading.load_checkpoint
@@ -438,7 +438,7 @@ def test_a_warm_native_model_owns_its_weights(tiny_gguf, cache):
     """A warm native load maps the entry's safetensors file copy-on-write: changing a weight in
     place (as pruning or a user might) changes the model only, never the cache file, and the
     next load reads the original weights."""
-    from headprobe.probe.loading import load_model
+    from headprobe.probe.backends.loading import load_model
 
     load_model(str(tiny_gguf), backend="native", quiet=True)  # cold: fills the cache
     weights = weights_cache.Entry(cache, tiny_gguf).path / "model.safetensors"

@@ -22,7 +22,7 @@ import torch
 
 import headprobe
 from headprobe.analyses.columns import HEAD_COLUMNS, HEAD_TYPE, METRIC, HeadColumn, HeatmapStyle
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_SCAN = dict(n_natural=3, seq_len=16, n_repeated=2, period=6, k=3, n_random=2)
@@ -85,7 +85,7 @@ def test_a_head_type_is_a_cli_choice(registered, capsys):
 @pytest.mark.figures
 def test_a_head_type_reaches_the_csv_summary_figures_and_viewer(registered, model, text_file, tmp_path):
     from headprobe.analyses import viewer
-    from headprobe.probe.capture import capture_heads
+    from headprobe.probe.hooks.capture import capture_heads
 
     registered("prev_copy", _prev_copy(), HEAD_TYPE)
     result = headprobe.scan(model, text=str(text_file), types="prev-copy,induction", **SMALL_SCAN)
@@ -134,7 +134,7 @@ def _metric_records():
 @pytest.mark.figures
 def test_a_metric_reaches_the_csv_summary_figures_and_viewer(registered, model, text_file, tmp_path):
     from headprobe.analyses import viewer
-    from headprobe.probe.capture import capture_heads
+    from headprobe.probe.hooks.capture import capture_heads
 
     for record in _metric_records():
         registered(record.name, record, METRIC)
@@ -171,8 +171,8 @@ def test_a_metric_must_be_documented(registered):
 @pytest.fixture
 def copy_backend():
     """A test-local backend: the native model under another name (its own class, its own registry entry)."""
-    from headprobe.probe.native import NativeModel
-    from headprobe.probe.vocabulary import BACKEND_REGISTRY
+    from headprobe.probe.backends.native import NativeModel
+    from headprobe.probe.core.vocabulary import BACKEND_REGISTRY
 
     class CopyModel(NativeModel):
         name = "native-copy"
@@ -227,11 +227,11 @@ FLAGGED = "native-flags"
 @pytest.fixture
 def flagged():
     """``make(*flags)``: register, for this test, the native model under the name ``native-flags``
-    with only ``flags`` of :data:`~headprobe.probe.backend.CAPABILITIES` on (its own class, its own
+    with only ``flags`` of :data:`~headprobe.probe.backends.base.CAPABILITIES` on (its own class, its own
     registry entry; ``--backend auto`` never takes it)."""
-    from headprobe.probe.backend import CAPABILITIES
-    from headprobe.probe.native import NativeModel
-    from headprobe.probe.vocabulary import BACKEND_REGISTRY
+    from headprobe.probe.backends.base import CAPABILITIES
+    from headprobe.probe.backends.native import NativeModel
+    from headprobe.probe.core.vocabulary import BACKEND_REGISTRY
 
     def make(*on: str) -> type:
         assert set(on) <= set(CAPABILITIES), on
@@ -270,10 +270,10 @@ def subject(tiny_llama_gqa_native, tiny_dir, tmp_path):
 
 
 def _streams(cls, s):
-    from headprobe.probe.streaming import stream_head_stats
+    from headprobe.probe.hooks.online_stats import online_head_stats
 
     seen = []
-    stream_head_stats(s.model(cls), s.tokens, lambda layer, stats: seen.append(stats.lse.shape))
+    online_head_stats(s.model(cls), s.tokens, lambda layer, stats: seen.append(stats.lse.shape))
     assert len(seen) == s.base.spec.n_layers
 
 
@@ -290,7 +290,7 @@ def _kv_check(cls, s):
 
 
 def _paths(cls, s):
-    from headprobe.analyses.paths import prepare_runs
+    from headprobe.analyses.circuit import prepare_runs
 
     assert prepare_runs(s.model(cls), s.tokens, s.tokens.flip(1)) is not None
 
@@ -336,9 +336,9 @@ GATED = {"streams_statistics": (_streams,), "kv_policies": (_kv_preflight, _kv_c
 
 
 def test_every_capability_flag_is_declared_off_on_loaded_model_and_has_its_gated_features():
-    from headprobe.probe.backend import CAPABILITIES, LoadedModel
-    from headprobe.probe.bridge import BridgeModel
-    from headprobe.probe.native import NativeModel
+    from headprobe.probe.backends.base import CAPABILITIES, LoadedModel
+    from headprobe.probe.backends.bridge import BridgeModel
+    from headprobe.probe.backends.native import NativeModel
 
     flags = sorted(n for n, v in vars(LoadedModel).items() if isinstance(v, bool) and n != "supports_padding")
     assert flags == sorted(CAPABILITIES) == sorted(GATED)
@@ -349,8 +349,8 @@ def test_every_capability_flag_is_declared_off_on_loaded_model_and_has_its_gated
 def test_a_backend_without_capabilities_is_refused_every_gated_feature_naming_the_flag(flagged, subject):
     """All flags off: each way in to each gated feature is refused in one line that names the missing
     flag and the backend; what needs no flag runs (the materialised pattern instead of streaming)."""
-    from headprobe.analyses.scoring import use_streaming
-    from headprobe.probe.capture import capture_heads
+    from headprobe.analyses.scoring import use_online_stats
+    from headprobe.probe.hooks.capture import capture_heads
 
     cls = flagged()
     for flag, ways in GATED.items():
@@ -359,7 +359,7 @@ def test_a_backend_without_capabilities_is_refused_every_gated_feature_naming_th
                 way(cls, subject)
             assert f"(the {FLAGGED} backend lacks {flag})" in str(e.value) and "\n" not in str(e.value), (way, e.value)
     bare, native = subject.model(cls), subject.base
-    assert not use_streaming(bare, 100_000) and use_streaming(native, 100_000)
+    assert not use_online_stats(bare, 100_000) and use_online_stats(native, 100_000)
     rows = capture_heads(bare, subject.tokens, rows=[3, 11])["pattern"]  # materialised, then rows cut
     want = capture_heads(native, subject.tokens, rows=[3, 11])["pattern"]  # streamed from q and k
     for layer in want:
@@ -388,7 +388,7 @@ def backend_name_comparisons(text: str) -> list[str]:
 
 
 def test_only_the_backend_registry_compares_backend_names():
-    """Features ask a capability flag; names are compared in probe/vocabulary.py only."""
+    """Features ask a capability flag; names are compared in probe/core/vocabulary.py only."""
     found = {str(f.relative_to(ROOT)): backend_name_comparisons(f.read_text(encoding="utf-8"))
              for folder in ("probe", "analyses", "headprobe") for f in sorted((ROOT / folder).rglob("*.py"))
              if f != ROOT / "probe" / "vocabulary.py"}
@@ -414,7 +414,7 @@ import argparse
 from dataclasses import dataclass
 
 from headprobe.commands import Command
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.settings import DataSettings, setting
 
 HELP = "say hello a given number of times (a command added by a test)"

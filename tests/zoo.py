@@ -3,7 +3,7 @@ claims (2 layers, d_model 64, 4 query heads on 2 KV heads where the family has G
 fly with transformers, no download. Each is a few hundred KB.
 
 The families and their tiny config fields come from the registry
-(:data:`headprobe.probe.families.FAMILIES`, each family's ``TinySpec``), read when asked, so a
+(:data:`headprobe.probe.model.families.FAMILIES`, each family's ``TinySpec``), read when asked, so a
 family registered at run time is in the zoo too. ``ZOO`` maps a causal family (Hugging Face
 ``model_type``) to the config fields that make it tiny, ``ENCODER_ZOO`` an encoder family;
 :func:`make_checkpoint` builds the model (once per test run; each call gets its own copy) and
@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from headprobe.probe.families import FAMILIES
-from headprobe.probe.families.base import TINY_ENCODER_VOCAB as ENCODER_VOCAB  # noqa: F401 - the zoo's vocabularies
-from headprobe.probe.families.base import (
+from headprobe.probe.model.families import FAMILIES
+from headprobe.probe.model.families.base import TINY_ENCODER_VOCAB as ENCODER_VOCAB  # noqa: F401 - the zoo's vocabularies
+from headprobe.probe.model.families.base import (
     TINY_FIELDS,  # noqa: F401 - the sizes, for families outside the registry (Granite)
     TinySpec,
 )
-from headprobe.probe.families.base import TINY_VOCAB as VOCAB  # noqa: F401
+from headprobe.probe.model.families.base import TINY_VOCAB as VOCAB  # noqa: F401
 
 
 def tiny(family: str) -> TinySpec:
@@ -69,7 +69,7 @@ Family and tokenizer, kept alive so that their ids in the key are not reused): e
 
 
 def make_checkpoint(family: str, tokenizer, seed: int = 0, **change):
-    """A :class:`~headprobe.probe.loading.Checkpoint` holding a tiny random ``family`` model
+    """A :class:`~headprobe.probe.backends.loading.Checkpoint` holding a tiny random ``family`` model
     (float32, eager attention; ``AutoModelForCausalLM``, or ``AutoModel`` for an encoder: BERT's
     ``BertModel``, no head); every bias and every parameter named in the family's
     ``TinySpec.perturb`` is randomised so that each term is tested; ``change`` overrides config
@@ -91,7 +91,7 @@ def _build(family: str, tokenizer, seed: int, change: dict):
     """:func:`make_checkpoint`'s model, built."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    from headprobe.probe.loading import Checkpoint
+    from headprobe.probe.backends.loading import Checkpoint
 
     family_ = FAMILIES.get(family)
     spec = family_.tiny

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from headprobe.probe.registry import Registry
+from headprobe.probe.core.registry import Registry
 
 
 def resolve(spec: Any) -> Any:

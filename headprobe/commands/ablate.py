@@ -26,9 +26,9 @@ from headprobe.analyses.vocabulary import ESTIMATORS as ESTIMATES  # the --estim
 from headprobe.analyses.vocabulary import TASKS  # ("natural", "repeated"): the tasks, named as scan names them
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
-from headprobe.probe import ablation_kinds
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.heads import Head, all_heads, format_head, parse_heads
+from headprobe.probe.core import ablation_kinds
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import Head, all_heads, format_head, parse_heads
 from headprobe.settings import setting
 
 HELP = "exact single-head ablation effect of every head (natural text, repeated tokens), gradient importance, CSV + heatmaps"
@@ -75,10 +75,10 @@ class AblateConfig(options.ModelRunConfig):
     the shared ones of :class:`~headprobe.options.ModelRunConfig` (``n_natural`` sequences are
     ablated, as many more, disjoint, are the mean/resample reference; the resample source uses
     ``seed + 1``) and the sweep's own. Invalid values raise
-    :class:`~headprobe.probe.errors.HeadprobeError` when the config is made.
+    :class:`~headprobe.probe.core.errors.HeadprobeError` when the config is made.
 
     Attributes:
-        kind: ablation kind, a name in :data:`headprobe.probe.ablation_kinds.KINDS` (zero, mean, resample).
+        kind: ablation kind, a name in :data:`headprobe.probe.core.ablation_kinds.KINDS` (zero, mean, resample).
         heads: heads to sweep, ``"5.1,7.3"`` or ``[(5, 1), (7, 3)]`` (stored as the string); None: all.
         max_batch: sequences per forward pass in the sweep (>= 1).
         estimate: None: the exact sweep; one of :data:`ESTIMATES`: that gradient estimate of every head's

@@ -31,13 +31,13 @@ from headprobe.analyses.attribution import atp_star, forward_equivalents, second
 from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
 from headprobe.analyses.scoring import score_tokens
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
-from headprobe.probe import ablation_kinds
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.capture import kv_head_of
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.heads import format_head
-from headprobe.probe.io import summary_envelope
-from headprobe.probe.spec import ModelSpec
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core import ablation_kinds
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import format_head
+from headprobe.probe.core.io import summary_envelope
+from headprobe.probe.hooks.capture import kv_head_of
+from headprobe.probe.layout.spec import ModelSpec
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -170,7 +170,7 @@ class AblateResult:
 
     Attributes:
         config: the settings.
-        spec: the model's :class:`~headprobe.probe.loading.ModelSpec`.
+        spec: the model's :class:`~headprobe.probe.backends.loading.ModelSpec`.
         table: head_ablation.csv: one row per head (``layer``, ``head``, ``kv_head``, ``<task>_loss_delta``,
             ``<task>_importance``, ``<task>_attribution``, ``induction_score``).
         tasks: task (:data:`~headprobe.analyses.columns.TASKS`: ``natural``, ``repeated``) -> :class:`TaskResult`.
@@ -216,7 +216,7 @@ class AblateResult:
         }, {**{f"{t}_sweep": r.sweep_s for t, r in results.items()}, **{f"{t}_gradient": r.gradient_s for t, r in results.items()}})
 
     def _envelope(self, body: dict, timings: dict[str, float]) -> dict:
-        """``body`` in the summary envelope (:func:`~headprobe.probe.io.summary_envelope`), with
+        """``body`` in the summary envelope (:func:`~headprobe.probe.core.io.summary_envelope`), with
         ``timings`` and the load's and the whole run's seconds."""
         return summary_envelope(body, model=self.spec.name, precision=self.spec.precision, device=self.device,
                                 self_check=self.self_check, config=self.config,
@@ -407,7 +407,7 @@ def run(model: LoadedModel, config: AblateConfig, *, resume: dict | None = None,
     ``config.estimate``, no sweep: the estimate of every head's effect instead (:func:`_estimate`).
 
     Args:
-        model: a :class:`~headprobe.probe.loading.LoadedModel`, used as given.
+        model: a :class:`~headprobe.probe.backends.loading.LoadedModel`, used as given.
         config: the settings.
         resume: a state saved by an interrupted run with the same config (``on_save``'s argument);
             its finished chunks are not recomputed. Updated in place.

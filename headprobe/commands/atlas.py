@@ -43,8 +43,8 @@ from headprobe import options, settings
 from headprobe.analyses.columns import select_head_types as select_detectors
 from headprobe.commands import Command, lazy_names, resolve
 from headprobe.options import positive_int
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import prepare_output_dir
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import prepare_output_dir
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 _CORE = ("AtlasResult", "toy_train_config", "run", "atlas")
@@ -195,7 +195,7 @@ def default_models() -> tuple[str, ...]:
     """:data:`DEFAULT_MODELS` plus the :data:`CACHED_CANDIDATES` the local Hugging Face cache holds."""
     from huggingface_hub import try_to_load_from_cache
 
-    from headprobe.probe.sources import ALIASES
+    from headprobe.probe.backends.sources import ALIASES
 
     cached = [m for m in CACHED_CANDIDATES if isinstance(try_to_load_from_cache(ALIASES.get(m, m), "config.json"), str)]
     return (*DEFAULT_MODELS, *cached)
@@ -262,7 +262,7 @@ def family_of(model: str) -> str:
     try:
         from transformers import AutoConfig
 
-        from headprobe.probe.loading import ALIASES
+        from headprobe.probe.backends.loading import ALIASES
 
         return AutoConfig.from_pretrained(ALIASES.get(model, model), local_files_only=True).model_type
     except Exception:

@@ -34,8 +34,8 @@ from headprobe.commands.atlas import (  # noqa: F401 - the light module's names,
     slug,
     snapshot_dirs,
 )
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import RunCheckpoint, prepare_output_dir, summary_envelope, write_json
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import RunCheckpoint, prepare_output_dir, summary_envelope, write_json
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

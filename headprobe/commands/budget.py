@@ -19,7 +19,7 @@ From Python: ``headprobe.budget(preset="llama3-8b", seq_len=32768)`` returns a
 ``.table`` a pandas DataFrame). Nothing here imports torch, transformers or pandas at module
 level: ``headprobe budget`` without ``--model`` needs none of them.
 
-All formulas live in :mod:`headprobe.probe.cost`.
+All formulas live in :mod:`headprobe.probe.layout.cost`.
 """
 
 from __future__ import annotations
@@ -34,17 +34,17 @@ from typing import TYPE_CHECKING, Any
 
 from headprobe.commands import Command
 from headprobe.options import dtype_name, positive_int
-from headprobe.probe import cost
-from headprobe.probe.cost import AttentionLayout, format_bytes, format_flops, format_tflop
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import finite_json
-from headprobe.probe.layout import attention_module, windows_from_hf_config
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import finite_json
+from headprobe.probe.layout import cost
+from headprobe.probe.layout.attention import attention_module, windows_from_hf_config
+from headprobe.probe.layout.cost import AttentionLayout, format_bytes, format_flops, format_tflop
 from headprobe.settings import Flags, setting
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
 
-    from headprobe.probe.backend import LoadedModel
+    from headprobe.probe.backends.base import LoadedModel
 
 HELP = "attention cost calculator: parameters, KV cache, FLOPs and attention-matrix memory for MHA, GQA, MQA and MLA"
 
@@ -92,8 +92,8 @@ class BudgetConfig:
     (:func:`~headprobe.settings.setting`; ``--json`` is :class:`BudgetPrint`'s).
 
     Attributes:
-        preset: a published layout by name (:data:`headprobe.probe.cost.PRESETS`), or None.
-        model: a model to load (a name :func:`~headprobe.probe.loading.load_model` takes), read and check, or None.
+        preset: a published layout by name (:data:`headprobe.probe.layout.cost.PRESETS`), or None.
+        model: a model to load (a name :func:`~headprobe.probe.backends.loading.load_model` takes), read and check, or None.
         d_model: residual width D; overrides the preset's or model's.
         n_layers: number of attention layers; overrides the preset's or model's.
         n_heads: query heads H; overrides the preset's or model's (and resets n_kv_heads, d_head).
@@ -117,7 +117,7 @@ class BudgetConfig:
         recommend: propose a layout for params or d_model, seq_len, kv_limit and target.
         params: recommend: parameter budget without embeddings, a count or text such as "135M".
         kv_limit: recommend: KV-cache limit per request, bytes or text such as "2GiB".
-        target: recommend: deployment target, one of :data:`headprobe.probe.cost.TARGETS`.
+        target: recommend: deployment target, one of :data:`headprobe.probe.layout.cost.TARGETS`.
         policy: a KV policy file (docs/kv.md) to cost exactly on the layout (:func:`cost.policy_cost`), or None.
 
     Raises:
@@ -307,7 +307,7 @@ def report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
 
 def windowed_report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
     """The sliding-window layers' costs, one entry per window size: each query at ``pos`` reads
-    ``min(W, pos + 1)`` keys (:func:`~headprobe.probe.cost.visible_keys`), so the scores+AV FLOPs,
+    ``min(W, pos + 1)`` keys (:func:`~headprobe.probe.layout.cost.visible_keys`), so the scores+AV FLOPs,
     the attention-matrix bytes and the crossover are the window's; plus the sum over all layers.
     Empty when every layer is global."""
     if lay.windows is None:
@@ -456,7 +456,7 @@ def attention_params_of_hf_config(config: Any) -> int | None:
 
     The model class is instantiated on the meta device (no memory, no weights), so the count is
     what the architecture's own attention module holds
-    (:func:`~headprobe.probe.layout.attention_module`: projections, biases, QK-norm and MLA
+    (:func:`~headprobe.probe.layout.attention.attention_module`: projections, biases, QK-norm and MLA
     latent norms), independent of any wrapper that rearranges the loaded weights.
 
     Returns:
@@ -548,7 +548,7 @@ def measure_kv_cache(loaded: LoadedModel, n_tokens: int | None = None, text: str
 
 def check_loaded(loaded: LoadedModel) -> tuple[AttentionLayout, dict[str, Any]]:
     """Compare the formulas on a loaded model's own layout (``loaded.spec.layout``, the
-    :class:`~headprobe.probe.layout.AttentionLayout` its loader built) with the model.
+    :class:`~headprobe.probe.layout.attention.AttentionLayout` its loader built) with the model.
 
     Two checks: the KV cache (cached layers, layer-0 key and value shapes, positions per layer,
     numbers per position per layer, bytes) against :func:`measure_kv_cache` over a sequence
@@ -563,7 +563,7 @@ def check_loaded(loaded: LoadedModel) -> tuple[AttentionLayout, dict[str, Any]]:
 
     Raises:
         HeadprobeError: the Hugging Face config has a layer type that is not attention (see
-            :func:`~headprobe.probe.layout.windows_from_hf_config`); the model returns no cache.
+            :func:`~headprobe.probe.layout.attention.windows_from_hf_config`); the model returns no cache.
     """
     s = loaded.spec
     config = loaded.hf_config
@@ -649,7 +649,7 @@ def is_headprobe_dir(name: str) -> bool:
     Hugging Face model."""
     from pathlib import Path
 
-    from headprobe.probe.checkpoint import is_native_dir
+    from headprobe.probe.model.checkpoint import is_native_dir
 
     return is_native_dir(Path(name).expanduser())
 
@@ -657,7 +657,7 @@ def is_headprobe_dir(name: str) -> bool:
 def heads_per_layer(lay: AttentionLayout, kept: Sequence[Sequence[int]] | None) -> tuple[list[int], list[int]]:
     """Query heads and key/value heads of each layer: ``n_heads`` and ``n_kv_heads`` everywhere
     when ``kept`` is None, else each layer's kept query heads (original numbering) and the
-    key/value heads they read (:func:`headprobe.probe.cost.kept_kv_heads`). Counts."""
+    key/value heads they read (:func:`headprobe.probe.layout.cost.kept_kv_heads`). Counts."""
     if kept is None:
         assert lay.n_kv_heads is not None  # filled by AttentionLayout.__post_init__
         return [lay.n_heads] * lay.n_layers, [lay.n_kv_heads] * lay.n_layers
@@ -668,13 +668,13 @@ def layers_report(lay: AttentionLayout, heads: Sequence[int], kv_heads: Sequence
                   batch: int) -> dict[str, Any]:
     """The costs of a model whose layer ``l`` has ``heads[l]`` query heads on ``kv_heads[l]``
     key/value heads (a pruned model), each layer costed by
-    :func:`headprobe.probe.cost.layer_cost`: totals over layers (parameters, cached numbers per
+    :func:`headprobe.probe.layout.cost.layer_cost`: totals over layers (parameters, cached numbers per
     token, KV bytes per token and per request of ``batch`` x ``seq_len`` tokens with the layout's
     sliding windows, projection and score FLOPs of one forward pass) and the largest layer's
     attention matrix and fused-kernel memory (bytes; what one layer at a time needs).
 
     Raises:
-        HeadprobeError: a bad workload or head counts (see :func:`~headprobe.probe.cost.layer_cost`).
+        HeadprobeError: a bad workload or head counts (see :func:`~headprobe.probe.layout.cost.layer_cost`).
     """
     def each(formula: Any, *args: Any) -> list[int]:
         return [cost.layer_cost(formula, lay, h, kv, *args) for h, kv in zip(heads, kv_heads)]
@@ -701,15 +701,15 @@ def check_headprobe_dir(path: str) -> tuple[AttentionLayout, list[list[int]] | N
     """Read a headprobe checkpoint directory and check the formulas against the model in it.
 
     The layout is the directory's own: its config.json's model config
-    (:attr:`headprobe.probe.model.TransformerConfig.layout`) and, for a pruned model, the query
+    (:attr:`headprobe.probe.model.transformer.TransformerConfig.layout`) and, for a pruned model, the query
     heads each layer keeps (``pruned.kept_heads``). The model is the one the directory holds: the
-    small pruned model itself (:func:`headprobe.probe.pruned.load_pruned_dir`, removed heads'
+    small pruned model itself (:func:`headprobe.probe.model.pruned.load_pruned_dir`, removed heads'
     weights absent) or the trained one. One forward pass over :func:`check_length` tokens measures,
     per layer, the query heads (``o_proj``'s input width over ``d_head``), the key/value heads and
     the numbers per token of the keys and values the layer computes (``hook_k`` and ``hook_v``:
     what a key/value cache without weight absorption holds; pruned models run without a cache), and
     counts each layer's attention parameters on its module. The formulas: :func:`heads_per_layer`
-    and :func:`headprobe.probe.cost.layer_cost` of ``kv_numbers_per_token_per_layer``
+    and :func:`headprobe.probe.layout.cost.layer_cost` of ``kv_numbers_per_token_per_layer``
     (decompressed, for MLA) and ``attention_params_per_layer``.
 
     Returns:
@@ -717,11 +717,11 @@ def check_headprobe_dir(path: str) -> tuple[AttentionLayout, list[list[int]] | N
         was removed, a check record with ``measured``, ``expected`` and ``ok``).
 
     Raises:
-        HeadprobeError: the directory cannot be read (see :func:`headprobe.probe.loading.load_native`
-            and :func:`headprobe.probe.pruned.load_pruned_dir`).
+        HeadprobeError: the directory cannot be read (see :func:`headprobe.probe.backends.loading.load_native`
+            and :func:`headprobe.probe.model.pruned.load_pruned_dir`).
     """
-    from headprobe.probe.loading import load_native
-    from headprobe.probe.pruned import attention_sizes, is_pruned_dir, load_pruned_dir
+    from headprobe.probe.backends.loading import load_native
+    from headprobe.probe.model.pruned import attention_sizes, is_pruned_dir, load_pruned_dir
 
     if is_pruned_dir(path):
         model: Any = load_pruned_dir(path)  # the small model: a native Transformer
@@ -828,11 +828,11 @@ class BudgetResult:
         mode: ``"report"`` (one layout), ``"compare"``, ``"flops_table"``, ``"recommend"`` or
             ``"pruned"`` (a pruned model directory: :func:`layers_report` of the pruned and the
             unpruned heads, under ``data["pruned"]`` and ``data["unpruned"]``) or ``"policy"``
-            (the report plus ``data["policy"]``, :func:`~headprobe.probe.cost.policy_cost` of ``--policy``).
+            (the report plus ``data["policy"]``, :func:`~headprobe.probe.layout.cost.policy_cost` of ``--policy``).
         layout: the layout reported on (the proposed one for ``recommend``).
         data: every number, as ``--json`` prints it (see :meth:`to_dict`).
         check: the live check record of ``--model`` (``measured``, ``expected``, ``ok``), or None.
-        recommendation: the :class:`~headprobe.probe.cost.Recommendation` of ``recommend``, or None.
+        recommendation: the :class:`~headprobe.probe.layout.cost.Recommendation` of ``recommend``, or None.
     """
 
     config: BudgetConfig
@@ -918,7 +918,7 @@ def run(config: BudgetConfig) -> BudgetResult:
 
     Raises:
         HeadprobeError: two modes at once; ``recommend`` with a preset or model; both a preset and
-            a model; a bad layout or workload (see :class:`~headprobe.probe.cost.AttentionLayout`);
+            a model; a bad layout or workload (see :class:`~headprobe.probe.layout.cost.AttentionLayout`);
             a model that cannot be loaded.
     """
     modes = [flag for flag, on in (("--compare", config.compare), ("--flops-table", config.flops_table is not None),
@@ -945,7 +945,7 @@ def run(config: BudgetConfig) -> BudgetResult:
     if config.model and is_headprobe_dir(config.model):
         return _run_headprobe_dir(config)
     if config.model:
-        from headprobe.probe.loading import load_model
+        from headprobe.probe.backends.loading import load_model
 
         # TransformerLens prints progress on stdout; keep stdout for the report (and --json).
         with redirect_stdout(sys.stderr):
@@ -973,7 +973,7 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
     if config.policy is not None:
         if mode != "report":
             raise HeadprobeError("--policy costs one layout; drop --compare and --flops-table")
-        from headprobe.probe.io import read_kv_policy
+        from headprobe.probe.core.io import read_kv_policy
 
         policy = read_kv_policy(config.policy)
         mode, out = "policy", {**out, "policy_file": str(config.policy),
@@ -1014,7 +1014,7 @@ def _run_headprobe_dir(config: BudgetConfig) -> BudgetResult:
 def _is_pruned(name: str) -> bool:
     from pathlib import Path
 
-    from headprobe.probe.pruned import is_pruned_dir
+    from headprobe.probe.model.pruned import is_pruned_dir
 
     return is_pruned_dir(Path(name).expanduser())
 
@@ -1038,7 +1038,7 @@ def main(args: argparse.Namespace, config: BudgetConfig) -> int:
     """The CLI's run target: :class:`BudgetConfig` -> :func:`run` -> printed text or JSON
     (``args.json``); returns the exit status (:attr:`BudgetResult.exit_code`)."""
     result = run(config)
-    # --json as strictly as every file headprobe writes (headprobe.probe.io.write_json): no bare NaN or Infinity
+    # --json as strictly as every file headprobe writes (headprobe.probe.core.io.write_json): no bare NaN or Infinity
     print(json.dumps(finite_json(result.to_dict()), indent=2, allow_nan=False) if args.json else result.format())
     return result.exit_code
 

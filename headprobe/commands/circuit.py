@@ -15,7 +15,7 @@ second copy (its predictable part, from the second token of the copy on).
 4. With ``--qk-head 18.6``: the QK attribution of that head on the first clean prompt, query in
    the middle of the second copy, key the token after its first occurrence (the induction target).
 
-Definitions: :mod:`headprobe.analyses.paths`, :mod:`headprobe.analyses.qk_attribution`.
+Definitions: :mod:`headprobe.analyses.circuit`, :mod:`headprobe.analyses.qk_attribution`.
 
 Outputs: ``edges.csv`` (every edge: ``edge, sender, receiver, input, score`` and ``exact`` where
 path patched), ``path_patching.csv`` (``--receivers``), ``qk_attribution.csv`` (``--qk-head``: each
@@ -38,7 +38,7 @@ from pathlib import Path
 from headprobe import options
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 _CORE = ("CircuitResult", "run", "circuit")
@@ -56,7 +56,7 @@ _RECEIVER = re.compile(r"^(\d+)\.(\d+):(q|k|v)$|^logits$")
 _HEAD = re.compile(r"^(\d+)\.(\d+)$")
 BASELINE_TOLERANCE = 1e-4
 """Largest change of the metric (nats/token) allowed in float32 when a forward resumed at a
-receiver's layer runs unpatched (half precision: :func:`headprobe.analyses.paths.baseline_tolerance`)."""
+receiver's layer runs unpatched (half precision: :func:`headprobe.analyses.circuit.baseline_tolerance`)."""
 
 
 def _gib(text: str) -> float:

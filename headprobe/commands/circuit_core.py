@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING
 
 from headprobe import options
 from headprobe.commands.circuit import HELP, CircuitConfig, parse_receivers  # noqa: F401 - the light module's names, re-exported
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import summary_envelope
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import summary_envelope
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from headprobe.analyses.qk_attribution import QKAttribution
-    from headprobe.probe.backend import LoadedModel
-    from headprobe.probe.spec import ModelSpec
+    from headprobe.probe.backends.base import LoadedModel
+    from headprobe.probe.layout.spec import ModelSpec
 
 
 @dataclass
@@ -97,7 +97,7 @@ class CircuitResult:
     def figure(self):
         """``circuit``: the ``top`` edges as a graph (:func:`headprobe.analyses.figures.circuit_graph`)."""
         from headprobe.analyses import figures
-        from headprobe.analyses.paths import parse_edge
+        from headprobe.analyses.circuit import parse_edge
 
         top = self.edges.head(self.config.top)
         edges = [(e.sender, e.receiver, e.input, float(score)) for e, score in

@@ -18,7 +18,7 @@ from headprobe import options, settings
 from headprobe.analyses import vocabulary as vocab
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting
 
 __getattr__ = lazy_names(__name__, "headprobe.commands.diff_core", ("run", "diff", "DiffResult"))
@@ -28,7 +28,7 @@ HELP = "compare the same heads in two models of one layout: score and ablation c
 REQUANTIZE = ("int8", "int4", "int3")
 """``--requantize-b`` choices (:data:`headprobe.probe.requantize.REQUANTIZE`, repeated here without torch)."""
 KINDS = ("zero", "mean", "resample")
-"""Single-head ablation kinds of the sweep (:mod:`headprobe.probe.ablation_kinds`)."""
+"""Single-head ablation kinds of the sweep (:mod:`headprobe.probe.core.ablation_kinds`)."""
 
 
 def layout_of(model: str) -> tuple[int, int, int | None] | None:
@@ -98,7 +98,7 @@ class DiffConfig(ModelSettings, DataSettings):
         Raises:
             HeadprobeError: a bad text file, or layouts that differ.
         """
-        from headprobe.probe.io import open_text_file
+        from headprobe.probe.core.io import open_text_file
 
         if self.text:
             open_text_file(self.text)

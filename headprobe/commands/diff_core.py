@@ -22,11 +22,11 @@ from headprobe.analyses.data import TokenSet, natural_text_tokens, repeated_rand
 from headprobe.analyses.scoring import score_tokens
 from headprobe.analyses.statistics import adjust_p_values
 from headprobe.commands.diff import HELP, DiffConfig, layout_refusal  # noqa: F401 - HELP re-exported
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import format_head
-from headprobe.probe.io import open_text_file, summary_envelope
-from headprobe.probe.spec import ModelSpec
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import open_text_file, summary_envelope
+from headprobe.probe.hooks.ablation import format_head
+from headprobe.probe.layout.spec import ModelSpec
 
 DEFAULT_K = 10
 """A type's top-k set, unless that is more than a quarter of the heads (scan's rule)."""

@@ -37,8 +37,8 @@ from pathlib import Path
 from headprobe import options
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.vocabulary import backend_lacks
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.vocabulary import backend_lacks
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 _CORE = ("KVResult", "run", "kv")

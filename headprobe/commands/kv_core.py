@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING
 
 from headprobe import options
 from headprobe.commands.kv import HELP, KVConfig  # noqa: F401 - the light module's names, re-exported
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import summary_envelope, write_json
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import summary_envelope, write_json
 
 if TYPE_CHECKING:
     from headprobe.analyses.kvpolicy import GroupCosts, Quality
-    from headprobe.probe.backend import LoadedModel
-    from headprobe.probe.cost import PolicyCost
-    from headprobe.probe.layout import AttentionLayout, KVPolicy
-    from headprobe.probe.spec import ModelSpec
+    from headprobe.probe.backends.base import LoadedModel
+    from headprobe.probe.layout.attention import AttentionLayout, KVPolicy
+    from headprobe.probe.layout.cost import PolicyCost
+    from headprobe.probe.layout.spec import ModelSpec
 
 
 @dataclass
@@ -28,8 +28,8 @@ class KVResult:
 
     Attributes:
         config: the settings. spec: the model's spec. layout: its attention layout (bytes per
-            element of its dtype). policy: the chosen :class:`~headprobe.probe.layout.KVPolicy`.
-        policy_cost: :func:`~headprobe.probe.cost.policy_cost` of the policy at ``seq_len``.
+            element of its dtype). policy: the chosen :class:`~headprobe.probe.layout.attention.KVPolicy`.
+        policy_cost: :func:`~headprobe.probe.layout.cost.policy_cost` of the policy at ``seq_len``.
         costs: :class:`~headprobe.analyses.kvpolicy.GroupCosts`. full, chosen: :class:`Quality`
             of the full cache and of the policy. comparison: curve rows at the policy's memory.
         curve: the quality-memory rows (:func:`~headprobe.analyses.kvpolicy.curve_row`).
@@ -153,7 +153,7 @@ def _beats(chosen: dict, others: list[dict]) -> bool:
 def _token_sets(model: LoadedModel, config: KVConfig):
     """The natural-text windows and the long-range set (:func:`~headprobe.analyses.data.long_range_tokens`)."""
     from headprobe.analyses.data import long_range_tokens, natural_text_tokens
-    from headprobe.probe.io import open_text_file
+    from headprobe.probe.core.io import open_text_file
 
     text = open_text_file(config.text) if config.text else None
     if config.seq_len > model.spec.n_ctx:
@@ -180,8 +180,8 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
     from tqdm.auto import tqdm
 
     from headprobe.analyses import kvpolicy as kp
-    from headprobe.probe.cost import policy_cost
-    from headprobe.probe.layout import Streaming
+    from headprobe.probe.layout.attention import Streaming
+    from headprobe.probe.layout.cost import policy_cost
 
     config.preflight()
     kp.check_kv_backend(model)

@@ -38,17 +38,17 @@ from headprobe import options
 from headprobe.analyses.vocabulary import PATCH_SITES
 from headprobe.commands import Command
 from headprobe.options import positive_int
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.heads import parse_heads
-from headprobe.probe.io import read_text_file, summary_envelope
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import parse_heads
+from headprobe.probe.core.io import read_text_file, summary_envelope
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
     import pandas as pd
 
     from headprobe.analyses.patching import PatchingResult
-    from headprobe.probe.backend import LoadedModel
-    from headprobe.probe.spec import ModelSpec
+    from headprobe.probe.backends.base import LoadedModel
+    from headprobe.probe.layout.spec import ModelSpec
 
 HELP = ("activation patching of heads (z, q, k, v) or the residual stream (clean vs corrupted prompt, logit "
         "difference); the IOI task built in")
@@ -323,7 +323,7 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
     import numpy as np
 
     from headprobe.analyses.patching import ioi_prompts, patch
-    from headprobe.probe.capture import kv_head_of
+    from headprobe.probe.hooks.capture import kv_head_of
 
     spec = model.spec
     if not spec.causal:

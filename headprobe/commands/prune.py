@@ -22,8 +22,8 @@ from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # the --me
 from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.vocabulary import backend_lacks
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.vocabulary import backend_lacks
 from headprobe.settings import setting
 
 HELP = "head pruning methods compared (Michel gradient importance, L0 gates, random): one CSV + figure, optional pruned model"
@@ -83,7 +83,7 @@ class PruneConfig(options.ModelRunConfig):
     the shared ones of :class:`~headprobe.options.ModelRunConfig` (``n_natural`` sequences score
     the importance, as many more are held out for the curve; ``seed`` also orders the random
     baseline) and the pruning's own. Invalid values raise
-    :class:`~headprobe.probe.errors.HeadprobeError` when the config is made.
+    :class:`~headprobe.probe.core.errors.HeadprobeError` when the config is made.
 
     Attributes:
         step_fraction: fraction of all heads removed per step, in (0, 1].

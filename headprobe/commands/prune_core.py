@@ -27,16 +27,16 @@ from headprobe.analyses.pruning import (
     per_layer_best_head,
 )
 from headprobe.commands.prune import PRUNED_DIR, PruneConfig
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.heads import format_head
-from headprobe.probe.io import summary_envelope
-from headprobe.probe.spec import ModelSpec
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import format_head
+from headprobe.probe.core.io import summary_envelope
+from headprobe.probe.layout.spec import ModelSpec
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from headprobe.probe.model import Transformer
+    from headprobe.probe.model.transformer import Transformer
 
 METRICS = (("natural_loss", "held-out text loss (nats/token)"), ("repeated_loss", "repeated-tokens loss (nats/token)"))
 LABELS = {"michel": "Michel et al. gradient importance", "l0": "Voita et al. L0 gates", "random": "random order"}
@@ -56,7 +56,7 @@ class PruneResult:
 
     Attributes:
         config: the settings.
-        spec: the model's :class:`~headprobe.probe.loading.ModelSpec`.
+        spec: the model's :class:`~headprobe.probe.backends.loading.ModelSpec`.
         runs: curve name (``michel``, ``l0``, ``random:<seed>``; see :func:`run_names`) ->
             :class:`~headprobe.analyses.pruning.PruningRun`.
         table: pruning_curve.csv: one row per curve and step (``method, seed, step, n_pruned,
@@ -66,7 +66,7 @@ class PruneResult:
         repeated: the repeated task's token set.
         device: where the model ran. self_check: the model's load-time self-check.
         per_layer: rows of :func:`headprobe.analyses.pruning.per_layer_best_head` (``per_layer``) or None.
-        pruned: the pruned :class:`~headprobe.probe.model.Transformer` (``save_pruned``) or None.
+        pruned: the pruned :class:`~headprobe.probe.model.transformer.Transformer` (``save_pruned``) or None.
         pruned_info: its checks and timings (see :func:`headprobe.analyses.pruning.build_pruned`) or None.
         tokenizer: the model's tokenizer (saved with the pruned model).
         run_s: seconds of :func:`run`; load_s: seconds loading the model (set by the caller that loaded it).
@@ -180,7 +180,7 @@ class PruneResult:
             HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
         """
         from headprobe.analyses.outputs import write_outputs
-        from headprobe.probe.pruned import save_pruned_dir
+        from headprobe.probe.model.pruned import save_pruned_dir
 
         tables = {"pruning_curve.csv": self.table.to_csv(index=False, float_format="%.5f")}
         if self.per_layer is not None:
@@ -239,7 +239,7 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
     """Run every method of ``config.methods`` on the same data (see the module docstring).
 
     Args:
-        model: a :class:`~headprobe.probe.loading.LoadedModel`, used as given (the native backend for ``save_pruned``).
+        model: a :class:`~headprobe.probe.backends.loading.LoadedModel`, used as given (the native backend for ``save_pruned``).
         config: the settings. progress: show progress bars.
         resume: a state saved by an interrupted run with the same config (``on_save``'s argument);
             every curve continues after its last saved step. Updated in place.

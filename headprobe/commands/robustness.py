@@ -16,7 +16,7 @@ from headprobe import options, settings
 from headprobe.analyses import vocabulary as vocab
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting
 
 __getattr__ = lazy_names(__name__, "headprobe.commands.robustness_core",
@@ -82,7 +82,7 @@ class RobustnessConfig(ModelSettings, DataSettings):
     def __post_init__(self):
         object.__setattr__(self, "types", vocab.select_head_types(self.types))
         object.__setattr__(self, "vary", _names(self.vary, GROUPS, "--vary"))
-        from headprobe.probe import ablation_kinds
+        from headprobe.probe.core import ablation_kinds
 
         object.__setattr__(self, "kinds", _names(self.kinds, ablation_kinds.names(), "--kinds"))
         super().__post_init__()
@@ -98,7 +98,7 @@ class RobustnessConfig(ModelSettings, DataSettings):
         Raises:
             HeadprobeError: a bad text file, or k at least the head count.
         """
-        from headprobe.probe.io import open_text_file
+        from headprobe.probe.core.io import open_text_file
 
         if self.text:
             open_text_file(self.text)

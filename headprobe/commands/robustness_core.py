@@ -23,18 +23,18 @@ from headprobe.analyses.data import TokenSet, natural_text_tokens, repeated_rand
 from headprobe.analyses.scoring import score_tokens
 from headprobe.analyses.vocabulary import PRIMARY_KIND
 from headprobe.commands.robustness import DEFAULT_K, HELP, RobustnessConfig  # noqa: F401 - HELP re-exported
-from headprobe.probe import ablation_kinds
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.hooks import format_head
-from headprobe.probe.io import open_text_file, summary_envelope
-from headprobe.probe.spec import ModelSpec
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core import ablation_kinds
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import open_text_file, summary_envelope
+from headprobe.probe.hooks.ablation import format_head
+from headprobe.probe.layout.spec import ModelSpec
 
 Head = tuple[int, int]
 
 ALTERNATIVE_DETECTORS = {"induction": "copying"}
 """Head type -> the other score it is ranked by in the ``detector`` group: induction by the OV
-copying score (Elhage et al. 2021; :func:`headprobe.analyses.circuits.copying_score`) instead of
+copying score (Elhage et al. 2021; :func:`headprobe.analyses.composition.copying_score`) instead of
 the prefix-matching attention score (Olsson et al. 2022)."""
 
 
@@ -149,7 +149,7 @@ class RobustnessResult:
         self.timings["load_s"] = seconds
 
     def summary(self) -> dict:
-        """summary.json's content (the house envelope, :func:`~headprobe.probe.io.summary_envelope`)."""
+        """summary.json's content (the house envelope, :func:`~headprobe.probe.core.io.summary_envelope`)."""
         return summary_envelope({
             "conditions": [{"name": o.condition.name, "group": o.condition.group, "kind": o.condition.kind,
                             "seed": o.condition.seed, "detector": o.condition.detector,
@@ -262,7 +262,7 @@ def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> 
     conds, notes = conditions(model, cfg, k)
     alternatives = {}
     if any(c.detector for c in conds):
-        from headprobe.analyses.circuits import copying_score
+        from headprobe.analyses.composition import copying_score
 
         alternatives["copying"] = copying_score(model).numpy()
     cache: dict = {}

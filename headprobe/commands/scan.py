@@ -30,8 +30,8 @@ from headprobe import options, settings
 from headprobe.analyses import vocabulary as vocab
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import TextFile, open_text_file
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import TextFile, open_text_file
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 _CORE = ("run", "scan", "run_scan", "ScanResult", "verify", "summary", "scan_figures", "figure_makers",
@@ -74,7 +74,7 @@ class ScanConfig(ModelSettings, DataSettings):
     """Settings of a scan (all recorded in summary.json's ``config``): the shared
     :class:`~headprobe.settings.ModelSettings` (applied when the model is loaded by name) and
     :class:`~headprobe.settings.DataSettings` composed, and the scan's own. Invalid values raise
-    :class:`~headprobe.probe.errors.HeadprobeError` when the config is made, before any model loads.
+    :class:`~headprobe.probe.core.errors.HeadprobeError` when the config is made, before any model loads.
 
     Attributes:
         seq_len: as :class:`~headprobe.settings.DataSettings`; None (default): 128, or the model's context if shorter.
@@ -101,7 +101,7 @@ class ScanConfig(ModelSettings, DataSettings):
             :mod:`headprobe.analyses.metrics` (columns ``copying``, ``sink_rate``, ``entropy``,
             ``retrieval``, ``dla``, ``local_<W>``, ``distant_mass``, their heatmaps, and the K-composition figure).
         streaming: ``auto`` (default), ``on`` or ``off``: compute the head statistics streamed from each
-            layer's queries and keys, without the ``[head, q_pos, k_pos]`` pattern (:mod:`headprobe.probe.streaming`;
+            layer's queries and keys, without the ``[head, q_pos, k_pos]`` pattern (:mod:`headprobe.probe.hooks.online_stats`;
             the same numbers; native backend), or from the materialised pattern; ``auto`` streams sequences
             of 1,024 tokens or more on the native backend.
     """

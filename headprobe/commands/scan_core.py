@@ -37,11 +37,11 @@ from headprobe.analyses.scoring import example_patterns, score_token_set, score_
 from headprobe.analyses.statistics import interval_rule, mean_ci
 from headprobe.analyses.verdicts import VerdictRule, evidence_text
 from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
-from headprobe.probe.backend import LoadedModel
-from headprobe.probe.capture import kv_head_of
-from headprobe.probe.hooks import format_head
-from headprobe.probe.io import prepare_output_dir, summary_envelope, write_text
-from headprobe.probe.spec import ModelSpec
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.io import prepare_output_dir, summary_envelope, write_text
+from headprobe.probe.hooks.ablation import format_head
+from headprobe.probe.hooks.capture import kv_head_of
+from headprobe.probe.layout.spec import ModelSpec
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -52,7 +52,7 @@ class ScanResult:
 
     Attributes:
         config: the settings, model-dependent defaults filled in.
-        spec: the model's :class:`~headprobe.probe.loading.ModelSpec`.
+        spec: the model's :class:`~headprobe.probe.backends.loading.ModelSpec`.
         table: head_scores.csv: one row per head (``layer``, ``head``, ``kv_head``, then the selected types' columns).
         scores: column -> ``[layer, head]`` array (the selected types' columns).
         verifications: one :class:`~headprobe.analyses.ablation.Verification` per selected type and ablation kind.
@@ -210,14 +210,14 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True, resume: d
     """Run the scan (see the module docstring) on a loaded model.
 
     Args:
-        model: a :class:`~headprobe.probe.loading.LoadedModel`, used as given (``config``'s device,
+        model: a :class:`~headprobe.probe.backends.loading.LoadedModel`, used as given (``config``'s device,
             dtype, backend and prepend_bos apply only where :func:`scan` or the CLI load it).
         config: the settings.
         progress: show progress bars (stderr).
         resume: the state an interrupted run with the same config saved (``on_save``'s argument):
             its verification goes on from the control sets it had ablated.
         on_save: called with the whole state after every batch of ablated sets (the CLI's
-            checkpoint, :class:`~headprobe.probe.io.RunCheckpoint`).
+            checkpoint, :class:`~headprobe.probe.core.io.RunCheckpoint`).
 
     Raises:
         HeadprobeError: bad text, sequences longer than the context, k too large, a model whose

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from headprobe import options
 from headprobe.commands import Command
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.heads import parse_heads
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import parse_heads
 from headprobe.settings import OUTPUT, Flags, ModelSettings, setting
 
 HELP = "draw one head's attention pattern on your own text (PNG/PDF/SVG and an offline HTML page)"
@@ -92,9 +92,9 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     from headprobe.analyses.outputs import write_outputs
     from headprobe.analyses.scoring import drawable, score_tokens, token_labels
     from headprobe.analyses.viewer import build_page, head_patterns
-    from headprobe.probe.capture import capture_heads
-    from headprobe.probe.heads import format_head
-    from headprobe.probe.io import prepare_output_dir, write_text
+    from headprobe.probe.core.heads import format_head
+    from headprobe.probe.core.io import prepare_output_dir, write_text
+    from headprobe.probe.hooks.capture import capture_heads
 
     out = prepare_output_dir(cfg.out, overwrite, create=False)
     model = options.load_for(cfg)
@@ -227,7 +227,7 @@ FLAGS = (Flags(group=ModelSettings, helps={"prepend_bos": "do not put BOS in fro
 def main(args: argparse.Namespace, config: ShowConfig) -> int:
     """``headprobe show``: check the head's form, the text (``--prompt`` or ``--prompt-file``, read
     into the config's ``prompt``) and the output directory, load, draw, print the files."""
-    from headprobe.probe.io import prepare_output_dir, read_text_file
+    from headprobe.probe.core.io import prepare_output_dir, read_text_file
 
     if len(parse_heads(args.head, 10**9, 10**9)) != 1:  # the form, before anything loads
         raise HeadprobeError(f"--head takes one head, got {args.head!r}")

@@ -3,7 +3,7 @@
 * ``heads``: the same width (d_model 64) split into 1, 2, 4, 8, 16 heads; same data, same steps,
   several seeds.
 * ``layouts``: the same width and heads as MHA, GQA, MQA and MLA at several latent ranks; each
-  with its attention parameter count and KV cache per token (``headprobe.probe.cost``, bf16, over all
+  with its attention parameter count and KV cache per token (``headprobe.probe.layout.cost``, bf16, over all
   layers), the context-2048 cache, and the losses.
 
 Every run is one :func:`headprobe.analyses.train.train` call (same data stream per seed). Default data
@@ -42,9 +42,14 @@ from headprobe.analyses import figures
 from headprobe.analyses.train_config import INDUCTION_FORMED, N_CHARS, TrainConfig
 from headprobe.commands import Command
 from headprobe.options import kept_line, out_as_it_was
-from headprobe.probe.cost import AttentionLayout, attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.io import prepare_output_dir, summary_envelope
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import prepare_output_dir, summary_envelope
+from headprobe.probe.layout.cost import (
+    AttentionLayout,
+    attention_params_per_layer,
+    kv_bytes_per_request,
+    kv_bytes_per_token,
+)
 from headprobe.settings import OUTPUT, Flags, ModelSettings, from_args, setting, shared
 
 HELP = "train small models side by side: how many heads (study heads), MHA vs GQA vs MQA vs MLA (study layouts)"
@@ -153,8 +158,8 @@ class StudyConfig:
 
 
 def layout_of(cfg: TrainConfig) -> AttentionLayout:
-    """The :class:`~headprobe.probe.layout.AttentionLayout` of the model a training config builds
-    (:attr:`TransformerConfig.layout <headprobe.probe.model.TransformerConfig.layout>`), costed
+    """The :class:`~headprobe.probe.layout.attention.AttentionLayout` of the model a training config builds
+    (:attr:`TransformerConfig.layout <headprobe.probe.model.transformer.TransformerConfig.layout>`), costed
     with a bf16 cache (2 bytes per element).
 
     Raises:
@@ -177,7 +182,7 @@ def variants(which: str, base: TrainConfig, n_heads_list: list[int], ranks: list
 
 def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: bool = False) -> pd.DataFrame:
     """Train every (label, config) of ``runs`` once per seed; one row per run: the variant, its
-    layout and cost columns (:mod:`headprobe.probe.cost`), the last evaluation's losses (nats/token)
+    layout and cost columns (:mod:`headprobe.probe.layout.cost`), the last evaluation's losses (nats/token)
     and scores, seconds and the self-check. ``progress`` prints one line per run."""
     from headprobe.analyses.train import train as train_model  # torch: only when training
     from headprobe.analyses.train import training_tokenizer
@@ -283,14 +288,14 @@ class StudyResult:
     def summary(self) -> dict:
         """The content of study.json: the study, seeds, the shared training settings (``base``), the
         grid and the headline numbers of :func:`headline`, in the summary envelope
-        (:func:`~headprobe.probe.io.summary_envelope`: no one model, so ``model`` and
+        (:func:`~headprobe.probe.core.io.summary_envelope`: no one model, so ``model`` and
         ``weights_precision`` are null; the self-check over every trained model; ``timings_s``:
         ``train_s``, the runs' training time)."""
         c, table = self.config, self.table
         grid = {"n_heads_list": list(c.n_heads_list)} if c.which == "heads" else {"ranks": list(c.ranks), "rope": c.rope}
         self_check = {"all_ok": bool(table["self_check_ok"].all()),
                       "max_relative_error": float(f"{table['self_check_max_relative_error'].max():.3g}"),
-                      "what": "per trained model: patterns and the per-head W_O decomposition (headprobe.probe.selfcheck)"}
+                      "what": "per trained model: patterns and the per-head W_O decomposition (headprobe.probe.hooks.selfcheck)"}
         return summary_envelope({"which": c.which, "seeds": list(c.seeds), "base": dataclasses.asdict(c.base()), **grid,
                                  **headline(c.which, table)},
                                 model=None, precision=None, device=c.device, self_check=self_check, config=c,

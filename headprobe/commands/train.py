@@ -11,7 +11,7 @@ from pathlib import Path
 from headprobe.analyses.train_config import CORPORA, TrainConfig
 from headprobe.commands import Command, lazy_names, resolve
 from headprobe.options import kept_line, out_as_it_was
-from headprobe.probe.io import prepare_output_dir
+from headprobe.probe.core.io import prepare_output_dir
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, from_args, setting, shared
 
 HELP = "train a small attention-only transformer from scratch and watch induction heads form (phase change)"

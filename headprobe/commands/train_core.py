@@ -43,9 +43,9 @@ from headprobe.analyses.train import (
 from headprobe.analyses.train import (
     train as train_model,
 )
-from headprobe.probe.checkpoint import NATIVE_WEIGHTS, save_native_state
-from headprobe.probe.hooks import format_head
-from headprobe.probe.io import summary_envelope
+from headprobe.probe.core.io import summary_envelope
+from headprobe.probe.hooks.ablation import format_head
+from headprobe.probe.model.checkpoint import NATIVE_WEIGHTS, save_native_state
 
 __all__ = ["TrainConfig", "TrainResult", "run", "train"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from headprobe import options
 from headprobe.commands import Command
-from headprobe.probe.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.settings import Flags, ModelSettings, positive_int, setting
 
 HELP = "write DIR/index.html: an interactive, offline page of a scan's (or ablate run's) head scores and patterns"
@@ -144,7 +144,7 @@ def run(cfg: ViewConfig) -> Path:
             raise HeadprobeError(f"{flag}{folder} is not a directory (give the --out directory of headprobe "
                                  f"{'circuit' if flag == '--circuit ' else 'scan or ablate'})")
     from headprobe.analyses.viewer import build_page, load_patterns
-    from headprobe.probe.io import write_text
+    from headprobe.probe.core.io import write_text
 
     found = _read_dir(d)
     if cfg.model and found["patterns"] is None and found["scores"] is not None:

@@ -1,22 +1,22 @@
-"""The model families headprobe's native :class:`~headprobe.probe.model.Transformer` loads from
-Hugging Face checkpoints, one module each: ``probe/families/<model_type>.py`` holds the family's
-config mapping (Hugging Face config -> :class:`~headprobe.probe.model.TransformerConfig`), its
+"""The model families headprobe's native :class:`~headprobe.probe.model.transformer.Transformer` loads from
+Hugging Face checkpoints, one module each: ``probe/model/families/<model_type>.py`` holds the family's
+config mapping (Hugging Face config -> :class:`~headprobe.probe.model.transformer.TransformerConfig`), its
 weight conversion, the tiny checkpoint the test zoo builds of it and the facts the tests check,
-as one :class:`~headprobe.probe.families.base.Family` named ``FAMILY``.
+as one :class:`~headprobe.probe.model.families.base.Family` named ``FAMILY``.
 
 :data:`FAMILIES` is the one place a family is registered: its Hugging Face ``model_type`` and a
-lazy ``"module:attr"`` target (:class:`~headprobe.probe.registry.Registry`). Everything else finds
-families here: :mod:`headprobe.probe.convert` (``--backend auto`` takes the native model wherever
+lazy ``"module:attr"`` target (:class:`~headprobe.probe.core.registry.Registry`). Everything else finds
+families here: :mod:`headprobe.probe.model.convert` (``--backend auto`` takes the native model wherever
 a family's config mapping accepts the config), the loader (encoders), ``tests/zoo.py`` and
 ``tests/test_native_families.py``. Importing this package imports no torch and no family module.
 """
 
 from __future__ import annotations
 
-from headprobe.probe.registry import Registry
+from headprobe.probe.core.registry import Registry
 
 FAMILIES: Registry = Registry("model type", hint="the native backend supports only these: use --backend transformer-lens")
-"""Hugging Face ``model_type`` -> its :class:`~headprobe.probe.families.base.Family` (lazy)."""
+"""Hugging Face ``model_type`` -> its :class:`~headprobe.probe.model.families.base.Family` (lazy)."""
 
 for _model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox", "deepseek_v3", "bert"):
     FAMILIES.register(_model_type, f"{__name__}.{_model_type}:FAMILY")

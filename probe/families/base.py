@@ -2,8 +2,8 @@
 :class:`Variant`), and the helpers several families' config mappings share (rotary parameters,
 sliding windows, GELU names).
 
-A family module ``probe/families/<model_type>.py`` defines ``FAMILY = Family(...)`` and is
-registered in :data:`headprobe.probe.families.FAMILIES`; nothing else names it.
+A family module ``probe/model/families/<model_type>.py`` defines ``FAMILY = Family(...)`` and is
+registered in :data:`headprobe.probe.model.families.FAMILIES`; nothing else names it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.model.transformer import TransformerConfig
 
 # ---------------------------------------------------------------------------------------------
 # The record
@@ -32,7 +32,7 @@ class Variant:
     why: str
     """What the change exercises (one line; the test's id)."""
     layout: Mapping[str, Any] = field(default_factory=dict)
-    """Fields of :class:`~headprobe.probe.layout.AttentionLayout` the changed model must have,
+    """Fields of :class:`~headprobe.probe.layout.attention.AttentionLayout` the changed model must have,
     read by hand from the Hugging Face config."""
 
 
@@ -46,7 +46,7 @@ class TinySpec:
     fields: Mapping[str, Any]
     """Config fields that make the model tiny (``AutoConfig.for_model(model_type, **fields)``)."""
     layout: tuple[str, str, str, tuple[int | None, ...] | None]
-    """``(kind, bias, qk_norm, windows)`` of its :class:`~headprobe.probe.layout.AttentionLayout`."""
+    """``(kind, bias, qk_norm, windows)`` of its :class:`~headprobe.probe.layout.attention.AttentionLayout`."""
     attention_output: str = "model.layers.{l}.self_attn"
     """The Hugging Face module whose output is what layer ``{l}``'s attention adds to the residual
     stream (the attention module, or the norm after it where the block has one)."""
@@ -55,9 +55,9 @@ class TinySpec:
     norm_offset: float = 0.0
     """Hugging Face's RMSNorm multiplies by ``norm_offset + w`` (Gemma: 1)."""
     self_check_reference: str = "resid_mid - resid_pre"
-    """What the load-time self-check compares the heads' sum with (:mod:`headprobe.probe.selfcheck`)."""
+    """What the load-time self-check compares the heads' sum with (:mod:`headprobe.probe.hooks.selfcheck`)."""
     unprunable: str | None = None
-    """What the refusal to remove its heads names (:func:`headprobe.probe.pruned.remove_heads`),
+    """What the refusal to remove its heads names (:func:`headprobe.probe.model.pruned.remove_heads`),
     or None where heads can be removed."""
     bridge: bool = True
     """TransformerLens' bridge wraps the family (the tests compare the two backends)."""

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.families.base import (
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.families.base import (
     GATED_MLP,
     TINY_FIELDS,
     Family,
@@ -23,8 +24,7 @@ from headprobe.probe.families.base import (
     renamed,
     rope_theta,
 )
-from headprobe.probe.hook_names import block_path
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:

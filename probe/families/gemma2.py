@@ -15,9 +15,9 @@ from typing import Any
 
 from torch import Tensor
 
-from headprobe.probe.families.base import TINY_FIELDS, Family, TinySpec, Variant
-from headprobe.probe.families.llama import llama_config, llama_weights
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec, Variant
+from headprobe.probe.model.families.llama import llama_config, llama_weights
+from headprobe.probe.model.transformer import TransformerConfig
 
 NORMS = {"ln1": "input_layernorm", "ln1_post": "post_attention_layernorm",
          "ln2": "pre_feedforward_layernorm", "ln2_post": "post_feedforward_layernorm"}
@@ -25,7 +25,7 @@ NORMS = {"ln1": "input_layernorm", "ln1_post": "post_attention_layernorm",
 
 
 def config(hf_config: Any) -> TransformerConfig:
-    """The native config of a ``Gemma2Config`` (:func:`~headprobe.probe.families.llama.llama_config`)."""
+    """The native config of a ``Gemma2Config`` (:func:`~headprobe.probe.model.families.llama.llama_config`)."""
     return llama_config(hf_config, "gemma2", act_field="hidden_activation", act="gelu_pytorch_tanh", mlp="geglu",
                         windows="layer_types", post_norm=True, embed_scale=True,
                         attn_scale=float(hf_config.query_pre_attn_scalar) ** -0.5,

@@ -9,8 +9,9 @@ from typing import Any
 
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.families.base import (
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.families.base import (
     TINY_VOCAB,
     Family,
     TinySpec,
@@ -22,8 +23,7 @@ from headprobe.probe.families.base import (
     rope_parameters,
     rope_theta,
 )
-from headprobe.probe.hook_names import block_path
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:

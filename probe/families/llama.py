@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from headprobe.probe.errors import HeadprobeError
-from headprobe.probe.families.base import (
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.families.base import (
     GATED_MLP,
     TINY_FIELDS,
     Family,
@@ -26,8 +27,7 @@ from headprobe.probe.families.base import (
     rope_theta,
     sliding,
 )
-from headprobe.probe.hook_names import block_path
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.transformer import TransformerConfig
 
 WINDOWS = ("none", "layer_types", "every_layer")
 """How a Llama-like family reads sliding windows (:func:`llama_config`)."""
@@ -44,7 +44,7 @@ def llama_config(hf_config: Any, kind: str, *, act_field: str = "hidden_act", ac
         qkv_bias: q/k/v projections carry biases (Qwen2), else every projection is bias-free.
         windows: ``none`` (full attention; a ``sliding_window`` is refused), ``layer_types``
             (windows where ``layer_types`` says) or ``every_layer`` (also a ``sliding_window``
-            alone windows every layer, Mistral); see :func:`~headprobe.probe.families.base.sliding`.
+            alone windows every layer, Mistral); see :func:`~headprobe.probe.model.families.base.sliding`.
         fields: further :class:`TransformerConfig` fields of the family.
 
     Raises:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from headprobe.probe.families.base import TINY_FIELDS, Family, TinySpec
-from headprobe.probe.families.llama import llama_config, llama_weights
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec
+from headprobe.probe.model.families.llama import llama_config, llama_weights
+from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:
-    """The native config of a ``MistralConfig`` (:func:`~headprobe.probe.families.llama.llama_config`)."""
+    """The native config of a ``MistralConfig`` (:func:`~headprobe.probe.model.families.llama.llama_config`)."""
     return llama_config(hf_config, "mistral", windows="every_layer")
 
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from headprobe.probe.families.base import TINY_FIELDS, Family, TinySpec
-from headprobe.probe.families.llama import llama_config, llama_weights
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec
+from headprobe.probe.model.families.llama import llama_config, llama_weights
+from headprobe.probe.model.transformer import TransformerConfig
 
 NORMS = {"ln1_post": "post_attention_layernorm", "ln2_post": "post_feedforward_layernorm"}
 """Native norm of an OLMo-2 layer -> the Hugging Face norm it loads (no pre norms)."""
 
 
 def config(hf_config: Any) -> TransformerConfig:
-    """The native config of an ``Olmo2Config`` (:func:`~headprobe.probe.families.llama.llama_config`)."""
+    """The native config of an ``Olmo2Config`` (:func:`~headprobe.probe.model.families.llama.llama_config`)."""
     return llama_config(hf_config, "olmo2", qk_norm="full", pre_norm=False, post_norm=True)
 
 

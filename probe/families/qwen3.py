@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from headprobe.probe.families.base import TINY_FIELDS, Family, TinySpec, Variant
-from headprobe.probe.families.llama import llama_config, llama_weights
-from headprobe.probe.model import TransformerConfig
+from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec, Variant
+from headprobe.probe.model.families.llama import llama_config, llama_weights
+from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:
-    """The native config of a ``Qwen3Config`` (:func:`~headprobe.probe.families.llama.llama_config`)."""
+    """The native config of a ``Qwen3Config`` (:func:`~headprobe.probe.model.families.llama.llama_config`)."""
     return llama_config(hf_config, "qwen3", windows="layer_types", qk_norm="per_head")
 
 
