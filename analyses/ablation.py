@@ -466,11 +466,16 @@ class SweepResult:
         clean_loss: mean scored loss with no head ablated.
         loss: ``[layer, head]`` mean scored loss with that one head ablated; NaN where not swept.
         kind: the ablation kind (a name in :data:`headprobe.probe.core.ablation_kinds.KINDS`).
+        per_sequence: ``[layer, head, batch]`` each sequence's scored loss with that head ablated
+            (:func:`exact_sweep` with ``per_sequence``), else None.
+        clean_per_sequence: ``[batch]`` each sequence's clean scored loss, with ``per_sequence``.
     """
 
     clean_loss: float
     loss: Float[Tensor, "layer head"]
     kind: str
+    per_sequence: Float[Tensor, "layer head batch"] | None = None
+    clean_per_sequence: Float[Tensor, " batch"] | None = None
 
     @property
     def effect(self) -> Float[Tensor, "layer head"]:
@@ -617,7 +622,7 @@ class CleanResiduals(CleanActivations):
 def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
                 kind: str = "zero", mean_z: Float[Tensor, "layer head d_head"] | None = None,
                 source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0,
-                max_batch: int = 64, progress: bool = False) -> SweepResult:
+                max_batch: int = 64, progress: bool = False, per_sequence: bool = False) -> SweepResult:
     """The scored loss with each of ``heads`` (default: all) ablated alone, exactly.
 
     One clean forward pass records each swept layer's ``resid_pre``, ``z`` and raw attention
@@ -642,6 +647,7 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
             ``mean_z``) or ``resample`` (needs ``source_tokens``, same shape as ``tokens``).
         first: first scored prediction (see :func:`first_scored`).
         max_batch: most sequences in one forward pass (ablations x batch).
+        per_sequence: also keep each sequence's losses (:attr:`SweepResult.per_sequence`; one more clean pass).
 
     Raises:
         HeadprobeError: unknown ``kind`` or its reference input missing, or the model failed its
@@ -656,6 +662,7 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
     B, T = tokens.shape
     clean = CleanActivations(model, tokens, {layer for layer, _ in heads}, first, clean_loss=True)
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
+    seq = torch.full((spec.n_layers, spec.n_heads, B), float("nan")) if per_sequence else None
     per_pass = max(1, max_batch // B)
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
@@ -678,8 +685,11 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
             layer, tokens, pre[None].expand(k, -1, -1, -1).reshape(k * B, T, -1),
             (attn[None] + delta).reshape(k * B, T, -1), first)  # [k * batch]
         loss[layer, idx.cpu()] = per_seq.view(k, B).mean(dim=1).float().cpu()
+        if seq is not None:
+            seq[layer, idx.cpu()] = per_seq.view(k, B).float().cpu()
     assert clean.clean_loss is not None  # recorded by clean_loss=True
-    return SweepResult(clean.clean_loss, loss, kind)
+    clean_seq = model.scored_losses(tokens, first).float().cpu() if per_sequence else None
+    return SweepResult(clean.clean_loss, loss, kind, seq, clean_seq)
 
 
 @dataclass

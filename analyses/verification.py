@@ -90,6 +90,7 @@ class VerificationSettings:
             kinds; the benchmark's fixed-size reference).
         keep_n_random: keep ``n_random`` where it is below the draws a lone verdict needs under
             the correction (:func:`plan_draws`; default: raise it to that number).
+        primary_kind: the tested kind (:data:`PRIMARY_KIND`; ``headprobe robustness`` varies it).
     """
 
     k: int
@@ -101,16 +102,22 @@ class VerificationSettings:
     batch: int = BATCH
     sequential: bool = True
     keep_n_random: bool = False
+    primary_kind: str = PRIMARY_KIND
 
     def __post_init__(self):
         check_verification_choices(self.alpha, self.control, self.correction)
         if self.n_random < 1 or self.k < 1 or self.batch < 1:
             raise HeadprobeError("--n-random and --top-k must be at least 1")
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds ablated: :data:`KINDS`, with ``primary_kind`` (the tested one) added where it is another."""
+        return KINDS if self.primary_kind in KINDS else (*KINDS, self.primary_kind)
+
     def rule(self, metric: AblationMetric = LOSS_METRIC) -> VerdictRule:
         """The verdict rule of these settings for effects in ``metric`` (its floor)."""
-        return VerdictRule.for_metric(metric.name, metric.unit, self.alpha, self.correction, tested_kind=PRIMARY_KIND,
-                                      reported_kinds=tuple(k for k in KINDS if k != PRIMARY_KIND))
+        return VerdictRule.for_metric(metric.name, metric.unit, self.alpha, self.correction, tested_kind=self.primary_kind,
+                                      reported_kinds=tuple(k for k in self.kinds if k != self.primary_kind))
 
     @property
     def reachable(self) -> bool:
@@ -289,7 +296,8 @@ def _draw_controls(top: dict[str, list[Head]], task_of: dict[str, str], all_head
                 gen = torch.Generator().manual_seed(stream_seed(settings.seed, f"task:{task}" if shared else t))
                 streams.append(uniform_sets(settings.k, avail, settings.n_random, gen))
                 uniform_stream = len(streams) - 1
-            tests.append(_Test(t, task, list(top[t]), uniform_stream if settings.control == "uniform" and uniform_stream is not None else len(streams) - 1))
+            tests.append(_Test(t, task, list(top[t]), uniform_stream if settings.control == "uniform" and uniform_stream is not None else len(streams) - 1,
+                               effects={k: [] for k in settings.kinds}))
     return tests, streams, excluded, notes
 
 
@@ -319,7 +327,8 @@ def make_plan(tests: list[_Test], streams: list[list[list[Head]]], settings: Ver
         "n_random_requested": requested, "n_random": settings.n_random, "raised": settings.n_random > requested,
         "kept": settings.keep_n_random, "tests": [{"head_type": x.head_type, "task": x.task, "control_sets": n,
                                                    "confirmable": r} for x, n, r in zip(family, sizes, reach)],
-        "max_sets": len(tests) * len(KINDS) + sum(len(s) + min(n_secondary, len(s)) * (len(KINDS) - 1) for s in streams),
+        "max_sets": len(tests) * len(settings.kinds) + sum(len(s) + min(n_secondary, len(s)) * (len(settings.kinds) - 1)
+                                                            for s in streams),
     }
 
 
@@ -337,7 +346,8 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
                  untrusted: dict[str, str | None] | None = None, removed: Iterable[Head] = (),
                  progress: bool = False, say: Callable[[str], None] | None = None,
                  on_round: Callable[[dict], None] | None = None,
-                 cache: SetLosses | None = None) -> tuple[list[Verification], dict]:
+                 cache: SetLosses | None = None,
+                 sources: Mapping[str, torch.Tensor] | None = None) -> tuple[list[Verification], dict]:
     """Ablate each type's top-k heads and its control sets; the verdicts, corrected for their number.
 
     Args:
@@ -358,6 +368,7 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
         on_round: called after every round with the loop's state (:func:`loop_record`).
         cache: the set losses of an interrupted run and where to save them as they grow
             (:class:`SetLosses`, a scan's checkpoint); None: a fresh one that saves nowhere.
+        sources: task -> source tokens ``[batch, pos]`` of a kind that needs one (``resample``).
 
     Returns:
         ``(verifications, design)``: one :class:`Verification` per type and kind (the tested kind
@@ -386,14 +397,14 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
     notes += _pool_notes(tests, streams, settings)
     run = _Ablator(model, tokens, clean, mean_z, scorers, tqdm(total=plan["max_sets"], desc="verification", unit="set",
                                                               disable=not progress), _clean_residuals(model, tests, streams, tokens),
-                   cache=cache if cache is not None else SetLosses())
+                   cache=cache if cache is not None else SetLosses(), sources=sources or {})
     t0 = time.perf_counter()
-    run.top_sets(tests)
+    run.top_sets(tests, settings.kinds)
     if run.cache.seconds_per_set is None:  # a resumed run keeps the first run's timing
         run.cache.seconds_per_set = (time.perf_counter() - t0) / max(run.ablated, 1)
         run.cache.save()
     estimate = {"seconds_per_set": run.cache.seconds_per_set, "estimated_s": run.cache.seconds_per_set * plan["max_sets"]}
-    notes += _non_finite_top(tests)
+    notes += _non_finite_top(tests, settings.primary_kind)
     plan["lines"] = plan_lines(plan)  # stored without the time estimate (a timing: the design's "timings_s")
     for line in plan_lines({**plan, **estimate}):
         (say or (lambda _: None))(line)
@@ -412,14 +423,14 @@ def _verdicts(tests: list[_Test], streams: list, excluded: dict, settings: Verif
                         st.adjust_p_values([x.mc.p_value() for x in family], settings.correction)))
     out = [_verification(x, kind, streams[x.stream], excluded[x.head_type], adjusted.get(x.head_type), settings, metric,
                          float(clean[x.task].double().mean()), plan)
-           for x in tests for kind in (PRIMARY_KIND, *(k for k in KINDS if k != PRIMARY_KIND))]
+           for x in tests for kind in (settings.primary_kind, *(k for k in settings.kinds if k != settings.primary_kind))]
     notes += [f"{t.replace('_', '-')}: {n} control set{'s' if n > 1 else ''} gave a non-finite loss, counted as "
-              "reaching the effect" for t, n in ((x.head_type, sum(not np.isfinite(e) for e in x.effects[PRIMARY_KIND]))
+              "reaching the effect" for t, n in ((x.head_type, sum(not np.isfinite(e) for e in x.effects[settings.primary_kind]))
                                                  for x in tests) if n]
     design = {
         "alpha": settings.alpha, "correction": settings.correction, "verdict_rule": settings.rule(metric).to_dict(),
         "family_size": len(family),
-        "primary_kind": PRIMARY_KIND, "control": settings.control, "max_draws": settings.n_random,
+        "primary_kind": settings.primary_kind, "control": settings.control, "max_draws": settings.n_random,
         "batch": settings.batch, "secondary_draws": min(SECONDARY_DRAWS, settings.n_random) if settings.sequential
         else settings.n_random, "sequential": settings.sequential, "besag_clifford_h": tests[0].mc.h if tests else None,
         "sets_ablated": ablated,  # the top-k sets and every control set, each kind counted
@@ -443,13 +454,13 @@ def _pool_notes(tests: list[_Test], streams: list, settings: VerificationSetting
     return out
 
 
-def _non_finite_top(tests: list[_Test]) -> list[str]:
+def _non_finite_top(tests: list[_Test], primary: str = PRIMARY_KIND) -> list[str]:
     """Tests whose top-k effect is not finite (a NaN or infinite ablated loss) leave the family
     with that reason (``no_verdict``): a loss that could not be measured confirms nothing."""
     out = []
     for x in tests:
-        if x.no_verdict is None and not np.isfinite(x.top_effect[PRIMARY_KIND]):
-            x.no_verdict = (f"ablating its top-k heads gave a non-finite loss ({x.top_effect[PRIMARY_KIND]}); "
+        if x.no_verdict is None and not np.isfinite(x.top_effect[primary]):
+            x.no_verdict = (f"ablating its top-k heads gave a non-finite loss ({x.top_effect[primary]}); "
                             "it leaves the corrected family")
             out.append(f"{x.head_type.replace('_', '-')}: {x.no_verdict}")
     return out
@@ -537,6 +548,7 @@ class _Ablator:
     resid: dict = field(default_factory=dict)  # task -> CleanResiduals: each set starts at its first layer
     ablated: int = 0
     cache: SetLosses = field(default_factory=SetLosses)
+    sources: Mapping[str, torch.Tensor] = field(default_factory=dict)  # task -> source tokens (resample)
 
     def effects(self, task: str, sets: list[list[Head]], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``(losses [set, batch], effects [set, batch])`` of ablating each of ``sets`` (kind
@@ -545,10 +557,12 @@ class _Ablator:
         first = first_scored(task, ts.start, ts.period)
         keys = [SetLosses.key(task, kind, hs) for hs in sets]
         todo = {k: hs for k, hs in zip(keys, sets) if k not in self.cache.losses}
+        source: dict[str, Any] = {"source_tokens": self.sources[task]} if task in self.sources else {}
         if todo:
             new = distributed.map_sharded(  # under torchrun each rank ablates its slice of the sets
                 lambda part: set_ablation_losses(self.backend, ts.tokens, part, kind, self.mean_z, first,
-                                                 score=self.scorers.get(task), clean=self.resid.get(task)), list(todo.values()))
+                                                 score=self.scorers.get(task), clean=self.resid.get(task),
+                                                 **source), list(todo.values()))
             self.cache.losses.update(zip(todo, new.float().tolist()))
             self.cache.save()
         losses = torch.tensor([self.cache.losses[k] for k in keys], dtype=torch.float32)
@@ -556,11 +570,11 @@ class _Ablator:
         self.bar.update(len(sets))
         return losses, (losses - self.clean[task][None]).double()
 
-    def top_sets(self, tests: list[_Test]) -> None:
+    def top_sets(self, tests: list[_Test], kinds: Sequence[str] = KINDS) -> None:
         """Every test's top-k effect, per kind: one call per task and kind."""
         for task in dict.fromkeys(x.task for x in tests):
             group = [x for x in tests if x.task == task]
-            for kind in KINDS:
+            for kind in kinds:
                 losses, eff = self.effects(task, [x.top for x in group], kind)
                 for x, row, loss in zip(group, eff.numpy(), losses):
                     x.top_per_seq[kind], x.top_effect[kind] = row, float(row.mean())
@@ -574,23 +588,24 @@ class _Ablator:
         first ``n_secondary`` sets of each stream, in the first round. ``on_round`` gets
         :func:`loop_record` after each round."""
         for x in tests:  # a stream holds n_random sets, or every distinct set where there are fewer
-            x.mc = st.SequentialMCTest(x.top_effect[PRIMARY_KIND], len(streams[x.stream]), settings.alpha,
+            x.mc = st.SequentialMCTest(x.top_effect[settings.primary_kind], len(streams[x.stream]), settings.alpha,
                                        sequential=settings.sequential, tie=P_VALUE_TIE)
-        planned = [len(sets) + min(n_secondary, len(sets)) * (len(KINDS) - 1) for sets in streams]
+        primary, kinds = settings.primary_kind, settings.kinds
+        planned = [len(sets) + min(n_secondary, len(sets)) * (len(kinds) - 1) for sets in streams]
         done = [0] * len(streams)
         task_of = {x.stream: x.task for x in tests}
         while any(not x.mc.done for x in tests):
             spans = {s: (done[s], min(done[s] + settings.batch, len(streams[s])))
                      for s in sorted({x.stream for x in tests if not x.mc.done})}
             for task in dict.fromkeys(task_of[s] for s in spans):
-                for kind in KINDS:
-                    cut = {s: streams[s][lo:hi] if kind == PRIMARY_KIND else streams[s][:n_secondary] if lo == 0 else []
+                for kind in kinds:
+                    cut = {s: streams[s][lo:hi] if kind == primary else streams[s][:n_secondary] if lo == 0 else []
                            for s, (lo, hi) in spans.items() if task_of[s] == task}
                     self._ablate_round(tests, task, kind, cut, planned)
             for s, (lo, hi) in spans.items():
                 for x in tests:
                     if x.stream == s and not x.mc.done:
-                        x.mc.add(x.effects[PRIMARY_KIND][lo:hi])
+                        x.mc.add(x.effects[primary][lo:hi])
                 done[s] = hi
             _curtail(tests, settings)
             if on_round is not None:
@@ -670,10 +685,11 @@ def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[
     """One row of evidence: the tested kind with its sequential p and adjusted p, or the other kind
     (reported on the control sets it ablated, plain Monte Carlo p). A tested test whose draws
     cannot reach alpha (``reach`` never) has no verdict, with the reason."""
+    primary = settings.primary_kind
     effects = x.effects[kind]
     n = len(effects)
-    tested = kind == PRIMARY_KIND and x.no_verdict is None
-    if kind == PRIMARY_KIND:
+    tested = kind == primary and x.no_verdict is None
+    if kind == primary:
         p, g = x.mc.p_value(), x.mc.exceedances
     else:
         g = sum(not e < x.top_effect[kind] - P_VALUE_TIE for e in effects)  # NaN counts as reaching
@@ -691,12 +707,12 @@ def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[
         confirmed=confirmed, random_heads=[names(s) for s in stream[:n]], control_excludes=names(excluded),
         p_value=float(p), top_effect_ci95=[float(v) for v in st.mean_ci(x.top_per_seq[kind])],
         no_verdict=no_verdict, metric=metric.name, alpha=settings.alpha, min_effect=settings.rule(metric).min_effect,
-        p_adjusted=None if p_adj is None or kind != PRIMARY_KIND else float(p_adj), draws=n, control=settings.control,
+        p_adjusted=None if p_adj is None or kind != primary else float(p_adj), draws=n, control=settings.control,
         correction=settings.correction if tested else None, tested=tested,
-        p_method=_p_method(x.mc) if kind == PRIMARY_KIND else "monte-carlo (reported, not tested)",
-        stop_reason=stop_reason(x.mc) if kind == PRIMARY_KIND else None, exceedances=int(g),
-        p_value_is_bound=bool(kind == PRIMARY_KIND and x.mc.curtailed),
-        p_value_min=float(x.mc.best_p) if kind == PRIMARY_KIND and x.mc.curtailed else None,
+        p_method=_p_method(x.mc) if kind == primary else "monte-carlo (reported, not tested)",
+        stop_reason=stop_reason(x.mc) if kind == primary else None, exceedances=int(g),
+        p_value_is_bound=bool(kind == primary and x.mc.curtailed),
+        p_value_min=float(x.mc.best_p) if kind == primary and x.mc.curtailed else None,
     )
 
 

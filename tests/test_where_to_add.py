@@ -537,10 +537,12 @@ ADD_SETTING = textwrap.dedent('''
                                       ("circuit", "headprobe.commands.circuit", "CircuitConfig"),
                                       ("view", "headprobe.commands.view", "ViewConfig"),
                                       ("atlas", "headprobe.commands.atlas", "AtlasConfig"),
-                                      ("import", "headprobe.commands.import_heads", "ImportConfig")]:
+                                      ("import", "headprobe.commands.import_heads", "ImportConfig"),
+                                      ("robustness", "headprobe.commands.robustness", "RobustnessConfig"),
+                                      ("diff", "headprobe.commands.diff", "DiffConfig")]:
         cls = getattr(importlib.import_module(module_name), config)
         if "trust_remote_code" in {f.name for f in dataclasses.fields(cls)}:
-            extra = ["--head", "1.1", "--prompt", "x"] if name == "show" else []
+            extra = ["--head", "1.1", "--prompt", "x"] if name == "show" else ["a", "b"] if name == "diff" else []
             where = ["x"] if name == "view" else ["--heads-file", "x"] if name == "import" else ["--out", "x"]  # view writes into its DIR
             args = build_parser(name).parse_args([name, *where, "--trust-remote-code", *extra])
             changes = {"prompt": "x"} if name == "show" else {}
@@ -559,8 +561,8 @@ FIELD = ('    trust_remote_code: bool = setting(False, "run the repository\'s ow
 
 
 @pytest.mark.parametrize("group, commands", [
-    ("ModelSettings", ["ablate", "atlas", "circuit", "import", "kv", "patch", "prune", "scan", "show", "view"]),
-    ("DataSettings", ["ablate", "atlas", "import", "prune", "scan"]),
+    ("ModelSettings", ["ablate", "atlas", "circuit", "diff", "import", "kv", "patch", "prune", "robustness", "scan", "show", "view"]),
+    ("DataSettings", ["ablate", "atlas", "diff", "import", "prune", "robustness", "scan"]),
 ])
 def test_a_shared_setting_is_one_field(group, commands):
     r = subprocess.run([sys.executable, "-c", ADD_SETTING, group, FIELD], capture_output=True, text=True, cwd=ROOT)
@@ -582,7 +584,8 @@ def test_an_output_setting_reaches_every_command_that_writes_files():
     r = subprocess.run([sys.executable, "-c", script, "OutputSettings", FIELD], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     found = json.loads(r.stdout.strip().splitlines()[-1])
-    assert found["flagged"] == ["ablate", "atlas", "circuit", "kv", "patch", "prune", "scan", "show", "study", "train"]
+    assert found["flagged"] == ["ablate", "atlas", "circuit", "diff", "kv", "patch", "prune", "robustness", "scan", "show",
+                                "study", "train"]
     assert found["configs"] == {}
 
 

@@ -1,0 +1,123 @@
+"""``headprobe diff A B``: the same heads in two models of one layout -- each head's change in every
+detector score and in its single-head ablation effect, a paired sign-flip test over sequences per
+head, Benjamini-Hochberg over heads, and the heads whose role flipped (docs/robustness.md).
+
+The settings (:class:`DiffConfig`) and :func:`main` import no torch; the computation is
+:mod:`headprobe.commands.diff_core`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import MISSING, dataclass
+from pathlib import Path
+
+from headprobe import options, settings
+from headprobe.analyses import vocabulary as vocab
+from headprobe.commands import Command, lazy_names
+from headprobe.options import positive_int
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting
+
+__getattr__ = lazy_names(__name__, "headprobe.commands.diff_core", ("run", "diff", "DiffResult"))
+
+HELP = "compare the same heads in two models of one layout: score and ablation changes, paired tests, flipped roles"
+
+REQUANTIZE = ("int8", "int4", "int3")
+"""``--requantize-b`` choices (:data:`headprobe.probe.requantize.REQUANTIZE`, repeated here without torch)."""
+KINDS = ("zero", "mean", "resample")
+"""Single-head ablation kinds of the sweep (:mod:`headprobe.probe.core.ablation_kinds`)."""
+
+
+def layout_of(model: str) -> tuple[int, int, int | None] | None:
+    """``(n_layers, n_heads, n_kv_heads)`` read without loading (:func:`headprobe.options.peek_config`;
+    ``n_kv_heads`` from config.json's ``num_key_value_heads``, else the head count, None where
+    unknown); None where the layout cannot be read cheaply."""
+    cfg = options.peek_config(model)
+    if not cfg:
+        return None
+    kv: int | None = None
+    try:
+        raw = json.loads((Path(model).expanduser() / "config.json").read_text(encoding="utf-8-sig"))
+        kv = raw.get("num_key_value_heads") or raw.get("n_kv_heads") or cfg["n_heads"]
+    except (OSError, ValueError, AttributeError):
+        kv = None
+    return cfg["n_layers"], cfg["n_heads"], kv
+
+
+def layout_refusal(a: tuple, b: tuple, name_a: str, name_b: str) -> str | None:
+    """The one-line refusal when layouts ``(n_layers, n_heads, n_kv_heads)`` differ (None: they agree
+    or a part is unknown)."""
+    what = ("n_layers", "n_heads", "n_kv_heads")
+    bad = [f"{w} {x} vs {y}" for w, x, y in zip(what, a, b) if x is not None and y is not None and x != y]
+    return (f"{name_a} and {name_b} have different layouts ({', '.join(bad)}): diff compares the same heads of two "
+            "models of one layout") if bad else None
+
+
+@dataclass(frozen=True)
+class DiffConfig(ModelSettings, DataSettings):
+    """Settings of ``headprobe diff`` (recorded in summary.json's ``config``). ``model`` is A, ``b`` is
+    B, both loaded as the shared model settings ask.
+
+    Attributes:
+        b: the second model (name or path; may be A itself with ``requantize_b``).
+        types: head types compared (None: every causal type).
+        k: the top-k set of a type whose membership defines a role (default 10, or a quarter of the heads).
+        kind: the single-head ablation kind of the sweeps.
+        alpha: level of each head's test after ``correction`` over the heads.
+        correction: ``bh`` or ``holm`` over the heads, per quantity.
+        n_perm: random sign flips per test (above 12 sequences; fewer are enumerated exactly).
+        requantize_b: round B's block weights to int8 (per channel) or 4/3 bits (groups of 32) first.
+    """
+
+    model: str = setting(MISSING, "model A (name or path)", metavar="A", positional=True, kw_only=True)
+    b: str = setting(MISSING, "model B, of the same layout (may be A with --requantize-b)", metavar="B", positional=True,
+                     kw_only=True)
+    types: str | Sequence[str] | None = setting(None, "head types (default: all causal ones)", metavar="TYPE[,TYPE...]")
+    k: int | None = setting(None, "a type's top-k set defines its role (default 10, or a quarter of the heads)",
+                            flag="--top-k", short="-k", type=positive_int)
+    kind: str = setting("mean", "single-head ablation kind of the sweeps (default %(default)s)", choices=KINDS)
+    alpha: float = setting(vocab.ALPHA, "level of each head's test after --correction (default %(default)s)",
+                           type=settings.probability)
+    correction: str = setting(vocab.CORRECTION, "correction over the heads, per quantity (default %(default)s)",
+                              choices=vocab.CORRECTIONS)
+    n_perm: int = setting(9999, "random sign flips per test above 12 sequences (default %(default)s)", type=positive_int)
+    requantize_b: str | None = setting(None, "round B's block weights first: int8 per output channel, int4/int3 per "
+                                       "group of 32 inputs (scale and minimum, as GGUF's Q4_1)", choices=REQUANTIZE)
+
+    def __post_init__(self):
+        object.__setattr__(self, "types", vocab.select_head_types(self.types) if self.types is not None else None)
+        super().__post_init__()
+        vocab.check_verification_choices(self.alpha, "layer-matched", self.correction)
+
+    def preflight(self) -> None:
+        """The text file and the two layouts as config.json gives them, before loading.
+
+        Raises:
+            HeadprobeError: a bad text file, or layouts that differ.
+        """
+        from headprobe.probe.core.io import open_text_file
+
+        if self.text:
+            open_text_file(self.text)
+        options.check_model(self.b)
+        a, b = layout_of(self.model), layout_of(self.b)
+        if a and b and (why := layout_refusal(a, b, self.model, self.b)):
+            raise HeadprobeError(why)
+
+
+FLAGS = (Flags(only=("model", "b")), Flags(group=ModelSettings, skip=("model",)), OUTPUT, Flags(group=DataSettings),
+         Flags(only=("types", "k", "kind", "alpha", "correction", "n_perm", "requantize_b")))
+"""``headprobe diff``'s flags in ``--help`` order."""
+
+
+def main(args: argparse.Namespace, config: DiffConfig) -> int:
+    """``headprobe diff``: checked config and --out -> load A and B -> run -> save -> print."""
+    return options.run_command(args, config, options.Run("headprobe.commands.diff_core"))
+
+
+COMMAND = Command(HELP, config=DiffConfig, run="headprobe.commands.diff:main", flags=FLAGS,
+                  api="headprobe.commands.diff_core:diff")
+"""``headprobe diff``, registered in :data:`headprobe.commands.COMMANDS`."""

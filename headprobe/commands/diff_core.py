@@ -1,0 +1,303 @@
+"""The computation of ``headprobe diff`` (torch): both models scored on the same tokens
+(:func:`~headprobe.analyses.scoring.score_tokens`, per sequence) and swept head by head
+(:func:`~headprobe.analyses.ablation.exact_sweep`, per sequence), each head's paired test
+(:func:`~headprobe.analyses.robustness.sign_flip_p`), the correction over heads
+(:func:`~headprobe.analyses.statistics.adjust_p_values`), the table, summary and figure."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headprobe import options
+from headprobe.analyses import robustness as rb
+from headprobe.analyses.ablation import exact_sweep, first_scored, top_heads
+from headprobe.analyses.columns import DETECTORS
+from headprobe.analyses.data import TokenSet, natural_text_tokens, repeated_random_tokens
+from headprobe.analyses.scoring import score_tokens
+from headprobe.analyses.statistics import adjust_p_values
+from headprobe.commands.diff import HELP, DiffConfig, layout_refusal  # noqa: F401 - HELP re-exported
+from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import open_text_file, summary_envelope
+from headprobe.probe.hooks.ablation import format_head
+from headprobe.probe.layout.spec import ModelSpec
+
+DEFAULT_K = 10
+"""A type's top-k set, unless that is more than a quarter of the heads (scan's rule)."""
+
+
+def _layout(model: LoadedModel) -> tuple[int, int, int]:
+    s = model.spec
+    return s.n_layers, s.n_heads, s.n_kv_heads
+
+
+def measure(model: LoadedModel, natural: TokenSet, repeated: TokenSet, types: tuple[str, ...], kind: str
+            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``(per_sequence, means)``: quantity -> ``[batch, layer, head]`` per-sequence values and
+    ``[layer, head]`` their scores as scan reports them. Quantities: each type's ranking column
+    (on its token set) and ``ablation_<task>``, the single-head ablation effect on that task
+    (nats/token, the exact sweep's per-sequence loss minus the clean loss)."""
+    per_seq: dict = {}
+    first_nat = first_scored("natural", natural.start, None)
+    first_rep = first_scored("repeated", repeated.start, repeated.period)
+    s1, _, mean_z = score_tokens(model, natural, "natural", first_nat, mean_z=True, types=types, per_sequence=per_seq)
+    s2, _, _ = score_tokens(model, repeated, "repeated", first_rep, types=types, per_sequence=per_seq)
+    cols = [DETECTORS[t].rank_by for t in types]
+    out = {c: per_seq[c].numpy() for c in cols}
+    means = {c: {**s1, **s2}[c].numpy() for c in cols}
+    for task, ts, first in (("natural", natural, first_nat), ("repeated", repeated, first_rep)):
+        src = ts.tokens.roll(1, dims=0) if kind == "resample" else None
+        sw = exact_sweep(model, ts.tokens, kind=kind, mean_z=mean_z, source_tokens=src, first=first, per_sequence=True)
+        assert sw.per_sequence is not None and sw.clean_per_sequence is not None
+        eff = (sw.per_sequence - sw.clean_per_sequence[None, None]).permute(2, 0, 1)  # [batch, layer, head]
+        out[f"ablation_{task}"] = eff.double().numpy()
+        means[f"ablation_{task}"] = sw.effect.numpy()
+    return out, means
+
+
+def compare(a: dict[str, np.ndarray], b: dict[str, np.ndarray], correction: str, n_perm: int, seed: int
+            ) -> dict[str, dict[str, np.ndarray]]:
+    """Quantity -> ``{"change", "p", "p_adjusted"}`` ``[layer, head]``: the mean paired change ``B - A``
+    over sequences, its sign-flip p and the p adjusted over the heads (NaN p's left out)."""
+    out = {}
+    for q in a:
+        d = b[q] - a[q]  # [batch, layer, head]
+        p = rb.sign_flip_p(d, n_perm, seed)
+        adj = np.full(p.shape, np.nan)
+        ok = ~np.isnan(p)
+        adj[ok] = adjust_p_values(p[ok].tolist(), correction)
+        out[q] = {"change": d.mean(axis=0), "p": p, "p_adjusted": adj}
+    return out
+
+
+@dataclass
+class DiffResult:
+    """What ``headprobe diff`` found: per quantity the two models' values and the tests, the top-k
+    sets of each type in each model, the flipped heads, the table (diff.csv) and the settings."""
+
+    config: DiffConfig
+    spec_a: ModelSpec
+    spec_b: ModelSpec
+    means: dict[str, dict[str, np.ndarray]]
+    tests: dict[str, dict[str, np.ndarray]]
+    top: dict[str, dict[str, list]]
+    flipped: list[dict]
+    table: pd.DataFrame
+    timings: dict[str, float]
+    n_sequences: dict[str, int]
+    requantized: int = 0
+    device: str = "cpu"
+    self_check: dict | None = None
+
+    @property
+    def load_s(self) -> float:
+        return self.timings["load_s"]
+
+    @load_s.setter
+    def load_s(self, seconds: float) -> None:
+        self.timings["load_s"] = self.timings.get("load_s", 0.0) + seconds
+
+    def summary(self) -> dict:
+        c = self.config
+        return summary_envelope({
+            "model_b": self.spec_b.name, "weights_precision_b": self.spec_b.precision,
+            "requantize_b": c.requantize_b, "requantized_matrices": self.requantized,
+            "layout": dict(zip(("n_layers", "n_heads", "n_kv_heads"), _spec_layout(self.spec_a))),
+            "sequences": self.n_sequences,
+            "test": "paired: d_s = x_B(s) - x_A(s) per sequence; two-sided sign-flip permutation test of mean(d) "
+                    "(Fisher 1935; exact over all 2^n flips below 13 sequences, else n_perm random flips, p = (1+#)/(1+n_perm)); "
+                    f"{c.correction} over the heads per quantity; significant: p_adjusted <= {c.alpha}",
+            "quantities": {q: {"significant": [format_head(h) for h in _heads(t["p_adjusted"] <= c.alpha)],
+                               "max_abs_change": float(np.nanmax(np.abs(t["change"])))} for q, t in self.tests.items()},
+            "top_k": {t: {m: [format_head(h) for h in hs] for m, hs in v.items()} for t, v in self.top.items()},
+            "flipped": self.flipped,
+            "role_rule": f"a head's role flipped: in the top-{c.k} set of a type in one model and not the other, or a "
+                         "significant change in any quantity",
+        }, model=self.spec_a.name, precision=self.spec_a.precision, device=self.device,
+            self_check=self.self_check, config=c, timings_s=self.timings)
+
+    def figures(self) -> dict:
+        return {"diff": lambda: diff_figure(self)}
+
+    def report(self) -> str:
+        lines = [f"{self.spec_a.name} vs {self.spec_b.name}"
+                 + (f" re-quantized to {self.config.requantize_b}" if self.config.requantize_b else ""), ""]
+        for q, t in self.tests.items():
+            sig = _heads(t["p_adjusted"] <= self.config.alpha)
+            change = t["change"]
+            big = ", ".join(f"{format_head(h)} ({change[h]:+.3g})" for h in sorted(sig, key=lambda h: -abs(change[h]))[:6])
+            lines.append(f"{q:<22} max |change| {np.nanmax(np.abs(change)):.4g}; significant: {len(sig)} heads"
+                         + (f", largest {big}" if big else ""))
+        moved = {t: sorted(set(v["A"]) ^ set(v["B"])) for t, v in self.top.items()}
+        lines.append(f"\nflipped roles: {len(self.flipped)} heads (summary.json's flipped says why); top-{self.config.k} "
+                     "membership: " + ("; ".join(f"{t} {', '.join(format_head(h) for h in hs)}" for t, hs in moved.items()
+                                                if hs) or "unchanged"))
+        return "\n".join(lines)
+
+    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+        """Write diff.csv, the figure and, last, summary.json (:func:`~headprobe.analyses.outputs.write_outputs`)."""
+        from headprobe.analyses.outputs import write_outputs
+
+        return write_outputs(out_dir, overwrite, summary=self.summary, figures=self.figures(),
+                             tables={"diff.csv": self.table.to_csv(index=False, float_format="%.6g")})
+
+
+def _spec_layout(spec) -> tuple[int, int, int]:
+    return spec.n_layers, spec.n_heads, spec.n_kv_heads
+
+
+def _heads(mask: np.ndarray) -> list[tuple[int, int]]:
+    return [(int(layer), int(head)) for layer, head in zip(*np.nonzero(mask))]
+
+
+def _flips(tests: dict, top: dict, alpha: float) -> list[dict]:
+    """Each head whose role flipped, with why (top-k membership or a significant change)."""
+    why: dict[tuple[int, int], list[str]] = {}
+    for t, sets in top.items():
+        for h in set(sets["A"]) ^ set(sets["B"]):
+            why.setdefault(h, []).append(f"{t} top-k in {'A' if h in sets['A'] else 'B'} only")
+    for q, r in tests.items():
+        for h in _heads(r["p_adjusted"] <= alpha):
+            why.setdefault(h, []).append(f"{q} changed by {r['change'][h]:+.4g} (p adj {r['p_adjusted'][h]:.3g})")
+    return [{"head": format_head(h), "why": w} for h, w in sorted(why.items())]
+
+
+def _table(means: dict, tests: dict, top: dict, n_layers: int, n_heads: int) -> pd.DataFrame:
+    rows = []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            row: dict = {"layer": layer, "head": head}
+            for q, t in tests.items():
+                row.update({f"{q}_a": means["A"][q][layer, head], f"{q}_b": means["B"][q][layer, head],
+                            f"{q}_change": t["change"][layer, head], f"{q}_p": t["p"][layer, head],
+                            f"{q}_p_adjusted": t["p_adjusted"][layer, head]})
+            for name, sets in top.items():
+                row[f"{name}_top_a"] = int((layer, head) in sets["A"])
+                row[f"{name}_top_b"] = int((layer, head) in sets["B"])
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bool = False) -> DiffResult:
+    """Both models measured on the same tokens (A's tokenizer) and compared head by head.
+
+    Raises:
+        HeadprobeError: layouts or vocabularies that differ, an encoder, or a model whose self-check
+            forbids head ablation.
+    """
+    if (why := layout_refusal(_layout(a), _layout(b), a.spec.name, b.spec.name)):
+        raise HeadprobeError(why)
+    if a.spec.d_vocab != b.spec.d_vocab:
+        raise HeadprobeError(f"{a.spec.name} and {b.spec.name} have different vocabularies ({a.spec.d_vocab} vs "
+                             f"{b.spec.d_vocab} tokens): diff runs both on the same tokens")
+    if not (a.spec.causal and b.spec.causal):
+        raise HeadprobeError("diff needs two causal language models (its ablation effects are loss effects)")
+    for m in (a, b):
+        m.self_check.require_decomposition("headprobe diff (single-head ablations)")
+    spec = a.spec
+    types = tuple(t for t in (cfg.types or DETECTORS) if DETECTORS[t].applies_to(True))
+    n_total = spec.n_layers * spec.n_heads
+    k = cfg.k or max(1, min(DEFAULT_K, n_total // 4))
+    seq_len = min(cfg.seq_len or 128, spec.n_ctx, b.spec.n_ctx)
+    period = min(cfg.period or 50, (min(spec.n_ctx, b.spec.n_ctx) - 1) // 2)
+    cfg = replace(cfg, types=types, k=k, seq_len=seq_len, period=period)
+    timings = {"load_s": 0.0}
+    t0 = time.perf_counter()
+    natural = natural_text_tokens(a, cfg.n_natural, seq_len, cfg.seed, open_text_file(cfg.text) if cfg.text else None,
+                                  source=cfg.text)
+    repeated = repeated_random_tokens(a, cfg.n_repeated, period, cfg.seed)
+    per, means = {}, {}
+    for name, m in (("A", a), ("B", b)):
+        per[name], means[name] = measure(m, natural, repeated, types, cfg.kind)
+    timings["measure_s"] = time.perf_counter() - t0
+    tests = compare(per["A"], per["B"], cfg.correction, cfg.n_perm, cfg.seed)
+    top = {t: {m: top_heads(torch.as_tensor(means[m][DETECTORS[t].rank_by]), k) for m in ("A", "B")} for t in types}
+    return DiffResult(cfg, a.spec, b.spec, means, tests, top, _flips(tests, top, cfg.alpha),
+                      _table(means, tests, top, spec.n_layers, spec.n_heads), timings,
+                      {"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])},
+                      device=str(a.device), self_check=a.self_check.to_dict())
+
+
+def run(model: LoadedModel, config: DiffConfig, progress: bool = True) -> DiffResult:
+    """The CLI's run: ``model`` is A (loaded by the runner); B is loaded here as the settings ask,
+    re-quantized when ``requantize_b`` says so (:func:`headprobe.probe.requantize.requantize`)."""
+    t0 = time.perf_counter()
+    other = options.load_for(replace(config, model=config.b))
+    load_b = time.perf_counter() - t0
+    return diff(model, other, progress=progress, _load_b=load_b, **_fields(config))
+
+
+def _fields(config: DiffConfig) -> dict:
+    import dataclasses
+
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in ("model", "b")}
+
+
+def diff(a: str | LoadedModel, b: str | LoadedModel, *, progress: bool = False, _load_b: float = 0.0, **fields) -> DiffResult:
+    """``headprobe diff A B`` as a Python function: ``a`` and ``b`` are names or loaded models; the
+    other keywords are :class:`~headprobe.commands.diff.DiffConfig`'s fields.
+
+    Raises:
+        HeadprobeError: bad settings, layouts that differ (one line), or as :func:`compare_models`.
+    """
+    from headprobe.probe.requantize import requantize
+
+    name = lambda m: m if isinstance(m, str) else m.spec.name
+    options.check_fields(DiffConfig, fields, "diff", positional=("model", "b"))
+    cfg = DiffConfig(model=name(a), b=name(b), **fields)
+    t0 = time.perf_counter()
+    if isinstance(a, str) or isinstance(b, str):
+        cfg.preflight()
+    ma = options.load_for(cfg) if isinstance(a, str) else a
+    mb = options.load_for(replace(cfg, model=cfg.b)) if isinstance(b, str) else b
+    load_s = time.perf_counter() - t0 + _load_b
+    n = requantize(mb, cfg.requantize_b) if cfg.requantize_b else 0
+    result = compare_models(ma, mb, cfg, progress)
+    result.requantized = n
+    result.timings["load_s"] = load_s
+    return result
+
+
+def diff_figure(result: DiffResult):
+    """One heatmap per quantity: each head's mean paired change B - A (layers down, heads across;
+    diverging colours, 0 white); heads significant after the correction boxed, heads whose top-k
+    membership flipped marked with a dot."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    qs = list(result.tests)
+    n_layers, n_heads = result.tests[qs[0]]["change"].shape
+    cols = min(3, len(qs))
+    rows = -(-len(qs) // cols)
+    fig = Figure(figsize=(1.2 + cols * (0.35 * n_heads + 1.6), 1.2 + rows * (0.16 * n_layers + 1.0)), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    moved = {DETECTORS[t].rank_by: set(v["A"]) ^ set(v["B"]) for t, v in result.top.items()}
+    for ax, q in zip(axes, qs):
+        t = result.tests[q]
+        lim = float(np.nanmax(np.abs(t["change"]))) or 1.0
+        im = ax.imshow(t["change"], cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+        for layer, head in _heads(t["p_adjusted"] <= result.config.alpha):
+            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=1.5, ec="black"))
+        for layer, head in moved.get(q, ()):
+            ax.plot(head, layer, "o", ms=2.5, color="#444")
+        ax.set_xticks(range(n_heads))
+        ax.set_yticks(range(0, n_layers, max(1, n_layers // 10)))
+        ax.set_title(q.replace("_", " "), fontsize=8)
+        ax.set_xlabel("head", fontsize=7)
+        ax.set_ylabel("layer", fontsize=7)
+        ax.tick_params(labelsize=6)
+        fig.colorbar(im, ax=ax, shrink=0.8).ax.tick_params(labelsize=6)
+    for ax in axes[len(qs):]:
+        ax.set_visible(False)
+    c = result.config
+    fig.suptitle(f"Change B − A per head: A = {result.spec_a.name}, B = {result.spec_b.name}"
+                 + (f" re-quantized to {c.requantize_b}" if c.requantize_b else "")
+                 + f"\nboxed: significant ({c.correction} over heads, alpha {c.alpha}, paired sign-flip test over "
+                   "sequences); dot: that type's top-k membership flipped", fontsize=8)
+    return fig

@@ -1,0 +1,124 @@
+"""``headprobe robustness``: each head type's top-k set and verdict under several conditions --
+disjoint data, other ablation kinds, other control draws and, where one exists, another detector --
+and how stable each head's label is across them (docs/robustness.md).
+
+The settings (:class:`RobustnessConfig`, whose fields are the flags) and :func:`main` import no
+torch; the computation is :mod:`headprobe.commands.robustness_core`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from headprobe import options, settings
+from headprobe.analyses import vocabulary as vocab
+from headprobe.commands import Command, lazy_names
+from headprobe.options import positive_int
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting
+
+__getattr__ = lazy_names(__name__, "headprobe.commands.robustness_core",
+                         ("run", "robustness", "RobustnessResult", "Condition", "conditions"))
+
+HELP = "how stable each head type's top-k heads and verdict are across data splits, ablation kinds, seeds and detectors"
+
+GROUPS = ("data", "kind", "seed", "detector")
+"""The condition groups (``--vary``): disjoint data, ablation kinds, control-draw seeds, another detector."""
+DEFAULT_TYPES = ("induction", "positional")
+"""The head types checked unless ``--types`` says otherwise."""
+DEFAULT_K = 10
+"""Heads per top-k set, unless that is more than a quarter of the heads (scan's rule)."""
+
+
+def _names(value: str | Sequence[str], allowed: Sequence[str], flag: str) -> tuple[str, ...]:
+    """A comma-separated string or a sequence -> a tuple of names from ``allowed``; refused otherwise."""
+    names = tuple(v.strip() for v in (value.split(",") if isinstance(value, str) else value) if v.strip())
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise HeadprobeError(f"{flag} takes names from {','.join(allowed)}, got {','.join(bad) or 'nothing'}")
+    return names
+
+
+@dataclass(frozen=True)
+class RobustnessConfig(ModelSettings, DataSettings):
+    """Settings of ``headprobe robustness`` (recorded in summary.json's ``config``): the shared model
+    and data settings (``n_natural`` windows are the base split, as many more the disjoint other
+    half) and the conditions' own.
+
+    Attributes:
+        types: head types (:data:`~headprobe.analyses.detectors.DETECTORS`), comma-separated or a tuple.
+        k: heads per top-k set (None: 10, or a quarter of the heads if fewer).
+        n_random, alpha, control, correction: the verification's, as ``headprobe scan``'s.
+        vary: condition groups (:data:`GROUPS`).
+        kinds: ablation kinds whose verdicts are compared (the base is ``mean``).
+        control_seeds: extra seeds of the control draws (seed+1 ... seed+N).
+        other_period: the repeated block's length in the data group's other-period condition
+            (None: three fifths of ``period``, at least 4).
+        n_boot: bootstrap resamples of each stability interval.
+    """
+
+    types: str | Sequence[str] = setting(",".join(DEFAULT_TYPES), "head types (default %(default)s)",
+                                         metavar="TYPE[,TYPE...]")
+    k: int | None = setting(None, f"heads per top-k set (default {DEFAULT_K}, or a quarter of the heads if fewer)",
+                            flag="--top-k", short="-k", type=positive_int)
+    n_random: int = setting(50, "the most control sets per verdict, as scan's (default %(default)s)", type=positive_int)
+    alpha: float = setting(vocab.ALPHA, "significance level of the verdicts (default %(default)s)", type=settings.probability)
+    control: str = setting("layer-matched", "control sets (default %(default)s)", choices=vocab.CONTROLS)
+    correction: str = setting(vocab.CORRECTION, "correction over each condition's verdicts (default %(default)s)",
+                              choices=vocab.CORRECTIONS)
+    vary: str | Sequence[str] = setting(",".join(GROUPS), "condition groups: data (disjoint text half, repeated "
+                                        "tokens at another seed and period), kind (ablation kinds), seed (control "
+                                        "draws), detector (induction by the OV copying score) (default %(default)s)",
+                                        metavar="GROUP[,GROUP...]")
+    kinds: str | Sequence[str] = setting("zero,resample", "ablation kinds besides mean whose verdicts are compared "
+                                         "(default %(default)s)", metavar="KIND[,KIND...]")
+    control_seeds: int = setting(2, "extra seeds of the control draws (default %(default)s)", type=int, metavar="N")
+    other_period: int | None = setting(None, "repeated block length of the other-period condition (default: 3/5 of "
+                                       "--period, at least 4)", type=positive_int)
+    n_boot: int = setting(2000, "bootstrap resamples of each stability interval (default %(default)s)", type=positive_int)
+
+    def __post_init__(self):
+        object.__setattr__(self, "types", vocab.select_head_types(self.types))
+        object.__setattr__(self, "vary", _names(self.vary, GROUPS, "--vary"))
+        from headprobe.probe.core import ablation_kinds
+
+        object.__setattr__(self, "kinds", _names(self.kinds, ablation_kinds.names(), "--kinds"))
+        super().__post_init__()
+        vocab.check_verification_choices(self.alpha, self.control, self.correction)
+        if self.control_seeds < 0:
+            raise HeadprobeError(f"--control-seeds must be 0 or more, got {self.control_seeds}")
+        if self.other_period is not None and self.other_period < 2:
+            raise HeadprobeError(f"--other-period must be at least 2, got {self.other_period}")
+
+    def preflight(self) -> None:
+        """The text file and ``k`` against the head count config.json gives, before loading.
+
+        Raises:
+            HeadprobeError: a bad text file, or k at least the head count.
+        """
+        from headprobe.probe.core.io import open_text_file
+
+        if self.text:
+            open_text_file(self.text)
+        cfg = options.peek_config(self.model)
+        if cfg and self.k is not None and self.k >= cfg["n_layers"] * cfg["n_heads"]:
+            raise HeadprobeError(f"--top-k {self.k} leaves no control heads: the model has "
+                                 f"{cfg['n_layers'] * cfg['n_heads']} heads")
+
+
+FLAGS = (Flags(group=ModelSettings), OUTPUT, Flags(group=DataSettings),
+         Flags(only=("types", "k", "n_random", "alpha", "control", "correction", "vary", "kinds", "control_seeds",
+                     "other_period", "n_boot")))
+"""``headprobe robustness``'s flags in ``--help`` order."""
+
+
+def main(args: argparse.Namespace, config: RobustnessConfig) -> int:
+    """``headprobe robustness``: checked config -> load -> run -> save -> print (:func:`headprobe.options.run_command`)."""
+    return options.run_command(args, config, options.Run("headprobe.commands.robustness_core"))
+
+
+COMMAND = Command(HELP, config=RobustnessConfig, run="headprobe.commands.robustness:main", flags=FLAGS,
+                  api="headprobe.commands.robustness_core:robustness")
+"""``headprobe robustness``, registered in :data:`headprobe.commands.COMMANDS`."""

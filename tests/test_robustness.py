@@ -1,0 +1,110 @@
+"""Issue 40: ``headprobe robustness`` -- the set statistics against hand computations and scipy, and
+the command on a tiny model: conditions that cannot move a top-k set give stability 1 and Jaccard 1,
+and the reported Jaccard and stabilities equal a hand computation from the reported top-k sets."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from headprobe.analyses import robustness as rb
+
+
+def test_jaccard_by_hand():
+    a, b, c = {(0, 0), (0, 1)}, {(0, 1), (1, 2)}, {(0, 0), (0, 1)}
+    assert rb.jaccard(a, b) == pytest.approx(1 / 3)
+    assert rb.jaccard(a, c) == 1.0 and rb.jaccard(set(), set()) == 1.0
+    assert rb.mean_pairwise_jaccard([a, b, c]) == pytest.approx((1 / 3 + 1 + 1 / 3) / 3)
+    assert np.isnan(rb.mean_pairwise_jaccard([a]))
+
+
+def test_stability_and_its_bootstrap_interval():
+    """The fraction is a count; the percentile bootstrap is degenerate for constant indicators and
+    close to scipy's percentile bootstrap otherwise (both resample the conditions)."""
+    from scipy.stats import bootstrap
+
+    sets = [{(0, 0)}, {(0, 0)}, {(1, 1)}, {(0, 0)}]
+    assert rb.stability(sets, (0, 0))[0] == 0.75 and rb.stability(sets, (2, 2))[0] == 0.0
+    assert rb.stability([{(0, 0)}] * 5, (0, 0)) == (1.0, 1.0, 1.0)
+    x = np.array([1, 0, 1, 1, 0, 1, 1, 1, 0, 1], dtype=float)
+    lo, hi = rb.bootstrap_interval(x, n_boot=20000, seed=1)
+    ref = bootstrap((x,), np.mean, n_resamples=20000, method="percentile", random_state=2).confidence_interval
+    assert abs(lo - ref.low) <= 0.1 and abs(hi - ref.high) <= 0.1 and lo < x.mean() < hi
+
+
+@pytest.mark.parametrize("n", [6, 15])
+def test_sign_flip_p_against_scipy(n):
+    """Exact (n < 13, every flip) and Monte Carlo (n >= 13) sign-flip p-values against
+    scipy.stats.permutation_test's paired (one-sample ``samples``) test of |mean|."""
+    from scipy.stats import permutation_test
+
+    rng = np.random.default_rng(0)
+    d = rng.normal(0.4, 1.0, size=(n, 3))
+    d[:, 2] = 0.0  # no change at all: p = 1
+    p = rb.sign_flip_p(d, n_perm=20000, seed=3)
+    for j in range(2):
+        ref = permutation_test((d[:, j],), lambda x: abs(np.mean(x)), permutation_type="samples",
+                               alternative="greater", n_resamples=np.inf if n < 13 else 20000, random_state=4).pvalue
+        assert p[j] == pytest.approx(ref, abs=1e-12 if n < 13 else 0.01), (j, p[j], ref)
+    assert p[2] == 1.0
+
+
+def test_fake_quantize_by_hand():
+    from headprobe.probe.requantize import fake_quantize
+
+    w = torch.tensor([[1.0, -0.5, 0.25, 0.0], [0.1, 0.2, 0.3, -0.4]])
+    s = torch.tensor([[1.0], [0.4]]) / 127
+    assert torch.allclose(fake_quantize(w, "int8"), torch.round(w / s) * s)
+    q = fake_quantize(w, "int3", group=4)  # one group per row: 8 levels from the row's min to max
+    lo = w.min(dim=1, keepdim=True).values
+    step = (w.max(dim=1, keepdim=True).values - lo) / 7
+    assert torch.allclose(q, torch.round((w - lo) / step) * step + lo)
+    assert (q - w).abs().max() <= step.max() / 2 + 1e-7
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_tokenizer):
+    import zoo
+
+    from headprobe.probe.backends.loading import wrap
+
+    return wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
+
+
+SMALL = {"seq_len": 32, "period": 10, "n_natural": 4, "n_repeated": 4, "k": 2, "n_random": 19}
+
+
+def test_conditions_that_cannot_move_the_top_k_give_stability_one(tiny, text_file):
+    """Ablation kinds and control seeds change the verdicts' draws, not the scores: every condition
+    has the base's top-k set, so each of its heads has stability 1 [1, 1] and the Jaccard is 1."""
+    from headprobe.commands.robustness_core import robustness
+
+    r = robustness(tiny, types="induction,positional", vary="kind,seed", text=str(text_file), **SMALL)
+    for name, rec in r.types.items():
+        assert rec["conditions"] == ["base", "kind zero", "kind resample", "controls seed 1", "controls seed 2"]
+        assert rec["mean_jaccard"] == 1.0
+        rows = r.table[r.table["type"] == name]
+        assert len(rows) == 2 and (rows["stability"] == 1.0).all() and (rows["ci95_low"] == 1.0).all()
+
+
+def test_reported_jaccard_and_stability_equal_a_hand_computation(tiny, text_file):
+    """With disjoint data and the copying detector the top-k sets move; the summary's Jaccard and
+    the CSV's stabilities equal plain set arithmetic over the reported top-k sets."""
+    from headprobe.commands.robustness_core import robustness
+
+    r = robustness(tiny, types="induction,positional", vary="data,detector", text=str(text_file), **SMALL)
+    summary = r.summary()
+    moved = False
+    for rec in summary["types"].values():
+        sets = [set(v) for v in rec["top_k"].values()]
+        pairs = [len(a & b) / len(a | b) for a, b in itertools.combinations(sets, 2)]
+        assert rec["mean_jaccard"] == pytest.approx(sum(pairs) / len(pairs))
+        moved |= rec["mean_jaccard"] < 1
+        for head, st in rec["stability"].items():
+            assert st["stability"] == pytest.approx(sum(head in s for s in sets) / len(sets))
+    assert moved  # not a vacuous check: some condition changed a top-k set
+    assert summary["types"]["induction"]["conditions"] == ["base", "repeats seed 1", "repeats period 6", "induction by copying"]
+    assert summary["types"]["positional"]["conditions"] == ["base", "text half 2"]
