@@ -20,11 +20,11 @@ from headprobe.probe.model.families.base import (
     TinySpec,
     Variant,
     hf_sizes,
-    moe_weights,
     rope_parameters,
     rope_theta,
     sliding,
 )
+from headprobe.probe.model.families.llama import llama_weights
 from headprobe.probe.model.transformer import TransformerConfig
 
 YARN_KEYS = {"rope_type", "rope_theta", "factor", "beta_fast", "beta_slow", "truncate", "original_max_position_embeddings",
@@ -74,20 +74,12 @@ def config(hf_config: Any) -> TransformerConfig:
 
 
 def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool = False) -> dict[str, Tensor]:
-    """Native parameter names from a GPT-OSS state dict (``rope_interleave`` ignored: halves rotate)."""
-    out = {"embed.W_E.weight": sd["model.embed_tokens.weight"]}
+    """Native parameter names from a GPT-OSS state dict: Llama's
+    (:func:`~headprobe.probe.model.families.llama.llama_weights`, the mixture of experts with GPT-OSS's
+    router and interleaved gate/up) plus each layer's learned sinks."""
+    out = llama_weights(sd, cfg, rope_interleave, moe=dict(router="router", layout="interleaved"))
     for l in range(cfg.n_layers):
-        h, b = f"model.layers.{l}.", block_path(l) + "."
-        for name in "qkvo":
-            out[b + f"attn.{name}_proj.weight"] = sd[h + f"self_attn.{name}_proj.weight"]
-            if h + f"self_attn.{name}_proj.bias" in sd:
-                out[b + f"attn.{name}_proj.bias"] = sd[h + f"self_attn.{name}_proj.bias"]
-        out[b + "attn.sinks"] = sd[h + "self_attn.sinks"]
-        out.update(moe_weights(sd, b + "mlp.", h + "mlp.", router="router", layout="interleaved"))
-        out[b + "ln1.norm.weight"] = sd[h + "input_layernorm.weight"]
-        out[b + "ln2.norm.weight"] = sd[h + "post_attention_layernorm.weight"]
-    out["ln_final.norm.weight"] = sd["model.norm.weight"]
-    out["unembed.weight"] = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])
+        out[block_path(l, "attn.sinks")] = sd[f"model.layers.{l}.self_attn.sinks"]
     return out
 
 
