@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from headprobe.probe.hooks.ablation import format_head
+
 SMALL = {"seq_len": 32, "period": 10, "n_natural": 16, "n_repeated": 16, "k": 2}
 PLANTED = (1, 2)
 
@@ -43,10 +45,12 @@ def test_diff_finds_the_planted_head_and_no_other(tiny_tokenizer, text_file):
     a, b = _pair(tiny_tokenizer, 1000.0)
     r = diff(a, b, text=str(text_file), **SMALL)
     assert _significant(r) == {PLANTED}
+    assert {format_head((int(x), int(y))) for q in r.tests for x, y in zip(*np.nonzero(r.changed(q)))} == {"1.2"}
     flipped = {f["head"]: f["why"] for f in r.flipped}
-    assert "1.2" in flipped and any("changed by" in w for w in flipped["1.2"])
-    # any other head is listed only because 1.2 entered or left a top-k set beside it
-    assert all("top-k" in w for h, why in flipped.items() if h != "1.2" for w in why)
+    moved = {h for sets in r.top.values() for h in set(sets["A"]) ^ set(sets["B"])}
+    assert moved - {PLANTED}, "the plant should push other heads across a top-k boundary"
+    # those neighbours crossed the boundary without changing: no flip; the planted head's flips name its change
+    assert set(flipped) <= {"1.2"} and all("changed by" in w for w in flipped.get("1.2", []))
     row = r.table[(r.table["layer"] == 0) & (r.table["head"] == 1)].iloc[0]
     assert row["induction_change"] == 0 and row["induction_p"] == 1  # layer 0 is untouched: identical patterns
 
@@ -57,6 +61,7 @@ def test_identical_models_differ_nowhere(tiny_tokenizer, text_file):
     a, b = _pair(tiny_tokenizer, 1.0)
     r = diff(a, b, text=str(text_file), **SMALL)
     assert _significant(r) == set() and r.flipped == []
+    assert not any(r.changed(q).any() for q in r.tests)
     assert all(np.all(t["change"] == 0) for t in r.tests.values())
 
 
@@ -105,3 +110,21 @@ def test_loaded_models_of_other_layouts_are_refused(tiny_tokenizer):
     b = wrap(zoo.make_checkpoint("llama", tiny_tokenizer, num_key_value_heads=4), backend="native")
     with pytest.raises(HeadprobeError, match=r"different layouts \(n_kv_heads 2 vs 4\)"):
         diff(a, b, **SMALL)
+
+
+def test_a_top_k_swap_counts_as_a_flip_only_with_a_real_change():
+    """The rule on hand-made tests: two heads swap across the top-1 boundary; only the one whose
+    score moved significantly by more than the floor flipped."""
+    from headprobe.commands.diff_core import _flips, changed_heads
+
+    a = np.array([[0.50, 0.49, 0.10, 0.12]])
+    change = np.array([[-0.02, 0.30, 0.0, 0.001]])
+    p_adj = np.array([[0.01, 0.01, 1.0, 0.01]])
+    test = {"change": change, "p_adjusted": p_adj}
+    floor = 0.5 * a.std()
+    assert changed_heads(test, a, 0.05, 0.5).tolist() == [[abs(-0.02) >= floor, True, False, False]]
+    top = {"induction": {"A": [(0, 0)], "B": [(0, 1)]}}
+    flips = _flips({"induction": test}, {"A": {"induction": a}}, top, 0.05, 0.5)
+    assert [f["head"] for f in flips] == ["0.1"] and "changed by +0.3" in flips[0]["why"][0]
+    # without the floor the boundary neighbour 0.0 (a significant but tiny change) would flip too
+    assert [f["head"] for f in _flips({"induction": test}, {"A": {"induction": a}}, top, 0.05, 0.0)] == ["0.0", "0.1"]

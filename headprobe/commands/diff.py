@@ -67,6 +67,8 @@ class DiffConfig(ModelSettings, DataSettings):
         k: the top-k set of a type whose membership defines a role (default 10, or a quarter of the heads).
         kind: the single-head ablation kind of the sweeps.
         alpha: level of each head's test after ``correction`` over the heads.
+        min_change: effect-size floor of a change that counts (with ``alpha``), in standard deviations of
+            A's values of that quantity over the heads.
         correction: ``bh`` or ``holm`` over the heads, per quantity.
         n_perm: random sign flips per test (above 12 sequences; fewer are enumerated exactly).
         requantize_b: round B's block weights to int8 (per channel) or 4/3 bits (groups of 32) first.
@@ -81,6 +83,8 @@ class DiffConfig(ModelSettings, DataSettings):
     kind: str = setting("mean", "single-head ablation kind of the sweeps (default %(default)s)", choices=KINDS)
     alpha: float = setting(vocab.ALPHA, "level of each head's test after --correction (default %(default)s)",
                            type=settings.probability)
+    min_change: float = setting(0.5, "a change counts when significant and at least this many standard deviations of "
+                                "A's values over the heads (default %(default)s)", type=float, metavar="SD")
     correction: str = setting(vocab.CORRECTION, "correction over the heads, per quantity (default %(default)s)",
                               choices=vocab.CORRECTIONS)
     n_perm: int = setting(9999, "random sign flips per test above 12 sequences (default %(default)s)", type=positive_int)
@@ -91,6 +95,8 @@ class DiffConfig(ModelSettings, DataSettings):
         object.__setattr__(self, "types", vocab.select_head_types(self.types) if self.types is not None else None)
         super().__post_init__()
         vocab.check_verification_choices(self.alpha, "layer-matched", self.correction)
+        if not 0 <= self.min_change < float("inf"):
+            raise HeadprobeError(f"--min-change must be a number >= 0 (standard deviations), got {self.min_change}")
 
     def preflight(self) -> None:
         """The text file and the two layouts as config.json gives them, before loading.
@@ -109,7 +115,7 @@ class DiffConfig(ModelSettings, DataSettings):
 
 
 FLAGS = (Flags(only=("model", "b")), Flags(group=ModelSettings, skip=("model",)), OUTPUT, Flags(group=DataSettings),
-         Flags(only=("types", "k", "kind", "alpha", "correction", "n_perm", "requantize_b")))
+         Flags(only=("types", "k", "kind", "alpha", "min_change", "correction", "n_perm", "requantize_b")))
 """``headprobe diff``'s flags in ``--help`` order."""
 
 

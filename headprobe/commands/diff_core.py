@@ -114,13 +114,21 @@ class DiffResult:
                     "(Fisher 1935; exact over all 2^n flips below 13 sequences, else n_perm random flips, p = (1+#)/(1+n_perm)); "
                     f"{c.correction} over the heads per quantity; significant: p_adjusted <= {c.alpha}",
             "quantities": {q: {"significant": [format_head(h) for h in _heads(t["p_adjusted"] <= c.alpha)],
+                               "changed": [format_head(h) for h in _heads(self.changed(q))],
+                               "min_change": c.min_change * float(np.nanstd(self.means["A"][q])),
                                "max_abs_change": float(np.nanmax(np.abs(t["change"])))} for q, t in self.tests.items()},
             "top_k": {t: {m: [format_head(h) for h in hs] for m, hs in v.items()} for t, v in self.top.items()},
             "flipped": self.flipped,
-            "role_rule": f"a head's role flipped: in the top-{c.k} set of a type in one model and not the other, or a "
-                         "significant change in any quantity",
+            "changed_rule": f"changed: significant and |change| >= {c.min_change} standard deviations of A's values over "
+                            "the heads (min_change, in the quantity's units)",
+            "role_rule": f"a head's role flipped: in the top-{c.k} set of a type in one model and not the other, and its "
+                         "score of that type changed (changed_rule); a top-k swap within the noise is not a flip",
         }, model=self.spec_a.name, precision=self.spec_a.precision, device=self.device,
             self_check=self.self_check, config=c, timings_s=self.timings)
+
+    def changed(self, quantity: str) -> np.ndarray:
+        """``[layer, head]`` bool: :func:`changed_heads` of ``quantity`` at the run's alpha and floor."""
+        return changed_heads(self.tests[quantity], self.means["A"][quantity], self.config.alpha, self.config.min_change)
 
     def figures(self) -> dict:
         return {"diff": lambda: diff_figure(self)}
@@ -129,14 +137,15 @@ class DiffResult:
         lines = [f"{self.spec_a.name} vs {self.spec_b.name}"
                  + (f" re-quantized to {self.config.requantize_b}" if self.config.requantize_b else ""), ""]
         for q, t in self.tests.items():
-            sig = _heads(t["p_adjusted"] <= self.config.alpha)
+            sig, changed = _heads(t["p_adjusted"] <= self.config.alpha), _heads(self.changed(q))
             change = t["change"]
-            big = ", ".join(f"{format_head(h)} ({change[h]:+.3g})" for h in sorted(sig, key=lambda h: -abs(change[h]))[:6])
-            lines.append(f"{q:<22} max |change| {np.nanmax(np.abs(change)):.4g}; significant: {len(sig)} heads"
-                         + (f", largest {big}" if big else ""))
+            big = ", ".join(f"{format_head(h)} ({change[h]:+.3g})" for h in sorted(changed, key=lambda h: -abs(change[h]))[:6])
+            lines.append(f"{q:<22} max |change| {np.nanmax(np.abs(change)):.4g}; significant: {len(sig)} heads, changed "
+                         f"by >= {self.config.min_change} sd: {len(changed)}" + (f", largest {big}" if big else ""))
         moved = {t: sorted(set(v["A"]) ^ set(v["B"])) for t, v in self.top.items()}
-        lines.append(f"\nflipped roles: {len(self.flipped)} heads (summary.json's flipped says why); top-{self.config.k} "
-                     "membership: " + ("; ".join(f"{t} {', '.join(format_head(h) for h in hs)}" for t, hs in moved.items()
+        lines.append(f"\nflipped roles: {len(self.flipped)} heads"
+                     + (f" ({', '.join(f['head'] for f in self.flipped)}; summary.json's flipped says why)" if self.flipped else "")
+                     + f"; top-{self.config.k} membership changes, flips or not: " + ("; ".join(f"{t} {', '.join(format_head(h) for h in hs)}" for t, hs in moved.items()
                                                 if hs) or "unchanged"))
         return "\n".join(lines)
 
@@ -156,15 +165,27 @@ def _heads(mask: np.ndarray) -> list[tuple[int, int]]:
     return [(int(layer), int(head)) for layer, head in zip(*np.nonzero(mask))]
 
 
-def _flips(tests: dict, top: dict, alpha: float) -> list[dict]:
-    """Each head whose role flipped, with why (top-k membership or a significant change)."""
+def changed_heads(test: dict, a_values: np.ndarray, alpha: float, min_change: float) -> np.ndarray:
+    """``[layer, head]`` bool: the change is significant (``p_adjusted <= alpha``) and at least
+    ``min_change`` standard deviations of A's values over the heads (an effect-size floor: with
+    many paired sequences the test alone detects shifts of a thousandth)."""
+    floor = min_change * float(np.nanstd(a_values))
+    with np.errstate(invalid="ignore"):
+        return (test["p_adjusted"] <= alpha) & (np.abs(test["change"]) >= floor)
+
+
+def _flips(tests: dict, means: dict, top: dict, alpha: float, min_change: float) -> list[dict]:
+    """Each head whose role flipped: it entered or left a type's top-k set AND its score of that type
+    changed (:func:`changed_heads`); a swap at the top-k boundary within the noise is not a flip.
+    Heads whose ablation effect changed are listed beside, with the change."""
     why: dict[tuple[int, int], list[str]] = {}
     for t, sets in top.items():
+        q = DETECTORS[t].rank_by
+        changed = changed_heads(tests[q], means["A"][q], alpha, min_change)
         for h in set(sets["A"]) ^ set(sets["B"]):
-            why.setdefault(h, []).append(f"{t} top-k in {'A' if h in sets['A'] else 'B'} only")
-    for q, r in tests.items():
-        for h in _heads(r["p_adjusted"] <= alpha):
-            why.setdefault(h, []).append(f"{q} changed by {r['change'][h]:+.4g} (p adj {r['p_adjusted'][h]:.3g})")
+            if changed[h]:
+                why.setdefault(h, []).append(f"{t}: top-k in {'A' if h in sets['A'] else 'B'} only, {q} changed by "
+                                             f"{tests[q]['change'][h]:+.4g} (p adj {tests[q]['p_adjusted'][h]:.3g})")
     return [{"head": format_head(h), "why": w} for h, w in sorted(why.items())]
 
 
@@ -218,7 +239,7 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
     timings["measure_s"] = time.perf_counter() - t0
     tests = compare(per["A"], per["B"], cfg.correction, cfg.n_perm, cfg.seed)
     top = {t: {m: top_heads(torch.as_tensor(means[m][DETECTORS[t].rank_by]), k) for m in ("A", "B")} for t in types}
-    return DiffResult(cfg, a.spec, b.spec, means, tests, top, _flips(tests, top, cfg.alpha),
+    return DiffResult(cfg, a.spec, b.spec, means, tests, top, _flips(tests, means, top, cfg.alpha, cfg.min_change),
                       _table(means, tests, top, spec.n_layers, spec.n_heads), timings,
                       {"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])},
                       device=str(a.device), self_check=a.self_check.to_dict())
