@@ -114,17 +114,19 @@ def test_loaded_models_of_other_layouts_are_refused(tiny_tokenizer):
 
 def test_a_top_k_swap_counts_as_a_flip_only_with_a_real_change():
     """The rule on hand-made tests: two heads swap across the top-1 boundary; only the one whose
-    score moved significantly by more than the floor flipped."""
+    score moved significantly by more than the floor (half a pooled sd over the heads) flipped."""
     from headprobe.commands.diff_core import _flips, changed_heads
 
     a = np.array([[0.50, 0.49, 0.10, 0.12]])
     change = np.array([[-0.02, 0.30, 0.0, 0.001]])
     p_adj = np.array([[0.01, 0.01, 1.0, 0.01]])
     test = {"change": change, "p_adjusted": p_adj}
-    floor = 0.5 * a.std()
-    assert changed_heads(test, a, 0.05, 0.5).tolist() == [[abs(-0.02) >= floor, True, False, False]]
+    b = a + change
+    floor = 0.5 * np.sqrt((a.var() + b.var()) / 2)  # 0.5 pooled sd: about 0.08
+    assert changed_heads(test, a, b, 0.05, 0.5).tolist() == [[abs(-0.02) >= floor, True, False, False]]
     top = {"induction": {"A": [(0, 0)], "B": [(0, 1)]}}
-    flips = _flips({"induction": test}, {"A": {"induction": a}}, top, 0.05, 0.5)
+    means = {"A": {"induction": a}, "B": {"induction": b}}
+    flips = _flips({"induction": test}, means, top, 0.05, 0.5)
     assert [f["head"] for f in flips] == ["0.1"] and "changed by +0.3" in flips[0]["why"][0]
     # without the floor the boundary neighbour 0.0 (a significant but tiny change) would flip too
-    assert [f["head"] for f in _flips({"induction": test}, {"A": {"induction": a}}, top, 0.05, 0.0)] == ["0.0", "0.1"]
+    assert [f["head"] for f in _flips({"induction": test}, means, top, 0.05, 0.0)] == ["0.0", "0.1"]

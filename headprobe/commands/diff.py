@@ -68,7 +68,7 @@ class DiffConfig(ModelSettings, DataSettings):
         kind: the single-head ablation kind of the sweeps.
         alpha: level of each head's test after ``correction`` over the heads.
         min_change: effect-size floor of a change that counts (with ``alpha``), in standard deviations of
-            A's values of that quantity over the heads.
+            that quantity over the heads, pooled over A and B.
         correction: ``bh`` or ``holm`` over the heads, per quantity.
         n_perm: random sign flips per test (above 12 sequences; fewer are enumerated exactly).
         requantize_b: round B's block weights to int8 (per channel) or 4/3 bits (groups of 32) first.
@@ -84,7 +84,7 @@ class DiffConfig(ModelSettings, DataSettings):
     alpha: float = setting(vocab.ALPHA, "level of each head's test after --correction (default %(default)s)",
                            type=settings.probability)
     min_change: float = setting(0.5, "a change counts when significant and at least this many standard deviations of "
-                                "A's values over the heads (default %(default)s)", type=float, metavar="SD")
+                                "the quantity over the heads, A and B pooled (default %(default)s)", type=float, metavar="SD")
     correction: str = setting(vocab.CORRECTION, "correction over the heads, per quantity (default %(default)s)",
                               choices=vocab.CORRECTIONS)
     n_perm: int = setting(9999, "random sign flips per test above 12 sequences (default %(default)s)", type=positive_int)

@@ -115,12 +115,12 @@ class DiffResult:
                     f"{c.correction} over the heads per quantity; significant: p_adjusted <= {c.alpha}",
             "quantities": {q: {"significant": [format_head(h) for h in _heads(t["p_adjusted"] <= c.alpha)],
                                "changed": [format_head(h) for h in _heads(self.changed(q))],
-                               "min_change": c.min_change * float(np.nanstd(self.means["A"][q])),
+                               "min_change": change_floor(self.means["A"][q], self.means["B"][q], c.min_change),
                                "max_abs_change": float(np.nanmax(np.abs(t["change"])))} for q, t in self.tests.items()},
             "top_k": {t: {m: [format_head(h) for h in hs] for m, hs in v.items()} for t, v in self.top.items()},
             "flipped": self.flipped,
-            "changed_rule": f"changed: significant and |change| >= {c.min_change} standard deviations of A's values over "
-                            "the heads (min_change, in the quantity's units)",
+            "changed_rule": f"changed: significant and |change| >= {c.min_change} standard deviations of the quantity over "
+                            "the heads, pooled over A and B (min_change, in the quantity's units)",
             "role_rule": f"a head's role flipped: in the top-{c.k} set of a type in one model and not the other, and its "
                          "score of that type changed (changed_rule); a top-k swap within the noise is not a flip",
         }, model=self.spec_a.name, precision=self.spec_a.precision, device=self.device,
@@ -128,7 +128,8 @@ class DiffResult:
 
     def changed(self, quantity: str) -> np.ndarray:
         """``[layer, head]`` bool: :func:`changed_heads` of ``quantity`` at the run's alpha and floor."""
-        return changed_heads(self.tests[quantity], self.means["A"][quantity], self.config.alpha, self.config.min_change)
+        m = self.means
+        return changed_heads(self.tests[quantity], m["A"][quantity], m["B"][quantity], self.config.alpha, self.config.min_change)
 
     def figures(self) -> dict:
         return {"diff": lambda: diff_figure(self)}
@@ -165,11 +166,18 @@ def _heads(mask: np.ndarray) -> list[tuple[int, int]]:
     return [(int(layer), int(head)) for layer, head in zip(*np.nonzero(mask))]
 
 
-def changed_heads(test: dict, a_values: np.ndarray, alpha: float, min_change: float) -> np.ndarray:
+def change_floor(a_values: np.ndarray, b_values: np.ndarray, min_change: float) -> float:
+    """``min_change`` standard deviations of a quantity over the heads, pooled over the two models
+    (``sqrt((var_A + var_B) / 2)``: symmetric in A and B, and not near 0 when one model, e.g. a
+    random initialisation, has all heads alike), in the quantity's units."""
+    return min_change * float(np.sqrt((np.nanvar(a_values) + np.nanvar(b_values)) / 2))
+
+
+def changed_heads(test: dict, a_values: np.ndarray, b_values: np.ndarray, alpha: float, min_change: float) -> np.ndarray:
     """``[layer, head]`` bool: the change is significant (``p_adjusted <= alpha``) and at least
-    ``min_change`` standard deviations of A's values over the heads (an effect-size floor: with
-    many paired sequences the test alone detects shifts of a thousandth)."""
-    floor = min_change * float(np.nanstd(a_values))
+    :func:`change_floor` (an effect-size floor: with many paired sequences the test alone detects
+    shifts of a thousandth)."""
+    floor = change_floor(a_values, b_values, min_change)
     with np.errstate(invalid="ignore"):
         return (test["p_adjusted"] <= alpha) & (np.abs(test["change"]) >= floor)
 
@@ -181,7 +189,7 @@ def _flips(tests: dict, means: dict, top: dict, alpha: float, min_change: float)
     why: dict[tuple[int, int], list[str]] = {}
     for t, sets in top.items():
         q = DETECTORS[t].rank_by
-        changed = changed_heads(tests[q], means["A"][q], alpha, min_change)
+        changed = changed_heads(tests[q], means["A"][q], means["B"][q], alpha, min_change)
         for h in set(sets["A"]) ^ set(sets["B"]):
             if changed[h]:
                 why.setdefault(h, []).append(f"{t}: top-k in {'A' if h in sets['A'] else 'B'} only, {q} changed by "
@@ -287,8 +295,9 @@ def diff(a: str | LoadedModel, b: str | LoadedModel, *, progress: bool = False, 
 
 def diff_figure(result: DiffResult):
     """One heatmap per quantity: each head's mean paired change B - A (layers down, heads across;
-    diverging colours, 0 white); heads significant after the correction boxed, heads whose top-k
-    membership flipped marked with a dot."""
+    diverging colours, 0 white); heads that changed (:func:`changed_heads`) boxed; for a type's
+    ranking score, a filled dot where the head's role flipped and a hollow one where it crossed the
+    top-k boundary without changing."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
@@ -300,13 +309,13 @@ def diff_figure(result: DiffResult):
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     moved = {DETECTORS[t].rank_by: set(v["A"]) ^ set(v["B"]) for t, v in result.top.items()}
     for ax, q in zip(axes, qs):
-        t = result.tests[q]
+        t, changed = result.tests[q], result.changed(q)
         lim = float(np.nanmax(np.abs(t["change"]))) or 1.0
         im = ax.imshow(t["change"], cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
-        for layer, head in _heads(t["p_adjusted"] <= result.config.alpha):
+        for layer, head in _heads(changed):
             ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=1.5, ec="black"))
         for layer, head in moved.get(q, ()):
-            ax.plot(head, layer, "o", ms=2.5, color="#444")
+            ax.plot(head, layer, "o", ms=3, mec="#222", mfc="#222" if changed[layer, head] else "none", mew=0.8)
         ax.set_xticks(range(n_heads))
         ax.set_yticks(range(0, n_layers, max(1, n_layers // 10)))
         ax.set_title(q.replace("_", " "), fontsize=8)
@@ -319,6 +328,7 @@ def diff_figure(result: DiffResult):
     c = result.config
     fig.suptitle(f"Change B − A per head: A = {result.spec_a.name}, B = {result.spec_b.name}"
                  + (f" re-quantized to {c.requantize_b}" if c.requantize_b else "")
-                 + f"\nboxed: significant ({c.correction} over heads, alpha {c.alpha}, paired sign-flip test over "
-                   "sequences); dot: that type's top-k membership flipped", fontsize=8)
+                 + f"\nboxed: changed (significant, {c.correction} over heads at alpha {c.alpha}, paired sign-flip test "
+                   f"over sequences, and >= {c.min_change} pooled sd over heads); filled dot: role flipped (top-{c.k} "
+                   "membership and a change); hollow: crossed the top-k boundary without one", fontsize=8)
     return fig
