@@ -16,6 +16,14 @@ arXiv:2410.10819) keeps full caches for the few "retrieval heads" and streams th
 * :func:`kv_curve` compares the chosen policy with the same window on every group at the same
   memory and with random groups at the same memory (several seeds), for several budgets.
 
+Sliding-window layers (Gemma 2/3, GPT-OSS, OLMo 3, Cohere 2): a streaming group there reads the
+intersection of its layer's window and the streaming mask, and caches what that leaves
+(:func:`~headprobe.probe.layout.cost.streaming_positions`). Where the layer's window is no wider
+than the streaming window the two are the same, so those groups are not candidates
+(:func:`streaming_candidates`): every policy, chosen, uniform or random, leaves them as the model
+has them, and the random controls draw, class by class of saving, as many full groups as the
+chosen policy keeps (the same bytes exactly, :func:`matched_random_policy`).
+
 Learned attention sinks (GPT-OSS's per-head sink logit) are parameters, not cached keys: every
 policy keeps them, a streaming group's ``sink`` counts its first positions only, and the
 attention mass of :func:`distant_mass` is that of the real keys (the learned sink's share is
@@ -251,12 +259,16 @@ def retrieval_group_costs(model: LoadedModel, natural: Tensor, lr: LongRangeSet,
 
 
 def measured_group_costs(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, streaming: Streaming,
-                         full: Quality, progress=None) -> GroupCosts:
-    """:class:`GroupCosts` measured: for each group, the policy with only it streaming, against ``full``."""
+                         full: Quality, progress=None, candidates: list[tuple[int, int]] | None = None) -> GroupCosts:
+    """:class:`GroupCosts` measured: for each group, the policy with only it streaming, against
+    ``full``; only the ``candidates`` (None: every group; :func:`streaming_candidates`), the
+    others' costs are 0 (their streaming changes nothing)."""
     L, G = model.spec.n_layers, model.n_kv_groups
     nat, far, acc = torch.zeros(L, G), torch.zeros(L, G), torch.zeros(L, G)
     for layer in range(L):
         for g in range(G):
+            if candidates is not None and (layer, g) not in candidates:
+                continue
             rows: list[list[Streaming | None]] = [[None] * G for _ in range(L)]
             rows[layer][g] = streaming
             q = evaluate(model, natural, start, lr, KVPolicy(tuple(map(tuple, rows))))
@@ -324,6 +336,106 @@ def uniform_policy(n_layers: int, n_groups: int, k: int, streaming: Streaming, s
     return KVPolicy.uniform(n_layers, n_groups, Streaming(streaming.sink, max(1, w)))
 
 
+def streaming_candidates(layout, streaming: Streaming) -> list[tuple[int, int]]:
+    """``(layer, kv_group)`` of the groups whose streaming changes attention: every group of a
+    global layer, and of a sliding-window layer whose window is wider than ``streaming.window``.
+    On a layer whose own window ``W <= window`` the streaming mask (sink + recent window,
+    intersected with the layer's) reads exactly the layer's window, and caches as much
+    (:func:`~headprobe.probe.layout.cost.streaming_positions`): such groups are left as the model
+    has them (full: their window) in every policy, chosen, uniform or random, and are not candidates."""
+    from headprobe.probe.layout.cost import n_kv_groups
+
+    windows = layout.windows or (None,) * layout.n_layers
+    return [(layer, g) for layer, w in enumerate(windows) if w is None or w > streaming.window
+            for g in range(n_kv_groups(layout))]
+
+
+def policy_with_full(layout, full, streaming: Streaming, candidates: list[tuple[int, int]], model: str = "") -> KVPolicy:
+    """The policy whose ``candidates`` stream except those in ``full`` (and every other group is full)."""
+    from headprobe.probe.layout.cost import n_kv_groups
+
+    keep = set(map(tuple, full))
+    streamed = [c for c in candidates if c not in keep]
+    all_groups = [(layer, g) for layer in range(layout.n_layers) for g in range(n_kv_groups(layout))]
+    return KVPolicy.with_full(layout.n_layers, n_kv_groups(layout), [c for c in all_groups if c not in set(streamed)],
+                              streaming, model)
+
+
+def _positions(layout, policy: KVPolicy, seq_len: int) -> int:
+    """Positions the policy caches over all groups after ``seq_len`` tokens (bytes / bytes per position)."""
+    from headprobe.probe.layout.cost import group_positions
+
+    return sum(group_positions(layout, layer, s, seq_len) for layer, row in enumerate(policy.groups) for s in row)
+
+
+def _saving(layout, group: tuple[int, int], streaming: Streaming, seq_len: int) -> int:
+    """Positions a candidate group caches full minus streaming at ``seq_len``."""
+    from headprobe.probe.layout.cost import group_positions
+
+    return group_positions(layout, group[0], None, seq_len) - group_positions(layout, group[0], streaming, seq_len)
+
+
+def budget_full_groups(score: Tensor, streaming: Streaming, layout, seq_len: int, budget: float,
+                       candidates: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The candidate groups kept full within ``budget`` of the all-full cache at ``seq_len`` (the
+    layers' windows included): by descending ``score``, a group is kept when its extra positions
+    still fit (one that does not is passed over). Without sliding-window layers every group costs
+    the same and this is the top :func:`n_full_for_budget` groups.
+
+    Raises:
+        HeadprobeError: ``budget`` outside (0, 1], or one below what all-streaming costs.
+    """
+    if not 0 < budget <= 1:
+        raise HeadprobeError(f"--kv-budget must be in (0, 1], got {budget}")
+    G = score.shape[1]
+    total = _positions(layout, KVPolicy.uniform(layout.n_layers, G), seq_len)
+    used = _positions(layout, policy_with_full(layout, [], streaming, candidates), seq_len)
+    savings = {c: _saving(layout, c, streaming, seq_len) for c in candidates}
+    slack = 1e-9 * max(savings.values(), default=0)
+    if used > budget * total + slack:
+        raise HeadprobeError(f"--kv-budget {budget} is below what every group streaming costs "
+                             f"({used / total:.3f} of the full cache at {seq_len} tokens): use a smaller --window or --sink")
+    out = []
+    for c in (c for c in ranked_groups(score) if c in savings):
+        if used + savings[c] <= budget * total + slack:
+            out.append(c)
+            used += savings[c]
+    return out
+
+
+def matched_random_policy(layout, full: list[tuple[int, int]], streaming: Streaming, candidates: list[tuple[int, int]],
+                          seq_len: int, seed: int) -> KVPolicy:
+    """As many candidate groups full as ``full`` holds of each saving (positions full minus
+    streaming at ``seq_len``: global layers' groups, each sliding window's), drawn uniformly
+    (``random.Random(seed)``, class by class): the same KV bytes as ``full``'s policy exactly.
+    Without sliding-window layers this is :func:`random_policy`."""
+    rnd = random.Random(seed)
+    classes: dict[int, list[tuple[int, int]]] = {}
+    for c in candidates:
+        classes.setdefault(_saving(layout, c, streaming, seq_len), []).append(c)
+    drawn = []
+    for _, groups in sorted(classes.items(), reverse=True):
+        drawn += rnd.sample(groups, sum(1 for c in full if tuple(c) in set(groups)))
+    return policy_with_full(layout, drawn, streaming, candidates)
+
+
+def matched_uniform_policy(layout, positions: int, streaming: Streaming, candidates: list[tuple[int, int]], seq_len: int) -> KVPolicy:
+    """Every candidate streaming with ``streaming.sink`` sinks and one window ``W'``, the largest
+    whose cache is at most ``positions`` (all candidates full when that fits), other groups as the
+    model has them. Without sliding-window layers this is :func:`uniform_policy`."""
+    def policy(w: int | None) -> KVPolicy:
+        return policy_with_full(layout, candidates if w is None else [], Streaming(streaming.sink, w or 1), candidates)
+
+    hi = seq_len - streaming.sink
+    if hi < 1 or _positions(layout, policy(hi), seq_len) <= positions:
+        return policy(None)
+    lo = 1  # the widest window that fits, at least 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _positions(layout, policy(mid), seq_len) <= positions else (lo, mid)
+    return policy(lo)
+
+
 def curve_row(kind: str, budget: float, seed: int | None, policy: KVPolicy, quality: Quality, full: Quality,
               layout, seq_len: int) -> dict:
     """One row of the quality-memory curve: the policy's exact KV bytes
@@ -339,15 +451,18 @@ def curve_row(kind: str, budget: float, seed: int | None, policy: KVPolicy, qual
             "copy_accuracy": quality.copy_accuracy, "copy_accuracy_drop": full.copy_accuracy - quality.copy_accuracy}
 
 
-def compare_at(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming, k: int,
-               seeds: list[int], layout, full: Quality, label: float, progress=None) -> list[dict]:
-    """The chosen policy (the ``k`` top groups by ``score`` full), the same window on every group
-    at the same memory (:func:`uniform_policy`) and ``k`` random groups full (one per seed), each
+def compare_at(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, full_groups: list[tuple[int, int]],
+               streaming: Streaming, seeds: list[int], layout, full: Quality, label: float, progress=None) -> list[dict]:
+    """The chosen policy (``full_groups`` full, the other :func:`streaming_candidates` streaming),
+    the same window on every candidate at the same memory (:func:`matched_uniform_policy`) and
+    random candidates full at the same memory (:func:`matched_random_policy`, one per seed), each
     measured exactly (:func:`evaluate`); rows as :func:`curve_row` with ``budget = label``."""
-    L, G = score.shape
     T = natural.shape[1]
-    policies: list[tuple[str, int | None, KVPolicy]] = [("chosen", None, chosen_policy(score, k, streaming)), ("uniform", None, uniform_policy(L, G, k, streaming, T))]
-    policies += [("random", s, random_policy(L, G, k, streaming, s)) for s in seeds]
+    cands = streaming_candidates(layout, streaming)
+    chosen = policy_with_full(layout, full_groups, streaming, cands)
+    policies: list[tuple[str, int | None, KVPolicy]] = [
+        ("chosen", None, chosen), ("uniform", None, matched_uniform_policy(layout, _positions(layout, chosen, T), streaming, cands, T))]
+    policies += [("random", s, matched_random_policy(layout, full_groups, streaming, cands, T, s)) for s in seeds]
     rows = []
     for kind, seed, policy in policies:
         rows.append(curve_row(kind, label, seed, policy, evaluate(model, natural, start, lr, policy), full, layout, T))
@@ -358,45 +473,49 @@ def compare_at(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet
 
 def kv_curve(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming,
              budgets: list[float], seeds: list[int], layout, full: Quality, progress=None) -> list[dict]:
-    """:func:`compare_at` for each budget (``k`` from :func:`n_full_for_budget`), plus the full
+    """:func:`compare_at` for each budget (the groups of :func:`budget_full_groups`), plus the full
     cache's row (``policy = "full"``, budget 1)."""
     L, G = score.shape
     T = natural.shape[1]
+    cands = streaming_candidates(layout, streaming)
     rows = [curve_row("full", 1.0, None, KVPolicy.uniform(L, G), full, full, layout, T)]
     for b in budgets:
-        k = n_full_for_budget(L * G, T, streaming.span, b)
-        rows += compare_at(model, natural, start, lr, score, streaming, k, seeds, layout, full, b, progress)
+        chosen = budget_full_groups(score, streaming, layout, T, b, cands)
+        rows += compare_at(model, natural, start, lr, chosen, streaming, seeds, layout, full, b, progress)
     return rows
 
 
-def tolerance_k(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming,
-                tolerance: float, full: Quality) -> int:
-    """The fewest full groups (the top ones by ``score``) whose policy's natural-text loss increase
-    is at most ``tolerance`` nats/token: a binary search, each step measured exactly (it assumes
-    the increase does not grow as groups are made full; the answer itself is always measured)."""
-    L, G = score.shape
-    lo, hi = 0, L * G  # all full: increase 0
+def tolerance_full_groups(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor,
+                          streaming: Streaming, tolerance: float, full: Quality, layout) -> list[tuple[int, int]]:
+    """The fewest candidate groups (:func:`streaming_candidates`, the top ones by ``score``) kept full
+    whose policy's natural-text loss increase is at most ``tolerance`` nats/token: a binary search,
+    each step measured exactly (it assumes the increase does not grow as groups are made full; the
+    answer itself is always measured)."""
+    cands = streaming_candidates(layout, streaming)
+    ranked = [c for c in ranked_groups(score) if c in set(cands)]
+    lo, hi = 0, len(ranked)  # all full: increase 0
     while lo < hi:
         mid = (lo + hi) // 2
-        q = evaluate(model, natural, start, lr, chosen_policy(score, mid, streaming))
+        q = evaluate(model, natural, start, lr, policy_with_full(layout, ranked[:mid], streaming, cands))
         if q.natural_loss - full.natural_loss <= tolerance:
             hi = mid
         else:
             lo = mid + 1
-    return lo
+    return ranked[:lo]
 
 
 def allocated_cache_check(model: LoadedModel, tokens: Tensor, policy: KVPolicy, layout) -> dict:
     """Prefill the native model's :class:`~headprobe.probe.model.transformer.StreamingKVCache` for ``policy``
-    with one sequence (a little past the largest streaming span) and compare its bytes with
-    :func:`~headprobe.probe.layout.cost.policy_cost`'s.
+    with one sequence (a little past the largest streaming span and layer window, so both evict)
+    and compare its bytes with :func:`~headprobe.probe.layout.cost.policy_cost`'s on ``layout`` (its
+    windows included: a layout without them predicts more for a sliding layer's groups).
 
     Raises:
         HeadprobeError: they differ (the formula does not describe the cache).
     """
     from headprobe.probe.layout.cost import policy_cost
 
-    spans = [s.span for row in policy.groups for s in row if s is not None]
+    spans = [s.span for row in policy.groups for s in row if s is not None] + [w for w in layout.windows or () if w is not None]
     n = min(tokens.shape[1], max(spans, default=0) + 32)
     allocated = model.streaming_cache_bytes(tokens[:1, :n], policy)
     want = policy_cost(layout, policy, n).kv_bytes

@@ -35,6 +35,9 @@ class KVResult:
         curve: the quality-memory rows (:func:`~headprobe.analyses.kvpolicy.curve_row`).
         cache_check: the native model's allocated StreamingKVCache bytes against the formula, and
             (``loss``) the chosen policy's natural-text loss against the backend's own scoring.
+        candidates: the groups whose streaming changes attention
+            (:func:`~headprobe.analyses.kvpolicy.streaming_candidates`); the others, on sliding layers
+            no wider than the window, are full (their window) in every policy.
         sources: where the token sets came from. seconds: the run's; device, self_check: the
             model's; load_s: the model's load (set by the caller that loaded it).
     """
@@ -55,17 +58,26 @@ class KVResult:
     device: str | None = None
     self_check: dict | None = None
     load_s: float = 0.0
+    candidates: list | None = None
+
+    def _excluded(self) -> list[tuple[int, int]]:
+        """Groups of sliding layers whose window is no wider than ``--window``: left as the model has them."""
+        keep = set(self.candidates) if self.candidates is not None else None
+        return [] if keep is None else [(layer, g) for layer in range(self.policy.n_layers)
+                                        for g in range(self.policy.n_kv_groups) if (layer, g) not in keep]
 
     def group_table(self):
         """group_costs.csv: one row per (layer, kv_group) with its costs and whether it stays full."""
         import pandas as pd
 
-        c, full = self.costs, set(self.policy.full_groups)
+        c, full, out = self.costs, set(self.policy.full_groups), set(self._excluded())
         L, G = c.natural.shape
         return pd.DataFrame([{"layer": layer, "kv_group": g, "natural_cost": float(c.natural[layer, g]),
                               "long_range_cost": float(c.long_range[layer, g]), "score": float(c.score[layer, g]),
                               **({"copy_accuracy_drop": float(c.accuracy_drop[layer, g])} if c.accuracy_drop is not None else {}),
-                              "full_cache": (layer, g) in full} for layer in range(L) for g in range(G)])
+                              "full_cache": (layer, g) in full,
+                              **({"candidate": (layer, g) not in out} if self.layout.windows is not None else {})}
+                             for layer in range(L) for g in range(G)])
 
     def summary(self) -> dict:
         """summary.json: the policy, its bytes, its quality against full, uniform and random."""
@@ -77,7 +89,8 @@ class KVResult:
             "unit": "latent (MLA: one per layer)" if self.layout.is_mla else "kv_head",
             "seq_len": c.seq_len, "sink": c.sink, "window": c.window, "method": self.costs.method,
             "target": {"kv_budget": c.kv_budget} if c.loss_tolerance is None else {"loss_tolerance": c.loss_tolerance},
-            "full_groups": [f"{layer}.{g}" for layer, g in self.policy.full_groups],
+            "full_groups": [f"{layer}.{g}" for layer, g in self.policy.full_groups if (layer, g) not in set(self._excluded())],
+            **self._sliding(),
             "kv_bytes": self.policy_cost.kv_bytes, "kv_bytes_full": self.policy_cost.kv_bytes_full,
             "kv_fraction": self.policy_cost.kv_fraction, "cache_check": self.cache_check,
             "full": self.full.to_dict(), "chosen": by["chosen"], "uniform": by["uniform"],
@@ -96,9 +109,28 @@ class KVResult:
         }, model=self.spec.name, precision=self.spec.precision, device=self.device, self_check=self.self_check,
             config=c, timings_s={"load_s": self.load_s, "run_s": self.seconds})
 
+    def _sliding(self) -> dict:
+        """summary.json's ``sliding_window_layers`` where the model has them (else nothing)."""
+        if self.layout.windows is None:
+            return {}
+        out = self._excluded()
+        return {"sliding_window_layers": {
+            "windows": list(self.layout.windows), "n_candidates": self.policy.n_layers * self.policy.n_kv_groups - len(out),
+            "excluded_groups": [f"{layer}.{g}" for layer, g in out],
+            "rule": "a streaming group of a sliding layer reads the intersection of the layer's window and sink + window, "
+                    "and caches what that leaves; groups of layers whose window is <= --window would be unchanged, so "
+                    "they are full (their window) in every policy and not drawn by the random controls, which keep "
+                    "as many full groups of each saving as the chosen policy (the same bytes)"}}
+
     def report(self) -> str:
         s = self.summary()
-        lines = [f"policy: {len(s['full_groups'])} of {s['n_layers'] * s['n_kv_groups']} KV groups full, the rest "
+        n_groups = s["n_layers"] * s["n_kv_groups"]
+        excluded = len(s.get("sliding_window_layers", {}).get("excluded_groups", []))
+        lines = [f"policy: {len(s['full_groups'])} of {n_groups - excluded} candidate KV groups full, the rest "
+                 f"sink {s['sink']} + window {s['window']} ({excluded} groups of sliding layers no wider than the window as the model "
+                 f"has them); KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens"
+                 if excluded else
+                 f"policy: {len(s['full_groups'])} of {n_groups} KV groups full, the rest "
                  f"sink {s['sink']} + window {s['window']}; KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens",
                  f"{'':>10} {'natural loss +':>15} {'copy accuracy':>14} {'long-range loss':>16}",
                  f"{'full':>10} {0:>15.4f} {s['full']['copy_accuracy']:>14.3f} {s['full']['long_range_loss']:>16.3f}"]
@@ -172,56 +204,64 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
     """Choose and measure a head-level KV policy for the loaded ``model`` (see the module docstring).
 
     Raises:
-        HeadprobeError: a non-native backend, an encoder, sliding-window layers, bad lengths,
+        HeadprobeError: a non-native backend, an encoder, no group whose streaming changes attention
+            (every layer's sliding window no wider than ``window``), bad lengths,
             budgets below the all-streaming floor, or an allocated cache that disagrees with the formula.
     """
     import time
 
+    import torch
     from tqdm.auto import tqdm
 
     from headprobe.analyses import kvpolicy as kp
-    from headprobe.probe.layout.attention import Streaming
+    from headprobe.probe.layout.attention import KVPolicy, Streaming
     from headprobe.probe.layout.cost import policy_cost
 
     config.preflight()
     kp.check_kv_backend(model)
+    with model.kv_policy(KVPolicy.uniform(model.spec.n_layers, model.n_kv_groups)):
+        pass  # refuses what the model cannot mask per group (chunked attention) before any work
     layout = model.kv_layout
-    if layout.windows is not None:
-        raise HeadprobeError(f"{model.spec.name} has sliding-window layers; headprobe kv streams groups of global layers only")
+    assert config.window is not None  # filled by KVConfig.__post_init__
+    streaming = Streaming(config.sink, config.window)
+    candidates = kp.streaming_candidates(layout, streaming)
+    if not candidates:
+        raise HeadprobeError(f"every layer of {model.spec.name} has a sliding window of at most --window {config.window}: "
+                             f"streaming would change nothing; use a smaller --window")
+    for b in (*config.budgets, config.kv_budget) if config.loss_tolerance is None else config.budgets:
+        kp.budget_full_groups(torch.zeros(layout.n_layers, model.n_kv_groups), streaming, layout, config.seq_len, b, candidates)
     t0 = time.perf_counter()
     natural, lr = _token_sets(model, config)
     tokens, start = natural.tokens.to(model.device), natural.start
     lr = dataclasses.replace(lr, tokens=lr.tokens.to(model.device))
-    assert config.window is not None  # filled by KVConfig.__post_init__
-    streaming = Streaming(config.sink, config.window)
-    L, G = model.spec.n_layers, model.n_kv_groups
     seeds = list(range(config.seed, config.seed + config.n_random))
-    n_evals = 1 + (L * G if config.method == "measured" else 0) + len(config.budgets) * (2 + len(seeds))
+    n_evals = 1 + (len(candidates) if config.method == "measured" else 0) + len(config.budgets) * (2 + len(seeds))
     bar = tqdm(total=n_evals, desc="kv policies", disable=not progress)
     full = kp.evaluate(model, tokens, start, lr)
     bar.update()
     if config.method == "measured":
-        costs = kp.measured_group_costs(model, tokens, start, lr, streaming, full, progress=bar.update)
+        costs = kp.measured_group_costs(model, tokens, start, lr, streaming, full, progress=bar.update, candidates=candidates)
     else:
         costs = (kp.retrieval_group_costs if config.method == "retrieval" else kp.estimated_group_costs)(model, tokens, lr, streaming)
     curve = kp.kv_curve(model, tokens, start, lr, costs.score, streaming, list(config.budgets), seeds, layout, full,
                         progress=bar.update)
     if config.loss_tolerance is None:
-        k = kp.n_full_for_budget(L * G, config.seq_len, streaming.span, config.kv_budget)
+        full_groups = kp.budget_full_groups(costs.score, streaming, layout, config.seq_len, config.kv_budget, candidates)
         comparison = [r for r in curve if r["budget"] == config.kv_budget and r["policy"] != "full"]
     else:
-        k = kp.tolerance_k(model, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full)
-        comparison = kp.compare_at(model, tokens, start, lr, costs.score, streaming, k, seeds, layout, full,
-                                   label=(k * config.seq_len + (L * G - k) * streaming.span) / (L * G * config.seq_len))
+        full_groups = kp.tolerance_full_groups(model, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full, layout)
+        label = policy_cost(layout, kp.policy_with_full(layout, full_groups, streaming, candidates), config.seq_len).kv_fraction
+        comparison = kp.compare_at(model, tokens, start, lr, full_groups, streaming, seeds, layout, full, label=label)
     bar.close()
-    policy = dataclasses.replace(kp.chosen_policy(costs.score, k, streaming), model=model.spec.name)
+    policy = kp.policy_with_full(layout, full_groups, streaming, candidates, model.spec.name)
     chosen_row = next(r for r in comparison if r["policy"] == "chosen")
     chosen = kp.Quality(chosen_row["natural_loss"], chosen_row["long_range_loss"], chosen_row["copy_accuracy"], {})
     check = {**kp.allocated_cache_check(model, tokens, policy, layout),
              "loss": kp.loss_identity_check(model, tokens, start, policy, chosen.natural_loss)}
     return KVResult(config, model.spec, layout, policy, policy_cost(layout, policy, config.seq_len), costs, full, chosen,
                     comparison, curve, check, sources={"natural": natural.source, "long_range": lr.source},
-                    seconds=time.perf_counter() - t0, device=str(model.device), self_check=model.self_check.to_dict())
+                    seconds=time.perf_counter() - t0, device=str(model.device), self_check=model.self_check.to_dict(),
+                    candidates=candidates)
 
 
 kv = options.command_function(

@@ -532,29 +532,69 @@ class PolicyCost:
         return asdict(self)
 
 
+def streaming_positions(seq_len: int, group: Streaming, layer_window: int | None = None) -> int:
+    """Positions a streaming group caches after ``seq_len`` tokens (a count), on a layer whose own
+    sliding window is ``layer_window`` (None: a global layer).
+
+    The group's queries read the intersection of the layer's mask and StreamingLLM's (Xiao et al.
+    2023, arXiv:2309.17453): query ``i`` reads key ``j <= i`` iff ``j > i - layer_window`` and
+    (``j < sink`` or ``j > i - window``); the cache keeps what the last query reads. With ``m =
+    min(window, layer_window)`` that is the last ``min(T, m)`` positions plus the sink positions
+    still inside the layer's window, ``max(0, min(S, T - m) - max(0, T - layer_window))``. On a
+    global layer this is ``min(T, sink + window)``; with ``layer_window <= window`` it is
+    ``min(T, layer_window)``, the full group's (streaming changes nothing there).
+    """
+    m = group.window if layer_window is None else min(group.window, layer_window)
+    past_layer = 0 if layer_window is None else max(0, seq_len - layer_window)
+    return min(seq_len, m) + max(0, min(group.sink, seq_len - m) - past_layer)
+
+
+def streaming_visible_keys(seq_len: int, group: Streaming, layer_window: int | None = None) -> int:
+    """(query, key) pairs one head of a streaming group scores over ``seq_len`` tokens (a count):
+    the sum over queries of what each reads (:func:`streaming_positions` after ``pos + 1`` tokens),
+    in closed form: :func:`visible_keys` ``(T, m)`` for the recent keys plus, for each sink
+    position ``j < sink``, the queries ``j + m < n <= min(T, j + layer_window)`` (``n = pos + 1``)
+    that read it outside their recent window. On a global layer it equals
+    :func:`visible_keys` ``(T, sink + window)``."""
+    S, W = group.sink, layer_window
+    m = group.window if W is None else min(group.window, W)
+    total = visible_keys(seq_len, m)
+    a = 0 if W is None else max(0, min(S, seq_len - W + 1))  # sinks read by W - m queries each
+    if W is not None:
+        total += a * (W - m)
+    b = min(S, seq_len - m)  # sinks j in [a, b): read by T - m - j queries
+    if b > a:
+        total += (b - a) * (seq_len - m) - (a + b - 1) * (b - a) // 2
+    return total
+
+
 def _group_keys(layout: AttentionLayout, group: Streaming | None, layer: int, seq_len: int) -> tuple[int, int]:
     """(cached positions, visible keys per head) of one group of ``layer``."""
     window = layout.windows[layer] if layout.windows else None
     if group is None:
         return (seq_len if window is None else min(seq_len, window)), visible_keys(seq_len, window)
-    if window is not None:
-        raise HeadprobeError(f"layer {layer} has a sliding window of {window}; a KV policy makes only global layers streaming")
-    return min(seq_len, group.span), visible_keys(seq_len, group.span)
+    return streaming_positions(seq_len, group, window), streaming_visible_keys(seq_len, group, window)
+
+
+def group_positions(layout: AttentionLayout, layer: int, group: Streaming | None, seq_len: int) -> int:
+    """Positions one KV group of ``layer`` caches after ``seq_len`` tokens (a count): ``min(T,
+    window_l)`` full (``T`` on a global layer), :func:`streaming_positions` streaming."""
+    return _group_keys(layout, group, layer, seq_len)[0]
 
 
 def policy_cost(layout: AttentionLayout, policy: KVPolicy, seq_len: int, batch: int = 1) -> PolicyCost:
     """The exact cost of a head-level policy (:class:`~headprobe.probe.layout.attention.KVPolicy`).
 
     A full group of layer ``l`` caches ``min(T, window_l)`` positions (``T`` on a global layer), a
-    streaming one ``min(T, S + W)``, each ``kv_numbers_per_token_per_group * bytes_per_element``
+    streaming one ``min(T, S + W)`` on a global layer and :func:`streaming_positions` on a
+    sliding-window one (the layer's window and the streaming mask both apply), each ``kv_numbers_per_token_per_group * bytes_per_element``
     bytes per sequence; its ``group_size`` query heads (all heads for MLA) score
     :func:`visible_keys` keys each, ``2 * (d_qk + d_head)`` FLOPs per key (DuoAttention, Xiao et
     al. 2024, arXiv:2410.10819, counts memory the same way: full heads grow with T, streaming
     heads stay at S + W).
 
     Raises:
-        HeadprobeError: the policy's layer or group count differs from the layout's, a streaming
-            group on a sliding-window layer, a bad workload.
+        HeadprobeError: the policy's layer or group count differs from the layout's, a bad workload.
     """
     _check_workload(seq_len, batch)
     policy.check_layout(layout.n_layers, n_kv_groups(layout), "the layout")

@@ -881,7 +881,8 @@ class StreamingKVCache:
     key ``k^R``, one group per layer), and ``positions[l][g]`` their positions. A full group keeps
     every position; a :class:`~headprobe.probe.layout.attention.Streaming` group keeps the first ``sink``
     and the ``window`` most recent ones (those its latest query read), so after ``T`` tokens it
-    holds ``min(T, sink + window)`` (a full group of a sliding-window layer, ``min(T, window_l)``): :func:`headprobe.probe.layout.cost.policy_cost` predicts
+    holds ``min(T, sink + window)`` (a full group of a sliding-window layer, ``min(T, window_l)``; a
+    streaming one there, what both masks leave, :func:`headprobe.probe.layout.cost.streaming_positions`): :func:`headprobe.probe.layout.cost.policy_cost` predicts
     :attr:`nbytes`. Keys are cached after rotary with their original positions, so the kept
     keys give exactly the attention of :func:`streaming_key_mask` (no re-positioning).
     """
@@ -928,12 +929,13 @@ class StreamingKVCache:
         last = past + new - 1
         layer_window = self.windows[layer] if self.windows else None
         for g, spec in enumerate(self.policy.groups[layer]):
+            if spec is None and layer_window is None:
+                continue
+            keep = torch.ones_like(ps[g], dtype=torch.bool)
             if spec is not None:
                 keep = (ps[g] < spec.sink) | (ps[g] > last - spec.window)
-            elif layer_window is not None:
-                keep = ps[g] > last - layer_window
-            else:
-                continue
+            if layer_window is not None:  # a sliding layer's group, full or streaming, keeps its window at most
+                keep = keep & (ps[g] > last - layer_window)
             ks[g], vs[g], ps[g] = ks[g][:, keep].clone(), vs[g][:, keep].clone(), ps[g][keep]
         self.keys[layer], self.values[layer], self.positions[layer] = ks, vs, ps
         self.seen[layer] = past + new
@@ -1684,13 +1686,11 @@ class Transformer(HookedRootModule):
 
     def check_kv_policy(self, policy: KVPolicy) -> None:
         """Raise HeadprobeError unless ``policy`` fits: ``n_layers`` x :attr:`n_kv_groups`, and no
-        streaming group on a sliding-window layer (already windowed; budget refuses it too)."""
+        chunked attention. On a sliding-window layer a streaming group reads what both its layer's
+        window and the policy allow (:func:`streaming_key_mask`)."""
         policy.check_layout(self.cfg.n_layers, self.n_kv_groups, "the model")
         if self.cfg.attention_chunk is not None:
             raise HeadprobeError("KV policies are not implemented for chunked attention (attention_chunk)")
-        for layer, row in enumerate(policy.groups):
-            if self.cfg.is_sliding(layer) and any(g is not None for g in row):
-                raise HeadprobeError(f"layer {layer} has a sliding window; a KV policy makes only global layers streaming")
 
     def streaming_cache(self, policy: KVPolicy) -> StreamingKVCache:
         """An empty :class:`StreamingKVCache` for ``policy`` on this model (its sliding windows included).
