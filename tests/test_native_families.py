@@ -581,3 +581,80 @@ def test_gated_attention_gate_hook_is_hugging_faces_gate(tiny_tokenizer):
     no_gate = [(f"blocks.{l}.attn.hook_gate", lambda g, hook: torch.ones_like(g)) for l in range(2)]
     with torch.no_grad():
         assert (model.model.run_with_hooks(x, fwd_hooks=no_gate) - want).abs().max() > 10 * LOGIT_ATOL
+
+
+# ---------------------------------------------------------------------------------------------
+# Hybrid models: linear-attention layers (no heads) among the attention layers
+# ---------------------------------------------------------------------------------------------
+
+HYBRIDS = [name for name in FAMILIES if zoo.tiny(name).hybrid is not None]
+
+
+@pytest.fixture(scope="module", params=HYBRIDS)
+def hybrid(request, tiny_tokenizer):
+    """(family name, its hybrid Hugging Face checkpoint, the model wrap(backend="auto") gives)."""
+    ckpt = zoo.make_checkpoint(request.param, tiny_tokenizer, **zoo.tiny(request.param).hybrid)
+    return request.param, ckpt, wrap(ckpt, backend="auto")
+
+
+def _heads_by_hand(hf_config):
+    """The layers with heads, read off the Hugging Face config's ``layer_types``."""
+    return tuple(l for l, t in enumerate(hf_config.layer_types) if t != "linear_attention")
+
+
+def test_hybrid_loads_natively_with_heads_in_attention_layers_only(hybrid):
+    name, ckpt, model = hybrid
+    heads = _heads_by_hand(ckpt.hf_model.config)
+    assert model.backend == "native" and 0 < len(heads) < model.spec.n_layers, name
+    assert model.spec.attention_layers == model.spec.layout.head_layers == heads
+    names = set(model.hook_names())
+    for l in range(model.spec.n_layers):  # every block keeps its residual hooks; heads' hooks only where heads are
+        assert {f"blocks.{l}.hook_resid_pre", f"blocks.{l}.hook_resid_post", f"blocks.{l}.hook_mlp_out"} <= names
+        assert (f"blocks.{l}.attn.hook_pattern" in names) == (l in heads)
+
+
+def test_hybrid_logits_and_patterns_equal_hugging_face(hybrid):
+    name, ckpt, model = hybrid
+    x = _tokens()
+    with torch.no_grad():
+        out = ckpt.hf_model(x, output_attentions=True)
+        got_logits = model.model(x)
+    assert (got_logits - out.logits).abs().max() <= LOGIT_ATOL * out.logits.abs().max(), name
+    got = {}
+    model.forward(x, fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: got.__setitem__(l, p.detach().clone()))
+                                for l in model.spec.attention_layers])
+    want = [a for a in out.attentions if a is not None]  # Hugging Face gives a pattern per attention layer
+    assert len(want) == len(got) == len(model.spec.attention_layers)
+    for w, l in zip(want, model.spec.attention_layers):
+        assert (got[l] - w).abs().max() < PATTERN_ATOL, (name, l)
+
+
+def test_hybrid_logits_fail_without_a_linear_layer(hybrid):
+    """The comparison above can fail: a linear layer passed through as identity moves the logits."""
+    name, ckpt, model = hybrid
+    x = _tokens()
+    linear = next(l for l in range(model.spec.n_layers) if l not in model.spec.attention_layers)
+    block = model.model.blocks[linear]
+    with torch.no_grad():
+        want = ckpt.hf_model(x).logits
+        handle = block.attn.mixer.register_forward_hook(lambda mod, args, out: torch.zeros_like(out))
+        try:
+            broken = model.model(x)
+        finally:
+            handle.remove()
+    assert (broken - want).abs().max() > 10 * LOGIT_ATOL * want.abs().max(), name
+
+
+def test_hybrid_self_check_and_decomposition(hybrid):
+    name, ckpt, model = hybrid
+    check = model.self_check
+    assert check.ok and check.max_relative_error < 1e-5, (name, check)
+    assert check.worst_layer in model.spec.attention_layers
+    from headprobe.probe.hooks.capture import capture_internal
+
+    cap = capture_internal(model, _tokens(), residual=True)
+    assert sorted(cap["result"]) == list(model.spec.attention_layers)
+    for l in model.spec.attention_layers:  # heads' results sum to what the layer adds, by the layer's own number
+        ref = (cap["resid_mid"][l] - cap["resid_pre"][l]).double()
+        added = (cap["result"][l].sum(2) + cap["b_O"][l]).double()
+        assert float((added - ref).norm() / ref.norm()) < 1e-5, (name, l)

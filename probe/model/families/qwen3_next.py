@@ -2,7 +2,8 @@
 gate, ``o_proj(attn * sigmoid(gate))``), partial rotary (``partial_rotary_factor``) and the
 ``(1 + w)`` RMSNorm (``Qwen3NextRMSNorm``, its QK-norm too; loaded as ``1 + w``, the same float32
 product), mixture-of-experts MLPs with a sigmoid-gated shared expert (:class:`~headprobe.probe.model.transformer.MoE`).
-Its Gated-DeltaNet linear-attention layers (``layer_types``) are refused.
+Its Gated-DeltaNet linear-attention layers (``layer_types``) run Hugging Face's own module
+(:class:`~headprobe.probe.model.transformer.LinearAttention`): they have no heads, and heads keep the model's layer numbers.
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ TINY = dict(TINY_FIELDS, head_dim=16, layer_types=["full_attention"] * 2, num_ex
             rope_parameters={"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 0.5})
 """Two full-attention layers, dense MLPs, half of each head rotary (Qwen3.5's text model's too)."""
 
+HYBRID = dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2, linear_num_value_heads=4,
+              linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
+"""Qwen3-Next's pattern in four layers: Gated DeltaNet at 0 and 2, gated attention (heads) at 1 and 3."""
+
 FAMILY = Family(
     config=config, weights=weights,
     tiny=TinySpec(
@@ -88,6 +93,7 @@ FAMILY = Family(
         variants=(Variant(dict(rope_parameters={"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 1.0}),
                           "full rotary"),
                   Variant(dict(num_experts=0), "dense MLPs only")),
-        unsupported=(dict(layer_types=["linear_attention", "full_attention"]), dict(attention_bias=True)),
+        unsupported=(dict(attention_bias=True),),
+        hybrid=dict(HYBRID, mlp_only_layers=[0, 1]),  # layers 2 and 3 mixtures of experts
     ),
 )
