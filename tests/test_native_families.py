@@ -658,3 +658,46 @@ def test_hybrid_self_check_and_decomposition(hybrid):
         ref = (cap["resid_mid"][l] - cap["resid_pre"][l]).double()
         added = (cap["result"][l].sum(2) + cap["b_O"][l]).double()
         assert float((added - ref).norm() / ref.norm()) < 1e-5, (name, l)
+
+
+def test_hybrid_scan_scores_attention_layers_only(hybrid, tmp_path, tiny_tokenizer):
+    """``headprobe scan`` runs: the linear layers' head slots are NaN, top heads and controls are real heads."""
+    import pandas as pd
+
+    from headprobe.cli import main
+
+    name, ckpt, model = hybrid
+    d = tmp_path / "model"
+    ckpt.hf_model.save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    text = tmp_path / "text.txt"
+    g = torch.Generator().manual_seed(0)
+    text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()))
+    out = tmp_path / "scan"
+    assert main(["scan", "--model", str(d), "--out", str(out), "--text", str(text), "--seq-len", "24", "--n-natural", "4",
+                 "--n-repeated", "4", "--n-random", "3", "--device", "cpu"]) == 0
+    heads = set(model.spec.attention_layers)
+    table = pd.read_csv(out / "head_scores.csv")
+    for layer, rows in table.groupby("layer"):
+        assert rows["induction"].isna().all() == (layer not in heads), (name, layer)
+    summary = json.loads((out / "summary.json").read_text())
+    named = [h["head"] for top in summary["top_heads"].values() for h in top]
+    named += [h for a in summary["ablations"] for draw in a["random_heads"] for h in draw]
+    assert named and all(int(h.split(".")[0]) in heads for h in named), named
+
+
+def test_hybrid_head_weights_refuse_in_one_line(hybrid):
+    from headprobe.analyses.composition import head_weights
+    from headprobe.probe.core.errors import HeadprobeError
+
+    with pytest.raises(HeadprobeError, match="hybrid models") as e:
+        head_weights(hybrid[2])
+    assert "\n" not in str(e.value)
+
+
+def test_hybrid_kv_cache_refuses_in_one_line(hybrid):
+    from headprobe.probe.core.errors import HeadprobeError
+
+    with pytest.raises(HeadprobeError, match="linear-attention layers") as e:
+        generate(hybrid[2].model, _tokens(batch=1, pos=4), n_new=2)
+    assert "\n" not in str(e.value)

@@ -64,7 +64,7 @@ def patterns_by_layer(
     Raises:
         HeadprobeError: a pattern hook did not fire exactly once (fused attention kernel).
     """
-    layers = range(model.spec.n_layers) if layers is None else layers
+    layers = model.spec.attention_layers if layers is None else layers  # a hybrid's linear layers have no pattern
     counter = HookCounter()
     names = [attn_hook(layer, "pattern") for layer in layers]
 
