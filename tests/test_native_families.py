@@ -701,3 +701,19 @@ def test_hybrid_kv_cache_refuses_in_one_line(hybrid):
     with pytest.raises(HeadprobeError, match="linear-attention layers") as e:
         generate(hybrid[2].model, _tokens(batch=1, pos=4), n_new=2)
     assert "\n" not in str(e.value)
+
+
+def test_hybrid_costs_count_attention_layers_only(hybrid):
+    """Attention parameters and the KV cache are those of Hugging Face's attention layers (counted there)."""
+    from headprobe.probe.layout import cost
+
+    name, ckpt, model = hybrid
+    lay, layers = model.spec.layout, ckpt.hf_model.model.layers
+    attn = [layer.self_attn for layer in layers if hasattr(layer, "self_attn")]
+    assert len(attn) == len(model.spec.attention_layers) < len(layers)
+    assert cost.attention_params(lay) == sum(p.numel() for a in attn for p in a.parameters())
+    per_layer = 2 * lay.n_kv_heads * lay.d_head * lay.bytes_per_element
+    assert cost.kv_bytes_per_token(lay) == per_layer * len(attn)
+    assert cost.kv_bytes_per_request(lay, seq_len=10) == 10 * per_layer * len(attn)
+    assert [p > 0 for p in cost.kv_positions(lay, 10)] == [l in model.spec.attention_layers for l in range(len(layers))]
+    assert type(lay)(**json.loads(json.dumps(lay.to_dict()))) == lay  # head_layers survive JSON
