@@ -112,8 +112,7 @@ def use_online_stats(model: LoadedModel, seq_len: int, streaming: str = "auto") 
     if streaming != "auto":
         return streaming == "on"
     pruned = bool(getattr(model.spec, "removed_heads", ()) or ())  # layers with fewer heads: the pattern path
-    hybrid = model.spec.layout.head_layers is not None  # a hybrid's linear layers are not streamed: the pattern path
-    return model.streams_statistics and not pruned and not hybrid and seq_len >= STREAMING_MIN_LEN
+    return model.streams_statistics and not pruned and seq_len >= STREAMING_MIN_LEN  # off for a hybrid (HYBRID_LACKS)
 
 
 def _finite_checks(n_layers: int, first_bad: list[int]) -> list[tuple[str, Any]]:

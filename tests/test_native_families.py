@@ -717,3 +717,32 @@ def test_hybrid_costs_count_attention_layers_only(hybrid):
     assert cost.kv_bytes_per_request(lay, seq_len=10) == 10 * per_layer * len(attn)
     assert [p > 0 for p in cost.kv_positions(lay, 10)] == [l in model.spec.attention_layers for l in range(len(layers))]
     assert type(lay)(**lay.to_dict()) == lay  # to_dict keeps head_layers
+
+
+def test_hybrid_lacks_head_wide_capabilities_and_refuses_in_one_line(hybrid):
+    """The flags of ``HYBRID_LACKS`` are off on a hybrid (on only the model, not its backend class) and
+    the features gated on them refuse in one line, before any work."""
+    from headprobe.analyses.circuit import _check_model
+    from headprobe.analyses.kvpolicy import check_kv_backend
+    from headprobe.probe.backends.base import HYBRID_LACKS
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.hooks.online_stats import online_head_stats
+
+    name, ckpt, model = hybrid
+    for capability in HYBRID_LACKS:
+        assert getattr(type(model), capability) and not getattr(model, capability), (name, capability)
+    calls = [lambda: check_kv_backend(model), lambda: _check_model(model), model.check_prunable,
+             lambda: online_head_stats(model, _tokens(), lambda l, st: None)]
+    for call, capability in zip(calls, ("kv_policies", "path_patching", "removes_heads", "streams_statistics")):
+        with pytest.raises(HeadprobeError, match=f"linear-attention layers \\[0, 2\\], lacks {capability}") as e:
+            call()
+        assert "\n" not in str(e.value)
+
+
+def test_full_attention_model_keeps_its_capabilities(family):
+    """The hybrid's refusals come from its layout, not from the family: a model with heads in every layer keeps them."""
+    from headprobe.probe.backends.base import HYBRID_LACKS
+
+    name, ckpt, model = family
+    assert model.spec.layout.head_layers is None
+    assert all(getattr(model, c) == getattr(type(model), c) for c in HYBRID_LACKS), name
