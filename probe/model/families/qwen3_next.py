@@ -44,7 +44,7 @@ def gated_config(hf_config: Any, kind: str) -> TransformerConfig:
     if other:
         raise HeadprobeError(f"native {kind} does not implement layer types {other}: use --backend transformer-lens")
     mixer = {k: getattr(hf_config, k) for k in LINEAR_FIELDS} if linear else None
-    hybrid = dict(linear_layers=linear, linear_mixer=dict(mixer or {}, model_type=kind)) if linear else {}
+    hybrid: dict[str, Any] = dict(linear_layers=linear, linear_mixer=dict(mixer or {}, model_type=kind)) if linear else {}
     moe = tuple(sparse_layers(hf_config))
     experts = dict(n_experts=hf_config.num_experts, n_experts_per_token=hf_config.num_experts_per_tok,
                    d_expert=hf_config.moe_intermediate_size, router="softmax_topk", router_renorm=bool(hf_config.norm_topk_prob),
