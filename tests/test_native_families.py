@@ -746,3 +746,19 @@ def test_full_attention_model_keeps_its_capabilities(family):
     name, ckpt, model = family
     assert model.spec.layout.head_layers is None
     assert all(getattr(model, c) == getattr(type(model), c) for c in HYBRID_LACKS), name
+
+
+def test_hybrid_survives_a_native_checkpoint_and_left_padding(hybrid, tmp_path, tiny_tokenizer):
+    """save_native/load_native keep the linear layers (their config and weights); left padding changes nothing."""
+    name, ckpt, model = hybrid
+    save_native(model.model, tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    again = load_native(tmp_path)
+    assert again.model.cfg == model.model.cfg and again.spec.attention_layers == model.spec.attention_layers
+    x = _tokens(batch=1, pos=14)
+    padded = torch.cat([torch.full((1, 5), 100), x], dim=1)
+    mask = torch.cat([torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 14, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        want = model.model(x)
+        assert torch.equal(again.model(x), want), name
+        assert (model.model(padded, attention_mask=mask)[:, 5:] - want).abs().max() < 1e-4, name
