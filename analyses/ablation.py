@@ -46,7 +46,6 @@ from headprobe.probe.backends.base import LoadedModel, cross_entropy_inplace, sc
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.ablation_kinds import AblationInputs, AblationKind, Kind
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.heads import all_heads
 from headprobe.probe.hooks.ablation import (
     Head,
     batched_ablation_hooks,
@@ -437,7 +436,7 @@ def capture_z(model: LoadedModel, tokens: Int[Tensor, "batch pos"], attention_ma
             out[layer] = z.detach().clone()
         return hook
 
-    model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), saver(layer)) for layer in range(model.spec.n_layers)],
+    model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), saver(layer)) for layer in model.spec.attention_layers],
                   attention_mask=attention_mask)
     return out
 
@@ -500,7 +499,7 @@ def sweep_loop(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Sequ
     require_head_ablation(model)
     _, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     spec = model.spec
-    heads = all_heads(spec.n_layers, spec.n_heads) if heads is None else list(heads)
+    heads = [(l, h) for l in spec.attention_layers for h in range(spec.n_heads)] if heads is None else list(heads)
     tokens = tokens.to(model.device)
     clean = float(model.scored_losses(tokens, first).mean())
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
@@ -656,7 +655,7 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
     require_head_ablation(model)
     ablation, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     spec = model.spec
-    heads = all_heads(spec.n_layers, spec.n_heads) if heads is None else list(heads)
+    heads = [(l, h) for l in spec.attention_layers for h in range(spec.n_heads)] if heads is None else list(heads)
     device = model.device
     tokens = tokens.to(device)
     B, T = tokens.shape

@@ -762,3 +762,15 @@ def test_hybrid_survives_a_native_checkpoint_and_left_padding(hybrid, tmp_path, 
         want = model.model(x)
         assert torch.equal(again.model(x), want), name
         assert (model.model(padded, attention_mask=mask)[:, 5:] - want).abs().max() < 1e-4, name
+
+
+@pytest.mark.parametrize("kind", ["zero", "resample"])
+def test_hybrid_exact_sweep_equals_hook_loop_on_its_heads(hybrid, kind):
+    name, ckpt, model = hybrid
+    x, source = _tokens(seed=1), _tokens(seed=2)
+    fast = exact_sweep(model, x, kind=kind, source_tokens=source, first=3, max_batch=4)
+    slow = sweep_loop(model, x, kind=kind, source_tokens=source, first=3)
+    has_heads = torch.tensor([l in model.spec.attention_layers for l in range(model.spec.n_layers)])
+    assert fast.loss[has_heads].isfinite().all() and fast.loss[~has_heads].isnan().all()  # no head, no score
+    assert (fast.loss[has_heads] - slow.loss[has_heads]).abs().max() < SWEEP_ATOL, name
+    assert slow.effect[has_heads].abs().max() > 2 * SWEEP_ATOL
