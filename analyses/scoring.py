@@ -152,6 +152,8 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
     spec = model.spec
     dets = [d for name, d in DETECTORS.items() if d.dataset == dataset and (types is None or name in types)]
     scores = {c: torch.zeros(spec.n_layers, spec.n_heads) for d in dets for c in d.columns}
+    for v in scores.values():  # a hybrid's linear-attention layers have no heads to score
+        v[[l for l in range(spec.n_layers) if l not in spec.attention_layers]] = float("nan")
     B = tokens.tokens.shape[0]
     if per_sequence is not None:
         per_sequence.update({c: torch.zeros(B, spec.n_layers, spec.n_heads) for d in dets for c in d.columns})

@@ -774,3 +774,34 @@ def test_hybrid_exact_sweep_equals_hook_loop_on_its_heads(hybrid, kind):
     assert fast.loss[has_heads].isfinite().all() and fast.loss[~has_heads].isnan().all()  # no head, no score
     assert (fast.loss[has_heads] - slow.loss[has_heads]).abs().max() < SWEEP_ATOL, name
     assert slow.effect[has_heads].abs().max() > 2 * SWEEP_ATOL
+
+
+def test_hybrid_ablate_runs_and_prune_refuses_in_one_line(hybrid, tmp_path, tiny_tokenizer, capsys):
+    """``headprobe ablate`` sweeps the attention layers' heads (the linear layers' rows empty); ``prune`` and a
+    head in a linear layer are refused in one line, exit code 2, nothing written."""
+    import pandas as pd
+
+    from headprobe.cli import main
+
+    name, ckpt, model = hybrid
+    d = tmp_path / "model"
+    ckpt.hf_model.save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    text = tmp_path / "text.txt"
+    g = torch.Generator().manual_seed(0)
+    text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()))
+    common = ["--model", str(d), "--text", str(text), "--seq-len", "16", "--n-natural", "2", "--n-repeated", "2",
+              "--device", "cpu"]
+    assert main(["ablate", "--out", str(tmp_path / "ab"), *common]) == 0
+    table = pd.read_csv(tmp_path / "ab" / "head_ablation.csv")
+    for layer, rows in table.groupby("layer"):
+        for column in ("natural_loss_delta", "natural_importance", "induction_score"):
+            assert rows[column].isna().all() == (layer not in model.spec.attention_layers), (name, layer, column)
+    capsys.readouterr()
+    for argv, why in ((["ablate", "--heads", "0.1", "--out", str(tmp_path / "ab0")], "layer 0 has no heads"),
+                      (["prune", "--period", "6", "--out", str(tmp_path / "pr")], "not implemented for hybrid models")):
+        assert main([*argv, *common]) == 2, argv
+        err = capsys.readouterr().err
+        lines = [l for l in err.splitlines() if l.startswith("headprobe: error:")]
+        assert len(lines) == 1 and why in lines[0] and "Traceback" not in err, err[-300:]
+        assert not (tmp_path / argv[-1]).exists() or not any((tmp_path / argv[-1]).iterdir())

@@ -246,13 +246,16 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
         on_save: called with the whole state after every step (e.g. :meth:`RunCheckpoint.save`).
 
     Raises:
-        HeadprobeError: the model's self-check forbids head ablation, ``save_pruned`` on a
+        HeadprobeError: the model's self-check forbids head ablation, a hybrid model, ``save_pruned`` on a
             non-native model, sequences longer than the context, too little text.
     """
     t_start = time.perf_counter()
     cfg = config
     saved = _rename_old_task({} if resume is None else resume)
     model.self_check.require_decomposition("head ablation (ablate, prune)")
+    if (head_layers := model.spec.layout.head_layers) is not None:  # its fractions and masks span every layer's heads
+        raise HeadprobeError(f"headprobe prune is not implemented for hybrid models (heads only in layers {list(head_layers)}, "
+                             "the others linear attention)")
     if cfg.save_pruned:
         model.check_prunable()  # before any computation: the native backend only; MLA and all-head QK-norm cannot be pruned exactly
     spec = model.spec
