@@ -766,20 +766,20 @@ def head_importance(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first:
     diff = ablation_directions(zs, ablation, inputs)
     attr = [(d * g.float()).sum(dim=(1, 3)) for d, g in zip(diff, g_z)]  # [batch, head] per layer of layers
 
-    def rows(per_layer: list[Tensor], dtype: torch.dtype) -> Tensor:  # [n_layers, n_heads], NaN where no heads
+    def by_layer(per_layer: list[Tensor], dtype: torch.dtype) -> Tensor:  # [n_layers, n_heads], NaN where no heads
         out = torch.full((spec.n_layers, spec.n_heads), float("nan"), dtype=dtype)
         out[layers] = torch.stack(per_layer).cpu().to(dtype)
         return out
 
     if sharded:
-        sums = torch.cat([rows([g.abs().double().sum(dim=0) for g in g_xi], torch.float64).flatten(),
-                          rows([a.double().sum(dim=0) for a in attr], torch.float64).flatten(),
+        sums = torch.cat([by_layer([g.abs().double().sum(dim=0) for g in g_xi], torch.float64).flatten(),
+                          by_layer([a.double().sum(dim=0) for a in attr], torch.float64).flatten(),
                           per_seq.detach().double().sum().cpu().view(1)])
         return _reduced_importance(sums, spec, B_total, kind, normalize)
-    importance = rows([g.abs().float().mean(dim=0) for g in g_xi], torch.float32)
+    importance = by_layer([g.abs().float().mean(dim=0) for g in g_xi], torch.float32)
     if normalize:
         importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
-    attribution = rows([a.mean(dim=0) for a in attr], torch.float32)
+    attribution = by_layer([a.mean(dim=0) for a in attr], torch.float32)
     return HeadImportance(importance, attribution, float(per_seq.detach().mean()), kind)
 
 
