@@ -46,7 +46,6 @@ from headprobe.probe.backends.base import LoadedModel, cross_entropy_inplace, sc
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.ablation_kinds import AblationInputs, AblationKind, Kind
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.heads import all_heads
 from headprobe.probe.hooks.ablation import (
     Head,
     batched_ablation_hooks,
@@ -437,7 +436,7 @@ def capture_z(model: LoadedModel, tokens: Int[Tensor, "batch pos"], attention_ma
             out[layer] = z.detach().clone()
         return hook
 
-    model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), saver(layer)) for layer in range(model.spec.n_layers)],
+    model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), saver(layer)) for layer in model.spec.attention_layers],
                   attention_mask=attention_mask)
     return out
 
@@ -500,7 +499,7 @@ def sweep_loop(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Sequ
     require_head_ablation(model)
     _, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     spec = model.spec
-    heads = all_heads(spec.n_layers, spec.n_heads) if heads is None else list(heads)
+    heads = [(l, h) for l in spec.attention_layers for h in range(spec.n_heads)] if heads is None else list(heads)
     tokens = tokens.to(model.device)
     clean = float(model.scored_losses(tokens, first).mean())
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
@@ -656,7 +655,7 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
     require_head_ablation(model)
     ablation, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     spec = model.spec
-    heads = all_heads(spec.n_layers, spec.n_heads) if heads is None else list(heads)
+    heads = [(l, h) for l in spec.attention_layers for h in range(spec.n_heads)] if heads is None else list(heads)
     device = model.device
     tokens = tokens.to(device)
     B, T = tokens.shape
@@ -757,29 +756,35 @@ def head_importance(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first:
     tokens = tokens.to(model.device)
     ablation, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     base = torch.ones(spec.n_layers, spec.n_heads) if head_mask is None else head_mask.detach().float().cpu()
-    hooks, xis, deltas, zs = _mask_probes(base, tokens.shape[0])
+    layers = list(spec.attention_layers)  # a hybrid's linear-attention layers have no heads: their rows stay NaN
+    hooks, xis, deltas, zs = _mask_probes(base, tokens.shape[0], layers)
     with torch.inference_mode(False), torch.enable_grad():
         logits = model.forward(tokens, fwd_hooks=hooks)
         per_seq = scored_loss(logits, tokens, first)  # [batch]
-        layers = list(range(spec.n_layers))
         grads = torch.autograd.grad(per_seq.sum(), [xis[l] for l in layers] + [deltas[l] for l in layers])
     g_xi, g_z = grads[: len(layers)], grads[len(layers):]
     diff = ablation_directions(zs, ablation, inputs)
-    attr = [(diff[layer] * g_z[layer].float()).sum(dim=(1, 3)) for layer in layers]  # [batch, head] per layer
+    attr = [(d * g.float()).sum(dim=(1, 3)) for d, g in zip(diff, g_z)]  # [batch, head] per layer of layers
+
+    def by_layer(per_layer: list[Tensor], dtype: torch.dtype) -> Tensor:  # [n_layers, n_heads], NaN where no heads
+        out = torch.full((spec.n_layers, spec.n_heads), float("nan"), dtype=dtype)
+        out[layers] = torch.stack(per_layer).cpu().to(dtype)
+        return out
+
     if sharded:
-        sums = torch.cat([torch.stack([g.abs().double().sum(dim=0).cpu() for g in g_xi]).flatten(),
-                          torch.stack([a.double().sum(dim=0).cpu() for a in attr]).flatten(),
+        sums = torch.cat([by_layer([g.abs().double().sum(dim=0) for g in g_xi], torch.float64).flatten(),
+                          by_layer([a.double().sum(dim=0) for a in attr], torch.float64).flatten(),
                           per_seq.detach().double().sum().cpu().view(1)])
         return _reduced_importance(sums, spec, B_total, kind, normalize)
-    importance = torch.stack([g.abs().float().mean(dim=0) for g in g_xi]).cpu()
+    importance = by_layer([g.abs().float().mean(dim=0) for g in g_xi], torch.float32)
     if normalize:
         importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
-    attribution = torch.stack([a.mean(dim=0).cpu() for a in attr])
+    attribution = by_layer([a.mean(dim=0) for a in attr], torch.float32)
     return HeadImportance(importance, attribution, float(per_seq.detach().mean()), kind)
 
 
-def _mask_probes(base: Float[Tensor, "layer head"], batch: int) -> tuple[list, dict, dict, dict]:
-    """:func:`head_importance`'s ``hook_z`` hooks for every layer: each returns ``z * xi + delta``
+def _mask_probes(base: Float[Tensor, "layer head"], batch: int, layers: Sequence[int]) -> tuple[list, dict, dict, dict]:
+    """:func:`head_importance`'s ``hook_z`` hooks for each of ``layers`` (those with heads): each returns ``z * xi + delta``
     with the head mask ``xi`` ``[batch, head]`` (at ``base``) and ``delta`` (zeros), both requiring
     grad. Returns ``(hooks, xis, deltas, zs)``; the dicts (``zs``: the masked z, detached) fill
     during the forward."""
@@ -797,16 +802,16 @@ def _mask_probes(base: Float[Tensor, "layer head"], batch: int) -> tuple[list, d
             return out + delta
         return hook
 
-    return [(attn_hook(layer, "z"), make(layer)) for layer in range(base.shape[0])], xis, deltas, zs
+    return [(attn_hook(layer, "z"), make(layer)) for layer in layers], xis, deltas, zs
 
 
 def ablation_directions(zs: dict[int, Tensor], kind: Kind,
                         inputs: AblationInputs) -> list[Float[Tensor, "batch pos head d_head"]]:
     """``r_h - z_h`` for every head of every layer of ``zs`` (``{layer: z [batch, pos, head,
-    d_head]}``, layers ``0 .. len(zs) - 1``), in float32: the change of z that ablating each head
+    d_head]}``), in layer order, in float32: the change of z that ablating each head
     by ``kind`` makes, the direction of attribution patching and its relatives."""
     diff = []
-    for layer in range(len(zs)):
+    for layer in sorted(zs):
         z = zs[layer].float()
         diff.append(kind.replace(z, layer, slice(None), inputs) - z)
     return diff

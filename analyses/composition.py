@@ -30,6 +30,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.errors import HeadprobeError
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,13 @@ def head_weights(model: LoadedModel, vocab: bool = True) -> HeadWeights:
     for LayerNorm models, W_U centred over the vocabulary (module docstring).
 
     Raises:
-        HeadprobeError: latent attention (MLA), which has no per-head W_Q/W_K/W_V.
+        HeadprobeError: latent attention (MLA), which has no per-head W_Q/W_K/W_V; a hybrid model
+            (linear-attention layers have no heads to compose with).
     """
     spec = model.spec
+    if spec.layout.head_layers is not None:
+        raise HeadprobeError("head weights and composition are not implemented for hybrid models "
+                             "(linear-attention layers among the attention layers)")
     g = spec.n_heads // spec.n_kv_heads
     Q, K, V, O = [], [], [], []
     centers = False

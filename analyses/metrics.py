@@ -518,6 +518,10 @@ ENCODER_SKIP = "an encoder makes no next-token prediction"
 """Why a :attr:`~headprobe.analyses.columns.HeadColumn.causal_only` metric is NaN on an encoder."""
 
 
+HYBRID_SKIP = "not implemented for hybrid models (linear-attention layers among the attention layers)"
+"""Why every metric column is NaN on a hybrid model (``AttentionLayout.head_layers``)."""
+
+
 @torch.inference_mode()
 def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | None, first: int,
                  streaming: str = "auto") -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -534,7 +538,7 @@ def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | Non
     or a failed per-head self-check, ``retrieval`` without ``needles``; ``retrieval`` and ``dla``
     for encoders (``spec.causal`` False: no next-token prediction to copy or attribute);
     ``learned_sink_mass`` without learned sinks, ``gate_closure`` without ``hook_gate``,
-    ``value_share_token0`` on streamed sequences; a
+    ``value_share_token0`` on streamed sequences; every metric on a hybrid model (:data:`HYBRID_SKIP`); a
     ``local_<W>`` whose window is not shorter than the sequence. ``distant_mass`` is ``1 -
     local`` at the largest window shorter than the sequence (:func:`distant_window`).
     """
@@ -546,6 +550,8 @@ def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | Non
         try:
             if not metric.applies_to(spec.causal):
                 raise HeadprobeError(ENCODER_SKIP)
+            if spec.layout.head_layers is not None:
+                raise HeadprobeError(HYBRID_SKIP)
             out.update(metric.score(model, inputs))
         except HeadprobeError as e:
             for c in metric.columns:

@@ -112,7 +112,7 @@ def use_online_stats(model: LoadedModel, seq_len: int, streaming: str = "auto") 
     if streaming != "auto":
         return streaming == "on"
     pruned = bool(getattr(model.spec, "removed_heads", ()) or ())  # layers with fewer heads: the pattern path
-    return model.streams_statistics and not pruned and seq_len >= STREAMING_MIN_LEN
+    return model.streams_statistics and not pruned and seq_len >= STREAMING_MIN_LEN  # off for a hybrid (HYBRID_LACKS)
 
 
 def _finite_checks(n_layers: int, first_bad: list[int]) -> list[tuple[str, Any]]:
@@ -152,6 +152,8 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
     spec = model.spec
     dets = [d for name, d in DETECTORS.items() if d.dataset == dataset and (types is None or name in types)]
     scores = {c: torch.zeros(spec.n_layers, spec.n_heads) for d in dets for c in d.columns}
+    for v in scores.values():  # a hybrid's linear-attention layers have no heads to score
+        v[[l for l in range(spec.n_layers) if l not in spec.attention_layers]] = float("nan")
     B = tokens.tokens.shape[0]
     if per_sequence is not None:
         per_sequence.update({c: torch.zeros(B, spec.n_layers, spec.n_heads) for d in dets for c in d.columns})
@@ -173,7 +175,7 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
     extra = _finite_checks(spec.n_layers, first_bad)
     z_mean = torch.zeros(spec.n_layers, spec.n_heads, spec.d_head) if mean_z else None
     if z_mean is not None:  # mean_z
-        extra += [(attn_hook(layer, "z"), _mean_z_hook(z_mean, layer, tokens.start)) for layer in range(spec.n_layers)]
+        extra += [(attn_hook(layer, "z"), _mean_z_hook(z_mean, layer, tokens.start)) for layer in spec.attention_layers]
     with torch.inference_mode():
         if stream:
             resid = online_head_stats(model, tokens.tokens, lambda l, st: score(l, st, lambda d, x: d.score_stats(
@@ -182,7 +184,7 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
         else:
             counter = HookCounter()
             pat = [(attn_hook(layer, "pattern"), _pattern_hook(layer, counter, lambda l, p: score(l, p, lambda d, x: d.score(
-                x, tokens.period, tokens.start)))) for layer in range(spec.n_layers)]
+                x, tokens.period, tokens.start)))) for layer in spec.attention_layers]  # headless layers stay 0
             resid = (model.final_residual(tokens.tokens, fwd_hooks=[*pat, *extra]) if spec.causal
                      else model.forward(tokens.tokens, fwd_hooks=[*pat, *extra]))
             counter.check_once([name for name, _ in pat])

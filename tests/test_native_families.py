@@ -581,3 +581,227 @@ def test_gated_attention_gate_hook_is_hugging_faces_gate(tiny_tokenizer):
     no_gate = [(f"blocks.{l}.attn.hook_gate", lambda g, hook: torch.ones_like(g)) for l in range(2)]
     with torch.no_grad():
         assert (model.model.run_with_hooks(x, fwd_hooks=no_gate) - want).abs().max() > 10 * LOGIT_ATOL
+
+
+# ---------------------------------------------------------------------------------------------
+# Hybrid models: linear-attention layers (no heads) among the attention layers
+# ---------------------------------------------------------------------------------------------
+
+HYBRIDS = [name for name in FAMILIES if zoo.tiny(name).hybrid is not None]
+
+
+@pytest.fixture(scope="module", params=HYBRIDS)
+def hybrid(request, tiny_tokenizer):
+    """(family name, its hybrid Hugging Face checkpoint, the model wrap(backend="auto") gives)."""
+    ckpt = zoo.make_checkpoint(request.param, tiny_tokenizer, **zoo.tiny(request.param).hybrid)
+    return request.param, ckpt, wrap(ckpt, backend="auto")
+
+
+def _heads_by_hand(hf_config):
+    """The layers with heads, read off the Hugging Face config's ``layer_types``."""
+    return tuple(l for l, t in enumerate(hf_config.layer_types) if t != "linear_attention")
+
+
+def test_hybrid_loads_natively_with_heads_in_attention_layers_only(hybrid):
+    name, ckpt, model = hybrid
+    heads = _heads_by_hand(ckpt.hf_model.config)
+    assert model.backend == "native" and 0 < len(heads) < model.spec.n_layers, name
+    assert model.spec.attention_layers == model.spec.layout.head_layers == heads
+    names = set(model.hook_names())
+    for l in range(model.spec.n_layers):  # every block keeps its residual hooks; heads' hooks only where heads are
+        assert {f"blocks.{l}.hook_resid_pre", f"blocks.{l}.hook_resid_post", f"blocks.{l}.hook_mlp_out"} <= names
+        assert (f"blocks.{l}.attn.hook_pattern" in names) == (l in heads)
+
+
+def test_hybrid_logits_and_patterns_equal_hugging_face(hybrid):
+    name, ckpt, model = hybrid
+    x = _tokens()
+    with torch.no_grad():
+        out = ckpt.hf_model(x, output_attentions=True)
+        got_logits = model.model(x)
+    assert (got_logits - out.logits).abs().max() <= LOGIT_ATOL * out.logits.abs().max(), name
+    got = {}
+    model.forward(x, fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: got.__setitem__(l, p.detach().clone()))
+                                for l in model.spec.attention_layers])
+    want = [a for a in out.attentions if a is not None]  # Hugging Face gives a pattern per attention layer
+    assert len(want) == len(got) == len(model.spec.attention_layers)
+    for w, l in zip(want, model.spec.attention_layers):
+        assert (got[l] - w).abs().max() < PATTERN_ATOL, (name, l)
+
+
+def test_hybrid_logits_fail_without_a_linear_layer(hybrid):
+    """The comparison above can fail: a linear layer passed through as identity moves the logits."""
+    name, ckpt, model = hybrid
+    x = _tokens()
+    linear = next(l for l in range(model.spec.n_layers) if l not in model.spec.attention_layers)
+    block = model.model.blocks[linear]
+    with torch.no_grad():
+        want = ckpt.hf_model(x).logits
+        handle = block.attn.mixer.register_forward_hook(lambda mod, args, out: torch.zeros_like(out))
+        try:
+            broken = model.model(x)
+        finally:
+            handle.remove()
+    assert (broken - want).abs().max() > 10 * LOGIT_ATOL * want.abs().max(), name
+
+
+def test_hybrid_self_check_and_decomposition(hybrid):
+    name, ckpt, model = hybrid
+    check = model.self_check
+    assert check.ok and check.max_relative_error < 1e-5, (name, check)
+    assert check.worst_layer in model.spec.attention_layers
+    from headprobe.probe.hooks.capture import capture_internal
+
+    cap = capture_internal(model, _tokens(), residual=True)
+    assert sorted(cap["result"]) == list(model.spec.attention_layers)
+    for l in model.spec.attention_layers:  # heads' results sum to what the layer adds, by the layer's own number
+        ref = (cap["resid_mid"][l] - cap["resid_pre"][l]).double()
+        added = (cap["result"][l].sum(2) + cap["b_O"][l]).double()
+        assert float((added - ref).norm() / ref.norm()) < 1e-5, (name, l)
+
+
+def test_hybrid_scan_scores_attention_layers_only(hybrid, tmp_path, tiny_tokenizer):
+    """``headprobe scan`` runs: the linear layers' head slots are NaN, top heads and controls are real heads."""
+    import pandas as pd
+
+    from headprobe.cli import main
+
+    name, ckpt, model = hybrid
+    d = tmp_path / "model"
+    ckpt.hf_model.save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    text = tmp_path / "text.txt"
+    g = torch.Generator().manual_seed(0)
+    text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()))
+    out = tmp_path / "scan"
+    assert main(["scan", "--model", str(d), "--out", str(out), "--text", str(text), "--seq-len", "24", "--n-natural", "4",
+                 "--n-repeated", "4", "--n-random", "3", "--device", "cpu"]) == 0
+    heads = set(model.spec.attention_layers)
+    table = pd.read_csv(out / "head_scores.csv")
+    for layer, rows in table.groupby("layer"):
+        assert rows["induction"].isna().all() == (layer not in heads), (name, layer)
+    summary = json.loads((out / "summary.json").read_text())
+    named = [h["head"] for top in summary["top_heads"].values() for h in top]
+    named += [h for a in summary["ablations"] for draw in a["random_heads"] for h in draw]
+    assert named and all(int(h.split(".")[0]) in heads for h in named), named
+
+
+def test_hybrid_head_weights_refuse_in_one_line(hybrid):
+    from headprobe.analyses.composition import head_weights
+    from headprobe.probe.core.errors import HeadprobeError
+
+    with pytest.raises(HeadprobeError, match="hybrid models") as e:
+        head_weights(hybrid[2])
+    assert "\n" not in str(e.value)
+
+
+def test_hybrid_kv_cache_refuses_in_one_line(hybrid):
+    from headprobe.probe.core.errors import HeadprobeError
+
+    with pytest.raises(HeadprobeError, match="linear-attention layers") as e:
+        generate(hybrid[2].model, _tokens(batch=1, pos=4), n_new=2)
+    assert "\n" not in str(e.value)
+
+
+def test_hybrid_costs_count_attention_layers_only(hybrid):
+    """Attention parameters and the KV cache are those of Hugging Face's attention layers (counted there)."""
+    from headprobe.probe.layout import cost
+
+    name, ckpt, model = hybrid
+    lay, layers = model.spec.layout, ckpt.hf_model.model.layers
+    attn = [layer.self_attn for layer in layers if hasattr(layer, "self_attn")]
+    assert len(attn) == len(model.spec.attention_layers) < len(layers)
+    assert cost.attention_params(lay) == sum(p.numel() for a in attn for p in a.parameters())
+    per_layer = 2 * lay.n_kv_heads * lay.d_head * lay.bytes_per_element
+    assert cost.kv_bytes_per_token(lay) == per_layer * len(attn)
+    assert cost.kv_bytes_per_request(lay, seq_len=10) == 10 * per_layer * len(attn)
+    assert [p > 0 for p in cost.kv_positions(lay, 10)] == [l in model.spec.attention_layers for l in range(len(layers))]
+    assert type(lay)(**lay.to_dict()) == lay  # to_dict keeps head_layers
+
+
+def test_hybrid_lacks_head_wide_capabilities_and_refuses_in_one_line(hybrid):
+    """The flags of ``HYBRID_LACKS`` are off on a hybrid (on only the model, not its backend class) and
+    the features gated on them refuse in one line, before any work."""
+    from headprobe.analyses.circuit import _check_model
+    from headprobe.analyses.kvpolicy import check_kv_backend
+    from headprobe.probe.backends.base import HYBRID_LACKS
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.hooks.online_stats import online_head_stats
+
+    name, ckpt, model = hybrid
+    for capability in HYBRID_LACKS:
+        assert getattr(type(model), capability) and not getattr(model, capability), (name, capability)
+    calls = [lambda: check_kv_backend(model), lambda: _check_model(model), model.check_prunable,
+             lambda: online_head_stats(model, _tokens(), lambda l, st: None)]
+    for call, capability in zip(calls, ("kv_policies", "path_patching", "removes_heads", "streams_statistics")):
+        with pytest.raises(HeadprobeError, match=f"linear-attention layers \\[0, 2\\], lacks {capability}") as e:
+            call()
+        assert "\n" not in str(e.value)
+
+
+def test_full_attention_model_keeps_its_capabilities(family):
+    """The hybrid's refusals come from its layout, not from the family: a model with heads in every layer keeps them."""
+    from headprobe.probe.backends.base import HYBRID_LACKS
+
+    name, ckpt, model = family
+    assert model.spec.layout.head_layers is None
+    assert all(getattr(model, c) == getattr(type(model), c) for c in HYBRID_LACKS), name
+
+
+def test_hybrid_survives_a_native_checkpoint_and_left_padding(hybrid, tmp_path, tiny_tokenizer):
+    """save_native/load_native keep the linear layers (their config and weights); left padding changes nothing."""
+    name, ckpt, model = hybrid
+    save_native(model.model, tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    again = load_native(tmp_path)
+    assert again.model.cfg == model.model.cfg and again.spec.attention_layers == model.spec.attention_layers
+    x = _tokens(batch=1, pos=14)
+    padded = torch.cat([torch.full((1, 5), 100), x], dim=1)
+    mask = torch.cat([torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 14, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        want = model.model(x)
+        assert torch.equal(again.model(x), want), name
+        assert (model.model(padded, attention_mask=mask)[:, 5:] - want).abs().max() < 1e-4, name
+
+
+@pytest.mark.parametrize("kind", ["zero", "resample"])
+def test_hybrid_exact_sweep_equals_hook_loop_on_its_heads(hybrid, kind):
+    name, ckpt, model = hybrid
+    x, source = _tokens(seed=1), _tokens(seed=2)
+    fast = exact_sweep(model, x, kind=kind, source_tokens=source, first=3, max_batch=4)
+    slow = sweep_loop(model, x, kind=kind, source_tokens=source, first=3)
+    has_heads = torch.tensor([l in model.spec.attention_layers for l in range(model.spec.n_layers)])
+    assert fast.loss[has_heads].isfinite().all() and fast.loss[~has_heads].isnan().all()  # no head, no score
+    assert (fast.loss[has_heads] - slow.loss[has_heads]).abs().max() < SWEEP_ATOL, name
+    assert slow.effect[has_heads].abs().max() > 2 * SWEEP_ATOL
+
+
+def test_hybrid_ablate_runs_and_prune_refuses_in_one_line(hybrid, tmp_path, tiny_tokenizer, capsys):
+    """``headprobe ablate`` sweeps the attention layers' heads (the linear layers' rows empty); ``prune`` and a
+    head in a linear layer are refused in one line, exit code 2, nothing written."""
+    import pandas as pd
+
+    from headprobe.cli import main
+
+    name, ckpt, model = hybrid
+    d = tmp_path / "model"
+    ckpt.hf_model.save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    text = tmp_path / "text.txt"
+    g = torch.Generator().manual_seed(0)
+    text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()))
+    common = ["--model", str(d), "--text", str(text), "--seq-len", "16", "--n-natural", "2", "--n-repeated", "2",
+              "--device", "cpu"]
+    assert main(["ablate", "--out", str(tmp_path / "ab"), *common]) == 0
+    table = pd.read_csv(tmp_path / "ab" / "head_ablation.csv")
+    for layer, rows in table.groupby("layer"):
+        for column in ("natural_loss_delta", "natural_importance", "induction_score"):
+            assert rows[column].isna().all() == (layer not in model.spec.attention_layers), (name, layer, column)
+    capsys.readouterr()
+    for argv, why in ((["ablate", "--heads", "0.1", "--out", str(tmp_path / "ab0")], "layer 0 has no heads"),
+                      (["prune", "--period", "6", "--out", str(tmp_path / "pr")], "not implemented for hybrid models")):
+        assert main([*argv, *common]) == 2, argv
+        err = capsys.readouterr().err
+        lines = [l for l in err.splitlines() if l.startswith("headprobe: error:")]
+        assert len(lines) == 1 and why in lines[0] and "Traceback" not in err, err[-300:]
+        assert not (tmp_path / argv[-1]).exists() or not any((tmp_path / argv[-1]).iterdir())

@@ -108,16 +108,22 @@ class AblateConfig(options.ModelRunConfig):
             raise HeadprobeError(f"--n-probes must be at least 1, got {self.n_probes}")
         object.__setattr__(self, "heads", _heads_text(self.heads))
 
-    def head_list(self, n_layers: int, n_heads: int) -> list[Head]:
-        """The heads to sweep in a model of ``n_layers x n_heads``.
+    def head_list(self, n_layers: int, n_heads: int, head_layers: Sequence[int] | None = None) -> list[Head]:
+        """The heads to sweep in a model of ``n_layers x n_heads`` whose layers ``head_layers`` have
+        heads (None: every layer; a hybrid's linear-attention layers have none).
 
         Raises:
-            HeadprobeError: a head out of range (one line naming the model's layout).
+            HeadprobeError: a head out of range (one line naming the model's layout), or in a layer without heads.
         """
         if not self.heads:
-            return all_heads(n_layers, n_heads)
-        assert isinstance(self.heads, str)  # stored as the string by __post_init__
-        return parse_heads(self.heads, n_layers, n_heads)
+            heads = all_heads(n_layers, n_heads)
+        else:
+            assert isinstance(self.heads, str)  # stored as the string by __post_init__
+            heads = parse_heads(self.heads, n_layers, n_heads)
+            if head_layers is not None and (bad := [h for h in heads if h[0] not in head_layers]):
+                raise HeadprobeError(f"head {bad[0][0]}.{bad[0][1]}: layer {bad[0][0]} has no heads "
+                                     f"(linear attention); the layers with heads are {list(head_layers)}")
+        return [h for h in heads if head_layers is None or h[0] in head_layers]
 
     def preflight(self) -> None:
         """Check, without loading weights, what the settings and files alone decide: the text file,

@@ -434,7 +434,7 @@ def run(model: LoadedModel, config: AblateConfig, *, resume: dict | None = None,
     assert cfg.period is not None  # ablate's default (DataSettings); None is scan's
     if 2 * cfg.period + 1 > spec.n_ctx:
         raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
-    heads = cfg.head_list(spec.n_layers, spec.n_heads)
+    heads = cfg.head_list(spec.n_layers, spec.n_heads, spec.layout.head_layers)
     natural, repeated, sets, mean_z = _task_sets(model, cfg)
     results: dict[str, TaskResult] = {}
     swept = 0

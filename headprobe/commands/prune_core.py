@@ -234,6 +234,16 @@ def _rename_old_task(saved: dict) -> dict:
     return saved
 
 
+def _refuse_early(model: LoadedModel, cfg: PruneConfig) -> None:
+    """Raise, before any computation, what :func:`run` refuses of the model itself."""
+    model.self_check.require_decomposition("head ablation (ablate, prune)")
+    if (head_layers := model.spec.layout.head_layers) is not None:  # its fractions and masks span every layer's heads
+        raise HeadprobeError(f"headprobe prune is not implemented for hybrid models (heads only in layers {list(head_layers)}, "
+                             "the others linear attention)")
+    if cfg.save_pruned:
+        model.check_prunable()  # the native backend only; MLA and all-head QK-norm cannot be pruned exactly
+
+
 def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
         progress: bool = True) -> PruneResult:
     """Run every method of ``config.methods`` on the same data (see the module docstring).
@@ -246,15 +256,13 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
         on_save: called with the whole state after every step (e.g. :meth:`RunCheckpoint.save`).
 
     Raises:
-        HeadprobeError: the model's self-check forbids head ablation, ``save_pruned`` on a
+        HeadprobeError: the model's self-check forbids head ablation, a hybrid model, ``save_pruned`` on a
             non-native model, sequences longer than the context, too little text.
     """
     t_start = time.perf_counter()
     cfg = config
     saved = _rename_old_task({} if resume is None else resume)
-    model.self_check.require_decomposition("head ablation (ablate, prune)")
-    if cfg.save_pruned:
-        model.check_prunable()  # before any computation: the native backend only; MLA and all-head QK-norm cannot be pruned exactly
+    _refuse_early(model, cfg)
     spec = model.spec
     assert cfg.period is not None and cfg.seq_len is not None and not isinstance(cfg.l0_lambdas, str)  # set by the defaults and __post_init__
     if 2 * cfg.period + 1 > spec.n_ctx:

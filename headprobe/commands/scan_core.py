@@ -195,8 +195,11 @@ def _say(line: str) -> None:
 
 
 def removed_heads(model: LoadedModel) -> list[tuple[int, int]]:
-    """The heads a pruned model no longer has (``spec.removed_heads``; none for others)."""
-    return list(getattr(model.spec, "removed_heads", ()) or ())
+    """The heads a pruned model no longer has (``spec.removed_heads``) and the head slots of a hybrid
+    model's layers without heads (linear attention): NaN scores, never drawn as controls; none for others."""
+    spec = model.spec
+    headless = [(l, h) for l in range(spec.n_layers) if l not in spec.attention_layers for h in range(spec.n_heads)]
+    return list(getattr(spec, "removed_heads", ()) or ()) + headless
 
 
 def scan_metric(spec: ModelSpec):

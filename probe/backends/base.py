@@ -81,6 +81,10 @@ CAPABILITIES: tuple[str, ...] = ("streams_statistics", "kv_policies", "path_patc
 """The capability flags of :class:`LoadedModel` (class attributes, False there; each backend sets
 those it has). Features check a flag, never a backend's name."""
 
+HYBRID_LACKS: tuple[str, ...] = ("streams_statistics", "kv_policies", "path_patching", "removes_heads")
+"""The capabilities a hybrid model (linear-attention layers without heads, ``AttentionLayout.head_layers``)
+lacks on every backend: they address every layer's heads (set False on the instance)."""
+
 
 LOSS_ROWS = 1024
 """Most positions (rows of ``[rows, d_vocab]`` logits) unembedded at once by the chunked losses
@@ -214,22 +218,28 @@ class LoadedModel:
         self._main_device: torch.device | None = None  # set by dispatch: a model split over devices
         self._offload_dir: Any = None  # the temporary offload folder of a dispatched model, kept alive with it
         self.trained_periods = None
+        if spec.layout.head_layers is not None:  # a hybrid: these flags are off for this model, whatever the backend
+            for capability in HYBRID_LACKS:
+                setattr(self, capability, False)
 
-    @classmethod
-    def lacks(cls, capability: str, what: str) -> HeadprobeError:
-        """The one-line refusal of ``what`` (a sentence naming the feature) on this backend, which
-        lacks ``capability`` (one of :data:`CAPABILITIES`): the flag and the backend named."""
-        return HeadprobeError(f"{what} (the {cls.name} backend lacks {capability})")
+    def lacks(self, capability: str, what: str) -> HeadprobeError:
+        """The one-line refusal of ``what`` (a sentence naming the feature) on this model, which
+        lacks ``capability`` (one of :data:`CAPABILITIES`): the flag and the backend named, or the
+        hybrid's linear-attention layers where those are why (:data:`HYBRID_LACKS`)."""
+        head_layers = self.spec.layout.head_layers
+        if head_layers is not None and capability in HYBRID_LACKS:
+            linear = [l for l in range(self.spec.n_layers) if l not in head_layers]
+            return HeadprobeError(f"{what} (a hybrid model, linear-attention layers {linear}, lacks {capability})")
+        return HeadprobeError(f"{what} (the {self.name} backend lacks {capability})")
 
-    @classmethod
-    def require(cls, capability: str, what: str) -> None:
-        """Raise :meth:`lacks` unless this backend has ``capability``.
+    def require(self, capability: str, what: str) -> None:
+        """Raise :meth:`lacks` unless this model has ``capability``.
 
         Raises:
             HeadprobeError: the flag is off.
         """
-        if not getattr(cls, capability):
-            raise cls.lacks(capability, what)
+        if not getattr(self, capability):
+            raise self.lacks(capability, what)
 
     # ---- what every backend shares -------------------------------------------------------------
 

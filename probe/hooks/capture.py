@@ -64,7 +64,7 @@ def patterns_by_layer(
     Raises:
         HeadprobeError: a pattern hook did not fire exactly once (fused attention kernel).
     """
-    layers = range(model.spec.n_layers) if layers is None else layers
+    layers = model.spec.attention_layers if layers is None else layers  # a hybrid's linear layers have no pattern
     counter = HookCounter()
     names = [attn_hook(layer, "pattern") for layer in layers]
 
@@ -150,7 +150,7 @@ def capture_internal(
     caller keeps what was captured before an error. ``patterns`` False: no pattern hook (the
     fused kernel runs; ``out["pattern"]`` stays empty).
     """
-    layers = list(range(model.spec.n_layers) if layers is None else layers)
+    layers = list(model.spec.attention_layers if layers is None else layers)
     out = {} if out is None else out
     out.update({"pattern": {}, "z": {}, "attn_out": {}})
     names = set(model.hook_names())

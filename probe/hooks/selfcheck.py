@@ -215,15 +215,15 @@ def sink_mass(scores: Float[Tensor, "batch head q_pos k_pos"], sinks: Float[Tens
     return torch.sigmoid(sinks.double().to(lse.device)[None, :, None] - lse)
 
 
-def _row_sum_error(cap: dict, sinks: list[Tensor | None]) -> tuple[float, float | None]:
+def _row_sum_error(cap: dict, sinks: dict[int, Tensor | None]) -> tuple[float, float | None]:
     """Check (a)'s row error ``max |sum_k pattern + sink mass - 1|`` over layers, and the largest
-    sink mass (None without sinks).
+    sink mass (None without sinks); ``sinks``: layer -> its sink logits or None.
 
     Raises:
         KeyError: a layer with sinks whose scores were not captured.
     """
     err, most = 0.0, None
-    for l, s in enumerate(sinks):
+    for l, s in sinks.items():
         rows = cap["pattern"][l].double().sum(-1)
         if s is not None:
             mass = sink_mass(cap["attn_scores"][l], s).to(rows.device)
@@ -244,7 +244,7 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
     tokens = check_tokens(model, n_tokens)
     T = tokens.shape[1]
     names = set(model.hook_names())
-    layers = range(spec.n_layers)
+    layers = spec.attention_layers  # a hybrid model's linear-attention layers have no heads to check
     parallel = any(block_hook(l, "resid_mid") not in names for l in layers)
     reference = "resid_post - resid_pre - mlp_out" if parallel else "resid_mid - resid_pre"
     tol = tolerance(model.dtype)
@@ -256,14 +256,14 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
                       max_relative_error=None, worst_layer=None)
         return SelfCheck(**{**fields, **kw}, error=why, **common)
 
-    sinks = [model.sink_logits(l) for l in layers]
-    has_sinks = any(s is not None for s in sinks)
+    sinks = {l: model.sink_logits(l) for l in layers}
+    has_sinks = any(s is not None for s in sinks.values())
     cap: dict = {}
     try:
-        capture_internal(model, tokens, residual=True, out=cap, scores=has_sinks)
+        capture_internal(model, tokens, layers=layers, residual=True, out=cap, scores=has_sinks)
     except Exception as e:  # a backend that cannot be captured fails the check, with the reason
         why = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-        if len(cap.get("pattern", ())) < spec.n_layers:
+        if len(cap.get("pattern", ())) < len(layers):
             return failed(why)
         cap["failure"] = why
     try:
@@ -290,7 +290,7 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
         else:
             resid = (cap["resid_mid"][l], cap["resid_pre"][l])
         errors.append(decomposition_error(added, cap["attn_out"][l], *resid))
-    worst = max(range(len(errors)), key=errors.__getitem__)
+    worst = max(range(len(errors)), key=errors.__getitem__)  # an index into layers
     return SelfCheck(patterns_ok=patterns_ok, max_row_sum_error=row_err, max_future_weight=future_w,
                      decomposition_ok=errors[worst] <= tol, max_relative_error=errors[worst],
-                     worst_layer=worst, **common)
+                     worst_layer=layers[worst], **common)

@@ -99,8 +99,15 @@ class AttentionLayout:
     output_gate: bool = False
     """A per-head output gate computed by the query projection (Qwen3-Next's gated attention:
     ``W_G`` d_model -> n_heads*d_head beside ``W_Q``; ``z_h`` is multiplied by ``sigmoid(x W_G^h)``)."""
+    head_layers: tuple[int, ...] | None = None
+    """The layers that have heads, by the model's own layer numbers (a hybrid model's attention
+    layers; Qwen3-Next's Gated-DeltaNet layers have none); None: every layer."""
 
     def __post_init__(self) -> None:
+        if self.head_layers is not None:  # JSON gives a list
+            object.__setattr__(self, "head_layers", tuple(int(l) for l in self.head_layers))
+            if any(not 0 <= l < self.n_layers for l in self.head_layers):
+                raise HeadprobeError(f"head_layers {self.head_layers} out of range for {self.n_layers} layers")
         for field in ("d_model", "n_layers", "n_heads", "bytes_per_element"):
             _check_positive(field, getattr(self, field))
         for field in ("n_kv_heads", "d_head", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim"):
@@ -191,10 +198,17 @@ class AttentionLayout:
         """The MHA layout of the same heads: one K and one V per query head, no latent."""
         return self.with_kv_heads(self.n_heads)
 
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers with heads, in order (``head_layers``, or every layer)."""
+        return tuple(range(self.n_layers)) if self.head_layers is None else self.head_layers
+
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict (``windows`` a tuple or None; ``sinks`` and ``output_gate``
-        only where True)."""
+        only where True, ``head_layers`` only where not None)."""
         d = asdict(self)
+        if d["head_layers"] is None:
+            del d["head_layers"]
         for flag in ("sinks", "output_gate"):
             if not d[flag]:
                 del d[flag]

@@ -158,8 +158,9 @@ def attention_params_per_layer(layout: AttentionLayout) -> int:
 
 
 def attention_params(layout: AttentionLayout) -> int:
-    """Attention parameters of the whole model: ``n_layers * attention_params_per_layer``. A count."""
-    return layout.n_layers * attention_params_per_layer(layout)
+    """Attention parameters of the whole model: ``attention_params_per_layer`` times the layers with
+    heads (every layer, or a hybrid's ``head_layers``; its linear-attention layers are not counted). A count."""
+    return len(layout.attention_layers) * attention_params_per_layer(layout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,18 +195,20 @@ def kv_numbers_per_token_per_layer(layout: AttentionLayout, decompressed: bool =
 
 def kv_bytes_per_token(layout: AttentionLayout, decompressed: bool = False) -> int:
     """KV cache of one token over all layers, in bytes:
-    ``kv_numbers_per_token_per_layer * n_layers * bytes_per_element``.
+    ``kv_numbers_per_token_per_layer * n_layers * bytes_per_element``, over the layers with heads
+    (a hybrid's linear-attention layers keep a fixed-size state, not counted).
 
     Llama 3 8B in bf16: 8192 * 32 * 2 = 524,288 bytes = 512 KiB as MHA, 128 KiB with 8 KV heads.
     Sliding windows are not applied: this is what each token costs while it is inside every
     layer's window (see :func:`kv_bytes_per_request` for a whole sequence).
     """
-    return kv_numbers_per_token_per_layer(layout, decompressed) * layout.n_layers * layout.bytes_per_element
+    return kv_numbers_per_token_per_layer(layout, decompressed) * len(layout.attention_layers) * layout.bytes_per_element
 
 
 def kv_positions(layout: AttentionLayout, seq_len: int) -> list[int]:
     """Positions each layer caches for one sequence of ``seq_len`` tokens: ``min(seq_len, window)``
-    for a sliding-window layer, ``seq_len`` for a global one (a list of ``n_layers`` counts).
+    for a sliding-window layer, ``seq_len`` for a global one, 0 for a hybrid's linear-attention
+    layer (its fixed-size state is not a KV cache; a list of ``n_layers`` counts).
 
     A sliding-window layer keeps a rolling buffer of ``window`` positions (Mistral 7B,
     arXiv:2310.06825; Hugging Face ``StaticSlidingWindowLayer`` allocates
@@ -217,7 +220,8 @@ def kv_positions(layout: AttentionLayout, seq_len: int) -> list[int]:
     """
     _check_positive("seq_len", seq_len)
     windows = layout.windows or (None,) * layout.n_layers
-    return [seq_len if w is None else min(seq_len, w) for w in windows]
+    heads = set(layout.attention_layers)
+    return [0 if l not in heads else seq_len if w is None else min(seq_len, w) for l, w in enumerate(windows)]
 
 
 def kv_bytes_per_request(layout: AttentionLayout, seq_len: int, batch: int = 1, decompressed: bool = False) -> int:
@@ -472,7 +476,7 @@ def layer_cost(formula: Callable[..., int], layout: AttentionLayout, n_heads: in
         raise HeadprobeError("per-layer head counts describe MHA/GQA/MQA layers; MLA heads are not removed")
     if not (0 <= n_kv_heads <= n_heads and (n_kv_heads > 0) == (n_heads > 0)):
         raise HeadprobeError(f"a layer cannot keep {n_heads} query heads on {n_kv_heads} key/value heads")
-    at = {hk: formula(replace(layout, n_layers=1, windows=None, n_heads=hk[0], n_kv_heads=hk[1]), *args)
+    at = {hk: formula(replace(layout, n_layers=1, windows=None, head_layers=None, n_heads=hk[0], n_kv_heads=hk[1]), *args)
           for hk in ((1, 1), (2, 1), (2, 2))}
     a = at[2, 1] - at[1, 1]
     b = at[2, 2] - at[2, 1]

@@ -64,6 +64,11 @@ class ModelSpec:
         return self.layout.n_layers
 
     @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers with heads (the layout's; every layer but a hybrid model's linear-attention ones)."""
+        return self.layout.attention_layers
+
+    @property
     def n_heads(self) -> int:
         """Query heads per layer."""
         return self.layout.n_heads

@@ -193,6 +193,11 @@ class TransformerConfig:
             (Llama-4, Qwen3-Next); None: none.
         shared_expert_gate: the shared expert's output is multiplied by ``sigmoid(w . x)`` (Qwen3-Next).
         moe_layers: the layers whose MLP is the mixture; None: every layer (with ``n_experts``).
+        linear_layers: the layers whose token mixer is linear attention (Qwen3-Next's Gated
+            DeltaNet, :class:`LinearAttention`) instead of heads; None: none. They have no heads
+            and no attention hook points; heads keep the model's own layer numbers.
+        linear_mixer: the Hugging Face config fields that build those layers' module
+            (``model_type`` and the ``linear_*`` sizes); given with ``linear_layers``.
         rope_thetas: per-layer rotary bases, ``n_layers`` entries (``positional="rotary"``); an
             entry None is a layer without positions (NoPE: no rotary, no ``hook_rot_q``/``hook_rot_k``;
             SmolLM3's ``no_rope_layers``, Cohere2's full layers); None: ``rope_theta`` on every
@@ -277,6 +282,8 @@ class TransformerConfig:
     d_shared_expert: int | None = None
     shared_expert_gate: bool = False
     moe_layers: tuple[int, ...] | None = None
+    linear_layers: tuple[int, ...] | None = None
+    linear_mixer: dict[str, Any] | None = dataclasses.field(default=None, hash=False)
     rope_thetas: tuple[float | None, ...] | None = None
     rope_factors: tuple[float, ...] | None = None
     rotary_interleaved: bool = False
@@ -297,7 +304,7 @@ class TransformerConfig:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
         if self.qkv_bias is None:
             object.__setattr__(self, "qkv_bias", self.bias)
-        for field in ("sliding_layers", "chunked_layers"):  # JSON gives a list
+        for field in ("sliding_layers", "chunked_layers", "linear_layers"):  # JSON gives a list
             if getattr(self, field) is not None:
                 object.__setattr__(self, field, tuple(int(l) for l in getattr(self, field)))
         if self.attn_temperature is not None:
@@ -378,6 +385,19 @@ class TransformerConfig:
             raise HeadprobeError(f"moe_layers {self.moe_layers} out of range for {self.n_layers} layers")
         if self.swiglu_limit is not None and not self.swiglu_limit > 0:
             raise HeadprobeError(f"swiglu_limit must be positive, got {self.swiglu_limit}")
+        if (self.linear_layers is None) != (self.linear_mixer is None):
+            raise HeadprobeError("linear_layers and linear_mixer come together")
+        if self.linear_layers is not None and any(not 0 <= l < self.n_layers for l in self.linear_layers):
+            raise HeadprobeError(f"linear_layers {self.linear_layers} out of range for {self.n_layers} layers")
+
+    def is_linear(self, layer: int) -> bool:
+        """Whether layer ``layer`` mixes tokens by linear attention (no heads; ``linear_layers``)."""
+        return self.linear_layers is not None and layer in self.linear_layers
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers with heads, in order (every layer but ``linear_layers``)."""
+        return tuple(l for l in range(self.n_layers) if not self.is_linear(l))
 
     def is_moe(self, layer: int) -> bool:
         """Whether layer ``layer``'s MLP is the mixture of experts."""
@@ -499,7 +519,8 @@ class TransformerConfig:
         windows = tuple(self.sliding_window if self.is_sliding(l) else self.attention_chunk if self.is_chunked(l) else None
                         for l in range(self.n_layers))  # a chunked layer caches at most a chunk, as layout_from_hf_config
         common: dict[str, Any] = dict(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_head=self.d_head,
-                      bias=bias, windows=windows, sinks=self.attn_sinks)
+                      bias=bias, windows=windows, sinks=self.attn_sinks,
+                      head_layers=None if self.linear_layers is None else self.attention_layers)
         if self.is_mla:
             return AttentionLayout(kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank,
                                    qk_rope_head_dim=self.qk_rope_head_dim, qk_nope_head_dim=self.qk_nope_head_dim,
@@ -1399,6 +1420,47 @@ def make_attention(cfg: TransformerConfig, layer: int = 0) -> SelfAttention:
     return LatentAttention(cfg, layer) if cfg.is_mla else Attention(cfg, layer)
 
 
+_LINEAR_MIXERS = {  # model_type -> (module, config class, mixer class) in transformers
+    "qwen3_next": ("transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextConfig", "Qwen3NextGatedDeltaNet"),
+    "qwen3_5_text": ("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5TextConfig", "Qwen3_5GatedDeltaNet"),
+}
+
+
+class LinearAttention(nn.Module):
+    """A linear-attention layer's token mixer, run by Hugging Face's own module (``mixer``:
+    ``Qwen3NextGatedDeltaNet``, Yang et al. 2024's Gated DeltaNet, built from ``cfg.linear_mixer``
+    and holding the checkpoint's tensors under their Hugging Face names). It has no heads: no
+    attention hook points, ``head_mask`` and KV policies do not reach it.
+
+    Raises (forward):
+        HeadprobeError: with a KV cache (its recurrent state is not cached here).
+    """
+
+    force_eager = False
+    streaming = None
+
+    def __init__(self, cfg: TransformerConfig, layer: int):
+        super().__init__()
+        import importlib
+
+        fields = dict(cfg.linear_mixer or {})
+        kind = fields.pop("model_type", None)
+        if kind not in _LINEAR_MIXERS:
+            raise HeadprobeError(f"linear attention of model_type {kind!r} is not one of {sorted(_LINEAR_MIXERS)}")
+        module, config_class, mixer_class = _LINEAR_MIXERS[kind]
+        lib = importlib.import_module(module)
+        hf_cfg = getattr(lib, config_class)(**fields)
+        self.mixer = getattr(lib, mixer_class)(hf_cfg, layer)
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
+                padding: Bool[Tensor, "batch pos"] | None = None, head_mask: Tensor | None = None,
+                cache: KVCache | StreamingKVCache | None = None) -> Float[Tensor, "batch pos d_model"]:
+        """The mixer's output ``[batch, pos, d_model]``; padding positions are zeroed at its input, as Hugging Face's."""
+        if cache is not None:
+            raise HeadprobeError("a KV cache is not implemented for linear-attention layers (Gated DeltaNet)")
+        return self.mixer(x, attention_mask=None if padding is None else padding.long())
+
+
 # --------------------------------------------------------------------------------------------
 # MLP, block, model
 # --------------------------------------------------------------------------------------------
@@ -1550,7 +1612,8 @@ class Block(nn.Module):
         has_mlp = cfg.mlp is not None
         self.post_ln = cfg.post_ln  # BERT: ln1/ln2 normalise the residual after each addition
         self.ln1 = Norm(cfg) if cfg.pre_norm or cfg.post_ln else None
-        self.attn = make_attention(cfg, layer)
+        # a linear layer's mixer stands where the heads are; code over heads visits cfg.attention_layers only
+        self.attn = cast("SelfAttention", LinearAttention(cfg, layer)) if cfg.is_linear(layer) else make_attention(cfg, layer)
         self.ln1_post = PostNorm(cfg) if cfg.post_norm else None
         self.ln2 = Norm(cfg) if (has_mlp and cfg.pre_norm) or cfg.post_ln else None
         self.mlp = make_mlp(cfg, layer)

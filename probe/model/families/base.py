@@ -69,6 +69,9 @@ class TinySpec:
     """Config changes that still load natively."""
     unsupported: tuple[Mapping[str, Any], ...] = ()
     """Config changes the native backend refuses (``--backend auto`` then takes the bridge)."""
+    hybrid: Mapping[str, Any] | None = None
+    """Config changes that make it a hybrid model, loaded natively: linear-attention layers (no
+    heads) among its attention layers; None: the family has none."""
 
 
 @dataclass(frozen=True)

@@ -95,12 +95,14 @@ def llama_weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave
     out = {"embed.W_E.weight": sd["model.embed_tokens.weight"]}
     for l in range(cfg.n_layers):
         h, b = f"model.layers.{l}.", block_path(l) + "."
-        for name in "qkvo":
+        if cfg.is_linear(l):  # Qwen3-Next's Gated DeltaNet: Hugging Face's module, its own names
+            out.update({b + "attn.mixer." + k[len(h + "linear_attn."):]: t for k, t in sd.items() if k.startswith(h + "linear_attn.")})
+        for name in "qkvo" if not cfg.is_linear(l) else "":
             out[b + f"attn.{name}_proj.weight"] = sd[h + f"self_attn.{name}_proj.weight"]
             if h + f"self_attn.{name}_proj.bias" in sd:  # Qwen2: q, k, v
                 out[b + f"attn.{name}_proj.bias"] = sd[h + f"self_attn.{name}_proj.bias"]
         for name in ("q_norm", "k_norm"):
-            if cfg.qk_norm != "none":
+            if cfg.qk_norm != "none" and not cfg.is_linear(l):
                 out[b + f"attn.{name}.weight"] = sd[h + f"self_attn.{name}.weight"]
         if cfg.is_moe(l):
             out.update(moe_weights(sd, b + "mlp.", h + "mlp.", **(moe or {})))

@@ -2,11 +2,13 @@
 gate, ``o_proj(attn * sigmoid(gate))``), partial rotary (``partial_rotary_factor``) and the
 ``(1 + w)`` RMSNorm (``Qwen3NextRMSNorm``, its QK-norm too; loaded as ``1 + w``, the same float32
 product), mixture-of-experts MLPs with a sigmoid-gated shared expert (:class:`~headprobe.probe.model.transformer.MoE`).
-Its Gated-DeltaNet linear-attention layers (``layer_types``) are refused.
+Its Gated-DeltaNet linear-attention layers (``layer_types``) run Hugging Face's own module
+(:class:`~headprobe.probe.model.transformer.LinearAttention`): they have no heads, and heads keep the model's layer numbers.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from torch import Tensor
@@ -26,16 +28,23 @@ def sparse_layers(hf_config: Any) -> list[int]:
     return [l for l in range(hf_config.num_hidden_layers) if l not in only and n_experts > 0 and (l + 1) % step == 0]
 
 
+LINEAR_FIELDS = ("hidden_size", "rms_norm_eps", "hidden_act", "layer_types", "num_hidden_layers", "linear_num_value_heads",
+                 "linear_num_key_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
+"""The Hugging Face config fields its Gated-DeltaNet module reads (``TransformerConfig.linear_mixer``)."""
+
+
 def gated_config(hf_config: Any, kind: str) -> TransformerConfig:
     """The native config of a Qwen3-Next-like text config with full attention.
 
     Raises:
         HeadprobeError: linear-attention layers, or what :func:`~headprobe.probe.model.families.llama.llama_config` refuses.
     """
-    linear = [l for l, t in enumerate(hf_config.layer_types) if t != "full_attention"]
-    if linear:
-        raise HeadprobeError(f"native {kind} implements full-attention layers only; layers {linear} are linear attention "
-                             "(Gated DeltaNet): use --backend transformer-lens")
+    linear = tuple(l for l, t in enumerate(hf_config.layer_types) if t == "linear_attention")
+    other = sorted({t for t in hf_config.layer_types if t not in ("full_attention", "linear_attention")})
+    if other:
+        raise HeadprobeError(f"native {kind} does not implement layer types {other}: use --backend transformer-lens")
+    mixer = {k: getattr(hf_config, k) for k in LINEAR_FIELDS} if linear else None
+    hybrid: dict[str, Any] = dict(linear_layers=linear, linear_mixer=dict(mixer or {}, model_type=kind)) if linear else {}
     moe = tuple(sparse_layers(hf_config))
     experts = dict(n_experts=hf_config.num_experts, n_experts_per_token=hf_config.num_experts_per_tok,
                    d_expert=hf_config.moe_intermediate_size, router="softmax_topk", router_renorm=bool(hf_config.norm_topk_prob),
@@ -43,8 +52,11 @@ def gated_config(hf_config: Any, kind: str) -> TransformerConfig:
                    moe_layers=moe) if moe else {}
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     rotary_dim = int(head_dim * rope_parameters(hf_config).get("partial_rotary_factor", 1.0))
+    if linear:  # the attention layers' options are read as Llama's, the linear layers standing as full ones
+        hf_config = copy.copy(hf_config)
+        hf_config.layer_types = ["full_attention"] * len(hf_config.layer_types)
     return llama_config(hf_config, kind, qk_norm="per_head", attn_gate=True,
-                        rotary_dim=None if rotary_dim == head_dim else rotary_dim, **experts)
+                        rotary_dim=None if rotary_dim == head_dim else rotary_dim, **experts, **hybrid)
 
 
 def config(hf_config: Any) -> TransformerConfig:
@@ -56,7 +68,7 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
     """Native parameter names: Llama's (``q_proj`` keeps its per-head ``[query, gate]`` rows), every
     norm weight, QK-norms included, as ``1 + w``; the mixtures of experts by :func:`~headprobe.probe.model.families.base.moe_weights`."""
     out = llama_weights(sd, cfg, norm=one_plus, moe=dict(shared="shared_expert", shared_gate="shared_expert_gate"))
-    for l in range(cfg.n_layers):
+    for l in cfg.attention_layers:
         for name in ("q_norm", "k_norm"):
             key = block_path(l, f"attn.{name}.weight")
             out[key] = one_plus(out[key])
@@ -66,6 +78,10 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
 TINY = dict(TINY_FIELDS, head_dim=16, layer_types=["full_attention"] * 2, num_experts=0,
             rope_parameters={"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 0.5})
 """Two full-attention layers, dense MLPs, half of each head rotary (Qwen3.5's text model's too)."""
+
+HYBRID = dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2, linear_num_value_heads=4,
+              linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
+"""Qwen3-Next's pattern in four layers: Gated DeltaNet at 0 and 2, gated attention (heads) at 1 and 3."""
 
 FAMILY = Family(
     config=config, weights=weights,
@@ -77,6 +93,7 @@ FAMILY = Family(
         variants=(Variant(dict(rope_parameters={"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 1.0}),
                           "full rotary"),
                   Variant(dict(num_experts=0), "dense MLPs only")),
-        unsupported=(dict(layer_types=["linear_attention", "full_attention"]), dict(attention_bias=True)),
+        unsupported=(dict(attention_bias=True),),
+        hybrid=dict(HYBRID, mlp_only_layers=[0, 1]),  # layers 2 and 3 mixtures of experts
     ),
 )
