@@ -1,7 +1,8 @@
 """docs/models.md's verified-features matrix is what the code does now.
 
 The matrix (:mod:`models_matrix`) is measured: every registered family's tiny checkpoint and the
-tiny GPT-2 on the bridge, through each command at its smallest settings (about 40 s on one core).
+tiny GPT-2 on the bridge, through each command at its smallest settings (about 30 s on one core as a script,
+``python tests/models_matrix.py``; about 55 s under pytest, whose jaxtyping hook checks every shape).
 It is rendered and compared with the section between ``<!-- matrix:start -->`` and
 ``<!-- matrix:end -->`` of docs/models.md (the versions and date line aside); with
 ``HEADPROBE_REGENERATE=1`` the section is rewritten instead. The other tests show that the
@@ -30,6 +31,16 @@ def test_docs_models_matrix_is_current(matrix):
         doc = mm.DOC.read_text(encoding="utf-8")
     why = mm.stale(doc, rendered)
     assert why is None, f"docs/models.md is stale: run `{mm.REGENERATE}` ({why})"
+
+
+def test_one_edited_cell_of_the_page_is_caught(matrix):
+    """A copy of docs/models.md with one generated cell changed no longer matches the code."""
+    rendered = mm.render(matrix)
+    doc = mm.replace_section(mm.DOC.read_text(encoding="utf-8"), rendered)
+    assert mm.stale(doc, rendered) is None
+    head, _, table = doc.partition("| family |")
+    edited = head + "| family |" + table.replace("| runs |", "| refused (1) |", 1)
+    assert edited != doc and "line" in (mm.stale(edited, rendered) or "")
 
 
 def test_every_family_and_feature_is_measured(matrix):
