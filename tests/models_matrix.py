@@ -68,11 +68,16 @@ class Cell:
 
     def text(self, note: int | None) -> str:
         if self.state in ("exact", "differs"):
-            tol = f"{self.tol:.0e}".replace("e-0", "e-")
+            tol = short(self.tol)
             return f"exact (≤ {tol})" if self.state == "exact" else f"**differs** (> {tol})"
         if self.state == "runs":
             return "runs"
         return f"{'refused' if self.state == 'refused' else '**fails**'} ({note})"
+
+
+def short(x: float) -> str:
+    """A tolerance as the page writes it: ``1e-4``."""
+    return f"{x:.0e}".replace("e-0", "e-")
 
 
 def compared(error: float, tol: float) -> Cell:
@@ -300,26 +305,26 @@ class Feature:
 
 FEATURES = (
     Feature("load", feature_load, f"`--model DIR` loaded as the commands load it; logits (encoders: the last hidden "
-            f"state) against Hugging Face's eager model, max abs ≤ {LOGIT_TOL:g} (each family's tiny model; the bridge row: "
+            f"state) against Hugging Face's eager model, max abs ≤ {short(LOGIT_TOL)} (each family's tiny model; the bridge row: "
             f"TransformerLens' bridge around the Hugging Face model)"),
     Feature("decomposition", feature_decomposition, f"`capture_heads`: per-head results summed with `b_O` against the "
-            f"output of the Hugging Face attention module (or post-attention norm), relative ≤ {DECOMPOSITION_TOL:g}"),
+            f"output of the Hugging Face attention module (or post-attention norm), relative ≤ {short(DECOMPOSITION_TOL)}"),
     Feature("scan", feature_scan, "`scan --no-verify` (scores and metrics)"),
     Feature("verdicts", feature_verdicts, "`scan` with verification: `--top-k 2 --n-random 2 --keep-n-random`"),
     Feature("ablate", feature_ablate, "`ablate` (zero ablation of every head, exact sweep)"),
     Feature("prune + reload", feature_prune, "`prune --method random --save-pruned --save-fraction 0.25`, then the "
-            f"saved `pruned_model/` loaded with `--model` and compared with the model with those heads masked, ≤ {SAME_TOL:g}"),
+            f"saved `pruned_model/` loaded with `--model` and compared with the model with those heads masked, ≤ {short(SAME_TOL)}"),
     Feature("patch q/k/v", feature_patch, "`patch --prompts FILE --site q`, `k` and `v` (2 prompt pairs)"),
     Feature("circuit", feature_circuit, "`circuit --n-seqs 1 --period 4 --steps 1 --verify 1`"),
     Feature("kv", feature_kv, "`kv --seq-len 16 --method estimate` (one budget, one random policy)"),
     Feature("streamed", feature_streamed, "`scan --no-verify --streaming on` against `--streaming off`: every number "
             f"the streamed head_scores.csv has (at least half of the other's; a metric that needs the pattern is NaN "
-            f"when streamed, as docs/scan.md says), ≤ {SAME_TOL:g}"),
+            f"when streamed, as docs/scan.md says), ≤ {short(SAME_TOL)}"),
     Feature("fp16", _dtype_scan("float16"), "`scan --dtype float16` with verification"),
     Feature("bf16", _dtype_scan("bfloat16"), "`scan --dtype bfloat16` with verification"),
     Feature("device map", feature_device_map, "`--device-map sequential` with half the weights' bytes allowed in CPU "
             f"memory, the rest offloaded to disk (no GPU here; two GPUs are not tested); logits against the whole "
-            f"model's, ≤ {SAME_TOL:g}"),
+            f"model's, ≤ {short(SAME_TOL)}"),
 )
 """The columns, in order."""
 
@@ -401,8 +406,10 @@ def measure(f: Feature, row: Row, root: Path, refusal: type) -> Cell:
 
 
 def clean(message: str, root: Path) -> str:
-    """The message with the working folder's paths replaced by ``DIR`` (the same on every machine), one line."""
-    message = re.sub(re.escape(str(root)) + r"[^\s:,;)'\"]*", "DIR", message)
+    """The message with paths under the working folder or the temporary folder replaced by ``DIR``
+    (the same on every machine), one line."""
+    for folder in (str(root), tempfile.gettempdir()):
+        message = re.sub(re.escape(folder) + r"[^\s:,;)'\"]*", "DIR", message)
     return " ".join(message.split())
 
 
