@@ -805,3 +805,35 @@ def test_hybrid_ablate_runs_and_prune_refuses_in_one_line(hybrid, tmp_path, tiny
         lines = [l for l in err.splitlines() if l.startswith("headprobe: error:")]
         assert len(lines) == 1 and why in lines[0] and "Traceback" not in err, err[-300:]
         assert not (tmp_path / argv[-1]).exists() or not any((tmp_path / argv[-1]).iterdir())
+
+
+def test_gated_attention_W_Q_is_the_query_half(tiny_tokenizer):
+    """Qwen3-Next's ``q_proj`` holds ``[q_h, g_h]`` per head; ``W_Q`` (and so composition and the
+    scan's weight metrics) is the query half of Hugging Face's own weight, not the interleaved rows."""
+    ckpt = zoo.make_checkpoint("qwen3_next", tiny_tokenizer)
+    model = wrap(ckpt, backend="native")
+    for layer in model.spec.attention_layers:
+        hf = ckpt.hf_model.model.layers[layer].self_attn.q_proj.weight  # [H * 2 d, D]
+        H, d = model.spec.n_heads, model.spec.d_head
+        want = hf.view(H, 2 * d, -1)[:, :d].transpose(1, 2)  # [H, D, d]
+        torch.testing.assert_close(model.W_Q(layer), want)
+        assert not torch.equal(want, hf.T.unflatten(1, (-1, d)).transpose(0, 1)[:H])  # the naive split differs
+
+
+def test_a_pruned_model_with_learned_sinks_reloads_at_full_shape(tiny_tokenizer, tmp_path):
+    """``prune --save-pruned`` of a model with learned sinks (GPT-OSS): the directory read back at
+    full shape (``--model pruned_model/``) gives the pruned model's logits; a kept head keeps its
+    own sink (a shifted sink would change them)."""
+    from headprobe.probe.model.pruned import keep_mask_from, load_pruned_dir_full, remove_heads, save_pruned_dir
+
+    net = zoo.with_sinks(wrap(zoo.make_checkpoint("gpt_oss", tiny_tokenizer), backend="native"), scale=2.0).model
+    pruned = remove_heads(net, keep_mask_from([(0, 1), (1, 0)], net.cfg.n_layers, net.cfg.n_heads))
+    save_pruned_dir(pruned, tmp_path / "dir", tiny_tokenizer)
+    full, removed = load_pruned_dir_full(tmp_path / "dir")
+    assert removed == [[1], [0]]
+    x = _tokens()
+    with torch.no_grad():
+        assert (full(x) - pruned(x)).abs().max() < 1e-5
+        for layer, (head, kept) in enumerate(((1, 0), (0, 1))):
+            assert full.blocks[layer].attn.sinks[head] == 0
+            assert full.blocks[layer].attn.sinks[kept] == net.blocks[layer].attn.sinks[kept]

@@ -105,7 +105,10 @@ class NativeModel(LoadedModel):
             raise HeadprobeError("latent attention (MLA) has no per-head W_Q, W_K, W_V: weight-based head metrics do not apply")
         with self._aligned(self.model.blocks[layer]):
             weight = getattr(attn, proj).weight  # nn.Linear [n * d_head, d_model]
-        return weight.T.unflatten(1, (-1, self.model.cfg.d_head)).transpose(0, 1)
+        cfg = self.model.cfg
+        if which == "q" and cfg.attn_gate:  # q_proj holds [q_h, g_h] per head: the query part only
+            return weight.T.unflatten(1, (cfg.n_heads, -1))[..., :cfg.d_head].transpose(0, 1)
+        return weight.T.unflatten(1, (-1, cfg.d_head)).transpose(0, 1)
 
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.W_E`."""

@@ -256,7 +256,7 @@ from headprobe.probe.model.checkpoint import PRUNED_WEIGHTS  # noqa: E402 - the 
 
 def _attn_keys(layer: int) -> dict[str, str]:
     return {n: block_path(layer, "attn." + n) for n in ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight",
-                               "v_proj.bias", "o_proj.weight", "kv_index")}
+                               "v_proj.bias", "o_proj.weight", "kv_index", "sinks")}
 
 
 def save_pruned_dir(net: Transformer, out: str | os.PathLike[str], tokenizer: Any = None, source: str | None = None) -> None:
@@ -375,6 +375,9 @@ def load_pruned_dir_full(path: str | os.PathLike[str]) -> tuple[Transformer, lis
                 big = small.new_zeros((n * d, *small.shape[1:]))
                 big[head_rows(hs, d)] = small
                 full[key] = big
+        if keys["sinks"] in state:  # learned sinks (GPT-OSS): one logit per kept head; a removed head's is 0
+            sinks = state[keys["sinks"]]
+            full[keys["sinks"]] = sinks.new_zeros(cfg.n_heads).index_copy(0, torch.tensor(heads, dtype=torch.long), sinks)
         w = state[keys["o_proj.weight"]]
         big = w.new_zeros(w.shape[0], cfg.n_heads * cfg.d_head)
         big[:, head_rows(heads, cfg.d_head)] = w
