@@ -354,11 +354,10 @@ def policy_with_full(layout, full, streaming: Streaming, candidates: list[tuple[
     """The policy whose ``candidates`` stream except those in ``full`` (and every other group is full)."""
     from headprobe.probe.layout.cost import n_kv_groups
 
-    keep = set(map(tuple, full))
-    streamed = [c for c in candidates if c not in keep]
-    all_groups = [(layer, g) for layer in range(layout.n_layers) for g in range(n_kv_groups(layout))]
-    return KVPolicy.with_full(layout.n_layers, n_kv_groups(layout), [c for c in all_groups if c not in set(streamed)],
-                              streaming, model)
+    keep, streamable, G = set(map(tuple, full)), set(candidates), n_kv_groups(layout)
+    full_groups = [(layer, g) for layer in range(layout.n_layers) for g in range(G)
+                   if (layer, g) in keep or (layer, g) not in streamable]
+    return KVPolicy.with_full(layout.n_layers, G, full_groups, streaming, model)
 
 
 def _positions(layout, policy: KVPolicy, seq_len: int) -> int:
@@ -413,9 +412,10 @@ def matched_random_policy(layout, full: list[tuple[int, int]], streaming: Stream
     classes: dict[int, list[tuple[int, int]]] = {}
     for c in candidates:
         classes.setdefault(_saving(layout, c, streaming, seq_len), []).append(c)
+    kept = set(map(tuple, full))
     drawn = []
     for _, groups in sorted(classes.items(), reverse=True):
-        drawn += rnd.sample(groups, sum(1 for c in full if tuple(c) in set(groups)))
+        drawn += rnd.sample(groups, len(kept.intersection(groups)))
     return policy_with_full(layout, drawn, streaming, candidates)
 
 
@@ -492,7 +492,8 @@ def tolerance_full_groups(model: LoadedModel, natural: Tensor, start: int, lr: L
     each step measured exactly (it assumes the increase does not grow as groups are made full; the
     answer itself is always measured)."""
     cands = streaming_candidates(layout, streaming)
-    ranked = [c for c in ranked_groups(score) if c in set(cands)]
+    streamable = set(cands)
+    ranked = [c for c in ranked_groups(score) if c in streamable]
     lo, hi = 0, len(ranked)  # all full: increase 0
     while lo < hi:
         mid = (lo + hi) // 2

@@ -45,7 +45,8 @@ def _policy(model, sink=2, window=3):
 
 
 def _hand_mask(policy, layer, n_heads, T, window):
-    """[head, q_pos, k_pos] by loops: query head h is in group h * G // n_heads."""
+    """[head, q_pos, k_pos] by loops: causal, the layer's ``window`` (None: global) and the streaming of
+    query head h's group (``h * G // n_heads``)."""
     G = policy.n_kv_groups
     m = torch.zeros(n_heads, T, T, dtype=torch.bool)
     for h in range(n_heads):

@@ -15,6 +15,7 @@ import dataclasses
 import pytest
 import torch
 import zoo
+from test_kv_policy_model import _hand_mask  # causal, the layer window, the group's streaming, by loops
 
 from headprobe.analyses import kvpolicy as kp
 from headprobe.probe.backends.loading import wrap
@@ -35,18 +36,6 @@ def _streaming_everywhere(model, sink=2, window=3, full=((-1, -1),)):
     L, G = model.cfg.n_layers, model.n_kv_groups
     keep = {(layer % L, g % G) for layer, g in full}
     return KVPolicy(tuple(tuple(None if (layer, g) in keep else Streaming(sink, window) for g in range(G)) for layer in range(L)))
-
-
-def _hand_mask(policy, layer, n_heads, T, layer_window):
-    """[head, q_pos, k_pos] by loops: causal, the layer's window (if ``layer_window``), and the group's streaming."""
-    G = policy.n_kv_groups
-    m = torch.zeros(n_heads, T, T, dtype=torch.bool)
-    for h in range(n_heads):
-        s = policy.groups[layer][h * G // n_heads]
-        for i in range(T):
-            for j in range(i + 1):
-                m[h, i, j] = (s is None or j < s.sink or i - j < s.window) and (layer_window is None or i - j < layer_window)
-    return m
 
 
 def _reference_logits(model, policy, tokens, drop_layer_window=False):

@@ -597,6 +597,17 @@ def hybrid(request, tiny_tokenizer):
     return request.param, ckpt, wrap(ckpt, backend="auto")
 
 
+def _hybrid_dir_and_text(ckpt, tokenizer, tmp_path):
+    """The hybrid checkpoint saved as a model directory, and a seeded text of its word tokens."""
+    d = tmp_path / "model"
+    ckpt.hf_model.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    text = tmp_path / "text.txt"
+    g = torch.Generator().manual_seed(0)
+    text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()))
+    return d, text
+
+
 def _heads_by_hand(hf_config):
     """The layers with heads, read off the Hugging Face config's ``layer_types``."""
     return tuple(l for l, t in enumerate(hf_config.layer_types) if t != "linear_attention")
@@ -667,12 +678,7 @@ def test_hybrid_scan_scores_attention_layers_only(hybrid, tmp_path, tiny_tokeniz
     from headprobe.cli import main
 
     name, ckpt, model = hybrid
-    d = tmp_path / "model"
-    ckpt.hf_model.save_pretrained(d)
-    tiny_tokenizer.save_pretrained(d)
-    text = tmp_path / "text.txt"
-    g = torch.Generator().manual_seed(0)
-    text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()))
+    d, text = _hybrid_dir_and_text(ckpt, tiny_tokenizer, tmp_path)
     out = tmp_path / "scan"
     assert main(["scan", "--model", str(d), "--out", str(out), "--text", str(text), "--seq-len", "24", "--n-natural", "4",
                  "--n-repeated", "4", "--n-random", "3", "--device", "cpu"]) == 0
@@ -784,12 +790,7 @@ def test_hybrid_ablate_runs_and_prune_refuses_in_one_line(hybrid, tmp_path, tiny
     from headprobe.cli import main
 
     name, ckpt, model = hybrid
-    d = tmp_path / "model"
-    ckpt.hf_model.save_pretrained(d)
-    tiny_tokenizer.save_pretrained(d)
-    text = tmp_path / "text.txt"
-    g = torch.Generator().manual_seed(0)
-    text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()))
+    d, text = _hybrid_dir_and_text(ckpt, tiny_tokenizer, tmp_path)
     common = ["--model", str(d), "--text", str(text), "--seq-len", "16", "--n-natural", "2", "--n-repeated", "2",
               "--device", "cpu"]
     assert main(["ablate", "--out", str(tmp_path / "ab"), *common]) == 0

@@ -84,12 +84,13 @@ class KVResult:
         by = {r["policy"]: r for r in self.comparison if r["policy"] != "random"}
         rnd = [r for r in self.comparison if r["policy"] == "random"]
         c = self.config
+        excluded = set(self._excluded())
         return summary_envelope({
             "n_layers": self.policy.n_layers, "n_kv_groups": self.policy.n_kv_groups,
             "unit": "latent (MLA: one per layer)" if self.layout.is_mla else "kv_head",
             "seq_len": c.seq_len, "sink": c.sink, "window": c.window, "method": self.costs.method,
             "target": {"kv_budget": c.kv_budget} if c.loss_tolerance is None else {"loss_tolerance": c.loss_tolerance},
-            "full_groups": [f"{layer}.{g}" for layer, g in self.policy.full_groups if (layer, g) not in set(self._excluded())],
+            "full_groups": [f"{layer}.{g}" for layer, g in self.policy.full_groups if (layer, g) not in excluded],
             **self._sliding(),
             "kv_bytes": self.policy_cost.kv_bytes, "kv_bytes_full": self.policy_cost.kv_bytes_full,
             "kv_fraction": self.policy_cost.kv_fraction, "cache_check": self.cache_check,
