@@ -46,6 +46,7 @@ from headprobe.probe.backends.base import LoadedModel, cross_entropy_inplace, sc
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.ablation_kinds import AblationInputs, AblationKind, Kind
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import all_heads
 from headprobe.probe.hooks.ablation import (
     Head,
     batched_ablation_hooks,
@@ -499,7 +500,7 @@ def sweep_loop(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Sequ
     require_head_ablation(model)
     _, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     spec = model.spec
-    heads = [(l, h) for l in spec.attention_layers for h in range(spec.n_heads)] if heads is None else list(heads)
+    heads = all_heads(spec.n_layers, spec.n_heads, spec.attention_layers) if heads is None else list(heads)
     tokens = tokens.to(model.device)
     clean = float(model.scored_losses(tokens, first).mean())
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
@@ -655,7 +656,7 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
     require_head_ablation(model)
     ablation, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     spec = model.spec
-    heads = [(l, h) for l in spec.attention_layers for h in range(spec.n_heads)] if heads is None else list(heads)
+    heads = all_heads(spec.n_layers, spec.n_heads, spec.attention_layers) if heads is None else list(heads)
     device = model.device
     tokens = tokens.to(device)
     B, T = tokens.shape

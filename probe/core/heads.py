@@ -8,6 +8,7 @@ imported.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from headprobe.probe.core.errors import HeadprobeError
 
@@ -20,9 +21,10 @@ def format_head(head: Head) -> str:
     return f"{head[0]}.{head[1]}"
 
 
-def all_heads(n_layers: int, n_heads: int) -> list[Head]:
-    """Every ``(layer, head)`` of an ``n_layers x n_heads`` model, layer by layer."""
-    return [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+def all_heads(n_layers: int, n_heads: int, layers: Sequence[int] | None = None) -> list[Head]:
+    """Every ``(layer, head)`` of an ``n_layers x n_heads`` model, layer by layer; only those of
+    ``layers`` where given (a hybrid's layers with heads, ``ModelSpec.attention_layers``)."""
+    return [(layer, head) for layer in (range(n_layers) if layers is None else layers) for head in range(n_heads)]
 
 
 _HEAD = re.compile(r"(\d+)\.(\d+)|[Ll](\d+)[Hh](\d+)")
