@@ -322,7 +322,16 @@ def _recorded_eta(root: Path | None, source: str | os.PathLike[str]) -> str:
         seconds = json.loads((root / LOAD_TIMES).read_text(encoding="utf-8"))[Path(source).name] if root else None
     except (OSError, ValueError, KeyError, TypeError):
         return ""
-    return f"last took {seconds:.0f} s here" if isinstance(seconds, (int, float)) and seconds > 0 else ""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
+        return ""
+    return f"last took {format_seconds(seconds)} here"
+
+
+def format_seconds(seconds: float) -> str:
+    """``seconds`` as a person reads a load time: ``"168 s"``, ``"2.5 s"``, ``"under 0.1 s"`` (never ``"0 s"``)."""
+    if seconds >= 9.95:
+        return f"{seconds:.0f} s"
+    return f"{seconds:.1f} s" if seconds >= 0.05 else "under 0.1 s"
 
 
 def _record_seconds(root: Path | None, source: str | os.PathLike[str], seconds: float) -> None:
@@ -333,7 +342,7 @@ def _record_seconds(root: Path | None, source: str | os.PathLike[str], seconds: 
         path = root / LOAD_TIMES
         times = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         times = times if isinstance(times, dict) else {}
-        times[Path(source).name] = round(seconds, 1)
+        times[Path(source).name] = max(round(seconds, 4), 1e-4)  # a fast load is short, never 0
         root.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{LOAD_TIMES}.{os.getpid()}")
         tmp.write_text(json.dumps(times, indent=1) + "\n", encoding="utf-8")
