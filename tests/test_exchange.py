@@ -346,3 +346,26 @@ def test_pandas_na_in_a_numeric_score_column_is_a_missing_score(tmp_path, tiny_d
     assert na.heads == nan.heads == [(0, 0), (1, 3)]
     assert np.isnan(na.scores[(0, 1)]) and {h: v for h, v in na.scores.items() if h != (0, 1)} == {
         h: v for h, v in nan.scores.items() if h != (0, 1)}
+
+
+def hybrid_dir(tokenizer, path: Path) -> Path:
+    """The tiny Qwen3-Next hybrid (layers 0 and 2 linear attention, heads in layers 1 and 3) as a model folder."""
+    import zoo
+
+    ckpt = zoo.make_checkpoint("qwen3_next", tokenizer, **zoo.tiny("qwen3_next").hybrid)
+    ckpt.hf_model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_import_refuses_a_head_in_a_linear_attention_layer(tmp_path, tiny_tokenizer, text_file, capsys):
+    """Layer 0 of the hybrid has no heads (no hook_z to ablate): one line, as ablate's."""
+    model = hybrid_dir(tiny_tokenizer, tmp_path / "hybrid")
+    (tmp_path / "heads.txt").write_text("0.1\n1.0\n")
+    capsys.readouterr()
+    code = main(["import", "--heads-file", str(tmp_path / "heads.txt"), "--model", str(model), "--device", "cpu",
+                 "--text", str(text_file), "--seq-len", "16", "--n-natural", "2", "--n-repeated", "2", "--n-random", "2"])
+    err = capsys.readouterr().err
+    errors = [x for x in err.splitlines() if x.startswith("headprobe: error:")]
+    assert code == 2 and errors == ["headprobe: error: head 0.1: layer 0 has no heads (linear attention); the layers "
+                                    "with heads are [1, 3]"] and "Traceback" not in err
