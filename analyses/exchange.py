@@ -115,6 +115,7 @@ def read_duo(path: Path, layout: Layout | None) -> HeadFile:
     import numpy as np
 
     tsv = path / DUO_TSV if path.is_dir() else path
+    check_duo_files(tsv)
     try:
         values = np.atleast_2d(np.loadtxt(tsv, dtype=float, delimiter="\t"))
     except (OSError, ValueError) as err:
@@ -137,6 +138,24 @@ def read_duo(path: Path, layout: Layout | None) -> HeadFile:
                     {(layer, g): float(values[layer, g]) for layer in range(rows) for g in range(cols)}, policy,
                     {**config.get("headprobe", {}), "sink_size": config.get("sink_size"),
                      "recent_size": config.get("recent_size"), "shape": [rows, cols]})
+
+
+def check_duo_files(tsv: Path) -> None:
+    """Refuse, before numpy reads them, a DuoAttention TSV with no values (empty, or only blank
+    and ``#`` lines, which ``np.loadtxt`` reads as an empty array) and a ``config.json`` beside it
+    that is not a JSON object (cut, or another file).
+
+    Raises:
+        HeadprobeError: one line naming the file."""
+    try:
+        lines = tsv.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return  # np.loadtxt's own refusal names it
+    if not any(line.split("#", 1)[0].strip() for line in lines):
+        raise HeadprobeError(f"{tsv.name} holds no values (DuoAttention's file has one row per layer, one value per KV head)")
+    config = tsv.parent / DUO_CONFIG
+    if config.is_file() and not isinstance(load_json(config), dict):
+        raise HeadprobeError(f"{config.name} beside {tsv.name} is not a JSON object (DuoAttention's sink_size and recent_size)")
 
 
 def check_duo_shape(shape: tuple[int, ...], layout: Layout, name: str = DUO_TSV) -> None:
@@ -172,10 +191,33 @@ def read_headkv(data: dict, name: str, layout: Layout | None, k: int) -> HeadFil
         if layout is not None and (head[0] >= layout.n_layers or head[1] >= layout.n_heads):
             raise HeadprobeError(f"{name} names head {key}; {layout.name} has {layout.n_layers} layers of "
                                  f"{layout.n_heads} heads")
-        scores[head] = sum(values) / len(values)
+        scores[head] = mean_score(values, name, key)
     if layout is not None and len(scores) > layout.n_layers * layout.n_heads:
         raise HeadprobeError(f"{name} has {len(scores)} heads; {layout.name} has {layout.n_layers * layout.n_heads}")
     return HeadFile("headkv", top_k(scores, k), f"the top {k} heads by mean score", scores)
+
+
+def finite_score(value: Any, name: str, where: str) -> float:
+    """``value`` as a float, refused unless finite (a 400-digit integer overflows a float; JSON's
+    ``1e400`` reads as infinity).
+
+    Raises:
+        HeadprobeError: one line naming ``name`` and ``where`` in it."""
+    try:
+        x = float(value)
+    except (OverflowError, TypeError, ValueError):
+        x = float("nan")
+    if x != x or x in (float("inf"), float("-inf")):
+        raise HeadprobeError(f"{name}: the score of {where} is not a finite number ({str(value)[:20]}"
+                             f"{'...' if len(str(value)) > 20 else ''})")
+    return x
+
+
+def mean_score(values: list, name: str, key: str) -> float:
+    """The mean of a head's finite scores (:func:`finite_score`; summed as ``x / n`` so that large
+    finite scores do not overflow)."""
+    xs = [finite_score(v, name, key) for v in values]
+    return finite_score(sum(x / len(xs) for x in xs), name, key)
 
 
 def top_k(scores: dict[Head, float], k: int) -> list[Head]:
@@ -245,7 +287,7 @@ def read_mib(data: dict, name: str, layout: Layout | None) -> HeadFile:
         m = _MIB_HEAD.fullmatch(str(edge).split("->")[0])
         if m and isinstance(info, dict) and isinstance(info.get("score"), (int, float)):
             h = (int(m.group(1)), int(m.group(2)))
-            scores[h] = max(scores.get(h, 0.0), abs(float(info["score"])))
+            scores[h] = max(scores.get(h, 0.0), abs(finite_score(info["score"], name, edge)))
     return HeadFile("mib", sorted(heads), "the attention nodes in the graph (in_graph true)", scores,
                     meta=data.get("headprobe", {}))
 
@@ -349,8 +391,31 @@ def read_parquet(path: Path, layout: Layout | None, k: int, score: str | None) -
         if n_layers != layout.n_layers or n_heads > layout.n_heads:
             raise HeadprobeError(f"{path.name} has {n_layers} layers of {n_heads} heads; {layout.name} has "
                                  f"{layout.n_layers} of {layout.n_heads}")
-    scores = {(int(r.layer), int(r.head)): float(getattr(r, column)) for r in table.itertuples()}
+    values = score_values(table, column, path.name)
+    scores = {(int(layer), int(head)): float(v) for layer, head, v in zip(table["layer"], table["head"], values)}
     return HeadFile("parquet", top_k(scores, k), f"the top {k} heads by {column}", scores)
+
+
+def score_values(table: Any, column: str, name: str) -> Any:
+    """A head table's ``column`` as float64 ``[row]``, a missing value (NaN, or pandas' ``NA`` of a
+    nullable numeric column) as NaN: no score, never among the top k (:func:`top_k`).
+
+    Raises:
+        HeadprobeError: missing layer or head numbers, a column that is not numeric (booleans,
+            text), or an infinite score."""
+    import numpy as np
+    import pandas as pd
+
+    if table[["layer", "head"]].isna().any().any():
+        raise HeadprobeError(f"{name} has rows without a layer or head number")
+    values = table[column]
+    if pd.api.types.is_bool_dtype(values) or not pd.api.types.is_numeric_dtype(values):
+        raise HeadprobeError(f"{name}: column {column!r} is not a numeric score column ({values.dtype}); "
+                             "give a column of numbers with --score")
+    out = values.astype("Float64").to_numpy(dtype="float64", na_value=np.nan)
+    if np.isinf(out).any():
+        raise HeadprobeError(f"{name}: column {column!r} holds an infinite score")
+    return out
 
 
 def describe(heads: list[Head], limit: int = 12) -> str:

@@ -4,6 +4,7 @@ needed)."""
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,7 +23,7 @@ GROUP = 32
 
 
 def fake_quantize(w: torch.Tensor, scheme: str, group: int = GROUP) -> torch.Tensor:
-    """``w`` ``[out, in]`` rounded to ``scheme`` (:data:`REQUANTIZE`) and dequantized (float32).
+    """``w`` ``[..., out, in]`` (a matrix, or stacked experts' matrices) rounded to ``scheme`` (:data:`REQUANTIZE`) and dequantized (float32).
 
     ``int8``: ``round(w / s) s`` with ``s = max|w_row| / 127`` per row (per output channel).
     ``int<b>`` (b = 4, 3): each run of ``group`` inputs of a row gets ``s = (max - min) / (2^b - 1)``
@@ -47,11 +48,27 @@ def fake_quantize(w: torch.Tensor, scheme: str, group: int = GROUP) -> torch.Ten
     return (q * s + lo).reshape(x.shape).to(w.dtype)
 
 
+EXPERT_WEIGHTS = ("gate_up", "down")
+"""The native mixture of experts' stacked expert weights ``[expert, out, in]``
+(:class:`headprobe.probe.model.transformer.MoE`)."""
+
+
+def _is_weight_matrix(name: str, p: torch.Tensor) -> bool:
+    """A block's projection weight: a 2-D ``[out, in]`` matrix (not a bias: GPT-OSS's expert biases
+    are 2-D) or a mixture of experts' stacked :data:`EXPERT_WEIGHTS`; not a norm, a sink or a
+    linear-attention layer's 3-D convolution."""
+    last = name.rsplit(".", 1)[-1]
+    return (p.dim() == 2 and not last.endswith("bias")) or (p.dim() == 3 and last in EXPERT_WEIGHTS)
+
+
 @torch.no_grad()
 def requantize(model: LoadedModel, scheme: str, group: int = GROUP) -> int:
-    """Replace, in place, every 2-D weight of ``model``'s transformer blocks (attention and MLP
-    projections, ``[out, in]``; not embeddings, norms or biases) by its :func:`fake_quantize`.
-    Returns the number of matrices changed.
+    """Replace, in place, every weight matrix of ``model``'s transformer blocks by its
+    :func:`fake_quantize`: the attention and MLP projections ``[out, in]``, the router, and a
+    mixture of experts' stacked expert weights ``[expert, out, in]`` (each expert's rows grouped
+    along its inputs, as GGUF quantizes each expert's matrix); not embeddings, norms, biases or
+    sinks. Returns the number of tensors changed. A model the caller keeps should be given as
+    :func:`requantized`'s copy.
 
     Raises:
         HeadprobeError: an unknown scheme, or no block weight found.
@@ -59,9 +76,22 @@ def requantize(model: LoadedModel, scheme: str, group: int = GROUP) -> int:
     prefixes = tuple(block_path(layer) + "." for layer in range(model.spec.n_layers))
     n = 0
     for name, p in model.model.named_parameters():
-        if name.startswith(prefixes) and p.dim() == 2:
+        if name.startswith(prefixes) and _is_weight_matrix(name, p):
             p.data = fake_quantize(p.data, scheme, group)
             n += 1
     if n == 0:
         raise HeadprobeError(f"re-quantization found no 2-D block weight in {model.spec.name} ({model.backend} backend)")
     return n
+
+
+def requantized(model: LoadedModel, scheme: str, group: int = GROUP) -> tuple[LoadedModel, int]:
+    """A copy of ``model`` (its module deep-copied, the tokenizer and spec shared) with
+    :func:`requantize` applied, and the number of tensors changed; ``model`` is left as it was.
+
+    Raises:
+        HeadprobeError: as :func:`requantize`.
+    """
+    twin = copy.copy(model)
+    twin.model = copy.deepcopy(model.model)
+    twin._post_norm_weights = {}  # derived from the module's weights: the copy's own
+    return twin, requantize(twin, scheme, group)

@@ -66,8 +66,10 @@ def test_identical_models_differ_nowhere(tiny_tokenizer, text_file):
 
 
 def test_requantized_b_is_int3(tiny_tokenizer, text_file):
-    """--requantize-b int3: every block matrix of B (and none of A) takes at most 8 values per group of 32."""
+    """--requantize-b int3: every block matrix of B's copy takes at most 8 values per group of 32
+    (the caller's A and B keep theirs)."""
     from headprobe.commands.diff_core import diff
+    from headprobe.probe.requantize import requantized
 
     a, b = _pair(tiny_tokenizer, 1.0)
     r = diff(a, b, text=str(text_file), requantize_b="int3", **SMALL)
@@ -75,8 +77,8 @@ def test_requantized_b_is_int3(tiny_tokenizer, text_file):
     def groups(model):  # W_O [head, d_head, d_model] -> o_proj's rows [d_model, head * d_head] in runs of 32 inputs
         return model.W_O(1).permute(2, 0, 1).reshape(-1, 32)
 
-    assert max(len(torch.unique(row)) for row in groups(b)) <= 8
-    assert min(len(torch.unique(row)) for row in groups(a)) == 32
+    assert max(len(torch.unique(row)) for row in groups(requantized(b, "int3")[0])) <= 8
+    assert min(len(torch.unique(row)) for m in (a, b) for row in groups(m)) == 32
 
 
 def test_layouts_that_differ_are_refused_in_one_line(tmp_path, tiny_tokenizer):
@@ -130,3 +132,150 @@ def test_a_top_k_swap_counts_as_a_flip_only_with_a_real_change():
     assert [f["head"] for f in flips] == ["0.1"] and "changed by +0.3" in flips[0]["why"][0]
     # without the floor the boundary neighbour 0.0 (a significant but tiny change) would flip too
     assert [f["head"] for f in _flips({"induction": test}, means, top, 0.05, 0.0)] == ["0.0", "0.1"]
+
+
+def _permuted_tokenizer(tmp_path):
+    """The tiny tokenizer's 100 words with their ids reversed (``t0`` is id 99): the same size, other tokens."""
+    from tokenizers import pre_tokenizers
+
+    from headprobe.probe.model.tokenizers import _word_level_tokenizer
+
+    return _word_level_tokenizer({f"t{99 - i}": i for i in range(100)}, tmp_path, pre_tokenizers.WhitespaceSplit())
+
+
+def test_a_permuted_vocabulary_of_the_same_size_is_refused(tiny_tokenizer, tmp_path):
+    """Two models of one layout and one vocabulary size whose ids name other words: B would be run on
+    A's ids as if they meant the same; refused in one line naming an id that differs."""
+    import zoo
+
+    from headprobe.commands.diff_core import diff
+    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.core.errors import HeadprobeError
+
+    permuted = _permuted_tokenizer(tmp_path / "tok")
+    assert len(permuted) == len(tiny_tokenizer) and permuted("t1")["input_ids"] != tiny_tokenizer("t1")["input_ids"]
+    a = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
+    b = wrap(zoo.make_checkpoint("llama", permuted), backend="native")
+    with pytest.raises(HeadprobeError, match=r"different tokenizers: 100 of 101 ids .*id 0 is 't0' in .* and 't99' in") as e:
+        diff(a, b, **SMALL)
+    assert "\n" not in str(e.value)
+
+
+def test_another_special_token_is_refused(tiny_tokenizer, tmp_path):
+    """The same vocabulary with another BOS: the sequences B would see start with another token."""
+    import zoo
+
+    from headprobe.commands.diff_core import tokenizer_refusal
+
+    other = type(tiny_tokenizer).from_pretrained(tiny_tokenizer.name_or_path, bos_token="t5")
+    assert other.get_vocab() == tiny_tokenizer.get_vocab()
+    why = tokenizer_refusal(tiny_tokenizer, other, "A", "B")
+    assert why is not None and "bos_token" in why and "\n" not in why
+    assert tokenizer_refusal(tiny_tokenizer, zoo.make_checkpoint("llama", tiny_tokenizer).tokenizer, "A", "B") is None
+
+
+def test_a_permuted_vocabulary_is_refused_on_the_command_line(tiny_tokenizer, tmp_path, capsys):
+    import zoo
+
+    from headprobe.cli import main
+
+    zoo.save_dir("llama", tiny_tokenizer, tmp_path / "a")
+    zoo.make_checkpoint("llama", tiny_tokenizer).hf_model.save_pretrained(tmp_path / "b")
+    _permuted_tokenizer(tmp_path / "b")
+    capsys.readouterr()  # the progress bars of saving
+    code = main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "o"), "--device", "cpu",
+                 "--seq-len", "16", "--n-natural", "2", "--n-repeated", "2"])
+    err = capsys.readouterr().err
+    errors = [x for x in err.splitlines() if x.startswith("headprobe: error:")]  # after "loading ..." lines
+    assert code == 2 and len(errors) == 1 and "different tokenizers" in errors[0] and "Traceback" not in err
+    assert err.splitlines()[-1] == errors[0]
+    assert not (tmp_path / "o").exists()
+
+
+def _state(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.model.state_dict().items()}
+
+
+def test_requantizing_one_loaded_model_leaves_the_callers_model_and_compares_copies(tiny_tokenizer, text_file):
+    """``diff(m, m, requantize_b=...)``: the caller's weights bit-equal after; the changes are those of
+    two separate loads (A the model, B a re-quantized twin), not 0 (A and B the same object)."""
+    import zoo
+
+    from headprobe.commands.diff_core import diff
+    from headprobe.probe.backends.loading import wrap
+
+    m = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
+    before = _state(m)
+    one = diff(m, m, text=str(text_file), requantize_b="int3", **SMALL)
+    after = _state(m)
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    a, b = (wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native") for _ in range(2))
+    two = diff(a, b, text=str(text_file), requantize_b="int3", **SMALL)
+    assert one.requantized == two.requantized == 14
+    for q in two.tests:
+        assert np.abs(two.tests[q]["change"]).max() > 0, q  # re-quantization changes something
+        np.testing.assert_allclose(one.tests[q]["change"], two.tests[q]["change"], rtol=0, atol=1e-12, err_msg=q)
+
+
+def test_a_loaded_b_is_not_requantized_in_place(tiny_tokenizer, text_file):
+    """A B given loaded is the caller's too: compared re-quantized, left as it was."""
+    import zoo
+
+    from headprobe.commands.diff_core import diff
+    from headprobe.probe.backends.loading import wrap
+
+    a, b = (wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native") for _ in range(2))
+    before = _state(b)
+    diff(a, b, text=str(text_file), requantize_b="int8", **SMALL)
+    assert all(torch.equal(before[k], v) for k, v in _state(b).items())
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_requantization_changes_every_weight_matrix_of_a_moe_block(tiny_tokenizer, family):
+    """Every weight matrix of the blocks, the stacked experts ``[expert, out, in]`` included, is rounded
+    (int3: at most 8 values per group of 32 inputs of each expert's rows); norms, biases and sinks are not."""
+    import zoo
+
+    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.requantize import requantize
+
+    m = wrap(zoo.make_checkpoint(family, tiny_tokenizer), backend="native")
+    before = _state(m)
+    n = requantize(m, "int3")  # in place: the test's own model
+    after = _state(m)
+    matrices = [k for k, v in before.items() if k.startswith("blocks.") and v.dim() >= 2 and "bias" not in k]
+    experts = [k for k in matrices if before[k].dim() == 3]
+    assert len(experts) == 2 * m.spec.n_layers and n == len(matrices)
+    for k in matrices:
+        assert not torch.equal(before[k], after[k]), k
+        rows = after[k].reshape(-1, 32)
+        assert max(len(torch.unique(r)) for r in rows) <= 8, k
+    for k in before.keys() - set(matrices):  # embeddings, norms, biases (GPT-OSS's expert biases are 2-D), sinks
+        assert torch.equal(before[k], after[k]), k
+    share = sum(before[k].numel() for k in experts) / sum(before[k].numel() for k in matrices)
+    assert share > 0.5  # the experts are most of the block's weights
+
+
+def test_resample_with_one_sequence_per_task_is_refused(tiny_tokenizer, text_file):
+    """--kind resample takes each sequence's source from another sequence; with one there is none (every
+    effect would be 0): refused in one line, before any forward."""
+    from headprobe.commands.diff_core import diff
+    from headprobe.probe.core.errors import HeadprobeError
+
+    a, b = _pair(tiny_tokenizer, 1.0)
+    for counts in ({"n_natural": 1, "n_repeated": 4}, {"n_natural": 4, "n_repeated": 1}):
+        with pytest.raises(HeadprobeError, match="--kind resample needs at least 2 sequences") as e:
+            diff(a, b, text=str(text_file), kind="resample", **{**SMALL, **counts})
+        assert "\n" not in str(e.value)
+
+
+def test_resample_refused_when_the_text_gives_one_sequence(tiny_tokenizer, tmp_path):
+    """--n-natural 16 asked, a text of one sequence's length given: the natural task has 1 sequence."""
+    from headprobe.commands.diff_core import diff
+    from headprobe.probe.core.errors import HeadprobeError
+
+    short = tmp_path / "short.txt"
+    short.write_text(" ".join(f"t{i % 100}" for i in range(40)))
+    a, b = _pair(tiny_tokenizer, 1.0)
+    with pytest.raises(HeadprobeError, match="--kind resample needs at least 2 sequences.*natural.* 1"):
+        diff(a, b, text=str(short), kind="resample", **SMALL)

@@ -201,3 +201,171 @@ def test_import_measures_a_duo_files_policy(runs, tmp_path, tiny_dir, text_file)
     row = next(r for r in result.kv if r["policy"] == "file")
     assert row["natural_loss_increase"] == pytest.approx(kv["chosen"]["natural_loss_increase"], abs=1e-5)
     assert row["kv_fraction"] == pytest.approx(kv["kv_fraction"], abs=1e-9)
+
+
+def _cli(argv, capsys) -> tuple[int, list[str]]:
+    """``(exit status, stderr's lines)`` of ``headprobe ARGV`` run in this process."""
+    capsys.readouterr()
+    code = main(argv)
+    return code, capsys.readouterr().err.splitlines()
+
+
+def _one_line(code, err, fragment):
+    assert code == 2 and len(err) == 1 and err[0].startswith("headprobe: error:") and fragment in err[0], err
+
+
+def _copy(folder: Path, to: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(folder, to))
+
+
+def test_a_kv_folder_whose_model_moved_exports_the_recorded_layout(runs, tmp_path, capsys):
+    """The model folder the kv run names is gone: the layout comes from what the run recorded
+    (policy_budget.json), 8 query heads in 2 KV groups, not the KV groups taken as query heads."""
+    kv = _copy(runs / "kv", tmp_path / "kv")
+    summary = json.loads((kv / "summary.json").read_text())
+    summary["model"] = str(tmp_path / "moved-away")
+    (kv / "summary.json").write_text(json.dumps(summary))
+    out = _export(kv, tmp_path / "e", "--format", "headkv")
+    got = retrieval_head_load(out / "head_score" / "moved-away.json")
+    assert sorted(tuple(h) for h, _ in got) == [(layer, h) for layer in range(2) for h in range(8)]
+    meta = json.loads((out / "head_score" / "moved-away.provenance.json").read_text())
+    assert (meta["n_layers"], meta["n_heads"], meta["n_kv_heads"]) == (2, 8, 2)
+    (kv / "policy_budget.json").unlink()  # nothing recorded, nothing to read: refused
+    code, err = _cli(["export", "--from", str(kv), "--to", str(tmp_path / "f")], capsys)
+    _one_line(code, err, "query heads")
+    assert not (tmp_path / "f").exists()
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "containing"])
+def test_an_output_folder_that_is_in_or_around_the_source_is_refused(runs, tmp_path, capsys, where):
+    scan = _copy(runs / "scan", tmp_path / "runs" / "scan")
+    before = {p.name: p.read_bytes() for p in scan.iterdir() if p.is_file()}
+    to = {"same": scan / "." , "inside": scan / "export", "containing": tmp_path / "runs"}[where]
+    code, err = _cli(["export", "--from", str(scan), "--to", str(to), "--overwrite"], capsys)
+    _one_line(code, err, "source")
+    assert {p.name: p.read_bytes() for p in scan.iterdir() if p.is_file()} == before
+    assert not (scan / "export").exists()
+
+
+def _scan_with(runs, tmp_path, column: str, nan_heads) -> Path:
+    scan = _copy(runs / "scan", tmp_path / "scan")
+    table = pd.read_csv(scan / "head_scores.csv")
+    for layer, head in nan_heads:
+        table.loc[(table.layer == layer) & (table["head"] == head), column] = np.nan
+    table.to_csv(scan / "head_scores.csv", index=False)
+    return scan
+
+
+def test_headkv_export_writes_every_head_with_a_stated_fill(runs, tmp_path):
+    """Heads without a score (a hybrid's linear-attention layer: layer 0 here) are written with the
+    stated fill, so HeadKV's reshape to [layers, heads] works; the provenance names them."""
+    scan = _scan_with(runs, tmp_path, "induction", [(0, h) for h in range(8)])
+    out = _export(scan, tmp_path / "e", "--format", "headkv", "--score", "induction")
+    name = next(p for p in (out / "head_score").glob("*.json") if not p.name.endswith(".provenance.json"))
+    got = dict((tuple(h), s) for h, s in retrieval_head_load(name))
+    assert sorted(got) == [(layer, h) for layer in range(2) for h in range(8)]
+    np.array(list(got.values())).reshape(2, 8)  # HeadKV's reshape
+    meta = json.loads(name.with_suffix(".provenance.json").read_text())
+    table = pd.read_csv(scan / "head_scores.csv")
+    fill = min(0.0, float(table.induction.min()))
+    assert meta["filled"] == [f"0.{h}" for h in range(8)] and all(got[(0, h)] == fill for h in range(8))
+    for r in table[table.layer == 1].itertuples():
+        assert got[(1, r.head)] == pytest.approx(r.induction, abs=1e-9)
+
+
+def test_an_all_nan_score_column_is_refused(runs, tmp_path, capsys):
+    scan = _scan_with(runs, tmp_path, "induction", [(layer, h) for layer in range(2) for h in range(8)])
+    for fmt in ("headkv", "duo"):
+        code, err = _cli(["export", "--from", str(scan), "--to", str(tmp_path / fmt), "--format", fmt, "--score",
+                          "induction"], capsys)
+        _one_line(code, err, "no score")
+        assert not (tmp_path / fmt).exists()
+
+
+def _odd_file(case: str, d: Path) -> tuple[Path, list[str]]:
+    """An odd head file of ``case`` in ``d``, and the flags it is imported with."""
+    if case == "empty tsv":
+        (d / "full_attention_heads.tsv").write_text("")
+        return d / "full_attention_heads.tsv", []
+    if case == "cut config.json":
+        np.savetxt(d / "full_attention_heads.tsv", np.full((2, 2), 0.5), delimiter="\t")
+        (d / "config.json").write_text('{"sink_size": 4, "rec')
+        return d / "full_attention_heads.tsv", []
+    if case == "config.json not an object":
+        np.savetxt(d / "full_attention_heads.tsv", np.full((2, 2), 0.5), delimiter="\t")
+        (d / "config.json").write_text("[4, 8]")
+        return d / "full_attention_heads.tsv", []
+    if case in ("400 digits", "1e400"):
+        (d / "h.json").write_text('{"0-1": [' + ("9" * 400 if case == "400 digits" else "1e400") + "]}")
+        return d / "h.json", []
+    if case == "400 digits in a graph":
+        graph = {"cfg": {"n_layers": 2, "n_heads": 8}, "nodes": {"a0.h1": True},
+                 "edges": {"a0.h1->logits": {"score": int("9" * 400), "in_graph": True}}}
+        (d / "graph.json").write_text(json.dumps(graph))
+        return d / "graph.json", []
+    assert case == "NA in a boolean --score column"
+    table = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 2], "flag": pd.array([True, None, False], dtype="boolean")})
+    table.to_parquet(d / "t.parquet")
+    return d / "t.parquet", ["--score", "flag"]
+
+
+ODD = {"empty tsv": "no values", "cut config.json": "config.json", "config.json not an object": "config.json",
+       "400 digits": "not a finite number", "1e400": "not a finite number", "400 digits in a graph": "not a finite number",
+       "NA in a boolean --score column": "not a numeric"}
+
+
+@pytest.mark.parametrize("case", list(ODD))
+def test_an_odd_head_file_is_refused_in_one_line(case, tmp_path, tiny_dir, capsys):
+    """Empty, cut or odd files given to import: one line, exit 2, no traceback (before any load)."""
+    path, flags = _odd_file(case, tmp_path)
+    code, err = _cli(["import", "--heads-file", str(path), "--model", str(tiny_dir), "--device", "cpu", *flags], capsys)
+    _one_line(code, err, ODD[case])
+
+
+@pytest.mark.parametrize("cut", ["half", "a list"])
+def test_a_cut_summary_given_to_export_is_refused_in_one_line(cut, runs, tmp_path, capsys):
+    scan = _copy(runs / "scan", tmp_path / "scan")
+    raw = (scan / "summary.json").read_text()
+    (scan / "summary.json").write_text(raw[: len(raw) // 2] if cut == "half" else "[]")
+    code, err = _cli(["export", "--from", str(scan), "--to", str(tmp_path / "o")], capsys)
+    _one_line(code, err, "summary.json")
+    assert not (tmp_path / "o").exists()
+
+
+def test_pandas_na_in_a_numeric_score_column_is_a_missing_score(tmp_path, tiny_dir):
+    """A nullable Float64 column's NA is read as NaN (no score, never among the top k), as a float column's NaN."""
+    from headprobe.analyses.exchange import read_head_file
+
+    scores = [0.9, None, 0.5, 0.7]
+    base = {"layer": [0, 0, 1, 1], "head": [0, 1, 2, 3]}
+    pd.DataFrame({**base, "s": pd.array(scores, dtype="Float64")}).to_parquet(tmp_path / "na.parquet")
+    pd.DataFrame({**base, "s": np.array(scores, dtype=float)}).to_parquet(tmp_path / "nan.parquet")
+    na, nan = (read_head_file(tmp_path / f, _layout(tiny_dir), 2, "s") for f in ("na.parquet", "nan.parquet"))
+    assert na.heads == nan.heads == [(0, 0), (1, 3)]
+    assert np.isnan(na.scores[(0, 1)]) and {h: v for h, v in na.scores.items() if h != (0, 1)} == {
+        h: v for h, v in nan.scores.items() if h != (0, 1)}
+
+
+def hybrid_dir(tokenizer, path: Path) -> Path:
+    """The tiny Qwen3-Next hybrid (layers 0 and 2 linear attention, heads in layers 1 and 3) as a model folder."""
+    import zoo
+
+    ckpt = zoo.make_checkpoint("qwen3_next", tokenizer, **zoo.tiny("qwen3_next").hybrid)
+    ckpt.hf_model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_import_refuses_a_head_in_a_linear_attention_layer(tmp_path, tiny_tokenizer, text_file, capsys):
+    """Layer 0 of the hybrid has no heads (no hook_z to ablate): one line, as ablate's."""
+    model = hybrid_dir(tiny_tokenizer, tmp_path / "hybrid")
+    (tmp_path / "heads.txt").write_text("0.1\n1.0\n")
+    capsys.readouterr()
+    code = main(["import", "--heads-file", str(tmp_path / "heads.txt"), "--model", str(model), "--device", "cpu",
+                 "--text", str(text_file), "--seq-len", "16", "--n-natural", "2", "--n-repeated", "2", "--n-random", "2"])
+    err = capsys.readouterr().err
+    errors = [x for x in err.splitlines() if x.startswith("headprobe: error:")]
+    assert code == 2 and errors == ["headprobe: error: head 0.1: layer 0 has no heads (linear attention); the layers "
+                                    "with heads are [1, 3]"] and "Traceback" not in err

@@ -104,3 +104,21 @@ def test_show_page_lists_the_models_columns_with_repeat_scores_in_the_pngs_colou
     ref = matplotlib.colormaps[data["pattern_cmap"]]
     assert data["colormaps"][data["pattern_cmap"]][255] == matplotlib.colors.to_hex(ref(1.0))
     assert data["masked_color"] == matplotlib.colors.to_hex(png.get_bad())
+
+
+def test_show_refuses_a_head_in_a_linear_attention_layer(tmp_path, tiny_tokenizer, capsys):
+    """A hybrid's linear-attention layer has no pattern to draw (it drew rows summing to 0)."""
+    from test_exchange import hybrid_dir
+
+    from headprobe.cli import main
+
+    model = hybrid_dir(tiny_tokenizer, tmp_path / "hybrid")
+    capsys.readouterr()
+    code = main(["show", "--model", str(model), "--head", "0.1", "--prompt", PROMPT, "--out", str(tmp_path / "o"),
+                 "--device", "cpu"])
+    err = capsys.readouterr().err
+    errors = [x for x in err.splitlines() if x.startswith("headprobe: error:")]
+    assert code == 2 and len(errors) == 1 and "layer 0 has no heads (linear attention)" in errors[0], err
+    assert "Traceback" not in err and not (tmp_path / "o").exists()
+    assert main(["show", "--model", str(model), "--head", "1.1", "--prompt", PROMPT, "--out", str(tmp_path / "p"),
+                 "--device", "cpu"]) == 0  # a head of an attention layer is drawn

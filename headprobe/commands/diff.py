@@ -56,6 +56,19 @@ def layout_refusal(a: tuple, b: tuple, name_a: str, name_b: str) -> str | None:
             "models of one layout") if bad else None
 
 
+def check_resample_sources(counts: dict[str, int]) -> None:
+    """Resample ablation takes each sequence's head outputs from another sequence of the task (the
+    batch rolled by one); a task of one sequence has no other.
+
+    Raises:
+        HeadprobeError: a task with fewer than 2 sequences (one line naming it and its count)."""
+    few = {task: n for task, n in counts.items() if n < 2}
+    if few:
+        raise HeadprobeError("--kind resample needs at least 2 sequences per task (each is resampled from another); "
+                             + ", ".join(f"{task} has {n}" for task, n in few.items())
+                             + ": give more (--n-natural, --n-repeated, a longer --text) or --kind mean")
+
+
 @dataclass(frozen=True)
 class DiffConfig(ModelSettings, DataSettings):
     """Settings of ``headprobe diff`` (recorded in summary.json's ``config``). ``model`` is A, ``b`` is
@@ -97,6 +110,8 @@ class DiffConfig(ModelSettings, DataSettings):
         vocab.check_verification_choices(self.alpha, "layer-matched", self.correction)
         if not 0 <= self.min_change < float("inf"):
             raise HeadprobeError(f"--min-change must be a number >= 0 (standard deviations), got {self.min_change}")
+        if self.kind == "resample":
+            check_resample_sources({"natural": self.n_natural, "repeated": self.n_repeated})
 
     def preflight(self) -> None:
         """The text file and the two layouts as config.json gives them, before loading.

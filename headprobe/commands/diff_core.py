@@ -21,7 +21,7 @@ from headprobe.analyses.columns import DETECTORS
 from headprobe.analyses.data import TokenSet, natural_text_tokens, repeated_random_tokens
 from headprobe.analyses.scoring import score_tokens
 from headprobe.analyses.statistics import adjust_p_values
-from headprobe.commands.diff import HELP, DiffConfig, layout_refusal  # noqa: F401 - HELP re-exported
+from headprobe.commands.diff import HELP, DiffConfig, check_resample_sources, layout_refusal  # noqa: F401 - HELP re-exported
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import open_text_file, summary_envelope
@@ -213,6 +213,38 @@ def _table(means: dict, tests: dict, top: dict, n_layers: int, n_heads: int) -> 
     return pd.DataFrame(rows)
 
 
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token")
+"""The special tokens two tokenizers must share: BOS starts every sequence, EOS separates texts,
+UNK stands for what the vocabulary lacks (padding is never used: every sequence is full length)."""
+
+
+def tokenizer_refusal(a, b, name_a: str, name_b: str) -> str | None:
+    """The one-line refusal when two Hugging Face tokenizers give an id other token strings
+    (``get_vocab()``, added tokens included) or differ in a :data:`SPECIAL_TOKENS` (its string or
+    id); None where they agree. B is run on A's token ids, so they must mean the same tokens."""
+    if a is b:
+        return None
+    try:
+        va, vb = a.get_vocab(), b.get_vocab()
+    except (AttributeError, NotImplementedError):
+        return (f"cannot compare the tokenizers of {name_a} and {name_b} (no get_vocab): diff runs B on A's "
+                "token ids, which must name the same tokens")
+    if va != vb:
+        ia, ib = {i: t for t, i in va.items()}, {i: t for t, i in vb.items()}
+        ids = sorted(set(ia) | set(ib))
+        bad = [i for i in ids if ia.get(i) != ib.get(i)]
+        return (f"{name_a} and {name_b} have different tokenizers: {len(bad)} of {len(ids)} ids name other tokens "
+                f"(id {bad[0]} is {ia.get(bad[0])!r} in {name_a} and {ib.get(bad[0])!r} in {name_b}); diff runs B on "
+                "A's token ids, which must name the same tokens")
+    for name in SPECIAL_TOKENS:
+        ta, tb = getattr(a, name, None), getattr(b, name, None)
+        ida, idb = getattr(a, name + "_id", None), getattr(b, name + "_id", None)
+        if (str(ta), ida) != (str(tb), idb):
+            return (f"{name_a} and {name_b} have different tokenizers: {name} {ta!r} (id {ida}) vs {tb!r} (id {idb}); "
+                    "diff runs B on A's token sequences")
+    return None
+
+
 def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bool = False) -> DiffResult:
     """Both models measured on the same tokens (A's tokenizer) and compared head by head.
 
@@ -225,6 +257,8 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
     if a.spec.d_vocab != b.spec.d_vocab:
         raise HeadprobeError(f"{a.spec.name} and {b.spec.name} have different vocabularies ({a.spec.d_vocab} vs "
                              f"{b.spec.d_vocab} tokens): diff runs both on the same tokens")
+    if (why := tokenizer_refusal(a.tokenizer, b.tokenizer, a.spec.name, b.spec.name)):
+        raise HeadprobeError(why)
     if not (a.spec.causal and b.spec.causal):
         raise HeadprobeError("diff needs two causal language models (its ablation effects are loss effects)")
     for m in (a, b):
@@ -241,6 +275,8 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
     natural = natural_text_tokens(a, cfg.n_natural, seq_len, cfg.seed, open_text_file(cfg.text) if cfg.text else None,
                                   source=cfg.text)
     repeated = repeated_random_tokens(a, cfg.n_repeated, period, cfg.seed)
+    if cfg.kind == "resample":
+        check_resample_sources({"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])})
     per, means = {}, {}
     for name, m in (("A", a), ("B", b)):
         per[name], means[name] = measure(m, natural, repeated, types, cfg.kind)
@@ -259,7 +295,7 @@ def run(model: LoadedModel, config: DiffConfig, progress: bool = True) -> DiffRe
     t0 = time.perf_counter()
     other = options.load_for(replace(config, model=config.b))
     load_b = time.perf_counter() - t0
-    return diff(model, other, progress=progress, _load_b=load_b, **_fields(config))
+    return diff(model, other, progress=progress, _load_b=load_b, _b_loaded_here=True, **_fields(config))
 
 
 def _fields(config: DiffConfig) -> dict:
@@ -268,14 +304,15 @@ def _fields(config: DiffConfig) -> dict:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in ("model", "b")}
 
 
-def diff(a: str | LoadedModel, b: str | LoadedModel, *, progress: bool = False, _load_b: float = 0.0, **fields) -> DiffResult:
+def diff(a: str | LoadedModel, b: str | LoadedModel, *, progress: bool = False, _load_b: float = 0.0,
+         _b_loaded_here: bool = False, **fields) -> DiffResult:
     """``headprobe diff A B`` as a Python function: ``a`` and ``b`` are names or loaded models; the
     other keywords are :class:`~headprobe.commands.diff.DiffConfig`'s fields.
 
     Raises:
         HeadprobeError: bad settings, layouts that differ (one line), or as :func:`compare_models`.
     """
-    from headprobe.probe.requantize import requantize
+    from headprobe.probe.requantize import requantize, requantized
 
     name = lambda m: m if isinstance(m, str) else m.spec.name
     options.check_fields(DiffConfig, fields, "diff", positional=("model", "b"))
@@ -286,7 +323,11 @@ def diff(a: str | LoadedModel, b: str | LoadedModel, *, progress: bool = False, 
     ma = options.load_for(cfg) if isinstance(a, str) else a
     mb = options.load_for(replace(cfg, model=cfg.b)) if isinstance(b, str) else b
     load_s = time.perf_counter() - t0 + _load_b
-    n = requantize(mb, cfg.requantize_b) if cfg.requantize_b else 0
+    n = 0
+    if cfg.requantize_b and (isinstance(b, str) or _b_loaded_here):  # B is diff's own: rounded in place
+        n = requantize(mb, cfg.requantize_b)
+    elif cfg.requantize_b:  # the caller's model (maybe A itself): a rounded copy, the caller's left as it was
+        mb, n = requantized(mb, cfg.requantize_b)
     result = compare_models(ma, mb, cfg, progress)
     result.requantized = n
     result.timings["load_s"] = load_s

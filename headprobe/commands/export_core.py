@@ -62,9 +62,12 @@ class ExportResult:
         """Write the files and, last, summary.json (staged and swapped in: nothing half-written).
 
         Raises:
-            HeadprobeError: ``out`` is a file, not writable, or not empty without ``overwrite``."""
+            HeadprobeError: ``out`` is a file, not writable, not empty without ``overwrite``, or is,
+                holds or lies inside the source folder (:func:`check_apart`)."""
         from headprobe.analyses.outputs import write_outputs
         from headprobe.probe.core.io import atomic_path
+
+        check_apart(self.source.path, Path(out))
 
         def files(tmp: Path) -> list[Path]:
             for rel, data in self.files.items():
@@ -76,11 +79,26 @@ class ExportResult:
         return write_outputs(out, overwrite, summary=self.summary, extra=files)
 
 
+def check_apart(source: Path, out: Path) -> None:
+    """Refuse an output folder that is the source folder, lies inside it or holds it (paths resolved,
+    links followed): writing there, with ``--overwrite``, would replace or delete the run's own files.
+
+    Raises:
+        HeadprobeError: one line naming both folders."""
+    src, dst = source.resolve(), out.resolve()
+    where = "is" if src == dst else "is inside" if src in dst.parents else "holds" if dst in src.parents else None
+    if where:
+        raise HeadprobeError(f"the output folder {out} {where} the source folder {source}: give an output folder apart "
+                             "from it (writing there would replace the run's own files)")
+
+
 def read_source(path: Path) -> Source:
     """The scan, kv or circuit folder at ``path``.
 
     Raises:
-        HeadprobeError: not a folder, no summary.json, or no table of a known command."""
+        HeadprobeError: not a folder, no summary.json, or no table of a known command; a cut or odd
+            summary.json or table (:func:`read_summary`, :func:`read_table`); a kv or circuit run
+            whose layout is neither recorded nor readable (:func:`recorded_layout`)."""
     if not path.is_dir():
         raise HeadprobeError(f"{path} is not a folder (give the output folder of headprobe scan, kv or circuit)")
     kind = next((k for k, f in (("kv", "policy.json"), ("circuit", "edges.csv"), ("scan", "head_scores.csv"))
@@ -88,24 +106,102 @@ def read_source(path: Path) -> Source:
     if kind is None or not (path / "summary.json").is_file():
         raise HeadprobeError(f"{path} holds no finished headprobe scan, kv or circuit run (summary.json with "
                              "head_scores.csv, policy.json or edges.csv)")
-    raw = (path / "summary.json").read_bytes()
-    summary = json.loads(raw)
-    table = pd.read_csv(path / {"kv": "group_costs.csv", "circuit": "edges.csv", "scan": "head_scores.csv"}[kind],
-                        dtype={c: str for c in ("edge", "sender", "receiver", "input")})  # "16.0" is a head, not 16.0
+    raw, summary = read_summary(path, kind)
+    table = read_table(path / TABLES[kind], kind)
     model = str(summary.get("model", ""))
+    summary = recorded_layout(kind, path, summary, model)
     return Source(kind, path, summary, table, _layout(kind, model, summary, table),
                   {"hf_name": summary.get("hf_name"), "source_summary_sha256": hashlib.sha256(raw).hexdigest(),
                    "headprobe_version": (summary.get("versions") or {}).get("headprobe")})
 
 
+TABLES = {"kv": "group_costs.csv", "circuit": "edges.csv", "scan": "head_scores.csv"}
+"""Each source kind's main table."""
+COLUMNS = {"scan": ("layer", "head", "kv_head"), "kv": ("layer", "kv_group", "score"),
+           "circuit": ("edge", "sender", "receiver", "input", "score")}
+"""The columns export reads of each table."""
+SUMMARY_KEYS = {"scan": ("layout",), "kv": ("n_layers", "n_kv_groups"), "circuit": ()}
+"""The summary.json keys export reads of each source kind."""
+
+
+def read_summary(path: Path, kind: str) -> tuple[bytes, dict]:
+    """``(bytes, JSON object)`` of ``path/summary.json``, with the keys a ``kind`` run's has
+    (:data:`SUMMARY_KEYS`; a scan's ``layout`` with integer sizes).
+
+    Raises:
+        HeadprobeError: unreadable, cut (not JSON), not an object, or lacking a key."""
+    file = path / "summary.json"
+    try:
+        raw = file.read_bytes()
+        summary = json.loads(raw)
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise HeadprobeError(f"cannot read {file} as JSON (cut, or not headprobe's): {err}") from None
+    if not isinstance(summary, dict):
+        raise HeadprobeError(f"{file} is not a JSON object (not a headprobe {kind} summary.json)")
+    lay = summary.get("layout")
+    missing = [k for k in SUMMARY_KEYS[kind] if k not in summary]
+    missing += [f"layout.{k}" for k in ("n_layers", "n_heads", "n_kv_heads")
+                if kind == "scan" and isinstance(lay, dict) and not _positive_int(lay.get(k))]
+    missing += [k for k in ("n_layers", "n_kv_groups") if kind == "kv" and k in summary and not _positive_int(summary[k])]
+    if missing or (kind == "scan" and not isinstance(lay, dict)):
+        raise HeadprobeError(f"{file} lacks {', '.join(missing) or 'layout'} (or not as positive integers): not a "
+                             f"finished headprobe {kind} run's summary")
+    return raw, summary
+
+
+def _positive_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def read_table(file: Path, kind: str) -> pd.DataFrame:
+    """A source's main table (:data:`TABLES`), heads read as text (``"16.0"`` is a head, not 16.0).
+
+    Raises:
+        HeadprobeError: unreadable, empty, cut, or without a column export reads (:data:`COLUMNS`)."""
+    try:
+        table = pd.read_csv(file, dtype={c: str for c in ("edge", "sender", "receiver", "input")})
+    except (OSError, UnicodeDecodeError, ValueError, pd.errors.EmptyDataError, pd.errors.ParserError) as err:
+        raise HeadprobeError(f"cannot read {file} as a CSV table: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    missing = [c for c in COLUMNS[kind] if c not in table.columns]
+    if missing or table.empty:
+        raise HeadprobeError(f"{file} has {'no rows' if not missing else 'no column ' + ', '.join(missing)}: not a "
+                             f"finished headprobe {kind} run's table")
+    return table
+
+
+def recorded_layout(kind: str, path: Path, summary: dict, model: str) -> dict:
+    """``summary`` with the model's layout the run recorded (a kv run's policy_budget.json
+    ``layout``; a scan's and a circuit's summary.json ``layout``), so that the files are written
+    for the model the run measured, not for whatever now sits at its ``model`` path.
+
+    Raises:
+        HeadprobeError: a kv or circuit run with no recorded layout whose model's config cannot be
+            read either (the model folder moved): the query heads per layer would be guessed."""
+    from headprobe.options import peek_config
+
+    if kind == "kv" and not isinstance(summary.get("layout"), dict) and (path / "policy_budget.json").is_file():
+        try:
+            lay = json.loads((path / "policy_budget.json").read_text(encoding="utf-8")).get("layout")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            lay = None
+        if isinstance(lay, dict) and all(_positive_int(lay.get(k)) for k in ("n_layers", "n_heads")):
+            summary = {**summary, "layout": lay}
+    if kind != "scan" and not isinstance(summary.get("layout"), dict) and not peek_config(model):
+        raise HeadprobeError(f"{path} records no model layout and {model or 'its model'}'s config cannot be read (moved "
+                             f"or deleted?): the query heads per layer and per KV group are unknown; put the model back "
+                             f"at that path or rerun headprobe {kind}")
+    return summary
+
+
 def _layout(kind: str, model: str, summary: dict, table: pd.DataFrame) -> ex.Layout:
-    """The model's layout from the summary (scan), else its config (:func:`headprobe.options.peek_config`)."""
+    """The model's layout from what the run recorded (:func:`recorded_layout`), else its config
+    (:func:`headprobe.options.peek_config`)."""
     from headprobe.options import peek_config
 
     if kind == "scan":
         lay = summary["layout"]
         return ex.Layout(model, lay["n_layers"], lay["n_heads"], lay["n_kv_heads"], lay["n_kv_heads"])
-    cfg = peek_config(model) or {}
+    cfg = {**(peek_config(model) or {}), **{k: v for k, v in (summary.get("layout") or {}).items() if v is not None}}
     if kind == "kv":
         n_layers, groups = int(summary["n_layers"]), int(summary["n_kv_groups"])
         return ex.Layout(model, n_layers, cfg.get("n_heads") or groups, cfg.get("n_kv_heads") or groups, groups)
@@ -125,7 +221,25 @@ def _score_column(src: Source, asked: str | None) -> str:
     if column is None or column not in table or column in ("layer", "head", "kv_head"):
         raise HeadprobeError(f"--score {column}: {src.path} has no such score column; it has "
                              f"{', '.join(c for c in table.columns if c not in ('layer', 'head', 'kv_head'))}")
+    check_scored(src, column)
     return column
+
+
+def check_scored(src: Source, column: str) -> None:
+    """A score column export can write: numeric, finite where given, and with a score for some head.
+
+    Raises:
+        HeadprobeError: text or booleans, an infinite value, or no head scored (every value NaN)."""
+    import numpy as np
+
+    values = src.table[column]
+    if pd.api.types.is_bool_dtype(values) or not pd.api.types.is_numeric_dtype(values):
+        raise HeadprobeError(f"--score {column}: {src.path}'s column {column} is not numeric ({values.dtype})")
+    if values.isna().all():
+        raise HeadprobeError(f"--score {column}: {src.path}'s column {column} has no score for any head (all NaN); "
+                             "give another --score")
+    if np.isinf(values.to_numpy(dtype=float, na_value=np.nan)).any():
+        raise HeadprobeError(f"--score {column}: {src.path}'s column {column} holds an infinite value")
 
 
 def duo_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
@@ -157,12 +271,27 @@ def headkv_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
         how = "kv group score (group_costs.csv) given to each query head of the group, one sample"
     else:
         column = _score_column(src, cfg.score)
-        scores = {(int(r.layer), int(r.head)): [float(getattr(r, column))] for r in src.table.itertuples()
-                  if getattr(r, column) == getattr(r, column)}
-        how = f"scan column {column}, one value per head (the scan's mean over its sequences)"
+        scores, filled, fill = headkv_scores(src.table, column)
+        how = f"scan column {column}, one value per head (the scan's mean over its sequences)" + (
+            f"; {len(filled)} heads without a score (NaN: a linear-attention layer, a head not scored) written as "
+            f"{fill:g}, the column's lowest value or 0 if lower (provenance: filled)" if filled else "")
     stem = f"head_score/{Path(lay.name).name or 'model'}"
-    meta = {**src.identity(), "values": how, "keys": "layer-head (query heads, 0-indexed)"}
+    meta = {**src.identity(), "values": how, "keys": "layer-head (query heads, 0-indexed)",
+            **({"filled": filled, "fill": fill} if src.kind == "scan" else {})}
     return {f"{stem}.json": ex.headkv_text(scores), f"{stem}.provenance.json": json.dumps(meta, indent=2) + "\n"}, how
+
+
+def headkv_scores(table: pd.DataFrame, column: str) -> tuple[dict, list[str], float]:
+    """``({(layer, head): [score]}, the heads filled, the fill)``: every head of the table, those
+    without a score (NaN) given ``min(0, the column's lowest score)``, so that HeadKV's readers,
+    which reshape the values to ``[layers, heads]``, get every head and rank a filled one last."""
+    fill = min(0.0, float(table[column].min()))
+    scores, filled = {}, []
+    for layer, head, v in zip(table["layer"], table["head"], table[column]):
+        if v != v:
+            filled.append(f"{int(layer)}.{int(head)}")
+        scores[(int(layer), int(head))] = [fill if v != v else float(v)]
+    return scores, filled, fill
 
 
 def mib_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:

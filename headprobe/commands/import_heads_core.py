@@ -16,7 +16,7 @@ from headprobe.commands import scan_core
 from headprobe.commands.import_heads import HELP, ImportConfig  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.heads import Head
+from headprobe.probe.core.heads import Head, check_head_layers
 
 SET_NAME = "imported"
 """The head set's name in the verification (its test and its control streams' seed)."""
@@ -64,8 +64,9 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
     """Verify the heads of ``config.heads_file`` on ``model`` as scan verifies a head type's top-k set.
 
     Raises:
-        HeadprobeError: a file of another shape than the model, no heads, as many heads as the
-            model has (no control), a model whose self-check forbids ablation, or as scan's token sets.
+        HeadprobeError: a file of another shape than the model, a head in a hybrid's
+            linear-attention layer, no heads, as many heads as the model has (no control), a model
+            whose self-check forbids ablation, or as scan's token sets.
     """
     from headprobe.analyses import verification as verif
     from headprobe.analyses.ablation import EMBEDDING_METRIC, EmbeddingDistance, first_scored, untrusted_task_reason
@@ -76,6 +77,7 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
     spec = model.spec
     hf = ex.read_head_file(config.heads_file, _layout(model), config.k or scan_core.DEFAULT_K, config.score)
     heads = hf.heads
+    check_head_layers(heads, spec.layout.head_layers)
     if not heads:
         raise HeadprobeError(f"{config.heads_file} names no heads ({hf.rule})")
     if len(heads) >= spec.n_layers * spec.n_heads:

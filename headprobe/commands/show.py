@@ -16,7 +16,7 @@ from pathlib import Path
 from headprobe import options
 from headprobe.commands import Command
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.heads import parse_heads
+from headprobe.probe.core.heads import check_head_layers, parse_heads
 from headprobe.settings import OUTPUT, Flags, ModelSettings, setting
 
 HELP = "draw one head's attention pattern on your own text (PNG/PDF/SVG and an offline HTML page)"
@@ -80,8 +80,9 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     """Load the model, capture every head's pattern on the prompt, write the figure and the page.
 
     Raises:
-        HeadprobeError: an empty or too long prompt, a head outside the model, a model whose
-            self-check forbids patterns, or an output directory that is not empty (without ``overwrite``).
+        HeadprobeError: an empty or too long prompt, a head outside the model or in a hybrid's
+            linear-attention layer, a model whose self-check forbids patterns, or an output directory
+            that is not empty (without ``overwrite``).
     """
     if not cfg.prompt.strip():
         raise HeadprobeError("the prompt is empty; give --prompt TEXT or --prompt-file FILE")
@@ -103,6 +104,7 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     heads = parse_heads(cfg.head, spec.n_layers, spec.n_heads)
     if len(heads) != 1:
         raise HeadprobeError(f"show draws one head, got {cfg.head!r}")
+    check_head_layers(heads, spec.layout.head_layers)
     (layer, head), = heads
     tokens = model.to_tokens(cfg.prompt)
     n = tokens.shape[1]

@@ -54,3 +54,14 @@ def parse_heads(text: str, n_layers: int, n_heads: int) -> list[Head]:
     if not heads:
         raise HeadprobeError("no heads given")
     return heads
+
+
+def check_head_layers(heads: Sequence[Head], head_layers: Sequence[int] | None) -> None:
+    """Refuse a head in a layer without heads: a hybrid model's linear-attention layers (``head_layers``
+    the layers with heads, ``AttentionLayout.head_layers``; None: every layer has heads).
+
+    Raises:
+        HeadprobeError: one line naming the first such head and the layers with heads."""
+    if head_layers is not None and (bad := [h for h in heads if h[0] not in head_layers]):
+        raise HeadprobeError(f"head {bad[0][0]}.{bad[0][1]}: layer {bad[0][0]} has no heads "
+                             f"(linear attention); the layers with heads are {list(head_layers)}")
