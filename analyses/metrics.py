@@ -430,15 +430,22 @@ def value_share_token0(model: LoadedModel, tokens: Int[Tensor, "batch pos"]) -> 
 
 @torch.inference_mode()
 def gate_closures(model: LoadedModel, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer head"]:
-    """:func:`gate_closure` of every head from each layer's ``hook_gate`` in one forward.
+    """:func:`gate_closure` of every head from each attention layer's ``hook_gate`` in one forward
+    (a hybrid's linear-attention layers, which have no heads, NaN).
 
     Raises:
-        HeadprobeError: a layer without ``hook_gate``, or a gate whose head axis is not ``n_heads``.
+        HeadprobeError: no attention layer has ``hook_gate`` (:data:`NO_GATE`), only some do, or a
+            gate whose head axis is not ``n_heads``.
     """
     spec = model.spec
-    names = [attn_hook(l, "gate") for l in range(spec.n_layers)]
-    if not set(names) <= set(model.hook_names()):
+    names = {l: attn_hook(l, "gate") for l in spec.attention_layers}
+    hooks = set(model.hook_names())
+    gated = [l for l, n in names.items() if n in hooks]
+    if not gated:
         raise HeadprobeError(NO_GATE)
+    if len(gated) < len(names):
+        raise HeadprobeError(f"hook_gate exists in attention layers {gated} but not in "
+                             f"{[l for l in names if l not in gated]}: an output gate on some layers only is not read")
     out = torch.full((spec.n_layers, spec.n_heads), float("nan"))
 
     def make(layer: int):
@@ -448,7 +455,7 @@ def gate_closures(model: LoadedModel, tokens: Int[Tensor, "batch pos"]) -> Float
             out[layer] = gate_closure(gate).cpu()
         return hook
 
-    model.final_residual(tokens, fwd_hooks=[(n, make(l)) for l, n in enumerate(names)])
+    model.final_residual(tokens, fwd_hooks=[(n, make(l)) for l, n in names.items()])
     return out
 
 
@@ -463,8 +470,11 @@ def _no_op(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
         out[column] = np.full((spec.n_layers, spec.n_heads), np.nan, dtype=np.float32)
         inputs.notes[column] = why
 
-    if all(model.sink_logits(l) is None for l in range(spec.n_layers)):
+    hybrid = spec.layout.head_layers is not None  # only the gate is read per attention layer
+    if all(model.sink_logits(l) is None for l in spec.attention_layers):
         nan("learned_sink_mass", NO_SINKS)
+    elif hybrid:
+        nan("learned_sink_mass", HYBRID_SKIP)
     else:
         out["learned_sink_mass"] = _natural_pattern_metrics(model, inputs)["learned_sink_mass"]
     try:
@@ -472,7 +482,9 @@ def _no_op(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
     except HeadprobeError as e:
         nan("gate_closure", str(e))
     tokens = inputs.natural.tokens
-    if use_online_stats(model, tokens.shape[1], inputs.streaming):
+    if hybrid:
+        nan("value_share_token0", HYBRID_SKIP)
+    elif use_online_stats(model, tokens.shape[1], inputs.streaming):
         nan("value_share_token0", f"value-weighted attention needs the materialised pattern; the {tokens.shape[1]}-token "
                                  f"sequences are streamed (--streaming off materialises it)")
     else:
@@ -567,7 +579,8 @@ def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | Non
     or a failed per-head self-check, ``retrieval`` without ``needles``; ``retrieval`` and ``dla``
     for encoders (``spec.causal`` False: no next-token prediction to copy or attribute);
     ``learned_sink_mass`` without learned sinks, ``gate_closure`` without ``hook_gate``,
-    ``value_share_token0`` on streamed sequences; every metric on a hybrid model (:data:`HYBRID_SKIP`); a
+    ``value_share_token0`` on streamed sequences; every metric but ``gate_closure`` on a hybrid model
+    (:data:`HYBRID_SKIP`; the gate is read in its attention layers, the linear layers' rows NaN); a
     ``local_<W>`` whose window is not shorter than the sequence. ``distant_mass`` is the
     :func:`distant_fraction` at the largest window shorter than the sequence (:func:`distant_window`):
     ``1 - local`` there, less the learned sink's share where the model has sinks.
@@ -580,7 +593,7 @@ def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | Non
         try:
             if not metric.applies_to(spec.causal):
                 raise HeadprobeError(ENCODER_SKIP)
-            if spec.layout.head_layers is not None:
+            if spec.layout.head_layers is not None and metric is not NO_OP:  # NO_OP reads the gate of a hybrid
                 raise HeadprobeError(HYBRID_SKIP)
             out.update(metric.score(model, inputs))
         except HeadprobeError as e:
