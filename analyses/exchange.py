@@ -6,10 +6,13 @@ checked against a model's layout in one line (duo-attention#23: a 32-row file fo
 Sources of each format (read, not copied):
 
 * DuoAttention (arXiv:2410.10819): ``duo_attn/utils.py`` ``load_attn_pattern`` in
-  mit-han-lab/duo-attention, and kvpress's ``DuoAttentionPress.load_attention_pattern``
+  mit-han-lab/duo-attention (fe93c31), and kvpress's ``DuoAttentionPress.load_attention_pattern``
   (``kvpress/presses/duo_attention_press.py``): ``np.loadtxt(..., dtype=float, delimiter="\\t")``
   clipped to [0, 1], ``[n_layers, n_kv_heads]``, no header; ``config.json`` gives ``sink_size`` and
-  ``recent_size`` (other keys are ignored by both).
+  ``recent_size`` (other keys are ignored by both). A KV group keeps a full cache where its value
+  is ``> 0.5`` (DuoAttention's eval patch: ``full_attention_heads > 0.5`` in
+  ``duo_attn/patch/llama.py``, ``mistral.py`` and ``utils.py``). Its published patterns hold
+  trained gates a little below 0 (to -0.0014), which both readers clip.
 * Retrieval_Head (Wu et al. 2024, nightdessert/Retrieval_Head ``head_score/<model>.json``) and
   HeadKV (FYYFU/HeadKV): one line of JSON, ``{"<layer>-<head>": [per-sample scores]}``, read with
   ``json.loads(file.readline())`` and ranked by the mean; query heads; no other key.
@@ -34,7 +37,11 @@ from headprobe.probe.layout.attention import KVPolicy, Streaming
 DUO_TSV = "full_attention_heads.tsv"
 DUO_CONFIG = "config.json"
 DUO_THRESHOLD = 0.5
-"""A KV group with a value at or above this keeps a full cache (DuoAttention's ``count_attention_head_types``)."""
+"""A KV group with a value strictly above this keeps a full cache (DuoAttention's eval patch,
+``full_attention_heads > 0.5``; a group at exactly 0.5 streams)."""
+DUO_SLACK = 0.01
+"""How far outside [0, 1] a DuoAttention value may lie and still be clipped, as its readers clip
+it (trained gates overshoot by about 1e-3); a value further out is no gate value and is refused."""
 FORMATS = ("duo", "headkv", "mib", "parquet")
 IMPORT_KINDS = ("duo", "headkv", "mib", "parquet", "kv-policy", "list")
 
@@ -61,7 +68,7 @@ class Layout:
 class HeadFile:
     """A head file read back: its ``kind`` (:data:`IMPORT_KINDS`), the ``heads`` it names (a set, or
     the top ``k`` of its ``scores``), ``scores`` (``{(layer, head): score}``, where it has them),
-    ``policy`` (DuoAttention and policy files: full groups at or above the threshold, the rest
+    ``policy`` (DuoAttention and policy files: full groups above the threshold, the rest
     streaming), ``meta`` (what the file says of itself) and how the heads were chosen (``rule``)."""
 
     kind: str
@@ -89,7 +96,8 @@ def duo_text(values: list[list[float]]) -> str:
 def duo_config(sink: int, recent: int, identity: dict, how: str) -> dict:
     """config.json: DuoAttention's two keys, then what headprobe adds (ignored by its readers)."""
     return {"sink_size": int(sink), "recent_size": int(recent), "headprobe": {**identity, "values": how,
-            "rows": "layers", "columns": "KV groups (key/value heads)", "threshold": DUO_THRESHOLD}}
+            "rows": "layers", "columns": "KV groups (key/value heads)", "threshold": DUO_THRESHOLD,
+            "full_cache": f"value > {DUO_THRESHOLD}"}}
 
 
 def policy_values(policy: KVPolicy) -> tuple[list[list[float]], int, int]:
@@ -106,11 +114,12 @@ def policy_values(policy: KVPolicy) -> tuple[list[list[float]], int, int]:
 
 
 def read_duo(path: Path, layout: Layout | None) -> HeadFile:
-    """A DuoAttention pattern (the TSV, or its folder), as ``load_attn_pattern`` reads it, checked
-    against ``layout``; groups at or above :data:`DUO_THRESHOLD` keep a full cache.
+    """A DuoAttention pattern (the TSV, or its folder), as ``load_attn_pattern`` reads it (values
+    clipped to [0, 1]), checked against ``layout``; groups above :data:`DUO_THRESHOLD` keep a full cache.
 
     Raises:
-        HeadprobeError: unreadable, not numbers, values outside [0, 1], or rows/columns that are not the model's.
+        HeadprobeError: unreadable, not numbers, NaN or infinite values, values outside
+            [-:data:`DUO_SLACK`, 1 + :data:`DUO_SLACK`], or rows/columns that are not the model's.
     """
     import numpy as np
 
@@ -120,21 +129,20 @@ def read_duo(path: Path, layout: Layout | None) -> HeadFile:
         values = np.atleast_2d(np.loadtxt(tsv, dtype=float, delimiter="\t"))
     except (OSError, ValueError) as err:
         raise HeadprobeError(f"cannot read {tsv.name} as DuoAttention's tab-separated numbers: {err}") from None
-    if not np.isfinite(values).all() or values.min() < 0 or values.max() > 1:
-        raise HeadprobeError(f"{tsv.name} holds values outside [0, 1] (DuoAttention's gate values are in [0, 1])")
+    values = clip_duo(values, tsv.name)
     config_path = tsv.parent / DUO_CONFIG
     config = json.loads(config_path.read_text(encoding="utf-8-sig")) if config_path.is_file() else {}
     if layout is not None:
         check_duo_shape(values.shape, layout, tsv.name)
     rows, cols = values.shape
-    full = [(int(layer), int(g)) for layer, g in zip(*np.nonzero(values >= DUO_THRESHOLD))]
+    full = [(int(layer), int(g)) for layer, g in zip(*np.nonzero(values > DUO_THRESHOLD))]
     policy = None
     if isinstance(config.get("sink_size"), int) and isinstance(config.get("recent_size"), int):
         policy = KVPolicy.with_full(rows, cols, full, Streaming(config["sink_size"], config["recent_size"]),
                                     model=str(config.get("headprobe", {}).get("model", "")))
     n_heads = layout.n_heads if layout is not None else cols
     heads = group_heads(full, n_heads, cols)
-    return HeadFile("duo", heads, f"query heads of the KV groups with a value >= {DUO_THRESHOLD}",
+    return HeadFile("duo", heads, f"query heads of the KV groups with a value > {DUO_THRESHOLD}",
                     {(layer, g): float(values[layer, g]) for layer in range(rows) for g in range(cols)}, policy,
                     {**config.get("headprobe", {}), "sink_size": config.get("sink_size"),
                      "recent_size": config.get("recent_size"), "shape": [rows, cols]})
@@ -156,6 +164,23 @@ def check_duo_files(tsv: Path) -> None:
     config = tsv.parent / DUO_CONFIG
     if config.is_file() and not isinstance(load_json(config), dict):
         raise HeadprobeError(f"{config.name} beside {tsv.name} is not a JSON object (DuoAttention's sink_size and recent_size)")
+
+
+def clip_duo(values: Any, name: str = DUO_TSV) -> Any:
+    """DuoAttention values ``[layer, kv_group]`` clipped to [0, 1] as ``load_attn_pattern`` and
+    kvpress clip them (a new array).
+
+    Raises:
+        HeadprobeError: a NaN or infinite value, or one outside [-:data:`DUO_SLACK`, 1 + :data:`DUO_SLACK`]."""
+    import numpy as np
+
+    if not np.isfinite(values).all():
+        raise HeadprobeError(f"{name} holds NaN or infinite values (DuoAttention's gate values are numbers in [0, 1])")
+    lo, hi = float(values.min()), float(values.max())
+    if lo < -DUO_SLACK or hi > 1 + DUO_SLACK:
+        raise HeadprobeError(f"{name} holds {lo if lo < -DUO_SLACK else hi:g}, outside [{-DUO_SLACK:g}, {1 + DUO_SLACK:g}] "
+                             "(DuoAttention's gate values are in [0, 1]; its readers clip only a trained gate's overshoot)")
+    return np.clip(values, 0.0, 1.0)
 
 
 def check_duo_shape(shape: tuple[int, ...], layout: Layout, name: str = DUO_TSV) -> None:

@@ -4,9 +4,13 @@ metrics of :mod:`headprobe.analyses.composition` (copying score, composition).
 
 Pattern metrics take ``pattern: [batch, head, q_pos, k_pos]`` (rows sum to 1, causal) and score
 every head of a layer at once, without modifying the pattern. With learned attention sinks
-(GPT-OSS) the pattern holds the real keys' weights (rows sum to ``1 -`` the sink mass) and every
-pattern metric scores it as it is: ``sink_rate`` is the weight on token 0, not the learned sink's,
-which ``learned_sink_mass`` reports (:data:`NO_OP`, how a head says nothing). Each metric is one
+(GPT-OSS: the softmax runs over the keys and one sink logit per head, whose column is dropped) the
+pattern holds the real keys' weights and a row sums to ``1 - s``, ``s`` the sink's mass, which
+``learned_sink_mass`` reports (:data:`NO_OP`, how a head says nothing). Every mass is then a share
+of the whole softmax: ``sink_rate`` is the weight on token 0, ``local_<W>`` the mass on the last
+``W`` keys and ``distant_mass`` the mass on the keys ``W`` or more back, so that ``local_<W> +
+distant_mass + s = 1`` per query (the sink is neither near nor far); ``entropy`` is that of the
+whole softmax, the sink one outcome of it. Each metric is one
 :class:`~headprobe.analyses.columns.HeadColumn` record here (``COPYING``, ``SINK_RATE``, ``ENTROPY``,
 ``RETRIEVAL``, ``DLA``), registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`;
 :func:`scan_metrics` computes every registered one.
@@ -65,12 +69,16 @@ def sink_rate(pattern: Pattern, key: int = 0) -> Float[Tensor, " head"]:
     return pattern[..., key:, key].float().mean(dim=(0, 2))
 
 
-def attention_entropy(pattern: Pattern) -> Float[Tensor, " head"]:
+def attention_entropy(pattern: Pattern, learned_sink: bool = False) -> Float[Tensor, " head"]:
     """Mean entropy (nats) of each query's attention distribution, ``-sum_k A_{q,k} ln A_{q,k}``
     (``0 ln 0 = 0``), over queries ``q >= 1`` and the batch. Query 0 is excluded (it sees one
     key, entropy 0), as in every detector. A uniform causal pattern gives ``ln(q + 1)`` at query q;
     a one-hot pattern 0. Source: the attention entropy of Vig & Belinkov 2019 and Clark et al. 2019
     ("What does BERT look at?", their per-head entropy).
+
+    ``learned_sink``: the layer has learned sinks (rows sum to ``1 - s``); the sink is one more
+    outcome of the softmax and adds ``-s ln s``, so a head that puts its mass on the sink scores
+    low, as one that puts it on token 0 does.
 
     Raises:
         ValueError: ``pattern`` is not ``[batch, head, q, q]`` with q >= 2.
@@ -78,7 +86,10 @@ def attention_entropy(pattern: Pattern) -> Float[Tensor, " head"]:
     if pattern.ndim != 4 or pattern.shape[-1] != pattern.shape[-2] or pattern.shape[-1] < 2:
         raise ValueError(f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos >= 2, got {tuple(pattern.shape)}")
     p = pattern[..., 1:, :].float()
-    ent = -torch.where(p > 0, p * p.clamp_min(1e-30).log(), torch.zeros_like(p)).sum(-1)
+    ent = -torch.special.xlogy(p, p).sum(-1)
+    if learned_sink:
+        sink = (1.0 - p.sum(-1)).clamp(0.0, 1.0)
+        ent = ent - torch.special.xlogy(sink, sink)
     return ent.mean(dim=(0, 2))
 
 
@@ -86,8 +97,8 @@ def local_fraction(pattern: Pattern, window: int) -> Float[Tensor, " head"]:
     """Local fraction: the attention mass on the keys ``j`` with ``|i - j| < window`` (for a causal
     query ``i`` its last ``window`` keys, itself included), averaged over the queries ``i >=
     window`` (those that can read a key outside the window) and the batch. A head that reads only
-    recent tokens scores 1; a sink or retrieval head little. ``1 -`` it at the largest window is
-    the *distant mass*. The per-head split of DuoAttention (Xiao et al. 2024, arXiv 2410.10819:
+    recent tokens scores 1; a sink or retrieval head little. The rest of the row is the
+    :func:`distant_fraction` and, with learned sinks, the sink's mass. The per-head split of DuoAttention (Xiao et al. 2024, arXiv 2410.10819:
     "streaming heads" that need only an attention sink and recent tokens) and of the sliding
     windows of Beltagy et al. 2020 (Longformer), measured from the pattern.
 
@@ -101,6 +112,24 @@ def local_fraction(pattern: Pattern, window: int) -> Float[Tensor, " head"]:
     i = torch.arange(T, device=pattern.device)
     near = (i[:, None] - i[None, :]).abs() < window
     return (pattern.float() * near).sum(-1)[..., window:].mean(dim=(0, 2))
+
+
+def distant_fraction(pattern: Pattern, window: int) -> Float[Tensor, " head"]:
+    """Distant mass: the attention mass on the keys ``j <= i - window`` (``window`` or more back),
+    averaged over the queries ``i >= window`` and the batch, the keys a streaming head with a
+    ``window``-key cache and no sink tokens would drop (DuoAttention, arXiv 2410.10819). Without
+    learned sinks ``1 -`` :func:`local_fraction`; with them the sink's share is in neither.
+
+    Raises:
+        ValueError: ``pattern`` is not ``[batch, head, q, q]`` with q > ``window``.
+    """
+    T = pattern.shape[-1]
+    if pattern.ndim != 4 or T != pattern.shape[-2] or T <= window:
+        raise ValueError(f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos > window={window}, "
+                         f"got {tuple(pattern.shape)}")
+    i = torch.arange(T, device=pattern.device)
+    far = (i[:, None] - i[None, :]) >= window
+    return (pattern.float() * far).sum(-1)[..., window:].mean(dim=(0, 2))
 
 
 def local_columns(windows: tuple[int, ...]) -> tuple[str, ...]:
@@ -401,15 +430,22 @@ def value_share_token0(model: LoadedModel, tokens: Int[Tensor, "batch pos"]) -> 
 
 @torch.inference_mode()
 def gate_closures(model: LoadedModel, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer head"]:
-    """:func:`gate_closure` of every head from each layer's ``hook_gate`` in one forward.
+    """:func:`gate_closure` of every head from each attention layer's ``hook_gate`` in one forward
+    (a hybrid's linear-attention layers, which have no heads, NaN).
 
     Raises:
-        HeadprobeError: a layer without ``hook_gate``, or a gate whose head axis is not ``n_heads``.
+        HeadprobeError: no attention layer has ``hook_gate`` (:data:`NO_GATE`), only some do, or a
+            gate whose head axis is not ``n_heads``.
     """
     spec = model.spec
-    names = [attn_hook(l, "gate") for l in range(spec.n_layers)]
-    if not set(names) <= set(model.hook_names()):
+    names = {l: attn_hook(l, "gate") for l in spec.attention_layers}
+    hooks = set(model.hook_names())
+    gated = [l for l, n in names.items() if n in hooks]
+    if not gated:
         raise HeadprobeError(NO_GATE)
+    if len(gated) < len(names):
+        raise HeadprobeError(f"hook_gate exists in attention layers {gated} but not in "
+                             f"{[l for l in names if l not in gated]}: an output gate on some layers only is not read")
     out = torch.full((spec.n_layers, spec.n_heads), float("nan"))
 
     def make(layer: int):
@@ -419,7 +455,7 @@ def gate_closures(model: LoadedModel, tokens: Int[Tensor, "batch pos"]) -> Float
             out[layer] = gate_closure(gate).cpu()
         return hook
 
-    model.final_residual(tokens, fwd_hooks=[(n, make(l)) for l, n in enumerate(names)])
+    model.final_residual(tokens, fwd_hooks=[(n, make(l)) for l, n in names.items()])
     return out
 
 
@@ -434,8 +470,11 @@ def _no_op(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
         out[column] = np.full((spec.n_layers, spec.n_heads), np.nan, dtype=np.float32)
         inputs.notes[column] = why
 
-    if all(model.sink_logits(l) is None for l in range(spec.n_layers)):
+    hybrid = spec.layout.head_layers is not None  # only the gate is read per attention layer
+    if all(model.sink_logits(l) is None for l in spec.attention_layers):
         nan("learned_sink_mass", NO_SINKS)
+    elif hybrid:
+        nan("learned_sink_mass", HYBRID_SKIP)
     else:
         out["learned_sink_mass"] = _natural_pattern_metrics(model, inputs)["learned_sink_mass"]
     try:
@@ -443,7 +482,9 @@ def _no_op(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
     except HeadprobeError as e:
         nan("gate_closure", str(e))
     tokens = inputs.natural.tokens
-    if use_online_stats(model, tokens.shape[1], inputs.streaming):
+    if hybrid:
+        nan("value_share_token0", HYBRID_SKIP)
+    elif use_online_stats(model, tokens.shape[1], inputs.streaming):
         nan("value_share_token0", f"value-weighted attention needs the materialised pattern; the {tokens.shape[1]}-token "
                                  f"sequences are streamed (--streaming off materialises it)")
     else:
@@ -502,8 +543,8 @@ RETRIEVAL = HeadColumn("retrieval", ("retrieval",), _retrieval, causal_only=True
 DLA = HeadColumn("dla", ("dla",), _dla, causal_only=True,
                  figures=(HeatmapStyle("dla", "direct logit attribution", "logit of the next token", signed=True),))
 LOCAL_FRACTION = HeadColumn("local_fraction", local_columns(LOCAL_WINDOWS), _from_pattern_pass(*local_columns(LOCAL_WINDOWS)),
-                            figures=(HeatmapStyle("distant_mass", "distant mass (outside the last {W} keys)",
-                                                  "1 - local_{W}: attention beyond the last {W} keys"),))
+                            figures=(HeatmapStyle("distant_mass", "distant mass (beyond the last {W} keys)",
+                                                  "attention on keys {W} or more back (not the sink)"),))
 """The reported metrics, each registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`
 (group ``"metric"``; :data:`~headprobe.analyses.columns.METRICS` views them in column order)."""
 NO_OP = HeadColumn("no_op", ("learned_sink_mass", "gate_closure", "value_share_token0"), _no_op,
@@ -538,9 +579,11 @@ def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | Non
     or a failed per-head self-check, ``retrieval`` without ``needles``; ``retrieval`` and ``dla``
     for encoders (``spec.causal`` False: no next-token prediction to copy or attribute);
     ``learned_sink_mass`` without learned sinks, ``gate_closure`` without ``hook_gate``,
-    ``value_share_token0`` on streamed sequences; every metric on a hybrid model (:data:`HYBRID_SKIP`); a
-    ``local_<W>`` whose window is not shorter than the sequence. ``distant_mass`` is ``1 -
-    local`` at the largest window shorter than the sequence (:func:`distant_window`).
+    ``value_share_token0`` on streamed sequences; every metric but ``gate_closure`` on a hybrid model
+    (:data:`HYBRID_SKIP`; the gate is read in its attention layers, the linear layers' rows NaN); a
+    ``local_<W>`` whose window is not shorter than the sequence. ``distant_mass`` is the
+    :func:`distant_fraction` at the largest window shorter than the sequence (:func:`distant_window`):
+    ``1 - local`` there, less the learned sink's share where the model has sinks.
     """
     spec = model.spec
     inputs = MetricInputs(natural, needles, first, streaming)
@@ -550,7 +593,7 @@ def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | Non
         try:
             if not metric.applies_to(spec.causal):
                 raise HeadprobeError(ENCODER_SKIP)
-            if spec.layout.head_layers is not None:
+            if spec.layout.head_layers is not None and metric is not NO_OP:  # NO_OP reads the gate of a hybrid
                 raise HeadprobeError(HYBRID_SKIP)
             out.update(metric.score(model, inputs))
         except HeadprobeError as e:
@@ -561,8 +604,8 @@ def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | Non
 
 
 def distant_window(seq_len: int, windows: tuple[int, ...] = LOCAL_WINDOWS) -> int | None:
-    """The window ``distant_mass`` is ``1 - local`` of: the largest of ``windows`` shorter than
-    ``seq_len`` (None: none is)."""
+    """The window ``distant_mass`` is read at: the largest of ``windows`` shorter than ``seq_len``
+    (None: none is)."""
     shorter = [w for w in windows if w < seq_len]
     return max(shorter) if shorter else None
 
@@ -573,22 +616,30 @@ def _pattern_metrics(model: LoadedModel, natural: TokenSet, stream: bool, window
     spec = model.spec
     T = natural.tokens.shape[1]
     kept = [w for w in windows if w < T]
-    cols = ("sink_rate", "entropy", "learned_sink_mass", *(f"local_{w}" for w in windows))
+    far = distant_window(T, windows)
+    cols = ("sink_rate", "entropy", "learned_sink_mass", *(f"local_{w}" for w in windows), "distant_mass")
     res = {c: torch.full((spec.n_layers, spec.n_heads), float("nan")) for c in cols}
 
     def on_pattern(layer: int, pattern: Tensor) -> None:
         res["sink_rate"][layer] = sink_rate(pattern).cpu()
-        res["entropy"][layer] = attention_entropy(pattern).cpu()
+        res["entropy"][layer] = attention_entropy(pattern, model.sink_logits(layer) is not None).cpu()
         res["learned_sink_mass"][layer] = learned_sink_mass(pattern).cpu()
         for w in kept:
             res[f"local_{w}"][layer] = local_fraction(pattern, w).cpu()
+        if far is not None:
+            res["distant_mass"][layer] = distant_fraction(pattern, far).cpu()
 
-    def on_stats(layer: int, st: Any) -> None:
+    def on_stats(layer: int, st: Any) -> None:  # st.local and st.sink are shares of the whole softmax
+        sink = None if st.sink is None else st.sink.float()
+        ent = st.entropy.float() if sink is None else st.entropy.float() - torch.special.xlogy(sink, sink)
         res["sink_rate"][layer] = st.key_column(0).float().mean(dim=(0, 2)).cpu()
-        res["entropy"][layer] = st.entropy[..., 1:].float().mean(dim=(0, 2)).cpu()
-        res["learned_sink_mass"][layer] = 0.0 if st.sink is None else st.sink.float().mean(dim=(0, 2)).cpu()
+        res["entropy"][layer] = ent[..., 1:].mean(dim=(0, 2)).cpu()
+        res["learned_sink_mass"][layer] = 0.0 if sink is None else sink.mean(dim=(0, 2)).cpu()
         for w in kept:
             res[f"local_{w}"][layer] = st.local[w][..., w:].float().mean(dim=(0, 2)).cpu()
+        if far is not None:
+            rest = 1.0 - st.local[far].float() - (0.0 if sink is None else sink)
+            res["distant_mass"][layer] = rest[..., far:].mean(dim=(0, 2)).cpu()
 
     if stream:
         from headprobe.probe.hooks.online_stats import online_head_stats
@@ -599,12 +650,9 @@ def _pattern_metrics(model: LoadedModel, natural: TokenSet, stream: bool, window
     for w in windows:
         if w not in kept:
             skipped[f"local_{w}"] = f"the window of {w} keys is not shorter than the sequences ({T} tokens)"
-    out = {c: v.numpy() for c, v in res.items()}
-    far = distant_window(T, windows)
-    out["distant_mass"] = (1.0 - out[f"local_{far}"]) if far is not None else np.full_like(out["sink_rate"], np.nan)
     if far is None:
         skipped["distant_mass"] = f"no window shorter than the sequences ({T} tokens)"
-    return out
+    return {c: v.numpy() for c, v in res.items()}
 
 
 class _Fields(dict):

@@ -366,7 +366,7 @@ def test_the_distant_mass_heatmap_names_its_window():
     fig = heatmap_makers([LOCAL_FRACTION], scores, 2, "tiny", fields={"W": 64})["heatmap_distant_mass"]()
     texts = [t.get_text() for ax in fig.axes for t in (ax.title, ax.yaxis.label)]
     plt.close(fig)
-    assert any("outside the last 64 keys" in t for t in texts) and any("local_64" in t for t in texts), texts
+    assert any("beyond the last 64 keys" in t for t in texts) and any("keys 64 or more back" in t for t in texts), texts
     fig = heatmap_makers([LOCAL_FRACTION], scores, 2, "tiny")["heatmap_distant_mass"]()  # no fields: the name stays
     assert any("last W keys" in ax.title.get_text() for ax in fig.axes)
     plt.close(fig)

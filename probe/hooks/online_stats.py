@@ -203,6 +203,17 @@ class HeadStats:
 STREAMING_REFUSAL = ("streaming head statistics need the native backend, not {backend}; load the model with "
                      "--backend native, or use the materialised path (--streaming off)")
 """Why streaming refuses a backend without ``streams_statistics`` (:class:`~headprobe.probe.backends.base.LoadedModel`)."""
+MODEL_STREAMING_REFUSAL = "streaming head statistics (--streaming on) do not apply to this model; use the materialised path (--streaming off)"
+"""Why streaming refuses a model whose backend streams but which does not (a hybrid's linear-attention layers)."""
+
+
+def streaming_refusal(model: Any) -> str:
+    """The sentence refusing streaming on ``model``: the backend's (:data:`STREAMING_REFUSAL`) where
+    its class lacks ``streams_statistics``, else the model's (:data:`MODEL_STREAMING_REFUSAL`; the
+    capability's own reason, e.g. a hybrid's linear layers, is added by ``LoadedModel.lacks``)."""
+    if getattr(type(model), "streams_statistics", False):
+        return MODEL_STREAMING_REFUSAL
+    return STREAMING_REFUSAL.format(backend=model.name)
 
 
 def geometry_and_hooks(model: Any, layer: int) -> tuple[AttentionGeometry, str, str]:
@@ -213,7 +224,7 @@ def geometry_and_hooks(model: Any, layer: int) -> tuple[AttentionGeometry, str, 
         HeadprobeError: a backend without ``streams_statistics``, or a layer whose hooked queries are
             not the ones attention reads (a query/key norm without rotary positions).
     """
-    model.require("streams_statistics", STREAMING_REFUSAL.format(backend=model.name))
+    model.require("streams_statistics", streaming_refusal(model))
     geom, rotary = model.online_stats_geometry(layer)
     q, k = ("rot_q", "rot_k") if rotary else ("q", "k")
     return geom, attn_hook(layer, q), attn_hook(layer, k)
