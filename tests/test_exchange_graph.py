@@ -106,6 +106,17 @@ def test_exported_edges_are_eap_ig_edges_with_headprobes_scores(graph, circuit_r
     assert len(patched) == graph["headprobe"]["n_path_patched"] > 0 and set(patched) <= set(want)
 
 
+def test_d_model_comes_from_the_circuits_summary(circuit_run, tmp_path):
+    """A hub name (no config.json to read): the layout the circuit run recorded gives d_model."""
+    src = tmp_path / "src"
+    shutil.copytree(circuit_run, src)
+    summary = json.loads((src / "summary.json").read_text())
+    summary["model"] = "no-such-org/no-such-model"
+    (src / "summary.json").write_text(json.dumps(summary))
+    assert main(["export", "--from", str(src), "--out", str(tmp_path / "o"), "--format", "mib"]) == 0
+    assert json.loads((tmp_path / "o" / "circuit_graph.json").read_text())["cfg"]["d_model"] == 64
+
+
 def test_export_refuses_a_graph_without_d_model(circuit_run, tmp_path, capsys):
     """No d_model to be had (a hub name whose config is not read without loading, no layout in
     summary.json): refused in one line, nothing written (EAP-IG's from_model needs it)."""
