@@ -16,9 +16,14 @@ Sources of each format (read, not copied):
 * Retrieval_Head (Wu et al. 2024, nightdessert/Retrieval_Head ``head_score/<model>.json``) and
   HeadKV (FYYFU/HeadKV): one line of JSON, ``{"<layer>-<head>": [per-sample scores]}``, read with
   ``json.loads(file.readline())`` and ranked by the mean; query heads; no other key.
-* EAP-IG (hannamw/EAP-IG ``Graph.to_json``), the format of the MIB circuit track: ``{"cfg",
-  "nodes": {name: in_graph}, "edges": {"<parent>-><child>[<q|k|v>]": {"score", "in_graph"}}}``,
-  nodes ``input``, ``a{l}.h{h}``, ``m{l}``, ``logits``.
+* EAP-IG (hannamw/EAP-IG ``src/eap/graph.py`` at 795f560 and 7af394a, the commit MIB-circuit-track
+  pins), the format of the MIB circuit track: ``Graph.to_json`` writes ``{"cfg": {"n_layers",
+  "n_heads", "parallel_attn_mlp", "d_model"}, "nodes": {name: {"in_graph": bool}}, "edges":
+  {"<parent>-><child>[<q|k|v>]": {"score": float, "in_graph": bool}}}``, nodes ``input``,
+  ``a{l}.h{h}``, ``m{l}``, ``logits`` in that order; ``Graph.from_json`` and MIB's
+  ``load_graph_from_json`` rebuild the graph from ``cfg`` (``d_model`` included) and read each
+  node's ``in_graph`` by value. ``Graph.to_pt`` saves ``cfg``, ``src_nodes``, ``dst_nodes`` and the
+  tensors ``edges_scores``, ``edges_in_graph`` ``[n_src, n_dst]`` and ``nodes_in_graph`` ``[n_src]``.
 """
 
 from __future__ import annotations
@@ -47,18 +52,23 @@ IMPORT_KINDS = ("duo", "headkv", "mib", "parquet", "kv-policy", "list")
 
 _HEADKV_KEY = re.compile(r"^(\d+)-(\d+)$")
 _MIB_HEAD = re.compile(r"^a(\d+)\.h(\d+)$")
+_MIB_DST = re.compile(r"^(?:a(\d+)\.h\d+<[qkv]>|m(\d+)|logits)$")
+MIB_PT_KEYS = ("cfg", "src_nodes", "dst_nodes", "edges_scores", "edges_in_graph", "nodes_in_graph")
+"""The keys of EAP-IG's ``Graph.to_pt`` file that its ``from_pt`` requires."""
+PT_SUFFIXES = (".pt", ".pth")
 
 
 @dataclass(frozen=True)
 class Layout:
     """What a head file is checked against: the model's name and its sizes (``n_kv_groups``: KV
-    heads, or 1 per layer for MLA's latent; None where unknown)."""
+    heads, or 1 per layer for MLA's latent; ``d_model``: the residual width; None where unknown)."""
 
     name: str
     n_layers: int
     n_heads: int
     n_kv_heads: int | None = None
     n_kv_groups: int | None = None
+    d_model: int | None = None
 
     def identity(self) -> dict[str, Any]:
         return {"model": self.name, "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads}
@@ -262,66 +272,169 @@ def mib_node(name: str) -> str:
     return f"a{layer}.h{head}"
 
 
-def mib_graph(edges: list[dict], layout: Layout, in_graph: set[str], d_model: int | None) -> dict:
-    """EAP-IG's graph JSON from headprobe edges (``sender``, ``receiver``, ``input``, ``score``,
-    ``exact``): ``in_graph`` names the edges of the circuit; every attention node, ``input``, the
-    MLPs and ``logits`` are listed (MLP and input edges are not scored by headprobe)."""
-    out_edges, nodes = {}, {"input": False}
-    for layer in range(layout.n_layers):
-        nodes.update({f"a{layer}.h{h}": False for h in range(layout.n_heads)})
-        nodes[f"m{layer}"] = False
+def mib_nodes(n_layers: int, n_heads: int) -> list[str]:
+    """EAP-IG's nodes in its order (``Graph.from_model``): ``input``, per layer its heads then its MLP, ``logits``."""
+    return ["input", *(n for layer in range(n_layers) for n in (*(f"a{layer}.h{h}" for h in range(n_heads)), f"m{layer}")),
+            "logits"]
+
+
+def mib_graph(edges: list[dict], layout: Layout, in_graph: set[str], d_model: int) -> dict:
+    """EAP-IG's graph JSON (``Graph.to_json``'s layout) from headprobe edges (``edge``, ``sender``,
+    ``receiver``, ``input``, ``score``, ``exact``): ``in_graph`` names the edges of the circuit.
+
+    Every node EAP-IG makes is listed as ``{"in_graph": bool}``: in the graph, the endpoints of
+    the circuit's edges and ``logits`` (always, as in EAP-IG); each scored edge as ``{"score",
+    "in_graph"}``. MLP and input edges are not scored by headprobe, so not listed (``from_json``
+    leaves an unlisted edge at score 0, out of the graph). ``cfg`` holds the four keys
+    ``from_json`` rebuilds the graph from (``parallel_attn_mlp`` false). The path-patched effects
+    go under the ``headprobe`` key, ``{"path_patched": {edge name: effect}}``."""
+    nodes = {name: False for name in mib_nodes(layout.n_layers, layout.n_heads)}
     nodes["logits"] = True
+    out_edges, patched = {}, {}
     for e in edges:
         child = mib_node(e["receiver"])
         name = f"{mib_node(e['sender'])}->{child}" + ("" if child == "logits" else f"<{e['input']}>")
-        entry = {"score": float(e["score"]), "in_graph": e["edge"] in in_graph}
+        out_edges[name] = {"score": float(e["score"]), "in_graph": e["edge"] in in_graph}
         if e.get("exact") is not None and e["exact"] == e["exact"]:
-            entry["path_patched"] = float(e["exact"])
-        out_edges[name] = entry
-        if entry["in_graph"]:
-            nodes[mib_node(e["sender"])] = True
-            nodes[child] = True
-    cfg = {"n_layers": layout.n_layers, "n_heads": layout.n_heads, "d_model": d_model, "parallel_attn_mlp": False}
-    return {"cfg": cfg, "nodes": nodes, "edges": out_edges}
+            patched[name] = float(e["exact"])
+        if out_edges[name]["in_graph"]:
+            nodes[mib_node(e["sender"])] = nodes[child] = True
+    cfg = {"n_layers": layout.n_layers, "n_heads": layout.n_heads, "parallel_attn_mlp": False, "d_model": int(d_model)}
+    return {"cfg": cfg, "nodes": {n: {"in_graph": v} for n, v in nodes.items()}, "edges": out_edges,
+            "headprobe": {"path_patched": patched}}
 
 
-def read_mib(data: dict, name: str, layout: Layout | None) -> HeadFile:
-    """An EAP-IG / MIB graph: the heads are the attention nodes in the graph.
+def _node_in_graph(name: str, node: str, value: Any) -> bool:
+    """A node's ``in_graph``: ``{"in_graph": bool, ...}`` as ``to_json`` writes it, or a bare
+    boolean (the form ``from_json``'s docstring describes).
 
     Raises:
-        HeadprobeError: no ``nodes``, a node that is no head of the model, or a ``cfg`` of another shape.
+        HeadprobeError: neither."""
+    flag = value.get("in_graph") if isinstance(value, dict) else value
+    if not isinstance(flag, bool):
+        raise HeadprobeError(f"{name}: node {node!r} is {json.dumps(value)[:60]}, not {{\"in_graph\": true|false}} "
+                             "(EAP-IG's graph JSON)")
+    return flag
+
+
+def _check_mib_cfg(cfg: Any, name: str, layout: Layout | None) -> None:
+    """``cfg``'s n_layers, n_heads and d_model against the model's, where both are known."""
+    if layout is None or not isinstance(cfg, dict):
+        return
+    for key, size in (("n_layers", layout.n_layers), ("n_heads", layout.n_heads), ("d_model", layout.d_model)):
+        if isinstance(cfg.get(key), int) and size is not None and cfg[key] != size:
+            raise HeadprobeError(f"{name} is a graph of {key} {cfg[key]}; {layout.name} has {size}")
+
+
+def read_mib(data: dict, name: str, layout: Layout | None, scores: dict[Head, float] | None = None) -> HeadFile:
+    """An EAP-IG / MIB graph: the heads are the attention nodes whose ``in_graph`` is true; each
+    head's score is the largest |score| of its outgoing edges (``scores``: given, else from ``edges``).
+
+    Raises:
+        HeadprobeError: no ``nodes``, a node without a boolean ``in_graph``, a node that is no head
+            of the model, or a ``cfg`` of another model (n_layers, n_heads, d_model).
     """
     cfg, nodes = data.get("cfg") or {}, data.get("nodes")
     if not isinstance(nodes, dict):
         raise HeadprobeError(f"{name} has no \"nodes\" (EAP-IG's graph JSON: cfg, nodes, edges)")
-    if layout is not None:
-        for key, size in (("n_layers", layout.n_layers), ("n_heads", layout.n_heads)):
-            if isinstance(cfg.get(key), int) and cfg[key] != size:
-                raise HeadprobeError(f"{name} is a graph of {cfg[key]} {key[2:]}; {layout.name} has {size}")
+    _check_mib_cfg(cfg, name, layout)
     heads = []
-    for node, in_graph in nodes.items():
+    for node, value in nodes.items():
         m = _MIB_HEAD.fullmatch(str(node))
-        if m and in_graph:
+        if m and _node_in_graph(name, node, value):
             head = (int(m.group(1)), int(m.group(2)))
             if layout is not None and (head[0] >= layout.n_layers or head[1] >= layout.n_heads):
                 raise HeadprobeError(f"{name} has node {node}; {layout.name} has {layout.n_layers} layers of "
                                      f"{layout.n_heads} heads")
             heads.append(head)
-    scores: dict[Head, float] = {}
-    for edge, info in (data.get("edges") or {}).items():
-        m = _MIB_HEAD.fullmatch(str(edge).split("->")[0])
-        if m and isinstance(info, dict) and isinstance(info.get("score"), (int, float)):
-            h = (int(m.group(1)), int(m.group(2)))
-            scores[h] = max(scores.get(h, 0.0), abs(finite_score(info["score"], name, edge)))
+    if scores is None:
+        scores = {}
+        for edge, info in (data.get("edges") or {}).items():
+            m = _MIB_HEAD.fullmatch(str(edge).split("->")[0])
+            if m and isinstance(info, dict) and isinstance(info.get("score"), (int, float)):
+                h = (int(m.group(1)), int(m.group(2)))
+                scores[h] = max(scores.get(h, 0.0), abs(finite_score(info["score"], name, edge)))
     return HeadFile("mib", sorted(heads), "the attention nodes in the graph (in_graph true)", scores,
                     meta=data.get("headprobe", {}))
 
+
+def _prev_index(node: str, name: str, n_src: int, n_heads: int, parallel: bool) -> int:
+    """How many source nodes (EAP-IG's forward order) come before destination ``node``, so write
+    into its input (EAP-IG's ``Graph.prev_index``): a layer's heads read every node of the layers
+    before it; its MLP also its heads (unless ``parallel``); logits read all.
+
+    Raises:
+        HeadprobeError: ``node`` is not ``a{l}.h{h}<q|k|v>``, ``m{l}`` or ``logits``."""
+    m = _MIB_DST.fullmatch(node)
+    if m is None:
+        raise HeadprobeError(f"{name}: dst node {node!r} is not EAP-IG's (a{{l}}.h{{h}}<q|k|v>, m{{l}}, logits)")
+    if m.group(0) == "logits":
+        return n_src
+    if m.group(1) is not None:
+        return 1 + int(m.group(1)) * (n_heads + 1)
+    return 1 + int(m.group(2)) * (n_heads + 1) + (0 if parallel else n_heads)
+
+
+def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
+    """An EAP-IG graph saved by ``Graph.to_pt`` (read with ``torch.load(weights_only=True)``: tensors,
+    lists, dicts and numbers only, so no code in the file runs), as :func:`read_mib` reads its JSON.
+    A head's score is the largest |score| of its real edges (those to a node after it, EAP-IG's
+    ``prev_index``).
+
+    Raises:
+        HeadprobeError: not a PyTorch file, Python objects besides those, no ``to_pt`` keys, or
+            tensors whose shapes are not those of ``cfg``'s graph.
+    """
+    import pickle
+    import zipfile
+
+    import torch
+
+    name = path.name
+    try:
+        d = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if zipfile.is_zipfile(path):
+            raise HeadprobeError(f"{name} holds not only tensors, lists, dicts and numbers (torch.load with "
+                                 f"weights_only=True refuses it; it is not run): {str(err).splitlines()[-1][:120]}") from None
+        raise HeadprobeError(f"cannot read {name} as a PyTorch file (torch.save's archive)") from None
+    except (OSError, EOFError, RuntimeError, ValueError) as err:
+        raise HeadprobeError(f"cannot read {name} as a PyTorch file: {type(err).__name__}: "
+                             f"{(str(err).splitlines() or [''])[0][:120]}") from None
+    missing = [k for k in MIB_PT_KEYS if not isinstance(d, dict) or k not in d]
+    if missing:
+        raise HeadprobeError(f"{name} is no EAP-IG graph (Graph.to_pt's {', '.join(MIB_PT_KEYS)}): it lacks "
+                             f"{', '.join(missing)}")
+    cfg, src, dst = d["cfg"], d["src_nodes"], d["dst_nodes"]
+    try:
+        n_layers, n_heads, parallel = int(cfg["n_layers"]), int(cfg["n_heads"]), bool(cfg.get("parallel_attn_mlp"))
+    except (KeyError, TypeError, ValueError):
+        raise HeadprobeError(f"{name}: cfg has no integer n_layers and n_heads (EAP-IG's graph config)") from None
+    n_src, n_dst = 1 + n_layers * (n_heads + 1), n_layers * (3 * n_heads + 1) + 1
+    shapes = {"src_nodes": (len(src),) if isinstance(src, list) else None,
+              "dst_nodes": (len(dst),) if isinstance(dst, list) else None}
+    shapes.update({k: tuple(d[k].shape) if isinstance(d[k], torch.Tensor) else None
+                   for k in ("edges_scores", "edges_in_graph", "nodes_in_graph")})
+    want = {"src_nodes": (n_src,), "dst_nodes": (n_dst,), "edges_scores": (n_src, n_dst),
+            "edges_in_graph": (n_src, n_dst), "nodes_in_graph": (n_src,)}
+    bad = [k for k in want if shapes[k] != want[k]]
+    if bad:
+        raise HeadprobeError(f"{name}: {bad[0]} has shape {shapes[bad[0]]}; a graph of {n_layers} layers x {n_heads} "
+                             f"heads has {want[bad[0]]} (EAP-IG's to_pt)")
+    prev = torch.tensor([_prev_index(str(n), name, n_src, n_heads, parallel) for n in dst])
+    real = torch.arange(n_src)[:, None] < prev[None, :]
+    best = torch.where(real, d["edges_scores"].float().abs(), 0.0).amax(dim=1)
+    scores = {(int(m.group(1)), int(m.group(2))): float(best[i]) for i, n in enumerate(src)
+              if (m := _MIB_HEAD.fullmatch(str(n)))}
+    nodes = {str(n): bool(v) for n, v in zip(src, d["nodes_in_graph"].tolist())}
+    return read_mib({"cfg": cfg, "nodes": nodes}, name, layout, scores)
 
 # --- reading any of them --------------------------------------------------------------------------
 
 
 def sniff(path: Path) -> str:
-    """The kind of head file at ``path`` (:data:`IMPORT_KINDS`), from its name and, for JSON, its keys.
+    """The kind of head file at ``path`` (:data:`IMPORT_KINDS`), from its name and, for JSON, its keys
+    (``.pt``/``.pth``: an EAP-IG graph saved by ``Graph.to_pt``, ``mib``).
 
     Raises:
         HeadprobeError: missing, or a JSON file of none of the known shapes.
@@ -336,6 +449,8 @@ def sniff(path: Path) -> str:
         return "duo"
     if path.suffix == ".parquet":
         return "parquet"
+    if path.suffix in PT_SUFFIXES:
+        return "mib"
     if path.suffix == ".json":
         data = load_json(path)
         if isinstance(data, dict) and data.get("format") == "headprobe-kv-policy":
@@ -372,6 +487,8 @@ def read_head_file(path: str | Path, layout: Layout | None, k: int, score: str |
     """
     path = Path(path)
     kind = sniff(path)
+    if kind == "mib" and path.suffix in PT_SUFFIXES:
+        return read_mib_pt(path, layout)
     if kind == "duo":
         return read_duo(path, layout)
     if kind == "parquet":

@@ -59,11 +59,14 @@ SMOLLM2_KV_HEADS = 3
 SMOLLM2_CONTEXT = 8192
 """Context length (positions) of the embedded ``smollm2-135m`` (its ``max_position_embeddings``)."""
 
+SMOLLM2_D_MODEL = 576
+"""Residual width of the embedded ``smollm2-135m`` (its ``hidden_size``)."""
+
 
 def peek_config(model: str) -> dict | None:
     """What ``model``'s config says, read without loading weights or torch (milliseconds):
-    ``{"n_layers", "n_heads", "n_ctx", "n_kv_heads", "n_kv_groups"}`` (``n_ctx`` None where the config
-    gives no context length; ``n_kv_groups``: the KV heads, or 1 for MLA's per-layer latent),
+    ``{"n_layers", "n_heads", "n_ctx", "n_kv_heads", "n_kv_groups", "d_model"}`` (``n_ctx`` and
+    ``d_model`` None where the config gives none; ``n_kv_groups``: the KV heads, or 1 for MLA's per-layer latent),
     from the embedded ``smollm2-135m``'s layout, a Hugging Face directory's ``config.json`` or a
     headprobe checkpoint directory's. None where it cannot be read that cheaply (hub names,
     ``.gguf`` files, unreadable configs): the caller checks after loading instead."""
@@ -72,7 +75,7 @@ def peek_config(model: str) -> dict | None:
 
     if model.lower() == DEFAULT_MODEL and not Path(model).exists():  # case-insensitive, as load_model reads it
         return {"n_layers": SMOLLM2_LAYOUT[0], "n_heads": SMOLLM2_LAYOUT[1], "n_ctx": SMOLLM2_CONTEXT,
-                "n_kv_heads": SMOLLM2_KV_HEADS, "n_kv_groups": SMOLLM2_KV_HEADS}
+                "n_kv_heads": SMOLLM2_KV_HEADS, "n_kv_groups": SMOLLM2_KV_HEADS, "d_model": SMOLLM2_D_MODEL}
     path = Path(model).expanduser() / "config.json"
     try:
         cfg = json.loads(path.read_text(encoding="utf-8-sig"))
@@ -92,8 +95,8 @@ def peek_config(model: str) -> dict | None:
     n_ctx = first("n_ctx", "max_position_embeddings", "n_positions")
     kv_heads = first("num_key_value_heads", "n_kv_heads", "n_head_kv") or (1 if cfg.get("multi_query") else heads)
     kv_groups = 1 if cfg.get("kv_lora_rank") else kv_heads
-    return ({"n_layers": layers, "n_heads": heads, "n_ctx": n_ctx, "n_kv_heads": kv_heads, "n_kv_groups": kv_groups}
-            if layers and heads else None)
+    return ({"n_layers": layers, "n_heads": heads, "n_ctx": n_ctx, "n_kv_heads": kv_heads, "n_kv_groups": kv_groups,
+             "d_model": first("d_model", "hidden_size", "n_embd")} if layers and heads else None)
 
 
 def peek_layout(model: str) -> tuple[int, int] | None:

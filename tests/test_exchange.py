@@ -36,7 +36,7 @@ def runs(tmp_path_factory, tiny_dir, text_file):
 
 
 def _export(src: Path, out: Path, *flags: str) -> Path:
-    assert main(["export", "--from", str(src), "--to", str(out), *flags]) == 0
+    assert main(["export", "--from", str(src), "--out", str(out), *flags]) == 0
     return out
 
 
@@ -140,13 +140,13 @@ def test_mib_round_trip(runs, tmp_path, tiny_dir):
     assert read_head_file(out / "circuit_graph.json", _layout(tiny_dir), 2).heads == want
     names = [k for k, v in graph["edges"].items() if v["in_graph"]]
     assert len(names) == 5 and all(n.endswith(("<q>", "<k>", "<v>", "->logits")) for n in names)
-    assert sum("path_patched" in v for v in graph["edges"].values()) == graph["headprobe"]["n_path_patched"] > 0
+    assert len(graph["headprobe"]["path_patched"]) == graph["headprobe"]["n_path_patched"] > 0
     assert graph["cfg"]["n_layers"] == 2 and {"input", "m0", "logits", "a1.h7"} <= set(graph["nodes"])
 
 
 def test_a_format_the_source_lacks_is_refused_and_nothing_is_written(runs, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        raise SystemExit(main(["export", "--from", str(runs / "scan"), "--to", str(tmp_path / "o"), "--format", "mib"]))
+        raise SystemExit(main(["export", "--from", str(runs / "scan"), "--out", str(tmp_path / "o"), "--format", "mib"]))
     assert e.value.code == 2 and "needs a circuit folder" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 

@@ -61,7 +61,7 @@ def test_usage_errors_are_refused_before_torch_is_imported(tmp_path, argv, fragm
 REQUIRED = {"scan": ["--out", "o"], "budget": [], "ablate": ["--out", "o"], "prune": ["--out", "o"],
             "train": ["--out", "o"], "study": ["heads", "--out", "o"], "view": ["d"], "show": ["--head", "1.1", "--prompt",
             "x", "--out", "o"], "atlas": ["--out", "o"], "patch": ["--out", "o"], "circuit": ["--out", "o"],
-            "kv": ["--out", "o"], "export": ["--from", "d", "--to", "o"], "import": ["--heads-file", "h.txt"],
+            "kv": ["--out", "o"], "export": ["--from", "d", "--out", "o"], "import": ["--heads-file", "h.txt"],
             "robustness": ["--out", "o"], "diff": ["a", "b", "--out", "o"]}
 
 

@@ -55,7 +55,10 @@ class CircuitResult:
         top = self.edges.head(self.config.top)
         info = dict(self.model_info)
         device, self_check = info.pop("device", None), info.pop("self_check", None)
+        spec = self.spec
         s = {**info,
+             "layout": {"attention": spec.kind, "n_layers": spec.n_layers, "n_heads": spec.n_heads,
+                        "n_kv_heads": spec.n_kv_heads, "d_head": spec.d_head, "d_model": spec.d_model},
              "task": f"{self.config.n_seqs} repeated random sequences of {self.config.period} tokens; corrupted: "
                      f"other repeated random sequences (seed + 1)",
              "metric": "next-token loss (nats/token) on the second copy from its second token; effect = patched - clean",

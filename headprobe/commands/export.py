@@ -1,4 +1,4 @@
-"""``headprobe export --from DIR --to OUT --format duo|headkv|mib|parquet|all``: a scan, kv or circuit
+"""``headprobe export --from DIR --out OUT --format duo|headkv|mib|parquet|all``: a scan, kv or circuit
 output folder written in the files other tools read (formats and sources: docs/export.md,
 :mod:`headprobe.analyses.exchange`):
 
@@ -7,8 +7,8 @@ output folder written in the files other tools read (formats and sources: docs/e
   reads the same): from a kv folder the policy (1 full, 0 streaming), from a scan ``--score``
   aggregated per KV group (the max over the group's query heads, clipped to [0, 1]);
 * ``headkv``: Retrieval_Head / HeadKV's ``head_score/<model>.json`` (``{"layer-head": [score]}``);
-* ``mib``: EAP-IG / MIB's circuit graph JSON from a circuit folder (q/k/v receivers, scores, the
-  path-patched edges' exact effects);
+* ``mib``: EAP-IG / MIB's circuit graph JSON (``Graph.to_json``'s layout) from a circuit folder
+  (q/k/v receivers, scores; the path-patched edges' exact effects under its ``headprobe`` key);
 * ``parquet``: ``heads.parquet`` (one row per head: scores, metrics, verdicts; a kv folder's
   groups, a circuit folder's edges) and its dataset card ``README.md``.
 
@@ -21,6 +21,7 @@ refusal leaves nothing half-written. No model is loaded and no torch imported.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import MISSING, dataclass
 
 from headprobe.analyses.exchange import FORMATS
@@ -45,19 +46,27 @@ class ExportConfig:
 
     Attributes:
         source: a folder written by ``headprobe scan``, ``kv`` or ``circuit`` (flag ``--from``).
-        to: the folder the files go to (empty or absent unless ``overwrite``).
+        out: the folder the files go to (empty or absent unless ``overwrite``; None: nothing is
+            written, :func:`~headprobe.commands.export_core.export` returns the files).
+        to: ``out``'s deprecated alias (flag ``--to``, removed in the next release).
         format: ``duo``, ``headkv``, ``mib``, ``parquet`` or ``all`` (every one the source has).
         score: a scan's column written as DuoAttention values and HeadKV scores (None:
             ``retrieval`` where the scan computed it, else ``induction``).
         sink, recent: DuoAttention's ``sink_size`` and ``recent_size`` for a scan source (a kv
             folder's policy gives its own); DuoAttention's defaults.
-        overwrite: replace the files of a non-empty ``to``.
+        overwrite: replace the files of a non-empty ``out``.
+
+    Raises:
+        HeadprobeError: an unknown format, a negative sink or recent size, or ``out`` and ``to``
+            naming two folders.
     """
 
     source: str = setting(MISSING, "output folder of headprobe scan, kv or circuit", flag="--from", metavar="DIR",
                           required=True, kw_only=True)
-    to: str = setting(MISSING, "folder to write (empty or absent unless --overwrite)", metavar="OUT", required=True,
-                      kw_only=True)
+    out: str | None = setting(None, "folder to write (empty or absent unless --overwrite)", metavar="OUT",
+                              exclusive="out", required=True, kw_only=True)
+    to: str | None = setting(None, "deprecated alias of --out (removed in the next release)", metavar="OUT",
+                             exclusive="out", kw_only=True)
     format: str = setting("all", f"{', '.join(FORMATS)} or all (every format the source has; default %(default)s)",
                           choices=CHOICES)
     score: str | None = setting(None, "a scan's column for the DuoAttention and HeadKV files (default: retrieval, "
@@ -65,9 +74,14 @@ class ExportConfig:
     sink: int = setting(128, "DuoAttention sink_size for a scan source (a kv policy gives its own; default %(default)s)",
                         type=int)
     recent: int = setting(256, "DuoAttention recent_size for a scan source (default %(default)s)", type=int)
-    overwrite: bool = setting(False, "replace files in a non-empty --to folder", action="store_true")
+    overwrite: bool = setting(False, "replace files in a non-empty --out folder", action="store_true")
 
     def __post_init__(self):
+        if self.to is not None:
+            if self.out is not None and self.out != self.to:
+                raise HeadprobeError(f"--to is --out's deprecated alias: give --out only, not --out {self.out} "
+                                     f"and --to {self.to}")
+            object.__setattr__(self, "out", self.to)
         if self.format not in CHOICES:
             raise HeadprobeError(f"--format must be one of {', '.join(CHOICES)}, got {self.format!r}")
         if self.sink < 0 or self.recent < 1:
@@ -76,10 +90,12 @@ class ExportConfig:
 
 def main(args: argparse.Namespace, config: ExportConfig) -> int:
     """Read the source folder, build every file in memory, then write the folder (nothing on a refusal)."""
+    if config.to is not None:
+        print("headprobe: note: --to is deprecated (removed in the next release); use --out", file=sys.stderr)
     result = resolve("headprobe.commands.export_core:run")(config)  # named as a string: no import cycle
-    paths = result.save(config.to, overwrite=config.overwrite)
+    paths = result.save(config.out, overwrite=config.overwrite)
     print(result.report())
-    print(f"\nwrote {len(paths)} files to {config.to}/")
+    print(f"\nwrote {len(paths)} files to {config.out}/")
     return 0
 
 

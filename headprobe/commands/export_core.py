@@ -200,15 +200,16 @@ def _layout(kind: str, model: str, summary: dict, table: pd.DataFrame) -> ex.Lay
 
     if kind == "scan":
         lay = summary["layout"]
-        return ex.Layout(model, lay["n_layers"], lay["n_heads"], lay["n_kv_heads"], lay["n_kv_heads"])
+        return ex.Layout(model, lay["n_layers"], lay["n_heads"], lay["n_kv_heads"], lay["n_kv_heads"], lay.get("d_model"))
     cfg = {**(peek_config(model) or {}), **{k: v for k, v in (summary.get("layout") or {}).items() if v is not None}}
     if kind == "kv":
         n_layers, groups = int(summary["n_layers"]), int(summary["n_kv_groups"])
-        return ex.Layout(model, n_layers, cfg.get("n_heads") or groups, cfg.get("n_kv_heads") or groups, groups)
+        return ex.Layout(model, n_layers, cfg.get("n_heads") or groups, cfg.get("n_kv_heads") or groups, groups,
+                         cfg.get("d_model"))
     heads = [h for c in ("sender", "receiver") for h in table[c].astype(str) if h != "logits"]
     n_layers = cfg.get("n_layers") or 1 + max(int(h.split(".")[0]) for h in heads)
     return ex.Layout(model, n_layers, cfg.get("n_heads") or 1 + max(int(h.split(".")[1]) for h in heads),
-                     cfg.get("n_kv_heads"), cfg.get("n_kv_groups"))
+                     cfg.get("n_kv_heads"), cfg.get("n_kv_groups"), cfg.get("d_model"))
 
 
 def _score_column(src: Source, asked: str | None) -> str:
@@ -295,15 +296,23 @@ def headkv_scores(table: pd.DataFrame, column: str) -> tuple[dict, list[str], fl
 
 
 def mib_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
-    """circuit_graph.json: the circuit's ``--top`` edges in the graph, every scored edge listed."""
+    """circuit_graph.json: the circuit's ``--top`` edges in the graph, every scored edge listed.
+
+    Raises:
+        HeadprobeError: the model's d_model is unknown (EAP-IG's ``from_json`` builds the graph from it)."""
+    if src.layout.d_model is None:
+        raise HeadprobeError(f"--format mib needs the model's d_model (EAP-IG's Graph.from_json reads it): "
+                             f"{src.path}/summary.json records no layout and {src.layout.name}'s config.json is not "
+                             "at hand; rerun headprobe circuit, which records it")
     top = int(src.summary.get("config", {}).get("top", 20))
     edges = src.table.to_dict("records")
     in_graph = {e["edge"] for e in edges[:top]}  # edges.csv is sorted by |score|
-    graph = ex.mib_graph(edges, src.layout, in_graph, None)
-    patched = [e for e in edges if e.get("exact") == e.get("exact") and e.get("exact") is not None]
+    graph = ex.mib_graph(edges, src.layout, in_graph, src.layout.d_model)
+    patched = graph["headprobe"]["path_patched"]
     graph["headprobe"] = {**src.identity(), "method": src.summary.get("method"), "in_graph": f"the top {top} edges by |score|",
-                          "path_patched": "edges with a path_patched value: the exact direct-path patching effect",
-                          "n_path_patched": len(patched), "task": src.summary.get("task"), "metric": src.summary.get("metric")}
+                          "path_patched_means": "the exact direct-path patching effect of each edge patched",
+                          "n_path_patched": len(patched), "path_patched": patched, "task": src.summary.get("task"),
+                          "metric": src.summary.get("metric")}
     return {"circuit_graph.json": json.dumps(graph) + "\n"}, f"{len(edges)} edges, the top {top} in the graph"
 
 
@@ -380,14 +389,20 @@ def run(config: ExportConfig) -> ExportResult:
     return ExportResult(config, src, files, notes)
 
 
-def export(source: str, to: str | None = None, **fields) -> ExportResult:
-    """``headprobe export`` as a function: the files built (``result.files``) and, with ``to``, written.
+def export(source: str, out: str | None = None, *, to: str | None = None, **fields) -> ExportResult:
+    """``headprobe export`` as a function: the files built (``result.files``) and, with ``out``,
+    written (``to``: ``out``'s deprecated alias, with a ``DeprecationWarning``).
 
     Raises:
-        HeadprobeError: as :func:`run`, or a bad ``to``."""
-    config = ExportConfig(source=source, to=to or "", **fields)
+        HeadprobeError: as :func:`run`, or a bad ``out``."""
+    if to is not None:
+        import warnings
+
+        warnings.warn("export(to=...) is deprecated (removed in the next release); use out=", DeprecationWarning,
+                      stacklevel=2)
+    config = ExportConfig(source=source, out=out, to=to, **fields)
     result = run(config)
-    if to:
-        result.save(to, overwrite=config.overwrite)
+    if config.out:
+        result.save(config.out, overwrite=config.overwrite)
     return result
 

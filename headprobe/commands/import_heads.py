@@ -2,7 +2,7 @@
 model and run scan's causal verdict on the heads it names.
 
 The file is a DuoAttention ``full_attention_heads.tsv`` (or its folder), a Retrieval_Head / HeadKV
-score JSON, an EAP-IG / MIB circuit graph, a headprobe Parquet head table or KV policy, or a plain
+score JSON, an EAP-IG / MIB circuit graph (``Graph.to_json``'s JSON or ``to_pt``'s ``.pt``), a headprobe Parquet head table or KV policy, or a plain
 ``layer.head`` list (one per line or comma-separated); :mod:`headprobe.analyses.exchange` reads
 them. Its shape is checked against the model's config before any weights load where config.json
 gives the layout (one line naming the mismatch: ``full_attention_heads.tsv has 32 rows; M has 30
@@ -50,7 +50,7 @@ class ImportConfig(ScanConfig):
     """
 
     heads_file: str = setting(MISSING, "a DuoAttention full_attention_heads.tsv (or its folder), a Retrieval_Head/HeadKV "
-                              "JSON, an EAP-IG/MIB graph JSON, a headprobe .parquet or policy.json, or layer.head lines",
+                              "JSON, an EAP-IG/MIB graph (.json or .pt), a headprobe .parquet or policy.json, or layer.head lines",
                               metavar="FILE", required=True, kw_only=True)
     task: str = setting("repeated", "the task the heads are judged on: repeated (the induction task on repeated random "
                         "tokens; default) or natural (natural text)", choices=vocab.TASKS)
@@ -74,8 +74,8 @@ class ImportConfig(ScanConfig):
         cfg = options.peek_config(self.model)
         from headprobe.analyses.exchange import Layout, read_head_file
 
-        layout = (Layout(self.model, cfg["n_layers"], cfg["n_heads"], cfg.get("n_kv_heads"), cfg.get("n_kv_groups"))
-                  if cfg else None)
+        layout = (Layout(self.model, cfg["n_layers"], cfg["n_heads"], cfg.get("n_kv_heads"), cfg.get("n_kv_groups"),
+                         cfg.get("d_model")) if cfg else None)
         read_head_file(self.heads_file, layout, self.k or DEFAULT_K, self.score)
 
 

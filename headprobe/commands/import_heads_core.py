@@ -57,7 +57,7 @@ class ImportResult:
 def _layout(model: LoadedModel) -> ex.Layout:
     spec = model.spec
     groups = 1 if str(getattr(spec, "kind", "")).upper() == "MLA" else spec.n_kv_heads
-    return ex.Layout(spec.name, spec.n_layers, spec.n_heads, spec.n_kv_heads, groups)
+    return ex.Layout(spec.name, spec.n_layers, spec.n_heads, spec.n_kv_heads, groups, spec.d_model)
 
 
 def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> ImportResult:

@@ -1,0 +1,279 @@
+"""The EAP-IG / MIB circuit graph both ways, and ``export --out``.
+
+The expected layout is written here from EAP-IG's ``src/eap/graph.py`` (hannamw/EAP-IG at
+795f560; the same at 7af394a, the commit MIB-circuit-track pins): ``Graph.from_model`` makes the
+nodes ``input``, then per layer ``a{l}.h{h}`` for every head and ``m{l}``, then ``logits``, and an
+edge from every earlier node of the residual stream to each head's ``<q>``, ``<k>``, ``<v>`` input,
+to each MLP and to ``logits``; ``to_json`` writes ``{"cfg", "nodes": {name: {"in_graph": bool}},
+"edges": {name: {"score": float, "in_graph": bool}}}`` and ``from_json`` (and MIB's
+``load_graph_from_json``) builds the graph from ``cfg``'s ``n_layers``, ``n_heads``,
+``parallel_attn_mlp`` and ``d_model`` and reads ``node["in_graph"]`` by value. ``to_pt`` saves
+``cfg``, ``src_nodes``, ``dst_nodes``, ``edges_scores`` and ``edges_in_graph`` ``[n_forward,
+n_backward]`` and ``nodes_in_graph`` ``[n_forward]``. No code of theirs is here: the names are
+built from that description."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from headprobe.cli import main
+
+DATA = Path(__file__).parent / "data" / "mib"
+
+
+def eap_ig_names(n_layers: int, n_heads: int, parallel: bool = False) -> tuple[list[str], list[str], set[str]]:
+    """EAP-IG's source nodes (forward order), destination nodes (``get_dst_nodes`` order) and edge names."""
+    src, dst, edges, stream = ["input"], [], set(), ["input"]
+    for layer in range(n_layers):
+        heads = [f"a{layer}.h{h}" for h in range(n_heads)]
+        src += [*heads, f"m{layer}"]
+        dst += [f"{a}<{x}>" for x in "qkv" for a in heads] + [f"m{layer}"]
+        edges |= {f"{p}->{a}<{x}>" for p in stream for a in heads for x in "qkv"}
+        mlp_readers = stream if parallel else [*stream, *heads]
+        edges |= {f"{p}->m{layer}" for p in mlp_readers}
+        stream += [*heads, f"m{layer}"]
+    edges |= {f"{p}->logits" for p in stream}
+    return src, [*dst, "logits"], edges
+
+
+def _heads(names) -> list[tuple[int, int]]:
+    return sorted((int(n[1:].split(".h")[0]), int(n.split(".h")[1])) for n in names if n.startswith("a"))
+
+
+@pytest.fixture(scope="module")
+def circuit_run(tmp_path_factory, tiny_dir):
+    """A circuit run of the tiny GQA Llama (2 layers x 8 heads, d_model 64)."""
+    out = tmp_path_factory.mktemp("graph") / "circuit"
+    assert main(["circuit", "--model", str(tiny_dir), "--out", str(out), "--device", "cpu", "--n-seqs", "2",
+                 "--period", "6", "--steps", "2", "--verify", "4", "--top", "5"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph(circuit_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("graph-export") / "e"
+    assert main(["export", "--from", str(circuit_run), "--out", str(out), "--format", "mib"]) == 0
+    return json.loads((out / "circuit_graph.json").read_text())
+
+
+def _layout(tiny_dir):
+    from headprobe.analyses.exchange import Layout
+    return Layout(str(tiny_dir), 2, 8, 2, 2)
+
+
+# --- export: EAP-IG's layout, field by field ------------------------------------------------------
+
+
+def test_exported_cfg_is_what_from_json_reads(graph, tiny_dir):
+    """cfg: the four keys ``from_model`` takes from a model (the real d_model: config.json's hidden_size)."""
+    hidden = json.loads((Path(tiny_dir) / "config.json").read_text())["hidden_size"]
+    assert graph["cfg"] == {"n_layers": 2, "n_heads": 8, "parallel_attn_mlp": False, "d_model": hidden}
+    assert isinstance(graph["cfg"]["d_model"], int)
+
+
+def test_exported_nodes_are_eap_igs_in_order_each_an_in_graph_dict(graph, circuit_run):
+    """Every node EAP-IG makes, in its order, as ``{"in_graph": bool}``; in the graph: the endpoints
+    of the circuit's top edges (and logits, which EAP-IG always keeps)."""
+    src, _, _ = eap_ig_names(2, 8)
+    assert list(graph["nodes"]) == [*src, "logits"]
+    assert all(v == {"in_graph": v["in_graph"]} and isinstance(v["in_graph"], bool) for v in graph["nodes"].values())
+    top = pd.read_csv(circuit_run / "edges.csv", dtype=str).head(5)
+    endpoints = {f"a{h.replace('.', '.h')}" for h in [*top.sender, *top.receiver] if h != "logits"} | {"logits"}
+    assert {n for n, v in graph["nodes"].items() if v["in_graph"]} == endpoints
+
+
+def test_exported_edges_are_eap_ig_edges_with_headprobes_scores(graph, circuit_run):
+    """Each edge named as EAP-IG names it (one of the graph's), exactly ``{"score", "in_graph"}``;
+    scores those of edges.csv, the top ``--top`` in the graph."""
+    _, _, names = eap_ig_names(2, 8)
+    table = pd.read_csv(circuit_run / "edges.csv", dtype={c: str for c in ("sender", "receiver", "input")})
+    want = {}
+    for r in table.itertuples():
+        child = "logits" if r.receiver == "logits" else f"a{r.receiver.replace('.', '.h')}<{r.input}>"
+        want[f"a{r.sender.replace('.', '.h')}->{child}"] = (float(r.score), r.Index < 5)
+    assert set(graph["edges"]) == set(want) and set(want) <= names
+    for name, v in graph["edges"].items():
+        assert set(v) == {"score", "in_graph"} and isinstance(v["in_graph"], bool)
+        assert (v["score"], v["in_graph"]) == (pytest.approx(want[name][0], abs=1e-12), want[name][1])
+    patched = graph["headprobe"]["path_patched"]
+    assert len(patched) == graph["headprobe"]["n_path_patched"] > 0 and set(patched) <= set(want)
+
+
+def test_d_model_comes_from_the_circuits_summary(circuit_run, tmp_path):
+    """A hub name (no config.json to read): the layout the circuit run recorded gives d_model."""
+    src = tmp_path / "src"
+    shutil.copytree(circuit_run, src)
+    summary = json.loads((src / "summary.json").read_text())
+    summary["model"] = "no-such-org/no-such-model"
+    (src / "summary.json").write_text(json.dumps(summary))
+    assert main(["export", "--from", str(src), "--out", str(tmp_path / "o"), "--format", "mib"]) == 0
+    assert json.loads((tmp_path / "o" / "circuit_graph.json").read_text())["cfg"]["d_model"] == 64
+
+
+def test_export_refuses_a_graph_without_d_model(circuit_run, tmp_path, capsys):
+    """No d_model to be had (a hub name whose config is not read without loading, no layout in
+    summary.json): refused in one line, nothing written (EAP-IG's from_model needs it)."""
+    src = tmp_path / "src"
+    shutil.copytree(circuit_run, src)
+    summary = json.loads((src / "summary.json").read_text())
+    summary.pop("layout", None)
+    summary["model"] = "no-such-org/no-such-model"
+    (src / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["export", "--from", str(src), "--out", str(tmp_path / "o"), "--format", "mib"]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "d_model" in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
+# --- import: in_graph by value, MIB's own graph, .pt graphs ---------------------------------------
+
+
+def test_a_node_with_in_graph_false_is_not_in_the_circuit(tmp_path):
+    from headprobe.analyses.exchange import Layout, read_head_file
+
+    src, _, _ = eap_ig_names(2, 4)
+    inside = {"a0.h1", "a1.h2"}
+    nodes = {n: {"in_graph": n in inside or n == "input"} for n in src} | {"logits": {"in_graph": True}}
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps({"cfg": {"n_layers": 2, "n_heads": 4, "parallel_attn_mlp": False, "d_model": 32},
+                                "nodes": nodes, "edges": {"a0.h1->a1.h2<q>": {"score": 0.5, "in_graph": True}}}))
+    assert read_head_file(path, Layout("m", 2, 4), 3).heads == [(0, 1), (1, 2)]
+
+
+def test_mibs_ioi_graph_imports_as_the_heads_it_names():
+    """MIB's shipped IOI circuit (GPT-2 small; tests/data/mib/README.md): its attention nodes with
+    ``in_graph`` true, 67 of the 144."""
+    from headprobe.analyses.exchange import Layout, read_head_file
+
+    path = DATA / "ioi-eap-ig.json"
+    nodes = json.loads(path.read_text())["nodes"]
+    named = _heads(n for n, v in nodes.items() if v["in_graph"])
+    assert len(named) == 67 and len(_heads(nodes)) == 144
+    got = read_head_file(path, Layout("gpt2", 12, 12, 12, 12), 5)
+    assert got.kind == "mib" and got.heads == named
+
+
+def _graph_pt(n_layers: int, n_heads: int, inside: set[str], seed: int = 0) -> dict:
+    """A graph in ``to_pt``'s layout: real edges scored at random, the rest (no edge of EAP-IG's:
+    a later node into an earlier one) 100, which no reader may take; ``inside`` in the graph."""
+    src, dst, names = eap_ig_names(n_layers, n_heads)
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.full((len(src), len(dst)), 100.0)
+    in_graph = torch.zeros(len(src), len(dst), dtype=torch.bool)
+    for name in names:
+        parent, child = name.split("->")
+        i, j = src.index(parent), dst.index(child)
+        scores[i, j] = torch.randn((), generator=g)
+        in_graph[i, j] = parent in inside and (child.split("<")[0] in inside or child == "logits")
+    return {"cfg": {"n_layers": n_layers, "n_heads": n_heads, "parallel_attn_mlp": False, "d_model": 32},
+            "src_nodes": src, "dst_nodes": dst, "edges_scores": scores, "edges_in_graph": in_graph,
+            "nodes_in_graph": torch.tensor([n in inside for n in src])}
+
+
+def _as_json(d: dict) -> dict:
+    """The same graph in ``to_json``'s layout."""
+    src, dst = d["src_nodes"], d["dst_nodes"]
+    _, _, names = eap_ig_names(d["cfg"]["n_layers"], d["cfg"]["n_heads"])
+    edges = {}
+    for name in sorted(names):
+        parent, child = name.split("->")
+        i, j = src.index(parent), dst.index(child)
+        edges[name] = {"score": float(d["edges_scores"][i, j]), "in_graph": bool(d["edges_in_graph"][i, j])}
+    nodes = {n: {"in_graph": bool(v)} for n, v in zip(src, d["nodes_in_graph"])} | {"logits": {"in_graph": True}}
+    return {"cfg": d["cfg"], "nodes": nodes, "edges": edges}
+
+
+def test_an_eap_ig_pt_graph_reads_as_its_json(tmp_path):
+    """A ``to_pt`` graph gives the heads of ``nodes_in_graph`` and the same scores as the same graph as JSON."""
+    from headprobe.analyses.exchange import Layout, read_head_file
+
+    d = _graph_pt(2, 4, {"input", "a0.h1", "a0.h3", "a1.h2"})
+    torch.save(d, tmp_path / "g.pt")
+    (tmp_path / "g.json").write_text(json.dumps(_as_json(d)))
+    pt = read_head_file(tmp_path / "g.pt", Layout("m", 2, 4), 3)
+    js = read_head_file(tmp_path / "g.json", Layout("m", 2, 4), 3)
+    assert pt.kind == "mib" and pt.heads == [(0, 1), (0, 3), (1, 2)] == js.heads
+    assert pt.scores.keys() == js.scores.keys() and all(pt.scores[h] == pytest.approx(js.scores[h]) for h in pt.scores)
+
+
+class _NotAGraph:
+    pass
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda p: torch.save({"weight": torch.zeros(2)}, p), "no EAP-IG graph"),
+    (lambda p: torch.save({"cfg": _NotAGraph()}, p), "not only tensors"),
+    (lambda p: p.write_bytes(b"\x80\x02\xff\xfe not a torch file"), "cannot read"),
+    (lambda p: torch.save({**_graph_pt(2, 4, {"a0.h1"}), "nodes_in_graph": torch.zeros(3, dtype=torch.bool)}, p),
+     "nodes_in_graph"),
+])
+def test_a_pt_file_of_another_shape_is_refused_in_one_line(tmp_path, make, fragment):
+    from headprobe.analyses.exchange import Layout, read_head_file
+    from headprobe.probe.core.errors import HeadprobeError
+
+    make(tmp_path / "g.pt")
+    with pytest.raises(HeadprobeError) as e:
+        read_head_file(tmp_path / "g.pt", Layout("m", 2, 4), 3)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_import_refuses_a_bad_pt_file_in_one_line(tmp_path, tiny_dir, capsys):
+    """The command: one line, exit 2 (never a UnicodeDecodeError traceback)."""
+    (tmp_path / "g.pt").write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["import", "--heads-file", str(tmp_path / "g.pt"), "--model", str(tiny_dir)]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("headprobe: error: cannot read g.pt"), err
+
+
+def test_a_graph_of_another_model_width_is_refused(tmp_path, tiny_dir):
+    """cfg's d_model against the model's (a 2 x 8 graph of another width is another model)."""
+    from headprobe.commands.import_heads import ImportConfig
+    from headprobe.probe.core.errors import HeadprobeError
+
+    src, _, _ = eap_ig_names(2, 8)
+    (tmp_path / "g.json").write_text(json.dumps({
+        "cfg": {"n_layers": 2, "n_heads": 8, "parallel_attn_mlp": False, "d_model": 768},
+        "nodes": {n: {"in_graph": True} for n in src}, "edges": {}}))
+    with pytest.raises(HeadprobeError, match="d_model 768; .* has 64"):
+        ImportConfig(model=str(tiny_dir), heads_file=str(tmp_path / "g.json")).preflight()
+
+
+# --- export --out (and --to, its alias for one release) -------------------------------------------
+
+
+def test_export_writes_to_out_and_to_is_a_deprecated_alias(circuit_run, tmp_path, capsys):
+    assert main(["export", "--from", str(circuit_run), "--out", str(tmp_path / "a"), "--format", "mib"]) == 0
+    assert "deprecated" not in capsys.readouterr().err
+    assert main(["export", "--from", str(circuit_run), "--to", str(tmp_path / "b"), "--format", "mib"]) == 0
+    err = capsys.readouterr().err
+    assert "--to is deprecated" in err and "--out" in err
+    a, b = (json.loads((tmp_path / d / "circuit_graph.json").read_text()) for d in "ab")
+    assert a == b
+
+
+def test_export_refuses_both_out_and_to(circuit_run, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["export", "--from", str(circuit_run), "--out", str(tmp_path / "a"), "--to",
+                               str(tmp_path / "b")]))
+    assert e.value.code == 2 and "--to" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_export_function_takes_out_and_to_with_a_warning(circuit_run, tmp_path):
+    import headprobe
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        headprobe.export(str(circuit_run), out=str(tmp_path / "a"), format="mib")
+    with pytest.warns(DeprecationWarning, match="out="):
+        headprobe.export(str(circuit_run), to=str(tmp_path / "b"), format="mib")
+    assert (tmp_path / "a" / "circuit_graph.json").read_text() == (tmp_path / "b" / "circuit_graph.json").read_text()
