@@ -25,7 +25,8 @@ held by PyTorch's allocator; the CUDA context and the allocator's unused cache a
 largest over the step's process and the processes it started that report to ``$RUN_PEAK_FILE``;
 ``0`` where a step on a CUDA machine used no GPU, ``n/a`` where there is no CUDA. ``peak_rss_mib``
 is the step's peak resident set size (``ru_maxrss`` from ``wait4``: its process or the largest of
-the processes it waited for), including the pages the forked child shares with the runner.
+the processes it waited for); Linux counts a forked child's pages shared with its parent, so it is
+at least the runner's own (its imports: ~0.4 GiB forked, ~0.2 GiB with ``GPU_CHECK_FORK=0``).
 ``cpu_s`` is the CPU time (user + system) of the step's process and the processes it waited for.
 A step past ``--timeout`` seconds is killed (its process group) and reported with rc=124, as
 ``timeout`` would.
@@ -48,14 +49,11 @@ PRELOAD = ("torch", "numpy", "pandas", "scipy.stats", "matplotlib.pyplot", "tran
            "headprobe.probe.model.convert")
 
 
-def gpu_peak_mib() -> str:
-    """This process's peak GPU memory of tensors in MiB, ``0`` when it used no GPU, ``n/a`` without CUDA."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "n/a"
-    if not torch.cuda.is_initialized():
-        return "0"
+def gpu_peak_mib() -> str | None:
+    """This process's peak GPU memory of tensors in MiB; None where it did not initialise CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
     total = sum(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count()))
     return f"{total / 2**20:.0f}"
 
@@ -88,10 +86,10 @@ def run_in_process(argv: list[str]) -> int:
 
 def report_peak() -> None:
     """Append this process's GPU peak to ``$RUN_PEAK_FILE`` (where set)."""
-    path = os.environ.get(PEAK_ENV)
-    if path:
+    path, peak = os.environ.get(PEAK_ENV), gpu_peak_mib()
+    if path and peak is not None:
         with open(path, "a") as f:
-            f.write(f"peak_gpu_mib={gpu_peak_mib()}\n")
+            f.write(f"peak_gpu_mib={peak}\n")
 
 
 def single(argv: list[str]) -> int:
@@ -170,17 +168,19 @@ def run_plan(plan: str, log: str, timeout: float) -> int:
     fork = os.environ.get("GPU_CHECK_FORK", "1") != "0"
     if fork:
         preload()
-        torch = sys.modules.get("torch")
-        fork = torch is None or not torch.cuda.is_initialized()
-    torch = sys.modules.get("torch")
+    import torch
+
+    fork = fork and not torch.cuda.is_initialized()
+    cuda = torch.cuda.is_available()
     with open(log, "a") as out:
-        out.write(f"torch {getattr(torch, '__version__', 'not imported')} cuda "
-                  f"{torch is not None and torch.cuda.is_available()}; steps {'forked' if fork else 'in new processes'}\n")
+        out.write(f"torch {torch.__version__} cuda {cuda}; steps {'forked' if fork else 'in new processes'}\n")
     failed = 0
     with open(plan) as f:
         steps = [shlex.split(line) for line in f if line.strip()]
     for name, command, *argv in steps:
         peak_file = f"{log}.{name}.peak"
+        if os.path.exists(peak_file):
+            os.remove(peak_file)
         os.environ[PEAK_ENV] = peak_file
         with open(log, "a") as out:
             out.write(f"## {name}: {shlex.join(argv)}\n")
@@ -188,7 +188,7 @@ def run_plan(plan: str, log: str, timeout: float) -> int:
         start = time.perf_counter()
         rc, usage = _wait(_start(argv, log, fork), timeout)
         wall = time.perf_counter() - start
-        gpu = _read_peaks(peak_file)
+        gpu = _read_peaks(peak_file, "0" if cuda else "n/a")
         line = (f"gpu_check_step name={name} command={command} rc={rc} wall_s={wall:.1f} "
                 f"cpu_s={usage.ru_utime + usage.ru_stime:.1f} peak_gpu_mib={gpu} peak_rss_mib={usage.ru_maxrss / 1024:.0f}")
         with open(log, "a") as out:
@@ -198,16 +198,15 @@ def run_plan(plan: str, log: str, timeout: float) -> int:
     return 1 if failed else 0
 
 
-def _read_peaks(path: str) -> str:
-    """The largest ``peak_gpu_mib`` the step's processes wrote to ``path`` (``n/a`` where none did)."""
+def _read_peaks(path: str, none: str) -> str:
+    """The largest ``peak_gpu_mib`` the step's processes wrote to ``path`` (``none`` where none did)."""
     try:
         with open(path) as f:
             values = [line.strip().split("=", 1)[1] for line in f if line.startswith("peak_gpu_mib=")]
         os.remove(path)
     except FileNotFoundError:
-        return "n/a"
-    numbers = [float(v) for v in values if v != "n/a"]
-    return f"{max(numbers):.0f}" if numbers else "n/a"
+        return none
+    return f"{max(float(v) for v in values):.0f}" if values else none
 
 
 def main(argv: list[str]) -> int:
