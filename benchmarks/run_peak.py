@@ -4,7 +4,8 @@ Two forms:
 
 * ``python benchmarks/run_peak.py -m MODULE ARGS...`` (or ``SCRIPT ARGS...``): runs it in this
   process, as ``python -m MODULE ARGS`` (``python SCRIPT ARGS``) would, then appends
-  ``peak_gpu_mib=<x>`` to the file ``$RUN_PEAK_FILE`` where that is set and exits with its code.
+  ``peak_gpu_mib=<x>`` to the file ``$RUN_PEAK_FILE`` where that is set and the run initialised
+  CUDA, and exits with its code.
   ``benchmarks/gpu_check.sh`` gives it to torchrun as the worker program, so the worker's GPU
   memory is counted too.
 * ``python benchmarks/run_peak.py --plan PLAN --log LOG [--timeout S]``: runs every step of PLAN
@@ -16,8 +17,8 @@ Two forms:
   A PLAN line is ``NAME COMMAND ARGV...``, shell-quoted (``printf %q``), ARGV starting with
   ``-m MODULE`` or a script path. The step's output goes to LOG. The heavy imports (torch,
   transformers, TransformerLens, headprobe) are made once here and each step runs in a forked
-  child, so a step costs its own work, not a fresh interpreter (about 12 s of CPU each on a small
-  machine). Where CUDA is already initialised here (a fork would break it) or
+  child, so a step costs its own work, not a fresh interpreter's imports (about 12 s of CPU each
+  where no bytecode is cached, PYTHONDONTWRITEBYTECODE). Where CUDA is already initialised here (a fork would break it) or
   ``GPU_CHECK_FORK=0``, each step runs in its own interpreter instead (this file's first form).
 
 Memory: ``peak_gpu_mib`` is ``torch.cuda.max_memory_allocated`` summed over the GPUs (tensors
