@@ -158,7 +158,7 @@ plan atlas atlas "${HP[@]}" atlas --models "$MODEL" "$PRUNED" --device "$DEVICE"
 plan show show "${HP[@]}" show "${ON[@]}" --head $SHOW_HEAD --prompt "the cat sat on the mat and the cat sat on the mat" \
   --out "$OUT/show" --overwrite
 plan view view "${HP[@]}" view "$OUT/scan_f32" --ablation "$OUT/ablate_plain" --circuit "$OUT/circuit"
-plan export export "${HP[@]}" export --from "$OUT/scan_f32" --to "$OUT/export" --format all --overwrite
+plan export export "${HP[@]}" export --from "$OUT/scan_f32" --out "$OUT/export" --format all --overwrite
 plan import import "${HP[@]}" import "${ON[@]}" --heads-file "$OUT/export/heads.parquet" "${IMPORT_ARGS[@]}"
 plan train train "${HP[@]}" train --device "$DEVICE" --out "$OUT/train" --overwrite "${TRAIN_ARGS[@]}"
 plan study study "${HP[@]}" study heads --device "$DEVICE" --out "$OUT/study" --overwrite "${STUDY_ARGS[@]}"

@@ -233,7 +233,7 @@ def test_a_kv_folder_whose_model_moved_exports_the_recorded_layout(runs, tmp_pat
     meta = json.loads((out / "head_score" / "moved-away.provenance.json").read_text())
     assert (meta["n_layers"], meta["n_heads"], meta["n_kv_heads"]) == (2, 8, 2)
     (kv / "policy_budget.json").unlink()  # nothing recorded, nothing to read: refused
-    code, err = _cli(["export", "--from", str(kv), "--to", str(tmp_path / "f")], capsys)
+    code, err = _cli(["export", "--from", str(kv), "--out", str(tmp_path / "f")], capsys)
     _one_line(code, err, "query heads")
     assert not (tmp_path / "f").exists()
 
@@ -243,7 +243,7 @@ def test_an_output_folder_that_is_in_or_around_the_source_is_refused(runs, tmp_p
     scan = _copy(runs / "scan", tmp_path / "runs" / "scan")
     before = {p.name: p.read_bytes() for p in scan.iterdir() if p.is_file()}
     to = {"same": scan / "." , "inside": scan / "export", "containing": tmp_path / "runs"}[where]
-    code, err = _cli(["export", "--from", str(scan), "--to", str(to), "--overwrite"], capsys)
+    code, err = _cli(["export", "--from", str(scan), "--out", str(to), "--overwrite"], capsys)
     _one_line(code, err, "source")
     assert {p.name: p.read_bytes() for p in scan.iterdir() if p.is_file()} == before
     assert not (scan / "export").exists()
@@ -278,7 +278,7 @@ def test_headkv_export_writes_every_head_with_a_stated_fill(runs, tmp_path):
 def test_an_all_nan_score_column_is_refused(runs, tmp_path, capsys):
     scan = _scan_with(runs, tmp_path, "induction", [(layer, h) for layer in range(2) for h in range(8)])
     for fmt in ("headkv", "duo"):
-        code, err = _cli(["export", "--from", str(scan), "--to", str(tmp_path / fmt), "--format", fmt, "--score",
+        code, err = _cli(["export", "--from", str(scan), "--out", str(tmp_path / fmt), "--format", fmt, "--score",
                           "induction"], capsys)
         _one_line(code, err, "no score")
         assert not (tmp_path / fmt).exists()
@@ -329,7 +329,7 @@ def test_a_cut_summary_given_to_export_is_refused_in_one_line(cut, runs, tmp_pat
     scan = _copy(runs / "scan", tmp_path / "scan")
     raw = (scan / "summary.json").read_text()
     (scan / "summary.json").write_text(raw[: len(raw) // 2] if cut == "half" else "[]")
-    code, err = _cli(["export", "--from", str(scan), "--to", str(tmp_path / "o")], capsys)
+    code, err = _cli(["export", "--from", str(scan), "--out", str(tmp_path / "o")], capsys)
     _one_line(code, err, "summary.json")
     assert not (tmp_path / "o").exists()
 
