@@ -134,3 +134,8 @@ def test_command_runs_as_on_a_gpu(strict_runs, command):
     for status, moves, _ in strict_runs[command]:
         assert status == 0, status
         assert (moves == 0) == (command in ON_HOST)  # the model really was on the second device
+
+
+def test_no_command_turns_tf32_on(strict_runs):
+    """float32 matmuls stay float32 on a GPU (TF32 rounds to 10 mantissa bits): no command sets it."""
+    assert torch.backends.cuda.matmul.allow_tf32 is False and torch.get_float32_matmul_precision() == "highest"
