@@ -244,10 +244,11 @@ class PlantedSpan:
         """``(query positions, source positions, target tokens)``, ``[batch, length - 1]`` each:
         inside the second occurrence the logits at ``second + i`` predict its token ``i + 1``
         (``i = 0..length - 2``; the span's first token has no cue), whose earlier occurrence is at
-        ``first + i + 1``."""
-        i = torch.arange(self.length - 1)
-        queries = self.second[:, None] + i[None, :]
-        return queries, self.first[:, None] + i[None, :] + 1, self.tokens.gather(1, queries + 1)
+        ``first + i + 1``. On the device of :attr:`tokens`."""
+        device = self.tokens.device  # where the tokens are: the model's device once a command moved them
+        i = torch.arange(self.length - 1, device=device)
+        queries = self.second.to(device)[:, None] + i[None, :]
+        return queries, self.first.to(device)[:, None] + i[None, :] + 1, self.tokens.gather(1, queries + 1)
 
 
 @dataclass(frozen=True)

@@ -253,7 +253,7 @@ def text_repeat_scores(pattern: Float[Tensor, "... q_pos k_pos"], ids: Int[Tenso
     n = ids.shape[0]
     if pattern.shape[-2:] != (n, n):
         raise ValueError(f"pattern {tuple(pattern.shape)} does not match {n} tokens")
-    pos = torch.arange(n)
+    pos = torch.arange(n, device=ids.device)
     kept = pos >= start
     dup = (ids[:, None] == ids[None, :]) & (pos[None, :] < pos[:, None]) & kept[:, None] & kept[None, :]
     ind = torch.zeros_like(dup)
@@ -262,7 +262,7 @@ def text_repeat_scores(pattern: Float[Tensor, "... q_pos k_pos"], ids: Int[Tenso
     for name, mask in (("duplicate_token", dup), ("induction", ind)):
         rows = mask.any(dim=1)
         on = (pattern.float() * mask.to(pattern.device)).sum(dim=-1)[..., rows.to(pattern.device)]
-        out[name] = on.mean(dim=-1) if rows.any() else torch.full(pattern.shape[:-2], float("nan"))
+        out[name] = on.mean(dim=-1) if rows.any() else torch.full(pattern.shape[:-2], float("nan"), device=pattern.device)
     return out
 
 

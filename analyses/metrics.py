@@ -203,7 +203,7 @@ def retrieval_hits(pattern: Pattern, queries: Int[Tensor, "batch n"], sources: I
         raise ValueError(f"queries {tuple(queries.shape)}, sources {tuple(sources.shape)} and copied "
                          f"{tuple(copied.shape)} must all be [batch, n] with batch {pattern.shape[0]}")
     B, H = pattern.shape[:2]
-    rows = pattern[torch.arange(B)[:, None], :, queries.to(pattern.device)]  # [batch, n, head, k_pos]
+    rows = pattern[torch.arange(B, device=pattern.device)[:, None], :, queries.to(pattern.device)]  # [batch, n, head, k_pos]
     top = rows.argmax(-1)  # [batch, n, head]
     hit = (top == sources.to(top.device)[..., None]) & copied.to(top.device)[..., None]
     return hit.float().mean(dim=(0, 1))
@@ -228,13 +228,13 @@ def retrieval_score(model: LoadedModel, needles: NeedleSet, streaming: bool = Fa
     head's argmax from :func:`headprobe.probe.hooks.online_stats.online_head_stats` instead of the
     pattern (the same keys; native backend); the logits only at the scored queries either way."""
     spec = model.spec
-    queries, sources, targets = needle_queries(needles)
+    queries, sources, targets = (t.cpu() for t in needle_queries(needles))  # moved to each tensor they index
     B = queries.shape[0]
     top: dict[int, Tensor] = {}
     rows_b = torch.arange(B)[:, None]
 
     def on_pattern(layer: int, pattern: Tensor) -> None:
-        rows = pattern[rows_b, :, queries.to(pattern.device)]
+        rows = pattern[rows_b.to(pattern.device), :, queries.to(pattern.device)]
         top[layer] = rows.argmax(-1).cpu()  # [batch, n, head]
 
     def on_stats(layer: int, st: Any) -> None:  # the same argmax from the scored rows alone: [batch, n, head]
@@ -250,7 +250,7 @@ def retrieval_score(model: LoadedModel, needles: NeedleSet, streaming: bool = Fa
         resid = model.final_residual(needles.tokens, fwd_hooks=hooks)
     assert resid is not None  # online_head_stats returns it (final_residual defaults to True)
     # the model's prediction at the scored queries only: no [batch, pos, d_vocab] logits
-    logits = model.logits_from_residual(resid[rows_b, queries.to(resid.device)], normed=True)
+    logits = model.logits_from_residual(resid[rows_b.to(resid.device), queries.to(resid.device)], normed=True)
     if len(top) != spec.n_layers:
         raise HeadprobeError(f"attention of {spec.n_layers - len(top)} layers was not seen: the model probably runs a "
                              f"fused attention kernel that hides attention patterns")
@@ -312,7 +312,8 @@ def direct_logit_attribution(model: LoadedModel, tokens: Int[Tensor, "batch pos"
     y_model = model.final_norm(x.to(model.dtype))  # the normed residual the unembedding reads
     with torch.inference_mode(False), torch.enable_grad():  # the unembedding's gradient: its linear part
         y_in = y_model.clone().requires_grad_(True)
-        logit = model.logits_from_residual(y_in, vocab=target[..., None], normed=True, softcap=False)
+        vocab = target[..., None].clone()  # not an inference tensor: autograd saves the index of W_U[vocab]
+        logit = model.logits_from_residual(y_in, vocab=vocab, normed=True, softcap=False)
         (g,) = torch.autograd.grad(logit.sum(), y_in)  # [batch, n, d_model]: positions are independent
     g = g.detach().float()
     norm = model.norm_weights(None)

@@ -22,6 +22,28 @@ Subpackages: :mod:`headprobe.probe` (models, hook points, capture, loading, cost
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+
+
+def _find_floors_beside() -> None:
+    """Where this folder is imported from a source checkout's root (``python -m headprobe`` there,
+    ``torchrun -m headprobe``) with headprobe installed without ``-e``, ``headprobe.probe`` and
+    ``headprobe.analyses`` are the checkout's ``probe/`` and ``analyses/``: the folders beside this
+    one, which ``pyproject.toml``'s ``package-dir`` installs as those subpackages. An installed
+    copy holds them inside, and an editable install's finder maps them: nothing is added then."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    floors = ("probe", "analyses")
+    if any(os.path.isdir(os.path.join(here, f)) for f in floors):
+        return
+    if not all(os.path.isfile(os.path.join(root, f, "__init__.py")) for f in floors):
+        return
+    if importlib.util.find_spec(f"{__name__}.probe") is None:
+        __path__.append(root)
+
+
+_find_floors_beside()
 
 _EXPORTS = {
     # name: (module, attribute); the commands' functions come from headprobe.commands.COMMANDS

@@ -16,7 +16,7 @@ import torch
 import zoo
 
 from headprobe.cli import main
-from headprobe.probe.core.io import finite_json, write_json
+from headprobe.probe.core.io import device_name, finite_json, write_json
 
 SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]
 
@@ -325,6 +325,7 @@ def test_every_summary_has_the_common_envelope(name, run_command):
     assert {"model", "weights_precision", "device", "self_check", "config", "timings_s", "versions"} <= set(s), name
     assert "seconds" not in s and "train_seconds" not in s
     assert s["device"] == "cpu" and isinstance(s["config"], dict) and s["config"] and "python" in s["versions"]
+    assert s["device_name"] == device_name("cpu") and s["device_name"]
     assert all(isinstance(v, (int, float)) and v >= 0 for v in s["timings_s"].values()) and s["timings_s"]
     assert ("load_s" in s["timings_s"]) == (name in LOADS_A_MODEL), s["timings_s"]
     if name in LOADS_A_MODEL or name == "train":  # one model: its name, precision and self-check
@@ -341,7 +342,27 @@ def test_the_envelope_is_built_in_one_place():
 
     kw = dict(model="m", precision="float32", device="cpu", self_check=None, config={"a": 1}, timings_s={"load_s": 0.123})
     s = summary_envelope({"x": 1}, **kw)
-    assert list(s) == ["model", "weights_precision", "x", "device", "self_check", "config", "timings_s", "versions"]
+    assert list(s) == ["model", "weights_precision", "x", "device", "device_name", "self_check", "config", "timings_s",
+                       "versions"]
     assert s["timings_s"] == {"load_s": 0.12}
     with pytest.raises(ValueError, match="model"):
         summary_envelope({"model": "other"}, **kw)
+
+
+def test_device_name_is_the_gpu_on_cuda_and_the_cpu_else(monkeypatch):
+    """summary.json's device_name: torch.cuda's name of each CUDA device a run used (CUDA mocked
+    here), the CPU's model name from /proc/cpuinfo on the CPU, null without a device."""
+    import platform
+
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")] \
+        if cpuinfo.exists() else []
+    assert device_name("cpu") == (names[0] if names else platform.processor() or platform.machine())
+    assert device_name(None) is None
+    assert device_name("cuda:0") is None  # no GPU: nothing to name
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: ["NVIDIA H200", "NVIDIA A100"][i])
+    assert device_name("cuda:0") == "NVIDIA H200" and device_name("cuda") == "NVIDIA A100"
+    assert device_name("cuda:0, cuda:1, cpu (--device-map)") == "NVIDIA H200, NVIDIA A100"
+    assert device_name("auto") == "NVIDIA A100"

@@ -285,7 +285,7 @@ class RunCheckpoint:
         return [cls(out, key, p.name) for p in sorted(Path(out).glob(CHECKPOINT_GLOB)) if p.is_file()]
 
 
-ENVELOPE_KEYS = ("model", "weights_precision", "device", "self_check", "config", "timings_s", "versions")
+ENVELOPE_KEYS = ("model", "weights_precision", "device", "device_name", "self_check", "config", "timings_s", "versions")
 """The keys every command's summary.json has (:func:`summary_envelope`)."""
 
 
@@ -293,7 +293,7 @@ def summary_envelope(body: dict, *, model: str | None, precision: str | None, de
                      self_check: dict | None, config: Any, timings_s: dict[str, float]) -> dict:
     """A command's summary.json: ``body`` (the command's own keys) inside the envelope every command
     shares (:data:`ENVELOPE_KEYS`): ``model`` and ``weights_precision`` first, then ``body``, then
-    ``device``, ``self_check``, ``config`` (a dataclass, as a dict), ``timings_s`` (seconds per
+    ``device`` (e.g. ``cuda:0``, ``cpu``), ``device_name`` (the hardware, :func:`device_name`), ``self_check``, ``config`` (a dataclass, as a dict), ``timings_s`` (seconds per
     stage, rounded to 0.01 s; ``load_s`` wherever a model was loaded) and ``versions``
     (:func:`package_versions`). ``model`` and the others are None where a command has none of its
     own (an atlas of many models, a study of many trained ones).
@@ -306,9 +306,46 @@ def summary_envelope(body: dict, *, model: str | None, precision: str | None, de
     clash = [k for k in ENVELOPE_KEYS if k in body]
     if clash:
         raise ValueError(f"a summary's own keys may not set the envelope's: {', '.join(clash)}")
-    return {"model": model, "weights_precision": precision, **body, "device": device, "self_check": self_check,
+    return {"model": model, "weights_precision": precision, **body, "device": device, "device_name": device_name(device),
+            "self_check": self_check,
             "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) and not isinstance(config, type) else dict(config),
             "timings_s": {k: round(float(v), 2) for k, v in timings_s.items()}, "versions": package_versions()}
+
+
+def device_name(device: str | None) -> str | None:
+    """The hardware a run's ``device`` names: each CUDA device's name
+    (``torch.cuda.get_device_name``, e.g. ``NVIDIA H200``; several joined by ``", "``) where
+    ``device`` names CUDA (``cuda``, ``cuda:1``, a ``--device-map`` list), else the CPU's model
+    (``model name`` of ``/proc/cpuinfo``, else :func:`platform.processor` or
+    :func:`platform.machine`) where it names the CPU; None for no device. ``auto`` is what it
+    resolves to (CUDA when available)."""
+    import re
+
+    if device is None:
+        return None
+    if device == "auto" or "cuda" in device:
+        import torch
+
+        if torch.cuda.is_available():
+            found = re.findall(r"cuda(?::(\d+))?", device) or [""]
+            indices = dict.fromkeys(int(i) if i else torch.cuda.current_device() for i in found)
+            return ", ".join(torch.cuda.get_device_name(i) for i in indices)
+        if device != "auto":
+            return None
+    return _cpu_name()
+
+
+def _cpu_name() -> str:
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def package_versions() -> dict[str, str]:
