@@ -86,7 +86,7 @@ def _runs(tiny_dir, text_file, prompts, out):
                    "--types", "induction", "--pattern-len", "0", "--no-model-figures"]],
         "show": [["show", *model, "--out", str(out / "show"), "--head", "1.2", "--prompt", "t1 t2 t3 t4 t1 t2 t3"]],
         "view": [["view", str(out / "scan")]],
-        "export": [["export", "--from", str(out / "kv"), "--to", str(out / "export")]],
+        "export": [["export", "--from", str(out / "kv"), "--out", str(out / "export")]],
         "import": [["import", *model, *text, "--heads-file", str(out / "export"), "--seq-len", "64", "--n-random", "2",
                     "--kv"]],
         "train": [["train", "--out", str(out / "train"), "--steps", "4", "--eval-every", "2", "--d-model", "16",
