@@ -459,7 +459,8 @@ class LoadedModel:
 
         Raises:
             TypeError: ``text`` is neither a string nor a list/tuple of strings.
-            HeadprobeError: an empty list, or ``padding_side`` not ``left``/``right``.
+            HeadprobeError: an empty list, ``padding_side`` not ``left``/``right``, or a token id
+                outside the model's vocabulary (:meth:`check_token_ids`).
         """
         if not isinstance(text, str):
             if not isinstance(text, (list, tuple)) or not all(isinstance(t, str) for t in text):
@@ -477,7 +478,27 @@ class LoadedModel:
                 ids = [self.bos_token_id, *ids]
         if self.end_token_id is not None and ids[-1] != self.end_token_id:  # an encoder: [CLS] ... [SEP]
             ids = [*ids, self.end_token_id]
+        self.check_token_ids(ids)
         return torch.tensor([ids], dtype=torch.long)
+
+    def check_token_ids(self, ids: Sequence[int] | Tensor, what: str = "the text") -> None:
+        """Refuse token ids the embedding has no row for (``0 <= id < spec.d_vocab``): a tokenizer
+        with tokens added after the model was made (an added special token) gives such ids, and the
+        forward would end in ``IndexError: index out of range in self``. Run on every id
+        :meth:`to_tokens` returns and on the token sets (:mod:`headprobe.analyses.data`).
+
+        Raises:
+            HeadprobeError: an id outside the embedding's rows, named with its token and the model's vocabulary size.
+        """
+        flat = torch.as_tensor(ids).reshape(-1)
+        n = self.spec.d_vocab
+        bad = flat[(flat < 0) | (flat >= n)]
+        if bad.numel():
+            tid = int(bad[0])
+            token = self.tokenizer.convert_ids_to_tokens(tid) if hasattr(self.tokenizer, "convert_ids_to_tokens") else None
+            raise HeadprobeError(f"{what} has token id {tid}{f' ({token!r})' if token else ''}, outside the model's "
+                                 f"vocabulary of {n} tokens (ids 0..{n - 1}): the tokenizer has tokens the embedding "
+                                 f"has no rows for (added after the model was made?)")
 
     @property
     def pad_token_id(self) -> int:
