@@ -78,7 +78,7 @@ def besag_clifford_h(alpha: float, n_max: int) -> int:
     the smallest ``h`` with ``h / n_max > alpha``, so a test stopped early (p = h / L >= h / n_max)
     can never be significant at ``alpha``, and one that is not stopped early could be. Computed
     in integers from ``alpha`` as a decimal (:func:`~headprobe.analyses.vocabulary.exact_level`): in
-    floating point 0.072 * 375 is 26.999999999999996 and h came out one too small."""
+    floating point 0.072 * 375 is 26.999999999999996, which floors one too small."""
     a = exact_level(alpha)
     return a.numerator * n_max // a.denominator + 1
 

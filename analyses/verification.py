@@ -315,8 +315,8 @@ def _cap_undecidable(tests: list[_Test], streams: list[list[list[Head]]], reques
     """Cut every stream whose tests can decide nothing (no verdict, or ``never`` confirmable: their
     draws change no verdict of the family either, as both corrections reject the same others
     with such a test at p = 1) to the ``requested`` draws: the draws raised for a lone verdict are
-    not ablated for them (at alpha 1e-7 that was 51,207 sets); their p-values are reported from the
-    sets asked for. Returns whether a stream was cut; the tests' ``capped`` say which."""
+    not ablated for them; their p-values are reported from the sets asked for. Returns whether a
+    stream was cut; the tests' ``capped`` say which."""
     cut = False
     for s, sets in enumerate(streams):
         users = [x for x in tests if x.stream == s]
