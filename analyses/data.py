@@ -112,8 +112,9 @@ def natural_text_tokens(
     :data:`POOL_WINDOWS` times the windows needed (:func:`file_token_ids`); ``source`` then says how much.
 
     Raises:
-        HeadprobeError: ``seq_len < 2``, the text holds fewer than ``seq_len`` tokens, or a text
-            file that is binary or not UTF-8 in the part read.
+        HeadprobeError: ``seq_len < 2``, the text holds fewer than ``seq_len`` tokens, a text
+            file that is binary or not UTF-8 in the part read, or a drawn window with a token id
+            outside the model's vocabulary (:meth:`~headprobe.probe.backends.base.LoadedModel.check_token_ids`).
     """
     if seq_len < 2:
         raise HeadprobeError(f"sequence length {seq_len} is too short: scores need at least 2 positions")
@@ -144,6 +145,7 @@ def natural_text_tokens(
         tokens = torch.cat([torch.full((len(tokens), 1), model.bos_token_id), tokens], dim=1)
     if end_id is not None:
         tokens = torch.cat([tokens, torch.full((len(tokens), 1), end_id)], dim=1)
+    model.check_token_ids(tokens, f"the text ({source or 'text'})")
     return TokenSet(tokens=tokens, start=start, source=source or "text", n_available=n_windows)
 
 

@@ -361,13 +361,17 @@ def encode_pairs(model: LoadedModel, pairs: Sequence[PromptPair], padding_side: 
 
     Raises:
         HeadprobeError: a pair whose prompts differ in length or are longer than the model's context
-            (``spec.n_ctx``), or an answer that is not one token.
+            (``spec.n_ctx``), an answer that is not one token, or a token id outside the model's
+            vocabulary (:meth:`~headprobe.probe.backends.base.LoadedModel.check_token_ids`).
     """
     from headprobe.probe.hooks.capture import pad_prompts
 
     rows = []
     for i, p in enumerate(pairs):
-        c, x = model.to_tokens(p.clean)[0], model.to_tokens(p.corrupted)[0]
+        try:
+            c, x = model.to_tokens(p.clean)[0], model.to_tokens(p.corrupted)[0]
+        except HeadprobeError as e:
+            raise HeadprobeError(f"prompt pair {i + 1}: {e}") from None
         if c.shape != x.shape:
             raise HeadprobeError(f"prompt pair {i + 1}: clean and corrupted prompts have {len(c)} and {len(x)} tokens; "
                                  f"patching needs the same length")
@@ -378,6 +382,7 @@ def encode_pairs(model: LoadedModel, pairs: Sequence[PromptPair], padding_side: 
             ans = torch.tensor([_token_id(model.tokenizer, p.correct), _token_id(model.tokenizer, p.wrong)])
         except HeadprobeError as e:
             raise HeadprobeError(f"prompt pair {i + 1}: {e}") from None
+        model.check_token_ids(ans, f"prompt pair {i + 1}: the answers")
         rows.append((c, x, ans, i))
     pad = padding_side in getattr(model, "padding_sides", ()) if pad is None else pad
     groups: dict[int, list] = {}

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from headprobe.analyses.vocabulary import MIN_N_FOR_CI
+from headprobe.analyses.vocabulary import MIN_N_FOR_CI, exact_level, within_level
 
 LEVEL = 0.95
 
@@ -76,8 +76,11 @@ def no_interval_reason(n_sequences: int, units: str = "sequences") -> str | None
 def besag_clifford_h(alpha: float, n_max: int) -> int:
     """The number of reaching draws that stops a sequential test, ``floor(alpha * n_max) + 1``:
     the smallest ``h`` with ``h / n_max > alpha``, so a test stopped early (p = h / L >= h / n_max)
-    can never be significant at ``alpha``, and one that is not stopped early could be."""
-    return int(np.floor(alpha * n_max)) + 1
+    can never be significant at ``alpha``, and one that is not stopped early could be. Computed
+    in integers from ``alpha`` as a decimal (:func:`~headprobe.analyses.vocabulary.exact_level`): in
+    floating point 0.072 * 375 is 26.999999999999996, which floors one too small."""
+    a = exact_level(alpha)
+    return a.numerator * n_max // a.denominator + 1
 
 
 def sequential_mc_p_value(reached: Sequence[bool], n_max: int, h: int) -> tuple[float, int]:
@@ -171,7 +174,7 @@ def unwinnable(best_p: Sequence[float], open_: Sequence[bool], method: str, alph
         indices of the open tests that can stop.
     """
     adjusted = adjust_p_values(best_p, method)
-    return [i for i, (o, a) in enumerate(zip(open_, adjusted)) if o and a > alpha + 1e-12]
+    return [i for i, (o, a) in enumerate(zip(open_, adjusted)) if o and not within_level(a, alpha)]
 
 
 class SequentialMCTest:
@@ -280,12 +283,12 @@ def confirmable(smallest_p: Sequence[float], method: str, alpha: float) -> list[
     For ``m`` tests of ``n`` draws each, BH and Holm reject a lone test iff ``1 / (n + 1) <= alpha / m``,
     i.e. ``n >= m / alpha - 1`` (:func:`lone_draws_needed`)."""
     best = [float(p) for p in smallest_p]
-    together = adjust_p_values(best, method) <= alpha + 1e-12
+    together = within_level(adjust_p_values(best, method), alpha)
     out = []
     for i in range(len(best)):
         lone = [1.0] * len(best)
         lone[i] = best[i]
-        out.append("alone" if adjust_p_values(lone, method)[i] <= alpha + 1e-12 else
+        out.append("alone" if within_level(adjust_p_values(lone, method)[i], alpha) else
                    "with others" if together[i] else "never")
     return out
 
@@ -295,4 +298,4 @@ def lone_draws_needed(m: int, alpha: float) -> int:
     own under BH or Holm: a lone rejection needs ``p <= alpha / m``, and the smallest exact Monte
     Carlo p-value of n draws is ``1 / (n + 1)``, so ``n >= m / alpha - 1`` (39 for m = 2 at
     alpha 0.05, 99 for m = 5)."""
-    return max(1, math.ceil(max(m, 1) / alpha - 1 - 1e-9))
+    return max(1, math.ceil(max(m, 1) / exact_level(alpha)) - 1)

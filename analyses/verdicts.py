@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from headprobe.analyses.vocabulary import within_level
+
 CORRECTION_NAMES = {"bh": "BH", "holm": "Holm"}
 """Short names of the corrections in verdict texts."""
 CORRECTION_LONG_NAMES = {"bh": "Benjamini-Hochberg", "holm": "Holm-Bonferroni"}
@@ -119,7 +121,7 @@ class VerdictRule:
 
     def confirms(self, p_adjusted: float, top_effect: float, control_effects: Sequence[float]) -> bool:
         """Whether a tested verdict is CONFIRMED: ``p_adjusted <= alpha`` and :meth:`effect_is_large`."""
-        return bool(p_adjusted <= self.alpha + 1e-12 and self.effect_is_large(top_effect, control_effects))
+        return bool(within_level(p_adjusted, self.alpha) and self.effect_is_large(top_effect, control_effects))
 
     def condition(self) -> str:
         """What CONFIRMED needs, in one line (the figure's legend, the caption, the report, the viewer):

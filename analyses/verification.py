@@ -258,6 +258,7 @@ class _Test:
     mc: st.SequentialMCTest = None  # type: ignore[assignment]  # None until verify_heads sets it, before any use
     no_verdict: str | None = None
     reach: str | None = None  # what its draws allow: alone, with others, never (statistics.confirmable)
+    capped: bool = False  # its stream cut to the draws asked for: more could decide nothing (_cap_undecidable)
 
 
 def stream_seed(seed: int, name: str) -> int:
@@ -310,6 +311,23 @@ def plan_draws(m: int, settings: VerificationSettings) -> int:
     return max(settings.n_random, st.lone_draws_needed(m, settings.alpha))
 
 
+def _cap_undecidable(tests: list[_Test], streams: list[list[list[Head]]], requested: int) -> bool:
+    """Cut every stream whose tests can decide nothing (no verdict, or ``never`` confirmable: their
+    draws change no verdict of the family either, as both corrections reject the same others
+    with such a test at p = 1) to the ``requested`` draws: the draws raised for a lone verdict are
+    not ablated for them; their p-values are reported from the sets asked for. Returns whether a
+    stream was cut; the tests' ``capped`` say which."""
+    cut = False
+    for s, sets in enumerate(streams):
+        users = [x for x in tests if x.stream == s]
+        if len(sets) > requested and users and all(x.no_verdict is not None or x.reach == "never" for x in users):
+            streams[s] = sets[:requested]
+            for x in users:
+                x.capped = True
+            cut = True
+    return cut
+
+
 def make_plan(tests: list[_Test], streams: list[list[list[Head]]], settings: VerificationSettings, requested: int,
               n_secondary: int) -> dict:
     """The verification's plan, before any control set is ablated (summary.json's
@@ -326,7 +344,8 @@ def make_plan(tests: list[_Test], streams: list[list[list[Head]]], settings: Ver
         "alpha": settings.alpha, "lone_draws_needed": st.lone_draws_needed(len(family), settings.alpha) if family else None,
         "n_random_requested": requested, "n_random": settings.n_random, "raised": settings.n_random > requested,
         "kept": settings.keep_n_random, "tests": [{"head_type": x.head_type, "task": x.task, "control_sets": n,
-                                                   "confirmable": r} for x, n, r in zip(family, sizes, reach)],
+                                                   "confirmable": r, "capped": x.capped}
+                                                  for x, n, r in zip(family, sizes, reach)],
         "max_sets": len(tests) * len(settings.kinds) + sum(len(s) + min(n_secondary, len(s)) * (len(settings.kinds) - 1)
                                                             for s in streams),
     }
@@ -394,6 +413,8 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
     # the untested kind: the first sets of each test's stream (fixed-size: all of them, the design before sequential tests)
     n_secondary = min(SECONDARY_DRAWS, settings.n_random) if settings.sequential else settings.n_random
     plan = make_plan(tests, streams, settings, requested, n_secondary)
+    if _cap_undecidable(tests, streams, requested):  # the plan of the sets that are ablated
+        plan = make_plan(tests, streams, settings, requested, n_secondary)
     notes += _pool_notes(tests, streams, settings)
     run = _Ablator(model, tokens, clean, mean_z, scorers, tqdm(total=plan["max_sets"], desc="verification", unit="set",
                                                               disable=not progress), _clean_residuals(model, tests, streams, tokens),
@@ -487,12 +508,15 @@ def plan_lines(plan: dict) -> list[str]:
     out = [line]
     hard = [t for t in plan["tests"] if t["confirmable"] != "alone"]
     for t in hard:
-        short = (f"only {t['control_sets']} distinct control sets exist" if t["control_sets"] < n
+        short = (f"{t['control_sets']} control sets, the {plan['n_random_requested']} asked for" if t.get("capped")
+                 else f"only {t['control_sets']} distinct control sets exist" if t["control_sets"] < n
                  else f"{t['control_sets']} control sets are below the {need} a lone verdict needs")
         what = ("it cannot be CONFIRMED at all" if t["confirmable"] == "never"
                 else "it can be CONFIRMED only together with other tests")
-        out.append(f"NOTE: {t['head_type'].replace('_', '-')}: {short}: {what} ({plan['correction']} over {m} tests)")
-    if hard and len(hard) == m and all(t["control_sets"] >= n for t in hard):
+        why = (": no more are ablated, as they could decide nothing; its p-value is reported from these"
+               if t.get("capped") else "")
+        out.append(f"NOTE: {t['head_type'].replace('_', '-')}: {short}: {what} ({plan['correction']} over {m} tests){why}")
+    if hard and len(hard) == m and all(t["control_sets"] >= n or t.get("capped") for t in hard):
         out.append(f"NOTE: no verdict of this run can be CONFIRMED on its own; use --n-random {need} or more")
     return out
 

@@ -7,7 +7,9 @@ implement each name import theirs from here.
 
 from __future__ import annotations
 
+import functools
 import math
+from fractions import Fraction
 
 from headprobe.analyses.columns import HEAD_TYPES, TASKS, select_head_types  # noqa: F401 - the head columns' names, defined there
 from headprobe.probe.core.errors import HeadprobeError
@@ -105,17 +107,36 @@ def check_verification_choices(alpha: float, control: str, correction: str) -> N
         raise HeadprobeError(f"--correction must be one of {', '.join(CORRECTIONS)}, got {correction!r}")
 
 
+@functools.lru_cache(maxsize=256)
+def exact_level(alpha: float) -> Fraction:
+    """``alpha`` as the exact rational of its shortest decimal (``0.072`` -> 72/1000, not the binary
+    float nearest to it): the level the user typed, for the integer rules that compare draws with
+    it (``floor(alpha * n)``, ``1 / (n + 1) <= alpha``), which floating point gets wrong at exact ties."""
+    return Fraction(repr(float(alpha)))
+
+
+LEVEL_RTOL = 1e-12
+"""The relative slack of ``p <= alpha`` for a p-value computed in floating point (an adjusted
+``m p / k``, a few roundings of 1e-16 each): relative, not absolute, so a level of 1e-7 is not
+widened by 1e-12 (10 ppm); exact rationals of the sizes a run has differ from ``alpha`` by more."""
+
+
+def within_level(p, alpha: float):
+    """``p <= alpha`` up to floating-point rounding (:data:`LEVEL_RTOL`); ``p`` a float or an array."""
+    return p <= alpha * (1 + LEVEL_RTOL)
+
+
 def reachable(n_random: int, alpha: float) -> bool:
     """Whether ``n_random`` Monte Carlo draws can give a p-value at or below ``alpha``: ``1 /
-    (n_random + 1) <= alpha``, i.e. at least ``1 / alpha - 1`` draws."""
-    return 1 / (n_random + 1) <= alpha + 1e-12
+    (n_random + 1) <= alpha``, i.e. at least ``1 / alpha - 1`` draws (exactly, :func:`exact_level`)."""
+    return Fraction(1, n_random + 1) <= exact_level(alpha)
 
 
 def unreachable_note(n_random: int, alpha: float) -> str | None:
     """The one line said before a verification whose draws cannot reach ``alpha`` (None if they can)."""
     if reachable(n_random, alpha):
         return None
-    need = math.ceil(1 / alpha - 1)
+    need = math.ceil(1 / exact_level(alpha)) - 1
     return (f"--n-random {n_random} cannot reach alpha={alpha:g} (the smallest p-value of {n_random} draws is "
             f"1/{n_random + 1} = {1 / (n_random + 1):.3f}): no verdict can be CONFIRMED; the ablations still run and "
             f"report their p-values (use --n-random {need} or more)")

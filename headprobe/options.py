@@ -476,7 +476,8 @@ def checkpoint_key(config) -> dict:
 
 
 def _resume(out: str, overwrite: bool, config, module, sharded: bool, main_rank: bool):
-    """``(state or None, on_save, checkpoints found)`` of a resumable run; see :func:`run_command`."""
+    """``(state or None, the checkpoint this rank saves or None, checkpoints found, the inputs
+    recorded by each one holding a state)`` of a resumable run; see :func:`run_command`."""
     from headprobe.analyses import distributed
     from headprobe.probe.core.io import RunCheckpoint, shard_checkpoint_name
 
@@ -485,12 +486,75 @@ def _resume(out: str, overwrite: bool, config, module, sharded: bool, main_rank:
     merge = getattr(module, "merge_states", None)
     if merge is not None:  # every rank reads every checkpoint before any rank writes one
         found = RunCheckpoint.shards(out, key)
-        saved = merge([c.load(overwrite) for c in found])
+        states = [c.load(overwrite) for c in found]
         if sharded:
             checkpoint = RunCheckpoint(out, key, shard_checkpoint_name(distributed.rank(), distributed.world_size()))
-        return saved, checkpoint.save, found
-    saved = checkpoint.load(overwrite) if main_rank or not sharded else None
-    return distributed.broadcast_object(saved), checkpoint.save if main_rank else None, [checkpoint]
+        return merge(states), checkpoint, found, [c.recorded_inputs for c, st in zip(found, states) if st]
+    loaded = (checkpoint.load(overwrite), checkpoint.recorded_inputs) if main_rank or not sharded else None
+    saved, recorded = distributed.broadcast_object(loaded)
+    return saved, checkpoint if main_rank else None, [checkpoint], [recorded] if saved else []
+
+
+INPUT_NAMES = {"text": "another text", "weights": "other model weights", "tokenizer": "another tokenizer"}
+"""What a checkpoint records it was computed from (:func:`run_inputs`), as said when one differs."""
+
+
+def run_inputs(config, model: LoadedModel | None = None) -> dict[str, str]:
+    """Fingerprints of what a resumable run computes from beyond its settings: ``text`` (SHA-256 of
+    the bytes of ``--text`` a run may read, :data:`~headprobe.probe.core.io.MAX_TEXT_READ_BYTES` at
+    most, or of the built-in text), and, given the loaded ``model``, ``weights`` and ``tokenizer``
+    (:meth:`~headprobe.probe.backends.base.LoadedModel.weights_fingerprint`,
+    :meth:`~headprobe.probe.backends.base.LoadedModel.tokenizer_fingerprint`).
+
+    Raises:
+        HeadprobeError: the ``--text`` file cannot be read.
+    """
+    import hashlib
+
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.core.io import MAX_TEXT_READ_BYTES
+
+    out = {}
+    if hasattr(config, "text"):
+        if config.text is None:
+            from headprobe.analyses.data import default_text
+
+            data = default_text().encode()
+        else:
+            try:
+                with open(config.text, "rb") as f:
+                    data = f.read(MAX_TEXT_READ_BYTES)
+            except OSError as e:
+                raise HeadprobeError(f"cannot read text file {config.text}: {e.strerror}") from None
+        out["text"] = hashlib.sha256(data).hexdigest()
+    if model is not None:
+        out.update(weights=model.weights_fingerprint(), tokenizer=model.tokenizer_fingerprint())
+    return out
+
+
+def _same_inputs(saved, found: list, recorded: list[dict], inputs: dict[str, str], out: str, overwrite: bool,
+                 main_rank: bool):
+    """``saved``, or None when a checkpoint holding it was computed from other ``inputs`` and
+    ``overwrite`` (its files removed: the run starts over, and says so).
+
+    Raises:
+        HeadprobeError: other inputs without ``overwrite``, naming which differ.
+    """
+    from headprobe.probe.core.errors import HeadprobeError
+
+    differ = [k for k in inputs if any(r.get(k) != inputs[k] for r in recorded)]
+    if not saved or not differ:
+        return saved
+    what = (" and ".join(INPUT_NAMES.get(k, k) for k in differ) if all(recorded)
+            else "inputs it does not record (no fingerprints of its text, weights and tokenizer)")
+    if not overwrite:
+        raise HeadprobeError(f"the checkpoint in {out}/ was computed from {what} (same settings); "
+                             f"pass --overwrite to start over")
+    if main_rank:
+        print(f"starting over: the checkpoint in {out}/ was computed from {what}", flush=True)
+        for c in found:
+            c.clear()
+    return None
 
 
 def kept_line(out: str | Path) -> str | None:
@@ -574,11 +638,11 @@ def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main
     from headprobe.probe.core.io import RunCheckpoint
 
     module = importlib.import_module(how.core)
-    saved, on_save, found = _resume(args.out, args.overwrite, config, module, sharded, main_rank) if resumable else (None, None, [])
+    saved, checkpoint, found, recorded = (_resume(args.out, args.overwrite, config, module, sharded, main_rank)
+                                          if resumable else (None, None, [], []))
     distributed.barrier()  # every rank has checked --out (and read its checkpoint) before rank 0 writes
-    if saved and main_rank:
-        assert how.resumed is not None  # a resumable command says what its checkpoint holds
-        print(f"resuming from {', '.join(str(c.path) for c in found if c.path.is_file())} ({how.resumed(saved)})")
+    inputs = run_inputs(config) if resumable else {}
+    saved = _same_inputs(saved, found, recorded, inputs, args.out, args.overwrite, main_rank)  # the text: before loading
     if how.note and main_rank:  # said before anything runs
         print(f"NOTE: {how.note}", flush=True)
     t0 = time.perf_counter()
@@ -587,7 +651,15 @@ def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main
     if main_rank:
         what = f"{how.sharded} sharded" if how.sharded else "sharded"
         print(describe_model(model) + (f"; {what} over {distributed.world_size()} ranks" if sharded else ""), flush=True)
-    resume = {"resume": saved, "on_save": on_save} if resumable else {}
+    if resumable:  # what the checkpoint was computed from, and what it is saved with
+        inputs = run_inputs(config, model)
+        saved = _same_inputs(saved, found, recorded, inputs, args.out, args.overwrite, main_rank)
+        if checkpoint is not None:
+            checkpoint.inputs = inputs
+    if saved and main_rank:
+        assert how.resumed is not None  # a resumable command says what its checkpoint holds
+        print(f"resuming from {', '.join(str(c.path) for c in found if c.path.is_file())} ({how.resumed(saved)})")
+    resume = {"resume": saved, "on_save": checkpoint.save if checkpoint is not None else None} if resumable else {}
     result = module.run(model, config, progress=main_rank, **resume)
     if hasattr(result, "load_s"):  # recorded in its summary.json's timings
         result.load_s = load_s

@@ -118,3 +118,28 @@ def test_verdicts_carry_p_values_and_intervals(tiny_llama_gqa, tmp_path):
     assert "score_ci95" in top["induction"][0] and "score_ci95" not in top["positional"][0]
     lo, hi = top["induction"][0]["score_ci95"]
     assert lo <= top["induction"][0]["score"] <= hi
+
+
+def test_besag_clifford_h_is_exact_at_every_decimal_level():
+    """``h = floor(alpha n) + 1`` against ``fractions.Fraction`` over alpha in 0.001..0.499 (step
+    0.001) and n in 5..2000: in floating point 0.072 * 375 = 26.999999999999996 gave h one too small."""
+    from fractions import Fraction
+
+    from headprobe.analyses.statistics import besag_clifford_h, lone_draws_needed
+    from headprobe.analyses.vocabulary import reachable
+
+    ns = np.arange(5, 2001)
+    wrong = []
+    for i in range(1, 500):
+        alpha = i / 1000  # the float the user's "0.072" parses to
+        a = Fraction(str(alpha))
+        got = np.array([besag_clifford_h(alpha, n) for n in ns.tolist()])
+        wrong += [(alpha, int(n)) for n in ns[got != a.numerator * ns // a.denominator + 1]]
+    assert not wrong, f"{len(wrong)} (alpha, n) pairs with h off, first {wrong[:3]}"
+    # the other rules that compare draws with alpha: 1/(n+1) <= alpha, and n >= m/alpha - 1
+    assert reachable(19, 0.05) and not reachable(18, 0.05) and reachable(999, 0.001) and not reachable(998, 0.001)
+    for i in (1, 7, 50, 72, 123, 499):
+        alpha, a = i / 1000, Fraction(i, 1000)
+        for m in (1, 2, 3, 7):
+            n = lone_draws_needed(m, alpha)
+            assert Fraction(1, n + 1) <= a / m and (n == 1 or Fraction(1, n) > a / m), (alpha, m, n)

@@ -545,3 +545,36 @@ def test_draws_the_docs_state_for_bh_and_a_lone_verdict():
             assert st.confirmable([1 / (n + 1)] + [1 / (n + 1)] * (m - 1), method, 0.05)[0] == "alone"
             assert st.confirmable([1 / n] + [1 / (n + 1)] * (m - 1), method, 0.05)[0] != "alone"
     assert [st.lone_draws_needed(m, 0.05) for m in (1, 2, 5)] == [19, 39, 99]
+
+
+def test_tests_that_cannot_be_confirmed_get_no_raised_draws(tiny_llama_gqa, text_file, monkeypatch):
+    """At alpha 1e-4 a lone verdict of two tests needs 19,999 control sets and the tiny model has a
+    few hundred distinct ones: no verdict can be CONFIRMED, so the draws raised for one are not
+    ablated (each test gets the 9 asked for, p = 1/10 where no set reaches its planted effect),
+    and the plan says so before the control sets."""
+    import headprobe.analyses.verification as verif
+    from headprobe.analyses.ablation import top_heads
+
+    kw = {"types": "induction,previous_token", "n_random": 9, "control": "uniform", "alpha": 1e-4}
+    base = _scripted(monkeypatch, tiny_llama_gqa, text_file, lambda *a: 0.0, **kw)
+    tops = [tuple(map(tuple, top_heads(torch.as_tensor(base.scores[t]), 3))) for t in ("induction", "previous_token")]
+    _scripted(monkeypatch, tiny_llama_gqa, text_file, lambda task, heads: 8.0 if heads in tops else _noise(heads, 0.7), **kw)
+    scripted, ablated = verif.set_ablation_losses, []
+
+    def counted(backend, tokens, sets, *a, **k):
+        ablated.extend(sets)
+        return scripted(backend, tokens, sets, *a, **k)
+
+    monkeypatch.setattr(verif, "set_ablation_losses", counted)
+    result = _scan(tiny_llama_gqa, text_file, **kw)
+    tested = [v for v in result.verifications if v.tested]
+    assert len(tested) == 2
+    for v in tested:
+        assert v.draws == 9 and v.exceedances == 0 and v.p_value == pytest.approx(1 / 10) and v.confirmed is None, v
+        assert "cannot reach alpha" in v.no_verdict
+    kinds = len({v.kind for v in result.verifications})
+    controls = len(ablated) - 2 * kinds  # the two top-k sets, each kind
+    assert controls <= 2 * kinds * 9 and result.verification["sets_ablated"] == len(ablated), (controls, len(ablated))
+    assert all(t["capped"] and t["confirmable"] == "never" for t in result.verification["plan"]["tests"])
+    lines = "\n".join(result.verification["plan"]["lines"])  # what the scan prints before the control sets
+    assert lines.count("the 9 asked for: it cannot be CONFIRMED at all") == 2 and "no more are ablated" in lines, lines

@@ -236,6 +236,11 @@ class RunCheckpoint:
     A run sharded over ranks (torchrun) keeps one file per rank, named by :func:`shard_checkpoint_name`
     (``name``); :meth:`shards` finds them all.
 
+    Besides the settings, a checkpoint records what the run was computed from, ``inputs`` (set
+    before the first save: fingerprints of the weights, the tokenizer and the text, which the same
+    settings do not pin down: a model replaced at the same path); :meth:`load` keeps the recorded
+    ones in ``recorded_inputs`` and :meth:`differences` names those that differ now.
+
     For tests, ``HEADPROBE_KILL_AFTER_SAVES=N`` makes the process kill itself (SIGKILL) right
     after its N-th save, as an interrupted run would die.
     """
@@ -243,6 +248,8 @@ class RunCheckpoint:
     def __init__(self, out: str | os.PathLike[str], key: dict[str, Any], name: str = CHECKPOINT_NAME):
         self.path = Path(out) / name
         self.key = finite_json(json.loads(json.dumps(key, default=str)))  # as write_json will store it
+        self.inputs: dict[str, str] = {}
+        self.recorded_inputs: dict[str, str] = {}
         self._saves = 0
 
     def load(self, overwrite: bool = False) -> dict[str, Any]:
@@ -261,12 +268,26 @@ class RunCheckpoint:
         if saved.get("key") != self.key:
             if overwrite:
                 return {}
-            raise HeadprobeError(f"{self.path} belongs to a run with other settings; pass --overwrite to start over")
+            raise HeadprobeError(f"{self.path} belongs to a run with other settings ({self._settings_differ(saved.get('key'))}); "
+                                 f"pass --overwrite to start over")
+        self.recorded_inputs = saved.get("inputs") or {}
         return saved.get("state", {})
+
+    def _settings_differ(self, saved: Any) -> str:
+        """The settings that differ from the saved key, as ``name: there -> now`` (the first three)."""
+        saved = saved if isinstance(saved, dict) else {}
+        names = [k for k in sorted({*saved, *self.key}) if saved.get(k) != self.key.get(k)]
+        shown = [f"{k}: {saved.get(k)!r} there, {self.key.get(k)!r} now" for k in names[:3]]
+        return "; ".join(shown) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    def differences(self, inputs: dict[str, str]) -> list[str]:
+        """The names in ``inputs`` whose fingerprint differs from the one the loaded checkpoint
+        recorded (one it did not record counts as differing)."""
+        return [k for k in inputs if self.recorded_inputs.get(k) != inputs[k]]
 
     def save(self, state: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(self.path, {"key": self.key, "state": state})
+        write_json(self.path, {"key": self.key, "inputs": self.inputs, "state": state})
         self._saves += 1
         kill_after = os.environ.get("HEADPROBE_KILL_AFTER_SAVES")
         if kill_after and self._saves >= int(kill_after):
