@@ -118,12 +118,12 @@ def test_d_model_comes_from_the_circuits_summary(circuit_run, tmp_path):
 
 
 def test_export_refuses_a_graph_without_d_model(circuit_run, tmp_path, capsys):
-    """No d_model to be had (a hub name whose config is not read without loading, no layout in
-    summary.json): refused in one line, nothing written (EAP-IG's from_model needs it)."""
+    """No d_model to be had (a hub name whose config is not read without loading, a recorded layout
+    without it): refused in one line, nothing written (EAP-IG's from_model needs it)."""
     src = tmp_path / "src"
     shutil.copytree(circuit_run, src)
     summary = json.loads((src / "summary.json").read_text())
-    summary.pop("layout", None)
+    summary["layout"] = {k: v for k, v in summary["layout"].items() if k != "d_model"}
     summary["model"] = "no-such-org/no-such-model"
     (src / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(SystemExit) as e:
