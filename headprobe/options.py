@@ -265,8 +265,12 @@ def set_threads(requested: int | None = None) -> str:
 def load_for(config):
     """Load ``config.model`` as a command's config asks (its ``device``, ``dtype``, ``backend`` and,
     where it has one, ``prepend_bos``); see :func:`load_model_as`. Sets torch's CPU threads first
-    (``config.threads``, :func:`set_threads`); the words for it are the model's ``threads_note``."""
+    (``config.threads``, :func:`set_threads`); the words for it are the model's ``threads_note``. States the
+    process's working-memory budget (``config.memory_budget``, :func:`headprobe.probe.core.memory.set_budget`)."""
+    from headprobe.probe.core import memory
+
     note = set_threads(getattr(config, "threads", None))
+    memory.set_budget(getattr(config, "memory_budget", None))
     model = _load_for(config)
     model.threads_note = note
     return model
@@ -301,7 +305,11 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, 
         t0 = time.perf_counter()
         loaded = load_for(config)
         return config, loaded, time.perf_counter() - t0
-    return config_cls(model=model.spec.name, **config_fields), model, 0.0
+    config = config_cls(model=model.spec.name, **config_fields)
+    from headprobe.probe.core import memory
+
+    memory.set_budget(getattr(config, "memory_budget", None))
+    return config, model, 0.0
 
 
 def command_function(config_cls, run: Callable, name: str, summary: str, example: str = "") -> Callable:
@@ -463,7 +471,7 @@ def _wrote(paths: list, out: Path) -> str:
     return f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {out}/"
 
 
-RUN_ONLY = ("threads",)
+RUN_ONLY = ("threads", "memory_budget")
 """Config fields that change how fast a run goes, not what it computes: left out of a checkpoint's key."""
 
 
@@ -584,6 +592,9 @@ def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main
     if main_rank:
         what = f"{how.sharded} sharded" if how.sharded else "sharded"
         print(describe_model(model) + (f"; {what} over {distributed.world_size()} ranks" if sharded else ""), flush=True)
+    header = getattr(module, "batch_line", None)  # the batch sizes planned from memory; refuses what cannot fit
+    if header is not None and (line := header(model, config)) and main_rank:
+        print(line, flush=True)
     resume = {"resume": saved, "on_save": on_save} if resumable else {}
     result = module.run(model, config, progress=main_rank, **resume)
     if hasattr(result, "load_s"):  # recorded in its summary.json's timings
