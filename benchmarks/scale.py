@@ -103,20 +103,30 @@ def matmul_tflops(device: str, n: int) -> float:
     return 2 * n**3 / best / 1e12
 
 
-def build(shape: dict, device: str, dtype: torch.dtype, tokenizer):
-    """A random-init ``LlamaForCausalLM`` of ``shape`` built on ``device`` (no weights read), wrapped."""
+def build_hf(shape: dict, device: str, dtype: torch.dtype, tokenizer):
+    """A random-init ``LlamaForCausalLM`` of ``shape`` (seed 0) made on ``device`` in ``dtype`` (no
+    weights read, no float32 copy of an 8B model on the way)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    import headprobe
 
     torch.manual_seed(0)
     cfg = LlamaConfig(**shape, bos_token_id=tokenizer.bos_token_id or 0, eos_token_id=tokenizer.eos_token_id or 0,
-                      torch_dtype=dtype, architectures=["LlamaForCausalLM"])
-    with torch.device(device):
-        hf = LlamaForCausalLM(cfg).to(dtype).eval()
-    model = headprobe.wrap(hf, tokenizer, backend="native", name="llama3-8b-shape-random" if shape is BIG else "tiny-llama-random")
-    del hf
-    return model, cfg
+                      architectures=["LlamaForCausalLM"])
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(before)
+
+
+def build(shape: dict, device: str, dtype: torch.dtype, tokenizer):
+    """:func:`build_hf`'s model wrapped with ``headprobe.wrap`` (native backend), and its config."""
+    import headprobe
+
+    hf = build_hf(shape, device, dtype, tokenizer)
+    name = "llama3-8b-shape-random" if shape is BIG else "tiny-llama-random"
+    return headprobe.wrap(hf, tokenizer, backend="native", name=name), hf.config
 
 
 def _tiny_tokenizer(tmp: str, n_words: int):
@@ -141,9 +151,10 @@ def run_steps(model, name: str, device: str, s: dict, tflops: float, text: str |
     def row(step, seconds, peak, rate=None, unit="", **extra):
         rows.append(dict(model=name, step=step, seconds=seconds, rate=rate, unit=unit, peak_bytes=peak, **extra))
 
-    scored, t_score, peak = _timed(device, lambda: headprobe.scan(model, verify=False, **data))
+    demo = {"text": text} if s["seq_len"] == FULL["seq_len"] else data  # the demo's settings: scan's defaults
+    scored, t_score, peak = _timed(device, lambda: headprobe.scan(model, verify=False, **demo))
     row("scan: scoring", t_score, peak)
-    res, t_scan, peak = _timed(device, lambda: headprobe.scan(model, **data))
+    res, t_scan, peak = _timed(device, lambda: headprobe.scan(model, **demo))
     sets = int(res.verification.get("sets_ablated", 0)) if res.verification else 0
     t_verify = res.timings.get("ablate_s", t_scan - t_score)
     row("scan: verification", t_verify, peak, sets / t_verify if t_verify > 0 else None, "sets/s", sets=sets)
@@ -217,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tiny = args.tiny or device == "cpu"
-    s = dict(SMALL if tiny else FULL)
+    s = SMALL if tiny else FULL
     if args.memory_budget:
-        s["budget"] = args.memory_budget
+        s = {**s, "budget": args.memory_budget}
     tflops = matmul_tflops(device, s["matmul"] if not tiny or device == "cpu" else FULL["matmul"])
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -255,17 +266,6 @@ def main(argv: list[str] | None = None) -> int:
                                                indent=1))
     print(table(rows, header))
     return 0
-
-
-def build_hf(shape: dict, device: str, dtype: torch.dtype, tokenizer):
-    """The same random-init Hugging Face model as :func:`build` (seed 0), unwrapped (for the bridge)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(**shape, bos_token_id=tokenizer.bos_token_id or 0, eos_token_id=tokenizer.eos_token_id or 0,
-                      torch_dtype=dtype, architectures=["LlamaForCausalLM"])
-    with torch.device(device):
-        return LlamaForCausalLM(cfg).to(dtype).eval()
 
 
 if __name__ == "__main__":
