@@ -43,7 +43,7 @@ from torch import Tensor
 from headprobe.analyses import distributed
 from headprobe.analyses.verdicts import VerdictRule, label
 from headprobe.probe.backends.base import LoadedModel, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
-from headprobe.probe.core import ablation_kinds
+from headprobe.probe.core import ablation_kinds, memory
 from headprobe.probe.core.ablation_kinds import AblationInputs, AblationKind, Kind
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import all_heads
@@ -55,6 +55,7 @@ from headprobe.probe.hooks.ablation import (
     head_set_masks,
 )
 from headprobe.probe.hooks.names import attn_hook, block_hook
+from headprobe.probe.layout.cost import forward_sequence_bytes
 from headprobe.probe.layout.spec import ModelSpec
 
 
@@ -173,10 +174,47 @@ LOGITS_BYTES_PER_PASS = 512 * 2**20
 """The most bytes of float32 logits :func:`set_ablation_losses` lets one forward pass produce."""
 
 
+SWEEP_STREAMS = 3
+"""``d_model``-wide copies an exact sweep holds per resumed sequence: the clean residual, the clean
+attention output plus the ablation's change, and the change itself."""
+
+
+def sweep_plan(model: LoadedModel, batch: int, seq_len: int, n_layers: int, max_batch: int | None = None,
+               first: int = 0) -> memory.BatchPlan:
+    """Sequences per forward pass of :func:`exact_sweep` on ``batch`` sequences of ``seq_len`` tokens
+    sweeping heads of ``n_layers`` layers: as many as the memory budget holds
+    (:func:`headprobe.probe.core.memory.plan`), at most ``max_batch`` (None: no cap), at least
+    ``batch`` (one ablation). Per sequence :func:`~headprobe.probe.layout.cost.forward_sequence_bytes`
+    with :data:`SWEEP_STREAMS` streams and logits at the scored positions; kept: the clean
+    activations, ``min(STORED_ACTIVATION_BYTES, batch * seq_len * n_layers * (2 d_model + head d_head) * bytes)``.
+
+    Raises:
+        HeadprobeError: one ablation of the batch does not fit (one line, before any allocation).
+    """
+    spec, e = model.spec, model.dtype.itemsize
+    per = forward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, e, logit_positions=max(1, seq_len - 1 - first),
+                                 streams=SWEEP_STREAMS)
+    kept = min(STORED_ACTIVATION_BYTES, batch * seq_len * n_layers * (2 * spec.d_model + spec.n_heads * spec.d_head) * e)
+    return memory.plan(per, model.device, batch, f"the exact ablation sweep ({batch} x {seq_len} tokens)", kept, max_batch)
+
+
+def set_plan(model: LoadedModel, batch: int, seq_len: int, max_batch: int | None = None) -> memory.BatchPlan:
+    """Sequences per forward pass of :func:`set_ablation_losses` (a control set's full forward, one
+    stream: the clean residual it starts from): as many as the memory budget holds, at most
+    ``max_batch`` (None: no cap), at least ``batch`` (one set). The clean residuals are made
+    before the plan, so the free memory it reads has them out already (nothing kept).
+
+    Raises:
+        HeadprobeError: one set's ablation of the batch does not fit (one line, before any allocation).
+    """
+    per = forward_sequence_bytes(model.spec.layout, seq_len, model.spec.d_vocab, model.dtype.itemsize, streams=1)
+    return memory.plan(per, model.device, batch, f"control-set ablations ({batch} x {seq_len} tokens)", 0, max_batch)
+
+
 @torch.inference_mode()
 def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], head_sets: Sequence[Sequence[Head]],
                         kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None, first: int,
-                        max_batch: int = 64, progress: bool = False, desc: str = "ablations",
+                        max_batch: int | None = None, progress: bool = False, desc: str = "ablations",
                         score: Any = None,
                         source_tokens: Int[Tensor, "batch pos"] | None = None,
                         attention_mask: Int[Tensor, "batch pos"] | None = None,
@@ -185,8 +223,8 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
 
     Several sets share a forward pass along the batch axis (``tokens`` repeated once per set;
     :func:`~headprobe.probe.hooks.ablation.batched_ablation_hooks` replaces, in each copy, the heads of that
-    copy's set by their kind's ``r_h``), at most ``max_batch`` sequences and
-    :data:`LOGITS_BYTES_PER_PASS` of logits per pass. Equal to one :func:`ablated_loss`-style
+    copy's set by their kind's ``r_h``), at most ``max_batch`` sequences (None: as many as the
+    memory budget holds, :func:`set_plan`) and :data:`LOGITS_BYTES_PER_PASS` of logits per pass. Equal to one :func:`ablated_loss`-style
     forward per set (tested), in fewer passes on a GPU; on a CPU the work is the same.
 
     Args:
@@ -209,8 +247,8 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
 
     Raises:
         HeadprobeError: unknown ``kind`` or its input missing, the model failed its self-check
-            (see :func:`require_head_ablation`), or ``attention_mask`` with a custom ``score`` or on a
-            backend without padding.
+            (see :func:`require_head_ablation`), ``attention_mask`` with a custom ``score`` or on a
+            backend without padding, or one set's ablation does not fit in memory (:func:`set_plan`).
     """
     require_head_ablation(model)
     if attention_mask is not None:
@@ -224,7 +262,8 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
     tokens = tokens.to(model.device)
     B, T = tokens.shape
     masks = head_set_masks(head_sets, spec.n_layers, spec.n_heads)
-    per_pass = max(1, min(max_batch // B, LOGITS_BYTES_PER_PASS // max(1, B * T * spec.d_vocab * 4)))
+    fit = set_plan(model, B, T, max_batch).items
+    per_pass = max(1, min(fit // B, LOGITS_BYTES_PER_PASS // max(1, B * T * spec.d_vocab * 4)))
     out = torch.empty(len(head_sets), B)
     from tqdm.auto import tqdm
 
@@ -622,7 +661,7 @@ class CleanResiduals(CleanActivations):
 def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
                 kind: str = "zero", mean_z: Float[Tensor, "layer head d_head"] | None = None,
                 source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0,
-                max_batch: int = 64, progress: bool = False, per_sequence: bool = False) -> SweepResult:
+                max_batch: int | None = None, progress: bool = False, per_sequence: bool = False) -> SweepResult:
     """The scored loss with each of ``heads`` (default: all) ablated alone, exactly.
 
     One clean forward pass records each swept layer's ``resid_pre``, ``z`` and raw attention
@@ -646,12 +685,14 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
         kind: a kind of :data:`headprobe.probe.core.ablation_kinds.KINDS`: ``zero``, ``mean`` (needs
             ``mean_z``) or ``resample`` (needs ``source_tokens``, same shape as ``tokens``).
         first: first scored prediction (see :func:`first_scored`).
-        max_batch: most sequences in one forward pass (ablations x batch).
+        max_batch: most sequences in one forward pass (ablations x batch); None: as many as the
+            memory budget holds (:func:`sweep_plan`, which also refuses a batch that cannot fit).
         per_sequence: also keep each sequence's losses (:attr:`SweepResult.per_sequence`; one more clean pass).
 
     Raises:
         HeadprobeError: unknown ``kind`` or its reference input missing, or the model failed its
-            self-check (see :func:`require_head_ablation`).
+            self-check (see :func:`require_head_ablation`), or one ablation of the batch does not fit
+            in memory (:func:`sweep_plan`).
     """
     require_head_ablation(model)
     ablation, inputs = kind_inputs(model, kind, mean_z, source_tokens)
@@ -660,10 +701,10 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
     device = model.device
     tokens = tokens.to(device)
     B, T = tokens.shape
+    per_pass = max(1, sweep_plan(model, B, T, len({layer for layer, _ in heads}), max_batch, first).items // B)
     clean = CleanActivations(model, tokens, {layer for layer, _ in heads}, first, clean_loss=True)
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     seq = torch.full((spec.n_layers, spec.n_heads, B), float("nan")) if per_sequence else None
-    per_pass = max(1, max_batch // B)
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)

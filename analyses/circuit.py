@@ -50,6 +50,7 @@ from scipy.stats import pearsonr, spearmanr
 from torch import Tensor
 
 from headprobe.probe.backends.base import LoadedModel, token_losses
+from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.ablation import HookFn
 from headprobe.probe.hooks.capture import capture_internal
@@ -231,25 +232,29 @@ def row_bytes(model: LoadedModel, pos: int) -> tuple[int, int]:
 
 def plan_rows(model: LoadedModel, batch: int, pos: int, budget: float | None = None) -> tuple[int, int]:
     """How many sequences to score at a time and how many stacked copies to path patch per forward,
-    so that the working memory (:func:`row_bytes`) stays within ``budget`` bytes (None:
-    :data:`DEFAULT_BUDGET` or half the available memory, whichever is less; psutil).
+    so that the working memory (:func:`row_bytes`) stays within ``budget`` bytes (None: the stated
+    budget, :func:`headprobe.probe.core.memory.stated`, else :data:`DEFAULT_BUDGET` or
+    :data:`~headprobe.probe.core.memory.HEADROOM` of the device's free memory, whichever is less).
 
     Raises:
-        HeadprobeError: ``budget`` exceeds the available memory, or one sequence does not fit in it.
+        HeadprobeError: ``budget`` exceeds the device's free memory, or one sequence does not fit in it.
     """
-    import psutil
-
-    available = psutil.virtual_memory().available
+    available = memory.free_bytes(model.device)
+    given = memory.stated()
+    where = f"a budget of {budget / GIB:.2f} GiB" if budget is not None else "budget"
+    if budget is None and given is not None:
+        budget, where = given[0], given[1]
     if budget is None:
-        budget = min(DEFAULT_BUDGET, available / 2)
+        budget = min(DEFAULT_BUDGET, available * memory.HEADROOM)
+        where = f"budget of {budget / GIB:.2f} GiB"
     elif budget > available:
         raise HeadprobeError(f"a working-memory budget of {budget / GIB:.2f} GiB is more than the "
-                             f"{available / GIB:.2f} GiB available")
+                             f"{available / GIB:.2f} GiB free on {model.device}")
     scoring, patching = row_bytes(model, pos)
     if scoring > budget or patching > budget:
         raise HeadprobeError(f"one sequence of {pos} tokens needs about {max(scoring, patching) / GIB:.2f} GiB of "
-                             f"working memory, more than the budget of {budget / GIB:.2f} GiB (available "
-                             f"{available / GIB:.2f} GiB): use shorter sequences or a larger budget")
+                             f"working memory, more than the {where} (free {available / GIB:.2f} GiB on "
+                             f"{model.device}): use shorter sequences or a larger --memory-gb")
     return max(1, min(batch, int(budget // scoring))), max(1, min(MAX_STACK, int(budget // patching)))
 
 

@@ -268,8 +268,12 @@ def set_threads(requested: int | None = None) -> str:
 def load_for(config):
     """Load ``config.model`` as a command's config asks (its ``device``, ``dtype``, ``backend`` and,
     where it has one, ``prepend_bos``); see :func:`load_model_as`. Sets torch's CPU threads first
-    (``config.threads``, :func:`set_threads`); the words for it are the model's ``threads_note``."""
+    (``config.threads``, :func:`set_threads`); the words for it are the model's ``threads_note``. States the
+    process's working-memory budget (``config.memory_budget``, :func:`headprobe.probe.core.memory.set_budget`)."""
+    from headprobe.probe.core import memory
+
     note = set_threads(getattr(config, "threads", None))
+    memory.set_budget(getattr(config, "memory_budget", None))
     model = _load_for(config)
     model.threads_note = note
     return model
@@ -304,7 +308,11 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, 
         t0 = time.perf_counter()
         loaded = load_for(config)
         return config, loaded, time.perf_counter() - t0
-    return config_cls(model=model.spec.name, **config_fields), model, 0.0
+    config = config_cls(model=model.spec.name, **config_fields)
+    from headprobe.probe.core import memory
+
+    memory.set_budget(getattr(config, "memory_budget", None))
+    return config, model, 0.0
 
 
 def command_function(config_cls, run: Callable, name: str, summary: str, example: str = "") -> Callable:
@@ -466,7 +474,7 @@ def _wrote(paths: list, out: Path) -> str:
     return f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {out}/"
 
 
-RUN_ONLY = ("threads",)
+RUN_ONLY = ("threads", "memory_budget")
 """Config fields that change how fast a run goes, not what it computes: left out of a checkpoint's key."""
 
 
@@ -659,6 +667,9 @@ def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main
     if saved and main_rank:
         assert how.resumed is not None  # a resumable command says what its checkpoint holds
         print(f"resuming from {', '.join(str(c.path) for c in found if c.path.is_file())} ({how.resumed(saved)})")
+    header = getattr(module, "batch_line", None)  # the batch sizes planned from memory; refuses what cannot fit
+    if header is not None and (line := header(model, config)) and main_rank:
+        print(line, flush=True)
     resume = {"resume": saved, "on_save": checkpoint.save if checkpoint is not None else None} if resumable else {}
     result = module.run(model, config, progress=main_rank, **resume)
     if hasattr(result, "load_s"):  # recorded in its summary.json's timings

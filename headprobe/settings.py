@@ -322,6 +322,11 @@ class ModelSettings:
                                   "idle now, at least 1; the header prints the number and why)", type=positive_int,
                                   metavar="N")
     """torch's intra-op CPU threads (:func:`headprobe.options.choose_threads`); None: the default rule."""
+    memory_budget: str | None = setting(
+        None, "working memory batched work may fill beyond the weights, e.g. 4GiB or 500MB (default: "
+        "$HEADPROBE_MEMORY_BUDGET, else 80 percent of the device's free memory); batch sizes are planned from it and "
+        "the header prints them; work that cannot fit is refused before it starts", metavar="SIZE")
+    """Working-memory budget (``4GiB``; :mod:`headprobe.probe.core.memory`); None: the environment's, else free memory."""
 
     def __post_init__(self):
         check_settings(self)
@@ -413,6 +418,10 @@ def check_settings(cfg) -> None:
             raise HeadprobeError(str(e)) from None
     if has("text"):
         object.__setattr__(cfg, "text", str(cfg.text))
+    if has("memory_budget"):
+        from headprobe.probe.core.memory import parse_bytes
+
+        parse_bytes(cfg.memory_budget)
     for name in ("n_natural", "n_repeated", "threads"):
         if has(name) and getattr(cfg, name) < 1:
             raise HeadprobeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")

@@ -186,7 +186,7 @@ def test_layout_orders_blocks_titles_exclusive_groups_and_positionals():
                                     settings.Flags(only=("b", "a", "c"), title="S"),
                                     settings.Flags(group=ModelSettings, skip=("device_map",))))
     assert [a.dest for a in p._actions[1:]] == ["dir", "out", "overwrite", "formats", "b", "a", "c", "model", "device",
-                                                "dtype", "backend", "prepend_bos", "max_memory", "threads"]
+                                                "dtype", "backend", "prepend_bos", "max_memory", "threads", "memory_budget"]
     assert [a.option_strings for a in p._actions[1:3]] == [[], ["--out"]]
     assert {g.title: [a.dest for a in g._group_actions] for g in p._action_groups}["S"] == ["b", "a", "c"]
     (group,) = p._mutually_exclusive_groups

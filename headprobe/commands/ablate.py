@@ -80,7 +80,8 @@ class AblateConfig(options.ModelRunConfig):
     Attributes:
         kind: ablation kind, a name in :data:`headprobe.probe.core.ablation_kinds.KINDS` (zero, mean, resample).
         heads: heads to sweep, ``"5.1,7.3"`` or ``[(5, 1), (7, 3)]`` (stored as the string); None: all.
-        max_batch: sequences per forward pass in the sweep (>= 1).
+        max_batch: most sequences per forward pass in the sweep (>= 1); None: as many as the memory
+            budget holds (:func:`headprobe.analyses.ablation.sweep_plan`).
         estimate: None: the exact sweep; one of :data:`ESTIMATES`: that gradient estimate of every head's
             effect instead, with no sweep (for models where the sweep is too slow; labelled as an estimate).
         n_probes: sampled-target probes of ``estimate="second-order"`` (>= 1; ignored otherwise).
@@ -89,7 +90,8 @@ class AblateConfig(options.ModelRunConfig):
     kind: str = setting("zero", lambda: _kind_help(), choices=ablation_kinds.names)
     heads: str | Sequence[tuple[int, int]] | None = setting(
         None, "sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3; L5H1 also accepted); default: all")
-    max_batch: int = setting(64, "sequences per forward pass in the sweep (default %(default)s)", type=positive_int)
+    max_batch: int | None = setting(None, "most sequences per forward pass in the sweep (default: as many as the memory "
+                                    "budget holds, see --memory-budget; the header prints the choice)", type=positive_int)
     estimate: str | None = setting(None, "no sweep: write a gradient estimate of each head's effect instead (atp: AtP* with "
                                    "GradDrop, ~n_layers+2 forward passes; attribution: attribution patching, ~3; gradient: "
                                    "Michel et al.'s unsigned importance, ~3; second-order: attribution patching plus a "
@@ -100,7 +102,7 @@ class AblateConfig(options.ModelRunConfig):
     def __post_init__(self):
         super().__post_init__()
         ablation_kinds.KINDS.get(self.kind)
-        if self.max_batch < 1:
+        if self.max_batch is not None and self.max_batch < 1:
             raise HeadprobeError(f"--max-batch must be at least 1, got {self.max_batch}")
         if self.estimate is not None and self.estimate not in ESTIMATES:
             raise HeadprobeError(f"--estimate {self.estimate!r} is not one of {', '.join(ESTIMATES)}")

@@ -25,6 +25,7 @@ from headprobe.analyses.ablation import (
     head_importance,
     mean_z_from,
     spearman,
+    sweep_plan,
     top_heads,
 )
 from headprobe.analyses.attribution import atp_star, forward_equivalents, second_order
@@ -398,6 +399,21 @@ def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSe
                       data.repeated_source.tokens if source else None),
     }
     return natural, repeated, sets, mean_z
+
+
+def batch_line(model: LoadedModel, config: AblateConfig) -> str | None:
+    """The header line of the sweep's batch (:func:`~headprobe.analyses.ablation.sweep_plan` for the
+    larger of the two tasks' token sets); None with ``estimate`` (no sweep).
+
+    Raises:
+        HeadprobeError: one ablation of a task's sequences does not fit in the memory budget.
+    """
+    if config.estimate:
+        return None
+    assert config.period is not None and config.seq_len is not None  # ablate's defaults
+    shapes = [(config.n_natural, config.seq_len), (config.n_repeated, 2 * config.period + 1)]
+    plans = [sweep_plan(model, b, t, model.spec.n_layers, config.max_batch) for b, t in shapes]
+    return max(plans, key=lambda p: p.per_item).line()
 
 
 def run(model: LoadedModel, config: AblateConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,

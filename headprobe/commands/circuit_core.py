@@ -148,6 +148,24 @@ class CircuitResult:
         return write_outputs(out_dir, overwrite, summary=self.summary, tables=tables, figures={"circuit": self.figure})
 
 
+def batch_line(model: LoadedModel, config: CircuitConfig) -> str:
+    """The header line of the circuit engines' chunks (:func:`~headprobe.analyses.circuit.plan_rows`
+    on ``n_seqs`` repeated sequences of ``1 + 2 * period`` tokens, under ``--memory-gb`` or the
+    shared budget).
+
+    Raises:
+        HeadprobeError: one sequence does not fit in the budget (before any forward).
+    """
+    from headprobe.analyses import circuit as circuit_analysis
+
+    pos = 1 + 2 * config.period
+    budget = None if config.memory_gb is None else config.memory_gb * circuit_analysis.GIB
+    rows, stack = circuit_analysis.plan_rows(model, config.n_seqs, pos, budget)
+    scoring, patching = circuit_analysis.row_bytes(model, pos)
+    return (f"batch: {rows} of {config.n_seqs} sequences per scoring chunk (about {scoring / 2**20:.1f} MiB each), "
+            f"{stack} stacked copies per path-patched forward (about {patching / 2**20:.1f} MiB each)")
+
+
 def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> CircuitResult:
     """Score, verify and explain on the loaded ``model`` (module docstring).
 

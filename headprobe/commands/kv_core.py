@@ -201,6 +201,27 @@ def _token_sets(model: LoadedModel, config: KVConfig):
     return natural, lr
 
 
+def batch_line(model: LoadedModel, config: KVConfig) -> str:
+    """The header line of kv's forwards, which take each task's sequences in one batch (the larger:
+    ``n_natural`` windows, or one long-range sequence per distance, 4 by default): per sequence
+    :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` at ``seq_len`` with logits in
+    :data:`~headprobe.analyses.kvpolicy.LOGIT_CHUNK` positions, plus the pattern a statistic's hook
+    reads (``4 * head * seq_len**2`` bytes, float32).
+
+    Raises:
+        HeadprobeError: the batch does not fit in the memory budget (before any forward).
+    """
+    from headprobe.analyses.kvpolicy import LOGIT_CHUNK
+    from headprobe.probe.core import memory
+    from headprobe.probe.layout.cost import forward_sequence_bytes
+
+    spec, T = model.spec, config.seq_len
+    batch = max(config.n_natural, len(config.distances) if config.distances else 4)
+    per = (forward_sequence_bytes(spec.layout, T, spec.d_vocab, model.dtype.itemsize, logit_positions=min(T, LOGIT_CHUNK))
+           + 4 * spec.n_heads * T * T)
+    return memory.plan(per, model.device, batch, f"kv's forwards ({batch} x {T} tokens in one batch)", cap=batch).line()
+
+
 def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult:
     """Choose and measure a head-level KV policy for the loaded ``model`` (see the module docstring).
 

@@ -208,6 +208,23 @@ def scan_metric(spec: ModelSpec):
     return LOSS_METRIC if spec.causal else EMBEDDING_METRIC
 
 
+def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
+    """The header line of the verification's control-set batch
+    (:func:`~headprobe.analyses.ablation.set_plan` for the task sets whose length the settings give:
+    repeated tokens ``2 * period + 1``, natural text ``seq_len``); None without verification.
+
+    Raises:
+        HeadprobeError: one set's ablation of a task's sequences does not fit in the memory budget.
+    """
+    from headprobe.analyses.ablation import set_plan
+
+    shapes = [(config.n_repeated, 2 * config.period + 1)] if config.period else []
+    shapes += [(config.n_natural, config.seq_len)] if config.seq_len else []
+    if not config.verify or not shapes or not model.self_check.decomposition_ok:
+        return None
+    return max((set_plan(model, b, t) for b, t in shapes), key=lambda p: p.per_item).line()
+
+
 def run(model: LoadedModel, config: ScanConfig, progress: bool = True, resume: dict | None = None,
         on_save: Callable[[dict], None] | None = None) -> ScanResult:
     """Run the scan (see the module docstring) on a loaded model.

@@ -439,6 +439,43 @@ def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1)
     return numbers * layout.bytes_per_element + n * H * 4
 
 
+MLP_WIDTH_RATIO = 4
+"""The MLP width ``d_mlp / d_model`` :func:`forward_sequence_bytes` assumes where none is given
+(GPT-2 4; Llama 3 8B 3.5; SmolLM2-135M 2.67)."""
+
+
+def forward_sequence_bytes(layout: AttentionLayout, seq_len: int, d_vocab: int, element_bytes: int,
+                           logit_positions: int | None = None, d_mlp: int | None = None, streams: int = 0) -> int:
+    """Peak bytes one sequence adds to a batched forward pass without autograd (inference mode),
+    the per-item estimate that batch sizes are planned from (:mod:`headprobe.probe.core.memory`)::
+
+        T * element_bytes * ((4 + streams) * D + (H + 2 * KV) * d_head + 3 * d_mlp)
+        + 4 * H * T * T + 2 * 4 * P * d_vocab
+
+    one layer's live activations at a time (the residual stream, its normed input, the attention
+    and MLP outputs; queries, keys and values; the MLP's gate, up and their product), plus
+    ``streams`` more ``d_model``-wide copies the caller holds per sequence (an exact sweep's
+    resumed residual, attention output and its change: 3), one layer's attention weights in
+    float32 (the eager softmax; a fused kernel stores none, so this bounds it from above), and
+    float32 logits at the ``P = logit_positions`` (default ``T``) scored positions with their
+    log-softmax. ``d_mlp`` defaults to :data:`MLP_WIDTH_RATIO` ``* d_model``.
+
+    Returns:
+        bytes.
+
+    Raises:
+        HeadprobeError: ``seq_len`` is not a positive integer.
+    """
+    _check_workload(seq_len, 1)
+    T, D, H = seq_len, layout.d_model, layout.n_heads
+    kv = H if layout.is_mla else layout.n_kv_heads
+    assert kv is not None and layout.d_head is not None  # filled by AttentionLayout.__post_init__
+    mlp = MLP_WIDTH_RATIO * D if d_mlp is None else d_mlp
+    P = T if logit_positions is None else logit_positions
+    per_token = (4 + streams) * D + (H + 2 * kv) * layout.d_head + 3 * mlp
+    return T * element_bytes * per_token + 4 * H * T * T + 2 * 4 * P * d_vocab
+
+
 # ---------------------------------------------------------------------------------------------
 # Pruned layers: fewer heads in some layers
 # ---------------------------------------------------------------------------------------------

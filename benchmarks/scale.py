@@ -1,0 +1,272 @@
+"""headprobe at the scale users run at: one table of every step on a Llama-3-8B-shaped model.
+
+Usage: ``PYTHONPATH=. python benchmarks/scale.py --out DIR [--tiny] [--no-reference] [--memory-budget 40GiB]``
+
+On a CUDA device it builds a random-init model of Llama-3-8B's shape in GPU memory from a
+``LlamaConfig`` (32 layers x 32 query heads on 8 KV heads, d_model 4096, MLP 14336, vocabulary
+128256, bfloat16; no weights read), wraps it with ``headprobe.wrap`` (SmolLM2's tokenizer: its ids
+are all below the vocabulary) and times, then repeats on the embedded SmolLM2-135M for reference:
+
+* ``matmul``: the device's measured bfloat16 matrix-product rate (an ``n^3`` product, n = 8192 on
+  a GPU, 1024 on a CPU, 256 with ``--tiny``), TFLOP/s: the FLOP floor's denominator;
+* ``scan``: ``headprobe.scan`` at the demo's settings (scoring, then the verification plan and its
+  control sets: seconds, sets/s);
+* ``sweep``: the exact sweep of every head (heads/s), the TransformerLens-style hook loop on a
+  sample of heads (ms/head, its ratio to the engine), and the fraction of the FLOP floor: the
+  sweep's matrix-product FLOPs (:func:`sweep_flops`, from the model's shape) at the measured rate,
+  over the measured time;
+* ``gradient``, ``atp_star``, ``second_order``: the three estimates of every head's effect;
+* ``prune``: the pruning curve (michel and random) with ``--save-pruned`` and the reload of the
+  saved model;
+* ``circuit``: EAP-IG on 8 sequences of 129 tokens within ``--memory-budget`` (default 40 GiB on
+  a GPU);
+* ``kv``: ``headprobe kv`` at 4,096 tokens.
+
+Each row has the seconds, a rate where one applies, the peak memory (GPU: ``max_memory_allocated``
+since the step began; CPU: the process's peak RSS so far) and a note. ``--tiny`` (automatic on a
+CPU) runs the same steps on a tiny random model with tiny settings (``tests/test_scale_benchmark.py``
+runs it, so the script cannot rot). Writes ``DIR/scale.md`` and ``DIR/scale.json``. Not a timed test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+BIG = dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096,
+           intermediate_size=14336, vocab_size=128256, head_dim=128, max_position_embeddings=8192,
+           rope_theta=500000.0, tie_word_embeddings=False)
+"""Llama-3-8B's shape (the ``llama8b-random`` config of ``../shared/gpu-bundle.sh`` with Llama 3's vocabulary)."""
+
+TINY = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+            intermediate_size=64, vocab_size=128, head_dim=8, max_position_embeddings=256, tie_word_embeddings=False)
+
+FULL = dict(n_seqs=8, seq_len=128, sample=32, circuit_seqs=8, period=64, kv_len=4096, matmul=8192, budget="40GiB")
+SMALL = dict(n_seqs=2, seq_len=16, sample=4, circuit_seqs=2, period=6, kv_len=64, matmul=256, budget="1GiB")
+
+
+def sweep_flops(n_layers: int, d_model: int, d_mlp: int, n_heads: int, n_kv_heads: int, d_head: int, d_vocab: int,
+                seq_len: int, batch: int, heads: list[tuple[int, int]]) -> int:
+    """Matrix-product FLOPs of an exact sweep of ``heads`` (the floor any implementation must compute):
+    one clean forward, then per head a forward resumed at its layer ``l`` (layers ``l .. L-1``) with
+    the unembedding at every position. Per layer ``2 T (D (H + 2 KV) d_head + H d_head D + 3 D d_mlp)
+    + 4 H d_head T^2`` (projections, a gated MLP, scores and weighted sum over the full square;
+    Kaplan et al. 2020, arXiv:2001.08361, table 1, with GQA), the unembedding ``2 T D V``."""
+    T = seq_len
+    layer = 2 * T * (d_model * (n_heads + 2 * n_kv_heads) * d_head + n_heads * d_head * d_model
+                     + 3 * d_model * d_mlp) + 4 * n_heads * d_head * T * T
+    unembed = 2 * T * d_model * d_vocab
+    clean = n_layers * layer + unembed
+    return batch * (clean + sum((n_layers - l) * layer + unembed for l, _ in heads))
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _peak(device: str) -> int:
+    if device.startswith("cuda"):
+        return int(torch.cuda.max_memory_allocated())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def _timed(device: str, fn: Callable):
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, time.perf_counter() - t0, _peak(device)
+
+
+def matmul_tflops(device: str, n: int) -> float:
+    """Measured bfloat16 ``n x n x n`` matrix-product rate on ``device``, TFLOP/s (best of 3 after a warm-up)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    a @ b
+    best = math.inf
+    for _ in range(3):
+        _, s, _ = _timed(device, lambda: a @ b)
+        best = min(best, s)
+    return 2 * n**3 / best / 1e12
+
+
+def build_hf(shape: dict, device: str, dtype: torch.dtype, tokenizer):
+    """A random-init ``LlamaForCausalLM`` of ``shape`` (seed 0) made on ``device`` in ``dtype`` (no
+    weights read, no float32 copy of an 8B model on the way)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**shape, bos_token_id=tokenizer.bos_token_id or 0, eos_token_id=tokenizer.eos_token_id or 0,
+                      architectures=["LlamaForCausalLM"])
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(before)
+
+
+def build(shape: dict, device: str, dtype: torch.dtype, tokenizer):
+    """:func:`build_hf`'s model wrapped with ``headprobe.wrap`` (native backend), and its config."""
+    import headprobe
+
+    hf = build_hf(shape, device, dtype, tokenizer)
+    name = "llama3-8b-shape-random" if shape is BIG else "tiny-llama-random"
+    return headprobe.wrap(hf, tokenizer, backend="native", name=name), hf.config
+
+
+def _tiny_tokenizer(tmp: str, n_words: int):
+    from headprobe.probe.model.tokenizers import word_level_tokenizer
+
+    return word_level_tokenizer(tmp, n_words)
+
+
+def run_steps(model, name: str, device: str, s: dict, tflops: float, text: str | None, tmp: str,
+              bridge_of: Callable | None, d_mlp: int) -> list[dict]:
+    """Every step's row on one model (see the module docstring)."""
+    import headprobe
+    from headprobe.analyses.ablation import exact_sweep, head_importance, sweep_loop
+    from headprobe.analyses.attribution import atp_star, second_order
+    from headprobe.analyses.data import natural_text_tokens
+    from headprobe.probe.backends.loading import load_model
+
+    rows: list[dict] = []
+    sp = model.spec
+    data = dict(text=text, seq_len=s["seq_len"], n_natural=s["n_seqs"], n_repeated=s["n_seqs"], period=s["period"])
+
+    def row(step, seconds, peak, rate=None, unit="", **extra):
+        rows.append(dict(model=name, step=step, seconds=seconds, rate=rate, unit=unit, peak_bytes=peak, **extra))
+
+    demo = {"text": text} if s["seq_len"] == FULL["seq_len"] else data  # the demo's settings: scan's defaults
+    scored, t_score, peak = _timed(device, lambda: headprobe.scan(model, verify=False, **demo))
+    row("scan: scoring", t_score, peak)
+    res, t_scan, peak = _timed(device, lambda: headprobe.scan(model, **demo))
+    sets = int(res.verification.get("sets_ablated", 0)) if res.verification else 0
+    t_verify = res.timings.get("ablate_s", t_scan - t_score)
+    row("scan: verification", t_verify, peak, sets / t_verify if t_verify > 0 else None, "sets/s", sets=sets)
+
+    words = Path(text).read_text() if text else None
+    tokens = natural_text_tokens(model, s["n_seqs"], s["seq_len"], 0, words).tokens.to(device)
+    heads = [(l, h) for l in range(sp.n_layers) for h in range(sp.n_heads)]
+    exact_sweep(model, tokens[:, :8], heads=heads[:1])  # warm-up
+    sweep, t_sweep, peak = _timed(device, lambda: exact_sweep(model, tokens, heads=heads))
+    flops = sweep_flops(sp.n_layers, sp.d_model, d_mlp, sp.n_heads, sp.n_kv_heads, sp.d_head, sp.d_vocab,
+                        tokens.shape[1], tokens.shape[0], heads)
+    floor_s = flops / (tflops * 1e12)
+    row("sweep: exact, all heads", t_sweep, peak, len(heads) / t_sweep, "heads/s", heads=len(heads), flops=flops,
+        matmul_tflops=tflops, floor_seconds=floor_s, floor_fraction=floor_s / t_sweep)
+    if bridge_of is not None:
+        bridge = bridge_of()
+        sample = heads[:: max(1, len(heads) // s["sample"])][: s["sample"]]
+        ref, t_loop, peak = _timed(device, lambda: sweep_loop(bridge, tokens, heads=sample))
+        idx = torch.tensor(sample).T
+        diff = float((ref.loss[idx[0], idx[1]] - sweep.loss[idx[0], idx[1]]).abs().max())
+        row("sweep: TransformerLens hook loop (sample)", t_loop, peak, len(sample) / t_loop, "heads/s", heads=len(sample),
+            engine_speedup=(t_loop / len(sample)) / (t_sweep / len(heads)), max_loss_diff=diff)
+        del bridge
+
+    for step, fn in (("gradient importance", lambda: head_importance(model, tokens)),
+                     ("AtP*", lambda: atp_star(model, tokens)),
+                     ("second-order estimate", lambda: second_order(model, tokens, seed=0))):
+        _, sec, peak = _timed(device, fn)
+        row(step, sec, peak)
+
+    out = Path(tmp) / f"prune-{name}"
+    pr, t_prune, peak = _timed(device, lambda: headprobe.prune(model, methods="michel,random", save_pruned=True, n_seeds=1,
+                                                              **data))
+    pr.save(out, overwrite=True)
+    row("prune: curve (michel, random)", t_prune, peak, note=f"{len(pr.table)} curve rows")
+    reloaded, t_reload, peak = _timed(device, lambda: load_model(str(out / "pruned_model"), device=device))
+    row("prune: reload of --save-pruned", t_reload, peak, note=f"{len(reloaded.spec.removed_heads)} heads removed")
+
+    budget_gib = float(s["budget"].removesuffix("GiB"))
+    _, t_circ, peak = _timed(device, lambda: headprobe.circuit(model, n_seqs=s["circuit_seqs"], period=s["period"],
+                                                              method="eap-ig", verify=0, memory_gb=budget_gib))
+    row(f"circuit: EAP-IG {s['circuit_seqs']} x {2 * s['period'] + 1} tokens", t_circ, peak,
+        note=f"memory bound {s['budget']}", within_bound=peak <= budget_gib * 2**30 or not device.startswith("cuda"))
+    _, t_kv, peak = _timed(device, lambda: headprobe.kv(model, seq_len=s["kv_len"], text=text))
+    row(f"kv at {s['kv_len']} tokens", t_kv, peak)
+    return rows
+
+
+def table(rows: list[dict], header: str) -> str:
+    """The markdown table of ``rows``."""
+    lines = [header, "", "| model | step | seconds | rate | peak memory | notes |", "|---|---|---:|---:|---:|---|"]
+    for r in rows:
+        extra = {k: v for k, v in r.items() if k not in ("model", "step", "seconds", "rate", "unit", "peak_bytes", "note")}
+        notes = "; ".join([*([r["note"]] if r.get("note") else []),
+                           *(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items())])
+        rate = f"{r['rate']:.3g} {r['unit']}" if r["rate"] is not None else ""
+        lines.append(f"| {r['model']} | {r['step']} | {r['seconds']:.3f} | {rate} | {r['peak_bytes'] / 2**30:.2f} GiB | {notes} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for scale.md and scale.json")
+    ap.add_argument("--tiny", action="store_true", help="a tiny model and tiny settings (automatic without CUDA)")
+    ap.add_argument("--no-reference", action="store_true", help="skip the embedded model's rows")
+    ap.add_argument("--memory-budget", default=None, help="circuit's memory bound, e.g. 40GiB (default: 40GiB, tiny 1GiB)")
+    args = ap.parse_args(argv)
+    import headprobe
+    from headprobe.probe.backends.loading import load_checkpoint, wrap_model
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tiny = args.tiny or device == "cpu"
+    s = SMALL if tiny else FULL
+    if args.memory_budget:
+        s = {**s, "budget": args.memory_budget}
+    tflops = matmul_tflops(device, s["matmul"] if not tiny or device == "cpu" else FULL["matmul"])
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if tiny:
+            tok = _tiny_tokenizer(tmp, TINY["vocab_size"] - 1)
+            text = Path(tmp) / "text.txt"
+            text.write_text(" ".join(f"t{(i * 7919) % (TINY['vocab_size'] - 1)}" for i in range(3000)))
+            model, cfg = build(TINY, device, torch.float32, tok)
+            hf_of = lambda: build_hf(TINY, device, torch.float32, tok)
+            rows += run_steps(model, model.spec.name, device, s, tflops, str(text), tmp,
+                              lambda: wrap_model(hf_of(), tok, backend="transformer-lens"), cfg.intermediate_size)
+        else:
+            ref = load_checkpoint("smollm2-135m")
+            model, cfg = build(BIG, device, torch.bfloat16, ref.tokenizer)
+            rows += run_steps(model, "llama3-8b-shape (bf16)", device, s, tflops, None, tmp,
+                              lambda: wrap_model(build_hf(BIG, device, torch.bfloat16, ref.tokenizer), ref.tokenizer,
+                                                 backend="transformer-lens"), cfg.intermediate_size)
+            del model
+            torch.cuda.empty_cache()
+            if not args.no_reference:
+                small = headprobe.load_model("smollm2-135m", device=device)
+                rows += run_steps(small, "smollm2-135m (fp32)", device, s, tflops, None, tmp,
+                                  lambda: headprobe.load_model("smollm2-135m", device=device, backend="transformer-lens"),
+                                  ref.hf_model.config.intermediate_size)
+    gpu = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
+    header = (f"# headprobe at scale: {gpu}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+              f"bf16 matmul {tflops:.3g} TFLOP/s ({'tiny settings' if tiny else 'full settings'})")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scale.md").write_text(table(rows, header))
+    (out / "scale.json").write_text(json.dumps({"device": gpu, "torch": torch.__version__, "cuda": torch.version.cuda,
+                                                "tiny": tiny, "settings": s, "matmul_tflops": tflops, "rows": rows},
+                                               indent=1))
+    print(table(rows, header))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

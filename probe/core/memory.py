@@ -1,0 +1,168 @@
+"""The working-memory budget of batched work: how many bytes a command may fill beyond the weights
+and the one rule that turns a per-item estimate into a batch size, or a refusal.
+
+The budget is, in this order: the one stated for the process (:func:`set_budget`, from the shared
+``--memory-budget`` setting), the ``HEADPROBE_MEMORY_BUDGET`` environment variable, else
+:data:`HEADROOM` of the device's free memory (CUDA: ``torch.cuda.mem_get_info``; CPU: the kernel's
+``MemAvailable`` in ``/proc/meminfo``, or ``os.sysconf`` where there is none). Sizes are bytes;
+text sizes take ``KB MB GB TB`` (powers of 1000) or ``KiB MiB GiB TiB`` (powers of 1024).
+Torch is imported only to read a GPU's free memory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from headprobe.probe.core.errors import HeadprobeError
+
+BUDGET_ENV = "HEADPROBE_MEMORY_BUDGET"
+"""The environment variable that states the budget when no setting does (a size, e.g. ``4GiB``)."""
+
+HEADROOM = 0.8
+"""The share of the device's free memory a batch may fill when no budget is stated (allocator
+fragmentation, the caching allocator's blocks and the estimate's error take the rest)."""
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?\s*$", re.IGNORECASE)
+_stated: int | None = None
+
+
+def parse_bytes(text: str | int) -> int:
+    """A size as bytes: an int as given, or text like ``4GiB``, ``512 MiB``, ``2.5GB``, ``1000``.
+
+    Raises:
+        HeadprobeError: not a size, or not positive (one line).
+    """
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _SIZE.match(str(text))
+        if not m:
+            raise HeadprobeError(f"memory budget {text!r} is not a size: write bytes or a number with a unit "
+                                 f"(KB MB GB TB, KiB MiB GiB TiB), e.g. 4GiB")
+        value = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+    if value < 1:
+        raise HeadprobeError(f"memory budget must be positive, got {text!r}")
+    return value
+
+
+def gib(n: float) -> str:
+    """``n`` bytes with a binary prefix and two decimals (``1.50 GiB``, ``4.00 KiB``, ``12 B``)."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def set_budget(value: str | int | None) -> None:
+    """State the process's budget (bytes, or text :func:`parse_bytes` reads); None: none stated.
+
+    Raises:
+        HeadprobeError: as :func:`parse_bytes`.
+    """
+    global _stated
+    _stated = None if value is None else parse_bytes(value)
+
+
+def free_bytes(device) -> int:
+    """Free memory of ``device`` (a ``torch.device`` or its name), bytes: ``torch.cuda.mem_get_info``
+    on CUDA; on anything else the CPU's available memory (``MemAvailable`` of ``/proc/meminfo``,
+    else ``SC_AVPHYS_PAGES * SC_PAGE_SIZE``)."""
+    name = str(device)
+    if name.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(name))[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the kernel writes kB (KiB)
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def stated() -> tuple[int, str] | None:
+    """``(bytes, where from)`` of the budget stated by :func:`set_budget` or :data:`BUDGET_ENV`; None: none.
+
+    Raises:
+        HeadprobeError: a bad :data:`BUDGET_ENV`.
+    """
+    if _stated is not None:
+        return _stated, f"stated budget {gib(_stated)}"
+    if os.environ.get(BUDGET_ENV):
+        value = parse_bytes(os.environ[BUDGET_ENV])
+        return value, f"stated budget {gib(value)} (${BUDGET_ENV})"
+    return None
+
+
+def budget(device) -> tuple[int, str]:
+    """``(bytes, where from)``: the stated budget (:func:`set_budget`, then :data:`BUDGET_ENV`), else
+    :data:`HEADROOM` of :func:`free_bytes`; the text says which (``"stated budget 4.00 GiB"``,
+    ``"80% of 12.00 GiB free on cuda:0"``).
+
+    Raises:
+        HeadprobeError: a bad :data:`BUDGET_ENV`.
+    """
+    given = stated()
+    if given is not None:
+        return given
+    free = free_bytes(device)
+    return int(free * HEADROOM), f"{HEADROOM:.0%} of {gib(free)} free on {device}"
+
+
+def items_that_fit(per_item: int, fixed: int, budget_bytes: int, need: int, what: str, where: str) -> int:
+    """How many items of ``per_item`` bytes fit beside ``fixed`` bytes in ``budget_bytes``:
+    ``(budget_bytes - fixed) // per_item``, at least ``need`` (the fewest the work can run with).
+
+    Raises:
+        HeadprobeError: fewer than ``need`` fit (one line naming ``what``, the sizes and ``where``
+            the budget came from): refused before anything is allocated.
+    """
+    n = max(0, (budget_bytes - fixed) // max(1, per_item))
+    if n < need:
+        raise HeadprobeError(f"{what} needs about {gib(fixed + need * per_item)} of working memory ({need} x "
+                             f"{gib(per_item)} + {gib(fixed)}), more than the {where}: use fewer or shorter "
+                             f"sequences, or state a larger --memory-budget")
+    return int(n)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """A batch size chosen from the budget (:func:`plan`).
+
+    Attributes:
+        items: the most items per pass (sequences): ``min(cap, (budget - fixed) // per_item)``.
+        per_item: the estimate of one item's working memory, bytes.
+        fixed: bytes held whatever the batch (stored clean activations), bytes.
+        budget: the budget, bytes. source: where it came from (:func:`budget`'s text).
+        what: the work it sizes.
+    """
+
+    items: int
+    per_item: int
+    fixed: int
+    budget: int
+    source: str
+    what: str
+
+    def line(self) -> str:
+        """The header line: ``batch: 96 sequences per pass for the ablation sweep (about 1.20 MiB each ...)``."""
+        return (f"batch: {self.items} sequences per pass for {self.what} (about {gib(self.per_item)} each"
+                f" + {gib(self.fixed)} kept; {self.source})")
+
+
+def plan(per_item: int, device, need: int, what: str, fixed: int = 0, cap: int | None = None) -> BatchPlan:
+    """The :class:`BatchPlan` of work whose items take ``per_item`` bytes each beside ``fixed`` bytes,
+    on ``device`` under :func:`budget`: as many as fit, at most ``cap``, at least ``need``.
+
+    Raises:
+        HeadprobeError: fewer than ``need`` items fit (:func:`items_that_fit`), or a bad budget.
+    """
+    total, source = budget(device)
+    n = items_that_fit(per_item, fixed, total, need, what, source)
+    return BatchPlan(n if cap is None else min(n, cap), per_item, fixed, total, source, what)

@@ -1,0 +1,145 @@
+"""Batch sizes planned from the memory budget: the per-sequence estimate by a hand count, the batch
+chosen under a stated budget equal to the formula, the one-line refusal before any output folder,
+and batching that does not change a number (sweeps and control sets equal across batch sizes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headprobe.analyses.ablation import (
+    STORED_ACTIVATION_BYTES,
+    exact_sweep,
+    set_ablation_losses,
+    set_plan,
+    sweep_plan,
+)
+from headprobe.cli import main
+from headprobe.probe.core import memory
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.layout.attention import AttentionLayout
+from headprobe.probe.layout.cost import forward_sequence_bytes
+
+
+@pytest.fixture(autouse=True)
+def _no_stated_budget(monkeypatch):
+    monkeypatch.delenv(memory.BUDGET_ENV, raising=False)
+    memory.set_budget(None)
+    yield
+    memory.set_budget(None)
+
+
+def test_parse_bytes():
+    assert memory.parse_bytes("4GiB") == 4 * 2**30
+    assert memory.parse_bytes("500 MB") == 500 * 10**6
+    assert memory.parse_bytes("1.5KiB") == 1536
+    assert memory.parse_bytes("1000") == 1000
+    for bad in ("4 gigs", "-1GiB", "0", "GiB"):
+        with pytest.raises(HeadprobeError):
+            memory.parse_bytes(bad)
+
+
+def test_forward_sequence_bytes_hand_count():
+    layout = AttentionLayout(d_model=8, n_layers=2, n_heads=2, n_kv_heads=1, d_head=4, bytes_per_element=4)
+    # per token: (4 + 3 streams) * 8 + (2 + 2 * 1) * 4 + 3 * 32 (MLP 4 * 8) = 56 + 16 + 96 = 168 numbers
+    # 3 tokens * 4 bytes * 168 = 2016; one layer's float32 weights 4 * 2 * 3 * 3 = 72; logits 2 * 4 * 2 * 10 = 160
+    assert forward_sequence_bytes(layout, 3, 10, 4, logit_positions=2, streams=3) == 2016 + 72 + 160
+    assert forward_sequence_bytes(layout, 3, 10, 2, d_mlp=8) == 3 * 2 * (32 + 16 + 24) + 72 + 2 * 4 * 3 * 10
+
+
+def test_free_bytes_reads_the_kernel():
+    free = memory.free_bytes("cpu")
+    with open("/proc/meminfo") as f:
+        kernel = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    assert abs(free - kernel) < 2**28  # read a moment apart
+    total, source = memory.budget("cpu")
+    assert source.startswith("80% of") and abs(total - memory.HEADROOM * free) < 2**28
+
+
+def test_sweep_plan_equals_formula(tiny_llama_gqa_native, monkeypatch):
+    model = tiny_llama_gqa_native
+    spec, e = model.spec, model.dtype.itemsize
+    B, T, L = 3, 17, spec.n_layers
+    per = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, logit_positions=T - 1, streams=3)
+    kept = min(STORED_ACTIVATION_BYTES, B * T * L * (2 * spec.d_model + spec.n_heads * spec.d_head) * e)
+    monkeypatch.setenv(memory.BUDGET_ENV, "3MiB")
+    plan = sweep_plan(model, B, T, L)
+    assert plan.items == (3 * 2**20 - kept) // per and plan.budget == 3 * 2**20
+    assert "$HEADPROBE_MEMORY_BUDGET" in plan.source
+    memory.set_budget("1MiB")  # the setting wins over the environment
+    assert sweep_plan(model, B, T, L).items == (2**20 - kept) // per
+    assert sweep_plan(model, B, T, L, max_batch=5).items == 5
+    per_set = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, streams=1)
+    assert set_plan(model, B, T).items == 2**20 // per_set
+    memory.set_budget(kept + B * per - 1)  # one byte short of one ablation of the batch
+    with pytest.raises(HeadprobeError, match="working memory"):
+        sweep_plan(model, B, T, L)
+
+
+def test_sweep_equal_across_batch_sizes(tiny_llama_gqa_native):
+    model = tiny_llama_gqa_native
+    tokens = torch.randint(1, model.spec.d_vocab, (3, 12), generator=torch.Generator().manual_seed(0))
+    one = exact_sweep(model, tokens, max_batch=3)  # one ablation per pass
+    every = exact_sweep(model, tokens, max_batch=3 * 64)  # every head of a layer in one pass
+    memory.set_budget("64MiB")
+    planned = exact_sweep(model, tokens)
+    assert torch.equal(one.loss, every.loss) and torch.equal(one.loss, planned.loss)
+    sets = [[(0, 1)], [(1, 2), (0, 3)], [(1, 7)], [(0, 0), (1, 0)]]
+    a = set_ablation_losses(model, tokens, sets, "zero", None, 1, max_batch=3)
+    b = set_ablation_losses(model, tokens, sets, "zero", None, 1, max_batch=12)
+    assert torch.equal(a, b)
+
+
+SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]
+
+
+def _errors(capsys) -> list[str]:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return [line for line in err.splitlines() if line.startswith("headprobe: error: ")]
+
+
+def _text(tmp_path):
+    p = tmp_path / "text.txt"
+    p.write_text(" ".join(f"t{i % 97}" for i in range(2000)))
+    return str(p)
+
+
+def test_ablate_refuses_before_the_folder(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "ablate"
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL,
+              "--memory-budget", "4KiB"]))
+    err = _errors(capsys)
+    assert e.value.code == 2 and len(err) == 1 and "working memory" in err[0] and "stated budget 4.00 KiB" in err[0]
+    assert not out.exists()
+
+
+def test_ablate_header_prints_the_plan(tiny_dir, tmp_path, capsys):
+    from headprobe.probe.backends.loading import load_model
+
+    model = load_model(str(tiny_dir), device="cpu")
+    expect = sweep_plan  # the header's plan: the larger per-sequence estimate of the two tasks
+    memory.set_budget("2MiB")
+    plans = [expect(model, 3, 16, model.spec.n_layers), expect(model, 2, 13, model.spec.n_layers)]
+    line = max(plans, key=lambda p: p.per_item).line()
+    out = tmp_path / "ablate"
+    assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL,
+                 "--memory-budget", "2MiB", "--heads", "0.1"]) == 0
+    assert line in capsys.readouterr().out
+
+
+def test_kv_refuses_before_the_folder(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "kv"
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["kv", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), "--seq-len", "64",
+              "--device", "cpu", "--memory-budget", "64KiB"]))
+    err = _errors(capsys)
+    assert e.value.code == 2 and len(err) == 1 and "kv's forwards" in err[0] and not out.exists()
+
+
+def test_bad_budget_is_one_line(tiny_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["scan", "--model", str(tiny_dir), "--out", str(tmp_path / "s"), "--memory-budget", "lots"]))
+    err = _errors(capsys)
+    assert e.value.code == 2 and len(err) == 1 and "is not a size" in err[0]

@@ -1,0 +1,61 @@
+"""benchmarks/scale.py with --tiny (as on a CPU): every step of the table with finite numbers, and its
+FLOP floor by two identities (the formula against probe/layout/cost.py's attention FLOPs plus a hand
+count of the MLP and unembedding; the printed fraction against the printed FLOPs, rate and time)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from headprobe.probe.layout.attention import AttentionLayout
+from headprobe.probe.layout.cost import attention_flops
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _scale():
+    spec = importlib.util.spec_from_file_location("scale_benchmark", ROOT / "benchmarks" / "scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sweep_flops_against_cost_and_hand_count():
+    scale = _scale()
+    L, D, M, H, KV, dh, V, T, B = 3, 64, 96, 8, 2, 8, 50, 11, 2
+    layout = AttentionLayout(d_model=D, n_layers=L, n_heads=H, n_kv_heads=KV, d_head=dh)
+    layer = attention_flops(layout, T).total + 2 * T * 3 * D * M  # a gated MLP: three D x M products
+    clean = L * layer + 2 * T * D * V
+    assert scale.sweep_flops(L, D, M, H, KV, dh, V, T, B, []) == B * clean
+    heads = [(0, 1), (2, 5)]  # resumed at layer 0 (3 layers) and layer 2 (1 layer), each with the unembedding
+    assert scale.sweep_flops(L, D, M, H, KV, dh, V, T, B, heads) == B * (clean + 4 * layer + 2 * 2 * T * D * V)
+    # Llama-3-8B at 8 x 128 tokens: a clean forward is about 2 N tokens, N = 8.03e9 parameters less the
+    # input embedding's 128256 x 4096 (Kaplan et al.'s non-embedding count; the unembedding is a product)
+    big = scale.sweep_flops(32, 4096, 14336, 32, 8, 128, 128256, 128, 8, [])
+    assert abs(big / (2 * (8.03e9 - 128256 * 4096) * 1024) - 1) < 0.02
+
+
+def test_tiny_run_has_every_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADPROBE_FIGURE_FORMATS", "none")
+    scale = _scale()
+    assert scale.main(["--tiny", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "scale.json").read_text())
+    steps = [r["step"] for r in data["rows"]]
+    for want in ("scan: scoring", "scan: verification", "sweep: exact, all heads", "sweep: TransformerLens hook loop (sample)",
+                 "gradient importance", "AtP*", "second-order estimate", "prune: curve (michel, random)",
+                 "prune: reload of --save-pruned", "circuit: EAP-IG", "kv at"):
+        assert any(s.startswith(want) for s in steps), want
+    for r in data["rows"]:
+        assert math.isfinite(r["seconds"]) and r["seconds"] > 0 and r["peak_bytes"] > 0
+        assert r["rate"] is None or math.isfinite(r["rate"])
+    sweep = next(r for r in data["rows"] if r["step"] == "sweep: exact, all heads")
+    assert sweep["heads"] == 2 * 4 and sweep["rate"] == pytest.approx(sweep["heads"] / sweep["seconds"])
+    assert sweep["floor_fraction"] == pytest.approx(sweep["flops"] / (sweep["matmul_tflops"] * 1e12) / sweep["seconds"])
+    loop = next(r for r in data["rows"] if r["step"].startswith("sweep: TransformerLens"))
+    assert loop["max_loss_diff"] < 1e-4  # the engine and the hook loop agree on the sampled heads
+    md = (tmp_path / "scale.md").read_text()
+    assert all(s in md for s in steps)
