@@ -606,9 +606,10 @@ def _mask_cases():
 def test_every_path_masks_through_key_mask(monkeypatch):
     """Each attention path takes its mask from ``key_mask`` alone: with the function replaced by
     the reference above the logits are unchanged, with a mask that reads every key they change."""
-    import headprobe.probe.model.transformer as model_module
+    import headprobe.probe.model.attention as attention_module
+    import headprobe.probe.model.masks as masks_module
 
-    real = model_module.key_mask
+    real = masks_module.key_mask
 
     def reference(n_queries, n_keys, device, *, causal=True, window=None, padding=None, implicit=False, chunk=None):
         assert chunk is None  # no chunked model among the cases (chunks: tests/test_native_families.py)
@@ -622,9 +623,11 @@ def test_every_path_masks_through_key_mask(monkeypatch):
         outputs = {}
         with torch.no_grad():
             for label, fn in (("real", real), ("reference", reference), ("everything", everything)):
-                monkeypatch.setattr(model_module, "key_mask", fn)
+                for module in (attention_module, masks_module):  # attend's mask, and with_sink_key's
+                    monkeypatch.setattr(module, "key_mask", fn)
                 outputs[label] = run(model)
-        monkeypatch.setattr(model_module, "key_mask", real)
+        for module in (attention_module, masks_module):
+            monkeypatch.setattr(module, "key_mask", real)
         model.force_eager = False
         torch.testing.assert_close(outputs["reference"], outputs["real"], atol=ATOL, rtol=0, msg=name)
         if not name.startswith("encoder"):  # an encoder without padding reads every key anyway
