@@ -506,7 +506,7 @@ def tolerance_full_groups(model: LoadedModel, natural: Tensor, start: int, lr: L
 
 
 def allocated_cache_check(model: LoadedModel, tokens: Tensor, policy: KVPolicy, layout) -> dict:
-    """Prefill the native model's :class:`~headprobe.probe.model.transformer.StreamingKVCache` for ``policy``
+    """Prefill the native model's :class:`~headprobe.probe.model.cache.StreamingKVCache` for ``policy``
     with one sequence (a little past the largest streaming span and layer window, so both evict)
     and compare its bytes with :func:`~headprobe.probe.layout.cost.policy_cost`'s on ``layout`` (its
     windows included: a layout without them predicts more for a sliding layer's groups).

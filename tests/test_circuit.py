@@ -20,8 +20,9 @@ from scipy.stats import spearmanr
 from headprobe.analyses.circuit import agreement, edge_scores, parse_edge, path_patch_effects, prepare_runs
 from headprobe.probe.backends.loading import LoadedModel, wrap
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.convert import spec_from_native
-from headprobe.probe.model.transformer import Transformer, TransformerConfig
+from headprobe.probe.model.transformer import Transformer
 
 V, D, T = 12, 8, 6
 

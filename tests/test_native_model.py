@@ -20,8 +20,10 @@ from headprobe.probe.backends.loading import LoadedModel, load_model
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.ablation import head_ablation_hooks
 from headprobe.probe.hooks.capture import capture_heads
+from headprobe.probe.model.attention import Attention, merge_heads, split_heads
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.convert import from_hf, spec_from_native
-from headprobe.probe.model.transformer import Attention, Transformer, TransformerConfig, merge_heads, split_heads
+from headprobe.probe.model.transformer import Transformer
 
 ATOL = 1e-5
 
@@ -524,7 +526,8 @@ def test_from_state_dict_equals_loading_into_an_initialised_model():
     """Transformer.from_state_dict (meta-device build, tensors assigned) gives the model that
     load_state_dict into a normally built one gives: same outputs, same parameter count (a tied
     unembedding stays one parameter), rotary frequencies computed, nothing left on the meta device."""
-    from headprobe.probe.model.transformer import Transformer, TransformerConfig
+    from headprobe.probe.model.config import TransformerConfig
+    from headprobe.probe.model.transformer import Transformer
 
     for cfg in (TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=16, positional="rotary",
                                   norm="rmsnorm", mlp="swiglu", bias=False, n_kv_heads=2),
@@ -569,7 +572,7 @@ _PADDING = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 1, 0, 1, 1,
     (6, 6, None, _PADDING), (6, 6, 2, _PADDING),
 ])
 def test_key_mask_against_the_definitions(n_queries, n_keys, window, padding):
-    from headprobe.probe.model.transformer import key_mask
+    from headprobe.probe.model.masks import key_mask
 
     got = key_mask(n_queries, n_keys, torch.device("cpu"), window=window, padding=padding)
     want = reference_key_mask(n_queries, n_keys, window=window, padding=padding)
@@ -586,8 +589,8 @@ def test_key_mask_against_the_definitions(n_queries, n_keys, window, padding):
 def _mask_cases():
     """(name, model, run) for every way a mask arises: fused and eager, padding, a KV cache,
     sliding windows, MLA and a pruned model; ``run(model)`` returns logits."""
+    from headprobe.probe.model.cache import KVCache
     from headprobe.probe.model.pruned import keep_mask_from, remove_heads
-    from headprobe.probe.model.transformer import KVCache
 
     x = tokens(batch=3, pos=6, seed=3)
     cached = lambda m: torch.cat([m(x[:, :4], cache=(c := KVCache())), m(x[:, 4:], cache=c)], dim=1)
@@ -637,7 +640,7 @@ def test_every_path_masks_through_key_mask(monkeypatch):
 def test_mla_is_an_attention_class_of_its_own():
     """MLA layers are LatentAttention (latent projections only), the others Attention (q/k/v
     projections only); both are SelfAttention, and neither accepts the other's config."""
-    from headprobe.probe.model.transformer import LatentAttention, SelfAttention
+    from headprobe.probe.model.attention import LatentAttention, SelfAttention
 
     mla_cfg = small_cfg(bias=False, kv_lora_rank=8, qk_rope_head_dim=4, positional="rotary")
     for cfg, cls, has, lacks in ((mla_cfg, LatentAttention, "kv_up", "k_proj"), (small_cfg(), Attention, "k_proj", "kv_up")):

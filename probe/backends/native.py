@@ -298,7 +298,7 @@ class NativeModel(LoadedModel):
         return self.model.kv_policy(policy)
 
     def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy: KVPolicy) -> int:
-        """Bytes of the :class:`~headprobe.probe.model.transformer.StreamingKVCache` the model allocates for
+        """Bytes of the :class:`~headprobe.probe.model.cache.StreamingKVCache` the model allocates for
         ``policy`` after prefilling ``tokens`` (one forward pass)."""
         cache = self.model.streaming_cache(policy)
         with torch.inference_mode():

@@ -81,7 +81,7 @@ class SelfAttention(nn.Module):
 
     The forward pass is ``qkv`` (queries ``[batch, head, q_pos, d_qk]``, keys ``[batch,
     kv_head, k_pos, d_qk]``, values ``[batch, kv_head, k_pos, d_head]``, the KV cache extended),
-    then :meth:`attend` (the :func:`key_mask` of causality, this layer's sliding window and
+    then :meth:`attend` (the :func:`~headprobe.probe.model.masks.key_mask` of causality, this layer's sliding window and
     padding; ``softmax(cap(q k^T * scale) + mask) v`` on the eager path with the scores and
     pattern hooked, else the fused kernel), then :meth:`output`: ``head_mask``, ``hook_z`` and
     ``attn_out = sum_h z_h W_O^(h) + b_O`` (Elhage et al. 2021), which equals ``Concat(z_0,
@@ -168,7 +168,7 @@ class SelfAttention(nn.Module):
         Args:
             x: input, ``[batch, pos, d_model]``.
             positions: position index of every token (rotary only).
-            padding: ``[batch, pos]``, True for real tokens (see :func:`key_mask`); None: none.
+            padding: ``[batch, pos]``, True for real tokens (see :func:`~headprobe.probe.model.masks.key_mask`); None: none.
             head_mask: per-head factor ``xi_h`` multiplying ``z_h`` (Michel et al. 2019), for
                 all sequences (``[head]``) or per sequence (``[batch, head]``).
             cache: keys and values of earlier positions (generation); this call's are appended.
@@ -194,7 +194,7 @@ class SelfAttention(nn.Module):
         key_pos: Int[Tensor, "group k_pos"] | None,
         padding: Tensor | None,
     ) -> Float[Tensor, "batch q_pos head d_head"]:
-        """:meth:`attend` under a KV policy (:func:`streaming_key_mask`): the eager path with the
+        """:meth:`attend` under a KV policy (:func:`~headprobe.probe.model.masks.streaming_key_mask`): the eager path with the
         mask of all queries when a pattern is asked for (it is materialised anyway), else the
         fused kernel one block of queries at a time (at most :data:`STREAMING_MASK_ENTRIES` per block), so
         no ``[pos, pos]`` mask exists. ``key_pos`` None: the keys are positions ``0..k_pos-1``.
@@ -227,7 +227,7 @@ class SelfAttention(nn.Module):
         padding: Bool[Tensor, "batch k_pos"] | None = None,
     ) -> Float[Tensor, "batch q_pos head d_head"]:
         """``z`` of every head: the eager path when :meth:`needs_pattern`, else the fused kernel,
-        both under this layer's :func:`key_mask`."""
+        both under this layer's :func:`~headprobe.probe.model.masks.key_mask`."""
         eager = self.needs_pattern()
         mask = key_mask(q.shape[2], k.shape[2], q.device, causal=self.cfg.causal, window=self.window,
                         padding=padding, implicit=not eager, chunk=self.chunk)
@@ -302,7 +302,7 @@ class SelfAttention(nn.Module):
     ) -> Float[Tensor, "batch head q_pos d_head"]:
         """``scaled_dot_product_attention``; no pattern exists on this path. ``mask`` None is the
         kernel's own causal mask (``is_causal``) for a decoder, no mask for an encoder. Learned
-        sinks enter as one extra key (:func:`with_sink_key`)."""
+        sinks enter as one extra key (:func:`~headprobe.probe.model.masks.with_sink_key`)."""
         if self.sinks is not None:
             d_v = v.shape[-1]
             q, k, v, mask = with_sink_key(q, k, v, mask, self.sinks.float(), self.scale, self.cfg.causal)

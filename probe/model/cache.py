@@ -19,9 +19,9 @@ class KVCache:
 
     ``keys[l]`` and ``values[l]`` are ``[batch, kv_head, pos, d_qk]`` and ``[batch, kv_head, pos,
     d_head]`` (keys after rotary), so a GQA/MQA cache holds ``n_kv_heads`` heads, never copies per
-    query head; an MLA layer (:class:`LatentAttention`) caches its latent ``c^KV`` ``[batch, 1,
+    query head; an MLA layer (:class:`~headprobe.probe.model.attention.LatentAttention`) caches its latent ``c^KV`` ``[batch, 1,
     pos, kv_lora_rank]`` as ``keys`` and the rotary key ``k^R`` ``[batch, 1, pos,
-    qk_rope_head_dim]`` as ``values``. Filled by :meth:`Transformer.forward` when passed as
+    qk_rope_head_dim]`` as ``values``. Filled by :meth:`~headprobe.probe.model.transformer.Transformer.forward` when passed as
     ``cache``; start with ``KVCache()``.
     """
 
@@ -64,7 +64,7 @@ class StreamingKVCache:
     holds ``min(T, sink + window)`` (a full group of a sliding-window layer, ``min(T, window_l)``; a
     streaming one there, what both masks leave, :func:`headprobe.probe.layout.cost.streaming_positions`): :func:`headprobe.probe.layout.cost.policy_cost` predicts
     :attr:`nbytes`. Keys are cached after rotary with their original positions, so the kept
-    keys give exactly the attention of :func:`streaming_key_mask` (no re-positioning).
+    keys give exactly the attention of :func:`~headprobe.probe.model.masks.streaming_key_mask` (no re-positioning).
     """
 
     policy: KVPolicy

@@ -15,7 +15,7 @@ from headprobe.probe.layout.attention import QK_NORM_KINDS, AttentionLayout
 #: (:data:`~headprobe.probe.layout.attention.QK_NORM_KINDS`); still accepted, read as the new ones.
 OLD_QK_NORM = {None: "none", "head": "per_head", "all": "full"}
 
-#: ``TransformerConfig.router``: how router logits become the top-k expert weights (:class:`MoE`).
+#: ``TransformerConfig.router``: how router logits become the top-k expert weights (:class:`~headprobe.probe.model.feedforward.MoE`).
 ROUTERS = ("softmax_topk", "topk_softmax", "topk_sigmoid")
 
 #: Field names of :class:`TransformerConfig` in configs saved before they took the layout's
@@ -25,7 +25,7 @@ OLD_FIELDS = {"head_dim": "d_head"}
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """The layout and architecture options of a :class:`Transformer`.
+    """The layout and architecture options of a :class:`~headprobe.probe.model.transformer.Transformer`.
 
     Widths and QK-norm are named as :class:`~headprobe.probe.layout.attention.AttentionLayout` names
     them, and :attr:`layout` is that layout.
@@ -122,7 +122,7 @@ class TransformerConfig:
             ``fc_out`` (so that the heads' results are what the residual receives); the forward
             pass does not apply it again. None: 1.
         n_experts: the MLP of the MoE layers is a mixture of this many gated experts
-            (:class:`MoE`; Shazeer et al. 2017, Mixtral); None: dense MLPs only.
+            (:class:`~headprobe.probe.model.feedforward.MoE`; Shazeer et al. 2017, Mixtral); None: dense MLPs only.
         n_experts_per_token: experts each token is routed to (top-k).
         d_expert: hidden width of each expert; None: ``d_mlp``.
         router: how router logits become the top-k weights: ``"softmax_topk"`` (softmax over all
@@ -141,7 +141,7 @@ class TransformerConfig:
         shared_expert_gate: the shared expert's output is multiplied by ``sigmoid(w . x)`` (Qwen3-Next).
         moe_layers: the layers whose MLP is the mixture; None: every layer (with ``n_experts``).
         linear_layers: the layers whose token mixer is linear attention (Qwen3-Next's Gated
-            DeltaNet, :class:`LinearAttention`) instead of heads; None: none. They have no heads
+            DeltaNet, :class:`~headprobe.probe.model.linear_attention.LinearAttention`) instead of heads; None: none. They have no heads
             and no attention hook points; heads keep the model's own layer numbers.
         linear_mixer: the Hugging Face config fields that build those layers' module
             (``model_type`` and the ``linear_*`` sizes); given with ``linear_layers``.

@@ -87,7 +87,7 @@ def streaming_key_mask(
     Query head ``h`` belongs to KV group ``g = h * G // n_heads`` (``h // group_size`` for
     MHA/GQA/MQA; 0 for MLA, whose one latent is the layer's only group). It reads the key at
     position ``j`` from query position ``i`` when ``j <= i`` (causal), ``j >= 0`` (-1 marks an empty
-    slot of a :class:`StreamingKVCache`), and, for a :class:`~headprobe.probe.layout.attention.Streaming`
+    slot of a :class:`~headprobe.probe.model.cache.StreamingKVCache`), and, for a :class:`~headprobe.probe.layout.attention.Streaming`
     group, ``j < sink`` or ``j > i - window`` (StreamingLLM's sink + recent window, Xiao et al.
     2023, arXiv:2309.17453; DuoAttention's streaming heads, arXiv:2410.10819). ``window`` is the
     layer's own sliding window, if any. Built for one block of queries at a time: ``[head,

@@ -57,7 +57,7 @@ def rotate_pairs(x: Float[Tensor, "... d_head"]) -> Float[Tensor, "... d_head"]:
 @dataclass(frozen=True)
 class YaRN:
     """YaRN's rotary scaling (Peng et al. 2023, arXiv 2309.00071), as Hugging Face's
-    ``_compute_yarn_parameters`` computes it: see :class:`TransformerConfig` ``yarn_factor``."""
+    ``_compute_yarn_parameters`` computes it: see :class:`~headprobe.probe.model.config.TransformerConfig` ``yarn_factor``."""
 
     factor: float
     original_ctx: int

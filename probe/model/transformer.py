@@ -13,7 +13,7 @@ GPT-2 (learned positions, LayerNorm, GELU with the tanh approximation, biases, t
 unembedding; Radford et al. 2019), Llama / SmolLM2 (rotary positions with Hugging Face's
 ``rotate_half`` convention, RMSNorm, SwiGLU, no biases, GQA; Touvron et al. 2023), Mistral,
 Qwen2, Qwen3, OLMo-2, Gemma-2, GPT-NeoX / Pythia and dense DeepSeek-V3 (MLA), through the
-options of :class:`TransformerConfig` (sliding windows, soft-capping, QK-norm, post norms,
+options of :class:`~headprobe.probe.model.config.TransformerConfig` (sliding windows, soft-capping, QK-norm, post norms,
 parallel blocks, partial rotary, ...). ``mlp=None`` gives attention-only models. The same
 model read as an encoder (``causal=False``, ``post_ln``, ``embed_norm``) loads BERT (Devlin et
 al. 2019; e.g. sentence-transformers' all-MiniLM-L6-v2).
@@ -103,7 +103,7 @@ class Block(nn.Module):
     def forward(self, resid: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
                 padding: Bool[Tensor, "batch pos"] | None = None, head_mask: Tensor | None = None,
                 cache: KVCache | StreamingKVCache | None = None) -> Float[Tensor, "batch pos d_model"]:
-        """``resid_post`` from ``resid_pre``; the other arguments as :meth:`SelfAttention.forward`'s."""
+        """``resid_post`` from ``resid_pre``; the other arguments as :meth:`~headprobe.probe.model.attention.SelfAttention.forward`'s."""
         resid = self.hook_resid_pre(resid)
         x = resid if self.ln1 is None or self.post_ln else self.ln1(resid)
         return self.resume(resid, self.attn(x, positions, padding, head_mask, cache))
@@ -223,13 +223,13 @@ class Transformer(HookedRootModule):
     def check_kv_policy(self, policy: KVPolicy) -> None:
         """Raise HeadprobeError unless ``policy`` fits: ``n_layers`` x :attr:`n_kv_groups`, and no
         chunked attention. On a sliding-window layer a streaming group reads what both its layer's
-        window and the policy allow (:func:`streaming_key_mask`)."""
+        window and the policy allow (:func:`~headprobe.probe.model.masks.streaming_key_mask`)."""
         policy.check_layout(self.cfg.n_layers, self.n_kv_groups, "the model")
         if self.cfg.attention_chunk is not None:
             raise HeadprobeError("KV policies are not implemented for chunked attention (attention_chunk)")
 
     def streaming_cache(self, policy: KVPolicy) -> StreamingKVCache:
-        """An empty :class:`StreamingKVCache` for ``policy`` on this model (its sliding windows included).
+        """An empty :class:`~headprobe.probe.model.cache.StreamingKVCache` for ``policy`` on this model (its sliding windows included).
 
         Raises:
             HeadprobeError: see :meth:`check_kv_policy`.
@@ -240,7 +240,7 @@ class Transformer(HookedRootModule):
     @contextlib.contextmanager
     def kv_policy(self, policy: KVPolicy | None) -> Iterator[Transformer]:
         """Within the block, each KV group's query heads read only the keys ``policy`` leaves them
-        (:func:`streaming_key_mask`: a streaming group's first ``sink`` and last ``window``
+        (:func:`~headprobe.probe.model.masks.streaming_key_mask`: a streaming group's first ``sink`` and last ``window``
         positions); exact attention, not an estimate. None: no change. Restored in ``finally``.
 
         Raises:
@@ -275,7 +275,7 @@ class Transformer(HookedRootModule):
                 Differentiable, for gradient importance ``|dL/dxi|`` (Michel et al. 2019).
             attention_mask: 1 for real tokens, 0 for padding (any side). Positions count real
                 tokens only, so a left-padded sequence gets the same positions as unpadded.
-            cache: a :class:`KVCache` holding the keys and values of the tokens before
+            cache: a :class:`~headprobe.probe.model.cache.KVCache` holding the keys and values of the tokens before
                 ``tokens`` (empty for the first call); this call's are appended, and ``tokens``
                 get positions after the cached ones. Not combined with ``attention_mask``.
 
@@ -392,8 +392,8 @@ def generate(model: Transformer, tokens: Int[Tensor, "batch pos"], n_new: int, u
     """Greedy decoding of ``n_new`` tokens after ``tokens``.
 
     With ``use_cache`` the prompt runs once and each new token runs alone against a
-    :class:`KVCache` (MHA, GQA and MQA cache ``n_kv_heads`` keys and values per layer), or with
-    ``policy`` a :class:`StreamingKVCache` (each KV group keeps what the policy leaves it); without
+    :class:`~headprobe.probe.model.cache.KVCache` (MHA, GQA and MQA cache ``n_kv_heads`` keys and values per layer), or with
+    ``policy`` a :class:`~headprobe.probe.model.cache.StreamingKVCache` (each KV group keeps what the policy leaves it); without
     it the whole sequence is recomputed every step (the reference the cache must equal), under
     :meth:`Transformer.kv_policy` when ``policy`` is given.
 
