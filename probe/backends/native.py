@@ -288,6 +288,11 @@ class NativeModel(LoadedModel):
         per element of the compute dtype: what the KV cache holds."""
         return dataclasses.replace(self.model.cfg.layout, bytes_per_element=torch.empty((), dtype=self.dtype).element_size())
 
+    def check_kv_policy(self, policy: KVPolicy) -> None:
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.check_kv_policy`
+        (:meth:`headprobe.probe.model.transformer.Transformer.check_kv_policy`)."""
+        self.model.check_kv_policy(policy)
+
     def kv_policy(self, policy: KVPolicy | None) -> AbstractContextManager[Any]:
         """Context manager: every forward inside runs with ``policy``'s per-KV-group streaming
         attention (:meth:`headprobe.probe.model.transformer.Transformer.kv_policy`; None: full attention).
