@@ -642,7 +642,13 @@ def receiver_sweep(model: LoadedModel, runs: PathRuns | RunChunks, receivers: Se
 def baseline_error(model: LoadedModel, runs: PathRuns | RunChunks, layers: Sequence[int]) -> float:
     """Largest ``|M(resumed at layer, unpatched) - M(clean)|`` (nats/token with the default metric)
     over ``layers`` (and the logits receiver's unembedding) and the sequences: 0 when the resumed
-    runs are bitwise the clean run (as on the native backend, both on the fused kernel)."""
+    runs are bitwise the clean run (as on the native backend, both on the fused kernel).
+
+    One pass per chunk: a forward resumed at the first of ``layers`` whose residual is set back to
+    the clean one at every later layer shows which blocks, resumed, do not give the clean residual
+    bitwise. A forward resumed at layer ``l`` runs blocks ``l ..`` only, so where every one of them
+    does it is the clean run and its error is that of the last block; forwards resumed at the
+    layers at or before a block that does not are run one by one, as the definition says."""
     return max(_baseline_part(model, part, layers) for _, part in _parts(runs))
 
 
@@ -658,9 +664,30 @@ def baseline_tolerance(model: LoadedModel, clean_metric: float) -> tuple[float, 
 
 def _baseline_part(model: LoadedModel, runs: PathRuns, layers: Sequence[int]) -> float:
     tokens = runs.clean.to(model.device)
-    outs = [model.logits_from_residual(runs.resid_final.to(model.device))]
-    outs += [model.forward_from(l, runs.resid_pre[l], attention_mask=runs.mask) for l in sorted(set(layers))]
-    return max(float((runs.metric(o.float(), tokens).float() - runs.clean_metric.to(model.device)).abs().max()) for o in outs)
+
+    def error(logits: Tensor) -> float:
+        return float((runs.metric(logits.float(), tokens).float() - runs.clean_metric.to(model.device)).abs().max())
+
+    errors = [error(model.logits_from_residual(runs.resid_final.to(model.device)))]
+    layers = sorted(set(layers))
+    if not layers:
+        return errors[0]
+    drifted: list[int] = []  # blocks whose resumed output is not the clean residual bitwise
+
+    def set_clean(layer: int) -> HookFn:
+        def hook(resid: Tensor, hook: Any) -> Tensor:
+            clean = runs.resid_pre[layer].to(device=resid.device, dtype=resid.dtype)
+            if not torch.equal(resid, clean):
+                drifted.append(layer - 1)
+            return clean
+        return hook
+
+    hooks = [(block_hook(l, "resid_pre"), set_clean(l)) for l in range(layers[0] + 1, model.spec.n_layers)]
+    errors.append(error(model.forward_from(layers[0], runs.resid_pre[layers[0]], fwd_hooks=hooks, attention_mask=runs.mask)))
+    if drifted:
+        errors += [error(model.forward_from(l, runs.resid_pre[l], attention_mask=runs.mask))
+                   for l in layers if l <= max(drifted)]
+    return max(errors)
 
 
 def path_patch(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],

@@ -133,6 +133,33 @@ def _figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
+def _fit_ylabels(fig: Figure, axes) -> None:
+    """Break each of ``axes``' y labels at spaces (a parenthesised unit kept whole) until it is no
+    taller than its axes, so the labels of panels stacked one above the other never meet. The
+    figure is laid out to measure (``draw_without_rendering``), again after a label was broken."""
+    import re
+    import textwrap
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    for _ in range(3):
+        fig.draw_without_rendering()
+        renderer, changed = canvas.get_renderer(), False
+        for ax in axes:
+            label = ax.yaxis.label
+            room, tall = ax.get_window_extent(renderer).height, label.get_window_extent(renderer).height
+            if tall <= room:
+                continue
+            longest = max(len(line) for line in label.get_text().split("\n"))  # the height of the rotated label
+            flat, width = label.get_text().replace("\n", " "), max(8, int(longest * room / tall * 0.9))
+            kept = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\0"), flat)
+            label.set_text("\n".join(part.replace("\0", " ") for part in textwrap.wrap(kept, width)))
+            changed = True
+        if not changed:
+            return
+
+
 def _head_step(n_heads: int, width_in: float) -> int:
     """Label every ``step``-th head so that the labels (``xtick.labelsize``, about 0.6 em a digit,
     4 pt apart) fit into an axes ``width_in`` inches wide: the smallest of 1, 2, 3, 4, 5, 6, 8,
@@ -806,6 +833,7 @@ def pruning_methods_plot(curves: Sequence[tuple[str, np.ndarray, dict[str, np.nd
     axes[0].set_title(title)
     axes[-1].set_xlabel("fraction of heads removed")
     axes[-1].set_xlim(-0.02 * reach, 1.02 * reach)
+    _fit_ylabels(fig, axes)
     return fig
 
 

@@ -374,6 +374,30 @@ def _saving(layout, group: tuple[int, int], streaming: Streaming, seq_len: int) 
     return group_positions(layout, group[0], None, seq_len) - group_positions(layout, group[0], streaming, seq_len)
 
 
+def _budget_floor(layout, streaming: Streaming, seq_len: int, candidates: list[tuple[int, int]]) -> tuple[int, int, float]:
+    """``(positions of the all-full cache, positions with every candidate streaming, rounding slack)`` at ``seq_len``."""
+    from headprobe.probe.layout.cost import n_kv_groups
+
+    total = _positions(layout, KVPolicy.uniform(layout.n_layers, n_kv_groups(layout)), seq_len)
+    used = _positions(layout, policy_with_full(layout, [], streaming, candidates), seq_len)
+    return total, used, 1e-9 * max((_saving(layout, c, streaming, seq_len) for c in candidates), default=0)
+
+
+def check_budget(budget: float, streaming: Streaming, layout, seq_len: int, candidates: list[tuple[int, int]]) -> None:
+    """Raise unless ``budget`` (a fraction of the all-full cache at ``seq_len``) can be met: in (0, 1]
+    and no less than what every candidate group streaming costs (the layers' windows included).
+
+    Raises:
+        HeadprobeError: ``budget`` outside (0, 1], or one below what all-streaming costs.
+    """
+    if not 0 < budget <= 1:
+        raise HeadprobeError(f"--kv-budget must be in (0, 1], got {budget}")
+    total, used, slack = _budget_floor(layout, streaming, seq_len, candidates)
+    if used > budget * total + slack:
+        raise HeadprobeError(f"--kv-budget {budget} is below what every group streaming costs "
+                             f"({used / total:.3f} of the full cache at {seq_len} tokens): use a smaller --window or --sink")
+
+
 def budget_full_groups(score: Tensor, streaming: Streaming, layout, seq_len: int, budget: float,
                        candidates: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The candidate groups kept full within ``budget`` of the all-full cache at ``seq_len`` (the
@@ -382,18 +406,11 @@ def budget_full_groups(score: Tensor, streaming: Streaming, layout, seq_len: int
     the same and this is the top :func:`n_full_for_budget` groups.
 
     Raises:
-        HeadprobeError: ``budget`` outside (0, 1], or one below what all-streaming costs.
+        HeadprobeError: as :func:`check_budget`.
     """
-    if not 0 < budget <= 1:
-        raise HeadprobeError(f"--kv-budget must be in (0, 1], got {budget}")
-    G = score.shape[1]
-    total = _positions(layout, KVPolicy.uniform(layout.n_layers, G), seq_len)
-    used = _positions(layout, policy_with_full(layout, [], streaming, candidates), seq_len)
+    check_budget(budget, streaming, layout, seq_len, candidates)
+    total, used, slack = _budget_floor(layout, streaming, seq_len, candidates)
     savings = {c: _saving(layout, c, streaming, seq_len) for c in candidates}
-    slack = 1e-9 * max(savings.values(), default=0)
-    if used > budget * total + slack:
-        raise HeadprobeError(f"--kv-budget {budget} is below what every group streaming costs "
-                             f"({used / total:.3f} of the full cache at {seq_len} tokens): use a smaller --window or --sink")
     out = []
     for c in (c for c in ranked_groups(score) if c in savings):
         if used + savings[c] <= budget * total + slack:
@@ -506,7 +523,7 @@ def tolerance_full_groups(model: LoadedModel, natural: Tensor, start: int, lr: L
 
 
 def allocated_cache_check(model: LoadedModel, tokens: Tensor, policy: KVPolicy, layout) -> dict:
-    """Prefill the native model's :class:`~headprobe.probe.model.transformer.StreamingKVCache` for ``policy``
+    """Prefill the native model's :class:`~headprobe.probe.model.cache.StreamingKVCache` for ``policy``
     with one sequence (a little past the largest streaming span and layer window, so both evict)
     and compare its bytes with :func:`~headprobe.probe.layout.cost.policy_cost`'s on ``layout`` (its
     windows included: a layout without them predicts more for a sliding layer's groups).

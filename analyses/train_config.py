@@ -74,7 +74,7 @@ class TrainConfig:
     bias: bool = True
     """Biases in the attention projections (MLA needs False)."""
     kv_lora_rank: int | None = None
-    """MLA's latent rank (see :class:`headprobe.probe.model.transformer.TransformerConfig`); None for MHA/GQA/MQA."""
+    """MLA's latent rank (see :class:`headprobe.probe.model.config.TransformerConfig`); None for MHA/GQA/MQA."""
     qk_rope_head_dim: int = 0
     """MLA's decoupled rotary width (0 for MHA/GQA/MQA)."""
     corpus: str = "copy"
@@ -127,14 +127,14 @@ class TrainConfig:
             raise HeadprobeError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
 
     def model_config(self):
-        """The :class:`headprobe.probe.model.transformer.TransformerConfig` of the model to train
+        """The :class:`headprobe.probe.model.config.TransformerConfig` of the model to train
         (``d_vocab = n_words + 1``, ``n_ctx = seq_len``).
 
         Raises:
             HeadprobeError: a layout the transformer cannot build (``d_model`` not a multiple of
                 ``n_heads``, ``n_heads`` not a multiple of ``n_kv_heads``, ...).
         """
-        from headprobe.probe.model.transformer import TransformerConfig
+        from headprobe.probe.model.config import TransformerConfig
 
         return TransformerConfig(
             n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,

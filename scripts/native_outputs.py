@@ -26,7 +26,9 @@ import zoo
 from conftest import make_tiny_tokenizer
 
 from headprobe.probe.backends.loading import wrap
-from headprobe.probe.model.transformer import KVCache, Transformer, TransformerConfig
+from headprobe.probe.model.cache import KVCache
+from headprobe.probe.model.config import TransformerConfig
+from headprobe.probe.model.transformer import Transformer
 
 #: name -> (family, config changes) of the Hugging Face checkpoints compared.
 VARIANTS = {

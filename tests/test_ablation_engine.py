@@ -24,8 +24,9 @@ def deep_gqa_native(tiny_tokenizer):
     """4 layers x 6 query heads on 3 KV heads (GQA), rotary, SwiGLU, seeded: the prefix skip
     and batching of the sweep need more than two layers to be tested."""
     from headprobe.probe.backends.loading import LoadedModel
+    from headprobe.probe.model.config import TransformerConfig
     from headprobe.probe.model.convert import spec_from_native
-    from headprobe.probe.model.transformer import Transformer, TransformerConfig
+    from headprobe.probe.model.transformer import Transformer
 
     torch.manual_seed(1)
     cfg = TransformerConfig(n_layers=4, d_model=48, n_heads=6, n_kv_heads=3, d_vocab=101, d_mlp=96,

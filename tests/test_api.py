@@ -206,9 +206,36 @@ def test_api_functions_record_the_load_time(tiny_dir, text_file, monkeypatch):
     small = dict(text=str(text_file), n_natural=2, seq_len=12, n_repeated=2, period=5, device="cpu")
     a = headprobe.ablate(str(tiny_dir), heads="1.3", **small)
     s = headprobe.scan(str(tiny_dir), types="induction", verify=False, metrics=False, **small)
-    assert a.load_s >= 0.2 and a.summary()["timings_s"]["total"] >= 0.2 and s.timings["load_s"] >= 0.2
+    assert a.load_s >= 0.2 and a.summary()["timings_s"]["total"] >= 0.2
+    assert s.load_s >= 0.2 and s.summary()["timings_s"]["load_s"] == round(s.load_s, 2)
+    d = headprobe.diff(str(tiny_dir), str(tiny_dir), types="induction", n_perm=99, **small)  # two loads: A's and B's
+    timings = d.summary()["timings_s"]
+    assert d.load_s >= 0.2 and timings["load_s"] == round(d.load_s, 2) and timings["load_b_s"] >= 0.2
     model = load_for(a.config)
     assert headprobe.ablate(model, heads="1.3", **small).load_s == 0.0
+
+
+def test_every_result_keeps_its_load_time_in_one_field():
+    """``load_s`` is a plain dataclass field (default 0) on every command's result that has one,
+    never a property over another attribute, so the runner and the Python functions set it alike."""
+    import importlib
+    import inspect
+
+    from headprobe.commands import COMMANDS
+
+    found = {}
+    for name in COMMANDS.names():
+        for suffix in ("", "_core"):
+            try:
+                module = importlib.import_module(f"headprobe.commands.{name}{suffix}")
+            except ModuleNotFoundError:
+                continue
+            for cls in vars(module).values():
+                if inspect.isclass(cls) and cls.__module__ == module.__name__ and hasattr(cls, "load_s"):
+                    fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+                    found[cls.__name__] = "load_s" in fields and fields["load_s"].default == 0.0
+    assert {"ScanResult", "RobustnessResult", "DiffResult", "AblateResult", "KVResult"} <= set(found)
+    assert [name for name, ok in found.items() if not ok] == []
 
 
 @pytest.mark.figures

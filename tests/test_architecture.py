@@ -319,3 +319,47 @@ def test_the_hand_written_flag_check_can_fail():
                "def add_arguments(p):\n    group = p.add_argument_group('x')\n    group.add_argument('--steps', type=int)\n")
     assert _add_argument_calls(planted) == [8]
     assert _add_argument_calls(planted.replace("group.add_argument('--steps', type=int)", "pass")) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The native model, one module per concern
+# ---------------------------------------------------------------------------------------------
+
+MAX_MODEL_FILE_LINES = 500
+"""The most lines a module under probe/model may have: the model is split by concern (config,
+positions, norms, masks, cache, attention, feed-forward, the model), not grown in one file."""
+
+
+def test_no_model_module_is_longer_than_500_lines():
+    over = {path.relative_to(ROOT).as_posix(): n for path in sorted((ROOT / "probe" / "model").rglob("*.py"))
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODEL_FILE_LINES}
+    assert not over, f"modules over {MAX_MODEL_FILE_LINES} lines under probe/model (split them by concern): {over}"
+
+
+def _top_level_names(source: str) -> list[str]:
+    """The public names ``source`` defines at its top level (classes, functions, assignments)."""
+    import ast
+
+    names = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return [n for n in names if not n.startswith("_")]
+
+
+def test_the_old_model_module_still_exports_every_moved_name():
+    """``from headprobe.probe.model.transformer import X`` keeps working for one release: every public
+    name the model's parts define is the same object there."""
+    import importlib
+
+    transformer = importlib.import_module("headprobe.probe.model.transformer")
+    missing, seen = [], 0
+    for part in ("config", "positions", "norms", "masks", "cache", "attention", "linear_attention", "feedforward"):
+        module = importlib.import_module(f"headprobe.probe.model.{part}")
+        names = _top_level_names(Path(module.__file__).read_text(encoding="utf-8"))
+        seen += len(names)
+        missing += [f"{part}.{n}" for n in names if getattr(transformer, n, None) is not getattr(module, n)]
+    assert seen >= 30 and not missing, f"not re-exported by headprobe.probe.model.transformer: {missing}"

@@ -20,8 +20,9 @@ from headprobe.analyses.attribution import ESTIMATORS, atp_star, forward_equival
 def deep_native(tiny_tokenizer):
     """4 layers x 4 heads (GQA 2 KV heads), seeded, larger weights so that heads matter."""
     from headprobe.probe.backends.loading import LoadedModel
+    from headprobe.probe.model.config import TransformerConfig
     from headprobe.probe.model.convert import spec_from_native
-    from headprobe.probe.model.transformer import Transformer, TransformerConfig
+    from headprobe.probe.model.transformer import Transformer
 
     torch.manual_seed(3)
     cfg = TransformerConfig(n_layers=4, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=101, d_mlp=64,

@@ -272,7 +272,7 @@ def test_budget_reads_a_pruned_directory(family, removed, tiny_tokenizer, tmp_pa
 def test_budget_reads_a_trained_directory(tiny_tokenizer, tmp_path, capsys):
     """A headprobe checkpoint (headprobe train's format) is read directly too, with every mode; its KV cache
     is the native model's own (KVCache after a forward pass) and its parameters the model's."""
-    from headprobe.probe.model.transformer import KVCache
+    from headprobe.probe.model.cache import KVCache
 
     model = _native("llama", tiny_tokenizer)
     d = tmp_path / "trained"

@@ -20,8 +20,9 @@ from scipy.stats import spearmanr
 from headprobe.analyses.circuit import agreement, edge_scores, parse_edge, path_patch_effects, prepare_runs
 from headprobe.probe.backends.loading import LoadedModel, wrap
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.convert import spec_from_native
-from headprobe.probe.model.transformer import Transformer, TransformerConfig
+from headprobe.probe.model.transformer import Transformer
 
 V, D, T = 12, 8, 6
 
@@ -266,3 +267,37 @@ def test_a_padded_batch_equals_each_prompt_run_alone(tiny_tokenizer, side):
     np.testing.assert_allclose(ig.logit_scores, np.mean([s.logit_scores for s in singles], axis=0), rtol=1e-4, atol=1e-7)
     with pytest.raises(HeadprobeError, match="no prediction from its real token 5"):  # the 6-token row: NaN, refused
         path_patch(model, clean, corrupted, senders, (1, 1), "k", first=5, attention_mask=mask)
+
+
+def _baseline_by_definition(model, runs, layers):
+    """The baseline error as defined: the clean metric against a forward resumed, unpatched, at every
+    one of ``layers`` (and the unembedding of the clean final residual), one forward each."""
+    tokens = runs.clean
+    outs = [model.logits_from_residual(runs.resid_final)]
+    outs += [model.forward_from(l, runs.resid_pre[l], attention_mask=runs.mask) for l in layers]
+    return max(float((runs.metric(o.float(), tokens).float() - runs.clean_metric).abs().max()) for o in outs)
+
+
+@pytest.mark.parametrize("drift_at", [None, 1, 2, 3])
+def test_the_one_pass_baseline_equals_its_definition(tiny_tokenizer, drift_at):
+    """baseline_error (one resumed pass, then one forward per layer only where a block drifts) equals
+    the definition on a faithful model (0) and on one whose block ``drift_at``, resumed, adds 0.05 to
+    the residual (the check must then fail, whichever block it is)."""
+    from headprobe.analyses.circuit import baseline_error
+
+    model = wrap(zoo.make_checkpoint("llama", tiny_tokenizer, num_hidden_layers=4), backend="native")
+    g = torch.Generator().manual_seed(0)
+    clean, corrupted = (torch.randint(0, 100, (3, 12), generator=g) for _ in range(2))
+    runs = prepare_runs(model, clean, corrupted, first=2)
+    handle = None
+    if drift_at is not None:  # after the clean run: only resumed forwards see it
+        handle = model.model.blocks[drift_at].register_forward_hook(lambda module, args, out: out + 0.05)
+    try:
+        with torch.inference_mode():
+            want = _baseline_by_definition(model, runs, [1, 2, 3])
+        got = baseline_error(model, runs, [1, 2, 3])
+    finally:
+        if handle is not None:
+            handle.remove()
+    assert got == want
+    assert (got == 0.0) if drift_at is None else (got > 1e-3)

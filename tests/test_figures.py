@@ -416,3 +416,27 @@ def test_circuit_graph_outlines_the_edges_path_patching_checked():
     assert len(arrows) == 2 and len(fig.axes[0].patches) == 3
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "outlined: checked by path patching (2 of 3)" in labels
+
+
+def test_the_pruning_panels_y_labels_never_meet():
+    """pruning_curve.png at prune's defaults (two panels, "held-out text loss (nats/token)" over
+    "repeated-tokens loss (nats/token)"): each panel's y label lies within its own panel's height, so
+    the two never overlap (they ran into each other); a longer label on three panels too."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from headprobe.commands.prune_core import METRICS
+
+    frac = np.linspace(0, 0.9, 10)
+    for metrics in (METRICS, (*METRICS, ("third", "in-context loss on held-out copy sequences (nats/token)"))):
+        losses = {c: 3 + frac for c, _ in metrics}
+        fig = figs.pruning_methods_plot([("importance", frac, losses)], [("random", frac, {c: np.stack([v, v + 1]) for c, v in losses.items()})],
+                                        metrics, "Head pruning, smollm2-135m\n(16-bit weights, float32 compute)")
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        labels = [ax.yaxis.label.get_window_extent(renderer) for ax in fig.axes]
+        panels = [ax.get_window_extent(renderer) for ax in fig.axes]
+        for label, panel in zip(labels, panels):
+            assert panel.y0 <= label.y0 and label.y1 <= panel.y1, (label, panel)
+        assert all(a.y0 > b.y1 for a, b in zip(labels, labels[1:])), labels  # top to bottom, apart
+        assert all(_inside(fig, ax.yaxis.label) for ax in fig.axes)

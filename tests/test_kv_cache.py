@@ -8,7 +8,9 @@ import torch
 
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.layout.cost import AttentionLayout, kv_bytes_per_request, kv_bytes_per_token
-from headprobe.probe.model.transformer import KVCache, Transformer, TransformerConfig, generate, init_weights
+from headprobe.probe.model.cache import KVCache
+from headprobe.probe.model.config import TransformerConfig
+from headprobe.probe.model.transformer import Transformer, generate, init_weights
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])

@@ -17,7 +17,7 @@ from headprobe.probe.backends.loading import wrap
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.layout import cost
 from headprobe.probe.layout.attention import KVPolicy, Streaming
-from headprobe.probe.model import transformer as model_mod
+from headprobe.probe.model import attention as attention_mod
 from headprobe.probe.model.transformer import generate
 
 CASES = {"gpt2-MHA": ("gpt2", {}), "llama-GQA": ("llama", {}), "llama-MQA": ("llama", {"num_key_value_heads": 1}),
@@ -80,7 +80,7 @@ def test_policy_equals_hand_built_mask(net, monkeypatch):
     policy = _policy(model)
     x = _tokens()
     want = _reference_logits(model, policy, x)
-    monkeypatch.setattr(model_mod, "STREAMING_MASK_ENTRIES", 7 * 4 * 20)  # several query blocks
+    monkeypatch.setattr(attention_mod, "STREAMING_MASK_ENTRIES", 7 * 4 * 20)  # several query blocks
     with torch.no_grad(), model.kv_policy(policy):
         got = model(x)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -220,3 +220,29 @@ def test_chunked_attention_is_refused_before_any_work(tiny_tokenizer, text_file)
     assert any(loaded.model.cfg.is_chunked(layer) for layer in range(loaded.model.cfg.n_layers))
     with pytest.raises(HeadprobeError, match="chunked attention"):
         run(loaded, KVConfig(model="llama4_text", seq_len=48, block_len=6, sink=2, window=6, text=str(text_file)), progress=False)
+
+
+def test_check_budget_refuses_exactly_below_the_all_streaming_floor():
+    """check_budget's floor is the all-streaming policy's share of the full cache (cost.policy_cost,
+    the layers' windows included): that share passes, one a hair below is refused, as is (0, 1]'s outside."""
+    lay = AttentionLayout(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, windows=(8, None, 16, None), bytes_per_element=4)
+    st, T = Streaming(2, 8), 64
+    cands = kp.streaming_candidates(lay, st)
+    floor = cost.policy_cost(lay, kp.policy_with_full(lay, [], st, cands), T).kv_fraction
+    assert 0 < floor < 1
+    for b in (floor, (floor + 1) / 2, 1.0):
+        kp.check_budget(b, st, lay, T, cands)
+    for b, match in ((floor * (1 - 1e-6), "below what every group streaming costs"), (0.0, r"in \(0, 1\]"),
+                     (1.5, r"in \(0, 1\]")):
+        with pytest.raises(HeadprobeError, match=match):
+            kp.check_budget(b, st, lay, T, cands)
+
+
+def test_check_kv_policy_refuses_chunked_attention_and_wrong_shapes(tiny_tokenizer):
+    loaded = wrap(zoo.make_checkpoint("llama4_text", tiny_tokenizer), backend="native")
+    with pytest.raises(HeadprobeError, match="chunked attention"):
+        loaded.check_kv_policy(KVPolicy.uniform(loaded.spec.n_layers, loaded.n_kv_groups))
+    llama = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
+    llama.check_kv_policy(KVPolicy.uniform(llama.spec.n_layers, llama.n_kv_groups))
+    with pytest.raises(HeadprobeError, match="KV groups"):
+        llama.check_kv_policy(KVPolicy.uniform(llama.spec.n_layers + 1, llama.n_kv_groups))

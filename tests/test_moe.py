@@ -1,4 +1,4 @@
-"""The native mixture-of-experts MLP (headprobe.probe.model.transformer.MoE) against Hugging Face's own MoE
+"""The native mixture-of-experts MLP (headprobe.probe.model.feedforward.MoE) against Hugging Face's own MoE
 blocks, built from tiny configs with random weights and run on random inputs: Mixtral, Qwen3-MoE
 (with and without ``norm_topk_prob``), GPT-OSS (router bias, expert biases, interleaved gate/up,
 the clamp reached), Llama-4 (sigmoid weight on the expert input, shared expert) and Qwen3-Next
@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import moe_weights
-from headprobe.probe.model.transformer import MoE, Transformer, TransformerConfig
+from headprobe.probe.model.feedforward import MoE
+from headprobe.probe.model.transformer import Transformer
 
 D, E, K, I = 64, 6, 2, 32
 BASE = dict(n_layers=1, d_model=D, n_heads=4, d_vocab=11, mlp="swiglu", bias=False, n_experts=E,
@@ -109,7 +111,7 @@ def test_moe_equals_hugging_faces_block(name):
 
 def test_moe_layers_and_dense_layers_in_one_model():
     """``moe_layers`` picks the mixture layers; the others keep the dense MLP of width ``d_mlp``."""
-    from headprobe.probe.model.transformer import MLP
+    from headprobe.probe.model.feedforward import MLP
 
     cfg = TransformerConfig(**{**BASE, "n_layers": 3}, d_mlp=40, moe_layers=(1,), positional="rotary", norm="rmsnorm")
     net = Transformer(cfg)

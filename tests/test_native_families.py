@@ -22,9 +22,10 @@ import zoo
 from headprobe.analyses.ablation import exact_sweep, sweep_loop
 from headprobe.probe.backends.loading import load_native, wrap
 from headprobe.probe.model.checkpoint import save_native
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.convert import supports
 from headprobe.probe.model.families import FAMILIES as REGISTRY
-from headprobe.probe.model.transformer import TransformerConfig, generate
+from headprobe.probe.model.transformer import generate
 
 FAMILIES = zoo.names()
 VARIANTS = [(name, v) for name in FAMILIES for v in zoo.tiny(name).variants]

@@ -20,8 +20,10 @@ from headprobe.probe.backends.loading import LoadedModel, load_model
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.ablation import head_ablation_hooks
 from headprobe.probe.hooks.capture import capture_heads
+from headprobe.probe.model.attention import Attention, merge_heads, split_heads
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.convert import from_hf, spec_from_native
-from headprobe.probe.model.transformer import Attention, Transformer, TransformerConfig, merge_heads, split_heads
+from headprobe.probe.model.transformer import Transformer
 
 ATOL = 1e-5
 
@@ -524,7 +526,8 @@ def test_from_state_dict_equals_loading_into_an_initialised_model():
     """Transformer.from_state_dict (meta-device build, tensors assigned) gives the model that
     load_state_dict into a normally built one gives: same outputs, same parameter count (a tied
     unembedding stays one parameter), rotary frequencies computed, nothing left on the meta device."""
-    from headprobe.probe.model.transformer import Transformer, TransformerConfig
+    from headprobe.probe.model.config import TransformerConfig
+    from headprobe.probe.model.transformer import Transformer
 
     for cfg in (TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=16, positional="rotary",
                                   norm="rmsnorm", mlp="swiglu", bias=False, n_kv_heads=2),
@@ -569,7 +572,7 @@ _PADDING = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 1, 0, 1, 1,
     (6, 6, None, _PADDING), (6, 6, 2, _PADDING),
 ])
 def test_key_mask_against_the_definitions(n_queries, n_keys, window, padding):
-    from headprobe.probe.model.transformer import key_mask
+    from headprobe.probe.model.masks import key_mask
 
     got = key_mask(n_queries, n_keys, torch.device("cpu"), window=window, padding=padding)
     want = reference_key_mask(n_queries, n_keys, window=window, padding=padding)
@@ -586,8 +589,8 @@ def test_key_mask_against_the_definitions(n_queries, n_keys, window, padding):
 def _mask_cases():
     """(name, model, run) for every way a mask arises: fused and eager, padding, a KV cache,
     sliding windows, MLA and a pruned model; ``run(model)`` returns logits."""
+    from headprobe.probe.model.cache import KVCache
     from headprobe.probe.model.pruned import keep_mask_from, remove_heads
-    from headprobe.probe.model.transformer import KVCache
 
     x = tokens(batch=3, pos=6, seed=3)
     cached = lambda m: torch.cat([m(x[:, :4], cache=(c := KVCache())), m(x[:, 4:], cache=c)], dim=1)
@@ -606,9 +609,10 @@ def _mask_cases():
 def test_every_path_masks_through_key_mask(monkeypatch):
     """Each attention path takes its mask from ``key_mask`` alone: with the function replaced by
     the reference above the logits are unchanged, with a mask that reads every key they change."""
-    import headprobe.probe.model.transformer as model_module
+    import headprobe.probe.model.attention as attention_module
+    import headprobe.probe.model.masks as masks_module
 
-    real = model_module.key_mask
+    real = masks_module.key_mask
 
     def reference(n_queries, n_keys, device, *, causal=True, window=None, padding=None, implicit=False, chunk=None):
         assert chunk is None  # no chunked model among the cases (chunks: tests/test_native_families.py)
@@ -622,9 +626,11 @@ def test_every_path_masks_through_key_mask(monkeypatch):
         outputs = {}
         with torch.no_grad():
             for label, fn in (("real", real), ("reference", reference), ("everything", everything)):
-                monkeypatch.setattr(model_module, "key_mask", fn)
+                for module in (attention_module, masks_module):  # attend's mask, and with_sink_key's
+                    monkeypatch.setattr(module, "key_mask", fn)
                 outputs[label] = run(model)
-        monkeypatch.setattr(model_module, "key_mask", real)
+        for module in (attention_module, masks_module):
+            monkeypatch.setattr(module, "key_mask", real)
         model.force_eager = False
         torch.testing.assert_close(outputs["reference"], outputs["real"], atol=ATOL, rtol=0, msg=name)
         if not name.startswith("encoder"):  # an encoder without padding reads every key anyway
@@ -634,7 +640,7 @@ def test_every_path_masks_through_key_mask(monkeypatch):
 def test_mla_is_an_attention_class_of_its_own():
     """MLA layers are LatentAttention (latent projections only), the others Attention (q/k/v
     projections only); both are SelfAttention, and neither accepts the other's config."""
-    from headprobe.probe.model.transformer import LatentAttention, SelfAttention
+    from headprobe.probe.model.attention import LatentAttention, SelfAttention
 
     mla_cfg = small_cfg(bias=False, kv_lora_rank=8, qk_rope_head_dim=4, positional="rotary")
     for cfg, cls, has, lacks in ((mla_cfg, LatentAttention, "kv_up", "k_proj"), (small_cfg(), Attention, "k_proj", "kv_up")):

@@ -119,7 +119,7 @@ def test_float16_large_queries_and_keys_give_no_nan(tiny_tokenizer):
 def test_rotary_frequencies_stay_float32_through_a_cast(tiny_llama_gqa_checkpoint):
     """Cast to bfloat16, the rotary frequencies stay float32 (bfloat16 ones are off by radians at position 8,000)."""
     from headprobe.probe.backends.loading import wrap
-    from headprobe.probe.model.transformer import Rotary
+    from headprobe.probe.model.positions import Rotary
 
     model = wrap(tiny_llama_gqa_checkpoint, backend="native").to(torch.bfloat16)
     rotaries = [m for m in model.model.modules() if isinstance(m, Rotary)]

@@ -148,9 +148,10 @@ def test_generated_flags_refuse_bad_input_before_torch_is_imported(tmp_path, arg
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("command", ["budget", "patch", "show", "view", "circuit", "kv"])
+@pytest.mark.parametrize("command", ["budget", "patch", "show", "view", "circuit", "kv", "atlas"])
 def test_help_imports_no_torch(tmp_path, command):
-    """``headprobe COMMAND --help`` prints its flags without importing torch (kv imported it with its backend)."""
+    """``headprobe COMMAND --help`` prints its flags without importing torch (kv and atlas among them,
+    whose runs need it)."""
     code, errors, torch = _refuse([command, "--help"], tmp_path)
     assert code == 0 and not errors and not torch
 

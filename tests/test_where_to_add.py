@@ -596,6 +596,39 @@ def _where_to_add_row(name: str) -> str:
     return rows[0]
 
 
+PATH_IN_BACKTICKS = re.compile(r"`((?:probe|analyses|headprobe|tests|docs|benchmarks|scripts)/[\w./-]+\.(?:py|md))`")
+"""A file of the repository named in backticks (``probe/model/config.py``); templates such as
+``probe/model/families/<model_type>.py`` are not paths."""
+
+
+def missing_paths(text: str) -> list[str]:
+    """The files ``text`` names in backticks that do not exist."""
+    return [p for p in PATH_IN_BACKTICKS.findall(text) if not (ROOT / p).exists()]
+
+
+def _where_to_add_sections() -> dict[str, str]:
+    """README's Where-to-add table and CONTRIBUTING's Where-to-add section (to the next heading)."""
+    out = {}
+    for name in ("README.md", "CONTRIBUTING.md"):
+        text = (ROOT / name).read_text(encoding="utf-8").split("## Where to add", 1)[1]
+        out[name] = text.split("\n## ", 1)[0]
+    return out
+
+
+def test_every_file_a_where_to_add_row_names_exists():
+    """A row names real files: moving code (the model split by concern) moves the rows with it."""
+    sections = _where_to_add_sections()
+    assert {name: missing_paths(text) for name, text in sections.items()} == {"README.md": [], "CONTRIBUTING.md": []}
+    option = _where_to_add_row("an architecture option of the native model")
+    assert "`probe/model/config.py`" in option and "`probe/model/attention.py`" in option
+    assert "`probe/model/config.py`" in sections["CONTRIBUTING.md"]
+
+
+def test_the_missing_path_check_can_fail():
+    text = "`probe/model/config.py`, `probe/model/transformers.py`, `probe/model/families/<model_type>.py`, `docs/nope.md`"
+    assert missing_paths(text) == ["probe/model/transformers.py", "docs/nope.md"]
+
+
 def test_the_readme_names_the_places_these_tests_use():
     """The rows say where the tests above add things: the registry entry and the settings module."""
     command = _where_to_add_row("a command")

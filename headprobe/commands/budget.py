@@ -701,7 +701,7 @@ def check_headprobe_dir(path: str) -> tuple[AttentionLayout, list[list[int]] | N
     """Read a headprobe checkpoint directory and check the formulas against the model in it.
 
     The layout is the directory's own: its config.json's model config
-    (:attr:`headprobe.probe.model.transformer.TransformerConfig.layout`) and, for a pruned model, the query
+    (:attr:`headprobe.probe.model.config.TransformerConfig.layout`) and, for a pruned model, the query
     heads each layer keeps (``pruned.kept_heads``). The model is the one the directory holds: the
     small pruned model itself (:func:`headprobe.probe.model.pruned.load_pruned_dir`, removed heads'
     weights absent) or the trained one. One forward pass over :func:`check_length` tokens measures,

@@ -79,7 +79,9 @@ def compare(a: dict[str, np.ndarray], b: dict[str, np.ndarray], correction: str,
 @dataclass
 class DiffResult:
     """What ``headprobe diff`` found: per quantity the two models' values and the tests, the top-k
-    sets of each type in each model, the flipped heads, the table (diff.csv) and the settings."""
+    sets of each type in each model, the flipped heads, the table (diff.csv) and the settings.
+    ``load_s``: seconds loading model A (set by the caller that loaded it); ``timings``: seconds
+    loading model B (``load_b_s``; 0 for a model given loaded) and measuring both (``measure_s``)."""
 
     config: DiffConfig
     spec_a: ModelSpec
@@ -94,14 +96,7 @@ class DiffResult:
     requantized: int = 0
     device: str = "cpu"
     self_check: dict | None = None
-
-    @property
-    def load_s(self) -> float:
-        return self.timings["load_s"]
-
-    @load_s.setter
-    def load_s(self, seconds: float) -> None:
-        self.timings["load_s"] = self.timings.get("load_s", 0.0) + seconds
+    load_s: float = 0.0
 
     def summary(self) -> dict:
         c = self.config
@@ -124,7 +119,7 @@ class DiffResult:
             "role_rule": f"a head's role flipped: in the top-{c.k} set of a type in one model and not the other, and its "
                          "score of that type changed (changed_rule); a top-k swap within the noise is not a flip",
         }, model=self.spec_a.name, precision=self.spec_a.precision, device=self.device,
-            self_check=self.self_check, config=c, timings_s=self.timings)
+            self_check=self.self_check, config=c, timings_s={"load_s": self.load_s, **self.timings})
 
     def changed(self, quantity: str) -> np.ndarray:
         """``[layer, head]`` bool: :func:`changed_heads` of ``quantity`` at the run's alpha and floor."""
@@ -270,7 +265,7 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
     seq_len = min(cfg.seq_len or 128, spec.n_ctx, b.spec.n_ctx)
     period = min(cfg.period or 50, (min(spec.n_ctx, b.spec.n_ctx) - 1) // 2)
     cfg = replace(cfg, types=types, k=k, seq_len=seq_len, period=period)
-    timings = {"load_s": 0.0}
+    timings: dict[str, float] = {}
     t0 = time.perf_counter()
     natural = natural_text_tokens(a, cfg.n_natural, seq_len, cfg.seed, open_text_file(cfg.text) if cfg.text else None,
                                   source=cfg.text)
@@ -317,12 +312,13 @@ def diff(a: str | LoadedModel, b: str | LoadedModel, *, progress: bool = False, 
     name = lambda m: m if isinstance(m, str) else m.spec.name
     options.check_fields(DiffConfig, fields, "diff", positional=("model", "b"))
     cfg = DiffConfig(model=name(a), b=name(b), **fields)
-    t0 = time.perf_counter()
     if isinstance(a, str) or isinstance(b, str):
         cfg.preflight()
+    t0 = time.perf_counter()
     ma = options.load_for(cfg) if isinstance(a, str) else a
+    t1 = time.perf_counter()
     mb = options.load_for(replace(cfg, model=cfg.b)) if isinstance(b, str) else b
-    load_s = time.perf_counter() - t0 + _load_b
+    load_b = time.perf_counter() - t1 + _load_b
     n = 0
     if cfg.requantize_b and (isinstance(b, str) or _b_loaded_here):  # B is diff's own: rounded in place
         n = requantize(mb, cfg.requantize_b)
@@ -330,7 +326,8 @@ def diff(a: str | LoadedModel, b: str | LoadedModel, *, progress: bool = False, 
         mb, n = requantized(mb, cfg.requantize_b)
     result = compare_models(ma, mb, cfg, progress)
     result.requantized = n
-    result.timings["load_s"] = load_s
+    result.load_s = t1 - t0
+    result.timings = {"load_b_s": load_b, **result.timings}
     return result
 
 

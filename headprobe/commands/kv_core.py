@@ -232,7 +232,6 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
     """
     import time
 
-    import torch
     from tqdm.auto import tqdm
 
     from headprobe.analyses import kvpolicy as kp
@@ -241,8 +240,7 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
 
     config.preflight()
     kp.check_kv_backend(model)
-    with model.kv_policy(KVPolicy.uniform(model.spec.n_layers, model.n_kv_groups)):
-        pass  # refuses what the model cannot mask per group (chunked attention) before any work
+    model.check_kv_policy(KVPolicy.uniform(model.spec.n_layers, model.n_kv_groups))  # chunked attention: before any work
     layout = model.kv_layout
     assert config.window is not None  # filled by KVConfig.__post_init__
     streaming = Streaming(config.sink, config.window)
@@ -251,7 +249,7 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
         raise HeadprobeError(f"every layer of {model.spec.name} has a sliding window of at most --window {config.window}: "
                              f"streaming would change nothing; use a smaller --window")
     for b in (*config.budgets, config.kv_budget) if config.loss_tolerance is None else config.budgets:
-        kp.budget_full_groups(torch.zeros(layout.n_layers, model.n_kv_groups), streaming, layout, config.seq_len, b, candidates)
+        kp.check_budget(b, streaming, layout, config.seq_len, candidates)
     t0 = time.perf_counter()
     natural, lr = _token_sets(model, config)
     tokens, start = natural.tokens.to(model.device), natural.start

@@ -127,7 +127,8 @@ class RobustnessResult:
         outcomes: one :class:`Outcome` per condition, the base first.
         table: robustness.csv, one row per (type, head in any condition's top-k set).
         types: type -> ``{"conditions", "mean_jaccard", "verdict_holds_everywhere", ...}``.
-        notes: conditions left out and why. timings: seconds (``load_s``, ``score_s``, ``verify_s``).
+        notes: conditions left out and why. timings: seconds of the run (``run_s``).
+        load_s: seconds spent loading the model (set by the caller that loaded it).
     """
 
     config: RobustnessConfig
@@ -139,14 +140,7 @@ class RobustnessResult:
     timings: dict[str, float]
     device: str = "cpu"
     self_check: dict | None = None
-
-    @property
-    def load_s(self) -> float:
-        return self.timings["load_s"]
-
-    @load_s.setter
-    def load_s(self, seconds: float) -> None:
-        self.timings["load_s"] = seconds
+    load_s: float = 0.0
 
     def summary(self) -> dict:
         """summary.json's content (the house envelope, :func:`~headprobe.probe.core.io.summary_envelope`)."""
@@ -164,7 +158,7 @@ class RobustnessResult:
                               "over every pair of its conditions' top-k sets; verdict_holds_everywhere: CONFIRMED "
                               "(scan's rule) in every one of its conditions",
         }, model=self.spec.name, precision=self.spec.precision, device=self.device,
-            self_check=self.self_check, config=self.config, timings_s=self.timings)
+            self_check=self.self_check, config=self.config, timings_s={"load_s": self.load_s, **self.timings})
 
     def figures(self) -> dict:
         return {"robustness": lambda: stability_figure(self)}
@@ -257,7 +251,7 @@ def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> 
         raise HeadprobeError(f"--top-k {k} leaves no control heads: the model has {n_heads} heads")
     cfg = replace(config, k=k, seq_len=min(config.seq_len or 128, spec.n_ctx),
                   period=min(config.period or 50, (spec.n_ctx - 1) // 2))
-    timings = {"load_s": 0.0}
+    timings: dict[str, float] = {}
     t0 = time.perf_counter()
     conds, notes = conditions(model, cfg, k)
     alternatives = {}

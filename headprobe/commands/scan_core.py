@@ -61,7 +61,7 @@ class ScanResult:
         examples: head type -> ``{"head", "pattern", "labels", "positions", ...}``, its top head's pattern on a
             short example (a repeated sequence longer than 28 tokens: the window around the repeat's start,
             :func:`~headprobe.analyses.scoring.example_patterns`).
-        timings: seconds per stage (``load_s``, ``score_s``, ``ablate_s``).
+        timings: seconds per stage (``score_s``, ``ablate_s``, the plan's estimate).
         device, dtype: where and in which precision the model ran.
         self_check: the model's load-time self-check (:meth:`SelfCheck.to_dict`).
         warnings: why a task's numbers cannot carry verdicts (unknown text, loss above ln(vocabulary)), one line each.
@@ -75,6 +75,7 @@ class ScanResult:
         verification: the verification's design (:func:`headprobe.analyses.verification.verify_heads`):
             alpha, correction, family size, control design, sets ablated, notes; {} without verification.
         removed_heads: ``(layer, head)`` of a pruned model's removed heads (their scores are NaN).
+        load_s: seconds spent loading the model (set by the caller that loaded it; 0 for a model given loaded).
     """
 
     config: ScanConfig
@@ -97,21 +98,13 @@ class ScanResult:
     composition: dict | None = None
     verification: dict = field(default_factory=dict)
     removed_heads: list = field(default_factory=list)
+    load_s: float = 0.0
 
     @property
     def rule(self) -> VerdictRule | None:
         """The verdict rule the verification decided with (None without one)."""
         record = self.verification.get("verdict_rule")
         return VerdictRule.from_dict(record) if record else None
-
-    @property
-    def load_s(self) -> float:
-        """Seconds spent loading the model (``timings["load_s"]``; set by the caller that loaded it)."""
-        return self.timings["load_s"]
-
-    @load_s.setter
-    def load_s(self, seconds: float) -> None:
-        self.timings["load_s"] = seconds
 
     def summary(self) -> dict:
         """summary.json's content (as a dict; package versions included)."""
@@ -243,7 +236,7 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True, resume: d
         HeadprobeError: bad text, sequences longer than the context, k too large, a model whose
             self-check forbids patterns (or, with ``verify``, head ablation), or NaN activations.
     """
-    timings: dict[str, float] = {"load_s": 0.0}
+    timings: dict[str, float] = {}
     text = config.read_text()
     spec = model.spec
     model.self_check.require_patterns("head scores")
@@ -387,7 +380,7 @@ def run_scan(cfg: ScanConfig, model: LoadedModel | None=None, progress: bool = T
     loaded = options.load_for(cfg) if model is None else model
     load_s = time.perf_counter() - t0
     result = run(loaded, cfg, progress=progress)
-    result.timings["load_s"] = load_s if model is None else 0.0
+    result.load_s = load_s if model is None else 0.0
     return result
 
 
@@ -442,7 +435,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         "ablations": [v.to_dict() for v in result.verifications],
         "metrics": result.metrics,
     }, model=spec.name, precision=spec.precision, device=str(result.device), self_check=result.self_check, config=cfg,
-        timings_s=result.timings)
+        timings_s={"load_s": result.load_s, **result.timings})
 
 
 def interval_null_reasons(result: ScanResult) -> dict[str, str]:

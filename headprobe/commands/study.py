@@ -159,7 +159,7 @@ class StudyConfig:
 
 def layout_of(cfg: TrainConfig) -> AttentionLayout:
     """The :class:`~headprobe.probe.layout.attention.AttentionLayout` of the model a training config builds
-    (:attr:`TransformerConfig.layout <headprobe.probe.model.transformer.TransformerConfig.layout>`), costed
+    (:attr:`TransformerConfig.layout <headprobe.probe.model.config.TransformerConfig.layout>`), costed
     with a bf16 cache (2 bytes per element).
 
     Raises:

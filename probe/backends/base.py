@@ -446,6 +446,15 @@ class LoadedModel:
         """
         raise self.lacks("kv_policies", f"KV-cache policies need the native backend, not {self.name}")
 
+    def check_kv_policy(self, policy: KVPolicy) -> None:
+        """Raise unless ``policy`` fits the model: its ``n_layers`` x ``n_kv_groups``, and attention the
+        model can mask per KV group (no chunked attention).
+
+        Raises:
+            HeadprobeError: a policy that does not fit, or a backend without per-group masks.
+        """
+        raise self.lacks("kv_policies", f"KV-cache policies need the native backend, not {self.name}")
+
     def kv_policy(self, policy: KVPolicy | None) -> AbstractContextManager[Any]:
         """Context manager: forwards inside run with ``policy``'s per-KV-group streaming attention.
 

@@ -389,8 +389,9 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
     import json
     import pickle
 
+    from headprobe.probe.model.config import TransformerConfig
     from headprobe.probe.model.convert import spec_from_native
-    from headprobe.probe.model.transformer import Transformer, TransformerConfig
+    from headprobe.probe.model.transformer import Transformer
 
     path = Path(path)
     try:

@@ -288,6 +288,11 @@ class NativeModel(LoadedModel):
         per element of the compute dtype: what the KV cache holds."""
         return dataclasses.replace(self.model.cfg.layout, bytes_per_element=torch.empty((), dtype=self.dtype).element_size())
 
+    def check_kv_policy(self, policy: KVPolicy) -> None:
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.check_kv_policy`
+        (:meth:`headprobe.probe.model.transformer.Transformer.check_kv_policy`)."""
+        self.model.check_kv_policy(policy)
+
     def kv_policy(self, policy: KVPolicy | None) -> AbstractContextManager[Any]:
         """Context manager: every forward inside runs with ``policy``'s per-KV-group streaming
         attention (:meth:`headprobe.probe.model.transformer.Transformer.kv_policy`; None: full attention).
@@ -298,7 +303,7 @@ class NativeModel(LoadedModel):
         return self.model.kv_policy(policy)
 
     def streaming_cache_bytes(self, tokens: Int[Tensor, "batch pos"], policy: KVPolicy) -> int:
-        """Bytes of the :class:`~headprobe.probe.model.transformer.StreamingKVCache` the model allocates for
+        """Bytes of the :class:`~headprobe.probe.model.cache.StreamingKVCache` the model allocates for
         ``policy`` after prefilling ``tokens`` (one forward pass)."""
         cache = self.model.streaming_cache(policy)
         with torch.inference_mode():

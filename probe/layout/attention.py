@@ -1,5 +1,5 @@
 """The attention layout of a decoder-only transformer (:class:`AttentionLayout`): one type shared
-by the native model's config (:attr:`headprobe.probe.model.transformer.TransformerConfig.layout`), a loaded
+by the native model's config (:attr:`headprobe.probe.model.config.TransformerConfig.layout`), a loaded
 model's spec (:attr:`headprobe.probe.layout.spec.ModelSpec.layout`) and the cost formulas
 (:mod:`headprobe.probe.layout.cost`).
 

@@ -23,9 +23,10 @@ from torch import Tensor
 
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.layout.spec import ModelSpec
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families import FAMILIES
 from headprobe.probe.model.families.base import Family
-from headprobe.probe.model.transformer import Transformer, TransformerConfig
+from headprobe.probe.model.transformer import Transformer
 
 
 def family_of(hf_config: Any) -> Family:

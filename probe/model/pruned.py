@@ -30,7 +30,10 @@ from torch import Tensor
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import atomic_path
 from headprobe.probe.hooks.names import attn_hook, block_path
-from headprobe.probe.model.transformer import QKV, Attention, KVCache, StreamingKVCache, Transformer, TransformerConfig
+from headprobe.probe.model.attention import QKV, Attention
+from headprobe.probe.model.cache import KVCache, StreamingKVCache
+from headprobe.probe.model.config import TransformerConfig
+from headprobe.probe.model.transformer import Transformer
 
 FORMAT = "headprobe-pruned-v1"
 
@@ -55,7 +58,7 @@ def check_prunable(cfg: TransformerConfig) -> None:
 class PrunedAttention(Attention):
     """Causal attention over a subset of query heads (and the key/value heads they read).
 
-    Built by :class:`~headprobe.probe.model.transformer.Attention` with fewer heads, so every option of
+    Built by :class:`~headprobe.probe.model.attention.Attention` with fewer heads, so every option of
     the config (biases, per-head QK-norm, partial rotary, sliding window, soft-capping) is
     computed by the same code as the full model.
 
@@ -120,7 +123,7 @@ class PrunedAttention(Attention):
 
     def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
             cache: KVCache | StreamingKVCache | None = None) -> QKV:
-        """:class:`~headprobe.probe.model.transformer.Attention`'s, with each kept query head given its own
+        """:class:`~headprobe.probe.model.attention.Attention`'s, with each kept query head given its own
         key/value head when the groups are no longer uniform (``kv_index``)."""
         q, k, v = super().qkv(x, positions)  # [batch, kept head | kept kv_head, pos, d]
         if self.n_kv_heads != self.n_heads:
@@ -135,7 +138,7 @@ class PrunedAttention(Attention):
         head_mask: Tensor | None = None,
         cache: KVCache | StreamingKVCache | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
-        """:meth:`~headprobe.probe.model.transformer.SelfAttention.forward` over the kept heads (``hook_z``
+        """:meth:`~headprobe.probe.model.attention.SelfAttention.forward` over the kept heads (``hook_z``
         ``[batch, pos, kept head, d_head]``); a layer with no head left returns ``b_O``.
 
         Raises:

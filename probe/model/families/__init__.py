@@ -1,6 +1,6 @@
 """The model families headprobe's native :class:`~headprobe.probe.model.transformer.Transformer` loads from
 Hugging Face checkpoints, one module each: ``probe/model/families/<model_type>.py`` holds the family's
-config mapping (Hugging Face config -> :class:`~headprobe.probe.model.transformer.TransformerConfig`), its
+config mapping (Hugging Face config -> :class:`~headprobe.probe.model.config.TransformerConfig`), its
 weight conversion, the tiny checkpoint the test zoo builds of it and the facts the tests check,
 as one :class:`~headprobe.probe.model.families.base.Family` named ``FAMILY``.
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.model.transformer import TransformerConfig
+from headprobe.probe.model.config import TransformerConfig
 
 # ---------------------------------------------------------------------------------------------
 # The record
@@ -151,7 +151,7 @@ EXPERT_LAYOUTS = ("chunked", "transposed", "interleaved")
 def moe_weights(sd: Mapping[str, Tensor], ours: str, theirs: str, *, router: str = "gate", layout: str = "chunked",
                 shared: str | None = None, shared_gate: str | None = None) -> dict[str, Tensor]:
     """A mixture-of-experts MLP's weights (Hugging Face names under ``theirs``) in the names and
-    layouts of :class:`~headprobe.probe.model.transformer.MoE` (under ``ours``): ``gate_up`` ``[expert, gate
+    layouts of :class:`~headprobe.probe.model.feedforward.MoE` (under ``ours``): ``gate_up`` ``[expert, gate
     rows | up rows, d_model]`` and ``down`` ``[expert, d_model, d_expert]``.
 
     Args:

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import (
     GATED_MLP,
     TINY_FIELDS,
@@ -26,7 +27,6 @@ from headprobe.probe.model.families.base import (
     renamed,
     sliding,
 )
-from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import (
     GATED_MLP,
     TINY_FIELDS,
@@ -24,7 +25,6 @@ from headprobe.probe.model.families.base import (
     renamed,
     rope_theta,
 )
-from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:

@@ -15,9 +15,9 @@ from typing import Any
 
 from torch import Tensor
 
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec, Variant
 from headprobe.probe.model.families.llama import llama_config, llama_weights
-from headprobe.probe.model.transformer import TransformerConfig
 
 NORMS = {"ln1": "input_layernorm", "ln1_post": "post_attention_layernorm",
          "ln2": "pre_feedforward_layernorm", "ln2_post": "post_feedforward_layernorm"}

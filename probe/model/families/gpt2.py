@@ -14,8 +14,8 @@ from torch import Tensor
 
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import TINY_VOCAB, Family, TinySpec, hf_sizes, renamed
-from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import (
     TINY_VOCAB,
     Family,
@@ -23,7 +24,6 @@ from headprobe.probe.model.families.base import (
     rope_parameters,
     rope_theta,
 )
-from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import (
     TINY_FIELDS,
     Family,
@@ -25,7 +26,6 @@ from headprobe.probe.model.families.base import (
     sliding,
 )
 from headprobe.probe.model.families.llama import llama_weights
-from headprobe.probe.model.transformer import TransformerConfig
 
 YARN_KEYS = {"rope_type", "rope_theta", "factor", "beta_fast", "beta_slow", "truncate", "original_max_position_embeddings",
              "attention_factor"}

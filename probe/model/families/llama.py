@@ -16,6 +16,7 @@ from torch import Tensor
 
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import (
     GATED_MLP,
     TINY_FIELDS,
@@ -27,7 +28,6 @@ from headprobe.probe.model.families.base import (
     renamed,
     sliding,
 )
-from headprobe.probe.model.transformer import TransformerConfig
 
 WINDOWS = ("none", "layer_types", "every_layer")
 """How a Llama-like family reads sliding windows (:func:`llama_config`)."""

@@ -4,7 +4,7 @@ NoPE layers (``no_rope_layers`` 0: no rotary) with query temperature tuning, a w
 L2 (RMS) norm on queries and keys after rotary on the rotary layers (``use_qk_norm``), an
 explicit ``head_dim``, the dense MLP's own width (``intermediate_size_mlp``) and mixture-of-experts
 MLPs on ``moe_layers`` (sigmoid of the top-k router logits weighting the expert's input, plus a
-shared expert; :class:`~headprobe.probe.model.transformer.MoE`).
+shared expert; :class:`~headprobe.probe.model.feedforward.MoE`).
 
 Llama-4's rotary multiplies adjacent pairs ``(2i, 2i+1)`` as complex numbers; ordering each
 head's query and key rows evens-then-odds turns it into the ``rotate_half`` rotation the native
@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import (
     TINY_FIELDS,
     Family,
@@ -29,7 +30,6 @@ from headprobe.probe.model.families.base import (
     layer_ropes,
 )
 from headprobe.probe.model.families.llama import llama_weights
-from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:

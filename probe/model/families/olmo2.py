@@ -7,9 +7,9 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec
 from headprobe.probe.model.families.llama import llama_config, llama_weights
-from headprobe.probe.model.transformer import TransformerConfig
 
 NORMS = {"ln1_post": "post_attention_layernorm", "ln2_post": "post_feedforward_layernorm"}
 """Native norm of an OLMo-2 layer -> the Hugging Face norm it loads (no pre norms)."""

@@ -9,9 +9,9 @@ from typing import Any
 
 from torch import Tensor
 
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec, Variant, rope_parameters
 from headprobe.probe.model.families.llama import llama_config, llama_weights
-from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec, Variant
 from headprobe.probe.model.families.llama import llama_config, llama_weights
-from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import Family, TinySpec
 from headprobe.probe.model.families.qwen3_next import HYBRID, TINY, gated_config, weights
-from headprobe.probe.model.transformer import TransformerConfig
 
 
 def config(hf_config: Any) -> TransformerConfig:

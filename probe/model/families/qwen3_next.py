@@ -1,9 +1,9 @@
 """Qwen3-Next (``Qwen3NextForCausalLM``; Qwen Team 2025) with full-attention layers only: Qwen3's block with gated attention (``q_proj`` gives each head its query and an output
 gate, ``o_proj(attn * sigmoid(gate))``), partial rotary (``partial_rotary_factor``) and the
 ``(1 + w)`` RMSNorm (``Qwen3NextRMSNorm``, its QK-norm too; loaded as ``1 + w``, the same float32
-product), mixture-of-experts MLPs with a sigmoid-gated shared expert (:class:`~headprobe.probe.model.transformer.MoE`).
+product), mixture-of-experts MLPs with a sigmoid-gated shared expert (:class:`~headprobe.probe.model.feedforward.MoE`).
 Its Gated-DeltaNet linear-attention layers (``layer_types``) run Hugging Face's own module
-(:class:`~headprobe.probe.model.transformer.LinearAttention`): they have no heads, and heads keep the model's layer numbers.
+(:class:`~headprobe.probe.model.linear_attention.LinearAttention`): they have no heads, and heads keep the model's layer numbers.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from torch import Tensor
 
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.names import block_path
+from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.families.base import TINY_FIELDS, Family, TinySpec, Variant, rope_parameters
 from headprobe.probe.model.families.gemma2 import one_plus
 from headprobe.probe.model.families.llama import llama_config, llama_weights
-from headprobe.probe.model.transformer import TransformerConfig
 
 
 def sparse_layers(hf_config: Any) -> list[int]:

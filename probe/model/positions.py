@@ -1,0 +1,154 @@
+"""Positions: the token and learned-position :class:`Embedding`, and rotary positions
+(:class:`Rotary`: Hugging Face's halves or interleaved pairs, partial, linear and YaRN scaling).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from headprobe.probe.model.config import TransformerConfig
+
+
+class Embedding(nn.Module):
+    """Token embedding ``W_E`` (times ``sqrt(d_model)`` with ``embed_scale``, as Gemma, the
+    factor rounded to the weights' dtype; times ``embedding_multiplier``, Granite) and, for ``positional="learned"``, the position table
+    ``W_pos``.
+
+    Returns the two terms separately so that the model's root hook points ``hook_embed`` and
+    ``hook_pos_embed`` (TransformerLens' names) see each.
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.W_E = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.W_pos = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positional == "learned" else None
+        self.scale = cfg.d_model ** 0.5 if cfg.embed_scale else None
+        self.multiplier = cfg.embedding_multiplier
+
+    def forward(
+        self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"] | None]:
+        tok = self.W_E(tokens)
+        if self.scale is not None:
+            tok = tok * torch.tensor(self.scale, dtype=tok.dtype, device=tok.device)
+        if self.multiplier is not None:  # Granite: inputs_embeds * embedding_multiplier
+            tok = tok * self.multiplier
+        return tok, None if self.W_pos is None else self.W_pos(positions)
+
+
+def rotate_half(x: Float[Tensor, "... d_head"]) -> Float[Tensor, "... d_head"]:
+    """``[x1, x2] -> [-x2, x1]`` on the two halves of the last axis (Hugging Face's RoPE layout,
+    which pairs dimension ``i`` with ``i + d_head/2``, not adjacent dimensions)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_pairs(x: Float[Tensor, "... d_head"]) -> Float[Tensor, "... d_head"]:
+    """``(x_2i, x_2i+1) -> (-x_2i+1, x_2i)`` on adjacent pairs of the last axis (the interleaved
+    RoPE layout of the original paper and of Hugging Face's Cohere ``rotate_half``)."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+@dataclass(frozen=True)
+class YaRN:
+    """YaRN's rotary scaling (Peng et al. 2023, arXiv 2309.00071), as Hugging Face's
+    ``_compute_yarn_parameters`` computes it: see :class:`~headprobe.probe.model.config.TransformerConfig` ``yarn_factor``."""
+
+    factor: float
+    original_ctx: int
+    beta_fast: float
+    beta_slow: float
+    truncate: bool
+    attention_factor: float
+
+    @classmethod
+    def of(cls, cfg: TransformerConfig) -> YaRN | None:
+        """The config's YaRN scaling, or None (plain rotary)."""
+        if cfg.yarn_factor is None:
+            return None
+        f = cfg.yarn_factor
+        attention = cfg.yarn_attention_factor
+        if attention is None:
+            attention = 0.1 * math.log(f) + 1.0 if f > 1 else 1.0
+        return cls(f, cfg.yarn_original_ctx, cfg.yarn_beta[0], cfg.yarn_beta[1], cfg.yarn_truncate, float(attention))
+
+    def blend(self, pos_freqs: Float[Tensor, " half_dim"], dim: int, theta: float) -> Float[Tensor, " half_dim"]:
+        """``inv_freq = 1 / pos_freqs`` blended with ``1 / (factor pos_freqs)`` by the linear ramp between the correction
+        dimensions of ``beta_fast`` and ``beta_slow`` rotations (extrapolated above, interpolated below)."""
+        def correction(rotations: float) -> float:
+            return dim * math.log(self.original_ctx / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+        low, high = correction(self.beta_fast), correction(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # as Hugging Face: no division by zero
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=pos_freqs.device) - low) / (high - low)).clamp(0, 1)
+        extrapolation = 1 - ramp
+        return 1.0 / (self.factor * pos_freqs) * (1 - extrapolation) + 1.0 / pos_freqs * extrapolation
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (Su et al. 2021) in the convention of ``transformers``' Llama:
+    ``inv_freq_i = theta^(-2i/dim)``, angle ``pos * inv_freq`` repeated over both halves,
+    ``x_rot = x cos + rotate_half(x) sin``. Frequencies and angles in float32 whatever the weights' dtype
+    (as Hugging Face's reference); ``cos``/``sin`` are cast to the dtype of ``x`` for the rotation.
+
+    With ``dim`` below the head width only the first ``dim`` dimensions of each head rotate
+    and the rest pass through (GPT-NeoX's partial rotary, ``rotary_pct``). ``factor`` divides the
+    frequencies (linear scaling); ``interleaved`` rotates adjacent pairs (:func:`rotate_pairs`,
+    the angles repeated per pair) instead of halves."""
+
+    def __init__(self, dim: int, theta: float, factor: float = 1.0, interleaved: bool = False, yarn: YaRN | None = None):
+        super().__init__()
+        self.dim = dim
+        self.theta = theta
+        self.factor = factor
+        self.interleaved = interleaved
+        self.yarn = yarn
+        self.attention_factor = 1.0 if yarn is None else yarn.attention_factor
+        self.register_buffer("inv_freq", self.frequencies(), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        """Moves and casts (``.to(device)``, ``.to(torch.bfloat16)``, ...) apply as to any module,
+        except that ``inv_freq`` stays float32, recomputed on its new device: cast to bfloat16
+        the frequencies keep 3 significant digits and the angle at position 8,000 would be off by
+        several radians. Hugging Face's reference keeps them float32 when it loads a model in
+        half precision; so do we."""
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32:
+            self.inv_freq = self.frequencies().to(self.inv_freq.device)
+        return self
+
+    def frequencies(self) -> Float[Tensor, " half_dim"]:
+        """``inv_freq_i = theta^(-2i/dim) / factor``, float32 on the CPU (a fresh tensor)."""
+        arange = torch.arange(0, self.dim, 2, dtype=torch.int64, device="cpu")
+        pos_freqs = self.theta ** (arange.float() / self.dim)
+        if self.yarn is not None:
+            return self.yarn.blend(pos_freqs, self.dim, self.theta)
+        inv_freq = 1.0 / pos_freqs
+        return inv_freq if self.factor == 1.0 else inv_freq / self.factor
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos head d_head"],
+        positions: Int[Tensor, "batch pos"],
+    ) -> Float[Tensor, "batch pos head d_head"]:
+        if x.shape[-1] > self.dim:
+            return torch.cat((self(x[..., :self.dim], positions), x[..., self.dim:]), dim=-1)
+        angles = positions[..., None].float() * self.inv_freq  # [batch, pos, dim/2]
+        if self.interleaved:
+            angles = angles.repeat_interleave(2, dim=-1)[:, :, None, :]  # [batch, pos, 1, dim]
+        else:
+            angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # [batch, pos, 1, dim]
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1.0:  # YaRN: as Hugging Face, on cos and sin in float32
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        return x * cos + (rotate_pairs(x) if self.interleaved else rotate_half(x)) * sin
