@@ -18,7 +18,7 @@ the attention on the detection pattern by the attention of *all* T queries, quer
 first block included, where these scores average over the queries their definition uses. So on
 the same pattern the previous-token score is TransformerLens' times ``T / (T - 1)``, and the
 duplicate-token and induction scores on ``[BOS] r_1..r_S r_1..r_S`` (T tokens, 2S + 1 with
-BOS) its times ``T / S`` (measured for issue 23 by running its code on the same tokens; every
+BOS) its times ``T / S`` (measured by running its code on the same tokens; every
 head agrees).
 
 Encoders (bidirectional attention, e.g. BERT): the natural-text sequences end with ``[SEP]``

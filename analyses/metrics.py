@@ -59,7 +59,7 @@ def sink_rate(pattern: Pattern, key: int = 0) -> Float[Tensor, " head"]:
     Convention: the rate is averaged over the batch *before* the threshold, so a scan's
     ``sink_heads_share`` is the share of heads whose batch-mean rate exceeds 0.3. Gu et al.'s
     released code thresholds each sample's rate and averages the per-sample shares: on the demo
-    model (SmolLM2-135M) 62.41% against headprobe's 64.81% (issue 23); per head the rates agree.
+    model (SmolLM2-135M) 62.41% against headprobe's 64.81%; per head the rates agree.
 
     Raises:
         ValueError: ``pattern`` is not ``[batch, head, q, q]``, or ``key`` is outside it.
@@ -284,8 +284,8 @@ def direct_logit_attribution(model: LoadedModel, tokens: Int[Tensor, "batch pos"
     Convention: ``W_U`` as the model has it, so the terms sum to the model's own logit.
     TransformerLens' default processing centres ``W_U`` over the vocabulary (``center_unembed``),
     so its attribution is that of ``logit(target) - mean_v logit(v)`` (the same softmax, another
-    number; on SmolLM2-135M its ranking of the heads has Spearman 0.61 with this one, measured
-    for issue 23). The centred form is not offered: its terms sum to no logit the model computes,
+    number; on SmolLM2-135M its ranking of the heads has Spearman 0.61 with this one).
+    The centred form is not offered: its terms sum to no logit the model computes,
     so the identity that guards this one (tested) would not guard it; to compare with
     TransformerLens, load it with ``center_unembed=False``. See docs/scan.md, "Comparing with
     other tools".

@@ -1,4 +1,4 @@
-"""Time and peak RSS of ``headprobe scan --no-verify`` on long contexts (issue 26).
+"""Time and peak RSS of ``headprobe scan --no-verify`` on long contexts.
 
 Usage: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/long_context.py [--lengths 1024,2048,4096,8192]
 [--model smollm2-135m] [--streaming auto]``

@@ -38,22 +38,6 @@ def _fast_clock(factor: float) -> None:
     import time
 
     real, start = time.perf_counter, time.perf_counter()
-    time.perf_counter = lambda: start + (real() - start) / factor
-    if os.environ.get(FAST_CLOCK_ENV):
-        _fast_clock(float(os.environ[FAST_CLOCK_ENV]))
-
-
-FAST_CLOCK_ENV = "HEADPROBE_TEST_FAST_CLOCK"
-"""``HEADPROBE_TEST_FAST_CLOCK=1000 make test``: ``time.perf_counter`` runs 1000x slow, so every
-duration the code measures reads as on a machine 1000x faster (a test that passes only on a slow
-or busy machine fails). ``tests/test_fast_machine.py`` runs the timing tests this way in CI."""
-
-
-def _fast_clock(factor: float) -> None:
-    """Make ``time.perf_counter`` advance ``factor`` times slower than real time (monotonic still)."""
-    import time
-
-    real, start = time.perf_counter, time.perf_counter()
     time.perf_counter = lambda: start + (real() - start) / factor  # type: ignore[assignment]
 
 

@@ -50,7 +50,7 @@ FAST_L0 = ["--l0-steps", "12", "--l0-lambdas", "10,100", "--n-seeds", "2"]
 
 @pytest.mark.figures
 def test_prune_cli_saves_reloadable_model(tiny_dir, tmp_path):
-    """Issue 16: every method on one CSV and figure, areas in summary.json, and the pruned model a
+    """Every method on one CSV and figure, areas in summary.json, and the pruned model a
     directory that ``load_model`` and ``scan --model DIR`` load, equal to the masked model."""
     out = tmp_path / "prune"
     args = ["prune", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), "--step-fraction", "0.25",
@@ -190,7 +190,7 @@ def test_ablate_cli_heads_subset_and_out_of_range(tiny_dir, tmp_path):
     ("prune", 3, "pruning_curve.csv"),  # killed in the middle of the importance-order run
 ])
 def test_killed_run_resumes_to_the_same_results(tiny_dir, tmp_path, capsys, command, kill_after, csv):
-    """Issue 6: a run killed midway (SIGKILL) resumes from its checkpoint, in a new process as a user
+    """A run killed midway (SIGKILL) resumes from its checkpoint, in a new process as a user
     would rerun it, and ends with the same results as an uninterrupted run (the reference, run in
     this process, as is the refusal at the end: each process start is seconds)."""
     from test_loading import run_cli

@@ -50,7 +50,7 @@ def test_import_rules_can_fail(tmp_path):
 
 
 def test_shape_annotations_are_checked_when_tests_run():
-    """pyproject's addopts turn on jaxtyping's import hook for headprobe: a call whose shapes contradict its
+    """Pyproject's addopts turn on jaxtyping's import hook for headprobe: a call whose shapes contradict its
     annotation fails the type check (without the hook, einsum would raise a RuntimeError instead)."""
     import jaxtyping
     import pytest
@@ -206,7 +206,7 @@ def test_the_interface_declares_every_member_used():
 
 
 def test_every_subpackage_is_installed():
-    """pyproject's explicit package list names every folder with an __init__.py (a missing one is
+    """Pyproject's explicit package list names every folder with an __init__.py (a missing one is
     absent from a wheel, though an editable install hides it: ablate and prune once were)."""
     import tomllib
     from pathlib import Path
@@ -222,7 +222,7 @@ def test_every_subpackage_is_installed():
 
 
 # ---------------------------------------------------------------------------------------------
-# No long functions (issue 25)
+# No long functions
 # ---------------------------------------------------------------------------------------------
 
 MAX_FUNCTION_LINES = 80
@@ -258,7 +258,7 @@ def test_the_function_length_check_can_fail():
 
 
 # ---------------------------------------------------------------------------------------------
-# Hook, module and parameter names of a block are built by probe/hooks/names.py (issue 37)
+# Hook, module and parameter names of a block are built by probe/hooks/names.py
 # ---------------------------------------------------------------------------------------------
 
 NAMES_SPELLED_IN = {"probe/model/transformer.py", "probe/hooks/names.py"}

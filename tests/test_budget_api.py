@@ -215,7 +215,7 @@ def _heavy_imports(*argv: str, module: str = "headprobe") -> list[str]:
 @pytest.mark.parametrize("argv", [("budget", "--preset", "llama3-8b"), ("budget", "--preset", "llama3-8b", "--json"),
                                   ("budget", "--preset", "llama3-8b", "--compare"), ("--version",)])
 def test_the_budget_command_line_imports_no_heavy_library(argv):
-    """Issue 23 item 12: the whole command line (headprobe.cli, its parser, the report) without --model loads
+    """The whole command line (headprobe.cli, its parser, the report) without --model loads
     neither torch nor pandas (0.1-0.4 s and 20 MB instead of 5-7 s and 330 MB); --version neither."""
     assert _heavy_imports(*argv) == []
 

@@ -24,7 +24,7 @@ from headprobe.probe.layout.cost import AttentionLayout
 
 @pytest.fixture(scope="module")
 def zoo_dirs(tiny_tokenizer, tmp_path_factory):
-    """family -> a tiny Hugging Face model directory of that family (built on first use)."""
+    """Family -> a tiny Hugging Face model directory of that family (built on first use)."""
     root = tmp_path_factory.mktemp("zoo")
     made: dict[str, str] = {}
 
@@ -159,7 +159,7 @@ def test_windowed_kv_cache_matches_transformers_static_cache(family, T):
 
 
 def test_non_attention_layers_are_refused_by_budget_and_read_as_global_by_a_spec():
-    """budget's formulas cover attention layers only; a loaded hybrid model's spec (strict=False)
+    """Budget's formulas cover attention layers only; a loaded hybrid model's spec (strict=False)
     reads such a layer as global rather than refusing the model."""
     from types import SimpleNamespace
 
@@ -231,7 +231,7 @@ def _native(family, tokenizer):
 
 @pytest.mark.parametrize("family, removed", PRUNINGS)
 def test_budget_reads_a_pruned_directory(family, removed, tiny_tokenizer, tmp_path, capsys):
-    """Issue 23 item 10: ``budget --model DIR`` on prune --save-pruned's directory reports the pruned model's
+    """``budget --model DIR`` on prune --save-pruned's directory reports the pruned model's
     real costs (it said to use --backend native, which budget does not take). References: the small model's
     own tensors (its attention parameters, the key and value widths of its k_proj and v_proj) and the
     unpruned layout's uniform formulas."""

@@ -57,7 +57,7 @@ def test_model_short_names_are_case_insensitive(tmp_path, monkeypatch):
     (["prune", "--l0-lambdas", "a,b"], "--l0-lambdas: expected comma-separated numbers"),
 ])
 def test_bad_flags_are_refused_before_torch_loads(argv, message, tmp_path):
-    """ablate and prune check what the flags alone decide in their light front module: one line
+    """Ablate and prune check what the flags alone decide in their light front module: one line
     on stderr, exit 2, no output directory, and torch (and the model) never imported."""
     out = tmp_path / "out"
     code = ("import sys\nfrom headprobe.cli import main\n"
@@ -110,7 +110,7 @@ def test_flags_match_the_python_keywords_they_set(capsys):
     (["show", "--head", "40.2", "--prompt", "hi", "--out", "x"], "head 40.2 is out of range: the model has 30 layers"),
 ])
 def test_flag_errors_are_refused_before_torch_is_imported(tmp_path, argv, fragment):
-    """Issue 25's fast refusals: a usage or config error costs a fraction of a second, not the 25-50 s
+    """Fast refusals: a usage or config error costs a fraction of a second, not the 25-50 s
     of importing torch or loading weights first (checked with -X importtime: no torch module at all)."""
     import subprocess
     import sys

@@ -1,4 +1,4 @@
-"""Issue 40: ``headprobe diff`` -- two tiny models that differ in one planted head: the diff finds that
+"""``headprobe diff`` -- two tiny models that differ in one planted head: the diff finds that
 head and no other at the stated alpha; identical models: nothing; layouts that differ: refused in
 one line before torch loads."""
 

@@ -1,4 +1,4 @@
-"""Issue 13: ``torchrun --nproc-per-node 2 -m headprobe ablate`` on CPU (gloo) shards the exact
+"""``torchrun --nproc-per-node 2 -m headprobe ablate`` on CPU (gloo) shards the exact
 sweep over ranks and the gradient scores over batch rows, and writes the head_ablation.csv a single
 process writes; a killed sharded run resumes from its per-rank checkpoints and re-does only the
 missing head ablations. The reference is a one-process run of the same command."""

@@ -1,4 +1,4 @@
-"""Issue 39 (items 1, 2): ``headprobe export`` writes the files DuoAttention/kvpress,
+"""``headprobe export`` writes the files DuoAttention/kvpress,
 Retrieval_Head/HeadKV, EAP-IG/MIB and pandas/datasets read; ``headprobe import`` reads them back,
 refuses a file of another shape in one line and gives scan's verdict on its heads.
 
@@ -46,7 +46,7 @@ def _layout(tiny_dir):
 
 
 def kvpress_load(directory: Path):
-    """kvpress ``DuoAttentionPress.load_attention_pattern`` (NVIDIA/kvpress,
+    """Kvpress ``DuoAttentionPress.load_attention_pattern`` (NVIDIA/kvpress,
     kvpress/presses/duo_attention_press.py), its file reading with the HTTP GET replaced by a local read."""
     config = json.loads((directory / "config.json").read_text())
     text = (directory / "full_attention_heads.tsv").read_text()
@@ -64,7 +64,7 @@ def retrieval_head_load(path: Path):
 
 
 def test_duo_round_trip_of_a_kv_policy(runs, tmp_path, tiny_dir):
-    """kv policy -> TSV + config.json -> kvpress's reader (shape [layers, KV heads], sink, window)
+    """Kv policy -> TSV + config.json -> kvpress's reader (shape [layers, KV heads], sink, window)
     and headprobe's reader (the same policy)."""
     from headprobe.analyses.exchange import read_head_file, read_kv_policy
 
@@ -109,7 +109,7 @@ def test_headkv_round_trip(runs, tmp_path, tiny_dir):
 
 
 def test_parquet_reads_in_pandas_and_datasets(runs, tmp_path):
-    """pandas reads the table (scores as head_scores.csv, verdict columns as summary.json's), the
+    """Pandas reads the table (scores as head_scores.csv, verdict columns as summary.json's), the
     card's YAML front matter names the model, and ``datasets`` loads it where installed."""
     out = _export(runs / "scan", tmp_path / "e", "--format", "parquet")
     table = pd.read_parquet(out / "heads.parquet")
@@ -161,7 +161,7 @@ def _refuse(argv, cwd):
 
 
 def test_a_32_row_tsv_for_a_30_layer_model_is_refused_in_one_line(tmp_path):
-    """duo-attention#23: a 32-row file for SmolLM2 (30 layers), refused from its config, before torch."""
+    """Duo-attention#23: a 32-row file for SmolLM2 (30 layers), refused from its config, before torch."""
     np.savetxt(tmp_path / "full_attention_heads.tsv", np.full((32, 3), 0.5), delimiter="\t")
     code, errors, torch = _refuse(["import", "--heads-file", "full_attention_heads.tsv", "--model", "smollm2-135m"], tmp_path)
     assert code == 2 and errors == ["headprobe: error: full_attention_heads.tsv has 32 rows; smollm2-135m has 30 layers"]

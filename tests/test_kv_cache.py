@@ -1,4 +1,4 @@
-"""KV-cache generation (issue 7): cached greedy decoding equals recomputing the whole sequence,
+"""KV-cache generation: cached greedy decoding equals recomputing the whole sequence,
 and the cache's measured size equals headprobe.probe.layout.cost's KV-cache formula, for MHA, GQA and MQA."""
 
 from __future__ import annotations

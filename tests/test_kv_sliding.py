@@ -1,4 +1,4 @@
-"""KV policies on sliding-window layers (issue 38): a streaming group of a sliding layer reads the
+"""KV policies on sliding-window layers: a streaming group of a sliding layer reads the
 intersection of its layer's window and sink + recent window, and caches what that leaves.
 
 References that share no code with the policy: Hugging Face's own model with the sliding layers'
@@ -223,7 +223,7 @@ def test_chunked_attention_is_refused_before_any_work(tiny_tokenizer, text_file)
 
 
 def test_check_budget_refuses_exactly_below_the_all_streaming_floor():
-    """check_budget's floor is the all-streaming policy's share of the full cache (cost.policy_cost,
+    """Check_budget's floor is the all-streaming policy's share of the full cache (cost.policy_cost,
     the layers' windows included): that share passes, one a hair below is refused, as is (0, 1]'s outside."""
     lay = AttentionLayout(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, windows=(8, None, 16, None), bytes_per_element=4)
     st, T = Streaming(2, 8), 64

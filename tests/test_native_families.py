@@ -373,7 +373,7 @@ def test_config_takes_the_layouts_qk_norm_names_and_the_old_ones(new, old):
 
 
 def _in_old_names(fields: dict) -> dict:
-    """A config dict as headprobe saved it before issue 25, by hand: ``head_dim`` (None when it is
+    """A config dict as an older headprobe saved it, by hand: ``head_dim`` (None when it is
     ``d_model // n_heads``) instead of ``d_head``, ``qk_norm`` "head"/"all"/None, and MLA's
     ``qk_nope_head_dim`` None when it equals the value width."""
     old = {k: v for k, v in fields.items() if k != "d_head"}

@@ -1,4 +1,4 @@
-"""The 2025-26 families end to end (issue 38): ``circuit``, a scan with streamed statistics and a
+"""The 2025-26 families end to end: ``circuit``, a scan with streamed statistics and a
 float16 scan on tiny Gemma-3 and GPT-OSS checkpoints, GPT-OSS's learned-sink mass in head_scores.csv,
 and ``kv`` with their sliding-window layers."""
 

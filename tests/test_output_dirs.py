@@ -1,6 +1,6 @@
 """An output directory holds one run: ``--overwrite`` replaces the previous run's files (and says which
 files it left), a run stopped while writing or failing leaves the directory as it was, and the
-message on SIGTERM says what is true for the command (issue 35, items 1, 2 and 15)."""
+message on SIGTERM says what is true for the command."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_sigterm_while_writing_leaves_the_previous_run_whole(tiny_dir, text_file
     capsys.readouterr()
     assert _scan(tiny_dir, text_file, out, "--seed", "2", "--overwrite") == 143
     err = capsys.readouterr().err
-    # the previous run's files as they were, and this run's verification checkpoint (scan resumes, issue 36)
+    # the previous run's files as they were, and this run's verification checkpoint (scan resumes)
     assert {n: (out / n).read_bytes() for n in _names(out) if n != CHECKPOINT_NAME} == before
     assert json.loads((out / "summary.json").read_text())["config"]["seed"] == 1
     last = err.rstrip("\n").split("\n")[-1]

@@ -1,4 +1,4 @@
-"""Issue 35: usage errors refused fast and in one line (before torch loads), text inputs with a
+"""Usage errors refused fast and in one line (before torch loads), text inputs with a
 byte-order mark, integer fields of KV policies, prompts longer than the context.
 
 The speed is checked without timing: ``python -X importtime`` lists every module a process
@@ -139,7 +139,7 @@ def test_the_import_probe_sees_torch_when_it_loads(tmp_path, tiny_dir):
     (["kv", "--out", "o", "--no-bos"], "unrecognized arguments: --no-bos"),
 ])
 def test_generated_flags_refuse_bad_input_before_torch_is_imported(tmp_path, argv, fragment):
-    """Issue 37 item 3: the flags generated from budget's, patch's, show's, view's, circuit's and
+    """The flags generated from budget's, patch's, show's, view's, circuit's and
     kv's Configs (argument groups, mutually exclusive flags, a positional DIR) refuse a bad flag in
     one line, exit 2, with no torch module imported."""
     code, errors, torch = _refuse(argv, tmp_path)

@@ -1,4 +1,4 @@
-"""Issue 40: ``headprobe robustness`` -- the set statistics against hand computations and scipy, and
+"""``headprobe robustness`` -- the set statistics against hand computations and scipy, and
 the command on a tiny model: conditions that cannot move a top-k set give stability 1 and Jaccard 1,
 and the reported Jaccard and stabilities equal a hand computation from the reported top-k sets."""
 

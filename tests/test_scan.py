@@ -106,7 +106,7 @@ def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
         for layer in (0, 17, 29):
             torch.testing.assert_close(cap["result"][layer].sum(2), cap["attn_out"][layer], atol=1e-4, rtol=0)
 
-    # issue 24's one-test case: 10 draws reach alpha = 0.1 (1/11 = 0.091), and a single test needs no correction;
+    # A one-test case: 10 draws reach alpha = 0.1 (1/11 = 0.091), and a single test needs no correction;
     # no head metrics and no viewer patterns: a third of the run, asserted nowhere here (test_metrics and
     # test_viewer check them on the zoo, test_metrics the K-composition on this model); 4 repeated
     # sequences, not 6: the top-10 effect stays ~9.6 nats against at most ~1.7 for a control set either way
@@ -128,7 +128,7 @@ def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
 
 @pytest.mark.real_model
 def test_native_and_bridge_backends_give_the_same_scores_on_smollm2(smollm2, smollm2_native):
-    """Issue 3: the native backend reproduces the TransformerLens backend's head scores."""
+    """The native backend reproduces the TransformerLens backend's head scores."""
     from headprobe.analyses.data import natural_text_tokens, repeated_random_tokens
     from headprobe.analyses.scoring import score_token_set
 
@@ -224,7 +224,7 @@ def test_windowing_a_long_text_does_not_warn_about_its_length(tmp_path, word_tex
 
 
 def test_repeated_examples_are_cropped_to_the_repeat_start_with_every_token_labelled(tiny_llama_gqa_native, word_text):
-    """pattern_induction.png drew all 101 positions of the repeated sequence and so labelled only
+    """Pattern_induction.png drew all 101 positions of the repeated sequence and so labelled only
     every 7th token: the example is now the window around the repeat's start where the score
     lives (its queries' earlier copies and the tokens after them among the keys), each of its
     cells the head's attention at those positions of the whole sequence, every tick labelled."""
@@ -282,7 +282,7 @@ def test_writing_the_figures_shows_a_progress_bar_when_asked(tiny_llama_gqa_nati
 
 @pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_redraw_script_reproduces_a_scan_and_refuses_one_it_cannot(tiny_dir, word_text, tmp_path):
-    """scripts/redraw_figures.py redraws a scan's figures from its outputs and its model (the demo's
+    """Scripts/redraw_figures.py redraws a scan's figures from its outputs and its model (the demo's
     figures are regenerated this way): the patterns it recomputes are the run's (to patterns.npz's
     uint8 steps) and, where the saved numbers do not match what it recomputes, it stops."""
     import sys
@@ -326,7 +326,7 @@ def test_overview_title_names_the_data_it_was_scored_on(tiny_llama_gqa_native, w
 
 @pytest.mark.figures
 def test_a_two_layer_models_figures_keep_their_layout(tiny_llama_gqa_native, tmp_path):
-    """Issue 35 item 16: on a two-layer model the overview (1.5 in tall under a three-line title)
+    """On a two-layer model the overview (1.5 in tall under a three-line title)
     and the pattern plots (a title that carried a type's whole no-verdict reason) made matplotlib's
     constrained layout collapse the axes; the titles now name the tasks and types only."""
     import warnings

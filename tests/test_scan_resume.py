@@ -1,4 +1,4 @@
-"""An interrupted scan resumes its verification (issue 36, item 3): killed after some control sets,
+"""An interrupted scan resumes its verification: killed after some control sets,
 rerun with the same flags and --out, it ends with the summary.json of an uninterrupted run
 (timings aside), and the rerun ablates only the sets the first run had not."""
 

@@ -177,7 +177,7 @@ class _Flags(ModelSettings):
 
 
 def test_layout_orders_blocks_titles_exclusive_groups_and_positionals():
-    """Issue 37 item 3: the Flags blocks come in their order (OUTPUT's flags from a class the
+    """The Flags blocks come in their order (OUTPUT's flags from a class the
     Config does not compose), ``title`` makes an argument group, ``exclusive`` one mutually
     exclusive group however many members (required when a member is), ``positional`` an argument;
     from_args reads them back."""

@@ -1,4 +1,4 @@
-"""The known ways head analysis fails silently, each made impossible and tested (issue 6)."""
+"""The known ways head analysis fails silently, each made impossible and tested."""
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from headprobe.probe.hooks.names import attn_hook
 
 @pytest.mark.parametrize("fixture", ["tiny_llama_gqa", "tiny_llama_gqa_native"])
 def test_gqa_query_head_reads_kv_head_h_div_group(fixture, request):
-    """n_heads=8, n_kv_heads=2: perturbing KV head 1's keys changes the patterns of query heads
+    """N_heads=8, n_kv_heads=2: perturbing KV head 1's keys changes the patterns of query heads
     4..7 only (h // 4), not of the odd heads (h % 2)."""
     model = request.getfixturevalue(fixture)
     tokens = torch.randint(0, 100, (1, 10), generator=torch.Generator().manual_seed(3))

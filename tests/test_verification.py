@@ -1,4 +1,4 @@
-"""Issue 24: the verdict's statistics. The sequential Monte Carlo p-value against its closed-form
+"""The verdict's statistics. The sequential Monte Carlo p-value against its closed-form
 null distribution, layer matching on the drawn sets, the corrections against hand-computed
 examples, and the verification's stopping, reachability and bookkeeping on a tiny model."""
 
@@ -65,7 +65,7 @@ def test_sequential_p_value_matches_its_closed_form_null_distribution(n_max, alp
 
 
 def test_the_curtailed_p_value_is_the_largest_any_continuation_gives():
-    """sequential_mc_p_bound against a brute force over every continuation of every prefix."""
+    """Sequential_mc_p_bound against a brute force over every continuation of every prefix."""
     import itertools
 
     n_max, h = 7, 3
@@ -222,7 +222,7 @@ def test_control_sets_are_distinct_and_every_one_where_few_exist():
 
 
 def test_a_test_with_few_distinct_control_sets_is_exact_and_says_so(tiny_llama_gqa, text_file):
-    """k = 8 of the tiny model's 16 heads: few layer-matched sets of 8 exist among the other 8
+    """K = 8 of the tiny model's 16 heads: few layer-matched sets of 8 exist among the other 8
     (C(8 - a, ...) per layer), so each stream holds every distinct set, no set twice, and the
     notes say how many; a test whose sets cannot give p <= alpha is not CONFIRMED."""
     result = _scan(tiny_llama_gqa, text_file, n_random=30, k=8, types="induction", sequential=False)
@@ -310,7 +310,7 @@ def test_cli_says_before_running_that_no_verdict_can_be_confirmed(tiny_dir, text
 
 
 def test_a_pruned_models_removed_heads_are_blank_and_never_drawn(tiny_tokenizer, tmp_path, text_file):
-    """Issue 23 item 2: a reloaded pruned model scanned as if its removed heads were alive gave them
+    """A reloaded pruned model scanned as if its removed heads were alive gave them
     ordinary scores, filled the random control with zero-effect heads and drove every p to its floor."""
     import pandas as pd
     import zoo
@@ -369,7 +369,7 @@ def test_curtail_family_stops_what_cannot_be_confirmed_and_nothing_else():
     assert [t.curtailed for t in short] == [False, False, False, True]
 
 
-# --- issue 36: the plan, honest curtailment, per-type streams, NaN losses ---------------------------
+# --- the plan, honest curtailment, per-type streams, NaN losses ---------------------------
 
 def _scripted(monkeypatch, model, text, effect_of, **kw):
     """A scripted ablation engine on the tiny model: the loss of ablating a head set is the task's
@@ -406,7 +406,7 @@ def _planted(top_ind):
 
 def test_a_strong_effect_is_planned_for_and_confirmed_or_said_unreachable(tiny_llama_gqa, text_file, monkeypatch,
                                                                           capsys):
-    """Issue 36, the repro: two types, n_random=20. By default the plan raises the draws to the 39
+    """Two types, n_random=20. By default the plan raises the draws to the 39
     a lone BH verdict needs (p <= 0.05 / 2 needs 1/(n+1) <= 0.025) and confirms the planted
     induction effect; with keep_n_random it says before the ablations that no lone verdict can
     reach alpha, and induction (beating every draw) is never curtailed: p = 1/21, not a bound."""
@@ -443,7 +443,7 @@ def test_a_strong_effect_is_planned_for_and_confirmed_or_said_unreachable(tiny_l
 
 
 def test_holm_with_too_few_draws_gives_no_verdict_with_the_reason(tiny_llama_gqa, text_file, monkeypatch):
-    """Issue 35 item 15 and 36.1: where a test's draws cannot reach alpha after the correction
+    """Where a test's draws cannot reach alpha after the correction
     (Holm over 2 tests: its first rejection needs p <= 0.025, 20 draws give 1/21 at best), its
     verdict is null with the reason, and summary.json's warnings carry it."""
     kw = {"types": "induction,previous_token", "n_random": 20, "control": "uniform", "correction": "holm"}
@@ -459,7 +459,7 @@ def test_holm_with_too_few_draws_gives_no_verdict_with_the_reason(tiny_llama_gqa
 
 def test_sequential_and_fixed_draws_give_the_same_verdicts_with_a_test_below_the_floor(tiny_llama_gqa, text_file,
                                                                                        monkeypatch):
-    """Issue 36 item 6: previous-token's effect (0.03 nats) is below the 0.05 floor but beats every
+    """Previous-token's effect (0.03 nats) is below the 0.05 floor but beats every
     control (natural-text controls 0-0.02): a BH rejection that is not CONFIRMED. Induction's
     effect is beaten by one of its 59 controls (p = 2/60). With fixed draws BH adjusts induction
     to 3 x (2/60) / 2 = 0.05: CONFIRMED. Curtailing previous-token at its first draw for the floor
@@ -486,7 +486,7 @@ def test_sequential_and_fixed_draws_give_the_same_verdicts_with_a_test_below_the
 
 
 def test_a_nan_effect_never_confirms(tiny_llama_gqa, text_file, monkeypatch):
-    """Issue 36 item 6: a NaN top-k loss got the best p (1/n+1) because NaN >= x is False. It now
+    """A NaN top-k loss got the best p (1/n+1) because NaN >= x is False. It now
     leaves the family with the reason; NaN control losses count as reaching the effect."""
     from headprobe.analyses.ablation import top_heads
 
@@ -508,7 +508,7 @@ def test_a_nan_effect_never_confirms(tiny_llama_gqa, text_file, monkeypatch):
 
 
 def test_a_types_control_sets_do_not_depend_on_the_other_types(tiny_llama_gqa, text_file):
-    """Issue 36 item 5: control streams are seeded per (seed, type)."""
+    """Control streams are seeded per (seed, type)."""
     both = _scan(tiny_llama_gqa, text_file, types="induction,previous_token", n_random=6, keep_n_random=True,
                  sequential=False)
     alone = _scan(tiny_llama_gqa, text_file, types="induction", n_random=6, keep_n_random=True, sequential=False)
@@ -518,7 +518,7 @@ def test_a_types_control_sets_do_not_depend_on_the_other_types(tiny_llama_gqa, t
 
 
 def test_holm_from_its_definition_matches_statsmodels(monkeypatch):
-    """Issue 35 item 21: Holm is computed from its definition (statsmodels' multipletests ran a
+    """Holm is computed from its definition (statsmodels' multipletests ran a
     full garbage collection per curtailment round); the same numbers, ties included."""
     import gc
 
@@ -534,7 +534,7 @@ def test_holm_from_its_definition_matches_statsmodels(monkeypatch):
 
 
 def test_draws_the_docs_state_for_bh_and_a_lone_verdict():
-    """Issue 35 item 21: BH confirms three of five types at 1/(n+1) only from n = 33 (at 32 the
+    """BH confirms three of five types at 1/(n+1) only from n = 33 (at 32 the
     adjusted p is 5/3 x 1/33 = 0.0505); a lone verdict of m tests needs m/alpha - 1 draws."""
     three = lambda n: st.adjust_p_values([1 / (n + 1)] * 3 + [1.0, 1.0], "bh")[0]
     assert three(32) == pytest.approx(0.0505, abs=1e-4) and three(32) > 0.05 >= three(33)

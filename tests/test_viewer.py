@@ -254,7 +254,7 @@ def test_page_in_chromium_on_a_tiny_scan(browser, tiny_scan_dir, tmp_path):
 
 
 def test_show_page_in_chromium_is_about_the_prompt(browser, tiny_dir, tiny_scan_dir, tmp_path):
-    """Issue 23 item 11: show's page names the pattern as the user's prompt (it said "the
+    """Show's page names the pattern as the user's prompt (it said "the
     repeated-random-token example"), offers no example buttons (both were there, disabled) and no
     section of scan verdicts; a scan's page keeps its two examples and says it has no verdicts.
     Writes tmp_path/show.png."""

@@ -1,4 +1,4 @@
-"""``headprobe study heads|layouts``: train small models side by side (issue 7).
+"""``headprobe study heads|layouts``: train small models side by side.
 
 * ``heads``: the same width (d_model 64) split into 1, 2, 4, 8, 16 heads; same data, same steps,
   several seeds.
