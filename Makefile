@@ -19,11 +19,12 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/headprobe scan --model smollm2-135m --out figures/smollm2-135m --overwrite --html
 
-# The linter and the type checker first (seconds; mypy about a minute cold), then two pytest
+# The linter, the formatter's check and the type checker first (seconds; mypy about a minute cold), then two pytest
 # workers (pytest-xdist), each test file on one worker so that its module fixtures are built once;
 # tests/conftest.py gives each worker its share of the cores.
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python scripts/typecheck.py
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 

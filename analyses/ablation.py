@@ -66,12 +66,13 @@ def task_loss(logits: Tensor, tokens: Tensor, task: str, start: int, period: int
     tokens r_2..r_S (r_1 of the repeat cannot be predicted from context), i.e. targets at
     positions ``start + S + 1 .. start + 2S - 1``.
     """
-    return float(token_losses(logits, tokens)[:, first_scored(task, start, period):].mean())
+    return float(token_losses(logits, tokens)[:, first_scored(task, start, period) :].mean())
 
 
 @torch.inference_mode()
-def mean_z_from(z_by_layer: dict[int, Tensor], start: int,
-                attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "layer head d_head"]:
+def mean_z_from(
+    z_by_layer: dict[int, Tensor], start: int, attention_mask: Int[Tensor, "batch pos"] | None = None
+) -> Float[Tensor, "layer head d_head"]:
     """Mean of each head's z over the real positions of a reference batch: positions from
     ``start`` on (after BOS) where ``attention_mask`` is 1 (padding never enters the mean)."""
     out = []
@@ -86,8 +87,16 @@ def mean_z_from(z_by_layer: dict[int, Tensor], start: int,
 
 
 @torch.inference_mode()
-def ablated_loss(model: LoadedModel, tokens: Tensor, heads: Sequence[Head], kind: AblationKind, mean_z: Tensor | None,
-                 task: str, start: int, period: int | None) -> float:
+def ablated_loss(
+    model: LoadedModel,
+    tokens: Tensor,
+    heads: Sequence[Head],
+    kind: AblationKind,
+    mean_z: Tensor | None,
+    task: str,
+    start: int,
+    period: int | None,
+) -> float:
     """Task loss with ``heads`` ablated (at hook_z, before W_O) by a kind that needs no source
     input (zero, or mean with ``mean_z``)."""
     require_head_ablation(model)
@@ -124,18 +133,25 @@ class AblationMetric:
 
 
 LOSS_METRIC = AblationMetric(
-    "loss", "nats/token", "mean next-token cross-entropy of the scored predictions, ablated minus clean")
+    "loss", "nats/token", "mean next-token cross-entropy of the scored predictions, ablated minus clean"
+)
 EMBEDDING_METRIC = AblationMetric(
-    "embedding_cosine", "1 - cos",
+    "embedding_cosine",
+    "1 - cos",
     "1 - cosine between the clean and the ablated sentence embedding of each sequence: the last hidden state "
     "mean-pooled over its tokens and L2-normalised (sentence-transformers' all-MiniLM-L6-v2 pooling: "
-    "1_Pooling/config.json pooling_mode_mean_tokens, then Normalize); clean is 0")
+    "1_Pooling/config.json pooling_mode_mean_tokens, then Normalize); clean is 0",
+)
 """The metric of encoders without an LM head (its floor: :data:`headprobe.analyses.verdicts.MIN_EFFECT`;
 the random control is the main part of the rule either way)."""
 
 
-def sentence_embeddings(model: LoadedModel, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence = (),
-                        attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch d_model"]:
+def sentence_embeddings(
+    model: LoadedModel,
+    tokens: Int[Tensor, "batch pos"],
+    fwd_hooks: Sequence = (),
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+) -> Float[Tensor, "batch d_model"]:
     """Sentence embeddings as sentence-transformers computes them for mean pooling: the model's
     last hidden state (:meth:`~headprobe.probe.backends.base.LoadedModel.final_residual`) averaged over
     the real tokens (``attention_mask`` 1; all tokens without one, special tokens included), then
@@ -179,8 +195,9 @@ SWEEP_STREAMS = 3
 attention output plus the ablation's change, and the change itself."""
 
 
-def sweep_plan(model: LoadedModel, batch: int, seq_len: int, n_layers: int, max_batch: int | None = None,
-               first: int = 0) -> memory.BatchPlan:
+def sweep_plan(
+    model: LoadedModel, batch: int, seq_len: int, n_layers: int, max_batch: int | None = None, first: int = 0
+) -> memory.BatchPlan:
     """Sequences per forward pass of :func:`exact_sweep` on ``batch`` sequences of ``seq_len`` tokens
     sweeping heads of ``n_layers`` layers: as many as the memory budget holds
     (:func:`headprobe.probe.core.memory.plan`), at most ``max_batch`` (None: no cap), at least
@@ -192,10 +209,15 @@ def sweep_plan(model: LoadedModel, batch: int, seq_len: int, n_layers: int, max_
         HeadprobeError: one ablation of the batch does not fit (one line, before any allocation).
     """
     spec, e = model.spec, model.dtype.itemsize
-    per = forward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, e, logit_positions=max(1, seq_len - 1 - first),
-                                 streams=SWEEP_STREAMS)
-    kept = min(STORED_ACTIVATION_BYTES, batch * seq_len * n_layers * (2 * spec.d_model + spec.n_heads * spec.d_head) * e)
-    return memory.plan(per, model.device, batch, f"the exact ablation sweep ({batch} x {seq_len} tokens)", kept, max_batch)
+    per = forward_sequence_bytes(
+        spec.layout, seq_len, spec.d_vocab, e, logit_positions=max(1, seq_len - 1 - first), streams=SWEEP_STREAMS
+    )
+    kept = min(
+        STORED_ACTIVATION_BYTES, batch * seq_len * n_layers * (2 * spec.d_model + spec.n_heads * spec.d_head) * e
+    )
+    return memory.plan(
+        per, model.device, batch, f"the exact ablation sweep ({batch} x {seq_len} tokens)", kept, max_batch
+    )
 
 
 def set_plan(model: LoadedModel, batch: int, seq_len: int, max_batch: int | None = None) -> memory.BatchPlan:
@@ -212,13 +234,21 @@ def set_plan(model: LoadedModel, batch: int, seq_len: int, max_batch: int | None
 
 
 @torch.inference_mode()
-def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], head_sets: Sequence[Sequence[Head]],
-                        kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None, first: int,
-                        max_batch: int | None = None, progress: bool = False, desc: str = "ablations",
-                        score: Any = None,
-                        source_tokens: Int[Tensor, "batch pos"] | None = None,
-                        attention_mask: Int[Tensor, "batch pos"] | None = None,
-                        clean: CleanActivations | None = None) -> Float[Tensor, "n_sets batch"]:
+def set_ablation_losses(
+    model: LoadedModel,
+    tokens: Int[Tensor, "batch pos"],
+    head_sets: Sequence[Sequence[Head]],
+    kind: AblationKind,
+    mean_z: Float[Tensor, "layer head d_head"] | None,
+    first: int,
+    max_batch: int | None = None,
+    progress: bool = False,
+    desc: str = "ablations",
+    score: Any = None,
+    source_tokens: Int[Tensor, "batch pos"] | None = None,
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    clean: CleanActivations | None = None,
+) -> Float[Tensor, "n_sets batch"]:
     """Per-sequence scored loss (nats/token) with each of ``head_sets`` ablated, one set at a time.
 
     Several sets share a forward pass along the batch axis (``tokens`` repeated once per set;
@@ -253,10 +283,13 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
     require_head_ablation(model)
     if attention_mask is not None:
         if score is not None:
-            raise HeadprobeError("set ablations of a padded batch (attention_mask) are scored by the loss only, not a custom score")
+            raise HeadprobeError(
+                "set ablations of a padded batch (attention_mask) are scored by the loss only, not a custom score"
+            )
         mask = attention_mask.to(model.device)
         score = lambda toks, first_, hooks: masked_scored_losses(
-            model, toks, first_, hooks, mask.repeat(toks.shape[0] // mask.shape[0], 1))
+            model, toks, first_, hooks, mask.repeat(toks.shape[0] // mask.shape[0], 1)
+        )
     _, inputs = kind_inputs(model, kind, mean_z, source_tokens, attention_mask)
     spec = model.spec
     tokens = tokens.to(model.device)
@@ -268,14 +301,15 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(head_sets), desc=desc, unit="set", disable=not progress)
-    starts = [min((layer for layer, _ in hs), default=0) if clean is not None and score is None else 0
-              for hs in head_sets]
+    starts = [
+        min((layer for layer, _ in hs), default=0) if clean is not None and score is None else 0 for hs in head_sets
+    ]
     for start in sorted(set(starts)):  # sets that start at one layer share passes
         idx = [i for i, s in enumerate(starts) if s == start]
         kept = clean.at(start) if start and clean is not None else None  # (resid_pre,), or None: not kept
         pre = kept[0] if kept else None
         for lo in range(0, len(idx), per_pass):
-            sel = idx[lo:lo + per_pass]
+            sel = idx[lo : lo + per_pass]
             chunk = masks[sel].to(model.device)  # [m, layer, head]
             m = chunk.shape[0]
             hooks = batched_ablation_hooks(chunk, B, kind, inputs.mean_z, inputs.source_z)
@@ -289,8 +323,13 @@ def set_ablation_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], he
     return out
 
 
-def masked_scored_losses(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int, fwd_hooks: Sequence = (),
-                         attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, " batch"]:
+def masked_scored_losses(
+    model: LoadedModel,
+    tokens: Int[Tensor, "batch pos"],
+    first: int,
+    fwd_hooks: Sequence = (),
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+) -> Float[Tensor, " batch"]:
     """Per-sequence mean next-token cross-entropy (nats/token) of a padded batch, as
     :func:`~headprobe.probe.backends.base.scored_loss` gives it for each sequence alone: the predictions
     of a real token by the real token before it, from each sequence's ``first``-th real token on
@@ -366,7 +405,9 @@ class Verification:
     stop_reason: str | None = None
     exceedances: int | None = None
     p_value_is_bound: bool = False
-    p_value_min: float | None = None  # a curtailed test's smallest reachable p: its full test's p lies in [this, p_value]
+    p_value_min: float | None = (
+        None  # a curtailed test's smallest reachable p: its full test's p lies in [this, p_value]
+    )
 
     @property
     def verdict(self) -> str:
@@ -377,8 +418,9 @@ class Verification:
         return asdict(self)
 
 
-def untrusted_task_reason(clean_loss: float, d_vocab: int, unknown_share: float = 0.0,
-                          max_unknown_share: float = 0.5) -> str | None:
+def untrusted_task_reason(
+    clean_loss: float, d_vocab: int, unknown_share: float = 0.0, max_unknown_share: float = 0.5
+) -> str | None:
     """Why a task's losses cannot support a verdict, or None when they can.
 
     A model that predicts the task's tokens no better than a uniform guess over its vocabulary
@@ -415,7 +457,6 @@ def names(heads: Sequence[Head]) -> list[str]:
     return [format_head(h) for h in heads]
 
 
-
 # --------------------------------------------------------------------------------------------
 # Ablation engine
 # --------------------------------------------------------------------------------------------
@@ -447,9 +488,13 @@ def require_head_ablation(model: LoadedModel) -> None:
 
 
 @contextlib.contextmanager
-def ablate(model: LoadedModel, heads: Sequence[Head], kind: AblationKind = "zero",
-           mean_z: Float[Tensor, "layer head d_head"] | None = None,
-           source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None) -> Iterator[Any]:
+def ablate(
+    model: LoadedModel,
+    heads: Sequence[Head],
+    kind: AblationKind = "zero",
+    mean_z: Float[Tensor, "layer head d_head"] | None = None,
+    source_z: dict[int, Float[Tensor, "batch pos head d_head"]] | None = None,
+) -> Iterator[Any]:
     """Ablate ``heads`` for the ``with`` body: every forward of ``model`` (a LoadedModel, either
     backend) inside it sees them zero-, mean- or resample-ablated at ``hook_z``
     (see :func:`headprobe.probe.hooks.ablation.head_ablation_hooks`). The hooks are removed on exit, also when the
@@ -465,8 +510,9 @@ def ablate(model: LoadedModel, heads: Sequence[Head], kind: AblationKind = "zero
 
 
 @torch.inference_mode()
-def capture_z(model: LoadedModel, tokens: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None = None
-              ) -> dict[int, Float[Tensor, "batch pos head d_head"]]:
+def capture_z(
+    model: LoadedModel, tokens: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None = None
+) -> dict[int, Float[Tensor, "batch pos head d_head"]]:
     """Every layer's ``z`` on a clean forward pass over ``tokens`` (for mean and resample ablation;
     ``attention_mask`` for a padded batch)."""
     out: dict[int, Tensor] = {}
@@ -474,16 +520,24 @@ def capture_z(model: LoadedModel, tokens: Int[Tensor, "batch pos"], attention_ma
     def saver(layer: int):
         def hook(z: Tensor, hook: Any) -> None:
             out[layer] = z.detach().clone()
+
         return hook
 
-    model.forward(tokens, fwd_hooks=[(attn_hook(layer, "z"), saver(layer)) for layer in model.spec.attention_layers],
-                  attention_mask=attention_mask)
+    model.forward(
+        tokens,
+        fwd_hooks=[(attn_hook(layer, "z"), saver(layer)) for layer in model.spec.attention_layers],
+        attention_mask=attention_mask,
+    )
     return out
 
 
-def kind_inputs(model: LoadedModel, kind: AblationKind, mean_z: Float[Tensor, "layer head d_head"] | None,
-                source_tokens: Int[Tensor, "batch pos"] | None,
-                attention_mask: Int[Tensor, "batch pos"] | None = None) -> tuple[Kind, AblationInputs]:
+def kind_inputs(
+    model: LoadedModel,
+    kind: AblationKind,
+    mean_z: Float[Tensor, "layer head d_head"] | None,
+    source_tokens: Int[Tensor, "batch pos"] | None,
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+) -> tuple[Kind, AblationInputs]:
     """The ablation kind called ``kind`` (:mod:`headprobe.probe.core.ablation_kinds`) and the second
     inputs of its replacement: ``mean_z`` as given, and, for a kind that needs a source, every
     layer's z on ``source_tokens`` (:func:`capture_z`, ``{layer: [batch, pos, head, d_head]}``).
@@ -492,8 +546,13 @@ def kind_inputs(model: LoadedModel, kind: AblationKind, mean_z: Float[Tensor, "l
         HeadprobeError: unknown ``kind``, or the input it needs missing.
     """
     ablation = ablation_kinds.check(kind, mean_z, source_tokens)
-    source_z = (capture_z(model, source_tokens.to(model.device), None if attention_mask is None else attention_mask.to(model.device))
-                if ablation.needs == "source" and source_tokens is not None else None)  # None: refused by check()
+    source_z = (
+        capture_z(
+            model, source_tokens.to(model.device), None if attention_mask is None else attention_mask.to(model.device)
+        )
+        if ablation.needs == "source" and source_tokens is not None
+        else None
+    )  # None: refused by check()
     return ablation, AblationInputs(mean_z, source_z)
 
 
@@ -529,9 +588,15 @@ def __getattr__(name: str):
 
 
 @torch.inference_mode()
-def sweep_loop(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
-               kind: str = "zero", mean_z: Tensor | None = None,
-               source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0) -> SweepResult:
+def sweep_loop(
+    model: LoadedModel,
+    tokens: Int[Tensor, "batch pos"],
+    heads: Sequence[Head] | None = None,
+    kind: str = "zero",
+    mean_z: Tensor | None = None,
+    source_tokens: Int[Tensor, "batch pos"] | None = None,
+    first: int = 0,
+) -> SweepResult:
     """The plain reference: one full forward pass per head, with that head ablated by a hook.
 
     Works on either backend. Same arguments and result as :func:`exact_sweep`.
@@ -589,8 +654,16 @@ class CleanActivations:
             loss (nats/token) as :attr:`clean_loss` (``model.scored_losses`` alone when ``layers`` is empty).
     """
 
-    def __init__(self, model: LoadedModel, tokens: Int[Tensor, "batch pos"], layers: Iterable[int], first: int = 0,
-                 parts: Sequence[str] = CLEAN_PARTS, drop: bool = False, clean_loss: bool = False):
+    def __init__(
+        self,
+        model: LoadedModel,
+        tokens: Int[Tensor, "batch pos"],
+        layers: Iterable[int],
+        first: int = 0,
+        parts: Sequence[str] = CLEAN_PARTS,
+        drop: bool = False,
+        clean_loss: bool = False,
+    ):
         self.backend, self.tokens, self.first, self.parts = model, tokens.to(model.device), first, tuple(parts)
         B, T = tokens.shape
         spec = model.spec
@@ -601,14 +674,17 @@ class CleanActivations:
             self.chunks = [sorted(sorted(layers, reverse=True)[:fit])] if fit and layers else []
         else:
             size = max(1, fit)
-            self.chunks = [layers[i:i + size] for i in range(0, len(layers), size)]
+            self.chunks = [layers[i : i + size] for i in range(0, len(layers), size)]
         self.chunk_of = {layer: c for c, chunk in enumerate(self.chunks) for layer in chunk}
         self.stores: dict[str, dict[int, Tensor]] = {p: {} for p in self.parts}
         self.current: int | None = None
         if clean_loss:
             self.current = 0
-            self.clean_loss = (self._capture(self.chunks[0], whole=True) if self.chunks
-                               else float(model.scored_losses(self.tokens, first).mean()))
+            self.clean_loss = (
+                self._capture(self.chunks[0], whole=True)
+                if self.chunks
+                else float(model.scored_losses(self.tokens, first).mean())
+            )
 
     def _capture(self, chunk: Sequence[int], whole: bool) -> float | None:
         """Record ``chunk``'s clean activations; the clean loss if ``whole``, else the pass stops
@@ -621,13 +697,20 @@ class CleanActivations:
                 store[layer] = x.clone()
                 if stop:
                     raise _CleanPrefixDone
+
             return hook
 
-        names = {"resid_pre": lambda layer: block_hook(layer, "resid_pre"), "z": lambda layer: attn_hook(layer, "z"),
-                 "attn_out": self.backend.attn_out_hook}
+        names = {
+            "resid_pre": lambda layer: block_hook(layer, "resid_pre"),
+            "z": lambda layer: attn_hook(layer, "z"),
+            "attn_out": self.backend.attn_out_hook,
+        }
         parts = [p for p in CLEAN_PARTS if p in self.parts]  # in forward order: the last part's last layer comes last
-        hooks = [(names[p](layer), save(self.stores[p], layer, stop=not whole and p == parts[-1] and layer == chunk[-1]))
-                 for p in parts for layer in chunk]
+        hooks = [
+            (names[p](layer), save(self.stores[p], layer, stop=not whole and p == parts[-1] and layer == chunk[-1]))
+            for p in parts
+            for layer in chunk
+        ]
         with torch.inference_mode():
             if whole:
                 return float(self.backend.scored_losses(self.tokens, self.first, hooks).mean())
@@ -658,10 +741,18 @@ class CleanResiduals(CleanActivations):
 
 
 @torch.inference_mode()
-def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Sequence[Head] | None = None,
-                kind: str = "zero", mean_z: Float[Tensor, "layer head d_head"] | None = None,
-                source_tokens: Int[Tensor, "batch pos"] | None = None, first: int = 0,
-                max_batch: int | None = None, progress: bool = False, per_sequence: bool = False) -> SweepResult:
+def exact_sweep(
+    model: LoadedModel,
+    tokens: Int[Tensor, "batch pos"],
+    heads: Sequence[Head] | None = None,
+    kind: str = "zero",
+    mean_z: Float[Tensor, "layer head d_head"] | None = None,
+    source_tokens: Int[Tensor, "batch pos"] | None = None,
+    first: int = 0,
+    max_batch: int | None = None,
+    progress: bool = False,
+    per_sequence: bool = False,
+) -> SweepResult:
     """The scored loss with each of ``heads`` (default: all) ablated alone, exactly.
 
     One clean forward pass records each swept layer's ``resid_pre``, ``z`` and raw attention
@@ -708,9 +799,10 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
-    it = [(layer, hs[i:i + per_pass]) for layer, hs in sorted(by_layer.items()) for i in range(0, len(hs), per_pass)]
+    it = [(layer, hs[i : i + per_pass]) for layer, hs in sorted(by_layer.items()) for i in range(0, len(hs), per_pass)]
     if progress:
         from tqdm.auto import tqdm
+
         it = tqdm(it, desc="ablation sweep", unit="pass")
     for layer, group in it:
         kept = clean.at(layer)
@@ -723,8 +815,12 @@ def exact_sweep(model: LoadedModel, tokens: Int[Tensor, "batch pos"], heads: Seq
         r = ablation.replace(z, layer, idx, inputs)
         delta = torch.einsum("bpkd,kdm->kbpm", r - z, W_O[idx].to(z))  # [k, batch, pos, d_model]
         per_seq = model.resume_scored_losses(
-            layer, tokens, pre[None].expand(k, -1, -1, -1).reshape(k * B, T, -1),
-            (attn[None] + delta).reshape(k * B, T, -1), first)  # [k * batch]
+            layer,
+            tokens,
+            pre[None].expand(k, -1, -1, -1).reshape(k * B, T, -1),
+            (attn[None] + delta).reshape(k * B, T, -1),
+            first,
+        )  # [k * batch]
         loss[layer, idx.cpu()] = per_seq.view(k, B).mean(dim=1).float().cpu()
         if seq is not None:
             seq[layer, idx.cpu()] = per_seq.view(k, B).float().cpu()
@@ -753,11 +849,16 @@ class HeadImportance:
     kind: str
 
 
-def head_importance(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
-                    mean_z: Float[Tensor, "layer head d_head"] | None = None,
-                    source_tokens: Int[Tensor, "batch pos"] | None = None,
-                    head_mask: Float[Tensor, "layer head"] | None = None,
-                    normalize: bool = False) -> HeadImportance:
+def head_importance(
+    model: LoadedModel,
+    tokens: Int[Tensor, "batch pos"],
+    first: int = 0,
+    kind: str = "zero",
+    mean_z: Float[Tensor, "layer head d_head"] | None = None,
+    source_tokens: Int[Tensor, "batch pos"] | None = None,
+    head_mask: Float[Tensor, "layer head"] | None = None,
+    normalize: bool = False,
+) -> HeadImportance:
     """Gradient importance (Michel, Levy, Neubig 2019, arXiv 1905.10650) and attribution patching.
 
     A hook at every layer's ``hook_z`` (both backends) returns ``z * xi + delta`` with the head
@@ -793,8 +894,9 @@ def head_importance(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first:
         tokens = tokens[rows]
         source_tokens = source_tokens[rows] if source_tokens is not None else None
         if tokens.shape[0] == 0:
-            return _reduced_importance(torch.zeros(2 * spec.n_layers * spec.n_heads + 1, dtype=torch.float64),
-                                       spec, B_total, kind, normalize)
+            return _reduced_importance(
+                torch.zeros(2 * spec.n_layers * spec.n_heads + 1, dtype=torch.float64), spec, B_total, kind, normalize
+            )
     tokens = tokens.to(model.device)
     ablation, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     base = torch.ones(spec.n_layers, spec.n_heads) if head_mask is None else head_mask.detach().float().cpu()
@@ -804,7 +906,7 @@ def head_importance(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first:
         logits = model.forward(tokens, fwd_hooks=hooks)
         per_seq = scored_loss(logits, tokens, first)  # [batch]
         grads = torch.autograd.grad(per_seq.sum(), [xis[l] for l in layers] + [deltas[l] for l in layers])
-    g_xi, g_z = grads[: len(layers)], grads[len(layers):]
+    g_xi, g_z = grads[: len(layers)], grads[len(layers) :]
     diff = ablation_directions(zs, ablation, inputs)
     attr = [(d * g.float()).sum(dim=(1, 3)) for d, g in zip(diff, g_z)]  # [batch, head] per layer of layers
 
@@ -814,9 +916,13 @@ def head_importance(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first:
         return out
 
     if sharded:
-        sums = torch.cat([by_layer([g.abs().double().sum(dim=0) for g in g_xi], torch.float64).flatten(),
-                          by_layer([a.double().sum(dim=0) for a in attr], torch.float64).flatten(),
-                          per_seq.detach().double().sum().cpu().view(1)])
+        sums = torch.cat(
+            [
+                by_layer([g.abs().double().sum(dim=0) for g in g_xi], torch.float64).flatten(),
+                by_layer([a.double().sum(dim=0) for a in attr], torch.float64).flatten(),
+                per_seq.detach().double().sum().cpu().view(1),
+            ]
+        )
         return _reduced_importance(sums, spec, B_total, kind, normalize)
     importance = by_layer([g.abs().float().mean(dim=0) for g in g_xi], torch.float32)
     if normalize:
@@ -842,13 +948,15 @@ def _mask_probes(base: Float[Tensor, "layer head"], batch: int, layers: Sequence
             out = z * xi[:, None, :, None]
             zs[layer] = out.detach()
             return out + delta
+
         return hook
 
     return [(attn_hook(layer, "z"), make(layer)) for layer in layers], xis, deltas, zs
 
 
-def ablation_directions(zs: dict[int, Tensor], kind: Kind,
-                        inputs: AblationInputs) -> list[Float[Tensor, "batch pos head d_head"]]:
+def ablation_directions(
+    zs: dict[int, Tensor], kind: Kind, inputs: AblationInputs
+) -> list[Float[Tensor, "batch pos head d_head"]]:
     """``r_h - z_h`` for every head of every layer of ``zs`` (``{layer: z [batch, pos, head,
     d_head]}``), in layer order, in float32: the change of z that ablating each head
     by ``kind`` makes, the direction of attribution patching and its relatives."""
@@ -868,7 +976,7 @@ def _reduced_importance(sums: Tensor, spec: ModelSpec, n: int, kind: str, normal
     importance = means[:size].view(spec.n_layers, spec.n_heads).clone()
     if normalize:
         importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
-    attribution = means[size:2 * size].view(spec.n_layers, spec.n_heads).clone()
+    attribution = means[size : 2 * size].view(spec.n_layers, spec.n_heads).clone()
     return HeadImportance(importance, attribution, float(means[-1]), kind)
 
 

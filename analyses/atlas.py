@@ -58,7 +58,9 @@ def verdict_rule_text(rules: Sequence[VerdictRule]) -> str:
     conditions = list(dict.fromkeys(r.condition() for r in rules))
     if len(conditions) == 1:
         return f"{text}; CONFIRMED: {conditions[0]}"
-    return text + ("; CONFIRMED as each scan's summary.json states (verification.confirmation_rule)" if conditions else "")
+    return text + (
+        "; CONFIRMED as each scan's summary.json states (verification.confirmation_rule)" if conditions else ""
+    )
 
 
 def type_verdicts(summary: dict) -> dict[str, tuple[list[str], str]]:
@@ -101,11 +103,19 @@ def atlas_rows(scores: pd.DataFrame, summary: dict, model: str, family: str, ste
         raise ValueError(f"{model}: head_scores.csv has {len(scores)} rows, the layout {n_layers}x{n_heads} heads")
     t = scores.copy()
     score_cols = [c for c in t.columns if c not in ("layer", "head", "kv_head")]
-    ids = pd.DataFrame({
-        "model": model, "family": family, "step": step if step is not None else pd.NA,
-        "n_layers": n_layers, "n_heads": n_heads, "layer": t["layer"].astype(int),
-        "relative_depth": t["layer"] / max(n_layers - 1, 1), "head": t["head"].astype(int), "kv_head": t["kv_head"].astype(int),
-    })
+    ids = pd.DataFrame(
+        {
+            "model": model,
+            "family": family,
+            "step": step if step is not None else pd.NA,
+            "n_layers": n_layers,
+            "n_heads": n_heads,
+            "layer": t["layer"].astype(int),
+            "relative_depth": t["layer"] / max(n_layers - 1, 1),
+            "head": t["head"].astype(int),
+            "kv_head": t["kv_head"].astype(int),
+        }
+    )
     rows = pd.concat([ids, t[score_cols]], axis=1)
     names = [f"{int(layer)}.{int(head)}" for layer, head in zip(t["layer"], t["head"])]
     verdicts = type_verdicts(summary)
@@ -139,8 +149,11 @@ def _rank_column(head_type: str) -> str:
 
 DEPTH_LABEL = "depth: first layer (0) to last (1)"
 
-_MARK = {LABELS[True]: dict(marker="o", filled=True), LABELS[False]: dict(marker="o", filled=False),
-         LABELS[None]: dict(marker="x", filled=True)}
+_MARK = {
+    LABELS[True]: dict(marker="o", filled=True),
+    LABELS[False]: dict(marker="o", filled=False),
+    LABELS[None]: dict(marker="x", filled=True),
+}
 _COLOR = "#0072B2"  # Okabe-Ito blue
 _GREY = "#9e9e9e"
 
@@ -155,9 +168,18 @@ def _size_key(scales: Sequence[float]) -> list:
     scale; fractions of each panel's largest score where the panels' scales differ)."""
     one = len(set(scales)) == 1
     scale = scales[0] if one else 1.0
-    return [Line2D([], [], marker="o", ls="", color=_COLOR, markersize=float(np.sqrt(_marker_area(v, 1.0))),
-                   label=(f"score {v * scale:g}" if one else f"{v:g} x the panel's largest score"))
-            for v in (0.1, 0.5, 1.0)]
+    return [
+        Line2D(
+            [],
+            [],
+            marker="o",
+            ls="",
+            color=_COLOR,
+            markersize=float(np.sqrt(_marker_area(v, 1.0))),
+            label=(f"score {v * scale:g}" if one else f"{v:g} x the panel's largest score"),
+        )
+        for v in (0.1, 0.5, 1.0)
+    ]
 
 
 def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str], show_labels: bool) -> float:
@@ -178,8 +200,16 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
         x = (m["layer"].to_numpy() + (m["head"].to_numpy() + 0.5) / n_heads) / n_layers
         ax.plot([0, 1], [y, y], color="#e0e0e0", lw=0.6, zorder=0)
         if col not in m or f"{head_type}_top" not in m or m[col].isna().all():
-            ax.text(0.5, y, "not scored", ha="center", va="center", fontsize=5.5, color=_GREY,
-                    bbox=dict(facecolor="white", edgecolor="none", pad=0.5))
+            ax.text(
+                0.5,
+                y,
+                "not scored",
+                ha="center",
+                va="center",
+                fontsize=5.5,
+                color=_GREY,
+                bbox=dict(facecolor="white", edgecolor="none", pad=0.5),
+            )
             continue
         score = m[col].to_numpy(dtype=float)
         ax.scatter(x, np.full(len(x), y), s=1.5, color=_GREY, lw=0, zorder=1)
@@ -190,10 +220,20 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
                 continue
             sizes = _marker_area(score[sel], scale)
             if style["filled"]:
-                ax.scatter(x[sel], np.full(sel.sum(), y), s=sizes, marker=style["marker"], color=_COLOR, lw=0.8, zorder=3)
+                ax.scatter(
+                    x[sel], np.full(sel.sum(), y), s=sizes, marker=style["marker"], color=_COLOR, lw=0.8, zorder=3
+                )
             else:
-                ax.scatter(x[sel], np.full(sel.sum(), y), s=sizes, marker=style["marker"], facecolors="none",
-                           edgecolors=_COLOR, lw=0.8, zorder=3)
+                ax.scatter(
+                    x[sel],
+                    np.full(sel.sum(), y),
+                    s=sizes,
+                    marker=style["marker"],
+                    facecolors="none",
+                    edgecolors=_COLOR,
+                    lw=0.8,
+                    zorder=3,
+                )
     ax.set_xlim(-0.03, 1.03)
     ax.set_ylim(len(labels) - 0.5, -0.5)
     ax.set_yticks(range(len(labels)), labels)
@@ -205,11 +245,18 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
 
 
 def _legend_handles() -> list:
-    return [Line2D([], [], marker="o", ls="", color=_COLOR, label=f"top-k, {LABELS[True]}"),
-            Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor=_COLOR, label=f"top-k, {LABELS[False]}"),
-            Line2D([], [], marker="x", ls="", color=_COLOR, label=f"top-k, {LABELS[None]}"),
-            Line2D([], [], marker="o", ls="", color=_GREY, markersize=2, label="other heads"),
-            Patch(color="none", label="x: depth, first layer (0) to last (1), each layer's heads side by side; marker area: score")]
+    return [
+        Line2D([], [], marker="o", ls="", color=_COLOR, label=f"top-k, {LABELS[True]}"),
+        Line2D(
+            [], [], marker="o", ls="", markerfacecolor="none", markeredgecolor=_COLOR, label=f"top-k, {LABELS[False]}"
+        ),
+        Line2D([], [], marker="x", ls="", color=_COLOR, label=f"top-k, {LABELS[None]}"),
+        Line2D([], [], marker="o", ls="", color=_GREY, markersize=2, label="other heads"),
+        Patch(
+            color="none",
+            label="x: depth, first layer (0) to last (1), each layer's heads side by side; marker area: score",
+        ),
+    ]
 
 
 def model_labels(table: pd.DataFrame) -> list[str]:
@@ -227,8 +274,15 @@ def depth_plot(table: pd.DataFrame, head_type: str) -> Figure:
     ax = fig.subplots()
     scale = _depth_panel(ax, table, head_type, labels, show_labels=True)
     ax.set_title(f"{head_type.replace('_', '-')} heads across models")
-    fig.legend(handles=_legend_handles()[:4] + _size_key([scale]), loc="outside lower center", ncol=2, frameon=False,
-               fontsize=5.5, title="marker area: score", title_fontsize=5.5)
+    fig.legend(
+        handles=_legend_handles()[:4] + _size_key([scale]),
+        loc="outside lower center",
+        ncol=2,
+        frameon=False,
+        fontsize=5.5,
+        title="marker area: score",
+        title_fontsize=5.5,
+    )
     return fig
 
 
@@ -248,8 +302,15 @@ def atlas_overview(table: pd.DataFrame, title: str = "Head atlas", ncols: int = 
             continue
         scales.append(_depth_panel(ax, table, types[i], labels, show_labels=i % ncols == 0))
         ax.set_xlabel("")
-    fig.legend(handles=_legend_handles()[:4] + _size_key(scales), loc="outside lower center", ncol=2, frameon=False,
-               fontsize=6, title=_legend_handles()[4].get_label(), title_fontsize=6)
+    fig.legend(
+        handles=_legend_handles()[:4] + _size_key(scales),
+        loc="outside lower center",
+        ncol=2,
+        frameon=False,
+        fontsize=6,
+        title=_legend_handles()[4].get_label(),
+        title_fontsize=6,
+    )
     fig.suptitle(title)
     return fig
 
@@ -285,7 +346,9 @@ def over_training_plot(table: pd.DataFrame, title: str) -> Figure:
     ax.set_ylabel("highest score of any head")
     ax.set_title(title)
     handles, _ = ax.get_legend_handles_labels()
-    handles += [Line2D([], [], marker="o", ls="", color="k", label="confirmed (ablation)"),
-                Line2D([], [], marker="o", ls="", markerfacecolor="white", markeredgecolor="k", label=LABELS[False])]
+    handles += [
+        Line2D([], [], marker="o", ls="", color="k", label="confirmed (ablation)"),
+        Line2D([], [], marker="o", ls="", markerfacecolor="white", markeredgecolor="k", label=LABELS[False]),
+    ]
     fig.legend(handles=handles, fontsize=5.5, frameon=False, loc="outside lower center", ncol=3)
     return fig

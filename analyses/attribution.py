@@ -112,6 +112,7 @@ def _z_probes(n_layers: int) -> tuple[list, dict[int, Tensor], dict[int, Tensor]
             zs[layer] = z.detach()
             deltas[layer] = torch.zeros_like(z, requires_grad=True)
             return z + deltas[layer]
+
         return hook
 
     return [(attn_hook(layer, "z"), z_hook(layer)) for layer in range(n_layers)], zs, deltas
@@ -148,9 +149,15 @@ class AtPStar:
         return torch.sign(self.attribution) * self.estimate
 
 
-def atp_star(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
-             mean_z: Float[Tensor, "layer head d_head"] | None = None,
-             source_tokens: Int[Tensor, "batch pos"] | None = None, graddrop: bool = True) -> AtPStar:
+def atp_star(
+    model: LoadedModel,
+    tokens: Int[Tensor, "batch pos"],
+    first: int = 0,
+    kind: str = "zero",
+    mean_z: Float[Tensor, "layer head d_head"] | None = None,
+    source_tokens: Int[Tensor, "batch pos"] | None = None,
+    graddrop: bool = True,
+) -> AtPStar:
     """AtP and AtP* (GradDrop) for every head at once, from one forward pass, one backward pass
     and ``L - 1`` partial backward passes (see the module docstring for the definitions and why
     the QK fix does not apply to z ablation).
@@ -187,6 +194,7 @@ def atp_star(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 
             eps[index] = torch.zeros_like(x, requires_grad=True)
             resid[index] = x + eps[index]
             return resid[index]
+
         return hook
 
     hooks = z_hooks + [(block_hook(layer, "resid_pre"), resid_hook(layer)) for layer in range(L)]
@@ -195,8 +203,9 @@ def atp_star(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 
     with torch.inference_mode(False), torch.enable_grad():
         per_seq = scored_loss(model.forward(tokens, fwd_hooks=hooks), tokens, first)  # [batch]
         total = per_seq.sum() / B  # the batch-mean loss: its gradients give batch-mean estimates
-        grads = torch.autograd.grad(total, [deltas[l] for l in range(L)] + [eps[i] for i in range(L + 1)],
-                                    retain_graph=graddrop)
+        grads = torch.autograd.grad(
+            total, [deltas[l] for l in range(L)] + [eps[i] for i in range(L + 1)], retain_graph=graddrop
+        )
         g_z, g_resid = grads[:L], grads[L:]
         diff = ablation_directions(zs, ablation, second)  # [batch, pos, head, d_head] per layer
         attribution = torch.stack([(diff[m] * g_z[m].float()).sum(dim=(0, 1, 3)) for m in range(L)])  # [layer, head]
@@ -206,8 +215,13 @@ def atp_star(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 
             if l == 0 or not graddrop:
                 continue
             # layer l dropped: only the skip connection carries g_{l+1} down to layer l's resid_pre
-            below = torch.autograd.grad(resid[l], [deltas[m] for m in range(l)], grad_outputs=g_resid[l + 1],
-                                        retain_graph=l < L - 1, allow_unused=True)
+            below = torch.autograd.grad(
+                resid[l],
+                [deltas[m] for m in range(l)],
+                grad_outputs=g_resid[l + 1],
+                retain_graph=l < L - 1,
+                allow_unused=True,
+            )
             for m, g in enumerate(below):
                 gd[l, m] = 0.0 if g is None else (diff[m] * g.float()).sum(dim=(0, 1, 3))
     gd = gd.detach().cpu()
@@ -242,10 +256,16 @@ class SecondOrder:
         return self.attribution + self.curvature
 
 
-def second_order(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int = 0, kind: str = "zero",
-                 mean_z: Float[Tensor, "layer head d_head"] | None = None,
-                 source_tokens: Int[Tensor, "batch pos"] | None = None, n_probes: int = N_PROBES,
-                 seed: int = 0) -> SecondOrder:
+def second_order(
+    model: LoadedModel,
+    tokens: Int[Tensor, "batch pos"],
+    first: int = 0,
+    kind: str = "zero",
+    mean_z: Float[Tensor, "layer head d_head"] | None = None,
+    source_tokens: Int[Tensor, "batch pos"] | None = None,
+    n_probes: int = N_PROBES,
+    seed: int = 0,
+) -> SecondOrder:
     """Second-order estimate of every head's single-head ablation effect on the batch-mean scored
     loss: attribution patching plus ``1/2 d^T G d`` with the Gauss-Newton matrix ``G`` estimated
     from ``n_probes`` sets of targets sampled from the model's own predictions (definitions and
@@ -279,7 +299,7 @@ def second_order(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: in
     hooks, zs, deltas = _z_probes(L)
     with torch.inference_mode(False), torch.enable_grad():
         logits = model.forward(tokens, fwd_hooks=hooks)[:, first:-1]  # the scored predictions
-        targets = tokens[:, first + 1:].to(logits.device)
+        targets = tokens[:, first + 1 :].to(logits.device)
         B, T, V = logits.shape
         probs = torch.softmax(logits.detach().float(), dim=-1)
         clean_loss = float(-torch.log(probs.gather(-1, targets[..., None]).clamp_min(1e-45)).mean())
@@ -295,10 +315,13 @@ def second_order(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: in
 
         attribution = per_sequence(targets, last=False).mean(dim=0)
         gen = torch.Generator(device=probs.device).manual_seed(seed)
-        sampled = torch.multinomial(probs.reshape(-1, V), n_probes, replacement=True, generator=gen).reshape(B, T, n_probes)
+        sampled = torch.multinomial(probs.reshape(-1, V), n_probes, replacement=True, generator=gen).reshape(
+            B, T, n_probes
+        )
         samples = torch.stack([per_sequence(sampled[..., k], last=k == n_probes - 1) for k in range(n_probes)])
     curv = 0.5 * T * samples.square()  # [probe, batch, layer, head]: unbiased draws of 1/2 d^T G_b d
     n = n_probes * B
     se = curv.reshape(n, L, -1).std(dim=0) / math.sqrt(n) if n > 1 else torch.full_like(curv[0, 0], float("nan"))
-    return SecondOrder(attribution.detach().cpu(), curv.mean(dim=(0, 1)).detach().cpu(), se.detach().cpu(),
-                       n_probes, clean_loss, kind)
+    return SecondOrder(
+        attribution.detach().cpu(), curv.mean(dim=(0, 1)).detach().cpu(), se.detach().cpu(), n_probes, clean_loss, kind
+    )

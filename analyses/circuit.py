@@ -70,6 +70,7 @@ def next_token_loss(first: int, attention_mask: Int[Tensor, "batch pos"] | None 
     tokens: a prediction counts when it is made from the ``first``-th real token or a later one and
     its target is real, so each row's value is the one of its text run alone. The metric then takes
     ``k * batch`` rows too (path patching stacks ``k`` copies of the batch), the mask repeated."""
+
     def metric(logits: Tensor, tokens: Tensor) -> Tensor:
         losses = token_losses(logits, tokens)
         if attention_mask is None:
@@ -79,6 +80,7 @@ def next_token_loss(first: int, attention_mask: Int[Tensor, "batch pos"] | None 
         index = real.long().cumsum(-1) - 1  # each real token's index among the real tokens
         scored = (real[:, :-1] & real[:, 1:] & (index[:, :-1] >= first)).to(losses.dtype)
         return (losses * scored).sum(dim=1) / scored.sum(dim=1)
+
     return metric
 
 
@@ -95,7 +97,9 @@ class Edge:
     def name(self) -> str:
         """``"5.1 -> 18.6:k"`` or ``"5.1 -> logits"``."""
         s = f"{self.sender[0]}.{self.sender[1]}"
-        return f"{s} -> logits" if self.receiver is None else f"{s} -> {self.receiver[0]}.{self.receiver[1]}:{self.input}"
+        return (
+            f"{s} -> logits" if self.receiver is None else f"{s} -> {self.receiver[0]}.{self.receiver[1]}:{self.input}"
+        )
 
 
 def parse_edge(text: str) -> Edge:
@@ -152,18 +156,29 @@ class PathRuns:
 def _check_model(model: LoadedModel) -> None:
     spec = model.spec
     if not spec.causal:
-        raise HeadprobeError("path patching and edge attribution need a decoder (an encoder's post-LN blocks have no direct paths)")
-    model.require("path_patching", f"path patching and edge attribution need the native backend (--backend native), "
-                                   f"not {model.backend}")
+        raise HeadprobeError(
+            "path patching and edge attribution need a decoder (an encoder's post-LN blocks have no direct paths)"
+        )
+    model.require(
+        "path_patching",
+        f"path patching and edge attribution need the native backend (--backend native), not {model.backend}",
+    )
     if spec.layout.is_mla:
-        raise HeadprobeError("path patching into q/k/v is not defined for latent attention (MLA): its keys and values share one latent")
+        raise HeadprobeError(
+            "path patching into q/k/v is not defined for latent attention (MLA): its keys and values share one latent"
+        )
     model.self_check.require_decomposition("path patching")
 
 
 @torch.inference_mode()
-def prepare_runs(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
-                 metric: Metric | None = None, first: int = 0,
-                 attention_mask: Int[Tensor, "batch pos"] | None = None) -> PathRuns:
+def prepare_runs(
+    model: LoadedModel,
+    clean: Int[Tensor, "batch pos"],
+    corrupted: Int[Tensor, "batch_c pos_c"],
+    metric: Metric | None = None,
+    first: int = 0,
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+) -> PathRuns:
     """Run ``clean`` and ``corrupted`` once each and keep what every edge needs (:class:`PathRuns`).
     ``metric`` None: :func:`next_token_loss` from ``first`` (with the mask). ``attention_mask``
     ``[batch, pos]`` (1 real, 0 padding, from ``model.to_tokens(list_of_texts)``): a padded batch,
@@ -175,14 +190,20 @@ def prepare_runs(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted:
     """
     _check_model(model)
     if clean.shape != corrupted.shape or clean.dim() != 2:
-        raise HeadprobeError(f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} prompts must be "
-                             f"[batch, pos] of the same shape")
+        raise HeadprobeError(
+            f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} prompts must be "
+            f"[batch, pos] of the same shape"
+        )
     if attention_mask is not None and tuple(attention_mask.shape) != tuple(clean.shape):
-        raise HeadprobeError(f"attention_mask {tuple(attention_mask.shape)} must have the prompts' shape {tuple(clean.shape)}")
+        raise HeadprobeError(
+            f"attention_mask {tuple(attention_mask.shape)} must have the prompts' shape {tuple(clean.shape)}"
+        )
     mask = None if attention_mask is None or bool(attention_mask.bool().all()) else attention_mask.to(model.device)
     if mask is not None and metric is None and int(mask.sum(1).min()) < first + 2:
-        raise HeadprobeError(f"a padded prompt of {int(mask.sum(1).min())} real tokens has no prediction from its "
-                             f"real token {first} on to score (the metric would be NaN)")
+        raise HeadprobeError(
+            f"a padded prompt of {int(mask.sum(1).min())} real tokens has no prediction from its "
+            f"real token {first} on to score (the metric would be NaN)"
+        )
     metric = next_token_loss(first, mask) if metric is None else metric
     L = model.spec.n_layers
     embeds: list[Tensor] = []
@@ -203,7 +224,7 @@ def prepare_runs(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted:
     return PathRuns(clean, corrupted, metric, deltas, resid_pre, resid_final, clean_metric, embeds[0], embeds[1], mask)
 
 
-GIB = 2 ** 30
+GIB = 2**30
 DEFAULT_BUDGET = 1.0 * GIB
 """The default working memory (bytes) of the circuit engines beyond the model's weights (at most
 half the memory available)."""
@@ -248,13 +269,17 @@ def plan_rows(model: LoadedModel, batch: int, pos: int, budget: float | None = N
         budget = min(DEFAULT_BUDGET, available * memory.HEADROOM)
         where = f"budget of {budget / GIB:.2f} GiB"
     elif budget > available:
-        raise HeadprobeError(f"a working-memory budget of {budget / GIB:.2f} GiB is more than the "
-                             f"{available / GIB:.2f} GiB free on {model.device}")
+        raise HeadprobeError(
+            f"a working-memory budget of {budget / GIB:.2f} GiB is more than the "
+            f"{available / GIB:.2f} GiB free on {model.device}"
+        )
     scoring, patching = row_bytes(model, pos)
     if scoring > budget or patching > budget:
-        raise HeadprobeError(f"one sequence of {pos} tokens needs about {max(scoring, patching) / GIB:.2f} GiB of "
-                             f"working memory, more than the {where} (free {available / GIB:.2f} GiB on "
-                             f"{model.device}): use shorter sequences or a larger --memory-gb")
+        raise HeadprobeError(
+            f"one sequence of {pos} tokens needs about {max(scoring, patching) / GIB:.2f} GiB of "
+            f"working memory, more than the {where} (free {available / GIB:.2f} GiB on "
+            f"{model.device}): use shorter sequences or a larger --memory-gb"
+        )
     return max(1, min(batch, int(budget // scoring))), max(1, min(MAX_STACK, int(budget // patching)))
 
 
@@ -269,9 +294,24 @@ class RunChunks:
         stack_rows: the most stacked sequences per path-patched forward.
     """
 
-    def __init__(self, model: LoadedModel, clean: Tensor, corrupted: Tensor, rows: int, stack_rows: int = 32,
-                 metric: Metric | None = None, first: int = 0, attention_mask: Tensor | None = None):
-        self.loaded, self.clean, self.corrupted, self.rows, self.stack_rows = model, clean, corrupted, max(1, rows), stack_rows
+    def __init__(
+        self,
+        model: LoadedModel,
+        clean: Tensor,
+        corrupted: Tensor,
+        rows: int,
+        stack_rows: int = 32,
+        metric: Metric | None = None,
+        first: int = 0,
+        attention_mask: Tensor | None = None,
+    ):
+        self.loaded, self.clean, self.corrupted, self.rows, self.stack_rows = (
+            model,
+            clean,
+            corrupted,
+            max(1, rows),
+            stack_rows,
+        )
         self.metric, self.first, self.mask = metric, first, attention_mask
         self._whole: PathRuns | None = None
 
@@ -286,7 +326,10 @@ class RunChunks:
         for i in range(0, B, self.rows):
             j = min(i + self.rows, B)
             mask = None if self.mask is None else self.mask[i:j]
-            yield (j - i) / B, prepare_runs(self.loaded, self.clean[i:j], self.corrupted[i:j], self.metric, self.first, mask)
+            yield (
+                (j - i) / B,
+                prepare_runs(self.loaded, self.clean[i:j], self.corrupted[i:j], self.metric, self.first, mask),
+            )
 
     def clean_metric(self) -> float:
         """The clean run's metric, the batch mean (one pass when chunked)."""
@@ -336,8 +379,14 @@ def _chunks(n: int, batch: int, max_rows: int) -> list[range]:
 
 
 @torch.inference_mode()
-def path_patch_effects(model: LoadedModel, runs: PathRuns | RunChunks, senders: Sequence[tuple[int, int]],
-                       receiver: tuple[int, int] | None, inp: str = "k", max_rows: int | None = None) -> Float[np.ndarray, " sender"]:
+def path_patch_effects(
+    model: LoadedModel,
+    runs: PathRuns | RunChunks,
+    senders: Sequence[tuple[int, int]],
+    receiver: tuple[int, int] | None,
+    inp: str = "k",
+    max_rows: int | None = None,
+) -> Float[np.ndarray, " sender"]:
     """Exact direct-path patching (module docstring) of each sender into one receiver's input ``inp``
     (``receiver`` None: the logits), several senders per batched forward (at most ``max_rows``
     sequences; None: 32, or the :class:`RunChunks`' ``stack_rows``). Returns ``M(patched) - M(clean)``
@@ -354,12 +403,20 @@ def path_patch_effects(model: LoadedModel, runs: PathRuns | RunChunks, senders: 
             raise HeadprobeError(f"sender {s[0]}.{s[1]} is not a head before its receiver")
     _check_expandable(model, [inp])
     if isinstance(runs, RunChunks):
-        return sum(w * _patch_part(model, r, senders, receiver, inp, _stack_rows(runs, max_rows)) for w, r in runs.parts())
+        return sum(
+            w * _patch_part(model, r, senders, receiver, inp, _stack_rows(runs, max_rows)) for w, r in runs.parts()
+        )
     return _patch_part(model, runs, senders, receiver, inp, _stack_rows(runs, max_rows))
 
 
-def _patch_part(model: LoadedModel, runs: PathRuns, senders: Sequence[tuple[int, int]], receiver: tuple[int, int] | None,
-                inp: str, max_rows: int) -> np.ndarray:
+def _patch_part(
+    model: LoadedModel,
+    runs: PathRuns,
+    senders: Sequence[tuple[int, int]],
+    receiver: tuple[int, int] | None,
+    inp: str,
+    max_rows: int,
+) -> np.ndarray:
     """:func:`path_patch_effects` on one :class:`PathRuns` (checks done)."""
     B = runs.clean.shape[0]
     out = np.zeros(len(senders))
@@ -371,14 +428,20 @@ def _patch_part(model: LoadedModel, runs: PathRuns, senders: Sequence[tuple[int,
             logits = model.logits_from_residual(resid + delta.to(resid))
         else:  # the clean run up to the receiver's layer, resumed there with its input patched
             resid = runs.resid_pre[receiver[0]].repeat(len(idx), 1, 1)
-            logits = model.forward_from(receiver[0], resid, _receiver_hooks(model, runs, receiver, inp, delta, len(idx)),
-                                        attention_mask=runs.mask_for(len(idx)))
+            logits = model.forward_from(
+                receiver[0],
+                resid,
+                _receiver_hooks(model, runs, receiver, inp, delta, len(idx)),
+                attention_mask=runs.mask_for(len(idx)),
+            )
         m = runs.metric(logits.float(), tokens).float()
         out[list(idx)] = (m.view(len(idx), B) - runs.clean_metric.to(m)).mean(1).cpu().numpy()
     return out
 
 
-def _receiver_hooks(model: LoadedModel, runs: PathRuns, receiver: tuple[int, int], inp: str, delta: Tensor, n: int) -> list:
+def _receiver_hooks(
+    model: LoadedModel, runs: PathRuns, receiver: tuple[int, int], inp: str, delta: Tensor, n: int
+) -> list:
     """The hooks that add ``(attn_in(resid + delta) - attn_in(resid)) W`` to head ``receiver``'s ``inp``
     (with GQA, keys and values both copied per query head, so that their head counts agree)."""
     layer, head = receiver
@@ -426,12 +489,17 @@ class EdgeScores:
                             rows.append((f"{ls}.{hs}", f"{lr}.{hr}", INPUTS[i], self.head_scores[i, lr, hr, ls, hs]))
         rows += [(f"{ls}.{hs}", "logits", "logits", self.logit_scores[ls, hs]) for ls in range(L) for hs in range(H)]
         df = pd.DataFrame(rows, columns=["sender", "receiver", "input", "score"])
-        df.insert(0, "edge", df["sender"] + " -> " + np.where(df["input"] == "logits", "logits",
-                                                              df["receiver"] + ":" + df["input"]))
+        df.insert(
+            0,
+            "edge",
+            df["sender"] + " -> " + np.where(df["input"] == "logits", "logits", df["receiver"] + ":" + df["input"]),
+        )
         return df.reindex(df["score"].abs().sort_values(ascending=False, kind="stable").index).reset_index(drop=True)
 
 
-def _input_gradients(model: LoadedModel, runs: PathRuns, alpha: float) -> tuple[dict[tuple[int, str], Tensor], Tensor, list[Tensor]]:
+def _input_gradients(
+    model: LoadedModel, runs: PathRuns, alpha: float
+) -> tuple[dict[tuple[int, str], Tensor], Tensor, list[Tensor]]:
     """One forward and backward with the token embedding at ``e_corrupted + alpha (e_clean -
     e_corrupted)``: ``dM/d hook_{q,k,v}`` per (layer, input) ``[batch, pos, head, d]`` (keys and
     values copied per query head), ``dM/d resid_final`` and each layer's ``resid_pre`` (detached)."""
@@ -444,6 +512,7 @@ def _input_gradients(model: LoadedModel, runs: PathRuns, alpha: float) -> tuple[
         def store(x: Tensor) -> Tensor:
             stored[key] = x
             return x
+
         return store
 
     hooks: list[tuple[str, HookFn]] = [(EMBED, lambda x, hook: e.to(x))]
@@ -463,8 +532,17 @@ def _pull_back(model: LoadedModel, layer: int, grads: dict[tuple[int, str], Tens
     """``dM/d resid`` as each head's q, k, v of ``layer`` reads the residual: ``[input, head, batch, pos,
     d_model]``, the input gradients through ``W`` and the (recomputed) pre-attention norm's Jacobian."""
     H = model.spec.n_heads
-    cot = torch.stack([torch.stack([grads[(layer, inp)][:, :, h] @ _input_weight(model, layer, h, inp).detach().float().T
-                                    for h in range(H)]) for inp in INPUTS])  # [3, H, B, pos, d_model]
+    cot = torch.stack(
+        [
+            torch.stack(
+                [
+                    grads[(layer, inp)][:, :, h] @ _input_weight(model, layer, h, inp).detach().float().T
+                    for h in range(H)
+                ]
+            )
+            for inp in INPUTS
+        ]
+    )  # [3, H, B, pos, d_model]
     with torch.enable_grad():
         x = resid.float().expand(3 * H, *resid.shape).reshape(-1, *resid.shape[1:]).clone().requires_grad_(True)
         y = model.attention_input(layer, x.to(model.dtype)).float()
@@ -550,15 +628,28 @@ def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str,
     """
     exact, estimate = np.asarray(exact, dtype=float), np.asarray(estimate, dtype=float)
     if exact.shape != estimate.shape or exact.size < 3:
-        raise HeadprobeError(f"agreement needs two equally long arrays of at least 3 edges, got {exact.shape} and {estimate.shape}")
+        raise HeadprobeError(
+            f"agreement needs two equally long arrays of at least 3 edges, got {exact.shape} and {estimate.shape}"
+        )
     k = min(k, exact.size)
     top = lambda v: set(np.argsort(-np.abs(v), kind="stable")[:k].tolist())
-    flat = [name for name, v in (("the exact path-patching effect", exact), ("the edge score", estimate))
-            if np.isfinite(v).all() and v.min() == v.max()]
-    why = (f"undefined: {' and '.join(flat)} {'is' if len(flat) == 1 else 'are'} the same on every verified edge"
-           if flat else "undefined: an exact effect or an edge score is not finite")
-    out: dict[str, Any] = {"spearman": None, "pearson": None, "top_k": k,
-                           "top_k_recall": len(top(exact) & top(estimate)) / k, "n_edges": int(exact.size)}
+    flat = [
+        name
+        for name, v in (("the exact path-patching effect", exact), ("the edge score", estimate))
+        if np.isfinite(v).all() and v.min() == v.max()
+    ]
+    why = (
+        f"undefined: {' and '.join(flat)} {'is' if len(flat) == 1 else 'are'} the same on every verified edge"
+        if flat
+        else "undefined: an exact effect or an edge score is not finite"
+    )
+    out: dict[str, Any] = {
+        "spearman": None,
+        "pearson": None,
+        "top_k": k,
+        "top_k_recall": len(top(exact) & top(estimate)) / k,
+        "n_edges": int(exact.size),
+    }
     reasons = {}
     for name, corr in (("spearman", spearmanr), ("pearson", pearsonr)):
         if flat or not (np.isfinite(exact).all() and np.isfinite(estimate).all()):
@@ -571,8 +662,9 @@ def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str,
     return {**out, "null_reasons": reasons} if reasons else out
 
 
-def exact_effects(model: LoadedModel, runs: PathRuns | RunChunks, edges: Sequence[Edge],
-                  max_rows: int | None = None) -> np.ndarray:
+def exact_effects(
+    model: LoadedModel, runs: PathRuns | RunChunks, edges: Sequence[Edge], max_rows: int | None = None
+) -> np.ndarray:
     """Exact path patching (:func:`path_patch_effects`) of each edge, edges of one receiver input batched
     together (a :class:`RunChunks` prepared once per chunk for all of them)."""
     out = np.zeros(len(edges))
@@ -581,13 +673,20 @@ def exact_effects(model: LoadedModel, runs: PathRuns | RunChunks, edges: Sequenc
         groups.setdefault((e.receiver, e.input), []).append(i)
     for weight, part in _parts(runs):
         for (receiver, inp), idx in groups.items():
-            out[idx] += weight * path_patch_effects(model, part, [edges[i].sender for i in idx], receiver,
-                                                    "k" if receiver is None else inp, max_rows=_stack_rows(runs, max_rows))
+            out[idx] += weight * path_patch_effects(
+                model,
+                part,
+                [edges[i].sender for i in idx],
+                receiver,
+                "k" if receiver is None else inp,
+                max_rows=_stack_rows(runs, max_rows),
+            )
     return out
 
 
-def verify_edges(model: LoadedModel, runs: PathRuns | RunChunks, table: pd.DataFrame, n: int, seed: int = 0,
-                 k: int = 10) -> tuple[pd.DataFrame, dict | None]:
+def verify_edges(
+    model: LoadedModel, runs: PathRuns | RunChunks, table: pd.DataFrame, n: int, seed: int = 0, k: int = 10
+) -> tuple[pd.DataFrame, dict | None]:
     """Path patch the ``n`` edges of ``table`` (:meth:`EdgeScores.table`, sorted by ``|score|``) largest
     in ``|score|`` and ``n`` drawn at random (seeded) from the rest, exactly. Returns the table with an
     ``exact`` column (NaN where not patched) and :func:`agreement` over the patched edges (None if fewer than 3)."""
@@ -596,16 +695,24 @@ def verify_edges(model: LoadedModel, runs: PathRuns | RunChunks, table: pd.DataF
     if n <= 0:
         return table, None
     rest = np.arange(n, len(table))
-    pick = np.concatenate([np.arange(min(n, len(table))),
-                           np.sort(np.random.default_rng(seed).choice(rest, size=min(n, len(rest)), replace=False))])
+    pick = np.concatenate(
+        [
+            np.arange(min(n, len(table))),
+            np.sort(np.random.default_rng(seed).choice(rest, size=min(n, len(rest)), replace=False)),
+        ]
+    )
     edges = [parse_edge(name) for name in table["edge"].to_numpy()[pick]]
     table.loc[table.index[pick], "exact"] = exact_effects(model, runs, edges)
     done = table.dropna(subset=["exact"])
     return table, (agreement(done["exact"].to_numpy(), done["score"].to_numpy(), k) if len(done) >= 3 else None)
 
 
-def receiver_sweep(model: LoadedModel, runs: PathRuns | RunChunks, receivers: Sequence[tuple[tuple[int, int] | None, str]],
-                   scores: EdgeScores | None = None) -> pd.DataFrame:
+def receiver_sweep(
+    model: LoadedModel,
+    runs: PathRuns | RunChunks,
+    receivers: Sequence[tuple[tuple[int, int] | None, str]],
+    scores: EdgeScores | None = None,
+) -> pd.DataFrame:
     """Exact path patching from every earlier head into each receiver (``(head, input)`` or ``(None,
     "logits")``): ``receiver, sender, effect`` (and ``score``, the edge attribution, when given), each
     receiver's senders largest effect first.
@@ -617,24 +724,35 @@ def receiver_sweep(model: LoadedModel, runs: PathRuns | RunChunks, receivers: Se
     rows = []
     for receiver, _inp in receivers:
         if receiver is not None and not (0 < receiver[0] < L and 0 <= receiver[1] < H):
-            raise HeadprobeError(f"receiver {receiver[0]}.{receiver[1]} is not a head after layer 0 of a model of "
-                                 f"{L} layers x {H} heads")
+            raise HeadprobeError(
+                f"receiver {receiver[0]}.{receiver[1]} is not a head after layer 0 of a model of {L} layers x {H} heads"
+            )
     effects: dict[int, Any] = {i: 0.0 for i in range(len(receivers))}  # 0.0, then an array [sender]
     for weight, part in _parts(runs):
         for i, (receiver, inp) in enumerate(receivers):
             senders = [(l, h) for l in range(L if receiver is None else receiver[0]) for h in range(H)]
-            effects[i] = effects[i] + weight * path_patch_effects(model, part, senders, receiver, "k" if receiver is None else inp,
-                                                                  max_rows=_stack_rows(runs, None))
+            effects[i] = effects[i] + weight * path_patch_effects(
+                model, part, senders, receiver, "k" if receiver is None else inp, max_rows=_stack_rows(runs, None)
+            )
     for i, (receiver, inp) in enumerate(receivers):
         senders = [(l, h) for l in range(L if receiver is None else receiver[0]) for h in range(H)]
         name = "logits" if receiver is None else f"{receiver[0]}.{receiver[1]}:{inp}"
         for (l, h), eff in zip(senders, effects[i]):
-            score = np.nan if scores is None else (scores.logit_scores[l, h] if receiver is None else
-                                                   scores.head_scores[INPUTS.index(inp), receiver[0], receiver[1], l, h])
+            score = (
+                np.nan
+                if scores is None
+                else (
+                    scores.logit_scores[l, h]
+                    if receiver is None
+                    else scores.head_scores[INPUTS.index(inp), receiver[0], receiver[1], l, h]
+                )
+            )
             rows.append((name, f"{l}.{h}", float(eff), float(score)))
     df = pd.DataFrame(rows, columns=["receiver", "sender", "effect", "score"])
     order = {name: i for i, name in enumerate(dict.fromkeys(df["receiver"]))}
-    df = df.assign(rank=df["receiver"].map(order)).sort_values(["rank", "effect"], ascending=[True, False], kind="stable")
+    df = df.assign(rank=df["receiver"].map(order)).sort_values(
+        ["rank", "effect"], ascending=[True, False], kind="stable"
+    )
     return df.drop(columns="rank").reset_index(drop=True)
 
 
@@ -680,20 +798,33 @@ def _baseline_part(model: LoadedModel, runs: PathRuns, layers: Sequence[int]) ->
             if not torch.equal(resid, clean):
                 drifted.append(layer - 1)
             return clean
+
         return hook
 
     hooks = [(block_hook(l, "resid_pre"), set_clean(l)) for l in range(layers[0] + 1, model.spec.n_layers)]
-    errors.append(error(model.forward_from(layers[0], runs.resid_pre[layers[0]], fwd_hooks=hooks, attention_mask=runs.mask)))
+    errors.append(
+        error(model.forward_from(layers[0], runs.resid_pre[layers[0]], fwd_hooks=hooks, attention_mask=runs.mask))
+    )
     if drifted:
-        errors += [error(model.forward_from(l, runs.resid_pre[l], attention_mask=runs.mask))
-                   for l in layers if l <= max(drifted)]
+        errors += [
+            error(model.forward_from(l, runs.resid_pre[l], attention_mask=runs.mask))
+            for l in layers
+            if l <= max(drifted)
+        ]
     return max(errors)
 
 
-def path_patch(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
-               senders: tuple[int, int] | Sequence[tuple[int, int]], receiver: tuple[int, int] | str,
-               input: str = "k", metric: Metric | None = None, first: int = 0,
-               attention_mask: Int[Tensor, "batch pos"] | None = None) -> float | np.ndarray:
+def path_patch(
+    model: LoadedModel,
+    clean: Int[Tensor, "batch pos"],
+    corrupted: Int[Tensor, "batch_c pos_c"],
+    senders: tuple[int, int] | Sequence[tuple[int, int]],
+    receiver: tuple[int, int] | str,
+    input: str = "k",
+    metric: Metric | None = None,
+    first: int = 0,
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+) -> float | np.ndarray:
     """Exact path patching (module docstring; Wang et al. 2022, Goldowsky-Dill et al. 2023) of sender
     head(s) into ``receiver``'s ``input`` (``"q"``, ``"k"``, ``"v"``) or, with ``receiver="logits"``,
     into the logits: ``M(patched) - M(clean)`` averaged over the batch, in the metric's units
@@ -719,9 +850,16 @@ def path_patch(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: I
     return float(out[0]) if one else out
 
 
-def edge_attribution(model: LoadedModel, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch_c pos_c"],
-                     method: str = "eap-ig", steps: int = 5, metric: Metric | None = None, first: int = 0,
-                     attention_mask: Int[Tensor, "batch pos"] | None = None) -> EdgeScores:
+def edge_attribution(
+    model: LoadedModel,
+    clean: Int[Tensor, "batch pos"],
+    corrupted: Int[Tensor, "batch_c pos_c"],
+    method: str = "eap-ig",
+    steps: int = 5,
+    metric: Metric | None = None,
+    first: int = 0,
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+) -> EdgeScores:
     """EAP or EAP-IG scores of every head -> head (q/k/v) and head -> logits edge (module docstring;
     Syed et al. 2023; Hanna et al. 2024): :func:`edge_scores` after :func:`prepare_runs`; ``.table()``
     lists the edges. Scores estimate :func:`path_patch`'s effects, in the metric's units.

@@ -126,7 +126,9 @@ class HeadColumn:
         if not self.rank_by:
             object.__setattr__(self, "rank_by", self.columns[0])
         if self.task is not None and (self.task not in TASKS or self.dataset not in TASKS):
-            raise ValueError(f"head type {self.name!r}: task and dataset must be among {TASKS}, got {self.task!r}, {self.dataset!r}")
+            raise ValueError(
+                f"head type {self.name!r}: task and dataset must be among {TASKS}, got {self.task!r}, {self.dataset!r}"
+            )
 
     @property
     def is_head_type(self) -> bool:
@@ -146,7 +148,15 @@ class HeadColumn:
 
 HEAD_COLUMNS: Registry[HeadColumn] = Registry("head column")
 """Every head column, head types first (head_scores.csv's column order), each a lazy target."""
-for _name in ("previous_token", "duplicate_token", "induction", "first_token", "positional", "next_token", "last_token"):
+for _name in (
+    "previous_token",
+    "duplicate_token",
+    "induction",
+    "first_token",
+    "positional",
+    "next_token",
+    "last_token",
+):
     HEAD_COLUMNS.register(_name, f"headprobe.analyses.detectors:{_name.upper()}", group=HEAD_TYPE)
 for _name in ("copying", "sink_rate", "entropy", "retrieval", "dla", "local_fraction", "no_op"):
     HEAD_COLUMNS.register(_name, f"headprobe.analyses.metrics:{_name.upper()}", group=METRIC)

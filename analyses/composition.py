@@ -72,8 +72,10 @@ def head_weights(model: LoadedModel, vocab: bool = True) -> HeadWeights:
     """
     spec = model.spec
     if spec.layout.head_layers is not None:
-        raise HeadprobeError("head weights and composition are not implemented for hybrid models "
-                             "(linear-attention layers among the attention layers)")
+        raise HeadprobeError(
+            "head weights and composition are not implemented for hybrid models "
+            "(linear-attention layers among the attention layers)"
+        )
     g = spec.n_heads // spec.n_kv_heads
     Q, K, V, O = [], [], [], []
     centers = False
@@ -99,9 +101,12 @@ def head_weights(model: LoadedModel, vocab: bool = True) -> HeadWeights:
     return HeadWeights(torch.stack(Q), torch.stack(K), torch.stack(V), W_O, W_E, W_U)
 
 
-def copying_scores(W_E: Float[Tensor, "d_vocab d_model"], W_V: Float[Tensor, "layer head d_model d_head"],
-                   W_O: Float[Tensor, "layer head d_head d_model"], W_U: Float[Tensor, "d_model d_vocab"]
-                   ) -> Float[Tensor, "layer head"]:
+def copying_scores(
+    W_E: Float[Tensor, "d_vocab d_model"],
+    W_V: Float[Tensor, "layer head d_model d_head"],
+    W_O: Float[Tensor, "layer head d_head d_model"],
+    W_U: Float[Tensor, "d_model d_vocab"],
+) -> Float[Tensor, "layer head"]:
     """Copying score of each head's OV circuit: ``sum(lambda) / sum(|lambda|)`` over the eigenvalues
     of the ``[d_vocab, d_vocab]`` matrix ``W_E W_V W_O W_U`` (Elhage et al. 2021: positive
     eigenvalues mean that attending to a token raises that token's logit; 1 for a pure copying
@@ -121,7 +126,7 @@ def copying_scores(W_E: Float[Tensor, "d_vocab d_model"], W_V: Float[Tensor, "la
     # [d_vocab, d_model] matrices (2 x 226 MB for a 49,152-token vocabulary)
     G = torch.zeros(W_U.shape[0], W_E.shape[1], dtype=torch.float64, device=W_E.device)
     for c in range(0, W_E.shape[0], 4096):
-        G += W_U[:, c:c + 4096].double() @ W_E[c:c + 4096].double()
+        G += W_U[:, c : c + 4096].double() @ W_E[c : c + 4096].double()
     small = torch.einsum("lhed,df,lhfk->lhek", W_O.double(), G, W_V.double())  # W_O G W_V, [d_head, d_head]
     lam = torch.linalg.eigvals(small)
     return (lam.sum(-1).real / lam.abs().sum(-1)).float()
@@ -157,12 +162,22 @@ def _layer_factors(weights: HeadWeights, device: torch.device | str | None) -> l
     out: list[Tensor] | None = None
     L = weights.W_Q.shape[0]
     for layer in range(L):
-        W_Q, W_K, W_V, W_O = (t[layer].to(device).double() for t in (weights.W_Q, weights.W_K, weights.W_V, weights.W_O))
+        W_Q, W_K, W_V, W_O = (
+            t[layer].to(device).double() for t in (weights.W_Q, weights.W_K, weights.W_V, weights.W_O)
+        )
         # W_OV = W_V W_O = W_V (W_O^T)^T ; W_QK = W_Q W_K^T
         Pov, Mov, Nov = _factor(W_V, W_O.transpose(-1, -2))
         Pqk, Mqk, Nqk = _factor(W_Q, W_K)
-        parts = (Pov.float(), Mov.float(), Nov.float(), Pqk.float(), Mqk.float(), Nqk.float(),
-                 torch.linalg.matrix_norm(Mov), torch.linalg.matrix_norm(Mqk))
+        parts = (
+            Pov.float(),
+            Mov.float(),
+            Nov.float(),
+            Pqk.float(),
+            Mqk.float(),
+            Nqk.float(),
+            torch.linalg.matrix_norm(Mov),
+            torch.linalg.matrix_norm(Mqk),
+        )
         if out is None:  # preallocated: no list of per-layer copies beside the stacked result
             out = [torch.empty(L, *t.shape, dtype=t.dtype, device=t.device) for t in parts]
         for o, t in zip(out, parts):
@@ -171,8 +186,9 @@ def _layer_factors(weights: HeadWeights, device: torch.device | str | None) -> l
     return out
 
 
-def composition_scores(weights: HeadWeights, device: torch.device | str | None = None
-                       ) -> dict[str, Float[Tensor, "layer_j head_j layer_i head_i"]]:
+def composition_scores(
+    weights: HeadWeights, device: torch.device | str | None = None
+) -> dict[str, Float[Tensor, "layer_j head_j layer_i head_i"]]:
     """Q-, K- and V-composition of every later head j with every earlier head i (Elhage et al. 2021):
 
     * ``q``: ``||W_OV^i W_QK^j||_F / (||W_OV^i||_F ||W_QK^j||_F)`` (head i's output read by j's queries),
@@ -209,8 +225,9 @@ def composition_scores(weights: HeadWeights, device: torch.device | str | None =
     return {k: v.cpu() for k, v in out.items()}
 
 
-def pair_scores(scores: Float[Tensor, "layer_j head_j layer_i head_i"], later: list[tuple[int, int]],
-                earlier: list[tuple[int, int]]) -> Float[Tensor, "n_later n_earlier"]:
+def pair_scores(
+    scores: Float[Tensor, "layer_j head_j layer_i head_i"], later: list[tuple[int, int]], earlier: list[tuple[int, int]]
+) -> Float[Tensor, "n_later n_earlier"]:
     """The scores of the pairs ``earlier[i] -> later[j]`` (``[len(later), len(earlier)]``; NaN
     where the earlier head is not in an earlier layer)."""
     return torch.stack([torch.stack([scores[lj, hj, li, hi] for li, hi in earlier]) for lj, hj in later])

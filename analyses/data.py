@@ -56,8 +56,19 @@ def default_text() -> str:
     return "\n\n".join(pydoc_topics().values())
 
 
-_ASCII_FOR = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2026": "...",
-                            "\u2013": "-", "\u2014": "--", "\t": "    ", "\r": ""})
+_ASCII_FOR = str.maketrans(
+    {
+        "\u2018": "'",
+        "\u2019": "'",
+        "\u201c": '"',
+        "\u201d": '"',
+        "\u2026": "...",
+        "\u2013": "-",
+        "\u2014": "--",
+        "\t": "    ",
+        "\r": "",
+    }
+)
 
 
 def ascii_text(text: str) -> str:
@@ -97,7 +108,12 @@ def file_token_ids(tokenizer, text: TextFile, need: int) -> tuple[list[int], int
 
 
 def natural_text_tokens(
-    model: LoadedModel, n_seqs: int, seq_len: int, seed: int, text: str | TextFile | None = None, source: str | None = None
+    model: LoadedModel,
+    n_seqs: int,
+    seq_len: int,
+    seed: int,
+    text: str | TextFile | None = None,
+    source: str | None = None,
 ) -> TokenSet:
     """``n_seqs`` windows of ``seq_len`` tokens (BOS included when the model uses one) of natural text;
     an encoder's windows are ``[CLS] text [SEP]`` (``seq_len`` counts both).
@@ -135,7 +151,9 @@ def natural_text_tokens(
         ids = model.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     n_windows = len(ids) // body
     if n_windows == 0:
-        raise HeadprobeError(f"the text has {len(ids)} tokens, fewer than one sequence of {body}; give more text or a shorter --seq-len")
+        raise HeadprobeError(
+            f"the text has {len(ids)} tokens, fewer than one sequence of {body}; give more text or a shorter --seq-len"
+        )
     windows = torch.tensor(ids[: n_windows * body], dtype=torch.long).view(n_windows, body)
     gen = torch.Generator().manual_seed(seed)
     pick = torch.randperm(n_windows, generator=gen)[: min(n_seqs, n_windows)].sort().values
@@ -174,7 +192,9 @@ def repeated_random_tokens(model: LoadedModel, n_seqs: int, period: int, seed: i
     if start:
         assert model.bos_token_id is not None  # a model that prepends BOS has one
         tokens = torch.cat([torch.full((n_seqs, 1), model.bos_token_id), tokens], dim=1)
-    return TokenSet(tokens=tokens, start=start, period=period, source=f"{n_seqs} random sequences of {period} tokens, repeated once")
+    return TokenSet(
+        tokens=tokens, start=start, period=period, source=f"{n_seqs} random sequences of {period} tokens, repeated once"
+    )
 
 
 @dataclass(frozen=True)
@@ -193,8 +213,16 @@ class TaskTokens:
     repeated_source: TokenSet
 
 
-def task_tokens(model: LoadedModel, n_natural: int, seq_len: int, n_repeated: int, period: int, seed: int,
-                text: str | TextFile | None = None, source: str | None = None) -> TaskTokens:
+def task_tokens(
+    model: LoadedModel,
+    n_natural: int,
+    seq_len: int,
+    n_repeated: int,
+    period: int,
+    seed: int,
+    text: str | TextFile | None = None,
+    source: str | None = None,
+) -> TaskTokens:
     """The natural-text and induction token sets of ``ablate`` and ``prune`` (see :class:`TaskTokens`).
 
     Raises:
@@ -203,12 +231,15 @@ def task_tokens(model: LoadedModel, n_natural: int, seq_len: int, n_repeated: in
     """
     n_ctx = model.spec.n_ctx
     if seq_len > n_ctx or 2 * period + 1 > n_ctx:
-        raise HeadprobeError(f"--seq-len {seq_len} / --period {period} give sequences longer than the "
-                             f"model's context ({n_ctx} tokens)")
+        raise HeadprobeError(
+            f"--seq-len {seq_len} / --period {period} give sequences longer than the model's context ({n_ctx} tokens)"
+        )
     natural = natural_text_tokens(model, 2 * n_natural, seq_len, seed, text, source=source)
     if natural.tokens.shape[0] < 2 * n_natural:
-        raise HeadprobeError(f"the text holds {natural.tokens.shape[0]} windows of {seq_len} tokens; "
-                             f"{2 * n_natural} are needed: give more text or a shorter --seq-len")
+        raise HeadprobeError(
+            f"the text holds {natural.tokens.shape[0]} windows of {seq_len} tokens; "
+            f"{2 * n_natural} are needed: give more text or a shorter --seq-len"
+        )
     repeated = repeated_random_tokens(model, n_repeated, period, seed)
     repeated_source = repeated_random_tokens(model, n_repeated, period, seed + 1)
     return TaskTokens(natural, repeated, repeated_source)
@@ -269,8 +300,15 @@ class NeedleSet(PlantedSpan):
         return self.length
 
 
-def needle_tokens(model: LoadedModel, n_seqs: int, seq_len: int, needle_len: int, seed: int, text: str | TextFile | None = None,
-                  source: str | None = None) -> NeedleSet:
+def needle_tokens(
+    model: LoadedModel,
+    n_seqs: int,
+    seq_len: int,
+    needle_len: int,
+    seed: int,
+    text: str | TextFile | None = None,
+    source: str | None = None,
+) -> NeedleSet:
     """``n_seqs`` natural-text windows with a random-token needle inserted twice (:class:`NeedleSet`),
     after Wu et al. 2024 ("Retrieval Head Mechanistically Explains Long-Context Factuality"),
     whose needle-in-a-haystack test asks the model to reproduce a needle from its context.
@@ -300,8 +338,14 @@ def needle_tokens(model: LoadedModel, n_seqs: int, seq_len: int, needle_len: int
         rows.append(torch.cat([row[:start], body[:a], needle, body[a:c], needle, body[c:]]))
         first.append(start + a)
         second.append(start + a + needle_len + (c - a))
-    return NeedleSet(torch.stack(rows), start, torch.tensor(first), torch.tensor(second), needle_len,
-                     f"{len(rows)} natural-text windows of {hay.source} with a random needle of {needle_len} tokens, twice")
+    return NeedleSet(
+        torch.stack(rows),
+        start,
+        torch.tensor(first),
+        torch.tensor(second),
+        needle_len,
+        f"{len(rows)} natural-text windows of {hay.source} with a random needle of {needle_len} tokens, twice",
+    )
 
 
 @dataclass(frozen=True)
@@ -330,8 +374,16 @@ class LongRangeSet(PlantedSpan):
         return queries, targets
 
 
-def long_range_tokens(model: LoadedModel, seq_len: int, distances: list[int], block_len: int, seed: int, n_per_distance: int = 1,
-                      text: str | TextFile | None = None, source: str | None = None) -> LongRangeSet:
+def long_range_tokens(
+    model: LoadedModel,
+    seq_len: int,
+    distances: list[int],
+    block_len: int,
+    seed: int,
+    n_per_distance: int = 1,
+    text: str | TextFile | None = None,
+    source: str | None = None,
+) -> LongRangeSet:
     """``n_per_distance`` sequences per distance of the long-range retrieval task (:class:`LongRangeSet`).
 
     Raises:
@@ -345,8 +397,10 @@ def long_range_tokens(model: LoadedModel, seq_len: int, distances: list[int], bl
     second = seq_len - block_len
     bad = [d for d in distances if d < block_len or second - d < start]
     if bad or not distances:
-        raise HeadprobeError(f"distances must lie in [{block_len}, {second - start}] for --seq-len {seq_len} and a block of "
-                             f"{block_len} tokens; got {', '.join(map(str, bad or distances)) or 'none'}")
+        raise HeadprobeError(
+            f"distances must lie in [{block_len}, {second - start}] for --seq-len {seq_len} and a block of "
+            f"{block_len} tokens; got {', '.join(map(str, bad or distances)) or 'none'}"
+        )
     n = len(distances) * n_per_distance
     hay = natural_text_tokens(model, n, seq_len - 2 * block_len, seed, text, source)
     if hay.tokens.shape[0] < n:
@@ -359,9 +413,15 @@ def long_range_tokens(model: LoadedModel, seq_len: int, distances: list[int], bl
         block = ids[torch.randint(len(ids), (block_len,), generator=gen)]
         a = second - d  # first occurrence, counted with BOS
         body = row[start:]
-        rows.append(torch.cat([row[:start], body[:a - start], block, body[a - start:], block]))
+        rows.append(torch.cat([row[:start], body[: a - start], block, body[a - start :], block]))
         first.append(a)
     tokens = torch.stack(rows)  # [BOS] hay block hay block: seq_len tokens by construction
-    return LongRangeSet(tokens, start, torch.tensor(first), torch.full((n,), second), block_len,
-                        f"{n} natural-text windows of {hay.source} with a random block of {block_len} tokens planted "
-                        f"{', '.join(map(str, distances))} tokens before its repeat at the end")
+    return LongRangeSet(
+        tokens,
+        start,
+        torch.tensor(first),
+        torch.full((n,), second),
+        block_len,
+        f"{n} natural-text windows of {hay.source} with a random block of {block_len} tokens planted "
+        f"{', '.join(map(str, distances))} tokens before its repeat at the end",
+    )

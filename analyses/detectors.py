@@ -49,7 +49,9 @@ def _check(pattern: Tensor, min_len: int = 2) -> None:
     if pattern.ndim != 4 or pattern.shape[-1] != pattern.shape[-2]:
         raise ValueError(f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos, got {tuple(pattern.shape)}")
     if pattern.shape[-1] < min_len:
-        raise HeadprobeError(f"sequence length {pattern.shape[-1]} is too short: this score needs at least {min_len} positions")
+        raise HeadprobeError(
+            f"sequence length {pattern.shape[-1]} is too short: this score needs at least {min_len} positions"
+        )
 
 
 def offset_score(pattern: Pattern, offset: int, first_query: int) -> Float[Tensor, " head"]:
@@ -157,7 +159,9 @@ def positional_score(pattern: Pattern) -> tuple[Float[Tensor, " head"], Float[Te
     return positional_from_argmax(pattern[..., 1:, :].argmax(dim=-1), pattern.shape[-1])
 
 
-def positional_from_argmax(argmax: Int[Tensor, "batch head n"], T: int) -> tuple[Float[Tensor, " head"], Float[Tensor, " head"]]:
+def positional_from_argmax(
+    argmax: Int[Tensor, "batch head n"], T: int
+) -> tuple[Float[Tensor, " head"], Float[Tensor, " head"]]:
     """:func:`positional_score` from the argmax key of queries ``1 .. T-1`` (``argmax[..., i]`` is
     query ``i + 1``'s), the streamed path's input."""
     queries = torch.arange(1, T, device=argmax.device)
@@ -166,7 +170,9 @@ def positional_from_argmax(argmax: Int[Tensor, "batch head n"], T: int) -> tuple
     bins = torch.where(back >= 0, back, T - 1 - back)
     H = bins.shape[1]
     flat = bins.transpose(0, 1).reshape(H, -1)  # [head, batch * n]; a one-hot [.., n, 2T - 1] would be O(T^2)
-    counts = torch.zeros(H, 2 * T - 1, dtype=torch.long, device=bins.device).scatter_add_(1, flat, torch.ones_like(flat))
+    counts = torch.zeros(H, 2 * T - 1, dtype=torch.long, device=bins.device).scatter_add_(
+        1, flat, torch.ones_like(flat)
+    )
     top, b = counts.max(dim=1)
     offset = torch.where(b < T, -b, b - (T - 1))
     return offset.float(), top.float() / (back.shape[0] * back.shape[-1])
@@ -218,21 +224,26 @@ Detector = HeadColumn
 
 def _one(column: str, fn: Callable[..., Tensor], *args: str) -> Callable[[Pattern, int | None, int], dict[str, Tensor]]:
     """A score function filling ``column`` with ``fn(pattern)`` (``args`` ``"period"``/``"start"``: also those)."""
+
     def score(p: Pattern, period: int | None, start: int) -> dict[str, Tensor]:
         extra = {"period": period, "start": start}
         return {column: fn(p, *(extra[a] for a in args))}
+
     return score
 
 
 def _stats(name: str) -> Callable:
     """Head type ``name``'s :attr:`~headprobe.analyses.columns.HeadColumn.score_stats` (:func:`_stats_scores`)."""
+
     def score(st, period: int | None, start: int) -> dict[str, Tensor]:
         return _stats_scores(name, st, period, start)
+
     return score
 
 
-def text_repeat_scores(pattern: Float[Tensor, "... q_pos k_pos"], ids: Int[Tensor, " pos"],
-                       start: int) -> dict[str, Float[Tensor, ...]]:
+def text_repeat_scores(
+    pattern: Float[Tensor, "... q_pos k_pos"], ids: Int[Tensor, " pos"], start: int
+) -> dict[str, Float[Tensor, ...]]:
     """Duplicate-token and induction scores on any text (``headprobe show``'s prompt), where the
     tokens repeat wherever they happen to, not in one block: for each query ``q >= start`` whose
     token occurred at earlier positions ``start <= j < q``, the attention on those ``j``
@@ -262,7 +273,9 @@ def text_repeat_scores(pattern: Float[Tensor, "... q_pos k_pos"], ids: Int[Tenso
     for name, mask in (("duplicate_token", dup), ("induction", ind)):
         rows = mask.any(dim=1)
         on = (pattern.float() * mask.to(pattern.device)).sum(dim=-1)[..., rows.to(pattern.device)]
-        out[name] = on.mean(dim=-1) if rows.any() else torch.full(pattern.shape[:-2], float("nan"), device=pattern.device)
+        out[name] = (
+            on.mean(dim=-1) if rows.any() else torch.full(pattern.shape[:-2], float("nan"), device=pattern.device)
+        )
     return out
 
 
@@ -270,29 +283,85 @@ def _positional(p: Pattern, period: int | None, start: int) -> dict[str, Tensor]
     return dict(zip(("positional_offset", "positional_fraction"), positional_score(p)))
 
 
-PREVIOUS_TOKEN = Detector("previous_token", ("previous_token",), _one("previous_token", previous_token_score), "natural", "natural",
-                          figures=(HeatmapStyle("previous_token", "previous-token score", "attention to i−1"),), score_stats=_stats("previous_token"))
-DUPLICATE_TOKEN = Detector("duplicate_token", ("duplicate_token",), _one("duplicate_token", duplicate_token_score, "period", "start"),
-                           "repeated", "natural",
-                           figures=(HeatmapStyle("duplicate_token", "duplicate-token score", "attention to earlier copy"),), score_stats=_stats("duplicate_token"))
-INDUCTION = Detector("induction", ("induction",), _one("induction", induction_score, "period", "start"), "repeated", "repeated",
-                     figures=(HeatmapStyle("induction", "induction score", "attention to token after copy"),), score_stats=_stats("induction"))
-FIRST_TOKEN = Detector("first_token", ("first_token",), _one("first_token", first_token_score), "natural", "natural",
-                       figures=(HeatmapStyle("first_token", "first-token (sink) score", "attention to position 0"),), score_stats=_stats("first_token"))
+PREVIOUS_TOKEN = Detector(
+    "previous_token",
+    ("previous_token",),
+    _one("previous_token", previous_token_score),
+    "natural",
+    "natural",
+    figures=(HeatmapStyle("previous_token", "previous-token score", "attention to i−1"),),
+    score_stats=_stats("previous_token"),
+)
+DUPLICATE_TOKEN = Detector(
+    "duplicate_token",
+    ("duplicate_token",),
+    _one("duplicate_token", duplicate_token_score, "period", "start"),
+    "repeated",
+    "natural",
+    figures=(HeatmapStyle("duplicate_token", "duplicate-token score", "attention to earlier copy"),),
+    score_stats=_stats("duplicate_token"),
+)
+INDUCTION = Detector(
+    "induction",
+    ("induction",),
+    _one("induction", induction_score, "period", "start"),
+    "repeated",
+    "repeated",
+    figures=(HeatmapStyle("induction", "induction score", "attention to token after copy"),),
+    score_stats=_stats("induction"),
+)
+FIRST_TOKEN = Detector(
+    "first_token",
+    ("first_token",),
+    _one("first_token", first_token_score),
+    "natural",
+    "natural",
+    figures=(HeatmapStyle("first_token", "first-token (sink) score", "attention to position 0"),),
+    score_stats=_stats("first_token"),
+)
 POSITIONAL = Detector(
-    "positional", ("positional_offset", "positional_fraction"), _positional, "natural", "natural", rank_by="positional_fraction",
-    figures=(HeatmapStyle("positional_fraction", "positional score", "share of queries at top offset"),
-             # one colour per offset (0 and -1 apart), heads that are not positional masked
-             HeatmapStyle("positional_offset", "positional offset k − q", "most frequent offset of the maximum",
-                          (("cmap", "cividis"), ("discrete", True), ("vmin", -7), ("vmax", 0), ("extend", "min")),
-                          (("cmap", "RdBu_r"), ("vmin", -3), ("vmax", 3), ("extend", "both")),
-                          mask_below=("positional_fraction", POSITIONAL_FIGURE_FRACTION))),
-    integer_columns=("positional_offset",), top_head_extras=(("offset", "positional_offset"),), score_stats=_stats("positional"))
-NEXT_TOKEN = Detector("next_token", ("next_token",), _one("next_token", next_token_score), "natural", "natural",
-                      figures=(HeatmapStyle("next_token", "next-token score", "attention to i+1"),), encoder_only=True, score_stats=_stats("next_token"))
-LAST_TOKEN = Detector("last_token", ("last_token",), _one("last_token", last_token_score), "natural", "natural",
-                      figures=(HeatmapStyle("last_token", "last-token score", "attention to the last position ([SEP])"),),
-                      encoder_only=True, score_stats=_stats("last_token"))
+    "positional",
+    ("positional_offset", "positional_fraction"),
+    _positional,
+    "natural",
+    "natural",
+    rank_by="positional_fraction",
+    figures=(
+        HeatmapStyle("positional_fraction", "positional score", "share of queries at top offset"),
+        # one colour per offset (0 and -1 apart), heads that are not positional masked
+        HeatmapStyle(
+            "positional_offset",
+            "positional offset k − q",
+            "most frequent offset of the maximum",
+            (("cmap", "cividis"), ("discrete", True), ("vmin", -7), ("vmax", 0), ("extend", "min")),
+            (("cmap", "RdBu_r"), ("vmin", -3), ("vmax", 3), ("extend", "both")),
+            mask_below=("positional_fraction", POSITIONAL_FIGURE_FRACTION),
+        ),
+    ),
+    integer_columns=("positional_offset",),
+    top_head_extras=(("offset", "positional_offset"),),
+    score_stats=_stats("positional"),
+)
+NEXT_TOKEN = Detector(
+    "next_token",
+    ("next_token",),
+    _one("next_token", next_token_score),
+    "natural",
+    "natural",
+    figures=(HeatmapStyle("next_token", "next-token score", "attention to i+1"),),
+    encoder_only=True,
+    score_stats=_stats("next_token"),
+)
+LAST_TOKEN = Detector(
+    "last_token",
+    ("last_token",),
+    _one("last_token", last_token_score),
+    "natural",
+    "natural",
+    figures=(HeatmapStyle("last_token", "last-token score", "attention to the last position ([SEP])"),),
+    encoder_only=True,
+    score_stats=_stats("last_token"),
+)
 """The head types, each registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`
 (which :data:`DETECTORS` views, in head_scores.csv's column order)."""
 

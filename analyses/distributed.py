@@ -88,14 +88,18 @@ def init_from_env(device: str = "auto") -> bool:
         return True
     missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
     if missing:
-        raise HeadprobeError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} but {', '.join(missing)} unset: "
-                             "start sharded runs with torchrun --nproc-per-node N -m headprobe ...")
+        raise HeadprobeError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']} but {', '.join(missing)} unset: "
+            "start sharded runs with torchrun --nproc-per-node N -m headprobe ..."
+        )
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if cuda:
         local, n_gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
         if local >= n_gpus:  # NCCL needs a GPU of its own per rank
-            raise HeadprobeError(f"torchrun started more processes on this node than its {n_gpus} GPU(s) "
-                                 f"(local rank {local}): use --nproc-per-node {n_gpus} or less, or --device cpu")
+            raise HeadprobeError(
+                f"torchrun started more processes on this node than its {n_gpus} GPU(s) "
+                f"(local rank {local}): use --nproc-per-node {n_gpus} or less, or --device cpu"
+            )
         torch.cuda.set_device(local)
     dist.init_process_group(backend="nccl" if cuda else "gloo")
     return True

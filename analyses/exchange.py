@@ -105,9 +105,18 @@ def duo_text(values: list[list[float]]) -> str:
 
 def duo_config(sink: int, recent: int, identity: dict, how: str) -> dict:
     """config.json: DuoAttention's two keys, then what headprobe adds (ignored by its readers)."""
-    return {"sink_size": int(sink), "recent_size": int(recent), "headprobe": {**identity, "values": how,
-            "rows": "layers", "columns": "KV groups (key/value heads)", "threshold": DUO_THRESHOLD,
-            "full_cache": f"value > {DUO_THRESHOLD}"}}
+    return {
+        "sink_size": int(sink),
+        "recent_size": int(recent),
+        "headprobe": {
+            **identity,
+            "values": how,
+            "rows": "layers",
+            "columns": "KV groups (key/value heads)",
+            "threshold": DUO_THRESHOLD,
+            "full_cache": f"value > {DUO_THRESHOLD}",
+        },
+    }
 
 
 def policy_values(policy: KVPolicy) -> tuple[list[list[float]], int, int]:
@@ -117,8 +126,10 @@ def policy_values(policy: KVPolicy) -> tuple[list[list[float]], int, int]:
         HeadprobeError: streaming groups with different sinks or windows (DuoAttention has one)."""
     spans = {(s.sink, s.window) for row in policy.groups for s in row if s is not None}
     if len(spans) > 1:
-        raise HeadprobeError(f"the policy's streaming groups use {len(spans)} different (sink, window) pairs; "
-                             "DuoAttention's config.json has one sink_size and one recent_size")
+        raise HeadprobeError(
+            f"the policy's streaming groups use {len(spans)} different (sink, window) pairs; "
+            "DuoAttention's config.json has one sink_size and one recent_size"
+        )
     sink, window = spans.pop() if spans else (0, 0)
     return [[1.0 if s is None else 0.0 for s in row] for row in policy.groups], sink, window
 
@@ -148,14 +159,28 @@ def read_duo(path: Path, layout: Layout | None) -> HeadFile:
     full = [(int(layer), int(g)) for layer, g in zip(*np.nonzero(values > DUO_THRESHOLD))]
     policy = None
     if isinstance(config.get("sink_size"), int) and isinstance(config.get("recent_size"), int):
-        policy = KVPolicy.with_full(rows, cols, full, Streaming(config["sink_size"], config["recent_size"]),
-                                    model=str(config.get("headprobe", {}).get("model", "")))
+        policy = KVPolicy.with_full(
+            rows,
+            cols,
+            full,
+            Streaming(config["sink_size"], config["recent_size"]),
+            model=str(config.get("headprobe", {}).get("model", "")),
+        )
     n_heads = layout.n_heads if layout is not None else cols
     heads = group_heads(full, n_heads, cols)
-    return HeadFile("duo", heads, f"query heads of the KV groups with a value > {DUO_THRESHOLD}",
-                    {(layer, g): float(values[layer, g]) for layer in range(rows) for g in range(cols)}, policy,
-                    {**config.get("headprobe", {}), "sink_size": config.get("sink_size"),
-                     "recent_size": config.get("recent_size"), "shape": [rows, cols]})
+    return HeadFile(
+        "duo",
+        heads,
+        f"query heads of the KV groups with a value > {DUO_THRESHOLD}",
+        {(layer, g): float(values[layer, g]) for layer in range(rows) for g in range(cols)},
+        policy,
+        {
+            **config.get("headprobe", {}),
+            "sink_size": config.get("sink_size"),
+            "recent_size": config.get("recent_size"),
+            "shape": [rows, cols],
+        },
+    )
 
 
 def check_duo_files(tsv: Path) -> None:
@@ -170,10 +195,14 @@ def check_duo_files(tsv: Path) -> None:
     except (OSError, UnicodeDecodeError):
         return  # np.loadtxt's own refusal names it
     if not any(line.split("#", 1)[0].strip() for line in lines):
-        raise HeadprobeError(f"{tsv.name} holds no values (DuoAttention's file has one row per layer, one value per KV head)")
+        raise HeadprobeError(
+            f"{tsv.name} holds no values (DuoAttention's file has one row per layer, one value per KV head)"
+        )
     config = tsv.parent / DUO_CONFIG
     if config.is_file() and not isinstance(load_json(config), dict):
-        raise HeadprobeError(f"{config.name} beside {tsv.name} is not a JSON object (DuoAttention's sink_size and recent_size)")
+        raise HeadprobeError(
+            f"{config.name} beside {tsv.name} is not a JSON object (DuoAttention's sink_size and recent_size)"
+        )
 
 
 def clip_duo(values: Any, name: str = DUO_TSV) -> Any:
@@ -188,8 +217,10 @@ def clip_duo(values: Any, name: str = DUO_TSV) -> Any:
         raise HeadprobeError(f"{name} holds NaN or infinite values (DuoAttention's gate values are numbers in [0, 1])")
     lo, hi = float(values.min()), float(values.max())
     if lo < -DUO_SLACK or hi > 1 + DUO_SLACK:
-        raise HeadprobeError(f"{name} holds {lo if lo < -DUO_SLACK else hi:g}, outside [{-DUO_SLACK:g}, {1 + DUO_SLACK:g}] "
-                             "(DuoAttention's gate values are in [0, 1]; its readers clip only a trained gate's overshoot)")
+        raise HeadprobeError(
+            f"{name} holds {lo if lo < -DUO_SLACK else hi:g}, outside [{-DUO_SLACK:g}, {1 + DUO_SLACK:g}] "
+            "(DuoAttention's gate values are in [0, 1]; its readers clip only a trained gate's overshoot)"
+        )
     return np.clip(values, 0.0, 1.0)
 
 
@@ -219,13 +250,18 @@ def read_headkv(data: dict, name: str, layout: Layout | None, k: int) -> HeadFil
     scores: dict[Head, float] = {}
     for key, values in data.items():
         m = _HEADKV_KEY.fullmatch(str(key))
-        if m is None or not isinstance(values, list) or not values or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            raise HeadprobeError(f"{name}: entry {key!r} is not \"layer-head\": [scores] (Retrieval_Head's format)")
+        if (
+            m is None
+            or not isinstance(values, list)
+            or not values
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        ):
+            raise HeadprobeError(f'{name}: entry {key!r} is not "layer-head": [scores] (Retrieval_Head\'s format)')
         head = (int(m.group(1)), int(m.group(2)))
         if layout is not None and (head[0] >= layout.n_layers or head[1] >= layout.n_heads):
-            raise HeadprobeError(f"{name} names head {key}; {layout.name} has {layout.n_layers} layers of "
-                                 f"{layout.n_heads} heads")
+            raise HeadprobeError(
+                f"{name} names head {key}; {layout.name} has {layout.n_layers} layers of {layout.n_heads} heads"
+            )
         scores[head] = mean_score(values, name, key)
     if layout is not None and len(scores) > layout.n_layers * layout.n_heads:
         raise HeadprobeError(f"{name} has {len(scores)} heads; {layout.name} has {layout.n_layers * layout.n_heads}")
@@ -243,8 +279,10 @@ def finite_score(value: Any, name: str, where: str) -> float:
     except (OverflowError, TypeError, ValueError):
         x = float("nan")
     if x != x or x in (float("inf"), float("-inf")):
-        raise HeadprobeError(f"{name}: the score of {where} is not a finite number ({str(value)[:20]}"
-                             f"{'...' if len(str(value)) > 20 else ''})")
+        raise HeadprobeError(
+            f"{name}: the score of {where} is not a finite number ({str(value)[:20]}"
+            f"{'...' if len(str(value)) > 20 else ''})"
+        )
     return x
 
 
@@ -274,8 +312,11 @@ def mib_node(name: str) -> str:
 
 def mib_nodes(n_layers: int, n_heads: int) -> list[str]:
     """EAP-IG's nodes in its order (``Graph.from_model``): ``input``, per layer its heads then its MLP, ``logits``."""
-    return ["input", *(n for layer in range(n_layers) for n in (*(f"a{layer}.h{h}" for h in range(n_heads)), f"m{layer}")),
-            "logits"]
+    return [
+        "input",
+        *(n for layer in range(n_layers) for n in (*(f"a{layer}.h{h}" for h in range(n_heads)), f"m{layer}")),
+        "logits",
+    ]
 
 
 def mib_graph(edges: list[dict], layout: Layout, in_graph: set[str], d_model: int) -> dict:
@@ -300,8 +341,12 @@ def mib_graph(edges: list[dict], layout: Layout, in_graph: set[str], d_model: in
         if out_edges[name]["in_graph"]:
             nodes[mib_node(e["sender"])] = nodes[child] = True
     cfg = {"n_layers": layout.n_layers, "n_heads": layout.n_heads, "parallel_attn_mlp": False, "d_model": int(d_model)}
-    return {"cfg": cfg, "nodes": {n: {"in_graph": v} for n, v in nodes.items()}, "edges": out_edges,
-            "headprobe": {"path_patched": patched}}
+    return {
+        "cfg": cfg,
+        "nodes": {n: {"in_graph": v} for n, v in nodes.items()},
+        "edges": out_edges,
+        "headprobe": {"path_patched": patched},
+    }
 
 
 def _node_in_graph(name: str, node: str, value: Any) -> bool:
@@ -312,8 +357,9 @@ def _node_in_graph(name: str, node: str, value: Any) -> bool:
         HeadprobeError: neither."""
     flag = value.get("in_graph") if isinstance(value, dict) else value
     if not isinstance(flag, bool):
-        raise HeadprobeError(f"{name}: node {node!r} is {json.dumps(value)[:60]}, not {{\"in_graph\": true|false}} "
-                             "(EAP-IG's graph JSON)")
+        raise HeadprobeError(
+            f'{name}: node {node!r} is {json.dumps(value)[:60]}, not {{"in_graph": true|false}} (EAP-IG\'s graph JSON)'
+        )
     return flag
 
 
@@ -336,7 +382,7 @@ def read_mib(data: dict, name: str, layout: Layout | None, scores: dict[Head, fl
     """
     cfg, nodes = data.get("cfg") or {}, data.get("nodes")
     if not isinstance(nodes, dict):
-        raise HeadprobeError(f"{name} has no \"nodes\" (EAP-IG's graph JSON: cfg, nodes, edges)")
+        raise HeadprobeError(f'{name} has no "nodes" (EAP-IG\'s graph JSON: cfg, nodes, edges)')
     _check_mib_cfg(cfg, name, layout)
     heads = []
     for node, value in nodes.items():
@@ -344,8 +390,9 @@ def read_mib(data: dict, name: str, layout: Layout | None, scores: dict[Head, fl
         if m and _node_in_graph(name, node, value):
             head = (int(m.group(1)), int(m.group(2)))
             if layout is not None and (head[0] >= layout.n_layers or head[1] >= layout.n_heads):
-                raise HeadprobeError(f"{name} has node {node}; {layout.name} has {layout.n_layers} layers of "
-                                     f"{layout.n_heads} heads")
+                raise HeadprobeError(
+                    f"{name} has node {node}; {layout.name} has {layout.n_layers} layers of {layout.n_heads} heads"
+                )
             heads.append(head)
     if scores is None:
         scores = {}
@@ -354,8 +401,9 @@ def read_mib(data: dict, name: str, layout: Layout | None, scores: dict[Head, fl
             if m and isinstance(info, dict) and isinstance(info.get("score"), (int, float)):
                 h = (int(m.group(1)), int(m.group(2)))
                 scores[h] = max(scores.get(h, 0.0), abs(finite_score(info["score"], name, edge)))
-    return HeadFile("mib", sorted(heads), "the attention nodes in the graph (in_graph true)", scores,
-                    meta=data.get("headprobe", {}))
+    return HeadFile(
+        "mib", sorted(heads), "the attention nodes in the graph (in_graph true)", scores, meta=data.get("headprobe", {})
+    )
 
 
 def _prev_index(node: str, name: str, n_src: int, n_heads: int, parallel: bool) -> int:
@@ -395,39 +443,60 @@ def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
         d = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         if zipfile.is_zipfile(path):
-            raise HeadprobeError(f"{name} holds not only tensors, lists, dicts and numbers (torch.load with "
-                                 f"weights_only=True refuses it; it is not run): {str(err).splitlines()[-1][:120]}") from None
+            raise HeadprobeError(
+                f"{name} holds not only tensors, lists, dicts and numbers (torch.load with "
+                f"weights_only=True refuses it; it is not run): {str(err).splitlines()[-1][:120]}"
+            ) from None
         raise HeadprobeError(f"cannot read {name} as a PyTorch file (torch.save's archive)") from None
     except (OSError, EOFError, RuntimeError, ValueError) as err:
-        raise HeadprobeError(f"cannot read {name} as a PyTorch file: {type(err).__name__}: "
-                             f"{(str(err).splitlines() or [''])[0][:120]}") from None
+        raise HeadprobeError(
+            f"cannot read {name} as a PyTorch file: {type(err).__name__}: {(str(err).splitlines() or [''])[0][:120]}"
+        ) from None
     missing = [k for k in MIB_PT_KEYS if not isinstance(d, dict) or k not in d]
     if missing:
-        raise HeadprobeError(f"{name} is no EAP-IG graph (Graph.to_pt's {', '.join(MIB_PT_KEYS)}): it lacks "
-                             f"{', '.join(missing)}")
+        raise HeadprobeError(
+            f"{name} is no EAP-IG graph (Graph.to_pt's {', '.join(MIB_PT_KEYS)}): it lacks {', '.join(missing)}"
+        )
     cfg, src, dst = d["cfg"], d["src_nodes"], d["dst_nodes"]
     try:
         n_layers, n_heads, parallel = int(cfg["n_layers"]), int(cfg["n_heads"]), bool(cfg.get("parallel_attn_mlp"))
     except (KeyError, TypeError, ValueError):
         raise HeadprobeError(f"{name}: cfg has no integer n_layers and n_heads (EAP-IG's graph config)") from None
     n_src, n_dst = 1 + n_layers * (n_heads + 1), n_layers * (3 * n_heads + 1) + 1
-    shapes = {"src_nodes": (len(src),) if isinstance(src, list) else None,
-              "dst_nodes": (len(dst),) if isinstance(dst, list) else None}
-    shapes.update({k: tuple(d[k].shape) if isinstance(d[k], torch.Tensor) else None
-                   for k in ("edges_scores", "edges_in_graph", "nodes_in_graph")})
-    want = {"src_nodes": (n_src,), "dst_nodes": (n_dst,), "edges_scores": (n_src, n_dst),
-            "edges_in_graph": (n_src, n_dst), "nodes_in_graph": (n_src,)}
+    shapes = {
+        "src_nodes": (len(src),) if isinstance(src, list) else None,
+        "dst_nodes": (len(dst),) if isinstance(dst, list) else None,
+    }
+    shapes.update(
+        {
+            k: tuple(d[k].shape) if isinstance(d[k], torch.Tensor) else None
+            for k in ("edges_scores", "edges_in_graph", "nodes_in_graph")
+        }
+    )
+    want = {
+        "src_nodes": (n_src,),
+        "dst_nodes": (n_dst,),
+        "edges_scores": (n_src, n_dst),
+        "edges_in_graph": (n_src, n_dst),
+        "nodes_in_graph": (n_src,),
+    }
     bad = [k for k in want if shapes[k] != want[k]]
     if bad:
-        raise HeadprobeError(f"{name}: {bad[0]} has shape {shapes[bad[0]]}; a graph of {n_layers} layers x {n_heads} "
-                             f"heads has {want[bad[0]]} (EAP-IG's to_pt)")
+        raise HeadprobeError(
+            f"{name}: {bad[0]} has shape {shapes[bad[0]]}; a graph of {n_layers} layers x {n_heads} "
+            f"heads has {want[bad[0]]} (EAP-IG's to_pt)"
+        )
     prev = torch.tensor([_prev_index(str(n), name, n_src, n_heads, parallel) for n in dst])
     real = torch.arange(n_src)[:, None] < prev[None, :]
     best = torch.where(real, d["edges_scores"].float().abs(), 0.0).amax(dim=1)
-    scores = {(int(m.group(1)), int(m.group(2))): float(best[i]) for i, n in enumerate(src)
-              if (m := _MIB_HEAD.fullmatch(str(n)))}
+    scores = {
+        (int(m.group(1)), int(m.group(2))): float(best[i])
+        for i, n in enumerate(src)
+        if (m := _MIB_HEAD.fullmatch(str(n)))
+    }
     nodes = {str(n): bool(v) for n, v in zip(src, d["nodes_in_graph"].tolist())}
     return read_mib({"cfg": cfg, "nodes": nodes}, name, layout, scores)
+
 
 # --- reading any of them --------------------------------------------------------------------------
 
@@ -459,8 +528,10 @@ def sniff(path: Path) -> str:
             return "mib"
         if isinstance(data, dict) and data and all(_HEADKV_KEY.fullmatch(str(k)) for k in data):
             return "headkv"
-        raise HeadprobeError(f"{path.name} is JSON of no known head format (a Retrieval_Head/HeadKV score file, "
-                             "an EAP-IG graph or a headprobe KV policy)")
+        raise HeadprobeError(
+            f"{path.name} is JSON of no known head format (a Retrieval_Head/HeadKV score file, "
+            "an EAP-IG graph or a headprobe KV policy)"
+        )
     return "list"
 
 
@@ -507,8 +578,12 @@ def read_head_file(path: str | Path, layout: Layout | None, k: int, score: str |
     if layout is not None and layout.n_kv_groups is not None:
         policy.check_layout(layout.n_layers, layout.n_kv_groups, layout.name)
     n_heads = layout.n_heads if layout is not None else policy.n_kv_groups
-    return HeadFile("kv-policy", group_heads(policy.full_groups, n_heads, policy.n_kv_groups),
-                    "query heads of the full-cache KV groups", policy=policy)
+    return HeadFile(
+        "kv-policy",
+        group_heads(policy.full_groups, n_heads, policy.n_kv_groups),
+        "query heads of the full-cache KV groups",
+        policy=policy,
+    )
 
 
 def read_parquet(path: Path, layout: Layout | None, k: int, score: str | None) -> HeadFile:
@@ -531,8 +606,10 @@ def read_parquet(path: Path, layout: Layout | None, k: int, score: str | None) -
     if layout is not None:
         n_layers, n_heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
         if n_layers != layout.n_layers or n_heads > layout.n_heads:
-            raise HeadprobeError(f"{path.name} has {n_layers} layers of {n_heads} heads; {layout.name} has "
-                                 f"{layout.n_layers} of {layout.n_heads}")
+            raise HeadprobeError(
+                f"{path.name} has {n_layers} layers of {n_heads} heads; {layout.name} has "
+                f"{layout.n_layers} of {layout.n_heads}"
+            )
     values = score_values(table, column, path.name)
     scores = {(int(layer), int(head)): float(v) for layer, head, v in zip(table["layer"], table["head"], values)}
     return HeadFile("parquet", top_k(scores, k), f"the top {k} heads by {column}", scores)
@@ -552,8 +629,10 @@ def score_values(table: Any, column: str, name: str) -> Any:
         raise HeadprobeError(f"{name} has rows without a layer or head number")
     values = table[column]
     if pd.api.types.is_bool_dtype(values) or not pd.api.types.is_numeric_dtype(values):
-        raise HeadprobeError(f"{name}: column {column!r} is not a numeric score column ({values.dtype}); "
-                             "give a column of numbers with --score")
+        raise HeadprobeError(
+            f"{name}: column {column!r} is not a numeric score column ({values.dtype}); "
+            "give a column of numbers with --score"
+        )
     out = values.astype("Float64").to_numpy(dtype="float64", na_value=np.nan)
     if np.isinf(out).any():
         raise HeadprobeError(f"{name}: column {column!r} holds an infinite score")

@@ -30,8 +30,14 @@ if TYPE_CHECKING:
 COLUMN_WIDTH = 3.25  # inches: one column of a two-column paper
 PAGE_WIDTH = 6.75  # inches: both columns
 
-_RC = {"font.size": 7, "axes.titlesize": 7.5, "axes.labelsize": 7, "xtick.labelsize": 6, "ytick.labelsize": 6,
-       "text.parse_math": False}
+_RC = {
+    "font.size": 7,
+    "axes.titlesize": 7.5,
+    "axes.labelsize": 7,
+    "xtick.labelsize": 6,
+    "ytick.labelsize": 6,
+    "text.parse_math": False,
+}
 """``text.parse_math`` off: no figure here uses mathtext, and every label may carry data (tokens, prompts,
 model names), where two ``$`` would be parsed as mathtext (:func:`literal_text`)."""
 
@@ -42,7 +48,12 @@ also hatched (:data:`NOT_MEASURED_HATCH`), so they stay distinct in greyscale pr
 NOT_MEASURED_HATCH = "////"
 
 
-_SAVE_RC: dict[RcKeyType, Any] = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt": "headprobe", "text.parse_math": False}
+_SAVE_RC: dict[RcKeyType, Any] = {
+    "pdf.fonttype": 42,
+    "ps.fonttype": 42,
+    "svg.hashsalt": "headprobe",
+    "text.parse_math": False,
+}
 """TrueType fonts in PDF/PS (matplotlib's default embeds Type 3 fonts, which camera-ready checks
 reject); a fixed salt for the ids in SVG files, so the same figure gives the same bytes; no
 mathtext in the tick labels made while saving (:func:`literal_text`)."""
@@ -61,6 +72,7 @@ def literal_text(fig: Figure) -> Figure:
     for text in fig.findobj(Text):
         text.set_parse_math(False)
     return fig
+
 
 FORMATS = FIGURE_FORMATS
 """What :func:`save_figure` writes: a PNG (300 dpi) to look at, a PDF and an SVG for the paper
@@ -123,7 +135,11 @@ def _wrap_to_room(texts, renderer, width: float) -> bool:
             w = text.get_window_extent(renderer).width
             width = max(12, int(len(line) * room / w))
             # a parenthesis shorter than a line stays whole: "(sink 4,\nwindow 64)" read as two thoughts
-            kept = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\0") if len(m.group(0)) <= width else m.group(0), line)  # noqa: B023 - used in this iteration
+            kept = re.sub(
+                r"\([^()]*\)",
+                lambda m: m.group(0).replace(" ", "\0") if len(m.group(0)) <= width else m.group(0),  # noqa: B023 - used in this iteration
+                line,
+            )
             lines += [line] if w <= room else [part.replace("\0", " ") for part in textwrap.wrap(kept, width)]
         text.set_text("\n".join(lines))
     return changed
@@ -282,14 +298,21 @@ def head_heatmap(
         levels = _integer_levels(vmin, vmax)
         colors = ListedColormap(_category_colors(levels)).with_extremes(bad=(0, 0, 0, 0))
         norm = BoundaryNorm(np.arange(levels[0] - 0.5, levels[-1] + 1.0), len(levels))
-        im = ax.imshow(np.clip(shown, levels[0], levels[-1]), cmap=colors, norm=norm, aspect="auto",
-                       interpolation="nearest")
+        im = ax.imshow(
+            np.clip(shown, levels[0], levels[-1]), cmap=colors, norm=norm, aspect="auto", interpolation="nearest"
+        )
     else:
         colors = matplotlib.colormaps[cmap].with_extremes(bad=(0, 0, 0, 0))
         im = ax.imshow(shown, cmap=colors, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
     if masked.any():  # a second, opaque layer of pale grey over the masked cells only
-        ax.imshow(np.where(masked, 1.0, np.nan), cmap=ListedColormap([MASKED_COLOR]).with_extremes(bad=(0, 0, 0, 0)),
-                  vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+        ax.imshow(
+            np.where(masked, 1.0, np.nan),
+            cmap=ListedColormap([MASKED_COLOR]).with_extremes(bad=(0, 0, 0, 0)),
+            vmin=0,
+            vmax=1,
+            aspect="auto",
+            interpolation="nearest",
+        )
     _head_axes(ax, n_layers, n_heads, group_size)
     if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
         title = ",\n".join(title.split(", ", 1))
@@ -306,9 +329,17 @@ def head_heatmap(
 
         keys = ([Patch(facecolor=MASKED_COLOR, edgecolor="none", label=mask_label)] if masked.any() else []) + (
             [Patch(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", label="not measured")]
-            if missing else [])
-        ax.legend(handles=keys, loc="upper center", bbox_to_anchor=(0.5, -0.12 if n_layers > 16 else -0.2),
-                  frameon=False, fontsize=6, handlelength=1.2)
+            if missing
+            else []
+        )
+        ax.legend(
+            handles=keys,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.12 if n_layers > 16 else -0.2),
+            frameon=False,
+            fontsize=6,
+            handlelength=1.2,
+        )
     return fig
 
 
@@ -321,8 +352,9 @@ def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | 
     fig = _figure(PAGE_WIDTH, min(max(1.3 + 0.11 * n_layers, 2.6), 6.0))
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
     for i, (ax, (title, scores)) in enumerate(zip(axes, panels)):
-        im = ax.imshow(np.asarray(scores, dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto",
-                       interpolation="nearest")
+        im = ax.imshow(
+            np.asarray(scores, dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest"
+        )
         # the panels share the page width less the y axis labels and the colour bar (about 1 inch)
         _head_axes(ax, n_layers, n_heads, group_size, width_in=(PAGE_WIDTH - 1.0) / len(panels) * 0.85)
         if i:
@@ -348,9 +380,15 @@ def _span(positions: Sequence[int], total: int) -> str:
 
 
 @_styled
-def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: Sequence[int] = (),
-                 causal: bool = False, ylabel: str = "query position",
-                 positions: tuple[Sequence[int], Sequence[int]] | None = None) -> Figure:
+def pattern_plot(
+    pattern: np.ndarray,
+    labels: Sequence[str],
+    title: str,
+    marks: Sequence[int] = (),
+    causal: bool = False,
+    ylabel: str = "query position",
+    positions: tuple[Sequence[int], Sequence[int]] | None = None,
+) -> Figure:
     """One head's attention pattern ``[q_pos, k_pos]`` with token labels on both axes (every
     token, or every n-th beyond :data:`MAX_TICK_LABELS` positions); dashed lines at ``marks``
     (positions where a repeated block starts). With ``causal``, the masked future keys
@@ -368,7 +406,9 @@ def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: 
     import matplotlib
 
     pattern = np.asarray(pattern, dtype=float).copy()
-    rows, cols = (list(range(pattern.shape[0])), list(range(pattern.shape[1]))) if positions is None else map(list, positions)
+    rows, cols = (
+        (list(range(pattern.shape[0])), list(range(pattern.shape[1]))) if positions is None else map(list, positions)
+    )
     if pattern.shape != (len(rows), len(cols)):
         raise ValueError(f"pattern {pattern.shape} does not match {len(rows)} query and {len(cols)} key positions")
     future = np.asarray(cols)[None, :] > np.asarray(rows)[:, None]
@@ -384,22 +424,33 @@ def pattern_plot(pattern: np.ndarray, labels: Sequence[str], title: str, marks: 
     for set_ticks, axis in ((ax.set_xticks, cols), (ax.set_yticks, rows)):
         idx = list(range(0, len(axis), step))
         rotation: dict[str, Any] = {"rotation": 90} if axis is cols else {}
-        set_ticks(idx, [labels[axis[i]] if step == 1 else f"{labels[axis[i]]} ({axis[i]})" for i in idx], fontsize=fs,
-                  **rotation)
+        set_ticks(
+            idx,
+            [labels[axis[i]] if step == 1 else f"{labels[axis[i]]} ({axis[i]})" for i in idx],
+            fontsize=fs,
+            **rotation,
+        )
     for m in marks:  # a block starting at position m: a line before it, on each axis that shows m
         if m in cols:
             ax.axvline(cols.index(m) - 0.5, color="white", lw=0.5, ls="--")
         if m in rows:
             ax.axhline(rows.index(m) - 0.5, color="white", lw=0.5, ls="--")
-    notes = ((["grey: masked future keys"] if causal and future.any() else [])
-             + (["dashed: a repeated block starts"] if any(m in rows or m in cols for m in marks) else []))
+    notes = (["grey: masked future keys"] if causal and future.any() else []) + (
+        ["dashed: a repeated block starts"] if any(m in rows or m in cols for m in marks) else []
+    )
     total = len(labels)
-    ax.set_xlabel("key position" + ("s" if _span(cols, total) else "") + _span(cols, total)
-                  + ("" if step == 1 else f"\n(every {step} positions: token (position))")
-                  + ("\n" + "\n".join(notes) if notes else ""))
+    ax.set_xlabel(
+        "key position"
+        + ("s" if _span(cols, total) else "")
+        + _span(cols, total)
+        + ("" if step == 1 else f"\n(every {step} positions: token (position))")
+        + ("\n" + "\n".join(notes) if notes else "")
+    )
     span = _span(rows, total)
     # "query positions 47–74 of 101" and what follows it, e.g. "(first scored sequence)", on two lines
-    ax.set_ylabel(ylabel.replace("query position", "query positions" + span, 1).replace(" (", "\n(", 1) if span else ylabel)
+    ax.set_ylabel(
+        ylabel.replace("query position", "query positions" + span, 1).replace(" (", "\n(", 1) if span else ylabel
+    )
     ax.set_title(title)
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("attention weight")
     return fig
@@ -433,8 +484,13 @@ def ablation_plot(rows: Sequence[dict], title: str, rule: VerdictRule | None = N
     """
     from matplotlib.lines import Line2D
 
-    kinds = sorted({r["kind"] for r in rows}, key=lambda k: (not any(r["kind"] == k and r.get("tested") for r in rows),
-                                                              ["mean", "zero"].index(k) if k in ("mean", "zero") else 9))
+    kinds = sorted(
+        {r["kind"] for r in rows},
+        key=lambda k: (
+            not any(r["kind"] == k and r.get("tested") for r in rows),
+            ["mean", "zero"].index(k) if k in ("mean", "zero") else 9,
+        ),
+    )
     types = list(dict.fromkeys(r["head_type"] for r in rows))
     k = rows[0]["k"]
     rule = rule or VerdictRule.from_rows(rows)
@@ -457,42 +513,74 @@ def ablation_plot(rows: Sequence[dict], title: str, rule: VerdictRule | None = N
             err = None if not np.isfinite([lo, hi]).all() else [[r["top_effect"] - lo], [hi - r["top_effect"]]]
             ax.errorbar([i], [r["top_effect"]], yerr=err, fmt="D", ms=4, color=blue, lw=0.8, capsize=2, zorder=4)
             top_all += [r["top_effect"], float(draws.max())]
-            reached = f"{r['exceedances']}/{r['draws']} reached" if r.get("exceedances") is not None else f"n={r['draws']}"
+            reached = (
+                f"{r['exceedances']}/{r['draws']} reached" if r.get("exceedances") is not None else f"n={r['draws']}"
+            )
             if r.get("tested"):
                 verdict = verdict_label(r["confirmed"])
-                stop = {"futile under the correction": "\n(stopped: cannot\nreach α after\n"
-                        f"{CORRECTION_NAMES.get(r.get('correction') or '', '')})", "settled above alpha": "\n(stopped: > α)"}
+                stop = {
+                    "futile under the correction": "\n(stopped: cannot\nreach α after\n"
+                    f"{CORRECTION_NAMES.get(r.get('correction') or '', '')})",
+                    "settled above alpha": "\n(stopped: > α)",
+                }
                 p = p_text(r).replace("p in [", "p in\n[")  # five columns: at most ~15 characters a line
-                text = (f"{reached}\n{p}{stop.get(r.get('stop_reason') or '', '')}\nadj {r['p_adjusted']:.3g}\n{verdict}")
+                text = f"{reached}\n{p}{stop.get(r.get('stop_reason') or '', '')}\nadj {r['p_adjusted']:.3g}\n{verdict}"
             elif r["confirmed"] is None and r.get("no_verdict"):
                 text = f"{reached}\n{p_text(r)}\n{verdict_label(None)}"
             else:
                 text = f"{reached}\n{p_text(r)}\n{NOT_TESTED}"
-            ax.annotate(text, (i, 1.0), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize=4.5,
-                        fontweight="bold" if r.get("confirmed") else "normal", annotation_clip=False)
+            ax.annotate(
+                text,
+                (i, 1.0),
+                xycoords=("data", "axes fraction"),
+                ha="center",
+                va="bottom",
+                fontsize=4.5,
+                fontweight="bold" if r.get("confirmed") else "normal",
+                annotation_clip=False,
+            )
         if max(np.abs(top_all), default=0) > 0.1:  # effects from 0.01 to 10 nats: symmetric-log
             ax.set_yscale("symlog", linthresh=0.1)
             ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.axhline(0, color="black", lw=0.5)
         tested = any(r.get("tested") for r in by_type.values())
-        ax.set_ylabel(f"{kind} ablation{' (tested)' if tested else ' (reported)'}\n" +
-                      ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine" else "Δ loss (nats/token)"))
-    handles = [Line2D([], [], ls="", marker="D", ms=4, color=blue, label=f"top-{k} heads (bars: 95% CI over sequences)"),
-               Line2D([], [], ls="", marker="o", ms=2, color=grey,
-                      label=f"control sets of {k} random heads (g/n reached: g of n sets\nreached the top-k Δ; "
-                            "p in [a, b]: a stopped test's range)"),
-               Line2D([], [], color="black", lw=0.9, label="largest control effect")]
+        ax.set_ylabel(
+            f"{kind} ablation{' (tested)' if tested else ' (reported)'}\n"
+            + ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine" else "Δ loss (nats/token)")
+        )
+    handles = [
+        Line2D([], [], ls="", marker="D", ms=4, color=blue, label=f"top-{k} heads (bars: 95% CI over sequences)"),
+        Line2D(
+            [],
+            [],
+            ls="",
+            marker="o",
+            ms=2,
+            color=grey,
+            label=f"control sets of {k} random heads (g/n reached: g of n sets\nreached the top-k Δ; "
+            "p in [a, b]: a stopped test's range)",
+        ),
+        Line2D([], [], color="black", lw=0.9, label="largest control effect"),
+    ]
     unit = "" if rows[0].get("metric") == "embedding_cosine" else " nats"
     if rule is not None:
         handles.append(Line2D([], [], ls="", label=rule_legend(rule)))
-    handles.append(Line2D([], [], ls="", label=f"y axis: symmetric log (linear within ±0.1{unit}) where effects exceed 0.1"))
+    handles.append(
+        Line2D([], [], ls="", label=f"y axis: symmetric log (linear within ±0.1{unit}) where effects exceed 0.1")
+    )
     fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     fig.suptitle(title, fontsize=_RC["axes.titlesize"])
     task_of = {r["head_type"]: r["task"] for r in rows}
     labels = EMBEDDING_TASK_LABELS if rows[0].get("metric") == "embedding_cosine" else TASK_LABELS
     many = len(types) > 4
-    axes[-1].set_xticks(x, [f"{t.replace('_', '-')}\n({labels.get(task_of[t], task_of[t])})" for t in types],
-                        fontsize=5 if many else 5.5, rotation=50 if many else 25, ha="right", rotation_mode="anchor")
+    axes[-1].set_xticks(
+        x,
+        [f"{t.replace('_', '-')}\n({labels.get(task_of[t], task_of[t])})" for t in types],
+        fontsize=5 if many else 5.5,
+        rotation=50 if many else 25,
+        ha="right",
+        rotation_mode="anchor",
+    )
     return fig
 
 
@@ -514,26 +602,36 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
     k = rows[0]["k"]
     rule = rule or VerdictRule.from_rows(rows, design.get("verdict_rule"))
     n = design.get("family_size")
-    lines = [f"Ablation check: the top-{k} heads of each head type against random control sets of {k} heads "
-             f"({design.get('control')}, drawn outside every top-{k} set of the task), {design.get('primary_kind')} "
-             f"ablation tested, at most {design.get('max_draws')} sets per test, stopped once the verdict was settled "
-             f"(Besag & Clifford 1991); {n} test{'' if n == 1 else 's'}"
-             + (f". CONFIRMED: {rule.condition()}" if rule is not None else "")
-             + ". Effects in nats/token (loss increase) unless stated."]
+    lines = [
+        f"Ablation check: the top-{k} heads of each head type against random control sets of {k} heads "
+        f"({design.get('control')}, drawn outside every top-{k} set of the task), {design.get('primary_kind')} "
+        f"ablation tested, at most {design.get('max_draws')} sets per test, stopped once the verdict was settled "
+        f"(Besag & Clifford 1991); {n} test{'' if n == 1 else 's'}"
+        + (f". CONFIRMED: {rule.condition()}" if rule is not None else "")
+        + ". Effects in nats/token (loss increase) unless stated."
+    ]
     for r in rows:
         lo, hi = r.get("top_effect_ci95") or [float("nan")] * 2
         verdict = verdict_label(r["confirmed"]) + (f" ({r.get('no_verdict')})" if r["confirmed"] is None else "")
-        role = (f"p_adj = {r['p_adjusted']:.4g}, {verdict}" if r.get("tested")
-                else NOT_TESTED if r.get("no_verdict") is None else f"{verdict_label(None)} ({r['no_verdict']})")
-        lines.append(f"{r['head_type'].replace('_', '-')} ({r['kind']}, {r['task']}): top-{k} effect {r['top_effect']:+.4g} "
-                     f"{format_interval(lo, hi, '+.4g', '95% CI ')} vs control mean {r['random_mean']:+.4g}, max {r['random_max']:+.4g} "
-                     f"over {r['draws']} sets; {evidence_text(r, 4)}; {role}.")
+        role = (
+            f"p_adj = {r['p_adjusted']:.4g}, {verdict}"
+            if r.get("tested")
+            else NOT_TESTED
+            if r.get("no_verdict") is None
+            else f"{verdict_label(None)} ({r['no_verdict']})"
+        )
+        lines.append(
+            f"{r['head_type'].replace('_', '-')} ({r['kind']}, {r['task']}): top-{k} effect {r['top_effect']:+.4g} "
+            f"{format_interval(lo, hi, '+.4g', '95% CI ')} vs control mean {r['random_mean']:+.4g}, max {r['random_max']:+.4g} "
+            f"over {r['draws']} sets; {evidence_text(r, 4)}; {role}."
+        )
     return "\n".join(lines) + "\n"
 
 
 @_styled
-def signed_head_heatmap(values: np.ndarray, title: str, cbar_label: str, group_size: int | None = None,
-                        ax=None) -> Figure:
+def signed_head_heatmap(
+    values: np.ndarray, title: str, cbar_label: str, group_size: int | None = None, ax=None
+) -> Figure:
     """A layer x head heatmap of a signed quantity (e.g. a loss change in nats) on ``RdBu_r``,
     centred at 0 with symmetric limits."""
     values = np.asarray(values, dtype=float)
@@ -542,8 +640,14 @@ def signed_head_heatmap(values: np.ndarray, title: str, cbar_label: str, group_s
 
 
 @_styled
-def composition_plot(k_scores: np.ndarray, earlier: Sequence[tuple[int, int]], later: Sequence[tuple[int, int]],
-                     title: str, earlier_name: str = "previous-token", later_name: str = "induction") -> Figure:
+def composition_plot(
+    k_scores: np.ndarray,
+    earlier: Sequence[tuple[int, int]],
+    later: Sequence[tuple[int, int]],
+    title: str,
+    earlier_name: str = "previous-token",
+    later_name: str = "induction",
+) -> Figure:
     """K-composition of chosen head pairs against the typical pair (double-column width); heads
     are named ``layer.head`` (:func:`~headprobe.probe.core.heads.format_head`) as everywhere else.
 
@@ -564,18 +668,35 @@ def composition_plot(k_scores: np.ndarray, earlier: Sequence[tuple[int, int]], l
     left.set_ylabel(f"{later_name} head (keys read)")
     for (r, c), v in np.ndenumerate(vals):
         if np.isfinite(v):
-            left.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=5, color="white" if v < 0.6 * vmax else "black")
+            left.text(
+                c, r, f"{v:.2f}", ha="center", va="center", fontsize=5, color="white" if v < 0.6 * vmax else "black"
+            )
         else:
             left.text(c, r, "not\nearlier", ha="center", va="center", fontsize=4, color="0.4")
     fig.colorbar(im, ax=left, shrink=0.9, pad=0.02).set_label("K-composition")
     right.hist(allv, bins=60, color="0.7", label=f"all {allv.size} pairs (earlier → later layer)")
-    right.axvline(float(np.median(allv)), color="0.3", ls="--", lw=0.8, label=f"median of all pairs {np.median(allv):.3f}")
-    right.axvline(float(np.percentile(allv, 95)), color="0.3", ls=":", lw=0.8,
-                  label=f"95th percentile of all pairs {np.percentile(allv, 95):.3f}")
+    right.axvline(
+        float(np.median(allv)), color="0.3", ls="--", lw=0.8, label=f"median of all pairs {np.median(allv):.3f}"
+    )
+    right.axvline(
+        float(np.percentile(allv, 95)),
+        color="0.3",
+        ls=":",
+        lw=0.8,
+        label=f"95th percentile of all pairs {np.percentile(allv, 95):.3f}",
+    )
     chosen = vals[np.isfinite(vals)]
     ymax = right.get_ylim()[1]
-    right.vlines(chosen, ymax * 0.9, ymax, color="C3", lw=0.8, label=f"{earlier_name} → {later_name} ({chosen.size}), "
-                 f"median {np.median(chosen):.3f}" if chosen.size else "no pair")
+    right.vlines(
+        chosen,
+        ymax * 0.9,
+        ymax,
+        color="C3",
+        lw=0.8,
+        label=f"{earlier_name} → {later_name} ({chosen.size}), median {np.median(chosen):.3f}"
+        if chosen.size
+        else "no pair",
+    )
     right.set_xlabel("K-composition  ‖W_OV^i W_QK^jᵀ‖ / (‖W_OV^i‖ ‖W_QK^j‖)")
     right.set_ylabel("pairs")
     # below both panels: anywhere inside the axes it can cover bars (the histogram's mode moves with the model)
@@ -591,8 +712,12 @@ def weights_label(weights: str) -> str:
 
 
 @_styled
-def ablation_effect_panels(panels: Sequence[tuple[str, np.ndarray]], group_size: int | None, suptitle: str,
-                           cbar_label: str = "Δ loss (nats/token)") -> Figure:
+def ablation_effect_panels(
+    panels: Sequence[tuple[str, np.ndarray]],
+    group_size: int | None,
+    suptitle: str,
+    cbar_label: str = "Δ loss (nats/token)",
+) -> Figure:
     """Signed layer x head heatmaps side by side (one per task), each centred at 0."""
     n_layers = np.asarray(panels[0][1]).shape[0]
     fig = _figure(COLUMN_WIDTH if len(panels) == 1 else PAGE_WIDTH * 0.62, min(1.4 + 0.13 * n_layers, 8.0))
@@ -604,8 +729,9 @@ def ablation_effect_panels(panels: Sequence[tuple[str, np.ndarray]], group_size:
 
 
 @_styled
-def pruning_curve_plot(curves: Sequence[tuple[str, np.ndarray, dict[str, np.ndarray]]], metrics: Sequence[tuple[str, str]],
-                       title: str) -> Figure:
+def pruning_curve_plot(
+    curves: Sequence[tuple[str, np.ndarray, dict[str, np.ndarray]]], metrics: Sequence[tuple[str, str]], title: str
+) -> Figure:
     """Loss against the fraction of heads removed, one panel per metric, one line per pruning order.
 
     Args:
@@ -660,27 +786,48 @@ def training_curves(
     tw.set_ylabel("training loss (nats)")
     lines = ax2.get_lines()[:1] + tw.get_lines()
     # below the panel: the two falling losses leave no corner free for every run
-    ax2.legend(lines, [ln.get_label() for ln in lines], loc="upper center", bbox_to_anchor=(0.5, -0.32), ncols=2,
-               frameon=False, fontsize=6)
+    ax2.legend(
+        lines,
+        [ln.get_label() for ln in lines],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.32),
+        ncols=2,
+        frameon=False,
+        fontsize=6,
+    )
     if phase_step is not None:
         for ax in (ax1, ax2):
             ax.axvline(phase_step, color="grey", lw=0.8, ls="--")
         # label on the left of the line, above the low scores before the change, unless too close to the left edge
         early = phase_step < 0.25 * float(np.max(steps))
-        ax1.annotate(f"phase change\n(step {phase_step})", (phase_step, 0.95), xytext=(3 if early else -3, 0),
-                     textcoords="offset points", fontsize=6, va="top", color="grey", ha="left" if early else "right")
+        ax1.annotate(
+            f"phase change\n(step {phase_step})",
+            (phase_step, 0.95),
+            xytext=(3 if early else -3, 0),
+            textcoords="offset points",
+            fontsize=6,
+            va="top",
+            color="grey",
+            ha="left" if early else "right",
+        )
     return fig
 
 
 @_styled
-def loss_vs_heads(n_heads: np.ndarray, loss: np.ndarray, title: str, in_context: np.ndarray | None = None,
-                  loss_label: str = "held-out loss (nats/token)") -> Figure:
+def loss_vs_heads(
+    n_heads: np.ndarray,
+    loss: np.ndarray,
+    title: str,
+    in_context: np.ndarray | None = None,
+    loss_label: str = "held-out loss (nats/token)",
+) -> Figure:
     """Held-out loss (nats/token) against the number of heads at a fixed width: one dot per seed,
     the line through the means; log2 x axis. With ``in_context`` (one value per run, nats), a
     second panel below shows the in-context loss the same way (near -4.5: induction formed; near 0: not)."""
     n_heads, loss = np.asarray(n_heads), np.asarray(loss, dtype=float)
-    panels = [(loss, loss_label)] + ([] if in_context is None else [(np.asarray(in_context, dtype=float),
-                                                                     "in-context loss (nats)")])
+    panels = [(loss, loss_label)] + (
+        [] if in_context is None else [(np.asarray(in_context, dtype=float), "in-context loss (nats)")]
+    )
     fig = _figure(COLUMN_WIDTH, 2.4 if len(panels) == 1 else 3.6)
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     xs = np.unique(n_heads)
@@ -697,8 +844,16 @@ def loss_vs_heads(n_heads: np.ndarray, loss: np.ndarray, title: str, in_context:
 
 
 @_styled
-def quality_vs_kv(labels: Sequence[str], kv_bytes: np.ndarray, loss: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                  title: str, loss_label: str = "held-out loss (nats/token)", formed: np.ndarray | None = None) -> Figure:
+def quality_vs_kv(
+    labels: Sequence[str],
+    kv_bytes: np.ndarray,
+    loss: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    title: str,
+    loss_label: str = "held-out loss (nats/token)",
+    formed: np.ndarray | None = None,
+) -> Figure:
     """Held-out loss (nats, mean with the seed range) against KV cache per token (bytes, log x).
     With ``formed`` (one bool per variant), variants whose induction heads did not form are drawn
     as open circles and the legend says so."""
@@ -709,14 +864,31 @@ def quality_vs_kv(labels: Sequence[str], kv_bytes: np.ndarray, loss: np.ndarray,
     formed = np.ones(len(kv), dtype=bool) if formed is None else np.asarray(formed, dtype=bool)
     for mask, face, text in ((formed, "#0072B2", "induction heads formed"), (~formed, "white", "no induction heads")):
         if mask.any():
-            ax.errorbar(kv[mask], loss[mask], yerr=[loss[mask] - lo[mask], hi[mask] - loss[mask]], fmt="o", ms=3.5,
-                        color="#0072B2", mfc=face, ecolor="#E69F00", capsize=2, lw=0.8, label=text)
+            ax.errorbar(
+                kv[mask],
+                loss[mask],
+                yerr=[loss[mask] - lo[mask], hi[mask] - loss[mask]],
+                fmt="o",
+                ms=3.5,
+                color="#0072B2",
+                mfc=face,
+                ecolor="#E69F00",
+                capsize=2,
+                lw=0.8,
+                label=text,
+            )
     span = max(float(np.ptp(loss)), 1e-9)
     for x, y, t in zip(kv, loss, labels):
         # a label whose right-hand neighbour sits at about the same height goes on the left
         crowded = np.any((kv > x) & (kv < 1.45 * x) & (np.abs(loss - y) < 0.1 * span))
-        ax.annotate(t, (x, y), xytext=(-3, 3) if crowded else (3, 3), textcoords="offset points", fontsize=5.5,
-                    ha="right" if crowded else "left")
+        ax.annotate(
+            t,
+            (x, y),
+            xytext=(-3, 3) if crowded else (3, 3),
+            textcoords="offset points",
+            fontsize=5.5,
+            ha="right" if crowded else "left",
+        )
     ax.set_xscale("log", base=2)
     ax.margins(x=0.1, y=0.12)  # room for the labels of the outermost points
     ax.xaxis.set_major_formatter(lambda x, _: f"{x:g}")  # 32, 64, ... rather than 2^5, 2^6
@@ -733,10 +905,17 @@ POSITIVE_COLOR, NEGATIVE_COLOR = "#B2182B", "#2166AC"
 
 
 @_styled
-def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, title: str, ylabel: str,
-                signs: np.ndarray | None = None,
-                sign_labels: tuple[str, str] = ("above zero", "below zero"),
-                ci_label: str = "whiskers: 95% t interval over prompts", label_prefix: str = "head ") -> Figure:
+def effect_bars(
+    labels: Sequence[str],
+    effects: np.ndarray,
+    ci: np.ndarray,
+    title: str,
+    ylabel: str,
+    signs: np.ndarray | None = None,
+    sign_labels: tuple[str, str] = ("above zero", "below zero"),
+    ci_label: str = "whiskers: 95% t interval over prompts",
+    label_prefix: str = "head ",
+) -> Figure:
     """Horizontal bars of signed per-head effects (largest first, top to bottom) with their 95%
     intervals as whiskers (``ci``: ``[2, n]`` lower and upper bounds; NaN: no whisker, and
     ``ci_label`` should then say why). ``label_prefix`` goes before each label on the axis.
@@ -754,15 +933,25 @@ def effect_bars(labels: Sequence[str], effects: np.ndarray, ci: np.ndarray, titl
     ax = fig.subplots()
     y = np.arange(n)
     err = np.where(np.isfinite(ci), np.abs(ci - effects[None]), 0.0) if np.isfinite(ci).any() else None
-    ax.barh(y, effects, 0.7, color=np.where(signs > 0, POSITIVE_COLOR, NEGATIVE_COLOR), xerr=err, capsize=1.5,
-            error_kw={"lw": 0.6})
+    ax.barh(
+        y,
+        effects,
+        0.7,
+        color=np.where(signs > 0, POSITIVE_COLOR, NEGATIVE_COLOR),
+        xerr=err,
+        capsize=1.5,
+        error_kw={"lw": 0.6},
+    )
     ax.axvline(0, color="black", lw=0.5)
     ax.set_yticks(y, [f"{label_prefix}{label}" for label in labels])
     ax.invert_yaxis()
     ax.set_xlabel(ylabel)
     ax.set_title(title)
-    handles = [Patch(color=POSITIVE_COLOR, label=sign_labels[0]), Patch(color=NEGATIVE_COLOR, label=sign_labels[1]),
-               Patch(color="none", label=ci_label)]
+    handles = [
+        Patch(color=POSITIVE_COLOR, label=sign_labels[0]),
+        Patch(color=NEGATIVE_COLOR, label=sign_labels[1]),
+        Patch(color="none", label=ci_label),
+    ]
     fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     return fig
 
@@ -800,9 +989,12 @@ def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
 
 
 @_styled
-def pruning_methods_plot(curves: Sequence[tuple[str, np.ndarray, dict[str, np.ndarray]]],
-                         bands: Sequence[tuple[str, np.ndarray, dict[str, np.ndarray]]],
-                         metrics: Sequence[tuple[str, str]], title: str) -> Figure:
+def pruning_methods_plot(
+    curves: Sequence[tuple[str, np.ndarray, dict[str, np.ndarray]]],
+    bands: Sequence[tuple[str, np.ndarray, dict[str, np.ndarray]]],
+    metrics: Sequence[tuple[str, str]],
+    title: str,
+) -> Figure:
     """Loss against the fraction of heads removed for several pruning methods, one panel per metric.
 
     Args:
@@ -821,8 +1013,14 @@ def pruning_methods_plot(curves: Sequence[tuple[str, np.ndarray, dict[str, np.nd
             y = np.asarray(losses[col], dtype=float)
             n = y.shape[0]
             ax.fill_between(frac, y.min(axis=0), y.max(axis=0), color=band_color, alpha=0.3, lw=0)
-            ax.plot(frac, y.mean(axis=0), color=band_color, ls="--", lw=1,
-                    label=f"{label} (mean, range of {n} seeds)" if n > 1 else f"{label} (1 seed)")
+            ax.plot(
+                frac,
+                y.mean(axis=0),
+                color=band_color,
+                ls="--",
+                lw=1,
+                label=f"{label} (mean, range of {n} seeds)" if n > 1 else f"{label} (1 seed)",
+            )
             reach = max(reach, float(np.max(frac)))
         for (label, frac, losses), (color, marker, ls) in zip(curves, styles):
             ax.plot(frac, losses[col], color=color, marker=marker, ls=ls, ms=3, lw=1, label=label)
@@ -838,8 +1036,15 @@ def pruning_methods_plot(curves: Sequence[tuple[str, np.ndarray, dict[str, np.nd
 
 
 @_styled
-def per_layer_plot(layers: np.ndarray, clean: float, best_only: np.ndarray, worst_only: np.ndarray,
-                   layer_ablated: np.ndarray, best_head: np.ndarray, title: str) -> Figure:
+def per_layer_plot(
+    layers: np.ndarray,
+    clean: float,
+    best_only: np.ndarray,
+    worst_only: np.ndarray,
+    layer_ablated: np.ndarray,
+    best_head: np.ndarray,
+    title: str,
+) -> Figure:
     """Michel et al. 2019's per-layer reduction: for each layer (x), the loss (nats/token) with
     that layer reduced to its best single head, to its worst single head, and with all its heads
     ablated, against the unpruned model's loss (a horizontal line); the best head's index is
@@ -851,7 +1056,9 @@ def per_layer_plot(layers: np.ndarray, clean: float, best_only: np.ndarray, wors
     ax.plot(layers, worst_only, color="#E69F00", marker="s", ls="", ms=2.5, label="only its worst head kept")
     ax.plot(layers, best_only, color="#0072B2", marker="o", ls="-", ms=3, lw=0.8, label="only its best head kept")
     for x, y, h in zip(layers, best_only, best_head):
-        ax.annotate(str(int(h)), (x, y), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=4.5, color="#0072B2")
+        ax.annotate(
+            str(int(h)), (x, y), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=4.5, color="#0072B2"
+        )
     ax.set_xlabel("layer")
     ax.set_ylabel("held-out text loss (nats/token)")
     ax.set_title(title)
@@ -867,8 +1074,14 @@ _CIRCUIT_BEND = {"q": 0.08, "k": 0.22, "v": 0.36, "logits": 0.15}
 
 
 @_styled
-def circuit_graph(edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None, str, float]], n_layers: int, n_heads: int,
-                  title: str, score_label: str, checked: Sequence[bool] | None = None) -> Figure:
+def circuit_graph(
+    edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None, str, float]],
+    n_layers: int,
+    n_heads: int,
+    title: str,
+    score_label: str,
+    checked: Sequence[bool] | None = None,
+) -> Figure:
     """The top edges of a circuit as a graph: each head a node at (head, layer), the logits one node
     above the last layer, each edge ``(sender, receiver or None, input, score)`` an arrow from the
     sender to the receiver coloured by the receiver's input (:data:`CIRCUIT_INPUT_COLORS`), its width
@@ -892,18 +1105,33 @@ def circuit_graph(edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None,
     for node in nodes:
         x, y = where(node)
         ax.scatter([x], [y], s=60 if node is None else 30, color="#333333", zorder=3)
-        ax.annotate("logits" if node is None else format_head(node), (x, y), xytext=(0, 5) if node is None else (4, 3),
-                    textcoords="offset points", fontsize=5.5, zorder=4, ha="center" if node is None else "left")
+        ax.annotate(
+            "logits" if node is None else format_head(node),
+            (x, y),
+            xytext=(0, 5) if node is None else (4, 3),
+            textcoords="offset points",
+            fontsize=5.5,
+            zorder=4,
+            ha="center" if node is None else "left",
+        )
     import matplotlib.patheffects as pe
 
     checked = [False] * len(edges) if checked is None else list(checked)
     for (sender, receiver, inp, score), ok in sorted(zip(edges, checked), key=lambda e: abs(e[0][3])):
         width = 0.4 + 2.6 * abs(score) / top
-        arrow = FancyArrowPatch(where(sender), where(receiver), arrowstyle="-|>", mutation_scale=6,
-                                connectionstyle=f"arc3,rad={_CIRCUIT_BEND[inp]}", color=CIRCUIT_INPUT_COLORS[inp],
-                                linewidth=width, linestyle="--" if score < 0 else "-",
-                                alpha=0.85, zorder=2.5 if ok else 2,
-                                path_effects=[pe.Stroke(linewidth=width + 1.4, foreground="black"), pe.Normal()] if ok else None)
+        arrow = FancyArrowPatch(
+            where(sender),
+            where(receiver),
+            arrowstyle="-|>",
+            mutation_scale=6,
+            connectionstyle=f"arc3,rad={_CIRCUIT_BEND[inp]}",
+            color=CIRCUIT_INPUT_COLORS[inp],
+            linewidth=width,
+            linestyle="--" if score < 0 else "-",
+            alpha=0.85,
+            zorder=2.5 if ok else 2,
+            path_effects=[pe.Stroke(linewidth=width + 1.4, foreground="black"), pe.Normal()] if ok else None,
+        )
         ax.add_patch(arrow)
     lowest = min(e[0][0] for e in edges)
     ax.set_xlim(-0.8, n_heads - 0.2)
@@ -911,15 +1139,33 @@ def circuit_graph(edges: Sequence[tuple[tuple[int, int], tuple[int, int] | None,
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title)
-    handles = [Line2D([], [], color=c, label=f"into {k}" if k != "logits" else "into the logits")
-               for k, c in CIRCUIT_INPUT_COLORS.items() if any(e[2] == k for e in edges)]
+    handles = [
+        Line2D([], [], color=c, label=f"into {k}" if k != "logits" else "into the logits")
+        for k, c in CIRCUIT_INPUT_COLORS.items()
+        if any(e[2] == k for e in edges)
+    ]
     handles.append(Line2D([], [], color="#666666", linestyle="--", label=f"negative {score_label}"))
-    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(
-        [t for t in matplotlib.ticker.MaxNLocator(integer=True).tick_values(max(0, lowest - 1), n_layers - 1) if t < n_layers]))
+    ax.yaxis.set_major_locator(
+        matplotlib.ticker.FixedLocator(
+            [
+                t
+                for t in matplotlib.ticker.MaxNLocator(integer=True).tick_values(max(0, lowest - 1), n_layers - 1)
+                if t < n_layers
+            ]
+        )
+    )
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     handles.append(Line2D([], [], color="none", label=f"width: |{score_label}|, largest {top:.3g}"))
-    handles.append(Line2D([], [], color="#666666", lw=1.5, path_effects=[pe.Stroke(linewidth=2.9, foreground="black"), pe.Normal()],
-                          label=f"outlined: checked by path patching ({sum(checked)} of {len(edges)})"))
+    handles.append(
+        Line2D(
+            [],
+            [],
+            color="#666666",
+            lw=1.5,
+            path_effects=[pe.Stroke(linewidth=2.9, foreground="black"), pe.Normal()],
+            label=f"outlined: checked by path patching ({sum(checked)} of {len(edges)})",
+        )
+    )
     fig.legend(handles=handles, loc="outside lower center", fontsize=5, frameon=False, ncols=2)
     return fig
 
@@ -932,8 +1178,11 @@ def kv_policy_curve(rows: Sequence[dict], title: str) -> Figure:
     seeds, whiskers their range). ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`."""
     fig = _figure(COLUMN_WIDTH, 4.0)
     axes = fig.subplots(2, 1, sharex=True)
-    styles = {"chosen": ("#0072B2", "o", "chosen groups full"), "uniform": ("#E69F00", "s", "same window, every group"),
-              "random": ("#009E73", "^", "random groups full (seed range)")}
+    styles = {
+        "chosen": ("#0072B2", "o", "chosen groups full"),
+        "uniform": ("#E69F00", "s", "same window, every group"),
+        "random": ("#009E73", "^", "random groups full (seed range)"),
+    }
     for kind, (color, marker, label) in styles.items():
         sel = [r for r in rows if r["policy"] == kind]
         budgets = sorted({r["budget"] for r in sel})

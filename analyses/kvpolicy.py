@@ -62,8 +62,11 @@ def check_kv_backend(model: LoadedModel) -> None:
     Raises:
         HeadprobeError: another backend (the bridge has no per-group masks) or an encoder.
     """
-    model.require("kv_policies", "headprobe kv masks attention per KV group in headprobe's native model; "
-                                 "load with --backend native (or auto) a family it supports")
+    model.require(
+        "kv_policies",
+        "headprobe kv masks attention per KV group in headprobe's native model; "
+        "load with --backend native (or auto) a family it supports",
+    )
     if not model.spec.causal:
         raise HeadprobeError(f"{model.spec.name} is an encoder; KV-cache policies are for causal decoders")
 
@@ -88,19 +91,27 @@ class Quality:
         return asdict(self)
 
 
-def _chunked_loss(model: LoadedModel, resid: Float[Tensor, "batch pos d_model"], tokens: Int[Tensor, "batch pos"], start: int) -> Tensor:
+def _chunked_loss(
+    model: LoadedModel, resid: Float[Tensor, "batch pos d_model"], tokens: Int[Tensor, "batch pos"], start: int
+) -> Tensor:
     """Per-token next-token losses ``[batch, pos - 1 - start]`` (nats), unembedding :data:`LOGIT_CHUNK` positions at a time."""
     out = []
     T = tokens.shape[1]
     for a in range(start, T - 1, LOGIT_CHUNK):
         b = min(a + LOGIT_CHUNK, T - 1)
         logits = model.logits_from_residual(resid[:, a:b], normed=True).float()
-        out.append(F.cross_entropy(logits.flatten(0, 1), tokens[:, a + 1:b + 1].flatten(), reduction="none").view(len(tokens), -1))
+        out.append(
+            F.cross_entropy(logits.flatten(0, 1), tokens[:, a + 1 : b + 1].flatten(), reduction="none").view(
+                len(tokens), -1
+            )
+        )
     return torch.cat(out, dim=1)
 
 
 @torch.inference_mode()
-def natural_loss(model: LoadedModel, tokens: Int[Tensor, "batch pos"], start: int, policy: KVPolicy | None = None) -> float:
+def natural_loss(
+    model: LoadedModel, tokens: Int[Tensor, "batch pos"], start: int, policy: KVPolicy | None = None
+) -> float:
     """Mean next-token loss (nats/token) of ``tokens`` from position ``start`` on, under ``policy``
     (None: full attention). The logits are never held for a whole sequence."""
     with model.kv_policy(policy):
@@ -121,12 +132,16 @@ def long_range_quality(model: LoadedModel, lr: LongRangeSet, policy: KVPolicy | 
     return loss, (logits.argmax(-1) == target).float()
 
 
-def evaluate(model: LoadedModel, natural: Int[Tensor, "batch pos"], start: int, lr: LongRangeSet, policy: KVPolicy | None = None) -> Quality:
+def evaluate(
+    model: LoadedModel, natural: Int[Tensor, "batch pos"], start: int, lr: LongRangeSet, policy: KVPolicy | None = None
+) -> Quality:
     """:class:`Quality` of ``policy`` (exact: the attention masked per KV group)."""
     loss, hit = long_range_quality(model, lr, policy)
     loss, hit = loss.cpu(), hit.cpu()
-    per = {int(d): {"loss": float(loss[lr.distance == d].mean()), "accuracy": float(hit[lr.distance == d].mean())}
-           for d in lr.distance.unique()}
+    per = {
+        int(d): {"loss": float(loss[lr.distance == d].mean()), "accuracy": float(hit[lr.distance == d].mean())}
+        for d in lr.distance.unique()
+    }
     return Quality(natural_loss(model, natural, start, policy), float(loss.mean()), float(hit.mean()), per)
 
 
@@ -135,8 +150,9 @@ def evaluate(model: LoadedModel, natural: Int[Tensor, "batch pos"], start: int, 
 # ---------------------------------------------------------------------------------------------
 
 
-def distant_mass_of_pattern(pattern: Float[Tensor, "batch head q_pos k_pos"], sink: int, window: int,
-                            rows: Int[Tensor, "batch n"] | None = None) -> Float[Tensor, " head"]:
+def distant_mass_of_pattern(
+    pattern: Float[Tensor, "batch head q_pos k_pos"], sink: int, window: int, rows: Int[Tensor, "batch n"] | None = None
+) -> Float[Tensor, " head"]:
     """Mean attention mass each head puts on keys a streaming group would drop: ``sink <= k <=
     q - window`` (1 minus the local-plus-sink fraction), over the queries ``rows`` (``[batch,
     n]`` positions; None: every query at ``q >= sink + window``, the first that lose a key). A
@@ -153,7 +169,9 @@ def distant_mass_of_pattern(pattern: Float[Tensor, "batch head q_pos k_pos"], si
     return (p * drop[:, None]).sum(-1).mean(dim=(0, 2))
 
 
-def retrieval_mass_of_pattern(pattern: Float[Tensor, "batch head q_pos k_pos"], lr: LongRangeSet) -> Float[Tensor, " head"]:
+def retrieval_mass_of_pattern(
+    pattern: Float[Tensor, "batch head q_pos k_pos"], lr: LongRangeSet
+) -> Float[Tensor, " head"]:
     """Mean attention mass each head puts, from the repeat's queries (``second + i``, the ones
     that predict the repeat's tokens 2..block_len), on the block's first occurrence ``[first,
     first + block_len)``: the retrieval score of Wu et al. 2024 (arXiv:2404.15574; attention on
@@ -178,6 +196,7 @@ def pattern_statistic(model: LoadedModel, tokens: Int[Tensor, "batch pos"], redu
     def hook(layer):
         def fn(pattern, hook):
             out[layer] = reduce(pattern.float()).cpu()
+
         return fn
 
     model.final_residual(tokens, fwd_hooks=[(attn_hook(layer, "pattern"), hook(layer)) for layer in range(L)])
@@ -185,8 +204,13 @@ def pattern_statistic(model: LoadedModel, tokens: Int[Tensor, "batch pos"], redu
 
 
 @torch.inference_mode()
-def distant_mass(model: LoadedModel, tokens: Int[Tensor, "batch pos"], sink: int, window: int,
-                 rows: Int[Tensor, "batch n"] | None = None) -> Float[Tensor, "layer head"]:
+def distant_mass(
+    model: LoadedModel,
+    tokens: Int[Tensor, "batch pos"],
+    sink: int,
+    window: int,
+    rows: Int[Tensor, "batch n"] | None = None,
+) -> Float[Tensor, "layer head"]:
     """:func:`distant_mass_of_pattern` of every head, one layer's pattern at a time (the hook
     reduces it and lets the forward pass go on; no layer's pattern outlives its layer)."""
     L = model.spec.n_layers
@@ -194,7 +218,10 @@ def distant_mass(model: LoadedModel, tokens: Int[Tensor, "batch pos"], sink: int
 
     def hook(layer):
         def fn(pattern, hook):
-            out[layer] = distant_mass_of_pattern(pattern.float(), sink, window, None if rows is None else rows.to(pattern.device)).cpu()
+            out[layer] = distant_mass_of_pattern(
+                pattern.float(), sink, window, None if rows is None else rows.to(pattern.device)
+            ).cpu()
+
         return fn
 
     model.final_residual(tokens, fwd_hooks=[(attn_hook(layer, "pattern"), hook(layer)) for layer in range(L)])
@@ -253,13 +280,23 @@ def retrieval_group_costs(model: LoadedModel, natural: Tensor, lr: LongRangeSet,
     the natural cost its largest :func:`distant_mass_of_pattern` on natural text; max over the
     group's heads (:func:`group_max`)."""
     G = model.n_kv_groups
-    nat = group_max(pattern_statistic(model, natural, lambda p: distant_mass_of_pattern(p, streaming.sink, streaming.window)), G)
+    nat = group_max(
+        pattern_statistic(model, natural, lambda p: distant_mass_of_pattern(p, streaming.sink, streaming.window)), G
+    )
     far = group_max(pattern_statistic(model, lr.tokens, lambda p: retrieval_mass_of_pattern(p, lr)), G)
     return GroupCosts("retrieval", nat, far)
 
 
-def measured_group_costs(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, streaming: Streaming,
-                         full: Quality, progress=None, candidates: list[tuple[int, int]] | None = None) -> GroupCosts:
+def measured_group_costs(
+    model: LoadedModel,
+    natural: Tensor,
+    start: int,
+    lr: LongRangeSet,
+    streaming: Streaming,
+    full: Quality,
+    progress=None,
+    candidates: list[tuple[int, int]] | None = None,
+) -> GroupCosts:
     """:class:`GroupCosts` measured: for each group, the policy with only it streaming, against
     ``full``; only the ``candidates`` (None: every group; :func:`streaming_candidates`), the
     others' costs are 0 (their streaming changes nothing)."""
@@ -300,8 +337,10 @@ def n_full_for_budget(n_groups: int, seq_len: int, span: int, budget: float) -> 
         return n_groups
     k = math.floor(n_groups * (budget * seq_len - span) / (seq_len - span) + 1e-9)
     if k < 0:
-        raise HeadprobeError(f"--kv-budget {budget} is below what every group streaming costs "
-                             f"({span / seq_len:.3f} of the full cache at {seq_len} tokens): use a smaller --window or --sink")
+        raise HeadprobeError(
+            f"--kv-budget {budget} is below what every group streaming costs "
+            f"({span / seq_len:.3f} of the full cache at {seq_len} tokens): use a smaller --window or --sink"
+        )
     return min(k, n_groups)
 
 
@@ -346,17 +385,27 @@ def streaming_candidates(layout, streaming: Streaming) -> list[tuple[int, int]]:
     from headprobe.probe.layout.cost import n_kv_groups
 
     windows = layout.windows or (None,) * layout.n_layers
-    return [(layer, g) for layer, w in enumerate(windows) if w is None or w > streaming.window
-            for g in range(n_kv_groups(layout))]
+    return [
+        (layer, g)
+        for layer, w in enumerate(windows)
+        if w is None or w > streaming.window
+        for g in range(n_kv_groups(layout))
+    ]
 
 
-def policy_with_full(layout, full, streaming: Streaming, candidates: list[tuple[int, int]], model: str = "") -> KVPolicy:
+def policy_with_full(
+    layout, full, streaming: Streaming, candidates: list[tuple[int, int]], model: str = ""
+) -> KVPolicy:
     """The policy whose ``candidates`` stream except those in ``full`` (and every other group is full)."""
     from headprobe.probe.layout.cost import n_kv_groups
 
     keep, streamable, G = set(map(tuple, full)), set(candidates), n_kv_groups(layout)
-    full_groups = [(layer, g) for layer in range(layout.n_layers) for g in range(G)
-                   if (layer, g) in keep or (layer, g) not in streamable]
+    full_groups = [
+        (layer, g)
+        for layer in range(layout.n_layers)
+        for g in range(G)
+        if (layer, g) in keep or (layer, g) not in streamable
+    ]
     return KVPolicy.with_full(layout.n_layers, G, full_groups, streaming, model)
 
 
@@ -374,7 +423,9 @@ def _saving(layout, group: tuple[int, int], streaming: Streaming, seq_len: int) 
     return group_positions(layout, group[0], None, seq_len) - group_positions(layout, group[0], streaming, seq_len)
 
 
-def _budget_floor(layout, streaming: Streaming, seq_len: int, candidates: list[tuple[int, int]]) -> tuple[int, int, float]:
+def _budget_floor(
+    layout, streaming: Streaming, seq_len: int, candidates: list[tuple[int, int]]
+) -> tuple[int, int, float]:
     """``(positions of the all-full cache, positions with every candidate streaming, rounding slack)`` at ``seq_len``."""
     from headprobe.probe.layout.cost import n_kv_groups
 
@@ -394,12 +445,15 @@ def check_budget(budget: float, streaming: Streaming, layout, seq_len: int, cand
         raise HeadprobeError(f"--kv-budget must be in (0, 1], got {budget}")
     total, used, slack = _budget_floor(layout, streaming, seq_len, candidates)
     if used > budget * total + slack:
-        raise HeadprobeError(f"--kv-budget {budget} is below what every group streaming costs "
-                             f"({used / total:.3f} of the full cache at {seq_len} tokens): use a smaller --window or --sink")
+        raise HeadprobeError(
+            f"--kv-budget {budget} is below what every group streaming costs "
+            f"({used / total:.3f} of the full cache at {seq_len} tokens): use a smaller --window or --sink"
+        )
 
 
-def budget_full_groups(score: Tensor, streaming: Streaming, layout, seq_len: int, budget: float,
-                       candidates: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def budget_full_groups(
+    score: Tensor, streaming: Streaming, layout, seq_len: int, budget: float, candidates: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
     """The candidate groups kept full within ``budget`` of the all-full cache at ``seq_len`` (the
     layers' windows included): by descending ``score``, a group is kept when its extra positions
     still fit (one that does not is passed over). Without sliding-window layers every group costs
@@ -419,8 +473,14 @@ def budget_full_groups(score: Tensor, streaming: Streaming, layout, seq_len: int
     return out
 
 
-def matched_random_policy(layout, full: list[tuple[int, int]], streaming: Streaming, candidates: list[tuple[int, int]],
-                          seq_len: int, seed: int) -> KVPolicy:
+def matched_random_policy(
+    layout,
+    full: list[tuple[int, int]],
+    streaming: Streaming,
+    candidates: list[tuple[int, int]],
+    seq_len: int,
+    seed: int,
+) -> KVPolicy:
     """As many candidate groups full as ``full`` holds of each saving (positions full minus
     streaming at ``seq_len``: global layers' groups, each sliding window's), drawn uniformly
     (``random.Random(seed)``, class by class): the same KV bytes as ``full``'s policy exactly.
@@ -436,10 +496,13 @@ def matched_random_policy(layout, full: list[tuple[int, int]], streaming: Stream
     return policy_with_full(layout, drawn, streaming, candidates)
 
 
-def matched_uniform_policy(layout, positions: int, streaming: Streaming, candidates: list[tuple[int, int]], seq_len: int) -> KVPolicy:
+def matched_uniform_policy(
+    layout, positions: int, streaming: Streaming, candidates: list[tuple[int, int]], seq_len: int
+) -> KVPolicy:
     """Every candidate streaming with ``streaming.sink`` sinks and one window ``W'``, the largest
     whose cache is at most ``positions`` (all candidates full when that fits), other groups as the
     model has them. Without sliding-window layers this is :func:`uniform_policy`."""
+
     def policy(w: int | None) -> KVPolicy:
         return policy_with_full(layout, candidates if w is None else [], Streaming(streaming.sink, w or 1), candidates)
 
@@ -453,23 +516,44 @@ def matched_uniform_policy(layout, positions: int, streaming: Streaming, candida
     return policy(lo)
 
 
-def curve_row(kind: str, budget: float, seed: int | None, policy: KVPolicy, quality: Quality, full: Quality,
-              layout, seq_len: int) -> dict:
+def curve_row(
+    kind: str, budget: float, seed: int | None, policy: KVPolicy, quality: Quality, full: Quality, layout, seq_len: int
+) -> dict:
     """One row of the quality-memory curve: the policy's exact KV bytes
     (:func:`~headprobe.probe.layout.cost.policy_cost` at ``seq_len``, one sequence) and its quality
     against the full cache's (increases in nats/token, accuracy drop in 0..1)."""
     from headprobe.probe.layout.cost import policy_cost
 
     pc = policy_cost(layout, policy, seq_len)
-    return {"policy": kind, "budget": budget, "seed": seed, "n_full_groups": pc.n_full_groups,
-            "kv_bytes": pc.kv_bytes, "kv_fraction": pc.kv_fraction,
-            "natural_loss": quality.natural_loss, "natural_loss_increase": quality.natural_loss - full.natural_loss,
-            "long_range_loss": quality.long_range_loss, "long_range_loss_increase": quality.long_range_loss - full.long_range_loss,
-            "copy_accuracy": quality.copy_accuracy, "copy_accuracy_drop": full.copy_accuracy - quality.copy_accuracy}
+    return {
+        "policy": kind,
+        "budget": budget,
+        "seed": seed,
+        "n_full_groups": pc.n_full_groups,
+        "kv_bytes": pc.kv_bytes,
+        "kv_fraction": pc.kv_fraction,
+        "natural_loss": quality.natural_loss,
+        "natural_loss_increase": quality.natural_loss - full.natural_loss,
+        "long_range_loss": quality.long_range_loss,
+        "long_range_loss_increase": quality.long_range_loss - full.long_range_loss,
+        "copy_accuracy": quality.copy_accuracy,
+        "copy_accuracy_drop": full.copy_accuracy - quality.copy_accuracy,
+    }
 
 
-def compare_at(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, full_groups: list[tuple[int, int]],
-               streaming: Streaming, seeds: list[int], layout, full: Quality, label: float, progress=None) -> list[dict]:
+def compare_at(
+    model: LoadedModel,
+    natural: Tensor,
+    start: int,
+    lr: LongRangeSet,
+    full_groups: list[tuple[int, int]],
+    streaming: Streaming,
+    seeds: list[int],
+    layout,
+    full: Quality,
+    label: float,
+    progress=None,
+) -> list[dict]:
     """The chosen policy (``full_groups`` full, the other :func:`streaming_candidates` streaming),
     the same window on every candidate at the same memory (:func:`matched_uniform_policy`) and
     random candidates full at the same memory (:func:`matched_random_policy`, one per seed), each
@@ -478,7 +562,9 @@ def compare_at(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet
     cands = streaming_candidates(layout, streaming)
     chosen = policy_with_full(layout, full_groups, streaming, cands)
     policies: list[tuple[str, int | None, KVPolicy]] = [
-        ("chosen", None, chosen), ("uniform", None, matched_uniform_policy(layout, _positions(layout, chosen, T), streaming, cands, T))]
+        ("chosen", None, chosen),
+        ("uniform", None, matched_uniform_policy(layout, _positions(layout, chosen, T), streaming, cands, T)),
+    ]
     policies += [("random", s, matched_random_policy(layout, full_groups, streaming, cands, T, s)) for s in seeds]
     rows = []
     for kind, seed, policy in policies:
@@ -488,8 +574,19 @@ def compare_at(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet
     return rows
 
 
-def kv_curve(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor, streaming: Streaming,
-             budgets: list[float], seeds: list[int], layout, full: Quality, progress=None) -> list[dict]:
+def kv_curve(
+    model: LoadedModel,
+    natural: Tensor,
+    start: int,
+    lr: LongRangeSet,
+    score: Tensor,
+    streaming: Streaming,
+    budgets: list[float],
+    seeds: list[int],
+    layout,
+    full: Quality,
+    progress=None,
+) -> list[dict]:
     """:func:`compare_at` for each budget (the groups of :func:`budget_full_groups`), plus the full
     cache's row (``policy = "full"``, budget 1)."""
     L, G = score.shape
@@ -502,8 +599,17 @@ def kv_curve(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, 
     return rows
 
 
-def tolerance_full_groups(model: LoadedModel, natural: Tensor, start: int, lr: LongRangeSet, score: Tensor,
-                          streaming: Streaming, tolerance: float, full: Quality, layout) -> list[tuple[int, int]]:
+def tolerance_full_groups(
+    model: LoadedModel,
+    natural: Tensor,
+    start: int,
+    lr: LongRangeSet,
+    score: Tensor,
+    streaming: Streaming,
+    tolerance: float,
+    full: Quality,
+    layout,
+) -> list[tuple[int, int]]:
     """The fewest candidate groups (:func:`streaming_candidates`, the top ones by ``score``) kept full
     whose policy's natural-text loss increase is at most ``tolerance`` nats/token: a binary search,
     each step measured exactly (it assumes the increase does not grow as groups are made full; the
@@ -533,17 +639,23 @@ def allocated_cache_check(model: LoadedModel, tokens: Tensor, policy: KVPolicy, 
     """
     from headprobe.probe.layout.cost import policy_cost
 
-    spans = [s.span for row in policy.groups for s in row if s is not None] + [w for w in layout.windows or () if w is not None]
+    spans = [s.span for row in policy.groups for s in row if s is not None] + [
+        w for w in layout.windows or () if w is not None
+    ]
     n = min(tokens.shape[1], max(spans, default=0) + 32)
     allocated = model.streaming_cache_bytes(tokens[:1, :n], policy)
     want = policy_cost(layout, policy, n).kv_bytes
     if allocated != want:
-        raise HeadprobeError(f"the policy's allocated KV cache ({allocated} bytes at {n} tokens) differs from "
-                             f"budget's formula ({want} bytes)")
+        raise HeadprobeError(
+            f"the policy's allocated KV cache ({allocated} bytes at {n} tokens) differs from "
+            f"budget's formula ({want} bytes)"
+        )
     return {"tokens": n, "allocated_bytes": allocated, "policy_cost_bytes": want, "ok": True}
 
 
-def loss_identity_check(model: LoadedModel, tokens: Tensor, start: int, policy: KVPolicy, natural: float, atol: float = 1e-4) -> dict:
+def loss_identity_check(
+    model: LoadedModel, tokens: Tensor, start: int, policy: KVPolicy, natural: float, atol: float = 1e-4
+) -> dict:
     """The policy's natural-text loss again through the backend's own scoring
     (:meth:`~headprobe.probe.backends.base.LoadedModel.scored_losses`, unchunked, under ``kv_policy``):
     the printed number is checked by a second computation.
@@ -554,5 +666,7 @@ def loss_identity_check(model: LoadedModel, tokens: Tensor, start: int, policy: 
     with torch.inference_mode(), model.kv_policy(policy):
         scored = float(model.scored_losses(tokens, start).mean())
     if abs(scored - natural) > atol:
-        raise HeadprobeError(f"the policy's natural-text loss {natural:.6f} differs from the backend's scored loss {scored:.6f}")
+        raise HeadprobeError(
+            f"the policy's natural-text loss {natural:.6f} differs from the backend's scored loss {scored:.6f}"
+        )
     return {"natural_loss": natural, "backend_scored_loss": scored, "ok": True}

@@ -65,7 +65,9 @@ def sink_rate(pattern: Pattern, key: int = 0) -> Float[Tensor, " head"]:
         ValueError: ``pattern`` is not ``[batch, head, q, q]``, or ``key`` is outside it.
     """
     if pattern.ndim != 4 or pattern.shape[-1] != pattern.shape[-2] or not 0 <= key < pattern.shape[-1]:
-        raise ValueError(f"pattern must be [batch, head, q_pos, k_pos] (q_pos == k_pos > key={key}), got {tuple(pattern.shape)}")
+        raise ValueError(
+            f"pattern must be [batch, head, q_pos, k_pos] (q_pos == k_pos > key={key}), got {tuple(pattern.shape)}"
+        )
     return pattern[..., key:, key].float().mean(dim=(0, 2))
 
 
@@ -84,7 +86,9 @@ def attention_entropy(pattern: Pattern, learned_sink: bool = False) -> Float[Ten
         ValueError: ``pattern`` is not ``[batch, head, q, q]`` with q >= 2.
     """
     if pattern.ndim != 4 or pattern.shape[-1] != pattern.shape[-2] or pattern.shape[-1] < 2:
-        raise ValueError(f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos >= 2, got {tuple(pattern.shape)}")
+        raise ValueError(
+            f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos >= 2, got {tuple(pattern.shape)}"
+        )
     p = pattern[..., 1:, :].float()
     ent = -torch.special.xlogy(p, p).sum(-1)
     if learned_sink:
@@ -107,8 +111,10 @@ def local_fraction(pattern: Pattern, window: int) -> Float[Tensor, " head"]:
     """
     T = pattern.shape[-1]
     if pattern.ndim != 4 or T != pattern.shape[-2] or T <= window:
-        raise ValueError(f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos > window={window}, "
-                         f"got {tuple(pattern.shape)}")
+        raise ValueError(
+            f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos > window={window}, "
+            f"got {tuple(pattern.shape)}"
+        )
     i = torch.arange(T, device=pattern.device)
     near = (i[:, None] - i[None, :]).abs() < window
     return (pattern.float() * near).sum(-1)[..., window:].mean(dim=(0, 2))
@@ -125,8 +131,10 @@ def distant_fraction(pattern: Pattern, window: int) -> Float[Tensor, " head"]:
     """
     T = pattern.shape[-1]
     if pattern.ndim != 4 or T != pattern.shape[-2] or T <= window:
-        raise ValueError(f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos > window={window}, "
-                         f"got {tuple(pattern.shape)}")
+        raise ValueError(
+            f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos > window={window}, "
+            f"got {tuple(pattern.shape)}"
+        )
     i = torch.arange(T, device=pattern.device)
     far = (i[:, None] - i[None, :]) >= window
     return (pattern.float() * far).sum(-1)[..., window:].mean(dim=(0, 2))
@@ -157,8 +165,9 @@ def gate_closure(gate: Float[Tensor, "batch pos head ..."]) -> Float[Tensor, " h
     return 1.0 - g.mean(dim=1)
 
 
-def value_norms(v: Float[Tensor, "batch pos kv_head d_head"], W_O: Float[Tensor, "head d_head d_model"]
-                ) -> Float[Tensor, "batch head pos"]:
+def value_norms(
+    v: Float[Tensor, "batch pos kv_head d_head"], W_O: Float[Tensor, "head d_head d_model"]
+) -> Float[Tensor, "batch head pos"]:
     """``||f_h(x_j)|| = ||v_j W_O^(h)||`` of every head and key (query head h reads key/value head
     ``h // (head / kv_head)``), through the Gram matrix ``W_O^(h) W_O^(h)T`` (no ``[.., d_model]``
     product); Kobayashi et al. 2020, "Attention is Not Only a Weight", eq. 5 without ``b_V``."""
@@ -169,7 +178,9 @@ def value_norms(v: Float[Tensor, "batch pos kv_head d_head"], W_O: Float[Tensor,
     return sq.clamp_min(0).sqrt()
 
 
-def value_weighted_share(pattern: Pattern, norms: Float[Tensor, "batch head k_pos"], key: int = 0) -> Float[Tensor, " head"]:
+def value_weighted_share(
+    pattern: Pattern, norms: Float[Tensor, "batch head k_pos"], key: int = 0
+) -> Float[Tensor, " head"]:
     """The share of the value-weighted attention ``||A_ij f(x_j)|| = A_ij ||f(x_j)||`` that goes to
     key ``key``: ``A_i,key n_key / sum_j A_ij n_j`` (Kobayashi et al. 2020, "Attention is Not Only a
     Weight", the norm ``||alpha f(x)||``), over queries ``i > key`` and the batch (query ``key``
@@ -180,15 +191,18 @@ def value_weighted_share(pattern: Pattern, norms: Float[Tensor, "batch head k_po
     """
     T = pattern.shape[-1]
     if pattern.ndim != 4 or T != pattern.shape[-2] or T <= key + 1 or tuple(norms.shape) != (*pattern.shape[:2], T):
-        raise ValueError(f"pattern must be [batch, head, q, q] with q > {key + 1} and norms [batch, head, q], got "
-                         f"{tuple(pattern.shape)} and {tuple(norms.shape)}")
+        raise ValueError(
+            f"pattern must be [batch, head, q, q] with q > {key + 1} and norms [batch, head, q], got "
+            f"{tuple(pattern.shape)} and {tuple(norms.shape)}"
+        )
     w = pattern.float() * norms.float()[:, :, None, :]
     share = w[..., key] / w.sum(-1).clamp_min(1e-30)
-    return share[..., key + 1:].mean(dim=(0, 2))
+    return share[..., key + 1 :].mean(dim=(0, 2))
 
 
-def retrieval_hits(pattern: Pattern, queries: Int[Tensor, "batch n"], sources: Int[Tensor, "batch n"],
-                   copied: Bool[Tensor, "batch n"]) -> Float[Tensor, " head"]:
+def retrieval_hits(
+    pattern: Pattern, queries: Int[Tensor, "batch n"], sources: Int[Tensor, "batch n"], copied: Bool[Tensor, "batch n"]
+) -> Float[Tensor, " head"]:
     """Retrieval score (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context
     Factuality"): the share of needle tokens that a head copy-pastes, ``|g_h ∩ k| / |k|``. At
     query ``queries[b, i]`` the model predicts a needle token; it is copy-pasted by head h when
@@ -200,10 +214,14 @@ def retrieval_hits(pattern: Pattern, queries: Int[Tensor, "batch n"], sources: I
         ValueError: shapes that do not match.
     """
     if queries.shape != sources.shape or queries.shape != copied.shape or queries.shape[0] != pattern.shape[0]:
-        raise ValueError(f"queries {tuple(queries.shape)}, sources {tuple(sources.shape)} and copied "
-                         f"{tuple(copied.shape)} must all be [batch, n] with batch {pattern.shape[0]}")
+        raise ValueError(
+            f"queries {tuple(queries.shape)}, sources {tuple(sources.shape)} and copied "
+            f"{tuple(copied.shape)} must all be [batch, n] with batch {pattern.shape[0]}"
+        )
     B, H = pattern.shape[:2]
-    rows = pattern[torch.arange(B, device=pattern.device)[:, None], :, queries.to(pattern.device)]  # [batch, n, head, k_pos]
+    rows = pattern[
+        torch.arange(B, device=pattern.device)[:, None], :, queries.to(pattern.device)
+    ]  # [batch, n, head, k_pos]
     top = rows.argmax(-1)  # [batch, n, head]
     hit = (top == sources.to(top.device)[..., None]) & copied.to(top.device)[..., None]
     return hit.float().mean(dim=(0, 1))
@@ -245,15 +263,19 @@ def retrieval_score(model: LoadedModel, needles: NeedleSet, streaming: bool = Fa
 
         resid = online_head_stats(model, needles.tokens, on_stats, windows=(), statistics=False)
     else:
-        hooks = [(attn_hook(layer, "pattern"), (lambda layer: lambda p, hook: on_pattern(layer, p))(layer))  # noqa: B023 - bound by the call
-                 for layer in range(spec.n_layers)]
+        hooks = [
+            (attn_hook(layer, "pattern"), (lambda layer: lambda p, hook: on_pattern(layer, p))(layer))  # noqa: B023 - bound by the call
+            for layer in range(spec.n_layers)
+        ]
         resid = model.final_residual(needles.tokens, fwd_hooks=hooks)
     assert resid is not None  # online_head_stats returns it (final_residual defaults to True)
     # the model's prediction at the scored queries only: no [batch, pos, d_vocab] logits
     logits = model.logits_from_residual(resid[rows_b.to(resid.device), queries.to(resid.device)], normed=True)
     if len(top) != spec.n_layers:
-        raise HeadprobeError(f"attention of {spec.n_layers - len(top)} layers was not seen: the model probably runs a "
-                             f"fused attention kernel that hides attention patterns")
+        raise HeadprobeError(
+            f"attention of {spec.n_layers - len(top)} layers was not seen: the model probably runs a "
+            f"fused attention kernel that hides attention patterns"
+        )
     pred = logits.argmax(-1).cpu()
     copied = pred == targets
     out = torch.zeros(spec.n_layers, spec.n_heads)
@@ -263,8 +285,9 @@ def retrieval_score(model: LoadedModel, needles: NeedleSet, streaming: bool = Fa
 
 
 @torch.inference_mode()
-def direct_logit_attribution(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int
-                             ) -> Float[Tensor, "batch n layer head"]:
+def direct_logit_attribution(
+    model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int
+) -> Float[Tensor, "batch n layer head"]:
     """Each head's direct contribution to the logit of the correct next token, through the final
     norm with its per-token scale frozen at the clean run's (Elhage et al. 2021; TransformerLens'
     ``apply_ln_to_stack``): at position i (``first <= i <= pos - 2``, target ``tokens[:, i+1]``),
@@ -308,7 +331,7 @@ def direct_logit_attribution(model: LoadedModel, tokens: Int[Tensor, "batch pos"
     # final_residual: the forward without the [batch, pos, d_vocab] logits (native backend)
     model.final_residual(tokens, fwd_hooks=[(last, lambda x, hook: kept.__setitem__("x", x.detach().float()))])
     x = kept["x"][:, first:-1]  # [batch, n, d_model]
-    target = tokens[:, first + 1:]
+    target = tokens[:, first + 1 :]
     y_model = model.final_norm(x.to(model.dtype))  # the normed residual the unembedding reads
     with torch.inference_mode(False), torch.enable_grad():  # the unembedding's gradient: its linear part
         y_in = y_model.clone().requires_grad_(True)
@@ -335,6 +358,7 @@ def direct_logit_attribution(model: LoadedModel, tokens: Int[Tensor, "batch pos"
         def hook(z: Tensor, hook: Any) -> None:
             dirs = torch.einsum("hed,bnd->bnhe", W_O.to(z.device), u)  # W_O^(h) u, [batch, n, head, d_head]
             out[:, :, layer] = (z[:, first:-1].float() * dirs).sum(-1)
+
         return hook
 
     model.final_residual(tokens, fwd_hooks=[(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)])
@@ -371,9 +395,11 @@ def _natural_pattern_metrics(model: LoadedModel, inputs: MetricInputs) -> dict[s
 
 def _from_pattern_pass(*columns: str) -> Callable[[LoadedModel, MetricInputs], dict[str, np.ndarray]]:
     """A metric whose ``columns`` come from the natural-text pattern pass."""
+
     def score(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
         res = _natural_pattern_metrics(model, inputs)
         return {c: res[c] for c in columns}
+
     return score
 
 
@@ -416,16 +442,21 @@ def value_share_token0(model: LoadedModel, tokens: Int[Tensor, "batch pos"]) -> 
     def keep_v(layer: int):
         def hook(v: Tensor, hook: Any) -> None:
             values[layer] = v.detach()
+
         return hook
 
     def on_pattern(layer: int, pattern: Tensor) -> None:
         v, W_O = values.pop(layer), model.W_O(layer).detach()
         if v.ndim != 4 or v.shape[-1] != W_O.shape[1] or spec.n_heads % v.shape[2]:
-            raise HeadprobeError(f"hook_v of layer {layer} is {tuple(v.shape)}, not [batch, pos, kv_head, d_head={W_O.shape[1]}]: "
-                                 f"value-weighted attention cannot be read")
+            raise HeadprobeError(
+                f"hook_v of layer {layer} is {tuple(v.shape)}, not [batch, pos, kv_head, d_head={W_O.shape[1]}]: "
+                f"value-weighted attention cannot be read"
+            )
         out[layer] = value_weighted_share(pattern, value_norms(v, W_O.to(v.device))).cpu()
 
-    patterns_by_layer(model, tokens, on_pattern, extra_hooks=[(attn_hook(l, "v"), keep_v(l)) for l in range(spec.n_layers)])
+    patterns_by_layer(
+        model, tokens, on_pattern, extra_hooks=[(attn_hook(l, "v"), keep_v(l)) for l in range(spec.n_layers)]
+    )
     return out
 
 
@@ -445,15 +476,20 @@ def gate_closures(model: LoadedModel, tokens: Int[Tensor, "batch pos"]) -> Float
     if not gated:
         raise HeadprobeError(NO_GATE)
     if len(gated) < len(names):
-        raise HeadprobeError(f"hook_gate exists in attention layers {gated} but not in "
-                             f"{[l for l in names if l not in gated]}: an output gate on some layers only is not read")
+        raise HeadprobeError(
+            f"hook_gate exists in attention layers {gated} but not in "
+            f"{[l for l in names if l not in gated]}: an output gate on some layers only is not read"
+        )
     out = torch.full((spec.n_layers, spec.n_heads), float("nan"))
 
     def make(layer: int):
         def hook(gate: Tensor, hook: Any) -> None:
             if gate.ndim < 3 or gate.shape[2] != spec.n_heads:
-                raise HeadprobeError(f"hook_gate of layer {layer} is {tuple(gate.shape)}, not [batch, pos, head={spec.n_heads}, ...]")
+                raise HeadprobeError(
+                    f"hook_gate of layer {layer} is {tuple(gate.shape)}, not [batch, pos, head={spec.n_heads}, ...]"
+                )
             out[layer] = gate_closure(gate).cpu()
+
         return hook
 
     model.final_residual(tokens, fwd_hooks=[(n, make(l)) for l, n in names.items()])
@@ -486,8 +522,11 @@ def _no_op(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
     if hybrid:
         nan("value_share_token0", HYBRID_SKIP)
     elif use_online_stats(model, tokens.shape[1], inputs.streaming):
-        nan("value_share_token0", f"value-weighted attention needs the materialised pattern; the {tokens.shape[1]}-token "
-                                 f"sequences are streamed (--streaming off materialises it)")
+        nan(
+            "value_share_token0",
+            f"value-weighted attention needs the materialised pattern; the {tokens.shape[1]}-token "
+            f"sequences are streamed (--streaming off materialises it)",
+        )
     else:
         try:
             out["value_share_token0"] = value_share_token0(model, tokens).numpy()
@@ -497,8 +536,14 @@ def _no_op(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
 
 
 @torch.inference_mode()
-def sink_removal_effect(model: LoadedModel, tokens: Int[Tensor, "batch pos"], first: int, heads: Sequence[tuple[int, int]],
-                        n_controls: int = 20, seed: int = 0) -> dict[str, Any]:
+def sink_removal_effect(
+    model: LoadedModel,
+    tokens: Int[Tensor, "batch pos"],
+    first: int,
+    heads: Sequence[tuple[int, int]],
+    n_controls: int = 20,
+    seed: int = 0,
+) -> dict[str, Any]:
     """The causal check of learned sinks: the loss increase (nats/token, predictions from index
     ``first`` on) when the sinks of ``heads`` are removed (their sink logits ``-inf``,
     :func:`headprobe.probe.hooks.ablation.sink_removal_hooks`), beside the same removal on ``n_controls``
@@ -532,27 +577,69 @@ def sink_removal_effect(model: LoadedModel, tokens: Int[Tensor, "batch pos"], fi
     return {"effect": top_effect, "controls": controls, "control_sets": sets, "p": p, "note": note}
 
 
-COPYING = HeadColumn("copying", ("copying",), _copying,
-                     figures=(HeatmapStyle("copying", "copying score (OV eigenvalues)", "Σλ / Σ|λ|",
-                                           (("cmap", "RdBu_r"), ("vmin", -1.0), ("vmax", 1.0))),))
-SINK_RATE = HeadColumn("sink_rate", ("sink_rate",), _from_pattern_pass("sink_rate"),
-                       figures=(HeatmapStyle("sink_rate", "sink rate (first token)", "mean attention to token 0"),))
-ENTROPY = HeadColumn("entropy", ("entropy",), _from_pattern_pass("entropy"),
-                     figures=(HeatmapStyle("entropy", "attention entropy", "nats (mean over queries)", (("vmax", None),)),))
-RETRIEVAL = HeadColumn("retrieval", ("retrieval",), _retrieval, causal_only=True,
-                       figures=(HeatmapStyle("retrieval", "retrieval score (needle copy-paste)", "share of needle tokens"),))
-DLA = HeadColumn("dla", ("dla",), _dla, causal_only=True,
-                 figures=(HeatmapStyle("dla", "direct logit attribution", "logit of the next token", signed=True),))
-LOCAL_FRACTION = HeadColumn("local_fraction", local_columns(LOCAL_WINDOWS), _from_pattern_pass(*local_columns(LOCAL_WINDOWS)),
-                            figures=(HeatmapStyle("distant_mass", "distant mass (beyond the last {W} keys)",
-                                                  "attention on keys {W} or more back (not the sink)"),))
+COPYING = HeadColumn(
+    "copying",
+    ("copying",),
+    _copying,
+    figures=(
+        HeatmapStyle(
+            "copying",
+            "copying score (OV eigenvalues)",
+            "Σλ / Σ|λ|",
+            (("cmap", "RdBu_r"), ("vmin", -1.0), ("vmax", 1.0)),
+        ),
+    ),
+)
+SINK_RATE = HeadColumn(
+    "sink_rate",
+    ("sink_rate",),
+    _from_pattern_pass("sink_rate"),
+    figures=(HeatmapStyle("sink_rate", "sink rate (first token)", "mean attention to token 0"),),
+)
+ENTROPY = HeadColumn(
+    "entropy",
+    ("entropy",),
+    _from_pattern_pass("entropy"),
+    figures=(HeatmapStyle("entropy", "attention entropy", "nats (mean over queries)", (("vmax", None),)),),
+)
+RETRIEVAL = HeadColumn(
+    "retrieval",
+    ("retrieval",),
+    _retrieval,
+    causal_only=True,
+    figures=(HeatmapStyle("retrieval", "retrieval score (needle copy-paste)", "share of needle tokens"),),
+)
+DLA = HeadColumn(
+    "dla",
+    ("dla",),
+    _dla,
+    causal_only=True,
+    figures=(HeatmapStyle("dla", "direct logit attribution", "logit of the next token", signed=True),),
+)
+LOCAL_FRACTION = HeadColumn(
+    "local_fraction",
+    local_columns(LOCAL_WINDOWS),
+    _from_pattern_pass(*local_columns(LOCAL_WINDOWS)),
+    figures=(
+        HeatmapStyle(
+            "distant_mass",
+            "distant mass (beyond the last {W} keys)",
+            "attention on keys {W} or more back (not the sink)",
+        ),
+    ),
+)
 """The reported metrics, each registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`
 (group ``"metric"``; :data:`~headprobe.analyses.columns.METRICS` views them in column order)."""
-NO_OP = HeadColumn("no_op", ("learned_sink_mass", "gate_closure", "value_share_token0"), _no_op,
-                  figures=(HeatmapStyle("learned_sink_mass", "learned sink mass", "1 - row sum: weight on the learned sink"),
-                           HeatmapStyle("gate_closure", "output gate closure", "1 - mean gate value"),
-                           HeatmapStyle("value_share_token0", "value-weighted attention to token 0",
-                                        "share of sum_j |A_ij v_j W_O|")))
+NO_OP = HeadColumn(
+    "no_op",
+    ("learned_sink_mass", "gate_closure", "value_share_token0"),
+    _no_op,
+    figures=(
+        HeatmapStyle("learned_sink_mass", "learned sink mass", "1 - row sum: weight on the learned sink"),
+        HeatmapStyle("gate_closure", "output gate closure", "1 - mean gate value"),
+        HeatmapStyle("value_share_token0", "value-weighted attention to token 0", "share of sum_j |A_ij v_j W_O|"),
+    ),
+)
 """How a head says nothing (with ``sink_rate``, the first token's mass): the learned sink's mass,
 the closure of an output gate and the share of the value-weighted attention on token 0."""
 
@@ -565,8 +652,9 @@ HYBRID_SKIP = "not implemented for hybrid models (linear-attention layers among 
 
 
 @torch.inference_mode()
-def scan_metrics(model: LoadedModel, natural: TokenSet, needles: NeedleSet | None, first: int,
-                 streaming: str = "auto") -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def scan_metrics(
+    model: LoadedModel, natural: TokenSet, needles: NeedleSet | None, first: int, streaming: str = "auto"
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Every metric column of a scan (:data:`~headprobe.analyses.columns.METRICS`, in order),
     ``[layer, head]`` each: ``copying`` (weights), ``sink_rate``, ``entropy``, ``local_<W>`` and
     ``distant_mass`` (natural text, one forward for the four), ``retrieval`` (``needles``), ``dla``
@@ -611,8 +699,9 @@ def distant_window(seq_len: int, windows: tuple[int, ...] = LOCAL_WINDOWS) -> in
     return max(shorter) if shorter else None
 
 
-def _pattern_metrics(model: LoadedModel, natural: TokenSet, stream: bool, windows: tuple[int, ...],
-                     skipped: dict[str, str]) -> dict[str, np.ndarray]:
+def _pattern_metrics(
+    model: LoadedModel, natural: TokenSet, stream: bool, windows: tuple[int, ...], skipped: dict[str, str]
+) -> dict[str, np.ndarray]:
     """``sink_rate``, ``entropy``, ``local_<W>`` and ``distant_mass`` on ``natural`` in one forward."""
     spec = model.spec
     T = natural.tokens.shape[1]
@@ -663,8 +752,14 @@ class _Fields(dict):
         return key
 
 
-def heatmap_makers(records: Sequence[HeadColumn], scores: dict[str, np.ndarray], group_size: int | None, tag: str,
-                   causal: bool = True, fields: Mapping[str, object] | None = None) -> dict[str, Any]:
+def heatmap_makers(
+    records: Sequence[HeadColumn],
+    scores: dict[str, np.ndarray],
+    group_size: int | None,
+    tag: str,
+    causal: bool = True,
+    fields: Mapping[str, object] | None = None,
+) -> dict[str, Any]:
     """``heatmap_<column>`` -> a function of no arguments that draws it, for every
     :class:`~headprobe.analyses.columns.HeatmapStyle` of ``records`` (head types and metrics alike);
     a metric's heatmap only where its column has a finite value. ``fields`` fill the styles'
@@ -682,14 +777,23 @@ def heatmap_makers(records: Sequence[HeadColumn], scores: dict[str, np.ndarray],
             title = f"{style.title.format_map(_Fields(fields or {}))}, {tag}"
             label = style.label.format_map(_Fields(fields or {}))
             out[f"heatmap_{style.column}"] = (
-                partial(figs.signed_head_heatmap, values, title, label, group_size=group_size) if style.signed
-                else partial(figs.head_heatmap, values, title, label, group_size=group_size,
-                             **style.figure_options(scores, causal)))
+                partial(figs.signed_head_heatmap, values, title, label, group_size=group_size)
+                if style.signed
+                else partial(
+                    figs.head_heatmap,
+                    values,
+                    title,
+                    label,
+                    group_size=group_size,
+                    **style.figure_options(scores, causal),
+                )
+            )
     return out
 
 
-def metric_figure_makers(scores: dict[str, np.ndarray], group_size: int | None, tag: str,
-                         fields: Mapping[str, object] | None = None) -> dict[str, Any]:
+def metric_figure_makers(
+    scores: dict[str, np.ndarray], group_size: int | None, tag: str, fields: Mapping[str, object] | None = None
+) -> dict[str, Any]:
     """:func:`heatmap_makers` of every metric (:data:`~headprobe.analyses.columns.METRICS`)."""
     return heatmap_makers(list(METRICS.values()), scores, group_size, tag, fields=fields)
 
@@ -704,8 +808,14 @@ NEEDLE_LEN = 16
 """Needle length (tokens) of the retrieval score, unless a quarter of the sequence is shorter."""
 
 
-def scan_needles(model: LoadedModel, n_seqs: int, seq_len: int, seed: int, text: str | TextFile | None = None,
-                 source: str | None = None) -> NeedleSet | None:
+def scan_needles(
+    model: LoadedModel,
+    n_seqs: int,
+    seq_len: int,
+    seed: int,
+    text: str | TextFile | None = None,
+    source: str | None = None,
+) -> NeedleSet | None:
     """The retrieval score's token set for a scan: ``n_seqs`` windows of ``seq_len`` tokens with a
     needle of :data:`NEEDLE_LEN` tokens (or a quarter of the sequence if shorter) inserted twice;
     None where that leaves fewer than 2 needle tokens."""
@@ -721,7 +831,12 @@ def scan_composition(model: LoadedModel) -> dict[str, np.ndarray] | None:
     """:func:`headprobe.analyses.composition.composition_scores` of ``model`` as numpy arrays
     ``[layer_j, head_j, layer_i, head_i]``, or None where the weights do not allow it (MLA)."""
     try:
-        return {k: v.numpy() for k, v in composition.composition_scores(composition.head_weights(model, vocab=False), model.device).items()}
+        return {
+            k: v.numpy()
+            for k, v in composition.composition_scores(
+                composition.head_weights(model, vocab=False), model.device
+            ).items()
+        }
     except HeadprobeError:
         return None
 
@@ -732,19 +847,42 @@ def composition_summary(k_scores: np.ndarray, earlier: list[tuple[int, int]], la
     into the same later heads. Pairs with the earlier head not in an earlier layer are left out;
     a pair without a score (NaN: a zero W_OV or W_QK) is null in ``pairs``, left out of the stats,
     and ``pairs_null_reason`` says why."""
-    pairs = [(float(k_scores[lj, hj, li, hi]), f"{li}.{hi}->{lj}.{hj}") for lj, hj in later for li, hi in earlier if li < lj]
+    pairs = [
+        (float(k_scores[lj, hj, li, hi]), f"{li}.{hi}->{lj}.{hj}") for lj, hj in later for li, hi in earlier if li < lj
+    ]
     allv = k_scores[np.isfinite(k_scores)]
-    into = np.concatenate([k_scores[lj, hj][np.isfinite(k_scores[lj, hj])] for lj, hj in later]) if later else np.array([])
+    into = (
+        np.concatenate([k_scores[lj, hj][np.isfinite(k_scores[lj, hj])] for lj, hj in later]) if later else np.array([])
+    )
 
     def stats(v: np.ndarray) -> dict:
-        return {"n": int(v.size), "mean": round(float(v.mean()), 4), "median": round(float(np.median(v)), 4),
-                "p95": round(float(np.percentile(v, 95)), 4)} if v.size else {"n": 0}
+        return (
+            {
+                "n": int(v.size),
+                "mean": round(float(v.mean()), 4),
+                "median": round(float(np.median(v)), 4),
+                "p95": round(float(np.percentile(v, 95)), 4),
+            }
+            if v.size
+            else {"n": 0}
+        )
 
     vals = np.array([p[0] for p in pairs])
     vals = vals[np.isfinite(vals)]  # a head whose W_QK or W_OV is zero has no score (0/0), as in allv and into
-    return {"pairs": {name: round(v, 4) for v, name in pairs}, "pairs_stats": stats(vals),
-            "all_pairs": stats(allv), "into_same_heads": stats(into),
-            "pairs_percentile_in_all": (round(float((allv[None] < vals[:, None]).mean(1).mean() * 100), 1) if vals.size else None),
-            **({"pairs_null_reason": "undefined where the earlier head's W_OV or the later head's W_QK is zero: the "
-                                     "score divides by their norms (0/0); left out of the stats"}
-               if len(vals) < len(pairs) else {})}
+    return {
+        "pairs": {name: round(v, 4) for v, name in pairs},
+        "pairs_stats": stats(vals),
+        "all_pairs": stats(allv),
+        "into_same_heads": stats(into),
+        "pairs_percentile_in_all": (
+            round(float((allv[None] < vals[:, None]).mean(1).mean() * 100), 1) if vals.size else None
+        ),
+        **(
+            {
+                "pairs_null_reason": "undefined where the earlier head's W_OV or the later head's W_QK is zero: the "
+                "score divides by their norms (0/0); left out of the stats"
+            }
+            if len(vals) < len(pairs)
+            else {}
+        ),
+    }

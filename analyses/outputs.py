@@ -18,11 +18,19 @@ from matplotlib.figure import Figure
 from headprobe.probe.core.io import prepare_output_dir, staging, swap_in, write_json, write_text
 
 
-def write_outputs(out_dir: str | os.PathLike[str], overwrite: bool, *, summary: dict | Callable[[], dict] | None,
-                  tables: Mapping[str, str] | None = None,
-                  figures: Mapping[str, Figure | Callable[[], Figure]] | Callable[[], Mapping[str, Figure]] | None = None,
-                  extra: Callable[[Path], list[Path]] | None = None, summary_name: str = "summary.json",
-                  resumable: bool = False, progress: bool = False, produced: Sequence[Path] = ()) -> list[Path]:
+def write_outputs(
+    out_dir: str | os.PathLike[str],
+    overwrite: bool,
+    *,
+    summary: dict | Callable[[], dict] | None,
+    tables: Mapping[str, str] | None = None,
+    figures: Mapping[str, Figure | Callable[[], Figure]] | Callable[[], Mapping[str, Figure]] | None = None,
+    extra: Callable[[Path], list[Path]] | None = None,
+    summary_name: str = "summary.json",
+    resumable: bool = False,
+    progress: bool = False,
+    produced: Sequence[Path] = (),
+) -> list[Path]:
     """Write into ``out_dir`` (created; checked by :func:`~headprobe.probe.core.io.prepare_output_dir`
     with ``overwrite`` and ``resumable``): each of ``tables`` (file name -> text, usually a CSV),
     each of ``figures`` (stem -> a figure or a function drawing it, or a function returning that
@@ -65,8 +73,13 @@ def write_outputs(out_dir: str | os.PathLike[str], overwrite: bool, *, summary: 
         elif callable(figures):
             figures = figures()
         figures = figures or {}
-        for stem, fig in tqdm(figures.items(), total=len(figures), desc=f"writing figures ({', '.join(formats)})",
-                              unit="figure", disable=not progress or not figures):
+        for stem, fig in tqdm(
+            figures.items(),
+            total=len(figures),
+            desc=f"writing figures ({', '.join(formats)})",
+            unit="figure",
+            disable=not progress or not figures,
+        ):
             written += save_figure(fig() if callable(fig) else fig, tmp / stem)
         if extra is not None:
             written += extra(tmp)

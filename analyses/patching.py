@@ -72,9 +72,45 @@ IOI_TEMPLATES = (
 the indirect object is the other name."""
 
 IOI_NAMES = (
-    "Mary", "John", "Tom", "James", "Anna", "Paul", "Sarah", "David", "Laura", "Michael", "Emma", "Daniel", "Kate",
-    "Mark", "Lisa", "Peter", "Alice", "Robert", "Susan", "George", "Rachel", "Steven", "Linda", "Kevin", "Amy", "Brian",
-    "Jessica", "Eric", "Karen", "Jack", "Helen", "Frank", "Julia", "Adam", "Emily", "Richard", "Grace", "Thomas", "Rose",
+    "Mary",
+    "John",
+    "Tom",
+    "James",
+    "Anna",
+    "Paul",
+    "Sarah",
+    "David",
+    "Laura",
+    "Michael",
+    "Emma",
+    "Daniel",
+    "Kate",
+    "Mark",
+    "Lisa",
+    "Peter",
+    "Alice",
+    "Robert",
+    "Susan",
+    "George",
+    "Rachel",
+    "Steven",
+    "Linda",
+    "Kevin",
+    "Amy",
+    "Brian",
+    "Jessica",
+    "Eric",
+    "Karen",
+    "Jack",
+    "Helen",
+    "Frank",
+    "Julia",
+    "Adam",
+    "Emily",
+    "Richard",
+    "Grace",
+    "Thomas",
+    "Rose",
 )
 """First names from Wang et al.'s list; :func:`ioi_prompts` keeps those that are one token after a space."""
 
@@ -103,7 +139,9 @@ def ioi_prompts(tokenizer: Any, n: int = 48, seed: int = 0) -> list[PromptPair]:
     """
     names = single_token_names(tokenizer)
     if len(names) < 6:
-        raise HeadprobeError(f"the IOI example needs at least 6 first names that are one token each; this tokenizer has {len(names)}")
+        raise HeadprobeError(
+            f"the IOI example needs at least 6 first names that are one token each; this tokenizer has {len(names)}"
+        )
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
@@ -127,7 +165,6 @@ input (``hook_q``/``hook_k``/``hook_v``), or the residual stream entering a laye
 
 HEAD_SITES = ("z", "q", "k", "v")
 """The sites patched per query head (the others are patched per layer and position)."""
-
 
 
 def site_hook_name(site: str, layer: int) -> str:
@@ -155,12 +192,19 @@ def check_site(model: LoadedModel, site: str, layers: Sequence[int]) -> None:
     names = set(model.hook_names())
     for layer in layers:
         if site_hook_name(site, layer) not in names:
-            raise HeadprobeError(f"the {model.backend} backend has no hook point {site_hook_name(site, layer)}: "
-                                 f"--site {site} is not available for this model")
+            raise HeadprobeError(
+                f"the {model.backend} backend has no hook point {site_hook_name(site, layer)}: "
+                f"--site {site} is not available for this model"
+            )
 
 
-def head_input_hooks(layer: int, site: str, heads: Bool[Tensor, "batch head"], source: Float[Tensor, "batch pos n d"],
-                     clean_z: Float[Tensor, "batch pos head d_head"] | None = None) -> list[tuple[str, Any]]:
+def head_input_hooks(
+    layer: int,
+    site: str,
+    heads: Bool[Tensor, "batch head"],
+    source: Float[Tensor, "batch pos n d"],
+    clean_z: Float[Tensor, "batch pos head d_head"] | None = None,
+) -> list[tuple[str, Any]]:
     """Hooks giving, in sequence ``b`` of a forward, each query head ``h`` with ``heads[b, h]`` its
     ``site`` activation (``z``, ``q``, ``k`` or ``v``) from ``source[b]`` at layer ``layer``, every
     position; every other head keeps its own.
@@ -205,8 +249,10 @@ def head_input_hooks(layer: int, site: str, heads: Bool[Tensor, "batch head"], s
         if others is None or not others.any():
             return z
         if clean_z is None:
-            raise HeadprobeError("patching one query head's k or v under GQA needs the layer's clean z (clean_z) "
-                                 "to keep the other heads of its group clean")
+            raise HeadprobeError(
+                "patching one query head's k or v under GQA needs the layer's clean z (clean_z) "
+                "to keep the other heads of its group clean"
+            )
         return torch.where(others[:, None, :, None], clean_z.to(z), z)
 
     hooks: list[tuple[str, HookFn]] = [(name, put)]
@@ -215,8 +261,9 @@ def head_input_hooks(layer: int, site: str, heads: Bool[Tensor, "batch head"], s
     return hooks
 
 
-def resid_hooks(layer: int, where: Bool[Tensor, "batch pos"], source: Float[Tensor, "batch pos d_model"]
-                ) -> list[tuple[str, Any]]:
+def resid_hooks(
+    layer: int, where: Bool[Tensor, "batch pos"], source: Float[Tensor, "batch pos d_model"]
+) -> list[tuple[str, Any]]:
     """A hook replacing the residual stream entering ``layer`` (``hook_resid_pre``) by ``source``
     where ``where`` is True (sequence, position) and leaving it elsewhere."""
 
@@ -309,9 +356,11 @@ class PatchingResult:
 
         eff = self.effect
         total = self.total
-        cols: dict[str, Any] = {"layer": [u[0] for u in self.heads],
-                                ("pos" if self.site == "resid" else "head"): [u[1] for u in self.heads],
-                                "effect": eff.mean(1)}
+        cols: dict[str, Any] = {
+            "layer": [u[0] for u in self.heads],
+            ("pos" if self.site == "resid" else "head"): [u[1] for u in self.heads],
+            "effect": eff.mean(1),
+        }
         if self.has_intervals:
             ci = mean_ci(eff.T)  # [2, n_units]
             cols.update(effect_ci95_lo=ci[0], effect_ci95_hi=ci[1])
@@ -325,9 +374,13 @@ class PatchingResult:
 def _token_id(tokenizer: Any, text: str) -> int:
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
-        raise HeadprobeError(f"answer {text!r} is {len(ids)} tokens for this tokenizer; the metric needs single-token answers")
+        raise HeadprobeError(
+            f"answer {text!r} is {len(ids)} tokens for this tokenizer; the metric needs single-token answers"
+        )
     if ids[0] == getattr(tokenizer, "unk_token_id", None):
-        raise HeadprobeError(f"answer {text!r} is the tokenizer's unknown token; the metric needs answers the model knows")
+        raise HeadprobeError(
+            f"answer {text!r} is the tokenizer's unknown token; the metric needs answers the model knows"
+        )
     return ids[0]
 
 
@@ -352,8 +405,9 @@ class PairBatch:
         return self.last - self.first + 1
 
 
-def encode_pairs(model: LoadedModel, pairs: Sequence[PromptPair], padding_side: str = "left",
-                 pad: bool | None = None) -> list[PairBatch]:
+def encode_pairs(
+    model: LoadedModel, pairs: Sequence[PromptPair], padding_side: str = "left", pad: bool | None = None
+) -> list[PairBatch]:
     """Tokenize ``pairs`` into one padded :class:`PairBatch` (``pad``; default: where the backend
     computes ``padding_side`` exactly, :attr:`~headprobe.probe.backends.base.LoadedModel.padding_sides`:
     the native backend both sides, the bridge right padding), else one unpadded batch per token
@@ -373,11 +427,15 @@ def encode_pairs(model: LoadedModel, pairs: Sequence[PromptPair], padding_side: 
         except HeadprobeError as e:
             raise HeadprobeError(f"prompt pair {i + 1}: {e}") from None
         if c.shape != x.shape:
-            raise HeadprobeError(f"prompt pair {i + 1}: clean and corrupted prompts have {len(c)} and {len(x)} tokens; "
-                                 f"patching needs the same length")
+            raise HeadprobeError(
+                f"prompt pair {i + 1}: clean and corrupted prompts have {len(c)} and {len(x)} tokens; "
+                f"patching needs the same length"
+            )
         if len(c) > model.spec.n_ctx:
-            raise HeadprobeError(f"prompt pair {i + 1}: the prompts are {len(c)} tokens, longer than the model's context "
-                                 f"of {model.spec.n_ctx} positions")
+            raise HeadprobeError(
+                f"prompt pair {i + 1}: the prompts are {len(c)} tokens, longer than the model's context "
+                f"of {model.spec.n_ctx} positions"
+            )
         try:
             ans = torch.tensor([_token_id(model.tokenizer, p.correct), _token_id(model.tokenizer, p.wrong)])
         except HeadprobeError as e:
@@ -394,8 +452,17 @@ def encode_pairs(model: LoadedModel, pairs: Sequence[PromptPair], padding_side: 
         corrupted, _ = pad_prompts([g[1] for g in grp], model.pad_token_id, padding_side)
         lengths = mask.sum(1)
         first = clean.shape[1] - lengths if padding_side == "left" else torch.zeros_like(lengths)
-        out.append(PairBatch(clean, corrupted, None if bool(mask.all()) else mask, torch.stack([g[2] for g in grp]),
-                             first, first + lengths - 1, [g[3] for g in grp]))
+        out.append(
+            PairBatch(
+                clean,
+                corrupted,
+                None if bool(mask.all()) else mask,
+                torch.stack([g[2] for g in grp]),
+                first,
+                first + lengths - 1,
+                [g[3] for g in grp],
+            )
+        )
     return out
 
 
@@ -420,7 +487,9 @@ def _logit_diffs(model: LoadedModel, batch: PairBatch, tokens: Tensor, copies: i
     return logits[:, 0] - logits[:, 1]
 
 
-def _capture(model: LoadedModel, batch: PairBatch, names: Sequence[str]) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
+def _capture(
+    model: LoadedModel, batch: PairBatch, names: Sequence[str]
+) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
     """One forward over the clean and corrupted prompts together: the activations at ``names``
     (clean, corrupted) and the logit differences ``[2, n]``."""
     kept: dict[str, Tensor] = {}
@@ -428,19 +497,34 @@ def _capture(model: LoadedModel, batch: PairBatch, names: Sequence[str]) -> tupl
     def saver(name: str):
         def hook(x: Tensor, hook: Any) -> None:
             kept[name] = x.detach().clone()
+
         return hook
 
-    clean, corrupted, answers, first, last = (torch.cat([t, t]) for t in (batch.clean, batch.corrupted, batch.answers,
-                                                                          batch.first, batch.last))
-    both = PairBatch(clean, corrupted, None if batch.mask is None else torch.cat([batch.mask, batch.mask]), answers, first,
-                     last, index=batch.index)
+    clean, corrupted, answers, first, last = (
+        torch.cat([t, t]) for t in (batch.clean, batch.corrupted, batch.answers, batch.first, batch.last)
+    )
+    both = PairBatch(
+        clean,
+        corrupted,
+        None if batch.mask is None else torch.cat([batch.mask, batch.mask]),
+        answers,
+        first,
+        last,
+        index=batch.index,
+    )
     ld = _logit_diffs(model, both, torch.cat([batch.clean, batch.corrupted]), 1, [(n, saver(n)) for n in names])
     n = batch.clean.shape[0]
     return {k: v[:n] for k, v in kept.items()}, {k: v[n:] for k, v in kept.items()}, ld.view(2, n)
 
 
-def _unit_hooks(site: str, chunk: Sequence[Unit], batch: PairBatch, n_heads: int, clean: dict[str, Tensor],
-                corrupted: dict[str, Tensor]) -> list[tuple[str, Any]]:
+def _unit_hooks(
+    site: str,
+    chunk: Sequence[Unit],
+    batch: PairBatch,
+    n_heads: int,
+    clean: dict[str, Tensor],
+    corrupted: dict[str, Tensor],
+) -> list[tuple[str, Any]]:
     """Hooks for one forward over ``len(chunk)`` copies of ``batch``: copy ``j`` patches ``chunk[j]``."""
     m, n, T = len(chunk), batch.clean.shape[0], batch.clean.shape[1]
     hooks: list[tuple[str, Any]] = []
@@ -459,8 +543,9 @@ def _unit_hooks(site: str, chunk: Sequence[Unit], batch: PairBatch, n_heads: int
         for j, (lay, head) in enumerate(chunk):
             sel[j, head] = lay == layer
         z = clean.get(attn_hook(layer, "z"))
-        hooks += head_input_hooks(layer, site, sel.repeat_interleave(n, dim=0), source,
-                                  None if z is None else z.repeat(m, 1, 1, 1))
+        hooks += head_input_hooks(
+            layer, site, sel.repeat_interleave(n, dim=0), source, None if z is None else z.repeat(m, 1, 1, 1)
+        )
     return hooks
 
 
@@ -479,13 +564,22 @@ def _check_units(spec: Any, site: str, units: Sequence[Unit], batches: Sequence[
         if site != "resid" and not 0 <= col < spec.n_heads:
             raise HeadprobeError(f"head {layer}.{col} does not exist (the model has {spec.n_heads} heads per layer)")
         if site == "resid" and not -shortest <= col < shortest:
-            raise HeadprobeError(f"position {col} is outside the shortest prompt ({shortest} tokens); "
-                                 f"positions run from {-shortest} to {shortest - 1}")
+            raise HeadprobeError(
+                f"position {col} is outside the shortest prompt ({shortest} tokens); "
+                f"positions run from {-shortest} to {shortest - 1}"
+            )
 
 
 @torch.inference_mode()
-def patch(model: LoadedModel, pairs: Sequence[PromptPair], site: str = "z", units: Sequence[Unit] | None = None,
-          max_batch: int = 64, padding_side: str | None = None, progress: bool = False) -> PatchingResult:
+def patch(
+    model: LoadedModel,
+    pairs: Sequence[PromptPair],
+    site: str = "z",
+    units: Sequence[Unit] | None = None,
+    max_batch: int = 64,
+    padding_side: str | None = None,
+    progress: bool = False,
+) -> PatchingResult:
     """Patch each of ``units`` alone at ``site`` from the corrupted into the clean run.
 
     ``site`` (:data:`SITES`): a query head's ``z``, ``q``, ``k`` or ``v`` at every position (units
@@ -521,7 +615,9 @@ def patch(model: LoadedModel, pairs: Sequence[PromptPair], site: str = "z", unit
     clean_ld, corrupted_ld, patched = np.zeros(n), np.zeros(n), np.zeros((len(units), n))
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(units) * len(batches), desc=f"patching {len(units)} x {site}", unit="patch", disable=not progress)
+    bar = tqdm(
+        total=len(units) * len(batches), desc=f"patching {len(units)} x {site}", unit="patch", disable=not progress
+    )
     passes = 0
     for b in batches:
         clean, corrupted, ld = _capture(model, b, names)
@@ -530,17 +626,24 @@ def patch(model: LoadedModel, pairs: Sequence[PromptPair], site: str = "z", unit
         per_pass = max(1, min(max_batch // B, LOGITS_BYTES_PER_PASS // max(1, B * T * spec.d_vocab * 4)))
         passes += 1 + -(-len(units) // per_pass)
         for lo in range(0, len(units), per_pass):
-            chunk = units[lo:lo + per_pass]
+            chunk = units[lo : lo + per_pass]
             hooks = _unit_hooks(site, chunk, b, spec.n_heads, clean, corrupted)
             ld = _logit_diffs(model, b, b.clean.repeat(len(chunk), 1), len(chunk), hooks)
-            patched[lo:lo + len(chunk), b.index] = ld.view(len(chunk), B).cpu().numpy()
+            patched[lo : lo + len(chunk), b.index] = ld.view(len(chunk), B).cpu().numpy()
             bar.update(len(chunk))
     bar.close()
-    return PatchingResult(units, clean_ld, corrupted_ld, patched, spec.n_layers, spec.n_heads, list(pairs), site, passes)
+    return PatchingResult(
+        units, clean_ld, corrupted_ld, patched, spec.n_layers, spec.n_heads, list(pairs), site, passes
+    )
 
 
-def patch_heads(model: LoadedModel, pairs: Sequence[PromptPair], heads: Sequence[Head] | None = None,
-                max_batch: int = 64, progress: bool = False) -> PatchingResult:
+def patch_heads(
+    model: LoadedModel,
+    pairs: Sequence[PromptPair],
+    heads: Sequence[Head] | None = None,
+    max_batch: int = 64,
+    progress: bool = False,
+) -> PatchingResult:
     """:func:`patch` at ``site="z"``: each of ``heads`` (default: all) alone, its ``z`` from the
     corrupted run (resample ablation at ``hook_z``; equal to one forward per head with a
     ``resample`` hook of :func:`~headprobe.probe.hooks.ablation.head_ablation_hooks`, tested).

@@ -63,10 +63,13 @@ def masked_loss(model: LoadedModel, data: LossSet, keep: Float[Tensor, "layer he
     def make(layer: int):
         def hook(z: Tensor, hook: Any) -> Tensor:
             return z * keep[layer].to(z.device, z.dtype)[None, None, :, None]
+
         return hook
 
     require_head_ablation(model)
-    hooks = [(attn_hook(layer, "z"), make(layer)) for layer in range(model.spec.n_layers) if not bool(keep[layer].all())]
+    hooks = [
+        (attn_hook(layer, "z"), make(layer)) for layer in range(model.spec.n_layers) if not bool(keep[layer].all())
+    ]
     if distributed.active():
         n = data.tokens.shape[0]
         tokens = data.tokens[distributed.batch_slice(n)].to(model.device)
@@ -101,10 +104,20 @@ class PruningRun:
         return keep
 
 
-def iterative_pruning(model: LoadedModel, score_set: LossSet, eval_sets: Mapping[str, LossSet], order: str = "importance",
-                      step_fraction: int | float = 0.1, rescore: bool = True, normalize: bool = True,
-                      max_fraction: float = 1.0, seed: int = 0, progress: bool = False,
-                      resume: dict | None = None, on_step: Callable[[dict], None] | None = None) -> PruningRun:
+def iterative_pruning(
+    model: LoadedModel,
+    score_set: LossSet,
+    eval_sets: Mapping[str, LossSet],
+    order: str = "importance",
+    step_fraction: int | float = 0.1,
+    rescore: bool = True,
+    normalize: bool = True,
+    max_fraction: float = 1.0,
+    seed: int = 0,
+    progress: bool = False,
+    resume: dict | None = None,
+    on_step: Callable[[dict], None] | None = None,
+) -> PruningRun:
     """Prune heads in steps, recording the loss on ``eval_sets`` before pruning and after each step.
 
     Args:
@@ -142,8 +155,11 @@ def iterative_pruning(model: LoadedModel, score_set: LossSet, eval_sets: Mapping
         scores = None if resume.get("scores") is None else torch.tensor(resume["scores"])
 
     def state() -> dict:
-        return {"rows": run.rows, "removal_order": [list(h) for h in run.removal_order],
-                "scores": None if scores is None else scores.tolist()}
+        return {
+            "rows": run.rows,
+            "removal_order": [list(h) for h in run.removal_order],
+            "scores": None if scores is None else scores.tolist(),
+        }
 
     def record(step: int, removed: list[Head]) -> None:
         n = n_total - int(keep.sum())
@@ -160,15 +176,17 @@ def iterative_pruning(model: LoadedModel, score_set: LossSet, eval_sets: Mapping
     steps = range(len(run.rows), (n_max + per_step - 1) // per_step + 1)
     if progress:
         from tqdm.auto import tqdm
+
         steps = tqdm(steps, desc=f"pruning ({order})", unit="step")
     for step in steps:
         n_now = min(per_step, n_max - len(run.removal_order))
         if order == "random":
-            flat = random_order[len(run.removal_order): len(run.removal_order) + n_now]
+            flat = random_order[len(run.removal_order) : len(run.removal_order) + n_now]
         else:
             if scores is None or rescore:
-                scores = head_importance(model, score_set.tokens, score_set.first, head_mask=keep,
-                                         normalize=normalize).importance.clone()
+                scores = head_importance(
+                    model, score_set.tokens, score_set.first, head_mask=keep, normalize=normalize
+                ).importance.clone()
             masked = scores.flatten().clone()
             masked[keep.flatten() == 0] = float("inf")
             flat = masked.argsort()[:n_now].tolist()
@@ -197,7 +215,9 @@ def _median_time(fn, repeats: int = 3) -> float:
 
 
 @torch.inference_mode()
-def build_pruned(model: LoadedModel, keep: Bool[Tensor, "layer head"], tokens: Int[Tensor, "batch pos"]) -> tuple[Any, dict]:
+def build_pruned(
+    model: LoadedModel, keep: Bool[Tensor, "layer head"], tokens: Int[Tensor, "batch pos"]
+) -> tuple[Any, dict]:
     """Remove the heads ``keep`` marks False for real (:func:`headprobe.probe.model.pruned.remove_heads`),
     round-trip the result through a saved model directory, and compare it with the masked model.
 
@@ -244,16 +264,22 @@ def build_pruned(model: LoadedModel, keep: Bool[Tensor, "layer head"], tokens: I
         def g():
             f()
             sync()
+
         return _median_time(g)
 
     t_masked = timed(lambda: model.forward(tokens, head_mask=mask))
     t_pruned = timed(lambda: reloaded(tokens))
     return pruned, {
-        "heads_removed": n, "fraction_removed": n / (spec.n_layers * spec.n_heads),
+        "heads_removed": n,
+        "fraction_removed": n / (spec.n_layers * spec.n_heads),
         "kv_heads_removed": spec.n_layers * spec.n_kv_heads - count_kv_heads(pruned),
         "attention_parameters": {"full": model.attention_parameters(), "pruned": count_attention_parameters(pruned)},
-        "max_abs_logit_diff_vs_masked": diff, "forward_s": {"masked": t_masked, "pruned": t_pruned},
-        "speedup": t_masked / t_pruned, "tokens": list(tokens.shape), "bytes": size}
+        "max_abs_logit_diff_vs_masked": diff,
+        "forward_s": {"masked": t_masked, "pruned": t_pruned},
+        "speedup": t_masked / t_pruned,
+        "tokens": list(tokens.shape),
+        "bytes": size,
+    }
 
 
 # --- Voita et al. 2019: L0 head gates (Hard Concrete, Louizos et al. 2018) ---------------------------
@@ -280,9 +306,11 @@ def expected_open(log_alpha: Tensor) -> Tensor:
 def _gated_loss(model: LoadedModel, data: LossSet, gates: Float[Tensor, "layer head"]) -> Tensor:
     """Mean scored loss (nats/token) with each head's z multiplied by its gate (a hook at
     ``hook_z``), differentiable in ``gates``."""
+
     def make(layer: int):
         def hook(z: Tensor, hook: Any) -> Tensor:
             return z * gates[layer].to(z.dtype)[None, None, :, None]
+
         return hook
 
     hooks = [(attn_hook(layer, "z"), make(layer)) for layer in range(model.spec.n_layers)]
@@ -290,10 +318,20 @@ def _gated_loss(model: LoadedModel, data: LossSet, gates: Float[Tensor, "layer h
     return scored_loss(model.forward(tokens, fwd_hooks=hooks), tokens, data.first).float().mean()
 
 
-def l0_pruning(model: LoadedModel, train_set: LossSet, eval_sets: Mapping[str, LossSet],
-               lambdas: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0), steps: int = 30, lr: float = 0.1,
-               init: float = 1.0, batch_size: int = 4, seed: int = 0, progress: bool = False,
-               resume: dict | None = None, on_step: Callable[[dict], None] | None = None) -> PruningRun:
+def l0_pruning(
+    model: LoadedModel,
+    train_set: LossSet,
+    eval_sets: Mapping[str, LossSet],
+    lambdas: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0),
+    steps: int = 30,
+    lr: float = 0.1,
+    init: float = 1.0,
+    batch_size: int = 4,
+    seed: int = 0,
+    progress: bool = False,
+    resume: dict | None = None,
+    on_step: Callable[[dict], None] | None = None,
+) -> PruningRun:
     """Voita et al. 2019's head gates, one curve point per penalty weight.
 
     One gate per head, ``g = HardConcrete(log_alpha)`` (:func:`hard_concrete_sample`), multiplies
@@ -352,10 +390,11 @@ def l0_pruning(model: LoadedModel, train_set: LossSet, eval_sets: Mapping[str, L
         with torch.no_grad():
             log_alpha.fill_(float(init))
         finish(0, None, [])
-    todo = list(enumerate(lambdas, start=1))[len(run.rows) - 1:]
+    todo = list(enumerate(lambdas, start=1))[len(run.rows) - 1 :]
     bar = None
     if progress:
         from tqdm.auto import tqdm
+
         bar = tqdm(total=len(todo) * steps, desc="pruning (l0 gates)", unit="step")
     for step, lam in todo:
         for _ in range(steps):
@@ -375,9 +414,12 @@ def _adam(log_alpha: Tensor, lr: float, saved: dict | None) -> torch.optim.Adam:
     ``saved`` (:func:`_l0_state`'s ``"adam"``) when resuming."""
     opt = torch.optim.Adam([log_alpha], lr=lr)
     if saved is not None:
-        opt.load_state_dict({"state": {0: {k: torch.tensor(v) if k != "step" else torch.tensor(float(v))
-                                           for k, v in saved.items()}},
-                             "param_groups": opt.state_dict()["param_groups"]})
+        opt.load_state_dict(
+            {
+                "state": {0: {k: torch.tensor(v) if k != "step" else torch.tensor(float(v)) for k, v in saved.items()}},
+                "param_groups": opt.state_dict()["param_groups"],
+            }
+        )
     return opt
 
 
@@ -385,13 +427,23 @@ def _l0_state(run: PruningRun, log_alpha: Tensor, gen: torch.Generator, opt: tor
     """Everything :func:`l0_pruning` needs to resume (JSON-ready): rows, removal order, gates,
     the noise generator's state and Adam's."""
     st = opt.state_dict()["state"].get(0)
-    return {"rows": run.rows, "removal_order": [list(h) for h in run.removal_order],
-            "log_alpha": log_alpha.detach().cpu().tolist(), "rng": gen.get_state().tolist(),
-            "adam": None if st is None else {k: (float(v) if k == "step" else v.cpu().tolist()) for k, v in st.items()}}
+    return {
+        "rows": run.rows,
+        "removal_order": [list(h) for h in run.removal_order],
+        "log_alpha": log_alpha.detach().cpu().tolist(),
+        "rng": gen.get_state().tolist(),
+        "adam": None if st is None else {k: (float(v) if k == "step" else v.cpu().tolist()) for k, v in st.items()},
+    }
 
 
-def _l0_row(model: LoadedModel, eval_sets: Mapping[str, LossSet], log_alpha: Tensor, step: int, lam: float | None,
-            removed: list[Head]) -> dict:
+def _l0_row(
+    model: LoadedModel,
+    eval_sets: Mapping[str, LossSet],
+    log_alpha: Tensor,
+    step: int,
+    lam: float | None,
+    removed: list[Head],
+) -> dict:
     """One curve row of :func:`l0_pruning`: the held-out losses (nats/token) with the heads whose
     gate is closed (``log_alpha <= 0``) removed, the penalty ``lam`` and the expected number of
     open gates."""
@@ -407,8 +459,15 @@ def _l0_row(model: LoadedModel, eval_sets: Mapping[str, LossSet], log_alpha: Ten
     return row
 
 
-def _l0_step(model: LoadedModel, train_set: LossSet, log_alpha: Tensor, opt: torch.optim.Adam, gen: torch.Generator,
-             lam: float, batch_size: int) -> None:
+def _l0_step(
+    model: LoadedModel,
+    train_set: LossSet,
+    log_alpha: Tensor,
+    opt: torch.optim.Adam,
+    gen: torch.Generator,
+    lam: float,
+    batch_size: int,
+) -> None:
     """One Adam step of :func:`l0_pruning` on ``task loss + lam * E[open gates] / n_heads_total``,
     on ``batch_size`` sequences of ``train_set`` and one Hard Concrete sample (both drawn from
     ``gen``); only ``log_alpha`` gets a gradient."""
@@ -428,8 +487,10 @@ def _newly_closed(log_alpha: Tensor, before: set[Head]) -> list[Head]:
     la = log_alpha.detach().cpu()
     n_layers, n_heads = la.shape
     closed = ~(la > 0)
-    return sorted(((l, h) for l in range(n_layers) for h in range(n_heads)
-                   if closed[l, h] and (l, h) not in before), key=lambda lh: float(la[lh]))
+    return sorted(
+        ((l, h) for l in range(n_layers) for h in range(n_heads) if closed[l, h] and (l, h) not in before),
+        key=lambda lh: float(la[lh]),
+    )
 
 
 def curve_auc(fraction: Any, loss: Any, upto: float) -> float:
@@ -474,15 +535,26 @@ def per_layer_best_head(model: LoadedModel, data: LossSet, progress: bool = Fals
         sets.append([(layer, o) for o in range(spec.n_heads)])
     sets.append([])
     losses = distributed.map_sharded(  # under torchrun: each rank ablates its slice of the sets
-        lambda part: set_ablation_losses(model, data.tokens, part, "zero", None, data.first, progress=progress,
-                                         desc="one head per layer"), sets).mean(dim=1)
+        lambda part: set_ablation_losses(
+            model, data.tokens, part, "zero", None, data.first, progress=progress, desc="one head per layer"
+        ),
+        sets,
+    ).mean(dim=1)
     clean = float(losses[-1])
     out = []
     per = spec.n_heads + 1
     for layer in range(spec.n_layers):
-        one = losses[layer * per: layer * per + spec.n_heads]
+        one = losses[layer * per : layer * per + spec.n_heads]
         best = int(one.argmin())
-        out.append({"layer": layer, "best_head": best, "loss_best_only": float(one[best]),
-                    "loss_worst_only": float(one.max()), "loss_layer_ablated": float(losses[layer * per + spec.n_heads]),
-                    "clean_loss": clean, "delta_best_only": float(one[best]) - clean})
+        out.append(
+            {
+                "layer": layer,
+                "best_head": best,
+                "loss_best_only": float(one[best]),
+                "loss_worst_only": float(one.max()),
+                "loss_layer_ablated": float(losses[layer * per + spec.n_heads]),
+                "clean_loss": clean,
+                "delta_best_only": float(one[best]) - clean,
+            }
+        )
     return out

@@ -79,9 +79,13 @@ class QKAttribution:
         """One row per (query component, key component): ``q_component, k_component, contribution``,
         largest ``|contribution|`` first."""
         q, k = np.meshgrid(np.arange(len(self.q_labels)), np.arange(len(self.k_labels)), indexing="ij")
-        df = pd.DataFrame({"q_component": np.asarray(self.q_labels)[q.ravel()],
-                           "k_component": np.asarray(self.k_labels)[k.ravel()],
-                           "contribution": self.contributions.ravel()})
+        df = pd.DataFrame(
+            {
+                "q_component": np.asarray(self.q_labels)[q.ravel()],
+                "k_component": np.asarray(self.k_labels)[k.ravel()],
+                "contribution": self.contributions.ravel(),
+            }
+        )
         return df.reindex(df["contribution"].abs().sort_values(ascending=False).index).reset_index(drop=True)
 
 
@@ -89,8 +93,9 @@ def _rel(a: Tensor, b: Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-def residual_components(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int
-                        ) -> tuple[list[str], Tensor, Tensor, Tensor, Tensor | None]:
+def residual_components(
+    model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int
+) -> tuple[list[str], Tensor, Tensor, Tensor, Tensor | None]:
     """The components of the residual stream entering ``layer``, the attention input and scores.
 
     Returns ``(labels, comps [n, pos, d_model], resid_pre [pos, d_model], attn_in [pos, d_model],
@@ -101,18 +106,30 @@ def residual_components(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer:
         HeadprobeError: an encoder (post-LN blocks renormalise the stream), or the identity fails.
     """
     if not model.spec.causal:
-        raise HeadprobeError("QK attribution needs a pre-norm decoder: an encoder's post-LN blocks renormalise "
-                             "the residual stream, which is then not a sum of its components")
+        raise HeadprobeError(
+            "QK attribution needs a pre-norm decoder: an encoder's post-LN blocks renormalise "
+            "the residual stream, which is then not a sum of its components"
+        )
     grabbed: dict[str, Tensor] = {}
 
     def grab(name: str):
         def hook(x: Tensor, hook: Any) -> None:
             grabbed[name] = x.detach()[0].float()
+
         return hook
 
     names = set(model.hook_names())
-    extra = [n for n in (EMBED, POS_EMBED, block_hook(layer, "resid_pre"),
-                         norm_hook(layer, "ln1", "normalized"), attn_hook(layer, "attn_scores")) if n in names]
+    extra = [
+        n
+        for n in (
+            EMBED,
+            POS_EMBED,
+            block_hook(layer, "resid_pre"),
+            norm_hook(layer, "ln1", "normalized"),
+            attn_hook(layer, "attn_scores"),
+        )
+        if n in names
+    ]
     with model.hooks([(n, grab(n)) for n in extra]):
         cap = capture_internal(model, tokens, layers=range(layer), residual=True) if layer else {}
         if not layer:
@@ -125,7 +142,9 @@ def residual_components(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer:
         H = cap["result"][l].shape[2]
         labels += [f"{l}.{h}" for h in range(H)] + [f"b_O {l}"]
         comps += [cap["result"][l][0, :, h].float() for h in range(H)]
-        comps.append(cap["b_O"][l].float().expand_as(comps[-1]) if cap["b_O"][l].dim() == 1 else cap["b_O"][l][0].float())
+        comps.append(
+            cap["b_O"][l].float().expand_as(comps[-1]) if cap["b_O"][l].dim() == 1 else cap["b_O"][l][0].float()
+        )
         if l in cap.get("mlp_out", {}):
             labels.append(f"mlp {l}")
             comps.append(cap["mlp_out"][l][0].float())
@@ -133,13 +152,17 @@ def residual_components(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer:
     resid = grabbed[block_hook(layer, "resid_pre")]
     err = _rel(comps_t.sum(0), resid)
     if err > IDENTITY_TOLERANCE:
-        raise HeadprobeError(f"the residual stream entering layer {layer} is not the sum of its components "
-                             f"(off by {err:.2g} relative): this architecture is not split by QK attribution")
+        raise HeadprobeError(
+            f"the residual stream entering layer {layer} is not the sum of its components "
+            f"(off by {err:.2g} relative): this architecture is not split by QK attribution"
+        )
     attn_in = grabbed.get(norm_hook(layer, "ln1", "normalized"), resid)
     return labels, comps_t, resid, attn_in, grabbed.get(attn_hook(layer, "attn_scores"))
 
 
-def frozen_norm_terms(model: LoadedModel, layer: int, comps: Tensor, resid: Tensor, attn_in: Tensor) -> tuple[Tensor, Tensor | None]:
+def frozen_norm_terms(
+    model: LoadedModel, layer: int, comps: Tensor, resid: Tensor, attn_in: Tensor
+) -> tuple[Tensor, Tensor | None]:
     """``comps`` ``[n, pos, d_model]`` through layer ``layer``'s pre-attention norm with its per-token
     scale frozen: ``w * s_t * (c - mean(c))`` (LayerNorm) or ``w * s_t * c`` (RMS-type), ``s_t``
     fitted by least squares to the norm's output ``attn_in`` (exact for either form, as
@@ -157,7 +180,9 @@ def frozen_norm_terms(model: LoadedModel, layer: int, comps: Tensor, resid: Tens
 
 
 @torch.inference_mode()
-def pre_cap_score(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int, head: int, q_pos: int, k_pos: int) -> float:
+def pre_cap_score(
+    model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int, head: int, q_pos: int, k_pos: int
+) -> float:
     """``scale * q_i . k_j`` of head ``layer.head`` before its soft-cap, from the query and key the
     attention multiplies (``hook_rot_q``/``hook_rot_k``, after QK-norm and rotary; ``hook_q``/``hook_k``
     where the model has no rotary hooks), in float64. Undoing the cap, ``cap * atanh(s / cap)``, is
@@ -169,12 +194,15 @@ def pre_cap_score(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int, 
     names = set(model.hook_names())
     kind = "rot_" if attn_hook(layer, "rot_q") in names else ""
     if not kind and model.spec.layout.qk_norm != "none":
-        raise HeadprobeError(f"layer {layer}'s soft-capped score cannot be read before its cap: its QK-norm has no hook after it")
+        raise HeadprobeError(
+            f"layer {layer}'s soft-capped score cannot be read before its cap: its QK-norm has no hook after it"
+        )
     grabbed: dict[str, Tensor] = {}
 
     def grab(side: str):
         def hook(x: Tensor, hook: Any) -> None:
             grabbed[side] = x.detach()[0].double()  # [pos, head or kv_head, d_qk]
+
         return hook
 
     with model.hooks([(attn_hook(layer, kind + side), grab(side)) for side in ("q", "k")]):
@@ -184,7 +212,9 @@ def pre_cap_score(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int, 
 
 
 @torch.inference_mode()
-def qk_attribution(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int, head: int, q_pos: int, k_pos: int) -> QKAttribution:
+def qk_attribution(
+    model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int, head: int, q_pos: int, k_pos: int
+) -> QKAttribution:
     """Split head ``layer.head``'s pre-softmax score for query ``q_pos`` and key ``k_pos`` of one
     prompt into (query-component x key-component) contributions (module docstring; Elhage et al.
     2021's QK circuit with the norms' scales frozen).
@@ -211,7 +241,9 @@ def qk_attribution(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int,
     if not (0 <= layer < spec.n_layers and 0 <= head < spec.n_heads):
         raise HeadprobeError(f"no head {layer}.{head} in a model of {spec.n_layers} layers x {spec.n_heads} heads")
     if not (0 <= k_pos <= q_pos < T):
-        raise HeadprobeError(f"query {q_pos} and key {k_pos} must satisfy 0 <= key <= query < {T} (the prompt's length)")
+        raise HeadprobeError(
+            f"query {q_pos} and key {k_pos} must satisfy 0 <= key <= query < {T} (the prompt's length)"
+        )
     model.self_check.require_decomposition("QK attribution")
     labels, comps, resid, attn_in, scores = residual_components(model, tokens, layer)
     terms, bias = frozen_norm_terms(model, layer, comps, resid, attn_in)
@@ -225,12 +257,19 @@ def qk_attribution(model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int,
     scale, cap = model.attention_scale(layer)
     contributions = (scale * q @ k.T).cpu().numpy()
     if scores is None or not math.isfinite(float(scores[head, q_pos, k_pos])):
-        raise HeadprobeError(f"the model gave no finite score for head {layer}.{head} at ({q_pos}, {k_pos}) "
-                             f"(a key outside its sliding window?)")
-    score = float(scores[head, q_pos, k_pos]) if cap is None else pre_cap_score(model, tokens, layer, head, q_pos, k_pos)
+        raise HeadprobeError(
+            f"the model gave no finite score for head {layer}.{head} at ({q_pos}, {k_pos}) "
+            f"(a key outside its sliding window?)"
+        )
+    score = (
+        float(scores[head, q_pos, k_pos]) if cap is None else pre_cap_score(model, tokens, layer, head, q_pos, k_pos)
+    )
     err = abs(float(contributions.sum()) - score) / max(abs(score), 1.0)  # a score near 0: absolute error
     if err > IDENTITY_TOLERANCE:
-        raise HeadprobeError(f"QK attribution of {layer}.{head} does not sum to its score ({contributions.sum():.6g} "
-                             f"against {score:.6g}, {err:.2g} relative)")
-    return QKAttribution(layer, head, q_pos, k_pos, side_labels + ["q bias"], side_labels + ["k bias"],
-                         contributions, score, err)
+        raise HeadprobeError(
+            f"QK attribution of {layer}.{head} does not sum to its score ({contributions.sum():.6g} "
+            f"against {score:.6g}, {err:.2g} relative)"
+        )
+    return QKAttribution(
+        layer, head, q_pos, k_pos, side_labels + ["q bias"], side_labels + ["k bias"], contributions, score, err
+    )

@@ -24,8 +24,9 @@ def mean_pairwise_jaccard(sets: Sequence[Iterable[Head]]) -> float:
     return float(np.mean(pairs)) if pairs else float("nan")
 
 
-def bootstrap_interval(values: Sequence[float] | np.ndarray, n_boot: int = 2000, level: float = 0.95, seed: int = 0
-                       ) -> tuple[float, float]:
+def bootstrap_interval(
+    values: Sequence[float] | np.ndarray, n_boot: int = 2000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of ``values`` (resampled with replacement
     ``n_boot`` times; Efron & Tibshirani 1993, *An Introduction to the Bootstrap*, ch. 13). The
     units resampled are the conditions; constant values give a zero-width interval. NaN for none."""
@@ -38,8 +39,9 @@ def bootstrap_interval(values: Sequence[float] | np.ndarray, n_boot: int = 2000,
     return float(lo), float(hi)
 
 
-def stability(sets: Sequence[Iterable[Head]], head: Head, n_boot: int = 2000, seed: int = 0
-              ) -> tuple[float, float, float]:
+def stability(
+    sets: Sequence[Iterable[Head]], head: Head, n_boot: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
     """``(fraction, lo, hi)``: the fraction of ``sets`` (one top-k set per condition) that hold
     ``head``, with its :func:`bootstrap_interval` over the conditions."""
     hits = [float(head in set(s)) for s in sets]

@@ -24,10 +24,18 @@ from headprobe.probe.hooks.capture import patterns_by_layer
 from headprobe.probe.hooks.names import attn_hook, block_hook
 
 
-def score_token_set(model: LoadedModel, tokens: TokenSet, dataset: str, mean_z: bool = False,
-                    types: Sequence[str] | None = None, per_sequence: dict[str, Tensor] | None = None
-                    ) -> tuple[dict[str, Float[Tensor, "layer head"]], Float[Tensor, "batch pos d_vocab"],
-                               Float[Tensor, "layer head d_head"] | None]:
+def score_token_set(
+    model: LoadedModel,
+    tokens: TokenSet,
+    dataset: str,
+    mean_z: bool = False,
+    types: Sequence[str] | None = None,
+    per_sequence: dict[str, Tensor] | None = None,
+) -> tuple[
+    dict[str, Float[Tensor, "layer head"]],
+    Float[Tensor, "batch pos d_vocab"],
+    Float[Tensor, "layer head d_head"] | None,
+]:
     """Stream one forward pass over ``tokens``, scoring every head with the detectors of ``dataset``.
 
     Args:
@@ -63,7 +71,7 @@ def score_token_set(model: LoadedModel, tokens: TokenSet, dataset: str, mean_z: 
                 scores[col][layer] = v.cpu()
             if per_sequence is not None:
                 for i in range(B):
-                    for col, v in det.score(pattern[i:i + 1], tokens.period, tokens.start).items():
+                    for col, v in det.score(pattern[i : i + 1], tokens.period, tokens.start).items():
                         per_sequence[col][i, layer] = v.cpu()
 
     first_bad: list[int] = []
@@ -72,20 +80,26 @@ def score_token_set(model: LoadedModel, tokens: TokenSet, dataset: str, mean_z: 
         def hook(resid, hook):
             if not first_bad and not torch.isfinite(resid).all():
                 first_bad.append(layer)
+
         return hook
 
     extra = [(block_hook(layer, "resid_post"), make_finite_check(layer)) for layer in range(spec.n_layers)]
     if mean_z:
+
         def make(layer: int):
             def hook(z, hook):
-                z_mean[layer] = z[:, tokens.start:].float().mean(dim=(0, 1)).cpu()
+                z_mean[layer] = z[:, tokens.start :].float().mean(dim=(0, 1)).cpu()
+
             return hook
+
         extra += [(attn_hook(layer, "z"), make(layer)) for layer in range(spec.n_layers)]
 
     logits = patterns_by_layer(model, tokens.tokens, on_pattern, extra_hooks=extra)
     if first_bad:
-        raise HeadprobeError(f"activations become NaN or Inf in layer {first_bad[0]} (residual stream after the block); "
-                             f"check the weights of that layer")
+        raise HeadprobeError(
+            f"activations become NaN or Inf in layer {first_bad[0]} (residual stream after the block); "
+            f"check the weights of that layer"
+        )
     if not torch.isfinite(logits).all():
         raise HeadprobeError("the model produced NaN or Inf logits on the scan's input")
     return scores, logits, z_mean
@@ -120,14 +134,22 @@ def _finite_checks(n_layers: int, first_bad: list[int]) -> list[tuple[str, Any]]
         def hook(resid, hook):
             if not first_bad and not torch.isfinite(resid).all():
                 first_bad.append(layer)
+
         return hook
+
     return [(block_hook(layer, "resid_post"), make(layer)) for layer in range(n_layers)]
 
 
-def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int, mean_z: bool = False,
-                 types: Sequence[str] | None = None, per_sequence: dict[str, Tensor] | None = None,
-                 streaming: str = "auto") -> tuple[dict[str, Float[Tensor, "layer head"]], Float[Tensor, " batch"],
-                                                   Float[Tensor, "layer head d_head"] | None]:
+def score_tokens(
+    model: LoadedModel,
+    tokens: TokenSet,
+    dataset: str,
+    first: int,
+    mean_z: bool = False,
+    types: Sequence[str] | None = None,
+    per_sequence: dict[str, Tensor] | None = None,
+    streaming: str = "auto",
+) -> tuple[dict[str, Float[Tensor, "layer head"]], Float[Tensor, " batch"], Float[Tensor, "layer head d_head"] | None]:
     """:func:`score_token_set` with the clean loss instead of the logits, for sequences of any
     length: the detectors read streamed statistics (:func:`use_online_stats`; the same numbers) or the
     materialised pattern, and the loss is unembedded in position chunks
@@ -159,8 +181,10 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
         per_sequence.update({c: torch.zeros(B, spec.n_layers, spec.n_heads) for d in dets for c in d.columns})
     stream = use_online_stats(model, tokens.tokens.shape[1], streaming)
     if stream and (lacking := [d.name for d in dets if d.score_stats is None]):
-        raise HeadprobeError(f"head type {', '.join(lacking)} has no streamed score (score_stats): scan it with "
-                             f"--streaming off, or give it one")
+        raise HeadprobeError(
+            f"head type {', '.join(lacking)} has no streamed score (score_stats): scan it with "
+            f"--streaming off, or give it one"
+        )
 
     def score(layer: int, x: Any, fn) -> None:
         for det in dets:
@@ -178,19 +202,37 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
         extra += [(attn_hook(layer, "z"), _mean_z_hook(z_mean, layer, tokens.start)) for layer in spec.attention_layers]
     with torch.inference_mode():
         if stream:
-            resid = online_head_stats(model, tokens.tokens, lambda l, st: score(l, st, lambda d, x: d.score_stats(
-                x, tokens.period, tokens.start)), extra_hooks=extra, windows=(),
-                argmax=any(d.name == "positional" for d in dets), entropy=False)
+            resid = online_head_stats(
+                model,
+                tokens.tokens,
+                lambda l, st: score(l, st, lambda d, x: d.score_stats(x, tokens.period, tokens.start)),
+                extra_hooks=extra,
+                windows=(),
+                argmax=any(d.name == "positional" for d in dets),
+                entropy=False,
+            )
         else:
             counter = HookCounter()
-            pat = [(attn_hook(layer, "pattern"), _pattern_hook(layer, counter, lambda l, p: score(l, p, lambda d, x: d.score(
-                x, tokens.period, tokens.start)))) for layer in spec.attention_layers]  # headless layers stay 0
-            resid = (model.final_residual(tokens.tokens, fwd_hooks=[*pat, *extra]) if spec.causal
-                     else model.forward(tokens.tokens, fwd_hooks=[*pat, *extra]))
+            pat = [
+                (
+                    attn_hook(layer, "pattern"),
+                    _pattern_hook(
+                        layer, counter, lambda l, p: score(l, p, lambda d, x: d.score(x, tokens.period, tokens.start))
+                    ),
+                )
+                for layer in spec.attention_layers
+            ]  # headless layers stay 0
+            resid = (
+                model.final_residual(tokens.tokens, fwd_hooks=[*pat, *extra])
+                if spec.causal
+                else model.forward(tokens.tokens, fwd_hooks=[*pat, *extra])
+            )
             counter.check_once([name for name, _ in pat])
         if first_bad:
-            raise HeadprobeError(f"activations become NaN or Inf in layer {first_bad[0]} (residual stream after the "
-                                 f"block); check the weights of that layer")
+            raise HeadprobeError(
+                f"activations become NaN or Inf in layer {first_bad[0]} (residual stream after the "
+                f"block); check the weights of that layer"
+            )
         if not spec.causal:
             return scores, torch.zeros(B), z_mean
         assert resid is not None  # online_head_stats returns it (final_residual defaults to True)
@@ -203,7 +245,7 @@ def score_tokens(model: LoadedModel, tokens: TokenSet, dataset: str, first: int,
 def _one(x: Any, i: int) -> Any:
     """Sequence ``i`` of a pattern ``[batch, ...]`` or of streamed statistics."""
     if isinstance(x, Tensor):
-        return x[i:i + 1]
+        return x[i : i + 1]
     return x.select(i)
 
 
@@ -211,12 +253,14 @@ def _pattern_hook(layer: int, counter: Any, fn):
     def hook(pattern: Tensor, hook: Any) -> None:
         counter.tick(attn_hook(layer, "pattern"))
         fn(layer, pattern)
+
     return hook
 
 
 def _mean_z_hook(z_mean: Tensor, layer: int, start: int):
     def hook(z: Tensor, hook: Any) -> None:
         z_mean[layer] = z[:, start:].float().mean(dim=(0, 1)).cpu()
+
     return hook
 
 
@@ -243,8 +287,9 @@ def drawable(text: str) -> str:
     (``\\u0bae`` for the Tamil letter ma), so that a figure shows which character it was rather
     than an empty box (and matplotlib has no missing glyph to warn of)."""
     have = _drawable()
-    return "".join(c if ord(c) in have else (f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}")
-                   for c in text)
+    return "".join(
+        c if ord(c) in have else (f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}") for c in text
+    )
 
 
 def token_labels(model: LoadedModel, ids: Tensor, for_font: bool = True) -> list[str]:
@@ -260,7 +305,7 @@ def token_labels(model: LoadedModel, ids: Tensor, for_font: bool = True) -> list
     for i in ids.tolist():
         s = model.tokenizer.decode([i]).replace("\n", "\\n")
         s = s if s.strip() else repr(s)[1:-1] or "·"
-        labels.append(keep(s if i in special or len(s) <= LABEL_CHARS else s[:LABEL_CHARS - 1] + "…"))
+        labels.append(keep(s if i in special or len(s) <= LABEL_CHARS else s[: LABEL_CHARS - 1] + "…"))
     return labels
 
 
@@ -295,8 +340,9 @@ def repeat_window(seq_len: int, start: int, period: int, size: int = EXAMPLE_WIN
 
 
 @torch.inference_mode()
-def example_patterns(model: LoadedModel, best: dict[str, Head], natural: TokenSet, repeated: TokenSet,
-                     streaming: str = "auto") -> dict[str, dict]:
+def example_patterns(
+    model: LoadedModel, best: dict[str, Head], natural: TokenSet, repeated: TokenSet, streaming: str = "auto"
+) -> dict[str, dict]:
     """The attention pattern of the top head of each type on an example from its own token set,
     with the scoring settings: the first :data:`NATURAL_EXAMPLE_LEN` tokens of the first
     natural-text window (an encoder's: the first ``NATURAL_EXAMPLE_LEN - 1`` and its final
@@ -319,7 +365,7 @@ def example_patterns(model: LoadedModel, best: dict[str, Head], natural: TokenSe
     if not getattr(model.spec, "causal", True) and first.shape[1] > NATURAL_EXAMPLE_LEN:
         # an encoder's window ends with its separator ([SEP]), which the last-token score is about:
         # the example keeps it, as a short sentence the model reads both ways
-        first = torch.cat([first[:, :NATURAL_EXAMPLE_LEN - 1], first[:, -1:]], dim=1)
+        first = torch.cat([first[:, : NATURAL_EXAMPLE_LEN - 1], first[:, -1:]], dim=1)
     short = {
         "natural": first[:, :NATURAL_EXAMPLE_LEN],
         "repeated": repeated.tokens[:1],
@@ -334,18 +380,28 @@ def example_patterns(model: LoadedModel, best: dict[str, Head], natural: TokenSe
         if not layers:
             continue
         n = toks.shape[1]
-        rows, cols = (repeat_window(n, repeated.start, repeated.period) if dataset == "repeated"
-                      else (list(range(n)), list(range(n))))
+        rows, cols = (
+            repeat_window(n, repeated.start, repeated.period)
+            if dataset == "repeated"
+            else (list(range(n)), list(range(n)))
+        )
         kept = _example_windows(model, toks, layers, rows, cols, use_online_stats(model, n, streaming))
         labels = token_labels(model, toks[0])
         for t, (layer, head) in wanted.items():
-            out[t] = {"head": (layer, head), "pattern": kept[layer][head].numpy(), "labels": labels,
-                      "positions": (rows, cols), "marks": marks[dataset], "period": period[dataset]}
+            out[t] = {
+                "head": (layer, head),
+                "pattern": kept[layer][head].numpy(),
+                "labels": labels,
+                "positions": (rows, cols),
+                "marks": marks[dataset],
+                "period": period[dataset],
+            }
     return out
 
 
-def _example_windows(model: LoadedModel, toks: Tensor, layers: list[int], rows: list[int], cols: list[int],
-                     stream: bool) -> dict[int, Tensor]:
+def _example_windows(
+    model: LoadedModel, toks: Tensor, layers: list[int], rows: list[int], cols: list[int], stream: bool
+) -> dict[int, Tensor]:
     """Layer -> ``[head, len(rows), len(cols)]`` of the first sequence's pattern: from whole rows
     computed from q and k (``stream``) or cut from the materialised pattern."""
     kept: dict[int, Tensor] = {}

@@ -25,8 +25,10 @@ LEVEL = 0.95
 
 def interval_rule(units: str = "sequences") -> str:
     """The one-line statement of :func:`mean_ci` that outputs carry (``units``: what is averaged over)."""
-    return (f"95% Student-t interval of the mean over {units} (mean +- t(n-1) sd / sqrt(n)); none from fewer "
-            f"than {MIN_N_FOR_CI} {units}")
+    return (
+        f"95% Student-t interval of the mean over {units} (mean +- t(n-1) sd / sqrt(n)); none from fewer "
+        f"than {MIN_N_FOR_CI} {units}"
+    )
 
 
 def mean_ci(per_unit: np.ndarray, level: float = LEVEL) -> np.ndarray:
@@ -72,6 +74,7 @@ def no_interval_reason(n_sequences: int, units: str = "sequences") -> str | None
 #   or Holm (1979) (its step-down from the definition): :func:`adjust_p_values`.
 # A generalized-Pareto tail for p below 1/(n+1) (Knijnenburg et al. 2009) was tried and is not
 # used: with 20-50 draws it was anti-conservative under the null (benchmarks/tail_calibration.py).
+
 
 def besag_clifford_h(alpha: float, n_max: int) -> int:
     """The number of reaching draws that stops a sequential test, ``floor(alpha * n_max) + 1``:
@@ -123,8 +126,9 @@ def sequential_mc_null_cdf(u: float, n_max: int, h: int) -> float:
         if g < h:
             total += float((g + 1) / (n_max + 1) <= u + 1e-15)
             continue
-        total += sum(comb(L - 1, h - 1) * comb(n_max - L, g - h) for L in range(h, n_max + 1)
-                     if h / L <= u + 1e-15) / comb(n_max, g)
+        total += sum(
+            comb(L - 1, h - 1) * comb(n_max - L, g - h) for L in range(h, n_max + 1) if h / L <= u + 1e-15
+        ) / comb(n_max, g)
     return total / (n_max + 1)
 
 
@@ -288,8 +292,13 @@ def confirmable(smallest_p: Sequence[float], method: str, alpha: float) -> list[
     for i in range(len(best)):
         lone = [1.0] * len(best)
         lone[i] = best[i]
-        out.append("alone" if within_level(adjust_p_values(lone, method)[i], alpha) else
-                   "with others" if together[i] else "never")
+        out.append(
+            "alone"
+            if within_level(adjust_p_values(lone, method)[i], alpha)
+            else "with others"
+            if together[i]
+            else "never"
+        )
     return out
 
 

@@ -51,7 +51,6 @@ from headprobe.probe.model.tokenizers import TEXT_CHARS, char_level_tokenizer, w
 # --------------------------------------------------------------------------------------------
 
 
-
 @dataclass(frozen=True)
 class TextCorpus:
     """Natural text for training, split by topic into a training and a held-out part.
@@ -117,12 +116,24 @@ def text_corpus(held_out_fraction: float = 0.1) -> TextCorpus:
     held_text = "\n\n".join(topics[k] for k in held_keys)
     if not held_keys or not train_text.strip():
         raise HeadprobeError(f"splitting {len(topics)} documentation topics left one part empty")
-    return TextCorpus(char_ids(ascii_text(train_text)), char_ids(ascii_text(held_text)), train_keys, held_keys,
-                      "pydoc_data.topics (CPython documentation), split by topic")
+    return TextCorpus(
+        char_ids(ascii_text(train_text)),
+        char_ids(ascii_text(held_text)),
+        train_keys,
+        held_keys,
+        "pydoc_data.topics (CPython documentation), split by topic",
+    )
 
 
-def copy_sequences(n_seqs: int, seq_len: int, n_words: int, min_period: int, max_period: int,
-                   gen: torch.Generator, periodic: bool = False) -> Int[Tensor, "batch pos"]:
+def copy_sequences(
+    n_seqs: int,
+    seq_len: int,
+    n_words: int,
+    min_period: int,
+    max_period: int,
+    gen: torch.Generator,
+    periodic: bool = False,
+) -> Int[Tensor, "batch pos"]:
     """Random sequences that need in-context copying: ``[BOS]`` then ``seq_len - 1`` tokens.
 
     Each sequence starts with a random-length prefix of tokens uniform over ``0..n_words-1``;
@@ -151,8 +162,9 @@ def copy_sequences(n_seqs: int, seq_len: int, n_words: int, min_period: int, max
     return torch.cat([bos, tokens], dim=1)
 
 
-def text_windows(ids: Int[Tensor, " n_tokens"], n_seqs: int, seq_len: int, bos: int,
-                 gen: torch.Generator) -> Int[Tensor, "batch pos"]:
+def text_windows(
+    ids: Int[Tensor, " n_tokens"], n_seqs: int, seq_len: int, bos: int, gen: torch.Generator
+) -> Int[Tensor, "batch pos"]:
     """``n_seqs`` windows of ``seq_len - 1`` consecutive tokens of ``ids`` at offsets drawn
     uniformly (with ``gen``; windows may overlap and cross topic boundaries), each with ``bos``
     in front: ``[batch, seq_len]``.
@@ -168,8 +180,9 @@ def text_windows(ids: Int[Tensor, " n_tokens"], n_seqs: int, seq_len: int, bos: 
     return torch.cat([torch.full((n_seqs, 1), bos, dtype=torch.long), windows], dim=1)
 
 
-def held_out_text_windows(ids: Int[Tensor, " n_tokens"], n_seqs: int, seq_len: int, bos: int,
-                          seed: int) -> Int[Tensor, "batch pos"]:
+def held_out_text_windows(
+    ids: Int[Tensor, " n_tokens"], n_seqs: int, seq_len: int, bos: int, seed: int
+) -> Int[Tensor, "batch pos"]:
     """A fixed evaluation set: the text is cut into consecutive non-overlapping windows of
     ``seq_len - 1`` tokens and ``n_seqs`` of them (all there are, if fewer) are drawn without
     replacement with ``seed``, in text order; BOS in front: ``[batch, seq_len]``."""
@@ -182,9 +195,17 @@ def held_out_text_windows(ids: Int[Tensor, " n_tokens"], n_seqs: int, seq_len: i
     return torch.cat([torch.full((len(pick), 1), bos, dtype=torch.long), windows[pick]], dim=1)
 
 
-def mixed_batch(n_seqs: int, seq_len: int, text_ids: Int[Tensor, " n_tokens"], n_words: int, min_period: int,
-                max_period: int, copy_fraction: float, gen: torch.Generator,
-                periodic: bool = True) -> tuple[Int[Tensor, "batch pos"], Tensor]:
+def mixed_batch(
+    n_seqs: int,
+    seq_len: int,
+    text_ids: Int[Tensor, " n_tokens"],
+    n_words: int,
+    min_period: int,
+    max_period: int,
+    copy_fraction: float,
+    gen: torch.Generator,
+    periodic: bool = True,
+) -> tuple[Int[Tensor, "batch pos"], Tensor]:
     """A ``"text+copy"`` training batch: ``round(n_seqs * copy_fraction)`` copy sequences
     (:func:`copy_sequences`, random tokens ``0..n_words-1``) followed by natural-text windows of
     ``text_ids`` (:func:`text_windows`), all ``[BOS]`` + ``seq_len - 1`` tokens with BOS =
@@ -248,8 +269,13 @@ def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Ten
     logits = patterns_by_layer(loaded, repeated.tokens, on_pattern)
     rep_loss = task_loss(logits, repeated.tokens.to(logits.device), "repeated", repeated.start, repeated.period)
     losses = token_losses(loaded.forward(held_out), held_out)
-    out = {"induction": ind, "previous_token": prev, "repeated_loss": rep_loss,
-           "eval_loss": float(losses.mean()), "in_context_loss": in_context_loss(losses)}
+    out = {
+        "induction": ind,
+        "previous_token": prev,
+        "repeated_loss": rep_loss,
+        "eval_loss": float(losses.mean()),
+        "in_context_loss": in_context_loss(losses),
+    }
     if held_out_text is not None:
         text_losses = token_losses(loaded.forward(held_out_text), held_out_text)
         out["eval_loss"] = float(text_losses.mean())
@@ -257,8 +283,9 @@ def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Ten
     return out
 
 
-def phase_change_step(steps: np.ndarray, icl: np.ndarray, induction: np.ndarray | None = None,
-                      threshold: float = INDUCTION_FORMED) -> int | None:
+def phase_change_step(
+    steps: np.ndarray, icl: np.ndarray, induction: np.ndarray | None = None, threshold: float = INDUCTION_FORMED
+) -> int | None:
     """The evaluation step at which the in-context loss falls fastest (between consecutive
     evaluations, after a 3-point running mean). None with fewer than 3 evaluations, or when
     ``induction`` (the max induction score at each evaluation) never exceeds ``threshold``: without
@@ -330,7 +357,9 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     cfg.validate()
     text = cfg.corpus == "text+copy"
     if text and tokenizer.convert_tokens_to_ids(list(TEXT_CHARS)) != list(range(N_CHARS)):
-        raise HeadprobeError("--corpus text+copy needs the character-level tokenizer (headprobe.probe.model.tokenizers.char_level_tokenizer)")
+        raise HeadprobeError(
+            "--corpus text+copy needs the character-level tokenizer (headprobe.probe.model.tokenizers.char_level_tokenizer)"
+        )
     model, loaded, device = _untrained_model(cfg, tokenizer)
     mcfg = cfg.model_config()
     held_out, repeated, held_out_text, corpus = _eval_data(cfg, loaded, device)
@@ -350,7 +379,9 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
         running.clear()
         bad = [k for k, v in row.items() if k != "train_loss" and isinstance(v, float) and not math.isfinite(v)]
         if bad:  # finite weights so large that the forward pass overflows: the model is no better than NaN ones
-            raise HeadprobeError(f"training diverged at step {step} (the evaluation's {bad[0]} is {row[bad[0]]}); lower --lr")
+            raise HeadprobeError(
+                f"training diverged at step {step} (the evaluation's {bad[0]} is {row[bad[0]]}); lower --lr"
+            )
         return row
 
     snapshots: dict[int, dict[str, Tensor]] = {}
@@ -378,8 +409,10 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
         # Inf shows only in the next step's loss, and after the last step in none (a NaN model, its
         # evaluation NaN, would be saved and summarised); one check over every parameter, on the device
         if not bool(torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all()):
-            raise HeadprobeError(f"training diverged at step {step} (a weight is NaN or Inf after the update, "
-                                 f"loss before it {running[-1]:.4g}); lower --lr")
+            raise HeadprobeError(
+                f"training diverged at step {step} (a weight is NaN or Inf after the update, "
+                f"loss before it {running[-1]:.4g}); lower --lr"
+            )
         snapshot(step)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             rows.append(log_row(step))
@@ -389,8 +422,10 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     model.eval()
     log = pd.DataFrame(rows)
     last = log.iloc[-1]
-    final = {kind: np.array([last[f"{kind}_{h}"] for h in heads]).reshape(mcfg.n_layers, mcfg.n_heads)
-             for kind in ("induction", "previous_token")}
+    final = {
+        kind: np.array([last[f"{kind}_{h}"] for h in heads]).reshape(mcfg.n_layers, mcfg.n_heads)
+        for kind in ("induction", "previous_token")
+    }
     return TrainRun(cfg, loaded, log, final, seconds, device, snapshots)
 
 
@@ -407,6 +442,7 @@ def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, Nati
     from headprobe.probe.backends.loading import device_auto
     from headprobe.probe.model.convert import spec_from_native
     from headprobe.probe.model.transformer import Transformer, init_weights
+
     device = device_auto(cfg.device)
     if device == "cuda" and not torch.cuda.is_available():
         raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
@@ -417,19 +453,26 @@ def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, Nati
     return model, NativeModel(model, tokenizer, spec, prepend_bos=True), device  # what LoadedModel(model, ...) picks
 
 
-def _eval_data(cfg: TrainConfig, loaded: LoadedModel, device: str) -> tuple[Tensor, TokenSet, Tensor | None, TextCorpus | None]:
+def _eval_data(
+    cfg: TrainConfig, loaded: LoadedModel, device: str
+) -> tuple[Tensor, TokenSet, Tensor | None, TextCorpus | None]:
     """:func:`train`'s fixed evaluation data, on ``device``: ``(held_out, repeated,
     held_out_text, corpus)``: ``cfg.n_eval`` copy sequences (seed ``cfg.seed + 1``), repeated
     random tokens of period ``cfg.eval_period`` (seed ``+ 2``) and, for ``"text+copy"``, windows
     of the corpus' held-out text (seed ``+ 3``) and the corpus itself (None otherwise)."""
     eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    held_out = copy_sequences(cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period, eval_gen, cfg.periodic).to(device)
+    held_out = copy_sequences(
+        cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period, eval_gen, cfg.periodic
+    ).to(device)
     repeated = repeated_random_tokens(loaded, cfg.n_eval, cfg.eval_period, cfg.seed + 2)
     repeated = type(repeated)(**{**repeated.__dict__, "tokens": repeated.tokens.to(device)})
     text = cfg.corpus == "text+copy"
     corpus = text_corpus() if text else None
-    held_out_text = (held_out_text_windows(corpus.held_out, cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.seed + 3).to(device)
-                     if corpus is not None else None)  # text
+    held_out_text = (
+        held_out_text_windows(corpus.held_out, cfg.n_eval, cfg.seq_len, cfg.n_words, cfg.seed + 3).to(device)
+        if corpus is not None
+        else None
+    )  # text
     return held_out, repeated, held_out_text, corpus
 
 
@@ -438,8 +481,17 @@ def _training_batch(cfg: TrainConfig, corpus: TextCorpus | None, gen: torch.Gene
     sequences, mixed with windows of ``corpus.train`` for ``"text+copy"``."""
     if cfg.corpus == "text+copy":
         assert corpus is not None  # _eval_data made it for text+copy
-        return mixed_batch(cfg.batch_size, cfg.seq_len, corpus.train, cfg.n_words, cfg.min_period, cfg.max_period,
-                           cfg.copy_fraction, gen, cfg.periodic)[0]
+        return mixed_batch(
+            cfg.batch_size,
+            cfg.seq_len,
+            corpus.train,
+            cfg.n_words,
+            cfg.min_period,
+            cfg.max_period,
+            cfg.copy_fraction,
+            gen,
+            cfg.periodic,
+        )[0]
     return copy_sequences(cfg.batch_size, cfg.seq_len, cfg.n_words, cfg.min_period, cfg.max_period, gen, cfg.periodic)
 
 
@@ -448,13 +500,16 @@ def _log_row(step: int, running: list[float], ev: dict, heads: list[str], text: 
     of ``running`` (the losses since the previous row; NaN when empty), then the evaluation's
     losses (nats/token) and every head's induction and previous-token score (``heads`` named
     ``L.H`` in ``[layer, head]`` order)."""
-    row = {"step": step, "train_loss": float(np.mean(running)) if running else float("nan"),
-           "eval_loss": ev["eval_loss"], "in_context_loss": ev["in_context_loss"],
-           **({"text_in_context_loss": ev["text_in_context_loss"]} if text else {}),
-           "repeated_loss": ev["repeated_loss"],
-           "max_induction": float(ev["induction"].max()), "max_previous_token": float(ev["previous_token"].max())}
+    row = {
+        "step": step,
+        "train_loss": float(np.mean(running)) if running else float("nan"),
+        "eval_loss": ev["eval_loss"],
+        "in_context_loss": ev["in_context_loss"],
+        **({"text_in_context_loss": ev["text_in_context_loss"]} if text else {}),
+        "repeated_loss": ev["repeated_loss"],
+        "max_induction": float(ev["induction"].max()),
+        "max_previous_token": float(ev["previous_token"].max()),
+    }
     row.update({f"induction_{h}": float(v) for h, v in zip(heads, ev["induction"].flatten())})
     row.update({f"previous_token_{h}": float(v) for h, v in zip(heads, ev["previous_token"].flatten())})
     return row
-
-

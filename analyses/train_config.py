@@ -94,10 +94,24 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise :class:`HeadprobeError` (one line) on settings that cannot train."""
-        for name in ("n_layers", "d_model", "n_heads", "n_words", "seq_len", "batch_size", "steps",
-                     "eval_every", "n_eval", "min_period", "max_period", "eval_period"):
+        for name in (
+            "n_layers",
+            "d_model",
+            "n_heads",
+            "n_words",
+            "seq_len",
+            "batch_size",
+            "steps",
+            "eval_every",
+            "n_eval",
+            "min_period",
+            "max_period",
+            "eval_period",
+        ):
             if getattr(self, name) < 1:
-                raise HeadprobeError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+                raise HeadprobeError(
+                    f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}"
+                )
         if self.n_kv_heads is not None and self.n_kv_heads < 1:
             raise HeadprobeError(f"--n-kv-heads must be a positive integer, got {self.n_kv_heads}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -109,18 +123,26 @@ class TrainConfig:
         if self.min_period < 2 or self.min_period > self.max_period:
             raise HeadprobeError(f"need 2 <= --min-period <= --max-period, got {self.min_period} and {self.max_period}")
         if 2 * self.max_period + 1 > self.seq_len:
-            raise HeadprobeError(f"--max-period {self.max_period} does not fit twice in --seq-len {self.seq_len} (needs 2*period+1)")
+            raise HeadprobeError(
+                f"--max-period {self.max_period} does not fit twice in --seq-len {self.seq_len} (needs 2*period+1)"
+            )
         if self.eval_period < 2 or 2 * self.eval_period + 1 > self.seq_len:
-            raise HeadprobeError(f"--eval-period {self.eval_period} must be >= 2 and fit twice in --seq-len {self.seq_len}")
+            raise HeadprobeError(
+                f"--eval-period {self.eval_period} must be >= 2 and fit twice in --seq-len {self.seq_len}"
+            )
         if self.seq_len < 20:
             raise HeadprobeError(f"--seq-len {self.seq_len} is too short for the in-context loss (needs >= 20)")
         if self.corpus not in CORPORA:
             raise HeadprobeError(f"--corpus must be one of {', '.join(CORPORA)}, got {self.corpus!r}")
         if self.corpus == "text+copy" and self.n_words != N_CHARS:
-            raise HeadprobeError(f"--corpus text+copy uses the {N_CHARS}-character vocabulary: --n-words must be {N_CHARS}, "
-                                 f"got {self.n_words}")
+            raise HeadprobeError(
+                f"--corpus text+copy uses the {N_CHARS}-character vocabulary: --n-words must be {N_CHARS}, "
+                f"got {self.n_words}"
+            )
         if self.save_every < 0:
-            raise HeadprobeError(f"--save-every must be 0 (no snapshots) or a positive number of steps, got {self.save_every}")
+            raise HeadprobeError(
+                f"--save-every must be 0 (no snapshots) or a positive number of steps, got {self.save_every}"
+            )
         if not 0 <= self.copy_fraction <= 1:
             raise HeadprobeError(f"--copy-fraction must be between 0 and 1, got {self.copy_fraction}")
         if self.device not in DEVICES:
@@ -137,7 +159,15 @@ class TrainConfig:
         from headprobe.probe.model.config import TransformerConfig
 
         return TransformerConfig(
-            n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
-            d_vocab=self.n_words + 1, n_ctx=self.seq_len, mlp=self.mlp, positional=self.positional,
-            bias=self.bias, kv_lora_rank=self.kv_lora_rank, qk_rope_head_dim=self.qk_rope_head_dim,
+            n_layers=self.n_layers,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            d_vocab=self.n_words + 1,
+            n_ctx=self.seq_len,
+            mlp=self.mlp,
+            positional=self.positional,
+            bias=self.bias,
+            kv_lora_rank=self.kv_lora_rank,
+            qk_rope_head_dim=self.qk_rope_head_dim,
         )

@@ -74,8 +74,13 @@ class VerdictRule:
     def for_metric(cls, metric: str, unit: str, alpha: float, correction: str, **kw) -> VerdictRule:
         """The rule for an effect measured by ``metric`` (its default floor, :data:`MIN_EFFECT`,
         and :data:`EFFECT_RATIO`, read when called)."""
-        return cls(alpha=alpha, correction=correction, min_effect=MIN_EFFECT[metric], unit=unit,
-                   **{"ratio": EFFECT_RATIO, **kw})
+        return cls(
+            alpha=alpha,
+            correction=correction,
+            min_effect=MIN_EFFECT[metric],
+            unit=unit,
+            **{"ratio": EFFECT_RATIO, **kw},
+        )
 
     @classmethod
     def from_dict(cls, d: Mapping) -> VerdictRule:
@@ -96,10 +101,14 @@ class VerdictRule:
             return None
         r = tested[0]
         metric = r.get("metric") or "loss"
-        return cls(alpha=r["alpha"], correction=r.get("correction") or "bh",
-                   min_effect=r["min_effect"] if r.get("min_effect") is not None else MIN_EFFECT.get(metric, 0.0),
-                   unit="nats/token" if metric == "loss" else "1 - cos", tested_kind=r.get("kind", "mean"),
-                   reported_kinds=tuple(dict.fromkeys(x["kind"] for x in rows if x.get("kind") != r.get("kind"))))
+        return cls(
+            alpha=r["alpha"],
+            correction=r.get("correction") or "bh",
+            min_effect=r["min_effect"] if r.get("min_effect") is not None else MIN_EFFECT.get(metric, 0.0),
+            unit="nats/token" if metric == "loss" else "1 - cos",
+            tested_kind=r.get("kind", "mean"),
+            reported_kinds=tuple(dict.fromkeys(x["kind"] for x in rows if x.get("kind") != r.get("kind"))),
+        )
 
     def to_dict(self) -> dict:
         """The record's fields, for summary.json's ``verification.verdict_rule``."""
@@ -127,20 +136,24 @@ class VerdictRule:
         """What CONFIRMED needs, in one line (the figure's legend, the caption, the report, the viewer):
         ``the mean-ablation test's adjusted p-value (Benjamini-Hochberg) <= alpha = 0.05, and the top-k
         effect >= 0.05 (nats/token) and >= 2x the mean effect of the control sets ablated``."""
-        return (f"the {self.tested_kind}-ablation test's adjusted p-value "
-                f"({CORRECTION_LONG_NAMES.get(self.correction, self.correction)}) <= alpha = {self.alpha:g}, and the "
-                f"top-k effect >= {self.min_effect:g} ({self.unit}) and >= {self.ratio:g}x the mean effect of the "
-                "control sets ablated")
+        return (
+            f"the {self.tested_kind}-ablation test's adjusted p-value "
+            f"({CORRECTION_LONG_NAMES.get(self.correction, self.correction)}) <= alpha = {self.alpha:g}, and the "
+            f"top-k effect >= {self.min_effect:g} ({self.unit}) and >= {self.ratio:g}x the mean effect of the "
+            "control sets ablated"
+        )
 
     def description(self) -> str:
         """The whole rule in words (summary.json's ``verification.confirmation_rule``): :meth:`condition`,
         the untested kinds, and when there is no verdict."""
         reported = " and ".join(self.reported_kinds)
-        return (f"CONFIRMED: {self.condition()}; "
-                + (f"the {reported}-ablation rows are reported, not tested; " if reported else "")
-                + "no verdict (confirmed: null) when the task's clean loss is above ln(vocabulary) or more than "
-                "half of the natural text is the tokenizer's unknown token; nothing is CONFIRMED when "
-                "its draws cannot reach alpha after the correction (the reason in no_verdict and warnings)")
+        return (
+            f"CONFIRMED: {self.condition()}; "
+            + (f"the {reported}-ablation rows are reported, not tested; " if reported else "")
+            + "no verdict (confirmed: null) when the task's clean loss is above ln(vocabulary) or more than "
+            "half of the natural text is the tokenizer's unknown token; nothing is CONFIRMED when "
+            "its draws cannot reach alpha after the correction (the reason in no_verdict and warnings)"
+        )
 
 
 def p_text(row: Mapping, digits: int = 3) -> str:

@@ -116,8 +116,14 @@ class VerificationSettings:
 
     def rule(self, metric: AblationMetric = LOSS_METRIC) -> VerdictRule:
         """The verdict rule of these settings for effects in ``metric`` (its floor)."""
-        return VerdictRule.for_metric(metric.name, metric.unit, self.alpha, self.correction, tested_kind=self.primary_kind,
-                                      reported_kinds=tuple(k for k in self.kinds if k != self.primary_kind))
+        return VerdictRule.for_metric(
+            metric.name,
+            metric.unit,
+            self.alpha,
+            self.correction,
+            tested_kind=self.primary_kind,
+            reported_kinds=tuple(k for k in self.kinds if k != self.primary_kind),
+        )
 
     @property
     def reachable(self) -> bool:
@@ -133,8 +139,10 @@ def unreachable_note(settings: VerificationSettings) -> str | None:
 
 # --- control sets ----------------------------------------------------------------------------------
 
-def layer_matched_sets(top: Sequence[Head], available: Iterable[Head], n_layers: int, n_draws: int,
-                       gen: torch.Generator) -> tuple[list[list[Head]], str | None]:
+
+def layer_matched_sets(
+    top: Sequence[Head], available: Iterable[Head], n_layers: int, n_draws: int, gen: torch.Generator
+) -> tuple[list[list[Head]], str | None]:
     """``n_draws`` distinct random sets with as many heads in each layer as ``top`` has, from
     ``available`` (fewer where fewer exist: every one of them, :func:`distinct_sets`).
 
@@ -150,8 +158,10 @@ def layer_matched_sets(top: Sequence[Head], available: Iterable[Head], n_layers:
     """
     avail = sorted(set(available))
     if len(avail) < len(top):
-        raise HeadprobeError(f"a random control of {len(top)} heads needs {len(top)} heads outside those under test; "
-                             f"{len(avail)} are left")
+        raise HeadprobeError(
+            f"a random control of {len(top)} heads needs {len(top)} heads outside those under test; "
+            f"{len(avail)} are left"
+        )
     by_layer: dict[int, list[Head]] = {layer: [] for layer in range(n_layers)}
     for h in avail:
         by_layer[h[0]].append(h)
@@ -193,8 +203,13 @@ ENUMERATE_BELOW = 4
 ``n_draws`` distinct sets exist: drawing without repeats would then mostly draw repeats."""
 
 
-def distinct_sets(draw: Callable[[], list[Head]], every: Callable[[], Iterable[list[Head]]], n_sets: int,
-                  n_draws: int, gen: torch.Generator) -> list[list[Head]]:
+def distinct_sets(
+    draw: Callable[[], list[Head]],
+    every: Callable[[], Iterable[list[Head]]],
+    n_sets: int,
+    n_draws: int,
+    gen: torch.Generator,
+) -> list[list[Head]]:
     """``min(n_draws, n_sets)`` distinct control sets: ``draw()`` (a uniformly random set) with
     repeats skipped, or, when fewer than :data:`ENUMERATE_BELOW` x ``n_draws`` sets exist, all
     ``n_sets`` of ``every()`` in a random order, cut to ``n_draws``.
@@ -230,9 +245,16 @@ def uniform_sets(k: int, available: Iterable[Head], n_draws: int, gen: torch.Gen
     """
     pool = sorted(set(available))
     if len(pool) < k:
-        raise HeadprobeError(f"a random control of {k} heads needs {k} heads outside those under test; {len(pool)} are left")
-    return distinct_sets(lambda: sorted(pool[i] for i in torch.randperm(len(pool), generator=gen)[:k].tolist()),
-                         lambda: (list(c) for c in itertools.combinations(pool, k)), math.comb(len(pool), k), n_draws, gen)
+        raise HeadprobeError(
+            f"a random control of {k} heads needs {k} heads outside those under test; {len(pool)} are left"
+        )
+    return distinct_sets(
+        lambda: sorted(pool[i] for i in torch.randperm(len(pool), generator=gen)[:k].tolist()),
+        lambda: (list(c) for c in itertools.combinations(pool, k)),
+        math.comb(len(pool), k),
+        n_draws,
+        gen,
+    )
 
 
 def effect_is_large(top_effect: float, control_effects: Sequence[float], min_effect: float) -> bool:
@@ -242,6 +264,7 @@ def effect_is_large(top_effect: float, control_effects: Sequence[float], min_eff
 
 
 # --- the whole verification ------------------------------------------------------------------------
+
 
 @dataclass
 class _Test:
@@ -268,8 +291,13 @@ def stream_seed(seed: int, name: str) -> int:
     return int(np.random.SeedSequence([seed, zlib.crc32(name.encode())]).generate_state(1)[0])
 
 
-def _draw_controls(top: dict[str, list[Head]], task_of: dict[str, str], all_heads: list[Head], removed: set,
-                   settings: VerificationSettings) -> tuple[list[_Test], list[list[list[Head]]], dict, list[str]]:
+def _draw_controls(
+    top: dict[str, list[Head]],
+    task_of: dict[str, str],
+    all_heads: list[Head],
+    removed: set,
+    settings: VerificationSettings,
+) -> tuple[list[_Test], list[list[list[Head]]], dict, list[str]]:
     """The tests, their control streams (``n_random`` distinct sets each, or every distinct set
     where fewer exist, seeded by :func:`stream_seed`; types of one task share one under
     ``uniform``), each type's excluded heads, and notes on layers that could not be matched.
@@ -297,8 +325,17 @@ def _draw_controls(top: dict[str, list[Head]], task_of: dict[str, str], all_head
                 gen = torch.Generator().manual_seed(stream_seed(settings.seed, f"task:{task}" if shared else t))
                 streams.append(uniform_sets(settings.k, avail, settings.n_random, gen))
                 uniform_stream = len(streams) - 1
-            tests.append(_Test(t, task, list(top[t]), uniform_stream if settings.control == "uniform" and uniform_stream is not None else len(streams) - 1,
-                               effects={k: [] for k in settings.kinds}))
+            tests.append(
+                _Test(
+                    t,
+                    task,
+                    list(top[t]),
+                    uniform_stream
+                    if settings.control == "uniform" and uniform_stream is not None
+                    else len(streams) - 1,
+                    effects={k: [] for k in settings.kinds},
+                )
+            )
     return tests, streams, excluded, notes
 
 
@@ -328,8 +365,13 @@ def _cap_undecidable(tests: list[_Test], streams: list[list[list[Head]]], reques
     return cut
 
 
-def make_plan(tests: list[_Test], streams: list[list[list[Head]]], settings: VerificationSettings, requested: int,
-              n_secondary: int) -> dict:
+def make_plan(
+    tests: list[_Test],
+    streams: list[list[list[Head]]],
+    settings: VerificationSettings,
+    requested: int,
+    n_secondary: int,
+) -> dict:
     """The verification's plan, before any control set is ablated (summary.json's
     ``verification.plan``): the family, the draws a lone verdict needs, the draws asked for and
     used, each test's control sets and what they allow (:func:`~headprobe.analyses.statistics.confirmable`),
@@ -340,33 +382,52 @@ def make_plan(tests: list[_Test], streams: list[list[list[Head]]], settings: Ver
     for x, r in zip(family, reach):
         x.reach = r
     return {
-        "family": [x.head_type for x in family], "family_size": len(family), "correction": settings.correction,
-        "alpha": settings.alpha, "lone_draws_needed": st.lone_draws_needed(len(family), settings.alpha) if family else None,
-        "n_random_requested": requested, "n_random": settings.n_random, "raised": settings.n_random > requested,
-        "kept": settings.keep_n_random, "tests": [{"head_type": x.head_type, "task": x.task, "control_sets": n,
-                                                   "confirmable": r, "capped": x.capped}
-                                                  for x, n, r in zip(family, sizes, reach)],
-        "max_sets": len(tests) * len(settings.kinds) + sum(len(s) + min(n_secondary, len(s)) * (len(settings.kinds) - 1)
-                                                            for s in streams),
+        "family": [x.head_type for x in family],
+        "family_size": len(family),
+        "correction": settings.correction,
+        "alpha": settings.alpha,
+        "lone_draws_needed": st.lone_draws_needed(len(family), settings.alpha) if family else None,
+        "n_random_requested": requested,
+        "n_random": settings.n_random,
+        "raised": settings.n_random > requested,
+        "kept": settings.keep_n_random,
+        "tests": [
+            {"head_type": x.head_type, "task": x.task, "control_sets": n, "confirmable": r, "capped": x.capped}
+            for x, n, r in zip(family, sizes, reach)
+        ],
+        "max_sets": len(tests) * len(settings.kinds)
+        + sum(len(s) + min(n_secondary, len(s)) * (len(settings.kinds) - 1) for s in streams),
     }
 
 
 def _unreachable_reason(x: _Test, n: int, plan: dict) -> str:
     """Why a test's draws cannot give a verdict (its ``no_verdict``)."""
     few = f"only {n} distinct control sets exist" if n < plan["n_random"] else f"{n} control sets"
-    return (f"{few}: its smallest p-value 1/{n + 1} = {1 / (n + 1):.3f} cannot reach alpha = {plan['alpha']:g} after "
-            f"{plan['correction']} over {plan['family_size']} tests"
-            + (f" (use --n-random {plan['lone_draws_needed']} or more)" if n >= plan["n_random"] else ""))
+    return (
+        f"{few}: its smallest p-value 1/{n + 1} = {1 / (n + 1):.3f} cannot reach alpha = {plan['alpha']:g} after "
+        f"{plan['correction']} over {plan['family_size']} tests"
+        + (f" (use --n-random {plan['lone_draws_needed']} or more)" if n >= plan["n_random"] else "")
+    )
 
 
-def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[str, str], tokens: Mapping[str, TokenSet],
-                 clean: dict[str, torch.Tensor], mean_z: torch.Tensor, settings: VerificationSettings,
-                 metric: AblationMetric = LOSS_METRIC, scorers: Mapping[str, Callable] | None = None,
-                 untrusted: dict[str, str | None] | None = None, removed: Iterable[Head] = (),
-                 progress: bool = False, say: Callable[[str], None] | None = None,
-                 on_round: Callable[[dict], None] | None = None,
-                 cache: SetLosses | None = None,
-                 sources: Mapping[str, torch.Tensor] | None = None) -> tuple[list[Verification], dict]:
+def verify_heads(
+    model: LoadedModel,
+    top: dict[str, list[Head]],
+    task_of: dict[str, str],
+    tokens: Mapping[str, TokenSet],
+    clean: dict[str, torch.Tensor],
+    mean_z: torch.Tensor,
+    settings: VerificationSettings,
+    metric: AblationMetric = LOSS_METRIC,
+    scorers: Mapping[str, Callable] | None = None,
+    untrusted: dict[str, str | None] | None = None,
+    removed: Iterable[Head] = (),
+    progress: bool = False,
+    say: Callable[[str], None] | None = None,
+    on_round: Callable[[dict], None] | None = None,
+    cache: SetLosses | None = None,
+    sources: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[list[Verification], dict]:
     """Ablate each type's top-k heads and its control sets; the verdicts, corrected for their number.
 
     Args:
@@ -416,15 +477,26 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
     if _cap_undecidable(tests, streams, requested):  # the plan of the sets that are ablated
         plan = make_plan(tests, streams, settings, requested, n_secondary)
     notes += _pool_notes(tests, streams, settings)
-    run = _Ablator(model, tokens, clean, mean_z, scorers, tqdm(total=plan["max_sets"], desc="verification", unit="set",
-                                                              disable=not progress), _clean_residuals(model, tests, streams, tokens),
-                   cache=cache if cache is not None else SetLosses(), sources=sources or {})
+    run = _Ablator(
+        model,
+        tokens,
+        clean,
+        mean_z,
+        scorers,
+        tqdm(total=plan["max_sets"], desc="verification", unit="set", disable=not progress),
+        _clean_residuals(model, tests, streams, tokens),
+        cache=cache if cache is not None else SetLosses(),
+        sources=sources or {},
+    )
     t0 = time.perf_counter()
     run.top_sets(tests, settings.kinds)
     if run.cache.seconds_per_set is None:  # a resumed run keeps the first run's timing
         run.cache.seconds_per_set = (time.perf_counter() - t0) / max(run.ablated, 1)
         run.cache.save()
-    estimate = {"seconds_per_set": run.cache.seconds_per_set, "estimated_s": run.cache.seconds_per_set * plan["max_sets"]}
+    estimate = {
+        "seconds_per_set": run.cache.seconds_per_set,
+        "estimated_s": run.cache.seconds_per_set * plan["max_sets"],
+    }
     notes += _non_finite_top(tests, settings.primary_kind)
     plan["lines"] = plan_lines(plan)  # stored without the time estimate (a timing: the design's "timings_s")
     for line in plan_lines({**plan, **estimate}):
@@ -436,28 +508,61 @@ def verify_heads(model: LoadedModel, top: dict[str, list[Head]], task_of: dict[s
     return out, design
 
 
-def _verdicts(tests: list[_Test], streams: list, excluded: dict, settings: VerificationSettings, metric: AblationMetric,
-              clean: dict, plan: dict, notes: list[str], ablated: int) -> tuple[list[Verification], dict]:
+def _verdicts(
+    tests: list[_Test],
+    streams: list,
+    excluded: dict,
+    settings: VerificationSettings,
+    metric: AblationMetric,
+    clean: dict,
+    plan: dict,
+    notes: list[str],
+    ablated: int,
+) -> tuple[list[Verification], dict]:
     """The corrected verdicts of the finished tests and the design record (:func:`verify_heads`)."""
     family = [x for x in tests if x.no_verdict is None]
-    adjusted = dict(zip((x.head_type for x in family),
-                        st.adjust_p_values([x.mc.p_value() for x in family], settings.correction)))
-    out = [_verification(x, kind, streams[x.stream], excluded[x.head_type], adjusted.get(x.head_type), settings, metric,
-                         float(clean[x.task].double().mean()), plan)
-           for x in tests for kind in (settings.primary_kind, *(k for k in settings.kinds if k != settings.primary_kind))]
-    notes += [f"{t.replace('_', '-')}: {n} control set{'s' if n > 1 else ''} gave a non-finite loss, counted as "
-              "reaching the effect" for t, n in ((x.head_type, sum(not np.isfinite(e) for e in x.effects[settings.primary_kind]))
-                                                 for x in tests) if n]
+    adjusted = dict(
+        zip((x.head_type for x in family), st.adjust_p_values([x.mc.p_value() for x in family], settings.correction))
+    )
+    out = [
+        _verification(
+            x,
+            kind,
+            streams[x.stream],
+            excluded[x.head_type],
+            adjusted.get(x.head_type),
+            settings,
+            metric,
+            float(clean[x.task].double().mean()),
+            plan,
+        )
+        for x in tests
+        for kind in (settings.primary_kind, *(k for k in settings.kinds if k != settings.primary_kind))
+    ]
+    notes += [
+        f"{t.replace('_', '-')}: {n} control set{'s' if n > 1 else ''} gave a non-finite loss, counted as "
+        "reaching the effect"
+        for t, n in ((x.head_type, sum(not np.isfinite(e) for e in x.effects[settings.primary_kind])) for x in tests)
+        if n
+    ]
     design = {
-        "alpha": settings.alpha, "correction": settings.correction, "verdict_rule": settings.rule(metric).to_dict(),
+        "alpha": settings.alpha,
+        "correction": settings.correction,
+        "verdict_rule": settings.rule(metric).to_dict(),
         "family_size": len(family),
-        "primary_kind": settings.primary_kind, "control": settings.control, "max_draws": settings.n_random,
-        "batch": settings.batch, "secondary_draws": min(SECONDARY_DRAWS, settings.n_random) if settings.sequential
-        else settings.n_random, "sequential": settings.sequential, "besag_clifford_h": tests[0].mc.h if tests else None,
+        "primary_kind": settings.primary_kind,
+        "control": settings.control,
+        "max_draws": settings.n_random,
+        "batch": settings.batch,
+        "secondary_draws": min(SECONDARY_DRAWS, settings.n_random) if settings.sequential else settings.n_random,
+        "sequential": settings.sequential,
+        "besag_clifford_h": tests[0].mc.h if tests else None,
         "sets_ablated": ablated,  # the top-k sets and every control set, each kind counted
-        "plan": plan, "notes": notes,
-        "warnings": [f"{v.head_type.replace('_', '-')}: no verdict: {v.no_verdict}" for v in out
-                     if v.tested and v.no_verdict],
+        "plan": plan,
+        "notes": notes,
+        "warnings": [
+            f"{v.head_type.replace('_', '-')}: no verdict: {v.no_verdict}" for v in out if v.tested and v.no_verdict
+        ],
     }
     return out, design
 
@@ -467,11 +572,15 @@ def _pool_notes(tests: list[_Test], streams: list, settings: VerificationSetting
     out = []
     for x in tests:
         if (n := len(streams[x.stream])) < settings.n_random:
-            out.append(f"{x.head_type.replace('_', '-')}: only {n} distinct {settings.control} control "
-                       f"{'set exists' if n == 1 else 'sets exist'} (the heads outside the task's top-k sets allow no "
-                       f"more), so its smallest possible p-value is 1/{n + 1}"
-                       + {"never": ": it cannot be CONFIRMED", "with others": ": it can be CONFIRMED only together with "
-                          "other tests"}.get(x.reach or "", ""))
+            out.append(
+                f"{x.head_type.replace('_', '-')}: only {n} distinct {settings.control} control "
+                f"{'set exists' if n == 1 else 'sets exist'} (the heads outside the task's top-k sets allow no "
+                f"more), so its smallest possible p-value is 1/{n + 1}"
+                + {
+                    "never": ": it cannot be CONFIRMED",
+                    "with others": ": it can be CONFIRMED only together with other tests",
+                }.get(x.reach or "", "")
+            )
     return out
 
 
@@ -481,8 +590,10 @@ def _non_finite_top(tests: list[_Test], primary: str = PRIMARY_KIND) -> list[str
     out = []
     for x in tests:
         if x.no_verdict is None and not np.isfinite(x.top_effect[primary]):
-            x.no_verdict = (f"ablating its top-k heads gave a non-finite loss ({x.top_effect[primary]}); "
-                            "it leaves the corrected family")
+            x.no_verdict = (
+                f"ablating its top-k heads gave a non-finite loss ({x.top_effect[primary]}); "
+                "it leaves the corrected family"
+            )
             out.append(f"{x.head_type.replace('_', '-')}: {x.no_verdict}")
     return out
 
@@ -494,34 +605,51 @@ def plan_lines(plan: dict) -> list[str]:
     if not m:
         return []
     est = plan.get("estimated_s")
-    line = (f"verification plan: {m} test{'s' if m > 1 else ''} ({', '.join(t.replace('_', '-') for t in plan['family'])}),"
-            f" {plan['correction']} at alpha {plan['alpha']:g}: a lone CONFIRMED needs p <= {plan['alpha'] / m:.4g}, "
-            f"i.e. {need} control sets; ")
+    line = (
+        f"verification plan: {m} test{'s' if m > 1 else ''} ({', '.join(t.replace('_', '-') for t in plan['family'])}),"
+        f" {plan['correction']} at alpha {plan['alpha']:g}: a lone CONFIRMED needs p <= {plan['alpha'] / m:.4g}, "
+        f"i.e. {need} control sets; "
+    )
     if plan["raised"]:
         line += f"--n-random {plan['n_random_requested']} raised to {n} (--keep-n-random keeps it); "
     elif plan["kept"] and n < need:
         line += f"--n-random {n} kept (--keep-n-random); "
     else:
         line += f"--n-random {n}; "
-    line += f"at most {plan['max_sets']} sets" + (f", about {est:.0f} s at {plan['seconds_per_set']:.2f} s a set"
-                                                  if est is not None else "")
+    line += f"at most {plan['max_sets']} sets" + (
+        f", about {est:.0f} s at {plan['seconds_per_set']:.2f} s a set" if est is not None else ""
+    )
     out = [line]
     hard = [t for t in plan["tests"] if t["confirmable"] != "alone"]
     for t in hard:
-        short = (f"{t['control_sets']} control sets, the {plan['n_random_requested']} asked for" if t.get("capped")
-                 else f"only {t['control_sets']} distinct control sets exist" if t["control_sets"] < n
-                 else f"{t['control_sets']} control sets are below the {need} a lone verdict needs")
-        what = ("it cannot be CONFIRMED at all" if t["confirmable"] == "never"
-                else "it can be CONFIRMED only together with other tests")
-        why = (": no more are ablated, as they could decide nothing; its p-value is reported from these"
-               if t.get("capped") else "")
-        out.append(f"NOTE: {t['head_type'].replace('_', '-')}: {short}: {what} ({plan['correction']} over {m} tests){why}")
+        short = (
+            f"{t['control_sets']} control sets, the {plan['n_random_requested']} asked for"
+            if t.get("capped")
+            else f"only {t['control_sets']} distinct control sets exist"
+            if t["control_sets"] < n
+            else f"{t['control_sets']} control sets are below the {need} a lone verdict needs"
+        )
+        what = (
+            "it cannot be CONFIRMED at all"
+            if t["confirmable"] == "never"
+            else "it can be CONFIRMED only together with other tests"
+        )
+        why = (
+            ": no more are ablated, as they could decide nothing; its p-value is reported from these"
+            if t.get("capped")
+            else ""
+        )
+        out.append(
+            f"NOTE: {t['head_type'].replace('_', '-')}: {short}: {what} ({plan['correction']} over {m} tests){why}"
+        )
     if hard and len(hard) == m and all(t["control_sets"] >= n or t.get("capped") for t in hard):
         out.append(f"NOTE: no verdict of this run can be CONFIRMED on its own; use --n-random {need} or more")
     return out
 
 
-def _clean_residuals(model: LoadedModel, tests: list[_Test], streams: list[list[list[Head]]], tokens: Mapping[str, TokenSet]) -> dict:
+def _clean_residuals(
+    model: LoadedModel, tests: list[_Test], streams: list[list[list[Head]]], tokens: Mapping[str, TokenSet]
+) -> dict:
     """Task -> :class:`CleanResiduals` at the first layer of each set its tests will ablate (a
     layer-matched set starts where its top-k set starts)."""
     starts: dict[str, set[int]] = {}
@@ -550,8 +678,10 @@ class SetLosses:
 
     def state(self) -> dict:
         """The JSON-able record a checkpoint saves (:meth:`__init__` reads it back)."""
-        return {"losses": {k: [v if math.isfinite(v) else str(v) for v in row] for k, row in self.losses.items()},
-                "seconds_per_set": self.seconds_per_set}
+        return {
+            "losses": {k: [v if math.isfinite(v) else str(v) for v in row] for k, row in self.losses.items()},
+            "seconds_per_set": self.seconds_per_set,
+        }
 
     def save(self) -> None:
         if self.on_save is not None:
@@ -584,9 +714,19 @@ class _Ablator:
         source: dict[str, Any] = {"source_tokens": self.sources[task]} if task in self.sources else {}
         if todo:
             new = distributed.map_sharded(  # under torchrun each rank ablates its slice of the sets
-                lambda part: set_ablation_losses(self.backend, ts.tokens, part, kind, self.mean_z, first,
-                                                 score=self.scorers.get(task), clean=self.resid.get(task),
-                                                 **source), list(todo.values()))
+                lambda part: set_ablation_losses(
+                    self.backend,
+                    ts.tokens,
+                    part,
+                    kind,
+                    self.mean_z,
+                    first,
+                    score=self.scorers.get(task),
+                    clean=self.resid.get(task),
+                    **source,
+                ),
+                list(todo.values()),
+            )
             self.cache.losses.update(zip(todo, new.float().tolist()))
             self.cache.save()
         losses = torch.tensor([self.cache.losses[k] for k in keys], dtype=torch.float32)
@@ -604,27 +744,43 @@ class _Ablator:
                     x.top_per_seq[kind], x.top_effect[kind] = row, float(row.mean())
                     x.top_loss[kind] = float(loss.double().mean())
 
-    def controls(self, tests: list[_Test], streams: list[list[list[Head]]], settings: VerificationSettings,
-                 n_secondary: int, on_round: Callable[[dict], None] | None = None) -> None:
+    def controls(
+        self,
+        tests: list[_Test],
+        streams: list[list[list[Head]]],
+        settings: VerificationSettings,
+        n_secondary: int,
+        on_round: Callable[[dict], None] | None = None,
+    ) -> None:
         """Ablate the control sets in rounds, ``settings.batch`` sets of each open stream a round
         (the open streams of one task and kind in one call), feeding the tests on each stream,
         until every test is done (:func:`_curtail` after each round); the untested kind on the
         first ``n_secondary`` sets of each stream, in the first round. ``on_round`` gets
         :func:`loop_record` after each round."""
         for x in tests:  # a stream holds n_random sets, or every distinct set where there are fewer
-            x.mc = st.SequentialMCTest(x.top_effect[settings.primary_kind], len(streams[x.stream]), settings.alpha,
-                                       sequential=settings.sequential, tie=P_VALUE_TIE)
+            x.mc = st.SequentialMCTest(
+                x.top_effect[settings.primary_kind],
+                len(streams[x.stream]),
+                settings.alpha,
+                sequential=settings.sequential,
+                tie=P_VALUE_TIE,
+            )
         primary, kinds = settings.primary_kind, settings.kinds
         planned = [len(sets) + min(n_secondary, len(sets)) * (len(kinds) - 1) for sets in streams]
         done = [0] * len(streams)
         task_of = {x.stream: x.task for x in tests}
         while any(not x.mc.done for x in tests):
-            spans = {s: (done[s], min(done[s] + settings.batch, len(streams[s])))
-                     for s in sorted({x.stream for x in tests if not x.mc.done})}
+            spans = {
+                s: (done[s], min(done[s] + settings.batch, len(streams[s])))
+                for s in sorted({x.stream for x in tests if not x.mc.done})
+            }
             for task in dict.fromkeys(task_of[s] for s in spans):
                 for kind in kinds:
-                    cut = {s: streams[s][lo:hi] if kind == primary else streams[s][:n_secondary] if lo == 0 else []
-                           for s, (lo, hi) in spans.items() if task_of[s] == task}
+                    cut = {
+                        s: streams[s][lo:hi] if kind == primary else streams[s][:n_secondary] if lo == 0 else []
+                        for s, (lo, hi) in spans.items()
+                        if task_of[s] == task
+                    }
                     self._ablate_round(tests, task, kind, cut, planned)
             for s, (lo, hi) in spans.items():
                 for x in tests:
@@ -640,8 +796,9 @@ class _Ablator:
                     planned[s] = 0
                     self.bar.refresh()
 
-    def _ablate_round(self, tests: list[_Test], task: str, kind: str, cut: dict[int, list[list[Head]]],
-                      planned: list[int]) -> None:
+    def _ablate_round(
+        self, tests: list[_Test], task: str, kind: str, cut: dict[int, list[list[Head]]], planned: list[int]
+    ) -> None:
         """Ablate ``cut`` (stream -> its sets this round) of one task and kind in one call; each open
         test on a stream gets its sets' effects; ``planned`` (sets left per stream) loses them."""
         flat = [hs for sets in cut.values() for hs in sets]
@@ -656,23 +813,33 @@ class _Ablator:
             planned[s] -= len(sets)
 
 
-def loop_record(tests: list[_Test], streams: list[list[list[Head]]], done: list[int],
-                settings: VerificationSettings) -> dict:
+def loop_record(
+    tests: list[_Test], streams: list[list[list[Head]]], done: list[int], settings: VerificationSettings
+) -> dict:
     """The verification loop's whole state after a round, as plain JSON-able data: each stream's
     seed and drawn sets, the sets ablated per stream, and per test its top-k effects, the control
     effects per kind and its sequential test (draws, stopped, curtailed). The streams are drawn
     whole before the first round from their seeds (:func:`stream_seed`), so no generator state is
     left to keep: the record and the same flags rebuild the loop."""
     return {
-        "seed": settings.seed, "n_random": settings.n_random,
+        "seed": settings.seed,
+        "n_random": settings.n_random,
         "streams": [[names(s) for s in sets] for sets in streams],
-        "stream_seeds": [stream_seed(settings.seed, f"task:{x.task}" if settings.control == "uniform" else x.head_type)
-                         for x in {x.stream: x for x in tests}.values()],
+        "stream_seeds": [
+            stream_seed(settings.seed, f"task:{x.task}" if settings.control == "uniform" else x.head_type)
+            for x in {x.stream: x for x in tests}.values()
+        ],
         "done": list(done),
-        "tests": [{"head_type": x.head_type, "stream": x.stream, "top_effect": dict(x.top_effect),
-                   "effects": {k: list(v) for k, v in x.effects.items()},
-                   "mc": {"draws": list(x.mc.draws), "stopped": x.mc.stopped, "curtailed": x.mc.curtailed}}
-                  for x in tests],
+        "tests": [
+            {
+                "head_type": x.head_type,
+                "stream": x.stream,
+                "top_effect": dict(x.top_effect),
+                "effects": {k: list(v) for k, v in x.effects.items()},
+                "mc": {"draws": list(x.mc.draws), "stopped": x.mc.stopped, "curtailed": x.mc.curtailed},
+            }
+            for x in tests
+        ],
     }
 
 
@@ -704,8 +871,17 @@ def curtail_family(tests: Sequence[st.SequentialMCTest], correction: str, alpha:
             tests[i].curtail()
 
 
-def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[Head], p_adj: float | None,
-                  settings: VerificationSettings, metric: AblationMetric, clean_loss: float, plan: dict) -> Verification:
+def _verification(
+    x: _Test,
+    kind: str,
+    stream: list[list[Head]],
+    excluded: list[Head],
+    p_adj: float | None,
+    settings: VerificationSettings,
+    metric: AblationMetric,
+    clean_loss: float,
+    plan: dict,
+) -> Verification:
     """One row of evidence: the tested kind with its sequential p and adjusted p, or the other kind
     (reported on the control sets it ablated, plain Monte Carlo p). A tested test whose draws
     cannot reach alpha (``reach`` never) has no verdict, with the reason."""
@@ -725,16 +901,34 @@ def _verification(x: _Test, kind: str, stream: list[list[Head]], excluded: list[
         assert p_adj is not None  # a tested row has an adjusted p
         confirmed = settings.rule(metric).confirms(p_adj, x.top_effect[kind], effects)
     return Verification(
-        head_type=x.head_type, kind=kind, task=x.task, k=settings.k, top_heads=names(x.top),
-        clean_loss=clean_loss, top_loss=x.top_loss[kind], top_effect=x.top_effect[kind],
-        random_effects=effects, random_mean=float(np.mean(effects)), random_max=float(np.max(effects)),
-        confirmed=confirmed, random_heads=[names(s) for s in stream[:n]], control_excludes=names(excluded),
-        p_value=float(p), top_effect_ci95=[float(v) for v in st.mean_ci(x.top_per_seq[kind])],
-        no_verdict=no_verdict, metric=metric.name, alpha=settings.alpha, min_effect=settings.rule(metric).min_effect,
-        p_adjusted=None if p_adj is None or kind != primary else float(p_adj), draws=n, control=settings.control,
-        correction=settings.correction if tested else None, tested=tested,
+        head_type=x.head_type,
+        kind=kind,
+        task=x.task,
+        k=settings.k,
+        top_heads=names(x.top),
+        clean_loss=clean_loss,
+        top_loss=x.top_loss[kind],
+        top_effect=x.top_effect[kind],
+        random_effects=effects,
+        random_mean=float(np.mean(effects)),
+        random_max=float(np.max(effects)),
+        confirmed=confirmed,
+        random_heads=[names(s) for s in stream[:n]],
+        control_excludes=names(excluded),
+        p_value=float(p),
+        top_effect_ci95=[float(v) for v in st.mean_ci(x.top_per_seq[kind])],
+        no_verdict=no_verdict,
+        metric=metric.name,
+        alpha=settings.alpha,
+        min_effect=settings.rule(metric).min_effect,
+        p_adjusted=None if p_adj is None or kind != primary else float(p_adj),
+        draws=n,
+        control=settings.control,
+        correction=settings.correction if tested else None,
+        tested=tested,
         p_method=_p_method(x.mc) if kind == primary else "monte-carlo (reported, not tested)",
-        stop_reason=stop_reason(x.mc) if kind == primary else None, exceedances=int(g),
+        stop_reason=stop_reason(x.mc) if kind == primary else None,
+        exceedances=int(g),
         p_value_is_bound=bool(kind == primary and x.mc.curtailed),
         p_value_min=float(x.mc.best_p) if kind == primary and x.mc.curtailed else None,
     )

@@ -65,7 +65,9 @@ def _round(x: Any, digits: int = 5) -> float | None:
 # ----------------------------------------------------------------------------- patterns
 
 
-def head_patterns(model: LoadedModel, examples: Mapping[str, Any], max_len: int = DEFAULT_PATTERN_LEN) -> dict[str, dict]:
+def head_patterns(
+    model: LoadedModel, examples: Mapping[str, Any], max_len: int = DEFAULT_PATTERN_LEN
+) -> dict[str, dict]:
     """Every head's attention pattern on the first sequence of each token set, for the viewer.
 
     Args:
@@ -100,8 +102,13 @@ def head_patterns(model: LoadedModel, examples: Mapping[str, Any], max_len: int 
 
         with torch.inference_mode():
             patterns_by_layer(model, toks, on_pattern)
-        out[name] = {"ids": toks[0].cpu().numpy().astype(np.int32), "labels": token_labels(model, toks[0].cpu(), for_font=False),
-                     "pattern": kept, "period": ts.period, "start": int(ts.start)}
+        out[name] = {
+            "ids": toks[0].cpu().numpy().astype(np.int32),
+            "labels": token_labels(model, toks[0].cpu(), for_font=False),
+            "pattern": kept,
+            "period": ts.period,
+            "start": int(ts.start),
+        }
     return out
 
 
@@ -126,7 +133,9 @@ def save_patterns(path: str | Path, patterns: Mapping[str, dict], dtype: str = "
     for name, ex in patterns.items():
         arrays[f"{name}_ids"] = np.asarray(ex["ids"], dtype=np.int32)
         arrays[f"{name}_labels"] = np.asarray(ex["labels"], dtype=str)
-        arrays[f"{name}_pattern"] = quantize(ex["pattern"]) if dtype == "uint8" else np.asarray(ex["pattern"], np.float16)
+        arrays[f"{name}_pattern"] = (
+            quantize(ex["pattern"]) if dtype == "uint8" else np.asarray(ex["pattern"], np.float16)
+        )
         arrays[f"{name}_period"] = np.int32(-1 if ex.get("period") is None else ex["period"])
         arrays[f"{name}_start"] = np.int32(ex.get("start", 0))
     path = Path(path)
@@ -153,12 +162,22 @@ def load_patterns(path: str | Path) -> dict[str, dict]:
                 period, start = int(z[f"{name}_period"]), int(z[f"{name}_start"])
             except KeyError as e:
                 raise ValueError(f"{path}: not a headprobe patterns file (missing {e})") from None
-            if pattern.ndim != 4 or pattern.shape[2] != pattern.shape[3] or pattern.shape[2] != len(ids) or len(ids) != len(labels):
+            if (
+                pattern.ndim != 4
+                or pattern.shape[2] != pattern.shape[3]
+                or pattern.shape[2] != len(ids)
+                or len(ids) != len(labels)
+            ):
                 raise ValueError(f"{path}: {name} pattern of shape {pattern.shape} does not match {len(ids)} tokens")
             if pattern.dtype == np.uint8:  # quantize()'s round(255 p)
                 pattern = pattern.astype(np.float32) / np.float32(255)
-            out[name] = {"ids": ids, "labels": [str(s) for s in labels], "pattern": pattern,
-                         "period": None if period < 0 else period, "start": start}
+            out[name] = {
+                "ids": ids,
+                "labels": [str(s) for s in labels],
+                "pattern": pattern,
+                "period": None if period < 0 else period,
+                "start": start,
+            }
     return out
 
 
@@ -194,9 +213,18 @@ def _score_maps(table: pd.DataFrame) -> list[dict]:
             if style.column not in table:
                 continue
             opts = dict(style.options)
-            maps.append({"column": style.column, "title": style.title, "label": style.label,
-                         "cmap": opts.get("cmap", "viridis"), "vmin": opts.get("vmin", 0.0), "vmax": opts.get("vmax", 1.0),
-                         "example": "repeated" if det.dataset == "repeated" else "natural", "head_type": det.name})
+            maps.append(
+                {
+                    "column": style.column,
+                    "title": style.title,
+                    "label": style.label,
+                    "cmap": opts.get("cmap", "viridis"),
+                    "vmin": opts.get("vmin", 0.0),
+                    "vmax": opts.get("vmax", 1.0),
+                    "example": "repeated" if det.dataset == "repeated" else "natural",
+                    "head_type": det.name,
+                }
+            )
     return maps
 
 
@@ -204,15 +232,38 @@ def _delta_maps(table: pd.DataFrame) -> list[dict]:
     """Map entries for an ablate run's loss increases (diverging, centred at 0)."""
     maps = []
     # induction_loss_delta: the repeated task's column in head_ablation.csv files written before it took scan's name
-    for col, example in (("natural_loss_delta", "natural"), ("repeated_loss_delta", "repeated"), ("induction_loss_delta", "repeated")):
+    for col, example in (
+        ("natural_loss_delta", "natural"),
+        ("repeated_loss_delta", "repeated"),
+        ("induction_loss_delta", "repeated"),
+    ):
         if col in table:
             vmax = float(np.nanmax(np.abs(table[col].to_numpy()))) or 1.0
-            maps.append({"column": col, "title": f"{col.split('_')[0]} loss increase when ablated (nats/token)",
-                         "label": "loss increase, nats/token", "cmap": "RdBu_r", "vmin": -vmax, "vmax": vmax,
-                         "example": example, "head_type": None})
+            maps.append(
+                {
+                    "column": col,
+                    "title": f"{col.split('_')[0]} loss increase when ablated (nats/token)",
+                    "label": "loss increase, nats/token",
+                    "cmap": "RdBu_r",
+                    "vmin": -vmax,
+                    "vmax": vmax,
+                    "example": example,
+                    "head_type": None,
+                }
+            )
     if "induction_score" in table and not any(m["column"] == "induction_score" for m in maps):
-        maps.append({"column": "induction_score", "title": "induction score", "label": "attention to token after copy",
-                     "cmap": "viridis", "vmin": 0.0, "vmax": 1.0, "example": "repeated", "head_type": "induction"})
+        maps.append(
+            {
+                "column": "induction_score",
+                "title": "induction score",
+                "label": "attention to token after copy",
+                "cmap": "viridis",
+                "vmin": 0.0,
+                "vmax": 1.0,
+                "example": "repeated",
+                "head_type": "induction",
+            }
+        )
     return maps
 
 
@@ -223,18 +274,34 @@ def _verdicts(summary: Mapping | None) -> list[dict]:
     rows = []
     d = VERDICT_DIGITS
     for a in (summary or {}).get("ablations", []):
-        rows.append({"head_type": a["head_type"], "kind": a["kind"], "task": a["task"], "heads": a["top_heads"],
-                     "effect": _round(a["top_effect"], d), "random_mean": _round(a["random_mean"], d),
-                     "random_max": _round(a["random_max"], d), "p_value": _round(a.get("p_value"), d),
-                     "p_adjusted": _round(a.get("p_adjusted"), d), "draws": a.get("draws", len(a.get("random_effects", []))),
-                     "tested": bool(a.get("tested", True)), "alpha": a.get("alpha"), "correction": a.get("correction"),
-                     "min_effect": a.get("min_effect"),
-                     "ci95": [_round(x, d) for x in a.get("top_effect_ci95") or []],
-                     "confirmed": a["confirmed"],  # None: no verdict (see the summary's warnings)
-                     "exceedances": a.get("exceedances"), "p_bound": bool(a.get("p_value_is_bound")), "p_min": a.get("p_value_min"),
-                     "stop": stop_text(a), "evidence": evidence_text(a),
-                     "verdict": (NOT_TESTED if not a.get("tested", True) and not a.get("no_verdict")
-                                 else label(a["confirmed"]))})
+        rows.append(
+            {
+                "head_type": a["head_type"],
+                "kind": a["kind"],
+                "task": a["task"],
+                "heads": a["top_heads"],
+                "effect": _round(a["top_effect"], d),
+                "random_mean": _round(a["random_mean"], d),
+                "random_max": _round(a["random_max"], d),
+                "p_value": _round(a.get("p_value"), d),
+                "p_adjusted": _round(a.get("p_adjusted"), d),
+                "draws": a.get("draws", len(a.get("random_effects", []))),
+                "tested": bool(a.get("tested", True)),
+                "alpha": a.get("alpha"),
+                "correction": a.get("correction"),
+                "min_effect": a.get("min_effect"),
+                "ci95": [_round(x, d) for x in a.get("top_effect_ci95") or []],
+                "confirmed": a["confirmed"],  # None: no verdict (see the summary's warnings)
+                "exceedances": a.get("exceedances"),
+                "p_bound": bool(a.get("p_value_is_bound")),
+                "p_min": a.get("p_value_min"),
+                "stop": stop_text(a),
+                "evidence": evidence_text(a),
+                "verdict": (
+                    NOT_TESTED if not a.get("tested", True) and not a.get("no_verdict") else label(a["confirmed"])
+                ),
+            }
+        )
     return rows
 
 
@@ -242,12 +309,20 @@ def _rule(summary: Mapping | None) -> dict | None:
     """The page's statement of the verdict rule: its text (:meth:`VerdictRule.description`, from the
     summary's ``verification.verdict_rule`` or, for an older summary, its rows) and the labels; None
     without a tested verdict."""
-    rule = VerdictRule.from_rows((summary or {}).get("ablations", []),
-                                 ((summary or {}).get("verification") or {}).get("verdict_rule"))
+    rule = VerdictRule.from_rows(
+        (summary or {}).get("ablations", []), ((summary or {}).get("verification") or {}).get("verdict_rule")
+    )
     if rule is None:
         return None
-    return {"text": rule.description(), "labels": {"confirmed": LABELS[True], "not_confirmed": LABELS[False],
-                                                   "no_verdict": LABELS[None], "not_tested": NOT_TESTED}}
+    return {
+        "text": rule.description(),
+        "labels": {
+            "confirmed": LABELS[True],
+            "not_confirmed": LABELS[False],
+            "no_verdict": LABELS[None],
+            "not_tested": NOT_TESTED,
+        },
+    }
 
 
 CIRCUIT_EDGES = 20
@@ -274,26 +349,50 @@ def circuit_data(summary: Mapping, figure: str | Path | None = None) -> dict:
         if mime is None:
             raise ValueError(f"{figure}: the circuit figure must be .svg or .png")
         image = f"data:{mime};base64," + base64.b64encode(figure.read_bytes()).decode("ascii")
-    receivers = {r: [{"sender": str(x["sender"]), "effect": _round(x["effect"], 4), "score": _round(x.get("score"), 4)}
-                     for x in rows[:5]] for r, rows in (summary.get("receivers") or {}).items()}
+    receivers = {
+        r: [
+            {"sender": str(x["sender"]), "effect": _round(x["effect"], 4), "score": _round(x.get("score"), 4)}
+            for x in rows[:5]
+        ]
+        for r, rows in (summary.get("receivers") or {}).items()
+    }
     qk = summary.get("qk_attribution")
     return {
-        "method": summary.get("method"), "metric": summary.get("metric"), "task": summary.get("task"),
-        "n_edges": summary.get("n_edges"), "agreement": summary.get("agreement"), "image": image,
-        "edges": [{"edge": str(e["edge"]), "score": _round(e.get("score"), 4), "exact": _round(e.get("exact"), 4)}
-                  for e in edges[:CIRCUIT_EDGES]],
+        "method": summary.get("method"),
+        "metric": summary.get("metric"),
+        "task": summary.get("task"),
+        "n_edges": summary.get("n_edges"),
+        "agreement": summary.get("agreement"),
+        "image": image,
+        "edges": [
+            {"edge": str(e["edge"]), "score": _round(e.get("score"), 4), "exact": _round(e.get("exact"), 4)}
+            for e in edges[:CIRCUIT_EDGES]
+        ],
         "receivers": receivers,
-        "qk": None if not qk else {"head": qk.get("head"), "q_pos": qk.get("q_pos"), "k_pos": qk.get("k_pos"),
-                                   "score": _round(qk.get("score"), 4), "identity_error": qk.get("identity_error"),
-                                   "key_side": {k: _round(v, 4) for k, v in list((qk.get("key_side_top") or {}).items())[:5]},
-                                   "query_side": {k: _round(v, 4) for k, v in list((qk.get("query_side_top") or {}).items())[:5]}},
+        "qk": None
+        if not qk
+        else {
+            "head": qk.get("head"),
+            "q_pos": qk.get("q_pos"),
+            "k_pos": qk.get("k_pos"),
+            "score": _round(qk.get("score"), 4),
+            "identity_error": qk.get("identity_error"),
+            "key_side": {k: _round(v, 4) for k, v in list((qk.get("key_side_top") or {}).items())[:5]},
+            "query_side": {k: _round(v, 4) for k, v in list((qk.get("query_side_top") or {}).items())[:5]},
+        },
     }
 
 
-def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = None,
-                patterns: Mapping[str, dict] | None = None, ablation: pd.DataFrame | None = None,
-                ablation_summary: Mapping | None = None, title: str | None = None, verdicts: bool = True,
-                circuit: Mapping | None = None) -> dict:
+def viewer_data(
+    scores: pd.DataFrame | None = None,
+    summary: Mapping | None = None,
+    patterns: Mapping[str, dict] | None = None,
+    ablation: pd.DataFrame | None = None,
+    ablation_summary: Mapping | None = None,
+    title: str | None = None,
+    verdicts: bool = True,
+    circuit: Mapping | None = None,
+) -> dict:
     """The JSON the page reads: layout, maps, table, verdicts, patterns. At least one of ``scores``
     (head_scores.csv) and ``ablation`` (head_ablation.csv) must be given.
 
@@ -340,30 +439,48 @@ def viewer_data(scores: pd.DataFrame | None = None, summary: Mapping | None = No
         "title": title or info.get("model") or "headprobe",
         "model": info.get("model"),
         "weights": info.get("weights_precision"),
-        "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv, "group_size": max(1, n_heads // n_kv),
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv,
+        "group_size": max(1, n_heads // n_kv),
         "clean_loss": info.get("clean_loss_nats") or info.get("clean_loss"),
         "maps": maps,
         "columns": columns,
-        "rows": [[int(r.layer), int(r.head), int(r.kv_head) if "kv_head" in table else int(r.head) // max(1, n_heads // n_kv),
-                  *[_round(getattr(r, c)) for c in columns]] for r in table.itertuples(index=False)],
+        "rows": [
+            [
+                int(r.layer),
+                int(r.head),
+                int(r.kv_head) if "kv_head" in table else int(r.head) // max(1, n_heads // n_kv),
+                *[_round(getattr(r, c)) for c in columns],
+            ]
+            for r in table.itertuples(index=False)
+        ],
         "verdicts": _verdicts(summary) if verdicts else None,
         "rule": _rule(summary) if verdicts else None,
         "warnings": list((summary or {}).get("warnings", [])),
         "notes": list((summary or {}).get("notes", [])),  # what a column means on this page (headprobe show)
         "selected": (summary or {}).get("selected_head"),  # a head to open the page on (headprobe show)
         "colormaps": {name: _colormap(name) for name in sorted({m["cmap"] for m in maps} | {PATTERN_CMAP})},
-        "pattern_cmap": PATTERN_CMAP, "masked_color": NOT_MEASURED_COLOR,  # the pattern as pattern_plot draws it
+        "pattern_cmap": PATTERN_CMAP,
+        "masked_color": NOT_MEASURED_COLOR,  # the pattern as pattern_plot draws it
         "patterns": {},
         "circuit": _checked_circuit(circuit, n_layers, n_heads),
     }
     for name, ex in (patterns or {}).items():
         p = np.asarray(ex["pattern"])
         if p.shape[:2] != (n_layers, n_heads):
-            raise ValueError(f"{name} patterns are for {p.shape[0]} layers x {p.shape[1]} heads, "
-                             f"the table for {n_layers} x {n_heads}")
-        data["patterns"][name] = {"n": int(p.shape[-1]), "labels": list(ex["labels"]), "period": ex.get("period"),
-                                  "start": int(ex.get("start", 0)), "data": encode_pattern(p),
-                                  "label": ex.get("label") or EXAMPLE_LABELS.get(name, f"the {name} example")}
+            raise ValueError(
+                f"{name} patterns are for {p.shape[0]} layers x {p.shape[1]} heads, "
+                f"the table for {n_layers} x {n_heads}"
+            )
+        data["patterns"][name] = {
+            "n": int(p.shape[-1]),
+            "labels": list(ex["labels"]),
+            "period": ex.get("period"),
+            "start": int(ex.get("start", 0)),
+            "data": encode_pattern(p),
+            "label": ex.get("label") or EXAMPLE_LABELS.get(name, f"the {name} example"),
+        }
     return data
 
 
@@ -375,8 +492,10 @@ def _checked_circuit(circuit: Mapping | None, n_layers: int, n_heads: int) -> di
     for e in circuit["edges"]:
         for end in re.findall(r"(\d+)\.(\d+)", e["edge"]):
             if int(end[0]) >= n_layers or int(end[1]) >= n_heads:
-                raise ValueError(f"the circuit's edge {e['edge']} names a head outside the table's "
-                                 f"{n_layers} layers x {n_heads} heads: a circuit run of another model?")
+                raise ValueError(
+                    f"the circuit's edge {e['edge']} names a head outside the table's "
+                    f"{n_layers} layers x {n_heads} heads: a circuit run of another model?"
+                )
     return dict(circuit)
 
 
@@ -401,10 +520,16 @@ def render(data: Mapping) -> str:
     return re.sub("__TITLE__|__DATA__", lambda m: fill[m.group(0)], _template())
 
 
-def build_page(scores: pd.DataFrame | None = None, summary: Mapping | None = None,
-               patterns: Mapping[str, dict] | None = None, ablation: pd.DataFrame | None = None,
-               ablation_summary: Mapping | None = None, title: str | None = None, verdicts: bool = True,
-               circuit: Mapping | None = None) -> str:
+def build_page(
+    scores: pd.DataFrame | None = None,
+    summary: Mapping | None = None,
+    patterns: Mapping[str, dict] | None = None,
+    ablation: pd.DataFrame | None = None,
+    ablation_summary: Mapping | None = None,
+    title: str | None = None,
+    verdicts: bool = True,
+    circuit: Mapping | None = None,
+) -> str:
     """The whole self-contained HTML page (arguments and errors as :func:`viewer_data`)."""
     return render(viewer_data(scores, summary, patterns, ablation, ablation_summary, title, verdicts, circuit))
 
@@ -412,5 +537,7 @@ def build_page(scores: pd.DataFrame | None = None, summary: Mapping | None = Non
 def notebook_html(page: str, height: int = 900) -> str:
     """``page`` inside an ``<iframe srcdoc>``, for Jupyter's ``_repr_html_``: its script runs
     isolated from the notebook and from other viewers in it."""
-    return (f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width:100%;height:{height}px;border:0" '
-            f'sandbox="allow-scripts"></iframe>')
+    return (
+        f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width:100%;height:{height}px;border:0" '
+        f'sandbox="allow-scripts"></iframe>'
+    )

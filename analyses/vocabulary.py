@@ -87,8 +87,10 @@ def parse_figure_formats(text: str, source: str) -> tuple[str, ...] | None:
         return ()
     unknown = [f for f in asked if f not in FIGURE_FORMATS]
     if unknown:
-        raise HeadprobeError(f"{source}{text!r}: unknown figure format {unknown[0]!r}; choose from "
-                             f"{', '.join(FIGURE_FORMATS)} (comma-separated) or {NO_FIGURES}")
+        raise HeadprobeError(
+            f"{source}{text!r}: unknown figure format {unknown[0]!r}; choose from "
+            f"{', '.join(FIGURE_FORMATS)} (comma-separated) or {NO_FIGURES}"
+        )
     return tuple(f for f in FIGURE_FORMATS if f in asked)
 
 
@@ -137,6 +139,8 @@ def unreachable_note(n_random: int, alpha: float) -> str | None:
     if reachable(n_random, alpha):
         return None
     need = math.ceil(1 / exact_level(alpha)) - 1
-    return (f"--n-random {n_random} cannot reach alpha={alpha:g} (the smallest p-value of {n_random} draws is "
-            f"1/{n_random + 1} = {1 / (n_random + 1):.3f}): no verdict can be CONFIRMED; the ablations still run and "
-            f"report their p-values (use --n-random {need} or more)")
+    return (
+        f"--n-random {n_random} cannot reach alpha={alpha:g} (the smallest p-value of {n_random} draws is "
+        f"1/{n_random + 1} = {1 / (n_random + 1):.3f}): no verdict can be CONFIRMED; the ablations still run and "
+        f"report their p-values (use --n-random {need} or more)"
+    )

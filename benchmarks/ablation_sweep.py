@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--max-batch", type=int, default=64, help="sequences per engine forward pass")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--n-probes", type=int, default=N_PROBES, help="probes of the second-order estimate (default %(default)s)")
+    ap.add_argument(
+        "--n-probes", type=int, default=N_PROBES, help="probes of the second-order estimate (default %(default)s)"
+    )
     args = ap.parse_args(argv)
     device = device_auto(args.device)
 
@@ -70,13 +72,19 @@ def main(argv: list[str] | None = None) -> None:
     ckpt = load_checkpoint(args.model)
     bridge = wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), "transformer-lens", device)
     native = wrap(ckpt, "native", device)
-    print(f"loaded {args.model} on {device} in {time.perf_counter() - t0:.1f} s; torch threads {torch.get_num_threads()}")
+    print(
+        f"loaded {args.model} on {device} in {time.perf_counter() - t0:.1f} s; torch threads {torch.get_num_threads()}"
+    )
     spec = native.spec
     tokens = natural_text_tokens(native, args.n_seqs, args.seq_len, args.seed).tokens.to(device)
     if args.all_heads:
         heads = [(l, h) for l in range(spec.n_layers) for h in range(spec.n_heads)]
     else:  # two per layer, spread over the heads and KV groups
-        heads = [(l, h) for l in range(spec.n_layers) for h in sorted({l % spec.n_heads, (l + spec.n_heads // 2) % spec.n_heads})]
+        heads = [
+            (l, h)
+            for l in range(spec.n_layers)
+            for h in sorted({l % spec.n_heads, (l + spec.n_heads // 2) % spec.n_heads})
+        ]
     print(f"sweep: {len(heads)} heads, tokens {tuple(tokens.shape)}, zero ablation, loss over every prediction")
 
     exact_sweep(native, tokens[:, :8], heads=heads[:1])  # warm-up of both paths (allocations, kernels)
@@ -99,8 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     idx = torch.tensor(heads).T
     diff = float((fast.loss[idx[0], idx[1]] - ref.loss[idx[0], idx[1]]).abs().max())
     ratio = t_loop / t_engine
-    print(f"ratio {ratio:.2f}; max |loss difference| {diff:.2e} nats; clean loss {fast.clean_loss:.4f} "
-          f"(loop {ref.clean_loss:.4f}); largest effect {float(fast.effect[idx[0], idx[1]].max()):+.4f} nats")
+    print(
+        f"ratio {ratio:.2f}; max |loss difference| {diff:.2e} nats; clean loss {fast.clean_loss:.4f} "
+        f"(loop {ref.clean_loss:.4f}); largest effect {float(fast.effect[idx[0], idx[1]].max()):+.4f} nats"
+    )
 
     _sync(device)
     t0 = time.perf_counter()
@@ -115,10 +125,14 @@ def main(argv: list[str] | None = None) -> None:
     rho = spearman(imp.importance[idx[0], idx[1]], effect.abs())
     rho_signed = spearman(imp.importance[idx[0], idx[1]], effect)
     rho_attr = spearman(imp.attribution[idx[0], idx[1]], effect)
-    print(f"gradient importance (all {spec.n_layers * spec.n_heads} heads, 1 forward + 1 backward): {t_grad:.2f} s; "
-          f"{int((effect < 0).sum())} of the {len(heads)} swept heads lower the loss when ablated")
-    print(f"Spearman over the {len(heads)} heads: importance vs |exact effect| {rho:.3f} "
-          f"(vs the signed effect {rho_signed:.3f}); attribution patching vs the signed effect {rho_attr:.3f}")
+    print(
+        f"gradient importance (all {spec.n_layers * spec.n_heads} heads, 1 forward + 1 backward): {t_grad:.2f} s; "
+        f"{int((effect < 0).sum())} of the {len(heads)} swept heads lower the loss when ablated"
+    )
+    print(
+        f"Spearman over the {len(heads)} heads: importance vs |exact effect| {rho:.3f} "
+        f"(vs the signed effect {rho_signed:.3f}); attribution patching vs the signed effect {rho_attr:.3f}"
+    )
 
     _sync(device)
     t0 = time.perf_counter()
@@ -130,11 +144,15 @@ def main(argv: list[str] | None = None) -> None:
     rho_star_abs = spearman(star.estimate[idx[0], idx[1]], effect.abs())
     rho_star = spearman(star.estimate[idx[0], idx[1]], effect)
     rho_star_signed = spearman(star.signed[idx[0], idx[1]], effect)
-    print(f"AtP* (GradDrop; the QK fix does not apply to z ablation): {t_star:.2f} s, {fe_star:.0f} forward-equivalents "
-          f"(attribution patching {fe_attr:.0f}, this exact sweep ~{fe_sweep:.0f})")
-    print(f"Spearman over the {len(heads)} heads: AtP* (unsigned) vs |exact effect| {rho_star_abs:.3f}, vs the signed "
-          f"effect {rho_star:.3f}; signed AtP* (AtP's sign) vs the signed effect {rho_star_signed:.3f}; "
-          f"attribution patching vs |effect| {spearman(imp.attribution[idx[0], idx[1]].abs(), effect.abs()):.3f}")
+    print(
+        f"AtP* (GradDrop; the QK fix does not apply to z ablation): {t_star:.2f} s, {fe_star:.0f} forward-equivalents "
+        f"(attribution patching {fe_attr:.0f}, this exact sweep ~{fe_sweep:.0f})"
+    )
+    print(
+        f"Spearman over the {len(heads)} heads: AtP* (unsigned) vs |exact effect| {rho_star_abs:.3f}, vs the signed "
+        f"effect {rho_star:.3f}; signed AtP* (AtP's sign) vs the signed effect {rho_star_signed:.3f}; "
+        f"attribution patching vs |effect| {spearman(imp.attribution[idx[0], idx[1]].abs(), effect.abs()):.3f}"
+    )
 
     _sync(device)
     t0 = time.perf_counter()
@@ -144,14 +162,20 @@ def main(argv: list[str] | None = None) -> None:
     fe_second = forward_equivalents("second-order", spec.n_layers, args.n_probes)
     rho_second = spearman(second.estimate[idx[0], idx[1]], effect)
     resid = effect - second.attribution[idx[0], idx[1]]
-    print(f"second order (attribution patching + Monte-Carlo Gauss-Newton term, {args.n_probes} probes): {t_second:.2f} s, "
-          f"{fe_second:.0f} forward-equivalents; exact minus first order: median {float(resid.median()):+.4f} nats "
-          f"(curvature term median {float(second.curvature[idx[0], idx[1]].median()):.4f}, standard error median "
-          f"{float(second.curvature_se[idx[0], idx[1]].median()):.4f})")
-    print(f"Spearman over the {len(heads)} heads: second order vs the signed effect {rho_second:.3f} "
-          f"(attribution patching alone {rho_attr:.3f})")
-    print(f"ratio={ratio:.2f} max_loss_diff={diff:.2e} spearman={rho:.3f} atp_spearman={rho_second:.3f} "
-          f"atp_method=second-order atp_forward_equivalents={fe_second:.0f} atpstar_spearman={rho_star_signed:.3f}")
+    print(
+        f"second order (attribution patching + Monte-Carlo Gauss-Newton term, {args.n_probes} probes): {t_second:.2f} s, "
+        f"{fe_second:.0f} forward-equivalents; exact minus first order: median {float(resid.median()):+.4f} nats "
+        f"(curvature term median {float(second.curvature[idx[0], idx[1]].median()):.4f}, standard error median "
+        f"{float(second.curvature_se[idx[0], idx[1]].median()):.4f})"
+    )
+    print(
+        f"Spearman over the {len(heads)} heads: second order vs the signed effect {rho_second:.3f} "
+        f"(attribution patching alone {rho_attr:.3f})"
+    )
+    print(
+        f"ratio={ratio:.2f} max_loss_diff={diff:.2e} spearman={rho:.3f} atp_spearman={rho_second:.3f} "
+        f"atp_method=second-order atp_forward_equivalents={fe_second:.0f} atpstar_spearman={rho_star_signed:.3f}"
+    )
 
 
 if __name__ == "__main__":

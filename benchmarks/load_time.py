@@ -46,6 +46,7 @@ out["backend"] = model.spec.backend
 print(json.dumps(out))
 """
 
+
 def run_child(model: str, cache: str) -> dict[str, list[float]]:
     """One fresh process: {phase: [wall s, CPU s]} plus ``process`` (its whole wall time)."""
     env = {**os.environ, "HEADPROBE_CACHE": cache}
@@ -59,8 +60,10 @@ def run_child(model: str, cache: str) -> dict[str, list[float]]:
 
 def describe(label: str, run: dict) -> str:
     wall, cpu = run["load_model"]
-    return (f"{label}: load_model {wall:.2f} s (cpu {cpu:.2f}, {run['backend']} backend); imports "
-            f"{run['imports'][0]:.2f} s; process {run['process'][0]:.2f} s")
+    return (
+        f"{label}: load_model {wall:.2f} s (cpu {cpu:.2f}, {run['backend']} backend); imports "
+        f"{run['imports'][0]:.2f} s; process {run['process'][0]:.2f} s"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -47,13 +47,28 @@ def one(n: int, model_name: str, streaming: str) -> dict:
     period = max(2, (n - 1) // 2 - 48)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
-        res = headprobe.scan(model, n_natural=1, seq_len=n, n_repeated=1, period=period, verify=False,
-                             streaming=streaming, progress=False)
+        res = headprobe.scan(
+            model,
+            n_natural=1,
+            seq_len=n,
+            n_repeated=1,
+            period=period,
+            verify=False,
+            streaming=streaming,
+            progress=False,
+        )
         res.save(out, overwrite=True, figures=False)
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"n": n, "period": period, "scan_s": round(wall, 1), "loaded_mb": round(loaded), "peak_mb": round(peak),
-            "above_load_mb": round(peak - loaded), "weights_mb": round(weights)}
+    return {
+        "n": n,
+        "period": period,
+        "scan_s": round(wall, 1),
+        "loaded_mb": round(loaded),
+        "peak_mb": round(peak),
+        "above_load_mb": round(peak - loaded),
+        "weights_mb": round(weights),
+    }
 
 
 def main() -> None:
@@ -66,18 +81,27 @@ def main() -> None:
     if args.one is not None:
         print(json.dumps(one(args.one, args.model, args.streaming)), flush=True)
         return
-    print(f"{'tokens':>7} {'scan s':>8} {'RSS after load MB':>18} {'peak RSS MB':>12} {'peak - load MB':>15} "
-          f"{'children maxrss MB':>19}")
+    print(
+        f"{'tokens':>7} {'scan s':>8} {'RSS after load MB':>18} {'peak RSS MB':>12} {'peak - load MB':>15} "
+        f"{'children maxrss MB':>19}"
+    )
     for n in (int(x) for x in args.lengths.split(",")):
-        out = subprocess.run([sys.executable, __file__, "--one", str(n), "--model", args.model,
-                              "--streaming", args.streaming], capture_output=True, text=True, env=os.environ)
+        out = subprocess.run(
+            [sys.executable, __file__, "--one", str(n), "--model", args.model, "--streaming", args.streaming],
+            capture_output=True,
+            text=True,
+            env=os.environ,
+        )
         if out.returncode != 0:
             print(f"{n:>7} failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
             continue
         row = json.loads(out.stdout.strip().splitlines()[-1])
         children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # max over the children so far
-        print(f"{n:>7} {row['scan_s']:>8} {row['loaded_mb']:>18} {row['peak_mb']:>12} {row['above_load_mb']:>15} "
-              f"{children:>19.0f}", flush=True)
+        print(
+            f"{n:>7} {row['scan_s']:>8} {row['loaded_mb']:>18} {row['peak_mb']:>12} {row['above_load_mb']:>15} "
+            f"{children:>19.0f}",
+            flush=True,
+        )
         print("  " + json.dumps(row), flush=True)
 
 

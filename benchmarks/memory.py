@@ -102,11 +102,16 @@ print(json.dumps(out))
 """
 
 
-def run_child(cache: str, mode: str, model: str, backend: str = "native", seq_len: int = 0, batch: int = 1,
-              layers: str = "3") -> dict:
+def run_child(
+    cache: str, mode: str, model: str, backend: str = "native", seq_len: int = 0, batch: int = 1, layers: str = "3"
+) -> dict:
     env = {**os.environ, "HEADPROBE_CACHE": cache}
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode, model, backend, str(seq_len), str(batch), layers],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, model, backend, str(seq_len), str(batch), layers],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0:
         sys.exit(f"memory: the child process ({mode} {backend} {seq_len}) failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -118,10 +123,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-lens", default="128,512,2048", help="comma-separated sequence lengths")
     parser.add_argument("--batch", type=int, default=1, help="sequences per pass (scan and sweep)")
     parser.add_argument("--sweep-layers", default="3", help="layers with one head swept each (a number)")
-    parser.add_argument("--all-layers-seq-len", type=int, default=512,
-                        help="also sweep one head of every layer at this length (0: skip)")
-    parser.add_argument("--cache", default=None,
-                        help="an existing HEADPROBE_CACHE to use (then the cold load is skipped)")
+    parser.add_argument(
+        "--all-layers-seq-len",
+        type=int,
+        default=512,
+        help="also sweep one head of every layer at this length (0: skip)",
+    )
+    parser.add_argument(
+        "--cache", default=None, help="an existing HEADPROBE_CACHE to use (then the cold load is skipped)"
+    )
     parser.add_argument("--skip-bridge", action="store_true", help="do not measure the bridge load")
     args = parser.parse_args(argv)
     seq_lens = [int(s) for s in args.seq_lens.split(",") if s]
@@ -138,8 +148,9 @@ def main(argv: list[str] | None = None) -> None:
                 keys[key] = r["x"]
             rows.append((label, r))
             secs = r.get("run_s", r["load_s"])
-            print(f"{label:<34} peak +{r['peak_kb'] / 1024:8.0f} MB  {r['x']:5.2f}x weights  ({secs:.1f} s)",
-                  flush=True)
+            print(
+                f"{label:<34} peak +{r['peak_kb'] / 1024:8.0f} MB  {r['x']:5.2f}x weights  ({secs:.1f} s)", flush=True
+            )
             return r
 
         if args.cache is None:
@@ -148,19 +159,35 @@ def main(argv: list[str] | None = None) -> None:
             run_child(cache, "load", args.model)  # make sure the entry exists
         w = measure("warm load (native)", "load_peak_x", mode="load", backend="native")
         if not args.skip_bridge:
-            measure("warm load (transformer-lens bridge)", "bridge_load_peak_x", mode="load", backend="transformer-lens")
+            measure(
+                "warm load (transformer-lens bridge)", "bridge_load_peak_x", mode="load", backend="transformer-lens"
+            )
         for T in seq_lens:
             measure(f"scan pass, {args.batch} x {T}", f"scan_{T}_x", mode="scan", seq_len=T, batch=args.batch)
         for T in seq_lens:
-            measure(f"exact sweep, {args.sweep_layers} layers, {args.batch} x {T}", f"sweep_{T}_x", mode="sweep",
-                    seq_len=T, batch=args.batch, layers=args.sweep_layers)
+            measure(
+                f"exact sweep, {args.sweep_layers} layers, {args.batch} x {T}",
+                f"sweep_{T}_x",
+                mode="sweep",
+                seq_len=T,
+                batch=args.batch,
+                layers=args.sweep_layers,
+            )
         if args.all_layers_seq_len:
             T = args.all_layers_seq_len
-            measure(f"exact sweep, all layers, {args.batch} x {T}", f"sweep_all_layers_{T}_x", mode="sweep",
-                    seq_len=T, batch=args.batch, layers="all")
+            measure(
+                f"exact sweep, all layers, {args.batch} x {T}",
+                f"sweep_all_layers_{T}_x",
+                mode="sweep",
+                seq_len=T,
+                batch=args.batch,
+                layers="all",
+            )
     weight_mb = w["weight_bytes"] / 2**20
-    print(f"weights: {weight_mb:.0f} MB (float32 parameters); peaks are above the RSS after importing torch, "
-          f"transformers and headprobe (load) or after the load (scan, sweep)")
+    print(
+        f"weights: {weight_mb:.0f} MB (float32 parameters); peaks are above the RSS after importing torch, "
+        f"transformers and headprobe (load) or after the load (scan, sweep)"
+    )
     first = ["load_peak_x", "cold_load_peak_x", "bridge_load_peak_x"]
     order = [k for k in first if k in keys] + [k for k in keys if k not in first]
     print(" ".join(f"{k}={keys[k]:.2f}" for k in order) + f" weight_mb={weight_mb:.0f}")

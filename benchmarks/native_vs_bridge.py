@@ -75,8 +75,10 @@ def main() -> None:
         "bridge+patterns": lambda: bridge.run_with_hooks(tokens, fwd_hooks=pattern_hooks("bridge")),
         "hf eager": lambda: hf(tokens).logits,
     }
-    print(f"model {args.model}, tokens {args.batch}x{args.pos}, device {args.device}, torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}, median of {args.repeats}")
+    print(
+        f"model {args.model}, tokens {args.batch}x{args.pos}, device {args.device}, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}, median of {args.repeats}"
+    )
     results = {}
     with torch.inference_mode():
         for name, fn in engines.items():

@@ -39,16 +39,20 @@ def main() -> None:
         per_length[:, b.index] = r.patched_ld
         n_groups += r.n_forward
     t_groups = time.perf_counter() - t0
-    print(f"4 IOI pairs, token lengths {lengths}, {len(timed)} heads (site z): padded {padded.n_forward} forward passes "
-          f"{t_padded:.1f} s; one batch per length {n_groups} passes {t_groups:.1f} s; "
-          f"max |difference| {np.abs(padded.patched_ld - per_length).max():.2e}")
+    print(
+        f"4 IOI pairs, token lengths {lengths}, {len(timed)} heads (site z): padded {padded.n_forward} forward passes "
+        f"{t_padded:.1f} s; one batch per length {n_groups} passes {t_groups:.1f} s; "
+        f"max |difference| {np.abs(padded.patched_ld - per_length).max():.2e}"
+    )
     pairs = ioi_prompts(model.tokenizer, args.n_prompts, seed=0)
     heads = parse_heads(args.heads, spec.n_layers, spec.n_heads)
     for site in ("z", "q", "k", "v"):
         r = patch(model, pairs, site, heads)
         t = r.table()
-        cells = ", ".join(f"{layer}.{h} {e:+.2f} [{lo:+.2f}, {hi:+.2f}]" for layer, h, e, lo, hi in
-                          zip(t["layer"], t["head"], t["effect"], t["effect_ci95_lo"], t["effect_ci95_hi"]))
+        cells = ", ".join(
+            f"{layer}.{h} {e:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+            for layer, h, e, lo, hi in zip(t["layer"], t["head"], t["effect"], t["effect_ci95_lo"], t["effect_ci95_hi"])
+        )
         print(f"site {site}: clean LD {r.clean_ld.mean():+.2f}, corrupted {r.corrupted_ld.mean():+.2f}; {cells}")
     r = patch(model, pairs, "resid", [(layer, -1) for layer in range(spec.n_layers)])
     norm = r.effect.mean(1) / r.total

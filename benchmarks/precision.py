@@ -39,16 +39,20 @@ def main(argv: list[str] | None = None) -> None:
     floor = VerdictRule().min_effect
     t0 = time.perf_counter()
     ref = exact_sweep(f32, tokens).effect
-    print(f"float32 sweep of {ref.numel()} heads on {tuple(tokens.shape)} tokens: {time.perf_counter() - t0:.1f} s "
-          f"(effect floor {floor} nats/token)")
+    print(
+        f"float32 sweep of {ref.numel()} heads on {tuple(tokens.shape)} tokens: {time.perf_counter() - t0:.1f} s "
+        f"(effect floor {floor} nats/token)"
+    )
     runs = {"bfloat16": lambda: exact_sweep(f32.to(torch.bfloat16), tokens).effect}
     if device.startswith("cuda"):
+
         def tf32():
             torch.backends.cuda.matmul.allow_tf32 = True
             try:
                 return exact_sweep(wrap(ckpt, "native", device), tokens).effect
             finally:
                 torch.backends.cuda.matmul.allow_tf32 = False
+
         runs["tf32"] = tf32
     else:
         print("tf32: n/a (CUDA only)")
@@ -59,8 +63,10 @@ def main(argv: list[str] | None = None) -> None:
         diff = float((eff[ok] - ref[ok]).abs().max())
         rho = spearman(eff[ok], ref[ok])
         flips = int(((eff[ok] >= floor) != (ref[ok] >= floor)).sum())
-        print(f"{name}: {time.perf_counter() - t0:.1f} s; largest |effect difference| {diff:.4f} nats/token; Spearman "
-              f"{rho:.4f}; heads whose effect crosses the {floor} floor: {flips} of {int(ok.sum())}")
+        print(
+            f"{name}: {time.perf_counter() - t0:.1f} s; largest |effect difference| {diff:.4f} nats/token; Spearman "
+            f"{rho:.4f}; heads whose effect crosses the {floor} floor: {flips} of {int(ok.sum())}"
+        )
 
 
 if __name__ == "__main__":

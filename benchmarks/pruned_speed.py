@@ -98,8 +98,10 @@ def main(argv: list[str] | None = None) -> None:
     tokens = natural_text_tokens(model, args.batch, args.seq_len, seed=1).tokens.to(model.device)
     dtype = torch_dtype(args.dtype)
     full = model.model.to(dtype)
-    print(f"{args.model}: {spec.n_layers} layers x {spec.n_heads} heads ({spec.n_kv_heads} KV), "
-          f"tokens {args.batch} x {args.seq_len}, {args.device} {args.dtype}, torch threads {torch.get_num_threads()}")
+    print(
+        f"{args.model}: {spec.n_layers} layers x {spec.n_heads} heads ({spec.n_kv_heads} KV), "
+        f"tokens {args.batch} x {args.seq_len}, {args.device} {args.dtype}, torch threads {torch.get_num_threads()}"
+    )
 
     n_total = spec.n_layers * spec.n_heads
     pruned = []
@@ -110,9 +112,13 @@ def main(argv: list[str] | None = None) -> None:
     t_full, *t_pruned = time_forwards([full, *pruned], tokens, args.repeats)
     f_full = forward_flops(full, layout, args.batch, args.seq_len)
     n_tok = args.batch * args.seq_len
-    print(f"{'model':<26}{'heads':>6}{'kv heads':>9}{'GFLOP':>8}{'FLOPs removed':>15}{'s/pass':>8}{'tokens/s':>10}{'time saved':>12}{'realised':>10}")
-    print(f"{'full':<26}{n_total:>6}{spec.n_layers * spec.n_kv_heads:>9}{f_full / 1e9:>8.1f}"
-          f"{'':>15}{t_full:>8.3f}{n_tok / t_full:>10.0f}{'':>12}{'':>10}")
+    print(
+        f"{'model':<26}{'heads':>6}{'kv heads':>9}{'GFLOP':>8}{'FLOPs removed':>15}{'s/pass':>8}{'tokens/s':>10}{'time saved':>12}{'realised':>10}"
+    )
+    print(
+        f"{'full':<26}{n_total:>6}{spec.n_layers * spec.n_kv_heads:>9}{f_full / 1e9:>8.1f}"
+        f"{'':>15}{t_full:>8.3f}{n_tok / t_full:>10.0f}{'':>12}{'':>10}"
+    )
     summary = {"tokens_per_s_full": f"{n_tok / t_full:.0f}"}
     for frac, net, t in zip(fractions, pruned, t_pruned):
         f = forward_flops(net, layout, args.batch, args.seq_len)
@@ -121,8 +127,10 @@ def main(argv: list[str] | None = None) -> None:
         realised = saved / share if share > 0 else float("nan")
         heads = sum(b.attn.n_heads for b in net.blocks)
         kv = sum(len(b.attn.kept_kv_heads) for b in net.blocks)
-        print(f"{f'removed {frac:.0%} (importance)':<26}{heads:>6}{kv:>9}{f / 1e9:>8.1f}"
-              f"{share:>15.1%}{t:>8.3f}{n_tok / t:>10.0f}{saved:>12.1%}{realised:>10.2f}")
+        print(
+            f"{f'removed {frac:.0%} (importance)':<26}{heads:>6}{kv:>9}{f / 1e9:>8.1f}"
+            f"{share:>15.1%}{t:>8.3f}{n_tok / t:>10.0f}{saved:>12.1%}{realised:>10.2f}"
+        )
         summary[f"flop_share_{frac:g}"] = f"{share:.3f}"
         summary[f"realised_{frac:g}"] = f"{realised:.2f}"
     print(" ".join(f"{k}={v}" for k, v in summary.items()))

@@ -43,11 +43,25 @@ import sys
 import time
 
 PEAK_ENV = "RUN_PEAK_FILE"
-PRELOAD = ("torch", "numpy", "pandas", "scipy.stats", "matplotlib.pyplot", "transformers", "transformer_lens",
-           "transformers.modeling_utils", "transformers.core_model_loading", "transformers.models.auto.modeling_auto",
-           "transformers.models.auto.tokenization_auto", "transformers.models.llama.modeling_llama",
-           "torch.distributed.run", "headprobe.cli", "headprobe.options", "headprobe.probe.backends.loading",
-           "headprobe.probe.model.convert")
+PRELOAD = (
+    "torch",
+    "numpy",
+    "pandas",
+    "scipy.stats",
+    "matplotlib.pyplot",
+    "transformers",
+    "transformer_lens",
+    "transformers.modeling_utils",
+    "transformers.core_model_loading",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.auto.tokenization_auto",
+    "transformers.models.llama.modeling_llama",
+    "torch.distributed.run",
+    "headprobe.cli",
+    "headprobe.options",
+    "headprobe.probe.backends.loading",
+    "headprobe.probe.model.convert",
+)
 
 
 def gpu_peak_mib() -> str | None:
@@ -140,8 +154,9 @@ def _start(argv: list[str], log: str, fork: bool) -> int:
     import subprocess
 
     with open(log, "a") as out:
-        return subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv], stdout=out, stderr=out,
-                                start_new_session=True).pid
+        return subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), *argv], stdout=out, stderr=out, start_new_session=True
+        ).pid
 
 
 def preload() -> None:
@@ -190,8 +205,10 @@ def run_plan(plan: str, log: str, timeout: float) -> int:
         rc, usage = _wait(_start(argv, log, fork), timeout)
         wall = time.perf_counter() - start
         gpu = _read_peaks(peak_file, "0" if cuda else "n/a")
-        line = (f"gpu_check_step name={name} command={command} rc={rc} wall_s={wall:.1f} "
-                f"cpu_s={usage.ru_utime + usage.ru_stime:.1f} peak_gpu_mib={gpu} peak_rss_mib={usage.ru_maxrss / 1024:.0f}")
+        line = (
+            f"gpu_check_step name={name} command={command} rc={rc} wall_s={wall:.1f} "
+            f"cpu_s={usage.ru_utime + usage.ru_stime:.1f} peak_gpu_mib={gpu} peak_rss_mib={usage.ru_maxrss / 1024:.0f}"
+        )
         with open(log, "a") as out:
             out.write(f"## {name} rc={rc}\n{line}\n")
         print(line, flush=True)

@@ -43,28 +43,58 @@ from pathlib import Path
 
 import torch
 
-BIG = dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096,
-           intermediate_size=14336, vocab_size=128256, head_dim=128, max_position_embeddings=8192,
-           rope_theta=500000.0, tie_word_embeddings=False)
+BIG = dict(
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    hidden_size=4096,
+    intermediate_size=14336,
+    vocab_size=128256,
+    head_dim=128,
+    max_position_embeddings=8192,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+)
 """Llama-3-8B's shape (the ``llama8b-random`` config of ``../shared/gpu-bundle.sh`` with Llama 3's vocabulary)."""
 
-TINY = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
-            intermediate_size=64, vocab_size=128, head_dim=8, max_position_embeddings=256, tie_word_embeddings=False)
+TINY = dict(
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    hidden_size=32,
+    intermediate_size=64,
+    vocab_size=128,
+    head_dim=8,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+)
 
 FULL = dict(n_seqs=8, seq_len=128, sample=32, circuit_seqs=8, period=64, kv_len=4096, matmul=8192, budget="40GiB")
 SMALL = dict(n_seqs=2, seq_len=16, sample=4, circuit_seqs=2, period=6, kv_len=64, matmul=256, budget="1GiB")
 
 
-def sweep_flops(n_layers: int, d_model: int, d_mlp: int, n_heads: int, n_kv_heads: int, d_head: int, d_vocab: int,
-                seq_len: int, batch: int, heads: list[tuple[int, int]]) -> int:
+def sweep_flops(
+    n_layers: int,
+    d_model: int,
+    d_mlp: int,
+    n_heads: int,
+    n_kv_heads: int,
+    d_head: int,
+    d_vocab: int,
+    seq_len: int,
+    batch: int,
+    heads: list[tuple[int, int]],
+) -> int:
     """Matrix-product FLOPs of an exact sweep of ``heads`` (the floor any implementation must compute):
     one clean forward, then per head a forward resumed at its layer ``l`` (layers ``l .. L-1``) with
     the unembedding at every position. Per layer ``2 T (D (H + 2 KV) d_head + H d_head D + 3 D d_mlp)
     + 4 H d_head T^2`` (projections, a gated MLP, scores and weighted sum over the full square;
     Kaplan et al. 2020, arXiv:2001.08361, table 1, with GQA), the unembedding ``2 T D V``."""
     T = seq_len
-    layer = 2 * T * (d_model * (n_heads + 2 * n_kv_heads) * d_head + n_heads * d_head * d_model
-                     + 3 * d_model * d_mlp) + 4 * n_heads * d_head * T * T
+    layer = (
+        2 * T * (d_model * (n_heads + 2 * n_kv_heads) * d_head + n_heads * d_head * d_model + 3 * d_model * d_mlp)
+        + 4 * n_heads * d_head * T * T
+    )
     unembed = 2 * T * d_model * d_vocab
     clean = n_layers * layer + unembed
     return batch * (clean + sum((n_layers - l) * layer + unembed for l, _ in heads))
@@ -109,8 +139,12 @@ def build_hf(shape: dict, device: str, dtype: torch.dtype, tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(**shape, bos_token_id=tokenizer.bos_token_id or 0, eos_token_id=tokenizer.eos_token_id or 0,
-                      architectures=["LlamaForCausalLM"])
+    cfg = LlamaConfig(
+        **shape,
+        bos_token_id=tokenizer.bos_token_id or 0,
+        eos_token_id=tokenizer.eos_token_id or 0,
+        architectures=["LlamaForCausalLM"],
+    )
     before = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -135,8 +169,17 @@ def _tiny_tokenizer(tmp: str, n_words: int):
     return word_level_tokenizer(tmp, n_words)
 
 
-def run_steps(model, name: str, device: str, s: dict, tflops: float, text: str | None, tmp: str,
-              bridge_of: Callable | None, d_mlp: int) -> list[dict]:
+def run_steps(
+    model,
+    name: str,
+    device: str,
+    s: dict,
+    tflops: float,
+    text: str | None,
+    tmp: str,
+    bridge_of: Callable | None,
+    d_mlp: int,
+) -> list[dict]:
     """Every step's row on one model (see the module docstring)."""
     import headprobe
     from headprobe.analyses.ablation import exact_sweep, head_importance, sweep_loop
@@ -164,40 +207,80 @@ def run_steps(model, name: str, device: str, s: dict, tflops: float, text: str |
     heads = [(l, h) for l in range(sp.n_layers) for h in range(sp.n_heads)]
     exact_sweep(model, tokens[:, :8], heads=heads[:1])  # warm-up
     sweep, t_sweep, peak = _timed(device, lambda: exact_sweep(model, tokens, heads=heads))
-    flops = sweep_flops(sp.n_layers, sp.d_model, d_mlp, sp.n_heads, sp.n_kv_heads, sp.d_head, sp.d_vocab,
-                        tokens.shape[1], tokens.shape[0], heads)
+    flops = sweep_flops(
+        sp.n_layers,
+        sp.d_model,
+        d_mlp,
+        sp.n_heads,
+        sp.n_kv_heads,
+        sp.d_head,
+        sp.d_vocab,
+        tokens.shape[1],
+        tokens.shape[0],
+        heads,
+    )
     floor_s = flops / (tflops * 1e12)
-    row("sweep: exact, all heads", t_sweep, peak, len(heads) / t_sweep, "heads/s", heads=len(heads), flops=flops,
-        matmul_tflops=tflops, floor_seconds=floor_s, floor_fraction=floor_s / t_sweep)
+    row(
+        "sweep: exact, all heads",
+        t_sweep,
+        peak,
+        len(heads) / t_sweep,
+        "heads/s",
+        heads=len(heads),
+        flops=flops,
+        matmul_tflops=tflops,
+        floor_seconds=floor_s,
+        floor_fraction=floor_s / t_sweep,
+    )
     if bridge_of is not None:
         bridge = bridge_of()
         sample = heads[:: max(1, len(heads) // s["sample"])][: s["sample"]]
         ref, t_loop, peak = _timed(device, lambda: sweep_loop(bridge, tokens, heads=sample))
         idx = torch.tensor(sample).T
         diff = float((ref.loss[idx[0], idx[1]] - sweep.loss[idx[0], idx[1]]).abs().max())
-        row("sweep: TransformerLens hook loop (sample)", t_loop, peak, len(sample) / t_loop, "heads/s", heads=len(sample),
-            engine_speedup=(t_loop / len(sample)) / (t_sweep / len(heads)), max_loss_diff=diff)
+        row(
+            "sweep: TransformerLens hook loop (sample)",
+            t_loop,
+            peak,
+            len(sample) / t_loop,
+            "heads/s",
+            heads=len(sample),
+            engine_speedup=(t_loop / len(sample)) / (t_sweep / len(heads)),
+            max_loss_diff=diff,
+        )
         del bridge
 
-    for step, fn in (("gradient importance", lambda: head_importance(model, tokens)),
-                     ("AtP*", lambda: atp_star(model, tokens)),
-                     ("second-order estimate", lambda: second_order(model, tokens, seed=0))):
+    for step, fn in (
+        ("gradient importance", lambda: head_importance(model, tokens)),
+        ("AtP*", lambda: atp_star(model, tokens)),
+        ("second-order estimate", lambda: second_order(model, tokens, seed=0)),
+    ):
         _, sec, peak = _timed(device, fn)
         row(step, sec, peak)
 
     out = Path(tmp) / f"prune-{name}"
-    pr, t_prune, peak = _timed(device, lambda: headprobe.prune(model, methods="michel,random", save_pruned=True, n_seeds=1,
-                                                              **data))
+    pr, t_prune, peak = _timed(
+        device, lambda: headprobe.prune(model, methods="michel,random", save_pruned=True, n_seeds=1, **data)
+    )
     pr.save(out, overwrite=True)
     row("prune: curve (michel, random)", t_prune, peak, note=f"{len(pr.table)} curve rows")
     reloaded, t_reload, peak = _timed(device, lambda: load_model(str(out / "pruned_model"), device=device))
     row("prune: reload of --save-pruned", t_reload, peak, note=f"{len(reloaded.spec.removed_heads)} heads removed")
 
     budget_gib = float(s["budget"].removesuffix("GiB"))
-    _, t_circ, peak = _timed(device, lambda: headprobe.circuit(model, n_seqs=s["circuit_seqs"], period=s["period"],
-                                                              method="eap-ig", verify=0, memory_gb=budget_gib))
-    row(f"circuit: EAP-IG {s['circuit_seqs']} x {2 * s['period'] + 1} tokens", t_circ, peak,
-        note=f"memory bound {s['budget']}", within_bound=peak <= budget_gib * 2**30 or not device.startswith("cuda"))
+    _, t_circ, peak = _timed(
+        device,
+        lambda: headprobe.circuit(
+            model, n_seqs=s["circuit_seqs"], period=s["period"], method="eap-ig", verify=0, memory_gb=budget_gib
+        ),
+    )
+    row(
+        f"circuit: EAP-IG {s['circuit_seqs']} x {2 * s['period'] + 1} tokens",
+        t_circ,
+        peak,
+        note=f"memory bound {s['budget']}",
+        within_bound=peak <= budget_gib * 2**30 or not device.startswith("cuda"),
+    )
     _, t_kv, peak = _timed(device, lambda: headprobe.kv(model, seq_len=s["kv_len"], text=text))
     row(f"kv at {s['kv_len']} tokens", t_kv, peak)
     return rows
@@ -207,11 +290,19 @@ def table(rows: list[dict], header: str) -> str:
     """The markdown table of ``rows``."""
     lines = [header, "", "| model | step | seconds | rate | peak memory | notes |", "|---|---|---:|---:|---:|---|"]
     for r in rows:
-        extra = {k: v for k, v in r.items() if k not in ("model", "step", "seconds", "rate", "unit", "peak_bytes", "note")}
-        notes = "; ".join([*([r["note"]] if r.get("note") else []),
-                           *(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items())])
+        extra = {
+            k: v for k, v in r.items() if k not in ("model", "step", "seconds", "rate", "unit", "peak_bytes", "note")
+        }
+        notes = "; ".join(
+            [
+                *([r["note"]] if r.get("note") else []),
+                *(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items()),
+            ]
+        )
         rate = f"{r['rate']:.3g} {r['unit']}" if r["rate"] is not None else ""
-        lines.append(f"| {r['model']} | {r['step']} | {r['seconds']:.3f} | {rate} | {r['peak_bytes'] / 2**30:.2f} GiB | {notes} |")
+        lines.append(
+            f"| {r['model']} | {r['step']} | {r['seconds']:.3f} | {rate} | {r['peak_bytes'] / 2**30:.2f} GiB | {notes} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -221,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="folder for scale.md and scale.json")
     ap.add_argument("--tiny", action="store_true", help="a tiny model and tiny settings (automatic without CUDA)")
     ap.add_argument("--no-reference", action="store_true", help="skip the embedded model's rows")
-    ap.add_argument("--memory-budget", default=None, help="circuit's memory bound, e.g. 40GiB (default: 40GiB, tiny 1GiB)")
+    ap.add_argument(
+        "--memory-budget", default=None, help="circuit's memory bound, e.g. 40GiB (default: 40GiB, tiny 1GiB)"
+    )
     args = ap.parse_args(argv)
     import headprobe
     from headprobe.probe.backends.loading import load_checkpoint, wrap_model
@@ -240,30 +333,70 @@ def main(argv: list[str] | None = None) -> int:
             text.write_text(" ".join(f"t{(i * 7919) % (TINY['vocab_size'] - 1)}" for i in range(3000)))
             model, cfg = build(TINY, device, torch.float32, tok)
             hf_of = lambda: build_hf(TINY, device, torch.float32, tok)
-            rows += run_steps(model, model.spec.name, device, s, tflops, str(text), tmp,
-                              lambda: wrap_model(hf_of(), tok, backend="transformer-lens"), cfg.intermediate_size)
+            rows += run_steps(
+                model,
+                model.spec.name,
+                device,
+                s,
+                tflops,
+                str(text),
+                tmp,
+                lambda: wrap_model(hf_of(), tok, backend="transformer-lens"),
+                cfg.intermediate_size,
+            )
         else:
             ref = load_checkpoint("smollm2-135m")
             model, cfg = build(BIG, device, torch.bfloat16, ref.tokenizer)
-            rows += run_steps(model, "llama3-8b-shape (bf16)", device, s, tflops, None, tmp,
-                              lambda: wrap_model(build_hf(BIG, device, torch.bfloat16, ref.tokenizer), ref.tokenizer,
-                                                 backend="transformer-lens"), cfg.intermediate_size)
+            rows += run_steps(
+                model,
+                "llama3-8b-shape (bf16)",
+                device,
+                s,
+                tflops,
+                None,
+                tmp,
+                lambda: wrap_model(
+                    build_hf(BIG, device, torch.bfloat16, ref.tokenizer), ref.tokenizer, backend="transformer-lens"
+                ),
+                cfg.intermediate_size,
+            )
             del model
             torch.cuda.empty_cache()
             if not args.no_reference:
                 small = headprobe.load_model("smollm2-135m", device=device)
-                rows += run_steps(small, "smollm2-135m (fp32)", device, s, tflops, None, tmp,
-                                  lambda: headprobe.load_model("smollm2-135m", device=device, backend="transformer-lens"),
-                                  ref.hf_model.config.intermediate_size)
+                rows += run_steps(
+                    small,
+                    "smollm2-135m (fp32)",
+                    device,
+                    s,
+                    tflops,
+                    None,
+                    tmp,
+                    lambda: headprobe.load_model("smollm2-135m", device=device, backend="transformer-lens"),
+                    ref.hf_model.config.intermediate_size,
+                )
     gpu = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
-    header = (f"# headprobe at scale: {gpu}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-              f"bf16 matmul {tflops:.3g} TFLOP/s ({'tiny settings' if tiny else 'full settings'})")
+    header = (
+        f"# headprobe at scale: {gpu}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+        f"bf16 matmul {tflops:.3g} TFLOP/s ({'tiny settings' if tiny else 'full settings'})"
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scale.md").write_text(table(rows, header))
-    (out / "scale.json").write_text(json.dumps({"device": gpu, "torch": torch.__version__, "cuda": torch.version.cuda,
-                                                "tiny": tiny, "settings": s, "matmul_tflops": tflops, "rows": rows},
-                                               indent=1))
+    (out / "scale.json").write_text(
+        json.dumps(
+            {
+                "device": gpu,
+                "torch": torch.__version__,
+                "cuda": torch.version.cuda,
+                "tiny": tiny,
+                "settings": s,
+                "matmul_tflops": tflops,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     print(table(rows, header))
     return 0
 

@@ -42,14 +42,17 @@ def main() -> None:
     tl, nat = results["transformer-lens"], results["native"]
     diff = max(float(np.abs(tl.scores[c] - nat.scores[c]).max()) for c in SCORE_COLUMNS if c != "positional_offset")
     same = all(
-        top_heads(torch.as_tensor(tl.scores[d.rank_by]), args.top) == top_heads(torch.as_tensor(nat.scores[d.rank_by]), args.top)
+        top_heads(torch.as_tensor(tl.scores[d.rank_by]), args.top)
+        == top_heads(torch.as_tensor(nat.scores[d.rank_by]), args.top)
         for d in DETECTORS.values()
     )
     loss_diff = max(abs(a.top_loss - b.top_loss) for a, b in zip(tl.verifications, nat.verifications))
     print(f"{'backend':<18}{'scan (s)':>10}")
     for b, t in times.items():
         print(f"{b:<18}{t:>10.1f}")
-    print(f"same top-{args.top} heads for every type: {same}; max score diff {diff:.2e}; max ablated-loss diff {loss_diff:.2e}")
+    print(
+        f"same top-{args.top} heads for every type: {same}; max score diff {diff:.2e}; max ablated-loss diff {loss_diff:.2e}"
+    )
     print(f"ratio={times['transformer-lens'] / times['native']:.2f} same_top_heads={same} max_score_diff={diff:.2e}")
 
 

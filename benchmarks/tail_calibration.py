@@ -24,8 +24,7 @@ TAIL_FIT_LEVEL = 0.05
 TAIL_P_FLOOR = 1e-12
 
 
-def gpd_tail_p_value(observed: float, draws: Sequence[float], seed: int = 0,
-                     check_fit: bool = True) -> float | None:
+def gpd_tail_p_value(observed: float, draws: Sequence[float], seed: int = 0, check_fit: bool = True) -> float | None:
     """Knijnenburg et al.'s (2009) p-value of ``observed`` from a generalized Pareto tail fitted to
     the largest ``draws``, for when it lies beyond all of them.
 
@@ -60,8 +59,9 @@ def gpd_tail_p_value(observed: float, draws: Sequence[float], seed: int = 0,
                 shape, scale = 0.0, float(z.mean())  # the exponential tail (shape 0) instead: a conservative bound
             ok = True
             if check_fit:
-                res = stats.goodness_of_fit(stats.genpareto, z, known_params={"loc": 0}, statistic="ad",
-                                            n_mc_samples=99, rng=rng)
+                res = stats.goodness_of_fit(
+                    stats.genpareto, z, known_params={"loc": 0}, statistic="ad", n_mc_samples=99, rng=rng
+                )
                 ok = res.pvalue >= TAIL_FIT_LEVEL
         if ok:
             tail = float(stats.genpareto.sf(observed - t, shape, loc=0, scale=scale))
@@ -77,9 +77,14 @@ def main() -> None:
     p.add_argument("--check-fit", action="store_true", help="run the Anderson-Darling check (slow: ~1.5 s a fit)")
     args = p.parse_args()
     rng = np.random.default_rng(0)
-    dists = {"normal": lambda n: rng.normal(size=n), "exponential": lambda n: rng.exponential(size=n),
-             "lognormal(1)": lambda n: rng.lognormal(sigma=1.0, size=n), "student t3": lambda n: rng.standard_t(3, size=n),
-             "lognormal(2)": lambda n: rng.lognormal(sigma=2.0, size=n), "pareto(1)": lambda n: rng.pareto(1.0, size=n)}
+    dists = {
+        "normal": lambda n: rng.normal(size=n),
+        "exponential": lambda n: rng.exponential(size=n),
+        "lognormal(1)": lambda n: rng.lognormal(sigma=1.0, size=n),
+        "student t3": lambda n: rng.standard_t(3, size=n),
+        "lognormal(2)": lambda n: rng.lognormal(sigma=2.0, size=n),
+        "pareto(1)": lambda n: rng.pareto(1.0, size=n),
+    }
     levels = (0.001, 0.005, 0.01, 0.05)
     print(f"n = {args.n} draws, {args.sims} null simulations each; P(p <= u) for u = {levels} (valid: <= u)")
     for name, draw in dists.items():

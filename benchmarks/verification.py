@@ -38,30 +38,47 @@ def main() -> None:
     torch.manual_seed(0)
     model = load_model(args.model, quiet=True)
     out = {}
-    for name, sequential in (("fixed-size", False), ("sequential", True)) if not args.replay else (("fixed-size", False),):
-        cfg = ScanConfig(model=args.model, n_random=args.n_random, control=args.control, correction=args.correction,
-                         sequential=sequential, metrics=False, pattern_len=0,
-                         **({"types": tuple(args.types.split(","))} if args.types else {}))
+    for name, sequential in (
+        (("fixed-size", False), ("sequential", True)) if not args.replay else (("fixed-size", False),)
+    ):
+        cfg = ScanConfig(
+            model=args.model,
+            n_random=args.n_random,
+            control=args.control,
+            correction=args.correction,
+            sequential=sequential,
+            metrics=False,
+            pattern_len=0,
+            **({"types": tuple(args.types.split(","))} if args.types else {}),
+        )
         t0 = time.perf_counter()
         result = run(model, cfg, progress=False)
         out[name] = (result, time.perf_counter() - t0)
         sets = result.verification["sets_ablated"]
-        print(f"{name:<11} sets ablated {sets:4d}  verification {result.timings['ablate_s']:7.1f} s  "
-              f"(whole run {out[name][1]:.1f} s)")
+        print(
+            f"{name:<11} sets ablated {sets:4d}  verification {result.timings['ablate_s']:7.1f} s  "
+            f"(whole run {out[name][1]:.1f} s)"
+        )
         for v in result.verifications:
             if v.tested or v.no_verdict:
-                print(f"    {v.head_type:<16} {v.kind:<5} draws {v.draws:3d}  top Δ {v.top_effect:+.3f}  control mean/max "
-                      f"{v.random_mean:+.3f}/{v.random_max:+.3f}  {'p<=' if v.p_value_is_bound else 'p  '} {v.p_value:.4f}  "
-                      f"adj {v.p_adjusted:.4f}  {v.stop_reason}, {v.exceedances} reached  {v.verdict}")
+                print(
+                    f"    {v.head_type:<16} {v.kind:<5} draws {v.draws:3d}  top Δ {v.top_effect:+.3f}  control mean/max "
+                    f"{v.random_mean:+.3f}/{v.random_max:+.3f}  {'p<=' if v.p_value_is_bound else 'p  '} {v.p_value:.4f}  "
+                    f"adj {v.p_adjusted:.4f}  {v.stop_reason}, {v.exceedances} reached  {v.verdict}"
+                )
     if args.replay:
         replay(out["fixed-size"][0], args)
         return
     (fixed, _), (seq, _) = out["fixed-size"], out["sequential"]
-    same = [a.confirmed for a in fixed.verifications if a.tested] == [b.confirmed for b in seq.verifications if b.tested]
+    same = [a.confirmed for a in fixed.verifications if a.tested] == [
+        b.confirmed for b in seq.verifications if b.tested
+    ]
     ratio = seq.verification["sets_ablated"] / fixed.verification["sets_ablated"]
     time_ratio = seq.timings["ablate_s"] / fixed.timings["ablate_s"]
-    print(f"\ncontrol={args.control} correction={args.correction} n_random={args.n_random}: sets ratio "
-          f"(sequential / fixed) {ratio:.3f}, verification time ratio {time_ratio:.3f}, same verdicts: {same}")
+    print(
+        f"\ncontrol={args.control} correction={args.correction} n_random={args.n_random}: sets ratio "
+        f"(sequential / fixed) {ratio:.3f}, verification time ratio {time_ratio:.3f}, same verdicts: {same}"
+    )
 
 
 def replay(fixed, args) -> None:
@@ -80,10 +97,12 @@ def replay(fixed, args) -> None:
     while not all(t.done for t in tests):  # rounds of one batch per open test, then curtailment, as the scan runs
         for v, t in zip(tested, tests):
             if not t.done:
-                t.add(v.random_effects[len(t.draws):len(t.draws) + verif.BATCH])
+                t.add(v.random_effects[len(t.draws) : len(t.draws) + verif.BATCH])
         verif.curtail_family(tests, cfg.correction, cfg.alpha)
     for v, test in zip(tested, tests):
-        sets += len(test.draws) + min(verif.SECONDARY_DRAWS, v.draws) + 2  # both kinds' top-k sets, the other kind's sets
+        sets += (
+            len(test.draws) + min(verif.SECONDARY_DRAWS, v.draws) + 2
+        )  # both kinds' top-k sets, the other kind's sets
         ps.append(test.p_value())
         rows.append((v, test))
     adjusted = st.adjust_p_values(ps, cfg.correction)
@@ -92,11 +111,15 @@ def replay(fixed, args) -> None:
     for (v, test), p, adj in zip(rows, ps, adjusted):
         confirmed = bool(adj <= cfg.alpha and verif.effect_is_large(v.top_effect, test.draws, LOSS_METRIC.min_effect))
         same &= confirmed == v.confirmed
-        print(f"    {v.head_type:<16} {v.kind:<5} draws {len(test.draws):3d}  {'p<=' if test.curtailed else 'p  '} {p:.4f}  adj {adj:.4f}  "
-              f"{'CONFIRMED' if confirmed else 'not confirmed'}")
+        print(
+            f"    {v.head_type:<16} {v.kind:<5} draws {len(test.draws):3d}  {'p<=' if test.curtailed else 'p  '} {p:.4f}  adj {adj:.4f}  "
+            f"{'CONFIRMED' if confirmed else 'not confirmed'}"
+        )
     total = fixed.verification["sets_ablated"]
-    print(f"\ncontrol={cfg.control} correction={cfg.correction} n_random={cfg.n_random}: sets ratio (sequential / fixed) "
-          f"{sets / total:.3f} ({sets} / {total}), same verdicts: {same}")
+    print(
+        f"\ncontrol={cfg.control} correction={cfg.correction} n_random={cfg.n_random}: sets ratio (sequential / fixed) "
+        f"{sets / total:.3f} ({sets} / {total}), same verdicts: {same}"
+    )
 
 
 if __name__ == "__main__":

@@ -81,9 +81,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             sub.add_parser(name)  # never parsed: the command line names another command
             continue
         cmd = COMMANDS.get(name)  # a registered command that does not import is a bug: fail loudly
-        p = sub.add_parser(name, help=cmd.help, description=cmd.help, epilog=cmd.epilog,
-                           formatter_class=argparse.RawDescriptionHelpFormatter if cmd.epilog and "\n" in cmd.epilog
-                           else argparse.HelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=cmd.help,
+            description=cmd.help,
+            epilog=cmd.epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter
+            if cmd.epilog and "\n" in cmd.epilog
+            else argparse.HelpFormatter,
+        )
         cmd.add_flags(p)
         p.set_defaults(_run=cmd.execute)
     return parser
@@ -154,11 +160,15 @@ def _interrupted(e: KeyboardInterrupt, out: str | None) -> str:
     if out is None:
         said = "files are written atomically: none was left half-written"
     elif Path(out).is_dir() and any(Path(out).glob(CHECKPOINT_GLOB)):
-        said = (f"{out}/ holds what it held before this run, and this run's checkpoint: run the same command again "
-                f"to resume from it")
+        said = (
+            f"{out}/ holds what it held before this run, and this run's checkpoint: run the same command again "
+            f"to resume from it"
+        )
     else:
-        said = (f"{out}/ is as it was before this run (a run's files are moved in together when it ends, "
-                f"summary.json last); run the command again to start over")
+        said = (
+            f"{out}/ is as it was before this run (a run's files are moved in together when it ends, "
+            f"summary.json last); run the command again to start over"
+        )
     return f"{newline}headprobe: {how}; {said}"
 
 

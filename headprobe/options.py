@@ -74,8 +74,14 @@ def peek_config(model: str) -> dict | None:
     from pathlib import Path
 
     if model.lower() == DEFAULT_MODEL and not Path(model).exists():  # case-insensitive, as load_model reads it
-        return {"n_layers": SMOLLM2_LAYOUT[0], "n_heads": SMOLLM2_LAYOUT[1], "n_ctx": SMOLLM2_CONTEXT,
-                "n_kv_heads": SMOLLM2_KV_HEADS, "n_kv_groups": SMOLLM2_KV_HEADS, "d_model": SMOLLM2_D_MODEL}
+        return {
+            "n_layers": SMOLLM2_LAYOUT[0],
+            "n_heads": SMOLLM2_LAYOUT[1],
+            "n_ctx": SMOLLM2_CONTEXT,
+            "n_kv_heads": SMOLLM2_KV_HEADS,
+            "n_kv_groups": SMOLLM2_KV_HEADS,
+            "d_model": SMOLLM2_D_MODEL,
+        }
     path = Path(model).expanduser() / "config.json"
     try:
         cfg = json.loads(path.read_text(encoding="utf-8-sig"))
@@ -95,8 +101,18 @@ def peek_config(model: str) -> dict | None:
     n_ctx = first("n_ctx", "max_position_embeddings", "n_positions")
     kv_heads = first("num_key_value_heads", "n_kv_heads", "n_head_kv") or (1 if cfg.get("multi_query") else heads)
     kv_groups = 1 if cfg.get("kv_lora_rank") else kv_heads
-    return ({"n_layers": layers, "n_heads": heads, "n_ctx": n_ctx, "n_kv_heads": kv_heads, "n_kv_groups": kv_groups,
-             "d_model": first("d_model", "hidden_size", "n_embd")} if layers and heads else None)
+    return (
+        {
+            "n_layers": layers,
+            "n_heads": heads,
+            "n_ctx": n_ctx,
+            "n_kv_heads": kv_heads,
+            "n_kv_groups": kv_groups,
+            "d_model": first("d_model", "hidden_size", "n_embd"),
+        }
+        if layers and heads
+        else None
+    )
 
 
 def peek_layout(model: str) -> tuple[int, int] | None:
@@ -130,8 +146,11 @@ def peek_token_count(model: str, text: str, prepend_bos: bool = True) -> int | N
 
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         n = len(tokenizer.encode(text, add_special_tokens=False).ids)
-        bos = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8-sig")).get("bos_token") \
-            if (folder / "tokenizer_config.json").is_file() else None
+        bos = (
+            json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8-sig")).get("bos_token")
+            if (folder / "tokenizer_config.json").is_file()
+            else None
+        )
     except Exception:
         return None
     return n + int(bool(prepend_bos and bos))
@@ -149,8 +168,16 @@ def check_model(model: str) -> None:
     check(model)
 
 
-def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", backend: str = "auto",
-                  prepend_bos: bool = True, device_map: str | None = None, max_memory: dict | str | None = None):
+def load_model_as(
+    name: str,
+    *,
+    device: str = "auto",
+    dtype: str = "float32",
+    backend: str = "auto",
+    prepend_bos: bool = True,
+    device_map: str | None = None,
+    max_memory: dict | str | None = None,
+):
     """Load ``name`` the way every command's ``--model --device --dtype --backend`` ask for: a
     :class:`~headprobe.probe.backends.loading.LoadedModel` on ``device`` (``auto``: cuda when present),
     its weights cast to ``dtype`` (a :data:`DTYPES` name or alias) after the float32 load-time
@@ -187,13 +214,21 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
     max_memory = max_memory_dict(max_memory)
     check_device_map(device, device_map, max_memory)
     if device_map is not None and dtype != "float32" and backend_lacks(backend, "splits_after_load"):
-        raise HeadprobeError(f"--device-map on the {backend} backend loads float32 only (transformers splits the model "
-                             f"as it loads, before any cast): use --dtype float32 or --backend native "
-                             f"(the {backend} backend lacks splits_after_load)")
+        raise HeadprobeError(
+            f"--device-map on the {backend} backend loads float32 only (transformers splits the model "
+            f"as it loads, before any cast): use --dtype float32 or --backend native "
+            f"(the {backend} backend lacks splits_after_load)"
+        )
     device = "cpu" if device_map is not None else loading.device_auto(device)
     split_later = device_map is not None and dtype != "float32"  # cast first: a split model's dtype is fixed
-    model = loading.load_model(name, device=device, prepend_bos=prepend_bos, backend=backend,
-                               device_map=None if split_later else device_map, max_memory=None if split_later else max_memory)
+    model = loading.load_model(
+        name,
+        device=device,
+        prepend_bos=prepend_bos,
+        backend=backend,
+        device_map=None if split_later else device_map,
+        max_memory=None if split_later else max_memory,
+    )
     if dtype == "float16" and not model.half_precision:
         raise model.lacks("half_precision", f"{model.architecture}: {FLOAT16_BRIDGE}")
     if dtype != "float32":
@@ -204,9 +239,11 @@ def load_model_as(name: str, *, device: str = "auto", dtype: str = "float32", ba
     return model
 
 
-FLOAT16_BRIDGE = ("--dtype float16 runs only on the native backend: TransformerLens' bridge computes q k^T in "
-                  "float16, which overflows (65504) to NaN patterns on models with large queries and keys; "
-                  "use --dtype bfloat16 (float32's range) or --backend native")
+FLOAT16_BRIDGE = (
+    "--dtype float16 runs only on the native backend: TransformerLens' bridge computes q k^T in "
+    "float16, which overflows (65504) to NaN patterns on models with large queries and keys; "
+    "use --dtype bfloat16 (float32's range) or --backend native"
+)
 """Why float16 is refused on the TransformerLens bridge (its attention code is not ours to patch)."""
 
 
@@ -220,8 +257,10 @@ def describe_model(model: LoadedModel) -> str:
         names = [f"cuda:{d}" if isinstance(d, int) else str(d) for d in split.values()]
         where = f"{', '.join(dict.fromkeys(names))} (--device-map)"
     threads = getattr(model, "threads_note", None)
-    return (f"model {spec.name} on {where} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
-            f"{spec.n_kv_heads} KV heads); weights: {spec.precision}" + (f"; {threads}" if threads else ""))
+    return (
+        f"model {spec.name} on {where} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
+        f"{spec.n_kv_heads} KV heads); weights: {spec.precision}" + (f"; {threads}" if threads else "")
+    )
 
 
 IDLE_SAMPLE_S = 0.25
@@ -280,9 +319,15 @@ def load_for(config):
 
 
 def _load_for(config):
-    return load_model_as(config.model, device=config.device, dtype=config.dtype, backend=config.backend,
-                         prepend_bos=getattr(config, "prepend_bos", True), device_map=getattr(config, "device_map", None),
-                         max_memory=getattr(config, "max_memory", None))
+    return load_model_as(
+        config.model,
+        device=config.device,
+        dtype=config.dtype,
+        backend=config.backend,
+        prepend_bos=getattr(config, "prepend_bos", True),
+        device_map=getattr(config, "device_map", None),
+        max_memory=getattr(config, "max_memory", None),
+    )
 
 
 def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, name: str | None = None):
@@ -341,11 +386,21 @@ def command_function(config_cls, run: Callable, name: str, summary: str, example
         return out
 
     keyword = inspect.Parameter.KEYWORD_ONLY
-    fields = [inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type)
-              for f in dataclasses.fields(config_cls) if f.init and f.name != "model"]
+    fields = [
+        inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type)
+        for f in dataclasses.fields(config_cls)
+        if f.init and f.name != "model"
+    ]
     fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # what inspect.signature and help() read
-        [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=DEFAULT_MODEL, annotation="str | LoadedModel"),
-         inspect.Parameter("progress", keyword, default=False, annotation="bool"), *fields], return_annotation=result)
+        [
+            inspect.Parameter(
+                "model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=DEFAULT_MODEL, annotation="str | LoadedModel"
+            ),
+            inspect.Parameter("progress", keyword, default=False, annotation="bool"),
+            *fields,
+        ],
+        return_annotation=result,
+    )
     fn.__name__ = fn.__qualname__ = name
     fn.__module__ = run.__module__
     fn.__doc__ = f"""{summary}: ``headprobe {name}`` as a function.
@@ -367,7 +422,9 @@ def command_function(config_cls, run: Callable, name: str, summary: str, example
     return fn
 
 
-def check_fields(config_cls, config_fields: dict, function: str | None = None, positional: tuple[str, ...] = ("model",)) -> None:
+def check_fields(
+    config_cls, config_fields: dict, function: str | None = None, positional: tuple[str, ...] = ("model",)
+) -> None:
     """Raise ``TypeError`` naming the command's function (``function``, else the Config's name without
     ``Config``: ``scan()``, not ``ScanConfig``), the unknown setting and the nearest valid one
     (:func:`nearest_keyword`), for a keyword ``config_cls`` does not have (``positional``: fields
@@ -423,8 +480,11 @@ def model_run_flags(n_natural_help: str = "") -> tuple[Flags, ...]:
     """The flag blocks of a command that runs a model on text and writes a directory (``ablate``,
     ``prune``), generated from :class:`ModelRunConfig`'s settings: the model's (no ``--no-bos``),
     the output's, the data's (``n_natural_help``: the command's own help of ``--n-natural``)."""
-    return (Flags(group=ModelSettings, skip=("prepend_bos",)), OUTPUT,
-            Flags(group=DataSettings, helps={"n_natural": n_natural_help} if n_natural_help else None))
+    return (
+        Flags(group=ModelSettings, skip=("prepend_bos",)),
+        OUTPUT,
+        Flags(group=DataSettings, helps={"n_natural": n_natural_help} if n_natural_help else None),
+    )
 
 
 @contextlib.contextmanager
@@ -540,8 +600,9 @@ def run_inputs(config, model: LoadedModel | None = None) -> dict[str, str]:
     return out
 
 
-def _same_inputs(saved, found: list, recorded: list[dict], inputs: dict[str, str], out: str, overwrite: bool,
-                 main_rank: bool):
+def _same_inputs(
+    saved, found: list, recorded: list[dict], inputs: dict[str, str], out: str, overwrite: bool, main_rank: bool
+):
     """``saved``, or None when a checkpoint holding it was computed from other ``inputs`` and
     ``overwrite`` (its files removed: the run starts over, and says so).
 
@@ -553,11 +614,15 @@ def _same_inputs(saved, found: list, recorded: list[dict], inputs: dict[str, str
     differ = [k for k in inputs if any(r.get(k) != inputs[k] for r in recorded)]
     if not saved or not differ:
         return saved
-    what = (" and ".join(INPUT_NAMES.get(k, k) for k in differ) if all(recorded)
-            else "inputs it does not record (no fingerprints of its text, weights and tokenizer)")
+    what = (
+        " and ".join(INPUT_NAMES.get(k, k) for k in differ)
+        if all(recorded)
+        else "inputs it does not record (no fingerprints of its text, weights and tokenizer)"
+    )
     if not overwrite:
-        raise HeadprobeError(f"the checkpoint in {out}/ was computed from {what} (same settings); "
-                             f"pass --overwrite to start over")
+        raise HeadprobeError(
+            f"the checkpoint in {out}/ was computed from {what} (same settings); pass --overwrite to start over"
+        )
     if main_rank:
         print(f"starting over: the checkpoint in {out}/ was computed from {what}", flush=True)
         for c in found:
@@ -646,11 +711,14 @@ def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main
     from headprobe.probe.core.io import RunCheckpoint
 
     module = importlib.import_module(how.core)
-    saved, checkpoint, found, recorded = (_resume(args.out, args.overwrite, config, module, sharded, main_rank)
-                                          if resumable else (None, None, [], []))
+    saved, checkpoint, found, recorded = (
+        _resume(args.out, args.overwrite, config, module, sharded, main_rank) if resumable else (None, None, [], [])
+    )
     distributed.barrier()  # every rank has checked --out (and read its checkpoint) before rank 0 writes
     inputs = run_inputs(config) if resumable else {}
-    saved = _same_inputs(saved, found, recorded, inputs, args.out, args.overwrite, main_rank)  # the text: before loading
+    saved = _same_inputs(
+        saved, found, recorded, inputs, args.out, args.overwrite, main_rank
+    )  # the text: before loading
     if how.note and main_rank:  # said before anything runs
         print(f"NOTE: {how.note}", flush=True)
     t0 = time.perf_counter()
@@ -658,7 +726,9 @@ def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main
     load_s = time.perf_counter() - t0
     if main_rank:
         what = f"{how.sharded} sharded" if how.sharded else "sharded"
-        print(describe_model(model) + (f"; {what} over {distributed.world_size()} ranks" if sharded else ""), flush=True)
+        print(
+            describe_model(model) + (f"; {what} over {distributed.world_size()} ranks" if sharded else ""), flush=True
+        )
     if resumable:  # what the checkpoint was computed from, and what it is saved with
         inputs = run_inputs(config, model)
         saved = _same_inputs(saved, found, recorded, inputs, args.out, args.overwrite, main_rank)

@@ -76,8 +76,9 @@ def dtype_name(text: str) -> str:
     returned as torch's name."""
     name = DTYPE_ALIASES.get(text.lower().removeprefix("torch."), text.lower().removeprefix("torch."))
     if name not in DTYPES:
-        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; choose one of {', '.join(DTYPES)} "
-                                         f"(or {', '.join(DTYPE_ALIASES)})")
+        raise argparse.ArgumentTypeError(
+            f"unknown dtype {text!r}; choose one of {', '.join(DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
+        )
     return name
 
 
@@ -94,8 +95,10 @@ def parse_max_memory(text: str) -> dict[int | str, int | str]:
     for part in text.split(","):
         device, eq, size = (x.strip() for x in part.partition("="))
         if not eq or not _MEMORY_DEVICE.match(device) or not _SIZE.match(size):
-            raise argparse.ArgumentTypeError(f"bad --max-memory entry {part.strip()!r}: expected DEVICE=SIZE with DEVICE one of "
-                                             f"cpu, disk, mps, cuda:N and SIZE like 2GiB or 500MB, e.g. cpu=2GiB,cuda:0=10GiB")
+            raise argparse.ArgumentTypeError(
+                f"bad --max-memory entry {part.strip()!r}: expected DEVICE=SIZE with DEVICE one of "
+                f"cpu, disk, mps, cuda:N and SIZE like 2GiB or 500MB, e.g. cpu=2GiB,cuda:0=10GiB"
+            )
         key: int | str = int(device.removeprefix("cuda:")) if device[-1].isdigit() else device
         if key in out:
             raise argparse.ArgumentTypeError(f"--max-memory names {device} twice")
@@ -117,12 +120,25 @@ def max_memory_dict(max_memory: dict | str | None) -> dict | None:
         raise HeadprobeError(str(e)) from None
 
 
-def setting(default: Any = dataclasses.MISSING, help: str | Callable[[], str] = "", *, flag: str | None = None,
-            short: str | None = None, aliases: tuple[str, ...] = (), type: Any = None,
-            choices: Sequence[str] | Callable[[], Sequence[str]] | None = None, metavar: str | None = None,
-            action: str | None = None, required: bool = False, nargs: str | None = None, positional: bool = False,
-            exclusive: str | None = None, text: Callable[[Any], str] | None = None,
-            parse: Callable[[Any], Any] | None = None, kw_only: bool = False) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    help: str | Callable[[], str] = "",
+    *,
+    flag: str | None = None,
+    short: str | None = None,
+    aliases: tuple[str, ...] = (),
+    type: Any = None,
+    choices: Sequence[str] | Callable[[], Sequence[str]] | None = None,
+    metavar: str | None = None,
+    action: str | None = None,
+    required: bool = False,
+    nargs: str | None = None,
+    positional: bool = False,
+    exclusive: str | None = None,
+    text: Callable[[Any], str] | None = None,
+    parse: Callable[[Any], Any] | None = None,
+    kw_only: bool = False,
+) -> Any:
     """A dataclass field that is also a command-line flag: its ``default``, its ``help`` (argparse's
     ``%(default)s`` allowed) and how the flag reads it. ``flag`` defaults to ``--field-name``
     (``aliases``: more long names); ``action="store_false"`` with ``flag="--no-bos"`` makes a switch
@@ -133,10 +149,25 @@ def setting(default: Any = dataclasses.MISSING, help: str | Callable[[], str] = 
     functions, called when the flag is made (a registry that grows at run time). ``text`` writes the
     default as the flag's text (``(1, 3)`` -> ``"1,3"``) and ``parse`` turns the flag's value into
     the field's (:func:`from_args`). The help is the field's documentation (:func:`field_help`)."""
-    meta = {"help": help, "flag": flag, "short": short, "aliases": tuple(aliases), "type": type, "choices": choices,
-            "metavar": metavar, "action": action, "required": required, "nargs": nargs, "positional": positional,
-            "exclusive": exclusive, "text": text, "parse": parse}
-    return field(default=default, kw_only=kw_only, metadata={k: v for k, v in meta.items() if v not in (None, False, ())})
+    meta = {
+        "help": help,
+        "flag": flag,
+        "short": short,
+        "aliases": tuple(aliases),
+        "type": type,
+        "choices": choices,
+        "metavar": metavar,
+        "action": action,
+        "required": required,
+        "nargs": nargs,
+        "positional": positional,
+        "exclusive": exclusive,
+        "text": text,
+        "parse": parse,
+    }
+    return field(
+        default=default, kw_only=kw_only, metadata={k: v for k, v in meta.items() if v not in (None, False, ())}
+    )
 
 
 def shared(group, name: str, default: Any = dataclasses.MISSING, *, help: str | None = None) -> Any:
@@ -184,6 +215,7 @@ def field_help(cls, name: str) -> str:
 def flag_names(cls) -> dict[str, str]:
     """Field name -> the long flag :func:`add_flags` gives it (a positional argument: its name),
     for every flag field of ``cls``."""
+
     def name(f):
         meta = _meta(cls, f.name)
         return f.name if meta.get("positional") else meta.get("flag") or "--" + f.name.replace("_", "-")
@@ -213,9 +245,16 @@ def _flag_call(name: str, meta: dict, default: Any, help: str | Callable[[], str
     return names, kwargs
 
 
-def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls, *, group=None,
-              only: tuple[str, ...] | None = None, skip: tuple[str, ...] = (), defaults: dict[str, Any] | None = None,
-              helps: dict[str, str] | None = None) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls,
+    *,
+    group=None,
+    only: tuple[str, ...] | None = None,
+    skip: tuple[str, ...] = (),
+    defaults: dict[str, Any] | None = None,
+    helps: dict[str, str] | None = None,
+) -> None:
     """Add a flag for each :func:`setting` field of dataclass ``cls`` (in field order, or ``only``'s), generated
     from the field: its name (``seq_len`` -> ``--seq-len``, or the field's ``flag``), default (the
     one ``cls`` declares), type, choices and help. ``group`` (a settings class ``cls`` composes,
@@ -281,12 +320,21 @@ def add_layout(parser: argparse.ArgumentParser, config, layout: Sequence[Flags] 
     every setting field of ``config``, in field order)."""
     for block in layout or (Flags(),):
         target = parser.add_argument_group(block.title) if block.title else parser
-        add_flags(target, block.settings or config, group=block.group, only=block.only, skip=block.skip,
-                  helps=block.helps, defaults=block.defaults)
+        add_flags(
+            target,
+            block.settings or config,
+            group=block.group,
+            only=block.only,
+            skip=block.skip,
+            helps=block.helps,
+            defaults=block.defaults,
+        )
 
 
-MODEL_HELP = (f"{DEFAULT_MODEL} (default, embedded 4-bit weights), gpt2 or another Hugging Face name, "
-              "a local Hugging Face directory, a .gguf file or a headprobe checkpoint directory")
+MODEL_HELP = (
+    f"{DEFAULT_MODEL} (default, embedded 4-bit weights), gpt2 or another Hugging Face name, "
+    "a local Hugging Face directory, a .gguf file or a headprobe checkpoint directory"
+)
 
 
 @dataclass(frozen=True)
@@ -299,33 +347,53 @@ class ModelSettings:
     """Model name or path (see :func:`headprobe.probe.backends.loading.load_model`)."""
     device: str = setting("auto", "auto: cuda when a GPU is present, else cpu", choices=DEVICES)
     """``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name."""
-    dtype: str = setting("float32", "compute precision of weights and activations (default %(default)s; bf16/fp16/fp32 "
-                         "accepted); attention softmax and losses stay float32; float16 needs the native backend",
-                         type=dtype_name, metavar="{" + ",".join(DTYPES) + "}")
+    dtype: str = setting(
+        "float32",
+        "compute precision of weights and activations (default %(default)s; bf16/fp16/fp32 "
+        "accepted); attention softmax and losses stay float32; float16 needs the native backend",
+        type=dtype_name,
+        metavar="{" + ",".join(DTYPES) + "}",
+    )
     """Compute precision (``float32``, ``bfloat16``, ``float16``, or bf16/fp16/fp32), stored as torch's name."""
-    backend: str = setting("auto", "native: headprobe's own transformer (auto picks it where it supports the architecture); "
-                           "transformer-lens: TransformerLens' TransformerBridge around the Hugging Face model",
-                           choices=BACKENDS)
+    backend: str = setting(
+        "auto",
+        "native: headprobe's own transformer (auto picks it where it supports the architecture); "
+        "transformer-lens: TransformerLens' TransformerBridge around the Hugging Face model",
+        choices=BACKENDS,
+    )
     """``auto`` (native where supported), ``native`` or ``transformer-lens``."""
     prepend_bos: bool = setting(True, "do not put BOS in front of sequences", flag="--no-bos", action="store_false")
     """Put the tokenizer's BOS token first (once) where the model has one."""
     device_map: str | None = setting(
-        None, "split a model too large for one device over the GPUs, CPU memory and disk (accelerate; "
+        None,
+        "split a model too large for one device over the GPUs, CPU memory and disk (accelerate; "
         "the bridge in float32 only): auto/balanced spread the blocks evenly over the GPUs, sequential fills each in turn; "
-        "the embedding and unembedding stay on the first device; replaces --device (leave it at auto)", choices=DEVICE_MAPS)
+        "the embedding and unembedding stay on the first device; replaces --device (leave it at auto)",
+        choices=DEVICE_MAPS,
+    )
     """``auto``, ``balanced`` or ``sequential``: split the model over devices; None: one device."""
     max_memory: str | dict | None = setting(
-        None, "what --device-map may put on each device, e.g. cpu=2GiB,cuda:0=10GiB,disk=100GB (default: the "
-        "free memory of every GPU and the CPU; disk unlimited unless named)", metavar="DEVICE=SIZE,...")
+        None,
+        "what --device-map may put on each device, e.g. cpu=2GiB,cuda:0=10GiB,disk=100GB (default: the "
+        "free memory of every GPU and the CPU; disk unlimited unless named)",
+        metavar="DEVICE=SIZE,...",
+    )
     """Per-device budget for ``device_map`` (a dict, or ``--max-memory``'s text); None: what is free."""
-    threads: int | None = setting(None, "torch CPU threads (default: OMP_NUM_THREADS if set, else the cores that are "
-                                  "idle now, at least 1; the header prints the number and why)", type=positive_int,
-                                  metavar="N")
+    threads: int | None = setting(
+        None,
+        "torch CPU threads (default: OMP_NUM_THREADS if set, else the cores that are "
+        "idle now, at least 1; the header prints the number and why)",
+        type=positive_int,
+        metavar="N",
+    )
     """torch's intra-op CPU threads (:func:`headprobe.options.choose_threads`); None: the default rule."""
     memory_budget: str | None = setting(
-        None, "working memory batched work may fill beyond the weights, e.g. 4GiB or 500MB (default: "
+        None,
+        "working memory batched work may fill beyond the weights, e.g. 4GiB or 500MB (default: "
         "$HEADPROBE_MEMORY_BUDGET, else 80 percent of the device's free memory); batch sizes are planned from it and "
-        "the header prints them; work that cannot fit is refused before it starts", metavar="SIZE")
+        "the header prints them; work that cannot fit is refused before it starts",
+        metavar="SIZE",
+    )
     """Working-memory budget (``4GiB``; :mod:`headprobe.probe.core.memory`); None: the environment's, else free memory."""
 
     def __post_init__(self):
@@ -339,7 +407,9 @@ class DataSettings:
 
     text: str | None = setting(None, "UTF-8 text file for natural text (default: CPython's pydoc_data.topics)")
     """A UTF-8 file to use instead of the Python documentation text."""
-    seq_len: int | None = setting(128, "natural-text sequence length in tokens (default %(default)s)", type=positive_int)
+    seq_len: int | None = setting(
+        128, "natural-text sequence length in tokens (default %(default)s)", type=positive_int
+    )
     """Natural-text sequence length in tokens, BOS included (>= 2)."""
     n_natural: int = setting(8, "natural-text sequences (default %(default)s)", type=positive_int)
     """Natural-text sequences (>= 1)."""
@@ -359,13 +429,18 @@ class OutputSettings:
     """Where a command writes its files: not part of its Config (the Config is what is computed,
     recorded in summary.json and the checkpoint's key; the same run may be written anywhere)."""
 
-    out: str = setting(dataclasses.MISSING, "output directory (must be empty or absent unless --overwrite)", required=True)
+    out: str = setting(
+        dataclasses.MISSING, "output directory (must be empty or absent unless --overwrite)", required=True
+    )
     """The output directory (must be empty or absent unless ``overwrite``)."""
     overwrite: bool = setting(False, "replace files in a non-empty output directory", action="store_true")
     """Replace files in a non-empty output directory."""
-    formats: str | None = setting(None, f"figure formats, comma-separated, of {','.join(FIGURE_FORMATS)}, or "
-                                  f"{NO_FIGURES} for no figures (default: $HEADPROBE_FIGURE_FORMATS, or all three)",
-                                  metavar="FMT[,FMT...]")
+    formats: str | None = setting(
+        None,
+        f"figure formats, comma-separated, of {','.join(FIGURE_FORMATS)}, or "
+        f"{NO_FIGURES} for no figures (default: $HEADPROBE_FIGURE_FORMATS, or all three)",
+        metavar="FMT[,FMT...]",
+    )
     """Figure formats (None: :func:`headprobe.analyses.vocabulary.figure_formats`, all unless the
     environment says; ``none``: no figures)."""
 
@@ -373,8 +448,10 @@ class OutputSettings:
         if self.formats is not None:
             asked = parse_figure_formats(str(self.formats), "--formats ")
             if asked is None:
-                raise HeadprobeError(f"--formats {self.formats!r}: choose from {', '.join(FIGURE_FORMATS)} "
-                                     f"(comma-separated) or {NO_FIGURES}")
+                raise HeadprobeError(
+                    f"--formats {self.formats!r}: choose from {', '.join(FIGURE_FORMATS)} "
+                    f"(comma-separated) or {NO_FIGURES}"
+                )
             object.__setattr__(self, "formats", ",".join(asked) or NO_FIGURES)
 
 
@@ -394,8 +471,10 @@ def check_device_map(device: str | None, device_map: str | None, max_memory: dic
     if max_memory is not None and device_map is None:
         raise HeadprobeError("--max-memory needs --device-map (auto, balanced or sequential)")
     if device_map is not None and device not in (None, "auto", "cpu"):
-        raise HeadprobeError(f"--device-map places the model itself: leave --device at auto, not {device} "
-                             f"(keep the model off the GPU with --max-memory cpu=SIZE)")
+        raise HeadprobeError(
+            f"--device-map places the model itself: leave --device at auto, not {device} "
+            f"(keep the model off the GPU with --max-memory cpu=SIZE)"
+        )
 
 
 def check_settings(cfg) -> None:
@@ -408,6 +487,7 @@ def check_settings(cfg) -> None:
     Raises:
         HeadprobeError: one line naming the flag.
     """
+
     def has(name):
         return getattr(cfg, name, None) is not None
 
@@ -426,9 +506,13 @@ def check_settings(cfg) -> None:
         if has(name) and getattr(cfg, name) < 1:
             raise HeadprobeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     if has("seq_len") and cfg.seq_len < 2:
-        raise HeadprobeError(f"sequence length {cfg.seq_len} is too short: scores need at least 2 positions (--seq-len)")
+        raise HeadprobeError(
+            f"sequence length {cfg.seq_len} is too short: scores need at least 2 positions (--seq-len)"
+        )
     if has("period") and cfg.period < 2:
-        raise HeadprobeError(f"--period {cfg.period} is too short: induction needs a repeated block of at least 2 tokens")
+        raise HeadprobeError(
+            f"--period {cfg.period} is too short: induction needs a repeated block of at least 2 tokens"
+        )
     for name, allowed in (("device", DEVICES), ("backend", BACKENDS)):
         if has(name) and getattr(cfg, name) not in allowed:
             raise HeadprobeError(f"--{name} {getattr(cfg, name)!r} is not one of {', '.join(allowed)}")

@@ -80,7 +80,9 @@ def requantize(model: LoadedModel, scheme: str, group: int = GROUP) -> int:
             p.data = fake_quantize(p.data, scheme, group)
             n += 1
     if n == 0:
-        raise HeadprobeError(f"re-quantization found no 2-D block weight in {model.spec.name} ({model.backend} backend)")
+        raise HeadprobeError(
+            f"re-quantization found no 2-D block weight in {model.spec.name} ({model.backend} backend)"
+        )
     return n
 
 

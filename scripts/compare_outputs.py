@@ -30,12 +30,35 @@ from pathlib import Path
 
 TOL = 1e-6
 #: keys whose values depend on the run, not on the computation (matched against every key of the JSON)
-VOLATILE = re.compile(r"(^|_)(s|seconds|time|timings?|timings_s|versions?|date|created|path|paths|out|dir|model_dir"
-                      r"|source|host|python|torch|elapsed)$|_s$", re.IGNORECASE)
+VOLATILE = re.compile(
+    r"(^|_)(s|seconds|time|timings?|timings_s|versions?|date|created|path|paths|out|dir|model_dir"
+    r"|source|host|python|torch|elapsed)$|_s$",
+    re.IGNORECASE,
+)
 SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]
 SCAN = [*SMALL, "-k", "3", "--n-random", "2"]
-TRAIN = ["--d-model", "16", "--n-heads", "2", "--n-words", "16", "--seq-len", "33", "--max-period", "12",
-         "--eval-period", "8", "--n-eval", "8", "--steps", "4", "--eval-every", "2", "--device", "cpu"]
+TRAIN = [
+    "--d-model",
+    "16",
+    "--n-heads",
+    "2",
+    "--n-words",
+    "16",
+    "--seq-len",
+    "33",
+    "--max-period",
+    "12",
+    "--eval-period",
+    "8",
+    "--n-eval",
+    "8",
+    "--steps",
+    "4",
+    "--eval-every",
+    "2",
+    "--device",
+    "cpu",
+]
 
 
 def _models(root: Path) -> dict[str, Path]:
@@ -56,9 +79,14 @@ def _models(root: Path) -> dict[str, Path]:
     for i in range(6):
         n = 6 if i % 2 else 9
         a, b = rng.choice(100, 2, replace=False)
-        pairs.append({"clean": " ".join(f"t{j}" for j in rng.integers(0, 100, n)),
-                      "corrupted": " ".join(f"t{j}" for j in rng.integers(0, 100, n)),
-                      "correct": f" t{a}", "wrong": f" t{b}"})
+        pairs.append(
+            {
+                "clean": " ".join(f"t{j}" for j in rng.integers(0, 100, n)),
+                "corrupted": " ".join(f"t{j}" for j in rng.integers(0, 100, n)),
+                "correct": f" t{a}",
+                "wrong": f" t{b}",
+            }
+        )
     prompts = root / "pairs.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in pairs), encoding="utf-8")
     return {**made, "text": text, "prompts": prompts}
@@ -69,26 +97,140 @@ def commands(m: dict[str, Path], out: Path) -> dict[str, list[str]]:
     llama, gpt2, text = str(m["llama"]), str(m["gpt2"]), str(m["text"])
     return {
         "scan": ["scan", "--model", llama, "--text", text, *SCAN, "--html", "--out", str(out / "scan")],
-        "scan_gpt2": ["scan", "--model", gpt2, "--text", text, *SCAN, "--types", "induction,previous-token",
-                      "--out", str(out / "scan_gpt2")],
+        "scan_gpt2": [
+            "scan",
+            "--model",
+            gpt2,
+            "--text",
+            text,
+            *SCAN,
+            "--types",
+            "induction,previous-token",
+            "--out",
+            str(out / "scan_gpt2"),
+        ],
         "ablate": ["ablate", "--model", llama, "--text", text, *SMALL, "--kind", "mean", "--out", str(out / "ablate")],
-        "ablate_atp": ["ablate", "--model", llama, "--text", text, *SMALL, "--estimate", "atp",
-                       "--out", str(out / "ablate_atp")],
-        "prune": ["prune", "--model", llama, "--text", text, *SMALL, "--method", "michel,random", "--n-seeds", "2",
-                  "--step-fraction", "0.25", "--max-fraction", "0.5", "--per-layer", "--out", str(out / "prune")],
-        "patch": ["patch", "--model", llama, "--prompts", str(m["prompts"]), "--device", "cpu", "--out", str(out / "patch")],
-        "show": ["show", "--model", llama, "--head", "1.1", "--prompt", "t1 t2 t3 t4 t1 t2 t3 t4", "--device", "cpu",
-                 "--out", str(out / "show")],
+        "ablate_atp": [
+            "ablate",
+            "--model",
+            llama,
+            "--text",
+            text,
+            *SMALL,
+            "--estimate",
+            "atp",
+            "--out",
+            str(out / "ablate_atp"),
+        ],
+        "prune": [
+            "prune",
+            "--model",
+            llama,
+            "--text",
+            text,
+            *SMALL,
+            "--method",
+            "michel,random",
+            "--n-seeds",
+            "2",
+            "--step-fraction",
+            "0.25",
+            "--max-fraction",
+            "0.5",
+            "--per-layer",
+            "--out",
+            str(out / "prune"),
+        ],
+        "patch": [
+            "patch",
+            "--model",
+            llama,
+            "--prompts",
+            str(m["prompts"]),
+            "--device",
+            "cpu",
+            "--out",
+            str(out / "patch"),
+        ],
+        "show": [
+            "show",
+            "--model",
+            llama,
+            "--head",
+            "1.1",
+            "--prompt",
+            "t1 t2 t3 t4 t1 t2 t3 t4",
+            "--device",
+            "cpu",
+            "--out",
+            str(out / "show"),
+        ],
         "view": ["view", str(out / "view")],  # a copy of scan's folder (view writes into it)
         "atlas": ["atlas", "--models", llama, gpt2, "--text", text, *SCAN, "--out", str(out / "atlas")],
         "train": ["train", *TRAIN, "--seed", "3", "--out", str(out / "train")],
-        "study": ["study", "heads", "--steps", "2", "--eval-every", "2", "--seeds", "0", "--d-model", "16",
-                  "--n-heads-list", "1,2", "--device", "cpu", "--out", str(out / "study")],
+        "study": [
+            "study",
+            "heads",
+            "--steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--seeds",
+            "0",
+            "--d-model",
+            "16",
+            "--n-heads-list",
+            "1,2",
+            "--device",
+            "cpu",
+            "--out",
+            str(out / "study"),
+        ],
         "budget": ["budget", "--model", llama, "--seq-len", "64", "--json"],
-        "kv": ["kv", "--model", llama, "--text", text, "--seq-len", "64", "--block-len", "4", "--sink", "2", "--window", "8",
-               "--budgets", "0.5", "--n-random", "2", "--device", "cpu", "--out", str(out / "kv")],
-        "circuit": ["circuit", "--model", llama, "--n-seqs", "2", "--period", "6", "--steps", "2", "--verify", "6",
-                    "--receivers", "1.0:k,logits", "--qk-head", "1.3", "--device", "cpu", "--out", str(out / "circuit")],
+        "kv": [
+            "kv",
+            "--model",
+            llama,
+            "--text",
+            text,
+            "--seq-len",
+            "64",
+            "--block-len",
+            "4",
+            "--sink",
+            "2",
+            "--window",
+            "8",
+            "--budgets",
+            "0.5",
+            "--n-random",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            str(out / "kv"),
+        ],
+        "circuit": [
+            "circuit",
+            "--model",
+            llama,
+            "--n-seqs",
+            "2",
+            "--period",
+            "6",
+            "--steps",
+            "2",
+            "--verify",
+            "6",
+            "--receivers",
+            "1.0:k,logits",
+            "--qk-head",
+            "1.3",
+            "--device",
+            "cpu",
+            "--out",
+            str(out / "circuit"),
+        ],
     }
 
 
@@ -96,8 +238,12 @@ def run(out: Path) -> int:
     """Run every command into ``out`` (which must not exist); returns the number that failed."""
     out.mkdir(parents=True)
     m = _models(out / "_inputs")
-    env = {**os.environ, "HEADPROBE_FIGURE_FORMATS": "png", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "HEADPROBE_FIGURE_FORMATS": "png",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     failed = 0
     for name, argv in commands(m, out).items():
         if name == "view":
@@ -191,9 +337,13 @@ _RUN_PATH = re.compile(r"[^/]*_inputs_(\w+)-[0-9a-f]{10}")
 
 def diff(before: Path, after: Path) -> int:
     """Print every difference between two ``run`` folders; returns the number of differing files."""
+
     def files(root):
-        return {Path(_RUN_PATH.sub(r"\1", str(p.relative_to(root)))): p for p in root.rglob("*")
-                if p.is_file() and p.suffix not in IGNORED and "_inputs" not in p.relative_to(root).parts}
+        return {
+            Path(_RUN_PATH.sub(r"\1", str(p.relative_to(root)))): p
+            for p in root.rglob("*")
+            if p.is_file() and p.suffix not in IGNORED and "_inputs" not in p.relative_to(root).parts
+        }
 
     pa, pb = files(before), files(after)
     fa, fb = set(pa), set(pb)
@@ -208,7 +358,10 @@ def diff(before: Path, after: Path) -> int:
         bad += bool(lines)
     for log in sorted(before.glob("*.log")):
         other = after / log.name
-        ea, eb = log.read_text().split("\n", 1)[0], other.read_text().split("\n", 1)[0] if other.is_file() else "missing"
+        ea, eb = (
+            log.read_text().split("\n", 1)[0],
+            other.read_text().split("\n", 1)[0] if other.is_file() else "missing",
+        )
         if ea != eb:
             print(f"{log.stem}: {ea} before, {eb} after")
             bad += 1

@@ -57,15 +57,21 @@ def on_shutdown():
 
 def _file(config, path: Path) -> File:
     """``path`` (in the repository) published at its place in the repository."""
-    return File(path.relative_to(ROOT).as_posix(), src_dir=str(ROOT), dest_dir=config.site_dir,
-                use_directory_urls=config.use_directory_urls)
+    return File(
+        path.relative_to(ROOT).as_posix(),
+        src_dir=str(ROOT),
+        dest_dir=config.site_dir,
+        use_directory_urls=config.use_directory_urls,
+    )
 
 
 @event_priority(100)  # before mkdocs-jupyter wraps the notebooks
 def on_files(files: Files, config) -> Files:
     docs = ROOT / config.docs_dir
-    laid = [_file(config, Path(f.abs_src_path)) if f.abs_src_path and Path(f.abs_src_path).is_relative_to(docs) else f
-            for f in files]  # the theme's own files stay as they are
+    laid = [
+        _file(config, Path(f.abs_src_path)) if f.abs_src_path and Path(f.abs_src_path).is_relative_to(docs) else f
+        for f in files
+    ]  # the theme's own files stay as they are
     laid.append(File.generated(config, "index.md", abs_src_path=str(ROOT / "README.md")))
     laid += [_file(config, ROOT / name) for name in BESIDE_DOCS]
     for folder in ASSET_DIRS:

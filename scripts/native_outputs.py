@@ -45,8 +45,9 @@ VARIANTS = {
 #: name -> TransformerConfig fields of the native-only models compared (seeded default init).
 NATIVE_ONLY = {
     "mla_learned": dict(bias=False, kv_lora_rank=8),
-    "mla_rot_q": dict(bias=False, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=6, q_lora_rank=12,
-                      positional="rotary"),
+    "mla_rot_q": dict(
+        bias=False, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=6, q_lora_rank=12, positional="rotary"
+    ),
     "attn_only_gqa": dict(n_kv_heads=2, mlp=None, positional="rotary", bias=False),
 }
 
@@ -75,8 +76,10 @@ def outputs(net: Transformer) -> dict[str, torch.Tensor]:
         for k, v in cache.items():
             out["act:" + k] = v
         res = {}
-        hooks = [(f"blocks.{l}.attn.hook_result", lambda t, hook, l=l: res.__setitem__(l, t.clone()))
-                 for l in range(net.cfg.n_layers)]
+        hooks = [
+            (f"blocks.{l}.attn.hook_result", lambda t, hook, l=l: res.__setitem__(l, t.clone()))
+            for l in range(net.cfg.n_layers)
+        ]
         out["result_path"] = net.run_with_hooks(x, fwd_hooks=hooks)
         for l, t in res.items():
             out[f"result{l}"] = t
@@ -86,7 +89,7 @@ def outputs(net: Transformer) -> dict[str, torch.Tensor]:
                 c = KVCache()
                 steps = [net(x[:, :7], cache=c)]
                 for i in range(7, 20, 3):
-                    steps.append(net(x[:, i:i + 3], cache=c))
+                    steps.append(net(x[:, i : i + 3], cache=c))
                 out[f"kv_steps_{eager}"] = torch.cat(steps, 1)
                 out[f"kv_nbytes_{eager}"] = torch.tensor(c.nbytes)
             net.force_eager = False
@@ -123,7 +126,9 @@ def collect() -> dict[str, dict[str, torch.Tensor]]:
     allout["bert"] = outputs(wrap(zoo.make_checkpoint("bert", tok), backend="native").model)
     for name, fields in NATIVE_ONLY.items():
         torch.manual_seed(0)
-        net = Transformer(TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=zoo.VOCAB, n_ctx=64, **fields)).eval()
+        net = Transformer(
+            TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=zoo.VOCAB, n_ctx=64, **fields)
+        ).eval()
         allout[name] = {**outputs(net), **pruned_outputs(net)}
     return allout
 

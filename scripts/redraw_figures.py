@@ -34,8 +34,11 @@ def redraw_study(d: Path) -> list[Path]:
     meta = json.loads((d / "study.json").read_text())
     fields = set(StudyConfig.__dataclass_fields__)
     base = {k: v for k, v in meta["base"].items() if k in fields}
-    grid = {k: tuple(meta[k]) if isinstance(meta[k], list) else meta[k]
-            for k in ("n_heads_list", "ranks", "rope") if k in meta}
+    grid = {
+        k: tuple(meta[k]) if isinstance(meta[k], list) else meta[k]
+        for k in ("n_heads_list", "ranks", "rope")
+        if k in meta
+    }
     config = StudyConfig(**{**base, **grid, "which": meta["which"], "seeds": tuple(meta["seeds"])})
     result = StudyResult(config, pd.read_csv(d / "results.csv"))
     return [p for name, fig in result.figures().items() for p in save_figure(fig, d / name)]
@@ -48,8 +51,14 @@ def redraw_train(d: Path) -> list[Path]:
     from headprobe.probe.backends.loading import load_model
 
     config = TrainConfig(**json.loads((d / "config.json").read_text())["train"])
-    result = TrainResult(config=config, loaded=load_model(str(d), quiet=True), log=pd.read_csv(d / "train_log.csv"),
-                         final_scores={}, seconds=0.0, device="cpu")
+    result = TrainResult(
+        config=config,
+        loaded=load_model(str(d), quiet=True),
+        log=pd.read_csv(d / "train_log.csv"),
+        final_scores={},
+        seconds=0.0,
+        device="cpu",
+    )
     return [p for name, fig in result.figures().items() for p in save_figure(fig, d / name)]
 
 
@@ -86,8 +95,9 @@ def redraw_scan(d: Path) -> list[Path]:
         raise SystemExit(f"{d}: the redraw does not reproduce the run ({what}); rerun the scan instead")
 
     text = read_text_file(config.text) if config.text else None
-    natural = natural_text_tokens(model, config.n_natural, config.seq_len, config.seed, text,
-                                  source=str(config.text) if config.text else None)
+    natural = natural_text_tokens(
+        model, config.n_natural, config.seq_len, config.seed, text, source=str(config.text) if config.text else None
+    )
     repeated = repeated_random_tokens(model, config.n_repeated, config.period, config.seed)
     best = {name: top_heads(torch.tensor(scores[DETECTORS[name].rank_by]), 1)[0] for name in config.types}
     for name, head in best.items():
@@ -100,7 +110,9 @@ def redraw_scan(d: Path) -> list[Path]:
         rows, cols = ex["positions"]
         if kept is not None and max(max(rows), max(cols)) < kept["pattern"].shape[-1]:
             layer, head = ex["head"]
-            diff = np.abs(np.asarray(kept["pattern"][layer, head], dtype=float)[np.ix_(rows, cols)] - ex["pattern"]).max()
+            diff = np.abs(
+                np.asarray(kept["pattern"][layer, head], dtype=float)[np.ix_(rows, cols)] - ex["pattern"]
+            ).max()
             if diff > 1 / 255:
                 fail(f"{name} pattern differs from patterns.npz by {diff:.4f}")
     composition = head_metrics.scan_composition(model) if config.metrics else None
@@ -110,8 +122,20 @@ def redraw_scan(d: Path) -> list[Path]:
         ind = top_heads(torch.tensor(scores["induction"]), 5)
         if head_metrics.composition_summary(composition["k"], prev, ind) != recorded:
             fail("K-composition")
-    result = ScanResult(config, spec, table, scores, [], summary["clean_loss_nats"], natural, repeated, examples, {},
-                        warnings=summary.get("warnings", []), composition=composition)
+    result = ScanResult(
+        config,
+        spec,
+        table,
+        scores,
+        [],
+        summary["clean_loss_nats"],
+        natural,
+        repeated,
+        examples,
+        {},
+        warnings=summary.get("warnings", []),
+        composition=composition,
+    )
     return [p for name, fig in result.figures().items() for p in save_figure(fig, d / name)]
 
 

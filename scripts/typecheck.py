@@ -36,15 +36,25 @@ def mirror(tmp: Path) -> Path:
 def _real_path(line: str) -> str:
     for sub in ("probe", "analyses"):
         if line.startswith(f"headprobe/{sub}/"):
-            return line[len("headprobe/"):]
+            return line[len("headprobe/") :]
     return line
 
 
 def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="headprobe-mypy-") as tmp:
         mirror(Path(tmp))
-        cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-               "--cache-dir", str(ROOT / ".mypy_cache"), *argv, "-p", "headprobe"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--cache-dir",
+            str(ROOT / ".mypy_cache"),
+            *argv,
+            "-p",
+            "headprobe",
+        ]
         env = {**os.environ, "MYPYPATH": tmp}
         p = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True)
     for line in p.stdout.splitlines():

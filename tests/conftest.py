@@ -19,8 +19,9 @@ def pytest_configure(config):
     ``@pytest.mark.figures`` (PNG) or ``@pytest.mark.all_figure_formats`` (PNG, PDF and SVG, the
     default of a real run) (:func:`_figure_formats`)."""
     config.addinivalue_line("markers", "figures: the test writes its figures as PNG (the suite writes none)")
-    config.addinivalue_line("markers", "all_figure_formats: the test writes figures as PNG, PDF and SVG "
-                                       "(the default), not none")
+    config.addinivalue_line(
+        "markers", "all_figure_formats: the test writes figures as PNG, PDF and SVG (the default), not none"
+    )
     os.environ[FIGURE_FORMATS_ENV] = NO_FIGURES
     _share_cores_between_workers()
     if os.environ.get(FAST_CLOCK_ENV):
@@ -109,8 +110,16 @@ def tiny_gpt2_checkpoint(tiny_tokenizer):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=101, n_positions=128,
-                     bos_token_id=100, eos_token_id=100, attn_implementation="eager")
+    cfg = GPT2Config(
+        n_layer=2,
+        n_head=4,
+        n_embd=32,
+        vocab_size=101,
+        n_positions=128,
+        bos_token_id=100,
+        eos_token_id=100,
+        attn_implementation="eager",
+    )
     model = GPT2LMHeadModel(cfg)
     with torch.no_grad():  # non-zero biases, so the b_O term of the W_O decomposition is tested
         for name, p in model.named_parameters():
@@ -125,9 +134,20 @@ def tiny_llama_gqa_checkpoint(tiny_tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, hidden_size=64,
-                      intermediate_size=128, vocab_size=101, max_position_embeddings=128, bos_token_id=100,
-                      eos_token_id=100, pad_token_id=100, attn_implementation="eager", architectures=["LlamaForCausalLM"])
+    cfg = LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        hidden_size=64,
+        intermediate_size=128,
+        vocab_size=101,
+        max_position_embeddings=128,
+        bos_token_id=100,
+        eos_token_id=100,
+        pad_token_id=100,
+        attn_implementation="eager",
+        architectures=["LlamaForCausalLM"],
+    )
     return _checkpoint(LlamaForCausalLM(cfg), tiny_tokenizer, "tiny-llama-gqa", "tiny-llama-gqa")
 
 

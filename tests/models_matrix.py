@@ -151,6 +151,7 @@ def load(row: Row, **kw):
 # The features: each measures one cell of a row
 # ---------------------------------------------------------------------------------------------
 
+
 def feature_load(row: Row) -> Cell:
     if row.model is None:
         raise row.load_error  # type: ignore[misc]
@@ -184,6 +185,7 @@ def hf_attention_added(hf_model, path: str, x: torch.Tensor) -> dict[int, torch.
     out: dict[int, torch.Tensor] = {}
     handles = []
     for layer in range(hf_model.config.num_hidden_layers):
+
         def hook(mod, args, output, layer=layer):
             out[layer] = (output[0] if isinstance(output, tuple) else output).detach().clone()
 
@@ -216,8 +218,17 @@ def feature_ablate(row: Row) -> Cell:
 def feature_prune(row: Row) -> Cell:
     """``prune --method random --save-pruned``, then ``--model OUT/pruned_model`` loaded and its
     logits compared with the row's model with the same heads masked."""
-    result = command("prune", row, text=str(row.text), methods="random", n_seeds=1, step_fraction=0.5,
-                     save_pruned=True, save_fraction=0.25, **DATA)
+    result = command(
+        "prune",
+        row,
+        text=str(row.text),
+        methods="random",
+        n_seeds=1,
+        step_fraction=0.5,
+        save_pruned=True,
+        save_fraction=0.25,
+        **DATA,
+    )
     return _reloaded(row, result)
 
 
@@ -250,8 +261,18 @@ def feature_circuit(row: Row) -> Cell:
 
 
 def feature_kv(row: Row) -> Cell:
-    command("kv", row, text=str(row.text), seq_len=16, block_len=2, sink=1, window=2, budgets=(0.5,), n_random=1,
-            method="estimate")
+    command(
+        "kv",
+        row,
+        text=str(row.text),
+        seq_len=16,
+        block_len=2,
+        sink=1,
+        window=2,
+        budgets=(0.5,),
+        n_random=1,
+        method="estimate",
+    )
     return Cell("runs")
 
 
@@ -304,27 +325,47 @@ class Feature:
 
 
 FEATURES = (
-    Feature("load", feature_load, f"`--model DIR` loaded as the commands load it; logits (encoders: the last hidden "
-            f"state) against Hugging Face's eager model, max abs ≤ {short(LOGIT_TOL)} (each family's tiny model; the bridge row: "
-            f"TransformerLens' bridge around the Hugging Face model)"),
-    Feature("decomposition", feature_decomposition, f"`capture_heads`: per-head results summed with `b_O` against the "
-            f"output of the Hugging Face attention module (or post-attention norm), relative ≤ {short(DECOMPOSITION_TOL)}"),
+    Feature(
+        "load",
+        feature_load,
+        f"`--model DIR` loaded as the commands load it; logits (encoders: the last hidden "
+        f"state) against Hugging Face's eager model, max abs ≤ {short(LOGIT_TOL)} (each family's tiny model; the bridge row: "
+        f"TransformerLens' bridge around the Hugging Face model)",
+    ),
+    Feature(
+        "decomposition",
+        feature_decomposition,
+        f"`capture_heads`: per-head results summed with `b_O` against the "
+        f"output of the Hugging Face attention module (or post-attention norm), relative ≤ {short(DECOMPOSITION_TOL)}",
+    ),
     Feature("scan", feature_scan, "`scan --no-verify` (scores and metrics)"),
     Feature("verdicts", feature_verdicts, "`scan` with verification: `--top-k 2 --n-random 2 --keep-n-random`"),
     Feature("ablate", feature_ablate, "`ablate` (zero ablation of every head, exact sweep)"),
-    Feature("prune + reload", feature_prune, "`prune --method random --save-pruned --save-fraction 0.25`, then the "
-            f"saved `pruned_model/` loaded with `--model` and compared with the model with those heads masked, ≤ {short(SAME_TOL)}"),
+    Feature(
+        "prune + reload",
+        feature_prune,
+        "`prune --method random --save-pruned --save-fraction 0.25`, then the "
+        f"saved `pruned_model/` loaded with `--model` and compared with the model with those heads masked, ≤ {short(SAME_TOL)}",
+    ),
     Feature("patch q/k/v", feature_patch, "`patch --prompts FILE --site q`, `k` and `v` (2 prompt pairs)"),
     Feature("circuit", feature_circuit, "`circuit --n-seqs 1 --period 4 --steps 1 --verify 1`"),
     Feature("kv", feature_kv, "`kv --seq-len 16 --method estimate` (one budget, one random policy)"),
-    Feature("streamed", feature_streamed, "`scan --no-verify --streaming on` against `--streaming off`: every number "
-            f"the streamed head_scores.csv has (at least half of the other's; a metric that needs the pattern is NaN "
-            f"when streamed, as docs/scan.md says), ≤ {short(SAME_TOL)}"),
+    Feature(
+        "streamed",
+        feature_streamed,
+        "`scan --no-verify --streaming on` against `--streaming off`: every number "
+        f"the streamed head_scores.csv has (at least half of the other's; a metric that needs the pattern is NaN "
+        f"when streamed, as docs/scan.md says), ≤ {short(SAME_TOL)}",
+    ),
     Feature("fp16", _dtype_scan("float16"), "`scan --dtype float16` with verification"),
     Feature("bf16", _dtype_scan("bfloat16"), "`scan --dtype bfloat16` with verification"),
-    Feature("device map", feature_device_map, "`--device-map sequential` with half the weights' bytes allowed in CPU "
-            f"memory, the rest offloaded to disk (no GPU here; two GPUs are not tested); logits against the whole "
-            f"model's, ≤ {short(SAME_TOL)}"),
+    Feature(
+        "device map",
+        feature_device_map,
+        "`--device-map sequential` with half the weights' bytes allowed in CPU "
+        f"memory, the rest offloaded to disk (no GPU here; two GPUs are not tested); logits against the whole "
+        f"model's, ≤ {short(SAME_TOL)}",
+    ),
 )
 """The columns, in order."""
 
@@ -332,6 +373,7 @@ FEATURES = (
 # ---------------------------------------------------------------------------------------------
 # Computing and rendering
 # ---------------------------------------------------------------------------------------------
+
 
 def rows() -> list[tuple[str, str, str]]:
     """(label, family, backend) of every row: each registered family on ``--backend auto``, then :data:`BRIDGE_ROW`."""
@@ -362,8 +404,16 @@ def compute(root: Path, only: list[str] | None = None) -> Matrix:
     g = torch.Generator().manual_seed(0)
     text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()), encoding="utf-8")
     prompts = root / "pairs.jsonl"
-    prompts.write_text("\n".join(json.dumps({"clean": f"t1 t2 t{3 + i} t4", "corrupted": f"t5 t6 t{7 + i} t8",
-                                             "correct": " t9", "wrong": " t10"}) for i in range(2)) + "\n", encoding="utf-8")
+    prompts.write_text(
+        "\n".join(
+            json.dumps(
+                {"clean": f"t1 t2 t{3 + i} t4", "corrupted": f"t5 t6 t{7 + i} t8", "correct": " t9", "wrong": " t10"}
+            )
+            for i in range(2)
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     cells: dict[str, dict[str, Cell]] = {}
     seconds: dict[str, float] = {}
     feature_seconds = {f.name: 0.0 for f in FEATURES}
@@ -379,7 +429,17 @@ def compute(root: Path, only: list[str] | None = None) -> Matrix:
                 zoo.save_dir(family, tokenizer, folder)
         work = root / "work" / re.sub(r"\W+", "_", label)
         work.mkdir(parents=True)
-        row = Row(label, family, backend, folder, zoo.make_checkpoint(family, tokenizer).hf_model, text, prompts, work, encoder)
+        row = Row(
+            label,
+            family,
+            backend,
+            folder,
+            zoo.make_checkpoint(family, tokenizer).hf_model,
+            text,
+            prompts,
+            work,
+            encoder,
+        )
         try:
             with contextlib.redirect_stderr(io.StringIO()):
                 row.model = load(row)
@@ -416,21 +476,30 @@ def clean(message: str, root: Path) -> str:
 def versions() -> str:
     import transformers
 
-    return (f"{MADE_WITH}transformers {transformers.__version__}, torch {torch.__version__} "
-            f"on {time.strftime('%Y-%m-%d', time.gmtime())}.")
+    return (
+        f"{MADE_WITH}transformers {transformers.__version__}, torch {torch.__version__} "
+        f"on {time.strftime('%Y-%m-%d', time.gmtime())}."
+    )
 
 
 def render(matrix: Matrix, made_with: str | None = None) -> str:
     """The generated section, markers included: the table, the columns' meaning, the numbered reasons."""
     reasons: list[str] = []
-    lines = [START, "", "## Verified features", "",
-             "Generated by `tests/test_models_matrix.py` (the cells are measured, nothing here is typed by hand): each "
-             "registered family's tiny seeded checkpoint (`tests/zoo.py`, 2 layers) on `--backend auto`, and the tiny "
-             "GPT-2 on TransformerLens' bridge, run through each command as its `main` runs it, at the smallest settings. "
-             f"Regenerate with `{REGENERATE}`.", "",
-             made_with or versions(), "",
-             "| family | " + " | ".join(f.name for f in FEATURES) + " |",
-             "|---|" + "---|" * len(FEATURES)]
+    lines = [
+        START,
+        "",
+        "## Verified features",
+        "",
+        "Generated by `tests/test_models_matrix.py` (the cells are measured, nothing here is typed by hand): each "
+        "registered family's tiny seeded checkpoint (`tests/zoo.py`, 2 layers) on `--backend auto`, and the tiny "
+        "GPT-2 on TransformerLens' bridge, run through each command as its `main` runs it, at the smallest settings. "
+        f"Regenerate with `{REGENERATE}`.",
+        "",
+        made_with or versions(),
+        "",
+        "| family | " + " | ".join(f.name for f in FEATURES) + " |",
+        "|---|" + "---|" * len(FEATURES),
+    ]
     for label, row in matrix.cells.items():
         texts = []
         for f in FEATURES:
@@ -442,9 +511,15 @@ def render(matrix: Matrix, made_with: str | None = None) -> str:
                 note = reasons.index(cell.reason) + 1
             texts.append(cell.text(note))
         lines.append(f"| {label} | " + " | ".join(texts) + " |")
-    lines += ["", "*exact (≤ tol)*: compared with the reference below and within that tolerance; *runs*: the command "
-              "ran to the end and wrote its files; *refused (n)*: it stopped with the one-line error n below; "
-              "**fails**: anything else was raised (a bug).", "", "Columns:", ""]
+    lines += [
+        "",
+        "*exact (≤ tol)*: compared with the reference below and within that tolerance; *runs*: the command "
+        "ran to the end and wrote its files; *refused (n)*: it stopped with the one-line error n below; "
+        "**fails**: anything else was raised (a bug).",
+        "",
+        "Columns:",
+        "",
+    ]
     lines += [f"- **{f.name}**: {f.what}" for f in FEATURES]
     if reasons:
         lines += ["", "Why cells are refused (or fail):", ""]
@@ -461,7 +536,7 @@ def section(doc: str) -> str:
     start, end = doc.find(START), doc.find(END)
     if start < 0 or end < start:
         raise ValueError(f"docs/models.md has no {START} ... {END} section")
-    return doc[start:end + len(END)]
+    return doc[start : end + len(END)]
 
 
 def without_versions(text: str) -> str:

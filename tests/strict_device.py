@@ -141,8 +141,10 @@ class StrictDevice(TorchFunctionMode):
         if func is _TO or func is _CPU:
             return self._move(func, args, kwargs)
         if func in _NUMPY and self.on_device(args[0]):
-            self._fail(f"can't convert {DEVICE} device type tensor to numpy: use Tensor.cpu() first "
-                       f"(on a GPU: can't convert cuda:0 device type tensor to numpy)")
+            self._fail(
+                f"can't convert {DEVICE} device type tensor to numpy: use Tensor.cpu() first "
+                f"(on a GPU: can't convert cuda:0 device type tensor to numpy)"
+            )
         if func is torch.autograd.grad:
             return self._grad(func, args, kwargs)
         if func in _METADATA:
@@ -201,15 +203,19 @@ class StrictDevice(TorchFunctionMode):
             index = _tensors(args[1], [])
             host_index = [t for t in index if not self.on_device(t) and t.dim() > 0]
             if host_index and self.on_device(args[0]):
-                return self._fail(f"a tensor on {DEVICE} indexed by a tensor on the host {_shapes(host_index)}: "
-                                     f"make the index on the tensor's device (device=x.device)")
+                return self._fail(
+                    f"a tensor on {DEVICE} indexed by a tensor on the host {_shapes(host_index)}: "
+                    f"make the index on the tensor's device (device=x.device)"
+                )
             if func is _SETITEM and not index:
                 return  # x[a:b] = y copies y over
             inputs = [args[0], *_tensors(args[2:], [])] if func is _SETITEM else [args[0]]
         host = [t for t in inputs if not self.on_device(t) and t.dim() > 0]
         if host and any(self.on_device(t) for t in inputs):
-            return self._fail(f"{_name(func)}: tensors on {DEVICE} and on the host {_shapes(host)} in one call "
-                                 f"(on a GPU: Expected all tensors to be on the same device)")
+            return self._fail(
+                f"{_name(func)}: tensors on {DEVICE} and on the host {_shapes(host)} in one call "
+                f"(on a GPU: Expected all tensors to be on the same device)"
+            )
 
     def _fail(self, message: str) -> None:
         if not self.survey:
@@ -217,8 +223,11 @@ class StrictDevice(TorchFunctionMode):
         import traceback
 
         root = str(Path(__file__).resolve().parents[1]) + os.sep
-        where = [f"{f.filename.removeprefix(root)}:{f.lineno}" for f in traceback.extract_stack()
-                 if f.filename.startswith(root) and f.filename.removeprefix(root).split(os.sep)[0] in FLOORS]
+        where = [
+            f"{f.filename.removeprefix(root)}:{f.lineno}"
+            for f in traceback.extract_stack()
+            if f.filename.startswith(root) and f.filename.removeprefix(root).split(os.sep)[0] in FLOORS
+        ]
         key = f"{where[-1] if where else '?'} {message[:90]}"
         self.found[key] = self.found.get(key, 0) + 1
 

@@ -44,11 +44,14 @@ def _toy_family():
     """The new family: Llama's config mapping and weight conversion, its own tiny model and facts."""
     from headprobe.probe.model.families import llama
 
-    return dataclasses.replace(llama.FAMILY, tiny=TinySpec(
-        fields=dict(TINY_FIELDS, num_key_value_heads=1),
-        layout=("MQA", "none", "none", None),
-        bridge=False,  # TransformerLens has no adapter for ToyLlamaForCausalLM
-    ))
+    return dataclasses.replace(
+        llama.FAMILY,
+        tiny=TinySpec(
+            fields=dict(TINY_FIELDS, num_key_value_heads=1),
+            layout=("MQA", "none", "none", None),
+            bridge=False,  # TransformerLens has no adapter for ToyLlamaForCausalLM
+        ),
+    )
 
 
 def _register_with_transformers() -> None:

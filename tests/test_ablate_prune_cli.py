@@ -31,8 +31,16 @@ def test_ablate_cli(tiny_dir, tmp_path):
     assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]) == 0
     table = pd.read_csv(out / "head_ablation.csv")
     assert len(table) == 16
-    assert {"layer", "head", "kv_head", "natural_loss_delta", "repeated_loss_delta", "natural_importance",
-            "repeated_attribution", "induction_score"} <= set(table.columns)
+    assert {
+        "layer",
+        "head",
+        "kv_head",
+        "natural_loss_delta",
+        "repeated_loss_delta",
+        "natural_importance",
+        "repeated_attribution",
+        "induction_score",
+    } <= set(table.columns)
     assert table["kv_head"].tolist() == [h // 4 for h in range(8)] * 2
     summary = json.loads((out / "summary.json").read_text())
     assert summary["units"] == "nats/token"
@@ -53,8 +61,22 @@ def test_prune_cli_saves_reloadable_model(tiny_dir, tmp_path):
     """Every method on one CSV and figure, areas in summary.json, and the pruned model a
     directory that ``load_model`` and ``scan --model DIR`` load, equal to the masked model."""
     out = tmp_path / "prune"
-    args = ["prune", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), "--step-fraction", "0.25",
-            "--save-pruned", "--save-fraction", "0.5", *FAST_L0, *SMALL]
+    args = [
+        "prune",
+        "--model",
+        str(tiny_dir),
+        "--out",
+        str(out),
+        "--text",
+        _text(tmp_path),
+        "--step-fraction",
+        "0.25",
+        "--save-pruned",
+        "--save-fraction",
+        "0.5",
+        *FAST_L0,
+        *SMALL,
+    ]
     assert main(args) == 0
     curve = pd.read_csv(out / "pruning_curve.csv")
     assert set(curve["method"]) == {"michel", "l0", "random"}
@@ -95,9 +117,34 @@ def test_prune_cli_saves_reloadable_model(tiny_dir, tmp_path):
         torch.testing.assert_close(loaded.forward(tokens), masked, atol=1e-4, rtol=0)
         torch.testing.assert_close(small(tokens), masked, atol=1e-4, rtol=0)
     assert loaded.self_check.ok
-    assert main(["scan", "--model", str(d), "--out", str(tmp_path / "scan"), "--text", _text(tmp_path), "--n-random", "2",
-                 "--types", "induction", "--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6",
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "scan",
+                "--model",
+                str(d),
+                "--out",
+                str(tmp_path / "scan"),
+                "--text",
+                _text(tmp_path),
+                "--n-random",
+                "2",
+                "--types",
+                "induction",
+                "--seq-len",
+                "16",
+                "--n-natural",
+                "3",
+                "--n-repeated",
+                "2",
+                "--period",
+                "6",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     scores = pd.read_csv(tmp_path / "scan" / "head_scores.csv")
     assert len(scores) == 16
     assert (out / "pruning_curve.png").is_file()
@@ -106,10 +153,19 @@ def test_prune_cli_saves_reloadable_model(tiny_dir, tmp_path):
 NO_CUDA = ["--device", "cuda"] if not torch.cuda.is_available() else ["--n-natural", "0"]
 
 
-@pytest.mark.parametrize("command, extra", [
-    ("prune", ["--step-fraction", "0"]), ("prune", ["--period", "1"]), ("prune", ["--seq-len", "0"]), ("prune", NO_CUDA),
-    ("ablate", ["--period", "1"]), ("ablate", ["--seq-len", "0"]), ("ablate", ["--max-batch", "-1"]), ("ablate", NO_CUDA),
-])
+@pytest.mark.parametrize(
+    "command, extra",
+    [
+        ("prune", ["--step-fraction", "0"]),
+        ("prune", ["--period", "1"]),
+        ("prune", ["--seq-len", "0"]),
+        ("prune", NO_CUDA),
+        ("ablate", ["--period", "1"]),
+        ("ablate", ["--seq-len", "0"]),
+        ("ablate", ["--max-batch", "-1"]),
+        ("ablate", NO_CUDA),
+    ],
+)
 def test_bad_input_exits_2(tiny_dir, tmp_path, capsys, extra, command):
     try:  # HeadprobeError returns 2; argparse's type errors exit 2
         code = main([command, "--model", str(tiny_dir), "--out", str(tmp_path / "x"), *SMALL, *extra])
@@ -170,13 +226,39 @@ def test_ablate_cli_heads_subset_and_out_of_range(tiny_dir, tmp_path):
     from test_loading import assert_one_line_error, run_cli
 
     out = tmp_path / "subset"
-    assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), "--heads", "1.3,0.0", *SMALL]) == 0
+    assert (
+        main(
+            [
+                "ablate",
+                "--model",
+                str(tiny_dir),
+                "--out",
+                str(out),
+                "--text",
+                _text(tmp_path),
+                "--heads",
+                "1.3,0.0",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     table = pd.read_csv(out / "head_ablation.csv")
     swept = table.dropna(subset=["natural_loss_delta"])
     assert sorted(zip(swept.layer, swept["head"])) == [(0, 0), (1, 3)]
     one = tmp_path / "one"  # too few heads to rank (< MIN_RANKED_HEADS): null in the JSON, n/a on screen, never NaN
-    rc, stdout, _ = run_cli("ablate", "--model", str(tiny_dir), "--out", str(one), "--text", _text(tmp_path),
-                            "--heads", "1.3,0.0,0.1,1.1,1.2", *SMALL)
+    rc, stdout, _ = run_cli(
+        "ablate",
+        "--model",
+        str(tiny_dir),
+        "--out",
+        str(one),
+        "--text",
+        _text(tmp_path),
+        "--heads",
+        "1.3,0.0,0.1,1.1,1.2",
+        *SMALL,
+    )
     assert rc == 0 and "n/a" in stdout and "nan" not in stdout.lower()
     text = (one / "summary.json").read_text()
     assert "NaN" not in text and json.loads(text)["spearman_with_exact_sweep"]["natural"]["gradient_importance"] is None
@@ -185,10 +267,13 @@ def test_ablate_cli_heads_subset_and_out_of_range(tiny_dir, tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-@pytest.mark.parametrize("command, kill_after, csv", [
-    ("ablate", 1, "head_ablation.csv"),  # killed after the natural-text sweep, before the repeated-tokens sweep
-    ("prune", 3, "pruning_curve.csv"),  # killed in the middle of the importance-order run
-])
+@pytest.mark.parametrize(
+    "command, kill_after, csv",
+    [
+        ("ablate", 1, "head_ablation.csv"),  # killed after the natural-text sweep, before the repeated-tokens sweep
+        ("prune", 3, "pruning_curve.csv"),  # killed in the middle of the importance-order run
+    ],
+)
 def test_killed_run_resumes_to_the_same_results(tiny_dir, tmp_path, capsys, command, kill_after, csv):
     """A run killed midway (SIGKILL) resumes from its checkpoint, in a new process as a user
     would rerun it, and ends with the same results as an uninterrupted run (the reference, run in
@@ -198,9 +283,18 @@ def test_killed_run_resumes_to_the_same_results(tiny_dir, tmp_path, capsys, comm
     from headprobe.probe.core.io import CHECKPOINT_NAME
 
     # prune: one method keeps it short (L0's own resume is tested in test_prune_methods.py)
-    args = ["--model", str(tiny_dir), "--text", _text(tmp_path), *(["--method", "michel"] if command == "prune" else []), *SMALL]
+    args = [
+        "--model",
+        str(tiny_dir),
+        "--text",
+        _text(tmp_path),
+        *(["--method", "michel"] if command == "prune" else []),
+        *SMALL,
+    ]
     assert main([command, "--out", str(tmp_path / "whole"), *args]) == 0
-    rc, _, _ = run_cli(command, "--out", str(tmp_path / "cut"), *args, env={"HEADPROBE_KILL_AFTER_SAVES": str(kill_after)})
+    rc, _, _ = run_cli(
+        command, "--out", str(tmp_path / "cut"), *args, env={"HEADPROBE_KILL_AFTER_SAVES": str(kill_after)}
+    )
     assert rc == -9  # killed, as a power cut or `kill -9` would
     assert (tmp_path / "cut" / CHECKPOINT_NAME).is_file() and not (tmp_path / "cut" / csv).exists()
     shutil.copytree(tmp_path / "cut", tmp_path / "other")  # the killed run's folder, for the other-settings check
@@ -228,25 +322,31 @@ def test_checkpoint_from_when_the_repeated_task_was_called_induction_resumes(tin
     from headprobe.commands.prune import core as prune_core
 
     model = headprobe.load_model(str(tiny_dir), device="cpu")
-    data = dict(model=str(tiny_dir), text=_text(tmp_path), seq_len=16, n_natural=3, n_repeated=2, period=6, device="cpu")
+    data = dict(
+        model=str(tiny_dir), text=_text(tmp_path), seq_len=16, n_natural=3, n_repeated=2, period=6, device="cpu"
+    )
     states = []
-    whole = ablate_core.run(model, AblateConfig(**data), on_save=lambda s: states.append(json.loads(json.dumps(s))),
-                            progress=False)
+    whole = ablate_core.run(
+        model, AblateConfig(**data), on_save=lambda s: states.append(json.loads(json.dumps(s))), progress=False
+    )
     old = states[-1]
     old["induction"] = old.pop("repeated")
     old["induction"]["loss"]["1.2"] = old["induction"]["clean"] + 7.0
     resumed = ablate_core.run(model, AblateConfig(**data), resume=old, progress=False)
     assert resumed.tasks["repeated"].effect[1, 2] == pytest.approx(7.0, abs=1e-5)
     assert resumed.swept == 0 and set(resumed.tasks) == {"natural", "repeated"}
-    np.testing.assert_array_equal(np.delete(resumed.tasks["repeated"].effect.ravel(), 1 * 8 + 2),
-                                  np.delete(whole.tasks["repeated"].effect.ravel(), 1 * 8 + 2))
+    np.testing.assert_array_equal(
+        np.delete(resumed.tasks["repeated"].effect.ravel(), 1 * 8 + 2),
+        np.delete(whole.tasks["repeated"].effect.ravel(), 1 * 8 + 2),
+    )
 
     states = []
     cfg = PruneConfig(**data, methods="michel", step_fraction=0.25)
     whole = prune_core.run(model, cfg, on_save=lambda s: states.append(json.loads(json.dumps(s))), progress=False)
     old = states[1]
-    old["michel"]["rows"] = [{("induction_loss" if k == "repeated_loss" else k): v for k, v in r.items()}
-                             for r in old["michel"]["rows"]]
+    old["michel"]["rows"] = [
+        {("induction_loss" if k == "repeated_loss" else k): v for k, v in r.items()} for r in old["michel"]["rows"]
+    ]
     resumed = prune_core.run(model, cfg, resume=old, progress=False)
     pd.testing.assert_frame_equal(resumed.table, whole.table)
     assert "induction_loss" not in resumed.table

@@ -29,8 +29,19 @@ def deep_gqa_native(tiny_tokenizer):
     from headprobe.probe.model.transformer import Transformer
 
     torch.manual_seed(1)
-    cfg = TransformerConfig(n_layers=4, d_model=48, n_heads=6, n_kv_heads=3, d_vocab=101, d_mlp=96,
-                            positional="rotary", norm="rmsnorm", mlp="swiglu", bias=False, tied_unembed=False)
+    cfg = TransformerConfig(
+        n_layers=4,
+        d_model=48,
+        n_heads=6,
+        n_kv_heads=3,
+        d_vocab=101,
+        d_mlp=96,
+        positional="rotary",
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+        tied_unembed=False,
+    )
     net = Transformer(cfg).eval()
     with torch.no_grad():  # larger weights than the default init, so that heads matter
         for p in net.parameters():
@@ -116,8 +127,9 @@ def test_clean_residuals_over_budget_keep_the_deepest_and_the_rest_run_whole(req
     kept = [layer for layer in layers if clean.at(layer) is not None]
     assert kept == sorted(layer for layer in layers if layer > 0)[-2:]
     pre = {}
-    model.scored_losses(tokens, 0, [(f"blocks.{l}.hook_resid_pre", lambda x, hook, l=l: pre.__setitem__(l, x.clone()))
-                                    for l in kept])
+    model.scored_losses(
+        tokens, 0, [(f"blocks.{l}.hook_resid_pre", lambda x, hook, l=l: pre.__setitem__(l, x.clone())) for l in kept]
+    )
     for layer in kept:  # what it kept is the clean residual, recorded independently here
         torch.testing.assert_close(clean.at(layer)[0], pre[layer], atol=0, rtol=0)
     resumed = ablation.set_ablation_losses(model, tokens, sets, "zero", None, first=2, clean=clean)
@@ -157,9 +169,16 @@ def test_backends_satisfy_the_interface_and_resume_exactly(request, name):
     hooks = [(f"blocks.{l}.hook_resid_pre", lambda x, hook, l=l: pre.__setitem__(l, x.clone())) for l in range(2)]
     hooks += [(model.attn_out_hook(l), lambda x, hook, l=l: attn.__setitem__(l, x.clone())) for l in range(2)]
     clean = model.scored_losses(tokens, first, hooks)
-    torch.testing.assert_close(clean, torch.nn.functional.cross_entropy(
-        model.forward(tokens)[:, first:-1].flatten(0, 1), tokens[:, first + 1:].flatten(), reduction="none"
-    ).view(3, -1).mean(1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        clean,
+        torch.nn.functional.cross_entropy(
+            model.forward(tokens)[:, first:-1].flatten(0, 1), tokens[:, first + 1 :].flatten(), reduction="none"
+        )
+        .view(3, -1)
+        .mean(1),
+        atol=1e-5,
+        rtol=0,
+    )
     for layer in range(2):
         two = model.resume_scored_losses(layer, tokens, pre[layer].repeat(2, 1, 1), attn[layer].repeat(2, 1, 1), first)
         torch.testing.assert_close(two, clean.repeat(2), atol=1e-5, rtol=0)
@@ -252,10 +271,12 @@ def test_attribution_patching_matches_directional_derivative(deep_gqa_native):
     for layer, head in [(0, 2), (2, 5), (3, 0)]:
         losses = []
         for a in (eps, -eps):
+
             def hook(z, hook, a=a, layer=layer, head=head):
                 z = z.clone()
                 z[:, :, head] = z[:, :, head] + a * (mean_z[layer, head].to(z) - z[:, :, head])
                 return z
+
             with torch.no_grad():
                 logits = model.forward(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hook)])
             losses.append(_loss64(logits, tokens, 0).mean())

@@ -43,12 +43,15 @@ def _tokens(n=3, T=12, seed=0):
 
 def _halving_hooks(heads):
     """The reference: hand-written hooks that halve the heads' z (no registry involved)."""
+
     def make(layer, hs):
         def hook(z, hook):
             z = z.clone()
             z[:, :, hs] = z[:, :, hs] * HALF
             return z
+
         return hook
+
     by_layer = {}
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
@@ -75,7 +78,9 @@ def test_a_kind_registered_in_one_place_reaches_hooks_sweep_and_set_ablations(re
     sets = [[(0, 1)], [(1, 0), (1, 3)], []]
     batched = set_ablation_losses(model, tokens, sets, "scaled", None, first, max_batch=6)
     with torch.inference_mode():
-        loop = torch.stack([scored_loss(model.forward(tokens, fwd_hooks=_halving_hooks(s)), tokens, first) for s in sets])
+        loop = torch.stack(
+            [scored_loss(model.forward(tokens, fwd_hooks=_halving_hooks(s)), tokens, first) for s in sets]
+        )
     torch.testing.assert_close(batched, loop.float().cpu(), atol=1e-5, rtol=1e-5)
 
 
@@ -106,9 +111,34 @@ def test_a_registered_kind_is_an_ablate_choice(tiny_dir, tmp_path, capsys, scale
     text = tmp_path / "text.txt"
     text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (600,), generator=g).tolist()))
     out = tmp_path / "out"
-    assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", str(text), "--kind", "scaled",
-                 "--heads", "0.1,1.2", "--seq-len", "16", "--n-natural", "2", "--n-repeated", "2", "--period", "6",
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "ablate",
+                "--model",
+                str(tiny_dir),
+                "--out",
+                str(out),
+                "--text",
+                str(text),
+                "--kind",
+                "scaled",
+                "--heads",
+                "0.1,1.2",
+                "--seq-len",
+                "16",
+                "--n-natural",
+                "2",
+                "--n-repeated",
+                "2",
+                "--period",
+                "6",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert json.loads((out / "summary.json").read_text())["config"]["kind"] == "scaled"
 
 
@@ -118,8 +148,14 @@ def test_resample_set_ablations_equal_one_forward_per_set(tiny_llama_gqa_native)
     got = set_ablation_losses(model, tokens, sets, "resample", None, 4, max_batch=6, source_tokens=source)
     source_z = capture_z(model, source)
     with torch.inference_mode():
-        want = torch.stack([scored_loss(model.forward(tokens, fwd_hooks=head_ablation_hooks(s, "resample", source_z=source_z)),
-                                        tokens, 4) for s in sets])
+        want = torch.stack(
+            [
+                scored_loss(
+                    model.forward(tokens, fwd_hooks=head_ablation_hooks(s, "resample", source_z=source_z)), tokens, 4
+                )
+                for s in sets
+            ]
+        )
     torch.testing.assert_close(got, want.float().cpu(), atol=1e-5, rtol=1e-5)
 
 
@@ -140,12 +176,19 @@ def test_bad_kinds_and_missing_inputs_are_one_error_with_one_message(tiny_gpt2_n
     model, tokens = tiny_gpt2_native, _tokens()
     mean_z = mean_z_from(capture_z(model, _tokens(seed=5)), 1)
     for name, call in _entry_points(model, tokens).items():
-        with pytest.raises(HeadprobeError, match=r"^unknown ablation kind: 'zeros' \(did you mean 'zero'\?\); known: zero, mean, resample$"):
+        with pytest.raises(
+            HeadprobeError,
+            match=r"^unknown ablation kind: 'zeros' \(did you mean 'zero'\?\); known: zero, mean, resample$",
+        ):
             call("zeros", None, None)
-        with pytest.raises(HeadprobeError, match=r"^mean ablation needs mean_z \(each head's mean z over reference tokens\)$"):
+        with pytest.raises(
+            HeadprobeError, match=r"^mean ablation needs mean_z \(each head's mean z over reference tokens\)$"
+        ):
             call("mean", None, None)
         source = "source_z" if name == "hooks" else "source_tokens"
-        with pytest.raises(HeadprobeError, match=rf"^resample ablation needs {source} \(the input whose z replaces the head's\)$"):
+        with pytest.raises(
+            HeadprobeError, match=rf"^resample ablation needs {source} \(the input whose z replaces the head's\)$"
+        ):
             call("resample", None, None)
         call("mean", mean_z, None), call("resample", None, _tokens(seed=7))  # with their inputs they run
     with pytest.raises(HeadprobeError, match="needs source_z\\[1\\]"):
@@ -154,4 +197,3 @@ def test_bad_kinds_and_missing_inputs_are_one_error_with_one_message(tiny_gpt2_n
 
     with pytest.raises(HeadprobeError, match=r"^unknown ablation kind: 'bogus'; known: zero, mean, resample$"):
         AblateConfig(kind="bogus")
-

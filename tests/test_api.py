@@ -16,8 +16,22 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import OUTPUTS_NAME
 
 SMALL_SCAN = dict(n_natural=3, seq_len=16, n_repeated=2, period=6, k=3, n_random=2)
-SMALL_FLAGS = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "-k", "3", "--n-random", "2",
-               "--device", "cpu"]
+SMALL_FLAGS = [
+    "--n-natural",
+    "3",
+    "--seq-len",
+    "16",
+    "--n-repeated",
+    "2",
+    "--period",
+    "6",
+    "-k",
+    "3",
+    "--n-random",
+    "2",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +80,30 @@ def test_types_limit_columns_figures_and_verifications(api_scan, text_file, tmp_
     assert list(part.table.columns) == ["layer", "head", "kv_head", "previous_token", "induction", *metric_columns()]
     pd.testing.assert_frame_equal(part.table, full.table[list(part.table.columns)])  # same numbers as the full scan
     # 16 tokens: no W < 16; no learned sinks or output gates in a Llama
-    drawn = [s.column for m in METRICS.values() for s in m.figures
-             if s.column not in ("distant_mass", "learned_sink_mass", "gate_closure")]
-    assert set(part.figures()) == {"heatmap_previous_token", "heatmap_induction", "overview",
-                                   "pattern_previous_token", "pattern_induction", "ablation", "composition_k",
-                                   *(f"heatmap_{c}" for c in drawn)}
+    drawn = [
+        s.column
+        for m in METRICS.values()
+        for s in m.figures
+        if s.column not in ("distant_mass", "learned_sink_mass", "gate_closure")
+    ]
+    assert set(part.figures()) == {
+        "heatmap_previous_token",
+        "heatmap_induction",
+        "overview",
+        "pattern_previous_token",
+        "pattern_induction",
+        "ablation",
+        "composition_k",
+        *(f"heatmap_{c}" for c in drawn),
+    }
     assert {v.head_type for v in part.verifications} == {"previous_token", "induction"}
     same = [v for v in full.verifications if v.head_type in ("previous_token", "induction")]
     # the heads under test and their effects do not depend on the other types selected; the random
     # control does (it excludes the top-k of every selected type judged on the same task)
     under_test = ("head_type", "kind", "task", "top_heads", "clean_loss", "top_loss", "top_effect", "top_effect_ci95")
-    assert [{f: v.to_dict()[f] for f in under_test} for v in part.verifications] == \
-        [{f: v.to_dict()[f] for f in under_test} for v in same]
+    assert [{f: v.to_dict()[f] for f in under_test} for v in part.verifications] == [
+        {f: v.to_dict()[f] for f in under_test} for v in same
+    ]
     for v in part.verifications:
         assert set(v.top_heads) <= set(v.control_excludes)
         assert not any(set(h) & set(v.control_excludes) for h in v.random_heads)
@@ -93,9 +119,14 @@ def test_a_new_head_type_is_one_registry_entry(api_scan, text_file, request):
 
     model, full = api_scan
     prev = detectors.DETECTORS["previous_token"]
-    copy = dataclasses.replace(prev, name="prev_copy", columns=("prev_copy",), rank_by="prev_copy",
-                               score=lambda p, S, s: {"prev_copy": detectors.previous_token_score(p)},
-                               figures=(detectors.HeatmapStyle("prev_copy", "copied score", "attention to i-1"),))
+    copy = dataclasses.replace(
+        prev,
+        name="prev_copy",
+        columns=("prev_copy",),
+        rank_by="prev_copy",
+        score=lambda p, S, s: {"prev_copy": detectors.previous_token_score(p)},
+        figures=(detectors.HeatmapStyle("prev_copy", "copied score", "attention to i-1"),),
+    )
     HEAD_COLUMNS.register("prev_copy", copy, group=HEAD_TYPE)
     request.addfinalizer(lambda: HEAD_COLUMNS.unregister("prev_copy"))
     r = headprobe.scan(model, text=str(text_file), types="prev-copy", **SMALL_SCAN)
@@ -118,22 +149,31 @@ def no_loading(monkeypatch):
     monkeypatch.setattr(loading, "load_model", refuse)
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["scan", "--types", "inducton"], "unknown head type inducton (did you mean induction?); known types: previous-token, duplicate-token"),
-    (["scan", "--types", ","], "no head type given"),
-    (["scan", "--text", "{dir}"], "cannot read text file"),
-    (["scan", "--text", "{dir}/missing.txt"], "cannot read text file"),
-    (["scan", "--text", "{bad}"], "not UTF-8"),
-    (["scan", "--seq-len", "1"], "at least 2 positions"),
-    (["scan", "--dtype", "fp8"], "unknown dtype"),
-    (["ablate", "--heads", "40.3"], "head 40.3 is out of range: the model has 30 layers of 9 heads"),
-    (["ablate", "--heads", "5-1"], "not of the form layer.head"),
-    (["ablate", "--heads", "0.0", "--model", "{tiny}"], None),  # in range: reaches the (refused) load
-    (["ablate", "--heads", "1.8", "--model", "{tiny}"], "head 1.8 is out of range: the model has 2 layers of 8 heads"),
-    (["ablate", "--text", "{bad}"], "not UTF-8"),
-    (["prune", "--period", "1"], "at least 2 tokens"),
-    (["prune", "--text", "{dir}"], "cannot read text file"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (
+            ["scan", "--types", "inducton"],
+            "unknown head type inducton (did you mean induction?); known types: previous-token, duplicate-token",
+        ),
+        (["scan", "--types", ","], "no head type given"),
+        (["scan", "--text", "{dir}"], "cannot read text file"),
+        (["scan", "--text", "{dir}/missing.txt"], "cannot read text file"),
+        (["scan", "--text", "{bad}"], "not UTF-8"),
+        (["scan", "--seq-len", "1"], "at least 2 positions"),
+        (["scan", "--dtype", "fp8"], "unknown dtype"),
+        (["ablate", "--heads", "40.3"], "head 40.3 is out of range: the model has 30 layers of 9 heads"),
+        (["ablate", "--heads", "5-1"], "not of the form layer.head"),
+        (["ablate", "--heads", "0.0", "--model", "{tiny}"], None),  # in range: reaches the (refused) load
+        (
+            ["ablate", "--heads", "1.8", "--model", "{tiny}"],
+            "head 1.8 is out of range: the model has 2 layers of 8 heads",
+        ),
+        (["ablate", "--text", "{bad}"], "not UTF-8"),
+        (["prune", "--period", "1"], "at least 2 tokens"),
+        (["prune", "--text", "{dir}"], "cannot read text file"),
+    ],
+)
 def test_bad_flags_fail_before_the_model_loads(argv, fragment, tiny_dir, tmp_path, capsys, no_loading):
     (tmp_path / "bad.txt").write_bytes(b"caf\xe9\xff")
     argv = [a.format(dir=tmp_path, bad=tmp_path / "bad.txt", tiny=tiny_dir) for a in argv]
@@ -175,16 +215,58 @@ def test_api_ablate_and_prune_equal_their_cli(tiny_dir, text_file, tmp_path):
     flags = ["--n-natural", "2", "--seq-len", "12", "--n-repeated", "2", "--period", "5", "--device", "cpu"]
     model = headprobe.load_model(str(tiny_dir), device="cpu")
     a = headprobe.ablate(model, text=str(text_file), heads="1.3,0.0", **small)
-    assert main(["ablate", "--model", str(tiny_dir), "--out", str(tmp_path / "a"), "--text", str(text_file),
-                 "--heads", "1.3,0.0", *flags]) == 0
+    assert (
+        main(
+            [
+                "ablate",
+                "--model",
+                str(tiny_dir),
+                "--out",
+                str(tmp_path / "a"),
+                "--text",
+                str(text_file),
+                "--heads",
+                "1.3,0.0",
+                *flags,
+            ]
+        )
+        == 0
+    )
     a.save(tmp_path / "a_api")
-    assert (tmp_path / "a_api" / "head_ablation.csv").read_bytes() == (tmp_path / "a" / "head_ablation.csv").read_bytes()
+    assert (tmp_path / "a_api" / "head_ablation.csv").read_bytes() == (
+        tmp_path / "a" / "head_ablation.csv"
+    ).read_bytes()
     assert a.table["natural_loss_delta"].notna().sum() == 2
-    p = headprobe.prune(model, text=str(text_file), step_fraction=0.5, l0_steps=2, l0_lambdas=(1.0, 10.0), n_seeds=2, **small)
-    assert main(["prune", "--model", str(tiny_dir), "--out", str(tmp_path / "p"), "--text", str(text_file),
-                 "--step-fraction", "0.5", "--l0-steps", "2", "--l0-lambdas", "1,10", "--n-seeds", "2", *flags]) == 0
+    p = headprobe.prune(
+        model, text=str(text_file), step_fraction=0.5, l0_steps=2, l0_lambdas=(1.0, 10.0), n_seeds=2, **small
+    )
+    assert (
+        main(
+            [
+                "prune",
+                "--model",
+                str(tiny_dir),
+                "--out",
+                str(tmp_path / "p"),
+                "--text",
+                str(text_file),
+                "--step-fraction",
+                "0.5",
+                "--l0-steps",
+                "2",
+                "--l0-lambdas",
+                "1,10",
+                "--n-seeds",
+                "2",
+                *flags,
+            ]
+        )
+        == 0
+    )
     p.save(tmp_path / "p_api")
-    assert (tmp_path / "p_api" / "pruning_curve.csv").read_bytes() == (tmp_path / "p" / "pruning_curve.csv").read_bytes()
+    assert (tmp_path / "p_api" / "pruning_curve.csv").read_bytes() == (
+        tmp_path / "p" / "pruning_curve.csv"
+    ).read_bytes()
     assert set(p.figures()) == {"pruning_curve"} and set(a.figures()) == {"ablation_effect"}
     for d in ("a", "p"):
         s, t = (json.loads((tmp_path / x / "summary.json").read_text()) for x in (d, f"{d}_api"))
@@ -242,13 +324,36 @@ def test_every_result_keeps_its_load_time_in_one_field():
 def test_scan_dtype_flag_casts_the_weights(tiny_dir, text_file, tmp_path):
     """``scan --dtype bf16`` computes in bfloat16 as ``ablate --dtype`` does; recorded in summary.json."""
     out = tmp_path / "bf16"
-    assert main(["scan", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), "--dtype", "bf16",
-                 "--types", "induction", "--no-verify", "--no-metrics", *SMALL_FLAGS]) == 0
+    assert (
+        main(
+            [
+                "scan",
+                "--model",
+                str(tiny_dir),
+                "--out",
+                str(out),
+                "--text",
+                str(text_file),
+                "--dtype",
+                "bf16",
+                "--types",
+                "induction",
+                "--no-verify",
+                "--no-metrics",
+                *SMALL_FLAGS,
+            ]
+        )
+        == 0
+    )
     s = json.loads((out / "summary.json").read_text())
     assert s["dtype"] == "bfloat16" and s["config"]["dtype"] == "bfloat16" and s["config"]["types"] == ["induction"]
     table = pd.read_csv(out / "head_scores.csv")
     assert list(table.columns) == ["layer", "head", "kv_head", "induction"] and table["induction"].between(0, 1).all()
-    assert sorted(p.name for p in out.glob("*.png")) == ["heatmap_induction.png", "overview.png", "pattern_induction.png"]
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "heatmap_induction.png",
+        "overview.png",
+        "pattern_induction.png",
+    ]
 
 
 def test_a_misspelt_setting_names_the_function_and_the_nearest_setting():

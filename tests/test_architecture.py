@@ -28,8 +28,14 @@ def _mirror(tmp_path: Path) -> Path:
 def _lint(tmp_path: Path, config: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(_mirror(tmp_path))}
     code = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
-    return subprocess.run([sys.executable, "-c", code, "--no-cache", str(config)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code, "--no-cache", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
 
 
 def test_import_rules_hold(tmp_path):
@@ -43,7 +49,8 @@ def test_import_rules_can_fail(tmp_path):
     config = tmp_path / "strict.toml"
     config.write_text(
         '[tool.importlinter]\nroot_packages = ["headprobe"]\n\n[[tool.importlinter.contracts]]\nname = "inverted"\n'
-        'type = "layers"\nlayers = ["headprobe.probe", "headprobe.analyses"]\n')
+        'type = "layers"\nlayers = ["headprobe.probe", "headprobe.analyses"]\n'
+    )
     (tmp_path / "m").mkdir()
     p = _lint(tmp_path / "m", config)
     assert p.returncode != 0 and "headprobe.analyses" in p.stdout and "broken" in p.stdout.lower()
@@ -69,8 +76,16 @@ def test_shape_annotations_are_checked_when_tests_run():
 # Analyses and commands program against the backend interface, not a backend's modules
 # ---------------------------------------------------------------------------------------------
 
-INTERNALS = {"blocks", "original_model", "hook_dict", "run_with_hooks", "unembed", "ln_final",
-             "register_forward_pre_hook", "register_forward_hook"}
+INTERNALS = {
+    "blocks",
+    "original_model",
+    "hook_dict",
+    "run_with_hooks",
+    "unembed",
+    "ln_final",
+    "register_forward_pre_hook",
+    "register_forward_hook",
+}
 """Attributes of a backend's modules (native Transformer or TransformerBridge) that only the probe floor may read."""
 NOT_A_MODULE = {"config", "cfg", "args", "self.config"}
 """Objects whose ``.model`` is a model name or path, not a module."""
@@ -84,14 +99,19 @@ def _reaches_into_modules(source: str) -> list[str]:
 
     tree = ast.parse(source)
     # inside a command's Config dataclass, ``self.model`` is the --model name
-    in_config = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name.endswith("Config")
-                 for n in ast.walk(c)}
+    in_config = {
+        id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name.endswith("Config") for n in ast.walk(c)
+    }
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             owner = ast.unparse(node.value)
-            if (node.attr == "model" and owner not in NOT_A_MODULE and not (owner == "self" and id(node) in in_config)
-                    or node.attr in INTERNALS):
+            if (
+                node.attr == "model"
+                and owner not in NOT_A_MODULE
+                and not (owner == "self" and id(node) in in_config)
+                or node.attr in INTERNALS
+            ):
                 found.append(f"{node.lineno}: {ast.unparse(node)}")
         elif isinstance(node, ast.Name) and node.id == "scoped_hooks":
             found.append(f"{node.lineno}: scoped_hooks")
@@ -111,11 +131,19 @@ def test_analyses_and_commands_use_only_the_backend_interface():
 
 def test_the_interface_check_can_fail():
     """The same check flags the reaches it forbids (what exact_sweep and the commands did before the interface)."""
-    bad = ("net = model.model\nblock = net.blocks[3]\nn = sum(p.numel() for p in self.loaded.model.parameters())\n"
-           "with scoped_hooks(net, hooks):\n    pass\nhf = loaded.model.original_model\n")
+    bad = (
+        "net = model.model\nblock = net.blocks[3]\nn = sum(p.numel() for p in self.loaded.model.parameters())\n"
+        "with scoped_hooks(net, hooks):\n    pass\nhf = loaded.model.original_model\n"
+    )
     found = sorted(_reaches_into_modules(bad))
-    assert found == ["1: model.model", "2: net.blocks", "3: self.loaded.model", "4: scoped_hooks",
-                     "6: loaded.model", "6: loaded.model.original_model"], found
+    assert found == [
+        "1: model.model",
+        "2: net.blocks",
+        "3: self.loaded.model",
+        "4: scoped_hooks",
+        "6: loaded.model",
+        "6: loaded.model.original_model",
+    ], found
     fine = "cfg.model\nconfig.model\nargs.model\nmodel.spec.n_layers\nclass AblateConfig:\n    def f(self):\n        self.model\n"
     assert _reaches_into_modules(fine) == []
     assert _reaches_into_modules("class AblateResult:\n    def f(self):\n        self.model.blocks\n") != []
@@ -148,8 +176,11 @@ def _interface_members_used(source: str) -> dict[str, int]:
     used: dict[str, int] = {}
     for fn in ast.walk(ast.parse(source)):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            typed = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
-                     if a.annotation is not None and "LoadedModel" in ast.unparse(a.annotation)}
+            typed = {
+                a.arg
+                for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+                if a.annotation is not None and "LoadedModel" in ast.unparse(a.annotation)
+            }
             for node in ast.walk(fn):
                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in typed:
                     used.setdefault(node.attr, node.lineno)
@@ -164,13 +195,17 @@ def test_every_model_parameter_names_the_interface():
     """No function in analyses/ or headprobe/ takes a model parameter that is unannotated or ``Any``:
     each says ``LoadedModel`` (the one interface, probe/backends/base.py), so a type checker and a reader
     see which members it may use."""
-    offences = {str(p.relative_to(ROOT)): f for p in _sources() if (f := _loose_model_parameters(p.read_text(encoding="utf-8")))}
+    offences = {
+        str(p.relative_to(ROOT)): f for p in _sources() if (f := _loose_model_parameters(p.read_text(encoding="utf-8")))
+    }
     assert not offences, offences
 
 
 def test_the_model_parameter_count_can_fail():
-    bad = ("def a(model): ...\ndef b(model: Any, x): ...\ndef c(*, loaded: object): ...\n"
-           "def d(model: LoadedModel): ...\ndef e(model: str | LoadedModel = 'x'): ...\ndef f(model: str): ...\n")
+    bad = (
+        "def a(model): ...\ndef b(model: Any, x): ...\ndef c(*, loaded: object): ...\n"
+        "def d(model: LoadedModel): ...\ndef e(model: str | LoadedModel = 'x'): ...\ndef f(model: str): ...\n"
+    )
     assert _loose_model_parameters(bad) == ["a(model: None)", "b(model: Any)", "c(loaded: object)"]
 
 
@@ -178,16 +213,27 @@ def _loose_spec_fields(source: str) -> list[str]:
     """``Class.spec: annotation`` for each class field named ``spec`` that is annotated ``object`` or ``Any``."""
     import ast
 
-    return [f"{c.name}.spec: {ast.unparse(f.annotation)}" for c in ast.walk(ast.parse(source)) if isinstance(c, ast.ClassDef)
-            for f in c.body if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name) and f.target.id == "spec"
-            and ast.unparse(f.annotation) in ("object", "Any")]
+    return [
+        f"{c.name}.spec: {ast.unparse(f.annotation)}"
+        for c in ast.walk(ast.parse(source))
+        if isinstance(c, ast.ClassDef)
+        for f in c.body
+        if isinstance(f, ast.AnnAssign)
+        and isinstance(f.target, ast.Name)
+        and f.target.id == "spec"
+        and ast.unparse(f.annotation) in ("object", "Any")
+    ]
 
 
 def test_every_result_types_its_spec():
     """Results say their ``spec`` is a ``ModelSpec`` (circuit's and kv's said ``object``); the check can fail."""
-    offences = {str(p.relative_to(ROOT)): f for p in _sources() if (f := _loose_spec_fields(p.read_text(encoding="utf-8")))}
+    offences = {
+        str(p.relative_to(ROOT)): f for p in _sources() if (f := _loose_spec_fields(p.read_text(encoding="utf-8")))
+    }
     assert not offences, offences
-    assert _loose_spec_fields("class R:\n    spec: object\n    x: int\nclass S:\n    spec: ModelSpec\n") == ["R.spec: object"]
+    assert _loose_spec_fields("class R:\n    spec: object\n    x: int\nclass S:\n    spec: ModelSpec\n") == [
+        "R.spec: object"
+    ]
 
 
 def test_the_interface_declares_every_member_used():
@@ -197,12 +243,18 @@ def test_the_interface_declares_every_member_used():
     from headprobe.probe.backends.base import LoadedModel
 
     members = set(dir(LoadedModel)) | set(LoadedModel.__annotations__)
-    missing = {f"{p.relative_to(ROOT)}:{line}": attr for p in _sources()
-               for attr, line in _interface_members_used(p.read_text(encoding="utf-8")).items() if attr not in members}
+    missing = {
+        f"{p.relative_to(ROOT)}:{line}": attr
+        for p in _sources()
+        for attr, line in _interface_members_used(p.read_text(encoding="utf-8")).items()
+        if attr not in members
+    }
     assert not missing, missing
     assert "model" not in members  # the wrapped module is an instance attribute for the probe floor, not the interface
     assert _interface_members_used("def f(model: LoadedModel):\n    model.forward_with_cache(t)\n    model.zzz\n") == {
-        "forward_with_cache": 2, "zzz": 3}
+        "forward_with_cache": 2,
+        "zzz": 3,
+    }
 
 
 def test_every_subpackage_is_installed():
@@ -229,13 +281,17 @@ MAX_FUNCTION_LINES = 80
 """The most lines a function (or method) of probe/, analyses/ or headprobe/ may span, docstring
 included: ``end_lineno - lineno + 1`` of its ``ast.FunctionDef``."""
 
+
 def _long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
     """``name -> lines`` of every function or method (nested ones included) in ``source`` longer
     than ``limit`` lines."""
     import ast
 
-    return {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(ast.parse(source))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit}
+    return {
+        node.name: node.end_lineno - node.lineno + 1
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit
+    }
 
 
 def test_no_function_is_longer_than_80_lines():
@@ -251,9 +307,17 @@ def test_no_function_is_longer_than_80_lines():
 def test_the_function_length_check_can_fail():
     """An 81-line function is flagged, with its nested and method cousins; 80 lines are not."""
     body, deeper = "    x = 1\n", "        x = 1\n"
-    source = ("def ok():\n" + body * 79 + "def long():\n" + body * 80
-              + "class C:\n    def method(self):\n" + deeper * 80
-              + "def outer():\n    def inner():\n" + deeper * 80 + "    return inner\n")
+    source = (
+        "def ok():\n"
+        + body * 79
+        + "def long():\n"
+        + body * 80
+        + "class C:\n    def method(self):\n"
+        + deeper * 80
+        + "def outer():\n    def inner():\n"
+        + deeper * 80
+        + "    return inner\n"
+    )
     assert _long_functions(source) == {"long": 81, "method": 81, "inner": 81, "outer": 83}
 
 
@@ -271,8 +335,11 @@ def _hand_spelled_block_names(source: str) -> list[str]:
     starts with ``blocks.`` (``"blocks.0.hook_z"``, ``f"blocks.{layer}.attn.hook_{name}"``)."""
     import ast
 
-    return [f"{node.lineno}: {node.value}" for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("blocks.")]
+    return [
+        f"{node.lineno}: {node.value}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("blocks.")
+    ]
 
 
 def test_no_block_name_is_spelled_by_hand():
@@ -289,8 +356,10 @@ def test_no_block_name_is_spelled_by_hand():
 def test_the_block_name_check_can_fail():
     """Hand-spelled names in constants and f-strings are flagged; a docstring mentioning one and the
     module's functions are not."""
-    source = ('"""Reads ``blocks.{l}.hook_z``."""\nA = "blocks.0.attn.hook_pattern"\nB = f"blocks.{l}.hook_resid_pre"\n'
-              'h, b = f"model.layers.{l}.", f"blocks.{l}."\nC = attn_hook(l, "z")\nD = "blocks"\n')
+    source = (
+        '"""Reads ``blocks.{l}.hook_z``."""\nA = "blocks.0.attn.hook_pattern"\nB = f"blocks.{l}.hook_resid_pre"\n'
+        'h, b = f"model.layers.{l}.", f"blocks.{l}."\nC = attn_hook(l, "z")\nD = "blocks"\n'
+    )
     assert _hand_spelled_block_names(source) == ["2: blocks.0.attn.hook_pattern", "3: blocks.", "4: blocks."]
 
 
@@ -298,8 +367,11 @@ def _add_argument_calls(source: str) -> list[int]:
     """Lines of ``source`` that call ``add_argument`` (``p.add_argument(...)``, ``group.add_argument(...)``)."""
     import ast
 
-    return [node.lineno for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"]
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
+    ]
 
 
 def test_no_command_writes_its_flags_by_hand():
@@ -314,9 +386,11 @@ def test_no_command_writes_its_flags_by_hand():
 
 def test_the_hand_written_flag_check_can_fail():
     """A planted command module with a hand-written flag is caught; a setting() field is not."""
-    planted = ("from headprobe.settings import setting\n\n"
-               "class Config:\n    steps: int = setting(3, 'steps')\n\n"
-               "def add_arguments(p):\n    group = p.add_argument_group('x')\n    group.add_argument('--steps', type=int)\n")
+    planted = (
+        "from headprobe.settings import setting\n\n"
+        "class Config:\n    steps: int = setting(3, 'steps')\n\n"
+        "def add_arguments(p):\n    group = p.add_argument_group('x')\n    group.add_argument('--steps', type=int)\n"
+    )
     assert _add_argument_calls(planted) == [8]
     assert _add_argument_calls(planted.replace("group.add_argument('--steps', type=int)", "pass")) == []
 
@@ -331,8 +405,11 @@ positions, norms, masks, cache, attention, feed-forward, the model), not grown i
 
 
 def test_no_model_module_is_longer_than_500_lines():
-    over = {path.relative_to(ROOT).as_posix(): n for path in sorted((ROOT / "probe" / "model").rglob("*.py"))
-            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODEL_FILE_LINES}
+    over = {
+        path.relative_to(ROOT).as_posix(): n
+        for path in sorted((ROOT / "probe" / "model").rglob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODEL_FILE_LINES
+    }
     assert not over, f"modules over {MAX_MODEL_FILE_LINES} lines under probe/model (split them by concern): {over}"
 
 

@@ -21,8 +21,25 @@ from headprobe.cli import main
 
 SCAN = dict(n_natural=3, seq_len=16, n_repeated=2, period=6, k=2, n_random=3, pattern_len=0, device="cpu")
 SMALL = dict(SCAN, model_figures=False)
-SMALL_FLAGS = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "-k", "2", "--n-random", "3",
-               "--pattern-len", "0", "--device", "cpu", "--no-model-figures"]
+SMALL_FLAGS = [
+    "--n-natural",
+    "3",
+    "--seq-len",
+    "16",
+    "--n-repeated",
+    "2",
+    "--period",
+    "6",
+    "-k",
+    "2",
+    "--n-random",
+    "3",
+    "--pattern-len",
+    "0",
+    "--device",
+    "cpu",
+    "--no-model-figures",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,21 +51,43 @@ def gpt2_dir(tiny_tokenizer, tmp_path_factory):
 # The table from hand-made scan outputs
 # ---------------------------------------------------------------------------------------------
 
+
 def _summary(n_layers=3, n_heads=2):
-    return {"layout": {"n_layers": n_layers, "n_heads": n_heads},
-            "config": {"types": ["positional", "induction"]},
-            "ablations": [
-                {"head_type": "induction", "kind": "zero", "top_heads": ["2.1"], "confirmed": None, "tested": False},
-                {"head_type": "induction", "kind": "mean", "top_heads": ["2.1"], "confirmed": True, "tested": True},
-                {"head_type": "positional", "kind": "zero", "top_heads": ["0.0", "1.1"], "confirmed": None, "tested": False},
-                {"head_type": "positional", "kind": "mean", "top_heads": ["0.0", "1.1"], "confirmed": False, "tested": True},
-            ]}
+    return {
+        "layout": {"n_layers": n_layers, "n_heads": n_heads},
+        "config": {"types": ["positional", "induction"]},
+        "ablations": [
+            {"head_type": "induction", "kind": "zero", "top_heads": ["2.1"], "confirmed": None, "tested": False},
+            {"head_type": "induction", "kind": "mean", "top_heads": ["2.1"], "confirmed": True, "tested": True},
+            {
+                "head_type": "positional",
+                "kind": "zero",
+                "top_heads": ["0.0", "1.1"],
+                "confirmed": None,
+                "tested": False,
+            },
+            {
+                "head_type": "positional",
+                "kind": "mean",
+                "top_heads": ["0.0", "1.1"],
+                "confirmed": False,
+                "tested": True,
+            },
+        ],
+    }
 
 
 def test_atlas_rows_mark_top_heads_with_their_types_tested_verdict():
     layer, head = np.meshgrid(range(3), range(2), indexing="ij")
-    scores = pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "kv_head": head.ravel(),
-                           "induction": np.linspace(0, 1, 6), "positional_fraction": np.linspace(1, 0, 6)})
+    scores = pd.DataFrame(
+        {
+            "layer": layer.ravel(),
+            "head": head.ravel(),
+            "kv_head": head.ravel(),
+            "induction": np.linspace(0, 1, 6),
+            "positional_fraction": np.linspace(1, 0, 6),
+        }
+    )
     rows = atlas_lib.atlas_rows(scores, _summary(), "m", "llama", step=None)
     assert rows["relative_depth"].tolist() == [0, 0, 0.5, 0.5, 1, 1]
     by_name = rows.set_index(rows["layer"].astype(str) + "." + rows["head"].astype(str))
@@ -65,8 +104,9 @@ def test_no_verdict_and_one_layer_models():
     s = _summary(n_layers=1, n_heads=2)
     s["ablations"][2:] = [{**a, "top_heads": ["0.0", "0.1"]} for a in s["ablations"][2:]]
     s["ablations"][:2] = [{"head_type": "induction", "kind": "mean", "top_heads": ["0.1"], "confirmed": None}]
-    scores = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "kv_head": [0, 0], "induction": [0.1, 0.9],
-                           "positional_fraction": [0.5, 0.5]})
+    scores = pd.DataFrame(
+        {"layer": [0, 0], "head": [0, 1], "kv_head": [0, 0], "induction": [0.1, 0.9], "positional_fraction": [0.5, 0.5]}
+    )
     rows = atlas_lib.atlas_rows(scores, s, "one-layer", "gpt2")
     assert rows["relative_depth"].tolist() == [0, 0]
     assert rows["induction_verdict"].tolist() == ["", "no verdict"]
@@ -75,6 +115,7 @@ def test_no_verdict_and_one_layer_models():
 # ---------------------------------------------------------------------------------------------
 # End to end on tiny models
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def atlas_run(tiny_dir, gpt2_dir, text_file, tmp_path_factory):
@@ -110,7 +151,13 @@ def test_atlas_records_a_failing_model_and_goes_on(atlas_run):
     assert status == {models[0]: "scanned", models[1]: "failed", models[2]: "scanned"}
     assert "config.json" in summary["models"][models[1]]["error"] and "\n" not in summary["models"][models[1]]["error"]
     types = atlas_lib.table_types(pd.read_csv(out / "atlas.csv"))
-    assert set(types) == {"previous_token", "duplicate_token", "induction", "first_token", "positional"}  # decoders' types
+    assert set(types) == {
+        "previous_token",
+        "duplicate_token",
+        "induction",
+        "first_token",
+        "positional",
+    }  # decoders' types
     for stem in ["atlas", *(f"atlas_{t}" for t in types)]:
         assert (out / f"{stem}.png").is_file() and (out / f"{stem}.pdf").is_file(), stem
     # the verdict columns are the per-model scans' own
@@ -127,7 +174,10 @@ def test_atlas_records_a_failing_model_and_goes_on(atlas_run):
 
 def test_atlas_resumes_without_rescanning(atlas_run, text_file):
     out, models, _ = atlas_run
-    before = (out / "models").stat().st_mtime_ns, sorted(p.stat().st_mtime_ns for p in (out / "models").rglob("head_scores.csv"))
+    before = (
+        (out / "models").stat().st_mtime_ns,
+        sorted(p.stat().st_mtime_ns for p in (out / "models").rglob("head_scores.csv")),
+    )
     first_csv = (out / "atlas.csv").read_text()
     result = headprobe.atlas(models=models, out=out, overwrite=True, text=str(text_file), **SMALL)
     assert [r["status"] for r in result.models.values()] == ["resumed", "failed", "resumed"]
@@ -135,10 +185,45 @@ def test_atlas_resumes_without_rescanning(atlas_run, text_file):
     assert (out / "atlas.csv").read_text() == first_csv  # rebuilt from the reused scans, the same table
 
 
-TRICKY_LABELS = ["smollm2-135m", "all-minilm-l6-v2", "toy", "step 0", "step 100", "step_100", "step 0100",
-                 "x/llama", "x_llama", "x__llama", "x llama", "X_llama", "x_LLAMA", "..", ".", "/", "", "-", ".hidden",
-                 "/abs/path/model", "abs/path/model", "../up", "a" * 300, "a" * 300 + "b", "model", "model-0123456789",
-                 "EleutherAI/pythia-70m", "caf\u00e9", "cafe", "con", "con.d", "nul\x00", "model.", "model..", "a\\b", "~", "-rf"]
+TRICKY_LABELS = [
+    "smollm2-135m",
+    "all-minilm-l6-v2",
+    "toy",
+    "step 0",
+    "step 100",
+    "step_100",
+    "step 0100",
+    "x/llama",
+    "x_llama",
+    "x__llama",
+    "x llama",
+    "X_llama",
+    "x_LLAMA",
+    "..",
+    ".",
+    "/",
+    "",
+    "-",
+    ".hidden",
+    "/abs/path/model",
+    "abs/path/model",
+    "../up",
+    "a" * 300,
+    "a" * 300 + "b",
+    "model",
+    "model-0123456789",
+    "EleutherAI/pythia-70m",
+    "caf\u00e9",
+    "cafe",
+    "con",
+    "con.d",
+    "nul\x00",
+    "model.",
+    "model..",
+    "a\\b",
+    "~",
+    "-rf",
+]
 
 
 def test_model_folder_names_are_one_to_one_and_safe():
@@ -153,8 +238,13 @@ def test_model_folder_names_are_one_to_one_and_safe():
         assert name.split(".")[0].lower() not in ("con", "nul"), (label, name)  # Windows device names
         assert name == slug(label)  # the same every run, so a resumed atlas finds its scans
     # unambiguous names of committed atlases (figures/atlas, figures/atlas-training) are kept
-    assert [names[x] for x in ("smollm2-135m", "all-minilm-l6-v2", "toy", "step 0", "step 100")] == \
-        ["smollm2-135m", "all-minilm-l6-v2", "toy", "step_0", "step_100"]
+    assert [names[x] for x in ("smollm2-135m", "all-minilm-l6-v2", "toy", "step 0", "step 100")] == [
+        "smollm2-135m",
+        "all-minilm-l6-v2",
+        "toy",
+        "step_0",
+        "step_100",
+    ]
     assert names["x/llama"].startswith("x_llama-") and names["x_llama"] == "x_llama"
 
 
@@ -165,30 +255,50 @@ def test_colliding_and_hostile_model_names_keep_their_own_folders(tiny_dir, gpt2
 
     root = tmp_path / "models"
     shutil.copytree(tiny_dir, root / "x" / "llama")  # 2 layers x 8 heads
-    shutil.copytree(gpt2_dir, root / "x_llama")       # 2 layers x 4 heads
+    shutil.copytree(gpt2_dir, root / "x_llama")  # 2 layers x 4 heads
     shutil.copytree(gpt2_dir, root / "m")
     (root / "m" / "cwd").mkdir()
     monkeypatch.chdir(root / "m" / "cwd")
     out = tmp_path / "out"
-    labels = ["../../x/llama", "../../x_llama", ".."]   # '..' is the model m
-    assert main(["atlas", "--models", *labels, "--out", str(out), "--text", str(text_file), *SMALL_FLAGS,
-                 "--types", "induction", "--no-metrics"]) == 0
+    labels = ["../../x/llama", "../../x_llama", ".."]  # '..' is the model m
+    assert (
+        main(
+            [
+                "atlas",
+                "--models",
+                *labels,
+                "--out",
+                str(out),
+                "--text",
+                str(text_file),
+                *SMALL_FLAGS,
+                "--types",
+                "induction",
+                "--no-metrics",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     dirs = [out / summary["models"][m]["dir"] for m in labels]
     assert len(set(dirs)) == 3 and all(d.parent == out / "models" for d in dirs)
     assert [summary["models"][m]["status"] for m in labels] == ["scanned"] * 3
     heads = [len(pd.read_csv(d / "head_scores.csv")) for d in dirs]
     assert heads == [16, 8, 8]  # each folder holds its own model's scan
-    assert not (out / "head_scores.csv").exists() and sorted(p.name for p in (out / "models").iterdir()) == \
-        sorted(d.name for d in dirs)
+    assert not (out / "head_scores.csv").exists() and sorted(p.name for p in (out / "models").iterdir()) == sorted(
+        d.name for d in dirs
+    )
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["atlas", "--model", "x"], "--models"),
-    (["atlas", "--models", "a", "--checkpoints", "/nonexistent"], "checkpoints/step-"),
-    (["atlas", "--models", "a", "a"], "named twice"),
-    (["atlas", "--models", "a", "--n-random", "0"], "n-random"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["atlas", "--model", "x"], "--models"),
+        (["atlas", "--models", "a", "--checkpoints", "/nonexistent"], "checkpoints/step-"),
+        (["atlas", "--models", "a", "a"], "named twice"),
+        (["atlas", "--models", "a", "--n-random", "0"], "n-random"),
+    ],
+)
 def test_bad_atlas_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         raise SystemExit(main([*argv, "--out", str(tmp_path / "o")]))
@@ -202,8 +312,22 @@ def test_bad_atlas_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys)
 # Training snapshots, and the atlas over them
 # ---------------------------------------------------------------------------------------------
 
-TRAIN = dict(n_layers=2, d_model=16, n_heads=2, n_words=20, seq_len=24, min_period=4, max_period=8, batch_size=4,
-             steps=6, eval_every=3, n_eval=4, eval_period=6, save_every=3, device="cpu")
+TRAIN = dict(
+    n_layers=2,
+    d_model=16,
+    n_heads=2,
+    n_words=20,
+    seq_len=24,
+    min_period=4,
+    max_period=8,
+    batch_size=4,
+    steps=6,
+    eval_every=3,
+    n_eval=4,
+    eval_period=6,
+    save_every=3,
+    device="cpu",
+)
 
 
 @pytest.fixture(scope="module")
@@ -234,16 +358,40 @@ def test_snapshots_reload_as_the_model_they_were_taken_from(train_run):
 @pytest.mark.figures
 def test_atlas_over_checkpoints_is_in_step_order(train_run, tmp_path):
     _, run = train_run
-    result = headprobe.atlas(checkpoints=str(run), out=tmp_path / "a", n_natural=2, seq_len=16, n_repeated=2, period=6, k=1,
-                             n_random=2, pattern_len=0, device="cpu", types="induction,previous_token", model_figures=False)
+    result = headprobe.atlas(
+        checkpoints=str(run),
+        out=tmp_path / "a",
+        n_natural=2,
+        seq_len=16,
+        n_repeated=2,
+        period=6,
+        k=1,
+        n_random=2,
+        pattern_len=0,
+        device="cpu",
+        types="induction,previous_token",
+        model_figures=False,
+    )
     assert list(dict.fromkeys(result.table["step"])) == [0, 3, 6]
     assert list(result.models) == ["step 0", "step 3", "step 6"]
     assert (tmp_path / "a" / "over_training.png").is_file()
     # each step's rows are the scan of that snapshot
-    ref = headprobe.scan(str(run / "checkpoints" / "step-000003"), n_natural=2, seq_len=16, n_repeated=2, period=6, k=1,
-                         n_random=2, pattern_len=0, device="cpu", types="induction,previous_token").table
+    ref = headprobe.scan(
+        str(run / "checkpoints" / "step-000003"),
+        n_natural=2,
+        seq_len=16,
+        n_repeated=2,
+        period=6,
+        k=1,
+        n_random=2,
+        pattern_len=0,
+        device="cpu",
+        types="induction,previous_token",
+    ).table
     got = result.table[result.table["step"] == 3].reset_index(drop=True)
-    np.testing.assert_allclose(got["induction"].to_numpy(float), ref["induction"].to_numpy(float), atol=1e-5)  # atlas.csv keeps 5 decimals
+    np.testing.assert_allclose(
+        got["induction"].to_numpy(float), ref["induction"].to_numpy(float), atol=1e-5
+    )  # atlas.csv keeps 5 decimals
 
 
 @pytest.mark.figures

@@ -25,8 +25,19 @@ def deep_native(tiny_tokenizer):
     from headprobe.probe.model.transformer import Transformer
 
     torch.manual_seed(3)
-    cfg = TransformerConfig(n_layers=4, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=101, d_mlp=64,
-                            positional="rotary", norm="rmsnorm", mlp="swiglu", bias=False, tied_unembed=False)
+    cfg = TransformerConfig(
+        n_layers=4,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        d_vocab=101,
+        d_mlp=64,
+        positional="rotary",
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+        tied_unembed=False,
+    )
     net = Transformer(cfg).eval()
     with torch.no_grad():
         for p in net.parameters():
@@ -122,6 +133,7 @@ def _gauss_newton_loop(model, tokens, first=0):
             zs[layer] = z.detach()
             deltas[layer] = torch.zeros_like(z, requires_grad=True)
             return z + deltas[layer]
+
         return hook
 
     out = torch.zeros(L, H)
@@ -220,7 +232,9 @@ def test_ablate_estimate_cli(tiny_dir, tmp_path):
 
     text = _text(tmp_path)
     out = tmp_path / "est"
-    assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", text, "--estimate", "atp", *SMALL]) == 0
+    assert (
+        main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", text, "--estimate", "atp", *SMALL]) == 0
+    )
     table = pd.read_csv(out / "head_ablation.csv")
     assert len(table) == 16 and not any(c.endswith("loss_delta") for c in table.columns)  # no exact effect claimed
     assert {"natural_atp_star_estimate", "repeated_atp_star_estimate", "induction_score"} <= set(table.columns)
@@ -229,13 +243,46 @@ def test_ablate_estimate_cli(tiny_dir, tmp_path):
     assert (out / "ablation_estimate.png").is_file() and not (out / "ablation_effect.png").exists()
     # AtP*'s sign is attribution patching's (same tokens): checked against the attribution estimate
     out2 = tmp_path / "attr"
-    assert main(["ablate", "--model", str(tiny_dir), "--out", str(out2), "--text", text, "--estimate", "attribution", *SMALL]) == 0
+    assert (
+        main(
+            [
+                "ablate",
+                "--model",
+                str(tiny_dir),
+                "--out",
+                str(out2),
+                "--text",
+                text,
+                "--estimate",
+                "attribution",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     attr = pd.read_csv(out2 / "head_ablation.csv")["natural_attribution_estimate"]
     assert ((table["natural_atp_star_estimate"] > 0) == (attr > 0)).all()
     # second order = attribution + a curvature term >= 0, on the same tokens
     out3 = tmp_path / "second"
-    assert main(["ablate", "--model", str(tiny_dir), "--out", str(out3), "--text", text, "--estimate", "second-order",
-                 "--n-probes", "2", *SMALL]) == 0
+    assert (
+        main(
+            [
+                "ablate",
+                "--model",
+                str(tiny_dir),
+                "--out",
+                str(out3),
+                "--text",
+                text,
+                "--estimate",
+                "second-order",
+                "--n-probes",
+                "2",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     second = pd.read_csv(out3 / "head_ablation.csv")["natural_second_order_estimate"]
     assert (second >= attr - 1e-6).all() and (second > attr).any()
     summary = json.loads((out3 / "summary.json").read_text())["estimate"]

@@ -124,10 +124,15 @@ def test_deepseek_v3_mla_kv_cache():
 
 def test_presets_match_the_lesson_table():
     table = {  # model: (d_model, n_heads, d_head, n_kv_heads or None for MHA/MLA)
-        "transformer-base": (512, 8, 64, None), "gpt2-small": (768, 12, 64, None),
-        "gpt3-175b": (12288, 96, 128, None), "llama3-8b": (4096, 32, 128, 8),
-        "qwen2.5-7b": (3584, 28, 128, 4), "deepseek-v3": (7168, 128, 128, None),
-        "kimi-k2": (7168, 64, 128, None), "smollm2-135m": (576, 9, 64, 3), "mistral-7b": (4096, 32, 128, 8),
+        "transformer-base": (512, 8, 64, None),
+        "gpt2-small": (768, 12, 64, None),
+        "gpt3-175b": (12288, 96, 128, None),
+        "llama3-8b": (4096, 32, 128, 8),
+        "qwen2.5-7b": (3584, 28, 128, 4),
+        "deepseek-v3": (7168, 128, 128, None),
+        "kimi-k2": (7168, 64, 128, None),
+        "smollm2-135m": (576, 9, 64, 3),
+        "mistral-7b": (4096, 32, 128, 8),
     }
     assert set(table) == set(cost.PRESETS)
     for name, (d, h, dh, kv) in table.items():
@@ -217,24 +222,36 @@ def test_params_match_transformers_attention_modules():
         return sum(p.numel() for p in module.parameters())
 
     assert n(GPT2Attention(GPT2Config(n_embd=768, n_head=12), layer_idx=0)) == cost.attention_params_per_layer(
-        cost.preset("gpt2-small"))
+        cost.preset("gpt2-small")
+    )
     for kv in (8, 2, 1):
         llama = LlamaAttention(LlamaConfig(hidden_size=128, num_attention_heads=8, num_key_value_heads=kv), layer_idx=0)
-        assert n(llama) == cost.attention_params_per_layer(AttentionLayout(d_model=128, n_layers=1, n_heads=8, n_kv_heads=kv))
+        assert n(llama) == cost.attention_params_per_layer(
+            AttentionLayout(d_model=128, n_layers=1, n_heads=8, n_kv_heads=kv)
+        )
     qwen = Qwen2Attention(Qwen2Config(hidden_size=256, num_attention_heads=8, num_key_value_heads=2), layer_idx=0)
     assert n(qwen) == cost.attention_params_per_layer(
-        AttentionLayout(d_model=256, n_layers=1, n_heads=8, n_kv_heads=2, bias="qkv"))
+        AttentionLayout(d_model=256, n_layers=1, n_heads=8, n_kv_heads=2, bias="qkv")
+    )
     for q_lora in (96, None):
-        cfg = DeepseekV3Config(hidden_size=256, num_attention_heads=4, q_lora_rank=q_lora, kv_lora_rank=32,
-                               qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32)
-        lay = AttentionLayout(d_model=256, n_layers=1, n_heads=4, d_head=32, kv_lora_rank=32,
-                              q_lora_rank=q_lora, qk_rope_head_dim=16)
+        cfg = DeepseekV3Config(
+            hidden_size=256,
+            num_attention_heads=4,
+            q_lora_rank=q_lora,
+            kv_lora_rank=32,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=32,
+            v_head_dim=32,
+        )
+        lay = AttentionLayout(
+            d_model=256, n_layers=1, n_heads=4, d_head=32, kv_lora_rank=32, q_lora_rank=q_lora, qk_rope_head_dim=16
+        )
         assert n(DeepseekV3Attention(cfg, layer_idx=0)) == cost.attention_params_per_layer(lay)
 
 
 def test_deepseek_v3_attention_params():
     # Hand sum of DeepSeek-V3's projections (config.json sizes) plus the two latent RMSNorms.
-    expected = (7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168)
+    expected = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168
     assert cost.attention_params_per_layer(cost.preset("deepseek-v3")) == expected == 187_107_328
 
 
@@ -256,15 +273,24 @@ def test_kv_cache_matches_a_tiny_llamas_own_cache(n_kv_heads):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                      num_attention_heads=8, num_key_value_heads=n_kv_heads, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=n_kv_heads,
+        max_position_embeddings=64,
+    )
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     B, T = 2, 11
     with torch.no_grad():
         out = model(torch.randint(0, 64, (B, T)), use_cache=True)
     cache = getattr(out, "cache", None) or out.past_key_values
-    nbytes = sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
-                 for layer in cache.layers)
+    nbytes = sum(
+        layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+        for layer in cache.layers
+    )
     lay = AttentionLayout(d_model=64, n_layers=3, n_heads=8, n_kv_heads=n_kv_heads, bytes_per_element=2)
     assert nbytes == cost.kv_bytes_per_request(lay, T, batch=B)
 
@@ -290,10 +316,20 @@ def test_fused_kernel_keeps_linear_memory():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n, text", [
-    (0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.5 KiB"), (512 * KIB, "512 KiB"),
-    (180 * MIB, "180 MiB"), (16 * GIB, "16 GiB"), (TIB, "1 TiB"), (int(8.58 * GIB), "8.58 GiB"),
-])
+@pytest.mark.parametrize(
+    "n, text",
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1 KiB"),
+        (1536, "1.5 KiB"),
+        (512 * KIB, "512 KiB"),
+        (180 * MIB, "180 MiB"),
+        (16 * GIB, "16 GiB"),
+        (TIB, "1 TiB"),
+        (int(8.58 * GIB), "8.58 GiB"),
+    ],
+)
 def test_format_bytes(n, text):
     assert cost.format_bytes(n) == text
 
@@ -313,15 +349,18 @@ def test_parse_sizes_and_counts():
         cost.parse_bytes("2")
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    (dict(d_model=100, n_layers=2, n_heads=3), "not divisible by n_heads"),
-    (dict(d_model=128, n_layers=2, n_heads=8, n_kv_heads=3), "not divisible by n_kv_heads"),
-    (dict(d_model=128, n_layers=2, n_heads=8, n_kv_heads=16), "not divisible by n_kv_heads"),
-    (dict(d_model=0, n_layers=2, n_heads=8), "d_model must be a positive integer"),
-    (dict(d_model=128, n_layers=-1, n_heads=8), "n_layers must be a positive integer"),
-    (dict(d_model=128, n_layers=1, n_heads=8, bias="some"), "unknown bias"),
-    (dict(d_model=128, n_layers=1, n_heads=8, qk_rope_head_dim=16), "give kv_lora_rank"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(d_model=100, n_layers=2, n_heads=3), "not divisible by n_heads"),
+        (dict(d_model=128, n_layers=2, n_heads=8, n_kv_heads=3), "not divisible by n_kv_heads"),
+        (dict(d_model=128, n_layers=2, n_heads=8, n_kv_heads=16), "not divisible by n_kv_heads"),
+        (dict(d_model=0, n_layers=2, n_heads=8), "d_model must be a positive integer"),
+        (dict(d_model=128, n_layers=-1, n_heads=8), "n_layers must be a positive integer"),
+        (dict(d_model=128, n_layers=1, n_heads=8, bias="some"), "unknown bias"),
+        (dict(d_model=128, n_layers=1, n_heads=8, qk_rope_head_dim=16), "give kv_lora_rank"),
+    ],
+)
 def test_bad_layouts_raise(kwargs, fragment):
     with pytest.raises(HeadprobeError, match=fragment):
         AttentionLayout(**kwargs)
@@ -422,8 +461,12 @@ def test_cli_flops_table_prints_the_lessons_table(capsys):
     code, out, _ = run_cli(capsys, "--d-model", "4096", "--n-layers", "32", "--n-heads", "32", "--flops-table")
     assert code == 0
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
-    assert rows == [["1,024", "0.14", "0.02", "11%"], ["8,192", "1.10", "1.10", "50%"],
-                    ["32,768", "4.40", "17.6", "80%"], ["131,072", "17.6", "281", "94%"]]
+    assert rows == [
+        ["1,024", "0.14", "0.02", "11%"],
+        ["8,192", "1.10", "1.10", "50%"],
+        ["32,768", "4.40", "17.6", "80%"],
+        ["131,072", "17.6", "281", "94%"],
+    ]
     assert "T = 8,192" in out
 
 
@@ -438,25 +481,44 @@ def test_cli_compare(capsys):
 
 
 def test_cli_recommend(capsys):
-    code, out, _ = run_cli(capsys, "--recommend", "--d-model", "7168", "--n-layers", "61", "--seq-len", "131072",
-                           "--kv-limit", "10GiB", "--target", "long-context")
+    code, out, _ = run_cli(
+        capsys,
+        "--recommend",
+        "--d-model",
+        "7168",
+        "--n-layers",
+        "61",
+        "--seq-len",
+        "131072",
+        "--kv-limit",
+        "10GiB",
+        "--target",
+        "long-context",
+    )
     assert code == 0
     assert "MLA latent 512 + rotary key 64" in out and "MLA is worth it" in out
-    code, out, _ = run_cli(capsys, "--recommend", "--d-model", "4096", "--n-layers", "32", "--seq-len", "131072",
-                           "--kv-limit", "256MiB")
+    code, out, _ = run_cli(
+        capsys, "--recommend", "--d-model", "4096", "--n-layers", "32", "--seq-len", "131072", "--kv-limit", "256MiB"
+    )
     assert code == 1 and "Nothing fits" in out  # an answer, not an error: exit 1 like grep's "no match"
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--d-model", "100", "--n-layers", "2", "--n-heads", "3"], "not divisible by n_heads"),
-    (["--preset", "llama3-8b", "--compare", "--flops-table"], "--compare and --flops-table are separate modes"),
-    (["--d-model", "128", "--n-layers", "2", "--n-heads", "8", "--n-kv-heads", "3"], "not divisible by n_kv_heads"),
-    (["--preset", "nope"], "unknown preset"),
-    (["--preset", "llama3-8b", "--seq-len", "0"], "argument --seq-len: must be a positive integer, got 0"),
-    (["--d-model", "128", "--n-layers", "-4", "--n-heads", "8"], "argument --n-layers: must be a positive integer, got -4"),
-    (["--n-heads", "4"], "missing --d-model, --n-layers"),
-    (["--recommend", "--params", "lots", "--seq-len", "4096"], "parameter count"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--d-model", "100", "--n-layers", "2", "--n-heads", "3"], "not divisible by n_heads"),
+        (["--preset", "llama3-8b", "--compare", "--flops-table"], "--compare and --flops-table are separate modes"),
+        (["--d-model", "128", "--n-layers", "2", "--n-heads", "8", "--n-kv-heads", "3"], "not divisible by n_kv_heads"),
+        (["--preset", "nope"], "unknown preset"),
+        (["--preset", "llama3-8b", "--seq-len", "0"], "argument --seq-len: must be a positive integer, got 0"),
+        (
+            ["--d-model", "128", "--n-layers", "-4", "--n-heads", "8"],
+            "argument --n-layers: must be a positive integer, got -4",
+        ),
+        (["--n-heads", "4"], "missing --d-model, --n-layers"),
+        (["--recommend", "--params", "lots", "--seq-len", "4096"], "parameter count"),
+    ],
+)
 def test_cli_bad_input_exit_2_one_line(capsys, argv, fragment):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and out == ""
@@ -465,11 +527,18 @@ def test_cli_bad_input_exit_2_one_line(capsys, argv, fragment):
 
 def test_cli_bad_input_in_a_subprocess():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "headprobe.cli", "budget", "--d-model", "100", "--n-layers", "2",
-                           "--n-heads", "3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "headprobe.cli", "budget", "--d-model", "100", "--n-layers", "2", "--n-heads", "3"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        "headprobe: error: d_model 100 is not divisible by n_heads 3; choose n_heads dividing d_model or give d_head explicitly"]
+        "headprobe: error: d_model 100 is not divisible by n_heads 3; choose n_heads dividing d_model or give d_head explicitly"
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -486,8 +555,11 @@ def test_live_kv_cache_check_on_smollm2(smollm2):
     assert m["numbers_per_token_per_layer"] == 2 * 3 * 64 == 384
     assert m["bytes_per_token"] == 384 * 30 * 4 == cost.kv_bytes_per_token(lay)
     assert m["key_shape"] == [1, 3, m["tokens"], 64]
-    assert record["attn_params_per_layer"]["counted"] == 884_736 == cost.attention_params_per_layer(
-        cost.preset("smollm2-135m"))
+    assert (
+        record["attn_params_per_layer"]["counted"]
+        == 884_736
+        == cost.attention_params_per_layer(cost.preset("smollm2-135m"))
+    )
     assert record["ok"]
     # The preset agrees with the loaded model.
     preset = cost.preset("smollm2-135m")
@@ -499,7 +571,9 @@ def test_live_kv_cache_check_on_smollm2(smollm2):
 def test_cli_model_flag_on_smollm2(smollm2, monkeypatch, capsys):
     import headprobe.probe.backends.loading
 
-    monkeypatch.setattr(headprobe.probe.backends.loading, "load_model", lambda name, **kw: smollm2)  # reuse the session's model
+    monkeypatch.setattr(
+        headprobe.probe.backends.loading, "load_model", lambda name, **kw: smollm2
+    )  # reuse the session's model
     code, out, _ = run_cli(capsys, "--model", "smollm2-135m", "--seq-len", "8192", "--json")
     r = json.loads(out)  # nothing but JSON on stdout
     assert code == 0 and r["check"]["ok"]

@@ -72,9 +72,14 @@ def test_live_check_reads_mla_and_qk_norm_from_the_config(zoo_dirs, capsys):
     r = json.loads(capsys.readouterr().out)
     z = zoo.ZOO["deepseek_v3"]
     lay = r["layout"]
-    assert (lay["kind"], lay["kv_lora_rank"], lay["q_lora_rank"], lay["qk_rope_head_dim"], lay["qk_nope_head_dim"],
-            lay["d_head"]) == ("MLA", z["kv_lora_rank"], z["q_lora_rank"], z["qk_rope_head_dim"],
-                               z["qk_nope_head_dim"], z["v_head_dim"])
+    assert (
+        lay["kind"],
+        lay["kv_lora_rank"],
+        lay["q_lora_rank"],
+        lay["qk_rope_head_dim"],
+        lay["qk_nope_head_dim"],
+        lay["d_head"],
+    ) == ("MLA", z["kv_lora_rank"], z["q_lora_rank"], z["qk_rope_head_dim"], z["qk_nope_head_dim"], z["v_head_dim"])
     assert r["kv_numbers_per_token_per_layer"] == z["kv_lora_rank"] + z["qk_rope_head_dim"]
     main(["budget", "--model", zoo_dirs("qwen3"), "--json"])
     assert json.loads(capsys.readouterr().out)["layout"]["qk_norm"] == "per_head"
@@ -105,10 +110,16 @@ def test_qk_norm_params_match_qwen3_and_olmo2(kv):
     from transformers.models.olmo2.modeling_olmo2 import Olmo2Attention
     from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
 
-    qwen = Qwen3Attention(Qwen3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=kv, head_dim=24), layer_idx=0)
+    qwen = Qwen3Attention(
+        Qwen3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=kv, head_dim=24), layer_idx=0
+    )
     lay = AttentionLayout(d_model=64, n_layers=1, n_heads=4, n_kv_heads=kv, d_head=24, qk_norm="per_head")
-    assert _n(qwen) == cost.attention_params_per_layer(lay) == cost.attention_params_per_layer(
-        AttentionLayout(d_model=64, n_layers=1, n_heads=4, n_kv_heads=kv, d_head=24)) + 2 * 24
+    assert (
+        _n(qwen)
+        == cost.attention_params_per_layer(lay)
+        == cost.attention_params_per_layer(AttentionLayout(d_model=64, n_layers=1, n_heads=4, n_kv_heads=kv, d_head=24))
+        + 2 * 24
+    )
     olmo = Olmo2Attention(Olmo2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=kv), layer_idx=0)
     lay = AttentionLayout(d_model=64, n_layers=1, n_heads=4, n_kv_heads=kv, qk_norm="full")
     assert _n(olmo) == cost.attention_params_per_layer(lay)
@@ -119,10 +130,25 @@ def test_mla_params_with_a_value_width_of_its_own():
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
 
     for q_lora in (48, None):
-        cfg = DeepseekV3Config(hidden_size=96, num_attention_heads=4, q_lora_rank=q_lora, kv_lora_rank=32,
-                               qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=24)
-        lay = AttentionLayout(d_model=96, n_layers=1, n_heads=4, d_head=24, kv_lora_rank=32, q_lora_rank=q_lora,
-                              qk_rope_head_dim=8, qk_nope_head_dim=16)
+        cfg = DeepseekV3Config(
+            hidden_size=96,
+            num_attention_heads=4,
+            q_lora_rank=q_lora,
+            kv_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=24,
+        )
+        lay = AttentionLayout(
+            d_model=96,
+            n_layers=1,
+            n_heads=4,
+            d_head=24,
+            kv_lora_rank=32,
+            q_lora_rank=q_lora,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+        )
         assert _n(DeepseekV3Attention(cfg, layer_idx=0)) == cost.attention_params_per_layer(lay)
 
 
@@ -148,14 +174,17 @@ def test_windowed_kv_cache_matches_transformers_static_cache(family, T):
     windows = layout.windows_from_hf_config(cfg, cfg.num_hidden_layers)
     w = z["sliding_window"]
     assert windows == ((w, None, w, None) if family == "gemma2" else (w,) * 4)  # Gemma 2 alternates, Mistral does not
-    lay = AttentionLayout(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, d_head=16, windows=windows, bytes_per_element=4)
+    lay = AttentionLayout(
+        d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, d_head=16, windows=windows, bytes_per_element=4
+    )
     static = _hf_cache_after(model, T, StaticCache(config=cfg, max_cache_len=T))
     assert [k.shape[-2] for k, _ in static] == cost.kv_positions(lay, T)
     assert sum(k.nbytes + v.nbytes for k, v in static) == cost.kv_bytes_per_request(lay, T)
     # DynamicCache keeps window - 1 positions between steps (the step's own key makes it the window).
     dynamic = _hf_cache_after(model, T, DynamicCache(config=cfg))
-    assert [k.shape[-2] for k, _ in dynamic] == [p if (wl is None or T < wl) else wl - 1
-                                                 for p, wl in zip(cost.kv_positions(lay, T), windows)]
+    assert [k.shape[-2] for k, _ in dynamic] == [
+        p if (wl is None or T < wl) else wl - 1 for p, wl in zip(cost.kv_positions(lay, T), windows)
+    ]
 
 
 def test_non_attention_layers_are_refused_by_budget_and_read_as_global_by_a_spec():
@@ -176,8 +205,9 @@ def test_windowed_kv_by_hand():
     assert cost.kv_positions(lay, 3) == [3, 3, 3]
     assert cost.kv_positions(lay, 10) == [4, 10, 6]
     assert cost.kv_bytes_per_request(lay, 10, batch=3) == (4 + 10 + 6) * (2 * 2 * 16) * 2 * 3
-    assert cost.kv_bytes_per_request(lay, 10) < cost.kv_bytes_per_request(AttentionLayout(
-        d_model=64, n_layers=3, n_heads=4, n_kv_heads=2), 10)
+    assert cost.kv_bytes_per_request(lay, 10) < cost.kv_bytes_per_request(
+        AttentionLayout(d_model=64, n_layers=3, n_heads=4, n_kv_heads=2), 10
+    )
     assert AttentionLayout(d_model=64, n_layers=2, n_heads=4, windows=(None, None)).windows is None
     assert lay.n_windowed_layers == 2
     gemma3 = cost.sliding_windows(12, 1024, global_every=6)  # 5 local : 1 global
@@ -195,13 +225,16 @@ def test_max_tokens_with_windows_matches_a_loop():
     assert cost.max_tokens_in_kv(all_windowed, 3 * 2 * 128 * 2) == 3  # 3 positions in each of 2 layers
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    (dict(windows=(4,)), "one per layer"),
-    (dict(windows=(4, 0)), "window must be a positive integer"),
-    (dict(qk_norm="some"), "unknown qk_norm"),
-    (dict(kv_lora_rank=8, qk_norm="full"), "qk_norm describes"),
-    (dict(qk_nope_head_dim=8), "give kv_lora_rank"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(windows=(4,)), "one per layer"),
+        (dict(windows=(4, 0)), "window must be a positive integer"),
+        (dict(qk_norm="some"), "unknown qk_norm"),
+        (dict(kv_lora_rank=8, qk_norm="full"), "qk_norm describes"),
+        (dict(qk_nope_head_dim=8), "give kv_lora_rank"),
+    ],
+)
 def test_bad_new_layout_fields_raise(kwargs, fragment):
     from headprobe.probe.core.errors import HeadprobeError
 
@@ -254,8 +287,15 @@ def test_budget_reads_a_pruned_directory(family, removed, tiny_tokenizer, tmp_pa
     small = load_pruned_dir(d)
     p, u = r["pruned"], r["unpruned"]
     assert p["heads_per_layer"] == [H - sum(l == layer for l, _ in removed) for layer in range(L)]
-    assert p["attn_params"] == count_attention_parameters(small) < count_attention_parameters(full.model) == u["attn_params"]
-    kv_widths = [0 if not b.attn.n_kept else b.attn.k_proj.out_features + b.attn.v_proj.out_features for b in small.blocks]
+    assert (
+        p["attn_params"]
+        == count_attention_parameters(small)
+        < count_attention_parameters(full.model)
+        == u["attn_params"]
+    )
+    kv_widths = [
+        0 if not b.attn.n_kept else b.attn.k_proj.out_features + b.attn.v_proj.out_features for b in small.blocks
+    ]
     assert p["kv_numbers_per_token"] == sum(kv_widths)
     windows = r["layout"]["windows"] or [None] * L
     positions = [T if w is None else min(T, w) for w in windows]
@@ -301,8 +341,13 @@ def pruned_dir(tiny_tokenizer, tmp_path):
     return str(tmp_path / "p")
 
 
-@pytest.mark.parametrize("flags, named", [(["--compare"], "--compare describes"),
-                                          (["--n-heads", "2", "--flops-table"], "--n-heads, --flops-table describe")])
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--compare"], "--compare describes"),
+        (["--n-heads", "2", "--flops-table"], "--n-heads, --flops-table describe"),
+    ],
+)
 def test_uniform_layout_flags_on_a_pruned_directory_are_one_line(pruned_dir, flags, named, capsys):
     code = main(["budget", "--model", pruned_dir, *flags])
     out, err = capsys.readouterr()

@@ -49,8 +49,7 @@ def test_mistral_7b_window_4096_at_32k_by_hand(capsys):
 def test_windowed_crossover_is_where_a_loop_finds_it(window):
     lay = AttentionLayout(d_model=64, n_layers=1, n_heads=4, bytes_per_element=4)
     t = cost.crossover_seq_len(lay, window=window)
-    first = next(T for T in range(1, 5000)
-                 if cost.score_flops(lay, T, window=window) >= cost.projection_flops(lay, T))
+    first = next(T for T in range(1, 5000) if cost.score_flops(lay, T, window=window) >= cost.projection_flops(lay, T))
     assert t is not None and first == pytest.approx(t, abs=1) and first >= t
 
 
@@ -81,8 +80,11 @@ def _loop_policy_cost(lay, policy, T):
 @pytest.mark.parametrize("kind", ["MHA", "GQA", "MQA", "MLA"])
 def test_policy_cost_equals_a_loop(kind):
     kv_heads = {"MHA": 4, "GQA": 2, "MQA": 1, "MLA": None}[kind]
-    lay = (AttentionLayout(d_model=32, n_layers=3, n_heads=4, kv_lora_rank=8, qk_rope_head_dim=4, bytes_per_element=4)
-           if kind == "MLA" else AttentionLayout(d_model=32, n_layers=3, n_heads=4, n_kv_heads=kv_heads, bytes_per_element=4))
+    lay = (
+        AttentionLayout(d_model=32, n_layers=3, n_heads=4, kv_lora_rank=8, qk_rope_head_dim=4, bytes_per_element=4)
+        if kind == "MLA"
+        else AttentionLayout(d_model=32, n_layers=3, n_heads=4, n_kv_heads=kv_heads, bytes_per_element=4)
+    )
     G = cost.n_kv_groups(lay)
     policy = KVPolicy.with_full(3, G, [(0, 0), (2, G - 1)], Streaming(2, 5))
     for T in (3, 7, 30):
@@ -103,13 +105,16 @@ def test_policy_file_round_trip_and_cli(tmp_path, capsys):
     assert r["policy"]["kv_bytes_full"] == r["kv_bytes_per_request"]
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda d: d.update(format="x"), "not a KV policy file"),
-    (lambda d: d["groups"].pop(), "groups are not listed"),
-    (lambda d: d["groups"].append(dict(d["groups"][0])), "listed twice"),
-    (lambda d: d["groups"][1].update(window=0), "window must be a positive integer"),
-    (lambda d: d.update(n_layers=3), "has 2 layers x 2 KV groups"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.update(format="x"), "not a KV policy file"),
+        (lambda d: d["groups"].pop(), "groups are not listed"),
+        (lambda d: d["groups"].append(dict(d["groups"][0])), "listed twice"),
+        (lambda d: d["groups"][1].update(window=0), "window must be a positive integer"),
+        (lambda d: d.update(n_layers=3), "has 2 layers x 2 KV groups"),
+    ],
+)
 def test_bad_policy_files_are_one_line_errors(tmp_path, capsys, edit, message):
     d = KVPolicy.with_full(2, 2, [(0, 0)], Streaming(1, 4)).to_dict()
     edit(d)
@@ -118,7 +123,9 @@ def test_bad_policy_files_are_one_line_errors(tmp_path, capsys, edit, message):
         message = "the KV policy has 3 layers x 2 KV groups; the layout has 2 x 2"
     path = tmp_path / "p.json"
     path.write_text(json.dumps(d))
-    code = main(["budget", "--d-model", "32", "--n-layers", "2", "--n-heads", "4", "--n-kv-heads", "2", "--policy", str(path)])
+    code = main(
+        ["budget", "--d-model", "32", "--n-layers", "2", "--n-heads", "4", "--n-kv-heads", "2", "--policy", str(path)]
+    )
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
 
@@ -128,7 +135,14 @@ def test_mistral_7b_preset_is_its_published_layout_and_prints_no_global_layer(ca
     window 4096 on every layer. With no global layer, the text report has no "global layer" rows
     (they described a layer the model does not have)."""
     lay = cost.preset("mistral-7b")
-    assert (lay.d_model, lay.n_layers, lay.n_heads, lay.n_kv_heads, lay.d_head, lay.bias) == (4096, 32, 32, 8, 128, "none")
+    assert (lay.d_model, lay.n_layers, lay.n_heads, lay.n_kv_heads, lay.d_head, lay.bias) == (
+        4096,
+        32,
+        32,
+        8,
+        128,
+        "none",
+    )
     assert lay.windows == tuple([4096] * 32)
     by_flags = budget_json(capsys, *MISTRAL, "--sliding-window", "4096", "--seq-len", "32768")
     by_preset = budget_json(capsys, "--preset", "mistral-7b", "--seq-len", "32768")

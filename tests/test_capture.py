@@ -60,7 +60,9 @@ def test_zero_ablating_one_head_changes_only_its_contribution(fixture, request):
     others = [h for h in range(8) if h != 5]
     torch.testing.assert_close(abl["result"][0][:, :, others], clean["result"][0][:, :, others])
     # the attention output moves by exactly minus head 5's contribution
-    torch.testing.assert_close(abl["attn_out"][0], clean["attn_out"][0] - clean["result"][0][:, :, 5], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        abl["attn_out"][0], clean["attn_out"][0] - clean["result"][0][:, :, 5], atol=1e-5, rtol=0
+    )
 
 
 def test_stream_patterns_fires_once_per_layer_and_keeps_nothing(tiny_gpt2):
@@ -87,8 +89,10 @@ def sentinel_models(tiny_tokenizer):
     for family in dict(SENTINEL_CASES):
         ckpt = zoo.make_checkpoint(family, tiny_tokenizer)
         for backend in ("native", "transformer-lens"):
-            out[family, backend] = (wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), backend=backend),
-                                    ckpt.hf_model)
+            out[family, backend] = (
+                wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), backend=backend),
+                ckpt.hf_model,
+            )
     return out
 
 
@@ -117,7 +121,9 @@ def test_masked_attention_scores_are_minus_infinity_on_both_backends(sentinel_mo
     got, via_hooks = {}, {}
     with torch.no_grad():
         plain = model.forward(tokens)
-        returned = model.forward(tokens, fwd_hooks=[(n, lambda s, hook, n=n: got.setdefault(n, s.clone())) for n in names])
+        returned = model.forward(
+            tokens, fwd_hooks=[(n, lambda s, hook, n=n: got.setdefault(n, s.clone())) for n in names]
+        )
         with model.hooks([(n, lambda s, hook, n=n: via_hooks.__setitem__(n, s.clone())) for n in names]):
             model.forward(tokens)
         want = hf(tokens, output_attentions=True).attentions

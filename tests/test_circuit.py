@@ -30,14 +30,26 @@ V, D, T = 12, 8, 6
 def _two_head_model(tokenizer):
     """Layer 0 head 0 (sender) writes only dims 6-7; layer 1 head 0 (receiver) reads dims 6-7 only
     through its key; its query and value and the unembedding read dims 0-5 only."""
-    cfg = TransformerConfig(n_layers=2, d_model=D, n_heads=1, d_vocab=V, n_ctx=16, mlp=None, bias=False,
-                            pre_norm=False, final_norm=False, tied_unembed=False)
+    cfg = TransformerConfig(
+        n_layers=2,
+        d_model=D,
+        n_heads=1,
+        d_vocab=V,
+        n_ctx=16,
+        mlp=None,
+        bias=False,
+        pre_norm=False,
+        final_norm=False,
+        tied_unembed=False,
+    )
     torch.manual_seed(0)
     net = Transformer(cfg).eval()
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         net.embed.W_E.weight.copy_(torch.cat([torch.randn(V, 4, generator=g), torch.zeros(V, 4)], 1))
-        net.embed.W_pos.weight.copy_(torch.cat([torch.zeros(16, 4), torch.randn(16, 2, generator=g), torch.zeros(16, 2)], 1))
+        net.embed.W_pos.weight.copy_(
+            torch.cat([torch.zeros(16, 4), torch.randn(16, 2, generator=g), torch.zeros(16, 2)], 1)
+        )
         a0, a1 = net.blocks[0].attn, net.blocks[1].attn
         for p in (a0.q_proj, a0.k_proj, a0.v_proj):
             p.weight.copy_(torch.randn(D, D, generator=g))
@@ -48,8 +60,9 @@ def _two_head_model(tokenizer):
         a1.v_proj.weight.copy_(read([0, 1, 2, 3]))
         a1.o_proj.weight.copy_(torch.randn(D, D, generator=g))
         net.unembed.weight.copy_(torch.cat([torch.randn(V, 6, generator=g), torch.zeros(V, 2)], 1))
-    return LoadedModel(net, tokenizer, spec_from_native("two-head", "two-head", "hand-built", cfg),
-                       prepend_bos=False), net
+    return LoadedModel(
+        net, tokenizer, spec_from_native("two-head", "two-head", "hand-built", cfg), prepend_bos=False
+    ), net
 
 
 def _np_attn(x, attn):
@@ -74,7 +87,9 @@ def _np_loss(x_final, net, tokens):
 
 def _np_path(net, clean, corrupted, path):
     """Loss change of the numpy forward with the sender's corrupted output sent along ``path``."""
-    E = lambda t: net.embed.W_E.weight.detach().double().numpy()[t] + net.embed.W_pos.weight.detach().double().numpy()[:len(t)]
+    E = lambda t: (
+        net.embed.W_E.weight.detach().double().numpy()[t] + net.embed.W_pos.weight.detach().double().numpy()[: len(t)]
+    )
     a0, a1 = net.blocks[0].attn, net.blocks[1].attn
     x0c, x0x = E(clean), E(corrupted)
     out0c, out0x = _np_out(*_np_attn(x0c, a0), a0), _np_out(*_np_attn(x0x, a0), a0)
@@ -131,7 +146,10 @@ def test_eap_is_the_derivative_of_path_patching(tiny_tokenizer, family):
     H = model.spec.n_heads
 
     def fd(senders, receiver, inp="k"):
-        return (path_patch_effects(model, plus, senders, receiver, inp) - path_patch_effects(model, minus, senders, receiver, inp)) / (2 * eps)
+        return (
+            path_patch_effects(model, plus, senders, receiver, inp)
+            - path_patch_effects(model, minus, senders, receiver, inp)
+        ) / (2 * eps)
 
     senders = [(0, h) for h in range(H)]
     got = np.array([[fd(senders, (1, hr), inp) for hr in range(H)] for inp in ("q", "k", "v")])
@@ -180,12 +198,17 @@ def test_gqa_key_patching_touches_one_query_head(tiny_tokenizer):
     clean, corrupted = torch.randint(0, 100, (1, 8), generator=g), torch.randint(0, 100, (1, 8), generator=g)
     runs = prepare_runs(model, clean, corrupted)
     from headprobe.analyses.circuit import _receiver_hooks
+
     seen = {}
-    hooks = [*_receiver_hooks(model, runs, (1, 0), "k", runs.deltas[0, :, :, 0], 1),
-             ("blocks.1.attn.hook_pattern", lambda x, hook: seen.setdefault("p", x.detach().clone()))]
+    hooks = [
+        *_receiver_hooks(model, runs, (1, 0), "k", runs.deltas[0, :, :, 0], 1),
+        ("blocks.1.attn.hook_pattern", lambda x, hook: seen.setdefault("p", x.detach().clone())),
+    ]
     model.forward(clean, fwd_hooks=hooks)
     clean_p = {}
-    model.forward(clean, fwd_hooks=[("blocks.1.attn.hook_pattern", lambda x, hook: clean_p.setdefault("p", x.detach().clone()))])
+    model.forward(
+        clean, fwd_hooks=[("blocks.1.attn.hook_pattern", lambda x, hook: clean_p.setdefault("p", x.detach().clone()))]
+    )
     torch.testing.assert_close(seen["p"][:, 1:], clean_p["p"][:, 1:])
     assert (seen["p"][:, 0] - clean_p["p"][:, 0]).abs().max() > 1e-4
 
@@ -213,7 +236,9 @@ def test_forward_from_a_layer_equals_the_whole_forward(tiny_tokenizer, family):
     model = wrap(zoo.make_checkpoint(family, tiny_tokenizer), backend="native")
     tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))
     seen = {}
-    want = model.forward(tokens, fwd_hooks=[("blocks.1.hook_resid_pre", lambda x, hook: seen.setdefault("r", x.detach().clone()))])
+    want = model.forward(
+        tokens, fwd_hooks=[("blocks.1.hook_resid_pre", lambda x, hook: seen.setdefault("r", x.detach().clone()))]
+    )
     torch.testing.assert_close(model.forward_from(1, seen["r"]), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(HeadprobeError, match="native backend"):
         LoadedModel.forward_from(model, 1, seen["r"])
@@ -256,7 +281,9 @@ def test_a_padded_batch_equals_each_prompt_run_alone(tiny_tokenizer, side):
     senders = [(0, h) for h in range(model.spec.n_heads)]
     for receiver, inp in (((1, 1), "k"), ((1, 2), "v"), ("logits", "k")):
         padded = path_patch(model, clean, corrupted, senders, receiver, inp, first=2, attention_mask=mask)
-        alone = np.mean([path_patch(model, c[None], x[None], senders, receiver, inp, first=2) for c, x in pairs], axis=0)
+        alone = np.mean(
+            [path_patch(model, c[None], x[None], senders, receiver, inp, first=2) for c, x in pairs], axis=0
+        )
         np.testing.assert_allclose(padded, alone, rtol=1e-5, atol=1e-6)  # atol: float32 rounding of a ~5-nat loss
         if receiver != "logits":
             unmasked = path_patch(model, clean, corrupted, senders, receiver, inp, first=2)
@@ -264,7 +291,9 @@ def test_a_padded_batch_equals_each_prompt_run_alone(tiny_tokenizer, side):
     ig = edge_attribution(model, clean, corrupted, steps=3, first=2, attention_mask=mask)
     singles = [edge_attribution(model, c[None], x[None], steps=3, first=2) for c, x in pairs]
     np.testing.assert_allclose(ig.head_scores, np.mean([s.head_scores for s in singles], axis=0), rtol=1e-4, atol=1e-7)
-    np.testing.assert_allclose(ig.logit_scores, np.mean([s.logit_scores for s in singles], axis=0), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(
+        ig.logit_scores, np.mean([s.logit_scores for s in singles], axis=0), rtol=1e-4, atol=1e-7
+    )
     with pytest.raises(HeadprobeError, match="no prediction from its real token 5"):  # the 6-token row: NaN, refused
         path_patch(model, clean, corrupted, senders, (1, 1), "k", first=5, attention_mask=mask)
 

@@ -23,8 +23,32 @@ def llama_dir(tmp_path_factory, tiny_tokenizer):
 @pytest.mark.figures
 def test_cli_writes_edges_figure_and_summary(llama_dir, tmp_path, capsys):
     out = tmp_path / "c"
-    assert main(["circuit", "--model", str(llama_dir), "--out", str(out), "--device", "cpu", "--n-seqs", "2",
-                 "--period", "6", "--steps", "3", "--verify", "6", "--receivers", "1.0:k,logits", "--qk-head", "1.3"]) == 0
+    assert (
+        main(
+            [
+                "circuit",
+                "--model",
+                str(llama_dir),
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+                "--n-seqs",
+                "2",
+                "--period",
+                "6",
+                "--steps",
+                "3",
+                "--verify",
+                "6",
+                "--receivers",
+                "1.0:k,logits",
+                "--qk-head",
+                "1.3",
+            ]
+        )
+        == 0
+    )
     edges = pd.read_csv(out / "edges.csv")
     H = 4
     assert len(edges) == 3 * H * H + 2 * H  # 2 layers: layer-0 senders into layer-1 q/k/v, every head into the logits
@@ -59,8 +83,14 @@ def _check_viewer_section(out, summary, H, tmp_path, capsys):
 
     scan = tmp_path / "scan"
     scan.mkdir()
-    pd.DataFrame({"layer": np.repeat([0, 1], H), "head": np.tile(np.arange(H), 2), "kv_head": np.tile(np.arange(H) // 2, 2),
-                  "induction": np.linspace(0, 1, 2 * H)}).to_csv(scan / "head_scores.csv", index=False)
+    pd.DataFrame(
+        {
+            "layer": np.repeat([0, 1], H),
+            "head": np.tile(np.arange(H), 2),
+            "kv_head": np.tile(np.arange(H) // 2, 2),
+            "induction": np.linspace(0, 1, 2 * H),
+        }
+    ).to_csv(scan / "head_scores.csv", index=False)
     assert main(["view", str(scan), "--circuit", str(out)]) == 0
     page = (scan / "index.html").read_text()
     data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))["circuit"]
@@ -73,7 +103,9 @@ def _check_viewer_section(out, summary, H, tmp_path, capsys):
     assert data["qk"]["head"] == summary["qk_attribution"]["head"] and data["agreement"]["n_edges"] == 12
     small = tmp_path / "small"
     small.mkdir()
-    pd.read_csv(scan / "head_scores.csv").query("layer == 0").assign(layer=0).to_csv(small / "head_scores.csv", index=False)
+    pd.read_csv(scan / "head_scores.csv").query("layer == 0").assign(layer=0).to_csv(
+        small / "head_scores.csv", index=False
+    )
     capsys.readouterr()
     assert main(["view", str(small), "--circuit", str(out)]) == 2
     err = capsys.readouterr().err.strip()
@@ -95,19 +127,38 @@ def test_the_function_and_public_api(llama_dir):
     assert headprobe.qk_attribution(model, clean, 1, 0, 4, 2).identity_error < 1e-4
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--method", "atp"], "invalid choice"),
-    (["--receivers", "1.0:z"], "is not L.H:q"),
-    (["--qk-head", "x"], "is not a head"),
-    (["--period", "2"], "at least 4"),
-    (["--receivers", "7.0:k"], "is not a head after layer 0"),
-    (["--qk-head", "9.1"], "is not a head of a model"),
-    (["--backend", "transformer-lens"], "native backend"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--method", "atp"], "invalid choice"),
+        (["--receivers", "1.0:z"], "is not L.H:q"),
+        (["--qk-head", "x"], "is not a head"),
+        (["--period", "2"], "at least 4"),
+        (["--receivers", "7.0:k"], "is not a head after layer 0"),
+        (["--qk-head", "9.1"], "is not a head of a model"),
+        (["--backend", "transformer-lens"], "native backend"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(llama_dir, tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as e:
-        raise SystemExit(main(["circuit", "--model", str(llama_dir), "--out", str(tmp_path / "o"), "--device", "cpu",
-                               "--verify", "0", "--steps", "1", *flags]))
+        raise SystemExit(
+            main(
+                [
+                    "circuit",
+                    "--model",
+                    str(llama_dir),
+                    "--out",
+                    str(tmp_path / "o"),
+                    "--device",
+                    "cpu",
+                    "--verify",
+                    "0",
+                    "--steps",
+                    "1",
+                    *flags,
+                ]
+            )
+        )
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
     assert e.value.code == 2 and "Traceback" not in err and len(errors) == 1 and message in errors[0], err
@@ -120,14 +171,33 @@ def test_half_precision_is_not_refused(llama_dir, dtype):
     tolerance scales with the dtype (bfloat16 was refused at 4e-4 nats/token against a float32 1e-4)."""
     r = headprobe.circuit(str(llama_dir), device="cpu", dtype=dtype, n_seqs=3, period=6, steps=2, verify=2, top=5)
     s = r.summary()
-    assert s["dtype"] == dtype and s["baseline_error"] <= s["baseline_tolerance"] and dtype in s["baseline_tolerance_rule"]
+    assert (
+        s["dtype"] == dtype and s["baseline_error"] <= s["baseline_tolerance"] and dtype in s["baseline_tolerance_rule"]
+    )
     assert r.edges["exact"].notna().sum() == 4
 
 
 def test_one_sequence_over_the_memory_budget_is_refused_before_running(llama_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        raise SystemExit(main(["circuit", "--model", str(llama_dir), "--out", str(tmp_path / "o"), "--device", "cpu",
-                               "--memory-gb", "0.000001", "--verify", "0", "--steps", "1"]))
+        raise SystemExit(
+            main(
+                [
+                    "circuit",
+                    "--model",
+                    str(llama_dir),
+                    "--out",
+                    str(tmp_path / "o"),
+                    "--device",
+                    "cpu",
+                    "--memory-gb",
+                    "0.000001",
+                    "--verify",
+                    "0",
+                    "--steps",
+                    "1",
+                ]
+            )
+        )
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
     assert e.value.code == 2 and "Traceback" not in err and len(errors) == 1 and "working memory" in errors[0], err
@@ -148,7 +218,11 @@ def test_scoring_in_chunks_equals_the_whole_batch(llama_dir):
     np.testing.assert_allclose(b.head_scores, a.head_scores, rtol=1e-5, atol=1e-8)
     np.testing.assert_allclose(b.logit_scores, a.logit_scores, rtol=1e-5, atol=1e-8)
     senders = [(0, h) for h in range(4)]
-    np.testing.assert_allclose(path_patch_effects(model, chunks, senders, (1, 2), "k"),
-                               path_patch_effects(model, whole, senders, (1, 2), "k"), rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(
+        path_patch_effects(model, chunks, senders, (1, 2), "k"),
+        path_patch_effects(model, whole, senders, (1, 2), "k"),
+        rtol=1e-5,
+        atol=1e-8,
+    )
     assert chunks.clean_metric() == pytest.approx(float(whole.clean_metric.mean()), rel=1e-6)
     assert circuit_analysis.baseline_error(model, chunks, [1]) <= 1e-6

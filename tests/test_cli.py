@@ -18,11 +18,14 @@ def test_version_is_the_installed_distributions():
     assert p.returncode == 0 and p.stdout.strip() == f"headprobe {version('headprobe')}"
 
 
-@pytest.mark.parametrize("args, hint", [
-    (["scan", "--seq_len", "3", "--out", "x"], "did you mean --seq-len?"),
-    (["budget", "--presett", "llama3-8b"], "did you mean --preset?"),
-    (["ablate", "--out", "x", "--Heads", "1.1"], "did you mean --heads?"),
-])
+@pytest.mark.parametrize(
+    "args, hint",
+    [
+        (["scan", "--seq_len", "3", "--out", "x"], "did you mean --seq-len?"),
+        (["budget", "--presett", "llama3-8b"], "did you mean --preset?"),
+        (["ablate", "--out", "x", "--Heads", "1.1"], "did you mean --heads?"),
+    ],
+)
 def test_misspelt_flags_get_a_suggestion_on_one_line(args, hint, tmp_path):
     p = _cli(*args)
     assert p.returncode == 2 and p.stdout == ""
@@ -47,22 +50,27 @@ def test_model_short_names_are_case_insensitive(tmp_path, monkeypatch):
     assert canonical_name("GPT2") == "GPT2"  # an existing directory is a path, not a short name
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["ablate", "--heads", "40.3"], "head 40.3 is out of range: the model has 30 layers of 9 heads"),
-    (["ablate", "--heads", "5.1.2"], "is not of the form layer.head"),
-    (["ablate", "--kind", "bogus"], "invalid choice: 'bogus' (choose from 'zero', 'mean', 'resample')"),
-    (["prune", "--step-fraction", "1.5"], "--step-fraction must be in (0, 1]"),
-    (["prune", "--method", "michel,magnitude"], "--method: unknown pruning method 'magnitude'"),
-    (["prune", "--l0-lambdas", "3,1"], "--l0-lambdas must be non-negative and increasing"),
-    (["prune", "--l0-lambdas", "a,b"], "--l0-lambdas: expected comma-separated numbers"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["ablate", "--heads", "40.3"], "head 40.3 is out of range: the model has 30 layers of 9 heads"),
+        (["ablate", "--heads", "5.1.2"], "is not of the form layer.head"),
+        (["ablate", "--kind", "bogus"], "invalid choice: 'bogus' (choose from 'zero', 'mean', 'resample')"),
+        (["prune", "--step-fraction", "1.5"], "--step-fraction must be in (0, 1]"),
+        (["prune", "--method", "michel,magnitude"], "--method: unknown pruning method 'magnitude'"),
+        (["prune", "--l0-lambdas", "3,1"], "--l0-lambdas must be non-negative and increasing"),
+        (["prune", "--l0-lambdas", "a,b"], "--l0-lambdas: expected comma-separated numbers"),
+    ],
+)
 def test_bad_flags_are_refused_before_torch_loads(argv, message, tmp_path):
     """Ablate and prune check what the flags alone decide in their light front module: one line
     on stderr, exit 2, no output directory, and torch (and the model) never imported."""
     out = tmp_path / "out"
-    code = ("import sys\nfrom headprobe.cli import main\n"
-            f"rc = main({[*argv, '--out', str(out)]!r})\n"
-            "print(rc, [m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules])")
+    code = (
+        "import sys\nfrom headprobe.cli import main\n"
+        f"rc = main({[*argv, '--out', str(out)]!r})\n"
+        "print(rc, [m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules])"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("headprobe: error: ") and message in proc.stderr
@@ -72,8 +80,11 @@ def test_bad_flags_are_refused_before_torch_loads(argv, message, tmp_path):
 def test_output_into_a_closed_pipe_ends_quietly():
     """``headprobe budget | head -0``: the reader is gone before anything is written; no traceback,
     exit status 141 (128 + SIGPIPE) as a shell reports for cat."""
-    proc = subprocess.Popen([sys.executable, "-m", "headprobe", "budget", "--preset", "llama3-8b", "--compare"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "headprobe", "budget", "--preset", "llama3-8b", "--compare"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     proc.stdout.close()  # long before the interpreter has started and imported anything
     assert proc.wait(timeout=60) == 141
     assert proc.stderr.read() == b""
@@ -103,20 +114,30 @@ def test_flags_match_the_python_keywords_they_set(capsys):
     assert "--models" in help_text and "--model " not in help_text and "--model\n" not in help_text
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["scan", "-k", "-3", "--out", "x"], "-k/--top-k: must be a positive integer"),
-    (["scan", "--alpha", "1.5", "--out", "x"], "--alpha: must be between 0 and 1 (exclusive), got 1.5 (see headprobe scan --help)"),
-    (["scan", "--types", "inductoin", "--out", "x"], "did you mean induction"),
-    (["show", "--head", "40.2", "--prompt", "hi", "--out", "x"], "head 40.2 is out of range: the model has 30 layers"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["scan", "-k", "-3", "--out", "x"], "-k/--top-k: must be a positive integer"),
+        (
+            ["scan", "--alpha", "1.5", "--out", "x"],
+            "--alpha: must be between 0 and 1 (exclusive), got 1.5 (see headprobe scan --help)",
+        ),
+        (["scan", "--types", "inductoin", "--out", "x"], "did you mean induction"),
+        (
+            ["show", "--head", "40.2", "--prompt", "hi", "--out", "x"],
+            "head 40.2 is out of range: the model has 30 layers",
+        ),
+    ],
+)
 def test_flag_errors_are_refused_before_torch_is_imported(tmp_path, argv, fragment):
     """Fast refusals: a usage or config error costs a fraction of a second, not the 25-50 s
     of importing torch or loading weights first (checked with -X importtime: no torch module at all)."""
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "headprobe", *argv], capture_output=True, text=True,
-                       cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "headprobe", *argv], capture_output=True, text=True, cwd=tmp_path
+    )
     errors = [line for line in r.stderr.splitlines() if not line.startswith("import time:")]
     assert r.returncode == 2 and len(errors) == 1 and fragment in errors[0], r.stderr[-2000:]
     assert not [line for line in r.stderr.splitlines() if line.startswith("import time:") and " torch" in line]
@@ -132,8 +153,10 @@ def test_formats_flag_sets_the_figure_formats_of_one_run(tmp_path, capsys, monke
     from headprobe.cli import _figure_formats, main
 
     assert main(["scan", "--formats", "gif", "--out", str(tmp_path / "x")]) == 2
-    assert capsys.readouterr().err.strip() == ("headprobe: error: --formats 'gif': unknown figure format 'gif'; "
-                                                "choose from png, pdf, svg (comma-separated) or none")
+    assert capsys.readouterr().err.strip() == (
+        "headprobe: error: --formats 'gif': unknown figure format 'gif'; "
+        "choose from png, pdf, svg (comma-separated) or none"
+    )
     assert not (tmp_path / "x").exists()
     monkeypatch.setenv(FIGURE_FORMATS_ENV, "png")
     with _figure_formats("SVG,pdf"):

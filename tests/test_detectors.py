@@ -87,8 +87,9 @@ def test_a_pure_sink_head_is_no_duplicate_token_head_with_or_without_bos(start):
             return self.p.diagonal(offset=-off, dim1=-2, dim2=-1)
 
     for p in (sink, duplicate):
-        torch.testing.assert_close(_stats_scores("duplicate_token", Stats(p), S, start)["duplicate_token"],
-                                   duplicate_token_score(p, S, start))
+        torch.testing.assert_close(
+            _stats_scores("duplicate_token", Stats(p), S, start)["duplicate_token"], duplicate_token_score(p, S, start)
+        )
 
 
 def test_positional_head_offset_and_fraction():

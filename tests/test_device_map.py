@@ -32,8 +32,14 @@ def whole(tiny_dir, backend):
 def split(tiny_dir, tmp_path_factory, backend):
     import headprobe
 
-    return headprobe.load_model(str(tiny_dir), quiet=True, backend=backend, device_map="sequential",
-                                max_memory={"cpu": "200KB"}, offload_dir=str(tmp_path_factory.mktemp("offload")))
+    return headprobe.load_model(
+        str(tiny_dir),
+        quiet=True,
+        backend=backend,
+        device_map="sequential",
+        max_memory={"cpu": "200KB"},
+        offload_dir=str(tmp_path_factory.mktemp("offload")),
+    )
 
 
 def test_budget_splits_blocks_onto_disk(split, whole, backend):
@@ -109,16 +115,22 @@ def test_hand_map_and_everything_on_disk_but_the_embedding(tiny_dir, whole):
     torch.testing.assert_close(m.forward(tokens), whole.forward(tokens), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(device_map=SPLIT, backend="transformer-lens"), "a device map given by hand names the native model's pieces"),
-    (dict(max_memory={"cpu": "1GB"}), "--max-memory needs --device-map"),
-    (dict(device_map="everywhere"), "unknown device map"),
-    (dict(device_map="sequential", max_memory={"cpu": "10KB"}), "do not fit"),
-    (dict(device_map="sequential", max_memory={"cpu": "1XB"}), "--max-memory"),
-    (dict(device_map={**SPLIT, "unembed": "disk"}), "together on one device that is not disk"),
-    (dict(device_map={k: v for k, v in SPLIT.items() if k != "blocks.1"}), "missing blocks.1"),
-    (dict(device_map=SPLIT, max_memory={"cpu": "1GB"}), "not to a device map given by hand"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(device_map=SPLIT, backend="transformer-lens"),
+            "a device map given by hand names the native model's pieces",
+        ),
+        (dict(max_memory={"cpu": "1GB"}), "--max-memory needs --device-map"),
+        (dict(device_map="everywhere"), "unknown device map"),
+        (dict(device_map="sequential", max_memory={"cpu": "10KB"}), "do not fit"),
+        (dict(device_map="sequential", max_memory={"cpu": "1XB"}), "--max-memory"),
+        (dict(device_map={**SPLIT, "unembed": "disk"}), "together on one device that is not disk"),
+        (dict(device_map={k: v for k, v in SPLIT.items() if k != "blocks.1"}), "missing blocks.1"),
+        (dict(device_map=SPLIT, max_memory={"cpu": "1GB"}), "not to a device map given by hand"),
+    ],
+)
 def test_refusals_at_load(tiny_dir, kwargs, message):
     import headprobe
     from headprobe.probe.core.errors import HeadprobeError
@@ -144,13 +156,16 @@ def test_refusals_on_a_split_model(split, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--max-memory", "cpu=lots"], "bad --max-memory entry 'cpu=lots'"),
-    (["--device-map", "auto", "--max-memory", "gpu0=1GB"], "bad --max-memory entry"),
-    (["--max-memory", "cpu=1GB"], "--max-memory needs --device-map"),
-    (["--device-map", "auto", "--save-pruned"], "--save-pruned needs the whole model on one device"),
-    (["--device-map", "auto", "--device", "cpu", "--max-memory", "cpu=1GB,cpu=2GB"], "names cpu twice"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--max-memory", "cpu=lots"], "bad --max-memory entry 'cpu=lots'"),
+        (["--device-map", "auto", "--max-memory", "gpu0=1GB"], "bad --max-memory entry"),
+        (["--max-memory", "cpu=1GB"], "--max-memory needs --device-map"),
+        (["--device-map", "auto", "--save-pruned"], "--save-pruned needs the whole model on one device"),
+        (["--device-map", "auto", "--device", "cpu", "--max-memory", "cpu=1GB,cpu=2GB"], "names cpu twice"),
+    ],
+)
 def test_cli_refuses_bad_flags_in_one_line(tiny_dir, tmp_path, capsys, flags, message):
     from headprobe.cli import main
 
@@ -165,14 +180,24 @@ def test_cli_refuses_bad_flags_in_one_line(tiny_dir, tmp_path, capsys, flags, me
 def test_cli_device_cuda_with_device_map_refused(tiny_dir, tmp_path, capsys):
     from headprobe.cli import main
 
-    assert main(["scan", "--model", str(tiny_dir), "--out", str(tmp_path / "o"), "--device", "cuda", "--device-map", "auto"]) == 2
+    assert (
+        main(
+            ["scan", "--model", str(tiny_dir), "--out", str(tmp_path / "o"), "--device", "cuda", "--device-map", "auto"]
+        )
+        == 2
+    )
     assert "leave --device at auto" in capsys.readouterr().err
 
 
 def test_parse_max_memory():
     from headprobe.options import parse_max_memory
 
-    assert parse_max_memory("cpu=2GiB, cuda:0=10GB,1=512MiB,disk=100000") == {"cpu": "2GiB", 0: "10GB", 1: "512MiB", "disk": 100000}
+    assert parse_max_memory("cpu=2GiB, cuda:0=10GB,1=512MiB,disk=100000") == {
+        "cpu": "2GiB",
+        0: "10GB",
+        1: "512MiB",
+        "disk": 100000,
+    }
 
 
 def test_bridge_half_precision_split_refused_before_loading(tiny_dir, monkeypatch):
@@ -191,10 +216,25 @@ def test_cli_ablate_split_writes_the_unsplit_table(tiny_dir, text_file, tmp_path
 
     from headprobe.cli import main
 
-    small = ["--model", str(tiny_dir), "--text", str(text_file), "--seq-len", "16", "--n-natural", "3",
-             "--n-repeated", "2", "--period", "6"]
+    small = [
+        "--model",
+        str(tiny_dir),
+        "--text",
+        str(text_file),
+        "--seq-len",
+        "16",
+        "--n-natural",
+        "3",
+        "--n-repeated",
+        "2",
+        "--period",
+        "6",
+    ]
     assert main(["ablate", *small, "--out", str(tmp_path / "whole")]) == 0
-    assert main(["ablate", *small, "--out", str(tmp_path / "split"), "--device-map", "auto", "--max-memory", "cpu=200KB"]) == 0
+    assert (
+        main(["ablate", *small, "--out", str(tmp_path / "split"), "--device-map", "auto", "--max-memory", "cpu=200KB"])
+        == 0
+    )
     a, b = (pd.read_csv(tmp_path / d / "head_ablation.csv") for d in ("split", "whole"))
     num = b.select_dtypes("number").columns
     pd.testing.assert_frame_equal(a[num], b[num], rtol=0, atol=1e-6)

@@ -30,7 +30,7 @@ def _pair(tokenizer, scale: float):
     cfg = b.hf_model.config
     d = cfg.hidden_size // cfg.num_attention_heads
     with torch.no_grad():
-        b.hf_model.model.layers[PLANTED[0]].self_attn.q_proj.weight[PLANTED[1] * d:(PLANTED[1] + 1) * d] *= scale
+        b.hf_model.model.layers[PLANTED[0]].self_attn.q_proj.weight[PLANTED[1] * d : (PLANTED[1] + 1) * d] *= scale
     return wrap(a, backend="native"), wrap(b, backend="native")
 
 
@@ -74,6 +74,7 @@ def test_requantized_b_is_int3(tiny_tokenizer, text_file):
     a, b = _pair(tiny_tokenizer, 1.0)
     r = diff(a, b, text=str(text_file), requantize_b="int3", **SMALL)
     assert r.requantized == 14  # 2 layers x (q, k, v, o, fc_in, fc_gate, fc_out)
+
     def groups(model):  # W_O [head, d_head, d_model] -> o_proj's rows [d_model, head * d_head] in runs of 32 inputs
         return model.W_O(1).permute(2, 0, 1).reshape(-1, 32)
 
@@ -90,11 +91,29 @@ def test_layouts_that_differ_are_refused_in_one_line(tmp_path, tiny_tokenizer):
     other = zoo.make_checkpoint("llama", tiny_tokenizer, num_key_value_heads=4)
     other.hf_model.save_pretrained(tmp_path / "b")
     tiny_tokenizer.save_pretrained(tmp_path / "b")
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "headprobe", "diff", str(tmp_path / "a"),
-                        str(tmp_path / "b"), "--out", "o"], capture_output=True, text=True, cwd=tmp_path,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "headprobe",
+            "diff",
+            str(tmp_path / "a"),
+            str(tmp_path / "b"),
+            "--out",
+            "o",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
     lines = [x for x in r.stderr.splitlines() if not x.startswith("import time:")]
-    torch_loaded = any(x.startswith("import time:") and x.rsplit("|", 1)[-1].strip() == "torch" for x in r.stderr.splitlines())
+    torch_loaded = any(
+        x.startswith("import time:") and x.rsplit("|", 1)[-1].strip() == "torch" for x in r.stderr.splitlines()
+    )
     assert r.returncode == 2 and len(lines) == 1, lines
     assert lines[0].startswith("headprobe: error:") and "different layouts (n_kv_heads 2 vs 4)" in lines[0]
     assert not torch_loaded and not (tmp_path / "o").exists()
@@ -156,7 +175,9 @@ def test_a_permuted_vocabulary_of_the_same_size_is_refused(tiny_tokenizer, tmp_p
     assert len(permuted) == len(tiny_tokenizer) and permuted("t1")["input_ids"] != tiny_tokenizer("t1")["input_ids"]
     a = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
     b = wrap(zoo.make_checkpoint("llama", permuted), backend="native")
-    with pytest.raises(HeadprobeError, match=r"different tokenizers: 100 of 101 ids .*id 0 is 't0' in .* and 't99' in") as e:
+    with pytest.raises(
+        HeadprobeError, match=r"different tokenizers: 100 of 101 ids .*id 0 is 't0' in .* and 't99' in"
+    ) as e:
         diff(a, b, **SMALL)
     assert "\n" not in str(e.value)
 
@@ -183,8 +204,23 @@ def test_a_permuted_vocabulary_is_refused_on_the_command_line(tiny_tokenizer, tm
     zoo.make_checkpoint("llama", tiny_tokenizer).hf_model.save_pretrained(tmp_path / "b")
     _permuted_tokenizer(tmp_path / "b")
     capsys.readouterr()  # the progress bars of saving
-    code = main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "o"), "--device", "cpu",
-                 "--seq-len", "16", "--n-natural", "2", "--n-repeated", "2"])
+    code = main(
+        [
+            "diff",
+            str(tmp_path / "a"),
+            str(tmp_path / "b"),
+            "--out",
+            str(tmp_path / "o"),
+            "--device",
+            "cpu",
+            "--seq-len",
+            "16",
+            "--n-natural",
+            "2",
+            "--n-repeated",
+            "2",
+        ]
+    )
     err = capsys.readouterr().err
     errors = [x for x in err.splitlines() if x.startswith("headprobe: error:")]  # after "loading ..." lines
     assert code == 2 and len(errors) == 1 and "different tokenizers" in errors[0] and "Traceback" not in err

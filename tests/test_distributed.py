@@ -18,8 +18,20 @@ from headprobe.analyses import distributed
 from headprobe.cli import main
 from headprobe.probe.core.io import CHECKPOINT_GLOB
 
-SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu",
-         "--kind", "resample"]  # 3 and 2 rows: uneven batch shards; resample also splits the source rows
+SMALL = [
+    "--seq-len",
+    "16",
+    "--n-natural",
+    "3",
+    "--n-repeated",
+    "2",
+    "--period",
+    "6",
+    "--device",
+    "cpu",
+    "--kind",
+    "resample",
+]  # 3 and 2 rows: uneven batch shards; resample also splits the source rows
 N_JOBS = 2 * 2 * 8  # tasks x layers x heads of the tiny model
 
 
@@ -34,9 +46,23 @@ def torchrun(*args, nproc=2, env=None):
     """``torchrun --nproc-per-node nproc -m headprobe ...`` with this Python; (exit code, stdout, stderr)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     env.pop("WORLD_SIZE", None)
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                        "--standalone", "-m", "headprobe", *args],
-                       capture_output=True, text=True, env=env, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--standalone",
+            "-m",
+            "headprobe",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     return p.returncode, p.stdout, p.stderr
 
 
@@ -108,8 +134,24 @@ def test_help_shows_torchrun_usage(capsys):
         assert f"torchrun --nproc-per-node 2 -m headprobe {command}" in out and "not" in out and "split" in out
 
 
-SCAN = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "3", "--period", "6", "--device", "cpu",
-        "--n-random", "5", "-k", "2", "--pattern-len", "0"]  # 5 random + 2-3 top-k sets per task: uneven shards
+SCAN = [
+    "--seq-len",
+    "16",
+    "--n-natural",
+    "3",
+    "--n-repeated",
+    "3",
+    "--period",
+    "6",
+    "--device",
+    "cpu",
+    "--n-random",
+    "5",
+    "-k",
+    "2",
+    "--pattern-len",
+    "0",
+]  # 5 random + 2-3 top-k sets per task: uneven shards
 
 
 def _one_and_two_ranks(command, args, tmp_path, says):
@@ -129,8 +171,12 @@ def test_sharded_scan_writes_the_one_process_outputs(tiny_dir, tmp_path):
     """One torchrun launch (~20 s): scan's verification sets (every task's seeded random draws and
     the top-k sets) are split over 2 gloo ranks and gathered; rank 0 alone writes, and the table,
     the losses, effects, p-values and verdicts are the one-process scan's."""
-    one, two = _one_and_two_ranks("scan", ["--model", str(tiny_dir), "--text", _text(tmp_path), *SCAN], tmp_path,
-                                  "verification sharded over 2 ranks")
+    one, two = _one_and_two_ranks(
+        "scan",
+        ["--model", str(tiny_dir), "--text", _text(tmp_path), *SCAN],
+        tmp_path,
+        "verification sharded over 2 ranks",
+    )
     a, b = pd.read_csv(one / "head_scores.csv"), pd.read_csv(two / "head_scores.csv")
     assert list(a.columns) == list(b.columns)
     np.testing.assert_allclose(a.to_numpy(float), b.to_numpy(float), rtol=0, atol=1e-5, equal_nan=True)
@@ -150,9 +196,31 @@ def test_sharded_prune_writes_the_one_process_curves(tiny_dir, tmp_path):
     """One torchrun launch (~20 s): every rank runs every curve; the gradient importance and the
     held-out losses are data-parallel over rows (3 per set: uneven), the per-layer head sets are
     sharded, the L0 gates are trained alike on both ranks; rank 0 writes the one-process files."""
-    args = ["--model", str(tiny_dir), "--text", _text(tmp_path), "--seq-len", "16", "--n-natural", "3",
-            "--n-repeated", "3", "--period", "6", "--device", "cpu", "--step-fraction", "0.25", "--n-seeds", "1",
-            "--l0-steps", "2", "--l0-lambdas", "1,10", "--per-layer"]
+    args = [
+        "--model",
+        str(tiny_dir),
+        "--text",
+        _text(tmp_path),
+        "--seq-len",
+        "16",
+        "--n-natural",
+        "3",
+        "--n-repeated",
+        "3",
+        "--period",
+        "6",
+        "--device",
+        "cpu",
+        "--step-fraction",
+        "0.25",
+        "--n-seeds",
+        "1",
+        "--l0-steps",
+        "2",
+        "--l0-lambdas",
+        "1,10",
+        "--per-layer",
+    ]
     one, two = _one_and_two_ranks("prune", args, tmp_path, "sharded over 2 ranks")
     for name in ("pruning_curve.csv", "per_layer.csv"):
         a, b = pd.read_csv(one / name), pd.read_csv(two / name)
@@ -161,8 +229,9 @@ def test_sharded_prune_writes_the_one_process_curves(tiny_dir, tmp_path):
             if not pd.api.types.is_numeric_dtype(a[c]):  # method, removed heads: the same order of removal
                 assert a[c].fillna("").tolist() == b[c].fillna("").tolist(), (name, c)
             else:  # losses written to 5 decimals
-                np.testing.assert_allclose(a[c].to_numpy(float), b[c].to_numpy(float), rtol=0, atol=2e-5,
-                                           equal_nan=True, err_msg=f"{name} {c}")
+                np.testing.assert_allclose(
+                    a[c].to_numpy(float), b[c].to_numpy(float), rtol=0, atol=2e-5, equal_nan=True, err_msg=f"{name} {c}"
+                )
     s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
     assert s1["removal_order"] == s2["removal_order"]
     for name, curve in s1["curves"].items():

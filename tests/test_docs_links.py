@@ -52,9 +52,11 @@ def test_every_relative_link_resolves():
 def test_a_broken_link_is_reported(tmp_path):
     (tmp_path / "there.md").write_text("# A `code` heading: here\n", encoding="utf-8")
     doc = tmp_path / "doc.md"
-    doc.write_text("[ok](there.md) [ok](there.md#a-code-heading-here) [web](https://example.org/x)\n"
-                   "[gone](missing.md) [bad anchor](there.md#nowhere)\n```\n[in code](ignored.md)\n```\n",
-                   encoding="utf-8")
+    doc.write_text(
+        "[ok](there.md) [ok](there.md#a-code-heading-here) [web](https://example.org/x)\n"
+        "[gone](missing.md) [bad anchor](there.md#nowhere)\n```\n[in code](ignored.md)\n```\n",
+        encoding="utf-8",
+    )
     assert broken_links(doc) == ["doc.md: missing.md (no such file)", "doc.md: there.md#nowhere (no such heading)"]
 
 

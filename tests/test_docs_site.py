@@ -22,8 +22,13 @@ API_NAMES = ("scan", "ablate", "prune", "capture_heads", "load_model", "wrap")
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    p = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                       capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    p = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     return out
 

@@ -56,8 +56,12 @@ def test_native_bert_hidden_states_and_patterns_equal_hugging_face(bert_ckpt, be
         assert bert.spec.causal is False and bert.model.cfg.post_ln
         torch.testing.assert_close(bert.final_residual(ids), ref.last_hidden_state, atol=1e-5, rtol=0)  # fused path
         pats = {}
-        hooks = [(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: pats.__setitem__(l, p.clone())) for l in range(2)]
-        torch.testing.assert_close(bert.final_residual(ids, hooks), ref.last_hidden_state, atol=1e-5, rtol=0)  # eager path
+        hooks = [
+            (f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: pats.__setitem__(l, p.clone())) for l in range(2)
+        ]
+        torch.testing.assert_close(
+            bert.final_residual(ids, hooks), ref.last_hidden_state, atol=1e-5, rtol=0
+        )  # eager path
     for l in range(2):
         torch.testing.assert_close(pats[l], ref.attentions[l], atol=1e-6, rtol=0)
         assert pats[l][..., 1:].triu(1).sum() > 0.1  # bidirectional: later keys are read
@@ -139,7 +143,9 @@ def test_duplicate_and_induction_keep_the_decoder_direction_on_bidirectional_pat
     assert duplicate_token_score(both, S, start).item() == pytest.approx(1.0)
     ahead = one_hot(T, lambda q: q + S if start <= q < start + S else 0)
     assert duplicate_token_score(ahead, S, start).item() == pytest.approx(0.0)
-    assert induction_score(one_hot(T, lambda q: q - S + 1 if q >= start + S else T - 1), S, start).item() == pytest.approx(1.0)
+    assert induction_score(
+        one_hot(T, lambda q: q - S + 1 if q >= start + S else T - 1), S, start
+    ).item() == pytest.approx(1.0)
 
 
 def test_positional_score_equals_a_loop_over_queries_on_random_bidirectional_patterns():
@@ -183,8 +189,9 @@ def hf_sentence_embedding(hf_model, ids, layer_heads, d_head=16, replacement=Non
         def pre(module, args, heads=heads, layer=layer):
             x = args[0].clone()
             for h in heads:
-                x[..., h * d_head:(h + 1) * d_head] = 0 if replacement is None else replacement[layer, h]
+                x[..., h * d_head : (h + 1) * d_head] = 0 if replacement is None else replacement[layer, h]
             return (x,)
+
         handles.append(hf_model.encoder.layer[layer].attention.output.dense.register_forward_pre_hook(pre))
     try:
         with torch.no_grad():
@@ -202,12 +209,15 @@ def test_embedding_distance_equals_a_direct_computation_on_hugging_face(bert_ckp
     torch.testing.assert_close(sentence_embeddings(bert, ids), clean, atol=1e-5, rtol=0)
     mean_z = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(3))
     for kind, repl in (("zero", None), ("mean", mean_z)):
-        got = set_ablation_losses(bert, ids, sets, kind, mean_z if kind == "mean" else None, 0,
-                                  score=EmbeddingDistance(bert, ids))
+        got = set_ablation_losses(
+            bert, ids, sets, kind, mean_z if kind == "mean" else None, 0, score=EmbeddingDistance(bert, ids)
+        )
         for i, s in enumerate(sets):
             want = 1 - (hf_sentence_embedding(bert_ckpt.hf_model, ids, s, replacement=repl) * clean).sum(-1)
             torch.testing.assert_close(got[i], want, atol=1e-6, rtol=1e-2)  # effects are ~1e-4 on this random model
-        assert (got > 3e-5).all()  # the ablations change something, 30x the tolerance, so equality above means something
+        assert (
+            got > 3e-5
+        ).all()  # the ablations change something, 30x the tolerance, so equality above means something
         assert got[1].mean() > 2 * got[2].mean()  # and the sets differ: a wrong head mapping would show
 
 
@@ -219,18 +229,22 @@ def test_scan_of_a_tiny_bert_scores_encoder_types_and_states_its_metric(bert, tm
 
     text = tmp_path / "words.txt"
     text.write_text(" ".join(f"t{(i * 7) % 100}" for i in range(400)))
-    cfg = ScanConfig(model="tiny", n_natural=3, seq_len=20, n_repeated=2, period=6, k=2, n_random=3, text=str(text),
-                     pattern_len=0)
+    cfg = ScanConfig(
+        model="tiny", n_natural=3, seq_len=20, n_repeated=2, period=6, k=2, n_random=3, text=str(text), pattern_len=0
+    )
     result = run(bert, cfg, progress=False)
     n = len(ENCODER_SCORE_COLUMNS)
-    assert list(result.table.columns[3:3 + n]) == list(ENCODER_SCORE_COLUMNS) and len(result.table) == 8
+    assert list(result.table.columns[3 : 3 + n]) == list(ENCODER_SCORE_COLUMNS) and len(result.table) == 8
     # the reported metrics follow; those that need a next-token prediction are empty for an encoder
     assert result.table["retrieval"].isna().all() and result.table["dla"].isna().all()
     assert result.table["entropy"].notna().all() and result.table["sink_rate"].notna().all()
     assert (result.natural.tokens[:, 0] == 100).all() and (result.natural.tokens[:, -1] == 101).all()
     assert result.natural.tokens.shape[1] == 20
     summary = result.summary()
-    assert summary["metric"]["name"] == EMBEDDING_METRIC.name and "0.01 (1 - cos)" in summary["verification"]["confirmation_rule"]
+    assert (
+        summary["metric"]["name"] == EMBEDDING_METRIC.name
+        and "0.01 (1 - cos)" in summary["verification"]["confirmation_rule"]
+    )
     assert {v["metric"] for v in summary["ablations"]} == {"embedding_cosine"}
     assert all(v["clean_loss"] == 0 and v["top_effect"] > 0 for v in summary["ablations"])
     json.dumps(summary)
@@ -252,7 +266,9 @@ def test_scan_of_all_minilm_l6_v2_gives_72_rows_with_verdicts():
     cfg = ScanConfig(model="all-minilm-l6-v2", n_natural=2, seq_len=48, n_repeated=2, period=16, k=5, n_random=5)
     result = run(model, cfg, progress=False)
     assert len(result.table) == 72 and {"next_token", "last_token"} <= set(result.table.columns)
-    assert len(result.verifications) == 2 * len(ENCODER_SCORE_COLUMNS) - 2  # 7 types (positional has 2 columns) x 2 kinds
+    assert (
+        len(result.verifications) == 2 * len(ENCODER_SCORE_COLUMNS) - 2
+    )  # 7 types (positional has 2 columns) x 2 kinds
     assert all((v.confirmed is not None) == v.tested for v in result.verifications)  # zero: reported, not tested
     assert sum(v.tested for v in result.verifications) == 7 == result.verification["family_size"]
 
@@ -267,12 +283,23 @@ def test_encoder_pattern_example_keeps_the_separator_the_last_token_score_is_abo
 
     text = tmp_path / "words.txt"
     text.write_text(" ".join(f"t{(i * 7) % 100}" for i in range(400)))
-    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=NATURAL_EXAMPLE_LEN + 12, n_repeated=2, period=6, k=2,
-                     n_random=2, text=str(text), pattern_len=0, verify=False, metrics=False)
+    cfg = ScanConfig(
+        model="tiny",
+        n_natural=2,
+        seq_len=NATURAL_EXAMPLE_LEN + 12,
+        n_repeated=2,
+        period=6,
+        k=2,
+        n_random=2,
+        text=str(text),
+        pattern_len=0,
+        verify=False,
+        metrics=False,
+    )
     result = run(bert, cfg, progress=False)
     ex = example_patterns(bert, {"last_token": (1, 0)}, result.natural, result.repeated)["last_token"]
     window = result.natural.tokens[0]
-    shown = torch.cat([window[:NATURAL_EXAMPLE_LEN - 1], window[-1:]])
+    shown = torch.cat([window[: NATURAL_EXAMPLE_LEN - 1], window[-1:]])
     assert int(window[-1]) == 101 and len(ex["labels"]) == NATURAL_EXAMPLE_LEN
     ref = capture_heads(bert, shown[None])["pattern"][1][0, 0]
     torch.testing.assert_close(torch.as_tensor(ex["pattern"]), ref.float().cpu(), atol=1e-6, rtol=0)

@@ -19,19 +19,83 @@ import pytest
 
 from headprobe.cli import main
 
-SMALL_SCAN = ["--device", "cpu", "--n-random", "4", "--keep-n-random", "--types", "induction,previous-token", "-k", "2",
-              "--seq-len", "24", "--n-natural", "3", "--n-repeated", "3", "--period", "8", "--pattern-len", "0"]
+SMALL_SCAN = [
+    "--device",
+    "cpu",
+    "--n-random",
+    "4",
+    "--keep-n-random",
+    "--types",
+    "induction,previous-token",
+    "-k",
+    "2",
+    "--seq-len",
+    "24",
+    "--n-natural",
+    "3",
+    "--n-repeated",
+    "3",
+    "--period",
+    "8",
+    "--pattern-len",
+    "0",
+]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_dir, text_file):
     """A scan, a kv and a circuit run of the tiny GQA Llama (2 layers x 8 heads, 2 KV heads)."""
     base = tmp_path_factory.mktemp("runs")
-    assert main(["scan", "--model", str(tiny_dir), "--text", str(text_file), "--out", str(base / "scan"), *SMALL_SCAN]) == 0
-    assert main(["kv", "--model", str(tiny_dir), "--text", str(text_file), "--seq-len", "64", "--out", str(base / "kv"),
-                 "--device", "cpu", "--n-random", "1", "--budgets", "0.5"]) == 0
-    assert main(["circuit", "--model", str(tiny_dir), "--out", str(base / "circuit"), "--device", "cpu", "--n-seqs", "2",
-                 "--period", "6", "--steps", "2", "--verify", "4", "--top", "5"]) == 0
+    assert (
+        main(["scan", "--model", str(tiny_dir), "--text", str(text_file), "--out", str(base / "scan"), *SMALL_SCAN])
+        == 0
+    )
+    assert (
+        main(
+            [
+                "kv",
+                "--model",
+                str(tiny_dir),
+                "--text",
+                str(text_file),
+                "--seq-len",
+                "64",
+                "--out",
+                str(base / "kv"),
+                "--device",
+                "cpu",
+                "--n-random",
+                "1",
+                "--budgets",
+                "0.5",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "circuit",
+                "--model",
+                str(tiny_dir),
+                "--out",
+                str(base / "circuit"),
+                "--device",
+                "cpu",
+                "--n-seqs",
+                "2",
+                "--period",
+                "6",
+                "--steps",
+                "2",
+                "--verify",
+                "4",
+                "--top",
+                "5",
+            ]
+        )
+        == 0
+    )
     return base
 
 
@@ -42,6 +106,7 @@ def _export(src: Path, out: Path, *flags: str) -> Path:
 
 def _layout(tiny_dir):
     from headprobe.analyses.exchange import Layout
+
     return Layout(str(tiny_dir), 2, 8, 2, 2)
 
 
@@ -83,11 +148,15 @@ def test_duo_round_trip_of_a_kv_policy(runs, tmp_path, tiny_dir):
 
 def test_duo_from_a_scan_states_its_aggregation(runs, tmp_path):
     """A scan's column per KV group: the max over the group's query heads (hand-computed here)."""
-    out = _export(runs / "scan", tmp_path / "e", "--format", "duo", "--score", "induction", "--sink", "4", "--recent", "8")
+    out = _export(
+        runs / "scan", tmp_path / "e", "--format", "duo", "--score", "induction", "--sink", "4", "--recent", "8"
+    )
     _, _, scores = kvpress_load(out)
     table = pd.read_csv(runs / "scan" / "head_scores.csv")
-    want = [[min(1.0, max(table[(table.layer == layer) & (table["head"] // 4 == g)].induction)) for g in range(2)]
-            for layer in range(2)]
+    want = [
+        [min(1.0, max(table[(table.layer == layer) & (table["head"] // 4 == g)].induction)) for g in range(2)]
+        for layer in range(2)
+    ]
     np.testing.assert_allclose(scores, want, atol=1e-6)
     assert "max over each KV group" in json.loads((out / "config.json").read_text())["headprobe"]["values"]
 
@@ -146,14 +215,21 @@ def test_mib_round_trip(runs, tmp_path, tiny_dir):
 
 def test_a_format_the_source_lacks_is_refused_and_nothing_is_written(runs, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        raise SystemExit(main(["export", "--from", str(runs / "scan"), "--out", str(tmp_path / "o"), "--format", "mib"]))
+        raise SystemExit(
+            main(["export", "--from", str(runs / "scan"), "--out", str(tmp_path / "o"), "--format", "mib"])
+        )
     assert e.value.code == 2 and "needs a circuit folder" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
 def _refuse(argv, cwd):
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "headprobe", *argv], capture_output=True, text=True,
-                       cwd=cwd, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "headprobe", *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
     lines = r.stderr.splitlines()
     errors = [x for x in lines if not x.startswith("import time:")]
     torch = any(x.startswith("import time:") and x.rsplit("|", 1)[-1].strip() == "torch" for x in lines)
@@ -163,13 +239,20 @@ def _refuse(argv, cwd):
 def test_a_32_row_tsv_for_a_30_layer_model_is_refused_in_one_line(tmp_path):
     """Duo-attention#23: a 32-row file for SmolLM2 (30 layers), refused from its config, before torch."""
     np.savetxt(tmp_path / "full_attention_heads.tsv", np.full((32, 3), 0.5), delimiter="\t")
-    code, errors, torch = _refuse(["import", "--heads-file", "full_attention_heads.tsv", "--model", "smollm2-135m"], tmp_path)
-    assert code == 2 and errors == ["headprobe: error: full_attention_heads.tsv has 32 rows; smollm2-135m has 30 layers"]
+    code, errors, torch = _refuse(
+        ["import", "--heads-file", "full_attention_heads.tsv", "--model", "smollm2-135m"], tmp_path
+    )
+    assert code == 2 and errors == [
+        "headprobe: error: full_attention_heads.tsv has 32 rows; smollm2-135m has 30 layers"
+    ]
     assert not torch
     np.savetxt(tmp_path / "full_attention_heads.tsv", np.full((30, 4), 0.5), delimiter="\t")
-    code, errors, _ = _refuse(["import", "--heads-file", "full_attention_heads.tsv", "--model", "smollm2-135m"], tmp_path)
-    assert code == 2 and errors == ["headprobe: error: full_attention_heads.tsv has 4 columns; smollm2-135m has 3 KV heads "
-                                    "per layer"]
+    code, errors, _ = _refuse(
+        ["import", "--heads-file", "full_attention_heads.tsv", "--model", "smollm2-135m"], tmp_path
+    )
+    assert code == 2 and errors == [
+        "headprobe: error: full_attention_heads.tsv has 4 columns; smollm2-135m has 3 KV heads per layer"
+    ]
 
 
 def test_import_gives_scans_verdict_on_scans_own_heads(runs, tmp_path, tiny_dir, text_file, capsys):
@@ -180,9 +263,19 @@ def test_import_gives_scans_verdict_on_scans_own_heads(runs, tmp_path, tiny_dir,
     (tmp_path / "heads.txt").write_text("\n".join(scan_row["top_heads"]) + "\n")
     from headprobe.commands.import_heads import import_heads
 
-    result = import_heads(str(tiny_dir), heads_file=str(tmp_path / "heads.txt"), text=str(text_file),
-                                    task="repeated", device="cpu", n_random=4, keep_n_random=True, seq_len=24,
-                                    n_natural=3, n_repeated=3, period=8)
+    result = import_heads(
+        str(tiny_dir),
+        heads_file=str(tmp_path / "heads.txt"),
+        text=str(text_file),
+        task="repeated",
+        device="cpu",
+        n_random=4,
+        keep_n_random=True,
+        seq_len=24,
+        n_natural=3,
+        n_repeated=3,
+        period=8,
+    )
     tested = next(v for v in result.verifications if v.tested)
     assert sorted(tested.top_heads) == sorted(scan_row["top_heads"]) and tested.task == "repeated"
     assert tested.top_effect == pytest.approx(scan_row["top_effect"], abs=1e-6)
@@ -195,8 +288,19 @@ def test_import_measures_a_duo_files_policy(runs, tmp_path, tiny_dir, text_file)
     out = _export(runs / "kv", tmp_path / "e", "--format", "duo")
     from headprobe.commands.import_heads import import_heads
 
-    result = import_heads(str(tiny_dir), heads_file=str(out), text=str(text_file), device="cpu", n_random=2,
-                                    keep_n_random=True, seq_len=64, n_natural=1, period=8, measure_kv=True, task="natural")
+    result = import_heads(
+        str(tiny_dir),
+        heads_file=str(out),
+        text=str(text_file),
+        device="cpu",
+        n_random=2,
+        keep_n_random=True,
+        seq_len=64,
+        n_natural=1,
+        period=8,
+        measure_kv=True,
+        task="natural",
+    )
     kv = json.loads((runs / "kv" / "summary.json").read_text())
     row = next(r for r in result.kv if r["policy"] == "file")
     assert row["natural_loss_increase"] == pytest.approx(kv["chosen"]["natural_loss_increase"], abs=1e-5)
@@ -242,7 +346,7 @@ def test_a_kv_folder_whose_model_moved_exports_the_recorded_layout(runs, tmp_pat
 def test_an_output_folder_that_is_in_or_around_the_source_is_refused(runs, tmp_path, capsys, where):
     scan = _copy(runs / "scan", tmp_path / "runs" / "scan")
     before = {p.name: p.read_bytes() for p in scan.iterdir() if p.is_file()}
-    to = {"same": scan / "." , "inside": scan / "export", "containing": tmp_path / "runs"}[where]
+    to = {"same": scan / ".", "inside": scan / "export", "containing": tmp_path / "runs"}[where]
     code, err = _cli(["export", "--from", str(scan), "--out", str(to), "--overwrite"], capsys)
     _one_line(code, err, "source")
     assert {p.name: p.read_bytes() for p in scan.iterdir() if p.is_file()} == before
@@ -278,8 +382,10 @@ def test_headkv_export_writes_every_head_with_a_stated_fill(runs, tmp_path):
 def test_an_all_nan_score_column_is_refused(runs, tmp_path, capsys):
     scan = _scan_with(runs, tmp_path, "induction", [(layer, h) for layer in range(2) for h in range(8)])
     for fmt in ("headkv", "duo"):
-        code, err = _cli(["export", "--from", str(scan), "--out", str(tmp_path / fmt), "--format", fmt, "--score",
-                          "induction"], capsys)
+        code, err = _cli(
+            ["export", "--from", str(scan), "--out", str(tmp_path / fmt), "--format", fmt, "--score", "induction"],
+            capsys,
+        )
         _one_line(code, err, "no score")
         assert not (tmp_path / fmt).exists()
 
@@ -301,19 +407,30 @@ def _odd_file(case: str, d: Path) -> tuple[Path, list[str]]:
         (d / "h.json").write_text('{"0-1": [' + ("9" * 400 if case == "400 digits" else "1e400") + "]}")
         return d / "h.json", []
     if case == "400 digits in a graph":
-        graph = {"cfg": {"n_layers": 2, "n_heads": 8}, "nodes": {"a0.h1": True},
-                 "edges": {"a0.h1->logits": {"score": int("9" * 400), "in_graph": True}}}
+        graph = {
+            "cfg": {"n_layers": 2, "n_heads": 8},
+            "nodes": {"a0.h1": True},
+            "edges": {"a0.h1->logits": {"score": int("9" * 400), "in_graph": True}},
+        }
         (d / "graph.json").write_text(json.dumps(graph))
         return d / "graph.json", []
     assert case == "NA in a boolean --score column"
-    table = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 2], "flag": pd.array([True, None, False], dtype="boolean")})
+    table = pd.DataFrame(
+        {"layer": [0, 0, 1], "head": [0, 1, 2], "flag": pd.array([True, None, False], dtype="boolean")}
+    )
     table.to_parquet(d / "t.parquet")
     return d / "t.parquet", ["--score", "flag"]
 
 
-ODD = {"empty tsv": "no values", "cut config.json": "config.json", "config.json not an object": "config.json",
-       "400 digits": "not a finite number", "1e400": "not a finite number", "400 digits in a graph": "not a finite number",
-       "NA in a boolean --score column": "not a numeric"}
+ODD = {
+    "empty tsv": "no values",
+    "cut config.json": "config.json",
+    "config.json not an object": "config.json",
+    "400 digits": "not a finite number",
+    "1e400": "not a finite number",
+    "400 digits in a graph": "not a finite number",
+    "NA in a boolean --score column": "not a numeric",
+}
 
 
 @pytest.mark.parametrize("case", list(ODD))
@@ -345,7 +462,8 @@ def test_pandas_na_in_a_numeric_score_column_is_a_missing_score(tmp_path, tiny_d
     na, nan = (read_head_file(tmp_path / f, _layout(tiny_dir), 2, "s") for f in ("na.parquet", "nan.parquet"))
     assert na.heads == nan.heads == [(0, 0), (1, 3)]
     assert np.isnan(na.scores[(0, 1)]) and {h: v for h, v in na.scores.items() if h != (0, 1)} == {
-        h: v for h, v in nan.scores.items() if h != (0, 1)}
+        h: v for h, v in nan.scores.items() if h != (0, 1)
+    }
 
 
 def hybrid_dir(tokenizer, path: Path) -> Path:
@@ -363,9 +481,32 @@ def test_import_refuses_a_head_in_a_linear_attention_layer(tmp_path, tiny_tokeni
     model = hybrid_dir(tiny_tokenizer, tmp_path / "hybrid")
     (tmp_path / "heads.txt").write_text("0.1\n1.0\n")
     capsys.readouterr()
-    code = main(["import", "--heads-file", str(tmp_path / "heads.txt"), "--model", str(model), "--device", "cpu",
-                 "--text", str(text_file), "--seq-len", "16", "--n-natural", "2", "--n-repeated", "2", "--n-random", "2"])
+    code = main(
+        [
+            "import",
+            "--heads-file",
+            str(tmp_path / "heads.txt"),
+            "--model",
+            str(model),
+            "--device",
+            "cpu",
+            "--text",
+            str(text_file),
+            "--seq-len",
+            "16",
+            "--n-natural",
+            "2",
+            "--n-repeated",
+            "2",
+            "--n-random",
+            "2",
+        ]
+    )
     err = capsys.readouterr().err
     errors = [x for x in err.splitlines() if x.startswith("headprobe: error:")]
-    assert code == 2 and errors == ["headprobe: error: head 0.1: layer 0 has no heads (linear attention); the layers "
-                                    "with heads are [1, 3]"] and "Traceback" not in err
+    assert (
+        code == 2
+        and errors
+        == ["headprobe: error: head 0.1: layer 0 has no heads (linear attention); the layers with heads are [1, 3]"]
+        and "Traceback" not in err
+    )

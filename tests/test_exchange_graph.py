@@ -51,8 +51,30 @@ def _heads(names) -> list[tuple[int, int]]:
 def circuit_run(tmp_path_factory, tiny_dir):
     """A circuit run of the tiny GQA Llama (2 layers x 8 heads, d_model 64)."""
     out = tmp_path_factory.mktemp("graph") / "circuit"
-    assert main(["circuit", "--model", str(tiny_dir), "--out", str(out), "--device", "cpu", "--n-seqs", "2",
-                 "--period", "6", "--steps", "2", "--verify", "4", "--top", "5"]) == 0
+    assert (
+        main(
+            [
+                "circuit",
+                "--model",
+                str(tiny_dir),
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+                "--n-seqs",
+                "2",
+                "--period",
+                "6",
+                "--steps",
+                "2",
+                "--verify",
+                "4",
+                "--top",
+                "5",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -65,6 +87,7 @@ def graph(circuit_run, tmp_path_factory):
 
 def _layout(tiny_dir):
     from headprobe.analyses.exchange import Layout
+
     return Layout(str(tiny_dir), 2, 8, 2, 2)
 
 
@@ -143,8 +166,15 @@ def test_a_node_with_in_graph_false_is_not_in_the_circuit(tmp_path):
     inside = {"a0.h1", "a1.h2"}
     nodes = {n: {"in_graph": n in inside or n == "input"} for n in src} | {"logits": {"in_graph": True}}
     path = tmp_path / "g.json"
-    path.write_text(json.dumps({"cfg": {"n_layers": 2, "n_heads": 4, "parallel_attn_mlp": False, "d_model": 32},
-                                "nodes": nodes, "edges": {"a0.h1->a1.h2<q>": {"score": 0.5, "in_graph": True}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "cfg": {"n_layers": 2, "n_heads": 4, "parallel_attn_mlp": False, "d_model": 32},
+                "nodes": nodes,
+                "edges": {"a0.h1->a1.h2<q>": {"score": 0.5, "in_graph": True}},
+            }
+        )
+    )
     assert read_head_file(path, Layout("m", 2, 4), 3).heads == [(0, 1), (1, 2)]
 
 
@@ -173,9 +203,14 @@ def _graph_pt(n_layers: int, n_heads: int, inside: set[str], seed: int = 0) -> d
         i, j = src.index(parent), dst.index(child)
         scores[i, j] = torch.randn((), generator=g)
         in_graph[i, j] = parent in inside and (child.split("<")[0] in inside or child == "logits")
-    return {"cfg": {"n_layers": n_layers, "n_heads": n_heads, "parallel_attn_mlp": False, "d_model": 32},
-            "src_nodes": src, "dst_nodes": dst, "edges_scores": scores, "edges_in_graph": in_graph,
-            "nodes_in_graph": torch.tensor([n in inside for n in src])}
+    return {
+        "cfg": {"n_layers": n_layers, "n_heads": n_heads, "parallel_attn_mlp": False, "d_model": 32},
+        "src_nodes": src,
+        "dst_nodes": dst,
+        "edges_scores": scores,
+        "edges_in_graph": in_graph,
+        "nodes_in_graph": torch.tensor([n in inside for n in src]),
+    }
 
 
 def _as_json(d: dict) -> dict:
@@ -208,13 +243,18 @@ class _NotAGraph:
     pass
 
 
-@pytest.mark.parametrize("make, fragment", [
-    (lambda p: torch.save({"weight": torch.zeros(2)}, p), "no EAP-IG graph"),
-    (lambda p: torch.save({"cfg": _NotAGraph()}, p), "not only tensors"),
-    (lambda p: p.write_bytes(b"\x80\x02\xff\xfe not a torch file"), "cannot read"),
-    (lambda p: torch.save({**_graph_pt(2, 4, {"a0.h1"}), "nodes_in_graph": torch.zeros(3, dtype=torch.bool)}, p),
-     "nodes_in_graph"),
-])
+@pytest.mark.parametrize(
+    "make, fragment",
+    [
+        (lambda p: torch.save({"weight": torch.zeros(2)}, p), "no EAP-IG graph"),
+        (lambda p: torch.save({"cfg": _NotAGraph()}, p), "not only tensors"),
+        (lambda p: p.write_bytes(b"\x80\x02\xff\xfe not a torch file"), "cannot read"),
+        (
+            lambda p: torch.save({**_graph_pt(2, 4, {"a0.h1"}), "nodes_in_graph": torch.zeros(3, dtype=torch.bool)}, p),
+            "nodes_in_graph",
+        ),
+    ],
+)
 def test_a_pt_file_of_another_shape_is_refused_in_one_line(tmp_path, make, fragment):
     from headprobe.analyses.exchange import Layout, read_head_file
     from headprobe.probe.core.errors import HeadprobeError
@@ -240,9 +280,15 @@ def test_a_graph_of_another_model_width_is_refused(tmp_path, tiny_dir):
     from headprobe.probe.core.errors import HeadprobeError
 
     src, _, _ = eap_ig_names(2, 8)
-    (tmp_path / "g.json").write_text(json.dumps({
-        "cfg": {"n_layers": 2, "n_heads": 8, "parallel_attn_mlp": False, "d_model": 768},
-        "nodes": {n: {"in_graph": True} for n in src}, "edges": {}}))
+    (tmp_path / "g.json").write_text(
+        json.dumps(
+            {
+                "cfg": {"n_layers": 2, "n_heads": 8, "parallel_attn_mlp": False, "d_model": 768},
+                "nodes": {n: {"in_graph": True} for n in src},
+                "edges": {},
+            }
+        )
+    )
     with pytest.raises(HeadprobeError, match="d_model 768; .* has 64"):
         ImportConfig(model=str(tiny_dir), heads_file=str(tmp_path / "g.json")).preflight()
 
@@ -262,8 +308,9 @@ def test_export_writes_to_out_and_to_is_a_deprecated_alias(circuit_run, tmp_path
 
 def test_export_refuses_both_out_and_to(circuit_run, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        raise SystemExit(main(["export", "--from", str(circuit_run), "--out", str(tmp_path / "a"), "--to",
-                               str(tmp_path / "b")]))
+        raise SystemExit(
+            main(["export", "--from", str(circuit_run), "--out", str(tmp_path / "a"), "--to", str(tmp_path / "b")])
+        )
     assert e.value.code == 2 and "--to" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 

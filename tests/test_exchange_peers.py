@@ -84,8 +84,13 @@ def test_duo_published_pattern_gives_duoattentions_own_heads(name):
 def test_duo_patterns_hold_what_the_readers_must_clip_and_a_tie_at_the_threshold():
     """The data the test above is about: five files go below 0 (clipped by DuoAttention and kvpress), and
     two hold a group at exactly 0.5 (streaming under ``> 0.5``, full under ``>= 0.5``)."""
-    raw = {n: [[float(x) for x in line.split("\t")] for line in (DUO / n / "full_attention_heads.tsv").read_text().splitlines()]
-           for n in LAYOUTS}
+    raw = {
+        n: [
+            [float(x) for x in line.split("\t")]
+            for line in (DUO / n / "full_attention_heads.tsv").read_text().splitlines()
+        ]
+        for n in LAYOUTS
+    }
     below = {n for n, rows in raw.items() if min(map(min, rows)) < 0}
     at_half = {n for n, rows in raw.items() if any(v == 0.5 for row in rows for v in row)}
     assert len(below) == 5 and min(min(map(min, rows)) for rows in raw.values()) > -0.01
@@ -97,7 +102,9 @@ def _kvpress_load(directory: Path):
     from io import StringIO
 
     config = json.loads((directory / "config.json").read_text())
-    head_scores = np.loadtxt(StringIO((directory / "full_attention_heads.tsv").read_text()), dtype=float, delimiter="\t")
+    head_scores = np.loadtxt(
+        StringIO((directory / "full_attention_heads.tsv").read_text()), dtype=float, delimiter="\t"
+    )
     head_scores = np.clip(head_scores, 0, 1)
     return config["sink_size"], config["recent_size"], head_scores
 
@@ -115,8 +122,9 @@ def test_kvpress_reads_the_published_patterns_as_headprobe_does(name):
     streams exactly the groups headprobe streams."""
     sink, recent, scores = _kvpress_load(DUO / name)
     got = read_head_file(DUO / name / "full_attention_heads.tsv", _layout(name), k=10)
-    assert got.scores == {(layer, g): float(scores[layer, g]) for layer in range(scores.shape[0])
-                          for g in range(scores.shape[1])}
+    assert got.scores == {
+        (layer, g): float(scores[layer, g]) for layer in range(scores.shape[0]) for g in range(scores.shape[1])
+    }
     assert got.policy is not None
     stream = {(layer, g) for layer, row in enumerate(got.policy.groups) for g, s in enumerate(row) if s is not None}
     assert _kvpress_streaming(scores, len(stream) / scores.size) == stream
@@ -140,8 +148,15 @@ def test_duo_overshoot_is_clipped_and_a_group_at_one_half_streams(tmp_path):
     assert got.heads == [(0, 2), (0, 3), (1, 2), (1, 3)]
 
 
-@pytest.mark.parametrize("bad, says", [(-0.02, "-0.02, outside [-0.01, 1.01]"), (1.5, "1.5, outside [-0.01, 1.01]"),
-                                       ("nan", "NaN or infinite"), ("inf", "NaN or infinite")])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (-0.02, "-0.02, outside [-0.01, 1.01]"),
+        (1.5, "1.5, outside [-0.01, 1.01]"),
+        ("nan", "NaN or infinite"),
+        ("inf", "NaN or infinite"),
+    ],
+)
 def test_duo_values_that_are_no_gate_are_refused_in_one_line(tmp_path, bad, says):
     path = _tsv(tmp_path, [[0.2, bad], [0.9, 0.1]])
     with pytest.raises(HeadprobeError, match=r"full_attention_heads.tsv holds") as e:

@@ -77,7 +77,10 @@ def test_figures_leave_matplotlib_settings_alone_and_embed_truetype(tmp_path):
     pdf = next(p for p in paths if p.suffix == ".pdf").read_bytes()
     subtypes = set(re.findall(rb"/Subtype\s*/(\w+)", pdf))
     assert b"Type3" not in subtypes  # camera-ready checks reject Type 3 fonts
-    assert subtypes & {b"TrueType", b"CIDFontType2"}  # TrueType outlines (matplotlib's fonttype 42: a CID TrueType font)
+    assert subtypes & {
+        b"TrueType",
+        b"CIDFontType2",
+    }  # TrueType outlines (matplotlib's fonttype 42: a CID TrueType font)
     assert [p.suffix for p in paths] == [".png", ".pdf", ".svg"]
     svg = paths[2].read_bytes()
     assert svg.startswith(b"<?xml") and b"<svg" in svg
@@ -112,8 +115,10 @@ def test_the_suite_writes_no_figures_unless_a_test_asks(tmp_path, monkeypatch):
     for value, want in (("", figs.FORMATS), ("svg, PNG", ("png", "svg")), ("pdf", ("pdf",)), ("None", ())):
         monkeypatch.setenv(FIGURE_FORMATS_ENV, value)
         assert figure_formats() == want
-    for value, message in (("png,jpeg", "unknown figure format 'jpeg'; choose from png, pdf, svg"),
-                           ("none,png", "'none' .no figures. cannot be combined with a format")):
+    for value, message in (
+        ("png,jpeg", "unknown figure format 'jpeg'; choose from png, pdf, svg"),
+        ("none,png", "'none' .no figures. cannot be combined with a format"),
+    ):
         monkeypatch.setenv(FIGURE_FORMATS_ENV, value)
         with pytest.raises(HeadprobeError, match=message):
             figs.save_figure(fig, tmp_path / "bad")
@@ -174,8 +179,12 @@ def test_estimate_figure_titles_are_short_and_inside_the_figure():
     for method in ESTIMATES:
         title = estimate_title(method, "smollm2-135m (4-bit weights), zero-ablated")
         assert title.startswith("ESTIMATE (") and ESTIMATE_LABELS[method] not in title
-        fig = figs.ablation_effect_panels([("natural text", values), ("induction (repeated half)", values)], 3, title,
-                                          cbar_label="estimated Δ loss (nats/token)")
+        fig = figs.ablation_effect_panels(
+            [("natural text", values), ("induction (repeated half)", values)],
+            3,
+            title,
+            cbar_label="estimated Δ loss (nats/token)",
+        )
         sup = fig.get_suptitle()
         assert sup == title
         fig._suptitle.set_wrap(False)  # fits on its own lines, without the wrapping safety net
@@ -186,8 +195,13 @@ def test_long_titles_and_suptitles_wrap_inside_the_figure():
     """Every figure function's titles wrap rather than run off the figure (patching_top.png's
     title was cut at "(custom promp", the scan's pattern titles at "first scored sequenc")."""
     long = "layer 3 head 7 attention pattern on the first scored sequence of the natural text, " * 2
-    bars = figs.effect_bars(["1.2", "0.3"], np.array([-2.0, 1.0]), np.array([[-2.5, 0.5], [-1.5, 1.5]]),
-                            "tiny-model: largest patching effects (custom prompts) " * 2, "Δ logit difference")
+    bars = figs.effect_bars(
+        ["1.2", "0.3"],
+        np.array([-2.0, 1.0]),
+        np.array([[-2.5, 0.5], [-1.5, 1.5]]),
+        "tiny-model: largest patching effects (custom prompts) " * 2,
+        "Δ logit difference",
+    )
     pattern = figs.pattern_plot(np.eye(6), list("abcdef"), long)
     overview = figs.scores_overview([("induction", np.zeros((4, 4))), ("previous-token", np.ones((4, 4)))], None, long)
     for fig, text in ((bars, bars.axes[0].title), (pattern, pattern.axes[0].title), (overview, overview._suptitle)):
@@ -246,8 +260,15 @@ def test_effect_bars_take_the_heatmaps_colour_for_the_same_head():
     the bars now follow the sign the heatmap shows, and a legend says what the colours mean."""
     raw = np.array([-2.76, 1.0, 0.5])
     normalised = raw / -5.0  # corrupted − clean < 0: the signs flip
-    bars = figs.effect_bars(["23.3", "1.0", "2.1"], raw, np.stack([raw - 0.1, raw + 0.1]), "t", "Δ", signs=normalised,
-                            sign_labels=("toward corrupted", "away"))
+    bars = figs.effect_bars(
+        ["23.3", "1.0", "2.1"],
+        raw,
+        np.stack([raw - 0.1, raw + 0.1]),
+        "t",
+        "Δ",
+        signs=normalised,
+        sign_labels=("toward corrupted", "away"),
+    )
     heat = figs.signed_head_heatmap(normalised[None], "t", "normalised")
     image = heat.axes[0].images[0]
     cells = image.to_rgba(image.get_array())[0]
@@ -263,11 +284,16 @@ def test_causal_pattern_greys_the_masked_future_and_says_so():
     T = 6
     pattern = np.tril(np.full((T, T), 1.0)) / np.arange(1, T + 1)[:, None]
     fig = figs.pattern_plot(pattern, [f"t{i}" for i in range(T)], "head 0.0", marks=[1, 3], causal=True)
-    shown = np.ma.getmaskarray(fig.axes[0].images[0].get_array()) | np.isnan(np.ma.getdata(fig.axes[0].images[0].get_array()))
+    shown = np.ma.getmaskarray(fig.axes[0].images[0].get_array()) | np.isnan(
+        np.ma.getdata(fig.axes[0].images[0].get_array())
+    )
     assert (shown == np.triu(np.ones((T, T), dtype=bool), k=1)).all()
     assert "grey: masked future keys" in fig.axes[0].get_xlabel() and "dashed" in fig.axes[0].get_xlabel()
     both = figs.pattern_plot(pattern, [f"t{i}" for i in range(T)], "encoder head")
-    assert not np.isnan(np.ma.getdata(both.axes[0].images[0].get_array())).any() and "grey" not in both.axes[0].get_xlabel()
+    assert (
+        not np.isnan(np.ma.getdata(both.axes[0].images[0].get_array())).any()
+        and "grey" not in both.axes[0].get_xlabel()
+    )
 
 
 def test_composition_figure_names_heads_layer_dot_head():
@@ -325,8 +351,15 @@ def test_a_cropped_pattern_labels_every_token_and_says_which_positions_it_shows(
     rows, cols = list(range(47, 75)), list(range(28))
     pattern = np.zeros((T, T))
     pattern[np.arange(T), np.maximum(np.arange(T) - S + 1, 0)] = 1.0  # an ideal induction head
-    fig = figs.pattern_plot(pattern[rows][:, cols], labels, "head 18.6", marks=[start, start + S], causal=True,
-                            ylabel="query position (first scored sequence)", positions=(rows, cols))
+    fig = figs.pattern_plot(
+        pattern[rows][:, cols],
+        labels,
+        "head 18.6",
+        marks=[start, start + S],
+        causal=True,
+        ylabel="query position (first scored sequence)",
+        positions=(rows, cols),
+    )
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == [labels[c] for c in cols]
     assert [t.get_text() for t in ax.get_yticklabels()] == [labels[r] for r in rows]
@@ -363,16 +396,42 @@ def test_the_ablation_figure_and_caption_state_the_whole_confirmation_rule():
     left out the floor), taken from the rows, not written in."""
     from headprobe.analyses import figures as figs
 
-    row = {"head_type": "induction", "kind": "mean", "task": "repeated", "k": 3, "top_effect": 2.0,
-           "top_effect_ci95": [1.5, 2.5], "random_effects": [0.1, 0.3], "random_mean": 0.2, "random_max": 0.3,
-           "draws": 2, "p_value": 1 / 3, "p_adjusted": 1 / 3, "confirmed": False, "tested": True, "alpha": 0.1,
-           "correction": "bh", "metric": "loss", "min_effect": 0.07, "no_verdict": None}
+    row = {
+        "head_type": "induction",
+        "kind": "mean",
+        "task": "repeated",
+        "k": 3,
+        "top_effect": 2.0,
+        "top_effect_ci95": [1.5, 2.5],
+        "random_effects": [0.1, 0.3],
+        "random_mean": 0.2,
+        "random_max": 0.3,
+        "draws": 2,
+        "p_value": 1 / 3,
+        "p_adjusted": 1 / 3,
+        "confirmed": False,
+        "tested": True,
+        "alpha": 0.1,
+        "correction": "bh",
+        "metric": "loss",
+        "min_effect": 0.07,
+        "no_verdict": None,
+    }
     fig = figs.ablation_plot([row], "t")
     legend = " ".join(t.get_text().replace("\n", " ") for t in fig.legends[0].get_texts())
     assert "adjusted p-value (Benjamini-Hochberg) <= alpha = 0.1" in legend, legend
     assert "top-k effect >= 0.07 (nats/token) and >= 2x the mean effect" in legend, legend
-    caption = figs.ablation_caption([row], {"correction": "bh", "control": "layer-matched", "primary_kind": "mean",
-                                            "max_draws": 2, "alpha": 0.1, "family_size": 1})
+    caption = figs.ablation_caption(
+        [row],
+        {
+            "correction": "bh",
+            "control": "layer-matched",
+            "primary_kind": "mean",
+            "max_draws": 2,
+            "alpha": 0.1,
+            "family_size": 1,
+        },
+    )
     assert "alpha = 0.1, and the top-k effect >= 0.07 (nats/token) and >= 2x the mean effect" in caption, caption
 
 
@@ -403,8 +462,10 @@ def test_dollar_signs_in_tokens_and_titles_are_drawn_as_written(tmp_path):
 
 def test_a_title_breaks_outside_parentheses():
     """kv_curve.png's title broke "(sink 4,\\nwindow 64)"; a parenthesis that fits a line stays whole."""
-    fig = figs.kv_policy_curve([{"policy": "chosen", "budget": 1, "kv_fraction": 0.5, "natural_loss_increase": 0.1,
-                                 "copy_accuracy": 0.9}], "smollm2-135m: KV policy at 4096 tokens (sink 4, window 64)")
+    fig = figs.kv_policy_curve(
+        [{"policy": "chosen", "budget": 1, "kv_fraction": 0.5, "natural_loss_increase": 0.1, "copy_accuracy": 0.9}],
+        "smollm2-135m: KV policy at 4096 tokens (sink 4, window 64)",
+    )
     title = fig.axes[0].get_title()
     assert "\n" in title and "(sink 4, window 64)" in title.split("\n")[-1]
 
@@ -429,8 +490,12 @@ def test_the_pruning_panels_y_labels_never_meet():
     frac = np.linspace(0, 0.9, 10)
     for metrics in (METRICS, (*METRICS, ("third", "in-context loss on held-out copy sequences (nats/token)"))):
         losses = {c: 3 + frac for c, _ in metrics}
-        fig = figs.pruning_methods_plot([("importance", frac, losses)], [("random", frac, {c: np.stack([v, v + 1]) for c, v in losses.items()})],
-                                        metrics, "Head pruning, smollm2-135m\n(16-bit weights, float32 compute)")
+        fig = figs.pruning_methods_plot(
+            [("importance", frac, losses)],
+            [("random", frac, {c: np.stack([v, v + 1]) for c, v in losses.items()})],
+            metrics,
+            "Head pruning, smollm2-135m\n(16-bit weights, float32 compute)",
+        )
         canvas = FigureCanvasAgg(fig)
         canvas.draw()
         renderer = canvas.get_renderer()

@@ -23,9 +23,24 @@ def _fields(line: str) -> dict[str, str]:
 
 def test_gpu_check_cpu_fallback_runs_every_command(tiny_dir, tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--device", "cpu", "--model", str(tiny_dir), "--quick",
-                           "--out", str(tmp_path / "check")], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        [
+            "bash",
+            "benchmarks/gpu_check.sh",
+            "--device",
+            "cpu",
+            "--model",
+            str(tiny_dir),
+            "--quick",
+            "--out",
+            str(tmp_path / "check"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     log = (tmp_path / "check" / "gpu_check.log").read_text()
     assert proc.returncode == 0, log[-3000:]
     lines = proc.stdout.strip().splitlines()
@@ -39,9 +54,24 @@ def test_gpu_check_cpu_fallback_runs_every_command(tiny_dir, tmp_path):
     assert {s["command"] for s in steps} - {"-"} == set(COMMANDS.names())
     names = [s["name"] for s in steps]
     assert len(set(names)) == len(names)
-    for name in ("scan_f32", "scan_bf16", "scan_holm", "prune", "prune_reload", "patch_z", "patch_q", "patch_k",
-                 "patch_v", "patch_resid", "export", "import", "sweep", "ablate_torchrun", "ablate_device_map",
-                 "pruned_speed"):
+    for name in (
+        "scan_f32",
+        "scan_bf16",
+        "scan_holm",
+        "prune",
+        "prune_reload",
+        "patch_z",
+        "patch_q",
+        "patch_k",
+        "patch_v",
+        "patch_resid",
+        "export",
+        "import",
+        "sweep",
+        "ablate_torchrun",
+        "ablate_device_map",
+        "pruned_speed",
+    ):
         assert name in names, name
     last = lines[-1]
     fields = _fields(last)
@@ -69,9 +99,23 @@ def test_run_peak_reports_exit_codes_time_outs_and_memory(tmp_path):
     (tmp_path / "hold.py").write_text("b = bytearray(300 * 2**20)\nb[::4096] = b'x' * len(b[::4096])\n")
     (tmp_path / "plan.txt").write_text("".join(f"{n} - {tmp_path / n}.py\n" for n in ("exit3", "sleep", "hold")))
     env = {**os.environ, "GPU_CHECK_FORK": "0", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "benchmarks/run_peak.py", "--plan", str(tmp_path / "plan.txt"), "--log",
-                           str(tmp_path / "log"), "--timeout", "10"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/run_peak.py",
+            "--plan",
+            str(tmp_path / "plan.txt"),
+            "--log",
+            str(tmp_path / "log"),
+            "--timeout",
+            "10",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stderr  # a step failed
     steps = {f["name"]: f for f in map(_fields, proc.stdout.strip().splitlines())}
     assert [steps[n]["rc"] for n in ("exit3", "sleep", "hold")] == ["3", "124", "0"]

@@ -13,7 +13,13 @@ LAYERS = range(2)
 
 def _built() -> set[str]:
     """Every name the module builds for the zoo's two layers."""
-    names = {hn.EMBED, hn.POS_EMBED, hn.EMBED_NORM, hn.UNEMBED_IN, *(hn.final_norm_hook(n) for n in hn.FINAL_NORM_HOOKS)}
+    names = {
+        hn.EMBED,
+        hn.POS_EMBED,
+        hn.EMBED_NORM,
+        hn.UNEMBED_IN,
+        *(hn.final_norm_hook(n) for n in hn.FINAL_NORM_HOOKS),
+    }
     for l in LAYERS:
         names |= {hn.block_hook(l, n) for n in hn.BLOCK_HOOKS} | {hn.attn_hook(l, n) for n in hn.ATTN_HOOKS}
         names |= {hn.norm_hook(l, norm, n) for norm, hooks in hn.NORMS.items() for n in hooks}
@@ -44,7 +50,9 @@ def test_every_native_hook_point_is_built(native_nets):
 
 def test_every_built_name_is_a_native_hook_point(native_nets):
     declared = set().union(*(net.hook_dict for net in native_nets.values()))
-    elsewhere = {hn.UNEMBED_IN, hn.final_norm_hook("scale")} | {hn.norm_hook(l, n, "scale") for l in LAYERS for n in ("ln1", "ln2")}
+    elsewhere = {hn.UNEMBED_IN, hn.final_norm_hook("scale")} | {
+        hn.norm_hook(l, n, "scale") for l in LAYERS for n in ("ln1", "ln2")
+    }
     assert _built() - elsewhere <= declared, sorted(_built() - elsewhere - declared)
 
 
@@ -58,7 +66,13 @@ def test_block_paths_name_the_native_modules_and_parameters(native_nets):
 def test_a_misspelt_name_is_refused():
     assert hn.attn_hook(5, "pattern") == "blocks.5.attn.hook_pattern"
     assert hn.block_hook(0, "resid_pre") == "blocks.0.hook_resid_pre"
-    for build, args in ((hn.attn_hook, (0, "patern")), (hn.block_hook, (0, "resid")), (hn.norm_hook, (0, "ln1", "in")),
-                        (hn.norm_hook, (0, "ln3", "normalized")), (hn.mlp_hook, (0, "gate")), (hn.final_norm_hook, ("out",))):
+    for build, args in (
+        (hn.attn_hook, (0, "patern")),
+        (hn.block_hook, (0, "resid")),
+        (hn.norm_hook, (0, "ln1", "in")),
+        (hn.norm_hook, (0, "ln3", "normalized")),
+        (hn.mlp_hook, (0, "gate")),
+        (hn.final_norm_hook, ("out",)),
+    ):
         with pytest.raises(ValueError, match="no hook point"):
             build(*args)

@@ -39,8 +39,12 @@ def test_gate_closure_of_a_hybrid_is_one_minus_hugging_faces_gate(hybrid):
     ckpt, model = hybrid
     tokens = _tokens()
     q_out = {}
-    handles = [ckpt.hf_model.model.layers[l].self_attn.q_proj.register_forward_hook(
-        lambda m, a, out, l=l: q_out.__setitem__(l, out.detach())) for l in (1, 3)]
+    handles = [
+        ckpt.hf_model.model.layers[l].self_attn.q_proj.register_forward_hook(
+            lambda m, a, out, l=l: q_out.__setitem__(l, out.detach())
+        )
+        for l in (1, 3)
+    ]
     try:
         with torch.no_grad():
             ckpt.hf_model(tokens)
@@ -82,8 +86,29 @@ def test_streaming_on_a_native_hybrid_names_the_hybrid_not_a_backend(hybrid, tin
     text = tmp_path / "text.txt"
     text.write_text(" ".join(f"t{i}" for i in range(200)))
     capsys.readouterr()
-    code = main(["scan", "--model", str(d), "--out", str(tmp_path / "scan"), "--text", str(text), "--seq-len", "24",
-                 "--n-natural", "2", "--n-repeated", "2", "--n-random", "2", "--device", "cpu", "--streaming", "on"])
+    code = main(
+        [
+            "scan",
+            "--model",
+            str(d),
+            "--out",
+            str(tmp_path / "scan"),
+            "--text",
+            str(text),
+            "--seq-len",
+            "24",
+            "--n-natural",
+            "2",
+            "--n-repeated",
+            "2",
+            "--n-random",
+            "2",
+            "--device",
+            "cpu",
+            "--streaming",
+            "on",
+        ]
+    )
     stderr = capsys.readouterr().err
     err = re.findall(r"headprobe: error: [^\r\n]*", stderr)  # a progress bar may share its line
     assert code == 2 and len(err) == 1 and "Traceback" not in stderr, stderr  # the other lines: progress bars

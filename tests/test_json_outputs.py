@@ -40,8 +40,12 @@ def test_strict_parser_rejects_what_pythons_json_writes_for_nan():
 def test_write_json_turns_every_non_finite_float_into_null(tmp_path):
     obj = {"nan": float("nan"), "deep": [{"inf": float("inf")}, (np.float64("-inf"), 2.5)], "ok": 1, "s": "NaN"}
     write_json(tmp_path / "x.json", obj)
-    assert strict_loads((tmp_path / "x.json").read_text()) == {"nan": None, "deep": [{"inf": None}, [None, 2.5]],
-                                                               "ok": 1, "s": "NaN"}
+    assert strict_loads((tmp_path / "x.json").read_text()) == {
+        "nan": None,
+        "deep": [{"inf": None}, [None, 2.5]],
+        "ok": 1,
+        "s": "NaN",
+    }
     assert finite_json([1.0, float("nan")]) == [1.0, None] and obj["nan"] != obj["nan"]  # the caller's object untouched
 
 
@@ -49,7 +53,9 @@ def _json_texts(out: Path) -> dict[str, str]:
     """Every JSON text under ``out``: each ``*.json`` file and each viewer page's inlined data."""
     texts = {str(p.relative_to(out)): p.read_text(encoding="utf-8") for p in sorted(out.rglob("*.json"))}
     for page in sorted(out.rglob("*.html")):
-        for i, m in enumerate(re.finditer(r'<script type="application/json"[^>]*>(.*?)</script>', page.read_text(encoding="utf-8"), re.S)):
+        for i, m in enumerate(
+            re.finditer(r'<script type="application/json"[^>]*>(.*?)</script>', page.read_text(encoding="utf-8"), re.S)
+        ):
             texts[f"{page.relative_to(out)}#{i}"] = m.group(1)
     return texts
 
@@ -90,10 +96,18 @@ def prompts(tmp_path_factory):
     pairs = []
     for _ in range(4):
         a, b = rng.choice(100, 2, replace=False)
-        pairs.append({"clean": " ".join(f"t{j}" for j in rng.integers(0, 100, 7)),
-                      "corrupted": " ".join(f"t{j}" for j in rng.integers(0, 100, 7)), "correct": f" t{a}", "wrong": f" t{b}"})
+        pairs.append(
+            {
+                "clean": " ".join(f"t{j}" for j in rng.integers(0, 100, 7)),
+                "corrupted": " ".join(f"t{j}" for j in rng.integers(0, 100, 7)),
+                "correct": f" t{a}",
+                "wrong": f" t{b}",
+            }
+        )
     (root / "distinct.jsonl").write_text("\n".join(map(json.dumps, pairs)), encoding="utf-8")
-    (root / "same.jsonl").write_text("\n".join(json.dumps({**p, "corrupted": p["clean"]}) for p in pairs), encoding="utf-8")
+    (root / "same.jsonl").write_text(
+        "\n".join(json.dumps({**p, "corrupted": p["clean"]}) for p in pairs), encoding="utf-8"
+    )
     return {"distinct": str(root / "distinct.jsonl"), "same": str(root / "same.jsonl")}
 
 
@@ -104,37 +118,204 @@ def _argv(name: str, models, prompts, text: str) -> list[str]:
         "ablate": ["ablate", "--model", models["llama"], *t, *SMALL],
         "ablate_zero_wo": ["ablate", "--model", models["zero_wo"], *t, *SMALL],
         "ablate_estimate": ["ablate", "--model", models["zero_wo"], *t, *SMALL, "--estimate", "attribution"],
-        "scan_one_sequence": ["scan", "--model", models["llama"], *t, *SMALL, "-k", "2", "--n-random", "2", "--html",
-                              "--n-natural", "1", "--n-repeated", "1", "--no-metrics"],
-        "prune": ["prune", "--model", models["llama"], *t, *SMALL, "--step-fraction", "0.5", "--l0-steps", "2",
-                  "--l0-lambdas", "10", "--n-seeds", "1", "--save-pruned", "--save-fraction", "0.5"],
+        "scan_one_sequence": [
+            "scan",
+            "--model",
+            models["llama"],
+            *t,
+            *SMALL,
+            "-k",
+            "2",
+            "--n-random",
+            "2",
+            "--html",
+            "--n-natural",
+            "1",
+            "--n-repeated",
+            "1",
+            "--no-metrics",
+        ],
+        "prune": [
+            "prune",
+            "--model",
+            models["llama"],
+            *t,
+            *SMALL,
+            "--step-fraction",
+            "0.5",
+            "--l0-steps",
+            "2",
+            "--l0-lambdas",
+            "10",
+            "--n-seeds",
+            "1",
+            "--save-pruned",
+            "--save-fraction",
+            "0.5",
+        ],
         "patch": ["patch", "--model", models["llama"], "--prompts", prompts["distinct"], "--device", "cpu"],
         "patch_same": ["patch", "--model", models["llama"], "--prompts", prompts["same"], "--device", "cpu"],
-        "train": ["train", "--steps", "4", "--eval-every", "2", "--d-model", "16", "--n-heads", "2", "--n-words", "16",
-                  "--seq-len", "33", "--max-period", "12", "--eval-period", "8", "--n-eval", "4", "--device", "cpu"],
-        "study": ["study", "heads", "--steps", "2", "--eval-every", "2", "--seeds", "0", "--d-model", "16", "--device", "cpu",
-                  "--n-heads-list", "1,2", "--corpus", "copy"],
-        "atlas": ["atlas", "--models", models["llama"], models["zero_wo"], *t, *SMALL, "-k", "2", "--n-random", "2",
-                  "--pattern-len", "0", "--no-model-figures", "--types", "induction,previous_token"],
-        "show": ["show", "--model", models["llama"], "--head", "1.1", "--prompt", "t1 t2 t3 t1 t2 t3", "--device", "cpu"],
-        "circuit": ["circuit", "--model", models["llama"], "--n-seqs", "1", "--period", "5", "--steps", "2", "--verify", "3",
-                    "--qk-head", "1.0", "--device", "cpu"],
-        "circuit_zero_wo": ["circuit", "--model", models["zero_wo"], "--n-seqs", "1", "--period", "5", "--steps", "2",
-                            "--verify", "3", "--device", "cpu"],
-        "kv": ["kv", "--model", models["llama"], *t, "--seq-len", "48", "--block-len", "8", "--n-random", "1", "--device", "cpu"],
-        "kv_zero_wo": ["kv", "--model", models["zero_wo"], *t, "--seq-len", "48", "--block-len", "8", "--n-random", "1",
-                       "--method", "measured", "--loss-tolerance", "0.01", "--device", "cpu"],
+        "train": [
+            "train",
+            "--steps",
+            "4",
+            "--eval-every",
+            "2",
+            "--d-model",
+            "16",
+            "--n-heads",
+            "2",
+            "--n-words",
+            "16",
+            "--seq-len",
+            "33",
+            "--max-period",
+            "12",
+            "--eval-period",
+            "8",
+            "--n-eval",
+            "4",
+            "--device",
+            "cpu",
+        ],
+        "study": [
+            "study",
+            "heads",
+            "--steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--seeds",
+            "0",
+            "--d-model",
+            "16",
+            "--device",
+            "cpu",
+            "--n-heads-list",
+            "1,2",
+            "--corpus",
+            "copy",
+        ],
+        "atlas": [
+            "atlas",
+            "--models",
+            models["llama"],
+            models["zero_wo"],
+            *t,
+            *SMALL,
+            "-k",
+            "2",
+            "--n-random",
+            "2",
+            "--pattern-len",
+            "0",
+            "--no-model-figures",
+            "--types",
+            "induction,previous_token",
+        ],
+        "show": [
+            "show",
+            "--model",
+            models["llama"],
+            "--head",
+            "1.1",
+            "--prompt",
+            "t1 t2 t3 t1 t2 t3",
+            "--device",
+            "cpu",
+        ],
+        "circuit": [
+            "circuit",
+            "--model",
+            models["llama"],
+            "--n-seqs",
+            "1",
+            "--period",
+            "5",
+            "--steps",
+            "2",
+            "--verify",
+            "3",
+            "--qk-head",
+            "1.0",
+            "--device",
+            "cpu",
+        ],
+        "circuit_zero_wo": [
+            "circuit",
+            "--model",
+            models["zero_wo"],
+            "--n-seqs",
+            "1",
+            "--period",
+            "5",
+            "--steps",
+            "2",
+            "--verify",
+            "3",
+            "--device",
+            "cpu",
+        ],
+        "kv": [
+            "kv",
+            "--model",
+            models["llama"],
+            *t,
+            "--seq-len",
+            "48",
+            "--block-len",
+            "8",
+            "--n-random",
+            "1",
+            "--device",
+            "cpu",
+        ],
+        "kv_zero_wo": [
+            "kv",
+            "--model",
+            models["zero_wo"],
+            *t,
+            "--seq-len",
+            "48",
+            "--block-len",
+            "8",
+            "--n-random",
+            "1",
+            "--method",
+            "measured",
+            "--loss-tolerance",
+            "0.01",
+            "--device",
+            "cpu",
+        ],
     }[name]
 
 
-COMMANDS = ["scan", "scan_one_sequence", "ablate", "ablate_zero_wo", "ablate_estimate", "prune", "patch", "patch_same",
-            "train", "study", "atlas", "show", "circuit", "circuit_zero_wo", "kv", "kv_zero_wo"]
+COMMANDS = [
+    "scan",
+    "scan_one_sequence",
+    "ablate",
+    "ablate_zero_wo",
+    "ablate_estimate",
+    "prune",
+    "patch",
+    "patch_same",
+    "train",
+    "study",
+    "atlas",
+    "show",
+    "circuit",
+    "circuit_zero_wo",
+    "kv",
+    "kv_zero_wo",
+]
 _RUNS: dict[str, Path] = {}
 
 
 @pytest.fixture
 def run_command(models, prompts, text_file, tmp_path_factory):
     """``run_command(name)``: run command ``name`` once per session into its own directory, which it returns."""
+
     def go(name: str) -> Path:
         if name not in _RUNS:
             out = tmp_path_factory.mktemp(f"json-{name}") / "out"
@@ -143,6 +324,7 @@ def run_command(models, prompts, text_file, tmp_path_factory):
                 assert main([*_argv(name, models, prompts, str(text_file)), "--out", str(out)]) == 0, name
             _RUNS[name] = out
         return _RUNS[name]
+
     return go
 
 
@@ -173,9 +355,17 @@ def test_ablate_of_a_zero_wo_model_says_why_its_correlations_are_null(run_comman
     """W_O = 0: every head's ablation changes nothing, so every effect (and importance) is the same and
     Spearman's rho is undefined (it was NaN in summary.json): null, with the reason."""
     s = strict_loads((run_command("ablate_zero_wo") / "summary.json").read_text())
-    assert all(v == 0 for t in ("natural", "repeated") for v in (e["loss_delta"] for e in s["top_heads_by_loss_delta"][t]))
-    nulls = [*(f"{t}.{k}" for t, d in s["spearman_with_exact_sweep"].items() for k, v in d.items() if v is None),
-             *(["induction_score_vs_repeated_loss_delta"] if s["spearman_induction_score_vs_repeated_loss_delta"] is None else [])]
+    assert all(
+        v == 0 for t in ("natural", "repeated") for v in (e["loss_delta"] for e in s["top_heads_by_loss_delta"][t])
+    )
+    nulls = [
+        *(f"{t}.{k}" for t, d in s["spearman_with_exact_sweep"].items() for k, v in d.items() if v is None),
+        *(
+            ["induction_score_vs_repeated_loss_delta"]
+            if s["spearman_induction_score_vs_repeated_loss_delta"] is None
+            else []
+        ),
+    ]
     assert len(nulls) == 7 and sorted(s["spearman_null_reasons"]) == sorted(nulls)
     assert all("the same for every head" in why for why in s["spearman_null_reasons"].values())
     ok = strict_loads((run_command("ablate") / "summary.json").read_text())  # a sound model: every rho, no reasons
@@ -206,7 +396,17 @@ def test_patch_of_identical_prompts_says_why_normalised_effects_are_null(run_com
 def test_patch_refuses_a_float16_overflow_in_one_line(models, prompts, tmp_path, capsys):
     """The same model runs in float32; in float16 its last MLP overflows (65504). patch wrote 39 NaNs and
     exit 0; now, like scan and ablate, one line and exit 2, nothing written."""
-    base = ["patch", "--model", models["overflow"], "--prompts", prompts["distinct"], "--device", "cpu", "--backend", "native"]
+    base = [
+        "patch",
+        "--model",
+        models["overflow"],
+        "--prompts",
+        prompts["distinct"],
+        "--device",
+        "cpu",
+        "--backend",
+        "native",
+    ]
     assert main([*base, "--out", str(tmp_path / "f32")]) == 0
     capsys.readouterr()
     assert main([*base, "--dtype", "float16", "--out", str(tmp_path / "f16")]) == 2
@@ -214,8 +414,24 @@ def test_patch_refuses_a_float16_overflow_in_one_line(models, prompts, tmp_path,
     lines = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
     assert len(lines) == 1 and "NaN or Inf in float16" in lines[0] and "Traceback" not in err, err
     assert not (tmp_path / "f16").exists()
-    assert main(["scan", "--model", models["overflow"], "--dtype", "float16", "--backend", "native", *SMALL,
-                 "--no-verify", "--out", str(tmp_path / "s16")]) == 2  # scan's refusal, for comparison
+    assert (
+        main(
+            [
+                "scan",
+                "--model",
+                models["overflow"],
+                "--dtype",
+                "float16",
+                "--backend",
+                "native",
+                *SMALL,
+                "--no-verify",
+                "--out",
+                str(tmp_path / "s16"),
+            ]
+        )
+        == 2
+    )  # scan's refusal, for comparison
     assert "NaN or Inf" in capsys.readouterr().err and not (tmp_path / "s16").exists()
 
 
@@ -225,8 +441,10 @@ def test_scan_of_one_sequence_says_why_its_intervals_are_null(run_command):
     said "[95% CI +nan, +nan]"; now null with the reason per task, and "n/a" in the text."""
     out = run_command("scan_one_sequence")
     s = strict_loads((out / "summary.json").read_text())
-    cis = [*(e["score_ci95"] for entries in s["top_heads"].values() for e in entries if "score_ci95" in e),
-           *(a["top_effect_ci95"] for a in s["ablations"])]
+    cis = [
+        *(e["score_ci95"] for entries in s["top_heads"].values() for e in entries if "score_ci95" in e),
+        *(a["top_effect_ci95"] for a in s["ablations"]),
+    ]
     assert cis and all(ci == [None, None] for ci in cis)
     assert set(s["interval_null_reasons"]) == {"natural", "repeated"}
     assert all("at least 2 sequences" in why for why in s["interval_null_reasons"].values())
@@ -238,7 +456,9 @@ def test_scan_of_one_sequence_says_why_its_intervals_are_null(run_command):
 def test_format_interval_never_prints_nan():
     from headprobe.analyses.figures import format_interval
 
-    assert format_interval(float("nan"), float("nan"), "+.2f") == "[n/a]" and format_interval(None, 1.0, "+.2f") == "[n/a]"
+    assert (
+        format_interval(float("nan"), float("nan"), "+.2f") == "[n/a]" and format_interval(None, 1.0, "+.2f") == "[n/a]"
+    )
     assert format_interval(-0.5, 0.25, "+.2f", "95% CI ") == "[95% CI -0.50, +0.25]"
 
 
@@ -264,15 +484,36 @@ def test_scan_of_a_pruned_model_writes_its_page_and_no_null_score(run_command, t
     out = tmp_path / "scan"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("headprobe.commands.scan.figure_makers", lambda result: {})
-        assert main(["scan", "--model", str(model), "--text", str(text_file), *SMALL, "-k", "1", "--n-random", "2",
-                     "--html", "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "scan",
+                    "--model",
+                    str(model),
+                    "--text",
+                    str(text_file),
+                    *SMALL,
+                    "-k",
+                    "1",
+                    "--n-random",
+                    "2",
+                    "--html",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     texts = _json_texts(out)
     for text in texts.values():
         strict_loads(text)
     s = strict_loads(texts["summary.json"])
     assert s["removed_heads"] and s["metrics"]["top_heads"]
-    assert all(e["score"] is not None and e["head"] not in s["removed_heads"]
-               for entries in s["metrics"]["top_heads"].values() for e in entries)
+    assert all(
+        e["score"] is not None and e["head"] not in s["removed_heads"]
+        for entries in s["metrics"]["top_heads"].values()
+        for e in entries
+    )
     rows = strict_loads(texts["index.html#0"])["rows"]
     assert any(None in r for r in rows)  # the removed heads' cells: null on the page
 
@@ -284,11 +525,57 @@ def test_study_of_one_seed_says_why_its_spreads_are_null(run_command):
         assert row["eval_loss_sd"] is None and row["in_context_loss_sd"] is None and "one seed" in row["sd_null_reason"]
 
 
-@pytest.mark.parametrize("argv", [
-    ["train", "--steps", "2", "--eval-every", "2", "--d-model", "16", "--n-heads", "2", "--n-words", "16", "--seq-len", "33",
-     "--max-period", "12", "--eval-period", "8", "--n-eval", "4", "--device", "cpu", "--lr", "1e6"],
-    ["study", "heads", "--steps", "2", "--eval-every", "2", "--seeds", "0", "--d-model", "16", "--device", "cpu",
-     "--n-heads-list", "1,2", "--corpus", "copy", "--lr", "1e6"]], ids=["train", "study"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [
+            "train",
+            "--steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--d-model",
+            "16",
+            "--n-heads",
+            "2",
+            "--n-words",
+            "16",
+            "--seq-len",
+            "33",
+            "--max-period",
+            "12",
+            "--eval-period",
+            "8",
+            "--n-eval",
+            "4",
+            "--device",
+            "cpu",
+            "--lr",
+            "1e6",
+        ],
+        [
+            "study",
+            "heads",
+            "--steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--seeds",
+            "0",
+            "--d-model",
+            "16",
+            "--device",
+            "cpu",
+            "--n-heads-list",
+            "1,2",
+            "--corpus",
+            "copy",
+            "--lr",
+            "1e6",
+        ],
+    ],
+    ids=["train", "study"],
+)
 def test_training_that_diverges_at_its_last_step_is_refused(argv, tmp_path, capsys):
     """An update that makes the weights (or the forward pass) NaN at the last step shows in no training
     loss: train wrote a NaN model and a summary of nulls with no reason, study wrote "loss nan" and
@@ -305,13 +592,42 @@ def test_budget_says_why_a_window_never_crosses_over(capsys):
     assert main(["budget", "--preset", "llama3-8b", "--sliding-window", "16", "--seq-len", "8192", "--json"]) == 0
     rows = strict_loads(capsys.readouterr().out)["windowed_layers"]
     assert rows[0]["crossover_seq_len"] is None and "projections dominate" in rows[0]["crossover_seq_len_null_reason"]
-    assert main(["budget", "--preset", "llama3-8b", "--sliding-window", "8000", "--global-every", "2", "--seq-len", "8192",
-                 "--json"]) == 0
-    assert all("crossover_seq_len_null_reason" not in r for r in strict_loads(capsys.readouterr().out)["windowed_layers"])
+    assert (
+        main(
+            [
+                "budget",
+                "--preset",
+                "llama3-8b",
+                "--sliding-window",
+                "8000",
+                "--global-every",
+                "2",
+                "--seq-len",
+                "8192",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert all(
+        "crossover_seq_len_null_reason" not in r for r in strict_loads(capsys.readouterr().out)["windowed_layers"]
+    )
 
 
-LOADS_A_MODEL = {"scan", "scan_one_sequence", "ablate", "ablate_zero_wo", "ablate_estimate", "prune", "patch",
-                 "patch_same", "circuit", "circuit_zero_wo", "kv", "kv_zero_wo"}
+LOADS_A_MODEL = {
+    "scan",
+    "scan_one_sequence",
+    "ablate",
+    "ablate_zero_wo",
+    "ablate_estimate",
+    "prune",
+    "patch",
+    "patch_same",
+    "circuit",
+    "circuit_zero_wo",
+    "kv",
+    "kv_zero_wo",
+}
 """The commands (of COMMANDS) that load one model: their summary's timings carry ``load_s``."""
 
 
@@ -340,10 +656,21 @@ def test_the_envelope_is_built_in_one_place():
     """A summary's own keys may not set the envelope's."""
     from headprobe.probe.core.io import summary_envelope
 
-    kw = dict(model="m", precision="float32", device="cpu", self_check=None, config={"a": 1}, timings_s={"load_s": 0.123})
+    kw = dict(
+        model="m", precision="float32", device="cpu", self_check=None, config={"a": 1}, timings_s={"load_s": 0.123}
+    )
     s = summary_envelope({"x": 1}, **kw)
-    assert list(s) == ["model", "weights_precision", "x", "device", "device_name", "self_check", "config", "timings_s",
-                       "versions"]
+    assert list(s) == [
+        "model",
+        "weights_precision",
+        "x",
+        "device",
+        "device_name",
+        "self_check",
+        "config",
+        "timings_s",
+        "versions",
+    ]
     assert s["timings_s"] == {"load_s": 0.12}
     with pytest.raises(ValueError, match="model"):
         summary_envelope({"model": "other"}, **kw)
@@ -355,8 +682,11 @@ def test_device_name_is_the_gpu_on_cuda_and_the_cpu_else(monkeypatch):
     import platform
 
     cpuinfo = Path("/proc/cpuinfo")
-    names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")] \
-        if cpuinfo.exists() else []
+    names = (
+        [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
+        if cpuinfo.exists()
+        else []
+    )
     assert device_name("cpu") == (names[0] if names else platform.processor() or platform.machine())
     assert device_name(None) is None
     assert device_name("cuda:0") is None  # no GPU: nothing to name

@@ -38,8 +38,8 @@ def test_long_range_task_layout(llama, text_file):
     for b in range(6):
         row, a, s = lr.tokens[b].tolist(), int(lr.first[b]), int(lr.second[b])
         assert s == 52 and s - a == lr.distance[b] and row[0] == model.bos_token_id
-        assert row[a:a + 8] == row[s:s + 8]  # the block and its repeat
-        assert row[:a] + row[a + 8:s] == hay[b].tolist()  # the rest is one natural-text window, in order
+        assert row[a : a + 8] == row[s : s + 8]  # the block and its repeat
+        assert row[:a] + row[a + 8 : s] == hay[b].tolist()  # the rest is one natural-text window, in order
     pos, target = lr.targets()
     assert (target == lr.tokens[:, 53:60]).all() and (pos == torch.arange(52, 59)).all()
     for bad in ([7], [52], []):
@@ -53,7 +53,7 @@ def test_losses_equal_hugging_face(llama, text_file):
     lr = long_range_tokens(model, 40, [10, 30], 6, seed=1, text=text_file.read_text())
     with torch.no_grad():
         logits = ckpt.hf_model(nat.tokens).logits
-        want = F.cross_entropy(logits[:, nat.start:-1].flatten(0, 1), nat.tokens[:, nat.start + 1:].flatten())
+        want = F.cross_entropy(logits[:, nat.start : -1].flatten(0, 1), nat.tokens[:, nat.start + 1 :].flatten())
         lr_logits = ckpt.hf_model(lr.tokens).logits
     q = kp.evaluate(model, nat.tokens, nat.start, lr)
     assert q.natural_loss == pytest.approx(float(want), abs=1e-5)
@@ -70,8 +70,11 @@ def test_distant_mass_equals_a_loop():
         got = kp.distant_mass_of_pattern(p, 2, 3, rows)
         want = torch.zeros(3)
         for h in range(3):
-            vals = [sum(float(p[b, h, q, k]) for k in range(12) if 2 <= k <= q - 3)
-                    for b in range(2) for q in (range(5, 12) if rows is None else rows[b].tolist())]
+            vals = [
+                sum(float(p[b, h, q, k]) for k in range(12) if 2 <= k <= q - 3)
+                for b in range(2)
+                for q in (range(5, 12) if rows is None else rows[b].tolist())
+            ]
             want[h] = sum(vals) / len(vals)
         torch.testing.assert_close(got, want)
 
@@ -83,8 +86,11 @@ def test_retrieval_mass_equals_a_loop(llama, text_file):
     p = torch.rand(2, 3, 40, 40, generator=g).tril().softmax(-1)
     want = torch.zeros(3)
     for h in range(3):
-        vals = [sum(float(p[b, h, q, k]) for k in range(int(lr.first[b]), int(lr.first[b]) + 6))
-                for b in range(2) for q in range(int(lr.second[b]), int(lr.second[b]) + 5)]
+        vals = [
+            sum(float(p[b, h, q, k]) for k in range(int(lr.first[b]), int(lr.first[b]) + 6))
+            for b in range(2)
+            for q in range(int(lr.second[b]), int(lr.second[b]) + 5)
+        ]
         want[h] = sum(vals) / len(vals)
     torch.testing.assert_close(kp.retrieval_mass_of_pattern(p, lr), want)
     assert kp.group_max(torch.tensor([[1.0, 7.0, 2.0, 3.0]]), 2).tolist() == [[7.0, 3.0]]
@@ -120,17 +126,33 @@ def test_chosen_policy_keeps_the_top_scores():
     assert kp.chosen_policy(score, 0, Streaming(1, 2)).full_groups == []
 
 
-CASES = {"gpt2-MHA": ("gpt2", {}), "llama-GQA": ("llama", {}), "llama-MQA": ("llama", {"num_key_value_heads": 1}),
-         "deepseek_v3-MLA": ("deepseek_v3", {})}
+CASES = {
+    "gpt2-MHA": ("gpt2", {}),
+    "llama-GQA": ("llama", {}),
+    "llama-MQA": ("llama", {"num_key_value_heads": 1}),
+    "deepseek_v3-MLA": ("deepseek_v3", {}),
+}
 
 
 @pytest.mark.figures
-@pytest.mark.parametrize("case, method", [(c, m) for c in CASES for m in ("estimate", "measured")] + [("llama-GQA", "retrieval")])
+@pytest.mark.parametrize(
+    "case, method", [(c, m) for c in CASES for m in ("estimate", "measured")] + [("llama-GQA", "retrieval")]
+)
 def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, capsys):
     family, change = CASES[case]
     model = wrap(zoo.make_checkpoint(family, tiny_tokenizer, **change), backend="native")
-    cfg = KVConfig(model=family, seq_len=48, block_len=6, sink=2, window=6, kv_budget=0.5, budgets=(0.3, 0.75),
-                   method=method, n_random=2, text=str(text_file))
+    cfg = KVConfig(
+        model=family,
+        seq_len=48,
+        block_len=6,
+        sink=2,
+        window=6,
+        kv_budget=0.5,
+        budgets=(0.3, 0.75),
+        method=method,
+        n_random=2,
+        text=str(text_file),
+    )
     r = run(model, cfg, progress=False)
     L, G = model.model.cfg.n_layers, model.model.n_kv_groups
     k = kp.n_full_for_budget(L * G, 48, 8, 0.5)
@@ -153,10 +175,35 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
     assert summary["kv_bytes"] == budget_file["kv_bytes"] == r.policy_cost.kv_bytes
     assert KVPolicy.from_dict(json.loads((out / "policy.json").read_text())).full_groups == r.policy.full_groups
     lay = r.layout
-    flags = ["--d-model", str(lay.d_model), "--n-layers", str(lay.n_layers), "--n-heads", str(lay.n_heads),
-             "--d-head", str(lay.d_head), "--dtype", "fp32", "--seq-len", "48", "--policy", str(out / "policy.json"), "--json"]
-    flags += (["--kv-lora-rank", str(lay.kv_lora_rank), "--qk-rope-head-dim", str(lay.qk_rope_head_dim),
-               "--qk-nope-head-dim", str(lay.qk_nope_head_dim)] if lay.is_mla else ["--n-kv-heads", str(lay.n_kv_heads)])
+    flags = [
+        "--d-model",
+        str(lay.d_model),
+        "--n-layers",
+        str(lay.n_layers),
+        "--n-heads",
+        str(lay.n_heads),
+        "--d-head",
+        str(lay.d_head),
+        "--dtype",
+        "fp32",
+        "--seq-len",
+        "48",
+        "--policy",
+        str(out / "policy.json"),
+        "--json",
+    ]
+    flags += (
+        [
+            "--kv-lora-rank",
+            str(lay.kv_lora_rank),
+            "--qk-rope-head-dim",
+            str(lay.qk_rope_head_dim),
+            "--qk-nope-head-dim",
+            str(lay.qk_nope_head_dim),
+        ]
+        if lay.is_mla
+        else ["--n-kv-heads", str(lay.n_kv_heads)]
+    )
     capsys.readouterr()
     assert main(["budget", *flags]) == 0
     assert json.loads(capsys.readouterr().out)["policy"]["kv_bytes"] == summary["kv_bytes"]
@@ -167,8 +214,17 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
 
 def test_tolerance_mode_meets_the_tolerance(llama, text_file):
     _, model = llama
-    cfg = KVConfig(model="llama", seq_len=48, block_len=6, sink=2, window=6, loss_tolerance=0.0, budgets=(0.5,),
-                   n_random=1, text=str(text_file))
+    cfg = KVConfig(
+        model="llama",
+        seq_len=48,
+        block_len=6,
+        sink=2,
+        window=6,
+        loss_tolerance=0.0,
+        budgets=(0.5,),
+        n_random=1,
+        text=str(text_file),
+    )
     r = run(model, cfg, progress=False)
     assert r.comparison[0]["natural_loss_increase"] <= 1e-12
     if r.policy.full_groups:  # one group fewer full would break the tolerance (the search's answer is minimal)
@@ -178,17 +234,22 @@ def test_tolerance_mode_meets_the_tolerance(llama, text_file):
         assert worse - r.full.natural_loss > 0
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--kv-budget", "0.05"], "below what every group streaming costs"),
-    (["--sink", "40", "--window", "30"], "cover all 64 tokens"),
-    (["--backend", "transformer-lens"], "native model"),
-    (["--distances", "3"], "--distances must lie in"),
-    (["--budgets", "0.5,2"], "budgets are fractions in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--kv-budget", "0.05"], "below what every group streaming costs"),
+        (["--sink", "40", "--window", "30"], "cover all 64 tokens"),
+        (["--backend", "transformer-lens"], "native model"),
+        (["--distances", "3"], "--distances must lie in"),
+        (["--budgets", "0.5,2"], "budgets are fractions in (0, 1]"),
+    ],
+)
 def test_kv_cli_errors_are_one_line(tiny_dir, tmp_path, capsys, argv, message):
     out = tmp_path / "o"
     with pytest.raises(SystemExit) as e:
-        raise SystemExit(main(["kv", "--model", str(tiny_dir), "--seq-len", "64", "--out", str(out), "--device", "cpu", *argv]))
+        raise SystemExit(
+            main(["kv", "--model", str(tiny_dir), "--seq-len", "64", "--out", str(out), "--device", "cpu", *argv])
+        )
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
     assert e.value.code == 2 and len(errors) == 1 and message in errors[0] and "Traceback" not in err

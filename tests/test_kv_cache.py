@@ -17,8 +17,16 @@ from headprobe.probe.model.transformer import Transformer, generate, init_weight
 @pytest.mark.parametrize("positional", ["learned", "rotary"])
 def test_cached_generation_equals_recomputation(n_kv_heads, positional):
     torch.manual_seed(0)
-    cfg = TransformerConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=n_kv_heads, d_vocab=50, n_ctx=40,
-                            positional=positional, mlp="gelu")
+    cfg = TransformerConfig(
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=n_kv_heads,
+        d_vocab=50,
+        n_ctx=40,
+        positional=positional,
+        mlp="gelu",
+    )
     model = init_weights(Transformer(cfg), std=0.2).eval()
     prompt = torch.randint(50, (3, 7))
     cached, cache = generate(model, prompt, 12, use_cache=True)
@@ -27,7 +35,7 @@ def test_cached_generation_equals_recomputation(n_kv_heads, positional):
     # logits of every position agree too: prompt + one token at a time vs one full pass
     with torch.inference_mode():
         cache2 = KVCache()
-        steps = [model(cached[:, :7], cache=cache2)] + [model(cached[:, i:i + 1], cache=cache2) for i in range(7, 19)]
+        steps = [model(cached[:, :7], cache=cache2)] + [model(cached[:, i : i + 1], cache=cache2) for i in range(7, 19)]
         torch.testing.assert_close(torch.cat(steps, dim=1), model(cached[:, :19]), atol=1e-5, rtol=1e-5)
     # the measured cache equals the calculator's formula (float32: 4 bytes per number)
     layout = AttentionLayout(d_model=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, bytes_per_element=4)
@@ -53,11 +61,22 @@ def test_mla_params_cache_and_hooks(rank, rope, positional):
     """MLA (DeepSeek-V2): parameter count and KV cache per token equal headprobe.probe.layout.cost's formulas;
     cached generation equals recomputation; pattern, z and result hooks decompose the output."""
     torch.manual_seed(0)
-    cfg = TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=40, positional=positional,
-                            mlp=None, bias=False, kv_lora_rank=rank, qk_rope_head_dim=rope)
+    cfg = TransformerConfig(
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        d_vocab=50,
+        n_ctx=40,
+        positional=positional,
+        mlp=None,
+        bias=False,
+        kv_lora_rank=rank,
+        qk_rope_head_dim=rope,
+    )
     model = init_weights(Transformer(cfg), std=0.2).eval()
-    layout = AttentionLayout(d_model=32, n_layers=2, n_heads=4, kv_lora_rank=rank, qk_rope_head_dim=rope or None,
-                             bytes_per_element=4)
+    layout = AttentionLayout(
+        d_model=32, n_layers=2, n_heads=4, kv_lora_rank=rank, qk_rope_head_dim=rope or None, bytes_per_element=4
+    )
     from headprobe.probe.layout.cost import attention_params_per_layer
 
     attn = model.blocks[0].attn
@@ -87,6 +106,8 @@ def test_mla_config_errors():
     with pytest.raises(HeadprobeError, match="n_kv_heads"):
         TransformerConfig(n_layers=1, d_model=16, n_heads=4, n_kv_heads=2, d_vocab=10, bias=False, kv_lora_rank=4)
     with pytest.raises(HeadprobeError, match="qk_rope_head_dim > 0"):
-        TransformerConfig(n_layers=1, d_model=16, n_heads=4, d_vocab=10, bias=False, kv_lora_rank=4, positional="rotary")
+        TransformerConfig(
+            n_layers=1, d_model=16, n_heads=4, d_vocab=10, bias=False, kv_lora_rank=4, positional="rotary"
+        )
     with pytest.raises(HeadprobeError, match="kv_lora_rank too"):
         TransformerConfig(n_layers=1, d_model=16, n_heads=4, d_vocab=10, qk_rope_head_dim=4)

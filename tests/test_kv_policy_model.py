@@ -20,10 +20,17 @@ from headprobe.probe.layout.attention import KVPolicy, Streaming
 from headprobe.probe.model import attention as attention_mod
 from headprobe.probe.model.transformer import generate
 
-CASES = {"gpt2-MHA": ("gpt2", {}), "llama-GQA": ("llama", {}), "llama-MQA": ("llama", {"num_key_value_heads": 1}),
-         "qwen2-GQA": ("qwen2", {}), "deepseek_v3-MLA": ("deepseek_v3", {}), "gemma2-softcap": ("gemma2", {}),
-         "smollm3-NoPE": ("smollm3", {}), "cohere2-NoPE-interleaved": ("cohere2", {}),
-         "gemma3_text-rope-bases": ("gemma3_text", {})}
+CASES = {
+    "gpt2-MHA": ("gpt2", {}),
+    "llama-GQA": ("llama", {}),
+    "llama-MQA": ("llama", {"num_key_value_heads": 1}),
+    "qwen2-GQA": ("qwen2", {}),
+    "deepseek_v3-MLA": ("deepseek_v3", {}),
+    "gemma2-softcap": ("gemma2", {}),
+    "smollm3-NoPE": ("smollm3", {}),
+    "cohere2-NoPE-interleaved": ("cohere2", {}),
+    "gemma3_text-rope-bases": ("gemma3_text", {}),
+}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -37,10 +44,17 @@ def _policy(model, sink=2, window=3):
     """Group 0 of layer 0 and the last group of the last layer full, every other group streaming
     (a sliding-window layer stays full)."""
     L, G = model.cfg.n_layers, model.n_kv_groups
-    rows = [[None if (layer, g) in {(0, 0), (L - 1, G - 1)} or model.cfg.is_sliding(layer) else Streaming(sink, window)
-             for g in range(G)] for layer in range(L)]
+    rows = [
+        [
+            None if (layer, g) in {(0, 0), (L - 1, G - 1)} or model.cfg.is_sliding(layer) else Streaming(sink, window)
+            for g in range(G)
+        ]
+        for layer in range(L)
+    ]
     if G == 1:  # MLA / MQA: one group per layer; make layer 0 streaming, keep the last full
-        rows = [[None if layer == L - 1 or model.cfg.is_sliding(layer) else Streaming(sink, window)] for layer in range(L)]
+        rows = [
+            [None if layer == L - 1 or model.cfg.is_sliding(layer) else Streaming(sink, window)] for layer in range(L)
+        ]
     return KVPolicy(tuple(map(tuple, rows)))
 
 
@@ -94,7 +108,9 @@ def test_a_wrong_mask_is_caught(net):
     """The comparison can fail: a window one key wider is not the policy."""
     name, model = net
     policy = _policy(model)
-    wider = KVPolicy(tuple(tuple(None if s is None else Streaming(s.sink, s.window + 1) for s in row) for row in policy.groups))
+    wider = KVPolicy(
+        tuple(tuple(None if s is None else Streaming(s.sink, s.window + 1) for s in row) for row in policy.groups)
+    )
     x = _tokens()
     with torch.no_grad(), model.kv_policy(wider):
         got = model(x)
@@ -110,7 +126,7 @@ def test_streaming_cache_equals_recomputation_and_budget(net):
     assert torch.equal(cached, plain)
     with torch.no_grad():
         c2 = model.streaming_cache(policy)
-        steps = [model(cached[:, :9], cache=c2)] + [model(cached[:, i:i + 1], cache=c2) for i in range(9, 17)]
+        steps = [model(cached[:, :9], cache=c2)] + [model(cached[:, i : i + 1], cache=c2) for i in range(9, 17)]
         with model.kv_policy(policy):
             torch.testing.assert_close(torch.cat(steps, 1), model(cached[:, :17]), atol=1e-5, rtol=1e-5)
     layout = dataclasses.replace(model.cfg.layout, bytes_per_element=4)

@@ -35,7 +35,9 @@ def _streaming_everywhere(model, sink=2, window=3, full=((-1, -1),)):
     """Every group streaming, sliding layers included, except ``full`` (the last group of the last layer)."""
     L, G = model.cfg.n_layers, model.n_kv_groups
     keep = {(layer % L, g % G) for layer, g in full}
-    return KVPolicy(tuple(tuple(None if (layer, g) in keep else Streaming(sink, window) for g in range(G)) for layer in range(L)))
+    return KVPolicy(
+        tuple(tuple(None if (layer, g) in keep else Streaming(sink, window) for g in range(G)) for layer in range(L))
+    )
 
 
 def _reference_logits(model, policy, tokens, drop_layer_window=False):
@@ -92,7 +94,9 @@ def test_sinkless_streaming_is_hugging_faces_narrower_window(family, tiny_tokeni
     assert any(sliding) and not all(sliding)
 
     def policy(window):
-        return KVPolicy(tuple(tuple(Streaming(0, window) if sliding[layer] else None for _ in range(G)) for layer in range(L)))
+        return KVPolicy(
+            tuple(tuple(Streaming(0, window) if sliding[layer] else None for _ in range(G)) for layer in range(L))
+        )
 
     x = _tokens()
     with torch.no_grad():
@@ -136,15 +140,19 @@ def test_allocated_cache_check_fails_without_the_layer_window(tiny_tokenizer, te
     assert check["ok"] and check["tokens"] > 8
     with pytest.raises(HeadprobeError, match="differs from budget's formula"):
         kp.allocated_cache_check(loaded, tokens, policy, dataclasses.replace(layout, windows=None))
-    full_sliding = KVPolicy(((None, None), policy.groups[1]))  # also a full group of a sliding layer keeps its window only
+    full_sliding = KVPolicy(
+        ((None, None), policy.groups[1])
+    )  # also a full group of a sliding layer keeps its window only
     with pytest.raises(HeadprobeError, match="differs from budget's formula"):
         kp.allocated_cache_check(loaded, tokens, full_sliding, dataclasses.replace(layout, windows=None))
 
 
 def _loop_positions(T, s, W):
     """Cached positions and (query, key) pairs of one streaming head by loops over the intersection mask."""
+
     def reads(i, j):
         return j <= i and (W is None or j > i - W) and (j < s.sink or j > i - s.window)
+
     return sum(reads(T - 1, j) for j in range(T)), sum(reads(i, j) for i in range(T) for j in range(T))
 
 
@@ -160,7 +168,9 @@ def test_streaming_cost_on_a_sliding_layer_equals_a_loop():
     policy = KVPolicy.uniform(2, 2, Streaming(2, 3))
     pc = cost.policy_cost(lay, policy, 30)
     per_pos = 2 * lay.d_head * 4
-    assert pc.kv_bytes == 2 * per_pos * (_loop_positions(30, Streaming(2, 3), 8)[0] + _loop_positions(30, Streaming(2, 3), None)[0])
+    assert pc.kv_bytes == 2 * per_pos * (
+        _loop_positions(30, Streaming(2, 3), 8)[0] + _loop_positions(30, Streaming(2, 3), None)[0]
+    )
     assert pc.kv_bytes_full == cost.kv_bytes_per_request(lay, 30)
 
 
@@ -169,7 +179,9 @@ def test_candidates_budget_and_matched_controls():
     budget's greedy choice fits; random controls have the chosen policy's bytes exactly and uniform
     at most them; without windows it is the homogeneous choice (:func:`n_full_for_budget`, the old
     random draw, :func:`uniform_policy`)."""
-    lay = AttentionLayout(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, windows=(8, None, 16, None), bytes_per_element=4)
+    lay = AttentionLayout(
+        d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, windows=(8, None, 16, None), bytes_per_element=4
+    )
     st, T = Streaming(2, 8), 64
     cands = kp.streaming_candidates(lay, st)
     assert cands == [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]  # layer 0's window 8 <= 8
@@ -219,21 +231,30 @@ def test_chunked_attention_is_refused_before_any_work(tiny_tokenizer, text_file)
     loaded = wrap(zoo.make_checkpoint("llama4_text", tiny_tokenizer), backend="native")
     assert any(loaded.model.cfg.is_chunked(layer) for layer in range(loaded.model.cfg.n_layers))
     with pytest.raises(HeadprobeError, match="chunked attention"):
-        run(loaded, KVConfig(model="llama4_text", seq_len=48, block_len=6, sink=2, window=6, text=str(text_file)), progress=False)
+        run(
+            loaded,
+            KVConfig(model="llama4_text", seq_len=48, block_len=6, sink=2, window=6, text=str(text_file)),
+            progress=False,
+        )
 
 
 def test_check_budget_refuses_exactly_below_the_all_streaming_floor():
     """Check_budget's floor is the all-streaming policy's share of the full cache (cost.policy_cost,
     the layers' windows included): that share passes, one a hair below is refused, as is (0, 1]'s outside."""
-    lay = AttentionLayout(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, windows=(8, None, 16, None), bytes_per_element=4)
+    lay = AttentionLayout(
+        d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, windows=(8, None, 16, None), bytes_per_element=4
+    )
     st, T = Streaming(2, 8), 64
     cands = kp.streaming_candidates(lay, st)
     floor = cost.policy_cost(lay, kp.policy_with_full(lay, [], st, cands), T).kv_fraction
     assert 0 < floor < 1
     for b in (floor, (floor + 1) / 2, 1.0):
         kp.check_budget(b, st, lay, T, cands)
-    for b, match in ((floor * (1 - 1e-6), "below what every group streaming costs"), (0.0, r"in \(0, 1\]"),
-                     (1.5, r"in \(0, 1\]")):
+    for b, match in (
+        (floor * (1 - 1e-6), "below what every group streaming costs"),
+        (0.0, r"in \(0, 1\]"),
+        (1.5, r"in \(0, 1\]"),
+    ):
         with pytest.raises(HeadprobeError, match=match):
             kp.check_budget(b, st, lay, T, cands)
 

@@ -13,8 +13,14 @@ from headprobe.probe.core.errors import HeadprobeError
 def run_cli(*args, env=None, cwd=None):
     """Run ``headprobe`` as a user would; returns (exit code, stdout, stderr)."""
     full_env = {**os.environ, **(env or {})}
-    p = subprocess.run([sys.executable, "-m", "headprobe.cli", *args], capture_output=True, text=True,
-                       env=full_env, cwd=cwd, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "headprobe.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=300,
+    )
     return p.returncode, p.stdout, p.stderr
 
 
@@ -28,8 +34,14 @@ def assert_one_line_error(rc, stderr, *fragments):
 
 
 def test_gpt2_offline_and_uncached_is_one_clear_line(tmp_path):
-    rc, _, err = run_cli("scan", "--model", "gpt2", "--out", str(tmp_path / "out"),
-                         env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+    rc, _, err = run_cli(
+        "scan",
+        "--model",
+        "gpt2",
+        "--out",
+        str(tmp_path / "out"),
+        env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"},
+    )
     assert_one_line_error(rc, err, "gpt2", "not in the local Hugging Face cache", "HF_HOME", "--model PATH")
     assert not (tmp_path / "out").exists(), "nothing may be written when the model cannot load"
 
@@ -74,12 +86,15 @@ def test_exactly_one_bos(tiny_gpt2):
     assert tiny_gpt2.to_tokens("<|endoftext|> t1").tolist() == [[100, 1]]  # already there: not doubled
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    ([], "required: COMMAND"),
-    (["scna"], "invalid choice: 'scna'"),
-    (["scan", "--modle", "x", "--out", "o"], "unrecognized arguments: --modle"),
-    (["budget", "--preset", "gpt2-small", "--seq-len", "abc"], "must be a positive integer, got 'abc'"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        ([], "required: COMMAND"),
+        (["scna"], "invalid choice: 'scna'"),
+        (["scan", "--modle", "x", "--out", "o"], "unrecognized arguments: --modle"),
+        (["budget", "--preset", "gpt2-small", "--seq-len", "abc"], "must be a positive integer, got 'abc'"),
+    ],
+)
 def test_usage_errors_are_one_line(argv, fragment, capsys):
     """argparse's own errors follow the one-line rule too (no usage block), in process."""
     from headprobe.cli import main

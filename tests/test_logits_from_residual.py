@@ -32,15 +32,24 @@ def _checkpoint(family: str, tokenizer) -> Checkpoint:
     if family == "granite":
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        cfg = AutoConfig.for_model("granite", **zoo.TINY_FIELDS, logits_scaling=8.0, architectures=["GraniteForCausalLM"])
+        cfg = AutoConfig.for_model(
+            "granite", **zoo.TINY_FIELDS, logits_scaling=8.0, architectures=["GraniteForCausalLM"]
+        )
         torch.manual_seed(0)
         hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
         return Checkpoint("tiny-granite", "tiny-granite", "float32 (random init)", hf, tokenizer)
     return zoo.make_checkpoint(family, tokenizer)
 
 
-CASES = [("gpt2", "native"), ("gpt2", "transformer-lens"), ("llama", "native"), ("llama", "transformer-lens"),
-         ("gemma2", "native"), ("gemma2", "transformer-lens"), ("granite", "auto")]
+CASES = [
+    ("gpt2", "native"),
+    ("gpt2", "transformer-lens"),
+    ("llama", "native"),
+    ("llama", "transformer-lens"),
+    ("gemma2", "native"),
+    ("gemma2", "transformer-lens"),
+    ("granite", "auto"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +60,10 @@ def models(tiny_tokenizer):
         ckpt = _checkpoint(family, tiny_tokenizer)
         for f, backend in CASES:
             if f == family:
-                out[f, backend] = (wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), backend=backend),
-                                   ckpt.hf_model)
+                out[f, backend] = (
+                    wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), backend=backend),
+                    ckpt.hf_model,
+                )
     return out
 
 
@@ -74,8 +85,9 @@ def test_logits_from_residual_give_hugging_faces_logits(models, family, backend)
         torch.testing.assert_close(model.logits_from_residual(resid, normed=True), want, atol=1e-4, rtol=1e-5)
         torch.testing.assert_close(model.logits_from_residual(kept["x"]), want, atol=1e-4, rtol=1e-5)
         vocab = torch.stack([x, x.flip(-1), torch.zeros_like(x)], -1)  # [batch, pos, 3]
-        torch.testing.assert_close(model.logits_from_residual(resid, vocab=vocab, normed=True), want.gather(-1, vocab),
-                                   atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(
+            model.logits_from_residual(resid, vocab=vocab, normed=True), want.gather(-1, vocab), atol=1e-4, rtol=1e-5
+        )
 
 
 @pytest.mark.parametrize("family, backend", CASES)
@@ -106,8 +118,10 @@ def test_scored_losses_are_those_of_hugging_faces_logits(models, family, backend
         want = scored_loss(hf(x).logits, x, first)
         torch.testing.assert_close(model.scored_losses(x, first), want, atol=1e-5, rtol=1e-5)
         kept = {}
-        hooks = [("blocks.1.hook_resid_pre", lambda t, hook: kept.__setitem__("pre", t.detach().clone())),
-                 (model.attn_out_hook(1), lambda t, hook: kept.__setitem__("attn", t.detach().clone()))]
+        hooks = [
+            ("blocks.1.hook_resid_pre", lambda t, hook: kept.__setitem__("pre", t.detach().clone())),
+            (model.attn_out_hook(1), lambda t, hook: kept.__setitem__("attn", t.detach().clone())),
+        ]
         model.forward(x, fwd_hooks=hooks)
         resumed = model.resume_scored_losses(1, x, kept["pre"], kept["attn"], first)
     torch.testing.assert_close(resumed, want, atol=1e-5, rtol=1e-5)

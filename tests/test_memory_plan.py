@@ -108,8 +108,22 @@ def _text(tmp_path):
 def test_ablate_refuses_before_the_folder(tiny_dir, tmp_path, capsys):
     out = tmp_path / "ablate"
     with pytest.raises(SystemExit) as e:
-        raise SystemExit(main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL,
-              "--memory-budget", "4KiB"]))
+        raise SystemExit(
+            main(
+                [
+                    "ablate",
+                    "--model",
+                    str(tiny_dir),
+                    "--out",
+                    str(out),
+                    "--text",
+                    _text(tmp_path),
+                    *SMALL,
+                    "--memory-budget",
+                    "4KiB",
+                ]
+            )
+        )
     err = _errors(capsys)
     assert e.value.code == 2 and len(err) == 1 and "working memory" in err[0] and "stated budget 4.00 KiB" in err[0]
     assert not out.exists()
@@ -124,22 +138,58 @@ def test_ablate_header_prints_the_plan(tiny_dir, tmp_path, capsys):
     plans = [expect(model, 3, 16, model.spec.n_layers), expect(model, 2, 13, model.spec.n_layers)]
     line = max(plans, key=lambda p: p.per_item).line()
     out = tmp_path / "ablate"
-    assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL,
-                 "--memory-budget", "2MiB", "--heads", "0.1"]) == 0
+    assert (
+        main(
+            [
+                "ablate",
+                "--model",
+                str(tiny_dir),
+                "--out",
+                str(out),
+                "--text",
+                _text(tmp_path),
+                *SMALL,
+                "--memory-budget",
+                "2MiB",
+                "--heads",
+                "0.1",
+            ]
+        )
+        == 0
+    )
     assert line in capsys.readouterr().out
 
 
 def test_kv_refuses_before_the_folder(tiny_dir, tmp_path, capsys):
     out = tmp_path / "kv"
     with pytest.raises(SystemExit) as e:
-        raise SystemExit(main(["kv", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), "--seq-len", "64",
-              "--device", "cpu", "--memory-budget", "64KiB"]))
+        raise SystemExit(
+            main(
+                [
+                    "kv",
+                    "--model",
+                    str(tiny_dir),
+                    "--out",
+                    str(out),
+                    "--text",
+                    _text(tmp_path),
+                    "--seq-len",
+                    "64",
+                    "--device",
+                    "cpu",
+                    "--memory-budget",
+                    "64KiB",
+                ]
+            )
+        )
     err = _errors(capsys)
     assert e.value.code == 2 and len(err) == 1 and "kv's forwards" in err[0] and not out.exists()
 
 
 def test_bad_budget_is_one_line(tiny_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        raise SystemExit(main(["scan", "--model", str(tiny_dir), "--out", str(tmp_path / "s"), "--memory-budget", "lots"]))
+        raise SystemExit(
+            main(["scan", "--model", str(tiny_dir), "--out", str(tmp_path / "s"), "--memory-budget", "lots"])
+        )
     err = _errors(capsys)
     assert e.value.code == 2 and len(err) == 1 and "is not a size" in err[0]

@@ -23,6 +23,7 @@ def uniform_causal(B: int, H: int, T: int) -> torch.Tensor:
 
 # ---- pattern metrics on hand-made patterns ------------------------------------------------------
 
+
 def test_entropy_of_a_uniform_causal_pattern_is_mean_log_of_the_keys_seen():
     T = 12
     got = metrics.attention_entropy(uniform_causal(2, 3, T))
@@ -42,7 +43,9 @@ def test_sink_rate_averages_over_the_queries_that_see_the_key():
     assert got[0].item() == pytest.approx(want0, rel=1e-6)
     assert got[1].item() == pytest.approx(1.0)
     # key 3 is seen by queries 3..T-1 only (Gu et al.'s 1/(T-k+1))
-    assert metrics.sink_rate(pat, key=3)[0].item() == pytest.approx(np.mean([1 / (i + 1) for i in range(3, T)]), rel=1e-6)
+    assert metrics.sink_rate(pat, key=3)[0].item() == pytest.approx(
+        np.mean([1 / (i + 1) for i in range(3, T)]), rel=1e-6
+    )
     with pytest.raises(ValueError):
         metrics.sink_rate(pat, key=T)
 
@@ -69,7 +72,7 @@ def test_needle_set_repeats_the_needle_and_keeps_its_length(tiny_gpt2_native):
     for b in range(3):
         a, c = int(ns.first[b]), int(ns.second[b])
         assert c >= a + 2 * 6
-        assert torch.equal(ns.tokens[b, a:a + 6], ns.tokens[b, c:c + 6])
+        assert torch.equal(ns.tokens[b, a : a + 6], ns.tokens[b, c : c + 6])
     q, s, t = metrics.needle_queries(ns)
     assert torch.equal(ns.tokens.gather(1, s), t)  # the source holds the token to predict
 
@@ -97,10 +100,13 @@ def test_retrieval_score_matches_a_loop_over_heads(fixture, request):
 
 # ---- weights: accessors, copying, composition ---------------------------------------------------
 
+
 @pytest.mark.parametrize("fixture", TINY_MODELS)
 def test_weight_accessors_match_the_hugging_face_modules(fixture, request):
     model = request.getfixturevalue(fixture)
-    ckpt = request.getfixturevalue("tiny_gpt2_checkpoint" if "gpt2" in fixture else "tiny_llama_gqa_checkpoint").hf_model
+    ckpt = request.getfixturevalue(
+        "tiny_gpt2_checkpoint" if "gpt2" in fixture else "tiny_llama_gqa_checkpoint"
+    ).hf_model
     d, dh = model.spec.d_model, model.spec.d_head
     if "gpt2" in fixture:
         blk = ckpt.transformer.h[1]
@@ -176,8 +182,10 @@ def shared_unembedding_direction(tiny_llama_gqa_checkpoint):
     shifted = copy.deepcopy(base)
     with torch.no_grad():
         add_shared(shifted.lm_head.weight)  # row v is W_U[:, v]
-    return (wrap(dataclasses.replace(ckpt, hf_model=base), backend="native"),
-            wrap(dataclasses.replace(ckpt, hf_model=shifted), backend="native"))
+    return (
+        wrap(dataclasses.replace(ckpt, hf_model=base), backend="native"),
+        wrap(dataclasses.replace(ckpt, hf_model=shifted), backend="native"),
+    )
 
 
 def test_copying_score_ignores_a_direction_shared_by_every_tokens_unembedding(shared_unembedding_direction):
@@ -189,8 +197,9 @@ def test_copying_score_ignores_a_direction_shared_by_every_tokens_unembedding(sh
     model, shifted = shared_unembedding_direction
     tokens = torch.randint(0, 100, (2, 10), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        torch.testing.assert_close(shifted.forward(tokens).log_softmax(-1), model.forward(tokens).log_softmax(-1),
-                                   atol=1e-4, rtol=0)  # the same predictions
+        torch.testing.assert_close(
+            shifted.forward(tokens).log_softmax(-1), model.forward(tokens).log_softmax(-1), atol=1e-4, rtol=0
+        )  # the same predictions
     base, got = composition.copying_score(model), composition.copying_score(shifted)
     torch.testing.assert_close(got, base, atol=1e-4, rtol=0)
     w = composition.head_weights(shifted)
@@ -201,7 +210,9 @@ def test_copying_score_ignores_a_direction_shared_by_every_tokens_unembedding(sh
             M = (w.W_E.double() @ w.W_V[layer, h].double() @ w.W_O[layer, h].double() @ W_U).numpy()
             lam = np.linalg.eigvals(M)
             assert got[layer, h].item() == pytest.approx(lam.sum().real / np.abs(lam).sum(), abs=2e-4)
-    raw = composition.copying_scores(w.W_E, w.W_V, w.W_O, shifted.norm_weights(None).weight[:, None] * shifted.W_U().detach())
+    raw = composition.copying_scores(
+        w.W_E, w.W_V, w.W_O, shifted.norm_weights(None).weight[:, None] * shifted.W_U().detach()
+    )
     # the case that matters: uncentred, the shared direction swamps most heads' scores (to about +-1)
     assert (raw.abs() > 0.95).float().mean() > 0.5 and (raw - got).abs().max() > 0.5
 
@@ -260,8 +271,9 @@ def _tiny_granite(tokenizer, backend):
 
     from headprobe.probe.backends.loading import Checkpoint, wrap
 
-    cfg = AutoConfig.for_model("granite", **zoo.TINY_FIELDS, logits_scaling=GRANITE_LOGITS_SCALING,
-                               architectures=["GraniteForCausalLM"])
+    cfg = AutoConfig.for_model(
+        "granite", **zoo.TINY_FIELDS, logits_scaling=GRANITE_LOGITS_SCALING, architectures=["GraniteForCausalLM"]
+    )
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     return wrap(Checkpoint("tiny-granite", "tiny-granite", "float32 (random init)", hf, tokenizer), backend=backend)
@@ -291,14 +303,18 @@ def test_dla_plus_the_other_components_sums_to_the_logit(fixture, request):
     first = 1
     dla = metrics.direct_logit_attribution(model, tokens, first)  # [batch, n, layer, head]
     kept = {}
-    names = ["hook_embed", "hook_pos_embed"] + [f"blocks.{l}.hook_{k}" for l in range(spec.n_layers)
-                                                 for k in ("attn_out", "mlp_out")]
+    names = ["hook_embed", "hook_pos_embed"] + [
+        f"blocks.{l}.hook_{k}" for l in range(spec.n_layers) for k in ("attn_out", "mlp_out")
+    ]
     names += [f"blocks.{spec.n_layers - 1}.hook_resid_post"]
-    hooks = [(n, (lambda n: lambda x, hook: kept.__setitem__(n, x.detach().double()))(n))  # noqa: B023 - bound by the call
-             for n in names if n in model.hook_names()]
+    hooks = [
+        (n, (lambda n: lambda x, hook: kept.__setitem__(n, x.detach().double()))(n))  # noqa: B023 - bound by the call
+        for n in names
+        if n in model.hook_names()
+    ]
     logits = model.forward(tokens, fwd_hooks=hooks).double()
     x = kept[f"blocks.{spec.n_layers - 1}.hook_resid_post"][:, first:-1]
-    target = tokens[:, first + 1:]
+    target = tokens[:, first + 1 :]
     # the frozen final norm, computed here from its definition: w * (x - mean) / sigma + b
     nw = model.norm_weights(None)
     w, b = nw.weight.double(), nw.bias.double()
@@ -306,8 +322,11 @@ def test_dla_plus_the_other_components_sums_to_the_logit(fixture, request):
     y = model.final_norm(x.float()).double()
     sigma = ((w * xc) * (w * xc)).sum(-1, keepdim=True) / ((y - b) * (w * xc)).sum(-1, keepdim=True)
     W_U = model.W_U().double() / scale
-    direct = lambda c: ((((c - c.mean(-1, keepdim=True)) if nw.centers else c) * w / sigma) @ W_U).gather(
-        -1, target[..., None]).squeeze(-1)
+    direct = lambda c: (
+        ((((c - c.mean(-1, keepdim=True)) if nw.centers else c) * w / sigma) @ W_U)
+        .gather(-1, target[..., None])
+        .squeeze(-1)
+    )
     b_U = model.b_U()
     rest = (b @ W_U)[target] + (0 if b_U is None else b_U.double()[target] / scale)
     heads_sum = torch.zeros_like(rest)
@@ -340,6 +359,7 @@ def test_dla_catches_a_head_output_that_is_not_what_the_block_adds(tiny_gpt2_nat
 
 # ---- the real model ------------------------------------------------------------------------------
 
+
 @pytest.mark.real_model
 def test_smollm2_previous_token_heads_k_compose_into_induction_heads(smollm2_native):
     """On SmolLM2-135M the top previous-token heads' outputs are read by the top induction heads'
@@ -353,7 +373,9 @@ def test_smollm2_previous_token_heads_k_compose_into_induction_heads(smollm2_nat
     k = composition.composition_scores(composition.head_weights(smollm2_native))["k"].numpy()
     s = metrics.composition_summary(k, top("previous_token"), top("induction"))
     assert s["pairs_stats"]["mean"] > s["all_pairs"]["p95"]  # the circuit's pairs, on average, beyond 95% of all pairs
-    assert s["pairs_stats"]["median"] > s["into_same_heads"]["median"]  # not just induction heads' keys reading everything
+    assert (
+        s["pairs_stats"]["median"] > s["into_same_heads"]["median"]
+    )  # not just induction heads' keys reading everything
 
 
 def test_the_distant_mass_heatmap_names_its_window():
@@ -373,6 +395,7 @@ def test_the_distant_mass_heatmap_names_its_window():
 
 
 # ---- how a head says nothing: learned sinks, output gates, value-weighted attention ---------------
+
 
 def test_learned_sink_mass_is_one_minus_the_row_sums():
     """Rows of 0.7 (the sink took 0.3) give 0.3; rows of 1 (no sink) give 0."""
@@ -483,6 +506,7 @@ def test_gate_closure_reads_a_gate_hook_where_the_model_has_one(tiny_llama_gqa_n
             gate = torch.ones(*out.shape[:2], shape_heads[0])
             gate[:, :, 1] = 0.25
             attn.hook_gate(gate)
+
         b.attn.hook_z.register_forward_hook(fire)
     net.setup()
     model = LoadedModel(net, tiny_llama_gqa_native.tokenizer, tiny_llama_gqa_native.spec)
@@ -514,12 +538,21 @@ def test_sink_removal_equals_a_model_without_those_sinks_and_has_layer_matched_c
     with torch.no_grad():
         for l, h in heads:
             removed.model.blocks[l].attn.sinks[h] = float("-inf")
-        want = (scored_loss(removed.forward(tokens), tokens, 1) - scored_loss(model.forward(tokens), tokens, 1)).mean().item()
+        want = (
+            (scored_loss(removed.forward(tokens), tokens, 1) - scored_loss(model.forward(tokens), tokens, 1))
+            .mean()
+            .item()
+        )
     assert res["effect"] == pytest.approx(want, abs=1e-5) and abs(want) > 1e-4
     assert len(res["controls"]) == 5 and 1 / 6 <= res["p"] <= 1
     pats = {}
-    model.forward(tokens, fwd_hooks=[*sink_removal_hooks(heads),
-                                     ("blocks.0.attn.hook_pattern", lambda p, hook: pats.__setitem__(0, p.clone()))])
+    model.forward(
+        tokens,
+        fwd_hooks=[
+            *sink_removal_hooks(heads),
+            ("blocks.0.attn.hook_pattern", lambda p, hook: pats.__setitem__(0, p.clone())),
+        ],
+    )
     rows = pats[0].sum(-1)
     torch.testing.assert_close(rows[:, 0], torch.ones_like(rows[:, 0]), atol=1e-5, rtol=0)
     assert (rows[:, 1] < 1 - 1e-3).all()

@@ -61,8 +61,12 @@ def test_an_edited_cell_is_caught_and_the_versions_line_is_not():
     rendered = mm.render(mm.Matrix(cells, {}, {}), made_with=f"{mm.MADE_WITH}transformers 1, torch 2 on 2000-01-01.")
     doc = "# Model support\n\nprose\n\n" + rendered + "\n\nmore prose\n"
     assert mm.stale(doc, rendered) is None
-    assert mm.stale(doc.replace("transformers 1, torch 2 on 2000-01-01", "transformers 9, torch 9 on 2099-12-31"),
-                    rendered) is None
+    assert (
+        mm.stale(
+            doc.replace("transformers 1, torch 2 on 2000-01-01", "transformers 9, torch 9 on 2099-12-31"), rendered
+        )
+        is None
+    )
     edited = doc.replace("| fam | runs |", "| fam | refused (1) |", 1)
     assert edited != doc
     assert "line" in (mm.stale(edited, rendered) or "")
@@ -80,8 +84,17 @@ def test_a_model_that_differs_from_hugging_face_is_not_exact(tmp_path):
 
     tok = make_tiny_tokenizer(tmp_path / "tok")
     folder = zoo.save_dir("llama", tok, tmp_path / "llama")
-    row = mm.Row("llama", "llama", "auto", folder, zoo.make_checkpoint("llama", tok).hf_model, tmp_path, tmp_path,
-                 tmp_path, False)
+    row = mm.Row(
+        "llama",
+        "llama",
+        "auto",
+        folder,
+        zoo.make_checkpoint("llama", tok).hf_model,
+        tmp_path,
+        tmp_path,
+        tmp_path,
+        False,
+    )
     row.model = mm.load(row)
     assert mm.feature_load(row).state == mm.feature_decomposition(row).state == "exact"
     with torch.no_grad():

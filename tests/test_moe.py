@@ -19,15 +19,26 @@ from headprobe.probe.model.feedforward import MoE
 from headprobe.probe.model.transformer import Transformer
 
 D, E, K, I = 64, 6, 2, 32
-BASE = dict(n_layers=1, d_model=D, n_heads=4, d_vocab=11, mlp="swiglu", bias=False, n_experts=E,
-            n_experts_per_token=K, d_expert=I)
+BASE = dict(
+    n_layers=1,
+    d_model=D,
+    n_heads=4,
+    d_vocab=11,
+    mlp="swiglu",
+    bias=False,
+    n_experts=E,
+    n_experts_per_token=K,
+    d_expert=I,
+)
 
 
 def _mixtral():
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
-    hf = MixtralSparseMoeBlock(MixtralConfig(hidden_size=D, intermediate_size=I, num_local_experts=E, num_experts_per_tok=K))
+    hf = MixtralSparseMoeBlock(
+        MixtralConfig(hidden_size=D, intermediate_size=I, num_local_experts=E, num_experts_per_tok=K)
+    )
     return hf, {}, {}, dict(router_renorm=False)  # (renormalised softmax top-k is topk_softmax exactly)
 
 
@@ -36,9 +47,13 @@ def _qwen3_moe(norm: bool):
         from transformers import Qwen3MoeConfig
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-        hf = Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(hidden_size=D, moe_intermediate_size=I, num_experts=E,
-                                                   num_experts_per_tok=K, norm_topk_prob=norm))
+        hf = Qwen3MoeSparseMoeBlock(
+            Qwen3MoeConfig(
+                hidden_size=D, moe_intermediate_size=I, num_experts=E, num_experts_per_tok=K, norm_topk_prob=norm
+            )
+        )
         return hf, dict(router_renorm=norm), {}, dict(router_renorm=not norm)
+
     return make
 
 
@@ -46,10 +61,15 @@ def _gpt_oss():
     from transformers import GptOssConfig
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
 
-    hf = GptOssMLP(GptOssConfig(hidden_size=D, intermediate_size=I, num_local_experts=E, num_experts_per_tok=K,
-                                swiglu_limit=0.5))
-    return (hf, dict(router="topk_softmax", router_bias=True, expert_bias=True, swiglu_limit=0.5),
-            dict(router="router", layout="interleaved"), dict(swiglu_limit=None))
+    hf = GptOssMLP(
+        GptOssConfig(hidden_size=D, intermediate_size=I, num_local_experts=E, num_experts_per_tok=K, swiglu_limit=0.5)
+    )
+    return (
+        hf,
+        dict(router="topk_softmax", router_bias=True, expert_bias=True, swiglu_limit=0.5),
+        dict(router="router", layout="interleaved"),
+        dict(swiglu_limit=None),
+    )
 
 
 def _llama4():
@@ -57,22 +77,43 @@ def _llama4():
     from transformers.models.llama4.modeling_llama4 import Llama4TextMoe
 
     hf = Llama4TextMoe(Llama4TextConfig(hidden_size=D, intermediate_size=I, num_local_experts=E, num_experts_per_tok=K))
-    return (hf, dict(router="topk_sigmoid", router_on_input=True, d_shared_expert=I),
-            dict(router="router", layout="transposed", shared="shared_expert"), dict(router_on_input=False))
+    return (
+        hf,
+        dict(router="topk_sigmoid", router_on_input=True, d_shared_expert=I),
+        dict(router="router", layout="transposed", shared="shared_expert"),
+        dict(router_on_input=False),
+    )
 
 
 def _qwen3_next():
     from transformers import Qwen3NextConfig
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock
 
-    hf = Qwen3NextSparseMoeBlock(Qwen3NextConfig(hidden_size=D, moe_intermediate_size=I, num_experts=E,
-                                                 num_experts_per_tok=K, shared_expert_intermediate_size=48))
-    return (hf, dict(d_shared_expert=48, shared_expert_gate=True),
-            dict(shared="shared_expert", shared_gate="shared_expert_gate"), dict(shared_expert_gate=False))
+    hf = Qwen3NextSparseMoeBlock(
+        Qwen3NextConfig(
+            hidden_size=D,
+            moe_intermediate_size=I,
+            num_experts=E,
+            num_experts_per_tok=K,
+            shared_expert_intermediate_size=48,
+        )
+    )
+    return (
+        hf,
+        dict(d_shared_expert=48, shared_expert_gate=True),
+        dict(shared="shared_expert", shared_gate="shared_expert_gate"),
+        dict(shared_expert_gate=False),
+    )
 
 
-CASES = {"mixtral": _mixtral, "qwen3_moe-norm_topk_prob": _qwen3_moe(True), "qwen3_moe": _qwen3_moe(False),
-         "gpt_oss": _gpt_oss, "llama4": _llama4, "qwen3_next": _qwen3_next}
+CASES = {
+    "mixtral": _mixtral,
+    "qwen3_moe-norm_topk_prob": _qwen3_moe(True),
+    "qwen3_moe": _qwen3_moe(False),
+    "gpt_oss": _gpt_oss,
+    "llama4": _llama4,
+    "qwen3_next": _qwen3_next,
+}
 
 
 def _case(name):
@@ -98,7 +139,9 @@ def test_moe_equals_hugging_faces_block(name):
     x = torch.randn(3, 9, D, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = hf(x)
-        want = (want[0] if isinstance(want, tuple) else want).view_as(x)  # GPT-OSS, Llama-4: router outputs too; Llama-4 flat
+        want = (want[0] if isinstance(want, tuple) else want).view_as(
+            x
+        )  # GPT-OSS, Llama-4: router outputs too; Llama-4 flat
         got = moe(x)
         assert _relative(got, want) < 1e-5, name
         wrong = MoE(dataclasses.replace(cfg, **flipped))
@@ -127,8 +170,16 @@ def json_round_trip(d):
     return json.loads(json.dumps(d))
 
 
-@pytest.mark.parametrize("change", [dict(n_experts_per_token=E + 1), dict(n_experts_per_token=0), dict(mlp="gelu"),
-                                    dict(moe_layers=(3,)), dict(swiglu_limit=0.0)])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(n_experts_per_token=E + 1),
+        dict(n_experts_per_token=0),
+        dict(mlp="gelu"),
+        dict(moe_layers=(3,)),
+        dict(swiglu_limit=0.0),
+    ],
+)
 def test_bad_moe_configs_are_refused_in_one_line(change):
     with pytest.raises(HeadprobeError) as e:
         TransformerConfig(**{**BASE, **change})

@@ -74,8 +74,10 @@ def test_every_pattern_equals_hugging_face(family):
     with torch.no_grad():
         want = ckpt.hf_model(x, output_attentions=True).attentions
     got = {}
-    hooks = [(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: got.__setitem__(l, p.clone()))
-             for l in range(model.spec.n_layers)]
+    hooks = [
+        (f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: got.__setitem__(l, p.clone()))
+        for l in range(model.spec.n_layers)
+    ]
     model.forward(x, fwd_hooks=hooks)
     cfg = model.model.cfg
     for l in range(model.spec.n_layers):
@@ -160,8 +162,9 @@ def test_defaults_are_todays_model():
     assert cfg.qk_norm == "none" and cfg.attn_softcap is None and cfg.final_softcap is None and cfg.rotary_dim is None
 
 
-@pytest.mark.parametrize("family_name, change", [(name, change) for name in REGISTRY.names()
-                                                 for change in zoo.tiny(name).unsupported])
+@pytest.mark.parametrize(
+    "family_name, change", [(name, change) for name in REGISTRY.names() for change in zoo.tiny(name).unsupported]
+)
 def test_unsupported_options_go_to_the_bridge(family_name, change):
     from transformers import AutoConfig
 
@@ -206,10 +209,36 @@ def test_prune_save_pruned_exits_0_or_refuses_in_one_line(family_dir, tmp_path, 
     g = torch.Generator().manual_seed(0)
     text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (2000,), generator=g).tolist()))
     out = tmp_path / "prune"
-    code = main(["prune", "--model", str(d), "--out", str(out), "--text", str(text), "--seq-len", "16",
-                 "--n-natural", "2", "--n-repeated", "2", "--period", "6", "--device", "cpu",
-                 "--step-fraction", "0.5", "--max-fraction", "0.5", "--save-pruned", "--save-fraction", "0.5",
-                 "--method", "michel"])
+    code = main(
+        [
+            "prune",
+            "--model",
+            str(d),
+            "--out",
+            str(out),
+            "--text",
+            str(text),
+            "--seq-len",
+            "16",
+            "--n-natural",
+            "2",
+            "--n-repeated",
+            "2",
+            "--period",
+            "6",
+            "--device",
+            "cpu",
+            "--step-fraction",
+            "0.5",
+            "--max-fraction",
+            "0.5",
+            "--save-pruned",
+            "--save-fraction",
+            "0.5",
+            "--method",
+            "michel",
+        ]
+    )
     err = capsys.readouterr().err
     assert code in (0, 2), name
     if code == 2:
@@ -244,8 +273,13 @@ def test_variants_equal_hugging_face(tiny_tokenizer, family_name, variant):
         out = ckpt.hf_model(x, output_attentions=True)
         assert (model.model(x) - out.logits).abs().max() < LOGIT_ATOL
     got = {}
-    model.forward(x, fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: got.__setitem__(l, p.detach().clone()))
-                                for l in range(2)])
+    model.forward(
+        x,
+        fwd_hooks=[
+            (f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: got.__setitem__(l, p.detach().clone()))
+            for l in range(2)
+        ],
+    )
     assert max(float((got[l] - out.attentions[l]).abs().max()) for l in range(2)) < PATTERN_ATOL
     fast, slow = exact_sweep(model, x, first=3), sweep_loop(model, x, first=3)
     assert (fast.loss - slow.loss).abs().max() < SWEEP_ATOL
@@ -254,6 +288,7 @@ def test_variants_equal_hugging_face(tiny_tokenizer, family_name, variant):
 # ---------------------------------------------------------------------------------------------
 # One layout: the native config, both loaders' specs and the cost formulas agree
 # ---------------------------------------------------------------------------------------------
+
 
 def _assert_one_layout(ckpt, native, family_name):
     """The native spec's layout is its config's, the bridge's spec reads the same one from
@@ -271,7 +306,9 @@ def _assert_one_layout(ckpt, native, family_name):
     n_params = cost.attention_params_per_layer(lay)
     assert [sum(p.numel() for p in b.attn.parameters()) for b in native.model.blocks] == [n_params] * lay.n_layers
     assert sum(p.numel() for p in attention_module(ckpt.hf_model).parameters()) == n_params
-    assert native.model.blocks[0].attn.o_proj.in_features == lay.n_heads * native.spec.d_head == lay.n_heads * lay.d_head
+    assert (
+        native.model.blocks[0].attn.o_proj.in_features == lay.n_heads * native.spec.d_head == lay.n_heads * lay.d_head
+    )
     return lay
 
 
@@ -290,15 +327,18 @@ def test_one_layout_for_variants(tiny_tokenizer, family_name, variant):
     assert {k: getattr(lay, k) for k in variant.layout} == dict(variant.layout)
 
 
-@pytest.mark.parametrize("fields", [
-    dict(bias=True),  # GPT-2: "all"
-    dict(bias=False, qkv_bias=True),  # "qkv"
-    dict(bias=True, qkv_bias=False),  # W_O only: "out"
-    dict(bias=False, qk_norm="per_head", d_head=24, n_kv_heads=2),
-    dict(bias=False, qk_norm="full", n_kv_heads=1),
-    dict(bias=False, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=6, q_lora_rank=12, positional="rotary"),
-    dict(bias=False, kv_lora_rank=8),  # MLA without a rotary key (learned positions)
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(bias=True),  # GPT-2: "all"
+        dict(bias=False, qkv_bias=True),  # "qkv"
+        dict(bias=True, qkv_bias=False),  # W_O only: "out"
+        dict(bias=False, qk_norm="per_head", d_head=24, n_kv_heads=2),
+        dict(bias=False, qk_norm="full", n_kv_heads=1),
+        dict(bias=False, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=6, q_lora_rank=12, positional="rotary"),
+        dict(bias=False, kv_lora_rank=8),  # MLA without a rotary key (learned positions)
+    ],
+)
 def test_config_layout_counts_the_attention_module(fields):
     """The formula on ``TransformerConfig.layout`` equals the parameters of the module the config
     builds; changing the layout's bias or QK-norm changes the count (the comparison can fail)."""
@@ -329,12 +369,15 @@ def test_deepseek_mixture_of_experts_is_refused_in_one_line(tiny_tokenizer):
         wrap(ckpt, backend="native")
 
 
-@pytest.mark.parametrize("family_name, change", [
-    ("deepseek_v3", dict(qk_nope_head_dim=12, v_head_dim=28)),  # three different widths
-    ("deepseek_v3", dict(qk_nope_head_dim=20, v_head_dim=12)),
-    ("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)),  # n_heads * head_dim != d_model
-    ("llama", {}),
-])
+@pytest.mark.parametrize(
+    "family_name, change",
+    [
+        ("deepseek_v3", dict(qk_nope_head_dim=12, v_head_dim=28)),  # three different widths
+        ("deepseek_v3", dict(qk_nope_head_dim=20, v_head_dim=12)),
+        ("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)),  # n_heads * head_dim != d_model
+        ("llama", {}),
+    ],
+)
 def test_d_head_is_the_width_of_z_and_d_qk_that_of_queries_and_keys(tiny_tokenizer, family_name, change):
     """One meaning per width, against Hugging Face's config and the shapes the hooks see: ``d_head``
     is the width of z and of the values in the native config, its layout, the native and the
@@ -392,12 +435,15 @@ def _rewrite_config_in_old_names(directory):
     return meta["model"]
 
 
-@pytest.mark.parametrize("family_name, change", [
-    ("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)),  # a d_head of its own
-    ("qwen3", {}),  # per-head QK-norm ("head")
-    ("olmo2", {}),  # whole-projection QK-norm ("all")
-    ("deepseek_v3", dict(qk_nope_head_dim=12, v_head_dim=28)),  # MLA, three widths
-])
+@pytest.mark.parametrize(
+    "family_name, change",
+    [
+        ("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)),  # a d_head of its own
+        ("qwen3", {}),  # per-head QK-norm ("head")
+        ("olmo2", {}),  # whole-projection QK-norm ("all")
+        ("deepseek_v3", dict(qk_nope_head_dim=12, v_head_dim=28)),  # MLA, three widths
+    ],
+)
 def test_checkpoints_saved_with_the_old_names_load_the_same_model(tiny_tokenizer, tmp_path, family_name, change):
     """A headprobe checkpoint whose config.json uses the old names loads into the config of
     today's names and gives the same logits as the model that was saved."""
@@ -414,7 +460,9 @@ def test_checkpoints_saved_with_the_old_names_load_the_same_model(tiny_tokenizer
         assert torch.equal(again.model(x), model.model(x))
 
 
-@pytest.mark.parametrize("family_name, change", [("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)), ("qwen3", {})])
+@pytest.mark.parametrize(
+    "family_name, change", [("gemma2", dict(head_dim=24, query_pre_attn_scalar=20)), ("qwen3", {})]
+)
 def test_pruned_models_saved_with_the_old_names_load_the_same_model(tiny_tokenizer, tmp_path, family_name, change):
     """The same for a pruned model directory (``prune --save-pruned``, read small and at full
     shape) and a pruned model file (:func:`~headprobe.probe.model.pruned.save_pruned`)."""
@@ -440,7 +488,11 @@ def test_pruned_models_saved_with_the_old_names_load_the_same_model(tiny_tokeniz
     x = _tokens()
     with torch.no_grad():
         want = pruned(x)
-        for again in (load_pruned_dir(tmp_path / "dir"), load_pruned_dir_full(tmp_path / "dir")[0], load_pruned(payload_path)):
+        for again in (
+            load_pruned_dir(tmp_path / "dir"),
+            load_pruned_dir_full(tmp_path / "dir")[0],
+            load_pruned(payload_path),
+        ):
             assert again.cfg == net.cfg
             assert (again(x) - want).abs().max() < 1e-5
 
@@ -463,12 +515,15 @@ def test_a_set_ablation_started_at_its_first_layer_equals_whole_forwards(family)
     calls = []
     handle = model.model.blocks[0].register_forward_hook(lambda *a: calls.append(1))
     try:
-        resumed = set_ablation_losses(model, x, [s for s in sets if s[0][0] == last], kind, mean_z, first=1, clean=clean)
+        resumed = set_ablation_losses(
+            model, x, [s for s in sets if s[0][0] == last], kind, mean_z, first=1, clean=clean
+        )
     finally:
         handle.remove()
     torch.testing.assert_close(resumed, whole[[0, 1, 3]], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(set_ablation_losses(model, x, sets, kind, mean_z, first=1, clean=clean), whole,
-                               atol=1e-5, rtol=1e-5)  # sets of two first layers, in their order
+    torch.testing.assert_close(
+        set_ablation_losses(model, x, sets, kind, mean_z, first=1, clean=clean), whole, atol=1e-5, rtol=1e-5
+    )  # sets of two first layers, in their order
     assert not calls, name  # no set of these starts before the last layer: block 0 never ran
     assert not torch.allclose(whole[0], whole[3])  # the sets differ, so the comparison can fail
 
@@ -481,8 +536,15 @@ def test_tied_gpt_neox_without_its_unembedding_loads_and_untied_is_refused():
     from headprobe.probe.model.convert import NativeSource
 
     def state(tied):
-        hf_cfg = GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                               intermediate_size=64, max_position_embeddings=64, tie_word_embeddings=tied)
+        hf_cfg = GPTNeoXConfig(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            tie_word_embeddings=tied,
+        )
         torch.manual_seed(0)
         hf = GPTNeoXForCausalLM(hf_cfg).eval()
         sd = {k: v for k, v in hf.state_dict().items() if k not in ("lm_head.weight", "embed_out.weight")}
@@ -502,16 +564,27 @@ def test_tied_gpt_neox_without_its_unembedding_loads_and_untied_is_refused():
 # Per-layer rotary (NoPE layers, a base and a linear factor per layer), interleaved pairs, logit scale
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("family_name, change, want", [
-    ("smollm3", {}, dict(rope_thetas=(2e6, None))),  # SmolLM3Config.default_theta 2e6, layer 1 NoPE
-    ("cohere2", {}, dict(rope_thetas=(None, 1e4), rotary_interleaved=True, logit_scale=0.3)),
-    ("gemma3_text", {}, dict(rope_thetas=(1e4, 1e6), rope_factors=None)),
-    ("gemma3_text", dict(rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-                                          "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}}),
-     dict(rope_thetas=(1e4, 1e6), rope_factors=(1.0, 8.0))),
-    ("olmo3", {}, dict(rope_thetas=(1e4, 5e5))),
-    ("llama", {}, dict(rope_thetas=None, rope_factors=None, rotary_interleaved=False, logit_scale=None)),
-])
+
+@pytest.mark.parametrize(
+    "family_name, change, want",
+    [
+        ("smollm3", {}, dict(rope_thetas=(2e6, None))),  # SmolLM3Config.default_theta 2e6, layer 1 NoPE
+        ("cohere2", {}, dict(rope_thetas=(None, 1e4), rotary_interleaved=True, logit_scale=0.3)),
+        ("gemma3_text", {}, dict(rope_thetas=(1e4, 1e6), rope_factors=None)),
+        (
+            "gemma3_text",
+            dict(
+                rope_parameters={
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                    "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+                }
+            ),
+            dict(rope_thetas=(1e4, 1e6), rope_factors=(1.0, 8.0)),
+        ),
+        ("olmo3", {}, dict(rope_thetas=(1e4, 5e5))),
+        ("llama", {}, dict(rope_thetas=None, rope_factors=None, rotary_interleaved=False, logit_scale=None)),
+    ],
+)
 def test_per_layer_rotary_fields_read_from_the_config(tiny_tokenizer, tmp_path, family_name, change, want):
     """The fields as read by hand from the tiny Hugging Face configs (NoPE layers None), each
     layer's rotary module built from them, and a JSON round trip (save_native/load_native) that
@@ -538,14 +611,17 @@ def test_per_layer_rotary_fields_read_from_the_config(tiny_tokenizer, tmp_path, 
         assert torch.equal(again.model(x), model.model(x))
 
 
-@pytest.mark.parametrize("fields, match", [
-    (dict(rope_thetas=(1e4,)), "rope_thetas must hold 2"),
-    (dict(rope_thetas=(1e4, -1.0)), "rope_thetas must hold 2 positive"),
-    (dict(rope_factors=(1.0, 0.0)), "rope_factors must hold 2 positive"),
-    (dict(rope_thetas=(1e4, None), positional="learned"), "rope_thetas needs rotary"),
-    (dict(rotary_interleaved=True, positional="learned"), "rotary_interleaved needs rotary"),
-    (dict(logit_scale=0.0), "logit_scale must be positive"),
-])
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        (dict(rope_thetas=(1e4,)), "rope_thetas must hold 2"),
+        (dict(rope_thetas=(1e4, -1.0)), "rope_thetas must hold 2 positive"),
+        (dict(rope_factors=(1.0, 0.0)), "rope_factors must hold 2 positive"),
+        (dict(rope_thetas=(1e4, None), positional="learned"), "rope_thetas needs rotary"),
+        (dict(rotary_interleaved=True, positional="learned"), "rotary_interleaved needs rotary"),
+        (dict(logit_scale=0.0), "logit_scale must be positive"),
+    ],
+)
 def test_per_layer_rotary_fields_are_checked(fields, match):
     from headprobe.probe.core.errors import HeadprobeError
 
@@ -553,6 +629,8 @@ def test_per_layer_rotary_fields_are_checked(fields, match):
     assert TransformerConfig(**base).layer_rope(1) == (1e4, 1.0)
     with pytest.raises(HeadprobeError, match=match):
         TransformerConfig(**{**base, **fields})
+
+
 def test_gated_attention_gate_hook_is_hugging_faces_gate(tiny_tokenizer):
     """Qwen3-Next: ``hook_gate`` is sigmoid of the gate half of Hugging Face's own ``q_proj`` output
     (per head ``[query, gate]``), and ``hook_z`` is that gate times ``pattern @ v`` (so the
@@ -561,8 +639,12 @@ def test_gated_attention_gate_hook_is_hugging_faces_gate(tiny_tokenizer):
     model = wrap(ckpt, backend="native")
     x = _tokens()
     hf_q = {}
-    handles = [ckpt.hf_model.model.layers[l].self_attn.q_proj.register_forward_hook(
-        lambda m, a, out, l=l: hf_q.__setitem__(l, out.detach())) for l in range(2)]
+    handles = [
+        ckpt.hf_model.model.layers[l].self_attn.q_proj.register_forward_hook(
+            lambda m, a, out, l=l: hf_q.__setitem__(l, out.detach())
+        )
+        for l in range(2)
+    ]
     try:
         with torch.no_grad():
             want = ckpt.hf_model(x).logits
@@ -633,8 +715,13 @@ def test_hybrid_logits_and_patterns_equal_hugging_face(hybrid):
         got_logits = model.model(x)
     assert (got_logits - out.logits).abs().max() <= LOGIT_ATOL * out.logits.abs().max(), name
     got = {}
-    model.forward(x, fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: got.__setitem__(l, p.detach().clone()))
-                                for l in model.spec.attention_layers])
+    model.forward(
+        x,
+        fwd_hooks=[
+            (f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: got.__setitem__(l, p.detach().clone()))
+            for l in model.spec.attention_layers
+        ],
+    )
     want = [a for a in out.attentions if a is not None]  # Hugging Face gives a pattern per attention layer
     assert len(want) == len(got) == len(model.spec.attention_layers)
     for w, l in zip(want, model.spec.attention_layers):
@@ -681,8 +768,30 @@ def test_hybrid_scan_scores_attention_layers_only(hybrid, tmp_path, tiny_tokeniz
     name, ckpt, model = hybrid
     d, text = _hybrid_dir_and_text(ckpt, tiny_tokenizer, tmp_path)
     out = tmp_path / "scan"
-    assert main(["scan", "--model", str(d), "--out", str(out), "--text", str(text), "--seq-len", "24", "--n-natural", "4",
-                 "--n-repeated", "4", "--n-random", "3", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "scan",
+                "--model",
+                str(d),
+                "--out",
+                str(out),
+                "--text",
+                str(text),
+                "--seq-len",
+                "24",
+                "--n-natural",
+                "4",
+                "--n-repeated",
+                "4",
+                "--n-random",
+                "3",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     heads = set(model.spec.attention_layers)
     table = pd.read_csv(out / "head_scores.csv")
     for layer, rows in table.groupby("layer"):
@@ -738,8 +847,12 @@ def test_hybrid_lacks_head_wide_capabilities_and_refuses_in_one_line(hybrid):
     name, ckpt, model = hybrid
     for capability in HYBRID_LACKS:
         assert getattr(type(model), capability) and not getattr(model, capability), (name, capability)
-    calls = [lambda: check_kv_backend(model), lambda: _check_model(model), model.check_prunable,
-             lambda: online_head_stats(model, _tokens(), lambda l, st: None)]
+    calls = [
+        lambda: check_kv_backend(model),
+        lambda: _check_model(model),
+        model.check_prunable,
+        lambda: online_head_stats(model, _tokens(), lambda l, st: None),
+    ]
     for call, capability in zip(calls, ("kv_policies", "path_patching", "removes_heads", "streams_statistics")):
         with pytest.raises(HeadprobeError, match=f"linear-attention layers \\[0, 2\\], lacks {capability}") as e:
             call()
@@ -792,16 +905,30 @@ def test_hybrid_ablate_runs_and_prune_refuses_in_one_line(hybrid, tmp_path, tiny
 
     name, ckpt, model = hybrid
     d, text = _hybrid_dir_and_text(ckpt, tiny_tokenizer, tmp_path)
-    common = ["--model", str(d), "--text", str(text), "--seq-len", "16", "--n-natural", "2", "--n-repeated", "2",
-              "--device", "cpu"]
+    common = [
+        "--model",
+        str(d),
+        "--text",
+        str(text),
+        "--seq-len",
+        "16",
+        "--n-natural",
+        "2",
+        "--n-repeated",
+        "2",
+        "--device",
+        "cpu",
+    ]
     assert main(["ablate", "--out", str(tmp_path / "ab"), *common]) == 0
     table = pd.read_csv(tmp_path / "ab" / "head_ablation.csv")
     for layer, rows in table.groupby("layer"):
         for column in ("natural_loss_delta", "natural_importance", "induction_score"):
             assert rows[column].isna().all() == (layer not in model.spec.attention_layers), (name, layer, column)
     capsys.readouterr()
-    for argv, why in ((["ablate", "--heads", "0.1", "--out", str(tmp_path / "ab0")], "layer 0 has no heads"),
-                      (["prune", "--period", "6", "--out", str(tmp_path / "pr")], "not implemented for hybrid models")):
+    for argv, why in (
+        (["ablate", "--heads", "0.1", "--out", str(tmp_path / "ab0")], "layer 0 has no heads"),
+        (["prune", "--period", "6", "--out", str(tmp_path / "pr")], "not implemented for hybrid models"),
+    ):
         assert main([*argv, *common]) == 2, argv
         err = capsys.readouterr().err
         lines = [l for l in err.splitlines() if l.startswith("headprobe: error:")]

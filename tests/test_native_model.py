@@ -92,7 +92,11 @@ def reference_mqa(x, Wq, Wk, Wv, Wo, n_heads):
     q = (x @ Wq.T).view(B, T, n_heads, dh).transpose(1, 2)  # [B, H, T, dh]
     k = (x @ Wk.T)[:, None]  # [B, 1, T, dh]
     v = (x @ Wv.T)[:, None]
-    pattern = (q @ k.transpose(-1, -2) / math.sqrt(dh)).masked_fill(~torch.ones(T, T).tril().bool(), float("-inf")).softmax(-1)
+    pattern = (
+        (q @ k.transpose(-1, -2) / math.sqrt(dh))
+        .masked_fill(~torch.ones(T, T).tril().bool(), float("-inf"))
+        .softmax(-1)
+    )
     return (pattern @ v).transpose(1, 2).reshape(B, T, D) @ Wo.T
 
 
@@ -389,9 +393,18 @@ def random_llama(tied: bool):
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=101, max_position_embeddings=64, rope_theta=1e5, tie_word_embeddings=tied,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=101,
+        max_position_embeddings=64,
+        rope_theta=1e5,
+        tie_word_embeddings=tied,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     return _scale_weights(LlamaForCausalLM(cfg).eval())
 
@@ -529,9 +542,21 @@ def test_from_state_dict_equals_loading_into_an_initialised_model():
     from headprobe.probe.model.config import TransformerConfig
     from headprobe.probe.model.transformer import Transformer
 
-    for cfg in (TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=16, positional="rotary",
-                                  norm="rmsnorm", mlp="swiglu", bias=False, n_kv_heads=2),
-                TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=16, tied_unembed=False)):
+    for cfg in (
+        TransformerConfig(
+            n_layers=2,
+            d_model=32,
+            n_heads=4,
+            d_vocab=50,
+            n_ctx=16,
+            positional="rotary",
+            norm="rmsnorm",
+            mlp="swiglu",
+            bias=False,
+            n_kv_heads=2,
+        ),
+        TransformerConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=16, tied_unembed=False),
+    ):
         torch.manual_seed(0)
         ref = Transformer(cfg).eval()
         state = {k: v.clone() for k, v in ref.state_dict().items()}
@@ -567,10 +592,18 @@ def reference_key_mask(n_queries, n_keys, causal=True, window=None, padding=None
 _PADDING = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 1, 0, 1, 1, 1]], dtype=torch.bool)
 
 
-@pytest.mark.parametrize("n_queries, n_keys, window, padding", [
-    (6, 6, None, None), (6, 6, 3, None), (2, 9, None, None), (3, 9, 4, None), (1, 7, 1, None),
-    (6, 6, None, _PADDING), (6, 6, 2, _PADDING),
-])
+@pytest.mark.parametrize(
+    "n_queries, n_keys, window, padding",
+    [
+        (6, 6, None, None),
+        (6, 6, 3, None),
+        (2, 9, None, None),
+        (3, 9, 4, None),
+        (1, 7, 1, None),
+        (6, 6, None, _PADDING),
+        (6, 6, 2, _PADDING),
+    ],
+)
 def test_key_mask_against_the_definitions(n_queries, n_keys, window, padding):
     from headprobe.probe.model.masks import key_mask
 
@@ -600,9 +633,15 @@ def _mask_cases():
     pruned = remove_heads(gqa, keep_mask_from([(0, 1), (1, 3)], 2, 4))
     encoder = seeded_model(small_cfg(causal=False, pre_norm=False, post_ln=True, embed_norm=True))
     for eager in (False, True):
-        for name, model, run in (("plain", gqa, lambda m: m(x)), ("padded", gqa, padded), ("cached", gqa, cached),
-                                 ("mla", mla, lambda m: m(x)), ("mla-cached", mla, cached), ("pruned", pruned, padded),
-                                 ("encoder", encoder, padded)):
+        for name, model, run in (
+            ("plain", gqa, lambda m: m(x)),
+            ("padded", gqa, padded),
+            ("cached", gqa, cached),
+            ("mla", mla, lambda m: m(x)),
+            ("mla-cached", mla, cached),
+            ("pruned", pruned, padded),
+            ("encoder", encoder, padded),
+        ):
             yield f"{name}-{'eager' if eager else 'fused'}", model, run, eager
 
 
@@ -643,7 +682,10 @@ def test_mla_is_an_attention_class_of_its_own():
     from headprobe.probe.model.attention import LatentAttention, SelfAttention
 
     mla_cfg = small_cfg(bias=False, kv_lora_rank=8, qk_rope_head_dim=4, positional="rotary")
-    for cfg, cls, has, lacks in ((mla_cfg, LatentAttention, "kv_up", "k_proj"), (small_cfg(), Attention, "k_proj", "kv_up")):
+    for cfg, cls, has, lacks in (
+        (mla_cfg, LatentAttention, "kv_up", "k_proj"),
+        (small_cfg(), Attention, "k_proj", "kv_up"),
+    ):
         for block in Transformer(cfg).blocks:
             assert type(block.attn) is cls and isinstance(block.attn, SelfAttention)
             assert hasattr(block.attn, has) and not hasattr(block.attn, lacks)

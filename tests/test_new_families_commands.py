@@ -13,8 +13,24 @@ import zoo
 from headprobe.cli import main
 
 FAMILIES = ("gemma3_text", "gpt_oss")
-SCAN = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "-k", "3", "--n-random", "2",
-        "--device", "cpu", "--formats", "none"]
+SCAN = [
+    "--seq-len",
+    "16",
+    "--n-natural",
+    "3",
+    "--n-repeated",
+    "2",
+    "--period",
+    "6",
+    "-k",
+    "3",
+    "--n-random",
+    "2",
+    "--device",
+    "cpu",
+    "--formats",
+    "none",
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,19 +43,59 @@ def dirs(tmp_path_factory, tiny_tokenizer):
 def test_circuit_runs(dirs, family, tmp_path):
     """Path patching runs (its baseline identity holds)."""
     model = str(dirs[family])
-    assert main(["circuit", "--model", model, "--n-seqs", "2", "--period", "6", "--steps", "2", "--verify", "4",
-                 "--device", "cpu", "--out", str(tmp_path / "c")]) == 0
+    assert (
+        main(
+            [
+                "circuit",
+                "--model",
+                model,
+                "--n-seqs",
+                "2",
+                "--period",
+                "6",
+                "--steps",
+                "2",
+                "--verify",
+                "4",
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path / "c"),
+            ]
+        )
+        == 0
+    )
     summary = json.loads((tmp_path / "c" / "summary.json").read_text())
     assert summary["agreement"]["n_edges"] >= 4 and summary["baseline_error"] < 1e-4
 
 
-KV = ["--seq-len", "48", "--block-len", "6", "--sink", "2", "--kv-budget", "0.5", "--budgets", "0.75", "--n-random", "2",
-      "--method", "measured", "--device", "cpu"]
+KV = [
+    "--seq-len",
+    "48",
+    "--block-len",
+    "6",
+    "--sink",
+    "2",
+    "--kv-budget",
+    "0.5",
+    "--budgets",
+    "0.75",
+    "--n-random",
+    "2",
+    "--method",
+    "measured",
+    "--device",
+    "cpu",
+]
 
 
 def _kv(model, text_file, out, *extra):
     assert main(["kv", "--model", model, "--text", str(text_file), *KV, *extra, "--out", str(out)]) == 0
-    return json.loads((out / "summary.json").read_text()), pd.read_csv(out / "group_costs.csv"), pd.read_csv(out / "curve.csv")
+    return (
+        json.loads((out / "summary.json").read_text()),
+        pd.read_csv(out / "group_costs.csv"),
+        pd.read_csv(out / "curve.csv"),
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -78,7 +134,9 @@ def test_kv_refuses_when_no_group_would_change(tiny_tokenizer, text_file, tmp_pa
     model = str(zoo.save_dir("mistral", tiny_tokenizer, tmp_path / "mistral"))
     out = tmp_path / "kv"
     with pytest.raises(SystemExit) as e:
-        raise SystemExit(main(["kv", "--model", model, "--text", str(text_file), *KV, "--window", "8", "--out", str(out)]))
+        raise SystemExit(
+            main(["kv", "--model", model, "--text", str(text_file), *KV, "--window", "8", "--out", str(out)])
+        )
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
     assert e.value.code == 2 and len(errors) == 1 and "streaming would change nothing" in errors[0]

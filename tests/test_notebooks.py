@@ -21,7 +21,11 @@ def execute(path: Path, tiny: bool = True) -> nbformat.NotebookNode:
     import os
 
     nb = nbformat.read(path, as_version=4)
-    env = {**os.environ, "HEADPROBE_NOTEBOOK_TINY": "1" if tiny else "0", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {
+        **os.environ,
+        "HEADPROBE_NOTEBOOK_TINY": "1" if tiny else "0",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
     client.execute(env=env)
     return nb
@@ -34,7 +38,9 @@ def test_the_three_notebooks_are_there():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path):
     nb = execute(path)
-    errors = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", []) if o.output_type == "error"]
+    errors = [
+        o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", []) if o.output_type == "error"
+    ]
     assert not errors
 
 

@@ -13,12 +13,28 @@ import pytest
 from headprobe.cli import main
 from headprobe.probe.core.io import CHECKPOINT_NAME, OUTPUTS_NAME
 
-SMALL = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "-k", "3", "--n-random", "2",
-         "--device", "cpu"]
+SMALL = [
+    "--n-natural",
+    "3",
+    "--seq-len",
+    "16",
+    "--n-repeated",
+    "2",
+    "--period",
+    "6",
+    "-k",
+    "3",
+    "--n-random",
+    "2",
+    "--device",
+    "cpu",
+]
 
 
 def _scan(tiny_dir, text_file, out, *extra):
-    return main(["scan", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), *SMALL, "--no-metrics", *extra])
+    return main(
+        ["scan", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), *SMALL, "--no-metrics", *extra]
+    )
 
 
 def _names(d):
@@ -127,9 +143,19 @@ def _save_nan_llama(path, tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, hidden_size=64,
-                      intermediate_size=128, vocab_size=101, max_position_embeddings=128, bos_token_id=100,
-                      eos_token_id=100, pad_token_id=100, attn_implementation="eager")
+    cfg = LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        hidden_size=64,
+        intermediate_size=128,
+        vocab_size=101,
+        max_position_embeddings=128,
+        bos_token_id=100,
+        eos_token_id=100,
+        pad_token_id=100,
+        attn_implementation="eager",
+    )
     hf = LlamaForCausalLM(cfg)
     with torch.no_grad():
         hf.model.layers[1].self_attn.o_proj.weight[0, 0] = float("nan")  # offloaded: found only in a forward
@@ -143,9 +169,28 @@ def test_failed_device_map_run_leaves_no_folder(tmp_path, tiny_tokenizer, text_f
     a checkpoint; the run fails in one line and leaves no folder (:func:`out_as_it_was` removes only
     the checkpoints it added, so an existing folder stays as it was)."""
     model = _save_nan_llama(tmp_path / "m", tiny_tokenizer)
-    args = ["--model", str(model), "--backend", "transformer-lens", "--device-map", "sequential",
-            "--max-memory", "cpu=250KB,disk=1GB", "--text", str(text_file), "--n-natural", "3", "--seq-len", "16",
-            "--n-repeated", "2", "--period", "6", "--device", "cpu"]
+    args = [
+        "--model",
+        str(model),
+        "--backend",
+        "transformer-lens",
+        "--device-map",
+        "sequential",
+        "--max-memory",
+        "cpu=250KB,disk=1GB",
+        "--text",
+        str(text_file),
+        "--n-natural",
+        "3",
+        "--seq-len",
+        "16",
+        "--n-repeated",
+        "2",
+        "--period",
+        "6",
+        "--device",
+        "cpu",
+    ]
     assert main(["ablate", "--out", str(tmp_path / "new"), *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("headprobe: error:") and "NaN" in err[-1]

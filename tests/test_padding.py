@@ -76,10 +76,13 @@ def test_padded_capture_equals_each_text_alone(zoo_model, side):
         sl = _real(mask[b])
         torch.testing.assert_close(logits[b, sl], alone_logits[0], atol=ATOL, rtol=0, msg=f"{family} logits")
         for layer in alone["z"]:
-            torch.testing.assert_close(cap["pattern"][layer][b][:, sl, sl], alone["pattern"][layer][0], atol=ATOL, rtol=0)
+            torch.testing.assert_close(
+                cap["pattern"][layer][b][:, sl, sl], alone["pattern"][layer][0], atol=ATOL, rtol=0
+            )
             for key in ("z", "result", "attn_out"):
-                torch.testing.assert_close(cap[key][layer][b, sl], alone[key][layer][0], atol=ATOL, rtol=0,
-                                           msg=f"{family} {key} layer {layer}")
+                torch.testing.assert_close(
+                    cap[key][layer][b, sl], alone[key][layer][0], atol=ATOL, rtol=0, msg=f"{family} {key} layer {layer}"
+                )
 
 
 def test_padding_is_not_vacuous(tiny_llama_gqa_native):
@@ -104,11 +107,14 @@ def test_padded_set_ablations_equal_each_text_alone(tiny_llama_gqa_native, side,
     assert torch.equal(mask, source_mask)
     sets, first = [[(0, 1)], [(1, 0), (1, 5)], [(0, 3), (1, 7)]], 1
     src = source if kind == "resample" else None
-    got = set_ablation_losses(model, tokens, sets, kind, None, first, max_batch=4, source_tokens=src, attention_mask=mask)
+    got = set_ablation_losses(
+        model, tokens, sets, kind, None, first, max_batch=4, source_tokens=src, attention_mask=mask
+    )
     for b, (text, stext) in enumerate(zip(TEXTS, sources)):
         alone = model.to_tokens(text)
-        want = set_ablation_losses(model, alone, sets, kind, None, first,
-                                   source_tokens=model.to_tokens(stext) if kind == "resample" else None)
+        want = set_ablation_losses(
+            model, alone, sets, kind, None, first, source_tokens=model.to_tokens(stext) if kind == "resample" else None
+        )
         torch.testing.assert_close(got[:, b], want[:, 0], atol=ATOL, rtol=0)
     with torch.no_grad():
         clean = masked_scored_losses(model, tokens, first, (), mask)
@@ -118,6 +124,7 @@ def test_padded_set_ablations_equal_each_text_alone(tiny_llama_gqa_native, side,
 # ---------------------------------------------------------------------------------------------
 # headprobe.wrap
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("backend", ["auto", "transformer-lens"])
 def test_wrap_leaves_the_callers_model_untouched(tiny_llama_gqa_checkpoint, backend):
@@ -150,8 +157,9 @@ def test_wrap_in_half_precision_checks_in_float32(tiny_llama_gqa_checkpoint):
     assert next(hf.parameters()).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("args, message", [((torch.nn.Linear(2, 2), None), "transformers model"),
-                                           (("gpt2", None), "transformers model")])
+@pytest.mark.parametrize(
+    "args, message", [((torch.nn.Linear(2, 2), None), "transformers model"), (("gpt2", None), "transformers model")]
+)
 def test_wrap_refuses_what_is_not_a_model(args, message):
     with pytest.raises(HeadprobeError, match=message):
         headprobe.wrap(*args)
@@ -181,7 +189,9 @@ def test_bridge_takes_right_padding_exactly_and_refuses_left(tiny_llama_gqa, tin
                 sl = _real(mask[b])
                 torch.testing.assert_close(logits[b, sl], model.forward(model.to_tokens(text))[0], atol=1e-4, rtol=0)
                 for layer in alone["z"]:
-                    torch.testing.assert_close(cap["pattern"][layer][b][:, sl, sl], alone["pattern"][layer][0], atol=ATOL, rtol=0)
+                    torch.testing.assert_close(
+                        cap["pattern"][layer][b][:, sl, sl], alone["pattern"][layer][0], atol=ATOL, rtol=0
+                    )
                     torch.testing.assert_close(cap["z"][layer][b, sl], alone["z"][layer][0], atol=ATOL, rtol=0)
         left, left_mask = model.to_tokens(TEXTS, padding_side="left")
         with pytest.raises(HeadprobeError, match="need right padding") as e:

@@ -37,8 +37,14 @@ def _unpadded(model, pairs):
     (the reference every padded batch is compared with)."""
     tok = model.tokenizer
     for i, p in enumerate(pairs):
-        ans = torch.tensor([[tok(p.correct, add_special_tokens=False)["input_ids"][0],
-                             tok(p.wrong, add_special_tokens=False)["input_ids"][0]]])
+        ans = torch.tensor(
+            [
+                [
+                    tok(p.correct, add_special_tokens=False)["input_ids"][0],
+                    tok(p.wrong, add_special_tokens=False)["input_ids"][0],
+                ]
+            ]
+        )
         yield model.to_tokens(p.clean), model.to_tokens(p.corrupted), ans, [i]
 
 
@@ -66,7 +72,9 @@ def test_batched_patching_equals_one_forward_per_head(fixture, request):
     for clean, corrupted, answers, idx in _unpadded(model, pairs):
         source = capture_internal(model, corrupted)["z"]
         np.testing.assert_allclose(got.clean_ld[idx], logit_diff(model.forward(clean), answers).numpy(), atol=1e-4)
-        np.testing.assert_allclose(got.corrupted_ld[idx], logit_diff(model.forward(corrupted), answers).numpy(), atol=1e-4)
+        np.testing.assert_allclose(
+            got.corrupted_ld[idx], logit_diff(model.forward(corrupted), answers).numpy(), atol=1e-4
+        )
         for i, head in enumerate(heads):
             logits = model.forward(clean, fwd_hooks=head_ablation_hooks([head], "resample", source_z=source))
             want[i, idx] = logit_diff(logits, answers).numpy()
@@ -121,8 +129,9 @@ def test_gemma2_logit_differences_are_those_of_the_soft_capped_logits(backend, t
         for clean, corrupted, answers, idx in _unpadded(model, pairs):
             want_clean = logit_diff(hf(clean).logits, answers).numpy()
             np.testing.assert_allclose(got.clean_ld[idx], want_clean, rtol=1e-5, atol=1e-5)
-            np.testing.assert_allclose(got.corrupted_ld[idx], logit_diff(hf(corrupted).logits, answers).numpy(),
-                                       rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(
+                got.corrupted_ld[idx], logit_diff(hf(corrupted).logits, answers).numpy(), rtol=1e-5, atol=1e-5
+            )
             for i, (layer, head) in enumerate(heads):
                 want = _hf_patched_logit_diff(hf, clean, corrupted, answers, layer, head, d_head)
                 np.testing.assert_allclose(got.patched_ld[i, idx], want, rtol=1e-5, atol=1e-5)
@@ -194,6 +203,7 @@ def test_unequal_lengths_and_multi_token_answers_are_refused(tiny_llama_gqa_nati
 # The command
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory):
     p = tmp_path_factory.mktemp("prompts") / "pairs.jsonl"
@@ -204,7 +214,10 @@ def prompts_file(tmp_path_factory):
 @pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_cli_writes_the_table_the_function_returns(tiny_dir, prompts_file, tmp_path):
     out = tmp_path / "p"
-    assert main(["patch", "--model", str(tiny_dir), "--prompts", str(prompts_file), "--out", str(out), "--device", "cpu"]) == 0
+    assert (
+        main(["patch", "--model", str(tiny_dir), "--prompts", str(prompts_file), "--out", str(out), "--device", "cpu"])
+        == 0
+    )
     table = pd.read_csv(out / "head_patching.csv")
     ref = headprobe.patch(str(tiny_dir), prompts=str(prompts_file), device="cpu").table
     assert len(table) == 2 * 8 and list(table.columns[:3]) == ["layer", "head", "kv_head"]
@@ -215,11 +228,14 @@ def test_cli_writes_the_table_the_function_returns(tiny_dir, prompts_file, tmp_p
         assert (out / f"{stem}.png").is_file() and (out / f"{stem}.svg").is_file()
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"clean": "t1"}\n{"clean": "t2"}', "line 1"),
-    ("not json", "line 1"),
-    (json.dumps({"clean": "t1 t2", "corrupted": "t3 t4", "correct": " t5", "wrong": " t6"}), "at least 2"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"clean": "t1"}\n{"clean": "t2"}', "line 1"),
+        ("not json", "line 1"),
+        (json.dumps({"clean": "t1 t2", "corrupted": "t3 t4", "correct": " t5", "wrong": " t6"}), "at least 2"),
+    ],
+)
 def test_bad_prompt_files_are_one_line_and_exit_2(content, message, tmp_path, capsys):
     f = tmp_path / "bad.jsonl"
     f.write_text(content, encoding="utf-8")
@@ -246,8 +262,21 @@ def test_a_multi_token_answer_names_its_pair(tiny_dir, tmp_path, capsys):
     f = tmp_path / "pairs.jsonl"
     f.write_text("\n".join(json.dumps(p) for p in (good, {**good, "correct": " t5 t7"})), encoding="utf-8")
     with pytest.raises(SystemExit) as e:
-        raise SystemExit(main(["patch", "--model", str(tiny_dir), "--prompts", str(f), "--out", str(tmp_path / "o"),
-                               "--device", "cpu"]))
+        raise SystemExit(
+            main(
+                [
+                    "patch",
+                    "--model",
+                    str(tiny_dir),
+                    "--prompts",
+                    str(f),
+                    "--out",
+                    str(tmp_path / "o"),
+                    "--device",
+                    "cpu",
+                ]
+            )
+        )
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
     assert e.value.code == 2 and "Traceback" not in err and len(errors) == 1, err
@@ -258,6 +287,7 @@ def test_a_multi_token_answer_names_its_pair(tiny_dir, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------
 # q/k/v and residual sites, padded batches, forward passes
 # ---------------------------------------------------------------------------------------------
+
 
 def _expanded_kv(model):
     """The GQA ``model`` rebuilt as MHA: each KV head's k and v projections copied once per query
@@ -275,7 +305,7 @@ def _expanded_kv(model):
     for name, w in net.state_dict().items():
         if any(name.endswith(f"attn.{p}_proj.{t}") for p in "kv" for t in ("weight", "bias")):
             per_kv = w.unflatten(0, (cfg.n_kv_heads, -1))  # [kv_head, d, ...]
-            w = torch.cat([per_kv[g:g + 1].expand(G, *per_kv.shape[1:]) for g in range(cfg.n_kv_heads)]).flatten(0, 1)
+            w = torch.cat([per_kv[g : g + 1].expand(G, *per_kv.shape[1:]) for g in range(cfg.n_kv_heads)]).flatten(0, 1)
         state[name] = w.clone()
     big_cfg = dataclasses.replace(cfg, n_kv_heads=cfg.n_heads)
     big = Transformer.from_state_dict(big_cfg, state).eval()
@@ -290,10 +320,12 @@ def _capture_at(model, tokens, name):
 
 def _replace_hook(name, index, value):
     """A hand-made hook: ``x[index] = value[index]`` (index into the activation after ``[:]``)."""
+
     def hook(x, hook):
         x = x.clone()
         x[index] = value[index]
         return x
+
     return [(name, hook)]
 
 
@@ -316,14 +348,23 @@ def test_gqa_kv_patching_equals_the_expanded_model_patched_by_hand(tiny_llama_gq
                 name = f"blocks.{layer}.attn.hook_{site}"
                 src_big, src = _capture_at(big, corrupted, name), _capture_at(model, corrupted, name)
                 for g in range(model.spec.n_kv_heads):  # the loop over KV heads
-                    whole = logit_diff(model.forward(clean, _replace_hook(name, (slice(None), slice(None), g), src)), answers)
+                    whole = logit_diff(
+                        model.forward(clean, _replace_hook(name, (slice(None), slice(None), g), src)), answers
+                    )
                     copies = (slice(None), slice(None), slice(g * G, (g + 1) * G))
-                    np.testing.assert_allclose(whole.numpy(), logit_diff(big.forward(clean, _replace_hook(name, copies, src_big)),
-                                                                         answers).numpy(), atol=1e-5)
+                    np.testing.assert_allclose(
+                        whole.numpy(),
+                        logit_diff(big.forward(clean, _replace_hook(name, copies, src_big)), answers).numpy(),
+                        atol=1e-5,
+                    )
                 for head in range(model.spec.n_heads):
-                    want = logit_diff(big.forward(clean, _replace_hook(name, (slice(None), slice(None), head), src_big)), answers)
+                    want = logit_diff(
+                        big.forward(clean, _replace_hook(name, (slice(None), slice(None), head), src_big)), answers
+                    )
                     i = heads.index((layer, head))
-                    np.testing.assert_allclose(got.patched_ld[i, idx], want.numpy(), atol=1e-5, err_msg=f"{layer}.{head}")
+                    np.testing.assert_allclose(
+                        got.patched_ld[i, idx], want.numpy(), atol=1e-5, err_msg=f"{layer}.{head}"
+                    )
     finally:
         torch.set_grad_enabled(True)
     # not vacuous: one query head's patch is not its whole KV head's
@@ -344,11 +385,15 @@ def test_q_and_resid_patching_equal_hand_made_hooks(tiny_llama_gqa_native):
             for i, (layer, head) in enumerate([(1, 3), (0, 6)]):
                 name = f"blocks.{layer}.attn.hook_q"
                 hook = _replace_hook(name, (slice(None), slice(None), head), _capture_at(model, corrupted, name))
-                np.testing.assert_allclose(q.patched_ld[i, idx], logit_diff(model.forward(clean, hook), answers).numpy(), atol=1e-5)
+                np.testing.assert_allclose(
+                    q.patched_ld[i, idx], logit_diff(model.forward(clean, hook), answers).numpy(), atol=1e-5
+                )
             for i, (layer, pos) in enumerate(units):
                 name = f"blocks.{layer}.hook_resid_pre"
                 hook = _replace_hook(name, (slice(None), pos), _capture_at(model, corrupted, name))
-                np.testing.assert_allclose(r.patched_ld[i, idx], logit_diff(model.forward(clean, hook), answers).numpy(), atol=1e-5)
+                np.testing.assert_allclose(
+                    r.patched_ld[i, idx], logit_diff(model.forward(clean, hook), answers).numpy(), atol=1e-5
+                )
     finally:
         torch.set_grad_enabled(True)
     assert np.abs(r.effect).max() > 1e-3 and np.abs(q.effect).max() > 1e-3
@@ -356,7 +401,9 @@ def test_q_and_resid_patching_equal_hand_made_hooks(tiny_llama_gqa_native):
     n = min(len(model.to_tokens(p.clean)[0]) for p in pairs)
     every = patch(model, pairs, "resid", [(0, pos) for pos in range(n)])
     short = [i for i, p in enumerate(pairs) if len(model.to_tokens(p.clean)[0]) == n]
-    assert np.abs(every.patched_ld[:, short].min(0) - every.patched_ld[:, short].max(0)).max() > 1e-3  # positions differ
+    assert (
+        np.abs(every.patched_ld[:, short].min(0) - every.patched_ld[:, short].max(0)).max() > 1e-3
+    )  # positions differ
     sum_check = patch(model, [pairs[i] for i in short], "resid", [(0, pos) for pos in range(n)])
     np.testing.assert_allclose(sum_check.patched_ld, every.patched_ld[:, short], atol=1e-5)
 
@@ -388,6 +435,7 @@ def _count_passes(model, monkeypatch) -> list[int]:
         def counted(*args, _real=real, **kwargs):
             calls[0] += 1
             return _real(*args, **kwargs)
+
         monkeypatch.setattr(model, name, counted)
     return calls
 
@@ -415,7 +463,9 @@ def test_four_pairs_of_two_lengths_take_half_the_passes(tiny_llama_gqa_native, m
 def test_bridge_patches_the_same_sites_as_native(tiny_llama_gqa, tiny_llama_gqa_native):
     """On the bridge (one right-padded batch) q, k, v and resid patching give the native numbers."""
     pairs = _pairs(4)
-    assert len(encode_pairs(tiny_llama_gqa, pairs, "right")) == 1 and len(encode_pairs(tiny_llama_gqa, pairs, "left")) == 2
+    assert (
+        len(encode_pairs(tiny_llama_gqa, pairs, "right")) == 1 and len(encode_pairs(tiny_llama_gqa, pairs, "left")) == 2
+    )
     for site, units in [("q", [(0, 2), (1, 5)]), ("k", [(0, 2), (1, 5)]), ("v", [(1, 0), (1, 7)]), ("resid", [(1, 1)])]:
         native = patch(tiny_llama_gqa_native, pairs, site, units)
         bridge = patch(tiny_llama_gqa, pairs, site, units)
@@ -433,9 +483,15 @@ def test_bad_sites_and_units_are_refused(tiny_llama_gqa_native):
         patch(tiny_llama_gqa_native, pairs, "k", [(0, 8)])
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--site", "w"], "invalid choice"), (["--site", "resid", "--heads", "0.1"], "--positions"),
-    (["--site", "k", "--positions", "1"], "--site resid"), (["--site", "resid", "--positions", "a"], "integers")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--site", "w"], "invalid choice"),
+        (["--site", "resid", "--heads", "0.1"], "--positions"),
+        (["--site", "k", "--positions", "1"], "--site resid"),
+        (["--site", "resid", "--positions", "a"], "integers"),
+    ],
+)
 def test_bad_site_flags_are_one_line_and_exit_2(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         raise SystemExit(main(["patch", "--model", "smollm2-135m", *argv, "--out", str(tmp_path / "o")]))
@@ -450,8 +506,25 @@ def test_cli_site_writes_per_pair_effects_and_t_intervals(tiny_dir, prompts_file
 
     out = tmp_path / site
     extra = ["--positions", "0,-1"] if site == "resid" else []
-    assert main(["patch", "--model", str(tiny_dir), "--prompts", str(prompts_file), "--site", site, *extra,
-                 "--out", str(out), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "patch",
+                "--model",
+                str(tiny_dir),
+                "--prompts",
+                str(prompts_file),
+                "--site",
+                site,
+                *extra,
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     csv = out / ("resid_patching.csv" if site == "resid" else "head_patching.csv")
     table = pd.read_csv(csv)
     summary = json.loads((out / "summary.json").read_text())

@@ -50,10 +50,12 @@ def _scores_and_effects(model, tokens):
     period = (tokens.shape[1] - 1) // 2
     start = 1
     scores = {}
-    for name, fn in (("previous_token", lambda p: detectors.previous_token_score(p)),
-                     ("first_token", lambda p: detectors.first_token_score(p)),
-                     ("induction", lambda p: detectors.induction_score(p, period, start)),
-                     ("duplicate_token", lambda p: detectors.duplicate_token_score(p, period, start))):
+    for name, fn in (
+        ("previous_token", lambda p: detectors.previous_token_score(p)),
+        ("first_token", lambda p: detectors.first_token_score(p)),
+        ("induction", lambda p: detectors.induction_score(p, period, start)),
+        ("duplicate_token", lambda p: detectors.duplicate_token_score(p, period, start)),
+    ):
         scores[name] = torch.stack([fn(cap["pattern"][l].float()) for l in range(model.spec.n_layers)])
     patterns = torch.stack([cap["pattern"][l].float() for l in range(model.spec.n_layers)])
     sweep = exact_sweep(model, tokens, first=period)
@@ -194,4 +196,8 @@ def test_half_precision_on_smollm2(smollm2_checkpoint):
         worst[name] = (worst_score, worst_effect)
         del half
     for name, (worst_score, worst_effect) in worst.items():
-        assert worst_score <= SMOL_SCORE_TOL[name] and worst_effect <= SMOL_EFFECT_TOL[name], (name, worst_score, worst_effect)
+        assert worst_score <= SMOL_SCORE_TOL[name] and worst_effect <= SMOL_EFFECT_TOL[name], (
+            name,
+            worst_score,
+            worst_effect,
+        )

@@ -33,7 +33,7 @@ def planted(tiny_gpt2_native):
     d = model.spec.d_head
     with torch.no_grad():
         for (layer, head), scale in ((USELESS, 0.0), (ESSENTIAL, 30.0)):
-            model.model.blocks[layer].attn.o_proj.weight[:, head * d:(head + 1) * d] *= scale
+            model.model.blocks[layer].attn.o_proj.weight[:, head * d : (head + 1) * d] *= scale
         gen = torch.Generator().manual_seed(0)
         tokens = torch.randint(0, 100, (16, 1), generator=gen)
         for _ in range(15):
@@ -50,8 +50,9 @@ def check_planted(run, n_heads_total: int) -> None:
     assert "0.1" in first, f"the useless head 0.1 was not among the first closed ({first})"
     for row in run.rows:
         if row["n_pruned"] < n_heads_total:
-            assert "1.2" not in " ".join(r["removed"] for r in run.rows[: row["step"] + 1]), \
+            assert "1.2" not in " ".join(r["removed"] for r in run.rows[: row["step"] + 1]), (
                 f"the essential head 1.2 was closed at lambda {row['lambda']} while other heads stayed"
+            )
 
 
 def test_l0_gates_close_the_useless_head_first_and_keep_the_essential_one(planted):
@@ -84,7 +85,9 @@ def test_l0_is_seeded_and_resumable(planted):
     l0_pruning(model, train, {"natural": held}, **{**kw, "lambdas": (0.3, 1.0)}, on_step=states.append)
     resumed = l0_pruning(model, train, {"natural": held}, **kw, resume=states[-1])
     assert [r["natural_loss"] for r in resumed.rows] == pytest.approx([r["natural_loss"] for r in full.rows], abs=1e-6)
-    assert [r["expected_open"] for r in resumed.rows] == pytest.approx([r["expected_open"] for r in full.rows], abs=1e-4)
+    assert [r["expected_open"] for r in resumed.rows] == pytest.approx(
+        [r["expected_open"] for r in full.rows], abs=1e-4
+    )
     with pytest.raises(HeadprobeError):
         l0_pruning(model, train, {"natural": held}, lambdas=(3.0, 1.0))
 
@@ -102,7 +105,9 @@ def test_curve_auc_against_a_hand_computed_area():
     # loss 1 -> 3 linearly over [0, 1]: mean 2; over [0, 0.5]: 1 -> 2, mean 1.5
     assert curve_auc([0, 0.5, 1.0], [1, 2, 3], 1.0) == pytest.approx(2.0)
     assert curve_auc([1.0, 0, 0.25], [3, 1, 1.5], 0.5) == pytest.approx(1.5)  # unsorted, interpolated at 0.5
-    assert curve_auc([0, 0.2, 0.2, 1.0], [1, 1, 2, 2], 1.0) == pytest.approx(1.8)  # a jump (two L0 points at one fraction)
+    assert curve_auc([0, 0.2, 0.2, 1.0], [1, 1, 2, 2], 1.0) == pytest.approx(
+        1.8
+    )  # a jump (two L0 points at one fraction)
     with pytest.raises(HeadprobeError):
         curve_auc([0, 0.3], [1, 2], 0.5)
 

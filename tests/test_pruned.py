@@ -54,8 +54,9 @@ def test_pruned_model_equals_masked_model_and_reloads(request, name, tmp_path):
     # padding path (explicit key mask) also works
     am = torch.ones_like(tokens)
     am[0, :3] = 0
-    torch.testing.assert_close(again(tokens, attention_mask=am), net(tokens, head_mask=keep.float(), attention_mask=am),
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        again(tokens, attention_mask=am), net(tokens, head_mask=keep.float(), attention_mask=am), atol=1e-4, rtol=0
+    )
 
 
 def test_gqa_kv_head_kept_while_any_query_head_reads_it(tiny_llama_gqa_native):
@@ -75,8 +76,9 @@ def test_prune_everything_and_move_devices(tiny_gpt2_native):
     moved = pruned.to(torch.float64).to("cpu")
     assert moved(tokens).dtype == torch.float64
     if torch.cuda.is_available():
-        torch.testing.assert_close(pruned.float().cuda()(tokens.cuda()).cpu(), net(tokens, head_mask=keep.float()),
-                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            pruned.float().cuda()(tokens.cuda()).cpu(), net(tokens, head_mask=keep.float()), atol=1e-4, rtol=0
+        )
 
 
 def test_errors(tiny_gpt2, tiny_gpt2_native, tmp_path):

@@ -34,7 +34,10 @@ def test_importance_pruning_curve(tiny_llama_gqa_native):
     assert set(run.removal_order[:4]) == first
     # after step 2, the loss equals a fresh masked evaluation of the same mask
     keep = run.keep_mask_after(8, 2, 8)
-    assert abs(run.rows[2]["natural_loss"] - float(scored_loss(net(tokens, head_mask=keep.float()), tokens, 3).mean())) < 1e-5
+    assert (
+        abs(run.rows[2]["natural_loss"] - float(scored_loss(net(tokens, head_mask=keep.float()), tokens, 3).mean()))
+        < 1e-5
+    )
 
 
 def test_random_order_and_no_rescore(tiny_gpt2, tiny_gpt2_native):
@@ -43,13 +46,15 @@ def test_random_order_and_no_rescore(tiny_gpt2, tiny_gpt2_native):
     assert len(rnd.rows) == 3 and len(set(rnd.removal_order)) == 8
     again = iterative_pruning(tiny_gpt2_native, score, {"natural": held}, order="random", step_fraction=0.5, seed=3)
     assert again.removal_order == rnd.removal_order
-    once = iterative_pruning(tiny_gpt2_native, score, {"natural": held}, rescore=False, normalize=False,
-                             step_fraction=0.25, max_fraction=0.5)
+    once = iterative_pruning(
+        tiny_gpt2_native, score, {"natural": held}, rescore=False, normalize=False, step_fraction=0.25, max_fraction=0.5
+    )
     imp = head_importance(tiny_gpt2_native, score.tokens).importance
     assert once.removal_order == [(i // 4, i % 4) for i in imp.flatten().argsort()[:4].tolist()]
     # the bridge backend gives the same curve
-    bridge = iterative_pruning(tiny_gpt2, score, {"natural": held}, rescore=False, normalize=False,
-                               step_fraction=0.25, max_fraction=0.5)
+    bridge = iterative_pruning(
+        tiny_gpt2, score, {"natural": held}, rescore=False, normalize=False, step_fraction=0.25, max_fraction=0.5
+    )
     assert bridge.removal_order == once.removal_order
     for a, b in zip(bridge.rows, once.rows):
         assert abs(a["natural_loss"] - b["natural_loss"]) < 1e-4

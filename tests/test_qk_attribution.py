@@ -107,7 +107,9 @@ def test_soft_capped_scores_far_past_the_cap_are_split_exactly(tiny_tokenizer):
     got = {(h, i, j): qk_attribution(model, tokens, 1, h, i, j) for h in range(model.spec.n_heads) for i, j in pairs}
     attn.softcap = None
     seen = {}
-    with model.hooks([("blocks.1.attn.hook_attn_scores", lambda x, hook: seen.setdefault("s", x.detach()[0].double()))]):
+    with model.hooks(
+        [("blocks.1.attn.hook_attn_scores", lambda x, hook: seen.setdefault("s", x.detach()[0].double()))]
+    ):
         model.forward(tokens)
     raw = torch.stack([seen["s"][h, i, j] for h, i, j in got]).numpy()
     assert len(got) == 128 and (abs(raw) > 6 * cap).sum() >= 10  # far beyond the cap: the case at issue

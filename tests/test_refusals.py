@@ -19,8 +19,14 @@ def _refuse(argv, cwd, env=None):
     """``(exit status, the non-importtime stderr lines, torch imported?)`` of ``headprobe ARGV``."""
     import os
 
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "headprobe", *argv], capture_output=True, text=True,
-                       cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "headprobe", *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        timeout=300,
+    )
     lines = r.stderr.splitlines()
     errors = [x for x in lines if not x.startswith("import time:")]
     torch = any(x.startswith("import time:") and x.rsplit("|", 1)[-1].strip() == "torch" for x in lines)
@@ -30,39 +36,69 @@ def _refuse(argv, cwd, env=None):
 LONG = "word " * 9000  # 9,001 tokens or so: longer than SmolLM2's 8,192 positions
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["patch", "--heads", "99.99", "--out", "o"], "head 99.99 is out of range: the model has 30 layers"),
-    (["circuit", "--receivers", "99.1:k", "--out", "o"], "receiver 99.1 is not a head after layer 0 of a model of 30 layers"),
-    (["circuit", "--qk-head", "40.1", "--out", "o"], "--qk-head 40.1 is not a head of a model of 30 layers x 9 heads"),
-    (["scan", "--model", "nosuchmodel", "--out", "o"], "unknown model name nosuchmodel"),
-    (["show", "--model", "nosuchmodel", "--head", "1.1", "--prompt", "hi", "--out", "o"], "unknown model name nosuchmodel"),
-    (["ablate", "--model", "not a/repo", "--out", "o"], "unknown model 'not a/repo'"),
-    (["show", "--head", "1.1", "--prompt", "", "--out", "o"], "the prompt is empty"),
-    (["show", "--head", "1.1", "--prompt", LONG, "--out", "o"], "tokens; show draws 3 to 8192"),
-    (["patch", "--bogus"], "required: --out"),
-    (["train", "--bogus", "--out", "o"], "unrecognized arguments: --bogus"),
-    (["study", "heads", "--steps", "x", "--out", "o"], "--steps"),
-    (["circuit", "--out", "o", "--n-seqs", "x"], "--n-seqs: must be a positive integer"),
-    (["scnn"], "invalid choice: 'scnn'"),
-    (["view", "missing-folder"], "missing-folder is not a directory"),
-    (["scan", "-k", "1000", "--out", "o"], "--top-k 1000 leaves no random control: the model has 270 heads"),
-    (["scan", "--alpha", "1.5", "--out", "o"], "must be between 0 and 1 (exclusive), got 1.5 (see headprobe scan --help)"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["patch", "--heads", "99.99", "--out", "o"], "head 99.99 is out of range: the model has 30 layers"),
+        (
+            ["circuit", "--receivers", "99.1:k", "--out", "o"],
+            "receiver 99.1 is not a head after layer 0 of a model of 30 layers",
+        ),
+        (
+            ["circuit", "--qk-head", "40.1", "--out", "o"],
+            "--qk-head 40.1 is not a head of a model of 30 layers x 9 heads",
+        ),
+        (["scan", "--model", "nosuchmodel", "--out", "o"], "unknown model name nosuchmodel"),
+        (
+            ["show", "--model", "nosuchmodel", "--head", "1.1", "--prompt", "hi", "--out", "o"],
+            "unknown model name nosuchmodel",
+        ),
+        (["ablate", "--model", "not a/repo", "--out", "o"], "unknown model 'not a/repo'"),
+        (["show", "--head", "1.1", "--prompt", "", "--out", "o"], "the prompt is empty"),
+        (["show", "--head", "1.1", "--prompt", LONG, "--out", "o"], "tokens; show draws 3 to 8192"),
+        (["patch", "--bogus"], "required: --out"),
+        (["train", "--bogus", "--out", "o"], "unrecognized arguments: --bogus"),
+        (["study", "heads", "--steps", "x", "--out", "o"], "--steps"),
+        (["circuit", "--out", "o", "--n-seqs", "x"], "--n-seqs: must be a positive integer"),
+        (["scnn"], "invalid choice: 'scnn'"),
+        (["view", "missing-folder"], "missing-folder is not a directory"),
+        (["scan", "-k", "1000", "--out", "o"], "--top-k 1000 leaves no random control: the model has 270 heads"),
+        (
+            ["scan", "--alpha", "1.5", "--out", "o"],
+            "must be between 0 and 1 (exclusive), got 1.5 (see headprobe scan --help)",
+        ),
+    ],
+)
 def test_usage_errors_are_refused_before_torch_is_imported(tmp_path, argv, fragment):
     """Item 13: each usage error of the issue in one line, exit 2, nothing written, and no torch
     module imported (these took 9-89 s after a load; now well under 3 s)."""
     code, errors, torch = _refuse(argv, tmp_path)
-    assert code == 2 and len(errors) == 1 and errors[0].startswith("headprobe: error:") and fragment in errors[0], errors
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("headprobe: error:") and fragment in errors[0], (
+        errors
+    )
     assert not torch
     assert not (tmp_path / "o").exists()
 
 
 # What each command needs besides the bad flag, so that the flag is what argparse refuses.
-REQUIRED = {"scan": ["--out", "o"], "budget": [], "ablate": ["--out", "o"], "prune": ["--out", "o"],
-            "train": ["--out", "o"], "study": ["heads", "--out", "o"], "view": ["d"], "show": ["--head", "1.1", "--prompt",
-            "x", "--out", "o"], "atlas": ["--out", "o"], "patch": ["--out", "o"], "circuit": ["--out", "o"],
-            "kv": ["--out", "o"], "export": ["--from", "d", "--out", "o"], "import": ["--heads-file", "h.txt"],
-            "robustness": ["--out", "o"], "diff": ["a", "b", "--out", "o"]}
+REQUIRED = {
+    "scan": ["--out", "o"],
+    "budget": [],
+    "ablate": ["--out", "o"],
+    "prune": ["--out", "o"],
+    "train": ["--out", "o"],
+    "study": ["heads", "--out", "o"],
+    "view": ["d"],
+    "show": ["--head", "1.1", "--prompt", "x", "--out", "o"],
+    "atlas": ["--out", "o"],
+    "patch": ["--out", "o"],
+    "circuit": ["--out", "o"],
+    "kv": ["--out", "o"],
+    "export": ["--from", "d", "--out", "o"],
+    "import": ["--heads-file", "h.txt"],
+    "robustness": ["--out", "o"],
+    "diff": ["a", "b", "--out", "o"],
+}
 
 
 def test_every_command_is_in_the_bad_flag_list():
@@ -75,24 +111,35 @@ def test_every_command_is_in_the_bad_flag_list():
 def test_a_bad_flag_of_every_command_is_refused_before_torch_is_imported(tmp_path, command):
     """Every command's parser is made from its settings without torch: a misspelt flag is one line, exit 2."""
     code, errors, torch = _refuse([command, *REQUIRED[command], "--no-such-flag"], tmp_path)
-    assert code == 2 and len(errors) == 1 and errors[0].startswith("headprobe: error: unrecognized arguments: "
-                                                                   "--no-such-flag"), errors
+    assert (
+        code == 2
+        and len(errors) == 1
+        and errors[0].startswith("headprobe: error: unrecognized arguments: --no-such-flag")
+    ), errors
     assert not torch
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["scan", "--pattern-len", "1", "--out", "o"], "--pattern-len must be 0 (no patterns.npz) or at least 2, got 1"),
-    (["ablate", "--heads", "5.x", "--out", "o"], "5.x"),
-    (["prune", "--step-fraction", "2", "--out", "o"], "--step-fraction must be in (0, 1], got 2.0"),
-    (["train", "--lr", "-1", "--out", "o"], "--lr must be a positive number, got -1.0"),
-    (["study", "layouts", "--rope", "3", "--out", "o"], "--rope must be an even non-negative integer, got 3"),
-    (["atlas", "--model", "gpt2", "--out", "o"], "headprobe atlas takes --models (one or more), not --model"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (
+            ["scan", "--pattern-len", "1", "--out", "o"],
+            "--pattern-len must be 0 (no patterns.npz) or at least 2, got 1",
+        ),
+        (["ablate", "--heads", "5.x", "--out", "o"], "5.x"),
+        (["prune", "--step-fraction", "2", "--out", "o"], "--step-fraction must be in (0, 1], got 2.0"),
+        (["train", "--lr", "-1", "--out", "o"], "--lr must be a positive number, got -1.0"),
+        (["study", "layouts", "--rope", "3", "--out", "o"], "--rope must be an even non-negative integer, got 3"),
+        (["atlas", "--model", "gpt2", "--out", "o"], "headprobe atlas takes --models (one or more), not --model"),
+    ],
+)
 def test_a_value_the_config_refuses_is_refused_before_torch_is_imported(tmp_path, argv, fragment):
     """The Config made from the flags checks their values before the run target (which may import torch) is."""
     code, errors, torch = _refuse(argv, tmp_path)
-    assert code == 2 and len(errors) == 1 and errors[0].startswith("headprobe: error:") and fragment in errors[0], errors
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("headprobe: error:") and fragment in errors[0], (
+        errors
+    )
     assert not torch
     assert not (tmp_path / "o").exists()
 
@@ -116,34 +163,51 @@ def test_the_pre_load_token_count_is_the_loaded_tokenizers(tiny_dir, tiny_llama_
 def test_the_import_probe_sees_torch_when_it_loads(tmp_path, tiny_dir):
     """The probe above is not vacuous: the same patch command on a head in range loads the model (and torch)."""
     pairs = tmp_path / "p.jsonl"
-    pairs.write_text("\n".join(json.dumps({"clean": "t1 t2 t3", "corrupted": "t4 t5 t6", "correct": " t7", "wrong": " t8"})
-                               for _ in range(2)) + "\n", encoding="utf-8")
-    code, errors, torch = _refuse(["patch", "--model", str(tiny_dir), "--prompts", str(pairs), "--heads", "1.1",
-                                   "--out", "o", "--device", "cpu"], tmp_path, env={"HEADPROBE_FIGURE_FORMATS": "none"})
+    pairs.write_text(
+        "\n".join(
+            json.dumps({"clean": "t1 t2 t3", "corrupted": "t4 t5 t6", "correct": " t7", "wrong": " t8"})
+            for _ in range(2)
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    code, errors, torch = _refuse(
+        ["patch", "--model", str(tiny_dir), "--prompts", str(pairs), "--heads", "1.1", "--out", "o", "--device", "cpu"],
+        tmp_path,
+        env={"HEADPROBE_FIGURE_FORMATS": "none"},
+    )
     assert code == 0 and torch, errors
 
 
-
-@pytest.mark.parametrize("argv, fragment", [
-    (["budget", "--seq-len", "0"], "argument --seq-len: must be a positive integer, got 0"),
-    (["budget", "--json", "--bogus"], "unrecognized arguments: --bogus"),
-    (["patch", "--out", "o", "--site", "w"], "argument --site: invalid choice: 'w'"),
-    (["show", "--head", "1.1", "--prompt", "x", "--prompt-file", "y", "--out", "o"],
-     "argument --prompt-file: not allowed with argument --prompt"),
-    (["show", "--head", "1.1", "--out", "o"], "one of the arguments --prompt --prompt-file is required"),
-    (["view", "d", "--pattern-len", "x"], "argument --pattern-len: must be a positive integer, got 'x'"),
-    (["view"], "the following arguments are required: DIR"),
-    (["circuit", "--out", "o", "--method", "x"], "argument --method: invalid choice: 'x'"),
-    (["kv", "--out", "o", "--kv-budget", "0.5", "--loss-tolerance", "0.1"],
-     "argument --loss-tolerance: not allowed with argument --kv-budget"),
-    (["kv", "--out", "o", "--no-bos"], "unrecognized arguments: --no-bos"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["budget", "--seq-len", "0"], "argument --seq-len: must be a positive integer, got 0"),
+        (["budget", "--json", "--bogus"], "unrecognized arguments: --bogus"),
+        (["patch", "--out", "o", "--site", "w"], "argument --site: invalid choice: 'w'"),
+        (
+            ["show", "--head", "1.1", "--prompt", "x", "--prompt-file", "y", "--out", "o"],
+            "argument --prompt-file: not allowed with argument --prompt",
+        ),
+        (["show", "--head", "1.1", "--out", "o"], "one of the arguments --prompt --prompt-file is required"),
+        (["view", "d", "--pattern-len", "x"], "argument --pattern-len: must be a positive integer, got 'x'"),
+        (["view"], "the following arguments are required: DIR"),
+        (["circuit", "--out", "o", "--method", "x"], "argument --method: invalid choice: 'x'"),
+        (
+            ["kv", "--out", "o", "--kv-budget", "0.5", "--loss-tolerance", "0.1"],
+            "argument --loss-tolerance: not allowed with argument --kv-budget",
+        ),
+        (["kv", "--out", "o", "--no-bos"], "unrecognized arguments: --no-bos"),
+    ],
+)
 def test_generated_flags_refuse_bad_input_before_torch_is_imported(tmp_path, argv, fragment):
     """The flags generated from budget's, patch's, show's, view's, circuit's and
     kv's Configs (argument groups, mutually exclusive flags, a positional DIR) refuse a bad flag in
     one line, exit 2, with no torch module imported."""
     code, errors, torch = _refuse(argv, tmp_path)
-    assert code == 2 and len(errors) == 1 and errors[0].startswith("headprobe: error:") and fragment in errors[0], errors
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("headprobe: error:") and fragment in errors[0], (
+        errors
+    )
     assert not torch
     assert not (tmp_path / "o").exists()
 
@@ -155,10 +219,14 @@ def test_help_imports_no_torch(tmp_path, command):
     code, errors, torch = _refuse([command, "--help"], tmp_path)
     assert code == 0 and not errors and not torch
 
+
 def _long_pairs(path, n_tokens):
     words = " ".join(f"t{i % 100}" for i in range(n_tokens))
-    path.write_text("\n".join(json.dumps({"clean": words, "corrupted": words, "correct": " t1", "wrong": " t2"})
-                              for _ in range(2)) + "\n", encoding="utf-8")
+    path.write_text(
+        "\n".join(json.dumps({"clean": words, "corrupted": words, "correct": " t1", "wrong": " t2"}) for _ in range(2))
+        + "\n",
+        encoding="utf-8",
+    )
     return path
 
 
@@ -173,8 +241,9 @@ def test_patch_refuses_prompts_longer_than_the_context_before_loading(tmp_path, 
 
 
 @pytest.mark.parametrize("backend", ["native", "bridge"])
-def test_patch_refuses_prompts_longer_than_the_context_on_a_loaded_model(tmp_path, backend, tiny_llama_gqa_native,
-                                                                         tiny_llama_gqa):
+def test_patch_refuses_prompts_longer_than_the_context_on_a_loaded_model(
+    tmp_path, backend, tiny_llama_gqa_native, tiny_llama_gqa
+):
     """Item 10, after loading (a model given as a LoadedModel, where no config.json is read): both backends."""
     import headprobe
     from headprobe.probe.core.errors import HeadprobeError
@@ -196,8 +265,10 @@ def test_a_byte_order_mark_is_dropped_from_text_inputs(tmp_path, tiny_dir, tiny_
     plain, marked = tmp_path / "plain.jsonl", tmp_path / "marked.jsonl"
     plain.write_text(f"{line}\n{line}\n", encoding="utf-8")
     marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
-    assert PatchConfig(model=str(tiny_dir), prompts=str(marked)).read_pairs() == \
-        PatchConfig(model=str(tiny_dir), prompts=str(plain)).read_pairs()
+    assert (
+        PatchConfig(model=str(tiny_dir), prompts=str(marked)).read_pairs()
+        == PatchConfig(model=str(tiny_dir), prompts=str(plain)).read_pairs()
+    )
     text = tmp_path / "text.txt"
     text.write_bytes("\ufeff".encode() + b"t3 t4 t5\n")
     assert read_text_file(text) == "t3 t4 t5\n"
@@ -210,7 +281,7 @@ def test_a_byte_order_mark_is_dropped_from_text_inputs(tmp_path, tiny_dir, tiny_
         read_text_file(bad)
 
 
-@pytest.mark.parametrize("value", ["1e999", "Infinity", "0.9", "true", "\"3\""])
+@pytest.mark.parametrize("value", ["1e999", "Infinity", "0.9", "true", '"3"'])
 def test_kv_policy_integers_must_be_json_integers(tmp_path, capsys, value):
     """Item 7: 1e999 / Infinity in an integer field ended in an OverflowError traceback, 0.9 was
     truncated to layer 0; each is now one line, exit 2. A byte-order mark is read."""
@@ -223,8 +294,11 @@ def test_kv_policy_integers_must_be_json_integers(tmp_path, capsys, value):
     assert main(["budget", "--preset", "llama3-8b", "--policy", str(ok)]) == 0
     capsys.readouterr()
     for where in ("n_layers", "layer"):
-        text = json.dumps(good).replace('"n_layers": 32', f'"n_layers": {value}') if where == "n_layers" else \
-            json.dumps(good).replace('"layer": 0,', f'"layer": {value},', 1)
+        text = (
+            json.dumps(good).replace('"n_layers": 32', f'"n_layers": {value}')
+            if where == "n_layers"
+            else json.dumps(good).replace('"layer": 0,', f'"layer": {value},', 1)
+        )
         bad = tmp_path / "bad.json"
         bad.write_text(text, encoding="utf-8")
         assert main(["budget", "--preset", "llama3-8b", "--policy", str(bad)]) == 2
@@ -240,8 +314,15 @@ def test_write_json_takes_numpy_scalars_and_pandas_missing_values(tmp_path):
 
     from headprobe.probe.core.io import write_json
 
-    obj = {"f": np.float32(0.25), "i": np.int64(3), "b": np.bool_(True), "nan": np.float32("nan"),
-           "na": pd.NA, "nat": pd.NaT, "list": [np.float64(1.5), np.float16("inf")]}
+    obj = {
+        "f": np.float32(0.25),
+        "i": np.int64(3),
+        "b": np.bool_(True),
+        "nan": np.float32("nan"),
+        "na": pd.NA,
+        "nat": pd.NaT,
+        "list": [np.float64(1.5), np.float16("inf")],
+    }
     write_json(tmp_path / "x.json", obj)
     strict = json.loads((tmp_path / "x.json").read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}"))
     assert strict == {"f": 0.25, "i": 3, "b": True, "nan": None, "na": None, "nat": None, "list": [1.5, None]}
@@ -260,7 +341,9 @@ def test_atlas_refuses_unknown_models_before_writing(tmp_path):
     """Item 11: --models a,b exited 1 with an atlas of 0 heads; hub-style names ended in HFValidationError."""
     for models in ("a,b", "smollm2-135m,x y/z"):
         code, errors, torch = _refuse(["atlas", "--models", models, "--out", "o"], tmp_path)
-        assert code == 2 and len(errors) == 1 and "unknown model" in errors[0] and "HFValidation" not in errors[0], errors
+        assert code == 2 and len(errors) == 1 and "unknown model" in errors[0] and "HFValidation" not in errors[0], (
+            errors
+        )
         assert not (tmp_path / "o").exists()  # (atlas's module still imports torch: not item 13's list)
 
 

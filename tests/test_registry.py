@@ -56,9 +56,30 @@ def test_registering_twice_or_a_malformed_lazy_target_is_a_programming_error():
         reg.unregister("a")
 
 
-EXPECTED = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox", "deepseek_v3", "bert",
-            "mixtral", "qwen3_moe", "phi3", "granite", "smollm3", "olmo3", "gemma3_text", "cohere2", "gpt_oss",
-            "llama4_text", "qwen3_next", "qwen3_5_text")
+EXPECTED = (
+    "gpt2",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "olmo2",
+    "gemma2",
+    "gpt_neox",
+    "deepseek_v3",
+    "bert",
+    "mixtral",
+    "qwen3_moe",
+    "phi3",
+    "granite",
+    "smollm3",
+    "olmo3",
+    "gemma3_text",
+    "cohere2",
+    "gpt_oss",
+    "llama4_text",
+    "qwen3_next",
+    "qwen3_5_text",
+)
 """The registered families, in registration order (written by hand)."""
 
 
@@ -85,8 +106,10 @@ def test_an_unknown_model_type_is_refused_with_the_closest_family_and_the_bridge
 
 def test_the_registries_import_no_torch():
     """Listing the families (what a command may do before it loads a model) imports no torch."""
-    code = ("import sys; from headprobe.probe.model.families import FAMILIES; names = FAMILIES.names(); "
-            "print(len(names), [m for m in ('torch', 'transformers') if m in sys.modules])")
+    code = (
+        "import sys; from headprobe.probe.model.families import FAMILIES; names = FAMILIES.names(); "
+        "print(len(names), [m for m in ('torch', 'transformers') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == [str(len(EXPECTED)), "[]"]
 

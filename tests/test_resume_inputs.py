@@ -15,10 +15,26 @@ import torch
 from headprobe.cli import main
 from headprobe.probe.core.io import CHECKPOINT_NAME, RunCheckpoint
 
-SMALL = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "--device", "cpu", "--threads", "1"]
+SMALL = [
+    "--n-natural",
+    "3",
+    "--seq-len",
+    "16",
+    "--n-repeated",
+    "2",
+    "--period",
+    "6",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+]
 COMMANDS = {  # the flags, the saves after which the run is interrupted (in the middle of its work), the table compared
-    "scan": (["-k", "2", "--n-random", "9", "--no-metrics", "--types", "induction,previous_token,first_token"], 8,
-             "head_scores.csv"),
+    "scan": (
+        ["-k", "2", "--n-random", "9", "--no-metrics", "--types", "induction,previous_token,first_token"],
+        8,
+        "head_scores.csv",
+    ),
     "ablate": ([], 1, "head_ablation.csv"),
     "prune": (["--method", "michel"], 3, "pruning_curve.csv"),
 }
@@ -59,8 +75,9 @@ def _error_line(capsys) -> str:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_a_checkpoint_of_other_weights_is_refused_or_started_over(command, tiny_dir, other_weights_dir, text_file,
-                                                                  tmp_path, monkeypatch, capsys):
+def test_a_checkpoint_of_other_weights_is_refused_or_started_over(
+    command, tiny_dir, other_weights_dir, text_file, tmp_path, monkeypatch, capsys
+):
     flags, after, table = COMMANDS[command]
     model = tmp_path / "model"  # the path the user passes, whose weights are replaced
     shutil.copytree(tiny_dir, model)

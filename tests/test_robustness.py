@@ -46,8 +46,14 @@ def test_sign_flip_p_against_scipy(n):
     d[:, 2] = 0.0  # no change at all: p = 1
     p = rb.sign_flip_p(d, n_perm=20000, seed=3)
     for j in range(2):
-        ref = permutation_test((d[:, j],), lambda x: abs(np.mean(x)), permutation_type="samples",
-                               alternative="greater", n_resamples=np.inf if n < 13 else 20000, random_state=4).pvalue
+        ref = permutation_test(
+            (d[:, j],),
+            lambda x: abs(np.mean(x)),
+            permutation_type="samples",
+            alternative="greater",
+            n_resamples=np.inf if n < 13 else 20000,
+            random_state=4,
+        ).pvalue
         assert p[j] == pytest.approx(ref, abs=1e-12 if n < 13 else 0.01), (j, p[j], ref)
     assert p[2] == 1.0
 
@@ -106,5 +112,10 @@ def test_reported_jaccard_and_stability_equal_a_hand_computation(tiny, text_file
         for head, st in rec["stability"].items():
             assert st["stability"] == pytest.approx(sum(head in s for s in sets) / len(sets))
     assert moved  # not a vacuous check: some condition changed a top-k set
-    assert summary["types"]["induction"]["conditions"] == ["base", "repeats seed 1", "repeats period 6", "induction by copying"]
+    assert summary["types"]["induction"]["conditions"] == [
+        "base",
+        "repeats seed 1",
+        "repeats period 6",
+        "induction by copying",
+    ]
     assert summary["types"]["positional"]["conditions"] == ["base", "text half 2"]

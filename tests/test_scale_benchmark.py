@@ -45,9 +45,19 @@ def test_tiny_run_has_every_step(tmp_path, monkeypatch):
     assert scale.main(["--tiny", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "scale.json").read_text())
     steps = [r["step"] for r in data["rows"]]
-    for want in ("scan: scoring", "scan: verification", "sweep: exact, all heads", "sweep: TransformerLens hook loop (sample)",
-                 "gradient importance", "AtP*", "second-order estimate", "prune: curve (michel, random)",
-                 "prune: reload of --save-pruned", "circuit: EAP-IG", "kv at"):
+    for want in (
+        "scan: scoring",
+        "scan: verification",
+        "sweep: exact, all heads",
+        "sweep: TransformerLens hook loop (sample)",
+        "gradient importance",
+        "AtP*",
+        "second-order estimate",
+        "prune: curve (michel, random)",
+        "prune: reload of --save-pruned",
+        "circuit: EAP-IG",
+        "kv at",
+    ):
         assert any(s.startswith(want) for s in steps), want
     for r in data["rows"]:
         assert math.isfinite(r["seconds"]) and r["seconds"] > 0 and r["peak_bytes"] > 0

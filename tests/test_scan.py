@@ -14,10 +14,29 @@ from headprobe.analyses.ablation import task_loss, token_losses
 from headprobe.analyses.detectors import SCORE_COLUMNS
 from headprobe.commands.scan import ScanConfig, run
 
-EXPECTED_COLUMNS = ["layer", "head", "kv_head", "previous_token", "duplicate_token", "induction", "first_token",
-                    "positional_offset", "positional_fraction", "copying", "sink_rate", "entropy", "retrieval", "dla",
-                    "local_16", "local_64", "local_256", "distant_mass", "learned_sink_mass", "gate_closure",
-                    "value_share_token0"]
+EXPECTED_COLUMNS = [
+    "layer",
+    "head",
+    "kv_head",
+    "previous_token",
+    "duplicate_token",
+    "induction",
+    "first_token",
+    "positional_offset",
+    "positional_fraction",
+    "copying",
+    "sink_rate",
+    "entropy",
+    "retrieval",
+    "dla",
+    "local_16",
+    "local_64",
+    "local_256",
+    "distant_mass",
+    "learned_sink_mass",
+    "gate_closure",
+    "value_share_token0",
+]
 
 
 @pytest.fixture
@@ -30,7 +49,9 @@ def word_text(tmp_path):
 
 @pytest.mark.all_figure_formats  # checks the PDF/SVG files
 def test_scan_pipeline_on_tiny_gqa_model_writes_everything(tiny_llama_gqa, word_text, tmp_path):
-    cfg = ScanConfig(model="tiny", n_natural=4, seq_len=24, n_repeated=3, period=8, k=3, n_random=2, text=str(word_text))
+    cfg = ScanConfig(
+        model="tiny", n_natural=4, seq_len=24, n_repeated=3, period=8, k=3, n_random=2, text=str(word_text)
+    )
     result = run(tiny_llama_gqa, cfg, progress=False)
     out = tmp_path / "out"
     out.mkdir()
@@ -45,11 +66,25 @@ def test_scan_pipeline_on_tiny_gqa_model_writes_everything(tiny_llama_gqa, word_
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tokens"]["natural_text"]["tokens"] == 4 * 24
     assert summary["tokens"]["repeated_random"]["seq_len"] == 1 + 2 * 8
-    assert {v["head_type"] for v in summary["ablations"]} == {"previous_token", "duplicate_token", "induction", "first_token", "positional"}
+    assert {v["head_type"] for v in summary["ablations"]} == {
+        "previous_token",
+        "duplicate_token",
+        "induction",
+        "first_token",
+        "positional",
+    }
     assert table["copying"].between(-1, 1).all() and table["entropy"].between(0, 5).all() and table["dla"].notna().all()
     assert summary["metrics"]["k_composition_previous_token_to_induction"]["all_pairs"]["n"] == 8 * 8
-    for stem in ["overview", "ablation", "heatmap_induction", "pattern_induction", "pattern_previous_token",
-                 "heatmap_copying", "heatmap_dla", "composition_k"]:
+    for stem in [
+        "overview",
+        "ablation",
+        "heatmap_induction",
+        "pattern_induction",
+        "pattern_previous_token",
+        "heatmap_copying",
+        "heatmap_dla",
+        "composition_k",
+    ]:
         assert (out / f"{stem}.png").stat().st_size > 1000 and (out / f"{stem}.pdf").exists()
     assert not list(out.glob(".*tmp*")), "temporary files left behind"
 
@@ -60,7 +95,9 @@ def test_repeated_half_loss_uses_exactly_the_predictable_targets():
     logits = torch.randn(2, start + 2 * S, V)
     per_token = token_losses(logits, tokens)
     # reference: targets at positions start+S+1 .. start+2S-1, predicted from the position before
-    ref = torch.stack([-logits[b, p - 1].log_softmax(-1)[tokens[b, p]] for b in range(2) for p in range(start + S + 1, start + 2 * S)])
+    ref = torch.stack(
+        [-logits[b, p - 1].log_softmax(-1)[tokens[b, p]] for b in range(2) for p in range(start + S + 1, start + 2 * S)]
+    )
     assert task_loss(logits, tokens, "repeated", start, S) == pytest.approx(float(ref.mean()), rel=1e-5)
     assert task_loss(logits, tokens, "natural", start, None) == pytest.approx(float(per_token.mean()), rel=1e-6)
 
@@ -72,13 +109,16 @@ def test_cli_refuses_a_non_empty_output_directory(tmp_path):
     assert (tmp_path / "keep.txt").read_text() == "precious"
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--top-k", "0"], "--top-k: must be a positive integer, got 0"),
-    (["--seq-len", "1"], "at least 2 positions"),
-    (["--period", "1"], "at least 2 tokens"),
-    (["--text", "{bad}"], "not UTF-8"),
-    (["--text", "{empty}"], "is empty"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--top-k", "0"], "--top-k: must be a positive integer, got 0"),
+        (["--seq-len", "1"], "at least 2 positions"),
+        (["--period", "1"], "at least 2 tokens"),
+        (["--text", "{bad}"], "not UTF-8"),
+        (["--text", "{empty}"], "is empty"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, args, fragment):
     (tmp_path / "bad.txt").write_bytes(b"caf\xe9\xff")
     (tmp_path / "empty.txt").write_text("  \n")
@@ -110,8 +150,18 @@ def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
     # no head metrics and no viewer patterns: a third of the run, asserted nowhere here (test_metrics and
     # test_viewer check them on the zoo, test_metrics the K-composition on this model); 4 repeated
     # sequences, not 6: the top-10 effect stays ~9.6 nats against at most ~1.7 for a control set either way
-    cfg = ScanConfig(n_natural=4, seq_len=96, n_repeated=4, period=40, k=10, n_random=10, alpha=0.1, types="induction",
-                     metrics=False, pattern_len=0)
+    cfg = ScanConfig(
+        n_natural=4,
+        seq_len=96,
+        n_repeated=4,
+        period=40,
+        k=10,
+        n_random=10,
+        alpha=0.1,
+        types="induction",
+        metrics=False,
+        pattern_len=0,
+    )
     result = run(smollm2_native, cfg, progress=False)
     ind = {v.kind: v for v in result.verifications if v.head_type == "induction"}
     assert ind["zero"].top_effect > 3.0, ind["zero"]
@@ -151,8 +201,18 @@ def test_no_verify_report_does_not_claim_ablation(tiny_llama_gqa_native, word_te
     now follows what ran (the verified run's report still names k)."""
     import re
 
-    cfg = dict(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=3, n_random=2, text=str(word_text),
-               metrics=False, pattern_len=0)
+    cfg = dict(
+        model="tiny",
+        n_natural=2,
+        seq_len=24,
+        n_repeated=2,
+        period=8,
+        k=3,
+        n_random=2,
+        text=str(word_text),
+        metrics=False,
+        pattern_len=0,
+    )
     unverified = run(tiny_llama_gqa_native, ScanConfig(**cfg, verify=False), progress=False)
     assert unverified.verifications == []
     report = unverified.report()
@@ -216,7 +276,7 @@ def test_windowing_a_long_text_does_not_warn_about_its_length(tmp_path, word_tex
     words = [int(w[1:]) for w in text.split()]
     for row in ts.tokens.tolist():
         assert row[0] == 100
-        at = next(i for i in range(0, len(words), 32) if words[i:i + 32] == row[1:])
+        at = next(i for i in range(0, len(words), 32) if words[i : i + 32] == row[1:])
         assert at % 32 == 0
     with _Records() as rec:  # the check can fail: a direct call on the same tokenizer still warns
         tok(text, add_special_tokens=False)
@@ -231,8 +291,19 @@ def test_repeated_examples_are_cropped_to_the_repeat_start_with_every_token_labe
     from headprobe.probe.hooks.capture import capture_heads
 
     S = 20  # 1 + 2 * 20 = 41 positions: more than a figure labels one by one
-    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=S, k=3, n_random=2,
-                     text=str(word_text), verify=False, metrics=False, pattern_len=0)
+    cfg = ScanConfig(
+        model="tiny",
+        n_natural=2,
+        seq_len=24,
+        n_repeated=2,
+        period=S,
+        k=3,
+        n_random=2,
+        text=str(word_text),
+        verify=False,
+        metrics=False,
+        pattern_len=0,
+    )
     result = run(tiny_llama_gqa_native, cfg, progress=False)
     tokens = result.repeated.tokens[:1]
     start, T = result.repeated.start, tokens.shape[1]
@@ -264,8 +335,20 @@ def test_writing_the_figures_shows_a_progress_bar_when_asked(tiny_llama_gqa_nati
     them (as many as PNG files written); without, nothing is printed."""
     from headprobe.commands.scan import write_outputs
 
-    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=3, n_random=2,
-                     text=str(word_text), verify=False, pattern_len=0, metrics=False, types="induction,first_token")
+    cfg = ScanConfig(
+        model="tiny",
+        n_natural=2,
+        seq_len=24,
+        n_repeated=2,
+        period=8,
+        k=3,
+        n_random=2,
+        text=str(word_text),
+        verify=False,
+        pattern_len=0,
+        metrics=False,
+        types="induction,first_token",
+    )
     result = run(tiny_llama_gqa_native, cfg, progress=False)
     capsys.readouterr()
     for name, progress in (("quiet", False), ("bar", True)):
@@ -292,8 +375,18 @@ def test_redraw_script_reproduces_a_scan_and_refuses_one_it_cannot(tiny_dir, wor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     import redraw_figures
 
-    cfg = ScanConfig(model=str(tiny_dir), n_natural=2, seq_len=24, n_repeated=2, period=20, k=3, n_random=2,
-                     text=str(word_text), verify=False, types="previous_token,induction")
+    cfg = ScanConfig(
+        model=str(tiny_dir),
+        n_natural=2,
+        seq_len=24,
+        n_repeated=2,
+        period=20,
+        k=3,
+        n_random=2,
+        text=str(word_text),
+        verify=False,
+        types="previous_token,induction",
+    )
     from headprobe.commands.scan import figure_makers
 
     out = tmp_path / "scan"
@@ -301,8 +394,9 @@ def test_redraw_script_reproduces_a_scan_and_refuses_one_it_cannot(tiny_dir, wor
     result.save(out, figures=False)  # the tables, patterns.npz and summary.json only
     written = redraw_figures.redraw_scan(out)
     # every figure the scan draws (no ablation figure: --no-verify), in three formats
-    assert sorted(p.name for p in written) == sorted(f"{stem}.{ext}" for stem in figure_makers(result)
-                                                     for ext in ("png", "pdf", "svg"))
+    assert sorted(p.name for p in written) == sorted(
+        f"{stem}.{ext}" for stem in figure_makers(result) for ext in ("png", "pdf", "svg")
+    )
     assert "pattern_induction" in figure_makers(result) and "composition_k" in figure_makers(result)
     summary = json.loads((out / "summary.json").read_text())
     summary["top_heads"]["induction"][0]["head"] = "9.9"  # a run the saved table does not describe
@@ -316,8 +410,17 @@ def test_overview_title_names_the_data_it_was_scored_on(tiny_llama_gqa_native, w
     apart: the title names the sequences, their length, the text and the repeat period."""
     from headprobe.commands.scan import figure_makers
 
-    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=2, verify=False,
-                     text=str(word_text), pattern_len=0)
+    cfg = ScanConfig(
+        model="tiny",
+        n_natural=2,
+        seq_len=24,
+        n_repeated=2,
+        period=8,
+        k=2,
+        verify=False,
+        text=str(word_text),
+        pattern_len=0,
+    )
     result = run(tiny_llama_gqa_native, cfg, progress=False)
     title = figure_makers(result)["overview"]()._suptitle.get_text().replace("\n", " ")
     assert f"{result.natural.tokens.shape[0]} sequences of 24 tokens of {word_text.name}" in title
@@ -334,13 +437,16 @@ def test_a_two_layer_models_figures_keep_their_layout(tiny_llama_gqa_native, tmp
     from headprobe.analyses import figures as figs
     from headprobe.commands.scan import figure_makers
 
-    cfg = ScanConfig(model="tiny", n_natural=3, seq_len=16, n_repeated=2, period=6, k=3, verify=False,
-                     pattern_len=0, metrics=False)
+    cfg = ScanConfig(
+        model="tiny", n_natural=3, seq_len=16, n_repeated=2, period=6, k=3, verify=False, pattern_len=0, metrics=False
+    )
     result = run(tiny_llama_gqa_native, cfg, progress=False)
-    result.warnings = ["natural task: clean loss 4.65 nats is above ln(vocabulary) = 4.62: no better than a uniform "
-                       "guess; its scores describe that failure and its ablations get no verdict",
-                       "induction: no verdict: 2 control sets: its smallest p-value 1/3 = 0.333 cannot reach alpha = "
-                       "0.05 after bh over 1 tests (use --n-random 19 or more)"]
+    result.warnings = [
+        "natural task: clean loss 4.65 nats is above ln(vocabulary) = 4.62: no better than a uniform "
+        "guess; its scores describe that failure and its ablations get no verdict",
+        "induction: no verdict: 2 control sets: its smallest p-value 1/3 = 0.333 cannot reach alpha = "
+        "0.05 after bh over 1 tests (use --n-random 19 or more)",
+    ]
     for name, make in figure_makers(result).items():
         with warnings.catch_warnings():
             warnings.simplefilter("always")
@@ -349,7 +455,8 @@ def test_a_two_layer_models_figures_keep_their_layout(tiny_llama_gqa_native, tmp
             figs.save_figure(fig, tmp_path / name)
         title = " ".join(t.get_text() for t in [fig._suptitle, *(ax.title for ax in fig.axes)] if t is not None)
         assert "cannot reach alpha" not in title and "NO VERDICT for the natural task and induction" in title.replace(
-            "\n", " "), (name, title)
+            "\n", " "
+        ), (name, title)
 
 
 @pytest.mark.figures
@@ -367,8 +474,20 @@ def test_every_output_states_the_verdict_rule_from_its_record(tiny_llama_gqa_nat
 
     monkeypatch.setitem(verdicts.MIN_EFFECT, "loss", 0.123)
     monkeypatch.setattr(verdicts, "EFFECT_RATIO", 3.5)
-    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=16, n_repeated=2, period=6, k=2, n_random=2, alpha=0.1,
-                     keep_n_random=True, types=("induction", "previous_token"), metrics=False, text=str(word_text))
+    cfg = ScanConfig(
+        model="tiny",
+        n_natural=2,
+        seq_len=16,
+        n_repeated=2,
+        period=6,
+        k=2,
+        n_random=2,
+        alpha=0.1,
+        keep_n_random=True,
+        types=("induction", "previous_token"),
+        metrics=False,
+        text=str(word_text),
+    )
     result = run(tiny_llama_gqa_native, cfg, progress=False)
     rule = verdicts.VerdictRule(alpha=0.1, correction="bh", min_effect=0.123, unit="nats/token", ratio=3.5)
     condition = rule.condition()

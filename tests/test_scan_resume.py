@@ -9,8 +9,27 @@ import json
 from headprobe.cli import main
 from headprobe.probe.core.io import CHECKPOINT_NAME
 
-ARGS = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "-k", "2", "--n-random", "9",
-        "--device", "cpu", "--no-metrics", "--types", "induction,previous_token,first_token", "--threads", "1"]
+ARGS = [
+    "--n-natural",
+    "3",
+    "--seq-len",
+    "16",
+    "--n-repeated",
+    "2",
+    "--period",
+    "6",
+    "-k",
+    "2",
+    "--n-random",
+    "9",
+    "--device",
+    "cpu",
+    "--no-metrics",
+    "--types",
+    "induction,previous_token,first_token",
+    "--threads",
+    "1",
+]
 
 
 def _without_timings(summary: dict) -> dict:

@@ -123,8 +123,10 @@ def test_a_rescaled_attention_output_is_caught(request, fixture):
         assert check.worst_layer == 1 and check.max_relative_error > 0.1
         broken._self_check = check
         tokens = torch.arange(8)[None]
-        for call in (lambda: capture_heads(broken, tokens),
-                     lambda: ablated_loss(broken, tokens, [(0, 0)], "zero", None, "natural", 1, None)):
+        for call in (
+            lambda: capture_heads(broken, tokens),
+            lambda: ablated_loss(broken, tokens, [(0, 0)], "zero", None, "natural", 1, None),
+        ):
             with pytest.raises(HeadprobeError) as e:
                 call()
             msg = str(e.value)
@@ -179,8 +181,9 @@ def _text(tmp_path):
 SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]
 
 
-@pytest.mark.parametrize("family, backend", [("gemma2", "auto"), ("deepseek_v3", "auto"),
-                                             ("deepseek_v3", "transformer-lens")])
+@pytest.mark.parametrize(
+    "family, backend", [("gemma2", "auto"), ("deepseek_v3", "auto"), ("deepseek_v3", "transformer-lens")]
+)
 def test_commands_on_post_norm_and_mla_checkpoints(zoo_dirs, family, backend, tmp_path, capsys):
     """scan, ablate and prune --save-pruned exit 0, or 2 with one line and no summary; every summary.json has
     self_check. Through the bridge, MLA's per-head results are wrong: only pattern scores run."""
@@ -196,8 +199,9 @@ def test_commands_on_post_norm_and_mla_checkpoints(zoo_dirs, family, backend, tm
     codes = {}
     for name, args in runs.items():
         out = tmp_path / name
-        codes[name] = main([*args, "--model", str(zoo_dirs[family]), "--backend", backend, "--out", str(out),
-                            "--text", text, *SMALL])
+        codes[name] = main(
+            [*args, "--model", str(zoo_dirs[family]), "--backend", backend, "--out", str(out), "--text", text, *SMALL]
+        )
         err = capsys.readouterr().err.strip().splitlines()
         assert codes[name] in (0, 2), (name, codes[name])
         if codes[name] == 2:
@@ -222,8 +226,12 @@ def _massive(tokenizer, family: str, value: float):
     return ckpt
 
 
-MASSIVE_CASES = [(f, v, b) for f in ("llama", "gpt2", "gpt_neox", "gemma2") for v in (4.3e3, 2.5e4)
-                 for b in ("native", "transformer-lens")]
+MASSIVE_CASES = [
+    (f, v, b)
+    for f in ("llama", "gpt2", "gpt_neox", "gemma2")
+    for v in (4.3e3, 2.5e4)
+    for b in ("native", "transformer-lens")
+]
 
 
 @pytest.mark.parametrize("family, value, backend", MASSIVE_CASES)
@@ -261,8 +269,10 @@ def test_a_broken_decomposition_with_a_massive_feature_still_fails(tiny_tokenize
     good = _wrap(_massive(tiny_tokenizer, family, 2.5e4), backend)
     assert good.self_check.ok
     after_attention = "hook_resid_post" if family == "gpt_neox" else "hook_resid_mid"
-    breaks = {"rescaled": ("blocks.1.hook_attn_out", lambda x, hook: 1.5 * x),
-              "added": (f"blocks.1.{after_attention}", lambda x, hook: x + 0.05)}
+    breaks = {
+        "rescaled": ("blocks.1.hook_attn_out", lambda x, hook: 1.5 * x),
+        "added": (f"blocks.1.{after_attention}", lambda x, hook: x + 0.05),
+    }
     for name, (hook_name, fn) in breaks.items():
         broken = LoadedModel(good.model, good.tokenizer, good.spec)
         good.model.add_hook(hook_name, fn, is_permanent=True)
@@ -293,8 +303,9 @@ def test_learned_sinks_rows_plus_the_sink_mass_sum_to_one(tiny_llama_gqa_native)
         mass = sink_mass(cap["attn_scores"][layer], model.sink_logits(layer))
         assert float(rows.max()) < 1 - 1e-3  # the sink takes weight from every row
         torch.testing.assert_close(rows + mass, torch.ones_like(rows), atol=1e-6, rtol=0)
-        by_hand = torch.cat([cap["attn_scores"][layer], model.sink_logits(layer)[None, :, None, None].expand(1, -1, 12, 1)],
-                            -1).softmax(-1)[..., :-1]
+        by_hand = torch.cat(
+            [cap["attn_scores"][layer], model.sink_logits(layer)[None, :, None, None].expand(1, -1, 12, 1)], -1
+        ).softmax(-1)[..., :-1]
         torch.testing.assert_close(cap["pattern"][layer], by_hand, atol=1e-6, rtol=0)
 
 
@@ -306,9 +317,13 @@ def test_a_dropped_sink_is_caught(tiny_llama_gqa_native, how):
 
     model = zoo.with_sinks(tiny_llama_gqa_native, scale=2.0)
     if how == "forward drops the sink":
-        model.model.add_hook("blocks.1.attn.hook_sinks", lambda s, hook: torch.full_like(s, float("-inf")), is_permanent=True)
+        model.model.add_hook(
+            "blocks.1.attn.hook_sinks", lambda s, hook: torch.full_like(s, float("-inf")), is_permanent=True
+        )
     else:
-        model.model.add_hook("blocks.1.attn.hook_pattern", lambda p, hook: p / p.sum(-1, keepdim=True), is_permanent=True)
+        model.model.add_hook(
+            "blocks.1.attn.hook_pattern", lambda p, hook: p / p.sum(-1, keepdim=True), is_permanent=True
+        )
     check = run_self_check(model)
     assert not check.patterns_ok and check.max_row_sum_error > 0.3
     model._self_check = check

@@ -23,8 +23,16 @@ def _flag(parser: argparse.ArgumentParser, dest: str) -> argparse.Action:
     return next(a for a in parser._actions if a.dest == dest)
 
 
-@pytest.mark.parametrize("command, name, default", [("kv", "seq_len", 1024), ("kv", "n_natural", 1), ("kv", "seed", 0),
-                                                    ("circuit", "period", 12), ("circuit", "seed", 0)])
+@pytest.mark.parametrize(
+    "command, name, default",
+    [
+        ("kv", "seq_len", 1024),
+        ("kv", "n_natural", 1),
+        ("kv", "seed", 0),
+        ("circuit", "period", 12),
+        ("circuit", "seed", 0),
+    ],
+)
 def test_a_shared_field_is_the_groups_flag_with_the_commands_default(command, name, default):
     """The flag a command makes from its ``shared`` field has the group's type and option string,
     the command's default; the group's own parser is the reference."""
@@ -88,8 +96,17 @@ def test_command_function_builds_the_config_and_runs_on_a_given_model():
         fn(model, device="cuda", device_map="auto")
 
 
-@pytest.mark.parametrize("name, config", [("scan", "ScanConfig"), ("ablate", "AblateConfig"), ("prune", "PruneConfig"),
-                                          ("patch", "PatchConfig"), ("kv", "KVConfig"), ("circuit", "CircuitConfig")])
+@pytest.mark.parametrize(
+    "name, config",
+    [
+        ("scan", "ScanConfig"),
+        ("ablate", "AblateConfig"),
+        ("prune", "PruneConfig"),
+        ("patch", "PatchConfig"),
+        ("kv", "KVConfig"),
+        ("circuit", "CircuitConfig"),
+    ],
+)
 def test_each_commands_function_lists_its_configs_fields(name, config):
     fn = getattr(headprobe, name)
     cls = getattr(importlib.import_module(fn.__module__), config)
@@ -98,7 +115,12 @@ def test_each_commands_function_lists_its_configs_fields(name, config):
     assert list(params)[:2] == ["model", "progress"] and params["model"].default == settings.DEFAULT_MODEL
     assert {k: p.default for k, p in list(params.items())[2:]} == want
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in list(params.values())[1:])
-    assert fn.__name__ == name and f"headprobe {name}" in fn.__doc__ and config in fn.__doc__ and "HeadprobeError" in fn.__doc__
+    assert (
+        fn.__name__ == name
+        and f"headprobe {name}" in fn.__doc__
+        and config in fn.__doc__
+        and "HeadprobeError" in fn.__doc__
+    )
 
 
 def test_atlas_hands_its_model_settings_to_every_models_scan():
@@ -182,11 +204,33 @@ def test_layout_orders_blocks_titles_exclusive_groups_and_positionals():
     exclusive group however many members (required when a member is), ``positional`` an argument;
     from_args reads them back."""
     p = argparse.ArgumentParser()
-    settings.add_layout(p, _Flags, (settings.Flags(only=("dir",)), settings.OUTPUT,
-                                    settings.Flags(only=("b", "a", "c"), title="S"),
-                                    settings.Flags(group=ModelSettings, skip=("device_map",))))
-    assert [a.dest for a in p._actions[1:]] == ["dir", "out", "overwrite", "formats", "b", "a", "c", "model", "device",
-                                                "dtype", "backend", "prepend_bos", "max_memory", "threads", "memory_budget"]
+    settings.add_layout(
+        p,
+        _Flags,
+        (
+            settings.Flags(only=("dir",)),
+            settings.OUTPUT,
+            settings.Flags(only=("b", "a", "c"), title="S"),
+            settings.Flags(group=ModelSettings, skip=("device_map",)),
+        ),
+    )
+    assert [a.dest for a in p._actions[1:]] == [
+        "dir",
+        "out",
+        "overwrite",
+        "formats",
+        "b",
+        "a",
+        "c",
+        "model",
+        "device",
+        "dtype",
+        "backend",
+        "prepend_bos",
+        "max_memory",
+        "threads",
+        "memory_budget",
+    ]
     assert [a.option_strings for a in p._actions[1:3]] == [[], ["--out"]]
     assert {g.title: [a.dest for a in g._group_actions] for g in p._action_groups}["S"] == ["b", "a", "c"]
     (group,) = p._mutually_exclusive_groups

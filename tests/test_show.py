@@ -39,16 +39,23 @@ def test_show_with_no_figures_draws_none_and_writes_the_page(tiny_dir, tmp_path,
 
     monkeypatch.setattr(figs, "pattern_plot", lambda *a, **k: pytest.fail("drawn with --formats none"))
     result = run(ShowConfig(model=str(tiny_dir), head="1.5", prompt=PROMPT, out=str(tmp_path / "o"), device="cpu"))
-    assert [p.name for p in result.paths] == ["index.html"] and sorted(p.name for p in (tmp_path / "o").iterdir()) == [OUTPUTS_NAME, "index.html"]
+    assert [p.name for p in result.paths] == ["index.html"] and sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        OUTPUTS_NAME,
+        "index.html",
+    ]
 
 
 def test_show_refuses_bad_heads_and_prompts_in_one_line(tiny_dir, tmp_path):
-    rc, _, err = run_cli("show", "--model", str(tiny_dir), "--head", "7.0", "--prompt", PROMPT, "--out", str(tmp_path / "a"))
+    rc, _, err = run_cli(
+        "show", "--model", str(tiny_dir), "--head", "7.0", "--prompt", PROMPT, "--out", str(tmp_path / "a")
+    )
     assert_one_line_error(rc, err, "out of range")
     assert not (tmp_path / "a").exists()  # nothing half-written
     rc, _, err = run_cli("show", "--head", "1.1,1.2", "--prompt", "x", "--out", str(tmp_path / "b"))
     assert_one_line_error(rc, err, "one head")
-    rc, _, err = run_cli("show", "--model", str(tiny_dir), "--head", "1.1", "--prompt", "  ", "--out", str(tmp_path / "c"))
+    rc, _, err = run_cli(
+        "show", "--model", str(tiny_dir), "--head", "1.1", "--prompt", "  ", "--out", str(tmp_path / "c")
+    )
     assert_one_line_error(rc, err, "prompt is empty")
 
 
@@ -93,7 +100,10 @@ def test_show_page_lists_the_models_columns_with_repeat_scores_in_the_pngs_colou
     ids = tokens[0].tolist()
     start = int(ids[0] == model.tokenizer.bos_token_id)
     period = ids[start:].index(ids[start], 1)  # "t1" again: a repeated block of `period` tokens
-    assert ids[start:start + period] == ids[start + period:start + 2 * period] and len(set(ids[start:start + period])) == period
+    assert (
+        ids[start : start + period] == ids[start + period : start + 2 * period]
+        and len(set(ids[start : start + period])) == period
+    )
     pattern = headprobe.capture_heads(model, tokens, layers=[1])["pattern"][1].float()
     row = next(r for r in data["rows"] if r[:2] == [1, 5])
     col = {c: row[3 + i] for i, c in enumerate(data["columns"])}
@@ -114,11 +124,40 @@ def test_show_refuses_a_head_in_a_linear_attention_layer(tmp_path, tiny_tokenize
 
     model = hybrid_dir(tiny_tokenizer, tmp_path / "hybrid")
     capsys.readouterr()
-    code = main(["show", "--model", str(model), "--head", "0.1", "--prompt", PROMPT, "--out", str(tmp_path / "o"),
-                 "--device", "cpu"])
+    code = main(
+        [
+            "show",
+            "--model",
+            str(model),
+            "--head",
+            "0.1",
+            "--prompt",
+            PROMPT,
+            "--out",
+            str(tmp_path / "o"),
+            "--device",
+            "cpu",
+        ]
+    )
     err = capsys.readouterr().err
     errors = [x for x in err.splitlines() if x.startswith("headprobe: error:")]
     assert code == 2 and len(errors) == 1 and "layer 0 has no heads (linear attention)" in errors[0], err
     assert "Traceback" not in err and not (tmp_path / "o").exists()
-    assert main(["show", "--model", str(model), "--head", "1.1", "--prompt", PROMPT, "--out", str(tmp_path / "p"),
-                 "--device", "cpu"]) == 0  # a head of an attention layer is drawn
+    assert (
+        main(
+            [
+                "show",
+                "--model",
+                str(model),
+                "--head",
+                "1.1",
+                "--prompt",
+                PROMPT,
+                "--out",
+                str(tmp_path / "p"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )  # a head of an attention layer is drawn

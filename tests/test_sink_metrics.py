@@ -53,10 +53,12 @@ def _by_hand(attentions):
                 for i in range(1, T):
                     p = a[b][h][i][: i + 1]
                     s = 1.0 - sum(p)
-                    rows["entropy"].append(-sum(x * math.log(x) for x in p if x > 0) - (s * math.log(s) if s > 0 else 0.0))
+                    rows["entropy"].append(
+                        -sum(x * math.log(x) for x in p if x > 0) - (s * math.log(s) if s > 0 else 0.0)
+                    )
                     if i >= W:
                         rows["distant"].append(sum(p[: i - W + 1]))
-                        rows["local"].append(sum(p[i - W + 1:]))
+                        rows["local"].append(sum(p[i - W + 1 :]))
                         rows["sink"].append(s)
             for k in out:
                 out[k][layer, h] = np.mean(rows[k])

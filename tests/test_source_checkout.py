@@ -35,10 +35,23 @@ def test_python_m_headprobe_runs_from_the_root_of_a_non_editable_install(tmp_pat
     site = _installed(tmp_path / "site")
     proc = _python(site, ROOT, "-m", "headprobe", "--help")
     assert proc.returncode == 0 and proc.stdout.startswith("usage: headprobe"), proc.stderr[-2000:]
-    where = _python(site, ROOT, "-c", "import headprobe.analyses, headprobe.probe.core.io as io; "
-                                      "print(headprobe.__file__, headprobe.analyses.__file__, io.__file__)")
+    where = _python(
+        site,
+        ROOT,
+        "-c",
+        "import headprobe.analyses, headprobe.probe.core.io as io; "
+        "print(headprobe.__file__, headprobe.analyses.__file__, io.__file__)",
+    )
     assert where.returncode == 0, where.stderr[-2000:]
-    assert where.stdout.split() == [str(ROOT / "headprobe" / "__init__.py"), str(ROOT / "analyses" / "__init__.py"),
-                                    str(ROOT / "probe" / "core" / "io.py")]  # all of the checkout, none installed
-    elsewhere = _python(site, tmp_path, "-c", "import headprobe, headprobe.analyses as a; print(headprobe.__path__, a.__file__)")
-    assert elsewhere.stdout.split() == [f"[{str(site / 'headprobe')!r}]", str(site / "headprobe" / "analyses" / "__init__.py")]
+    assert where.stdout.split() == [
+        str(ROOT / "headprobe" / "__init__.py"),
+        str(ROOT / "analyses" / "__init__.py"),
+        str(ROOT / "probe" / "core" / "io.py"),
+    ]  # all of the checkout, none installed
+    elsewhere = _python(
+        site, tmp_path, "-c", "import headprobe, headprobe.analyses as a; print(headprobe.__path__, a.__file__)"
+    )
+    assert elsewhere.stdout.split() == [
+        f"[{str(site / 'headprobe')!r}]",
+        str(site / "headprobe" / "analyses" / "__init__.py"),
+    ]

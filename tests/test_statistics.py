@@ -34,8 +34,9 @@ def test_batched_set_ablations_equal_one_forward_per_set(fixture, kind, request)
     sets = uniform_sets(3, heads, 5, torch.Generator().manual_seed(0)) + [[(0, 1), (1, 1)], []]
     # max_batch 6: two sets per pass, so the last pass holds one set (uneven chunks are covered)
     got = set_ablation_losses(model, tokens, sets, kind, mean_z if kind == "mean" else None, first=2, max_batch=6)
-    ref = torch.stack([scored_loss(model.forward(tokens, fwd_hooks=head_ablation_hooks(s, kind, mean_z)), tokens, 2)
-                       for s in sets])
+    ref = torch.stack(
+        [scored_loss(model.forward(tokens, fwd_hooks=head_ablation_hooks(s, kind, mean_z)), tokens, 2) for s in sets]
+    )
     assert got.shape == (len(sets), 3)
     torch.testing.assert_close(got, ref.float().cpu(), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(got[0], got[-1])  # an ablation changes the loss: the hooks did act
@@ -92,8 +93,11 @@ def test_unknown_text_gives_a_warning_and_no_verdict(tiny_llama_gqa, tmp_path):
     from headprobe.commands.scan import scan_figures
 
     figures = scan_figures(result)
-    titles = {stem: " ".join(t.get_text() for ax in f.axes for t in (ax.title,)) + (f._suptitle.get_text() if f._suptitle else "")
-              for stem, f in figures.items()}
+    titles = {
+        stem: " ".join(t.get_text() for ax in f.axes for t in (ax.title,))
+        + (f._suptitle.get_text() if f._suptitle else "")
+        for stem, f in figures.items()
+    }
     assert all("NO VERDICT for the natural" in t for t in titles.values()), titles
 
 

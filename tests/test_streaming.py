@@ -140,7 +140,9 @@ def test_streamed_statistics_equal_the_pattern_on_smollm2(smollm2_native):
     model = smollm2_native
     g = torch.Generator().manual_seed(1)
     r = torch.randint(0, model.spec.d_vocab, (1, PERIOD), generator=g)
-    text = model.to_tokens("The cat sat on the mat, and the dog lay down by the door of the house.")[:, : T - 2 * PERIOD]
+    text = model.to_tokens("The cat sat on the mat, and the dog lay down by the door of the house.")[
+        :, : T - 2 * PERIOD
+    ]
     tokens = torch.cat([text, r, r], dim=1)
     _compare(model, tokens)
 
@@ -163,8 +165,9 @@ def test_scan_streamed_equals_materialised(family, tiny_tokenizer, text_file):
         if col == "value_share_token0":  # needs the materialised pattern: NaN when streamed
             assert np.isnan(on.table[col]).all() and np.isfinite(off.table[col]).all()
             continue
-        np.testing.assert_allclose(on.table[col].to_numpy(float), off.table[col].to_numpy(float), atol=1e-5, rtol=0,
-                                   err_msg=col)
+        np.testing.assert_allclose(
+            on.table[col].to_numpy(float), off.table[col].to_numpy(float), atol=1e-5, rtol=0, err_msg=col
+        )
     for task in ("natural", "repeated"):
         assert on.clean_loss[task] == pytest.approx(off.clean_loss[task], abs=1e-6)
     for t, ex in on.examples.items():
@@ -202,7 +205,9 @@ def test_capture_heads_keeps_chosen_layers_heads_and_rows(family, tiny_tokenizer
     full = capture_heads(model, tokens)
     part = capture_heads(model, tokens, layers=[1], heads=[2, 0], rows=[0, 7, T - 1])
     assert set(part["pattern"]) == {1}
-    torch.testing.assert_close(part["pattern"][1], full["pattern"][1][:, [2, 0]][:, :, [0, 7, T - 1]], atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        part["pattern"][1], full["pattern"][1][:, [2, 0]][:, :, [0, 7, T - 1]], atol=1e-6, rtol=0
+    )
     torch.testing.assert_close(part["result"][1], full["result"][1][:, :, [2, 0]])
     torch.testing.assert_close(part["attn_out"][1], full["attn_out"][1])
 
@@ -218,9 +223,13 @@ def test_scan_streamed_equals_materialised_on_smollm2(smollm2_native):
     on = headprobe.scan(smollm2_native, streaming="on", **args)
     off = headprobe.scan(smollm2_native, streaming="off", **args)
     for col in on.table.columns:
-        np.testing.assert_allclose(on.table[col].to_numpy(float), off.table[col].to_numpy(float), atol=1e-5, rtol=0,
-                                   err_msg=col)
-    for task in ("natural", "repeated"):  # streamed runs the fused kernel, the pattern path the eager one: float32 apart
+        np.testing.assert_allclose(
+            on.table[col].to_numpy(float), off.table[col].to_numpy(float), atol=1e-5, rtol=0, err_msg=col
+        )
+    for task in (
+        "natural",
+        "repeated",
+    ):  # streamed runs the fused kernel, the pattern path the eager one: float32 apart
         assert on.clean_loss[task] == pytest.approx(off.clean_loss[task], rel=1e-6)
 
 
@@ -232,7 +241,9 @@ def test_streamed_statistics_with_learned_sinks_equal_the_pattern(tiny_tokenizer
     tokens = _tokens(100)
     _compare(model, tokens)
     pats, sinks = _materialised(model, tokens), {}
-    online_head_stats(model, tokens, lambda layer, st: sinks.__setitem__(layer, st.sink.clone()), windows=WINDOWS, block=BLOCK)
+    online_head_stats(
+        model, tokens, lambda layer, st: sinks.__setitem__(layer, st.sink.clone()), windows=WINDOWS, block=BLOCK
+    )
     for layer, p in pats.items():
         torch.testing.assert_close(sinks[layer], 1 - p.sum(-1), atol=1e-5, rtol=0)
         assert float(sinks[layer].max()) > 0.3

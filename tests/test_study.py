@@ -12,8 +12,25 @@ from headprobe.probe.core.io import OUTPUTS_NAME
 
 
 def _tiny(which, out, extra=()):
-    return main(["study", which, "--out", str(out), "--steps", "2", "--eval-every", "2", "--seeds", "0",
-                 "--d-model", "16", "--device", "cpu", *extra])
+    return main(
+        [
+            "study",
+            which,
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--seeds",
+            "0",
+            "--d-model",
+            "16",
+            "--device",
+            "cpu",
+            *extra,
+        ]
+    )
 
 
 @pytest.mark.all_figure_formats  # checks the PDF/SVG files
@@ -22,7 +39,12 @@ def test_study_layouts(tmp_path):
     t = pd.read_csv(tmp_path / "results.csv")
     assert t["variant"].tolist() == ["MHA", "GQA 2 groups", "MQA", "MLA r=2"]
     # KV cache per token (bf16, 2 layers): 2 * n_kv_heads * d_head * 2 layers * 2 bytes; MLA (r + rope) * 2 * 2
-    assert t["kv_bytes_per_token"].tolist() == [2 * 4 * 4 * 2 * 2, 2 * 2 * 4 * 2 * 2, 2 * 1 * 4 * 2 * 2, (2 + 2) * 2 * 2]
+    assert t["kv_bytes_per_token"].tolist() == [
+        2 * 4 * 4 * 2 * 2,
+        2 * 2 * 4 * 2 * 2,
+        2 * 1 * 4 * 2 * 2,
+        (2 + 2) * 2 * 2,
+    ]
     s = json.loads((tmp_path / "study.json").read_text())
     assert s["mla_below_one_eighth"] is None  # 16 B is exactly 1/8 of MHA's 128 B, not below
     assert (tmp_path / "quality_vs_kv.png").is_file() and (tmp_path / "quality_vs_kv.pdf").is_file()
@@ -46,10 +68,17 @@ def test_study_copy_corpus(tmp_path):
     assert t["corpus"].tolist() == ["copy"] and t["text_in_context_loss"].isna().all()
 
 
-@pytest.mark.parametrize("extra, message", [(["--seeds", "a"], "comma-separated"), (["--ranks", "0"], "positive"),
-                                            (["--n-heads-list", "3"], "not a multiple of n_heads=3"),
-                                            (["--rope", "3"], "--rope"), (["--copy-fraction", "2"], "--copy-fraction"),
-                                            (["--seq-len", "10"], "--max-period 16 does not fit")])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--seeds", "a"], "comma-separated"),
+        (["--ranks", "0"], "positive"),
+        (["--n-heads-list", "3"], "not a multiple of n_heads=3"),
+        (["--rope", "3"], "--rope"),
+        (["--copy-fraction", "2"], "--copy-fraction"),
+        (["--seq-len", "10"], "--max-period 16 does not fit"),
+    ],
+)
 def test_study_rejects_bad_input(tmp_path, capsys, extra, message):
     assert _tiny("heads", tmp_path / "o", extra) == 2
     err = capsys.readouterr().err.strip()
@@ -64,8 +93,9 @@ def test_api_study_matches_cli_and_trains_what_it_says(tmp_path, capsys):
     from headprobe.analyses.train import train, training_tokenizer
 
     assert headprobe.study is study_command.study
-    result = headprobe.study("heads", steps=2, eval_every=2, seeds=[0, 1], d_model=16, n_heads_list=[1, 2],
-                             corpus="copy", device="cpu")
+    result = headprobe.study(
+        "heads", steps=2, eval_every=2, seeds=[0, 1], d_model=16, n_heads_list=[1, 2], corpus="copy", device="cpu"
+    )
     assert result.config.seeds == (0, 1) and result.config.n_heads_list == (1, 2)  # lists stored as tuples
     t = result.table
     assert isinstance(t, pd.DataFrame) and t["variant"].tolist() == ["1 heads", "1 heads", "2 heads", "2 heads"]
@@ -77,26 +107,65 @@ def test_api_study_matches_cli_and_trains_what_it_says(tmp_path, capsys):
     for col in ("eval_loss", "in_context_loss", "repeated_loss", "max_induction", "max_previous_token"):
         assert row[col] == float(direct[col]), col
 
-    assert main(["study", "heads", "--out", str(tmp_path / "cli"), "--steps", "2", "--eval-every", "2", "--seeds", "0,1",
-                 "--d-model", "16", "--n-heads-list", "1,2", "--corpus", "copy", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "study",
+                "heads",
+                "--out",
+                str(tmp_path / "cli"),
+                "--steps",
+                "2",
+                "--eval-every",
+                "2",
+                "--seeds",
+                "0,1",
+                "--d-model",
+                "16",
+                "--n-heads-list",
+                "1,2",
+                "--corpus",
+                "copy",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     paths = result.save(tmp_path / "api")
-    assert sorted(p.name for p in paths) == sorted(p.name for p in (tmp_path / "cli").iterdir() if p.name != OUTPUTS_NAME)
+    assert sorted(p.name for p in paths) == sorted(
+        p.name for p in (tmp_path / "cli").iterdir() if p.name != OUTPUTS_NAME
+    )
     cli = pd.read_csv(tmp_path / "cli" / "results.csv")
     api = pd.read_csv(tmp_path / "api" / "results.csv")
     pd.testing.assert_frame_equal(api.drop(columns="seconds"), cli.drop(columns="seconds"))
 
     def no_seconds(d):
-        return {k: ({v: {c: x for c, x in r.items() if c != "seconds"} for v, r in d[k].items()} if k == "per_variant"
-                    else d[k]) for k in d if k != "timings_s"}
+        return {
+            k: (
+                {v: {c: x for c, x in r.items() if c != "seconds"} for v, r in d[k].items()}
+                if k == "per_variant"
+                else d[k]
+            )
+            for k in d
+            if k != "timings_s"
+        }
 
     s_api, s_cli = (json.loads((tmp_path / d / "study.json").read_text()) for d in ("api", "cli"))
     assert no_seconds(s_api) == no_seconds(s_cli) and s_api["seeds"] == [0, 1] and s_api["n_heads_list"] == [1, 2]
     assert list(result.figures()) == ["loss_vs_heads"]
 
 
-@pytest.mark.parametrize("fields, message", [(dict(seeds=[-1]), "--seeds must list"), (dict(ranks=[]), "--ranks must list"),
-                                             (dict(rope=3), "--rope"), (dict(n_heads_list=[3]), "not a multiple")])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(seeds=[-1]), "--seeds must list"),
+        (dict(ranks=[]), "--ranks must list"),
+        (dict(rope=3), "--rope"),
+        (dict(n_heads_list=[3]), "not a multiple"),
+    ],
+)
 def test_api_study_rejects_bad_settings_before_training(fields, message):
     import headprobe
     from headprobe.probe.core.errors import HeadprobeError
@@ -121,10 +190,25 @@ def test_commands_do_not_import_each_other():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", "import sys, headprobe.commands.study; "
-                          "print('headprobe.commands.train' in sys.modules)"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, headprobe.commands.study; print('headprobe.commands.train' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "False"
-    out = subprocess.run([sys.executable, "-c", "import sys, headprobe.analyses.train; "
-                          "print(any(m.startswith('headprobe.commands') for m in sys.modules))"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, headprobe.analyses.train; print(any(m.startswith('headprobe.commands') for m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "False"

@@ -42,13 +42,16 @@ def test_pieces_join_to_the_file_and_end_at_line_breaks(tmp_path):
     assert text.startswith(capped) and 600 <= len(capped.encode()) <= 640
 
 
-@pytest.mark.parametrize("data, piece_bytes, what, at", [
-    (b"ok\n" * 10 + b"caf\xe9 x", 4, "not UTF-8 (byte {} is invalid)", 33),   # a Latin-1 byte
-    (b"ok\n" * 10 + b"\xe2\x82", 7, "not UTF-8 (byte {} is invalid)", 30),    # a sequence the file cuts off
-    (b"ok\n" * 10 + b"\xe2\x82\xac\xe2\x28", 31, "not UTF-8 (byte {} is invalid)", 33),  # valid euro, then not
-    (b"abc\n" * 5 + b"\x00\x01\x02", 3, "NUL byte at byte {}: a binary file", 20),
-    ("\ufeffhello".encode("utf-16-le"), 4, "NUL byte at byte {}", 3),          # UTF-16: FF FE 68 00
-])
+@pytest.mark.parametrize(
+    "data, piece_bytes, what, at",
+    [
+        (b"ok\n" * 10 + b"caf\xe9 x", 4, "not UTF-8 (byte {} is invalid)", 33),  # a Latin-1 byte
+        (b"ok\n" * 10 + b"\xe2\x82", 7, "not UTF-8 (byte {} is invalid)", 30),  # a sequence the file cuts off
+        (b"ok\n" * 10 + b"\xe2\x82\xac\xe2\x28", 31, "not UTF-8 (byte {} is invalid)", 33),  # valid euro, then not
+        (b"abc\n" * 5 + b"\x00\x01\x02", 3, "NUL byte at byte {}: a binary file", 20),
+        ("\ufeffhello".encode("utf-16-le"), 4, "NUL byte at byte {}", 3),  # UTF-16: FF FE 68 00
+    ],
+)
 def test_binary_and_non_utf8_bytes_are_named_wherever_the_pieces_cut(data, piece_bytes, what, at, tmp_path):
     path = tmp_path / "bad.txt"
     path.write_bytes(data)
@@ -109,12 +112,18 @@ def test_a_large_file_is_read_only_as_far_as_needed(tiny_dir, tiny_tokenizer, tm
 
     def limit():
         import resource
+
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
     try:
-        p = subprocess.run([sys.executable, "-c", MEASURE, str(tiny_dir), str(path)], capture_output=True, text=True,
-                           timeout=300, preexec_fn=limit,
-                           env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"})
+        p = subprocess.run(
+            [sys.executable, "-c", MEASURE, str(tiny_dir), str(path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            preexec_fn=limit,
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"},
+        )
         with open(path, "rb") as f:
             head = f.read(1 << 20).decode()
     finally:
@@ -129,7 +138,7 @@ def test_a_large_file_is_read_only_as_far_as_needed(tiny_dir, tiny_tokenizer, tm
     starts = []
     for row in got["tokens"]:
         assert row[0] == tiny_tokenizer.bos_token_id and len(row) == 128
-        hits = [i for i in range(0, len(ref) - body, body) if ref[i:i + body] == row[1:]]
+        hits = [i for i in range(0, len(ref) - body, body) if ref[i : i + body] == row[1:]]
         assert hits, "a window that is no run of the file's tokens"
         starts.append(hits[0])
     assert len(set(starts)) == 8 and got["n_available"] >= 8 * 8
@@ -150,8 +159,11 @@ def test_bad_text_files_are_one_line_before_the_model_loads(tmp_path, capsys, mo
     (tmp_path / "bin").write_bytes(bytes(range(256)) * 64)
     (tmp_path / "latin1.txt").write_bytes("na\u00efve caf\u00e9\n".encode("latin-1"))
     os.mkfifo(tmp_path / "fifo")
-    for name, fragment in [("bin", "NUL byte at byte 0"), ("latin1.txt", "not UTF-8 (byte 2 is invalid)"),
-                           ("fifo", "not a regular file")]:
+    for name, fragment in [
+        ("bin", "NUL byte at byte 0"),
+        ("latin1.txt", "not UTF-8 (byte 2 is invalid)"),
+        ("fifo", "not a regular file"),
+    ]:
         for command in ("scan", "ablate", "prune"):
             out = tmp_path / f"out-{command}"
             line = _cli_error([command, "--text", str(tmp_path / name), "--out", str(out)], capsys)

@@ -45,8 +45,23 @@ def _refused(argv, capsys, out):
 
 def test_show_refuses_a_prompt_token_beyond_the_embedding(added_token_dir, tmp_path, capsys):
     out = tmp_path / "o"
-    _refused(["show", "--model", str(added_token_dir), "--head", "1.1", "--prompt", f"t1 t2 {EXTRA} t3",
-              "--out", str(out), "--device", "cpu"], capsys, out)
+    _refused(
+        [
+            "show",
+            "--model",
+            str(added_token_dir),
+            "--head",
+            "1.1",
+            "--prompt",
+            f"t1 t2 {EXTRA} t3",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+        ],
+        capsys,
+        out,
+    )
 
 
 @pytest.mark.parametrize("where", ["clean", "correct"])
@@ -56,8 +71,11 @@ def test_patch_refuses_a_prompt_or_answer_token_beyond_the_embedding(added_token
     f = tmp_path / "pairs.jsonl"
     f.write_text("\n".join(json.dumps(p) for p in (pair, pair)), encoding="utf-8")
     out = tmp_path / "o"
-    line = _refused(["patch", "--model", str(added_token_dir), "--prompts", str(f), "--out", str(out),
-                     "--device", "cpu"], capsys, out)
+    line = _refused(
+        ["patch", "--model", str(added_token_dir), "--prompts", str(f), "--out", str(out), "--device", "cpu"],
+        capsys,
+        out,
+    )
     assert "prompt pair 1" in line
 
 

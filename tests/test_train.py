@@ -16,8 +16,23 @@ from headprobe.cli import main
 from headprobe.commands.train import run
 from headprobe.probe.core.io import OUTPUTS_NAME
 
-TINY = TrainConfig(n_layers=2, d_model=16, n_heads=2, n_words=16, seq_len=33, min_period=4, max_period=12,
-                   batch_size=8, steps=30, lr=3e-3, warmup=1, eval_every=10, n_eval=8, eval_period=8, device="cpu")
+TINY = TrainConfig(
+    n_layers=2,
+    d_model=16,
+    n_heads=2,
+    n_words=16,
+    seq_len=33,
+    min_period=4,
+    max_period=12,
+    batch_size=8,
+    steps=30,
+    lr=3e-3,
+    warmup=1,
+    eval_every=10,
+    n_eval=8,
+    eval_period=8,
+    device="cpu",
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +53,10 @@ def test_copy_sequences_repeat_and_are_deterministic():
     assert torch.equal(x, copy_sequences(16, 41, 10, 3, 6, g2, periodic=True))
     assert x.shape == (16, 41) and (x[:, 0] == 10).all() and (x[:, 1:] < 10).all()
     for row in x[:, 1:]:  # the tail is periodic with some period in [3, 6], at least two whole copies
-        assert any(torch.equal(row[-2 * S:-S], row[-S:]) for S in range(3, 7))
+        assert any(torch.equal(row[-2 * S : -S], row[-S:]) for S in range(3, 7))
     y = copy_sequences(64, 41, 1000, 5, 5, torch.Generator().manual_seed(4))
     for row in y[:, 1:].tolist():  # one segment of 5 reappears: some window of 5 occurs twice, non-overlapping
-        windows = [tuple(row[i:i + 5]) for i in range(len(row) - 4)]
+        windows = [tuple(row[i : i + 5]) for i in range(len(row) - 4)]
         assert any(windows[j] == windows[i] for i in range(len(windows)) for j in range(i + 5, len(windows)))
 
 
@@ -95,7 +110,9 @@ def test_scan_reads_the_checkpoint(tiny_run, tmp_path):
     from headprobe.probe.backends.loading import load_model
 
     tiny_run.save(tmp_path)
-    cfg = ScanConfig(model=str(tmp_path), n_natural=2, seq_len=16, n_repeated=2, period=8, k=2, n_random=2, device="cpu")
+    cfg = ScanConfig(
+        model=str(tmp_path), n_natural=2, seq_len=16, n_repeated=2, period=8, k=2, n_random=2, device="cpu"
+    )
     result = run_scan(cfg, model=load_model(str(tmp_path)))
     assert len(result.table) == 4
 
@@ -116,9 +133,36 @@ def test_cli_reports_no_phase_change_without_induction_and_counts_its_files(tmp_
     from headprobe.cli import main
 
     out = tmp_path / "t"
-    assert main(["train", "--out", str(out), "--steps", "20", "--eval-every", "10", "--d-model", "16", "--n-heads", "2",
-                 "--n-words", "16", "--seq-len", "33", "--max-period", "12", "--eval-period", "8", "--n-eval", "8",
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(out),
+                "--steps",
+                "20",
+                "--eval-every",
+                "10",
+                "--d-model",
+                "16",
+                "--n-heads",
+                "2",
+                "--n-words",
+                "16",
+                "--seq-len",
+                "33",
+                "--max-period",
+                "12",
+                "--eval-period",
+                "8",
+                "--n-eval",
+                "8",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["phase_change_step"] is None and "no phase change yet" in text and "None" not in text
@@ -126,21 +170,30 @@ def test_cli_reports_no_phase_change_without_induction_and_counts_its_files(tmp_
     assert f"wrote {n_files} files" in text
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--steps", "0"], "--steps must be a positive integer"),
-    (["--n-heads", "3"], "not a multiple of n_heads=3"),
-    (["--n-kv-heads", "3"], "not a multiple of n_kv_heads=3"),
-    (["--max-period", "60"], "does not fit twice"),
-    (["--lr", "-1"], "--lr must be a positive number"),
-    (["--device", "cuda"], None),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "0"], "--steps must be a positive integer"),
+        (["--n-heads", "3"], "not a multiple of n_heads=3"),
+        (["--n-kv-heads", "3"], "not a multiple of n_kv_heads=3"),
+        (["--max-period", "60"], "does not fit twice"),
+        (["--lr", "-1"], "--lr must be a positive number"),
+        (["--device", "cuda"], None),
+    ],
+)
 def test_cli_rejects_bad_input(argv, message, tmp_path, capsys):
     if message is None:
         if torch.cuda.is_available():
             pytest.skip("a GPU is present")
         message = "no CUDA GPU"
-    assert main(["train", "--out", str(tmp_path / "out"), "--steps", "1", *argv] if "--steps" not in argv
-                else ["train", "--out", str(tmp_path / "out"), *argv]) == 2
+    assert (
+        main(
+            ["train", "--out", str(tmp_path / "out"), "--steps", "1", *argv]
+            if "--steps" not in argv
+            else ["train", "--out", str(tmp_path / "out"), *argv]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err
     assert not (tmp_path / "out").exists()
@@ -232,7 +285,7 @@ def test_mixed_batch_fraction_and_determinism(corpus, fraction):
     assert x.shape == (20, 41) and (x[:, 0] == 96).all() and int(is_copy.sum()) == round(20 * fraction)
     train_text = _decode(corpus.train)
     for row, copy in zip(x[:, 1:], is_copy.tolist()):
-        periodic_tail = any(torch.equal(row[-2 * S:-S], row[-S:]) for S in range(4, 9))
+        periodic_tail = any(torch.equal(row[-2 * S : -S], row[-S:]) for S in range(4, 9))
         if copy:
             assert periodic_tail
         else:
@@ -265,11 +318,49 @@ def test_text_copy_run_logs_text_loss(char_tokenizer, tokenizer):
 # The Python API: headprobe.train(...) is the CLI without the flags
 # --------------------------------------------------------------------------------------------
 
-API = dict(d_model=16, n_heads=2, n_kv_heads=1, n_words=16, seq_len=33, max_period=12, eval_period=8, n_eval=8,
-           steps=20, eval_every=10, seed=3, periodic=False, device="cpu")
-API_FLAGS = ["--d-model", "16", "--n-heads", "2", "--n-kv-heads", "1", "--n-words", "16", "--seq-len", "33",
-             "--max-period", "12", "--eval-period", "8", "--n-eval", "8", "--steps", "20", "--eval-every", "10",
-             "--seed", "3", "--data", "pair", "--device", "cpu"]
+API = dict(
+    d_model=16,
+    n_heads=2,
+    n_kv_heads=1,
+    n_words=16,
+    seq_len=33,
+    max_period=12,
+    eval_period=8,
+    n_eval=8,
+    steps=20,
+    eval_every=10,
+    seed=3,
+    periodic=False,
+    device="cpu",
+)
+API_FLAGS = [
+    "--d-model",
+    "16",
+    "--n-heads",
+    "2",
+    "--n-kv-heads",
+    "1",
+    "--n-words",
+    "16",
+    "--seq-len",
+    "33",
+    "--max-period",
+    "12",
+    "--eval-period",
+    "8",
+    "--n-eval",
+    "8",
+    "--steps",
+    "20",
+    "--eval-every",
+    "10",
+    "--seed",
+    "3",
+    "--data",
+    "pair",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.mark.all_figure_formats  # checks the PDF/SVG files
@@ -295,11 +386,16 @@ def test_api_train_matches_cli(tmp_path, capsys):
     ours, theirs = (torch.load(d / "headprobe_model.pt", weights_only=True) for d in (api, cli))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     s_api, s_cli = (json.loads((d / "summary.json").read_text()) for d in (api, cli))
-    assert s_api.pop("timings_s")["train_s"] >= 0 and s_cli.pop("timings_s")["train_s"] >= 0  # wall time differs, nothing else
+    assert (
+        s_api.pop("timings_s")["train_s"] >= 0 and s_cli.pop("timings_s")["train_s"] >= 0
+    )  # wall time differs, nothing else
     assert s_api == s_cli and s_api == {k: v for k, v in result.summary().items() if k != "timings_s"}
     assert s_api["config"]["periodic"] is False and s_api["config"]["n_kv_heads"] == 1 and s_api["layout"] == "MQA"
     # summary.json is written last: a directory holding it is complete
-    assert max(p.stat().st_mtime_ns for p in api.iterdir() if p.name != OUTPUTS_NAME) == (api / "summary.json").stat().st_mtime_ns
+    assert (
+        max(p.stat().st_mtime_ns for p in api.iterdir() if p.name != OUTPUTS_NAME)
+        == (api / "summary.json").stat().st_mtime_ns
+    )
     from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="--overwrite"):
@@ -322,8 +418,11 @@ def test_training_module_neither_prints_nor_parses(tokenizer, capsys):
     import headprobe.analyses.train as training
 
     seen = []
-    r = training.train(dataclasses.replace(TINY, steps=4, eval_every=2), tokenizer,
-                       on_eval=lambda row, seconds: seen.append((row["step"], row["train_loss"], seconds)))
+    r = training.train(
+        dataclasses.replace(TINY, steps=4, eval_every=2),
+        tokenizer,
+        on_eval=lambda row, seconds: seen.append((row["step"], row["train_loss"], seconds)),
+    )
     assert capsys.readouterr().out == ""
     assert [s for s, _, _ in seen] == [2, 4] and [x for _, x, _ in seen] == r.log["train_loss"].tolist()[1:]
     assert all(sec >= 0 for _, _, sec in seen)

@@ -12,6 +12,7 @@ from headprobe.probe.hooks.names import attn_hook
 
 # 1. GQA head axes ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fixture", ["tiny_llama_gqa", "tiny_llama_gqa_native"])
 def test_gqa_query_head_reads_kv_head_h_div_group(fixture, request):
     """N_heads=8, n_kv_heads=2: perturbing KV head 1's keys changes the patterns of query heads
@@ -23,6 +24,7 @@ def test_gqa_query_head_reads_kv_head_h_div_group(fixture, request):
     def record(name):
         def hook(x, hook):
             shapes[name] = tuple(x.shape)
+
         return hook
 
     def bump_kv1(k, hook):
@@ -42,6 +44,7 @@ def test_gqa_query_head_reads_kv_head_h_div_group(fixture, request):
 
 # 2 and 7. Ablation happens before W_O; a fully ablated layer leaves b_O ---------------------------
 
+
 @pytest.mark.parametrize("fixture", TINY_MODELS)
 def test_zero_ablating_every_head_leaves_the_output_bias(fixture, request):
     model = request.getfixturevalue(fixture)
@@ -57,6 +60,7 @@ def test_zero_ablating_every_head_leaves_the_output_bias(fixture, request):
 
 
 # 4. BOS -----------------------------------------------------------------------------------------------
+
 
 def test_bos_off_gives_one_position_per_word(tiny_gpt2):
     from headprobe.probe.backends.loading import LoadedModel
@@ -78,6 +82,7 @@ def test_smollm2_hello_is_one_position_without_bos_and_two_with(smollm2_native):
 
 # 5. Padding -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("fixture", ["tiny_gpt2_native", "tiny_llama_gqa_native"])
 def test_padded_batch_gives_each_prompt_its_own_patterns_and_scores(fixture, side, request):
@@ -92,8 +97,12 @@ def test_padded_batch_gives_each_prompt_its_own_patterns_and_scores(fixture, sid
             got = batched[(layer, i)]
             torch.testing.assert_close(got, alone[layer][0], atol=1e-5, rtol=0)
             for det in ("previous_token", "first_token"):
-                torch.testing.assert_close(DETECTORS[det].score(got[None], None, 1)[det],
-                                           DETECTORS[det].score(alone[layer], None, 1)[det], atol=1e-5, rtol=0)
+                torch.testing.assert_close(
+                    DETECTORS[det].score(got[None], None, 1)[det],
+                    DETECTORS[det].score(alone[layer], None, 1)[det],
+                    atol=1e-5,
+                    rtol=0,
+                )
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -120,8 +129,10 @@ def test_bridge_refuses_padding_with_a_clear_error(tiny_gpt2):
 
 # 6. Kernels that hide patterns ---------------------------------------------------------------------
 
+
 def test_a_pattern_hook_that_never_fires_is_an_error(tiny_gpt2_native):
     """A fused kernel returns no weights: patterns_by_layer must stop, not score nothing."""
+
     class FusedOnly:
         spec = tiny_gpt2_native.spec
 
@@ -141,6 +152,7 @@ def test_every_pattern_hook_fires_exactly_once_per_layer(fixture, request):
 
 
 # 9. Sequence length ----------------------------------------------------------------------------------
+
 
 def test_length_one_is_refused_and_length_equal_to_context_is_accepted(tiny_gpt2_native, tmp_path):
     from headprobe.analyses.data import natural_text_tokens
@@ -188,6 +200,7 @@ def test_scan_defaults_shrink_to_a_small_model(tiny_gpt2_native):
 
 # 10. Detectors never change their inputs --------------------------------------------------------------
 
+
 def test_scoring_leaves_a_captured_pattern_untouched(tiny_gpt2_native):
     pattern = capture_heads(tiny_gpt2_native, torch.randint(0, 100, (2, 12)))["pattern"][0]
     before = pattern.clone()
@@ -198,6 +211,7 @@ def test_scoring_leaves_a_captured_pattern_untouched(tiny_gpt2_native):
 
 
 # NaN / Inf -----------------------------------------------------------------------------------------------
+
 
 def test_nan_activations_are_reported_with_their_layer(tiny_llama_gqa_native):
     from headprobe.analyses.data import repeated_random_tokens
@@ -229,6 +243,7 @@ def _save_tiny_gpt2(path, tokenizer, poison=False):
 
 # Bad input on the command line: one line, exit 2, nothing written ------------------------------------
 
+
 def test_cli_nan_weights_name_the_parameter(tmp_path, tiny_tokenizer):
     from test_loading import assert_one_line_error, run_cli
 
@@ -256,12 +271,19 @@ def test_cli_truncated_weights_and_unwritable_output(tmp_path, tiny_tokenizer):
 def test_cli_unknown_model_name_offline(tmp_path):
     from test_loading import assert_one_line_error, run_cli
 
-    rc, _, err = run_cli("scan", "--model", "no-such-org/no-such-model", "--out", str(tmp_path / "o"),
-                         env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+    rc, _, err = run_cli(
+        "scan",
+        "--model",
+        "no-such-org/no-such-model",
+        "--out",
+        str(tmp_path / "o"),
+        env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"},
+    )
     assert_one_line_error(rc, err, "no-such-org/no-such-model", "--model PATH")
 
 
 # Long runs: atomic files, recorded settings, reproducible numbers ------------------------------------------
+
 
 def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
     from headprobe.probe.core.io import atomic_path, write_text
@@ -329,6 +351,7 @@ def test_same_seed_same_numbers_and_settings_recorded(tiny_llama_gqa_native, tmp
 
 # 7. Mean ablation averages real tokens only -----------------------------------------------------------------
 
+
 def test_mean_z_ignores_padding_and_bos(tiny_llama_gqa_native):
     from headprobe.analyses.ablation import mean_z_from
 
@@ -336,8 +359,11 @@ def test_mean_z_ignores_padding_and_bos(tiny_llama_gqa_native):
     prompts = [torch.tensor([100, 5, 6, 7, 8]), torch.tensor([100, 9, 10])]
     tokens, mask = pad_prompts(prompts, pad_id=100, side="right")
     zs = {}
-    with model.model.hooks(fwd_hooks=[(attn_hook(layer, "z"), lambda z, hook, layer=layer: zs.__setitem__(layer, z.clone()))
-                                      for layer in range(2)]):
+    with model.model.hooks(
+        fwd_hooks=[
+            (attn_hook(layer, "z"), lambda z, hook, layer=layer: zs.__setitem__(layer, z.clone())) for layer in range(2)
+        ]
+    ):
         model.forward(tokens, attention_mask=mask)
     got = mean_z_from(zs, start=1, attention_mask=mask)
     # reference: run each prompt alone and average its real non-BOS positions by hand
@@ -348,6 +374,7 @@ def test_mean_z_ignores_padding_and_bos(tiny_llama_gqa_native):
 
 
 # 8. Gradient importance stays finite while pruning ----------------------------------------------------------
+
 
 def test_gradient_importance_stays_finite_over_rescoring_rounds(tiny_llama_gqa_native):
     from headprobe.analyses.ablation import head_importance
@@ -368,8 +395,14 @@ def test_gradient_importance_stays_finite_over_rescoring_rounds(tiny_llama_gqa_n
 def test_cli_misspelt_model_name_is_called_unknown_with_a_suggestion(tmp_path):
     from test_loading import assert_one_line_error, run_cli
 
-    rc, _, err = run_cli("scan", "--model", "gpt-2", "--out", str(tmp_path / "o"),
-                         env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+    rc, _, err = run_cli(
+        "scan",
+        "--model",
+        "gpt-2",
+        "--out",
+        str(tmp_path / "o"),
+        env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"},
+    )
     assert_one_line_error(rc, err, "unknown model name gpt-2", "did you mean gpt2")
     rc, _, err = run_cli("scan", "--out", "")
     assert_one_line_error(rc, err, "output directory name is empty")

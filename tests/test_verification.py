@@ -46,7 +46,7 @@ def test_sequential_p_value_matches_its_closed_form_null_distribution(n_max, alp
         test = st.SequentialMCTest(rng.random(), n_max, alpha)
         sample = rng.random(n_max)
         while not test.done:
-            test.add(sample[len(test.draws):len(test.draws) + BATCH])
+            test.add(sample[len(test.draws) : len(test.draws) + BATCH])
         ps.append(test.p_value())
         draws.append(len(test.draws))
     ps = np.array(ps)
@@ -73,8 +73,10 @@ def test_the_curtailed_p_value_is_the_largest_any_continuation_gives():
         for prefix in itertools.product([False, True], repeat=L):
             if sum(prefix) >= h:
                 continue
-            finals = [st.sequential_mc_p_value(list(prefix) + list(rest), n_max, h)[0]
-                      for rest in itertools.product([False, True], repeat=n_max - L)]
+            finals = [
+                st.sequential_mc_p_value(list(prefix) + list(rest), n_max, h)[0]
+                for rest in itertools.product([False, True], repeat=n_max - L)
+            ]
             assert st.sequential_mc_p_bound(list(prefix), n_max, h) == pytest.approx(max(finals))
             assert st.sequential_mc_best_p(list(prefix), n_max, h) == pytest.approx(min(finals))
 
@@ -91,7 +93,7 @@ def _null_distribution(rule, n_max, h, batch, naive=False):
     for seq in itertools.product([False, True], repeat=n_max):
         prob = 1 / ((n_max + 1) * comb(n_max, sum(seq)))
         for L in range(batch, n_max + batch, batch):
-            prefix = list(seq[:min(L, n_max)])
+            prefix = list(seq[: min(L, n_max)])
             if sum(prefix) >= h or len(prefix) == n_max:
                 p = st.sequential_mc_p_value(prefix, n_max, h)[0]
                 break
@@ -102,11 +104,17 @@ def _null_distribution(rule, n_max, h, batch, naive=False):
     return dist
 
 
-@pytest.mark.parametrize("rule, naive_fails", [
-    (lambda pre: len(pre) == 2 and sum(pre) == 0, True),  # curtails a test that looks good: the naive p's worst case
-    (lambda pre: sum(pre) >= 1, False),                   # curtails one that looks bad (as the verification does)
-    (lambda pre: hash(tuple(pre)) % 3 == 0, False),       # any rule at all
-])
+@pytest.mark.parametrize(
+    "rule, naive_fails",
+    [
+        (
+            lambda pre: len(pre) == 2 and sum(pre) == 0,
+            True,
+        ),  # curtails a test that looks good: the naive p's worst case
+        (lambda pre: sum(pre) >= 1, False),  # curtails one that looks bad (as the verification does)
+        (lambda pre: hash(tuple(pre)) % 3 == 0, False),  # any rule at all
+    ],
+)
 def test_a_curtailed_test_keeps_a_valid_p_value_under_any_curtailing_rule(rule, naive_fails):
     n_max, h, batch = 10, 2, 2
     dist = _null_distribution(rule, n_max, h, batch)
@@ -125,7 +133,7 @@ def _run_family(effects, observed, n_max, alpha, batch, curtail, threshold=None)
     while not all(t.done for t in tests):
         for t, e in zip(tests, effects):
             if not t.done:
-                t.add(e[len(t.draws):len(t.draws) + batch])
+                t.add(e[len(t.draws) : len(t.draws) + batch])
         if curtail:
             best = [t.best_p for t in tests]
             for i in st.unwinnable(best, [not t.done for t in tests], "bh", alpha if threshold is None else threshold):
@@ -210,7 +218,9 @@ def test_control_sets_are_distinct_and_every_one_where_few_exist():
     top = [(0, 0), (0, 1), (1, 0), (1, 1)]
     avail = [x for x in heads if x not in top]
     sets, _ = layer_matched_sets(top, avail, 2, 50, gen)
-    every = {tuple(sorted(a + b)) for a in itertools.combinations(avail[:4], 2) for b in itertools.combinations(avail[4:], 2)}
+    every = {
+        tuple(sorted(a + b)) for a in itertools.combinations(avail[:4], 2) for b in itertools.combinations(avail[4:], 2)
+    }
     assert len(sets) == 36 and {tuple(s) for s in sets} == every
     assert sets != sorted(sets)  # in a random order: the first sets of a stream are a random sample
     sets, _ = layer_matched_sets(top, avail, 2, 5, gen)  # 36 >= 4 x 5: drawn, repeats skipped
@@ -238,7 +248,9 @@ def test_settings_reachability_and_effect_rule():
     assert not VerificationSettings(k=3, n_random=10).reachable
     note = unreachable_note(VerificationSettings(k=3, n_random=10))
     assert "no verdict can be CONFIRMED" in note and "--n-random 19" in note
-    assert VerificationSettings(k=3, n_random=10, alpha=0.1).reachable and VerificationSettings(k=3, n_random=19).reachable
+    assert (
+        VerificationSettings(k=3, n_random=10, alpha=0.1).reachable and VerificationSettings(k=3, n_random=19).reachable
+    )
     for bad in ({"alpha": 0.0}, {"alpha": 1.5}, {"control": "matched"}, {"correction": "fdr"}):
         with pytest.raises(HeadprobeError):
             VerificationSettings(k=3, **bad)
@@ -282,7 +294,9 @@ def test_scan_records_the_design_and_stops_settled_tests_early(tiny_llama_gqa, t
     assert seq.verification["sets_ablated"] < fixed.verification["sets_ablated"] / 2
     assert [v.confirmed for v in seq.verifications] == [v.confirmed for v in fixed.verifications]
     # the first batch is the same sets either way
-    assert all(a.random_heads == b.random_heads[:len(a.random_heads)] for a, b in zip(seq.verifications, fixed.verifications))
+    assert all(
+        a.random_heads == b.random_heads[: len(a.random_heads)] for a, b in zip(seq.verifications, fixed.verifications)
+    )
 
 
 def test_too_few_draws_confirm_nothing_and_say_so(tiny_llama_gqa, text_file, monkeypatch):
@@ -291,8 +305,9 @@ def test_too_few_draws_confirm_nothing_and_say_so(tiny_llama_gqa, text_file, mon
 
     monkeypatch.setattr(VerdictRule, "effect_is_large", lambda *a: True)
     result = _scan(tiny_llama_gqa, text_file, n_random=5, types="induction", keep_n_random=True)
-    assert all(v.confirmed is None and "cannot reach alpha = 0.05" in v.no_verdict
-               for v in result.verifications if v.tested)
+    assert all(
+        v.confirmed is None and "cannot reach alpha = 0.05" in v.no_verdict for v in result.verifications if v.tested
+    )
     assert "no verdict: 5 control sets: its smallest p-value 1/6" in result.report()
     assert any("induction: no verdict" in w for w in result.warnings)
 
@@ -301,11 +316,40 @@ def test_cli_says_before_running_that_no_verdict_can_be_confirmed(tiny_dir, text
     from headprobe.cli import main
 
     out = tmp_path / "out"
-    assert main(["scan", "--model", str(tiny_dir), "--text", str(text_file), "--n-random", "10", "--keep-n-random",
-                 "--n-natural", "2", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "-k", "2", "--types", "induction",
-                 "--no-metrics", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "scan",
+                "--model",
+                str(tiny_dir),
+                "--text",
+                str(text_file),
+                "--n-random",
+                "10",
+                "--keep-n-random",
+                "--n-natural",
+                "2",
+                "--seq-len",
+                "16",
+                "--n-repeated",
+                "2",
+                "--period",
+                "6",
+                "-k",
+                "2",
+                "--types",
+                "induction",
+                "--no-metrics",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     stdout = capsys.readouterr().out
-    assert stdout.splitlines()[0].startswith("NOTE: --n-random 10 cannot reach alpha=0.05"), stdout  # before the model loads
+    assert stdout.splitlines()[0].startswith("NOTE: --n-random 10 cannot reach alpha=0.05"), (
+        stdout
+    )  # before the model loads
     assert stdout.index("NOTE: --n-random 10") < stdout.index(f"model {tiny_dir}")
 
 
@@ -318,7 +362,9 @@ def test_a_pruned_models_removed_heads_are_blank_and_never_drawn(tiny_tokenizer,
     import headprobe
     from headprobe.probe.model.pruned import remove_heads, save_pruned_dir
 
-    base = headprobe.load_model(str(zoo.save_dir("llama", tiny_tokenizer, tmp_path / "llama")), device="cpu", quiet=True)
+    base = headprobe.load_model(
+        str(zoo.save_dir("llama", tiny_tokenizer, tmp_path / "llama")), device="cpu", quiet=True
+    )
     spec = base.spec
     removed = {(0, 0), (1, 1)}
     keep = torch.ones(spec.n_layers, spec.n_heads, dtype=torch.bool)
@@ -371,6 +417,7 @@ def test_curtail_family_stops_what_cannot_be_confirmed_and_nothing_else():
 
 # --- the plan, honest curtailment, per-type streams, NaN losses ---------------------------
 
+
 def _scripted(monkeypatch, model, text, effect_of, **kw):
     """A scripted ablation engine on the tiny model: the loss of ablating a head set is the task's
     clean loss plus ``effect_of(task, heads)`` (so the set's mean effect) (``heads``: sorted (layer, head) tuples), whatever the model
@@ -386,8 +433,12 @@ def _scripted(monkeypatch, model, text, effect_of, **kw):
 
     def losses(backend, tokens, sets, kind, mean_z, first, score=None, clean=None):
         task = shapes[tuple(tokens.shape)]
-        return torch.stack([torch.full((tokens.shape[0],), base.clean_loss[task] + effect_of(task, tuple(map(tuple, s))))
-                            for s in sets])
+        return torch.stack(
+            [
+                torch.full((tokens.shape[0],), base.clean_loss[task] + effect_of(task, tuple(map(tuple, s))))
+                for s in sets
+            ]
+        )
 
     monkeypatch.setattr(verif, "set_ablation_losses", losses)
     return base
@@ -404,8 +455,9 @@ def _planted(top_ind):
     return lambda task, heads: 8.0 if list(heads) == top_ind else _noise(heads, 0.7)
 
 
-def test_a_strong_effect_is_planned_for_and_confirmed_or_said_unreachable(tiny_llama_gqa, text_file, monkeypatch,
-                                                                          capsys):
+def test_a_strong_effect_is_planned_for_and_confirmed_or_said_unreachable(
+    tiny_llama_gqa, text_file, monkeypatch, capsys
+):
     """Two types, n_random=20. By default the plan raises the draws to the 39
     a lone BH verdict needs (p <= 0.05 / 2 needs 1/(n+1) <= 0.025) and confirms the planted
     induction effect; with keep_n_random it says before the ablations that no lone verdict can
@@ -438,7 +490,10 @@ def test_a_strong_effect_is_planned_for_and_confirmed_or_said_unreachable(tiny_l
     assert "0 of 20 control sets reached the effect" in report
     for v in kept.verifications:  # a bound is never printed as a plain p
         if v.p_value_is_bound:
-            assert f"p in [{v.p_value_min:.4g}, {v.p_value:.4g}]" in report and "stopped: cannot reach alpha after BH" in report
+            assert (
+                f"p in [{v.p_value_min:.4g}, {v.p_value:.4g}]" in report
+                and "stopped: cannot reach alpha after BH" in report
+            )
             assert v.p_value_min <= v.p_value and f"p = {v.p_value:.4g}" not in report
 
 
@@ -457,8 +512,9 @@ def test_holm_with_too_few_draws_gives_no_verdict_with_the_reason(tiny_llama_gqa
             assert any(v.head_type.replace("_", "-") in w and "no verdict" in w for w in summary["warnings"])
 
 
-def test_sequential_and_fixed_draws_give_the_same_verdicts_with_a_test_below_the_floor(tiny_llama_gqa, text_file,
-                                                                                       monkeypatch):
+def test_sequential_and_fixed_draws_give_the_same_verdicts_with_a_test_below_the_floor(
+    tiny_llama_gqa, text_file, monkeypatch
+):
     """Previous-token's effect (0.03 nats) is below the 0.05 floor but beats every
     control (natural-text controls 0-0.02): a BH rejection that is not CONFIRMED. Induction's
     effect is beaten by one of its 59 controls (p = 2/60). With fixed draws BH adjusts induction
@@ -470,8 +526,11 @@ def test_sequential_and_fixed_draws_give_the_same_verdicts_with_a_test_below_the
     probe = _scan(tiny_llama_gqa, text_file, sequential=False, **kw)
     ind = next(v for v in probe.verifications if v.tested and v.head_type == "induction")
     second, first = sorted(ind.random_effects)[-2:]
-    tops = {v.head_type: tuple(map(tuple, (map(int, h.split(".")) for h in v.top_heads)))
-            for v in probe.verifications if v.tested}
+    tops = {
+        v.head_type: tuple(map(tuple, (map(int, h.split(".")) for h in v.top_heads)))
+        for v in probe.verifications
+        if v.tested
+    }
     planted = {tops["induction"]: (first + second) / 2, tops["previous_token"]: 0.03, tops["duplicate_token"]: 0.0}
     _scripted(monkeypatch, tiny_llama_gqa, text_file, lambda task, heads: planted.get(heads, heavy[task](heads)), **kw)
     fixed = _scan(tiny_llama_gqa, text_file, sequential=False, **kw)
@@ -493,8 +552,13 @@ def test_a_nan_effect_never_confirms(tiny_llama_gqa, text_file, monkeypatch):
     kw = {"types": "induction,previous_token", "n_random": 39, "control": "uniform"}
     base = _scripted(monkeypatch, tiny_llama_gqa, text_file, lambda *a: 0.0, **kw)
     top_ind = top_heads(torch.as_tensor(base.scores["induction"]), 3)
-    _scripted(monkeypatch, tiny_llama_gqa, text_file,
-              lambda task, heads: float("nan") if list(heads) == top_ind else _noise(heads, 0.7), **kw)
+    _scripted(
+        monkeypatch,
+        tiny_llama_gqa,
+        text_file,
+        lambda task, heads: float("nan") if list(heads) == top_ind else _noise(heads, 0.7),
+        **kw,
+    )
     result = _scan(tiny_llama_gqa, text_file, **kw)
     ind = [v for v in result.verifications if v.head_type == "induction"]
     assert all(v.confirmed is None and "non-finite" in v.no_verdict for v in ind)
@@ -509,8 +573,9 @@ def test_a_nan_effect_never_confirms(tiny_llama_gqa, text_file, monkeypatch):
 
 def test_a_types_control_sets_do_not_depend_on_the_other_types(tiny_llama_gqa, text_file):
     """Control streams are seeded per (seed, type)."""
-    both = _scan(tiny_llama_gqa, text_file, types="induction,previous_token", n_random=6, keep_n_random=True,
-                 sequential=False)
+    both = _scan(
+        tiny_llama_gqa, text_file, types="induction,previous_token", n_random=6, keep_n_random=True, sequential=False
+    )
     alone = _scan(tiny_llama_gqa, text_file, types="induction", n_random=6, keep_n_random=True, sequential=False)
     a = next(v for v in both.verifications if v.tested and v.head_type == "induction")
     b = next(v for v in alone.verifications if v.tested and v.head_type == "induction")
@@ -558,7 +623,9 @@ def test_tests_that_cannot_be_confirmed_get_no_raised_draws(tiny_llama_gqa, text
     kw = {"types": "induction,previous_token", "n_random": 9, "control": "uniform", "alpha": 1e-4}
     base = _scripted(monkeypatch, tiny_llama_gqa, text_file, lambda *a: 0.0, **kw)
     tops = [tuple(map(tuple, top_heads(torch.as_tensor(base.scores[t]), 3))) for t in ("induction", "previous_token")]
-    _scripted(monkeypatch, tiny_llama_gqa, text_file, lambda task, heads: 8.0 if heads in tops else _noise(heads, 0.7), **kw)
+    _scripted(
+        monkeypatch, tiny_llama_gqa, text_file, lambda task, heads: 8.0 if heads in tops else _noise(heads, 0.7), **kw
+    )
     scripted, ablated = verif.set_ablation_losses, []
 
     def counted(backend, tokens, sets, *a, **k):

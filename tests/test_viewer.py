@@ -33,8 +33,9 @@ def tiny_scan_dir(tiny_llama_gqa_native, tmp_path_factory):
     g = torch.Generator().manual_seed(0)
     text = tmp_path_factory.mktemp("text") / "words.txt"
     text.write_text(" ".join(f"t{i}" for i in torch.randint(0, 100, (800,), generator=g).tolist()), encoding="utf-8")
-    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=3, n_random=2, text=str(text),
-                     verify=False)
+    cfg = ScanConfig(
+        model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=3, n_random=2, text=str(text), verify=False
+    )
     result = run(tiny_llama_gqa_native, cfg, progress=False)
     out = tmp_path_factory.mktemp("scan")
     paths = result.save(out, overwrite=True, html=True, figures=False)
@@ -76,35 +77,82 @@ def test_pattern_encoding_round_trips_within_half_a_step():
 def _table(n_layers: int, n_heads: int, n_kv: int, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
-    return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "kv_head": head.ravel() // (n_heads // n_kv),
-                         "induction": rng.random(n_layers * n_heads), "previous_token": rng.random(n_layers * n_heads)})
+    return pd.DataFrame(
+        {
+            "layer": layer.ravel(),
+            "head": head.ravel(),
+            "kv_head": head.ravel() // (n_heads // n_kv),
+            "induction": rng.random(n_layers * n_heads),
+            "previous_token": rng.random(n_layers * n_heads),
+        }
+    )
 
 
 def test_page_data_keeps_every_head_and_no_label_can_end_the_script():
     table = _table(3, 4, 2).sample(frac=1, random_state=0)  # rows in any order
     p = np.full((3, 4, 3, 3), 1 / 3, dtype=np.float32)
     labels = ["</script><b>", "a", '"q"']
-    check = {"head_type": "induction", "kind": "zero", "task": "repeated", "top_heads": ["2.1", "0.3"], "top_effect": 0.7,
-             "random_mean": 0.1, "random_max": 0.2, "p_value": 1 / 6, "confirmed": True, "top_effect_ci95": [0.5, 0.9],
-             "p_adjusted": 0.2, "draws": 5, "tested": True, "alpha": 0.25, "correction": "bh", "min_effect": 0.05}
-    page = viewer.build_page(table, {"model": "toy", "layout": {"n_kv_heads": 2}, "ablations": [check]},
-                             {"natural": {"labels": labels, "pattern": p, "period": None, "start": 0}})
+    check = {
+        "head_type": "induction",
+        "kind": "zero",
+        "task": "repeated",
+        "top_heads": ["2.1", "0.3"],
+        "top_effect": 0.7,
+        "random_mean": 0.1,
+        "random_max": 0.2,
+        "p_value": 1 / 6,
+        "confirmed": True,
+        "top_effect_ci95": [0.5, 0.9],
+        "p_adjusted": 0.2,
+        "draws": 5,
+        "tested": True,
+        "alpha": 0.25,
+        "correction": "bh",
+        "min_effect": 0.05,
+    }
+    page = viewer.build_page(
+        table,
+        {"model": "toy", "layout": {"n_kv_heads": 2}, "ablations": [check]},
+        {"natural": {"labels": labels, "pattern": p, "period": None, "start": 0}},
+    )
     assert page.count("</script>") == 2  # the data tag's and the code's, none from the label
     data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
     assert data["patterns"]["natural"]["labels"] == labels
-    assert data["verdicts"] == [{"head_type": "induction", "kind": "zero", "task": "repeated", "heads": ["2.1", "0.3"],
-                                 "effect": 0.7, "random_mean": 0.1, "random_max": 0.2, "p_value": 0.166667,
-                                 "p_adjusted": 0.2, "draws": 5, "tested": True, "alpha": 0.25, "correction": "bh",
-                                 "min_effect": 0.05, "ci95": [0.5, 0.9], "confirmed": True, "exceedances": None,
-                                 "p_bound": False, "p_min": None, "stop": None, "evidence": "p = 0.167 (5 control sets)",
-                                 "verdict": "CONFIRMED"}]
+    assert data["verdicts"] == [
+        {
+            "head_type": "induction",
+            "kind": "zero",
+            "task": "repeated",
+            "heads": ["2.1", "0.3"],
+            "effect": 0.7,
+            "random_mean": 0.1,
+            "random_max": 0.2,
+            "p_value": 0.166667,
+            "p_adjusted": 0.2,
+            "draws": 5,
+            "tested": True,
+            "alpha": 0.25,
+            "correction": "bh",
+            "min_effect": 0.05,
+            "ci95": [0.5, 0.9],
+            "confirmed": True,
+            "exceedances": None,
+            "p_bound": False,
+            "p_min": None,
+            "stop": None,
+            "evidence": "p = 0.167 (5 control sets)",
+            "verdict": "CONFIRMED",
+        }
+    ]
     # the page shows 3 decimals of what the data keeps: a rounding of a rounding (0.076531 -> 0.0765 ->
     # 0.076) would show a number that is not the value's; each kept value rounds as the value does
     near = {**check, "p_value": 0.06122449, "p_adjusted": 0.07653061, "top_effect": 0.0946489}
     kept = viewer.viewer_data(table, {"model": "toy", "ablations": [near]})["verdicts"][0]
     assert [f"{kept[k]:.3f}" for k in ("p_value", "p_adjusted", "effect")] == ["0.061", "0.077", "0.095"]
     no_verdict = {**check, "confirmed": None}
-    page = viewer.build_page(table, {"model": "toy", "ablations": [no_verdict], "warnings": ["natural task: unknown text"]})
+    page = viewer.build_page(
+        table, {"model": "toy", "ablations": [no_verdict], "warnings": ["natural task: unknown text"]}
+    )
     data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
     assert data["verdicts"][0]["verdict"] == "no verdict" and data["verdicts"][0]["confirmed"] is None
     assert data["warnings"] == ["natural task: unknown text"]
@@ -126,9 +174,16 @@ def test_view_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
     assert not (tmp_path / "index.html").exists()
     # a patterns file that does not match its tokens, and one that is not an archive at all
     _table(1, 2, 1).to_csv(tmp_path / "head_scores.csv", index=False)
-    np.savez(tmp_path / "patterns.npz", natural_pattern=np.zeros((1, 2, 3, 3), np.uint8), natural_ids=np.arange(4),
-             natural_labels=np.array(list("abcd")), natural_period=-1, natural_start=0)
+    np.savez(
+        tmp_path / "patterns.npz",
+        natural_pattern=np.zeros((1, 2, 3, 3), np.uint8),
+        natural_ids=np.arange(4),
+        natural_labels=np.array(list("abcd")),
+        natural_period=-1,
+        natural_start=0,
+    )
     from headprobe.probe.core.errors import HeadprobeError
+
     with pytest.raises(HeadprobeError, match="does not match 4 tokens"):
         view.run(view.ViewConfig(dir=str(tmp_path)))
     (tmp_path / "patterns.npz").write_bytes(b"not a zip")
@@ -145,8 +200,9 @@ def test_view_without_patterns_says_so_and_merges_an_ablate_run(tiny_scan_dir, t
         shutil.copy(out / f, d)
     abl = tmp_path / "ablate"
     abl.mkdir()
-    t = _table(2, 8, 2)[["layer", "head", "kv_head"]].assign(natural_loss_delta=np.linspace(-0.1, 0.5, 16),
-                                                            repeated_loss_delta=0.0)
+    t = _table(2, 8, 2)[["layer", "head", "kv_head"]].assign(
+        natural_loss_delta=np.linspace(-0.1, 0.5, 16), repeated_loss_delta=0.0
+    )
     t.to_csv(abl / "head_ablation.csv", index=False)
     import headprobe
 
@@ -177,10 +233,14 @@ def _chromium() -> str | None:
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')"
+    )
     exe = _chromium()
     if exe is None:
-        pytest.skip("no chromium executable found (apt-get install chromium, or set HEADPROBE_CHROMIUM); .ci/run installs it")
+        pytest.skip(
+            "no chromium executable found (apt-get install chromium, or set HEADPROBE_CHROMIUM); .ci/run installs it"
+        )
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
         yield b
@@ -210,8 +270,11 @@ def _assert_offline(page):
 def _click_head(page, head: str):
     page.click(f'[data-head="{head}"]')
     page.wait_for_function(f'document.getElementById("pattern").dataset.head === "{head}"', timeout=5000)
-    return page.eval_on_selector("#pattern", "c => ({rows: +c.dataset.rows, cols: +c.dataset.cols, start: +c.dataset.start,"
-                                              " example: c.dataset.example, labels: JSON.parse(c.dataset.labels)})")
+    return page.eval_on_selector(
+        "#pattern",
+        "c => ({rows: +c.dataset.rows, cols: +c.dataset.cols, start: +c.dataset.start,"
+        " example: c.dataset.example, labels: JSON.parse(c.dataset.labels)})",
+    )
 
 
 def test_page_in_chromium_on_a_tiny_scan(browser, tiny_scan_dir, tmp_path):
@@ -288,9 +351,22 @@ def test_show_page_in_chromium_is_about_the_prompt(browser, tiny_dir, tiny_scan_
     _assert_offline(page)
 
 
-HOSTILE_LABELS = ["-->", "<!--", "<script>", "window.__pwned = 1", "</script>", "<!--<script>",
-                  "<script>window.__pwned = 2</script>", "</SCRIPT >", "<img src=x onerror='window.__pwned = 3'>",
-                  "]]>", "&lt;", "__DATA__", "\u2028", '"\\']
+HOSTILE_LABELS = [
+    "-->",
+    "<!--",
+    "<script>",
+    "window.__pwned = 1",
+    "</script>",
+    "<!--<script>",
+    "<script>window.__pwned = 2</script>",
+    "</SCRIPT >",
+    "<img src=x onerror='window.__pwned = 3'>",
+    "]]>",
+    "&lt;",
+    "__DATA__",
+    "\u2028",
+    '"\\',
+]
 """Token strings that end a script element, or keep it open (``<!--`` then ``<script>`` with no ``-->``
 after them: the HTML parser's double-escaped state, in which the closing tag does not close), or
 would run as markup if the data were ever parsed as HTML."""
@@ -303,8 +379,12 @@ def test_hostile_token_text_neither_breaks_the_page_nor_runs(browser, tmp_path):
     p = np.tril(np.ones((n, n), np.float32))
     p = np.broadcast_to(p / p.sum(-1, keepdims=True), (1, 2, n, n))
     page_path = tmp_path / "index.html"
-    page_path.write_text(viewer.build_page(_table(1, 2, 1), {"model": "<!--<script>__DATA__"},
-                                           {"natural": {"labels": HOSTILE_LABELS, "pattern": p}}), encoding="utf-8")
+    page_path.write_text(
+        viewer.build_page(
+            _table(1, 2, 1), {"model": "<!--<script>__DATA__"}, {"natural": {"labels": HOSTILE_LABELS, "pattern": p}}
+        ),
+        encoding="utf-8",
+    )
     inlined = re.search(r'id="headprobe-data">(.*?)</script>', page_path.read_text(encoding="utf-8"), re.S).group(1)
     assert "<" not in inlined and json.loads(inlined)["patterns"]["natural"]["labels"] == HOSTILE_LABELS
     page = _open(browser, page_path)
@@ -329,17 +409,34 @@ def test_circuit_section_in_chromium(browser, tmp_path):
     ax.plot([0, 1], [0, 1])
     fig.savefig(tmp_path / "circuit.png")
     plt.close(fig)
-    summary = {"method": "eap-ig", "n_edges": 3, "metric": "loss", "task": "repeated",
-               "agreement": {"n_edges": 2, "spearman": 0.95, "top_k": 2, "top_k_recall": 0.5},
-               "top_edges": [{"edge": "0.1 -> 1.0:k", "score": 0.5, "exact": 0.4}, {"edge": "1.1 -> logits", "score": -0.2, "exact": None}],
-               "receivers": {"1.0:k": [{"sender": "0.1", "effect": 0.4, "score": 0.5}]},
-               "qk_attribution": {"head": "1.0", "q_pos": 3, "k_pos": 1, "score": 2.0, "identity_error": 1e-7,
-                                  "key_side_top": {"0.1": 1.5, "<img src=x onerror=window.__pwned=1>": 0.5}, "query_side_top": {"mlp 0": 2.0}}}
+    summary = {
+        "method": "eap-ig",
+        "n_edges": 3,
+        "metric": "loss",
+        "task": "repeated",
+        "agreement": {"n_edges": 2, "spearman": 0.95, "top_k": 2, "top_k_recall": 0.5},
+        "top_edges": [
+            {"edge": "0.1 -> 1.0:k", "score": 0.5, "exact": 0.4},
+            {"edge": "1.1 -> logits", "score": -0.2, "exact": None},
+        ],
+        "receivers": {"1.0:k": [{"sender": "0.1", "effect": 0.4, "score": 0.5}]},
+        "qk_attribution": {
+            "head": "1.0",
+            "q_pos": 3,
+            "k_pos": 1,
+            "score": 2.0,
+            "identity_error": 1e-7,
+            "key_side_top": {"0.1": 1.5, "<img src=x onerror=window.__pwned=1>": 0.5},
+            "query_side_top": {"mlp 0": 2.0},
+        },
+    }
     circuit = viewer.circuit_data(summary, tmp_path / "circuit.png")
     p = np.broadcast_to(np.tril(np.ones((4, 4), np.float32)) / np.arange(1, 5)[:, None], (2, 2, 4, 4))
     page_path = tmp_path / "index.html"
-    page_path.write_text(viewer.build_page(_table(2, 2, 1), None, {"natural": {"labels": list("abcd"), "pattern": p}},
-                                           circuit=circuit), encoding="utf-8")
+    page_path.write_text(
+        viewer.build_page(_table(2, 2, 1), None, {"natural": {"labels": list("abcd"), "pattern": p}}, circuit=circuit),
+        encoding="utf-8",
+    )
     page = _open(browser, page_path)
     assert page.is_visible("#circuit-section")
     assert page.eval_on_selector("#circuit-figure", "i => i.complete && i.naturalWidth") == 200

@@ -29,8 +29,9 @@ from headprobe.probe.backends.loading import load_checkpoint, quiet_progress_bar
 TEXTS = ["the then t e", "hello there, theta!", "<|endoftext|>the", ""]
 
 
-def write_tiny_llama_gguf(path: Path, seed: int = 0, d: int = 64, n_layers: int = 2, n_heads: int = 4, n_kv: int = 2,
-                          d_mlp: int = 128) -> Path:
+def write_tiny_llama_gguf(
+    path: Path, seed: int = 0, d: int = 64, n_layers: int = 2, n_heads: int = 4, n_kv: int = 2, d_mlp: int = 128
+) -> Path:
     """A tiny Llama GGUF: Q4_1 matrices (rows of 64, two 32-value blocks), float32 norms, a
     byte-level BPE vocabulary (GPT-2's 256 byte symbols, 4 merges, ``<|endoftext|>`` as BOS/EOS)."""
     from gguf import GGMLQuantizationType as Q
@@ -117,8 +118,10 @@ def assert_same(ckpt, model, tokenizer):
         assert torch.equal(got[name], want[name]), name
     for text in TEXTS:
         for special in (True, False):
-            assert ckpt.tokenizer(text, add_special_tokens=special)["input_ids"] == \
-                tokenizer(text, add_special_tokens=special)["input_ids"], text
+            assert (
+                ckpt.tokenizer(text, add_special_tokens=special)["input_ids"]
+                == tokenizer(text, add_special_tokens=special)["input_ids"]
+            ), text
     assert ckpt.tokenizer.get_vocab() == tokenizer.get_vocab()
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
         assert getattr(ckpt.tokenizer, attr) == getattr(tokenizer, attr), attr
@@ -131,8 +134,9 @@ def entries(root: Path) -> list[Path]:
 def test_cold_then_warm_load_equals_the_uncached_load(tiny_gguf, reference, cache, capfd):
     cold = load_checkpoint(str(tiny_gguf))
     err = capfd.readouterr().err
-    assert err.splitlines() == [f"loading {tiny_gguf}: dequantizing GGUF file {tiny_gguf.name} "
-                                f"(first time; cached for next time) ..."]
+    assert err.splitlines() == [
+        f"loading {tiny_gguf}: dequantizing GGUF file {tiny_gguf.name} (first time; cached for next time) ..."
+    ]
     [entry] = entries(cache)
     assert (entry / "model.safetensors").is_file() and (entry / "config.json").is_file()
     assert weights_cache.Entry(cache, tiny_gguf).problem() is None
@@ -205,7 +209,9 @@ def test_a_damaged_entry_is_never_used_and_is_rebuilt(damage, tiny_gguf, referen
 
     with caplog.at_level(logging.WARNING, logger="headprobe.probe.backends.weights_cache"):
         rebuilt = load_checkpoint(str(tiny_gguf))
-    assert sum("is damaged" in r.getMessage() and "rebuilding" in r.getMessage() for r in caplog.records) == 1, caplog.text
+    assert sum("is damaged" in r.getMessage() and "rebuilding" in r.getMessage() for r in caplog.records) == 1, (
+        caplog.text
+    )
     assert "dequantizing GGUF" in capfd.readouterr().err  # built again from the GGUF file, not read from the entry
     assert_same(rebuilt, *reference)
     assert entries(cache) == [entry] and weights_cache.Entry(cache, tiny_gguf).problem() is None
@@ -226,7 +232,9 @@ def test_key_follows_file_content_and_library_versions(tiny_gguf, tmp_path, monk
     assert base.key["sha256"] == hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
     for dist in weights_cache.KEY_DISTRIBUTIONS:
         real = weights_cache.versions()
-        monkeypatch.setattr(weights_cache, "versions", lambda real=real, dist=dist: {**real, dist: real[dist] + ".post9"})
+        monkeypatch.setattr(
+            weights_cache, "versions", lambda real=real, dist=dist: {**real, dist: real[dist] + ".post9"}
+        )
         assert weights_cache.Entry(tmp_path, tiny_gguf).path != base.path, dist
         monkeypatch.undo()
 
@@ -310,8 +318,16 @@ def test_two_concurrent_cold_loads_both_succeed_and_leave_one_entry(tiny_gguf, r
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     env = {**os.environ, weights_cache.ENV_VAR: str(cache)}
-    procs = [subprocess.Popen([sys.executable, str(script), str(tiny_gguf), str(barrier)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tiny_gguf), str(barrier)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err
@@ -336,7 +352,8 @@ def test_smollm2_cached_load_equals_the_uncached_load(smollm2_checkpoint, tmp_pa
     capfd.readouterr()
     cold = load_checkpoint("smollm2-135m")
     assert capfd.readouterr().err.splitlines() == [
-        "loading smollm2-135m: dequantizing 4-bit GGUF (first time; cached for next time) ..."]  # no time measured in this cache yet
+        "loading smollm2-135m: dequantizing 4-bit GGUF (first time; cached for next time) ..."
+    ]  # no time measured in this cache yet
     assert_same(cold, ref.hf_model, ref.tokenizer)
     del cold
     t0 = time.perf_counter()
@@ -345,8 +362,9 @@ def test_smollm2_cached_load_equals_the_uncached_load(smollm2_checkpoint, tmp_pa
     assert capfd.readouterr().err.splitlines() == ["loading smollm2-135m from cache ..."]
     assert_same(warm, ref.hf_model, ref.tokenizer)
     assert warm.precision == ref.precision == SMOLLM2_PRECISION
-    assert warm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == \
-        ref.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert warm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False
+    ) == ref.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     print(f"warm load_checkpoint: {seconds:.2f} s")
 
 
@@ -387,12 +405,16 @@ def test_models_from_cold_and_warm_loads_compute_the_same_logits(backend, tiny_g
     assert weights_cache.Entry(cache, tiny_gguf).problem() is None
     if backend != "transformer-lens":
         assert (weights_cache.Entry(cache, tiny_gguf).path / loading.NATIVE_SOURCE_FILE).is_file()
-        monkeypatch.setattr(loading, "load_checkpoint", lambda *a, **k: pytest.fail("the warm native load built the HF model"))
+        monkeypatch.setattr(
+            loading, "load_checkpoint", lambda *a, **k: pytest.fail("the warm native load built the HF model")
+        )
     warm = load_model(str(tiny_gguf), backend=backend, quiet=True)
     for text in TEXTS:
         for special in (True, False):
-            assert warm.tokenizer(text, add_special_tokens=special)["input_ids"] == \
-                cold.tokenizer(text, add_special_tokens=special)["input_ids"], text
+            assert (
+                warm.tokenizer(text, add_special_tokens=special)["input_ids"]
+                == cold.tokenizer(text, add_special_tokens=special)["input_ids"]
+            ), text
     attrs = ("bos_token_id", "eos_token_id", "unk_token_id", "all_special_ids")
     for attr in attrs if backend == "transformer-lens" else (*attrs, "pad_token_id"):  # the bridge sets a pad token
         assert getattr(warm.tokenizer, attr) == getattr(cold.tokenizer, attr), attr
@@ -481,7 +503,19 @@ def test_a_cold_load_states_the_time_the_last_one_took_here(tiny_gguf, cache, ca
     assert (cache / weights_cache.LOAD_TIMES).is_file()
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(168.4, "168 s"), (10.0, "10 s"), (9.96, "10 s"), (9.94, "9.9 s"), (2.54, "2.5 s"),
-                                               (0.1, "0.1 s"), (0.05, "0.1 s"), (0.04, "under 0.1 s"), (1e-4, "under 0.1 s")])
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (168.4, "168 s"),
+        (10.0, "10 s"),
+        (9.96, "10 s"),
+        (9.94, "9.9 s"),
+        (2.54, "2.5 s"),
+        (0.1, "0.1 s"),
+        (0.05, "0.1 s"),
+        (0.04, "under 0.1 s"),
+        (1e-4, "under 0.1 s"),
+    ],
+)
 def test_load_times_read_as_a_person_reads_them(seconds, text):
     assert weights_cache.format_seconds(seconds) == text

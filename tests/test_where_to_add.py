@@ -61,13 +61,20 @@ def test_every_registered_head_column_is_documented():
 
 # ---- a head type: one HEAD_COLUMNS entry (group "head type") and its record ------------------------
 
+
 def _prev_copy() -> HeadColumn:
     """A test-local head type: the previous-token score under another name (its column must equal
     the registry-free reference, a per-head loop over the captured patterns)."""
     from headprobe.analyses.detectors import previous_token_score
 
-    return HeadColumn("prev_copy", ("prev_copy",), lambda p, period, start: {"prev_copy": previous_token_score(p)},
-                      "natural", "natural", figures=(HeatmapStyle("prev_copy", "copied score", "attention to i-1"),))
+    return HeadColumn(
+        "prev_copy",
+        ("prev_copy",),
+        lambda p, period, start: {"prev_copy": previous_token_score(p)},
+        "natural",
+        "natural",
+        figures=(HeatmapStyle("prev_copy", "copied score", "attention to i-1"),),
+    )
 
 
 def test_a_head_type_is_a_cli_choice(registered, capsys):
@@ -89,7 +96,10 @@ def test_a_head_type_reaches_the_csv_summary_figures_and_viewer(registered, mode
 
     registered("prev_copy", _prev_copy(), HEAD_TYPE)
     result = headprobe.scan(model, text=str(text_file), types="prev-copy,induction", **SMALL_SCAN)
-    assert [c for c in result.table.columns if c in ("prev_copy", "induction")] == ["induction", "prev_copy"]  # registry order
+    assert [c for c in result.table.columns if c in ("prev_copy", "induction")] == [
+        "induction",
+        "prev_copy",
+    ]  # registry order
     # the reference: mean attention from i to i-1 over queries 1..T-1, head by head, from captured patterns
     tokens = result.natural.tokens
     for layer in range(model.spec.n_layers):
@@ -118,6 +128,7 @@ def test_a_head_type_must_be_documented(registered):
 
 # ---- a reported metric: one HEAD_COLUMNS entry (group "metric") and its record ---------------------
 
+
 def _metric_records():
     """Two test-local metrics: the sink rate under another name, and one the model never allows."""
     from headprobe.analyses.metrics import SINK_RATE
@@ -125,9 +136,13 @@ def _metric_records():
     def never(model, inputs):
         raise HeadprobeError("not on this model")
 
-    copy = dataclasses.replace(SINK_RATE, name="sink_copy", columns=("sink_copy",),
-                               score=lambda model, inputs: {"sink_copy": SINK_RATE.score(model, inputs)["sink_rate"]},
-                               figures=(HeatmapStyle("sink_copy", "copied sink rate", "mean attention to token 0"),))
+    copy = dataclasses.replace(
+        SINK_RATE,
+        name="sink_copy",
+        columns=("sink_copy",),
+        score=lambda model, inputs: {"sink_copy": SINK_RATE.score(model, inputs)["sink_rate"]},
+        figures=(HeatmapStyle("sink_copy", "copied sink rate", "mean attention to token 0"),),
+    )
     return copy, HeadColumn("never", ("never",), never, figures=(HeatmapStyle("never", "never", "never"),))
 
 
@@ -156,8 +171,12 @@ def test_a_metric_reaches_the_csv_summary_figures_and_viewer(registered, model, 
     csv = pd.read_csv(tmp_path / "out" / "head_scores.csv")
     assert "sink_copy" in csv.columns and (tmp_path / "out" / "heatmap_sink_copy.png").is_file()
     data = viewer.viewer_data(csv, json.loads((tmp_path / "out" / "summary.json").read_text()))
-    i = 3 + data["columns"].index("sink_copy")  # the viewer's table carries every CSV column, after layer, head, kv_head
-    assert [row[i] for row in data["rows"]] == pytest.approx(csv.sort_values(["layer", "head"])["sink_copy"].tolist(), abs=1e-3)
+    i = 3 + data["columns"].index(
+        "sink_copy"
+    )  # the viewer's table carries every CSV column, after layer, head, kv_head
+    assert [row[i] for row in data["rows"]] == pytest.approx(
+        csv.sort_values(["layer", "head"])["sink_copy"].tolist(), abs=1e-3
+    )
 
 
 def test_a_metric_must_be_documented(registered):
@@ -167,6 +186,7 @@ def test_a_metric_must_be_documented(registered):
 
 
 # ---- a backend: one BACKEND_REGISTRY entry and its LoadedModel subclass -------------------------------
+
 
 @pytest.fixture
 def copy_backend():
@@ -213,9 +233,35 @@ def test_a_backend_runs_a_scan_from_the_cli(copy_backend, tiny_dir, text_file, t
     from headprobe.cli import main
 
     out = tmp_path / "out"
-    assert main(["scan", "--model", str(tiny_dir), "--backend", "native-copy", "--types", "induction", "--no-verify",
-                 "--text", str(text_file), "--out", str(out), "--n-natural", "2", "--seq-len", "16",
-                 "--n-repeated", "2", "--period", "6", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "scan",
+                "--model",
+                str(tiny_dir),
+                "--backend",
+                "native-copy",
+                "--types",
+                "induction",
+                "--no-verify",
+                "--text",
+                str(text_file),
+                "--out",
+                str(out),
+                "--n-natural",
+                "2",
+                "--seq-len",
+                "16",
+                "--n-repeated",
+                "2",
+                "--period",
+                "6",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert json.loads((out / "summary.json").read_text())["config"]["backend"] == "native-copy"
 
 
@@ -235,9 +281,16 @@ def flagged():
 
     def make(*on: str) -> type:
         assert set(on) <= set(CAPABILITIES), on
-        cls = type("FlaggedModel", (NativeModel,), {"name": FLAGGED, "wraps": classmethod(lambda c, m: False),
-                                                      "supports": classmethod(lambda c, h: False),
-                                                      **{flag: flag in on for flag in CAPABILITIES}})
+        cls = type(
+            "FlaggedModel",
+            (NativeModel,),
+            {
+                "name": FLAGGED,
+                "wraps": classmethod(lambda c, m: False),
+                "supports": classmethod(lambda c, h: False),
+                **{flag: flag in on for flag in CAPABILITIES},
+            },
+        )
         BACKEND_REGISTRY.register(FLAGGED, cls, replace=True)
         return cls
 
@@ -329,9 +382,15 @@ def _prunable(cls, s):
     s.model(cls).check_prunable()
 
 
-GATED = {"streams_statistics": (_streams,), "kv_policies": (_kv_preflight, _kv_check), "path_patching": (_paths,),
-         "half_precision": (_float16,), "native_weights": (_native_dir,), "splits_after_load": (_half_split, _split),
-         "removes_heads": (_prune_preflight, _prunable)}
+GATED = {
+    "streams_statistics": (_streams,),
+    "kv_policies": (_kv_preflight, _kv_check),
+    "path_patching": (_paths,),
+    "half_precision": (_float16,),
+    "native_weights": (_native_dir,),
+    "splits_after_load": (_half_split, _split),
+    "removes_heads": (_prune_preflight, _prunable),
+}
 """Capability -> the ways in to a feature it gates (each runs the feature on backend ``cls``)."""
 
 
@@ -377,31 +436,47 @@ BACKEND_NAME_COMPARISON = re.compile(
     r"""backend\w*\s*(?:[!=]=|(?<!for )\bnot in\b|(?<!for \w{7})\bin\b)\s*[("'\[]"""  # backend == "x", backend in ("x", ...)
     r"""|getattr\([^)]*["']backend["']"""  # getattr(model, "backend", None)
     r"""|["'](?:native|transformer-lens|auto)["']\s*(?:[!=]=|\bin\b)\s*\w*backend"""  # "x" == backend
-    r"""|\.name\s*[!=]=\s*["'](?:native|transformer-lens)["']""")
+    r"""|\.name\s*[!=]=\s*["'](?:native|transformer-lens)["']"""
+)
 """A comparison of a backend's name (what ``grep '"native"\\|backend ==\\|.backend'`` looked for)."""
 
 
 def backend_name_comparisons(text: str) -> list[str]:
     """The lines of ``text`` that compare a backend's name (:data:`BACKEND_NAME_COMPARISON`)."""
-    return [line.strip() for line in text.splitlines() if BACKEND_NAME_COMPARISON.search(line)
-            and not line.lstrip().startswith("for ")]
+    return [
+        line.strip()
+        for line in text.splitlines()
+        if BACKEND_NAME_COMPARISON.search(line) and not line.lstrip().startswith("for ")
+    ]
 
 
 def test_only_the_backend_registry_compares_backend_names():
     """Features ask a capability flag; names are compared in probe/core/vocabulary.py only."""
-    found = {str(f.relative_to(ROOT)): backend_name_comparisons(f.read_text(encoding="utf-8"))
-             for folder in ("probe", "analyses", "headprobe") for f in sorted((ROOT / folder).rglob("*.py"))
-             if f != ROOT / "probe" / "core" / "vocabulary.py"}
+    found = {
+        str(f.relative_to(ROOT)): backend_name_comparisons(f.read_text(encoding="utf-8"))
+        for folder in ("probe", "analyses", "headprobe")
+        for f in sorted((ROOT / folder).rglob("*.py"))
+        if f != ROOT / "probe" / "core" / "vocabulary.py"
+    }
     assert {k: v for k, v in found.items() if v} == {}
 
 
 def test_the_name_comparison_check_can_fail():
-    planted = ['    if getattr(model, "backend", None) != "native":', '    if model.backend != "native":',
-               '        if backend not in ("auto", "native"):', '    if self.backend == "transformer-lens":',
-               '    if backend == "auto":', '    stream = rows is not None and getattr(model, "backend", None) == "native"',
-               '    if cls.name == "native":']
-    fine = ['    for backend in ("native", "transformer-lens"):', '    if not model.kv_policies:',
-            '    backend: str = "native"', '    """backend in one line."""']
+    planted = [
+        '    if getattr(model, "backend", None) != "native":',
+        '    if model.backend != "native":',
+        '        if backend not in ("auto", "native"):',
+        '    if self.backend == "transformer-lens":',
+        '    if backend == "auto":',
+        '    stream = rows is not None and getattr(model, "backend", None) == "native"',
+        '    if cls.name == "native":',
+    ]
+    fine = [
+        '    for backend in ("native", "transformer-lens"):',
+        "    if not model.kv_policies:",
+        '    backend: str = "native"',
+        '    """backend in one line."""',
+    ]
     assert backend_name_comparisons("\n".join(planted + fine)) == [p.strip() for p in planted]
 
 
@@ -501,7 +576,7 @@ def test_a_command_not_registered_is_nowhere(capsys):
 
 # A field added to ModelSettings or DataSettings in headprobe/settings.py, and nowhere else: the
 # edited module is executed as headprobe.settings before any command imports it.
-ADD_SETTING = textwrap.dedent('''
+ADD_SETTING = textwrap.dedent("""
     import json, sys, types
     from pathlib import Path
 
@@ -554,16 +629,37 @@ ADD_SETTING = textwrap.dedent('''
     help_text = " ".join(sub.choices["scan"].format_help().split())
     print(json.dumps({"flagged": flagged, "configs": configs, "help": "run the repository's own code" in help_text,
                       "atlas_scan": configs_scan if "atlas" in configs else None}))
-''')
+""")
 
-FIELD = ('    trust_remote_code: bool = setting(False, "run the repository\'s own code", action="store_true")\n'
-         '    """Run the model repository\'s own code."""')
+FIELD = (
+    '    trust_remote_code: bool = setting(False, "run the repository\'s own code", action="store_true")\n'
+    '    """Run the model repository\'s own code."""'
+)
 
 
-@pytest.mark.parametrize("group, commands", [
-    ("ModelSettings", ["ablate", "atlas", "circuit", "diff", "import", "kv", "patch", "prune", "robustness", "scan", "show", "view"]),
-    ("DataSettings", ["ablate", "atlas", "diff", "import", "prune", "robustness", "scan"]),
-])
+@pytest.mark.parametrize(
+    "group, commands",
+    [
+        (
+            "ModelSettings",
+            [
+                "ablate",
+                "atlas",
+                "circuit",
+                "diff",
+                "import",
+                "kv",
+                "patch",
+                "prune",
+                "robustness",
+                "scan",
+                "show",
+                "view",
+            ],
+        ),
+        ("DataSettings", ["ablate", "atlas", "diff", "import", "prune", "robustness", "scan"]),
+    ],
+)
 def test_a_shared_setting_is_one_field(group, commands):
     r = subprocess.run([sys.executable, "-c", ADD_SETTING, group, FIELD], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -579,13 +675,29 @@ def test_an_output_setting_reaches_every_command_that_writes_files():
     the checkpoint's key and summary.json's record) becomes a flag of every command with --out,
     and of no other (budget prints, view writes into the scan's folder); no Config gains it, so
     the exact list above is not what every field gets."""
-    script = ADD_SETTING.replace('anchor = "    def __post_init__(self):\\n        check_settings(self)\\n"',
-                                 'anchor = "    def __post_init__(self):\\n        if self.formats is not None:"')
-    r = subprocess.run([sys.executable, "-c", script, "OutputSettings", FIELD], capture_output=True, text=True, cwd=ROOT)
+    script = ADD_SETTING.replace(
+        'anchor = "    def __post_init__(self):\\n        check_settings(self)\\n"',
+        'anchor = "    def __post_init__(self):\\n        if self.formats is not None:"',
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script, "OutputSettings", FIELD], capture_output=True, text=True, cwd=ROOT
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     found = json.loads(r.stdout.strip().splitlines()[-1])
-    assert found["flagged"] == ["ablate", "atlas", "circuit", "diff", "kv", "patch", "prune", "robustness", "scan", "show",
-                                "study", "train"]
+    assert found["flagged"] == [
+        "ablate",
+        "atlas",
+        "circuit",
+        "diff",
+        "kv",
+        "patch",
+        "prune",
+        "robustness",
+        "scan",
+        "show",
+        "study",
+        "train",
+    ]
     assert found["configs"] == {}
 
 
@@ -625,7 +737,9 @@ def test_every_file_a_where_to_add_row_names_exists():
 
 
 def test_the_missing_path_check_can_fail():
-    text = "`probe/model/config.py`, `probe/model/transformers.py`, `probe/model/families/<model_type>.py`, `docs/nope.md`"
+    text = (
+        "`probe/model/config.py`, `probe/model/transformers.py`, `probe/model/families/<model_type>.py`, `docs/nope.md`"
+    )
     assert missing_paths(text) == ["probe/model/transformers.py", "docs/nope.md"]
 
 

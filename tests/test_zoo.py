@@ -12,8 +12,7 @@ def test_each_model_is_built_once_and_every_call_gets_its_own_equal_copy(tiny_to
 
     built = []
     from_config = AutoModelForCausalLM.from_config
-    monkeypatch.setattr(AutoModelForCausalLM, "from_config",
-                        lambda *a, **k: built.append(a) or from_config(*a, **k))
+    monkeypatch.setattr(AutoModelForCausalLM, "from_config", lambda *a, **k: built.append(a) or from_config(*a, **k))
     seed = 24_681  # a seed no other test uses: the first call below builds
     first = zoo.make_checkpoint("llama", tiny_tokenizer, seed=seed)
     rng_after_build = torch.get_rng_state()

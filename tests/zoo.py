@@ -97,7 +97,9 @@ def _build(family: str, tokenizer, seed: int, change: dict):
     spec = family_.tiny
     cfg = AutoConfig.for_model(family, **{**spec.fields, **change})
     torch.manual_seed(seed)
-    model = (AutoModel if family_.encoder else AutoModelForCausalLM).from_config(cfg, attn_implementation="eager").eval()
+    model = (
+        (AutoModel if family_.encoder else AutoModelForCausalLM).from_config(cfg, attn_implementation="eager").eval()
+    )
     model.config.architectures = [type(model).__name__]
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -123,8 +125,9 @@ def encoder_tokenizer(save_dir: Path):
     vocab = {**{f"t{i}": i for i in range(100)}, "[CLS]": 100, "[SEP]": 101, "[UNK]": 102, "[PAD]": 103}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tk, cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]",
-                            pad_token="[PAD]").save_pretrained(save_dir)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tk, cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]", pad_token="[PAD]"
+    ).save_pretrained(save_dir)
     return AutoTokenizer.from_pretrained(save_dir)
 
 
@@ -142,4 +145,6 @@ def with_sinks(model, seed: int = 0, scale: float = 1.0, **change):
     gen = torch.Generator().manual_seed(seed)
     for layer in range(cfg.n_layers):
         state[f"blocks.{layer}.attn.sinks"] = torch.randn(cfg.n_heads, generator=gen) * scale
-    return LoadedModel(Transformer.from_state_dict(cfg, state), model.tokenizer, model.spec, prepend_bos=model.prepend_bos)
+    return LoadedModel(
+        Transformer.from_state_dict(cfg, state), model.tokenizer, model.spec, prepend_bos=model.prepend_bos
+    )

@@ -36,6 +36,7 @@ def resolve(spec: Any) -> Any:
 def lazy_names(module: str, core: str, names: Sequence[str]) -> Callable[[str], Any]:
     """A module ``__getattr__`` for light module ``module`` that imports its sibling ``core`` (it
     needs torch) on first use of one of ``names`` (``"core"``: the module itself)."""
+
     def __getattr__(name: str):
         if name == "core":
             return importlib.import_module(core)

@@ -45,7 +45,18 @@ _CORE = ("run", "ablate", "AblateResult", "TaskResult", "checkpointed_sweep", "C
 """Names of :mod:`headprobe.commands.ablate_core`, the computation, imported on first use (it needs
 torch; this module, the settings and the flags, does not)."""
 
-__all__ = ["HELP", "COMMAND", "EPILOG", "TASKS", "ESTIMATES", "AblateConfig", "FLAGS", "config_from_args", "main", *_CORE]
+__all__ = [
+    "HELP",
+    "COMMAND",
+    "EPILOG",
+    "TASKS",
+    "ESTIMATES",
+    "AblateConfig",
+    "FLAGS",
+    "config_from_args",
+    "main",
+    *_CORE,
+]
 
 __getattr__ = lazy_names(__name__, "headprobe.commands.ablate_core", _CORE)
 
@@ -65,8 +76,10 @@ def _heads_text(heads) -> str | None:
 def _kind_help() -> str:
     """``--kind``'s help, from the kinds registered when the parser is made."""
     kinds = ", ".join(f"{k.name} ({k.help})" for k in ablation_kinds.kinds())
-    return (f"how an ablated head's z is replaced: {kinds}; the reference tokens are other natural-text windows, the "
-            "other input one of the same task (default %(default)s)")
+    return (
+        f"how an ablated head's z is replaced: {kinds}; the reference tokens are other natural-text windows, the "
+        "other input one of the same task (default %(default)s)"
+    )
 
 
 @dataclass(frozen=True)
@@ -89,15 +102,25 @@ class AblateConfig(options.ModelRunConfig):
 
     kind: str = setting("zero", lambda: _kind_help(), choices=ablation_kinds.names)
     heads: str | Sequence[tuple[int, int]] | None = setting(
-        None, "sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3; L5H1 also accepted); default: all")
-    max_batch: int | None = setting(None, "most sequences per forward pass in the sweep (default: as many as the memory "
-                                    "budget holds, see --memory-budget; the header prints the choice)", type=positive_int)
-    estimate: str | None = setting(None, "no sweep: write a gradient estimate of each head's effect instead (atp: AtP* with "
-                                   "GradDrop, ~n_layers+2 forward passes; attribution: attribution patching, ~3; gradient: "
-                                   "Michel et al.'s unsigned importance, ~3; second-order: attribution patching plus a "
-                                   "sampled Gauss-Newton curvature term, ~3+2*n_probes)", choices=ESTIMATES)
-    n_probes: int = setting(8, "sampled-target backward passes of --estimate second-order (default %(default)s)",
-                            type=positive_int)
+        None, "sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3; L5H1 also accepted); default: all"
+    )
+    max_batch: int | None = setting(
+        None,
+        "most sequences per forward pass in the sweep (default: as many as the memory "
+        "budget holds, see --memory-budget; the header prints the choice)",
+        type=positive_int,
+    )
+    estimate: str | None = setting(
+        None,
+        "no sweep: write a gradient estimate of each head's effect instead (atp: AtP* with "
+        "GradDrop, ~n_layers+2 forward passes; attribution: attribution patching, ~3; gradient: "
+        "Michel et al.'s unsigned importance, ~3; second-order: attribution patching plus a "
+        "sampled Gauss-Newton curvature term, ~3+2*n_probes)",
+        choices=ESTIMATES,
+    )
+    n_probes: int = setting(
+        8, "sampled-target backward passes of --estimate second-order (default %(default)s)", type=positive_int
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -123,8 +146,10 @@ class AblateConfig(options.ModelRunConfig):
             assert isinstance(self.heads, str)  # stored as the string by __post_init__
             heads = parse_heads(self.heads, n_layers, n_heads)
             if head_layers is not None and (bad := [h for h in heads if h[0] not in head_layers]):
-                raise HeadprobeError(f"head {bad[0][0]}.{bad[0][1]}: layer {bad[0][0]} has no heads "
-                                     f"(linear attention); the layers with heads are {list(head_layers)}")
+                raise HeadprobeError(
+                    f"head {bad[0][0]}.{bad[0][1]}: layer {bad[0][0]} has no heads "
+                    f"(linear attention); the layers with heads are {list(head_layers)}"
+                )
         return [h for h in heads if head_layers is None or h[0] in head_layers]
 
     def preflight(self) -> None:
@@ -152,12 +177,19 @@ def config_from_args(args: argparse.Namespace) -> AblateConfig:
 def main(args: argparse.Namespace, config: AblateConfig) -> int:
     """``headprobe ablate``: the checked config (with --text, --heads and --out, before the
     model loads) -> resumable run -> save -> print."""
+
     def resumed(saved: dict) -> str:
         return f"{sum(len(t['loss']) for t in saved.values())} head ablations done"
 
     return options.run_command(args, config, options.Run("headprobe.commands.ablate_core", resumed=resumed))
 
 
-COMMAND = Command(HELP, config=AblateConfig, run="headprobe.commands.ablate:main", flags=FLAGS,
-                  api="headprobe.commands.ablate_core:ablate", epilog=EPILOG)
+COMMAND = Command(
+    HELP,
+    config=AblateConfig,
+    run="headprobe.commands.ablate:main",
+    flags=FLAGS,
+    api="headprobe.commands.ablate_core:ablate",
+    epilog=EPILOG,
+)
 """``headprobe ablate``, registered in :data:`headprobe.commands.COMMANDS`."""

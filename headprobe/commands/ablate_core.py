@@ -43,6 +43,7 @@ from headprobe.probe.layout.spec import ModelSpec
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+
 @dataclass(frozen=True)
 class TaskResult:
     """One task's sweep and gradient scores; arrays are ``[layer, head]``, losses in nats/token.
@@ -76,8 +77,20 @@ CHUNK_LAYERS = 5
 """Layers swept between two checkpoints (each chunk costs one extra clean forward pass)."""
 
 
-def checkpointed_sweep(model: LoadedModel, tokens, heads, kind, mean_z, source_tokens, first, max_batch, done: dict, save,
-                       desc: str = "ablation sweep", progress: bool = True) -> SweepResult:
+def checkpointed_sweep(
+    model: LoadedModel,
+    tokens,
+    heads,
+    kind,
+    mean_z,
+    source_tokens,
+    first,
+    max_batch,
+    done: dict,
+    save,
+    desc: str = "ablation sweep",
+    progress: bool = True,
+) -> SweepResult:
     """:func:`~headprobe.analyses.ablation.exact_sweep` in chunks of :data:`CHUNK_LAYERS` layers, recording
     each chunk's losses in ``done`` (``{"clean": float, "loss": {"layer.head": float}}``) and
     calling ``save()`` after it; heads already in ``done`` are skipped. Every chunk is
@@ -94,11 +107,21 @@ def checkpointed_sweep(model: LoadedModel, tokens, heads, kind, mean_z, source_t
     todo = [h for h in heads if format_head(h) not in done["loss"]]
     mine = set(distributed.shard_of(todo))
     layers = sorted({layer for layer, _ in heads})
-    chunks = [[h for h in heads if h[0] in layers[i:i + CHUNK_LAYERS] and h in mine]
-              for i in range(0, len(layers), CHUNK_LAYERS)]
+    chunks = [
+        [h for h in heads if h[0] in layers[i : i + CHUNK_LAYERS] and h in mine]
+        for i in range(0, len(layers), CHUNK_LAYERS)
+    ]
     for chunk in tqdm([c for c in chunks if c], desc=desc, unit="chunk", disable=not progress):
-        part = exact_sweep(model, tokens, heads=chunk, kind=kind, mean_z=mean_z, source_tokens=source_tokens,
-                           first=first, max_batch=max_batch)
+        part = exact_sweep(
+            model,
+            tokens,
+            heads=chunk,
+            kind=kind,
+            mean_z=mean_z,
+            source_tokens=source_tokens,
+            first=first,
+            max_batch=max_batch,
+        )
         done["clean"] = part.clean_loss
         done["loss"].update({format_head(h): float(part.loss[h]) for h in chunk})
         save()
@@ -153,12 +176,18 @@ def _rank_correlations(tasks: dict, induction_score) -> dict[str, tuple[float | 
     ``(rho, None)`` or ``(None, why)`` (:func:`_rank_correlation`)."""
     out = {}
     for t, r in tasks.items():
-        out[f"{t}.gradient_importance_vs_abs_effect"] = _rank_correlation(r.importance, np.abs(r.effect),
-                                                                          ("gradient importance", "|exact effect|"))
-        out[f"{t}.gradient_importance"] = _rank_correlation(r.importance, r.effect, ("gradient importance", "exact effect"))
-        out[f"{t}.attribution_patching"] = _rank_correlation(r.attribution, r.effect, ("attribution patching", "exact effect"))
+        out[f"{t}.gradient_importance_vs_abs_effect"] = _rank_correlation(
+            r.importance, np.abs(r.effect), ("gradient importance", "|exact effect|")
+        )
+        out[f"{t}.gradient_importance"] = _rank_correlation(
+            r.importance, r.effect, ("gradient importance", "exact effect")
+        )
+        out[f"{t}.attribution_patching"] = _rank_correlation(
+            r.attribution, r.effect, ("attribution patching", "exact effect")
+        )
     out["induction_score_vs_repeated_loss_delta"] = _rank_correlation(
-        induction_score, tasks["repeated"].effect, ("induction score", "exact repeated-tokens effect"))
+        induction_score, tasks["repeated"].effect, ("induction score", "exact repeated-tokens effect")
+    )
     return out
 
 
@@ -203,35 +232,63 @@ class AblateResult:
             return self._estimate_summary()
         results = self.tasks
         rho = _rank_correlations(results, self.induction_score)
-        return self._envelope({
-            **self._run_fields(), "units": "nats/token",
-            "top_heads_by_loss_delta": {t: [{"head": format_head(h), "loss_delta": round(float(r.effect[h]), 5)}
-                                            for h in top_heads(torch.as_tensor(r.effect), TOP_N)] for t, r in results.items()},
-            # importance is unsigned (E|dL/dxi|): compared with the effect's size, and with the signed effect
-            "spearman_with_exact_sweep": {t: {name: rho[f"{t}.{name}"][0] for name in
-                                              ("gradient_importance_vs_abs_effect", "gradient_importance", "attribution_patching")}
-                                          for t in results},
-            "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)],
-            "spearman_induction_score_vs_repeated_loss_delta": rho["induction_score_vs_repeated_loss_delta"][0],
-            "spearman_null_reasons": {k: why for k, (_, why) in rho.items() if why},
-        }, {**{f"{t}_sweep": r.sweep_s for t, r in results.items()}, **{f"{t}_gradient": r.gradient_s for t, r in results.items()}})
+        return self._envelope(
+            {
+                **self._run_fields(),
+                "units": "nats/token",
+                "top_heads_by_loss_delta": {
+                    t: [
+                        {"head": format_head(h), "loss_delta": round(float(r.effect[h]), 5)}
+                        for h in top_heads(torch.as_tensor(r.effect), TOP_N)
+                    ]
+                    for t, r in results.items()
+                },
+                # importance is unsigned (E|dL/dxi|): compared with the effect's size, and with the signed effect
+                "spearman_with_exact_sweep": {
+                    t: {
+                        name: rho[f"{t}.{name}"][0]
+                        for name in ("gradient_importance_vs_abs_effect", "gradient_importance", "attribution_patching")
+                    }
+                    for t in results
+                },
+                "top_induction_score_heads": [
+                    format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)
+                ],
+                "spearman_induction_score_vs_repeated_loss_delta": rho["induction_score_vs_repeated_loss_delta"][0],
+                "spearman_null_reasons": {k: why for k, (_, why) in rho.items() if why},
+            },
+            {
+                **{f"{t}_sweep": r.sweep_s for t, r in results.items()},
+                **{f"{t}_gradient": r.gradient_s for t, r in results.items()},
+            },
+        )
 
     def _envelope(self, body: dict, timings: dict[str, float]) -> dict:
         """``body`` in the summary envelope (:func:`~headprobe.probe.core.io.summary_envelope`), with
         ``timings`` and the load's and the whole run's seconds."""
-        return summary_envelope(body, model=self.spec.name, precision=self.spec.precision, device=self.device,
-                                self_check=self.self_check, config=self.config,
-                                timings_s={"load_s": self.load_s, **timings, "total": self.run_s + self.load_s})
+        return summary_envelope(
+            body,
+            model=self.spec.name,
+            precision=self.spec.precision,
+            device=self.device,
+            self_check=self.self_check,
+            config=self.config,
+            timings_s={"load_s": self.load_s, **timings, "total": self.run_s + self.load_s},
+        )
 
     def _run_fields(self) -> dict:
         """What summary.json says of the run whether it swept or estimated beyond the envelope:
         dtype, ablation kind, the token sets and the clean losses."""
         cfg = self.config
         return {
-            "dtype": cfg.dtype, "ablation": cfg.kind,
-            "tokens": {"natural": [cfg.n_natural, int(self.natural.tokens.shape[1])],
-                       "repeated": list(self.repeated.tokens.shape), "period": cfg.period,
-                       "natural_source": self.natural.source},
+            "dtype": cfg.dtype,
+            "ablation": cfg.kind,
+            "tokens": {
+                "natural": [cfg.n_natural, int(self.natural.tokens.shape[1])],
+                "repeated": list(self.repeated.tokens.shape),
+                "period": cfg.period,
+                "natural_source": self.natural.source,
+            },
             "clean_loss": {t: r.clean_loss for t, r in self.tasks.items()},
         }
 
@@ -239,19 +296,33 @@ class AblateResult:
         """summary.json of an ``--estimate`` run: what was estimated, how, at what cost; no sweep."""
         cfg, spec, results = self.config, self.spec, self.tasks
         assert cfg.estimate is not None  # an --estimate run
-        return self._envelope({
-            **self._run_fields(),
-            "estimate": {"method": cfg.estimate, "description": ESTIMATE_LABELS[cfg.estimate],
-                         "exact": False, "signed": cfg.estimate != "gradient",
-                         "units": "nats per unit of head mask" if cfg.estimate == "gradient" else "nats/token",
-                         "forward_equivalents_per_task": forward_equivalents(cfg.estimate, spec.n_layers, cfg.n_probes),
-                         **({"n_probes": cfg.n_probes} if cfg.estimate == "second-order" else {}),
-                         "note": "a gradient estimate of each head's single-head ablation effect, not an exact "
-                                 "ablation; check the heads it ranks high with `headprobe ablate --heads`"},
-            "top_heads_by_estimate": {t: [{"head": format_head(h), "estimate": round(float(r.estimate[h]), 5)}
-                                          for h in top_heads(torch.as_tensor(r.estimated), TOP_N)] for t, r in results.items()},
-            "top_induction_score_heads": [format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)],
-        }, {f"{t}_estimate": r.gradient_s for t, r in results.items()})
+        return self._envelope(
+            {
+                **self._run_fields(),
+                "estimate": {
+                    "method": cfg.estimate,
+                    "description": ESTIMATE_LABELS[cfg.estimate],
+                    "exact": False,
+                    "signed": cfg.estimate != "gradient",
+                    "units": "nats per unit of head mask" if cfg.estimate == "gradient" else "nats/token",
+                    "forward_equivalents_per_task": forward_equivalents(cfg.estimate, spec.n_layers, cfg.n_probes),
+                    **({"n_probes": cfg.n_probes} if cfg.estimate == "second-order" else {}),
+                    "note": "a gradient estimate of each head's single-head ablation effect, not an exact "
+                    "ablation; check the heads it ranks high with `headprobe ablate --heads`",
+                },
+                "top_heads_by_estimate": {
+                    t: [
+                        {"head": format_head(h), "estimate": round(float(r.estimate[h]), 5)}
+                        for h in top_heads(torch.as_tensor(r.estimated), TOP_N)
+                    ]
+                    for t, r in results.items()
+                },
+                "top_induction_score_heads": [
+                    format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)
+                ],
+            },
+            {f"{t}_estimate": r.gradient_s for t, r in results.items()},
+        )
 
     def figures(self) -> dict[str, Figure]:
         """``{"ablation_effect": Figure}``: each head's loss increase on both tasks (or, with
@@ -261,13 +332,23 @@ class AblateResult:
         if self.config.estimate:
             unit = "importance" if self.config.estimate == "gradient" else "estimated Δ loss (nats/token)"
             fig = figs.ablation_effect_panels(
-                [("natural text", self.tasks["natural"].estimated), ("repeated tokens (repeated half)", self.tasks["repeated"].estimated)],
-                spec.group_size, estimate_title(self.config.estimate, tag),
-                cbar_label=unit)
+                [
+                    ("natural text", self.tasks["natural"].estimated),
+                    ("repeated tokens (repeated half)", self.tasks["repeated"].estimated),
+                ],
+                spec.group_size,
+                estimate_title(self.config.estimate, tag),
+                cbar_label=unit,
+            )
             return {"ablation_estimate": fig}
         fig = figs.ablation_effect_panels(
-            [("natural text", self.tasks["natural"].effect), ("repeated tokens (repeated half)", self.tasks["repeated"].effect)],
-            spec.group_size, f"Loss increase from ablating one head\n{tag}")
+            [
+                ("natural text", self.tasks["natural"].effect),
+                ("repeated tokens (repeated half)", self.tasks["repeated"].effect),
+            ],
+            spec.group_size,
+            f"Loss increase from ablating one head\n{tag}",
+        )
         return {"ablation_effect": fig}
 
     def html(self) -> str:
@@ -291,49 +372,73 @@ class AblateResult:
         """
         from headprobe.analyses.outputs import write_outputs
 
-        return write_outputs(out_dir, overwrite, resumable=True, summary=self.summary, figures=self.figures,
-                             tables={"head_ablation.csv": self.table.to_csv(index=False, float_format="%.6f")})
+        return write_outputs(
+            out_dir,
+            overwrite,
+            resumable=True,
+            summary=self.summary,
+            figures=self.figures,
+            tables={"head_ablation.csv": self.table.to_csv(index=False, float_format="%.6f")},
+        )
 
     def report(self) -> str:
         """The terminal summary: clean losses, top heads per task, rank correlations, timings."""
         s = self.summary()
         t = self.tasks
         if self.config.estimate:
-            lines = [f"ESTIMATE, not an exact ablation: {s['estimate']['description']} "
-                     f"(~{s['estimate']['forward_equivalents_per_task']:.0f} forward passes per task)",
-                     f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token"]
+            lines = [
+                f"ESTIMATE, not an exact ablation: {s['estimate']['description']} "
+                f"(~{s['estimate']['forward_equivalents_per_task']:.0f} forward passes per task)",
+                f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token",
+            ]
             for task in TASKS:
                 tops = ", ".join(f"{e['head']} ({e['estimate']:+.3f})" for e in s["top_heads_by_estimate"][task][:5])
                 lines.append(f"{task:<10} top heads by estimate: {tops}")
-            lines.append("timings: " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items()))
+            lines.append(
+                "timings: "
+                + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items())
+            )
             return "\n".join(lines)
-        lines = [f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token"]
+        lines = [
+            f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token"
+        ]
         for task in TASKS:
             tops = ", ".join(f"{e['head']} ({e['loss_delta']:+.3f})" for e in s["top_heads_by_loss_delta"][task][:5])
             rho = s["spearman_with_exact_sweep"][task]
             r = {k: "n/a" if v is None else f"{v:.2f}" for k, v in rho.items()}
-            reasons = dict.fromkeys("undefined: one side is the same for every head (spearman_null_reasons in summary.json)"
-                                    if why.startswith("undefined") else why
-                                    for k, why in s["spearman_null_reasons"].items() if k.startswith(f"{task}."))
+            reasons = dict.fromkeys(
+                "undefined: one side is the same for every head (spearman_null_reasons in summary.json)"
+                if why.startswith("undefined")
+                else why
+                for k, why in s["spearman_null_reasons"].items()
+                if k.startswith(f"{task}.")
+            )
             why = f" (n/a: {'; '.join(reasons)})" if reasons else ""
-            lines.append(f"{task:<10} top heads by Δ loss: {tops}; Spearman with exact sweep: importance vs |Δ| "
-                         f"{r['gradient_importance_vs_abs_effect']} (signed {r['gradient_importance']}), "
-                         f"attribution {r['attribution_patching']}{why}")
+            lines.append(
+                f"{task:<10} top heads by Δ loss: {tops}; Spearman with exact sweep: importance vs |Δ| "
+                f"{r['gradient_importance_vs_abs_effect']} (signed {r['gradient_importance']}), "
+                f"attribution {r['attribution_patching']}{why}"
+            )
         resumed = sum(len(r.effect[np.isfinite(r.effect)]) for r in t.values()) - self.swept
-        lines.append(f"head ablations (one per head and task): {self.swept} swept on {self.ranks} rank{'s' * (self.ranks > 1)}, "
-                     f"{resumed} resumed from a checkpoint")
+        lines.append(
+            f"head ablations (one per head and task): {self.swept} swept on {self.ranks} rank{'s' * (self.ranks > 1)}, "
+            f"{resumed} resumed from a checkpoint"
+        )
         lines.append(f"top induction-score heads: {', '.join(s['top_induction_score_heads'][:5])}")
-        lines.append("timings: " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items()))
+        lines.append(
+            "timings: "
+            + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items())
+        )
         return "\n".join(lines)
 
 
 ESTIMATE_LABELS = {
     "atp": "AtP* (Kramár et al. 2024, arXiv 2403.00745): attribution patching with GradDrop, the magnitude "
-           "averaged over dropped layers, signed by attribution patching",
+    "averaged over dropped layers, signed by attribution patching",
     "attribution": "attribution patching (Nanda 2023): first-order estimate of the loss change",
     "gradient": "Michel et al. 2019 gradient importance E|dL/dxi_h| (unsigned)",
     "second-order": "attribution patching plus half the Gauss-Newton curvature d^T G d, estimated with targets "
-                    "sampled from the model (LeCun et al. 1990; Martens & Grosse 2015)",
+    "sampled from the model (LeCun et al. 1990; Martens & Grosse 2015)",
 }
 ESTIMATE_SHORT = {
     "atp": "AtP*: attribution patching with GradDrop",
@@ -353,13 +458,19 @@ def estimate_title(method: str, tag: str) -> str:
     return textwrap.fill(f"ESTIMATE ({ESTIMATE_SHORT[method]}), not an exact ablation", 50) + f"\n{tag}"
 
 
-ESTIMATE_COLUMN = {"atp": "atp_star_estimate", "attribution": "attribution_estimate", "gradient": "importance_estimate",
-                   "second-order": "second_order_estimate"}
+ESTIMATE_COLUMN = {
+    "atp": "atp_star_estimate",
+    "attribution": "attribution_estimate",
+    "gradient": "importance_estimate",
+    "second-order": "second_order_estimate",
+}
 """head_ablation.csv column (after ``<task>_``) of each ``--estimate``: never ``loss_delta``, the exact effect."""
 assert set(ESTIMATE_LABELS) == set(ESTIMATE_SHORT) == set(ESTIMATE_COLUMN) == set(ESTIMATES)
 
 
-def _estimate(model: LoadedModel, method: str, tokens, first: int, kind: str, mean_z, source, heads, n_probes: int) -> TaskResult:
+def _estimate(
+    model: LoadedModel, method: str, tokens, first: int, kind: str, mean_z, source, heads, n_probes: int
+) -> TaskResult:
     """One task's ``--estimate``: the estimator's ``[layer, head]`` values (NaN outside ``heads``)."""
     spec = model.spec
     t0 = time.perf_counter()
@@ -386,17 +497,28 @@ def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSe
     other natural-text windows, where the kind needs it)."""
     text = open_text_file(cfg.text) if cfg.text else None
     assert cfg.seq_len is not None and cfg.period is not None  # ablate's defaults (DataSettings); None is scan's
-    data = task_tokens(model, cfg.n_natural, cfg.seq_len, cfg.n_repeated, cfg.period, cfg.seed, text,
-                       source=str(cfg.text) if cfg.text else None)
+    data = task_tokens(
+        model,
+        cfg.n_natural,
+        cfg.seq_len,
+        cfg.n_repeated,
+        cfg.period,
+        cfg.seed,
+        text,
+        source=str(cfg.text) if cfg.text else None,
+    )
     natural, repeated = data.natural, data.repeated
-    nat, nat_ref = natural.tokens[: cfg.n_natural], natural.tokens[cfg.n_natural:]
+    nat, nat_ref = natural.tokens[: cfg.n_natural], natural.tokens[cfg.n_natural :]
     needs = ablation_kinds.KINDS.get(cfg.kind).needs
     mean_z = mean_z_from(capture_z(model, nat_ref), natural.start) if needs == "mean_z" else None
     source = needs == "source"
     sets = {
         "natural": (nat, first_scored("natural", natural.start, None), nat_ref if source else None),
-        "repeated": (repeated.tokens, first_scored("repeated", repeated.start, repeated.period),
-                      data.repeated_source.tokens if source else None),
+        "repeated": (
+            repeated.tokens,
+            first_scored("repeated", repeated.start, repeated.period),
+            data.repeated_source.tokens if source else None,
+        ),
     }
     return natural, repeated, sets, mean_z
 
@@ -416,8 +538,14 @@ def batch_line(model: LoadedModel, config: AblateConfig) -> str | None:
     return max(plans, key=lambda p: p.per_item).line()
 
 
-def run(model: LoadedModel, config: AblateConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
-        progress: bool = True) -> AblateResult:
+def run(
+    model: LoadedModel,
+    config: AblateConfig,
+    *,
+    resume: dict | None = None,
+    on_save: Callable[[dict], None] | None = None,
+    progress: bool = True,
+) -> AblateResult:
     """Sweep every head (or ``config.heads``) on both tasks, with gradient importance and
     attribution patching beside the exact effects (see the module docstring); with
     ``config.estimate``, no sweep: the estimate of every head's effect instead (:func:`_estimate`).
@@ -461,37 +589,77 @@ def run(model: LoadedModel, config: AblateConfig, *, resume: dict | None = None,
         t0 = time.perf_counter()
         done = saved.setdefault(task, {"clean": None, "loss": {}})
         swept += sum(format_head(h) not in done["loss"] for h in heads)
-        sweep = checkpointed_sweep(model, tokens, heads, cfg.kind, mean_z, src, first, cfg.max_batch,
-                                   done, save,
-                                   desc=f"ablation sweep ({task})", progress=progress)
+        sweep = checkpointed_sweep(
+            model,
+            tokens,
+            heads,
+            cfg.kind,
+            mean_z,
+            src,
+            first,
+            cfg.max_batch,
+            done,
+            save,
+            desc=f"ablation sweep ({task})",
+            progress=progress,
+        )
         t1 = time.perf_counter()
         grad = head_importance(model, tokens, first, kind=cfg.kind, mean_z=mean_z, source_tokens=src)
         t2 = time.perf_counter()
-        results[task] = TaskResult(sweep.clean_loss, sweep.effect.numpy(), grad.importance.numpy(),
-                                   grad.attribution.numpy(), t1 - t0, t2 - t1)
+        results[task] = TaskResult(
+            sweep.clean_loss, sweep.effect.numpy(), grad.importance.numpy(), grad.attribution.numpy(), t1 - t0, t2 - t1
+        )
 
     # prefix-matching (induction) score of every head, to check the repeated task's ranking against
     # (score_tokens: streamed on long sequences, losses in position chunks: no pattern or logits of the whole sequence)
-    induction_score = score_tokens(model, repeated, "repeated", first_scored("repeated", repeated.start, repeated.period),
-                                   types=("induction",))[0]["induction"].numpy()
+    induction_score = score_tokens(
+        model, repeated, "repeated", first_scored("repeated", repeated.start, repeated.period), types=("induction",)
+    )[0]["induction"].numpy()
 
     table = _head_table(spec, results, induction_score, cfg.estimate)
     if cfg.estimate:  # no exact effect was measured
-        return AblateResult(cfg, spec, table, results, induction_score, natural, repeated,
-                            str(model.device), model.self_check.to_dict(), time.perf_counter() - t_start)
-    return AblateResult(cfg, spec, table, results, induction_score, natural, repeated,
-                        str(model.device), model.self_check.to_dict(), time.perf_counter() - t_start, swept=swept,
-                        ranks=distributed.world_size())
+        return AblateResult(
+            cfg,
+            spec,
+            table,
+            results,
+            induction_score,
+            natural,
+            repeated,
+            str(model.device),
+            model.self_check.to_dict(),
+            time.perf_counter() - t_start,
+        )
+    return AblateResult(
+        cfg,
+        spec,
+        table,
+        results,
+        induction_score,
+        natural,
+        repeated,
+        str(model.device),
+        model.self_check.to_dict(),
+        time.perf_counter() - t_start,
+        swept=swept,
+        ranks=distributed.world_size(),
+    )
 
 
-def _head_table(spec: ModelSpec, results: dict[str, TaskResult], induction_score: np.ndarray, estimate: str | None) -> pd.DataFrame:
+def _head_table(
+    spec: ModelSpec, results: dict[str, TaskResult], induction_score: np.ndarray, estimate: str | None
+) -> pd.DataFrame:
     """head_ablation.csv: one row per head (``layer``, ``head``, ``kv_head``), then each task's
     ``<task>_loss_delta``, each task's ``<task>_importance`` and ``<task>_attribution`` (nats/token)
     and the ``induction_score``; with ``estimate``, the same rows with one column per task named as
     that estimate (:data:`ESTIMATE_COLUMN`) instead of the exact effects. A pruned model's removed
     heads are marked (:func:`_mark_removed`)."""
     layer, head = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
-    cols = {"layer": layer.ravel(), "head": head.ravel(), "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads)}
+    cols = {
+        "layer": layer.ravel(),
+        "head": head.ravel(),
+        "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads),
+    }
     if estimate:
         for task, r in results.items():
             cols[f"{task}_{ESTIMATE_COLUMN[estimate]}"] = r.estimate.ravel()
@@ -519,9 +687,11 @@ def _mark_removed(table: pd.DataFrame, spec) -> pd.DataFrame:
     return table
 
 
-
-
 ablate = options.command_function(
-    AblateConfig, run, "ablate", "Every head's single-head ablation effect (no checkpoint)",
-    '``kind="mean"``, ``heads="5.1,7.3"``')
+    AblateConfig,
+    run,
+    "ablate",
+    "Every head's single-head ablation effect (no checkpoint)",
+    '``kind="mean"``, ``heads="5.1,7.3"``',
+)
 """``headprobe ablate`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""

@@ -59,15 +59,37 @@ TOY = "toy"
 DEFAULT_MODELS = ("smollm2-135m", "all-minilm-l6-v2", TOY)
 """Models of the default atlas that need no network (the first two ship in PyPI wheels)."""
 CACHED_CANDIDATES = (
-    "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2",
-    "EleutherAI/pythia-70m", "EleutherAI/pythia-160m", "EleutherAI/pythia-410m", "EleutherAI/pythia-1b",
-    "Qwen/Qwen2.5-0.5B", "Qwen/Qwen3-0.6B", "meta-llama/Llama-3.2-1B", "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
-    "HuggingFaceTB/SmolLM2-360M", "allenai/OLMo-2-0425-1B", "google/gemma-2-2b", "bert-base-uncased",
+    "gpt2",
+    "gpt2-medium",
+    "gpt2-large",
+    "gpt2-xl",
+    "distilgpt2",
+    "EleutherAI/pythia-70m",
+    "EleutherAI/pythia-160m",
+    "EleutherAI/pythia-410m",
+    "EleutherAI/pythia-1b",
+    "Qwen/Qwen2.5-0.5B",
+    "Qwen/Qwen3-0.6B",
+    "meta-llama/Llama-3.2-1B",
+    "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+    "HuggingFaceTB/SmolLM2-360M",
+    "allenai/OLMo-2-0425-1B",
+    "google/gemma-2-2b",
+    "bert-base-uncased",
 )
 """Models the default atlas adds when the local Hugging Face cache (``HF_HOME``) holds them."""
 
-TOY_TRAIN: dict[str, Any] = dict(corpus="text+copy", n_heads=8, seq_len=48, min_period=4, max_period=23, eval_period=12,
-                 copy_fraction=0.75, bias=False, eval_every=200)
+TOY_TRAIN: dict[str, Any] = dict(
+    corpus="text+copy",
+    n_heads=8,
+    seq_len=48,
+    min_period=4,
+    max_period=23,
+    eval_period=12,
+    copy_fraction=0.75,
+    bias=False,
+    eval_every=200,
+)
 """The ``toy`` model's training settings (``headprobe study``'s, with segments up to the 23 tokens
 the scan repeats at this context length): 2 attention-only layers of 8 heads, d_model 64, 48-token
 context, three quarters copy sequences and one quarter CPython documentation per batch. With 1200
@@ -117,30 +139,64 @@ class AtlasConfig(ModelSettings, DataSettings):
 
     model: str | None = None  # type: ignore[assignment]  # optional here (--models, --checkpoints), required by the other commands
     models: Sequence[str] | str | None = setting(
-        None, f"models to scan: names, paths, or {TOY} (a small model trained first); default: {' '.join(DEFAULT_MODELS)} "
-        "and the cached ones of GPT-2, Pythia, Qwen, Llama ...", nargs="+", metavar="MODEL", parse=_model_names)
-    checkpoints: str | None = setting(None, "scan the snapshots of a headprobe train --save-every run (RUN/checkpoints/step-*) "
-                                      "in step order", metavar="RUN")
-    seq_len: int | None = shared(DataSettings, "seq_len", None, help=(
-        "natural-text sequence length in tokens (default: as scan, 128 or the model's context)"))
-    period: int | None = shared(DataSettings, "period", None, help=(
-        "length of the repeated random block (default: as scan, 50 or what fits the context twice)"))
-    n_random: int = setting(50, "the most control sets of k heads a verdict's test ablates (default %(default)s; see scan)",
-                            type=positive_int)
+        None,
+        f"models to scan: names, paths, or {TOY} (a small model trained first); default: {' '.join(DEFAULT_MODELS)} "
+        "and the cached ones of GPT-2, Pythia, Qwen, Llama ...",
+        nargs="+",
+        metavar="MODEL",
+        parse=_model_names,
+    )
+    checkpoints: str | None = setting(
+        None,
+        "scan the snapshots of a headprobe train --save-every run (RUN/checkpoints/step-*) in step order",
+        metavar="RUN",
+    )
+    seq_len: int | None = shared(
+        DataSettings,
+        "seq_len",
+        None,
+        help=("natural-text sequence length in tokens (default: as scan, 128 or the model's context)"),
+    )
+    period: int | None = shared(
+        DataSettings,
+        "period",
+        None,
+        help=("length of the repeated random block (default: as scan, 50 or what fits the context twice)"),
+    )
+    n_random: int = setting(
+        50,
+        "the most control sets of k heads a verdict's test ablates (default %(default)s; see scan)",
+        type=positive_int,
+    )
     alpha: float = setting(0.05, "significance level of the verdicts (default %(default)s)", type=settings.probability)
-    control: str = setting("layer-matched", "how control sets are drawn (default %(default)s; see scan)",
-                           choices=("layer-matched", "uniform"))
-    correction: str = setting("bh", "multiple-testing correction over each model's verdicts (default %(default)s)",
-                              choices=("bh", "holm"))
-    k: int | None = setting(None, "heads ablated per type (default: as scan)", flag="--top-k", short="-k", type=positive_int)
+    control: str = setting(
+        "layer-matched",
+        "how control sets are drawn (default %(default)s; see scan)",
+        choices=("layer-matched", "uniform"),
+    )
+    correction: str = setting(
+        "bh", "multiple-testing correction over each model's verdicts (default %(default)s)", choices=("bh", "holm")
+    )
+    k: int | None = setting(
+        None, "heads ablated per type (default: as scan)", flag="--top-k", short="-k", type=positive_int
+    )
     types: Sequence[str] | str | None = setting(None, "head types (default: all)", metavar="TYPE[,TYPE...]")
-    pattern_len: int = setting(64, "tokens of each head's pattern kept per model for headprobe view (default %(default)s; "
-                               "0: none)", type=int)
+    pattern_len: int = setting(
+        64, "tokens of each head's pattern kept per model for headprobe view (default %(default)s; 0: none)", type=int
+    )
     toy_steps: int = setting(1200, "training steps of the toy model (default %(default)s)", type=positive_int)
-    model_figures: bool = setting(True, "write only each model's tables, patterns and viewer page, not its scan figures "
-                                  "(faster)", flag="--no-model-figures", action="store_false")
-    metrics: bool = setting(True, "skip the scan's reported head metrics (copying, sink rate, entropy, retrieval, DLA, "
-                            "composition)", flag="--no-metrics", action="store_false")
+    model_figures: bool = setting(
+        True,
+        "write only each model's tables, patterns and viewer page, not its scan figures (faster)",
+        flag="--no-model-figures",
+        action="store_false",
+    )
+    metrics: bool = setting(
+        True,
+        "skip the scan's reported head metrics (copying, sink rate, entropy, retrieval, DLA, composition)",
+        flag="--no-metrics",
+        action="store_false",
+    )
 
     def __post_init__(self):
         super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
@@ -163,11 +219,24 @@ class AtlasConfig(ModelSettings, DataSettings):
         """The :class:`~headprobe.commands.scan.ScanConfig` every model is scanned with."""
         from headprobe.commands.scan import ScanConfig
 
-        shared = {f.name: getattr(self, f.name) for group in (ModelSettings, DataSettings)
-                  for f in dataclasses.fields(group) if f.name != "model"}
-        return ScanConfig(model=model, **shared, n_random=self.n_random, alpha=self.alpha, control=self.control,
-                          correction=self.correction, k=self.k, types=self.types, pattern_len=self.pattern_len,
-                          metrics=self.metrics)
+        shared = {
+            f.name: getattr(self, f.name)
+            for group in (ModelSettings, DataSettings)
+            for f in dataclasses.fields(group)
+            if f.name != "model"
+        }
+        return ScanConfig(
+            model=model,
+            **shared,
+            n_random=self.n_random,
+            alpha=self.alpha,
+            control=self.control,
+            correction=self.correction,
+            k=self.k,
+            types=self.types,
+            pattern_len=self.pattern_len,
+            metrics=self.metrics,
+        )
 
     def model_list(self) -> list[tuple[str, str, int | None]]:
         """``(label, model, step)`` of every model to scan, in order: the checkpoints' snapshots
@@ -184,7 +253,9 @@ class AtlasConfig(ModelSettings, DataSettings):
         out += [(m, m, None) for m in models]
         labels = [label for label, _, _ in out]
         if len(set(labels)) != len(labels):
-            raise HeadprobeError(f"a model is named twice: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}")
+            raise HeadprobeError(
+                f"a model is named twice: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}"
+            )
         for m in models:  # a path that exists but does not load is recorded as failed by run, and the atlas goes on
             if m != TOY and not Path(m).expanduser().exists():
                 options.check_model(m)
@@ -208,9 +279,13 @@ def snapshot_dirs(run: str | Path) -> list[tuple[int, Path]]:
         HeadprobeError: ``run`` has no ``checkpoints/step-*`` directories.
     """
     root = Path(run) / "checkpoints"
-    found = sorted((int(m.group(1)), d) for d in root.glob("step-*") if d.is_dir() and (m := re.fullmatch(r"step-(\d+)", d.name)))
+    found = sorted(
+        (int(m.group(1)), d) for d in root.glob("step-*") if d.is_dir() and (m := re.fullmatch(r"step-(\d+)", d.name))
+    )
     if not found:
-        raise HeadprobeError(f"{run} has no checkpoints/step-* directories; train with headprobe train --save-every N --out {run}")
+        raise HeadprobeError(
+            f"{run} has no checkpoints/step-* directories; train with headprobe train --save-every N --out {run}"
+        )
     return found
 
 
@@ -270,10 +345,26 @@ def family_of(model: str) -> str:
 
 
 # --model is kept off --help (AtlasConfig refuses it in one line: an atlas takes --models); no --no-bos
-FLAGS = (Flags(only=("models", "checkpoints")), OUTPUT, Flags(group=DataSettings),
-         Flags(only=("k", "n_random", "alpha", "control", "correction", "types", "pattern_len", "model_figures", "metrics",
-                     "toy_steps")),
-         Flags(group=ModelSettings, skip=("prepend_bos",), helps={"model": argparse.SUPPRESS}))
+FLAGS = (
+    Flags(only=("models", "checkpoints")),
+    OUTPUT,
+    Flags(group=DataSettings),
+    Flags(
+        only=(
+            "k",
+            "n_random",
+            "alpha",
+            "control",
+            "correction",
+            "types",
+            "pattern_len",
+            "model_figures",
+            "metrics",
+            "toy_steps",
+        )
+    ),
+    Flags(group=ModelSettings, skip=("prepend_bos",), helps={"model": argparse.SUPPRESS}),
+)
 """``headprobe atlas``'s flags in ``--help`` order."""
 
 
@@ -284,14 +375,21 @@ def main(args: argparse.Namespace, config: AtlasConfig) -> int:
         result = resolve("headprobe.commands.atlas_core:run")(config, args.out, overwrite=args.overwrite, progress=True)
     print()
     print(result.report())
-    print(f"\nwrote atlas.csv ({len(result.table)} heads), {len(result.files) - 2} figure files and summary.json to "
-          f"{result.out}/ (each model's scan in {result.out}/{MODELS_DIR}/)")
+    print(
+        f"\nwrote atlas.csv ({len(result.table)} heads), {len(result.files) - 2} figure files and summary.json to "
+        f"{result.out}/ (each model's scan in {result.out}/{MODELS_DIR}/)"
+    )
     if kept := options.kept_line(result.out):
         print(kept)
     n_failed = sum(m["status"] == "failed" for m in result.models.values())
     return 1 if n_failed == len(result.models) else 0
 
 
-COMMAND = Command(HELP, config=AtlasConfig, run="headprobe.commands.atlas:main", flags=FLAGS,
-                  api="headprobe.commands.atlas_core:atlas")
+COMMAND = Command(
+    HELP,
+    config=AtlasConfig,
+    run="headprobe.commands.atlas:main",
+    flags=FLAGS,
+    api="headprobe.commands.atlas_core:atlas",
+)
 """``headprobe atlas``, registered in :data:`headprobe.commands.COMMANDS`."""

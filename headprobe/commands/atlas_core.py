@@ -79,25 +79,42 @@ class AtlasResult:
         """summary.json: settings, every model's status (and error), where each type was confirmed."""
         confirmed = {}
         for t in atlas_lib.table_types(self.table):
-            v = self.table[self.table[f"{t}_top"].fillna(False).astype(bool)].groupby("model", sort=False)[f"{t}_verdict"].first()
+            v = (
+                self.table[self.table[f"{t}_top"].fillna(False).astype(bool)]
+                .groupby("model", sort=False)[f"{t}_verdict"]
+                .first()
+            )
             confirmed[t] = {m: v.get(m, "") for m in atlas_lib.model_labels(self.table)}
-        return summary_envelope({"models": self.models, "verdicts": confirmed,
-                                 "verdict_rule": atlas_lib.verdict_rule_text(self.rules),
-                                 "relative_depth": "layer / (n_layers - 1)"},
-                                model=None, precision=None, device=self.config.device, self_check=None, config=self.config,
-                                timings_s={"run_s": self.seconds})
+        return summary_envelope(
+            {
+                "models": self.models,
+                "verdicts": confirmed,
+                "verdict_rule": atlas_lib.verdict_rule_text(self.rules),
+                "relative_depth": "layer / (n_layers - 1)",
+            },
+            model=None,
+            precision=None,
+            device=self.config.device,
+            self_check=None,
+            config=self.config,
+            timings_s={"run_s": self.seconds},
+        )
 
     def report(self) -> str:
         lines = []
         for label, m in self.models.items():
-            lines.append(f"{label:<28} {m['status']:<8} " + (m.get("error", "") if m["status"] == "failed"
-                                                              else f"{m['timings_s']['scan_s']:.0f} s"))
+            lines.append(
+                f"{label:<28} {m['status']:<8} "
+                + (m.get("error", "") if m["status"] == "failed" else f"{m['timings_s']['scan_s']:.0f} s")
+            )
         s = self.summary()["verdicts"]
         if s:
             lines.append("")
             models = atlas_lib.model_labels(self.table)
-            lines.append(f"verdicts (each scan's tested verdict: {atlas_lib.VERDICT_KIND} ablation of each type's top-k heads "
-                         f"against {self.config.control} controls): " + ", ".join(models))
+            lines.append(
+                f"verdicts (each scan's tested verdict: {atlas_lib.VERDICT_KIND} ablation of each type's top-k heads "
+                f"against {self.config.control} controls): " + ", ".join(models)
+            )
             for t, per in s.items():
                 lines.append(f"  {t:<16} " + " | ".join(per.get(m, "") or "-" for m in models))
         return "\n".join(lines)
@@ -108,8 +125,9 @@ def toy_train_config(config: AtlasConfig):
     with the atlas's ``toy_steps`` and ``seed``, on CPU unless ``device`` asks for CUDA)."""
     from headprobe.analyses.train import N_CHARS, TrainConfig
 
-    return TrainConfig(**{**TOY_TRAIN, "steps": config.toy_steps, "seed": config.seed, "device": config.device},
-                       n_words=N_CHARS)
+    return TrainConfig(
+        **{**TOY_TRAIN, "steps": config.toy_steps, "seed": config.seed, "device": config.device}, n_words=N_CHARS
+    )
 
 
 def _train_toy(config: AtlasConfig, out: Path, progress: bool) -> Path:
@@ -145,7 +163,9 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     models = config.model_list()
     out = prepare_output_dir(out, overwrite, resumable=True)
     # where the models run is not part of the key: a run resumed on another device (or split) reads the same checkpoint
-    ckpt = RunCheckpoint(out, {k: v for k, v in asdict(config).items() if k not in ("device", "device_map", "max_memory")})
+    ckpt = RunCheckpoint(
+        out, {k: v for k, v in asdict(config).items() if k not in ("device", "device_map", "max_memory")}
+    )
     ckpt.load(overwrite=overwrite)
     ckpt.save({})  # from now on the directory is resumable without --overwrite
     records: dict[str, dict] = {}
@@ -158,7 +178,10 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
             key["train"] = asdict(toy_train_config(config))
         saved = _read_json(d / SCAN_KEY) or {}
         if saved.get("key") == key and (d / "summary.json").is_file():
-            rec.update(status="resumed", timings_s={"scan_s": saved.get("timings_s", {}).get("scan_s", saved.get("seconds", 0.0))})
+            rec.update(
+                status="resumed",
+                timings_s={"scan_s": saved.get("timings_s", {}).get("scan_s", saved.get("seconds", 0.0))},
+            )
         else:
             t0 = time.perf_counter()
             try:
@@ -170,12 +193,21 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
                 scanned.save(d, overwrite=True, html=bool(config.pattern_len), figures=config.model_figures)
                 del loaded, scanned
                 rec.update(status="scanned", timings_s={"scan_s": round(time.perf_counter() - t0, 2)})
-                write_json(d / SCAN_KEY, {"key": key, "timings_s": rec["timings_s"]})  # last: this model's scan is complete and reusable
+                write_json(
+                    d / SCAN_KEY, {"key": key, "timings_s": rec["timings_s"]}
+                )  # last: this model's scan is complete and reusable
             except HeadprobeError as e:
-                rec.update(status="failed", timings_s={"scan_s": round(time.perf_counter() - t0, 2)}, error=str(e).splitlines()[0])
+                rec.update(
+                    status="failed",
+                    timings_s={"scan_s": round(time.perf_counter() - t0, 2)},
+                    error=str(e).splitlines()[0],
+                )
             except Exception as e:
-                rec.update(status="failed", timings_s={"scan_s": round(time.perf_counter() - t0, 2)},
-                           error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                rec.update(
+                    status="failed",
+                    timings_s={"scan_s": round(time.perf_counter() - t0, 2)},
+                    error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                )
             finally:
                 gc.collect()
             if rec["status"] == "failed" and progress:
@@ -186,12 +218,21 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
             parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
             rules.append(atlas_lib.scan_rule(summary))
     table = atlas_lib.atlas_table(parts) if parts else pd.DataFrame(columns=list(atlas_lib.ID_COLUMNS))
-    result = AtlasResult(config, table, records, out, seconds=time.perf_counter() - t_start,
-                         rules=[r for r in rules if r is not None])
+    result = AtlasResult(
+        config, table, records, out, seconds=time.perf_counter() - t_start, rules=[r for r in rules if r is not None]
+    )
     # --out was checked when the run began; it now holds the models' directories
-    produced = [p for p in [*(out / r["dir"] for r in records.values()), out / TOY_DIR] if p.exists()]  # recorded as this atlas's
-    files = write_outputs(out, True, summary=result.summary, tables={TABLE: table.to_csv(index=False, float_format="%.5f")},
-                          figures=result.figures, produced=produced)
+    produced = [
+        p for p in [*(out / r["dir"] for r in records.values()), out / TOY_DIR] if p.exists()
+    ]  # recorded as this atlas's
+    files = write_outputs(
+        out,
+        True,
+        summary=result.summary,
+        tables={TABLE: table.to_csv(index=False, float_format="%.5f")},
+        figures=result.figures,
+        produced=produced,
+    )
     ckpt.clear()
     result.files = files
     return result

@@ -50,15 +50,26 @@ HELP = "attention cost calculator: parameters, KV cache, FLOPs and attention-mat
 
 DEFAULT_SEQ_LEN = 8192
 FLOPS_TABLE_SEQ_LENS = (1024, 8192, 32768, 131072)  # the lesson's table (seeds/003, "FLOPs")
-LAYOUT, WORKLOAD, MODES = ("layout (a preset, a model, explicit flags; flags override the first two)", "workload", "modes")
+LAYOUT, WORKLOAD, MODES = (
+    "layout (a preset, a model, explicit flags; flags override the first two)",
+    "workload",
+    "modes",
+)
 """The sections of ``headprobe budget --help`` (:data:`FLAGS`)."""
 CHECK_PROMPT = "The quick brown fox jumps over the lazy dog. Attention heads share keys and values."
 CHECK_PAST_WINDOW = 8  # the live check runs this many tokens past the smallest sliding window
 CHECK_MIN_TOKENS = 16  # and at least this many (a tokenizer may read the prompt as a single unknown token)
 
 #: torch's dtype names -> budget's short names (the keys of :data:`cost.DTYPE_BYTES`).
-TORCH_DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
-                     "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "int8": "int8"}
+TORCH_DTYPE_NAMES = {
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "int8": "int8",
+}
+
 
 def budget_dtype(text: str) -> str:
     """``--dtype``: a short name (``bf16``, ``fp32``, ``fp16``, ``fp8``, ``int8``) or torch's
@@ -78,7 +89,8 @@ def budget_dtype(text: str) -> str:
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
             f"unknown dtype {text!r}; choose one of {', '.join(cost.DTYPE_BYTES)} "
-            f"or torch's {', '.join(n for n in TORCH_DTYPE_NAMES if n not in cost.DTYPE_BYTES)}") from None
+            f"or torch's {', '.join(n for n in TORCH_DTYPE_NAMES if n not in cost.DTYPE_BYTES)}"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,48 +137,88 @@ class BudgetConfig:
     """
 
     preset: str | None = setting(None, f"a published layout: {', '.join(cost.PRESETS)}")
-    model: str | None = setting(None, "load this model (e.g. smollm2-135m, gpt2, a local directory, a headprobe "
-                                      "train or prune --save-pruned directory), read its layout and check the formulas "
-                                      "against its own KV cache and attention parameters")
+    model: str | None = setting(
+        None,
+        "load this model (e.g. smollm2-135m, gpt2, a local directory, a headprobe "
+        "train or prune --save-pruned directory), read its layout and check the formulas "
+        "against its own KV cache and attention parameters",
+    )
     d_model: int | None = setting(None, "residual width D", type=positive_int)
     n_layers: int | None = setting(None, "number of attention layers", type=positive_int)
     n_heads: int | None = setting(None, "query heads H", type=positive_int)
-    n_kv_heads: int | None = setting(None, "key/value heads (default: --n-heads, i.e. MHA; 1 is MQA)", type=positive_int)
-    d_head: int | None = setting(None, "width of each head's value (z); of its query and key too except for MLA "
-                                       "(default: d_model / n_heads)", type=positive_int)
-    bias: str | None = setting(None, "projections with biases (default: the preset's, else none)", choices=cost.BIAS_KINDS)
-    qk_norm: str | None = setting(None, "QK-norm weights: per_head (Qwen3, Gemma 3) or full (OLMo 2) (default: the model's, "
-                                        "else none)", choices=cost.QK_NORM_KINDS)
-    sliding_window: int | None = setting(None, "layers attend to (and cache) at most W positions (Mistral: 4096); see "
-                                               "--global-every", type=positive_int, metavar="W")
-    global_every: int | None = setting(None, "with --sliding-window: every N-th layer is global (Gemma 2: 2, Gemma 3: 6)",
-                                       type=positive_int, metavar="N")
+    n_kv_heads: int | None = setting(
+        None, "key/value heads (default: --n-heads, i.e. MHA; 1 is MQA)", type=positive_int
+    )
+    d_head: int | None = setting(
+        None,
+        "width of each head's value (z); of its query and key too except for MLA (default: d_model / n_heads)",
+        type=positive_int,
+    )
+    bias: str | None = setting(
+        None, "projections with biases (default: the preset's, else none)", choices=cost.BIAS_KINDS
+    )
+    qk_norm: str | None = setting(
+        None,
+        "QK-norm weights: per_head (Qwen3, Gemma 3) or full (OLMo 2) (default: the model's, else none)",
+        choices=cost.QK_NORM_KINDS,
+    )
+    sliding_window: int | None = setting(
+        None,
+        "layers attend to (and cache) at most W positions (Mistral: 4096); see --global-every",
+        type=positive_int,
+        metavar="W",
+    )
+    global_every: int | None = setting(
+        None,
+        "with --sliding-window: every N-th layer is global (Gemma 2: 2, Gemma 3: 6)",
+        type=positive_int,
+        metavar="N",
+    )
     kv_lora_rank: int | None = setting(None, "MLA: width of the cached KV latent (DeepSeek-V3: 512)", type=positive_int)
     q_lora_rank: int | None = setting(None, "MLA: width of the query latent (DeepSeek-V3: 1536)", type=positive_int)
-    qk_rope_head_dim: int | None = setting(None, "MLA: width of the decoupled rotary key (DeepSeek-V3: 64)",
-                                           type=positive_int)
-    qk_nope_head_dim: int | None = setting(None, "MLA: width of each head's non-rotary query/key part (DeepSeek-V3: 128; "
-                                                 "default: --d-head)", type=positive_int)
+    qk_rope_head_dim: int | None = setting(
+        None, "MLA: width of the decoupled rotary key (DeepSeek-V3: 64)", type=positive_int
+    )
+    qk_nope_head_dim: int | None = setting(
+        None,
+        "MLA: width of each head's non-rotary query/key part (DeepSeek-V3: 128; default: --d-head)",
+        type=positive_int,
+    )
     seq_len: int = setting(DEFAULT_SEQ_LEN, "tokens per sequence T (default %(default)s)", type=positive_int)
     batch: int = setting(1, "sequences per request (default %(default)s)", type=positive_int)
-    dtype: str = setting("bf16", "number format of cache and activations, sets the bytes per element (default "
-                                 "%(default)s; torch's names bfloat16, float32, float16 accepted)", type=budget_dtype,
-                         metavar="{" + ",".join(cost.DTYPE_BYTES) + "}")
-    compare: bool = setting(False, "MHA, GQA (every group count) and MQA of the same width side by side",
-                            action="store_true")
+    dtype: str = setting(
+        "bf16",
+        "number format of cache and activations, sets the bytes per element (default "
+        "%(default)s; torch's names bfloat16, float32, float16 accepted)",
+        type=budget_dtype,
+        metavar="{" + ",".join(cost.DTYPE_BYTES) + "}",
+    )
+    compare: bool = setting(
+        False, "MHA, GQA (every group count) and MQA of the same width side by side", action="store_true"
+    )
     flops_table: Sequence[int] | None = setting(
-        None, f"FLOPs of one layer at several lengths (default {' '.join(map(str, FLOPS_TABLE_SEQ_LENS))})",
-        nargs="*", type=positive_int, metavar="T")
-    as_mha: bool = setting(False, "--flops-table: count K/V projections as MHA, as the lesson's table does",
-                           action="store_true")
-    recommend: bool = setting(False, "propose a head layout for --params/--d-model, --seq-len, --kv-limit, --target",
-                              action="store_true")
+        None,
+        f"FLOPs of one layer at several lengths (default {' '.join(map(str, FLOPS_TABLE_SEQ_LENS))})",
+        nargs="*",
+        type=positive_int,
+        metavar="T",
+    )
+    as_mha: bool = setting(
+        False, "--flops-table: count K/V projections as MHA, as the lesson's table does", action="store_true"
+    )
+    recommend: bool = setting(
+        False, "propose a head layout for --params/--d-model, --seq-len, --kv-limit, --target", action="store_true"
+    )
     params: str | int | None = setting(None, "recommend: parameter budget without embeddings, e.g. 135M, 8B")
     kv_limit: str | int | None = setting(None, "recommend: KV-cache memory limit per request, e.g. 2GiB, 512MiB")
     target: str = setting("gpu-server", "recommend: deployment target (default %(default)s)", choices=cost.TARGETS)
-    policy: str | None = setting(None, "cost a head-level KV policy (headprobe kv's policy.json: per layer and KV group, "
-                                       "full or streaming with S sink + W recent positions; format in docs/kv.md) at "
-                                       "--seq-len", metavar="FILE")
+    policy: str | None = setting(
+        None,
+        "cost a head-level KV policy (headprobe kv's policy.json: per layer and KV group, "
+        "full or streaming with S sink + W recent positions; format in docs/kv.md) at "
+        "--seq-len",
+        metavar="FILE",
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -191,10 +243,33 @@ class BudgetPrint:
     """Print :meth:`BudgetResult.to_dict` as JSON instead of the table."""
 
 
-FLAGS = (Flags(only=("preset", "model", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "bias", "qk_norm", "sliding_window", "global_every", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim"), title=LAYOUT),
-         Flags(only=("seq_len", "batch", "dtype"), title=WORKLOAD),
-         Flags(only=("compare", "flops_table", "as_mha", "recommend", "params", "kv_limit", "target", "policy"), title=MODES),
-         Flags(BudgetPrint))
+FLAGS = (
+    Flags(
+        only=(
+            "preset",
+            "model",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "d_head",
+            "bias",
+            "qk_norm",
+            "sliding_window",
+            "global_every",
+            "kv_lora_rank",
+            "q_lora_rank",
+            "qk_rope_head_dim",
+            "qk_nope_head_dim",
+        ),
+        title=LAYOUT,
+    ),
+    Flags(only=("seq_len", "batch", "dtype"), title=WORKLOAD),
+    Flags(
+        only=("compare", "flops_table", "as_mha", "recommend", "params", "kv_limit", "target", "policy"), title=MODES
+    ),
+    Flags(BudgetPrint),
+)
 """``--help``'s blocks: the layout, the workload and the modes under their headings, then ``--json``."""
 
 
@@ -229,10 +304,23 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
             if base.qk_nope_head_dim == base.d_head:
                 fields_["qk_nope_head_dim"] = None  # derived from d_head, follows it
         if config.n_layers is not None and base.windows is not None and config.sliding_window is None:
-            raise HeadprobeError("the base layout has sliding-window layers; with --n-layers give --sliding-window "
-                                 "(and --global-every) for the new layers too")
-    for f in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "bias", "qk_norm",
-              "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim"):
+            raise HeadprobeError(
+                "the base layout has sliding-window layers; with --n-layers give --sliding-window "
+                "(and --global-every) for the new layers too"
+            )
+    for f in (
+        "d_model",
+        "n_layers",
+        "n_heads",
+        "n_kv_heads",
+        "d_head",
+        "bias",
+        "qk_norm",
+        "kv_lora_rank",
+        "q_lora_rank",
+        "qk_rope_head_dim",
+        "qk_nope_head_dim",
+    ):
         if getattr(config, f) is not None:
             fields_[f] = getattr(config, f)
     if config.sliding_window is not None or config.global_every is not None:
@@ -271,8 +359,9 @@ def describe(lay: AttentionLayout, dtype: str | None = None) -> str:
         heads += f", {kv} (group size {lay.group_size})"
     fmt = f"{dtype} ({lay.bytes_per_element} bytes)" if dtype else f"{lay.bytes_per_element} bytes per element"
     name = f"{lay.name}: " if lay.name else ""
-    extra = "".join(f", {x}" for x in (f"QK-norm {lay.qk_norm}" if lay.qk_norm != "none" else "",
-                                        describe_windows(lay)) if x)
+    extra = "".join(
+        f", {x}" for x in (f"QK-norm {lay.qk_norm}" if lay.qk_norm != "none" else "", describe_windows(lay)) if x
+    )
     return f"{name}{lay.kind}, d_model {lay.d_model}, {lay.n_layers} layers, {heads}, bias {lay.bias}{extra}, {fmt}"
 
 
@@ -317,23 +406,42 @@ def windowed_report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str,
         scores = cost.score_flops(lay, seq_len, batch, window=w)
         proj = cost.projection_flops(lay, seq_len, batch)
         cross = cost.crossover_seq_len(lay, window=w)
-        rows.append({"window": w, "n_layers": lay.windows.count(w), "flops_scores_per_layer": scores,
-                     "quadratic_share": scores / (scores + proj), "crossover_seq_len": cross,
-                     **({} if cross is not None else {"crossover_seq_len_null_reason": (
-                         f"never: past the window a token's scores+AV cost s*W = {cost.score_flops(lay, 1, 1) * w:,} "
-                         f"FLOPs, no more than its projections' {cost.projection_flops(lay, 1, 1):,}; the projections "
-                         "dominate at every length")}),
-                     "attention_matrix_bytes_per_layer": cost.attention_matrix_bytes(lay, seq_len, batch, window=w)})
+        rows.append(
+            {
+                "window": w,
+                "n_layers": lay.windows.count(w),
+                "flops_scores_per_layer": scores,
+                "quadratic_share": scores / (scores + proj),
+                "crossover_seq_len": cross,
+                **(
+                    {}
+                    if cross is not None
+                    else {
+                        "crossover_seq_len_null_reason": (
+                            f"never: past the window a token's scores+AV cost s*W = {cost.score_flops(lay, 1, 1) * w:,} "
+                            f"FLOPs, no more than its projections' {cost.projection_flops(lay, 1, 1):,}; the projections "
+                            "dominate at every length"
+                        )
+                    }
+                ),
+                "attention_matrix_bytes_per_layer": cost.attention_matrix_bytes(lay, seq_len, batch, window=w),
+            }
+        )
     total = sum(cost.score_flops(lay, seq_len, batch, window=w) for w in lay.windows)
-    return {"windowed_layers": rows, "flops_scores_all_layers": total,
-            "n_global_layers": lay.n_layers - lay.n_windowed_layers}
+    return {
+        "windowed_layers": rows,
+        "flops_scores_all_layers": total,
+        "n_global_layers": lay.n_layers - lay.n_windowed_layers,
+    }
 
 
 def _table(rows: list[list[str]], header: list[str], right: set[int] | frozenset[int] = frozenset()) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
 
     def line(r: list[str]) -> str:
-        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+        return "  ".join(
+            str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))
+        ).rstrip()
 
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
@@ -347,19 +455,39 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
     rows = [
         ["attention params per layer", f"{r['attn_params_per_layer']:,}", f"bias {lay.bias}"],
         ["attention params, all layers", f"{r['attn_params']:,}", f"{lay.n_layers} layers"],
-        ["KV numbers per token per layer", f"{r['kv_numbers_per_token_per_layer']:,}",
-         mha(f"{r['kv_numbers_per_token_per_layer_mha']:,}")],
+        [
+            "KV numbers per token per layer",
+            f"{r['kv_numbers_per_token_per_layer']:,}",
+            mha(f"{r['kv_numbers_per_token_per_layer_mha']:,}"),
+        ],
         ["KV cache per token", format_bytes(r["kv_bytes_per_token"]), mha(format_bytes(r["kv_bytes_per_token_mha"]))],
-        [f"KV cache per request ({B} x {T} tokens)", format_bytes(r["kv_bytes_per_request"]),
-         mha(format_bytes(r["kv_bytes_per_request_mha"]))],
-        ["projection FLOPs per layer", format_flops(r['flops_projections_per_layer']),
-         mha(format_flops(r['flops_projections_per_layer_as_mha']))],
-        ["scores + AV FLOPs per layer", format_flops(r['flops_scores_per_layer']), "all heads, causal mask not used"],
+        [
+            f"KV cache per request ({B} x {T} tokens)",
+            format_bytes(r["kv_bytes_per_request"]),
+            mha(format_bytes(r["kv_bytes_per_request_mha"])),
+        ],
+        [
+            "projection FLOPs per layer",
+            format_flops(r["flops_projections_per_layer"]),
+            mha(format_flops(r["flops_projections_per_layer_as_mha"])),
+        ],
+        ["scores + AV FLOPs per layer", format_flops(r["flops_scores_per_layer"]), "all heads, causal mask not used"],
         ["quadratic share", f"{100 * r['quadratic_share']:.0f}%", mha(f"{100 * r['quadratic_share_as_mha']:.0f}%")],
-        ["crossover T (projections = scores)", f"{r['crossover_seq_len']:,.0f}",
-         mha(f"{r['crossover_seq_len_as_mha']:,.0f}" + two_d) if other else two_d.strip(" =")],
-        ["attention matrix per layer [batch, head, T, T]", format_bytes(r["attention_matrix_bytes_per_layer"]), "naive, materialised"],
-        ["fused kernel per layer (Q, K, V, out, LSE)", format_bytes(r["fused_attention_bytes_per_layer"]), "FlashAttention / SDPA"],
+        [
+            "crossover T (projections = scores)",
+            f"{r['crossover_seq_len']:,.0f}",
+            mha(f"{r['crossover_seq_len_as_mha']:,.0f}" + two_d) if other else two_d.strip(" ="),
+        ],
+        [
+            "attention matrix per layer [batch, head, T, T]",
+            format_bytes(r["attention_matrix_bytes_per_layer"]),
+            "naive, materialised",
+        ],
+        [
+            "fused kernel per layer (Q, K, V, out, LSE)",
+            format_bytes(r["fused_attention_bytes_per_layer"]),
+            "FlashAttention / SDPA",
+        ],
     ]
     if lay.windows is not None and lay.n_windowed_layers == lay.n_layers:
         del rows[6:10]  # the full-attention rows: no layer of this layout is global
@@ -369,11 +497,16 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
     for w in r.get("windowed_layers", []):
         cross = "never (projections dominate)" if w["crossover_seq_len"] is None else f"{w['crossover_seq_len']:,.0f}"
         note = f"{w['n_layers']} layers, min(W, pos+1) keys per query"
-        rows += [[f"scores + AV FLOPs per layer, window {w['window']:,}", format_flops(w["flops_scores_per_layer"]), note],
-                 [f"quadratic share, window {w['window']:,}", f"{100 * w['quadratic_share']:.0f}%", ""],
-                 [f"crossover T, window {w['window']:,}", cross, ""],
-                 [f"attention matrix per layer, window {w['window']:,}", format_bytes(w["attention_matrix_bytes_per_layer"]),
-                  "banded, materialised"]]
+        rows += [
+            [f"scores + AV FLOPs per layer, window {w['window']:,}", format_flops(w["flops_scores_per_layer"]), note],
+            [f"quadratic share, window {w['window']:,}", f"{100 * w['quadratic_share']:.0f}%", ""],
+            [f"crossover T, window {w['window']:,}", cross, ""],
+            [
+                f"attention matrix per layer, window {w['window']:,}",
+                format_bytes(w["attention_matrix_bytes_per_layer"]),
+                "banded, materialised",
+            ],
+        ]
     if "flops_scores_all_layers" in r:
         rows.append(["scores + AV FLOPs, all layers", format_flops(r["flops_scores_all_layers"]), "windows applied"])
     head = f"{describe(lay, dtype)}\nworkload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
@@ -382,26 +515,44 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
 
 def format_policy(pc: dict[str, Any], path: str) -> str:
     """The ``--policy`` rows: the policy's cache, FLOPs and attention matrix next to all-full."""
-    rows = [["KV groups full / streaming", f"{pc['n_full_groups']:,} / {pc['n_streaming_groups']:,}", ""],
-            ["KV cache per request, policy", format_bytes(pc["kv_bytes"]), f"{pc['kv_bytes']:,} bytes"],
-            ["KV cache per request, all groups full", format_bytes(pc["kv_bytes_full"]), f"{pc['kv_bytes_full']:,} bytes"],
-            ["KV cache fraction", f"{pc['kv_fraction']:.4f}", "policy / full"],
-            ["scores + AV FLOPs, all layers, policy", format_flops(pc["flops_scores"]), "streaming groups: S+W keys"],
-            ["scores + AV FLOPs, all layers, full", format_flops(pc["flops_scores_full"]), ""],
-            ["attention matrix, largest layer, policy", format_bytes(pc["attention_matrix_bytes_largest_layer"]), ""]]
+    rows = [
+        ["KV groups full / streaming", f"{pc['n_full_groups']:,} / {pc['n_streaming_groups']:,}", ""],
+        ["KV cache per request, policy", format_bytes(pc["kv_bytes"]), f"{pc['kv_bytes']:,} bytes"],
+        ["KV cache per request, all groups full", format_bytes(pc["kv_bytes_full"]), f"{pc['kv_bytes_full']:,} bytes"],
+        ["KV cache fraction", f"{pc['kv_fraction']:.4f}", "policy / full"],
+        ["scores + AV FLOPs, all layers, policy", format_flops(pc["flops_scores"]), "streaming groups: S+W keys"],
+        ["scores + AV FLOPs, all layers, full", format_flops(pc["flops_scores_full"]), ""],
+        ["attention matrix, largest layer, policy", format_bytes(pc["attention_matrix_bytes_largest_layer"]), ""],
+    ]
     return f"KV policy {path}\n\n" + _table(rows, ["quantity", "value", "note"], right={1})
 
 
 def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str, seq_len: int, batch: int) -> str:
-    table = [[
-        r["layout"], "-" if r["n_kv_heads"] is None else str(r["n_kv_heads"]),
-        "-" if r["group_size"] is None else str(r["group_size"]),
-        f"{r['attn_params_per_layer']:,}", f"{r['kv_numbers_per_token_per_layer']:,}",
-        format_bytes(r["kv_bytes_per_token"]), format_bytes(r["kv_bytes_per_request"]),
-        f"{r['kv_vs_mha']:.3g}x", format_flops(r["flops_per_layer"]),
-    ] for r in rows]
-    header = ["layout", "n_kv_heads", "group_size", "attn params/layer", "KV numbers/token/layer",
-              "KV/token", f"KV/request ({batch} x {seq_len})", "KV vs MHA", "FLOPs/layer"]
+    table = [
+        [
+            r["layout"],
+            "-" if r["n_kv_heads"] is None else str(r["n_kv_heads"]),
+            "-" if r["group_size"] is None else str(r["group_size"]),
+            f"{r['attn_params_per_layer']:,}",
+            f"{r['kv_numbers_per_token_per_layer']:,}",
+            format_bytes(r["kv_bytes_per_token"]),
+            format_bytes(r["kv_bytes_per_request"]),
+            f"{r['kv_vs_mha']:.3g}x",
+            format_flops(r["flops_per_layer"]),
+        ]
+        for r in rows
+    ]
+    header = [
+        "layout",
+        "n_kv_heads",
+        "group_size",
+        "attn params/layer",
+        "KV numbers/token/layer",
+        "KV/token",
+        f"KV/request ({batch} x {seq_len})",
+        "KV vs MHA",
+        "FLOPs/layer",
+    ]
     return f"{describe(lay, dtype)}\n\n" + _table(table, header, right=set(range(1, 9)))
 
 
@@ -410,8 +561,15 @@ def flops_table(lay: AttentionLayout, seq_lens: list[int], batch: int, as_mha: b
     rows = []
     for T in seq_lens:
         fl = cost.attention_flops(lay, T, batch, as_mha=as_mha)
-        rows.append({"seq_len": T, "projections": fl.projections, "scores": fl.scores,
-                     "quadratic_share": fl.quadratic_share, "crossover_seq_len": fl.crossover_seq_len})
+        rows.append(
+            {
+                "seq_len": T,
+                "projections": fl.projections,
+                "scores": fl.scores,
+                "quadratic_share": fl.quadratic_share,
+                "crossover_seq_len": fl.crossover_seq_len,
+            }
+        )
     return rows
 
 
@@ -424,13 +582,22 @@ def format_flops_table(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: 
     top = max((max(r["projections"], r["scores"]) for r in rows), default=cost.TFLOP)
     unit, power = next(((u, p) for u, p in _FLOP_UNITS if top >= 10**p), _FLOP_UNITS[-1])
     scale = cost.TFLOP / 10**power  # format_tflop counts TFLOP
-    table = [[f"{r['seq_len']:,}", format_tflop(r["projections"] * scale), format_tflop(r["scores"] * scale),
-              f"{100 * r['quadratic_share']:.0f}%"] for r in rows]
+    table = [
+        [
+            f"{r['seq_len']:,}",
+            format_tflop(r["projections"] * scale),
+            format_tflop(r["scores"] * scale),
+            f"{100 * r['quadratic_share']:.0f}%",
+        ]
+        for r in rows
+    ]
     note = " (K/V projections counted as MHA)" if as_mha and lay.kind != "MHA" else ""
     cross = rows[0]["crossover_seq_len"] if rows else 0
-    return (f"{describe(lay, dtype)}\nFLOPs of one attention layer{note}; 1 {unit} = 10^{power} FLOPs\n\n"
-            + _table(table, ["T", f"projections, {unit}", f"scores and AV, {unit}", "quadratic share"], right={0, 1, 2, 3})
-            + f"\n\nthe two are equal at T = {cross:,.0f}")
+    return (
+        f"{describe(lay, dtype)}\nFLOPs of one attention layer{note}; 1 {unit} = 10^{power} FLOPs\n\n"
+        + _table(table, ["T", f"projections, {unit}", f"scores and AV, {unit}", "quadratic share"], right={0, 1, 2, 3})
+        + f"\n\nthe two are equal at T = {cross:,.0f}"
+    )
 
 
 def format_recommendation(rec: cost.Recommendation, dtype: str) -> str:
@@ -590,8 +757,14 @@ def check_loaded(loaded: LoadedModel) -> tuple[AttentionLayout, dict[str, Any]]:
         "bytes_per_token": kv_bytes / T,
     }
     ok = all(measured[k] == expected[k] for k in expected)
-    record: dict[str, Any] = {"model": s.name, "precision": s.precision, "measured": measured, "expected": expected, "ok": ok,
-                              "self_check": loaded.self_check.to_dict()}
+    record: dict[str, Any] = {
+        "model": s.name,
+        "precision": s.precision,
+        "measured": measured,
+        "expected": expected,
+        "ok": ok,
+        "self_check": loaded.self_check.to_dict(),
+    }
     if counted is not None:
         formula = cost.attention_params_per_layer(lay)
         record["attn_params_per_layer"] = {"counted": counted, "formula": formula, "ok": counted == formula}
@@ -616,22 +789,40 @@ def format_check(rec: dict[str, Any]) -> str:
         ["cached layers", str(m["n_layers"]), str(e["n_layers"])],
         ["layer-0 key shape [batch, kv_head, pos, d_head]", str(m["key_shape"]), str(e["key_shape"])],
         ["layer-0 value shape", str(m["value_shape"]), str(e["value_shape"])],
-        ["cached positions per layer", _positions_txt(m["positions_per_layer"]), _positions_txt(e["positions_per_layer"])],
-        ["KV numbers per token per layer", f"{m['numbers_per_token_per_layer']:g}", str(e["numbers_per_token_per_layer"])],
-        [f"KV bytes of the {m['tokens']} tokens ({m['element_bytes']}-byte elements)", f"{m['bytes']:,}", f"{e['bytes']:,}"],
+        [
+            "cached positions per layer",
+            _positions_txt(m["positions_per_layer"]),
+            _positions_txt(e["positions_per_layer"]),
+        ],
+        [
+            "KV numbers per token per layer",
+            f"{m['numbers_per_token_per_layer']:g}",
+            str(e["numbers_per_token_per_layer"]),
+        ],
+        [
+            f"KV bytes of the {m['tokens']} tokens ({m['element_bytes']}-byte elements)",
+            f"{m['bytes']:,}",
+            f"{e['bytes']:,}",
+        ],
     ]
     if "attn_params_per_layer" in rec:
         a = rec["attn_params_per_layer"]
         rows.append(["attention params of layer 0", f"{a['counted']:,}", f"{a['formula']:,}"])
     notes = []
     if "mla_latent_numbers_per_token_per_layer" in rec:
-        notes.append(f"MLA: Hugging Face caches decompressed keys and values ({e['numbers_per_token_per_layer']} numbers "
-                     f"per token per layer); an engine that absorbs W_UK and W_UV caches the latent and rotary key "
-                     f"({rec['mla_latent_numbers_per_token_per_layer']}), the figure below.")
+        notes.append(
+            f"MLA: Hugging Face caches decompressed keys and values ({e['numbers_per_token_per_layer']} numbers "
+            f"per token per layer); an engine that absorbs W_UK and W_UV caches the latent and rotary key "
+            f"({rec['mla_latent_numbers_per_token_per_layer']}), the figure below."
+        )
     verdict = "OK: the formulas match the model" if rec["ok"] else "MISMATCH: the formulas disagree with the model"
-    return (f"live check on {rec['model']} ({rec['precision']}), {m['tokens']} tokens through its own cache\n\n"
-            + _table(rows, ["quantity", "measured", "formula"], right={1, 2}) + "\n\n"
-            + "".join(n + "\n" for n in notes) + verdict)
+    return (
+        f"live check on {rec['model']} ({rec['precision']}), {m['tokens']} tokens through its own cache\n\n"
+        + _table(rows, ["quantity", "measured", "formula"], right={1, 2})
+        + "\n\n"
+        + "".join(n + "\n" for n in notes)
+        + verdict
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -639,8 +830,21 @@ def format_check(rec: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 #: Flags that change a uniform layout; a pruned model's layers keep different heads.
-UNIFORM_LAYOUT_FLAGS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "bias", "qk_norm", "sliding_window",
-                        "global_every", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim")
+UNIFORM_LAYOUT_FLAGS = (
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "d_head",
+    "bias",
+    "qk_norm",
+    "sliding_window",
+    "global_every",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_rope_head_dim",
+    "qk_nope_head_dim",
+)
 
 
 def is_headprobe_dir(name: str) -> bool:
@@ -664,8 +868,9 @@ def heads_per_layer(lay: AttentionLayout, kept: Sequence[Sequence[int]] | None) 
     return [len(k) for k in kept], [cost.kept_kv_heads(lay, k) for k in kept]
 
 
-def layers_report(lay: AttentionLayout, heads: Sequence[int], kv_heads: Sequence[int], seq_len: int,
-                  batch: int) -> dict[str, Any]:
+def layers_report(
+    lay: AttentionLayout, heads: Sequence[int], kv_heads: Sequence[int], seq_len: int, batch: int
+) -> dict[str, Any]:
     """The costs of a model whose layer ``l`` has ``heads[l]`` query heads on ``kv_heads[l]``
     key/value heads (a pruned model), each layer costed by
     :func:`headprobe.probe.layout.cost.layer_cost`: totals over layers (parameters, cached numbers per
@@ -676,6 +881,7 @@ def layers_report(lay: AttentionLayout, heads: Sequence[int], kv_heads: Sequence
     Raises:
         HeadprobeError: a bad workload or head counts (see :func:`~headprobe.probe.layout.cost.layer_cost`).
     """
+
     def each(formula: Any, *args: Any) -> list[int]:
         return [cost.layer_cost(formula, lay, h, kv, *args) for h, kv in zip(heads, kv_heads)]
 
@@ -728,8 +934,10 @@ def check_headprobe_dir(path: str) -> tuple[AttentionLayout, list[list[int]] | N
         kept: list[list[int]] | None = [list(k) for k in model.kept_heads]
         base, n_ctx, element = model.cfg.layout, model.cfg.n_ctx, next(model.parameters()).element_size()
         n_removed = base.n_layers * base.n_heads - sum(map(len, model.kept_heads))
-        precision = (f"pruned headprobe checkpoint, {n_removed} of {base.n_layers * base.n_heads} heads removed, "
-                     f"{str(next(model.parameters()).dtype).removeprefix('torch.')} weights")
+        precision = (
+            f"pruned headprobe checkpoint, {n_removed} of {base.n_layers * base.n_heads} heads removed, "
+            f"{str(next(model.parameters()).dtype).removeprefix('torch.')} weights"
+        )
         self_check = None
     else:
         model = load_native(path)  # a LoadedModel on the native backend
@@ -745,10 +953,20 @@ def check_headprobe_dir(path: str) -> tuple[AttentionLayout, list[list[int]] | N
     else:
         per_layer = [cost.layer_cost(cost.kv_numbers_per_token_per_layer, lay, h, kv) for h, kv in zip(heads, kv_heads)]
         params = [cost.layer_cost(cost.attention_params_per_layer, lay, h, kv) for h, kv in zip(heads, kv_heads)]
-    expected = {"heads_per_layer": heads, "kv_heads_per_layer": [h if lay.is_mla else kv for h, kv in zip(heads, kv_heads)],
-                "kv_numbers_per_token_per_layer": per_layer, "attn_params_per_layer": params}
-    record: dict[str, Any] = {"model": str(path), "precision": precision, "measured": measured, "expected": expected,
-                              "ok": all(measured[k] == expected[k] for k in expected), "pruned": kept is not None}
+    expected = {
+        "heads_per_layer": heads,
+        "kv_heads_per_layer": [h if lay.is_mla else kv for h, kv in zip(heads, kv_heads)],
+        "kv_numbers_per_token_per_layer": per_layer,
+        "attn_params_per_layer": params,
+    }
+    record: dict[str, Any] = {
+        "model": str(path),
+        "precision": precision,
+        "measured": measured,
+        "expected": expected,
+        "ok": all(measured[k] == expected[k] for k in expected),
+        "pruned": kept is not None,
+    }
     if kept is not None:
         record["kept_heads"] = kept
     if self_check is not None:
@@ -774,19 +992,32 @@ def format_dir_check(rec: dict[str, Any]) -> str:
     rows = [
         ["query heads per layer", _counts_txt(m["heads_per_layer"]), _counts_txt(e["heads_per_layer"])],
         ["key/value heads per layer", _counts_txt(m["kv_heads_per_layer"]), _counts_txt(e["kv_heads_per_layer"])],
-        ["K and V numbers per token per layer", _counts_txt(m["kv_numbers_per_token_per_layer"]),
-         _counts_txt(e["kv_numbers_per_token_per_layer"])],
-        ["attention params per layer", _counts_txt(m["attn_params_per_layer"]), _counts_txt(e["attn_params_per_layer"])],
+        [
+            "K and V numbers per token per layer",
+            _counts_txt(m["kv_numbers_per_token_per_layer"]),
+            _counts_txt(e["kv_numbers_per_token_per_layer"]),
+        ],
+        [
+            "attention params per layer",
+            _counts_txt(m["attn_params_per_layer"]),
+            _counts_txt(e["attn_params_per_layer"]),
+        ],
     ]
     notes = []
     if "mla_latent_numbers_per_token_per_layer" in rec:
-        notes.append(f"MLA: the layers compute every head's key and value; an engine that absorbs W_UK and W_UV "
-                     f"caches the latent and rotary key ({rec['mla_latent_numbers_per_token_per_layer']}), the figure below.")
+        notes.append(
+            f"MLA: the layers compute every head's key and value; an engine that absorbs W_UK and W_UV "
+            f"caches the latent and rotary key ({rec['mla_latent_numbers_per_token_per_layer']}), the figure below."
+        )
     what = "the small pruned model" if rec["pruned"] else "the model"
     verdict = "OK: the formulas match the model" if rec["ok"] else "MISMATCH: the formulas disagree with the model"
-    return (f"live check on {rec['model']} ({rec['precision']}), {m['tokens']} tokens through {what}\n\n"
-            + _table(rows, ["quantity", "measured", "formula"], right={1, 2}) + "\n\n"
-            + "".join(n + "\n" for n in notes) + verdict)
+    return (
+        f"live check on {rec['model']} ({rec['precision']}), {m['tokens']} tokens through {what}\n\n"
+        + _table(rows, ["quantity", "measured", "formula"], right={1, 2})
+        + "\n\n"
+        + "".join(n + "\n" for n in notes)
+        + verdict
+    )
 
 
 def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
@@ -799,18 +1030,29 @@ def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) ->
         ["attention params, all layers", f"{p['attn_params']:,}", f"{u['attn_params']:,}"],
         ["KV numbers per token, all layers", f"{p['kv_numbers_per_token']:,}", f"{u['kv_numbers_per_token']:,}"],
         ["KV cache per token", format_bytes(p["kv_bytes_per_token"]), format_bytes(u["kv_bytes_per_token"])],
-        [f"KV cache per request ({B} x {T} tokens)", format_bytes(p["kv_bytes_per_request"]),
-         format_bytes(u["kv_bytes_per_request"])],
+        [
+            f"KV cache per request ({B} x {T} tokens)",
+            format_bytes(p["kv_bytes_per_request"]),
+            format_bytes(u["kv_bytes_per_request"]),
+        ],
         ["projection FLOPs, all layers", format_flops(p["flops_projections"]), format_flops(u["flops_projections"])],
         ["scores + AV FLOPs, all layers", format_flops(p["flops_scores"]), format_flops(u["flops_scores"])],
-        ["attention matrix, largest layer", format_bytes(p["attention_matrix_bytes_largest_layer"]),
-         format_bytes(u["attention_matrix_bytes_largest_layer"])],
-        ["fused kernel, largest layer", format_bytes(p["fused_attention_bytes_largest_layer"]),
-         format_bytes(u["fused_attention_bytes_largest_layer"])],
+        [
+            "attention matrix, largest layer",
+            format_bytes(p["attention_matrix_bytes_largest_layer"]),
+            format_bytes(u["attention_matrix_bytes_largest_layer"]),
+        ],
+        [
+            "fused kernel, largest layer",
+            format_bytes(p["fused_attention_bytes_largest_layer"]),
+            format_bytes(u["fused_attention_bytes_largest_layer"]),
+        ],
     ]
-    head = (f"{describe(lay, dtype)}; pruned: {sum(u['heads_per_layer']) - sum(p['heads_per_layer'])} of "
-            f"{sum(u['heads_per_layer'])} query heads removed\n"
-            f"workload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n")
+    head = (
+        f"{describe(lay, dtype)}; pruned: {sum(u['heads_per_layer']) - sum(p['heads_per_layer'])} of "
+        f"{sum(u['heads_per_layer'])} query heads removed\n"
+        f"workload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
+    )
     return head + "\n" + _table(rows, ["quantity", "pruned", "unpruned"], right={1, 2})
 
 
@@ -896,11 +1138,24 @@ class BudgetResult:
         if self.mode == "recommend":
             r = self.recommendation
             assert r is not None  # recommend's result carries it
-            return pd.DataFrame([{**self.layout.to_dict(), "kind": self.layout.kind, "use_mla": r.use_mla,
-                                  "fits": r.fits, "kv_bytes_per_request": r.kv_bytes_per_request}])
+            return pd.DataFrame(
+                [
+                    {
+                        **self.layout.to_dict(),
+                        "kind": self.layout.kind,
+                        "use_mla": r.use_mla,
+                        "fits": r.fits,
+                        "kv_bytes_per_request": r.kv_bytes_per_request,
+                    }
+                ]
+            )
         skip = {"layout", "workload", "check", "windowed_layers", "policy", "policy_file"}
-        return pd.DataFrame({"quantity": [k for k in self.data if k not in skip],
-                             "value": [v for k, v in self.data.items() if k not in skip]})
+        return pd.DataFrame(
+            {
+                "quantity": [k for k in self.data if k not in skip],
+                "value": [v for k, v in self.data.items() if k not in skip],
+            }
+        )
 
     @property
     def check_table(self) -> pandas.DataFrame | None:
@@ -921,20 +1176,32 @@ def run(config: BudgetConfig) -> BudgetResult:
             a model; a bad layout or workload (see :class:`~headprobe.probe.layout.cost.AttentionLayout`);
             a model that cannot be loaded.
     """
-    modes = [flag for flag, on in (("--compare", config.compare), ("--flops-table", config.flops_table is not None),
-                                   ("--recommend", config.recommend)) if on]
+    modes = [
+        flag
+        for flag, on in (
+            ("--compare", config.compare),
+            ("--flops-table", config.flops_table is not None),
+            ("--recommend", config.recommend),
+        )
+        if on
+    ]
     if len(modes) > 1:
         raise HeadprobeError(f"{' and '.join(modes)} are separate modes; give one of them")
     if config.recommend:
         if config.preset or config.model:
-            raise HeadprobeError("--recommend proposes a layout; it takes --params or --d-model, not --preset or --model")
+            raise HeadprobeError(
+                "--recommend proposes a layout; it takes --params or --d-model, not --preset or --model"
+            )
         params, limit = config.params, config.kv_limit
         rec = cost.recommend(
-            seq_len=config.seq_len, target=config.target,
+            seq_len=config.seq_len,
+            target=config.target,
             n_params=cost.parse_count(params) if isinstance(params, str) else params,
-            d_model=config.d_model, n_layers=config.n_layers,
+            d_model=config.d_model,
+            n_layers=config.n_layers,
             kv_limit_bytes=cost.parse_bytes(limit) if isinstance(limit, str) else limit,
-            bytes_per_element=config.bytes_per_element, batch=config.batch,
+            bytes_per_element=config.bytes_per_element,
+            batch=config.batch,
         )
         return BudgetResult(config, "recommend", rec.layout, rec.to_dict(), recommendation=rec)
     if config.preset and config.model:
@@ -976,8 +1243,14 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
         from headprobe.analyses.exchange import read_kv_policy
 
         policy = read_kv_policy(config.policy)
-        mode, out = "policy", {**out, "policy_file": str(config.policy),
-                               "policy": cost.policy_cost(lay, policy, config.seq_len, config.batch).to_dict()}
+        mode, out = (
+            "policy",
+            {
+                **out,
+                "policy_file": str(config.policy),
+                "policy": cost.policy_cost(lay, policy, config.seq_len, config.batch).to_dict(),
+            },
+        )
     if check is not None:
         out = {"check": check, **out}
     return BudgetResult(config, mode, lay, out, check=check)
@@ -992,12 +1265,21 @@ def _run_headprobe_dir(config: BudgetConfig) -> BudgetResult:
     pruned = _is_pruned(config.model)
     if pruned:
         given = [f"--{f.replace('_', '-')}" for f in UNIFORM_LAYOUT_FLAGS if getattr(config, f) is not None]
-        given += [flag for flag, on in (("--compare", config.compare), ("--flops-table", config.flops_table is not None),
-                                        ("--policy", config.policy is not None)) if on]
+        given += [
+            flag
+            for flag, on in (
+                ("--compare", config.compare),
+                ("--flops-table", config.flops_table is not None),
+                ("--policy", config.policy is not None),
+            )
+            if on
+        ]
         if given:
-            raise HeadprobeError(f"{config.model} is a pruned model whose layers keep different numbers of heads; "
-                                 f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} one uniform layout: "
-                                 f"drop {'it' if len(given) == 1 else 'them'}")
+            raise HeadprobeError(
+                f"{config.model} is a pruned model whose layers keep different numbers of heads; "
+                f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} one uniform layout: "
+                f"drop {'it' if len(given) == 1 else 'them'}"
+            )
     with redirect_stdout(sys.stderr):
         lay, kept, check = check_headprobe_dir(config.model)
     base = replace(lay, bytes_per_element=config.bytes_per_element)
@@ -1005,9 +1287,13 @@ def _run_headprobe_dir(config: BudgetConfig) -> BudgetResult:
         return _report(config, base, check)
     heads, kv_heads = heads_per_layer(base, kept)
     T, B = config.seq_len, config.batch
-    out = {"check": check, "layout": base.to_dict(), "workload": {"seq_len": T, "batch": B},
-           "pruned": layers_report(base, heads, kv_heads, T, B),
-           "unpruned": layers_report(base, *heads_per_layer(base, None), T, B)}
+    out = {
+        "check": check,
+        "layout": base.to_dict(),
+        "workload": {"seq_len": T, "batch": B},
+        "pruned": layers_report(base, heads, kv_heads, T, B),
+        "unpruned": layers_report(base, *heads_per_layer(base, None), T, B),
+    }
     return BudgetResult(config, "pruned", base, out, check=check)
 
 

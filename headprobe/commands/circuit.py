@@ -48,8 +48,10 @@ __all__ = ["HELP", "COMMAND", "CircuitConfig", "FLAGS", "main", *_CORE]
 
 __getattr__ = lazy_names(__name__, "headprobe.commands.circuit_core", _CORE)
 
-HELP = ("head circuits: edge attribution (EAP, EAP-IG) checked by exact direct-path patching (the sender's change "
-        "reaches the receiver directly, not through the MLPs between), and why a head attends")
+HELP = (
+    "head circuits: edge attribution (EAP, EAP-IG) checked by exact direct-path patching (the sender's change "
+    "reaches the receiver directly, not through the MLPs between), and why a head attends"
+)
 
 METHODS = ("eap-ig", "eap")
 _RECEIVER = re.compile(r"^(\d+)\.(\d+):(q|k|v)$|^logits$")
@@ -109,14 +111,19 @@ class CircuitConfig(ModelSettings):
     seed: int = shared(DataSettings, "seed")
     method: str = setting("eap-ig", "edge attribution (default %(default)s)", choices=METHODS)
     steps: int = setting(5, "EAP-IG integration steps (default %(default)s)", type=positive_int)
-    verify: int = setting(20, "path patch this many top edges and as many random ones exactly (default %(default)s; 0: none)",
-                          type=int)
+    verify: int = setting(
+        20, "path patch this many top edges and as many random ones exactly (default %(default)s; 0: none)", type=int
+    )
     top: int = setting(20, "edges in the figure and summary (default %(default)s)", type=positive_int)
     receivers: str | None = setting(None, "path patch every earlier head into these, e.g. 18.6:k,17.3:k,logits")
     qk_head: str | None = setting(None, "explain this head's attention by QK attribution, e.g. 18.6")
-    memory_gb: float | None = setting(None, "working memory beyond the weights, GiB (default: 1, or half the available "
-                                            "memory if less); sequences are scored in chunks that fit, and a run whose "
-                                            "one sequence does not fit is refused before it starts", type=_gib)
+    memory_gb: float | None = setting(
+        None,
+        "working memory beyond the weights, GiB (default: 1, or half the available "
+        "memory if less); sequences are scored in chunks that fit, and a run whose "
+        "one sequence does not fit is refused before it starts",
+        type=_gib,
+    )
 
     def __post_init__(self):
         super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
@@ -146,18 +153,41 @@ class CircuitConfig(ModelSettings):
         L, H, n_ctx = cfg["n_layers"], cfg["n_heads"], cfg["n_ctx"]
         for r, _ in parse_receivers(self.receivers) if self.receivers else []:
             if r is not None and not (0 < r[0] < L and 0 <= r[1] < H):
-                raise HeadprobeError(f"receiver {r[0]}.{r[1]} is not a head after layer 0 of a model of {L} layers x {H} heads")
+                raise HeadprobeError(
+                    f"receiver {r[0]}.{r[1]} is not a head after layer 0 of a model of {L} layers x {H} heads"
+                )
         qk = tuple(int(x) for x in self.qk_head.split(".")) if self.qk_head else None
         if qk is not None and not (0 <= qk[0] < L and 0 <= qk[1] < H):
             raise HeadprobeError(f"--qk-head {self.qk_head} is not a head of a model of {L} layers x {H} heads")
         if n_ctx and 2 * self.period + 1 > n_ctx:
-            raise HeadprobeError(f"--period {self.period} gives sequences longer than the model's context ({n_ctx} tokens)")
+            raise HeadprobeError(
+                f"--period {self.period} gives sequences longer than the model's context ({n_ctx} tokens)"
+            )
 
 
-FLAGS = (Flags(group=ModelSettings, skip=("prepend_bos",)), OUTPUT,
-         Flags(only=("n_seqs", "period", "method", "steps", "verify", "top", "receivers", "qk_head", "memory_gb",
-                     "prepend_bos", "seed"),
-               helps={"period": "tokens per copy (default %(default)s)", "prepend_bos": "do not put BOS in front of the prompts"}))
+FLAGS = (
+    Flags(group=ModelSettings, skip=("prepend_bos",)),
+    OUTPUT,
+    Flags(
+        only=(
+            "n_seqs",
+            "period",
+            "method",
+            "steps",
+            "verify",
+            "top",
+            "receivers",
+            "qk_head",
+            "memory_gb",
+            "prepend_bos",
+            "seed",
+        ),
+        helps={
+            "period": "tokens per copy (default %(default)s)",
+            "prepend_bos": "do not put BOS in front of the prompts",
+        },
+    ),
+)
 """``--help``'s blocks: the model's flags (``--no-bos`` with the prompts'), the output's, the command's own."""
 
 
@@ -169,8 +199,11 @@ def _wrote(paths: list, out: Path) -> str:
     return f"\nwrote {len(paths)} files to {out}/ (edges.csv, summary.json, circuit figure)"
 
 
-
-
-COMMAND = Command(HELP, config=CircuitConfig, run="headprobe.commands.circuit:main", flags=FLAGS,
-                  api="headprobe.commands.circuit_core:circuit")
+COMMAND = Command(
+    HELP,
+    config=CircuitConfig,
+    run="headprobe.commands.circuit:main",
+    flags=FLAGS,
+    api="headprobe.commands.circuit_core:circuit",
+)
 """``headprobe circuit``, registered in :data:`headprobe.commands.COMMANDS`."""

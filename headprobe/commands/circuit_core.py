@@ -46,8 +46,13 @@ class CircuitResult:
         import pandas as pd
 
         q, k = self.qk.query_side(), self.qk.key_side()
-        return pd.DataFrame({"component": k.index, "key_side": k.to_numpy(),
-                             "query_side": q.reindex(k.index.str.replace("k bias", "q bias")).to_numpy()})
+        return pd.DataFrame(
+            {
+                "component": k.index,
+                "key_side": k.to_numpy(),
+                "query_side": q.reindex(k.index.str.replace("k bias", "q bias")).to_numpy(),
+            }
+        )
 
     def summary(self) -> dict:
         """summary.json: the task, the clean loss, the top edges with their exact effects, the
@@ -56,45 +61,81 @@ class CircuitResult:
         info = dict(self.model_info)
         device, self_check = info.pop("device", None), info.pop("self_check", None)
         spec = self.spec
-        s = {**info,
-             "layout": {"attention": spec.kind, "n_layers": spec.n_layers, "n_heads": spec.n_heads,
-                        "n_kv_heads": spec.n_kv_heads, "d_head": spec.d_head, "d_model": spec.d_model},
-             "task": f"{self.config.n_seqs} repeated random sequences of {self.config.period} tokens; corrupted: "
-                     f"other repeated random sequences (seed + 1)",
-             "metric": "next-token loss (nats/token) on the second copy from its second token; effect = patched - clean",
-             "clean_loss": round(self.clean_loss, 4), "baseline_error": float(f"{self.baseline_error:.3g}"),
-             "method": self.config.method, "steps": self.config.steps if self.config.method == "eap-ig" else 1,
-             "ig_alphas": "right Riemann, 1/m..1" if self.config.method == "eap-ig" else "1 (the clean run)",
-             "n_edges": int(len(self.edges)),
-             "top_edges": [{"edge": r.edge, "score": round(float(r.score), 5),
-                            "exact": None if r.exact != r.exact else round(float(r.exact), 5)} for r in top.itertuples()],
-             "agreement": self.agreement,
-             **self._null_reasons(top),
-             "path_patching": "direct-path patching: clean run; the sender's corrupted - clean result added only to the "
-                              "receiver's input residual (the MLPs between sender and receiver stay clean, unlike Wang et "
-                              "al. 2022, who recompute them), the receiver's input norm recomputed; every later layer recomputed"}
+        s = {
+            **info,
+            "layout": {
+                "attention": spec.kind,
+                "n_layers": spec.n_layers,
+                "n_heads": spec.n_heads,
+                "n_kv_heads": spec.n_kv_heads,
+                "d_head": spec.d_head,
+                "d_model": spec.d_model,
+            },
+            "task": f"{self.config.n_seqs} repeated random sequences of {self.config.period} tokens; corrupted: "
+            f"other repeated random sequences (seed + 1)",
+            "metric": "next-token loss (nats/token) on the second copy from its second token; effect = patched - clean",
+            "clean_loss": round(self.clean_loss, 4),
+            "baseline_error": float(f"{self.baseline_error:.3g}"),
+            "method": self.config.method,
+            "steps": self.config.steps if self.config.method == "eap-ig" else 1,
+            "ig_alphas": "right Riemann, 1/m..1" if self.config.method == "eap-ig" else "1 (the clean run)",
+            "n_edges": int(len(self.edges)),
+            "top_edges": [
+                {
+                    "edge": r.edge,
+                    "score": round(float(r.score), 5),
+                    "exact": None if r.exact != r.exact else round(float(r.exact), 5),
+                }
+                for r in top.itertuples()
+            ],
+            "agreement": self.agreement,
+            **self._null_reasons(top),
+            "path_patching": "direct-path patching: clean run; the sender's corrupted - clean result added only to the "
+            "receiver's input residual (the MLPs between sender and receiver stay clean, unlike Wang et "
+            "al. 2022, who recompute them), the receiver's input norm recomputed; every later layer recomputed",
+        }
         if self.paths is not None:
-            s["receivers"] = {rec: [{"sender": r.sender, "effect": round(float(r.effect), 5), "score": round(float(r.score), 5)}
-                                    for r in grp.head(8).itertuples()] for rec, grp in self.paths.groupby("receiver", sort=False)}
+            s["receivers"] = {
+                rec: [
+                    {"sender": r.sender, "effect": round(float(r.effect), 5), "score": round(float(r.score), 5)}
+                    for r in grp.head(8).itertuples()
+                ]
+                for rec, grp in self.paths.groupby("receiver", sort=False)
+            }
         if self.qk is not None:
             q = self.qk
-            s["qk_attribution"] = {"head": f"{q.layer}.{q.head}", "q_pos": q.q_pos, "k_pos": q.k_pos,
-                                   "score": round(q.score, 4), "identity_error": float(f"{q.identity_error:.3g}"),
-                                   "key_side_top": {k: round(float(v), 4) for k, v in q.key_side().head(8).items()},
-                                   "query_side_top": {k: round(float(v), 4) for k, v in q.query_side().head(8).items()}}
-        return summary_envelope(s, model=self.spec.name, precision=self.spec.precision, device=device, self_check=self_check,
-                                config=self.config, timings_s={"load_s": self.load_s, "run_s": self.seconds})
+            s["qk_attribution"] = {
+                "head": f"{q.layer}.{q.head}",
+                "q_pos": q.q_pos,
+                "k_pos": q.k_pos,
+                "score": round(q.score, 4),
+                "identity_error": float(f"{q.identity_error:.3g}"),
+                "key_side_top": {k: round(float(v), 4) for k, v in q.key_side().head(8).items()},
+                "query_side_top": {k: round(float(v), 4) for k, v in q.query_side().head(8).items()},
+            }
+        return summary_envelope(
+            s,
+            model=self.spec.name,
+            precision=self.spec.precision,
+            device=device,
+            self_check=self_check,
+            config=self.config,
+            timings_s={"load_s": self.load_s, "run_s": self.seconds},
+        )
 
     def _null_reasons(self, top) -> dict:
         """Why the summary's nulls are null, where there are any: ``exact_null_reason`` (a listed edge
         that was not path patched) and ``agreement_null_reason`` (no agreement: fewer than 3 edges patched)."""
         out = {}
         if top["exact"].isna().any():
-            out["exact_null_reason"] = (f"not path patched: --verify {self.config.verify} patches the {self.config.verify} "
-                                        "edges largest in |score| and as many drawn at random from the rest")
+            out["exact_null_reason"] = (
+                f"not path patched: --verify {self.config.verify} patches the {self.config.verify} "
+                "edges largest in |score| and as many drawn at random from the rest"
+            )
         if self.agreement is None:
-            out["agreement_null_reason"] = (f"fewer than 3 edges path patched (--verify {self.config.verify}); "
-                                            "a correlation needs at least 3")
+            out["agreement_null_reason"] = (
+                f"fewer than 3 edges path patched (--verify {self.config.verify}); a correlation needs at least 3"
+            )
         return out
 
     def figure(self):
@@ -103,12 +144,19 @@ class CircuitResult:
         from headprobe.analyses.circuit import parse_edge
 
         top = self.edges.head(self.config.top)
-        edges = [(e.sender, e.receiver, e.input, float(score)) for e, score in
-                 zip((parse_edge(name) for name in top["edge"]), top["score"])]
+        edges = [
+            (e.sender, e.receiver, e.input, float(score))
+            for e, score in zip((parse_edge(name) for name in top["edge"]), top["score"])
+        ]
         label = self.config.method.upper()
-        return figures.circuit_graph(edges, self.spec.n_layers, self.spec.n_heads,
-                                     f"{self.spec.name}: top {len(edges)} edges by |{label}|",
-                                     f"{label} score (nats/token)", checked=top["exact"].notna().tolist())
+        return figures.circuit_graph(
+            edges,
+            self.spec.n_layers,
+            self.spec.n_heads,
+            f"{self.spec.name}: top {len(edges)} edges by |{label}|",
+            f"{label} score (nats/token)",
+            checked=top["exact"].notna().tolist(),
+        )
 
     def report(self) -> str:
         s = self.summary()
@@ -117,19 +165,27 @@ class CircuitResult:
             a = self.agreement
             r = {k: "n/a" if a[k] is None else f"{a[k]:.3f}" for k in ("spearman", "pearson")}
             why = "; ".join(dict.fromkeys(a.get("null_reasons", {}).values()))
-            lines.append(f"against exact path patching on {a['n_edges']} edges: Spearman {r['spearman']}, "
-                         f"Pearson {r['pearson']}, top-{a['top_k']} recall {a['top_k_recall']:.2f}"
-                         + (f" (n/a: {why})" if why else ""))
+            lines.append(
+                f"against exact path patching on {a['n_edges']} edges: Spearman {r['spearman']}, "
+                f"Pearson {r['pearson']}, top-{a['top_k']} recall {a['top_k_recall']:.2f}"
+                + (f" (n/a: {why})" if why else "")
+            )
         lines.append("largest edges (score, exact):")
-        lines += [f"  {t['edge']:>18}  {t['score']:+.4f}  " + ("" if t["exact"] is None else f"{t['exact']:+.4f}")
-                  for t in s["top_edges"][:10]]
+        lines += [
+            f"  {t['edge']:>18}  {t['score']:+.4f}  " + ("" if t["exact"] is None else f"{t['exact']:+.4f}")
+            for t in s["top_edges"][:10]
+        ]
         for rec, rows in s.get("receivers", {}).items():
-            lines.append(f"path patching into {rec}: " + ", ".join(f"{r['sender']} {r['effect']:+.4f}" for r in rows[:5]))
+            lines.append(
+                f"path patching into {rec}: " + ", ".join(f"{r['sender']} {r['effect']:+.4f}" for r in rows[:5])
+            )
         if self.qk is not None:
             q = s["qk_attribution"]
-            lines.append(f"QK attribution of {q['head']} ({q['q_pos']} -> {q['k_pos']}): score {q['score']:+.3f} "
-                         f"(identity error {q['identity_error']:.1g}); key side: "
-                         + ", ".join(f"{k} {v:+.2f}" for k, v in list(q["key_side_top"].items())[:5]))
+            lines.append(
+                f"QK attribution of {q['head']} ({q['q_pos']} -> {q['k_pos']}): score {q['score']:+.3f} "
+                f"(identity error {q['identity_error']:.1g}); key side: "
+                + ", ".join(f"{k} {v:+.2f}" for k, v in list(q["key_side_top"].items())[:5])
+            )
         return "\n".join(lines)
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
@@ -162,8 +218,10 @@ def batch_line(model: LoadedModel, config: CircuitConfig) -> str:
     budget = None if config.memory_gb is None else config.memory_gb * circuit_analysis.GIB
     rows, stack = circuit_analysis.plan_rows(model, config.n_seqs, pos, budget)
     scoring, patching = circuit_analysis.row_bytes(model, pos)
-    return (f"batch: {rows} of {config.n_seqs} sequences per scoring chunk (about {scoring / 2**20:.1f} MiB each), "
-            f"{stack} stacked copies per path-patched forward (about {patching / 2**20:.1f} MiB each)")
+    return (
+        f"batch: {rows} of {config.n_seqs} sequences per scoring chunk (about {scoring / 2**20:.1f} MiB each), "
+        f"{stack} stacked copies per path-patched forward (about {patching / 2**20:.1f} MiB each)"
+    )
 
 
 def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> CircuitResult:
@@ -180,27 +238,37 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
 
     spec, t0 = model.spec, time.perf_counter()
     if 2 * config.period + 1 > spec.n_ctx:
-        raise HeadprobeError(f"--period {config.period} gives sequences longer than the model's context ({spec.n_ctx} tokens)")
+        raise HeadprobeError(
+            f"--period {config.period} gives sequences longer than the model's context ({spec.n_ctx} tokens)"
+        )
     receivers = parse_receivers(config.receivers) if config.receivers else []
     for r, _ in receivers:
         if r is not None and not (0 < r[0] < spec.n_layers and 0 <= r[1] < spec.n_heads):
-            raise HeadprobeError(f"receiver {r[0]}.{r[1]} is not a head after layer 0 of a model of "
-                                 f"{spec.n_layers} layers x {spec.n_heads} heads")
+            raise HeadprobeError(
+                f"receiver {r[0]}.{r[1]} is not a head after layer 0 of a model of "
+                f"{spec.n_layers} layers x {spec.n_heads} heads"
+            )
     qk_head = tuple(int(x) for x in config.qk_head.split(".")) if config.qk_head else None
     if qk_head is not None and not (0 <= qk_head[0] < spec.n_layers and 0 <= qk_head[1] < spec.n_heads):
-        raise HeadprobeError(f"--qk-head {config.qk_head} is not a head of a model of {spec.n_layers} layers x {spec.n_heads} heads")
+        raise HeadprobeError(
+            f"--qk-head {config.qk_head} is not a head of a model of {spec.n_layers} layers x {spec.n_heads} heads"
+        )
     clean = repeated_random_tokens(model, config.n_seqs, config.period, config.seed)
     corrupted = repeated_random_tokens(model, config.n_seqs, config.period, config.seed + 1)
     budget = None if config.memory_gb is None else config.memory_gb * circuit_analysis.GIB
     rows, stack = circuit_analysis.plan_rows(model, config.n_seqs, clean.tokens.shape[1], budget)
-    runs = circuit_analysis.RunChunks(model, clean.tokens, corrupted.tokens, rows, stack, first=clean.start + config.period)
+    runs = circuit_analysis.RunChunks(
+        model, clean.tokens, corrupted.tokens, rows, stack, first=clean.start + config.period
+    )
     layers = sorted({r[0] for r, _ in receivers if r is not None} | set(range(1, spec.n_layers)))
     base = circuit_analysis.baseline_error(model, runs, layers if config.verify or receivers else [])
     clean_loss = runs.clean_metric()
     tolerance, rule = circuit_analysis.baseline_tolerance(model, clean_loss)
     if base > tolerance:
-        raise HeadprobeError(f"a forward resumed at a layer, unpatched, changes the clean loss by {base:.2g} nats/token, "
-                             f"more than float rounding allows ({tolerance:.2g}: {rule}): direct-path patching refused")
+        raise HeadprobeError(
+            f"a forward resumed at a layer, unpatched, changes the clean loss by {base:.2g} nats/token, "
+            f"more than float rounding allows ({tolerance:.2g}: {rule}): direct-path patching refused"
+        )
     scores = circuit_analysis.edge_scores(model, runs, config.method, config.steps)
     edges, agreement = circuit_analysis.verify_edges(model, runs, scores.table(), config.verify, config.seed)
     sweep = circuit_analysis.receiver_sweep(model, runs, receivers, scores) if receivers else None
@@ -211,14 +279,32 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
         q_pos = clean.start + config.period + config.period // 2  # the middle of the second copy
         qk = qk_attribution(model, clean.tokens[:1], qk_head[0], qk_head[1], q_pos, q_pos - config.period + 1)
     dtype = str(model.dtype).removeprefix("torch.")
-    return CircuitResult(config, spec, edges, agreement, sweep, qk, clean_loss, base,
-                         seconds=time.perf_counter() - t0,
-                         model_info={"device": str(model.device), "dtype": dtype, "self_check": model.self_check.to_dict(),
-                                     "baseline_tolerance": float(f"{tolerance:.3g}"), "baseline_tolerance_rule": rule,
-                                     "sequences_per_chunk": rows})
+    return CircuitResult(
+        config,
+        spec,
+        edges,
+        agreement,
+        sweep,
+        qk,
+        clean_loss,
+        base,
+        seconds=time.perf_counter() - t0,
+        model_info={
+            "device": str(model.device),
+            "dtype": dtype,
+            "self_check": model.self_check.to_dict(),
+            "baseline_tolerance": float(f"{tolerance:.3g}"),
+            "baseline_tolerance_rule": rule,
+            "sequences_per_chunk": rows,
+        },
+    )
 
 
 circuit = options.command_function(
-    CircuitConfig, run, "circuit", "Head circuits on the induction task: edge attribution checked by exact path patching",
-    '``n_seqs=2``, ``receivers="18.6:k"``')
+    CircuitConfig,
+    run,
+    "circuit",
+    "Head circuits on the induction task: edge attribution checked by exact path patching",
+    '``n_seqs=2``, ``receivers="18.6:k"``',
+)
 """``headprobe circuit`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""

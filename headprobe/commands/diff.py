@@ -52,8 +52,14 @@ def layout_refusal(a: tuple, b: tuple, name_a: str, name_b: str) -> str | None:
     or a part is unknown)."""
     what = ("n_layers", "n_heads", "n_kv_heads")
     bad = [f"{w} {x} vs {y}" for w, x, y in zip(what, a, b) if x is not None and y is not None and x != y]
-    return (f"{name_a} and {name_b} have different layouts ({', '.join(bad)}): diff compares the same heads of two "
-            "models of one layout") if bad else None
+    return (
+        (
+            f"{name_a} and {name_b} have different layouts ({', '.join(bad)}): diff compares the same heads of two "
+            "models of one layout"
+        )
+        if bad
+        else None
+    )
 
 
 def check_resample_sources(counts: dict[str, int]) -> None:
@@ -64,9 +70,11 @@ def check_resample_sources(counts: dict[str, int]) -> None:
         HeadprobeError: a task with fewer than 2 sequences (one line naming it and its count)."""
     few = {task: n for task, n in counts.items() if n < 2}
     if few:
-        raise HeadprobeError("--kind resample needs at least 2 sequences per task (each is resampled from another); "
-                             + ", ".join(f"{task} has {n}" for task, n in few.items())
-                             + ": give more (--n-natural, --n-repeated, a longer --text) or --kind mean")
+        raise HeadprobeError(
+            "--kind resample needs at least 2 sequences per task (each is resampled from another); "
+            + ", ".join(f"{task} has {n}" for task, n in few.items())
+            + ": give more (--n-natural, --n-repeated, a longer --text) or --kind mean"
+        )
 
 
 @dataclass(frozen=True)
@@ -88,21 +96,44 @@ class DiffConfig(ModelSettings, DataSettings):
     """
 
     model: str = setting(MISSING, "model A (name or path)", metavar="A", positional=True, kw_only=True)
-    b: str = setting(MISSING, "model B, of the same layout (may be A with --requantize-b)", metavar="B", positional=True,
-                     kw_only=True)
+    b: str = setting(
+        MISSING,
+        "model B, of the same layout (may be A with --requantize-b)",
+        metavar="B",
+        positional=True,
+        kw_only=True,
+    )
     types: str | Sequence[str] | None = setting(None, "head types (default: all causal ones)", metavar="TYPE[,TYPE...]")
-    k: int | None = setting(None, "a type's top-k set defines its role (default 10, or a quarter of the heads)",
-                            flag="--top-k", short="-k", type=positive_int)
+    k: int | None = setting(
+        None,
+        "a type's top-k set defines its role (default 10, or a quarter of the heads)",
+        flag="--top-k",
+        short="-k",
+        type=positive_int,
+    )
     kind: str = setting("mean", "single-head ablation kind of the sweeps (default %(default)s)", choices=KINDS)
-    alpha: float = setting(vocab.ALPHA, "level of each head's test after --correction (default %(default)s)",
-                           type=settings.probability)
-    min_change: float = setting(0.5, "a change counts when significant and at least this many standard deviations of "
-                                "the quantity over the heads, A and B pooled (default %(default)s)", type=float, metavar="SD")
-    correction: str = setting(vocab.CORRECTION, "correction over the heads, per quantity (default %(default)s)",
-                              choices=vocab.CORRECTIONS)
-    n_perm: int = setting(9999, "random sign flips per test above 12 sequences (default %(default)s)", type=positive_int)
-    requantize_b: str | None = setting(None, "round B's block weights first: int8 per output channel, int4/int3 per "
-                                       "group of 32 inputs (scale and minimum, as GGUF's Q4_1)", choices=REQUANTIZE)
+    alpha: float = setting(
+        vocab.ALPHA, "level of each head's test after --correction (default %(default)s)", type=settings.probability
+    )
+    min_change: float = setting(
+        0.5,
+        "a change counts when significant and at least this many standard deviations of "
+        "the quantity over the heads, A and B pooled (default %(default)s)",
+        type=float,
+        metavar="SD",
+    )
+    correction: str = setting(
+        vocab.CORRECTION, "correction over the heads, per quantity (default %(default)s)", choices=vocab.CORRECTIONS
+    )
+    n_perm: int = setting(
+        9999, "random sign flips per test above 12 sequences (default %(default)s)", type=positive_int
+    )
+    requantize_b: str | None = setting(
+        None,
+        "round B's block weights first: int8 per output channel, int4/int3 per "
+        "group of 32 inputs (scale and minimum, as GGUF's Q4_1)",
+        choices=REQUANTIZE,
+    )
 
     def __post_init__(self):
         object.__setattr__(self, "types", vocab.select_head_types(self.types) if self.types is not None else None)
@@ -129,8 +160,13 @@ class DiffConfig(ModelSettings, DataSettings):
             raise HeadprobeError(why)
 
 
-FLAGS = (Flags(only=("model", "b")), Flags(group=ModelSettings, skip=("model",)), OUTPUT, Flags(group=DataSettings),
-         Flags(only=("types", "k", "kind", "alpha", "min_change", "correction", "n_perm", "requantize_b")))
+FLAGS = (
+    Flags(only=("model", "b")),
+    Flags(group=ModelSettings, skip=("model",)),
+    OUTPUT,
+    Flags(group=DataSettings),
+    Flags(only=("types", "k", "kind", "alpha", "min_change", "correction", "n_perm", "requantize_b")),
+)
 """``headprobe diff``'s flags in ``--help`` order."""
 
 
@@ -139,6 +175,7 @@ def main(args: argparse.Namespace, config: DiffConfig) -> int:
     return options.run_command(args, config, options.Run("headprobe.commands.diff_core"))
 
 
-COMMAND = Command(HELP, config=DiffConfig, run="headprobe.commands.diff:main", flags=FLAGS,
-                  api="headprobe.commands.diff_core:diff")
+COMMAND = Command(
+    HELP, config=DiffConfig, run="headprobe.commands.diff:main", flags=FLAGS, api="headprobe.commands.diff_core:diff"
+)
 """``headprobe diff``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -37,8 +37,9 @@ def _layout(model: LoadedModel) -> tuple[int, int, int]:
     return s.n_layers, s.n_heads, s.n_kv_heads
 
 
-def measure(model: LoadedModel, natural: TokenSet, repeated: TokenSet, types: tuple[str, ...], kind: str
-            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def measure(
+    model: LoadedModel, natural: TokenSet, repeated: TokenSet, types: tuple[str, ...], kind: str
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """``(per_sequence, means)``: quantity -> ``[batch, layer, head]`` per-sequence values and
     ``[layer, head]`` their scores as scan reports them. Quantities: each type's ranking column
     (on its token set) and ``ablation_<task>``, the single-head ablation effect on that task
@@ -61,8 +62,9 @@ def measure(model: LoadedModel, natural: TokenSet, repeated: TokenSet, types: tu
     return out, means
 
 
-def compare(a: dict[str, np.ndarray], b: dict[str, np.ndarray], correction: str, n_perm: int, seed: int
-            ) -> dict[str, dict[str, np.ndarray]]:
+def compare(
+    a: dict[str, np.ndarray], b: dict[str, np.ndarray], correction: str, n_perm: int, seed: int
+) -> dict[str, dict[str, np.ndarray]]:
     """Quantity -> ``{"change", "p", "p_adjusted"}`` ``[layer, head]``: the mean paired change ``B - A``
     over sequences, its sign-flip p and the p adjusted over the heads (NaN p's left out)."""
     out = {}
@@ -100,57 +102,94 @@ class DiffResult:
 
     def summary(self) -> dict:
         c = self.config
-        return summary_envelope({
-            "model_b": self.spec_b.name, "weights_precision_b": self.spec_b.precision,
-            "requantize_b": c.requantize_b, "requantized_matrices": self.requantized,
-            "layout": dict(zip(("n_layers", "n_heads", "n_kv_heads"), _spec_layout(self.spec_a))),
-            "sequences": self.n_sequences,
-            "test": "paired: d_s = x_B(s) - x_A(s) per sequence; two-sided sign-flip permutation test of mean(d) "
-                    "(Fisher 1935; exact over all 2^n flips below 13 sequences, else n_perm random flips, p = (1+#)/(1+n_perm)); "
-                    f"{c.correction} over the heads per quantity; significant: p_adjusted <= {c.alpha}",
-            "quantities": {q: {"significant": [format_head(h) for h in _heads(t["p_adjusted"] <= c.alpha)],
-                               "changed": [format_head(h) for h in _heads(self.changed(q))],
-                               "min_change": change_floor(self.means["A"][q], self.means["B"][q], c.min_change),
-                               "max_abs_change": float(np.nanmax(np.abs(t["change"])))} for q, t in self.tests.items()},
-            "top_k": {t: {m: [format_head(h) for h in hs] for m, hs in v.items()} for t, v in self.top.items()},
-            "flipped": self.flipped,
-            "changed_rule": f"changed: significant and |change| >= {c.min_change} standard deviations of the quantity over "
-                            "the heads, pooled over A and B (min_change, in the quantity's units)",
-            "role_rule": f"a head's role flipped: in the top-{c.k} set of a type in one model and not the other, and its "
-                         "score of that type changed (changed_rule); a top-k swap within the noise is not a flip",
-        }, model=self.spec_a.name, precision=self.spec_a.precision, device=self.device,
-            self_check=self.self_check, config=c, timings_s={"load_s": self.load_s, **self.timings})
+        return summary_envelope(
+            {
+                "model_b": self.spec_b.name,
+                "weights_precision_b": self.spec_b.precision,
+                "requantize_b": c.requantize_b,
+                "requantized_matrices": self.requantized,
+                "layout": dict(zip(("n_layers", "n_heads", "n_kv_heads"), _spec_layout(self.spec_a))),
+                "sequences": self.n_sequences,
+                "test": "paired: d_s = x_B(s) - x_A(s) per sequence; two-sided sign-flip permutation test of mean(d) "
+                "(Fisher 1935; exact over all 2^n flips below 13 sequences, else n_perm random flips, p = (1+#)/(1+n_perm)); "
+                f"{c.correction} over the heads per quantity; significant: p_adjusted <= {c.alpha}",
+                "quantities": {
+                    q: {
+                        "significant": [format_head(h) for h in _heads(t["p_adjusted"] <= c.alpha)],
+                        "changed": [format_head(h) for h in _heads(self.changed(q))],
+                        "min_change": change_floor(self.means["A"][q], self.means["B"][q], c.min_change),
+                        "max_abs_change": float(np.nanmax(np.abs(t["change"]))),
+                    }
+                    for q, t in self.tests.items()
+                },
+                "top_k": {t: {m: [format_head(h) for h in hs] for m, hs in v.items()} for t, v in self.top.items()},
+                "flipped": self.flipped,
+                "changed_rule": f"changed: significant and |change| >= {c.min_change} standard deviations of the quantity over "
+                "the heads, pooled over A and B (min_change, in the quantity's units)",
+                "role_rule": f"a head's role flipped: in the top-{c.k} set of a type in one model and not the other, and its "
+                "score of that type changed (changed_rule); a top-k swap within the noise is not a flip",
+            },
+            model=self.spec_a.name,
+            precision=self.spec_a.precision,
+            device=self.device,
+            self_check=self.self_check,
+            config=c,
+            timings_s={"load_s": self.load_s, **self.timings},
+        )
 
     def changed(self, quantity: str) -> np.ndarray:
         """``[layer, head]`` bool: :func:`changed_heads` of ``quantity`` at the run's alpha and floor."""
         m = self.means
-        return changed_heads(self.tests[quantity], m["A"][quantity], m["B"][quantity], self.config.alpha, self.config.min_change)
+        return changed_heads(
+            self.tests[quantity], m["A"][quantity], m["B"][quantity], self.config.alpha, self.config.min_change
+        )
 
     def figures(self) -> dict:
         return {"diff": lambda: diff_figure(self)}
 
     def report(self) -> str:
-        lines = [f"{self.spec_a.name} vs {self.spec_b.name}"
-                 + (f" re-quantized to {self.config.requantize_b}" if self.config.requantize_b else ""), ""]
+        lines = [
+            f"{self.spec_a.name} vs {self.spec_b.name}"
+            + (f" re-quantized to {self.config.requantize_b}" if self.config.requantize_b else ""),
+            "",
+        ]
         for q, t in self.tests.items():
             sig, changed = _heads(t["p_adjusted"] <= self.config.alpha), _heads(self.changed(q))
             change = t["change"]
-            big = ", ".join(f"{format_head(h)} ({change[h]:+.3g})" for h in sorted(changed, key=lambda h: -abs(change[h]))[:6])
-            lines.append(f"{q:<22} max |change| {np.nanmax(np.abs(change)):.4g}; significant: {len(sig)} heads, changed "
-                         f"by >= {self.config.min_change} sd: {len(changed)}" + (f", largest {big}" if big else ""))
+            big = ", ".join(
+                f"{format_head(h)} ({change[h]:+.3g})" for h in sorted(changed, key=lambda h: -abs(change[h]))[:6]
+            )
+            lines.append(
+                f"{q:<22} max |change| {np.nanmax(np.abs(change)):.4g}; significant: {len(sig)} heads, changed "
+                f"by >= {self.config.min_change} sd: {len(changed)}" + (f", largest {big}" if big else "")
+            )
         moved = {t: sorted(set(v["A"]) ^ set(v["B"])) for t, v in self.top.items()}
-        lines.append(f"\nflipped roles: {len(self.flipped)} heads"
-                     + (f" ({', '.join(f['head'] for f in self.flipped)}; summary.json's flipped says why)" if self.flipped else "")
-                     + f"; top-{self.config.k} membership changes, flips or not: " + ("; ".join(f"{t} {', '.join(format_head(h) for h in hs)}" for t, hs in moved.items()
-                                                if hs) or "unchanged"))
+        lines.append(
+            f"\nflipped roles: {len(self.flipped)} heads"
+            + (
+                f" ({', '.join(f['head'] for f in self.flipped)}; summary.json's flipped says why)"
+                if self.flipped
+                else ""
+            )
+            + f"; top-{self.config.k} membership changes, flips or not: "
+            + (
+                "; ".join(f"{t} {', '.join(format_head(h) for h in hs)}" for t, hs in moved.items() if hs)
+                or "unchanged"
+            )
+        )
         return "\n".join(lines)
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write diff.csv, the figure and, last, summary.json (:func:`~headprobe.analyses.outputs.write_outputs`)."""
         from headprobe.analyses.outputs import write_outputs
 
-        return write_outputs(out_dir, overwrite, summary=self.summary, figures=self.figures(),
-                             tables={"diff.csv": self.table.to_csv(index=False, float_format="%.6g")})
+        return write_outputs(
+            out_dir,
+            overwrite,
+            summary=self.summary,
+            figures=self.figures(),
+            tables={"diff.csv": self.table.to_csv(index=False, float_format="%.6g")},
+        )
 
 
 def _spec_layout(spec) -> tuple[int, int, int]:
@@ -168,7 +207,9 @@ def change_floor(a_values: np.ndarray, b_values: np.ndarray, min_change: float) 
     return min_change * float(np.sqrt((np.nanvar(a_values) + np.nanvar(b_values)) / 2))
 
 
-def changed_heads(test: dict, a_values: np.ndarray, b_values: np.ndarray, alpha: float, min_change: float) -> np.ndarray:
+def changed_heads(
+    test: dict, a_values: np.ndarray, b_values: np.ndarray, alpha: float, min_change: float
+) -> np.ndarray:
     """``[layer, head]`` bool: the change is significant (``p_adjusted <= alpha``) and at least
     :func:`change_floor` (an effect-size floor: with many paired sequences the test alone detects
     shifts of a thousandth)."""
@@ -187,8 +228,10 @@ def _flips(tests: dict, means: dict, top: dict, alpha: float, min_change: float)
         changed = changed_heads(tests[q], means["A"][q], means["B"][q], alpha, min_change)
         for h in set(sets["A"]) ^ set(sets["B"]):
             if changed[h]:
-                why.setdefault(h, []).append(f"{t}: top-k in {'A' if h in sets['A'] else 'B'} only, {q} changed by "
-                                             f"{tests[q]['change'][h]:+.4g} (p adj {tests[q]['p_adjusted'][h]:.3g})")
+                why.setdefault(h, []).append(
+                    f"{t}: top-k in {'A' if h in sets['A'] else 'B'} only, {q} changed by "
+                    f"{tests[q]['change'][h]:+.4g} (p adj {tests[q]['p_adjusted'][h]:.3g})"
+                )
     return [{"head": format_head(h), "why": w} for h, w in sorted(why.items())]
 
 
@@ -198,9 +241,15 @@ def _table(means: dict, tests: dict, top: dict, n_layers: int, n_heads: int) -> 
         for head in range(n_heads):
             row: dict = {"layer": layer, "head": head}
             for q, t in tests.items():
-                row.update({f"{q}_a": means["A"][q][layer, head], f"{q}_b": means["B"][q][layer, head],
-                            f"{q}_change": t["change"][layer, head], f"{q}_p": t["p"][layer, head],
-                            f"{q}_p_adjusted": t["p_adjusted"][layer, head]})
+                row.update(
+                    {
+                        f"{q}_a": means["A"][q][layer, head],
+                        f"{q}_b": means["B"][q][layer, head],
+                        f"{q}_change": t["change"][layer, head],
+                        f"{q}_p": t["p"][layer, head],
+                        f"{q}_p_adjusted": t["p_adjusted"][layer, head],
+                    }
+                )
             for name, sets in top.items():
                 row[f"{name}_top_a"] = int((layer, head) in sets["A"])
                 row[f"{name}_top_b"] = int((layer, head) in sets["B"])
@@ -222,21 +271,27 @@ def tokenizer_refusal(a, b, name_a: str, name_b: str) -> str | None:
     try:
         va, vb = a.get_vocab(), b.get_vocab()
     except (AttributeError, NotImplementedError):
-        return (f"cannot compare the tokenizers of {name_a} and {name_b} (no get_vocab): diff runs B on A's "
-                "token ids, which must name the same tokens")
+        return (
+            f"cannot compare the tokenizers of {name_a} and {name_b} (no get_vocab): diff runs B on A's "
+            "token ids, which must name the same tokens"
+        )
     if va != vb:
         ia, ib = {i: t for t, i in va.items()}, {i: t for t, i in vb.items()}
         ids = sorted(set(ia) | set(ib))
         bad = [i for i in ids if ia.get(i) != ib.get(i)]
-        return (f"{name_a} and {name_b} have different tokenizers: {len(bad)} of {len(ids)} ids name other tokens "
-                f"(id {bad[0]} is {ia.get(bad[0])!r} in {name_a} and {ib.get(bad[0])!r} in {name_b}); diff runs B on "
-                "A's token ids, which must name the same tokens")
+        return (
+            f"{name_a} and {name_b} have different tokenizers: {len(bad)} of {len(ids)} ids name other tokens "
+            f"(id {bad[0]} is {ia.get(bad[0])!r} in {name_a} and {ib.get(bad[0])!r} in {name_b}); diff runs B on "
+            "A's token ids, which must name the same tokens"
+        )
     for name in SPECIAL_TOKENS:
         ta, tb = getattr(a, name, None), getattr(b, name, None)
         ida, idb = getattr(a, name + "_id", None), getattr(b, name + "_id", None)
         if (str(ta), ida) != (str(tb), idb):
-            return (f"{name_a} and {name_b} have different tokenizers: {name} {ta!r} (id {ida}) vs {tb!r} (id {idb}); "
-                    "diff runs B on A's token sequences")
+            return (
+                f"{name_a} and {name_b} have different tokenizers: {name} {ta!r} (id {ida}) vs {tb!r} (id {idb}); "
+                "diff runs B on A's token sequences"
+            )
     return None
 
 
@@ -247,12 +302,14 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
         HeadprobeError: layouts or vocabularies that differ, an encoder, or a model whose self-check
             forbids head ablation.
     """
-    if (why := layout_refusal(_layout(a), _layout(b), a.spec.name, b.spec.name)):
+    if why := layout_refusal(_layout(a), _layout(b), a.spec.name, b.spec.name):
         raise HeadprobeError(why)
     if a.spec.d_vocab != b.spec.d_vocab:
-        raise HeadprobeError(f"{a.spec.name} and {b.spec.name} have different vocabularies ({a.spec.d_vocab} vs "
-                             f"{b.spec.d_vocab} tokens): diff runs both on the same tokens")
-    if (why := tokenizer_refusal(a.tokenizer, b.tokenizer, a.spec.name, b.spec.name)):
+        raise HeadprobeError(
+            f"{a.spec.name} and {b.spec.name} have different vocabularies ({a.spec.d_vocab} vs "
+            f"{b.spec.d_vocab} tokens): diff runs both on the same tokens"
+        )
+    if why := tokenizer_refusal(a.tokenizer, b.tokenizer, a.spec.name, b.spec.name):
         raise HeadprobeError(why)
     if not (a.spec.causal and b.spec.causal):
         raise HeadprobeError("diff needs two causal language models (its ablation effects are loss effects)")
@@ -267,8 +324,9 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
     cfg = replace(cfg, types=types, k=k, seq_len=seq_len, period=period)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    natural = natural_text_tokens(a, cfg.n_natural, seq_len, cfg.seed, open_text_file(cfg.text) if cfg.text else None,
-                                  source=cfg.text)
+    natural = natural_text_tokens(
+        a, cfg.n_natural, seq_len, cfg.seed, open_text_file(cfg.text) if cfg.text else None, source=cfg.text
+    )
     repeated = repeated_random_tokens(a, cfg.n_repeated, period, cfg.seed)
     if cfg.kind == "resample":
         check_resample_sources({"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])})
@@ -278,10 +336,20 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
     timings["measure_s"] = time.perf_counter() - t0
     tests = compare(per["A"], per["B"], cfg.correction, cfg.n_perm, cfg.seed)
     top = {t: {m: top_heads(torch.as_tensor(means[m][DETECTORS[t].rank_by]), k) for m in ("A", "B")} for t in types}
-    return DiffResult(cfg, a.spec, b.spec, means, tests, top, _flips(tests, means, top, cfg.alpha, cfg.min_change),
-                      _table(means, tests, top, spec.n_layers, spec.n_heads), timings,
-                      {"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])},
-                      device=str(a.device), self_check=a.self_check.to_dict())
+    return DiffResult(
+        cfg,
+        a.spec,
+        b.spec,
+        means,
+        tests,
+        top,
+        _flips(tests, means, top, cfg.alpha, cfg.min_change),
+        _table(means, tests, top, spec.n_layers, spec.n_heads),
+        timings,
+        {"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])},
+        device=str(a.device),
+        self_check=a.self_check.to_dict(),
+    )
 
 
 def run(model: LoadedModel, config: DiffConfig, progress: bool = True) -> DiffResult:
@@ -299,8 +367,15 @@ def _fields(config: DiffConfig) -> dict:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in ("model", "b")}
 
 
-def diff(a: str | LoadedModel, b: str | LoadedModel, *, progress: bool = False, _load_b: float = 0.0,
-         _b_loaded_here: bool = False, **fields) -> DiffResult:
+def diff(
+    a: str | LoadedModel,
+    b: str | LoadedModel,
+    *,
+    progress: bool = False,
+    _load_b: float = 0.0,
+    _b_loaded_here: bool = False,
+    **fields,
+) -> DiffResult:
     """``headprobe diff A B`` as a Python function: ``a`` and ``b`` are names or loaded models; the
     other keywords are :class:`~headprobe.commands.diff.DiffConfig`'s fields.
 
@@ -343,7 +418,9 @@ def diff_figure(result: DiffResult):
     n_layers, n_heads = result.tests[qs[0]]["change"].shape
     cols = min(3, len(qs))
     rows = -(-len(qs) // cols)
-    fig = Figure(figsize=(1.2 + cols * (0.35 * n_heads + 1.6), 1.2 + rows * (0.16 * n_layers + 1.0)), layout="constrained")
+    fig = Figure(
+        figsize=(1.2 + cols * (0.35 * n_heads + 1.6), 1.2 + rows * (0.16 * n_layers + 1.0)), layout="constrained"
+    )
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     moved = {DETECTORS[t].rank_by: set(v["A"]) ^ set(v["B"]) for t, v in result.top.items()}
     for ax, q in zip(axes, qs):
@@ -361,12 +438,15 @@ def diff_figure(result: DiffResult):
         ax.set_ylabel("layer", fontsize=7)
         ax.tick_params(labelsize=6)
         fig.colorbar(im, ax=ax, shrink=0.8).ax.tick_params(labelsize=6)
-    for ax in axes[len(qs):]:
+    for ax in axes[len(qs) :]:
         ax.set_visible(False)
     c = result.config
-    fig.suptitle(f"Change B − A per head: A = {result.spec_a.name}, B = {result.spec_b.name}"
-                 + (f" re-quantized to {c.requantize_b}" if c.requantize_b else "")
-                 + f"\nboxed: changed (significant, {c.correction} over heads at alpha {c.alpha}, paired sign-flip test "
-                   f"over sequences, and >= {c.min_change} pooled sd over heads); filled dot: role flipped (top-{c.k} "
-                   "membership and a change); hollow: crossed the top-k boundary without one", fontsize=8)
+    fig.suptitle(
+        f"Change B − A per head: A = {result.spec_a.name}, B = {result.spec_b.name}"
+        + (f" re-quantized to {c.requantize_b}" if c.requantize_b else "")
+        + f"\nboxed: changed (significant, {c.correction} over heads at alpha {c.alpha}, paired sign-flip test "
+        f"over sequences, and >= {c.min_change} pooled sd over heads); filled dot: role flipped (top-{c.k} "
+        "membership and a change); hollow: crossed the top-k boundary without one",
+        fontsize=8,
+    )
     return fig

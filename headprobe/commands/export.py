@@ -61,26 +61,45 @@ class ExportConfig:
             naming two folders.
     """
 
-    source: str = setting(MISSING, "output folder of headprobe scan, kv or circuit", flag="--from", metavar="DIR",
-                          required=True, kw_only=True)
-    out: str | None = setting(None, "folder to write (empty or absent unless --overwrite)", metavar="OUT",
-                              exclusive="out", required=True, kw_only=True)
-    to: str | None = setting(None, "deprecated alias of --out (removed in the next release)", metavar="OUT",
-                             exclusive="out", kw_only=True)
-    format: str = setting("all", f"{', '.join(FORMATS)} or all (every format the source has; default %(default)s)",
-                          choices=CHOICES)
-    score: str | None = setting(None, "a scan's column for the DuoAttention and HeadKV files (default: retrieval, "
-                                "else induction)", metavar="COLUMN")
-    sink: int = setting(128, "DuoAttention sink_size for a scan source (a kv policy gives its own; default %(default)s)",
-                        type=int)
+    source: str = setting(
+        MISSING,
+        "output folder of headprobe scan, kv or circuit",
+        flag="--from",
+        metavar="DIR",
+        required=True,
+        kw_only=True,
+    )
+    out: str | None = setting(
+        None,
+        "folder to write (empty or absent unless --overwrite)",
+        metavar="OUT",
+        exclusive="out",
+        required=True,
+        kw_only=True,
+    )
+    to: str | None = setting(
+        None, "deprecated alias of --out (removed in the next release)", metavar="OUT", exclusive="out", kw_only=True
+    )
+    format: str = setting(
+        "all", f"{', '.join(FORMATS)} or all (every format the source has; default %(default)s)", choices=CHOICES
+    )
+    score: str | None = setting(
+        None,
+        "a scan's column for the DuoAttention and HeadKV files (default: retrieval, else induction)",
+        metavar="COLUMN",
+    )
+    sink: int = setting(
+        128, "DuoAttention sink_size for a scan source (a kv policy gives its own; default %(default)s)", type=int
+    )
     recent: int = setting(256, "DuoAttention recent_size for a scan source (default %(default)s)", type=int)
     overwrite: bool = setting(False, "replace files in a non-empty --out folder", action="store_true")
 
     def __post_init__(self):
         if self.to is not None:
             if self.out is not None and self.out != self.to:
-                raise HeadprobeError(f"--to is --out's deprecated alias: give --out only, not --out {self.out} "
-                                     f"and --to {self.to}")
+                raise HeadprobeError(
+                    f"--to is --out's deprecated alias: give --out only, not --out {self.out} and --to {self.to}"
+                )
             object.__setattr__(self, "out", self.to)
         if self.format not in CHOICES:
             raise HeadprobeError(f"--format must be one of {', '.join(CHOICES)}, got {self.format!r}")
@@ -99,6 +118,7 @@ def main(args: argparse.Namespace, config: ExportConfig) -> int:
     return 0
 
 
-COMMAND = Command(HELP, config=ExportConfig, run="headprobe.commands.export:main",
-                  api="headprobe.commands.export_core:export")
+COMMAND = Command(
+    HELP, config=ExportConfig, run="headprobe.commands.export:main", api="headprobe.commands.export_core:export"
+)
 """``headprobe export``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -48,13 +48,22 @@ class ExportResult:
     notes: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict:
-        return {"format": "headprobe-export", "version": 1, **self.source.identity(), "source": str(self.source.path),
-                "source_kind": self.source.kind, "files": list(self.files), "how": self.notes,
-                "config": {"format": self.config.format, "score": self.config.score}}
+        return {
+            "format": "headprobe-export",
+            "version": 1,
+            **self.source.identity(),
+            "source": str(self.source.path),
+            "source_kind": self.source.kind,
+            "files": list(self.files),
+            "how": self.notes,
+            "config": {"format": self.config.format, "score": self.config.score},
+        }
 
     def report(self) -> str:
-        lines = [f"{self.source.kind} folder {self.source.path} ({self.source.layout.name}: "
-                 f"{self.source.layout.n_layers} layers x {self.source.layout.n_heads} heads)"]
+        lines = [
+            f"{self.source.kind} folder {self.source.path} ({self.source.layout.name}: "
+            f"{self.source.layout.n_layers} layers x {self.source.layout.n_heads} heads)"
+        ]
         lines += [f"  {name}: {how}" for name, how in self.notes.items()]
         return "\n".join(lines)
 
@@ -88,8 +97,10 @@ def check_apart(source: Path, out: Path) -> None:
     src, dst = source.resolve(), out.resolve()
     where = "is" if src == dst else "is inside" if src in dst.parents else "holds" if dst in src.parents else None
     if where:
-        raise HeadprobeError(f"the output folder {out} {where} the source folder {source}: give an output folder apart "
-                             "from it (writing there would replace the run's own files)")
+        raise HeadprobeError(
+            f"the output folder {out} {where} the source folder {source}: give an output folder apart "
+            "from it (writing there would replace the run's own files)"
+        )
 
 
 def read_source(path: Path) -> Source:
@@ -101,24 +112,44 @@ def read_source(path: Path) -> Source:
             whose layout is neither recorded nor readable (:func:`recorded_layout`)."""
     if not path.is_dir():
         raise HeadprobeError(f"{path} is not a folder (give the output folder of headprobe scan, kv or circuit)")
-    kind = next((k for k, f in (("kv", "policy.json"), ("circuit", "edges.csv"), ("scan", "head_scores.csv"))
-                 if (path / f).is_file()), None)
+    kind = next(
+        (
+            k
+            for k, f in (("kv", "policy.json"), ("circuit", "edges.csv"), ("scan", "head_scores.csv"))
+            if (path / f).is_file()
+        ),
+        None,
+    )
     if kind is None or not (path / "summary.json").is_file():
-        raise HeadprobeError(f"{path} holds no finished headprobe scan, kv or circuit run (summary.json with "
-                             "head_scores.csv, policy.json or edges.csv)")
+        raise HeadprobeError(
+            f"{path} holds no finished headprobe scan, kv or circuit run (summary.json with "
+            "head_scores.csv, policy.json or edges.csv)"
+        )
     raw, summary = read_summary(path, kind)
     table = read_table(path / TABLES[kind], kind)
     model = str(summary.get("model", ""))
     summary = recorded_layout(kind, path, summary, model)
-    return Source(kind, path, summary, table, _layout(kind, model, summary, table),
-                  {"hf_name": summary.get("hf_name"), "source_summary_sha256": hashlib.sha256(raw).hexdigest(),
-                   "headprobe_version": (summary.get("versions") or {}).get("headprobe")})
+    return Source(
+        kind,
+        path,
+        summary,
+        table,
+        _layout(kind, model, summary, table),
+        {
+            "hf_name": summary.get("hf_name"),
+            "source_summary_sha256": hashlib.sha256(raw).hexdigest(),
+            "headprobe_version": (summary.get("versions") or {}).get("headprobe"),
+        },
+    )
 
 
 TABLES = {"kv": "group_costs.csv", "circuit": "edges.csv", "scan": "head_scores.csv"}
 """Each source kind's main table."""
-COLUMNS = {"scan": ("layer", "head", "kv_head"), "kv": ("layer", "kv_group", "score"),
-           "circuit": ("edge", "sender", "receiver", "input", "score")}
+COLUMNS = {
+    "scan": ("layer", "head", "kv_head"),
+    "kv": ("layer", "kv_group", "score"),
+    "circuit": ("edge", "sender", "receiver", "input", "score"),
+}
 """The columns export reads of each table."""
 SUMMARY_KEYS = {"scan": ("layout",), "kv": ("n_layers", "n_kv_groups"), "circuit": ()}
 """The summary.json keys export reads of each source kind."""
@@ -140,12 +171,19 @@ def read_summary(path: Path, kind: str) -> tuple[bytes, dict]:
         raise HeadprobeError(f"{file} is not a JSON object (not a headprobe {kind} summary.json)")
     lay = summary.get("layout")
     missing = [k for k in SUMMARY_KEYS[kind] if k not in summary]
-    missing += [f"layout.{k}" for k in ("n_layers", "n_heads", "n_kv_heads")
-                if kind == "scan" and isinstance(lay, dict) and not _positive_int(lay.get(k))]
-    missing += [k for k in ("n_layers", "n_kv_groups") if kind == "kv" and k in summary and not _positive_int(summary[k])]
+    missing += [
+        f"layout.{k}"
+        for k in ("n_layers", "n_heads", "n_kv_heads")
+        if kind == "scan" and isinstance(lay, dict) and not _positive_int(lay.get(k))
+    ]
+    missing += [
+        k for k in ("n_layers", "n_kv_groups") if kind == "kv" and k in summary and not _positive_int(summary[k])
+    ]
     if missing or (kind == "scan" and not isinstance(lay, dict)):
-        raise HeadprobeError(f"{file} lacks {', '.join(missing) or 'layout'} (or not as positive integers): not a "
-                             f"finished headprobe {kind} run's summary")
+        raise HeadprobeError(
+            f"{file} lacks {', '.join(missing) or 'layout'} (or not as positive integers): not a "
+            f"finished headprobe {kind} run's summary"
+        )
     return raw, summary
 
 
@@ -161,11 +199,15 @@ def read_table(file: Path, kind: str) -> pd.DataFrame:
     try:
         table = pd.read_csv(file, dtype={c: str for c in ("edge", "sender", "receiver", "input")})
     except (OSError, UnicodeDecodeError, ValueError, pd.errors.EmptyDataError, pd.errors.ParserError) as err:
-        raise HeadprobeError(f"cannot read {file} as a CSV table: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+        raise HeadprobeError(
+            f"cannot read {file} as a CSV table: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+        ) from None
     missing = [c for c in COLUMNS[kind] if c not in table.columns]
     if missing or table.empty:
-        raise HeadprobeError(f"{file} has {'no rows' if not missing else 'no column ' + ', '.join(missing)}: not a "
-                             f"finished headprobe {kind} run's table")
+        raise HeadprobeError(
+            f"{file} has {'no rows' if not missing else 'no column ' + ', '.join(missing)}: not a "
+            f"finished headprobe {kind} run's table"
+        )
     return table
 
 
@@ -187,9 +229,11 @@ def recorded_layout(kind: str, path: Path, summary: dict, model: str) -> dict:
         if isinstance(lay, dict) and all(_positive_int(lay.get(k)) for k in ("n_layers", "n_heads")):
             summary = {**summary, "layout": lay}
     if kind != "scan" and not isinstance(summary.get("layout"), dict) and not peek_config(model):
-        raise HeadprobeError(f"{path} records no model layout and {model or 'its model'}'s config cannot be read (moved "
-                             f"or deleted?): the query heads per layer and per KV group are unknown; put the model back "
-                             f"at that path or rerun headprobe {kind}")
+        raise HeadprobeError(
+            f"{path} records no model layout and {model or 'its model'}'s config cannot be read (moved "
+            f"or deleted?): the query heads per layer and per KV group are unknown; put the model back "
+            f"at that path or rerun headprobe {kind}"
+        )
     return summary
 
 
@@ -200,16 +244,25 @@ def _layout(kind: str, model: str, summary: dict, table: pd.DataFrame) -> ex.Lay
 
     if kind == "scan":
         lay = summary["layout"]
-        return ex.Layout(model, lay["n_layers"], lay["n_heads"], lay["n_kv_heads"], lay["n_kv_heads"], lay.get("d_model"))
+        return ex.Layout(
+            model, lay["n_layers"], lay["n_heads"], lay["n_kv_heads"], lay["n_kv_heads"], lay.get("d_model")
+        )
     cfg = {**(peek_config(model) or {}), **{k: v for k, v in (summary.get("layout") or {}).items() if v is not None}}
     if kind == "kv":
         n_layers, groups = int(summary["n_layers"]), int(summary["n_kv_groups"])
-        return ex.Layout(model, n_layers, cfg.get("n_heads") or groups, cfg.get("n_kv_heads") or groups, groups,
-                         cfg.get("d_model"))
+        return ex.Layout(
+            model, n_layers, cfg.get("n_heads") or groups, cfg.get("n_kv_heads") or groups, groups, cfg.get("d_model")
+        )
     heads = [h for c in ("sender", "receiver") for h in table[c].astype(str) if h != "logits"]
     n_layers = cfg.get("n_layers") or 1 + max(int(h.split(".")[0]) for h in heads)
-    return ex.Layout(model, n_layers, cfg.get("n_heads") or 1 + max(int(h.split(".")[1]) for h in heads),
-                     cfg.get("n_kv_heads"), cfg.get("n_kv_groups"), cfg.get("d_model"))
+    return ex.Layout(
+        model,
+        n_layers,
+        cfg.get("n_heads") or 1 + max(int(h.split(".")[1]) for h in heads),
+        cfg.get("n_kv_heads"),
+        cfg.get("n_kv_groups"),
+        cfg.get("d_model"),
+    )
 
 
 def _score_column(src: Source, asked: str | None) -> str:
@@ -220,8 +273,10 @@ def _score_column(src: Source, asked: str | None) -> str:
     table = src.table
     column = asked or next((c for c in ("retrieval", "induction") if c in table and table[c].notna().any()), None)
     if column is None or column not in table or column in ("layer", "head", "kv_head"):
-        raise HeadprobeError(f"--score {column}: {src.path} has no such score column; it has "
-                             f"{', '.join(c for c in table.columns if c not in ('layer', 'head', 'kv_head'))}")
+        raise HeadprobeError(
+            f"--score {column}: {src.path} has no such score column; it has "
+            f"{', '.join(c for c in table.columns if c not in ('layer', 'head', 'kv_head'))}"
+        )
     check_scored(src, column)
     return column
 
@@ -237,8 +292,9 @@ def check_scored(src: Source, column: str) -> None:
     if pd.api.types.is_bool_dtype(values) or not pd.api.types.is_numeric_dtype(values):
         raise HeadprobeError(f"--score {column}: {src.path}'s column {column} is not numeric ({values.dtype})")
     if values.isna().all():
-        raise HeadprobeError(f"--score {column}: {src.path}'s column {column} has no score for any head (all NaN); "
-                             "give another --score")
+        raise HeadprobeError(
+            f"--score {column}: {src.path}'s column {column} has no score for any head (all NaN); give another --score"
+        )
     if np.isinf(values.to_numpy(dtype=float, na_value=np.nan)).any():
         raise HeadprobeError(f"--score {column}: {src.path}'s column {column} holds an infinite value")
 
@@ -258,8 +314,10 @@ def duo_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
         values = grid.fillna(0.0).clip(0.0, 1.0).to_numpy().tolist()
         sink, recent = cfg.sink, cfg.recent
         how = f"scan column {column}: the max over each KV group's query heads, clipped to [0, 1], NaN as 0"
-    return {ex.DUO_TSV: ex.duo_text(values),
-            ex.DUO_CONFIG: json.dumps(ex.duo_config(sink, recent, src.identity(), how), indent=2) + "\n"}, how
+    return {
+        ex.DUO_TSV: ex.duo_text(values),
+        ex.DUO_CONFIG: json.dumps(ex.duo_config(sink, recent, src.identity(), how), indent=2) + "\n",
+    }, how
 
 
 def headkv_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
@@ -267,18 +325,28 @@ def headkv_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
     lay = src.layout
     if src.kind == "kv":
         size = lay.n_heads // (lay.n_kv_groups or lay.n_heads)
-        scores = {(int(r.layer), int(r.kv_group) * size + i): [float(r.score)] for r in src.table.itertuples()
-                  for i in range(size)}
+        scores = {
+            (int(r.layer), int(r.kv_group) * size + i): [float(r.score)]
+            for r in src.table.itertuples()
+            for i in range(size)
+        }
         how = "kv group score (group_costs.csv) given to each query head of the group, one sample"
     else:
         column = _score_column(src, cfg.score)
         scores, filled, fill = headkv_scores(src.table, column)
         how = f"scan column {column}, one value per head (the scan's mean over its sequences)" + (
             f"; {len(filled)} heads without a score (NaN: a linear-attention layer, a head not scored) written as "
-            f"{fill:g}, the column's lowest value or 0 if lower (provenance: filled)" if filled else "")
+            f"{fill:g}, the column's lowest value or 0 if lower (provenance: filled)"
+            if filled
+            else ""
+        )
     stem = f"head_score/{Path(lay.name).name or 'model'}"
-    meta = {**src.identity(), "values": how, "keys": "layer-head (query heads, 0-indexed)",
-            **({"filled": filled, "fill": fill} if src.kind == "scan" else {})}
+    meta = {
+        **src.identity(),
+        "values": how,
+        "keys": "layer-head (query heads, 0-indexed)",
+        **({"filled": filled, "fill": fill} if src.kind == "scan" else {}),
+    }
     return {f"{stem}.json": ex.headkv_text(scores), f"{stem}.provenance.json": json.dumps(meta, indent=2) + "\n"}, how
 
 
@@ -301,18 +369,26 @@ def mib_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
     Raises:
         HeadprobeError: the model's d_model is unknown (EAP-IG's ``from_json`` builds the graph from it)."""
     if src.layout.d_model is None:
-        raise HeadprobeError(f"--format mib needs the model's d_model (EAP-IG's Graph.from_json reads it): "
-                             f"{src.path}/summary.json records no layout and {src.layout.name}'s config.json is not "
-                             "at hand; rerun headprobe circuit, which records it")
+        raise HeadprobeError(
+            f"--format mib needs the model's d_model (EAP-IG's Graph.from_json reads it): "
+            f"{src.path}/summary.json records no layout and {src.layout.name}'s config.json is not "
+            "at hand; rerun headprobe circuit, which records it"
+        )
     top = int(src.summary.get("config", {}).get("top", 20))
     edges = src.table.to_dict("records")
     in_graph = {e["edge"] for e in edges[:top]}  # edges.csv is sorted by |score|
     graph = ex.mib_graph(edges, src.layout, in_graph, src.layout.d_model)
     patched = graph["headprobe"]["path_patched"]
-    graph["headprobe"] = {**src.identity(), "method": src.summary.get("method"), "in_graph": f"the top {top} edges by |score|",
-                          "path_patched_means": "the exact direct-path patching effect of each edge patched",
-                          "n_path_patched": len(patched), "path_patched": patched, "task": src.summary.get("task"),
-                          "metric": src.summary.get("metric")}
+    graph["headprobe"] = {
+        **src.identity(),
+        "method": src.summary.get("method"),
+        "in_graph": f"the top {top} edges by |score|",
+        "path_patched_means": "the exact direct-path patching effect of each edge patched",
+        "n_path_patched": len(patched),
+        "path_patched": patched,
+        "task": src.summary.get("task"),
+        "metric": src.summary.get("metric"),
+    }
     return {"circuit_graph.json": json.dumps(graph) + "\n"}, f"{len(edges)} edges, the top {top} in the graph"
 
 
@@ -327,11 +403,14 @@ def parquet_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
     except ImportError:
         raise HeadprobeError("--format parquet needs pyarrow: pip install 'headprobe[exchange]'") from None
     arrow = pa.Table.from_pandas(table, preserve_index=False)
-    arrow = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}),
-                                           b"headprobe": json.dumps(src.identity()).encode()})
+    arrow = arrow.replace_schema_metadata(
+        {**(arrow.schema.metadata or {}), b"headprobe": json.dumps(src.identity()).encode()}
+    )
     pq.write_table(arrow, buf)
-    return ({f"{name}.parquet": buf.getvalue(), "README.md": dataset_card(src, f"{name}.parquet", table)},
-            f"{len(table)} rows x {len(table.columns)} columns")
+    return (
+        {f"{name}.parquet": buf.getvalue(), "README.md": dataset_card(src, f"{name}.parquet", table)},
+        f"{len(table)} rows x {len(table.columns)} columns",
+    )
 
 
 def _with_verdicts(src: Source) -> pd.DataFrame:
@@ -345,26 +424,34 @@ def _with_verdicts(src: Source) -> pd.DataFrame:
             continue
         top = set(a.get("top_heads") or [])
         table[f"top_{a['head_type']}"] = [n in top for n in names]
-        table[f"confirmed_{a['head_type']}"] = pd.array([a.get("confirmed") if n in top else None for n in names],
-                                                        dtype="boolean")
+        table[f"confirmed_{a['head_type']}"] = pd.array(
+            [a.get("confirmed") if n in top else None for n in names], dtype="boolean"
+        )
     return table
 
 
 def dataset_card(src: Source, data_file: str, table: pd.DataFrame) -> str:
     """README.md of a Hugging Face dataset: YAML front matter (values written as JSON, which YAML reads)."""
-    meta: dict[str, Any] = {"configs": [{"config_name": "default", "data_files": data_file}],
-                            "tags": ["interpretability", "attention-heads", "headprobe"],
-                            "headprobe": {**src.identity(), "source_kind": src.kind,
-                                          "settings": src.summary.get("config", {}),
-                                          "date": datetime.date.today().isoformat()}}
+    meta: dict[str, Any] = {
+        "configs": [{"config_name": "default", "data_files": data_file}],
+        "tags": ["interpretability", "attention-heads", "headprobe"],
+        "headprobe": {
+            **src.identity(),
+            "source_kind": src.kind,
+            "settings": src.summary.get("config", {}),
+            "date": datetime.date.today().isoformat(),
+        },
+    }
     front = "".join(f"{k}: {json.dumps(v)}\n" for k, v in meta.items())
-    return (f"---\n{front}---\n\n# headprobe {src.kind}: {src.layout.name}\n\n"
-            f"One row per {'head' if src.kind == 'scan' else 'KV group' if src.kind == 'kv' else 'edge'} of "
-            f"{src.layout.name} ({src.layout.n_layers} layers x {src.layout.n_heads} heads, {src.layout.n_kv_heads} KV "
-            f"heads), written by `headprobe export` from a `headprobe {src.kind}` run. Columns: "
-            f"{', '.join(f'`{c}`' for c in table.columns)}. Definitions: headprobe's docs/{src.kind}.md.\n\n"
-            f"```python\nimport pandas as pd\npd.read_parquet(\"{data_file}\")\n# or: datasets.load_dataset(\"parquet\", "
-            f"data_files=\"{data_file}\")\n```\n")
+    return (
+        f"---\n{front}---\n\n# headprobe {src.kind}: {src.layout.name}\n\n"
+        f"One row per {'head' if src.kind == 'scan' else 'KV group' if src.kind == 'kv' else 'edge'} of "
+        f"{src.layout.name} ({src.layout.n_layers} layers x {src.layout.n_heads} heads, {src.layout.n_kv_heads} KV "
+        f"heads), written by `headprobe export` from a `headprobe {src.kind}` run. Columns: "
+        f"{', '.join(f'`{c}`' for c in table.columns)}. Definitions: headprobe's docs/{src.kind}.md.\n\n"
+        f'```python\nimport pandas as pd\npd.read_parquet("{data_file}")\n# or: datasets.load_dataset("parquet", '
+        f'data_files="{data_file}")\n```\n'
+    )
 
 
 BUILDERS = {"duo": duo_files, "headkv": headkv_files, "mib": mib_files, "parquet": parquet_files}
@@ -378,8 +465,10 @@ def run(config: ExportConfig) -> ExportResult:
     src = read_source(Path(config.source))
     formats = SUPPORTED[src.kind] if config.format == "all" else (config.format,)
     if formats[0] not in SUPPORTED[src.kind]:
-        raise HeadprobeError(f"--format {config.format} needs a {' or '.join(k for k, v in SUPPORTED.items() if config.format in v)} "
-                             f"folder; {src.path} is a {src.kind} run")
+        raise HeadprobeError(
+            f"--format {config.format} needs a {' or '.join(k for k, v in SUPPORTED.items() if config.format in v)} "
+            f"folder; {src.path} is a {src.kind} run"
+        )
     files: dict = {}
     notes = {}
     for fmt in formats:
@@ -398,11 +487,11 @@ def export(source: str, out: str | None = None, *, to: str | None = None, **fiel
     if to is not None:
         import warnings
 
-        warnings.warn("export(to=...) is deprecated (removed in the next release); use out=", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "export(to=...) is deprecated (removed in the next release); use out=", DeprecationWarning, stacklevel=2
+        )
     config = ExportConfig(source=source, out=out, to=to, **fields)
     result = run(config)
     if config.out:
         result.save(config.out, overwrite=config.overwrite)
     return result
-

@@ -34,7 +34,9 @@ __all__ = ["HELP", "COMMAND", "ImportConfig", "FLAGS", "main", *_CORE]
 
 __getattr__ = lazy_names(__name__, "headprobe.commands.import_heads_core", _CORE)
 
-HELP = "check a DuoAttention, HeadKV, MIB or layer.head file against a model and give scan's causal verdict on its heads"
+HELP = (
+    "check a DuoAttention, HeadKV, MIB or layer.head file against a model and give scan's causal verdict on its heads"
+)
 
 
 @dataclass(frozen=True)
@@ -49,16 +51,32 @@ class ImportConfig(ScanConfig):
         measure_kv: also measure a DuoAttention or policy file's KV policy (``headprobe kv``'s measurement).
     """
 
-    heads_file: str = setting(MISSING, "a DuoAttention full_attention_heads.tsv (or its folder), a Retrieval_Head/HeadKV "
-                              "JSON, an EAP-IG/MIB graph (.json or .pt), a headprobe .parquet or policy.json, or layer.head lines",
-                              metavar="FILE", required=True, kw_only=True)
-    task: str = setting("repeated", "the task the heads are judged on: repeated (the induction task on repeated random "
-                        "tokens; default) or natural (natural text)", choices=vocab.TASKS)
-    score: str | None = setting(None, "a Parquet table's column whose top --top-k heads are checked (default: retrieval, "
-                                "else induction)", metavar="COLUMN")
-    measure_kv: bool = setting(False, "also measure a DuoAttention/policy file's KV policy as headprobe kv does (exact "
-                               "per-group masks) against full caches and one window at the same memory",
-                               flag="--kv", action="store_true")
+    heads_file: str = setting(
+        MISSING,
+        "a DuoAttention full_attention_heads.tsv (or its folder), a Retrieval_Head/HeadKV "
+        "JSON, an EAP-IG/MIB graph (.json or .pt), a headprobe .parquet or policy.json, or layer.head lines",
+        metavar="FILE",
+        required=True,
+        kw_only=True,
+    )
+    task: str = setting(
+        "repeated",
+        "the task the heads are judged on: repeated (the induction task on repeated random "
+        "tokens; default) or natural (natural text)",
+        choices=vocab.TASKS,
+    )
+    score: str | None = setting(
+        None,
+        "a Parquet table's column whose top --top-k heads are checked (default: retrieval, else induction)",
+        metavar="COLUMN",
+    )
+    measure_kv: bool = setting(
+        False,
+        "also measure a DuoAttention/policy file's KV policy as headprobe kv does (exact "
+        "per-group masks) against full caches and one window at the same memory",
+        flag="--kv",
+        action="store_true",
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -74,15 +92,41 @@ class ImportConfig(ScanConfig):
         cfg = options.peek_config(self.model)
         from headprobe.analyses.exchange import Layout, read_head_file
 
-        layout = (Layout(self.model, cfg["n_layers"], cfg["n_heads"], cfg.get("n_kv_heads"), cfg.get("n_kv_groups"),
-                         cfg.get("d_model")) if cfg else None)
+        layout = (
+            Layout(
+                self.model,
+                cfg["n_layers"],
+                cfg["n_heads"],
+                cfg.get("n_kv_heads"),
+                cfg.get("n_kv_groups"),
+                cfg.get("d_model"),
+            )
+            if cfg
+            else None
+        )
         read_head_file(self.heads_file, layout, self.k or DEFAULT_K, self.score)
 
 
-FLAGS = (Flags(group=ModelSettings), Flags(group=DataSettings),
-         Flags(only=("heads_file", "task", "k", "score", "n_random", "alpha", "control", "correction", "keep_n_random",
-                     "sequential", "measure_kv"),
-               helps={"k": f"a score file's (HeadKV, Parquet) top K heads are checked (default {DEFAULT_K})"}))
+FLAGS = (
+    Flags(group=ModelSettings),
+    Flags(group=DataSettings),
+    Flags(
+        only=(
+            "heads_file",
+            "task",
+            "k",
+            "score",
+            "n_random",
+            "alpha",
+            "control",
+            "correction",
+            "keep_n_random",
+            "sequential",
+            "measure_kv",
+        ),
+        helps={"k": f"a score file's (HeadKV, Parquet) top K heads are checked (default {DEFAULT_K})"},
+    ),
+)
 """``headprobe import``'s flags in ``--help`` order."""
 
 
@@ -101,6 +145,11 @@ def main(args: argparse.Namespace, config: ImportConfig) -> int:
     return 0
 
 
-COMMAND = Command(HELP, config=ImportConfig, run="headprobe.commands.import_heads:main", flags=FLAGS,
-                  api="headprobe.commands.import_heads_core:import_heads")
+COMMAND = Command(
+    HELP,
+    config=ImportConfig,
+    run="headprobe.commands.import_heads:main",
+    flags=FLAGS,
+    api="headprobe.commands.import_heads_core:import_heads",
+)
 """``headprobe import``, registered in :data:`headprobe.commands.COMMANDS`."""

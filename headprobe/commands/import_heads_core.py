@@ -41,16 +41,23 @@ class ImportResult:
     def report(self) -> str:
         from headprobe.analyses.verdicts import evidence_text, label
 
-        lines = [f"{self.config.heads_file}: {self.file.kind}, {len(self.heads)} heads ({self.file.rule}): "
-                 f"{ex.describe(self.heads)}", *self.design.get("plan", {}).get("lines", [])]
+        lines = [
+            f"{self.config.heads_file}: {self.file.kind}, {len(self.heads)} heads ({self.file.rule}): "
+            f"{ex.describe(self.heads)}",
+            *self.design.get("plan", {}).get("lines", []),
+        ]
         for v in self.verifications:
             row = v.to_dict() if hasattr(v, "to_dict") else vars(v)
             verdict = label(v.confirmed) if v.tested else "(reported, not tested)"
-            lines.append(f"{v.kind}-ablation on {v.task}: effect {v.top_effect:+.4f} vs random {v.random_mean:+.4f} "
-                         f"nats/token; {evidence_text(row) if v.tested else ''} {verdict}".rstrip())
+            lines.append(
+                f"{v.kind}-ablation on {v.task}: effect {v.top_effect:+.4f} vs random {v.random_mean:+.4f} "
+                f"nats/token; {evidence_text(row) if v.tested else ''} {verdict}".rstrip()
+            )
         for r in self.kv or []:
-            lines.append(f"kv {r['policy']:>8}: KV {r['kv_fraction']:.3f} of full, natural loss +{r['natural_loss_increase']:.4f}, "
-                         f"copy accuracy {r['copy_accuracy']:.3f}")
+            lines.append(
+                f"kv {r['policy']:>8}: KV {r['kv_fraction']:.3f} of full, natural loss +{r['natural_loss_increase']:.4f}, "
+                f"copy accuracy {r['copy_accuracy']:.3f}"
+            )
         return "\n".join([*lines, *self.notes])
 
 
@@ -81,30 +88,62 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
     if not heads:
         raise HeadprobeError(f"{config.heads_file} names no heads ({hf.rule})")
     if len(heads) >= spec.n_layers * spec.n_heads:
-        raise HeadprobeError(f"{config.heads_file} names all {len(heads)} heads of {spec.name}: no head is left for a control set")
+        raise HeadprobeError(
+            f"{config.heads_file} names all {len(heads)} heads of {spec.name}: no head is left for a control set"
+        )
     model.self_check.require_decomposition("verification by ablation")
     cfg = cast(ImportConfig, replace(config, k=len(heads), types=("induction",)).resolved(spec, model.trained_periods))
     assert cfg.seq_len is not None and cfg.period is not None
     text = cfg.read_text()
-    natural = natural_text_tokens(model, cfg.n_natural, cfg.seq_len, cfg.seed, text, source=str(cfg.text) if cfg.text else None)
+    natural = natural_text_tokens(
+        model, cfg.n_natural, cfg.seq_len, cfg.seed, text, source=str(cfg.text) if cfg.text else None
+    )
     repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
-    _, nat_loss, mean_z = score_tokens(model, natural, "natural", first_scored("natural", natural.start, None), mean_z=True,
-                                       types=(), streaming=cfg.streaming)
-    _, rep_loss, _ = score_tokens(model, repeated, "repeated", first_scored("repeated", repeated.start, repeated.period),
-                                  types=(), streaming=cfg.streaming)
+    _, nat_loss, mean_z = score_tokens(
+        model,
+        natural,
+        "natural",
+        first_scored("natural", natural.start, None),
+        mean_z=True,
+        types=(),
+        streaming=cfg.streaming,
+    )
+    _, rep_loss, _ = score_tokens(
+        model,
+        repeated,
+        "repeated",
+        first_scored("repeated", repeated.start, repeated.period),
+        types=(),
+        streaming=cfg.streaming,
+    )
     assert mean_z is not None  # asked for
     clean = {"natural": nat_loss, "repeated": rep_loss}
-    untrusted = {"natural": untrusted_task_reason(float(nat_loss.double().mean()), spec.d_vocab,
-                                                  scan_core.unknown_share(model, natural)),
-                 "repeated": untrusted_task_reason(float(rep_loss.double().mean()), spec.d_vocab)}
+    untrusted = {
+        "natural": untrusted_task_reason(
+            float(nat_loss.double().mean()), spec.d_vocab, scan_core.unknown_share(model, natural)
+        ),
+        "repeated": untrusted_task_reason(float(rep_loss.double().mean()), spec.d_vocab),
+    }
     sets = {"natural": natural, "repeated": repeated}
     metric = scan_core.scan_metric(spec)
-    scorers = ({task: EmbeddingDistance(model, ts.tokens) for task, ts in sets.items()}
-               if metric is EMBEDDING_METRIC else None)
+    scorers = (
+        {task: EmbeddingDistance(model, ts.tokens) for task, ts in sets.items()} if metric is EMBEDDING_METRIC else None
+    )
     verifications, design = verif.verify_heads(
-        model, {SET_NAME: heads}, {SET_NAME: cfg.task}, sets, clean, mean_z, scan_core.verification_settings(cfg),
-        metric=metric, scorers=scorers, untrusted=untrusted, removed=scan_core.removed_heads(model), progress=progress,
-        say=scan_core._say)
+        model,
+        {SET_NAME: heads},
+        {SET_NAME: cfg.task},
+        sets,
+        clean,
+        mean_z,
+        scan_core.verification_settings(cfg),
+        metric=metric,
+        scorers=scorers,
+        untrusted=untrusted,
+        removed=scan_core.removed_heads(model),
+        progress=progress,
+        say=scan_core._say,
+    )
     kv = measure_policy(model, cfg, hf) if config.measure_kv else None
     notes = [] if hf.policy is not None or not config.measure_kv else [f"--kv: {hf.kind} files carry no KV policy"]
     return ImportResult(config, hf, heads, verifications, design, kv, time.perf_counter() - t0, notes=notes)
@@ -129,11 +168,20 @@ def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> li
     sink, window = spans.pop() if spans else (0, 1)
     assert cfg.seq_len is not None
     if sink + window >= cfg.seq_len:
-        raise HeadprobeError(f"the policy's sink {sink} + window {window} cover all {cfg.seq_len} tokens of --seq-len: "
-                             "nothing would stream; give a longer --seq-len")
+        raise HeadprobeError(
+            f"the policy's sink {sink} + window {window} cover all {cfg.seq_len} tokens of --seq-len: "
+            "nothing would stream; give a longer --seq-len"
+        )
     kp.check_kv_backend(model)
-    kvc = KVConfig(model=cfg.model, seq_len=cfg.seq_len, n_natural=cfg.n_natural, text=cfg.text, sink=sink,
-                   window=window, seed=cfg.seed)
+    kvc = KVConfig(
+        model=cfg.model,
+        seq_len=cfg.seq_len,
+        n_natural=cfg.n_natural,
+        text=cfg.text,
+        sink=sink,
+        window=window,
+        seed=cfg.seed,
+    )
     natural, lr = kv_core._token_sets(model, kvc)
     tokens = natural.tokens.to(model.device)
     lr = replace(lr, tokens=lr.tokens.to(model.device))
@@ -144,14 +192,23 @@ def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> li
     for name, p in (("full", None), ("file", policy), ("uniform", uniform)):
         cached = sum(map(sum, p.cached_positions(cfg.seq_len))) if p is not None else None
         q = full if p is None else kp.evaluate(model, tokens, natural.start, lr, p)
-        rows.append({"policy": name, "kv_fraction": 1.0 if cached is None else
-                     cached / (policy.n_layers * policy.n_kv_groups * cfg.seq_len),
-                     "natural_loss_increase": q.natural_loss - full.natural_loss, "long_range_loss": q.long_range_loss,
-                     "copy_accuracy": q.copy_accuracy})
+        rows.append(
+            {
+                "policy": name,
+                "kv_fraction": 1.0 if cached is None else cached / (policy.n_layers * policy.n_kv_groups * cfg.seq_len),
+                "natural_loss_increase": q.natural_loss - full.natural_loss,
+                "long_range_loss": q.long_range_loss,
+                "copy_accuracy": q.copy_accuracy,
+            }
+        )
     return rows
 
 
 import_heads = options.command_function(
-    ImportConfig, run, "import_heads", "Check a head file against ``model`` and verify its heads causally",
-    '``heads_file="full_attention_heads.tsv"``, ``task="repeated"``')
+    ImportConfig,
+    run,
+    "import_heads",
+    "Check a head file against ``model`` and verify its heads causally",
+    '``heads_file="full_attention_heads.tsv"``, ``task="repeated"``',
+)
 """``headprobe import`` as a function (``import`` is a Python keyword)."""

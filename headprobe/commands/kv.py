@@ -58,7 +58,9 @@ def _fractions(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(x) for x in str(text).split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated fractions such as 0.25,0.5,0.75, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated fractions such as 0.25,0.5,0.75, got {text!r}"
+        ) from None
     if not values or any(not 0 < v <= 1 for v in values):
         raise argparse.ArgumentTypeError(f"budgets are fractions in (0, 1], got {text!r}")
     return values
@@ -68,7 +70,9 @@ def _ints(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in str(text).split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token counts such as 128,512, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token counts such as 128,512, got {text!r}"
+        ) from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"distances are positive token counts, got {text!r}")
     return values
@@ -106,31 +110,53 @@ class KVConfig(ModelSettings):
     seq_len: int = shared(DataSettings, "seq_len", 1024)
     n_natural: int = shared(DataSettings, "n_natural", 1)
     distances: tuple[int, ...] | None = setting(
-        None, "long-range task: tokens from the planted block to its repeat (default: 1/4, 1/2, 3/4 of the "
-        "sequence and the farthest that fits)", type=_ints, metavar="D,...")
+        None,
+        "long-range task: tokens from the planted block to its repeat (default: 1/4, 1/2, 3/4 of the "
+        "sequence and the farthest that fits)",
+        type=_ints,
+        metavar="D,...",
+    )
     block_len: int = setting(16, "planted block length (default %(default)s)", type=positive_int)
     n_per_distance: int = setting(1, "long-range sequences per distance (default %(default)s)", type=positive_int)
     sink: int = setting(4, "attention-sink positions a streaming group keeps (default %(default)s)", type=int)
-    window: int | None = setting(None, "recent positions a streaming group keeps (default seq-len / 8)", type=positive_int)
-    kv_budget: float = setting(0.5, "the policy's KV cache as a fraction of the full cache (default %(default)s)", type=float,
-                               exclusive="budget")
+    window: int | None = setting(
+        None, "recent positions a streaming group keeps (default seq-len / 8)", type=positive_int
+    )
+    kv_budget: float = setting(
+        0.5,
+        "the policy's KV cache as a fraction of the full cache (default %(default)s)",
+        type=float,
+        exclusive="budget",
+    )
     loss_tolerance: float | None = setting(
-        None, "instead: the most natural-text loss increase (nats/token); the fewest full groups that meet it", type=float,
-        exclusive="budget")
-    budgets: tuple[float, ...] = setting(DEFAULT_BUDGETS, "KV fractions of the curve (default 0.25,0.5,0.75; --kv-budget is added)",
-                                         type=_fractions, metavar="B,...")
-    method: str = setting("retrieval", "group costs: retrieval (default: attention on the planted block's first occurrence "
-                          "from its repeat, max over a group's heads), estimate (attention mass outside sink + window, mean "
-                          "over a group's heads) or measured (one group streaming at a time, a forward pass per group)",
-                          choices=METHODS)
+        None,
+        "instead: the most natural-text loss increase (nats/token); the fewest full groups that meet it",
+        type=float,
+        exclusive="budget",
+    )
+    budgets: tuple[float, ...] = setting(
+        DEFAULT_BUDGETS,
+        "KV fractions of the curve (default 0.25,0.5,0.75; --kv-budget is added)",
+        type=_fractions,
+        metavar="B,...",
+    )
+    method: str = setting(
+        "retrieval",
+        "group costs: retrieval (default: attention on the planted block's first occurrence "
+        "from its repeat, max over a group's heads), estimate (attention mass outside sink + window, mean "
+        "over a group's heads) or measured (one group streaming at a time, a forward pass per group)",
+        choices=METHODS,
+    )
     n_random: int = setting(3, "random policies per budget (default %(default)s)", type=positive_int)
     seed: int = shared(DataSettings, "seed")
 
     def __post_init__(self):
         super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
         if self.device_map is not None:
-            raise HeadprobeError("headprobe kv runs on one device: its per-KV-group masks and streaming cache are not "
-                                 "checked on a model split by a device map (leave device_map and max_memory unset)")
+            raise HeadprobeError(
+                "headprobe kv runs on one device: its per-KV-group masks and streaming cache are not "
+                "checked on a model split by a device map (leave device_map and max_memory unset)"
+            )
         if self.method not in METHODS:
             raise HeadprobeError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if not 0 < self.kv_budget <= 1:
@@ -142,13 +168,22 @@ class KVConfig(ModelSettings):
         if self.window is None:
             object.__setattr__(self, "window", max(1, self.seq_len // 8))
         if self.sink + self.window >= self.seq_len:
-            raise HeadprobeError(f"--sink {self.sink} + --window {self.window} cover all {self.seq_len} tokens: nothing would stream")
-        budgets = tuple(sorted({*map(float, self.budgets), float(self.kv_budget)} if self.loss_tolerance is None
-                               else set(map(float, self.budgets))))
+            raise HeadprobeError(
+                f"--sink {self.sink} + --window {self.window} cover all {self.seq_len} tokens: nothing would stream"
+            )
+        budgets = tuple(
+            sorted(
+                {*map(float, self.budgets), float(self.kv_budget)}
+                if self.loss_tolerance is None
+                else set(map(float, self.budgets))
+            )
+        )
         object.__setattr__(self, "budgets", budgets)
         if self.distances is None:
             room = self.seq_len - self.block_len - 1
-            object.__setattr__(self, "distances", tuple(sorted({max(self.block_len, room * i // 4) for i in (1, 2, 3)} | {room})))
+            object.__setattr__(
+                self, "distances", tuple(sorted({max(self.block_len, room * i // 4) for i in (1, 2, 3)} | {room}))
+            )
         object.__setattr__(self, "distances", tuple(int(d) for d in self.distances))
 
     @property
@@ -160,23 +195,50 @@ class KVConfig(ModelSettings):
     def preflight(self) -> None:
         """Checks that need no model: the backend, budgets above the all-streaming floor, distances in range."""
         if backend_lacks(self.backend, "kv_policies"):
-            raise HeadprobeError("headprobe kv masks attention per KV group in headprobe's native model; use --backend "
-                                 f"native (or auto) with a family it supports (the {self.backend} backend lacks kv_policies)")
+            raise HeadprobeError(
+                "headprobe kv masks attention per KV group in headprobe's native model; use --backend "
+                f"native (or auto) with a family it supports (the {self.backend} backend lacks kv_policies)"
+            )
         low = [b for b in (*self.budgets, self.kv_budget) if b < self.floor]
         if low:
-            raise HeadprobeError(f"budget {low[0]} is below what every group streaming costs ({self.floor:.3f} of the cache "
-                                 f"at {self.seq_len} tokens with --sink {self.sink} --window {self.window})")
+            raise HeadprobeError(
+                f"budget {low[0]} is below what every group streaming costs ({self.floor:.3f} of the cache "
+                f"at {self.seq_len} tokens with --sink {self.sink} --window {self.window})"
+            )
         assert self.distances is not None  # filled by __post_init__
         bad = [d for d in self.distances if not self.block_len <= d <= self.seq_len - self.block_len - 1]
         if bad:
-            raise HeadprobeError(f"--distances must lie in [{self.block_len}, {self.seq_len - self.block_len - 1}]; got {bad[0]}")
+            raise HeadprobeError(
+                f"--distances must lie in [{self.block_len}, {self.seq_len - self.block_len - 1}]; got {bad[0]}"
+            )
 
 
-FLAGS = (Flags(group=ModelSettings, skip=("prepend_bos", "device_map", "max_memory")), OUTPUT,
-         Flags(only=("text", "seq_len", "n_natural", "distances", "block_len", "n_per_distance", "sink", "window", "kv_budget",
-                     "loss_tolerance", "budgets", "method", "n_random", "seed"),
-               helps={"seq_len": "tokens per sequence (default %(default)s)",
-                      "n_natural": "natural-text windows (default %(default)s)"}))
+FLAGS = (
+    Flags(group=ModelSettings, skip=("prepend_bos", "device_map", "max_memory")),
+    OUTPUT,
+    Flags(
+        only=(
+            "text",
+            "seq_len",
+            "n_natural",
+            "distances",
+            "block_len",
+            "n_per_distance",
+            "sink",
+            "window",
+            "kv_budget",
+            "loss_tolerance",
+            "budgets",
+            "method",
+            "n_random",
+            "seed",
+        ),
+        helps={
+            "seq_len": "tokens per sequence (default %(default)s)",
+            "n_natural": "natural-text windows (default %(default)s)",
+        },
+    ),
+)
 """``--help``'s blocks: the model's flags, the output's, the command's own."""
 
 
@@ -188,7 +250,7 @@ def _wrote(paths: list, out: Path) -> str:
     return f"\nwrote {len(paths)} files to {out}/ (policy.json, policy_budget.json, curve.csv, summary.json, figures)"
 
 
-
-COMMAND = Command(HELP, config=KVConfig, run="headprobe.commands.kv:main", flags=FLAGS,
-                  api="headprobe.commands.kv_core:kv")
+COMMAND = Command(
+    HELP, config=KVConfig, run="headprobe.commands.kv:main", flags=FLAGS, api="headprobe.commands.kv_core:kv"
+)
 """``headprobe kv``, registered in :data:`headprobe.commands.COMMANDS`."""

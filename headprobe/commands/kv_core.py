@@ -63,8 +63,16 @@ class KVResult:
     def _excluded(self) -> list[tuple[int, int]]:
         """Groups of sliding layers whose window is no wider than ``--window``: left as the model has them."""
         keep = set(self.candidates) if self.candidates is not None else None
-        return [] if keep is None else [(layer, g) for layer in range(self.policy.n_layers)
-                                        for g in range(self.policy.n_kv_groups) if (layer, g) not in keep]
+        return (
+            []
+            if keep is None
+            else [
+                (layer, g)
+                for layer in range(self.policy.n_layers)
+                for g in range(self.policy.n_kv_groups)
+                if (layer, g) not in keep
+            ]
+        )
 
     def group_table(self):
         """group_costs.csv: one row per (layer, kv_group) with its costs and whether it stays full."""
@@ -72,12 +80,22 @@ class KVResult:
 
         c, full, out = self.costs, set(self.policy.full_groups), set(self._excluded())
         L, G = c.natural.shape
-        return pd.DataFrame([{"layer": layer, "kv_group": g, "natural_cost": float(c.natural[layer, g]),
-                              "long_range_cost": float(c.long_range[layer, g]), "score": float(c.score[layer, g]),
-                              **({"copy_accuracy_drop": float(c.accuracy_drop[layer, g])} if c.accuracy_drop is not None else {}),
-                              "full_cache": (layer, g) in full,
-                              **({"candidate": (layer, g) not in out} if self.layout.windows is not None else {})}
-                             for layer in range(L) for g in range(G)])
+        return pd.DataFrame(
+            [
+                {
+                    "layer": layer,
+                    "kv_group": g,
+                    "natural_cost": float(c.natural[layer, g]),
+                    "long_range_cost": float(c.long_range[layer, g]),
+                    "score": float(c.score[layer, g]),
+                    **({"copy_accuracy_drop": float(c.accuracy_drop[layer, g])} if c.accuracy_drop is not None else {}),
+                    "full_cache": (layer, g) in full,
+                    **({"candidate": (layer, g) not in out} if self.layout.windows is not None else {}),
+                }
+                for layer in range(L)
+                for g in range(G)
+            ]
+        )
 
     def summary(self) -> dict:
         """summary.json: the policy, its bytes, its quality against full, uniform and random."""
@@ -85,62 +103,96 @@ class KVResult:
         rnd = [r for r in self.comparison if r["policy"] == "random"]
         c = self.config
         excluded = set(self._excluded())
-        return summary_envelope({
-            "n_layers": self.policy.n_layers, "n_kv_groups": self.policy.n_kv_groups,
-            "unit": "latent (MLA: one per layer)" if self.layout.is_mla else "kv_head",
-            "seq_len": c.seq_len, "sink": c.sink, "window": c.window, "method": self.costs.method,
-            "target": {"kv_budget": c.kv_budget} if c.loss_tolerance is None else {"loss_tolerance": c.loss_tolerance},
-            "full_groups": [f"{layer}.{g}" for layer, g in self.policy.full_groups if (layer, g) not in excluded],
-            **self._sliding(),
-            "kv_bytes": self.policy_cost.kv_bytes, "kv_bytes_full": self.policy_cost.kv_bytes_full,
-            "kv_fraction": self.policy_cost.kv_fraction, "cache_check": self.cache_check,
-            "full": self.full.to_dict(), "chosen": by["chosen"], "uniform": by["uniform"],
-            "random": {"rows": rnd, "natural_loss_increase_mean": _mean(r["natural_loss_increase"] for r in rnd),
-                       "copy_accuracy_mean": _mean(r["copy_accuracy"] for r in rnd)},
-            "beats_uniform": _beats(by["chosen"], [by["uniform"]]), "beats_random": _beats(by["chosen"], rnd),
-            "sources": self.sources,
-            "definitions": {"natural_loss": "mean next-token loss on natural text, nats/token",
-                            "long_range": "a random block planted early and repeated at the end; loss and top-1 accuracy "
-                                          "on its tokens 2..block_len", "streaming": "a KV group's query heads read only "
-                                          "the first sink and the last window keys; exact, the attention masked per group; "
-                                          "the window slides for every query, prompt included (kvpress's StreamingLLM "
-                                          "press instead prunes the cache once after a full-attention prefill)",
-                            "uniform": "every group streaming with one window at the same KV memory",
-                            "random": "as many groups full as the chosen policy, drawn at random"},
-        }, model=self.spec.name, precision=self.spec.precision, device=self.device, self_check=self.self_check,
-            config=c, timings_s={"load_s": self.load_s, "run_s": self.seconds})
+        return summary_envelope(
+            {
+                "n_layers": self.policy.n_layers,
+                "n_kv_groups": self.policy.n_kv_groups,
+                "unit": "latent (MLA: one per layer)" if self.layout.is_mla else "kv_head",
+                "seq_len": c.seq_len,
+                "sink": c.sink,
+                "window": c.window,
+                "method": self.costs.method,
+                "target": {"kv_budget": c.kv_budget}
+                if c.loss_tolerance is None
+                else {"loss_tolerance": c.loss_tolerance},
+                "full_groups": [f"{layer}.{g}" for layer, g in self.policy.full_groups if (layer, g) not in excluded],
+                **self._sliding(),
+                "kv_bytes": self.policy_cost.kv_bytes,
+                "kv_bytes_full": self.policy_cost.kv_bytes_full,
+                "kv_fraction": self.policy_cost.kv_fraction,
+                "cache_check": self.cache_check,
+                "full": self.full.to_dict(),
+                "chosen": by["chosen"],
+                "uniform": by["uniform"],
+                "random": {
+                    "rows": rnd,
+                    "natural_loss_increase_mean": _mean(r["natural_loss_increase"] for r in rnd),
+                    "copy_accuracy_mean": _mean(r["copy_accuracy"] for r in rnd),
+                },
+                "beats_uniform": _beats(by["chosen"], [by["uniform"]]),
+                "beats_random": _beats(by["chosen"], rnd),
+                "sources": self.sources,
+                "definitions": {
+                    "natural_loss": "mean next-token loss on natural text, nats/token",
+                    "long_range": "a random block planted early and repeated at the end; loss and top-1 accuracy "
+                    "on its tokens 2..block_len",
+                    "streaming": "a KV group's query heads read only "
+                    "the first sink and the last window keys; exact, the attention masked per group; "
+                    "the window slides for every query, prompt included (kvpress's StreamingLLM "
+                    "press instead prunes the cache once after a full-attention prefill)",
+                    "uniform": "every group streaming with one window at the same KV memory",
+                    "random": "as many groups full as the chosen policy, drawn at random",
+                },
+            },
+            model=self.spec.name,
+            precision=self.spec.precision,
+            device=self.device,
+            self_check=self.self_check,
+            config=c,
+            timings_s={"load_s": self.load_s, "run_s": self.seconds},
+        )
 
     def _sliding(self) -> dict:
         """summary.json's ``sliding_window_layers`` where the model has them (else nothing)."""
         if self.layout.windows is None:
             return {}
         out = self._excluded()
-        return {"sliding_window_layers": {
-            "windows": list(self.layout.windows), "n_candidates": self.policy.n_layers * self.policy.n_kv_groups - len(out),
-            "excluded_groups": [f"{layer}.{g}" for layer, g in out],
-            "rule": "a streaming group of a sliding layer reads the intersection of the layer's window and sink + window, "
-                    "and caches what that leaves; groups of layers whose window is <= --window would be unchanged, so "
-                    "they are full (their window) in every policy and not drawn by the random controls, which keep "
-                    "as many full groups of each saving as the chosen policy (the same bytes)"}}
+        return {
+            "sliding_window_layers": {
+                "windows": list(self.layout.windows),
+                "n_candidates": self.policy.n_layers * self.policy.n_kv_groups - len(out),
+                "excluded_groups": [f"{layer}.{g}" for layer, g in out],
+                "rule": "a streaming group of a sliding layer reads the intersection of the layer's window and sink + window, "
+                "and caches what that leaves; groups of layers whose window is <= --window would be unchanged, so "
+                "they are full (their window) in every policy and not drawn by the random controls, which keep "
+                "as many full groups of each saving as the chosen policy (the same bytes)",
+            }
+        }
 
     def report(self) -> str:
         s = self.summary()
         n_groups = s["n_layers"] * s["n_kv_groups"]
         excluded = len(s.get("sliding_window_layers", {}).get("excluded_groups", []))
-        lines = [f"policy: {len(s['full_groups'])} of {n_groups - excluded} candidate KV groups full, the rest "
-                 f"sink {s['sink']} + window {s['window']} ({excluded} groups of sliding layers no wider than the window as the model "
-                 f"has them); KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens"
-                 if excluded else
-                 f"policy: {len(s['full_groups'])} of {n_groups} KV groups full, the rest "
-                 f"sink {s['sink']} + window {s['window']}; KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens",
-                 f"{'':>10} {'natural loss +':>15} {'copy accuracy':>14} {'long-range loss':>16}",
-                 f"{'full':>10} {0:>15.4f} {s['full']['copy_accuracy']:>14.3f} {s['full']['long_range_loss']:>16.3f}"]
+        lines = [
+            f"policy: {len(s['full_groups'])} of {n_groups - excluded} candidate KV groups full, the rest "
+            f"sink {s['sink']} + window {s['window']} ({excluded} groups of sliding layers no wider than the window as the model "
+            f"has them); KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens"
+            if excluded
+            else f"policy: {len(s['full_groups'])} of {n_groups} KV groups full, the rest "
+            f"sink {s['sink']} + window {s['window']}; KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens",
+            f"{'':>10} {'natural loss +':>15} {'copy accuracy':>14} {'long-range loss':>16}",
+            f"{'full':>10} {0:>15.4f} {s['full']['copy_accuracy']:>14.3f} {s['full']['long_range_loss']:>16.3f}",
+        ]
         for name in ("chosen", "uniform"):
             r = s[name]
-            lines.append(f"{name:>10} {r['natural_loss_increase']:>15.4f} {r['copy_accuracy']:>14.3f} {r['long_range_loss']:>16.3f}")
+            lines.append(
+                f"{name:>10} {r['natural_loss_increase']:>15.4f} {r['copy_accuracy']:>14.3f} {r['long_range_loss']:>16.3f}"
+            )
         for r in s["random"]["rows"]:
-            lines.append(f"{'random ' + str(r['seed']):>10} {r['natural_loss_increase']:>15.4f} {r['copy_accuracy']:>14.3f} "
-                         f"{r['long_range_loss']:>16.3f}")
+            lines.append(
+                f"{'random ' + str(r['seed']):>10} {r['natural_loss_increase']:>15.4f} {r['copy_accuracy']:>14.3f} "
+                f"{r['long_range_loss']:>16.3f}"
+            )
         return "\n".join(lines)
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
@@ -156,19 +208,36 @@ class KVResult:
 
         def policy_files(out: Path) -> list[Path]:
             write_json(out / "policy.json", self.policy.to_dict())
-            write_json(out / "policy_budget.json", {"layout": self.layout.to_dict(), **self.policy_cost.to_dict(),
-                                                    "command": f"headprobe budget --model {self.spec.name} --seq-len "
-                                                               f"{self.config.seq_len} --dtype {self.config.dtype} --policy policy.json"})
+            write_json(
+                out / "policy_budget.json",
+                {
+                    "layout": self.layout.to_dict(),
+                    **self.policy_cost.to_dict(),
+                    "command": f"headprobe budget --model {self.spec.name} --seq-len "
+                    f"{self.config.seq_len} --dtype {self.config.dtype} --policy policy.json",
+                },
+            )
             return [out / "policy.json", out / "policy_budget.json"]
 
         def curve_figure():
-            return figures.kv_policy_curve(self.curve, f"{self.spec.name}: KV policy at {self.config.seq_len} tokens "
-                                                       f"(sink {self.config.sink}, window {self.config.window})")
+            return figures.kv_policy_curve(
+                self.curve,
+                f"{self.spec.name}: KV policy at {self.config.seq_len} tokens "
+                f"(sink {self.config.sink}, window {self.config.window})",
+            )
 
-        tables = {"group_costs.csv": self.group_table().to_csv(index=False, float_format="%.6f"),
-                  "curve.csv": pd.DataFrame(self.curve).to_csv(index=False, float_format="%.6f")}
-        return write_outputs(out_dir, overwrite, summary=self.summary, tables=tables, figures={"kv_curve": curve_figure},
-                             extra=policy_files)
+        tables = {
+            "group_costs.csv": self.group_table().to_csv(index=False, float_format="%.6f"),
+            "curve.csv": pd.DataFrame(self.curve).to_csv(index=False, float_format="%.6f"),
+        }
+        return write_outputs(
+            out_dir,
+            overwrite,
+            summary=self.summary,
+            tables=tables,
+            figures={"kv_curve": curve_figure},
+            extra=policy_files,
+        )
 
 
 def _mean(values) -> float:
@@ -179,8 +248,9 @@ def _mean(values) -> float:
 def _beats(chosen: dict, others: list[dict]) -> bool:
     """Lower natural-text loss increase and higher copy accuracy than the mean of ``others``
     (ties in accuracy count, so a budget where both copy perfectly is judged on loss)."""
-    return (chosen["natural_loss_increase"] <= _mean(r["natural_loss_increase"] for r in others)
-            and chosen["copy_accuracy"] >= _mean(r["copy_accuracy"] for r in others))
+    return chosen["natural_loss_increase"] <= _mean(r["natural_loss_increase"] for r in others) and chosen[
+        "copy_accuracy"
+    ] >= _mean(r["copy_accuracy"] for r in others)
 
 
 def _token_sets(model: LoadedModel, config: KVConfig):
@@ -190,14 +260,19 @@ def _token_sets(model: LoadedModel, config: KVConfig):
 
     text = open_text_file(config.text) if config.text else None
     if config.seq_len > model.spec.n_ctx:
-        raise HeadprobeError(f"--seq-len {config.seq_len} is longer than the model's context ({model.spec.n_ctx} tokens)")
+        raise HeadprobeError(
+            f"--seq-len {config.seq_len} is longer than the model's context ({model.spec.n_ctx} tokens)"
+        )
     natural = natural_text_tokens(model, config.n_natural, config.seq_len, config.seed, text)
     if natural.tokens.shape[0] < config.n_natural:
-        raise HeadprobeError(f"the text holds {natural.tokens.shape[0]} windows of {config.seq_len} tokens; "
-                             f"{config.n_natural} are needed")
+        raise HeadprobeError(
+            f"the text holds {natural.tokens.shape[0]} windows of {config.seq_len} tokens; "
+            f"{config.n_natural} are needed"
+        )
     assert config.distances is not None  # filled by KVConfig.__post_init__
-    lr = long_range_tokens(model, config.seq_len, list(config.distances), config.block_len, config.seed + 1,
-                           config.n_per_distance, text)
+    lr = long_range_tokens(
+        model, config.seq_len, list(config.distances), config.block_len, config.seed + 1, config.n_per_distance, text
+    )
     return natural, lr
 
 
@@ -217,8 +292,10 @@ def batch_line(model: LoadedModel, config: KVConfig) -> str:
 
     spec, T = model.spec, config.seq_len
     batch = max(config.n_natural, len(config.distances) if config.distances else 4)
-    per = (forward_sequence_bytes(spec.layout, T, spec.d_vocab, model.dtype.itemsize, logit_positions=min(T, LOGIT_CHUNK))
-           + 4 * spec.n_heads * T * T)
+    per = (
+        forward_sequence_bytes(spec.layout, T, spec.d_vocab, model.dtype.itemsize, logit_positions=min(T, LOGIT_CHUNK))
+        + 4 * spec.n_heads * T * T
+    )
     return memory.plan(per, model.device, batch, f"kv's forwards ({batch} x {T} tokens in one batch)", cap=batch).line()
 
 
@@ -240,14 +317,18 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
 
     config.preflight()
     kp.check_kv_backend(model)
-    model.check_kv_policy(KVPolicy.uniform(model.spec.n_layers, model.n_kv_groups))  # chunked attention: before any work
+    model.check_kv_policy(
+        KVPolicy.uniform(model.spec.n_layers, model.n_kv_groups)
+    )  # chunked attention: before any work
     layout = model.kv_layout
     assert config.window is not None  # filled by KVConfig.__post_init__
     streaming = Streaming(config.sink, config.window)
     candidates = kp.streaming_candidates(layout, streaming)
     if not candidates:
-        raise HeadprobeError(f"every layer of {model.spec.name} has a sliding window of at most --window {config.window}: "
-                             f"streaming would change nothing; use a smaller --window")
+        raise HeadprobeError(
+            f"every layer of {model.spec.name} has a sliding window of at most --window {config.window}: "
+            f"streaming would change nothing; use a smaller --window"
+        )
     for b in (*config.budgets, config.kv_budget) if config.loss_tolerance is None else config.budgets:
         kp.check_budget(b, streaming, layout, config.seq_len, candidates)
     t0 = time.perf_counter()
@@ -260,33 +341,64 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
     full = kp.evaluate(model, tokens, start, lr)
     bar.update()
     if config.method == "measured":
-        costs = kp.measured_group_costs(model, tokens, start, lr, streaming, full, progress=bar.update, candidates=candidates)
+        costs = kp.measured_group_costs(
+            model, tokens, start, lr, streaming, full, progress=bar.update, candidates=candidates
+        )
     else:
-        costs = (kp.retrieval_group_costs if config.method == "retrieval" else kp.estimated_group_costs)(model, tokens, lr, streaming)
-    curve = kp.kv_curve(model, tokens, start, lr, costs.score, streaming, list(config.budgets), seeds, layout, full,
-                        progress=bar.update)
+        costs = (kp.retrieval_group_costs if config.method == "retrieval" else kp.estimated_group_costs)(
+            model, tokens, lr, streaming
+        )
+    curve = kp.kv_curve(
+        model, tokens, start, lr, costs.score, streaming, list(config.budgets), seeds, layout, full, progress=bar.update
+    )
     if config.loss_tolerance is None:
-        full_groups = kp.budget_full_groups(costs.score, streaming, layout, config.seq_len, config.kv_budget, candidates)
+        full_groups = kp.budget_full_groups(
+            costs.score, streaming, layout, config.seq_len, config.kv_budget, candidates
+        )
         comparison = [r for r in curve if r["budget"] == config.kv_budget and r["policy"] != "full"]
     else:
-        full_groups = kp.tolerance_full_groups(model, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full, layout)
-        label = policy_cost(layout, kp.policy_with_full(layout, full_groups, streaming, candidates), config.seq_len).kv_fraction
+        full_groups = kp.tolerance_full_groups(
+            model, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full, layout
+        )
+        label = policy_cost(
+            layout, kp.policy_with_full(layout, full_groups, streaming, candidates), config.seq_len
+        ).kv_fraction
         comparison = kp.compare_at(model, tokens, start, lr, full_groups, streaming, seeds, layout, full, label=label)
     bar.close()
     policy = kp.policy_with_full(layout, full_groups, streaming, candidates, model.spec.name)
     chosen_row = next(r for r in comparison if r["policy"] == "chosen")
     chosen = kp.Quality(chosen_row["natural_loss"], chosen_row["long_range_loss"], chosen_row["copy_accuracy"], {})
-    check = {**kp.allocated_cache_check(model, tokens, policy, layout),
-             "loss": kp.loss_identity_check(model, tokens, start, policy, chosen.natural_loss)}
-    return KVResult(config, model.spec, layout, policy, policy_cost(layout, policy, config.seq_len), costs, full, chosen,
-                    comparison, curve, check, sources={"natural": natural.source, "long_range": lr.source},
-                    seconds=time.perf_counter() - t0, device=str(model.device), self_check=model.self_check.to_dict(),
-                    candidates=candidates)
+    check = {
+        **kp.allocated_cache_check(model, tokens, policy, layout),
+        "loss": kp.loss_identity_check(model, tokens, start, policy, chosen.natural_loss),
+    }
+    return KVResult(
+        config,
+        model.spec,
+        layout,
+        policy,
+        policy_cost(layout, policy, config.seq_len),
+        costs,
+        full,
+        chosen,
+        comparison,
+        curve,
+        check,
+        sources={"natural": natural.source, "long_range": lr.source},
+        seconds=time.perf_counter() - t0,
+        device=str(model.device),
+        self_check=model.self_check.to_dict(),
+        candidates=candidates,
+    )
 
 
 kv = options.command_function(
-    KVConfig, run, "kv", "A head-level KV-cache policy, chosen from the heads and measured causally",
-    '``seq_len=1024``, ``kv_budget=0.5``')
+    KVConfig,
+    run,
+    "kv",
+    "A head-level KV-cache policy, chosen from the heads and measured causally",
+    "``seq_len=1024``, ``kv_budget=0.5``",
+)
 """``headprobe kv`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 

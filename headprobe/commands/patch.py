@@ -50,8 +50,10 @@ if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
     from headprobe.probe.backends.base import LoadedModel
     from headprobe.probe.layout.spec import ModelSpec
 
-HELP = ("activation patching of heads (z, q, k, v) or the residual stream (clean vs corrupted prompt, logit "
-        "difference); the IOI task built in")
+HELP = (
+    "activation patching of heads (z, q, k, v) or the residual stream (clean vs corrupted prompt, logit "
+    "difference); the IOI task built in"
+)
 
 TASKS = ("ioi",)
 
@@ -74,24 +76,39 @@ class PatchConfig(ModelSettings):
             negative from the end); None: every position of the shortest prompt.
     """
 
-    task: str = setting("ioi", "built-in prompt pairs (default %(default)s: indirect-object identification)", choices=TASKS)
-    prompts: str | None = setting(None, "your own pairs instead: JSONL with clean, corrupted, correct, wrong per line",
-                                  metavar="FILE")
+    task: str = setting(
+        "ioi", "built-in prompt pairs (default %(default)s: indirect-object identification)", choices=TASKS
+    )
+    prompts: str | None = setting(
+        None, "your own pairs instead: JSONL with clean, corrupted, correct, wrong per line", metavar="FILE"
+    )
     n_prompts: int = setting(24, "IOI prompt pairs (default %(default)s)", type=positive_int)
     seed: int = shared(DataSettings, "seed")
     heads: str | None = setting(None, "only these heads, e.g. 9.6,9.9 or L9H6 (default: every head)")
-    site: str = setting("z", "what to patch: z (a head's output, default), q/k/v (its query, key or value input; GQA: the "
-                             "query head alone gets the corrupted k/v) or resid (the residual stream before each layer, "
-                             "one position at a time)", choices=PATCH_SITES)
-    positions: str | None = setting(None, "--site resid: token positions (0 = first, negative from the end; default: every "
-                                          "position of the shortest prompt)", metavar="P,P,...")
+    site: str = setting(
+        "z",
+        "what to patch: z (a head's output, default), q/k/v (its query, key or value input; GQA: the "
+        "query head alone gets the corrupted k/v) or resid (the residual stream before each layer, "
+        "one position at a time)",
+        choices=PATCH_SITES,
+    )
+    positions: str | None = setting(
+        None,
+        "--site resid: token positions (0 = first, negative from the end; default: every "
+        "position of the shortest prompt)",
+        metavar="P,P,...",
+    )
 
     def __post_init__(self):
         super().__post_init__()
         if self.task not in TASKS:
-            raise HeadprobeError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r} (or give --prompts FILE)")
+            raise HeadprobeError(
+                f"--task must be one of {', '.join(TASKS)}, got {self.task!r} (or give --prompts FILE)"
+            )
         if self.n_prompts < 2:
-            raise HeadprobeError(f"--n-prompts must be at least 2 (an interval needs two prompts), got {self.n_prompts}")
+            raise HeadprobeError(
+                f"--n-prompts must be at least 2 (an interval needs two prompts), got {self.n_prompts}"
+            )
         if self.site not in PATCH_SITES:
             raise HeadprobeError(f"--site must be one of {', '.join(PATCH_SITES)}, got {self.site!r}")
         if self.site == "resid" and self.heads:
@@ -111,7 +128,9 @@ class PatchConfig(ModelSettings):
         try:
             out = [int(x) for x in str(self.positions).split(",")]
         except ValueError:
-            raise HeadprobeError(f"--positions takes comma-separated integers (e.g. -1,-3,0), got {self.positions!r}") from None
+            raise HeadprobeError(
+                f"--positions takes comma-separated integers (e.g. -1,-3,0), got {self.positions!r}"
+            ) from None
         return list(dict.fromkeys(out))
 
     def preflight(self) -> None:
@@ -132,8 +151,10 @@ class PatchConfig(ModelSettings):
                 if n is None or not cfg or not cfg["n_ctx"]:
                     return
                 if n > cfg["n_ctx"]:
-                    raise HeadprobeError(f"prompt pair {i + 1}: the {which} prompt is {n} tokens, longer than the model's "
-                                         f"context of {cfg['n_ctx']} positions")
+                    raise HeadprobeError(
+                        f"prompt pair {i + 1}: the {which} prompt is {n} tokens, longer than the model's "
+                        f"context of {cfg['n_ctx']} positions"
+                    )
 
     def read_pairs(self):
         """The prompt pairs of ``prompts`` (:class:`headprobe.analyses.patching.PromptPair`; None without it).
@@ -161,8 +182,10 @@ class PatchConfig(ModelSettings):
                 if not all(isinstance(pairs[-1][k], str) for k in keys):
                     raise TypeError
             except (ValueError, KeyError, TypeError):
-                raise HeadprobeError(f"{self.prompts} line {n}: expected a JSON object with string fields clean, corrupted, "
-                                     f"correct and wrong") from None
+                raise HeadprobeError(
+                    f"{self.prompts} line {n}: expected a JSON object with string fields clean, corrupted, "
+                    f"correct and wrong"
+                ) from None
         if len(pairs) < 2:
             raise HeadprobeError(f"{self.prompts} has {len(pairs)} prompt pair(s); patching needs at least 2")
         return pairs
@@ -172,13 +195,13 @@ SITE_TEXT = {
     "z": "the head's z (hook_z, every position) on the corrupted prompt, into the clean run",
     "q": "the head's query input (hook_q, every position) on the corrupted prompt, into the clean run",
     "k": "the head's key input (hook_k, every position) on the corrupted prompt, into the clean run; under GQA its KV "
-         "head is replaced and the group's other query heads keep their clean z (as if the KV head were expanded into "
-         "one copy per query head and only this head's copy patched)",
+    "head is replaced and the group's other query heads keep their clean z (as if the KV head were expanded into "
+    "one copy per query head and only this head's copy patched)",
     "v": "the head's value input (hook_v, every position) on the corrupted prompt, into the clean run; under GQA its KV "
-         "head is replaced and the group's other query heads keep their clean z (as if the KV head were expanded into "
-         "one copy per query head and only this head's copy patched)",
+    "head is replaced and the group's other query heads keep their clean z (as if the KV head were expanded into "
+    "one copy per query head and only this head's copy patched)",
     "resid": "the residual stream entering the layer (hook_resid_pre) at one position (counted over the prompt's real "
-             "tokens, 0 = the first, negative from the end) on the corrupted prompt, into the clean run",
+    "tokens, 0 = the first, negative from the end) on the corrupted prompt, into the clean run",
 }
 
 
@@ -224,30 +247,54 @@ class PatchResult:
         key = "top_positions" if self.config.site == "resid" else "top_heads"
         info = dict(self.model_info)
         device, self_check = info.pop("device", None), info.pop("self_check", None)
-        return summary_envelope({
-            **info,
-            "task": "custom prompts" if self.config.prompts else self.config.task, "site": self.config.site,
-            "n_prompts": int(len(p.clean_ld)), "example": asdict(p.pairs[0]) if p.pairs else None,
-            "clean_logit_diff": round(float(p.clean_ld.mean()), 4),
-            **{f"clean_logit_diff_{k}": v for k, v in ci(p.clean_ld).items()},
-            "clean_correct_share": round(float((p.clean_ld > 0).mean()), 4),
-            "corrupted_logit_diff": round(float(p.corrupted_ld.mean()), 4),
-            **{f"corrupted_logit_diff_{k}": v for k, v in ci(p.corrupted_ld).items()},
-            "normaliser": round(p.total, 4),
-            **({} if p.total else {"normalized_null_reason": "undefined: the corrupted prompts' mean logit difference "
-                                   "equals the clean prompts' (normaliser 0), so effect / normaliser is 0/0"}),
-            key: [{**self._unit(r), "effect": round(float(r.effect), 4),
-                   **({"effect_ci95": [round(float(r.effect_ci95_lo), 4), round(float(r.effect_ci95_hi), 4)]}
-                      if p.has_intervals else {}),
-                   "normalized": round(float(r.normalized), 4)} for r in self._top(10).itertuples()],
-            "metric": "logit difference logit(correct) - logit(wrong) after the last token; effect = patched - clean "
-                      "(per prompt pair: the effect_pair_* columns of the CSV; mean over pairs); "
-                      "normalized = effect / (mean corrupted - mean clean)",
-            "patching": SITE_TEXT[self.config.site],
-            "interval_rule": p.interval_note,
-            "forward_passes": int(p.n_forward),
-        }, model=self.spec.name, precision=self.spec.precision, device=device, self_check=self_check, config=self.config,
-            timings_s={"load_s": self.load_s, "run_s": self.seconds})
+        return summary_envelope(
+            {
+                **info,
+                "task": "custom prompts" if self.config.prompts else self.config.task,
+                "site": self.config.site,
+                "n_prompts": int(len(p.clean_ld)),
+                "example": asdict(p.pairs[0]) if p.pairs else None,
+                "clean_logit_diff": round(float(p.clean_ld.mean()), 4),
+                **{f"clean_logit_diff_{k}": v for k, v in ci(p.clean_ld).items()},
+                "clean_correct_share": round(float((p.clean_ld > 0).mean()), 4),
+                "corrupted_logit_diff": round(float(p.corrupted_ld.mean()), 4),
+                **{f"corrupted_logit_diff_{k}": v for k, v in ci(p.corrupted_ld).items()},
+                "normaliser": round(p.total, 4),
+                **(
+                    {}
+                    if p.total
+                    else {
+                        "normalized_null_reason": "undefined: the corrupted prompts' mean logit difference "
+                        "equals the clean prompts' (normaliser 0), so effect / normaliser is 0/0"
+                    }
+                ),
+                key: [
+                    {
+                        **self._unit(r),
+                        "effect": round(float(r.effect), 4),
+                        **(
+                            {"effect_ci95": [round(float(r.effect_ci95_lo), 4), round(float(r.effect_ci95_hi), 4)]}
+                            if p.has_intervals
+                            else {}
+                        ),
+                        "normalized": round(float(r.normalized), 4),
+                    }
+                    for r in self._top(10).itertuples()
+                ],
+                "metric": "logit difference logit(correct) - logit(wrong) after the last token; effect = patched - clean "
+                "(per prompt pair: the effect_pair_* columns of the CSV; mean over pairs); "
+                "normalized = effect / (mean corrupted - mean clean)",
+                "patching": SITE_TEXT[self.config.site],
+                "interval_rule": p.interval_note,
+                "forward_passes": int(p.n_forward),
+            },
+            model=self.spec.name,
+            precision=self.spec.precision,
+            device=device,
+            self_check=self_check,
+            config=self.config,
+            timings_s={"load_s": self.load_s, "run_s": self.seconds},
+        )
 
     def figures(self) -> dict:
         """``patching`` (every unit's normalised effect, layer x head or layer x position) and
@@ -260,37 +307,61 @@ class PatchResult:
         grid = p.as_grid(self.table["normalized"].to_numpy())
         task = "custom prompts" if self.config.prompts else self.config.task.upper()
         heat = figures.signed_head_heatmap(
-            grid, f"{spec.name}: patching {site}, {task} ({len(p.clean_ld)} prompts)",
-            "normalised effect (1 = all of corrupted − clean)", group_size=None if site == "resid" else spec.group_size)
+            grid,
+            f"{spec.name}: patching {site}, {task} ({len(p.clean_ld)} prompts)",
+            "normalised effect (1 = all of corrupted − clean)",
+            group_size=None if site == "resid" else spec.group_size,
+        )
         if site == "resid":
             ax = heat.axes[0]
             ax.set_xticks(range(len(p.positions)), [str(x) for x in p.positions], fontsize=5)
             ax.set_xlabel("position (token index: 0 = first, −1 = last)")
         top = self._top(12)
-        ci = (top[["effect_ci95_lo", "effect_ci95_hi"]].to_numpy().T if p.has_intervals
-              else np.full((2, len(top)), np.nan))
-        bars = figures.effect_bars([self._label(r) for r in top.itertuples()], top["effect"].to_numpy(), ci,
-                                   f"{spec.name}: largest effects, {site} ({task})",
-                                   "Δ logit difference (patched − clean)", signs=top["normalized"].to_numpy(),
-                                   sign_labels=("normalised effect > 0: toward corrupted (red in patching.png)",
-                                                "normalised effect < 0: away from corrupted (blue)"),
-                                   ci_label=("whiskers: 95% t interval over prompts" if p.has_intervals
-                                             else f"no whiskers: {p.interval_note.removeprefix('none: ')}"),
-                                   label_prefix="" if site == "resid" else "head ")
+        ci = (
+            top[["effect_ci95_lo", "effect_ci95_hi"]].to_numpy().T
+            if p.has_intervals
+            else np.full((2, len(top)), np.nan)
+        )
+        bars = figures.effect_bars(
+            [self._label(r) for r in top.itertuples()],
+            top["effect"].to_numpy(),
+            ci,
+            f"{spec.name}: largest effects, {site} ({task})",
+            "Δ logit difference (patched − clean)",
+            signs=top["normalized"].to_numpy(),
+            sign_labels=(
+                "normalised effect > 0: toward corrupted (red in patching.png)",
+                "normalised effect < 0: away from corrupted (blue)",
+            ),
+            ci_label=(
+                "whiskers: 95% t interval over prompts"
+                if p.has_intervals
+                else f"no whiskers: {p.interval_note.removeprefix('none: ')}"
+            ),
+            label_prefix="" if site == "resid" else "head ",
+        )
         return {"patching": heat, "patching_top": bars}
 
     def report(self) -> str:
         s, p = self.summary(), self.patching
-        ci = (lambda k: f" (95% CI {s[k + '_ci95'][0]:+.3f} .. {s[k + '_ci95'][1]:+.3f})") if p.has_intervals else (lambda k: "")
-        lines = [f"clean logit difference {s['clean_logit_diff']:+.3f}{ci('clean_logit_diff')}, correct on "
-                 f"{s['clean_correct_share']:.0%} of {s['n_prompts']} prompts; corrupted {s['corrupted_logit_diff']:+.3f}",
-                 f"intervals: {p.interval_note}",
-                 f"largest effects at {self.config.site} (Δ logit difference{', 95% CI' if p.has_intervals else ''}, normalised):"]
+        ci = (
+            (lambda k: f" (95% CI {s[k + '_ci95'][0]:+.3f} .. {s[k + '_ci95'][1]:+.3f})")
+            if p.has_intervals
+            else (lambda k: "")
+        )
+        lines = [
+            f"clean logit difference {s['clean_logit_diff']:+.3f}{ci('clean_logit_diff')}, correct on "
+            f"{s['clean_correct_share']:.0%} of {s['n_prompts']} prompts; corrupted {s['corrupted_logit_diff']:+.3f}",
+            f"intervals: {p.interval_note}",
+            f"largest effects at {self.config.site} (Δ logit difference{', 95% CI' if p.has_intervals else ''}, normalised):",
+        ]
         for t in s["top_positions" if self.config.site == "resid" else "top_heads"][:8]:
             ci_text = f"  [{t['effect_ci95'][0]:+.3f}, {t['effect_ci95'][1]:+.3f}]" if "effect_ci95" in t else ""
             name = t["head"] if "head" in t else f"L{t['layer']} pos {t['pos']}"
-            lines.append(f"  {name:>10}  {t['effect']:+.3f}{ci_text}  "
-                         + ("n/a" if "normalized_null_reason" in s else f"{t['normalized']:+.2f}"))
+            lines.append(
+                f"  {name:>10}  {t['effect']:+.3f}{ci_text}  "
+                + ("n/a" if "normalized_null_reason" in s else f"{t['normalized']:+.2f}")
+            )
         if "normalized_null_reason" in s:
             lines.append(f"normalised effects n/a: {s['normalized_null_reason']}")
         return "\n".join(lines)
@@ -304,8 +375,13 @@ class PatchResult:
         """
         from headprobe.analyses.outputs import write_outputs
 
-        return write_outputs(out_dir, overwrite, summary=self.summary, figures=self.figures,
-                             tables={self.csv_name: self.table.to_csv(index=False, float_format="%.5f")})
+        return write_outputs(
+            out_dir,
+            overwrite,
+            summary=self.summary,
+            figures=self.figures,
+            tables={self.csv_name: self.table.to_csv(index=False, float_format="%.5f")},
+        )
 
 
 def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> PatchResult:
@@ -330,36 +406,53 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
         raise HeadprobeError(f"{spec.name} is an encoder: patching's logit difference needs a language-model head")
     units = parse_heads(config.heads, spec.n_layers, spec.n_heads) if config.heads else None
     if config.site == "resid" and config.positions is not None:
-        units = [(layer, pos) for layer in range(spec.n_layers) for pos in config.position_list() or []]  # positions given
+        units = [
+            (layer, pos) for layer in range(spec.n_layers) for pos in config.position_list() or []
+        ]  # positions given
     pairs = config.read_pairs() or ioi_prompts(model.tokenizer, config.n_prompts, config.seed)
     t0 = time.perf_counter()
     p = patch(model, pairs, config.site, units, progress=progress)
     dtype = str(model.dtype).removeprefix("torch.")
     if not all(np.isfinite(x).all() for x in (p.clean_ld, p.corrupted_ld, p.patched_ld)):  # as scan and ablate refuse
-        raise HeadprobeError(f"the model's logit differences are NaN or Inf in {dtype}"
-                             + (" (float16 overflows above 65504: use --dtype bfloat16 or float32)" if dtype == "float16" else ""))
+        raise HeadprobeError(
+            f"the model's logit differences are NaN or Inf in {dtype}"
+            + (" (float16 overflows above 65504: use --dtype bfloat16 or float32)" if dtype == "float16" else "")
+        )
     table = p.table(seed=config.seed)
     if config.site != "resid":
         table.insert(2, "kv_head", kv_head_of(table["head"].to_numpy(), spec.n_heads, spec.n_kv_heads))
-    return PatchResult(config, spec, p, table, seconds=time.perf_counter() - t0,
-                       model_info={"device": str(model.device), "dtype": dtype,
-                                   "self_check": model.self_check.to_dict()})
+    return PatchResult(
+        config,
+        spec,
+        p,
+        table,
+        seconds=time.perf_counter() - t0,
+        model_info={"device": str(model.device), "dtype": dtype, "self_check": model.self_check.to_dict()},
+    )
 
 
 patch = options.command_function(
-    PatchConfig, run, "patch", "Per-head activation patching from a corrupted into a clean prompt, scored by a logit difference",
-    '``n_prompts=24``, ``site="v"``')
+    PatchConfig,
+    run,
+    "patch",
+    "Per-head activation patching from a corrupted into a clean prompt, scored by a logit difference",
+    '``n_prompts=24``, ``site="v"``',
+)
 """``headprobe patch`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 
-FLAGS = (Flags(group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the prompts"}), OUTPUT,
-         Flags(only=("task", "prompts", "n_prompts", "heads", "site", "positions", "seed")))
+FLAGS = (
+    Flags(group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the prompts"}),
+    OUTPUT,
+    Flags(only=("task", "prompts", "n_prompts", "heads", "site", "positions", "seed")),
+)
 """``--help``'s blocks: the model's flags, the output's, the command's own."""
 
 
 def main(args: argparse.Namespace, config: PatchConfig) -> int:
     """``headprobe patch``: config (the prompts file and --out checked before the model loads) ->
     run -> save -> print (:func:`headprobe.options.run_command`)."""
+
     def wrote(paths, out):
         return f"\nwrote {len(paths)} files to {out}/ ({paths[0].name}, summary.json, figures)"
 

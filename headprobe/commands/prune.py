@@ -41,7 +41,20 @@ _CORE = ("run", "prune", "PruneResult")
 """Names of :mod:`headprobe.commands.prune_core`, the computation, imported on first use (it needs
 torch; this module, the settings and the flags, does not)."""
 
-__all__ = ["HELP", "COMMAND", "EPILOG", "METHODS", "ORDERS", "PRUNED_DIR", "PRUNED_FILE", "PruneConfig", "FLAGS", "config_from_args", "main", *_CORE]
+__all__ = [
+    "HELP",
+    "COMMAND",
+    "EPILOG",
+    "METHODS",
+    "ORDERS",
+    "PRUNED_DIR",
+    "PRUNED_FILE",
+    "PruneConfig",
+    "FLAGS",
+    "config_from_args",
+    "main",
+    *_CORE,
+]
 
 __getattr__ = lazy_names(__name__, "headprobe.commands.prune_core", _CORE)
 
@@ -102,26 +115,47 @@ class PruneConfig(options.ModelRunConfig):
         save_fraction: fraction of heads removed in that model, in (0, 1].
     """
 
-    methods: tuple[str, ...] | str = setting(METHODS, "pruning methods to compare, comma-separated: michel (gradient "
-                                             "importance), l0 (Voita et al. head gates), random (default %(default)s)",
-                                             flag="--method", aliases=("--methods",), text=",".join)
+    methods: tuple[str, ...] | str = setting(
+        METHODS,
+        "pruning methods to compare, comma-separated: michel (gradient "
+        "importance), l0 (Voita et al. head gates), random (default %(default)s)",
+        flag="--method",
+        aliases=("--methods",),
+        text=",".join,
+    )
     n_seeds: int = setting(3, "random orders drawn, shown as a band (default %(default)s)", type=positive_int)
     l0_lambdas: tuple[float, ...] | str = setting(
-        (1.0, 3.0, 10.0, 30.0, 100.0), "L0 penalty weights swept, increasing, in nats per whole model's heads "
-        "(default %(default)s)", text=lambda lams: ",".join(f"{x:g}" for x in lams))
+        (1.0, 3.0, 10.0, 30.0, 100.0),
+        "L0 penalty weights swept, increasing, in nats per whole model's heads (default %(default)s)",
+        text=lambda lams: ",".join(f"{x:g}" for x in lams),
+    )
     l0_steps: int = setting(20, "Adam steps of the gates per penalty weight (default %(default)s)", type=positive_int)
-    per_layer: bool = setting(False, "also write per_layer.csv + figure: each layer reduced to its single best head "
-                              "(Michel et al. Table 2)", action="store_true")
+    per_layer: bool = setting(
+        False,
+        "also write per_layer.csv + figure: each layer reduced to its single best head (Michel et al. Table 2)",
+        action="store_true",
+    )
     step_fraction: float = setting(0.1, "fraction of all heads removed per step (default %(default)s)", type=float)
     max_fraction: float = setting(1.0, "stop after removing this fraction (default %(default)s)", type=float)
-    rescore: bool = setting(True, "score importance once before pruning (as in the paper) instead of after every step",
-                            flag="--no-rescore", action="store_false")
-    normalize: bool = setting(True, "skip per-layer L2 normalisation of importance", flag="--no-normalize",
-                              action="store_false")
-    save_pruned: bool = setting(False, "save the model with the first --save-fraction of heads (first method's order) "
-                                "really removed, as a model directory pruned_model/ that --model DIR loads (native "
-                                "backend)", action="store_true")
-    save_fraction: float = setting(0.3, "fraction of heads removed in the saved model (default %(default)s)", type=float)
+    rescore: bool = setting(
+        True,
+        "score importance once before pruning (as in the paper) instead of after every step",
+        flag="--no-rescore",
+        action="store_false",
+    )
+    normalize: bool = setting(
+        True, "skip per-layer L2 normalisation of importance", flag="--no-normalize", action="store_false"
+    )
+    save_pruned: bool = setting(
+        False,
+        "save the model with the first --save-fraction of heads (first method's order) "
+        "really removed, as a model directory pruned_model/ that --model DIR loads (native "
+        "backend)",
+        action="store_true",
+    )
+    save_fraction: float = setting(
+        0.3, "fraction of heads removed in the saved model (default %(default)s)", type=float
+    )
 
     def __post_init__(self):
         for name in ("step_fraction", "max_fraction", "save_fraction"):
@@ -142,16 +176,34 @@ class PruneConfig(options.ModelRunConfig):
             raise HeadprobeError("--n-seeds and --l0-steps must be at least 1")
         super().__post_init__()
         if self.save_pruned and backend_lacks(self.backend, "removes_heads"):  # imports the named backend's class
-            raise HeadprobeError(f"--save-pruned needs the native backend (--backend native) "
-                                 f"(the {self.backend} backend lacks removes_heads)")
+            raise HeadprobeError(
+                f"--save-pruned needs the native backend (--backend native) "
+                f"(the {self.backend} backend lacks removes_heads)"
+            )
         if self.save_pruned and self.device_map is not None:  # removing heads rewrites weights that may be offloaded
             raise HeadprobeError("--save-pruned needs the whole model on one device: drop --device-map")
 
 
-FLAGS = (*options.model_run_flags(n_natural_help="natural-text sequences for scoring, and as many held out for the "
-                                                "curve (default %(default)s)"),
-         settings.Flags(only=("methods", "n_seeds", "l0_lambdas", "l0_steps", "per_layer", "step_fraction", "max_fraction",
-                              "rescore", "normalize", "save_pruned", "save_fraction")))
+FLAGS = (
+    *options.model_run_flags(
+        n_natural_help="natural-text sequences for scoring, and as many held out for the curve (default %(default)s)"
+    ),
+    settings.Flags(
+        only=(
+            "methods",
+            "n_seeds",
+            "l0_lambdas",
+            "l0_steps",
+            "per_layer",
+            "step_fraction",
+            "max_fraction",
+            "rescore",
+            "normalize",
+            "save_pruned",
+            "save_fraction",
+        )
+    ),
+)
 """``headprobe prune``'s flags in ``--help`` order."""
 
 
@@ -163,13 +215,26 @@ def config_from_args(args: argparse.Namespace) -> PruneConfig:
 def main(args: argparse.Namespace, config: PruneConfig) -> int:
     """``headprobe prune``: the checked config (with --text and --out, before the model loads)
     -> resumable run -> save -> print."""
+
     def resumed(saved: dict) -> str:
-        return ", ".join(f"{name}: {len(s['rows']) - 1} steps" for name, s in saved.items()
-                         if isinstance(s, dict) and "rows" in s) + " done"
+        return (
+            ", ".join(
+                f"{name}: {len(s['rows']) - 1} steps"
+                for name, s in saved.items()
+                if isinstance(s, dict) and "rows" in s
+            )
+            + " done"
+        )
 
     return options.run_command(args, config, options.Run("headprobe.commands.prune_core", resumed=resumed))
 
 
-COMMAND = Command(HELP, config=PruneConfig, run="headprobe.commands.prune:main", flags=FLAGS,
-                  api="headprobe.commands.prune_core:prune", epilog=EPILOG)
+COMMAND = Command(
+    HELP,
+    config=PruneConfig,
+    run="headprobe.commands.prune:main",
+    flags=FLAGS,
+    api="headprobe.commands.prune_core:prune",
+    epilog=EPILOG,
+)
 """``headprobe prune``, registered in :data:`headprobe.commands.COMMANDS`."""

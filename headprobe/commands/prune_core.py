@@ -106,11 +106,16 @@ class PruneResult:
         for method in self.config.methods:
             out[method] = {}
             for col, _ in METRICS:
-                vals = [curve_auc([row["fraction_pruned"] for row in r.rows], [row[col] for row in r.rows], upto)
-                        for r in self._curves(method)]
+                vals = [
+                    curve_auc([row["fraction_pruned"] for row in r.rows], [row[col] for row in r.rows], upto)
+                    for r in self._curves(method)
+                ]
                 key = col.removesuffix("_loss")
-                out[method][key] = vals[0] if len(vals) == 1 else {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)),
-                                                                   "per_seed": vals}
+                out[method][key] = (
+                    vals[0]
+                    if len(vals) == 1
+                    else {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)), "per_seed": vals}
+                )
         return out
 
     def summary(self) -> dict:
@@ -118,32 +123,46 @@ class PruneResult:
         cfg, spec = self.config, self.spec
         methods = {
             "michel": "Michel et al. 2019 (arXiv 1905.10650) gradient importance I_h = E_x |dL/dxi_h|"
-                      + (", per-layer L2-normalised" if cfg.normalize else "")
-                      + ("; rescored after every step" if cfg.rescore else "; scored once")
-                      + f"; {cfg.step_fraction:g} of all heads per step",
+            + (", per-layer L2-normalised" if cfg.normalize else "")
+            + ("; rescored after every step" if cfg.rescore else "; scored once")
+            + f"; {cfg.step_fraction:g} of all heads per step",
             "l0": "Voita et al. 2019 (arXiv 1905.09418) Hard Concrete head gates (Louizos et al. 2018) on the frozen "
-                  f"model, task loss + lambda * E[open gates] / n_heads, lambda swept {list(cfg.l0_lambdas)} as a "
-                  f"continuation, {cfg.l0_steps} Adam steps each; heads with log_alpha > 0 kept",
+            f"model, task loss + lambda * E[open gates] / n_heads, lambda swept {list(cfg.l0_lambdas)} as a "
+            f"continuation, {cfg.l0_steps} Adam steps each; heads with log_alpha > 0 kept",
             "random": f"seeded random orders, seeds {cfg.seed}..{cfg.seed + cfg.n_seeds - 1}, {cfg.step_fraction:g} of all heads per step",
         }
         out = {
             "dtype": cfg.dtype,
-            "units": "nats/token", "n_heads_total": spec.n_layers * spec.n_heads,
+            "units": "nats/token",
+            "n_heads_total": spec.n_layers * spec.n_heads,
             "methods": {m: methods[m] for m in cfg.methods},
             "evaluation": "every curve: the same held-out natural text and repeated tokens, heads removed by z * 0 at hook_z",
-            "tokens": {"score": self.score_shape, "held_out_natural": self.natural_shape,
-                       "repeated": list(self.repeated.tokens.shape), "period": cfg.period},
+            "tokens": {
+                "score": self.score_shape,
+                "held_out_natural": self.natural_shape,
+                "repeated": list(self.repeated.tokens.shape),
+                "period": cfg.period,
+            },
             "auc": self.auc(),
-            "curves": {name: [{k: v for k, v in row.items() if k != "removed"} for row in r.rows] for name, r in self.runs.items()},
+            "curves": {
+                name: [{k: v for k, v in row.items() if k != "removed"} for row in r.rows]
+                for name, r in self.runs.items()
+            },
             "removal_order": {name: [format_head(h) for h in r.removal_order] for name, r in self.runs.items()},
         }
         if self.per_layer is not None:
             out["per_layer"] = self.per_layer
         if self.pruned_info is not None:
             out["pruned_model"] = {"dir": PRUNED_DIR, **self.pruned_info}
-        return summary_envelope(out, model=spec.name, precision=spec.precision, device=self.device,
-                                self_check=self.self_check, config=cfg,
-                                timings_s={"load_s": self.load_s, "total": self.run_s + self.load_s, **(self.method_s or {})})
+        return summary_envelope(
+            out,
+            model=spec.name,
+            precision=spec.precision,
+            device=self.device,
+            self_check=self.self_check,
+            config=cfg,
+            timings_s={"load_s": self.load_s, "total": self.run_s + self.load_s, **(self.method_s or {})},
+        )
 
     def figures(self) -> dict[str, Figure]:
         """``{"pruning_curve": Figure}`` (every method's held-out text and repeated-tokens loss against the
@@ -151,7 +170,9 @@ class PruneResult:
         cfg, spec = self.config, self.spec
 
         def arrays(r):
-            return np.array([row["fraction_pruned"] for row in r.rows]), {c: np.array([row[c] for row in r.rows]) for c, _ in METRICS}
+            return np.array([row["fraction_pruned"] for row in r.rows]), {
+                c: np.array([row[c] for row in r.rows]) for c, _ in METRICS
+            }
 
         curves, bands = [], []
         for m in cfg.methods:
@@ -166,9 +187,15 @@ class PruneResult:
         out = {"pruning_curve": figs.pruning_methods_plot(curves, bands, METRICS, title)}
         if self.per_layer is not None:
             t = pd.DataFrame(self.per_layer)
-            out["per_layer"] = figs.per_layer_plot(t.layer.to_numpy(), float(t.clean_loss.iloc[0]), t.loss_best_only.to_numpy(),
-                                                   t.loss_worst_only.to_numpy(), t.loss_layer_ablated.to_numpy(),
-                                                   t.best_head.to_numpy(), f"One head per layer, {spec.name}")
+            out["per_layer"] = figs.per_layer_plot(
+                t.layer.to_numpy(),
+                float(t.clean_loss.iloc[0]),
+                t.loss_best_only.to_numpy(),
+                t.loss_worst_only.to_numpy(),
+                t.loss_layer_ablated.to_numpy(),
+                t.best_head.to_numpy(),
+                f"One head per layer, {spec.name}",
+            )
         return out
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
@@ -192,8 +219,15 @@ class PruneResult:
             save_pruned_dir(self.pruned, out / PRUNED_DIR, self.tokenizer, source=self.spec.name)
             return [out / PRUNED_DIR]
 
-        return write_outputs(out_dir, overwrite, resumable=True, summary=self.summary, tables=tables,
-                             figures=self.figures, extra=pruned_model)
+        return write_outputs(
+            out_dir,
+            overwrite,
+            resumable=True,
+            summary=self.summary,
+            tables=tables,
+            figures=self.figures,
+            extra=pruned_model,
+        )
 
     def report(self) -> str:
         """The terminal table: each method's curve, random as mean over seeds, then the areas."""
@@ -211,17 +245,23 @@ class PruneResult:
             for m in self.config.methods:
                 a = auc[m]
                 fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else f"{v['mean']:.3f} +- {v['std']:.3f}"
-                lines.append(f"area (mean loss over {lo:.2f}-{hi:.2f} removed) {m}: natural {fmt(a['natural'])}, repeated {fmt(a['repeated'])}")
+                lines.append(
+                    f"area (mean loss over {lo:.2f}-{hi:.2f} removed) {m}: natural {fmt(a['natural'])}, repeated {fmt(a['repeated'])}"
+                )
         if self.per_layer is not None:
             best = min(self.per_layer, key=lambda r: r["delta_best_only"])
-            lines.append(f"per layer: one head kept costs {min(r['delta_best_only'] for r in self.per_layer):+.3f} .. "
-                         f"{max(r['delta_best_only'] for r in self.per_layer):+.3f} nats (least: layer {best['layer']})")
+            lines.append(
+                f"per layer: one head kept costs {min(r['delta_best_only'] for r in self.per_layer):+.3f} .. "
+                f"{max(r['delta_best_only'] for r in self.per_layer):+.3f} nats (least: layer {best['layer']})"
+            )
         if self.pruned_info is not None:
             p = self.pruned_info
-            lines.append(f"pruned model: {p['heads_removed']} heads removed ({p['kv_heads_removed']} KV heads), attention "
-                         f"parameters {p['attention_parameters']['full']:,} -> {p['attention_parameters']['pruned']:,}; max "
-                         f"|logit diff| vs masked {p['max_abs_logit_diff_vs_masked']:.2e}; forward {p['forward_s']['masked']:.3f} s "
-                         f"masked vs {p['forward_s']['pruned']:.3f} s pruned ({p['speedup']:.2f}x)")
+            lines.append(
+                f"pruned model: {p['heads_removed']} heads removed ({p['kv_heads_removed']} KV heads), attention "
+                f"parameters {p['attention_parameters']['full']:,} -> {p['attention_parameters']['pruned']:,}; max "
+                f"|logit diff| vs masked {p['max_abs_logit_diff_vs_masked']:.2e}; forward {p['forward_s']['masked']:.3f} s "
+                f"masked vs {p['forward_s']['pruned']:.3f} s pruned ({p['speedup']:.2f}x)"
+            )
         return "\n".join(lines)
 
 
@@ -230,7 +270,9 @@ def _rename_old_task(saved: dict) -> dict:
     in place (a checkpoint written when the repeated task was called "induction"); returns it."""
     for state in saved.values():
         if isinstance(state, dict) and "rows" in state:
-            state["rows"] = [{"repeated_loss" if k == "induction_loss" else k: v for k, v in row.items()} for row in state["rows"]]
+            state["rows"] = [
+                {"repeated_loss" if k == "induction_loss" else k: v for k, v in row.items()} for row in state["rows"]
+            ]
     return saved
 
 
@@ -238,14 +280,22 @@ def _refuse_early(model: LoadedModel, cfg: PruneConfig) -> None:
     """Raise, before any computation, what :func:`run` refuses of the model itself."""
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     if (head_layers := model.spec.layout.head_layers) is not None:  # its fractions and masks span every layer's heads
-        raise HeadprobeError(f"headprobe prune is not implemented for hybrid models (heads only in layers {list(head_layers)}, "
-                             "the others linear attention)")
+        raise HeadprobeError(
+            f"headprobe prune is not implemented for hybrid models (heads only in layers {list(head_layers)}, "
+            "the others linear attention)"
+        )
     if cfg.save_pruned:
         model.check_prunable()  # the native backend only; MLA and all-head QK-norm cannot be pruned exactly
 
 
-def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, on_save: Callable[[dict], None] | None = None,
-        progress: bool = True) -> PruneResult:
+def run(
+    model: LoadedModel,
+    config: PruneConfig,
+    *,
+    resume: dict | None = None,
+    on_save: Callable[[dict], None] | None = None,
+    progress: bool = True,
+) -> PruneResult:
     """Run every method of ``config.methods`` on the same data (see the module docstring).
 
     Args:
@@ -264,18 +314,31 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
     saved = _rename_old_task({} if resume is None else resume)
     _refuse_early(model, cfg)
     spec = model.spec
-    assert cfg.period is not None and cfg.seq_len is not None and not isinstance(cfg.l0_lambdas, str)  # set by the defaults and __post_init__
+    assert (
+        cfg.period is not None and cfg.seq_len is not None and not isinstance(cfg.l0_lambdas, str)
+    )  # set by the defaults and __post_init__
     if 2 * cfg.period + 1 > spec.n_ctx:
         raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
     text = open_text_file(cfg.text) if cfg.text else None
-    data = task_tokens(model, cfg.n_natural, cfg.seq_len, cfg.n_repeated, cfg.period, cfg.seed, text,
-                       source=str(cfg.text) if cfg.text else None)
+    data = task_tokens(
+        model,
+        cfg.n_natural,
+        cfg.seq_len,
+        cfg.n_repeated,
+        cfg.period,
+        cfg.seed,
+        text,
+        source=str(cfg.text) if cfg.text else None,
+    )
     natural, repeated = data.natural, data.repeated
     score = LossSet(natural.tokens[: cfg.n_natural], first_scored("natural", natural.start, None))
-    evals = {"natural": LossSet(natural.tokens[cfg.n_natural:], score.first),
-             "repeated": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period))}
+    evals = {
+        "natural": LossSet(natural.tokens[cfg.n_natural :], score.first),
+        "repeated": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period)),
+    }
     runs, method_s = dict[str, PruningRun](), dict[str, float]()
     for name in run_names(cfg):
+
         def on_step(state, name=name):
             saved[name] = state
             if on_save is not None:
@@ -284,26 +347,62 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
         t0 = time.perf_counter()
         method, _, seed = name.partition(":")
         if method == "l0":
-            runs[name] = l0_pruning(model, score, evals, lambdas=cfg.l0_lambdas, steps=cfg.l0_steps, seed=cfg.seed,
-                                    progress=progress, resume=saved.get(name), on_step=on_step)
+            runs[name] = l0_pruning(
+                model,
+                score,
+                evals,
+                lambdas=cfg.l0_lambdas,
+                steps=cfg.l0_steps,
+                seed=cfg.seed,
+                progress=progress,
+                resume=saved.get(name),
+                on_step=on_step,
+            )
         else:
-            runs[name] = iterative_pruning(model, score, evals, order="importance" if method == "michel" else "random",
-                                           step_fraction=cfg.step_fraction, rescore=cfg.rescore, normalize=cfg.normalize,
-                                           max_fraction=cfg.max_fraction, seed=int(seed or cfg.seed), progress=progress,
-                                           resume=saved.get(name), on_step=on_step)
+            runs[name] = iterative_pruning(
+                model,
+                score,
+                evals,
+                order="importance" if method == "michel" else "random",
+                step_fraction=cfg.step_fraction,
+                rescore=cfg.rescore,
+                normalize=cfg.normalize,
+                max_fraction=cfg.max_fraction,
+                seed=int(seed or cfg.seed),
+                progress=progress,
+                resume=saved.get(name),
+                on_step=on_step,
+            )
         method_s[method] = method_s.get(method, 0.0) + time.perf_counter() - t0
     rows = []
     for name, r in runs.items():
         method, _, seed = name.partition(":")
         for row in r.rows:
-            rows.append({"method": method, "seed": int(seed) if seed else None,
-                         **{k: v for k, v in row.items() if k != "order"}})
+            rows.append(
+                {
+                    "method": method,
+                    "seed": int(seed) if seed else None,
+                    **{k: v for k, v in row.items() if k != "order"},
+                }
+            )
     table = pd.DataFrame(rows)
     for col in ("lambda", "expected_open"):
         if col not in table:
             table[col] = np.nan
-    table = table[["method", "seed", "step", "n_pruned", "fraction_pruned", "natural_loss", "repeated_loss",
-                   "lambda", "expected_open", "removed"]]
+    table = table[
+        [
+            "method",
+            "seed",
+            "step",
+            "n_pruned",
+            "fraction_pruned",
+            "natural_loss",
+            "repeated_loss",
+            "lambda",
+            "expected_open",
+            "removed",
+        ]
+    ]
     per_layer = None
     if cfg.per_layer:
         t0 = time.perf_counter()
@@ -319,12 +418,26 @@ def run(model: LoadedModel, config: PruneConfig, *, resume: dict | None = None, 
         keep = first.keep_mask_after(n, spec.n_layers, spec.n_heads)
         pruned, info = build_pruned(model, keep, evals["natural"].tokens)
         info["method"] = run_names(cfg)[0]
-    return PruneResult(cfg, spec, runs, table, list(score.tokens.shape), list(evals["natural"].tokens.shape), repeated,
-                       str(model.device), model.self_check.to_dict(), per_layer, pruned, info,
-                       getattr(model, "tokenizer", None), time.perf_counter() - t_start, method_s=method_s)
+    return PruneResult(
+        cfg,
+        spec,
+        runs,
+        table,
+        list(score.tokens.shape),
+        list(evals["natural"].tokens.shape),
+        repeated,
+        str(model.device),
+        model.self_check.to_dict(),
+        per_layer,
+        pruned,
+        info,
+        getattr(model, "tokenizer", None),
+        time.perf_counter() - t_start,
+        method_s=method_s,
+    )
 
 
 prune = options.command_function(
-    PruneConfig, run, "prune", "Pruning methods compared on one curve (no checkpoint)",
-    '``step_fraction=0.25``')
+    PruneConfig, run, "prune", "Pruning methods compared on one curve (no checkpoint)", "``step_fraction=0.25``"
+)
 """``headprobe prune`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""

@@ -19,8 +19,9 @@ from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting
 
-__getattr__ = lazy_names(__name__, "headprobe.commands.robustness_core",
-                         ("run", "robustness", "RobustnessResult", "Condition", "conditions"))
+__getattr__ = lazy_names(
+    __name__, "headprobe.commands.robustness_core", ("run", "robustness", "RobustnessResult", "Condition", "conditions")
+)
 
 HELP = "how stable each head type's top-k heads and verdict are across data splits, ablation kinds, seeds and detectors"
 
@@ -59,25 +60,45 @@ class RobustnessConfig(ModelSettings, DataSettings):
         n_boot: bootstrap resamples of each stability interval.
     """
 
-    types: str | Sequence[str] = setting(",".join(DEFAULT_TYPES), "head types (default %(default)s)",
-                                         metavar="TYPE[,TYPE...]")
-    k: int | None = setting(None, f"heads per top-k set (default {DEFAULT_K}, or a quarter of the heads if fewer)",
-                            flag="--top-k", short="-k", type=positive_int)
+    types: str | Sequence[str] = setting(
+        ",".join(DEFAULT_TYPES), "head types (default %(default)s)", metavar="TYPE[,TYPE...]"
+    )
+    k: int | None = setting(
+        None,
+        f"heads per top-k set (default {DEFAULT_K}, or a quarter of the heads if fewer)",
+        flag="--top-k",
+        short="-k",
+        type=positive_int,
+    )
     n_random: int = setting(50, "the most control sets per verdict, as scan's (default %(default)s)", type=positive_int)
-    alpha: float = setting(vocab.ALPHA, "significance level of the verdicts (default %(default)s)", type=settings.probability)
+    alpha: float = setting(
+        vocab.ALPHA, "significance level of the verdicts (default %(default)s)", type=settings.probability
+    )
     control: str = setting("layer-matched", "control sets (default %(default)s)", choices=vocab.CONTROLS)
-    correction: str = setting(vocab.CORRECTION, "correction over each condition's verdicts (default %(default)s)",
-                              choices=vocab.CORRECTIONS)
-    vary: str | Sequence[str] = setting(",".join(GROUPS), "condition groups: data (disjoint text half, repeated "
-                                        "tokens at another seed and period), kind (ablation kinds), seed (control "
-                                        "draws), detector (induction by the OV copying score) (default %(default)s)",
-                                        metavar="GROUP[,GROUP...]")
-    kinds: str | Sequence[str] = setting("zero,resample", "ablation kinds besides mean whose verdicts are compared "
-                                         "(default %(default)s)", metavar="KIND[,KIND...]")
+    correction: str = setting(
+        vocab.CORRECTION, "correction over each condition's verdicts (default %(default)s)", choices=vocab.CORRECTIONS
+    )
+    vary: str | Sequence[str] = setting(
+        ",".join(GROUPS),
+        "condition groups: data (disjoint text half, repeated "
+        "tokens at another seed and period), kind (ablation kinds), seed (control "
+        "draws), detector (induction by the OV copying score) (default %(default)s)",
+        metavar="GROUP[,GROUP...]",
+    )
+    kinds: str | Sequence[str] = setting(
+        "zero,resample",
+        "ablation kinds besides mean whose verdicts are compared (default %(default)s)",
+        metavar="KIND[,KIND...]",
+    )
     control_seeds: int = setting(2, "extra seeds of the control draws (default %(default)s)", type=int, metavar="N")
-    other_period: int | None = setting(None, "repeated block length of the other-period condition (default: 3/5 of "
-                                       "--period, at least 4)", type=positive_int)
-    n_boot: int = setting(2000, "bootstrap resamples of each stability interval (default %(default)s)", type=positive_int)
+    other_period: int | None = setting(
+        None,
+        "repeated block length of the other-period condition (default: 3/5 of --period, at least 4)",
+        type=positive_int,
+    )
+    n_boot: int = setting(
+        2000, "bootstrap resamples of each stability interval (default %(default)s)", type=positive_int
+    )
 
     def __post_init__(self):
         object.__setattr__(self, "types", vocab.select_head_types(self.types))
@@ -104,13 +125,31 @@ class RobustnessConfig(ModelSettings, DataSettings):
             open_text_file(self.text)
         cfg = options.peek_config(self.model)
         if cfg and self.k is not None and self.k >= cfg["n_layers"] * cfg["n_heads"]:
-            raise HeadprobeError(f"--top-k {self.k} leaves no control heads: the model has "
-                                 f"{cfg['n_layers'] * cfg['n_heads']} heads")
+            raise HeadprobeError(
+                f"--top-k {self.k} leaves no control heads: the model has {cfg['n_layers'] * cfg['n_heads']} heads"
+            )
 
 
-FLAGS = (Flags(group=ModelSettings), OUTPUT, Flags(group=DataSettings),
-         Flags(only=("types", "k", "n_random", "alpha", "control", "correction", "vary", "kinds", "control_seeds",
-                     "other_period", "n_boot")))
+FLAGS = (
+    Flags(group=ModelSettings),
+    OUTPUT,
+    Flags(group=DataSettings),
+    Flags(
+        only=(
+            "types",
+            "k",
+            "n_random",
+            "alpha",
+            "control",
+            "correction",
+            "vary",
+            "kinds",
+            "control_seeds",
+            "other_period",
+            "n_boot",
+        )
+    ),
+)
 """``headprobe robustness``'s flags in ``--help`` order."""
 
 
@@ -119,6 +158,11 @@ def main(args: argparse.Namespace, config: RobustnessConfig) -> int:
     return options.run_command(args, config, options.Run("headprobe.commands.robustness_core"))
 
 
-COMMAND = Command(HELP, config=RobustnessConfig, run="headprobe.commands.robustness:main", flags=FLAGS,
-                  api="headprobe.commands.robustness_core:robustness")
+COMMAND = Command(
+    HELP,
+    config=RobustnessConfig,
+    run="headprobe.commands.robustness:main",
+    flags=FLAGS,
+    api="headprobe.commands.robustness_core:robustness",
+)
 """``headprobe robustness``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -73,9 +73,11 @@ def conditions(model: LoadedModel, cfg: RobustnessConfig, k: int) -> tuple[list[
     both = natural_text_tokens(model, 2 * cfg.n_natural, cfg.seq_len, cfg.seed, text, source=cfg.text)
     n = both.tokens.shape[0] // 2
     if n < 1:
-        raise HeadprobeError(f"the text gives {both.tokens.shape[0]} window(s) of {cfg.seq_len} tokens: robustness "
-                             "needs two disjoint halves; use a longer --text or a shorter --seq-len")
-    half = [replace(both, tokens=both.tokens[:n]), replace(both, tokens=both.tokens[n:2 * n])]
+        raise HeadprobeError(
+            f"the text gives {both.tokens.shape[0]} window(s) of {cfg.seq_len} tokens: robustness "
+            "needs two disjoint halves; use a longer --text or a shorter --seq-len"
+        )
+    half = [replace(both, tokens=both.tokens[:n]), replace(both, tokens=both.tokens[n : 2 * n])]
     rep = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
     base = Condition("base", "base", half[0], rep, seed=cfg.seed)
     out, notes = [base], []
@@ -83,26 +85,45 @@ def conditions(model: LoadedModel, cfg: RobustnessConfig, k: int) -> tuple[list[
     rep_types = tuple(t for t in cfg.types if DETECTORS[t].dataset == "repeated" or DETECTORS[t].task == "repeated")
     if "data" in cfg.vary:
         other = cfg.other_period or max(4, 3 * cfg.period // 5)
-        out += [replace(base, name="text half 2", group="data", natural=half[1], types=nat_types),
-                replace(base, name=f"repeats seed {cfg.seed + 1}", group="data", types=rep_types,
-                        repeated=repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed + 1)),
-                replace(base, name=f"repeats period {other}", group="data", types=rep_types,
-                        repeated=repeated_random_tokens(model, cfg.n_repeated, other, cfg.seed))]
+        out += [
+            replace(base, name="text half 2", group="data", natural=half[1], types=nat_types),
+            replace(
+                base,
+                name=f"repeats seed {cfg.seed + 1}",
+                group="data",
+                types=rep_types,
+                repeated=repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed + 1),
+            ),
+            replace(
+                base,
+                name=f"repeats period {other}",
+                group="data",
+                types=rep_types,
+                repeated=repeated_random_tokens(model, cfg.n_repeated, other, cfg.seed),
+            ),
+        ]
     if "kind" in cfg.vary:
         for kind in (k_ for k_ in cfg.kinds if k_ != PRIMARY_KIND):
             if ablation_kinds.KINDS.get(kind).needs == "source" and min(n, cfg.n_repeated) < 2:
-                notes.append(f"kind {kind}: left out (it takes each sequence's z from another sequence: needs 2 or more)")
+                notes.append(
+                    f"kind {kind}: left out (it takes each sequence's z from another sequence: needs 2 or more)"
+                )
                 continue
             out.append(replace(base, name=f"kind {kind}", group="kind", kind=kind))
     if "seed" in cfg.vary:
-        out += [replace(base, name=f"controls seed {cfg.seed + i}", group="seed", seed=cfg.seed + i)
-                for i in range(1, cfg.control_seeds + 1)]
+        out += [
+            replace(base, name=f"controls seed {cfg.seed + i}", group="seed", seed=cfg.seed + i)
+            for i in range(1, cfg.control_seeds + 1)
+        ]
     if "detector" in cfg.vary:
         alt = {t: a for t, a in ALTERNATIVE_DETECTORS.items() if t in cfg.types}
-        out += [replace(base, name=f"{t} by {a}", group="detector", detector={t: a}, types=(t,)) for t, a in alt.items()]
+        out += [
+            replace(base, name=f"{t} by {a}", group="detector", detector={t: a}, types=(t,)) for t, a in alt.items()
+        ]
         if not alt:
-            notes.append("detector: none of the types has an alternative detector "
-                         f"({', '.join(ALTERNATIVE_DETECTORS)} has)")
+            notes.append(
+                f"detector: none of the types has an alternative detector ({', '.join(ALTERNATIVE_DETECTORS)} has)"
+            )
     return out, notes
 
 
@@ -144,21 +165,39 @@ class RobustnessResult:
 
     def summary(self) -> dict:
         """summary.json's content (the house envelope, :func:`~headprobe.probe.core.io.summary_envelope`)."""
-        return summary_envelope({
-            "conditions": [{"name": o.condition.name, "group": o.condition.group, "kind": o.condition.kind,
-                            "seed": o.condition.seed, "detector": o.condition.detector,
-                            "types": list(o.condition.types) if o.condition.types is not None else None,
-                            "natural": {"sequences": int(o.condition.natural.tokens.shape[0])},
-                            "repeated": {"sequences": int(o.condition.repeated.tokens.shape[0]),
-                                         "period": o.condition.repeated.period}} for o in self.outcomes],
-            "types": self.types, "notes": self.notes,
-            "stability_rule": "stability: the fraction of a type's conditions whose top-k set holds the head; "
-                              "stability_ci95: percentile bootstrap over those conditions (Efron & Tibshirani 1993, "
-                              f"{self.config.n_boot} resamples); mean_jaccard: the mean Jaccard index |A∩B|/|A∪B| "
-                              "over every pair of its conditions' top-k sets; verdict_holds_everywhere: CONFIRMED "
-                              "(scan's rule) in every one of its conditions",
-        }, model=self.spec.name, precision=self.spec.precision, device=self.device,
-            self_check=self.self_check, config=self.config, timings_s={"load_s": self.load_s, **self.timings})
+        return summary_envelope(
+            {
+                "conditions": [
+                    {
+                        "name": o.condition.name,
+                        "group": o.condition.group,
+                        "kind": o.condition.kind,
+                        "seed": o.condition.seed,
+                        "detector": o.condition.detector,
+                        "types": list(o.condition.types) if o.condition.types is not None else None,
+                        "natural": {"sequences": int(o.condition.natural.tokens.shape[0])},
+                        "repeated": {
+                            "sequences": int(o.condition.repeated.tokens.shape[0]),
+                            "period": o.condition.repeated.period,
+                        },
+                    }
+                    for o in self.outcomes
+                ],
+                "types": self.types,
+                "notes": self.notes,
+                "stability_rule": "stability: the fraction of a type's conditions whose top-k set holds the head; "
+                "stability_ci95: percentile bootstrap over those conditions (Efron & Tibshirani 1993, "
+                f"{self.config.n_boot} resamples); mean_jaccard: the mean Jaccard index |A∩B|/|A∪B| "
+                "over every pair of its conditions' top-k sets; verdict_holds_everywhere: CONFIRMED "
+                "(scan's rule) in every one of its conditions",
+            },
+            model=self.spec.name,
+            precision=self.spec.precision,
+            device=self.device,
+            self_check=self.self_check,
+            config=self.config,
+            timings_s={"load_s": self.load_s, **self.timings},
+        )
 
     def figures(self) -> dict:
         return {"robustness": lambda: stability_figure(self)}
@@ -170,47 +209,76 @@ class RobustnessResult:
         """Write robustness.csv, the figure and, last, summary.json (:func:`~headprobe.analyses.outputs.write_outputs`)."""
         from headprobe.analyses.outputs import write_outputs
 
-        return write_outputs(out_dir, overwrite, summary=self.summary, figures=self.figures(),
-                             tables={"robustness.csv": self.table.to_csv(index=False, float_format="%.4f")})
+        return write_outputs(
+            out_dir,
+            overwrite,
+            summary=self.summary,
+            figures=self.figures(),
+            tables={"robustness.csv": self.table.to_csv(index=False, float_format="%.4f")},
+        )
 
 
-def _scored(model: LoadedModel, cond: Condition, types: tuple[str, ...], cache: dict) -> tuple[dict, dict, torch.Tensor]:
+def _scored(
+    model: LoadedModel, cond: Condition, types: tuple[str, ...], cache: dict
+) -> tuple[dict, dict, torch.Tensor]:
     """``(scores, clean per-sequence losses by task, mean_z)`` of a condition's data (cached by data)."""
     key = (id(cond.natural), id(cond.repeated))
     if key not in cache:
         nat, rep = cond.natural, cond.repeated
-        s1, l1, mean_z = score_tokens(model, nat, "natural", first_scored("natural", nat.start, None), mean_z=True,
-                                      types=types)
+        s1, l1, mean_z = score_tokens(
+            model, nat, "natural", first_scored("natural", nat.start, None), mean_z=True, types=types
+        )
         s2, l2, _ = score_tokens(model, rep, "repeated", first_scored("repeated", rep.start, rep.period), types=types)
         cache[key] = ({c: v.numpy() for c, v in {**s1, **s2}.items()}, {"natural": l1, "repeated": l2}, mean_z)
     return cache[key]
 
 
-def evaluate(model: LoadedModel, cond: Condition, cfg: RobustnessConfig, k: int, cache: dict,
-             alternatives: dict[str, np.ndarray]) -> Outcome:
+def evaluate(
+    model: LoadedModel, cond: Condition, cfg: RobustnessConfig, k: int, cache: dict, alternatives: dict[str, np.ndarray]
+) -> Outcome:
     """One condition: scores (or the alternative ranking), top-k sets and scan's verification
     (:func:`~headprobe.analyses.verification.verify_heads`) with the condition's kind and seed."""
     assert isinstance(cfg.types, tuple)
     scores, clean, mean_z = _scored(model, cond, cfg.types, cache)
-    rank = {t: alternatives[cond.detector[t]] if t in cond.detector else scores[DETECTORS[t].rank_by] for t in cfg.types}
+    rank = {
+        t: alternatives[cond.detector[t]] if t in cond.detector else scores[DETECTORS[t].rank_by] for t in cfg.types
+    }
     top = {t: top_heads(torch.as_tensor(rank[t]), k) for t in cfg.types}
     task_of = {t: task for t in cfg.types if (task := DETECTORS[t].task) is not None}
     sets = {"natural": cond.natural, "repeated": cond.repeated}
     untrusted = {task: untrusted_task_reason(float(v.double().mean()), model.spec.d_vocab) for task, v in clean.items()}
-    settings = verif.VerificationSettings(k=k, n_random=cfg.n_random, alpha=cfg.alpha, control=cfg.control,
-                                          correction=cfg.correction, seed=cond.seed, primary_kind=cond.kind)
-    sources = ({task: ts.tokens.roll(1, dims=0) for task, ts in sets.items()}
-               if ablation_kinds.KINDS.get(cond.kind).needs == "source" else None)
+    settings = verif.VerificationSettings(
+        k=k,
+        n_random=cfg.n_random,
+        alpha=cfg.alpha,
+        control=cfg.control,
+        correction=cfg.correction,
+        seed=cond.seed,
+        primary_kind=cond.kind,
+    )
+    sources = (
+        {task: ts.tokens.roll(1, dims=0) for task, ts in sets.items()}
+        if ablation_kinds.KINDS.get(cond.kind).needs == "source"
+        else None
+    )
     removed = list(getattr(model.spec, "removed_heads", ()) or ())
-    rows, _ = verif.verify_heads(model, top, task_of, sets, clean, mean_z, settings, untrusted=untrusted,
-                                 removed=removed, sources=sources)
+    rows, _ = verif.verify_heads(
+        model, top, task_of, sets, clean, mean_z, settings, untrusted=untrusted, removed=removed, sources=sources
+    )
     tested = {v.head_type: v for v in rows if v.kind == cond.kind}
-    return Outcome(cond, top, {t: v.confirmed for t, v in tested.items()}, {t: v.p_adjusted for t, v in tested.items()},
-                   {t: v.top_effect for t, v in tested.items()}, {t: v.no_verdict for t, v in tested.items()})
+    return Outcome(
+        cond,
+        top,
+        {t: v.confirmed for t, v in tested.items()},
+        {t: v.p_adjusted for t, v in tested.items()},
+        {t: v.top_effect for t, v in tested.items()},
+        {t: v.no_verdict for t, v in tested.items()},
+    )
 
 
-def _type_record(name: str, outcomes: list[Outcome], base_scores: np.ndarray, n_boot: int, seed: int
-                 ) -> tuple[dict, list[dict]]:
+def _type_record(
+    name: str, outcomes: list[Outcome], base_scores: np.ndarray, n_boot: int, seed: int
+) -> tuple[dict, list[dict]]:
     """One type's summary record and its rows of robustness.csv."""
     mine = [o for o in outcomes if o.condition.applies(name)]
     sets = [o.top[name] for o in mine]
@@ -218,15 +286,32 @@ def _type_record(name: str, outcomes: list[Outcome], base_scores: np.ndarray, n_
     rows = []
     for h in heads:
         frac, lo, hi = rb.stability(sets, h, n_boot, seed)
-        rows.append({"type": name, "head": format_head(h), "layer": h[0], "head_index": h[1], "base_score": base_scores[h],
-                     "stability": frac, "ci95_low": lo, "ci95_high": hi, "conditions": len(sets),
-                     **{o.condition.name: int(h in o.top[name]) for o in mine}})
+        rows.append(
+            {
+                "type": name,
+                "head": format_head(h),
+                "layer": h[0],
+                "head_index": h[1],
+                "base_score": base_scores[h],
+                "stability": frac,
+                "ci95_low": lo,
+                "ci95_high": hi,
+                "conditions": len(sets),
+                **{o.condition.name: int(h in o.top[name]) for o in mine},
+            }
+        )
     record = {
         "conditions": [o.condition.name for o in mine],
         "top_k": {o.condition.name: [format_head(h) for h in o.top[name]] for o in mine},
-        "verdicts": {o.condition.name: {"confirmed": o.confirmed.get(name), "p_adjusted": o.p_adjusted.get(name),
-                                        "top_effect": o.top_effect.get(name), "no_verdict": o.no_verdict.get(name)}
-                     for o in mine},
+        "verdicts": {
+            o.condition.name: {
+                "confirmed": o.confirmed.get(name),
+                "p_adjusted": o.p_adjusted.get(name),
+                "top_effect": o.top_effect.get(name),
+                "no_verdict": o.no_verdict.get(name),
+            }
+            for o in mine
+        },
         "mean_jaccard": rb.mean_pairwise_jaccard(sets),
         "verdict_holds_everywhere": all(o.confirmed.get(name) is True for o in mine),
         "stability": {r["head"]: {"stability": r["stability"], "ci95": [r["ci95_low"], r["ci95_high"]]} for r in rows},
@@ -243,14 +328,20 @@ def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> 
     """
     spec = model.spec
     if not spec.causal:
-        raise HeadprobeError(f"robustness needs a causal language model (its verdicts are loss effects); {spec.name} is an encoder")
+        raise HeadprobeError(
+            f"robustness needs a causal language model (its verdicts are loss effects); {spec.name} is an encoder"
+        )
     model.self_check.require_decomposition("headprobe robustness (its verdicts are ablations)")
     n_heads = spec.n_layers * spec.n_heads
     k = config.k or max(1, min(DEFAULT_K, n_heads // 4))
     if k >= n_heads:
         raise HeadprobeError(f"--top-k {k} leaves no control heads: the model has {n_heads} heads")
-    cfg = replace(config, k=k, seq_len=min(config.seq_len or 128, spec.n_ctx),
-                  period=min(config.period or 50, (spec.n_ctx - 1) // 2))
+    cfg = replace(
+        config,
+        k=k,
+        seq_len=min(config.seq_len or 128, spec.n_ctx),
+        period=min(config.period or 50, (spec.n_ctx - 1) // 2),
+    )
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     conds, notes = conditions(model, cfg, k)
@@ -260,16 +351,19 @@ def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> 
 
         alternatives["copying"] = copying_score(model).numpy()
     cache: dict = {}
-    outcomes = [evaluate(model, c, cfg, k, cache, alternatives)
-                for c in tqdm(conds, desc="conditions", unit="condition", disable=not progress)]
+    outcomes = [
+        evaluate(model, c, cfg, k, cache, alternatives)
+        for c in tqdm(conds, desc="conditions", unit="condition", disable=not progress)
+    ]
     timings["run_s"] = time.perf_counter() - t0
     base_scores, _, _ = _scored(model, conds[0], cfg.types, cache)  # type: ignore[arg-type]
     types, rows = {}, []
     for name in cfg.types:
         types[name], r = _type_record(name, outcomes, base_scores[DETECTORS[name].rank_by], cfg.n_boot, cfg.seed)
         rows += r
-    return RobustnessResult(cfg, spec, outcomes, pd.DataFrame(rows), types, notes, timings, str(model.device),
-                            model.self_check.to_dict())
+    return RobustnessResult(
+        cfg, spec, outcomes, pd.DataFrame(rows), types, notes, timings, str(model.device), model.self_check.to_dict()
+    )
 
 
 def stability_figure(result: RobustnessResult):
@@ -281,7 +375,9 @@ def stability_figure(result: RobustnessResult):
     names = list(result.types)
     all_conds = [o.condition.name for o in result.outcomes]
     n_rows = [max(1, sum(result.table["type"] == t)) for t in names] if len(result.table) else [1] * len(names)
-    fig = Figure(figsize=(2.5 + 0.55 * len(all_conds), 1.6 + 0.26 * sum(n_rows) + 0.9 * len(names)), layout="constrained")
+    fig = Figure(
+        figsize=(2.5 + 0.55 * len(all_conds), 1.6 + 0.26 * sum(n_rows) + 0.9 * len(names)), layout="constrained"
+    )
     axes = fig.subplots(len(names), 1, squeeze=False, gridspec_kw={"height_ratios": [r + 3 for r in n_rows]})[:, 0]
     for ax, name in zip(axes, names):
         rows = result.table[result.table["type"] == name]
@@ -289,24 +385,43 @@ def stability_figure(result: RobustnessResult):
         for j, c in enumerate(all_conds):
             if c in rows:
                 grid[:, j] = rows[c].to_numpy(dtype=float)
-        ax.imshow(np.ma.masked_invalid(grid), cmap=ListedColormap(["#e8e8e8", "#1f4e8c"]), vmin=0, vmax=1, aspect="auto")
-        ax.set_yticks(range(len(rows)), [f"{h}  {s:.2f} [{lo:.2f}, {hi:.2f}]" for h, s, lo, hi in
-                                         zip(rows["head"], rows["stability"], rows["ci95_low"], rows["ci95_high"])],
-                      fontsize=7)
+        ax.imshow(
+            np.ma.masked_invalid(grid), cmap=ListedColormap(["#e8e8e8", "#1f4e8c"]), vmin=0, vmax=1, aspect="auto"
+        )
+        ax.set_yticks(
+            range(len(rows)),
+            [
+                f"{h}  {s:.2f} [{lo:.2f}, {hi:.2f}]"
+                for h, s, lo, hi in zip(rows["head"], rows["stability"], rows["ci95_low"], rows["ci95_high"])
+            ],
+            fontsize=7,
+        )
         ax.set_xticks(range(len(all_conds)), all_conds, rotation=40, ha="right", fontsize=7)
         rec = result.types[name]
         for j, c in enumerate(all_conds):
             v = rec["verdicts"].get(c)
             mark = "–" if v is None else {True: "✓", False: "✗", None: "?"}[v["confirmed"]]
-            ax.text(j, -0.8, mark, ha="center", va="bottom", fontsize=9,
-                    color={"✓": "#1a7f37", "✗": "#b42318"}.get(mark, "#555"))
+            ax.text(
+                j,
+                -0.8,
+                mark,
+                ha="center",
+                va="bottom",
+                fontsize=9,
+                color={"✓": "#1a7f37", "✗": "#b42318"}.get(mark, "#555"),
+            )
         ax.set_ylim(len(rows) - 0.5, -1.6)
-        ax.set_title(f"{name.replace('_', '-')}: mean top-k Jaccard {rec['mean_jaccard']:.2f}; verdict holds in every "
-                     f"condition: {'yes' if rec['verdict_holds_everywhere'] else 'no'}", fontsize=9)
+        ax.set_title(
+            f"{name.replace('_', '-')}: mean top-k Jaccard {rec['mean_jaccard']:.2f}; verdict holds in every "
+            f"condition: {'yes' if rec['verdict_holds_everywhere'] else 'no'}",
+            fontsize=9,
+        )
         ax.set_ylabel("head  stability [95% bootstrap]", fontsize=7)
-    fig.suptitle(f"Label stability of {result.spec.name}, k = {result.config.k}\n"
-                 "dark: in the condition's top-k set; ✓/✗: CONFIRMED or not; ?: no verdict; –: does not apply",
-                 fontsize=9)
+    fig.suptitle(
+        f"Label stability of {result.spec.name}, k = {result.config.k}\n"
+        "dark: in the condition's top-k set; ✓/✗: CONFIRMED or not; ?: no verdict; –: does not apply",
+        fontsize=9,
+    )
     return fig
 
 
@@ -314,23 +429,43 @@ def format_report(result: RobustnessResult) -> str:
     """The terminal table: per type the Jaccard, the verdicts and the least stable top heads."""
     lines = [f"{result.spec.name}: {len(result.outcomes)} conditions, k = {result.config.k}", ""]
     for name, rec in result.types.items():
-        verdicts = ", ".join(f"{c}: {'-' if v['confirmed'] is None else 'CONFIRMED' if v['confirmed'] else 'not confirmed'}"
-                             for c, v in rec["verdicts"].items())
-        lines.append(f"{name}: mean top-k Jaccard {rec['mean_jaccard']:.3f} over {len(rec['conditions'])} conditions; "
-                     f"verdict holds everywhere: {'yes' if rec['verdict_holds_everywhere'] else 'no'}")
+        verdicts = ", ".join(
+            f"{c}: {'-' if v['confirmed'] is None else 'CONFIRMED' if v['confirmed'] else 'not confirmed'}"
+            for c, v in rec["verdicts"].items()
+        )
+        lines.append(
+            f"{name}: mean top-k Jaccard {rec['mean_jaccard']:.3f} over {len(rec['conditions'])} conditions; "
+            f"verdict holds everywhere: {'yes' if rec['verdict_holds_everywhere'] else 'no'}"
+        )
         lines.append(f"  verdicts: {verdicts}")
         rows = result.table[result.table["type"] == name].head(12)
-        lines.append("  " + ", ".join(f"{h} {s:.2f} [{lo:.2f}, {hi:.2f}]" for h, s, lo, hi in
-                                      zip(rows["head"], rows["stability"], rows["ci95_low"], rows["ci95_high"])))
+        lines.append(
+            "  "
+            + ", ".join(
+                f"{h} {s:.2f} [{lo:.2f}, {hi:.2f}]"
+                for h, s, lo, hi in zip(rows["head"], rows["stability"], rows["ci95_low"], rows["ci95_high"])
+            )
+        )
     lines += [f"NOTE: {n}" for n in result.notes]
     return "\n".join(lines)
 
 
 robustness = options.command_function(
-    RobustnessConfig, run, "robustness",
+    RobustnessConfig,
+    run,
+    "robustness",
     "Each head type's top-k set and verdict under varied data, ablation kinds, control seeds and detectors, and "
     "each head's stability (see ``headprobe robustness --help``).",
-    example="``types=\"induction,positional\"``")
+    example='``types="induction,positional"``',
+)
 
-__all__ = ["RobustnessConfig", "RobustnessResult", "Condition", "Outcome", "conditions", "evaluate", "run", "robustness"]
-
+__all__ = [
+    "RobustnessConfig",
+    "RobustnessResult",
+    "Condition",
+    "Outcome",
+    "conditions",
+    "evaluate",
+    "run",
+    "robustness",
+]

@@ -34,9 +34,24 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import TextFile, open_text_file
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
-_CORE = ("run", "scan", "run_scan", "ScanResult", "verify", "summary", "scan_figures", "figure_makers",
-         "write_outputs", "format_report", "verification_settings", "scan_metric", "metrics_summary",
-         "unknown_share", "removed_heads", "score_token_set")
+_CORE = (
+    "run",
+    "scan",
+    "run_scan",
+    "ScanResult",
+    "verify",
+    "summary",
+    "scan_figures",
+    "figure_makers",
+    "write_outputs",
+    "format_report",
+    "verification_settings",
+    "scan_metric",
+    "metrics_summary",
+    "unknown_share",
+    "removed_heads",
+    "score_token_set",
+)
 """Names of :mod:`headprobe.commands.scan_core` (it needs torch), imported on first use."""
 
 __getattr__ = lazy_names(__name__, "headprobe.commands.scan_core", _CORE)
@@ -106,38 +121,95 @@ class ScanConfig(ModelSettings, DataSettings):
             of 1,024 tokens or more on the native backend.
     """
 
-    seq_len: int | None = shared(DataSettings, "seq_len", None, help=(
-        f"natural-text sequence length in tokens (default {DEFAULT_SEQ_LEN}, or the model's context if shorter)"))
-    period: int | None = shared(DataSettings, "period", None, help=(
-        f"length of the repeated random block (default {DEFAULT_PERIOD}, or what fits the model's context twice; "
-        "for a model headprobe train made, its eval period when that is outside the periods it was trained on)"))
-    k: int | None = setting(None, f"heads ablated per type (default {DEFAULT_K}, or a quarter of the heads if fewer)",
-                            flag="--top-k", short="-k", type=positive_int)
-    n_random: int = setting(50, "the most random control sets of k heads a verdict's test ablates; it stops earlier once "
-                            "its outcome at --alpha is settled (default %(default)s)", type=positive_int)
-    alpha: float = setting(vocab.ALPHA, "significance level of the verdicts, after --correction (default %(default)s)",
-                           type=settings.probability)
-    control: str = setting("layer-matched", "control sets: as many heads per layer as the top-k set (layer-matched), or "
-                           "any heads (uniform) (default %(default)s)", choices=vocab.CONTROLS)
-    correction: str = setting(vocab.CORRECTION, "multiple-testing correction over the run's verdicts: Benjamini-Hochberg "
-                              "(bh, false discovery rate) or Holm (family-wise error) (default %(default)s)",
-                              choices=vocab.CORRECTIONS)
-    sequential: bool = setting(True, "ablate --n-random control sets for every test (no early stopping)",
-                               flag="--fixed-draws", action="store_false")
-    keep_n_random: bool = setting(False, "keep --n-random where it is below the draws one verdict needs to be CONFIRMED on "
-                                  "its own under --correction (m/alpha - 1 for m tested types); by default it is raised, "
-                                  "and the plan printed before the ablations says so", action="store_true")
-    verify: bool = setting(True, "score patterns only, without the ablation check (also where a model's per-head "
-                           "decomposition fails its self-check)", flag="--no-verify", action="store_false")
-    types: str | Sequence[str] | None = setting(None, lambda: "score, verify and draw only these head types (default: "
-                                                f"all of {','.join(vocab.HEAD_TYPES)})", metavar="TYPE[,TYPE...]")
-    pattern_len: int = setting(vocab.DEFAULT_PATTERN_LEN, "keep every head's pattern on the first N tokens of each example "
-                               "in patterns.npz, for headprobe view (default %(default)s; 0: none)", type=int, metavar="N")
-    metrics: bool = setting(True, "skip the reported head metrics (copying, sink rate, entropy, retrieval, DLA, "
-                            "composition)", flag="--no-metrics", action="store_false")
-    streaming: str = setting("auto", "head statistics streamed from queries and keys without the N x N pattern (on; native "
-                             "backend), from the pattern (off), or streamed from 1,024 tokens on (auto, the default)",
-                             choices=("auto", "on", "off"))
+    seq_len: int | None = shared(
+        DataSettings,
+        "seq_len",
+        None,
+        help=(f"natural-text sequence length in tokens (default {DEFAULT_SEQ_LEN}, or the model's context if shorter)"),
+    )
+    period: int | None = shared(
+        DataSettings,
+        "period",
+        None,
+        help=(
+            f"length of the repeated random block (default {DEFAULT_PERIOD}, or what fits the model's context twice; "
+            "for a model headprobe train made, its eval period when that is outside the periods it was trained on)"
+        ),
+    )
+    k: int | None = setting(
+        None,
+        f"heads ablated per type (default {DEFAULT_K}, or a quarter of the heads if fewer)",
+        flag="--top-k",
+        short="-k",
+        type=positive_int,
+    )
+    n_random: int = setting(
+        50,
+        "the most random control sets of k heads a verdict's test ablates; it stops earlier once "
+        "its outcome at --alpha is settled (default %(default)s)",
+        type=positive_int,
+    )
+    alpha: float = setting(
+        vocab.ALPHA,
+        "significance level of the verdicts, after --correction (default %(default)s)",
+        type=settings.probability,
+    )
+    control: str = setting(
+        "layer-matched",
+        "control sets: as many heads per layer as the top-k set (layer-matched), or "
+        "any heads (uniform) (default %(default)s)",
+        choices=vocab.CONTROLS,
+    )
+    correction: str = setting(
+        vocab.CORRECTION,
+        "multiple-testing correction over the run's verdicts: Benjamini-Hochberg "
+        "(bh, false discovery rate) or Holm (family-wise error) (default %(default)s)",
+        choices=vocab.CORRECTIONS,
+    )
+    sequential: bool = setting(
+        True,
+        "ablate --n-random control sets for every test (no early stopping)",
+        flag="--fixed-draws",
+        action="store_false",
+    )
+    keep_n_random: bool = setting(
+        False,
+        "keep --n-random where it is below the draws one verdict needs to be CONFIRMED on "
+        "its own under --correction (m/alpha - 1 for m tested types); by default it is raised, "
+        "and the plan printed before the ablations says so",
+        action="store_true",
+    )
+    verify: bool = setting(
+        True,
+        "score patterns only, without the ablation check (also where a model's per-head "
+        "decomposition fails its self-check)",
+        flag="--no-verify",
+        action="store_false",
+    )
+    types: str | Sequence[str] | None = setting(
+        None,
+        lambda: f"score, verify and draw only these head types (default: all of {','.join(vocab.HEAD_TYPES)})",
+        metavar="TYPE[,TYPE...]",
+    )
+    pattern_len: int = setting(
+        vocab.DEFAULT_PATTERN_LEN,
+        "keep every head's pattern on the first N tokens of each example "
+        "in patterns.npz, for headprobe view (default %(default)s; 0: none)",
+        type=int,
+        metavar="N",
+    )
+    metrics: bool = setting(
+        True,
+        "skip the reported head metrics (copying, sink rate, entropy, retrieval, DLA, composition)",
+        flag="--no-metrics",
+        action="store_false",
+    )
+    streaming: str = setting(
+        "auto",
+        "head statistics streamed from queries and keys without the N x N pattern (on; native "
+        "backend), from the pattern (off), or streamed from 1,024 tokens on (auto, the default)",
+        choices=("auto", "on", "off"),
+    )
 
     def __post_init__(self):
         object.__setattr__(self, "types", vocab.select_head_types(self.types))
@@ -169,14 +241,20 @@ class ScanConfig(ModelSettings, DataSettings):
         """The checks of ``seq_len``, ``period`` and ``k`` against a model's context and head count
         (``n_ctx`` None: unknown, not checked)."""
         if n_ctx and self.seq_len is not None and self.seq_len > n_ctx:
-            raise HeadprobeError(f"--seq-len {self.seq_len} is longer than the model's context ({n_ctx} tokens); "
-                                 f"use --seq-len {n_ctx} or less (longer text is cut into windows)")
+            raise HeadprobeError(
+                f"--seq-len {self.seq_len} is longer than the model's context ({n_ctx} tokens); "
+                f"use --seq-len {n_ctx} or less (longer text is cut into windows)"
+            )
         if n_ctx and self.period is not None and 2 * self.period + 1 > n_ctx:
-            raise HeadprobeError(f"--period {self.period} gives sequences longer than the model's context ({n_ctx} tokens); "
-                                 f"use --period {(n_ctx - 1) // 2} or less")
+            raise HeadprobeError(
+                f"--period {self.period} gives sequences longer than the model's context ({n_ctx} tokens); "
+                f"use --period {(n_ctx - 1) // 2} or less"
+            )
         if self.k is not None and self.k >= n_heads:
-            raise HeadprobeError(f"--top-k {self.k} leaves no random control: the model has {n_heads} heads; "
-                                 f"use --top-k {max(1, n_heads // 4)} or so")
+            raise HeadprobeError(
+                f"--top-k {self.k} leaves no random control: the model has {n_heads} heads; "
+                f"use --top-k {max(1, n_heads // 4)} or so"
+            )
 
     def read_text(self) -> TextFile | None:
         """The natural-text file, checked but read only as the token sets need it (None: the default text).
@@ -204,11 +282,17 @@ class ScanConfig(ModelSettings, DataSettings):
         assert self.types is not None  # set by __post_init__
         types = tuple(t for t in self.types if DETECTORS[t].applies_to(spec.causal))
         if not types:
-            raise HeadprobeError(f"head types {', '.join(self.types).replace('_', '-')} are scored on encoders only "
-                                 f"(bidirectional attention); {spec.name} is causal")
-        return replace(self, types=types, seq_len=self.seq_len or min(DEFAULT_SEQ_LEN, spec.n_ctx),
-                       period=self.period or _default_period(spec.n_ctx, trained_periods),
-                       k=self.k or max(1, min(DEFAULT_K, n_heads // 4)))
+            raise HeadprobeError(
+                f"head types {', '.join(self.types).replace('_', '-')} are scored on encoders only "
+                f"(bidirectional attention); {spec.name} is causal"
+            )
+        return replace(
+            self,
+            types=types,
+            seq_len=self.seq_len or min(DEFAULT_SEQ_LEN, spec.n_ctx),
+            period=self.period or _default_period(spec.n_ctx, trained_periods),
+            k=self.k or max(1, min(DEFAULT_K, n_heads // 4)),
+        )
 
 
 def unreachable_note(cfg: ScanConfig) -> str | None:
@@ -224,15 +308,36 @@ class ScanFiles:
     """What ``headprobe scan`` writes beyond the files of its result (not part of :class:`ScanConfig`:
     the same scan may be written with or without them)."""
 
-    html: bool = setting(False, "also write index.html, the interactive viewer (same as headprobe view OUT afterwards)",
-                         action="store_true")
+    html: bool = setting(
+        False,
+        "also write index.html, the interactive viewer (same as headprobe view OUT afterwards)",
+        action="store_true",
+    )
     """Write the viewer page index.html too."""
 
 
-FLAGS = (Flags(group=ModelSettings), OUTPUT, Flags(group=DataSettings),
-         Flags(only=("k", "n_random", "alpha", "control", "correction", "keep_n_random", "sequential", "types", "verify",
-                     "pattern_len", "metrics", "streaming")),
-         Flags(ScanFiles))
+FLAGS = (
+    Flags(group=ModelSettings),
+    OUTPUT,
+    Flags(group=DataSettings),
+    Flags(
+        only=(
+            "k",
+            "n_random",
+            "alpha",
+            "control",
+            "correction",
+            "keep_n_random",
+            "sequential",
+            "types",
+            "verify",
+            "pattern_len",
+            "metrics",
+            "streaming",
+        )
+    ),
+    Flags(ScanFiles),
+)
 """``headprobe scan``'s flags in ``--help`` order."""
 
 
@@ -254,11 +359,26 @@ def main(args: argparse.Namespace, config: ScanConfig) -> int:
     def resumed(saved: dict) -> str:
         return f"{len(saved.get('verification', {}).get('losses', {}))} head sets already ablated"
 
-    return options.run_command(args, config, options.Run("headprobe.commands.scan_core", note=unreachable_note(config),
-                                                         resumed=resumed,
-                                                         sharded="verification", wrote=wrote,
-                                                         save={"html": args.html, "progress": True}))
+    return options.run_command(
+        args,
+        config,
+        options.Run(
+            "headprobe.commands.scan_core",
+            note=unreachable_note(config),
+            resumed=resumed,
+            sharded="verification",
+            wrote=wrote,
+            save={"html": args.html, "progress": True},
+        ),
+    )
 
-COMMAND = Command(HELP, config=ScanConfig, run="headprobe.commands.scan:main", flags=FLAGS,
-                  api="headprobe.commands.scan_core:scan", epilog=EPILOG)
+
+COMMAND = Command(
+    HELP,
+    config=ScanConfig,
+    run="headprobe.commands.scan:main",
+    flags=FLAGS,
+    api="headprobe.commands.scan_core:scan",
+    epilog=EPILOG,
+)
 """``headprobe scan``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -46,6 +46,7 @@ from headprobe.probe.layout.spec import ModelSpec
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+
 @dataclass
 class ScanResult:
     """What a scan found. Losses in nats/token, scores as defined in :mod:`headprobe.analyses.detectors`.
@@ -127,8 +128,14 @@ class ScanResult:
         """Jupyter shows the viewer page, in a sandboxed iframe."""
         return viewer.notebook_html(self.html())
 
-    def save(self, out_dir: str | Path, overwrite: bool = False, html: bool = False, figures: bool = True,
-             progress: bool = False) -> list[Path]:
+    def save(
+        self,
+        out_dir: str | Path,
+        overwrite: bool = False,
+        html: bool = False,
+        figures: bool = True,
+        progress: bool = False,
+    ) -> list[Path]:
         """Write head_scores.csv, the figures (PNG, PDF and SVG; not with ``figures=False``), patterns.npz
         (if kept), with ``html`` the viewer page index.html, and, last, summary.json into ``out_dir``,
         each file atomically, so a directory with summary.json in it is complete. Returns the paths.
@@ -144,15 +151,30 @@ class ScanResult:
 def verification_settings(cfg: ScanConfig) -> verif.VerificationSettings:
     """The verification's parameters from a resolved scan config (k set)."""
     assert cfg.k is not None  # set by ScanConfig.resolved
-    return verif.VerificationSettings(k=cfg.k, n_random=cfg.n_random, alpha=cfg.alpha, control=cfg.control,
-                                      correction=cfg.correction, seed=cfg.seed, sequential=cfg.sequential,
-                                      keep_n_random=cfg.keep_n_random)
+    return verif.VerificationSettings(
+        k=cfg.k,
+        n_random=cfg.n_random,
+        alpha=cfg.alpha,
+        control=cfg.control,
+        correction=cfg.correction,
+        seed=cfg.seed,
+        sequential=cfg.sequential,
+        keep_n_random=cfg.keep_n_random,
+    )
 
 
-def verify(model: LoadedModel, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet,
-           clean: dict[str, torch.Tensor], mean_z: torch.Tensor | None, cfg: ScanConfig, progress: bool = True,
-           untrusted: dict[str, str | None] | None = None,
-           cache: verif.SetLosses | None = None) -> tuple[list[Verification], dict]:
+def verify(
+    model: LoadedModel,
+    scores: dict[str, np.ndarray],
+    natural: TokenSet,
+    repeated: TokenSet,
+    clean: dict[str, torch.Tensor],
+    mean_z: torch.Tensor | None,
+    cfg: ScanConfig,
+    progress: bool = True,
+    untrusted: dict[str, str | None] | None = None,
+    cache: verif.SetLosses | None = None,
+) -> tuple[list[Verification], dict]:
     """Ablate the top-k heads of each of ``cfg.types`` against random control sets
     (:func:`headprobe.analyses.verification.verify_heads`); ``cfg`` is resolved (k set).
     ``clean``: task -> per-sequence clean loss ``[batch]``. Under ``torchrun`` each rank ablates
@@ -165,18 +187,36 @@ def verify(model: LoadedModel, scores: dict[str, np.ndarray], natural: TokenSet,
     assert cfg.k is not None and cfg.types is not None  # set by ScanConfig.resolved and __post_init__
     assert mean_z is not None  # score_tokens gives it when the scan verifies
     top = {name: top_heads(torch.as_tensor(scores[DETECTORS[name].rank_by]), cfg.k) for name in cfg.types}
-    task_of = {name: task for name in cfg.types if (task := DETECTORS[name].task) is not None}  # every head type has one
-    scorers = ({task: EmbeddingDistance(model, ts.tokens) for task, ts in sets.items()}
-               if metric is EMBEDDING_METRIC else None)
-    return verif.verify_heads(model, top, task_of, sets, clean, mean_z, verification_settings(cfg), metric=metric,
-                              scorers=scorers, untrusted=untrusted, removed=removed_heads(model), progress=progress,
-                              say=_say, cache=cache)
+    task_of = {
+        name: task for name in cfg.types if (task := DETECTORS[name].task) is not None
+    }  # every head type has one
+    scorers = (
+        {task: EmbeddingDistance(model, ts.tokens) for task, ts in sets.items()} if metric is EMBEDDING_METRIC else None
+    )
+    return verif.verify_heads(
+        model,
+        top,
+        task_of,
+        sets,
+        clean,
+        mean_z,
+        verification_settings(cfg),
+        metric=metric,
+        scorers=scorers,
+        untrusted=untrusted,
+        removed=removed_heads(model),
+        progress=progress,
+        say=_say,
+        cache=cache,
+    )
 
 
 def _set_losses(resume: dict | None, on_save: Callable[[dict], None] | None) -> verif.SetLosses:
     """The verification's set losses: a resumed run's, saved under ``"verification"`` as they grow."""
-    return verif.SetLosses((resume or {}).get("verification"),
-                           (lambda state: on_save({"verification": state})) if on_save is not None else None)
+    return verif.SetLosses(
+        (resume or {}).get("verification"),
+        (lambda state: on_save({"verification": state})) if on_save is not None else None,
+    )
 
 
 def _say(line: str) -> None:
@@ -218,8 +258,13 @@ def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
     return max((set_plan(model, b, t) for b, t in shapes), key=lambda p: p.per_item).line()
 
 
-def run(model: LoadedModel, config: ScanConfig, progress: bool = True, resume: dict | None = None,
-        on_save: Callable[[dict], None] | None = None) -> ScanResult:
+def run(
+    model: LoadedModel,
+    config: ScanConfig,
+    progress: bool = True,
+    resume: dict | None = None,
+    on_save: Callable[[dict], None] | None = None,
+) -> ScanResult:
     """Run the scan (see the module docstring) on a loaded model.
 
     Args:
@@ -246,18 +291,32 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True, resume: d
     t0 = time.perf_counter()
     cfg = config.resolved(spec, model.trained_periods)
     assert cfg.seq_len is not None and cfg.period is not None and cfg.types is not None  # set by resolved()
-    natural = natural_text_tokens(model, cfg.n_natural, cfg.seq_len, cfg.seed, text,
-                                  source=str(cfg.text) if cfg.text else None)
+    natural = natural_text_tokens(
+        model, cfg.n_natural, cfg.seq_len, cfg.seed, text, source=str(cfg.text) if cfg.text else None
+    )
     repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
     steps = tqdm(total=2, desc="scoring heads", unit="pass", disable=not progress)
     per_seq: dict[str, torch.Tensor] = {}
-    nat_scores, nat_loss, mean_z = score_tokens(model, natural, "natural", first_scored("natural", natural.start, None),
-                                                mean_z=cfg.verify, types=cfg.types, per_sequence=per_seq,
-                                                streaming=cfg.streaming)
+    nat_scores, nat_loss, mean_z = score_tokens(
+        model,
+        natural,
+        "natural",
+        first_scored("natural", natural.start, None),
+        mean_z=cfg.verify,
+        types=cfg.types,
+        per_sequence=per_seq,
+        streaming=cfg.streaming,
+    )
     steps.update()
-    rep_scores, rep_loss, _ = score_tokens(model, repeated, "repeated",
-                                           first_scored("repeated", repeated.start, repeated.period), types=cfg.types,
-                                           per_sequence=per_seq, streaming=cfg.streaming)
+    rep_scores, rep_loss, _ = score_tokens(
+        model,
+        repeated,
+        "repeated",
+        first_scored("repeated", repeated.start, repeated.period),
+        types=cfg.types,
+        per_sequence=per_seq,
+        streaming=cfg.streaming,
+    )
     steps.update()
     steps.close()
     scores = {c: v.numpy() for c, v in {**nat_scores, **rep_scores}.items()}
@@ -265,42 +324,75 @@ def run(model: LoadedModel, config: ScanConfig, progress: bool = True, resume: d
     _mark_removed(scores, removed)
     clean_seq = {"natural": nat_loss, "repeated": rep_loss}  # zeros for an encoder (its effects are 1 - cos)
     clean = {task: float(v.double().mean()) for task, v in clean_seq.items()}
-    untrusted = {"natural": untrusted_task_reason(clean["natural"], spec.d_vocab, unknown_share(model, natural)),
-                 "repeated": untrusted_task_reason(clean["repeated"], spec.d_vocab)}
-    warnings = [f"{task} task: {reason}; its scores describe that failure and its ablations get no verdict"
-                for task, reason in untrusted.items() if reason]
+    untrusted = {
+        "natural": untrusted_task_reason(clean["natural"], spec.d_vocab, unknown_share(model, natural)),
+        "repeated": untrusted_task_reason(clean["repeated"], spec.d_vocab),
+    }
+    warnings = [
+        f"{task} task: {reason}; its scores describe that failure and its ablations get no verdict"
+        for task, reason in untrusted.items()
+        if reason
+    ]
     timings["score_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    verifications, design = (verify(model, scores, natural, repeated, clean_seq, mean_z, cfg, progress, untrusted,
-                                    _set_losses(resume, on_save))
-                             if cfg.verify else ([], {}))
+    verifications, design = (
+        verify(
+            model, scores, natural, repeated, clean_seq, mean_z, cfg, progress, untrusted, _set_losses(resume, on_save)
+        )
+        if cfg.verify
+        else ([], {})
+    )
     timings["ablate_s"] = time.perf_counter() - t0
     warnings += design.get("warnings", [])
     timings.update(design.pop("timings_s", {}))  # the plan's time estimate
 
     best = {name: top_heads(torch.as_tensor(scores[DETECTORS[name].rank_by]), 1)[0] for name in cfg.types}
     examples = example_patterns(model, best, natural, repeated, streaming=cfg.streaming)
-    patterns = (viewer.head_patterns(model, {"natural": natural, "repeated": repeated}, cfg.pattern_len)
-                if cfg.pattern_len else None)
+    patterns = (
+        viewer.head_patterns(model, {"natural": natural, "repeated": repeated}, cfg.pattern_len)
+        if cfg.pattern_len
+        else None
+    )
 
     composition, metric_notes = _metrics(model, cfg, text, natural, scores, removed) if cfg.metrics else (None, {})
     table = _head_table(spec, scores, cfg.types)
-    score_ci95 = {c: mean_ci(v.double().numpy()) for c, v in per_seq.items()
-                  if np.allclose(v.double().mean(0).numpy(), scores[c], atol=1e-5)}  # only where the score is that mean
-    return ScanResult(cfg, spec, table, scores, verifications, clean, natural, repeated, examples, timings,
-                      device=str(model.device), dtype=str(model.dtype), self_check=model.self_check.to_dict(),
-                      warnings=warnings, score_ci95=score_ci95, patterns=patterns, composition=composition,
-                      metrics=metrics_summary(scores, composition, cfg.types, metric_notes) if cfg.metrics else {},
-                      verification=design, removed_heads=removed)
+    score_ci95 = {
+        c: mean_ci(v.double().numpy())
+        for c, v in per_seq.items()
+        if np.allclose(v.double().mean(0).numpy(), scores[c], atol=1e-5)
+    }  # only where the score is that mean
+    return ScanResult(
+        cfg,
+        spec,
+        table,
+        scores,
+        verifications,
+        clean,
+        natural,
+        repeated,
+        examples,
+        timings,
+        device=str(model.device),
+        dtype=str(model.dtype),
+        self_check=model.self_check.to_dict(),
+        warnings=warnings,
+        score_ci95=score_ci95,
+        patterns=patterns,
+        composition=composition,
+        metrics=metrics_summary(scores, composition, cfg.types, metric_notes) if cfg.metrics else {},
+        verification=design,
+        removed_heads=removed,
+    )
 
 
 def _metrics(model: LoadedModel, cfg: ScanConfig, text, natural: TokenSet, scores: dict, removed: list):
     """The head metrics' columns, added to ``scores`` (removed heads blank): ``(composition, notes)``."""
     assert cfg.seq_len is not None  # set by ScanConfig.resolved
     needles = head_metrics.scan_needles(model, cfg.n_natural, cfg.seq_len, cfg.seed, text, natural.source)
-    metric_scores, notes = head_metrics.scan_metrics(model, natural, needles, first_scored("natural", natural.start, None),
-                                                     streaming=cfg.streaming)
+    metric_scores, notes = head_metrics.scan_metrics(
+        model, natural, needles, first_scored("natural", natural.start, None), streaming=cfg.streaming
+    )
     scores.update(metric_scores)
     _mark_removed(scores, removed)
     return head_metrics.scan_composition(model), notes
@@ -313,13 +405,15 @@ def _head_table(spec: ModelSpec, scores: dict[str, np.ndarray], types: Sequence[
     leaves them empty."""
     layer, head = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
     dets = [DETECTORS[name] for name in types]
-    table = pd.DataFrame({
-        "layer": layer.ravel(),
-        "head": head.ravel(),
-        "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads),
-        **{c: scores[c].ravel() for d in dets for c in d.columns},
-        **{c: scores[c].ravel() for c in metric_columns() if c in scores},
-    })
+    table = pd.DataFrame(
+        {
+            "layer": layer.ravel(),
+            "head": head.ravel(),
+            "kv_head": kv_head_of(head.ravel(), spec.n_heads, spec.n_kv_heads),
+            **{c: scores[c].ravel() for d in dets for c in d.columns},
+            **{c: scores[c].ravel() for c in metric_columns() if c in scores},
+        }
+    )
     for d in dets:
         for c in d.integer_columns:
             table[c] = table[c].astype("Int64" if table[c].isna().any() else int)  # a removed head's is empty
@@ -336,8 +430,13 @@ def _mark_removed(scores: dict[str, np.ndarray], removed: Sequence[tuple[int, in
                 v[layer, head] = np.nan
 
 
-def metrics_summary(scores: dict[str, np.ndarray], composition: dict | None, types: Sequence[str],
-                    skipped: dict[str, str], top_n: int = 5) -> dict:
+def metrics_summary(
+    scores: dict[str, np.ndarray],
+    composition: dict | None,
+    types: Sequence[str],
+    skipped: dict[str, str],
+    top_n: int = 5,
+) -> dict:
     """summary.json's ``metrics``: top heads of each metric column, why a column is NaN, Gu et al.'s
     share of sink heads (sink rate > 0.3), and the K-composition of the top previous-token into
     the top induction heads beside its baselines (:func:`~headprobe.analyses.metrics.composition_summary`)."""
@@ -346,9 +445,10 @@ def metrics_summary(scores: dict[str, np.ndarray], composition: dict | None, typ
         v = scores.get(c)
         if v is not None and np.isfinite(v).any():
             # only heads with a score: a removed head's NaN is no rank (top_heads does the same)
-            order = np.argsort(-np.nan_to_num(v, nan=-np.inf), axis=None)[:min(top_n, int(np.isfinite(v).sum()))]
-            out["top_heads"][c] = [{"head": format_head(divmod(int(i), v.shape[1])), "score": round(float(v.flat[i]), 4)}
-                                   for i in order]
+            order = np.argsort(-np.nan_to_num(v, nan=-np.inf), axis=None)[: min(top_n, int(np.isfinite(v).sum()))]
+            out["top_heads"][c] = [
+                {"head": format_head(divmod(int(i), v.shape[1])), "score": round(float(v.flat[i]), 4)} for i in order
+            ]
     if np.isfinite(scores.get("sink_rate", np.nan)).all():
         out["sink_heads_share"] = round(float((scores["sink_rate"] > head_metrics.SINK_THRESHOLD).mean()), 4)
     if composition is not None and {"previous_token", "induction"} <= set(types):
@@ -363,18 +463,16 @@ def unknown_share(model: LoadedModel, tokens: TokenSet) -> float:
     unk = getattr(getattr(model, "tokenizer", None), "unk_token_id", None)
     if unk is None:
         return 0.0
-    return float((tokens.tokens[:, tokens.start:] == unk).double().mean())
-
-
+    return float((tokens.tokens[:, tokens.start :] == unk).double().mean())
 
 
 scan = options.command_function(
-    ScanConfig, run, "scan", "Score, verify and draw the heads of ``model``",
-    '``types=("induction",)``, ``k=5``')
+    ScanConfig, run, "scan", "Score, verify and draw the heads of ``model``", '``types=("induction",)``, ``k=5``'
+)
 """``headprobe scan`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 
-def run_scan(cfg: ScanConfig, model: LoadedModel | None=None, progress: bool = True) -> ScanResult:
+def run_scan(cfg: ScanConfig, model: LoadedModel | None = None, progress: bool = True) -> ScanResult:
     """Compatibility: :func:`run` on ``model``, or on ``cfg.model`` loaded when ``model`` is None."""
     t0 = time.perf_counter()
     loaded = options.load_for(cfg) if model is None else model
@@ -395,8 +493,11 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         col = result.scores[det.rank_by]
         entries = []
         for layer, head in top_heads(torch.as_tensor(col), top_n):
-            e = {"head": format_head((layer, head)), "kv_head": int(kv_head_of(head, spec.n_heads, spec.n_kv_heads)),
-                 "score": round(float(col[layer, head]), 4)}
+            e = {
+                "head": format_head((layer, head)),
+                "kv_head": int(kv_head_of(head, spec.n_heads, spec.n_kv_heads)),
+                "score": round(float(col[layer, head]), 4),
+            }
             if det.rank_by in result.score_ci95:
                 e["score_ci95"] = [round(float(x), 4) for x in result.score_ci95[det.rank_by][:, layer, head]]
             for key, column in det.top_head_extras:
@@ -404,38 +505,65 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
             entries.append(e)
         top[name] = entries
     confirmed = {v.head_type: v.confirmed for v in result.verifications if v.tested or v.no_verdict}
-    return summary_envelope({
-        "hf_name": spec.hf_name,
-        "layout": {"attention": spec.kind, "n_layers": spec.n_layers, "n_heads": spec.n_heads,
-                   "n_kv_heads": spec.n_kv_heads, "d_head": spec.d_head, "d_model": spec.d_model},
-        "tokens": {
-            "natural_text": {"source": result.natural.source, "sequences": int(result.natural.tokens.shape[0]),
-                             "seq_len": int(result.natural.tokens.shape[1]), "tokens": result.natural.n_tokens,
-                             "windows_available": result.natural.n_available, "bos": bool(result.natural.start)},
-            "repeated_random": {"sequences": int(result.repeated.tokens.shape[0]), "period": result.repeated.period,
-                                "seq_len": int(result.repeated.tokens.shape[1]), "tokens": result.repeated.n_tokens,
-                                "bos": bool(result.repeated.start)},
+    return summary_envelope(
+        {
+            "hf_name": spec.hf_name,
+            "layout": {
+                "attention": spec.kind,
+                "n_layers": spec.n_layers,
+                "n_heads": spec.n_heads,
+                "n_kv_heads": spec.n_kv_heads,
+                "d_head": spec.d_head,
+                "d_model": spec.d_model,
+            },
+            "tokens": {
+                "natural_text": {
+                    "source": result.natural.source,
+                    "sequences": int(result.natural.tokens.shape[0]),
+                    "seq_len": int(result.natural.tokens.shape[1]),
+                    "tokens": result.natural.n_tokens,
+                    "windows_available": result.natural.n_available,
+                    "bos": bool(result.natural.start),
+                },
+                "repeated_random": {
+                    "sequences": int(result.repeated.tokens.shape[0]),
+                    "period": result.repeated.period,
+                    "seq_len": int(result.repeated.tokens.shape[1]),
+                    "tokens": result.repeated.n_tokens,
+                    "bos": bool(result.repeated.start),
+                },
+            },
+            "seed": cfg.seed,
+            "dtype": str(result.dtype).removeprefix("torch."),
+            "backend": spec.backend,
+            "clean_loss_nats": result.clean_loss,
+            "metric": {
+                "name": scan_metric(spec).name,
+                "unit": scan_metric(spec).unit,
+                "definition": scan_metric(spec).definition,
+                "min_effect": (result.rule or scan_metric(spec)).min_effect,
+            },
+            "top_heads": top,
+            "confirmed": confirmed,
+            "warnings": result.warnings,
+            "verification": {**result.verification, **verification_rules(spec, result.rule)}
+            if result.verifications
+            else {},
+            "removed_heads": [format_head(h) for h in result.removed_heads],
+            "interval_rule": interval_rule() + ": top_effect_ci95 of each "
+            "ablation's mean per-sequence effect, score_ci95 of each listed head's mean per-sequence score "
+            "(not for positional scores, a most-frequent offset)",
+            **({"interval_null_reasons": no_ci} if (no_ci := interval_null_reasons(result)) else {}),
+            "ablations": [v.to_dict() for v in result.verifications],
+            "metrics": result.metrics,
         },
-        "seed": cfg.seed,
-        "dtype": str(result.dtype).removeprefix("torch."),
-        "backend": spec.backend,
-        "clean_loss_nats": result.clean_loss,
-        "metric": {"name": scan_metric(spec).name, "unit": scan_metric(spec).unit,
-                   "definition": scan_metric(spec).definition,
-                   "min_effect": (result.rule or scan_metric(spec)).min_effect},
-        "top_heads": top,
-        "confirmed": confirmed,
-        "warnings": result.warnings,
-        "verification": {**result.verification, **verification_rules(spec, result.rule)} if result.verifications else {},
-        "removed_heads": [format_head(h) for h in result.removed_heads],
-        "interval_rule": interval_rule() + ": top_effect_ci95 of each "
-                         "ablation's mean per-sequence effect, score_ci95 of each listed head's mean per-sequence score "
-                         "(not for positional scores, a most-frequent offset)",
-        **({"interval_null_reasons": no_ci} if (no_ci := interval_null_reasons(result)) else {}),
-        "ablations": [v.to_dict() for v in result.verifications],
-        "metrics": result.metrics,
-    }, model=spec.name, precision=spec.precision, device=str(result.device), self_check=result.self_check, config=cfg,
-        timings_s={"load_s": result.load_s, **result.timings})
+        model=spec.name,
+        precision=spec.precision,
+        device=str(result.device),
+        self_check=result.self_check,
+        config=cfg,
+        timings_s={"load_s": result.load_s, **result.timings},
+    )
 
 
 def interval_null_reasons(result: ScanResult) -> dict[str, str]:
@@ -455,18 +583,18 @@ def verification_rules(spec: ModelSpec, rule: VerdictRule | None = None) -> dict
     return {
         "confirmation_rule": rule.description(),
         "control_rule": "per type, control sets of k heads from the heads outside the top-k of every type judged on the "
-                        "same task (never a removed head); layer-matched: as many heads in each layer as the top-k set; "
-                        f"uniform: any of those heads; drawn {verif.BATCH} per test a round, a test stopping when settled; the "
-                        f"zero-ablation rows use the first {verif.SECONDARY_DRAWS} of the same sets",
+        "same task (never a removed head); layer-matched: as many heads in each layer as the top-k set; "
+        f"uniform: any of those heads; drawn {verif.BATCH} per test a round, a test stopping when settled; the "
+        f"zero-ablation rows use the first {verif.SECONDARY_DRAWS} of the same sets",
         "p_value_rule": "sequential Monte Carlo p (Besag & Clifford 1991): a test stops at the draw at which h = "
-                        "floor(alpha*n_random)+1 control draws reached the top-k effect (within "
-                        f"{P_VALUE_TIE:g}); p = h/L where the h-th such draw is draw L, else (g+1)/(n_random+1) with g "
-                        "reaching draws of n_random (a non-finite effect counts as reaching); a test curtailed because no "
-                        "later draw could make it a rejection after the correction (stop_reason 'futile under the "
-                        "correction', only once a draw reached its effect) reports the largest p its rule could still "
-                        "give (p_value_is_bound); n_random is first raised to m/alpha-1, what one of m tests needs to "
-                        "be confirmed alone (verification.plan); p_adjusted: the correction (bh: Benjamini-Hochberg, "
-                        "holm: Holm-Bonferroni) over the tested verdicts of this run",
+        "floor(alpha*n_random)+1 control draws reached the top-k effect (within "
+        f"{P_VALUE_TIE:g}); p = h/L where the h-th such draw is draw L, else (g+1)/(n_random+1) with g "
+        "reaching draws of n_random (a non-finite effect counts as reaching); a test curtailed because no "
+        "later draw could make it a rejection after the correction (stop_reason 'futile under the "
+        "correction', only once a draw reached its effect) reports the largest p its rule could still "
+        "give (p_value_is_bound); n_random is first raised to m/alpha-1, what one of m tests needs to "
+        "be confirmed alone (verification.plan); p_adjusted: the correction (bh: Benjamini-Hochberg, "
+        "holm: Holm-Bonferroni) over the tested verdicts of this run",
     }
 
 
@@ -475,8 +603,10 @@ def data_label(result: ScanResult) -> str:
     sequence length and the text (SmolLM2's 18.6 scores induction tenfold apart at 64 and 4,096 tokens)."""
     nat, rep = result.natural, result.repeated
     source = Path(nat.source).name if nat.source and ("/" in nat.source or "\\" in nat.source) else nat.source
-    return (f"on {nat.tokens.shape[0]} sequences of {result.config.seq_len} tokens of {source}; "
-            f"{rep.tokens.shape[0]} random blocks of {rep.period} tokens, repeated once")
+    return (
+        f"on {nat.tokens.shape[0]} sequences of {result.config.seq_len} tokens of {source}; "
+        f"{rep.tokens.shape[0]} random blocks of {rep.period} tokens, repeated once"
+    )
 
 
 def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
@@ -497,23 +627,37 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
     out: dict[str, Callable[[], Figure]] = {}
     out.update(head_metrics.heatmap_makers(dets, result.scores, spec.group_size, tag, spec.causal))
     panels = [(det.panel_title, result.scores[det.rank_by]) for det in dets]
-    out["overview"] = partial(figs.scores_overview, panels, spec.group_size, f"Head scores of {tag}\n{data_label(result)}")
+    out["overview"] = partial(
+        figs.scores_overview, panels, spec.group_size, f"Head scores of {tag}\n{data_label(result)}"
+    )
     for head_type, ex in result.examples.items():
         det = DETECTORS[head_type]
         score = result.scores[det.rank_by][ex["head"]]
         setting = f", period {ex['period']}" if ex.get("period") else ""
-        title = (f"top {head_type.replace('_', '-')} head {format_head(ex['head'])}: score {score:.2f}{setting}\n"
-                 f"{tag}")  # on the first scored sequence: the axis label says so
-        out[f"pattern_{head_type}"] = partial(figs.pattern_plot, ex["pattern"], ex["labels"], title, ex.get("marks", ()),
-                                              causal=spec.causal, ylabel="query position (first scored sequence)",
-                                              positions=ex.get("positions"))
+        title = (
+            f"top {head_type.replace('_', '-')} head {format_head(ex['head'])}: score {score:.2f}{setting}\n"
+            f"{tag}"
+        )  # on the first scored sequence: the axis label says so
+        out[f"pattern_{head_type}"] = partial(
+            figs.pattern_plot,
+            ex["pattern"],
+            ex["labels"],
+            title,
+            ex.get("marks", ()),
+            causal=spec.causal,
+            ylabel="query position (first scored sequence)",
+            positions=ex.get("positions"),
+        )
     fields = {"W": head_metrics.distant_window(int(result.natural.tokens.shape[1]))}  # as the metric reads it
     out.update(head_metrics.metric_figure_makers(result.scores, spec.group_size, tag, fields))
     if result.composition is not None and {"previous_token", "induction"} <= set(result.config.types):
         out["composition_k"] = partial(
-            figs.composition_plot, result.composition["k"], top_heads(torch.tensor(result.scores["previous_token"]), 5),
+            figs.composition_plot,
+            result.composition["k"],
+            top_heads(torch.tensor(result.scores["previous_token"]), 5),
             top_heads(torch.tensor(result.scores["induction"]), 5),
-            f"K-composition: top previous-token → top induction heads, {tag}")
+            f"K-composition: top previous-token → top induction heads, {tag}",
+        )
     rows = [v.to_dict() for v in result.verifications]
     if rows:
         out["ablation"] = partial(figs.ablation_plot, rows, f"Ablation check\n{tag}", rule=result.rule)
@@ -528,8 +672,9 @@ def scan_figures(result: ScanResult) -> dict[str, Figure]:
     return {stem: make() for stem, make in figure_makers(result).items()}
 
 
-def write_outputs(result: ScanResult, out: Path, html: bool = False, figures: bool = True,
-                  progress: bool = False) -> list[Path]:
+def write_outputs(
+    result: ScanResult, out: Path, html: bool = False, figures: bool = True, progress: bool = False
+) -> list[Path]:
     """Write head_scores.csv, all figures (unless ``figures`` is False), patterns.npz (if kept), with
     ``html`` index.html, and, last, summary.json into the existing directory ``out`` (each file
     atomically), so a directory with summary.json in it is complete. ``progress``: a progress bar
@@ -540,8 +685,12 @@ def write_outputs(result: ScanResult, out: Path, html: bool = False, figures: bo
     def others(out: Path) -> list[Path]:
         written = []
         if result.verifications:
-            write_text(out / "ablation.caption.txt", figs.ablation_caption([v.to_dict() for v in result.verifications],
-                                                                           result.verification, rule=result.rule))
+            write_text(
+                out / "ablation.caption.txt",
+                figs.ablation_caption(
+                    [v.to_dict() for v in result.verifications], result.verification, rule=result.rule
+                ),
+            )
             written.append(out / "ablation.caption.txt")
         if result.patterns:
             written.append(viewer.save_patterns(out / "patterns.npz", result.patterns))
@@ -550,9 +699,15 @@ def write_outputs(result: ScanResult, out: Path, html: bool = False, figures: bo
             written.append(out / "index.html")
         return written
 
-    return write_directory(out, True, summary=result.summary, figures=figure_makers(result) if figures else {},
-                         tables={"head_scores.csv": result.table.to_csv(index=False, float_format="%.5f")},
-                         extra=others, progress=progress)
+    return write_directory(
+        out,
+        True,
+        summary=result.summary,
+        figures=figure_makers(result) if figures else {},
+        tables={"head_scores.csv": result.table.to_csv(index=False, float_format="%.5f")},
+        extra=others,
+        progress=progress,
+    )
 
 
 def format_report(result: ScanResult) -> str:
@@ -561,8 +716,11 @@ def format_report(result: ScanResult) -> str:
     lines = [f"{spec.name}: weights {spec.precision}", ""]
     lines += [f"WARNING: {w}" for w in result.warnings] + ([""] if result.warnings else [])
     # what ran decides the header: with --no-verify nothing was ablated, and the report must not say it was
-    checked = (f"the top {result.config.k} of each type were ablated" if result.verifications
-               else "no head was ablated (--no-verify)")
+    checked = (
+        f"the top {result.config.k} of each type were ablated"
+        if result.verifications
+        else "no head was ablated (--no-verify)"
+    )
     lines.append(f"{'head type':<16} top heads (score: see docs/scan.md; {checked}; all in summary.json)")
     assert result.config.types is not None  # set by ScanConfig.__post_init__
     for name in result.config.types:
@@ -576,28 +734,36 @@ def format_report(result: ScanResult) -> str:
         return "\n".join(lines)
     design, rule = result.verification, result.rule
     assert rule is not None  # a verification records the rule it decided with
-    lines.append(f"{'ablation (k=' + str(result.config.k) + ')':<22} {'task':<9} {'clean':>6} {'top-k Δ [95% CI]':>22} "
-                 f"{'control Δ mean/max':>18} {'sets':>4} {'p':>7} {'p adj':>7}  verdict")
+    lines.append(
+        f"{'ablation (k=' + str(result.config.k) + ')':<22} {'task':<9} {'clean':>6} {'top-k Δ [95% CI]':>22} "
+        f"{'control Δ mean/max':>18} {'sets':>4} {'p':>7} {'p adj':>7}  verdict"
+    )
     metric = scan_metric(spec)
     d = 2 if metric is LOSS_METRIC else 3  # 1 - cos effects are small numbers
     for v in result.verifications:
         lo, hi = v.top_effect_ci95
         p_adj = f"{v.p_adjusted:7.4f}" if v.p_adjusted is not None else f"{'-':>7}"
         verdict = v.verdict if v.tested or v.no_verdict else "(reported, not tested)"
-        lines.append(f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {v.clean_loss:6.2f} {v.top_effect:+8.{d}f} "
-                     f"{figs.format_interval(lo, hi, f'+.{d}f')} {v.random_mean:+9.{d}f}/{v.random_max:+.{d}f} {v.draws:>4} "
-                     f"{'≤' if v.p_value_is_bound else ' '}{v.p_value:6.4f} {p_adj}  {verdict}")
-    lines += [f"  {v.head_type.replace('_', '-')}: {evidence_text(v.to_dict(), 4)}"
-              + (f"; no verdict: {v.no_verdict}" if v.no_verdict else "")
-              for v in result.verifications if v.tested or (v.kind == verif.PRIMARY_KIND and v.no_verdict)]
-    units = ("losses in nats/token" if metric is LOSS_METRIC else
-             f"Δ in {metric.unit}: {metric.definition}")
+        lines.append(
+            f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {v.clean_loss:6.2f} {v.top_effect:+8.{d}f} "
+            f"{figs.format_interval(lo, hi, f'+.{d}f')} {v.random_mean:+9.{d}f}/{v.random_max:+.{d}f} {v.draws:>4} "
+            f"{'≤' if v.p_value_is_bound else ' '}{v.p_value:6.4f} {p_adj}  {verdict}"
+        )
+    lines += [
+        f"  {v.head_type.replace('_', '-')}: {evidence_text(v.to_dict(), 4)}"
+        + (f"; no verdict: {v.no_verdict}" if v.no_verdict else "")
+        for v in result.verifications
+        if v.tested or (v.kind == verif.PRIMARY_KIND and v.no_verdict)
+    ]
+    units = "losses in nats/token" if metric is LOSS_METRIC else f"Δ in {metric.unit}: {metric.definition}"
     m = design.get("family_size")
-    lines.append(f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k, at most "
-                 f"{design.get('max_draws')} per test, stopped once settled (sets: ablated). p: sequential Monte Carlo "
-                 f"(Besag & Clifford; ≤: a curtailed test's bound, its range on the lines below); p adj: {design.get('correction')} over the {m} tested "
-                 f"verdict{'' if m == 1 else 's'}. "
-                 f"CI: 95% t interval over sequences.\n CONFIRMED: {rule.condition()}; "
-                 "docs/scan.md has the rule)")
+    lines.append(
+        f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k, at most "
+        f"{design.get('max_draws')} per test, stopped once settled (sets: ablated). p: sequential Monte Carlo "
+        f"(Besag & Clifford; ≤: a curtailed test's bound, its range on the lines below); p adj: {design.get('correction')} over the {m} tested "
+        f"verdict{'' if m == 1 else 's'}. "
+        f"CI: 95% t interval over sequences.\n CONFIRMED: {rule.condition()}; "
+        "docs/scan.md has the rule)"
+    )
     lines += [f"NOTE: {n}" for n in design.get("notes", [])]
     return "\n".join(lines)

@@ -46,7 +46,9 @@ class ShowConfig(ModelSettings):
         out: output directory.
     """
 
-    head: str = setting(MISSING, "the head, as layer.head (e.g. 18.6; L18H6 also accepted)", required=True, kw_only=True)
+    head: str = setting(
+        MISSING, "the head, as layer.head (e.g. 18.6; L18H6 also accepted)", required=True, kw_only=True
+    )
     prompt: str = setting(MISSING, "the text to run the model on", exclusive="text", required=True, kw_only=True)
     out: str = field(kw_only=True)  # its flag is OutputSettings'
 
@@ -56,8 +58,9 @@ class PromptFile:
     """``--prompt-file``, the other way to give ``show``'s text: a flag of the command line, not
     part of :class:`ShowConfig` (:func:`main` reads the file into ``prompt``)."""
 
-    prompt_file: str | None = setting(None, "a UTF-8 file holding the text (its final newline dropped)",
-                                      exclusive="text", required=True)
+    prompt_file: str | None = setting(
+        None, "a UTF-8 file holding the text (its final newline dropped)", exclusive="text", required=True
+    )
     """A UTF-8 file holding the prompt."""
 
 
@@ -105,17 +108,22 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     if len(heads) != 1:
         raise HeadprobeError(f"show draws one head, got {cfg.head!r}")
     check_head_layers(heads, spec.layout.head_layers)
-    (layer, head), = heads
+    ((layer, head),) = heads
     tokens = model.to_tokens(cfg.prompt)
     n = tokens.shape[1]
     longest = spec.n_ctx if spec.causal else min(MAX_TOKENS, spec.n_ctx)
     check_length(n, longest)
-    start = int(n > 1 and cfg.prepend_bos and model.tokenizer.bos_token_id is not None
-                and int(tokens[0, 0]) == model.tokenizer.bos_token_id)
+    start = int(
+        n > 1
+        and cfg.prepend_bos
+        and model.tokenizer.bos_token_id is not None
+        and int(tokens[0, 0]) == model.tokenizer.bos_token_id
+    )
     ts = TokenSet(tokens=tokens, start=start, source="prompt")
     shown = min(n, MAX_TOKENS)
-    patterns = head_patterns(model, {"prompt": TokenSet(tokens=tokens[:, :shown], start=start, source="prompt")},
-                             max_len=shown)
+    patterns = head_patterns(
+        model, {"prompt": TokenSet(tokens=tokens[:, :shown], start=start, source="prompt")}, max_len=shown
+    )
     scores, _, _ = score_tokens(model, ts, "natural", first=0)
     labels = [drawable(label) for label in token_labels(model, tokens[0].cpu())]  # the viewer's are for a browser
     positions = None
@@ -130,12 +138,22 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     name = format_head((layer, head))
     title = f"head {name}, {spec.name} ({figs.weights_label(spec.weights)})\nyour prompt ({n} tokens)"
     # drawn only when a figure is written (--formats none: the page alone)
-    figure = {f"pattern_{name}": lambda: figs.pattern_plot(pattern, labels, title, causal=model.spec.causal, positions=positions)}
+    figure = {
+        f"pattern_{name}": lambda: figs.pattern_plot(
+            pattern, labels, title, causal=model.spec.causal, positions=positions
+        )
+    }
     table, notes = head_table(spec, scores, patterns["prompt"], n)
-    summary = {"model": spec.name, "weights_precision": spec.precision,
-               "layout": {"n_layers": spec.n_layers, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads},
-               "selected_head": name, "notes": notes}
-    patterns["prompt"]["label"] = f"your prompt ({n} tokens)" if n == shown else f"your prompt (first {shown} of {n} tokens)"
+    summary = {
+        "model": spec.name,
+        "weights_precision": spec.precision,
+        "layout": {"n_layers": spec.n_layers, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads},
+        "selected_head": name,
+        "notes": notes,
+    }
+    patterns["prompt"]["label"] = (
+        f"your prompt ({n} tokens)" if n == shown else f"your prompt (first {shown} of {n} tokens)"
+    )
     page = build_page(table, summary, patterns, title=f"{spec.name}: head {name} on your prompt", verdicts=False)
 
     def write_page(d: Path) -> list[Path]:
@@ -161,20 +179,36 @@ def head_table(spec, scores: dict, prompt: dict, n: int) -> tuple[object, list[s
 
     applies = set(score_columns(causal=spec.causal))
     L, H = np.meshgrid(np.arange(spec.n_layers), np.arange(spec.n_heads), indexing="ij")
-    repeat = text_repeat_scores(torch.from_numpy(np.asarray(prompt["pattern"], dtype=np.float32)),
-                                torch.from_numpy(np.asarray(prompt["ids"], dtype=np.int64)), prompt["start"])
-    columns = {c: v.numpy().ravel() for c, v in {**scores, **repeat}.items() if c in applies and c != "positional_offset"}
-    table = pd.DataFrame({"layer": L.ravel(), "head": H.ravel(),
-                          "kv_head": H.ravel() // max(1, spec.n_heads // spec.n_kv_heads),
-                          **{c: columns[c] for c in score_columns(causal=spec.causal) if c in columns}})
+    repeat = text_repeat_scores(
+        torch.from_numpy(np.asarray(prompt["pattern"], dtype=np.float32)),
+        torch.from_numpy(np.asarray(prompt["ids"], dtype=np.int64)),
+        prompt["start"],
+    )
+    columns = {
+        c: v.numpy().ravel() for c, v in {**scores, **repeat}.items() if c in applies and c != "positional_offset"
+    }
+    table = pd.DataFrame(
+        {
+            "layer": L.ravel(),
+            "head": H.ravel(),
+            "kv_head": H.ravel() // max(1, spec.n_heads // spec.n_kv_heads),
+            **{c: columns[c] for c in score_columns(causal=spec.causal) if c in columns},
+        }
+    )
     kept = len(prompt["ids"])
     where = "" if kept == n else f" (on the first {kept} of {n} tokens)"
-    notes = ([f"duplicate-token and induction scores on your prompt{where}: the attention of each token that "
-              "occurred before on its earlier occurrences (duplicate-token) and on the tokens right after them "
-              "(induction), averaged over those tokens; on a repeated block they are scan's scores"]
-             if np.isfinite(repeat["induction"].numpy()).any() or np.isfinite(repeat["duplicate_token"].numpy()).any()
-             else [f"no token of your prompt{where} repeats: no duplicate-token or induction score (empty columns); "
-                   "repeat a phrase to see them"])
+    notes = (
+        [
+            f"duplicate-token and induction scores on your prompt{where}: the attention of each token that "
+            "occurred before on its earlier occurrences (duplicate-token) and on the tokens right after them "
+            "(induction), averaged over those tokens; on a repeated block they are scan's scores"
+        ]
+        if np.isfinite(repeat["induction"].numpy()).any() or np.isfinite(repeat["duplicate_token"].numpy()).any()
+        else [
+            f"no token of your prompt{where} repeats: no duplicate-token or induction score (empty columns); "
+            "repeat a phrase to see them"
+        ]
+    )
     return table, notes
 
 
@@ -185,7 +219,9 @@ def check_length(n: int, longest: int | None) -> None:
         HeadprobeError: one line giving the prompt's length and the range.
     """
     if n < MIN_TOKENS:
-        raise HeadprobeError(f"the prompt is {n} tokens; the pattern's scores need at least {MIN_TOKENS} tokens (BOS included)")
+        raise HeadprobeError(
+            f"the prompt is {n} tokens; the pattern's scores need at least {MIN_TOKENS} tokens (BOS included)"
+        )
     if longest is not None and n > longest:
         raise HeadprobeError(f"the prompt is {n} tokens; show draws {MIN_TOKENS} to {longest} (the model's context)")
 
@@ -210,8 +246,9 @@ def long_window(n: int, size: int = LONG_WINDOW, sink: int = 4) -> tuple[list[in
     return rows, [*range(sink), *range(n - (size - sink), n)]
 
 
-def show(model: str = options.DEFAULT_MODEL, *, head: str, prompt: str, out: str | Path, overwrite: bool = False,
-         **load) -> ShowResult:
+def show(
+    model: str = options.DEFAULT_MODEL, *, head: str, prompt: str, out: str | Path, overwrite: bool = False, **load
+) -> ShowResult:
     """``headprobe show`` from Python: ``head``'s pattern on ``prompt`` written into ``out``
     (``load``: ``device``, ``dtype``, ``backend``, ``prepend_bos``, ``device_map``, ``max_memory``).
 
@@ -221,8 +258,12 @@ def show(model: str = options.DEFAULT_MODEL, *, head: str, prompt: str, out: str
     return run(ShowConfig(model=str(model), head=head, prompt=prompt, out=str(out), **load), overwrite=overwrite)
 
 
-FLAGS = (Flags(group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the text"}),
-         Flags(only=("head", "prompt")), Flags(PromptFile), OUTPUT)
+FLAGS = (
+    Flags(group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the text"}),
+    Flags(only=("head", "prompt")),
+    Flags(PromptFile),
+    OUTPUT,
+)
 """``--help``'s blocks: the model's flags, the head and the text (``--prompt`` or ``--prompt-file``), the output's."""
 
 
@@ -243,8 +284,10 @@ def main(args: argparse.Namespace, config: ShowConfig) -> int:
     cfg = dataclasses.replace(config, prompt=prompt)
     with options.out_as_it_was(args.out):
         result = run(cfg, overwrite=args.overwrite)
-    print(f"head {result.head[0]}.{result.head[1]} on {len(result.labels)} tokens; wrote "
-          + ", ".join(str(p) for p in result.paths))
+    print(
+        f"head {result.head[0]}.{result.head[1]} on {len(result.labels)} tokens; wrote "
+        + ", ".join(str(p) for p in result.paths)
+    )
     if kept := options.kept_line(args.out):
         print(kept)
     return 0

@@ -77,14 +77,20 @@ class StudyConfig:
     :class:`headprobe.analyses.train.TrainConfig` built by :meth:`base` and varied by :meth:`variants`.
     List fields accept any sequence of ints and are stored as tuples."""
 
-    which: str = setting(help="heads: 1..16 heads at one width; layouts: MHA/GQA/MQA/MLA", positional=True, choices=STUDIES)
+    which: str = setting(
+        help="heads: 1..16 heads at one width; layouts: MHA/GQA/MQA/MLA", positional=True, choices=STUDIES
+    )
     """``"heads"``: ``d_model`` split into each count of ``n_heads_list`` heads (MHA).
     ``"layouts"``: ``n_heads`` heads as MHA, GQA (4 and 2 groups where they divide ``n_heads``), MQA
     and MLA at each rank of ``ranks``."""
     steps: int = setting(1200, "training steps per run (default %(default)s)", type=int)
     """Training steps per run."""
-    corpus: str = setting("text+copy", "text+copy: CPython documentation text (character level) mixed with copy sequences "
-                          "(default); copy: random-token copy sequences only, as headprobe train", choices=["text+copy", "copy"])
+    corpus: str = setting(
+        "text+copy",
+        "text+copy: CPython documentation text (character level) mixed with copy sequences "
+        "(default); copy: random-token copy sequences only, as headprobe train",
+        choices=["text+copy", "copy"],
+    )
     """``"text+copy"``: CPython documentation text (character level, 96 characters + BOS) mixed with
     copy sequences over the same characters; ``"copy"``: random-token copy sequences only (64
     words), as ``headprobe train``."""
@@ -96,27 +102,44 @@ class StudyConfig:
     """Sequences per step."""
     lr: float = setting(3e-3, "AdamW learning rate (default %(default)s)", type=float)
     """AdamW learning rate."""
-    seeds: Sequence[int] = setting((0, 1), "comma-separated seeds (default %(default)s)", text=_comma,
-                                   parse=lambda text: _ints(text, "seeds"))
+    seeds: Sequence[int] = setting(
+        (0, 1), "comma-separated seeds (default %(default)s)", text=_comma, parse=lambda text: _ints(text, "seeds")
+    )
     """Training seeds: every variant is trained once per seed (non-negative)."""
     d_model: int = setting(64, type=int)
     """Residual width of every model."""
     n_heads: int = setting(8, "layouts: query heads (default %(default)s)", type=int)
     """``"layouts"``: query heads per layer."""
-    n_heads_list: Sequence[int] = setting((1, 2, 4, 8, 16), "heads: head counts (default %(default)s)", text=_comma,
-                                          parse=lambda text: _ints(text, "n-heads-list"))
+    n_heads_list: Sequence[int] = setting(
+        (1, 2, 4, 8, 16),
+        "heads: head counts (default %(default)s)",
+        text=_comma,
+        parse=lambda text: _ints(text, "n-heads-list"),
+    )
     """``"heads"``: the head counts (each must divide ``d_model``)."""
-    ranks: Sequence[int] = setting((4, 6, 8, 16), "layouts: MLA latent ranks (default %(default)s)", text=_comma,
-                                   parse=lambda text: _ints(text, "ranks"))
+    ranks: Sequence[int] = setting(
+        (4, 6, 8, 16),
+        "layouts: MLA latent ranks (default %(default)s)",
+        text=_comma,
+        parse=lambda text: _ints(text, "ranks"),
+    )
     """``"layouts"``: MLA latent ranks (``kv_lora_rank``)."""
-    rope: int = setting(8, "layouts: MLA decoupled rotary width (default %(default)s; 4 gives the shared rotary key only "
-                        "2 frequencies and no previous-token head formed within the default steps)", type=int)
+    rope: int = setting(
+        8,
+        "layouts: MLA decoupled rotary width (default %(default)s; 4 gives the shared rotary key only "
+        "2 frequencies and no previous-token head formed within the default steps)",
+        type=int,
+    )
     """``"layouts"``: MLA's decoupled rotary width (``qk_rope_head_dim``, even; 4 gives the shared
     rotary key only 2 frequencies and no previous-token head formed within the default steps)."""
     eval_every: int = setting(200, "steps between evaluations (default %(default)s)", type=int)
     """Steps between evaluations."""
-    device: str = shared(ModelSettings, "device", "auto", help="auto: cuda when a GPU is present, else cpu; trains and "
-                         "scores in float32 (no --dtype)")
+    device: str = shared(
+        ModelSettings,
+        "device",
+        "auto",
+        help="auto: cuda when a GPU is present, else cpu; trains and scores in float32 (no --dtype)",
+    )
     """``"auto"`` (cuda when a GPU is present), ``"cpu"`` or ``"cuda"``."""
 
     def __post_init__(self):
@@ -129,11 +152,23 @@ class StudyConfig:
     def base(self) -> TrainConfig:
         """The training settings every variant shares (2 attention-only layers, no biases, segments
         of 4..16 tokens, detectors on a repeated block of 12)."""
-        return TrainConfig(d_model=self.d_model, n_heads=self.n_heads, steps=self.steps, eval_every=self.eval_every,
-                           device=self.device, bias=False, corpus=self.corpus, copy_fraction=self.copy_fraction,
-                           n_words=N_CHARS if self.corpus == "text+copy" else TrainConfig.n_words,
-                           seq_len=self.seq_len, batch_size=self.batch_size, lr=self.lr,
-                           min_period=4, max_period=16, eval_period=12)
+        return TrainConfig(
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            steps=self.steps,
+            eval_every=self.eval_every,
+            device=self.device,
+            bias=False,
+            corpus=self.corpus,
+            copy_fraction=self.copy_fraction,
+            n_words=N_CHARS if self.corpus == "text+copy" else TrainConfig.n_words,
+            seq_len=self.seq_len,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            min_period=4,
+            max_period=16,
+            eval_period=12,
+        )
 
     def variants(self) -> list[tuple[str, TrainConfig]]:
         """(label, config) of every model the study trains (seeds apart)."""
@@ -147,9 +182,11 @@ class StudyConfig:
         for name, least in (("seeds", 0), ("n_heads_list", 1), ("ranks", 1)):
             values = getattr(self, name)
             if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < least for v in values):
-                raise HeadprobeError(f"--{name.replace('_', '-')} must list at least one "
-                                     f"{'non-negative' if least == 0 else 'positive'} integer, "
-                                     f"got {','.join(map(str, values))!r}")
+                raise HeadprobeError(
+                    f"--{name.replace('_', '-')} must list at least one "
+                    f"{'non-negative' if least == 0 else 'positive'} integer, "
+                    f"got {','.join(map(str, values))!r}"
+                )
         if self.rope < 0 or self.rope % 2:
             raise HeadprobeError(f"--rope must be an even non-negative integer, got {self.rope}")
         for _, cfg in self.variants():
@@ -168,7 +205,9 @@ def layout_of(cfg: TrainConfig) -> AttentionLayout:
     return dataclasses.replace(cfg.model_config().layout, bytes_per_element=2)
 
 
-def variants(which: str, base: TrainConfig, n_heads_list: list[int], ranks: list[int], rope: int) -> list[tuple[str, TrainConfig]]:
+def variants(
+    which: str, base: TrainConfig, n_heads_list: list[int], ranks: list[int], rope: int
+) -> list[tuple[str, TrainConfig]]:
     """(label, config) of every model the study trains (seeds apart)."""
     if which == "heads":
         return [(f"{h} heads", dataclasses.replace(base, n_heads=h, n_kv_heads=None)) for h in n_heads_list]
@@ -176,7 +215,9 @@ def variants(which: str, base: TrainConfig, n_heads_list: list[int], ranks: list
     out = [("MHA", dataclasses.replace(base, n_kv_heads=None))]
     out += [(f"GQA {g} groups", dataclasses.replace(base, n_kv_heads=g)) for g in (4, 2) if 1 < g < H and H % g == 0]
     out.append(("MQA", dataclasses.replace(base, n_kv_heads=1)))
-    out += [(f"MLA r={r}", dataclasses.replace(base, n_kv_heads=None, kv_lora_rank=r, qk_rope_head_dim=rope)) for r in ranks]
+    out += [
+        (f"MLA r={r}", dataclasses.replace(base, n_kv_heads=None, kv_lora_rank=r, qk_rope_head_dim=rope)) for r in ranks
+    ]
     return out
 
 
@@ -196,41 +237,66 @@ def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: b
                 r = train_model(dataclasses.replace(cfg, seed=seed), tokenizer)
                 last = r.log.iloc[-1]
                 lay = layout_of(cfg)
-                rows.append({
-                    "variant": label, "kind": lay.kind, "n_heads": cfg.n_heads, "n_kv_heads": lay.n_kv_heads,
-                    "kv_lora_rank": cfg.kv_lora_rank, "seed": seed, "corpus": cfg.corpus, "steps": cfg.steps,
-                    "attn_params_per_layer": attention_params_per_layer(lay),
-                    "model_params": r.loaded.n_params,
-                    "kv_bytes_per_token": kv_bytes_per_token(lay),
-                    f"kv_bytes_at_{CONTEXT}": kv_bytes_per_request(lay, CONTEXT),
-                    "eval_loss": float(last["eval_loss"]), "in_context_loss": float(last["in_context_loss"]),
-                    "text_in_context_loss": float(last.get("text_in_context_loss", float("nan"))),
-                    "repeated_loss": float(last["repeated_loss"]), "max_induction": float(last["max_induction"]),
-                    "max_previous_token": float(last["max_previous_token"]), "seconds": time.perf_counter() - t0,
-                    "self_check_ok": r.loaded.self_check.ok,
-                    "self_check_max_relative_error": r.loaded.self_check.max_relative_error,
-                })
+                rows.append(
+                    {
+                        "variant": label,
+                        "kind": lay.kind,
+                        "n_heads": cfg.n_heads,
+                        "n_kv_heads": lay.n_kv_heads,
+                        "kv_lora_rank": cfg.kv_lora_rank,
+                        "seed": seed,
+                        "corpus": cfg.corpus,
+                        "steps": cfg.steps,
+                        "attn_params_per_layer": attention_params_per_layer(lay),
+                        "model_params": r.loaded.n_params,
+                        "kv_bytes_per_token": kv_bytes_per_token(lay),
+                        f"kv_bytes_at_{CONTEXT}": kv_bytes_per_request(lay, CONTEXT),
+                        "eval_loss": float(last["eval_loss"]),
+                        "in_context_loss": float(last["in_context_loss"]),
+                        "text_in_context_loss": float(last.get("text_in_context_loss", float("nan"))),
+                        "repeated_loss": float(last["repeated_loss"]),
+                        "max_induction": float(last["max_induction"]),
+                        "max_previous_token": float(last["max_previous_token"]),
+                        "seconds": time.perf_counter() - t0,
+                        "self_check_ok": r.loaded.self_check.ok,
+                        "self_check_max_relative_error": r.loaded.self_check.max_relative_error,
+                    }
+                )
                 if progress:
                     x = rows[-1]
-                    print(f"{label:<16} seed {seed}: loss {x['eval_loss']:.3f}  in-context {x['in_context_loss']:+.3f}  "
-                          f"induction {x['max_induction']:.2f}  KV/token {x['kv_bytes_per_token']} B  ({x['seconds']:.0f} s)",
-                          flush=True)
+                    print(
+                        f"{label:<16} seed {seed}: loss {x['eval_loss']:.3f}  in-context {x['in_context_loss']:+.3f}  "
+                        f"induction {x['max_induction']:.2f}  KV/token {x['kv_bytes_per_token']} B  ({x['seconds']:.0f} s)",
+                        flush=True,
+                    )
     return pd.DataFrame(rows)
 
 
 def headline(which: str, table: pd.DataFrame) -> dict:
     """Per-variant means and, for layouts, the smallest MLA rank whose cache is below 1/8 of MHA's."""
     agg = table.groupby("variant", sort=False).agg(
-        eval_loss=("eval_loss", "mean"), eval_loss_sd=("eval_loss", "std"), eval_loss_min=("eval_loss", "min"),
-        eval_loss_max=("eval_loss", "max"), in_context_loss=("in_context_loss", "mean"),
-        in_context_loss_sd=("in_context_loss", "std"), max_induction=("max_induction", "mean"),
-        min_max_induction=("max_induction", "min"), kv_bytes_per_token=("kv_bytes_per_token", "first"),
-        seconds=("seconds", "mean"))
+        eval_loss=("eval_loss", "mean"),
+        eval_loss_sd=("eval_loss", "std"),
+        eval_loss_min=("eval_loss", "min"),
+        eval_loss_max=("eval_loss", "max"),
+        in_context_loss=("in_context_loss", "mean"),
+        in_context_loss_sd=("in_context_loss", "std"),
+        max_induction=("max_induction", "mean"),
+        min_max_induction=("max_induction", "min"),
+        kv_bytes_per_token=("kv_bytes_per_token", "first"),
+        seconds=("seconds", "mean"),
+    )
     n_seeds = table.groupby("variant", sort=False)["seed"].nunique()
     one_seed = "undefined: one seed; a standard deviation over seeds needs at least 2 (--seeds)"
-    out: dict[str, Any] = {"per_variant": {k: {**{c: (None if pd.isna(v) else round(float(v), 4)) for c, v in row.items()},
-                               **({"sd_null_reason": one_seed} if n_seeds[k] < 2 else {})}
-                           for k, row in agg.iterrows()}}
+    out: dict[str, Any] = {
+        "per_variant": {
+            k: {
+                **{c: (None if pd.isna(v) else round(float(v), 4)) for c, v in row.items()},
+                **({"sd_null_reason": one_seed} if n_seeds[k] < 2 else {}),
+            }
+            for k, row in agg.iterrows()
+        }
+    }
     if which == "layouts" and "MHA" in agg.index:
         mha = agg.loc["MHA"]
         mla = agg[[v.startswith("MLA") for v in agg.index]]
@@ -238,20 +304,33 @@ def headline(which: str, table: pd.DataFrame) -> dict:
         if len(small):
             best = small["eval_loss"].idxmin()
             out["mla_below_one_eighth"] = {
-                "variant": best, "kv_fraction_of_mha": round(float(small.loc[best, "kv_bytes_per_token"] / mha["kv_bytes_per_token"]), 4),
+                "variant": best,
+                "kv_fraction_of_mha": round(
+                    float(small.loc[best, "kv_bytes_per_token"] / mha["kv_bytes_per_token"]), 4
+                ),
                 "loss_gap_vs_mha": round(float(small.loc[best, "eval_loss"] - mha["eval_loss"]), 4),
                 "mha_loss_seed_sd": None if pd.isna(mha["eval_loss_sd"]) else round(float(mha["eval_loss_sd"]), 4),
                 **({"mha_loss_seed_sd_null_reason": one_seed} if pd.isna(mha["eval_loss_sd"]) else {}),
                 # the held-out loss alone hides a missing induction circuit: report the in-context loss too
-                "in_context_loss_gap_vs_mha": round(float(small.loc[best, "in_context_loss"] - mha["in_context_loss"]), 4),
+                "in_context_loss_gap_vs_mha": round(
+                    float(small.loc[best, "in_context_loss"] - mha["in_context_loss"]), 4
+                ),
                 "induction_formed": bool(small.loc[best, "min_max_induction"] > INDUCTION_FORMED),
-                "every_rank_below": {v: {"eval_loss": round(float(r["eval_loss"]), 4),
-                                         "in_context_loss": round(float(r["in_context_loss"]), 4),
-                                         "max_induction": round(float(r["max_induction"]), 4)} for v, r in small.iterrows()}}
+                "every_rank_below": {
+                    v: {
+                        "eval_loss": round(float(r["eval_loss"]), 4),
+                        "in_context_loss": round(float(r["in_context_loss"]), 4),
+                        "max_induction": round(float(r["max_induction"]), 4),
+                    }
+                    for v, r in small.iterrows()
+                },
+            }
         else:
             out["mla_below_one_eighth"] = None
-            out["mla_below_one_eighth_null_reason"] = ("no MLA rank of --ranks has a KV cache below 1/8 of MHA's "
-                                                       f"({float(mha['kv_bytes_per_token']) / 8:g} bytes per token)")
+            out["mla_below_one_eighth_null_reason"] = (
+                "no MLA rank of --ranks has a KV cache below 1/8 of MHA's "
+                f"({float(mha['kv_bytes_per_token']) / 8:g} bytes per token)"
+            )
     return out
 
 
@@ -259,17 +338,33 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
     """The study's figure from its ``results.csv`` table, as ``(name, Figure)``: ``loss_vs_heads``
     (held-out loss and in-context loss against heads, every seed shown) or ``quality_vs_kv`` (mean
     held-out loss with the seed range against KV cache per token)."""
-    label = ("held-out text loss (nats/char)" if (table["corpus"] == "text+copy").all()
-             else "held-out loss (nats/token)")
+    label = "held-out text loss (nats/char)" if (table["corpus"] == "text+copy").all() else "held-out loss (nats/token)"
     if which == "heads":
-        fig = figures.loss_vs_heads(table["n_heads"].to_numpy(), table["eval_loss"].to_numpy(), title,
-                                    table["in_context_loss"].to_numpy(), label)
+        fig = figures.loss_vs_heads(
+            table["n_heads"].to_numpy(),
+            table["eval_loss"].to_numpy(),
+            title,
+            table["in_context_loss"].to_numpy(),
+            label,
+        )
         return "loss_vs_heads", fig
-    agg = table.groupby("variant", sort=False).agg(kv=("kv_bytes_per_token", "first"), loss=("eval_loss", "mean"),
-                                                  lo=("eval_loss", "min"), hi=("eval_loss", "max"),
-                                                  induction=("max_induction", "mean"))
-    fig = figures.quality_vs_kv(list(agg.index), agg["kv"].to_numpy(), agg["loss"].to_numpy(), agg["lo"].to_numpy(),
-                                agg["hi"].to_numpy(), title, label, formed=agg["induction"].to_numpy() > INDUCTION_FORMED)
+    agg = table.groupby("variant", sort=False).agg(
+        kv=("kv_bytes_per_token", "first"),
+        loss=("eval_loss", "mean"),
+        lo=("eval_loss", "min"),
+        hi=("eval_loss", "max"),
+        induction=("max_induction", "mean"),
+    )
+    fig = figures.quality_vs_kv(
+        list(agg.index),
+        agg["kv"].to_numpy(),
+        agg["loss"].to_numpy(),
+        agg["lo"].to_numpy(),
+        agg["hi"].to_numpy(),
+        title,
+        label,
+        formed=agg["induction"].to_numpy() > INDUCTION_FORMED,
+    )
     return "quality_vs_kv", fig
 
 
@@ -292,21 +387,37 @@ class StudyResult:
         ``weights_precision`` are null; the self-check over every trained model; ``timings_s``:
         ``train_s``, the runs' training time)."""
         c, table = self.config, self.table
-        grid = {"n_heads_list": list(c.n_heads_list)} if c.which == "heads" else {"ranks": list(c.ranks), "rope": c.rope}
-        self_check = {"all_ok": bool(table["self_check_ok"].all()),
-                      "max_relative_error": float(f"{table['self_check_max_relative_error'].max():.3g}"),
-                      "what": "per trained model: patterns and the per-head W_O decomposition (headprobe.probe.hooks.selfcheck)"}
-        return summary_envelope({"which": c.which, "seeds": list(c.seeds), "base": dataclasses.asdict(c.base()), **grid,
-                                 **headline(c.which, table)},
-                                model=None, precision=None, device=c.device, self_check=self_check, config=c,
-                                timings_s={"train_s": float(table["seconds"].sum())})
+        grid = (
+            {"n_heads_list": list(c.n_heads_list)} if c.which == "heads" else {"ranks": list(c.ranks), "rope": c.rope}
+        )
+        self_check = {
+            "all_ok": bool(table["self_check_ok"].all()),
+            "max_relative_error": float(f"{table['self_check_max_relative_error'].max():.3g}"),
+            "what": "per trained model: patterns and the per-head W_O decomposition (headprobe.probe.hooks.selfcheck)",
+        }
+        return summary_envelope(
+            {
+                "which": c.which,
+                "seeds": list(c.seeds),
+                "base": dataclasses.asdict(c.base()),
+                **grid,
+                **headline(c.which, table),
+            },
+            model=None,
+            precision=None,
+            device=c.device,
+            self_check=self_check,
+            config=c,
+            timings_s={"train_s": float(table["seconds"].sum())},
+        )
 
     def figures(self) -> dict:
         """``{"loss_vs_heads": Figure}`` or ``{"quality_vs_kv": Figure}`` (see :func:`study_figure`)."""
         c = self.config
         prefix = f"{c.n_heads} heads, " if c.which == "layouts" else ""
-        title = (f"d_model {c.d_model}, {c.steps} steps, {len(c.seeds)} seed{'s' if len(c.seeds) > 1 else ''}, "
-                 f"{c.corpus}")
+        title = (
+            f"d_model {c.d_model}, {c.steps} steps, {len(c.seeds)} seed{'s' if len(c.seeds) > 1 else ''}, {c.corpus}"
+        )
         name, fig = study_figure(c.which, self.table, prefix + title)
         return {name: fig}
 
@@ -320,8 +431,14 @@ class StudyResult:
         """
         from headprobe.analyses.outputs import write_outputs
 
-        return write_outputs(out_dir, overwrite, summary=self.summary, summary_name="study.json", figures=self.figures,
-                             tables={"results.csv": self.table.to_csv(index=False, float_format="%.5f")})
+        return write_outputs(
+            out_dir,
+            overwrite,
+            summary=self.summary,
+            summary_name="study.json",
+            figures=self.figures,
+            tables={"results.csv": self.table.to_csv(index=False, float_format="%.5f")},
+        )
 
     def report(self) -> str:
         """The per-variant means ``headprobe study`` prints."""

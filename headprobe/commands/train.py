@@ -35,16 +35,25 @@ class TrainFlags(TrainConfig):
     d_model: int = setting(_T.d_model, "residual width (default %(default)s)", type=int)
     n_heads: int = setting(_T.n_heads, "query heads per layer (default %(default)s)", type=int)
     n_kv_heads: int | None = setting(_T.n_kv_heads, "key/value heads (default: n_heads, MHA; 1: MQA)", type=int)
-    mlp: str | None = setting(_T.mlp, "add GELU MLPs (default: attention-only)", choices=("none", "gelu"),
-                              parse=lambda word: None if word in (None, "none") else word)
+    mlp: str | None = setting(
+        _T.mlp,
+        "add GELU MLPs (default: attention-only)",
+        choices=("none", "gelu"),
+        parse=lambda word: None if word in (None, "none") else word,
+    )
     positional: str = setting(_T.positional, choices=("learned", "rotary"))
     n_words: int = setting(_T.n_words, "random-token vocabulary (default %(default)s)", type=int)
     seq_len: int = setting(_T.seq_len, "tokens per sequence, BOS included (default %(default)s)", type=int)
     min_period: int = setting(_T.min_period, "shortest repeated segment (default %(default)s)", type=int)
     max_period: int = setting(_T.max_period, "longest repeated segment (default %(default)s)", type=int)
-    periodic: bool = setting(_T.periodic, "periodic: the segment repeats to the end of each sequence (default); pair: it "
-                             "reappears once", flag="--data", choices=("periodic", "pair"),
-                             text=lambda periodic: "periodic" if periodic else "pair", parse=lambda word: word == "periodic")
+    periodic: bool = setting(
+        _T.periodic,
+        "periodic: the segment repeats to the end of each sequence (default); pair: it reappears once",
+        flag="--data",
+        choices=("periodic", "pair"),
+        text=lambda periodic: "periodic" if periodic else "pair",
+        parse=lambda word: word == "periodic",
+    )
     batch_size: int = setting(_T.batch_size, type=int)
     steps: int = setting(_T.steps, "optimiser steps (default %(default)s)", type=int)
     lr: float = setting(_T.lr, "AdamW learning rate (default %(default)s)", type=float)
@@ -52,15 +61,31 @@ class TrainFlags(TrainConfig):
     warmup: int = setting(_T.warmup, "linear warm-up steps (default %(default)s)", type=int)
     eval_every: int = setting(_T.eval_every, "steps between head scores (default %(default)s)", type=int)
     n_eval: int = setting(_T.n_eval, "sequences per evaluation set (default %(default)s)", type=int)
-    eval_period: int = setting(_T.eval_period, "repeated block length for the detectors (default %(default)s)", type=int)
+    eval_period: int = setting(
+        _T.eval_period, "repeated block length for the detectors (default %(default)s)", type=int
+    )
     seed: int = shared(DataSettings, "seed", _T.seed)
-    device: str = shared(ModelSettings, "device", _T.device, help=(
-        "auto: cuda when a GPU is present, else cpu; trains in float32 (no --dtype: small models train in full precision)"))
-    corpus: str = setting(_T.corpus, "copy: random-token copy sequences only; text+copy: mix in CPython's documentation at "
-                          "character level, so the model can be scanned on natural text (needs --n-words 96) (default "
-                          "%(default)s)", choices=CORPORA)
-    save_every: int = setting(_T.save_every, "also save the weights at step 0 and every N steps as checkpoints/step-NNNNNN/ "
-                              "(for headprobe atlas --checkpoints; default 0: only the final model)", type=int)
+    device: str = shared(
+        ModelSettings,
+        "device",
+        _T.device,
+        help=(
+            "auto: cuda when a GPU is present, else cpu; trains in float32 (no --dtype: small models train in full precision)"
+        ),
+    )
+    corpus: str = setting(
+        _T.corpus,
+        "copy: random-token copy sequences only; text+copy: mix in CPython's documentation at "
+        "character level, so the model can be scanned on natural text (needs --n-words 96) (default "
+        "%(default)s)",
+        choices=CORPORA,
+    )
+    save_every: int = setting(
+        _T.save_every,
+        "also save the weights at step 0 and every N steps as checkpoints/step-NNNNNN/ "
+        "(for headprobe atlas --checkpoints; default 0: only the final model)",
+        type=int,
+    )
 
 
 FLAGS = (OUTPUT, Flags(skip=("seed", "device")), Flags(only=("seed", "device")))
@@ -94,6 +119,7 @@ def main(args: argparse.Namespace, config: TrainConfig) -> int:
     return 0
 
 
-COMMAND = Command(HELP, config=TrainFlags, run="headprobe.commands.train:main", flags=FLAGS,
-                  api="headprobe.commands.train_core:train")
+COMMAND = Command(
+    HELP, config=TrainFlags, run="headprobe.commands.train:main", flags=FLAGS, api="headprobe.commands.train_core:train"
+)
 """``headprobe train``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -64,39 +64,60 @@ class TrainResult(TrainRun):
         steps, icl = log["step"].to_numpy(), log["in_context_loss"].to_numpy()
         formed = log.index[log["max_induction"] > INDUCTION_FORMED]
         top = np.unravel_index(np.argmax(self.final_scores["induction"]), self.final_scores["induction"].shape)
-        top_prev = np.unravel_index(np.argmax(self.final_scores["previous_token"]), self.final_scores["previous_token"].shape)
+        top_prev = np.unravel_index(
+            np.argmax(self.final_scores["previous_token"]), self.final_scores["previous_token"].shape
+        )
         last = log.iloc[-1]
-        return summary_envelope({
-            "layout": self.loaded.spec.kind,
-            "n_params": self.loaded.n_params,
-            "final": {"train_loss": round(float(last["train_loss"]), 4), "eval_loss": round(float(last["eval_loss"]), 4),
-                      "in_context_loss": round(float(last["in_context_loss"]), 4),
-                      "repeated_loss": round(float(last["repeated_loss"]), 4),
-                      "top_induction_head": format_head((int(top[0]), int(top[1]))),
-                      "top_induction_score": round(float(self.final_scores["induction"].max()), 4),
-                      "top_previous_token_head": format_head((int(top_prev[0]), int(top_prev[1]))),
-                      "top_previous_token_score": round(float(self.final_scores["previous_token"].max()), 4)},
-            "chance_loss_nats": round(math.log(cfg.n_words), 4),
-            "first_step_induction_above_0.5": int(log.loc[formed[0], "step"]) if len(formed) else None,
-            "phase_change_step": phase_change_step(steps, icl, log["max_induction"].to_numpy()),
-            "phase_change_rule": "evaluation step where the 3-point running mean of the in-context loss falls fastest; "
-                                 "none unless some head's induction score exceeds 0.5",
-            "induction_formed": bool(self.final_scores["induction"].max() > INDUCTION_FORMED),
-            "seed": cfg.seed,
-            "dtype": str(self.loaded.dtype).removeprefix("torch."),
-        }, model=self.loaded.spec.name, precision=self.loaded.spec.precision, device=self.device,
-            self_check=self.loaded.self_check.to_dict(), config=cfg, timings_s={"train_s": self.seconds})
+        return summary_envelope(
+            {
+                "layout": self.loaded.spec.kind,
+                "n_params": self.loaded.n_params,
+                "final": {
+                    "train_loss": round(float(last["train_loss"]), 4),
+                    "eval_loss": round(float(last["eval_loss"]), 4),
+                    "in_context_loss": round(float(last["in_context_loss"]), 4),
+                    "repeated_loss": round(float(last["repeated_loss"]), 4),
+                    "top_induction_head": format_head((int(top[0]), int(top[1]))),
+                    "top_induction_score": round(float(self.final_scores["induction"].max()), 4),
+                    "top_previous_token_head": format_head((int(top_prev[0]), int(top_prev[1]))),
+                    "top_previous_token_score": round(float(self.final_scores["previous_token"].max()), 4),
+                },
+                "chance_loss_nats": round(math.log(cfg.n_words), 4),
+                "first_step_induction_above_0.5": int(log.loc[formed[0], "step"]) if len(formed) else None,
+                "phase_change_step": phase_change_step(steps, icl, log["max_induction"].to_numpy()),
+                "phase_change_rule": "evaluation step where the 3-point running mean of the in-context loss falls fastest; "
+                "none unless some head's induction score exceeds 0.5",
+                "induction_formed": bool(self.final_scores["induction"].max() > INDUCTION_FORMED),
+                "seed": cfg.seed,
+                "dtype": str(self.loaded.dtype).removeprefix("torch."),
+            },
+            model=self.loaded.spec.name,
+            precision=self.loaded.spec.precision,
+            device=self.device,
+            self_check=self.loaded.self_check.to_dict(),
+            config=cfg,
+            timings_s={"train_s": self.seconds},
+        )
 
     def figures(self) -> dict:
         """``{"training": Figure}``: max induction and previous-token score, in-context and
         training loss against step, the phase change marked (:func:`headprobe.analyses.figures.training_curves`)."""
         log, spec = self.log, self.loaded.spec
-        title = (f"{spec.n_layers}-layer attention-only {spec.kind} ({spec.n_heads} heads, d_model {spec.d_model})"
-                 if self.config.mlp is None else f"{spec.n_layers}-layer {spec.kind} ({spec.n_heads} heads)")
+        title = (
+            f"{spec.n_layers}-layer attention-only {spec.kind} ({spec.n_heads} heads, d_model {spec.d_model})"
+            if self.config.mlp is None
+            else f"{spec.n_layers}-layer {spec.kind} ({spec.n_heads} heads)"
+        )
         steps, icl = log["step"].to_numpy(), log["in_context_loss"].to_numpy()
         fig = figures.training_curves(
-            steps, log["max_induction"].to_numpy(), log["max_previous_token"].to_numpy(), icl,
-            log["train_loss"].to_numpy(), phase_change_step(steps, icl, log["max_induction"].to_numpy()), title)
+            steps,
+            log["max_induction"].to_numpy(),
+            log["max_previous_token"].to_numpy(),
+            icl,
+            log["train_loss"].to_numpy(),
+            phase_change_step(steps, icl, log["max_induction"].to_numpy()),
+            title,
+        )
         return {"training": fig}
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
@@ -117,8 +138,14 @@ class TrainResult(TrainRun):
             written += sorted({Path(f) for f in tokenizer_files if Path(f).is_file()} - set(written))
             return written + self.save_snapshots(out / CHECKPOINTS)
 
-        return write_outputs(out_dir, overwrite, summary=self.summary(), figures=self.figures, extra=model_files,
-                             tables={"train_log.csv": self.log.to_csv(index=False, float_format="%.5f")})
+        return write_outputs(
+            out_dir,
+            overwrite,
+            summary=self.summary(),
+            figures=self.figures,
+            extra=model_files,
+            tables={"train_log.csv": self.log.to_csv(index=False, float_format="%.5f")},
+        )
 
     def save_snapshots(self, out_dir: Path) -> list[Path]:
         """Write every snapshot (``save_every``) as a headprobe checkpoint directory
@@ -137,12 +164,17 @@ class TrainResult(TrainRun):
     def report(self) -> str:
         """The lines ``headprobe train`` prints at the end: parameters, time, losses, top head, phase change."""
         s = self.summary()
-        formed = (f"induction > 0.5 first at step {s['first_step_induction_above_0.5']}; phase change at step {s['phase_change_step']}"
-                  if s["phase_change_step"] is not None else "no head's induction score exceeded 0.5: no phase change yet")
-        return (f"trained {s['n_params']} parameters in {self.seconds:.1f} s on {s['device']}; final loss "
-                f"{s['final']['train_loss']:.3f} (chance {s['chance_loss_nats']:.3f}), in-context loss "
-                f"{s['final']['in_context_loss']:+.3f}\n"
-                f"top induction head {s['final']['top_induction_head']} ({s['final']['top_induction_score']:.2f}); {formed}")
+        formed = (
+            f"induction > 0.5 first at step {s['first_step_induction_above_0.5']}; phase change at step {s['phase_change_step']}"
+            if s["phase_change_step"] is not None
+            else "no head's induction score exceeded 0.5: no phase change yet"
+        )
+        return (
+            f"trained {s['n_params']} parameters in {self.seconds:.1f} s on {s['device']}; final loss "
+            f"{s['final']['train_loss']:.3f} (chance {s['chance_loss_nats']:.3f}), in-context loss "
+            f"{s['final']['in_context_loss']:+.3f}\n"
+            f"top induction head {s['final']['top_induction_head']} ({s['final']['top_induction_score']:.2f}); {formed}"
+        )
 
 
 CHECKPOINTS = "checkpoints"
@@ -156,9 +188,12 @@ def snapshot_dir_name(step: int) -> str:
 
 
 def _print_eval(row: dict, seconds: float) -> None:
-    print(f"step {row['step']:5d}  loss {row['train_loss']:.3f}  in-context {row['in_context_loss']:+.3f}  "
-          f"max induction {row['max_induction']:.2f}  max prev-token {row['max_previous_token']:.2f}  "
-          f"({seconds:.0f} s)", flush=True)
+    print(
+        f"step {row['step']:5d}  loss {row['train_loss']:.3f}  in-context {row['in_context_loss']:+.3f}  "
+        f"max induction {row['max_induction']:.2f}  max prev-token {row['max_previous_token']:.2f}  "
+        f"({seconds:.0f} s)",
+        flush=True,
+    )
 
 
 def run(config: TrainConfig, progress: bool = False) -> TrainResult:

@@ -28,7 +28,13 @@ from headprobe.settings import Flags, ModelSettings, positive_int, setting
 HELP = "write DIR/index.html: an interactive, offline page of a scan's (or ablate run's) head scores and patterns"
 
 EPILOG = "--model NAME computes patterns.npz when DIR (a scan) has none; without it no model is loaded"
-SCORES, ABLATION, PATTERNS, SUMMARY, PAGE = "head_scores.csv", "head_ablation.csv", "patterns.npz", "summary.json", "index.html"
+SCORES, ABLATION, PATTERNS, SUMMARY, PAGE = (
+    "head_scores.csv",
+    "head_ablation.csv",
+    "patterns.npz",
+    "summary.json",
+    "index.html",
+)
 
 
 @dataclass(frozen=True)
@@ -50,21 +56,33 @@ class ViewConfig(ModelSettings):
         HeadprobeError: a bad shared setting, ``prepend_bos`` False or ``pattern_len`` below 2.
     """
 
-    dir: str = setting(MISSING, "output directory of headprobe scan or ablate; index.html is written there", metavar="DIR",
-                       positional=True, kw_only=True)  # required: keyword-only, as it follows the group's defaulted fields
-    ablation: str | None = setting(None, "an ablate run's directory: add its per-head loss increases to the table and maps",
-                                   metavar="DIR2")
-    circuit: str | None = setting(None, "a headprobe circuit run's directory: add its figure, top edges and path patching "
-                                        "as a section", metavar="DIR3")
+    dir: str = setting(
+        MISSING,
+        "output directory of headprobe scan or ablate; index.html is written there",
+        metavar="DIR",
+        positional=True,
+        kw_only=True,
+    )  # required: keyword-only, as it follows the group's defaulted fields
+    ablation: str | None = setting(
+        None, "an ablate run's directory: add its per-head loss increases to the table and maps", metavar="DIR2"
+    )
+    circuit: str | None = setting(
+        None,
+        "a headprobe circuit run's directory: add its figure, top edges and path patching as a section",
+        metavar="DIR3",
+    )
     model: str | None = None  # type: ignore[assignment]  # optional here (the patterns need it), required by the other commands
-    pattern_len: int = setting(128, "with --model: tokens per example in the computed patterns.npz (default %(default)s)",
-                               type=positive_int)
+    pattern_len: int = setting(
+        128, "with --model: tokens per example in the computed patterns.npz (default %(default)s)", type=positive_int
+    )
 
     def __post_init__(self):
         super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
         if not self.prepend_bos:
-            raise HeadprobeError("headprobe view computes patterns with the scan's own BOS setting (its summary.json); "
-                                 "prepend_bos is not view's to change")
+            raise HeadprobeError(
+                "headprobe view computes patterns with the scan's own BOS setting (its summary.json); "
+                "prepend_bos is not view's to change"
+            )
         if self.pattern_len < 2:
             raise HeadprobeError(f"--pattern-len must be at least 2, got {self.pattern_len}")
 
@@ -125,8 +143,9 @@ def compute_patterns(cfg: ViewConfig, summary: dict | None, path: Path) -> None:
         raise HeadprobeError(f"{path.parent} is a scan of {summary['model']}, not of {cfg.model}")
     model = options.load_for(dataclasses.replace(cfg, prepend_bos=sc.get("prepend_bos", True)))
     text = open_text_file(sc["text"]) if sc.get("text") else None
-    natural = natural_text_tokens(model, sc["n_natural"], sc["seq_len"], sc["seed"], text,
-                                  source=str(sc["text"]) if sc.get("text") else None)
+    natural = natural_text_tokens(
+        model, sc["n_natural"], sc["seq_len"], sc["seed"], text, source=str(sc["text"]) if sc.get("text") else None
+    )
     repeated = repeated_random_tokens(model, sc["n_repeated"], sc["period"], sc["seed"])
     save_patterns(path, head_patterns(model, {"natural": natural, "repeated": repeated}, cfg.pattern_len))
 
@@ -141,8 +160,10 @@ def run(cfg: ViewConfig) -> Path:
     d = Path(cfg.dir)
     for folder, flag in ((d, ""), (cfg.ablation, "--ablation "), (cfg.circuit, "--circuit ")):  # before pandas loads
         if folder is not None and not Path(folder).is_dir():
-            raise HeadprobeError(f"{flag}{folder} is not a directory (give the --out directory of headprobe "
-                                 f"{'circuit' if flag == '--circuit ' else 'scan or ablate'})")
+            raise HeadprobeError(
+                f"{flag}{folder} is not a directory (give the --out directory of headprobe "
+                f"{'circuit' if flag == '--circuit ' else 'scan or ablate'})"
+            )
     from headprobe.analyses.viewer import build_page, load_patterns
     from headprobe.probe.core.io import write_text
 
@@ -152,7 +173,9 @@ def run(cfg: ViewConfig) -> Path:
         found["patterns"] = d / PATTERNS
     extra = _read_dir(Path(cfg.ablation)) if cfg.ablation else None
     if extra is not None and extra["ablation"] is None:
-        raise HeadprobeError(f"--ablation {cfg.ablation} holds no {ABLATION} (give the --out directory of headprobe ablate)")
+        raise HeadprobeError(
+            f"--ablation {cfg.ablation} holds no {ABLATION} (give the --out directory of headprobe ablate)"
+        )
     circuit = _read_circuit(Path(cfg.circuit)) if cfg.circuit else None
     patterns = None
     if found["patterns"] is not None:
@@ -163,17 +186,27 @@ def run(cfg: ViewConfig) -> Path:
     is_scan = found["scores"] is not None
     try:
         page = build_page(
-            scores=found["scores"], summary=found["summary"] if is_scan else None, patterns=patterns,
+            scores=found["scores"],
+            summary=found["summary"] if is_scan else None,
+            patterns=patterns,
             ablation=extra["ablation"] if extra else found["ablation"],
-            ablation_summary=extra["summary"] if extra else (None if is_scan else found["summary"]), circuit=circuit)
+            ablation_summary=extra["summary"] if extra else (None if is_scan else found["summary"]),
+            circuit=circuit,
+        )
     except ValueError as e:
         raise HeadprobeError(str(e)) from None
     write_text(d / PAGE, page)
     return d / PAGE
 
 
-def view(dir: str | Path, *, ablation: str | Path | None = None, model: str | None = None,
-         circuit: str | Path | None = None, **load) -> Path:
+def view(
+    dir: str | Path,
+    *,
+    ablation: str | Path | None = None,
+    model: str | None = None,
+    circuit: str | Path | None = None,
+    **load,
+) -> Path:
     """Write ``dir``/index.html: ``headprobe view`` as a function. Returns the page's path.
 
     Args:
@@ -188,14 +221,28 @@ def view(dir: str | Path, *, ablation: str | Path | None = None, model: str | No
         HeadprobeError: as :func:`run`.
         TypeError: an unknown keyword.
     """
-    return run(ViewConfig(dir=str(dir), ablation=None if ablation is None else str(ablation), model=model,
-                          circuit=None if circuit is None else str(circuit), **load))
+    return run(
+        ViewConfig(
+            dir=str(dir),
+            ablation=None if ablation is None else str(ablation),
+            model=model,
+            circuit=None if circuit is None else str(circuit),
+            **load,
+        )
+    )
 
 
-FLAGS = (Flags(only=("dir", "ablation", "circuit")),
-         Flags(group=ModelSettings, skip=("prepend_bos",), helps={
-             "model": "compute patterns.npz with this model (e.g. smollm2-135m) when DIR, a scan, has none; default: load no model"}),
-         Flags(only=("pattern_len",)))
+FLAGS = (
+    Flags(only=("dir", "ablation", "circuit")),
+    Flags(
+        group=ModelSettings,
+        skip=("prepend_bos",),
+        helps={
+            "model": "compute patterns.npz with this model (e.g. smollm2-135m) when DIR, a scan, has none; default: load no model"
+        },
+    ),
+    Flags(only=("pattern_len",)),
+)
 """``--help``'s blocks: the directories, the model's flags (no ``--no-bos``), the patterns' length."""
 
 

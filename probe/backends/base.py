@@ -51,14 +51,17 @@ HookFn = Callable[..., Any]
 """A TransformerLens hook: ``fn(activation, hook) -> replacement or None``."""
 
 
-def token_losses(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos_minus_1"]:
+def token_losses(
+    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch pos_minus_1"]:
     """Cross-entropy (nats) of predicting ``tokens[:, i+1]`` from ``logits[:, i]``."""
     logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
     return -logp.gather(-1, tokens[:, 1:, None].to(logp.device)).squeeze(-1)
 
 
-def scored_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"],
-                first: int) -> Float[Tensor, " batch"]:
+def scored_loss(
+    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], first: int
+) -> Float[Tensor, " batch"]:
     """Per-sequence mean cross-entropy (nats/token) of the predictions from index ``first`` on
     (index i predicts token i + 1)."""
     return token_losses(logits, tokens)[:, first:].mean(dim=1)
@@ -76,8 +79,15 @@ def cross_entropy_inplace(logits: Float[Tensor, "n d_vocab"], target: Int[Tensor
     return logits.sub_(top).exp_().sum(dim=1).log_() + top[:, 0] - picked
 
 
-CAPABILITIES: tuple[str, ...] = ("streams_statistics", "kv_policies", "path_patching", "half_precision",
-                                 "native_weights", "splits_after_load", "removes_heads")
+CAPABILITIES: tuple[str, ...] = (
+    "streams_statistics",
+    "kv_policies",
+    "path_patching",
+    "half_precision",
+    "native_weights",
+    "splits_after_load",
+    "removes_heads",
+)
 """The capability flags of :class:`LoadedModel` (class attributes, False there; each backend sets
 those it has). Features check a flag, never a backend's name."""
 
@@ -93,8 +103,13 @@ a 49,152-token vocabulary, whatever the sequence length (a whole 8,192-token seq
 
 
 @torch.inference_mode()
-def chunked_token_losses(model: LoadedModel, resid: Float[Tensor, "batch pos d_model"], tokens: Int[Tensor, "batch pos"],
-                         first: int = 0, rows: int = LOSS_ROWS) -> Float[Tensor, "batch n"]:
+def chunked_token_losses(
+    model: LoadedModel,
+    resid: Float[Tensor, "batch pos d_model"],
+    tokens: Int[Tensor, "batch pos"],
+    first: int = 0,
+    rows: int = LOSS_ROWS,
+) -> Float[Tensor, "batch n"]:
     """:func:`token_losses` from the final residual stream (after the final norm, as
     :meth:`LoadedModel.final_residual` returns it) for the predictions from index ``first`` on
     (``n = pos - 1 - first``), unembedding at most ``rows`` positions at a time through
@@ -113,7 +128,7 @@ def chunked_token_losses(model: LoadedModel, resid: Float[Tensor, "batch pos d_m
     for c0 in range(first, T - 1, step):
         c1 = min(c0 + step, T - 1)
         logits = model.logits_from_residual(resid[:, c0:c1], normed=True).float().flatten(0, 1)
-        target = tokens[:, c0 + 1:c1 + 1].flatten().to(logits.device)
+        target = tokens[:, c0 + 1 : c1 + 1].flatten().to(logits.device)
         out.append(cross_entropy_inplace(logits, target).view(B, c1 - c0))
         del logits
     return torch.cat(out, dim=1)
@@ -185,8 +200,9 @@ class LoadedModel:
         return False
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint, device: str | torch.device = "cpu", prepend_bos: bool = True,
-                        copy: bool = True) -> LoadedModel:
+    def from_checkpoint(
+        cls, ckpt: Checkpoint, device: str | torch.device = "cpu", prepend_bos: bool = True, copy: bool = True
+    ) -> LoadedModel:
         """Wrap a loaded Hugging Face checkpoint (:func:`headprobe.probe.backends.loading.wrap`, which has the
         arguments' meaning).
 
@@ -330,10 +346,16 @@ class LoadedModel:
         """The device block ``layer`` computes on (the model's unless it is split)."""
         hook = getattr(self.model.blocks[layer], "_hf_hook", None)
         device = getattr(hook, "execution_device", None)
-        return self.device if device is None else torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+        return (
+            self.device if device is None else torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+        )
 
-    def dispatch(self, device_map: str | dict[str, int | str], max_memory: dict[int | str, int | str] | None = None,
-                 offload_dir: str | None = None) -> LoadedModel:
+    def dispatch(
+        self,
+        device_map: str | dict[str, int | str],
+        max_memory: dict[int | str, int | str] | None = None,
+        offload_dir: str | None = None,
+    ) -> LoadedModel:
         """Split the model over GPUs, CPU memory and disk with accelerate; returns ``self``
         (see :mod:`headprobe.probe.backends.devicemap`). Run it after the self-check and any cast
         (:meth:`to`): a split model's dtype is fixed.
@@ -342,8 +364,11 @@ class LoadedModel:
             HeadprobeError: a backend that cannot be split, a model split already, or as
                 :func:`headprobe.probe.backends.devicemap.dispatch`.
         """
-        raise self.lacks("splits_after_load", f"the {self.name} backend is split only as transformers loads it, in float32 "
-                         f"(load_model(device_map=...), no --dtype): --dtype with --device-map needs --backend native")
+        raise self.lacks(
+            "splits_after_load",
+            f"the {self.name} backend is split only as transformers loads it, in float32 "
+            f"(load_model(device_map=...), no --dtype): --dtype with --device-map needs --backend native",
+        )
 
     def weights_fingerprint(self) -> str:
         """A SHA-256 over every parameter and persistent buffer (name, dtype, shape and bytes, in the
@@ -357,8 +382,14 @@ class LoadedModel:
         h = hashlib.sha256()
         for prefix, module in self.model.named_modules():
             with self._own_weights(module):
-                own = [*module.named_parameters(recurse=False), *((n, b) for n, b in module.named_buffers(recurse=False)
-                                                                   if n not in module._non_persistent_buffers_set)]
+                own = [
+                    *module.named_parameters(recurse=False),
+                    *(
+                        (n, b)
+                        for n, b in module.named_buffers(recurse=False)
+                        if n not in module._non_persistent_buffers_set
+                    ),
+                ]
                 for name, t in own:
                     h.update(f"{prefix}.{name}:{t.dtype}:{tuple(t.shape)};".encode())
                     h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy())
@@ -401,10 +432,16 @@ class LoadedModel:
         precision rounding is never mistaken for a broken decomposition
         (:mod:`headprobe.probe.hooks.selfcheck`)."""
         if self._main_device is not None and dtype != self.dtype:
-            raise HeadprobeError("a model split over devices (--device-map) keeps the dtype it was split in: cast it before dispatch")
+            raise HeadprobeError(
+                "a model split over devices (--device-map) keeps the dtype it was split in: cast it before dispatch"
+            )
         if self._self_check is None and self.dtype == torch.float32 and dtype != torch.float32:
             self.self_check  # noqa: B018 - check the float32 model before rounding it
-        freqs = {name: b for name, b in self.model.named_buffers() if name.rsplit(".", 1)[-1] in ("inv_freq", "original_inv_freq")}
+        freqs = {
+            name: b
+            for name, b in self.model.named_buffers()
+            if name.rsplit(".", 1)[-1] in ("inv_freq", "original_inv_freq")
+        }
         self.model.to(dtype)
         for name, b in freqs.items():
             owner, _, leaf = name.rpartition(".")
@@ -471,8 +508,12 @@ class LoadedModel:
         """
         raise self.lacks("kv_policies", f"KV-cache policies need the native backend, not {self.name}")
 
-    def final_residual(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
-                       attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_model"]:
+    def final_residual(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         """The last hidden state ``[batch, pos, d_model]`` (after the final norm where the model
         has one; an encoder's ``last_hidden_state``) with ``fwd_hooks`` active for this forward.
 
@@ -489,11 +530,14 @@ class LoadedModel:
         Raises:
             HeadprobeError: the backend runs no Hugging Face cache (the native backend).
         """
-        raise HeadprobeError(f"the live key/value-cache check runs the Hugging Face model: it needs --backend "
-                             f"transformer-lens, not {self.name}")
+        raise HeadprobeError(
+            f"the live key/value-cache check runs the Hugging Face model: it needs --backend "
+            f"transformer-lens, not {self.name}"
+        )
 
-    def to_tokens(self, text: str | Sequence[str], padding_side: str = "right"
-                  ) -> Int[Tensor, "batch pos"] | tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    def to_tokens(
+        self, text: str | Sequence[str], padding_side: str = "right"
+    ) -> Int[Tensor, "batch pos"] | tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
         """Tokenize ``text`` into ids ``[1, pos]`` (a batch of one, as TransformerLens' ``to_tokens``),
         with exactly one BOS in front when ``prepend_bos`` (an encoder: ``[CLS]`` in front and
         ``[SEP]`` at the end, as its tokenizer would). A tokenizer that already adds BOS does not
@@ -545,10 +589,14 @@ class LoadedModel:
         bad = flat[(flat < 0) | (flat >= n)]
         if bad.numel():
             tid = int(bad[0])
-            token = self.tokenizer.convert_ids_to_tokens(tid) if hasattr(self.tokenizer, "convert_ids_to_tokens") else None
-            raise HeadprobeError(f"{what} has token id {tid}{f' ({token!r})' if token else ''}, outside the model's "
-                                 f"vocabulary of {n} tokens (ids 0..{n - 1}): the tokenizer has tokens the embedding "
-                                 f"has no rows for (added after the model was made?)")
+            token = (
+                self.tokenizer.convert_ids_to_tokens(tid) if hasattr(self.tokenizer, "convert_ids_to_tokens") else None
+            )
+            raise HeadprobeError(
+                f"{what} has token id {tid}{f' ({token!r})' if token else ''}, outside the model's "
+                f"vocabulary of {n} tokens (ids 0..{n - 1}): the tokenizer has tokens the embedding "
+                f"has no rows for (added after the model was made?)"
+            )
 
     @property
     def pad_token_id(self) -> int:
@@ -560,8 +608,9 @@ class LoadedModel:
                 return tid
         return 0
 
-    def hooks(self, fwd_hooks: Sequence[tuple[str, HookFn]] = (),
-              bwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> AbstractContextManager[None]:
+    def hooks(
+        self, fwd_hooks: Sequence[tuple[str, HookFn]] = (), bwd_hooks: Sequence[tuple[str, HookFn]] = ()
+    ) -> AbstractContextManager[None]:
         """``fwd_hooks`` / ``bwd_hooks`` (``[(hook_name, fn), ...]``) active for every forward in
         the ``with`` body; removed on exit, also when the body raises."""
         return self.model.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks))
@@ -584,7 +633,9 @@ class LoadedModel:
         Raises:
             HeadprobeError: an odd ``d_model`` (the probe needs a mean-zero +-1 vector).
         """
-        module = getattr(self.model, "ln_final", None) if layer is None else getattr(self.model.blocks[layer], "ln1", None)
+        module = (
+            getattr(self.model, "ln_final", None) if layer is None else getattr(self.model.blocks[layer], "ln1", None)
+        )
         if module is None:
             return None
         D = self.spec.d_model
@@ -607,8 +658,14 @@ class LoadedModel:
         norm = getattr(self.model, "ln_final", None)
         return resid if norm is None else norm(resid)
 
-    def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
-                normed: bool = False, softcap: bool = True) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
+    def logits_from_residual(
+        self,
+        resid: Float[Tensor, "... d_model"],
+        vocab: Int[Tensor, "... k"] | None = None,
+        *,
+        normed: bool = False,
+        softcap: bool = True,
+    ) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
         """Logits from the final residual stream, exactly as :meth:`forward` computes them: the
         final norm (:meth:`final_norm`; skipped when ``normed``, for a residual that has been
         through it, as :meth:`final_residual` returns it), ``@ W_U + b_U``, then whatever the
@@ -636,9 +693,13 @@ class LoadedModel:
 
     # ---- what each backend implements ---------------------------------------------------------
 
-    def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
-                attention_mask: Int[Tensor, "batch pos"] | None = None,
-                head_mask: Float[Tensor, "layer head"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
+    def forward(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        head_mask: Float[Tensor, "layer head"] | None = None,
+    ) -> Float[Tensor, "batch pos d_vocab"]:
         """Logits for ``tokens`` with ``fwd_hooks`` (``[(hook_name, fn), ...]``) active only for
         this call. ``attention_mask``: 1 real, 0 padding (either side), where
         :attr:`supports_padding`. ``head_mask``: a factor ``xi[layer, head]`` on each head's ``z``
@@ -659,8 +720,9 @@ class LoadedModel:
         sums to ``1 - sink mass``), float32; None where the model has none."""
         return None
 
-    def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
-                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " batch"]:
+    def scored_losses(
+        self, tokens: Int[Tensor, "batch pos"], first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()
+    ) -> Float[Tensor, " batch"]:
         """Per-sequence mean loss (nats/token) of the predictions from index ``first`` on
         (:func:`scored_loss`), with ``fwd_hooks`` active for this forward."""
         raise NotImplementedError
@@ -708,9 +770,14 @@ class LoadedModel:
         """The unembedding bias, or None."""
         raise NotImplementedError
 
-    def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
-                             resid_pre: Float[Tensor, "n pos d_model"], attn_out: Float[Tensor, "n pos d_model"],
-                             first: int) -> Float[Tensor, " n"]:
+    def resume_scored_losses(
+        self,
+        layer: int,
+        tokens: Int[Tensor, "batch pos"],
+        resid_pre: Float[Tensor, "n pos d_model"],
+        attn_out: Float[Tensor, "n pos d_model"],
+        first: int,
+    ) -> Float[Tensor, " n"]:
         """Resume ``n = k * batch`` forward passes at layer ``layer`` and score them.
 
         Sequence ``i`` of the ``n`` is ``tokens[i % batch]``; its residual stream entering layer
@@ -721,8 +788,14 @@ class LoadedModel:
         """
         raise NotImplementedError
 
-    def scored_losses_from(self, layer: int, tokens: Int[Tensor, "n pos"], resid_pre: Float[Tensor, "n pos d_model"],
-                           first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " n"]:
+    def scored_losses_from(
+        self,
+        layer: int,
+        tokens: Int[Tensor, "n pos"],
+        resid_pre: Float[Tensor, "n pos d_model"],
+        first: int,
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+    ) -> Float[Tensor, " n"]:
         """:meth:`scored_losses` of ``tokens`` (nats/token, ``[n]``) with ``fwd_hooks`` active, run
         from layer ``layer`` on: ``resid_pre[i]`` is the clean residual stream entering that layer
         for ``tokens[i]``, which is what the earlier layers compute when no hook acts on them (the
@@ -733,9 +806,13 @@ class LoadedModel:
         backend that cannot start a forward mid-way does (the TransformerLens bridge)."""
         return self.scored_losses(tokens, first, fwd_hooks)
 
-    def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
-                     fwd_hooks: Sequence[tuple[str, HookFn]] = (),
-                     attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
+    def forward_from(
+        self,
+        layer: int,
+        resid_pre: Float[Tensor, "batch pos d_model"],
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, "batch pos d_vocab"]:
         """The logits of :meth:`forward` resumed at layer ``layer``: blocks ``layer ..`` run from
         ``resid_pre`` (what ``blocks.{layer}.hook_resid_pre`` held; positions ``0 .. pos-1``, or
         with ``attention_mask`` -- 1 real, 0 padding -- those of :meth:`forward` on that padded
@@ -747,7 +824,9 @@ class LoadedModel:
         """
         raise self.lacks("path_patching", f"resuming a forward at a layer needs the native backend, not {self.name}")
 
-    def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+    def attention_input(
+        self, layer: int, resid: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_model"]:
         """Layer ``layer``'s pre-attention norm applied to ``resid`` ``[batch, pos, d_model]`` (recomputed,
         differentiable), or ``resid`` itself where the block reads the raw residual (OLMo-2). Path
         patching and edge attribution (:mod:`headprobe.analyses.circuit`) build a receiver's input with it.
@@ -755,8 +834,10 @@ class LoadedModel:
         Raises:
             HeadprobeError: a backend or architecture without it (the bridge; post-LN encoders).
         """
-        raise self.lacks("path_patching", f"a head's attention input (path patching, edge attribution) needs the native backend, "
-                         f"not {self.name}")
+        raise self.lacks(
+            "path_patching",
+            f"a head's attention input (path patching, edge attribution) needs the native backend, not {self.name}",
+        )
 
     def attention_scale(self, layer: int) -> tuple[float, float | None]:
         """Layer ``layer``'s factor of ``q . k`` in the scores (``1/sqrt(d_qk)`` or the family's) and
@@ -767,8 +848,15 @@ class LoadedModel:
         """
         raise HeadprobeError(f"the attention scale of a layer is read on the native backend only, not {self.name}")
 
-    def qk_terms(self, layer: int, head: int, side: Literal["q", "k"], terms: Float[Tensor, "n d_model"],
-                 ref: Float[Tensor, " d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
+    def qk_terms(
+        self,
+        layer: int,
+        head: int,
+        side: Literal["q", "k"],
+        terms: Float[Tensor, "n d_model"],
+        ref: Float[Tensor, " d_model"],
+        pos: int,
+    ) -> Float[Tensor, "n_plus_1 d_qk"]:
         """Query head ``head``'s query (``side="q"``) or key (``"k"``, its key/value head's) at
         position ``pos`` as a sum of terms: row ``i`` is what ``terms[i]`` (a term of the attention
         input, after the pre-attention norm) contributes, the last row the projection bias; QK-norm
@@ -801,7 +889,9 @@ class LoadedModel:
             HeadprobeError: not the native backend, or an architecture whose heads cannot be
                 removed exactly (MLA, all-head QK-norm; :func:`headprobe.probe.model.pruned.check_prunable`).
         """
-        raise self.lacks("removes_heads", "real head removal (--save-pruned) needs the native backend (--backend native)")
+        raise self.lacks(
+            "removes_heads", "real head removal (--save-pruned) needs the native backend (--backend native)"
+        )
 
     def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> Transformer:
         """A copy of the model with the heads ``keep`` marks False removed

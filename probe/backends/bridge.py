@@ -61,8 +61,9 @@ class BridgeModel(LoadedModel):
         return not convert.is_encoder(getattr(hf_config, "model_type", None))
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint, device: str | torch.device = "cpu", prepend_bos: bool = True,
-                        copy: bool = True) -> BridgeModel:
+    def from_checkpoint(
+        cls, ckpt: Checkpoint, device: str | torch.device = "cpu", prepend_bos: bool = True, copy: bool = True
+    ) -> BridgeModel:
         """The checkpoint's Hugging Face model (a deep copy unless ``copy`` is False) wrapped in a
         ``TransformerBridge`` (:func:`boot_bridge`); a model transformers
         split over devices at load stays where it is.
@@ -77,8 +78,10 @@ class BridgeModel(LoadedModel):
 
         if not cls.supports(ckpt.hf_model.config):
             # TransformerLens' BERT adapter wants BertForMaskedLM (it reads `.bert`); a bare encoder fails inside it
-            raise HeadprobeError(f"{ckpt.name} is an encoder ({type(ckpt.hf_model).__name__}): it runs on --backend native "
-                                 f"(or auto), not on TransformerLens' bridge")
+            raise HeadprobeError(
+                f"{ckpt.name} is an encoder ({type(ckpt.hf_model).__name__}): it runs on --backend native "
+                f"(or auto), not on TransformerLens' bridge"
+            )
         hf_model = copy_module.deepcopy(ckpt.hf_model) if copy else ckpt.hf_model
         bias = attention_bias(hf_model)  # before the bridge rewires the modules it wraps
         model = boot_bridge(ckpt.hf_name, hf_model, ckpt.tokenizer)
@@ -86,8 +89,12 @@ class BridgeModel(LoadedModel):
         if not split:  # a model split at load stays where transformers put it
             with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints "Moving model to device" on stdout
                 model.to(device)
-        loaded = cls(model, ckpt.tokenizer, spec_from_bridge(ckpt.name, ckpt.hf_name, ckpt.precision, model, bias),
-                     prepend_bos=prepend_bos)
+        loaded = cls(
+            model,
+            ckpt.tokenizer,
+            spec_from_bridge(ckpt.name, ckpt.hf_name, ckpt.precision, model, bias),
+            prepend_bos=prepend_bos,
+        )
         if split:
             loaded._main_device = _execution_device(hf_model.get_input_embeddings())
         return loaded
@@ -103,9 +110,13 @@ class BridgeModel(LoadedModel):
         """The wrapped Hugging Face model's config."""
         return self.model.original_model.config
 
-    def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
-                attention_mask: Int[Tensor, "batch pos"] | None = None,
-                head_mask: Float[Tensor, "layer head"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
+    def forward(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        head_mask: Float[Tensor, "layer head"] | None = None,
+    ) -> Float[Tensor, "batch pos d_vocab"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.forward`; ``head_mask`` multiplies
         ``hook_z`` through hooks, and hooks on ``hook_attn_scores`` see masked keys as ``-inf``
         (:func:`_scores_with_neg_inf`).
@@ -123,8 +134,10 @@ class BridgeModel(LoadedModel):
             real = attention_mask.to(torch.bool)
             right = bool((real[:, 1:] <= real[:, :-1]).all()) and bool(real[:, 0].all())  # 1...1 0...0 per row
             if not (self.spec.causal and right):
-                raise HeadprobeError("padded batches on the TransformerLens bridge need right padding of a causal model "
-                                     "(to_tokens(texts, padding_side='right')); left padding needs the native backend (--backend native)")
+                raise HeadprobeError(
+                    "padded batches on the TransformerLens bridge need right padding of a causal model "
+                    "(to_tokens(texts, padding_side='right')); left padding needs the native backend (--backend native)"
+                )
             attention_mask = None  # exact at the real tokens, see above
         tokens = tokens.to(self.device)
         fwd_hooks = _scores_with_neg_inf(fwd_hooks)
@@ -134,8 +147,9 @@ class BridgeModel(LoadedModel):
             return self.model.run_with_hooks(tokens, fwd_hooks=fwd_hooks)
         return self.model(tokens)
 
-    def hooks(self, fwd_hooks: Sequence[tuple[str, HookFn]] = (),
-              bwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> contextlib.AbstractContextManager[None]:
+    def hooks(
+        self, fwd_hooks: Sequence[tuple[str, HookFn]] = (), bwd_hooks: Sequence[tuple[str, HookFn]] = ()
+    ) -> contextlib.AbstractContextManager[None]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.hooks`; ``hook_attn_scores`` hooks see
         masked keys as ``-inf``, as in :meth:`forward`."""
         return self.model.hooks(fwd_hooks=_scores_with_neg_inf(fwd_hooks), bwd_hooks=list(bwd_hooks))
@@ -167,7 +181,9 @@ class BridgeModel(LoadedModel):
             with self._aligned(self.model.blocks[layer]):
                 return getattr(self.model.blocks[layer].attn, name)
         except (ValueError, AttributeError, NotImplementedError):  # latent attention (MLA) has no per-head W_Q/W_K/W_V
-            raise HeadprobeError(f"this architecture has no per-head {name}: weight-based head metrics do not apply") from None
+            raise HeadprobeError(
+                f"this architecture has no per-head {name}: weight-based head metrics do not apply"
+            ) from None
 
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.W_E`."""
@@ -184,8 +200,12 @@ class BridgeModel(LoadedModel):
         with self._aligned(self.model.unembed):
             return getattr(self.model, "b_U", None)
 
-    def final_residual(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
-                       attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_model"]:
+    def final_residual(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.final_residual`: what the unembedding
         reads (``unembed.hook_in``, after the final norm), from one forward with ``fwd_hooks``.
 
@@ -203,8 +223,14 @@ class BridgeModel(LoadedModel):
         self.forward(tokens, [*fwd_hooks, (UNEMBED_IN, keep)], attention_mask)
         return kept["x"]
 
-    def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
-                normed: bool = False, softcap: bool = True) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
+    def logits_from_residual(
+        self,
+        resid: Float[Tensor, "... d_model"],
+        vocab: Int[Tensor, "... k"] | None = None,
+        *,
+        normed: bool = False,
+        softcap: bool = True,
+    ) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.logits_from_residual`: the bridge's ``ln_final`` and
         ``unembed`` modules (Hugging Face's final norm and LM head), then the architecture adapter's
         ``apply_output_logits_transform`` (TransformerLens: the family's soft-cap and logit
@@ -228,16 +254,22 @@ class BridgeModel(LoadedModel):
         return float(self.model.adapter.apply_output_logits_transform(e)[0] / e[0])
 
     @torch.inference_mode()
-    def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
-                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " batch"]:
+    def scored_losses(
+        self, tokens: Int[Tensor, "batch pos"], first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()
+    ) -> Float[Tensor, " batch"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.scored_losses`."""
         tokens = tokens.to(self.device)
         return scored_loss(self.forward(tokens, fwd_hooks), tokens, first)
 
     @torch.inference_mode()
-    def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
-                             resid_pre: Float[Tensor, "n pos d_model"], attn_out: Float[Tensor, "n pos d_model"],
-                             first: int) -> Float[Tensor, " n"]:
+    def resume_scored_losses(
+        self,
+        layer: int,
+        tokens: Int[Tensor, "batch pos"],
+        resid_pre: Float[Tensor, "n pos d_model"],
+        attn_out: Float[Tensor, "n pos d_model"],
+        first: int,
+    ) -> Float[Tensor, " n"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.resume_scored_losses`: one forward of
         ``tokens`` per ``batch`` of the ``n`` sequences, with ``blocks.{layer}.hook_resid_pre`` and
         the raw attention output replaced (the layers before ``layer`` are recomputed)."""
@@ -245,8 +277,10 @@ class BridgeModel(LoadedModel):
         B = tokens.shape[0]
         out = []
         for i in range(0, resid_pre.shape[0], B):
-            hooks = [(block_hook(layer, "resid_pre"), _replace(resid_pre[i:i + B])),
-                     (self.attn_out_hook(layer), _replace(attn_out[i:i + B]))]
+            hooks = [
+                (block_hook(layer, "resid_pre"), _replace(resid_pre[i : i + B])),
+                (self.attn_out_hook(layer), _replace(attn_out[i : i + B])),
+            ]
             out.append(self.scored_losses(tokens, first, hooks))
         return torch.cat(out)
 
@@ -265,8 +299,11 @@ class BridgeModel(LoadedModel):
                 return args, {**kwargs, "past_key_values": kwargs["cache"]}
             return None
 
-        handles = [block.attn.register_forward_pre_hook(pre_hook, with_kwargs=True)
-                   for block in getattr(self.model, "blocks", ()) if hasattr(block, "attn")]
+        handles = [
+            block.attn.register_forward_pre_hook(pre_hook, with_kwargs=True)
+            for block in getattr(self.model, "blocks", ())
+            if hasattr(block, "attn")
+        ]
         try:
             yield
         finally:
@@ -296,24 +333,31 @@ def _scores_with_neg_inf(fwd_hooks: Sequence[tuple[str, HookFn]]) -> list[tuple[
     def wrapped(fn: HookFn) -> HookFn:
         def hook(scores: Tensor, hook: Any) -> Any:
             return fn(scores.masked_fill(scores <= torch.finfo(scores.dtype).min, float("-inf")), hook)
+
         return hook
 
-    return [(name, wrapped(fn)) if isinstance(name, str) and name.endswith("attn.hook_attn_scores") else (name, fn)
-            for name, fn in fwd_hooks]
+    return [
+        (name, wrapped(fn)) if isinstance(name, str) and name.endswith("attn.hook_attn_scores") else (name, fn)
+        for name, fn in fwd_hooks
+    ]
 
 
 def _replace(value: Tensor) -> HookFn:
     """A hook returning ``value`` in place of the activation."""
+
     def hook(x: Tensor, hook: Any) -> Tensor:
         return value.to(x.dtype)
+
     return hook
 
 
 def _head_mask_hooks(head_mask: Float[Tensor, "layer head"]) -> list[tuple[str, HookFn]]:
     """Hooks multiplying each head's ``z`` by ``head_mask[layer, head]`` (Michel et al. 2019)."""
+
     def make(layer: int) -> HookFn:
         def hook(z: Tensor, hook: Any) -> Tensor:
             return z * head_mask[layer].to(z.device, z.dtype)[:, None]
+
         return hook
 
     return [(attn_hook(layer, "z"), make(layer)) for layer in range(head_mask.shape[0])]
@@ -354,11 +398,25 @@ def spec_from_bridge(name: str, hf_name: str, weights: str, bridge: Any, bias: s
         HeadprobeError: the sizes make no valid :class:`~headprobe.probe.layout.attention.AttentionLayout`.
     """
     cfg = bridge.cfg
-    layout = layout_from_hf_config(bridge.original_model.config, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                                   n_kv_heads=getattr(cfg, "n_key_value_heads", None) or cfg.n_heads,
-                                   d_head=cfg.d_head, d_model=cfg.d_model, bias=bias, strict=False)
-    return ModelSpec(name=name, hf_name=hf_name, layout=layout, d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx,
-                     weights=weights, backend="transformer-lens")
+    layout = layout_from_hf_config(
+        bridge.original_model.config,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        n_kv_heads=getattr(cfg, "n_key_value_heads", None) or cfg.n_heads,
+        d_head=cfg.d_head,
+        d_model=cfg.d_model,
+        bias=bias,
+        strict=False,
+    )
+    return ModelSpec(
+        name=name,
+        hf_name=hf_name,
+        layout=layout,
+        d_vocab=cfg.d_vocab,
+        n_ctx=cfg.n_ctx,
+        weights=weights,
+        backend="transformer-lens",
+    )
 
 
 def _execution_device(module: torch.nn.Module) -> torch.device:

@@ -57,8 +57,9 @@ def _sizes(model: torch.nn.Module) -> dict[str, int]:
     return compute_module_sizes(model)  # bytes per module name; a tied tensor counted once (under embed)
 
 
-def infer_device_map(model: torch.nn.Module, strategy: str = "auto",
-                     max_memory: Mapping[int | str, int | str] | None = None) -> dict[str, int | str]:
+def infer_device_map(
+    model: torch.nn.Module, strategy: str = "auto", max_memory: Mapping[int | str, int | str] | None = None
+) -> dict[str, int | str]:
     """A device map ``{piece name: device}`` for the native ``model`` (see the module docstring).
 
     Args:
@@ -87,7 +88,9 @@ def infer_device_map(model: torch.nn.Module, strategy: str = "auto",
         raise HeadprobeError(f"--max-memory: {' '.join(str(e).split())}") from None
     devices = list(budget)
     if not devices or devices[0] == "disk":
-        raise HeadprobeError("--max-memory names no device but disk: the embedding needs a GPU or the CPU (e.g. cpu=2GiB)")
+        raise HeadprobeError(
+            "--max-memory names no device but disk: the embedding needs a GPU or the CPU (e.g. cpu=2GiB)"
+        )
     if "disk" not in budget:
         budget["disk"] = float("inf")
         devices.append("disk")
@@ -96,8 +99,10 @@ def infer_device_map(model: torch.nn.Module, strategy: str = "auto",
     main = devices[0]
     need = sum(sizes.get(n, 0) for n in pinned)
     if need > budget[main]:
-        raise HeadprobeError(f"the embedding, final norm and unembedding ({need / 2**20:.1f} MiB) do not fit in "
-                             f"--max-memory's {budget[main] / 2**20:.1f} MiB on {_name(main)}, the main device")
+        raise HeadprobeError(
+            f"the embedding, final norm and unembedding ({need / 2**20:.1f} MiB) do not fit in "
+            f"--max-memory's {budget[main] / 2**20:.1f} MiB on {_name(main)}, the main device"
+        )
     left = dict(budget)
     left[main] -= need
     device_map: dict[str, int | str] = {n: main for n in pinned}
@@ -127,18 +132,26 @@ def check_device_map(model: torch.nn.Module, device_map: Mapping[str, int | str]
     got = set(device_map)
     if got != want:
         extra, missing = sorted(got - want), sorted(want - got, key=lambda n: (len(n), n))
-        raise HeadprobeError(f"device map must place exactly {', '.join(pinned)} and blocks.0 .. blocks.{len(blocks) - 1}"
-                             + (f"; missing {', '.join(missing)}" if missing else "") + (f"; unknown {', '.join(extra)}" if extra else ""))
+        raise HeadprobeError(
+            f"device map must place exactly {', '.join(pinned)} and blocks.0 .. blocks.{len(blocks) - 1}"
+            + (f"; missing {', '.join(missing)}" if missing else "")
+            + (f"; unknown {', '.join(extra)}" if extra else "")
+        )
     mains = {device_map[n] for n in pinned}
     if len(mains) > 1 or "disk" in mains:
-        raise HeadprobeError(f"device map must put {', '.join(pinned)} together on one device that is not disk "
-                             f"(the embedding and unembedding are tied), got {', '.join(f'{n}={device_map[n]}' for n in pinned)}")
+        raise HeadprobeError(
+            f"device map must put {', '.join(pinned)} together on one device that is not disk "
+            f"(the embedding and unembedding are tied), got {', '.join(f'{n}={device_map[n]}' for n in pinned)}"
+        )
     return dict(device_map)
 
 
-def dispatch(model: torch.nn.Module, device_map: str | Mapping[str, int | str],
-             max_memory: Mapping[int | str, int | str] | None = None,
-             offload_dir: str | None = None) -> tuple[torch.nn.Module, torch.device, Any]:
+def dispatch(
+    model: torch.nn.Module,
+    device_map: str | Mapping[str, int | str],
+    max_memory: Mapping[int | str, int | str] | None = None,
+    offload_dir: str | None = None,
+) -> tuple[torch.nn.Module, torch.device, Any]:
     """Split the native ``model`` (on the CPU, in its final dtype) over devices with
     ``accelerate.dispatch_model``.
 
@@ -162,7 +175,9 @@ def dispatch(model: torch.nn.Module, device_map: str | Mapping[str, int | str],
         device_map = infer_device_map(model, device_map, max_memory)
     else:
         if max_memory is not None:
-            raise HeadprobeError("max_memory applies to a placement strategy (auto, balanced, sequential), not to a device map given by hand")
+            raise HeadprobeError(
+                "max_memory applies to a placement strategy (auto, balanced, sequential), not to a device map given by hand"
+            )
         device_map = check_device_map(model, device_map)
     main = device_map["embed"]
     handle = None
@@ -171,7 +186,9 @@ def dispatch(model: torch.nn.Module, device_map: str | Mapping[str, int | str],
         offload_dir = handle.name
     main_device = torch.device(_name(main))
     with quiet_accelerate():
-        model = dispatch_model(model, device_map, main_device=main, offload_dir=offload_dir)  # accelerate compares it with "cpu"
+        model = dispatch_model(
+            model, device_map, main_device=main, offload_dir=offload_dir
+        )  # accelerate compares it with "cpu"
     return model, main_device, handle
 
 

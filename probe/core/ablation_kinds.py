@@ -97,7 +97,9 @@ class Kind:
 
     def __post_init__(self):
         if self.needs is not None and self.needs not in NEEDS:
-            raise ValueError(f"ablation kind {self.name!r}: needs must be None or one of {list(NEEDS)}, got {self.needs!r}")
+            raise ValueError(
+                f"ablation kind {self.name!r}: needs must be None or one of {list(NEEDS)}, got {self.needs!r}"
+            )
 
 
 def _zero(z: Tensor, layer: int, heads: Any, inputs: AblationInputs) -> Tensor:
@@ -131,10 +133,24 @@ def register(kind: Kind) -> Kind:
 
 
 register(Kind("zero", _zero, None, "by 0", "r_h = 0"))
-register(Kind("mean", _mean, "mean_z", "by its mean z over reference tokens",
-              "r_h = the head's mean z over the real tokens of a reference batch (Wang et al. 2022, sec. 3)"))
-register(Kind("resample", _resample, "source", "by its z on another input",
-              "r_h = the head's z on another input of the same shape (Heimersheim & Nanda 2024; resample ablation)"))
+register(
+    Kind(
+        "mean",
+        _mean,
+        "mean_z",
+        "by its mean z over reference tokens",
+        "r_h = the head's mean z over the real tokens of a reference batch (Wang et al. 2022, sec. 3)",
+    )
+)
+register(
+    Kind(
+        "resample",
+        _resample,
+        "source",
+        "by its z on another input",
+        "r_h = the head's z on another input of the same shape (Heimersheim & Nanda 2024; resample ablation)",
+    )
+)
 
 
 def kinds() -> tuple[Kind, ...]:

@@ -40,7 +40,9 @@ def parse_heads(text: str, n_layers: int, n_heads: int) -> list[Head]:
     heads: list[Head] = []
     items = [s.strip() for s in text.split(",")]
     if "" in items and any(items):  # "5.1," or "5.1,,7.3": a head left out by mistake?
-        raise HeadprobeError(f"empty entry in the head list {text!r}; give layer.head entries separated by single commas")
+        raise HeadprobeError(
+            f"empty entry in the head list {text!r}; give layer.head entries separated by single commas"
+        )
     for item in filter(None, items):
         m = _HEAD.fullmatch(item)
         if m is None:
@@ -63,5 +65,7 @@ def check_head_layers(heads: Sequence[Head], head_layers: Sequence[int] | None) 
     Raises:
         HeadprobeError: one line naming the first such head and the layers with heads."""
     if head_layers is not None and (bad := [h for h in heads if h[0] not in head_layers]):
-        raise HeadprobeError(f"head {bad[0][0]}.{bad[0][1]}: layer {bad[0][0]} has no heads "
-                             f"(linear attention); the layers with heads are {list(head_layers)}")
+        raise HeadprobeError(
+            f"head {bad[0][0]}.{bad[0][1]}: layer {bad[0][0]} has no heads "
+            f"(linear attention); the layers with heads are {list(head_layers)}"
+        )

@@ -96,7 +96,9 @@ def shard_checkpoint_name(rank: int, world: int) -> str:
     return f".headprobe-checkpoint.shard-{rank}-of-{world}.json"
 
 
-def prepare_output_dir(out: str | os.PathLike[str], overwrite: bool, create: bool = True, resumable: bool = False) -> Path:
+def prepare_output_dir(
+    out: str | os.PathLike[str], overwrite: bool, create: bool = True, resumable: bool = False
+) -> Path:
     """Check that ``out`` may be written, and create it when ``create``.
 
     Call it with ``create=False`` before a long computation (to fail fast without leaving an
@@ -143,8 +145,12 @@ replaced only where the new run writes the same name, and named in the line that
 def _is_own(name: str) -> bool:
     """Headprobe's bookkeeping in an output directory: checkpoints, the file list, staging folders
     and the temporary files of interrupted atomic writes."""
-    return (Path(name).match(CHECKPOINT_GLOB) or name == OUTPUTS_NAME or name.startswith(STAGING_PREFIX)
-            or (name.startswith(".") and ".tmp" in name))
+    return (
+        Path(name).match(CHECKPOINT_GLOB)
+        or name == OUTPUTS_NAME
+        or name.startswith(STAGING_PREFIX)
+        or (name.startswith(".") and ".tmp" in name)
+    )
 
 
 def previous_outputs(out: str | os.PathLike[str]) -> list[str]:
@@ -268,8 +274,10 @@ class RunCheckpoint:
         if saved.get("key") != self.key:
             if overwrite:
                 return {}
-            raise HeadprobeError(f"{self.path} belongs to a run with other settings ({self._settings_differ(saved.get('key'))}); "
-                                 f"pass --overwrite to start over")
+            raise HeadprobeError(
+                f"{self.path} belongs to a run with other settings ({self._settings_differ(saved.get('key'))}); "
+                f"pass --overwrite to start over"
+            )
         self.recorded_inputs = saved.get("inputs") or {}
         return saved.get("state", {})
 
@@ -310,8 +318,16 @@ ENVELOPE_KEYS = ("model", "weights_precision", "device", "device_name", "self_ch
 """The keys every command's summary.json has (:func:`summary_envelope`)."""
 
 
-def summary_envelope(body: dict, *, model: str | None, precision: str | None, device: str | None,
-                     self_check: dict | None, config: Any, timings_s: dict[str, float]) -> dict:
+def summary_envelope(
+    body: dict,
+    *,
+    model: str | None,
+    precision: str | None,
+    device: str | None,
+    self_check: dict | None,
+    config: Any,
+    timings_s: dict[str, float],
+) -> dict:
     """A command's summary.json: ``body`` (the command's own keys) inside the envelope every command
     shares (:data:`ENVELOPE_KEYS`): ``model`` and ``weights_precision`` first, then ``body``, then
     ``device`` (e.g. ``cuda:0``, ``cpu``), ``device_name`` (the hardware, :func:`device_name`), ``self_check``, ``config`` (a dataclass, as a dict), ``timings_s`` (seconds per
@@ -327,10 +343,19 @@ def summary_envelope(body: dict, *, model: str | None, precision: str | None, de
     clash = [k for k in ENVELOPE_KEYS if k in body]
     if clash:
         raise ValueError(f"a summary's own keys may not set the envelope's: {', '.join(clash)}")
-    return {"model": model, "weights_precision": precision, **body, "device": device, "device_name": device_name(device),
-            "self_check": self_check,
-            "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) and not isinstance(config, type) else dict(config),
-            "timings_s": {k: round(float(v), 2) for k, v in timings_s.items()}, "versions": package_versions()}
+    return {
+        "model": model,
+        "weights_precision": precision,
+        **body,
+        "device": device,
+        "device_name": device_name(device),
+        "self_check": self_check,
+        "config": dataclasses.asdict(config)
+        if dataclasses.is_dataclass(config) and not isinstance(config, type)
+        else dict(config),
+        "timings_s": {k: round(float(v), 2) for k, v in timings_s.items()},
+        "versions": package_versions(),
+    }
 
 
 def device_name(device: str | None) -> str | None:
@@ -405,10 +430,11 @@ def _check_text(path: Path, data: bytes, offset: int, decoder=None, final: bool 
     """
     nul = data.find(b"\x00")
     if nul >= 0:
-        raise HeadprobeError(f"text file {path} holds a NUL byte at byte {offset + nul}: a binary file (or UTF-16), "
-                             f"not UTF-8 text")
+        raise HeadprobeError(
+            f"text file {path} holds a NUL byte at byte {offset + nul}: a binary file (or UTF-16), not UTF-8 text"
+        )
     if offset == 0 and data.startswith(codecs.BOM_UTF8):
-        data, offset = data[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)
+        data, offset = data[len(codecs.BOM_UTF8) :], len(codecs.BOM_UTF8)
     decoder = decoder or codecs.getincrementaldecoder("utf-8")()
     held = len(decoder.getstate()[0])  # bytes of a sequence begun in the previous call
     try:
@@ -440,7 +466,9 @@ class TextFile:
             raise HeadprobeError(f"cannot read text file {self.path}: {e.strerror}") from None
         return _check_text(self.path, data, 0)
 
-    def pieces(self, piece_bytes: int = TEXT_PIECE_BYTES, max_bytes: int = MAX_TEXT_READ_BYTES) -> Iterator[tuple[str, int]]:
+    def pieces(
+        self, piece_bytes: int = TEXT_PIECE_BYTES, max_bytes: int = MAX_TEXT_READ_BYTES
+    ) -> Iterator[tuple[str, int]]:
         """The file's text from its start, in pieces of about ``piece_bytes`` bytes, each ending at a
         line break (in a line longer than a piece at a space; a run of more than 4 pieces with
         neither is cut anywhere), read only as the caller asks for them and no further than
@@ -465,7 +493,9 @@ class TextFile:
                         if text:
                             yield text, read
                         return
-                    cut = text.rfind("\n") + 1 or text.rfind(" ") + 1 or (len(text) if len(text) > 4 * piece_bytes else 0)
+                    cut = (
+                        text.rfind("\n") + 1 or text.rfind(" ") + 1 or (len(text) if len(text) > 4 * piece_bytes else 0)
+                    )
                     rest = text[cut:]
                     if cut:
                         yield text[:cut], read
@@ -474,7 +504,11 @@ class TextFile:
 
     def describe(self, read: int) -> str:
         """``path``, and how much of it was read when that is not all of it (for summary.json)."""
-        return str(self.path) if read >= self.size else f"{self.path} (its first {read / 1024:.0f} KiB of {self.size / 2**20:.1f} MiB)"
+        return (
+            str(self.path)
+            if read >= self.size
+            else f"{self.path} (its first {read / 1024:.0f} KiB of {self.size / 2**20:.1f} MiB)"
+        )
 
 
 def open_text_file(path: str | os.PathLike[str]) -> TextFile:
@@ -511,8 +545,9 @@ def read_text_file(path: str | Path, max_bytes: int = MAX_WHOLE_FILE_BYTES) -> s
     """
     text = open_text_file(path)
     if text.size > max_bytes:
-        raise HeadprobeError(f"text file {text.path} is {text.size / 2**20:.1f} MiB; at most {max_bytes / 2**20:.0f} MiB "
-                             f"is read whole")
+        raise HeadprobeError(
+            f"text file {text.path} is {text.size / 2**20:.1f} MiB; at most {max_bytes / 2**20:.0f} MiB is read whole"
+        )
     return text.read()
 
 

@@ -24,8 +24,18 @@ HEADROOM = 0.8
 """The share of the device's free memory a batch may fill when no budget is stated (allocator
 fragmentation, the caching allocator's blocks and the estimate's error take the rest)."""
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?\s*$", re.IGNORECASE)
 _stated: int | None = None
 
@@ -41,8 +51,10 @@ def parse_bytes(text: str | int) -> int:
     else:
         m = _SIZE.match(str(text))
         if not m:
-            raise HeadprobeError(f"memory budget {text!r} is not a size: write bytes or a number with a unit "
-                                 f"(KB MB GB TB, KiB MiB GiB TiB), e.g. 4GiB")
+            raise HeadprobeError(
+                f"memory budget {text!r} is not a size: write bytes or a number with a unit "
+                f"(KB MB GB TB, KiB MiB GiB TiB), e.g. 4GiB"
+            )
         value = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
     if value < 1:
         raise HeadprobeError(f"memory budget must be positive, got {text!r}")
@@ -125,9 +137,11 @@ def items_that_fit(per_item: int, fixed: int, budget_bytes: int, need: int, what
     """
     n = max(0, (budget_bytes - fixed) // max(1, per_item))
     if n < need:
-        raise HeadprobeError(f"{what} needs about {gib(fixed + need * per_item)} of working memory ({need} x "
-                             f"{gib(per_item)} + {gib(fixed)}), more than the {where}: use fewer or shorter "
-                             f"sequences, or state a larger --memory-budget")
+        raise HeadprobeError(
+            f"{what} needs about {gib(fixed + need * per_item)} of working memory ({need} x "
+            f"{gib(per_item)} + {gib(fixed)}), more than the {where}: use fewer or shorter "
+            f"sequences, or state a larger --memory-budget"
+        )
     return int(n)
 
 
@@ -152,8 +166,10 @@ class BatchPlan:
 
     def line(self) -> str:
         """The header line: ``batch: 96 sequences per pass for the ablation sweep (about 1.20 MiB each ...)``."""
-        return (f"batch: {self.items} sequences per pass for {self.what} (about {gib(self.per_item)} each"
-                f" + {gib(self.fixed)} kept; {self.source})")
+        return (
+            f"batch: {self.items} sequences per pass for {self.what} (about {gib(self.per_item)} each"
+            f" + {gib(self.fixed)} kept; {self.source})"
+        )
 
 
 def plan(per_item: int, device, need: int, what: str, fixed: int = 0, cap: int | None = None) -> BatchPlan:

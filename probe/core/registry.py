@@ -95,8 +95,10 @@ class Registry(Generic[T]):
         """The one-line error for a name that is not registered: the name, the closest
         registered ones, every registered one and the hint."""
         hint = f"; {self.hint}" if self.hint else ""
-        return HeadprobeError(f"unknown {self.kind}: {name!r}{did_you_mean(str(name), self._targets)}; "
-                              f"known: {', '.join(self._targets) or 'none'}{hint}")
+        return HeadprobeError(
+            f"unknown {self.kind}: {name!r}{did_you_mean(str(name), self._targets)}; "
+            f"known: {', '.join(self._targets) or 'none'}{hint}"
+        )
 
     def names(self, group: str | None = None) -> tuple[str, ...]:
         """Every registered name (of ``group`` only, if given), in registration order (imports nothing)."""

@@ -39,8 +39,9 @@ def check_backend(name: str) -> None:
         HeadprobeError: an unknown backend (one line, the closest choices named).
     """
     if name not in BACKENDS:
-        raise HeadprobeError(f"unknown backend {name!r}{did_you_mean(str(name), BACKENDS)}; "
-                             f"choose one of {', '.join(BACKENDS)}")
+        raise HeadprobeError(
+            f"unknown backend {name!r}{did_you_mean(str(name), BACKENDS)}; choose one of {', '.join(BACKENDS)}"
+        )
 
 
 def backend_class(name: str, hf_config: Callable[[], Any]) -> Any:
@@ -80,6 +81,8 @@ def backend_lacks(name: str, capability: str) -> bool:
     """
     check_backend(name)
     return name != "auto" and not getattr(BACKEND_REGISTRY.get(name), capability)
+
+
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 """``--device`` choices: ``auto`` is cuda when a GPU is present, else cpu."""
 DEVICE_MAPS: tuple[str, ...] = ("auto", "balanced", "sequential")

@@ -117,6 +117,7 @@ def batched_ablation_hooks(
         def hook(z: Tensor, hook: Any) -> Tensor:
             r = ablation.replace(z, layer, slice(None), inputs.tiled(masks.shape[0], layer))
             return torch.where(sel.to(z.device), r, z)
+
         return hook
 
     return [(attn_hook(layer, "z"), make(layer)) for layer in range(masks.shape[1]) if masks[:, layer].any()]
@@ -151,12 +152,13 @@ def sink_removal_hooks(heads: Iterable[Head]) -> list[tuple[str, HookFn]]:
     (``hook_sinks``, ``[head]``) become ``-inf``, so the softmax runs over the real keys alone
     (rows sum to 1) and the other heads keep theirs. A model without sinks has no ``hook_sinks``
     and the forward refuses the hook name."""
+
     def make(remove: list[int]) -> HookFn:
         def hook(sinks: Tensor, hook: Any) -> Tensor:
             out = sinks.clone()
             out[remove] = float("-inf")
             return out
+
         return hook
 
     return [(attn_hook(layer, "sinks"), make(sorted(hs))) for layer, hs in sorted(_group_by_layer(heads).items())]
-

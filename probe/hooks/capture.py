@@ -38,8 +38,9 @@ def head_results(
     return einops.einsum(z, W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
 
 
-def kv_head_of(head: Int[Tensor, " head"] | Int[np.ndarray, " head"] | int, n_heads: int, n_kv_heads: int
-               ) -> Int[Tensor, " head"] | Int[np.ndarray, " head"] | int:
+def kv_head_of(
+    head: Int[Tensor, " head"] | Int[np.ndarray, " head"] | int, n_heads: int, n_kv_heads: int
+) -> Int[Tensor, " head"] | Int[np.ndarray, " head"] | int:
     """GQA: the key/value head that query head ``head`` reads, ``head // (n_heads // n_kv_heads)``."""
     return head // (n_heads // n_kv_heads)
 
@@ -181,22 +182,32 @@ def capture_internal(
     model.forward(tokens, fwd_hooks=hooks, attention_mask=attention_mask)
     missing = [attn_hook(layer, "pattern") for layer in layers if patterns and layer not in out["pattern"]]
     if missing:
-        raise HeadprobeError(f"hook {missing[0]} did not fire; the model probably runs a fused attention kernel "
-                             f"that hides attention patterns: load it with attn_implementation='eager'")
+        raise HeadprobeError(
+            f"hook {missing[0]} did not fire; the model probably runs a fused attention kernel "
+            f"that hides attention patterns: load it with attn_implementation='eager'"
+        )
     out["result"], out["b_O"] = {}, {}
     for layer in layers:
         W_O = model.W_O(layer)
         z = out["z"][layer]
         if tuple(z.shape[2:]) != tuple(W_O.shape[:2]):
-            raise HeadprobeError(f"hook_z of layer {layer} is split into heads as {tuple(z.shape[2:])} (head, d_head) but "
-                                 f"W_O as {tuple(W_O.shape[:2])}: the backend reads this architecture's head geometry wrongly")
+            raise HeadprobeError(
+                f"hook_z of layer {layer} is split into heads as {tuple(z.shape[2:])} (head, d_head) but "
+                f"W_O as {tuple(W_O.shape[:2])}: the backend reads this architecture's head geometry wrongly"
+            )
         result = head_results(z, W_O.to(z))
         b_O = model.b_O(layer)
-        bias = torch.zeros(result.shape[-1], dtype=result.dtype, device=result.device) if b_O is None else b_O.detach().to(result)
+        bias = (
+            torch.zeros(result.shape[-1], dtype=result.dtype, device=result.device)
+            if b_O is None
+            else b_O.detach().to(result)
+        )
         if layer in out.get("norm_in", {}):
             # Frozen-norm linearisation: y = w * a * s(a), with the per-token scale s fixed from the
             # full attention output a, is linear in a, so each head's term is w * s * result_h.
-            scale = post_norm_factor(out["norm_in"][layer], out["attn_out"][layer], model.post_attention_norm_weight(layer))
+            scale = post_norm_factor(
+                out["norm_in"][layer], out["attn_out"][layer], model.post_attention_norm_weight(layer)
+            )
             result = result * scale[:, :, None, :]
             bias = bias * scale
         out["result"][layer], out["b_O"][layer] = result, bias
@@ -234,7 +245,9 @@ def _indices(values: Sequence[int], n: int, what: str) -> list[int]:
         except TypeError:
             raise HeadprobeError(f"{what} {v!r} is not an integer index") from None
         if not -n <= v < n:
-            raise HeadprobeError(f"{what} {v} is out of range: there are {n} (0 .. {n - 1}, or -{n} .. -1 from the end)")
+            raise HeadprobeError(
+                f"{what} {v} is out of range: there are {n} (0 .. {n - 1}, or -{n} .. -1 from the end)"
+            )
         out.append(v % n)
     return out
 
@@ -302,8 +315,9 @@ def capture_heads(
         def keep(layer: int, st: Any) -> None:
             out["pattern"][layer] = st.rows(rows).to(out["z"][layer].dtype)
 
-        online_head_stats(model, tokens, keep, layers=sorted(out["z"]), windows=(), final_residual=False,
-                          statistics=False)
+        online_head_stats(
+            model, tokens, keep, layers=sorted(out["z"]), windows=(), final_residual=False, statistics=False
+        )
     elif rows is not None:
         out["pattern"] = {layer: p[:, :, list(rows)] for layer, p in out["pattern"].items()}
     if heads is not None:

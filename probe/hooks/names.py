@@ -16,8 +16,12 @@ BLOCK_HOOKS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post", "n
 ATTN_HOOKS = ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result", "sinks", "gate")
 """Hook points of a block's attention: ``blocks.{layer}.attn.hook_<name>`` (``sinks``: learned sink
 logits ``[head]``, GPT-OSS; ``gate``: an output gate's values multiplying ``z``, gated attention only)."""
-NORMS = {"ln1": ("normalized", "scale"), "ln2": ("normalized", "scale"),
-         "ln1_post": ("in", "out"), "ln2_post": ("in", "out")}
+NORMS = {
+    "ln1": ("normalized", "scale"),
+    "ln2": ("normalized", "scale"),
+    "ln1_post": ("in", "out"),
+    "ln2_post": ("in", "out"),
+}
 """A block's norms and their hook points: ``blocks.{layer}.<norm>.hook_<name>`` (the pre-norms' ``hook_scale``
 is TransformerLens'; the post norms' ``hook_in``/``hook_out`` are its bridge's)."""
 MLP_HOOKS = ("pre", "pre_linear", "post")

@@ -85,8 +85,13 @@ class AttentionGeometry:
         sink = self.sinks.to(s.device)[None, :, None, None].expand(*s.shape[:-1], 1)
         return torch.cat([s, sink], dim=-1).softmax(dim=-1)[..., :-1]
 
-    def scores(self, q: Float[Tensor, "batch head n_q d_qk"], k: Float[Tensor, "batch kv_head n_k d_qk"],
-               q_pos: Int[Tensor, " n_q"], k_pos: Int[Tensor, " n_k"]) -> Float[Tensor, "batch head n_q n_k"]:
+    def scores(
+        self,
+        q: Float[Tensor, "batch head n_q d_qk"],
+        k: Float[Tensor, "batch kv_head n_k d_qk"],
+        q_pos: Int[Tensor, " n_q"],
+        k_pos: Int[Tensor, " n_k"],
+    ) -> Float[Tensor, "batch head n_q n_k"]:
         """Masked scores (float32, masked keys ``-inf``) of queries at positions ``q_pos`` against
         keys at ``k_pos``, computed as the native eager path does (q grouped per KV head)."""
         B, H, nq, d = q.shape
@@ -153,8 +158,17 @@ class HeadStats:
 
         def cut(t: Tensor | None) -> Tensor | None:
             return None if t is None else t[sl]
-        return HeadStats(cut(self.lse), cut(self.entropy), cut(self.argmax), {W: v[sl] for W, v in self.local.items()},
-                         self.q[sl], self.k[sl], self.geometry, cut(self.sink))
+
+        return HeadStats(
+            cut(self.lse),
+            cut(self.entropy),
+            cut(self.argmax),
+            {W: v[sl] for W, v in self.local.items()},
+            self.q[sl],
+            self.k[sl],
+            self.geometry,
+            cut(self.sink),
+        )
 
     def _kv(self) -> Tensor:
         """Keys repeated per query head, ``[batch, head, pos, d_qk]`` (one layer's copy, cached)."""
@@ -190,8 +204,9 @@ class HeadStats:
         qi = torch.arange(T, device=self.q.device)
         return self._entries(qi, torch.full_like(qi, key % T))
 
-    def rows(self, queries: Sequence[int] | Tensor, heads: Sequence[int] | None = None
-             ) -> Float[Tensor, "batch head n k_pos"]:
+    def rows(
+        self, queries: Sequence[int] | Tensor, heads: Sequence[int] | None = None
+    ) -> Float[Tensor, "batch head n k_pos"]:
         """Whole pattern rows ``A[queries, :]`` (float32; of ``heads`` only, default all)."""
         qi = torch.as_tensor(queries, device=self.q.device, dtype=torch.long)
         T = self.n_pos
@@ -200,10 +215,14 @@ class HeadStats:
         return p if heads is None else p[:, list(heads)]
 
 
-STREAMING_REFUSAL = ("streaming head statistics need the native backend, not {backend}; load the model with "
-                     "--backend native, or use the materialised path (--streaming off)")
+STREAMING_REFUSAL = (
+    "streaming head statistics need the native backend, not {backend}; load the model with "
+    "--backend native, or use the materialised path (--streaming off)"
+)
 """Why streaming refuses a backend without ``streams_statistics`` (:class:`~headprobe.probe.backends.base.LoadedModel`)."""
-MODEL_STREAMING_REFUSAL = "streaming head statistics (--streaming on) do not apply to this model; use the materialised path (--streaming off)"
+MODEL_STREAMING_REFUSAL = (
+    "streaming head statistics (--streaming on) do not apply to this model; use the materialised path (--streaming off)"
+)
 """Why streaming refuses a model whose backend streams but which does not (a hybrid's linear-attention layers)."""
 
 
@@ -247,9 +266,15 @@ def _key_range(geom: AttentionGeometry, q0: int, q1: int, T: int) -> tuple[int, 
     return lo, q1
 
 
-def layer_stats(q: Float[Tensor, "batch head pos d_qk"], k: Float[Tensor, "batch kv_head pos d_qk"],
-                geom: AttentionGeometry, windows: Sequence[int] = DEFAULT_WINDOWS,
-                block: int = DEFAULT_BLOCK, argmax: bool = True, entropy: bool = True) -> HeadStats:
+def layer_stats(
+    q: Float[Tensor, "batch head pos d_qk"],
+    k: Float[Tensor, "batch kv_head pos d_qk"],
+    geom: AttentionGeometry,
+    windows: Sequence[int] = DEFAULT_WINDOWS,
+    block: int = DEFAULT_BLOCK,
+    argmax: bool = True,
+    entropy: bool = True,
+) -> HeadStats:
     """Stream one layer's statistics (see the module docstring) from its queries and keys.
     ``argmax`` / ``entropy`` False skip those (about a fifth and a quarter of the time; the
     field is then None).
@@ -283,8 +308,9 @@ def layer_stats(q: Float[Tensor, "batch head pos d_qk"], k: Float[Tensor, "batch
     return HeadStats(lse, ent, arg, local, q, k, geom, sink)
 
 
-def _add_sink(m: Tensor, l: Tensor, a: Tensor, lw: dict[int, Tensor], sinks: Float[Tensor, " head"]
-              ) -> tuple[Tensor, Tensor, Tensor, dict[int, Tensor], Tensor]:
+def _add_sink(
+    m: Tensor, l: Tensor, a: Tensor, lw: dict[int, Tensor], sinks: Float[Tensor, " head"]
+) -> tuple[Tensor, Tensor, Tensor, dict[int, Tensor], Tensor]:
     """The learned sink folded into a query block's running statistics ``[batch, head, n_q]``: the
     maximum raised to the sink logit where larger (``l``, ``a``, ``l_W`` rescaled as for a key
     block), then ``e_sink = exp(sink - m)`` added to ``l`` only. Returns ``m, l, a, l_W, e_sink``."""
@@ -297,8 +323,17 @@ def _add_sink(m: Tensor, l: Tensor, a: Tensor, lw: dict[int, Tensor], sinks: Flo
     return m_new, alpha * l + e_sink, a, lw, e_sink
 
 
-def _query_block(q: Tensor, k: Tensor, geom: AttentionGeometry, q0: int, q1: int, windows: Sequence[int],
-                 block: int, argmax: bool, entropy: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[int, Tensor]]:
+def _query_block(
+    q: Tensor,
+    k: Tensor,
+    geom: AttentionGeometry,
+    q0: int,
+    q1: int,
+    windows: Sequence[int],
+    block: int,
+    argmax: bool,
+    entropy: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[int, Tensor]]:
     """The online-softmax recurrence over the key blocks of queries ``[q0, q1)``: running
     maximum ``m``, sum ``l``, entropy numerator ``a``, argmax and per-window sums, ``[batch, head, n_q]``.
 
@@ -355,11 +390,19 @@ StatsCallback = Callable[[int, HeadStats], None]
 
 
 @torch.inference_mode()
-def online_head_stats(model: Any, tokens: Int[Tensor, "batch pos"], on_stats: StatsCallback,
-                      layers: Sequence[int] | None = None, windows: Sequence[int] = DEFAULT_WINDOWS,
-                      block: int = DEFAULT_BLOCK, extra_hooks: Sequence[tuple[str, Callable]] = (),
-                      final_residual: bool = True, statistics: bool = True, argmax: bool = True,
-                      entropy: bool = True) -> Float[Tensor, "batch pos d_model"] | None:
+def online_head_stats(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    on_stats: StatsCallback,
+    layers: Sequence[int] | None = None,
+    windows: Sequence[int] = DEFAULT_WINDOWS,
+    block: int = DEFAULT_BLOCK,
+    extra_hooks: Sequence[tuple[str, Callable]] = (),
+    final_residual: bool = True,
+    statistics: bool = True,
+    argmax: bool = True,
+    entropy: bool = True,
+) -> Float[Tensor, "batch pos d_model"] | None:
     """Run ``model`` (native backend) on ``tokens`` with the fused attention kernel, calling
     ``on_stats(layer, stats)`` (:class:`HeadStats`) for each of ``layers`` (default: all) as soon as
     its queries and keys exist. The callback must not keep ``stats``. No N x N pattern is made
@@ -393,8 +436,12 @@ def online_head_stats(model: Any, tokens: Int[Tensor, "batch pos"], on_stats: St
             if geom.n_kv_heads == geom.n_heads and k.shape[1] != geom.n_heads:
                 raise HeadprobeError(f"layer {layer}: keys have {k.shape[1]} heads, expected {geom.n_heads}")
             q = kept.pop("q")
-            on_stats(layer, layer_stats(q, k, geom, windows, block, argmax, entropy) if statistics
-                     else HeadStats(None, None, None, {}, q, k, geom))
+            on_stats(
+                layer,
+                layer_stats(q, k, geom, windows, block, argmax, entropy)
+                if statistics
+                else HeadStats(None, None, None, {}, q, k, geom),
+            )
 
         hooks += [(q_name, keep_q), (k_name, use_k)]
         names.append(k_name)

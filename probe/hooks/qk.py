@@ -48,7 +48,9 @@ def _mla_terms(attn: Any, head: int, side: str, terms: Tensor, ref: Tensor, pos:
     N, R, r = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
     if side == "q":
         if cfg.q_lora_rank is not None:
-            raise HeadprobeError("QK attribution of latent attention with a query latent (q_lora_rank) is not implemented")
+            raise HeadprobeError(
+                "QK attribution of latent attention with a query latent (q_lora_rank) is not implemented"
+            )
         d = N + R
         out = _linear_terms(attn.q_proj, slice(head * d, (head + 1) * d), terms)
         if attn.rotary is not None:
@@ -57,10 +59,10 @@ def _mla_terms(attn: Any, head: int, side: str, terms: Tensor, ref: Tensor, pos:
     latent = _linear_terms(attn.kv_down, slice(0, r), terms)  # [n+1, r]: c^KV's terms
     c_ref = attn.kv_down(ref[None].to(attn.kv_down.weight))[0, :r]
     latent = latent * (attn.kv_norm.weight * _frozen_rms(attn.kv_norm, c_ref))
-    up = attn.kv_up.weight[head * (N + cfg.d_head):head * (N + cfg.d_head) + N]  # [N, r]
+    up = attn.kv_up.weight[head * (N + cfg.d_head) : head * (N + cfg.d_head) + N]  # [N, r]
     k_nope = latent @ up.T
     if attn.kv_up.bias is not None:
-        k_nope[-1] += attn.kv_up.bias[head * (N + cfg.d_head):head * (N + cfg.d_head) + N]
+        k_nope[-1] += attn.kv_up.bias[head * (N + cfg.d_head) : head * (N + cfg.d_head) + N]
     k_rope = _linear_terms(attn.kv_down, slice(r, r + R), terms)
     if attn.rotary is not None:
         k_rope = _rotate(attn.rotary, k_rope, pos)
@@ -68,8 +70,13 @@ def _mla_terms(attn: Any, head: int, side: str, terms: Tensor, ref: Tensor, pos:
 
 
 def head_qk_terms(
-    net: Any, layer: int, head: int, side: Literal["q", "k"],
-    terms: Float[Tensor, "n d_model"], ref: Float[Tensor, " d_model"], pos: int,
+    net: Any,
+    layer: int,
+    head: int,
+    side: Literal["q", "k"],
+    terms: Float[Tensor, "n d_model"],
+    ref: Float[Tensor, " d_model"],
+    pos: int,
 ) -> Float[Tensor, "n_plus_1 d_qk"]:
     """Query (``side="q"``) or key (``"k"``) of query head ``head`` of layer ``layer`` of the native
     :class:`~headprobe.probe.model.transformer.Transformer` ``net`` as a sum of terms: row ``i < n`` is what
@@ -90,7 +97,9 @@ def head_qk_terms(
     if cfg.is_mla:
         return _mla_terms(attn, head, side, terms, ref, pos)
     if cfg.attn_gate or cfg.qk_l2_norm or cfg.attn_temperature is not None:
-        raise HeadprobeError("QK attribution of gated attention, a QK L2 norm or a query temperature is not implemented")
+        raise HeadprobeError(
+            "QK attribution of gated attention, a QK L2 norm or a query temperature is not implemented"
+        )
     d = cfg.d_qk
     idx = head if side == "q" else head // (attn.n_heads // attn.n_kv_heads)
     proj, norm = (attn.q_proj, attn.q_norm) if side == "q" else (attn.k_proj, attn.k_norm)
@@ -98,9 +107,9 @@ def head_qk_terms(
     if norm is not None:  # QK-norm with its scale frozen at ref's query/key
         full = proj(ref[None].to(proj.weight))[0]
         if cfg.qk_norm == "per_head":
-            out = out * (norm.weight * _frozen_rms(norm, full[idx * d:(idx + 1) * d]))
+            out = out * (norm.weight * _frozen_rms(norm, full[idx * d : (idx + 1) * d]))
         else:  # "full": one RMS over the whole projection, this head's slice of the weight
-            out = out * (norm.weight[idx * d:(idx + 1) * d] * _frozen_rms(norm, full))
+            out = out * (norm.weight[idx * d : (idx + 1) * d] * _frozen_rms(norm, full))
     if attn.rotary is not None:
         out = _rotate(attn.rotary, out, pos)
     return out

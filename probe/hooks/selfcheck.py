@@ -141,8 +141,10 @@ class SelfCheck:
     def _identity(self) -> str:
         if self.error is not None:
             return f"it could not be computed ({self.error})"
-        return (f"sum_h result_h + b_O differs from the attention output or {self.reference} by {self.max_relative_error:.2g} relative in layer "
-                f"{self.worst_layer} (tolerance {self.tolerance:g})")
+        return (
+            f"sum_h result_h + b_O differs from the attention output or {self.reference} by {self.max_relative_error:.2g} relative in layer "
+            f"{self.worst_layer} (tolerance {self.tolerance:g})"
+        )
 
     def require_decomposition(self, what: str = "per-head results") -> None:
         """Raise unless (b) held: ``what`` would otherwise be silently wrong.
@@ -153,7 +155,8 @@ class SelfCheck:
         if not self.decomposition_ok:
             raise HeadprobeError(
                 f"{what} refused for {self.architecture} ({self.backend} backend): the load-time self-check of the "
-                f"per-head W_O decomposition failed: {self._identity()}")
+                f"per-head W_O decomposition failed: {self._identity()}"
+            )
 
     def require_patterns(self, what: str = "attention patterns") -> None:
         """Raise unless (a) held.
@@ -163,11 +166,22 @@ class SelfCheck:
         """
         if not self.patterns_ok:
             rows = "rows plus their sink mass sum" if self.max_sink_mass is not None else "rows sum"
-            why = self.error if self.max_row_sum_error is None else (
-                f"{rows} to 1 within {self.max_row_sum_error:.2g}" + ("" if self.max_future_weight is None else
-                                                                       f" and future keys get up to {self.max_future_weight:.2g}"))
-            raise HeadprobeError(f"{what} refused for {self.architecture} ({self.backend} backend): the load-time "
-                                 f"self-check of attention patterns failed: {why} (tolerance {self.tolerance:g})")
+            why = (
+                self.error
+                if self.max_row_sum_error is None
+                else (
+                    f"{rows} to 1 within {self.max_row_sum_error:.2g}"
+                    + (
+                        ""
+                        if self.max_future_weight is None
+                        else f" and future keys get up to {self.max_future_weight:.2g}"
+                    )
+                )
+            )
+            raise HeadprobeError(
+                f"{what} refused for {self.architecture} ({self.backend} backend): the load-time "
+                f"self-check of attention patterns failed: {why} (tolerance {self.tolerance:g})"
+            )
 
 
 def check_tokens(model: Any, n_tokens: int = N_TOKENS) -> torch.Tensor:
@@ -202,13 +216,16 @@ def decomposition_error(
     ``torch.finfo(resid_plus.dtype).eps`` (float32: 1.2e-7). Dimensionless."""
     added = added.double()
     ref = resid_plus.double() - sum(r.double() for r in resid_minus)
-    rounding = torch.finfo(resid_plus.dtype).eps * sum((r.double().abs() for r in resid_minus), resid_plus.double().abs())
+    rounding = torch.finfo(resid_plus.dtype).eps * sum(
+        (r.double().abs() for r in resid_minus), resid_plus.double().abs()
+    )
     beyond = max(float((added - ref).norm() - rounding.norm()), 0.0)
     return max(_relative_error(added, attn_out), beyond / float(ref.norm().clamp_min(1e-30)))
 
 
-def sink_mass(scores: Float[Tensor, "batch head q_pos k_pos"], sinks: Float[Tensor, " head"]
-              ) -> Float[Tensor, "batch head q_pos"]:
+def sink_mass(
+    scores: Float[Tensor, "batch head q_pos k_pos"], sinks: Float[Tensor, " head"]
+) -> Float[Tensor, "batch head q_pos"]:
     """The weight a learned sink takes from each row: ``exp(sink_h) / (exp(sink_h) + sum_k
     exp(scores_k))`` ``= sigmoid(sink_h - logsumexp_k scores_k)`` (masked keys ``-inf``), in float64."""
     lse = scores.double().logsumexp(dim=-1)
@@ -248,12 +265,25 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
     parallel = any(block_hook(l, "resid_mid") not in names for l in layers)
     reference = "resid_post - resid_pre - mlp_out" if parallel else "resid_mid - resid_pre"
     tol = tolerance(model.dtype)
-    common = dict(architecture=model.architecture, backend=model.backend, n_tokens=T, reference=reference,
-                  post_attention_norm=model.has_post_attention_norm, tolerance=tol,
-                  dtype=str(model.dtype).removeprefix("torch."))
+    common = dict(
+        architecture=model.architecture,
+        backend=model.backend,
+        n_tokens=T,
+        reference=reference,
+        post_attention_norm=model.has_post_attention_norm,
+        tolerance=tol,
+        dtype=str(model.dtype).removeprefix("torch."),
+    )
+
     def failed(why: str, **kw) -> SelfCheck:
-        fields = dict(patterns_ok=False, max_row_sum_error=None, max_future_weight=None, decomposition_ok=False,
-                      max_relative_error=None, worst_layer=None)
+        fields = dict(
+            patterns_ok=False,
+            max_row_sum_error=None,
+            max_future_weight=None,
+            decomposition_ok=False,
+            max_relative_error=None,
+            worst_layer=None,
+        )
         return SelfCheck(**{**fields, **kw}, error=why, **common)
 
     sinks = {l: model.sink_logits(l) for l in layers}
@@ -269,15 +299,21 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
     try:
         row_err, most = _row_sum_error(cap, sinks)
     except KeyError:
-        return failed("the model has learned attention sinks but hook_attn_scores did not fire: the sink mass cannot be checked")
+        return failed(
+            "the model has learned attention sinks but hook_attn_scores did not fire: the sink mass cannot be checked"
+        )
     common["max_sink_mass"] = most
 
     future = torch.ones(T, T, dtype=torch.bool).triu(1)
     if spec.causal:
-        future_w = max(float(cap["pattern"][l].double().cpu()[..., future].abs().max()) if T > 1 else 0.0 for l in layers)
+        future_w = max(
+            float(cap["pattern"][l].double().cpu()[..., future].abs().max()) if T > 1 else 0.0 for l in layers
+        )
     else:  # bidirectional (an encoder): later keys are read by design
         future_w = None
-    patterns_ok = row_err <= max(PATTERN_TOLERANCE, tol) and (future_w is None or future_w <= max(PATTERN_TOLERANCE, tol))
+    patterns_ok = row_err <= max(PATTERN_TOLERANCE, tol) and (
+        future_w is None or future_w <= max(PATTERN_TOLERANCE, tol)
+    )
     if "failure" in cap:
         return failed(cap["failure"], patterns_ok=patterns_ok, max_row_sum_error=row_err, max_future_weight=future_w)
 
@@ -291,6 +327,12 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
             resid = (cap["resid_mid"][l], cap["resid_pre"][l])
         errors.append(decomposition_error(added, cap["attn_out"][l], *resid))
     worst = max(range(len(errors)), key=errors.__getitem__)  # an index into layers
-    return SelfCheck(patterns_ok=patterns_ok, max_row_sum_error=row_err, max_future_weight=future_w,
-                     decomposition_ok=errors[worst] <= tol, max_relative_error=errors[worst],
-                     worst_layer=layers[worst], **common)
+    return SelfCheck(
+        patterns_ok=patterns_ok,
+        max_row_sum_error=row_err,
+        max_future_weight=future_w,
+        decomposition_ok=errors[worst] <= tol,
+        max_relative_error=errors[worst],
+        worst_layer=layers[worst],
+        **common,
+    )

@@ -132,9 +132,12 @@ class AttentionLayout:
             )
         if self.bias not in BIAS_KINDS:
             raise HeadprobeError(f"unknown bias kind {self.bias!r}; choose one of {', '.join(BIAS_KINDS)}")
-        if self.kv_lora_rank is None and (self.q_lora_rank is not None or self.qk_rope_head_dim is not None
-                                          or self.qk_nope_head_dim is not None):
-            raise HeadprobeError("q_lora_rank, qk_rope_head_dim and qk_nope_head_dim describe MLA; give kv_lora_rank too")
+        if self.kv_lora_rank is None and (
+            self.q_lora_rank is not None or self.qk_rope_head_dim is not None or self.qk_nope_head_dim is not None
+        ):
+            raise HeadprobeError(
+                "q_lora_rank, qk_rope_head_dim and qk_nope_head_dim describe MLA; give kv_lora_rank too"
+            )
         if self.kv_lora_rank is not None and self.qk_rope_head_dim is None:
             object.__setattr__(self, "qk_rope_head_dim", 0)
         if self.kv_lora_rank is not None and self.qk_nope_head_dim is None:
@@ -191,8 +194,14 @@ class AttentionLayout:
 
     def with_kv_heads(self, n_kv_heads: int) -> AttentionLayout:
         """The same layout (not MLA) with ``n_kv_heads`` key/value heads."""
-        return replace(self, n_kv_heads=n_kv_heads, kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=None,
-                       qk_nope_head_dim=None)
+        return replace(
+            self,
+            n_kv_heads=n_kv_heads,
+            kv_lora_rank=None,
+            q_lora_rank=None,
+            qk_rope_head_dim=None,
+            qk_nope_head_dim=None,
+        )
 
     def as_mha(self) -> AttentionLayout:
         """The MHA layout of the same heads: one K and one V per query head, no latent."""
@@ -227,9 +236,17 @@ def _check_positive(name: str, value: Any) -> None:
 #: Hugging Face ``model_type`` -> QK-norm kind of its attention module (see :class:`AttentionLayout`):
 #: ``q_norm``/``k_norm`` of size ``head_dim`` (Qwen3Attention, Gemma3Attention) or over the whole
 #: projections (Olmo2Attention, Olmo3Attention, OlmoeAttention).
-QK_NORM_OF_MODEL_TYPE = {"qwen3": "per_head", "qwen3_moe": "per_head", "gemma3": "per_head",
-                         "gemma3_text": "per_head", "olmo2": "full", "olmo3": "full", "olmoe": "full",
-                         "qwen3_next": "per_head", "qwen3_5_text": "per_head"}
+QK_NORM_OF_MODEL_TYPE = {
+    "qwen3": "per_head",
+    "qwen3_moe": "per_head",
+    "gemma3": "per_head",
+    "gemma3_text": "per_head",
+    "olmo2": "full",
+    "olmo3": "full",
+    "olmoe": "full",
+    "qwen3_next": "per_head",
+    "qwen3_5_text": "per_head",
+}
 
 #: Model types whose query projection also gives each head an output gate (:attr:`AttentionLayout.output_gate`).
 OUTPUT_GATE_MODEL_TYPES = ("qwen3_next", "qwen3_5_text")
@@ -264,7 +281,13 @@ def windows_from_hf_config(config: Any, n_layers: int, strict: bool = True) -> t
     chunk = getattr(config, "attention_chunk_size", None)
     types = getattr(config, "layer_types", None)
     if types is None:
-        kind = "sliding_attention" if window is not None else "chunked_attention" if chunk is not None else "full_attention"
+        kind = (
+            "sliding_attention"
+            if window is not None
+            else "chunked_attention"
+            if chunk is not None
+            else "full_attention"
+        )
         types = [kind] * n_layers
     out: list[int | None] = []
     for t in list(types)[:n_layers]:
@@ -279,8 +302,17 @@ def windows_from_hf_config(config: Any, n_layers: int, strict: bool = True) -> t
     return tuple(out) if any(w is not None for w in out) else None
 
 
-def layout_from_hf_config(config: Any, *, n_layers: int, n_heads: int, n_kv_heads: int, d_head: int, d_model: int,
-                          bias: str = "none", strict: bool = True) -> AttentionLayout:
+def layout_from_hf_config(
+    config: Any,
+    *,
+    n_layers: int,
+    n_heads: int,
+    n_kv_heads: int,
+    d_head: int,
+    d_model: int,
+    bias: str = "none",
+    strict: bool = True,
+) -> AttentionLayout:
     """The layout of a Hugging Face model: the sizes given (as a wrapper such as TransformerLens
     normalises them from ``config``), with what only ``config`` says: the MLA sizes
     (``kv_lora_rank``, ``q_lora_rank``, ``qk_rope_head_dim``, ``qk_nope_head_dim``, and
@@ -296,17 +328,31 @@ def layout_from_hf_config(config: Any, *, n_layers: int, n_heads: int, n_kv_head
         HeadprobeError: with ``strict``, a layer type that is not attention; a size that
             :class:`AttentionLayout` refuses.
     """
-    common: dict[str, Any] = dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads, bias=bias,
-                  windows=windows_from_hf_config(config, n_layers, strict),
-                  sinks=getattr(config, "model_type", "") in SINKS_OF_MODEL_TYPE)
+    common: dict[str, Any] = dict(
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        bias=bias,
+        windows=windows_from_hf_config(config, n_layers, strict),
+        sinks=getattr(config, "model_type", "") in SINKS_OF_MODEL_TYPE,
+    )
     if getattr(config, "kv_lora_rank", None):
-        return AttentionLayout(d_head=config.v_head_dim, kv_lora_rank=config.kv_lora_rank,
-                               q_lora_rank=getattr(config, "q_lora_rank", None) or None,
-                               qk_rope_head_dim=config.qk_rope_head_dim, qk_nope_head_dim=config.qk_nope_head_dim,
-                               **common)
+        return AttentionLayout(
+            d_head=config.v_head_dim,
+            kv_lora_rank=config.kv_lora_rank,
+            q_lora_rank=getattr(config, "q_lora_rank", None) or None,
+            qk_rope_head_dim=config.qk_rope_head_dim,
+            qk_nope_head_dim=config.qk_nope_head_dim,
+            **common,
+        )
     model_type = getattr(config, "model_type", "")
-    return AttentionLayout(n_kv_heads=n_kv_heads, d_head=d_head, qk_norm=QK_NORM_OF_MODEL_TYPE.get(model_type, "none"),
-                           output_gate=model_type in OUTPUT_GATE_MODEL_TYPES, **common)
+    return AttentionLayout(
+        n_kv_heads=n_kv_heads,
+        d_head=d_head,
+        qk_norm=QK_NORM_OF_MODEL_TYPE.get(model_type, "none"),
+        output_gate=model_type in OUTPUT_GATE_MODEL_TYPES,
+        **common,
+    )
 
 
 def attention_module(model: Any) -> Any | None:
@@ -421,8 +467,13 @@ class KVPolicy:
     def with_full(cls, n_layers: int, n_kv_groups: int, full: Any, streaming: Streaming, model: str = "") -> KVPolicy:
         """``full`` (an iterable of ``(layer, kv_group)``) keep full caches; every other group is ``streaming``."""
         keep = {tuple(x) for x in full}
-        return cls(tuple(tuple(None if (layer, g) in keep else streaming for g in range(n_kv_groups))
-                         for layer in range(n_layers)), model)
+        return cls(
+            tuple(
+                tuple(None if (layer, g) in keep else streaming for g in range(n_kv_groups))
+                for layer in range(n_layers)
+            ),
+            model,
+        )
 
     @property
     def n_layers(self) -> int:
@@ -445,16 +496,28 @@ class KVPolicy:
     def check_layout(self, n_layers: int, n_kv_groups: int, what: str = "the model") -> None:
         """Raise HeadprobeError unless the policy has ``n_layers`` layers of ``n_kv_groups`` groups."""
         if (self.n_layers, self.n_kv_groups) != (n_layers, n_kv_groups):
-            raise HeadprobeError(f"the KV policy has {self.n_layers} layers x {self.n_kv_groups} KV groups; "
-                                 f"{what} has {n_layers} x {n_kv_groups}")
+            raise HeadprobeError(
+                f"the KV policy has {self.n_layers} layers x {self.n_kv_groups} KV groups; "
+                f"{what} has {n_layers} x {n_kv_groups}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The policy file's JSON (docs/kv.md): format, version, model, sizes, one entry per group."""
-        entries = [{"layer": layer, "kv_group": g, "cache": "full"} if s is None else
-                   {"layer": layer, "kv_group": g, "cache": "streaming", "sink": s.sink, "window": s.window}
-                   for layer, row in enumerate(self.groups) for g, s in enumerate(row)]
-        return {"format": KV_POLICY_FORMAT, "version": KV_POLICY_VERSION, "model": self.model,
-                "n_layers": self.n_layers, "n_kv_groups": self.n_kv_groups, "groups": entries}
+        entries = [
+            {"layer": layer, "kv_group": g, "cache": "full"}
+            if s is None
+            else {"layer": layer, "kv_group": g, "cache": "streaming", "sink": s.sink, "window": s.window}
+            for layer, row in enumerate(self.groups)
+            for g, s in enumerate(row)
+        ]
+        return {
+            "format": KV_POLICY_FORMAT,
+            "version": KV_POLICY_VERSION,
+            "model": self.model,
+            "n_layers": self.n_layers,
+            "n_kv_groups": self.n_kv_groups,
+            "groups": entries,
+        }
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "the KV policy") -> KVPolicy:
@@ -465,23 +528,28 @@ class KVPolicy:
                 or not at all.
         """
         if not isinstance(d, dict) or d.get("format") != KV_POLICY_FORMAT:
-            raise HeadprobeError(f"{source} is not a KV policy file (its \"format\" must be {KV_POLICY_FORMAT!r})")
+            raise HeadprobeError(f'{source} is not a KV policy file (its "format" must be {KV_POLICY_FORMAT!r})')
         if d.get("version") != KV_POLICY_VERSION:
-            raise HeadprobeError(f"{source} has version {d.get('version')!r}; this headprobe reads version {KV_POLICY_VERSION}")
+            raise HeadprobeError(
+                f"{source} has version {d.get('version')!r}; this headprobe reads version {KV_POLICY_VERSION}"
+            )
         try:
             n_layers, n_groups = _json_int(d, "n_layers", source), _json_int(d, "n_kv_groups", source)
             grid: list[list[Any]] = [[...] * n_groups for _ in range(n_layers)]
             for e in d["groups"]:
                 layer, g = _json_int(e, "layer", source), _json_int(e, "kv_group", source)
                 if not (0 <= layer < n_layers and 0 <= g < n_groups) or grid[layer][g] is not ...:
-                    raise HeadprobeError(f"{source}: group (layer {layer}, kv_group {g}) is out of range or listed twice")
+                    raise HeadprobeError(
+                        f"{source}: group (layer {layer}, kv_group {g}) is out of range or listed twice"
+                    )
                 if e["cache"] not in ("full", "streaming"):
-                    raise HeadprobeError(f"{source}: a group's cache is \"full\" or \"streaming\", not {e['cache']!r}")
+                    raise HeadprobeError(f'{source}: a group\'s cache is "full" or "streaming", not {e["cache"]!r}')
                 grid[layer][g] = None if e["cache"] == "full" else Streaming(e["sink"], e["window"])
         except (KeyError, TypeError, ValueError) as err:
             raise HeadprobeError(f"{source}: malformed policy ({type(err).__name__}: {err})") from None
         missing = [(layer, g) for layer in range(n_layers) for g in range(n_groups) if grid[layer][g] is ...]
         if missing:
-            raise HeadprobeError(f"{source}: {len(missing)} groups are not listed, first (layer, kv_group) = {missing[0]}")
+            raise HeadprobeError(
+                f"{source}: {len(missing)} groups are not listed, first (layer, kv_group) = {missing[0]}"
+            )
         return cls(tuple(tuple(row) for row in grid), str(d.get("model", "")))
-

@@ -57,7 +57,9 @@ TFLOP = 10**12
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
 
-def sliding_windows(n_layers: int, window: int | None, global_every: int | None = None) -> tuple[int | None, ...] | None:
+def sliding_windows(
+    n_layers: int, window: int | None, global_every: int | None = None
+) -> tuple[int | None, ...] | None:
     """Per-layer windows for :attr:`AttentionLayout.windows`: every layer windowed to ``window``
     positions, except that with ``global_every = N`` layer ``l`` (0-based) is global when
     ``(l + 1) % N == 0`` (Hugging Face's Gemma 2 pattern with N = 2, Gemma 3's with N = 6).
@@ -115,7 +117,9 @@ def attention_weight_shapes(layout: AttentionLayout) -> dict[str, tuple[int, int
     else:
         shapes["W_DQ"] = (D, layout.q_lora_rank)
         shapes["W_UQ"] = (layout.q_lora_rank, H * dqk)
-    assert layout.kv_lora_rank is not None and layout.qk_rope_head_dim is not None and layout.qk_nope_head_dim is not None
+    assert (
+        layout.kv_lora_rank is not None and layout.qk_rope_head_dim is not None and layout.qk_nope_head_dim is not None
+    )
     shapes["W_DKV_KR"] = (D, layout.kv_lora_rank + layout.qk_rope_head_dim)
     shapes["W_UKV"] = (layout.kv_lora_rank, H * (layout.qk_nope_head_dim + dh))
     shapes["W_O"] = (H * dh, D)
@@ -202,7 +206,9 @@ def kv_bytes_per_token(layout: AttentionLayout, decompressed: bool = False) -> i
     Sliding windows are not applied: this is what each token costs while it is inside every
     layer's window (see :func:`kv_bytes_per_request` for a whole sequence).
     """
-    return kv_numbers_per_token_per_layer(layout, decompressed) * len(layout.attention_layers) * layout.bytes_per_element
+    return (
+        kv_numbers_per_token_per_layer(layout, decompressed) * len(layout.attention_layers) * layout.bytes_per_element
+    )
 
 
 def kv_positions(layout: AttentionLayout, seq_len: int) -> list[int]:
@@ -444,8 +450,15 @@ MLP_WIDTH_RATIO = 4
 (GPT-2 4; Llama 3 8B 3.5; SmolLM2-135M 2.67)."""
 
 
-def forward_sequence_bytes(layout: AttentionLayout, seq_len: int, d_vocab: int, element_bytes: int,
-                           logit_positions: int | None = None, d_mlp: int | None = None, streams: int = 0) -> int:
+def forward_sequence_bytes(
+    layout: AttentionLayout,
+    seq_len: int,
+    d_vocab: int,
+    element_bytes: int,
+    logit_positions: int | None = None,
+    d_mlp: int | None = None,
+    streams: int = 0,
+) -> int:
     """Peak bytes one sequence adds to a batched forward pass without autograd (inference mode),
     the per-item estimate that batch sizes are planned from (:mod:`headprobe.probe.core.memory`)::
 
@@ -513,8 +526,10 @@ def layer_cost(formula: Callable[..., int], layout: AttentionLayout, n_heads: in
         raise HeadprobeError("per-layer head counts describe MHA/GQA/MQA layers; MLA heads are not removed")
     if not (0 <= n_kv_heads <= n_heads and (n_kv_heads > 0) == (n_heads > 0)):
         raise HeadprobeError(f"a layer cannot keep {n_heads} query heads on {n_kv_heads} key/value heads")
-    at = {hk: formula(replace(layout, n_layers=1, windows=None, head_layers=None, n_heads=hk[0], n_kv_heads=hk[1]), *args)
-          for hk in ((1, 1), (2, 1), (2, 2))}
+    at = {
+        hk: formula(replace(layout, n_layers=1, windows=None, head_layers=None, n_heads=hk[0], n_kv_heads=hk[1]), *args)
+        for hk in ((1, 1), (2, 1), (2, 2))
+    }
     a = at[2, 1] - at[1, 1]
     b = at[2, 2] - at[2, 1]
     return at[1, 1] - a - b + a * n_heads + b * n_kv_heads
@@ -650,13 +665,29 @@ def policy_cost(layout: AttentionLayout, policy: KVPolicy, seq_len: int, batch: 
         flops.append(sum(k for _, k in costs) * per_key)
         matrix.append(sum(k for _, k in costs) * batch * heads * layout.bytes_per_element)
     full = type(policy).uniform(policy.n_layers, policy.n_kv_groups)
-    kv_full = sum(sum(_group_keys(layout, None, layer, seq_len)[0] for _ in row) * per_pos
-                  for layer, row in enumerate(full.groups))
-    flops_full = sum(sum(_group_keys(layout, None, layer, seq_len)[1] for _ in row) * per_key
-                     for layer, row in enumerate(full.groups))
+    kv_full = sum(
+        sum(_group_keys(layout, None, layer, seq_len)[0] for _ in row) * per_pos
+        for layer, row in enumerate(full.groups)
+    )
+    flops_full = sum(
+        sum(_group_keys(layout, None, layer, seq_len)[1] for _ in row) * per_key
+        for layer, row in enumerate(full.groups)
+    )
     n_full = len(policy.full_groups)
-    return PolicyCost(seq_len, batch, kv, sum(kv), kv_full, sum(kv) / kv_full, n_full,
-                      policy.n_layers * policy.n_kv_groups - n_full, flops, sum(flops), flops_full, max(matrix))
+    return PolicyCost(
+        seq_len,
+        batch,
+        kv,
+        sum(kv),
+        kv_full,
+        sum(kv) / kv_full,
+        n_full,
+        policy.n_layers * policy.n_kv_groups - n_full,
+        flops,
+        sum(flops),
+        flops_full,
+        max(matrix),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -702,8 +733,18 @@ def format_flops(flops: float) -> str:
 
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
-_BYTE_UNITS = {"": 1, "b": 1, "kib": KIB, "mib": MIB, "gib": GIB, "tib": TIB,
-               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": KIB,
+    "mib": MIB,
+    "gib": GIB,
+    "tib": TIB,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
 _COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
 
@@ -761,21 +802,38 @@ PRESETS: dict[str, AttentionLayout] = {
     # mistralai/Mistral-7B-v0.1 config.json: hidden_size 4096, num_hidden_layers 32,
     # num_attention_heads 32, num_key_value_heads 8 (d_head 128), sliding_window 4096 on every
     # layer (Jiang et al. 2023, arXiv:2310.06825, table 1), no attention bias.
-    "mistral-7b": AttentionLayout(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, windows=(4096,) * 32,
-                                  name="Mistral 7B"),
+    "mistral-7b": AttentionLayout(
+        d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, windows=(4096,) * 32, name="Mistral 7B"
+    ),
     # Qwen/Qwen2.5-7B config.json: hidden_size 3584, num_hidden_layers 28,
     # num_attention_heads 28, num_key_value_heads 4 (d_head 128); biases on q, k, v only.
     "qwen2.5-7b": AttentionLayout(d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, bias="qkv", name="Qwen2.5-7B"),
     # deepseek-ai/DeepSeek-V3 config.json: hidden_size 7168, num_hidden_layers 61,
     # num_attention_heads 128, q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128,
     # qk_rope_head_dim 64, v_head_dim 128, attention_bias false.
-    "deepseek-v3": AttentionLayout(d_model=7168, n_layers=61, n_heads=128, d_head=128, kv_lora_rank=512,
-                                   q_lora_rank=1536, qk_rope_head_dim=64, name="DeepSeek-V3"),
+    "deepseek-v3": AttentionLayout(
+        d_model=7168,
+        n_layers=61,
+        n_heads=128,
+        d_head=128,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        qk_rope_head_dim=64,
+        name="DeepSeek-V3",
+    ),
     # moonshotai/Kimi-K2-Instruct config.json (DeepSeek-V3 architecture): hidden_size 7168,
     # num_hidden_layers 61, num_attention_heads 64, q_lora_rank 1536, kv_lora_rank 512,
     # qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128 (arXiv:2507.20534: 64 heads).
-    "kimi-k2": AttentionLayout(d_model=7168, n_layers=61, n_heads=64, d_head=128, kv_lora_rank=512,
-                               q_lora_rank=1536, qk_rope_head_dim=64, name="Kimi K2"),
+    "kimi-k2": AttentionLayout(
+        d_model=7168,
+        n_layers=61,
+        n_heads=64,
+        d_head=128,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        qk_rope_head_dim=64,
+        name="Kimi K2",
+    ),
     # HuggingFaceTB/SmolLM2-135M config.json: hidden_size 576, num_hidden_layers 30,
     # num_attention_heads 9, num_key_value_heads 3 (d_head 64), no attention bias.
     "smollm2-135m": AttentionLayout(d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, name="SmolLM2-135M"),
@@ -805,8 +863,9 @@ def divisors(n: int) -> list[int]:
     return sorted((d for d in range(1, n + 1) if n % d == 0), reverse=True)
 
 
-def compare_kv_heads(layout: AttentionLayout, seq_len: int, batch: int = 1,
-                     kv_heads: list[int] | None = None) -> list[dict[str, Any]]:
+def compare_kv_heads(
+    layout: AttentionLayout, seq_len: int, batch: int = 1, kv_heads: list[int] | None = None
+) -> list[dict[str, Any]]:
     """MHA, GQA with several group counts and MQA of the same width, side by side.
 
     One row per ``n_kv_heads`` (every divisor of ``n_heads`` unless ``kv_heads`` is given), plus
@@ -825,17 +884,19 @@ def compare_kv_heads(layout: AttentionLayout, seq_len: int, batch: int = 1,
         candidates.append(layout)
     for lay in candidates:
         fl = attention_flops(lay, seq_len, batch)
-        rows.append({
-            "layout": lay.kind,
-            "n_kv_heads": None if lay.is_mla else lay.n_kv_heads,
-            "group_size": None if lay.is_mla else lay.group_size,
-            "attn_params_per_layer": attention_params_per_layer(lay),
-            "kv_numbers_per_token_per_layer": kv_numbers_per_token_per_layer(lay),
-            "kv_bytes_per_token": kv_bytes_per_token(lay),
-            "kv_bytes_per_request": kv_bytes_per_request(lay, seq_len, batch),
-            "kv_vs_mha": kv_bytes_per_token(lay) / mha_bytes,
-            "flops_per_layer": fl.total,
-        })
+        rows.append(
+            {
+                "layout": lay.kind,
+                "n_kv_heads": None if lay.is_mla else lay.n_kv_heads,
+                "group_size": None if lay.is_mla else lay.group_size,
+                "attn_params_per_layer": attention_params_per_layer(lay),
+                "kv_numbers_per_token_per_layer": kv_numbers_per_token_per_layer(lay),
+                "kv_bytes_per_token": kv_bytes_per_token(lay),
+                "kv_bytes_per_request": kv_bytes_per_request(lay, seq_len, batch),
+                "kv_vs_mha": kv_bytes_per_token(lay) / mha_bytes,
+                "flops_per_layer": fl.total,
+            }
+        )
     return rows
 
 
@@ -950,8 +1011,13 @@ def recommend(
         _check_positive("kv_limit_bytes", kv_limit_bytes)
     d_model, n_layers = _recommended_shape(target, n_params, d_model, n_layers)
     d_head = _recommended_d_head(target, d_model)
-    base = AttentionLayout(d_model=d_model, n_layers=n_layers, n_heads=d_model // d_head, d_head=d_head,
-                           bytes_per_element=bytes_per_element)
+    base = AttentionLayout(
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=d_model // d_head,
+        d_head=d_head,
+        bytes_per_element=bytes_per_element,
+    )
 
     def fits(lay: AttentionLayout) -> bool:
         return kv_limit_bytes is None or kv_bytes_per_request(lay, seq_len, batch) <= kv_limit_bytes
@@ -966,17 +1032,26 @@ def recommend(
     chosen = mla if use_mla else gqa
     ok = fits(chosen)
     req = kv_bytes_per_request(chosen, seq_len, batch)
-    lines = _recommendation_summary(base, gqa, mla, use_mla, bool(fitting), req, seq_len, batch, kv_limit_bytes,
-                                    target)
-    lines.append(_recommendation_verdict(chosen, gqa, mla, use_mla, ok, squeezed, fits(mla), seq_len, batch,
-                                         kv_limit_bytes, target))
-    return Recommendation(layout=chosen, use_mla=use_mla, fits=ok, seq_len=seq_len, batch=batch,
-                          kv_limit_bytes=kv_limit_bytes, target=target, kv_bytes_per_request=req,
-                          explanation=tuple(lines))
+    lines = _recommendation_summary(base, gqa, mla, use_mla, bool(fitting), req, seq_len, batch, kv_limit_bytes, target)
+    lines.append(
+        _recommendation_verdict(
+            chosen, gqa, mla, use_mla, ok, squeezed, fits(mla), seq_len, batch, kv_limit_bytes, target
+        )
+    )
+    return Recommendation(
+        layout=chosen,
+        use_mla=use_mla,
+        fits=ok,
+        seq_len=seq_len,
+        batch=batch,
+        kv_limit_bytes=kv_limit_bytes,
+        target=target,
+        kv_bytes_per_request=req,
+        explanation=tuple(lines),
+    )
 
 
-def _recommended_shape(target: str, n_params: int | None, d_model: int | None,
-                       n_layers: int | None) -> tuple[int, int]:
+def _recommended_shape(target: str, n_params: int | None, d_model: int | None, n_layers: int | None) -> tuple[int, int]:
     """:func:`recommend`'s rule 1: ``(d_model, n_layers)`` as given, or what is missing from
     ``n_params`` (:func:`shape_for_params`; ``n_layers`` alone from ``n_params ~ 12 n_layers
     d_model**2``, Kaplan et al. 2020 eq. 2.1).
@@ -1014,9 +1089,18 @@ def _recommended_d_head(target: str, d_model: int) -> int:
     return d_head
 
 
-def _recommendation_summary(base: AttentionLayout, gqa: AttentionLayout, mla: AttentionLayout, use_mla: bool,
-                            any_fit: bool, req: int, seq_len: int, batch: int, kv_limit_bytes: int | None,
-                            target: str) -> list[str]:
+def _recommendation_summary(
+    base: AttentionLayout,
+    gqa: AttentionLayout,
+    mla: AttentionLayout,
+    use_mla: bool,
+    any_fit: bool,
+    req: int,
+    seq_len: int,
+    batch: int,
+    kv_limit_bytes: int | None,
+    target: str,
+) -> list[str]:
     """The first two lines of :func:`recommend`'s explanation: the proposed layout and its cache
     (``req`` bytes), then what MHA, the GQA choice (``any_fit``: some KV-head count fits) and
     MLA would cache."""
@@ -1026,41 +1110,73 @@ def _recommendation_summary(base: AttentionLayout, gqa: AttentionLayout, mla: At
     req_txt = f"{batch} x {seq_len} tokens" if batch > 1 else f"{seq_len} tokens"
     return [
         f"{n_layers} layers x d_model {d_model}: {n_heads} query heads of d_head {d_head}"
-        + (f", MLA latent {mla.kv_lora_rank} + rotary key {mla.qk_rope_head_dim}" if use_mla
-           else f", {_kv_heads_txt(gqa.n_kv_heads)} (group size {gqa.group_size}, {gqa.kind})")
+        + (
+            f", MLA latent {mla.kv_lora_rank} + rotary key {mla.qk_rope_head_dim}"
+            if use_mla
+            else f", {_kv_heads_txt(gqa.n_kv_heads)} (group size {gqa.group_size}, {gqa.kind})"
+        )
         + f"; KV cache {format_bytes(req)} per request at {req_txt}"
         + (f" against {limit_txt}." if kv_limit_bytes is not None else " (no KV-cache limit given)."),
         f"MHA would cache {format_bytes(kv_bytes_per_request(base, seq_len, batch))} ({n_heads} KV heads); "
-        + (("the most KV heads that fit: " if kv_limit_bytes is not None
-            else f"no limit given, so the {target} target's cap: ")
-           + f"{_kv_heads_txt(gqa.n_kv_heads)} ({gqa.kind}, {format_bytes(kv_bytes_per_request(gqa, seq_len, batch))})"
-           if any_fit else "even MQA (1 KV head) does not fit")
+        + (
+            (
+                "the most KV heads that fit: "
+                if kv_limit_bytes is not None
+                else f"no limit given, so the {target} target's cap: "
+            )
+            + f"{_kv_heads_txt(gqa.n_kv_heads)} ({gqa.kind}, {format_bytes(kv_bytes_per_request(gqa, seq_len, batch))})"
+            if any_fit
+            else "even MQA (1 KV head) does not fit"
+        )
         + f", MLA would cache {format_bytes(kv_bytes_per_request(mla, seq_len, batch))}.",
     ]
 
 
-def _recommendation_verdict(chosen: AttentionLayout, gqa: AttentionLayout, mla: AttentionLayout, use_mla: bool,
-                            ok: bool, squeezed: bool, mla_fits: bool, seq_len: int, batch: int,
-                            kv_limit_bytes: int | None, target: str) -> str:
+def _recommendation_verdict(
+    chosen: AttentionLayout,
+    gqa: AttentionLayout,
+    mla: AttentionLayout,
+    use_mla: bool,
+    ok: bool,
+    squeezed: bool,
+    mla_fits: bool,
+    seq_len: int,
+    batch: int,
+    kv_limit_bytes: int | None,
+    target: str,
+) -> str:
     """The last line of :func:`recommend`'s explanation: why MLA is or is not worth it (rule 4),
     or, when nothing fits (``ok`` False), the longest context that does."""
     mla_bytes = format_bytes(kv_bytes_per_request(mla, seq_len, batch))
     if use_mla:
-        return ("MLA is worth it: it keeps per-head keys and values (MHA-like quality, DeepSeek-V2) "
-                "for a cache between MQA and GQA-2, at the price of latent projections and absorbed kernels.")
+        return (
+            "MLA is worth it: it keeps per-head keys and values (MHA-like quality, DeepSeek-V2) "
+            "for a cache between MQA and GQA-2, at the price of latent projections and absorbed kernels."
+        )
     if not ok:
         assert kv_limit_bytes is not None  # without a limit everything fits
         most = max_tokens_in_kv(chosen, kv_limit_bytes, batch)
-        return (f"Nothing fits: at this size at most {most} tokens fit; shorten the context, "
-                f"quantise the cache (fp8 halves bf16), or use fewer layers.")
+        return (
+            f"Nothing fits: at this size at most {most} tokens fit; shorten the context, "
+            f"quantise the cache (fp8 halves bf16), or use fewer layers."
+        )
     if squeezed and target != "edge":
-        why = (f"MLA's cache ({mla_bytes}) does not fit the limit" if not mla_fits
-               else f"d_model {gqa.d_model} is too narrow for MLA's latent projections to pay off")
-        return (f"MLA would be the better buy at so few KV heads, but {why}; "
-                f"expect some quality loss from sharing each K/V across {gqa.group_size} query heads.")
+        why = (
+            f"MLA's cache ({mla_bytes}) does not fit the limit"
+            if not mla_fits
+            else f"d_model {gqa.d_model} is too narrow for MLA's latent projections to pay off"
+        )
+        return (
+            f"MLA would be the better buy at so few KV heads, but {why}; "
+            f"expect some quality loss from sharing each K/V across {gqa.group_size} query heads."
+        )
     if target == "edge":
-        return (f"MLA is not worth it on the edge: {gqa.kind} already fits, and MLA needs absorbed-matrix "
-                f"kernels few on-device runtimes have (its cache, {mla_bytes}, "
-                f"{'would fit' if mla_fits else 'would not even fit'}); 64-wide heads keep kernels simple.")
-    return ("MLA is not needed: GQA with this many KV heads fits the limit and keeps quality "
-            "close to MHA (Ainslie et al. 2023) with plain, widely supported kernels.")
+        return (
+            f"MLA is not worth it on the edge: {gqa.kind} already fits, and MLA needs absorbed-matrix "
+            f"kernels few on-device runtimes have (its cache, {mla_bytes}, "
+            f"{'would fit' if mla_fits else 'would not even fit'}); 64-wide heads keep kernels simple."
+        )
+    return (
+        "MLA is not needed: GQA with this many KV heads fits the limit and keeps quality "
+        "close to MHA (Ainslie et al. 2023) with plain, widely supported kernels."
+    )

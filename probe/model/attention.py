@@ -72,8 +72,11 @@ def _sdpa_has_enable_gqa() -> bool:
 
 
 #: What :meth:`SelfAttention.qkv` returns: queries, keys and values, heads before positions.
-QKV = tuple[Float[Tensor, "batch head q_pos d_qk"], Float[Tensor, "batch kv_head k_pos d_qk"],
-            Float[Tensor, "batch kv_head k_pos d_head"]]
+QKV = tuple[
+    Float[Tensor, "batch head q_pos d_qk"],
+    Float[Tensor, "batch kv_head k_pos d_qk"],
+    Float[Tensor, "batch kv_head k_pos d_head"],
+]
 
 
 class SelfAttention(nn.Module):
@@ -104,7 +107,9 @@ class SelfAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(cfg.d_qk) if cfg.attn_scale is None else cfg.attn_scale
         self.force_eager = False
         self.streaming: tuple[Streaming | None, ...] | None = None  # this layer's KV policy (Transformer.kv_policy)
-        self._gate: Tensor | None = None  # this forward's output gate [batch, pos, head, d_head] (attn_gate), set by qkv
+        self._gate: Tensor | None = (
+            None  # this forward's output gate [batch, pos, head, d_head] (attn_gate), set by qkv
+        )
 
     def _add_output(self, rotary_hooks: bool) -> None:
         """W_O and the hook points, made after the subclass's projections (so that parameters,
@@ -119,7 +124,9 @@ class SelfAttention(nn.Module):
             self.hook_rot_q = HookPoint()  # [batch, pos, head, d_qk]     (rotary layers only)
             self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_qk]  (rotary layers only)
         self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos], scaled, capped, masked keys exactly -inf
-        self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos], rows sum to 1 (less the sink mass), masked keys 0
+        self.hook_pattern = (
+            HookPoint()
+        )  # [batch, head, q_pos, k_pos], rows sum to 1 (less the sink mass), masked keys 0
         # learned sink logits (GPT-OSS): softmax over [scores, sink], the sink's column dropped
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if cfg.attn_sinks else None
         if cfg.attn_sinks:
@@ -142,15 +149,24 @@ class SelfAttention(nn.Module):
     def needs_pattern(self) -> bool:
         """Whether this forward must materialise the pattern (a scores/pattern hook is active,
         or soft-capping, which the fused kernel cannot do)."""
-        return (self.force_eager or self.softcap is not None or self.hook_pattern.has_hooks()
-                or self.hook_attn_scores.has_hooks() or (self.sinks is not None and self.hook_sinks.has_hooks()))
+        return (
+            self.force_eager
+            or self.softcap is not None
+            or self.hook_pattern.has_hooks()
+            or self.hook_attn_scores.has_hooks()
+            or (self.sinks is not None and self.hook_sinks.has_hooks())
+        )
 
     def sink_logits(self) -> Float[Tensor, " head"] | None:
         """This forward's sink logits, float32, through ``hook_sinks`` (None without sinks)."""
         return None if self.sinks is None else self.hook_sinks(self.sinks).float()
 
-    def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
-            cache: KVCache | StreamingKVCache | None = None) -> QKV:
+    def qkv(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        positions: Int[Tensor, "batch pos"],
+        cache: KVCache | StreamingKVCache | None = None,
+    ) -> QKV:
         """Queries of ``x``'s positions; keys and values of the cached positions and ``x``'s
         (this call's are added to ``cache``). The mechanism: a subclass's."""
         raise NotImplementedError
@@ -175,7 +191,9 @@ class SelfAttention(nn.Module):
         """
         q, k, v = self.qkv(x, positions, cache)
         if isinstance(cache, StreamingKVCache):
-            z = self._attend_streaming(q, k, v, cache.policy.groups[self.layer], cache.key_positions[self.layer], padding)
+            z = self._attend_streaming(
+                q, k, v, cache.policy.groups[self.layer], cache.key_positions[self.layer], padding
+            )
         elif self.streaming is not None:
             z = self._attend_streaming(q, k, v, self.streaming, None, padding)
         else:
@@ -216,7 +234,9 @@ class SelfAttention(nn.Module):
         if self.needs_pattern():
             return self._eager(q, k, v, mask(0, T)).transpose(1, 2)
         block = max(1, STREAMING_MASK_ENTRIES // (self.n_heads * L))
-        z = torch.cat([self._fused(q[:, :, a:a + block], k, v, mask(a, a + block)) for a in range(0, T, block)], dim=2)
+        z = torch.cat(
+            [self._fused(q[:, :, a : a + block], k, v, mask(a, a + block)) for a in range(0, T, block)], dim=2
+        )
         return z.transpose(1, 2)
 
     def attend(
@@ -229,8 +249,16 @@ class SelfAttention(nn.Module):
         """``z`` of every head: the eager path when :meth:`needs_pattern`, else the fused kernel,
         both under this layer's :func:`~headprobe.probe.model.masks.key_mask`."""
         eager = self.needs_pattern()
-        mask = key_mask(q.shape[2], k.shape[2], q.device, causal=self.cfg.causal, window=self.window,
-                        padding=padding, implicit=not eager, chunk=self.chunk)
+        mask = key_mask(
+            q.shape[2],
+            k.shape[2],
+            q.device,
+            causal=self.cfg.causal,
+            window=self.window,
+            padding=padding,
+            implicit=not eager,
+            chunk=self.chunk,
+        )
         z = self._eager(q, k, v, mask) if eager else self._fused(q, k, v, mask)
         return z.transpose(1, 2)
 
@@ -348,7 +376,9 @@ class Attention(SelfAttention):
         HeadprobeError: ``cfg`` is MLA (that is :class:`LatentAttention`).
     """
 
-    def __init__(self, cfg: TransformerConfig, layer: int = 0, n_heads: int | None = None, n_kv_heads: int | None = None):
+    def __init__(
+        self, cfg: TransformerConfig, layer: int = 0, n_heads: int | None = None, n_kv_heads: int | None = None
+    ):
         """``n_heads``/``n_kv_heads`` (default: the config's) are fewer in a pruned copy
         (:class:`headprobe.probe.model.pruned.PrunedAttention`)."""
         if cfg.is_mla:
@@ -357,8 +387,12 @@ class Attention(SelfAttention):
         H, KV = self.n_heads, cfg.n_kv_heads if n_kv_heads is None else n_kv_heads
         self.n_kv_heads = KV
         D, d_qk, d_head = cfg.d_model, cfg.d_qk, cfg.d_head
-        assert KV is not None and d_head is not None and cfg.qkv_bias is not None  # filled by TransformerConfig.__post_init__
-        self.q_proj = nn.Linear(D, H * (d_qk + (d_head if cfg.attn_gate else 0)), bias=cfg.qkv_bias)  # gate: [q_h, g_h] per head
+        assert (
+            KV is not None and d_head is not None and cfg.qkv_bias is not None
+        )  # filled by TransformerConfig.__post_init__
+        self.q_proj = nn.Linear(
+            D, H * (d_qk + (d_head if cfg.attn_gate else 0)), bias=cfg.qkv_bias
+        )  # gate: [q_h, g_h] per head
         self.k_proj = nn.Linear(D, KV * d_qk, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(D, KV * d_head, bias=cfg.qkv_bias)
         self.q_norm: RMSNorm | None = None
@@ -369,14 +403,19 @@ class Attention(SelfAttention):
             self.q_norm, self.k_norm = RMSNorm(H * d_qk, cfg.norm_eps), RMSNorm(KV * d_qk, cfg.norm_eps)
         rotary_dim = d_qk if cfg.rotary_dim is None else cfg.rotary_dim
         rope = cfg.layer_rope(layer)  # None: learned positions or a NoPE layer
-        self.rotary = (None if rope is None else
-                       Rotary(rotary_dim, *rope, interleaved=cfg.rotary_interleaved, yarn=YaRN.of(cfg)))
+        self.rotary = (
+            None if rope is None else Rotary(rotary_dim, *rope, interleaved=cfg.rotary_interleaved, yarn=YaRN.of(cfg))
+        )
         self.qk_l2 = cfg.qk_l2_norm and self.rotary is not None  # Llama-4: on the rotary layers only
         self.temperature = cfg.attn_temperature if cfg.is_nope(layer) else None
         self._add_output(rotary_hooks=True)
 
-    def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
-            cache: KVCache | StreamingKVCache | None = None) -> QKV:
+    def qkv(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        positions: Int[Tensor, "batch pos"],
+        cache: KVCache | StreamingKVCache | None = None,
+    ) -> QKV:
         """``q`` ``[batch, head, pos, d_qk]``; ``k``, ``v`` ``[batch, kv_head, k_pos, .]`` of the
         cached positions and this call's (appended to ``cache``)."""
         B, T, _ = x.shape
@@ -433,7 +472,9 @@ class LatentAttention(SelfAttention):
         super().__init__(cfg, layer, cfg.n_heads)
         self.n_kv_heads = cfg.n_heads
         H, D, R, r, N = cfg.n_heads, cfg.d_model, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.qk_nope_head_dim
-        assert r is not None and N is not None and cfg.d_head is not None  # MLA, filled by TransformerConfig.__post_init__
+        assert (
+            r is not None and N is not None and cfg.d_head is not None
+        )  # MLA, filled by TransformerConfig.__post_init__
         if cfg.q_lora_rank is None:
             self.q_proj = nn.Linear(D, H * (N + R), bias=False)
         else:  # the query latent c^Q
@@ -446,8 +487,12 @@ class LatentAttention(SelfAttention):
         self.rotary = Rotary(R, cfg.rope_theta, yarn=YaRN.of(cfg)) if R else None
         self._add_output(rotary_hooks=False)
 
-    def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
-            cache: KVCache | StreamingKVCache | None = None) -> QKV:
+    def qkv(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        positions: Int[Tensor, "batch pos"],
+        cache: KVCache | StreamingKVCache | None = None,
+    ) -> QKV:
         """Queries ``[q_nope, rope(q_rope)]`` per head; keys ``[W_UK norm(c), rope(k^R)]`` and
         values ``W_UV norm(c)`` of every head, decompressed from the latent ``c^KV`` of all
         positions so far (the cache holds ``c^KV`` as ``keys`` ``[batch, 1, pos, rank]`` and
@@ -455,7 +500,9 @@ class LatentAttention(SelfAttention):
         cfg = self.cfg
         B, T, _ = x.shape
         H, R, r, N = self.n_heads, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.qk_nope_head_dim
-        assert r is not None and N is not None and cfg.d_head is not None  # MLA, filled by TransformerConfig.__post_init__
+        assert (
+            r is not None and N is not None and cfg.d_head is not None
+        )  # MLA, filled by TransformerConfig.__post_init__
         q = self.q_proj(x) if cfg.q_lora_rank is None else self.q_up(self.q_down_norm(self.q_down(x)))
         q = q.view(B, T, H, N + R)
         ckv = self.kv_down(x)

@@ -33,7 +33,9 @@ def save_native(model: Any, out: str | Path, extra: dict[str, Any] | None = None
     save_native_state(model.state_dict(), model.cfg, out, extra)
 
 
-def save_native_state(state: dict[str, torch.Tensor], cfg: Any, out: str | Path, extra: dict[str, Any] | None = None) -> None:
+def save_native_state(
+    state: dict[str, torch.Tensor], cfg: Any, out: str | Path, extra: dict[str, Any] | None = None
+) -> None:
     """:func:`save_native` from a state dict and its :class:`~headprobe.probe.model.config.TransformerConfig`
     (e.g. a snapshot taken during training) instead of a model."""
     from dataclasses import asdict

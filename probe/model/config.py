@@ -291,9 +291,13 @@ class TransformerConfig:
         if self.parallel_residual and self.post_norm:
             raise HeadprobeError("parallel_residual with post_norm is not implemented")
         if self.post_ln and (self.pre_norm or self.post_norm or self.parallel_residual):
-            raise HeadprobeError("post_ln (BERT's post-LN blocks) needs pre_norm=False, post_norm=False and parallel_residual=False")
+            raise HeadprobeError(
+                "post_ln (BERT's post-LN blocks) needs pre_norm=False, post_norm=False and parallel_residual=False"
+            )
         if not self.causal and (self.sliding_window is not None or self.attention_chunk is not None):
-            raise HeadprobeError("bidirectional attention (causal=False) with a sliding window or chunks is not implemented")
+            raise HeadprobeError(
+                "bidirectional attention (causal=False) with a sliding window or chunks is not implemented"
+            )
         if self.attention_chunk is not None and self.attention_chunk < 1:
             raise HeadprobeError(f"attention_chunk must be positive, got {self.attention_chunk}")
         if any(not 0 <= l < self.n_layers for l in self.chunked_layers or ()):
@@ -322,8 +326,10 @@ class TransformerConfig:
             object.__setattr__(self, "d_expert", self.d_mlp)
         assert self.d_expert is not None  # filled above
         if not 1 <= self.n_experts_per_token <= self.n_experts or min(self.d_expert, self.d_shared_expert or 1) < 1:
-            raise HeadprobeError(f"a mixture of experts needs 1 <= n_experts_per_token <= n_experts and positive widths, "
-                                 f"got {self.n_experts_per_token} of {self.n_experts}")
+            raise HeadprobeError(
+                f"a mixture of experts needs 1 <= n_experts_per_token <= n_experts and positive widths, "
+                f"got {self.n_experts_per_token} of {self.n_experts}"
+            )
         if self.mlp not in ("swiglu", "geglu"):
             raise HeadprobeError(f"experts are gated MLPs (mlp swiglu or geglu), not {self.mlp}")
         if self.router not in ROUTERS:
@@ -355,26 +361,42 @@ class TransformerConfig:
         fills ``qk_nope_head_dim`` (None: ``d_head``)."""
         if self.kv_lora_rank is None:
             if self.qk_rope_head_dim or self.qk_nope_head_dim is not None or self.q_lora_rank is not None:
-                raise HeadprobeError("qk_rope_head_dim, qk_nope_head_dim and q_lora_rank describe MLA; give kv_lora_rank too")
+                raise HeadprobeError(
+                    "qk_rope_head_dim, qk_nope_head_dim and q_lora_rank describe MLA; give kv_lora_rank too"
+                )
             return
         if self.qk_nope_head_dim is None:
             object.__setattr__(self, "qk_nope_head_dim", self.d_head)
         if self.kv_lora_rank < 1 or self.qk_rope_head_dim < 0 or self.qk_rope_head_dim % 2:
-            raise HeadprobeError(f"MLA needs kv_lora_rank >= 1 and an even qk_rope_head_dim >= 0, got "
-                                 f"{self.kv_lora_rank} and {self.qk_rope_head_dim}")
+            raise HeadprobeError(
+                f"MLA needs kv_lora_rank >= 1 and an even qk_rope_head_dim >= 0, got "
+                f"{self.kv_lora_rank} and {self.qk_rope_head_dim}"
+            )
         if self.n_kv_heads != self.n_heads:
-            raise HeadprobeError(f"MLA reconstructs keys and values for every head: n_kv_heads={self.n_kv_heads} "
-                                 f"must equal n_heads={self.n_heads}")
+            raise HeadprobeError(
+                f"MLA reconstructs keys and values for every head: n_kv_heads={self.n_kv_heads} "
+                f"must equal n_heads={self.n_heads}"
+            )
         if self.positional == "rotary" and self.qk_rope_head_dim == 0:
             raise HeadprobeError("MLA with rotary positions needs qk_rope_head_dim > 0 (the decoupled rotary key)")
         if self.bias:
             raise HeadprobeError("MLA is implemented without biases (DeepSeek-V2); pass bias=False")
-        if self.qk_norm != "none" or self.rotary_dim is not None or self.sliding_window or self.attn_softcap or self.attn_gate:
-            raise HeadprobeError("MLA is implemented without qk_norm, rotary_dim, sliding windows, soft-capping and gates")
+        if (
+            self.qk_norm != "none"
+            or self.rotary_dim is not None
+            or self.sliding_window
+            or self.attn_softcap
+            or self.attn_gate
+        ):
+            raise HeadprobeError(
+                "MLA is implemented without qk_norm, rotary_dim, sliding windows, soft-capping and gates"
+            )
         assert self.qk_nope_head_dim is not None  # filled above
         if min(self.qk_nope_head_dim, self.q_lora_rank or 1) < 1:
-            raise HeadprobeError(f"MLA needs positive qk_nope_head_dim and q_lora_rank, got "
-                                 f"{self.qk_nope_head_dim} and {self.q_lora_rank}")
+            raise HeadprobeError(
+                f"MLA needs positive qk_nope_head_dim and q_lora_rank, got "
+                f"{self.qk_nope_head_dim} and {self.q_lora_rank}"
+            )
 
     def _check_layer_rope(self) -> None:
         """``rope_thetas``/``rope_factors``: tuples (JSON gives lists) of ``n_layers`` positive
@@ -385,7 +407,9 @@ class TransformerConfig:
                 continue
             values = tuple(None if v is None else float(v) for v in values)
             object.__setattr__(self, field, values)
-            if len(values) != self.n_layers or any(not v > 0 if v is not None else field == "rope_factors" for v in values):
+            if len(values) != self.n_layers or any(
+                not v > 0 if v is not None else field == "rope_factors" for v in values
+            ):
                 raise HeadprobeError(f"{field} must hold {self.n_layers} positive values, got {values}")
             if self.positional != "rotary" or self.is_mla:
                 raise HeadprobeError(f"{field} needs rotary positions (positional='rotary', not MLA)")
@@ -447,7 +471,9 @@ class TransformerConfig:
         Raises:
             TypeError: a field the config does not have. HeadprobeError: as the constructor.
         """
-        kwargs: dict[str, Any] = {OLD_FIELDS.get(k, k): tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+        kwargs: dict[str, Any] = {
+            OLD_FIELDS.get(k, k): tuple(v) if isinstance(v, list) else v for k, v in fields.items()
+        }
         return cls(**kwargs)
 
     @property
@@ -462,15 +488,29 @@ class TransformerConfig:
         layout's default (2); ``name`` is empty.
         """
         bias = {(True, True): "all", (False, True): "qkv", (True, False): "out", (False, False): "none"}[
-            (bool(self.bias), bool(self.qkv_bias))]
-        windows = tuple(self.sliding_window if self.is_sliding(l) else self.attention_chunk if self.is_chunked(l) else None
-                        for l in range(self.n_layers))  # a chunked layer caches at most a chunk, as layout_from_hf_config
-        common: dict[str, Any] = dict(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_head=self.d_head,
-                      bias=bias, windows=windows, sinks=self.attn_sinks,
-                      head_layers=None if self.linear_layers is None else self.attention_layers)
+            (bool(self.bias), bool(self.qkv_bias))
+        ]
+        windows = tuple(
+            self.sliding_window if self.is_sliding(l) else self.attention_chunk if self.is_chunked(l) else None
+            for l in range(self.n_layers)
+        )  # a chunked layer caches at most a chunk, as layout_from_hf_config
+        common: dict[str, Any] = dict(
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            d_head=self.d_head,
+            bias=bias,
+            windows=windows,
+            sinks=self.attn_sinks,
+            head_layers=None if self.linear_layers is None else self.attention_layers,
+        )
         if self.is_mla:
-            return AttentionLayout(kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank,
-                                   qk_rope_head_dim=self.qk_rope_head_dim, qk_nope_head_dim=self.qk_nope_head_dim,
-                                   **common)
+            return AttentionLayout(
+                kv_lora_rank=self.kv_lora_rank,
+                q_lora_rank=self.q_lora_rank,
+                qk_rope_head_dim=self.qk_rope_head_dim,
+                qk_nope_head_dim=self.qk_nope_head_dim,
+                **common,
+            )
         assert self.qk_norm is not None  # None is read as "none" by __post_init__
         return AttentionLayout(n_kv_heads=self.n_kv_heads, qk_norm=self.qk_norm, output_gate=self.attn_gate, **common)

@@ -106,8 +106,11 @@ class NativeSource:
         return cls(config_from_hf(hf_config), hf_config.model_type, bool(getattr(hf_config, "rope_interleave", False)))
 
     def to_json(self) -> dict[str, Any]:
-        return {"config": dataclasses.asdict(self.config), "model_type": self.model_type,
-                "rope_interleave": self.rope_interleave}
+        return {
+            "config": dataclasses.asdict(self.config),
+            "model_type": self.model_type,
+            "rope_interleave": self.rope_interleave,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NativeSource:
@@ -131,12 +134,25 @@ class NativeSource:
         if cfg.tied_unembed and embed not in hf_state and unembed in hf_state:
             hf_state = {**hf_state, embed: hf_state[unembed]}  # safetensors keeps one name of a tied pair
         converted = family.weights(hf_state, cfg, self.rope_interleave)
-        return Transformer.from_state_dict(cfg, {k: v.clone(memory_format=torch.contiguous_format) if copy
-                                                 else v.contiguous() for k, v in converted.items()})
+        return Transformer.from_state_dict(
+            cfg,
+            {
+                k: v.clone(memory_format=torch.contiguous_format) if copy else v.contiguous()
+                for k, v in converted.items()
+            },
+        )
 
 
 def spec_from_native(name: str, hf_name: str, weights: str, cfg: TransformerConfig) -> ModelSpec:
     """The :class:`ModelSpec` of a native model: its layout is ``cfg.layout``; ``weights`` says
     where the weights come from and their precision (the backend is ``native``)."""
-    return ModelSpec(name=name, hf_name=hf_name, layout=cfg.layout, d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx,
-                     weights=weights, backend="native", causal=cfg.causal)
+    return ModelSpec(
+        name=name,
+        hf_name=hf_name,
+        layout=cfg.layout,
+        d_vocab=cfg.d_vocab,
+        n_ctx=cfg.n_ctx,
+        weights=weights,
+        backend="native",
+        causal=cfg.causal,
+    )

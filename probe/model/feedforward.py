@@ -29,7 +29,9 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        assert cfg.mlp is not None and cfg.d_mlp is not None  # an MLP is made only with cfg.mlp; d_mlp filled by __post_init__
+        assert (
+            cfg.mlp is not None and cfg.d_mlp is not None
+        )  # an MLP is made only with cfg.mlp; d_mlp filled by __post_init__
         self.gated = cfg.mlp in ("swiglu", "geglu")
         self.act = _ACTIVATIONS[cfg.mlp]
         self.fc_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias)

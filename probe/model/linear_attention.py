@@ -43,9 +43,14 @@ class LinearAttention(nn.Module):
         hf_cfg = getattr(lib, config_class)(**fields)
         self.mixer = getattr(lib, mixer_class)(hf_cfg, layer)
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
-                padding: Bool[Tensor, "batch pos"] | None = None, head_mask: Tensor | None = None,
-                cache: KVCache | StreamingKVCache | None = None) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        positions: Int[Tensor, "batch pos"],
+        padding: Bool[Tensor, "batch pos"] | None = None,
+        head_mask: Tensor | None = None,
+        cache: KVCache | StreamingKVCache | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         """The mixer's output ``[batch, pos, d_model]``; padding positions are zeroed at its input, as Hugging Face's."""
         if cache is not None:
             raise HeadprobeError("a KV cache is not implemented for linear-attention layers (Gated DeltaNet)")

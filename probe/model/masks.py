@@ -68,7 +68,7 @@ def key_mask(
         mask = mask & (j > i - window)
     if chunk is not None:  # chunks of real-token positions
         pos = (j[0] if padding is None else padding.long().cumsum(-1) - 1) // chunk  # [k_pos] | [batch, k_pos]
-        q_chunk = pos[..., n_keys - n_queries:, None]  # [q_pos, 1] | [batch, q_pos, 1]
+        q_chunk = pos[..., n_keys - n_queries :, None]  # [q_pos, 1] | [batch, q_pos, 1]
         mask = mask & (pos[..., None, :] == q_chunk if padding is None else (pos[:, None, :] == q_chunk)[:, None])
     if padding is not None:
         mask = (mask & padding[:, None, None, :]) | (j == i)

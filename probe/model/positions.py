@@ -27,7 +27,7 @@ class Embedding(nn.Module):
         super().__init__()
         self.W_E = nn.Embedding(cfg.d_vocab, cfg.d_model)
         self.W_pos = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positional == "learned" else None
-        self.scale = cfg.d_model ** 0.5 if cfg.embed_scale else None
+        self.scale = cfg.d_model**0.5 if cfg.embed_scale else None
         self.multiplier = cfg.embedding_multiplier
 
     def forward(
@@ -80,6 +80,7 @@ class YaRN:
     def blend(self, pos_freqs: Float[Tensor, " half_dim"], dim: int, theta: float) -> Float[Tensor, " half_dim"]:
         """``inv_freq = 1 / pos_freqs`` blended with ``1 / (factor pos_freqs)`` by the linear ramp between the correction
         dimensions of ``beta_fast`` and ``beta_slow`` rotations (extrapolated above, interpolated below)."""
+
         def correction(rotations: float) -> float:
             return dim * math.log(self.original_ctx / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
@@ -105,7 +106,9 @@ class Rotary(nn.Module):
     frequencies (linear scaling); ``interleaved`` rotates adjacent pairs (:func:`rotate_pairs`,
     the angles repeated per pair) instead of halves."""
 
-    def __init__(self, dim: int, theta: float, factor: float = 1.0, interleaved: bool = False, yarn: YaRN | None = None):
+    def __init__(
+        self, dim: int, theta: float, factor: float = 1.0, interleaved: bool = False, yarn: YaRN | None = None
+    ):
         super().__init__()
         self.dim = dim
         self.theta = theta
@@ -141,7 +144,7 @@ class Rotary(nn.Module):
         positions: Int[Tensor, "batch pos"],
     ) -> Float[Tensor, "batch pos head d_head"]:
         if x.shape[-1] > self.dim:
-            return torch.cat((self(x[..., :self.dim], positions), x[..., self.dim:]), dim=-1)
+            return torch.cat((self(x[..., : self.dim], positions), x[..., self.dim :]), dim=-1)
         angles = positions[..., None].float() * self.inv_freq  # [batch, pos, dim/2]
         if self.interleaved:
             angles = angles.repeat_interleave(2, dim=-1)[:, :, None, :]  # [batch, pos, 1, dim]

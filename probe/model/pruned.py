@@ -49,10 +49,14 @@ def check_prunable(cfg: TransformerConfig) -> None:
     if cfg.is_mla:
         raise HeadprobeError("real head removal is not implemented for multi-head latent attention (MLA)")
     if cfg.attn_gate:
-        raise HeadprobeError("real head removal is not implemented for gated attention (attn_gate); use head masks (headprobe ablate)")
+        raise HeadprobeError(
+            "real head removal is not implemented for gated attention (attn_gate); use head masks (headprobe ablate)"
+        )
     if cfg.qk_norm == "full":
-        raise HeadprobeError("real head removal is not exact for a QK-norm over all heads (OLMo-2): removing a head "
-                             "changes the other heads' queries; use head masks (headprobe ablate) instead")
+        raise HeadprobeError(
+            "real head removal is not exact for a QK-norm over all heads (OLMo-2): removing a head "
+            "changes the other heads' queries; use head masks (headprobe ablate) instead"
+        )
 
 
 class PrunedAttention(Attention):
@@ -89,7 +93,9 @@ class PrunedAttention(Attention):
             warnings.filterwarnings("ignore", "Initializing zero-element tensors")
             super().__init__(cfg, layer, n_heads=len(kept), n_kv_heads=len(kept_kv))
         self.kept_heads, self.kept_kv_heads = kept, kept_kv
-        self.register_buffer("kv_index", torch.tensor([kept_kv.index(h // cfg.group_size) for h in kept], dtype=torch.long))
+        self.register_buffer(
+            "kv_index", torch.tensor([kept_kv.index(h // cfg.group_size) for h in kept], dtype=torch.long)
+        )
 
     @property
     def n_kept(self) -> int:
@@ -104,8 +110,11 @@ class PrunedAttention(Attention):
         d_qk, d_head, dev = self.cfg.d_qk, self.cfg.d_head, attn.q_proj.weight.device
         assert d_head is not None  # filled by TransformerConfig.__post_init__
         self.to(attn.q_proj.weight)
-        for name, heads, d in (("q_proj", self.kept_heads, d_qk), ("k_proj", self.kept_kv_heads, d_qk),
-                               ("v_proj", self.kept_kv_heads, d_head)):
+        for name, heads, d in (
+            ("q_proj", self.kept_heads, d_qk),
+            ("k_proj", self.kept_kv_heads, d_qk),
+            ("v_proj", self.kept_kv_heads, d_head),
+        ):
             ours, theirs, sel = getattr(self, name), getattr(attn, name), head_rows(heads, d, dev)
             ours.weight.copy_(theirs.weight[sel])
             if ours.bias is not None:
@@ -121,8 +130,12 @@ class PrunedAttention(Attention):
                 getattr(self, name).weight.copy_(getattr(attn, name).weight)
         return self
 
-    def qkv(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
-            cache: KVCache | StreamingKVCache | None = None) -> QKV:
+    def qkv(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        positions: Int[Tensor, "batch pos"],
+        cache: KVCache | StreamingKVCache | None = None,
+    ) -> QKV:
         """:class:`~headprobe.probe.model.attention.Attention`'s, with each kept query head given its own
         key/value head when the groups are no longer uniform (``kv_index``)."""
         q, k, v = super().qkv(x, positions)  # [batch, kept head | kept kv_head, pos, d]
@@ -258,11 +271,25 @@ from headprobe.probe.model.checkpoint import PRUNED_WEIGHTS  # noqa: E402 - the 
 
 
 def _attn_keys(layer: int) -> dict[str, str]:
-    return {n: block_path(layer, "attn." + n) for n in ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight",
-                               "v_proj.bias", "o_proj.weight", "kv_index", "sinks")}
+    return {
+        n: block_path(layer, "attn." + n)
+        for n in (
+            "q_proj.weight",
+            "q_proj.bias",
+            "k_proj.weight",
+            "k_proj.bias",
+            "v_proj.weight",
+            "v_proj.bias",
+            "o_proj.weight",
+            "kv_index",
+            "sinks",
+        )
+    }
 
 
-def save_pruned_dir(net: Transformer, out: str | os.PathLike[str], tokenizer: Any = None, source: str | None = None) -> None:
+def save_pruned_dir(
+    net: Transformer, out: str | os.PathLike[str], tokenizer: Any = None, source: str | None = None
+) -> None:
     """Write a pruned model as a model directory that ``headprobe --model DIR`` and
     :func:`headprobe.probe.backends.loading.load_model` load: ``headprobe_model.safetensors`` (the smaller
     tensors, in the model's dtype; safetensors), ``config.json`` (the headprobe checkpoint format of
@@ -285,17 +312,30 @@ def save_pruned_dir(net: Transformer, out: str | os.PathLike[str], tokenizer: An
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = net.cfg
-    state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()
-             if not k.endswith("attn.kv_index") and not (cfg.tied_unembed and k == "unembed.weight")}
+    state = {
+        k: v.detach().cpu().contiguous()
+        for k, v in net.state_dict().items()
+        if not k.endswith("attn.kv_index") and not (cfg.tied_unembed and k == "unembed.weight")
+    }
     with atomic_path(out / PRUNED_WEIGHTS) as tmp:
         save_file(state, str(tmp))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out))
     removed = [[h for h in range(cfg.n_heads) if h not in kept] for kept in net.kept_heads]
-    write_json(out / "config.json", {
-        "format": NATIVE_FORMAT, "model": dataclasses.asdict(cfg), "source": source,
-        "pruned": {"kept_heads": net.kept_heads, "removed_heads": removed,
-                   "n_removed": sum(len(r) for r in removed), "dtype": str(next(iter(state.values())).dtype).removeprefix("torch.")}})
+    write_json(
+        out / "config.json",
+        {
+            "format": NATIVE_FORMAT,
+            "model": dataclasses.asdict(cfg),
+            "source": source,
+            "pruned": {
+                "kept_heads": net.kept_heads,
+                "removed_heads": removed,
+                "n_removed": sum(len(r) for r in removed),
+                "dtype": str(next(iter(state.values())).dtype).removeprefix("torch."),
+            },
+        },
+    )
 
 
 def _read_pruned_dir(path: str | os.PathLike[str]) -> tuple[TransformerConfig, list[list[int]], dict[str, Tensor]]:
@@ -313,7 +353,9 @@ def _read_pruned_dir(path: str | os.PathLike[str]) -> tuple[TransformerConfig, l
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
         raise HeadprobeError(f"cannot read pruned model directory {path}: {' '.join(str(e).split())[:200]}") from None
     if len(kept) != cfg.n_layers:
-        raise HeadprobeError(f"pruned model directory {path}: kept heads for {len(kept)} layers, config has {cfg.n_layers}")
+        raise HeadprobeError(
+            f"pruned model directory {path}: kept heads for {len(kept)} layers, config has {cfg.n_layers}"
+        )
     if cfg.tied_unembed:
         state["unembed.weight"] = state["embed.W_E.weight"]
     return cfg, kept, state
@@ -346,7 +388,9 @@ def load_pruned_dir(path: str | os.PathLike[str], device: str | torch.device = "
     try:
         net.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise HeadprobeError(f"pruned model directory {path}: weights do not match its config: {' '.join(str(e).split())[:200]}") from None
+        raise HeadprobeError(
+            f"pruned model directory {path}: weights do not match its config: {' '.join(str(e).split())[:200]}"
+        ) from None
     return net.to(device).eval()
 
 
@@ -368,8 +412,11 @@ def load_pruned_dir_full(path: str | os.PathLike[str]) -> tuple[Transformer, lis
         keys = _attn_keys(layer)
         kv = sorted({h // cfg.group_size for h in heads})
         assert cfg.n_kv_heads is not None and cfg.d_head is not None  # filled by TransformerConfig.__post_init__
-        for name, hs, n, d in (("q_proj", heads, cfg.n_heads, cfg.d_qk), ("k_proj", kv, cfg.n_kv_heads, cfg.d_qk),
-                               ("v_proj", kv, cfg.n_kv_heads, cfg.d_head)):
+        for name, hs, n, d in (
+            ("q_proj", heads, cfg.n_heads, cfg.d_qk),
+            ("k_proj", kv, cfg.n_kv_heads, cfg.d_qk),
+            ("v_proj", kv, cfg.n_kv_heads, cfg.d_head),
+        ):
             for part in ("weight", "bias"):
                 key = keys[f"{name}.{part}"]
                 if key not in state:
@@ -380,7 +427,9 @@ def load_pruned_dir_full(path: str | os.PathLike[str]) -> tuple[Transformer, lis
                 full[key] = big
         if keys["sinks"] in state:  # learned sinks (GPT-OSS): one logit per kept head; a removed head's is 0
             sinks = state[keys["sinks"]]
-            full[keys["sinks"]] = sinks.new_zeros(cfg.n_heads).index_copy(0, torch.tensor(heads, dtype=torch.long), sinks)
+            full[keys["sinks"]] = sinks.new_zeros(cfg.n_heads).index_copy(
+                0, torch.tensor(heads, dtype=torch.long), sinks
+            )
         w = state[keys["o_proj.weight"]]
         big = w.new_zeros(w.shape[0], cfg.n_heads * cfg.d_head)
         big[:, head_rows(heads, cfg.d_head)] = w
@@ -388,7 +437,9 @@ def load_pruned_dir_full(path: str | os.PathLike[str]) -> tuple[Transformer, lis
     try:
         net = Transformer.from_state_dict(cfg, full)
     except RuntimeError as e:
-        raise HeadprobeError(f"pruned model directory {path}: weights do not match its config: {' '.join(str(e).split())[:200]}") from None
+        raise HeadprobeError(
+            f"pruned model directory {path}: weights do not match its config: {' '.join(str(e).split())[:200]}"
+        ) from None
     return net, [[h for h in range(cfg.n_heads) if h not in k] for k in kept]
 
 
@@ -414,6 +465,7 @@ def attention_sizes(model: Any, n_tokens: int) -> dict[str, list[int]]:
     def keep_shape(layer: int, kind: str) -> Any:
         def hook(x: Tensor, hook: Any) -> None:
             seen[layer, kind] = tuple(x.shape)  # [batch, pos, kv_head, d]
+
         return hook
 
     hooks = [(attn_hook(l, kind), keep_shape(l, kind)) for l in range(cfg.n_layers) for kind in ("k", "v")]
@@ -423,7 +475,8 @@ def attention_sizes(model: Any, n_tokens: int) -> dict[str, list[int]]:
     return {
         "heads_per_layer": [b.attn.o_proj.weight.shape[1] // cfg.d_head for b in net.blocks],
         "kv_heads_per_layer": [seen[l, "k"][2] if (l, "k") in seen else 0 for l in layers],
-        "kv_numbers_per_token_per_layer": [sum(seen[l, k][2] * seen[l, k][3] for k in ("k", "v") if (l, k) in seen)
-                                           for l in layers],
+        "kv_numbers_per_token_per_layer": [
+            sum(seen[l, k][2] * seen[l, k][3] for k in ("k", "v") if (l, k) in seen) for l in layers
+        ],
         "attn_params_per_layer": [sum(p.numel() for p in b.attn.parameters()) for b in net.blocks],
     }

@@ -53,6 +53,9 @@ def char_level_tokenizer(save_dir: str | Path):
     """
     from tokenizers import Regex, decoders, pre_tokenizers
 
-    return _word_level_tokenizer({c: i for i, c in enumerate(TEXT_CHARS)}, save_dir,
-                                 pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated"),  # one piece per character
-                                 decoders.Fuse())  # join characters without spaces
+    return _word_level_tokenizer(
+        {c: i for i, c in enumerate(TEXT_CHARS)},
+        save_dir,
+        pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated"),  # one piece per character
+        decoders.Fuse(),
+    )  # join characters without spaces

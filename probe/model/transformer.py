@@ -86,7 +86,9 @@ class Block(nn.Module):
         self.post_ln = cfg.post_ln  # BERT: ln1/ln2 normalise the residual after each addition
         self.ln1 = Norm(cfg) if cfg.pre_norm or cfg.post_ln else None
         # a linear layer's mixer stands where the heads are; code over heads visits cfg.attention_layers only
-        self.attn = cast("SelfAttention", LinearAttention(cfg, layer)) if cfg.is_linear(layer) else make_attention(cfg, layer)
+        self.attn = (
+            cast("SelfAttention", LinearAttention(cfg, layer)) if cfg.is_linear(layer) else make_attention(cfg, layer)
+        )
         self.ln1_post = PostNorm(cfg) if cfg.post_norm else None
         self.ln2 = Norm(cfg) if (has_mlp and cfg.pre_norm) or cfg.post_ln else None
         self.mlp = make_mlp(cfg, layer)
@@ -100,9 +102,14 @@ class Block(nn.Module):
         # post_ln only: ln2(resid_post), what the block passes on
         self.hook_normalized_resid_post = HookPoint() if self.post_ln else None  # [batch, pos, d_model]
 
-    def forward(self, resid: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"],
-                padding: Bool[Tensor, "batch pos"] | None = None, head_mask: Tensor | None = None,
-                cache: KVCache | StreamingKVCache | None = None) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self,
+        resid: Float[Tensor, "batch pos d_model"],
+        positions: Int[Tensor, "batch pos"],
+        padding: Bool[Tensor, "batch pos"] | None = None,
+        head_mask: Tensor | None = None,
+        cache: KVCache | StreamingKVCache | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         """``resid_post`` from ``resid_pre``; the other arguments as :meth:`~headprobe.probe.model.attention.SelfAttention.forward`'s."""
         resid = self.hook_resid_pre(resid)
         x = resid if self.ln1 is None or self.post_ln else self.ln1(resid)
@@ -289,8 +296,10 @@ class Transformer(HookedRootModule):
         B, T = tokens.shape
         if cfg.positional == "learned" and T > cfg.n_ctx:
             raise HeadprobeError(f"sequence of {T} tokens is longer than the model's n_ctx={cfg.n_ctx}")
-        if head_mask is not None and tuple(head_mask.shape[-2:]) != (cfg.n_layers, cfg.n_heads) or (
-            head_mask is not None and head_mask.dim() == 3 and head_mask.shape[0] != B
+        if (
+            head_mask is not None
+            and tuple(head_mask.shape[-2:]) != (cfg.n_layers, cfg.n_heads)
+            or (head_mask is not None and head_mask.dim() == 3 and head_mask.shape[0] != B)
         ):
             raise HeadprobeError(
                 f"head_mask has shape {tuple(head_mask.shape)}; expected [{cfg.n_layers}, {cfg.n_heads}] "
@@ -326,9 +335,14 @@ class Transformer(HookedRootModule):
             return resid
         return self.logits(resid, normed=True)
 
-    def logits(self, resid: Float[Tensor, "... d_model"], normed: bool = False,
-               vocab: Int[Tensor, "... k"] | None = None, out: Tensor | None = None, softcap: bool = True
-               ) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
+    def logits(
+        self,
+        resid: Float[Tensor, "... d_model"],
+        normed: bool = False,
+        vocab: Int[Tensor, "... k"] | None = None,
+        out: Tensor | None = None,
+        softcap: bool = True,
+    ) -> Float[Tensor, "... d_vocab"] | Float[Tensor, "... k"]:
         """Logits from a final residual stream: ``ln_final`` (unless ``normed``), the unembedding
         (``@ W_U + b_U``), ``logit_scale`` (Cohere, Granite) and ``final_softcap`` (``c * tanh(logits / c)``,
         Gemma-2) where the config has them. The one place the native model turns a residual into logits: the forward
@@ -357,7 +371,11 @@ class Transformer(HookedRootModule):
         else:
             logits = self.unembed(resid)
         if self.cfg.logit_scale is not None:  # Cohere; Granite's 1 / logits_scaling
-            logits = logits.mul_(self.cfg.logit_scale) if out is not None and vocab is None else logits * self.cfg.logit_scale
+            logits = (
+                logits.mul_(self.cfg.logit_scale)
+                if out is not None and vocab is None
+                else logits * self.cfg.logit_scale
+            )
         cap = self.cfg.final_softcap
         if cap is None or not softcap:
             return logits
@@ -387,8 +405,13 @@ def init_weights(model: Transformer, std: float = 0.02) -> Transformer:
 
 
 @torch.inference_mode()
-def generate(model: Transformer, tokens: Int[Tensor, "batch pos"], n_new: int, use_cache: bool = True,
-             policy: KVPolicy | None = None) -> tuple[Int[Tensor, "batch pos_plus_new"], KVCache | StreamingKVCache | None]:
+def generate(
+    model: Transformer,
+    tokens: Int[Tensor, "batch pos"],
+    n_new: int,
+    use_cache: bool = True,
+    policy: KVPolicy | None = None,
+) -> tuple[Int[Tensor, "batch pos_plus_new"], KVCache | StreamingKVCache | None]:
     """Greedy decoding of ``n_new`` tokens after ``tokens``.
 
     With ``use_cache`` the prompt runs once and each new token runs alone against a

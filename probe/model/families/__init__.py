@@ -15,11 +15,34 @@ from __future__ import annotations
 
 from headprobe.probe.core.registry import Registry
 
-FAMILIES: Registry = Registry("model type", hint="the native backend supports only these: use --backend transformer-lens")
+FAMILIES: Registry = Registry(
+    "model type", hint="the native backend supports only these: use --backend transformer-lens"
+)
 """Hugging Face ``model_type`` -> its :class:`~headprobe.probe.model.families.base.Family` (lazy)."""
 
-for _model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gpt_neox", "deepseek_v3", "bert",
-                    "mixtral", "qwen3_moe", "phi3", "granite", "smollm3", "olmo3", "gemma3_text", "cohere2", "gpt_oss",
-                    "llama4_text", "qwen3_next", "qwen3_5_text"):
+for _model_type in (
+    "gpt2",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "olmo2",
+    "gemma2",
+    "gpt_neox",
+    "deepseek_v3",
+    "bert",
+    "mixtral",
+    "qwen3_moe",
+    "phi3",
+    "granite",
+    "smollm3",
+    "olmo3",
+    "gemma3_text",
+    "cohere2",
+    "gpt_oss",
+    "llama4_text",
+    "qwen3_next",
+    "qwen3_5_text",
+):
     FAMILIES.register(_model_type, f"{__name__}.{_model_type}:FAMILY")
 del _model_type

@@ -105,8 +105,17 @@ TINY_VOCAB = 101
 TINY_ENCODER_VOCAB = 104
 """Vocabulary of the zoo's encoders: ``t0 .. t99``, ``[CLS]`` 100, ``[SEP]`` 101, ``[UNK]`` 102, ``[PAD]`` 103."""
 TINY_FIELDS: Mapping[str, Any] = dict(
-    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64, intermediate_size=128,
-    vocab_size=TINY_VOCAB, max_position_embeddings=128, bos_token_id=100, eos_token_id=100, pad_token_id=100)
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    hidden_size=64,
+    intermediate_size=128,
+    vocab_size=TINY_VOCAB,
+    max_position_embeddings=128,
+    bos_token_id=100,
+    eos_token_id=100,
+    pad_token_id=100,
+)
 """The zoo's tiny sizes in Llama's config names (4 query heads on 2 KV heads)."""
 
 # ---------------------------------------------------------------------------------------------
@@ -119,13 +128,24 @@ def hf_sizes(hf_config: Any, d_mlp: int | None = None) -> dict[str, Any]:
     (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, ``vocab_size``,
     ``max_position_embeddings``, ``intermediate_size``; GPT-2's ``n_layer`` ... answer to them
     through its ``attribute_map``); ``d_mlp`` given where the config has no ``intermediate_size``."""
-    return dict(n_layers=hf_config.num_hidden_layers, d_model=hf_config.hidden_size, n_heads=hf_config.num_attention_heads,
-                d_vocab=hf_config.vocab_size, n_ctx=hf_config.max_position_embeddings,
-                d_mlp=hf_config.intermediate_size if d_mlp is None else d_mlp)
+    return dict(
+        n_layers=hf_config.num_hidden_layers,
+        d_model=hf_config.hidden_size,
+        n_heads=hf_config.num_attention_heads,
+        d_vocab=hf_config.vocab_size,
+        n_ctx=hf_config.max_position_embeddings,
+        d_mlp=hf_config.intermediate_size if d_mlp is None else d_mlp,
+    )
 
 
-def renamed(sd: Mapping[str, Tensor], pairs: tuple[tuple[str, str], ...], ours: str = "", theirs: str = "",
-            params: tuple[str, ...] = ("weight", "bias"), transposed: bool = False) -> dict[str, Tensor]:
+def renamed(
+    sd: Mapping[str, Tensor],
+    pairs: tuple[tuple[str, str], ...],
+    ours: str = "",
+    theirs: str = "",
+    params: tuple[str, ...] = ("weight", "bias"),
+    transposed: bool = False,
+) -> dict[str, Tensor]:
     """``{ours + a + "." + p: sd[theirs + b + "." + p]}`` for every ``(a, b)`` in ``pairs`` and ``p``
     in ``params``: the tensors themselves, or the weights transposed (``transposed``: GPT-2's
     ``Conv1D`` stores ``[in, out]``, ``nn.Linear`` wants ``[out, in]``).
@@ -148,8 +168,16 @@ EXPERT_LAYOUTS = ("chunked", "transposed", "interleaved")
 """How a Hugging Face family stacks its experts' weights (:func:`moe_weights`)."""
 
 
-def moe_weights(sd: Mapping[str, Tensor], ours: str, theirs: str, *, router: str = "gate", layout: str = "chunked",
-                shared: str | None = None, shared_gate: str | None = None) -> dict[str, Tensor]:
+def moe_weights(
+    sd: Mapping[str, Tensor],
+    ours: str,
+    theirs: str,
+    *,
+    router: str = "gate",
+    layout: str = "chunked",
+    shared: str | None = None,
+    shared_gate: str | None = None,
+) -> dict[str, Tensor]:
     """A mixture-of-experts MLP's weights (Hugging Face names under ``theirs``) in the names and
     layouts of :class:`~headprobe.probe.model.feedforward.MoE` (under ``ours``): ``gate_up`` ``[expert, gate
     rows | up rows, d_model]`` and ``down`` ``[expert, d_model, d_expert]``.
@@ -180,14 +208,25 @@ def moe_weights(sd: Mapping[str, Tensor], ours: str, theirs: str, *, router: str
         out[f"{ours}down_bias"] = sd[f"{theirs}experts.down_proj_bias"]
     out[f"{ours}gate_up"], out[f"{ours}down"] = gate_up, down
     if shared is not None:
-        out.update(renamed(sd, (("shared.fc_gate", "gate_proj"), ("shared.fc_in", "up_proj"), ("shared.fc_out", "down_proj")),
-                           ours, f"{theirs}{shared}.", params=("weight",)))
+        out.update(
+            renamed(
+                sd,
+                (("shared.fc_gate", "gate_proj"), ("shared.fc_in", "up_proj"), ("shared.fc_out", "down_proj")),
+                ours,
+                f"{theirs}{shared}.",
+                params=("weight",),
+            )
+        )
     if shared_gate is not None:
         out[f"{ours}shared_gate.weight"] = sd[f"{theirs}{shared_gate}.weight"]
     return out
 
 
-GELU_MLPS: dict[str, Literal["gelu", "gelu_erf"]] = {"gelu": "gelu_erf", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
+GELU_MLPS: dict[str, Literal["gelu", "gelu_erf"]] = {
+    "gelu": "gelu_erf",
+    "gelu_new": "gelu",
+    "gelu_pytorch_tanh": "gelu",
+}
 """Hugging Face activation name -> the native GELU MLP (``gelu_erf`` exact, ``gelu`` tanh)."""
 
 
@@ -249,7 +288,9 @@ def layer_ropes(hf_config: Any, kind: str, no_rope_layers: Collection[int] = ())
             p = params.get(t) or {}
             rope_type = p.get("rope_type", "default")
             if rope_type not in ("default", "linear"):
-                raise HeadprobeError(f"native {kind} implements plain and linear rotary positions, not rope_type={rope_type} on {t} layers")
+                raise HeadprobeError(
+                    f"native {kind} implements plain and linear rotary positions, not rope_type={rope_type} on {t} layers"
+                )
             thetas.append(float(p.get("rope_theta", 10000.0)))
             factors.append(float(p.get("factor", 1.0)) if rope_type == "linear" else 1.0)
     else:

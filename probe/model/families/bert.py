@@ -34,15 +34,32 @@ def config(hf_config: Any) -> TransformerConfig:
         raise HeadprobeError(f"native BERT implements absolute positions, not {hf_config.position_embedding_type}")
     if getattr(hf_config, "is_decoder", False):
         raise HeadprobeError("native BERT implements the bidirectional encoder, not BERT as a causal decoder")
-    return TransformerConfig(**hf_sizes(hf_config), positional="learned", norm="layernorm", mlp=mlp, bias=True,
-                             tied_unembed=True, norm_eps=hf_config.layer_norm_eps, final_norm=False, pre_norm=False,
-                             post_ln=True, embed_norm=True, causal=False)
+    return TransformerConfig(
+        **hf_sizes(hf_config),
+        positional="learned",
+        norm="layernorm",
+        mlp=mlp,
+        bias=True,
+        tied_unembed=True,
+        norm_eps=hf_config.layer_norm_eps,
+        final_norm=False,
+        pre_norm=False,
+        post_ln=True,
+        embed_norm=True,
+        causal=False,
+    )
 
 
-LAYER = (("attn.q_proj", "attention.self.query"), ("attn.k_proj", "attention.self.key"),
-         ("attn.v_proj", "attention.self.value"), ("attn.o_proj", "attention.output.dense"),
-         ("ln1.norm", "attention.output.LayerNorm"), ("mlp.fc_in", "intermediate.dense"),
-         ("mlp.fc_out", "output.dense"), ("ln2.norm", "output.LayerNorm"))
+LAYER = (
+    ("attn.q_proj", "attention.self.query"),
+    ("attn.k_proj", "attention.self.key"),
+    ("attn.v_proj", "attention.self.value"),
+    ("attn.o_proj", "attention.output.dense"),
+    ("ln1.norm", "attention.output.LayerNorm"),
+    ("mlp.fc_in", "intermediate.dense"),
+    ("mlp.fc_out", "output.dense"),
+    ("ln2.norm", "output.LayerNorm"),
+)
 """Native name -> Hugging Face name of every module of an encoder layer."""
 
 
@@ -55,9 +72,12 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
     """
     p = "bert." if "bert.embeddings.word_embeddings.weight" in sd else ""
     e = p + "embeddings."
-    out = {"embed.W_E.weight": sd[e + "word_embeddings.weight"],
-           "embed.W_pos.weight": sd[e + "position_embeddings.weight"][: cfg.n_ctx] + sd[e + "token_type_embeddings.weight"][0],
-           **renamed(sd, (("ln_embed.norm", "LayerNorm"),), theirs=e)}
+    out = {
+        "embed.W_E.weight": sd[e + "word_embeddings.weight"],
+        "embed.W_pos.weight": sd[e + "position_embeddings.weight"][: cfg.n_ctx]
+        + sd[e + "token_type_embeddings.weight"][0],
+        **renamed(sd, (("ln_embed.norm", "LayerNorm"),), theirs=e),
+    }
     for l in range(cfg.n_layers):
         out.update(renamed(sd, LAYER, block_path(l) + ".", f"{p}encoder.layer.{l}."))
     out["unembed.weight"] = out["embed.W_E.weight"]
@@ -65,10 +85,20 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
 
 
 FAMILY = Family(
-    config=config, weights=weights, encoder=True,
+    config=config,
+    weights=weights,
+    encoder=True,
     tiny=TinySpec(
-        fields=dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
-                    vocab_size=TINY_ENCODER_VOCAB, max_position_embeddings=128, type_vocab_size=2, pad_token_id=103),
+        fields=dict(
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            hidden_size=64,
+            intermediate_size=128,
+            vocab_size=TINY_ENCODER_VOCAB,
+            max_position_embeddings=128,
+            type_vocab_size=2,
+            pad_token_id=103,
+        ),
         layout=("MHA", "all", "none", None),  # query/key/value and the output dense carry biases
         attention_output="encoder.layer.{l}.attention.output.dense",
         bridge=False,  # TransformerLens' BERT adapter wants BertForMaskedLM; the bare encoder is refused

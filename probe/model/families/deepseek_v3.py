@@ -37,24 +37,42 @@ def config(hf_config: Any) -> TransformerConfig:
     plain_rope(hf_config, "DeepSeek-V3")
     n_layers = hf_config.num_hidden_layers
     if hf_config.first_k_dense_replace < n_layers:
-        raise HeadprobeError(f"native DeepSeek-V3 implements dense MLPs only; layers {hf_config.first_k_dense_replace}.."
-                             f"{n_layers - 1} are mixture-of-experts: use --backend transformer-lens")
+        raise HeadprobeError(
+            f"native DeepSeek-V3 implements dense MLPs only; layers {hf_config.first_k_dense_replace}.."
+            f"{n_layers - 1} are mixture-of-experts: use --backend transformer-lens"
+        )
     if getattr(hf_config, "attention_bias", False) or hf_config.hidden_act != "silu":
         raise HeadprobeError("native DeepSeek-V3 implements bias-free attention and a SwiGLU MLP only")
     if hf_config.rms_norm_eps != 1e-6:  # the latent norms keep DeepseekV3RMSNorm's default eps
-        raise HeadprobeError(f"native DeepSeek-V3 needs rms_norm_eps 1e-6 (that of its latent norms), got {hf_config.rms_norm_eps}")
+        raise HeadprobeError(
+            f"native DeepSeek-V3 needs rms_norm_eps 1e-6 (that of its latent norms), got {hf_config.rms_norm_eps}"
+        )
     n_heads, d_model, d_v = hf_config.num_attention_heads, hf_config.hidden_size, hf_config.v_head_dim
-    return TransformerConfig(**hf_sizes(hf_config), positional="rotary", norm="rmsnorm", mlp="swiglu", bias=False,
-                             tied_unembed=getattr(hf_config, "tie_word_embeddings", False), norm_eps=hf_config.rms_norm_eps,
-                             rope_theta=rope_theta(hf_config), d_head=None if d_v * n_heads == d_model else d_v,
-                             kv_lora_rank=hf_config.kv_lora_rank, qk_rope_head_dim=hf_config.qk_rope_head_dim,
-                             qk_nope_head_dim=None if hf_config.qk_nope_head_dim == d_v else hf_config.qk_nope_head_dim,
-                             q_lora_rank=hf_config.q_lora_rank)
+    return TransformerConfig(
+        **hf_sizes(hf_config),
+        positional="rotary",
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+        tied_unembed=getattr(hf_config, "tie_word_embeddings", False),
+        norm_eps=hf_config.rms_norm_eps,
+        rope_theta=rope_theta(hf_config),
+        d_head=None if d_v * n_heads == d_model else d_v,
+        kv_lora_rank=hf_config.kv_lora_rank,
+        qk_rope_head_dim=hf_config.qk_rope_head_dim,
+        qk_nope_head_dim=None if hf_config.qk_nope_head_dim == d_v else hf_config.qk_nope_head_dim,
+        q_lora_rank=hf_config.q_lora_rank,
+    )
 
 
-LAYER = (("attn.kv_norm", "self_attn.kv_a_layernorm"), ("attn.kv_up", "self_attn.kv_b_proj"),
-         ("attn.o_proj", "self_attn.o_proj"), *GATED_MLP, ("ln1.norm", "input_layernorm"),
-         ("ln2.norm", "post_attention_layernorm"))
+LAYER = (
+    ("attn.kv_norm", "self_attn.kv_a_layernorm"),
+    ("attn.kv_up", "self_attn.kv_b_proj"),
+    ("attn.o_proj", "self_attn.o_proj"),
+    *GATED_MLP,
+    ("ln1.norm", "input_layernorm"),
+    ("ln2.norm", "post_attention_layernorm"),
+)
 """Native name -> Hugging Face name of a layer's weights that load as they are (the rotary rows
 of the query and the latent's ``kv_a_proj_with_mqa`` are reordered, see :func:`weights`)."""
 
@@ -94,18 +112,36 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
 
 
 FAMILY = Family(
-    config=config, weights=weights,
+    config=config,
+    weights=weights,
     tiny=TinySpec(
-        fields=dict(TINY_FIELDS, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8,
-                    qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
-                    topk_group=1, first_k_dense_replace=2),  # MLA, dense MLPs
+        fields=dict(
+            TINY_FIELDS,
+            num_key_value_heads=4,
+            kv_lora_rank=32,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=2,
+        ),  # MLA, dense MLPs
         layout=("MLA", "none", "none", None),
         unprunable="MLA",  # heads share the latent projections
         variants=(
-            Variant(dict(q_lora_rank=24, rope_interleave=True), "the query latent",
-                    layout=dict(qk_nope_head_dim=16, d_head=16, q_lora_rank=24)),
-            Variant(dict(qk_nope_head_dim=12, v_head_dim=28, rope_interleave=False), "values wider than q/k",
-                    layout=dict(qk_nope_head_dim=12, d_head=28, q_lora_rank=None)),
+            Variant(
+                dict(q_lora_rank=24, rope_interleave=True),
+                "the query latent",
+                layout=dict(qk_nope_head_dim=16, d_head=16, q_lora_rank=24),
+            ),
+            Variant(
+                dict(qk_nope_head_dim=12, v_head_dim=28, rope_interleave=False),
+                "values wider than q/k",
+                layout=dict(qk_nope_head_dim=12, d_head=28, q_lora_rank=None),
+            ),
         ),
         unsupported=(dict(first_k_dense_replace=1), dict(rms_norm_eps=1e-5)),
     ),

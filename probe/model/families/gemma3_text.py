@@ -31,10 +31,19 @@ def config(hf_config: Any) -> TransformerConfig:
     """
     if getattr(hf_config, "use_bidirectional_attention", False):
         raise HeadprobeError("native gemma3_text implements causal attention only, not use_bidirectional_attention")
-    return llama_config(hf_config, "gemma3_text", act_field="hidden_activation", act="gelu_pytorch_tanh", mlp="geglu",
-                        windows="layer_types", qk_norm="per_head", post_norm=True, embed_scale=True,
-                        attn_scale=float(hf_config.query_pre_attn_scalar) ** -0.5,
-                        final_softcap=hf_config.final_logit_softcapping)  # attn_logit_softcapping: never applied
+    return llama_config(
+        hf_config,
+        "gemma3_text",
+        act_field="hidden_activation",
+        act="gelu_pytorch_tanh",
+        mlp="geglu",
+        windows="layer_types",
+        qk_norm="per_head",
+        post_norm=True,
+        embed_scale=True,
+        attn_scale=float(hf_config.query_pre_attn_scalar) ** -0.5,
+        final_softcap=hf_config.final_logit_softcapping,
+    )  # attn_logit_softcapping: never applied
 
 
 def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool = False) -> dict[str, Tensor]:
@@ -47,24 +56,50 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
     return out
 
 
-ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-        "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
+ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+}
 """The tiny model's rotary bases: Gemma-3's local 10,000 and global 1,000,000."""
 
 FAMILY = Family(
-    config=config, weights=weights,
+    config=config,
+    weights=weights,
     tiny=TinySpec(
-        fields=dict(TINY_FIELDS, head_dim=16, sliding_window=8, query_pre_attn_scalar=16, rope_parameters=ROPE,
-                    layer_types=["sliding_attention", "full_attention"]),
+        fields=dict(
+            TINY_FIELDS,
+            head_dim=16,
+            sliding_window=8,
+            query_pre_attn_scalar=16,
+            rope_parameters=ROPE,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
         layout=("GQA", "none", "per_head", (8, None)),  # layer 0 of 2 slides
-        attention_output="model.layers.{l}.post_attention_layernorm", post_attention_norm=True, norm_offset=1.0,
-        variants=(Variant(dict(rope_parameters={**ROPE, "full_attention": {"rope_type": "linear", "rope_theta": 1e6,
-                                                                             "factor": 8.0}}),
-                          "linear rope scaling on the global layer"),
-                  Variant(dict(head_dim=24, query_pre_attn_scalar=20, attn_logit_softcapping=5.0),
-                          "head_dim 24; attn_logit_softcapping is not applied", layout=dict(d_head=24))),
-        unsupported=(dict(use_bidirectional_attention=True), dict(hidden_activation="silu"),
-                     dict(rope_parameters={**ROPE, "full_attention": {"rope_type": "dynamic", "rope_theta": 1e6,
-                                                                        "factor": 8.0}})),
+        attention_output="model.layers.{l}.post_attention_layernorm",
+        post_attention_norm=True,
+        norm_offset=1.0,
+        variants=(
+            Variant(
+                dict(
+                    rope_parameters={
+                        **ROPE,
+                        "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+                    }
+                ),
+                "linear rope scaling on the global layer",
+            ),
+            Variant(
+                dict(head_dim=24, query_pre_attn_scalar=20, attn_logit_softcapping=5.0),
+                "head_dim 24; attn_logit_softcapping is not applied",
+                layout=dict(d_head=24),
+            ),
+        ),
+        unsupported=(
+            dict(use_bidirectional_attention=True),
+            dict(hidden_activation="silu"),
+            dict(
+                rope_parameters={**ROPE, "full_attention": {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 8.0}}
+            ),
+        ),
     ),
 )

@@ -28,11 +28,19 @@ def config(hf_config: Any) -> TransformerConfig:
     act = hf_config.activation_function
     if act not in ("gelu_new", "gelu_pytorch_tanh"):
         raise HeadprobeError(f"native GPT-2 implements activation gelu_new, not {act}")
-    if getattr(hf_config, "scale_attn_by_inverse_layer_idx", False) or not getattr(hf_config, "scale_attn_weights", True):
+    if getattr(hf_config, "scale_attn_by_inverse_layer_idx", False) or not getattr(
+        hf_config, "scale_attn_weights", True
+    ):
         raise HeadprobeError("native GPT-2 implements attention scaled by 1/sqrt(d_head) only")
-    return TransformerConfig(**hf_sizes(hf_config, d_mlp=hf_config.n_inner or 4 * hf_config.n_embd), positional="learned",
-                             norm="layernorm", mlp="gelu", bias=True, norm_eps=hf_config.layer_norm_epsilon,
-                             tied_unembed=getattr(hf_config, "tie_word_embeddings", True))
+    return TransformerConfig(
+        **hf_sizes(hf_config, d_mlp=hf_config.n_inner or 4 * hf_config.n_embd),
+        positional="learned",
+        norm="layernorm",
+        mlp="gelu",
+        bias=True,
+        norm_eps=hf_config.layer_norm_epsilon,
+        tied_unembed=getattr(hf_config, "tie_word_embeddings", True),
+    )
 
 
 CONV1D = (("attn.o_proj", "attn.c_proj"), ("mlp.fc_in", "mlp.c_fc"), ("mlp.fc_out", "mlp.c_proj"))
@@ -46,8 +54,11 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
     ``rope_interleave`` is ignored (no rotary positions).
     """
     D = cfg.d_model
-    out = {"embed.W_E.weight": sd["transformer.wte.weight"], "embed.W_pos.weight": sd["transformer.wpe.weight"],
-           **renamed(sd, (("ln_final.norm", "transformer.ln_f"),))}
+    out = {
+        "embed.W_E.weight": sd["transformer.wte.weight"],
+        "embed.W_pos.weight": sd["transformer.wpe.weight"],
+        **renamed(sd, (("ln_final.norm", "transformer.ln_f"),)),
+    }
     for l in range(cfg.n_layers):
         h, b = f"transformer.h.{l}.", block_path(l) + "."
         W_qkv, b_qkv = sd[h + "attn.c_attn.weight"], sd[h + "attn.c_attn.bias"]  # [d_model, 3 d_model], [3 d_model]
@@ -61,10 +72,13 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
 
 
 FAMILY = Family(
-    config=config, weights=weights, embedding_names=("transformer.wte.weight", "lm_head.weight"),
+    config=config,
+    weights=weights,
+    embedding_names=("transformer.wte.weight", "lm_head.weight"),
     tiny=TinySpec(
-        fields=dict(n_layer=2, n_head=4, n_embd=64, vocab_size=TINY_VOCAB, n_positions=128, bos_token_id=100,
-                    eos_token_id=100),
+        fields=dict(
+            n_layer=2, n_head=4, n_embd=64, vocab_size=TINY_VOCAB, n_positions=128, bos_token_id=100, eos_token_id=100
+        ),
         layout=("MHA", "all", "none", None),  # c_attn and c_proj carry biases
         attention_output="transformer.h.{l}.attn",
         unsupported=(dict(activation_function="relu"), dict(scale_attn_by_inverse_layer_idx=True)),

@@ -43,14 +43,27 @@ def config(hf_config: Any) -> TransformerConfig:
     rotary_dim = int(d_head * factor)
     if rotary_dim % 2 or rotary_dim < 2:
         raise HeadprobeError(f"native GPT-NeoX needs an even rotary width, got {rotary_dim} of d_head {d_head}")
-    return TransformerConfig(**hf_sizes(hf_config), positional="rotary", norm="layernorm", mlp=mlp, bias=True,
-                             norm_eps=hf_config.layer_norm_eps, tied_unembed=getattr(hf_config, "tie_word_embeddings", False),
-                             rope_theta=rope_theta(hf_config), rotary_dim=None if rotary_dim == d_head else rotary_dim,
-                             parallel_residual=bool(hf_config.use_parallel_residual))
+    return TransformerConfig(
+        **hf_sizes(hf_config),
+        positional="rotary",
+        norm="layernorm",
+        mlp=mlp,
+        bias=True,
+        norm_eps=hf_config.layer_norm_eps,
+        tied_unembed=getattr(hf_config, "tie_word_embeddings", False),
+        rope_theta=rope_theta(hf_config),
+        rotary_dim=None if rotary_dim == d_head else rotary_dim,
+        parallel_residual=bool(hf_config.use_parallel_residual),
+    )
 
 
-LAYER = (("attn.o_proj", "attention.dense"), ("mlp.fc_in", "mlp.dense_h_to_4h"), ("mlp.fc_out", "mlp.dense_4h_to_h"),
-         ("ln1.norm", "input_layernorm"), ("ln2.norm", "post_attention_layernorm"))
+LAYER = (
+    ("attn.o_proj", "attention.dense"),
+    ("mlp.fc_in", "mlp.dense_h_to_4h"),
+    ("mlp.fc_out", "mlp.dense_4h_to_h"),
+    ("ln1.norm", "input_layernorm"),
+    ("ln2.norm", "post_attention_layernorm"),
+)
 """Native name -> Hugging Face name of a layer's modules other than the fused ``query_key_value``."""
 
 
@@ -64,8 +77,10 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
     """
     H, d_head, D = cfg.n_heads, cfg.d_head, cfg.d_model
     assert d_head is not None  # filled by TransformerConfig.__post_init__
-    out = {"embed.W_E.weight": sd["gpt_neox.embed_in.weight"],
-           **renamed(sd, (("ln_final.norm", "gpt_neox.final_layer_norm"),))}
+    out = {
+        "embed.W_E.weight": sd["gpt_neox.embed_in.weight"],
+        **renamed(sd, (("ln_final.norm", "gpt_neox.final_layer_norm"),)),
+    }
     for l in range(cfg.n_layers):
         h, b = f"gpt_neox.layers.{l}.", block_path(l) + "."
         W = sd[h + "attention.query_key_value.weight"].view(H, 3, d_head, D)
@@ -84,10 +99,21 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
 
 
 FAMILY = Family(
-    config=config, weights=weights, embedding_names=("gpt_neox.embed_in.weight", "embed_out.weight"),
+    config=config,
+    weights=weights,
+    embedding_names=("gpt_neox.embed_in.weight", "embed_out.weight"),
     tiny=TinySpec(
-        fields=dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128, vocab_size=TINY_VOCAB,
-                    max_position_embeddings=128, bos_token_id=100, eos_token_id=100, rotary_pct=0.25),
+        fields=dict(
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            hidden_size=64,
+            intermediate_size=128,
+            vocab_size=TINY_VOCAB,
+            max_position_embeddings=128,
+            bos_token_id=100,
+            eos_token_id=100,
+            rotary_pct=0.25,
+        ),
         layout=("MHA", "all", "none", None),  # query_key_value and dense carry biases
         attention_output="gpt_neox.layers.{l}.attention",
         self_check_reference="resid_post - resid_pre - mlp_out",  # the parallel block has no resid_mid

@@ -27,8 +27,16 @@ from headprobe.probe.model.families.base import (
 )
 from headprobe.probe.model.families.llama import llama_weights
 
-YARN_KEYS = {"rope_type", "rope_theta", "factor", "beta_fast", "beta_slow", "truncate", "original_max_position_embeddings",
-             "attention_factor"}
+YARN_KEYS = {
+    "rope_type",
+    "rope_theta",
+    "factor",
+    "beta_fast",
+    "beta_slow",
+    "truncate",
+    "original_max_position_embeddings",
+    "attention_factor",
+}
 """The ``rope_parameters`` of YaRN that the native rotary implements (``mscale`` and ``mscale_all_dim`` are refused)."""
 
 
@@ -45,11 +53,17 @@ def yarn_fields(hf_config: Any, kind: str) -> dict[str, Any]:
         return {}
     if rope_type != "yarn" or set(params) - YARN_KEYS or params.get("factor") is None:
         extra = sorted(set(params) - YARN_KEYS)
-        raise HeadprobeError(f"native {kind} implements plain and YaRN rotary positions (factor, beta_fast, beta_slow, "
-                             f"truncate, attention_factor), not rope_type={rope_type}" + (f" with {extra[0]}" if extra else ""))
-    return dict(yarn_factor=float(params["factor"]), yarn_original_ctx=int(params["original_max_position_embeddings"]),
-                yarn_beta=(float(params.get("beta_fast") or 32), float(params.get("beta_slow") or 1)),
-                yarn_truncate=bool(params.get("truncate", True)), yarn_attention_factor=params.get("attention_factor"))
+        raise HeadprobeError(
+            f"native {kind} implements plain and YaRN rotary positions (factor, beta_fast, beta_slow, "
+            f"truncate, attention_factor), not rope_type={rope_type}" + (f" with {extra[0]}" if extra else "")
+        )
+    return dict(
+        yarn_factor=float(params["factor"]),
+        yarn_original_ctx=int(params["original_max_position_embeddings"]),
+        yarn_beta=(float(params.get("beta_fast") or 32), float(params.get("beta_slow") or 1)),
+        yarn_truncate=bool(params.get("truncate", True)),
+        yarn_attention_factor=params.get("attention_factor"),
+    )
 
 
 def config(hf_config: Any) -> TransformerConfig:
@@ -64,13 +78,29 @@ def config(hf_config: Any) -> TransformerConfig:
     n_heads, d_model, head_dim = hf_config.num_attention_heads, hf_config.hidden_size, hf_config.head_dim
     bias = bool(hf_config.attention_bias)
     return TransformerConfig(
-        **hf_sizes(hf_config), n_kv_heads=hf_config.num_key_value_heads, d_head=head_dim if head_dim * n_heads != d_model else None,
-        positional="rotary", norm="rmsnorm", mlp="swiglu", bias=bias, qkv_bias=bias, tied_unembed=bool(hf_config.tie_word_embeddings),
-        norm_eps=hf_config.rms_norm_eps, rope_theta=rope_theta(hf_config), attn_sinks=True,
-        n_experts=hf_config.num_local_experts, n_experts_per_token=hf_config.num_experts_per_tok,
-        d_expert=hf_config.intermediate_size, router="topk_softmax", router_bias=True, expert_bias=True,
-        swiglu_limit=float(hf_config.swiglu_limit), swiglu_alpha=float(hf_config.swiglu_alpha),
-        **sliding(hf_config, "gpt_oss"), **yarn_fields(hf_config, "gpt_oss"))
+        **hf_sizes(hf_config),
+        n_kv_heads=hf_config.num_key_value_heads,
+        d_head=head_dim if head_dim * n_heads != d_model else None,
+        positional="rotary",
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=bias,
+        qkv_bias=bias,
+        tied_unembed=bool(hf_config.tie_word_embeddings),
+        norm_eps=hf_config.rms_norm_eps,
+        rope_theta=rope_theta(hf_config),
+        attn_sinks=True,
+        n_experts=hf_config.num_local_experts,
+        n_experts_per_token=hf_config.num_experts_per_tok,
+        d_expert=hf_config.intermediate_size,
+        router="topk_softmax",
+        router_bias=True,
+        expert_bias=True,
+        swiglu_limit=float(hf_config.swiglu_limit),
+        swiglu_alpha=float(hf_config.swiglu_alpha),
+        **sliding(hf_config, "gpt_oss"),
+        **yarn_fields(hf_config, "gpt_oss"),
+    )
 
 
 def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool = False) -> dict[str, Tensor]:
@@ -84,18 +114,42 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
 
 
 FAMILY = Family(
-    config=config, weights=weights,
+    config=config,
+    weights=weights,
     tiny=TinySpec(
         fields=dict(TINY_FIELDS, head_dim=16, sliding_window=8, num_local_experts=4, num_experts_per_tok=2),
         layout=("GQA", "all", "none", (8, None)),  # layer 0 of 2 slides; biases on q, k, v and o
         perturb=("norm", "sinks", "router"),
-        variants=(Variant(dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4}), "plain rotary"),
-                  Variant(dict(rope_parameters={"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0, "beta_fast": 8.0,
-                                                "beta_slow": 1.0, "original_max_position_embeddings": 16, "truncate": True}),
-                          "YaRN moving the frequencies of 20 tokens"),
-                  Variant(dict(attention_bias=False), "no attention biases", layout=dict(bias="none"))),
-        unsupported=(dict(rope_parameters={"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}),
-                     dict(rope_parameters={"rope_theta": 1.5e5, "rope_type": "yarn", "factor": 32.0, "mscale": 1.0,
-                                           "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096})),
+        variants=(
+            Variant(dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4}), "plain rotary"),
+            Variant(
+                dict(
+                    rope_parameters={
+                        "rope_type": "yarn",
+                        "rope_theta": 100.0,
+                        "factor": 4.0,
+                        "beta_fast": 8.0,
+                        "beta_slow": 1.0,
+                        "original_max_position_embeddings": 16,
+                        "truncate": True,
+                    }
+                ),
+                "YaRN moving the frequencies of 20 tokens",
+            ),
+            Variant(dict(attention_bias=False), "no attention biases", layout=dict(bias="none")),
+        ),
+        unsupported=(
+            dict(rope_parameters={"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}),
+            dict(
+                rope_parameters={
+                    "rope_theta": 1.5e5,
+                    "rope_type": "yarn",
+                    "factor": 32.0,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 1.0,
+                    "original_max_position_embeddings": 4096,
+                }
+            ),
+        ),
     ),
 )

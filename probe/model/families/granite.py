@@ -18,10 +18,14 @@ from headprobe.probe.model.families.llama import llama_config, llama_weights
 def config(hf_config: Any) -> TransformerConfig:
     """The native config of a ``GraniteConfig`` (:func:`~headprobe.probe.model.families.llama.llama_config`;
     full attention only)."""
-    return llama_config(hf_config, "granite", attn_scale=float(hf_config.attention_multiplier),
-                        embedding_multiplier=_unless_one(hf_config.embedding_multiplier),
-                        logit_scale=None if hf_config.logits_scaling == 1 else 1 / float(hf_config.logits_scaling),
-                        residual_multiplier=_unless_one(hf_config.residual_multiplier))
+    return llama_config(
+        hf_config,
+        "granite",
+        attn_scale=float(hf_config.attention_multiplier),
+        embedding_multiplier=_unless_one(hf_config.embedding_multiplier),
+        logit_scale=None if hf_config.logits_scaling == 1 else 1 / float(hf_config.logits_scaling),
+        residual_multiplier=_unless_one(hf_config.residual_multiplier),
+    )
 
 
 def _unless_one(x: float) -> float | None:
@@ -42,12 +46,15 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
 
 
 FAMILY = Family(
-    config=config, weights=weights,
+    config=config,
+    weights=weights,
     tiny=TinySpec(
         fields=dict(TINY_FIELDS, embedding_multiplier=6.0, attention_multiplier=0.3, logits_scaling=0.5),
         layout=("GQA", "none", "none", None),
-        variants=(Variant(dict(residual_multiplier=0.22, logits_scaling=8.0), "residual_multiplier, logits_scaling 8"),
-                  Variant(dict(residual_multiplier=0.22, tie_word_embeddings=True), "tied, residual_multiplier")),
+        variants=(
+            Variant(dict(residual_multiplier=0.22, logits_scaling=8.0), "residual_multiplier, logits_scaling 8"),
+            Variant(dict(residual_multiplier=0.22, tie_word_embeddings=True), "tied, residual_multiplier"),
+        ),
         unsupported=(dict(attention_bias=True), dict(mlp_bias=True), dict(sliding_window=8)),
     ),
 )

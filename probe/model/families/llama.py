@@ -33,9 +33,18 @@ WINDOWS = ("none", "layer_types", "every_layer")
 """How a Llama-like family reads sliding windows (:func:`llama_config`)."""
 
 
-def llama_config(hf_config: Any, kind: str, *, act_field: str = "hidden_act", act: str = "silu", mlp: Literal["swiglu", "geglu"] = "swiglu",
-                 qkv_bias: bool = False, windows: str = "none", no_rope_layers: Collection[int] = (),
-                 **fields: Any) -> TransformerConfig:
+def llama_config(
+    hf_config: Any,
+    kind: str,
+    *,
+    act_field: str = "hidden_act",
+    act: str = "silu",
+    mlp: Literal["swiglu", "geglu"] = "swiglu",
+    qkv_bias: bool = False,
+    windows: str = "none",
+    no_rope_layers: Collection[int] = (),
+    **fields: Any,
+) -> TransformerConfig:
     """The native config of Llama or a relative: Llama's block with the family's differences.
 
     Args:
@@ -69,19 +78,32 @@ def llama_config(hf_config: Any, kind: str, *, act_field: str = "hidden_act", ac
     if windows == "none" and getattr(hf_config, "sliding_window", None) is not None:
         raise HeadprobeError(f"native {kind} implements full attention only, not sliding_window")
     fields.update(sliding(hf_config, kind, every_layer=windows == "every_layer"))
-    return TransformerConfig(**hf_sizes(hf_config), n_kv_heads=getattr(hf_config, "num_key_value_heads", None) or n_heads,
-                             positional="rotary", norm="rmsnorm", mlp=mlp, bias=False,
-                             tied_unembed=getattr(hf_config, "tie_word_embeddings", False), norm_eps=hf_config.rms_norm_eps,
-                             **fields)
+    return TransformerConfig(
+        **hf_sizes(hf_config),
+        n_kv_heads=getattr(hf_config, "num_key_value_heads", None) or n_heads,
+        positional="rotary",
+        norm="rmsnorm",
+        mlp=mlp,
+        bias=False,
+        tied_unembed=getattr(hf_config, "tie_word_embeddings", False),
+        norm_eps=hf_config.rms_norm_eps,
+        **fields,
+    )
 
 
 NORMS = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
 """Native norm of a Llama layer -> the Hugging Face norm it loads."""
 
 
-def llama_weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool = False, *,
-                  norms: Mapping[str, str] = NORMS, norm: Callable[[Tensor], Tensor] | None = None,
-                  moe: Mapping[str, Any] | None = None) -> dict[str, Tensor]:
+def llama_weights(
+    sd: dict[str, Tensor],
+    cfg: TransformerConfig,
+    rope_interleave: bool = False,
+    *,
+    norms: Mapping[str, str] = NORMS,
+    norm: Callable[[Tensor], Tensor] | None = None,
+    moe: Mapping[str, Any] | None = None,
+) -> dict[str, Tensor]:
     """Native parameter names from a Llama-like state dict (all projections ``nn.Linear``; a
     Qwen2 q/k/v bias and a QK-norm weight are loaded where the checkpoint and ``cfg`` have them).
 
@@ -96,7 +118,13 @@ def llama_weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave
     for l in range(cfg.n_layers):
         h, b = f"model.layers.{l}.", block_path(l) + "."
         if cfg.is_linear(l):  # Qwen3-Next's Gated DeltaNet: Hugging Face's module, its own names
-            out.update({b + "attn.mixer." + k[len(h + "linear_attn."):]: t for k, t in sd.items() if k.startswith(h + "linear_attn.")})
+            out.update(
+                {
+                    b + "attn.mixer." + k[len(h + "linear_attn.") :]: t
+                    for k, t in sd.items()
+                    if k.startswith(h + "linear_attn.")
+                }
+            )
         for name in "qkvo" if not cfg.is_linear(l) else "":
             out[b + f"attn.{name}_proj.weight"] = sd[h + f"self_attn.{name}_proj.weight"]
             if h + f"self_attn.{name}_proj.bias" in sd:  # Qwen2: q, k, v
@@ -125,10 +153,15 @@ def config(hf_config: Any) -> TransformerConfig:
 
 
 FAMILY = Family(
-    config=config, weights=llama_weights,
+    config=config,
+    weights=llama_weights,
     tiny=TinySpec(
-        fields=dict(TINY_FIELDS), layout=("GQA", "none", "none", None),
-        unsupported=(dict(rope_parameters={"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}),
-                     dict(sliding_window=8), dict(mlp_bias=True)),
+        fields=dict(TINY_FIELDS),
+        layout=("GQA", "none", "none", None),
+        unsupported=(
+            dict(rope_parameters={"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}),
+            dict(sliding_window=8),
+            dict(mlp_bias=True),
+        ),
     ),
 )

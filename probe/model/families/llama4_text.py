@@ -40,9 +40,19 @@ def config(hf_config: Any) -> TransformerConfig:
             other than full or chunked attention.
     """
     moe = tuple(hf_config.moe_layers)
-    experts = dict(n_experts=hf_config.num_local_experts, n_experts_per_token=hf_config.num_experts_per_tok,
-                   d_expert=hf_config.intermediate_size, router="topk_sigmoid", router_on_input=True,
-                   d_shared_expert=hf_config.intermediate_size, moe_layers=moe) if moe else {}
+    experts = (
+        dict(
+            n_experts=hf_config.num_local_experts,
+            n_experts_per_token=hf_config.num_experts_per_tok,
+            d_expert=hf_config.intermediate_size,
+            router="topk_sigmoid",
+            router_on_input=True,
+            d_shared_expert=hf_config.intermediate_size,
+            moe_layers=moe,
+        )
+        if moe
+        else {}
+    )
     if getattr(hf_config, "attention_bias", False) or hf_config.hidden_act != "silu":
         raise HeadprobeError("native llama4_text implements bias-free attention and a SwiGLU MLP only")
     types = list(hf_config.layer_types)
@@ -54,15 +64,24 @@ def config(hf_config: Any) -> TransformerConfig:
     n_heads, d_model = hf_config.num_attention_heads, hf_config.hidden_size
     head_dim = getattr(hf_config, "head_dim", None) or d_model // n_heads
     return TransformerConfig(
-        **hf_sizes(hf_config, d_mlp=hf_config.intermediate_size_mlp), n_kv_heads=hf_config.num_key_value_heads,
-        positional="rotary", norm="rmsnorm", mlp="swiglu", bias=False, tied_unembed=hf_config.tie_word_embeddings,
-        norm_eps=hf_config.rms_norm_eps, **layer_ropes(hf_config, "llama4_text", nope),
+        **hf_sizes(hf_config, d_mlp=hf_config.intermediate_size_mlp),
+        n_kv_heads=hf_config.num_key_value_heads,
+        positional="rotary",
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+        tied_unembed=hf_config.tie_word_embeddings,
+        norm_eps=hf_config.rms_norm_eps,
+        **layer_ropes(hf_config, "llama4_text", nope),
         d_head=None if head_dim * n_heads == d_model else head_dim,
         attention_chunk=hf_config.attention_chunk_size if chunked else None,
         chunked_layers=None if len(chunked) == len(types) else chunked,
         qk_l2_norm=bool(hf_config.use_qk_norm),
         attn_temperature=(float(hf_config.floor_scale), float(hf_config.attn_scale))
-        if hf_config.attn_temperature_tuning and nope else None, **experts)
+        if hf_config.attn_temperature_tuning and nope
+        else None,
+        **experts,
+    )
 
 
 NORMS = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
@@ -86,17 +105,31 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
 
 
 FAMILY = Family(
-    config=config, weights=weights,
+    config=config,
+    weights=weights,
     tiny=TinySpec(
-        fields=dict(TINY_FIELDS, head_dim=16, intermediate_size=48, intermediate_size_mlp=128, moe_layers=[1],
-                    num_local_experts=4, num_experts_per_tok=2, no_rope_layers=[1, 0], attention_chunk_size=8,
-                    floor_scale=4),  # layer 0: rotary, chunks of 8, dense; layer 1: NoPE, full, MoE
+        fields=dict(
+            TINY_FIELDS,
+            head_dim=16,
+            intermediate_size=48,
+            intermediate_size_mlp=128,
+            moe_layers=[1],
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            no_rope_layers=[1, 0],
+            attention_chunk_size=8,
+            floor_scale=4,
+        ),  # layer 0: rotary, chunks of 8, dense; layer 1: NoPE, full, MoE
         layout=("GQA", "none", "none", (8, None)),  # a chunk is the layer's window in the layout
         perturb=("norm", "router"),
-        variants=(Variant(dict(use_qk_norm=False, attn_temperature_tuning=False), "no QK L2 norm, no temperature"),
-                  Variant(dict(moe_layers=[]), "dense MLPs only"),
-                  Variant(dict(no_rope_layers=[0, 1], attention_chunk_size=6), "NoPE first, chunks of 6")),
-        unsupported=(dict(attention_bias=True),
-                     dict(rope_parameters={"rope_theta": 5e5, "rope_type": "linear", "factor": 2.0})),
+        variants=(
+            Variant(dict(use_qk_norm=False, attn_temperature_tuning=False), "no QK L2 norm, no temperature"),
+            Variant(dict(moe_layers=[]), "dense MLPs only"),
+            Variant(dict(no_rope_layers=[0, 1], attention_chunk_size=6), "NoPE first, chunks of 6"),
+        ),
+        unsupported=(
+            dict(attention_bias=True),
+            dict(rope_parameters={"rope_theta": 5e5, "rope_type": "linear", "factor": 2.0}),
+        ),
     ),
 )

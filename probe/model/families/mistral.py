@@ -16,9 +16,11 @@ def config(hf_config: Any) -> TransformerConfig:
 
 
 FAMILY = Family(
-    config=config, weights=llama_weights,
+    config=config,
+    weights=llama_weights,
     tiny=TinySpec(
-        fields=dict(TINY_FIELDS, sliding_window=8), layout=("GQA", "none", "none", (8, 8)),  # windows on every layer
+        fields=dict(TINY_FIELDS, sliding_window=8),
+        layout=("GQA", "none", "none", (8, 8)),  # windows on every layer
         unsupported=(dict(rope_parameters={"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}),),
     ),
 )

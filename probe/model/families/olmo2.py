@@ -21,10 +21,13 @@ def config(hf_config: Any) -> TransformerConfig:
 
 
 FAMILY = Family(
-    config=config, weights=partial(llama_weights, norms=NORMS),
+    config=config,
+    weights=partial(llama_weights, norms=NORMS),
     tiny=TinySpec(
-        fields=dict(TINY_FIELDS), layout=("GQA", "none", "full", None),
-        attention_output="model.layers.{l}.post_attention_layernorm", post_attention_norm=True,
+        fields=dict(TINY_FIELDS),
+        layout=("GQA", "none", "full", None),
+        attention_output="model.layers.{l}.post_attention_layernorm",
+        post_attention_norm=True,
         unprunable="QK-norm",  # one norm over all heads' queries: a head cannot be taken out alone
         unsupported=(dict(sliding_window=8),),
     ),

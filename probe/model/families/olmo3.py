@@ -20,20 +20,45 @@ def config(hf_config: Any) -> TransformerConfig:
 
 
 FAMILY = Family(
-    config=config, weights=partial(llama_weights, norms=NORMS),
+    config=config,
+    weights=partial(llama_weights, norms=NORMS),
     tiny=TinySpec(
-        fields=dict(TINY_FIELDS, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
-                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-                                     "full_attention": {"rope_type": "default", "rope_theta": 5e5}}),
+        fields=dict(
+            TINY_FIELDS,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                "full_attention": {"rope_type": "default", "rope_theta": 5e5},
+            },
+        ),
         layout=("GQA", "none", "full", (8, None)),  # layer 0 slides
-        attention_output="model.layers.{l}.post_attention_layernorm", post_attention_norm=True,
+        attention_output="model.layers.{l}.post_attention_layernorm",
+        post_attention_norm=True,
         unprunable="QK-norm",  # one norm over all heads' queries: a head cannot be taken out alone
-        variants=(Variant(dict(rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-                                                "full_attention": {"rope_type": "linear", "rope_theta": 5e5,
-                                                                   "factor": 4.0}}),
-                          "linear rope scaling on the full layer"),),
-        unsupported=(dict(rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-                                           "full_attention": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0,
-                                                              "original_max_position_embeddings": 64}}),),
+        variants=(
+            Variant(
+                dict(
+                    rope_parameters={
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                        "full_attention": {"rope_type": "linear", "rope_theta": 5e5, "factor": 4.0},
+                    }
+                ),
+                "linear rope scaling on the full layer",
+            ),
+        ),
+        unsupported=(
+            dict(
+                rope_parameters={
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                    "full_attention": {
+                        "rope_type": "yarn",
+                        "rope_theta": 5e5,
+                        "factor": 8.0,
+                        "original_max_position_embeddings": 64,
+                    },
+                }
+            ),
+        ),
     ),
 )

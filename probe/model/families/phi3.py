@@ -19,7 +19,9 @@ def config(hf_config: Any) -> TransformerConfig:
     ``rotary_dim`` as ``Phi3RotaryEmbedding``: ``int(head_dim * partial_rotary_factor)``)."""
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     rotary_dim = int(head_dim * rope_parameters(hf_config).get("partial_rotary_factor", 1.0))
-    return llama_config(hf_config, "phi3", windows="every_layer", rotary_dim=None if rotary_dim == head_dim else rotary_dim)
+    return llama_config(
+        hf_config, "phi3", windows="every_layer", rotary_dim=None if rotary_dim == head_dim else rotary_dim
+    )
 
 
 def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool = False) -> dict[str, Tensor]:
@@ -32,22 +34,37 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
     for l in range(cfg.n_layers):
         h = f"model.layers.{l}."
         W = sd.pop(h + "self_attn.qkv_proj.weight")
-        sd[h + "self_attn.q_proj.weight"], sd[h + "self_attn.k_proj.weight"], sd[h + "self_attn.v_proj.weight"] = W.split([q, kv, kv])
+        sd[h + "self_attn.q_proj.weight"], sd[h + "self_attn.k_proj.weight"], sd[h + "self_attn.v_proj.weight"] = (
+            W.split([q, kv, kv])
+        )
         sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"] = sd.pop(h + "mlp.gate_up_proj.weight").chunk(2)
     return llama_weights(sd, cfg, rope_interleave)
 
 
 FAMILY = Family(
-    config=config, weights=weights,
+    config=config,
+    weights=weights,
     tiny=TinySpec(
-        fields=dict(TINY_FIELDS), layout=("GQA", "none", "none", None),
+        fields=dict(TINY_FIELDS),
+        layout=("GQA", "none", "none", None),
         variants=(
-            Variant(dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
-                    "partial rotary"),
+            Variant(
+                dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
+                "partial rotary",
+            ),
             Variant(dict(sliding_window=8), "sliding window on every layer", layout=dict(windows=(8, 8))),
         ),
-        unsupported=(dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
-                                           "long_factor": [1.0] * 8, "original_max_position_embeddings": 64}),
-                     dict(hidden_act="gelu")),
+        unsupported=(
+            dict(
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 1e4,
+                    "short_factor": [1.0] * 8,
+                    "long_factor": [1.0] * 8,
+                    "original_max_position_embeddings": 64,
+                }
+            ),
+            dict(hidden_act="gelu"),
+        ),
     ),
 )

@@ -16,11 +16,18 @@ def config(hf_config: Any) -> TransformerConfig:
 
 
 FAMILY = Family(
-    config=config, weights=llama_weights,
+    config=config,
+    weights=llama_weights,
     tiny=TinySpec(
-        fields=dict(TINY_FIELDS), layout=("GQA", "qkv", "none", None),
-        variants=(Variant(dict(use_sliding_window=True, sliding_window=8, max_window_layers=1), "layer 1 slides",
-                          layout=dict(windows=(None, 8))),),
+        fields=dict(TINY_FIELDS),
+        layout=("GQA", "qkv", "none", None),
+        variants=(
+            Variant(
+                dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
+                "layer 1 slides",
+                layout=dict(windows=(None, 8)),
+            ),
+        ),
         unsupported=(dict(hidden_act="gelu"),),
     ),
 )

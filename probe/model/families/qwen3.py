@@ -17,9 +17,11 @@ def config(hf_config: Any) -> TransformerConfig:
 
 
 FAMILY = Family(
-    config=config, weights=llama_weights,
+    config=config,
+    weights=llama_weights,
     tiny=TinySpec(
-        fields=dict(TINY_FIELDS, head_dim=16), layout=("GQA", "none", "per_head", None),
+        fields=dict(TINY_FIELDS, head_dim=16),
+        layout=("GQA", "none", "per_head", None),
         variants=(Variant(dict(head_dim=8), "n_heads * head_dim != d_model", layout=dict(d_head=8)),),
         unsupported=(dict(attention_bias=True),),
     ),

@@ -18,10 +18,14 @@ def config(hf_config: Any) -> TransformerConfig:
 
 
 FAMILY = Family(
-    config=config, weights=weights,
+    config=config,
+    weights=weights,
     tiny=TinySpec(
-        fields={k: v for k, v in TINY.items() if k != "num_experts"}, layout=("GQA", "none", "per_head", None),
-        norm_offset=1.0, unprunable="gated attention",
-        unsupported=(dict(attention_bias=True),), hybrid=HYBRID,
+        fields={k: v for k, v in TINY.items() if k != "num_experts"},
+        layout=("GQA", "none", "per_head", None),
+        norm_offset=1.0,
+        unprunable="gated attention",
+        unsupported=(dict(attention_bias=True),),
+        hybrid=HYBRID,
     ),
 )

@@ -28,8 +28,18 @@ def sparse_layers(hf_config: Any) -> list[int]:
     return [l for l in range(hf_config.num_hidden_layers) if l not in only and n_experts > 0 and (l + 1) % step == 0]
 
 
-LINEAR_FIELDS = ("hidden_size", "rms_norm_eps", "hidden_act", "layer_types", "num_hidden_layers", "linear_num_value_heads",
-                 "linear_num_key_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
+LINEAR_FIELDS = (
+    "hidden_size",
+    "rms_norm_eps",
+    "hidden_act",
+    "layer_types",
+    "num_hidden_layers",
+    "linear_num_value_heads",
+    "linear_num_key_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
 """The Hugging Face config fields its Gated-DeltaNet module reads (``TransformerConfig.linear_mixer``)."""
 
 
@@ -44,19 +54,38 @@ def gated_config(hf_config: Any, kind: str) -> TransformerConfig:
     if other:
         raise HeadprobeError(f"native {kind} does not implement layer types {other}: use --backend transformer-lens")
     mixer = {k: getattr(hf_config, k) for k in LINEAR_FIELDS} if linear else None
-    hybrid: dict[str, Any] = dict(linear_layers=linear, linear_mixer=dict(mixer or {}, model_type=kind)) if linear else {}
+    hybrid: dict[str, Any] = (
+        dict(linear_layers=linear, linear_mixer=dict(mixer or {}, model_type=kind)) if linear else {}
+    )
     moe = tuple(sparse_layers(hf_config))
-    experts = dict(n_experts=hf_config.num_experts, n_experts_per_token=hf_config.num_experts_per_tok,
-                   d_expert=hf_config.moe_intermediate_size, router="softmax_topk", router_renorm=bool(hf_config.norm_topk_prob),
-                   d_shared_expert=hf_config.shared_expert_intermediate_size, shared_expert_gate=True,
-                   moe_layers=moe) if moe else {}
+    experts = (
+        dict(
+            n_experts=hf_config.num_experts,
+            n_experts_per_token=hf_config.num_experts_per_tok,
+            d_expert=hf_config.moe_intermediate_size,
+            router="softmax_topk",
+            router_renorm=bool(hf_config.norm_topk_prob),
+            d_shared_expert=hf_config.shared_expert_intermediate_size,
+            shared_expert_gate=True,
+            moe_layers=moe,
+        )
+        if moe
+        else {}
+    )
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     rotary_dim = int(head_dim * rope_parameters(hf_config).get("partial_rotary_factor", 1.0))
     if linear:  # the attention layers' options are read as Llama's, the linear layers standing as full ones
         hf_config = copy.copy(hf_config)
         hf_config.layer_types = ["full_attention"] * len(hf_config.layer_types)
-    return llama_config(hf_config, kind, qk_norm="per_head", attn_gate=True,
-                        rotary_dim=None if rotary_dim == head_dim else rotary_dim, **experts, **hybrid)
+    return llama_config(
+        hf_config,
+        kind,
+        qk_norm="per_head",
+        attn_gate=True,
+        rotary_dim=None if rotary_dim == head_dim else rotary_dim,
+        **experts,
+        **hybrid,
+    )
 
 
 def config(hf_config: Any) -> TransformerConfig:
@@ -75,24 +104,49 @@ def weights(sd: dict[str, Tensor], cfg: TransformerConfig, rope_interleave: bool
     return out
 
 
-TINY = dict(TINY_FIELDS, head_dim=16, layer_types=["full_attention"] * 2, num_experts=0,
-            rope_parameters={"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 0.5})
+TINY = dict(
+    TINY_FIELDS,
+    head_dim=16,
+    layer_types=["full_attention"] * 2,
+    num_experts=0,
+    rope_parameters={"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 0.5},
+)
 """Two full-attention layers, dense MLPs, half of each head rotary (Qwen3.5's text model's too)."""
 
-HYBRID = dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2, linear_num_value_heads=4,
-              linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
+HYBRID = dict(
+    num_hidden_layers=4,
+    layer_types=["linear_attention", "full_attention"] * 2,
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+)
 """Qwen3-Next's pattern in four layers: Gated DeltaNet at 0 and 2, gated attention (heads) at 1 and 3."""
 
 FAMILY = Family(
-    config=config, weights=weights,
+    config=config,
+    weights=weights,
     tiny=TinySpec(
-        fields=dict(TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
-                    mlp_only_layers=[0]),  # layer 0 dense, layer 1 a mixture of experts
-        layout=("GQA", "none", "per_head", None), norm_offset=1.0, perturb=("norm", "gate"),
+        fields=dict(
+            TINY,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            mlp_only_layers=[0],
+        ),  # layer 0 dense, layer 1 a mixture of experts
+        layout=("GQA", "none", "per_head", None),
+        norm_offset=1.0,
+        perturb=("norm", "gate"),
         unprunable="gated attention",
-        variants=(Variant(dict(rope_parameters={"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 1.0}),
-                          "full rotary"),
-                  Variant(dict(num_experts=0), "dense MLPs only")),
+        variants=(
+            Variant(
+                dict(rope_parameters={"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 1.0}),
+                "full rotary",
+            ),
+            Variant(dict(num_experts=0), "dense MLPs only"),
+        ),
         unsupported=(dict(attention_bias=True),),
         hybrid=dict(HYBRID, mlp_only_layers=[0, 1]),  # layers 2 and 3 mixtures of experts
     ),
