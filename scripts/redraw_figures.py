@@ -1,4 +1,4 @@
-"""Redraw the committed study, training and scan figures from the numbers their runs saved.
+"""Redraw the committed study, training, prune and scan figures from the numbers their runs saved.
 
 Usage: ``.venv/bin/python scripts/redraw_figures.py [figures | figures/RUN]``
 
@@ -60,6 +60,33 @@ def redraw_train(d: Path) -> list[Path]:
         device="cpu",
     )
     return [p for name, fig in result.figures().items() for p in save_figure(fig, d / name)]
+
+
+def redraw_prune(d: Path) -> list[Path]:
+    """Redraw a prune run's pruning_curve figure from its pruning_curve.csv with today's figure code
+    (the curves as :meth:`PruneResult.figures` draws them: Michel and L0 as lines, random orders as a
+    band over seeds). Reads the first CSV layout too (``order`` importance/random, ``induction_loss``)."""
+    import numpy as np
+
+    from headprobe.analyses import figures as figs
+    from headprobe.commands.prune_core import LABELS, METRICS
+
+    t = pd.read_csv(d / "pruning_curve.csv").rename(columns={"induction_loss": "repeated_loss"})
+    if "order" in t.columns:  # importance (Michel's) and one random order
+        t = t.assign(method=t["order"].map({"importance": "michel", "random": "random"}), seed=0)
+    summary = json.loads((d / "summary.json").read_text())
+    curves, bands = [], []
+    for method in dict.fromkeys(t["method"]):
+        rows = t[t["method"] == method]
+        runs = [g.sort_values("step") for _, g in rows.groupby(rows["seed"].fillna(0))]
+        frac = runs[0]["fraction_pruned"].to_numpy()
+        if method == "random":
+            bands.append((LABELS[method], frac, {c: np.stack([r[c].to_numpy() for r in runs]) for c, _ in METRICS}))
+        else:
+            curves.append((LABELS[method], frac, {c: runs[0][c].to_numpy() for c, _ in METRICS}))
+    dtype = summary.get("dtype") or summary["config"].get("dtype", "float32")
+    title = f"Head pruning, {summary['model']}\n({figs.weights_label(summary['weights_precision'])}, {dtype} compute)"
+    return figs.save_figure(figs.pruning_methods_plot(curves, bands, METRICS, title), d / "pruning_curve")
 
 
 def redraw_scan(d: Path) -> list[Path]:
@@ -150,6 +177,8 @@ def main(argv: list[str]) -> None:
             written += redraw_train(d)
         elif (d / "summary.json").is_file() and (d / "head_scores.csv").is_file():
             written += redraw_scan(d)
+        elif (d / "pruning_curve.csv").is_file():
+            written += redraw_prune(d)
     for p in written:
         print(p)
 
