@@ -277,9 +277,6 @@ def head_heatmap(
     Raises:
         ValueError: ``discrete`` with more than :data:`CATEGORY_COLORS` integers in ``[vmin, vmax]``.
     """
-    import matplotlib
-    from matplotlib.colors import BoundaryNorm, ListedColormap
-
     scores = np.asarray(scores, dtype=float)
     n_layers, n_heads = scores.shape
     if ax is None:
@@ -293,7 +290,32 @@ def head_heatmap(
     masked = np.zeros(scores.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool) & ~np.isnan(scores)
     if missing:
         ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
+    im, levels = _heat_cells(ax, scores, masked, cmap, vmin, vmax, discrete)
+    _head_axes(ax, n_layers, n_heads, group_size)
+    if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
+        title = ",\n".join(title.split(", ", 1))
+    ax.set_title(title)  # anything still too wide is broken by _wrap_titles
+    if levels is not None:
+        cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, ticks=levels)
+        cb.set_ticklabels([_category_label(v, i == 0, i == len(levels) - 1, extend) for i, v in enumerate(levels)])
+        cb.ax.tick_params(length=0)  # a label per colour block, no scale between them
+    else:
+        cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
+    cb.set_label(cbar_label)
+    if missing or masked.any():
+        _heat_legend(ax, bool(masked.any()), bool(missing), mask_label, n_layers)
+    return fig
+
+
+def _heat_cells(ax, scores: np.ndarray, masked: np.ndarray, cmap: str, vmin, vmax, discrete: bool):
+    """Draw :func:`head_heatmap`'s cells into ``ax``: ``scores`` but the ``masked`` cells (NaN cells
+    transparent), then the masked ones in plain pale grey on top. Returns ``(image, levels)``: the
+    values' image, for the colour bar, and for ``discrete`` the integer levels (None otherwise)."""
+    import matplotlib
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
     shown = np.where(masked, np.nan, scores)
+    levels = None
     if discrete:
         levels = _integer_levels(vmin, vmax)
         colors = ListedColormap(_category_colors(levels)).with_extremes(bad=(0, 0, 0, 0))
@@ -313,34 +335,27 @@ def head_heatmap(
             aspect="auto",
             interpolation="nearest",
         )
-    _head_axes(ax, n_layers, n_heads, group_size)
-    if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
-        title = ",\n".join(title.split(", ", 1))
-    ax.set_title(title)  # anything still too wide is broken by _wrap_titles
-    if discrete:
-        cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, ticks=levels)
-        cb.set_ticklabels([_category_label(v, i == 0, i == len(levels) - 1, extend) for i, v in enumerate(levels)])
-        cb.ax.tick_params(length=0)  # a label per colour block, no scale between them
-    else:
-        cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
-    cb.set_label(cbar_label)
-    if missing or masked.any():
-        from matplotlib.patches import Patch
+    return im, levels
 
-        keys = ([Patch(facecolor=MASKED_COLOR, edgecolor="none", label=mask_label)] if masked.any() else []) + (
-            [Patch(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", label="not measured")]
-            if missing
-            else []
-        )
-        ax.legend(
-            handles=keys,
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.12 if n_layers > 16 else -0.2),
-            frameon=False,
-            fontsize=6,
-            handlelength=1.2,
-        )
-    return fig
+
+def _heat_legend(ax, masked: bool, missing: bool, mask_label: str, n_layers: int) -> None:
+    """:func:`head_heatmap`'s legend below ``ax``: what the pale grey (``masked`` cells, named
+    ``mask_label``) and the hatched grey (``missing``: heads not measured) cells mean."""
+    from matplotlib.patches import Patch
+
+    keys = ([Patch(facecolor=MASKED_COLOR, edgecolor="none", label=mask_label)] if masked else []) + (
+        [Patch(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", label="not measured")]
+        if missing
+        else []
+    )
+    ax.legend(
+        handles=keys,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.12 if n_layers > 16 else -0.2),
+        frameon=False,
+        fontsize=6,
+        handlelength=1.2,
+    )
 
 
 @_styled
@@ -482,8 +497,6 @@ def ablation_plot(rows: Sequence[dict], title: str, rule: VerdictRule | None = N
     is judged on. The y axis is symmetric-log (linear within +-0.1 nats), as effects span 0.01 to
     10 nats. The legend states ``rule`` (None: the one the rows carry, :meth:`VerdictRule.from_rows`).
     """
-    from matplotlib.lines import Line2D
-
     kinds = sorted(
         {r["kind"] for r in rows},
         key=lambda k: (
@@ -496,67 +509,100 @@ def ablation_plot(rows: Sequence[dict], title: str, rule: VerdictRule | None = N
     rule = rule or VerdictRule.from_rows(rows)
     fig = _figure(COLUMN_WIDTH, 2.5 * len(kinds) + 0.9)
     axes = np.atleast_1d(fig.subplots(len(kinds), 1, sharex=True))
-    x = np.arange(len(types))
     rng = np.random.default_rng(0)
-    blue, grey = "#0072B2", "#999999"  # Okabe-Ito blue; the controls in grey
     for ax, kind in zip(axes, kinds):
-        by_type = {r["head_type"]: r for r in rows if r["kind"] == kind}
-        top_all = []
-        for i, t in enumerate(types):
-            r = by_type.get(t)
-            if r is None:
-                continue
-            draws = np.asarray(r["random_effects"], dtype=float)
-            ax.scatter(i + rng.uniform(-0.22, 0.22, len(draws)), draws, s=3, color=grey, lw=0, zorder=2)
-            ax.plot([i - 0.27, i + 0.27], [draws.max()] * 2, color="black", lw=0.9, zorder=3)
-            lo, hi = r.get("top_effect_ci95") or [np.nan, np.nan]
-            err = None if not np.isfinite([lo, hi]).all() else [[r["top_effect"] - lo], [hi - r["top_effect"]]]
-            ax.errorbar([i], [r["top_effect"]], yerr=err, fmt="D", ms=4, color=blue, lw=0.8, capsize=2, zorder=4)
-            top_all += [r["top_effect"], float(draws.max())]
-            reached = (
-                f"{r['exceedances']}/{r['draws']} reached" if r.get("exceedances") is not None else f"n={r['draws']}"
-            )
-            if r.get("tested"):
-                verdict = verdict_label(r["confirmed"])
-                stop = {
-                    "futile under the correction": "\n(stopped: cannot\nreach α after\n"
-                    f"{CORRECTION_NAMES.get(r.get('correction') or '', '')})",
-                    "settled above alpha": "\n(stopped: > α)",
-                }
-                p = p_text(r).replace("p in [", "p in\n[")  # five columns: at most ~15 characters a line
-                text = f"{reached}\n{p}{stop.get(r.get('stop_reason') or '', '')}\nadj {r['p_adjusted']:.3g}\n{verdict}"
-            elif r["confirmed"] is None and r.get("no_verdict"):
-                text = f"{reached}\n{p_text(r)}\n{verdict_label(None)}"
-            else:
-                text = f"{reached}\n{p_text(r)}\n{NOT_TESTED}"
-            ax.annotate(
-                text,
-                (i, 1.0),
-                xycoords=("data", "axes fraction"),
-                ha="center",
-                va="bottom",
-                fontsize=4.5,
-                fontweight="bold" if r.get("confirmed") else "normal",
-                annotation_clip=False,
-            )
-        if max(np.abs(top_all), default=0) > 0.1:  # effects from 0.01 to 10 nats: symmetric-log
-            ax.set_yscale("symlog", linthresh=0.1)
-            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.axhline(0, color="black", lw=0.5)
-        tested = any(r.get("tested") for r in by_type.values())
-        ax.set_ylabel(
-            f"{kind} ablation{' (tested)' if tested else ' (reported)'}\n"
-            + ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine" else "Δ loss (nats/token)")
+        _ablation_panel(ax, kind, rows, types, rng)
+    fig.legend(
+        handles=_ablation_handles(rows, k, rule), loc="outside lower center", frameon=False, fontsize=5.5, ncols=1
+    )
+    fig.suptitle(title, fontsize=_RC["axes.titlesize"])
+    task_of = {r["head_type"]: r["task"] for r in rows}
+    labels = EMBEDDING_TASK_LABELS if rows[0].get("metric") == "embedding_cosine" else TASK_LABELS
+    many = len(types) > 4
+    axes[-1].set_xticks(
+        np.arange(len(types)),
+        [f"{t.replace('_', '-')}\n({labels.get(task_of[t], task_of[t])})" for t in types],
+        fontsize=5 if many else 5.5,
+        rotation=50 if many else 25,
+        ha="right",
+        rotation_mode="anchor",
+    )
+    return fig
+
+
+_TOP_COLOR, _CONTROL_COLOR = "#0072B2", "#999999"
+""":func:`ablation_plot`'s colours: the top-k effect in Okabe-Ito blue, the control sets in grey."""
+
+
+def _ablation_panel(ax, kind: str, rows: Sequence[dict], types: list[str], rng: np.random.Generator) -> None:
+    """One panel of :func:`ablation_plot`: ``kind``'s rows, a column per head type of ``types``
+    (controls jittered by ``rng``), its y scale (symmetric-log where effects exceed 0.1) and label."""
+    by_type = {r["head_type"]: r for r in rows if r["kind"] == kind}
+    top_all = []
+    for i, t in enumerate(types):
+        r = by_type.get(t)
+        if r is None:
+            continue
+        draws = np.asarray(r["random_effects"], dtype=float)
+        ax.scatter(i + rng.uniform(-0.22, 0.22, len(draws)), draws, s=3, color=_CONTROL_COLOR, lw=0, zorder=2)
+        ax.plot([i - 0.27, i + 0.27], [draws.max()] * 2, color="black", lw=0.9, zorder=3)
+        lo, hi = r.get("top_effect_ci95") or [np.nan, np.nan]
+        err = None if not np.isfinite([lo, hi]).all() else [[r["top_effect"] - lo], [hi - r["top_effect"]]]
+        ax.errorbar([i], [r["top_effect"]], yerr=err, fmt="D", ms=4, color=_TOP_COLOR, lw=0.8, capsize=2, zorder=4)
+        top_all += [r["top_effect"], float(draws.max())]
+        ax.annotate(
+            _ablation_verdict_text(r),
+            (i, 1.0),
+            xycoords=("data", "axes fraction"),
+            ha="center",
+            va="bottom",
+            fontsize=4.5,
+            fontweight="bold" if r.get("confirmed") else "normal",
+            annotation_clip=False,
         )
+    if max(np.abs(top_all), default=0) > 0.1:  # effects from 0.01 to 10 nats: symmetric-log
+        ax.set_yscale("symlog", linthresh=0.1)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.axhline(0, color="black", lw=0.5)
+    tested = any(r.get("tested") for r in by_type.values())
+    ax.set_ylabel(
+        f"{kind} ablation{' (tested)' if tested else ' (reported)'}\n"
+        + ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine" else "Δ loss (nats/token)")
+    )
+
+
+def _ablation_verdict_text(r: dict) -> str:
+    """The numbers :func:`ablation_plot` writes above a head type's column for row ``r``: control sets
+    ablated (or reached), p and, where tested, why the test stopped, the adjusted p and the verdict."""
+    reached = f"{r['exceedances']}/{r['draws']} reached" if r.get("exceedances") is not None else f"n={r['draws']}"
+    if r.get("tested"):
+        verdict = verdict_label(r["confirmed"])
+        stop = {
+            "futile under the correction": "\n(stopped: cannot\nreach α after\n"
+            f"{CORRECTION_NAMES.get(r.get('correction') or '', '')})",
+            "settled above alpha": "\n(stopped: > α)",
+        }
+        p = p_text(r).replace("p in [", "p in\n[")  # five columns: at most ~15 characters a line
+        return f"{reached}\n{p}{stop.get(r.get('stop_reason') or '', '')}\nadj {r['p_adjusted']:.3g}\n{verdict}"
+    if r["confirmed"] is None and r.get("no_verdict"):
+        return f"{reached}\n{p_text(r)}\n{verdict_label(None)}"
+    return f"{reached}\n{p_text(r)}\n{NOT_TESTED}"
+
+
+def _ablation_handles(rows: Sequence[dict], k: int, rule: VerdictRule | None) -> list:
+    """:func:`ablation_plot`'s legend entries: the markers (``k`` heads a set), ``rule``
+    (:func:`rule_legend`; none without one) and what the y axis' scale is."""
+    from matplotlib.lines import Line2D
+
     handles = [
-        Line2D([], [], ls="", marker="D", ms=4, color=blue, label=f"top-{k} heads (bars: 95% CI over sequences)"),
+        Line2D([], [], ls="", marker="D", ms=4, color=_TOP_COLOR, label=f"top-{k} heads (bars: 95% CI over sequences)"),
         Line2D(
             [],
             [],
             ls="",
             marker="o",
             ms=2,
-            color=grey,
+            color=_CONTROL_COLOR,
             label=f"control sets of {k} random heads (g/n reached: g of n sets\nreached the top-k Δ; "
             "p in [a, b]: a stopped test's range)",
         ),
@@ -568,20 +614,7 @@ def ablation_plot(rows: Sequence[dict], title: str, rule: VerdictRule | None = N
     handles.append(
         Line2D([], [], ls="", label=f"y axis: symmetric log (linear within ±0.1{unit}) where effects exceed 0.1")
     )
-    fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
-    fig.suptitle(title, fontsize=_RC["axes.titlesize"])
-    task_of = {r["head_type"]: r["task"] for r in rows}
-    labels = EMBEDDING_TASK_LABELS if rows[0].get("metric") == "embedding_cosine" else TASK_LABELS
-    many = len(types) > 4
-    axes[-1].set_xticks(
-        x,
-        [f"{t.replace('_', '-')}\n({labels.get(task_of[t], task_of[t])})" for t in types],
-        fontsize=5 if many else 5.5,
-        rotation=50 if many else 25,
-        ha="right",
-        rotation_mode="anchor",
-    )
-    return fig
+    return handles
 
 
 def format_interval(lo: float | None, hi: float | None, spec: str, prefix: str = "") -> str:
@@ -1092,16 +1125,44 @@ def circuit_graph(
     Raises:
         ValueError: no edges.
     """
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import FancyArrowPatch
-
     if not edges:
         raise ValueError("circuit_graph needs at least one edge")
     fig = _figure(COLUMN_WIDTH, 3.6)
     ax = fig.add_subplot()
     top = max(abs(e[3]) for e in edges) or 1.0
     where = lambda node: ((n_heads - 1) / 2, n_layers + 1.5) if node is None else (node[1], node[0])
-    nodes = {e[0] for e in edges} | {e[1] for e in edges}
+    _circuit_nodes(ax, {e[0] for e in edges} | {e[1] for e in edges}, where)
+    checked = [False] * len(edges) if checked is None else list(checked)
+    _circuit_edges(ax, edges, checked, where, top)
+    lowest = min(e[0][0] for e in edges)
+    ax.set_xlim(-0.8, n_heads - 0.2)
+    ax.set_ylim(max(-0.8, lowest - 1.5), n_layers + 2.8)  # only the layers the edges span, the logits on top
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    ax.yaxis.set_major_locator(
+        matplotlib.ticker.FixedLocator(
+            [
+                t
+                for t in matplotlib.ticker.MaxNLocator(integer=True).tick_values(max(0, lowest - 1), n_layers - 1)
+                if t < n_layers
+            ]
+        )
+    )
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    fig.legend(
+        handles=_circuit_handles(edges, checked, score_label, top),
+        loc="outside lower center",
+        fontsize=5,
+        frameon=False,
+        ncols=2,
+    )
+    return fig
+
+
+def _circuit_nodes(ax, nodes, where) -> None:
+    """:func:`circuit_graph`'s nodes: a dot and a label (``L.H``, or ``logits`` for None) for each of
+    ``nodes``, at ``where(node)``."""
     for node in nodes:
         x, y = where(node)
         ax.scatter([x], [y], s=60 if node is None else 30, color="#333333", zorder=3)
@@ -1114,9 +1175,14 @@ def circuit_graph(
             zorder=4,
             ha="center" if node is None else "left",
         )
-    import matplotlib.patheffects as pe
 
-    checked = [False] * len(edges) if checked is None else list(checked)
+
+def _circuit_edges(ax, edges: Sequence, checked: list[bool], where, top: float) -> None:
+    """:func:`circuit_graph`'s arrows, the weakest first: coloured by the receiver's input, as wide
+    as ``|score|`` against ``top``, dashed where negative, outlined in black where ``checked``."""
+    import matplotlib.patheffects as pe
+    from matplotlib.patches import FancyArrowPatch
+
     for (sender, receiver, inp, score), ok in sorted(zip(edges, checked), key=lambda e: abs(e[0][3])):
         width = 0.4 + 2.6 * abs(score) / top
         arrow = FancyArrowPatch(
@@ -1133,28 +1199,20 @@ def circuit_graph(
             path_effects=[pe.Stroke(linewidth=width + 1.4, foreground="black"), pe.Normal()] if ok else None,
         )
         ax.add_patch(arrow)
-    lowest = min(e[0][0] for e in edges)
-    ax.set_xlim(-0.8, n_heads - 0.2)
-    ax.set_ylim(max(-0.8, lowest - 1.5), n_layers + 2.8)  # only the layers the edges span, the logits on top
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_title(title)
+
+
+def _circuit_handles(edges: Sequence, checked: list[bool], score_label: str, top: float) -> list:
+    """:func:`circuit_graph`'s legend entries: the inputs its ``edges`` go into, the dashes, the
+    width (``top``: the largest ``|score|``) and how many edges are ``checked`` (outlined)."""
+    import matplotlib.patheffects as pe
+    from matplotlib.lines import Line2D
+
     handles = [
         Line2D([], [], color=c, label=f"into {k}" if k != "logits" else "into the logits")
         for k, c in CIRCUIT_INPUT_COLORS.items()
         if any(e[2] == k for e in edges)
     ]
     handles.append(Line2D([], [], color="#666666", linestyle="--", label=f"negative {score_label}"))
-    ax.yaxis.set_major_locator(
-        matplotlib.ticker.FixedLocator(
-            [
-                t
-                for t in matplotlib.ticker.MaxNLocator(integer=True).tick_values(max(0, lowest - 1), n_layers - 1)
-                if t < n_layers
-            ]
-        )
-    )
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     handles.append(Line2D([], [], color="none", label=f"width: |{score_label}|, largest {top:.3g}"))
     handles.append(
         Line2D(
@@ -1166,8 +1224,7 @@ def circuit_graph(
             label=f"outlined: checked by path patching ({sum(checked)} of {len(edges)})",
         )
     )
-    fig.legend(handles=handles, loc="outside lower center", fontsize=5, frameon=False, ncols=2)
-    return fig
+    return handles
 
 
 @_styled

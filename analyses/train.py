@@ -365,8 +365,7 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     held_out, repeated, held_out_text, corpus = _eval_data(cfg, loaded, device)
     data_gen = torch.Generator().manual_seed(cfg.seed)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup, 1)))
+    opt, sched = _optimizer(cfg, model)
     heads = [format_head((layer, h)) for layer in range(mcfg.n_layers) for h in range(mcfg.n_heads)]
     rows: list[dict] = []
     running: list[float] = []
@@ -396,23 +395,7 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     model.train()
     for step in range(1, cfg.steps + 1):
         tokens = _training_batch(cfg, corpus, data_gen).to(device)
-        loss = token_losses(model(tokens), tokens).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        running.append(float(loss.detach()))
-        if not math.isfinite(running[-1]):
-            raise HeadprobeError(f"training diverged at step {step} (loss {running[-1]}); lower --lr")
-        # the loss above is the one before this step's update: an update that made the weights NaN or
-        # Inf shows only in the next step's loss, and after the last step in none (a NaN model, its
-        # evaluation NaN, would be saved and summarised); one check over every parameter, on the device
-        if not bool(torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all()):
-            raise HeadprobeError(
-                f"training diverged at step {step} (a weight is NaN or Inf after the update, "
-                f"loss before it {running[-1]:.4g}); lower --lr"
-            )
+        running.append(_train_step(model, opt, sched, tokens, step))
         snapshot(step)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             rows.append(log_row(step))
@@ -421,12 +404,54 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     seconds = time.perf_counter() - t0
     model.eval()
     log = pd.DataFrame(rows)
+    return TrainRun(cfg, loaded, log, _final_scores(log, heads, mcfg), seconds, device, snapshots)
+
+
+def _optimizer(
+    cfg: TrainConfig, model: torch.nn.Module
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """:func:`train`'s AdamW over ``model``'s parameters (``cfg.lr``, ``cfg.weight_decay``) and its
+    schedule: a linear warm-up over ``cfg.warmup`` steps, then constant."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup, 1)))
+    return opt, sched
+
+
+def _train_step(model: torch.nn.Module, opt, sched, tokens: Tensor, step: int) -> float:
+    """One optimiser step of :func:`train` on ``tokens`` (gradients clipped to norm 1); returns the
+    loss (nats/token) before the update.
+
+    Raises:
+        HeadprobeError: the loss, or a weight after the update, is NaN or Inf.
+    """
+    loss = token_losses(model(tokens), tokens).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise HeadprobeError(f"training diverged at step {step} (loss {value}); lower --lr")
+    # the loss above is the one before this step's update: an update that made the weights NaN or
+    # Inf shows only in the next step's loss, and after the last step in none (a NaN model, its
+    # evaluation NaN, would be saved and summarised); one check over every parameter, on the device
+    if not bool(torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all()):
+        raise HeadprobeError(
+            f"training diverged at step {step} (a weight is NaN or Inf after the update, "
+            f"loss before it {value:.4g}); lower --lr"
+        )
+    return value
+
+
+def _final_scores(log: pd.DataFrame, heads: list[str], mcfg) -> dict[str, np.ndarray]:
+    """:attr:`TrainRun.final_scores` from the log's last row: ``"induction"`` / ``"previous_token"``
+    -> ``[layer, head]`` (``heads`` named ``L.H`` in that order, ``mcfg`` the model's config)."""
     last = log.iloc[-1]
-    final = {
+    return {
         kind: np.array([last[f"{kind}_{h}"] for h in heads]).reshape(mcfg.n_layers, mcfg.n_heads)
         for kind in ("induction", "previous_token")
     }
-    return TrainRun(cfg, loaded, log, final, seconds, device, snapshots)
 
 
 def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, NativeModel, str]:

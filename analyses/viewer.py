@@ -416,20 +416,7 @@ def viewer_data(
     """
     from headprobe.analyses.figures import NOT_MEASURED_COLOR, PATTERN_CMAP  # the PNG's pattern colours
 
-    tables = [t for t in (scores, ablation) if t is not None]
-    if not tables:
-        raise ValueError("nothing to show: need head_scores.csv (scan) or head_ablation.csv (ablate)")
-    table = tables[0].copy()
-    if len(tables) == 2:
-        assert ablation is not None
-        a = ablation.drop(columns=[c for c in ablation.columns if c in table and c not in ("layer", "head")])
-        if len(a) != len(table):
-            raise ValueError(f"head_scores.csv has {len(table)} heads but head_ablation.csv {len(a)}")
-        table = table.merge(a, on=["layer", "head"], how="left")
-    table = table.sort_values(["layer", "head"]).reset_index(drop=True)
-    n_layers, n_heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
-    if len(table) != n_layers * n_heads:
-        raise ValueError(f"the table has {len(table)} rows, not one per head of {n_layers} layers x {n_heads} heads")
+    table, n_layers, n_heads = _head_table(scores, ablation)
     info = dict(summary or ablation_summary or {})
     layout = dict(info.get("layout") or {})
     n_kv = int(layout.get("n_kv_heads") or (table["kv_head"].max() + 1 if "kv_head" in table else n_heads))
@@ -446,15 +433,7 @@ def viewer_data(
         "clean_loss": info.get("clean_loss_nats") or info.get("clean_loss"),
         "maps": maps,
         "columns": columns,
-        "rows": [
-            [
-                int(r.layer),
-                int(r.head),
-                int(r.kv_head) if "kv_head" in table else int(r.head) // max(1, n_heads // n_kv),
-                *[_round(getattr(r, c)) for c in columns],
-            ]
-            for r in table.itertuples(index=False)
-        ],
+        "rows": _table_rows(table, columns, n_heads, n_kv),
         "verdicts": _verdicts(summary) if verdicts else None,
         "rule": _rule(summary) if verdicts else None,
         "warnings": list((summary or {}).get("warnings", [])),
@@ -466,6 +445,57 @@ def viewer_data(
         "patterns": {},
         "circuit": _checked_circuit(circuit, n_layers, n_heads),
     }
+    data["patterns"].update(_page_patterns(patterns, n_layers, n_heads))
+    return data
+
+
+def _head_table(scores: pd.DataFrame | None, ablation: pd.DataFrame | None) -> tuple[pd.DataFrame, int, int]:
+    """:func:`viewer_data`'s table, ``(table, n_layers, n_heads)``: ``scores``, with ``ablation``'s
+    columns merged in by (layer, head) (those of the same name kept from ``scores``), or either alone,
+    sorted by layer and head.
+
+    Raises:
+        ValueError: neither given, tables of different head counts, or not one row per head.
+    """
+    tables = [t for t in (scores, ablation) if t is not None]
+    if not tables:
+        raise ValueError("nothing to show: need head_scores.csv (scan) or head_ablation.csv (ablate)")
+    table = tables[0].copy()
+    if len(tables) == 2:
+        assert ablation is not None
+        a = ablation.drop(columns=[c for c in ablation.columns if c in table and c not in ("layer", "head")])
+        if len(a) != len(table):
+            raise ValueError(f"head_scores.csv has {len(table)} heads but head_ablation.csv {len(a)}")
+        table = table.merge(a, on=["layer", "head"], how="left")
+    table = table.sort_values(["layer", "head"]).reset_index(drop=True)
+    n_layers, n_heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    if len(table) != n_layers * n_heads:
+        raise ValueError(f"the table has {len(table)} rows, not one per head of {n_layers} layers x {n_heads} heads")
+    return table, n_layers, n_heads
+
+
+def _table_rows(table: pd.DataFrame, columns: list[str], n_heads: int, n_kv: int) -> list[list]:
+    """The page's table rows: ``[layer, head, kv_head, *columns]`` per head, the values rounded
+    (:func:`_round`); ``kv_head`` from the table, else the head's GQA group of ``n_kv``."""
+    return [
+        [
+            int(r.layer),
+            int(r.head),
+            int(r.kv_head) if "kv_head" in table else int(r.head) // max(1, n_heads // n_kv),
+            *[_round(getattr(r, c)) for c in columns],
+        ]
+        for r in table.itertuples(index=False)
+    ]
+
+
+def _page_patterns(patterns: Mapping[str, dict] | None, n_layers: int, n_heads: int) -> dict[str, dict]:
+    """The page's patterns: per example its length, token labels, period, start, the pattern encoded
+    (:func:`encode_pattern`) and how the page names it.
+
+    Raises:
+        ValueError: an example's layer/head counts are not ``n_layers`` x ``n_heads``.
+    """
+    shown = {}
     for name, ex in (patterns or {}).items():
         p = np.asarray(ex["pattern"])
         if p.shape[:2] != (n_layers, n_heads):
@@ -473,7 +503,7 @@ def viewer_data(
                 f"{name} patterns are for {p.shape[0]} layers x {p.shape[1]} heads, "
                 f"the table for {n_layers} x {n_heads}"
             )
-        data["patterns"][name] = {
+        shown[name] = {
             "n": int(p.shape[-1]),
             "labels": list(ex["labels"]),
             "period": ex.get("period"),
@@ -481,7 +511,7 @@ def viewer_data(
             "data": encode_pattern(p),
             "label": ex.get("label") or EXAMPLE_LABELS.get(name, f"the {name} example"),
         }
-    return data
+    return shown
 
 
 def _checked_circuit(circuit: Mapping | None, n_layers: int, n_heads: int) -> dict | None:
