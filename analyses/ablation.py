@@ -281,15 +281,7 @@ def set_ablation_losses(
             backend without padding, or one set's ablation does not fit in memory (:func:`set_plan`).
     """
     require_head_ablation(model)
-    if attention_mask is not None:
-        if score is not None:
-            raise HeadprobeError(
-                "set ablations of a padded batch (attention_mask) are scored by the loss only, not a custom score"
-            )
-        mask = attention_mask.to(model.device)
-        score = lambda toks, first_, hooks: masked_scored_losses(
-            model, toks, first_, hooks, mask.repeat(toks.shape[0] // mask.shape[0], 1)
-        )
+    score = _padded_score(model, score, attention_mask)
     _, inputs = kind_inputs(model, kind, mean_z, source_tokens, attention_mask)
     spec = model.spec
     tokens = tokens.to(model.device)
@@ -311,16 +303,52 @@ def set_ablation_losses(
         for lo in range(0, len(idx), per_pass):
             sel = idx[lo : lo + per_pass]
             chunk = masks[sel].to(model.device)  # [m, layer, head]
-            m = chunk.shape[0]
-            hooks = batched_ablation_hooks(chunk, B, kind, inputs.mean_z, inputs.source_z)
-            if pre is None:
-                losses = (score or model.scored_losses)(tokens.repeat(m, 1), first, hooks)
-            else:
-                losses = model.scored_losses_from(start, tokens.repeat(m, 1), pre.repeat(m, 1, 1), first, hooks)
-            out[sel] = losses.view(m, B).float().cpu()
-            bar.update(m)
+            out[sel] = _set_chunk_losses(model, tokens, chunk, kind, inputs, first, score, start, pre).float().cpu()
+            bar.update(chunk.shape[0])
     bar.close()
     return out
+
+
+def _padded_score(model: LoadedModel, score: Any, attention_mask: Tensor | None) -> Any:
+    """:func:`set_ablation_losses`' ``score`` for a padded batch: :func:`masked_scored_losses` with
+    ``attention_mask`` repeated once per set in the pass (``score`` itself where there is no mask).
+
+    Raises:
+        HeadprobeError: ``attention_mask`` together with a custom ``score``.
+    """
+    if attention_mask is None:
+        return score
+    if score is not None:
+        raise HeadprobeError(
+            "set ablations of a padded batch (attention_mask) are scored by the loss only, not a custom score"
+        )
+    mask = attention_mask.to(model.device)
+    return lambda toks, first_, hooks: masked_scored_losses(
+        model, toks, first_, hooks, mask.repeat(toks.shape[0] // mask.shape[0], 1)
+    )
+
+
+def _set_chunk_losses(
+    model: LoadedModel,
+    tokens: Int[Tensor, "batch pos"],
+    chunk: Tensor,
+    kind: AblationKind,
+    inputs: AblationInputs,
+    first: int,
+    score: Any,
+    start: int,
+    pre: Tensor | None,
+) -> Tensor:
+    """One pass of :func:`set_ablation_losses`: the ``[m, batch]`` scores with each of the ``m`` head
+    sets of ``chunk`` (``[m, layer, head]`` masks) ablated in its own copy of ``tokens``; a whole
+    forward where ``pre`` is None, else resumed at layer ``start`` from the clean residual ``pre``."""
+    m, B = chunk.shape[0], tokens.shape[0]
+    hooks = batched_ablation_hooks(chunk, B, kind, inputs.mean_z, inputs.source_z)
+    if pre is None:
+        losses = (score or model.scored_losses)(tokens.repeat(m, 1), first, hooks)
+    else:
+        losses = model.scored_losses_from(start, tokens.repeat(m, 1), pre.repeat(m, 1, 1), first, hooks)
+    return losses.view(m, B)
 
 
 def masked_scored_losses(
@@ -796,10 +824,7 @@ def exact_sweep(
     clean = CleanActivations(model, tokens, {layer for layer, _ in heads}, first, clean_loss=True)
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     seq = torch.full((spec.n_layers, spec.n_heads, B), float("nan")) if per_sequence else None
-    by_layer: dict[int, list[int]] = {}
-    for layer, head in heads:
-        by_layer.setdefault(layer, []).append(head)
-    it = [(layer, hs[i : i + per_pass]) for layer, hs in sorted(by_layer.items()) for i in range(0, len(hs), per_pass)]
+    it = _sweep_passes(heads, per_pass)
     if progress:
         from tqdm.auto import tqdm
 
@@ -807,26 +832,54 @@ def exact_sweep(
     for layer, group in it:
         kept = clean.at(layer)
         assert kept is not None  # every swept layer was asked for
-        pre, zs, attn = kept
-        k = len(group)
-        W_O = model.W_O(layer)  # [head, d_head, d_model]
-        idx = torch.tensor(group, device=device)
-        z = zs[:, :, idx]  # [batch, pos, k, d_head]
-        r = ablation.replace(z, layer, idx, inputs)
-        delta = torch.einsum("bpkd,kdm->kbpm", r - z, W_O[idx].to(z))  # [k, batch, pos, d_model]
-        per_seq = model.resume_scored_losses(
-            layer,
-            tokens,
-            pre[None].expand(k, -1, -1, -1).reshape(k * B, T, -1),
-            (attn[None] + delta).reshape(k * B, T, -1),
-            first,
-        )  # [k * batch]
+        k, idx = len(group), torch.tensor(group, device=device)
+        per_seq = _resumed_losses(model, tokens, layer, idx, kept, ablation, inputs, first)  # [k * batch]
         loss[layer, idx.cpu()] = per_seq.view(k, B).mean(dim=1).float().cpu()
         if seq is not None:
             seq[layer, idx.cpu()] = per_seq.view(k, B).float().cpu()
     assert clean.clean_loss is not None  # recorded by clean_loss=True
     clean_seq = model.scored_losses(tokens, first).float().cpu() if per_sequence else None
     return SweepResult(clean.clean_loss, loss, kind, seq, clean_seq)
+
+
+def _sweep_passes(heads: Sequence[Head], per_pass: int) -> list[tuple[int, list[int]]]:
+    """:func:`exact_sweep`'s passes: ``(layer, heads of that layer)``, layers in order, at most
+    ``per_pass`` heads each, the heads in the order given."""
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+    return [
+        (layer, hs[i : i + per_pass]) for layer, hs in sorted(by_layer.items()) for i in range(0, len(hs), per_pass)
+    ]
+
+
+def _resumed_losses(
+    model: LoadedModel,
+    tokens: Int[Tensor, "batch pos"],
+    layer: int,
+    idx: Tensor,
+    kept: tuple[Tensor, ...],
+    ablation: Kind,
+    inputs: AblationInputs,
+    first: int,
+) -> Float[Tensor, " k_batch"]:
+    """One pass of :func:`exact_sweep`: the per-sequence scored losses ``[k * batch]`` with each of
+    the ``k`` heads ``idx`` of ``layer`` ablated alone, resumed at ``layer`` from its clean
+    ``kept = (resid_pre, z, attn_out)`` plus that head's change ``(r_h - z_h) W_O^(h)``."""
+    pre, zs, attn = kept
+    B, T = tokens.shape
+    k = idx.shape[0]
+    W_O = model.W_O(layer)  # [head, d_head, d_model]
+    z = zs[:, :, idx]  # [batch, pos, k, d_head]
+    r = ablation.replace(z, layer, idx, inputs)
+    delta = torch.einsum("bpkd,kdm->kbpm", r - z, W_O[idx].to(z))  # [k, batch, pos, d_model]
+    return model.resume_scored_losses(
+        layer,
+        tokens,
+        pre[None].expand(k, -1, -1, -1).reshape(k * B, T, -1),
+        (attn[None] + delta).reshape(k * B, T, -1),
+        first,
+    )
 
 
 @dataclass

@@ -135,10 +135,7 @@ def iterative_pruning(
     Raises:
         HeadprobeError: ``order`` unknown, or a fraction outside (0, 1].
     """
-    if order not in ORDERS:
-        raise HeadprobeError(f"unknown pruning order {order!r}; expected one of {ORDERS}")
-    if not 0 < step_fraction <= 1 or not 0 < max_fraction <= 1:
-        raise HeadprobeError(f"step fraction {step_fraction} and max fraction {max_fraction} must be in (0, 1]")
+    _check_pruning_args(order, step_fraction, max_fraction)
     spec = model.spec
     n_total = spec.n_layers * spec.n_heads
     per_step = max(1, round(step_fraction * n_total))
@@ -146,13 +143,7 @@ def iterative_pruning(
     keep = torch.ones(spec.n_layers, spec.n_heads)
     run = PruningRun(order)
     random_order = torch.randperm(n_total, generator=torch.Generator().manual_seed(seed)).tolist()
-    scores = None
-    if resume:
-        run.rows = [dict(r) for r in resume["rows"]]
-        run.removal_order = [tuple(h) for h in resume["removal_order"]]
-        for layer, head in run.removal_order:
-            keep[layer, head] = 0.0
-        scores = None if resume.get("scores") is None else torch.tensor(resume["scores"])
+    scores = _resume_pruning(run, keep, resume) if resume else None
 
     def state() -> dict:
         return {
@@ -162,12 +153,7 @@ def iterative_pruning(
         }
 
     def record(step: int, removed: list[Head]) -> None:
-        n = n_total - int(keep.sum())
-        row = {"order": order, "step": step, "n_pruned": n, "fraction_pruned": n / n_total}
-        for name, data in eval_sets.items():
-            row[f"{name}_loss"] = masked_loss(model, data, keep)
-        row["removed"] = " ".join(format_head(h) for h in removed)
-        run.rows.append(row)
+        run.rows.append(_pruning_row(model, eval_sets, keep, order, step, removed))
 
     if not run.rows:
         record(0, [])
@@ -187,9 +173,7 @@ def iterative_pruning(
                 scores = head_importance(
                     model, score_set.tokens, score_set.first, head_mask=keep, normalize=normalize
                 ).importance.clone()
-            masked = scores.flatten().clone()
-            masked[keep.flatten() == 0] = float("inf")
-            flat = masked.argsort()[:n_now].tolist()
+            flat = _least_important(scores, keep, n_now)
         removed = [(i // spec.n_heads, i % spec.n_heads) for i in flat]
         for layer, head in removed:
             keep[layer, head] = 0.0
@@ -198,6 +182,54 @@ def iterative_pruning(
         if on_step:
             on_step(state())
     return run
+
+
+def _check_pruning_args(order: str, step_fraction: float, max_fraction: float) -> None:
+    """Refuse :func:`iterative_pruning`'s arguments where ``order`` is unknown or a fraction outside (0, 1].
+
+    Raises:
+        HeadprobeError: as described.
+    """
+    if order not in ORDERS:
+        raise HeadprobeError(f"unknown pruning order {order!r}; expected one of {ORDERS}")
+    if not 0 < step_fraction <= 1 or not 0 < max_fraction <= 1:
+        raise HeadprobeError(f"step fraction {step_fraction} and max fraction {max_fraction} must be in (0, 1]")
+
+
+def _resume_pruning(run: PruningRun, keep: Tensor, resume: dict) -> Tensor | None:
+    """Restore :func:`iterative_pruning`'s ``run`` (rows, removal order) and ``keep`` mask (in place)
+    from a saved state; the saved importance scores, or None."""
+    run.rows = [dict(r) for r in resume["rows"]]
+    run.removal_order = [tuple(h) for h in resume["removal_order"]]
+    for layer, head in run.removal_order:
+        keep[layer, head] = 0.0
+    return None if resume.get("scores") is None else torch.tensor(resume["scores"])
+
+
+def _pruning_row(
+    model: LoadedModel,
+    eval_sets: Mapping[str, LossSet],
+    keep: Tensor,
+    order: str,
+    step: int,
+    removed: list[Head],
+) -> dict:
+    """One curve row of :func:`iterative_pruning`: the held-out losses (nats/token) with the heads
+    of ``keep`` (1 kept, 0 removed) and the heads removed at this step."""
+    n_total = keep.numel()
+    n = n_total - int(keep.sum())
+    row = {"order": order, "step": step, "n_pruned": n, "fraction_pruned": n / n_total}
+    for name, data in eval_sets.items():
+        row[f"{name}_loss"] = masked_loss(model, data, keep)
+    row["removed"] = " ".join(format_head(h) for h in removed)
+    return row
+
+
+def _least_important(scores: Tensor, keep: Tensor, n: int) -> list[int]:
+    """The flat indices of the ``n`` kept heads (``keep`` nonzero) of lowest ``scores``, lowest first."""
+    masked = scores.flatten().clone()
+    masked[keep.flatten() == 0] = float("inf")
+    return masked.argsort()[:n].tolist()
 
 
 def _median_time(fn, repeats: int = 3) -> float:
@@ -361,23 +393,9 @@ def l0_pruning(
     Raises:
         HeadprobeError: a negative or unsorted ``lambdas``, ``steps`` or ``batch_size`` below 1.
     """
-    lambdas = tuple(float(x) for x in lambdas)
-    if not lambdas or any(x < 0 for x in lambdas) or list(lambdas) != sorted(lambdas):
-        raise HeadprobeError(f"L0 penalties must be non-negative and increasing, got {lambdas}")
-    if steps < 1 or batch_size < 1:
-        raise HeadprobeError(f"L0 steps ({steps}) and batch size ({batch_size}) must be at least 1")
+    lambdas = _check_l0_args(lambdas, steps, batch_size)
     require_head_ablation(model)
-    spec = model.spec
-    gen = torch.Generator().manual_seed(seed)
-    log_alpha = torch.full((spec.n_layers, spec.n_heads), float(init))
-    run = PruningRun("l0")
-    opt_state = None
-    if resume:
-        run.rows = [dict(r) for r in resume["rows"]]
-        run.removal_order = [tuple(h) for h in resume["removal_order"]]
-        log_alpha = torch.tensor(resume["log_alpha"])
-        gen.set_state(torch.tensor(resume["rng"], dtype=torch.uint8))
-        opt_state = resume.get("adam")
+    run, log_alpha, gen, opt_state = _l0_start(model, init, seed, resume)
     log_alpha = log_alpha.to(model.device).requires_grad_(True)
     opt = _adam(log_alpha, lr, opt_state)
 
@@ -407,6 +425,40 @@ def l0_pruning(
     if bar is not None:
         bar.close()
     return run
+
+
+def _check_l0_args(lambdas: tuple[float, ...], steps: int, batch_size: int) -> tuple[float, ...]:
+    """:func:`l0_pruning`'s ``lambdas`` as floats, once they and ``steps`` and ``batch_size`` are checked.
+
+    Raises:
+        HeadprobeError: a negative or unsorted (or empty) ``lambdas``, ``steps`` or ``batch_size`` below 1.
+    """
+    lambdas = tuple(float(x) for x in lambdas)
+    if not lambdas or any(x < 0 for x in lambdas) or list(lambdas) != sorted(lambdas):
+        raise HeadprobeError(f"L0 penalties must be non-negative and increasing, got {lambdas}")
+    if steps < 1 or batch_size < 1:
+        raise HeadprobeError(f"L0 steps ({steps}) and batch size ({batch_size}) must be at least 1")
+    return lambdas
+
+
+def _l0_start(
+    model: LoadedModel, init: float, seed: int, resume: dict | None
+) -> tuple[PruningRun, Tensor, torch.Generator, dict | None]:
+    """:func:`l0_pruning`'s starting point: the run, the gates' ``log_alpha`` (on the CPU), the noise
+    generator and Adam's saved state; fresh (gates at ``init``, generator from ``seed``, no Adam state)
+    or restored from ``resume`` (:func:`_l0_state`)."""
+    spec = model.spec
+    gen = torch.Generator().manual_seed(seed)
+    log_alpha = torch.full((spec.n_layers, spec.n_heads), float(init))
+    run = PruningRun("l0")
+    opt_state = None
+    if resume:
+        run.rows = [dict(r) for r in resume["rows"]]
+        run.removal_order = [tuple(h) for h in resume["removal_order"]]
+        log_alpha = torch.tensor(resume["log_alpha"])
+        gen.set_state(torch.tensor(resume["rng"], dtype=torch.uint8))
+        opt_state = resume.get("adam")
+    return run, log_alpha, gen, opt_state
 
 
 def _adam(log_alpha: Tensor, lr: float, saved: dict | None) -> torch.optim.Adam:

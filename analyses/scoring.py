@@ -8,7 +8,7 @@ ablation sweep) and the tests that compare backends.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.ablation import Head, HookCounter
 from headprobe.probe.hooks.capture import patterns_by_layer
 from headprobe.probe.hooks.names import attn_hook, block_hook
+from headprobe.probe.layout.spec import ModelSpec
 
 
 def score_token_set(
@@ -173,9 +174,7 @@ def score_tokens(
 
     spec = model.spec
     dets = [d for name, d in DETECTORS.items() if d.dataset == dataset and (types is None or name in types)]
-    scores = {c: torch.zeros(spec.n_layers, spec.n_heads) for d in dets for c in d.columns}
-    for v in scores.values():  # a hybrid's linear-attention layers have no heads to score
-        v[[l for l in range(spec.n_layers) if l not in spec.attention_layers]] = float("nan")
+    scores = _empty_scores(spec, dets)
     B = tokens.tokens.shape[0]
     if per_sequence is not None:
         per_sequence.update({c: torch.zeros(B, spec.n_layers, spec.n_heads) for d in dets for c in d.columns})
@@ -185,16 +184,7 @@ def score_tokens(
             f"head type {', '.join(lacking)} has no streamed score (score_stats): scan it with "
             f"--streaming off, or give it one"
         )
-
-    def score(layer: int, x: Any, fn) -> None:
-        for det in dets:
-            for col, v in fn(det, x).items():
-                scores[col][layer] = v.cpu()
-            if per_sequence is not None:
-                for i in range(B):
-                    for col, v in fn(det, _one(x, i)).items():
-                        per_sequence[col][i, layer] = v.cpu()
-
+    score = _scorer(dets, scores, per_sequence, B)
     first_bad: list[int] = []
     extra = _finite_checks(spec.n_layers, first_bad)
     z_mean = torch.zeros(spec.n_layers, spec.n_heads, spec.d_head) if mean_z else None
@@ -212,22 +202,7 @@ def score_tokens(
                 entropy=False,
             )
         else:
-            counter = HookCounter()
-            pat = [
-                (
-                    attn_hook(layer, "pattern"),
-                    _pattern_hook(
-                        layer, counter, lambda l, p: score(l, p, lambda d, x: d.score(x, tokens.period, tokens.start))
-                    ),
-                )
-                for layer in spec.attention_layers
-            ]  # headless layers stay 0
-            resid = (
-                model.final_residual(tokens.tokens, fwd_hooks=[*pat, *extra])
-                if spec.causal
-                else model.forward(tokens.tokens, fwd_hooks=[*pat, *extra])
-            )
-            counter.check_once([name for name, _ in pat])
+            resid = _pattern_pass(model, tokens, score, extra)
         if first_bad:
             raise HeadprobeError(
                 f"activations become NaN or Inf in layer {first_bad[0]} (residual stream after the "
@@ -240,6 +215,58 @@ def score_tokens(
     if not torch.isfinite(loss).all():
         raise HeadprobeError("the model produced NaN or Inf logits on the scan's input")
     return scores, loss, z_mean
+
+
+def _empty_scores(spec: ModelSpec, dets: Sequence[Any]) -> dict[str, Tensor]:
+    """:func:`score_tokens`' score tables, column -> ``[layer, head]``: zeros, NaN in a hybrid's
+    linear-attention layers (no heads to score)."""
+    scores = {c: torch.zeros(spec.n_layers, spec.n_heads) for d in dets for c in d.columns}
+    for v in scores.values():  # a hybrid's linear-attention layers have no heads to score
+        v[[l for l in range(spec.n_layers) if l not in spec.attention_layers]] = float("nan")
+    return scores
+
+
+def _scorer(
+    dets: Sequence[Any], scores: dict[str, Tensor], per_sequence: dict[str, Tensor] | None, B: int
+) -> Callable[[int, Any, Any], None]:
+    """:func:`score_tokens`' per-layer callback ``(layer, x, fn)``: writes each detector's ``fn(det, x)``
+    columns into ``scores`` at ``layer``, and (with ``per_sequence``) those of each of the ``B``
+    sequences alone (:func:`_one`)."""
+
+    def score(layer: int, x: Any, fn) -> None:
+        for det in dets:
+            for col, v in fn(det, x).items():
+                scores[col][layer] = v.cpu()
+            if per_sequence is not None:
+                for i in range(B):
+                    for col, v in fn(det, _one(x, i)).items():
+                        per_sequence[col][i, layer] = v.cpu()
+
+    return score
+
+
+def _pattern_pass(model: LoadedModel, tokens: TokenSet, score: Callable, extra: list) -> Tensor:
+    """:func:`score_tokens`' forward on materialised patterns: each attention layer's pattern scored
+    (``score``, each hook run exactly once; headless layers stay 0) with the ``extra`` hooks; the
+    final residual stream (the whole output for an encoder)."""
+    spec = model.spec
+    counter = HookCounter()
+    pat = [
+        (
+            attn_hook(layer, "pattern"),
+            _pattern_hook(
+                layer, counter, lambda l, p: score(l, p, lambda d, x: d.score(x, tokens.period, tokens.start))
+            ),
+        )
+        for layer in spec.attention_layers
+    ]  # headless layers stay 0
+    resid = (
+        model.final_residual(tokens.tokens, fwd_hooks=[*pat, *extra])
+        if spec.causal
+        else model.forward(tokens.tokens, fwd_hooks=[*pat, *extra])
+    )
+    counter.check_once([name for name, _ in pat])
+    return resid
 
 
 def _one(x: Any, i: int) -> Any:

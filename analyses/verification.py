@@ -56,6 +56,7 @@ from headprobe.analyses.vocabulary import unreachable_note as _unreachable_note
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.ablation import Head
+from headprobe.probe.layout.spec import ModelSpec
 
 KINDS = ("zero", "mean")
 """The kinds a verification ablates (both need no second input)."""
@@ -458,24 +459,13 @@ def verify_heads(
     Raises:
         HeadprobeError: too few heads for a control set, or as :func:`set_ablation_losses`.
     """
-    import time
-
     from tqdm.auto import tqdm
 
     spec = model.spec
     untrusted, scorers, removed = untrusted or {}, scorers or {}, set(removed)
-    all_heads = [(layer, head) for layer in range(spec.n_layers) for head in range(spec.n_heads)]
     requested = settings.n_random
-    m = len([t for t in top if not untrusted.get(task_of[t])])
-    settings = replace(settings, n_random=plan_draws(m, settings))
-    tests, streams, excluded, notes = _draw_controls(top, task_of, all_heads, removed, settings)
-    for x in tests:
-        x.no_verdict = untrusted.get(x.task)
-    # the untested kind: the first sets of each test's stream (fixed-size: all of them, the design before sequential tests)
-    n_secondary = min(SECONDARY_DRAWS, settings.n_random) if settings.sequential else settings.n_random
-    plan = make_plan(tests, streams, settings, requested, n_secondary)
-    if _cap_undecidable(tests, streams, requested):  # the plan of the sets that are ablated
-        plan = make_plan(tests, streams, settings, requested, n_secondary)
+    settings, tests, streams, excluded, notes = _drawn_tests(top, task_of, spec, untrusted, removed, settings)
+    plan, n_secondary = _capped_plan(tests, streams, settings, requested)
     notes += _pool_notes(tests, streams, settings)
     run = _Ablator(
         model,
@@ -488,15 +478,7 @@ def verify_heads(
         cache=cache if cache is not None else SetLosses(),
         sources=sources or {},
     )
-    t0 = time.perf_counter()
-    run.top_sets(tests, settings.kinds)
-    if run.cache.seconds_per_set is None:  # a resumed run keeps the first run's timing
-        run.cache.seconds_per_set = (time.perf_counter() - t0) / max(run.ablated, 1)
-        run.cache.save()
-    estimate = {
-        "seconds_per_set": run.cache.seconds_per_set,
-        "estimated_s": run.cache.seconds_per_set * plan["max_sets"],
-    }
+    estimate = _timed_top_sets(run, tests, settings, plan)
     notes += _non_finite_top(tests, settings.primary_kind)
     plan["lines"] = plan_lines(plan)  # stored without the time estimate (a timing: the design's "timings_s")
     for line in plan_lines({**plan, **estimate}):
@@ -506,6 +488,56 @@ def verify_heads(
     out, design = _verdicts(tests, streams, excluded, settings, metric, clean, plan, notes, run.ablated)
     design["timings_s"] = {f"plan_{k}": v for k, v in estimate.items()}
     return out, design
+
+
+def _drawn_tests(
+    top: dict[str, list[Head]],
+    task_of: dict[str, str],
+    spec: ModelSpec,
+    untrusted: dict[str, str | None],
+    removed: set,
+    settings: VerificationSettings,
+) -> tuple[VerificationSettings, list[_Test], list[list[list[Head]]], dict, list[str]]:
+    """:func:`verify_heads`' tests and control streams (:func:`_draw_controls`) over every head of
+    ``spec``: ``settings`` with the draws the trusted tests' family needs (:func:`plan_draws`), the
+    tests (each marked with its task's ``untrusted`` reason), their streams, excluded heads and notes."""
+    all_heads = [(layer, head) for layer in range(spec.n_layers) for head in range(spec.n_heads)]
+    m = len([t for t in top if not untrusted.get(task_of[t])])
+    settings = replace(settings, n_random=plan_draws(m, settings))
+    tests, streams, excluded, notes = _draw_controls(top, task_of, all_heads, removed, settings)
+    for x in tests:
+        x.no_verdict = untrusted.get(x.task)
+    return settings, tests, streams, excluded, notes
+
+
+def _capped_plan(
+    tests: list[_Test], streams: list[list[list[Head]]], settings: VerificationSettings, requested: int
+) -> tuple[dict, int]:
+    """:func:`verify_heads`' plan (:func:`make_plan`) of the sets that are ablated, once the tests that
+    cannot reach a verdict are capped (:func:`_cap_undecidable`), and the draws of the untested kind."""
+    # the untested kind: the first sets of each test's stream (fixed-size: all of them, the design before sequential tests)
+    n_secondary = min(SECONDARY_DRAWS, settings.n_random) if settings.sequential else settings.n_random
+    plan = make_plan(tests, streams, settings, requested, n_secondary)
+    if _cap_undecidable(tests, streams, requested):  # the plan of the sets that are ablated
+        plan = make_plan(tests, streams, settings, requested, n_secondary)
+    return plan, n_secondary
+
+
+def _timed_top_sets(run: _Ablator, tests: list[_Test], settings: VerificationSettings, plan: dict) -> dict:
+    """Ablate every test's top-k set (each of ``settings.kinds``) and time it: the seconds per set
+    (kept in ``run.cache``; a resumed run keeps the first run's) and the estimate for the plan's
+    ``max_sets``."""
+    import time
+
+    t0 = time.perf_counter()
+    run.top_sets(tests, settings.kinds)
+    if run.cache.seconds_per_set is None:  # a resumed run keeps the first run's timing
+        run.cache.seconds_per_set = (time.perf_counter() - t0) / max(run.ablated, 1)
+        run.cache.save()
+    return {
+        "seconds_per_set": run.cache.seconds_per_set,
+        "estimated_s": run.cache.seconds_per_set * plan["max_sets"],
+    }
 
 
 def _verdicts(
