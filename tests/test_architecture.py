@@ -434,7 +434,17 @@ def test_the_old_model_module_still_exports_every_moved_name():
 
     transformer = importlib.import_module("headprobe.probe.model.transformer")
     missing, seen = [], 0
-    for part in ("config", "positions", "norms", "masks", "cache", "attention", "linear_attention", "feedforward"):
+    for part in (
+        "config",
+        "positions",
+        "norms",
+        "masks",
+        "cache",
+        "attention",
+        "latent_attention",
+        "linear_attention",
+        "feedforward",
+    ):
         module = importlib.import_module(f"headprobe.probe.model.{part}")
         names = _top_level_names(Path(module.__file__).read_text(encoding="utf-8"))
         seen += len(names)

@@ -679,7 +679,8 @@ def test_every_path_masks_through_key_mask(monkeypatch):
 def test_mla_is_an_attention_class_of_its_own():
     """MLA layers are LatentAttention (latent projections only), the others Attention (q/k/v
     projections only); both are SelfAttention, and neither accepts the other's config."""
-    from headprobe.probe.model.attention import LatentAttention, SelfAttention
+    from headprobe.probe.model.attention import SelfAttention
+    from headprobe.probe.model.latent_attention import LatentAttention
 
     mla_cfg = small_cfg(bias=False, kv_lora_rank=8, qk_rope_head_dim=4, positional="rotary")
     for cfg, cls, has, lacks in (

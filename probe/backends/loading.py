@@ -497,14 +497,7 @@ def load_model(
     per-head results would be wrong loads, and refuses per-head analyses with one line.
     """
     name = canonical_name(name)
-    if max_memory is not None and device_map is None:
-        raise HeadprobeError("--max-memory needs --device-map (auto, balanced or sequential)")
-    if device_map is not None:
-        if torch.device(device).type != "cpu":
-            raise HeadprobeError(
-                "--device-map places the model itself: leave --device at auto (or cpu); "
-                "keep the model off a GPU with --max-memory cpu=..."
-            )
+    _check_split_options(device, device_map, max_memory)
     native = backend_with(backend, "native_weights")  # the backend that reads headprobe's own weights, or None
     model: LoadedModel | None  # None until one of the loaders below gives it
     if is_native_dir(Path(name).expanduser()):
@@ -518,14 +511,7 @@ def load_model(
         model = _load_native_from_cache(name, device, prepend_bos, quiet, cls=native) if native is not None else None
         if model is None:
             split = _bridge_split(name, backend, device_map, max_memory, offload_dir)
-            handle = None
-            if split is not None and "offload_folder" not in split:  # transformers wants a folder for what goes to disk
-                import tempfile
-
-                handle = tempfile.TemporaryDirectory(prefix="headprobe-offload-")
-                split["offload_folder"] = handle.name
-            model = wrap(load_checkpoint(name, quiet=quiet, split=split), backend, device, prepend_bos, copy=False)
-            model._offload_dir = handle  # removed with the model
+            model = _load_checkpoint_and_wrap(name, backend, device, prepend_bos, quiet, split)
     split_at_load = model.device_map is not None  # the bridge: transformers split the Hugging Face model
     if device_map is not None and not model.splits_after_load and not split_at_load:
         raise model.lacks(
@@ -537,6 +523,43 @@ def load_model(
     model.self_check  # noqa: B018 - run the self-check now, at load (see headprobe.probe.hooks.selfcheck)
     if device_map is not None and not split_at_load:
         model.dispatch(device_map, max_memory, offload_dir)  # after the self-check, on the whole float32 model
+    return model
+
+
+def _check_split_options(
+    device: str | torch.device, device_map: str | dict[str, int | str] | None, max_memory: Any
+) -> None:
+    """:func:`load_model`'s refusals of its splitting options: ``max_memory`` without a
+    ``device_map``, a ``device_map`` with ``device`` not ``cpu``."""
+    if max_memory is not None and device_map is None:
+        raise HeadprobeError("--max-memory needs --device-map (auto, balanced or sequential)")
+    if device_map is not None:
+        if torch.device(device).type != "cpu":
+            raise HeadprobeError(
+                "--device-map places the model itself: leave --device at auto (or cpu); "
+                "keep the model off a GPU with --max-memory cpu=..."
+            )
+
+
+def _load_checkpoint_and_wrap(
+    name: str,
+    backend: str,
+    device: str | torch.device,
+    prepend_bos: bool,
+    quiet: bool,
+    split: dict[str, Any] | None,
+) -> LoadedModel:
+    """:func:`load_model` from the Hugging Face checkpoint (not a native weights cache):
+    ``split`` as :func:`_bridge_split` gives it, with a temporary offload folder (removed with the
+    model) where it sends pieces to disk without one."""
+    handle = None
+    if split is not None and "offload_folder" not in split:  # transformers wants a folder for what goes to disk
+        import tempfile
+
+        handle = tempfile.TemporaryDirectory(prefix="headprobe-offload-")
+        split["offload_folder"] = handle.name
+    model = wrap(load_checkpoint(name, quiet=quiet, split=split), backend, device, prepend_bos, copy=False)
+    model._offload_dir = handle  # removed with the model
     return model
 
 

@@ -54,6 +54,7 @@ when (b) fails; pattern-only scores may still run when (a) holds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -250,6 +251,28 @@ def _row_sum_error(cap: dict, sinks: dict[int, Tensor | None]) -> tuple[float, f
     return err, most
 
 
+def _max_future_weight(cap: dict, layers: Sequence[int], T: int) -> float:
+    """The largest pattern weight a query puts on a later key, over the captured ``layers`` of a
+    causal model (0 for a single token)."""
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    return max(float(cap["pattern"][l].double().cpu()[..., future].abs().max()) if T > 1 else 0.0 for l in layers)
+
+
+def _decomposition_errors(cap: dict, layers: Sequence[int], parallel: bool) -> list[float]:
+    """Check (b)'s :func:`decomposition_error` of every layer in ``layers``: the heads' results plus
+    ``b_O`` against ``attn_out`` and the residual difference (``parallel``: less ``mlp_out``)."""
+    errors = []
+    for l in layers:
+        added = cap["result"][l].sum(dim=2) + cap["b_O"][l]
+        resid: tuple[Tensor, ...]
+        if parallel:
+            resid = (cap["resid_post"][l], cap["resid_pre"][l], cap["mlp_out"][l])
+        else:
+            resid = (cap["resid_mid"][l], cap["resid_pre"][l])
+        errors.append(decomposition_error(added, cap["attn_out"][l], *resid))
+    return errors
+
+
 @torch.inference_mode()
 def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
     """Run checks (a) and (b) of the module docstring on ``model`` (a
@@ -304,28 +327,14 @@ def run_self_check(model: Any, n_tokens: int = N_TOKENS) -> SelfCheck:
         )
     common["max_sink_mass"] = most
 
-    future = torch.ones(T, T, dtype=torch.bool).triu(1)
-    if spec.causal:
-        future_w = max(
-            float(cap["pattern"][l].double().cpu()[..., future].abs().max()) if T > 1 else 0.0 for l in layers
-        )
-    else:  # bidirectional (an encoder): later keys are read by design
-        future_w = None
+    future_w = _max_future_weight(cap, layers, T) if spec.causal else None  # an encoder reads later keys by design
     patterns_ok = row_err <= max(PATTERN_TOLERANCE, tol) and (
         future_w is None or future_w <= max(PATTERN_TOLERANCE, tol)
     )
     if "failure" in cap:
         return failed(cap["failure"], patterns_ok=patterns_ok, max_row_sum_error=row_err, max_future_weight=future_w)
 
-    errors = []
-    for l in layers:
-        added = cap["result"][l].sum(dim=2) + cap["b_O"][l]
-        resid: tuple[Tensor, ...]
-        if parallel:
-            resid = (cap["resid_post"][l], cap["resid_pre"][l], cap["mlp_out"][l])
-        else:
-            resid = (cap["resid_mid"][l], cap["resid_pre"][l])
-        errors.append(decomposition_error(added, cap["attn_out"][l], *resid))
+    errors = _decomposition_errors(cap, layers, parallel)
     worst = max(range(len(errors)), key=errors.__getitem__)  # an index into layers
     return SelfCheck(
         patterns_ok=patterns_ok,

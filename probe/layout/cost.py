@@ -1003,12 +1003,7 @@ def recommend(
         HeadprobeError: unknown ``target``; neither ``n_params`` nor ``d_model`` given;
             ``n_layers`` missing with ``d_model``; a size not positive.
     """
-    if target not in TARGETS:
-        raise HeadprobeError(f"unknown deployment target {target!r}; choose one of {', '.join(TARGETS)}")
-    _check_workload(seq_len, batch)
-    _check_positive("bytes_per_element", bytes_per_element)
-    if kv_limit_bytes is not None:
-        _check_positive("kv_limit_bytes", kv_limit_bytes)
+    _check_recommend_arguments(target, seq_len, batch, bytes_per_element, kv_limit_bytes)
     d_model, n_layers = _recommended_shape(target, n_params, d_model, n_layers)
     d_head = _recommended_d_head(target, d_model)
     base = AttentionLayout(
@@ -1049,6 +1044,19 @@ def recommend(
         kv_bytes_per_request=req,
         explanation=tuple(lines),
     )
+
+
+def _check_recommend_arguments(
+    target: str, seq_len: int, batch: int, bytes_per_element: int, kv_limit_bytes: int | None
+) -> None:
+    """:func:`recommend`'s refusals before any rule: an unknown ``target``, a workload or size not
+    positive (the model's sizes are checked by :func:`_recommended_shape`)."""
+    if target not in TARGETS:
+        raise HeadprobeError(f"unknown deployment target {target!r}; choose one of {', '.join(TARGETS)}")
+    _check_workload(seq_len, batch)
+    _check_positive("bytes_per_element", bytes_per_element)
+    if kv_limit_bytes is not None:
+        _check_positive("kv_limit_bytes", kv_limit_bytes)
 
 
 def _recommended_shape(target: str, n_params: int | None, d_model: int | None, n_layers: int | None) -> tuple[int, int]:

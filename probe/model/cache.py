@@ -19,7 +19,7 @@ class KVCache:
 
     ``keys[l]`` and ``values[l]`` are ``[batch, kv_head, pos, d_qk]`` and ``[batch, kv_head, pos,
     d_head]`` (keys after rotary), so a GQA/MQA cache holds ``n_kv_heads`` heads, never copies per
-    query head; an MLA layer (:class:`~headprobe.probe.model.attention.LatentAttention`) caches its latent ``c^KV`` ``[batch, 1,
+    query head; an MLA layer (:class:`~headprobe.probe.model.latent_attention.LatentAttention`) caches its latent ``c^KV`` ``[batch, 1,
     pos, kv_lora_rank]`` as ``keys`` and the rotary key ``k^R`` ``[batch, 1, pos,
     qk_rope_head_dim]`` as ``values``. Filled by :meth:`~headprobe.probe.model.transformer.Transformer.forward` when passed as
     ``cache``; start with ``KVCache()``.

@@ -1,5 +1,6 @@
 """The native transformer's configuration: :class:`TransformerConfig`, every architecture option a
-family's conversion sets, the checks of their values, and the old field names still read.
+family's conversion sets, the checks of their values (those of the MoE, MLA and per-layer rotary
+fields in :mod:`headprobe.probe.model.config_checks`), and the old field names still read.
 """
 
 from __future__ import annotations
@@ -10,13 +11,12 @@ from typing import Any, Literal
 
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.layout.attention import QK_NORM_KINDS, AttentionLayout
+from headprobe.probe.model.config_checks import ROUTERS as ROUTERS
+from headprobe.probe.model.config_checks import check_layer_rope, check_mla, check_moe
 
 #: ``TransformerConfig.qk_norm`` as headprobe spelled it before it took the layout's names
 #: (:data:`~headprobe.probe.layout.attention.QK_NORM_KINDS`); still accepted, read as the new ones.
 OLD_QK_NORM = {None: "none", "head": "per_head", "all": "full"}
-
-#: ``TransformerConfig.router``: how router logits become the top-k expert weights (:class:`~headprobe.probe.model.feedforward.MoE`).
-ROUTERS = ("softmax_topk", "topk_softmax", "topk_sigmoid")
 
 #: Field names of :class:`TransformerConfig` in configs saved before they took the layout's
 #: names (checkpoints, pruned models, weights-cache entries): old -> new, mapped by ``from_json``.
@@ -277,8 +277,8 @@ class TransformerConfig:
         ):
             if value not in allowed:
                 raise HeadprobeError(f"config {field}={value!r} is not one of {allowed}")
-        self._check_mla()
-        self._check_layer_rope()
+        check_mla(self)
+        check_layer_rope(self)
         if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.d_qk and self.rotary_dim % 2 == 0):
             raise HeadprobeError(f"rotary_dim must be even and in (0, d_qk={self.d_qk}], got {self.rotary_dim}")
         if self.sliding_window is not None and self.sliding_window < 1:
@@ -311,37 +311,7 @@ class TransformerConfig:
         for field in ("embedding_multiplier", "residual_multiplier"):
             if getattr(self, field) is not None and not getattr(self, field) > 0:
                 raise HeadprobeError(f"{field} must be positive, got {getattr(self, field)}")
-        self._check_moe()
-
-    def _check_moe(self) -> None:
-        """The mixture-of-experts fields: sizes in range, a gated MLP, known router; fills
-        ``d_expert`` (None: ``d_mlp``)."""
-        if self.moe_layers is not None:  # JSON gives a list
-            object.__setattr__(self, "moe_layers", tuple(int(l) for l in self.moe_layers))
-        if self.n_experts is None:
-            if self.moe_layers is not None or self.d_shared_expert is not None:
-                raise HeadprobeError("moe_layers and d_shared_expert describe a mixture of experts; give n_experts too")
-            return
-        if self.d_expert is None:
-            object.__setattr__(self, "d_expert", self.d_mlp)
-        assert self.d_expert is not None  # filled above
-        if not 1 <= self.n_experts_per_token <= self.n_experts or min(self.d_expert, self.d_shared_expert or 1) < 1:
-            raise HeadprobeError(
-                f"a mixture of experts needs 1 <= n_experts_per_token <= n_experts and positive widths, "
-                f"got {self.n_experts_per_token} of {self.n_experts}"
-            )
-        if self.mlp not in ("swiglu", "geglu"):
-            raise HeadprobeError(f"experts are gated MLPs (mlp swiglu or geglu), not {self.mlp}")
-        if self.router not in ROUTERS:
-            raise HeadprobeError(f"config router={self.router!r} is not one of {ROUTERS}")
-        if self.moe_layers is not None and any(not 0 <= l < self.n_layers for l in self.moe_layers):
-            raise HeadprobeError(f"moe_layers {self.moe_layers} out of range for {self.n_layers} layers")
-        if self.swiglu_limit is not None and not self.swiglu_limit > 0:
-            raise HeadprobeError(f"swiglu_limit must be positive, got {self.swiglu_limit}")
-        if (self.linear_layers is None) != (self.linear_mixer is None):
-            raise HeadprobeError("linear_layers and linear_mixer come together")
-        if self.linear_layers is not None and any(not 0 <= l < self.n_layers for l in self.linear_layers):
-            raise HeadprobeError(f"linear_layers {self.linear_layers} out of range for {self.n_layers} layers")
+        check_moe(self)
 
     def is_linear(self, layer: int) -> bool:
         """Whether layer ``layer`` mixes tokens by linear attention (no heads; ``linear_layers``)."""
@@ -355,68 +325,6 @@ class TransformerConfig:
     def is_moe(self, layer: int) -> bool:
         """Whether layer ``layer``'s MLP is the mixture of experts."""
         return self.n_experts is not None and (self.moe_layers is None or layer in self.moe_layers)
-
-    def _check_mla(self) -> None:
-        """The MLA fields: all or none, sizes positive, no option MLA is not implemented with;
-        fills ``qk_nope_head_dim`` (None: ``d_head``)."""
-        if self.kv_lora_rank is None:
-            if self.qk_rope_head_dim or self.qk_nope_head_dim is not None or self.q_lora_rank is not None:
-                raise HeadprobeError(
-                    "qk_rope_head_dim, qk_nope_head_dim and q_lora_rank describe MLA; give kv_lora_rank too"
-                )
-            return
-        if self.qk_nope_head_dim is None:
-            object.__setattr__(self, "qk_nope_head_dim", self.d_head)
-        if self.kv_lora_rank < 1 or self.qk_rope_head_dim < 0 or self.qk_rope_head_dim % 2:
-            raise HeadprobeError(
-                f"MLA needs kv_lora_rank >= 1 and an even qk_rope_head_dim >= 0, got "
-                f"{self.kv_lora_rank} and {self.qk_rope_head_dim}"
-            )
-        if self.n_kv_heads != self.n_heads:
-            raise HeadprobeError(
-                f"MLA reconstructs keys and values for every head: n_kv_heads={self.n_kv_heads} "
-                f"must equal n_heads={self.n_heads}"
-            )
-        if self.positional == "rotary" and self.qk_rope_head_dim == 0:
-            raise HeadprobeError("MLA with rotary positions needs qk_rope_head_dim > 0 (the decoupled rotary key)")
-        if self.bias:
-            raise HeadprobeError("MLA is implemented without biases (DeepSeek-V2); pass bias=False")
-        if (
-            self.qk_norm != "none"
-            or self.rotary_dim is not None
-            or self.sliding_window
-            or self.attn_softcap
-            or self.attn_gate
-        ):
-            raise HeadprobeError(
-                "MLA is implemented without qk_norm, rotary_dim, sliding windows, soft-capping and gates"
-            )
-        assert self.qk_nope_head_dim is not None  # filled above
-        if min(self.qk_nope_head_dim, self.q_lora_rank or 1) < 1:
-            raise HeadprobeError(
-                f"MLA needs positive qk_nope_head_dim and q_lora_rank, got "
-                f"{self.qk_nope_head_dim} and {self.q_lora_rank}"
-            )
-
-    def _check_layer_rope(self) -> None:
-        """``rope_thetas``/``rope_factors``: tuples (JSON gives lists) of ``n_layers`` positive
-        entries (``rope_thetas`` also None), on a rotary model; ``logit_scale`` positive."""
-        for field in ("rope_thetas", "rope_factors"):
-            values = getattr(self, field)
-            if values is None:
-                continue
-            values = tuple(None if v is None else float(v) for v in values)
-            object.__setattr__(self, field, values)
-            if len(values) != self.n_layers or any(
-                not v > 0 if v is not None else field == "rope_factors" for v in values
-            ):
-                raise HeadprobeError(f"{field} must hold {self.n_layers} positive values, got {values}")
-            if self.positional != "rotary" or self.is_mla:
-                raise HeadprobeError(f"{field} needs rotary positions (positional='rotary', not MLA)")
-        if self.rotary_interleaved and (self.positional != "rotary" or self.is_mla):
-            raise HeadprobeError("rotary_interleaved needs rotary positions (positional='rotary', not MLA)")
-        if self.logit_scale is not None and not self.logit_scale > 0:
-            raise HeadprobeError(f"logit_scale must be positive, got {self.logit_scale}")
 
     def layer_rope(self, layer: int) -> tuple[float, float] | None:
         """Layer ``layer``'s rotary ``(base, linear factor)``, or None where it has no positions

@@ -3,10 +3,10 @@
 The model is written by concern, one module each beside this one, in forward order: ``config``
 (:class:`~headprobe.probe.model.config.TransformerConfig`, its options and their checks),
 ``positions`` (the embedding, rotary positions), ``norms``, ``masks`` (which keys a query reads),
-``cache`` (the KV caches), ``attention`` (one class per mechanism on a shared base; the eager and
-the fused path), ``linear_attention`` (a hybrid's Gated-DeltaNet layers) and ``feedforward`` (the
-MLP, the mixture of experts). This module puts them together: :class:`Block`, :class:`Transformer`,
-:func:`init_weights` and :func:`generate`.
+``cache`` (the KV caches), ``attention`` (the shared base with the eager and the fused path; MHA,
+GQA, MQA), ``latent_attention`` (MLA), ``linear_attention`` (a hybrid's Gated-DeltaNet layers) and
+``feedforward`` (the MLP, the mixture of experts). This module puts them together: :func:`make_attention`, :class:`Block`,
+:class:`Transformer`, :func:`init_weights` and :func:`generate`.
 
 The architecture options load these families exactly (see :mod:`headprobe.probe.model.convert`):
 GPT-2 (learned positions, LayerNorm, GELU with the tanh approximation, biases, tied
@@ -41,8 +41,7 @@ from headprobe.probe.layout.attention import KVPolicy
 from headprobe.probe.model.attention import QKV as QKV
 from headprobe.probe.model.attention import STREAMING_MASK_ENTRIES as STREAMING_MASK_ENTRIES
 from headprobe.probe.model.attention import Attention as Attention
-from headprobe.probe.model.attention import LatentAttention as LatentAttention
-from headprobe.probe.model.attention import SelfAttention, make_attention
+from headprobe.probe.model.attention import SelfAttention
 from headprobe.probe.model.attention import merge_heads as merge_heads
 from headprobe.probe.model.attention import split_heads as split_heads
 from headprobe.probe.model.cache import KVCache, StreamingKVCache
@@ -54,6 +53,7 @@ from headprobe.probe.model.feedforward import MLP as MLP
 from headprobe.probe.model.feedforward import MoE as MoE
 from headprobe.probe.model.feedforward import SharedExpert as SharedExpert
 from headprobe.probe.model.feedforward import make_mlp
+from headprobe.probe.model.latent_attention import LatentAttention
 from headprobe.probe.model.linear_attention import LinearAttention
 from headprobe.probe.model.masks import key_mask as key_mask
 from headprobe.probe.model.masks import streaming_key_mask as streaming_key_mask
@@ -66,6 +66,11 @@ from headprobe.probe.model.positions import Embedding, Rotary
 from headprobe.probe.model.positions import YaRN as YaRN
 from headprobe.probe.model.positions import rotate_half as rotate_half
 from headprobe.probe.model.positions import rotate_pairs as rotate_pairs
+
+
+def make_attention(cfg: TransformerConfig, layer: int = 0) -> SelfAttention:
+    """Layer ``layer``'s attention: :class:`LatentAttention` for an MLA config, else :class:`Attention`."""
+    return LatentAttention(cfg, layer) if cfg.is_mla else Attention(cfg, layer)
 
 
 class Block(nn.Module):
