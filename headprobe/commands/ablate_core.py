@@ -538,6 +538,44 @@ def batch_line(model: LoadedModel, config: AblateConfig) -> str | None:
     return max(plans, key=lambda p: p.per_item).line()
 
 
+def _sweep_task(
+    model: LoadedModel, cfg: AblateConfig, task: str, task_set: tuple, heads, mean_z, done: dict, save, progress: bool
+) -> TaskResult:
+    """One task's exact sweep (:func:`checkpointed_sweep`, resuming from ``done``) and gradient scores;
+    ``task_set`` is the task's ``(tokens, first scored, source tokens)``."""
+    tokens, first, src = task_set
+    t0 = time.perf_counter()
+    sweep = checkpointed_sweep(
+        model,
+        tokens,
+        heads,
+        cfg.kind,
+        mean_z,
+        src,
+        first,
+        cfg.max_batch,
+        done,
+        save,
+        desc=f"ablation sweep ({task})",
+        progress=progress,
+    )
+    t1 = time.perf_counter()
+    grad = head_importance(model, tokens, first, kind=cfg.kind, mean_z=mean_z, source_tokens=src)
+    t2 = time.perf_counter()
+    return TaskResult(
+        sweep.clean_loss, sweep.effect.numpy(), grad.importance.numpy(), grad.attribution.numpy(), t1 - t0, t2 - t1
+    )
+
+
+def _induction_score(model: LoadedModel, repeated: TokenSet) -> np.ndarray:
+    """Prefix-matching (induction) score of every head, to check the repeated task's ranking against
+    (score_tokens: streamed on long sequences, losses in position chunks: no pattern or logits of the
+    whole sequence)."""
+    return score_tokens(
+        model, repeated, "repeated", first_scored("repeated", repeated.start, repeated.period), types=("induction",)
+    )[0]["induction"].numpy()
+
+
 def run(
     model: LoadedModel,
     config: AblateConfig,
@@ -586,50 +624,13 @@ def run(
         if cfg.estimate:
             results[task] = _estimate(model, cfg.estimate, tokens, first, cfg.kind, mean_z, src, heads, cfg.n_probes)
             continue
-        t0 = time.perf_counter()
         done = saved.setdefault(task, {"clean": None, "loss": {}})
         swept += sum(format_head(h) not in done["loss"] for h in heads)
-        sweep = checkpointed_sweep(
-            model,
-            tokens,
-            heads,
-            cfg.kind,
-            mean_z,
-            src,
-            first,
-            cfg.max_batch,
-            done,
-            save,
-            desc=f"ablation sweep ({task})",
-            progress=progress,
-        )
-        t1 = time.perf_counter()
-        grad = head_importance(model, tokens, first, kind=cfg.kind, mean_z=mean_z, source_tokens=src)
-        t2 = time.perf_counter()
-        results[task] = TaskResult(
-            sweep.clean_loss, sweep.effect.numpy(), grad.importance.numpy(), grad.attribution.numpy(), t1 - t0, t2 - t1
-        )
+        results[task] = _sweep_task(model, cfg, task, (tokens, first, src), heads, mean_z, done, save, progress)
 
-    # prefix-matching (induction) score of every head, to check the repeated task's ranking against
-    # (score_tokens: streamed on long sequences, losses in position chunks: no pattern or logits of the whole sequence)
-    induction_score = score_tokens(
-        model, repeated, "repeated", first_scored("repeated", repeated.start, repeated.period), types=("induction",)
-    )[0]["induction"].numpy()
-
+    induction_score = _induction_score(model, repeated)
     table = _head_table(spec, results, induction_score, cfg.estimate)
-    if cfg.estimate:  # no exact effect was measured
-        return AblateResult(
-            cfg,
-            spec,
-            table,
-            results,
-            induction_score,
-            natural,
-            repeated,
-            str(model.device),
-            model.self_check.to_dict(),
-            time.perf_counter() - t_start,
-        )
+    # an --estimate run swept nothing (swept stays 0) and reports the default one rank
     return AblateResult(
         cfg,
         spec,
@@ -642,7 +643,7 @@ def run(
         model.self_check.to_dict(),
         time.perf_counter() - t_start,
         swept=swept,
-        ranks=distributed.world_size(),
+        ranks=1 if cfg.estimate else distributed.world_size(),
     )
 
 

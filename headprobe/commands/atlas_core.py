@@ -150,6 +150,44 @@ def _train_toy(config: AtlasConfig, out: Path, progress: bool) -> Path:
     return out
 
 
+def _scan_model(config: AtlasConfig, out: Path, model: tuple, counter: str, rec: dict, progress: bool) -> None:
+    """Scan one model (``model`` is its ``(label, name, directory, checkpoint key)``; the toy is
+    trained first) into its directory and record the outcome in ``rec``: ``status`` ``scanned``, or
+    ``failed`` with the ``error`` (a model that fails is recorded, not raised); ``counter`` prefixes
+    the progress line (``[i/n]``)."""
+    from headprobe.commands.scan_core import run as run_scan
+
+    label, name, d, key = model
+    t0 = time.perf_counter()
+    try:
+        path = str(_train_toy(config, out / TOY_DIR, progress)) if name == TOY else name
+        if progress:
+            print(f"{counter} scanning {label} ...", flush=True)
+        loaded = options.load_for(config.scan_config(path))
+        scanned = run_scan(loaded, config.scan_config(path), progress=progress)
+        scanned.save(d, overwrite=True, html=bool(config.pattern_len), figures=config.model_figures)
+        del loaded, scanned
+        rec.update(status="scanned", timings_s={"scan_s": round(time.perf_counter() - t0, 2)})
+        # last: this model's scan is complete and reusable
+        write_json(d / SCAN_KEY, {"key": key, "timings_s": rec["timings_s"]})
+    except HeadprobeError as e:
+        rec.update(
+            status="failed",
+            timings_s={"scan_s": round(time.perf_counter() - t0, 2)},
+            error=str(e).splitlines()[0],
+        )
+    except Exception as e:
+        rec.update(
+            status="failed",
+            timings_s={"scan_s": round(time.perf_counter() - t0, 2)},
+            error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+        )
+    finally:
+        gc.collect()
+    if rec["status"] == "failed" and progress:
+        print(f"  {label} failed: {rec['error']}", flush=True)
+
+
 def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress: bool = True) -> AtlasResult:
     """Scan every model of ``config`` into ``out`` and write the atlas (see the module docstring).
 
@@ -157,8 +195,6 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
         HeadprobeError: bad settings, or ``out`` not writable / holding another run's files
             without ``overwrite``. A model that fails is recorded, not raised.
     """
-    from headprobe.commands.scan_core import run as run_scan
-
     t_start = time.perf_counter()
     models = config.model_list()
     out = prepare_output_dir(out, overwrite, resumable=True)
@@ -183,35 +219,7 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
                 timings_s={"scan_s": saved.get("timings_s", {}).get("scan_s", saved.get("seconds", 0.0))},
             )
         else:
-            t0 = time.perf_counter()
-            try:
-                path = str(_train_toy(config, out / TOY_DIR, progress)) if name == TOY else name
-                if progress:
-                    print(f"[{len(records) + 1}/{len(models)}] scanning {label} ...", flush=True)
-                loaded = options.load_for(config.scan_config(path))
-                scanned = run_scan(loaded, config.scan_config(path), progress=progress)
-                scanned.save(d, overwrite=True, html=bool(config.pattern_len), figures=config.model_figures)
-                del loaded, scanned
-                rec.update(status="scanned", timings_s={"scan_s": round(time.perf_counter() - t0, 2)})
-                write_json(
-                    d / SCAN_KEY, {"key": key, "timings_s": rec["timings_s"]}
-                )  # last: this model's scan is complete and reusable
-            except HeadprobeError as e:
-                rec.update(
-                    status="failed",
-                    timings_s={"scan_s": round(time.perf_counter() - t0, 2)},
-                    error=str(e).splitlines()[0],
-                )
-            except Exception as e:
-                rec.update(
-                    status="failed",
-                    timings_s={"scan_s": round(time.perf_counter() - t0, 2)},
-                    error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                )
-            finally:
-                gc.collect()
-            if rec["status"] == "failed" and progress:
-                print(f"  {label} failed: {rec['error']}", flush=True)
+            _scan_model(config, out, (label, name, d, key), f"[{len(records) + 1}/{len(models)}]", rec, progress)
         records[label] = rec
         if rec["status"] != "failed":
             summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))

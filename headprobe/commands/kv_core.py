@@ -17,7 +17,7 @@ from headprobe.probe.core.io import summary_envelope, write_json
 if TYPE_CHECKING:
     from headprobe.analyses.kvpolicy import GroupCosts, Quality
     from headprobe.probe.backends.base import LoadedModel
-    from headprobe.probe.layout.attention import AttentionLayout, KVPolicy
+    from headprobe.probe.layout.attention import AttentionLayout, KVPolicy, Streaming
     from headprobe.probe.layout.cost import PolicyCost
     from headprobe.probe.layout.spec import ModelSpec
 
@@ -299,6 +299,31 @@ def batch_line(model: LoadedModel, config: KVConfig) -> str:
     return memory.plan(per, model.device, batch, f"kv's forwards ({batch} x {T} tokens in one batch)", cap=batch).line()
 
 
+def _checked_setup(model: LoadedModel, config: KVConfig) -> tuple[AttentionLayout, Streaming, list[tuple[int, int]]]:
+    """``(layout, streaming, candidates)``: the model's KV layout, the streaming policy of
+    ``--sink``/``--window`` and the groups whose streaming changes attention, after checking the
+    settings, the backend and every budget before any work (see :func:`run` for what raises)."""
+    from headprobe.analyses import kvpolicy as kp
+    from headprobe.probe.layout.attention import KVPolicy, Streaming
+
+    config.preflight()
+    kp.check_kv_backend(model)
+    # chunked attention: before any work
+    model.check_kv_policy(KVPolicy.uniform(model.spec.n_layers, model.n_kv_groups))
+    layout = model.kv_layout
+    assert config.window is not None  # filled by KVConfig.__post_init__
+    streaming = Streaming(config.sink, config.window)
+    candidates = kp.streaming_candidates(layout, streaming)
+    if not candidates:
+        raise HeadprobeError(
+            f"every layer of {model.spec.name} has a sliding window of at most --window {config.window}: "
+            f"streaming would change nothing; use a smaller --window"
+        )
+    for b in (*config.budgets, config.kv_budget) if config.loss_tolerance is None else config.budgets:
+        kp.check_budget(b, streaming, layout, config.seq_len, candidates)
+    return layout, streaming, candidates
+
+
 def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult:
     """Choose and measure a head-level KV policy for the loaded ``model`` (see the module docstring).
 
@@ -312,25 +337,9 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
     from tqdm.auto import tqdm
 
     from headprobe.analyses import kvpolicy as kp
-    from headprobe.probe.layout.attention import KVPolicy, Streaming
     from headprobe.probe.layout.cost import policy_cost
 
-    config.preflight()
-    kp.check_kv_backend(model)
-    model.check_kv_policy(
-        KVPolicy.uniform(model.spec.n_layers, model.n_kv_groups)
-    )  # chunked attention: before any work
-    layout = model.kv_layout
-    assert config.window is not None  # filled by KVConfig.__post_init__
-    streaming = Streaming(config.sink, config.window)
-    candidates = kp.streaming_candidates(layout, streaming)
-    if not candidates:
-        raise HeadprobeError(
-            f"every layer of {model.spec.name} has a sliding window of at most --window {config.window}: "
-            f"streaming would change nothing; use a smaller --window"
-        )
-    for b in (*config.budgets, config.kv_budget) if config.loss_tolerance is None else config.budgets:
-        kp.check_budget(b, streaming, layout, config.seq_len, candidates)
+    layout, streaming, candidates = _checked_setup(model, config)
     t0 = time.perf_counter()
     natural, lr = _token_sets(model, config)
     tokens, start = natural.tokens.to(model.device), natural.start

@@ -288,6 +288,112 @@ def _refuse_early(model: LoadedModel, cfg: PruneConfig) -> None:
         model.check_prunable()  # the native backend only; MLA and all-head QK-norm cannot be pruned exactly
 
 
+def _loss_sets(model: LoadedModel, cfg: PruneConfig) -> tuple[TokenSet, LossSet, dict[str, LossSet]]:
+    """``(repeated, score, evals)``: the repeated task's token set, the natural-text windows the
+    heads are scored on, and the held-out sets every curve is evaluated on (``natural``: the other
+    natural-text windows; ``repeated``)."""
+    assert cfg.period is not None and cfg.seq_len is not None  # set by the defaults
+    text = open_text_file(cfg.text) if cfg.text else None
+    data = task_tokens(
+        model,
+        cfg.n_natural,
+        cfg.seq_len,
+        cfg.n_repeated,
+        cfg.period,
+        cfg.seed,
+        text,
+        source=str(cfg.text) if cfg.text else None,
+    )
+    natural, repeated = data.natural, data.repeated
+    score = LossSet(natural.tokens[: cfg.n_natural], first_scored("natural", natural.start, None))
+    evals = {
+        "natural": LossSet(natural.tokens[cfg.n_natural :], score.first),
+        "repeated": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period)),
+    }
+    return repeated, score, evals
+
+
+def _prune_curve(
+    model: LoadedModel,
+    cfg: PruneConfig,
+    name: str,
+    score: LossSet,
+    evals: dict[str, LossSet],
+    saved: dict,
+    on_save: Callable[[dict], None] | None,
+    progress: bool,
+) -> PruningRun:
+    """The curve ``name`` (see :func:`run_names`), resumed from ``saved[name]``; every step's state
+    is stored there and the whole state passed to ``on_save``."""
+
+    def on_step(state):
+        saved[name] = state
+        if on_save is not None:
+            on_save(saved)
+
+    method, _, seed = name.partition(":")
+    if method == "l0":
+        assert not isinstance(cfg.l0_lambdas, str)  # set by __post_init__
+        return l0_pruning(
+            model,
+            score,
+            evals,
+            lambdas=cfg.l0_lambdas,
+            steps=cfg.l0_steps,
+            seed=cfg.seed,
+            progress=progress,
+            resume=saved.get(name),
+            on_step=on_step,
+        )
+    return iterative_pruning(
+        model,
+        score,
+        evals,
+        order="importance" if method == "michel" else "random",
+        step_fraction=cfg.step_fraction,
+        rescore=cfg.rescore,
+        normalize=cfg.normalize,
+        max_fraction=cfg.max_fraction,
+        seed=int(seed or cfg.seed),
+        progress=progress,
+        resume=saved.get(name),
+        on_step=on_step,
+    )
+
+
+def _curve_table(runs: dict[str, PruningRun]) -> pd.DataFrame:
+    """pruning_curve.csv: one row per curve and step, in :attr:`PruneResult.table`'s columns."""
+    rows = []
+    for name, r in runs.items():
+        method, _, seed = name.partition(":")
+        for row in r.rows:
+            rows.append(
+                {
+                    "method": method,
+                    "seed": int(seed) if seed else None,
+                    **{k: v for k, v in row.items() if k != "order"},
+                }
+            )
+    table = pd.DataFrame(rows)
+    for col in ("lambda", "expected_open"):
+        if col not in table:
+            table[col] = np.nan
+    return table[
+        [
+            "method",
+            "seed",
+            "step",
+            "n_pruned",
+            "fraction_pruned",
+            "natural_loss",
+            "repeated_loss",
+            "lambda",
+            "expected_open",
+            "removed",
+        ]
+    ]
+
+
 def run(
     model: LoadedModel,
     config: PruneConfig,
@@ -319,90 +425,14 @@ def run(
     )  # set by the defaults and __post_init__
     if 2 * cfg.period + 1 > spec.n_ctx:
         raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
-    text = open_text_file(cfg.text) if cfg.text else None
-    data = task_tokens(
-        model,
-        cfg.n_natural,
-        cfg.seq_len,
-        cfg.n_repeated,
-        cfg.period,
-        cfg.seed,
-        text,
-        source=str(cfg.text) if cfg.text else None,
-    )
-    natural, repeated = data.natural, data.repeated
-    score = LossSet(natural.tokens[: cfg.n_natural], first_scored("natural", natural.start, None))
-    evals = {
-        "natural": LossSet(natural.tokens[cfg.n_natural :], score.first),
-        "repeated": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period)),
-    }
+    repeated, score, evals = _loss_sets(model, cfg)
     runs, method_s = dict[str, PruningRun](), dict[str, float]()
     for name in run_names(cfg):
-
-        def on_step(state, name=name):
-            saved[name] = state
-            if on_save is not None:
-                on_save(saved)
-
         t0 = time.perf_counter()
-        method, _, seed = name.partition(":")
-        if method == "l0":
-            runs[name] = l0_pruning(
-                model,
-                score,
-                evals,
-                lambdas=cfg.l0_lambdas,
-                steps=cfg.l0_steps,
-                seed=cfg.seed,
-                progress=progress,
-                resume=saved.get(name),
-                on_step=on_step,
-            )
-        else:
-            runs[name] = iterative_pruning(
-                model,
-                score,
-                evals,
-                order="importance" if method == "michel" else "random",
-                step_fraction=cfg.step_fraction,
-                rescore=cfg.rescore,
-                normalize=cfg.normalize,
-                max_fraction=cfg.max_fraction,
-                seed=int(seed or cfg.seed),
-                progress=progress,
-                resume=saved.get(name),
-                on_step=on_step,
-            )
+        runs[name] = _prune_curve(model, cfg, name, score, evals, saved, on_save, progress)
+        method = name.partition(":")[0]
         method_s[method] = method_s.get(method, 0.0) + time.perf_counter() - t0
-    rows = []
-    for name, r in runs.items():
-        method, _, seed = name.partition(":")
-        for row in r.rows:
-            rows.append(
-                {
-                    "method": method,
-                    "seed": int(seed) if seed else None,
-                    **{k: v for k, v in row.items() if k != "order"},
-                }
-            )
-    table = pd.DataFrame(rows)
-    for col in ("lambda", "expected_open"):
-        if col not in table:
-            table[col] = np.nan
-    table = table[
-        [
-            "method",
-            "seed",
-            "step",
-            "n_pruned",
-            "fraction_pruned",
-            "natural_loss",
-            "repeated_loss",
-            "lambda",
-            "expected_open",
-            "removed",
-        ]
-    ]
+    table = _curve_table(runs)
     per_layer = None
     if cfg.per_layer:
         t0 = time.perf_counter()

@@ -291,12 +291,95 @@ def run(
     t0 = time.perf_counter()
     cfg = config.resolved(spec, model.trained_periods)
     assert cfg.seq_len is not None and cfg.period is not None and cfg.types is not None  # set by resolved()
+    natural, repeated = _token_sets(model, cfg, text)
+    per_seq: dict[str, torch.Tensor] = {}
+    scores, clean_seq, mean_z = _score_tasks(model, cfg, natural, repeated, per_seq, progress)
+    removed = removed_heads(model)
+    _mark_removed(scores, removed)
+    clean = {task: float(v.double().mean()) for task, v in clean_seq.items()}
+    untrusted, warnings = _untrusted_tasks(model, natural, clean)
+    timings["score_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    verifications, design = (
+        verify(
+            model, scores, natural, repeated, clean_seq, mean_z, cfg, progress, untrusted, _set_losses(resume, on_save)
+        )
+        if cfg.verify
+        else ([], {})
+    )
+    timings["ablate_s"] = time.perf_counter() - t0
+    warnings += design.get("warnings", [])
+    timings.update(design.pop("timings_s", {}))  # the plan's time estimate
+
+    examples, patterns = _patterns(model, cfg, scores, natural, repeated)
+
+    composition, metric_notes = _metrics(model, cfg, text, natural, scores, removed) if cfg.metrics else (None, {})
+    table = _head_table(spec, scores, cfg.types)
+    return ScanResult(
+        cfg,
+        spec,
+        table,
+        scores,
+        verifications,
+        clean,
+        natural,
+        repeated,
+        examples,
+        timings,
+        device=str(model.device),
+        dtype=str(model.dtype),
+        self_check=model.self_check.to_dict(),
+        warnings=warnings,
+        score_ci95=_score_ci95(per_seq, scores),
+        patterns=patterns,
+        composition=composition,
+        metrics=metrics_summary(scores, composition, cfg.types, metric_notes) if cfg.metrics else {},
+        verification=design,
+        removed_heads=removed,
+    )
+
+
+def _token_sets(model: LoadedModel, cfg: ScanConfig, text) -> tuple[TokenSet, TokenSet]:
+    """``(natural, repeated)``: the natural-text windows and the repeated random tokens of a
+    resolved ``cfg`` (``text``: the text read from ``--text``, or None)."""
+    assert cfg.seq_len is not None and cfg.period is not None  # set by resolved()
     natural = natural_text_tokens(
         model, cfg.n_natural, cfg.seq_len, cfg.seed, text, source=str(cfg.text) if cfg.text else None
     )
-    repeated = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
+    return natural, repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
+
+
+def _patterns(
+    model: LoadedModel, cfg: ScanConfig, scores: dict[str, np.ndarray], natural: TokenSet, repeated: TokenSet
+):
+    """``(examples, patterns)``: the example attention patterns of each type's best head, and
+    with ``pattern_len`` every head's patterns for the HTML viewer (None without)."""
+    assert cfg.types is not None  # set by ScanConfig.__post_init__
+    best = {name: top_heads(torch.as_tensor(scores[DETECTORS[name].rank_by]), 1)[0] for name in cfg.types}
+    examples = example_patterns(model, best, natural, repeated, streaming=cfg.streaming)
+    patterns = (
+        viewer.head_patterns(model, {"natural": natural, "repeated": repeated}, cfg.pattern_len)
+        if cfg.pattern_len
+        else None
+    )
+    return examples, patterns
+
+
+def _score_tasks(
+    model: LoadedModel,
+    cfg: ScanConfig,
+    natural: TokenSet,
+    repeated: TokenSet,
+    per_seq: dict[str, torch.Tensor],
+    progress: bool,
+) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor], torch.Tensor | None]:
+    """Score every head on both tasks (one pass each; per-sequence scores into ``per_seq``):
+    ``(scores, clean_seq, mean_z)``: the ``[layer, head]`` score columns, each task's per-sequence
+    clean loss (zeros for an encoder: its effects are 1 - cos), and the natural text's mean z
+    (when ``cfg.verify``)."""
+    assert cfg.types is not None  # set by ScanConfig.__post_init__
     steps = tqdm(total=2, desc="scoring heads", unit="pass", disable=not progress)
-    per_seq: dict[str, torch.Tensor] = {}
     nat_scores, nat_loss, mean_z = score_tokens(
         model,
         natural,
@@ -320,70 +403,35 @@ def run(
     steps.update()
     steps.close()
     scores = {c: v.numpy() for c, v in {**nat_scores, **rep_scores}.items()}
-    removed = removed_heads(model)
-    _mark_removed(scores, removed)
-    clean_seq = {"natural": nat_loss, "repeated": rep_loss}  # zeros for an encoder (its effects are 1 - cos)
-    clean = {task: float(v.double().mean()) for task, v in clean_seq.items()}
+    return scores, {"natural": nat_loss, "repeated": rep_loss}, mean_z
+
+
+def _untrusted_tasks(
+    model: LoadedModel, natural: TokenSet, clean: dict[str, float]
+) -> tuple[dict[str, str | None], list[str]]:
+    """``(untrusted, warnings)``: each task's reason not to trust its clean loss
+    (:func:`~headprobe.analyses.ablation.untrusted_task_reason`; None where trusted), and the
+    warning of each untrusted task."""
     untrusted = {
-        "natural": untrusted_task_reason(clean["natural"], spec.d_vocab, unknown_share(model, natural)),
-        "repeated": untrusted_task_reason(clean["repeated"], spec.d_vocab),
+        "natural": untrusted_task_reason(clean["natural"], model.spec.d_vocab, unknown_share(model, natural)),
+        "repeated": untrusted_task_reason(clean["repeated"], model.spec.d_vocab),
     }
     warnings = [
         f"{task} task: {reason}; its scores describe that failure and its ablations get no verdict"
         for task, reason in untrusted.items()
         if reason
     ]
-    timings["score_s"] = time.perf_counter() - t0
+    return untrusted, warnings
 
-    t0 = time.perf_counter()
-    verifications, design = (
-        verify(
-            model, scores, natural, repeated, clean_seq, mean_z, cfg, progress, untrusted, _set_losses(resume, on_save)
-        )
-        if cfg.verify
-        else ([], {})
-    )
-    timings["ablate_s"] = time.perf_counter() - t0
-    warnings += design.get("warnings", [])
-    timings.update(design.pop("timings_s", {}))  # the plan's time estimate
 
-    best = {name: top_heads(torch.as_tensor(scores[DETECTORS[name].rank_by]), 1)[0] for name in cfg.types}
-    examples = example_patterns(model, best, natural, repeated, streaming=cfg.streaming)
-    patterns = (
-        viewer.head_patterns(model, {"natural": natural, "repeated": repeated}, cfg.pattern_len)
-        if cfg.pattern_len
-        else None
-    )
-
-    composition, metric_notes = _metrics(model, cfg, text, natural, scores, removed) if cfg.metrics else (None, {})
-    table = _head_table(spec, scores, cfg.types)
-    score_ci95 = {
+def _score_ci95(per_seq: dict[str, torch.Tensor], scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each score column's 95% interval over the sequences, only where the score is the mean of its
+    per-sequence scores."""
+    return {
         c: mean_ci(v.double().numpy())
         for c, v in per_seq.items()
         if np.allclose(v.double().mean(0).numpy(), scores[c], atol=1e-5)
-    }  # only where the score is that mean
-    return ScanResult(
-        cfg,
-        spec,
-        table,
-        scores,
-        verifications,
-        clean,
-        natural,
-        repeated,
-        examples,
-        timings,
-        device=str(model.device),
-        dtype=str(model.dtype),
-        self_check=model.self_check.to_dict(),
-        warnings=warnings,
-        score_ci95=score_ci95,
-        patterns=patterns,
-        composition=composition,
-        metrics=metrics_summary(scores, composition, cfg.types, metric_notes) if cfg.metrics else {},
-        verification=design,
-        removed_heads=removed,
-    )
+    }
 
 
 def _metrics(model: LoadedModel, cfg: ScanConfig, text, natural: TokenSet, scores: dict, removed: list):
@@ -486,24 +534,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
     """summary.json's content: layout, token sets, settings, clean losses, each selected type's
     top ``top_n`` heads, the ablation verdicts and evidence, timings and package versions."""
     spec, cfg = result.spec, result.config
-    assert cfg.types is not None  # set by ScanConfig.__post_init__
-    top = {}
-    for name in cfg.types:
-        det = DETECTORS[name]
-        col = result.scores[det.rank_by]
-        entries = []
-        for layer, head in top_heads(torch.as_tensor(col), top_n):
-            e = {
-                "head": format_head((layer, head)),
-                "kv_head": int(kv_head_of(head, spec.n_heads, spec.n_kv_heads)),
-                "score": round(float(col[layer, head]), 4),
-            }
-            if det.rank_by in result.score_ci95:
-                e["score_ci95"] = [round(float(x), 4) for x in result.score_ci95[det.rank_by][:, layer, head]]
-            for key, column in det.top_head_extras:
-                e[key] = int(result.scores[column][layer, head])
-            entries.append(e)
-        top[name] = entries
+    top = _top_heads_summary(result, top_n)
     confirmed = {v.head_type: v.confirmed for v in result.verifications if v.tested or v.no_verdict}
     return summary_envelope(
         {
@@ -564,6 +595,31 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         config=cfg,
         timings_s={"load_s": result.load_s, **result.timings},
     )
+
+
+def _top_heads_summary(result: ScanResult, top_n: int) -> dict[str, list[dict]]:
+    """summary.json's ``top_heads``: each selected type's top ``top_n`` heads by its ranking
+    column, with KV head, score, its interval where there is one, and the type's extra columns."""
+    spec, cfg = result.spec, result.config
+    assert cfg.types is not None  # set by ScanConfig.__post_init__
+    top = {}
+    for name in cfg.types:
+        det = DETECTORS[name]
+        col = result.scores[det.rank_by]
+        entries = []
+        for layer, head in top_heads(torch.as_tensor(col), top_n):
+            e = {
+                "head": format_head((layer, head)),
+                "kv_head": int(kv_head_of(head, spec.n_heads, spec.n_kv_heads)),
+                "score": round(float(col[layer, head]), 4),
+            }
+            if det.rank_by in result.score_ci95:
+                e["score_ci95"] = [round(float(x), 4) for x in result.score_ci95[det.rank_by][:, layer, head]]
+            for key, column in det.top_head_extras:
+                e[key] = int(result.scores[column][layer, head])
+            entries.append(e)
+        top[name] = entries
+    return top
 
 
 def interval_null_reasons(result: ScanResult) -> dict[str, str]:

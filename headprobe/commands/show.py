@@ -12,12 +12,16 @@ import argparse
 import dataclasses
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from headprobe import options
 from headprobe.commands import Command
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import check_head_layers, parse_heads
 from headprobe.settings import OUTPUT, Flags, ModelSettings, setting
+
+if TYPE_CHECKING:
+    from headprobe.probe.backends.base import LoadedModel
 
 HELP = "draw one head's attention pattern on your own text (PNG/PDF/SVG and an offline HTML page)"
 
@@ -104,21 +108,10 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     model = options.load_for(cfg)
     model.self_check.require_patterns("attention patterns")
     spec = model.spec
-    heads = parse_heads(cfg.head, spec.n_layers, spec.n_heads)
-    if len(heads) != 1:
-        raise HeadprobeError(f"show draws one head, got {cfg.head!r}")
-    check_head_layers(heads, spec.layout.head_layers)
-    ((layer, head),) = heads
+    layer, head = _selected_head(cfg, spec)
     tokens = model.to_tokens(cfg.prompt)
     n = tokens.shape[1]
-    longest = spec.n_ctx if spec.causal else min(MAX_TOKENS, spec.n_ctx)
-    check_length(n, longest)
-    start = int(
-        n > 1
-        and cfg.prepend_bos
-        and model.tokenizer.bos_token_id is not None
-        and int(tokens[0, 0]) == model.tokenizer.bos_token_id
-    )
+    start = _prompt_start(model, cfg, tokens)
     ts = TokenSet(tokens=tokens, start=start, source="prompt")
     shown = min(n, MAX_TOKENS)
     patterns = head_patterns(
@@ -162,6 +155,38 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
 
     paths = write_outputs(out, overwrite, summary=None, figures=figure, extra=write_page)
     return ShowResult((layer, head), pattern, labels, paths)
+
+
+def _selected_head(cfg: ShowConfig, spec) -> tuple[int, int]:
+    """``(layer, head)`` of ``--head``.
+
+    Raises:
+        HeadprobeError: not exactly one head, a head outside the model or in a hybrid's
+            linear-attention layer.
+    """
+    heads = parse_heads(cfg.head, spec.n_layers, spec.n_heads)
+    if len(heads) != 1:
+        raise HeadprobeError(f"show draws one head, got {cfg.head!r}")
+    check_head_layers(heads, spec.layout.head_layers)
+    ((layer, head),) = heads
+    return layer, head
+
+
+def _prompt_start(model: LoadedModel, cfg: ShowConfig, tokens) -> int:
+    """The first real position of the prompt's ``[1, pos]`` ``tokens``: 1 where they begin with a
+    BOS token, else 0, once their length is checked against the longest prompt the model takes
+    (:func:`check_length`)."""
+    spec = model.spec
+    n = tokens.shape[1]
+    longest = spec.n_ctx if spec.causal else min(MAX_TOKENS, spec.n_ctx)
+    check_length(n, longest)
+    start = int(
+        n > 1
+        and cfg.prepend_bos
+        and model.tokenizer.bos_token_id is not None
+        and int(tokens[0, 0]) == model.tokenizer.bos_token_id
+    )
+    return start
 
 
 def head_table(spec, scores: dict, prompt: dict, n: int) -> tuple[object, list[str]]:
