@@ -28,7 +28,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.heads import Head, all_heads, format_head, parse_heads
+from headprobe.probe.core.heads import Head, all_heads, check_head_layers, format_head, parse_heads
 from headprobe.settings import setting
 
 HELP = "exact single-head ablation effect of every head (natural text, repeated tokens), gradient importance, CSV + heatmaps"
@@ -145,11 +145,7 @@ class AblateConfig(options.ModelRunConfig):
         else:
             assert isinstance(self.heads, str)  # stored as the string by __post_init__
             heads = parse_heads(self.heads, n_layers, n_heads)
-            if head_layers is not None and (bad := [h for h in heads if h[0] not in head_layers]):
-                raise HeadprobeError(
-                    f"head {bad[0][0]}.{bad[0][1]}: layer {bad[0][0]} has no heads "
-                    f"(linear attention); the layers with heads are {list(head_layers)}"
-                )
+            check_head_layers(heads, head_layers)
         return [h for h in heads if head_layers is None or h[0] in head_layers]
 
     def preflight(self) -> None:
