@@ -567,12 +567,10 @@ INPUT_NAMES = {"text": "another text", "weights": "other model weights", "tokeni
 """What a checkpoint records it was computed from (:func:`run_inputs`), as said when one differs."""
 
 
-def run_inputs(config, model: LoadedModel | None = None) -> dict[str, str]:
+def run_inputs(config) -> dict[str, str]:
     """Fingerprints of what a resumable run computes from beyond its settings: ``text`` (SHA-256 of
     the bytes of ``--text`` a run may read, :data:`~headprobe.probe.core.io.MAX_TEXT_READ_BYTES` at
-    most, or of the built-in text), and, given the loaded ``model``, ``weights`` and ``tokenizer``
-    (:meth:`~headprobe.probe.backends.base.LoadedModel.weights_fingerprint`,
-    :meth:`~headprobe.probe.backends.base.LoadedModel.tokenizer_fingerprint`).
+    most, or of the built-in text), read before the model loads; :func:`model_inputs` adds the model's.
 
     Raises:
         HeadprobeError: the ``--text`` file cannot be read.
@@ -595,9 +593,14 @@ def run_inputs(config, model: LoadedModel | None = None) -> dict[str, str]:
             except OSError as e:
                 raise HeadprobeError(f"cannot read text file {config.text}: {e.strerror}") from None
         out["text"] = hashlib.sha256(data).hexdigest()
-    if model is not None:
-        out.update(weights=model.weights_fingerprint(), tokenizer=model.tokenizer_fingerprint())
     return out
+
+
+def model_inputs(model: LoadedModel) -> dict[str, str]:
+    """The fingerprints of a loaded ``model`` a checkpoint records beside :func:`run_inputs`' text:
+    ``weights`` and ``tokenizer`` (:meth:`~headprobe.probe.backends.base.LoadedModel.weights_fingerprint`,
+    :meth:`~headprobe.probe.backends.base.LoadedModel.tokenizer_fingerprint`)."""
+    return {"weights": model.weights_fingerprint(), "tokenizer": model.tokenizer_fingerprint()}
 
 
 def _same_inputs(
@@ -730,7 +733,7 @@ def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main
             describe_model(model) + (f"; {what} over {distributed.world_size()} ranks" if sharded else ""), flush=True
         )
     if resumable:  # what the checkpoint was computed from, and what it is saved with
-        inputs = run_inputs(config, model)
+        inputs = {**inputs, **model_inputs(model)}  # the text's, read before loading, and the model's
         saved = _same_inputs(saved, found, recorded, inputs, args.out, args.overwrite, main_rank)
         if checkpoint is not None:
             checkpoint.inputs = inputs
