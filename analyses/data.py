@@ -9,7 +9,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 from jaxtyping import Int
@@ -245,6 +246,9 @@ def task_tokens(
     return TaskTokens(natural, repeated, repeated_source)
 
 
+_Span = TypeVar("_Span", bound="PlantedSpan")
+
+
 @dataclass(frozen=True)
 class PlantedSpan:
     """Natural text with a span of random tokens planted twice: the record :class:`NeedleSet` and
@@ -272,6 +276,11 @@ class PlantedSpan:
     def distance(self) -> Int[Tensor, " batch"]:
         """``second - first``: how far back the span's first occurrence is, in tokens."""
         return self.second - self.first
+
+    def rows(self: _Span, sequences: slice) -> _Span:
+        """The same set restricted to ``sequences`` (a slice of the batch): the tokens, ``first`` and
+        ``second`` of those sequences."""
+        return replace(self, tokens=self.tokens[sequences], first=self.first[sequences], second=self.second[sequences])
 
     def queries(self) -> tuple[Int[Tensor, "batch copy"], Int[Tensor, "batch copy"], Int[Tensor, "batch copy"]]:
         """``(query positions, source positions, target tokens)``, ``[batch, length - 1]`` each:

@@ -36,8 +36,11 @@ printing, no argparse.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 
 import torch
@@ -53,6 +56,28 @@ from headprobe.probe.layout.attention import KVPolicy, Streaming
 
 #: Positions of logits computed at once (a ``[batch, chunk, d_vocab]`` block, never a whole sequence's).
 LOGIT_CHUNK = 256
+
+_SEQUENCES_PER_FORWARD: ContextVar[int | None] = ContextVar("sequences_per_forward", default=None)
+
+
+@contextlib.contextmanager
+def sequences_per_forward(n: int | None) -> Iterator[None]:
+    """Within the ``with`` body, every forward of this module takes at most ``n`` sequences of a
+    batch at a time (None: the whole batch), as ``headprobe kv`` sizes it from the memory budget
+    (:func:`headprobe.probe.core.memory.plan`). Losses are concatenated and pattern statistics
+    averaged over the parts, weighted by their sequences: the results are those of one batch, up
+    to the order of floating-point sums."""
+    token = _SEQUENCES_PER_FORWARD.set(n)
+    try:
+        yield
+    finally:
+        _SEQUENCES_PER_FORWARD.reset(token)
+
+
+def _parts(batch: int) -> list[slice]:
+    """The slices of a ``batch`` of sequences each forward takes (:func:`sequences_per_forward`)."""
+    n = _SEQUENCES_PER_FORWARD.get() or batch
+    return [slice(a, min(a + n, batch)) for a in range(0, batch, n)]
 
 
 def check_kv_backend(model: LoadedModel) -> None:
@@ -114,22 +139,28 @@ def natural_loss(
 ) -> float:
     """Mean next-token loss (nats/token) of ``tokens`` from position ``start`` on, under ``policy``
     (None: full attention). The logits are never held for a whole sequence."""
-    with model.kv_policy(policy):
-        resid = model.final_residual(tokens)
-    return float(_chunked_loss(model, resid, tokens.to(resid.device), start).mean())
+    losses = []
+    for part in _parts(len(tokens)):
+        with model.kv_policy(policy):
+            resid = model.final_residual(tokens[part])
+        losses.append(_chunked_loss(model, resid, tokens[part].to(resid.device), start))
+    return float(torch.cat(losses).mean())
 
 
 @torch.inference_mode()
 def long_range_quality(model: LoadedModel, lr: LongRangeSet, policy: KVPolicy | None = None) -> tuple[Tensor, Tensor]:
     """Losses (nats) and top-1 hits (0/1) of the repeated block's tokens 2..block_len,
     ``[batch, block_len - 1]`` each, under ``policy``."""
-    with model.kv_policy(policy):
-        resid = model.final_residual(lr.tokens)
-    pos, target = (t.to(resid.device) for t in lr.targets())
-    r = resid.gather(1, pos[..., None].expand(-1, -1, resid.shape[-1]))
-    logits = model.logits_from_residual(r, normed=True).float()
-    loss = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view_as(target)
-    return loss, (logits.argmax(-1) == target).float()
+    losses, hits = [], []
+    for part in _parts(len(lr.tokens)):
+        with model.kv_policy(policy):
+            resid = model.final_residual(lr.tokens[part])
+        pos, target = (t.to(resid.device) for t in lr.rows(part).targets())
+        r = resid.gather(1, pos[..., None].expand(-1, -1, resid.shape[-1]))
+        logits = model.logits_from_residual(r, normed=True).float()
+        losses.append(F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view_as(target))
+        hits.append((logits.argmax(-1) == target).float())
+    return torch.cat(losses), torch.cat(hits)
 
 
 def evaluate(
@@ -188,22 +219,25 @@ def retrieval_mass_of_pattern(
 
 @torch.inference_mode()
 def pattern_statistic(model: LoadedModel, tokens: Int[Tensor, "batch pos"], reduce) -> Float[Tensor, "layer head"]:
-    """``reduce(pattern) -> [head]`` of every layer's pattern, one layer at a time (the hook
-    reduces it and lets the forward pass go on; no layer's pattern outlives its layer)."""
-    L = model.spec.n_layers
+    """``reduce(pattern, part) -> [head]`` of every layer's pattern, one layer at a time (the hook
+    reduces it and lets the forward pass go on; no layer's pattern outlives its layer). ``reduce``
+    is a mean over the sequences ``part`` (a slice of the batch) of ``pattern``
+    ``[part, head, q_pos, k_pos]``; the parts' means are averaged, weighted by their sequences."""
+    L, B = model.spec.n_layers, len(tokens)
     out = torch.zeros(L, model.spec.n_heads)
+    for part in _parts(B):
 
-    def hook(layer):
-        def fn(pattern, hook):
-            out[layer] = reduce(pattern.float()).cpu()
+        def hook(layer, part=part):
+            def fn(pattern, hook):
+                out[layer] += reduce(pattern.float(), part).cpu() * ((part.stop - part.start) / B)
 
-        return fn
+            return fn
 
-    model.final_residual(tokens, fwd_hooks=[(attn_hook(layer, "pattern"), hook(layer)) for layer in range(L)])
+        hooks = [(attn_hook(layer, "pattern"), hook(layer)) for layer in range(L)]
+        model.final_residual(tokens[part], fwd_hooks=hooks)
     return out
 
 
-@torch.inference_mode()
 def distant_mass(
     model: LoadedModel,
     tokens: Int[Tensor, "batch pos"],
@@ -213,19 +247,11 @@ def distant_mass(
 ) -> Float[Tensor, "layer head"]:
     """:func:`distant_mass_of_pattern` of every head, one layer's pattern at a time (the hook
     reduces it and lets the forward pass go on; no layer's pattern outlives its layer)."""
-    L = model.spec.n_layers
-    out = torch.zeros(L, model.spec.n_heads)
 
-    def hook(layer):
-        def fn(pattern, hook):
-            out[layer] = distant_mass_of_pattern(
-                pattern.float(), sink, window, None if rows is None else rows.to(pattern.device)
-            ).cpu()
+    def reduce(pattern, part):
+        return distant_mass_of_pattern(pattern, sink, window, None if rows is None else rows[part].to(pattern.device))
 
-        return fn
-
-    model.final_residual(tokens, fwd_hooks=[(attn_hook(layer, "pattern"), hook(layer)) for layer in range(L)])
-    return out
+    return pattern_statistic(model, tokens, reduce)
 
 
 def group_mean(per_head: Float[Tensor, "layer head"], n_kv_groups: int) -> Float[Tensor, "layer kv_group"]:
@@ -281,9 +307,9 @@ def retrieval_group_costs(model: LoadedModel, natural: Tensor, lr: LongRangeSet,
     group's heads (:func:`group_max`)."""
     G = model.n_kv_groups
     nat = group_max(
-        pattern_statistic(model, natural, lambda p: distant_mass_of_pattern(p, streaming.sink, streaming.window)), G
+        pattern_statistic(model, natural, lambda p, _: distant_mass_of_pattern(p, streaming.sink, streaming.window)), G
     )
-    far = group_max(pattern_statistic(model, lr.tokens, lambda p: retrieval_mass_of_pattern(p, lr)), G)
+    far = group_max(pattern_statistic(model, lr.tokens, lambda p, part: retrieval_mass_of_pattern(p, lr.rows(part))), G)
     return GroupCosts("retrieval", nat, far)
 
 
@@ -664,7 +690,7 @@ def loss_identity_check(
         HeadprobeError: they differ by more than ``atol`` nats/token.
     """
     with torch.inference_mode(), model.kv_policy(policy):
-        scored = float(model.scored_losses(tokens, start).mean())
+        scored = float(torch.cat([model.scored_losses(tokens[part], start) for part in _parts(len(tokens))]).mean())
     if abs(scored - natural) > atol:
         raise HeadprobeError(
             f"the policy's natural-text loss {natural:.6f} differs from the backend's scored loss {scored:.6f}"

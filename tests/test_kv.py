@@ -259,3 +259,37 @@ def test_kv_cli_errors_are_one_line(tiny_dir, tmp_path, capsys, argv, message):
 def test_the_bridge_is_refused(tiny_llama_gqa):
     with pytest.raises(HeadprobeError, match="native model"):
         kp.check_kv_backend(tiny_llama_gqa)
+
+
+def test_forwards_in_parts_give_the_numbers_of_one_batch(llama, text_file):
+    """Every forward of kvpolicy split into parts of 1 and of 2 sequences: the losses, copy
+    accuracies, pattern statistics and the identity check's scored loss of one whole batch."""
+    _, model = llama
+    text = text_file.read_text()
+    nat = natural_text_tokens(model, 3, 40, 0, text)
+    lr = long_range_tokens(model, 40, [10, 20, 30], 6, seed=1, n_per_distance=1, text=text)
+    streaming = Streaming(2, 5)
+    rows = [[None] * model.n_kv_groups for _ in range(model.spec.n_layers)]
+    rows[0][0] = streaming
+    policy = KVPolicy(tuple(map(tuple, rows)))
+
+    def numbers():
+        q = kp.evaluate(model, nat.tokens, nat.start, lr, policy)
+        est = kp.estimated_group_costs(model, nat.tokens, lr, streaming)
+        ret = kp.retrieval_group_costs(model, nat.tokens, lr, streaming)
+        check = kp.loss_identity_check(model, nat.tokens, nat.start, policy, q.natural_loss)
+        return [
+            torch.tensor([q.natural_loss, q.long_range_loss, q.copy_accuracy, check["backend_scored_loss"]]),
+            torch.tensor([[v["loss"], v["accuracy"]] for v in q.per_distance.values()]),
+            est.natural,
+            est.long_range,
+            ret.natural,
+            ret.long_range,
+        ]
+
+    whole = numbers()
+    for n in (1, 2):
+        with kp.sequences_per_forward(n):
+            for got, want in zip(numbers(), whole, strict=True):
+                torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert kp._parts(5) == [slice(0, 5)]  # outside the with: one batch

@@ -193,3 +193,38 @@ def test_bad_budget_is_one_line(tiny_dir, tmp_path, capsys):
         )
     err = _errors(capsys)
     assert e.value.code == 2 and len(err) == 1 and "is not a size" in err[0]
+
+
+def test_kv_splits_its_batch_to_the_budget_and_keeps_its_numbers(tiny_dir, tmp_path, capsys):
+    """A budget between one sequence and the whole batch: kv runs in parts of the size the
+    formula gives, says so in its header, and writes the numbers of the run in one batch."""
+    import json
+
+    import pandas as pd
+
+    from headprobe.commands.kv import KVConfig
+    from headprobe.commands.kv_core import forward_plan
+    from headprobe.probe.backends.loading import load_model
+
+    flags = ["--text", _text(tmp_path), "--seq-len", "64", "--n-natural", "4", "--device", "cpu", "--n-random", "1"]
+    model = load_model(str(tiny_dir), device="cpu")
+    cfg = KVConfig(model=str(tiny_dir), seq_len=64, n_natural=4, n_random=1)
+    per = forward_plan(model, cfg).per_item
+    memory.set_budget(2 * per + per // 2)
+    plan = forward_plan(model, cfg)
+    assert plan.items == 2 and plan.per_item == per  # (2.5 x per) // per, below the batch of 4
+    memory.set_budget(None)
+    summaries = {}
+    for name, budget in (("whole", []), ("parts", ["--memory-budget", str(2 * per + per // 2)])):
+        out = tmp_path / name
+        assert main(["kv", "--model", str(tiny_dir), "--out", str(out), *flags, *budget]) == 0
+        summaries[name] = json.loads((out / "summary.json").read_text())
+        printed = capsys.readouterr().out
+        assert ("batch: 2 sequences per pass for kv's forwards" in printed) == (name == "parts")
+    for key in ("full", "chosen"):
+        for k, v in summaries["whole"][key].items():
+            if isinstance(v, float):
+                assert summaries["parts"][key][k] == pytest.approx(v, abs=1e-6), (key, k)
+    assert summaries["parts"]["full_groups"] == summaries["whole"]["full_groups"]
+    costs = [pd.read_csv(tmp_path / name / "group_costs.csv") for name in ("whole", "parts")]
+    pd.testing.assert_frame_equal(costs[1], costs[0], atol=1e-6, rtol=0)

@@ -17,6 +17,7 @@ from headprobe.probe.core.io import summary_envelope, write_json
 if TYPE_CHECKING:
     from headprobe.analyses.kvpolicy import GroupCosts, Quality
     from headprobe.probe.backends.base import LoadedModel
+    from headprobe.probe.core.memory import BatchPlan
     from headprobe.probe.layout.attention import AttentionLayout, KVPolicy, Streaming
     from headprobe.probe.layout.cost import PolicyCost
     from headprobe.probe.layout.spec import ModelSpec
@@ -276,27 +277,37 @@ def _token_sets(model: LoadedModel, config: KVConfig):
     return natural, lr
 
 
-def batch_line(model: LoadedModel, config: KVConfig) -> str:
-    """The header line of kv's forwards, which take each task's sequences in one batch (the larger:
-    ``n_natural`` windows, or one long-range sequence per distance, 4 by default): per sequence
-    :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` at ``seq_len`` with logits in
+def forward_plan(model: LoadedModel, config: KVConfig) -> BatchPlan:
+    """How many sequences each of kv's forwards takes: a task's whole batch (the larger: ``n_natural``
+    windows, or ``n_per_distance`` long-range sequences per distance) where it fits in the memory
+    budget, else as many as fit (:func:`~headprobe.analyses.kvpolicy.sequences_per_forward`). Per
+    sequence :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` at ``seq_len`` with logits in
     :data:`~headprobe.analyses.kvpolicy.LOGIT_CHUNK` positions, plus the pattern a statistic's hook
     reads (``4 * head * seq_len**2`` bytes, float32).
 
     Raises:
-        HeadprobeError: the batch does not fit in the memory budget (before any forward).
+        HeadprobeError: not even one sequence fits in the memory budget (before any forward).
     """
     from headprobe.analyses.kvpolicy import LOGIT_CHUNK
     from headprobe.probe.core import memory
     from headprobe.probe.layout.cost import forward_sequence_bytes
 
     spec, T = model.spec, config.seq_len
-    batch = max(config.n_natural, len(config.distances) if config.distances else 4)
+    batch = max(config.n_natural, len(config.distances or (0,) * 4) * config.n_per_distance)
     per = (
         forward_sequence_bytes(spec.layout, T, spec.d_vocab, model.dtype.itemsize, logit_positions=min(T, LOGIT_CHUNK))
         + 4 * spec.n_heads * T * T
     )
-    return memory.plan(per, model.device, batch, f"kv's forwards ({batch} x {T} tokens in one batch)", cap=batch).line()
+    return memory.plan(per, model.device, 1, f"kv's forwards (batches of up to {batch} x {T} tokens)", cap=batch)
+
+
+def batch_line(model: LoadedModel, config: KVConfig) -> str:
+    """The header line of :func:`forward_plan`.
+
+    Raises:
+        HeadprobeError: as :func:`forward_plan`.
+    """
+    return forward_plan(model, config).line()
 
 
 def _checked_setup(model: LoadedModel, config: KVConfig) -> tuple[AttentionLayout, Streaming, list[tuple[int, int]]]:
@@ -325,13 +336,23 @@ def _checked_setup(model: LoadedModel, config: KVConfig) -> tuple[AttentionLayou
 
 
 def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult:
-    """Choose and measure a head-level KV policy for the loaded ``model`` (see the module docstring).
+    """Choose and measure a head-level KV policy for the loaded ``model`` (see the module docstring),
+    each forward taking as many sequences as :func:`forward_plan` allows.
 
     Raises:
         HeadprobeError: a non-native backend, an encoder, no group whose streaming changes attention
             (every layer's sliding window no wider than ``window``), bad lengths,
-            budgets below the all-streaming floor, or an allocated cache that disagrees with the formula.
+            budgets below the all-streaming floor, not one sequence within the memory budget, or an
+            allocated cache that disagrees with the formula.
     """
+    from headprobe.analyses.kvpolicy import sequences_per_forward
+
+    with sequences_per_forward(forward_plan(model, config).items):
+        return _chosen_and_measured(model, config, progress)
+
+
+def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -> KVResult:
+    """:func:`run`'s work once the memory plan is set."""
     import time
 
     from tqdm.auto import tqdm
