@@ -88,7 +88,8 @@ class PruningRun:
     Attributes:
         order: ``importance`` or ``random``.
         rows: one dict per step: ``order, step, n_pruned, fraction_pruned, <set>_loss`` for each
-            evaluation set (nats/token), ``removed`` (heads removed at this step, ``layer.head``).
+            evaluation set (nats/token), ``removed`` (heads removed at this step, ``layer.head``),
+            and for ``importance`` ``margin`` (:func:`cut_margin`; NaN at step 0).
         removal_order: every removed head, in the order removed.
     """
 
@@ -152,8 +153,10 @@ def iterative_pruning(
             "scores": None if scores is None else scores.tolist(),
         }
 
-    def record(step: int, removed: list[Head]) -> None:
+    def record(step: int, removed: list[Head], margin: float = float("nan")) -> None:
         run.rows.append(_pruning_row(model, eval_sets, keep, order, step, removed))
+        if order == "importance":
+            run.rows[-1]["margin"] = margin
 
     if not run.rows:
         record(0, [])
@@ -166,6 +169,7 @@ def iterative_pruning(
         steps = tqdm(steps, desc=f"pruning ({order})", unit="step")
     for step in steps:
         n_now = min(per_step, n_max - len(run.removal_order))
+        margin = float("nan")
         if order == "random":
             flat = random_order[len(run.removal_order) : len(run.removal_order) + n_now]
         else:
@@ -173,12 +177,12 @@ def iterative_pruning(
                 scores = head_importance(
                     model, score_set.tokens, score_set.first, head_mask=keep, normalize=normalize
                 ).importance.clone()
-            flat = _least_important(scores, keep, n_now)
+            flat, margin = _least_important(scores, keep, n_now), cut_margin(scores, keep, n_now)
         removed = [(i // spec.n_heads, i % spec.n_heads) for i in flat]
         for layer, head in removed:
             keep[layer, head] = 0.0
         run.removal_order += removed
-        record(step, removed)
+        record(step, removed, margin)
         if on_step:
             on_step(state())
     return run
@@ -230,6 +234,15 @@ def _least_important(scores: Tensor, keep: Tensor, n: int) -> list[int]:
     masked = scores.flatten().clone()
     masked[keep.flatten() == 0] = float("inf")
     return masked.argsort()[:n].tolist()
+
+
+def cut_margin(scores: Tensor, keep: Tensor, n: int) -> float:
+    """How far a step's cut is from a tie: the importance of the least important head kept minus
+    that of the most important head removed, when the ``n`` kept heads (``keep`` nonzero) of lowest
+    ``scores`` go (same units as ``scores``; NaN when no head is left kept). Near 0, a rounding
+    difference (another device, dtype or thread count) can swap the two heads and part the orders."""
+    kept = scores.flatten()[keep.flatten() != 0].double().sort().values
+    return float(kept[n] - kept[n - 1]) if 0 < n < len(kept) else float("nan")
 
 
 def _median_time(fn, repeats: int = 3) -> float:

@@ -73,3 +73,32 @@ def test_bad_arguments(tiny_gpt2_native):
         iterative_pruning(tiny_gpt2_native, data, {"x": data}, order="magnitude")
     with pytest.raises(HeadprobeError):
         iterative_pruning(tiny_gpt2_native, data, {"x": data}, step_fraction=0)
+
+
+def test_each_steps_margin_is_the_gap_its_cut_left(tiny_llama_gqa_native):
+    """``margin`` of every Michel step: the least important head kept minus the most important
+    head removed, recomputed from a fresh importance at the step's mask; a tie gives 0."""
+    from headprobe.analyses.pruning import cut_margin
+
+    model = tiny_llama_gqa_native
+    score = LossSet(_tokens(seed=1))
+    run = iterative_pruning(model, score, {"natural": LossSet(_tokens(seed=2))}, step_fraction=0.25)
+    assert run.rows[0]["margin"] != run.rows[0]["margin"]  # NaN: nothing cut at step 0
+    for step, row in enumerate(run.rows[1:], start=1):
+        keep = run.keep_mask_after(4 * (step - 1), 2, 8)
+        imp = head_importance(model, score.tokens, head_mask=keep.float(), normalize=True).importance
+        removed = [imp[h] for h in run.removal_order[4 * (step - 1) : 4 * step]]
+        kept = [
+            imp[layer, head]
+            for layer in range(2)
+            for head in range(8)
+            if run.keep_mask_after(4 * step, 2, 8)[layer, head]
+        ]
+        if kept:
+            assert row["margin"] == pytest.approx(float(min(kept) - max(removed)), abs=1e-6) and row["margin"] >= 0
+        else:
+            assert row["margin"] != row["margin"]
+    tied = torch.tensor([[0.3, 0.1, 0.1], [0.5, 0.2, 0.0]])
+    keep = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    assert cut_margin(tied, keep, 1) == 0.0 and cut_margin(tied, keep, 3) == pytest.approx(0.1)
+    assert cut_margin(tied, keep, 5) != cut_margin(tied, keep, 5)  # nothing kept after the cut

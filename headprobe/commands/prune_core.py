@@ -60,8 +60,9 @@ class PruneResult:
         runs: curve name (``michel``, ``l0``, ``random:<seed>``; see :func:`run_names`) ->
             :class:`~headprobe.analyses.pruning.PruningRun`.
         table: pruning_curve.csv: one row per curve and step (``method, seed, step, n_pruned,
-            fraction_pruned, natural_loss, repeated_loss, lambda, expected_open, removed``;
-            ``seed`` for random only, ``lambda`` and ``expected_open`` for l0 only).
+            fraction_pruned, natural_loss, repeated_loss, lambda, expected_open, margin, removed``;
+            ``seed`` for random only, ``lambda`` and ``expected_open`` for l0 only, ``margin`` for
+            michel only: :func:`~headprobe.analyses.pruning.cut_margin`).
         score_shape, natural_shape: ``[batch, pos]`` of the scoring and held-out natural-text sets.
         repeated: the repeated task's token set.
         device: where the model ran. self_check: the model's load-time self-check.
@@ -209,7 +210,8 @@ class PruneResult:
         from headprobe.analyses.outputs import write_outputs
         from headprobe.probe.model.pruned import save_pruned_dir
 
-        tables = {"pruning_curve.csv": self.table.to_csv(index=False, float_format="%.5f")}
+        curve = self.table.assign(margin=self.table["margin"].map(lambda v: "" if v != v else f"{v:.4g}"))
+        tables = {"pruning_curve.csv": curve.to_csv(index=False, float_format="%.5f")}  # a margin near a tie in full
         if self.per_layer is not None:
             tables["per_layer.csv"] = pd.DataFrame(self.per_layer).to_csv(index=False, float_format="%.5f")
 
@@ -375,7 +377,7 @@ def _curve_table(runs: dict[str, PruningRun]) -> pd.DataFrame:
                 }
             )
     table = pd.DataFrame(rows)
-    for col in ("lambda", "expected_open"):
+    for col in ("lambda", "expected_open", "margin"):
         if col not in table:
             table[col] = np.nan
     return table[
@@ -389,6 +391,7 @@ def _curve_table(runs: dict[str, PruningRun]) -> pd.DataFrame:
             "repeated_loss",
             "lambda",
             "expected_open",
+            "margin",
             "removed",
         ]
     ]
