@@ -1193,13 +1193,15 @@ def run(config: BudgetConfig) -> BudgetResult:
                 "--recommend proposes a layout; it takes --params or --d-model, not --preset or --model"
             )
         params, limit = config.params, config.kv_limit
+        if isinstance(limit, str):  # a bare number under 1 KiB is a forgotten unit (sizes.parse_bytes)
+            limit = cost.parse_bytes(limit, "--kv-limit", bare_at_least=cost.KIB)
         rec = cost.recommend(
             seq_len=config.seq_len,
             target=config.target,
             n_params=cost.parse_count(params) if isinstance(params, str) else params,
             d_model=config.d_model,
             n_layers=config.n_layers,
-            kv_limit_bytes=cost.parse_bytes(limit) if isinstance(limit, str) else limit,
+            kv_limit_bytes=limit,
             bytes_per_element=config.bytes_per_element,
             batch=config.batch,
         )
