@@ -499,9 +499,9 @@ def check_settings(cfg) -> None:
     if has("text"):
         object.__setattr__(cfg, "text", str(cfg.text))
     if has("memory_budget"):
-        from headprobe.probe.core.memory import parse_bytes
+        from headprobe.probe.core.sizes import parse_bytes
 
-        parse_bytes(cfg.memory_budget)
+        parse_bytes(cfg.memory_budget, "--memory-budget")
     for name in ("n_natural", "n_repeated", "threads"):
         if has(name) and getattr(cfg, name) < 1:
             raise HeadprobeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")

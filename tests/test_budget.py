@@ -345,8 +345,8 @@ def test_parse_sizes_and_counts():
     for bad in ("", "2XB", "-1GiB", "0"):
         with pytest.raises(HeadprobeError):
             cost.parse_bytes(bad)
-    with pytest.raises(HeadprobeError, match="give a unit, e.g. 2GiB"):  # a forgotten unit, not 2 bytes
-        cost.parse_bytes("2")
+    with pytest.raises(HeadprobeError, match="give a unit, e.g. 2GiB"):  # --kv-limit's guard: a forgotten unit
+        cost.parse_bytes("2", "--kv-limit", bare_at_least=KIB)
 
 
 @pytest.mark.parametrize(

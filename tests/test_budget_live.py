@@ -361,3 +361,26 @@ def test_a_wrong_pruned_formula_is_a_mismatch(pruned_dir, capsys, monkeypatch):
     monkeypatch.setattr(cost, "layer_cost", lambda *args: real(*args) + 1)
     code = main(["budget", "--model", pruned_dir])
     assert code == 1 and "MISMATCH: the formulas disagree with the model" in capsys.readouterr().out
+
+
+def test_live_check_names_the_backend_it_loads(tiny_dir, capsys, monkeypatch):
+    """The header names the backend of the model budget actually loaded (recorded at the load), and
+    the backend the other commands pick for it (``auto``: the first whose ``supports`` takes the config)."""
+    from transformers import AutoConfig
+
+    from headprobe.probe.backends import loading
+    from headprobe.probe.core.vocabulary import backend_class
+    from headprobe.probe.layout.spec import BACKEND_LABELS
+
+    loaded = []
+    real = loading.load_model
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: loaded.append(real(*a, **k)) or loaded[-1])
+    code = main(["budget", "--model", str(tiny_dir)])
+    out = capsys.readouterr().out
+    (model,) = loaded
+    used = BACKEND_LABELS[type(model).name]
+    default = BACKEND_LABELS[backend_class("auto", lambda: AutoConfig.from_pretrained(tiny_dir)).name]
+    assert code == 0 and used == "TransformerLens" and default == "native"  # the case this test is about
+    backend_lines = [line for line in out.splitlines() if line.startswith("backend: ")]
+    assert len(backend_lines) == 1, out
+    assert backend_lines[0].startswith(f"backend: {used} ") and f"run this model on the {default} backend" in out

@@ -125,7 +125,7 @@ def test_ablate_refuses_before_the_folder(tiny_dir, tmp_path, capsys):
             )
         )
     err = _errors(capsys)
-    assert e.value.code == 2 and len(err) == 1 and "working memory" in err[0] and "stated budget 4.00 KiB" in err[0]
+    assert e.value.code == 2 and len(err) == 1 and "working memory" in err[0] and "stated budget 4 KiB" in err[0]
     assert not out.exists()
 
 

@@ -161,3 +161,19 @@ def test_show_refuses_a_head_in_a_linear_attention_layer(tmp_path, tiny_tokenize
         )
         == 0
     )  # a head of an attention layer is drawn
+
+
+def test_show_prints_the_model_header_first_as_the_other_commands_do(tiny_dir, tmp_path, capsys):
+    """The runner of the other commands prints ``describe_model`` of the model it loaded first
+    (:func:`headprobe.options.run_command`); show prints the same line for the model it loads."""
+    from headprobe import options
+    from headprobe.cli import main
+
+    argv = ["show", "--model", str(tiny_dir), "--head", "1.5", "--prompt", PROMPT, "--device", "cpu"]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    config = ShowConfig(model=str(tiny_dir), head="1.5", prompt=PROMPT, out=str(tmp_path / "x"), device="cpu")
+    header = options.describe_model(options.load_for(config))
+    assert header.startswith(f"model {tiny_dir} on cpu") and "backend" in header
+    assert lines[0] == header, lines
+    assert lines[-1].startswith("head 1.5 on ") and header not in lines[1:]

@@ -9,7 +9,8 @@ Four ways to use it:
   (``--params``) or width, a context length, a KV-cache limit (``--kv-limit``) and a target;
 * ``--model NAME``: read the layout from a loaded model (its spec and its Hugging Face config:
   QK-norm, sliding windows, MLA sizes) and check the formulas against the model's own KV cache
-  and the parameters of its layer-0 attention module. A headprobe checkpoint directory
+  and the parameters of its layer-0 attention module (on the TransformerLens backend,
+  :data:`CHECK_BACKEND`, whatever the other commands pick). A headprobe checkpoint directory
   (``headprobe train``'s, or ``prune --save-pruned``'s ``pruned_model/``) is read directly, with
   its own layout: a pruned model's layers keep different numbers of heads, and it is costed layer
   by layer next to the unpruned layout (:func:`check_headprobe_dir`, :func:`layers_report`).
@@ -141,7 +142,8 @@ class BudgetConfig:
         None,
         "load this model (e.g. smollm2-135m, gpt2, a local directory, a headprobe "
         "train or prune --save-pruned directory), read its layout and check the formulas "
-        "against its own KV cache and attention parameters",
+        "against its own KV cache and attention parameters (a Hugging Face model runs on the "
+        "TransformerLens backend here, for transformers' own cache)",
     )
     d_model: int | None = setting(None, "residual width D", type=positive_int)
     n_layers: int | None = setting(None, "number of attention layers", type=positive_int)
@@ -713,6 +715,36 @@ def measure_kv_cache(loaded: LoadedModel, n_tokens: int | None = None, text: str
     }
 
 
+CHECK_BACKEND = "transformer-lens"
+"""The backend ``--model`` loads a model on: its Hugging Face model fills transformers' own KV cache,
+the reference the formulas are checked against (the native backend keeps headprobe's own cache)."""
+
+
+def backends_of(loaded: LoadedModel) -> dict[str, str]:
+    """``weights``, ``backend`` (the one ``loaded`` runs on, as :attr:`ModelSpec.precision` names it) and
+    ``default_backend`` (the one ``--backend auto``, the other commands' default, picks for its config)."""
+    from headprobe.probe.core.vocabulary import backend_class
+    from headprobe.probe.layout.spec import BACKEND_LABELS
+
+    default = backend_class("auto", lambda: loaded.hf_config).name
+    return {
+        "weights": loaded.spec.weights,
+        "backend": BACKEND_LABELS.get(loaded.spec.backend, loaded.spec.backend),
+        "default_backend": BACKEND_LABELS.get(default, default),
+    }
+
+
+def _backend_line(rec: dict[str, Any]) -> str:
+    """The check's second header line: the backend it ran on, and why where the other commands differ."""
+    line = f"backend: {rec['backend']}"
+    if rec["backend"] == rec["default_backend"]:
+        return line + " (as the other commands)"
+    return (
+        line + f" (budget --model loads it to measure the Hugging Face model's own KV cache; the other "
+        f"commands run this model on the {rec['default_backend']} backend by default)"
+    )
+
+
 def check_loaded(loaded: LoadedModel) -> tuple[AttentionLayout, dict[str, Any]]:
     """Compare the formulas on a loaded model's own layout (``loaded.spec.layout``, the
     :class:`~headprobe.probe.layout.attention.AttentionLayout` its loader built) with the model.
@@ -760,6 +792,7 @@ def check_loaded(loaded: LoadedModel) -> tuple[AttentionLayout, dict[str, Any]]:
     record: dict[str, Any] = {
         "model": s.name,
         "precision": s.precision,
+        **backends_of(loaded),
         "measured": measured,
         "expected": expected,
         "ok": ok,
@@ -817,7 +850,9 @@ def format_check(rec: dict[str, Any]) -> str:
         )
     verdict = "OK: the formulas match the model" if rec["ok"] else "MISMATCH: the formulas disagree with the model"
     return (
-        f"live check on {rec['model']} ({rec['precision']}), {m['tokens']} tokens through its own cache\n\n"
+        f"live check on {rec['model']} ({rec['weights']}), {m['tokens']} tokens through its own cache\n"
+        + _backend_line(rec)
+        + "\n\n"
         + _table(rows, ["quantity", "measured", "formula"], right={1, 2})
         + "\n\n"
         + "".join(n + "\n" for n in notes)
@@ -1193,13 +1228,15 @@ def run(config: BudgetConfig) -> BudgetResult:
                 "--recommend proposes a layout; it takes --params or --d-model, not --preset or --model"
             )
         params, limit = config.params, config.kv_limit
+        if isinstance(limit, str):  # a bare number under 1 KiB is a forgotten unit (sizes.parse_bytes)
+            limit = cost.parse_bytes(limit, "--kv-limit", bare_at_least=cost.KIB)
         rec = cost.recommend(
             seq_len=config.seq_len,
             target=config.target,
             n_params=cost.parse_count(params) if isinstance(params, str) else params,
             d_model=config.d_model,
             n_layers=config.n_layers,
-            kv_limit_bytes=cost.parse_bytes(limit) if isinstance(limit, str) else limit,
+            kv_limit_bytes=limit,
             bytes_per_element=config.bytes_per_element,
             batch=config.batch,
         )
@@ -1216,7 +1253,7 @@ def run(config: BudgetConfig) -> BudgetResult:
 
         # TransformerLens prints progress on stdout; keep stdout for the report (and --json).
         with redirect_stdout(sys.stderr):
-            model_layout, check = check_loaded(load_model(config.model, backend="transformer-lens"))
+            model_layout, check = check_loaded(load_model(config.model, backend=CHECK_BACKEND))
         base = replace(model_layout, bytes_per_element=config.bytes_per_element)
     return _report(config, base, check)
 

@@ -83,8 +83,9 @@ class ShowResult:
     paths: list[Path]
 
 
-def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
-    """Load the model, capture every head's pattern on the prompt, write the figure and the page.
+def run(cfg: ShowConfig, overwrite: bool = False, model: LoadedModel | None = None) -> ShowResult:
+    """Load the model (unless ``model``, loaded as ``cfg`` asks, is given), capture every head's
+    pattern on the prompt, write the figure and the page.
 
     Raises:
         HeadprobeError: an empty or too long prompt, a head outside the model or in a hybrid's
@@ -105,11 +106,13 @@ def run(cfg: ShowConfig, overwrite: bool = False) -> ShowResult:
     from headprobe.probe.hooks.capture import capture_heads
 
     out = prepare_output_dir(cfg.out, overwrite, create=False)
-    model = options.load_for(cfg)
+    if model is None:
+        model = options.load_for(cfg)
     model.self_check.require_patterns("attention patterns")
     spec = model.spec
     layer, head = _selected_head(cfg, spec)
     tokens = model.to_tokens(cfg.prompt)
+    assert not isinstance(tokens, tuple)  # one text: one tensor, no mask
     n = tokens.shape[1]
     start = _prompt_start(model, cfg, tokens)
     ts = TokenSet(tokens=tokens, start=start, source="prompt")
@@ -294,7 +297,8 @@ FLAGS = (
 
 def main(args: argparse.Namespace, config: ShowConfig) -> int:
     """``headprobe show``: check the head's form, the text (``--prompt`` or ``--prompt-file``, read
-    into the config's ``prompt``) and the output directory, load, draw, print the files."""
+    into the config's ``prompt``) and the output directory, load, print the model's line
+    (:func:`headprobe.options.describe_model`), draw, print the files."""
     from headprobe.probe.core.io import prepare_output_dir, read_text_file
 
     if len(parse_heads(args.head, 10**9, 10**9)) != 1:  # the form, before anything loads
@@ -308,7 +312,9 @@ def main(args: argparse.Namespace, config: ShowConfig) -> int:
     prepare_output_dir(args.out, args.overwrite, create=False)
     cfg = dataclasses.replace(config, prompt=prompt)
     with options.out_as_it_was(args.out):
-        result = run(cfg, overwrite=args.overwrite)
+        model = options.load_for(cfg)
+        print(options.describe_model(model), flush=True)  # the header every command that loads a model prints
+        result = run(cfg, overwrite=args.overwrite, model=model)
     print(
         f"head {result.head[0]}.{result.head[1]} on {len(result.labels)} tokens; wrote "
         + ", ".join(str(p) for p in result.paths)

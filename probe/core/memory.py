@@ -4,18 +4,18 @@ and the one rule that turns a per-item estimate into a batch size, or a refusal.
 The budget is, in this order: the one stated for the process (:func:`set_budget`, from the shared
 ``--memory-budget`` setting), the ``HEADPROBE_MEMORY_BUDGET`` environment variable, else
 :data:`HEADROOM` of the device's free memory (CUDA: ``torch.cuda.mem_get_info``; CPU: the kernel's
-``MemAvailable`` in ``/proc/meminfo``, or ``os.sysconf`` where there is none). Sizes are bytes;
-text sizes take ``KB MB GB TB`` (powers of 1000) or ``KiB MiB GiB TiB`` (powers of 1024).
+``MemAvailable`` in ``/proc/meminfo``, or ``os.sysconf`` where there is none). Sizes are bytes,
+read and printed by :mod:`headprobe.probe.core.sizes` (``4GiB``, ``500MB``, a bare ``1000``).
 Torch is imported only to read a GPU's free memory.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.sizes import format_bytes, parse_bytes
 
 BUDGET_ENV = "HEADPROBE_MEMORY_BUDGET"
 """The environment variable that states the budget when no setting does (a size, e.g. ``4GiB``)."""
@@ -24,49 +24,7 @@ HEADROOM = 0.8
 """The share of the device's free memory a batch may fill when no budget is stated (allocator
 fragmentation, the caching allocator's blocks and the estimate's error take the rest)."""
 
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?\s*$", re.IGNORECASE)
 _stated: int | None = None
-
-
-def parse_bytes(text: str | int) -> int:
-    """A size as bytes: an int as given, or text like ``4GiB``, ``512 MiB``, ``2.5GB``, ``1000``.
-
-    Raises:
-        HeadprobeError: not a size, or not positive (one line).
-    """
-    if isinstance(text, int):
-        value = text
-    else:
-        m = _SIZE.match(str(text))
-        if not m:
-            raise HeadprobeError(
-                f"memory budget {text!r} is not a size: write bytes or a number with a unit "
-                f"(KB MB GB TB, KiB MiB GiB TiB), e.g. 4GiB"
-            )
-        value = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
-    if value < 1:
-        raise HeadprobeError(f"memory budget must be positive, got {text!r}")
-    return value
-
-
-def gib(n: float) -> str:
-    """``n`` bytes with a binary prefix and two decimals (``1.50 GiB``, ``4.00 KiB``, ``12 B``)."""
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def set_budget(value: str | int | None) -> None:
@@ -76,7 +34,7 @@ def set_budget(value: str | int | None) -> None:
         HeadprobeError: as :func:`parse_bytes`.
     """
     global _stated
-    _stated = None if value is None else parse_bytes(value)
+    _stated = None if value is None else parse_bytes(value, "memory budget")
 
 
 def free_bytes(device) -> int:
@@ -105,17 +63,17 @@ def stated() -> tuple[int, str] | None:
         HeadprobeError: a bad :data:`BUDGET_ENV`.
     """
     if _stated is not None:
-        return _stated, f"stated budget {gib(_stated)}"
+        return _stated, f"stated budget {format_bytes(_stated)}"
     if os.environ.get(BUDGET_ENV):
-        value = parse_bytes(os.environ[BUDGET_ENV])
-        return value, f"stated budget {gib(value)} (${BUDGET_ENV})"
+        value = parse_bytes(os.environ[BUDGET_ENV], f"${BUDGET_ENV}")
+        return value, f"stated budget {format_bytes(value)} (${BUDGET_ENV})"
     return None
 
 
 def budget(device) -> tuple[int, str]:
     """``(bytes, where from)``: the stated budget (:func:`set_budget`, then :data:`BUDGET_ENV`), else
-    :data:`HEADROOM` of :func:`free_bytes`; the text says which (``"stated budget 4.00 GiB"``,
-    ``"80% of 12.00 GiB free on cuda:0"``).
+    :data:`HEADROOM` of :func:`free_bytes`; the text says which (``"stated budget 4 GiB"``,
+    ``"80% of 12.5 GiB free on cuda:0"``).
 
     Raises:
         HeadprobeError: a bad :data:`BUDGET_ENV`.
@@ -124,7 +82,7 @@ def budget(device) -> tuple[int, str]:
     if given is not None:
         return given
     free = free_bytes(device)
-    return int(free * HEADROOM), f"{HEADROOM:.0%} of {gib(free)} free on {device}"
+    return int(free * HEADROOM), f"{HEADROOM:.0%} of {format_bytes(free)} free on {device}"
 
 
 def items_that_fit(per_item: int, fixed: int, budget_bytes: int, need: int, what: str, where: str) -> int:
@@ -138,8 +96,8 @@ def items_that_fit(per_item: int, fixed: int, budget_bytes: int, need: int, what
     n = max(0, (budget_bytes - fixed) // max(1, per_item))
     if n < need:
         raise HeadprobeError(
-            f"{what} needs about {gib(fixed + need * per_item)} of working memory ({need} x "
-            f"{gib(per_item)} + {gib(fixed)}), more than the {where}: use fewer or shorter "
+            f"{what} needs about {format_bytes(fixed + need * per_item)} of working memory ({need} x "
+            f"{format_bytes(per_item)} + {format_bytes(fixed)}), more than the {where}: use fewer or shorter "
             f"sequences, or state a larger --memory-budget"
         )
     return int(n)
@@ -167,8 +125,8 @@ class BatchPlan:
     def line(self) -> str:
         """The header line: ``batch: 96 sequences per pass for the ablation sweep (about 1.20 MiB each ...)``."""
         return (
-            f"batch: {self.items} sequences per pass for {self.what} (about {gib(self.per_item)} each"
-            f" + {gib(self.fixed)} kept; {self.source})"
+            f"batch: {self.items} sequences per pass for {self.what} (about {format_bytes(self.per_item)} each"
+            f" + {format_bytes(self.fixed)} kept; {self.source})"
         )
 
 

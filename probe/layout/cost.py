@@ -33,12 +33,14 @@ Definitions and worked numbers follow the lesson texts in ``shared/seeds/003_*``
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from headprobe.probe.core.errors import HeadprobeError
+
+# Sizes as text are read and printed by headprobe.probe.core.sizes, one way for every floor; re-exported here.
+from headprobe.probe.core.sizes import GIB, KIB, MIB, TIB, format_bytes, parse_bytes, parse_count  # noqa: F401
 
 # The layout lives in headprobe.probe.layout.attention; re-exported so that cost.AttentionLayout keeps working.
 from headprobe.probe.layout.attention import (  # noqa: F401
@@ -50,7 +52,6 @@ from headprobe.probe.layout.attention import (  # noqa: F401
     _check_positive,
 )
 
-KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40
 TFLOP = 10**12
 
 #: Bytes per element of the number formats a user may name (``--dtype``).
@@ -691,26 +692,8 @@ def policy_cost(layout: AttentionLayout, policy: KVPolicy, seq_len: int, batch: 
 
 
 # ---------------------------------------------------------------------------------------------
-# Formatting and parsing
+# Formatting FLOPs (sizes: headprobe.probe.core.sizes)
 # ---------------------------------------------------------------------------------------------
-
-_BINARY = (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB))
-
-
-def format_bytes(n: int | float) -> str:
-    """``n`` bytes with a binary prefix: ``512 KiB``, ``16 GiB``, ``1 TiB``, ``8.58 GiB``, ``12 B``.
-
-    Whole numbers of a unit print without decimals; others with up to two decimals.
-    """
-    for unit, size in _BINARY:  # noqa: B007 - the unit found is read after the loop
-        if abs(n) >= size:
-            v = n / size
-            break
-    else:
-        unit, v = "B", n
-    if v == int(v):
-        return f"{int(v)} {unit}"
-    return f"{v:.2f}".rstrip("0").rstrip(".") + f" {unit}"
 
 
 def format_tflop(flops: int | float) -> str:
@@ -730,56 +713,6 @@ def format_flops(flops: float) -> str:
         if flops >= size:
             return f"{format_tflop(flops * TFLOP / size)} {unit}"
     return f"{flops:.0f} FLOP"
-
-
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
-_BYTE_UNITS = {
-    "": 1,
-    "b": 1,
-    "kib": KIB,
-    "mib": MIB,
-    "gib": GIB,
-    "tib": TIB,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-}
-_COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
-
-
-def _parse_quantity(text: str, units: dict[str, int], what: str, examples: str) -> int:
-    m = _SIZE_RE.match(str(text))
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in units or float(m.group(1)) <= 0:
-        raise HeadprobeError(f"cannot read {text!r} as {what}; write e.g. {examples}")
-    return int(float(m.group(1)) * units[unit])
-
-
-def parse_bytes(text: str) -> int:
-    """``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"4096"`` -> bytes (binary KiB..TiB, decimal kB..TB).
-
-    A bare number is bytes, and must be at least 1024: ``"2"`` is far more likely a forgotten
-    unit (2 GiB) than a two-byte memory limit.
-
-    Raises:
-        HeadprobeError: the text is not a positive size, or a bare number below 1024.
-    """
-    n = _parse_quantity(text, _BYTE_UNITS, "a memory size", "2GiB, 512MiB or 1.5GB")
-    match = _SIZE_RE.match(str(text))
-    assert match is not None  # _parse_quantity accepted the text
-    if n < 1024 and match.group(2) == "":
-        raise HeadprobeError(f"{text!r} would be {n} bytes; give a unit, e.g. {text.strip()}GiB or {text.strip()}MiB")
-    return n
-
-
-def parse_count(text: str) -> int:
-    """``"135M"``, ``"8B"``, ``"7e9"``, ``"1.5k"`` -> a count (decimal suffixes k, M, B/G, T).
-
-    Raises:
-        HeadprobeError: the text is not a positive count.
-    """
-    return _parse_quantity(text, _COUNT_UNITS, "a parameter count", "135M, 8B or 7e9")
 
 
 # ---------------------------------------------------------------------------------------------
