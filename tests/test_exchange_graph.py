@@ -275,9 +275,9 @@ def test_a_parallel_models_graph_is_eap_igs_parallel_graph(neox_circuit_run, neo
     says parallel_attn_mlp true, as the run recorded, so EAP-IG's from_json builds no a{l}.h{h} ->
     m{l} edge; the nodes are its parallel graph's, every edge one of that graph's."""
     assert not _mlp_reads_its_attention(zoo.make_checkpoint("gpt_neox", tiny_tokenizer).hf_model)
-    assert json.loads((neox_circuit_run / "summary.json").read_text())["layout"]["parallel_attn_mlp"] is True
     graph = _export_mib(neox_circuit_run, tmp_path / "e")
     assert graph["cfg"] == {"n_layers": 2, "n_heads": 4, "parallel_attn_mlp": True, "d_model": 64}
+    assert json.loads((neox_circuit_run / "summary.json").read_text())["layout"]["parallel_attn_mlp"] is True
     src, _, names = eap_ig_names(2, 4, parallel=True)
     assert list(graph["nodes"]) == [*src, "logits"] and graph["edges"] and set(graph["edges"]) <= names
 
@@ -287,7 +287,7 @@ def test_an_older_circuit_summary_reads_parallel_from_the_models_config(neox_cir
     src = tmp_path / "src"
     shutil.copytree(neox_circuit_run, src)
     summary = json.loads((src / "summary.json").read_text())
-    del summary["layout"]["parallel_attn_mlp"]
+    summary["layout"].pop("parallel_attn_mlp", None)
     (src / "summary.json").write_text(json.dumps(summary))
     assert _export_mib(src, tmp_path / "o")["cfg"]["parallel_attn_mlp"] is True
 
@@ -297,7 +297,7 @@ def test_export_refuses_a_graph_when_parallel_is_unknown(neox_circuit_run, tmp_p
     src = tmp_path / "src"
     shutil.copytree(neox_circuit_run, src)
     summary = json.loads((src / "summary.json").read_text())
-    del summary["layout"]["parallel_attn_mlp"]
+    summary["layout"].pop("parallel_attn_mlp", None)
     summary["model"] = "no-such-org/no-such-model"
     (src / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(SystemExit) as e:
