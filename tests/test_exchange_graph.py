@@ -239,7 +239,9 @@ def test_config_json_says_what_the_hugging_face_block_does(tmp_path, model_type,
     assert peek_config(str(tmp_path))["parallel_attn_mlp"] is not _mlp_reads_its_attention(hf_model)
 
 
-@pytest.mark.parametrize("family, change", [("llama", {}), ("gpt_neox", {}), ("gpt_neox", {"use_parallel_residual": False})])
+@pytest.mark.parametrize(
+    "family, change", [("llama", {}), ("gpt_neox", {}), ("gpt_neox", {"use_parallel_residual": False})]
+)
 @pytest.mark.parametrize("backend", ["native", "transformer-lens"])
 def test_a_loaded_model_says_whether_its_mlp_reads_its_attention(tiny_tokenizer, family, change, backend):
     """LoadedModel.parallel_attn_mlp on both backends against the Hugging Face block (the

@@ -371,9 +371,10 @@ def mib_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
         HeadprobeError: the model's d_model, or whether its attention and MLP run in parallel, is
             unknown (EAP-IG's ``from_json`` builds the graph from both)."""
     lay = src.layout
-    missing = [k for k, v in (("d_model", lay.d_model), ("parallel_attn_mlp", lay.parallel_attn_mlp)) if v is None]
-    if missing:
-        what = " and ".join(missing)
+    if lay.d_model is None or lay.parallel_attn_mlp is None:
+        what = " and ".join(
+            k for k, v in (("d_model", lay.d_model), ("parallel_attn_mlp", lay.parallel_attn_mlp)) if v is None
+        )
         raise HeadprobeError(
             f"--format mib needs the model's {what} (EAP-IG's Graph.from_json reads it): "
             f"{src.path}/summary.json records no {what} and {lay.name}'s config.json does not give it or is "
@@ -382,7 +383,7 @@ def mib_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
     top = int(src.summary.get("config", {}).get("top", 20))
     edges = src.table.to_dict("records")
     in_graph = {e["edge"] for e in edges[:top]}  # edges.csv is sorted by |score|
-    graph = ex.mib_graph(edges, src.layout, in_graph, src.layout.d_model)
+    graph = ex.mib_graph(edges, lay, in_graph, lay.d_model)
     patched = graph["headprobe"]["path_patched"]
     graph["headprobe"] = {
         **src.identity(),

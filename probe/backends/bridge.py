@@ -111,7 +111,7 @@ class BridgeModel(LoadedModel):
         return self.model.original_model.config
 
     @property
-    def parallel_attn_mlp(self) -> bool:  # type: ignore[override]
+    def parallel_attn_mlp(self) -> bool:
         """See :attr:`headprobe.probe.backends.base.LoadedModel.parallel_attn_mlp`: the bridge
         config's ``parallel_attn_mlp`` (its adapters set it) or what the wrapped model's config says
         (:func:`~headprobe.probe.layout.attention.parallel_attn_mlp_from_hf_config`; the Hugging Face

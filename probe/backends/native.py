@@ -345,7 +345,7 @@ class NativeModel(LoadedModel):
         return self
 
     @property
-    def parallel_attn_mlp(self) -> bool:  # type: ignore[override]
+    def parallel_attn_mlp(self) -> bool:
         """See :attr:`headprobe.probe.backends.base.LoadedModel.parallel_attn_mlp`: the native
         model's ``parallel_residual``."""
         return bool(self.model.cfg.parallel_residual)
