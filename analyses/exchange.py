@@ -61,7 +61,8 @@ PT_SUFFIXES = (".pt", ".pth")
 @dataclass(frozen=True)
 class Layout:
     """What a head file is checked against: the model's name and its sizes (``n_kv_groups``: KV
-    heads, or 1 per layer for MLA's latent; ``d_model``: the residual width; None where unknown)."""
+    heads, or 1 per layer for MLA's latent; ``d_model``: the residual width; ``parallel_attn_mlp``:
+    attention and MLP read the same residual; None where unknown)."""
 
     name: str
     n_layers: int
@@ -69,6 +70,7 @@ class Layout:
     n_kv_heads: int | None = None
     n_kv_groups: int | None = None
     d_model: int | None = None
+    parallel_attn_mlp: bool | None = None
 
     def identity(self) -> dict[str, Any]:
         return {"model": self.name, "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads}
@@ -327,8 +329,17 @@ def mib_graph(edges: list[dict], layout: Layout, in_graph: set[str], d_model: in
     the circuit's edges and ``logits`` (always, as in EAP-IG); each scored edge as ``{"score",
     "in_graph"}``. MLP and input edges are not scored by headprobe, so not listed (``from_json``
     leaves an unlisted edge at score 0, out of the graph). ``cfg`` holds the four keys
-    ``from_json`` rebuilds the graph from (``parallel_attn_mlp`` false). The path-patched effects
-    go under the ``headprobe`` key, ``{"path_patched": {edge name: effect}}``."""
+    ``from_json`` rebuilds the graph from (``parallel_attn_mlp``: the layout's; with it true EAP-IG
+    makes no edge from a layer's heads to its MLP). The path-patched effects go under the
+    ``headprobe`` key, ``{"path_patched": {edge name: effect}}``.
+
+    Raises:
+        HeadprobeError: ``layout.parallel_attn_mlp`` is unknown (None)."""
+    if layout.parallel_attn_mlp is None:
+        raise HeadprobeError(
+            f"{layout.name}: whether attention and MLP run in parallel is unknown; EAP-IG's graph "
+            "(cfg parallel_attn_mlp) needs it"
+        )
     nodes = {name: False for name in mib_nodes(layout.n_layers, layout.n_heads)}
     nodes["logits"] = True
     out_edges, patched = {}, {}
@@ -340,7 +351,12 @@ def mib_graph(edges: list[dict], layout: Layout, in_graph: set[str], d_model: in
             patched[name] = float(e["exact"])
         if out_edges[name]["in_graph"]:
             nodes[mib_node(e["sender"])] = nodes[child] = True
-    cfg = {"n_layers": layout.n_layers, "n_heads": layout.n_heads, "parallel_attn_mlp": False, "d_model": int(d_model)}
+    cfg = {
+        "n_layers": layout.n_layers,
+        "n_heads": layout.n_heads,
+        "parallel_attn_mlp": bool(layout.parallel_attn_mlp),
+        "d_model": int(d_model),
+    }
     return {
         "cfg": cfg,
         "nodes": {n: {"in_graph": v} for n, v in nodes.items()},
@@ -364,12 +380,20 @@ def _node_in_graph(name: str, node: str, value: Any) -> bool:
 
 
 def _check_mib_cfg(cfg: Any, name: str, layout: Layout | None) -> None:
-    """``cfg``'s n_layers, n_heads and d_model against the model's, where both are known."""
+    """``cfg``'s n_layers, n_heads, d_model and parallel_attn_mlp against the model's, where both are
+    known: a graph built for parallel attention and MLP lacks the edges from a layer's heads to its
+    MLP that a sequential model has, and the other way round."""
     if layout is None or not isinstance(cfg, dict):
         return
     for key, size in (("n_layers", layout.n_layers), ("n_heads", layout.n_heads), ("d_model", layout.d_model)):
         if isinstance(cfg.get(key), int) and size is not None and cfg[key] != size:
             raise HeadprobeError(f"{name} is a graph of {key} {cfg[key]}; {layout.name} has {size}")
+    flag, own = cfg.get("parallel_attn_mlp"), layout.parallel_attn_mlp
+    if isinstance(flag, bool) and own is not None and flag != own:
+        raise HeadprobeError(
+            f"{name} is a graph of parallel_attn_mlp {str(flag).lower()}; {layout.name}'s attention and MLP run "
+            f"{'in parallel' if own else 'one after the other'} (parallel_attn_mlp {str(own).lower()})"
+        )
 
 
 def read_mib(data: dict, name: str, layout: Layout | None, scores: dict[Head, float] | None = None) -> HeadFile:
@@ -378,7 +402,7 @@ def read_mib(data: dict, name: str, layout: Layout | None, scores: dict[Head, fl
 
     Raises:
         HeadprobeError: no ``nodes``, a node without a boolean ``in_graph``, a node that is no head
-            of the model, or a ``cfg`` of another model (n_layers, n_heads, d_model).
+            of the model, or a ``cfg`` of another model (n_layers, n_heads, d_model, parallel_attn_mlp).
     """
     cfg, nodes = data.get("cfg") or {}, data.get("nodes")
     if not isinstance(nodes, dict):

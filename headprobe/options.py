@@ -65,8 +65,11 @@ SMOLLM2_D_MODEL = 576
 
 def peek_config(model: str) -> dict | None:
     """What ``model``'s config says, read without loading weights or torch (milliseconds):
-    ``{"n_layers", "n_heads", "n_ctx", "n_kv_heads", "n_kv_groups", "d_model"}`` (``n_ctx`` and
-    ``d_model`` None where the config gives none; ``n_kv_groups``: the KV heads, or 1 for MLA's per-layer latent),
+    ``{"n_layers", "n_heads", "n_ctx", "n_kv_heads", "n_kv_groups", "d_model", "parallel_attn_mlp"}``
+    (``n_ctx`` and ``d_model`` None where the config gives none; ``n_kv_groups``: the KV heads, or 1
+    for MLA's per-layer latent; ``parallel_attn_mlp``: attention and MLP read the same residual, a
+    headprobe checkpoint's ``parallel_residual`` or by the Hugging Face ``model_type``
+    (:func:`headprobe.probe.layout.attention.parallel_attn_mlp_from_hf_config`), None without one),
     from the embedded ``smollm2-135m``'s layout, a Hugging Face directory's ``config.json`` or a
     headprobe checkpoint directory's. None where it cannot be read that cheaply (hub names,
     ``.gguf`` files, unreadable configs): the caller checks after loading instead."""
@@ -81,6 +84,7 @@ def peek_config(model: str) -> dict | None:
             "n_kv_heads": SMOLLM2_KV_HEADS,
             "n_kv_groups": SMOLLM2_KV_HEADS,
             "d_model": SMOLLM2_D_MODEL,
+            "parallel_attn_mlp": False,
         }
     path = Path(model).expanduser() / "config.json"
     try:
@@ -91,7 +95,10 @@ def peek_config(model: str) -> dict | None:
         return None
     if isinstance(cfg.get("model"), dict) and "format" in cfg:  # headprobe checkpoint
         cfg = cfg["model"]
-    cfg = cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
+        parallel: bool | None = bool(cfg.get("parallel_residual", False))  # TransformerConfig's default
+    else:
+        cfg = cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
+        parallel = _hf_parallel_attn_mlp(cfg)
 
     def first(*keys):
         return next((cfg[k] for k in keys if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool)), None)
@@ -109,10 +116,20 @@ def peek_config(model: str) -> dict | None:
             "n_kv_heads": kv_heads,
             "n_kv_groups": kv_groups,
             "d_model": first("d_model", "hidden_size", "n_embd"),
+            "parallel_attn_mlp": parallel,
         }
         if layers and heads
         else None
     )
+
+
+def _hf_parallel_attn_mlp(cfg: dict) -> bool | None:
+    """:func:`headprobe.probe.layout.attention.parallel_attn_mlp_from_hf_config` of a ``config.json``."""
+    from types import SimpleNamespace
+
+    from headprobe.probe.layout.attention import parallel_attn_mlp_from_hf_config
+
+    return parallel_attn_mlp_from_hf_config(SimpleNamespace(**{str(k): v for k, v in cfg.items()}))
 
 
 def peek_layout(model: str) -> tuple[int, int] | None:

@@ -15,6 +15,7 @@ built from that description."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -22,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+import zoo
 
 from headprobe.cli import main
 
@@ -154,6 +156,194 @@ def test_export_refuses_a_graph_without_d_model(circuit_run, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "d_model" in err[0], err
     assert not (tmp_path / "o").exists()
+
+
+# --- parallel attention and MLP: cfg parallel_attn_mlp --------------------------------------------
+
+_ATTN_0 = re.compile(r"(layers|h)\.0\.(self_attn|attn|attention|self_attention)$")
+_MLP_0 = re.compile(r"(layers|h)\.0\.mlp$")
+
+
+def _mlp_reads_its_attention(hf_model) -> bool:
+    """The reference, from the Hugging Face modules alone: whether layer 0's MLP input changes when
+    its attention output is perturbed (random noise: a constant shift would vanish in a LayerNorm)."""
+    mods = dict(hf_model.named_modules())
+    attn = next(m for n, m in mods.items() if _ATTN_0.search(n))
+    mlp = next(m for n, m in mods.items() if _MLP_0.search(n))
+    g, seen = torch.Generator().manual_seed(0), []
+
+    def bump(module, args, out):
+        first = out[0] if isinstance(out, tuple) else out
+        first = first + torch.randn(first.shape, generator=g)
+        return (first, *out[1:]) if isinstance(out, tuple) else first
+
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    pre = mlp.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach().clone()))
+    try:
+        with torch.no_grad():
+            hf_model(tokens)
+            post = attn.register_forward_hook(bump)
+            try:
+                hf_model(tokens)
+            finally:
+                post.remove()
+    finally:
+        pre.remove()
+    return not torch.equal(seen[0], seen[1])
+
+
+_HF_SIZES = dict(
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    n_embd=32,
+    n_layer=1,
+    n_head=4,
+    n_positions=64,
+)
+
+
+@pytest.mark.parametrize(
+    "model_type, change",
+    [
+        ("llama", {}),
+        ("gpt2", {}),
+        ("gpt_neox", {}),
+        ("gpt_neox", {"use_parallel_residual": False}),
+        ("gptj", {"rotary_dim": 4}),
+        ("codegen", {"rotary_dim": 4}),
+        ("phi", {}),
+        ("cohere", {}),
+        ("cohere2", {}),
+        ("falcon", {}),
+        ("falcon", {"parallel_attn": False}),
+        ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2}),
+        ("stablelm", {}),
+        ("stablelm", {"use_parallel_residual": True}),
+    ],
+)
+def test_config_json_says_what_the_hugging_face_block_does(tmp_path, model_type, change):
+    """peek_config's parallel_attn_mlp from a config.json against what the Hugging Face block of that
+    config computes (its MLP reads its own attention's output, or not)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from headprobe.options import peek_config
+
+    cfg = AutoConfig.for_model(model_type, **{**_HF_SIZES, **change})
+    cfg.to_json_file(tmp_path / "config.json")
+    hf_model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    assert peek_config(str(tmp_path))["parallel_attn_mlp"] is not _mlp_reads_its_attention(hf_model)
+
+
+@pytest.mark.parametrize(
+    "family, change", [("llama", {}), ("gpt_neox", {}), ("gpt_neox", {"use_parallel_residual": False})]
+)
+@pytest.mark.parametrize("backend", ["native", "transformer-lens"])
+def test_a_loaded_model_says_whether_its_mlp_reads_its_attention(tiny_tokenizer, family, change, backend):
+    """LoadedModel.parallel_attn_mlp on both backends against the Hugging Face block (the
+    sequential NeoX variant included)."""
+    from headprobe.probe.backends.loading import wrap
+
+    ckpt = zoo.make_checkpoint(family, tiny_tokenizer, **change)
+    want = not _mlp_reads_its_attention(ckpt.hf_model)
+    assert wrap(ckpt, backend=backend).parallel_attn_mlp is want
+
+
+@pytest.fixture(scope="module")
+def neox_dir(tmp_path_factory, tiny_tokenizer):
+    """The tiny GPT-NeoX (parallel attention and MLP, 2 layers x 4 heads, d_model 64) as a model directory."""
+    return zoo.save_dir("gpt_neox", tiny_tokenizer, tmp_path_factory.mktemp("neox"))
+
+
+@pytest.fixture(scope="module")
+def neox_circuit_run(tmp_path_factory, neox_dir):
+    out = tmp_path_factory.mktemp("neox-graph") / "circuit"
+    argv = ["circuit", "--model", str(neox_dir), "--out", str(out), "--device", "cpu", "--n-seqs", "2"]
+    assert main([*argv, "--period", "6", "--steps", "2", "--verify", "4", "--top", "5"]) == 0
+    return out
+
+
+def _export_mib(src: Path, out: Path) -> dict:
+    assert main(["export", "--from", str(src), "--out", str(out), "--format", "mib"]) == 0
+    return json.loads((out / "circuit_graph.json").read_text())
+
+
+def test_a_parallel_models_graph_is_eap_igs_parallel_graph(neox_circuit_run, neox_dir, tiny_tokenizer, tmp_path):
+    """GPT-NeoX's MLP does not read its own layer's heads (the Hugging Face block shows it): cfg
+    says parallel_attn_mlp true, as the run recorded, so EAP-IG's from_json builds no a{l}.h{h} ->
+    m{l} edge; the nodes are its parallel graph's, every edge one of that graph's."""
+    assert not _mlp_reads_its_attention(zoo.make_checkpoint("gpt_neox", tiny_tokenizer).hf_model)
+    graph = _export_mib(neox_circuit_run, tmp_path / "e")
+    assert graph["cfg"] == {"n_layers": 2, "n_heads": 4, "parallel_attn_mlp": True, "d_model": 64}
+    assert json.loads((neox_circuit_run / "summary.json").read_text())["layout"]["parallel_attn_mlp"] is True
+    src, _, names = eap_ig_names(2, 4, parallel=True)
+    assert list(graph["nodes"]) == [*src, "logits"] and graph["edges"] and set(graph["edges"]) <= names
+
+
+def test_an_older_circuit_summary_reads_parallel_from_the_models_config(neox_circuit_run, tmp_path):
+    """A summary.json from before the layout recorded it: the model's config.json says it."""
+    src = tmp_path / "src"
+    shutil.copytree(neox_circuit_run, src)
+    summary = json.loads((src / "summary.json").read_text())
+    summary["layout"].pop("parallel_attn_mlp", None)
+    (src / "summary.json").write_text(json.dumps(summary))
+    assert _export_mib(src, tmp_path / "o")["cfg"]["parallel_attn_mlp"] is True
+
+
+def test_export_refuses_a_graph_when_parallel_is_unknown(neox_circuit_run, tmp_path, capsys):
+    """Neither the summary nor a config.json at hand (a hub name) says it: one line, exit 2, nothing written."""
+    src = tmp_path / "src"
+    shutil.copytree(neox_circuit_run, src)
+    summary = json.loads((src / "summary.json").read_text())
+    summary["layout"].pop("parallel_attn_mlp", None)
+    summary["model"] = "no-such-org/no-such-model"
+    (src / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["export", "--from", str(src), "--out", str(tmp_path / "o"), "--format", "mib"]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("headprobe: error: "), err
+    assert "parallel_attn_mlp" in err[0] and "d_model" not in err[0].split("(")[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_import_refuses_a_graph_whose_parallel_flag_is_not_the_models(
+    neox_circuit_run, neox_dir, tiny_dir, tiny_tokenizer, tmp_path, capsys
+):
+    """The NeoX graph imports back onto its model; onto the sequential NeoX (same sizes) it is refused
+    in one line; a graph saying false onto the parallel NeoX too, from its config.json before
+    loading and from the loaded model (LoadedModel.parallel_attn_mlp, for a model whose config is
+    not read cheaply)."""
+    from headprobe.analyses.exchange import read_head_file
+    from headprobe.commands.import_heads import ImportConfig
+    from headprobe.commands.import_heads_core import _layout
+    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.core.errors import HeadprobeError
+
+    graph = tmp_path / "e" / "circuit_graph.json"
+    _export_mib(neox_circuit_run, tmp_path / "e")
+    ImportConfig(model=str(neox_dir), heads_file=str(graph)).preflight()
+    sequential = zoo.make_checkpoint("gpt_neox", tiny_tokenizer, use_parallel_residual=False, rotary_pct=0.5)
+    sequential.hf_model.save_pretrained(tmp_path / "seq")
+    tiny_tokenizer.save_pretrained(tmp_path / "seq")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["import", "--heads-file", str(graph), "--model", str(tmp_path / "seq")]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert re.fullmatch(r"headprobe: error: circuit_graph\.json is a graph of parallel_attn_mlp true; .*", err[0]), err
+    flipped = json.loads(graph.read_text())
+    flipped["cfg"]["parallel_attn_mlp"] = False
+    (tmp_path / "false.json").write_text(json.dumps(flipped))
+    with pytest.raises(HeadprobeError, match="parallel_attn_mlp false; .* in parallel"):
+        ImportConfig(model=str(neox_dir), heads_file=str(tmp_path / "false.json")).preflight()
+    loaded = _layout(wrap(zoo.make_checkpoint("gpt_neox", tiny_tokenizer), backend="native"))
+    assert read_head_file(graph, loaded, 3).kind == "mib"
+    with pytest.raises(HeadprobeError, match="parallel_attn_mlp false; .* in parallel"):
+        read_head_file(tmp_path / "false.json", loaded, 3)
 
 
 # --- import: in_graph by value, MIB's own graph, .pt graphs ---------------------------------------

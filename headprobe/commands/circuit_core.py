@@ -27,7 +27,8 @@ class CircuitResult:
     ``agreement`` (EAP(-IG) against exact path patching on the verified edges, or None),
     ``paths`` (path_patching.csv or None), ``qk`` (:class:`~headprobe.analyses.qk_attribution.QKAttribution`
     or None), ``clean_loss`` (nats/token), ``baseline_error``, ``seconds`` (the run's) and ``load_s``
-    (the model's load, set by the caller that loaded it)."""
+    (the model's load, set by the caller that loaded it), ``parallel_attn_mlp`` (the model's
+    :attr:`~headprobe.probe.backends.base.LoadedModel.parallel_attn_mlp`, None where unknown)."""
 
     config: CircuitConfig
     spec: ModelSpec
@@ -40,6 +41,7 @@ class CircuitResult:
     seconds: float = 0.0
     model_info: dict = field(default_factory=dict)
     load_s: float = 0.0
+    parallel_attn_mlp: bool | None = None
 
     def qk_table(self):
         """qk_attribution.csv: ``component, query_side, key_side`` (each component's total, score units)."""
@@ -70,6 +72,7 @@ class CircuitResult:
                 "n_kv_heads": spec.n_kv_heads,
                 "d_head": spec.d_head,
                 "d_model": spec.d_model,
+                "parallel_attn_mlp": self.parallel_attn_mlp,
             },
             "task": f"{self.config.n_seqs} repeated random sequences of {self.config.period} tokens; corrupted: "
             f"other repeated random sequences (seed + 1)",
@@ -297,6 +300,7 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
             "baseline_tolerance_rule": rule,
             "sequences_per_chunk": rows,
         },
+        parallel_attn_mlp=model.parallel_attn_mlp,
     )
 
 

@@ -262,6 +262,7 @@ def _layout(kind: str, model: str, summary: dict, table: pd.DataFrame) -> ex.Lay
         cfg.get("n_kv_heads"),
         cfg.get("n_kv_groups"),
         cfg.get("d_model"),
+        cfg.get("parallel_attn_mlp"),
     )
 
 
@@ -367,17 +368,22 @@ def mib_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
     """circuit_graph.json: the circuit's ``--top`` edges in the graph, every scored edge listed.
 
     Raises:
-        HeadprobeError: the model's d_model is unknown (EAP-IG's ``from_json`` builds the graph from it)."""
-    if src.layout.d_model is None:
+        HeadprobeError: the model's d_model, or whether its attention and MLP run in parallel, is
+            unknown (EAP-IG's ``from_json`` builds the graph from both)."""
+    lay = src.layout
+    if lay.d_model is None or lay.parallel_attn_mlp is None:
+        what = " and ".join(
+            k for k, v in (("d_model", lay.d_model), ("parallel_attn_mlp", lay.parallel_attn_mlp)) if v is None
+        )
         raise HeadprobeError(
-            f"--format mib needs the model's d_model (EAP-IG's Graph.from_json reads it): "
-            f"{src.path}/summary.json records no layout and {src.layout.name}'s config.json is not "
-            "at hand; rerun headprobe circuit, which records it"
+            f"--format mib needs the model's {what} (EAP-IG's Graph.from_json reads it): "
+            f"{src.path}/summary.json records no {what} and {lay.name}'s config.json does not give it or is "
+            "not at hand; rerun headprobe circuit, which records it"
         )
     top = int(src.summary.get("config", {}).get("top", 20))
     edges = src.table.to_dict("records")
     in_graph = {e["edge"] for e in edges[:top]}  # edges.csv is sorted by |score|
-    graph = ex.mib_graph(edges, src.layout, in_graph, src.layout.d_model)
+    graph = ex.mib_graph(edges, lay, in_graph, lay.d_model)
     patched = graph["headprobe"]["path_patched"]
     graph["headprobe"] = {
         **src.identity(),

@@ -100,6 +100,7 @@ class ImportConfig(ScanConfig):
                 cfg.get("n_kv_heads"),
                 cfg.get("n_kv_groups"),
                 cfg.get("d_model"),
+                cfg.get("parallel_attn_mlp"),
             )
             if cfg
             else None

@@ -64,7 +64,9 @@ class ImportResult:
 def _layout(model: LoadedModel) -> ex.Layout:
     spec = model.spec
     groups = 1 if str(getattr(spec, "kind", "")).upper() == "MLA" else spec.n_kv_heads
-    return ex.Layout(spec.name, spec.n_layers, spec.n_heads, spec.n_kv_heads, groups, spec.d_model)
+    return ex.Layout(
+        spec.name, spec.n_layers, spec.n_heads, spec.n_kv_heads, groups, spec.d_model, model.parallel_attn_mlp
+    )
 
 
 def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> ImportResult:

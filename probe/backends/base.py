@@ -275,6 +275,14 @@ class LoadedModel:
         """The Hugging Face config of the wrapped model (the bridge's), or None (native)."""
         return None
 
+    @property
+    def parallel_attn_mlp(self) -> bool | None:
+        """Whether each block's MLP reads the block's input residual, not the residual after its own
+        attention (``resid_post = resid_pre + attn_out + mlp_out``: GPT-NeoX, GPT-J, Phi-1/2,
+        Cohere; TransformerLens' ``parallel_attn_mlp``), so that no edge runs from a layer's heads
+        to its MLP; None where the backend does not know."""
+        return None
+
     def hook_names(self) -> list[str]:
         """Every hook point the backend offers (TransformerLens names)."""
         return list(self.model.hook_dict)

@@ -23,7 +23,7 @@ from torch import Tensor
 from headprobe.probe.backends.base import HookFn, LoadedModel, _module_type, scored_loss
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.names import UNEMBED_IN, attn_hook, block_hook
-from headprobe.probe.layout.attention import layout_from_hf_config
+from headprobe.probe.layout.attention import layout_from_hf_config, parallel_attn_mlp_from_hf_config
 from headprobe.probe.layout.spec import Checkpoint, ModelSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -109,6 +109,16 @@ class BridgeModel(LoadedModel):
     def hf_config(self) -> Any:
         """The wrapped Hugging Face model's config."""
         return self.model.original_model.config
+
+    @property
+    def parallel_attn_mlp(self) -> bool:
+        """See :attr:`headprobe.probe.backends.base.LoadedModel.parallel_attn_mlp`: the bridge
+        config's ``parallel_attn_mlp`` (its adapters set it) or what the wrapped model's config says
+        (:func:`~headprobe.probe.layout.attention.parallel_attn_mlp_from_hf_config`; the Hugging Face
+        modules compute the block)."""
+        return bool(getattr(self.model.cfg, "parallel_attn_mlp", False)) or bool(
+            parallel_attn_mlp_from_hf_config(self.hf_config)
+        )
 
     def forward(
         self,

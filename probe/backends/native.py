@@ -344,6 +344,12 @@ class NativeModel(LoadedModel):
         self.model, self._main_device, self._offload_dir = dispatch(self.model, device_map, max_memory, offload_dir)
         return self
 
+    @property
+    def parallel_attn_mlp(self) -> bool:
+        """See :attr:`headprobe.probe.backends.base.LoadedModel.parallel_attn_mlp`: the native
+        model's ``parallel_residual``."""
+        return bool(self.model.cfg.parallel_residual)
+
     # ---- head-level KV-cache policies (headprobe kv; the native backend only) ------------------
 
     @property

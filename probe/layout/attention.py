@@ -4,7 +4,8 @@ model's spec (:attr:`headprobe.probe.layout.spec.ModelSpec.layout`) and the cost
 (:mod:`headprobe.probe.layout.cost`).
 
 Also here: the layout of a Hugging Face model as read from its config and attention module
-(:func:`layout_from_hf_config`, :func:`attention_module`, :func:`attention_bias`), which the
+(:func:`layout_from_hf_config`, :func:`attention_module`, :func:`attention_bias`, and whether its
+attention and MLP run in parallel, :func:`parallel_attn_mlp_from_hf_config`), which the
 TransformerLens bridge's spec and ``headprobe budget --model`` use; and head-level KV-cache
 policies (:class:`KVPolicy`: per layer and KV group, a full or a streaming cache; the file format
 in docs/kv.md, read by :func:`headprobe.analyses.exchange.read_kv_policy`). No torch, no I/O.
@@ -353,6 +354,39 @@ def layout_from_hf_config(
         output_gate=model_type in OUTPUT_GATE_MODEL_TYPES,
         **common,
     )
+
+
+#: Hugging Face ``model_type`` -> (the config key that says whether attention and MLP run in
+#: parallel, its default in transformers' config class); a key of None: always parallel (the
+#: block is ``resid + attn(ln(resid)) + mlp(ln(resid))`` in the modeling code). Falcon's
+#: ``new_decoder_architecture`` is parallel too (:func:`parallel_attn_mlp_from_hf_config`).
+PARALLEL_ATTN_MLP_OF_MODEL_TYPE: dict[str, tuple[str | None, bool]] = {
+    "gpt_neox": ("use_parallel_residual", True),
+    "stablelm": ("use_parallel_residual", False),
+    "falcon": ("parallel_attn", True),
+    "gptj": (None, True),
+    "codegen": (None, True),
+    "phi": (None, True),
+    "cohere": (None, True),
+    "cohere2": (None, True),
+}
+
+
+def parallel_attn_mlp_from_hf_config(config: Any) -> bool | None:
+    """Whether a Hugging Face model's MLP reads the block's input residual rather than the residual
+    after its own attention (``resid_post = resid_pre + attn_out + mlp_out``; TransformerLens'
+    ``parallel_attn_mlp``, EAP-IG's graph config), read off ``config`` (attributes: a transformers
+    config, or a ``config.json`` as a namespace) by ``model_type``
+    (:data:`PARALLEL_ATTN_MLP_OF_MODEL_TYPE`; every other model type is sequential). None where
+    ``config`` has no ``model_type``."""
+    model_type = getattr(config, "model_type", None)
+    if not isinstance(model_type, str) or not model_type:
+        return None
+    key, default = PARALLEL_ATTN_MLP_OF_MODEL_TYPE.get(model_type, (None, False))
+    if model_type == "falcon" and getattr(config, "new_decoder_architecture", False):
+        return True
+    value = default if key is None else getattr(config, key, default)
+    return default if value is None else bool(value)
 
 
 def attention_module(model: Any) -> Any | None:
