@@ -78,8 +78,12 @@ def compare_scan(a: Path, b: Path) -> tuple[bool, list[str]]:
 
 def _steps(table: pd.DataFrame) -> dict[tuple[str, str], list[pd.Series]]:
     curves: dict[tuple[str, str], list[pd.Series]] = {}
+    table = table.rename(columns={"order": "method", "induction_loss": "repeated_loss"})  # older runs' names
+    table["method"] = table["method"].replace({"importance": "michel"})
+    if "seed" not in table:
+        table["seed"] = [0 if m == "random" else None for m in table["method"]]
     for _, row in table.sort_values("step", kind="stable").iterrows():
-        seed = "" if pd.isna(row.get("seed")) else str(int(row["seed"]))
+        seed = "" if pd.isna(row["seed"]) else str(int(row["seed"]))
         curves.setdefault((str(row["method"]), seed), []).append(row)
     return curves
 
@@ -88,7 +92,7 @@ def compare_prune(a: Path, b: Path) -> tuple[bool, list[str]]:
     """``(equal, lines)`` for two prune folders (see the module docstring)."""
     ca, cb = (_steps(pd.read_csv(d / "pruning_curve.csv", dtype={"removed": str})) for d in (a, b))
     equal, lines = True, []
-    losses = [c for c in ("natural_loss", "repeated_loss")]
+    losses = ["natural_loss", "repeated_loss"]
     for key, steps_a in ca.items():
         steps_b, name = cb.get(key, []), ":".join(k for k in key if k)
         before, parted = 0.0, None
