@@ -510,3 +510,20 @@ def test_import_refuses_a_head_in_a_linear_attention_layer(tmp_path, tiny_tokeni
         == ["headprobe: error: head 0.1: layer 0 has no heads (linear attention); the layers with heads are [1, 3]"]
         and "Traceback" not in err
     )
+
+
+def test_import_prints_the_model_header_first_as_the_other_commands_do(tiny_dir, tmp_path, capsys):
+    """The line the other commands print for the model they loaded (``describe_model``) comes first."""
+    from headprobe import options
+    from headprobe.commands.import_heads import ImportConfig
+
+    heads = tmp_path / "heads.txt"
+    heads.write_text("0.1\n1.2\n1.3\n")
+    small = ["--n-natural", "2", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "--n-random", "4"]
+    capsys.readouterr()
+    assert main(["import", "--heads-file", str(heads), "--model", str(tiny_dir), "--device", "cpu", *small]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = options.describe_model(
+        options.load_for(ImportConfig(model=str(tiny_dir), device="cpu", heads_file=str(heads)))
+    )
+    assert lines[0] == header and header.startswith(f"model {tiny_dir} on cpu"), lines[:2]

@@ -140,6 +140,7 @@ def main(args: argparse.Namespace, config: ImportConfig) -> int:
     run = resolve("headprobe.commands.import_heads_core:run")  # named as a string: no import cycle
     t0 = time.perf_counter()
     model = options.load_for(config)
+    print(options.describe_model(model), flush=True)  # the header every command that loads a model prints
     result = run(model, config, progress=True)
     result.load_s = time.perf_counter() - t0 - result.seconds
     print(result.report())
