@@ -169,9 +169,8 @@ def iterative_pruning(
         steps = tqdm(steps, desc=f"pruning ({order})", unit="step")
     for step in steps:
         n_now = min(per_step, n_max - len(run.removal_order))
-        margin = float("nan")
         if order == "random":
-            flat = random_order[len(run.removal_order) : len(run.removal_order) + n_now]
+            flat, margin = random_order[len(run.removal_order) : len(run.removal_order) + n_now], float("nan")
         else:
             if scores is None or rescore:
                 scores = head_importance(
