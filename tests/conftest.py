@@ -54,6 +54,18 @@ def _share_cores_between_workers():
         os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
+@pytest.fixture
+def no_stated_budget(monkeypatch):
+    """No working-memory budget stated (neither ``--memory-budget``'s process setting nor
+    ``$HEADPROBE_MEMORY_BUDGET``) before and after the test."""
+    from headprobe.probe.core import memory
+
+    monkeypatch.delenv(memory.BUDGET_ENV, raising=False)
+    memory.set_budget(None)
+    yield
+    memory.set_budget(None)
+
+
 @pytest.fixture(autouse=True)
 def _figure_formats(request, monkeypatch):
     """``@pytest.mark.figures``: this test (and the processes it starts) writes PNG figures;

@@ -20,13 +20,7 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.layout.attention import AttentionLayout
 from headprobe.probe.layout.cost import forward_sequence_bytes
 
-
-@pytest.fixture(autouse=True)
-def _no_stated_budget(monkeypatch):
-    monkeypatch.delenv(memory.BUDGET_ENV, raising=False)
-    memory.set_budget(None)
-    yield
-    memory.set_budget(None)
+pytestmark = pytest.mark.usefixtures("no_stated_budget")
 
 
 def test_parse_bytes():

@@ -32,12 +32,7 @@ SIZES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _no_stated_budget(monkeypatch):
-    monkeypatch.delenv(memory.BUDGET_ENV, raising=False)
-    memory.set_budget(None)
-    yield
-    memory.set_budget(None)
+pytestmark = pytest.mark.usefixtures("no_stated_budget")
 
 
 @pytest.mark.parametrize("text, n", SIZES.items())
