@@ -30,10 +30,7 @@ EXACT = ("top_heads", "random_heads", "draws", "p_value", "p_adjusted", "stop_re
 
 
 def _summary(folder: Path) -> dict:
-    try:
-        return json.loads((folder / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        sys.exit(f"same_results: cannot read {folder}/summary.json: {err}")
+    return json.loads((folder / "summary.json").read_text(encoding="utf-8"))
 
 
 def _max_diff(a, b) -> float:
@@ -134,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (d / "summary.json").is_file():
             print(f"same_results: {d} holds no summary.json (not a finished run)", file=sys.stderr)
             return 2
-    equal, lines = (compare_scan if args.kind == "scan" else compare_prune)(args.a, args.b)
+    try:
+        equal, lines = (compare_scan if args.kind == "scan" else compare_prune)(args.a, args.b)
+    except (OSError, ValueError, KeyError) as err:  # a cut or foreign file: one line
+        print(f"same_results: cannot read {args.a} and {args.b} as {args.kind} runs: {err!r}", file=sys.stderr)
+        return 2
     print("\n".join(lines))
     return 0 if equal else 1
 

@@ -100,3 +100,11 @@ def test_a_pruning_curve_that_parts_is_found_at_its_step(tmp_path, capsys):
 def test_a_folder_without_a_summary_is_one_line(tmp_path, capsys):
     assert _same().main(["scan", str(DEMO), str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_cut_summary_or_a_missing_table_is_one_line(tmp_path, capsys):
+    b = _copy(DEMO, tmp_path / "b", ("summary.json",))  # no head_scores.csv
+    assert _same().main(["scan", str(DEMO), str(b)]) == 2
+    (b / "summary.json").write_text('{"confirmed": ')
+    assert _same().main(["scan", str(DEMO), str(b)]) == 2
+    assert capsys.readouterr().err.count("\n") == 2
