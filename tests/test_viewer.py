@@ -65,6 +65,26 @@ def test_head_patterns_are_the_models_patterns_and_survive_the_npz(tiny_llama_gq
         assert err <= 1 / 510 + 1e-3  # uint8 quantisation (+ float16 rounding of the in-memory copy)
 
 
+def test_view_model_computes_the_scans_patterns_and_names_the_model(
+    tiny_llama_gqa_native, tiny_scan_dir, tmp_path, monkeypatch, capsys
+):
+    """``view DIR --model`` on a scan without patterns.npz: the model's line first, as every command
+    that loads a model prints, then the patterns the scan itself saved (its own capture)."""
+    from headprobe import options
+
+    out, _ = tiny_scan_dir
+    d = tmp_path / "scan"
+    shutil.copytree(out, d)
+    (d / "patterns.npz").unlink()
+    monkeypatch.setattr(options, "load_for", lambda cfg: tiny_llama_gqa_native)
+    assert view.run(view.ViewConfig(dir=str(d), model="tiny")) == d / "index.html"
+    assert capsys.readouterr().out.splitlines()[0] == options.describe_model(tiny_llama_gqa_native)
+    again, saved = viewer.load_patterns(d / "patterns.npz"), viewer.load_patterns(out / "patterns.npz")
+    for name in ("natural", "repeated"):
+        assert again[name]["labels"] == saved[name]["labels"]
+        assert np.abs(again[name]["pattern"] - saved[name]["pattern"]).max() <= 2 / 255
+
+
 def test_pattern_encoding_round_trips_within_half_a_step():
     rng = np.random.default_rng(0)
     p = rng.dirichlet(np.ones(7), size=(2, 3, 7)).astype(np.float32)  # [layer, head, q, k], rows sum to 1

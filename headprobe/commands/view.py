@@ -142,6 +142,7 @@ def compute_patterns(cfg: ViewConfig, summary: dict | None, path: Path) -> None:
     if summary.get("model") and cfg.model.lower() != str(summary["model"]).lower() and cfg.model != sc.get("model"):
         raise HeadprobeError(f"{path.parent} is a scan of {summary['model']}, not of {cfg.model}")
     model = options.load_for(dataclasses.replace(cfg, prepend_bos=sc.get("prepend_bos", True)))
+    print(options.describe_model(model), flush=True)  # the header every command that loads a model prints
     text = open_text_file(sc["text"]) if sc.get("text") else None
     natural = natural_text_tokens(
         model, sc["n_natural"], sc["seq_len"], sc["seed"], text, source=str(sc["text"]) if sc.get("text") else None
