@@ -7,7 +7,8 @@ gave the same results: a committed run against a new one.
 ``scan``: the verdicts (``confirmed``), and per test (head type, ablation kind, task) the top-k heads,
 the control sets drawn (``random_heads``, in order), the number of draws, the p-value, the adjusted
 p-value and the stop reason must be equal; the effects (top-k and every control set's, nats/token)
-and head_scores.csv's scores may differ by rounding: their largest differences are printed.
+and head_scores.csv's scores (paired by layer and head; both runs must have the same heads of the same
+model) may differ by rounding: their largest differences are printed.
 ``prune``: per curve (method and seed) the heads removed at each step, as sets; the first step where
 they part, the cut's margin there in each run (``margin``, michel only, where recorded: near 0 the
 step was a near-tie) and the losses there; the largest loss difference before it.
@@ -64,11 +65,18 @@ def compare_scan(a: Path, b: Path) -> tuple[bool, list[str]]:
     if rows_b:
         equal = False
         lines.append(f"only in {b}: {', '.join('/'.join(k) for k in rows_b)}")
-    ta, tb = (pd.read_csv(d / "head_scores.csv") for d in (a, b))
+    if sa.get("model") != sb.get("model"):
+        equal = False
+        lines.append(f"models differ: {sa.get('model')} vs {sb.get('model')}")
+    ta, tb = (pd.read_csv(d / "head_scores.csv").set_index(["layer", "head"]) for d in (a, b))
+    if set(ta.index) != set(tb.index):  # scores are paired by head, in any row order
+        equal = False
+        lines.append(f"head_scores.csv: {len(ta)} heads vs {len(tb)}, {len(ta.index.intersection(tb.index))} in both")
+    both = ta.index.intersection(tb.index)
     cols = [c for c in ta.columns if c in tb.columns and pd.api.types.is_numeric_dtype(ta[c])]
-    score = (ta[cols] - tb[cols]).abs().max().fillna(0.0)
+    score = (ta.loc[both, cols] - tb.loc[both, cols]).abs().max().fillna(0.0)
     lines.append(f"largest effect difference {effect:.3g} nats/token")
-    lines.append(f"largest head-score difference {score.max():.3g} ({score.idxmax()})")
+    lines.append(f"largest head-score difference {score.max():.3g} ({score.idxmax()}, heads in both)")
     tail = f"max_effect_diff={effect:.3g} max_score_diff={score.max():.3g}"
     return equal, [*lines, f"same_results kind=scan equal={'yes' if equal else 'no'} {tail}"]
 

@@ -78,6 +78,25 @@ def test_a_scan_whose_tests_differ_is_named(tmp_path, capsys, field):
     assert f"differ in {field}" in out and "equal=no" in out
 
 
+def test_scores_are_paired_by_head_and_other_heads_differ(tmp_path, capsys):
+    """A table in another row order is the same table; one with a head missing, or another
+    model's summary, reads unequal."""
+    same = _same()
+    b = _copy(DEMO, tmp_path / "b", ("summary.json", "head_scores.csv"))
+    scores = pd.read_csv(b / "head_scores.csv")
+    scores.iloc[::-1].to_csv(b / "head_scores.csv", index=False)
+    capsys.readouterr()
+    assert same.main(["scan", str(DEMO), str(b)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("max_score_diff=0")
+    scores.iloc[1:].to_csv(b / "head_scores.csv", index=False)
+    assert same.main(["scan", str(DEMO), str(b)]) == 1
+    assert f"head_scores.csv: {len(scores)} heads vs {len(scores) - 1}" in capsys.readouterr().out
+    scores.to_csv(b / "head_scores.csv", index=False)
+    _edit_summary(b, lambda s: s.update(model="another"))
+    assert same.main(["scan", str(DEMO), str(b)]) == 1
+    assert "models differ: smollm2-135m vs another" in capsys.readouterr().out
+
+
 def test_a_pruning_curve_that_parts_is_found_at_its_step(tmp_path, capsys):
     same = _same()
     b = _copy(PRUNE, tmp_path / "b", ("summary.json", "pruning_curve.csv"))
