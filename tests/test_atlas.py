@@ -185,6 +185,31 @@ def test_atlas_resumes_without_rescanning(atlas_run, text_file):
     assert (out / "atlas.csv").read_text() == first_csv  # rebuilt from the reused scans, the same table
 
 
+def test_a_local_model_rewritten_since_is_rescanned(gpt2_dir, text_file, tmp_path):
+    """A resumed atlas reuses a model's scan only while the model's files are the ones it scanned:
+    after one weight file is rewritten, that model is scanned again, and its table follows."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "gpt2"
+    shutil.copytree(gpt2_dir, model)
+    out = tmp_path / "a"
+    first = headprobe.atlas(models=[str(model)], out=out, text=str(text_file), **SMALL)
+    assert [r["status"] for r in first.models.values()] == ["scanned"]
+    again = headprobe.atlas(models=[str(model)], out=out, overwrite=True, text=str(text_file), **SMALL)
+    assert [r["status"] for r in again.models.values()] == ["resumed"]
+    (weights,) = model.glob("*.safetensors")
+    state = load_file(weights)
+    state = {k: v * 0.5 if k.endswith("attn.c_attn.weight") else v for k, v in state.items()}
+    save_file(state, weights, metadata={"format": "pt"})
+    third = headprobe.atlas(models=[str(model)], out=out, overwrite=True, text=str(text_file), **SMALL)
+    assert [r["status"] for r in third.models.values()] == ["scanned"]
+    ref = headprobe.scan(str(model), text=str(text_file), **SCAN).table
+    np.testing.assert_allclose(third.table["induction"].to_numpy(float), ref["induction"].to_numpy(float), atol=1e-5)
+    assert not np.allclose(third.table["induction"], first.table["induction"], atol=1e-5)
+
+
 TRICKY_LABELS = [
     "smollm2-135m",
     "all-minilm-l6-v2",

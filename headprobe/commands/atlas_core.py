@@ -150,6 +150,24 @@ def _train_toy(config: AtlasConfig, out: Path, progress: bool) -> Path:
     return out
 
 
+def files_stamp(name: str) -> str | None:
+    """A local model's stamp: SHA-256 of the sorted ``(relative path, size, mtime_ns)`` of the files
+    under ``name`` (a directory or one file); None for a name that is not a local path (the embedded
+    model, a hub name: fixed weights). Cheap (no byte is read): a rewritten, added or removed file
+    changes it, a copy without kept times too (a rescan, never a stale scan)."""
+    import hashlib
+
+    root = Path(name)
+    if not root.exists():
+        return None
+    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    h = hashlib.sha256()
+    for p in files:
+        st = p.stat()
+        h.update(f"{p.relative_to(root) if root.is_dir() else p.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
 def _scan_model(config: AtlasConfig, out: Path, model: tuple, counter: str, rec: dict, progress: bool) -> None:
     """Scan one model (``model`` is its ``(label, name, directory, checkpoint key)``; the toy is
     trained first) into its directory and record the outcome in ``rec``: ``status`` ``scanned``, or
@@ -212,6 +230,8 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
         key = {"model": name, "scan": json.loads(json.dumps(asdict(config.scan_config(name)), default=str))}
         if name == TOY:  # the toy is retrained (and rescanned) when its training settings change
             key["train"] = asdict(toy_train_config(config))
+        elif (stamp := files_stamp(name)) is not None:  # a local model rewritten since: rescanned
+            key["files"] = stamp
         saved = _read_json(d / SCAN_KEY) or {}
         if saved.get("key") == key and (d / "summary.json").is_file():
             rec.update(
