@@ -256,6 +256,23 @@ class SecondOrder:
         return self.attribution + self.curvature
 
 
+DRAW_ROWS = 256
+"""Rows of :func:`categorical_draws` per float64 CDF (256 x 128,256 vocabulary entries: 256 MiB)."""
+
+
+def categorical_draws(probs: Float[Tensor, "row vocab"], n: int, seed: int) -> Int[Tensor, "row n"]:
+    """``n`` draws with replacement from each row's categorical distribution ``probs`` (rows need
+    not sum to 1: each is scaled by its sum), by inverse CDF from uniforms of a CPU generator seeded
+    ``seed``: the same draws on every device (``torch.multinomial`` on a CUDA generator draws others).
+    Returns indices on ``probs``' device. Float64 CDFs, :data:`DRAW_ROWS` rows at a time."""
+    u = torch.rand(probs.shape[0], n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    parts = []
+    for start in range(0, probs.shape[0], DRAW_ROWS):
+        cdf = probs[start : start + DRAW_ROWS].double().cumsum(dim=-1)
+        parts.append(torch.searchsorted(cdf, u[start : start + DRAW_ROWS].to(cdf.device) * cdf[:, -1:], right=True))
+    return torch.cat(parts).clamp_(max=probs.shape[-1] - 1)
+
+
 def second_order(
     model: LoadedModel,
     tokens: Int[Tensor, "batch pos"],
@@ -314,10 +331,7 @@ def second_order(
             return _per_sequence(diff, grads)
 
         attribution = per_sequence(targets, last=False).mean(dim=0)
-        gen = torch.Generator(device=probs.device).manual_seed(seed)
-        sampled = torch.multinomial(probs.reshape(-1, V), n_probes, replacement=True, generator=gen).reshape(
-            B, T, n_probes
-        )
+        sampled = categorical_draws(probs.reshape(-1, V), n_probes, seed).reshape(B, T, n_probes)
         samples = torch.stack([per_sequence(sampled[..., k], last=k == n_probes - 1) for k in range(n_probes)])
     curv = 0.5 * T * samples.square()  # [probe, batch, layer, head]: unbiased draws of 1/2 d^T G_b d
     n = n_probes * B

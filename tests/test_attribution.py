@@ -13,7 +13,13 @@ import torch
 import torch.nn.attention
 
 from headprobe.analyses.ablation import capture_z, exact_sweep, head_importance, mean_z_from, spearman
-from headprobe.analyses.attribution import ESTIMATORS, atp_star, forward_equivalents, second_order
+from headprobe.analyses.attribution import (
+    ESTIMATORS,
+    atp_star,
+    categorical_draws,
+    forward_equivalents,
+    second_order,
+)
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +205,34 @@ def test_second_order_is_closer_to_the_exact_effect_than_attribution(deep_native
     assert torch.equal(again.estimate, est.estimate)
     with pytest.raises(ValueError):
         second_order(deep_native, tokens, n_probes=0)
+
+
+def test_categorical_draws_follow_the_probabilities_and_no_device(monkeypatch):
+    """Inverse-CDF draws against a numpy loop on the same CPU uniforms (also across DRAW_ROWS
+    chunks), zero-probability tokens never drawn, frequencies within 4 standard errors of ``probs``,
+    and the same draws for probabilities held in another dtype or on the strict second device."""
+    import numpy as np
+    from strict_device import DEVICE, StrictDevice
+
+    import headprobe.analyses.attribution as attribution
+
+    monkeypatch.setattr(attribution, "DRAW_ROWS", 3)
+    probs = torch.softmax(torch.randn(7, 11, generator=torch.Generator().manual_seed(0)) * 2, dim=-1)
+    probs[:, 4] = 0.0  # rows need not sum to 1
+    draws = categorical_draws(probs, 5000, seed=3)
+    u = torch.rand(7, 5000, generator=torch.Generator().manual_seed(3), dtype=torch.float64).numpy()
+    p = probs.double().numpy()
+    ref = np.stack([np.searchsorted(np.cumsum(row), ur * row.sum(), side="right") for row, ur in zip(p, u)])
+    assert np.array_equal(draws.numpy(), ref)
+    assert not (draws == 4).any()
+    freq = torch.stack([torch.bincount(row, minlength=11) for row in draws]).double() / 5000
+    want = probs.double() / probs.double().sum(-1, keepdim=True)
+    assert ((freq - want).abs() <= 4 * (want * (1 - want) / 5000).sqrt() + 1e-12).all()
+    assert torch.equal(categorical_draws(probs.double(), 5000, seed=3), draws)
+    with StrictDevice():
+        on_device = categorical_draws(probs.to(DEVICE), 5000, seed=3)
+        assert on_device.device == DEVICE
+        assert torch.equal(on_device.cpu(), draws)
 
 
 def test_forward_equivalents():
