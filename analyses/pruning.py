@@ -229,10 +229,11 @@ def _pruning_row(
 
 
 def _least_important(scores: Tensor, keep: Tensor, n: int) -> list[int]:
-    """The flat indices of the ``n`` kept heads (``keep`` nonzero) of lowest ``scores``, lowest first."""
-    masked = scores.flatten().clone()
-    masked[keep.flatten() == 0] = float("inf")
-    return masked.argsort()[:n].tolist()
+    """The flat indices of the ``n`` kept heads (``keep`` nonzero) of lowest ``scores``, lowest first;
+    ties in head order (a stable sort on the host: the same cut on every device)."""
+    masked = scores.detach().flatten().cpu().clone()
+    masked[keep.flatten().cpu() == 0] = float("inf")
+    return masked.argsort(stable=True)[:n].tolist()
 
 
 def cut_margin(scores: Tensor, keep: Tensor, n: int) -> float:

@@ -102,3 +102,19 @@ def test_each_steps_margin_is_the_gap_its_cut_left(tiny_llama_gqa_native):
     keep = torch.tensor([[1, 1, 1], [1, 1, 0]])
     assert cut_margin(tied, keep, 1) == 0.0 and cut_margin(tied, keep, 3) == pytest.approx(0.1)
     assert cut_margin(tied, keep, 5) != cut_margin(tied, keep, 5)  # nothing kept after the cut
+
+
+def test_tied_importances_are_cut_in_head_order():
+    """Heads of equal importance go in head order (layer-major), whatever the sort would do on
+    ties: the reference is Python's sort of (score, index) over the kept heads."""
+    from headprobe.analyses.pruning import _least_important
+
+    scores = torch.zeros(10, 27)
+    scores.view(-1)[::7] = 1.0
+    scores.view(-1)[5::11] = -0.5
+    keep = torch.ones(10, 27)
+    keep.view(-1)[3::13] = 0
+    kept = [i for i in range(270) if keep.view(-1)[i]]
+    ref = sorted(kept, key=lambda i: (float(scores.view(-1)[i]), i))
+    for n in (1, 30, 200, len(kept)):
+        assert _least_important(scores, keep, n) == ref[:n]
