@@ -149,27 +149,53 @@ def _progress_bar_open() -> bool:
     return False
 
 
-def _interrupted(e: KeyboardInterrupt, out: str | None) -> str:
-    """What an interrupted command left, on a line of its own (after a progress bar, a newline first)."""
+def _left(out: str | None) -> str:
+    """What a command stopped before its end left in ``out`` (its ``--out``; None: it has none)."""
     from pathlib import Path
 
     from headprobe.probe.core.io import CHECKPOINT_GLOB
 
-    how = "terminated" if isinstance(e, Terminated) else "interrupted"
-    newline = "\n" if _progress_bar_open() else ""
     if out is None:
-        said = "files are written atomically: none was left half-written"
-    elif Path(out).is_dir() and any(Path(out).glob(CHECKPOINT_GLOB)):
-        said = (
+        return "files are written atomically: none was left half-written"
+    if Path(out).is_dir() and any(Path(out).glob(CHECKPOINT_GLOB)):
+        return (
             f"{out}/ holds what it held before this run, and this run's checkpoint: run the same command again "
             f"to resume from it"
         )
-    else:
-        said = (
-            f"{out}/ is as it was before this run (a run's files are moved in together when it ends, "
-            f"summary.json last); run the command again to start over"
-        )
-    return f"{newline}headprobe: {how}; {said}"
+    return (
+        f"{out}/ is as it was before this run (a run's files are moved in together when it ends, "
+        f"summary.json last); run the command again to start over"
+    )
+
+
+def _interrupted(e: KeyboardInterrupt, out: str | None) -> str:
+    """What an interrupted command left, on a line of its own (after a progress bar, a newline first)."""
+    how = "terminated" if isinstance(e, Terminated) else "interrupted"
+    newline = "\n" if _progress_bar_open() else ""
+    return f"{newline}headprobe: {how}; {_left(out)}"
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation that failed: torch's ``OutOfMemoryError`` (CUDA), the CPU
+    allocator's ``RuntimeError`` ("can't allocate memory"), or Python's / numpy's ``MemoryError``."""
+    torch = sys.modules.get("torch")
+    return (
+        isinstance(e, MemoryError)
+        or (torch is not None and isinstance(e, torch.OutOfMemoryError))
+        or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+    )
+
+
+def _out_of_memory_line(e: BaseException, out: str | None) -> str:
+    """One line for an allocation that failed mid-run (the memory plan's estimate fell short, or
+    work it does not plan): what torch said, what to change, what ``out`` holds."""
+    said = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    said = said if len(said) <= 200 else said[:197] + "..."
+    newline = "\n" if _progress_bar_open() else ""
+    return (
+        f"{newline}headprobe: error: out of memory ({said}); state a smaller --memory-budget, use "
+        f"--dtype bfloat16, or fewer or shorter sequences; {_left(out)}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         print(_interrupted(e, getattr(args, "out", None)), file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
+    except (RuntimeError, MemoryError) as e:
+        if not out_of_memory(e):
+            raise
+        print(_out_of_memory_line(e, getattr(args, "out", None)), file=sys.stderr)
+        return 2
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)

@@ -206,3 +206,43 @@ def test_interrupted_resumable_run_says_it_resumes(tmp_path):
     assert "resume" in line and str(tmp_path) in line and "\n" not in line
     line = _interrupted(KeyboardInterrupt(), str(tmp_path / "none"))
     assert line.startswith("headprobe: interrupted;") and "as it was before" in line
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.80 GiB",
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried",
+        "numpy",
+    ],
+)
+def test_running_out_of_memory_mid_run_is_one_line_and_leaves_out_as_it_was(
+    tiny_dir, text_file, tmp_path, capsys, monkeypatch, error
+):
+    """An allocation that fails after the memory plan (its estimate fell short, or work it does not
+    plan): one line naming the allocation and what to change, exit 2, --out as it was before; any
+    other RuntimeError is not taken for one."""
+    import torch
+
+    import headprobe.commands.scan_core as scan_core
+
+    out = tmp_path / "o"
+    assert _scan(tiny_dir, text_file, out, "--types", "induction") == 0
+    before = {n: (out / n).read_bytes() for n in _names(out)}
+
+    def fail(*args, **kwargs):
+        if error == "numpy":
+            raise MemoryError("Unable to allocate 8.00 GiB for an array with shape (1073741824,)")
+        raise (torch.OutOfMemoryError if error.startswith("CUDA") else RuntimeError)(error)
+
+    monkeypatch.setattr(scan_core, "run", fail)
+    capsys.readouterr()
+    assert _scan(tiny_dir, text_file, out, "--types", "induction", "--overwrite") == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]  # after the loading line
+    said = "Unable to allocate 8.00 GiB" if error == "numpy" else error
+    assert line.startswith(f"headprobe: error: out of memory ({said}") and "--memory-budget" in line
+    assert "is as it was before this run" in line
+    assert {n: (out / n).read_bytes() for n in _names(out)} == before
+    monkeypatch.setattr(scan_core, "run", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):
+        _scan(tiny_dir, text_file, out, "--types", "induction", "--overwrite")
