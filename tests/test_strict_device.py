@@ -12,6 +12,7 @@ import traceback
 import pytest
 import torch
 from strict_device import DEVICE, DeviceMismatch, StrictDevice, strict_device
+from zoo import tiny_train_flags
 
 from headprobe.cli import main
 from headprobe.commands import COMMANDS
@@ -206,26 +207,7 @@ def _runs(tiny_dir, text_file, prompts, out):
                 "train",
                 "--out",
                 str(out / "train"),
-                "--steps",
-                "4",
-                "--eval-every",
-                "2",
-                "--d-model",
-                "16",
-                "--n-heads",
-                "2",
-                "--n-words",
-                "16",
-                "--seq-len",
-                "33",
-                "--max-period",
-                "12",
-                "--eval-period",
-                "8",
-                "--n-eval",
-                "8",
-                "--device",
-                "cpu",
+                *tiny_train_flags(4, 2),
             ]
         ],
         "study": [

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from zoo import tiny_train_flags
 
 from headprobe.analyses.train import TrainConfig, copy_sequences, in_context_loss, phase_change_step, train
 from headprobe.cli import main
@@ -139,26 +140,7 @@ def test_cli_reports_no_phase_change_without_induction_and_counts_its_files(tmp_
                 "train",
                 "--out",
                 str(out),
-                "--steps",
-                "20",
-                "--eval-every",
-                "10",
-                "--d-model",
-                "16",
-                "--n-heads",
-                "2",
-                "--n-words",
-                "16",
-                "--seq-len",
-                "33",
-                "--max-period",
-                "12",
-                "--eval-period",
-                "8",
-                "--n-eval",
-                "8",
-                "--device",
-                "cpu",
+                *tiny_train_flags(20, 10),
             ]
         )
         == 0

@@ -148,3 +148,13 @@ def with_sinks(model, seed: int = 0, scale: float = 1.0, **change):
     return LoadedModel(
         Transformer.from_state_dict(cfg, state), model.tokenizer, model.spec, prepend_bos=model.prepend_bos
     )
+
+
+def tiny_train_flags(steps: int, eval_every: int, n_eval: int = 8) -> list[str]:
+    """``headprobe train`` flags of the command-line tests' tiny run (d_model 16, 2 heads, 16 words,
+    33 tokens, on the CPU): ``steps`` steps, evaluated every ``eval_every`` on ``n_eval`` sequences."""
+    return [
+        *("--steps", str(steps), "--eval-every", str(eval_every), "--n-eval", str(n_eval)),
+        *("--d-model", "16", "--n-heads", "2", "--n-words", "16", "--seq-len", "33"),
+        *("--max-period", "12", "--eval-period", "8", "--device", "cpu"),
+    ]
