@@ -807,15 +807,6 @@ def check_loaded(loaded: LoadedModel) -> tuple[AttentionLayout, dict[str, Any]]:
     return lay, record
 
 
-def _positions_txt(positions: list[int]) -> str:
-    """``[8, 20, 8, 20]`` -> ``8, 20, 8, 20``; long lists by run: ``20 x 30``."""
-    if len(set(positions)) == 1:
-        return f"{positions[0]} x {len(positions)}"
-    if len(positions) <= 6:
-        return ", ".join(map(str, positions))
-    return ", ".join(f"{p} x {positions.count(p)}" for p in sorted(set(positions)))
-
-
 def format_check(rec: dict[str, Any]) -> str:
     m, e = rec["measured"], rec["expected"]
     rows = [
@@ -824,8 +815,8 @@ def format_check(rec: dict[str, Any]) -> str:
         ["layer-0 value shape", str(m["value_shape"]), str(e["value_shape"])],
         [
             "cached positions per layer",
-            _positions_txt(m["positions_per_layer"]),
-            _positions_txt(e["positions_per_layer"]),
+            _counts_txt(m["positions_per_layer"]),
+            _counts_txt(e["positions_per_layer"]),
         ],
         [
             "KV numbers per token per layer",
