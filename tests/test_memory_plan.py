@@ -50,6 +50,21 @@ def test_free_bytes_reads_the_kernel():
     assert source.startswith("80% of") and abs(total - memory.HEADROOM * free) < 2**28
 
 
+def test_free_cuda_memory_counts_the_allocators_unused_blocks(monkeypatch, no_stated_budget):
+    """On CUDA, blocks PyTorch's caching allocator holds but no tensor uses are free for the next
+    batch: driver-free + reserved - allocated (fakes of the three torch.cuda readings)."""
+    import torch
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (seen.append(d) or 10 * 2**30, 141 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 50 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 20 * 2**30)
+    assert memory.free_bytes("cuda") == (10 + 50 - 20) * 2**30
+    assert seen == [torch.device("cuda")]
+    total, source = memory.budget(torch.device("cuda", 1))
+    assert total == int(memory.HEADROOM * 40 * 2**30) and source == "80% of 40 GiB free on cuda:1"
+
+
 def test_sweep_plan_equals_formula(tiny_llama_gqa_native, monkeypatch):
     model = tiny_llama_gqa_native
     spec, e = model.spec, model.dtype.itemsize
