@@ -52,15 +52,26 @@ def test_free_bytes_reads_the_kernel():
 
 def test_free_cuda_memory_counts_the_allocators_unused_blocks(monkeypatch, no_stated_budget):
     """On CUDA, blocks PyTorch's caching allocator holds but no tensor uses are free for the next
-    batch: driver-free + reserved - allocated (fakes of the three torch.cuda readings)."""
+    batch: they are released (empty_cache on that device) before the driver's free memory is read
+    (fakes of the torch.cuda calls; a fake driver whose free memory grows by the released cache)."""
+    import contextlib
+
     import torch
 
-    seen = []
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (seen.append(d) or 10 * 2**30, 141 * 2**30))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 50 * 2**30)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 20 * 2**30)
-    assert memory.free_bytes("cuda") == (10 + 50 - 20) * 2**30
-    assert seen == [torch.device("cuda")]
+    calls, cache = [], {"held": 30 * 2**30}
+
+    def empty_cache():
+        calls.append(("empty_cache", None))
+        cache["held"] = 0
+
+    monkeypatch.setattr(torch.cuda, "device", lambda d: calls.append(("device", d)) or contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda d: (calls.append(("info", d)) or 40 * 2**30 - cache["held"], 141 * 2**30)
+    )
+    assert memory.free_bytes("cuda") == 40 * 2**30
+    assert [c[0] for c in calls] == ["device", "empty_cache", "info"] and calls[0][1] == torch.device("cuda")
+    cache["held"] = 30 * 2**30
     total, source = memory.budget(torch.device("cuda", 1))
     assert total == int(memory.HEADROOM * 40 * 2**30) and source == "80% of 40 GiB free on cuda:1"
 

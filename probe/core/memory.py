@@ -3,8 +3,8 @@ and the one rule that turns a per-item estimate into a batch size, or a refusal.
 
 The budget is, in this order: the one stated for the process (:func:`set_budget`, from the shared
 ``--memory-budget`` setting), the ``HEADPROBE_MEMORY_BUDGET`` environment variable, else
-:data:`HEADROOM` of the device's free memory (CUDA: ``torch.cuda.mem_get_info`` and the caching
-allocator's unused blocks; CPU: the kernel's ``MemAvailable`` in ``/proc/meminfo``, or
+:data:`HEADROOM` of the device's free memory (CUDA: ``torch.cuda.mem_get_info`` once the caching
+allocator's unused blocks are released; CPU: the kernel's ``MemAvailable`` in ``/proc/meminfo``, or
 ``os.sysconf`` where there is none). Sizes are bytes,
 read and printed by :mod:`headprobe.probe.core.sizes` (``4GiB``, ``500MB``, a bare ``1000``).
 Torch is imported only to read a GPU's free memory.
@@ -40,17 +40,18 @@ def set_budget(value: str | int | None) -> None:
 
 def free_bytes(device) -> int:
     """Free memory of ``device`` (a ``torch.device`` or its name), bytes. CUDA: the driver's free
-    memory (``torch.cuda.mem_get_info``) plus what PyTorch's caching allocator holds unused
-    (``memory_reserved - memory_allocated``: blocks an earlier step freed, which the driver counts
-    as taken but the next allocation reuses); on anything else the CPU's available memory
-    (``MemAvailable`` of ``/proc/meminfo``, else ``SC_AVPHYS_PAGES * SC_PAGE_SIZE``)."""
+    memory (``torch.cuda.mem_get_info``) after ``torch.cuda.empty_cache()`` (the blocks PyTorch's
+    caching allocator holds unused, freed by an earlier step, count as free, and unfragmented); on
+    anything else the CPU's available memory (``MemAvailable`` of ``/proc/meminfo``, else
+    ``SC_AVPHYS_PAGES * SC_PAGE_SIZE``)."""
     name = str(device)
     if name.startswith("cuda"):
         import torch
 
         dev = torch.device(name)
-        cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
-        return int(torch.cuda.mem_get_info(dev)[0]) + max(0, int(cached))
+        with torch.cuda.device(dev):
+            torch.cuda.empty_cache()
+        return int(torch.cuda.mem_get_info(dev)[0])
     try:
         with open("/proc/meminfo") as f:
             for line in f:
