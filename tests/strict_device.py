@@ -14,7 +14,9 @@ to save) and the second fails with "Expected all tensors to be on the same devic
 - A move between the host and the device (``.to(...)``, ``.cpu()``, ``torch.as_tensor(...,
   device=...)``) always makes a copy, as on a GPU.
 - A call that mixes tensors of both (a 0-dim host tensor excepted, as CUDA allows), converts a
-  device tensor to numpy, or indexes one with a host tensor, raises :class:`DeviceMismatch`.
+  device tensor to numpy, or indexes one with a host tensor, raises :class:`DeviceMismatch`; so
+  does a random draw on the device (:data:`_RANDOM`): a GPU draws other numbers for the same seed,
+  and headprobe's results are the same on every device.
   Host index tensors are refused though CUDA copies them over on each call: an index meant for
   the model's tensors is made on their device.
 
@@ -82,6 +84,31 @@ _NUMPY = {torch.Tensor.numpy, torch.Tensor.__array__}
 _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 _METADATA = {torch._has_compatible_shallow_copy_type, torch.Tensor.is_set_to}
 """Calls that compare tensors' metadata, not their values: any devices."""
+_RANDOM = {
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.randperm,
+    torch.normal,
+    torch.rand_like,
+    torch.randn_like,
+    torch.randint_like,
+    torch.multinomial,
+    torch.bernoulli,
+    torch.poisson,
+    torch.Tensor.multinomial,
+    torch.Tensor.bernoulli,
+    torch.Tensor.bernoulli_,
+    torch.Tensor.uniform_,
+    torch.Tensor.normal_,
+    torch.Tensor.random_,
+    torch.Tensor.exponential_,
+    torch.Tensor.cauchy_,
+    torch.Tensor.log_normal_,
+    torch.Tensor.geometric_,
+}
+"""Calls that draw random numbers: on a GPU they come from the CUDA generator, other numbers than
+the CPU's for the same seed."""
 
 
 class StrictDevice(TorchFunctionMode):
@@ -151,6 +178,11 @@ class StrictDevice(TorchFunctionMode):
             return func(*args, **kwargs)
         inputs = _tensors(args, _tensors(kwargs, []))
         target = _is_target(kwargs.get("device"))
+        if func in _RANDOM and (target or any(self.on_device(t) for t in inputs)):
+            self._fail(
+                f"{_name(func)}: random numbers drawn on {DEVICE} (on a GPU the CUDA generator draws other "
+                f"numbers than the CPU's for the same seed): draw on the host with a seeded torch.Generator()"
+            )
         if target is not None:
             return self.place(func(*args, **_host(kwargs)), inputs, target)
         if func in _device_constructors() and not (func in _FROM_DATA and inputs):

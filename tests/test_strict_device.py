@@ -40,6 +40,22 @@ def test_a_host_index_on_device_tensors_fails():
         assert (x * torch.tensor(2.0)).device == DEVICE  # a 0-dim host tensor is a scalar, as on CUDA
 
 
+def test_a_random_draw_on_the_device_fails():
+    """A GPU's generator draws other numbers than the CPU's for the same seed: draws are made on
+    the host (a seeded CPU generator) and moved, never drawn on the device."""
+    with StrictDevice():
+        p = torch.softmax(torch.arange(6.0), dim=0).to(DEVICE)
+        with pytest.raises(DeviceMismatch, match="multinomial: random numbers drawn on"):
+            torch.multinomial(p, 2, generator=torch.Generator(device=p.device).manual_seed(0))
+        with pytest.raises(DeviceMismatch, match="random numbers drawn on"):
+            torch.rand(3, device=DEVICE)
+        with pytest.raises(DeviceMismatch, match="random numbers drawn on"):
+            torch.empty(3).to(DEVICE).uniform_()
+        u = torch.rand(3, generator=torch.Generator().manual_seed(0)).to(DEVICE)  # what the code must do
+        assert u.device == DEVICE and torch.equal(u.cpu(), torch.rand(3, generator=torch.Generator().manual_seed(0)))
+        assert torch.multinomial(p.cpu(), 2, generator=torch.Generator().manual_seed(0)).shape == (2,)
+
+
 def test_a_move_inside_inference_mode_is_an_inference_copy():
     w = torch.nn.Parameter(torch.randn(10, 4))
     tokens = torch.tensor([[1], [2]])
@@ -48,7 +64,7 @@ def test_a_move_inside_inference_mode_is_an_inference_copy():
         with torch.inference_mode():
             on_device = tokens.to(DEVICE)
             assert on_device is not tokens and on_device.is_inference() and on_device.to(DEVICE) is on_device
-        y = torch.randn(2, 4, device=DEVICE, requires_grad=True)
+        y = torch.randn(2, 4).to(DEVICE).requires_grad_()
         with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
             torch.einsum("bd,bkd->bk", y, w[on_device])
         (g,) = torch.autograd.grad(torch.einsum("bd,bkd->bk", y, w[on_device.clone()]).sum(), y)
