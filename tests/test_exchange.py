@@ -280,7 +280,20 @@ def test_import_gives_scans_verdict_on_scans_own_heads(runs, tmp_path, tiny_dir,
     assert sorted(tested.top_heads) == sorted(scan_row["top_heads"]) and tested.task == "repeated"
     assert tested.top_effect == pytest.approx(scan_row["top_effect"], abs=1e-6)
     assert tested.draws is not None and tested.draws >= 1
-    assert "mean-ablation on repeated" in result.report()
+    report = result.report()
+    assert "mean-ablation on repeated" in report and f"CONFIRMED: {result_rule(result).condition()}" in report
+    # the plan is said once, as the run begins (stderr), not again in the report
+    assert result.design["plan"]["lines"] and "verification plan:" not in report
+    if tested.no_verdict:
+        assert f"no verdict: {tested.no_verdict}" in report
+    if tested.confirmed is False:  # what it fell short of, on its line
+        assert f"({result_rule(result).shortfall(tested.p_adjusted, tested.top_effect, tested.random_effects)})" in report
+
+
+def result_rule(result):
+    from headprobe.analyses.verdicts import VerdictRule
+
+    return VerdictRule.from_dict(result.design["verdict_rule"])
 
 
 def test_import_measures_a_duo_files_policy(runs, tmp_path, tiny_dir, text_file):

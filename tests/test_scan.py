@@ -172,6 +172,22 @@ def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
     assert ind["mean"].confirmed and ind["mean"].top_effect > max(ind["mean"].random_effects), ind["mean"]
     assert ind["mean"].draws == 10 and ind["mean"].p_value == pytest.approx(1 / 11) == ind["mean"].p_adjusted
     assert "CONFIRMED" in result.report()
+    # under a rule asking 1000x the control mean the verdict is refused, and the report says for what
+    import dataclasses
+
+    from headprobe.analyses import verdicts
+    from headprobe.analyses.verdicts import evidence_text
+
+    strict = verdicts.VerdictRule(alpha=0.1, ratio=1000.0)
+    refused = dataclasses.replace(ind["mean"], confirmed=False)
+    shown = dataclasses.replace(
+        result,
+        verification={**result.verification, "verdict_rule": strict.to_dict()},
+        verifications=[refused if v is ind["mean"] else v for v in result.verifications],
+    ).report()
+    m = ind["mean"]
+    assert f"1000x the control mean {float(np.mean(m.random_effects)):+.3g}" in shown
+    assert f"induction: {evidence_text(m.to_dict(), 4)}; not confirmed: effect {m.top_effect:+.3g} < 1000x" in shown
     assert (result.table["kv_head"] == result.table["head"] // 3).all()
     assert result.table["induction"].max() > 0.5
 

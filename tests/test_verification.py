@@ -645,3 +645,20 @@ def test_tests_that_cannot_be_confirmed_get_no_raised_draws(tiny_llama_gqa, text
     assert all(t["capped"] and t["confirmable"] == "never" for t in result.verification["plan"]["tests"])
     lines = "\n".join(result.verification["plan"]["lines"])  # what the scan prints before the control sets
     assert lines.count("the 9 asked for: it cannot be CONFIRMED at all") == 2 and "no more are ablated" in lines, lines
+
+
+def test_a_verdicts_shortfall_names_each_unmet_part_and_only_those():
+    """shortfall() is None exactly where confirms() is True (random cases), and names each unmet part
+    in hand-made ones: the import run's p = 0.0196, effect +12.4 against a control mean of +7.77."""
+    from headprobe.analyses.verdicts import VerdictRule
+
+    rule = VerdictRule(alpha=0.05, min_effect=0.05, ratio=2.0)
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        p, top = float(rng.choice([0.01, 0.05, 0.2])), float(rng.normal(0.3, 0.3))
+        controls = rng.normal(float(rng.choice([0.0, 0.1, 0.3])), 0.1, size=int(rng.integers(1, 6))).tolist()
+        assert (rule.shortfall(p, top, controls) is None) == rule.confirms(p, top, controls)
+    assert rule.shortfall(0.0196, 12.4038, [7.7720]) == "effect +12.4 < 2x the control mean +7.77 = +15.5"
+    assert rule.shortfall(0.2, 0.01, [0.0]) == "adjusted p 0.2 > alpha 0.05; effect +0.01 < the floor 0.05 nats/token"
+    assert rule.shortfall(None, 1.0, [0.1]) == "adjusted p n/a > alpha 0.05"
+    assert rule.shortfall(0.05, 0.06, [-1.0]) is None  # alpha itself passes; a negative control mean asks only the floor

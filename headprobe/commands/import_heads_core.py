@@ -39,20 +39,30 @@ class ImportResult:
     notes: list[str] = field(default_factory=list)
 
     def report(self) -> str:
-        from headprobe.analyses.verdicts import evidence_text, label
+        """The heads read and each verdict, with what a NOT CONFIRMED one fell short of (the
+        verification plan was printed as it began)."""
+        from headprobe.analyses.verdicts import VerdictRule, evidence_text, label
 
         lines = [
             f"{self.config.heads_file}: {self.file.kind}, {len(self.heads)} heads ({self.file.rule}): "
-            f"{ex.describe(self.heads)}",
-            *self.design.get("plan", {}).get("lines", []),
+            f"{ex.describe(self.heads)}"
         ]
-        for v in self.verifications:
-            row = v.to_dict() if hasattr(v, "to_dict") else vars(v)
-            verdict = label(v.confirmed) if v.tested else "(reported, not tested)"
+        rows = [v.to_dict() if hasattr(v, "to_dict") else vars(v) for v in self.verifications]
+        rule = VerdictRule.from_rows(rows, self.design.get("verdict_rule"))
+        for v, row in zip(self.verifications, rows, strict=True):
+            if v.no_verdict:
+                verdict = f"no verdict: {v.no_verdict}"
+            elif not v.tested:
+                verdict = "(reported, not tested)"
+            else:
+                short = rule.shortfall(v.p_adjusted, v.top_effect, v.random_effects) if rule else None
+                verdict = f"{evidence_text(row)} {label(v.confirmed)}" + (f" ({short})" if short else "")
             lines.append(
                 f"{v.kind}-ablation on {v.task}: effect {v.top_effect:+.4f} vs random {v.random_mean:+.4f} "
-                f"nats/token; {evidence_text(row) if v.tested else ''} {verdict}".rstrip()
+                f"nats/token; {verdict}"
             )
+        if rule is not None and any(v.tested for v in self.verifications):
+            lines.append(f"CONFIRMED: {rule.condition()}")
         for r in self.kv or []:
             lines.append(
                 f"kv {r['policy']:>8}: KV {r['kv_fraction']:.3f} of full, natural loss +{r['natural_loss_increase']:.4f}, "

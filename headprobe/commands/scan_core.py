@@ -808,6 +808,11 @@ def format_report(result: ScanResult) -> str:
     lines += [
         f"  {v.head_type.replace('_', '-')}: {evidence_text(v.to_dict(), 4)}"
         + (f"; no verdict: {v.no_verdict}" if v.no_verdict else "")
+        + (
+            f"; not confirmed: {rule.shortfall(v.p_adjusted, v.top_effect, v.random_effects)}"
+            if v.confirmed is False
+            else ""
+        )
         for v in result.verifications
         if v.tested or (v.kind == verif.PRIMARY_KIND and v.no_verdict)
     ]
