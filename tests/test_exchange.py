@@ -287,7 +287,9 @@ def test_import_gives_scans_verdict_on_scans_own_heads(runs, tmp_path, tiny_dir,
     if tested.no_verdict:
         assert f"no verdict: {tested.no_verdict}" in report
     if tested.confirmed is False:  # what it fell short of, on its line
-        assert f"({result_rule(result).shortfall(tested.p_adjusted, tested.top_effect, tested.random_effects)})" in report
+        assert (
+            f"({result_rule(result).shortfall(tested.p_adjusted, tested.top_effect, tested.random_effects)})" in report
+        )
 
 
 def result_rule(result):

@@ -661,4 +661,5 @@ def test_a_verdicts_shortfall_names_each_unmet_part_and_only_those():
     assert rule.shortfall(0.0196, 12.4038, [7.7720]) == "effect +12.4 < 2x the control mean +7.77 = +15.5"
     assert rule.shortfall(0.2, 0.01, [0.0]) == "adjusted p 0.2 > alpha 0.05; effect +0.01 < the floor 0.05 nats/token"
     assert rule.shortfall(None, 1.0, [0.1]) == "adjusted p n/a > alpha 0.05"
-    assert rule.shortfall(0.05, 0.06, [-1.0]) is None  # alpha itself passes; a negative control mean asks only the floor
+    # alpha itself passes; a negative control mean asks only the floor
+    assert rule.shortfall(0.05, 0.06, [-1.0]) is None
