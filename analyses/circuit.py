@@ -621,7 +621,8 @@ def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str,
     edges largest in ``|exact|`` that are among the ``k`` largest in ``|estimate|`` (Hanna et al.
     2024 compare EAP and EAP-IG with patching this way). A correlation that is undefined (one side
     the same on every edge: a model whose W_O is zero patches to no effect at all) is None, and
-    ``null_reasons`` (present only then) says why, keyed like the correlation.
+    ``null_reasons`` (present only then) says why, keyed like the correlation; so is the recall
+    where ``k`` is not below the number of edges (every edge in both top-``k`` sets: 1 by construction).
 
     Raises:
         HeadprobeError: fewer than 3 edges, or arrays of different lengths.
@@ -631,7 +632,6 @@ def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str,
         raise HeadprobeError(
             f"agreement needs two equally long arrays of at least 3 edges, got {exact.shape} and {estimate.shape}"
         )
-    k = min(k, exact.size)
     top = lambda v: set(np.argsort(-np.abs(v), kind="stable")[:k].tolist())
     flat = [
         name
@@ -647,10 +647,14 @@ def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str,
         "spearman": None,
         "pearson": None,
         "top_k": k,
-        "top_k_recall": len(top(exact) & top(estimate)) / k,
+        "top_k_recall": len(top(exact) & top(estimate)) / k if k < exact.size else None,
         "n_edges": int(exact.size),
     }
     reasons = {}
+    if k >= exact.size:  # every edge is in both top-k sets
+        reasons["top_k_recall"] = (
+            f"undefined: {exact.size} verified edges, not more than k = {k} (recall 1 by construction)"
+        )
     for name, corr in (("spearman", spearmanr), ("pearson", pearsonr)):
         if flat or not (np.isfinite(exact).all() and np.isfinite(estimate).all()):
             reasons[name] = why  # scipy would warn and give NaN

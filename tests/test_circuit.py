@@ -187,6 +187,11 @@ def test_eap_ig_ranks_edges_as_exact_path_patching(tiny_tokenizer, family):
 def test_agreement_by_hand():
     got = agreement(np.array([3.0, -2.0, 1.0, 0.5]), np.array([2.5, -3.0, 0.1, 0.2]), k=2)
     assert got["top_k_recall"] == 1.0 and got["spearman"] == pytest.approx(0.8)
+    got = agreement(np.array([3.0, -2.0, 1.0, 0.5]), np.array([0.1, 0.2, 2.5, -3.0]), k=2)
+    assert got["top_k_recall"] == 0.0  # the two largest exact effects are the two smallest scores
+    # with k edges or fewer verified, every edge is in both top-k sets: no recall, and why
+    whole = agreement(np.array([3.0, -2.0, 1.0, 0.5]), np.array([0.1, 0.2, 2.5, -3.0]), k=4)
+    assert whole["top_k_recall"] is None and "recall 1 by construction" in whole["null_reasons"]["top_k_recall"]
     with pytest.raises(HeadprobeError, match="at least 3"):
         agreement(np.ones(2), np.ones(2))
 

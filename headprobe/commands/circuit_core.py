@@ -166,11 +166,11 @@ class CircuitResult:
         lines = [f"clean loss {s['clean_loss']:.3f} nats/token; {s['n_edges']} edges scored by {s['method']}"]
         if self.agreement:
             a = self.agreement
-            r = {k: "n/a" if a[k] is None else f"{a[k]:.3f}" for k in ("spearman", "pearson")}
+            r = {k: "n/a" if a.get(k) is None else f"{a[k]:.3f}" for k in ("spearman", "pearson", "top_k_recall")}
             why = "; ".join(dict.fromkeys(a.get("null_reasons", {}).values()))
             lines.append(
                 f"against exact path patching on {a['n_edges']} edges: Spearman {r['spearman']}, "
-                f"Pearson {r['pearson']}, top-{a['top_k']} recall {a['top_k_recall']:.2f}"
+                f"Pearson {r['pearson']}, top-{a['top_k']} recall {r['top_k_recall']}"
                 + (f" (n/a: {why})" if why else "")
             )
         lines.append("largest edges (score, exact):")
