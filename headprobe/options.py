@@ -448,13 +448,27 @@ def check_fields(
     the function takes as arguments, not keywords)."""
     import dataclasses
 
-    valid = [f.name for f in dataclasses.fields(config_cls) if f.name not in positional]
+    fields = [f for f in dataclasses.fields(config_cls) if f.name not in positional]
+    valid = [f.name for f in fields]
     for name in config_fields:
         if name not in valid:
             near = nearest_keyword(name, valid)
-            hint = f"; did you mean {near}?" if near else ""
+            hint = _flag_hint(name, fields) or (f"; did you mean {near}?" if near else "")
             command = function or config_cls.__name__.removesuffix("Config").lower()
             raise TypeError(f"{command}() got an unknown setting {name!r}{hint} (settings: {', '.join(valid)})")
+
+
+def _flag_hint(name: str, fields: list) -> str | None:
+    """``; the flag --fixed-draws is the setting sequential=False`` where ``name`` spells a flag
+    (``fixed_draws``, ``no_bos``, ``top_k``) whose setting has another name; None otherwise."""
+    for f in fields:
+        m = f.metadata
+        flags = [m.get("flag") or "--" + f.name.replace("_", "-"), *m.get("aliases", ())]
+        flag = next((x for x in flags if x.lstrip("-").replace("-", "_") == name), None)
+        if flag is not None:
+            value = {"store_true": "=True", "store_false": "=False"}.get(m.get("action", ""), "")
+            return f"; the flag {flag} is the setting {f.name}{value}"
+    return None
 
 
 def nearest_keyword(name: str, valid: list[str]) -> str | None:

@@ -363,3 +363,28 @@ def test_a_misspelt_setting_names_the_function_and_the_nearest_setting():
         headprobe.scan("smollm2-135m", n_randm=3)
     with pytest.raises(TypeError, match=r"ablate\(\) got an unknown setting 'hedas'; did you mean heads\?"):
         headprobe.ablate("smollm2-135m", hedas="1.1")
+
+
+@pytest.mark.parametrize(
+    ("keyword", "said"),
+    [
+        ("fixed_draws", "the flag --fixed-draws is the setting sequential=False"),
+        ("no_verify", "the flag --no-verify is the setting verify=False"),
+        ("no_bos", "the flag --no-bos is the setting prepend_bos=False"),
+        ("top_k", "the flag --top-k is the setting k"),
+    ],
+)
+def test_a_flags_spelling_names_its_setting(keyword, said):
+    """Where a flag's underscored spelling is not its setting's name (a --no-X switch, a flag named
+    otherwise), the TypeError says which setting, and which value, the flag is."""
+    import dataclasses
+
+    from headprobe.commands.scan import ScanConfig
+
+    field = next(f for f in dataclasses.fields(ScanConfig) if said.split("setting ")[1].split("=")[0] == f.name)
+    assert keyword.replace("_", "-") in [
+        field.metadata.get("flag", "").lstrip("-"),
+        *(a.lstrip("-") for a in field.metadata.get("aliases", ())),
+    ]
+    with pytest.raises(TypeError, match=rf"scan\(\) got an unknown setting '{keyword}'; {said} \(settings:"):
+        headprobe.scan("smollm2-135m", **{keyword: True})
