@@ -48,7 +48,7 @@ DUO_SLACK = 0.01
 """How far outside [0, 1] a DuoAttention value may lie and still be clipped, as its readers clip
 it (trained gates overshoot by about 1e-3); a value further out is no gate value and is refused."""
 FORMATS = ("duo", "headkv", "mib", "parquet")
-IMPORT_KINDS = ("duo", "headkv", "mib", "parquet", "kv-policy", "list")
+IMPORT_KINDS = ("duo", "headkv", "mib", "parquet", "csv", "kv-policy", "list")
 
 _HEADKV_KEY = re.compile(r"^(\d+)-(\d+)$")
 _MIB_HEAD = re.compile(r"^a(\d+)\.h(\d+)$")
@@ -556,6 +556,10 @@ def sniff(path: Path) -> str:
             f"{path.name} is JSON of no known head format (a Retrieval_Head/HeadKV score file, "
             "an EAP-IG graph or a headprobe KV policy)"
         )
+    with path.open(encoding="utf-8-sig", errors="replace") as f:
+        first = f.readline().strip().lower().split(",")
+    if first[:2] == ["layer", "head"]:  # a CSV head table (headprobe's head_scores.csv, head_ablation.csv)
+        return "csv"
     return "list"
 
 
@@ -586,8 +590,8 @@ def read_head_file(path: str | Path, layout: Layout | None, k: int, score: str |
         return read_mib_pt(path, layout)
     if kind == "duo":
         return read_duo(path, layout)
-    if kind == "parquet":
-        return read_parquet(path, layout, k, score)
+    if kind in ("parquet", "csv"):
+        return read_table(path, layout, k, score)
     if kind == "list":
         text = path.read_text(encoding="utf-8-sig")
         items = ",".join(s.strip() for s in text.replace("\n", ",").split(",") if s.strip() and not s.startswith("#"))
@@ -610,18 +614,20 @@ def read_head_file(path: str | Path, layout: Layout | None, k: int, score: str |
     )
 
 
-def read_parquet(path: Path, layout: Layout | None, k: int, score: str | None) -> HeadFile:
-    """A headprobe head table (one row per ``layer``, ``head``): the top ``k`` by ``score``.
+def read_table(path: Path, layout: Layout | None, k: int, score: str | None) -> HeadFile:
+    """A head table (one row per ``layer``, ``head``), Parquet (``.parquet``) or CSV (a first line
+    ``layer,head,...``: headprobe's own ``head_scores.csv``): the top ``k`` by ``score``.
 
     Raises:
-        HeadprobeError: not Parquet, no layer/head columns, no such score column, or heads outside the model.
+        HeadprobeError: unreadable, no layer/head columns, no such score column, or heads outside the model.
     """
     import pandas as pd
 
+    kind = "parquet" if path.suffix == ".parquet" else "csv"
     try:
-        table = pd.read_parquet(path)
-    except Exception as err:  # pyarrow raises its own errors for a bad file
-        raise HeadprobeError(f"cannot read {path.name} as Parquet: {type(err).__name__}: {err}") from None
+        table = pd.read_parquet(path) if kind == "parquet" else pd.read_csv(path)
+    except Exception as err:  # pyarrow and pandas raise their own errors for a bad file
+        raise HeadprobeError(f"cannot read {path.name} as {kind.upper()}: {type(err).__name__}: {err}") from None
     if not {"layer", "head"} <= set(table.columns):
         raise HeadprobeError(f"{path.name} has no layer and head columns (a head table)")
     column = score or next((c for c in ("retrieval", "induction") if c in table.columns), None)
@@ -636,7 +642,7 @@ def read_parquet(path: Path, layout: Layout | None, k: int, score: str | None) -
             )
     values = score_values(table, column, path.name)
     scores = {(int(layer), int(head)): float(v) for layer, head, v in zip(table["layer"], table["head"], values)}
-    return HeadFile("parquet", top_k(scores, k), f"the top {k} heads by {column}", scores)
+    return HeadFile(kind, top_k(scores, k), f"the top {k} heads by {column}", scores)
 
 
 def score_values(table: Any, column: str, name: str) -> Any:

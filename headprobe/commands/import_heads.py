@@ -2,7 +2,7 @@
 model and run scan's causal verdict on the heads it names.
 
 The file is a DuoAttention ``full_attention_heads.tsv`` (or its folder), a Retrieval_Head / HeadKV
-score JSON, an EAP-IG / MIB circuit graph (``Graph.to_json``'s JSON or ``to_pt``'s ``.pt``), a headprobe Parquet head table or KV policy, or a plain
+score JSON, an EAP-IG / MIB circuit graph (``Graph.to_json``'s JSON or ``to_pt``'s ``.pt``), a headprobe head table (Parquet, or a CSV such as scan's ``head_scores.csv``) or KV policy, or a plain
 ``layer.head`` list (one per line or comma-separated); :mod:`headprobe.analyses.exchange` reads
 them. Its shape is checked against the model's config before any weights load where config.json
 gives the layout (one line naming the mismatch: ``full_attention_heads.tsv has 32 rows; M has 30
@@ -47,7 +47,7 @@ class ImportConfig(ScanConfig):
     Attributes:
         heads_file: the head file (see the module docstring).
         task: the task the heads are judged on, ``natural`` or ``repeated`` (the induction task).
-        score: a Parquet table's column ranked for the top ``k`` (None: ``retrieval``, else ``induction``).
+        score: a head table's column ranked for the top ``k`` (None: ``retrieval``, else ``induction``).
         measure_kv: also measure a DuoAttention or policy file's KV policy (``headprobe kv``'s measurement).
     """
 
@@ -67,7 +67,7 @@ class ImportConfig(ScanConfig):
     )
     score: str | None = setting(
         None,
-        "a Parquet table's column whose top --top-k heads are checked (default: retrieval, else induction)",
+        "a head table's (Parquet, CSV) column whose top --top-k heads are checked (default: retrieval, else induction)",
         metavar="COLUMN",
     )
     measure_kv: bool = setting(
@@ -125,7 +125,9 @@ FLAGS = (
             "sequential",
             "measure_kv",
         ),
-        helps={"k": f"a score file's (HeadKV, Parquet) top K heads are checked (default {DEFAULT_K})"},
+        helps={
+            "k": f"a score file's (HeadKV, Parquet, CSV) top K heads are checked (default {DEFAULT_K}); other files name their heads"
+        },
     ),
 )
 """``headprobe import``'s flags in ``--help`` order."""

@@ -158,6 +158,9 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
     )
     kv = measure_policy(model, cfg, hf) if config.measure_kv else None
     notes = [] if hf.policy is not None or not config.measure_kv else [f"--kv: {hf.kind} files carry no KV policy"]
+    if hf.kind not in ("headkv", "parquet", "csv") and (config.k is not None or config.score is not None):
+        given = " and ".join(f for f, v in (("--top-k", config.k), ("--score", config.score)) if v is not None)
+        notes.append(f"{given}: for score files (HeadKV, Parquet, CSV); a {hf.kind} file names its heads, all checked")
     return ImportResult(config, hf, heads, verifications, design, kv, time.perf_counter() - t0, notes=notes)
 
 
