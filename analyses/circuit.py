@@ -226,8 +226,8 @@ def prepare_runs(
 
 GIB = 2**30
 DEFAULT_BUDGET = 1.0 * GIB
-"""The default working memory (bytes) of the circuit engines beyond the model's weights (at most
-half the memory available)."""
+"""The most working memory (bytes) the circuit engines take beyond the model's weights on a CPU
+when no budget is stated (on a GPU: the shared rule, a share of its free memory)."""
 
 
 MAX_STACK = 32
@@ -254,8 +254,8 @@ def row_bytes(model: LoadedModel, pos: int) -> tuple[int, int]:
 def plan_rows(model: LoadedModel, batch: int, pos: int, budget: float | None = None) -> tuple[int, int]:
     """How many sequences to score at a time and how many stacked copies to path patch per forward,
     so that the working memory (:func:`row_bytes`) stays within ``budget`` bytes (None: the stated
-    budget, :func:`headprobe.probe.core.memory.stated`, else :data:`DEFAULT_BUDGET` or
-    :data:`~headprobe.probe.core.memory.HEADROOM` of the device's free memory, whichever is less).
+    budget, :func:`headprobe.probe.core.memory.stated`, else :data:`~headprobe.probe.core.memory.HEADROOM`
+    of the device's free memory, on a CPU at most :data:`DEFAULT_BUDGET`).
 
     Raises:
         HeadprobeError: ``budget`` exceeds the device's free memory, or one sequence does not fit in it.
@@ -265,8 +265,9 @@ def plan_rows(model: LoadedModel, batch: int, pos: int, budget: float | None = N
     where = f"a budget of {budget / GIB:.2f} GiB" if budget is not None else "budget"
     if budget is None and given is not None:
         budget, where = given[0], given[1]
-    if budget is None:
-        budget = min(DEFAULT_BUDGET, available * memory.HEADROOM)
+    if budget is None:  # on a CPU at most DEFAULT_BUDGET; a GPU's batches take what is free, as other commands'
+        cap = float("inf") if model.device.type == "cuda" else DEFAULT_BUDGET
+        budget = min(cap, available * memory.HEADROOM)
         where = f"budget of {budget / GIB:.2f} GiB"
     elif budget > available:
         raise HeadprobeError(

@@ -204,6 +204,28 @@ def test_one_sequence_over_the_memory_budget_is_refused_before_running(llama_dir
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 
+def test_the_default_budget_is_capped_on_a_cpu_only(llama_dir, monkeypatch, no_stated_budget):
+    """Without --memory-gb or a stated budget, a CPU takes at most 1 GiB (DEFAULT_BUDGET) and a GPU
+    80% of its free memory, as other commands: one 4,096-token sequence of this model (about
+    1.1 GiB to score, row_bytes) is refused on the CPU and planned whole on a GPU with 100 GiB free."""
+    import torch
+
+    from headprobe.analyses import circuit as circuit_analysis
+    from headprobe.probe.core import memory
+    from headprobe.probe.core.errors import HeadprobeError
+
+    model = headprobe.load_model(str(llama_dir), device="cpu")
+    scoring, patching = circuit_analysis.row_bytes(model, 4096)
+    assert circuit_analysis.DEFAULT_BUDGET < scoring < 100 * 2**30 * memory.HEADROOM / 8
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 100 * 2**30)
+    with pytest.raises(HeadprobeError, match="more than the budget of 1.00 GiB"):
+        circuit_analysis.plan_rows(model, 8, 4096)
+    monkeypatch.setattr(type(model), "device", property(lambda self: torch.device("cuda", 0)))  # as on a GPU
+    budget = 100 * 2**30 * memory.HEADROOM
+    want = (min(8, int(budget // scoring)), min(circuit_analysis.MAX_STACK, int(budget // patching)))
+    assert circuit_analysis.plan_rows(model, 8, 4096) == want and want[0] == 8
+
+
 def test_scoring_in_chunks_equals_the_whole_batch(llama_dir):
     """RunChunks (one sequence at a time) gives the batch's EAP-IG scores, exact effects and sweeps:
     the per-sequence mean metric makes every quantity a weighted sum over chunks."""

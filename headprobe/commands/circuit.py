@@ -119,9 +119,9 @@ class CircuitConfig(ModelSettings):
     qk_head: str | None = setting(None, "explain this head's attention by QK attribution, e.g. 18.6")
     memory_gb: float | None = setting(
         None,
-        "working memory beyond the weights, GiB (default: 1, or half the available "
-        "memory if less); sequences are scored in chunks that fit, and a run whose "
-        "one sequence does not fit is refused before it starts",
+        "working memory beyond the weights, GiB; wins over --memory-budget (default: --memory-budget's "
+        "budget if stated, else 80 percent of the device's free memory, on a CPU at most 1); sequences are "
+        "scored in chunks that fit, and a run whose one sequence does not fit is refused before it starts",
         type=_gib,
     )
 
