@@ -565,6 +565,18 @@ def _wrote(paths: list, out: Path) -> str:
     return f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {out}/"
 
 
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def wrote_tables(paths: list, out: Path) -> str:
+    """``wrote 9 files to out/ (policy.json, curve.csv, summary.json; 6 figures)``: every file but
+    the figures by name (computed from ``paths``, so none is left unsaid), the figures counted."""
+    names = [Path(p).name for p in paths if Path(p).suffix not in FIGURE_SUFFIXES]
+    n_fig = len(paths) - len(names)
+    figures = f"; {n_fig} figure file{'' if n_fig == 1 else 's'}" if n_fig else ""
+    return f"\nwrote {len(paths)} files to {out}/ ({', '.join(names)}{figures})"
+
+
 RUN_ONLY = ("threads", "memory_budget")
 """Config fields that change how fast a run goes, not what it computes: left out of a checkpoint's key."""
 

@@ -70,7 +70,13 @@ def test_cli_writes_edges_figure_and_summary(llama_dir, tmp_path, capsys):
     qk = pd.read_csv(out / "qk_attribution.csv")
     assert qk["key_side"].sum() == pytest.approx(summary["qk_attribution"]["score"], rel=1e-3)
     assert (out / "circuit.png").is_file()
-    assert "Spearman" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "Spearman" in said
+    # the last line names every file written but the figures, read from the folder itself
+    files = [p.name for p in out.iterdir() if not p.name.startswith(".")]  # not the run's own record
+    tables = [f for f in files if not f.endswith((".png", ".pdf", ".svg"))]
+    wrote = said.strip().splitlines()[-1]
+    assert wrote.startswith(f"wrote {len(files)} files") and all(name in wrote for name in tables), (files, wrote)
     _check_viewer_section(out, summary, H, tmp_path, capsys)
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from headprobe import options
 from headprobe.commands import Command, lazy_names
@@ -192,11 +191,7 @@ FLAGS = (
 
 
 def main(args: argparse.Namespace, config: CircuitConfig) -> int:
-    return options.run_command(args, config, options.Run("headprobe.commands.circuit_core", wrote=_wrote))
-
-
-def _wrote(paths: list, out: Path) -> str:
-    return f"\nwrote {len(paths)} files to {out}/ (edges.csv, summary.json, circuit figure)"
+    return options.run_command(args, config, options.Run("headprobe.commands.circuit_core", wrote=options.wrote_tables))
 
 
 COMMAND = Command(

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from pathlib import Path
 
 from headprobe import options
 from headprobe.commands import Command, lazy_names
@@ -243,11 +242,7 @@ FLAGS = (
 
 
 def main(args: argparse.Namespace, config: KVConfig) -> int:
-    return options.run_command(args, config, options.Run("headprobe.commands.kv_core", wrote=_wrote))
-
-
-def _wrote(paths: list, out: Path) -> str:
-    return f"\nwrote {len(paths)} files to {out}/ (policy.json, policy_budget.json, curve.csv, summary.json, figures)"
+    return options.run_command(args, config, options.Run("headprobe.commands.kv_core", wrote=options.wrote_tables))
 
 
 COMMAND = Command(
