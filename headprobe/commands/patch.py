@@ -353,7 +353,8 @@ class PatchResult:
             f"clean logit difference {s['clean_logit_diff']:+.3f}{ci('clean_logit_diff')}, correct on "
             f"{s['clean_correct_share']:.0%} of {s['n_prompts']} prompts; corrupted {s['corrupted_logit_diff']:+.3f}",
             f"intervals: {p.interval_note}",
-            f"largest effects at {self.config.site} (Δ logit difference{', 95% CI' if p.has_intervals else ''}, normalised):",
+            f"largest effects at {self.config.site} (Δ logit difference{', 95% CI' if p.has_intervals else ''}, normalised"
+            " = Δ / (corrupted - clean): 1 moves it all the way to the corrupted run's, 0 not at all):",
         ]
         for t in s["top_positions" if self.config.site == "resid" else "top_heads"][:8]:
             ci_text = f"  [{t['effect_ci95'][0]:+.3f}, {t['effect_ci95'][1]:+.3f}]" if "effect_ci95" in t else ""
