@@ -188,6 +188,12 @@ def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
     m = ind["mean"]
     assert f"1000x the control mean {float(np.mean(m.random_effects)):+.3g}" in shown
     assert f"induction: {evidence_text(m.to_dict(), 4)}; not confirmed: effect {m.top_effect:+.3g} < 1000x" in shown
+    # a CONFIRMED verdict whose interval over sequences reaches 0 is noted (too few sequences), only then
+    assert m.top_effect_ci95[0] > 0 and "reaches 0" not in result.report()
+    wide = dataclasses.replace(m, top_effect_ci95=[-1.5, m.top_effect_ci95[1]])
+    noted = dataclasses.replace(result, verifications=[wide if v is m else v for v in result.verifications]).report()
+    assert "NOTE: induction is CONFIRMED against control sets on these sequences, but its 95% interval" in noted
+    assert f"[-1.5, {m.top_effect_ci95[1]:+.3g}] reaches 0" in noted
     assert (result.table["kv_head"] == result.table["head"] // 3).all()
     assert result.table["induction"].max() > 0.5
 

@@ -827,4 +827,18 @@ def format_report(result: ScanResult) -> str:
         "docs/scan.md has the rule)"
     )
     lines += [f"NOTE: {n}" for n in design.get("notes", [])]
+    lines += [f"NOTE: {n}" for n in wide_interval_notes(result.verifications)]
     return "\n".join(lines)
+
+
+def wide_interval_notes(verifications) -> list[str]:
+    """A note per CONFIRMED verdict whose 95% t interval over sequences reaches 0: the verdict
+    compares the top-k heads with control sets on these sequences; with this few of them the
+    effect's sign is not settled for other text."""
+    return [
+        f"{v.head_type.replace('_', '-')} is CONFIRMED against control sets on these sequences, but its 95% "
+        f"interval over sequences [{v.top_effect_ci95[0]:+.3g}, {v.top_effect_ci95[1]:+.3g}] reaches 0: too few "
+        f"sequences to say the effect holds on other text; use more (--n-natural, --n-repeated)"
+        for v in verifications
+        if v.confirmed and v.top_effect_ci95[0] <= 0
+    ]
