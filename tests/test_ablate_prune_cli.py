@@ -57,7 +57,7 @@ FAST_L0 = ["--l0-steps", "12", "--l0-lambdas", "10,100", "--n-seeds", "2"]
 
 
 @pytest.mark.figures
-def test_prune_cli_saves_reloadable_model(tiny_dir, tmp_path):
+def test_prune_cli_saves_reloadable_model(tiny_dir, tmp_path, capsys):
     """Every method on one CSV and figure, areas in summary.json, and the pruned model a
     directory that ``load_model`` and ``scan --model DIR`` load, equal to the masked model."""
     out = tmp_path / "prune"
@@ -78,6 +78,9 @@ def test_prune_cli_saves_reloadable_model(tiny_dir, tmp_path):
         *SMALL,
     ]
     assert main(args) == 0
+    table = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("curve", "michel", "random", "l0 "))]
+    assert len({len(x) for x in table if not x.startswith("l0 ")}) == 1, table  # every row as wide as the header
+    assert any(x.startswith("random (mean of 2)") for x in table)
     curve = pd.read_csv(out / "pruning_curve.csv")
     assert set(curve["method"]) == {"michel", "l0", "random"}
     assert sorted(curve.loc[curve.method == "random", "seed"].unique().tolist()) == [0, 1]

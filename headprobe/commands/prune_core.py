@@ -233,20 +233,27 @@ class PruneResult:
 
     def report(self) -> str:
         """The terminal table: each method's curve, random as mean over seeds, then the areas."""
-        lines = [f"{'curve':<12} {'removed':>7} {'fraction':>8} {'natural':>8} {'repeated':>9}"]
+        names = {
+            m: m if len(self._curves(m)) == 1 else f"{m} (mean of {len(self._curves(m))})" for m in self.config.methods
+        }
+        w = max(len("curve"), *map(len, names.values()))
+        lines = [f"{'curve':<{w}} {'removed':>7} {'fraction':>8} {'natural':>8} {'repeated':>9}"]
         for m in self.config.methods:
             rs = self._curves(m)
             for i, row in enumerate(rs[0].rows):
                 nat = np.mean([r.rows[i]["natural_loss"] for r in rs])
                 ind = np.mean([r.rows[i]["repeated_loss"] for r in rs])
-                name = m if len(rs) == 1 else f"{m} (mean {len(rs)})"
-                lines.append(f"{name:<12} {row['n_pruned']:>7} {row['fraction_pruned']:>8.2f} {nat:>8.3f} {ind:>9.3f}")
+                lines.append(
+                    f"{names[m]:<{w}} {row['n_pruned']:>7} {row['fraction_pruned']:>8.2f} {nat:>8.3f} {ind:>9.3f}"
+                )
         auc = self.auc()
         if "note" not in auc:
             lo, hi = auc["range"]
             for m in self.config.methods:
                 a = auc[m]
-                fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else f"{v['mean']:.3f} +- {v['std']:.3f}"
+                fmt = lambda v: (
+                    f"{v:.3f}" if isinstance(v, float) else f"{v['mean']:.3f} (sd {v['std']:.3f} over seeds)"
+                )
                 lines.append(
                     f"area (mean loss over {lo:.2f}-{hi:.2f} removed) {m}: natural {fmt(a['natural'])}, repeated {fmt(a['repeated'])}"
                 )
