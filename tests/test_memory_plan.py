@@ -180,6 +180,23 @@ def test_ablate_header_prints_the_plan(tiny_dir, tmp_path, capsys):
     assert line in capsys.readouterr().out
 
 
+def test_scan_header_says_how_many_control_sets_a_pass_holds(tiny_dir, tmp_path, capsys):
+    """The control-set plan counts sequences; the header also says how many sets of the task's
+    batch that is (the larger per-sequence estimate of the two tasks, set_plan's)."""
+    from headprobe.analyses.ablation import set_plan
+    from headprobe.probe.backends.loading import load_model
+
+    model = load_model(str(tiny_dir), device="cpu")
+    memory.set_budget("2MiB")
+    (b, plan) = max(((b, set_plan(model, b, t)) for b, t in ((2, 13), (3, 16))), key=lambda x: x[1].per_item)
+    args = ["scan", "--model", str(tiny_dir), "--out", str(tmp_path / "s"), "--text", _text(tmp_path), *SMALL]
+    assert (
+        main([*args, "-k", "2", "--n-random", "2", "--keep-n-random", "--memory-budget", "2MiB", "--no-metrics"]) == 0
+    )
+    want = f"{plan.line()}: {plan.items // b} control sets of {b} sequences per pass"
+    assert want in capsys.readouterr().out and plan.items // b >= 1
+
+
 def test_kv_refuses_before_the_folder(tiny_dir, tmp_path, capsys):
     out = tmp_path / "kv"
     with pytest.raises(SystemExit) as e:

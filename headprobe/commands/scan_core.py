@@ -255,7 +255,8 @@ def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
     shapes += [(config.n_natural, config.seq_len)] if config.seq_len else []
     if not config.verify or not shapes or not model.self_check.decomposition_ok:
         return None
-    return max((set_plan(model, b, t) for b, t in shapes), key=lambda p: p.per_item).line()
+    b, plan = max(((b, set_plan(model, b, t)) for b, t in shapes), key=lambda x: x[1].per_item)
+    return f"{plan.line()}: {plan.items // b} control sets of {b} sequences per pass"
 
 
 def run(
