@@ -119,3 +119,8 @@ def test_reported_jaccard_and_stability_equal_a_hand_computation(tiny, text_file
         "induction by copying",
     ]
     assert summary["types"]["positional"]["conditions"] == ["base", "text half 2"]
+    # the report says which of the run's conditions a type does not have, so its counts add up
+    report = r.report()
+    assert "induction: mean top-k Jaccard" in report and "over 4 conditions (text half 2: not for this type)" in report
+    left = "repeats seed 1, repeats period 6, induction by copying: not for this type"
+    assert f"over 2 conditions ({left})" in report and report.startswith(f"{r.spec.name}: 5 conditions")

@@ -433,9 +433,11 @@ def format_report(result: RobustnessResult) -> str:
             f"{c}: {'-' if v['confirmed'] is None else 'CONFIRMED' if v['confirmed'] else 'not confirmed'}"
             for c, v in rec["verdicts"].items()
         )
+        left = [o.condition.name for o in result.outcomes if o.condition.name not in rec["conditions"]]
         lines.append(
-            f"{name}: mean top-k Jaccard {rec['mean_jaccard']:.3f} over {len(rec['conditions'])} conditions; "
-            f"verdict holds everywhere: {'yes' if rec['verdict_holds_everywhere'] else 'no'}"
+            f"{name}: mean top-k Jaccard {rec['mean_jaccard']:.3f} over {len(rec['conditions'])} conditions"
+            + (f" ({', '.join(left)}: not for this type)" if left else "")
+            + f"; verdict holds everywhere: {'yes' if rec['verdict_holds_everywhere'] else 'no'}"
         )
         lines.append(f"  verdicts: {verdicts}")
         rows = result.table[result.table["type"] == name].head(12)
