@@ -154,6 +154,16 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
         text=str(text_file),
     )
     r = run(model, cfg, progress=False)
+    # the report's count of copied tokens: every accuracy is a whole number of them
+    s = r.summary()
+    n = len(s["config"]["distances"]) * s["config"]["n_per_distance"] * (6 - 1)
+    assert f"top-1 over the {n} copied tokens" in r.report()
+    for acc in [
+        s["full"]["copy_accuracy"],
+        s["chosen"]["copy_accuracy"],
+        *(x["copy_accuracy"] for x in s["random"]["rows"]),
+    ]:
+        assert acc * n == pytest.approx(round(acc * n), abs=1e-6)
     L, G = model.model.cfg.n_layers, model.model.n_kv_groups
     k = kp.n_full_for_budget(L * G, 48, 8, 0.5)
     assert len(r.policy.full_groups) == k

@@ -194,6 +194,12 @@ class KVResult:
                 f"{'random ' + str(r['seed']):>10} {r['natural_loss_increase']:>15.4f} {r['copy_accuracy']:>14.3f} "
                 f"{r['long_range_loss']:>16.3f}"
             )
+        c = s["config"]
+        n = len(c["distances"]) * c["n_per_distance"] * (c["block_len"] - 1)
+        lines.append(
+            f"(copy accuracy: top-1 over the {n} copied tokens, {len(c['distances'])} distances x "
+            f"{c['n_per_distance']} x tokens 2..{c['block_len']} of the block: one token is {1 / n:.3f})"
+        )
         return "\n".join(lines)
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
