@@ -94,16 +94,8 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
 
     t0 = time.perf_counter()
     spec = model.spec
-    hf = ex.read_head_file(config.heads_file, _layout(model), config.k or scan_core.DEFAULT_K, config.score)
+    hf = _head_file(model, config)
     heads = hf.heads
-    check_head_layers(heads, spec.layout.head_layers)
-    if not heads:
-        raise HeadprobeError(f"{config.heads_file} names no heads ({hf.rule})")
-    if len(heads) >= spec.n_layers * spec.n_heads:
-        raise HeadprobeError(
-            f"{config.heads_file} names all {len(heads)} heads of {spec.name}: no head is left for a control set"
-        )
-    model.self_check.require_decomposition("verification by ablation")
     cfg = cast(ImportConfig, replace(config, k=len(heads), types=("induction",)).resolved(spec, model.trained_periods))
     assert cfg.seq_len is not None and cfg.period is not None
     text = cfg.read_text()
@@ -157,11 +149,34 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
         say=scan_core._say,
     )
     kv = measure_policy(model, cfg, hf) if config.measure_kv else None
+    return ImportResult(
+        config, hf, heads, verifications, design, kv, time.perf_counter() - t0, notes=_notes(config, hf)
+    )
+
+
+def _head_file(model: LoadedModel, config: ImportConfig) -> ex.HeadFile:
+    """The file's heads, checked against the model (see :func:`run` for what raises)."""
+    spec = model.spec
+    hf = ex.read_head_file(config.heads_file, _layout(model), config.k or scan_core.DEFAULT_K, config.score)
+    check_head_layers(hf.heads, spec.layout.head_layers)
+    if not hf.heads:
+        raise HeadprobeError(f"{config.heads_file} names no heads ({hf.rule})")
+    if len(hf.heads) >= spec.n_layers * spec.n_heads:
+        raise HeadprobeError(
+            f"{config.heads_file} names all {len(hf.heads)} heads of {spec.name}: no head is left for a control set"
+        )
+    model.self_check.require_decomposition("verification by ablation")
+    return hf
+
+
+def _notes(config: ImportConfig, hf: ex.HeadFile) -> list[str]:
+    """What the run's flags did not do with this file: --kv without a policy, --top-k / --score on a
+    file that names its heads."""
     notes = [] if hf.policy is not None or not config.measure_kv else [f"--kv: {hf.kind} files carry no KV policy"]
     if hf.kind not in ("headkv", "parquet", "csv") and (config.k is not None or config.score is not None):
         given = " and ".join(f for f, v in (("--top-k", config.k), ("--score", config.score)) if v is not None)
         notes.append(f"{given}: for score files (HeadKV, Parquet, CSV); a {hf.kind} file names its heads, all checked")
-    return ImportResult(config, hf, heads, verifications, design, kv, time.perf_counter() - t0, notes=notes)
+    return notes
 
 
 def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> list[dict] | None:
