@@ -9,7 +9,7 @@ name to its record as a lazy ``"module:ATTR"`` target, filed in the group ``"hea
 ``"metric"``: so the command line lists and checks ``--types`` before torch loads (this module
 imports neither torch nor numpy), and the scan, the CSV, the summary, the figures and the viewer
 read the records from here. Adding one is one ``register`` call here and its record in the file
-it points to (README "Where to add").
+it points to (CONTRIBUTING.md, "Where to add").
 
 ``scan --types`` selects head types (:func:`select_head_types`); every metric is computed when
 metrics are on (``--no-metrics`` turns them off).
