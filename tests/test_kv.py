@@ -158,6 +158,11 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
     s = r.summary()
     n = len(s["config"]["distances"]) * s["config"]["n_per_distance"] * (6 - 1)
     assert f"top-1 over the {n} copied tokens" in r.report()
+    # the report says on which quantity the chosen policy wins against uniform (a new user saw it lose on loss)
+    ch, u = s["chosen"], s["uniform"]
+    word = "lower" if ch["natural_loss_increase"] <= u["natural_loss_increase"] else "higher"
+    acc = "higher" if ch["copy_accuracy"] >= u["copy_accuracy"] else "lower"
+    assert f"against uniform: natural loss {word}, copy accuracy {acc}" in r.report()
     for acc in [
         s["full"]["copy_accuracy"],
         s["chosen"]["copy_accuracy"],

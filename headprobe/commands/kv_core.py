@@ -194,6 +194,19 @@ class KVResult:
                 f"{'random ' + str(r['seed']):>10} {r['natural_loss_increase']:>15.4f} {r['copy_accuracy']:>14.3f} "
                 f"{r['long_range_loss']:>16.3f}"
             )
+        ch, u, rnd = s["chosen"], s["uniform"], s["random"]
+        vs = [
+            ("uniform", u["natural_loss_increase"], u["copy_accuracy"]),
+            ("random (mean)", rnd["natural_loss_increase_mean"], rnd["copy_accuracy_mean"]),
+        ]
+        lines.append(
+            f"chosen ({s['method']} ranking) against "
+            + "; against ".join(
+                f"{name}: natural loss {'lower' if ch['natural_loss_increase'] <= nat else 'higher'}, copy accuracy "
+                f"{'higher' if ch['copy_accuracy'] >= acc else 'lower'}"
+                for name, nat, acc in vs
+            )
+        )
         c = s["config"]
         n = len(c["distances"]) * c["n_per_distance"] * (c["block_len"] - 1)
         lines.append(
