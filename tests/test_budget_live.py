@@ -360,7 +360,12 @@ def test_a_wrong_pruned_formula_is_a_mismatch(pruned_dir, capsys, monkeypatch):
     real = cost.layer_cost
     monkeypatch.setattr(cost, "layer_cost", lambda *args: real(*args) + 1)
     code = main(["budget", "--model", pruned_dir])
-    assert code == 1 and "MISMATCH: the formulas disagree with the model" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert code == 1 and "MISMATCH: the formulas disagree with the model" in out
+    # the row that disagrees shows both lists; the rows that agree say "= measured" (not the list twice)
+    params = next(x for x in out.splitlines() if x.startswith("attention params per layer"))
+    assert "= measured" not in params and params.count(" x ") >= 2
+    assert next(x for x in out.splitlines() if x.startswith("query heads per layer")).endswith("= measured")
 
 
 def test_live_check_names_the_backend_it_loads(tiny_dir, capsys, monkeypatch):
