@@ -123,10 +123,21 @@ class VerdictRule:
         """The effect-size half of the rule: at least ``min_effect`` and at least ``ratio`` times the
         mean control effect (a p-value alone would confirm a tiny difference from a tight control
         distribution)."""
+        return not self._effect_shortfall(top_effect, control_effects)
+
+    def _effect_shortfall(self, top_effect: float, control_effects: Sequence[float]) -> list[str]:
+        """The parts of :meth:`effect_is_large` that ``top_effect`` misses, in words (empty: none)."""
         import numpy as np
 
         mean = float(np.mean(control_effects)) if len(control_effects) else 0.0
-        return bool(top_effect >= self.min_effect and top_effect >= self.ratio * max(mean, 0.0))
+        why = []
+        if not top_effect >= self.min_effect:
+            why.append(f"effect {top_effect:+.3g} < the floor {self.min_effect:g} {self.unit}")
+        if not top_effect >= self.ratio * max(mean, 0.0):
+            why.append(
+                f"effect {top_effect:+.3g} < {self.ratio:g}x the control mean {mean:+.3g} = {self.ratio * mean:+.3g}"
+            )
+        return why
 
     def confirms(self, p_adjusted: float, top_effect: float, control_effects: Sequence[float]) -> bool:
         """Whether a tested verdict is CONFIRMED: ``p_adjusted <= alpha`` and :meth:`effect_is_large`."""
@@ -135,19 +146,10 @@ class VerdictRule:
     def shortfall(self, p_adjusted: float | None, top_effect: float, control_effects: Sequence[float]) -> str | None:
         """Why a tested verdict is not CONFIRMED, each unmet part of :meth:`confirms` in words
         (``effect +12.4 < 2x the control mean +7.77 = +15.5``); None where the rule is met."""
-        import numpy as np
-
-        mean = float(np.mean(control_effects)) if len(control_effects) else 0.0
         why = []
         if p_adjusted is None or not within_level(p_adjusted, self.alpha):
             why.append(f"adjusted p {'n/a' if p_adjusted is None else f'{p_adjusted:.3g}'} > alpha {self.alpha:g}")
-        if not top_effect >= self.min_effect:
-            why.append(f"effect {top_effect:+.3g} < the floor {self.min_effect:g} {self.unit}")
-        if not top_effect >= self.ratio * max(mean, 0.0):
-            why.append(
-                f"effect {top_effect:+.3g} < {self.ratio:g}x the control mean {mean:+.3g} = {self.ratio * mean:+.3g}"
-            )
-        return "; ".join(why) or None
+        return "; ".join(why + self._effect_shortfall(top_effect, control_effects)) or None
 
     def condition(self) -> str:
         """What CONFIRMED needs, in one line (the figure's legend, the caption, the report, the viewer):
