@@ -168,11 +168,15 @@ def _left(out: str | None) -> str:
     )
 
 
+def _own_line(text: str) -> str:
+    """``text`` on a line of its own: after a progress bar still on the screen, a newline first."""
+    return ("\n" if _progress_bar_open() else "") + text
+
+
 def _interrupted(e: KeyboardInterrupt, out: str | None) -> str:
-    """What an interrupted command left, on a line of its own (after a progress bar, a newline first)."""
+    """What an interrupted command left, on a line of its own."""
     how = "terminated" if isinstance(e, Terminated) else "interrupted"
-    newline = "\n" if _progress_bar_open() else ""
-    return f"{newline}headprobe: {how}; {_left(out)}"
+    return _own_line(f"headprobe: {how}; {_left(out)}")
 
 
 def out_of_memory(e: BaseException) -> bool:
@@ -191,9 +195,8 @@ def _out_of_memory_line(e: BaseException, out: str | None) -> str:
     work it does not plan): what torch said, what to change, what ``out`` holds."""
     said = (str(e).strip().splitlines() or [type(e).__name__])[0]
     said = said if len(said) <= 200 else said[:197] + "..."
-    newline = "\n" if _progress_bar_open() else ""
-    return (
-        f"{newline}headprobe: error: out of memory ({said}); state a smaller --memory-budget, use "
+    return _own_line(
+        f"headprobe: error: out of memory ({said}); state a smaller --memory-budget, use "
         f"--dtype bfloat16, or fewer or shorter sequences; {_left(out)}"
     )
 
