@@ -245,25 +245,26 @@ class BudgetPrint:
     """Print :meth:`BudgetResult.to_dict` as JSON instead of the table."""
 
 
+#: Flags that change a uniform layout; a pruned model's layers keep different heads.
+UNIFORM_LAYOUT_FLAGS = (
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "d_head",
+    "bias",
+    "qk_norm",
+    "sliding_window",
+    "global_every",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_rope_head_dim",
+    "qk_nope_head_dim",
+)
+
 FLAGS = (
     Flags(
-        only=(
-            "preset",
-            "model",
-            "d_model",
-            "n_layers",
-            "n_heads",
-            "n_kv_heads",
-            "d_head",
-            "bias",
-            "qk_norm",
-            "sliding_window",
-            "global_every",
-            "kv_lora_rank",
-            "q_lora_rank",
-            "qk_rope_head_dim",
-            "qk_nope_head_dim",
-        ),
+        only=("preset", "model", *UNIFORM_LAYOUT_FLAGS),
         title=LAYOUT,
     ),
     Flags(only=("seq_len", "batch", "dtype"), title=WORKLOAD),
@@ -854,23 +855,6 @@ def format_check(rec: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 # A headprobe checkpoint directory (headprobe train, headprobe prune --save-pruned), read directly
 # ---------------------------------------------------------------------------------------------
-
-#: Flags that change a uniform layout; a pruned model's layers keep different heads.
-UNIFORM_LAYOUT_FLAGS = (
-    "d_model",
-    "n_layers",
-    "n_heads",
-    "n_kv_heads",
-    "d_head",
-    "bias",
-    "qk_norm",
-    "sliding_window",
-    "global_every",
-    "kv_lora_rank",
-    "q_lora_rank",
-    "qk_rope_head_dim",
-    "qk_nope_head_dim",
-)
 
 
 def is_headprobe_dir(name: str) -> bool:
