@@ -19,6 +19,8 @@ from headprobe.cli import main
 from headprobe.probe.core.io import device_name, finite_json, write_json
 
 SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]
+STUDY = ["study", "heads", "--steps", "2", "--eval-every", "2", "--seeds", "0", "--d-model", "16", "--device", "cpu"]
+STUDY += ["--n-heads-list", "1,2", "--corpus", "copy"]  # the tiny heads study, two heads counts on the copy corpus
 
 
 def _reject(word: str):
@@ -159,24 +161,7 @@ def _argv(name: str, models, prompts, text: str) -> list[str]:
             "train",
             *zoo.tiny_train_flags(4, 2, n_eval=4),
         ],
-        "study": [
-            "study",
-            "heads",
-            "--steps",
-            "2",
-            "--eval-every",
-            "2",
-            "--seeds",
-            "0",
-            "--d-model",
-            "16",
-            "--device",
-            "cpu",
-            "--n-heads-list",
-            "1,2",
-            "--corpus",
-            "copy",
-        ],
+        "study": STUDY,
         "atlas": [
             "atlas",
             "--models",
@@ -517,26 +502,7 @@ def test_study_of_one_seed_says_why_its_spreads_are_null(run_command):
             "--lr",
             "1e6",
         ],
-        [
-            "study",
-            "heads",
-            "--steps",
-            "2",
-            "--eval-every",
-            "2",
-            "--seeds",
-            "0",
-            "--d-model",
-            "16",
-            "--device",
-            "cpu",
-            "--n-heads-list",
-            "1,2",
-            "--corpus",
-            "copy",
-            "--lr",
-            "1e6",
-        ],
+        [*STUDY, "--lr", "1e6"],
     ],
     ids=["train", "study"],
 )
