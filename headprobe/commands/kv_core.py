@@ -194,17 +194,12 @@ class KVResult:
                 f"{'random ' + str(r['seed']):>10} {r['natural_loss_increase']:>15.4f} {r['copy_accuracy']:>14.3f} "
                 f"{r['long_range_loss']:>16.3f}"
             )
-        ch, u, rnd = s["chosen"], s["uniform"], s["random"]
-        vs = [
-            ("uniform", u["natural_loss_increase"], u["copy_accuracy"]),
-            ("random (mean)", rnd["natural_loss_increase_mean"], rnd["copy_accuracy_mean"]),
-        ]
+        wins = {"uniform": _wins(s["chosen"], [s["uniform"]]), "random (mean)": _wins(s["chosen"], s["random"]["rows"])}
         lines.append(
             f"chosen ({s['method']} ranking) against "
             + "; against ".join(
-                f"{name}: natural loss {'lower' if ch['natural_loss_increase'] <= nat else 'higher'}, copy accuracy "
-                f"{'higher' if ch['copy_accuracy'] >= acc else 'lower'}"
-                for name, nat, acc in vs
+                f"{name}: natural loss {'lower' if loss else 'higher'}, copy accuracy {'higher' if acc else 'lower'}"
+                for name, (loss, acc) in wins.items()
             )
         )
         c = s["config"]
@@ -265,12 +260,18 @@ def _mean(values) -> float:
     return sum(v) / len(v)
 
 
+def _wins(chosen: dict, others: list[dict]) -> tuple[bool, bool]:
+    """``(natural-text loss increase no higher, copy accuracy no lower)`` than the mean of ``others``."""
+    return (
+        chosen["natural_loss_increase"] <= _mean(r["natural_loss_increase"] for r in others),
+        chosen["copy_accuracy"] >= _mean(r["copy_accuracy"] for r in others),
+    )
+
+
 def _beats(chosen: dict, others: list[dict]) -> bool:
     """Lower natural-text loss increase and higher copy accuracy than the mean of ``others``
     (ties in accuracy count, so a budget where both copy perfectly is judged on loss)."""
-    return chosen["natural_loss_increase"] <= _mean(r["natural_loss_increase"] for r in others) and chosen[
-        "copy_accuracy"
-    ] >= _mean(r["copy_accuracy"] for r in others)
+    return all(_wins(chosen, others))
 
 
 def _token_sets(model: LoadedModel, config: KVConfig):
