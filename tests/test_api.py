@@ -8,6 +8,7 @@ import json
 
 import pandas as pd
 import pytest
+import zoo
 
 import headprobe
 from headprobe.analyses.columns import METRICS, metric_columns
@@ -16,22 +17,7 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import OUTPUTS_NAME
 
 SMALL_SCAN = dict(n_natural=3, seq_len=16, n_repeated=2, period=6, k=3, n_random=2)
-SMALL_FLAGS = [
-    "--n-natural",
-    "3",
-    "--seq-len",
-    "16",
-    "--n-repeated",
-    "2",
-    "--period",
-    "6",
-    "-k",
-    "3",
-    "--n-random",
-    "2",
-    "--device",
-    "cpu",
-]
+SMALL_FLAGS = zoo.TINY_SCAN_FLAGS  # a scan of the tiny models in seconds
 
 
 @pytest.fixture(scope="module")

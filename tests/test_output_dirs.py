@@ -9,26 +9,12 @@ import os
 import signal
 
 import pytest
+import zoo
 
 from headprobe.cli import main
 from headprobe.probe.core.io import CHECKPOINT_NAME, OUTPUTS_NAME
 
-SMALL = [
-    "--n-natural",
-    "3",
-    "--seq-len",
-    "16",
-    "--n-repeated",
-    "2",
-    "--period",
-    "6",
-    "-k",
-    "3",
-    "--n-random",
-    "2",
-    "--device",
-    "cpu",
-]
+SMALL = zoo.TINY_SCAN_FLAGS  # a scan of the tiny models in seconds
 
 
 def _scan(tiny_dir, text_file, out, *extra):

@@ -158,3 +158,9 @@ def tiny_train_flags(steps: int, eval_every: int, n_eval: int = 8) -> list[str]:
         *("--d-model", "16", "--n-heads", "2", "--n-words", "16", "--seq-len", "33"),
         *("--max-period", "12", "--eval-period", "8", "--device", "cpu"),
     ]
+
+
+TINY_SCAN_FLAGS = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "-k", "3"]
+TINY_SCAN_FLAGS += ["--n-random", "2", "--device", "cpu"]
+"""``headprobe scan`` flags of the command-line tests' tiny scan: 3 x 16 natural tokens, 2 repeated
+sequences of period 6, k = 3 with 2 control sets, on the CPU."""
