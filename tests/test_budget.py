@@ -334,6 +334,25 @@ def test_format_bytes(n, text):
     assert cost.format_bytes(n) == text
 
 
+_FLOP_SIZE = {"TFLOP": 10**12, "GFLOP": 10**9, "MFLOP": 10**6, "kFLOP": 10**3, "FLOP": 1}
+
+
+def test_format_flops_like_reads_in_the_other_counts_unit():
+    """A row comparing two counts reads in one unit (the pruned model's 90 GFLOP beside the
+    unpruned 120 GFLOP printed as 90.0 GFLOP and 0.12 TFLOP); the text reads back to the count."""
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(500):
+        a, b = (float(10 ** (14 * torch.rand(1, generator=rng).item())) for _ in range(2))
+        ta, tb = budget._flops_pair(a, b)
+        (va, ua), (vb, ub) = (t.split() for t in (ta, tb))
+        assert ua == ub == cost.format_flops(max(a, b)).split()[1], (a, b, ta, tb)
+        for v, n in ((va, a), (vb, b)):  # within half the last digit shown
+            last = 10.0 ** -len(v.partition(".")[2])
+            assert abs(float(v) * _FLOP_SIZE[ua] - n) <= 0.5 * _FLOP_SIZE[ua] * last * (1 + 1e-9), (v, ua, n)
+    assert budget._flops_pair(9e10, 1.2e11) == ("0.09 TFLOP", "0.12 TFLOP")
+    assert cost.format_flops(9e10) == "90.0 GFLOP"  # alone, its own unit
+
+
 def test_parse_sizes_and_counts():
     assert cost.parse_bytes("2GiB") == 2 * GIB
     assert cost.parse_bytes("512 MiB") == 512 * MIB

@@ -523,7 +523,11 @@ def format_policy(pc: dict[str, Any], path: str) -> str:
         ["KV cache per request, policy", format_bytes(pc["kv_bytes"]), f"{pc['kv_bytes']:,} bytes"],
         ["KV cache per request, all groups full", format_bytes(pc["kv_bytes_full"]), f"{pc['kv_bytes_full']:,} bytes"],
         ["KV cache fraction", f"{pc['kv_fraction']:.4f}", "policy / full"],
-        ["scores + AV FLOPs, all layers, policy", format_flops(pc["flops_scores"]), "streaming groups: S+W keys"],
+        [
+            "scores + AV FLOPs, all layers, policy",
+            format_flops(pc["flops_scores"], like=pc["flops_scores_full"]),
+            "streaming groups: S+W keys",
+        ],
         ["scores + AV FLOPs, all layers, full", format_flops(pc["flops_scores_full"]), ""],
         ["attention matrix, largest layer, policy", format_bytes(pc["attention_matrix_bytes_largest_layer"]), ""],
     ]
@@ -1032,6 +1036,11 @@ def format_dir_check(rec: dict[str, Any]) -> str:
     )
 
 
+def _flops_pair(a: float, b: float) -> tuple[str, str]:
+    """Two FLOP counts in one unit, the larger's: a row compares them."""
+    return format_flops(a, like=max(a, b)), format_flops(b, like=max(a, b))
+
+
 def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
     """The report of a pruned model: each quantity for the pruned model and for the unpruned layout."""
     p, u = d["pruned"], d["unpruned"]
@@ -1047,8 +1056,8 @@ def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) ->
             format_bytes(p["kv_bytes_per_request"]),
             format_bytes(u["kv_bytes_per_request"]),
         ],
-        ["projection FLOPs, all layers", format_flops(p["flops_projections"]), format_flops(u["flops_projections"])],
-        ["scores + AV FLOPs, all layers", format_flops(p["flops_scores"]), format_flops(u["flops_scores"])],
+        ["projection FLOPs, all layers", *_flops_pair(p["flops_projections"], u["flops_projections"])],
+        ["scores + AV FLOPs, all layers", *_flops_pair(p["flops_scores"], u["flops_scores"])],
         [
             "attention matrix, largest layer",
             format_bytes(p["attention_matrix_bytes_largest_layer"]),

@@ -705,12 +705,16 @@ def format_tflop(flops: int | float) -> str:
     return f"{t:.1f}" if t < 100 else f"{t:.0f}"
 
 
-def format_flops(flops: float) -> str:
-    """FLOPs with a decimal prefix: ``4.40 TFLOP`` from 10**11 up, else ``GFLOP``, ``MFLOP``..."""
-    if flops >= 10**11:
+def format_flops(flops: float, like: float | None = None) -> str:
+    """FLOPs with a decimal prefix: ``4.40 TFLOP`` from 10**11 up, else ``GFLOP``, ``MFLOP``...
+
+    ``like``: format in the unit this other count would get (a row that compares two counts reads
+    in one unit, ``0.09 TFLOP`` beside ``1.10 TFLOP``); default ``flops`` itself."""
+    ref = flops if like is None else like
+    if ref >= 10**11:
         return f"{format_tflop(flops)} TFLOP"
     for unit, size in (("GFLOP", 10**9), ("MFLOP", 10**6), ("kFLOP", 10**3)):
-        if flops >= size:
+        if ref >= size:
             return f"{format_tflop(flops * TFLOP / size)} {unit}"
     return f"{flops:.0f} FLOP"
 
