@@ -176,7 +176,7 @@ def iterative_pruning(
                 scores = head_importance(
                     model, score_set.tokens, score_set.first, head_mask=keep, normalize=normalize
                 ).importance.clone()
-            flat, margin = _least_important(scores, keep, n_now), cut_margin(scores, keep, n_now)
+            flat, margin = least_important_cut(scores, keep, n_now)
         removed = [(i // spec.n_heads, i % spec.n_heads) for i in flat]
         for layer, head in removed:
             keep[layer, head] = 0.0
@@ -228,21 +228,21 @@ def _pruning_row(
     return row
 
 
-def _least_important(scores: Tensor, keep: Tensor, n: int) -> list[int]:
-    """The flat indices of the ``n`` kept heads (``keep`` nonzero) of lowest ``scores``, lowest first;
-    ties in head order (a stable sort on the host: the same cut on every device)."""
-    masked = scores.detach().flatten().cpu().clone()
-    masked[keep.flatten().cpu() == 0] = float("inf")
-    return masked.argsort(stable=True)[:n].tolist()
+def least_important_cut(scores: Tensor, keep: Tensor, n: int) -> tuple[list[int], float]:
+    """The ``n`` kept heads (``keep`` nonzero) of lowest ``scores`` and how far that cut is from a tie.
 
-
-def cut_margin(scores: Tensor, keep: Tensor, n: int) -> float:
-    """How far a step's cut is from a tie: the importance of the least important head kept minus
-    that of the most important head removed, when the ``n`` kept heads (``keep`` nonzero) of lowest
-    ``scores`` go (same units as ``scores``; NaN when no head is left kept). Near 0, a rounding
-    difference (another device, dtype or thread count) can swap the two heads and part the orders."""
-    kept = scores.flatten()[keep.flatten() != 0].double().sort().values
-    return float(kept[n] - kept[n - 1]) if 0 < n < len(kept) else float("nan")
+    Returns:
+        The heads' flat indices (``layer * n_heads + head``), lowest score first, ties in head
+        order (one stable sort on the host, in float64: the same cut on every device); and the
+        margin: the score of the least important head kept minus that of the most important head
+        removed (units of ``scores``; NaN when no head is left kept). Near 0, a rounding difference
+        (another device, dtype or thread count) can swap the two heads and part the orders.
+    """
+    flat = scores.detach().flatten().cpu().double()
+    kept = (keep.flatten().cpu() != 0).nonzero().flatten()
+    values, order = flat[kept].sort(stable=True)
+    margin = float(values[n] - values[n - 1]) if 0 < n < len(values) else float("nan")
+    return kept[order[:n]].tolist(), margin
 
 
 def _median_time(fn, repeats: int = 3) -> float:

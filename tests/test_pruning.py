@@ -78,7 +78,10 @@ def test_bad_arguments(tiny_gpt2_native):
 def test_each_steps_margin_is_the_gap_its_cut_left(tiny_llama_gqa_native):
     """``margin`` of every Michel step: the least important head kept minus the most important
     head removed, recomputed from a fresh importance at the step's mask; a tie gives 0."""
-    from headprobe.analyses.pruning import cut_margin
+    from headprobe.analyses.pruning import least_important_cut
+
+    def cut_margin(scores, keep, n):
+        return least_important_cut(scores, keep, n)[1]
 
     model = tiny_llama_gqa_native
     score = LossSet(_tokens(seed=1))
@@ -107,7 +110,7 @@ def test_each_steps_margin_is_the_gap_its_cut_left(tiny_llama_gqa_native):
 def test_tied_importances_are_cut_in_head_order():
     """Heads of equal importance go in head order (layer-major), whatever the sort would do on
     ties: the reference is Python's sort of (score, index) over the kept heads."""
-    from headprobe.analyses.pruning import _least_important
+    from headprobe.analyses.pruning import least_important_cut
 
     scores = torch.zeros(10, 27)
     scores.view(-1)[::7] = 1.0
@@ -117,4 +120,4 @@ def test_tied_importances_are_cut_in_head_order():
     kept = [i for i in range(270) if keep.view(-1)[i]]
     ref = sorted(kept, key=lambda i: (float(scores.view(-1)[i]), i))
     for n in (1, 30, 200, len(kept)):
-        assert _least_important(scores, keep, n) == ref[:n]
+        assert least_important_cut(scores, keep, n)[0] == ref[:n]

@@ -62,7 +62,7 @@ class PruneResult:
         table: pruning_curve.csv: one row per curve and step (``method, seed, step, n_pruned,
             fraction_pruned, natural_loss, repeated_loss, lambda, expected_open, margin, removed``;
             ``seed`` for random only, ``lambda`` and ``expected_open`` for l0 only, ``margin`` for
-            michel only: :func:`~headprobe.analyses.pruning.cut_margin`).
+            michel only: :func:`~headprobe.analyses.pruning.least_important_cut`).
         score_shape, natural_shape: ``[batch, pos]`` of the scoring and held-out natural-text sets.
         repeated: the repeated task's token set.
         device: where the model ran. self_check: the model's load-time self-check.
