@@ -57,10 +57,15 @@ def test_tiny_run_has_every_step(tmp_path, monkeypatch):
         "prune: reload of --save-pruned",
         "circuit: EAP-IG",
         "kv at",
+        "profile: exact sweep of layer 1's 4 heads",
+        "profile: gradient importance",
     ):
         assert any(s.startswith(want) for s in steps), want
     for r in data["rows"]:
         assert math.isfinite(r["seconds"]) and r["seconds"] > 0 and r["peak_bytes"] > 0
+        if r["step"].startswith("profile:"):  # time inside torch's operators: part of the wall time
+            assert 0 < r["op_s"] <= 1.05 * r["seconds"] and r["op_share"] == pytest.approx(r["op_s"] / r["seconds"])
+            assert r["top"].count(" s") == 3 and "aten::" in r["top"]
         assert r["rate"] is None or math.isfinite(r["rate"])
     sweep = next(r for r in data["rows"] if r["step"] == "sweep: exact, all heads")
     assert sweep["heads"] == 2 * 4 and sweep["rate"] == pytest.approx(sweep["heads"] / sweep["seconds"])
@@ -69,3 +74,31 @@ def test_tiny_run_has_every_step(tmp_path, monkeypatch):
     assert loop["max_loss_diff"] < 1e-4  # the engine and the hook loop agree on the sampled heads
     md = (tmp_path / "scale.md").read_text()
     assert all(s in md for s in steps)
+    assert [g["goal"] for g in data["goals"]] == [g for g, _, _ in scale.GOALS]
+    assert data["goals"] == scale.goals(data["rows"], data["rows"][0]["model"]) and "## Goals" in md
+
+
+def _rows(model="m", scan=(20.0, 30.0), sweep=(50.0, 0.6), prune=200.0, circuit_peak=30e9):
+    return [
+        {"model": model, "step": "scan: scoring", "seconds": scan[0]},
+        {"model": model, "step": "scan: verification", "seconds": scan[1]},
+        {"model": model, "step": "sweep: exact, all heads", "seconds": sweep[0], "floor_fraction": sweep[1]},
+        {"model": model, "step": "prune: curve (michel, random)", "seconds": prune},
+        {"model": model, "step": "circuit: EAP-IG 8 x 129 tokens", "seconds": 9.0, "peak_bytes": circuit_peak},
+    ]
+
+
+@pytest.mark.parametrize(
+    "rows, reached",
+    [
+        (_rows(), [True, True, True, True]),
+        (_rows(scan=(30.0, 30.5)), [False, True, True, True]),  # 60.5 s in all
+        (_rows(sweep=(50.0, 0.49)), [True, False, True, True]),  # in time, below half the floor
+        (_rows(sweep=(61.0, 0.9)), [True, False, True, True]),
+        (_rows(prune=301.0), [True, True, False, True]),
+        (_rows(circuit_peak=40.1e9), [True, True, True, False]),  # 40 GB, not GiB
+        (_rows(model="other") + _rows(model="m", prune=400.0), [True, True, False, True]),  # its own rows only
+    ],
+)
+def test_goals_are_judged_by_their_limits(rows, reached):
+    assert [g["reached"] for g in _scale().goals(rows, "m")] == reached
