@@ -7,10 +7,20 @@ import copy
 import dataclasses
 import os
 
+# The suite runs on the CPU on every machine, subprocesses included: its references and tolerances are
+# CPU computations, and what only a GPU run meets is caught by tests/strict_device.py's second CPU
+# device. On a GPU machine the GPU check is benchmarks/gpu_check.sh (README). Set before torch
+# initialises CUDA (it reads the variable then).
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
 import pytest
 import torch
 
 from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV, NO_FIGURES
+
+
+def pytest_report_header(config):
+    return "headprobe: the suite runs on the CPU (CUDA_VISIBLE_DEVICES=''); on a GPU: benchmarks/gpu_check.sh"
 
 
 def pytest_configure(config):

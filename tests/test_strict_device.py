@@ -6,6 +6,7 @@ headprobe.commands.COMMANDS without a run here fails test_every_command_runs_und
 from __future__ import annotations
 
 import json
+import os
 import time
 import traceback
 
@@ -295,3 +296,19 @@ def test_command_runs_as_on_a_gpu(strict_runs, command):
 def test_no_command_turns_tf32_on(strict_runs):
     """float32 matmuls stay float32 on a GPU (TF32 rounds to 10 mantissa bits): no command sets it."""
     assert torch.backends.cuda.matmul.allow_tf32 is False and torch.get_float32_matmul_precision() == "highest"
+
+
+def test_the_suite_and_its_subprocesses_run_on_the_cpu():
+    """tests/conftest.py hides any GPU (its references are CPU computations): in this process and
+    in a command a test starts, as on a GPU machine where ``make test`` runs the suite."""
+    import subprocess
+    import sys
+
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and not torch.cuda.is_available()
+    child = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available(), torch.cuda.device_count())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert child.stdout.split() == ["False", "0"]
