@@ -549,7 +549,6 @@ class Run:
         note: a line printed before the model loads (``NOTE: ...``), or None.
         sharded: what a multi-rank run splits, for the model line (``"verification"``), or ``""``.
         save: keyword arguments of the result's ``save`` beyond ``out`` and ``overwrite``.
-        wrote: the last line, from the paths written (default: ``wrote a.csv, summary.json, ... to OUT/``).
     """
 
     core: str
@@ -557,23 +556,19 @@ class Run:
     note: str | None = None
     sharded: str = ""
     save: dict = field(default_factory=dict)
-    wrote: Callable[[list, Path], str] | None = None
-
-
-def _wrote(paths: list, out: Path) -> str:
-    names = [p.name for p in paths]
-    return f"wrote {', '.join([*names[:1], names[-1], *names[1:-1]])} to {out}/"
 
 
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
 
 
 def wrote_tables(paths: list, out: Path) -> str:
-    """``wrote 9 files to out/ (policy.json, curve.csv, summary.json; 6 figures)``: every file but
-    the figures by name (computed from ``paths``, so none is left unsaid), the figures counted."""
+    """``wrote 9 files to out/ (policy.json, curve.csv, summary.json; 6 figure files, PNG and PDF)``:
+    every file but the figures by name and the figures counted with their formats, all computed
+    from ``paths``, so none is left unsaid."""
     names = [Path(p).name for p in paths if Path(p).suffix not in FIGURE_SUFFIXES]
+    formats = [s[1:].upper() for s in FIGURE_SUFFIXES if any(Path(p).suffix == s for p in paths)]
     n_fig = len(paths) - len(names)
-    figures = f"; {n_fig} figure file{'' if n_fig == 1 else 's'}" if n_fig else ""
+    figures = f"; {n_fig} figure file{'' if n_fig == 1 else 's'}, {' and '.join(formats)}" if n_fig else ""
     return f"\nwrote {len(paths)} files to {out}/ ({', '.join(names)}{figures})"
 
 
@@ -797,6 +792,6 @@ def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main
             c.clear()
         print()
         print(result.report())
-        print((how.wrote or _wrote)(paths, Path(args.out)))
+        print(wrote_tables(paths, Path(args.out)))
         if kept := kept_line(args.out):
             print(kept)

@@ -47,6 +47,21 @@ def test_overwrite_replaces_the_previous_runs_files_and_keeps_the_users(tiny_dir
 
 
 @pytest.mark.figures
+def test_the_last_line_names_every_file_but_the_figures(tiny_dir, text_file, tmp_path, capsys):
+    """The wrote line is computed from the paths a run saved: each table, summary and page by name,
+    the figures counted with their format; the reference is the folder's listing."""
+    out = tmp_path / "o"
+    assert _scan(tiny_dir, text_file, out, "--types", "induction", "--html") == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    files = [n for n in _names(out) if n != OUTPUTS_NAME]
+    figures = [n for n in files if n.endswith(".png")]
+    listed = line.partition("(")[2].partition(";")[0].split(", ")
+    assert line.startswith(f"wrote {len(files)} files to {out}/ (") and figures
+    assert sorted(listed) == sorted(set(files) - set(figures)) and "index.html" in listed
+    assert line.endswith(f"; {len(figures)} figure files, PNG)")
+
+
+@pytest.mark.figures
 def test_sigterm_while_writing_leaves_the_previous_run_whole(tiny_dir, text_file, tmp_path, capsys, monkeypatch):
     """Stopped after its table and before its figures, a ``--overwrite`` run leaves the folder as the
     previous run wrote it: its summary.json beside its own head_scores.csv, not another run's; the

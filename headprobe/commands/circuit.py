@@ -191,7 +191,7 @@ FLAGS = (
 
 
 def main(args: argparse.Namespace, config: CircuitConfig) -> int:
-    return options.run_command(args, config, options.Run("headprobe.commands.circuit_core", wrote=options.wrote_tables))
+    return options.run_command(args, config, options.Run("headprobe.commands.circuit_core"))
 
 
 COMMAND = Command(

@@ -242,7 +242,7 @@ FLAGS = (
 
 
 def main(args: argparse.Namespace, config: KVConfig) -> int:
-    return options.run_command(args, config, options.Run("headprobe.commands.kv_core", wrote=options.wrote_tables))
+    return options.run_command(args, config, options.Run("headprobe.commands.kv_core"))
 
 
 COMMAND = Command(

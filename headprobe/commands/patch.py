@@ -454,10 +454,7 @@ def main(args: argparse.Namespace, config: PatchConfig) -> int:
     """``headprobe patch``: config (the prompts file and --out checked before the model loads) ->
     run -> save -> print (:func:`headprobe.options.run_command`)."""
 
-    def wrote(paths, out):
-        return f"\nwrote {len(paths)} files to {out}/ ({paths[0].name}, summary.json, figures)"
-
-    return options.run_command(args, config, options.Run("headprobe.commands.patch", wrote=wrote))
+    return options.run_command(args, config, options.Run("headprobe.commands.patch"))
 
 
 __all__ = ["HELP", "COMMAND", "PatchConfig", "PatchResult", "run", "patch", "main"]

@@ -350,12 +350,6 @@ def main(args: argparse.Namespace, config: ScanConfig) -> int:
     """``headprobe scan``: the checked config (with --text and --out, before the model loads) -> run -> save -> print
     (:func:`headprobe.options.run_command`; torchrun shards the verification over the ranks)."""
 
-    def wrote(paths, out):
-        extras = (", patterns.npz" if (out / "patterns.npz") in paths else "") + (", index.html" if args.html else "")
-        formats = vocab.figure_formats()
-        figures = f"figures as {', '.join(f.upper() for f in formats)}" if formats else "no figures (--formats none)"
-        return f"\nwrote {len(paths)} files to {out}/ (head_scores.csv, summary.json, {figures}{extras})"
-
     def resumed(saved: dict) -> str:
         return f"{len(saved.get('verification', {}).get('losses', {}))} head sets already ablated"
 
@@ -367,7 +361,6 @@ def main(args: argparse.Namespace, config: ScanConfig) -> int:
             note=unreachable_note(config),
             resumed=resumed,
             sharded="verification",
-            wrote=wrote,
             save={"html": args.html, "progress": True},
         ),
     )
