@@ -571,7 +571,7 @@ def test_every_summary_has_the_common_envelope(name, run_command):
     assert {"model", "weights_precision", "device", "self_check", "config", "timings_s", "versions"} <= set(s), name
     assert "seconds" not in s and "train_seconds" not in s
     assert s["device"] == "cpu" and isinstance(s["config"], dict) and s["config"] and "python" in s["versions"]
-    assert s["device_name"] == device_name("cpu") and s["device_name"]
+    assert s["device_name"] == device_name("cpu") and s["device_name"] and s["tf32"] is None
     assert all(isinstance(v, (int, float)) and v >= 0 for v in s["timings_s"].values()) and s["timings_s"]
     assert ("load_s" in s["timings_s"]) == (name in LOADS_A_MODEL), s["timings_s"]
     if name in LOADS_A_MODEL or name == "train":  # one model: its name, precision and self-check
@@ -596,6 +596,7 @@ def test_the_envelope_is_built_in_one_place():
         "x",
         "device",
         "device_name",
+        "tf32",
         "self_check",
         "config",
         "timings_s",
@@ -604,6 +605,24 @@ def test_the_envelope_is_built_in_one_place():
     assert s["timings_s"] == {"load_s": 0.12}
     with pytest.raises(ValueError, match="model"):
         summary_envelope({"model": "other"}, **kw)
+
+
+def test_tf32_is_recorded_for_cuda_runs():
+    """summary.json's tf32: torch's flag for CUDA float32 matrix products where the run used CUDA
+    (off by default; on after set_float32_matmul_precision("high")), null elsewhere."""
+    from headprobe.probe.core.io import summary_envelope
+
+    kw = dict(model="m", precision="float32", self_check=None, config={}, timings_s={})
+    assert torch.backends.cuda.matmul.allow_tf32 is False  # torch's default
+    assert summary_envelope({}, device="cuda:0", **kw)["tf32"] is False
+    assert summary_envelope({}, device="cpu", **kw)["tf32"] is None
+    torch.set_float32_matmul_precision("high")
+    try:
+        assert summary_envelope({}, device="cuda:0, cuda:1, cpu (--device-map)", **kw)["tf32"] is True
+        assert summary_envelope({}, device=None, **kw)["tf32"] is None
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert torch.backends.cuda.matmul.allow_tf32 is False
 
 
 def test_device_name_is_the_gpu_on_cuda_and_the_cpu_else(monkeypatch):

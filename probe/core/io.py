@@ -314,7 +314,17 @@ class RunCheckpoint:
         return [cls(out, key, p.name) for p in sorted(Path(out).glob(CHECKPOINT_GLOB)) if p.is_file()]
 
 
-ENVELOPE_KEYS = ("model", "weights_precision", "device", "device_name", "self_check", "config", "timings_s", "versions")
+ENVELOPE_KEYS = (
+    "model",
+    "weights_precision",
+    "device",
+    "device_name",
+    "tf32",
+    "self_check",
+    "config",
+    "timings_s",
+    "versions",
+)
 """The keys every command's summary.json has (:func:`summary_envelope`)."""
 
 
@@ -330,7 +340,8 @@ def summary_envelope(
 ) -> dict:
     """A command's summary.json: ``body`` (the command's own keys) inside the envelope every command
     shares (:data:`ENVELOPE_KEYS`): ``model`` and ``weights_precision`` first, then ``body``, then
-    ``device`` (e.g. ``cuda:0``, ``cpu``), ``device_name`` (the hardware, :func:`device_name`), ``self_check``, ``config`` (a dataclass, as a dict), ``timings_s`` (seconds per
+    ``device`` (e.g. ``cuda:0``, ``cpu``), ``device_name`` (the hardware, :func:`device_name`), ``tf32``
+    (:func:`tf32`), ``self_check``, ``config`` (a dataclass, as a dict), ``timings_s`` (seconds per
     stage, rounded to 0.01 s; ``load_s`` wherever a model was loaded) and ``versions``
     (:func:`package_versions`). ``model`` and the others are None where a command has none of its
     own (an atlas of many models, a study of many trained ones).
@@ -349,6 +360,7 @@ def summary_envelope(
         **body,
         "device": device,
         "device_name": device_name(device),
+        "tf32": tf32(device),
         "self_check": self_check,
         "config": dataclasses.asdict(config)
         if dataclasses.is_dataclass(config) and not isinstance(config, type)
@@ -356,6 +368,18 @@ def summary_envelope(
         "timings_s": {k: round(float(v), 2) for k, v in timings_s.items()},
         "versions": package_versions(),
     }
+
+
+def tf32(device: str | None) -> bool | None:
+    """Whether a CUDA run's float32 matrix products were allowed TF32's 10-bit mantissa
+    (``torch.backends.cuda.matmul.allow_tf32``: off unless asked for, e.g. by
+    ``torch.set_float32_matmul_precision("high")``), so a summary says which float32 made its
+    numbers; None where ``device`` names no CUDA device."""
+    if device is None or "cuda" not in device:
+        return None
+    import torch
+
+    return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def device_name(device: str | None) -> str | None:
