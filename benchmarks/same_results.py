@@ -129,6 +129,16 @@ def compare_prune(a: Path, b: Path) -> tuple[bool, list[str]]:
     return equal, [*lines, f"same_results kind=prune equal={'yes' if equal else 'no'}"]
 
 
+def describe_run(d: Path) -> str:
+    """One line on what made a run: its device and hardware, dtype, TF32 and torch version (summary.json)."""
+    s = json.loads((d / "summary.json").read_text())
+    tf32 = {None: "", True: ", TF32 on", False: ", TF32 off"}[s.get("tf32")]
+    return (
+        f"{d}: {s.get('device')} ({s.get('device_name') or 'hardware not recorded'}), "
+        f"{s.get('config', {}).get('dtype', s.get('dtype'))}{tf32}, torch {s.get('versions', {}).get('torch')}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("kind", choices=("scan", "prune"))
@@ -144,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as err:  # a cut or foreign file: one line
         print(f"same_results: cannot read {args.a} and {args.b} as {args.kind} runs: {err!r}", file=sys.stderr)
         return 2
-    print("\n".join(lines))
+    print("\n".join([describe_run(args.a), describe_run(args.b), *lines]))
     return 0 if equal else 1
 
 

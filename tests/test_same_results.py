@@ -127,3 +127,20 @@ def test_a_cut_summary_or_a_missing_table_is_one_line(tmp_path, capsys):
     (b / "summary.json").write_text('{"confirmed": ')
     assert _same().main(["scan", str(DEMO), str(b)]) == 2
     assert capsys.readouterr().err.count("\n") == 2
+
+
+def test_each_run_is_described_by_its_device_dtype_and_tf32(tmp_path, capsys):
+    """The first two lines say what made each run, from its summary.json (a GPU run's name and TF32)."""
+    same = _same()
+    b = _copy(DEMO, tmp_path / "b", ("summary.json", "head_scores.csv"))
+
+    def on_gpu(s):
+        s.update(device="cuda:0", device_name="NVIDIA H200", tf32=False)
+        s["versions"]["torch"] = "2.11.0+cu130"
+
+    _edit_summary(b, on_gpu)
+    assert same.main(["scan", str(DEMO), str(b)]) == 0
+    first, second = capsys.readouterr().out.splitlines()[:2]
+    demo = json.loads((DEMO / "summary.json").read_text())
+    assert first.startswith(f"{DEMO}: {demo['device']} (") and f"torch {demo['versions']['torch']}" in first
+    assert second == f"{b}: cuda:0 (NVIDIA H200), float32, TF32 off, torch 2.11.0+cu130"
