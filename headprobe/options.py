@@ -384,10 +384,10 @@ def command_function(config_cls, run: Callable, name: str, summary: str, example
     ``preflight`` before a model named by a string loads), calls ``run(loaded, config,
     progress=progress)`` and records the load's seconds in the result's ``load_s`` where it has one.
 
-    The function gets ``__name__`` ``name``, ``__module__`` that of ``run``, a docstring opening with
-    ``summary`` (then the arguments, ``example`` among them, and the errors) and a ``__signature__``
-    listing every field of ``config_cls`` but ``model`` as a keyword with its default, so
-    ``help(headprobe.scan)`` and ``inspect.signature`` show the settings.
+    The function gets ``__name__`` ``name``, ``__module__`` that of ``run``, a ``__signature__``
+    listing every field of ``config_cls`` but ``model`` as a keyword with its type and default, so
+    ``help(headprobe.scan)`` and ``inspect.signature`` show the settings, and a docstring
+    (:func:`_command_doc`) opening with ``summary`` that documents each of them.
     """
     import dataclasses
     import inspect
@@ -402,41 +402,65 @@ def command_function(config_cls, run: Callable, name: str, summary: str, example
             out.load_s = load_s
         return out
 
+    def default(f):  # a field without a default is a required keyword
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        return inspect.Parameter.empty if f.default_factory is dataclasses.MISSING else f.default_factory()
+
     keyword = inspect.Parameter.KEYWORD_ONLY
-    fields = [
-        inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type)
-        for f in dataclasses.fields(config_cls)
-        if f.init and f.name != "model"
-    ]
+    fields = [f for f in dataclasses.fields(config_cls) if f.init and f.name != "model"]
     fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # what inspect.signature and help() read
         [
             inspect.Parameter(
                 "model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=DEFAULT_MODEL, annotation="str | LoadedModel"
             ),
             inspect.Parameter("progress", keyword, default=False, annotation="bool"),
-            *fields,
+            *[inspect.Parameter(f.name, keyword, default=default(f), annotation=f.type) for f in fields],
         ],
         return_annotation=result,
     )
     fn.__name__ = fn.__qualname__ = name
     fn.__module__ = run.__module__
-    fn.__doc__ = f"""{summary}: ``headprobe {name}`` as a function.
+    fn.__doc__ = _command_doc(config_cls, [f.name for f in fields], run, name, summary, example, result)
+    return fn
+
+
+def _command_doc(config_cls, fields: list[str], run: Callable, name: str, summary: str, example: str, result: str):
+    """The docstring of :func:`command_function`'s function (Google style): ``summary``, then one
+    argument per setting ``fields`` of ``config_cls``, documented by its flag and the flag's help
+    (:func:`headprobe.settings.field_help`), the result and the errors."""
+    from headprobe.settings import field_help, flag_names
+
+    flags = flag_names(config_cls)
+    meta = config_cls.__dataclass_fields__
+
+    def setting(field_name: str) -> str:
+        action, flag = meta[field_name].metadata.get("action"), flags.get(field_name)
+        value = {"store_false": "=False", "store_true": "=True"}.get(action or "", "")
+        via = f"``{flag}``" + (f" (``{field_name}{value}``)" if value else "")
+        text = field_help(config_cls, field_name) or f"a setting of :class:`{config_cls.__name__}`."
+        return f"        {field_name}: {via + ': ' if flag else ''}{text}"
+
+    settings_doc = "\n".join(setting(f) for f in fields)
+    return f"""{summary}: ``headprobe {name}`` as a function{f" (e.g. {example})" if example else ""}.
+
+    Every setting of :class:`{config_cls.__name__}` but ``model`` is a keyword argument (its
+    command-line flag is shown beside it); an unknown keyword is a ``TypeError`` naming the one meant.
 
     Args:
-        model: a model name or path (loaded as ``config_fields`` ask, after the config's checks and
+        model: a model name or path (loaded as the settings ask, after the config's checks and
             ``preflight``), or a :class:`~headprobe.probe.backends.base.LoadedModel` (used as given).
         progress: show progress bars.
-        **config_fields: any :class:`{config_cls.__name__}` field but ``model``{f" (e.g. {example})" if example else ""}.
+{settings_doc}
 
     Returns:
-        :class:`{result}`; ``result.save(out)`` writes the files ``headprobe {name}`` writes.
+        The result, :class:`{result}`: ``result.save(out)`` writes the files ``headprobe {name}`` writes.
 
     Raises:
         HeadprobeError: bad settings (before anything loads), the model cannot be loaded, or as
             :func:`{run.__module__}.run`.
-        TypeError: a field :class:`{config_cls.__name__}` does not have.
+        TypeError: a keyword that is not a setting of :class:`{config_cls.__name__}`.
     """
-    return fn
 
 
 def check_fields(

@@ -243,3 +243,10 @@ def test_layout_orders_blocks_titles_exclusive_groups_and_positionals():
     assert settings.from_args(_Flags, args) == _Flags(dir="d", a=3, c=2)
     with pytest.raises(KeyError):
         settings.add_flags(argparse.ArgumentParser(), _Flags, only=("nosuchfield",))
+
+
+def test_a_setting_without_a_default_is_a_required_keyword_of_the_function():
+    fn = getattr(headprobe, "import")  # ImportConfig.heads_file has no default
+    heads_file = inspect.signature(fn).parameters["heads_file"]
+    assert heads_file.kind is inspect.Parameter.KEYWORD_ONLY and heads_file.default is inspect.Parameter.empty
+    assert "heads_file: ``--heads-file``: " in fn.__doc__  # each setting documented by its flag and help
