@@ -9,7 +9,11 @@
   not follow), made when the build starts and removed when it ends.
 * :class:`PublicNames` gives the ``headprobe`` module its public names (``headprobe.scan``,
   ``headprobe.load_model``, ...), which ``headprobe/__init__.py`` makes on first use and a static
-  reader cannot see: each is an alias of the object the name returns, wherever that lives.
+  reader cannot see: each is an alias of the object the name returns, wherever that lives. A
+  command's function that :func:`headprobe.options.command_function` makes (``scan = command_function(
+  ScanConfig, run, ...)``) is, to a static reader, an attribute with no signature: it is replaced
+  by the function griffe inspects at run time (its ``__signature__``: every setting of the Config
+  with its type and default; its ``__doc__``), so the page shows what ``help(headprobe.scan)`` shows.
 """
 
 from __future__ import annotations
@@ -103,3 +107,24 @@ class PublicNames(griffe.Extension):
             obj = getattr(headprobe, name)
             target = f"{obj.__module__}.{obj.__qualname__}"
             pkg.set_member(name, griffe.Alias(name, target, parent=pkg))
+            _inspect_if_made(pkg, obj, loader)
+
+
+def _inspect_if_made(pkg: griffe.Module, obj, loader: griffe.GriffeLoader) -> None:
+    """Where the static reader saw ``obj`` (a function) as a module attribute (``scan =
+    command_function(...)``), put in its place the function as griffe inspects it at run time."""
+    module = pkg.modules_collection.get_member(obj.__module__)
+    static = module.members.get(obj.__qualname__)
+    if not callable(obj) or static is None or not static.is_attribute:
+        return
+    inspector = griffe.Inspector(
+        module.name,
+        filepath=None,
+        extensions=griffe.Extensions(),
+        docstring_parser=loader.docstring_parser,
+        docstring_options=loader.docstring_options,
+    )
+    inspector.current = module  # its annotations resolve in the module's names; the function lands there
+    inspector.inspect_function(griffe.ObjectNode(obj, obj.__qualname__))
+    function = module.members[obj.__qualname__]
+    function.lineno, function.endlineno = static.lineno, static.endlineno  # the assignment's place in the source

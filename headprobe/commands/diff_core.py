@@ -101,6 +101,8 @@ class DiffResult:
     load_s: float = 0.0
 
     def summary(self) -> dict:
+        """summary.json's content: model B and its precision, the layout, the paired test, per
+        quantity the significant and changed heads, the top-k sets and flipped roles, and the rules."""
         c = self.config
         return summary_envelope(
             {

@@ -48,6 +48,8 @@ class ExportResult:
     notes: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict:
+        """summary.json's content: the source (path, kind, identity), the files written and how each
+        was made, and the format and score exported."""
         return {
             "format": "headprobe-export",
             "version": 1,
