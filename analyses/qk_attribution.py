@@ -228,8 +228,8 @@ def qk_attribution(
         k_pos: the key position, ``k_pos <= q_pos`` for a decoder.
 
     Returns:
-        :class:`QKAttribution`; ``contributions.sum()`` equals the model's score to
-        :data:`IDENTITY_TOLERANCE` relative (checked).
+        The score's terms, one per pair of query and key component: ``contributions.sum()`` equals
+            the model's score to :data:`IDENTITY_TOLERANCE` relative (checked).
 
     Raises:
         HeadprobeError: bad head or positions, a masked key, the bridge, an encoder, or an identity that fails.

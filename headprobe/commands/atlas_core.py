@@ -270,6 +270,7 @@ def atlas(*, out: str | Path, overwrite: bool = False, progress: bool = False, *
     """``headprobe atlas`` as a function: :func:`run` on ``AtlasConfig(**config_fields)``.
 
     Raises:
-        HeadprobeError: as :func:`run`. TypeError: an unknown field.
+        HeadprobeError: as :func:`run`.
+        TypeError: an unknown field.
     """
     return run(AtlasConfig(**config_fields), out, overwrite=overwrite, progress=progress)

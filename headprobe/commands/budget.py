@@ -1335,7 +1335,8 @@ def budget(**fields_: Any) -> BudgetResult:
     :class:`BudgetResult`.
 
     Raises:
-        TypeError: an unknown keyword (naming the nearest one). HeadprobeError: see :func:`run`.
+        TypeError: an unknown keyword (naming the nearest one).
+        HeadprobeError: as :func:`run`.
     """
     from headprobe.options import check_fields
 

@@ -467,7 +467,8 @@ def load_model(
     max_memory: dict[int | str, int | str] | None = None,
     offload_dir: str | None = None,
 ) -> LoadedModel:
-    """Load ``name`` (see the module docstring) as a :class:`LoadedModel` on ``device``.
+    """Load ``name`` as a :class:`LoadedModel` on ``device``; a ``.gguf`` file's dequantized weights are
+    cached for the next load (the names it takes and the cache: docs/models.md).
 
     Args:
         name: ``smollm2-135m``, a Hugging Face name, a local model directory or a ``.gguf`` file.

@@ -289,10 +289,10 @@ def capture_heads(
     sorted(cap["pattern"]))`` (Hugging Face's ``output_attentions`` format).
 
     Returns:
-        ``{"pattern": {layer: [batch, head, q_pos, k_pos]}, "z": {layer: [batch, pos, head, d_head]},
-        "result": {layer: [batch, pos, head, d_model]}, "b_O": {layer: [d_model] or [batch, pos, d_model]},
-        "attn_out": {layer: [batch, pos, d_model]}}``. ``attn_out`` is what the attention block
-        adds to the residual stream (after the post-attention norm, where there is one).
+        Hook point -> layer -> tensor: ``pattern`` ``[batch, head, q_pos, k_pos]``, ``z``
+            ``[batch, pos, head, d_head]``, ``result`` ``[batch, pos, head, d_model]``, ``b_O``
+            ``[d_model]`` or ``[batch, pos, d_model]`` and ``attn_out`` ``[batch, pos, d_model]``, what
+            the attention block adds to the residual stream (after the post-attention norm, where there is one).
 
     Raises:
         HeadprobeError: the model's load-time self-check found that its per-head results do not
