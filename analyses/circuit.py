@@ -467,7 +467,8 @@ class EdgeScores:
     """Edge attribution of every head -> head (q/k/v) and head -> logits edge.
 
     Attributes:
-        method: ``eap`` or ``eap-ig``. steps: integration steps (1 for EAP).
+        method: ``eap`` or ``eap-ig``.
+        steps: integration steps (1 for EAP).
         head_scores: ``[input (q, k, v), layer_r, head_r, layer_s, head_s]`` float64, 0 where
             ``layer_s >= layer_r`` (no such edge); in the metric's units.
         logit_scores: ``[layer_s, head_s]``, edges into the logits.

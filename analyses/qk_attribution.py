@@ -47,10 +47,15 @@ class QKAttribution:
     """Outcome of :func:`qk_attribution`.
 
     Attributes:
-        layer, head, q_pos, k_pos: the head and the (query, key) pair.
-        q_labels, k_labels: component names, one per row / column of ``contributions``: ``embed``,
-            ``pos_embed``, ``L.H`` (a head's result), ``b_O L``, ``mlp L``, ``ln1 bias`` (the
-            pre-attention norm's bias), ``q bias`` / ``k bias`` (the projection's).
+        layer: the head's layer.
+        head: the head.
+        q_pos: the query position.
+        k_pos: the key position.
+        q_labels: component names, one per row of ``contributions``: ``embed``, ``pos_embed``,
+            ``L.H`` (a head's result), ``b_O L``, ``mlp L``, ``ln1 bias`` (the pre-attention
+            norm's bias), ``q bias`` (the projection's).
+        k_labels: component names, one per column of ``contributions``, as ``q_labels`` (``k bias``
+            for the key projection's).
         contributions: ``[n_q, n_k]`` float64, in score units (the pre-softmax logit ``scale * q . k``).
         score: the score the model computed (before any soft-cap: :func:`pre_cap_score`), float.
         identity_error: ``|contributions.sum() - score| / max(|score|, 1)`` (absolute below 1: a

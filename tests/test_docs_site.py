@@ -98,33 +98,53 @@ def _text_of(fragment: str) -> str:
     return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", fragment)))
 
 
-MERGED_KNOWN = {"headprobe.show"}
-"""Entries whose docstring still merges two errors into one row (headprobe/commands/show.py)."""
+def _object(path: str):
+    """The object an API page's heading id names (``headprobe.commands.scan_core.ScanResult``)."""
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):  # a method or attribute: its class is the owner that counts
+        return None
 
 
-def test_each_returns_and_raises_row_is_one_entry(site):
-    """One row per returned value (none of these functions returns a tuple) and per exception: a
-    description continued at the item's indent becomes rows of its own, and a second
-    ``Error: ...`` written on the same line stays inside the first's description."""
+MERGED_KNOWN = {"headprobe.show", "headprobe.commands.show.ShowResult"}
+"""Entries whose docstring still puts two items on one line (headprobe/commands/show.py)."""
+
+
+def test_each_docstring_table_row_is_one_entry(site):
+    """One row per returned value (none of these functions returns a tuple), per exception and per
+    attribute: a description continued at the item's indent becomes rows of its own, a second
+    ``name: ...`` written on the same line stays inside the first's description, and ``a, b: ...``
+    is read as name ``a,`` of type ``b``."""
     source = (site / "docs" / "api.html").read_text(encoding="utf-8")
     sections = re.finditer(
-        r'<h[2-4] id="([^"]+)"|<span class="doc-section-title">(Returns|Raises):</span></p>\s*<table>(.*?)</table>',
+        r'<h[2-4] id="([^"]+)"|<span class="doc-section-title">(Returns|Raises|Attributes):</span></p>\s*'
+        r"<table>.*?<tbody>(.*?)</tbody>",
         source,
         re.S,
     )
-    owner, seen = "", 0
+    owner, seen = "", set()
     for m in sections:
         if m.group(1):
             owner = m.group(1)
             continue
-        rows = [_text_of(r).strip() for r in re.findall(r"<tbody>(.*?)</tbody>", m.group(3), re.S)[0].split("</tr>")]
+        rows = [
+            [_text_of(c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", r, re.S)]
+            for r in m.group(3).split("</tr>")
+        ]
         rows = [r for r in rows if r]
-        seen += 1
+        seen.add(m.group(2))
         if m.group(2) == "Returns":
             assert len(rows) == 1, (owner, rows)
-        if owner not in MERGED_KNOWN:
-            assert not any(re.search(r"\. [A-Z]\w*(Error|Exception): ", r) for r in rows), (owner, rows)
-    assert seen > 20
+        if owner in MERGED_KNOWN:
+            continue
+        names = {r[0] for r in rows} | set(getattr(_object(owner), "__dataclass_fields__", ()))
+        for row in rows:
+            assert not row[0].endswith(","), (owner, row)  # ``a, b: ...``
+            merged = re.findall(r"[.;] (\w+): ", row[-1])  # ``a: ... . b: ...``, b an entry of its own
+            assert not [w for w in merged if w in names or w.endswith(("Error", "Exception"))], (owner, row)
+            assert not re.search(r"\. [A-Z]\w*(Error|Exception): ", row[-1]), (owner, row)
+    assert seen == {"Returns", "Raises", "Attributes"}
 
 
 def test_the_site_can_be_browsed_from_disk(site):

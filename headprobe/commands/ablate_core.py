@@ -205,9 +205,12 @@ class AblateResult:
             ``<task>_importance``, ``<task>_attribution``, ``induction_score``).
         tasks: task (:data:`~headprobe.analyses.columns.TASKS`: ``natural``, ``repeated``) -> :class:`TaskResult`.
         induction_score: ``[layer, head]`` prefix-matching score on the repeated task's tokens.
-        natural, repeated: the token sets (natural: both halves).
-        device: where the model ran. self_check: the model's load-time self-check.
-        run_s: seconds of :func:`run`; load_s: seconds loading the model (set by the caller that loaded it).
+        natural: the natural-text token set (both halves).
+        repeated: the repeated-random token set.
+        device: where the model ran.
+        self_check: the model's load-time self-check.
+        run_s: seconds of :func:`run`.
+        load_s: seconds loading the model (set by the caller that loaded it).
         swept: head ablations this run computed (both tasks, all ranks; the rest came from a checkpoint).
         ranks: processes the sweep was sharded over (1 without torchrun).
     """

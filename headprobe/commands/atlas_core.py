@@ -51,7 +51,8 @@ class AtlasResult:
         models: label -> ``{"model", "family", "step", "dir", "status", "timings_s"}`` (``status``:
             ``scanned``, ``resumed`` or ``failed``; failed ones also have ``error``, one line;
             ``timings_s``: ``scan_s``, the model's scan).
-        out: the output directory. seconds: the whole run's.
+        out: the output directory.
+        seconds: the whole run's.
         rules: the :class:`~headprobe.analyses.verdicts.VerdictRule` of each scan with verdicts.
     """
 

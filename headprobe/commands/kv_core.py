@@ -28,19 +28,26 @@ class KVResult:
     """A finished ``headprobe kv`` run.
 
     Attributes:
-        config: the settings. spec: the model's spec. layout: its attention layout (bytes per
-            element of its dtype). policy: the chosen :class:`~headprobe.probe.layout.attention.KVPolicy`.
+        config: the settings.
+        spec: the model's spec.
+        layout: its attention layout (bytes per element of its dtype).
+        policy: the chosen :class:`~headprobe.probe.layout.attention.KVPolicy`.
         policy_cost: :func:`~headprobe.probe.layout.cost.policy_cost` of the policy at ``seq_len``.
-        costs: :class:`~headprobe.analyses.kvpolicy.GroupCosts`. full, chosen: :class:`Quality`
-            of the full cache and of the policy. comparison: curve rows at the policy's memory.
+        costs: :class:`~headprobe.analyses.kvpolicy.GroupCosts`.
+        full: :class:`Quality` of the full cache.
+        chosen: :class:`Quality` of the policy.
+        comparison: curve rows at the policy's memory.
         curve: the quality-memory rows (:func:`~headprobe.analyses.kvpolicy.curve_row`).
         cache_check: the native model's allocated StreamingKVCache bytes against the formula, and
             (``loss``) the chosen policy's natural-text loss against the backend's own scoring.
         candidates: the groups whose streaming changes attention
             (:func:`~headprobe.analyses.kvpolicy.streaming_candidates`); the others, on sliding layers
             no wider than the window, are full (their window) in every policy.
-        sources: where the token sets came from. seconds: the run's; device, self_check: the
-            model's; load_s: the model's load (set by the caller that loaded it).
+        sources: where the token sets came from.
+        seconds: the run's.
+        device: where the model ran.
+        self_check: the model's load-time self-check.
+        load_s: the model's load (set by the caller that loaded it).
     """
 
     config: KVConfig

@@ -63,14 +63,17 @@ class PruneResult:
             fraction_pruned, natural_loss, repeated_loss, lambda, expected_open, margin, removed``;
             ``seed`` for random only, ``lambda`` and ``expected_open`` for l0 only, ``margin`` for
             michel only: :func:`~headprobe.analyses.pruning.least_important_cut`).
-        score_shape, natural_shape: ``[batch, pos]`` of the scoring and held-out natural-text sets.
+        score_shape: ``[batch, pos]`` of the scoring set.
+        natural_shape: ``[batch, pos]`` of the held-out natural-text set.
         repeated: the repeated task's token set.
-        device: where the model ran. self_check: the model's load-time self-check.
+        device: where the model ran.
+        self_check: the model's load-time self-check.
         per_layer: rows of :func:`headprobe.analyses.pruning.per_layer_best_head` (``per_layer``) or None.
         pruned: the pruned :class:`~headprobe.probe.model.transformer.Transformer` (``save_pruned``) or None.
         pruned_info: its checks and timings (see :func:`headprobe.analyses.pruning.build_pruned`) or None.
         tokenizer: the model's tokenizer (saved with the pruned model).
-        run_s: seconds of :func:`run`; load_s: seconds loading the model (set by the caller that loaded it).
+        run_s: seconds of :func:`run`.
+        load_s: seconds loading the model (set by the caller that loaded it).
         method_s: seconds each method took (this process; 0 for curves resumed from a checkpoint).
     """
 

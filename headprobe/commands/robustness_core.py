@@ -144,11 +144,13 @@ class RobustnessResult:
     """What ``headprobe robustness`` found.
 
     Attributes:
-        config: the settings, model-dependent defaults filled in. spec: the model's ModelSpec.
+        config: the settings, model-dependent defaults filled in.
+        spec: the model's ModelSpec.
         outcomes: one :class:`Outcome` per condition, the base first.
         table: robustness.csv, one row per (type, head in any condition's top-k set).
         types: type -> ``{"conditions", "mean_jaccard", "verdict_holds_everywhere", ...}``.
-        notes: conditions left out and why. timings: seconds of the run (``run_s``).
+        notes: conditions left out and why.
+        timings: seconds of the run (``run_s``).
         load_s: seconds spent loading the model (set by the caller that loaded it).
     """
 

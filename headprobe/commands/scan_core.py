@@ -58,12 +58,14 @@ class ScanResult:
         scores: column -> ``[layer, head]`` array (the selected types' columns).
         verifications: one :class:`~headprobe.analyses.ablation.Verification` per selected type and ablation kind.
         clean_loss: task (``natural``, ``repeated``) -> loss with no head ablated.
-        natural, repeated: the token sets scored.
+        natural: the natural-text token set scored.
+        repeated: the repeated-random token set scored.
         examples: head type -> ``{"head", "pattern", "labels", "positions", ...}``, its top head's pattern on a
             short example (a repeated sequence longer than 28 tokens: the window around the repeat's start,
             :func:`~headprobe.analyses.scoring.example_patterns`).
         timings: seconds per stage (``score_s``, ``ablate_s``, the plan's estimate).
-        device, dtype: where and in which precision the model ran.
+        device: where the model ran.
+        dtype: the precision the model ran in.
         self_check: the model's load-time self-check (:meth:`SelfCheck.to_dict`).
         warnings: why a task's numbers cannot carry verdicts (unknown text, loss above ln(vocabulary)), one line each.
         score_ci95: column -> ``[2, layer, head]`` 95% t interval over sequences (columns that are a
