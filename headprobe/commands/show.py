@@ -42,7 +42,7 @@ first :data:`MAX_TOKENS` tokens (a causal model's pattern on a prefix is that co
 @dataclass(frozen=True)
 class ShowConfig(ModelSettings):
     """Settings of ``headprobe show``: the shared :class:`~headprobe.settings.ModelSettings` (how
-    the model is loaded, :func:`headprobe.options.load_model_as`) composed, and these (keyword-only).
+    the model is loaded, :func:`headprobe.options.load_model`) composed, and these (keyword-only).
 
     Attributes:
         head: ``layer.head`` (or ``L5H1``), checked against the model once it is loaded.
