@@ -635,11 +635,14 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
     k = rows[0]["k"]
     rule = rule or VerdictRule.from_rows(rows, design.get("verdict_rule"))
     n = design.get("family_size")
+    tested = [r for r in rows if r.get("tested")]
+    early = sum(r.get("stop_reason") not in (None, "ran to the end") for r in tested)
     lines = [
         f"Ablation check: the top-{k} heads of each head type against random control sets of {k} heads "
         f"({design.get('control')}, drawn outside every top-{k} set of the task), {design.get('primary_kind')} "
-        f"ablation tested, at most {design.get('max_draws')} sets per test, stopped once the verdict was settled "
-        f"(Besag & Clifford 1991); {n} test{'' if n == 1 else 's'}"
+        f"ablation tested, at most {design.get('max_draws')} sets per test; a test stops early only once it "
+        f"cannot be significant (Besag & Clifford 1991): {early} of {len(tested)} did, the others ran all their "
+        f"sets; {n} test{'' if n == 1 else 's'}"
         + (f". CONFIRMED: {rule.condition()}" if rule is not None else "")
         + ". Effects in nats/token (loss increase) unless stated."
     ]

@@ -433,6 +433,13 @@ def test_the_ablation_figure_and_caption_state_the_whole_confirmation_rule():
         },
     )
     assert "alpha = 0.1, and the top-k effect >= 0.07 (nats/token) and >= 2x the mean effect" in caption, caption
+    # how many tests stopped early is counted from the rows (it said "stopped once settled" of tests that ran all)
+    rows = [
+        {**row, "stop_reason": reason, "head_type": t}
+        for t, reason in (("a", "ran to the end"), ("b", "settled above alpha"), ("c", "futile under the correction"))
+    ]
+    caption = figs.ablation_caption([*rows, {**row, "tested": False, "stop_reason": None}], {"max_draws": 2})
+    assert "2 of 3 did, the others ran all their sets" in caption, caption
 
 
 def test_dollar_signs_in_tokens_and_titles_are_drawn_as_written(tmp_path):
