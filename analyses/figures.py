@@ -191,15 +191,19 @@ def _head_step(n_heads: int, width_in: float) -> int:
 
 def _head_axes(ax, n_layers: int, n_heads: int, group_size: int | None, width_in: float | None = None) -> None:
     """Label a layer x head heatmap's axes; ``width_in``: the axes' width in inches (default: its
-    position before layout), which sets how many head ticks fit (:func:`_head_step`)."""
-    ax.set_xlabel("head")
+    position before layout), which sets how many head ticks fit (:func:`_head_step`). With
+    ``group_size`` query heads per key/value head (GQA, MQA), white lines part the groups and the
+    axis label says so, for a figure that travels without its caption."""
+    grouped = bool(group_size and 1 < group_size < n_heads)
+    ax.set_xlabel(f"head ({group_size} per KV head)" if grouped else "head")
     ax.set_ylabel("layer")
     if width_in is None:
         width_in = ax.get_position().width * ax.figure.get_figwidth() * 0.8  # the colour bar takes some later
     ax.set_xticks(range(0, n_heads, _head_step(n_heads, width_in)))
     step = 1 if n_layers <= 16 else 2
     ax.set_yticks(range(0, n_layers, step))
-    if group_size and 1 < group_size < n_heads:
+    if grouped:
+        assert group_size is not None  # grouped says so
         for g in range(group_size, n_heads, group_size):
             ax.axvline(g - 0.5, color="white", lw=0.8)
 
@@ -358,6 +362,12 @@ def _heat_legend(ax, masked: bool, missing: bool, mask_label: str, n_layers: int
     )
 
 
+OVERVIEW_SCORE_LABEL = (
+    "score in [0, 1]: attention on each type's target keys\n(positional: share of queries at one offset)"
+)
+"""The overview's colour bar: one bar for several scores, each a share of attention (docs/scan.md)."""
+
+
 @_styled
 def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | None, suptitle: str) -> Figure:
     """Layer x head heatmaps of several scores in [0, 1] side by side (page width), one shared
@@ -375,7 +385,7 @@ def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | 
         if i:
             ax.set_ylabel("")
         ax.set_title(title)
-    fig.colorbar(im, ax=list(axes), shrink=0.8, pad=0.01).set_label("score")
+    fig.colorbar(im, ax=list(axes), shrink=0.8, pad=0.01).set_label(OVERVIEW_SCORE_LABEL)
     fig.suptitle(suptitle)
     return fig
 
@@ -635,11 +645,14 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
     k = rows[0]["k"]
     rule = rule or VerdictRule.from_rows(rows, design.get("verdict_rule"))
     n = design.get("family_size")
+    tested = [r for r in rows if r.get("tested")]
+    early = sum(r.get("stop_reason") not in (None, "ran to the end") for r in tested)
     lines = [
         f"Ablation check: the top-{k} heads of each head type against random control sets of {k} heads "
         f"({design.get('control')}, drawn outside every top-{k} set of the task), {design.get('primary_kind')} "
-        f"ablation tested, at most {design.get('max_draws')} sets per test, stopped once the verdict was settled "
-        f"(Besag & Clifford 1991); {n} test{'' if n == 1 else 's'}"
+        f"ablation tested, at most {design.get('max_draws')} sets per test; a test stops early only once it "
+        f"cannot be significant (Besag & Clifford 1991): {early} of {len(tested)} did, the others ran all their "
+        f"sets; {n} test{'' if n == 1 else 's'}"
         + (f". CONFIRMED: {rule.condition()}" if rule is not None else "")
         + ". Effects in nats/token (loss increase) unless stated."
     ]

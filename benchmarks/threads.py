@@ -50,9 +50,9 @@ def main() -> None:
     os.environ.pop("OMP_NUM_THREADS", None)  # the default rule must sample, not read the variable
     import torch
 
-    from headprobe.options import choose_threads, load_model_as
+    from headprobe.options import choose_threads, load_model
 
-    model = load_model_as(args.model, device="cpu")
+    model = load_model(args.model, device="cpu")
     spec = model.spec
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(10, 1000, (args.n_seqs, args.seq_len), generator=g)

@@ -50,7 +50,7 @@ _EXPORTS = {
     "path_patch": ("headprobe.analyses.circuit", "path_patch"),
     "edge_attribution": ("headprobe.analyses.circuit", "edge_attribution"),
     "qk_attribution": ("headprobe.analyses.qk_attribution", "qk_attribution"),
-    "load_model": ("headprobe.probe.backends.loading", "load_model"),
+    "load_model": ("headprobe.options", "load_model"),
     "wrap": ("headprobe.probe.backends.loading", "wrap_model"),
     "LoadedModel": ("headprobe.probe.backends.loading", "LoadedModel"),
     "capture_heads": ("headprobe.probe.hooks.capture", "capture_heads"),

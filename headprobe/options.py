@@ -1,5 +1,5 @@
 """What the commands share above the settings: loading a model as the settings ask
-(:func:`load_model_as`, :func:`load_for`), the one runner of a command (:func:`run_command`), the
+(:func:`load_model`, :func:`load_for`), the one runner of a command (:func:`run_command`), the
 one maker of a command's Python function (:func:`command_function`), and the flag blocks of
 :class:`ModelRunConfig` (:func:`model_run_flags`). The settings themselves and the
 flag generator are :mod:`headprobe.settings` (re-exported here under their old names). Nothing
@@ -185,34 +185,46 @@ def check_model(model: str) -> None:
     check(model)
 
 
-def load_model_as(
-    name: str,
+def load_model(
+    name: str = DEFAULT_MODEL,
     *,
     device: str = "auto",
     dtype: str = "float32",
     backend: str = "auto",
     prepend_bos: bool = True,
-    device_map: str | None = None,
+    quiet: bool = False,
+    device_map: str | dict | None = None,
     max_memory: dict | str | None = None,
+    offload_dir: str | None = None,
 ):
-    """Load ``name`` the way every command's ``--model --device --dtype --backend`` ask for: a
-    :class:`~headprobe.probe.backends.loading.LoadedModel` on ``device`` (``auto``: cuda when present),
-    its weights cast to ``dtype`` (a :data:`DTYPES` name or alias) after the float32 load-time
-    self-check. The load prints its one progress line on stderr
-    (:func:`headprobe.probe.backends.loading.load_model`).
+    """Load ``name`` as every command's ``--model --device --dtype --backend`` flags do
+    (``headprobe.load_model``): a :class:`~headprobe.probe.backends.loading.LoadedModel` that has
+    run its float32 load-time self-check.
 
-    Half precision: weights and activations in ``dtype``; attention scores and softmax, losses
-    and importance scores in float32; rotary frequencies float32 (docs/engine.md, "Precision").
-
-    ``device_map`` (a :data:`DEVICE_MAPS` strategy; ``max_memory`` a dict or ``--max-memory``'s
-    text): the model is read, self-checked and cast on the CPU, then split over the devices
-    (:mod:`headprobe.probe.backends.devicemap`); ``device`` must be ``auto`` or ``cpu``.
+    Args:
+        name: ``smollm2-135m`` (the default, offline), a Hugging Face name, a local model
+            directory or a ``.gguf`` file (:func:`headprobe.probe.backends.loading.load_model`).
+        device: ``auto`` (CUDA when present, as the commands), ``cuda``, ``cuda:N`` or ``cpu``.
+        dtype: the weights' dtype after the self-check: ``float32``, ``bfloat16`` or ``float16``
+            (or an alias, :data:`DTYPES`). Half precision: weights and activations in ``dtype``;
+            attention scores and softmax, losses and importance scores in float32; rotary
+            frequencies float32 (docs/engine.md, "Precision").
+        backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``.
+        prepend_bos: put the tokenizer's BOS token in front of every sequence (once).
+        quiet: print no progress line (by default one line per long phase goes to stderr).
+        device_map: split the model over GPUs, CPU memory and disk with accelerate: a
+            :data:`DEVICE_MAPS` strategy or (native only) ``{piece: device}``
+            (:mod:`headprobe.probe.backends.devicemap`); the model is read, self-checked and cast
+            on the CPU, then split; ``device`` must be ``auto`` or ``cpu``.
+        max_memory: per device for a ``device_map`` strategy: a dict (bytes or sizes such as
+            ``"2GiB"``, keys GPU indices, ``cpu``, ``disk``) or ``--max-memory``'s text.
+        offload_dir: folder for the pieces mapped to ``disk`` (default: a temporary directory).
 
     Raises:
         HeadprobeError: ``cuda`` asked for but absent, an unknown dtype, ``float16`` on a
             backend without ``half_precision`` (:data:`FLOAT16_BRIDGE`), a bad ``max_memory``, a
             ``device_map`` with ``device`` ``cuda`` or, in half precision, on a backend without
-            ``splits_after_load``, or the model cannot be loaded.
+            ``splits_after_load``, or the model cannot be loaded (one line each).
     """
     import torch
 
@@ -243,8 +255,10 @@ def load_model_as(
         device=device,
         prepend_bos=prepend_bos,
         backend=backend,
+        quiet=quiet,
         device_map=None if split_later else device_map,
         max_memory=None if split_later else max_memory,
+        offload_dir=offload_dir,
     )
     if dtype == "float16" and not model.half_precision:
         raise model.lacks("half_precision", f"{model.architecture}: {FLOAT16_BRIDGE}")
@@ -323,7 +337,7 @@ def set_threads(requested: int | None = None) -> str:
 
 def load_for(config):
     """Load ``config.model`` as a command's config asks (its ``device``, ``dtype``, ``backend`` and,
-    where it has one, ``prepend_bos``); see :func:`load_model_as`. Sets torch's CPU threads first
+    where it has one, ``prepend_bos``); see :func:`load_model`. Sets torch's CPU threads first
     (``config.threads``, :func:`set_threads`); the words for it are the model's ``threads_note``. States the
     process's working-memory budget (``config.memory_budget``, :func:`headprobe.probe.core.memory.set_budget`)."""
     from headprobe.probe.core import memory
@@ -336,7 +350,7 @@ def load_for(config):
 
 
 def _load_for(config):
-    return load_model_as(
+    return load_model(
         config.model,
         device=config.device,
         dtype=config.dtype,

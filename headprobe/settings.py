@@ -339,7 +339,7 @@ MODEL_HELP = (
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """Which model a command runs and how it is loaded (:func:`headprobe.options.load_model_as`).
+    """Which model a command runs and how it is loaded (:func:`headprobe.options.load_model`).
     Invalid values raise :class:`~headprobe.probe.core.errors.HeadprobeError` when the config is made
     (:func:`check_settings`). Every field's help is its documentation (``--help``)."""
 
@@ -459,14 +459,14 @@ OUTPUT = Flags(OutputSettings)
 """The flags of :class:`OutputSettings` (``--out --overwrite --formats``), a block of a command's layout."""
 
 
-def check_device_map(device: str | None, device_map: str | None, max_memory: dict | str | None) -> None:
+def check_device_map(device: str | None, device_map: str | dict | None, max_memory: dict | str | None) -> None:
     """``--device-map`` among :data:`DEVICE_MAPS`, ``--max-memory`` only with it, and ``--device``
     left at ``auto`` (or ``cpu``) with it: the map places the model itself.
 
     Raises:
         HeadprobeError: one line naming the flag.
     """
-    if device_map is not None and device_map not in DEVICE_MAPS:
+    if isinstance(device_map, str) and device_map not in DEVICE_MAPS:  # a dict: a hand map, checked on dispatch
         raise HeadprobeError(f"--device-map {device_map!r} is not one of {', '.join(DEVICE_MAPS)}")
     if max_memory is not None and device_map is None:
         raise HeadprobeError("--max-memory needs --device-map (auto, balanced or sequential)")

@@ -142,9 +142,9 @@ def command(name: str, row: Row, model=None, **fields):
 
 def load(row: Row, **kw):
     """``--model DIR --device cpu --backend B`` plus ``kw`` (``dtype``, ``device_map``, ``max_memory``), as the commands load."""
-    from headprobe.options import load_model_as
+    from headprobe.options import load_model
 
-    return load_model_as(str(row.dir), device=kw.pop("device", "cpu"), backend=row.backend, **kw)
+    return load_model(str(row.dir), device=kw.pop("device", "cpu"), backend=row.backend, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,14 +234,14 @@ def feature_prune(row: Row) -> Cell:
 
 def _reloaded(row: Row, result) -> Cell:
     from headprobe.commands.prune_core import run_names
-    from headprobe.options import load_model_as
+    from headprobe.options import load_model
 
     out = result.saved_in
     spec = result.spec
     n = round(result.config.save_fraction * spec.n_layers * spec.n_heads)
     keep = result.runs[run_names(result.config)[0]].keep_mask_after(n, spec.n_layers, spec.n_heads)
     with contextlib.redirect_stderr(io.StringIO()):
-        again = load_model_as(str(next(out.glob("pruned*"))), device="cpu")
+        again = load_model(str(next(out.glob("pruned*"))), device="cpu")
     x = tokens(row)
     with torch.no_grad():
         masked = row.model.forward(x, head_mask=keep.to(torch.float32))

@@ -374,3 +374,26 @@ def test_a_flags_spelling_names_its_setting(keyword, said):
     ]
     with pytest.raises(TypeError, match=rf"scan\(\) got an unknown setting '{keyword}'; {said} \(settings:"):
         headprobe.scan("smollm2-135m", **{keyword: True})
+
+
+def test_load_model_has_the_commands_defaults_and_takes_their_dtype(tiny_dir, monkeypatch):
+    """``headprobe.load_model`` loads as the commands' flags do: its device, dtype and backend
+    defaults are every model config's (``--device auto``: CUDA when present; it was ``cpu``), and it
+    takes ``dtype`` (a TypeError before), cast after the float32 self-check."""
+    import inspect
+
+    import torch
+
+    from headprobe.commands.scan import ScanConfig
+    from headprobe.probe.backends import loading
+
+    params = inspect.signature(headprobe.load_model).parameters
+    defaults = {f.name: f.default for f in dataclasses.fields(ScanConfig)}
+    for name in ("device", "dtype", "backend", "prepend_bos", "device_map", "max_memory"):
+        assert params[name].default == defaults[name], name
+    asked = []
+    real = loading.device_auto
+    monkeypatch.setattr(loading, "device_auto", lambda d: asked.append(d) or real(d))
+    model = headprobe.load_model(str(tiny_dir), dtype="bf16", quiet=True)
+    assert asked == ["auto"] and model.dtype == torch.bfloat16 and model.self_check.dtype == "float32"
+    assert str(model.device) == ("cuda:0" if torch.cuda.is_available() else "cpu")

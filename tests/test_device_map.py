@@ -96,12 +96,12 @@ def test_scan_scores_equal_unsplit(split, whole):
 
 
 def test_auto_and_half_precision_split(tiny_dir):
-    """``auto`` on a CPU-only budget and a bfloat16 model, cast before the split (load_model_as)."""
-    from headprobe.options import load_model_as
+    """``auto`` on a CPU-only budget and a bfloat16 model, cast before the split (load_model)."""
+    from headprobe.options import load_model
 
     kw = dict(device="auto", dtype="bfloat16", backend="native")
-    a = load_model_as(str(tiny_dir), device_map="auto", max_memory="cpu=100KB", **kw)  # bfloat16: half the bytes
-    b = load_model_as(str(tiny_dir), **kw)
+    a = load_model(str(tiny_dir), device_map="auto", max_memory="cpu=100KB", **kw)  # bfloat16: half the bytes
+    b = load_model(str(tiny_dir), **kw)
     assert a.device_map == SPLIT and a.dtype == torch.bfloat16
     tokens = torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(2))
     assert torch.equal(a.forward(tokens), b.forward(tokens))
@@ -123,7 +123,7 @@ def test_hand_map_and_everything_on_disk_but_the_embedding(tiny_dir, whole):
             "a device map given by hand names the native model's pieces",
         ),
         (dict(max_memory={"cpu": "1GB"}), "--max-memory needs --device-map"),
-        (dict(device_map="everywhere"), "unknown device map"),
+        (dict(device_map="everywhere"), "is not one of auto, balanced, sequential"),
         (dict(device_map="sequential", max_memory={"cpu": "10KB"}), "do not fit"),
         (dict(device_map="sequential", max_memory={"cpu": "1XB"}), "--max-memory"),
         (dict(device_map={**SPLIT, "unembed": "disk"}), "together on one device that is not disk"),
@@ -201,13 +201,13 @@ def test_parse_max_memory():
 
 
 def test_bridge_half_precision_split_refused_before_loading(tiny_dir, monkeypatch):
-    from headprobe.options import load_model_as
+    from headprobe.options import load_model
     from headprobe.probe.backends import loading
     from headprobe.probe.core.errors import HeadprobeError
 
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(HeadprobeError, match="loads float32 only"):
-        load_model_as(str(tiny_dir), backend="transformer-lens", device_map="auto", dtype="bfloat16")
+        load_model(str(tiny_dir), backend="transformer-lens", device_map="auto", dtype="bfloat16")
 
 
 def test_cli_ablate_split_writes_the_unsplit_table(tiny_dir, text_file, tmp_path, capsys):

@@ -433,6 +433,13 @@ def test_the_ablation_figure_and_caption_state_the_whole_confirmation_rule():
         },
     )
     assert "alpha = 0.1, and the top-k effect >= 0.07 (nats/token) and >= 2x the mean effect" in caption, caption
+    # how many tests stopped early is counted from the rows (it said "stopped once settled" of tests that ran all)
+    rows = [
+        {**row, "stop_reason": reason, "head_type": t}
+        for t, reason in (("a", "ran to the end"), ("b", "settled above alpha"), ("c", "futile under the correction"))
+    ]
+    caption = figs.ablation_caption([*rows, {**row, "tested": False, "stop_reason": None}], {"max_draws": 2})
+    assert "2 of 3 did, the others ran all their sets" in caption, caption
 
 
 def test_dollar_signs_in_tokens_and_titles_are_drawn_as_written(tmp_path):
@@ -505,3 +512,16 @@ def test_the_pruning_panels_y_labels_never_meet():
             assert panel.y0 <= label.y0 and label.y1 <= panel.y1, (label, panel)
         assert all(a.y0 > b.y1 for a, b in zip(labels, labels[1:])), labels  # top to bottom, apart
         assert all(_inside(fig, ax.yaxis.label) for ax in fig.axes)
+
+
+def test_grouped_heads_are_explained_on_the_axis():
+    """The white lines between GQA groups were explained nowhere in the figure: the head axis says
+    how many query heads share a key/value head, one line per group boundary; MHA says plain "head"."""
+    from matplotlib.lines import Line2D
+
+    for group, label, lines in ((3, "head (3 per KV head)", 2), (None, "head", 0), (9, "head", 0)):  # 9: MQA, one group
+        ax = figs.head_heatmap(np.zeros((4, 9)), "t", "s", group_size=group).axes[0]
+        white = [ln for ln in ax.get_lines() if isinstance(ln, Line2D) and ln.get_color() == "white"]
+        assert ax.get_xlabel() == label and len(white) == lines, (group, ax.get_xlabel(), len(white))
+    overview = figs.scores_overview([("a", np.zeros((4, 9))), ("b", np.zeros((4, 9)))], 3, "t")
+    assert overview.axes[-1].get_ylabel() == figs.OVERVIEW_SCORE_LABEL  # the colour bar's, not a bare "score"

@@ -1,7 +1,8 @@
 """The notebooks of docs/notebooks/ run top to bottom (a failing cell fails the test), at tiny settings:
 ``HEADPROBE_NOTEBOOK_TINY=1`` switches each to the toy model ``figures/train-default`` and a few
 sequences. Executed with nbclient in a fresh kernel of this interpreter; nothing is written back (the
-committed notebooks keep the outputs of their real settings; README, "Documentation site")."""
+committed notebooks keep the outputs of their real settings, which
+:func:`test_committed_outputs_are_the_real_settings` checks from their JSON; README, "Documentation site")."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from nbclient.exceptions import CellExecutionError
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "docs" / "notebooks").glob("*.ipynb"))
+TINY_MODEL = "figures/train-default"  # each notebook prints its model's name first: this at tiny settings
+REAL_MODEL = "smollm2-135m"  # and this at its real settings
 
 
 def execute(path: Path, tiny: bool = True) -> nbformat.NotebookNode:
@@ -31,6 +34,19 @@ def execute(path: Path, tiny: bool = True) -> nbformat.NotebookNode:
     return nb
 
 
+def output_text(cell: nbformat.NotebookNode) -> str:
+    """The text a code cell's outputs show: streams, plain-text results and tracebacks."""
+    parts = []
+    for o in cell.get("outputs", []):
+        if o.output_type == "stream":
+            parts.append(o.text)
+        elif o.output_type in ("execute_result", "display_data"):
+            parts.append(o.data.get("text/plain", ""))
+        elif o.output_type == "error":
+            parts.append("\n".join(o.traceback))
+    return "".join(parts)
+
+
 def test_the_three_notebooks_are_there():
     assert [p.name for p in NOTEBOOKS] == ["induction_heads.ipynb", "kv_policy.ipynb", "pruning_study.ipynb"]
 
@@ -42,6 +58,22 @@ def test_notebook_runs(path):
         o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", []) if o.output_type == "error"
     ]
     assert not errors
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert TINY_MODEL in output_text(code[0])  # what test_committed_outputs_are_the_real_settings looks for
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_committed_outputs_are_the_real_settings(path):
+    """The committed notebook (the docs site shows it as is, README says its outputs are SmolLM2-135M's)
+    was executed top to bottom in one run at its real settings: every code cell has an output and
+    numbered 1, 2, ... in order, no error, its model is SmolLM2-135M and the tiny model appears nowhere."""
+    nb = nbformat.read(path, as_version=4)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert [cell.execution_count for cell in code] == list(range(1, len(code) + 1))
+    assert all(cell.outputs for cell in code)
+    assert not [o for cell in code for o in cell.outputs if o.output_type == "error"]
+    assert REAL_MODEL in output_text(code[0])
+    assert not [i for i, cell in enumerate(code) if TINY_MODEL in output_text(cell)]
 
 
 def test_a_failing_cell_fails(tmp_path):

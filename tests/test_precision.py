@@ -152,11 +152,11 @@ def test_self_check_in_half_precision_passes_rounding_and_catches_a_real_failure
 
 def test_float16_is_refused_on_the_bridge():
     """float16 on TransformerLens' bridge: one line, before any load."""
-    from headprobe.options import load_model_as
+    from headprobe.options import load_model
     from headprobe.probe.core.errors import HeadprobeError
 
     with pytest.raises(HeadprobeError, match="float16 runs only on the native backend"):
-        load_model_as("no-such-model", dtype="fp16", backend="transformer-lens")
+        load_model("no-such-model", dtype="fp16", backend="transformer-lens")
 
 
 @pytest.mark.real_model

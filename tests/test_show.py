@@ -24,13 +24,25 @@ def test_show_draws_the_heads_own_pattern(tiny_dir, tmp_path):
     model = headprobe.load_model(str(tiny_dir), quiet=True)
     tokens = model.to_tokens(PROMPT)
     ref = headprobe.capture_heads(model, tokens, layers=[1])["pattern"][1][0, 5].float().numpy()
-    np.testing.assert_allclose(result.pattern, ref, atol=1e-3)  # float16 storage of the page's patterns
+    assert result.pattern.dtype == np.float32
+    np.testing.assert_allclose(result.pattern, ref, rtol=1e-6, atol=1e-7)  # the head's own, not the page's float16
     assert len(result.labels) == tokens.shape[1] and result.labels[1] == "t1"
     names = sorted(p.name for p in result.paths)
     assert names == ["index.html", "pattern_1.5.pdf", "pattern_1.5.png", "pattern_1.5.svg"]
     page = (tmp_path / "o" / "index.html").read_text()
     data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
     assert data["selected"] == "1.5" and data["n_layers"] * data["n_heads"] == len(data["rows"])
+
+
+def test_show_takes_a_loaded_model_as_every_command_function_does(tiny_dir, tmp_path):
+    """``headprobe.show(loaded, ...)`` draws what ``show(path, ...)`` draws (it took a name only)."""
+    import headprobe
+
+    model = headprobe.load_model(str(tiny_dir), quiet=True)
+    by_model = headprobe.show(model, head="1.5", prompt=PROMPT, out=tmp_path / "a")
+    by_name = headprobe.show(str(tiny_dir), head="1.5", prompt=PROMPT, out=tmp_path / "b", device="cpu")
+    np.testing.assert_array_equal(by_model.pattern, by_name.pattern)
+    assert by_model.labels == by_name.labels and [p.name for p in by_model.paths] == [p.name for p in by_name.paths]
 
 
 def test_show_with_no_figures_draws_none_and_writes_the_page(tiny_dir, tmp_path, monkeypatch):

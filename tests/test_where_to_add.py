@@ -349,9 +349,9 @@ def _paths(cls, s):
 
 
 def _float16(cls, s):
-    from headprobe.options import load_model_as
+    from headprobe.options import load_model
 
-    m = load_model_as(str(s.hf_dir), device="cpu", dtype="float16", backend=cls.name)
+    m = load_model(str(s.hf_dir), device="cpu", dtype="float16", backend=cls.name)
     assert type(m) is cls and m.dtype == torch.float16
 
 
@@ -361,9 +361,9 @@ def _native_dir(cls, s):
 
 
 def _half_split(cls, s):
-    from headprobe.options import load_model_as
+    from headprobe.options import load_model
 
-    m = load_model_as(str(s.hf_dir), dtype="bfloat16", backend=cls.name, device_map="auto", max_memory="cpu=100KB")
+    m = load_model(str(s.hf_dir), dtype="bfloat16", backend=cls.name, device_map="auto", max_memory="cpu=100KB")
     assert type(m) is cls and m.dtype == torch.bfloat16 and m.device_map
 
 

@@ -124,7 +124,7 @@ class AtlasConfig(ModelSettings, DataSettings):
     Attributes:
         model: always None: an atlas takes ``models`` (a value is refused in one line).
         device, dtype, backend, prepend_bos, device_map, max_memory: how each model is loaded
-            (:func:`headprobe.options.load_model_as`); ``prepend_bos`` takes no flag (always true).
+            (:func:`headprobe.options.load_model`); ``prepend_bos`` takes no flag (always true).
         models: model names or paths (``toy``: train one first); None: :data:`DEFAULT_MODELS` plus
             the cached :data:`CACHED_CANDIDATES` (or none with ``checkpoints``).
         checkpoints: a ``headprobe train --save-every`` output directory: scan its snapshots in step order.

@@ -89,7 +89,7 @@ def parse_receivers(text: str) -> list[tuple[tuple[int, int] | None, str]]:
 @dataclass(frozen=True)
 class CircuitConfig(ModelSettings):
     """Settings of ``headprobe circuit``: the shared :class:`~headprobe.settings.ModelSettings` (how
-    the model is loaded, :func:`headprobe.options.load_model_as`) composed, ``period`` and ``seed``
+    the model is loaded, :func:`headprobe.options.load_model`) composed, ``period`` and ``seed``
     of :class:`~headprobe.settings.DataSettings` (declared there: :func:`~headprobe.settings.shared`;
     its prompts are repeated random sequences only, counted by ``n_seqs``), and its own. Every
     field's help is its flag's.

@@ -80,7 +80,7 @@ def _ints(text: str) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class KVConfig(ModelSettings):
     """Settings of ``headprobe kv``: the shared :class:`~headprobe.settings.ModelSettings` (how the
-    model is loaded, :func:`headprobe.options.load_model_as`) composed, the natural-text settings of
+    model is loaded, :func:`headprobe.options.load_model`) composed, the natural-text settings of
     :class:`~headprobe.settings.DataSettings` it uses (``text``, ``seq_len``, ``n_natural``,
     ``seed``, declared there: :func:`~headprobe.settings.shared`; it has no repeated-token set), and
     its own. Every field's help is its flag's.

@@ -61,7 +61,7 @@ TASKS = ("ioi",)
 @dataclass(frozen=True)
 class PatchConfig(ModelSettings):
     """Settings of ``headprobe patch``: the shared :class:`~headprobe.settings.ModelSettings` (how
-    the model is loaded, :func:`headprobe.options.load_model_as`) composed, and the patching's own.
+    the model is loaded, :func:`headprobe.options.load_model`) composed, and the patching's own.
 
     Attributes:
         task: ``ioi`` (ignored with ``prompts``).

@@ -823,7 +823,7 @@ def format_report(result: ScanResult) -> str:
     m = design.get("family_size")
     lines.append(
         f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k, at most "
-        f"{design.get('max_draws')} per test, stopped once settled (sets: ablated). p: sequential Monte Carlo "
+        f"{design.get('max_draws')} per test, stopped early only once it cannot be significant (sets: ablated). p: sequential Monte Carlo "
         f"(Besag & Clifford; ≤: a curtailed test's bound, its range on the lines below); p adj: {design.get('correction')} over the {m} tested "
         f"verdict{'' if m == 1 else 's'}. "
         f"CI: 95% t interval over sequences.\n CONFIRMED: {rule.condition()}; "

@@ -42,7 +42,7 @@ first :data:`MAX_TOKENS` tokens (a causal model's pattern on a prefix is that co
 @dataclass(frozen=True)
 class ShowConfig(ModelSettings):
     """Settings of ``headprobe show``: the shared :class:`~headprobe.settings.ModelSettings` (how
-    the model is loaded, :func:`headprobe.options.load_model_as`) composed, and these (keyword-only).
+    the model is loaded, :func:`headprobe.options.load_model`) composed, and these (keyword-only).
 
     Attributes:
         head: ``layer.head`` (or ``L5H1``), checked against the model once it is loaded.
@@ -94,7 +94,6 @@ def run(cfg: ShowConfig, overwrite: bool = False, model: LoadedModel | None = No
     """
     if not cfg.prompt.strip():
         raise HeadprobeError("the prompt is empty; give --prompt TEXT or --prompt-file FILE")
-    import numpy as np
 
     from headprobe.analyses import figures as figs
     from headprobe.analyses.data import TokenSet
@@ -122,14 +121,13 @@ def run(cfg: ShowConfig, overwrite: bool = False, model: LoadedModel | None = No
     )
     scores, _, _ = score_tokens(model, ts, "natural", first=0)
     labels = [drawable(label) for label in token_labels(model, tokens[0].cpu())]  # the viewer's are for a browser
-    positions = None
-    if n <= MAX_TOKENS:
-        pattern = patterns["prompt"]["pattern"][layer, head].astype(np.float32)
-    else:
-        rows, cols = long_window(n, LONG_WINDOW)
-        cap = capture_heads(model, tokens, layers=[layer], heads=[head], rows=rows)
-        pattern = cap["pattern"][layer][0, 0][:, cols].float().cpu().numpy()
-        positions = (rows, cols)
+    # the head's own float32 pattern (the page stores every head's in float16), a long prompt's window of it
+    rows, cols = long_window(n, LONG_WINDOW) if n > MAX_TOKENS else (None, None)
+    cap = capture_heads(model, tokens, layers=[layer], heads=[head], rows=rows)
+    pattern = cap["pattern"][layer][0, 0].float().cpu().numpy()
+    positions = None if rows is None else (rows, cols)
+    if cols is not None:
+        pattern = pattern[:, cols]
 
     name = format_head((layer, head))
     title = f"head {name}, {spec.name} ({figs.weights_label(spec.weights)})\nyour prompt ({n} tokens)"
@@ -275,15 +273,31 @@ def long_window(n: int, size: int = LONG_WINDOW, sink: int = 4) -> tuple[list[in
 
 
 def show(
-    model: str = options.DEFAULT_MODEL, *, head: str, prompt: str, out: str | Path, overwrite: bool = False, **load
+    model: str | LoadedModel = options.DEFAULT_MODEL,
+    *,
+    head: str,
+    prompt: str,
+    out: str | Path,
+    overwrite: bool = False,
+    **load,
 ) -> ShowResult:
-    """``headprobe show`` from Python: ``head``'s pattern on ``prompt`` written into ``out``
-    (``load``: ``device``, ``dtype``, ``backend``, ``prepend_bos``, ``device_map``, ``max_memory``).
+    """``headprobe show`` from Python: ``head``'s pattern on ``prompt`` written into ``out``.
+
+    Args:
+        model: a model name or path, loaded as ``load`` asks (``device``, ``dtype``, ``backend``,
+            ``prepend_bos``, ``device_map``, ``max_memory``), or a loaded model (used as given, as
+            by every other command function).
 
     Raises:
         HeadprobeError: as :func:`run`. TypeError: an unknown setting.
     """
-    return run(ShowConfig(model=str(model), head=head, prompt=prompt, out=str(out), **load), overwrite=overwrite)
+    import os
+
+    fields = dict(head=head, prompt=prompt, out=str(out), **load)
+    options.check_fields(ShowConfig, fields, "show")
+    if isinstance(model, (str, os.PathLike)):
+        return run(ShowConfig(model=str(model), **fields), overwrite=overwrite)
+    return run(ShowConfig(model=model.spec.name, **fields), overwrite=overwrite, model=model)
 
 
 FLAGS = (

@@ -40,7 +40,7 @@ SCORES, ABLATION, PATTERNS, SUMMARY, PAGE = (
 @dataclass(frozen=True)
 class ViewConfig(ModelSettings):
     """Settings of ``headprobe view``: the shared :class:`~headprobe.settings.ModelSettings` (how
-    ``model`` is loaded where one is, :func:`headprobe.options.load_model_as`) composed, and the view's own.
+    ``model`` is loaded where one is, :func:`headprobe.options.load_model`) composed, and the view's own.
 
     Attributes:
         dir: a directory written by ``headprobe scan`` or ``headprobe ablate``; index.html goes there.

@@ -38,7 +38,7 @@ per-head numbers. So one short forward pass (:data:`N_TOKENS` tokens) checks, pe
       without it (1e-7), while a decomposition that is off by more than the residual's rounding
       still fails.
 
-Precision: the tolerances above are float32's. :func:`~headprobe.options.load_model_as` and
+Precision: the tolerances above are float32's. :func:`~headprobe.options.load_model` and
 :meth:`LoadedModel.to <headprobe.probe.backends.base.LoadedModel.to>` run the check on the float32 model
 before casting it to bfloat16/float16, so a half-precision model is judged on its float32 weights
 (``dtype`` in the record says which). A model already in half precision when checked gets
