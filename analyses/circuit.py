@@ -831,10 +831,10 @@ def path_patch(
     first: int = 0,
     attention_mask: Int[Tensor, "batch pos"] | None = None,
 ) -> float | np.ndarray:
-    """Exact path patching (module docstring; Wang et al. 2022, Goldowsky-Dill et al. 2023) of sender
-    head(s) into ``receiver``'s ``input`` (``"q"``, ``"k"``, ``"v"``) or, with ``receiver="logits"``,
-    into the logits: ``M(patched) - M(clean)`` averaged over the batch, in the metric's units
-    (default :func:`next_token_loss` from ``first``, nats/token).
+    """Exact path patching (defined in :mod:`headprobe.analyses.circuit`; Wang et al. 2022,
+    Goldowsky-Dill et al. 2023) of sender head(s) into ``receiver``'s ``input`` (``"q"``, ``"k"``,
+    ``"v"``) or, with ``receiver="logits"``, into the logits: ``M(patched) - M(clean)`` averaged over
+    the batch, in the metric's units (default :func:`next_token_loss` from ``first``, nats/token).
 
     Args:
         clean: token ids ``[batch, pos]``.
@@ -866,9 +866,10 @@ def edge_attribution(
     first: int = 0,
     attention_mask: Int[Tensor, "batch pos"] | None = None,
 ) -> EdgeScores:
-    """EAP or EAP-IG scores of every head -> head (q/k/v) and head -> logits edge (module docstring;
-    Syed et al. 2023; Hanna et al. 2024): :func:`edge_scores` after :func:`prepare_runs`; ``.table()``
-    lists the edges. Scores estimate :func:`path_patch`'s effects, in the metric's units.
+    """EAP or EAP-IG scores of every head -> head (q/k/v) and head -> logits edge (defined in
+    :mod:`headprobe.analyses.circuit`; Syed et al. 2023; Hanna et al. 2024): :func:`edge_scores` after
+    :func:`prepare_runs`; ``.table()`` lists the edges. Scores estimate :func:`path_patch`'s effects,
+    in the metric's units.
     ``attention_mask``: a padded batch, as :func:`path_patch`.
 
     Raises:

@@ -221,8 +221,9 @@ def qk_attribution(
     model: LoadedModel, tokens: Int[Tensor, "1 pos"], layer: int, head: int, q_pos: int, k_pos: int
 ) -> QKAttribution:
     """Split head ``layer.head``'s pre-softmax score for query ``q_pos`` and key ``k_pos`` of one
-    prompt into (query-component x key-component) contributions (module docstring; Elhage et al.
-    2021's QK circuit with the norms' scales frozen).
+    prompt into (query-component x key-component) contributions (defined in
+    :mod:`headprobe.analyses.qk_attribution`; Elhage et al. 2021's QK circuit with the norms' scales
+    frozen).
 
     Args:
         model: a :class:`~headprobe.probe.backends.base.LoadedModel` (native backend).
