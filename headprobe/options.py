@@ -391,14 +391,17 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, 
     return config, model, 0.0
 
 
-def command_function(config_cls, run: Callable, name: str, summary: str, example: str = "") -> Callable:
+def command_function(
+    config_cls, run: Callable, name: str, summary: str, example: str = "", command: str | None = None
+) -> Callable:
     """``headprobe <name>`` as a Python function, the same for every command that runs one model:
     ``fn(model=DEFAULT_MODEL, *, progress=False, **config_fields)`` builds ``config_cls`` from
     ``config_fields`` and the model (:func:`config_and_model`: the config's checks and
     ``preflight`` before a model named by a string loads), calls ``run(loaded, config,
     progress=progress)`` and records the load's seconds in the result's ``load_s`` where it has one.
 
-    The function gets ``__name__`` ``name``, ``__module__`` that of ``run``, a ``__signature__``
+    The function gets ``__name__`` ``name`` (``command``: the command's own name where it is not a
+    Python name, ``import``), ``__module__`` that of ``run``, a ``__signature__``
     listing every field of ``config_cls`` but ``model`` as a keyword with its type and default, so
     ``help(headprobe.scan)`` and ``inspect.signature`` show the settings, and a docstring
     (:func:`_command_doc`) opening with ``summary`` that documents each of them.
@@ -435,7 +438,8 @@ def command_function(config_cls, run: Callable, name: str, summary: str, example
     )
     fn.__name__ = fn.__qualname__ = name
     fn.__module__ = run.__module__
-    fn.__doc__ = _command_doc(config_cls, [f.name for f in fields], run, name, summary, example, result)
+    fields_doc = [f.name for f in fields]
+    fn.__doc__ = _command_doc(config_cls, fields_doc, run, command or name, summary, example, result)
     return fn
 
 

@@ -107,8 +107,8 @@ def _object(path: str):
         return None
 
 
-MERGED_KNOWN = {"headprobe.show", "headprobe.commands.show.ShowResult"}
-"""Entries whose docstring still puts two items on one line (headprobe/commands/show.py)."""
+MERGED_KNOWN: set[str] = set()
+"""Entries whose docstring still puts two items on one line (none now)."""
 
 
 def test_each_docstring_table_row_is_one_entry(site):

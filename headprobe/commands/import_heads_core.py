@@ -240,5 +240,6 @@ import_heads = options.command_function(
     "import_heads",
     "Check a head file against ``model`` and verify its heads causally",
     '``heads_file="full_attention_heads.tsv"``, ``task="repeated"``',
+    command="import",
 )
 """``headprobe import`` as a function (``import`` is a Python keyword)."""

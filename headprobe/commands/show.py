@@ -73,8 +73,11 @@ class ShowResult:
     """The head's pattern and where it was written.
 
     Attributes:
-        head: ``(layer, head)``. pattern: ``[q_pos, k_pos]`` attention weights (float32, rows sum to 1).
-        labels: the tokens' labels. paths: files written.
+        head: ``(layer, head)``.
+        pattern: ``[q_pos, k_pos]`` the head's attention weights (float32, rows sum to 1; a long
+            prompt's window of them).
+        labels: the tokens' labels.
+        paths: the files written.
     """
 
     head: tuple[int, int]
@@ -289,7 +292,8 @@ def show(
             by every other command function).
 
     Raises:
-        HeadprobeError: as :func:`run`. TypeError: an unknown setting.
+        HeadprobeError: as :func:`run`.
+        TypeError: an unknown setting.
     """
     import os
 
