@@ -196,7 +196,7 @@ def load_model(
     device_map: str | dict | None = None,
     max_memory: dict | str | None = None,
     offload_dir: str | None = None,
-):
+) -> LoadedModel:
     """Load ``name`` as every command's ``--model --device --dtype --backend`` flags do
     (``headprobe.load_model``): a :class:`~headprobe.probe.backends.loading.LoadedModel` that has
     run its float32 load-time self-check.
