@@ -123,13 +123,23 @@ class AtlasConfig(ModelSettings, DataSettings):
 
     Attributes:
         model: always None: an atlas takes ``models`` (a value is refused in one line).
-        device, dtype, backend, prepend_bos, device_map, max_memory: how each model is loaded
-            (:func:`headprobe.options.load_model`); ``prepend_bos`` takes no flag (always true).
+        device: where each model is loaded (:func:`headprobe.options.load_model`, as the other settings below).
+        dtype: each model's weights' dtype after its self-check.
+        backend: each model's backend.
+        prepend_bos: always true (no flag).
+        device_map: how each model is split over devices, or None.
+        max_memory: per device for ``device_map``.
         models: model names or paths (``toy``: train one first); None: :data:`DEFAULT_MODELS` plus
             the cached :data:`CACHED_CANDIDATES` (or none with ``checkpoints``).
         checkpoints: a ``headprobe train --save-every`` output directory: scan its snapshots in step order.
-        n_random, alpha, control, correction, k, types, pattern_len: the scan's settings (:class:`headprobe.commands.scan.ScanConfig`), the same
-            for every model; each model's verdicts are corrected over that model's scan (its own family).
+        n_random: the scan's (:class:`headprobe.commands.scan.ScanConfig`), as the six below, the same for every
+            model; each model's verdicts are corrected over that model's scan (its own family).
+        alpha: the scan's.
+        control: the scan's.
+        correction: the scan's.
+        k: the scan's.
+        types: the scan's.
+        pattern_len: the scan's.
         toy_steps: training steps of the ``toy`` model.
         metrics: compute the scan's reported head metrics (copying, sink rate, entropy, retrieval,
             DLA, composition) for every model too.

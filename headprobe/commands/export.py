@@ -52,8 +52,9 @@ class ExportConfig:
         format: ``duo``, ``headkv``, ``mib``, ``parquet`` or ``all`` (every one the source has).
         score: a scan's column written as DuoAttention values and HeadKV scores (None:
             ``retrieval`` where the scan computed it, else ``induction``).
-        sink, recent: DuoAttention's ``sink_size`` and ``recent_size`` for a scan source (a kv
-            folder's policy gives its own); DuoAttention's defaults.
+        sink: DuoAttention's ``sink_size`` for a scan source (a kv folder's policy gives its own;
+            default DuoAttention's).
+        recent: DuoAttention's ``recent_size``, likewise.
         overwrite: replace the files of a non-empty ``out``.
 
     Raises:
