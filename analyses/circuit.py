@@ -841,7 +841,10 @@ def path_patch(
         corrupted: token ids of the same shape.
         senders: one head ``(layer, head)`` (returns a float) or a list (returns ``[sender]``).
         receiver: ``(layer, head)`` after every sender's layer, or ``"logits"``.
+        input: the receiver's input the senders' direct paths are patched into: ``"q"``, ``"k"``
+            or ``"v"`` (unused with ``"logits"``).
         metric: ``metric(logits [batch, pos, d_vocab], tokens) -> [batch]``.
+        first: the first position the default metric scores (its next-token loss from there on).
         attention_mask: ``[batch, pos]``, 1 real and 0 padding (:func:`prepare_runs`): a padded
             batch gives the mean of each row's effect run alone.
 
