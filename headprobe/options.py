@@ -226,28 +226,9 @@ def load_model(
             ``device_map`` with ``device`` ``cuda`` or, in half precision, on a backend without
             ``splits_after_load``, or the model cannot be loaded (one line each).
     """
-    import torch
-
     from headprobe.probe.backends import loading
-    from headprobe.probe.core.errors import HeadprobeError
-    from headprobe.probe.core.vocabulary import backend_lacks
 
-    try:
-        dtype = dtype_name(dtype)
-    except argparse.ArgumentTypeError as e:
-        raise HeadprobeError(str(e)) from None
-    if device == "cuda" and not torch.cuda.is_available():
-        raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
-    if dtype == "float16" and backend_lacks(backend, "half_precision"):
-        raise HeadprobeError(f"{FLOAT16_BRIDGE} (the {backend} backend lacks half_precision)")
-    max_memory = max_memory_dict(max_memory)
-    check_device_map(device, device_map, max_memory)
-    if device_map is not None and dtype != "float32" and backend_lacks(backend, "splits_after_load"):
-        raise HeadprobeError(
-            f"--device-map on the {backend} backend loads float32 only (transformers splits the model "
-            f"as it loads, before any cast): use --dtype float32 or --backend native "
-            f"(the {backend} backend lacks splits_after_load)"
-        )
+    dtype, max_memory = _checked_load_settings(device, dtype, backend, device_map, max_memory)
     device = "cpu" if device_map is not None else loading.device_auto(device)
     split_later = device_map is not None and dtype != "float32"  # cast first: a split model's dtype is fixed
     model = loading.load_model(
@@ -268,6 +249,33 @@ def load_model(
         assert device_map is not None  # split_later says so
         model.dispatch(device_map, max_memory)
     return model
+
+
+def _checked_load_settings(device: str, dtype: str, backend: str, device_map, max_memory) -> tuple[str, dict | None]:
+    """``(dtype's torch name, max_memory as a dict)`` once :func:`load_model`'s settings are checked
+    (its refusals but the model's own, before anything loads)."""
+    import torch
+
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.core.vocabulary import backend_lacks
+
+    try:
+        dtype = dtype_name(dtype)
+    except argparse.ArgumentTypeError as e:
+        raise HeadprobeError(str(e)) from None
+    if device == "cuda" and not torch.cuda.is_available():
+        raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
+    if dtype == "float16" and backend_lacks(backend, "half_precision"):
+        raise HeadprobeError(f"{FLOAT16_BRIDGE} (the {backend} backend lacks half_precision)")
+    max_memory = max_memory_dict(max_memory)
+    check_device_map(device, device_map, max_memory)
+    if device_map is not None and dtype != "float32" and backend_lacks(backend, "splits_after_load"):
+        raise HeadprobeError(
+            f"--device-map on the {backend} backend loads float32 only (transformers splits the model "
+            f"as it loads, before any cast): use --dtype float32 or --backend native "
+            f"(the {backend} backend lacks splits_after_load)"
+        )
+    return dtype, max_memory
 
 
 FLOAT16_BRIDGE = (
