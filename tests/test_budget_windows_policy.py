@@ -45,6 +45,22 @@ def test_mistral_7b_window_4096_at_32k_by_hand(capsys):
     assert w["quadratic_share"] == pytest.approx(w["flops_scores_per_layer"] / (w["flops_scores_per_layer"] + proj))
 
 
+def test_a_window_as_long_as_the_sequence_costs_what_a_global_layer_costs(capsys):
+    """Totals that mix global and windowed layers (or full and streaming groups) count one way on
+    every layer, the keys each query sees under the causal mask: a global layer counted T**2 beside
+    windowed ones counted min(W, pos+1), so a window of T halved the cost of a layer it leaves as is."""
+    T = 4096
+    mixed = budget_json(capsys, *MISTRAL, "--sliding-window", str(T), "--global-every", "2", "--seq-len", str(T))
+    every = budget_json(capsys, *MISTRAL, "--sliding-window", str(T), "--seq-len", str(T))
+    assert mixed["flops_scores_all_layers"] == every["flops_scores_all_layers"]
+    assert every["flops_scores_all_layers"] == 32 * 2 * 32 * sum(pos + 1 for pos in range(T)) * 256  # a loop
+    lay = cost.preset("llama3-8b")
+    everyone_full = KVPolicy.uniform(32, 8)
+    window_of_t = KVPolicy.with_full(32, 8, [], Streaming(4, T))  # sink + window cover every key
+    full, streamed = cost.policy_cost(lay, everyone_full, T), cost.policy_cost(lay, window_of_t, T)
+    assert full.flops_scores == full.flops_scores_full == streamed.flops_scores
+
+
 @pytest.mark.parametrize("window", [200, 512, 100_000])
 def test_windowed_crossover_is_where_a_loop_finds_it(window):
     lay = AttentionLayout(d_model=64, n_layers=1, n_heads=4, bytes_per_element=4)
@@ -73,7 +89,7 @@ def _loop_policy_cost(lay, policy, T):
             kv += kept * per_pos
             for q in range(T):
                 seen = q + 1 if s is None else len({k for k in range(q + 1) if k < s.sink or k > q - s.window})
-                flops += heads * 2 * (seen if s is not None else T) * (lay.d_qk + lay.d_head)
+                flops += heads * 2 * seen * (lay.d_qk + lay.d_head)  # the causal keys, full or streaming
     return kv, flops
 
 
@@ -91,7 +107,7 @@ def test_policy_cost_equals_a_loop(kind):
         pc = cost.policy_cost(lay, policy, T)
         assert (pc.kv_bytes, pc.flops_scores) == _loop_policy_cost(lay, policy, T)
         assert pc.kv_bytes_full == cost.kv_bytes_per_request(lay, T)
-        assert pc.flops_scores_full == 3 * cost.score_flops(lay, T)
+        assert pc.flops_scores_full == 3 * cost.score_flops(lay, T, window=T)  # causal: T(T+1)/2 keys a head
 
 
 def test_policy_file_round_trip_and_cli(tmp_path, capsys):

@@ -625,12 +625,17 @@ def streaming_visible_keys(seq_len: int, group: Streaming, layer_window: int | N
     return total
 
 
-def _group_keys(layout: AttentionLayout, group: Streaming | None, layer: int, seq_len: int) -> tuple[int, int]:
-    """(cached positions, visible keys per head) of one group of ``layer``."""
+def _group_keys(layout: AttentionLayout, group: Streaming | None, layer: int, seq_len: int) -> tuple[int, int, int]:
+    """(cached positions, materialised weights per head, causal keys per head) of one group of
+    ``layer``: a global layer's full group materialises ``T**2`` weights (eager) but a kernel that
+    skips masked blocks scores ``T(T+1)/2`` keys, the count every windowed and streaming group's
+    FLOPs use too (:func:`visible_keys` with the window ``T``)."""
     window = layout.windows[layer] if layout.windows else None
     if group is None:
-        return (seq_len if window is None else min(seq_len, window)), visible_keys(seq_len, window)
-    return streaming_positions(seq_len, group, window), streaming_visible_keys(seq_len, group, window)
+        causal = visible_keys(seq_len, seq_len if window is None else window)
+        return (seq_len if window is None else min(seq_len, window)), visible_keys(seq_len, window), causal
+    keys = streaming_visible_keys(seq_len, group, window)
+    return streaming_positions(seq_len, group, window), keys, keys
 
 
 def group_positions(layout: AttentionLayout, layer: int, group: Streaming | None, seq_len: int) -> int:
@@ -645,8 +650,10 @@ def policy_cost(layout: AttentionLayout, policy: KVPolicy, seq_len: int, batch: 
     A full group of layer ``l`` caches ``min(T, window_l)`` positions (``T`` on a global layer), a
     streaming one ``min(T, S + W)`` on a global layer and :func:`streaming_positions` on a
     sliding-window one (the layer's window and the streaming mask both apply), each ``kv_numbers_per_token_per_group * bytes_per_element``
-    bytes per sequence; its ``group_size`` query heads (all heads for MLA) score
-    :func:`visible_keys` keys each, ``2 * (d_qk + d_head)`` FLOPs per key (DuoAttention, Xiao et
+    bytes per sequence; its ``group_size`` query heads (all heads for MLA) score the keys each
+    query sees under the causal mask (``min(W, pos + 1)``, ``pos + 1`` on a global layer: one
+    count for full and streaming groups, as a kernel that skips masked blocks computes them),
+    ``2 * (d_qk + d_head)`` FLOPs per key (DuoAttention, Xiao et
     al. 2024, arXiv:2410.10819, counts memory the same way: full heads grow with T, streaming
     heads stay at S + W).
 
@@ -662,18 +669,12 @@ def policy_cost(layout: AttentionLayout, policy: KVPolicy, seq_len: int, batch: 
     kv, flops, matrix = [], [], []
     for layer, row in enumerate(policy.groups):
         costs = [_group_keys(layout, g, layer, seq_len) for g in row]
-        kv.append(sum(c for c, _ in costs) * per_pos)
-        flops.append(sum(k for _, k in costs) * per_key)
-        matrix.append(sum(k for _, k in costs) * batch * heads * layout.bytes_per_element)
-    full = type(policy).uniform(policy.n_layers, policy.n_kv_groups)
-    kv_full = sum(
-        sum(_group_keys(layout, None, layer, seq_len)[0] for _ in row) * per_pos
-        for layer, row in enumerate(full.groups)
-    )
-    flops_full = sum(
-        sum(_group_keys(layout, None, layer, seq_len)[1] for _ in row) * per_key
-        for layer, row in enumerate(full.groups)
-    )
+        kv.append(sum(c[0] for c in costs) * per_pos)
+        flops.append(sum(c[2] for c in costs) * per_key)
+        matrix.append(sum(c[1] for c in costs) * batch * heads * layout.bytes_per_element)
+    full = [_group_keys(layout, None, layer, seq_len) for layer in range(policy.n_layers)]
+    kv_full = sum(c[0] for c in full) * policy.n_kv_groups * per_pos
+    flops_full = sum(c[2] for c in full) * policy.n_kv_groups * per_key
     n_full = len(policy.full_groups)
     return PolicyCost(
         seq_len,
