@@ -62,7 +62,7 @@ class ImportResult:
                 f"nats/token; {verdict}"
             )
         if rule is not None and any(v.tested for v in self.verifications):
-            lines.append(f"CONFIRMED: {rule.condition()}")
+            lines.append(f"(the rule: a verdict is CONFIRMED when {rule.condition()})")
         for r in self.kv or []:
             lines.append(
                 f"kv {r['policy']:>8}: KV {r['kv_fraction']:.3f} of full, natural loss +{r['natural_loss_increase']:.4f}, "
