@@ -401,9 +401,13 @@ def make_plan(
     }
 
 
+def _distinct_sets(n: int) -> str:
+    return f"{n} distinct control set{' exists' if n == 1 else 's exist'}"
+
+
 def _unreachable_reason(x: _Test, n: int, plan: dict) -> str:
     """Why a test's draws cannot give a verdict (its ``no_verdict``)."""
-    few = f"only {n} distinct control sets exist" if n < plan["n_random"] else f"{n} control sets"
+    few = f"only {_distinct_sets(n)}" if n < plan["n_random"] else f"{n} control sets"
     return (
         f"{few}: its smallest p-value 1/{n + 1} = {1 / (n + 1):.3f} cannot reach alpha = {plan['alpha']:g} after "
         f"{plan['correction']} over {plan['family_size']} tests"
@@ -657,7 +661,7 @@ def plan_lines(plan: dict) -> list[str]:
         short = (
             f"{t['control_sets']} control sets, the {plan['n_random_requested']} asked for"
             if t.get("capped")
-            else f"only {t['control_sets']} distinct control sets exist"
+            else f"only {_distinct_sets(t['control_sets'])}"
             if t["control_sets"] < n
             else f"{t['control_sets']} control sets are below the {need} a lone verdict needs"
         )

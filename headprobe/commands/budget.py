@@ -360,7 +360,8 @@ def describe(lay: AttentionLayout, dtype: str | None = None) -> str:
     else:
         kv = "1 KV head" if lay.n_kv_heads == 1 else f"{lay.n_kv_heads} KV heads"
         heads += f", {kv} (group size {lay.group_size})"
-    fmt = f"{dtype} ({lay.bytes_per_element} bytes)" if dtype else f"{lay.bytes_per_element} bytes per element"
+    size = f"{lay.bytes_per_element} byte{'' if lay.bytes_per_element == 1 else 's'}"
+    fmt = f"{dtype} ({size})" if dtype else f"{size} per element"
     name = f"{lay.name}: " if lay.name else ""
     extra = "".join(
         f", {x}" for x in (f"QK-norm {lay.qk_norm}" if lay.qk_norm != "none" else "", describe_windows(lay)) if x
