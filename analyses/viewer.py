@@ -477,14 +477,14 @@ def _head_table(scores: pd.DataFrame | None, ablation: pd.DataFrame | None) -> t
 def _table_rows(table: pd.DataFrame, columns: list[str], n_heads: int, n_kv: int) -> list[list]:
     """The page's table rows: ``[layer, head, kv_head, *columns]`` per head, the values rounded
     (:func:`_round`); ``kv_head`` from the table, else the head's GQA group of ``n_kv``."""
-    return [
+    return [  # records, not itertuples: a column whose name is no identifier ("Unnamed: 0") is read too
         [
-            int(r.layer),
-            int(r.head),
-            int(r.kv_head) if "kv_head" in table else int(r.head) // max(1, n_heads // n_kv),
-            *[_round(getattr(r, c)) for c in columns],
+            int(r["layer"]),
+            int(r["head"]),
+            int(r["kv_head"]) if "kv_head" in table else int(r["head"]) // max(1, n_heads // n_kv),
+            *[_round(r[c]) for c in columns],
         ]
-        for r in table.itertuples(index=False)
+        for r in table.to_dict("records")
     ]
 
 

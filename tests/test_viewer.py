@@ -21,6 +21,7 @@ from test_loading import assert_one_line_error, run_cli
 from headprobe.analyses import viewer
 from headprobe.commands import view
 from headprobe.commands.scan import ScanConfig, run
+from headprobe.probe.core.errors import HeadprobeError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "figures" / "smollm2-135m"
@@ -232,6 +233,47 @@ def test_view_without_patterns_says_so_and_merges_an_ablate_run(tiny_scan_dir, t
     assert "natural_loss_delta" in data["columns"] and "natural_loss_delta" in [m["column"] for m in data["maps"]]
     assert "repeated_loss_delta" in [m["column"] for m in data["maps"]]
     assert data["rows"][15][3 + data["columns"].index("natural_loss_delta")] == pytest.approx(0.5)
+
+
+def test_view_says_where_a_merged_ablate_run_differs_from_the_scan(tiny_scan_dir, tmp_path, capsys):
+    """The merged table mixed a scan (its seq_len, period, ...) with an ablate run of other settings
+    without a word: a NOTE names each difference; the same settings say nothing; another model, or
+    an --ablation folder without head_ablation.csv, is one line naming what is wrong."""
+    out, _ = tiny_scan_dir
+    scan = json.loads((out / "summary.json").read_text())
+    d = tmp_path / "scan"
+    d.mkdir()
+    for f in ("head_scores.csv", "summary.json"):
+        shutil.copy(out / f, d)
+
+    def ablate_run(name, **change):
+        abl = tmp_path / name
+        abl.mkdir()
+        # pandas' index column too ("Unnamed: 0" read back, no identifier): the page took it for an attribute name
+        _table(2, 8, 2)[["layer", "head", "kv_head"]].assign(natural_loss_delta=0.1).to_csv(abl / "head_ablation.csv")
+        summary = {"model": scan["model"], "config": {**scan["config"]}}
+        summary.update({k: v for k, v in change.items() if k == "model"})
+        summary["config"].update({k: v for k, v in change.items() if k != "model"})
+        (abl / "summary.json").write_text(json.dumps(summary))
+        return abl
+
+    from headprobe.cli import main
+
+    assert main(["view", str(d), "--ablation", str(ablate_run("same"))]) == 0
+    assert "NOTE" not in capsys.readouterr().out
+    other = ablate_run("other", seq_len=64, period=25)
+    assert main(["view", str(d), "--ablation", str(other)]) == 0
+    note = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("NOTE:")]
+    assert len(note) == 1 and f"seq_len 64 vs {scan['config']['seq_len']}" in note[0]
+    assert f"period 25 vs {scan['config']['period']}" in note[0] and "seed" not in note[0]
+    with pytest.raises(HeadprobeError, match="is a run of another-model, the scan one of"):
+        view.run(view.ViewConfig(dir=str(d), ablation=str(ablate_run("model", model="another-model"))))
+    kv = tmp_path / "kv"
+    kv.mkdir()
+    (kv / "summary.json").write_text("{}")
+    with pytest.raises(HeadprobeError, match="holds no head_ablation.csv") as e:
+        view.run(view.ViewConfig(dir=str(d), ablation=str(kv)))
+    assert "head_scores.csv" not in str(e.value)
 
 
 def test_scan_result_shows_the_viewer_in_jupyter(tiny_scan_dir):

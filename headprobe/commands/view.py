@@ -115,6 +115,33 @@ def _read_dir(d: Path) -> dict:
     return out
 
 
+MERGED_SETTINGS = ("seq_len", "period", "n_natural", "n_repeated", "seed", "text")
+"""The token settings a scan and an ``--ablation`` run are compared on (their summary.json's ``config``)."""
+
+
+def _merge_notes(scan: dict | None, ablation: dict | None, where: str | None) -> list[str]:
+    """What the page's merged table mixes: the ``--ablation`` run's token settings where they differ
+    from the scan's (its loss increases are on other tokens; ablate scores other natural-text
+    windows than scan even at the same settings, docs/ablate.md).
+
+    Raises:
+        HeadprobeError: the two runs are of different models.
+    """
+    if not scan or not ablation:
+        return []
+    if scan.get("model") and ablation.get("model") and str(scan["model"]).lower() != str(ablation["model"]).lower():
+        raise HeadprobeError(f"--ablation {where} is a run of {ablation['model']}, the scan one of {scan['model']}")
+    a, b = scan.get("config") or {}, ablation.get("config") or {}
+    differ = [f"{k} {b.get(k)} vs {a.get(k)}" for k in MERGED_SETTINGS if k in a and k in b and a[k] != b[k]]
+    return (
+        [
+            f"the ablation run's settings differ from the scan's ({', '.join(differ)}): its loss increases are on other tokens"
+        ]
+        if differ
+        else []
+    )
+
+
 def _read_circuit(d: Path) -> dict:
     """:func:`~headprobe.analyses.viewer.circuit_data` of circuit output directory ``d``.
     Raises HeadprobeError for a directory that no ``headprobe circuit`` run wrote."""
@@ -169,14 +196,21 @@ def run(cfg: ViewConfig) -> Path:
     from headprobe.probe.core.io import write_text
 
     found = _read_dir(d)
-    if cfg.model and found["patterns"] is None and found["scores"] is not None:
-        compute_patterns(cfg, found["summary"], d / PATTERNS)
-        found["patterns"] = d / PATTERNS
-    extra = _read_dir(Path(cfg.ablation)) if cfg.ablation else None
-    if extra is not None and extra["ablation"] is None:
+    if cfg.ablation and not (Path(cfg.ablation) / ABLATION).is_file():
         raise HeadprobeError(
             f"--ablation {cfg.ablation} holds no {ABLATION} (give the --out directory of headprobe ablate)"
         )
+    extra = _read_dir(Path(cfg.ablation)) if cfg.ablation else None
+    notes = _merge_notes(found["summary"], extra["summary"] if extra else None, cfg.ablation)
+    if cfg.model and found["patterns"] is not None:
+        notes.append(
+            f"{found['patterns']} is already there: --model and --pattern-len are not used (delete it to recompute)"
+        )
+    if cfg.model and found["patterns"] is None and found["scores"] is not None:
+        compute_patterns(cfg, found["summary"], d / PATTERNS)
+        found["patterns"] = d / PATTERNS
+    for note in notes:
+        print(f"NOTE: {note}", flush=True)
     circuit = _read_circuit(Path(cfg.circuit)) if cfg.circuit else None
     patterns = None
     if found["patterns"] is not None:
