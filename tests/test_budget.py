@@ -536,6 +536,8 @@ def test_cli_recommend(capsys):
         ),
         (["--n-heads", "4"], "missing --d-model, --n-layers"),
         (["--recommend", "--params", "lots", "--seq-len", "4096"], "parameter count"),
+        (["--preset", "deepseek-v3", "--n-kv-heads", "8"], "--n-kv-heads 8 does not apply to an MLA layout"),
+        (["--preset", "llama3-8b", "--kv-lora-rank", "512", "--n-kv-heads", "4"], "(--kv-lora-rank 512:"),
     ],
 )
 def test_cli_bad_input_exit_2_one_line(capsys, argv, fragment):

@@ -286,7 +286,8 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
 
     Raises:
         HeadprobeError: unknown preset; no layout given; a bad size (see AttentionLayout);
-            a new ``n_layers`` for a base with sliding windows and no new ``sliding_window``.
+            a new ``n_layers`` for a base with sliding windows and no new ``sliding_window``;
+            ``n_kv_heads`` on an MLA layout (it was ignored).
     """
     if base is None and config.preset:
         base = cost.preset(config.preset)
@@ -326,6 +327,11 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
     ):
         if getattr(config, f) is not None:
             fields_[f] = getattr(config, f)
+    if fields_.get("kv_lora_rank") is not None and config.n_kv_heads is not None:
+        raise HeadprobeError(
+            f"--n-kv-heads {config.n_kv_heads} does not apply to an MLA layout (--kv-lora-rank "
+            f"{fields_['kv_lora_rank']}: every query head reads one cached latent); leave it out"
+        )
     if config.sliding_window is not None or config.global_every is not None:
         n_layers = fields_.get("n_layers")
         assert n_layers is not None  # given (the missing-flags check) or the base's
