@@ -214,6 +214,22 @@ class TaskTokens:
     repeated_source: TokenSet
 
 
+def check_lengths(n_ctx: int, seq_len: int | None, period: int | None) -> None:
+    """Refuse natural-text windows of ``seq_len`` tokens or repeated sequences ``[BOS] + 2 x period``
+    longer than a model's context ``n_ctx``, in one line that says which lengths fit.
+
+    Raises:
+        HeadprobeError: as described.
+    """
+    long = [f"--seq-len {seq_len}"] if seq_len is not None and seq_len > n_ctx else []
+    long += [f"--period {period}"] if period is not None and 2 * period + 1 > n_ctx else []
+    if long:
+        raise HeadprobeError(
+            f"{' and '.join(long)} give sequences longer than the model's context ({n_ctx} tokens): "
+            f"use --seq-len {n_ctx} or less and --period {(n_ctx - 1) // 2} or less"
+        )
+
+
 def task_tokens(
     model: LoadedModel,
     n_natural: int,
@@ -230,11 +246,7 @@ def task_tokens(
         HeadprobeError: a sequence longer than the model's context, or a text holding fewer than
             ``2 n_natural`` windows of ``seq_len`` tokens.
     """
-    n_ctx = model.spec.n_ctx
-    if seq_len > n_ctx or 2 * period + 1 > n_ctx:
-        raise HeadprobeError(
-            f"--seq-len {seq_len} / --period {period} give sequences longer than the model's context ({n_ctx} tokens)"
-        )
+    check_lengths(model.spec.n_ctx, seq_len, period)
     natural = natural_text_tokens(model, 2 * n_natural, seq_len, seed, text, source=source)
     if natural.tokens.shape[0] < 2 * n_natural:
         raise HeadprobeError(

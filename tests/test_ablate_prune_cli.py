@@ -180,6 +180,22 @@ def test_bad_input_exits_2(tiny_dir, tmp_path, capsys, extra, command):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("command", ["ablate", "prune"])
+def test_lengths_past_the_context_say_what_fits_before_any_plan(tiny_dir, tmp_path, capsys, command):
+    """A model of a short context (a trained toy): the lengths that do not fit are named with the
+    longest that do, in one line, before a batch plan for them is printed."""
+    import headprobe
+
+    n_ctx = headprobe.load_model(str(tiny_dir), quiet=True).spec.n_ctx
+    argv = [command, "--model", str(tiny_dir), "--out", str(tmp_path / "x"), *SMALL]
+    assert main([*argv, "--seq-len", str(n_ctx + 1), "--period", str(n_ctx // 2)]) == 2
+    out, err = capsys.readouterr()
+    want = f"use --seq-len {n_ctx} or less and --period {(n_ctx - 1) // 2} or less"
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("headprobe: error:")]
+    assert f"--seq-len {n_ctx + 1} and --period {n_ctx // 2} give" in line and want in line and "Traceback" not in err
+    assert "batch:" not in out and not (tmp_path / "x").exists()
+
+
 def test_bad_model_exits_2(tmp_path, capsys):
     assert main(["ablate", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
 

@@ -29,12 +29,11 @@ from headprobe.analyses.ablation import (
     top_heads,
 )
 from headprobe.analyses.attribution import atp_star, forward_equivalents, second_order
-from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
+from headprobe.analyses.data import TokenSet, check_lengths, open_text_file, task_tokens
 from headprobe.analyses.scoring import score_tokens
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
-from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
 from headprobe.probe.core.io import summary_envelope
 from headprobe.probe.hooks.capture import kv_head_of
@@ -536,6 +535,7 @@ def batch_line(model: LoadedModel, config: AblateConfig) -> str | None:
     if config.estimate:
         return None
     assert config.period is not None and config.seq_len is not None  # ablate's defaults
+    check_lengths(model.spec.n_ctx, config.seq_len, config.period)  # before a plan for lengths that cannot run
     shapes = [(config.n_natural, config.seq_len), (config.n_repeated, 2 * config.period + 1)]
     plans = [sweep_plan(model, b, t, model.spec.n_layers, config.max_batch) for b, t in shapes]
     return max(plans, key=lambda p: p.per_item).line()
@@ -617,8 +617,7 @@ def run(
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     spec = model.spec
     assert cfg.period is not None  # ablate's default (DataSettings); None is scan's
-    if 2 * cfg.period + 1 > spec.n_ctx:
-        raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
+    check_lengths(spec.n_ctx, cfg.seq_len, cfg.period)
     heads = cfg.head_list(spec.n_layers, spec.n_heads, spec.layout.head_layers)
     natural, repeated, sets, mean_z = _task_sets(model, cfg)
     results: dict[str, TaskResult] = {}

@@ -16,7 +16,7 @@ import pandas as pd
 from headprobe import options
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import first_scored
-from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
+from headprobe.analyses.data import TokenSet, check_lengths, open_text_file, task_tokens
 from headprobe.analyses.pruning import (
     LossSet,
     PruningRun,
@@ -436,8 +436,7 @@ def run(
     assert (
         cfg.period is not None and cfg.seq_len is not None and not isinstance(cfg.l0_lambdas, str)
     )  # set by the defaults and __post_init__
-    if 2 * cfg.period + 1 > spec.n_ctx:
-        raise HeadprobeError(f"--period {cfg.period} gives sequences longer than the model's context ({spec.n_ctx})")
+    check_lengths(spec.n_ctx, cfg.seq_len, cfg.period)
     repeated, score, evals = _loss_sets(model, cfg)
     runs, method_s = dict[str, PruningRun](), dict[str, float]()
     for name in run_names(cfg):
