@@ -350,5 +350,8 @@ def over_training_plot(table: pd.DataFrame, title: str) -> Figure:
         Line2D([], [], marker="o", ls="", color="k", label="confirmed (ablation)"),
         Line2D([], [], marker="o", ls="", markerfacecolor="white", markeredgecolor="k", label=LABELS[False]),
     ]
+    verdicts = t[[f"{ht}_verdict" for ht in types if f"{ht}_verdict" in t]].to_numpy().ravel()
+    if LABELS[None] in set(verdicts):  # the crosses drawn above
+        handles.append(Line2D([], [], marker="x", ls="", color="k", label=LABELS[None]))
     fig.legend(handles=handles, fontsize=5.5, frameon=False, loc="outside lower center", ncol=3)
     return fig

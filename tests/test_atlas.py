@@ -432,3 +432,30 @@ def test_atlas_overview_has_a_key_for_marker_size():
         assert sizes[f"score {v:g}"] ** 2 == pytest.approx(6 + 30 * v)  # scatter's s: area in points^2
     drawn = [c for ax in fig.axes for c in ax.collections if len(c.get_sizes()) and c.get_sizes().max() > 6]
     assert drawn and max(c.get_sizes().max() for c in drawn) <= 36 + 1e-9
+
+
+def test_over_training_legend_names_the_no_verdict_cross_when_drawn():
+    """A checkpoint whose scan gave no verdict is drawn as a cross; the legend listed only the
+    filled and hollow markers. It names the cross where one is drawn, and only then."""
+    import pandas as pd
+
+    from headprobe.analyses.atlas import over_training_plot
+    from headprobe.analyses.verdicts import LABELS
+
+    def table(verdicts):
+        return pd.DataFrame(
+            {
+                "step": [0, 100, 200],
+                "induction": [0.1, 0.5, 0.9],
+                "induction_top": ["0.1", "0.1", "0.1"],
+                "induction_verdict": verdicts,
+            }
+        )
+
+    def labels(fig):
+        return [t.get_text() for t in fig.legends[0].get_texts()]
+
+    with_none = labels(over_training_plot(table([LABELS[None], LABELS[False], LABELS[True]]), "t"))
+    without = labels(over_training_plot(table([LABELS[False], LABELS[True], LABELS[True]]), "t"))
+    assert LABELS[None] in with_none and LABELS[None] not in without
+    assert {"induction", "confirmed (ablation)", LABELS[False]} <= set(without)
