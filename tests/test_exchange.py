@@ -564,3 +564,15 @@ def test_import_reads_scans_own_csv_table_and_says_when_top_k_does_not_apply(run
     assert (
         "--top-k: for score files (HeadKV, Parquet, CSV); a list file names its heads, all checked" in result.report()
     )
+
+
+@pytest.mark.parametrize("kind", ["kv", "circuit"])
+def test_every_exported_source_names_its_hugging_face_model(runs, tmp_path, kind):
+    """A kv or circuit folder's export recorded hf_name null (only scan's summary had it): each
+    summary carries the model's Hugging Face name, and the export's provenance says it."""
+    scan_name = json.loads((runs / "scan" / "summary.json").read_text())["hf_name"]
+    assert scan_name and json.loads((runs / kind / "summary.json").read_text())["hf_name"] == scan_name
+    out = _export(runs / kind, tmp_path / "e")
+    metas = [json.loads(p.read_text()) for p in out.rglob("*.provenance.json")]  # kv: beside each file
+    metas += [json.loads(p.read_text())["headprobe"] for p in out.rglob("circuit_graph.json")]  # in the graph
+    assert metas and all(m["hf_name"] == scan_name for m in metas), metas

@@ -65,6 +65,7 @@ class CircuitResult:
         spec = self.spec
         s = {
             **info,
+            "hf_name": spec.hf_name,
             "layout": {
                 "attention": spec.kind,
                 "n_layers": spec.n_layers,

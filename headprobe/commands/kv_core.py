@@ -113,6 +113,7 @@ class KVResult:
         excluded = set(self._excluded())
         return summary_envelope(
             {
+                "hf_name": self.spec.hf_name,
                 "n_layers": self.policy.n_layers,
                 "n_kv_groups": self.policy.n_kv_groups,
                 "unit": "latent (MLA: one per layer)" if self.layout.is_mla else "kv_head",
