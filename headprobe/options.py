@@ -455,14 +455,12 @@ def _command_doc(config_cls, fields: list[str], run: Callable, name: str, summar
     """The docstring of :func:`command_function`'s function (Google style): ``summary``, then one
     argument per setting ``fields`` of ``config_cls``, documented by its flag and the flag's help
     (:func:`headprobe.settings.field_help`), the result and the errors."""
-    from headprobe.settings import field_help, flag_names
+    from headprobe.settings import field_help, flag_names, switch_value
 
     flags = flag_names(config_cls)
-    meta = config_cls.__dataclass_fields__
 
     def setting(field_name: str) -> str:
-        action, flag = meta[field_name].metadata.get("action"), flags.get(field_name)
-        value = {"store_false": "=False", "store_true": "=True"}.get(action or "", "")
+        flag, value = flags.get(field_name), switch_value(config_cls, field_name)
         via = f"``{flag}``" + (f" (``{field_name}{value}``)" if value else "")
         text = field_help(config_cls, field_name) or f"a setting of :class:`{config_cls.__name__}`."
         return f"        {field_name}: {via + ': ' if flag else ''}{text}"
@@ -498,26 +496,24 @@ def check_fields(
     the function takes as arguments, not keywords)."""
     import dataclasses
 
-    fields = [f for f in dataclasses.fields(config_cls) if f.name not in positional]
-    valid = [f.name for f in fields]
+    valid = [f.name for f in dataclasses.fields(config_cls) if f.name not in positional]
     for name in config_fields:
         if name not in valid:
             near = nearest_keyword(name, valid)
-            hint = _flag_hint(name, fields) or (f"; did you mean {near}?" if near else "")
+            hint = _flag_hint(name, config_cls, valid) or (f"; did you mean {near}?" if near else "")
             command = function or config_cls.__name__.removesuffix("Config").lower()
             raise TypeError(f"{command}() got an unknown setting {name!r}{hint} (settings: {', '.join(valid)})")
 
 
-def _flag_hint(name: str, fields: list) -> str | None:
+def _flag_hint(name: str, config_cls, valid: list[str]) -> str | None:
     """``; the flag --fixed-draws is the setting sequential=False`` where ``name`` spells a flag
-    (``fixed_draws``, ``no_bos``, ``top_k``) whose setting has another name; None otherwise."""
-    for f in fields:
-        m = f.metadata
-        flags = [m.get("flag") or "--" + f.name.replace("_", "-"), *m.get("aliases", ())]
+    (``fixed_draws``, ``no_bos``, ``top_k``) of a setting in ``valid`` that has another name; None otherwise."""
+    from headprobe.settings import flag_spellings, switch_value
+
+    for field_name, flags in flag_spellings(config_cls).items():
         flag = next((x for x in flags if x.lstrip("-").replace("-", "_") == name), None)
-        if flag is not None:
-            value = {"store_true": "=True", "store_false": "=False"}.get(m.get("action", ""), "")
-            return f"; the flag {flag} is the setting {f.name}{value}"
+        if flag is not None and field_name in valid:
+            return f"; the flag {flag} is the setting {field_name}{switch_value(config_cls, field_name)}"
     return None
 
 

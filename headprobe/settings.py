@@ -223,6 +223,18 @@ def flag_names(cls) -> dict[str, str]:
     return {f.name: name(f) for f in dataclasses.fields(cls) if _meta(cls, f.name)}
 
 
+def flag_spellings(cls) -> dict[str, tuple[str, ...]]:
+    """Field name -> every long spelling of its flag (:func:`flag_names`' first, then its aliases),
+    for every flag field of ``cls``."""
+    return {name: (flag, *_meta(cls, name).get("aliases", ())) for name, flag in flag_names(cls).items()}
+
+
+def switch_value(cls, name: str) -> str:
+    """``"=True"`` or ``"=False"``: the value the ``store_true`` or ``store_false`` flag of field
+    ``name`` of ``cls`` sets (``--no-bos`` is ``prepend_bos=False``); ``""`` for any other flag."""
+    return {"store_true": "=True", "store_false": "=False"}.get(_meta(cls, name).get("action") or "", "")
+
+
 def _flag_call(name: str, meta: dict, default: Any, help: str | Callable[[], str]) -> tuple[list[str], dict[str, Any]]:
     """``(names, keywords)`` of the ``add_argument`` call that makes the flag of field ``name``."""
     kwargs: dict[str, Any] = {"help": help() if callable(help) else help}
