@@ -245,6 +245,9 @@ class BudgetPrint:
     """Print :meth:`BudgetResult.to_dict` as JSON instead of the table."""
 
 
+WINDOW_FLAGS = ("sliding_window", "global_every")
+"""The layout flags that make a layout's per-layer ``windows`` (:func:`~headprobe.probe.layout.cost.sliding_windows`)."""
+
 #: Flags that change a uniform layout; a pruned model's layers keep different heads.
 UNIFORM_LAYOUT_FLAGS = (
     "d_model",
@@ -254,8 +257,7 @@ UNIFORM_LAYOUT_FLAGS = (
     "d_head",
     "bias",
     "qk_norm",
-    "sliding_window",
-    "global_every",
+    *WINDOW_FLAGS,
     "kv_lora_rank",
     "q_lora_rank",
     "qk_rope_head_dim",
@@ -312,20 +314,8 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
                 "the base layout has sliding-window layers; with --n-layers give --sliding-window "
                 "(and --global-every) for the new layers too"
             )
-    for f in (
-        "d_model",
-        "n_layers",
-        "n_heads",
-        "n_kv_heads",
-        "d_head",
-        "bias",
-        "qk_norm",
-        "kv_lora_rank",
-        "q_lora_rank",
-        "qk_rope_head_dim",
-        "qk_nope_head_dim",
-    ):
-        if getattr(config, f) is not None:
+    for f in UNIFORM_LAYOUT_FLAGS:  # AttentionLayout's fields; the window flags make its ``windows`` below
+        if f not in WINDOW_FLAGS and getattr(config, f) is not None:
             fields_[f] = getattr(config, f)
     if fields_.get("kv_lora_rank") is not None and config.n_kv_heads is not None:
         raise HeadprobeError(
