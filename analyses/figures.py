@@ -18,7 +18,7 @@ import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 
-from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, VerdictRule, evidence_text, p_text
+from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, VerdictRule, evidence_text, p_text, stop_text
 from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.analyses.vocabulary import FIGURE_FORMATS, figure_formats
 from headprobe.probe.core.heads import format_head
@@ -646,7 +646,7 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
     rule = rule or VerdictRule.from_rows(rows, design.get("verdict_rule"))
     n = design.get("family_size")
     tested = [r for r in rows if r.get("tested")]
-    early = sum(r.get("stop_reason") not in (None, "ran to the end") for r in tested)
+    early = sum(stop_text(r) is not None for r in tested)
     lines = [
         f"Ablation check: the top-{k} heads of each head type against random control sets of {k} heads "
         f"({design.get('control')}, drawn outside every top-{k} set of the task), {design.get('primary_kind')} "
