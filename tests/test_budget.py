@@ -537,13 +537,51 @@ def test_cli_recommend(capsys):
         (["--n-heads", "4"], "missing --d-model, --n-layers"),
         (["--recommend", "--params", "lots", "--seq-len", "4096"], "parameter count"),
         (["--preset", "deepseek-v3", "--n-kv-heads", "8"], "--n-kv-heads 8 does not apply to an MLA layout"),
-        (["--preset", "llama3-8b", "--kv-lora-rank", "512", "--n-kv-heads", "4"], "(--kv-lora-rank 512:"),
+        (
+            ["--d-model", "1024", "--n-layers", "2", "--n-heads", "8", "--kv-lora-rank", "512", "--n-kv-heads", "4"],
+            "(--kv-lora-rank 512:",
+        ),
     ],
 )
 def test_cli_bad_input_exit_2_one_line(capsys, argv, fragment):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("headprobe: error: ") and fragment in err
+
+
+@pytest.mark.parametrize(
+    "preset, flags",
+    [
+        ("llama3-8b", ["--kv-lora-rank", "512"]),
+        ("llama3-8b", ["--qk-rope-head-dim", "64"]),
+        ("gpt2-small", ["--q-lora-rank", "64"]),
+        ("mistral-7b", ["--qk-nope-head-dim", "64"]),
+        ("llama3-8b", ["--kv-lora-rank", "512", "--qk-rope-head-dim", "64"]),
+    ],
+)
+def test_an_mla_flag_on_a_layout_without_a_latent_is_refused_naming_it(capsys, preset, flags):
+    """An MLA-only flag would turn a GQA/MHA preset into MLA (rotary key 0 unless given) or be
+    refused for another reason: one line names the flags and the preset's kind, exit 2, nothing printed."""
+    code, out, err = run_cli(capsys, "--preset", preset, *flags)
+    named = ", ".join(f"{flag} {value}" for flag, value in zip(flags[::2], flags[1::2]))
+    kind = cost.preset(preset).kind
+    assert code == 2 and out == "" and err.count("\n") == 1, (code, out, err)
+    assert err.startswith(f"headprobe: error: {named} do") and f"not apply to a {kind} layout" in err, err
+
+
+def test_an_mla_flag_on_a_models_layout_without_a_latent_is_refused():
+    """The same check for a base that is a loaded model's layout (``--model``), not a preset."""
+    base = AttentionLayout(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, name="tiny")
+    with pytest.raises(HeadprobeError, match=r"^--kv-lora-rank 8 does not apply to a GQA layout \(tiny"):
+        budget.layout_from_config(budget.BudgetConfig(kv_lora_rank=8), base)
+
+
+def test_mla_flags_still_describe_an_mla_layout_from_scratch_or_change_an_mla_preset():
+    """What the refusal must not catch: MLA from the layout flags alone, and an MLA preset's own sizes changed."""
+    lay = budget.layout_from_config(budget.BudgetConfig(d_model=128, n_layers=2, n_heads=8, kv_lora_rank=32))
+    assert lay.is_mla and lay.kv_lora_rank == 32
+    ds = budget.layout_from_config(budget.BudgetConfig(preset="deepseek-v3", kv_lora_rank=256, qk_rope_head_dim=32))
+    assert (ds.kv_lora_rank, ds.qk_rope_head_dim, ds.q_lora_rank) == (256, 32, 1536)
 
 
 def test_cli_bad_input_in_a_subprocess():

@@ -248,6 +248,9 @@ class BudgetPrint:
 WINDOW_FLAGS = ("sliding_window", "global_every")
 """The layout flags that make a layout's per-layer ``windows`` (:func:`~headprobe.probe.layout.cost.sliding_windows`)."""
 
+MLA_FLAGS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim")
+"""The layout flags only multi-head latent attention has (DeepSeek-V2's latent and decoupled rotary key)."""
+
 #: Flags that change a uniform layout; a pruned model's layers keep different heads.
 UNIFORM_LAYOUT_FLAGS = (
     "d_model",
@@ -258,10 +261,7 @@ UNIFORM_LAYOUT_FLAGS = (
     "bias",
     "qk_norm",
     *WINDOW_FLAGS,
-    "kv_lora_rank",
-    "q_lora_rank",
-    "qk_rope_head_dim",
-    "qk_nope_head_dim",
+    *MLA_FLAGS,
 )
 
 FLAGS = (
@@ -289,7 +289,9 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
     Raises:
         HeadprobeError: unknown preset; no layout given; a bad size (see AttentionLayout);
             a new ``n_layers`` for a base with sliding windows and no new ``sliding_window``;
-            ``n_kv_heads`` on an MLA layout (it was ignored).
+            a flag of another kind of layout (:func:`refuse_flags`): ``n_kv_heads`` on an MLA
+            layout (it would be ignored), an MLA flag (:data:`MLA_FLAGS`) on a base without a latent
+            (it would turn the base into MLA with widths it never had).
     """
     if base is None and config.preset:
         base = cost.preset(config.preset)
@@ -314,13 +316,22 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
                 "the base layout has sliding-window layers; with --n-layers give --sliding-window "
                 "(and --global-every) for the new layers too"
             )
+        if not base.is_mla:
+            refuse_flags(
+                config,
+                MLA_FLAGS,
+                f"a {base.kind} layout ({base.name or 'the base layout'}: {base.n_kv_heads} KV heads cache "
+                "keys and values, no MLA latent; an MLA layout is described with --d-model, --n-layers, "
+                "--n-heads and --kv-lora-rank, or an MLA preset)",
+            )
     for f in UNIFORM_LAYOUT_FLAGS:  # AttentionLayout's fields; the window flags make its ``windows`` below
         if f not in WINDOW_FLAGS and getattr(config, f) is not None:
             fields_[f] = getattr(config, f)
-    if fields_.get("kv_lora_rank") is not None and config.n_kv_heads is not None:
-        raise HeadprobeError(
-            f"--n-kv-heads {config.n_kv_heads} does not apply to an MLA layout (--kv-lora-rank "
-            f"{fields_['kv_lora_rank']}: every query head reads one cached latent); leave it out"
+    if fields_.get("kv_lora_rank") is not None:
+        refuse_flags(
+            config,
+            ("n_kv_heads",),
+            f"an MLA layout (--kv-lora-rank {fields_['kv_lora_rank']}: every query head reads one cached latent)",
         )
     if config.sliding_window is not None or config.global_every is not None:
         n_layers = fields_.get("n_layers")
@@ -328,6 +339,21 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
         fields_["windows"] = cost.sliding_windows(n_layers, config.sliding_window, config.global_every)
     fields_["bytes_per_element"] = config.bytes_per_element
     return AttentionLayout(**fields_)
+
+
+def refuse_flags(config: BudgetConfig, flags: Sequence[str], layout: str) -> None:
+    """Refuse those of ``flags`` that ``config`` sets, as not applying to ``layout`` (a phrase:
+    ``"an MLA layout (...)"``): one line naming each flag and its value.
+
+    Raises:
+        HeadprobeError: one of ``flags`` is set."""
+    given = [f for f in flags if getattr(config, f) is not None]
+    if given:
+        named = ", ".join(f"--{f.replace('_', '-')} {getattr(config, f)}" for f in given)
+        one = len(given) == 1
+        raise HeadprobeError(
+            f"{named} {'does' if one else 'do'} not apply to {layout}; leave {'it' if one else 'them'} out"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
