@@ -114,9 +114,13 @@ def test_gqa_reduces_projection_flops_only():
 def test_deepseek_v3_mla_kv_cache():
     ds = cost.preset("deepseek-v3")
     assert cost.kv_numbers_per_token_per_layer(ds) == 512 + 64
-    assert cost.kv_numbers_per_token_per_layer(ds.as_mha()) == 2 * 128 * 128 == 32768
-    ratio = cost.kv_numbers_per_token_per_layer(ds.as_mha()) / cost.kv_numbers_per_token_per_layer(ds)
+    # the lesson's MHA "of the same width": 128 heads of 128-wide keys and values
+    lesson_mha = AttentionLayout(d_model=7168, n_layers=61, n_heads=128, d_head=128)
+    assert cost.kv_numbers_per_token_per_layer(lesson_mha) == 2 * 128 * 128 == 32768
+    ratio = cost.kv_numbers_per_token_per_layer(lesson_mha) / cost.kv_numbers_per_token_per_layer(ds)
     assert round(ratio) == 57  # "почти в 57 раз больше"
+    # MHA of DeepSeek-V3's own heads: keys 128 + 64 = 192 wide, values 128
+    assert cost.kv_numbers_per_token_per_layer(ds.as_mha()) == 128 * (192 + 128) == 40960
     # MLA's cache does not grow with the number of heads: Kimi K2 has half the heads, same cache
     assert cost.kv_numbers_per_token_per_layer(cost.preset("kimi-k2")) == 576
     assert ds.n_heads * ds.d_head == 16384 > ds.d_model
@@ -496,7 +500,32 @@ def test_cli_compare(capsys):
     assert [r["layout"] for r in rows] == ["MHA", "GQA", "GQA", "GQA", "GQA", "MQA"]
     assert rows[0]["kv_bytes_per_request"] == 16 * GIB and rows[-1]["kv_bytes_per_token"] == 16 * KIB
     code, out, _ = run_cli(capsys, "--preset", "deepseek-v3", "--compare")
-    assert "MLA" in out and "576" in out and "32,768" in out
+    assert "MLA" in out and "576" in out and "40,960" in out
+
+
+def test_compare_mha_baseline_of_mla_has_the_models_own_key_and_value_widths(capsys):
+    """DeepSeek-V3's config.json (deepseek-ai/DeepSeek-V3): num_hidden_layers 61,
+    num_attention_heads 128, hidden_size 7168, qk_nope_head_dim 128, qk_rope_head_dim 64 (a key is
+    192 wide), v_head_dim 128, kv_lora_rank 512; bf16, 2 bytes. The MHA, GQA and MQA rows are those
+    heads with one key and value per KV head; the ratio is checked by hand arithmetic."""
+    n_layers, n_heads, d_model, key, value, latent, rope, nbytes = 61, 128, 7168, 128 + 64, 128, 512, 64, 2
+    code, out, _ = run_cli(capsys, "--preset", "deepseek-v3", "--compare", "--seq-len", "1024", "--json")
+    rows = {r["layout"] if r["layout"] != "GQA" else f"GQA{r['n_kv_heads']}": r for r in json.loads(out)["compare"]}
+    mha, gqa8, mqa, mla = rows["MHA"], rows["GQA8"], rows["MQA"], rows["MLA"]
+    assert code == 0 and all((r["d_qk"], r["d_head"]) == (key, value) for r in rows.values())
+    assert mha["kv_bytes_per_token"] == n_layers * n_heads * (key + value) * nbytes == 4_997_120
+    assert gqa8["kv_numbers_per_token_per_layer"] == 8 * (key + value)
+    assert mqa["kv_numbers_per_token_per_layer"] == key + value
+    assert mla["kv_bytes_per_token"] == n_layers * (latent + rope) * nbytes
+    assert mla["kv_vs_mha"] == (latent + rope) / (n_heads * (key + value))
+    assert round(1 / mla["kv_vs_mha"], 1) == 71.1  # not the 57 of 128-wide keys
+    # W_Q and W_K d_model -> heads x 192, W_V d_model -> heads x 128, W_O heads x 128 -> d_model
+    assert mha["attn_params_per_layer"] == d_model * n_heads * (2 * key + 2 * value)
+    _, text, _ = run_cli(capsys, "--preset", "deepseek-v3", "--compare")
+    header, _, mha_line = text.splitlines()[2:5]
+    assert "key/value width" in header and mha_line.split()[:2] == ["MHA", "128"] and "192/128" in mha_line
+    _, report, _ = run_cli(capsys, "--preset", "deepseek-v3", "--json")
+    assert json.loads(report)["kv_numbers_per_token_per_layer_mha"] == n_heads * (key + value)
 
 
 def test_cli_recommend(capsys):

@@ -4,7 +4,7 @@ Four ways to use it:
 
 * a layout: ``--preset llama3-8b``, explicit flags (``--d-model 4096 --n-layers 32 --n-heads 32
   --n-kv-heads 8``) or both (flags override the preset), at ``--seq-len`` and ``--batch``;
-* ``--compare``: MHA, GQA with every group count, and MQA of the same width side by side;
+* ``--compare``: MHA, GQA with every group count, and MQA of the same heads (their key and value widths) side by side;
 * ``--recommend``: propose n_heads, d_head, n_kv_heads and MLA or not for a parameter budget
   (``--params``) or width, a context length, a KV-cache limit (``--kv-limit``) and a target;
 * ``--model NAME``: read the layout from a loaded model (its spec and its Hugging Face config:
@@ -124,7 +124,7 @@ class BudgetConfig:
         seq_len: tokens per sequence T.
         batch: sequences per request.
         dtype: number format of cache and activations: fp32, bf16, fp16, fp8, int8 or torch's names.
-        compare: MHA, every GQA group count and MQA of the same width side by side.
+        compare: MHA, every GQA group count and MQA of the same heads (their key and value widths) side by side.
         flops_table: FLOPs of one layer at these lengths (an empty tuple: the lesson's lengths); None: off.
         as_mha: with flops_table, count the K/V projections as MHA, as the lesson's table does.
         recommend: propose a layout for params or d_model, seq_len, kv_limit and target.
@@ -196,7 +196,9 @@ class BudgetConfig:
         metavar="{" + ",".join(cost.DTYPE_BYTES) + "}",
     )
     compare: bool = setting(
-        False, "MHA, GQA (every group count) and MQA of the same width side by side", action="store_true"
+        False,
+        "MHA, GQA (every group count) and MQA of the same heads (key and value widths) side by side",
+        action="store_true",
     )
     flops_table: Sequence[int] | None = setting(
         None,
@@ -382,6 +384,8 @@ def describe(lay: AttentionLayout, dtype: str | None = None) -> str:
     else:
         kv = "1 KV head" if lay.n_kv_heads == 1 else f"{lay.n_kv_heads} KV heads"
         heads += f", {kv} (group size {lay.group_size})"
+        if lay.d_qk != lay.d_head:
+            heads += f", query/key width {lay.d_qk}"
     size = f"{lay.bytes_per_element} byte{'' if lay.bytes_per_element == 1 else 's'}"
     fmt = f"{dtype} ({size})" if dtype else f"{size} per element"
     name = f"{lay.name}: " if lay.name else ""
@@ -485,7 +489,8 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
         [
             "KV numbers per token per layer",
             f"{r['kv_numbers_per_token_per_layer']:,}",
-            mha(f"{r['kv_numbers_per_token_per_layer_mha']:,}"),
+            mha(f"{r['kv_numbers_per_token_per_layer_mha']:,}")
+            + (f" (keys {lay.d_qk} + values {lay.d_head} wide)" if other and lay.d_qk != lay.d_head else ""),
         ],
         ["KV cache per token", format_bytes(r["kv_bytes_per_token"]), mha(format_bytes(r["kv_bytes_per_token_mha"]))],
         [
@@ -570,6 +575,7 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
             r["layout"],
             "-" if r["n_kv_heads"] is None else str(r["n_kv_heads"]),
             "-" if r["group_size"] is None else str(r["group_size"]),
+            f"{r['d_qk']}/{r['d_head']}",
             f"{r['attn_params_per_layer']:,}",
             f"{r['kv_numbers_per_token_per_layer']:,}",
             format_bytes(r["kv_bytes_per_token"]),
@@ -583,6 +589,7 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
         "layout",
         "n_kv_heads",
         "group_size",
+        "key/value width",
         "attn params/layer",
         "KV numbers/token/layer",
         "KV/token",
@@ -590,7 +597,7 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
         "KV vs MHA",
         "FLOPs/layer",
     ]
-    return f"{describe(lay, dtype)}\n\n" + _table(table, header, right=set(range(1, 9)))
+    return f"{describe(lay, dtype)}\n\n" + _table(table, header, right=set(range(1, 10)))
 
 
 def flops_table(lay: AttentionLayout, seq_lens: list[int], batch: int, as_mha: bool) -> list[dict[str, Any]]:
