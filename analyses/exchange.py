@@ -81,7 +81,8 @@ class HeadFile:
     """A head file read back: its ``kind`` (:data:`IMPORT_KINDS`), the ``heads`` it names (a set, or
     the top ``k`` of its ``scores``), ``scores`` (``{(layer, head): score}``, where it has them),
     ``policy`` (DuoAttention and policy files: full groups above the threshold, the rest
-    streaming), ``meta`` (what the file says of itself) and how the heads were chosen (``rule``)."""
+    streaming), ``meta`` (what the file says of itself), how the heads were chosen (``rule``) and,
+    where the top ``k`` cut through heads of equal score, that tie (``cut_tie``, :func:`cut_tie`)."""
 
     kind: str
     heads: list[Head]
@@ -89,6 +90,7 @@ class HeadFile:
     scores: dict[Head, float] = field(default_factory=dict)
     policy: KVPolicy | None = None
     meta: dict = field(default_factory=dict)
+    cut_tie: dict[str, Any] | None = None
 
 
 def group_heads(groups: list[tuple[int, int]], n_heads: int, n_kv_groups: int) -> list[Head]:
@@ -267,7 +269,7 @@ def read_headkv(data: dict, name: str, layout: Layout | None, k: int) -> HeadFil
         scores[head] = mean_score(values, name, key)
     if layout is not None and len(scores) > layout.n_layers * layout.n_heads:
         raise HeadprobeError(f"{name} has {len(scores)} heads; {layout.name} has {layout.n_layers * layout.n_heads}")
-    return HeadFile("headkv", top_k(scores, k), f"the top {k} heads by mean score", scores)
+    return HeadFile("headkv", top_k(scores, k), f"the top {k} heads by mean score", scores, cut_tie=cut_tie(scores, k))
 
 
 def finite_score(value: Any, name: str, where: str) -> float:
@@ -295,10 +297,54 @@ def mean_score(values: list, name: str, key: str) -> float:
     return finite_score(sum(x / len(xs) for x in xs), name, key)
 
 
+TIE_ORDER = "layer-major"
+"""How :func:`top_k` orders heads of equal score: by layer, then head."""
+
+
 def top_k(scores: dict[Head, float], k: int) -> list[Head]:
-    """The ``k`` highest-scoring heads (ties: layer-major order), NaN never among them."""
-    ranked = sorted((h for h, v in scores.items() if v == v), key=lambda h: (-scores[h], h))
-    return sorted(ranked[:k])
+    """The ``k`` highest-scoring heads (ties: :data:`TIE_ORDER`), NaN never among them."""
+    return sorted(_ranked(scores)[:k])
+
+
+def _ranked(scores: dict[Head, float]) -> list[Head]:
+    return sorted((h for h, v in scores.items() if v == v), key=lambda h: (-scores[h], h))
+
+
+def cut_tie(scores: dict[Head, float], k: int) -> dict[str, Any] | None:
+    """The tie the top ``k`` (:func:`top_k`) cuts through, or None: where the ``k``-th and
+    ``(k+1)``-th ranked heads score the same, which of the tied heads are taken is decided by
+    :data:`TIE_ORDER` alone (a kv folder's HeadKV export gives a KV group's score to each of its
+    query heads, so a cut inside a group splits it). Keys: ``k``, ``score``, ``n_tied`` (heads of
+    that score), ``n_taken`` (of them in the top ``k``), ``order`` and ``tied_heads`` (``layer.head``,
+    in that order)."""
+    ranked = _ranked(scores)
+    if not 0 < k < len(ranked) or scores[ranked[k - 1]] != scores[ranked[k]]:
+        return None
+    score = scores[ranked[k - 1]]
+    tied = [h for h in ranked if scores[h] == score]
+    return {
+        "k": k,
+        "score": score,
+        "n_tied": len(tied),
+        "n_taken": sum(h in ranked[:k] for h in tied),
+        "order": TIE_ORDER,
+        "tied_heads": [format_head(h) for h in tied],
+    }
+
+
+def tie_note(hf: HeadFile) -> str | None:
+    """One line on the tie the file's top ``k`` cut through (:func:`cut_tie`), or None."""
+    t = hf.cut_tie
+    if t is None:
+        return None
+    names = t["tied_heads"]
+    listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+    return (
+        f"the top {t['k']} cut through a tie: {t['n_tied']} heads score {t['score']:.6g} "
+        f"({listed}) and {t['n_taken']} of them "
+        f"{'was' if t['n_taken'] == 1 else 'were'} taken, in {t['order']} order (layer, then head); "
+        "which of them are checked is arbitrary"
+    )
 
 
 # --- EAP-IG / MIB ---------------------------------------------------------------------------------
@@ -642,7 +688,7 @@ def read_table(path: Path, layout: Layout | None, k: int, score: str | None) -> 
             )
     values = score_values(table, column, path.name)
     scores = {(int(layer), int(head)): float(v) for layer, head, v in zip(table["layer"], table["head"], values)}
-    return HeadFile(kind, top_k(scores, k), f"the top {k} heads by {column}", scores)
+    return HeadFile(kind, top_k(scores, k), f"the top {k} heads by {column}", scores, cut_tie=cut_tie(scores, k))
 
 
 def score_values(table: Any, column: str, name: str) -> Any:

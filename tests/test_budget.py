@@ -114,9 +114,13 @@ def test_gqa_reduces_projection_flops_only():
 def test_deepseek_v3_mla_kv_cache():
     ds = cost.preset("deepseek-v3")
     assert cost.kv_numbers_per_token_per_layer(ds) == 512 + 64
-    assert cost.kv_numbers_per_token_per_layer(ds.as_mha()) == 2 * 128 * 128 == 32768
-    ratio = cost.kv_numbers_per_token_per_layer(ds.as_mha()) / cost.kv_numbers_per_token_per_layer(ds)
+    # the lesson's MHA "of the same width": 128 heads of 128-wide keys and values
+    lesson_mha = AttentionLayout(d_model=7168, n_layers=61, n_heads=128, d_head=128)
+    assert cost.kv_numbers_per_token_per_layer(lesson_mha) == 2 * 128 * 128 == 32768
+    ratio = cost.kv_numbers_per_token_per_layer(lesson_mha) / cost.kv_numbers_per_token_per_layer(ds)
     assert round(ratio) == 57  # "почти в 57 раз больше"
+    # MHA of DeepSeek-V3's own heads: keys 128 + 64 = 192 wide, values 128
+    assert cost.kv_numbers_per_token_per_layer(ds.as_mha()) == 128 * (192 + 128) == 40960
     # MLA's cache does not grow with the number of heads: Kimi K2 has half the heads, same cache
     assert cost.kv_numbers_per_token_per_layer(cost.preset("kimi-k2")) == 576
     assert ds.n_heads * ds.d_head == 16384 > ds.d_model
@@ -496,7 +500,32 @@ def test_cli_compare(capsys):
     assert [r["layout"] for r in rows] == ["MHA", "GQA", "GQA", "GQA", "GQA", "MQA"]
     assert rows[0]["kv_bytes_per_request"] == 16 * GIB and rows[-1]["kv_bytes_per_token"] == 16 * KIB
     code, out, _ = run_cli(capsys, "--preset", "deepseek-v3", "--compare")
-    assert "MLA" in out and "576" in out and "32,768" in out
+    assert "MLA" in out and "576" in out and "40,960" in out
+
+
+def test_compare_mha_baseline_of_mla_has_the_models_own_key_and_value_widths(capsys):
+    """DeepSeek-V3's config.json (deepseek-ai/DeepSeek-V3): num_hidden_layers 61,
+    num_attention_heads 128, hidden_size 7168, qk_nope_head_dim 128, qk_rope_head_dim 64 (a key is
+    192 wide), v_head_dim 128, kv_lora_rank 512; bf16, 2 bytes. The MHA, GQA and MQA rows are those
+    heads with one key and value per KV head; the ratio is checked by hand arithmetic."""
+    n_layers, n_heads, d_model, key, value, latent, rope, nbytes = 61, 128, 7168, 128 + 64, 128, 512, 64, 2
+    code, out, _ = run_cli(capsys, "--preset", "deepseek-v3", "--compare", "--seq-len", "1024", "--json")
+    rows = {r["layout"] if r["layout"] != "GQA" else f"GQA{r['n_kv_heads']}": r for r in json.loads(out)["compare"]}
+    mha, gqa8, mqa, mla = rows["MHA"], rows["GQA8"], rows["MQA"], rows["MLA"]
+    assert code == 0 and all((r["d_qk"], r["d_head"]) == (key, value) for r in rows.values())
+    assert mha["kv_bytes_per_token"] == n_layers * n_heads * (key + value) * nbytes == 4_997_120
+    assert gqa8["kv_numbers_per_token_per_layer"] == 8 * (key + value)
+    assert mqa["kv_numbers_per_token_per_layer"] == key + value
+    assert mla["kv_bytes_per_token"] == n_layers * (latent + rope) * nbytes
+    assert mla["kv_vs_mha"] == (latent + rope) / (n_heads * (key + value))
+    assert round(1 / mla["kv_vs_mha"], 1) == 71.1  # not the 57 of 128-wide keys
+    # W_Q and W_K d_model -> heads x 192, W_V d_model -> heads x 128, W_O heads x 128 -> d_model
+    assert mha["attn_params_per_layer"] == d_model * n_heads * (2 * key + 2 * value)
+    _, text, _ = run_cli(capsys, "--preset", "deepseek-v3", "--compare")
+    header, _, mha_line = text.splitlines()[2:5]
+    assert "key/value width" in header and mha_line.split()[:2] == ["MHA", "128"] and "192/128" in mha_line
+    _, report, _ = run_cli(capsys, "--preset", "deepseek-v3", "--json")
+    assert json.loads(report)["kv_numbers_per_token_per_layer_mha"] == n_heads * (key + value)
 
 
 def test_cli_recommend(capsys):
@@ -537,13 +566,51 @@ def test_cli_recommend(capsys):
         (["--n-heads", "4"], "missing --d-model, --n-layers"),
         (["--recommend", "--params", "lots", "--seq-len", "4096"], "parameter count"),
         (["--preset", "deepseek-v3", "--n-kv-heads", "8"], "--n-kv-heads 8 does not apply to an MLA layout"),
-        (["--preset", "llama3-8b", "--kv-lora-rank", "512", "--n-kv-heads", "4"], "(--kv-lora-rank 512:"),
+        (
+            ["--d-model", "1024", "--n-layers", "2", "--n-heads", "8", "--kv-lora-rank", "512", "--n-kv-heads", "4"],
+            "(--kv-lora-rank 512:",
+        ),
     ],
 )
 def test_cli_bad_input_exit_2_one_line(capsys, argv, fragment):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("headprobe: error: ") and fragment in err
+
+
+@pytest.mark.parametrize(
+    "preset, flags",
+    [
+        ("llama3-8b", ["--kv-lora-rank", "512"]),
+        ("llama3-8b", ["--qk-rope-head-dim", "64"]),
+        ("gpt2-small", ["--q-lora-rank", "64"]),
+        ("mistral-7b", ["--qk-nope-head-dim", "64"]),
+        ("llama3-8b", ["--kv-lora-rank", "512", "--qk-rope-head-dim", "64"]),
+    ],
+)
+def test_an_mla_flag_on_a_layout_without_a_latent_is_refused_naming_it(capsys, preset, flags):
+    """An MLA-only flag would turn a GQA/MHA preset into MLA (rotary key 0 unless given) or be
+    refused for another reason: one line names the flags and the preset's kind, exit 2, nothing printed."""
+    code, out, err = run_cli(capsys, "--preset", preset, *flags)
+    named = ", ".join(f"{flag} {value}" for flag, value in zip(flags[::2], flags[1::2]))
+    kind = cost.preset(preset).kind
+    assert code == 2 and out == "" and err.count("\n") == 1, (code, out, err)
+    assert err.startswith(f"headprobe: error: {named} do") and f"not apply to a {kind} layout" in err, err
+
+
+def test_an_mla_flag_on_a_models_layout_without_a_latent_is_refused():
+    """The same check for a base that is a loaded model's layout (``--model``), not a preset."""
+    base = AttentionLayout(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, name="tiny")
+    with pytest.raises(HeadprobeError, match=r"^--kv-lora-rank 8 does not apply to a GQA layout \(tiny"):
+        budget.layout_from_config(budget.BudgetConfig(kv_lora_rank=8), base)
+
+
+def test_mla_flags_still_describe_an_mla_layout_from_scratch_or_change_an_mla_preset():
+    """What the refusal must not catch: MLA from the layout flags alone, and an MLA preset's own sizes changed."""
+    lay = budget.layout_from_config(budget.BudgetConfig(d_model=128, n_layers=2, n_heads=8, kv_lora_rank=32))
+    assert lay.is_mla and lay.kv_lora_rank == 32
+    ds = budget.layout_from_config(budget.BudgetConfig(preset="deepseek-v3", kv_lora_rank=256, qk_rope_head_dim=32))
+    assert (ds.kv_lora_rank, ds.qk_rope_head_dim, ds.q_lora_rank) == (256, 32, 1536)
 
 
 def test_cli_bad_input_in_a_subprocess():

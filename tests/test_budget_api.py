@@ -220,7 +220,10 @@ def test_qk_norm_and_qk_nope_head_dim_flags(capsys):
             ["--preset", "llama3-8b", "--sliding-window", "0"],
             "argument --sliding-window: must be a positive integer, got 0",
         ),
-        (["--preset", "llama3-8b", "--qk-norm", "full", "--kv-lora-rank", "64"], "qk_norm describes"),
+        (
+            ["--d-model", "128", "--n-layers", "2", "--n-heads", "8", "--qk-norm", "full", "--kv-lora-rank", "64"],
+            "qk_norm describes",
+        ),
     ],
 )
 def test_new_flags_bad_input_one_line(capsys, argv, fragment):

@@ -576,3 +576,54 @@ def test_every_exported_source_names_its_hugging_face_model(runs, tmp_path, kind
     metas = [json.loads(p.read_text()) for p in out.rglob("*.provenance.json")]  # kv: beside each file
     metas += [json.loads(p.read_text())["headprobe"] for p in out.rglob("circuit_graph.json")]  # in the graph
     assert metas and all(m["hf_name"] == scan_name for m in metas), metas
+
+
+def _headkv_file(path: Path, scores: dict[str, float]) -> Path:
+    """A hand-made HeadKV score file (one line of JSON, one-sample lists)."""
+    path.write_text(json.dumps({key: [value] for key, value in scores.items()}) + "\n")
+    return path
+
+
+def test_a_top_k_cut_inside_a_tie_is_named_and_a_clean_cut_is_not(tmp_path):
+    """A kv folder's HeadKV export gives a KV group's score to each of its query heads: with 3 query
+    heads per KV head and -k 4, the cut falls inside the second group's 3-way tie. The file's
+    reading says so (score, heads tied, taken, order); which heads are taken does not change."""
+    from headprobe.analyses.exchange import Layout, read_head_file, tie_note
+
+    layout = Layout("m", 2, 6, 2, 2)  # 2 layers x 6 query heads, 3 per KV head
+    group = {f"{layer}-{head}": [0.9, 0.5][head // 3] if layer == 1 else 0.1 for layer in range(2) for head in range(6)}
+    tied = read_head_file(_headkv_file(tmp_path / "tied.json", group), layout, 4)
+    # by hand: 1.0-1.2 score 0.9 (taken), 1.3-1.5 score 0.5 tie at the cut; layer-major order takes 1.3
+    assert tied.heads == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    assert tied.cut_tie == {
+        "k": 4,
+        "score": 0.5,
+        "n_tied": 3,
+        "n_taken": 1,
+        "order": "layer-major",
+        "tied_heads": ["1.3", "1.4", "1.5"],
+    }
+    assert "3 heads score 0.5 (1.3, 1.4, 1.5) and 1 of them was taken" in (tie_note(tied) or "")
+    clean = read_head_file(_headkv_file(tmp_path / "clean.json", group), layout, 3)
+    assert clean.heads == [(1, 0), (1, 1), (1, 2)] and clean.cut_tie is None  # the tie at 0.9 is taken whole
+    assert tie_note(clean) is None
+    distinct = {key: float(i) for i, key in enumerate(group)}
+    assert read_head_file(_headkv_file(tmp_path / "distinct.json", distinct), layout, 4).cut_tie is None
+
+
+def test_import_prints_one_note_for_a_cut_inside_a_tie(tmp_path, tiny_dir, text_file):
+    """The tiny GQA Llama (2 layers x 8 heads): three heads tie at the 4th place of -k 4; the report
+    has one NOTE line naming the tie, and the heads are the reading's (layer-major order takes 0.5)."""
+    from headprobe.analyses.exchange import read_head_file
+    from headprobe.commands.import_heads import import_heads
+
+    scores = {f"{layer}-{head}": 0.0 for layer in range(2) for head in range(8)}
+    scores |= {"1-0": 0.9, "1-1": 0.8, "1-2": 0.7, "0-5": 0.3, "1-4": 0.3, "1-6": 0.3}
+    path = _headkv_file(tmp_path / "tied.json", scores)
+    small = dict(text=str(text_file), device="cpu", n_random=2, keep_n_random=True, seq_len=16, n_natural=2)
+    result = import_heads(str(tiny_dir), heads_file=str(path), k=4, period=6, n_repeated=2, **small)
+    notes = [x for x in result.report().splitlines() if x.startswith("NOTE: ")]
+    assert result.heads == [(0, 5), (1, 0), (1, 1), (1, 2)] and len(notes) == 1, result.report()
+    assert all(w in notes[0] for w in ("score 0.3", "3 heads", "1 of them", "layer-major", "0.5, 1.4, 1.6")), notes
+    assert result.file.cut_tie is not None and result.file.cut_tie["n_tied"] == 3
+    assert read_head_file(path, None, 3).cut_tie is None  # -k 3 cuts between 0.7 and 0.3: nothing to say

@@ -4,7 +4,7 @@ Four ways to use it:
 
 * a layout: ``--preset llama3-8b``, explicit flags (``--d-model 4096 --n-layers 32 --n-heads 32
   --n-kv-heads 8``) or both (flags override the preset), at ``--seq-len`` and ``--batch``;
-* ``--compare``: MHA, GQA with every group count, and MQA of the same width side by side;
+* ``--compare``: MHA, GQA with every group count, and MQA of the same heads (their key and value widths) side by side;
 * ``--recommend``: propose n_heads, d_head, n_kv_heads and MLA or not for a parameter budget
   (``--params``) or width, a context length, a KV-cache limit (``--kv-limit``) and a target;
 * ``--model NAME``: read the layout from a loaded model (its spec and its Hugging Face config:
@@ -124,7 +124,7 @@ class BudgetConfig:
         seq_len: tokens per sequence T.
         batch: sequences per request.
         dtype: number format of cache and activations: fp32, bf16, fp16, fp8, int8 or torch's names.
-        compare: MHA, every GQA group count and MQA of the same width side by side.
+        compare: MHA, every GQA group count and MQA of the same heads (their key and value widths) side by side.
         flops_table: FLOPs of one layer at these lengths (an empty tuple: the lesson's lengths); None: off.
         as_mha: with flops_table, count the K/V projections as MHA, as the lesson's table does.
         recommend: propose a layout for params or d_model, seq_len, kv_limit and target.
@@ -196,7 +196,9 @@ class BudgetConfig:
         metavar="{" + ",".join(cost.DTYPE_BYTES) + "}",
     )
     compare: bool = setting(
-        False, "MHA, GQA (every group count) and MQA of the same width side by side", action="store_true"
+        False,
+        "MHA, GQA (every group count) and MQA of the same heads (key and value widths) side by side",
+        action="store_true",
     )
     flops_table: Sequence[int] | None = setting(
         None,
@@ -248,6 +250,9 @@ class BudgetPrint:
 WINDOW_FLAGS = ("sliding_window", "global_every")
 """The layout flags that make a layout's per-layer ``windows`` (:func:`~headprobe.probe.layout.cost.sliding_windows`)."""
 
+MLA_FLAGS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim")
+"""The layout flags only multi-head latent attention has (DeepSeek-V2's latent and decoupled rotary key)."""
+
 #: Flags that change a uniform layout; a pruned model's layers keep different heads.
 UNIFORM_LAYOUT_FLAGS = (
     "d_model",
@@ -258,10 +263,7 @@ UNIFORM_LAYOUT_FLAGS = (
     "bias",
     "qk_norm",
     *WINDOW_FLAGS,
-    "kv_lora_rank",
-    "q_lora_rank",
-    "qk_rope_head_dim",
-    "qk_nope_head_dim",
+    *MLA_FLAGS,
 )
 
 FLAGS = (
@@ -289,7 +291,9 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
     Raises:
         HeadprobeError: unknown preset; no layout given; a bad size (see AttentionLayout);
             a new ``n_layers`` for a base with sliding windows and no new ``sliding_window``;
-            ``n_kv_heads`` on an MLA layout (it was ignored).
+            a flag of another kind of layout (:func:`refuse_flags`): ``n_kv_heads`` on an MLA
+            layout (it would be ignored), an MLA flag (:data:`MLA_FLAGS`) on a base without a latent
+            (it would turn the base into MLA with widths it never had).
     """
     if base is None and config.preset:
         base = cost.preset(config.preset)
@@ -314,13 +318,22 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
                 "the base layout has sliding-window layers; with --n-layers give --sliding-window "
                 "(and --global-every) for the new layers too"
             )
+        if not base.is_mla:
+            refuse_flags(
+                config,
+                MLA_FLAGS,
+                f"a {base.kind} layout ({base.name or 'the base layout'}: {base.n_kv_heads} KV heads cache "
+                "keys and values, no MLA latent; an MLA layout is described with --d-model, --n-layers, "
+                "--n-heads and --kv-lora-rank, or an MLA preset)",
+            )
     for f in UNIFORM_LAYOUT_FLAGS:  # AttentionLayout's fields; the window flags make its ``windows`` below
         if f not in WINDOW_FLAGS and getattr(config, f) is not None:
             fields_[f] = getattr(config, f)
-    if fields_.get("kv_lora_rank") is not None and config.n_kv_heads is not None:
-        raise HeadprobeError(
-            f"--n-kv-heads {config.n_kv_heads} does not apply to an MLA layout (--kv-lora-rank "
-            f"{fields_['kv_lora_rank']}: every query head reads one cached latent); leave it out"
+    if fields_.get("kv_lora_rank") is not None:
+        refuse_flags(
+            config,
+            ("n_kv_heads",),
+            f"an MLA layout (--kv-lora-rank {fields_['kv_lora_rank']}: every query head reads one cached latent)",
         )
     if config.sliding_window is not None or config.global_every is not None:
         n_layers = fields_.get("n_layers")
@@ -328,6 +341,21 @@ def layout_from_config(config: BudgetConfig, base: AttentionLayout | None = None
         fields_["windows"] = cost.sliding_windows(n_layers, config.sliding_window, config.global_every)
     fields_["bytes_per_element"] = config.bytes_per_element
     return AttentionLayout(**fields_)
+
+
+def refuse_flags(config: BudgetConfig, flags: Sequence[str], layout: str) -> None:
+    """Refuse those of ``flags`` that ``config`` sets, as not applying to ``layout`` (a phrase:
+    ``"an MLA layout (...)"``): one line naming each flag and its value.
+
+    Raises:
+        HeadprobeError: one of ``flags`` is set."""
+    given = [f for f in flags if getattr(config, f) is not None]
+    if given:
+        named = ", ".join(f"--{f.replace('_', '-')} {getattr(config, f)}" for f in given)
+        one = len(given) == 1
+        raise HeadprobeError(
+            f"{named} {'does' if one else 'do'} not apply to {layout}; leave {'it' if one else 'them'} out"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,6 +384,8 @@ def describe(lay: AttentionLayout, dtype: str | None = None) -> str:
     else:
         kv = "1 KV head" if lay.n_kv_heads == 1 else f"{lay.n_kv_heads} KV heads"
         heads += f", {kv} (group size {lay.group_size})"
+        if lay.d_qk != lay.d_head:
+            heads += f", query/key width {lay.d_qk}"
     size = f"{lay.bytes_per_element} byte{'' if lay.bytes_per_element == 1 else 's'}"
     fmt = f"{dtype} ({size})" if dtype else f"{size} per element"
     name = f"{lay.name}: " if lay.name else ""
@@ -459,7 +489,8 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
         [
             "KV numbers per token per layer",
             f"{r['kv_numbers_per_token_per_layer']:,}",
-            mha(f"{r['kv_numbers_per_token_per_layer_mha']:,}"),
+            mha(f"{r['kv_numbers_per_token_per_layer_mha']:,}")
+            + (f" (keys {lay.d_qk} + values {lay.d_head} wide)" if other and lay.d_qk != lay.d_head else ""),
         ],
         ["KV cache per token", format_bytes(r["kv_bytes_per_token"]), mha(format_bytes(r["kv_bytes_per_token_mha"]))],
         [
@@ -544,6 +575,7 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
             r["layout"],
             "-" if r["n_kv_heads"] is None else str(r["n_kv_heads"]),
             "-" if r["group_size"] is None else str(r["group_size"]),
+            f"{r['d_qk']}/{r['d_head']}",
             f"{r['attn_params_per_layer']:,}",
             f"{r['kv_numbers_per_token_per_layer']:,}",
             format_bytes(r["kv_bytes_per_token"]),
@@ -557,6 +589,7 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
         "layout",
         "n_kv_heads",
         "group_size",
+        "key/value width",
         "attn params/layer",
         "KV numbers/token/layer",
         "KV/token",
@@ -564,7 +597,7 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
         "KV vs MHA",
         "FLOPs/layer",
     ]
-    return f"{describe(lay, dtype)}\n\n" + _table(table, header, right=set(range(1, 9)))
+    return f"{describe(lay, dtype)}\n\n" + _table(table, header, right=set(range(1, 10)))
 
 
 def flops_table(lay: AttentionLayout, seq_lens: list[int], batch: int, as_mha: bool) -> list[dict[str, Any]]:

@@ -68,7 +68,7 @@ class ImportResult:
                 f"kv {r['policy']:>8}: KV {r['kv_fraction']:.3f} of full, natural loss +{r['natural_loss_increase']:.4f}, "
                 f"copy accuracy {r['copy_accuracy']:.3f}"
             )
-        return "\n".join([*lines, *self.notes])
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in self.notes)])
 
 
 def _layout(model: LoadedModel) -> ex.Layout:
@@ -170,13 +170,14 @@ def _head_file(model: LoadedModel, config: ImportConfig) -> ex.HeadFile:
 
 
 def _notes(config: ImportConfig, hf: ex.HeadFile) -> list[str]:
-    """What the run's flags did not do with this file: --kv without a policy, --top-k / --score on a
-    file that names its heads."""
+    """What the run's flags did not do with this file (--kv without a policy, --top-k / --score on a
+    file that names its heads) and a top --top-k that cut through a tie (:func:`~headprobe.analyses.exchange.tie_note`)."""
     notes = [] if hf.policy is not None or not config.measure_kv else [f"--kv: {hf.kind} files carry no KV policy"]
     if hf.kind not in ("headkv", "parquet", "csv") and (config.k is not None or config.score is not None):
         given = " and ".join(f for f, v in (("--top-k", config.k), ("--score", config.score)) if v is not None)
         notes.append(f"{given}: for score files (HeadKV, Parquet, CSV); a {hf.kind} file names its heads, all checked")
-    return notes
+    tie = ex.tie_note(hf)
+    return notes if tie is None else [*notes, tie]
 
 
 def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> list[dict] | None:

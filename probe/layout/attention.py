@@ -78,7 +78,7 @@ class AttentionLayout:
         HeadprobeError: a size is not a positive integer, ``d_model`` is not divisible by
             ``n_heads`` when ``d_head`` is not given, ``n_heads`` is not divisible by
             ``n_kv_heads``, an MLA size is given without ``kv_lora_rank``, ``bias`` or
-            ``qk_norm`` is unknown, ``qk_norm`` is set on MLA, or ``windows`` does not hold
+            ``qk_norm`` is unknown, ``qk_norm`` or ``qk_head_dim`` is set on MLA, or ``windows`` does not hold
             ``n_layers`` entries of None or a positive integer.
     """
 
@@ -103,6 +103,11 @@ class AttentionLayout:
     head_layers: tuple[int, ...] | None = None
     """The layers that have heads, by the model's own layer numbers (a hybrid model's attention
     layers; Qwen3-Next's Gated-DeltaNet layers have none); None: every layer."""
+    qk_head_dim: int | None = None
+    """Not MLA: width of each head's query and key where it differs from ``d_head`` (the values'),
+    as in MHA of an MLA model's own heads (:meth:`with_kv_heads`; Hugging Face DeepSeek's
+    ``qk_head_dim``, DeepSeek-V3: 128 + 64 = 192, values 128). None: ``d_head``. MLA's is
+    ``qk_nope_head_dim + qk_rope_head_dim``."""
 
     def __post_init__(self) -> None:
         if self.head_layers is not None:  # JSON gives a list
@@ -111,7 +116,15 @@ class AttentionLayout:
                 raise HeadprobeError(f"head_layers {self.head_layers} out of range for {self.n_layers} layers")
         for field in ("d_model", "n_layers", "n_heads", "bytes_per_element"):
             _check_positive(field, getattr(self, field))
-        for field in ("n_kv_heads", "d_head", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim"):
+        for field in (
+            "n_kv_heads",
+            "d_head",
+            "kv_lora_rank",
+            "q_lora_rank",
+            "qk_rope_head_dim",
+            "qk_nope_head_dim",
+            "qk_head_dim",
+        ):
             value = getattr(self, field)
             # MLA without a rotary key has qk_rope_head_dim 0 (filled below), kept by replace()
             if value is not None and not (field == "qk_rope_head_dim" and value == 0 and self.kv_lora_rank is not None):
@@ -138,6 +151,11 @@ class AttentionLayout:
         ):
             raise HeadprobeError(
                 "q_lora_rank, qk_rope_head_dim and qk_nope_head_dim describe MLA; give kv_lora_rank too"
+            )
+        if self.kv_lora_rank is not None and self.qk_head_dim is not None:
+            raise HeadprobeError(
+                "qk_head_dim is for a layout without a latent; MLA's query and key are "
+                "qk_nope_head_dim + qk_rope_head_dim wide"
             )
         if self.kv_lora_rank is not None and self.qk_rope_head_dim is None:
             object.__setattr__(self, "qk_rope_head_dim", 0)
@@ -166,12 +184,13 @@ class AttentionLayout:
     @property
     def d_qk(self) -> int:
         """Width of each head's query and key: ``qk_nope_head_dim + qk_rope_head_dim`` for MLA (the
-        non-rotary part and the decoupled rotary part, DeepSeek-V2 eq. 16), else ``d_head``."""
+        non-rotary part and the decoupled rotary part, DeepSeek-V2 eq. 16), else :attr:`qk_head_dim`
+        where given, else ``d_head``."""
         assert self.d_head is not None  # filled by __post_init__, as the MLA sizes for MLA
         if self.is_mla:
             assert self.qk_nope_head_dim is not None and self.qk_rope_head_dim is not None
             return self.qk_nope_head_dim + self.qk_rope_head_dim
-        return self.d_head
+        return self.d_head if self.qk_head_dim is None else self.qk_head_dim
 
     @property
     def group_size(self) -> int:
@@ -194,7 +213,8 @@ class AttentionLayout:
         return sum(w is not None for w in self.windows or ())
 
     def with_kv_heads(self, n_kv_heads: int) -> AttentionLayout:
-        """The same layout (not MLA) with ``n_kv_heads`` key/value heads."""
+        """The same heads (not MLA) with ``n_kv_heads`` key/value heads: queries and keys keep their
+        width :attr:`d_qk` and values theirs, ``d_head`` (MLA's become :attr:`qk_head_dim`)."""
         return replace(
             self,
             n_kv_heads=n_kv_heads,
@@ -202,10 +222,12 @@ class AttentionLayout:
             q_lora_rank=None,
             qk_rope_head_dim=None,
             qk_nope_head_dim=None,
+            qk_head_dim=None if self.d_qk == self.d_head else self.d_qk,
         )
 
     def as_mha(self) -> AttentionLayout:
-        """The MHA layout of the same heads: one K and one V per query head, no latent."""
+        """The MHA layout of the same heads: one K and one V per query head, as wide as this
+        layout's (:meth:`with_kv_heads`), no latent."""
         return self.with_kv_heads(self.n_heads)
 
     @property
@@ -215,10 +237,11 @@ class AttentionLayout:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict (``windows`` a tuple or None; ``sinks`` and ``output_gate``
-        only where True, ``head_layers`` only where not None)."""
+        only where True, ``head_layers`` and ``qk_head_dim`` only where not None)."""
         d = asdict(self)
-        if d["head_layers"] is None:
-            del d["head_layers"]
+        for optional in ("head_layers", "qk_head_dim"):
+            if d[optional] is None:
+                del d[optional]
         for flag in ("sinks", "output_gate"):
             if not d[flag]:
                 del d[flag]

@@ -95,7 +95,7 @@ def attention_weight_shapes(layout: AttentionLayout) -> dict[str, tuple[int, int
 
     MHA/GQA/MQA: ``W_Q`` (d_model -> n_heads*d_qk), ``W_K`` (d_model -> n_kv_heads*d_qk) and
     ``W_V`` (d_model -> n_kv_heads*d_head), ``W_O`` (n_heads*d_head -> d_model); ``d_qk`` is
-    ``d_head`` here.
+    ``d_head`` here unless the layout's ``qk_head_dim`` says otherwise.
 
     MLA, as in DeepSeek-V2/V3 (arXiv:2405.04434, eqs. 9-12 and 37-39; Hugging Face
     ``DeepseekV3Attention``): ``W_DQ`` (d_model -> q_lora_rank) and ``W_UQ`` (q_lora_rank ->
@@ -804,11 +804,14 @@ def divisors(n: int) -> list[int]:
 def compare_kv_heads(
     layout: AttentionLayout, seq_len: int, batch: int = 1, kv_heads: list[int] | None = None
 ) -> list[dict[str, Any]]:
-    """MHA, GQA with several group counts and MQA of the same width, side by side.
+    """MHA, GQA with several group counts and MQA of the same heads, side by side.
 
     One row per ``n_kv_heads`` (every divisor of ``n_heads`` unless ``kv_heads`` is given), plus
-    the MLA layout itself when ``layout`` is MLA. Columns: ``layout``, ``n_kv_heads``,
-    ``group_size``, ``attn_params_per_layer`` (count), ``kv_numbers_per_token_per_layer``
+    the MLA layout itself when ``layout`` is MLA. Every row's heads are ``layout``'s
+    (:meth:`~AttentionLayout.with_kv_heads`): queries and keys ``d_qk`` wide, values ``d_head``, so
+    the MHA baseline of an MLA model caches its own heads' keys (DeepSeek-V3: 192 = 128 + 64) and
+    values (128). Columns: ``layout``, ``n_kv_heads``, ``group_size``, ``d_qk`` and ``d_head``
+    (widths), ``attn_params_per_layer`` (count), ``kv_numbers_per_token_per_layer``
     (count), ``kv_bytes_per_token`` and ``kv_bytes_per_request`` (bytes),
     ``kv_vs_mha`` (fraction of the MHA cache), ``flops_per_layer`` (FLOPs at ``seq_len``).
 
@@ -827,6 +830,8 @@ def compare_kv_heads(
                 "layout": lay.kind,
                 "n_kv_heads": None if lay.is_mla else lay.n_kv_heads,
                 "group_size": None if lay.is_mla else lay.group_size,
+                "d_qk": lay.d_qk,
+                "d_head": lay.d_head,
                 "attn_params_per_layer": attention_params_per_layer(lay),
                 "kv_numbers_per_token_per_layer": kv_numbers_per_token_per_layer(lay),
                 "kv_bytes_per_token": kv_bytes_per_token(lay),
