@@ -368,13 +368,65 @@ OVERVIEW_SCORE_LABEL = (
 """The overview's colour bar: one bar for several scores, each a share of attention (docs/scan.md)."""
 
 
+OVERVIEW_MARK = {"edgecolor": "black", "linewidth": 0.8, "halo": 2.0, "inset": 0.06}
+"""How :func:`scores_overview` outlines a marked cell: a black line on a white halo (``halo``
+points wide), so it stands out by lightness alone on every colour of ``viridis``, from its dark
+purple to its yellow, in every colour-vision deficiency and in greyscale print; drawn ``inset`` of
+a cell inside it, so marked neighbours stay separate boxes."""
+
+
+def overview_mark_label(k: int, rule: VerdictRule | None, control: str | None = None) -> str:
+    """The overview's legend entry for its outlined cells: each type's ``k`` heads ablated in the
+    verification against random sets (``control``: their design, e.g. ``layer-matched``), where each
+    panel's verdict is written and, with ``rule``, what CONFIRMED needs
+    (:meth:`~headprobe.analyses.verdicts.VerdictRule.condition`)."""
+    import textwrap
+
+    what = (
+        f"outlined: each type's top-{k} heads, ablated against {control + ' ' if control else ''}random control "
+        f"sets of {k} heads; under the type's name its verdict ({', '.join(verdict_label(c) for c in (True, False, None))})"
+    )
+    return textwrap.fill(what + (f". CONFIRMED: {rule.condition()}" if rule is not None else ""), 135)
+
+
+def _outline_cells(ax, heads: Sequence[tuple[int, int]]) -> None:
+    """Outline ``heads`` (``(layer, head)``) of a layer x head heatmap in ``ax`` (:data:`OVERVIEW_MARK`):
+    one unfilled ``Rectangle`` each, at the cell's ``(head, layer)``."""
+    from matplotlib import patheffects
+    from matplotlib.patches import Rectangle
+
+    m = OVERVIEW_MARK
+    for layer, head in heads:
+        ax.add_patch(
+            Rectangle(
+                (head - 0.5 + m["inset"], layer - 0.5 + m["inset"]),
+                1 - 2 * m["inset"],
+                1 - 2 * m["inset"],
+                fill=False,
+                edgecolor=m["edgecolor"],
+                linewidth=m["linewidth"],
+                path_effects=[patheffects.withStroke(linewidth=m["halo"], foreground="white"), patheffects.Normal()],
+                zorder=3,
+            )
+        )
+
+
 @_styled
-def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | None, suptitle: str) -> Figure:
+def scores_overview(
+    panels: Sequence[tuple[str, np.ndarray]],
+    group_size: int | None,
+    suptitle: str,
+    marked: Sequence[Sequence[tuple[int, int]]] | None = None,
+    mark_label: str = "",
+) -> Figure:
     """Layer x head heatmaps of several scores in [0, 1] side by side (page width), one shared
-    colour bar; ``panels`` are ``(title, scores)``."""
+    colour bar; ``panels`` are ``(title, scores)``. ``marked``: per panel, the ``(layer, head)``
+    cells to outline (:data:`OVERVIEW_MARK`; e.g. the heads a verification ablated), explained by
+    ``mark_label`` in a legend below the panels; None: no outlines and no legend."""
     n_layers, n_heads = np.asarray(panels[0][1]).shape
     # a few layers still leave room for a suptitle of two or three lines (else constrained layout collapses the axes)
-    fig = _figure(PAGE_WIDTH, min(max(1.3 + 0.11 * n_layers, 2.6), 6.0))
+    height = min(max(1.3 + 0.11 * n_layers, 2.6), 6.0) + (0.1 + 0.1 * mark_label.count("\n") if marked else 0.0)
+    fig = _figure(PAGE_WIDTH, height)
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
     for i, (ax, (title, scores)) in enumerate(zip(axes, panels)):
         im = ax.imshow(
@@ -385,9 +437,29 @@ def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | 
         if i:
             ax.set_ylabel("")
         ax.set_title(title)
+        if marked is not None:
+            _outline_cells(ax, marked[i])
     fig.colorbar(im, ax=list(axes), shrink=0.8, pad=0.01).set_label(OVERVIEW_SCORE_LABEL)
+    if marked is not None:
+        _overview_legend(fig, mark_label)
     fig.suptitle(suptitle)
     return fig
+
+
+def _overview_legend(fig: Figure, label: str) -> None:
+    """:func:`scores_overview`'s legend below the panels: an outlined cell and ``label``."""
+    from matplotlib import patheffects
+    from matplotlib.patches import Patch
+
+    m = OVERVIEW_MARK
+    key = Patch(
+        fill=False,
+        edgecolor=m["edgecolor"],
+        linewidth=m["linewidth"],
+        path_effects=[patheffects.withStroke(linewidth=m["halo"], foreground="white"), patheffects.Normal()],
+        label=label,
+    )
+    fig.legend(handles=[key], loc="outside lower center", frameon=False, fontsize=6, handlelength=1.0, handleheight=1.0)
 
 
 PATTERN_CMAP = "viridis"
