@@ -368,11 +368,28 @@ OVERVIEW_SCORE_LABEL = (
 """The overview's colour bar: one bar for several scores, each a share of attention (docs/scan.md)."""
 
 
-OVERVIEW_MARK = {"edgecolor": "black", "linewidth": 0.8, "halo": 2.0, "inset": 0.06}
-"""How :func:`scores_overview` outlines a marked cell: a black line on a white halo (``halo``
-points wide), so it stands out by lightness alone on every colour of ``viridis``, from its dark
-purple to its yellow, in every colour-vision deficiency and in greyscale print; drawn ``inset`` of
-a cell inside it, so marked neighbours stay separate boxes."""
+OVERVIEW_MARK_WIDTH, OVERVIEW_MARK_HALO, OVERVIEW_MARK_INSET = 0.8, 2.0, 0.06
+"""How :func:`scores_overview` outlines a marked cell: a black line (``OVERVIEW_MARK_WIDTH`` points)
+on a white halo (``OVERVIEW_MARK_HALO`` points wide), so it stands out by lightness alone on every
+colour of ``viridis``, from its dark purple to its yellow, in every colour-vision deficiency and in
+greyscale print; drawn ``OVERVIEW_MARK_INSET`` of a cell inside it, so marked neighbours stay
+separate boxes."""
+
+
+def _mark_style() -> dict[str, Any]:
+    """The keywords of a matplotlib patch drawn as :func:`scores_overview`'s outline (the cells' and
+    the legend's)."""
+    from matplotlib import patheffects
+
+    return {
+        "fill": False,
+        "edgecolor": "black",
+        "linewidth": OVERVIEW_MARK_WIDTH,
+        "path_effects": [
+            patheffects.withStroke(linewidth=OVERVIEW_MARK_HALO, foreground="white"),
+            patheffects.Normal(),
+        ],
+    }
 
 
 def overview_mark_label(k: int, rule: VerdictRule | None, control: str | None = None) -> str:
@@ -386,29 +403,18 @@ def overview_mark_label(k: int, rule: VerdictRule | None, control: str | None = 
         f"outlined: each type's top-{k} heads, ablated against {control + ' ' if control else ''}random control "
         f"sets of {k} heads; under the type's name its verdict ({', '.join(verdict_label(c) for c in (True, False, None))})"
     )
-    return textwrap.fill(what + (f". CONFIRMED: {rule.condition()}" if rule is not None else ""), 135)
+    text = what + (f". CONFIRMED: {rule.condition()}" if rule is not None else "")
+    return textwrap.fill(text, 135, break_on_hyphens=False)  # "Benjamini-Hochberg" stays whole
 
 
 def _outline_cells(ax, heads: Sequence[tuple[int, int]]) -> None:
-    """Outline ``heads`` (``(layer, head)``) of a layer x head heatmap in ``ax`` (:data:`OVERVIEW_MARK`):
-    one unfilled ``Rectangle`` each, at the cell's ``(head, layer)``."""
-    from matplotlib import patheffects
+    """Outline ``heads`` (``(layer, head)``) of a layer x head heatmap in ``ax`` (:data:`OVERVIEW_MARK_WIDTH`):
+    one unfilled ``Rectangle`` each, centred on the cell's ``(head, layer)``."""
     from matplotlib.patches import Rectangle
 
-    m = OVERVIEW_MARK
+    side = 1 - 2 * OVERVIEW_MARK_INSET
     for layer, head in heads:
-        ax.add_patch(
-            Rectangle(
-                (head - 0.5 + m["inset"], layer - 0.5 + m["inset"]),
-                1 - 2 * m["inset"],
-                1 - 2 * m["inset"],
-                fill=False,
-                edgecolor=m["edgecolor"],
-                linewidth=m["linewidth"],
-                path_effects=[patheffects.withStroke(linewidth=m["halo"], foreground="white"), patheffects.Normal()],
-                zorder=3,
-            )
-        )
+        ax.add_patch(Rectangle((head - side / 2, layer - side / 2), side, side, zorder=3, **_mark_style()))
 
 
 @_styled
@@ -421,7 +427,7 @@ def scores_overview(
 ) -> Figure:
     """Layer x head heatmaps of several scores in [0, 1] side by side (page width), one shared
     colour bar; ``panels`` are ``(title, scores)``. ``marked``: per panel, the ``(layer, head)``
-    cells to outline (:data:`OVERVIEW_MARK`; e.g. the heads a verification ablated), explained by
+    cells to outline (:data:`OVERVIEW_MARK_WIDTH`; e.g. the heads a verification ablated), explained by
     ``mark_label`` in a legend below the panels; None: no outlines and no legend."""
     n_layers, n_heads = np.asarray(panels[0][1]).shape
     # a few layers still leave room for a suptitle of two or three lines (else constrained layout collapses the axes)
@@ -448,18 +454,16 @@ def scores_overview(
 
 def _overview_legend(fig: Figure, label: str) -> None:
     """:func:`scores_overview`'s legend below the panels: an outlined cell and ``label``."""
-    from matplotlib import patheffects
     from matplotlib.patches import Patch
 
-    m = OVERVIEW_MARK
-    key = Patch(
-        fill=False,
-        edgecolor=m["edgecolor"],
-        linewidth=m["linewidth"],
-        path_effects=[patheffects.withStroke(linewidth=m["halo"], foreground="white"), patheffects.Normal()],
-        label=label,
+    fig.legend(
+        handles=[Patch(label=label, **_mark_style())],
+        loc="outside lower center",
+        frameon=False,
+        fontsize=6,
+        handlelength=1.0,
+        handleheight=1.0,
     )
-    fig.legend(handles=[key], loc="outside lower center", frameon=False, fontsize=6, handlelength=1.0, handleheight=1.0)
 
 
 PATTERN_CMAP = "viridis"

@@ -95,10 +95,11 @@ def redraw_prune(d: Path) -> list[Path]:
     return figs.save_figure(figs.pruning_methods_plot(curves, bands, METRICS, title), d / "pruning_curve")
 
 
-def scan_result(d: Path, model=None):
+def scan_result(d: Path, model=None, with_composition: bool = True):
     """The :class:`~headprobe.commands.scan.ScanResult` a scan directory's figures are drawn from (see
-    the module docstring): its saved numbers, the patterns and K-composition recomputed with
-    ``model`` (None: loaded as summary.json's config says).
+    the module docstring): its saved numbers, the patterns and (``with_composition``; 8 s of
+    SmolLM2-135M's 9) the K-composition recomputed with ``model`` (None: loaded as summary.json's
+    config says).
 
     Raises:
         SystemExit: the redraw does not reproduce the run's numbers.
@@ -149,7 +150,7 @@ def scan_result(d: Path, model=None):
             ).max()
             if diff > 1 / 255:
                 fail(f"{name} pattern differs from patterns.npz by {diff:.4f}")
-    composition = head_metrics.scan_composition(model) if config.metrics else None
+    composition = head_metrics.scan_composition(model) if config.metrics and with_composition else None
     recorded = summary.get("metrics", {}).get("k_composition_previous_token_to_induction")
     if composition is not None and recorded is not None:
         prev = top_heads(torch.tensor(scores["previous_token"]), 5)
@@ -191,7 +192,7 @@ def redraw_scan(d: Path, model=None, stems: Sequence[str] | None = None, out: Pa
     from headprobe.analyses.figures import save_figure
     from headprobe.commands.scan import figure_makers
 
-    makers = figure_makers(scan_result(d, model))
+    makers = figure_makers(scan_result(d, model, with_composition=stems is None or "composition_k" in stems))
     chosen = [stem for stem in makers if stem != "ablation" and (stems is None or stem in stems)]
     return [p for stem in chosen for p in save_figure(makers[stem](), (out or d) / stem)]
 
@@ -209,8 +210,6 @@ def check_scan(d: Path, model=None, stems: Sequence[str] | None = None, tol: flo
     import os
     import tempfile
 
-    from matplotlib.testing.compare import compare_images
-
     from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
 
     before = os.environ.get(FIGURE_FORMATS_ENV)
@@ -222,14 +221,26 @@ def check_scan(d: Path, model=None, stems: Sequence[str] | None = None, tol: flo
                 kept = d / drawn.name
                 if not kept.is_file():
                     differ.append(f"{kept}: not committed")
-                elif (why := compare_images(str(kept), str(drawn), tol)) is not None:
-                    differ.append(f"{kept}: differs from today's drawing ({why.splitlines()[0]})")
+                elif (why := _compare(kept, drawn, tol)) is not None:
+                    differ.append(f"{kept}: differs from today's drawing ({why})")
             return differ
     finally:
         if before is None:
             del os.environ[FIGURE_FORMATS_ENV]
         else:
             os.environ[FIGURE_FORMATS_ENV] = before
+
+
+def _compare(expected: Path, actual: Path, tol: float) -> str | None:
+    """matplotlib's image comparison of two PNGs: None where equal to ``tol``, else why, in one line."""
+    from matplotlib.testing.compare import compare_images
+    from matplotlib.testing.exceptions import ImageComparisonFailure
+
+    try:
+        why = compare_images(str(expected), str(actual), tol)
+    except ImageComparisonFailure as e:  # raised, not returned, for images of different sizes
+        why = str(e)
+    return None if why is None else why.splitlines()[0]
 
 
 def main(argv: list[str]) -> None:
