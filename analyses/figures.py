@@ -373,20 +373,24 @@ OVERVIEW_MARK_WIDTH, OVERVIEW_MARK_HALO, OVERVIEW_MARK_INSET = 0.8, 2.0, 0.06
 on a white halo (``OVERVIEW_MARK_HALO`` points wide), so it stands out by lightness alone on every
 colour of ``viridis``, from its dark purple to its yellow, in every colour-vision deficiency and in
 greyscale print; drawn ``OVERVIEW_MARK_INSET`` of a cell inside it, so marked neighbours stay
-separate boxes."""
+separate boxes. Both widths shrink in proportion on cells narrower than
+:data:`OVERVIEW_MARK_CELL` points, so that the cell's colour still shows inside, to half at most
+(on a model of many small cells the outline still shows, over its cell)."""
+OVERVIEW_MARK_CELL = 7.0
+"""The cell size (points) from which :func:`scores_overview` draws its outline at full width."""
 
 
-def _mark_style() -> dict[str, Any]:
+def _mark_style(scale: float = 1.0) -> dict[str, Any]:
     """The keywords of a matplotlib patch drawn as :func:`scores_overview`'s outline (the cells' and
-    the legend's)."""
+    the legend's), both widths times ``scale``."""
     from matplotlib import patheffects
 
     return {
         "fill": False,
         "edgecolor": "black",
-        "linewidth": OVERVIEW_MARK_WIDTH,
+        "linewidth": OVERVIEW_MARK_WIDTH * scale,
         "path_effects": [
-            patheffects.withStroke(linewidth=OVERVIEW_MARK_HALO, foreground="white"),
+            patheffects.withStroke(linewidth=OVERVIEW_MARK_HALO * scale, foreground="white"),
             patheffects.Normal(),
         ],
     }
@@ -407,14 +411,14 @@ def overview_mark_label(k: int, rule: VerdictRule | None, control: str | None = 
     return textwrap.fill(text, 135, break_on_hyphens=False)  # "Benjamini-Hochberg" stays whole
 
 
-def _outline_cells(ax, heads: Sequence[tuple[int, int]]) -> None:
-    """Outline ``heads`` (``(layer, head)``) of a layer x head heatmap in ``ax`` (:data:`OVERVIEW_MARK_WIDTH`):
-    one unfilled ``Rectangle`` each, centred on the cell's ``(head, layer)``."""
+def _outline_cells(ax, heads: Sequence[tuple[int, int]], scale: float) -> None:
+    """Outline ``heads`` (``(layer, head)``) of a layer x head heatmap in ``ax`` (:data:`OVERVIEW_MARK_WIDTH`,
+    widths times ``scale``): one unfilled ``Rectangle`` each, centred on the cell's ``(head, layer)``."""
     from matplotlib.patches import Rectangle
 
     side = 1 - 2 * OVERVIEW_MARK_INSET
     for layer, head in heads:
-        ax.add_patch(Rectangle((head - side / 2, layer - side / 2), side, side, zorder=3, **_mark_style()))
+        ax.add_patch(Rectangle((head - side / 2, layer - side / 2), side, side, zorder=3, **_mark_style(scale)))
 
 
 @_styled
@@ -434,17 +438,20 @@ def scores_overview(
     height = min(max(1.3 + 0.11 * n_layers, 2.6), 6.0) + (0.1 + 0.1 * mark_label.count("\n") if marked else 0.0)
     fig = _figure(PAGE_WIDTH, height)
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
+    # the panels share the page width less the y axis labels and the colour bar (about 1 inch), the
+    # height less the titles, tick labels and legend (about 1.8 inches)
+    width_in = (PAGE_WIDTH - 1.0) / len(panels) * 0.85
+    cell = min(width_in / n_heads, max(height - 1.8, 0.5) / n_layers) * 72  # points
     for i, (ax, (title, scores)) in enumerate(zip(axes, panels)):
         im = ax.imshow(
             np.asarray(scores, dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest"
         )
-        # the panels share the page width less the y axis labels and the colour bar (about 1 inch)
-        _head_axes(ax, n_layers, n_heads, group_size, width_in=(PAGE_WIDTH - 1.0) / len(panels) * 0.85)
+        _head_axes(ax, n_layers, n_heads, group_size, width_in=width_in)
         if i:
             ax.set_ylabel("")
         ax.set_title(title)
         if marked is not None:
-            _outline_cells(ax, marked[i])
+            _outline_cells(ax, marked[i], min(1.0, max(cell / OVERVIEW_MARK_CELL, 0.5)))
     fig.colorbar(im, ax=list(axes), shrink=0.8, pad=0.01).set_label(OVERVIEW_SCORE_LABEL)
     if marked is not None:
         _overview_legend(fig, mark_label)
