@@ -368,26 +368,109 @@ OVERVIEW_SCORE_LABEL = (
 """The overview's colour bar: one bar for several scores, each a share of attention (docs/scan.md)."""
 
 
+OVERVIEW_MARK_WIDTH, OVERVIEW_MARK_HALO, OVERVIEW_MARK_INSET = 0.8, 2.0, 0.06
+"""How :func:`scores_overview` outlines a marked cell: a black line (``OVERVIEW_MARK_WIDTH`` points)
+on a white halo (``OVERVIEW_MARK_HALO`` points wide), so it stands out by lightness alone on every
+colour of ``viridis``, from its dark purple to its yellow, in every colour-vision deficiency and in
+greyscale print; drawn ``OVERVIEW_MARK_INSET`` of a cell inside it, so marked neighbours stay
+separate boxes. Both widths shrink in proportion on cells narrower than
+:data:`OVERVIEW_MARK_CELL` points, so that the cell's colour still shows inside, to half at most
+(on a model of many small cells the outline still shows, over its cell)."""
+OVERVIEW_MARK_CELL = 7.0
+"""The cell size (points) from which :func:`scores_overview` draws its outline at full width."""
+
+
+def _mark_style(scale: float = 1.0) -> dict[str, Any]:
+    """The keywords of a matplotlib patch drawn as :func:`scores_overview`'s outline (the cells' and
+    the legend's), both widths times ``scale``."""
+    from matplotlib import patheffects
+
+    return {
+        "fill": False,
+        "edgecolor": "black",
+        "linewidth": OVERVIEW_MARK_WIDTH * scale,
+        "path_effects": [
+            patheffects.withStroke(linewidth=OVERVIEW_MARK_HALO * scale, foreground="white"),
+            patheffects.Normal(),
+        ],
+    }
+
+
+def overview_mark_label(k: int, rule: VerdictRule | None, control: str | None = None) -> str:
+    """The overview's legend entry for its outlined cells: each type's ``k`` heads ablated in the
+    verification against random sets (``control``: their design, e.g. ``layer-matched``), where each
+    panel's verdict is written and, with ``rule``, what CONFIRMED needs
+    (:meth:`~headprobe.analyses.verdicts.VerdictRule.condition`)."""
+    import textwrap
+
+    what = (
+        f"outlined: each type's top-{k} heads, ablated against {control + ' ' if control else ''}random control "
+        f"sets of {k} heads; under the type's name its verdict ({', '.join(verdict_label(c) for c in (True, False, None))})"
+    )
+    text = what + (f". CONFIRMED: {rule.condition()}" if rule is not None else "")
+    return textwrap.fill(text, 135, break_on_hyphens=False)  # "Benjamini-Hochberg" stays whole
+
+
+def _outline_cells(ax, heads: Sequence[tuple[int, int]], scale: float) -> None:
+    """Outline ``heads`` (``(layer, head)``) of a layer x head heatmap in ``ax`` (:data:`OVERVIEW_MARK_WIDTH`,
+    widths times ``scale``): one unfilled ``Rectangle`` each, centred on the cell's ``(head, layer)``."""
+    from matplotlib.patches import Rectangle
+
+    side = 1 - 2 * OVERVIEW_MARK_INSET
+    for layer, head in heads:
+        ax.add_patch(Rectangle((head - side / 2, layer - side / 2), side, side, zorder=3, **_mark_style(scale)))
+
+
 @_styled
-def scores_overview(panels: Sequence[tuple[str, np.ndarray]], group_size: int | None, suptitle: str) -> Figure:
+def scores_overview(
+    panels: Sequence[tuple[str, np.ndarray]],
+    group_size: int | None,
+    suptitle: str,
+    marked: Sequence[Sequence[tuple[int, int]]] | None = None,
+    mark_label: str = "",
+) -> Figure:
     """Layer x head heatmaps of several scores in [0, 1] side by side (page width), one shared
-    colour bar; ``panels`` are ``(title, scores)``."""
+    colour bar; ``panels`` are ``(title, scores)``. ``marked``: per panel, the ``(layer, head)``
+    cells to outline (:data:`OVERVIEW_MARK_WIDTH`; e.g. the heads a verification ablated), explained by
+    ``mark_label`` in a legend below the panels; None: no outlines and no legend."""
     n_layers, n_heads = np.asarray(panels[0][1]).shape
     # a few layers still leave room for a suptitle of two or three lines (else constrained layout collapses the axes)
-    fig = _figure(PAGE_WIDTH, min(max(1.3 + 0.11 * n_layers, 2.6), 6.0))
+    height = min(max(1.3 + 0.11 * n_layers, 2.6), 6.0) + (0.1 + 0.1 * mark_label.count("\n") if marked else 0.0)
+    fig = _figure(PAGE_WIDTH, height)
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
+    # the panels share the page width less the y axis labels and the colour bar (about 1 inch), the
+    # height less the titles, tick labels and legend (about 1.8 inches)
+    width_in = (PAGE_WIDTH - 1.0) / len(panels) * 0.85
+    cell = min(width_in / n_heads, max(height - 1.8, 0.5) / n_layers) * 72  # points
     for i, (ax, (title, scores)) in enumerate(zip(axes, panels)):
         im = ax.imshow(
             np.asarray(scores, dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest"
         )
-        # the panels share the page width less the y axis labels and the colour bar (about 1 inch)
-        _head_axes(ax, n_layers, n_heads, group_size, width_in=(PAGE_WIDTH - 1.0) / len(panels) * 0.85)
+        _head_axes(ax, n_layers, n_heads, group_size, width_in=width_in)
         if i:
             ax.set_ylabel("")
         ax.set_title(title)
+        if marked is not None:
+            _outline_cells(ax, marked[i], min(1.0, max(cell / OVERVIEW_MARK_CELL, 0.5)))
     fig.colorbar(im, ax=list(axes), shrink=0.8, pad=0.01).set_label(OVERVIEW_SCORE_LABEL)
+    if marked is not None:
+        _overview_legend(fig, mark_label)
     fig.suptitle(suptitle)
     return fig
+
+
+def _overview_legend(fig: Figure, label: str) -> None:
+    """:func:`scores_overview`'s legend below the panels: an outlined cell and ``label``."""
+    from matplotlib.patches import Patch
+
+    fig.legend(
+        handles=[Patch(label=label, **_mark_style())],
+        loc="outside lower center",
+        frameon=False,
+        fontsize=6,
+        handlelength=1.0,
+        handleheight=1.0,
+    )
 
 
 PATTERN_CMAP = "viridis"

@@ -1,6 +1,6 @@
 """Redraw the committed study, training, prune and scan figures from the numbers their runs saved.
 
-Usage: ``.venv/bin/python scripts/redraw_figures.py [figures | figures/RUN]``
+Usage: ``.venv/bin/python scripts/redraw_figures.py [--check] [figures | figures/RUN]``
 
 For maintainers: when the figure code changes (style, legends, formats), the committed figures
 of the long runs (``headprobe study`` ~10 min, ``train``, the 5-9 minute ``make demo`` scan) are
@@ -12,16 +12,22 @@ A scan directory (``summary.json`` + ``head_scores.csv``, e.g. figures/smollm2-1
 from its head_scores.csv (the heatmaps and the overview) and, for the example patterns and the
 K-composition, from its model, loaded as summary.json's config says: those come from a forward
 pass on the scan's own first sequences (rebuilt from the seed) and from the weights, the
-functions the scan calls. The redraw checks that it reproduces the run (the same top heads as
-summary.json, the same K-composition numbers, the patterns of patterns.npz to its uint8
-precision) and stops otherwise. The ablation figure is not redrawn (its evidence is summary.json's
-``ablations``, which this script does not rebuild); rerun the scan for it.
+functions the scan calls. The overview outlines the heads each type's verification ablated and
+titles its verdict, read from summary.json's ``ablations``. The redraw checks that it reproduces
+the run (the same top heads as summary.json, each type's ablated heads the top k of the saved
+table, the same K-composition numbers, the patterns of patterns.npz to its uint8 precision) and
+stops otherwise. The ablation figure itself is not redrawn; rerun the scan for it.
+
+``--check`` writes nothing: it draws each scan directory's figures as PNGs elsewhere and says which
+committed PNG differs from them (:func:`check_scan`; exit status 1 if one does): whether the
+committed figures still are what the code draws.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -89,8 +95,11 @@ def redraw_prune(d: Path) -> list[Path]:
     return figs.save_figure(figs.pruning_methods_plot(curves, bands, METRICS, title), d / "pruning_curve")
 
 
-def redraw_scan(d: Path) -> list[Path]:
-    """Redraw a scan's figures but the ablation one (see the module docstring); returns the paths.
+def scan_result(d: Path, model=None, with_composition: bool = True):
+    """The :class:`~headprobe.commands.scan.ScanResult` a scan directory's figures are drawn from (see
+    the module docstring): its saved numbers, the patterns and (``with_composition``; 8 s of
+    SmolLM2-135M's 9) the K-composition recomputed with ``model`` (None: loaded as summary.json's
+    config says).
 
     Raises:
         SystemExit: the redraw does not reproduce the run's numbers.
@@ -101,10 +110,9 @@ def redraw_scan(d: Path) -> list[Path]:
     from headprobe import options
     from headprobe.analyses import metrics as head_metrics
     from headprobe.analyses import viewer
-    from headprobe.analyses.ablation import top_heads
+    from headprobe.analyses.ablation import Verification, top_heads
     from headprobe.analyses.data import natural_text_tokens, read_text_file, repeated_random_tokens
     from headprobe.analyses.detectors import DETECTORS
-    from headprobe.analyses.figures import save_figure
     from headprobe.analyses.scoring import example_patterns
     from headprobe.commands.scan import ScanConfig, ScanResult
     from headprobe.probe.core.heads import format_head
@@ -113,7 +121,7 @@ def redraw_scan(d: Path) -> list[Path]:
     table = pd.read_csv(d / "head_scores.csv")
     fields = set(ScanConfig.__dataclass_fields__)
     config = ScanConfig(**{k: v for k, v in summary["config"].items() if k in fields})
-    model = options.load_for(config)
+    model = model if model is not None else options.load_for(config)
     spec = model.spec
     shape = (spec.n_layers, spec.n_heads)
     scores = {c: table[c].to_numpy().reshape(shape) for c in table.columns if c not in ("layer", "head", "kv_head")}
@@ -142,19 +150,27 @@ def redraw_scan(d: Path) -> list[Path]:
             ).max()
             if diff > 1 / 255:
                 fail(f"{name} pattern differs from patterns.npz by {diff:.4f}")
-    composition = head_metrics.scan_composition(model) if config.metrics else None
+    composition = head_metrics.scan_composition(model) if config.metrics and with_composition else None
     recorded = summary.get("metrics", {}).get("k_composition_previous_token_to_induction")
     if composition is not None and recorded is not None:
         prev = top_heads(torch.tensor(scores["previous_token"]), 5)
         ind = top_heads(torch.tensor(scores["induction"]), 5)
         if head_metrics.composition_summary(composition["k"], prev, ind) != recorded:
             fail("K-composition")
-    result = ScanResult(
+    verifications = [
+        Verification(**{k: v for k, v in row.items() if k in Verification.__dataclass_fields__})
+        for row in summary.get("ablations", [])
+    ]
+    for v in verifications:  # the overview outlines each type's ablated heads: the top k of its saved scores
+        top = [format_head(h) for h in top_heads(torch.tensor(scores[DETECTORS[v.head_type].rank_by]), v.k)]
+        if set(top) != set(v.top_heads):
+            fail(f"{v.head_type} ablated {', '.join(v.top_heads)}, the table's top {v.k} {', '.join(top)}")
+    return ScanResult(
         config,
         spec,
         table,
         scores,
-        [],
+        verifications,
         summary["clean_loss_nats"],
         natural,
         repeated,
@@ -162,16 +178,82 @@ def redraw_scan(d: Path) -> list[Path]:
         {},
         warnings=summary.get("warnings", []),
         composition=composition,
+        verification=summary.get("verification", {}),
     )
-    return [p for name, fig in result.figures().items() for p in save_figure(fig, d / name)]
+
+
+def redraw_scan(d: Path, model=None, stems: Sequence[str] | None = None, out: Path | None = None) -> list[Path]:
+    """Redraw a scan's figures but the ablation one (see the module docstring) into ``out`` (default:
+    ``d``), those of ``stems`` only where given; ``model`` as :func:`scan_result`. Returns the paths.
+
+    Raises:
+        SystemExit: the redraw does not reproduce the run's numbers.
+    """
+    from headprobe.analyses.figures import save_figure
+    from headprobe.commands.scan import figure_makers
+
+    makers = figure_makers(scan_result(d, model, with_composition=stems is None or "composition_k" in stems))
+    chosen = [stem for stem in makers if stem != "ablation" and (stems is None or stem in stems)]
+    return [p for stem in chosen for p in save_figure(makers[stem](), (out or d) / stem)]
+
+
+def check_scan(d: Path, model=None, stems: Sequence[str] | None = None, tol: float = 1.0) -> list[str]:
+    """Whether a scan directory's committed PNGs are what today's code draws from its numbers: each
+    figure :func:`redraw_scan` draws (``stems`` only, where given) is drawn as a PNG into a temporary
+    folder and compared with ``d``'s by matplotlib's image comparison (RMS of the pixel differences,
+    0-255, at most ``tol``: the same figure drawn by another matplotlib or FreeType differs by a few
+    anti-aliased pixels). Returns one line per figure that differs or is missing (empty: all equal).
+
+    Raises:
+        SystemExit: the redraw does not reproduce the run's numbers.
+    """
+    import os
+    import tempfile
+
+    from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
+
+    before = os.environ.get(FIGURE_FORMATS_ENV)
+    os.environ[FIGURE_FORMATS_ENV] = "png"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            differ = []
+            for drawn in redraw_scan(d, model, stems, Path(tmp)):
+                kept = d / drawn.name
+                if not kept.is_file():
+                    differ.append(f"{kept}: not committed")
+                elif (why := _compare(kept, drawn, tol)) is not None:
+                    differ.append(f"{kept}: differs from today's drawing ({why})")
+            return differ
+    finally:
+        if before is None:
+            del os.environ[FIGURE_FORMATS_ENV]
+        else:
+            os.environ[FIGURE_FORMATS_ENV] = before
+
+
+def _compare(expected: Path, actual: Path, tol: float) -> str | None:
+    """matplotlib's image comparison of two PNGs: None where equal to ``tol``, else why, in one line."""
+    from matplotlib.testing.compare import compare_images
+    from matplotlib.testing.exceptions import ImageComparisonFailure
+
+    try:
+        why = compare_images(str(expected), str(actual), tol)
+    except ImageComparisonFailure as e:  # raised, not returned, for images of different sizes
+        why = str(e)
+    return None if why is None else why.splitlines()[0]
 
 
 def main(argv: list[str]) -> None:
+    check = "--check" in argv
+    argv = [a for a in argv if a != "--check"]
     root = Path(argv[0] if argv else "figures")
-    written = []
+    written, differ = [], []
     runs = ("study.json", "train_log.csv", "summary.json")  # a run's own directory, or a folder of them
     for d in [root] if any((root / f).is_file() for f in runs) else sorted(root.iterdir()):
-        if (d / "study.json").is_file():
+        if check:
+            if (d / "summary.json").is_file() and (d / "head_scores.csv").is_file():
+                differ += check_scan(d)
+        elif (d / "study.json").is_file():
             written += redraw_study(d)
         elif (d / "train_log.csv").is_file():
             written += redraw_train(d)
@@ -179,8 +261,10 @@ def main(argv: list[str]) -> None:
             written += redraw_scan(d)
         elif (d / "pruning_curve.csv").is_file():
             written += redraw_prune(d)
-    for p in written:
-        print(p)
+    for line in [str(p) for p in written] + differ:
+        print(line)
+    if differ:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

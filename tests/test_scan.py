@@ -484,7 +484,7 @@ def test_a_two_layer_models_figures_keep_their_layout(tiny_llama_gqa_native, tmp
 @pytest.mark.figures
 def test_every_output_states_the_verdict_rule_from_its_record(tiny_llama_gqa_native, word_text, tmp_path, monkeypatch):
     """The verdict rule (alpha, correction, floor, ratio) is worded once, by ``VerdictRule``: with a
-    non-default alpha, floor and ratio, summary.json, the caption, the figure's legend, the terminal
+    non-default alpha, floor and ratio, summary.json, the caption, the ablation and overview figures' legends, the terminal
     footer, the viewer's embedded JSON and the atlas all carry the changed rule's words; a place that
     restated the rule in words of its own (``2x``, ``0.05``) would not."""
     import re
@@ -525,9 +525,104 @@ def test_every_output_states_the_verdict_rule_from_its_record(tiny_llama_gqa_nat
     fig = figure_makers(result)["ablation"]()
     assert condition in " ".join(t.get_text().replace("\n", " ") for t in fig.legends[0].get_texts())
     assert figs.save_figure(fig, tmp_path / "ablation")[0].stat().st_size > 1000
+    overview = figure_makers(result)["overview"]()
+    assert condition in " ".join(t.get_text().replace("\n", " ") for t in overview.legends[0].get_texts())
     assert condition in result.report().replace("\n", " ")
     page = (out / "index.html").read_text()
     data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
     assert data["rule"]["text"] == rule.description()
     assert data["rule"]["labels"]["confirmed"] == "CONFIRMED" and data["rule"]["labels"]["no_verdict"] == "no verdict"
     assert condition in atlas_lib.verdict_rule_text([atlas_lib.scan_rule(summary)])
+
+
+def _outlined_cells(ax) -> set[tuple[int, int]]:
+    """The ``(layer, head)`` cells of a layer x head heatmap ``ax`` that carry a Rectangle patch,
+    read back from each patch's centre (which must sit on a cell's centre)."""
+    from matplotlib.patches import Rectangle
+
+    cells = set()
+    for p in ax.patches:
+        assert isinstance(p, Rectangle) and not p.get_fill()
+        x, y = p.get_x() + p.get_width() / 2, p.get_y() + p.get_height() / 2
+        assert abs(x - round(x)) < 1e-9 and abs(y - round(y)) < 1e-9 and p.get_width() < 1 and p.get_height() < 1
+        cells.add((round(y), round(x)))
+    return cells
+
+
+def test_overview_outlines_the_ablated_heads_and_titles_each_verdict(tiny_llama_gqa_native, word_text):
+    """overview.png did not show which heads a verdict was about (ablation.png did): each panel now
+    outlines exactly the heads its type's verification ablated, the top k of its ranking score
+    (here from a plain argsort), and its title says the verdict in the project's words, set by hand
+    to each of the three; the legend explains the outline and states the rule. With --no-verify:
+    no outline, no legend, the type's name alone."""
+    import dataclasses
+
+    from headprobe.analyses.detectors import DETECTORS
+    from headprobe.commands.scan import figure_makers
+
+    types = ("previous_token", "induction", "first_token")
+    cfg = dict(
+        model="tiny",
+        n_natural=2,
+        seq_len=16,
+        n_repeated=2,
+        period=6,
+        k=3,
+        n_random=2,
+        keep_n_random=True,
+        text=str(word_text),
+        types=types,
+        metrics=False,
+        pattern_len=0,
+    )
+    result = run(tiny_llama_gqa_native, ScanConfig(**cfg), progress=False)
+    by_hand = {"previous_token": True, "induction": False, "first_token": None}  # one of each verdict
+    result.verifications = [  # the rows as a verdict of each kind reads: the tested (mean) row decides
+        dataclasses.replace(
+            v,
+            confirmed=by_hand[v.head_type] if v.kind == "mean" else None,
+            tested=v.kind == "mean" and by_hand[v.head_type] is not None,
+            no_verdict=None if by_hand[v.head_type] is not None else "set by hand",
+        )
+        for v in result.verifications
+    ]
+    words = {True: "CONFIRMED", False: "not confirmed", None: "no verdict"}
+    fig = figure_makers(result)["overview"]()
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert len(panels) == len(types)
+    n_heads = result.spec.n_heads
+    for ax, name in zip(panels, types):
+        det = DETECTORS[name]
+        ablated = {
+            tuple(int(x) for x in h.split("."))
+            for v in result.verifications
+            if v.head_type == name
+            for h in v.top_heads
+        }
+        flat = np.argsort(-np.asarray(result.scores[det.rank_by], dtype=float).ravel(), kind="stable")[:3]
+        assert ablated == {(int(i) // n_heads, int(i) % n_heads) for i in flat}  # the top 3, by a plain sort
+        assert _outlined_cells(ax) == ablated, name
+        assert ax.get_title() == f"{det.panel_title}\n{words[by_hand[name]]}"
+    legend = " ".join(t.get_text() for t in fig.legends[0].get_texts()).replace("\n", " ")
+    assert "outlined: each type's top-3 heads, ablated" in legend and result.rule.condition() in legend
+
+    unverified = run(tiny_llama_gqa_native, ScanConfig(**cfg, verify=False), progress=False)
+    fig = figure_makers(unverified)["overview"]()
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == [DETECTORS[name].panel_title for name in types]
+    assert all(not ax.patches for ax in fig.axes) and not fig.legends
+
+
+@pytest.mark.real_model
+def test_the_committed_demo_overview_is_what_the_code_draws(smollm2_native):
+    """figures/smollm2-135m's overview.png, redrawn from its saved numbers by scripts/redraw_figures.py
+    (the session's SmolLM2, the redraw's checks of the run included), equals today's drawing to
+    matplotlib's image comparison: a change of the overview's code must come with a redraw of the
+    committed figure (``scripts/redraw_figures.py figures/smollm2-135m``; ``--check`` compares all)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import redraw_figures
+
+    demo = Path(__file__).resolve().parents[1] / "figures" / "smollm2-135m"
+    assert redraw_figures.check_scan(demo, smollm2_native, stems=("overview",)) == []

@@ -36,8 +36,10 @@ from headprobe.analyses.data import TokenSet, natural_text_tokens, repeated_rand
 from headprobe.analyses.scoring import example_patterns, score_token_set, score_tokens  # noqa: F401 - score_token_set re-exported
 from headprobe.analyses.statistics import interval_rule, mean_ci
 from headprobe.analyses.verdicts import VerdictRule, evidence_text
+from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
 from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core.heads import parse_heads
 from headprobe.probe.core.io import prepare_output_dir, summary_envelope, write_text
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.hooks.capture import kv_head_of
@@ -538,7 +540,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
     top ``top_n`` heads, the ablation verdicts and evidence, timings and package versions."""
     spec, cfg = result.spec, result.config
     top = _top_heads_summary(result, top_n)
-    confirmed = {v.head_type: v.confirmed for v in result.verifications if v.tested or v.no_verdict}
+    confirmed = type_verdicts(result.verifications)
     return summary_envelope(
         {
             "hf_name": spec.hf_name,
@@ -685,10 +687,7 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
         tag += f"\nNO VERDICT for {' and '.join(what)} (summary.json: warnings)"
     out: dict[str, Callable[[], Figure]] = {}
     out.update(head_metrics.heatmap_makers(dets, result.scores, spec.group_size, tag, spec.causal))
-    panels = [(det.panel_title, result.scores[det.rank_by]) for det in dets]
-    out["overview"] = partial(
-        figs.scores_overview, panels, spec.group_size, f"Head scores of {tag}\n{data_label(result)}"
-    )
+    out["overview"] = overview_maker(result, dets, f"Head scores of {tag}\n{data_label(result)}")
     for head_type, ex in result.examples.items():
         det = DETECTORS[head_type]
         score = result.scores[det.rank_by][ex["head"]]
@@ -721,6 +720,37 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
     if rows:
         out["ablation"] = partial(figs.ablation_plot, rows, f"Ablation check\n{tag}", rule=result.rule)
     return out
+
+
+def type_verdicts(verifications: Sequence[Verification]) -> dict[str, bool | None]:
+    """Head type -> its verdict's ``confirmed`` (True, False, None: no verdict), from the row it was
+    tested with or that says why it has no verdict (summary.json's ``confirmed``); {} without verification."""
+    return {v.head_type: v.confirmed for v in verifications if v.tested or v.no_verdict}
+
+
+def overview_maker(result: ScanResult, dets: Sequence, suptitle: str) -> Callable[[], Figure]:
+    """The ``overview`` figure of :func:`figure_makers`, not drawn yet: a panel per type of ``dets``
+    (its ranking score). After verification each panel outlines the heads that type's verification
+    ablated (its top k) and its title says the verdict (:data:`~headprobe.analyses.verdicts.LABELS`);
+    with none, no outlines and the type's name alone."""
+    verdicts = type_verdicts(result.verifications)
+    ablated = {v.head_type: v.top_heads for v in result.verifications}
+    panels = [
+        (
+            det.panel_title + (f"\n{verdict_label(verdicts[det.name])}" if det.name in verdicts else ""),
+            result.scores[det.rank_by],
+        )
+        for det in dets
+    ]
+    if not result.verifications:
+        return partial(figs.scores_overview, panels, result.spec.group_size, suptitle)
+    n_layers, n_heads = result.spec.n_layers, result.spec.n_heads
+    marked = [
+        parse_heads(",".join(ablated[det.name]), n_layers, n_heads) if ablated.get(det.name) else [] for det in dets
+    ]
+    first = result.verifications[0]
+    label = figs.overview_mark_label(first.k, result.rule, first.control)
+    return partial(figs.scores_overview, panels, result.spec.group_size, suptitle, marked=marked, mark_label=label)
 
 
 def scan_figures(result: ScanResult) -> dict[str, Figure]:
