@@ -394,7 +394,9 @@ class Verification:
     never include the heads under test (``control_excludes``) or a removed head. ``stop_reason``
     says how the tested kind's test ended (``settled above alpha``: h draws reached its effect;
     ``futile under the correction``: curtailed, no later draw could have made it a rejection;
-    ``ran to the end``), ``exceedances`` how many control sets reached the top-k effect, and
+    ``ran to the end``; ``not run: cannot reach alpha``: no control set was ablated, as its sets
+    could not give a verdict: ``draws`` 0, ``p_value`` 1, ``random_mean``/``random_max`` NaN, on both
+    kinds' rows), ``exceedances`` how many control sets reached the top-k effect, and
     ``p_value_is_bound`` whether ``p_value`` is a curtailed test's bound (the largest p the rule
     could still have given: the full test's p is at most this), and then ``p_value_min`` the
     smallest it could still have given (the full test's p lies between the two). ``no_verdict`` is also set, with

@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from headprobe.analyses.vocabulary import DEFAULT_PERIOD, DEFAULT_SEQ_LEN
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import WHOLE_TEXT_BYTES, TextFile, open_text_file, read_text_file  # noqa: F401 - re-exported
@@ -225,9 +226,33 @@ def check_lengths(n_ctx: int, seq_len: int | None, period: int | None) -> None:
     long += [f"--period {period}"] if period is not None and 2 * period + 1 > n_ctx else []
     if long:
         raise HeadprobeError(
-            f"{' and '.join(long)} give sequences longer than the model's context ({n_ctx} tokens): "
-            f"use --seq-len {n_ctx} or less and --period {(n_ctx - 1) // 2} or less"
+            f"{' and '.join(long)} give{'' if len(long) > 1 else 's'} sequences longer than the model's context "
+            f"({n_ctx} tokens): use --seq-len {n_ctx} or less and --period {(n_ctx - 1) // 2} or less"
         )
+
+
+def fit_lengths(
+    n_ctx: int, seq_len: int | None, period: int | None, trained_periods: tuple[int, int, int] | None = None
+) -> tuple[int, int]:
+    """``(seq_len, period)`` for a model of context ``n_ctx``: each as given, or where None its
+    default fitted to the context: :data:`~headprobe.analyses.vocabulary.DEFAULT_SEQ_LEN` or
+    ``n_ctx`` if shorter; :data:`~headprobe.analyses.vocabulary.DEFAULT_PERIOD` or the longest
+    block that fits ``[BOS]`` and twice, ``(n_ctx - 1) // 2``. ``trained_periods``: ``(min, max,
+    eval)`` periods of a model ``headprobe train`` made (``LoadedModel.trained_periods``); where the
+    fitted period falls outside ``[min, max]`` the model never saw repeats that long, and its eval
+    period is the default instead. The one rule of ``scan``, ``import``, ``atlas``, ``ablate`` and ``prune``.
+
+    Raises:
+        HeadprobeError: a given length that does not fit the context (:func:`check_lengths`).
+    """
+    check_lengths(n_ctx, seq_len, period)
+    if period is None:
+        period = min(DEFAULT_PERIOD, (n_ctx - 1) // 2)
+        if trained_periods is not None:
+            low, high, eval_period = trained_periods
+            if not low <= period <= high and 2 * eval_period + 1 <= n_ctx:
+                period = eval_period
+    return seq_len or min(DEFAULT_SEQ_LEN, n_ctx), period
 
 
 def task_tokens(

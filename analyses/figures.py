@@ -18,7 +18,15 @@ import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 
-from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, VerdictRule, evidence_text, p_text, stop_text
+from headprobe.analyses.verdicts import (
+    CORRECTION_NAMES,
+    NOT_RUN,
+    NOT_TESTED,
+    VerdictRule,
+    evidence_text,
+    p_text,
+    stop_text,
+)
 from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.analyses.vocabulary import FIGURE_FORMATS, figure_formats
 from headprobe.probe.core.heads import format_head
@@ -638,11 +646,12 @@ def _ablation_panel(ax, kind: str, rows: Sequence[dict], types: list[str], rng: 
             continue
         draws = np.asarray(r["random_effects"], dtype=float)
         ax.scatter(i + rng.uniform(-0.22, 0.22, len(draws)), draws, s=3, color=_CONTROL_COLOR, lw=0, zorder=2)
-        ax.plot([i - 0.27, i + 0.27], [draws.max()] * 2, color="black", lw=0.9, zorder=3)
+        if len(draws):  # none where the test was not run (its verdict known before any set)
+            ax.plot([i - 0.27, i + 0.27], [draws.max()] * 2, color="black", lw=0.9, zorder=3)
         lo, hi = r.get("top_effect_ci95") or [np.nan, np.nan]
         err = None if not np.isfinite([lo, hi]).all() else [[r["top_effect"] - lo], [hi - r["top_effect"]]]
         ax.errorbar([i], [r["top_effect"]], yerr=err, fmt="D", ms=4, color=_TOP_COLOR, lw=0.8, capsize=2, zorder=4)
-        top_all += [r["top_effect"], float(draws.max())]
+        top_all += [r["top_effect"], *([float(draws.max())] if len(draws) else [])]
         ax.annotate(
             _ablation_verdict_text(r),
             (i, 1.0),
@@ -667,13 +676,20 @@ def _ablation_panel(ax, kind: str, rows: Sequence[dict], types: list[str], rng: 
 def _ablation_verdict_text(r: dict) -> str:
     """The numbers :func:`ablation_plot` writes above a head type's column for row ``r``: control sets
     ablated (or reached), p and, where tested, why the test stopped, the adjusted p and the verdict."""
-    reached = f"{r['exceedances']}/{r['draws']} reached" if r.get("exceedances") is not None else f"n={r['draws']}"
+    reached = (
+        "no control set"
+        if not r["draws"]
+        else f"{r['exceedances']}/{r['draws']} reached"
+        if r.get("exceedances") is not None
+        else f"n={r['draws']}"
+    )
     if r.get("tested"):
         verdict = verdict_label(r["confirmed"])
         stop = {
             "futile under the correction": "\n(stopped: cannot\nreach α after\n"
             f"{CORRECTION_NAMES.get(r.get('correction') or '', '')})",
             "settled above alpha": "\n(stopped: > α)",
+            NOT_RUN: "\n(not run: cannot\nreach α)",
         }
         p = p_text(r).replace("p in [", "p in\n[")  # five columns: at most ~15 characters a line
         return f"{reached}\n{p}{stop.get(r.get('stop_reason') or '', '')}\nadj {r['p_adjusted']:.3g}\n{verdict}"
@@ -729,13 +745,19 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
     rule = rule or VerdictRule.from_rows(rows, design.get("verdict_rule"))
     n = design.get("family_size")
     tested = [r for r in rows if r.get("tested")]
-    early = sum(stop_text(r) is not None for r in tested)
+    not_run = sum(r.get("stop_reason") == NOT_RUN for r in tested)
+    early = sum(stop_text(r) is not None for r in tested) - not_run
     lines = [
         f"Ablation check: the top-{k} heads of each head type against random control sets of {k} heads "
         f"({design.get('control')}, drawn outside every top-{k} set of the task), {design.get('primary_kind')} "
         f"ablation tested, at most {design.get('max_draws')} sets per test; a test stops early only once it "
-        f"cannot be significant (Besag & Clifford 1991): {early} of {len(tested)} did, the others ran all their "
-        f"sets; {n} test{'' if n == 1 else 's'}"
+        f"cannot be significant (Besag & Clifford 1991): {early} of {len(tested)} did, "
+        + (
+            f"{not_run} {'was' if not_run == 1 else 'were'} not run (its control sets cannot reach alpha: none ablated), "
+            if not_run
+            else ""
+        )
+        + f"the others ran all their sets; {n} test{'' if n == 1 else 's'}"
         + (f". CONFIRMED: {rule.condition()}" if rule is not None else "")
         + ". Effects in nats/token (loss increase) unless stated."
     ]
@@ -751,8 +773,13 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
         )
         lines.append(
             f"{r['head_type'].replace('_', '-')} ({r['kind']}, {r['task']}): top-{k} effect {r['top_effect']:+.4g} "
-            f"{format_interval(lo, hi, '+.4g', '95% CI ')} vs control mean {r['random_mean']:+.4g}, max {r['random_max']:+.4g} "
-            f"over {r['draws']} sets; {evidence_text(r, 4)}; {role}."
+            f"{format_interval(lo, hi, '+.4g', '95% CI ')} vs "
+            + (
+                f"control mean {r['random_mean']:+.4g}, max {r['random_max']:+.4g} over {r['draws']} sets"
+                if r["draws"]
+                else "no control set"
+            )
+            + f"; {evidence_text(r, 4)}; {role}."
         )
     return "\n".join(lines) + "\n"
 

@@ -28,6 +28,10 @@ VERDICTS = tuple(LABELS.values())
 """Every label, in that order."""
 NOT_TESTED = "not tested"
 """What an untested row (the reported kind) says in place of a verdict."""
+NOT_RUN = "not run: cannot reach alpha"
+"""The ``stop_reason`` of a tested verdict none of whose control sets was ablated: the sets that
+exist cannot give a p-value that reaches alpha after the correction
+(:func:`headprobe.analyses.verification.verify_heads`)."""
 EFFECT_RATIO = 2.0
 """The default ratio: the top-k effect must be at least this many times the mean control effect."""
 MIN_EFFECT = {"loss": 0.05, "embedding_cosine": 0.01}
@@ -189,8 +193,11 @@ def p_text(row: Mapping, digits: int = 3) -> str:
 
 def stop_text(row: Mapping) -> str | None:
     """Why the tested kind's test ended early, in words (None for one that ran to the end, or an
-    untested row): ``stopped: cannot reach alpha after BH`` or ``stopped: settled above alpha``."""
+    untested row): ``stopped: cannot reach alpha after BH``, ``stopped: settled above alpha`` or,
+    for one whose control sets were not ablated, ``not run: its control sets cannot reach alpha after BH``."""
     reason = row.get("stop_reason")
+    if reason == NOT_RUN:
+        return f"not run: its control sets cannot reach alpha after {CORRECTION_NAMES.get(row.get('correction') or '', row.get('correction'))}"
     if reason == "futile under the correction":
         return f"stopped: cannot reach alpha after {CORRECTION_NAMES.get(row.get('correction') or '', row.get('correction'))}"
     if reason == "settled above alpha":
@@ -199,9 +206,11 @@ def stop_text(row: Mapping) -> str | None:
 
 
 def reached_text(row: Mapping) -> str:
-    """``0 of 2 control sets reached the effect``."""
+    """``0 of 2 control sets reached the effect`` (``no control set ablated`` where none was)."""
     g = row.get("exceedances")
     n = row.get("draws", len(row.get("random_effects", [])))
+    if n == 0:
+        return "no control set ablated"
     if g is None:
         return f"{n} control sets"
     return f"{g} of {n} control set{'' if n == 1 else 's'} reached the effect"

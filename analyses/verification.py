@@ -282,7 +282,14 @@ class _Test:
     mc: st.SequentialMCTest = None  # type: ignore[assignment]  # None until verify_heads sets it, before any use
     no_verdict: str | None = None
     reach: str | None = None  # what its draws allow: alone, with others, never (statistics.confirmable)
-    capped: bool = False  # its stream cut to the draws asked for: more could decide nothing (_cap_undecidable)
+    capped: bool = False  # its stream cut: more sets could decide nothing (_cap_undecidable)
+    not_run: bool = False  # its stream emptied: no control set of it is ablated (_cap_undecidable)
+    n_sets: int = 0  # control sets its stream held before any cut
+
+    def judged_sets(self, streams: list[list[list[Head]]]) -> int:
+        """The control sets its reach and p-value floor are stated for: those of its stream, or
+        where none is ablated (:attr:`not_run`) those it held before (what made it unreachable)."""
+        return self.n_sets if self.not_run else len(streams[self.stream])
 
 
 def stream_seed(seed: int, name: str) -> int:
@@ -349,19 +356,25 @@ def plan_draws(m: int, settings: VerificationSettings) -> int:
     return max(settings.n_random, st.lone_draws_needed(m, settings.alpha))
 
 
-def _cap_undecidable(tests: list[_Test], streams: list[list[list[Head]]], requested: int) -> bool:
-    """Cut every stream whose tests can decide nothing (no verdict, or ``never`` confirmable: their
-    draws change no verdict of the family either, as both corrections reject the same others
-    with such a test at p = 1) to the ``requested`` draws: the draws raised for a lone verdict are
-    not ablated for them; their p-values are reported from the sets asked for. Returns whether a
-    stream was cut; the tests' ``capped`` say which."""
+def _cap_undecidable(tests: list[_Test], streams: list[list[list[Head]]], requested: int, sequential: bool) -> bool:
+    """Cut the streams whose tests can decide nothing (no verdict, or ``never`` confirmable: their
+    draws change no verdict of the family either, as both corrections reject the same others with
+    such a test at p = 1). A stream whose tests are all tested and ``never`` confirmable is emptied
+    when ``sequential``: none of its sets is ablated, its tests ``not_run`` (p = 1, the p-value of
+    a test of no draws); any other such stream (untrusted tests, or fixed draws) is cut to the
+    ``requested`` draws, for the p-value it reports. Returns whether a stream was cut; the tests'
+    ``capped`` and ``not_run`` say which."""
     cut = False
     for s, sets in enumerate(streams):
         users = [x for x in tests if x.stream == s]
-        if len(sets) > requested and users and all(x.no_verdict is not None or x.reach == "never" for x in users):
-            streams[s] = sets[:requested]
+        if not users or not all(x.no_verdict is not None or x.reach == "never" for x in users):
+            continue
+        empty = sequential and all(x.no_verdict is None for x in users)
+        keep = 0 if empty else requested
+        if len(sets) > keep:
+            streams[s] = sets[:keep]
             for x in users:
-                x.capped = True
+                x.capped, x.not_run = True, empty
             cut = True
     return cut
 
@@ -378,7 +391,7 @@ def make_plan(
     used, each test's control sets and what they allow (:func:`~headprobe.analyses.statistics.confirmable`),
     and the most sets the whole verification ablates."""
     family = [x for x in tests if x.no_verdict is None]
-    sizes = [len(streams[x.stream]) for x in family]
+    sizes = [x.judged_sets(streams) for x in family]
     reach = st.confirmable([1 / (n + 1) for n in sizes], settings.correction, settings.alpha) if family else []
     for x, r in zip(family, reach):
         x.reach = r
@@ -392,8 +405,15 @@ def make_plan(
         "n_random": settings.n_random,
         "raised": settings.n_random > requested,
         "kept": settings.keep_n_random,
-        "tests": [
-            {"head_type": x.head_type, "task": x.task, "control_sets": n, "confirmable": r, "capped": x.capped}
+        "tests": [  # control_sets: those that exist up to the draws; capped: fewer ablated; not_run: none
+            {
+                "head_type": x.head_type,
+                "task": x.task,
+                "control_sets": n,
+                "confirmable": r,
+                "capped": x.capped,
+                "not_run": x.not_run,
+            }
             for x, n, r in zip(family, sizes, reach)
         ],
         "max_sets": len(tests) * len(settings.kinds)
@@ -406,12 +426,14 @@ def _distinct_sets(n: int) -> str:
 
 
 def _unreachable_reason(x: _Test, n: int, plan: dict) -> str:
-    """Why a test's draws cannot give a verdict (its ``no_verdict``)."""
+    """Why a test's ``n`` control sets cannot give a verdict (its ``no_verdict``), and that none was
+    ablated where so."""
     few = f"only {_distinct_sets(n)}" if n < plan["n_random"] else f"{n} control sets"
     return (
         f"{few}: its smallest p-value 1/{n + 1} = {1 / (n + 1):.3f} cannot reach alpha = {plan['alpha']:g} after "
         f"{plan['correction']} over {plan['family_size']} tests"
         + (f" (use --n-random {plan['lone_draws_needed']} or more)" if n >= plan["n_random"] else "")
+        + ("; not run: none of them was ablated, as they could decide nothing" if x.not_run else "")
     )
 
 
@@ -511,6 +533,7 @@ def _drawn_tests(
     tests, streams, excluded, notes = _draw_controls(top, task_of, all_heads, removed, settings)
     for x in tests:
         x.no_verdict = untrusted.get(x.task)
+        x.n_sets = len(streams[x.stream])
     return settings, tests, streams, excluded, notes
 
 
@@ -522,7 +545,7 @@ def _capped_plan(
     # the untested kind: the first sets of each test's stream (fixed-size: all of them, the design before sequential tests)
     n_secondary = min(SECONDARY_DRAWS, settings.n_random) if settings.sequential else settings.n_random
     plan = make_plan(tests, streams, settings, requested, n_secondary)
-    if _cap_undecidable(tests, streams, requested):  # the plan of the sets that are ablated
+    if _cap_undecidable(tests, streams, requested, settings.sequential):  # the plan of the sets that are ablated
         plan = make_plan(tests, streams, settings, requested, n_secondary)
     return plan, n_secondary
 
@@ -592,7 +615,7 @@ def _verdicts(
         "batch": settings.batch,
         "secondary_draws": min(SECONDARY_DRAWS, settings.n_random) if settings.sequential else settings.n_random,
         "sequential": settings.sequential,
-        "besag_clifford_h": tests[0].mc.h if tests else None,
+        "besag_clifford_h": next((x.mc.h for x in tests if not x.not_run), None),
         "sets_ablated": ablated,  # the top-k sets and every control set, each kind counted
         "plan": plan,
         "notes": notes,
@@ -607,7 +630,7 @@ def _pool_notes(tests: list[_Test], streams: list, settings: VerificationSetting
     """A note per test whose stream is shorter than ``n_random`` (fewer distinct sets exist)."""
     out = []
     for x in tests:
-        if (n := len(streams[x.stream])) < settings.n_random:
+        if (n := x.judged_sets(streams)) < settings.n_random:
             out.append(
                 f"{x.head_type.replace('_', '-')}: only {n} distinct {settings.control} control "
                 f"{'set exists' if n == 1 else 'sets exist'} (the heads outside the task's top-k sets allow no "
@@ -660,7 +683,7 @@ def plan_lines(plan: dict) -> list[str]:
     for t in hard:
         short = (
             f"{t['control_sets']} control sets, the {plan['n_random_requested']} asked for"
-            if t.get("capped")
+            if t.get("capped") and not t.get("not_run")
             else f"only {_distinct_sets(t['control_sets'])}"
             if t["control_sets"] < n
             else f"{t['control_sets']} control sets are below the {need} a lone verdict needs"
@@ -671,14 +694,16 @@ def plan_lines(plan: dict) -> list[str]:
             else "it can be CONFIRMED only together with other tests"
         )
         why = (
-            ": no more are ablated, as they could decide nothing; its p-value is reported from these"
+            ": not run: none of its control sets is ablated, as they could decide nothing"
+            if t.get("not_run")
+            else ": no more are ablated, as they could decide nothing; its p-value is reported from these"
             if t.get("capped")
             else ""
         )
         out.append(
             f"NOTE: {t['head_type'].replace('_', '-')}: {short}: {what} ({plan['correction']} over {m} tests){why}"
         )
-    if hard and len(hard) == m and all(t["control_sets"] >= n or t.get("capped") for t in hard):
+    if hard and len(hard) == m and all(t["control_sets"] >= n or (t.get("capped") and not t.get("not_run")) for t in hard):
         out.append(f"NOTE: no verdict of this run can be CONFIRMED on its own; use --n-random {need} or more")
     return out
 
@@ -920,7 +945,10 @@ def _verification(
 ) -> Verification:
     """One row of evidence: the tested kind with its sequential p and adjusted p, or the other kind
     (reported on the control sets it ablated, plain Monte Carlo p). A tested test whose draws
-    cannot reach alpha (``reach`` never) has no verdict, with the reason."""
+    cannot reach alpha (``reach`` never) has no verdict, with the reason; where none of its
+    control sets was ablated (:attr:`_Test.not_run`) both rows have no draws: p = 1 (``(1 + 0) /
+    (1 + 0)``, what the correction takes), no control mean or maximum (NaN), ``stop_reason``
+    :data:`NOT_RUN`."""
     primary = settings.primary_kind
     effects = x.effects[kind]
     n = len(effects)
@@ -932,7 +960,7 @@ def _verification(
         p = (1 + g) / (1 + n)
     confirmed, no_verdict = None, x.no_verdict
     if tested and x.reach == "never":
-        no_verdict = _unreachable_reason(x, len(stream), plan)
+        no_verdict = _unreachable_reason(x, x.n_sets if x.not_run else len(stream), plan)
     elif tested:
         assert p_adj is not None  # a tested row has an adjusted p
         confirmed = settings.rule(metric).confirms(p_adj, x.top_effect[kind], effects)
@@ -946,8 +974,8 @@ def _verification(
         top_loss=x.top_loss[kind],
         top_effect=x.top_effect[kind],
         random_effects=effects,
-        random_mean=float(np.mean(effects)),
-        random_max=float(np.max(effects)),
+        random_mean=float(np.mean(effects)) if n else float("nan"),
+        random_max=float(np.max(effects)) if n else float("nan"),
         confirmed=confirmed,
         random_heads=[names(s) for s in stream[:n]],
         control_excludes=names(excluded),
@@ -962,8 +990,8 @@ def _verification(
         control=settings.control,
         correction=settings.correction if tested else None,
         tested=tested,
-        p_method=_p_method(x.mc) if kind == primary else "monte-carlo (reported, not tested)",
-        stop_reason=stop_reason(x.mc) if kind == primary else None,
+        p_method=_p_method(x) if kind == primary or x.not_run else "monte-carlo (reported, not tested)",
+        stop_reason=stop_reason(x.mc, x.not_run) if kind == primary else None,
         exceedances=int(g),
         p_value_is_bound=bool(kind == primary and x.mc.curtailed),
         p_value_min=float(x.mc.best_p) if kind == primary and x.mc.curtailed else None,
@@ -974,14 +1002,21 @@ SETTLED, FUTILE, RAN_TO_END = "settled above alpha", "futile under the correctio
 """The values of a verdict's ``stop_reason``: ``h`` draws reached its effect (Besag-Clifford: its
 p is above alpha whatever came next); curtailed (:func:`curtail_family`: its p is a bound); all of
 its stream's sets drawn."""
+NOT_RUN = verdicts.NOT_RUN
+"""``stop_reason`` of a test none of whose control sets was ablated: its control sets cannot give
+a p-value that reaches alpha after the correction, so its verdict (none) was known before any
+(:func:`_cap_undecidable`)."""
 
 
-def stop_reason(mc: st.SequentialMCTest) -> str:
-    """Why a tested kind's test ended: :data:`SETTLED`, :data:`FUTILE` or :data:`RAN_TO_END`."""
-    return FUTILE if mc.curtailed else SETTLED if mc.stopped else RAN_TO_END
+def stop_reason(mc: st.SequentialMCTest, not_run: bool = False) -> str:
+    """Why a tested kind's test ended: :data:`NOT_RUN`, :data:`SETTLED`, :data:`FUTILE` or :data:`RAN_TO_END`."""
+    return NOT_RUN if not_run else FUTILE if mc.curtailed else SETTLED if mc.stopped else RAN_TO_END
 
 
-def _p_method(mc: st.SequentialMCTest) -> str:
+def _p_method(x: _Test) -> str:
+    mc = x.mc
+    if x.not_run:
+        return "not run (no control set ablated: its sets cannot reach alpha after the correction; p = 1)"
     if mc.curtailed:
         return "sequential monte-carlo (curtailed: the largest p still reachable, a bound)"
     return "sequential monte-carlo (stopped early)" if mc.stopped else "sequential monte-carlo"

@@ -37,6 +37,12 @@ CORRECTION = "bh"
 """The default correction."""
 PRIMARY_KIND = "mean"
 """The ablation kind each verdict is tested with; the other kind is reported beside it."""
+DEFAULT_SEQ_LEN = 128
+"""Natural-text tokens per sequence (``--seq-len``) unless the model's context is shorter
+(:func:`headprobe.analyses.data.fit_lengths`)."""
+DEFAULT_PERIOD = 50
+"""The repeated block's length (``--period``) unless ``[BOS]`` and two blocks do not fit the
+model's context (:func:`headprobe.analyses.data.fit_lengths`)."""
 DEFAULT_PATTERN_LEN = 128
 """Tokens of every head's pattern kept for the viewer (``--pattern-len``)."""
 PATCH_SITES: tuple[str, ...] = ("z", "q", "k", "v", "resid")

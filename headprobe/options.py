@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from headprobe.settings import (  # noqa: F401 - the shared vocabularies and flag types, re-exported
     BACKENDS,
@@ -31,6 +31,7 @@ from headprobe.settings import (  # noqa: F401 - the shared vocabularies and fla
     add_flags,
     add_layout,
     check_device_map,
+    context_fitted,
     dtype_name,
     max_memory_dict,
     parse_max_memory,
@@ -530,6 +531,9 @@ def nearest_keyword(name: str, valid: list[str]) -> str | None:
     return next((v for v in sorted(valid, key=len, reverse=True) if key.endswith("_" + v)), None)
 
 
+_Run = TypeVar("_Run", bound="ModelRunConfig")
+
+
 @dataclass(frozen=True)
 class ModelRunConfig(ModelSettings, DataSettings):
     """The settings every command that runs a model on natural text and repeated random tokens
@@ -538,7 +542,24 @@ class ModelRunConfig(ModelSettings, DataSettings):
     there). ``n_natural`` sequences are used, as many more, disjoint, are the reference (ablate:
     mean/resample source; prune: the held-out curve). A command's config derives from it and adds
     its own fields. Invalid values raise :class:`~headprobe.probe.core.errors.HeadprobeError` when the
-    config is made."""
+    config is made. ``seq_len`` and ``period`` default to what fits the model's context, as
+    ``scan``'s do (:meth:`resolved`)."""
+
+    seq_len: int | None = context_fitted("seq_len")
+    period: int | None = context_fitted("period")
+
+    def resolved(self: _Run, spec, trained_periods: tuple[int, int, int] | None = None) -> _Run:
+        """This config with ``seq_len`` and ``period`` set for ``spec`` (a ModelSpec): as given, or
+        fitted to its context (:func:`headprobe.analyses.data.fit_lengths`, with ``trained_periods``
+        of a model ``headprobe train`` made). What the run computes with and summary.json records.
+
+        Raises:
+            HeadprobeError: a given length that does not fit the context, in one line.
+        """
+        from headprobe.analyses.data import fit_lengths
+
+        seq_len, period = fit_lengths(spec.n_ctx, self.seq_len, self.period, trained_periods)
+        return replace(self, seq_len=seq_len, period=period)
 
     def preflight(self) -> None:
         """Check, without loading weights, what the settings and files alone decide (here: the

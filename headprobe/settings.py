@@ -35,7 +35,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from headprobe.analyses.vocabulary import FIGURE_FORMATS, NO_FIGURES, parse_figure_formats
+from headprobe.analyses.vocabulary import (
+    DEFAULT_PERIOD,
+    DEFAULT_SEQ_LEN,
+    FIGURE_FORMATS,
+    NO_FIGURES,
+    parse_figure_formats,
+)
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import (  # defined once there (torch-free)
     BACKENDS,
@@ -434,6 +440,23 @@ class DataSettings:
 
     def __post_init__(self):
         check_settings(self)
+
+
+FITTED_HELP = {
+    "seq_len": f"natural-text sequence length in tokens (default {DEFAULT_SEQ_LEN}, or the model's context if shorter)",
+    "period": (
+        f"length of the repeated random block (default {DEFAULT_PERIOD}, or what fits the model's context twice; "
+        "for a model headprobe train made, its eval period when that is outside the periods it was trained on)"
+    ),
+}
+"""The help of :func:`context_fitted`'s ``--seq-len`` and ``--period``."""
+
+
+def context_fitted(name: str) -> Any:
+    """:class:`DataSettings`' ``seq_len`` or ``period`` for a Config whose default fits the model's
+    context: None, resolved once the model is loaded by :func:`headprobe.analyses.data.fit_lengths`
+    (``scan``, ``import``, ``ablate``, ``prune``), with the help that says so."""
+    return shared(DataSettings, name, None, help=FITTED_HELP[name])
 
 
 @dataclass(frozen=True)

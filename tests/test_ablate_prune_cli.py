@@ -196,6 +196,50 @@ def test_lengths_past_the_context_say_what_fits_before_any_plan(tiny_dir, tmp_pa
     assert "batch:" not in out and not (tmp_path / "x").exists()
 
 
+@pytest.fixture(scope="module")
+def short_dir(tiny_dir, tmp_path_factory):
+    """The tiny model with a 40-token context (rotary: the same weights fit it), shorter than the
+    128-token windows and the two 50-token blocks of the fixed defaults."""
+    d = tmp_path_factory.mktemp("short-context")
+    shutil.copytree(tiny_dir, d, dirs_exist_ok=True)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["max_position_embeddings"] = 40
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+FAST_PRUNE = ["--method", "random", "--n-seeds", "1", "--step-fraction", "0.5"]
+
+
+@pytest.mark.parametrize("command, extra", [("ablate", []), ("prune", FAST_PRUNE)])
+def test_default_lengths_fit_a_short_context_and_are_recorded(short_dir, tmp_path, command, extra):
+    """At their defaults ablate and prune fit a 40-token context as scan does: windows of
+    min(128, 40) = 40 tokens and a block of min(50, (40 - 1) // 2) = 19 ([BOS] + 2 x 19 = 39 tokens);
+    summary.json records those lengths and the token sets have them."""
+    out = tmp_path / command
+    argv = [command, "--model", str(short_dir), "--out", str(out), "--text", _text(tmp_path)]
+    assert main([*argv, "--n-natural", "2", "--n-repeated", "2", "--device", "cpu", *extra]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["config"]["seq_len"], summary["config"]["period"], summary["tokens"]["period"]) == (40, 19, 19)
+    natural = summary["tokens"]["natural" if command == "ablate" else "score"]
+    assert natural == [2, 40] and summary["tokens"]["repeated"] == [2, 1 + 2 * 19], summary["tokens"]
+
+
+@pytest.mark.parametrize("command", ["ablate", "prune"])
+def test_a_given_period_past_a_short_context_is_refused_alone(short_dir, tmp_path, capsys, command):
+    """A --period that does not fit is refused in one line naming it alone (the default --seq-len
+    fits), exit 2, nothing written."""
+    argv = [command, "--model", str(short_dir), "--out", str(tmp_path / "x"), "--text", _text(tmp_path)]
+    assert main([*argv, "--period", "20", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("headprobe: error:")]
+    assert line == (
+        "headprobe: error: --period 20 gives sequences longer than the model's context (40 tokens): "
+        "use --seq-len 40 or less and --period 19 or less"
+    ), line
+    assert "Traceback" not in err and not (tmp_path / "x").exists()
+
+
 def test_bad_model_exits_2(tmp_path, capsys):
     assert main(["ablate", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
 

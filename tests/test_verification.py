@@ -614,9 +614,9 @@ def test_draws_the_docs_state_for_bh_and_a_lone_verdict():
 
 def test_tests_that_cannot_be_confirmed_get_no_raised_draws(tiny_llama_gqa, text_file, monkeypatch):
     """At alpha 1e-4 a lone verdict of two tests needs 19,999 control sets and the tiny model has a
-    few hundred distinct ones: no verdict can be CONFIRMED, so the draws raised for one are not
-    ablated (each test gets the 9 asked for, p = 1/10 where no set reaches its planted effect),
-    and the plan says so before the control sets."""
+    few hundred distinct ones: no verdict can be CONFIRMED, so no control set is ablated at all
+    (only the two top-k sets, each kind; p = 1, a test of no draws), and the plan and the verdicts
+    say so, before the control sets and after."""
     import headprobe.analyses.verification as verif
     from headprobe.analyses.ablation import top_heads
 
@@ -637,14 +637,17 @@ def test_tests_that_cannot_be_confirmed_get_no_raised_draws(tiny_llama_gqa, text
     tested = [v for v in result.verifications if v.tested]
     assert len(tested) == 2
     for v in tested:
-        assert v.draws == 9 and v.exceedances == 0 and v.p_value == pytest.approx(1 / 10) and v.confirmed is None, v
-        assert "cannot reach alpha" in v.no_verdict
+        assert v.draws == 0 and v.exceedances == 0 and v.p_value == 1.0 and v.confirmed is None, v
+        assert "cannot reach alpha" in v.no_verdict and "not run: none of them was ablated" in v.no_verdict
+        assert v.stop_reason == "not run: cannot reach alpha" and v.p_adjusted == 1.0
+    assert all(v.draws == 0 and v.random_heads == [] for v in result.verifications)
     kinds = len({v.kind for v in result.verifications})
     controls = len(ablated) - 2 * kinds  # the two top-k sets, each kind
-    assert controls <= 2 * kinds * 9 and result.verification["sets_ablated"] == len(ablated), (controls, len(ablated))
+    assert controls == 0 and result.verification["sets_ablated"] == len(ablated), (controls, len(ablated))
     assert all(t["capped"] and t["confirmable"] == "never" for t in result.verification["plan"]["tests"])
     lines = "\n".join(result.verification["plan"]["lines"])  # what the scan prints before the control sets
-    assert lines.count("the 9 asked for: it cannot be CONFIRMED at all") == 2 and "no more are ablated" in lines, lines
+    assert lines.count("it cannot be CONFIRMED at all (bh over 2 tests): not run: none of its control sets") == 2, lines
+    assert "not run: its control sets cannot reach alpha after BH; no control set ablated" in result.report()
 
 
 def test_a_verdicts_shortfall_names_each_unmet_part_and_only_those():
@@ -663,3 +666,51 @@ def test_a_verdicts_shortfall_names_each_unmet_part_and_only_those():
     assert rule.shortfall(None, 1.0, [0.1]) == "adjusted p n/a > alpha 0.05"
     # alpha itself passes; a negative control mean asks only the floor
     assert rule.shortfall(0.05, 0.06, [-1.0]) is None
+
+
+def test_a_test_that_cannot_be_confirmed_ablates_no_control_set(tiny_llama_gqa, monkeypatch):
+    """Two tests on one task, k = 3, layer-matched controls outside both top-k sets. ``induction``'s
+    three heads are in layer 0, where 4 heads are left: C(4, 3) = 4 distinct control sets, p >= 1/5,
+    never CONFIRMED under BH over 2 tests, so none of its sets is ablated (its top-k set alone, each
+    kind). ``duplicate_token`` (one head in layer 0, two in layer 1: 4 x C(6, 2) = 60 sets) is
+    reachable; its numbers are those of the engine that still ablates induction's sets."""
+    import headprobe.analyses.verification as verif
+    from headprobe.analyses.data import repeated_random_tokens
+
+    top = {"induction": [(0, 0), (0, 1), (0, 2)], "duplicate_token": [(0, 3), (1, 0), (1, 1)]}
+    tops = [tuple(t) for t in top.values()]
+    rep = repeated_random_tokens(tiny_llama_gqa, 3, 8, 0)
+    ablated: list[tuple[str, tuple]] = []
+
+    def scripted(backend, tokens, sets, kind, *a, **k):  # a top-k set raises the loss by 8 nats, others by 0-0.7
+        ablated.extend((kind, tuple(map(tuple, s))) for s in sets)
+        return torch.stack([torch.full((tokens.shape[0],), 8.0 if tuple(map(tuple, s)) in tops else _noise(s, 0.7)) for s in sets])
+
+    monkeypatch.setattr(verif, "set_ablation_losses", scripted)
+
+    def verify():
+        ablated.clear()
+        settings = VerificationSettings(k=3, n_random=20)
+        out, design = verif.verify_heads(
+            tiny_llama_gqa, top, dict.fromkeys(top, "repeated"), {"repeated": rep}, {"repeated": torch.zeros(3)},
+            torch.zeros(1), settings,
+        )
+        return {(v.head_type, v.kind): v for v in out}, design, list(ablated)
+
+    rows, design, sets = verify()
+    induction_controls = [s for _, s in sets if all(h[0] == 0 for h in s) and s != tops[0]]
+    assert induction_controls == [] and sets.count(("mean", tops[0])) == sets.count(("zero", tops[0])) == 1
+    assert design["sets_ablated"] == len(sets) and [t["confirmable"] for t in design["plan"]["tests"]] == ["never", "alone"]
+    for kind in ("mean", "zero"):
+        v = rows["induction", kind]
+        assert v.draws == 0 and v.random_effects == [] and v.p_value == 1.0 and v.confirmed is None
+    assert "only 4 distinct control sets exist" in rows["induction", "mean"].no_verdict
+
+    monkeypatch.setattr(verif, "_cap_undecidable", lambda *a: False)  # the engine that ablates every test's sets
+    ref_rows, _, ref_sets = verify()
+    assert len([s for _, s in ref_sets if all(h[0] == 0 for h in s) and s != tops[0]]) == 2 * 4
+    dup, ref = rows["duplicate_token", "mean"], ref_rows["duplicate_token", "mean"]
+    assert dup.draws == 39 and dup.exceedances == 0 and dup.confirmed is True
+    for field in ("draws", "random_effects", "random_heads", "exceedances", "p_value", "p_adjusted", "confirmed", "stop_reason"):
+        assert getattr(dup, field) == getattr(ref, field), field
+    assert rows["duplicate_token", "zero"].random_effects == ref_rows["duplicate_token", "zero"].random_effects

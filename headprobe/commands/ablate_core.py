@@ -29,7 +29,7 @@ from headprobe.analyses.ablation import (
     top_heads,
 )
 from headprobe.analyses.attribution import atp_star, forward_equivalents, second_order
-from headprobe.analyses.data import TokenSet, check_lengths, open_text_file, task_tokens
+from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
 from headprobe.analyses.scoring import score_tokens
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
 from headprobe.probe.backends.base import LoadedModel
@@ -498,7 +498,7 @@ def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSe
     natural-text windows, the repeated task's other repeated sequences), and ``mean_z`` (over the
     other natural-text windows, where the kind needs it)."""
     text = open_text_file(cfg.text) if cfg.text else None
-    assert cfg.seq_len is not None and cfg.period is not None  # ablate's defaults (DataSettings); None is scan's
+    assert cfg.seq_len is not None and cfg.period is not None  # set by AblateConfig.resolved
     data = task_tokens(
         model,
         cfg.n_natural,
@@ -534,8 +534,8 @@ def batch_line(model: LoadedModel, config: AblateConfig) -> str | None:
     """
     if config.estimate:
         return None
-    assert config.period is not None and config.seq_len is not None  # ablate's defaults
-    check_lengths(model.spec.n_ctx, config.seq_len, config.period)  # before a plan for lengths that cannot run
+    config = config.resolved(model.spec, model.trained_periods)  # refuses lengths that cannot run, before a plan
+    assert config.period is not None and config.seq_len is not None  # set by resolved
     shapes = [(config.n_natural, config.seq_len), (config.n_repeated, 2 * config.period + 1)]
     plans = [sweep_plan(model, b, t, model.spec.n_layers, config.max_batch) for b, t in shapes]
     return max(plans, key=lambda p: p.per_item).line()
@@ -613,11 +613,9 @@ def run(
     if "induction" in saved:  # a checkpoint written when the repeated task was called "induction"
         saved.setdefault("repeated", saved.pop("induction"))
     save = (lambda: on_save(saved)) if on_save is not None else (lambda: None)
-    cfg = config
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     spec = model.spec
-    assert cfg.period is not None  # ablate's default (DataSettings); None is scan's
-    check_lengths(spec.n_ctx, cfg.seq_len, cfg.period)
+    cfg = config.resolved(spec, model.trained_periods)  # the lengths it runs with and summary.json records
     heads = cfg.head_list(spec.n_layers, spec.n_heads, spec.layout.head_layers)
     natural, repeated, sets, mean_z = _task_sets(model, cfg)
     results: dict[str, TaskResult] = {}

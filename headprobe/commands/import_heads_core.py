@@ -57,10 +57,8 @@ class ImportResult:
             else:
                 short = rule.shortfall(v.p_adjusted, v.top_effect, v.random_effects) if rule else None
                 verdict = f"{evidence_text(row)} {label(v.confirmed)}" + (f" ({short})" if short else "")
-            lines.append(
-                f"{v.kind}-ablation on {v.task}: effect {v.top_effect:+.4f} vs random {v.random_mean:+.4f} "
-                f"nats/token; {verdict}"
-            )
+            random = f"random {v.random_mean:+.4f}" if v.draws else "no control set (none ablated)"
+            lines.append(f"{v.kind}-ablation on {v.task}: effect {v.top_effect:+.4f} vs {random} nats/token; {verdict}")
         if rule is not None and any(v.tested for v in self.verifications):
             lines.append(f"(the rule: a verdict is CONFIRMED when {rule.condition()})")
         for r in self.kv or []:

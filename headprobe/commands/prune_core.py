@@ -16,7 +16,7 @@ import pandas as pd
 from headprobe import options
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import first_scored
-from headprobe.analyses.data import TokenSet, check_lengths, open_text_file, task_tokens
+from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
 from headprobe.analyses.pruning import (
     LossSet,
     PruningRun,
@@ -304,7 +304,7 @@ def _loss_sets(model: LoadedModel, cfg: PruneConfig) -> tuple[TokenSet, LossSet,
     """``(repeated, score, evals)``: the repeated task's token set, the natural-text windows the
     heads are scored on, and the held-out sets every curve is evaluated on (``natural``: the other
     natural-text windows; ``repeated``)."""
-    assert cfg.period is not None and cfg.seq_len is not None  # set by the defaults
+    assert cfg.period is not None and cfg.seq_len is not None  # set by PruneConfig.resolved
     text = open_text_file(cfg.text) if cfg.text else None
     data = task_tokens(
         model,
@@ -429,14 +429,11 @@ def run(
             non-native model, sequences longer than the context, too little text.
     """
     t_start = time.perf_counter()
-    cfg = config
     saved = _rename_old_task({} if resume is None else resume)
-    _refuse_early(model, cfg)
+    _refuse_early(model, config)
     spec = model.spec
-    assert (
-        cfg.period is not None and cfg.seq_len is not None and not isinstance(cfg.l0_lambdas, str)
-    )  # set by the defaults and __post_init__
-    check_lengths(spec.n_ctx, cfg.seq_len, cfg.period)
+    cfg = config.resolved(spec, model.trained_periods)  # the lengths it runs with and summary.json records
+    assert not isinstance(cfg.l0_lambdas, str)  # set by __post_init__
     repeated, score, evals = _loss_sets(model, cfg)
     runs, method_s = dict[str, PruningRun](), dict[str, float]()
     for name in run_names(cfg):

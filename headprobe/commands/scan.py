@@ -32,7 +32,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import TextFile, open_text_file
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting
 
 _CORE = (
     "run",
@@ -68,20 +68,9 @@ sharded over processes (torch.distributed, gloo on CPU, NCCL with one GPU per pr
   run starts again.
 """
 
-DEFAULT_SEQ_LEN = 128  # natural-text tokens per sequence, unless the model's context is shorter
-DEFAULT_PERIOD = 50  # repeated block, unless two of them do not fit the context
+DEFAULT_SEQ_LEN = vocab.DEFAULT_SEQ_LEN  # natural-text tokens per sequence, unless the model's context is shorter
+DEFAULT_PERIOD = vocab.DEFAULT_PERIOD  # repeated block, unless two of them do not fit the context
 DEFAULT_K = 10  # heads ablated per type, unless that is more than a quarter of the model's heads
-
-
-def _default_period(n_ctx: int, trained_periods: tuple[int, int, int] | None) -> int:
-    """:data:`DEFAULT_PERIOD`, or what fits the context twice; a headprobe-trained model's eval
-    period when that falls outside the periods it was trained on."""
-    period = min(DEFAULT_PERIOD, (n_ctx - 1) // 2)
-    if trained_periods is not None:
-        low, high, eval_period = trained_periods
-        if not low <= period <= high and 2 * eval_period + 1 <= n_ctx:
-            return eval_period
-    return period
 
 
 @dataclass(frozen=True)
@@ -121,21 +110,8 @@ class ScanConfig(ModelSettings, DataSettings):
             of 1,024 tokens or more on the native backend.
     """
 
-    seq_len: int | None = shared(
-        DataSettings,
-        "seq_len",
-        None,
-        help=(f"natural-text sequence length in tokens (default {DEFAULT_SEQ_LEN}, or the model's context if shorter)"),
-    )
-    period: int | None = shared(
-        DataSettings,
-        "period",
-        None,
-        help=(
-            f"length of the repeated random block (default {DEFAULT_PERIOD}, or what fits the model's context twice; "
-            "for a model headprobe train made, its eval period when that is outside the periods it was trained on)"
-        ),
-    )
+    seq_len: int | None = settings.context_fitted("seq_len")
+    period: int | None = settings.context_fitted("period")
     k: int | None = setting(
         None,
         f"heads ablated per type (default {DEFAULT_K}, or a quarter of the heads if fewer)",
@@ -277,6 +253,7 @@ class ScanConfig(ModelSettings, DataSettings):
         """
         n_heads = spec.n_layers * spec.n_heads
         self._check_layout(n_heads, spec.n_ctx)
+        from headprobe.analyses.data import fit_lengths
         from headprobe.analyses.detectors import DETECTORS
 
         assert self.types is not None  # set by __post_init__
@@ -286,13 +263,9 @@ class ScanConfig(ModelSettings, DataSettings):
                 f"head types {', '.join(self.types).replace('_', '-')} are scored on encoders only "
                 f"(bidirectional attention); {spec.name} is causal"
             )
-        return replace(
-            self,
-            types=types,
-            seq_len=self.seq_len or min(DEFAULT_SEQ_LEN, spec.n_ctx),
-            period=self.period or _default_period(spec.n_ctx, trained_periods),
-            k=self.k or max(1, min(DEFAULT_K, n_heads // 4)),
-        )
+        seq_len, period = fit_lengths(spec.n_ctx, self.seq_len, self.period, trained_periods)
+        k = self.k or max(1, min(DEFAULT_K, n_heads // 4))
+        return replace(self, types=types, seq_len=seq_len, period=period, k=k)
 
 
 def unreachable_note(cfg: ScanConfig) -> str | None:

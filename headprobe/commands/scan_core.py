@@ -833,9 +833,10 @@ def format_report(result: ScanResult) -> str:
         lo, hi = v.top_effect_ci95
         p_adj = f"{v.p_adjusted:7.4f}" if v.p_adjusted is not None else f"{'-':>7}"
         verdict = v.verdict if v.tested or v.no_verdict else "(reported, not tested)"
+        controls = f"{v.random_mean:+9.{d}f}/{v.random_max:+.{d}f}" if v.draws else f"{'none':>9}/{'-':<{d + 2}}"
         lines.append(
             f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {v.clean_loss:6.2f} {v.top_effect:+8.{d}f} "
-            f"{figs.format_interval(lo, hi, f'+.{d}f')} {v.random_mean:+9.{d}f}/{v.random_max:+.{d}f} {v.draws:>4} "
+            f"{figs.format_interval(lo, hi, f'+.{d}f')} {controls} {v.draws:>4} "
             f"{'≤' if v.p_value_is_bound else ' '}{v.p_value:6.4f} {p_adj}  {verdict}"
         )
     lines += [
