@@ -356,20 +356,23 @@ def plan_draws(m: int, settings: VerificationSettings) -> int:
     return max(settings.n_random, st.lone_draws_needed(m, settings.alpha))
 
 
-def _cap_undecidable(tests: list[_Test], streams: list[list[list[Head]]], requested: int, sequential: bool) -> bool:
+def _cap_undecidable(
+    tests: list[_Test], streams: list[list[list[Head]]], requested: int, skip_unreachable: bool
+) -> bool:
     """Cut the streams whose tests can decide nothing (no verdict, or ``never`` confirmable: their
     draws change no verdict of the family either, as both corrections reject the same others with
     such a test at p = 1). A stream whose tests are all tested and ``never`` confirmable is emptied
-    when ``sequential``: none of its sets is ablated, its tests ``not_run`` (p = 1, the p-value of
-    a test of no draws); any other such stream (untrusted tests, or fixed draws) is cut to the
-    ``requested`` draws, for the p-value it reports. Returns whether a stream was cut; the tests'
-    ``capped`` and ``not_run`` say which."""
+    when ``skip_unreachable`` (sequential tests, draws not kept by the user): none of its sets is
+    ablated, its tests ``not_run`` (p = 1, the p-value of a test of no draws); any other such stream
+    (untrusted tests, fixed draws, or ``--keep-n-random``'s sets, which the user asked to see) is
+    cut to the ``requested`` draws, for the p-value it reports. Returns whether a stream was cut;
+    the tests' ``capped`` and ``not_run`` say which."""
     cut = False
     for s, sets in enumerate(streams):
         users = [x for x in tests if x.stream == s]
         if not users or not all(x.no_verdict is not None or x.reach == "never" for x in users):
             continue
-        empty = sequential and all(x.no_verdict is None for x in users)
+        empty = skip_unreachable and all(x.no_verdict is None for x in users)
         keep = 0 if empty else requested
         if len(sets) > keep:
             streams[s] = sets[:keep]
@@ -545,7 +548,8 @@ def _capped_plan(
     # the untested kind: the first sets of each test's stream (fixed-size: all of them, the design before sequential tests)
     n_secondary = min(SECONDARY_DRAWS, settings.n_random) if settings.sequential else settings.n_random
     plan = make_plan(tests, streams, settings, requested, n_secondary)
-    if _cap_undecidable(tests, streams, requested, settings.sequential):  # the plan of the sets that are ablated
+    skip = settings.sequential and not settings.keep_n_random
+    if _cap_undecidable(tests, streams, requested, skip):  # the plan of the sets that are ablated
         plan = make_plan(tests, streams, settings, requested, n_secondary)
     return plan, n_secondary
 
@@ -703,7 +707,11 @@ def plan_lines(plan: dict) -> list[str]:
         out.append(
             f"NOTE: {t['head_type'].replace('_', '-')}: {short}: {what} ({plan['correction']} over {m} tests){why}"
         )
-    if hard and len(hard) == m and all(t["control_sets"] >= n or (t.get("capped") and not t.get("not_run")) for t in hard):
+    if (
+        hard
+        and len(hard) == m
+        and all(t["control_sets"] >= n or (t.get("capped") and not t.get("not_run")) for t in hard)
+    ):
         out.append(f"NOTE: no verdict of this run can be CONFIRMED on its own; use --n-random {need} or more")
     return out
 

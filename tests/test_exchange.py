@@ -271,7 +271,6 @@ def test_import_gives_scans_verdict_on_scans_own_heads(runs, tmp_path, tiny_dir,
         device="cpu",
         n_random=4,
         keep_n_random=True,
-        alpha=0.25,  # 4 draws can reach it (p >= 1/5): a test that cannot is not run (no control set ablated)
         seq_len=24,
         n_natural=3,
         n_repeated=3,
