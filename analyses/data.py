@@ -240,7 +240,7 @@ def fit_lengths(
     block that fits ``[BOS]`` and twice, ``(n_ctx - 1) // 2``. ``trained_periods``: ``(min, max,
     eval)`` periods of a model ``headprobe train`` made (``LoadedModel.trained_periods``); where the
     fitted period falls outside ``[min, max]`` the model never saw repeats that long, and its eval
-    period is the default instead. The one rule of ``scan``, ``import``, ``atlas``, ``ablate`` and ``prune``.
+    period is the default instead. The one rule of ``scan``, ``import``, ``atlas``, ``ablate``, ``prune``, ``robustness`` and ``diff``.
 
     Raises:
         HeadprobeError: a given length that does not fit the context (:func:`check_lengths`).

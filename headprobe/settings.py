@@ -455,7 +455,7 @@ FITTED_HELP = {
 def context_fitted(name: str) -> Any:
     """:class:`DataSettings`' ``seq_len`` or ``period`` for a Config whose default fits the model's
     context: None, resolved once the model is loaded by :func:`headprobe.analyses.data.fit_lengths`
-    (``scan``, ``import``, ``ablate``, ``prune``), with the help that says so."""
+    (``scan``, ``import``, ``ablate``, ``prune``, ``robustness``, ``diff``), with the help that says so."""
     return shared(DataSettings, name, None, help=FITTED_HELP[name])
 
 

@@ -225,11 +225,13 @@ def test_default_lengths_fit_a_short_context_and_are_recorded(short_dir, tmp_pat
     assert natural == [2, 40] and summary["tokens"]["repeated"] == [2, 1 + 2 * 19], summary["tokens"]
 
 
-@pytest.mark.parametrize("command", ["ablate", "prune"])
+@pytest.mark.parametrize("command", ["ablate", "prune", "robustness", "diff"])
 def test_a_given_period_past_a_short_context_is_refused_alone(short_dir, tmp_path, capsys, command):
     """A --period that does not fit is refused in one line naming it alone (the default --seq-len
-    fits), exit 2, nothing written."""
-    argv = [command, "--model", str(short_dir), "--out", str(tmp_path / "x"), "--text", _text(tmp_path)]
+    fits), exit 2, nothing written; robustness and diff (of the model with itself) too, where they
+    shortened a given length without a word."""
+    model = ["--model", str(short_dir)] if command != "diff" else [str(short_dir), str(short_dir)]
+    argv = [command, *model, "--out", str(tmp_path / "x"), "--text", _text(tmp_path)]
     assert main([*argv, "--period", "20", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     (line,) = [ln for ln in err.splitlines() if ln.startswith("headprobe: error:")]

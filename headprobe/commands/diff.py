@@ -19,7 +19,7 @@ from headprobe.analyses import vocabulary as vocab
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, context_fitted, setting
 
 __getattr__ = lazy_names(__name__, "headprobe.commands.diff_core", ("run", "diff", "DiffResult"))
 
@@ -103,6 +103,8 @@ class DiffConfig(ModelSettings, DataSettings):
         positional=True,
         kw_only=True,
     )
+    seq_len: int | None = context_fitted("seq_len")
+    period: int | None = context_fitted("period")
     types: str | Sequence[str] | None = setting(None, "head types (default: all causal ones)", metavar="TYPE[,TYPE...]")
     k: int | None = setting(
         None,

@@ -18,7 +18,7 @@ from headprobe import options
 from headprobe.analyses import robustness as rb
 from headprobe.analyses.ablation import exact_sweep, first_scored, top_heads
 from headprobe.analyses.columns import DETECTORS
-from headprobe.analyses.data import TokenSet, natural_text_tokens, repeated_random_tokens
+from headprobe.analyses.data import TokenSet, fit_lengths, natural_text_tokens, repeated_random_tokens
 from headprobe.analyses.scoring import score_tokens
 from headprobe.analyses.statistics import adjust_p_values
 from headprobe.commands.diff import HELP, DiffConfig, check_resample_sources, layout_refusal  # noqa: F401 - HELP re-exported
@@ -301,8 +301,9 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
     """Both models measured on the same tokens (A's tokenizer) and compared head by head.
 
     Raises:
-        HeadprobeError: layouts or vocabularies that differ, an encoder, or a model whose self-check
-            forbids head ablation.
+        HeadprobeError: layouts or vocabularies that differ, an encoder, a model whose self-check
+            forbids head ablation, or a given --seq-len/--period longer than the shorter context
+            (:func:`fit_lengths`).
     """
     if why := layout_refusal(_layout(a), _layout(b), a.spec.name, b.spec.name):
         raise HeadprobeError(why)
@@ -321,8 +322,7 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
     types = tuple(t for t in (cfg.types or DETECTORS) if DETECTORS[t].applies_to(True))
     n_total = spec.n_layers * spec.n_heads
     k = cfg.k or max(1, min(DEFAULT_K, n_total // 4))
-    seq_len = min(cfg.seq_len or 128, spec.n_ctx, b.spec.n_ctx)
-    period = min(cfg.period or 50, (min(spec.n_ctx, b.spec.n_ctx) - 1) // 2)
+    seq_len, period = fit_lengths(min(spec.n_ctx, b.spec.n_ctx), cfg.seq_len, cfg.period, a.trained_periods)
     cfg = replace(cfg, types=types, k=k, seq_len=seq_len, period=period)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()

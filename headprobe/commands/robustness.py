@@ -17,7 +17,7 @@ from headprobe.analyses import vocabulary as vocab
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, context_fitted, setting
 
 __getattr__ = lazy_names(
     __name__, "headprobe.commands.robustness_core", ("run", "robustness", "RobustnessResult", "Condition", "conditions")
@@ -60,6 +60,8 @@ class RobustnessConfig(ModelSettings, DataSettings):
         n_boot: bootstrap resamples of each stability interval.
     """
 
+    seq_len: int | None = context_fitted("seq_len")
+    period: int | None = context_fitted("period")
     types: str | Sequence[str] = setting(
         ",".join(DEFAULT_TYPES), "head types (default %(default)s)", metavar="TYPE[,TYPE...]"
     )

@@ -19,7 +19,7 @@ from headprobe.analyses import robustness as rb
 from headprobe.analyses import verification as verif
 from headprobe.analyses.ablation import first_scored, top_heads, untrusted_task_reason
 from headprobe.analyses.columns import DETECTORS
-from headprobe.analyses.data import TokenSet, natural_text_tokens, repeated_random_tokens
+from headprobe.analyses.data import TokenSet, fit_lengths, natural_text_tokens, repeated_random_tokens
 from headprobe.analyses.scoring import score_tokens
 from headprobe.analyses.vocabulary import PRIMARY_KIND
 from headprobe.commands.robustness import DEFAULT_K, HELP, RobustnessConfig  # noqa: F401 - HELP re-exported
@@ -325,8 +325,9 @@ def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> 
     """Every condition of ``config`` on a loaded (causal) model; see the module docstring.
 
     Raises:
-        HeadprobeError: an encoder, a model whose self-check forbids head ablation, k too large, or
-            a text too short for two halves.
+        HeadprobeError: an encoder, a model whose self-check forbids head ablation, k too large, a
+            given --seq-len/--period longer than the context (:func:`fit_lengths`), or a text too
+            short for two halves.
     """
     spec = model.spec
     if not spec.causal:
@@ -338,12 +339,8 @@ def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> 
     k = config.k or max(1, min(DEFAULT_K, n_heads // 4))
     if k >= n_heads:
         raise HeadprobeError(f"--top-k {k} leaves no control heads: the model has {n_heads} heads")
-    cfg = replace(
-        config,
-        k=k,
-        seq_len=min(config.seq_len or 128, spec.n_ctx),
-        period=min(config.period or 50, (spec.n_ctx - 1) // 2),
-    )
+    seq_len, period = fit_lengths(spec.n_ctx, config.seq_len, config.period, model.trained_periods)
+    cfg = replace(config, k=k, seq_len=seq_len, period=period)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     conds, notes = conditions(model, cfg, k)
