@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -124,3 +125,14 @@ def test_reported_jaccard_and_stability_equal_a_hand_computation(tiny, text_file
     assert "induction: mean top-k Jaccard" in report and "over 4 conditions (text half 2: not for this type)" in report
     left = "repeats seed 1, repeats period 6, induction by copying: not for this type"
     assert f"over 2 conditions ({left})" in report and report.startswith(f"{r.spec.name}: 5 conditions")
+    # robustness.csv names a head as head_scores.csv does: its layer and its index within the layer,
+    # integers when read back, one row per head of the type's top-k sets (a "5.10" read as 5.1 cannot clash)
+    import io
+
+    csv = pd.read_csv(io.StringIO(r.table.to_csv(index=False)))
+    assert csv["layer"].dtype.kind == "i" and csv["head"].dtype.kind == "i"
+    for name, rec in summary["types"].items():
+        rows = csv[csv["type"] == name]
+        assert {f"{l}.{h}" for l, h in zip(rows["layer"], rows["head"])} == set().union(
+            *map(set, rec["top_k"].values())
+        )

@@ -291,9 +291,8 @@ def _type_record(
         rows.append(
             {
                 "type": name,
-                "head": format_head(h),
                 "layer": h[0],
-                "head_index": h[1],
+                "head": h[1],  # the index within the layer, as in head_scores.csv and diff.csv
                 "base_score": base_scores[h],
                 "stability": frac,
                 "ci95_low": lo,
@@ -316,7 +315,10 @@ def _type_record(
         },
         "mean_jaccard": rb.mean_pairwise_jaccard(sets),
         "verdict_holds_everywhere": all(o.confirmed.get(name) is True for o in mine),
-        "stability": {r["head"]: {"stability": r["stability"], "ci95": [r["ci95_low"], r["ci95_high"]]} for r in rows},
+        "stability": {
+            format_head((r["layer"], r["head"])): {"stability": r["stability"], "ci95": [r["ci95_low"], r["ci95_high"]]}
+            for r in rows
+        },
     }
     return record, rows
 
@@ -390,8 +392,10 @@ def stability_figure(result: RobustnessResult):
         ax.set_yticks(
             range(len(rows)),
             [
-                f"{h}  {s:.2f} [{lo:.2f}, {hi:.2f}]"
-                for h, s, lo, hi in zip(rows["head"], rows["stability"], rows["ci95_low"], rows["ci95_high"])
+                f"{format_head((l, h))}  {s:.2f} [{lo:.2f}, {hi:.2f}]"
+                for l, h, s, lo, hi in zip(
+                    rows["layer"], rows["head"], rows["stability"], rows["ci95_low"], rows["ci95_high"]
+                )
             ],
             fontsize=7,
         )
@@ -443,8 +447,10 @@ def format_report(result: RobustnessResult) -> str:
         lines.append(
             "  "
             + ", ".join(
-                f"{h} {s:.2f} [{lo:.2f}, {hi:.2f}]"
-                for h, s, lo, hi in zip(rows["head"], rows["stability"], rows["ci95_low"], rows["ci95_high"])
+                f"{format_head((l, h))} {s:.2f} [{lo:.2f}, {hi:.2f}]"
+                for l, h, s, lo, hi in zip(
+                    rows["layer"], rows["head"], rows["stability"], rows["ci95_low"], rows["ci95_high"]
+                )
             )
         )
     lines += [f"NOTE: {n}" for n in result.notes]
