@@ -1297,6 +1297,7 @@ def _circuit_nodes(ax, nodes, where) -> None:
             fontsize=5.5,
             zorder=4,
             ha="center" if node is None else "left",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},  # legible over edges
         )
 
 

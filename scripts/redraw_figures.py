@@ -1,4 +1,4 @@
-"""Redraw the committed study, training, prune and scan figures from the numbers their runs saved.
+"""Redraw the committed study, training, prune, circuit and scan figures from the numbers their runs saved.
 
 Usage: ``.venv/bin/python scripts/redraw_figures.py [--check] [figures | figures/RUN]``
 
@@ -66,6 +66,21 @@ def redraw_train(d: Path) -> list[Path]:
         device="cpu",
     )
     return [p for name, fig in result.figures().items() for p in save_figure(fig, d / name)]
+
+
+def redraw_circuit(d: Path) -> list[Path]:
+    """Redraw a circuit run's circuit figure from its edges.csv with today's figure code
+    (:func:`headprobe.commands.circuit_core.circuit_figure`, what the command draws); the model's
+    name and shape from summary.json."""
+    from headprobe.analyses.figures import save_figure
+    from headprobe.commands.circuit_core import circuit_figure
+
+    meta = json.loads((d / "summary.json").read_text())
+    lay, cfg = meta["layout"], meta["config"]
+    fig = circuit_figure(
+        pd.read_csv(d / "edges.csv"), cfg["top"], cfg["method"], meta["model"], lay["n_layers"], lay["n_heads"]
+    )
+    return save_figure(fig, d / "circuit")
 
 
 def redraw_prune(d: Path) -> list[Path]:
@@ -261,6 +276,8 @@ def main(argv: list[str]) -> None:
             written += redraw_scan(d)
         elif (d / "pruning_curve.csv").is_file():
             written += redraw_prune(d)
+        elif (d / "edges.csv").is_file():
+            written += redraw_circuit(d)
     for line in [str(p) for p in written] + differ:
         print(line)
     if differ:

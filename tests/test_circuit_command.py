@@ -70,6 +70,21 @@ def test_cli_writes_edges_figure_and_summary(llama_dir, tmp_path, capsys):
     qk = pd.read_csv(out / "qk_attribution.csv")
     assert qk["key_side"].sum() == pytest.approx(summary["qk_attribution"]["score"], rel=1e-3)
     assert (out / "circuit.png").is_file()
+    # scripts/redraw_figures.py redraws circuit.png from the saved edges.csv and summary.json as the
+    # command drew it (the CSV's 6 significant digits move line widths by less than a pixel)
+    import importlib.util
+    import shutil
+    from pathlib import Path
+
+    from matplotlib.testing.compare import compare_images
+
+    spec = importlib.util.spec_from_file_location("redraw", Path(__file__).parents[1] / "scripts" / "redraw_figures.py")
+    redraw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(redraw)
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    redraw.redraw_circuit(again)
+    assert compare_images(str(out / "circuit.png"), str(again / "circuit.png"), tol=0.5) is None
     said = capsys.readouterr().out
     assert "Spearman" in said
     # the last line names every file written but the figures, read from the folder itself

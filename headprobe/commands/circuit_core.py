@@ -143,23 +143,9 @@ class CircuitResult:
         return out
 
     def figure(self):
-        """``circuit``: the ``top`` edges as a graph (:func:`headprobe.analyses.figures.circuit_graph`)."""
-        from headprobe.analyses import figures
-        from headprobe.analyses.circuit import parse_edge
-
-        top = self.edges.head(self.config.top)
-        edges = [
-            (e.sender, e.receiver, e.input, float(score))
-            for e, score in zip((parse_edge(name) for name in top["edge"]), top["score"])
-        ]
-        label = self.config.method.upper()
-        return figures.circuit_graph(
-            edges,
-            self.spec.n_layers,
-            self.spec.n_heads,
-            f"{self.spec.name}: top {len(edges)} edges by |{label}|",
-            f"{label} score (nats/token)",
-            checked=top["exact"].notna().tolist(),
+        """``circuit``: the ``top`` edges as a graph (:func:`circuit_figure`)."""
+        return circuit_figure(
+            self.edges, self.config.top, self.config.method, self.spec.name, self.spec.n_layers, self.spec.n_heads
         )
 
     def report(self) -> str:
@@ -313,3 +299,26 @@ circuit = options.command_function(
     '``n_seqs=2``, ``receivers="18.6:k"``',
 )
 """``headprobe circuit`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
+
+
+def circuit_figure(edges: pd.DataFrame, top: int, method: str, name: str, n_layers: int, n_heads: int):
+    """circuit.png: the first ``top`` rows of edges.csv (``edges``, ordered by ``|score|``) as a graph
+    (:func:`headprobe.analyses.figures.circuit_graph`), outlined where ``exact`` was measured; what
+    ``headprobe circuit`` draws and scripts/redraw_figures.py redraws from a saved edges.csv."""
+    from headprobe.analyses import figures
+    from headprobe.analyses.circuit import parse_edge
+
+    rows = edges.head(top)
+    drawn = [
+        (e.sender, e.receiver, e.input, float(score))
+        for e, score in zip((parse_edge(n) for n in rows["edge"]), rows["score"])
+    ]
+    label = method.upper()
+    return figures.circuit_graph(
+        drawn,
+        n_layers,
+        n_heads,
+        f"{name}: top {len(drawn)} edges by |{label}|",
+        f"{label} score (nats/token)",
+        checked=rows["exact"].notna().tolist(),
+    )
