@@ -260,8 +260,15 @@ def test_the_tolerance_policy_is_in_curve_csv_and_the_figure(tiny_tokenizer, tex
 
     model = wrap(zoo.make_checkpoint("gpt2", tiny_tokenizer), backend="native")  # 8 groups; streaming costs loss
     cfg = KVConfig(
-        model="gpt2", seq_len=48, block_len=6, sink=2, window=6, loss_tolerance=0.0, budgets=(0.3,),
-        n_random=1, text=str(text_file),
+        model="gpt2",
+        seq_len=48,
+        block_len=6,
+        sink=2,
+        window=6,
+        loss_tolerance=0.0,
+        budgets=(0.3,),
+        n_random=1,
+        text=str(text_file),
     )
     capsys.readouterr()
     r = run(model, cfg, progress=True)

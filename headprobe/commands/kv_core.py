@@ -419,7 +419,17 @@ def _tolerance_policy(
     bar.set_description(f"kv policies: the loss tolerance's policy ({len(full_groups)} groups full) and controls")
     label = policy_cost(layout, kp.policy_with_full(layout, full_groups, streaming, candidates), config.seq_len)
     comparison = kp.compare_at(
-        model, tokens, start, lr, full_groups, streaming, seeds, layout, full, label=label.kv_fraction, progress=bar.update
+        model,
+        tokens,
+        start,
+        lr,
+        full_groups,
+        streaming,
+        seeds,
+        layout,
+        full,
+        label=label.kv_fraction,
+        progress=bar.update,
     )
     bar.close()
     return full_groups, [{**r, "target": "loss_tolerance"} for r in comparison]
