@@ -372,6 +372,11 @@ def undetectable_reason(d: dict, task: str, cfg: DiffConfig) -> str:
     flag, need = FLAG_OF_TASK[task], d["sequences_needed"]
     fix = (
         f"{flag} {need} or more would allow one"
+        + (
+            f" ({d['sequences_needed_alone']} for one head's change alone)"
+            if d["sequences_needed_alone"] not in (None, need)
+            else ""
+        )
         if need is not None
         else f"no sequence count would: the test's {d['flips']} flips give at best {d['smallest_p']:.3g}; raise --n-perm"
     )
