@@ -1351,12 +1351,32 @@ def _circuit_handles(edges: Sequence, checked: list[bool], score_label: str, top
     return handles
 
 
+def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -> None:
+    """:func:`kv_policy_curve`'s point of the policy ``--loss-tolerance`` chose (and the tolerance)."""
+    chosen = next((r for r in rows if r.get("target") == "loss_tolerance" and r["policy"] == "chosen"), None)
+    if chosen is None:
+        return
+    color = "#D55E00"
+    label = (
+        f"chosen for --loss-tolerance {loss_tolerance:g} nats/token ({chosen['n_full_groups']} groups full)"
+        if loss_tolerance is not None
+        else f"chosen for the loss tolerance ({chosen['n_full_groups']} groups full)"
+    )
+    if loss_tolerance is not None:
+        axes[0].axhline(loss_tolerance, color=color, lw=0.7, ls=":")
+    for ax, key in zip(axes, ("natural_loss_increase", "copy_accuracy")):
+        ax.plot([chosen["kv_fraction"]], [chosen[key]], "D", color=color, ms=5, mec="black", mew=0.5, label=label)
+
+
 @_styled
-def kv_policy_curve(rows: Sequence[dict], title: str) -> Figure:
+def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | None = None) -> Figure:
     """Quality against KV memory for head-level KV policies (``headprobe kv``): natural-text loss
     increase (nats/token) and long-range copy accuracy against the cache's fraction of the full
     one, for the chosen policy, the same window on every group and random groups (mean over
-    seeds, whiskers their range). ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`."""
+    seeds, whiskers their range) at each budget. ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`;
+    a row with ``target == "loss_tolerance"`` (the policy ``--loss-tolerance`` chose, and its
+    controls) is not on the budget lines: its chosen policy is drawn as its own labelled point and
+    ``loss_tolerance`` (nats/token) as a dotted line."""
     fig = _figure(COLUMN_WIDTH, 4.0)
     axes = fig.subplots(2, 1, sharex=True)
     styles = {
@@ -1364,8 +1384,9 @@ def kv_policy_curve(rows: Sequence[dict], title: str) -> Figure:
         "uniform": ("#E69F00", "s", "same window, every group"),
         "random": ("#009E73", "^", "random groups full (seed range)"),
     }
+    on_curve = [r for r in rows if r.get("target") != "loss_tolerance"]
     for kind, (color, marker, label) in styles.items():
-        sel = [r for r in rows if r["policy"] == kind]
+        sel = [r for r in on_curve if r["policy"] == kind]
         budgets = sorted({r["budget"] for r in sel})
         for ax, key in zip(axes, ("natural_loss_increase", "copy_accuracy")):
             x = np.array([np.mean([r["kv_fraction"] for r in sel if r["budget"] == b]) for b in budgets])
@@ -1373,6 +1394,7 @@ def kv_policy_curve(rows: Sequence[dict], title: str) -> Figure:
             y = np.array([v.mean() for v in vals])
             err = np.array([[y_ - v.min() for y_, v in zip(y, vals)], [v.max() - y_ for y_, v in zip(y, vals)]])
             ax.errorbar(x, y, yerr=err, color=color, marker=marker, ms=3, lw=0.9, capsize=2, label=label)
+    _tolerance_point(axes, rows, loss_tolerance)
     full = next((r for r in rows if r["policy"] == "full"), None)
     if full is not None:
         axes[1].axhline(full["copy_accuracy"], color="black", lw=0.6, ls="--")
@@ -1384,5 +1406,6 @@ def kv_policy_curve(rows: Sequence[dict], title: str) -> Figure:
     axes[1].set_xlabel("KV cache (fraction of the full cache)")
     axes[0].set_title(title)
     handles, labels = axes[1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", frameon=False, fontsize=5.5, ncols=2)
+    one_column = any(r.get("target") == "loss_tolerance" for r in rows)  # its label is long
+    fig.legend(handles, labels, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1 if one_column else 2)
     return fig

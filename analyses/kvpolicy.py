@@ -625,6 +625,12 @@ def kv_curve(
     return rows
 
 
+def tolerance_search_steps(n_candidates: int) -> int:
+    """The most evaluations :func:`tolerance_full_groups` makes over ``n_candidates`` groups: a binary
+    search over the ``n_candidates + 1`` counts of full groups, ``ceil(log2(n_candidates + 1))``."""
+    return n_candidates.bit_length()
+
+
 def tolerance_full_groups(
     model: LoadedModel,
     natural: Tensor,
@@ -635,11 +641,13 @@ def tolerance_full_groups(
     tolerance: float,
     full: Quality,
     layout,
+    progress=None,
 ) -> list[tuple[int, int]]:
     """The fewest candidate groups (:func:`streaming_candidates`, the top ones by ``score``) kept full
     whose policy's natural-text loss increase is at most ``tolerance`` nats/token: a binary search,
     each step measured exactly (it assumes the increase does not grow as groups are made full; the
-    answer itself is always measured)."""
+    answer itself is always measured). At most :func:`tolerance_search_steps` evaluations, each
+    followed by a call of ``progress`` (when given)."""
     cands = streaming_candidates(layout, streaming)
     streamable = set(cands)
     ranked = [c for c in ranked_groups(score) if c in streamable]
@@ -647,6 +655,8 @@ def tolerance_full_groups(
     while lo < hi:
         mid = (lo + hi) // 2
         q = evaluate(model, natural, start, lr, policy_with_full(layout, ranked[:mid], streaming, cands))
+        if progress is not None:
+            progress()
         if q.natural_loss - full.natural_loss <= tolerance:
             hi = mid
         else:

@@ -4,6 +4,7 @@ one line before torch loads."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -315,3 +316,87 @@ def test_resample_refused_when_the_text_gives_one_sequence(tiny_tokenizer, tmp_p
     a, b = _pair(tiny_tokenizer, 1.0)
     with pytest.raises(HeadprobeError, match="--kind resample needs at least 2 sequences.*natural.* 1"):
         diff(a, b, text=str(short), kind="resample", **SMALL)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 6, 12, 13, 14, 16])
+def test_the_smallest_p_is_what_the_test_gives_all_effects_one_way(n):
+    """The bound against the p-values the test produces: every sequence's difference of one sign
+    (distinct sizes) gives the smallest p; mixed signs never go below it; exact below 13 sequences
+    (2 of 2^n flips), drawn above (counting the draws whose signs are all alike)."""
+    from headprobe.analyses.robustness import sign_flip_min_p, sign_flip_p
+
+    rng = np.random.default_rng(n)
+    one_way = rng.uniform(0.5, 1.5, size=(n, 3, 4))
+    for n_perm, seed in ((9999, 0), (99, 3)):
+        bound = sign_flip_min_p(n, n_perm, seed)
+        p = sign_flip_p(one_way, n_perm, seed)
+        assert np.all(p == bound)
+        mixed = one_way * rng.choice((1.0, -1.0), size=one_way.shape)
+        assert np.all(sign_flip_p(mixed, n_perm, seed) >= bound)
+        if n < 13:  # by hand: only the two flips of all signs alike reach |mean(d)|
+            assert bound == 2 / 2**n
+        else:  # drawn flips: (1 + draws of all signs alike) / (1 + n_perm), never below 1 / (1 + n_perm)
+            assert bound >= 1 / (1 + n_perm)
+
+
+@pytest.mark.parametrize("correction", ["bh", "holm"])
+@pytest.mark.parametrize("n", [4, 5, 6, 9, 13, 16])
+def test_detection_limit_agrees_with_the_corrected_p_values_of_compare(n, correction):
+    """A hand-made diff of 30 heads: every head moved one way, then one head alone; compare()'s
+    adjusted p-values pass alpha exactly when detection_limit says a change (any, or a lone one)
+    is detectable; the sequences it names are the fewest that allow it."""
+    from headprobe.analyses.robustness import detection_limit
+    from headprobe.commands.diff_core import compare
+
+    rng = np.random.default_rng(0)
+    a = {"q": rng.normal(size=(n, 5, 6))}
+    every = {"q": a["q"] + rng.uniform(0.5, 1.5, size=(n, 5, 6))}
+    lone = {"q": a["q"].copy()}
+    lone["q"][:, 2, 3] += rng.uniform(0.5, 1.5, size=n)
+    d = detection_limit(n, 30, 0.05, correction, 9999, 0)
+    got_every = bool((compare(a, every, correction, 9999, 0)["q"]["p_adjusted"] <= 0.05).any())
+    got_lone = compare(a, lone, correction, 9999, 0)["q"]["p_adjusted"]
+    assert got_every == d["detectable"] and bool(got_lone[2, 3] <= 0.05) == d["detectable_alone"]
+    assert d["smallest_p"] == pytest.approx(2 / 2**n) if n < 13 else d["smallest_p"] <= 10 / 1e4
+    # by hand for bh at alpha 0.05 over 30 heads: any change needs 2/2^n <= 0.05 (6 sequences),
+    # a lone one 2/2^n <= 0.05/30 = 0.00167 (11 sequences: 2/2^11 = 0.00098, 2/2^10 = 0.00195); holm needs
+    # alpha / 30 for both
+    assert d["sequences_needed"] == (6 if correction == "bh" else 11) and d["sequences_needed_alone"] == 11
+    if n >= 6 and correction == "bh":
+        assert d["detectable"]
+    if d["detectable"]:  # the fewest heads moved one way that pass, and one fewer that does not
+        k = d["heads_needed"]
+        for count, passes in ((k, True), (k - 1, False)):
+            some = {"q": a["q"].copy()}
+            some["q"].reshape(n, -1)[:, :count] += rng.uniform(0.5, 1.5, size=(n, count))
+            assert bool((compare(a, some, correction, 9999, 0)["q"]["p_adjusted"] <= 0.05).any()) == passes
+        if correction == "bh" and n < 13:  # by hand: k tests at p pass bh when p * 30 / k <= 0.05
+            assert k == math.ceil(2 / 2**n * 30 / 0.05 - 1e-9)
+    else:
+        assert d["heads_needed"] is None
+    assert d["detectable"] == (n >= d["sequences_needed"])
+
+
+def test_few_sequences_say_no_change_could_be_detected(tiny_tokenizer, text_file, capsys):
+    """4 sequences per task: the smallest p (1/8) cannot pass BH at 0.05, so diff says so before the
+    measurements (naming --n-natural/--n-repeated 6), in summary.json and in the report's lines; the
+    run's own p-values are never below that bound; and the progress bar names its steps."""
+    from headprobe.commands.diff_core import diff
+
+    a, b = _pair(tiny_tokenizer, 1000.0)
+    capsys.readouterr()
+    r = diff(a, b, text=str(text_file), seq_len=32, period=10, n_natural=4, n_repeated=4, k=2, progress=True)
+    err = capsys.readouterr().err
+    notes = [x for x in err.splitlines() if x.startswith("NOTE:")]
+    assert len(notes) == 2 and all("can detect no change" in x for x in notes)
+    assert "--n-natural 6 or more" in notes[0] and "--n-repeated 6 or more" in notes[1]
+    assert err.index("NOTE:") < err.index("diff: model A")  # said before the measurements
+    assert "diff: model B, ablation sweep repeated" in err and "8/8" in err
+    s = r.summary()
+    assert s["detection"]["natural"]["detectable"] is False and s["detection"]["natural"]["smallest_p"] == 2 / 2**4
+    assert s["detection"]["natural"]["n_tests"] == 2 * 4  # the tiny Llama's heads
+    assert all(q["detectable"] is False for q in s["quantities"].values())
+    assert min(np.nanmin(t["p"]) for t in r.tests.values()) >= 2 / 2**4  # the planted head reaches the bound
+    report = r.report()
+    assert report.count("significant: 0 heads (none could be: p >= 0.125 from 4 ") == len(r.tests)
+    assert "flipped roles: 0 heads (none could be:" in report

@@ -249,6 +249,53 @@ def test_tolerance_mode_meets_the_tolerance(llama, text_file):
         assert worse - r.full.natural_loss > 0
 
 
+@pytest.mark.figures
+def test_the_tolerance_policy_is_in_curve_csv_and_the_figure(tiny_tokenizer, text_file, tmp_path, capsys):
+    """--loss-tolerance: curve.csv holds the written policy (a row marked ``loss_tolerance``) with the
+    numbers of summary.json and policy.json, the figure draws it as its own labelled point, and the
+    progress says the search is running after the budgets' bar."""
+    import pandas as pd
+
+    from headprobe.analyses.figures import kv_policy_curve
+
+    model = wrap(zoo.make_checkpoint("gpt2", tiny_tokenizer), backend="native")  # 8 groups; streaming costs loss
+    cfg = KVConfig(
+        model="gpt2",
+        seq_len=48,
+        block_len=6,
+        sink=2,
+        window=6,
+        loss_tolerance=0.0,
+        budgets=(0.3,),
+        n_random=1,
+        text=str(text_file),
+    )
+    capsys.readouterr()
+    r = run(model, cfg, progress=True)
+    err = capsys.readouterr().err
+    assert "loss-tolerance search (0.0 nats/token)" in err and "the loss tolerance's policy" in err
+    r.save(tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    n_full = sum(g["cache"] == "full" for g in json.loads((tmp_path / "out" / "policy.json").read_text())["groups"])
+    curve = pd.read_csv(tmp_path / "out" / "curve.csv")
+    mine = curve[curve["target"] == "loss_tolerance"]
+    assert sorted(mine["policy"]) == ["chosen", "random", "uniform"]
+    row = mine[mine["policy"] == "chosen"].iloc[0]
+    assert row["n_full_groups"] == n_full == len(summary["full_groups"])
+    assert row["kv_fraction"] == pytest.approx(summary["kv_fraction"], abs=1e-6)
+    assert row["natural_loss_increase"] == pytest.approx(summary["chosen"]["natural_loss_increase"], abs=1e-6)
+    assert row["copy_accuracy"] == pytest.approx(summary["chosen"]["copy_accuracy"], abs=1e-6)
+    assert row["natural_loss_increase"] <= 0.0 and 0 < n_full < 8
+    assert set(curve[curve["target"] == "budgets"]["budget"]) == {0.3}  # the budget rows stay
+    fig = kv_policy_curve(r.curve, "t", loss_tolerance=0.0)
+    labels = [t.get_text() for t in fig.legends[0].texts]
+    point = [x for x in labels if "loss-tolerance" in x]
+    assert point == [f"chosen for --loss-tolerance 0 nats/token ({n_full} groups full)"]
+    drawn = [ln for ln in fig.axes[1].lines if ln.get_label() == point[0]]
+    assert len(drawn) == 1 and list(drawn[0].get_xdata()) == pytest.approx([row["kv_fraction"]], abs=1e-6)
+    assert list(drawn[0].get_ydata()) == pytest.approx([row["copy_accuracy"]], abs=1e-6)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import sys
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,24 +39,48 @@ def _layout(model: LoadedModel) -> tuple[int, int, int]:
     return s.n_layers, s.n_heads, s.n_kv_heads
 
 
+MEASURE_STEPS = ("scoring natural", "scoring repeated", "ablation sweep natural", "ablation sweep repeated")
+""":func:`measure`'s steps, in order (one model's; a progress bar counts them)."""
+
+
 def measure(
-    model: LoadedModel, natural: TokenSet, repeated: TokenSet, types: tuple[str, ...], kind: str
+    model: LoadedModel,
+    natural: TokenSet,
+    repeated: TokenSet,
+    types: tuple[str, ...],
+    kind: str,
+    step: Callable[[str], None] | None = None,
+    progress: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """``(per_sequence, means)``: quantity -> ``[batch, layer, head]`` per-sequence values and
     ``[layer, head]`` their scores as scan reports them. Quantities: each type's ranking column
     (on its token set) and ``ablation_<task>``, the single-head ablation effect on that task
-    (nats/token, the exact sweep's per-sequence loss minus the clean loss)."""
+    (nats/token, the exact sweep's per-sequence loss minus the clean loss). ``step`` is called with
+    each of :data:`MEASURE_STEPS` as it starts; ``progress``: the sweeps' own bars over their passes."""
+    say = step or (lambda _: None)
     per_seq: dict = {}
     first_nat = first_scored("natural", natural.start, None)
     first_rep = first_scored("repeated", repeated.start, repeated.period)
+    say(MEASURE_STEPS[0])
     s1, _, mean_z = score_tokens(model, natural, "natural", first_nat, mean_z=True, types=types, per_sequence=per_seq)
+    say(MEASURE_STEPS[1])
     s2, _, _ = score_tokens(model, repeated, "repeated", first_rep, types=types, per_sequence=per_seq)
     cols = [DETECTORS[t].rank_by for t in types]
     out = {c: per_seq[c].numpy() for c in cols}
     means = {c: {**s1, **s2}[c].numpy() for c in cols}
-    for task, ts, first in (("natural", natural, first_nat), ("repeated", repeated, first_rep)):
+    for i, (task, ts, first) in enumerate((("natural", natural, first_nat), ("repeated", repeated, first_rep))):
+        say(MEASURE_STEPS[2 + i])
         src = ts.tokens.roll(1, dims=0) if kind == "resample" else None
-        sw = exact_sweep(model, ts.tokens, kind=kind, mean_z=mean_z, source_tokens=src, first=first, per_sequence=True)
+        sw = exact_sweep(
+            model,
+            ts.tokens,
+            kind=kind,
+            mean_z=mean_z,
+            source_tokens=src,
+            first=first,
+            per_sequence=True,
+            progress=progress,
+        )
         assert sw.per_sequence is not None and sw.clean_per_sequence is not None
         eff = (sw.per_sequence - sw.clean_per_sequence[None, None]).permute(2, 0, 1)  # [batch, layer, head]
         out[f"ablation_{task}"] = eff.double().numpy()
@@ -99,6 +125,26 @@ class DiffResult:
     device: str = "cpu"
     self_check: dict | None = None
     load_s: float = 0.0
+    detection: dict = field(default_factory=dict)
+    """What the paired test could detect per task (:func:`~headprobe.analyses.robustness.detection_limit`
+    over the heads tested), ``{"natural": ..., "repeated": ...}``; summary.json's ``detection``."""
+
+    def quantity_task(self, quantity: str) -> str:
+        """The token set (task) whose sequences a quantity's test pairs."""
+        return quantity_task(quantity, self.config.types or ())
+
+    def undetectable(self, quantity: str) -> str | None:
+        """Why no change of ``quantity`` could pass the test, in short (the report's "none could be"), or None."""
+        task = self.quantity_task(quantity)
+        d = self.detection.get(task)
+        if d is None or d["detectable"]:
+            return None
+        need = d["sequences_needed"]
+        return (
+            f"p >= {d['smallest_p']:.3g} from {d['n_sequences']} {task} sequences, {self.config.correction} needs "
+            f"<= {d['p_needed_every_head']:.3g}; "
+            + (f"{FLAG_OF_TASK[task]} {need} or more" if need is not None else "raise --n-perm")
+        )
 
     def summary(self) -> dict:
         """summary.json's content: model B and its precision, the layout, the paired test, per
@@ -115,8 +161,11 @@ class DiffResult:
                 "test": "paired: d_s = x_B(s) - x_A(s) per sequence; two-sided sign-flip permutation test of mean(d) "
                 "(Fisher 1935; exact over all 2^n flips below 13 sequences, else n_perm random flips, p = (1+#)/(1+n_perm)); "
                 f"{c.correction} over the heads per quantity; significant: p_adjusted <= {c.alpha}",
+                "detection": self.detection,
                 "quantities": {
                     q: {
+                        "task": self.quantity_task(q),
+                        "detectable": self.detection[self.quantity_task(q)]["detectable"],
                         "significant": [format_head(h) for h in _heads(t["p_adjusted"] <= c.alpha)],
                         "changed": [format_head(h) for h in _heads(self.changed(q))],
                         "min_change": change_floor(self.means["A"][q], self.means["B"][q], c.min_change),
@@ -161,13 +210,22 @@ class DiffResult:
             big = ", ".join(
                 f"{format_head(h)} ({change[h]:+.3g})" for h in sorted(changed, key=lambda h: -abs(change[h]))[:6]
             )
+            none = self.undetectable(q)
             lines.append(
-                f"{q:<22} max |change| {np.nanmax(np.abs(change)):.4g}; significant: {len(sig)} heads, changed "
-                f"by >= {self.config.min_change} sd: {len(changed)}" + (f", largest {big}" if big else "")
+                f"{q:<22} max |change| {np.nanmax(np.abs(change)):.4g}; significant: {len(sig)} heads"
+                + (f" (none could be: {none})" if none and not sig else "")
+                + f", changed by >= {self.config.min_change} sd: {len(changed)}"
+                + (f", largest {big}" if big else "")
             )
         moved = {t: sorted(set(v["A"]) ^ set(v["B"])) for t, v in self.top.items()}
+        nones = [self.undetectable(DETECTORS[t].rank_by) for t in self.top]
         lines.append(
             f"\nflipped roles: {len(self.flipped)} heads"
+            + (
+                f" (none could be: {'; '.join(dict.fromkeys(n for n in nones if n))})"
+                if nones and all(nones) and not self.flipped
+                else ""
+            )
             + (
                 f" ({', '.join(f['head'] for f in self.flipped)}; summary.json's flipped says why)"
                 if self.flipped
@@ -297,6 +355,91 @@ def tokenizer_refusal(a, b, name_a: str, name_b: str) -> str | None:
     return None
 
 
+def quantity_task(quantity: str, types: Sequence[str]) -> str:
+    """The token set a quantity is measured on: ``ablation_<task>``'s task, a type's ranking column's dataset."""
+    if quantity.startswith("ablation_"):
+        return quantity.removeprefix("ablation_")
+    return next(str(DETECTORS[t].dataset) for t in types if DETECTORS[t].rank_by == quantity)
+
+
+FLAG_OF_TASK = {"natural": "--n-natural", "repeated": "--n-repeated"}
+"""The setting that gives a task's sequence count."""
+
+
+def undetectable_reason(d: dict, task: str, cfg: DiffConfig) -> str:
+    """The clause of the NOTE and the report saying why no change on ``task`` could pass (``d``:
+    :func:`~headprobe.analyses.robustness.detection_limit`) and what would allow one."""
+    flag, need = FLAG_OF_TASK[task], d["sequences_needed"]
+    fix = (
+        f"{flag} {need} or more would allow one"
+        + (
+            f" ({d['sequences_needed_alone']} for one head's change alone)"
+            if d["sequences_needed_alone"] not in (None, need)
+            else ""
+        )
+        if need is not None
+        else f"no sequence count would: the test's {d['flips']} flips give at best {d['smallest_p']:.3g}; raise --n-perm"
+    )
+    return (
+        f"{d['n_sequences']} {task} sequences give p >= {d['smallest_p']:.3g} at best, and {cfg.correction} over "
+        f"{d['n_tests']} heads at alpha {cfg.alpha} needs p <= {d['p_needed_every_head']:.3g}; {fix}"
+    )
+
+
+def detection_notes(detection: dict, cfg: DiffConfig) -> list[str]:
+    """The plan's NOTE lines (without ``NOTE: ``): a task on which no change can pass, or on which
+    a head's change can pass only with many others changed too."""
+    out = []
+    for task, d in detection.items():
+        if not d["detectable"]:
+            out.append(f"diff can detect no change on {task}: {undetectable_reason(d, task, cfg)}")
+        elif not d["detectable_alone"]:
+            need = d["sequences_needed_alone"]
+            out.append(
+                f"on {task}, {d['n_sequences']} sequences give p >= {d['smallest_p']:.3g} at best: a head's change "
+                f"passes {cfg.correction} over {d['n_tests']} heads only with at least {d['heads_needed']} heads "
+                f"changed that much (alone it needs p <= {d['p_needed_one_head']:.3g}"
+                + (f"; {FLAG_OF_TASK[task]} {need} or more)" if need is not None else "; raise --n-perm)")
+            )
+    return out
+
+
+def _detection(spec: ModelSpec, counts: dict[str, int], cfg: DiffConfig) -> dict:
+    """:func:`~headprobe.analyses.robustness.detection_limit` per task over the model's attention heads."""
+    m = spec.n_heads * len(spec.attention_layers)
+    return {
+        task: rb.detection_limit(n, m, cfg.alpha, cfg.correction, cfg.n_perm, cfg.seed) for task, n in counts.items()
+    }
+
+
+def _measured(a: LoadedModel, b: LoadedModel, natural: TokenSet, repeated: TokenSet, cfg: DiffConfig, progress: bool):
+    """:func:`measure` of both models, under one progress bar over their :data:`MEASURE_STEPS`."""
+    from tqdm.auto import tqdm
+
+    assert cfg.types is not None  # set by compare_models
+    per, means = {}, {}
+    with tqdm(total=2 * len(MEASURE_STEPS), desc="diff", unit="step", disable=not progress) as bar:
+        for name, m in (("A", a), ("B", b)):
+            started = [False]
+
+            def step(what: str, name=name, started=started) -> None:
+                if started[0]:
+                    bar.update()
+                started[0] = True
+                bar.set_description(f"diff: model {name}, {what}")
+
+            per[name], means[name] = measure(m, natural, repeated, tuple(cfg.types), cfg.kind, step, progress)
+            bar.update()
+    return per, means
+
+
+def _say(line: str) -> None:
+    """One line of the plan on stderr, clear of a progress bar."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(line, file=sys.stderr)
+
+
 def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bool = False) -> DiffResult:
     """Both models measured on the same tokens (A's tokenizer) and compared head by head.
 
@@ -332,9 +475,11 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
     repeated = repeated_random_tokens(a, cfg.n_repeated, period, cfg.seed)
     if cfg.kind == "resample":
         check_resample_sources({"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])})
-    per, means = {}, {}
-    for name, m in (("A", a), ("B", b)):
-        per[name], means[name] = measure(m, natural, repeated, types, cfg.kind)
+    counts = {"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])}
+    detection = _detection(spec, counts, cfg)
+    for note in detection_notes(detection, cfg):
+        _say(f"NOTE: {note}")
+    per, means = _measured(a, b, natural, repeated, cfg, progress)
     timings["measure_s"] = time.perf_counter() - t0
     tests = compare(per["A"], per["B"], cfg.correction, cfg.n_perm, cfg.seed)
     top = {t: {m: top_heads(torch.as_tensor(means[m][DETECTORS[t].rank_by]), k) for m in ("A", "B")} for t in types}
@@ -348,9 +493,10 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
         _flips(tests, means, top, cfg.alpha, cfg.min_change),
         _table(means, tests, top, spec.n_layers, spec.n_heads),
         timings,
-        {"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])},
+        counts,
         device=str(a.device),
         self_check=a.self_check.to_dict(),
+        detection=detection,
     )
 
 

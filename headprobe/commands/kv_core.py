@@ -247,6 +247,7 @@ class KVResult:
                 self.curve,
                 f"{self.spec.name}: KV policy at {self.config.seq_len} tokens "
                 f"(sink {self.config.sink}, window {self.config.window})",
+                loss_tolerance=self.config.loss_tolerance,
             )
 
         tables = {
@@ -379,6 +380,61 @@ def run(model: LoadedModel, config: KVConfig, progress: bool = True) -> KVResult
         return _chosen_and_measured(model, config, progress)
 
 
+def _target(row: dict, kv_budget: float | None) -> str:
+    """curve.csv's ``target`` of a budget-curve row: ``full``, ``kv_budget`` (the written policy's
+    budget and its controls) or ``budgets`` (another ``--budgets`` point)."""
+    if row["policy"] == "full":
+        return "full"
+    return "kv_budget" if row["budget"] == kv_budget else "budgets"
+
+
+def _tolerance_policy(
+    model: LoadedModel, config: KVConfig, data: tuple, costs: GroupCosts, full: Quality, progress: bool
+) -> tuple[list[tuple[int, int]], list[dict]]:
+    """``(full_groups, comparison)`` of ``--loss-tolerance``: the binary search
+    (:func:`~headprobe.analyses.kvpolicy.tolerance_full_groups`) and the chosen, uniform and random
+    policies at its memory, rows marked ``target = "loss_tolerance"`` (``budget``: the chosen
+    policy's KV fraction); one progress bar over both."""
+    from tqdm.auto import tqdm
+
+    from headprobe.analyses import kvpolicy as kp
+    from headprobe.probe.layout.attention import Streaming
+    from headprobe.probe.layout.cost import policy_cost
+
+    tokens, start, lr = data
+    layout, seeds = model.kv_layout, list(range(config.seed, config.seed + config.n_random))
+    assert config.window is not None and config.loss_tolerance is not None  # set, and the mode
+    streaming = Streaming(config.sink, config.window)
+    candidates = kp.streaming_candidates(layout, streaming)
+    steps = kp.tolerance_search_steps(len(candidates))
+    bar = tqdm(
+        total=steps + 2 + len(seeds),
+        desc=f"kv policies: loss-tolerance search ({config.loss_tolerance} nats/token)",
+        disable=not progress,
+    )
+    full_groups = kp.tolerance_full_groups(
+        model, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full, layout, progress=bar.update
+    )
+    bar.total = bar.n + 2 + len(seeds)  # the search may end in fewer steps than its bound
+    bar.set_description(f"kv policies: the loss tolerance's policy ({len(full_groups)} groups full) and controls")
+    label = policy_cost(layout, kp.policy_with_full(layout, full_groups, streaming, candidates), config.seq_len)
+    comparison = kp.compare_at(
+        model,
+        tokens,
+        start,
+        lr,
+        full_groups,
+        streaming,
+        seeds,
+        layout,
+        full,
+        label=label.kv_fraction,
+        progress=bar.update,
+    )
+    bar.close()
+    return full_groups, [{**r, "target": "loss_tolerance"} for r in comparison]
+
+
 def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -> KVResult:
     """:func:`run`'s work once the memory plan is set."""
     import time
@@ -395,7 +451,7 @@ def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -
     lr = dataclasses.replace(lr, tokens=lr.tokens.to(model.device))
     seeds = list(range(config.seed, config.seed + config.n_random))
     n_evals = 1 + (len(candidates) if config.method == "measured" else 0) + len(config.budgets) * (2 + len(seeds))
-    bar = tqdm(total=n_evals, desc="kv policies", disable=not progress)
+    bar = tqdm(total=n_evals, desc="kv policies: budgets", disable=not progress)
     full = kp.evaluate(model, tokens, start, lr)
     bar.update()
     if config.method == "measured":
@@ -409,20 +465,16 @@ def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -
     curve = kp.kv_curve(
         model, tokens, start, lr, costs.score, streaming, list(config.budgets), seeds, layout, full, progress=bar.update
     )
+    bar.close()
     if config.loss_tolerance is None:
         full_groups = kp.budget_full_groups(
             costs.score, streaming, layout, config.seq_len, config.kv_budget, candidates
         )
-        comparison = [r for r in curve if r["budget"] == config.kv_budget and r["policy"] != "full"]
+        curve = [{**r, "target": _target(r, config.kv_budget)} for r in curve]
+        comparison = [r for r in curve if r["target"] == "kv_budget"]
     else:
-        full_groups = kp.tolerance_full_groups(
-            model, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full, layout
-        )
-        label = policy_cost(
-            layout, kp.policy_with_full(layout, full_groups, streaming, candidates), config.seq_len
-        ).kv_fraction
-        comparison = kp.compare_at(model, tokens, start, lr, full_groups, streaming, seeds, layout, full, label=label)
-    bar.close()
+        full_groups, comparison = _tolerance_policy(model, config, (tokens, start, lr), costs, full, progress)
+        curve = [{**r, "target": _target(r, None)} for r in curve] + comparison
     policy = kp.policy_with_full(layout, full_groups, streaming, candidates, model.spec.name)
     chosen_row = next(r for r in comparison if r["policy"] == "chosen")
     chosen = kp.Quality(chosen_row["natural_loss"], chosen_row["long_range_loss"], chosen_row["copy_accuracy"], {})
