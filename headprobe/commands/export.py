@@ -117,7 +117,7 @@ def main(args: argparse.Namespace, config: ExportConfig) -> int:
     paths = result.save(config.out, overwrite=config.overwrite)
     print(result.report())
     print(f"\nwrote {len(paths)} files to {config.out}/")
-    if kept := options.kept_line(config.out):  # the words of every command that takes --overwrite
+    if config.out is not None and (kept := options.kept_line(config.out)):  # every --overwrite command says it so
         print(kept)
     return 0
 
