@@ -843,6 +843,47 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
 
 
 @_styled
+def diff_heatmaps(panels: Sequence[tuple], title: str) -> Figure:
+    """A page-wide grid of layer x head heatmaps of signed changes (``headprobe diff``'s B − A), three
+    panels a row, each on ``RdBu_r`` centred at 0 with its own symmetric limits and its own
+    labelled colour bar.
+
+    Args:
+        panels: ``(title, colour bar label, change [layer, head], boxed [layer, head] bool,
+            dotted {(layer, head): filled})`` per panel; a boxed head is outlined, a dotted one gets a
+            dot (filled or hollow).
+        title: the figure's title (wrapped to the page).
+    """
+    from matplotlib.patches import Rectangle
+
+    n_layers, n_heads = np.shape(panels[0][2])
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    panel_height = max(1.1, 0.06 * n_layers)  # a 30-layer model: 1.8 in, three rows on one page
+    fig = _figure(PAGE_WIDTH, 0.9 + rows * (panel_height + 0.75))
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    bars = []
+    for ax, (name, label, change, boxed, dotted) in zip(axes, panels):
+        change = np.asarray(change, dtype=float)
+        lim = (float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 0.0) or 1.0
+        im = ax.imshow(change, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+        for layer, head in zip(*np.nonzero(boxed)):
+            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=1.0, ec="black"))
+        for (layer, head), filled in dotted.items():
+            ax.plot(head, layer, "o", ms=2.5, mec="#222", mfc="#222" if filled else "none", mew=0.6)
+        ax.set_xticks(range(0, n_heads, _head_step(n_heads, PAGE_WIDTH / cols - 0.9)))
+        ax.set_yticks(range(0, n_layers, max(1, -(-n_layers // 10))))
+        ax.set(title=name, xlabel="head", ylabel="layer")
+        bars.append(fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02))
+        bars[-1].set_label(label)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    _fit_ylabels(fig, [bar.ax for bar in bars])  # a label no taller than its bar
+    return fig
+
+
+@_styled
 def signed_head_heatmap(
     values: np.ndarray, title: str, cbar_label: str, group_size: int | None = None, ax=None
 ) -> Figure:

@@ -1,4 +1,4 @@
-"""Redraw the committed study, training, prune and scan figures from the numbers their runs saved.
+"""Redraw the committed study, training, prune, diff and scan figures from the numbers their runs saved.
 
 Usage: ``.venv/bin/python scripts/redraw_figures.py [--check] [figures | figures/RUN]``
 
@@ -66,6 +66,23 @@ def redraw_train(d: Path) -> list[Path]:
         device="cpu",
     )
     return [p for name, fig in result.figures().items() for p in save_figure(fig, d / name)]
+
+
+def redraw_diff(d: Path) -> list[Path]:
+    """A ``headprobe diff`` folder's diff.png from its diff.csv and summary.json
+    (:func:`headprobe.commands.diff_core.redraw`), once each quantity's largest change in diff.csv
+    is the one summary.json recorded (to diff.csv's 6 digits)."""
+    import numpy as np
+
+    from headprobe.analyses.figures import save_figure
+    from headprobe.commands.diff_core import redraw
+
+    summary, table = json.loads((d / "summary.json").read_text()), pd.read_csv(d / "diff.csv")
+    for q, v in summary["quantities"].items():
+        largest = float(np.nanmax(np.abs(table[f"{q}_change"])))
+        if not np.isclose(largest, v["max_abs_change"], rtol=1e-5, atol=1e-12):
+            raise SystemExit(f"{d}: {q}'s largest change is {largest:.6g} in diff.csv, {v['max_abs_change']:.6g} in summary.json")
+    return [p for name, fig in redraw(d).items() for p in save_figure(fig, d / name)]
 
 
 def redraw_prune(d: Path) -> list[Path]:
@@ -261,6 +278,8 @@ def main(argv: list[str]) -> None:
             written += redraw_scan(d)
         elif (d / "pruning_curve.csv").is_file():
             written += redraw_prune(d)
+        elif (d / "diff.csv").is_file():
+            written += redraw_diff(d)
     for line in [str(p) for p in written] + differ:
         print(line)
     if differ:
