@@ -601,8 +601,9 @@ def pattern_plot(
         ["dashed: a repeated block starts"] if any(m in rows or m in cols for m in marks) else []
     )
     _pattern_labels(fig, axes, (rows, cols), len(labels), ylabel, title, step, notes)
-    # panchor False: the colour bar leaves the panels' anchors (_break_marks) as they are
-    fig.colorbar(im, ax=axes, shrink=0.8, pad=0.02, panchor=False).set_label("attention weight")
+    # a broken key axis: the colour bar leaves the panels' anchors (_break_marks) as they are
+    anchor: dict[str, Any] = {"panchor": False} if len(axes) > 1 else {}
+    fig.colorbar(im, ax=axes, shrink=0.8, pad=0.02, **anchor).set_label("attention weight")
     return fig
 
 
