@@ -52,6 +52,7 @@ from torch import Tensor
 from headprobe.probe.backends.base import LoadedModel, token_losses
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import check_receiver
 from headprobe.probe.hooks.ablation import HookFn
 from headprobe.probe.hooks.capture import capture_internal
 from headprobe.probe.hooks.names import EMBED, attn_hook, block_hook
@@ -729,10 +730,8 @@ def receiver_sweep(
     L, H = model.spec.n_layers, model.spec.n_heads
     rows = []
     for receiver, _inp in receivers:
-        if receiver is not None and not (0 < receiver[0] < L and 0 <= receiver[1] < H):
-            raise HeadprobeError(
-                f"receiver {receiver[0]}.{receiver[1]} is not a head after layer 0 of a model of {L} layers x {H} heads"
-            )
+        if receiver is not None:
+            check_receiver(receiver, L, H)
     effects: dict[int, Any] = {i: 0.0 for i in range(len(receivers))}  # 0.0, then an array [sender]
     for weight, part in _parts(runs):
         for i, (receiver, inp) in enumerate(receivers):

@@ -490,9 +490,55 @@ MAX_TICK_LABELS = 40
 """A pattern plot labels every token up to this many positions per axis, else every n-th (still real tokens)."""
 
 
+def _runs(positions: Sequence[int]) -> list[tuple[int, int]]:
+    """The index ranges ``[i0, i1)`` of ``positions`` that hold consecutive positions, in order."""
+    starts = [0] + [i for i in range(1, len(positions)) if positions[i] != positions[i - 1] + 1]
+    return list(zip(starts, [*starts[1:], len(positions)]))
+
+
+def _range_text(first: int, last: int) -> str:
+    return f"{first}" if first == last else f"{first}–{last}"
+
+
 def _span(positions: Sequence[int], total: int) -> str:
-    """``0–27 of 101`` for a crop, ``""`` for a whole axis."""
-    return "" if list(positions) == list(range(total)) else f" {positions[0]}–{positions[-1]} of {total}"
+    """``0–27 of 101`` for a crop, ``0–3 and 96–99 of 100 (4–95 not drawn)`` for one with positions
+    left out between those drawn, ``""`` for a whole axis."""
+    if list(positions) == list(range(total)):
+        return ""
+    runs = _runs(positions)
+    drawn = " and ".join(_range_text(positions[a], positions[b - 1]) for a, b in runs)
+    gaps = [
+        _range_text(positions[b - 1] + 1, positions[b] - 1)
+        for (_, b), _next in zip(runs, runs[1:])
+        if positions[b] > positions[b - 1] + 1
+    ]
+    return f" {drawn} of {total}" + (f" ({', '.join(gaps)} not drawn)" if gaps else "")
+
+
+def _break_marks(axes: Sequence[Any]) -> None:
+    """The broken-axis marks between side-by-side panels (matplotlib's broken axis example): the
+    facing spines hidden, two short diagonal strokes at the top and bottom of each facing edge."""
+    style = dict(marker=[(-0.5, -1), (0.5, 1)], markersize=6, linestyle="none", color="k", mec="k", mew=0.8)
+    if len(axes) > 1:  # equal-aspect panels shrink inside their cells: pushed together, not centred apart
+        axes[0].set_anchor("E")
+        axes[-1].set_anchor("W")
+    for left, right in zip(axes, axes[1:]):
+        left.spines["right"].set_visible(False)
+        right.spines["left"].set_visible(False)
+        right.tick_params(left=False, labelleft=False)
+        left.plot([1, 1], [0, 1], transform=left.transAxes, clip_on=False, **style)
+        right.plot([0, 0], [0, 1], transform=right.transAxes, clip_on=False, **style)
+
+
+def _pattern_ticks(ax, axis: Sequence[int], span: range, labels: Sequence[str], step: int, fs: float, x: bool) -> None:
+    """Token labels of the positions ``axis[i]`` for the indices ``i`` of ``span`` drawn on ``ax``
+    (every ``step``-th index of the whole axis)."""
+    idx = [i for i in span if i % step == 0]
+    names = [labels[axis[i]] if step == 1 else f"{labels[axis[i]]} ({axis[i]})" for i in idx]
+    if x:
+        ax.set_xticks(idx, names, fontsize=fs, rotation=90)
+    else:
+        ax.set_yticks(idx, names, fontsize=fs)
 
 
 @_styled
@@ -509,7 +555,9 @@ def pattern_plot(
     token, or every n-th beyond :data:`MAX_TICK_LABELS` positions); dashed lines at ``marks``
     (positions where a repeated block starts). With ``causal``, the masked future keys
     (``k_pos > q_pos``) are grey like unmeasured cells elsewhere, not the colour of zero
-    attention; a note under the axis says what grey and the dashed lines mean.
+    attention; a note under the axis says what grey and the dashed lines mean. Keys left out
+    between kept ones (a long prompt's sink and last keys) break the key axis: one panel per kept
+    range, broken-axis marks between them, and the axis label names the keys not drawn.
 
     Args:
         pattern: ``[q, k]`` attention weights in [0, 1]: the whole pattern, or the crop that
@@ -531,45 +579,56 @@ def pattern_plot(
     if causal:
         pattern[future] = np.nan
     fig = _figure(COLUMN_WIDTH, COLUMN_WIDTH * 0.95)
-    ax = fig.add_subplot()
+    runs = _runs(cols)
+    grid = fig.add_gridspec(1, len(runs), width_ratios=[b - a for a, b in runs])
+    axes = [fig.add_subplot(grid[0, i]) for i in range(len(runs))]
     cmap = matplotlib.colormaps[PATTERN_CMAP].with_extremes(bad=NOT_MEASURED_COLOR)
-    im = ax.imshow(pattern, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
     n = max(len(rows), len(cols))
     step = 1 if n <= MAX_TICK_LABELS else int(np.ceil(n / 16))  # "token (position)" labels are long: fewer
     fs = max(3.0, min(6.0, (140.0 if step == 1 else 110.0) / -(-n // step)))
-    for set_ticks, axis in ((ax.set_xticks, cols), (ax.set_yticks, rows)):
-        idx = list(range(0, len(axis), step))
-        rotation: dict[str, Any] = {"rotation": 90} if axis is cols else {}
-        set_ticks(
-            idx,
-            [labels[axis[i]] if step == 1 else f"{labels[axis[i]]} ({axis[i]})" for i in idx],
-            fontsize=fs,
-            **rotation,
-        )
-    for m in marks:  # a block starting at position m: a line before it, on each axis that shows m
-        if m in cols:
-            ax.axvline(cols.index(m) - 0.5, color="white", lw=0.5, ls="--")
-        if m in rows:
-            ax.axhline(rows.index(m) - 0.5, color="white", lw=0.5, ls="--")
+    for ax, (a, b) in zip(axes, runs):  # x in index units of the whole key axis: ticks and marks as one axes
+        extent = (a - 0.5, b - 0.5, len(rows) - 0.5, -0.5)
+        im = ax.imshow(pattern[:, a:b], cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest", extent=extent)
+        _pattern_ticks(ax, cols, range(a, b), labels, step, fs, x=True)
+        _pattern_ticks(ax, rows, range(len(rows)), labels, step, fs, x=False)
+        for m in marks:  # a block starting at position m: a line before it, on each axis that shows m
+            if m in cols[a:b]:
+                ax.axvline(cols.index(m) - 0.5, color="white", lw=0.5, ls="--")
+            if m in rows:
+                ax.axhline(rows.index(m) - 0.5, color="white", lw=0.5, ls="--")
+    _break_marks(axes)
     notes = (["grey: masked future keys"] if causal and future.any() else []) + (
         ["dashed: a repeated block starts"] if any(m in rows or m in cols for m in marks) else []
     )
-    total = len(labels)
-    ax.set_xlabel(
+    _pattern_labels(fig, axes, (rows, cols), len(labels), ylabel, title, step, notes)
+    # a broken key axis: the colour bar leaves the panels' anchors (_break_marks) as they are
+    anchor: dict[str, Any] = {"panchor": False} if len(axes) > 1 else {}
+    fig.colorbar(im, ax=axes, shrink=0.8, pad=0.02, **anchor).set_label("attention weight")
+    return fig
+
+
+def _pattern_labels(fig, axes, positions, total: int, ylabel: str, title: str, step: int, notes: list[str]) -> None:
+    """:func:`pattern_plot`'s axis labels and title: on its axes, or across its panels where the key
+    axis is broken."""
+    rows, cols = positions
+    xlabel = (
         "key position"
         + ("s" if _span(cols, total) else "")
-        + _span(cols, total)
+        + _span(cols, total).replace(" (", "\n(", 1)
         + ("" if step == 1 else f"\n(every {step} positions: token (position))")
         + ("\n" + "\n".join(notes) if notes else "")
     )
     span = _span(rows, total)
     # "query positions 47–74 of 101" and what follows it, e.g. "(first scored sequence)", on two lines
-    ax.set_ylabel(
+    axes[0].set_ylabel(
         ylabel.replace("query position", "query positions" + span, 1).replace(" (", "\n(", 1) if span else ylabel
     )
-    ax.set_title(title)
-    fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("attention weight")
-    return fig
+    if len(axes) == 1:
+        axes[0].set_xlabel(xlabel)
+        axes[0].set_title(title)
+    else:
+        fig.supxlabel(xlabel, fontsize=_RC["axes.labelsize"])
+        fig.suptitle(title, fontsize=_RC["axes.titlesize"])
 
 
 TASK_LABELS = {"natural": "text loss", "repeated": "repeat loss"}
@@ -782,6 +841,47 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
             + f"; {evidence_text(r, 4)}; {role}."
         )
     return "\n".join(lines) + "\n"
+
+
+@_styled
+def diff_heatmaps(panels: Sequence[tuple], title: str) -> Figure:
+    """A page-wide grid of layer x head heatmaps of signed changes (``headprobe diff``'s B − A), three
+    panels a row, each on ``RdBu_r`` centred at 0 with its own symmetric limits and its own
+    labelled colour bar.
+
+    Args:
+        panels: ``(title, colour bar label, change [layer, head], boxed [layer, head] bool,
+            dotted {(layer, head): filled})`` per panel; a boxed head is outlined, a dotted one gets a
+            dot (filled or hollow).
+        title: the figure's title (wrapped to the page).
+    """
+    from matplotlib.patches import Rectangle
+
+    n_layers, n_heads = np.shape(panels[0][2])
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    panel_height = max(1.1, 0.06 * n_layers)  # a 30-layer model: 1.8 in, three rows on one page
+    fig = _figure(PAGE_WIDTH, 0.9 + rows * (panel_height + 0.75))
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    bars = []
+    for ax, (name, label, change, boxed, dotted) in zip(axes, panels):
+        change = np.asarray(change, dtype=float)
+        lim = (float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 0.0) or 1.0
+        im = ax.imshow(change, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+        for layer, head in zip(*np.nonzero(boxed)):
+            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=1.0, ec="black"))
+        for (layer, head), filled in dotted.items():
+            ax.plot(head, layer, "o", ms=2.5, mec="#222", mfc="#222" if filled else "none", mew=0.6)
+        ax.set_xticks(range(0, n_heads, _head_step(n_heads, PAGE_WIDTH / cols - 0.9)))
+        ax.set_yticks(range(0, n_layers, max(1, -(-n_layers // 10))))
+        ax.set(title=name, xlabel="head", ylabel="layer")
+        bars.append(fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02))
+        bars[-1].set_label(label)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    _fit_ylabels(fig, [bar.ax for bar in bars])  # a label no taller than its bar
+    return fig
 
 
 @_styled

@@ -1,4 +1,4 @@
-"""Redraw the committed study, training, prune, circuit and scan figures from the numbers their runs saved.
+"""Redraw the committed study, training, prune, circuit, diff and scan figures from the numbers their runs saved.
 
 Usage: ``.venv/bin/python scripts/redraw_figures.py [--check] [figures | figures/RUN]``
 
@@ -81,6 +81,25 @@ def redraw_circuit(d: Path) -> list[Path]:
         pd.read_csv(d / "edges.csv"), cfg["top"], cfg["method"], meta["model"], lay["n_layers"], lay["n_heads"]
     )
     return save_figure(fig, d / "circuit")
+
+
+def redraw_diff(d: Path) -> list[Path]:
+    """A ``headprobe diff`` folder's diff.png from its diff.csv and summary.json
+    (:func:`headprobe.commands.diff_core.redraw`), once each quantity's largest change in diff.csv
+    is the one summary.json recorded (to diff.csv's 6 digits)."""
+    import numpy as np
+
+    from headprobe.analyses.figures import save_figure
+    from headprobe.commands.diff_core import redraw
+
+    summary, table = json.loads((d / "summary.json").read_text()), pd.read_csv(d / "diff.csv")
+    for q, v in summary["quantities"].items():
+        largest = float(np.nanmax(np.abs(table[f"{q}_change"])))
+        if not np.isclose(largest, v["max_abs_change"], rtol=1e-5, atol=1e-12):
+            raise SystemExit(
+                f"{d}: {q}'s largest change is {largest:.6g} in diff.csv, {v['max_abs_change']:.6g} in summary.json"
+            )
+    return [p for name, fig in redraw(d).items() for p in save_figure(fig, d / name)]
 
 
 def redraw_prune(d: Path) -> list[Path]:
@@ -278,6 +297,8 @@ def main(argv: list[str]) -> None:
             written += redraw_prune(d)
         elif (d / "edges.csv").is_file():
             written += redraw_circuit(d)
+        elif (d / "diff.csv").is_file():
+            written += redraw_diff(d)
     for line in [str(p) for p in written] + differ:
         print(line)
     if differ:

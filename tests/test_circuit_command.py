@@ -153,10 +153,10 @@ def test_the_function_and_public_api(llama_dir):
     [
         (["--method", "atp"], "invalid choice"),
         (["--receivers", "1.0:z"], "is not L.H:q"),
-        (["--qk-head", "x"], "is not a head"),
+        (["--qk-head", "x"], "is not of the form layer.head"),
         (["--period", "2"], "at least 4"),
-        (["--receivers", "7.0:k"], "is not a head after layer 0"),
-        (["--qk-head", "9.1"], "is not a head of a model"),
+        (["--receivers", "7.0:k"], "head 7.0 is out of range: the model has"),
+        (["--qk-head", "9.1"], "head 9.1 is out of range: the model has"),
         (["--backend", "transformer-lens"], "native backend"),
     ],
 )
@@ -269,3 +269,29 @@ def test_scoring_in_chunks_equals_the_whole_batch(llama_dir):
     )
     assert chunks.clean_metric() == pytest.approx(float(whole.clean_metric.mean()), rel=1e-6)
     assert circuit_analysis.baseline_error(model, chunks, [1]) <= 1e-6
+
+
+def _error_line(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(list(argv)))
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
+    assert e.value.code == 2 and "Traceback" not in err and len(errors) == 1, err
+    return errors[0]
+
+
+def test_a_head_out_of_range_is_refused_in_show_and_patchs_words(llama_dir, tmp_path, capsys):
+    """``circuit --receivers 1.4:k`` on a model of 4 heads a layer said "receiver 1.4 is not a head
+    after layer 0", where show and patch say "head 1.4 is out of range"; circuit checks a head name
+    with the same function now, receivers and --qk-head alike, and says only what is its own (a
+    receiver in layer 0) in its own words."""
+    model = ["--model", str(llama_dir), "--device", "cpu", "--out", str(tmp_path / "o")]
+    show = _error_line(capsys, "show", *model, "--head", "1.4", "--prompt", "a b c d")
+    patch = _error_line(capsys, "patch", *model, "--heads", "1.4")
+    assert show == patch == "headprobe: error: head 1.4 is out of range: the model has 2 layers of 4 heads (0-indexed)"
+    assert _error_line(capsys, "circuit", *model, "--receivers", "1.4:k") == show
+    assert _error_line(capsys, "circuit", *model, "--receivers", "L1H4:k") == show.replace("1.4", "L1H4")
+    assert _error_line(capsys, "circuit", *model, "--qk-head", "1.4") == show
+    layer0 = _error_line(capsys, "circuit", *model, "--receivers", "0.1:k")
+    assert "receiver 0.1 is in layer 0" in layer0 and "out of range" not in layer0
+    assert not (tmp_path / "o").exists()

@@ -400,3 +400,84 @@ def test_few_sequences_say_no_change_could_be_detected(tiny_tokenizer, text_file
     report = r.report()
     assert report.count("significant: 0 heads (none could be: p >= 0.125 from 4 ") == len(r.tests)
     assert "flipped roles: 0 heads (none could be:" in report
+
+
+def _synthetic_result(n_layers: int = 30, n_heads: int = 9):
+    """A DiffResult of SmolLM2's layout with made-up numbers: scores in [0, 1], ablation effects in
+    nats/token, one head changed in each quantity."""
+    import pandas as pd
+
+    from headprobe.commands.diff_core import DiffConfig, DiffResult
+    from headprobe.probe.layout.attention import AttentionLayout
+    from headprobe.probe.layout.spec import ModelSpec
+
+    rng = np.random.default_rng(0)
+    qs = ["previous_token", "duplicate_token", "induction", "first_token", "positional_fraction"]
+    qs += ["ablation_natural", "ablation_repeated"]
+    means = {m: {q: rng.random((n_layers, n_heads)) for q in qs} for m in "AB"}
+    tests = {}
+    for q in qs:
+        p = np.ones((n_layers, n_heads))
+        p[3, 4] = 1e-4
+        change = means["B"][q] - means["A"][q]
+        change[3, 4] = 5.0
+        tests[q] = {"change": change, "p": p, "p_adjusted": p}
+    types = ("previous_token", "duplicate_token", "induction", "first_token", "positional")
+    top = {t: {"A": [(3, 4), (5, 1)], "B": [(3, 4), (6, 2)]} for t in types}
+    layout = AttentionLayout(d_model=576, n_layers=n_layers, n_heads=n_heads, n_kv_heads=3)
+    spec = ModelSpec("smollm2-135m", "HuggingFaceTB/SmolLM2-135M", layout, 49152, 8192, "float32")
+    cfg = DiffConfig(model="smollm2-135m", b="smollm2-135m", requantize_b="int8", k=2)
+    return DiffResult(cfg, spec, spec, means, tests, top, [], pd.DataFrame(), {}, {})
+
+
+@pytest.mark.figures
+def test_diff_figure_labels_every_colour_bar_and_is_readable_at_its_size():
+    """diff.png (4635 x 5580 px, 15.5 x 18.6 in) had colour bars with no label, though its panels
+    mix scores (attention weights, 0-1) and ablation effects (nats/token), and 6-point text on a
+    figure that a page shrinks 2.3 times. Every colour bar names its quantity and unit now, the
+    figure is a page wide (analyses.figures.PAGE_WIDTH), and no text is below 5 points there."""
+    import matplotlib.text
+
+    from headprobe.analyses.figures import PAGE_WIDTH
+
+    fig = _synthetic_result().figures()["diff"]()
+    fig.draw_without_rendering()
+    bars = {ax.get_title(): im.colorbar.ax.get_ylabel() for ax in fig.axes for im in ax.images if im.colorbar}
+    assert len(bars) == 7, bars
+    for title, label in bars.items():
+        assert label, f"colour bar of {title!r} has no label"
+        unit = "nats/token" if "ablation" in title else ("share of queries" if "positional" in title else "attention")
+        assert unit in label, (title, label)
+    assert fig.get_figwidth() <= PAGE_WIDTH + 1e-9 and fig.get_figheight() <= 9.5
+    sizes = [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_text() and t.get_visible()]
+    assert min(sizes) >= 5, min(sizes)
+
+
+def test_diff_png_redrawn_from_the_saved_folder_is_the_runs_figure(tiny_tokenizer, text_file, tmp_path):
+    """scripts/redraw_figures.py redraws diff.png from diff.csv and summary.json
+    (``diff_core.redraw``): the same panels, changes (to diff.csv's 6 digits), boxes and dots as the
+    figure drawn from the run itself."""
+    from matplotlib.patches import Rectangle
+
+    from headprobe.commands.diff_core import diff, redraw
+
+    a, b = _pair(tiny_tokenizer, 1000.0)
+    r = diff(a, b, text=str(text_file), **SMALL)
+    r.save(tmp_path / "o")
+    live, again = r.figures()["diff"](), redraw(tmp_path / "o")["diff"]
+
+    def panels(fig):
+        out = []
+        for ax in fig.axes:
+            if ax.images:
+                boxes = sorted((p.get_x(), p.get_y()) for p in ax.patches if isinstance(p, Rectangle))
+                dots = sorted((ln.get_xdata()[0], ln.get_ydata()[0], ln.get_markerfacecolor()) for ln in ax.get_lines())
+                out.append((ax.get_title(), np.ma.getdata(ax.images[0].get_array()), boxes, dots))
+        return out
+
+    assert any(p[2] for p in panels(live))  # the planted head is boxed: the comparison has something to compare
+    assert len(panels(live)) == len(panels(again)) == len(r.tests)
+    for (t1, c1, b1, d1), (t2, c2, b2, d2) in zip(panels(live), panels(again)):
+        assert t1 == t2 and b1 == b2 and d1 == d2
+        np.testing.assert_allclose(c2, c1, rtol=1e-5, atol=1e-9)
+    assert live._suptitle.get_text().replace("\n", " ") == again._suptitle.get_text().replace("\n", " ")

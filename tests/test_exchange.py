@@ -627,3 +627,16 @@ def test_import_prints_one_note_for_a_cut_inside_a_tie(tmp_path, tiny_dir, text_
     assert all(w in notes[0] for w in ("score 0.3", "3 heads", "1 of them", "layer-major", "0.5, 1.4, 1.6")), notes
     assert result.file.cut_tie is not None and result.file.cut_tie["n_tied"] == 3
     assert read_head_file(path, None, 3).cut_tie is None  # -k 3 cuts between 0.7 and 0.3: nothing to say
+
+
+def test_export_overwrite_names_the_files_it_kept_as_every_command_does(runs, tmp_path, capsys):
+    """``export --out X --overwrite`` kept a file it had not written without a word, where show,
+    scan and the others print "kept 1 file that no headprobe run recorded in X/: notes.txt"."""
+    out = tmp_path / "o"
+    _export(runs / "scan", out)
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    _export(runs / "scan", out, "--overwrite")
+    stdout = capsys.readouterr().out
+    assert (out / "notes.txt").read_text() == "mine"
+    assert stdout.rstrip().splitlines()[-1] == f"kept 1 file that no headprobe run recorded in {out}/: notes.txt"

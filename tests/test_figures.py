@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import matplotlib.colors
+import matplotlib.text
 import numpy as np
 import pytest
 import torch
@@ -525,3 +526,31 @@ def test_grouped_heads_are_explained_on_the_axis():
         assert ax.get_xlabel() == label and len(white) == lines, (group, ax.get_xlabel(), len(white))
     overview = figs.scores_overview([("a", np.zeros((4, 9))), ("b", np.zeros((4, 9)))], 3, "t")
     assert overview.axes[-1].get_ylabel() == figs.OVERVIEW_SCORE_LABEL  # the colour bar's, not a bare "score"
+
+
+def test_a_pattern_with_keys_left_out_draws_a_break_and_names_the_keys_not_drawn():
+    """A long prompt's window (show: the last queries against keys 0-3 and the last keys) was drawn
+    as one block under "key positions 0–99 of 100", as if every key were there. Each kept range of
+    keys is its own panel now, the panels meet at diagonal break marks, and the label names the
+    keys drawn and those left out."""
+    T = 100
+    rows, cols = list(range(92, T)), [0, 1, 2, 3, *range(96, T)]
+    labels = [f"t{i}" for i in range(T)]
+    pattern = np.random.default_rng(0).random((len(rows), len(cols)))
+    fig = figs.pattern_plot(pattern, labels, "head 1.2", causal=True, positions=(rows, cols))
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == 2  # one per kept range: no key drawn next to a key it is not next to
+    for ax, keys in zip(panels, ([0, 1, 2, 3], [96, 97, 98, 99])):
+        assert [t.get_text() for t in ax.get_xticklabels()] == [labels[k] for k in keys]
+        shown = np.ma.getdata(ax.images[0].get_array())
+        future = np.array(keys)[None, :] > np.array(rows)[:, None]  # causal: grey (NaN)
+        expected = np.where(future, -1.0, pattern[:, [cols.index(k) for k in keys]])
+        np.testing.assert_array_equal(np.nan_to_num(shown, nan=-1.0), expected)
+    # the break marks: short diagonal markers on the facing edges, in axes coordinates, outside the clip
+    marks = [ln for ax in panels for ln in ax.get_lines() if not ln.get_clip_on()]
+    assert (
+        len(marks) == 2 and not panels[0].spines["right"].get_visible() and not panels[1].spines["left"].get_visible()
+    )
+    text = "\n".join(t.get_text() for t in fig.findobj(matplotlib.text.Text))
+    assert "key positions 0–3 and 96–99 of 100" in text and "4–95 not drawn" in text
+    assert "0–99" not in text

@@ -42,11 +42,11 @@ LONG = "word " * 9000  # 9,001 tokens or so: longer than SmolLM2's 8,192 positio
         (["patch", "--heads", "99.99", "--out", "o"], "head 99.99 is out of range: the model has 30 layers"),
         (
             ["circuit", "--receivers", "99.1:k", "--out", "o"],
-            "receiver 99.1 is not a head after layer 0 of a model of 30 layers",
+            "head 99.1 is out of range: the model has 30 layers of 9 heads",
         ),
         (
             ["circuit", "--qk-head", "40.1", "--out", "o"],
-            "--qk-head 40.1 is not a head of a model of 30 layers x 9 heads",
+            "head 40.1 is out of range: the model has 30 layers of 9 heads",
         ),
         (["scan", "--model", "nosuchmodel", "--out", "o"], "unknown model name nosuchmodel"),
         (

@@ -189,3 +189,26 @@ def test_show_prints_the_model_header_first_as_the_other_commands_do(tiny_dir, t
     assert header.startswith(f"model {tiny_dir} on cpu") and "backend" in header
     assert lines[0] == header, lines
     assert lines[-1].startswith("head 1.5 on ") and header not in lines[1:]
+
+
+@pytest.mark.figures  # draws the PNG
+def test_a_long_prompts_figure_breaks_the_key_axis_and_names_the_keys_not_drawn(tiny_dir, tmp_path, monkeypatch):
+    """Past MAX_TOKENS the figure's key axis said "key positions 0–39 of 40" while only the sink
+    keys and the last keys were drawn, side by side: the kept ranges are separate panels now and
+    the label says which keys are drawn and which are not."""
+    from headprobe.analyses import figures as figs
+    from headprobe.commands import show
+
+    monkeypatch.setattr(show, "MAX_TOKENS", 16)
+    monkeypatch.setattr(show, "LONG_WINDOW", 8)
+    drawn = []
+    plot = figs.pattern_plot
+    monkeypatch.setattr(figs, "pattern_plot", lambda *a, **k: drawn.append(plot(*a, **k)) or drawn[-1])
+    prompt = " ".join(f"t{(7 * i) % 50}" for i in range(40))
+    result = run(ShowConfig(model=str(tiny_dir), head="1.2", prompt=prompt, out=str(tmp_path / "o"), device="cpu"))
+    n = len(result.labels)
+    assert (tmp_path / "o" / "pattern_1.2.png").is_file()
+    (fig,) = drawn
+    assert len([ax for ax in fig.axes if ax.images]) == 2
+    text = fig.get_supxlabel()
+    assert text.startswith(f"key positions 0–3 and {n - 4}–{n - 1} of {n}\n(4–{n - 5} not drawn)"), text

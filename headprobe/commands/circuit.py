@@ -38,6 +38,7 @@ from headprobe import options
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import check_head, check_receiver, parse_heads
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 _CORE = ("CircuitResult", "run", "circuit")
@@ -53,8 +54,7 @@ HELP = (
 )
 
 METHODS = ("eap-ig", "eap")
-_RECEIVER = re.compile(r"^(\d+)\.(\d+):(q|k|v)$|^logits$")
-_HEAD = re.compile(r"^(\d+)\.(\d+)$")
+_RECEIVER = re.compile(r"^(?P<head>[^:]+):(?P<input>q|k|v)$|^logits$")
 BASELINE_TOLERANCE = 1e-4
 """Largest change of the metric (nats/token) allowed in float32 when a forward resumed at a
 receiver's layer runs unpatched (half precision: :func:`headprobe.analyses.circuit.baseline_tolerance`)."""
@@ -71,19 +71,44 @@ def _gib(text: str) -> float:
     return value
 
 
-def parse_receivers(text: str) -> list[tuple[tuple[int, int] | None, str]]:
-    """``"18.6:k,17.3:q,logits"`` -> ``[((18, 6), "k"), ((17, 3), "q"), (None, "logits")]``.
+def parse_receivers(
+    text: str, n_layers: int | None = None, n_heads: int | None = None
+) -> list[tuple[tuple[int, int] | None, str]]:
+    """``"18.6:k,17.3:q,logits"`` -> ``[((18, 6), "k"), ((17, 3), "q"), (None, "logits")]``; each head
+    read and, given the layout, checked as every command checks a head name
+    (:func:`~headprobe.probe.core.heads.parse_heads`, :func:`~headprobe.probe.core.heads.check_receiver`).
 
     Raises:
-        HeadprobeError: an item not of the form ``L.H:q|k|v`` or ``logits``.
+        HeadprobeError: an item not of the form ``L.H:q|k|v`` or ``logits``, a head outside the
+            model or in layer 0.
     """
     out: list[tuple[tuple[int, int] | None, str]] = []
     for item in (s.strip() for s in text.split(",")):
         m = _RECEIVER.match(item)
         if m is None:
             raise HeadprobeError(f"--receivers item {item!r} is not L.H:q, L.H:k, L.H:v or logits")
-        out.append((None, "logits") if item == "logits" else ((int(m[1]), int(m[2])), m[3]))
+        if item == "logits":
+            out.append((None, "logits"))
+            continue
+        ((layer, head),) = parse_heads(m["head"], 10**9, 10**9)  # the form; the range below, where known
+        if n_layers is not None and n_heads is not None:
+            check_receiver((layer, head), n_layers, n_heads, name=m["head"])
+        out.append(((layer, head), m["input"]))
     return out
+
+
+def parse_qk_head(text: str, n_layers: int | None = None, n_heads: int | None = None) -> tuple[int, int]:
+    """``--qk-head``'s one head, read (and checked against the layout, where given) as every command
+    reads a head name (:func:`~headprobe.probe.core.heads.parse_heads`).
+
+    Raises:
+        HeadprobeError: not one head of the form ``layer.head``, or a head outside the model."""
+    heads = parse_heads(text, 10**9, 10**9)
+    if len(heads) != 1:
+        raise HeadprobeError(f"--qk-head takes one head, got {text!r}")
+    if n_layers is not None and n_heads is not None:
+        check_head(heads[0], n_layers, n_heads, name=text.strip())
+    return heads[0]
 
 
 @dataclass(frozen=True)
@@ -135,8 +160,8 @@ class CircuitConfig(ModelSettings):
             parse_receivers(self.receivers)
         if self.memory_gb is not None and not 0 < self.memory_gb < float("inf"):
             raise HeadprobeError(f"--memory-gb must be a positive number of GiB, got {self.memory_gb}")
-        if self.qk_head is not None and _HEAD.match(self.qk_head) is None:
-            raise HeadprobeError(f"--qk-head {self.qk_head!r} is not a head L.H (e.g. 18.6)")
+        if self.qk_head is not None:
+            parse_qk_head(self.qk_head)
 
     def preflight(self) -> None:
         """Check before the model loads (torch-free): what the settings alone decide (``__post_init__``)
@@ -150,14 +175,10 @@ class CircuitConfig(ModelSettings):
         if cfg is None:
             return  # checked after loading (run)
         L, H, n_ctx = cfg["n_layers"], cfg["n_heads"], cfg["n_ctx"]
-        for r, _ in parse_receivers(self.receivers) if self.receivers else []:
-            if r is not None and not (0 < r[0] < L and 0 <= r[1] < H):
-                raise HeadprobeError(
-                    f"receiver {r[0]}.{r[1]} is not a head after layer 0 of a model of {L} layers x {H} heads"
-                )
-        qk = tuple(int(x) for x in self.qk_head.split(".")) if self.qk_head else None
-        if qk is not None and not (0 <= qk[0] < L and 0 <= qk[1] < H):
-            raise HeadprobeError(f"--qk-head {self.qk_head} is not a head of a model of {L} layers x {H} heads")
+        if self.receivers:
+            parse_receivers(self.receivers, L, H)
+        if self.qk_head is not None:
+            parse_qk_head(self.qk_head, L, H)
         if n_ctx and 2 * self.period + 1 > n_ctx:
             raise HeadprobeError(
                 f"--period {self.period} gives sequences longer than the model's context ({n_ctx} tokens)"

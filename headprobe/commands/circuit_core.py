@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headprobe import options
-from headprobe.commands.circuit import HELP, CircuitConfig, parse_receivers  # noqa: F401 - the light module's names, re-exported
+from headprobe.commands.circuit import HELP, CircuitConfig, parse_qk_head, parse_receivers  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import summary_envelope
 
@@ -231,18 +231,8 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
         raise HeadprobeError(
             f"--period {config.period} gives sequences longer than the model's context ({spec.n_ctx} tokens)"
         )
-    receivers = parse_receivers(config.receivers) if config.receivers else []
-    for r, _ in receivers:
-        if r is not None and not (0 < r[0] < spec.n_layers and 0 <= r[1] < spec.n_heads):
-            raise HeadprobeError(
-                f"receiver {r[0]}.{r[1]} is not a head after layer 0 of a model of "
-                f"{spec.n_layers} layers x {spec.n_heads} heads"
-            )
-    qk_head = tuple(int(x) for x in config.qk_head.split(".")) if config.qk_head else None
-    if qk_head is not None and not (0 <= qk_head[0] < spec.n_layers and 0 <= qk_head[1] < spec.n_heads):
-        raise HeadprobeError(
-            f"--qk-head {config.qk_head} is not a head of a model of {spec.n_layers} layers x {spec.n_heads} heads"
-        )
+    receivers = parse_receivers(config.receivers, spec.n_layers, spec.n_heads) if config.receivers else []
+    qk_head = parse_qk_head(config.qk_head, spec.n_layers, spec.n_heads) if config.qk_head else None
     clean = repeated_random_tokens(model, config.n_seqs, config.period, config.seed)
     corrupted = repeated_random_tokens(model, config.n_seqs, config.period, config.seed + 1)
     budget = None if config.memory_gb is None else config.memory_gb * circuit_analysis.GIB

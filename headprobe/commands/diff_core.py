@@ -554,47 +554,93 @@ def diff(
     return result
 
 
-def diff_figure(result: DiffResult):
-    """One heatmap per quantity: each head's mean paired change B - A (layers down, heads across;
-    diverging colours, 0 white); heads that changed (:func:`changed_heads`) boxed; for a type's
-    ranking score, a filled dot where the head's role flipped and a hollow one where it crossed the
-    top-k boundary without changing."""
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
+SCORE_UNITS = {"positional_fraction": "share of queries"}
+"""The unit of a head type's ranking score where it is not an attention weight (0-1)."""
 
-    qs = list(result.tests)
-    n_layers, n_heads = result.tests[qs[0]]["change"].shape
-    cols = min(3, len(qs))
-    rows = -(-len(qs) // cols)
-    fig = Figure(
-        figsize=(1.2 + cols * (0.35 * n_heads + 1.6), 1.2 + rows * (0.16 * n_layers + 1.0)), layout="constrained"
-    )
-    axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    moved = {DETECTORS[t].rank_by: set(v["A"]) ^ set(v["B"]) for t, v in result.top.items()}
-    for ax, q in zip(axes, qs):
-        t, changed = result.tests[q], result.changed(q)
-        lim = float(np.nanmax(np.abs(t["change"]))) or 1.0
-        im = ax.imshow(t["change"], cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
-        for layer, head in _heads(changed):
-            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=1.5, ec="black"))
-        for layer, head in moved.get(q, ()):
-            ax.plot(head, layer, "o", ms=3, mec="#222", mfc="#222" if changed[layer, head] else "none", mew=0.8)
-        ax.set_xticks(range(n_heads))
-        ax.set_yticks(range(0, n_layers, max(1, n_layers // 10)))
-        ax.set_title(q.replace("_", " "), fontsize=8)
-        ax.set_xlabel("head", fontsize=7)
-        ax.set_ylabel("layer", fontsize=7)
-        ax.tick_params(labelsize=6)
-        fig.colorbar(im, ax=ax, shrink=0.8).ax.tick_params(labelsize=6)
-    for ax in axes[len(qs) :]:
-        ax.set_visible(False)
+
+def quantity_labels(quantity: str) -> tuple[str, str]:
+    """``(title, colour bar label)`` of a quantity of diff.png: a head type's ranking score (an
+    attention weight, or :data:`SCORE_UNITS`) or ``ablation_<task>``, the single-head ablation
+    effect (nats/token); the label names the quantity and its unit."""
+    from headprobe.analyses.figures import TASK_LABELS
+
+    if quantity.startswith("ablation_"):
+        return f"ablation effect on the {TASK_LABELS[quantity.removeprefix('ablation_')]}", (
+            "Δ ablation effect\n(nats/token)"
+        )
+    style = next(s for d in DETECTORS.values() for s in d.figures if s.column == quantity)
+    return style.title, f"Δ {style.title}\n({SCORE_UNITS.get(quantity, 'attention weight')})"
+
+
+def diff_figure(result: DiffResult):
+    """diff.png of a run (:func:`draw_diff`)."""
     c = result.config
-    fig.suptitle(
-        f"Change B − A per head: A = {result.spec_a.name}, B = {result.spec_b.name}"
-        + (f" re-quantized to {c.requantize_b}" if c.requantize_b else "")
-        + f"\nboxed: changed (significant, {c.correction} over heads at alpha {c.alpha}, paired sign-flip test "
-        f"over sequences, and >= {c.min_change} pooled sd over heads); filled dot: role flipped (top-{c.k} "
-        "membership and a change); hollow: crossed the top-k boundary without one",
-        fontsize=8,
+    title = figure_title(
+        result.spec_a.name, result.spec_b.name, c.requantize_b, c.correction, c.alpha, c.min_change, c.k
     )
-    return fig
+    return draw_diff(
+        {q: t["change"] for q, t in result.tests.items()},
+        {q: result.changed(q) for q in result.tests},
+        result.top,
+        title,
+    )
+
+
+def figure_title(a: str, b: str, requantize_b, correction: str, alpha: float, min_change: float, k: int | None) -> str:
+    """diff.png's title: the two models and what the boxes and dots mean."""
+    return (
+        f"Change B − A per head: A = {a}, B = {b}"
+        + (f" re-quantized to {requantize_b}" if requantize_b else "")
+        + f"\nboxed: changed (significant, {correction} over heads at alpha {alpha}, paired sign-flip test "
+        f"over sequences, and >= {min_change} pooled sd over heads); filled dot: role flipped (top-{k} "
+        "membership and a change); hollow: crossed the top-k boundary without one"
+    )
+
+
+def draw_diff(changes: dict, changed: dict, top: dict, title: str):
+    """One heatmap per quantity (:func:`~headprobe.analyses.figures.diff_heatmaps`): each head's mean
+    paired change B - A (``changes``, ``[layer, head]``; diverging colours, 0 white); heads that
+    changed (``changed``, :func:`changed_heads`) boxed; for a type's ranking score, a filled dot
+    where the head's role flipped and a hollow one where it crossed the top-k boundary (``top``:
+    type -> ``{"A": heads, "B": heads}``) without changing."""
+    from headprobe.analyses.figures import diff_heatmaps
+
+    dotted: dict[str, dict] = {}
+    for t, sets in top.items():
+        q = DETECTORS[t].rank_by
+        moved = {tuple(h) for h in sets["A"]} ^ {tuple(h) for h in sets["B"]}
+        dotted[q] = {(int(h[0]), int(h[1])): bool(changed[q][h[0], h[1]]) for h in moved} if q in changed else {}
+    panels = [(*quantity_labels(q), changes[q], changed[q], dotted.get(q, {})) for q in changes]
+    return diff_heatmaps(panels, title)
+
+
+def redraw(out: str | Path) -> dict:
+    """diff.png's figure from a run's saved numbers (diff.csv's changes, summary.json's changed heads,
+    top-k sets and settings), as ``{"diff": Figure}``: the figure is a function of those alone."""
+    import json
+
+    out = Path(out)
+    summary = json.loads((out / "summary.json").read_text())
+    table = pd.read_csv(out / "diff.csv")
+    L, H = summary["layout"]["n_layers"], summary["layout"]["n_heads"]
+
+    def grid(values) -> np.ndarray:
+        g = np.full((L, H), np.nan)
+        g[table["layer"].to_numpy(), table["head"].to_numpy()] = values
+        return g
+
+    def heads(names) -> list[tuple[int, int]]:
+        return [(int(x.split(".")[0]), int(x.split(".")[1])) for x in names]
+
+    quantities = summary["quantities"]
+    changed = {}
+    for q, v in quantities.items():
+        changed[q] = np.zeros((L, H), dtype=bool)
+        for h in heads(v["changed"]):
+            changed[q][h] = True
+    top = {t: {m: heads(hs) for m, hs in v.items()} for t, v in summary["top_k"].items()}
+    c = summary["config"]
+    title = figure_title(
+        summary["model"], summary["model_b"], c["requantize_b"], c["correction"], c["alpha"], c["min_change"], c["k"]
+    )
+    return {"diff": draw_diff({q: grid(table[f"{q}_change"]) for q in quantities}, changed, top, title)}

@@ -24,6 +24,7 @@ import argparse
 import sys
 from dataclasses import MISSING, dataclass
 
+from headprobe import options
 from headprobe.analyses.exchange import FORMATS
 from headprobe.commands import Command, lazy_names, resolve
 from headprobe.probe.core.errors import HeadprobeError
@@ -116,6 +117,8 @@ def main(args: argparse.Namespace, config: ExportConfig) -> int:
     paths = result.save(config.out, overwrite=config.overwrite)
     print(result.report())
     print(f"\nwrote {len(paths)} files to {config.out}/")
+    if config.out is not None and (kept := options.kept_line(config.out)):  # every --overwrite command says it so
+        print(kept)
     return 0
 
 

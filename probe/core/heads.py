@@ -48,14 +48,37 @@ def parse_heads(text: str, n_layers: int, n_heads: int) -> list[Head]:
         if m is None:
             raise HeadprobeError(f"head {item!r} is not of the form layer.head (e.g. 5.1, or L5H1)")
         layer, head = (int(g) for g in m.groups() if g is not None)
-        if layer >= n_layers or head >= n_heads:
-            raise HeadprobeError(
-                f"head {item} is out of range: the model has {n_layers} layers of {n_heads} heads (0-indexed)"
-            )
+        check_head((layer, head), n_layers, n_heads, name=item)
         heads.append((layer, head))
     if not heads:
         raise HeadprobeError("no heads given")
     return heads
+
+
+def check_head(head: Head, n_layers: int, n_heads: int, name: str | None = None) -> None:
+    """Refuse a head outside ``n_layers x n_heads`` (``name``: the head as the user spelled it).
+
+    Raises:
+        HeadprobeError: one line naming the head and the model's layout."""
+    if not (0 <= head[0] < n_layers and 0 <= head[1] < n_heads):
+        raise HeadprobeError(
+            f"head {name or format_head(head)} is out of range: the model has {n_layers} layers of {n_heads} heads "
+            "(0-indexed)"
+        )
+
+
+def check_receiver(head: Head, n_layers: int, n_heads: int, name: str | None = None) -> None:
+    """Refuse a receiver of path patching (a head that reads earlier heads' outputs) outside the model
+    (:func:`check_head`) or in layer 0, where no head comes before it.
+
+    Raises:
+        HeadprobeError: one line naming the head."""
+    check_head(head, n_layers, n_heads, name)
+    if head[0] == 0:
+        raise HeadprobeError(
+            f"receiver {name or format_head(head)} is in layer 0: no earlier head sends to it "
+            f"(a receiver is a head of layers 1-{n_layers - 1}, or logits)"
+        )
 
 
 def check_head_layers(heads: Sequence[Head], head_layers: Sequence[int] | None) -> None:
