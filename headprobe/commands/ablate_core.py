@@ -34,6 +34,7 @@ from headprobe.analyses.scoring import score_tokens
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
 from headprobe.probe.core.io import summary_envelope
 from headprobe.probe.hooks.capture import kv_head_of
@@ -605,16 +606,21 @@ def run(
     (:func:`~headprobe.analyses.ablation.head_importance`), and every rank returns the whole result.
 
     Raises:
-        HeadprobeError: the model's self-check forbids head ablation, a head out of range,
-            sequences longer than the context, too little text.
+        HeadprobeError: an encoder, the model's self-check forbids head ablation, a head out of
+            range, sequences longer than the context, too little text.
     """
     t_start = time.perf_counter()
     saved = {} if resume is None else resume
     if "induction" in saved:  # a checkpoint written when the repeated task was called "induction"
         saved.setdefault("repeated", saved.pop("induction"))
     save = (lambda: on_save(saved)) if on_save is not None else (lambda: None)
-    model.self_check.require_decomposition("head ablation (ablate, prune)")
     spec = model.spec
+    if not spec.causal:  # an encoder's "loss" through tied embeddings sits at chance: no effect to measure
+        raise HeadprobeError(
+            f"ablate needs a causal language model (its effects are next-token loss effects); {spec.name} is an "
+            "encoder: headprobe scan verifies an encoder's heads by 1 - cos of its output"
+        )
+    model.self_check.require_decomposition("head ablation (ablate, prune)")
     cfg = config.resolved(spec, model.trained_periods)  # the lengths it runs with and summary.json records
     heads = cfg.head_list(spec.n_layers, spec.n_heads, spec.layout.head_layers)
     natural, repeated, sets, mean_z = _task_sets(model, cfg)
