@@ -434,3 +434,18 @@ def test_an_encoder_is_refused_in_one_line(tmp_path_factory, tmp_path, capsys, c
     (line,) = [ln for ln in err.splitlines() if ln.startswith("headprobe: error:")]
     assert f"{command} needs a causal language model" in line and "is an encoder" in line, line
     assert "Traceback" not in err and not out.exists()
+
+
+def test_a_save_fraction_beyond_the_curve_is_refused(tmp_path, capsys):
+    """--save-pruned saves the first --save-fraction of the removal order, which stops at
+    --max-fraction: 0.5 of a curve that stops at 0.2 saved 0.2 without a word. One line, exit 2."""
+    out = tmp_path / "x"
+    argv = ["prune", "--model", "nowhere", "--out", str(out), "--save-pruned", "--max-fraction", "0.2"]
+    assert main([*argv, "--save-fraction", "0.5"]) == 2
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("headprobe: error:")]
+    assert line == (
+        "headprobe: error: --save-fraction 0.5 is beyond --max-fraction 0.2: the removal order stops there; "
+        "give --max-fraction 0.5 or more, or a smaller --save-fraction"
+    ), line
+    assert not out.exists()

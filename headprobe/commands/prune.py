@@ -180,6 +180,11 @@ class PruneConfig(options.ModelRunConfig):
                 f"--save-pruned needs the native backend (--backend native) "
                 f"(the {self.backend} backend lacks removes_heads)"
             )
+        if self.save_pruned and self.save_fraction > self.max_fraction:  # the removal order stops at max_fraction
+            raise HeadprobeError(
+                f"--save-fraction {self.save_fraction} is beyond --max-fraction {self.max_fraction}: the removal "
+                f"order stops there; give --max-fraction {self.save_fraction} or more, or a smaller --save-fraction"
+            )
         if self.save_pruned and self.device_map is not None:  # removing heads rewrites weights that may be offloaded
             raise HeadprobeError("--save-pruned needs the whole model on one device: drop --device-map")
 
