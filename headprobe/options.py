@@ -303,6 +303,25 @@ def describe_model(model: LoadedModel) -> str:
     )
 
 
+ENCODER_HINT = "headprobe scan verifies an encoder's heads by 1 - cos of its output"
+"""What :func:`require_causal` points an encoder's user to."""
+
+
+def require_causal(spec, needs: str, hint: str | None = None) -> None:
+    """Refuse an encoder (``spec.causal`` False) for a command measured in next-token losses:
+    ``"<needs>; <name> is an encoder"`` (``needs``, e.g. ``"ablate needs a causal language model
+    (...)"``), then ``": <hint>"`` where given. Through tied embeddings an encoder's "loss" sits
+    at chance (all-MiniLM-L6-v2: 10.19 nats, ln 30522 = 10.33): no effect to measure.
+
+    Raises:
+        HeadprobeError: the model is an encoder.
+    """
+    from headprobe.probe.core.errors import HeadprobeError
+
+    if not spec.causal:
+        raise HeadprobeError(f"{needs}; {spec.name} is an encoder" + (f": {hint}" if hint else ""))
+
+
 IDLE_SAMPLE_S = 0.25
 """How long :func:`choose_threads` watches the cores to count the idle ones (seconds)."""
 

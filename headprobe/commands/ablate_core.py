@@ -34,7 +34,6 @@ from headprobe.analyses.scoring import score_tokens
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
-from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
 from headprobe.probe.core.io import summary_envelope
 from headprobe.probe.hooks.capture import kv_head_of
@@ -615,11 +614,9 @@ def run(
         saved.setdefault("repeated", saved.pop("induction"))
     save = (lambda: on_save(saved)) if on_save is not None else (lambda: None)
     spec = model.spec
-    if not spec.causal:  # an encoder's "loss" through tied embeddings sits at chance: no effect to measure
-        raise HeadprobeError(
-            f"ablate needs a causal language model (its effects are next-token loss effects); {spec.name} is an "
-            "encoder: headprobe scan verifies an encoder's heads by 1 - cos of its output"
-        )
+    options.require_causal(
+        spec, "ablate needs a causal language model (its effects are next-token loss effects)", options.ENCODER_HINT
+    )
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     cfg = config.resolved(spec, model.trained_periods)  # the lengths it runs with and summary.json records
     heads = cfg.head_list(spec.n_layers, spec.n_heads, spec.layout.head_layers)

@@ -26,6 +26,7 @@ from headprobe.analyses.statistics import adjust_p_values
 from headprobe.commands.diff import HELP, DiffConfig, check_resample_sources, layout_refusal  # noqa: F401 - HELP re-exported
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import parse_heads
 from headprobe.probe.core.io import open_text_file, summary_envelope
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.layout.spec import ModelSpec
@@ -630,7 +631,7 @@ def redraw(out: str | Path) -> dict:
         return g
 
     def heads(names) -> list[tuple[int, int]]:
-        return [(int(x.split(".")[0]), int(x.split(".")[1])) for x in names]
+        return parse_heads(",".join(names), L, H) if names else []
 
     quantities = summary["quantities"]
     changed = {}

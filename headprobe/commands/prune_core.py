@@ -290,11 +290,9 @@ def _rename_old_task(saved: dict) -> dict:
 
 def _refuse_early(model: LoadedModel, cfg: PruneConfig) -> None:
     """Raise, before any computation, what :func:`run` refuses of the model itself."""
-    if not model.spec.causal:  # an encoder's "loss" through tied embeddings sits at chance: no curve to draw
-        raise HeadprobeError(
-            f"prune needs a causal language model (its curves are next-token losses); {model.spec.name} is an "
-            "encoder: headprobe scan verifies an encoder's heads by 1 - cos of its output"
-        )
+    options.require_causal(
+        model.spec, "prune needs a causal language model (its curves are next-token losses)", options.ENCODER_HINT
+    )
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     if (head_layers := model.spec.layout.head_layers) is not None:  # its fractions and masks span every layer's heads
         raise HeadprobeError(

@@ -332,10 +332,7 @@ def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> 
             short for two halves.
     """
     spec = model.spec
-    if not spec.causal:
-        raise HeadprobeError(
-            f"robustness needs a causal language model (its verdicts are loss effects); {spec.name} is an encoder"
-        )
+    options.require_causal(spec, "robustness needs a causal language model (its verdicts are loss effects)")
     model.self_check.require_decomposition("headprobe robustness (its verdicts are ablations)")
     n_heads = spec.n_layers * spec.n_heads
     k = config.k or max(1, min(DEFAULT_K, n_heads // 4))
