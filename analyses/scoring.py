@@ -386,13 +386,17 @@ def example_patterns(
         head type -> ``{"head": (layer, head), "pattern": [q, k] array (the rows ``positions[0]``
         and columns ``positions[1]`` of the whole pattern), "labels": [pos] str (every position
         of the example), "positions": (q_positions, k_positions), "marks": positions where a
-        repeated block starts (for the plot), "period": the block length or None}``.
+        repeated block starts (for the plot), "period": the block length or None, "sequence": what
+        the example is, for an axis label}``.
     """
     first = natural.tokens[:1]
+    sequence = {"natural": "first scored sequence", "repeated": "first scored sequence"}
     if not getattr(model.spec, "causal", True) and first.shape[1] > NATURAL_EXAMPLE_LEN:
         # an encoder's window ends with its separator ([SEP]), which the last-token score is about:
-        # the example keeps it, as a short sentence the model reads both ways
+        # the example keeps it, as a short sentence the model reads both ways -- a new input, not a
+        # crop of the scored pattern (patterns.npz), and the axis label says so
         first = torch.cat([first[:, : NATURAL_EXAMPLE_LEN - 1], first[:, -1:]], dim=1)
+        sequence["natural"] = f"first {NATURAL_EXAMPLE_LEN - 1} and last tokens\nof the first scored sequence, read alone"
     short = {
         "natural": first[:, :NATURAL_EXAMPLE_LEN],
         "repeated": repeated.tokens[:1],
@@ -422,6 +426,7 @@ def example_patterns(
                 "positions": (rows, cols),
                 "marks": marks[dataset],
                 "period": period[dataset],
+                "sequence": sequence[dataset],
             }
     return out
 

@@ -277,8 +277,11 @@ def test_encoder_pattern_example_keeps_the_separator_the_last_token_score_is_abo
     """A window longer than the example: the example is its first tokens plus its final [SEP], so
     the last-token head's figure shows the position its score measures; the pattern is the
     model's own on exactly those tokens."""
+    from dataclasses import replace
+
     from headprobe.analyses.scoring import NATURAL_EXAMPLE_LEN, example_patterns
     from headprobe.commands.scan import ScanConfig, run
+    from headprobe.commands.scan_core import figure_makers
     from headprobe.probe.hooks.capture import capture_heads
 
     text = tmp_path / "words.txt"
@@ -303,3 +306,7 @@ def test_encoder_pattern_example_keeps_the_separator_the_last_token_score_is_abo
     assert int(window[-1]) == 101 and len(ex["labels"]) == NATURAL_EXAMPLE_LEN
     ref = capture_heads(bert, shown[None])["pattern"][1][0, 0]
     torch.testing.assert_close(torch.as_tensor(ex["pattern"]), ref.float().cpu(), atol=1e-6, rtol=0)
+    # a new input, not a crop of the scored window (patterns.npz): the figure's axis says so
+    assert "read alone" in ex["sequence"]
+    fig = figure_makers(replace(result, examples={"last_token": ex}))["pattern_last_token"]()
+    assert "read alone" in fig.axes[0].get_ylabel().replace("\n", " ")

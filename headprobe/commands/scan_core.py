@@ -703,7 +703,7 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
             title,
             ex.get("marks", ()),
             causal=spec.causal,
-            ylabel="query position (first scored sequence)",
+            ylabel=f"query position ({ex['sequence']})",
             positions=ex.get("positions"),
         )
     fields = {"W": head_metrics.distant_window(int(result.natural.tokens.shape[1]))}  # as the metric reads it
