@@ -389,23 +389,21 @@ def _target(row: dict, kv_budget: float | None) -> str:
 
 
 def _tolerance_policy(
-    model: LoadedModel, config: KVConfig, data: tuple, costs: GroupCosts, full: Quality, progress: bool
+    model: LoadedModel, config: KVConfig, data: tuple, setup: tuple, costs: GroupCosts, full: Quality, progress: bool
 ) -> tuple[list[tuple[int, int]], list[dict]]:
     """``(full_groups, comparison)`` of ``--loss-tolerance``: the binary search
     (:func:`~headprobe.analyses.kvpolicy.tolerance_full_groups`) and the chosen, uniform and random
     policies at its memory, rows marked ``target = "loss_tolerance"`` (``budget``: the chosen
-    policy's KV fraction); one progress bar over both."""
+    policy's KV fraction); one progress bar over both. ``setup``: :func:`_checked_setup`'s."""
     from tqdm.auto import tqdm
 
     from headprobe.analyses import kvpolicy as kp
-    from headprobe.probe.layout.attention import Streaming
     from headprobe.probe.layout.cost import policy_cost
 
     tokens, start, lr = data
-    layout, seeds = model.kv_layout, list(range(config.seed, config.seed + config.n_random))
-    assert config.window is not None and config.loss_tolerance is not None  # set, and the mode
-    streaming = Streaming(config.sink, config.window)
-    candidates = kp.streaming_candidates(layout, streaming)
+    layout, streaming, candidates = setup
+    seeds = list(range(config.seed, config.seed + config.n_random))
+    assert config.loss_tolerance is not None  # the mode
     steps = kp.tolerance_search_steps(len(candidates))
     bar = tqdm(
         total=steps + 2 + len(seeds),
@@ -473,7 +471,9 @@ def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -
         curve = [{**r, "target": _target(r, config.kv_budget)} for r in curve]
         comparison = [r for r in curve if r["target"] == "kv_budget"]
     else:
-        full_groups, comparison = _tolerance_policy(model, config, (tokens, start, lr), costs, full, progress)
+        full_groups, comparison = _tolerance_policy(
+            model, config, (tokens, start, lr), (layout, streaming, candidates), costs, full, progress
+        )
         curve = [{**r, "target": _target(r, None)} for r in curve] + comparison
     policy = kp.policy_with_full(layout, full_groups, streaming, candidates, model.spec.name)
     chosen_row = next(r for r in comparison if r["policy"] == "chosen")
