@@ -136,7 +136,8 @@ def test_the_saved_models_loss_is_measured_between_curve_steps(prune_between_ste
     out = prune_between_steps
     summary = json.loads((out / "summary.json").read_text())
     saved = summary["pruned_model"]
-    assert saved["heads_removed"] == 6 and saved["curve_step"] is None
+    assert "loss" in saved, sorted(saved)
+    assert saved["heads_removed"] == 6 and saved["curve_step"] is None and saved["between_curve_steps"] == [1, 2]
     order = [_head(h) for h in summary["removal_order"]["random:0"][:6]]
     model = headprobe.load_model(str(tiny_dir), device="cpu", quiet=True)
     cfg = PruneConfig(model=str(tiny_dir), text=str(text_file), seq_len=16, n_natural=3, n_repeated=2, period=6)
@@ -180,3 +181,15 @@ def test_curve_csv_writes_integer_columns_as_integers(prune_between_steps):
     assert {r["seed"] for r in rows if r["method"] == "michel"} == {""}
     for col in ("step", "n_pruned"):
         assert all(re.fullmatch(r"\d+", r[col]) for r in rows), col
+
+
+def test_ablate_heads_all_removed_is_refused_in_one_line(pruned_dir, text_file, tmp_path, capsys):
+    """--heads naming only heads the checkpoint no longer has: nothing to measure. One line, exit 2,
+    nothing written."""
+    out = tmp_path / "x"
+    argv = ["ablate", "--model", str(pruned_dir), "--out", str(out), "--text", str(text_file), "--heads", "0.0,1.5"]
+    assert main([*argv, *SMALL]) == 2
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("headprobe: error:")]
+    assert "every head asked for is removed" in line and "0.0,1.5" in line, line
+    assert "Traceback" not in err and not out.exists()
