@@ -222,6 +222,8 @@ CATEGORY_COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79
 categories such as offsets (:func:`head_heatmap` with ``discrete``): neighbouring integers get
 unlike hues, where a sequential map made 0 and -1 look alike."""
 
+MASK_HATCH_COLOR = "#888888"
+"""The hatch over masked cells where :func:`head_heatmap` is asked for one (``mask_hatch``)."""
 MASKED_COLOR = "#dddddd"
 """Heatmap cells masked by a rule (:func:`head_heatmap`'s ``mask``, e.g. the offset of a head that is
 not positional): a plain pale grey, unlike the hatched grey of unmeasured heads and every colour
@@ -271,6 +273,7 @@ def head_heatmap(
     discrete: bool = False,
     mask: np.ndarray | None = None,
     mask_label: str = "masked",
+    mask_hatch: str | None = None,
 ) -> Figure:
     """A layer x head heatmap of ``scores`` (``[layer, head]``); white lines separate GQA groups.
 
@@ -285,6 +288,8 @@ def head_heatmap(
             whose label reads ``≤ vmin`` / ``≥ vmax`` as ``extend`` says.
         mask: ``[layer, head]`` booleans: cells drawn plain pale grey (:data:`MASKED_COLOR`) instead
             of their value, named ``mask_label`` in the legend (e.g. the rule that masks them).
+        mask_hatch: a matplotlib hatch drawn in grey over the ``mask`` cells and their legend key
+            (distinct from a value near white in greyscale print too); None: plain.
 
     Raises:
         ValueError: ``discrete`` with more than :data:`CATEGORY_COLORS` integers in ``[vmin, vmax]``.
@@ -303,6 +308,13 @@ def head_heatmap(
     if missing:
         ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
     im, levels = _heat_cells(ax, scores, masked, cmap, vmin, vmax, discrete)
+    if mask_hatch:
+        from matplotlib.patches import Rectangle
+
+        for layer, head in np.argwhere(masked):
+            ax.add_patch(
+                Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, hatch=mask_hatch, ec=MASK_HATCH_COLOR, lw=0)
+            )
     _head_axes(ax, n_layers, n_heads, group_size)
     if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
         title = ",\n".join(title.split(", ", 1))
@@ -315,7 +327,7 @@ def head_heatmap(
         cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
     cb.set_label(cbar_label)
     if missing or masked.any():
-        _heat_legend(ax, bool(masked.any()), bool(missing), mask_label, n_layers)
+        _heat_legend(ax, bool(masked.any()), bool(missing), mask_label, n_layers, mask_hatch)
     return fig
 
 
@@ -350,12 +362,16 @@ def _heat_cells(ax, scores: np.ndarray, masked: np.ndarray, cmap: str, vmin, vma
     return im, levels
 
 
-def _heat_legend(ax, masked: bool, missing: bool, mask_label: str, n_layers: int) -> None:
+def _heat_legend(
+    ax, masked: bool, missing: bool, mask_label: str, n_layers: int, mask_hatch: str | None = None
+) -> None:
     """:func:`head_heatmap`'s legend below ``ax``: what the pale grey (``masked`` cells, named
-    ``mask_label``) and the hatched grey (``missing``: heads not measured) cells mean."""
+    ``mask_label``, hatched with ``mask_hatch``) and the hatched grey (``missing``: heads not
+    measured) cells mean."""
     from matplotlib.patches import Patch
 
-    keys = ([Patch(facecolor=MASKED_COLOR, edgecolor="none", label=mask_label)] if masked else []) + (
+    plain = {"edgecolor": "none"} if not mask_hatch else {"edgecolor": MASK_HATCH_COLOR, "hatch": mask_hatch, "lw": 0}
+    keys = ([Patch(facecolor=MASKED_COLOR, label=mask_label, **plain)] if masked else []) + (
         [Patch(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", label="not measured")]
         if missing
         else []
@@ -973,13 +989,37 @@ def ablation_effect_panels(
     group_size: int | None,
     suptitle: str,
     cbar_label: str = "Δ loss (nats/token)",
+    removed: np.ndarray | None = None,
 ) -> Figure:
-    """Signed layer x head heatmaps side by side (one per task), each centred at 0."""
+    """Signed layer x head heatmaps side by side (one per task), each centred at 0.
+
+    ``removed``: ``[layer, head]`` True for heads a pruned checkpoint no longer has: drawn pale
+    grey (:data:`MASKED_COLOR`), cross-hatched, named in the legend, whatever their value (NaN, or the 0 of a
+    head with zero weights), never as a measured effect."""
     n_layers = np.asarray(panels[0][1]).shape[0]
     fig = _figure(COLUMN_WIDTH if len(panels) == 1 else PAGE_WIDTH * 0.62, min(1.4 + 0.13 * n_layers, 8.0))
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
+    gone = None if removed is None or not np.asarray(removed).any() else np.asarray(removed, dtype=bool)
     for ax, (title, values) in zip(axes, panels):
-        signed_head_heatmap(values, title, cbar_label, group_size, ax=ax)
+        if gone is None:
+            signed_head_heatmap(values, title, cbar_label, group_size, ax=ax)
+            continue
+        values = np.where(gone, 0.0, np.asarray(values, dtype=float))  # masked below: any finite value
+        finite = values[np.isfinite(values) & ~gone]
+        vmax = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
+        head_heatmap(
+            values,
+            title,
+            cbar_label,
+            cmap="RdBu_r",
+            vmin=-vmax,
+            vmax=vmax,
+            group_size=group_size,
+            ax=ax,
+            mask=gone,
+            mask_label="removed (pruned checkpoint)",
+            mask_hatch="xxxx",
+        )
     fig.suptitle(suptitle)
     return fig
 
@@ -1250,6 +1290,8 @@ def pruning_methods_plot(
     bands: Sequence[tuple[str, np.ndarray, dict[str, np.ndarray]]],
     metrics: Sequence[tuple[str, str]],
     title: str,
+    saved: tuple[str, float, dict[str, float]] | None = None,
+    xlabel: str = "fraction of heads removed",
 ) -> Figure:
     """Loss against the fraction of heads removed for several pruning methods, one panel per metric.
 
@@ -1258,6 +1300,9 @@ def pruning_methods_plot(
         bands: ``(label, fraction_pruned [n], {metric column: loss [seed, n]})``: drawn as the mean
             over seeds (a line) and the range over seeds (a shaded band), e.g. random orders.
         metrics: ``(column, panel y label)`` pairs.
+        saved: ``(label, fraction_pruned, {metric column: loss})`` of one model measured on its own
+            (e.g. the saved pruned model), drawn as a black star; None: none.
+        xlabel: the x axis' label.
     """
     fig = _figure(COLUMN_WIDTH, 1.5 * len(metrics) + 0.6)
     axes = np.atleast_1d(fig.subplots(len(metrics), 1, sharex=True))
@@ -1281,11 +1326,13 @@ def pruning_methods_plot(
         for (label, frac, losses), (color, marker, ls) in zip(curves, styles):
             ax.plot(frac, losses[col], color=color, marker=marker, ls=ls, ms=3, lw=1, label=label)
             reach = max(reach, float(np.max(frac)))
+        if saved is not None and col in saved[2]:
+            ax.plot([saved[1]], [saved[2][col]], ls="none", marker="*", ms=7, color="black", label=saved[0], zorder=5)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, lw=0.4)
     axes[0].legend(frameon=False, fontsize=6)
     axes[0].set_title(title)
-    axes[-1].set_xlabel("fraction of heads removed")
+    axes[-1].set_xlabel(xlabel)
     axes[-1].set_xlim(-0.02 * reach, 1.02 * reach)
     _fit_ylabels(fig, axes)
     return fig

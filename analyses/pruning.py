@@ -53,6 +53,23 @@ class LossSet:
     first: int = 0
 
 
+def present_heads(model: LoadedModel) -> Float[Tensor, "layer head"]:
+    """``[layer, head]``: 1 for the heads ``model`` has, 0 for those a pruned checkpoint no longer
+    has (``spec.removed_heads``, loaded with zero weights). Every pruning method here starts from
+    this mask: a removed head is never a candidate, and counts and fractions are of the heads present.
+
+    Raises:
+        HeadprobeError: every head of the model is already removed (nothing to prune).
+    """
+    spec = model.spec
+    present = torch.ones(spec.n_layers, spec.n_heads)
+    for layer, head in getattr(spec, "removed_heads", ()) or ():
+        present[layer, head] = 0.0
+    if not present.any():
+        raise HeadprobeError(f"{spec.name}: every head is already removed; there is nothing left to prune")
+    return present
+
+
 @torch.inference_mode()
 def masked_loss(model: LoadedModel, data: LossSet, keep: Float[Tensor, "layer head"]) -> float:
     """Mean scored loss (nats/token) with each head's z multiplied by ``keep[layer, head]``
@@ -126,7 +143,7 @@ def iterative_pruning(
         score_set: where the gradient importance is measured (``order="importance"``).
         eval_sets: name -> held-out set; each gives a ``<name>_loss`` column.
         order: ``importance`` (lowest first, Michel et al.) or ``random`` (seeded baseline).
-        step_fraction: fraction of all heads removed per step (the paper: 0.1).
+        step_fraction: fraction of all heads removed per step (the paper: 0.1); of every head present (:func:`present_heads`).
         rescore: recompute importance at the current mask after each step (else once, as in the paper).
         normalize: per-layer L2 normalisation of the importance (Michel et al. section 4.2).
         max_fraction: stop once this fraction of heads is removed.
@@ -134,16 +151,16 @@ def iterative_pruning(
         on_step: called after every step with the run's state (JSON-serialisable), to checkpoint it.
 
     Raises:
-        HeadprobeError: ``order`` unknown, or a fraction outside (0, 1].
+        HeadprobeError: ``order`` unknown, a fraction outside (0, 1], or no head left to prune.
     """
     _check_pruning_args(order, step_fraction, max_fraction)
     spec = model.spec
-    n_total = spec.n_layers * spec.n_heads
-    per_step = max(1, round(step_fraction * n_total))
-    n_max = min(n_total, round(max_fraction * n_total))
-    keep = torch.ones(spec.n_layers, spec.n_heads)
+    keep = present_heads(model)
+    n_present = int(keep.sum())
+    per_step = max(1, round(step_fraction * n_present))
+    n_max = min(n_present, round(max_fraction * n_present))
     run = PruningRun(order)
-    random_order = torch.randperm(n_total, generator=torch.Generator().manual_seed(seed)).tolist()
+    random_order = _random_order(keep, seed)
     scores = _resume_pruning(run, keep, resume) if resume else None
 
     def state() -> dict:
@@ -154,7 +171,7 @@ def iterative_pruning(
         }
 
     def record(step: int, removed: list[Head], margin: float = float("nan")) -> None:
-        run.rows.append(_pruning_row(model, eval_sets, keep, order, step, removed))
+        run.rows.append(_pruning_row(model, eval_sets, keep, n_present, order, step, removed))
         if order == "importance":
             run.rows[-1]["margin"] = margin
 
@@ -199,6 +216,13 @@ def _check_pruning_args(order: str, step_fraction: float, max_fraction: float) -
         raise HeadprobeError(f"step fraction {step_fraction} and max fraction {max_fraction} must be in (0, 1]")
 
 
+def _random_order(present: Tensor, seed: int) -> list[int]:
+    """The random baseline's order: one seeded permutation of every head's flat index
+    (``layer * n_heads + head``), the heads not ``present`` left out."""
+    flat = present.flatten()
+    return [i for i in torch.randperm(flat.numel(), generator=torch.Generator().manual_seed(seed)).tolist() if flat[i]]
+
+
 def _resume_pruning(run: PruningRun, keep: Tensor, resume: dict) -> Tensor | None:
     """Restore :func:`iterative_pruning`'s ``run`` (rows, removal order) and ``keep`` mask (in place)
     from a saved state; the saved importance scores, or None."""
@@ -213,15 +237,16 @@ def _pruning_row(
     model: LoadedModel,
     eval_sets: Mapping[str, LossSet],
     keep: Tensor,
+    n_present: int,
     order: str,
     step: int,
     removed: list[Head],
 ) -> dict:
     """One curve row of :func:`iterative_pruning`: the held-out losses (nats/token) with the heads
-    of ``keep`` (1 kept, 0 removed) and the heads removed at this step."""
-    n_total = keep.numel()
-    n = n_total - int(keep.sum())
-    row = {"order": order, "step": step, "n_pruned": n, "fraction_pruned": n / n_total}
+    of ``keep`` (1 kept, 0 removed), the heads removed so far (``n_pruned``, of the ``n_present``
+    heads the model had) and the heads removed at this step."""
+    n = n_present - int(keep.sum())
+    row = {"order": order, "step": step, "n_pruned": n, "fraction_pruned": n / n_present}
     for name, data in eval_sets.items():
         row[f"{name}_loss"] = masked_loss(model, data, keep)
     row["removed"] = " ".join(format_head(h) for h in removed)
@@ -261,22 +286,31 @@ def _median_time(fn, repeats: int = 3) -> float:
 
 @torch.inference_mode()
 def build_pruned(
-    model: LoadedModel, keep: Bool[Tensor, "layer head"], tokens: Int[Tensor, "batch pos"]
+    model: LoadedModel,
+    keep: Bool[Tensor, "layer head"],
+    tokens: Int[Tensor, "batch pos"],
+    eval_sets: Mapping[str, LossSet] | None = None,
 ) -> tuple[Any, dict]:
     """Remove the heads ``keep`` marks False for real (:func:`headprobe.probe.model.pruned.remove_heads`),
-    round-trip the result through a saved model directory, and compare it with the masked model.
+    round-trip the result through a saved model directory, compare it with the masked model and
+    measure the saved model's own losses.
 
     Args:
         model: a LoadedModel whose heads can be removed (:meth:`~headprobe.probe.backends.base.LoadedModel.check_prunable`).
-        keep: True for the heads kept.
+        keep: True for the heads kept; a pruned checkpoint's removed heads (:func:`present_heads`)
+            are removed whatever it says.
         tokens: the input the two are compared and timed on.
+        eval_sets: name -> set the reloaded small model's loss is measured on (``loss``), e.g. a
+            pruning curve's held-out sets; None: no loss.
 
     Returns:
         (pruned, info): the pruned :class:`~headprobe.probe.model.transformer.Transformer` and
-        ``{"heads_removed", "fraction_removed", "kv_heads_removed", "attention_parameters": {"full",
-        "pruned"}, "max_abs_logit_diff_vs_masked", "forward_s": {"masked", "pruned"} (median seconds
-        per forward), "speedup", "tokens", "bytes"}`` (size of the saved weights and config,
-        :func:`headprobe.probe.model.pruned.save_pruned_dir`, without the tokenizer).
+        ``{"heads_removed", "fraction_removed"`` (of the heads ``model`` has), ``"heads_already_removed"``
+        (by a pruned checkpoint, before), ``"kv_heads_removed", "attention_parameters": {"full"``
+        (``model``'s, a pruned checkpoint's without its removed heads), ``"pruned"}, "max_abs_logit_diff_vs_masked",
+        "forward_s": {"masked", "pruned"} (median seconds per forward), "speedup", "tokens",
+        "bytes"`` (size of the saved weights and config, :func:`headprobe.probe.model.pruned.save_pruned_dir`,
+        without the tokenizer) ``, "loss": {name: nats/token}}`` (with ``eval_sets``).
 
     Raises:
         HeadprobeError: the model's heads cannot be removed exactly (not native, MLA, all-head
@@ -285,15 +319,10 @@ def build_pruned(
     import tempfile
     from pathlib import Path
 
-    from headprobe.probe.model.pruned import (
-        count_attention_parameters,
-        count_kv_heads,
-        load_pruned_dir,
-        save_pruned_dir,
-    )
+    from headprobe.probe.model.pruned import load_pruned_dir, save_pruned_dir
 
-    spec = model.spec
-    n = int((~keep.bool()).sum())
+    present = present_heads(model).bool()
+    keep = keep.bool().cpu() & present
     pruned = model.remove_heads(keep)
     with tempfile.TemporaryDirectory() as tmp:
         save_pruned_dir(pruned, Path(tmp))
@@ -315,16 +344,47 @@ def build_pruned(
     t_masked = timed(lambda: model.forward(tokens, head_mask=mask))
     t_pruned = timed(lambda: reloaded(tokens))
     return pruned, {
-        "heads_removed": n,
-        "fraction_removed": n / (spec.n_layers * spec.n_heads),
-        "kv_heads_removed": spec.n_layers * spec.n_kv_heads - count_kv_heads(pruned),
-        "attention_parameters": {"full": model.attention_parameters(), "pruned": count_attention_parameters(pruned)},
+        **_removal_counts(model, present, keep, pruned),
         "max_abs_logit_diff_vs_masked": diff,
         "forward_s": {"masked": t_masked, "pruned": t_pruned},
         "speedup": t_masked / t_pruned,
         "tokens": list(tokens.shape),
         "bytes": size,
+        **({} if eval_sets is None else {"loss": _own_losses(reloaded, eval_sets)}),
     }
+
+
+def _removal_counts(model: LoadedModel, present: Tensor, keep: Tensor, pruned: Any) -> dict:
+    """:func:`build_pruned`'s counts: heads and key/value heads removed from the ``present`` ones
+    (``keep`` False), the heads a pruned checkpoint had removed before, and the attention
+    parameters of ``model`` (without those heads) and of ``pruned``."""
+    from headprobe.probe.model.pruned import count_attention_parameters, count_kv_heads
+
+    spec = model.spec
+    n_present, n = int(present.sum()), int((present & ~keep).sum())
+    full = model.attention_parameters()
+    kv_present = spec.n_layers * spec.n_kv_heads
+    if n_present < present.numel():  # a pruned checkpoint: its removed heads' zero weights are not its own
+        before = model.remove_heads(present)
+        full, kv_present = count_attention_parameters(before), count_kv_heads(before)
+    return {
+        "heads_removed": n,
+        "fraction_removed": n / n_present,
+        "heads_already_removed": present.numel() - n_present,
+        "kv_heads_removed": kv_present - count_kv_heads(pruned),
+        "attention_parameters": {"full": full, "pruned": count_attention_parameters(pruned)},
+    }
+
+
+def _own_losses(net: Any, eval_sets: Mapping[str, LossSet]) -> dict[str, float]:
+    """The mean scored loss (nats/token, float64 mean as :func:`masked_loss`) of the native
+    Transformer ``net`` on each set, run on its own (no hooks, no mask)."""
+    device = next(net.parameters()).device
+    out = {}
+    for name, data in eval_sets.items():
+        tokens = data.tokens.to(device)
+        out[name] = float(scored_loss(net(tokens), tokens, data.first).double().mean())
+    return out
 
 
 # --- Voita et al. 2019: L0 head gates (Hard Concrete, Louizos et al. 2018) ---------------------------
@@ -389,7 +449,9 @@ def l0_pruning(
     ``train_set`` (the Hard Concrete noise and the minibatches drawn from ``seed``). After each
     ``lam`` the heads whose deterministic gate is above 1/2 (``log_alpha > 0``) are kept, the
     others removed, and the held-out losses are those of that binary mask (z multiplied by 1 or
-    0, as for the other methods). Row 0 is the unpruned model.
+    0, as for the other methods). Row 0 is the unpruned model. On a pruned checkpoint the gates,
+    the penalty and the counts are those of the heads it has (:func:`present_heads`): ``n_heads_total``
+    is their number, and a removed head's gate stays shut and is never counted.
 
     Args:
         model: a LoadedModel (either backend); its parameters are not changed.
@@ -408,12 +470,13 @@ def l0_pruning(
     """
     lambdas = _check_l0_args(lambdas, steps, batch_size)
     require_head_ablation(model)
+    present = present_heads(model)
     run, log_alpha, gen, opt_state = _l0_start(model, init, seed, resume)
     log_alpha = log_alpha.to(model.device).requires_grad_(True)
     opt = _adam(log_alpha, lr, opt_state)
 
     def finish(step: int, lam: float | None, removed: list[Head]) -> None:
-        run.rows.append(_l0_row(model, eval_sets, log_alpha, step, lam, removed))
+        run.rows.append(_l0_row(model, eval_sets, log_alpha, present, step, lam, removed))
         if on_step:
             on_step(_l0_state(run, log_alpha, gen, opt))
 
@@ -429,10 +492,10 @@ def l0_pruning(
         bar = tqdm(total=len(todo) * steps, desc="pruning (l0 gates)", unit="step")
     for step, lam in todo:
         for _ in range(steps):
-            _l0_step(model, train_set, log_alpha, opt, gen, lam, batch_size)
+            _l0_step(model, train_set, log_alpha, present, opt, gen, lam, batch_size)
             if bar is not None:
                 bar.update(1)
-        newly = _newly_closed(log_alpha, set(run.removal_order))
+        newly = _newly_closed(log_alpha, set(run.removal_order), present)
         run.removal_order += newly
         finish(step, lam, newly)
     if bar is not None:
@@ -505,21 +568,23 @@ def _l0_row(
     model: LoadedModel,
     eval_sets: Mapping[str, LossSet],
     log_alpha: Tensor,
+    present: Tensor,
     step: int,
     lam: float | None,
     removed: list[Head],
 ) -> dict:
     """One curve row of :func:`l0_pruning`: the held-out losses (nats/token) with the heads whose
-    gate is closed (``log_alpha <= 0``) removed, the penalty ``lam`` and the expected number of
-    open gates."""
-    keep = (log_alpha.detach() > 0).float().cpu()
-    n_total = keep.numel()
-    n = n_total - int(keep.sum())
-    row = {"order": "l0", "step": step, "n_pruned": n, "fraction_pruned": n / n_total}
+    gate is closed (``log_alpha <= 0``) removed, counted among the ``present`` heads (1 present, 0
+    removed from a pruned checkpoint: never counted), the penalty ``lam`` and the expected number of
+    open gates of the present heads."""
+    keep = (log_alpha.detach() > 0).float().cpu() * present
+    n_present = int(present.sum())
+    n = n_present - int(keep.sum())
+    row = {"order": "l0", "step": step, "n_pruned": n, "fraction_pruned": n / n_present}
     for name, data in eval_sets.items():
         row[f"{name}_loss"] = masked_loss(model, data, keep)
     row["lambda"] = lam
-    row["expected_open"] = float(expected_open(log_alpha.detach()).sum())
+    row["expected_open"] = float((expected_open(log_alpha.detach()).cpu() * present).sum())
     row["removed"] = " ".join(format_head(h) for h in removed)
     return row
 
@@ -528,30 +593,33 @@ def _l0_step(
     model: LoadedModel,
     train_set: LossSet,
     log_alpha: Tensor,
+    present: Tensor,
     opt: torch.optim.Adam,
     gen: torch.Generator,
     lam: float,
     batch_size: int,
 ) -> None:
-    """One Adam step of :func:`l0_pruning` on ``task loss + lam * E[open gates] / n_heads_total``,
+    """One Adam step of :func:`l0_pruning` on ``task loss + lam * E[open gates] / n_heads``, the
+    gates and heads those of the ``present`` heads (1 present, 0 removed from a pruned checkpoint),
     on ``batch_size`` sequences of ``train_set`` and one Hard Concrete sample (both drawn from
     ``gen``); only ``log_alpha`` gets a gradient."""
     rows = torch.randperm(train_set.tokens.shape[0], generator=gen)[:batch_size]
     u = torch.rand(log_alpha.shape, generator=gen).clamp(1e-6, 1 - 1e-6).to(model.device)
+    on = present.to(log_alpha.device)
     with torch.inference_mode(False), torch.enable_grad():
-        gates = hard_concrete_sample(log_alpha, u)
+        gates = hard_concrete_sample(log_alpha, u) * on
         loss = _gated_loss(model, LossSet(train_set.tokens[rows], train_set.first), gates)
-        total = loss + lam * expected_open(log_alpha).sum() / log_alpha.numel()
+        total = loss + lam * (expected_open(log_alpha) * on).sum() / on.sum()
         (log_alpha.grad,) = torch.autograd.grad(total, [log_alpha])  # the model's weights get no gradient
     opt.step()
 
 
-def _newly_closed(log_alpha: Tensor, before: set[Head]) -> list[Head]:
-    """The heads whose gate is closed (``log_alpha <= 0``) and not in ``before``, lowest
-    ``log_alpha`` first."""
+def _newly_closed(log_alpha: Tensor, before: set[Head], present: Tensor) -> list[Head]:
+    """The ``present`` heads (nonzero) whose gate is closed (``log_alpha <= 0``) and not in
+    ``before``, lowest ``log_alpha`` first."""
     la = log_alpha.detach().cpu()
     n_layers, n_heads = la.shape
-    closed = ~(la > 0)
+    closed = ~(la > 0) & (present != 0)
     return sorted(
         ((l, h) for l in range(n_layers) for h in range(n_heads) if closed[l, h] and (l, h) not in before),
         key=lambda lh: float(la[lh]),

@@ -4,6 +4,7 @@ matplotlib; the package's ``__init__`` does not, so flags are checked before the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from headprobe.analyses.scoring import score_tokens
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
 from headprobe.probe.core.io import summary_envelope
 from headprobe.probe.hooks.capture import kv_head_of
@@ -292,6 +294,8 @@ class AblateResult:
                 "natural_source": self.natural.source,
             },
             "clean_loss": {t: r.clean_loss for t, r in self.tasks.items()},
+            # a pruned checkpoint's heads: not swept, null in every table and never ranked
+            "removed_heads": sorted(format_head(h) for h in _removed(self.spec)),
         }
 
     def _estimate_summary(self) -> dict:
@@ -331,6 +335,9 @@ class AblateResult:
         ``--estimate``, ``{"ablation_estimate": Figure}``: the estimate, titled as one)."""
         spec = self.spec
         tag = f"{spec.name} ({figs.weights_label(spec.weights)}), {self.config.kind}-ablated"
+        removed = np.zeros((spec.n_layers, spec.n_heads), dtype=bool)
+        for head in _removed(spec):
+            removed[head] = True
         if self.config.estimate:
             unit = "importance" if self.config.estimate == "gradient" else "estimated Δ loss (nats/token)"
             fig = figs.ablation_effect_panels(
@@ -341,6 +348,7 @@ class AblateResult:
                 spec.group_size,
                 estimate_title(self.config.estimate, tag),
                 cbar_label=unit,
+                removed=removed,
             )
             return {"ablation_estimate": fig}
         fig = figs.ablation_effect_panels(
@@ -350,6 +358,7 @@ class AblateResult:
             ],
             spec.group_size,
             f"Loss increase from ablating one head\n{tag}",
+            removed=removed,
         )
         return {"ablation_effect": fig}
 
@@ -392,6 +401,7 @@ class AblateResult:
                 f"ESTIMATE, not an exact ablation: {s['estimate']['description']} "
                 f"(~{s['estimate']['forward_equivalents_per_task']:.0f} forward passes per task)",
                 f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token",
+                *_removed_lines(s["removed_heads"]),
             ]
             for task in TASKS:
                 tops = ", ".join(f"{e['head']} ({e['estimate']:+.3f})" for e in s["top_heads_by_estimate"][task][:5])
@@ -402,7 +412,8 @@ class AblateResult:
             )
             return "\n".join(lines)
         lines = [
-            f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token"
+            f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token",
+            *_removed_lines(s["removed_heads"]),
         ]
         for task in TASKS:
             tops = ", ".join(f"{e['head']} ({e['loss_delta']:+.3f})" for e in s["top_heads_by_loss_delta"][task][:5])
@@ -432,6 +443,18 @@ class AblateResult:
             + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items())
         )
         return "\n".join(lines)
+
+
+def _removed_lines(removed: list[str], show: int = 12) -> list[str]:
+    """The report's line on a pruned checkpoint's removed heads (none without any): how many, the
+    first ``show`` by name, and that they were not measured."""
+    if not removed:
+        return []
+    names = ", ".join(removed[:show]) + (f", ... ({len(removed) - show} more)" if len(removed) > show else "")
+    return [
+        f"removed heads (pruned checkpoint): {len(removed)}, not measured: blank in head_ablation.csv, "
+        f"grey in the figure, never ranked: {names}"
+    ]
 
 
 ESTIMATE_LABELS = {
@@ -619,7 +642,7 @@ def run(
     )
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     cfg = config.resolved(spec, model.trained_periods)  # the lengths it runs with and summary.json records
-    heads = cfg.head_list(spec.n_layers, spec.n_heads, spec.layout.head_layers)
+    heads = _present(cfg.head_list(spec.n_layers, spec.n_heads, spec.layout.head_layers), spec)
     natural, repeated, sets, mean_z = _task_sets(model, cfg)
     results: dict[str, TaskResult] = {}
     swept = 0
@@ -632,6 +655,7 @@ def run(
         results[task] = _sweep_task(model, cfg, task, (tokens, first, src), heads, mean_z, done, save, progress)
 
     induction_score = _induction_score(model, repeated)
+    results, induction_score = _blank_removed(spec, results, induction_score)
     table = _head_table(spec, results, induction_score, cfg.estimate)
     # an --estimate run swept nothing (swept stays 0) and reports the default one rank
     return AblateResult(
@@ -648,6 +672,56 @@ def run(
         swept=swept,
         ranks=1 if cfg.estimate else distributed.world_size(),
     )
+
+
+def _removed(spec: ModelSpec) -> set[tuple[int, int]]:
+    """The heads a pruned checkpoint no longer has (``spec.removed_heads``; loaded with zero weights)."""
+    return {(int(l), int(h)) for l, h in getattr(spec, "removed_heads", ()) or ()}
+
+
+def _present(heads: list, spec: ModelSpec) -> list:
+    """``heads`` without a pruned checkpoint's removed heads (:func:`_removed`): a removed head has no
+    effect to measure, only the 0 of its zero weights.
+
+    Raises:
+        HeadprobeError: every head asked for is removed.
+    """
+    removed = _removed(spec)
+    kept = [h for h in heads if tuple(h) not in removed]
+    if heads and not kept:
+        raise HeadprobeError(
+            f"every head asked for is removed in the pruned checkpoint {spec.name}: "
+            f"{','.join(format_head(h) for h in heads)}"
+        )
+    return kept
+
+
+def _blank_removed(
+    spec: ModelSpec, results: dict[str, TaskResult], induction_score: np.ndarray
+) -> tuple[dict[str, TaskResult], np.ndarray]:
+    """``results`` and ``induction_score`` with a pruned checkpoint's removed heads (:func:`_removed`)
+    NaN in every ``[layer, head]`` array, so that no ranking, correlation or summary counts them."""
+    removed = _removed(spec)
+    if not removed:
+        return results, induction_score
+    idx = tuple(np.array(sorted(removed)).T)
+
+    def blank(a: np.ndarray) -> np.ndarray:
+        a = np.array(a, dtype=float)
+        a[idx] = np.nan
+        return a
+
+    out = {
+        t: dataclasses.replace(
+            r,
+            effect=blank(r.effect),
+            importance=blank(r.importance),
+            attribution=blank(r.attribution),
+            estimated=None if r.estimated is None else blank(r.estimated),
+        )
+        for t, r in results.items()
+    }
+    return out, blank(induction_score)
 
 
 def _head_table(

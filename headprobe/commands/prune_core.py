@@ -25,6 +25,7 @@ from headprobe.analyses.pruning import (
     iterative_pruning,
     l0_pruning,
     per_layer_best_head,
+    present_heads,
 )
 from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.backends.base import LoadedModel
@@ -94,6 +95,12 @@ class PruneResult:
     load_s: float = 0.0
     method_s: dict | None = None
 
+    @property
+    def already_removed(self) -> list[tuple[int, int]]:
+        """The heads the model had lost before this run (a pruned checkpoint's ``spec.removed_heads``):
+        never candidates; every count and fraction is of the other heads."""
+        return sorted((int(l), int(h)) for l, h in getattr(self.spec, "removed_heads", ()) or ())
+
     def _curves(self, method: str) -> list[PruningRun]:
         return [r for name, r in self.runs.items() if name.split(":")[0] == method]
 
@@ -135,10 +142,15 @@ class PruneResult:
             f"continuation, {cfg.l0_steps} Adam steps each; heads with log_alpha > 0 kept",
             "random": f"seeded random orders, seeds {cfg.seed}..{cfg.seed + cfg.n_seeds - 1}, {cfg.step_fraction:g} of all heads per step",
         }
+        if self.already_removed:
+            methods = {k: v.replace("of all heads", "of the heads present") for k, v in methods.items()}
         out = {
             "dtype": cfg.dtype,
             "units": "nats/token",
             "n_heads_total": spec.n_layers * spec.n_heads,
+            # a pruned checkpoint: its removed heads are no candidates; counts and fractions are of the others
+            "n_heads_present": spec.n_layers * spec.n_heads - len(self.already_removed),
+            "heads_already_removed": [format_head(h) for h in self.already_removed],
             "methods": {m: methods[m] for m in cfg.methods},
             "evaluation": "every curve: the same held-out natural text and repeated tokens, heads removed by z * 0 at hook_z",
             "tokens": {
@@ -188,7 +200,20 @@ class PruneResult:
             else:
                 curves.append((label, *arrays(rs[0])))
         title = f"Head pruning, {spec.name}\n({figs.weights_label(spec.weights)}, {cfg.dtype} compute)"
-        out = {"pruning_curve": figs.pruning_methods_plot(curves, bands, METRICS, title)}
+        xlabel = "fraction of heads removed"
+        if gone := len(self.already_removed):  # a pruned checkpoint: fractions of the heads it has
+            total = spec.n_layers * spec.n_heads
+            xlabel = f"fraction of the checkpoint's {total - gone} heads removed"
+            title += f"\n{gone} of {total} heads removed before this run"
+        saved = None
+        if self.pruned_info is not None and "loss" in self.pruned_info:
+            p = self.pruned_info
+            saved = (
+                f"saved model ({p['heads_removed']} heads removed)",
+                p["fraction_removed"],
+                {f"{k}_loss": v for k, v in p["loss"].items()},
+            )
+        out = {"pruning_curve": figs.pruning_methods_plot(curves, bands, METRICS, title, saved=saved, xlabel=xlabel)}
         if self.per_layer is not None:
             t = pd.DataFrame(self.per_layer)
             out["per_layer"] = figs.per_layer_plot(
@@ -240,7 +265,14 @@ class PruneResult:
             m: m if len(self._curves(m)) == 1 else f"{m} (mean of {len(self._curves(m))})" for m in self.config.methods
         }
         w = max(len("curve"), *map(len, names.values()))
-        lines = [f"{'curve':<{w}} {'removed':>7} {'fraction':>8} {'natural':>8} {'repeated':>9}"]
+        lines = []
+        if gone := len(self.already_removed):
+            total = self.spec.n_layers * self.spec.n_heads
+            lines.append(
+                f"pruned checkpoint: {gone} of its {total} heads were removed before this run; they are no "
+                f"candidates, and every count and fraction below is of the {total - gone} heads it has"
+            )
+        lines.append(f"{'curve':<{w}} {'removed':>7} {'fraction':>8} {'natural':>8} {'repeated':>9}")
         for m in self.config.methods:
             rs = self._curves(m)
             for i, row in enumerate(rs[0].rows):
@@ -267,14 +299,51 @@ class PruneResult:
                 f"{max(r['delta_best_only'] for r in self.per_layer):+.3f} nats (least: layer {best['layer']})"
             )
         if self.pruned_info is not None:
-            p = self.pruned_info
-            lines.append(
-                f"pruned model: {p['heads_removed']} heads removed ({p['kv_heads_removed']} KV heads), attention "
-                f"parameters {p['attention_parameters']['full']:,} -> {p['attention_parameters']['pruned']:,}; max "
-                f"|logit diff| vs masked {p['max_abs_logit_diff_vs_masked']:.2e}; forward {p['forward_s']['masked']:.3f} s "
-                f"masked vs {p['forward_s']['pruned']:.3f} s pruned ({p['speedup']:.2f}x)"
-            )
+            lines += saved_lines(self.pruned_info)
         return "\n".join(lines)
+
+
+def saved_lines(p: dict) -> list[str]:
+    """The report's lines on the saved pruned model (:attr:`PruneResult.pruned_info`): what was
+    removed and its check against the masked model, then its own losses and, where its heads are
+    a curve step's, that step's losses beside them (:func:`saved_vs_curve`)."""
+    before = f", besides the {p['heads_already_removed']} removed before" if p.get("heads_already_removed") else ""
+    lines = [
+        f"pruned model: {p['heads_removed']} heads removed ({p['kv_heads_removed']} KV heads){before}; attention "
+        f"parameters {p['attention_parameters']['full']:,} -> {p['attention_parameters']['pruned']:,}; max "
+        f"|logit diff| vs masked {p['max_abs_logit_diff_vs_masked']:.2e}; forward {p['forward_s']['masked']:.3f} s "
+        f"masked vs {p['forward_s']['pruned']:.3f} s pruned ({p['speedup']:.2f}x)"
+    ]
+    if "loss" not in p:
+        return lines
+    own = ", ".join(f"{k} {v:.3f}" for k, v in p["loss"].items())
+    line = (
+        f"saved model loss ({p['heads_removed']} heads removed, fraction {p['fraction_removed']:.3f}): {own} nats/token"
+    )
+    if p["curve_step"] is not None:
+        diffs = ", ".join(f"{v:+.1e}" for v in p["loss_minus_curve"].values())
+        line += f"; curve step {p['curve_step']} ({p['method']}), the same heads: saved minus curve {diffs}"
+    else:
+        lo, hi = p["between_curve_steps"]
+        line += f"; between curve steps {lo} and {hi} ({p['method']}): no curve point removes these heads"
+    return [*lines, line]
+
+
+def saved_vs_curve(curve: PruningRun, n: int, saved_loss: dict[str, float]) -> dict:
+    """Where the saved model (the first ``n`` heads of ``curve``'s removal order removed) stands on
+    ``curve``: ``curve_step`` (the step whose mask removes exactly those heads) with
+    ``loss_minus_curve`` (per set, the saved model's loss minus the step's: 0 to float rounding, the
+    small model's weights against the head mask), or ``curve_step`` None and ``between_curve_steps``
+    (the steps around ``n``; an L0 curve's heads may reopen, so a step of ``n`` heads may remove others)."""
+    union: set = set()
+    for row in curve.rows:
+        union |= set(row["removed"].split())
+        if row["n_pruned"] == n and len(union) == n:
+            diff = {k: v - row[f"{k}_loss"] for k, v in saved_loss.items()}
+            return {"curve_step": row["step"], "loss_minus_curve": diff}
+    below = [r["step"] for r in curve.rows if r["n_pruned"] < n]
+    above = [r["step"] for r in curve.rows if r["n_pruned"] > n]
+    return {"curve_step": None, "between_curve_steps": [max(below, default=None), min(above, default=None)]}
 
 
 def _rename_old_task(saved: dict) -> dict:
@@ -294,6 +363,7 @@ def _refuse_early(model: LoadedModel, cfg: PruneConfig) -> None:
         model.spec, "prune needs a causal language model (its curves are next-token losses)", options.ENCODER_HINT
     )
     model.self_check.require_decomposition("head ablation (ablate, prune)")
+    present_heads(model)  # refuses a pruned checkpoint with no head left
     if (head_layers := model.spec.layout.head_layers) is not None:  # its fractions and masks span every layer's heads
         raise HeadprobeError(
             f"headprobe prune is not implemented for hybrid models (heads only in layers {list(head_layers)}, "
@@ -376,6 +446,23 @@ def _prune_curve(
     )
 
 
+def _save_pruned(
+    model: LoadedModel, cfg: PruneConfig, runs: dict[str, PruningRun], evals: dict[str, LossSet]
+) -> tuple[Transformer, dict]:
+    """The model with the first ``save_fraction`` of the present heads removed in the first curve's
+    order (a pruned checkpoint's removed heads removed too), its checks, and its own losses on the
+    curve's held-out sets beside the curve (:func:`saved_vs_curve`)."""
+    spec = model.spec
+    present = present_heads(model)
+    n = round(cfg.save_fraction * int(present.sum()))
+    name = run_names(cfg)[0]
+    keep = runs[name].keep_mask_after(n, spec.n_layers, spec.n_heads)
+    pruned, info = build_pruned(model, keep, evals["natural"].tokens, evals)
+    info["method"] = name
+    info.update(saved_vs_curve(runs[name], n, info["loss"]))
+    return pruned, info
+
+
 def _curve_table(runs: dict[str, PruningRun]) -> pd.DataFrame:
     """pruning_curve.csv: one row per curve and step, in :attr:`PruneResult.table`'s columns."""
     rows = []
@@ -393,6 +480,8 @@ def _curve_table(runs: dict[str, PruningRun]) -> pd.DataFrame:
     for col in ("lambda", "expected_open", "margin"):
         if col not in table:
             table[col] = np.nan
+    for col in ("seed", "step", "n_pruned"):  # integers, blank where not given: never the float format
+        table[col] = table[col].astype("Int64")
     return table[
         [
             "method",
@@ -455,11 +544,7 @@ def run(
         method_s["per_layer"] = time.perf_counter() - t0
     pruned = info = None
     if cfg.save_pruned:
-        n = round(cfg.save_fraction * spec.n_layers * spec.n_heads)
-        first = runs[run_names(cfg)[0]]
-        keep = first.keep_mask_after(n, spec.n_layers, spec.n_heads)
-        pruned, info = build_pruned(model, keep, evals["natural"].tokens)
-        info["method"] = run_names(cfg)[0]
+        pruned, info = _save_pruned(model, cfg, runs, evals)
     return PruneResult(
         cfg,
         spec,

@@ -1,0 +1,195 @@
+"""``prune`` and ``ablate`` on a pruned checkpoint (``prune --save-pruned``'s directory, reloaded with
+``--model DIR``: its removed heads present with zero weights), and what ``prune --save-pruned``
+reports of the model it saves. Tiny GQA Llama (2 layers x 8 heads, 2 key/value heads)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from headprobe.cli import main
+
+REMOVED = [(0, 0), (0, 1), (0, 2), (0, 3), (1, 5), (1, 6)]  # a whole key/value group of layer 0, two heads of layer 1
+N_PRESENT = 16 - len(REMOVED)
+SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]
+FAST_L0 = ["--l0-steps", "12", "--l0-lambdas", "10,100"]
+
+
+def _head(name: str) -> tuple[int, int]:
+    layer, head = name.split(".")
+    return int(layer), int(head)
+
+
+@pytest.fixture(scope="module")
+def pruned_dir(tiny_dir, tmp_path_factory):
+    """The tiny Llama with :data:`REMOVED` removed, saved as ``prune --save-pruned`` saves it."""
+    import headprobe
+    from headprobe.probe.model.pruned import keep_mask_from, remove_heads, save_pruned_dir
+
+    base = headprobe.load_model(str(tiny_dir), device="cpu", backend="native", quiet=True)
+    d = tmp_path_factory.mktemp("pruned") / "pruned_model"
+    save_pruned_dir(remove_heads(base.model, keep_mask_from(REMOVED, 2, 8)), d, base.tokenizer, source=str(tiny_dir))
+    return d
+
+
+@pytest.fixture(scope="module")
+def prune_of_pruned(pruned_dir, text_file, tmp_path_factory):
+    """``prune`` (every method, saving a further-pruned model) run on the pruned checkpoint."""
+    out = tmp_path_factory.mktemp("prune-of-pruned") / "out"
+    argv = ["prune", "--model", str(pruned_dir), "--out", str(out), "--text", str(text_file), "--n-seeds", "2"]
+    argv += ["--step-fraction", "0.2", "--save-pruned", "--save-fraction", "0.4", *FAST_L0, *SMALL]
+    assert main(argv) == 0
+    return out
+
+
+def test_prune_of_a_pruned_checkpoint_counts_only_the_heads_it_still_has(prune_of_pruned, capsys):
+    """On SmolLM2 pruned once, 56 of 135 "removed" heads were heads already gone (importance 0,
+    ranked first) and the curve started at 0 as if none were. Now no curve removes an already
+    removed head, counts and fractions are of the checkpoint's remaining heads, and the summary
+    says how many were removed before."""
+    out = prune_of_pruned
+    summary = json.loads((out / "summary.json").read_text())
+    gone = set(REMOVED)
+    for name, order in summary["removal_order"].items():
+        assert not {_head(h) for h in order} & gone, (name, order)
+    curve = pd.read_csv(out / "pruning_curve.csv")
+    for _, rows in curve.groupby(["method", "seed"], dropna=False):
+        assert rows["n_pruned"].iloc[0] == 0
+        np.testing.assert_allclose(rows["fraction_pruned"], rows["n_pruned"] / N_PRESENT, atol=1e-5)
+        assert rows["n_pruned"].max() <= N_PRESENT
+    iterative = curve[curve.method != "l0"]
+    assert iterative.groupby(["method", "seed"], dropna=False)["n_pruned"].apply(list).map(tuple).unique().tolist() == [
+        (0, 2, 4, 6, 8, 10)  # 0.2 of the 10 heads left per step, until all 10 are gone
+    ]
+    assert summary["n_heads_present"] == N_PRESENT
+    assert sorted(map(_head, summary["heads_already_removed"])) == sorted(REMOVED)
+    # the saved model: the checkpoint's removed heads stay removed, and 0.4 of the 10 others go too
+    meta = json.loads((out / "pruned_model" / "config.json").read_text())
+    saved = {(l, h) for l, hs in enumerate(meta["pruned"]["removed_heads"]) for h in hs}
+    first = {_head(h) for h in summary["removal_order"]["michel"][:4]}
+    assert saved == gone | first and len(saved) == len(REMOVED) + 4
+    assert summary["pruned_model"]["heads_removed"] == 4
+    assert summary["pruned_model"]["heads_already_removed"] == len(REMOVED)
+
+
+def test_ablate_of_a_pruned_checkpoint_shows_removed_heads_as_removed(pruned_dir, text_file):
+    """A removed head's ablation effect was reported as a measured +0.000 (top-heads list, terminal
+    and summary.json) and drawn white, the colour of no effect. Now it is never ranked or printed as
+    a number, the summary lists it as removed, and the heatmap draws it in its own colour, named."""
+    import headprobe
+    from headprobe.analyses import figures as figs
+    from headprobe.probe.core.heads import format_head
+
+    model = headprobe.load_model(str(pruned_dir), device="cpu", quiet=True)
+    result = headprobe.ablate(model, text=str(text_file), seq_len=16, n_natural=3, n_repeated=2, period=6, device="cpu")
+    names = {format_head(h) for h in REMOVED}
+    summary = result.summary()
+    for task, tops in summary["top_heads_by_loss_delta"].items():
+        assert tops and not {e["head"] for e in tops} & names, (task, tops)
+    assert sorted(summary["removed_heads"]) == sorted(names)
+    assert not set(summary["top_induction_score_heads"]) & names
+    report = result.report()
+    assert not any(re.search(rf"\b{re.escape(n)} \(", report) for n in names), report
+    assert "removed" in report
+    for task, r in result.tasks.items():
+        for h in REMOVED:
+            assert np.isnan(r.effect[h]) and np.isnan(r.importance[h]) and np.isnan(r.attribution[h]), (task, h)
+    fig = result.figures()["ablation_effect"]
+    labels = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert any("removed" in label for label in labels), labels
+    for ax in fig.axes[:2]:  # the two heatmaps: the removed cells in the masked colour, on top of the values
+        grey = [im for im in ax.get_images() if len(im.cmap.colors if hasattr(im.cmap, "colors") else []) == 1]
+        assert grey, "no layer of removed cells"
+        drawn = np.isfinite(np.ma.filled(np.ma.asarray(grey[0].get_array(), dtype=float), np.nan))
+        assert {tuple(map(int, x)) for x in np.argwhere(drawn)} == set(REMOVED)
+        assert grey[0].cmap.colors[0] == figs.MASKED_COLOR
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+@pytest.fixture(scope="module")
+def prune_between_steps(tiny_dir, text_file, tmp_path_factory):
+    """``prune --method random,michel`` in steps of 4 of the 16 heads, saving 6 removed (in the first
+    random order): between two steps."""
+    out = tmp_path_factory.mktemp("prune-between") / "out"
+    argv = ["prune", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), "--method", "random,michel"]
+    argv += ["--n-seeds", "2", "--step-fraction", "0.25", "--save-pruned", "--save-fraction", "0.375", *SMALL]
+    assert main(argv) == 0
+    return out
+
+
+def test_the_saved_models_loss_is_measured_between_curve_steps(prune_between_steps, tiny_dir, text_file, capsys):
+    """--save-fraction 0.375 (6 of 16 heads) falls between the steps of 4: the saved model's own loss
+    was reported nowhere. Now summary.json and the terminal give it, and it equals the unpruned
+    model's loss with those 6 heads masked, on the curve's held-out tokens."""
+    import headprobe
+    from headprobe.analyses.pruning import masked_loss
+    from headprobe.commands import prune_core
+    from headprobe.commands.prune import PruneConfig
+
+    out = prune_between_steps
+    summary = json.loads((out / "summary.json").read_text())
+    saved = summary["pruned_model"]
+    assert "loss" in saved, sorted(saved)
+    assert saved["heads_removed"] == 6 and saved["curve_step"] is None and saved["between_curve_steps"] == [1, 2]
+    order = [_head(h) for h in summary["removal_order"]["random:0"][:6]]
+    model = headprobe.load_model(str(tiny_dir), device="cpu", quiet=True)
+    cfg = PruneConfig(model=str(tiny_dir), text=str(text_file), seq_len=16, n_natural=3, n_repeated=2, period=6)
+    cfg = cfg.resolved(model.spec, None)
+    _, _, evals = prune_core._loss_sets(model, cfg)
+    keep = torch.ones(2, 8)
+    for layer, head in order:
+        keep[layer, head] = 0
+    for name, data in evals.items():
+        assert saved["loss"][name] == pytest.approx(masked_loss(model, data, keep), abs=1e-4), name
+    meta = json.loads((out / "pruned_model" / "config.json").read_text())
+    assert {(l, h) for l, hs in enumerate(meta["pruned"]["removed_heads"]) for h in hs} == set(order)
+
+
+def test_a_saved_fraction_on_a_curve_step_gives_the_curves_loss(tiny_dir, text_file, tmp_path, capsys):
+    """The identity: a saved model with exactly a curve step's heads removed (8 of 16, step 2) has
+    that step's losses, the small model's weights against the curve's head mask."""
+    out = tmp_path / "out"
+    argv = ["prune", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), "--method", "michel"]
+    argv += ["--step-fraction", "0.25", "--save-pruned", "--save-fraction", "0.5", *SMALL]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    saved = summary["pruned_model"]
+    row = summary["curves"]["michel"][2]
+    assert row["n_pruned"] == 8 and saved["curve_step"] == 2
+    for name in ("natural", "repeated"):
+        assert saved["loss"][name] == pytest.approx(row[f"{name}_loss"], abs=1e-4)
+        assert saved["loss_minus_curve"][name] == pytest.approx(saved["loss"][name] - row[f"{name}_loss"], abs=1e-9)
+    (line,) = [x for x in stdout.splitlines() if x.startswith("saved model loss")]
+    assert f"{saved['loss']['natural']:.3f}" in line and "curve step 2" in line, line
+
+
+def test_curve_csv_writes_integer_columns_as_integers(prune_between_steps):
+    """pruning_curve.csv wrote a random curve's seed as 0.00000 (the float format applied to a column
+    made float by the other methods' empty seeds). Its integer columns are written as integers."""
+    lines = (prune_between_steps / "pruning_curve.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    rows = [dict(zip(header, line.split(","))) for line in lines[1:]]
+    assert {r["seed"] for r in rows if r["method"] == "random"} == {"0", "1"}
+    assert {r["seed"] for r in rows if r["method"] == "michel"} == {""}
+    for col in ("step", "n_pruned"):
+        assert all(re.fullmatch(r"\d+", r[col]) for r in rows), col
+
+
+def test_ablate_heads_all_removed_is_refused_in_one_line(pruned_dir, text_file, tmp_path, capsys):
+    """--heads naming only heads the checkpoint no longer has: nothing to measure. One line, exit 2,
+    nothing written."""
+    out = tmp_path / "x"
+    argv = ["ablate", "--model", str(pruned_dir), "--out", str(out), "--text", str(text_file), "--heads", "0.0,1.5"]
+    assert main([*argv, *SMALL]) == 2
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("headprobe: error:")]
+    assert "every head asked for is removed" in line and "0.0,1.5" in line, line
+    assert "Traceback" not in err and not out.exists()
