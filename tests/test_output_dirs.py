@@ -116,6 +116,26 @@ def test_overwrite_with_a_file_list_from_an_older_headprobe(tmp_path):
     assert not (out / "sub").exists()
 
 
+def test_overwrite_replaces_a_folder_the_previous_run_wrote_as_one_entry(tmp_path):
+    """A run that lists a whole folder as one of its outputs (prune --save-pruned's pruned_model/):
+    the same run again with --overwrite replaces the folder, it does not fail on it."""
+    from headprobe.analyses.outputs import write_outputs
+
+    out = tmp_path / "o"
+
+    def folder(run):
+        def extra(d):
+            _write(d / "model" / f"weights-{run}.bin")
+            return [d / "model"]
+
+        return extra
+
+    write_outputs(out, False, summary={"run": 1}, extra=folder(1))
+    write_outputs(out, True, summary={"run": 2}, extra=folder(2))
+    assert _names(out) == [OUTPUTS_NAME, "model/weights-2.bin", "summary.json"]
+    assert json.loads((out / OUTPUTS_NAME).read_text()) == {"files": ["model", "summary.json"]}
+
+
 def _write(path):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("a")

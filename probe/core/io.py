@@ -225,6 +225,8 @@ def swap_in(out: str | os.PathLike[str], staged: Path, files: list[str], produce
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         if rel == files[-1]:
             write_json(out / OUTPUTS_NAME, {"files": new})
+        if (out / rel).is_dir() and not (out / rel).is_symlink():  # a folder entry (pruned_model/): replaced whole
+            shutil.rmtree(out / rel)
         os.replace(staged / rel, out / rel)
     if not files:
         write_json(out / OUTPUTS_NAME, {"files": new})
