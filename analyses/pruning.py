@@ -653,18 +653,22 @@ def per_layer_best_head(model: LoadedModel, data: LossSet, progress: bool = Fals
     layers intact. For every layer and head, the loss with every *other* head of that layer
     zero-ablated (at ``hook_z``; :func:`headprobe.analyses.ablation.set_ablation_losses`; under
     ``torchrun`` the sets are sharded over the ranks); the best head is the one with the lowest loss.
+    A pruned checkpoint's removed heads (:func:`present_heads`) are never the head kept.
 
     Returns:
         one dict per layer: ``layer, best_head, loss_best_only, loss_worst_only, loss_layer_ablated``
         (the whole layer's heads ablated), ``clean_loss``, ``delta_best_only`` (``loss_best_only -
-        clean_loss``), all nats/token on ``data``.
+        clean_loss``), all nats/token on ``data``; a layer without a head left: ``best_head`` None
+        and NaN for the one-head losses.
     """
     from headprobe.analyses.ablation import set_ablation_losses
 
     spec = model.spec
+    present = present_heads(model)
+    kept = [[h for h in range(spec.n_heads) if present[layer, h]] for layer in range(spec.n_layers)]
     sets = []
     for layer in range(spec.n_layers):
-        sets += [[(layer, o) for o in range(spec.n_heads) if o != h] for h in range(spec.n_heads)]
+        sets += [[(layer, o) for o in range(spec.n_heads) if o != h] for h in kept[layer]]
         sets.append([(layer, o) for o in range(spec.n_heads)])
     sets.append([])
     losses = distributed.map_sharded(  # under torchrun: each rank ablates its slice of the sets
@@ -674,20 +678,20 @@ def per_layer_best_head(model: LoadedModel, data: LossSet, progress: bool = Fals
         sets,
     ).mean(dim=1)
     clean = float(losses[-1])
-    out = []
-    per = spec.n_heads + 1
+    out, at = [], 0
     for layer in range(spec.n_layers):
-        one = losses[layer * per : layer * per + spec.n_heads]
-        best = int(one.argmin())
+        one, at = losses[at : at + len(kept[layer])], at + len(kept[layer]) + 1
+        best = int(one.argmin()) if len(one) else None
+        loss_best = float(one[best]) if best is not None else float("nan")
         out.append(
             {
                 "layer": layer,
-                "best_head": best,
-                "loss_best_only": float(one[best]),
-                "loss_worst_only": float(one.max()),
-                "loss_layer_ablated": float(losses[layer * per + spec.n_heads]),
+                "best_head": kept[layer][best] if best is not None else None,
+                "loss_best_only": loss_best,
+                "loss_worst_only": float(one.max()) if len(one) else float("nan"),
+                "loss_layer_ablated": float(losses[at - 1]),
                 "clean_loss": clean,
-                "delta_best_only": float(one[best]) - clean,
+                "delta_best_only": loss_best - clean,
             }
         )
     return out

@@ -193,3 +193,44 @@ def test_ablate_heads_all_removed_is_refused_in_one_line(pruned_dir, text_file, 
     (line,) = [ln for ln in err.splitlines() if ln.startswith("headprobe: error:")]
     assert "every head asked for is removed" in line and "0.0,1.5" in line, line
     assert "Traceback" not in err and not out.exists()
+
+
+def test_per_layer_best_head_of_a_pruned_checkpoint_is_a_head_it_has(pruned_dir, text_file):
+    """--per-layer on a pruned checkpoint: the head kept in each layer is one of the heads present
+    (a removed head "kept" alone would ablate the whole layer), its loss that of a loop over them."""
+    import headprobe
+    from headprobe.analyses.data import natural_text_tokens
+    from headprobe.analyses.pruning import LossSet, masked_loss, per_layer_best_head
+
+    model = headprobe.load_model(str(pruned_dir), device="cpu", backend="native", quiet=True)
+    data = LossSet(natural_text_tokens(model, 3, 16, 0, text=text_file.read_text()).tokens, 1)
+    rows = per_layer_best_head(model, data)
+    for row in rows:
+        layer = row["layer"]
+        present = [h for h in range(8) if (layer, h) not in REMOVED]
+        losses = []
+        for h in present:
+            keep = torch.ones(2, 8)
+            keep[layer] = 0
+            keep[layer, h] = 1
+            losses.append(masked_loss(model, data, keep))
+        assert row["best_head"] == present[int(np.argmin(losses))]
+        assert row["loss_best_only"] == pytest.approx(min(losses), abs=1e-5)
+        assert row["loss_worst_only"] == pytest.approx(max(losses), abs=1e-5)
+
+
+def test_per_layer_never_keeps_a_removed_head_where_ablating_the_layer_helps(pruned_dir, monkeypatch):
+    """Where ablating a whole layer lowers the loss, "keeping" a removed head alone (= the whole
+    layer ablated) would win the layer: a loss that falls with every present head ablated."""
+    import headprobe
+    from headprobe.analyses import ablation
+    from headprobe.analyses.pruning import LossSet, per_layer_best_head
+
+    def fake(model, tokens, sets, *args, **kwargs):  # loss = minus the present heads each set ablates
+        return torch.tensor([[-float(sum(h not in REMOVED for h in s))] for s in sets])
+
+    monkeypatch.setattr(ablation, "set_ablation_losses", fake)
+    model = headprobe.load_model(str(pruned_dir), device="cpu", backend="native", quiet=True)
+    rows = per_layer_best_head(model, LossSet(torch.zeros(1, 4, dtype=torch.long), 1))
+    assert [(r["layer"], r["best_head"]) for r in rows if (r["layer"], r["best_head"]) in REMOVED] == []
+    assert all(r["loss_best_only"] > r["loss_layer_ablated"] for r in rows)
