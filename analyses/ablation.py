@@ -41,7 +41,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.analyses import distributed
-from headprobe.analyses.verdicts import VerdictRule, label
+from headprobe.analyses.verdicts import UNITS, VerdictRule, label
 from headprobe.probe.backends.base import LoadedModel, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
 from headprobe.probe.core import ablation_kinds, memory
 from headprobe.probe.core.ablation_kinds import AblationInputs, AblationKind, Kind
@@ -133,11 +133,11 @@ class AblationMetric:
 
 
 LOSS_METRIC = AblationMetric(
-    "loss", "nats/token", "mean next-token cross-entropy of the scored predictions, ablated minus clean"
+    "loss", UNITS["loss"], "mean next-token cross-entropy of the scored predictions, ablated minus clean"
 )
 EMBEDDING_METRIC = AblationMetric(
     "embedding_cosine",
-    "1 - cos",
+    UNITS["embedding_cosine"],
     "1 - cosine between the clean and the ablated sentence embedding of each sequence: the last hidden state "
     "mean-pooled over its tokens and L2-normalised (sentence-transformers' all-MiniLM-L6-v2 pooling: "
     "1_Pooling/config.json pooling_mode_mean_tokens, then Normalize); clean is 0",

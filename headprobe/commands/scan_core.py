@@ -850,7 +850,7 @@ def format_report(result: ScanResult) -> str:
         for v in result.verifications
         if v.tested or (v.kind == verif.PRIMARY_KIND and v.no_verdict)
     ]
-    units = "losses in nats/token" if metric is LOSS_METRIC else f"Δ in {metric.unit}: {metric.definition}"
+    units = f"losses in {metric.unit}" if metric is LOSS_METRIC else f"Δ in {metric.unit}: {metric.definition}"
     m = design.get("family_size")
     lines.append(
         f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k, at most "
