@@ -290,9 +290,9 @@ def set_ablation_losses(
     fit = set_plan(model, B, T, max_batch).items
     per_pass = max(1, min(fit // B, LOGITS_BYTES_PER_PASS // max(1, B * T * spec.d_vocab * 4)))
     out = torch.empty(len(head_sets), B)
-    from tqdm.auto import tqdm
+    from headprobe.probe.core.progress import progress_bar
 
-    bar = tqdm(total=len(head_sets), desc=desc, unit="set", disable=not progress)
+    bar = progress_bar(total=len(head_sets), desc=desc, unit="set", progress=progress)
     starts = [
         min((layer for layer, _ in hs), default=0) if clean is not None and score is None else 0 for hs in head_sets
     ]
@@ -828,9 +828,9 @@ def exact_sweep(
     seq = torch.full((spec.n_layers, spec.n_heads, B), float("nan")) if per_sequence else None
     it = _sweep_passes(heads, per_pass)
     if progress:
-        from tqdm.auto import tqdm
+        from headprobe.probe.core.progress import progress_bar
 
-        it = tqdm(it, desc="ablation sweep", unit="pass")
+        it = progress_bar(it, desc="ablation sweep", unit="pass")
     for layer, group in it:
         kept = clean.at(layer)
         assert kept is not None  # every swept layer was asked for

@@ -41,6 +41,7 @@ from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, 
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.heads import parse_heads
 from headprobe.probe.core.io import prepare_output_dir, summary_envelope, write_text
+from headprobe.probe.core.progress import progress_bar
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.hooks.capture import kv_head_of
 from headprobe.probe.layout.spec import ModelSpec
@@ -385,7 +386,7 @@ def _score_tasks(
     clean loss (zeros for an encoder: its effects are 1 - cos), and the natural text's mean z
     (when ``cfg.verify``)."""
     assert cfg.types is not None  # set by ScanConfig.__post_init__
-    steps = tqdm(total=2, desc="scoring heads", unit="pass", disable=not progress)
+    steps = progress_bar(total=2, desc="scoring heads", unit="pass", progress=progress)
     nat_scores, nat_loss, mean_z = score_tokens(
         model,
         natural,
