@@ -41,7 +41,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.analyses import distributed
-from headprobe.analyses.verdicts import VerdictRule, label
+from headprobe.analyses.verdicts import UNITS, VerdictRule, label
 from headprobe.probe.backends.base import LoadedModel, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
 from headprobe.probe.core import ablation_kinds, memory
 from headprobe.probe.core.ablation_kinds import AblationInputs, AblationKind, Kind
@@ -133,11 +133,11 @@ class AblationMetric:
 
 
 LOSS_METRIC = AblationMetric(
-    "loss", "nats/token", "mean next-token cross-entropy of the scored predictions, ablated minus clean"
+    "loss", UNITS["loss"], "mean next-token cross-entropy of the scored predictions, ablated minus clean"
 )
 EMBEDDING_METRIC = AblationMetric(
     "embedding_cosine",
-    "1 - cos",
+    UNITS["embedding_cosine"],
     "1 - cosine between the clean and the ablated sentence embedding of each sequence: the last hidden state "
     "mean-pooled over its tokens and L2-normalised (sentence-transformers' all-MiniLM-L6-v2 pooling: "
     "1_Pooling/config.json pooling_mode_mean_tokens, then Normalize); clean is 0",
@@ -290,9 +290,9 @@ def set_ablation_losses(
     fit = set_plan(model, B, T, max_batch).items
     per_pass = max(1, min(fit // B, LOGITS_BYTES_PER_PASS // max(1, B * T * spec.d_vocab * 4)))
     out = torch.empty(len(head_sets), B)
-    from tqdm.auto import tqdm
+    from headprobe.probe.core.progress import progress_bar
 
-    bar = tqdm(total=len(head_sets), desc=desc, unit="set", disable=not progress)
+    bar = progress_bar(total=len(head_sets), desc=desc, unit="set", progress=progress)
     starts = [
         min((layer for layer, _ in hs), default=0) if clean is not None and score is None else 0 for hs in head_sets
     ]
@@ -828,9 +828,9 @@ def exact_sweep(
     seq = torch.full((spec.n_layers, spec.n_heads, B), float("nan")) if per_sequence else None
     it = _sweep_passes(heads, per_pass)
     if progress:
-        from tqdm.auto import tqdm
+        from headprobe.probe.core.progress import progress_bar
 
-        it = tqdm(it, desc="ablation sweep", unit="pass")
+        it = progress_bar(it, desc="ablation sweep", unit="pass")
     for layer, group in it:
         kept = clean.at(layer)
         assert kept is not None  # every swept layer was asked for

@@ -22,6 +22,7 @@ from headprobe.analyses.verdicts import (
     CORRECTION_NAMES,
     NOT_RUN,
     NOT_TESTED,
+    UNITS,
     VerdictRule,
     evidence_text,
     p_text,
@@ -651,6 +652,15 @@ TASK_LABELS = {"natural": "text loss", "repeated": "repeat loss"}
 """How the ablation figure names the loss a head type is judged on (under each type's name)."""
 EMBEDDING_TASK_LABELS = {"natural": "text", "repeated": "repeat"}
 """The same for an encoder's embedding metric (the text whose embedding is compared)."""
+EFFECT_LABELS = {"loss": "Δ loss ({unit})", "embedding_cosine": "{unit} (embedding)"}
+"""The ablation figure's y label per metric (:data:`~headprobe.analyses.verdicts.UNITS` fills in the unit)."""
+EFFECT_MEANINGS = {"loss": "loss increase", "embedding_cosine": "between the clean and the ablated sentence embedding"}
+"""What an effect of each metric is, in the caption's words."""
+
+
+def effect_metric(rows: Sequence[dict]) -> str:
+    """The metric the ablation ``rows`` measured (``loss`` for rows that name none)."""
+    return (rows[0].get("metric") if rows else None) or "loss"
 
 
 def rule_legend(rule: VerdictRule) -> str:
@@ -670,8 +680,10 @@ def ablation_plot(rows: Sequence[dict], title: str, rule: VerdictRule | None = N
     t interval over sequences) and, above, the verdict's numbers: the control sets
     ablated (n), the p-value and, for the tested kind, the adjusted p and the verdict (CONFIRMED,
     not confirmed, no verdict); the other kind says "not tested". Each type's tick says which loss it
-    is judged on. The y axis is symmetric-log (linear within +-0.1 nats), as effects span 0.01 to
-    10 nats. The legend states ``rule`` (None: the one the rows carry, :meth:`VerdictRule.from_rows`).
+    is judged on. Effects are in the rows' metric's unit (:data:`~headprobe.analyses.verdicts.UNITS`:
+    nats/token of loss, or ``1 - cos`` of an encoder's sentence embedding); the y axis is
+    symmetric-log (linear within +-0.1) where they exceed 0.1 (losses span 0.01 to 10 nats). The
+    figure widens (up to :data:`PAGE_WIDTH`) until the texts above the columns lie apart. The legend states ``rule`` (None: the one the rows carry, :meth:`VerdictRule.from_rows`).
     """
     kinds = sorted(
         {r["kind"] for r in rows},
@@ -693,7 +705,7 @@ def ablation_plot(rows: Sequence[dict], title: str, rule: VerdictRule | None = N
     )
     fig.suptitle(title, fontsize=_RC["axes.titlesize"])
     task_of = {r["head_type"]: r["task"] for r in rows}
-    labels = EMBEDDING_TASK_LABELS if rows[0].get("metric") == "embedding_cosine" else TASK_LABELS
+    labels = EMBEDDING_TASK_LABELS if effect_metric(rows) == "embedding_cosine" else TASK_LABELS
     many = len(types) > 4
     axes[-1].set_xticks(
         np.arange(len(types)),
@@ -703,7 +715,32 @@ def ablation_plot(rows: Sequence[dict], title: str, rule: VerdictRule | None = N
         ha="right",
         rotation_mode="anchor",
     )
+    _widen_for_column_texts(fig, axes)
     return fig
+
+
+def _widen_for_column_texts(fig: Figure, axes, gap_pt: float = 3.0) -> None:
+    """Widen ``fig`` (up to :data:`PAGE_WIDTH`) until the texts each of ``axes`` holds (one per
+    column, :func:`ablation_plot`'s verdict texts) are at least ``gap_pt`` points apart: seven
+    types' texts in a column-wide figure printed over each other. The figure is laid out to measure
+    (``draw_without_rendering``), again after each widening; a figure whose texts fit keeps its size."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    for _ in range(4):
+        fig.draw_without_rendering()
+        renderer, gap = canvas.get_renderer(), gap_pt * fig.dpi / 72
+        stretch = 1.0  # how much wider the columns must get
+        for ax in axes:
+            boxes = sorted((t.get_window_extent(renderer) for t in ax.texts), key=lambda b: b.x0)
+            for a, b in zip(boxes, boxes[1:]):
+                apart = (b.x0 + b.x1 - a.x0 - a.x1) / 2  # centre to centre, which widening scales
+                stretch = max(stretch, ((a.width + b.width) / 2 + gap) / max(apart, 1e-9))
+        width, height = fig.get_size_inches()
+        if stretch <= 1.0 or width >= PAGE_WIDTH:
+            return
+        inner = axes[0].get_window_extent(renderer).width / fig.dpi  # the axes' width; margins stay
+        fig.set_size_inches(min(PAGE_WIDTH, width + inner * (stretch - 1.0) * 1.02), height)
 
 
 _TOP_COLOR, _CONTROL_COLOR = "#0072B2", "#999999"
@@ -737,14 +774,15 @@ def _ablation_panel(ax, kind: str, rows: Sequence[dict], types: list[str], rng: 
             fontweight="bold" if r.get("confirmed") else "normal",
             annotation_clip=False,
         )
-    if max(np.abs(top_all), default=0) > 0.1:  # effects from 0.01 to 10 nats: symmetric-log
+    if max(np.abs(top_all), default=0) > 0.1:  # losses span 0.01 to 10 nats: symmetric-log
         ax.set_yscale("symlog", linthresh=0.1)
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.axhline(0, color="black", lw=0.5)
     tested = any(r.get("tested") for r in by_type.values())
+    metric = effect_metric(rows)
     ax.set_ylabel(
         f"{kind} ablation{' (tested)' if tested else ' (reported)'}\n"
-        + ("1 − cos (embedding)" if rows[0].get("metric") == "embedding_cosine" else "Δ loss (nats/token)")
+        + EFFECT_LABELS.get(metric, "{unit}").format(unit=UNITS[metric])
     )
 
 
@@ -792,11 +830,11 @@ def _ablation_handles(rows: Sequence[dict], k: int, rule: VerdictRule | None) ->
         ),
         Line2D([], [], color="black", lw=0.9, label="largest control effect"),
     ]
-    unit = "" if rows[0].get("metric") == "embedding_cosine" else " nats"
+    unit = UNITS[effect_metric(rows)]
     if rule is not None:
         handles.append(Line2D([], [], ls="", label=rule_legend(rule)))
     handles.append(
-        Line2D([], [], ls="", label=f"y axis: symmetric log (linear within ±0.1{unit}) where effects exceed 0.1")
+        Line2D([], [], ls="", label=f"y axis: symmetric log (linear within ±0.1 ({unit})) where effects exceed 0.1")
     )
     return handles
 
@@ -834,7 +872,7 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
         )
         + f"the others ran all their sets; {n} test{'' if n == 1 else 's'}"
         + (f". CONFIRMED: {rule.condition()}" if rule is not None else "")
-        + ". Effects in nats/token (loss increase) unless stated."
+        + f". Effects in {UNITS[effect_metric(rows)]} ({EFFECT_MEANINGS[effect_metric(rows)]}) unless stated."
     ]
     for r in rows:
         lo, hi = r.get("top_effect_ci95") or [float("nan")] * 2

@@ -56,10 +56,9 @@ def write_outputs(
         HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``
             (a directory holding only a run checkpoint counts as empty with ``resumable``).
     """
-    from tqdm.auto import tqdm
-
     from headprobe.analyses.figures import save_figure
     from headprobe.analyses.vocabulary import figure_formats
+    from headprobe.probe.core.progress import progress_bar
 
     out = prepare_output_dir(out_dir, overwrite, resumable=resumable)
     with staging(out) as tmp:
@@ -73,12 +72,12 @@ def write_outputs(
         elif callable(figures):
             figures = figures()
         figures = figures or {}
-        for stem, fig in tqdm(
+        for stem, fig in progress_bar(
             figures.items(),
             total=len(figures),
             desc=f"writing figures ({', '.join(formats)})",
             unit="figure",
-            disable=not progress or not figures,
+            progress=progress and bool(figures),
         ):
             written += save_figure(fig() if callable(fig) else fig, tmp / stem)
         if extra is not None:

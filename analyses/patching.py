@@ -613,10 +613,10 @@ def patch(
     names += [attn_hook(layer, "z") for layer in layers] if site in ("k", "v") else []
     n = len(pairs)
     clean_ld, corrupted_ld, patched = np.zeros(n), np.zeros(n), np.zeros((len(units), n))
-    from tqdm.auto import tqdm
+    from headprobe.probe.core.progress import progress_bar
 
-    bar = tqdm(
-        total=len(units) * len(batches), desc=f"patching {len(units)} x {site}", unit="patch", disable=not progress
+    bar = progress_bar(
+        total=len(units) * len(batches), desc=f"patching {len(units)} x {site}", unit="patch", progress=progress
     )
     passes = 0
     for b in batches:

@@ -181,9 +181,9 @@ def iterative_pruning(
             on_step(state())
     steps = range(len(run.rows), (n_max + per_step - 1) // per_step + 1)
     if progress:
-        from tqdm.auto import tqdm
+        from headprobe.probe.core.progress import progress_bar
 
-        steps = tqdm(steps, desc=f"pruning ({order})", unit="step")
+        steps = progress_bar(steps, desc=f"pruning ({order})", unit="step")
     for step in steps:
         n_now = min(per_step, n_max - len(run.removal_order))
         if order == "random":
@@ -487,9 +487,9 @@ def l0_pruning(
     todo = list(enumerate(lambdas, start=1))[len(run.rows) - 1 :]
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from headprobe.probe.core.progress import progress_bar
 
-        bar = tqdm(total=len(todo) * steps, desc="pruning (l0 gates)", unit="step")
+        bar = progress_bar(total=len(todo) * steps, desc="pruning (l0 gates)", unit="step")
     for step, lam in todo:
         for _ in range(steps):
             _l0_step(model, train_set, log_alpha, present, opt, gen, lam, batch_size)

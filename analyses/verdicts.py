@@ -38,6 +38,9 @@ MIN_EFFECT = {"loss": 0.05, "embedding_cosine": 0.01}
 """The default effect floor per metric (:class:`~headprobe.analyses.ablation.AblationMetric` name):
 0.05 nats/token of loss; 0.01 of ``1 - cos`` for an encoder's sentence embedding (the embedding
 turns by about 8 degrees), set before any encoder was scanned as the loss floor's analogue."""
+UNITS = {"loss": "nats/token", "embedding_cosine": "1 - cos"}
+"""The unit of each metric's effects (:class:`~headprobe.analyses.ablation.AblationMetric` name), as
+summary.json's ``metric.unit``, the rule, the caption, the figure and the viewer write it."""
 
 
 def label(confirmed: bool | None) -> str:
@@ -69,7 +72,7 @@ class VerdictRule:
     alpha: float = 0.05
     correction: str = "bh"
     min_effect: float = MIN_EFFECT["loss"]
-    unit: str = "nats/token"
+    unit: str = UNITS["loss"]
     ratio: float = EFFECT_RATIO
     tested_kind: str = "mean"
     reported_kinds: tuple[str, ...] = ("zero",)
@@ -109,7 +112,7 @@ class VerdictRule:
             alpha=r["alpha"],
             correction=r.get("correction") or "bh",
             min_effect=r["min_effect"] if r.get("min_effect") is not None else MIN_EFFECT.get(metric, 0.0),
-            unit="nats/token" if metric == "loss" else "1 - cos",
+            unit=UNITS[metric],
             tested_kind=r.get("kind", "mean"),
             reported_kinds=tuple(dict.fromkeys(x["kind"] for x in rows if x.get("kind") != r.get("kind"))),
         )

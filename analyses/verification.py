@@ -488,7 +488,7 @@ def verify_heads(
     Raises:
         HeadprobeError: too few heads for a control set, or as :func:`set_ablation_losses`.
     """
-    from tqdm.auto import tqdm
+    from headprobe.probe.core.progress import progress_bar
 
     spec = model.spec
     untrusted, scorers, removed = untrusted or {}, scorers or {}, set(removed)
@@ -502,7 +502,7 @@ def verify_heads(
         clean,
         mean_z,
         scorers,
-        tqdm(total=plan["max_sets"], desc="verification", unit="set", disable=not progress),
+        progress_bar(total=plan["max_sets"], desc="verification", unit="set", progress=progress),
         _clean_residuals(model, tests, streams, tokens),
         cache=cache if cache is not None else SetLosses(),
         sources=sources or {},

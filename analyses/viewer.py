@@ -35,7 +35,7 @@ import pandas as pd
 if TYPE_CHECKING:
     from headprobe.probe.backends.base import LoadedModel
 
-from headprobe.analyses.verdicts import LABELS, NOT_TESTED, VerdictRule, evidence_text, label, stop_text
+from headprobe.analyses.verdicts import LABELS, NOT_TESTED, UNITS, VerdictRule, evidence_text, label, stop_text
 from headprobe.analyses.vocabulary import DEFAULT_PATTERN_LEN
 
 """Tokens per example kept in ``patterns.npz`` by default: the scan's natural-text sequence
@@ -269,8 +269,8 @@ def _delta_maps(table: pd.DataFrame) -> list[dict]:
 
 def _verdicts(summary: Mapping | None) -> list[dict]:
     """scan's ablation checks, compact: type, kind, task, heads ablated, effect, control mean/max, sets
-    ablated, p, adjusted p, whether the row is the tested one, verdict (the rule of summary.json's
-    ``verification``; the untested kind says ``not tested``)."""
+    ablated, p, adjusted p, whether the row is the tested one, the effect's unit (its metric's),
+    verdict (the rule of summary.json's ``verification``; the untested kind says ``not tested``)."""
     rows = []
     d = VERDICT_DIGITS
     for a in (summary or {}).get("ablations", []):
@@ -297,6 +297,7 @@ def _verdicts(summary: Mapping | None) -> list[dict]:
                 "p_min": a.get("p_value_min"),
                 "stop": stop_text(a),
                 "evidence": evidence_text(a),
+                "unit": UNITS.get(a.get("metric") or "loss", a.get("metric")),
                 "verdict": (
                     NOT_TESTED if not a.get("tested", True) and not a.get("no_verdict") else label(a["confirmed"])
                 ),

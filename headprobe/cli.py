@@ -138,12 +138,15 @@ def _raise_terminated(signum, frame):
 
 
 def _progress_bar_open() -> bool:
-    """Whether a tqdm bar (of any tqdm class: each keeps its own ``_instances``) is still on the screen."""
+    """Whether a tqdm bar (of any tqdm class: each keeps its own ``_instances``) is still on the screen
+    (a log's :class:`~headprobe.probe.core.progress.LineBar` draws nothing until it closes)."""
     tqdm = sys.modules.get("tqdm.std")
+    progress = sys.modules.get("headprobe.probe.core.progress")
+    drawn_at_close = (progress.LineBar,) if progress is not None else ()
     classes = [tqdm.tqdm] if tqdm is not None else []
     while classes:
         cls = classes.pop()
-        if vars(cls).get("_instances"):
+        if any(not isinstance(bar, drawn_at_close) for bar in vars(cls).get("_instances") or ()):
             return True
         classes += cls.__subclasses__()
     return False

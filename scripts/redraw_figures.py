@@ -205,7 +205,7 @@ def scan_result(d: Path, model=None, with_composition: bool = True):
         table,
         scores,
         verifications,
-        summary["clean_loss_nats"],
+        summary.get("clean_loss_nats") or {},  # null for an encoder (no loss measured); the figures do not read it
         natural,
         repeated,
         examples,

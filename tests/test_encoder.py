@@ -224,15 +224,21 @@ def test_embedding_distance_equals_a_direct_computation_on_hugging_face(bert_ckp
 # ---- scan -------------------------------------------------------------------------------------------
 
 
-def test_scan_of_a_tiny_bert_scores_encoder_types_and_states_its_metric(bert, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_bert_scan(bert, tmp_path_factory):
+    """The tiny BERT's scan (verified), once for this file's tests that read its outputs."""
     from headprobe.commands.scan import ScanConfig, run
 
-    text = tmp_path / "words.txt"
+    text = tmp_path_factory.mktemp("text") / "words.txt"
     text.write_text(" ".join(f"t{(i * 7) % 100}" for i in range(400)))
     cfg = ScanConfig(
         model="tiny", n_natural=3, seq_len=20, n_repeated=2, period=6, k=2, n_random=3, text=str(text), pattern_len=0
     )
-    result = run(bert, cfg, progress=False)
+    return run(bert, cfg, progress=False)
+
+
+def test_scan_of_a_tiny_bert_scores_encoder_types_and_states_its_metric(tiny_bert_scan):
+    result = tiny_bert_scan
     n = len(ENCODER_SCORE_COLUMNS)
     assert list(result.table.columns[3 : 3 + n]) == list(ENCODER_SCORE_COLUMNS) and len(result.table) == 8
     # the reported metrics follow; those that need a next-token prediction are empty for an encoder
@@ -249,6 +255,46 @@ def test_scan_of_a_tiny_bert_scores_encoder_types_and_states_its_metric(bert, tm
     assert all(v["clean_loss"] == 0 and v["top_effect"] > 0 for v in summary["ablations"])
     json.dumps(summary)
     assert "1 - cos" in result.report()
+
+
+def test_an_encoders_scan_writes_no_clean_loss_it_did_not_measure(tiny_bert_scan):
+    """An encoder measures no loss (its effects are 1 - cos, clean 0 by definition): summary.json
+    wrote ``clean_loss_nats: {"natural": 0.0, "repeated": 0.0}`` and the report a 0.00 clean column;
+    now null and "-", and the viewer page, which reads the key, states no clean loss."""
+    from headprobe.analyses import viewer
+
+    summary = tiny_bert_scan.summary()
+    assert "clean_loss_nats" in summary and summary["clean_loss_nats"] is None
+    rows = [line for line in tiny_bert_scan.report().splitlines() if line.split()[1:2] in (["mean"], ["zero"])]
+    assert len(rows) == len(tiny_bert_scan.verifications) > 0
+    assert all(line.split()[3] == "-" for line in rows), rows  # type, kind, task, clean
+    data = viewer.viewer_data(tiny_bert_scan.table, summary)
+    assert data["clean_loss"] is None
+    assert {v["unit"] for v in data["verdicts"]} == {"1 - cos"}  # the page's verdict lines name the metric's unit
+
+
+def test_a_decoders_scan_still_writes_its_measured_clean_loss(tiny_llama_gqa_native, text_file):
+    """The same key of a decoder's scan is the measured clean loss, equal to the mean scored loss of
+    its token set computed directly."""
+    from headprobe.analyses.ablation import first_scored
+    from headprobe.commands.scan import ScanConfig, run
+
+    cfg = ScanConfig(
+        model="tiny",
+        n_natural=3,
+        seq_len=20,
+        n_repeated=2,
+        period=6,
+        k=2,
+        n_random=3,
+        text=str(text_file),
+        verify=False,
+    )
+    result = run(tiny_llama_gqa_native, cfg, progress=False)
+    clean = result.summary()["clean_loss_nats"]
+    nat = result.natural
+    direct = tiny_llama_gqa_native.scored_losses(nat.tokens, first_scored("natural", nat.start, None)).double().mean()
+    assert clean["natural"] == pytest.approx(float(direct), abs=1e-5) and clean["natural"] > 1.0
 
 
 @pytest.mark.real_model

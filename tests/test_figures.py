@@ -554,3 +554,93 @@ def test_a_pattern_with_keys_left_out_draws_a_break_and_names_the_keys_not_drawn
     text = "\n".join(t.get_text() for t in fig.findobj(matplotlib.text.Text))
     assert "key positions 0–3 and 96–99 of 100" in text and "4–95 not drawn" in text
     assert "0–99" not in text
+
+
+def _encoder_rows() -> list[dict]:
+    """Seven head types' rows as an encoder's scan gives them (``1 - cos`` effects, the tested mean
+    kind with long texts: curtailed tests' ranges, three-digit control counts; zero reported)."""
+    rows = []
+    for i, t in enumerate(
+        ("previous_token", "duplicate_token", "first_token", "positional", "next_token", "last_token", "induction")
+    ):
+        stopped = i in (2, 5, 6)
+        base = {
+            "head_type": t,
+            "task": "repeated" if t == "induction" else "natural",
+            "k": 10,
+            "top_effect": 0.05 + 0.02 * i,
+            "top_effect_ci95": [0.03 + 0.02 * i, 0.07 + 0.02 * i],
+            "random_effects": [0.04, 0.06],
+            "random_mean": 0.05,
+            "random_max": 0.06,
+            "metric": "embedding_cosine",
+            "min_effect": 0.01,
+            "alpha": 0.05,
+            "correction": "bh",
+            "no_verdict": None,
+        }
+        rows.append(
+            {
+                **base,
+                "kind": "mean",
+                "tested": True,
+                "draws": 139,
+                "exceedances": 0 if not stopped else 6,
+                "p_value": 0.6364 if stopped else 0.007143,
+                "p_value_min": 0.05 if stopped else None,
+                "p_value_is_bound": stopped,
+                "stop_reason": "futile under the correction" if stopped else "ran to the end",
+                "p_adjusted": 0.7424 if stopped else 0.01667,
+                "confirmed": i in (3, 4),
+            }
+        )
+        rows.append(
+            {
+                **base,
+                "kind": "zero",
+                "tested": False,
+                "draws": 5,
+                "exceedances": 1,
+                "p_value": 0.3333,
+                "confirmed": None,
+            }
+        )
+    return rows
+
+
+def test_the_ablation_figures_verdict_texts_do_not_overlap():
+    """Seven types (an encoder's scan) printed their verdict texts over each other above a
+    column-wide panel ("0/139 reache0/139 reache"): after drawing, the texts above each panel lie
+    apart and inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figs.ablation_plot(_encoder_rows(), "Ablation check\nall-minilm-l6-v2 (float32 weights)")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for ax in fig.axes:
+        boxes = sorted((t.get_window_extent(renderer) for t in ax.texts), key=lambda b: b.x0)
+        assert len(boxes) == 7
+        assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), [(round(b.x0), round(b.x1)) for b in boxes]
+        assert all(b.x0 >= 0 and b.x1 <= fig.bbox.width for b in boxes)
+
+
+def test_an_encoders_ablation_figure_and_caption_name_its_metrics_unit_not_nats():
+    """An encoder's effects are ``1 - cos`` of its sentence embedding: the caption said "Effects in
+    nats/token (loss increase)". Every unit the figure and the caption name is the rows' metric's
+    (summary.json's ``metric.unit``); a decoder's rows still say nats/token."""
+    from headprobe.analyses.ablation import EMBEDDING_METRIC, LOSS_METRIC
+
+    design = {"control": "layer-matched", "primary_kind": "mean", "max_draws": 139, "family_size": 7}
+    for rows, unit, other in (
+        (_encoder_rows(), EMBEDDING_METRIC.unit, "nats"),
+        ([{**r, "metric": "loss", "min_effect": 0.05} for r in _encoder_rows()], LOSS_METRIC.unit, "cos"),
+    ):
+        fig = figs.ablation_plot(rows, "t")
+        texts = [t.get_text() for t in fig.findobj(matplotlib.text.Text) if t.get_text()]
+        caption = figs.ablation_caption(rows, design)
+        assert not [t for t in [*texts, caption] if other in t], unit
+        assert all(unit in ax.yaxis.label.get_text() for ax in fig.axes)
+        legend = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert sum(f"({unit})" in t for t in legend) == 2, legend  # the rule's floor and the y axis' scale
+        assert f"Effects in {unit} (" in caption and f"({unit}) and >= 2x" in caption

@@ -162,6 +162,7 @@ def test_page_data_keeps_every_head_and_no_label_can_end_the_script():
             "p_min": None,
             "stop": None,
             "evidence": "p = 0.167 (5 control sets)",
+            "unit": "nats/token",  # a row that names no metric is a loss's
             "verdict": "CONFIRMED",
         }
     ]

@@ -102,7 +102,7 @@ def checkpointed_sweep(
     must be the same on every rank when the call starts), saving only its own progress, and the
     ranks' losses are then gathered into every rank's ``done``: the result is the one-process
     sweep's (to float rounding, < 1e-6 nats; the heads sharing a batched pass differ)."""
-    from tqdm.auto import tqdm
+    from headprobe.probe.core.progress import progress_bar
 
     spec = model.spec
     todo = [h for h in heads if format_head(h) not in done["loss"]]
@@ -112,7 +112,7 @@ def checkpointed_sweep(
         [h for h in heads if h[0] in layers[i : i + CHUNK_LAYERS] and h in mine]
         for i in range(0, len(layers), CHUNK_LAYERS)
     ]
-    for chunk in tqdm([c for c in chunks if c], desc=desc, unit="chunk", disable=not progress):
+    for chunk in progress_bar([c for c in chunks if c], desc=desc, unit="chunk", progress=progress):
         part = exact_sweep(
             model,
             tokens,

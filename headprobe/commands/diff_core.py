@@ -415,11 +415,11 @@ def _detection(spec: ModelSpec, counts: dict[str, int], cfg: DiffConfig) -> dict
 
 def _measured(a: LoadedModel, b: LoadedModel, natural: TokenSet, repeated: TokenSet, cfg: DiffConfig, progress: bool):
     """:func:`measure` of both models, under one progress bar over their :data:`MEASURE_STEPS`."""
-    from tqdm.auto import tqdm
+    from headprobe.probe.core.progress import progress_bar
 
     assert cfg.types is not None  # set by compare_models
     per, means = {}, {}
-    with tqdm(total=2 * len(MEASURE_STEPS), desc="diff", unit="step", disable=not progress) as bar:
+    with progress_bar(total=2 * len(MEASURE_STEPS), desc="diff", unit="step", progress=progress) as bar:
         for name, m in (("A", a), ("B", b)):
             started = [False]
 

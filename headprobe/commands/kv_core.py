@@ -395,9 +395,8 @@ def _tolerance_policy(
     (:func:`~headprobe.analyses.kvpolicy.tolerance_full_groups`) and the chosen, uniform and random
     policies at its memory, rows marked ``target = "loss_tolerance"`` (``budget``: the chosen
     policy's KV fraction); one progress bar over both. ``setup``: :func:`_checked_setup`'s."""
-    from tqdm.auto import tqdm
-
     from headprobe.analyses import kvpolicy as kp
+    from headprobe.probe.core.progress import progress_bar
     from headprobe.probe.layout.cost import policy_cost
 
     tokens, start, lr = data
@@ -405,10 +404,10 @@ def _tolerance_policy(
     seeds = list(range(config.seed, config.seed + config.n_random))
     assert config.loss_tolerance is not None  # the mode
     steps = kp.tolerance_search_steps(len(candidates))
-    bar = tqdm(
+    bar = progress_bar(
         total=steps + 2 + len(seeds),
         desc=f"kv policies: loss-tolerance search ({config.loss_tolerance} nats/token)",
-        disable=not progress,
+        progress=progress,
     )
     full_groups = kp.tolerance_full_groups(
         model, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full, layout, progress=bar.update
@@ -437,9 +436,8 @@ def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -
     """:func:`run`'s work once the memory plan is set."""
     import time
 
-    from tqdm.auto import tqdm
-
     from headprobe.analyses import kvpolicy as kp
+    from headprobe.probe.core.progress import progress_bar
     from headprobe.probe.layout.cost import policy_cost
 
     layout, streaming, candidates = _checked_setup(model, config)
@@ -449,7 +447,7 @@ def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -
     lr = dataclasses.replace(lr, tokens=lr.tokens.to(model.device))
     seeds = list(range(config.seed, config.seed + config.n_random))
     n_evals = 1 + (len(candidates) if config.method == "measured" else 0) + len(config.budgets) * (2 + len(seeds))
-    bar = tqdm(total=n_evals, desc="kv policies: budgets", disable=not progress)
+    bar = progress_bar(total=n_evals, desc="kv policies: budgets", progress=progress)
     full = kp.evaluate(model, tokens, start, lr)
     bar.update()
     if config.method == "measured":

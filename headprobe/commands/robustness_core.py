@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from headprobe import options
 from headprobe.analyses import robustness as rb
@@ -27,6 +26,7 @@ from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import open_text_file, summary_envelope
+from headprobe.probe.core.progress import progress_bar
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.layout.spec import ModelSpec
 
@@ -351,7 +351,7 @@ def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> 
     cache: dict = {}
     outcomes = [
         evaluate(model, c, cfg, k, cache, alternatives)
-        for c in tqdm(conds, desc="conditions", unit="condition", disable=not progress)
+        for c in progress_bar(conds, desc="conditions", unit="condition", progress=progress)
     ]
     timings["run_s"] = time.perf_counter() - t0
     base_scores, _, _ = _scored(model, conds[0], cfg.types, cache)  # type: ignore[arg-type]

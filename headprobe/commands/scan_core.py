@@ -41,6 +41,7 @@ from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, 
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.heads import parse_heads
 from headprobe.probe.core.io import prepare_output_dir, summary_envelope, write_text
+from headprobe.probe.core.progress import progress_bar
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.hooks.capture import kv_head_of
 from headprobe.probe.layout.spec import ModelSpec
@@ -59,7 +60,8 @@ class ScanResult:
         table: head_scores.csv: one row per head (``layer``, ``head``, ``kv_head``, then the selected types' columns).
         scores: column -> ``[layer, head]`` array (the selected types' columns).
         verifications: one :class:`~headprobe.analyses.ablation.Verification` per selected type and ablation kind.
-        clean_loss: task (``natural``, ``repeated``) -> loss with no head ablated.
+        clean_loss: task (``natural``, ``repeated``) -> loss with no head ablated (nats/token; zeros
+            for an encoder, which measures no loss: summary.json's ``clean_loss_nats`` is then null).
         natural: the natural-text token set scored.
         repeated: the repeated-random token set scored.
         examples: head type -> ``{"head", "pattern", "labels", "positions", ...}``, its top head's pattern on a
@@ -384,7 +386,7 @@ def _score_tasks(
     clean loss (zeros for an encoder: its effects are 1 - cos), and the natural text's mean z
     (when ``cfg.verify``)."""
     assert cfg.types is not None  # set by ScanConfig.__post_init__
-    steps = tqdm(total=2, desc="scoring heads", unit="pass", disable=not progress)
+    steps = progress_bar(total=2, desc="scoring heads", unit="pass", progress=progress)
     nat_scores, nat_loss, mean_z = score_tokens(
         model,
         natural,
@@ -572,7 +574,8 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
             "seed": cfg.seed,
             "dtype": str(result.dtype).removeprefix("torch."),
             "backend": spec.backend,
-            "clean_loss_nats": result.clean_loss,
+            # an encoder measures no loss (its effects are the metric's, clean 0 by definition): null, not 0.0
+            "clean_loss_nats": result.clean_loss if scan_metric(spec) is LOSS_METRIC else None,
             "metric": {
                 "name": scan_metric(spec).name,
                 "unit": scan_metric(spec).unit,
@@ -833,9 +836,10 @@ def format_report(result: ScanResult) -> str:
         lo, hi = v.top_effect_ci95
         p_adj = f"{v.p_adjusted:7.4f}" if v.p_adjusted is not None else f"{'-':>7}"
         verdict = v.verdict if v.tested or v.no_verdict else "(reported, not tested)"
+        clean = f"{v.clean_loss:6.2f}" if metric is LOSS_METRIC else f"{'-':>6}"  # an encoder measures no loss
         controls = f"{v.random_mean:+9.{d}f}/{v.random_max:+.{d}f}" if v.draws else f"{'none':>9}/{'-':<{d + 2}}"
         lines.append(
-            f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {v.clean_loss:6.2f} {v.top_effect:+8.{d}f} "
+            f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {clean} {v.top_effect:+8.{d}f} "
             f"{figs.format_interval(lo, hi, f'+.{d}f')} {controls} {v.draws:>4} "
             f"{'≤' if v.p_value_is_bound else ' '}{v.p_value:6.4f} {p_adj}  {verdict}"
         )
@@ -850,7 +854,7 @@ def format_report(result: ScanResult) -> str:
         for v in result.verifications
         if v.tested or (v.kind == verif.PRIMARY_KIND and v.no_verdict)
     ]
-    units = "losses in nats/token" if metric is LOSS_METRIC else f"Δ in {metric.unit}: {metric.definition}"
+    units = f"losses in {metric.unit}" if metric is LOSS_METRIC else f"Δ in {metric.unit}: {metric.definition}"
     m = design.get("family_size")
     lines.append(
         f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k, at most "

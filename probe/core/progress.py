@@ -1,0 +1,89 @@
+"""Progress bars on stderr (:func:`progress_bar`): tqdm's live bar on a terminal or in a notebook;
+on a stream that is not a terminal (``2>log``, a pipe, a captured stream) whole lines only: one
+per phase of a bar and one when it closes (:class:`LineBar`)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from tqdm.std import tqdm as _std_tqdm
+
+
+class LineBar(_std_tqdm):
+    """A tqdm bar that draws nothing while it runs and writes whole lines instead: one when a phase
+    ends (its description changes, :meth:`set_description`, after it counted something) and one
+    when it closes. In a log a live bar's redraws are ``\\r``-separated fragments of lines, and a
+    nested bar's cursor moves are escape codes. A bar opened inside another (tqdm's ``pos`` > 0) or
+    with ``leave=False`` writes nothing at all. Counting, ``total``, ``tqdm.write`` and the rest of
+    tqdm's interface work as for any tqdm bar."""
+
+    leave: bool | None  # tqdm's (set in its __init__), declared for the type checker
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._written_n: float | None = None  # the count at the last line written (None: none yet)
+        super().__init__(*args, **kwargs)
+
+    def _writes(self) -> bool:
+        """Whether this bar writes lines: an outermost bar (``pos`` 0) that is kept (``leave``)."""
+        return not self.disable and abs(self.pos) == 0 and self.leave is not False
+
+    def _write_line(self) -> None:
+        self.fp.write(str(self) + "\n")
+        getattr(self.fp, "flush", lambda: None)()
+        self._written_n = self.n
+
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        """Never drawn while running (False: tqdm's close then writes no clearing ``\\r``)."""
+        return False
+
+    def clear(self, nolock: bool = False) -> None:
+        """Nothing on the stream to clear."""
+
+    def moveto(self, n: int) -> None:
+        """No cursor moves: a log has no cursor."""
+
+    def set_description(self, desc: str | None = None, refresh: bool | None = True) -> None:
+        """A new phase: the one that ends is written as a line first, where it counted something."""
+        if (
+            self._writes()
+            and self.n > (self._written_n or self.initial)
+            and (desc or "") != self.desc.removesuffix(": ")
+        ):
+            self._write_line()
+        super().set_description(desc, refresh)
+
+    def close(self) -> None:
+        """Write the last line (see :meth:`_writes`), then close as tqdm does."""
+        if self.disable:
+            return
+        writes = self._writes()
+        if writes:
+            self._ema_dt = lambda: None  # the overall rate, as tqdm's own close reports it
+        self.leave = False  # tqdm's close then draws nothing
+        super().close()
+        if writes:
+            self._write_line()
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is an interactive terminal (``isatty``; False where it cannot say)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
+
+
+def progress_bar(iterable: Iterable | None = None, *, progress: bool = True, file: Any = None, **kwargs: Any) -> Any:
+    """A progress bar over ``iterable`` (or counted with ``update``) on ``file`` (default stderr):
+    ``tqdm.auto``'s live bar on a terminal or in a notebook, a :class:`LineBar` (one line when it
+    closes, nothing for a nested bar) on anything else, a silent one without ``progress``. The
+    ``kwargs`` are tqdm's (``total``, ``desc``, ``unit``, ...); ``file``: a text stream (``write``)."""
+    from tqdm.auto import tqdm as auto
+
+    stream = file if file is not None else sys.stderr
+    notebook = auto.__module__.startswith("tqdm.notebook")  # tqdm.auto's widget in Jupyter
+    live = notebook or is_terminal(stream)
+    cls = auto if live or not progress else LineBar
+    return cls(iterable, file=stream, disable=not progress, **kwargs)

@@ -1,0 +1,87 @@
+"""Progress bars in a log: on a stream that is not a terminal (``2>log``, a pipe, pytest's capture)
+each outermost bar writes whole lines (one per phase, one at its end), nested bars nothing, and no
+line carries a ``\\r`` redraw or a cursor move; on a terminal the bar stays tqdm's live one."""
+
+from __future__ import annotations
+
+import io
+
+from tqdm.auto import tqdm
+
+from headprobe.cli import main
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _nested_run(stream) -> None:
+    """An outer bar over 3 steps, each with an inner bar of 4 and a note between them."""
+    from headprobe.probe.core.progress import progress_bar
+
+    for i in progress_bar(range(3), desc="outer", unit="step", file=stream):
+        for _ in progress_bar(range(4), desc="inner", file=stream):
+            pass
+        tqdm.write(f"note {i}", file=stream)
+
+
+def test_a_log_gets_one_whole_line_per_outer_bar_and_none_of_the_nested_ones():
+    from headprobe.probe.core.progress import progress_bar
+
+    log = io.StringIO()
+    _nested_run(log)
+    bar = progress_bar(total=10, desc="counted", file=log)  # counted by hand, its total shrunk on the way
+    bar.update(4)
+    bar.total = 5
+    bar.set_description("second phase")  # a new phase: the first one's line
+    bar.set_description("third phase")  # nothing counted in the second: no line
+    bar.update(1)
+    bar.close()
+    text = log.getvalue()
+    assert "\r" not in text and "\x1b" not in text, repr(text)
+    lines = text.splitlines()
+    assert lines[:3] == ["note 0", "note 1", "note 2"], lines
+    assert lines[3].startswith("outer: 100%") and " 3/3 [" in lines[3], lines
+    assert lines[4].startswith("counted:  80%") and " 4/5 [" in lines[4], lines
+    assert lines[5].startswith("third phase: 100%") and " 5/5 [" in lines[5] and len(lines) == 6, lines
+    assert text.endswith("\n")
+
+
+def test_a_terminal_keeps_the_live_bar_and_no_progress_prints_nothing():
+    from headprobe.probe.core.progress import progress_bar
+
+    screen = _Terminal()
+    _nested_run(screen)
+    assert screen.getvalue().count("\r") > 3 and "inner" in screen.getvalue()  # the check above can fail
+    quiet = io.StringIO()
+    for _ in progress_bar(range(3), desc="outer", file=quiet, progress=False):
+        pass
+    assert quiet.getvalue() == ""
+
+
+def test_ablate_with_stderr_to_a_file_leaves_whole_lines(tiny_dir, text_file, tmp_path, capsys):
+    """``headprobe ablate ... 2>log``: each sweep's bar is one line ending in its count, with no
+    half-drawn bar (a ``\\r``-separated fragment) before it."""
+    out = tmp_path / "ablate"
+    small = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]
+    assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), *small]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err, repr(err)
+    sweeps = [line for line in err.splitlines() if line.startswith("ablation sweep")]
+    assert [line.split(":")[0] for line in sweeps] == ["ablation sweep (natural)", "ablation sweep (repeated)"], err
+    assert all(" 100%|" in line and " 1/1 [" in line for line in sweeps), sweeps
+
+
+def test_an_error_after_a_log_bar_starts_on_its_own_line_without_a_blank_one():
+    """The CLI puts a newline before its error line when a bar is still drawn; a log's bar has drawn
+    nothing, so none (a blank line in the log), while a terminal's live bar still gets one."""
+    from headprobe.cli import _own_line
+    from headprobe.probe.core.progress import progress_bar
+
+    log_bar = progress_bar(total=3, desc="log", file=io.StringIO())
+    assert _own_line("headprobe: error: x") == "headprobe: error: x"
+    live = progress_bar(total=3, desc="live", file=_Terminal())
+    assert _own_line("headprobe: error: x") == "\nheadprobe: error: x"
+    live.close()
+    log_bar.close()
