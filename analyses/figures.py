@@ -831,10 +831,11 @@ def _ablation_handles(rows: Sequence[dict], k: int, rule: VerdictRule | None) ->
         Line2D([], [], color="black", lw=0.9, label="largest control effect"),
     ]
     unit = UNITS[effect_metric(rows)]
+    within = unit.removesuffix("/token") if unit.endswith("/token") else f"({unit})"  # ±0.1 nats, ±0.1 (1 - cos)
     if rule is not None:
         handles.append(Line2D([], [], ls="", label=rule_legend(rule)))
     handles.append(
-        Line2D([], [], ls="", label=f"y axis: symmetric log (linear within ±0.1 ({unit})) where effects exceed 0.1")
+        Line2D([], [], ls="", label=f"y axis: symmetric log (linear within ±0.1 {within}) where effects exceed 0.1")
     )
     return handles
 
