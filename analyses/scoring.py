@@ -396,7 +396,9 @@ def example_patterns(
         # the example keeps it, as a short sentence the model reads both ways -- a new input, not a
         # crop of the scored pattern (patterns.npz), and the axis label says so
         first = torch.cat([first[:, : NATURAL_EXAMPLE_LEN - 1], first[:, -1:]], dim=1)
-        sequence["natural"] = f"first {NATURAL_EXAMPLE_LEN - 1} and last tokens\nof the first scored sequence, read alone"
+        sequence["natural"] = (
+            f"first {NATURAL_EXAMPLE_LEN - 1} and last tokens\nof the first scored sequence, read alone"
+        )
     short = {
         "natural": first[:, :NATURAL_EXAMPLE_LEN],
         "repeated": repeated.tokens[:1],
