@@ -130,7 +130,7 @@ class BudgetConfig:
         recommend: propose a layout for params or d_model, seq_len, kv_limit and target.
         params: recommend: parameter budget without embeddings, a count or text such as "135M".
         kv_limit: recommend: KV-cache limit per request, bytes or text such as "2GiB".
-        target: recommend: deployment target, one of :data:`headprobe.probe.layout.cost.TARGETS`.
+        target: recommend: deployment target, one of :data:`headprobe.probe.layout.cost.TARGETS` (None: gpu-server).
         policy: a KV policy file (docs/kv.md) to cost exactly on the layout (:func:`cost.policy_cost`), or None.
 
     Raises:
@@ -215,7 +215,7 @@ class BudgetConfig:
     )
     params: str | int | None = setting(None, "recommend: parameter budget without embeddings, e.g. 135M, 8B")
     kv_limit: str | int | None = setting(None, "recommend: KV-cache memory limit per request, e.g. 2GiB, 512MiB")
-    target: str = setting("gpu-server", "recommend: deployment target (default %(default)s)", choices=cost.TARGETS)
+    target: str | None = setting(None, "recommend: deployment target (default gpu-server)", choices=cost.TARGETS)
     policy: str | None = setting(
         None,
         "cost a head-level KV policy (headprobe kv's policy.json: per layer and KV group, "
@@ -278,6 +278,50 @@ FLAGS = (
     Flags(BudgetPrint),
 )
 """``--help``'s blocks: the layout, the workload and the modes under their headings, then ``--json``."""
+
+REPORT, COMPARE, FLOPS_TABLE, RECOMMEND = "the one-layout report", "--compare", "--flops-table", "--recommend"
+"""budget's modes, as a refusal names them (:data:`FLAG_MODES`)."""
+LAYOUT_MODES = (REPORT, COMPARE, FLOPS_TABLE)
+
+#: The modes each flag does something in; given in another mode it would be ignored, so
+#: :func:`refuse_other_modes` refuses it. Flags not listed (``--d-model``, ``--n-layers`` and the
+#: workload) apply in every mode.
+FLAG_MODES: dict[str, tuple[str, ...]] = {
+    "params": (RECOMMEND,),
+    "kv_limit": (RECOMMEND,),
+    "target": (RECOMMEND,),
+    "as_mha": (FLOPS_TABLE,),
+    "policy": (REPORT,),
+    "preset": LAYOUT_MODES,
+    "model": LAYOUT_MODES,
+    **{f: LAYOUT_MODES for f in UNIFORM_LAYOUT_FLAGS if f not in ("d_model", "n_layers")},
+}
+
+
+def config_mode(config: BudgetConfig) -> str:
+    """The mode ``config`` runs in: :data:`RECOMMEND`, :data:`COMPARE`, :data:`FLOPS_TABLE` or :data:`REPORT`."""
+    if config.recommend:
+        return RECOMMEND
+    if config.compare:
+        return COMPARE
+    return FLOPS_TABLE if config.flops_table is not None else REPORT
+
+
+def refuse_other_modes(config: BudgetConfig) -> None:
+    """Refuse a flag given in a mode it does nothing in (:data:`FLAG_MODES`): one line naming the
+    flag and the mode it belongs to.
+
+    Raises:
+        HeadprobeError: such a flag is set (not None, not False).
+    """
+    mode = config_mode(config)
+    for f, modes in FLAG_MODES.items():
+        if mode not in modes and getattr(config, f) not in (None, False):
+            flag = "--" + f.replace("_", "-")
+            where = modes[0] if len(modes) == 1 else ", ".join(modes[:-1]) + " or " + modes[-1]
+            hint = "; --recommend proposes a layout from --params or --d-model" if modes == LAYOUT_MODES else ""
+            fix = f"add {where} or leave {flag} out" if mode == REPORT and len(modes) == 1 else f"leave {flag} out"
+            raise HeadprobeError(f"{flag} belongs to {where}, not {mode}{hint}: {fix}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,34 +470,24 @@ def report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
 
 def windowed_report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
     """The sliding-window layers' costs, one entry per window size: each query at ``pos`` reads
-    ``min(W, pos + 1)`` keys (:func:`~headprobe.probe.layout.cost.visible_keys`), so the scores+AV FLOPs,
-    the attention-matrix bytes and the crossover are the window's; plus the sum over all layers.
-    Empty when every layer is global."""
+    ``min(W, pos + 1)`` keys (:func:`~headprobe.probe.layout.cost.visible_keys`), so the scores+AV FLOPs
+    (:func:`~headprobe.probe.layout.cost.attention_flops_by_window`), the attention-matrix bytes and
+    the crossover are the window's; plus the sum over all layers. Empty when every layer is global."""
     if lay.windows is None:
         return {}
     rows = []
-    for w in sorted({w for w in lay.windows if w is not None}):
-        scores = cost.score_flops(lay, seq_len, batch, window=w)
-        proj = cost.projection_flops(lay, seq_len, batch)
-        cross = cost.crossover_seq_len(lay, window=w)
+    for fl in cost.attention_flops_by_window(lay, seq_len, batch):
+        w = fl.window
+        if w is None:
+            continue
         rows.append(
             {
                 "window": w,
-                "n_layers": lay.windows.count(w),
-                "flops_scores_per_layer": scores,
-                "quadratic_share": scores / (scores + proj),
-                "crossover_seq_len": cross,
-                **(
-                    {}
-                    if cross is not None
-                    else {
-                        "crossover_seq_len_null_reason": (
-                            f"never: past the window a token's scores+AV cost s*W = {cost.score_flops(lay, 1, 1) * w:,} "
-                            f"FLOPs, no more than its projections' {cost.projection_flops(lay, 1, 1):,}; the projections "
-                            "dominate at every length"
-                        )
-                    }
-                ),
+                "n_layers": fl.n_layers,
+                "flops_scores_per_layer": fl.scores,
+                "quadratic_share": fl.quadratic_share,
+                "crossover_seq_len": fl.crossover_seq_len,
+                **({} if fl.crossover_seq_len is not None else {"crossover_seq_len_null_reason": _never(lay, w)}),
                 "attention_matrix_bytes_per_layer": cost.attention_matrix_bytes(lay, seq_len, batch, window=w),
             }
         )
@@ -464,6 +498,22 @@ def windowed_report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str,
         "flops_scores_all_layers": total,
         "n_global_layers": lay.n_layers - lay.n_windowed_layers,
     }
+
+
+def _never(lay: AttentionLayout, window: int, as_mha: bool = False) -> str:
+    """Why a window's crossover is None: past the window a token's scores cost ``s*W``, no more than its projections."""
+    return (
+        f"never: past the window a token's scores+AV cost s*W = {cost.score_flops(lay, 1, 1) * window:,} "
+        f"FLOPs, no more than its projections' {cost.projection_flops(lay, 1, 1, as_mha=as_mha):,}; the projections "
+        "dominate at every length"
+    )
+
+
+def _kind_txt(window: int | None, windowed: bool) -> str:
+    """A layer kind's label: ``window 4,096``, ``global layer`` (in a layout with windows) or ``""``."""
+    if window is not None:
+        return f"window {window:,}"
+    return "global layer" if windowed else ""
 
 
 def _table(rows: list[list[str]], header: list[str], right: set[int] | frozenset[int] = frozenset()) -> str:
@@ -551,8 +601,25 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
     return head + "\n" + _table(rows, ["quantity", "value", "note"], right={1})
 
 
-def format_policy(pc: dict[str, Any], path: str) -> str:
-    """The ``--policy`` rows: the policy's cache, FLOPs and attention matrix next to all-full."""
+def causal_keys_txt(lay: AttentionLayout) -> str:
+    """The keys a full KV group's query reads, as the policy's FLOPs count them on ``lay``:
+    ``pos+1`` (every layer global), ``min(4,096, pos+1)`` (every layer windowed to 4,096), or per
+    kind of layer (:func:`~headprobe.probe.layout.cost.layer_windows`)."""
+    kinds = cost.layer_windows(lay)
+    if len(kinds) == 1:
+        w = kinds[0][0]
+        return "pos+1" if w is None else f"min({w:,}, pos+1)"
+    return ", ".join(
+        f"{'pos+1' if w is None else f'min({w:,}, pos+1)'} on {n} {'global' if w is None else 'windowed'} layers"
+        for w, n in kinds
+    )
+
+
+def format_policy(pc: dict[str, Any], path: str, lay: AttentionLayout) -> str:
+    """The ``--policy`` rows: the policy's cache, FLOPs and attention matrix next to all-full; the
+    notes name the keys the FLOPs count on ``lay`` (its layers' windows apply)."""
+    full = causal_keys_txt(lay)
+    streaming = "min(S+W, pos+1)" if lay.windows is None else "min(S+W, pos+1) within the layer's window"
     rows = [
         ["KV groups full / streaming", f"{pc['n_full_groups']:,} / {pc['n_streaming_groups']:,}", ""],
         ["KV cache per request, policy", format_bytes(pc["kv_bytes"]), f"{pc['kv_bytes']:,} bytes"],
@@ -561,15 +628,17 @@ def format_policy(pc: dict[str, Any], path: str) -> str:
         [
             "scores + AV FLOPs, all layers, policy",
             format_flops(pc["flops_scores"], like=pc["flops_scores_full"]),
-            "causal keys: min(S+W, pos+1) streaming, pos+1 full",
+            f"causal keys, streaming: {streaming}; full: {full}",
         ],
-        ["scores + AV FLOPs, all layers, full", format_flops(pc["flops_scores_full"]), "causal keys: pos+1"],
+        ["scores + AV FLOPs, all layers, full", format_flops(pc["flops_scores_full"]), f"causal keys: {full}"],
         ["attention matrix, largest layer, policy", format_bytes(pc["attention_matrix_bytes_largest_layer"]), ""],
     ]
     return f"KV policy {path}\n\n" + _table(rows, ["quantity", "value", "note"], right={1})
 
 
 def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str, seq_len: int, batch: int) -> str:
+    """The ``--compare`` table: one row per layout, one FLOPs column per kind of layer (global,
+    each window; :func:`~headprobe.probe.layout.cost.attention_flops_by_window`)."""
     table = [
         [
             r["layout"],
@@ -581,10 +650,11 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
             format_bytes(r["kv_bytes_per_token"]),
             format_bytes(r["kv_bytes_per_request"]),
             f"{r['kv_vs_mha']:.3g}x",
-            format_flops(r["flops_per_layer"]),
+            *(format_flops(k["flops_per_layer"]) for k in r["flops_per_layer_by_window"]),
         ]
         for r in rows
     ]
+    kinds = [_kind_txt(k["window"], lay.windows is not None) for k in rows[0]["flops_per_layer_by_window"]]
     header = [
         "layout",
         "n_kv_heads",
@@ -595,26 +665,29 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
         "KV/token",
         f"KV/request ({batch} x {seq_len})",
         "KV vs MHA",
-        "FLOPs/layer",
+        *(f"FLOPs/layer, {k}" if k else "FLOPs/layer" for k in kinds),
     ]
-    return f"{describe(lay, dtype)}\n\n" + _table(table, header, right=set(range(1, 10)))
+    return f"{describe(lay, dtype)}\n\n" + _table(table, header, right=set(range(1, len(header))))
 
 
 def flops_table(lay: AttentionLayout, seq_lens: list[int], batch: int, as_mha: bool) -> list[dict[str, Any]]:
-    """One row per T: ``seq_len``, ``projections`` and ``scores`` (FLOPs), ``quadratic_share``."""
-    rows = []
-    for T in seq_lens:
-        fl = cost.attention_flops(lay, T, batch, as_mha=as_mha)
-        rows.append(
-            {
-                "seq_len": T,
-                "projections": fl.projections,
-                "scores": fl.scores,
-                "quadratic_share": fl.quadratic_share,
-                "crossover_seq_len": fl.crossover_seq_len,
-            }
-        )
-    return rows
+    """One row per T and kind of layer (:func:`~headprobe.probe.layout.cost.attention_flops_by_window`:
+    global, then each window): ``seq_len``, ``window`` (positions, None for a global layer),
+    ``n_layers``, ``projections`` and ``scores`` (FLOPs of one such layer), ``quadratic_share``,
+    ``crossover_seq_len`` (None when a window keeps the scores below the projections)."""
+    return [
+        {
+            "seq_len": T,
+            "window": fl.window,
+            "n_layers": fl.n_layers,
+            "projections": fl.projections,
+            "scores": fl.scores,
+            "quadratic_share": fl.quadratic_share,
+            "crossover_seq_len": fl.crossover_seq_len,
+        }
+        for T in seq_lens
+        for fl in cost.attention_flops_by_window(lay, T, batch, as_mha=as_mha)
+    ]
 
 
 _FLOP_UNITS = (("TFLOP", 12), ("GFLOP", 9), ("MFLOP", 6), ("kFLOP", 3))
@@ -622,13 +695,16 @@ _FLOP_UNITS = (("TFLOP", 12), ("GFLOP", 9), ("MFLOP", 6), ("kFLOP", 3))
 
 def format_flops_table(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str, as_mha: bool) -> str:
     """The table in TFLOP as in the lesson, or in the largest decimal unit in which the table's
-    largest entry is at least 1 (a small model's rows would otherwise all read ``0.00``)."""
+    largest entry is at least 1 (a small model's rows would otherwise all read ``0.00``); with
+    sliding windows a ``layers`` column names each row's kind of layer and each kind gets its crossover."""
     top = max((max(r["projections"], r["scores"]) for r in rows), default=cost.TFLOP)
     unit, power = next(((u, p) for u, p in _FLOP_UNITS if top >= 10**p), _FLOP_UNITS[-1])
     scale = cost.TFLOP / 10**power  # format_tflop counts TFLOP
+    windowed = lay.windows is not None
     table = [
         [
             f"{r['seq_len']:,}",
+            *([_kind_txt(r["window"], True)] if windowed else []),
             format_tflop(r["projections"] * scale),
             format_tflop(r["scores"] * scale),
             f"{100 * r['quadratic_share']:.0f}%",
@@ -636,12 +712,25 @@ def format_flops_table(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: 
         for r in rows
     ]
     note = " (K/V projections counted as MHA)" if as_mha and lay.kind != "MHA" else ""
-    cross = rows[0]["crossover_seq_len"] if rows else 0
+    keys = "; a window W: min(W, pos+1) keys per query, a global layer: T^2" if windowed else ""
+    header = ["T", *(["layers"] if windowed else []), f"projections, {unit}", f"scores and AV, {unit}"]
+    first = [r for r in rows if r["seq_len"] == rows[0]["seq_len"]] if rows else []
+    cross = [_crossover_txt(r, lay, as_mha, windowed) for r in first]
     return (
-        f"{describe(lay, dtype)}\nFLOPs of one attention layer{note}; 1 {unit} = 10^{power} FLOPs\n\n"
-        + _table(table, ["T", f"projections, {unit}", f"scores and AV, {unit}", "quadratic share"], right={0, 1, 2, 3})
-        + f"\n\nthe two are equal at T = {cross:,.0f}"
+        f"{describe(lay, dtype)}\nFLOPs of one attention layer{note}{keys}; 1 {unit} = 10^{power} FLOPs\n\n"
+        + _table(table, [*header, "quadratic share"], right={0, *range(len(header) - 2, len(header) + 1)})
+        + "\n\n"
+        + "\n".join(cross)
     )
+
+
+def _crossover_txt(row: dict[str, Any], lay: AttentionLayout, as_mha: bool, windowed: bool) -> str:
+    """``the two are equal at T = 8,192``, prefixed by the layer kind in a layout with windows."""
+    kind = _kind_txt(row["window"], windowed)
+    prefix = f"{kind}: " if kind else ""
+    if row["crossover_seq_len"] is None:
+        return f"{prefix}the two are never equal ({_never(lay, row['window'], as_mha).removeprefix('never: ')})"
+    return f"{prefix}the two are equal at T = {row['crossover_seq_len']:,.0f}"
 
 
 def format_recommendation(rec: cost.Recommendation, dtype: str) -> str:
@@ -1173,7 +1262,7 @@ class BudgetResult:
         else:
             text = format_report(d, self.layout, c.dtype)
         if self.mode == "policy":
-            text += "\n\n" + format_policy(d["policy"], d["policy_file"])
+            text += "\n\n" + format_policy(d["policy"], d["policy_file"], self.layout)
         if self.check is None:
             return text
         checked = format_dir_check if "heads_per_layer" in self.check["measured"] else format_check
@@ -1230,7 +1319,8 @@ def run(config: BudgetConfig) -> BudgetResult:
     """Compute what ``config`` asks for.
 
     Raises:
-        HeadprobeError: two modes at once; ``recommend`` with a preset or model; both a preset and
+        HeadprobeError: two modes at once; a flag of another mode (:func:`refuse_other_modes`:
+            ``--kv-limit`` without ``--recommend``, ``--preset`` with it...); both a preset and
             a model; a bad layout or workload (see :class:`~headprobe.probe.layout.cost.AttentionLayout`);
             a model that cannot be loaded.
     """
@@ -1245,17 +1335,14 @@ def run(config: BudgetConfig) -> BudgetResult:
     ]
     if len(modes) > 1:
         raise HeadprobeError(f"{' and '.join(modes)} are separate modes; give one of them")
+    refuse_other_modes(config)
     if config.recommend:
-        if config.preset or config.model:
-            raise HeadprobeError(
-                "--recommend proposes a layout; it takes --params or --d-model, not --preset or --model"
-            )
         params, limit = config.params, config.kv_limit
         if isinstance(limit, str):  # a bare number under 1 KiB is a forgotten unit (sizes.parse_bytes)
             limit = cost.parse_bytes(limit, "--kv-limit", bare_at_least=cost.KIB)
         rec = cost.recommend(
             seq_len=config.seq_len,
-            target=config.target,
+            target=config.target or "gpu-server",
             n_params=cost.parse_count(params) if isinstance(params, str) else params,
             d_model=config.d_model,
             n_layers=config.n_layers,
@@ -1298,8 +1385,6 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
     else:
         mode, out = "report", report(lay, config.seq_len, config.batch)
     if config.policy is not None:
-        if mode != "report":
-            raise HeadprobeError("--policy costs one layout; drop --compare and --flops-table")
         from headprobe.analyses.exchange import read_kv_policy
 
         policy = read_kv_policy(config.policy)

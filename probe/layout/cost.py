@@ -366,42 +366,77 @@ class AttentionFlops:
     Attributes:
         seq_len: T, tokens per sequence.
         projections: FLOPs of W_Q, W_K, W_V, W_O (linear in T).
-        scores: FLOPs of QK^T and AV (quadratic in T).
+        scores: FLOPs of QK^T and AV (quadratic in T on a global layer, linear past ``window``).
         quadratic_share: ``scores / (projections + scores)``, between 0 and 1.
-        crossover_seq_len: the T at which the two terms are equal (2*D for MHA); a real number.
+        crossover_seq_len: the T at which the two terms are equal (2*D for MHA); a real number,
+            or None when a window keeps the scores below the projections at every length.
+        window: the layer's sliding window (positions), or None for a global layer.
+        n_layers: layers of this kind in the layout (1 when costed alone).
     """
 
     seq_len: int
     projections: int
     scores: int
     quadratic_share: float
-    crossover_seq_len: float
+    crossover_seq_len: float | None
+    window: int | None = None
+    n_layers: int = 1
 
     @property
     def total(self) -> int:
         return self.projections + self.scores
 
 
-def attention_flops(layout: AttentionLayout, seq_len: int, batch: int = 1, as_mha: bool = False) -> AttentionFlops:
-    """FLOPs of one attention layer (see :func:`projection_flops`, :func:`score_flops`).
+def attention_flops(
+    layout: AttentionLayout, seq_len: int, batch: int = 1, as_mha: bool = False, window: int | None = None
+) -> AttentionFlops:
+    """FLOPs of one attention layer (see :func:`projection_flops`, :func:`score_flops`), global or
+    with a sliding ``window``.
 
-    The crossover length solves ``projections(T) == scores(T)``: projections are ``p*T`` and
-    scores ``s*T**2``, so ``T = p / s``; for MHA ``T = 8*D**2 / (4*D) = 2*D`` (lesson 003).
+    The crossover length solves ``projections(T) == scores(T)`` (:func:`crossover_seq_len`): on a
+    global layer projections are ``p*T`` and scores ``s*T**2``, so ``T = p / s``; for MHA
+    ``T = 8*D**2 / (4*D) = 2*D`` (lesson 003).
 
     Raises:
-        HeadprobeError: ``seq_len`` or ``batch`` is not a positive integer.
+        HeadprobeError: ``seq_len``, ``batch`` or ``window`` is not a positive integer.
     """
     proj = projection_flops(layout, seq_len, batch, as_mha=as_mha)
-    scores = score_flops(layout, seq_len, batch)
-    p_per_token = projection_flops(layout, 1, 1, as_mha=as_mha)
-    s_per_token2 = score_flops(layout, 1, 1)
+    scores = score_flops(layout, seq_len, batch, window=window)
     return AttentionFlops(
         seq_len=seq_len,
         projections=proj,
         scores=scores,
         quadratic_share=scores / (proj + scores),
-        crossover_seq_len=p_per_token / s_per_token2,
+        crossover_seq_len=crossover_seq_len(layout, window=window, as_mha=as_mha),
+        window=window,
     )
+
+
+def layer_windows(layout: AttentionLayout) -> list[tuple[int | None, int]]:
+    """The kinds of layer of ``layout`` as ``(window, n_layers)``: the global layers first
+    (window None) if there are any, then each sliding window (positions) in increasing order,
+    with how many of the ``n_layers`` layers have it. ``[(None, n_layers)]`` without windows."""
+    windows = layout.windows or (None,) * layout.n_layers
+    sizes = sorted({w for w in windows if w is not None})
+    return [(w, windows.count(w)) for w in ([None] if None in windows else []) + sizes]
+
+
+def attention_flops_by_window(
+    layout: AttentionLayout, seq_len: int, batch: int = 1, as_mha: bool = False
+) -> list[AttentionFlops]:
+    """FLOPs of one layer of each kind of ``layout`` (:func:`layer_windows`: global, then each
+    window), the one count every FLOPs figure of ``headprobe budget`` is read from: a global
+    layer's scores count every score of the ``T x T`` matrix, a windowed layer's the
+    :func:`visible_keys` ``(T, W)`` each head reads (Mistral 7B at T = 32768: 2.06 TFLOP of scores
+    per layer, not 17.6). ``n_layers`` of each entry says how many layers it stands for.
+
+    Raises:
+        HeadprobeError: ``seq_len`` or ``batch`` is not a positive integer.
+    """
+    return [
+        replace(attention_flops(layout, seq_len, batch, as_mha=as_mha, window=w), n_layers=n)
+        for w, n in layer_windows(layout)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -813,7 +848,11 @@ def compare_kv_heads(
     values (128). Columns: ``layout``, ``n_kv_heads``, ``group_size``, ``d_qk`` and ``d_head``
     (widths), ``attn_params_per_layer`` (count), ``kv_numbers_per_token_per_layer``
     (count), ``kv_bytes_per_token`` and ``kv_bytes_per_request`` (bytes),
-    ``kv_vs_mha`` (fraction of the MHA cache), ``flops_per_layer`` (FLOPs at ``seq_len``).
+    ``kv_vs_mha`` (fraction of the MHA cache), ``flops_per_layer_by_window`` (one entry per kind
+    of layer, :func:`attention_flops_by_window`: ``window``, positions or None for a global layer,
+    ``n_layers`` and ``flops_per_layer``, projections plus scores+AV at ``seq_len``) and
+    ``flops_per_layer`` (FLOPs, when every layer is of one kind; None when global and windowed
+    layers differ).
 
     Raises:
         HeadprobeError: a requested ``n_kv_heads`` does not divide ``n_heads``.
@@ -824,7 +863,10 @@ def compare_kv_heads(
     if layout.is_mla:
         candidates.append(layout)
     for lay in candidates:
-        fl = attention_flops(lay, seq_len, batch)
+        kinds = [
+            {"window": f.window, "n_layers": f.n_layers, "flops_per_layer": f.total}
+            for f in attention_flops_by_window(lay, seq_len, batch)
+        ]
         rows.append(
             {
                 "layout": lay.kind,
@@ -837,7 +879,8 @@ def compare_kv_heads(
                 "kv_bytes_per_token": kv_bytes_per_token(lay),
                 "kv_bytes_per_request": kv_bytes_per_request(lay, seq_len, batch),
                 "kv_vs_mha": kv_bytes_per_token(lay) / mha_bytes,
-                "flops_per_layer": fl.total,
+                "flops_per_layer": kinds[0]["flops_per_layer"] if len(kinds) == 1 else None,
+                "flops_per_layer_by_window": kinds,
             }
         )
     return rows
@@ -1102,7 +1145,8 @@ def _recommendation_verdict(
     if use_mla:
         return (
             "MLA is worth it: it keeps per-head keys and values (MHA-like quality, DeepSeek-V2) "
-            "for a cache between MQA and GQA-2, at the price of latent projections and absorbed kernels."
+            f"for a cache {_gqa_bracket(gqa, mla, seq_len, batch)}, "
+            "at the price of latent projections and absorbed kernels."
         )
     if not ok:
         assert kv_limit_bytes is not None  # without a limit everything fits
@@ -1131,3 +1175,32 @@ def _recommendation_verdict(
         "MLA is not needed: GQA with this many KV heads fits the limit and keeps quality "
         "close to MHA (Ainslie et al. 2023) with plain, widely supported kernels."
     )
+
+
+def _gqa_name(lay: AttentionLayout) -> str:
+    """``MQA``, ``MHA`` or ``GQA-k`` (k key/value heads)."""
+    return lay.kind if lay.kind != "GQA" else f"GQA-{lay.n_kv_heads}"
+
+
+def _gqa_bracket(gqa: AttentionLayout, mla: AttentionLayout, seq_len: int, batch: int) -> str:
+    """Where MLA's cache at ``seq_len`` falls among the caches of the same heads with every
+    KV-head count that divides ``n_heads`` (MQA to MHA), from the computed bytes: ``"between
+    GQA-2 (7.62 GiB) and GQA-4 (15.25 GiB)"``, ``"the size of GQA-k (...)"``, ``"smaller than
+    MQA (...)"`` or ``"larger than MHA (...)"``."""
+    mla_bytes = kv_bytes_per_request(mla, seq_len, batch)
+    sizes = [(kv_bytes_per_request(lay, seq_len, batch), lay) for lay in map(gqa.with_kv_heads, divisors(gqa.n_heads))]
+    sizes.sort(key=lambda x: x[0])
+
+    def named(size: int, lay: AttentionLayout) -> str:
+        return f"{_gqa_name(lay)} ({format_bytes(size)})"
+
+    below = [x for x in sizes if x[0] < mla_bytes]
+    above = [x for x in sizes if x[0] > mla_bytes]
+    same = [x for x in sizes if x[0] == mla_bytes]
+    if same:
+        return f"the size of {named(*same[0])}"
+    if not below:
+        return f"smaller than {named(*above[0])}"
+    if not above:
+        return f"larger than {named(*below[-1])}"
+    return f"between {named(*below[-1])} and {named(*above[0])}"
