@@ -640,3 +640,20 @@ def test_export_overwrite_names_the_files_it_kept_as_every_command_does(runs, tm
     stdout = capsys.readouterr().out
     assert (out / "notes.txt").read_text() == "mine"
     assert stdout.rstrip().splitlines()[-1] == f"kept 1 file that no headprobe run recorded in {out}/: notes.txt"
+
+
+def test_import_says_when_a_set_that_fills_a_layer_has_no_layer_matched_control(tmp_path, tiny_dir, text_file):
+    """The tiny GQA Llama (2 layers x 8 heads): a set of all 8 heads of layer 0 leaves layer 0 no
+    head for a layer-matched control, so every control head comes from layer 1. By hand: the one
+    control set is layer 1's 8 heads; the report (what the command prints) says so in a NOTE, as
+    scan's does, and the result keeps it."""
+    from headprobe.commands.import_heads import import_heads
+
+    path = tmp_path / "heads.txt"
+    path.write_text(",".join(f"0.{h}" for h in range(8)) + "\n")
+    small = dict(text=str(text_file), device="cpu", n_random=4, seq_len=16, n_natural=2, period=6, n_repeated=2)
+    result = import_heads(str(tiny_dir), heads_file=str(path), **small)
+    assert all(sorted(s) == [f"1.{h}" for h in range(8)] for v in result.verifications for s in v.random_heads)
+    notes = [x for x in result.report().splitlines() if x.startswith("NOTE: ") and "layer matching" in x]
+    assert len(notes) == 1 and "8 of layer 0's from layer 1" in notes[0], result.report()
+    assert any("8 of layer 0's from layer 1" in n for n in result.notes)
