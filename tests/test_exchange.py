@@ -419,6 +419,9 @@ def _odd_file(case: str, d: Path) -> tuple[Path, list[str]]:
         np.savetxt(d / "full_attention_heads.tsv", np.full((2, 2), 0.5), delimiter="\t")
         (d / "config.json").write_text("[4, 8]")
         return d / "full_attention_heads.tsv", []
+    if case == "ragged tsv":
+        (d / "full_attention_heads.tsv").write_text("1\t0\t0\t1\n0\t1\t0\t0\n# a comment\n\n1\t0\t1\n")
+        return d / "full_attention_heads.tsv", []
     if case in ("400 digits", "1e400"):
         (d / "h.json").write_text('{"0-1": [' + ("9" * 400 if case == "400 digits" else "1e400") + "]}")
         return d / "h.json", []
@@ -442,6 +445,7 @@ ODD = {
     "empty tsv": "no values",
     "cut config.json": "config.json",
     "config.json not an object": "config.json",
+    "ragged tsv": "line 5 has 3 values where line 1 has 4",
     "400 digits": "not a finite number",
     "1e400": "not a finite number",
     "400 digits in a graph": "not a finite number",
