@@ -661,3 +661,33 @@ def test_import_says_when_a_set_that_fills_a_layer_has_no_layer_matched_control(
     notes = [x for x in result.report().splitlines() if x.startswith("NOTE: ") and "layer matching" in x]
     assert len(notes) == 1 and "8 of layer 0's from layer 1" in notes[0], result.report()
     assert any("8 of layer 0's from layer 1" in n for n in result.notes)
+
+
+EXPORT_FLAGS_THAT_CANNOT_APPLY = [
+    ("kv", ["--format", "headkv", "--score", "induction"], "--score"),
+    ("kv", ["--format", "duo", "--sink", "64", "--recent", "512"], "--sink"),
+    ("kv", ["--format", "duo", "--recent", "512"], "--recent"),
+    ("circuit", ["--format", "mib", "--score", "score"], "--score"),
+    ("circuit", ["--sink", "8"], "--sink"),
+    ("scan", ["--format", "parquet", "--score", "induction"], "--score"),
+    ("scan", ["--format", "headkv", "--sink", "8"], "--sink"),
+]
+
+
+@pytest.mark.parametrize("kind, flags, named", EXPORT_FLAGS_THAT_CANNOT_APPLY)
+def test_an_export_flag_that_cannot_apply_is_refused_in_one_line(kind, flags, named, runs, tmp_path, capsys):
+    """A flag the source or format has no use for (a kv policy's own sink and recent sizes, a
+    score column for a kv or circuit folder or for Parquet, which writes every column) would be
+    dropped without a word: refused in one line naming it, and nothing is written."""
+    out = tmp_path / "o"
+    code, err = _cli(["export", "--from", str(runs / kind), "--out", str(out), *flags], capsys)
+    _one_line(code, err, named)
+    assert not out.exists()
+
+
+def test_export_sink_and_recent_apply_to_a_scan_source(runs, tmp_path):
+    """Given for a scan, --sink and --recent are the config.json DuoAttention reads (kvpress's
+    loader as the reference); left out, DuoAttention's defaults 128 and 256."""
+    given = _export(runs / "scan", tmp_path / "given", "--format", "duo", "--sink", "64", "--recent", "512")
+    default = _export(runs / "scan", tmp_path / "default", "--format", "duo")
+    assert kvpress_load(given)[:2] == (64, 512) and kvpress_load(default)[:2] == (128, 256)
