@@ -319,7 +319,7 @@ def test_colliding_and_hostile_model_names_keep_their_own_folders(tiny_dir, gpt2
     "argv, message",
     [
         (["atlas", "--model", "x"], "--models"),
-        (["atlas", "--models", "a", "--checkpoints", "/nonexistent"], "checkpoints/step-"),
+        (["atlas", "--models", "a", "--checkpoints", "/nonexistent"], "--checkpoints /nonexistent: no such folder"),
         (["atlas", "--models", "a", "a"], "named twice"),
         (["atlas", "--models", "a", "--n-random", "0"], "n-random"),
     ],
@@ -331,6 +331,50 @@ def test_bad_atlas_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys)
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
+
+
+def test_checkpoints_folder_without_snapshots_says_so(tmp_path, capsys):
+    """An existing folder with no snapshots is told apart from a missing one."""
+    (tmp_path / "run").mkdir()
+    _atlas_refused(["--models", "a", "--checkpoints", str(tmp_path / "run")], tmp_path / "o", "no checkpoints/step-*", capsys)
+
+
+def _atlas_refused(argv, out: Path, message: str, capsys) -> str:
+    """``headprobe atlas ARGV --out OUT``: exit 2, one ``headprobe: error:`` line holding ``message``."""
+    capsys.readouterr()
+    code = main(["atlas", *argv, "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("headprobe: error:") and message in err[0], (code, err)
+    return err[0]
+
+
+def test_every_model_that_cannot_be_found_is_named_before_any_scan(tiny_dir, tmp_path, capsys, monkeypatch):
+    """Offline, two hub names not in the cache among a local model: one line names both (not only
+    the first), before anything is trained, loaded or written."""
+    from headprobe.probe.backends import sources
+
+    monkeypatch.setattr(sources, "_hub_reachable", lambda *a, **k: False)
+    missing = ["nosuch-org/model-a", "nosuch-org/model-b"]
+    line = _atlas_refused(["--models", str(tiny_dir), *missing, "toy"], tmp_path / "o", missing[0], capsys)
+    assert missing[1] in line and "not in the local Hugging Face cache" in line and str(tiny_dir) not in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_atlas_where_every_model_fails_writes_nothing(tmp_path, capsys):
+    """Every model fails to load (folders without config.json): one line naming each, exit 2, no
+    output folder; in an existing folder, no new file."""
+    models = [tmp_path / "empty1", tmp_path / "empty2"]
+    for m in models:
+        m.mkdir()
+    argv = ["--models", *map(str, models), *SMALL_FLAGS]
+    line = _atlas_refused(argv, tmp_path / "o", "every model failed", capsys)
+    assert all(f"{m}: " in line for m in models) and "config.json" in line
+    assert not (tmp_path / "o").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    _atlas_refused([*argv, "--overwrite"], kept, "every model failed", capsys)
+    assert sorted(p.name for p in kept.rglob("*")) == ["notes.txt"]
 
 
 # ---------------------------------------------------------------------------------------------
