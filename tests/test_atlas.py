@@ -117,10 +117,17 @@ def test_no_verdict_and_one_layer_models():
 # ---------------------------------------------------------------------------------------------
 
 
+def _unloadable(d: Path) -> Path:
+    """A folder that looks like a model (config.json, a weights file) but does not load."""
+    (d / "config.json").write_text('{"model_type": "no_such_architecture"}')
+    (d / "model.safetensors").write_bytes(b"")
+    return d
+
+
 @pytest.fixture(scope="module")
 def atlas_run(tiny_dir, gpt2_dir, text_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("atlas") / "a"
-    models = [str(tiny_dir), str(tmp_path_factory.mktemp("empty")), str(gpt2_dir)]  # the middle one is not a model
+    models = [str(tiny_dir), str(_unloadable(tmp_path_factory.mktemp("bad"))), str(gpt2_dir)]  # the middle one fails
     with pytest.MonkeyPatch.context() as mp:  # every figure format, which a test checks (conftest: PNG only)
         mp.delenv(FIGURE_FORMATS_ENV)
         code = main(["atlas", "--models", *models, "--out", str(out), "--text", str(text_file), *SMALL_FLAGS])
@@ -149,7 +156,7 @@ def test_atlas_records_a_failing_model_and_goes_on(atlas_run):
     summary = json.loads((out / "summary.json").read_text())
     status = {m: r["status"] for m, r in summary["models"].items()}
     assert status == {models[0]: "scanned", models[1]: "failed", models[2]: "scanned"}
-    assert "config.json" in summary["models"][models[1]]["error"] and "\n" not in summary["models"][models[1]]["error"]
+    assert "cannot load model" in summary["models"][models[1]]["error"] and "\n" not in summary["models"][models[1]]["error"]
     types = atlas_lib.table_types(pd.read_csv(out / "atlas.csv"))
     assert set(types) == {
         "previous_token",
@@ -339,41 +346,44 @@ def test_checkpoints_folder_without_snapshots_says_so(tmp_path, capsys):
     _atlas_refused(["--models", "a", "--checkpoints", str(tmp_path / "run")], tmp_path / "o", "no checkpoints/step-*", capsys)
 
 
-def _atlas_refused(argv, out: Path, message: str, capsys) -> str:
-    """``headprobe atlas ARGV --out OUT``: exit 2, one ``headprobe: error:`` line holding ``message``."""
+def _atlas_refused(argv, out: Path, message: str, capsys, loaded: bool = False) -> str:
+    """``headprobe atlas ARGV --out OUT``: exit 2 and one ``headprobe: error:`` line holding
+    ``message``: the only stderr line, or (``loaded``: models were tried) the last, after the
+    loading progress and the loader's warnings, with no traceback."""
     capsys.readouterr()
     code = main(["atlas", *argv, "--out", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and err[0].startswith("headprobe: error:") and message in err[0], (code, err)
-    return err[0]
+    assert code == 2 and (loaded or len(err) == 1) and "Traceback" not in "".join(err), (code, err)
+    assert [x for x in err if x.startswith("headprobe: error:")] == err[-1:] and message in err[-1], err
+    return err[-1]
 
 
 def test_every_model_that_cannot_be_found_is_named_before_any_scan(tiny_dir, tmp_path, capsys, monkeypatch):
-    """Offline, two hub names not in the cache among a local model: one line names both (not only
-    the first), before anything is trained, loaded or written."""
+    """Offline, two hub names not in the cache and a folder without config.json among a local
+    model: one line names all three (not only the first), before anything is trained, loaded or written."""
     from headprobe.probe.backends import sources
 
     monkeypatch.setattr(sources, "_hub_reachable", lambda *a, **k: False)
-    missing = ["nosuch-org/model-a", "nosuch-org/model-b"]
+    (tmp_path / "empty").mkdir()
+    missing = ["nosuch-org/model-a", "nosuch-org/model-b", str(tmp_path / "empty")]
     line = _atlas_refused(["--models", str(tiny_dir), *missing, "toy"], tmp_path / "o", missing[0], capsys)
-    assert missing[1] in line and "not in the local Hugging Face cache" in line and str(tiny_dir) not in line
+    assert all(f"{m}: " in line for m in missing) and str(tiny_dir) not in line
+    assert "not in the local Hugging Face cache" in line and "no config.json" in line
     assert not (tmp_path / "o").exists()
 
 
 def test_an_atlas_where_every_model_fails_writes_nothing(tmp_path, capsys):
-    """Every model fails to load (folders without config.json): one line naming each, exit 2, no
-    output folder; in an existing folder, no new file."""
-    models = [tmp_path / "empty1", tmp_path / "empty2"]
-    for m in models:
-        m.mkdir()
+    """Every model is found but fails to load: one line naming each, exit 2, no output folder; in
+    an existing folder, no new file."""
+    models = [_unloadable(tmp_path / f"bad{i}") for i in (1, 2) if not (tmp_path / f"bad{i}").mkdir()]
     argv = ["--models", *map(str, models), *SMALL_FLAGS]
-    line = _atlas_refused(argv, tmp_path / "o", "every model failed", capsys)
-    assert all(f"{m}: " in line for m in models) and "config.json" in line
+    line = _atlas_refused(argv, tmp_path / "o", "every model failed", capsys, loaded=True)
+    assert all(f"{m}: cannot load model" in line for m in models)
     assert not (tmp_path / "o").exists()
     kept = tmp_path / "kept"
     kept.mkdir()
     (kept / "notes.txt").write_text("mine")
-    _atlas_refused([*argv, "--overwrite"], kept, "every model failed", capsys)
+    _atlas_refused([*argv, "--overwrite"], kept, "every model failed", capsys, loaded=True)
     assert sorted(p.name for p in kept.rglob("*")) == ["notes.txt"]
 
 

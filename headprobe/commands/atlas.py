@@ -7,11 +7,12 @@ run is resumable per model: a model whose directory holds a complete scan with t
 (``atlas_scan.json``, written after the scan's files) is not scanned again when the command is
 started again -- after an interruption, or with ``--overwrite`` and more models to add to a
 finished atlas (delete ``OUT/models/NAME`` to force a new scan). Every model is looked up before
-anything runs: names that cannot be found (a missing path; with the hub unreachable, a name not in
-the local cache) are refused together in one line. A model that is found but fails (a folder without config.json, an
-architecture the self-check refuses, ...) is recorded with its one-line error in summary.json and
-the others go on; when every model fails, nothing is written and the errors are one line. Then it writes ``atlas.csv`` (every head of every model, see
-:mod:`headprobe.analyses.atlas`), one figure per head type (``atlas_<type>``), the overview
+anything runs: names that cannot be found (a missing path, a folder without config.json or weights;
+with the hub unreachable, a name not in the local cache) are refused together in one line. A model
+that is found but fails (weights it cannot read, an architecture the self-check refuses, ...) is
+recorded with its one-line error in summary.json and the others go on; when every model fails,
+nothing is written and the errors are one line. Then it writes ``atlas.csv`` (every head of every
+model, see :mod:`headprobe.analyses.atlas`), one figure per head type (``atlas_<type>``), the overview
 figure ``atlas`` and, for checkpoints, ``over_training``.
 
 Models: names and paths as ``--model`` takes them, plus ``toy``: a small attention-only model that
@@ -272,16 +273,16 @@ class AtlasConfig(ModelSettings, DataSettings):
 
 
 def check_models_found(models: Sequence[str]) -> None:
-    """Refuse, before anything is trained, loaded or written, every model that cannot be found: an
-    unknown name, a missing path, a hub name neither cached nor reachable
-    (:func:`headprobe.options.check_model`). A path that exists but does not load is left to the
-    run, which records it as failed and goes on.
+    """Refuse, before anything is trained, loaded or written, every model that cannot be found
+    (:func:`headprobe.options.check_model`: an unknown name, a missing path, a folder without
+    config.json or weights, with the hub unreachable a name not in the local cache). A model found
+    that then fails to load is left to the run, which records it as failed and goes on.
 
     Raises:
         HeadprobeError: one line naming each such model and why."""
     missing = []
     for m in models:
-        if m != TOY and not Path(m).expanduser().exists():
+        if m != TOY:
             try:
                 options.check_model(m)
             except HeadprobeError as e:
