@@ -189,8 +189,9 @@ def read_duo(path: Path, layout: Layout | None) -> HeadFile:
 
 def check_duo_files(tsv: Path) -> None:
     """Refuse, before numpy reads them, a DuoAttention TSV with no values (empty, or only blank
-    and ``#`` lines, which ``np.loadtxt`` reads as an empty array) and a ``config.json`` beside it
-    that is not a JSON object (cut, or another file).
+    and ``#`` lines, which ``np.loadtxt`` reads as an empty array), one whose rows hold different
+    numbers of tab-separated values (named by line number, as ``np.loadtxt`` does not), and a
+    ``config.json`` beside it that is not a JSON object (cut, or another file).
 
     Raises:
         HeadprobeError: one line naming the file."""
@@ -198,9 +199,16 @@ def check_duo_files(tsv: Path) -> None:
         lines = tsv.read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError):
         return  # np.loadtxt's own refusal names it
-    if not any(line.split("#", 1)[0].strip() for line in lines):
+    rows = [(n, line.split("#", 1)[0]) for n, line in enumerate(lines, 1) if line.split("#", 1)[0].strip()]
+    if not rows:
         raise HeadprobeError(
             f"{tsv.name} holds no values (DuoAttention's file has one row per layer, one value per KV head)"
+        )
+    widths = [(n, len(text.split("\t"))) for n, text in rows]
+    if odd := next(((n, w) for n, w in widths if w != widths[0][1]), None):
+        raise HeadprobeError(
+            f"{tsv.name} line {odd[0]} has {odd[1]} values where line {widths[0][0]} has {widths[0][1]} "
+            "(DuoAttention's file has one row per layer, one tab-separated value per KV head)"
         )
     config = tsv.parent / DUO_CONFIG
     if config.is_file() and not isinstance(load_json(config), dict):

@@ -117,10 +117,17 @@ def test_no_verdict_and_one_layer_models():
 # ---------------------------------------------------------------------------------------------
 
 
+def _unloadable(d: Path) -> Path:
+    """A folder that looks like a model (config.json, a weights file) but does not load."""
+    (d / "config.json").write_text('{"model_type": "no_such_architecture"}')
+    (d / "model.safetensors").write_bytes(b"")
+    return d
+
+
 @pytest.fixture(scope="module")
 def atlas_run(tiny_dir, gpt2_dir, text_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("atlas") / "a"
-    models = [str(tiny_dir), str(tmp_path_factory.mktemp("empty")), str(gpt2_dir)]  # the middle one is not a model
+    models = [str(tiny_dir), str(_unloadable(tmp_path_factory.mktemp("bad"))), str(gpt2_dir)]  # the middle one fails
     with pytest.MonkeyPatch.context() as mp:  # every figure format, which a test checks (conftest: PNG only)
         mp.delenv(FIGURE_FORMATS_ENV)
         code = main(["atlas", "--models", *models, "--out", str(out), "--text", str(text_file), *SMALL_FLAGS])
@@ -149,7 +156,7 @@ def test_atlas_records_a_failing_model_and_goes_on(atlas_run):
     summary = json.loads((out / "summary.json").read_text())
     status = {m: r["status"] for m, r in summary["models"].items()}
     assert status == {models[0]: "scanned", models[1]: "failed", models[2]: "scanned"}
-    assert "config.json" in summary["models"][models[1]]["error"] and "\n" not in summary["models"][models[1]]["error"]
+    assert "cannot load model" in summary["models"][models[1]]["error"] and "\n" not in summary["models"][models[1]]["error"]
     types = atlas_lib.table_types(pd.read_csv(out / "atlas.csv"))
     assert set(types) == {
         "previous_token",
@@ -319,7 +326,7 @@ def test_colliding_and_hostile_model_names_keep_their_own_folders(tiny_dir, gpt2
     "argv, message",
     [
         (["atlas", "--model", "x"], "--models"),
-        (["atlas", "--models", "a", "--checkpoints", "/nonexistent"], "checkpoints/step-"),
+        (["atlas", "--models", "a", "--checkpoints", "/nonexistent"], "--checkpoints /nonexistent: no such folder"),
         (["atlas", "--models", "a", "a"], "named twice"),
         (["atlas", "--models", "a", "--n-random", "0"], "n-random"),
     ],
@@ -331,6 +338,53 @@ def test_bad_atlas_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys)
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
+
+
+def test_checkpoints_folder_without_snapshots_says_so(tmp_path, capsys):
+    """An existing folder with no snapshots is told apart from a missing one."""
+    (tmp_path / "run").mkdir()
+    _atlas_refused(["--models", "a", "--checkpoints", str(tmp_path / "run")], tmp_path / "o", "no checkpoints/step-*", capsys)
+
+
+def _atlas_refused(argv, out: Path, message: str, capsys, loaded: bool = False) -> str:
+    """``headprobe atlas ARGV --out OUT``: exit 2 and one ``headprobe: error:`` line holding
+    ``message``: the only stderr line, or (``loaded``: models were tried) the last, after the
+    loading progress and the loader's warnings, with no traceback."""
+    capsys.readouterr()
+    code = main(["atlas", *argv, "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and (loaded or len(err) == 1) and "Traceback" not in "".join(err), (code, err)
+    assert [x for x in err if x.startswith("headprobe: error:")] == err[-1:] and message in err[-1], err
+    return err[-1]
+
+
+def test_every_model_that_cannot_be_found_is_named_before_any_scan(tiny_dir, tmp_path, capsys, monkeypatch):
+    """Offline, two hub names not in the cache and a folder without config.json among a local
+    model: one line names all three (not only the first), before anything is trained, loaded or written."""
+    from headprobe.probe.backends import sources
+
+    monkeypatch.setattr(sources, "_hub_reachable", lambda *a, **k: False)
+    (tmp_path / "empty").mkdir()
+    missing = ["nosuch-org/model-a", "nosuch-org/model-b", str(tmp_path / "empty")]
+    line = _atlas_refused(["--models", str(tiny_dir), *missing, "toy"], tmp_path / "o", missing[0], capsys)
+    assert all(f"{m}: " in line for m in missing) and str(tiny_dir) not in line
+    assert "not in the local Hugging Face cache" in line and "no config.json" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_atlas_where_every_model_fails_writes_nothing(tmp_path, capsys):
+    """Every model is found but fails to load: one line naming each, exit 2, no output folder; in
+    an existing folder, no new file."""
+    models = [_unloadable(tmp_path / f"bad{i}") for i in (1, 2) if not (tmp_path / f"bad{i}").mkdir()]
+    argv = ["--models", *map(str, models), *SMALL_FLAGS]
+    line = _atlas_refused(argv, tmp_path / "o", "every model failed", capsys, loaded=True)
+    assert all(f"{m}: cannot load model" in line for m in models)
+    assert not (tmp_path / "o").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    _atlas_refused([*argv, "--overwrite"], kept, "every model failed", capsys, loaded=True)
+    assert sorted(p.name for p in kept.rglob("*")) == ["notes.txt"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -419,6 +419,9 @@ def _odd_file(case: str, d: Path) -> tuple[Path, list[str]]:
         np.savetxt(d / "full_attention_heads.tsv", np.full((2, 2), 0.5), delimiter="\t")
         (d / "config.json").write_text("[4, 8]")
         return d / "full_attention_heads.tsv", []
+    if case == "ragged tsv":
+        (d / "full_attention_heads.tsv").write_text("1\t0\t0\t1\n0\t1\t0\t0\n# a comment\n\n1\t0\t1\n")
+        return d / "full_attention_heads.tsv", []
     if case in ("400 digits", "1e400"):
         (d / "h.json").write_text('{"0-1": [' + ("9" * 400 if case == "400 digits" else "1e400") + "]}")
         return d / "h.json", []
@@ -442,6 +445,7 @@ ODD = {
     "empty tsv": "no values",
     "cut config.json": "config.json",
     "config.json not an object": "config.json",
+    "ragged tsv": "line 5 has 3 values where line 1 has 4",
     "400 digits": "not a finite number",
     "1e400": "not a finite number",
     "400 digits in a graph": "not a finite number",
@@ -640,3 +644,50 @@ def test_export_overwrite_names_the_files_it_kept_as_every_command_does(runs, tm
     stdout = capsys.readouterr().out
     assert (out / "notes.txt").read_text() == "mine"
     assert stdout.rstrip().splitlines()[-1] == f"kept 1 file that no headprobe run recorded in {out}/: notes.txt"
+
+
+def test_import_says_when_a_set_that_fills_a_layer_has_no_layer_matched_control(tmp_path, tiny_dir, text_file):
+    """The tiny GQA Llama (2 layers x 8 heads): a set of all 8 heads of layer 0 leaves layer 0 no
+    head for a layer-matched control, so every control head comes from layer 1. By hand: the one
+    control set is layer 1's 8 heads; the report (what the command prints) says so in a NOTE, as
+    scan's does, and the result keeps it."""
+    from headprobe.commands.import_heads import import_heads
+
+    path = tmp_path / "heads.txt"
+    path.write_text(",".join(f"0.{h}" for h in range(8)) + "\n")
+    small = dict(text=str(text_file), device="cpu", n_random=4, seq_len=16, n_natural=2, period=6, n_repeated=2)
+    result = import_heads(str(tiny_dir), heads_file=str(path), **small)
+    assert all(sorted(s) == [f"1.{h}" for h in range(8)] for v in result.verifications for s in v.random_heads)
+    notes = [x for x in result.report().splitlines() if x.startswith("NOTE: ") and "layer matching" in x]
+    assert len(notes) == 1 and "8 of layer 0's from layer 1" in notes[0], result.report()
+    assert any("8 of layer 0's from layer 1" in n for n in result.notes)
+
+
+EXPORT_FLAGS_THAT_CANNOT_APPLY = [
+    ("kv", ["--format", "headkv", "--score", "induction"], "--score"),
+    ("kv", ["--format", "duo", "--sink", "64", "--recent", "512"], "--sink"),
+    ("kv", ["--format", "duo", "--recent", "512"], "--recent"),
+    ("circuit", ["--format", "mib", "--score", "score"], "--score"),
+    ("circuit", ["--sink", "8"], "--sink"),
+    ("scan", ["--format", "parquet", "--score", "induction"], "--score"),
+    ("scan", ["--format", "headkv", "--sink", "8"], "--sink"),
+]
+
+
+@pytest.mark.parametrize("kind, flags, named", EXPORT_FLAGS_THAT_CANNOT_APPLY)
+def test_an_export_flag_that_cannot_apply_is_refused_in_one_line(kind, flags, named, runs, tmp_path, capsys):
+    """A flag the source or format has no use for (a kv policy's own sink and recent sizes, a
+    score column for a kv or circuit folder or for Parquet, which writes every column) would be
+    dropped without a word: refused in one line naming it, and nothing is written."""
+    out = tmp_path / "o"
+    code, err = _cli(["export", "--from", str(runs / kind), "--out", str(out), *flags], capsys)
+    _one_line(code, err, named)
+    assert not out.exists()
+
+
+def test_export_sink_and_recent_apply_to_a_scan_source(runs, tmp_path):
+    """Given for a scan, --sink and --recent are the config.json DuoAttention reads (kvpress's
+    loader as the reference); left out, DuoAttention's defaults 128 and 256."""
+    given = _export(runs / "scan", tmp_path / "given", "--format", "duo", "--sink", "64", "--recent", "512")
+    default = _export(runs / "scan", tmp_path / "default", "--format", "duo")
+    assert kvpress_load(given)[:2] == (64, 512) and kvpress_load(default)[:2] == (128, 256)

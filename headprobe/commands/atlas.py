@@ -6,10 +6,13 @@ with everything scan writes), one after the other, the model freed before the ne
 run is resumable per model: a model whose directory holds a complete scan with the same settings
 (``atlas_scan.json``, written after the scan's files) is not scanned again when the command is
 started again -- after an interruption, or with ``--overwrite`` and more models to add to a
-finished atlas (delete ``OUT/models/NAME`` to force a new scan); a model that fails (not in the cache,
-an architecture the self-check refuses, ...) is recorded with its one-line error in summary.json
-and the others go on. Then it writes ``atlas.csv`` (every head of every model, see
-:mod:`headprobe.analyses.atlas`), one figure per head type (``atlas_<type>``), the overview
+finished atlas (delete ``OUT/models/NAME`` to force a new scan). Every model is looked up before
+anything runs: names that cannot be found (a missing path, a folder without config.json or weights;
+with the hub unreachable, a name not in the local cache) are refused together in one line. A model
+that is found but fails (weights it cannot read, an architecture the self-check refuses, ...) is
+recorded with its one-line error in summary.json and the others go on; when every model fails,
+nothing is written and the errors are one line. Then it writes ``atlas.csv`` (every head of every
+model, see :mod:`headprobe.analyses.atlas`), one figure per head type (``atlas_<type>``), the overview
 figure ``atlas`` and, for checkpoints, ``over_training``.
 
 Models: names and paths as ``--model`` takes them, plus ``toy``: a small attention-only model that
@@ -253,8 +256,7 @@ class AtlasConfig(ModelSettings, DataSettings):
         (label ``step N``), then the models (or the defaults).
 
         Raises:
-            HeadprobeError: a model named twice, or a name that names no model (an unknown name, a
-                missing path: :func:`headprobe.options.check_model`, before anything loads or is written).
+            HeadprobeError: a model named twice, or names that name no model (:func:`check_models_found`).
         """
         out: list[tuple[str, str, int | None]] = []
         if self.checkpoints is not None:
@@ -266,10 +268,32 @@ class AtlasConfig(ModelSettings, DataSettings):
             raise HeadprobeError(
                 f"a model is named twice: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}"
             )
-        for m in models:  # a path that exists but does not load is recorded as failed by run, and the atlas goes on
-            if m != TOY and not Path(m).expanduser().exists():
-                options.check_model(m)
+        check_models_found(models)
         return out
+
+
+def check_models_found(models: Sequence[str]) -> None:
+    """Refuse, before anything is trained, loaded or written, every model that cannot be found
+    (:func:`headprobe.options.check_model`: an unknown name, a missing path, a folder without
+    config.json or weights, with the hub unreachable a name not in the local cache). A model found
+    that then fails to load is left to the run, which records it as failed and goes on.
+
+    Raises:
+        HeadprobeError: one line naming each such model and why."""
+    missing = []
+    for m in models:
+        if m != TOY:
+            try:
+                options.check_model(m)
+            except HeadprobeError as e:
+                missing.append((m, str(e).splitlines()[0]))
+    if len(missing) == 1:
+        raise HeadprobeError(missing[0][1])
+    if missing:
+        raise HeadprobeError(
+            f"{len(missing)} of the models cannot be found, so nothing was scanned: "
+            + "; ".join(f"{m}: {why}" for m, why in missing)
+        )
 
 
 def default_models() -> tuple[str, ...]:
@@ -286,8 +310,13 @@ def snapshot_dirs(run: str | Path) -> list[tuple[int, Path]]:
     """``(step, directory)`` of every snapshot of a ``headprobe train --save-every`` run, in step order.
 
     Raises:
-        HeadprobeError: ``run`` has no ``checkpoints/step-*`` directories.
+        HeadprobeError: ``run`` is not a folder, or has no ``checkpoints/step-*`` directories.
     """
+    if not Path(run).is_dir():
+        what = "not a folder" if Path(run).exists() else "no such folder"
+        raise HeadprobeError(
+            f"--checkpoints {run}: {what}; give the --out folder of headprobe train --save-every N"
+        )
     root = Path(run) / "checkpoints"
     found = sorted(
         (int(m.group(1)), d) for d in root.glob("step-*") if d.is_dir() and (m := re.fullmatch(r"step-(\d+)", d.name))
@@ -391,8 +420,7 @@ def main(args: argparse.Namespace, config: AtlasConfig) -> int:
     )
     if kept := options.kept_line(result.out):
         print(kept)
-    n_failed = sum(m["status"] == "failed" for m in result.models.values())
-    return 1 if n_failed == len(result.models) else 0
+    return 0  # every model failed: run raised, and wrote nothing
 
 
 COMMAND = Command(

@@ -211,11 +211,13 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     """Scan every model of ``config`` into ``out`` and write the atlas (see the module docstring).
 
     Raises:
-        HeadprobeError: bad settings, or ``out`` not writable / holding another run's files
-            without ``overwrite``. A model that fails is recorded, not raised.
+        HeadprobeError: bad settings, ``out`` not writable / holding another run's files without
+            ``overwrite``, or every model failed (one line naming each error; nothing new is left
+            in ``out``). A model that fails among others that do not is recorded, not raised.
     """
     t_start = time.perf_counter()
     models = config.model_list()
+    before = set(Path(out).rglob("*")) if Path(out).is_dir() else None  # what a run where all fail leaves
     out = prepare_output_dir(out, overwrite, resumable=True)
     # where the models run is not part of the key: a run resumed on another device (or split) reads the same checkpoint
     ckpt = RunCheckpoint(
@@ -246,6 +248,12 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
             summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
             parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
             rules.append(atlas_lib.scan_rule(summary))
+    if records and all(r["status"] == "failed" for r in records.values()):
+        _remove_new(out, before)
+        raise HeadprobeError(
+            "every model failed, so no atlas was written: "
+            + "; ".join(f"{label}: {r['error']}" for label, r in records.items())
+        )
     table = atlas_lib.atlas_table(parts) if parts else pd.DataFrame(columns=list(atlas_lib.ID_COLUMNS))
     result = AtlasResult(
         config, table, records, out, seconds=time.perf_counter() - t_start, rules=[r for r in rules if r is not None]
@@ -265,6 +273,21 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     ckpt.clear()
     result.files = files
     return result
+
+
+def _remove_new(out: Path, before: set[Path] | None) -> None:
+    """Remove what this run put in ``out``: the folder itself where it did not exist (``before``
+    None), else every path not in ``before``, deepest first."""
+    import shutil
+
+    if before is None:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for p in sorted(set(out.rglob("*")) - before, key=lambda p: len(p.parts), reverse=True):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def atlas(*, out: str | Path, overwrite: bool = False, progress: bool = False, **config_fields) -> AtlasResult:

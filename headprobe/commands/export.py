@@ -39,6 +39,8 @@ __getattr__ = lazy_names(__name__, "headprobe.commands.export_core", _CORE)
 
 HELP = "write a scan, kv or circuit folder as DuoAttention, HeadKV, MIB/EAP-IG or Parquet files for other tools"
 CHOICES = (*FORMATS, "all")
+DUO_SINK, DUO_RECENT = 128, 256
+"""``sink_size`` and ``recent_size`` written for a scan source when ``--sink`` / ``--recent`` are not given."""
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,11 @@ class ExportConfig:
         to: ``out``'s deprecated alias (flag ``--to``, removed in the next release).
         format: ``duo``, ``headkv``, ``mib``, ``parquet`` or ``all`` (every one the source has).
         score: a scan's column written as DuoAttention values and HeadKV scores (None:
-            ``retrieval`` where the scan computed it, else ``induction``).
-        sink: DuoAttention's ``sink_size`` for a scan source (a kv folder's policy gives its own;
-            default DuoAttention's).
-        recent: DuoAttention's ``recent_size``, likewise.
+            ``retrieval`` where the scan computed it, else ``induction``); refused for a kv or
+            circuit folder and for formats without a score (Parquet writes every column).
+        sink: DuoAttention's ``sink_size`` for a scan source's duo files (None: :data:`DUO_SINK`);
+            refused for a kv folder (its policy gives its own) and without the duo format.
+        recent: DuoAttention's ``recent_size``, likewise (None: :data:`DUO_RECENT`).
         overwrite: replace the files of a non-empty ``out``.
 
     Raises:
@@ -90,10 +93,14 @@ class ExportConfig:
         "a scan's column for the DuoAttention and HeadKV files (default: retrieval, else induction)",
         metavar="COLUMN",
     )
-    sink: int = setting(
-        128, "DuoAttention sink_size for a scan source (a kv policy gives its own; default %(default)s)", type=int
+    sink: int | None = setting(
+        None,
+        f"DuoAttention sink_size for a scan source's duo files (default {DUO_SINK}; a kv policy gives its own)",
+        type=int,
     )
-    recent: int = setting(256, "DuoAttention recent_size for a scan source (default %(default)s)", type=int)
+    recent: int | None = setting(
+        None, f"DuoAttention recent_size for a scan source's duo files (default {DUO_RECENT})", type=int
+    )
     overwrite: bool = setting(False, "replace files in a non-empty --out folder", action="store_true")
 
     def __post_init__(self):
@@ -105,7 +112,7 @@ class ExportConfig:
             object.__setattr__(self, "out", self.to)
         if self.format not in CHOICES:
             raise HeadprobeError(f"--format must be one of {', '.join(CHOICES)}, got {self.format!r}")
-        if self.sink < 0 or self.recent < 1:
+        if (self.sink is not None and self.sink < 0) or (self.recent is not None and self.recent < 1):
             raise HeadprobeError(f"--sink must be >= 0 and --recent >= 1, got {self.sink} and {self.recent}")
 
 

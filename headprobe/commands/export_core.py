@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from headprobe.analyses import exchange as ex
-from headprobe.commands.export import HELP, ExportConfig  # noqa: F401 - the light module's names, re-exported
+from headprobe.commands.export import DUO_RECENT, DUO_SINK, HELP, ExportConfig  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
 
 SUPPORTED = {"scan": ("duo", "headkv", "parquet"), "kv": ("duo", "headkv", "parquet"), "circuit": ("mib", "parquet")}
@@ -315,7 +315,8 @@ def duo_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
         column = _score_column(src, cfg.score)
         grid = src.table.groupby(["layer", "kv_head"])[column].max().unstack().sort_index()
         values = grid.fillna(0.0).clip(0.0, 1.0).to_numpy().tolist()
-        sink, recent = cfg.sink, cfg.recent
+        sink = DUO_SINK if cfg.sink is None else cfg.sink
+        recent = DUO_RECENT if cfg.recent is None else cfg.recent
         how = f"scan column {column}: the max over each KV group's query heads, clipped to [0, 1], NaN as 0"
     return {
         ex.DUO_TSV: ex.duo_text(values),
@@ -477,6 +478,7 @@ def run(config: ExportConfig) -> ExportResult:
             f"--format {config.format} needs a {' or '.join(k for k, v in SUPPORTED.items() if config.format in v)} "
             f"folder; {src.path} is a {src.kind} run"
         )
+    check_flags_apply(config, src, formats)
     files: dict = {}
     notes = {}
     for fmt in formats:
@@ -484,6 +486,32 @@ def run(config: ExportConfig) -> ExportResult:
         files.update(made)
         notes[fmt] = how
     return ExportResult(config, src, files, notes)
+
+
+def check_flags_apply(config: ExportConfig, src: Source, formats: tuple[str, ...]) -> None:
+    """Refuse a flag that nothing written would use: ``--score`` but for a scan's duo or headkv
+    files, ``--sink`` / ``--recent`` but for a scan's duo files (a kv policy has its own).
+
+    Raises:
+        HeadprobeError: one line naming the flag and why it cannot apply."""
+    given = [f for f, v in (("--sink", config.sink), ("--recent", config.recent)) if v is not None]
+    if given and src.kind == "kv" and "duo" in formats:
+        raise HeadprobeError(
+            f"{' and '.join(given)}: {src.path} is a kv run, whose policy.json gives its own sink and recent "
+            "sizes (written as sink_size and recent_size); leave them out, or run headprobe kv with other ones"
+        )
+    if given and (src.kind != "scan" or "duo" not in formats):
+        raise HeadprobeError(
+            f"{' and '.join(given)}: for a scan folder's duo files; --format {config.format} of a {src.kind} run "
+            f"writes {', '.join(formats)}, which have no sink or recent size"
+        )
+    if config.score is not None and (src.kind != "scan" or not {"duo", "headkv"} & set(formats)):
+        why = (
+            f"{src.path} is a {src.kind} run, which has one score"
+            if src.kind != "scan"
+            else f"--format {config.format} writes every score column"
+        )
+        raise HeadprobeError(f"--score {config.score}: for a scan folder's duo and headkv files; {why}")
 
 
 def export(source: str, out: str | None = None, *, to: str | None = None, **fields) -> ExportResult:

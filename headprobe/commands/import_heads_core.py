@@ -37,6 +37,8 @@ class ImportResult:
     seconds: float = 0.0
     load_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    """What the flags did not do with this file, and the verification's notes (a layer whose
+    heads are all under test, so its layer-matched controls come from the nearest layers)."""
 
     def report(self) -> str:
         """The heads read and each verdict, with what a NOT CONFIRMED one fell short of (the
@@ -147,9 +149,8 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
         say=scan_core._say,
     )
     kv = measure_policy(model, cfg, hf) if config.measure_kv else None
-    return ImportResult(
-        config, hf, heads, verifications, design, kv, time.perf_counter() - t0, notes=_notes(config, hf)
-    )
+    notes = [*_notes(config, hf), *design.get("notes", [])]  # the verification's, as scan prints them
+    return ImportResult(config, hf, heads, verifications, design, kv, time.perf_counter() - t0, notes=notes)
 
 
 def _head_file(model: LoadedModel, config: ImportConfig) -> ex.HeadFile:
