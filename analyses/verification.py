@@ -195,7 +195,11 @@ def layer_matched_sets(
 
     n_sets = math.prod(math.comb(len(pool), n) for pool, n in parts)
     sets = distinct_sets(draw, every, n_sets, n_draws, gen)
-    note = f"layer matching: too few heads outside those under test in some layers; drew {', '.join(moved)}" if moved else None
+    note = (
+        f"layer matching: too few heads outside those under test in some layers; drew {', '.join(moved)}"
+        if moved
+        else None
+    )
     return sets, note
 
 

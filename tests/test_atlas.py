@@ -156,7 +156,10 @@ def test_atlas_records_a_failing_model_and_goes_on(atlas_run):
     summary = json.loads((out / "summary.json").read_text())
     status = {m: r["status"] for m, r in summary["models"].items()}
     assert status == {models[0]: "scanned", models[1]: "failed", models[2]: "scanned"}
-    assert "cannot load model" in summary["models"][models[1]]["error"] and "\n" not in summary["models"][models[1]]["error"]
+    assert (
+        "cannot load model" in summary["models"][models[1]]["error"]
+        and "\n" not in summary["models"][models[1]]["error"]
+    )
     types = atlas_lib.table_types(pd.read_csv(out / "atlas.csv"))
     assert set(types) == {
         "previous_token",
@@ -343,7 +346,9 @@ def test_bad_atlas_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys)
 def test_checkpoints_folder_without_snapshots_says_so(tmp_path, capsys):
     """An existing folder with no snapshots is told apart from a missing one."""
     (tmp_path / "run").mkdir()
-    _atlas_refused(["--models", "a", "--checkpoints", str(tmp_path / "run")], tmp_path / "o", "no checkpoints/step-*", capsys)
+    _atlas_refused(
+        ["--models", "a", "--checkpoints", str(tmp_path / "run")], tmp_path / "o", "no checkpoints/step-*", capsys
+    )
 
 
 def _atlas_refused(argv, out: Path, message: str, capsys, loaded: bool = False) -> str:

@@ -314,9 +314,7 @@ def snapshot_dirs(run: str | Path) -> list[tuple[int, Path]]:
     """
     if not Path(run).is_dir():
         what = "not a folder" if Path(run).exists() else "no such folder"
-        raise HeadprobeError(
-            f"--checkpoints {run}: {what}; give the --out folder of headprobe train --save-every N"
-        )
+        raise HeadprobeError(f"--checkpoints {run}: {what}; give the --out folder of headprobe train --save-every N")
     root = Path(run) / "checkpoints"
     found = sorted(
         (int(m.group(1)), d) for d in root.glob("step-*") if d.is_dir() and (m := re.fullmatch(r"step-(\d+)", d.name))
