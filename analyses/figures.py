@@ -1212,18 +1212,10 @@ def quality_vs_kv(
                 lw=0.8,
                 label=text,
             )
-    span = max(float(np.ptp(loss)), 1e-9)
-    for x, y, t in zip(kv, loss, labels):
-        # a label whose right-hand neighbour sits at about the same height goes on the left
-        crowded = np.any((kv > x) & (kv < 1.45 * x) & (np.abs(loss - y) < 0.1 * span))
-        ax.annotate(
-            t,
-            (x, y),
-            xytext=(-3, 3) if crowded else (3, 3),
-            textcoords="offset points",
-            fontsize=5.5,
-            ha="right" if crowded else "left",
-        )
+    notes = [
+        ax.annotate(t, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=5.5, ha="left", va="bottom")
+        for x, y, t in zip(kv, loss, labels)
+    ]
     ax.set_xscale("log", base=2)
     ax.margins(x=0.1, y=0.12)  # room for the labels of the outermost points
     ax.xaxis.set_major_formatter(lambda x, _: f"{x:g}")  # 32, 64, ... rather than 2^5, 2^6
@@ -1232,7 +1224,47 @@ def quality_vs_kv(
     ax.set_title(title)
     if not formed.all():
         ax.legend(frameon=False, fontsize=5.5, title="bars: seed range", title_fontsize=5.5)
+    _wrap_titles(fig)  # the final layout, before the labels are measured
+    _place_point_labels(fig, notes)
     return fig
+
+
+_LABEL_SPOTS = [
+    (3 * side, dy, "left" if side > 0 else "right", "bottom" if dy > 0 else "top")
+    for far in (0, 9, 18, 27)
+    for side in (1, -1)
+    for dy in (3 + far, -3 - far)
+]
+"""Offsets (points) and alignments :func:`_place_point_labels` tries for a point's label, nearest first."""
+
+
+def _place_point_labels(fig: Figure, notes, gap_px: float = 1.0) -> None:
+    """Move each annotation of ``notes`` (text beside a data point, offset in points) to the first
+    spot of :data:`_LABEL_SPOTS` where its box keeps ``gap_px`` pixels from every label placed
+    before it and stays inside the axes, else where it overlaps the fewest: two variants with the
+    same KV cache and nearly the same loss printed their names over each other. The figure is laid
+    out once to measure (``draw_without_rendering``)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    fig.draw_without_rendering()
+    renderer, placed = canvas.get_renderer(), []
+    for note in notes:
+        room = note.axes.get_window_extent(renderer)
+        best = None
+        for dx, dy, ha, va in _LABEL_SPOTS:
+            note.xyann = (dx, dy)
+            note.set(ha=ha, va=va)
+            box = note.get_window_extent(renderer).padded(gap_px)
+            clashes = sum(box.overlaps(b) for b in placed) + 0.5 * (box.x0 < room.x0 or box.x1 > room.x1)
+            if best is None or clashes < best[0]:
+                best = (clashes, dx, dy, ha, va)
+            if clashes == 0:
+                break
+        _, dx, dy, ha, va = best
+        note.xyann = (dx, dy)
+        note.set(ha=ha, va=va)
+        placed.append(note.get_window_extent(renderer))
 
 
 POSITIVE_COLOR, NEGATIVE_COLOR = "#B2182B", "#2166AC"

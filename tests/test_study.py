@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -212,3 +213,25 @@ def test_commands_do_not_import_each_other():
         check=True,
     )
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.figures
+def test_layouts_figure_labels_do_not_overlap(tmp_path):
+    """The default layouts study puts MQA and MLA r=8 at the same KV cache (64 B/token) with nearly
+    the same loss: their labels, and every other pair, must not cover each other."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from headprobe.analyses import figures
+
+    labels = ["MHA", "GQA 4 groups", "GQA 2 groups", "MQA", "MLA r=4", "MLA r=6", "MLA r=8", "MLA r=16"]
+    kv = np.array([512, 256, 128, 64, 48, 56, 64, 96], dtype=float)
+    loss = np.array([2.85, 2.87, 2.89, 2.908, 2.95, 2.93, 2.906, 2.88])
+    fig = figures.quality_vs_kv(labels, kv, loss, loss - 0.01, loss + 0.01, "8 heads", formed=loss < 2.9)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes = {t.get_text(): t.get_window_extent(renderer) for t in fig.axes[0].texts}
+    assert sorted(boxes) == sorted(labels)
+    clashes = [(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :] if boxes[a].overlaps(boxes[b])]
+    assert clashes == []
+    fig.savefig(tmp_path / "quality_vs_kv.png", dpi=200)
