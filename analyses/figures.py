@@ -1190,14 +1190,15 @@ def quality_vs_kv(
     formed: np.ndarray | None = None,
 ) -> Figure:
     """Held-out loss (nats, mean with the seed range) against KV cache per token (bytes, log x).
-    With ``formed`` (one bool per variant), variants whose induction heads did not form are drawn
-    as open circles and the legend says so."""
+    With ``formed`` (one bool per variant: some head's induction score above 0.5 in every seed),
+    the other variants are drawn as open circles and the legend says so."""
     fig = _figure(COLUMN_WIDTH, 2.6)
     ax = fig.add_subplot()
     kv, loss = np.asarray(kv_bytes, dtype=float), np.asarray(loss, dtype=float)
     lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
     formed = np.ones(len(kv), dtype=bool) if formed is None else np.asarray(formed, dtype=bool)
-    for mask, face, text in ((formed, "#0072B2", "induction heads formed"), (~formed, "white", "no induction heads")):
+    keys = ((formed, "#0072B2", "induction > 0.5 in every seed"), (~formed, "white", "not in every seed"))
+    for mask, face, text in keys:
         if mask.any():
             ax.errorbar(
                 kv[mask],

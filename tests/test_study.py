@@ -70,20 +70,35 @@ def test_study_copy_corpus(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "extra, message",
+    "which, extra, message",
     [
-        (["--seeds", "a"], "comma-separated"),
-        (["--ranks", "0"], "positive"),
-        (["--n-heads-list", "3"], "not a multiple of n_heads=3"),
-        (["--rope", "3"], "--rope"),
-        (["--copy-fraction", "2"], "--copy-fraction"),
-        (["--seq-len", "10"], "--max-period 16 does not fit"),
+        ("heads", ["--seeds", "a"], "comma-separated"),
+        ("layouts", ["--ranks", "0"], "positive"),
+        ("heads", ["--n-heads-list", "3"], "not a multiple of n_heads=3"),
+        ("layouts", ["--rope", "3"], "--rope"),
+        ("heads", ["--copy-fraction", "2"], "--copy-fraction"),
+        # a duplicate seed trained the same model twice and reported a seed spread of 0
+        ("heads", ["--seeds", "0,0"], "--seeds lists 0 more than once"),
+        ("layouts", ["--ranks", "2,2"], "--ranks lists 2 more than once"),
+        ("heads", ["--n-heads-list", "1,2,1"], "--n-heads-list lists 1 more than once"),
+        # in study's own flags: study has no --max-period
+        ("heads", ["--seq-len", "2"], "--seq-len must be at least 33"),
+        ("heads", ["--seq-len", "32"], "--seq-len must be at least 33"),
+        # the same words as --rope's own check: the models use rotary positions, so 0 is refused too
+        ("layouts", ["--rope", "0"], "--rope must be an even positive integer"),
+        # a flag of the other study, or of the other corpus, is refused rather than ignored
+        ("heads", ["--ranks", "4"], "--ranks applies to study layouts only"),
+        ("heads", ["--rope", "8"], "--rope applies to study layouts only"),
+        ("heads", ["--n-heads", "4"], "--n-heads applies to study layouts only"),
+        ("layouts", ["--n-heads-list", "2,4"], "--n-heads-list applies to study heads only"),
+        ("heads", ["--corpus", "copy", "--copy-fraction", "0.5"], "--copy-fraction applies to --corpus text+copy only"),
     ],
 )
-def test_study_rejects_bad_input(tmp_path, capsys, extra, message):
-    assert _tiny("heads", tmp_path / "o", extra) == 2
+def test_study_rejects_bad_input(tmp_path, capsys, which, extra, message):
+    assert _tiny(which, tmp_path / "o", extra) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and message in err and not (tmp_path / "o").exists()
+    assert "--max-period" not in err and "qk_rope_head_dim" not in err  # no setting study does not take
 
 
 def test_api_study_matches_cli_and_trains_what_it_says(tmp_path, capsys):
@@ -162,8 +177,10 @@ def test_api_study_matches_cli_and_trains_what_it_says(tmp_path, capsys):
     "fields, message",
     [
         (dict(seeds=[-1]), "--seeds must list"),
-        (dict(ranks=[]), "--ranks must list"),
-        (dict(rope=3), "--rope"),
+        (dict(seeds=[1, 1]), "--seeds lists 1 more than once"),
+        (dict(ranks=[4]), "--ranks applies to study layouts only"),
+        (dict(rope=3), "--rope applies to study layouts only"),
+        (dict(corpus="copy", copy_fraction=0.5), r"--copy-fraction applies to --corpus text\+copy only"),
         (dict(n_heads_list=[3]), "not a multiple"),
     ],
 )
