@@ -41,7 +41,7 @@ import pandas as pd
 from headprobe.analyses import figures
 from headprobe.analyses.train_config import INDUCTION_FORMED, N_CHARS, TrainConfig
 from headprobe.commands import Command
-from headprobe.options import kept_line, out_as_it_was
+from headprobe.options import check_fields, kept_line, out_as_it_was
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import prepare_output_dir, summary_envelope
 from headprobe.probe.layout.cost import (
@@ -512,9 +512,10 @@ def study(which: str, *, progress: bool = False, **config_fields) -> StudyResult
     ``StudyConfig(which, **config_fields)`` (see :class:`StudyConfig` for every field and its default).
 
     Raises:
-        TypeError: an unknown field.
+        TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
         HeadprobeError: as :func:`run`.
     """
+    check_fields(StudyConfig, config_fields, "study", positional=("which",))
     return run(StudyConfig(which, **config_fields), progress=progress)
 
 
