@@ -48,6 +48,12 @@ def test_study_layouts(tmp_path):
     ]
     s = json.loads((tmp_path / "study.json").read_text())
     assert s["mla_below_one_eighth"] is None  # 16 B is exactly 1/8 of MHA's 128 B, not below
+    # integers as integers; MLA caches a latent, not per-head keys: no KV-head count for it
+    rows = (tmp_path / "results.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    cells = [dict(zip(header, r.split(","))) for r in rows[1:]]
+    assert [c["kv_lora_rank"] for c in cells] == ["", "", "", "2"]
+    assert [c["n_kv_heads"] for c in cells] == ["4", "2", "1", ""]
     assert (tmp_path / "quality_vs_kv.png").is_file() and (tmp_path / "quality_vs_kv.pdf").is_file()
 
 
@@ -252,3 +258,38 @@ def test_layouts_figure_labels_do_not_overlap(tmp_path):
     clashes = [(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :] if boxes[a].overlaps(boxes[b])]
     assert clashes == []
     fig.savefig(tmp_path / "quality_vs_kv.png", dpi=200)
+
+
+def test_study_records_the_device_it_used():
+    """``device="auto"`` is resolved: study.json and every results.csv row name the device that trained."""
+    import headprobe
+    from headprobe.probe.backends.loading import device_auto
+
+    result = headprobe.study(
+        "heads", steps=2, eval_every=2, seeds=[0], d_model=16, n_heads_list=[2], corpus="copy", device="auto"
+    )
+    assert result.config.device == "auto"
+    assert result.table["device"].tolist() == [device_auto("auto")]
+    assert result.summary()["device"] == device_auto("auto")
+
+
+def test_layouts_figure_fills_a_marker_by_study_json_rule(monkeypatch):
+    """A marker is filled when some head's induction score passed 0.5 in every seed (study.json's
+    ``induction_formed`` takes the minimum over seeds), not when the mean over seeds did."""
+    import headprobe.commands.study as study_command
+
+    seen = {}
+    monkeypatch.setattr(study_command.figures, "quality_vs_kv", lambda *a, **kw: seen.update(kw))
+    table = pd.DataFrame(
+        {
+            "variant": ["MHA", "MHA", "MQA", "MQA"],
+            "seed": [0, 1, 0, 1],
+            "corpus": "copy",
+            "kv_bytes_per_token": [128, 128, 32, 32],
+            "eval_loss": [3.0, 3.1, 3.2, 3.3],
+            "max_induction": [0.9, 0.2, 0.7, 0.6],  # MHA: mean 0.55, minimum 0.2
+        }
+    )
+    study_command.study_figure("layouts", table, "t")
+    in_every_seed = table.groupby("variant", sort=False)["max_induction"].apply(lambda x: all(x > 0.5))
+    assert seen["formed"].tolist() == in_every_seed.tolist() == [False, True]
