@@ -1249,22 +1249,18 @@ def _place_point_labels(fig: Figure, notes, gap_px: float = 1.0) -> None:
 
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     fig.draw_without_rendering()
-    renderer, placed = canvas.get_renderer(), []
-    for note in notes:
-        room = note.axes.get_window_extent(renderer)
-        best = None
-        for dx, dy, ha, va in _LABEL_SPOTS:
-            note.xyann = (dx, dy)
-            note.set(ha=ha, va=va)
-            box = note.get_window_extent(renderer).padded(gap_px)
-            clashes = sum(box.overlaps(b) for b in placed) + 0.5 * (box.x0 < room.x0 or box.x1 > room.x1)
-            if best is None or clashes < best[0]:
-                best = (clashes, dx, dy, ha, va)
-            if clashes == 0:
-                break
-        _, dx, dy, ha, va = best
+    renderer = canvas.get_renderer()
+    placed: list = []  # the boxes of the labels placed so far
+
+    def put(note, spot) -> float:  # move the label; its clashes (a label overlapped: 1, outside the axes: 0.5)
+        dx, dy, ha, va = spot
         note.xyann = (dx, dy)
         note.set(ha=ha, va=va)
+        box, room = note.get_window_extent(renderer).padded(gap_px), note.axes.get_window_extent(renderer)
+        return sum(box.overlaps(b) for b in placed) + 0.5 * (box.x0 < room.x0 or box.x1 > room.x1)
+
+    for note in notes:
+        put(note, min(_LABEL_SPOTS, key=lambda spot: put(note, spot)))  # the first spot with the fewest clashes
         placed.append(note.get_window_extent(renderer))
 
 

@@ -179,7 +179,7 @@ class StudyConfig:
         of 4..16 tokens, detectors on a repeated block of 12)."""
         return TrainConfig(
             d_model=self.d_model,
-            n_heads=self.n_heads if self.n_heads is not None else DEFAULTS["n_heads"],
+            n_heads=self.n_heads if self.n_heads is not None else TrainConfig.n_heads,  # heads: each variant's own
             steps=self.steps,
             eval_every=self.eval_every,
             device=self.device,
@@ -434,7 +434,9 @@ class StudyResult:
         ``train_s``, the runs' training time)."""
         c, table = self.config, self.table
         grid = (
-            {"n_heads_list": list(c.n_heads_list)} if c.which == "heads" else {"ranks": list(c.ranks), "rope": c.rope}
+            {"n_heads_list": list(c.n_heads_list or ())}
+            if c.which == "heads"
+            else {"ranks": list(c.ranks or ()), "rope": c.rope}
         )
         base = dataclasses.asdict(c.base())
         if c.which == "heads":
