@@ -1226,7 +1226,10 @@ def quality_vs_kv(
     if not formed.all():
         ax.legend(frameon=False, fontsize=5.5, title="bars: seed range", title_fontsize=5.5)
     _wrap_titles(fig)  # the final layout, before the labels are measured
-    _place_point_labels(fig, notes)
+    span = max(float(np.ptp(loss)), 1e-9)
+    # a label whose right-hand neighbour sits at about the same height tries the left first
+    left = [bool(np.any((kv > x) & (kv < 1.45 * x) & (np.abs(loss - y) < 0.1 * span))) for x, y in zip(kv, loss)]
+    _place_point_labels(fig, notes, left)
     return fig
 
 
@@ -1239,12 +1242,12 @@ _LABEL_SPOTS = [
 """Offsets (points) and alignments :func:`_place_point_labels` tries for a point's label, nearest first."""
 
 
-def _place_point_labels(fig: Figure, notes, gap_px: float = 1.0) -> None:
+def _place_point_labels(fig: Figure, notes, left: Sequence[bool], gap_px: float = 1.0) -> None:
     """Move each annotation of ``notes`` (text beside a data point, offset in points) to the first
-    spot of :data:`_LABEL_SPOTS` where its box keeps ``gap_px`` pixels from every label placed
-    before it and stays inside the axes, else where it overlaps the fewest: two variants with the
-    same KV cache and nearly the same loss printed their names over each other. The figure is laid
-    out once to measure (``draw_without_rendering``)."""
+    spot of :data:`_LABEL_SPOTS` (mirrored, left side first, where ``left`` says so) where its box
+    keeps ``gap_px`` pixels from every label placed before it and stays inside the axes, else where
+    it clashes least: two variants with the same KV cache and nearly the same loss printed their
+    names over each other. The figure is laid out once to measure (``draw_without_rendering``)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
@@ -1259,8 +1262,10 @@ def _place_point_labels(fig: Figure, notes, gap_px: float = 1.0) -> None:
         box, room = note.get_window_extent(renderer).padded(gap_px), note.axes.get_window_extent(renderer)
         return sum(box.overlaps(b) for b in placed) + 0.5 * (box.x0 < room.x0 or box.x1 > room.x1)
 
-    for note in notes:
-        put(note, min(_LABEL_SPOTS, key=lambda spot: put(note, spot)))  # the first spot with the fewest clashes
+    mirrored = [(-dx, dy, "right" if ha == "left" else "left", va) for dx, dy, ha, va in _LABEL_SPOTS]
+    for note, to_left in zip(notes, left):
+        spots = mirrored if to_left else _LABEL_SPOTS
+        put(note, min(spots, key=lambda spot: put(note, spot)))  # the first spot with the fewest clashes
         placed.append(note.get_window_extent(renderer))
 
 
