@@ -106,8 +106,8 @@ class StudyConfig:
     )
     """``"text+copy"``: the fraction of each batch that is copy sequences (None: 0.75); refused with
     ``corpus="copy"``."""
-    seq_len: int = setting(48, "tokens per sequence, BOS included (default %(default)s)", type=int)
-    """Tokens per sequence, BOS included."""
+    seq_len: int = setting(48, "tokens per sequence, BOS included; at least 33 (default %(default)s)", type=int)
+    """Tokens per sequence, BOS included; at least ``2 * 16 + 1`` (a copied segment reaches 16 tokens)."""
     batch_size: int = setting(32, "sequences per step (default %(default)s)", type=int)
     """Sequences per step."""
     lr: float = setting(3e-3, "AdamW learning rate (default %(default)s)", type=float)
