@@ -1190,14 +1190,15 @@ def quality_vs_kv(
     formed: np.ndarray | None = None,
 ) -> Figure:
     """Held-out loss (nats, mean with the seed range) against KV cache per token (bytes, log x).
-    With ``formed`` (one bool per variant), variants whose induction heads did not form are drawn
-    as open circles and the legend says so."""
+    With ``formed`` (one bool per variant: some head's induction score above 0.5 in every seed),
+    the other variants are drawn as open circles and the legend says so."""
     fig = _figure(COLUMN_WIDTH, 2.6)
     ax = fig.add_subplot()
     kv, loss = np.asarray(kv_bytes, dtype=float), np.asarray(loss, dtype=float)
     lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
     formed = np.ones(len(kv), dtype=bool) if formed is None else np.asarray(formed, dtype=bool)
-    for mask, face, text in ((formed, "#0072B2", "induction heads formed"), (~formed, "white", "no induction heads")):
+    keys = ((formed, "#0072B2", "induction > 0.5 in every seed"), (~formed, "white", "not in every seed"))
+    for mask, face, text in keys:
         if mask.any():
             ax.errorbar(
                 kv[mask],
@@ -1212,18 +1213,10 @@ def quality_vs_kv(
                 lw=0.8,
                 label=text,
             )
-    span = max(float(np.ptp(loss)), 1e-9)
-    for x, y, t in zip(kv, loss, labels):
-        # a label whose right-hand neighbour sits at about the same height goes on the left
-        crowded = np.any((kv > x) & (kv < 1.45 * x) & (np.abs(loss - y) < 0.1 * span))
-        ax.annotate(
-            t,
-            (x, y),
-            xytext=(-3, 3) if crowded else (3, 3),
-            textcoords="offset points",
-            fontsize=5.5,
-            ha="right" if crowded else "left",
-        )
+    notes = [
+        ax.annotate(t, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=5.5, ha="left", va="bottom")
+        for x, y, t in zip(kv, loss, labels)
+    ]
     ax.set_xscale("log", base=2)
     ax.margins(x=0.1, y=0.12)  # room for the labels of the outermost points
     ax.xaxis.set_major_formatter(lambda x, _: f"{x:g}")  # 32, 64, ... rather than 2^5, 2^6
@@ -1232,7 +1225,48 @@ def quality_vs_kv(
     ax.set_title(title)
     if not formed.all():
         ax.legend(frameon=False, fontsize=5.5, title="bars: seed range", title_fontsize=5.5)
+    _wrap_titles(fig)  # the final layout, before the labels are measured
+    span = max(float(np.ptp(loss)), 1e-9)
+    # a label whose right-hand neighbour sits at about the same height tries the left first
+    left = [bool(np.any((kv > x) & (kv < 1.45 * x) & (np.abs(loss - y) < 0.1 * span))) for x, y in zip(kv, loss)]
+    _place_point_labels(fig, notes, left)
     return fig
+
+
+_LABEL_SPOTS = [
+    (3 * side, dy, "left" if side > 0 else "right", "bottom" if dy > 0 else "top")
+    for far in (0, 9, 18, 27)
+    for side in (1, -1)
+    for dy in (3 + far, -3 - far)
+]
+"""Offsets (points) and alignments :func:`_place_point_labels` tries for a point's label, nearest first."""
+
+
+def _place_point_labels(fig: Figure, notes, left: Sequence[bool], gap_px: float = 1.0) -> None:
+    """Move each annotation of ``notes`` (text beside a data point, offset in points) to the first
+    spot of :data:`_LABEL_SPOTS` (mirrored, left side first, where ``left`` says so) where its box
+    keeps ``gap_px`` pixels from every label placed before it and stays inside the axes, else where
+    it clashes least: two variants with the same KV cache and nearly the same loss printed their
+    names over each other. The figure is laid out once to measure (``draw_without_rendering``)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    fig.draw_without_rendering()
+    renderer = canvas.get_renderer()
+    placed: list = []  # the boxes of the labels placed so far
+
+    def put(note, spot) -> float:  # move the label; its clashes (a label overlapped: 1, outside the axes: 0.5)
+        dx, dy, ha, va = spot
+        note.xyann = (dx, dy)
+        note.set(ha=ha, va=va)
+        box, room = note.get_window_extent(renderer).padded(gap_px), note.axes.get_window_extent(renderer)
+        return sum(box.overlaps(b) for b in placed) + 0.5 * (box.x0 < room.x0 or box.x1 > room.x1)
+
+    mirrored = [(-dx, dy, "right" if ha == "left" else "left", va) for dx, dy, ha, va in _LABEL_SPOTS]
+    for note, to_left in zip(notes, left):
+        spots = mirrored if to_left else _LABEL_SPOTS
+        put(note, min(spots, key=lambda spot: put(note, spot)))  # the first spot with the fewest clashes
+        placed.append(note.get_window_extent(renderer))
 
 
 POSITIVE_COLOR, NEGATIVE_COLOR = "#B2182B", "#2166AC"

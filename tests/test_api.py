@@ -352,6 +352,26 @@ def test_a_misspelt_setting_names_the_function_and_the_nearest_setting():
 
 
 @pytest.mark.parametrize(
+    ("name", "call", "keyword", "said"),
+    [
+        ("train", lambda **kw: headprobe.train(**kw), "stepz", "did you mean steps?"),
+        ("train", lambda **kw: headprobe.train(**kw), "data", "the flag --data is the setting periodic"),
+        ("study", lambda **kw: headprobe.study("heads", **kw), "step", "did you mean steps?"),
+        ("atlas", lambda **kw: headprobe.atlas(out="never-written", **kw), "toysteps", "did you mean toy_steps?"),
+        ("export", lambda **kw: headprobe.export("never-read", **kw), "fromat", "did you mean format?"),
+    ],
+    ids=["train", "train-flag", "study", "atlas", "export"],
+)
+def test_every_function_names_the_setting_meant(name, call, keyword, said, tmp_path, monkeypatch):
+    """train, study, atlas and export take their settings as keywords like scan: a misspelt one is
+    a TypeError naming the function and the setting meant, before anything runs."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match=rf"^{name}\(\) got an unknown setting '{keyword}'; {said}"):
+        call(**{keyword: 3})
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize(
     ("keyword", "said"),
     [
         ("fixed_draws", "the flag --fixed-draws is the setting sequential=False"),

@@ -130,7 +130,7 @@ def test_a_bad_flag_of_every_command_is_refused_before_torch_is_imported(tmp_pat
         (["ablate", "--heads", "5.x", "--out", "o"], "5.x"),
         (["prune", "--step-fraction", "2", "--out", "o"], "--step-fraction must be in (0, 1], got 2.0"),
         (["train", "--lr", "-1", "--out", "o"], "--lr must be a positive number, got -1.0"),
-        (["study", "layouts", "--rope", "3", "--out", "o"], "--rope must be an even non-negative integer, got 3"),
+        (["study", "layouts", "--rope", "3", "--out", "o"], "--rope must be an even positive integer"),
         (["atlas", "--model", "gpt2", "--out", "o"], "headprobe atlas takes --models (one or more), not --model"),
     ],
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -47,6 +48,12 @@ def test_study_layouts(tmp_path):
     ]
     s = json.loads((tmp_path / "study.json").read_text())
     assert s["mla_below_one_eighth"] is None  # 16 B is exactly 1/8 of MHA's 128 B, not below
+    # integers as integers; MLA caches a latent, not per-head keys: no KV-head count for it
+    rows = (tmp_path / "results.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    cells = [dict(zip(header, r.split(","))) for r in rows[1:]]
+    assert [c["kv_lora_rank"] for c in cells] == ["", "", "", "2"]
+    assert [c["n_kv_heads"] for c in cells] == ["4", "2", "1", ""]
     assert (tmp_path / "quality_vs_kv.png").is_file() and (tmp_path / "quality_vs_kv.pdf").is_file()
 
 
@@ -69,20 +76,35 @@ def test_study_copy_corpus(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "extra, message",
+    "which, extra, message",
     [
-        (["--seeds", "a"], "comma-separated"),
-        (["--ranks", "0"], "positive"),
-        (["--n-heads-list", "3"], "not a multiple of n_heads=3"),
-        (["--rope", "3"], "--rope"),
-        (["--copy-fraction", "2"], "--copy-fraction"),
-        (["--seq-len", "10"], "--max-period 16 does not fit"),
+        ("heads", ["--seeds", "a"], "comma-separated"),
+        ("layouts", ["--ranks", "0"], "positive"),
+        ("heads", ["--n-heads-list", "3"], "not a multiple of n_heads=3"),
+        ("layouts", ["--rope", "3"], "--rope"),
+        ("heads", ["--copy-fraction", "2"], "--copy-fraction"),
+        # a duplicate seed trained the same model twice and reported a seed spread of 0
+        ("heads", ["--seeds", "0,0"], "--seeds lists 0 more than once"),
+        ("layouts", ["--ranks", "2,2"], "--ranks lists 2 more than once"),
+        ("heads", ["--n-heads-list", "1,2,1"], "--n-heads-list lists 1 more than once"),
+        # in study's own flags: study has no --max-period
+        ("heads", ["--seq-len", "2"], "--seq-len must be at least 33"),
+        ("heads", ["--seq-len", "32"], "--seq-len must be at least 33"),
+        # the same words as --rope's own check: the models use rotary positions, so 0 is refused too
+        ("layouts", ["--rope", "0"], "--rope must be an even positive integer"),
+        # a flag of the other study, or of the other corpus, is refused rather than ignored
+        ("heads", ["--ranks", "4"], "--ranks applies to study layouts only"),
+        ("heads", ["--rope", "8"], "--rope applies to study layouts only"),
+        ("heads", ["--n-heads", "4"], "--n-heads applies to study layouts only"),
+        ("layouts", ["--n-heads-list", "2,4"], "--n-heads-list applies to study heads only"),
+        ("heads", ["--corpus", "copy", "--copy-fraction", "0.5"], "--copy-fraction applies to --corpus text+copy only"),
     ],
 )
-def test_study_rejects_bad_input(tmp_path, capsys, extra, message):
-    assert _tiny("heads", tmp_path / "o", extra) == 2
+def test_study_rejects_bad_input(tmp_path, capsys, which, extra, message):
+    assert _tiny(which, tmp_path / "o", extra) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and message in err and not (tmp_path / "o").exists()
+    assert "--max-period" not in err and "qk_rope_head_dim" not in err  # no setting study does not take
 
 
 def test_api_study_matches_cli_and_trains_what_it_says(tmp_path, capsys):
@@ -161,8 +183,10 @@ def test_api_study_matches_cli_and_trains_what_it_says(tmp_path, capsys):
     "fields, message",
     [
         (dict(seeds=[-1]), "--seeds must list"),
-        (dict(ranks=[]), "--ranks must list"),
-        (dict(rope=3), "--rope"),
+        (dict(seeds=[1, 1]), "--seeds lists 1 more than once"),
+        (dict(ranks=[4]), "--ranks applies to study layouts only"),
+        (dict(rope=3), "--rope applies to study layouts only"),
+        (dict(corpus="copy", copy_fraction=0.5), r"--copy-fraction applies to --corpus text\+copy only"),
         (dict(n_heads_list=[3]), "not a multiple"),
     ],
 )
@@ -212,3 +236,60 @@ def test_commands_do_not_import_each_other():
         check=True,
     )
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.figures
+def test_layouts_figure_labels_do_not_overlap(tmp_path):
+    """The default layouts study puts MQA and MLA r=8 at the same KV cache (64 B/token) with nearly
+    the same loss: their labels, and every other pair, must not cover each other."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from headprobe.analyses import figures
+
+    labels = ["MHA", "GQA 4 groups", "GQA 2 groups", "MQA", "MLA r=4", "MLA r=6", "MLA r=8", "MLA r=16"]
+    kv = np.array([512, 256, 128, 64, 48, 56, 64, 96], dtype=float)
+    loss = np.array([2.85, 2.87, 2.89, 2.908, 2.95, 2.93, 2.906, 2.88])
+    fig = figures.quality_vs_kv(labels, kv, loss, loss - 0.01, loss + 0.01, "8 heads", formed=loss < 2.9)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes = {t.get_text(): t.get_window_extent(renderer) for t in fig.axes[0].texts}
+    assert sorted(boxes) == sorted(labels)
+    clashes = [(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :] if boxes[a].overlaps(boxes[b])]
+    assert clashes == []
+    fig.savefig(tmp_path / "quality_vs_kv.png", dpi=200)
+
+
+def test_study_records_the_device_it_used():
+    """``device="auto"`` is resolved: study.json and every results.csv row name the device that trained."""
+    import headprobe
+    from headprobe.probe.backends.loading import device_auto
+
+    result = headprobe.study(
+        "heads", steps=2, eval_every=2, seeds=[0], d_model=16, n_heads_list=[2], corpus="copy", device="auto"
+    )
+    assert result.config.device == "auto"
+    assert result.table["device"].tolist() == [device_auto("auto")]
+    assert result.summary()["device"] == device_auto("auto")
+
+
+def test_layouts_figure_fills_a_marker_by_study_json_rule(monkeypatch):
+    """A marker is filled when some head's induction score passed 0.5 in every seed (study.json's
+    ``induction_formed`` takes the minimum over seeds), not when the mean over seeds did."""
+    import headprobe.commands.study as study_command
+
+    seen = {}
+    monkeypatch.setattr(study_command.figures, "quality_vs_kv", lambda *a, **kw: seen.update(kw))
+    table = pd.DataFrame(
+        {
+            "variant": ["MHA", "MHA", "MQA", "MQA"],
+            "seed": [0, 1, 0, 1],
+            "corpus": "copy",
+            "kv_bytes_per_token": [128, 128, 32, 32],
+            "eval_loss": [3.0, 3.1, 3.2, 3.3],
+            "max_induction": [0.9, 0.2, 0.7, 0.6],  # MHA: mean 0.55, minimum 0.2
+        }
+    )
+    study_command.study_figure("layouts", table, "t")
+    in_every_seed = table.groupby("variant", sort=False)["max_induction"].apply(lambda x: all(x > 0.5))
+    assert seen["formed"].tolist() == in_every_seed.tolist() == [False, True]

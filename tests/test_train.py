@@ -148,6 +148,10 @@ def test_cli_reports_no_phase_change_without_induction_and_counts_its_files(tmp_
     text = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["phase_change_step"] is None and "no phase change yet" in text and "None" not in text
+    # the number beside the top head says what it is, and is summary.json's score
+    final = summary["final"]
+    head, score = final["top_induction_head"], final["top_induction_score"]
+    assert f"top induction head {head} (layer.head), induction score {score:.2f};" in text
     n_files = len([p for p in out.iterdir() if p.is_file() and not p.name.startswith(".")])  # not the file list
     assert f"wrote {n_files} files" in text
 

@@ -295,6 +295,7 @@ def atlas(*, out: str | Path, overwrite: bool = False, progress: bool = False, *
 
     Raises:
         HeadprobeError: as :func:`run`.
-        TypeError: an unknown field.
+        TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
     """
+    options.check_fields(AtlasConfig, config_fields, "atlas")
     return run(AtlasConfig(**config_fields), out, overwrite=overwrite, progress=progress)

@@ -519,7 +519,11 @@ def export(source: str, out: str | None = None, *, to: str | None = None, **fiel
     written (``to``: ``out``'s deprecated alias, with a ``DeprecationWarning``).
 
     Raises:
-        HeadprobeError: as :func:`run`, or a bad ``out``."""
+        HeadprobeError: as :func:`run`, or a bad ``out``.
+        TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`)."""
+    from headprobe.options import check_fields
+
+    check_fields(ExportConfig, fields, "export", positional=("source", "out", "to"))
     if to is not None:
         import warnings
 

@@ -41,7 +41,7 @@ import pandas as pd
 from headprobe.analyses import figures
 from headprobe.analyses.train_config import INDUCTION_FORMED, N_CHARS, TrainConfig
 from headprobe.commands import Command
-from headprobe.options import kept_line, out_as_it_was
+from headprobe.options import check_fields, kept_line, out_as_it_was
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import prepare_output_dir, summary_envelope
 from headprobe.probe.layout.cost import (
@@ -58,9 +58,16 @@ __all__ = ["HELP", "COMMAND", "StudyConfig", "StudyResult", "run", "study", "FLA
 
 CONTEXT = 2048  # tokens, for the per-request KV cache column
 STUDIES = ("heads", "layouts")
+MAX_PERIOD = 16  # longest repeated segment of a copy sequence (tokens): --seq-len must hold it twice after BOS
+ONLY_FOR = {"n_heads": "layouts", "rope": "layouts", "ranks": "layouts", "n_heads_list": "heads"}
+"""The settings one study only takes (another study refuses them)."""
+DEFAULTS = {"n_heads": 8, "rope": 8, "ranks": (4, 6, 8, 16), "n_heads_list": (1, 2, 4, 8, 16), "copy_fraction": 0.75}
+"""What a setting left None is in the study (and corpus) that takes it."""
 
 
-def _ints(text: str, name: str) -> tuple[int, ...]:
+def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
+    if text is None:  # not given: the study's default (StudyConfig.__post_init__)
+        return None
     try:
         return tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
@@ -94,44 +101,51 @@ class StudyConfig:
     """``"text+copy"``: CPython documentation text (character level, 96 characters + BOS) mixed with
     copy sequences over the same characters; ``"copy"``: random-token copy sequences only (64
     words), as ``headprobe train``."""
-    copy_fraction: float = setting(0.75, "text+copy: copy sequences per batch (default %(default)s)", type=float)
-    """``"text+copy"``: the fraction of each batch that is copy sequences."""
-    seq_len: int = setting(48, "tokens per sequence, BOS included (default %(default)s)", type=int)
-    """Tokens per sequence, BOS included."""
+    copy_fraction: float | None = setting(
+        None, "text+copy only: the fraction of each batch that is copy sequences (default 0.75)", type=float
+    )
+    """``"text+copy"``: the fraction of each batch that is copy sequences (None: 0.75); refused with
+    ``corpus="copy"``."""
+    seq_len: int = setting(48, "tokens per sequence, BOS included; at least 33 (default %(default)s)", type=int)
+    """Tokens per sequence, BOS included; at least ``2 * 16 + 1`` (a copied segment reaches 16 tokens)."""
     batch_size: int = setting(32, "sequences per step (default %(default)s)", type=int)
     """Sequences per step."""
     lr: float = setting(3e-3, "AdamW learning rate (default %(default)s)", type=float)
     """AdamW learning rate."""
     seeds: Sequence[int] = setting(
-        (0, 1), "comma-separated seeds (default %(default)s)", text=_comma, parse=lambda text: _ints(text, "seeds")
+        (0, 1),
+        "comma-separated seeds, each once (default %(default)s)",
+        text=_comma,
+        parse=lambda text: _ints(text, "seeds"),
     )
-    """Training seeds: every variant is trained once per seed (non-negative)."""
+    """Training seeds: every variant is trained once per seed (non-negative, no seed twice)."""
     d_model: int = setting(64, type=int)
     """Residual width of every model."""
-    n_heads: int = setting(8, "layouts: query heads (default %(default)s)", type=int)
-    """``"layouts"``: query heads per layer."""
-    n_heads_list: Sequence[int] = setting(
-        (1, 2, 4, 8, 16),
-        "heads: head counts (default %(default)s)",
+    n_heads: int | None = setting(None, "layouts only: query heads (default 8)", type=int)
+    """``"layouts"``: query heads per layer (None: 8); refused by ``"heads"``."""
+    n_heads_list: Sequence[int] | None = setting(
+        None,
+        "heads only: head counts (default 1,2,4,8,16)",
         text=_comma,
         parse=lambda text: _ints(text, "n-heads-list"),
     )
-    """``"heads"``: the head counts (each must divide ``d_model``)."""
-    ranks: Sequence[int] = setting(
-        (4, 6, 8, 16),
-        "layouts: MLA latent ranks (default %(default)s)",
+    """``"heads"``: the head counts (each must divide ``d_model``; None: 1, 2, 4, 8, 16); refused by ``"layouts"``."""
+    ranks: Sequence[int] | None = setting(
+        None,
+        "layouts only: MLA latent ranks (default 4,6,8,16)",
         text=_comma,
         parse=lambda text: _ints(text, "ranks"),
     )
-    """``"layouts"``: MLA latent ranks (``kv_lora_rank``)."""
-    rope: int = setting(
-        8,
-        "layouts: MLA decoupled rotary width (default %(default)s; 4 gives the shared rotary key only "
+    """``"layouts"``: MLA latent ranks (``kv_lora_rank``; None: 4, 6, 8, 16); refused by ``"heads"``."""
+    rope: int | None = setting(
+        None,
+        "layouts only: MLA decoupled rotary width, even and positive (default 8; 4 gives the shared rotary key only "
         "2 frequencies and no previous-token head formed within the default steps)",
         type=int,
     )
-    """``"layouts"``: MLA's decoupled rotary width (``qk_rope_head_dim``, even; 4 gives the shared
-    rotary key only 2 frequencies and no previous-token head formed within the default steps)."""
+    """``"layouts"``: MLA's decoupled rotary width (``qk_rope_head_dim``, even and positive: the
+    models use rotary positions; None: 8; 4 gives the shared rotary key only 2 frequencies and no
+    previous-token head formed within the default steps); refused by ``"heads"``."""
     eval_every: int = setting(200, "steps between evaluations (default %(default)s)", type=int)
     """Steps between evaluations."""
     device: str = shared(
@@ -145,50 +159,80 @@ class StudyConfig:
     def __post_init__(self):
         for name in ("seeds", "n_heads_list", "ranks"):
             value = getattr(self, name)
+            if value is None:
+                continue
             if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
                 raise HeadprobeError(f"--{name.replace('_', '-')} must be a sequence of integers, got {value!r}")
             object.__setattr__(self, name, tuple(value))
+        for name, default in DEFAULTS.items():  # a setting left None takes its default where it applies
+            if getattr(self, name) is None and self._applies(name):
+                object.__setattr__(self, name, default)
+
+    def _applies(self, name: str) -> bool:
+        """Whether setting ``name`` means something in this study and corpus."""
+        if name == "copy_fraction":
+            return self.corpus == "text+copy"
+        return ONLY_FOR.get(name, self.which) == self.which
 
     def base(self) -> TrainConfig:
         """The training settings every variant shares (2 attention-only layers, no biases, segments
         of 4..16 tokens, detectors on a repeated block of 12)."""
         return TrainConfig(
             d_model=self.d_model,
-            n_heads=self.n_heads,
+            n_heads=self.n_heads if self.n_heads is not None else TrainConfig.n_heads,  # heads: each variant's own
             steps=self.steps,
             eval_every=self.eval_every,
             device=self.device,
             bias=False,
             corpus=self.corpus,
-            copy_fraction=self.copy_fraction,
+            copy_fraction=self.copy_fraction if self.copy_fraction is not None else TrainConfig.copy_fraction,
             n_words=N_CHARS if self.corpus == "text+copy" else TrainConfig.n_words,
             seq_len=self.seq_len,
             batch_size=self.batch_size,
             lr=self.lr,
             min_period=4,
-            max_period=16,
+            max_period=MAX_PERIOD,
             eval_period=12,
         )
 
     def variants(self) -> list[tuple[str, TrainConfig]]:
         """(label, config) of every model the study trains (seeds apart)."""
-        return variants(self.which, self.base(), list(self.n_heads_list), list(self.ranks), self.rope)
+        return variants(self.which, self.base(), list(self.n_heads_list or ()), list(self.ranks or ()), self.rope or 0)
 
     def validate(self) -> None:
         """Raise :class:`HeadprobeError` (one line, naming the ``headprobe study`` flag) on settings
         that cannot run, including any variant's training settings or layout."""
         if self.which not in STUDIES:
             raise HeadprobeError(f"the study must be one of {', '.join(STUDIES)}, got {self.which!r}")
+        for name in (*ONLY_FOR, "copy_fraction"):
+            if getattr(self, name) is not None and not self._applies(name):
+                where = "--corpus text+copy" if name == "copy_fraction" else f"study {ONLY_FOR[name]}"
+                raise HeadprobeError(
+                    f"--{name.replace('_', '-')} applies to {where} only, not to "
+                    f"{'--corpus copy' if name == 'copy_fraction' else f'study {self.which}'}"
+                )
         for name, least in (("seeds", 0), ("n_heads_list", 1), ("ranks", 1)):
             values = getattr(self, name)
+            if values is None:  # not this study's setting (refused above where given)
+                continue
+            flag = f"--{name.replace('_', '-')}"
             if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < least for v in values):
                 raise HeadprobeError(
-                    f"--{name.replace('_', '-')} must list at least one "
-                    f"{'non-negative' if least == 0 else 'positive'} integer, "
+                    f"{flag} must list at least one {'non-negative' if least == 0 else 'positive'} integer, "
                     f"got {','.join(map(str, values))!r}"
                 )
-        if self.rope < 0 or self.rope % 2:
-            raise HeadprobeError(f"--rope must be an even non-negative integer, got {self.rope}")
+            if len(set(values)) < len(values):
+                twice = sorted({v for v in values if values.count(v) > 1})
+                raise HeadprobeError(f"{flag} lists {','.join(map(str, twice))} more than once: give each value once")
+        if self.rope is not None and (self.rope < 1 or self.rope % 2):
+            raise HeadprobeError(
+                f"--rope must be an even positive integer (MLA with rotary positions needs a rotary key), got {self.rope}"
+            )
+        if self.seq_len < 2 * MAX_PERIOD + 1:
+            raise HeadprobeError(
+                f"--seq-len must be at least {2 * MAX_PERIOD + 1} (BOS and a copied segment of up to "
+                f"{MAX_PERIOD} tokens shown twice), got {self.seq_len}"
+            )
         for _, cfg in self.variants():
             cfg.validate()
             cfg.model_config()
@@ -242,7 +286,7 @@ def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: b
                         "variant": label,
                         "kind": lay.kind,
                         "n_heads": cfg.n_heads,
-                        "n_kv_heads": lay.n_kv_heads,
+                        "n_kv_heads": None if lay.is_mla else lay.n_kv_heads,  # MLA caches a latent, not heads
                         "kv_lora_rank": cfg.kv_lora_rank,
                         "seed": seed,
                         "corpus": cfg.corpus,
@@ -258,6 +302,7 @@ def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: b
                         "max_induction": float(last["max_induction"]),
                         "max_previous_token": float(last["max_previous_token"]),
                         "seconds": time.perf_counter() - t0,
+                        "device": r.device,
                         "self_check_ok": r.loaded.self_check.ok,
                         "self_check_max_relative_error": r.loaded.self_check.max_relative_error,
                     }
@@ -269,7 +314,7 @@ def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: b
                         f"induction {x['max_induction']:.2f}  KV/token {x['kv_bytes_per_token']} B  ({x['seconds']:.0f} s)",
                         flush=True,
                     )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).astype({"n_kv_heads": "Int64", "kv_lora_rank": "Int64"})  # integers, blank if none
 
 
 def headline(which: str, table: pd.DataFrame) -> dict:
@@ -337,7 +382,8 @@ def headline(which: str, table: pd.DataFrame) -> dict:
 def study_figure(which: str, table: pd.DataFrame, title: str):
     """The study's figure from its ``results.csv`` table, as ``(name, Figure)``: ``loss_vs_heads``
     (held-out loss and in-context loss against heads, every seed shown) or ``quality_vs_kv`` (mean
-    held-out loss with the seed range against KV cache per token)."""
+    held-out loss with the seed range against KV cache per token; a filled marker: some head's
+    induction score above 0.5 in every seed, the rule of study.json's ``induction_formed``)."""
     label = "held-out text loss (nats/char)" if (table["corpus"] == "text+copy").all() else "held-out loss (nats/token)"
     if which == "heads":
         fig = figures.loss_vs_heads(
@@ -353,7 +399,7 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
         loss=("eval_loss", "mean"),
         lo=("eval_loss", "min"),
         hi=("eval_loss", "max"),
-        induction=("max_induction", "mean"),
+        induction=("max_induction", "min"),  # formed in every seed, as study.json's induction_formed
     )
     fig = figures.quality_vs_kv(
         list(agg.index),
@@ -388,8 +434,13 @@ class StudyResult:
         ``train_s``, the runs' training time)."""
         c, table = self.config, self.table
         grid = (
-            {"n_heads_list": list(c.n_heads_list)} if c.which == "heads" else {"ranks": list(c.ranks), "rope": c.rope}
+            {"n_heads_list": list(c.n_heads_list or ())}
+            if c.which == "heads"
+            else {"ranks": list(c.ranks or ()), "rope": c.rope}
         )
+        base = dataclasses.asdict(c.base())
+        if c.which == "heads":
+            del base["n_heads"]  # each variant's own: n_heads_list
         self_check = {
             "all_ok": bool(table["self_check_ok"].all()),
             "max_relative_error": float(f"{table['self_check_max_relative_error'].max():.3g}"),
@@ -399,13 +450,13 @@ class StudyResult:
             {
                 "which": c.which,
                 "seeds": list(c.seeds),
-                "base": dataclasses.asdict(c.base()),
+                "base": base,
                 **grid,
                 **headline(c.which, table),
             },
             model=None,
             precision=None,
-            device=c.device,
+            device=",".join(sorted(set(table["device"]))) if "device" in table else c.device,
             self_check=self_check,
             config=c,
             timings_s={"train_s": float(table["seconds"].sum())},
@@ -463,9 +514,10 @@ def study(which: str, *, progress: bool = False, **config_fields) -> StudyResult
     ``StudyConfig(which, **config_fields)`` (see :class:`StudyConfig` for every field and its default).
 
     Raises:
-        TypeError: an unknown field.
+        TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
         HeadprobeError: as :func:`run`.
     """
+    check_fields(StudyConfig, config_fields, "study", positional=("which",))
     return run(StudyConfig(which, **config_fields), progress=progress)
 
 

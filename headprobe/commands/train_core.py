@@ -173,7 +173,8 @@ class TrainResult(TrainRun):
             f"trained {s['n_params']} parameters in {self.seconds:.1f} s on {s['device']}; final loss "
             f"{s['final']['train_loss']:.3f} (chance {s['chance_loss_nats']:.3f}), in-context loss "
             f"{s['final']['in_context_loss']:+.3f}\n"
-            f"top induction head {s['final']['top_induction_head']} ({s['final']['top_induction_score']:.2f}); {formed}"
+            f"top induction head {s['final']['top_induction_head']} (layer.head), induction score "
+            f"{s['final']['top_induction_score']:.2f}; {formed}"
         )
 
 
@@ -217,9 +218,12 @@ def train(*, progress: bool = False, **config_fields) -> TrainResult:
     (see :class:`headprobe.analyses.train.TrainConfig` for every field and its default).
 
     Raises:
-        TypeError: an unknown field.
+        TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
         HeadprobeError: as :func:`run`.
     """
+    from headprobe.options import check_fields
+
+    check_fields(TrainFlags, config_fields, "train", positional=())  # TrainFlags: TrainConfig's fields, with flags
     return run(TrainConfig(**config_fields), progress=progress)
 
 
