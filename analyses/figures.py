@@ -1242,31 +1242,48 @@ _LABEL_SPOTS = [
 """Offsets (points) and alignments :func:`_place_point_labels` tries for a point's label, nearest first."""
 
 
-def _place_point_labels(fig: Figure, notes, left: Sequence[bool], gap_px: float = 1.0) -> None:
+def _place_point_labels(fig: Figure, notes, left: Sequence[bool], gap_px: float = 1.0, marker_pt: float = 4.0) -> None:
     """Move each annotation of ``notes`` (text beside a data point, offset in points) to the first
     spot of :data:`_LABEL_SPOTS` (mirrored, left side first, where ``left`` says so) where its box
-    keeps ``gap_px`` pixels from every label placed before it and stays inside the axes, else where
-    it clashes least: two variants with the same KV cache and nearly the same loss printed their
-    names over each other. The figure is laid out once to measure (``draw_without_rendering``)."""
+    keeps ``gap_px`` pixels from every label placed before it and from every other point's marker
+    (``marker_pt`` points around it) and stays inside the axes, else where it clashes least: two
+    variants with the same KV cache and nearly the same loss printed their names over each other, and
+    a label under a neighbour's marker reads as that neighbour's. The figure is laid out once to
+    measure (``draw_without_rendering``)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.transforms import Bbox
 
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     fig.draw_without_rendering()
     renderer = canvas.get_renderer()
     placed: list = []  # the boxes of the labels placed so far
+    r = marker_pt * fig.dpi / 72
+    points = [Bbox.from_bounds(*(n.axes.transData.transform(n.xy) - r), 2 * r, 2 * r) for n in notes]
 
-    def put(note, spot) -> float:  # move the label; its clashes (a label overlapped: 1, outside the axes: 0.5)
+    def put(
+        note, spot
+    ) -> float:  # move the label; its clashes (a label or marker overlapped: 1, outside the axes: 0.5)
         dx, dy, ha, va = spot
         note.xyann = (dx, dy)
         note.set(ha=ha, va=va)
         box, room = note.get_window_extent(renderer).padded(gap_px), note.axes.get_window_extent(renderer)
-        return sum(box.overlaps(b) for b in placed) + 0.5 * (box.x0 < room.x0 or box.x1 > room.x1)
+        others = [p for n, p in zip(notes, points) if n is not note]
+        markers = sum(box.overlaps(p) for p in others)
+        # nearer another point than its own: it reads as that point's label
+        nearer = any(_box_distance(box, p) < _box_distance(box, points[notes.index(note)]) for p in others)
+        return sum(box.overlaps(b) for b in placed) + markers + nearer + 0.5 * (box.x0 < room.x0 or box.x1 > room.x1)
 
     mirrored = [(-dx, dy, "right" if ha == "left" else "left", va) for dx, dy, ha, va in _LABEL_SPOTS]
     for note, to_left in zip(notes, left):
         spots = mirrored if to_left else _LABEL_SPOTS
         put(note, min(spots, key=lambda spot: put(note, spot)))  # the first spot with the fewest clashes
         placed.append(note.get_window_extent(renderer))
+
+
+def _box_distance(box, point) -> float:
+    """Pixels from the box ``box`` to the centre of the box ``point`` (0 inside)."""
+    x, y = (point.x0 + point.x1) / 2, (point.y0 + point.y1) / 2
+    return float(np.hypot(max(box.x0 - x, 0.0, x - box.x1), max(box.y0 - y, 0.0, y - box.y1)))
 
 
 POSITIVE_COLOR, NEGATIVE_COLOR = "#B2182B", "#2166AC"
