@@ -1258,7 +1258,8 @@ def _place_point_labels(fig: Figure, notes, left: Sequence[bool], gap_px: float 
     renderer = canvas.get_renderer()
     placed: list = []  # the boxes of the labels placed so far
     r = marker_pt * fig.dpi / 72
-    points = [Bbox.from_bounds(*(n.axes.transData.transform(n.xy) - r), 2 * r, 2 * r) for n in notes]
+    centres = [n.axes.transData.transform(n.xy) for n in notes]
+    points = [Bbox.from_bounds(x - r, y - r, 2 * r, 2 * r) for x, y in centres]
 
     def put(
         note, spot
