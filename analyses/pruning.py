@@ -63,7 +63,7 @@ def present_heads(model: LoadedModel) -> Float[Tensor, "layer head"]:
     """
     spec = model.spec
     present = torch.ones(spec.n_layers, spec.n_heads)
-    for layer, head in getattr(spec, "removed_heads", ()) or ():
+    for layer, head in spec.removed_heads:
         present[layer, head] = 0.0
     if not present.any():
         raise HeadprobeError(f"{spec.name}: every head is already removed; there is nothing left to prune")

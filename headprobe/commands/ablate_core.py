@@ -676,7 +676,7 @@ def run(
 
 def _removed(spec: ModelSpec) -> set[tuple[int, int]]:
     """The heads a pruned checkpoint no longer has (``spec.removed_heads``; loaded with zero weights)."""
-    return {(int(l), int(h)) for l, h in getattr(spec, "removed_heads", ()) or ()}
+    return set(spec.removed_heads)
 
 
 def _present(heads: list, spec: ModelSpec) -> list:

@@ -99,7 +99,7 @@ class PruneResult:
     def already_removed(self) -> list[tuple[int, int]]:
         """The heads the model had lost before this run (a pruned checkpoint's ``spec.removed_heads``):
         never candidates; every count and fraction is of the other heads."""
-        return sorted((int(l), int(h)) for l, h in getattr(self.spec, "removed_heads", ()) or ())
+        return sorted(self.spec.removed_heads)
 
     def _curves(self, method: str) -> list[PruningRun]:
         return [r for name, r in self.runs.items() if name.split(":")[0] == method]
