@@ -736,3 +736,16 @@ def test_a_test_that_cannot_be_confirmed_ablates_no_control_set(tiny_llama_gqa, 
     ):
         assert getattr(dup, field) == getattr(ref, field), field
     assert rows["duplicate_token", "zero"].random_effects == ref_rows["duplicate_token", "zero"].random_effects
+
+
+def test_a_type_without_verdict_says_so_on_its_tested_row_only(tiny_llama_gqa, text_file):
+    """The random tiny model's natural-text task is untrusted (loss above ln(vocabulary)): its
+    types get no verdict, said on the tested (mean) row; the zero-ablation row is reported, not
+    tested, as on every other run (it said "no verdict" too, as if it could have had one)."""
+    result = _scan(tiny_llama_gqa, text_file, n_random=3, types="previous_token")
+    rows = {v.kind: v for v in result.verifications if v.head_type == "previous_token"}
+    assert rows["mean"].no_verdict and not rows["mean"].tested  # the premise: no verdict
+    lines = [ln for ln in result.report().splitlines() if ln.startswith("previous_token ")]
+    verdicts = {ln.split()[1]: ln for ln in lines}
+    assert verdicts["mean"].endswith("no verdict"), verdicts["mean"]
+    assert verdicts["zero"].endswith("(reported, not tested)"), verdicts["zero"]

@@ -52,7 +52,7 @@ class ImportResult:
         rows = [v.to_dict() if hasattr(v, "to_dict") else vars(v) for v in self.verifications]
         rule = VerdictRule.from_rows(rows, self.design.get("verdict_rule"))
         for v, row in zip(self.verifications, rows, strict=True):
-            if v.no_verdict:
+            if v.no_verdict and v.kind == self.design.get("primary_kind"):
                 verdict = f"no verdict: {v.no_verdict}"
             elif not v.tested:
                 verdict = "(reported, not tested)"

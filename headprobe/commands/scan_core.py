@@ -835,7 +835,9 @@ def format_report(result: ScanResult) -> str:
     for v in result.verifications:
         lo, hi = v.top_effect_ci95
         p_adj = f"{v.p_adjusted:7.4f}" if v.p_adjusted is not None else f"{'-':>7}"
-        verdict = v.verdict if v.tested or v.no_verdict else "(reported, not tested)"
+        # a type without a verdict says so on its tested kind's row; the other kind is reported as ever
+        decided = v.tested or (v.no_verdict and v.kind == design.get("primary_kind"))
+        verdict = v.verdict if decided else "(reported, not tested)"
         clean = f"{v.clean_loss:6.2f}" if metric is LOSS_METRIC else f"{'-':>6}"  # an encoder measures no loss
         controls = f"{v.random_mean:+9.{d}f}/{v.random_max:+.{d}f}" if v.draws else f"{'none':>9}/{'-':<{d + 2}}"
         lines.append(
