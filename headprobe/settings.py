@@ -77,15 +77,37 @@ def probability(text: str) -> float:
     return value
 
 
-def dtype_name(text: str) -> str:
-    """argparse ``type`` for ``--dtype``: torch's name (``bfloat16``) or a short alias (``bf16``),
-    returned as torch's name."""
+def dtype_name(text: Any) -> str:
+    """argparse ``type`` for ``--dtype``: torch's name (``bfloat16``), a short alias (``bf16``) or,
+    from Python, a ``torch.dtype`` (``torch.bfloat16``), returned as torch's name."""
+    if type(text).__module__ == "torch" and type(text).__name__ == "dtype":  # torch.float16: "torch.float16"
+        text = str(text)
+    if not isinstance(text, str):
+        raise argparse.ArgumentTypeError(
+            f"dtype must be a name such as float32 or a torch.dtype, got {text!r} ({type(text).__name__})"
+        )
     name = DTYPE_ALIASES.get(text.lower().removeprefix("torch."), text.lower().removeprefix("torch."))
     if name not in DTYPES:
         raise argparse.ArgumentTypeError(
             f"unknown dtype {text!r}; choose one of {', '.join(DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
         )
     return name
+
+
+_CUDA_INDEX = re.compile(r"^cuda:\d+$")
+
+
+def check_device(device: Any, indexed: bool = False) -> None:
+    """``--device`` (``device=``) among :data:`DEVICES`, or, where ``indexed`` (``load_model``),
+    ``cuda:N`` too. Whether the GPU is there is :func:`headprobe.options.check_device_present`'s.
+
+    Raises:
+        HeadprobeError: one line naming the choices.
+    """
+    if isinstance(device, str) and (device in DEVICES or (indexed and _CUDA_INDEX.match(device))):
+        return
+    choices = ", ".join(DEVICES) + (", cuda:N" if indexed else "")
+    raise HeadprobeError(f"--device {device!r} is not one of {choices}")
 
 
 _SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B)?$", re.IGNORECASE)
@@ -526,6 +548,7 @@ def check_settings(cfg) -> None:
     def has(name):
         return getattr(cfg, name, None) is not None
 
+    check_numbers(cfg)
     if has("dtype"):
         try:
             object.__setattr__(cfg, "dtype", dtype_name(cfg.dtype))
@@ -548,9 +571,41 @@ def check_settings(cfg) -> None:
         raise HeadprobeError(
             f"--period {cfg.period} is too short: induction needs a repeated block of at least 2 tokens"
         )
-    for name, allowed in (("device", DEVICES), ("backend", BACKENDS)):
-        if has(name) and getattr(cfg, name) not in allowed:
-            raise HeadprobeError(f"--{name} {getattr(cfg, name)!r} is not one of {', '.join(allowed)}")
+    if has("device"):
+        check_device(cfg.device)
+    if has("backend") and cfg.backend not in BACKENDS:
+        raise HeadprobeError(f"--backend {cfg.backend!r} is not one of {', '.join(BACKENDS)}")
     if has("max_memory"):  # kept as text (JSON keys stay as typed), checked now
         max_memory_dict(cfg.max_memory)
     check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))
+
+
+_INTEGER_TYPES = (int, positive_int)
+_NUMBER_TYPES = (float, probability)
+
+
+def check_numbers(cfg) -> None:
+    """Check that each setting of ``cfg`` whose flag reads an integer (``type`` ``int`` or
+    :func:`positive_int`) holds an integer, and each that reads a number (``float``,
+    :func:`probability`) a real number, where set (not None): from Python a value is not parsed
+    by its flag (``n_natural="2"``). NumPy integers are stored as ``int``.
+
+    Raises:
+        HeadprobeError: one line naming the setting, its flag and the type expected.
+    """
+    import numbers
+
+    for f in dataclasses.fields(cfg):
+        meta, value = _meta(type(cfg), f.name), getattr(cfg, f.name, None)
+        kind = meta.get("type")
+        if value is None or "parse" in meta or kind not in (*_INTEGER_TYPES, *_NUMBER_TYPES):
+            continue
+        integer = kind in _INTEGER_TYPES
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral if integer else numbers.Real):
+            flag = flag_names(type(cfg)).get(f.name, f.name)
+            raise HeadprobeError(
+                f"{f.name} ({flag}) must be {'an integer' if integer else 'a number'}, "
+                f"got {value!r} ({type(value).__name__})"
+            )
+        if integer and type(value) is not int:
+            object.__setattr__(cfg, f.name, int(value))
