@@ -427,10 +427,12 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, 
 
     ``model`` is a name or path -- the config is built and its ``preflight()`` run (every check
     the settings alone decide) before the model loads as the config asks -- or a
-    :class:`~headprobe.probe.backends.loading.LoadedModel`, used as given (0 s).
+    :class:`~headprobe.probe.backends.loading.LoadedModel`, used as given (0 s), where it is
+    (:func:`loaded_fields`).
 
     Raises:
-        HeadprobeError: bad settings, or the model cannot be loaded.
+        HeadprobeError: ``model`` of another type, bad settings, a ``device`` other than a loaded
+            model's, or the model cannot be loaded.
         TypeError: a field ``config_cls`` does not have (naming the function ``name``, see :func:`check_fields`).
     """
     import os
@@ -452,19 +454,19 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, 
     return config, model, 0.0
 
 
-def check_model_argument(model, function: str) -> None:
+def check_model_argument(model: str | os.PathLike[str] | LoadedModel, function: str) -> None:
     """Refuse a ``model`` argument of a command's Python function that is neither a name or path
-    (``str``, ``os.PathLike``) nor a :class:`~headprobe.probe.backends.base.LoadedModel`.
+    (``str``, ``os.PathLike``) nor a :class:`~headprobe.probe.backends.base.LoadedModel` (an
+    object with its ``spec``).
 
     Raises:
         HeadprobeError: one line naming ``function`` and what ``model`` must be.
     """
     import os
 
-    from headprobe.probe.backends.base import LoadedModel
     from headprobe.probe.core.errors import HeadprobeError
 
-    if not isinstance(model, (str, os.PathLike, LoadedModel)):
+    if not isinstance(model, (str, os.PathLike)) and not hasattr(model, "spec"):  # a LoadedModel, or one alike
         raise HeadprobeError(
             f"{function}(): model must be a model name, a path or a model loaded by headprobe.load_model, "
             f"got {str(model)[:60]!r} ({type(model).__name__})"
@@ -482,9 +484,9 @@ def loaded_fields(model: LoadedModel, config_fields: dict) -> dict:
     """
     from headprobe.probe.core.errors import HeadprobeError
 
-    where = model.device.type
+    where = getattr(getattr(model, "device", None), "type", None)  # None: a stand-in without one
     asked = config_fields.get("device", "auto")
-    if asked not in ("auto", where) and isinstance(asked, str):
+    if where is not None and asked not in ("auto", where) and isinstance(asked, str):
         raise HeadprobeError(
             f"device={asked!r}, but the model given is loaded on {where} and runs there: leave device at "
             f"auto, or load it with headprobe.load_model(..., device={asked!r})"
@@ -566,7 +568,8 @@ def _command_doc(config_cls, fields: list[str], run: Callable, name: str, summar
 
     Args:
         model: a model name or path (loaded as the settings ask, after the config's checks and
-            ``preflight``), or a :class:`~headprobe.probe.backends.base.LoadedModel` (used as given).
+            ``preflight``), or a :class:`~headprobe.probe.backends.base.LoadedModel` (used as given,
+            where it is: ``device`` left at ``auto`` or the model's own).
         progress: show progress bars.
 {settings_doc}
 

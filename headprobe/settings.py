@@ -386,7 +386,8 @@ class ModelSettings:
     model: str = setting(DEFAULT_MODEL, MODEL_HELP)
     """Model name or path (see :func:`headprobe.probe.backends.loading.load_model`)."""
     device: str = setting("auto", "auto: cuda when a GPU is present, else cpu", choices=DEVICES)
-    """``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name."""
+    """``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name (a loaded model runs
+    where it is: another device is refused, and its own is recorded)."""
     dtype: str = setting(
         "float32",
         "compute precision of weights and activations (default %(default)s; bf16/fp16/fp32 "
@@ -536,9 +537,9 @@ def check_device_map(device: str | None, device_map: str | dict | None, max_memo
 
 def check_settings(cfg) -> None:
     """Check and normalise the shared fields a config has (in place, on a frozen dataclass, from its
-    ``__post_init__``): ``dtype`` to torch's name, ``text`` to a str, counts (``n_natural``,
-    ``n_repeated``) >= 1, ``seq_len`` and ``period`` >= 2 where set, ``device`` and ``backend``
-    among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
+    ``__post_init__``): the types of number settings (:func:`check_numbers`), ``dtype`` to torch's
+    name, ``text`` to a str, counts (``n_natural``, ``n_repeated``) >= 1, ``seq_len`` and
+    ``period`` >= 2 where set, ``device`` (:func:`check_device`) and ``backend`` among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
     lacks, or leaves None, are skipped.
 
     Raises:
@@ -607,5 +608,5 @@ def check_numbers(cfg) -> None:
                 f"{f.name} ({flag}) must be {'an integer' if integer else 'a number'}, "
                 f"got {value!r} ({type(value).__name__})"
             )
-        if integer and type(value) is not int:
+        if isinstance(value, numbers.Integral) and type(value) is not int:  # np.int64: JSON's int
             object.__setattr__(cfg, f.name, int(value))
