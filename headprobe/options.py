@@ -474,13 +474,14 @@ def check_model_argument(model: str | os.PathLike[str] | LoadedModel, function: 
 
 
 def loaded_fields(model: LoadedModel, config_fields: dict) -> dict:
-    """``config_fields`` of a command run on ``model``, already loaded, with ``device`` set to the
-    kind of device the model is on (``cpu``, ``cuda``): what the run uses and summary.json
-    records. A loaded model runs where it is (it is never moved), so a ``device`` other than
-    ``auto`` or the model's own is refused.
+    """``config_fields`` of a command run on ``model``, already loaded, with ``device`` and
+    ``dtype`` set to the kind of device the model is on (``cpu``, ``cuda``) and its dtype's name:
+    what the run uses and summary.json records. A loaded model runs where and as it is (it is
+    never moved or cast), so a ``device`` other than ``auto`` or the model's own, or a ``dtype``
+    other than the model's, is refused.
 
     Raises:
-        HeadprobeError: ``device`` names another device than the model's (one line).
+        HeadprobeError: ``device`` or ``dtype`` other than the model's (one line).
     """
     from headprobe.probe.core.errors import HeadprobeError
 
@@ -491,7 +492,17 @@ def loaded_fields(model: LoadedModel, config_fields: dict) -> dict:
             f"device={asked!r}, but the model given is loaded on {where} and runs there: leave device at "
             f"auto, or load it with headprobe.load_model(..., device={asked!r})"
         )
-    return {**config_fields, "device": where} if where in DEVICES else config_fields
+    fields = {**config_fields, "device": where} if where in DEVICES else dict(config_fields)
+    dtype = str(getattr(model, "dtype", "")).removeprefix("torch.")
+    if dtype not in DTYPES:  # a stand-in, or a dtype no setting names: the config's own check decides
+        return fields
+    with contextlib.suppress(argparse.ArgumentTypeError):  # a bad dtype: refused by the config's check
+        if "dtype" in fields and dtype_name(fields["dtype"]) != dtype:
+            raise HeadprobeError(
+                f"dtype={fields['dtype']!r}, but the model given is loaded in {dtype} and runs so: leave dtype "
+                f"out, or load it with headprobe.load_model(..., dtype={dtype_name(fields['dtype'])!r})"
+            )
+    return {**fields, "dtype": dtype}
 
 
 def command_function(

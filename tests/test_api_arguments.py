@@ -58,6 +58,18 @@ def test_a_loaded_model_records_the_device_it_ran_on(cpu_model, text_file, tmp_p
     assert "is not empty; pass --overwrite (overwrite=True in Python)" in one_line(e)
 
 
+def test_a_loaded_model_runs_in_its_own_dtype_and_records_it(tiny_dir, text_file):
+    """A model loaded in bfloat16 runs in bfloat16: summary.json's ``config.dtype`` says so (not
+    the default float32) and another ``dtype`` is refused, never recorded beside the model's."""
+    model = headprobe.load_model(str(tiny_dir), device="cpu", dtype="bf16", quiet=True)
+    for dtype in ({}, {"dtype": "bf16"}, {"dtype": torch.bfloat16}):
+        result = headprobe.ablate(model, text=str(text_file), heads="0.0", **SMALL, **dtype)
+        assert result.config.dtype == "bfloat16" == result.summary()["config"]["dtype"]
+    with pytest.raises(HeadprobeError) as e:
+        headprobe.ablate(model, dtype="float32", text=str(text_file), heads="0.0", **SMALL)
+    assert "dtype='float32', but the model given is loaded in bfloat16" in one_line(e)
+
+
 @pytest.mark.parametrize(
     ("device", "expected"),
     [
