@@ -580,7 +580,7 @@ def _command_doc(config_cls, fields: list[str], run: Callable, name: str, summar
     Args:
         model: a model name or path (loaded as the settings ask, after the config's checks and
             ``preflight``), or a :class:`~headprobe.probe.backends.base.LoadedModel` (used as given,
-            where it is: ``device`` left at ``auto`` or the model's own).
+            where and as it is: ``device`` and ``dtype`` left out or the model's own).
         progress: show progress bars.
 {settings_doc}
 

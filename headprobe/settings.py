@@ -387,7 +387,7 @@ class ModelSettings:
     """Model name or path (see :func:`headprobe.probe.backends.loading.load_model`)."""
     device: str = setting("auto", "auto: cuda when a GPU is present, else cpu", choices=DEVICES)
     """``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name (a loaded model runs
-    where it is: another device is refused, and its own is recorded)."""
+    where it is: another device is refused, and its own is recorded; its dtype likewise)."""
     dtype: str = setting(
         "float32",
         "compute precision of weights and activations (default %(default)s; bf16/fp16/fp32 "
