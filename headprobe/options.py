@@ -40,6 +40,10 @@ from headprobe.settings import (  # noqa: F401 - the shared vocabularies and fla
 from headprobe.settings import check_settings as check_config_fields  # noqa: F401 - the old name
 
 if TYPE_CHECKING:
+    import os
+
+    import torch
+
     from headprobe.probe.backends.base import LoadedModel
 
 
@@ -187,10 +191,10 @@ def check_model(model: str) -> None:
 
 
 def load_model(
-    name: str = DEFAULT_MODEL,
+    name: str | os.PathLike[str] = DEFAULT_MODEL,
     *,
     device: str = "auto",
-    dtype: str = "float32",
+    dtype: str | torch.dtype = "float32",
     backend: str = "auto",
     prepend_bos: bool = True,
     quiet: bool = False,
@@ -207,7 +211,7 @@ def load_model(
             directory or a ``.gguf`` file (:func:`headprobe.probe.backends.loading.load_model`).
         device: ``auto`` (CUDA when present, as the commands), ``cuda``, ``cuda:N`` or ``cpu``.
         dtype: the weights' dtype after the self-check: ``float32``, ``bfloat16`` or ``float16``
-            (or an alias, :data:`DTYPES`). Half precision: weights and activations in ``dtype``;
+            (or an alias, :data:`DTYPES`, or the ``torch.dtype``). Half precision: weights and activations in ``dtype``;
             attention scores and softmax, losses and importance scores in float32; rotary
             frequencies float32 (docs/engine.md, "Precision").
         backend: ``auto`` (native where supported), ``native`` or ``transformer-lens``.
@@ -222,13 +226,20 @@ def load_model(
         offload_dir: folder for the pieces mapped to ``disk`` (default: a temporary directory).
 
     Raises:
-        HeadprobeError: ``cuda`` asked for but absent, an unknown dtype, ``float16`` on a
+        HeadprobeError: ``name`` not a str or path, an unknown device, ``cuda``/``cuda:N`` asked for
+            but absent, an unknown dtype or one of another type, ``float16`` on a
             backend without ``half_precision`` (:data:`FLOAT16_BRIDGE`), a bad ``max_memory``, a
             ``device_map`` with ``device`` ``cuda`` or, in half precision, on a backend without
             ``splits_after_load``, or the model cannot be loaded (one line each).
     """
-    from headprobe.probe.backends import loading
+    import os
 
+    from headprobe.probe.backends import loading
+    from headprobe.probe.core.errors import HeadprobeError
+
+    name = os.fspath(name) if isinstance(name, os.PathLike) else name
+    if not isinstance(name, str):
+        raise HeadprobeError(f"load_model(): name must be a model name or path, got {name!r} ({type(name).__name__})")
     dtype, max_memory = _checked_load_settings(device, dtype, backend, device_map, max_memory)
     device = "cpu" if device_map is not None else loading.device_auto(device)
     split_later = device_map is not None and dtype != "float32"  # cast first: a split model's dtype is fixed
@@ -252,11 +263,11 @@ def load_model(
     return model
 
 
-def _checked_load_settings(device: str, dtype: str, backend: str, device_map, max_memory) -> tuple[str, dict | None]:
+def _checked_load_settings(
+    device: str, dtype: str | torch.dtype, backend: str, device_map, max_memory
+) -> tuple[str, dict | None]:
     """``(dtype's torch name, max_memory as a dict)`` once :func:`load_model`'s settings are checked
     (its refusals but the model's own, before anything loads)."""
-    import torch
-
     from headprobe.probe.core.errors import HeadprobeError
     from headprobe.probe.core.vocabulary import backend_lacks
 
@@ -264,8 +275,7 @@ def _checked_load_settings(device: str, dtype: str, backend: str, device_map, ma
         dtype = dtype_name(dtype)
     except argparse.ArgumentTypeError as e:
         raise HeadprobeError(str(e)) from None
-    if device == "cuda" and not torch.cuda.is_available():
-        raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
+    check_device_present(device)
     if dtype == "float16" and backend_lacks(backend, "half_precision"):
         raise HeadprobeError(f"{FLOAT16_BRIDGE} (the {backend} backend lacks half_precision)")
     max_memory = max_memory_dict(max_memory)
@@ -277,6 +287,28 @@ def _checked_load_settings(device: str, dtype: str, backend: str, device_map, ma
             f"(the {backend} backend lacks splits_after_load)"
         )
     return dtype, max_memory
+
+
+def check_device_present(device: str) -> None:
+    """``device`` (``--device``, ``load_model``'s) is ``auto``, ``cpu``, or ``cuda`` / ``cuda:N``
+    with that GPU present (``N`` below ``torch.cuda.device_count()``): checked before anything loads.
+
+    Raises:
+        HeadprobeError: an unknown device, or a GPU that is not there (one line).
+    """
+    import torch
+
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.settings import check_device
+
+    check_device(device, indexed=True)
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        raise HeadprobeError(f"--device {device} was asked for but no CUDA GPU is available")
+    n, index = torch.cuda.device_count(), int(device.partition(":")[2] or 0)
+    if index >= n:
+        raise HeadprobeError(f"--device {device}: this machine has {n} CUDA GPU{'s' * (n != 1)} (cuda:0 to cuda:{n - 1})")
 
 
 FLOAT16_BRIDGE = (
@@ -395,16 +427,19 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, 
 
     ``model`` is a name or path -- the config is built and its ``preflight()`` run (every check
     the settings alone decide) before the model loads as the config asks -- or a
-    :class:`~headprobe.probe.backends.loading.LoadedModel`, used as given (0 s).
+    :class:`~headprobe.probe.backends.loading.LoadedModel`, used as given (0 s), where it is
+    (:func:`loaded_fields`).
 
     Raises:
-        HeadprobeError: bad settings, or the model cannot be loaded.
+        HeadprobeError: ``model`` of another type, bad settings, a ``device`` other than a loaded
+            model's, or the model cannot be loaded.
         TypeError: a field ``config_cls`` does not have (naming the function ``name``, see :func:`check_fields`).
     """
     import os
     import time
 
     check_fields(config_cls, config_fields, name)
+    check_model_argument(model, name or config_cls.__name__.removesuffix("Config").lower())
     if isinstance(model, (str, os.PathLike)):
         config = config_cls(model=str(model), **config_fields)
         check_model(config.model)
@@ -412,11 +447,62 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, 
         t0 = time.perf_counter()
         loaded = load_for(config)
         return config, loaded, time.perf_counter() - t0
-    config = config_cls(model=model.spec.name, **config_fields)
+    config = config_cls(model=model.spec.name, **loaded_fields(model, config_fields))
     from headprobe.probe.core import memory
 
     memory.set_budget(getattr(config, "memory_budget", None))
     return config, model, 0.0
+
+
+def check_model_argument(model: str | os.PathLike[str] | LoadedModel, function: str) -> None:
+    """Refuse a ``model`` argument of a command's Python function that is neither a name or path
+    (``str``, ``os.PathLike``) nor a :class:`~headprobe.probe.backends.base.LoadedModel` (an
+    object with its ``spec``).
+
+    Raises:
+        HeadprobeError: one line naming ``function`` and what ``model`` must be.
+    """
+    import os
+
+    from headprobe.probe.core.errors import HeadprobeError
+
+    if not isinstance(model, (str, os.PathLike)) and not hasattr(model, "spec"):  # a LoadedModel, or one alike
+        raise HeadprobeError(
+            f"{function}(): model must be a model name, a path or a model loaded by headprobe.load_model, "
+            f"got {str(model)[:60]!r} ({type(model).__name__})"
+        )
+
+
+def loaded_fields(model: LoadedModel, config_fields: dict) -> dict:
+    """``config_fields`` of a command run on ``model``, already loaded, with ``device`` and
+    ``dtype`` set to the kind of device the model is on (``cpu``, ``cuda``) and its dtype's name:
+    what the run uses and summary.json records. A loaded model runs where and as it is (it is
+    never moved or cast), so a ``device`` other than ``auto`` or the model's own, or a ``dtype``
+    other than the model's, is refused.
+
+    Raises:
+        HeadprobeError: ``device`` or ``dtype`` other than the model's (one line).
+    """
+    from headprobe.probe.core.errors import HeadprobeError
+
+    where = getattr(getattr(model, "device", None), "type", None)  # None: a stand-in without one
+    asked = config_fields.get("device", "auto")
+    if where is not None and asked not in ("auto", where) and isinstance(asked, str):
+        raise HeadprobeError(
+            f"device={asked!r}, but the model given is loaded on {where} and runs there: leave device at "
+            f"auto, or load it with headprobe.load_model(..., device={asked!r})"
+        )
+    fields = {**config_fields, "device": where} if where in DEVICES else dict(config_fields)
+    dtype = str(getattr(model, "dtype", "")).removeprefix("torch.")
+    if dtype not in DTYPES:  # a stand-in, or a dtype no setting names: the config's own check decides
+        return fields
+    with contextlib.suppress(argparse.ArgumentTypeError):  # a bad dtype: refused by the config's check
+        if "dtype" in fields and dtype_name(fields["dtype"]) != dtype:
+            raise HeadprobeError(
+                f"dtype={fields['dtype']!r}, but the model given is loaded in {dtype} and runs so: leave dtype "
+                f"out, or load it with headprobe.load_model(..., dtype={dtype_name(fields['dtype'])!r})"
+            )
+    return {**fields, "dtype": dtype}
 
 
 def command_function(
@@ -493,7 +579,8 @@ def _command_doc(config_cls, fields: list[str], run: Callable, name: str, summar
 
     Args:
         model: a model name or path (loaded as the settings ask, after the config's checks and
-            ``preflight``), or a :class:`~headprobe.probe.backends.base.LoadedModel` (used as given).
+            ``preflight``), or a :class:`~headprobe.probe.backends.base.LoadedModel` (used as given,
+            where and as it is: ``device`` and ``dtype`` left out or the model's own).
         progress: show progress bars.
 {settings_doc}
 

@@ -77,15 +77,37 @@ def probability(text: str) -> float:
     return value
 
 
-def dtype_name(text: str) -> str:
-    """argparse ``type`` for ``--dtype``: torch's name (``bfloat16``) or a short alias (``bf16``),
-    returned as torch's name."""
+def dtype_name(text: Any) -> str:
+    """argparse ``type`` for ``--dtype``: torch's name (``bfloat16``), a short alias (``bf16``) or,
+    from Python, a ``torch.dtype`` (``torch.bfloat16``), returned as torch's name."""
+    if type(text).__module__ == "torch" and type(text).__name__ == "dtype":  # torch.float16: "torch.float16"
+        text = str(text)
+    if not isinstance(text, str):
+        raise argparse.ArgumentTypeError(
+            f"dtype must be a name such as float32 or a torch.dtype, got {text!r} ({type(text).__name__})"
+        )
     name = DTYPE_ALIASES.get(text.lower().removeprefix("torch."), text.lower().removeprefix("torch."))
     if name not in DTYPES:
         raise argparse.ArgumentTypeError(
             f"unknown dtype {text!r}; choose one of {', '.join(DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
         )
     return name
+
+
+_CUDA_INDEX = re.compile(r"^cuda:\d+$")
+
+
+def check_device(device: Any, indexed: bool = False) -> None:
+    """``--device`` (``device=``) among :data:`DEVICES`, or, where ``indexed`` (``load_model``),
+    ``cuda:N`` too. Whether the GPU is there is :func:`headprobe.options.check_device_present`'s.
+
+    Raises:
+        HeadprobeError: one line naming the choices.
+    """
+    if isinstance(device, str) and (device in DEVICES or (indexed and _CUDA_INDEX.match(device))):
+        return
+    choices = ", ".join(DEVICES) + (", cuda:N" if indexed else "")
+    raise HeadprobeError(f"--device {device!r} is not one of {choices}")
 
 
 _SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B)?$", re.IGNORECASE)
@@ -364,7 +386,8 @@ class ModelSettings:
     model: str = setting(DEFAULT_MODEL, MODEL_HELP)
     """Model name or path (see :func:`headprobe.probe.backends.loading.load_model`)."""
     device: str = setting("auto", "auto: cuda when a GPU is present, else cpu", choices=DEVICES)
-    """``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name."""
+    """``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name (a loaded model runs
+    where it is: another device is refused, and its own is recorded; its dtype likewise)."""
     dtype: str = setting(
         "float32",
         "compute precision of weights and activations (default %(default)s; bf16/fp16/fp32 "
@@ -514,9 +537,9 @@ def check_device_map(device: str | None, device_map: str | dict | None, max_memo
 
 def check_settings(cfg) -> None:
     """Check and normalise the shared fields a config has (in place, on a frozen dataclass, from its
-    ``__post_init__``): ``dtype`` to torch's name, ``text`` to a str, counts (``n_natural``,
-    ``n_repeated``) >= 1, ``seq_len`` and ``period`` >= 2 where set, ``device`` and ``backend``
-    among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
+    ``__post_init__``): the types of number settings (:func:`check_numbers`), ``dtype`` to torch's
+    name, ``text`` to a str, counts (``n_natural``, ``n_repeated``) >= 1, ``seq_len`` and
+    ``period`` >= 2 where set, ``device`` (:func:`check_device`) and ``backend`` among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
     lacks, or leaves None, are skipped.
 
     Raises:
@@ -526,6 +549,7 @@ def check_settings(cfg) -> None:
     def has(name):
         return getattr(cfg, name, None) is not None
 
+    check_numbers(cfg)
     if has("dtype"):
         try:
             object.__setattr__(cfg, "dtype", dtype_name(cfg.dtype))
@@ -548,9 +572,41 @@ def check_settings(cfg) -> None:
         raise HeadprobeError(
             f"--period {cfg.period} is too short: induction needs a repeated block of at least 2 tokens"
         )
-    for name, allowed in (("device", DEVICES), ("backend", BACKENDS)):
-        if has(name) and getattr(cfg, name) not in allowed:
-            raise HeadprobeError(f"--{name} {getattr(cfg, name)!r} is not one of {', '.join(allowed)}")
+    if has("device"):
+        check_device(cfg.device)
+    if has("backend") and cfg.backend not in BACKENDS:
+        raise HeadprobeError(f"--backend {cfg.backend!r} is not one of {', '.join(BACKENDS)}")
     if has("max_memory"):  # kept as text (JSON keys stay as typed), checked now
         max_memory_dict(cfg.max_memory)
     check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))
+
+
+_INTEGER_TYPES = (int, positive_int)
+_NUMBER_TYPES = (float, probability)
+
+
+def check_numbers(cfg) -> None:
+    """Check that each setting of ``cfg`` whose flag reads an integer (``type`` ``int`` or
+    :func:`positive_int`) holds an integer, and each that reads a number (``float``,
+    :func:`probability`) a real number, where set (not None): from Python a value is not parsed
+    by its flag (``n_natural="2"``). NumPy integers are stored as ``int``.
+
+    Raises:
+        HeadprobeError: one line naming the setting, its flag and the type expected.
+    """
+    import numbers
+
+    for f in dataclasses.fields(cfg):
+        meta, value = _meta(type(cfg), f.name), getattr(cfg, f.name, None)
+        kind = meta.get("type")
+        if value is None or "parse" in meta or kind not in (*_INTEGER_TYPES, *_NUMBER_TYPES):
+            continue
+        integer = kind in _INTEGER_TYPES
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral if integer else numbers.Real):
+            flag = flag_names(type(cfg)).get(f.name, f.name)
+            raise HeadprobeError(
+                f"{f.name} ({flag}) must be {'an integer' if integer else 'a number'}, "
+                f"got {value!r} ({type(value).__name__})"
+            )
+        if isinstance(value, numbers.Integral) and type(value) is not int:  # np.int64: JSON's int
+            object.__setattr__(cfg, f.name, int(value))

@@ -54,7 +54,7 @@ def test_scan_result_save_writes_the_cli_files(cli_scan, api_scan, tmp_path):
         s["config"].pop("model")
     assert a == c
     assert result.summary()["ablations"] == c["ablations"]
-    with pytest.raises(HeadprobeError, match="not empty"):
+    with pytest.raises(HeadprobeError, match=r"not empty; pass --overwrite \(overwrite=True in Python\)"):
         result.save(tmp_path / "api")
 
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -535,6 +536,10 @@ def diff(
 
     name = lambda m: m if isinstance(m, str) else m.spec.name
     options.check_fields(DiffConfig, fields, "diff", positional=("model", "b"))
+    a, b = (os.fspath(m) if isinstance(m, os.PathLike) else m for m in (a, b))
+    for m in (b, a):  # a loaded model runs where it is: the device recorded is A's, else B's
+        options.check_model_argument(m, "diff")
+        fields = fields if isinstance(m, str) else options.loaded_fields(m, fields)
     cfg = DiffConfig(model=name(a), b=name(b), **fields)
     if isinstance(a, str) or isinstance(b, str):
         cfg.preflight()

@@ -289,7 +289,7 @@ def show(
     Args:
         model: a model name or path, loaded as ``load`` asks (``device``, ``dtype``, ``backend``,
             ``prepend_bos``, ``device_map``, ``max_memory``), or a loaded model (used as given, as
-            by every other command function).
+            by every other command function: ``device`` left at ``auto`` or the model's own).
 
     Raises:
         HeadprobeError: as :func:`run`.
@@ -299,9 +299,10 @@ def show(
 
     fields = dict(head=head, prompt=prompt, out=str(out), **load)
     options.check_fields(ShowConfig, fields, "show")
+    options.check_model_argument(model, "show")
     if isinstance(model, (str, os.PathLike)):
         return run(ShowConfig(model=str(model), **fields), overwrite=overwrite)
-    return run(ShowConfig(model=model.spec.name, **fields), overwrite=overwrite, model=model)
+    return run(ShowConfig(model=model.spec.name, **options.loaded_fields(model, fields)), overwrite=overwrite, model=model)
 
 
 FLAGS = (

@@ -117,7 +117,9 @@ def prepare_output_dir(
         raise HeadprobeError(f"output path {out} exists and is not a directory")
     resuming = resumable and out.is_dir() and any(p.is_file() for p in out.glob(CHECKPOINT_GLOB))
     if out.is_dir() and any(out.iterdir()) and not overwrite and not resuming:
-        raise HeadprobeError(f"output directory {out} is not empty; pass --overwrite to replace its files")
+        raise HeadprobeError(
+            f"output directory {out} is not empty; pass --overwrite (overwrite=True in Python) to replace its files"
+        )
     existing = out if out.is_dir() else next((p for p in out.absolute().parents if p.exists()), None)
     try:  # a real probe: permission bits say nothing for root or for special file systems
         tempfile.TemporaryFile(dir=existing).close()

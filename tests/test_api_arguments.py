@@ -1,0 +1,174 @@
+"""The Python API's refusals of arguments the command line cannot give: a loaded model with another
+``device``, devices, dtypes and models of the wrong kind or type, settings of the wrong type, and
+the message of a non-empty output folder (which names the Python argument too)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import headprobe
+from headprobe import options
+from headprobe.probe.backends import loading
+from headprobe.probe.core.errors import HeadprobeError
+
+SMALL = dict(n_natural=2, seq_len=12, n_repeated=2, period=5)
+
+
+@pytest.fixture(scope="module")
+def cpu_model(tiny_dir):
+    return headprobe.load_model(str(tiny_dir), device="cpu", quiet=True)
+
+
+def one_line(error: pytest.ExceptionInfo) -> str:
+    text = str(error.value)
+    assert "\n" not in text
+    return text
+
+
+@pytest.mark.parametrize("command", ["scan", "ablate", "show", "diff"])
+def test_a_loaded_model_refuses_another_device(cpu_model, text_file, tmp_path, command):
+    """The model runs where it was loaded (CPU here, no GPU needed): ``device="cuda"`` is refused
+    in one line before anything runs, never run on the CPU under the name ``cuda``."""
+    calls = {
+        "scan": lambda: headprobe.scan(cpu_model, device="cuda", text=str(text_file), types="induction", **SMALL),
+        "ablate": lambda: headprobe.ablate(cpu_model, device="cuda", text=str(text_file), heads="0.0", **SMALL),
+        "show": lambda: headprobe.show(cpu_model, device="cuda", head="0.0", prompt="a b a b", out=tmp_path / "s"),
+        "diff": lambda: headprobe.diff(cpu_model, cpu_model, device="cuda", types="induction", n_perm=9, **SMALL),
+    }
+    with pytest.raises(HeadprobeError) as e:
+        calls[command]()
+    assert "device='cuda', but the model given is loaded on cpu" in one_line(e)
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_loaded_model_records_the_device_it_ran_on(cpu_model, text_file, tmp_path):
+    """summary.json's ``config.device`` is the device the run used, as its ``device`` is, whether
+    ``device`` was left at auto or named; and saving again without overwrite names both spellings."""
+    for device in ("auto", "cpu"):
+        result = headprobe.ablate(cpu_model, device=device, text=str(text_file), heads="0.0", **SMALL)
+        assert result.config.device == "cpu"
+        result.save(tmp_path / device)
+        summary = json.loads((tmp_path / device / "summary.json").read_text())
+        assert summary["device"] == summary["config"]["device"] == "cpu"
+    with pytest.raises(HeadprobeError) as e:
+        result.save(tmp_path / "cpu")
+    assert "is not empty; pass --overwrite (overwrite=True in Python)" in one_line(e)
+
+
+def test_a_loaded_model_runs_in_its_own_dtype_and_records_it(tiny_dir, text_file):
+    """A model loaded in bfloat16 runs in bfloat16: summary.json's ``config.dtype`` says so (not
+    the default float32) and another ``dtype`` is refused, never recorded beside the model's."""
+    model = headprobe.load_model(str(tiny_dir), device="cpu", dtype="bf16", quiet=True)
+    for dtype in ({}, {"dtype": "bf16"}, {"dtype": torch.bfloat16}):
+        result = headprobe.ablate(model, text=str(text_file), heads="0.0", **SMALL, **dtype)
+        assert result.config.dtype == "bfloat16" == result.summary()["config"]["dtype"]
+    with pytest.raises(HeadprobeError) as e:
+        headprobe.ablate(model, dtype="float32", text=str(text_file), heads="0.0", **SMALL)
+    assert "dtype='float32', but the model given is loaded in bfloat16" in one_line(e)
+
+
+@pytest.mark.parametrize(
+    ("device", "expected"),
+    [
+        ("gpu", "--device 'gpu' is not one of auto, cpu, cuda, cuda:N"),
+        ("mps", "--device 'mps' is not one of auto, cpu, cuda, cuda:N"),
+        ("cuda:x", "--device 'cuda:x' is not one of"),
+        ("cuda", "--device cuda was asked for but no CUDA GPU is available"),
+        ("cuda:0", "--device cuda:0 was asked for but no CUDA GPU is available"),
+        ("cuda:1", "--device cuda:1 was asked for but no CUDA GPU is available"),
+    ],
+)
+def test_load_model_refuses_a_device_before_loading(device, expected, monkeypatch, capsys):
+    """One line, nothing printed and nothing loaded (the loader here fails the test if reached)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def not_reached(*args, **kwargs):
+        raise AssertionError("load_model reached the loader")
+
+    monkeypatch.setattr(loading, "load_model", not_reached)
+    with pytest.raises(HeadprobeError) as e:
+        headprobe.load_model(device=device, quiet=True)
+    assert expected in one_line(e)
+    assert capsys.readouterr().err == ""
+
+
+def test_cuda_n_is_checked_against_the_gpus_present(monkeypatch):
+    """``cuda:N`` stays valid where GPU N exists; beyond ``torch.cuda.device_count()`` it is refused."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for device in ("auto", "cpu", "cuda", "cuda:0", "cuda:1"):
+        options.check_device_present(device)
+    with pytest.raises(HeadprobeError, match=r"--device cuda:2: this machine has 2 CUDA GPUs \(cuda:0 to cuda:1\)"):
+        options.check_device_present("cuda:2")
+
+
+def test_load_model_takes_a_torch_dtype(tiny_dir):
+    model = headprobe.load_model(tiny_dir, device="cpu", dtype=torch.bfloat16, quiet=True)  # a Path, too
+    assert model.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("model", [123, None, 1.5])
+@pytest.mark.parametrize("command", ["scan", "ablate", "show"])
+def test_a_command_refuses_a_model_that_is_no_name_path_or_loaded_model(model, command):
+    kwargs = dict(head="0.0", prompt="a b", out="unused") if command == "show" else {}
+    with pytest.raises(HeadprobeError) as e:
+        getattr(headprobe, command)(model, **kwargs)
+    assert f"{command}(): model must be a model name, a path or a model loaded by headprobe.load_model" in one_line(e)
+
+
+WRONG_TYPES = {
+    "ablate(tiny, heads='0.0', n_natural='2')": "n_natural (--n-natural) must be an integer, got '2' (str)",
+    "ablate(tiny, heads='0.0', n_natural=2.5)": "n_natural (--n-natural) must be an integer, got 2.5 (float)",
+    "ablate(tiny, heads='0.0', seq_len=True)": "seq_len (--seq-len) must be an integer, got True (bool)",
+    "ablate(tiny, heads='0.0', seed='0')": "seed (--seed) must be an integer, got '0' (str)",
+    "ablate(tiny, heads='0.0', n_probes=[8])": "n_probes (--n-probes) must be an integer, got [8] (list)",
+    "load_model(123)": "load_model(): name must be a model name or path, got 123 (int)",
+    "load_model(dtype=16)": "dtype must be a name such as float32 or a torch.dtype, got 16 (int)",
+    "load_model(dtype=torch.int8)": "unknown dtype 'torch.int8'; choose one of float32, bfloat16, float16",
+}
+"""Arguments of the wrong type given to ``headprobe``'s functions (ablate's composed settings and
+one of its own, load_model's), and the start of the one line each is refused with."""
+
+RUN_WRONG_TYPES = """
+import json, sys
+import numpy as np
+import torch
+import headprobe
+from headprobe import ablate, load_model
+from headprobe.commands.ablate import AblateConfig
+from headprobe.probe.core.errors import HeadprobeError
+said = {}
+expected = json.loads(sys.argv[2])
+for case in expected:
+    try:
+        eval(case, {**globals(), "tiny": sys.argv[1]})
+        said[case] = None
+    except HeadprobeError as e:
+        said[case] = str(e) if "\\n" in str(e) else str(e)[: len(expected[case])]  # one line
+config = AblateConfig(heads="0.0", n_natural=np.int64(3), seed=np.int32(1))
+said["numpy"] = [type(config.n_natural).__name__, config.n_natural, type(config.seed).__name__]
+print(json.dumps(said))
+"""
+
+
+def test_arguments_of_the_wrong_type_are_refused_by_name(tiny_dir):
+    """From Python no flag parses a value: the shared settings check the types once for every
+    command, in one line naming the setting, before the model loads (load_model its name and dtype,
+    before loading); NumPy integers are taken and stored as ``int``. Run as a user runs it:
+    without the test suite's runtime type checker, which would refuse some of these first."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_WRONG_TYPES, str(tiny_dir), json.dumps(WRONG_TYPES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = json.loads(done.stdout.splitlines()[-1])
+    assert said.pop("numpy") == ["int", 3, "int"]
+    assert said == WRONG_TYPES
