@@ -308,7 +308,9 @@ def check_device_present(device: str) -> None:
         raise HeadprobeError(f"--device {device} was asked for but no CUDA GPU is available")
     n, index = torch.cuda.device_count(), int(device.partition(":")[2] or 0)
     if index >= n:
-        raise HeadprobeError(f"--device {device}: this machine has {n} CUDA GPU{'s' * (n != 1)} (cuda:0 to cuda:{n - 1})")
+        raise HeadprobeError(
+            f"--device {device}: this machine has {n} CUDA GPU{'s' * (n != 1)} (cuda:0 to cuda:{n - 1})"
+        )
 
 
 FLOAT16_BRIDGE = (

@@ -302,7 +302,9 @@ def show(
     options.check_model_argument(model, "show")
     if isinstance(model, (str, os.PathLike)):
         return run(ShowConfig(model=str(model), **fields), overwrite=overwrite)
-    return run(ShowConfig(model=model.spec.name, **options.loaded_fields(model, fields)), overwrite=overwrite, model=model)
+    return run(
+        ShowConfig(model=model.spec.name, **options.loaded_fields(model, fields)), overwrite=overwrite, model=model
+    )
 
 
 FLAGS = (
