@@ -289,6 +289,19 @@ def _as_list(values: int | Sequence[int] | None) -> Sequence[int] | None:
     return [values] if isinstance(values, int) else values  # a bool is refused by _indices
 
 
+def _stream_rows(model: Any, tokens: Tensor, out: dict[str, dict[int, Tensor]], rows: Sequence[int]) -> None:
+    """Fill ``out["pattern"]`` with the ``rows`` of each captured layer's pattern, computed from its
+    queries and keys (the native backend's online statistics), as ordinary tensors."""
+    from headprobe.probe.hooks.online_stats import online_head_stats
+
+    def keep(layer: int, st: Any) -> None:
+        out["pattern"][layer] = st.rows(rows).to(out["z"][layer].dtype)
+
+    online_head_stats(model, tokens, keep, layers=sorted(out["z"]), windows=(), final_residual=False, statistics=False)
+    # online_head_stats runs in inference mode: clone its tensors outside it
+    out["pattern"] = {layer: p.clone() if p.is_inference() else p for layer, p in out["pattern"].items()}
+
+
 def capture_heads(
     model: Any,
     tokens: Int[Tensor, "batch pos"] | Int[Tensor, " pos"],
@@ -357,18 +370,8 @@ def capture_heads(
     out = capture_internal(model, tokens, layers, attention_mask=attention_mask, patterns=not stream)
     out.pop("norm_in", None)
     if stream:
-        from headprobe.probe.hooks.online_stats import online_head_stats
-
-        def keep(layer: int, st: Any) -> None:
-            out["pattern"][layer] = st.rows(rows).to(out["z"][layer].dtype)
-
-        def ordinary(t: Tensor) -> Tensor:  # online_head_stats runs in inference mode
-            return t.clone() if t.is_inference() else t
-
-        online_head_stats(
-            model, tokens, keep, layers=sorted(out["z"]), windows=(), final_residual=False, statistics=False
-        )
-        out["pattern"] = {layer: ordinary(p) for layer, p in out["pattern"].items()}
+        assert rows is not None  # stream implies rows
+        _stream_rows(model, tokens, out, rows)
     elif rows is not None:
         out["pattern"] = {layer: p[:, :, list(rows)] for layer, p in out["pattern"].items()}
     if heads is not None:
