@@ -52,7 +52,7 @@ from torch import Tensor
 from headprobe.probe.backends.base import LoadedModel, token_losses
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.heads import check_receiver
+from headprobe.probe.core.heads import check_head, check_receiver, format_head, is_head_pair, read_heads
 from headprobe.probe.hooks.ablation import HookFn
 from headprobe.probe.hooks.capture import capture_internal
 from headprobe.probe.hooks.names import EMBED, attn_hook, block_hook
@@ -171,6 +171,20 @@ def _check_model(model: LoadedModel) -> None:
     model.self_check.require_decomposition("path patching")
 
 
+def check_first(first: int, pos: int) -> None:
+    """Refuse a ``first`` with no prediction of :func:`next_token_loss` from it on (the mean of none is NaN):
+    prompts of ``pos`` tokens make predictions at positions ``0 .. pos - 2``.
+
+    Raises:
+        HeadprobeError: ``first`` not an integer in ``0 .. pos - 2`` (one line naming the range)."""
+    ok = isinstance(first, int) and not isinstance(first, bool) and 0 <= first <= pos - 2
+    if not ok:
+        raise HeadprobeError(
+            f"first={first!r} is out of range for prompts of {pos} tokens: the default metric scores the "
+            f"next-token predictions from position first on, so first must be an integer 0..{pos - 2}"
+        )
+
+
 @torch.inference_mode()
 def prepare_runs(
     model: LoadedModel,
@@ -187,7 +201,8 @@ def prepare_runs(
     ``metric`` of the caller's must leave padding positions out itself.
 
     Raises:
-        HeadprobeError: shapes differ, not the native backend, an encoder, MLA, or a failed self-check.
+        HeadprobeError: shapes differ, not the native backend, an encoder, MLA, a failed self-check,
+            ``first`` outside ``0 .. pos - 2`` (:func:`check_first`), or a clean metric that is not finite.
     """
     _check_model(model)
     if clean.shape != corrupted.shape or clean.dim() != 2:
@@ -199,6 +214,8 @@ def prepare_runs(
         raise HeadprobeError(
             f"attention_mask {tuple(attention_mask.shape)} must have the prompts' shape {tuple(clean.shape)}"
         )
+    if metric is None:
+        check_first(first, clean.shape[1])
     mask = None if attention_mask is None or bool(attention_mask.bool().all()) else attention_mask.to(model.device)
     if mask is not None and metric is None and int(mask.sum(1).min()) < first + 2:
         raise HeadprobeError(
@@ -222,6 +239,10 @@ def prepare_runs(
     if mask is not None:  # a padding position's change reaches no real one; left out of every score
         deltas *= mask.to(deltas.device, deltas.dtype)[None, :, :, None, None]
     clean_metric = metric(model.forward(clean, attention_mask=mask).float(), clean.to(model.device)).float()
+    if not bool(torch.isfinite(clean_metric).all()):
+        raise HeadprobeError(
+            f"the metric of the clean run is not finite ({clean_metric.tolist()[:4]}): no effect can be measured from it"
+        )
     return PathRuns(clean, corrupted, metric, deltas, resid_pre, resid_final, clean_metric, embeds[0], embeds[1], mask)
 
 
@@ -397,12 +418,18 @@ def path_patch_effects(
     Raises:
         HeadprobeError: a sender not before its receiver, or a bad input name.
     """
-    L = model.spec.n_layers
+    L, H = model.spec.n_layers, model.spec.n_heads
     if receiver is not None and inp not in INPUTS:
         raise HeadprobeError(f"receiver input must be one of {INPUTS}, got {inp!r}")
+    if receiver is not None:
+        check_receiver(receiver, L, H)
     for s in senders:
-        if not (0 <= s[0] < L and 0 <= s[1] < model.spec.n_heads) or (receiver is not None and s[0] >= receiver[0]):
-            raise HeadprobeError(f"sender {s[0]}.{s[1]} is not a head before its receiver")
+        check_head(s, L, H)
+        if receiver is not None and s[0] >= receiver[0]:
+            raise HeadprobeError(
+                f"sender {format_head(s)} is not a head before its receiver {format_head(receiver)} "
+                f"(a sender's layer must be below {receiver[0]})"
+            )
     _check_expandable(model, [inp])
     if isinstance(runs, RunChunks):
         return sum(
@@ -823,8 +850,8 @@ def path_patch(
     model: LoadedModel,
     clean: Int[Tensor, "batch pos"],
     corrupted: Int[Tensor, "batch_c pos_c"],
-    senders: tuple[int, int] | Sequence[tuple[int, int]],
-    receiver: tuple[int, int] | str,
+    senders: str | tuple[int, int] | Sequence[str | tuple[int, int]],
+    receiver: str | tuple[int, int],
     input: str = "k",
     metric: Metric | None = None,
     first: int = 0,
@@ -838,23 +865,32 @@ def path_patch(
     Args:
         clean: token ids ``[batch, pos]``.
         corrupted: token ids of the same shape.
-        senders: one head ``(layer, head)`` (returns a float) or a list (returns ``[sender]``).
-        receiver: ``(layer, head)`` after every sender's layer, or ``"logits"``.
+        senders: one head, ``(layer, head)`` or ``"layer.head"`` (returns a float), or several:
+            a list of those or ``"l.h,l.h"`` (returns ``[sender]``).
+        receiver: one head (either form) after every sender's layer, or ``"logits"``.
         input: the receiver's input the senders' direct paths are patched into: ``"q"``, ``"k"``
             or ``"v"`` (unused with ``"logits"``).
         metric: ``metric(logits [batch, pos, d_vocab], tokens) -> [batch]``.
-        first: the first position the default metric scores (its next-token loss from there on).
+        first: the first position the default metric scores (its next-token loss from there on),
+            ``0 .. pos - 2`` (counted from the start; negative values are refused).
         attention_mask: ``[batch, pos]``, 1 real and 0 padding (:func:`prepare_runs`): a padded
             batch gives the mean of each row's effect run alone.
 
     Raises:
-        HeadprobeError: as :func:`prepare_runs` and :func:`path_patch_effects`.
+        HeadprobeError: a head out of range or not before its receiver (:func:`~headprobe.probe.core.heads.read_heads`),
+            as :func:`prepare_runs` and :func:`path_patch_effects`.
+        TypeError: a head that is neither a pair nor a ``"layer.head"`` string.
     """
-    one = len(senders) == 2 and all(isinstance(x, int) for x in senders)
+    L, H = model.spec.n_layers, model.spec.n_heads
+    one = is_head_pair(senders) or (isinstance(senders, str) and "," not in senders)
+    sender_list = read_heads(senders, L, H, "senders")
+    rec = None if receiver == "logits" else read_heads(receiver, L, H, "receiver")
+    if rec is not None and len(rec) != 1:
+        raise HeadprobeError(f"receiver must be one head or 'logits', got {len(rec)} heads")
+    if rec is not None:
+        check_receiver(rec[0], L, H)
     runs = prepare_runs(model, clean, corrupted, metric, first, attention_mask)
-    rec = None if receiver == "logits" else tuple(receiver)
-    # mypy cannot narrow the two unions by the tests above (one head; "logits"): the types hold after them
-    out = path_patch_effects(model, runs, [tuple(senders)] if one else [tuple(s) for s in senders], rec, input)  # type: ignore[list-item, misc, arg-type]
+    out = path_patch_effects(model, runs, sender_list, None if rec is None else rec[0], input)
     return float(out[0]) if one else out
 
 

@@ -134,3 +134,55 @@ def test_masked_attention_scores_are_minus_infinity_on_both_backends(sentinel_mo
         assert torch.isfinite(scores[..., seen]).all()
         assert torch.equal(via_hooks[n], scores)
         torch.testing.assert_close(scores.softmax(-1), want[layer], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("fixture", TINY_MODELS)
+def test_captured_tensors_work_with_weights_that_need_grad_and_in_place(fixture, request):
+    """README's check z_h W_O^(h) = result_h with a weight that requires grad (an inference tensor
+    cannot be saved for backward), on the native model through its own o_proj slice; in-place edits work."""
+    model = request.getfixturevalue(fixture)
+    tokens = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(3))
+    cap = capture_heads(model, tokens, rows=[1, 4])  # rows: the streamed pattern on the native backend
+    layer, h = model.spec.n_layers - 1, 1
+    W_h = model.W_O(layer)[h].detach().clone().requires_grad_()  # [d_head, d_model]
+    product = cap["z"][layer][0, :, h] @ W_h
+    torch.testing.assert_close(product.detach(), cap["result"][layer][0, :, h], atol=1e-5, rtol=1e-5)
+    if "native" in fixture:
+        d = model.spec.d_head
+        o_proj = model.model.blocks[layer].attn.o_proj.weight
+        assert o_proj.requires_grad
+        by_module = cap["z"][layer][0, :, h] @ o_proj[:, h * d : (h + 1) * d].T
+        torch.testing.assert_close(by_module.detach(), cap["result"][layer][0, :, h], atol=1e-5, rtol=1e-5)
+    for kind in ("z", "result", "pattern", "attn_out"):
+        before = cap[kind][layer].clone()
+        cap[kind][layer] += 1
+        assert torch.equal(cap[kind][layer], before + 1)
+
+
+def test_capture_heads_refuses_bad_inputs_in_one_line(tiny_llama_gqa_native):
+    """Each bad argument gets one line naming it (not an AttributeError, IndexError or reshape error
+    from deep inside); one int for ``layers`` is a list of one."""
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.hooks import capture
+
+    check_capture_inputs = lambda *a: capture.check_capture_inputs(*a)  # looked up when called
+    model = tiny_llama_gqa_native  # vocabulary 101, n_ctx 128
+    tokens = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(4))
+    refused = [
+        (lambda: capture_heads("smollm2-135m", tokens), TypeError, "model must be a loaded model"),
+        (lambda: capture_heads(model, tokens.clone().fill_(101)), HeadprobeError, "tokens has token id 101, outside"),
+        (lambda: capture_heads(model, tokens.clone().fill_(-1)), HeadprobeError, "tokens has token id -1,"),
+        (lambda: capture_heads(model, tokens[:, :0]), HeadprobeError, "at least one token, got shape \\(2, 0\\)"),
+        (lambda: capture_heads(model, torch.zeros(1, 129, dtype=torch.long)), HeadprobeError, "129 positions, more"),
+        (lambda: check_capture_inputs(model, tokens.tolist()), TypeError, "tokens must be an integer tensor.*got list"),
+        (lambda: check_capture_inputs(model, "t1 t2"), TypeError, "tokens must be an integer tensor.*got str"),
+        (lambda: check_capture_inputs(model, tokens.float()), TypeError, "got a torch.float32 tensor"),
+        (lambda: check_capture_inputs(model, tokens, tokens[:, :5]), HeadprobeError, "attention_mask \\(2, 5\\) must"),
+    ]
+    for call, error, message in refused:
+        with pytest.raises(error, match=message) as info:
+            call()
+        assert "\n" not in str(info.value)
+    one = capture_heads(model, tokens, layers=1)
+    listed = capture_heads(model, tokens, layers=[1])
+    assert set(one["z"]) == {1} and torch.equal(one["result"][1], listed["result"][1])

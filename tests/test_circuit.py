@@ -335,3 +335,49 @@ def test_the_one_pass_baseline_equals_its_definition(tiny_tokenizer, drift_at):
             handle.remove()
     assert got == want
     assert (got == 0.0) if drift_at is None else (got > 1e-3)
+
+
+def _prompt_pair(model, pos=25):
+    g = torch.Generator().manual_seed(11)
+    return (torch.randint(0, 100, (2, pos), generator=g) for _ in range(2))
+
+
+def test_path_patch_refuses_a_first_without_predictions(tiny_llama_gqa_native):
+    """Prompts of 25 tokens predict at positions 0..23: first=23 equals a hand-made metric of the
+    last prediction alone; 24, 25, 100 (no prediction: NaN) and negative values are refused in one
+    line naming the range; so is a caller's metric that is NaN."""
+    from headprobe.analyses.circuit import path_patch
+    from headprobe.probe.backends.base import token_losses
+
+    model = tiny_llama_gqa_native
+    clean, corrupted = _prompt_pair(model)
+    last = path_patch(model, clean, corrupted, (0, 1), (1, 2), "k", first=23)
+    by_hand = path_patch(model, clean, corrupted, (0, 1), (1, 2), "k", metric=lambda lg, t: token_losses(lg, t)[:, 23])
+    assert np.isfinite(last) and last == pytest.approx(by_hand, rel=1e-5, abs=1e-9)
+    for first in (24, 25, 100, -1, -2):
+        with pytest.raises(HeadprobeError, match=r"first=-?\d+ is out of range for prompts of 25 tokens.*0\.\.23$"):
+            path_patch(model, clean, corrupted, (0, 1), (1, 2), "k", first=first)
+    with pytest.raises(HeadprobeError, match="metric of the clean run is not finite"):
+        path_patch(model, clean, corrupted, (0, 1), (1, 2), "k", metric=lambda lg, t: lg[:, :0, 0].mean(1))
+
+
+def test_path_patch_reads_and_checks_heads_as_the_other_apis(tiny_llama_gqa_native):
+    """Heads as "l.h" strings give what (l, h) pairs give; a receiver or sender outside the model is
+    named as out of range (check_head's line), not an IndexError or 'not before its receiver'."""
+    from headprobe.analyses.circuit import path_patch
+
+    model = tiny_llama_gqa_native  # 2 layers of 8 heads
+    clean, corrupted = _prompt_pair(model, 9)
+    for senders, receiver, message in (
+        ((0, 1), (1, 99), r"^head 1\.99 is out of range: the model has 2 layers of 8 heads"),
+        ((99, 0), (1, 2), r"^head 99\.0 is out of range"),
+        ("0.9", (1, 2), r"^head 0\.9 is out of range"),
+        ((1, 0), (1, 2), r"^sender 1\.0 is not a head before its receiver 1\.2"),
+        ((0, 1), (0, 2), r"^receiver 0\.2 is in layer 0"),
+    ):
+        with pytest.raises(HeadprobeError, match=message):
+            path_patch(model, clean, corrupted, senders, receiver, "k")
+    pairs = path_patch(model, clean, corrupted, [(0, 1), (0, 3)], (1, 2), "v")
+    assert np.array_equal(path_patch(model, clean, corrupted, ["0.1", (0, 3)], "1.2", "v"), pairs)
+    assert np.array_equal(path_patch(model, clean, corrupted, "0.1,0.3", "1.2", "v"), pairs)
+    assert path_patch(model, clean, corrupted, "0.1", "1.2", "v") == pairs[0]

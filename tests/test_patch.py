@@ -559,3 +559,33 @@ def test_smollm2_padded_ioi_patch_equals_one_batch_per_length(smollm2_native):
         np.testing.assert_allclose(padded.patched_ld, per_length, atol=5e-5, rtol=0)
         assert 2 * padded.n_forward <= passes
     assert padded.effect[0].mean() < -0.3  # 23.3's key input matters for IOI (docs/patch.md)
+
+
+@pytest.mark.parametrize(
+    "form", ["0.1,1.3", "L0H1,L1H3", ["0.1", "1.3"], [(0, 1), (1, 3)], ["0.1", (1, 3)], ((0, 1), (1, 3))]
+)
+def test_every_commands_heads_setting_reads_the_same_forms(form):
+    """ablate's and patch's ``heads`` (and show's one ``head``) go through one parser (read_heads):
+    each form is the same heads; one pair is one head; a float (18.6 is 18.60 too) is refused."""
+    from headprobe.commands.ablate import AblateConfig
+    from headprobe.commands.patch import PatchConfig
+    from headprobe.probe.core import heads
+    from headprobe.probe.core.errors import HeadprobeError
+
+    for config in (AblateConfig, PatchConfig):
+        assert config(model="m", heads=form).heads == "0.1,1.3"
+        assert config(model="m", heads=(0, 1)).heads == config(model="m", heads="0.1").heads == "0.1"
+    # a float passes no type check in the configs' annotations; users without one get this line
+    with pytest.raises(HeadprobeError, match=r"write layer\.head as the string '18\.6' or the pair \(18, 6\)"):
+        heads.heads_text(18.6)
+    with pytest.raises(HeadprobeError, match=r"heads=\[18\.6\]|heads=18\.6"):
+        heads.heads_text([18.6])
+
+
+def test_patch_takes_heads_as_pairs(tiny_llama_gqa_native, prompts_file):
+    """``headprobe.patch(model, heads=[(l, h)])`` patches the heads ``heads="l.h,..."`` names."""
+    model = tiny_llama_gqa_native
+    by_text = headprobe.patch(model, prompts=str(prompts_file), heads="0.1,1.3").table
+    by_pairs = headprobe.patch(model, prompts=str(prompts_file), heads=[(0, 1), "1.3"]).table
+    assert list(zip(by_pairs["layer"], by_pairs["head"])) == [(0, 1), (1, 3)]
+    pd.testing.assert_frame_equal(by_pairs, by_text)

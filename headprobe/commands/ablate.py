@@ -28,7 +28,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.heads import Head, all_heads, check_head_layers, format_head, parse_heads
+from headprobe.probe.core.heads import Head, all_heads, check_head_layers, heads_text, parse_heads
 from headprobe.settings import setting
 
 HELP = "exact single-head ablation effect of every head (natural text, repeated tokens), gradient importance, CSV + heatmaps"
@@ -61,18 +61,6 @@ __all__ = [
 __getattr__ = lazy_names(__name__, "headprobe.commands.ablate_core", _CORE)
 
 
-_ANY = 10**9  # bounds for checking the layer.head syntax alone
-
-
-def _heads_text(heads) -> str | None:
-    """``heads`` (None, ``"5.1,7.3"`` or ``[(5, 1), (7, 3)]``) as the checked string ``"5.1,7.3"``."""
-    if heads is None:
-        return None
-    if not isinstance(heads, str):
-        heads = ",".join(h if isinstance(h, str) else format_head(tuple(h)) for h in heads)
-    return ",".join(format_head(h) for h in parse_heads(heads, _ANY, _ANY))
-
-
 def _kind_help() -> str:
     """``--kind``'s help, from the kinds registered when the parser is made."""
     kinds = ", ".join(f"{k.name} ({k.help})" for k in ablation_kinds.kinds())
@@ -92,7 +80,8 @@ class AblateConfig(options.ModelRunConfig):
 
     Attributes:
         kind: ablation kind, a name in :data:`headprobe.probe.core.ablation_kinds.KINDS` (zero, mean, resample).
-        heads: heads to sweep, ``"5.1,7.3"`` or ``[(5, 1), (7, 3)]`` (stored as the string); None: all.
+        heads: heads to sweep, in any form :func:`~headprobe.probe.core.heads.read_heads` takes
+            (``"5.1,7.3"``, ``["5.1", "7.3"]``, ``[(5, 1), (7, 3)]``, ``(5, 1)``; stored as the string); None: all.
         max_batch: most sequences per forward pass in the sweep (>= 1); None: as many as the memory
             budget holds (:func:`headprobe.analyses.ablation.sweep_plan`).
         estimate: None: the exact sweep; one of :data:`ESTIMATES`: that gradient estimate of every head's
@@ -101,7 +90,7 @@ class AblateConfig(options.ModelRunConfig):
     """
 
     kind: str = setting("zero", lambda: _kind_help(), choices=ablation_kinds.names)
-    heads: str | Sequence[tuple[int, int]] | None = setting(
+    heads: str | tuple[int, int] | Sequence[str | tuple[int, int]] | None = setting(
         None, "sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3; L5H1 also accepted); default: all"
     )
     max_batch: int | None = setting(
@@ -131,7 +120,7 @@ class AblateConfig(options.ModelRunConfig):
             raise HeadprobeError(f"--estimate {self.estimate!r} is not one of {', '.join(ESTIMATES)}")
         if self.n_probes < 1:
             raise HeadprobeError(f"--n-probes must be at least 1, got {self.n_probes}")
-        object.__setattr__(self, "heads", _heads_text(self.heads))
+        object.__setattr__(self, "heads", heads_text(self.heads))
 
     def head_list(self, n_layers: int, n_heads: int, head_layers: Sequence[int] | None = None) -> list[Head]:
         """The heads to sweep in a model of ``n_layers x n_heads`` whose layers ``head_layers`` have

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,7 +40,7 @@ from headprobe.analyses.vocabulary import PATCH_SITES
 from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.heads import parse_heads
+from headprobe.probe.core.heads import heads_text, read_heads
 from headprobe.probe.core.io import read_text_file, summary_envelope
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
@@ -67,7 +68,9 @@ class PatchConfig(ModelSettings):
         task: ``ioi`` (ignored with ``prompts``).
         prompts: a JSONL file of prompt pairs (see the module docstring), instead of the task's.
         n_prompts: IOI pairs to build (>= 2). seed: draws the IOI names.
-        heads: ``layer.head`` list (comma-separated) to patch; None: every head (not with ``resid``).
+        heads: heads to patch, in any form :func:`~headprobe.probe.core.heads.read_heads` takes
+            (``"9.6,9.9"``, ``["9.6", "9.9"]``, ``[(9, 6), (9, 9)]``, ``(9, 6)``; stored as the string);
+            None: every head (not with ``resid``).
         site: what is patched (:data:`~headprobe.analyses.vocabulary.PATCH_SITES`): ``z`` (a head's
             output), ``q``, ``k``, ``v`` (its query, key or value input; GQA as
             :func:`headprobe.analyses.patching.head_input_hooks` says) or ``resid`` (the residual
@@ -84,7 +87,9 @@ class PatchConfig(ModelSettings):
     )
     n_prompts: int = setting(24, "IOI prompt pairs (default %(default)s)", type=positive_int)
     seed: int = shared(DataSettings, "seed")
-    heads: str | None = setting(None, "only these heads, e.g. 9.6,9.9 or L9H6 (default: every head)")
+    heads: str | tuple[int, int] | Sequence[str | tuple[int, int]] | None = setting(
+        None, "only these heads, e.g. 9.6,9.9 or L9H6 (default: every head)"
+    )
     site: str = setting(
         "z",
         "what to patch: z (a head's output, default), q/k/v (its query, key or value input; GQA: the "
@@ -101,6 +106,7 @@ class PatchConfig(ModelSettings):
 
     def __post_init__(self):
         super().__post_init__()
+        object.__setattr__(self, "heads", heads_text(self.heads))
         if self.task not in TASKS:
             raise HeadprobeError(
                 f"--task must be one of {', '.join(TASKS)}, got {self.task!r} (or give --prompts FILE)"
@@ -144,7 +150,7 @@ class PatchConfig(ModelSettings):
         pairs = self._pair_fields()
         cfg = options.peek_config(self.model)
         if cfg and self.heads:
-            parse_heads(self.heads, cfg["n_layers"], cfg["n_heads"])
+            read_heads(self.heads, cfg["n_layers"], cfg["n_heads"])
         for i, pair in enumerate(pairs or ()):
             for which in ("clean", "corrupted"):
                 n = options.peek_token_count(self.model, pair[which], self.prepend_bos)
@@ -405,7 +411,7 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
     spec = model.spec
     if not spec.causal:
         raise HeadprobeError(f"{spec.name} is an encoder: patching's logit difference needs a language-model head")
-    units = parse_heads(config.heads, spec.n_layers, spec.n_heads) if config.heads else None
+    units = read_heads(config.heads, spec.n_layers, spec.n_heads) if config.heads else None
     if config.site == "resid" and config.positions is not None:
         units = [
             (layer, pos) for layer in range(spec.n_layers) for pos in config.position_list() or []

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from headprobe import options
 from headprobe.commands import Command
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.heads import check_head_layers, parse_heads
+from headprobe.probe.core.heads import check_head_layers, heads_text, parse_heads
 from headprobe.settings import OUTPUT, Flags, ModelSettings, setting
 
 if TYPE_CHECKING:
@@ -278,7 +278,7 @@ def long_window(n: int, size: int = LONG_WINDOW, sink: int = 4) -> tuple[list[in
 def show(
     model: str | LoadedModel = options.DEFAULT_MODEL,
     *,
-    head: str,
+    head: str | tuple[int, int],
     prompt: str,
     out: str | Path,
     overwrite: bool = False,
@@ -290,6 +290,7 @@ def show(
         model: a model name or path, loaded as ``load`` asks (``device``, ``dtype``, ``backend``,
             ``prepend_bos``, ``device_map``, ``max_memory``), or a loaded model (used as given, as
             by every other command function: ``device`` left at ``auto`` or the model's own).
+        head: one head, ``"18.6"`` (or ``"L18H6"``) or ``(18, 6)``.
 
     Raises:
         HeadprobeError: as :func:`run`.
@@ -297,7 +298,7 @@ def show(
     """
     import os
 
-    fields = dict(head=head, prompt=prompt, out=str(out), **load)
+    fields = dict(head=heads_text(head, "head"), prompt=prompt, out=str(out), **load)
     options.check_fields(ShowConfig, fields, "show")
     options.check_model_argument(model, "show")
     if isinstance(model, (str, os.PathLike)):

@@ -601,7 +601,9 @@ class LoadedModel:
         if bad.numel():
             tid = int(bad[0])
             token = (
-                self.tokenizer.convert_ids_to_tokens(tid) if hasattr(self.tokenizer, "convert_ids_to_tokens") else None
+                self.tokenizer.convert_ids_to_tokens(tid)
+                if tid >= 0 and hasattr(self.tokenizer, "convert_ids_to_tokens")  # a negative id has no token
+                else None
             )
             raise HeadprobeError(
                 f"{what} has token id {tid}{f' ({token!r})' if token else ''}, outside the model's "

@@ -92,3 +92,77 @@ def check_head_layers(heads: Sequence[Head], head_layers: Sequence[int] | None) 
             f"head {bad[0][0]}.{bad[0][1]}: layer {bad[0][0]} has no heads "
             f"(linear attention); the layers with heads are {list(head_layers)}"
         )
+
+
+ANY = 10**9
+"""Bounds for checking the ``layer.head`` form alone, before a model's layout is known."""
+
+
+def _int(value: object) -> int | None:
+    """``value`` as an int where it is one (Python, numpy or 0-d torch integer; not a bool or a float)."""
+    import operator
+
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def is_head_pair(value: object) -> bool:
+    """True for one head given as a ``(layer, head)`` pair of integers."""
+    return isinstance(value, (tuple, list)) and len(value) == 2 and all(_int(v) is not None for v in value)
+
+
+def _float_error(value: object, what: str) -> HeadprobeError:
+    return HeadprobeError(
+        f"{what}={value!r} is a number, not a head: write layer.head as the string {str(value)!r} or the pair "
+        f"({str(value).replace('.', ', ')})"
+    )
+
+
+def read_heads(value: object, n_layers: int = ANY, n_heads: int = ANY, what: str = "heads") -> list[Head]:
+    """Heads in every form the Python API takes: a ``"5.1,7.3"`` string (``L5H1`` too,
+    :func:`parse_heads`), one ``(layer, head)`` pair, or a list of ``"l.h"`` strings and/or pairs.
+    Each head is checked against ``n_layers x n_heads`` (:func:`check_head`; the default bounds
+    check the form alone). ``what``: the argument's name in messages.
+
+    Raises:
+        HeadprobeError: a malformed or out-of-range head, an empty list, or a float such as ``18.6``
+            (ambiguous: 18.6 and 18.60 are one float; write ``"18.6"`` or ``(18, 6)``).
+        TypeError: anything else (one line naming ``what``).
+    """
+    if isinstance(value, str):
+        return parse_heads(value, n_layers, n_heads)
+    if isinstance(value, float):
+        raise _float_error(value, what)
+    if is_head_pair(value):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{what} must be 'l.h,l.h', a (layer, head) pair or a list of them, got {type(value).__name__}")
+    heads: list[Head] = []
+    for item in value:
+        if isinstance(item, str):
+            heads += parse_heads(item, n_layers, n_heads)
+        elif isinstance(item, float):
+            raise _float_error(item, what)
+        elif is_head_pair(item):
+            head = (_int(item[0]), _int(item[1]))
+            check_head(head, n_layers, n_heads)  # type: ignore[arg-type]
+            heads.append(head)  # type: ignore[arg-type]
+        else:
+            raise TypeError(f"{what}: {item!r} is not a head ('l.h' or a (layer, head) pair of integers)")
+    if not heads:
+        raise HeadprobeError(f"no heads given in {what}")
+    return heads
+
+
+def heads_text(value: object, what: str = "heads") -> str | None:
+    """A ``heads`` setting in any form :func:`read_heads` takes as the checked string ``"5.1,7.3"``
+    (how commands store it; None stays None). The range is checked once the model is known.
+
+    Raises:
+        HeadprobeError, TypeError: as :func:`read_heads`.
+    """
+    return None if value is None else ",".join(format_head(h) for h in read_heads(value, what=what))

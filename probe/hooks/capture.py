@@ -132,7 +132,7 @@ def prompt_patterns_by_layer(
     patterns_by_layer(model, tokens, per_prompt, layers=layers, attention_mask=mask)
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: what it returns is an ordinary tensor (usable with weights that need grad)
 def capture_internal(
     model: Any,
     tokens: Int[Tensor, "batch pos"],
@@ -227,7 +227,6 @@ def post_norm_factor(
     return w * s
 
 
-@torch.inference_mode()
 def _indices(values: Sequence[int], n: int, what: str) -> list[int]:
     """``values`` as indices into ``n`` items, negative ones counted from the end as Python does.
 
@@ -252,13 +251,69 @@ def _indices(values: Sequence[int], n: int, what: str) -> list[int]:
     return out
 
 
+def check_capture_inputs(model: Any, tokens: Any, attention_mask: Any = None) -> None:
+    """Refuse what :func:`capture_heads` cannot run, in one line naming the argument, before a hook is set.
+
+    Raises:
+        TypeError: ``model`` not a loaded model, ``tokens`` not an integer tensor.
+        HeadprobeError: ``tokens`` not ``[batch, pos]`` or ``[pos]``, empty, longer than the model's
+            context ``spec.n_ctx``, an id outside the vocabulary, or an ``attention_mask`` of another shape.
+    """
+    if not hasattr(model, "self_check") or not hasattr(model, "spec"):
+        raise TypeError(
+            f"model must be a loaded model (headprobe.load_model(...)), got {type(model).__name__} {model!r:.60}"
+        )
+    if (
+        not isinstance(tokens, Tensor)
+        or tokens.dtype.is_floating_point
+        or tokens.dtype.is_complex
+        or (tokens.dtype == torch.bool)
+    ):
+        what = type(tokens).__name__ if not isinstance(tokens, Tensor) else f"a {tokens.dtype} tensor"
+        raise TypeError(
+            f"tokens must be an integer tensor of token ids [batch, pos] (model.to_tokens(text)), got {what}"
+        )
+    if tokens.dim() not in (1, 2) or tokens.numel() == 0:
+        raise HeadprobeError(
+            f"tokens must be [batch, pos] token ids with at least one token, got shape {tuple(tokens.shape)}"
+        )
+    if tokens.shape[-1] > model.spec.n_ctx:
+        raise HeadprobeError(
+            f"tokens has {tokens.shape[-1]} positions, more than the model's context of {model.spec.n_ctx} (n_ctx)"
+        )
+    model.check_token_ids(tokens, "tokens")
+    if attention_mask is not None and (
+        not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(tokens.shape)
+    ):
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+        raise HeadprobeError(f"attention_mask {shape} must be a tensor of the tokens' shape {tuple(tokens.shape)}")
+
+
+def _as_list(values: int | Sequence[int] | None) -> Sequence[int] | None:
+    """One index as a list of one (``layers=18`` as ``[18]``)."""
+    return [values] if isinstance(values, int) else values  # a bool is refused by _indices
+
+
+def _stream_rows(model: Any, tokens: Tensor, out: dict[str, dict[int, Tensor]], rows: Sequence[int]) -> None:
+    """Fill ``out["pattern"]`` with the ``rows`` of each captured layer's pattern, computed from its
+    queries and keys (the native backend's online statistics), as ordinary tensors."""
+    from headprobe.probe.hooks.online_stats import online_head_stats
+
+    def keep(layer: int, st: Any) -> None:
+        out["pattern"][layer] = st.rows(rows).to(out["z"][layer].dtype)
+
+    online_head_stats(model, tokens, keep, layers=sorted(out["z"]), windows=(), final_residual=False, statistics=False)
+    # online_head_stats runs in inference mode: clone its tensors outside it
+    out["pattern"] = {layer: p.clone() if p.is_inference() else p for layer, p in out["pattern"].items()}
+
+
 def capture_heads(
     model: Any,
-    tokens: Int[Tensor, "batch pos"],
-    layers: Sequence[int] | None = None,
+    tokens: Int[Tensor, "batch pos"] | Int[Tensor, " pos"],
+    layers: int | Sequence[int] | None = None,
     attention_mask: Int[Tensor, "batch pos"] | None = None,
-    heads: Sequence[int] | None = None,
-    rows: Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    rows: int | Sequence[int] | None = None,
 ) -> dict[str, dict[int, Tensor]]:
     """Patterns, z, per-head results and attention outputs of ``layers`` (default: all).
 
@@ -269,10 +324,13 @@ def capture_heads(
     the fused kernel running), so no ``[head, q_pos, k_pos]`` pattern of a layer is made; on the
     bridge they are cut from the materialised pattern.
 
+    ``tokens``: token ids ``[batch, pos]`` (or ``[pos]``, a batch of one), at most ``spec.n_ctx``
+    positions. ``layers``, ``heads``, ``rows``: a list of indices or one int.
+
     ``attention_mask`` ``[batch, pos]`` (1 real, 0 padding; from ``model.to_tokens(list_of_texts)``)
     runs a padded batch: padded keys get zero weight and positions count real tokens only, so at
     the real positions every tensor equals the unpadded run's (tested to 1e-5 on every zoo family,
-    either side). Values at padded query positions are not meaningful (a padded query reads only
+    either side; the TransformerLens bridge takes right padding only, docs/padding.md). Values at padded query positions are not meaningful (a padded query reads only
     itself); cut each sequence to its real tokens (``mask[b].bool()``) before using them.
 
     ``result_h`` is each head's output contribution to the residual stream, ``z_h @ W_O[h]``
@@ -288,6 +346,9 @@ def capture_heads(
     tokens)`` takes the per-layer patterns as they are, ``tuple(cap["pattern"][l] for l in
     sorted(cap["pattern"]))`` (Hugging Face's ``output_attentions`` format).
 
+    The tensors are ordinary ones (no gradient; not inference tensors), so products with the
+    model's weights (``z_h @ W_O[h]``) and in-place edits work on them.
+
     Returns:
         Hook point -> layer -> tensor: ``pattern`` ``[batch, head, q_pos, k_pos]``, ``z``
             ``[batch, pos, head, d_head]``, ``result`` ``[batch, pos, head, d_model]``, ``b_O``
@@ -295,14 +356,18 @@ def capture_heads(
             the attention block adds to the residual stream (after the post-attention norm, where there is one).
 
     Raises:
+        TypeError: ``model`` not a loaded model, ``tokens`` not an integer tensor (:func:`check_capture_inputs`).
         HeadprobeError: the model's load-time self-check found that its per-head results do not
-            sum to what its blocks add (see :mod:`headprobe.probe.hooks.selfcheck`), an
-            ``attention_mask`` on a backend without padding (the TransformerLens bridge), or a
-            layer, head or row out of range (negative ones count from the end, as Python's, the
-            same on both backends; the dicts are keyed by the non-negative layer).
+            sum to what its blocks add (see :mod:`headprobe.probe.hooks.selfcheck`); bad ``tokens``
+            or ``attention_mask`` (:func:`check_capture_inputs`); a left-padded ``attention_mask`` on
+            the TransformerLens bridge; or a layer, head or row out of range (negative ones count
+            from the end, as Python's, the same on both backends; the dicts are keyed by the
+            non-negative layer).
     """
+    check_capture_inputs(model, tokens, attention_mask)
     model.self_check.require_decomposition("per-head results (capture_heads)")
     spec = model.spec
+    layers, heads, rows = _as_list(layers), _as_list(heads), _as_list(rows)
     layers = None if layers is None else _indices(layers, spec.n_layers, "layer")
     heads = None if heads is None else _indices(heads, spec.n_heads, "head")
     rows = None if rows is None else _indices(rows, tokens.shape[-1], "row (query position)")
@@ -310,14 +375,8 @@ def capture_heads(
     out = capture_internal(model, tokens, layers, attention_mask=attention_mask, patterns=not stream)
     out.pop("norm_in", None)
     if stream:
-        from headprobe.probe.hooks.online_stats import online_head_stats
-
-        def keep(layer: int, st: Any) -> None:
-            out["pattern"][layer] = st.rows(rows).to(out["z"][layer].dtype)
-
-        online_head_stats(
-            model, tokens, keep, layers=sorted(out["z"]), windows=(), final_residual=False, statistics=False
-        )
+        assert rows is not None  # stream implies rows
+        _stream_rows(model, tokens, out, rows)
     elif rows is not None:
         out["pattern"] = {layer: p[:, :, list(rows)] for layer, p in out["pattern"].items()}
     if heads is not None:
