@@ -464,13 +464,12 @@ def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, Nati
     Raises:
         HeadprobeError: ``device="cuda"`` without a CUDA GPU.
     """
-    from headprobe.probe.backends.loading import device_auto
+    from headprobe.probe.backends.loading import device_auto, require_gpu
     from headprobe.probe.model.convert import spec_from_native
     from headprobe.probe.model.transformer import Transformer, init_weights
 
     device = device_auto(cfg.device)
-    if device == "cuda" and not torch.cuda.is_available():
-        raise HeadprobeError("--device cuda was asked for but no CUDA GPU is available")
+    require_gpu(device)
     mcfg = cfg.model_config()
     torch.manual_seed(cfg.seed)
     model = init_weights(Transformer(mcfg)).to(device)

@@ -296,21 +296,11 @@ def check_device_present(device: str) -> None:
     Raises:
         HeadprobeError: an unknown device, or a GPU that is not there (one line).
     """
-    import torch
-
-    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.backends.loading import require_gpu
     from headprobe.settings import check_device
 
     check_device(device, indexed=True)
-    if not device.startswith("cuda"):
-        return
-    if not torch.cuda.is_available():
-        raise HeadprobeError(f"--device {device} was asked for but no CUDA GPU is available")
-    n, index = torch.cuda.device_count(), int(device.partition(":")[2] or 0)
-    if index >= n:
-        raise HeadprobeError(
-            f"--device {device}: this machine has {n} CUDA GPU{'s' * (n != 1)} (cuda:0 to cuda:{n - 1})"
-        )
+    require_gpu(device)
 
 
 FLOAT16_BRIDGE = (

@@ -607,3 +607,21 @@ def device_auto(device: str = "auto") -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
+
+
+def require_gpu(device: str) -> None:
+    """Refuse ``cuda`` / ``cuda:N`` where that GPU is not there (``N`` below
+    ``torch.cuda.device_count()``); any other device passes.
+
+    Raises:
+        HeadprobeError: no CUDA GPU, or fewer than ``N + 1`` (one line).
+    """
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        raise HeadprobeError(f"--device {device} was asked for but no CUDA GPU is available")
+    n, index = torch.cuda.device_count(), int(device.partition(":")[2] or 0)
+    if index >= n:
+        raise HeadprobeError(
+            f"--device {device}: this machine has {n} CUDA GPU{'s' * (n != 1)} (cuda:0 to cuda:{n - 1})"
+        )
