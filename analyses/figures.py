@@ -103,6 +103,14 @@ def _styled(draw):
     return styled
 
 
+def _agg_canvas(fig: Figure):
+    """``fig``'s Agg canvas (a new one where it has another), whose renderer measures text and axes
+    after ``fig.draw_without_rendering()``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    return fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+
+
 def _wrap_titles(fig: Figure) -> Figure:
     """A safety net: a title too wide for the room it has breaks into lines (at spaces), so the
     layout made when the figure is saved has room for every line (matplotlib's own
@@ -110,9 +118,7 @@ def _wrap_titles(fig: Figure) -> Figure:
     three-line title off the top). The figure is laid out once to measure (``draw_without_rendering``:
     the layout and text positions of a draw, no pixels): a title's room is twice the distance from
     its centre to the nearer figure edge."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas = _agg_canvas(fig)
     texts = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title) if t.get_text()]  # type: ignore[attr-defined]  # private, not in matplotlib's stubs
     texts += [fig._suptitle] if fig._suptitle is not None and fig._suptitle.get_text() else []  # type: ignore[attr-defined]  # private, as above
     if not texts:
@@ -165,9 +171,7 @@ def _fit_ylabels(fig: Figure, axes) -> None:
     import re
     import textwrap
 
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas = _agg_canvas(fig)
     for _ in range(3):
         fig.draw_without_rendering()
         renderer, changed = canvas.get_renderer(), False
@@ -724,9 +728,7 @@ def _widen_for_column_texts(fig: Figure, axes, gap_pt: float = 3.0) -> None:
     column, :func:`ablation_plot`'s verdict texts) are at least ``gap_pt`` points apart: seven
     types' texts in a column-wide figure printed over each other. The figure is laid out to measure
     (``draw_without_rendering``), again after each widening; a figure whose texts fit keeps its size."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas = _agg_canvas(fig)
     for _ in range(4):
         fig.draw_without_rendering()
         renderer, gap = canvas.get_renderer(), gap_pt * fig.dpi / 72
@@ -1250,10 +1252,9 @@ def _place_point_labels(fig: Figure, notes, left: Sequence[bool], gap_px: float 
     variants with the same KV cache and nearly the same loss printed their names over each other, and
     a label under a neighbour's marker reads as that neighbour's. The figure is laid out once to
     measure (``draw_without_rendering``)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.transforms import Bbox
 
-    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas = _agg_canvas(fig)
     fig.draw_without_rendering()
     renderer = canvas.get_renderer()
     placed: list = []  # the boxes of the labels placed so far
