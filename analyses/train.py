@@ -504,7 +504,7 @@ def _training_batch(cfg: TrainConfig, corpus: TextCorpus | None, gen: torch.Gene
     """One training batch of ``cfg.batch_size`` sequences drawn from ``gen`` (on the CPU): copy
     sequences, mixed with windows of ``corpus.train`` for ``"text+copy"``."""
     if cfg.corpus == "text+copy":
-        assert corpus is not None  # _eval_data made it for text+copy
+        assert corpus is not None and cfg.copy_fraction is not None  # _eval_data made it; TrainConfig sets the fraction
         return mixed_batch(
             cfg.batch_size,
             cfg.seq_len,

@@ -16,6 +16,19 @@ INDUCTION_FORMED = 0.5
 """An induction score above this: the head has formed (train's summary, the phase change, study's marks)."""
 N_CHARS = len(TEXT_CHARS)
 """96: the character vocabulary of ``corpus="text+copy"`` (newline and printable ASCII)."""
+COPY_FRACTION = 0.5
+"""The copy sequences' share of a ``corpus="text+copy"`` batch when :attr:`TrainConfig.copy_fraction` is not given."""
+
+
+def refuse_copy_fraction(corpus: str, copy_fraction: float | None) -> None:
+    """Refuse a copy fraction given for a corpus without natural text to mix copies with (only
+    ``"text+copy"`` has one): ``headprobe train`` and ``headprobe study`` would ignore it.
+
+    Raises:
+        HeadprobeError: ``copy_fraction`` is not None and ``corpus`` is not ``"text+copy"``.
+    """
+    if copy_fraction is not None and corpus != "text+copy":
+        raise HeadprobeError(f"--copy-fraction applies to --corpus text+copy only, not to --corpus {corpus}")
 
 
 @dataclass(frozen=True)
@@ -84,16 +97,23 @@ class TrainConfig:
     :func:`text_corpus`, character level) with copy sequences whose random tokens are drawn from
     the same 96 characters (tokenizer :func:`char_level_tokenizer`); evaluation then reports the
     held-out *text* loss as ``eval_loss``."""
-    copy_fraction: float = 0.5
+    copy_fraction: float | None = None
     """``"text+copy"`` only: the fraction of each batch that is copy sequences
-    (``round(batch_size * copy_fraction)`` of them), the rest natural text; in [0, 1]."""
+    (``round(batch_size * copy_fraction)`` of them), the rest natural text; in [0, 1]. None:
+    :data:`COPY_FRACTION` (0.5) with ``"text+copy"``, and stays None with ``"copy"``, which has no
+    text to mix (:meth:`validate` refuses a value there, :func:`refuse_copy_fraction`)."""
     save_every: int = 0
     """Keep a snapshot of the weights at step 0 and every ``save_every`` steps (the last step is the
     final model); 0 keeps none. ``headprobe train`` writes them as checkpoint directories
     ``checkpoints/step-NNNNNN/`` that ``headprobe scan`` and ``headprobe atlas --checkpoints`` read."""
 
+    def __post_init__(self) -> None:
+        if self.copy_fraction is None and self.corpus == "text+copy":
+            object.__setattr__(self, "copy_fraction", COPY_FRACTION)
+
     def validate(self) -> None:
-        """Raise :class:`HeadprobeError` (one line) on settings that cannot train."""
+        """Raise :class:`HeadprobeError` (one line) on settings that cannot train, or a setting
+        that would do nothing (a copy fraction without text to mix)."""
         for name in (
             "n_layers",
             "d_model",
@@ -143,7 +163,8 @@ class TrainConfig:
             raise HeadprobeError(
                 f"--save-every must be 0 (no snapshots) or a positive number of steps, got {self.save_every}"
             )
-        if not 0 <= self.copy_fraction <= 1:
+        refuse_copy_fraction(self.corpus, self.copy_fraction)
+        if self.copy_fraction is not None and not 0 <= self.copy_fraction <= 1:
             raise HeadprobeError(f"--copy-fraction must be between 0 and 1, got {self.copy_fraction}")
         if self.device not in DEVICES:
             raise HeadprobeError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")

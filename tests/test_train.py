@@ -165,6 +165,9 @@ def test_cli_reports_no_phase_change_without_induction_and_counts_its_files(tmp_
         (["--max-period", "60"], "does not fit twice"),
         (["--lr", "-1"], "--lr must be a positive number"),
         (["--device", "cuda"], None),
+        # copy sequences alone have no text to mix them with: refused, as study refuses it, not ignored
+        (["--copy-fraction", "0.3"], "--copy-fraction applies to --corpus text+copy only, not to --corpus copy"),
+        (["--corpus", "text+copy", "--n-words", "96", "--copy-fraction", "2"], "--copy-fraction must be between 0 and 1"),
     ],
 )
 def test_cli_rejects_bad_input(argv, message, tmp_path, capsys):
@@ -183,6 +186,27 @@ def test_cli_rejects_bad_input(argv, message, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err
     assert not (tmp_path / "out").exists()
+
+
+def test_copy_fraction_is_the_text_corpus_setting_and_refused_elsewhere():
+    """``--copy-fraction`` sets a text+copy batch's share of copy sequences (0.5 when not given);
+    with copy sequences alone it would do nothing: headprobe.train and TrainConfig.validate refuse
+    it in one line, as study does, where it was taken and ignored."""
+    import headprobe
+    from headprobe.cli import build_parser
+    from headprobe.commands.train import config_from_args
+    from headprobe.probe.core.errors import HeadprobeError
+
+    def flags(*argv):
+        return config_from_args(build_parser().parse_args(["train", "--out", "o", *argv]))
+
+    assert flags("--corpus", "text+copy", "--n-words", "96", "--copy-fraction", "0.25").copy_fraction == 0.25
+    assert flags("--corpus", "text+copy", "--n-words", "96").copy_fraction == 0.5
+    assert flags().copy_fraction is None  # corpus copy: no fraction, and summary.json records none
+    with pytest.raises(HeadprobeError, match=r"^--copy-fraction applies to --corpus text\+copy only, not to --corpus copy$"):
+        headprobe.train(corpus="copy", copy_fraction=0.3, steps=1, device="cpu")
+    with pytest.raises(HeadprobeError, match=r"--copy-fraction applies to --corpus text\+copy only"):
+        dataclasses.replace(TEXT, corpus="copy", n_words=64).validate()
 
 
 def test_cli_refuses_non_empty_out(tmp_path, capsys):

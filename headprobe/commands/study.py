@@ -39,7 +39,7 @@ from typing import Any
 import pandas as pd
 
 from headprobe.analyses import figures
-from headprobe.analyses.train_config import INDUCTION_FORMED, N_CHARS, TrainConfig
+from headprobe.analyses.train_config import INDUCTION_FORMED, N_CHARS, TrainConfig, refuse_copy_fraction
 from headprobe.commands import Command
 from headprobe.options import check_fields, kept_line, out_as_it_was
 from headprobe.probe.core.errors import HeadprobeError
@@ -185,7 +185,7 @@ class StudyConfig:
             device=self.device,
             bias=False,
             corpus=self.corpus,
-            copy_fraction=self.copy_fraction if self.copy_fraction is not None else TrainConfig.copy_fraction,
+            copy_fraction=self.copy_fraction,  # None with corpus copy (DEFAULTS fills it for text+copy)
             n_words=N_CHARS if self.corpus == "text+copy" else TrainConfig.n_words,
             seq_len=self.seq_len,
             batch_size=self.batch_size,
@@ -204,13 +204,12 @@ class StudyConfig:
         that cannot run, including any variant's training settings or layout."""
         if self.which not in STUDIES:
             raise HeadprobeError(f"the study must be one of {', '.join(STUDIES)}, got {self.which!r}")
-        for name in (*ONLY_FOR, "copy_fraction"):
+        for name in ONLY_FOR:
             if getattr(self, name) is not None and not self._applies(name):
-                where = "--corpus text+copy" if name == "copy_fraction" else f"study {ONLY_FOR[name]}"
                 raise HeadprobeError(
-                    f"--{name.replace('_', '-')} applies to {where} only, not to "
-                    f"{'--corpus copy' if name == 'copy_fraction' else f'study {self.which}'}"
+                    f"--{name.replace('_', '-')} applies to study {ONLY_FOR[name]} only, not to study {self.which}"
                 )
+        refuse_copy_fraction(self.corpus, self.copy_fraction)
         for name, least in (("seeds", 0), ("n_heads_list", 1), ("ranks", 1)):
             values = getattr(self, name)
             if values is None:  # not this study's setting (refused above where given)

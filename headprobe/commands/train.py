@@ -80,6 +80,11 @@ class TrainFlags(TrainConfig):
         "%(default)s)",
         choices=CORPORA,
     )
+    copy_fraction: float | None = setting(
+        _T.copy_fraction,
+        "text+copy only: the fraction of each batch that is copy sequences (default 0.5)",
+        type=float,
+    )
     save_every: int = setting(
         _T.save_every,
         "also save the weights at step 0 and every N steps as checkpoints/step-NNNNNN/ "
