@@ -264,13 +264,22 @@ def model_labels(table: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(table["model"]))
 
 
+DEPTH_PLOT_FRAME_IN = 1.45
+"""Inches of :func:`depth_plot` around its axes: a title of up to two lines, the depth axis and
+its label, and the four-row legend with its title (1.33 in measured at one-line titles)."""
+DEPTH_PLOT_ROW_IN = 0.2
+"""Inches of :func:`depth_plot`'s axes per model: the figure grows by a row per model, so one or
+two models keep their row instead of the legend taking the axes' height (the constrained layout
+then collapsed the axes to nothing)."""
+
+
 @_styled
 def depth_plot(table: pd.DataFrame, head_type: str) -> Figure:
     """Where ``head_type``'s top-k heads sit by relative depth in each model of ``table``
     (one row per model; marker = the scan's tested verdict of the type (:data:`VERDICT_KIND`
     ablation), area = score on one scale for all models)."""
     labels = model_labels(table)
-    fig = _figure(COLUMN_WIDTH, 0.9 + 0.28 * len(labels))
+    fig = _figure(COLUMN_WIDTH, DEPTH_PLOT_FRAME_IN + DEPTH_PLOT_ROW_IN * len(labels))
     ax = fig.subplots()
     scale = _depth_panel(ax, table, head_type, labels, show_labels=True)
     ax.set_title(f"{head_type.replace('_', '-')} heads across models")

@@ -148,14 +148,14 @@ def _wrap_to_room(texts, renderer, width: float) -> bool:
         for line in text.get_text().split("\n"):
             text.set_text(line)
             w = text.get_window_extent(renderer).width
-            width = max(12, int(len(line) * room / w))
+            chars = max(12, int(len(line) * room / w))
             # a parenthesis shorter than a line stays whole: "(sink 4,\nwindow 64)" read as two thoughts
             kept = re.sub(
                 r"\([^()]*\)",
-                lambda m: m.group(0).replace(" ", "\0") if len(m.group(0)) <= width else m.group(0),  # noqa: B023 - used in this iteration
+                lambda m: m.group(0).replace(" ", "\0") if len(m.group(0)) <= chars else m.group(0),  # noqa: B023 - used in this iteration
                 line,
             )
-            lines += [line] if w <= room else [part.replace("\0", " ") for part in textwrap.wrap(kept, width)]
+            lines += [line] if w <= room else [part.replace("\0", " ") for part in textwrap.wrap(kept, chars)]
         text.set_text("\n".join(lines))
     return changed
 
@@ -165,7 +165,7 @@ def _figure(width: float, height: float) -> Figure:
 
 
 def _fit_ylabels(fig: Figure, axes) -> None:
-    """Break each of ``axes``' y labels at spaces (a parenthesised unit kept whole) until it is no
+    """Break each of ``axes``' y labels at spaces (a parenthesised unit kept whole where it fits a line) until it is no
     taller than its axes, so the labels of panels stacked one above the other never meet. The
     figure is laid out to measure (``draw_without_rendering``), again after a label was broken."""
     import re
@@ -182,8 +182,14 @@ def _fit_ylabels(fig: Figure, axes) -> None:
                 continue
             longest = max(len(line) for line in label.get_text().split("\n"))  # the height of the rotated label
             flat, width = label.get_text().replace("\n", " "), max(8, int(longest * room / tall * 0.9))
-            kept = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\0"), flat)
-            label.set_text("\n".join(part.replace("\0", " ") for part in textwrap.wrap(kept, width)))
+            # a parenthesis stays whole where it fits a line; never a break inside a word
+            kept = re.sub(
+                r"\([^()]*\)",
+                lambda m: m.group(0).replace(" ", "\0") if len(m.group(0)) <= width else m.group(0),  # noqa: B023 - used in this iteration
+                flat,
+            )
+            parts = textwrap.wrap(kept, width, break_long_words=False, break_on_hyphens=False)
+            label.set_text("\n".join(part.replace("\0", " ") for part in parts))
             changed = True
         if not changed:
             return
@@ -625,6 +631,7 @@ def pattern_plot(
     # a broken key axis: the colour bar leaves the panels' anchors (_break_marks) as they are
     anchor: dict[str, Any] = {"panchor": False} if len(axes) > 1 else {}
     fig.colorbar(im, ax=axes, shrink=0.8, pad=0.02, **anchor).set_label("attention weight")
+    _fit_ylabels(_wrap_titles(fig), axes[:1])  # a long title leaves shorter axes: the label no taller than them
     return fig
 
 
@@ -646,10 +653,9 @@ def _pattern_labels(fig, axes, positions, total: int, ylabel: str, title: str, s
     )
     if len(axes) == 1:
         axes[0].set_xlabel(xlabel)
-        axes[0].set_title(title)
     else:
         fig.supxlabel(xlabel, fontsize=_RC["axes.labelsize"])
-        fig.suptitle(title, fontsize=_RC["axes.titlesize"])
+    fig.suptitle(title, fontsize=_RC["axes.titlesize"])
 
 
 TASK_LABELS = {"natural": "text loss", "repeated": "repeat loss"}

@@ -493,6 +493,35 @@ def test_atlas_overview_has_a_key_for_marker_size():
     assert drawn and max(c.get_sizes().max() for c in drawn) <= 36 + 1e-9
 
 
+@pytest.mark.figures
+@pytest.mark.parametrize("n_models", [1, 2, 3])
+def test_a_depth_plot_of_one_or_two_models_keeps_a_row_for_each(n_models, tmp_path):
+    """atlas_<type>.png was as tall as the legend under it plus 0.28 in a model: with one model the
+    constrained layout collapsed the axes ("constrained_layout not applied"), with two the model
+    names overlapped. Each model's name now lies inside the axes, apart from the others'."""
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from headprobe.analyses import atlas, figures
+
+    table = pd.read_csv(Path(__file__).resolve().parents[1] / "figures" / "atlas" / "atlas.csv")
+    names = atlas.model_labels(table)[:n_models]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the collapse is only a warning in matplotlib
+        fig = atlas.depth_plot(table[table["model"].isin(names)], "induction")
+        figures.save_figure(fig, tmp_path / "depth")
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+    renderer = canvas.get_renderer()
+    ax = fig.axes[0]
+    axes_box = ax.get_window_extent(renderer)
+    boxes = sorted((t.get_window_extent(renderer) for t in ax.get_yticklabels()), key=lambda b: b.y0)
+    assert [t.get_text() for t in ax.get_yticklabels()] == names
+    assert all(axes_box.y0 <= b.y0 and b.y1 <= axes_box.y1 for b in boxes)
+    assert all(lower.y1 <= upper.y0 for lower, upper in zip(boxes, boxes[1:]))
+
+
 def test_over_training_legend_names_the_no_verdict_cross_when_drawn():
     """A checkpoint whose scan gave no verdict is drawn as a cross; the legend listed only the
     filled and hollow markers. It names the cross where one is drawn, and only then."""

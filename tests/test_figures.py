@@ -205,7 +205,7 @@ def test_long_titles_and_suptitles_wrap_inside_the_figure():
     )
     pattern = figs.pattern_plot(np.eye(6), list("abcdef"), long)
     overview = figs.scores_overview([("induction", np.zeros((4, 4))), ("previous-token", np.ones((4, 4)))], None, long)
-    for fig, text in ((bars, bars.axes[0].title), (pattern, pattern.axes[0].title), (overview, overview._suptitle)):
+    for fig, text in ((bars, bars.axes[0].title), (pattern, pattern._suptitle), (overview, overview._suptitle)):
         assert _inside(fig, text), text.get_text()
 
 
@@ -646,3 +646,39 @@ def test_an_encoders_ablation_figure_and_caption_name_its_metrics_unit_not_nats(
         scale = f"±0.1 {'nats' if unit == 'nats/token' else f'({unit})'})"  # the y axis' linear range
         assert sum(scale in t for t in legend) == 1, legend
         assert f"Effects in {unit} (" in caption and f"({unit}) and >= 2x" in caption
+
+
+def test_a_pattern_under_a_long_title_keeps_its_axes_and_every_text_inside(tmp_path):
+    """A tiny model's scan titles its pattern figures with three long lines (the head, the model's
+    path, "NO VERDICT for ..."). Over the axes, the title was wrapped narrower at every layout
+    pass until it stood 17 lines tall and matplotlib gave up ("constrained_layout not applied
+    because axes sizes collapsed to zero"): the pattern was a few pixels. The title is the
+    figure's now, with its whole width: laid out without that warning, inside the figure and above
+    the axes, and the y label no taller than the axes."""
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    n = 13
+    pattern = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    labels = ["<|endoftext|>", *[f"t{i}" for i in range(6)] * 2]
+    title = (
+        "top duplicate-token head 1.5: score 0.10, period 6\n/tmp/pytest-of-root/pytest-678/tiny-llama0 "
+        "(float32 weights)\nNO VERDICT for the repeated task and previous-token, duplicate-token, "
+        "first-token, positional (summary.json: warnings)"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the collapse is only a warning in matplotlib
+        fig = figs.pattern_plot(
+            pattern, labels, title, marks=[1, 7], causal=True, ylabel="query position (first scored sequence)"
+        )
+        figs.save_figure(fig, tmp_path / "pattern")
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+    renderer = canvas.get_renderer()
+    [ax] = [a for a in fig.axes if a.images]
+    text = fig._suptitle if fig._suptitle is not None else ax.title  # the figure's title, or the axes'
+    box, axes_box = text.get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert " ".join(text.get_text().split()).replace("- ", "-") == " ".join(title.split())  # broken at spaces only
+    assert _inside(fig, text) and box.y0 >= axes_box.y1
+    assert ax.yaxis.label.get_window_extent(renderer).height <= axes_box.height
