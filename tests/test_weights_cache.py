@@ -425,6 +425,33 @@ def test_models_from_cold_and_warm_loads_compute_the_same_logits(backend, tiny_g
     assert cold.spec == warm.spec and cold.self_check.decomposition_ok and warm.self_check.decomposition_ok
 
 
+def test_a_failed_fast_load_says_so_unless_quiet(tiny_gguf, cache, monkeypatch, caplog):
+    """A warm native load that fails falls back to the usual load (the same model). Its warning
+    ignored ``quiet``, which silences every other load message; with ``quiet`` it is a debug
+    record now, and without it the one warning it was."""
+    from headprobe.probe.backends.loading import load_model
+    from headprobe.probe.model import convert
+
+    reference = load_model(str(tiny_gguf), backend="native", quiet=True)  # cold: fills the entry
+    tokens = reference.to_tokens("the then the t e h")
+
+    def broken(*args, **kwargs):
+        raise ValueError("unreadable native description")
+
+    monkeypatch.setattr(convert.NativeSource, "from_json", broken)
+
+    def fast_load_records(quiet: bool) -> list[int]:
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="headprobe.probe.backends.loading"):
+            model = load_model(str(tiny_gguf), backend="native", quiet=quiet)
+        with torch.no_grad():
+            assert torch.equal(model.forward(tokens), reference.forward(tokens))  # the usual way's model
+        return [r.levelno for r in caplog.records if "fast load of" in r.getMessage()]
+
+    assert fast_load_records(quiet=True) == [logging.DEBUG]
+    assert fast_load_records(quiet=False) == [logging.WARNING]
+
+
 def test_a_cold_native_load_keeps_one_copy_of_the_weights(tiny_gguf, cache, monkeypatch):
     """load_model hands the checkpoint over: the native model takes the Hugging Face model's
     tensors themselves (no second copy of the weights is ever alive, benchmarks/memory.py) and

@@ -231,8 +231,9 @@ def _load_native_from_cache(
     about 8 s, most of it the imports it makes; the same tensors and token ids, see
     tests/test_weights_cache.py). None where this does not apply (another kind of name, no ready
     entry, no native description, a tokenizer of another class) or fails: the caller then loads
-    the usual way, which reports or repairs whatever is wrong. ``cls``: the backend (with
-    ``native_weights``) the model is wrapped in."""
+    the usual way, which reports or repairs whatever is wrong. A failure is logged as a warning,
+    or, with ``quiet``, at debug level like the progress line it silences. ``cls``: the backend
+    (with ``native_weights``) the model is wrapped in."""
     import json
     import sys
 
@@ -266,8 +267,14 @@ def _load_native_from_cache(
         # in place). tests/test_weights_cache.py, benchmarks/memory.py.
         model = source.build(load_file(str(entry / "model.safetensors"))).to(device)
     except Exception as e:
-        logging.getLogger(__name__).warning(
-            "headprobe: fast load of %s from %s failed (%s); loading the usual way", name, entry, type(e).__name__
+        # Not a warning a user must see: the usual way loads the same model, and warns itself, quiet
+        # or not, where the entry needs the user (damaged: rebuilt; an unusable cache directory).
+        logging.getLogger(__name__).log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "headprobe: fast load of %s from %s failed (%s); loading the usual way",
+            name,
+            entry,
+            type(e).__name__,
         )
         return None
     check_finite_weights(model)
