@@ -378,7 +378,8 @@ def masked_scored_losses(
 @dataclass
 class Verification:
     """Ablation evidence for one head type and one ablation kind (losses in nats/token, or in
-    ``1 - cos`` of sentence embeddings where ``metric`` is ``embedding_cosine``, an encoder's).
+    ``1 - cos`` of sentence embeddings where ``metric`` is ``embedding_cosine``, an encoder's;
+    ``clean_loss`` is then None: no loss is measured, and the metric is 0 clean by definition).
 
     Made by :func:`headprobe.analyses.verification.verify_heads`, which documents the rule:
     ``tested`` is True for the one ablation kind each type's verdict is tested with (mean); its
@@ -411,7 +412,7 @@ class Verification:
     task: str
     k: int
     top_heads: list[str]
-    clean_loss: float
+    clean_loss: float | None
     top_loss: float
     top_effect: float
     random_effects: list[float]

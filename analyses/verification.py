@@ -600,7 +600,7 @@ def _verdicts(
             adjusted.get(x.head_type),
             settings,
             metric,
-            float(clean[x.task].double().mean()),
+            float(clean[x.task].double().mean()) if metric is LOSS_METRIC else None,  # 1 - cos: 0 clean, by definition
             plan,
         )
         for x in tests
@@ -952,7 +952,7 @@ def _verification(
     p_adj: float | None,
     settings: VerificationSettings,
     metric: AblationMetric,
-    clean_loss: float,
+    clean_loss: float | None,
     plan: dict,
 ) -> Verification:
     """One row of evidence: the tested kind with its sequential p and adjusted p, or the other kind

@@ -252,7 +252,7 @@ def test_scan_of_a_tiny_bert_scores_encoder_types_and_states_its_metric(tiny_ber
         and "0.01 (1 - cos)" in summary["verification"]["confirmation_rule"]
     )
     assert {v["metric"] for v in summary["ablations"]} == {"embedding_cosine"}
-    assert all(v["clean_loss"] == 0 and v["top_effect"] > 0 for v in summary["ablations"])
+    assert all(v["clean_loss"] is None and v["top_effect"] > 0 for v in summary["ablations"])
     json.dumps(summary)
     assert "1 - cos" in result.report()
 
@@ -271,6 +271,30 @@ def test_an_encoders_scan_writes_no_clean_loss_it_did_not_measure(tiny_bert_scan
     data = viewer.viewer_data(tiny_bert_scan.table, summary)
     assert data["clean_loss"] is None
     assert {v["unit"] for v in data["verdicts"]} == {"1 - cos"}  # the page's verdict lines name the metric's unit
+
+
+def test_an_encoders_ablation_rows_carry_no_clean_loss_and_every_reader_takes_them(tiny_bert_scan, tmp_path):
+    """Each ablation row of an encoder's summary.json carried ``clean_loss: 0.0``, a loss never
+    measured (1 - cos is 0 clean by definition); it is null, as ``clean_loss_nats`` is. The
+    readers of the rows take it: the strict JSON file, the viewer, the ablation figure and
+    caption, the atlas table and export's verdict columns."""
+    from headprobe.analyses import atlas, viewer
+    from headprobe.analyses import figures as figs
+    from headprobe.commands import export_core
+
+    result = tiny_bert_scan
+    result.save(tmp_path / "scan")  # summary.json as written: strict JSON, no NaN
+    summary = json.loads((tmp_path / "scan" / "summary.json").read_text())
+    rows = summary["ablations"]
+    assert rows and all("clean_loss" in v and v["clean_loss"] is None for v in rows)
+    assert all(v.clean_loss is None for v in result.verifications)
+    assert len(viewer.viewer_data(result.table, summary)["verdicts"]) == len(rows)
+    figs.ablation_plot(rows, "t", rule=result.rule)
+    assert figs.ablation_caption(rows, summary["verification"], rule=result.rule)
+    table = atlas.atlas_rows(result.table, summary, "tiny-bert", "bert")
+    assert len(table) == len(result.table)
+    tested = [c for c in export_core._with_verdicts(export_core.read_source(tmp_path / "scan")).columns if "confirmed_" in c]
+    assert tested == [f"confirmed_{v['head_type']}" for v in rows if v["kind"] == summary["verification"]["primary_kind"]]
 
 
 def test_a_decoders_scan_still_writes_its_measured_clean_loss(tiny_llama_gqa_native, text_file):

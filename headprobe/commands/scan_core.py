@@ -838,7 +838,7 @@ def format_report(result: ScanResult) -> str:
         # a type without a verdict says so on its tested kind's row; the other kind is reported as ever
         decided = v.tested or (v.no_verdict and v.kind == design.get("primary_kind"))
         verdict = v.verdict if decided else "(reported, not tested)"
-        clean = f"{v.clean_loss:6.2f}" if metric is LOSS_METRIC else f"{'-':>6}"  # an encoder measures no loss
+        clean = f"{v.clean_loss:6.2f}" if v.clean_loss is not None else f"{'-':>6}"  # an encoder measures no loss
         controls = f"{v.random_mean:+9.{d}f}/{v.random_max:+.{d}f}" if v.draws else f"{'none':>9}/{'-':<{d + 2}}"
         lines.append(
             f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {clean} {v.top_effect:+8.{d}f} "
