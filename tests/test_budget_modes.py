@@ -11,12 +11,15 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
 import pytest
 
 from headprobe.cli import main
+from headprobe.commands import budget
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.layout import cost
 from headprobe.probe.layout.attention import KVPolicy, Streaming
 
@@ -157,6 +160,9 @@ def test_recommend_names_the_gqa_caches_mla_falls_between(d_model, n_layers, seq
         (["--recommend", "--preset", "llama3-8b"], "--preset", "the one-layout report, --compare or --flops-table"),
         (["--recommend", "--params", "8B", "--n-kv-heads", "2"], "--n-kv-heads", "the one-layout report"),
         (["--recommend", "--params", "8B", "--sliding-window", "512"], "--sliding-window", "the one-layout report"),
+        # the table takes its lengths after --flops-table; a --seq-len beside it (8192 too, the default) was ignored
+        (["--preset", "llama3-8b", "--flops-table", "--seq-len", "4096"], "--seq-len", "the one-layout report"),
+        (["--preset", "llama3-8b", "--flops-table", "1024", "--seq-len", "8192"], "--seq-len", "the one-layout report"),
     ],
 )
 def test_a_flag_of_another_mode_is_refused_naming_it_and_its_mode(capsys, argv, flag, mode):
@@ -170,6 +176,23 @@ def test_the_flags_of_each_mode_still_run(capsys):
     assert run_cli(capsys, "--recommend", "--params", "8B", "--kv-limit", "2GiB", "--target", "edge")[0] == 0
     assert run_cli(capsys, "--preset", "llama3-8b", "--flops-table", "--as-mha")[0] == 0
     assert run_cli(capsys, "--recommend", "--d-model", "4096", "--n-layers", "32", "--dtype", "fp8")[0] == 0
+    for mode in (["--preset", "llama3-8b"], ["--preset", "llama3-8b", "--compare"], ["--recommend", "--params", "8B"]):
+        assert run_cli(capsys, *mode, "--seq-len", "4096")[0] == 0  # --seq-len in its three modes
+
+
+def test_the_seq_len_refusal_with_a_flops_table_says_where_the_lengths_go(capsys):
+    """``--seq-len`` with ``--flops-table`` is refused, not ignored (its default could not be told
+    from a given 8192); the line shows the table with that length, which then runs; the Python
+    API refuses it too and reports the default T where none is given."""
+    code, out, err = run_cli(capsys, "--preset", "llama3-8b", "--flops-table", "--seq-len", "4096")
+    assert code == 2 and out == ""
+    assert err.strip().endswith("give the lengths after --flops-table (--flops-table 4096) and leave --seq-len out")
+    code, out, _ = run_cli(capsys, "--preset", "llama3-8b", "--flops-table", "4096")
+    assert code == 0 and re.search(r"^\s*4,096 ", out, re.M)
+    with pytest.raises(HeadprobeError, match="--seq-len belongs to"):
+        budget.budget(preset="llama3-8b", flops_table=(1024,), seq_len=8192)
+    result = budget.budget(preset="llama3-8b")
+    assert result.config.seq_len is None and result.data["workload"]["seq_len"] == budget.DEFAULT_SEQ_LEN == 8192
 
 
 @pytest.mark.parametrize(

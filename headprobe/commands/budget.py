@@ -121,7 +121,8 @@ class BudgetConfig:
         q_lora_rank: MLA: width of the query latent (None: full-rank queries).
         qk_rope_head_dim: MLA: width of the decoupled rotary key.
         qk_nope_head_dim: MLA: width of each head's non-rotary query/key part (None: d_head).
-        seq_len: tokens per sequence T.
+        seq_len: tokens per sequence T (None: :data:`DEFAULT_SEQ_LEN`, 8192; :attr:`workload_seq_len`
+            is the one in use). Refused with flops_table, which takes its lengths itself.
         batch: sequences per request.
         dtype: number format of cache and activations: fp32, bf16, fp16, fp8, int8 or torch's names.
         compare: MHA, every GQA group count and MQA of the same heads (their key and value widths) side by side.
@@ -186,7 +187,9 @@ class BudgetConfig:
         "MLA: width of each head's non-rotary query/key part (DeepSeek-V3: 128; default: --d-head)",
         type=positive_int,
     )
-    seq_len: int = setting(DEFAULT_SEQ_LEN, "tokens per sequence T (default %(default)s)", type=positive_int)
+    seq_len: int | None = setting(
+        None, f"tokens per sequence T (default {DEFAULT_SEQ_LEN}; --flops-table takes its own)", type=positive_int
+    )
     batch: int = setting(1, "sequences per request (default %(default)s)", type=positive_int)
     dtype: str = setting(
         "bf16",
@@ -231,6 +234,11 @@ class BudgetConfig:
             raise HeadprobeError(str(e)) from None
         if self.flops_table is not None:
             object.__setattr__(self, "flops_table", tuple(self.flops_table))
+
+    @property
+    def workload_seq_len(self) -> int:
+        """T of the workload: :attr:`seq_len`, or :data:`DEFAULT_SEQ_LEN` where it is not given."""
+        return DEFAULT_SEQ_LEN if self.seq_len is None else self.seq_len
 
     @property
     def bytes_per_element(self) -> int:
@@ -291,6 +299,7 @@ FLAG_MODES: dict[str, tuple[str, ...]] = {
     "kv_limit": (RECOMMEND,),
     "target": (RECOMMEND,),
     "as_mha": (FLOPS_TABLE,),
+    "seq_len": (REPORT, COMPARE, RECOMMEND),
     "policy": (REPORT,),
     "preset": LAYOUT_MODES,
     "model": LAYOUT_MODES,
@@ -321,6 +330,8 @@ def refuse_other_modes(config: BudgetConfig) -> None:
             where = modes[0] if len(modes) == 1 else ", ".join(modes[:-1]) + " or " + modes[-1]
             hint = "; --recommend proposes a layout from --params or --d-model" if modes == LAYOUT_MODES else ""
             fix = f"add {where} or leave {flag} out" if mode == REPORT and len(modes) == 1 else f"leave {flag} out"
+            if f == "seq_len":  # the table's lengths follow its flag
+                fix = f"give the lengths after {FLOPS_TABLE} ({FLOPS_TABLE} {config.seq_len}) and leave {flag} out"
             raise HeadprobeError(f"{flag} belongs to {where}, not {mode}{hint}: {fix}")
 
 
@@ -1256,7 +1267,7 @@ class BudgetResult:
         if self.mode == "flops_table":
             text = format_flops_table(d["flops"], self.layout, c.dtype, c.as_mha)
         elif self.mode == "compare":
-            text = format_compare(d["compare"], self.layout, c.dtype, c.seq_len, c.batch)
+            text = format_compare(d["compare"], self.layout, c.dtype, c.workload_seq_len, c.batch)
         elif self.mode == "pruned":
             text = format_layers_report(d, self.layout, c.dtype)
         else:
@@ -1341,7 +1352,7 @@ def run(config: BudgetConfig) -> BudgetResult:
         if isinstance(limit, str):  # a bare number under 1 KiB is a forgotten unit (sizes.parse_bytes)
             limit = cost.parse_bytes(limit, "--kv-limit", bare_at_least=cost.KIB)
         rec = cost.recommend(
-            seq_len=config.seq_len,
+            seq_len=config.workload_seq_len,
             target=config.target or "gpu-server",
             n_params=cost.parse_count(params) if isinstance(params, str) else params,
             d_model=config.d_model,
@@ -1373,17 +1384,21 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
     None: the preset's or the flags') with the flags applied, and the live ``check`` record."""
     lay = layout_from_config(config, base)
     # Validate the workload before computing anything.
-    cost.kv_bytes_per_request(lay, config.seq_len, config.batch)
+    cost.kv_bytes_per_request(lay, config.workload_seq_len, config.batch)
 
     if config.flops_table is not None:
         rows = flops_table(lay, list(config.flops_table or FLOPS_TABLE_SEQ_LENS), config.batch, config.as_mha)
         mode, out = "flops_table", {"layout": lay.to_dict(), "as_mha": config.as_mha, "flops": rows}
     elif config.compare:
-        rows = cost.compare_kv_heads(lay, config.seq_len, config.batch)
+        rows = cost.compare_kv_heads(lay, config.workload_seq_len, config.batch)
         mode = "compare"
-        out = {"layout": lay.to_dict(), "workload": {"seq_len": config.seq_len, "batch": config.batch}, "compare": rows}
+        out = {
+            "layout": lay.to_dict(),
+            "workload": {"seq_len": config.workload_seq_len, "batch": config.batch},
+            "compare": rows,
+        }
     else:
-        mode, out = "report", report(lay, config.seq_len, config.batch)
+        mode, out = "report", report(lay, config.workload_seq_len, config.batch)
     if config.policy is not None:
         from headprobe.analyses.exchange import read_kv_policy
 
@@ -1393,7 +1408,7 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
             {
                 **out,
                 "policy_file": str(config.policy),
-                "policy": cost.policy_cost(lay, policy, config.seq_len, config.batch).to_dict(),
+                "policy": cost.policy_cost(lay, policy, config.workload_seq_len, config.batch).to_dict(),
             },
         )
     if check is not None:
@@ -1431,7 +1446,7 @@ def _run_headprobe_dir(config: BudgetConfig) -> BudgetResult:
     if kept is None:
         return _report(config, base, check)
     heads, kv_heads = heads_per_layer(base, kept)
-    T, B = config.seq_len, config.batch
+    T, B = config.workload_seq_len, config.batch
     out = {
         "check": check,
         "layout": base.to_dict(),
