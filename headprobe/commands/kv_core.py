@@ -390,11 +390,12 @@ def _target(row: dict, kv_budget: float | None) -> str:
 
 def _tolerance_policy(
     model: LoadedModel, config: KVConfig, data: tuple, setup: tuple, costs: GroupCosts, full: Quality, progress: bool
-) -> tuple[list[tuple[int, int]], list[dict]]:
-    """``(full_groups, comparison)`` of ``--loss-tolerance``: the binary search
-    (:func:`~headprobe.analyses.kvpolicy.tolerance_full_groups`) and the chosen, uniform and random
-    policies at its memory, rows marked ``target = "loss_tolerance"`` (``budget``: the chosen
-    policy's KV fraction); one progress bar over both. ``setup``: :func:`_checked_setup`'s."""
+) -> tuple[KVPolicy, list[dict]]:
+    """``(policy, comparison)`` of ``--loss-tolerance``: the policy whose full groups the binary
+    search chose (:func:`~headprobe.analyses.kvpolicy.tolerance_full_groups`) and the chosen,
+    uniform and random policies at its memory, rows marked ``target = "loss_tolerance"``
+    (``budget``: the chosen policy's KV fraction); one progress bar over both. ``setup``:
+    :func:`_checked_setup`'s."""
     from headprobe.analyses import kvpolicy as kp
     from headprobe.probe.core.progress import progress_bar
     from headprobe.probe.layout.cost import policy_cost
@@ -414,7 +415,7 @@ def _tolerance_policy(
     )
     bar.total = bar.n + 2 + len(seeds)  # the search may end in fewer steps than its bound
     bar.set_description(f"kv policies: the loss tolerance's policy ({len(full_groups)} groups full) and controls")
-    label = policy_cost(layout, kp.policy_with_full(layout, full_groups, streaming, candidates), config.seq_len)
+    policy = kp.policy_with_full(layout, full_groups, streaming, candidates, model.spec.name)
     comparison = kp.compare_at(
         model,
         tokens,
@@ -425,11 +426,11 @@ def _tolerance_policy(
         seeds,
         layout,
         full,
-        label=label.kv_fraction,
+        label=policy_cost(layout, policy, config.seq_len).kv_fraction,
         progress=bar.update,
     )
     bar.close()
-    return full_groups, [{**r, "target": "loss_tolerance"} for r in comparison]
+    return policy, [{**r, "target": "loss_tolerance"} for r in comparison]
 
 
 def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -> KVResult:
@@ -466,14 +467,14 @@ def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -
         full_groups = kp.budget_full_groups(
             costs.score, streaming, layout, config.seq_len, config.kv_budget, candidates
         )
+        policy = kp.policy_with_full(layout, full_groups, streaming, candidates, model.spec.name)
         curve = [{**r, "target": _target(r, config.kv_budget)} for r in curve]
         comparison = [r for r in curve if r["target"] == "kv_budget"]
     else:
-        full_groups, comparison = _tolerance_policy(
+        policy, comparison = _tolerance_policy(
             model, config, (tokens, start, lr), (layout, streaming, candidates), costs, full, progress
         )
         curve = [{**r, "target": _target(r, None)} for r in curve] + comparison
-    policy = kp.policy_with_full(layout, full_groups, streaming, candidates, model.spec.name)
     chosen_row = next(r for r in comparison if r["policy"] == "chosen")
     chosen = kp.Quality(chosen_row["natural_loss"], chosen_row["long_range_loss"], chosen_row["copy_accuracy"], {})
     check = {

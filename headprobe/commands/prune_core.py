@@ -101,6 +101,13 @@ class PruneResult:
         never candidates; every count and fraction is of the other heads."""
         return sorted(self.spec.removed_heads)
 
+    @property
+    def heads_present(self) -> tuple[int, int]:
+        """``(present, total)``: the heads the model has, and those of its unpruned layout
+        (``n_layers * n_heads``); they differ by :attr:`already_removed`."""
+        total = self.spec.n_layers * self.spec.n_heads
+        return total - len(self.already_removed), total
+
     def _curves(self, method: str) -> list[PruningRun]:
         return [r for name, r in self.runs.items() if name.split(":")[0] == method]
 
@@ -144,12 +151,13 @@ class PruneResult:
         }
         if self.already_removed:
             methods = {k: v.replace("of all heads", "of the heads present") for k, v in methods.items()}
+        present, total = self.heads_present
         out = {
             "dtype": cfg.dtype,
             "units": "nats/token",
-            "n_heads_total": spec.n_layers * spec.n_heads,
+            "n_heads_total": total,
             # a pruned checkpoint: its removed heads are no candidates; counts and fractions are of the others
-            "n_heads_present": spec.n_layers * spec.n_heads - len(self.already_removed),
+            "n_heads_present": present,
             "heads_already_removed": [format_head(h) for h in self.already_removed],
             "methods": {m: methods[m] for m in cfg.methods},
             "evaluation": "every curve: the same held-out natural text and repeated tokens, heads removed by z * 0 at hook_z",
@@ -201,9 +209,9 @@ class PruneResult:
                 curves.append((label, *arrays(rs[0])))
         title = f"Head pruning, {spec.name}\n({figs.weights_label(spec.weights)}, {cfg.dtype} compute)"
         xlabel = "fraction of heads removed"
-        if gone := len(self.already_removed):  # a pruned checkpoint: fractions of the heads it has
-            total = spec.n_layers * spec.n_heads
-            xlabel = f"fraction of the checkpoint's {total - gone} heads removed"
+        present, total = self.heads_present
+        if gone := total - present:  # a pruned checkpoint: fractions of the heads it has
+            xlabel = f"fraction of the checkpoint's {present} heads removed"
             title += f"\n{gone} of {total} heads removed before this run"
         saved = None
         if self.pruned_info is not None and "loss" in self.pruned_info:
@@ -266,11 +274,11 @@ class PruneResult:
         }
         w = max(len("curve"), *map(len, names.values()))
         lines = []
-        if gone := len(self.already_removed):
-            total = self.spec.n_layers * self.spec.n_heads
+        present, total = self.heads_present
+        if gone := total - present:
             lines.append(
                 f"pruned checkpoint: {gone} of its {total} heads were removed before this run; they are no "
-                f"candidates, and every count and fraction below is of the {total - gone} heads it has"
+                f"candidates, and every count and fraction below is of the {present} heads it has"
             )
         lines.append(f"{'curve':<{w}} {'removed':>7} {'fraction':>8} {'natural':>8} {'repeated':>9}")
         for m in self.config.methods:
