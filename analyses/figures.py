@@ -784,6 +784,10 @@ def _ablation_panel(ax, kind: str, rows: Sequence[dict], types: list[str], rng: 
         )
     if max(np.abs(top_all), default=0) > 0.1:  # losses span 0.01 to 10 nats: symmetric-log
         ax.set_yscale("symlog", linthresh=0.1)
+        if max(np.abs(top_all)) < 1:  # under a decade of log: label 0.2, 0.3, 0.5 too, not only 0 and 0.1
+            ax.yaxis.set_major_locator(
+                matplotlib.ticker.SymmetricalLogLocator(linthresh=0.1, base=10, subs=(1, 2, 3, 5))
+            )
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.axhline(0, color="black", lw=0.5)
     tested = any(r.get("tested") for r in by_type.values())

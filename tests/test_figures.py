@@ -648,6 +648,35 @@ def test_an_encoders_ablation_figure_and_caption_name_its_metrics_unit_not_nats(
         assert f"Effects in {unit} (" in caption and f"({unit}) and >= 2x" in caption
 
 
+def test_an_ablation_panel_on_a_symmetric_log_axis_below_one_labels_more_than_zero_and_its_threshold():
+    """Effects of 0.03-0.33 (an encoder's 1 - cos) put the panel on a symmetric-log axis whose
+    default ticks labelled only 0 and 0.1 inside the data's range: the effects above 0.1 could not be
+    read off the axis. Every panel labels at least three values within its range, each in the range."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    rows = [
+        {
+            **r,
+            "top_effect": 0.03 + 0.05 * i,
+            "top_effect_ci95": [0.02 + 0.05 * i, 0.04 + 0.05 * i],
+            "random_effects": [0.02, 0.33 - 0.01 * i],
+        }
+        for i, r in enumerate(_encoder_rows())
+    ]
+    fig = figs.ablation_plot(rows, "t")
+    FigureCanvasAgg(fig).draw()
+    for ax in fig.axes:
+        assert ax.get_yscale() == "symlog"
+        lo, hi = ax.get_ylim()
+        shown = [t for t, label in zip(ax.get_yticks(), ax.get_yticklabels()) if lo <= t <= hi and label.get_text()]
+        assert len(shown) >= 3 and max(shown) > 0.1, shown
+        assert all(
+            float(label.get_text()) == pytest.approx(t)
+            for t, label in zip(ax.get_yticks(), ax.get_yticklabels())
+            if lo <= t <= hi and label.get_text()
+        )
+
+
 def test_a_pattern_under_a_long_title_keeps_its_axes_and_every_text_inside(tmp_path):
     """A tiny model's scan titles its pattern figures with three long lines (the head, the model's
     path, "NO VERDICT for ..."). Over the axes, the title was wrapped narrower at every layout
