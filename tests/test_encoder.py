@@ -293,8 +293,12 @@ def test_an_encoders_ablation_rows_carry_no_clean_loss_and_every_reader_takes_th
     assert figs.ablation_caption(rows, summary["verification"], rule=result.rule)
     table = atlas.atlas_rows(result.table, summary, "tiny-bert", "bert")
     assert len(table) == len(result.table)
-    tested = [c for c in export_core._with_verdicts(export_core.read_source(tmp_path / "scan")).columns if "confirmed_" in c]
-    assert tested == [f"confirmed_{v['head_type']}" for v in rows if v["kind"] == summary["verification"]["primary_kind"]]
+    tested = [
+        c for c in export_core._with_verdicts(export_core.read_source(tmp_path / "scan")).columns if "confirmed_" in c
+    ]
+    assert tested == [
+        f"confirmed_{v['head_type']}" for v in rows if v["kind"] == summary["verification"]["primary_kind"]
+    ]
 
 
 def test_a_decoders_scan_still_writes_its_measured_clean_loss(tiny_llama_gqa_native, text_file):

@@ -167,7 +167,10 @@ def test_cli_reports_no_phase_change_without_induction_and_counts_its_files(tmp_
         (["--device", "cuda"], None),
         # copy sequences alone have no text to mix them with: refused, as study refuses it, not ignored
         (["--copy-fraction", "0.3"], "--copy-fraction applies to --corpus text+copy only, not to --corpus copy"),
-        (["--corpus", "text+copy", "--n-words", "96", "--copy-fraction", "2"], "--copy-fraction must be between 0 and 1"),
+        (
+            ["--corpus", "text+copy", "--n-words", "96", "--copy-fraction", "2"],
+            "--copy-fraction must be between 0 and 1",
+        ),
     ],
 )
 def test_cli_rejects_bad_input(argv, message, tmp_path, capsys):
@@ -203,7 +206,9 @@ def test_copy_fraction_is_the_text_corpus_setting_and_refused_elsewhere():
     assert flags("--corpus", "text+copy", "--n-words", "96", "--copy-fraction", "0.25").copy_fraction == 0.25
     assert flags("--corpus", "text+copy", "--n-words", "96").copy_fraction == 0.5
     assert flags().copy_fraction is None  # corpus copy: no fraction, and summary.json records none
-    with pytest.raises(HeadprobeError, match=r"^--copy-fraction applies to --corpus text\+copy only, not to --corpus copy$"):
+    with pytest.raises(
+        HeadprobeError, match=r"^--copy-fraction applies to --corpus text\+copy only, not to --corpus copy$"
+    ):
         headprobe.train(corpus="copy", copy_fraction=0.3, steps=1, device="cpu")
     with pytest.raises(HeadprobeError, match=r"--copy-fraction applies to --corpus text\+copy only"):
         dataclasses.replace(TEXT, corpus="copy", n_words=64).validate()
