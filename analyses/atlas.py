@@ -342,7 +342,9 @@ def over_training_plot(table: pd.DataFrame, title: str) -> Figure:
             continue
         steps = sorted(t["step"].unique())
         best = [t.loc[t["step"] == s, col].max() for s in steps]
-        verdict = [next(iter(v[v != ""]), "") for v in (t.loc[t["step"] == s, f"{ht}_verdict"] for s in steps)]
+        verdict = [
+            next(iter(v[v.fillna("") != ""]), "") for v in (t.loc[t["step"] == s, f"{ht}_verdict"] for s in steps)
+        ]
         ax.plot(steps, best, color=color, lw=1, label=ht.replace("_", "-"))
         for s, b, v in zip(steps, best, verdict):
             if v == LABELS[True]:

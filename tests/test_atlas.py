@@ -547,3 +547,32 @@ def test_over_training_legend_names_the_no_verdict_cross_when_drawn():
     without = labels(over_training_plot(table([LABELS[False], LABELS[True], LABELS[True]]), "t"))
     assert LABELS[None] in with_none and LABELS[None] not in without
     assert {"induction", "confirmed (ablation)", LABELS[False]} <= set(without)
+
+
+def test_over_training_reads_its_markers_from_a_saved_atlas_csv():
+    """atlas.csv writes the verdict of a head outside the top k as an empty cell, which pandas reads
+    back as NaN: over_training_plot took that NaN (the step's first head) as the step's verdict and
+    drew no marker at all. Drawn from the CSV, it puts the same markers as from the table in memory."""
+    import io
+
+    import pandas as pd
+
+    from headprobe.analyses.atlas import over_training_plot
+    from headprobe.analyses.verdicts import LABELS
+
+    table = pd.DataFrame(
+        {
+            "step": [0, 0, 100, 100],
+            "induction": [0.1, 0.2, 0.5, 0.9],
+            "induction_top": [False, True, False, True],
+            "induction_verdict": ["", LABELS[False], "", LABELS[True]],
+        }
+    )
+    saved = pd.read_csv(io.StringIO(table.to_csv(index=False)))
+
+    def markers(fig):  # (facecolour is white: hollow, filled) per scatter, in drawing order
+        return [tuple(c.get_facecolor()[0]) == (1.0, 1.0, 1.0, 1.0) for c in fig.axes[0].collections]
+
+    drawn = markers(over_training_plot(table, "t"))
+    assert drawn == [True, False]  # hollow at step 0 (not confirmed), filled at 100
+    assert markers(over_training_plot(saved, "t")) == drawn
