@@ -1,4 +1,4 @@
-"""Redraw the committed study, training, prune, circuit, diff and scan figures from the numbers their runs saved.
+"""Redraw the committed study, training, prune, circuit, diff, atlas and scan figures from the numbers their runs saved.
 
 Usage: ``.venv/bin/python scripts/redraw_figures.py [--check] [figures | figures/RUN]``
 
@@ -127,6 +127,26 @@ def redraw_prune(d: Path) -> list[Path]:
     dtype = summary.get("dtype") or summary["config"].get("dtype", "float32")
     title = f"Head pruning, {summary['model']}\n({figs.weights_label(summary['weights_precision'])}, {dtype} compute)"
     return figs.save_figure(figs.pruning_methods_plot(curves, bands, METRICS, title), d / "pruning_curve")
+
+
+def redraw_atlas(d: Path) -> list[Path]:
+    """Redraw an atlas's figures from its atlas.csv with today's figure code (the figures
+    :meth:`AtlasResult.figures` draws from the table), each only where the run wrote it and in the
+    formats it wrote."""
+    import os
+
+    from headprobe.analyses.figures import FORMATS, save_figure
+    from headprobe.commands.atlas_core import AtlasResult
+
+    table = pd.read_csv(d / "atlas.csv")
+    written = []
+    for name, fig in AtlasResult(None, table, {}, d).figures().items():  # type: ignore[arg-type]
+        formats = [f for f in FORMATS if (d / f"{name}.{f}").is_file()]
+        if formats:
+            os.environ["HEADPROBE_FIGURE_FORMATS"] = ",".join(formats)
+            written += save_figure(fig, d / name)
+    os.environ.pop("HEADPROBE_FIGURE_FORMATS", None)
+    return written
 
 
 def scan_result(d: Path, model=None, with_composition: bool = True):
@@ -299,6 +319,8 @@ def main(argv: list[str]) -> None:
             written += redraw_circuit(d)
         elif (d / "diff.csv").is_file():
             written += redraw_diff(d)
+        elif (d / "atlas.csv").is_file():
+            written += redraw_atlas(d)
     for line in [str(p) for p in written] + differ:
         print(line)
     if differ:
