@@ -103,30 +103,42 @@ def redraw_diff(d: Path) -> list[Path]:
 
 
 def redraw_prune(d: Path) -> list[Path]:
-    """Redraw a prune run's pruning_curve figure from its pruning_curve.csv with today's figure code
-    (the curves as :meth:`PruneResult.figures` draws them: Michel and L0 as lines, random orders as a
-    band over seeds). Reads the first CSV layout too (``order`` importance/random, ``induction_loss``)."""
+    """Redraw a prune run's pruning_curve figure from its pruning_curve.csv and summary.json with
+    today's figure code (the curves as :meth:`PruneResult.figures` draws them: Michel and L0 as lines,
+    random orders as a band over seeds, the saved model's star; the same title and axis labels).
+    Reads the first CSV layout too (``order`` importance/random, ``induction_loss``)."""
     import numpy as np
 
     from headprobe.analyses import figures as figs
-    from headprobe.commands.prune_core import LABELS, METRICS
+    from headprobe.commands.prune_core import METRICS, figure_labels, method_label
 
     t = pd.read_csv(d / "pruning_curve.csv").rename(columns={"induction_loss": "repeated_loss"})
     if "order" in t.columns:  # importance (Michel's) and one random order
         t = t.assign(method=t["order"].map({"importance": "michel", "random": "random"}), seed=0)
     summary = json.loads((d / "summary.json").read_text())
+    rescore = summary["config"].get("rescore", True)
     curves, bands = [], []
     for method in dict.fromkeys(t["method"]):
         rows = t[t["method"] == method]
         runs = [g.sort_values("step") for _, g in rows.groupby(rows["seed"].fillna(0))]
         frac = runs[0]["fraction_pruned"].to_numpy()
+        label = method_label(method, rescore)
         if method == "random":
-            bands.append((LABELS[method], frac, {c: np.stack([r[c].to_numpy() for r in runs]) for c, _ in METRICS}))
+            bands.append((label, frac, {c: np.stack([r[c].to_numpy() for r in runs]) for c, _ in METRICS}))
         else:
-            curves.append((LABELS[method], frac, {c: runs[0][c].to_numpy() for c, _ in METRICS}))
+            curves.append((label, frac, {c: runs[0][c].to_numpy() for c, _ in METRICS}))
     dtype = summary.get("dtype") or summary["config"].get("dtype", "float32")
-    title = f"Head pruning, {summary['model']}\n({figs.weights_label(summary['weights_precision'])}, {dtype} compute)"
-    return figs.save_figure(figs.pruning_methods_plot(curves, bands, METRICS, title), d / "pruning_curve")
+    total = summary.get("n_heads_total", 0)
+    title, xlabel, saved = figure_labels(
+        summary["model"],
+        figs.weights_label(summary["weights_precision"]),
+        dtype,
+        summary.get("n_heads_present", total),
+        total,
+        summary.get("pruned_model"),
+    )
+    fig = figs.pruning_methods_plot(curves, bands, METRICS, title, saved=saved, xlabel=xlabel)
+    return figs.save_figure(fig, d / "pruning_curve")
 
 
 def redraw_atlas(d: Path) -> list[Path]:

@@ -234,3 +234,39 @@ def test_per_layer_never_keeps_a_removed_head_where_ablating_the_layer_helps(pru
     rows = per_layer_best_head(model, LossSet(torch.zeros(1, 4, dtype=torch.long), 1))
     assert [(r["layer"], r["best_head"]) for r in rows if (r["layer"], r["best_head"]) in REMOVED] == []
     assert all(r["loss_best_only"] > r["loss_layer_ablated"] for r in rows)
+
+
+@pytest.mark.figures
+def test_the_pruning_figure_redrawn_from_the_saved_folder_is_the_runs(pruned_dir, text_file, tmp_path, monkeypatch):
+    """scripts/redraw_figures.py redrew pruning_curve.png without the saved model's star and without
+    a pruned checkpoint's title line and x label (the run's figure has them): redrawn from
+    pruning_curve.csv and summary.json, the figure gets the run's title, labels, star and curves (to
+    the CSV's 5 decimals)."""
+    import importlib.util
+    from pathlib import Path
+
+    from headprobe.analyses import figures as figs
+
+    drawn = []
+    plot = figs.pruning_methods_plot
+    monkeypatch.setattr(figs, "pruning_methods_plot", lambda *a, **k: drawn.append((a, k)) or plot(*a, **k))
+    out = tmp_path / "out"
+    argv = ["prune", "--model", str(pruned_dir), "--out", str(out), "--text", str(text_file), "--n-seeds", "2"]
+    argv += ["--method", "michel,random", "--step-fraction", "0.2", "--save-pruned", "--save-fraction", "0.4", *SMALL]
+    assert main(argv) == 0
+    spec = importlib.util.spec_from_file_location("redraw", Path(__file__).parents[1] / "scripts" / "redraw_figures.py")
+    redraw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(redraw)
+    redraw.redraw_prune(out)
+    (run_args, run_kw), (again_args, again_kw) = drawn
+    (curves, bands, metrics, title), (curves2, bands2, metrics2, title2) = run_args, again_args
+    assert (title2, metrics2, again_kw["xlabel"]) == (title, metrics, run_kw["xlabel"])
+    assert "heads removed before this run" in title and "checkpoint's" in run_kw["xlabel"]
+    (label, frac, loss), (label2, frac2, loss2) = run_kw["saved"], again_kw["saved"]
+    assert (label2, frac2) == (label, frac) and loss2 == pytest.approx(loss)
+    for lines, lines2 in ((curves, curves2), (bands, bands2)):
+        assert [c[0] for c in lines2] == [c[0] for c in lines]
+        for (_, x, ys), (_, x2, ys2) in zip(lines, lines2):
+            np.testing.assert_allclose(x2, x, atol=1e-5)
+            for col in ys:
+                np.testing.assert_allclose(ys2[col], ys[col], atol=1e-5)

@@ -51,6 +51,32 @@ def run_names(cfg: PruneConfig) -> list[str]:
     return out
 
 
+def method_label(method: str, rescore: bool) -> str:
+    """A pruning method's legend label (:data:`LABELS`; Michel's importance "scored once" without rescoring)."""
+    return LABELS[method] + (" (scored once)" if method == "michel" and not rescore else "")
+
+
+def figure_labels(
+    name: str, weights: str, dtype: str, present: int, total: int, pruned: dict | None
+) -> tuple[str, str, tuple[str, float, dict[str, float]] | None]:
+    """The pruning figure's title, x label and saved-model star (``pruned``: summary.json's
+    ``pruned_model``; None or without ``loss``: no star) for model ``name`` (``weights``: its
+    weights' label) run in ``dtype`` on a checkpoint with ``present`` of its ``total`` heads."""
+    title = f"Head pruning, {name}\n({weights}, {dtype} compute)"
+    xlabel = "fraction of heads removed"
+    if gone := total - present:  # a pruned checkpoint: fractions of the heads it has
+        xlabel = f"fraction of the checkpoint's {present} heads removed"
+        title += f"\n{gone} of {total} heads removed before this run"
+    saved = None
+    if pruned is not None and "loss" in pruned:
+        saved = (
+            f"saved model ({pruned['heads_removed']} heads removed)",
+            pruned["fraction_removed"],
+            {f"{k}_loss": v for k, v in pruned["loss"].items()},
+        )
+    return title, xlabel, saved
+
+
 @dataclass
 class PruneResult:
     """Every method's pruning curve (losses in nats/token) and, with ``save_pruned``, the pruned model.
@@ -199,28 +225,18 @@ class PruneResult:
             }
 
         curves, bands = [], []
+        present, total = self.heads_present
+        title, xlabel, saved = figure_labels(
+            spec.name, figs.weights_label(spec.weights), cfg.dtype, present, total, self.pruned_info
+        )
         for m in cfg.methods:
             rs = self._curves(m)
-            label = LABELS[m] + (" (scored once)" if m == "michel" and not cfg.rescore else "")
+            label = method_label(m, cfg.rescore)
             if m == "random":
                 frac = arrays(rs[0])[0]
                 bands.append((label, frac, {c: np.stack([arrays(r)[1][c] for r in rs]) for c, _ in METRICS}))
             else:
                 curves.append((label, *arrays(rs[0])))
-        title = f"Head pruning, {spec.name}\n({figs.weights_label(spec.weights)}, {cfg.dtype} compute)"
-        xlabel = "fraction of heads removed"
-        present, total = self.heads_present
-        if gone := total - present:  # a pruned checkpoint: fractions of the heads it has
-            xlabel = f"fraction of the checkpoint's {present} heads removed"
-            title += f"\n{gone} of {total} heads removed before this run"
-        saved = None
-        if self.pruned_info is not None and "loss" in self.pruned_info:
-            p = self.pruned_info
-            saved = (
-                f"saved model ({p['heads_removed']} heads removed)",
-                p["fraction_removed"],
-                {f"{k}_loss": v for k, v in p["loss"].items()},
-            )
         out = {"pruning_curve": figs.pruning_methods_plot(curves, bands, METRICS, title, saved=saved, xlabel=xlabel)}
         if self.per_layer is not None:
             t = pd.DataFrame(self.per_layer)
