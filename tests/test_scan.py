@@ -114,7 +114,8 @@ def test_cli_refuses_a_non_empty_output_directory(tmp_path):
     [
         (["--top-k", "0"], "--top-k: must be a positive integer, got 0"),
         (["--seq-len", "1"], "at least 2 positions"),
-        (["--period", "1"], "at least 2 tokens"),
+        (["--period", "1"], "at least 3 tokens"),
+        (["--period", "2"], "at least 3 tokens"),  # the token after the earlier occurrence is the previous token
         (["--text", "{bad}"], "not UTF-8"),
         (["--text", "{empty}"], "is empty"),
     ],
