@@ -323,7 +323,8 @@ def describe_model(model: LoadedModel) -> str:
     threads = getattr(model, "threads_note", None)
     return (
         f"model {spec.name} on {where} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
-        f"{spec.n_kv_heads} KV heads); weights: {spec.precision}" + (f"; {threads}" if threads else "")
+        f"{spec.n_kv_heads} KV head{'' if spec.n_kv_heads == 1 else 's'}); weights: {spec.precision}"
+        + (f"; {threads}" if threads else "")
     )
 
 
