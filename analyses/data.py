@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from headprobe.analyses.vocabulary import DEFAULT_PERIOD, DEFAULT_SEQ_LEN
+from headprobe.analyses.vocabulary import DEFAULT_PERIOD, DEFAULT_SEQ_LEN, MIN_PERIOD
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import WHOLE_TEXT_BYTES, TextFile, open_text_file, read_text_file  # noqa: F401 - re-exported
@@ -182,10 +182,10 @@ def repeated_random_tokens(model: LoadedModel, n_seqs: int, period: int, seed: i
     """``n_seqs`` sequences ``[BOS] r_1..r_S r_1..r_S`` with ``r`` uniform over non-special tokens.
 
     Raises:
-        HeadprobeError: ``period < 2``.
+        HeadprobeError: ``period <`` :data:`MIN_PERIOD`.
     """
-    if period < 2:
-        raise HeadprobeError(f"repeat length {period} is too short: induction needs at least 2 tokens")
+    if period < MIN_PERIOD:
+        raise HeadprobeError(f"repeat length {period} is too short: induction needs at least {MIN_PERIOD} tokens")
     ids = random_token_ids(model.tokenizer, model.spec.d_vocab)
     gen = torch.Generator().manual_seed(seed)
     half = ids[torch.randint(len(ids), (n_seqs, period), generator=gen)]

@@ -624,7 +624,7 @@ LOCAL_FRACTION = HeadColumn(
         HeatmapStyle(
             "distant_mass",
             "distant mass (beyond the last {W} keys)",
-            "attention on keys {W} or more back (not the sink)",
+            "attention on keys {W} or more back (token 0 included)",
         ),
     ),
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from headprobe.analyses.vocabulary import MIN_PERIOD
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import DEVICES
 from headprobe.probe.model.tokenizers import TEXT_CHARS
@@ -146,9 +147,10 @@ class TrainConfig:
             raise HeadprobeError(
                 f"--max-period {self.max_period} does not fit twice in --seq-len {self.seq_len} (needs 2*period+1)"
             )
-        if self.eval_period < 2 or 2 * self.eval_period + 1 > self.seq_len:
+        if self.eval_period < MIN_PERIOD or 2 * self.eval_period + 1 > self.seq_len:
             raise HeadprobeError(
-                f"--eval-period {self.eval_period} must be >= 2 and fit twice in --seq-len {self.seq_len}"
+                f"--eval-period {self.eval_period} must be >= {MIN_PERIOD} (induction's target is the previous "
+                f"token at 2) and fit twice in --seq-len {self.seq_len}"
             )
         if self.seq_len < 20:
             raise HeadprobeError(f"--seq-len {self.seq_len} is too short for the in-context loss (needs >= 20)")

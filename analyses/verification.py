@@ -428,6 +428,11 @@ def make_plan(
     }
 
 
+def _tests(m: int) -> str:
+    """``"1 test"``, ``"5 tests"``: the size of the corrected family, in words."""
+    return f"{m} test{'' if m == 1 else 's'}"
+
+
 def _distinct_sets(n: int) -> str:
     return f"{n} distinct control set{' exists' if n == 1 else 's exist'}"
 
@@ -438,7 +443,7 @@ def _unreachable_reason(x: _Test, n: int, plan: dict) -> str:
     few = f"only {_distinct_sets(n)}" if n < plan["n_random"] else f"{n} control sets"
     return (
         f"{few}: its smallest p-value 1/{n + 1} = {1 / (n + 1):.3f} cannot reach alpha = {plan['alpha']:g} after "
-        f"{plan['correction']} over {plan['family_size']} tests"
+        f"{plan['correction']} over {_tests(plan['family_size'])}"
         + (f" (use --n-random {plan['lone_draws_needed']} or more)" if n >= plan["n_random"] else "")
         + ("; not run: none of them was ablated, as they could decide nothing" if x.not_run else "")
     )
@@ -709,7 +714,7 @@ def plan_lines(plan: dict) -> list[str]:
             else ""
         )
         out.append(
-            f"NOTE: {t['head_type'].replace('_', '-')}: {short}: {what} ({plan['correction']} over {m} tests){why}"
+            f"NOTE: {t['head_type'].replace('_', '-')}: {short}: {what} ({plan['correction']} over {_tests(m)}){why}"
         )
     if (
         hard

@@ -59,6 +59,12 @@ NO_FIGURES = "none"
 FIGURE_FORMATS_ENV = "HEADPROBE_FIGURE_FORMATS"
 """The environment variable that narrows :data:`FIGURE_FORMATS` (:func:`figure_formats`)."""
 
+MIN_PERIOD = 3
+"""The shortest repeated block: the induction target (the token after a query's earlier occurrence,
+offset ``1 - S``) is the query itself at ``S = 1`` and its previous token at ``S = 2``, where a
+previous-token head would score as an induction head."""
+PERIOD_TARGET = {1: "the token itself", 2: "its previous token"}
+
 
 def figure_formats() -> tuple[str, ...]:
     """The formats figures are written in: :data:`FIGURE_FORMATS`, or those named in

@@ -227,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a program killed by it
     except KeyboardInterrupt as e:
-        print(_interrupted(e, getattr(args, "out", None)), file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # Ctrl-C reaches every torchrun rank: one line, from rank 0
+            print(_interrupted(e, getattr(args, "out", None)), file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     except (RuntimeError, MemoryError) as e:
         if not out_of_memory(e):

@@ -323,7 +323,8 @@ def describe_model(model: LoadedModel) -> str:
     threads = getattr(model, "threads_note", None)
     return (
         f"model {spec.name} on {where} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
-        f"{spec.n_kv_heads} KV heads); weights: {spec.precision}" + (f"; {threads}" if threads else "")
+        f"{spec.n_kv_heads} KV head{'' if spec.n_kv_heads == 1 else 's'}); weights: {spec.precision}"
+        + (f"; {threads}" if threads else "")
     )
 
 
@@ -746,20 +747,43 @@ def checkpoint_key(config) -> dict:
     return {k: v for k, v in asdict(config).items() if k not in RUN_ONLY}
 
 
+def checkpoint_describer(config_cls):
+    """``describe(name, value) -> (label, text)`` for a checkpoint's settings-mismatch message:
+    each setting as the flag that sets it (``sequential`` is ``--fixed-draws``, given or not),
+    a list comma-joined, an unset value ``default``."""
+    from headprobe.settings import flag_names, switch_value
+
+    flags = flag_names(config_cls)
+
+    def describe(name: str, value) -> tuple[str, str]:
+        flag = flags.get(name)
+        if flag is None:
+            return name, repr(value)
+        switch = switch_value(config_cls, name)
+        if switch:
+            return flag, "given" if value == (switch == "=True") else "not given"
+        if isinstance(value, list):
+            return flag, ",".join(map(str, value))
+        return flag, "default" if value is None else str(value)
+
+    return describe
+
+
 def _resume(out: str, overwrite: bool, config, module, sharded: bool, main_rank: bool):
     """``(state or None, the checkpoint this rank saves or None, checkpoints found, the inputs
     recorded by each one holding a state)`` of a resumable run; see :func:`run_command`."""
     from headprobe.analyses import distributed
     from headprobe.probe.core.io import RunCheckpoint, shard_checkpoint_name
 
-    key = checkpoint_key(config)
-    checkpoint = RunCheckpoint(out, key)
+    key, describe = checkpoint_key(config), checkpoint_describer(type(config))
+    checkpoint = RunCheckpoint(out, key, describe=describe)
     merge = getattr(module, "merge_states", None)
     if merge is not None:  # every rank reads every checkpoint before any rank writes one
-        found = RunCheckpoint.shards(out, key)
+        found = RunCheckpoint.shards(out, key, describe)
         states = [c.load(overwrite) for c in found]
         if sharded:
-            checkpoint = RunCheckpoint(out, key, shard_checkpoint_name(distributed.rank(), distributed.world_size()))
+            name = shard_checkpoint_name(distributed.rank(), distributed.world_size())
+            checkpoint = RunCheckpoint(out, key, name, describe)
         return merge(states), checkpoint, found, [c.recorded_inputs for c, st in zip(found, states) if st]
     loaded = (checkpoint.load(overwrite), checkpoint.recorded_inputs) if main_rank or not sharded else None
     saved, recorded = distributed.broadcast_object(loaded)

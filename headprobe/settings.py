@@ -39,7 +39,9 @@ from headprobe.analyses.vocabulary import (
     DEFAULT_PERIOD,
     DEFAULT_SEQ_LEN,
     FIGURE_FORMATS,
+    MIN_PERIOD,
     NO_FIGURES,
+    PERIOD_TARGET,
     parse_figure_formats,
 )
 from headprobe.probe.core.errors import HeadprobeError
@@ -568,9 +570,14 @@ def check_settings(cfg) -> None:
         raise HeadprobeError(
             f"sequence length {cfg.seq_len} is too short: scores need at least 2 positions (--seq-len)"
         )
-    if has("period") and cfg.period < 2:
+    if has("period") and cfg.period < MIN_PERIOD:
         raise HeadprobeError(
-            f"--period {cfg.period} is too short: induction needs a repeated block of at least 2 tokens"
+            f"--period {cfg.period} is too short: induction needs a repeated block of at least {MIN_PERIOD} tokens"
+            + (
+                f" (at {cfg.period} the token after a token's earlier occurrence is {PERIOD_TARGET[cfg.period]})"
+                if cfg.period in PERIOD_TARGET
+                else ""
+            )
         )
     if has("device"):
         check_device(cfg.device)

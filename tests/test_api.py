@@ -156,7 +156,7 @@ def no_loading(monkeypatch):
             "head 1.8 is out of range: the model has 2 layers of 8 heads",
         ),
         (["ablate", "--text", "{bad}"], "not UTF-8"),
-        (["prune", "--period", "1"], "at least 2 tokens"),
+        (["prune", "--period", "1"], "at least 3 tokens"),
         (["prune", "--text", "{dir}"], "cannot read text file"),
     ],
 )

@@ -154,7 +154,7 @@ def test_the_function_and_public_api(llama_dir):
         (["--method", "atp"], "invalid choice"),
         (["--receivers", "1.0:z"], "is not L.H:q"),
         (["--qk-head", "x"], "is not of the form layer.head"),
-        (["--period", "2"], "at least 4"),
+        (["--period", "3"], "at least 4"),
         (["--receivers", "7.0:k"], "head 7.0 is out of range: the model has"),
         (["--qk-head", "9.1"], "head 9.1 is out of range: the model has"),
         (["--backend", "transformer-lens"], "native backend"),

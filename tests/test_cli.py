@@ -164,3 +164,19 @@ def test_formats_flag_sets_the_figure_formats_of_one_run(tmp_path, capsys, monke
     with _figure_formats("NONE"):  # no figures at all
         assert figure_formats() == ()
     assert os.environ[FIGURE_FORMATS_ENV] == "png" and figure_formats() == ("png",)
+
+
+def test_the_model_line_counts_one_kv_head_in_the_singular():
+    """An MQA model's header reads ``(MQA, 1 KV head)`` (it read ``1 KV heads``); GQA keeps the plural."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from headprobe.options import describe_model
+
+    def line(kind: str, n_kv: int) -> str:
+        spec = SimpleNamespace(name="m", n_layers=2, n_heads=4, kind=kind, n_kv_heads=n_kv, precision="float32")
+        return describe_model(SimpleNamespace(spec=spec, dtype=torch.float32, device=torch.device("cpu")))
+
+    assert "(MQA, 1 KV head); weights" in line("MQA", 1)
+    assert "(GQA, 2 KV heads); weights" in line("GQA", 2)

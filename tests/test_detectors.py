@@ -181,3 +181,20 @@ def test_text_repeat_scores_equal_a_loop_and_the_block_scores_on_a_repeat():
     torch.testing.assert_close(got["induction"], induction_score(pat, S, 1))
     none = text_repeat_scores(pat[0], torch.arange(2 * S + 1), start=1)  # no token repeats
     assert torch.isnan(none["induction"]).all() and torch.isnan(none["duplicate_token"]).all()
+
+
+def test_period_2_is_refused_as_its_induction_target_is_the_previous_token(tiny_llama_gqa_native):
+    """On ``[BOS] r1 r2 r1 r2`` the token after a query's earlier occurrence is its previous token,
+    so a pure previous-token head scores induction 1 there: period 2 cannot tell the two apart and
+    is refused (period 3 can: the same head scores 0)."""
+    from headprobe.analyses.data import repeated_random_tokens
+
+    for period, expected in [(2, 1.0), (3, 0.0)]:
+        T = 1 + 2 * period
+        previous = torch.zeros(1, 1, T, T)
+        previous[0, 0, 0, 0] = 1.0
+        previous[0, 0, torch.arange(1, T), torch.arange(0, T - 1)] = 1.0
+        assert induction_score(previous, period, 1).item() == pytest.approx(expected)
+    with pytest.raises(HeadprobeError, match="repeat length 2 is too short: induction needs at least 3 tokens"):
+        repeated_random_tokens(tiny_llama_gqa_native, 2, 2, seed=0)
+    assert repeated_random_tokens(tiny_llama_gqa_native, 2, 3, seed=0).tokens.shape == (2, 7)

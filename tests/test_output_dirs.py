@@ -229,6 +229,21 @@ def test_interrupted_resumable_run_says_it_resumes(tmp_path):
     assert line.startswith("headprobe: interrupted;") and "as it was before" in line
 
 
+def test_an_interrupted_torchrun_run_says_so_once(monkeypatch, capsys):
+    """Ctrl-C reaches every rank of a torchrun run; the interruption line comes from rank 0 alone,
+    as an error's does (each rank printed it: the same line twice on 2 ranks)."""
+    import headprobe.cli as cli
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "figure_formats", interrupt)
+    for rank, said in (("1", 0), ("0", 1)):
+        monkeypatch.setenv("RANK", rank)
+        assert cli.main(["budget", "--preset", "llama3-8b"]) == 130
+        assert capsys.readouterr().err.count("headprobe: interrupted;") == said, rank
+
+
 @pytest.mark.parametrize(
     "error",
     [

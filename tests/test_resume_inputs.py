@@ -134,3 +134,23 @@ def test_a_checkpoint_of_another_text_or_tokenizer_is_refused(tiny_dir, text_fil
     shutil.copytree(tiny_dir, model)
     assert main(["ablate", "--out", str(cut), *args]) == 0
     assert "resuming from" in capsys.readouterr().out
+
+
+def test_a_checkpoint_of_other_settings_is_refused_naming_the_flags(tmp_path):
+    """The refusal names each differing setting as the flag a user typed (``--fixed-draws``, given
+    or not; ``--no-verify``), not the config's field (``sequential: True there, False now``)."""
+    from types import SimpleNamespace
+
+    from headprobe.commands.scan import ScanConfig
+    from headprobe.options import _resume, checkpoint_key
+    from headprobe.probe.core.errors import HeadprobeError
+
+    RunCheckpoint(tmp_path, checkpoint_key(ScanConfig())).save({"verification": {}})
+    now = ScanConfig(sequential=False, verify=False, types=("induction",))
+    with pytest.raises(HeadprobeError) as refused:
+        _resume(str(tmp_path), False, now, SimpleNamespace(), sharded=False, main_rank=True)
+    said = str(refused.value)
+    assert "--fixed-draws: not given there, given now" in said, said
+    assert "--no-verify: not given there, given now" in said, said
+    assert "--types: previous_token,duplicate_token,induction," in said and "there, induction now" in said, said
+    assert "sequential:" not in said and " verify:" not in said and "--overwrite" in said

@@ -114,7 +114,8 @@ def test_cli_refuses_a_non_empty_output_directory(tmp_path):
     [
         (["--top-k", "0"], "--top-k: must be a positive integer, got 0"),
         (["--seq-len", "1"], "at least 2 positions"),
-        (["--period", "1"], "at least 2 tokens"),
+        (["--period", "1"], "at least 3 tokens"),
+        (["--period", "2"], "at least 3 tokens"),  # the token after the earlier occurrence is the previous token
         (["--text", "{bad}"], "not UTF-8"),
         (["--text", "{empty}"], "is empty"),
     ],
@@ -467,7 +468,7 @@ def test_a_two_layer_models_figures_keep_their_layout(tiny_llama_gqa_native, tmp
         "natural task: clean loss 4.65 nats is above ln(vocabulary) = 4.62: no better than a uniform "
         "guess; its scores describe that failure and its ablations get no verdict",
         "induction: no verdict: 2 control sets: its smallest p-value 1/3 = 0.333 cannot reach alpha = "
-        "0.05 after bh over 1 tests (use --n-random 19 or more)",
+        "0.05 after bh over 1 test (use --n-random 19 or more)",
     ]
     for name, make in figure_makers(result).items():
         with warnings.catch_warnings():

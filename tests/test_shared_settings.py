@@ -51,6 +51,10 @@ def test_shared_fields_are_checked_as_the_groups_are():
         KVConfig(n_natural=0)
     with pytest.raises(HeadprobeError, match="--period 1 is too short"):
         CircuitConfig(period=1)
+    from headprobe.commands.scan import ScanConfig
+
+    with pytest.raises(HeadprobeError, match="--period 2 is too short"):  # induction's target: the previous token
+        ScanConfig(period=2)
     assert KVConfig(dtype="bf16").dtype == "bfloat16"  # ModelSettings' normalisation, which kv lacked
     assert "n_repeated" not in {f.name for f in dataclasses.fields(KVConfig)}  # only the fields it uses
 

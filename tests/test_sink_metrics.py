@@ -102,3 +102,16 @@ def test_entropy_of_a_sink_row_counts_the_sink_as_an_outcome():
     q[0, 0, 0, 0] = 1.0
     q[0, 0, 1] = torch.tensor([0.5, 0.5])
     assert float(metrics.attention_entropy(q, learned_sink=True)[0]) == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_distant_mass_label_counts_token_0():
+    """A first-token sink head (every query on key 0) has a distant mass of 1: token 0 is ``W`` or
+    more back. The heatmap's colour-bar label must say token 0 is counted, not that the sink is
+    left out (only a learned sink is, and it has no key)."""
+    T, W = 20, 16
+    sink_head = torch.zeros(1, 1, T, T)
+    sink_head[..., 0] = 1.0
+    assert metrics.distant_fraction(sink_head, W).item() == 1.0
+    (style,) = [s for s in metrics.LOCAL_FRACTION.figures if s.column == "distant_mass"]
+    label = style.label.format(W=W)
+    assert "not the sink" not in label and "token 0 included" in label, label

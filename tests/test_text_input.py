@@ -178,3 +178,20 @@ def test_files_read_whole_refuse_a_too_large_one(tmp_path, capsys):
         read_text_file(big)
     line = _cli_error(["patch", "--prompts", str(big), "--out", str(tmp_path / "o")], capsys)
     assert "at most 16 MiB" in line and not (tmp_path / "o").exists()
+
+
+def test_scan_says_when_the_text_holds_fewer_windows_than_n_natural(tiny_dir, tmp_path, capsys):
+    """A text of 6 windows asked for 20: the run scores the 6 it has and says so on the terminal
+    and in summary.json (``requested`` beside ``sequences``), instead of silently using fewer."""
+    path = tmp_path / "short.txt"
+    path.write_text(_words(100), encoding="utf-8")
+    out = tmp_path / "out"
+    argv = ["scan", "--model", str(tiny_dir), "--text", str(path), "--n-natural", "20", "--seq-len", "16"]
+    argv += ["--n-repeated", "2", "--period", "4", "--no-verify", "--no-metrics", "--formats", "none", "--out", str(out)]
+    assert main(argv) == 0
+    said = capsys.readouterr()
+    natural = json.loads((out / "summary.json").read_text())["tokens"]["natural_text"]
+    windows = natural["windows_available"]
+    assert natural["sequences"] == windows < 20 and natural["requested"] == 20
+    notes = [line for line in (said.out + said.err).splitlines() if line.startswith("NOTE:") and "--n-natural" in line]
+    assert len(notes) == 1 and f"{windows} natural-text sequences scored, not the 20 asked for" in notes[0], notes

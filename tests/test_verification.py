@@ -749,3 +749,19 @@ def test_a_type_without_verdict_says_so_on_its_tested_row_only(tiny_llama_gqa, t
     verdicts = {ln.split()[1]: ln for ln in lines}
     assert verdicts["mean"].endswith("no verdict"), verdicts["mean"]
     assert verdicts["zero"].endswith("(reported, not tested)"), verdicts["zero"]
+
+
+def test_a_family_of_one_test_is_one_test_in_the_plan():
+    """The plan's note of a family of one reads ``bh over 1 test`` (it read ``over 1 tests``); two read ``tests``."""
+    from headprobe.analyses.verification import plan_lines
+
+    def plan(m: int) -> dict:
+        test = {"head_type": "induction", "confirmable": "never", "control_sets": 1, "capped": True, "not_run": True}
+        return {
+            "family_size": m, "lone_draws_needed": 19 * m, "n_random": 50, "family": ["induction"] * m,
+            "correction": "bh", "alpha": 0.05, "raised": False, "kept": False, "n_random_requested": 50,
+            "max_sets": 2, "tests": [test] * m,
+        }  # fmt: skip
+
+    assert "cannot be CONFIRMED at all (bh over 1 test): not run" in plan_lines(plan(1))[1]
+    assert "(bh over 2 tests)" in plan_lines(plan(2))[1]

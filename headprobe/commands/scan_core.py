@@ -558,6 +558,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
                 "natural_text": {
                     "source": result.natural.source,
                     "sequences": int(result.natural.tokens.shape[0]),
+                    "requested": cfg.n_natural,
                     "seq_len": int(result.natural.tokens.shape[1]),
                     "tokens": result.natural.n_tokens,
                     "windows_available": result.natural.n_available,
@@ -806,6 +807,7 @@ def format_report(result: ScanResult) -> str:
     """The short terminal table: top heads per type and the ablation verdicts."""
     spec = result.spec
     lines = [f"{spec.name}: weights {spec.precision}", ""]
+    lines += [f"NOTE: {n}" for n in short_text_notes(result)]
     lines += [f"WARNING: {w}" for w in result.warnings] + ([""] if result.warnings else [])
     # what ran decides the header: with --no-verify nothing was ablated, and the report must not say it was
     checked = (
@@ -869,6 +871,19 @@ def format_report(result: ScanResult) -> str:
     lines += [f"NOTE: {n}" for n in design.get("notes", [])]
     lines += [f"NOTE: {n}" for n in wide_interval_notes(result.verifications)]
     return "\n".join(lines)
+
+
+def short_text_notes(result: ScanResult) -> list[str]:
+    """A note when the text held fewer windows than ``--n-natural`` asked for: the natural-text
+    scores and ablations then rest on the windows it has (:func:`~headprobe.analyses.data.natural_text_tokens`)."""
+    got, asked = int(result.natural.tokens.shape[0]), result.config.n_natural
+    if got >= asked:
+        return []
+    return [
+        f"the text ({result.natural.source}) holds {got} window{'' if got == 1 else 's'} of "
+        f"{int(result.natural.tokens.shape[1])} tokens: {got} natural-text sequence{'' if got == 1 else 's'} scored, "
+        f"not the {asked} asked for (--n-natural); give more text or a shorter --seq-len"
+    ]
 
 
 def wide_interval_notes(verifications) -> list[str]:

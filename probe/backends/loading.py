@@ -566,9 +566,33 @@ def _load_checkpoint_and_wrap(
 
         handle = tempfile.TemporaryDirectory(prefix="headprobe-offload-")
         split["offload_folder"] = handle.name
-    model = wrap(load_checkpoint(name, quiet=quiet, split=split), backend, device, prepend_bos, copy=False)
+    ckpt = load_checkpoint(name, quiet=quiet, split=split)
+    if backend == "auto" and not quiet:
+        _say_why_not_native(ckpt.hf_model.config)
+    model = wrap(ckpt, backend, device, prepend_bos, copy=False)
     model._offload_dir = handle  # removed with the model
     return model
+
+
+def _say_why_not_native(hf_config: Any) -> None:
+    """A NOTE line on stderr when ``--backend auto`` leaves the native model for the bridge: the
+    native model's refusal (a registered family's option it does not implement, e.g.
+    ``rope_type=linear``, or an unregistered architecture), so the slower backend with fewer
+    capabilities is no surprise."""
+    import sys
+
+    from headprobe.probe.model import convert
+
+    if NativeModel.supports(hf_config):
+        return
+    try:
+        convert.config_from_hf(hf_config)
+    except HeadprobeError as e:
+        print(
+            f"NOTE: --backend auto takes TransformerLens' bridge, not the native model: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _bridge_split(

@@ -11,7 +11,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -255,8 +255,15 @@ class RunCheckpoint:
     after its N-th save, as an interrupted run would die.
     """
 
-    def __init__(self, out: str | os.PathLike[str], key: dict[str, Any], name: str = CHECKPOINT_NAME):
+    def __init__(
+        self,
+        out: str | os.PathLike[str],
+        key: dict[str, Any],
+        name: str = CHECKPOINT_NAME,
+        describe: Callable[[str, Any], tuple[str, str]] | None = None,
+    ):
         self.path = Path(out) / name
+        self.describe = describe or _describe_setting
         self.key = finite_json(json.loads(json.dumps(key, default=str)))  # as write_json will store it
         self.inputs: dict[str, str] = {}
         self.recorded_inputs: dict[str, str] = {}
@@ -289,7 +296,10 @@ class RunCheckpoint:
         """The settings that differ from the saved key, as ``name: there -> now`` (the first three)."""
         saved = saved if isinstance(saved, dict) else {}
         names = [k for k in sorted({*saved, *self.key}) if saved.get(k) != self.key.get(k)]
-        shown = [f"{k}: {saved.get(k)!r} there, {self.key.get(k)!r} now" for k in names[:3]]
+        shown = []
+        for k in names[:3]:
+            label, there = self.describe(k, saved.get(k))
+            shown.append(f"{label}: {there} there, {self.describe(k, self.key.get(k))[1]} now")
         return "; ".join(shown) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
     def differences(self, inputs: dict[str, str]) -> list[str]:
@@ -312,10 +322,20 @@ class RunCheckpoint:
             self.path.unlink()
 
     @classmethod
-    def shards(cls, out: str | os.PathLike[str], key: dict[str, Any]) -> list[RunCheckpoint]:
+    def shards(
+        cls,
+        out: str | os.PathLike[str],
+        key: dict[str, Any],
+        describe: Callable[[str, Any], tuple[str, str]] | None = None,
+    ) -> list[RunCheckpoint]:
         """Every checkpoint file in ``out`` (the one-process one and every rank's of any sharded
         run), sorted by name."""
-        return [cls(out, key, p.name) for p in sorted(Path(out).glob(CHECKPOINT_GLOB)) if p.is_file()]
+        return [cls(out, key, p.name, describe) for p in sorted(Path(out).glob(CHECKPOINT_GLOB)) if p.is_file()]
+
+
+def _describe_setting(name: str, value: Any) -> tuple[str, str]:
+    """``(label, value's text)`` of one setting of a checkpoint's key: its field name and repr."""
+    return name, repr(value)
 
 
 ENVELOPE_KEYS = (
