@@ -187,7 +187,18 @@ def test_scan_says_when_the_text_holds_fewer_windows_than_n_natural(tiny_dir, tm
     path.write_text(_words(100), encoding="utf-8")
     out = tmp_path / "out"
     argv = ["scan", "--model", str(tiny_dir), "--text", str(path), "--n-natural", "20", "--seq-len", "16"]
-    argv += ["--n-repeated", "2", "--period", "4", "--no-verify", "--no-metrics", "--formats", "none", "--out", str(out)]
+    argv += [
+        "--n-repeated",
+        "2",
+        "--period",
+        "4",
+        "--no-verify",
+        "--no-metrics",
+        "--formats",
+        "none",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     said = capsys.readouterr()
     natural = json.loads((out / "summary.json").read_text())["tokens"]["natural_text"]
