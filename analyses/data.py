@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.analyses.vocabulary import DEFAULT_PERIOD, DEFAULT_SEQ_LEN, MIN_PERIOD
@@ -31,7 +31,9 @@ class TokenSet:
         start: index of the first non-BOS position (1 with BOS, 0 without).
         period: for repeated random tokens, the length S of the repeated block; else None.
         source: a short description (for summary.json).
-        n_available: how many windows the source text held (natural text only).
+        n_available: how many windows the source text held (natural text only), those left out
+            (``n_skipped``) not counted.
+        n_skipped: windows left out as more than :data:`MAX_ONE_TOKEN_SHARE` one token (natural text only).
     """
 
     tokens: Int[Tensor, "batch pos"]
@@ -39,6 +41,7 @@ class TokenSet:
     source: str
     period: int | None = None
     n_available: int | None = None
+    n_skipped: int = 0
 
     @property
     def n_tokens(self) -> int:
@@ -79,6 +82,25 @@ def ascii_text(text: str) -> str:
     forms, tabs four spaces, carriage returns are dropped, and any other character becomes ``?``
     (in CPython 3.11's topics that is 3 characters of 465k)."""
     return re.sub(r"[^\n -~]", "?", text.translate(_ASCII_FOR))
+
+
+MAX_ONE_TOKEN_SHARE = 0.5
+"""A natural-text window whose most frequent token fills more than this share of it is left out:
+runs such as a reStructuredText underline (``-----``), one token per character under WordPiece
+(all-MiniLM-L6-v2: 12% of CPython's documentation in 126-token windows, one of the 8 default
+windows 88% ``-``), are not the natural text the scores stand for. No window of SmolLM2's
+tokenization of that text comes near (at most 27% one token). The unknown token is not counted
+here: a text mostly unknown to the tokenizer has a rule of its own (no verdict, docs/scan.md)."""
+
+
+def one_token_share(windows: Int[Tensor, "n pos"]) -> Float[Tensor, " n"]:
+    """Per window (row), the share of its positions its most frequent token fills; vectorised
+    (a sort and run lengths), ``O(n pos log pos)``."""
+    n, pos = windows.shape
+    s = windows.sort(dim=1).values
+    runs = torch.cat([torch.zeros(n, 1, dtype=torch.long), (s[:, 1:] != s[:, :-1]).long().cumsum(1)], dim=1)
+    counts = torch.bincount((runs + torch.arange(n)[:, None] * pos).flatten(), minlength=n * pos).view(n, pos)
+    return counts.max(dim=1).values / pos
 
 
 POOL_WINDOWS = 8
@@ -122,7 +144,9 @@ def natural_text_tokens(
 
     The text (a string, a :class:`~headprobe.probe.core.io.TextFile` or, if None, CPython's
     documentation) is tokenized once and cut into consecutive non-overlapping windows; ``n_seqs``
-    of them are drawn without replacement with ``seed``. The whole text may be longer than the
+    of them are drawn without replacement with ``seed``, leaving out a window more than
+    :data:`MAX_ONE_TOKEN_SHARE` one token (``n_skipped``: the same permutation is drawn, and the window after it in that order
+    takes its place; a text without such windows gives the windows it always gave). The whole text may be longer than the
     model's context (the windows are not): transformers' warning that it is, meant for a
     sequence about to be run as one, is not printed for this call. A text shorter than ``n_seqs``
     windows gives fewer sequences (all it has), never a truncated or padded one. Of a file larger
@@ -130,7 +154,8 @@ def natural_text_tokens(
     :data:`POOL_WINDOWS` times the windows needed (:func:`file_token_ids`); ``source`` then says how much.
 
     Raises:
-        HeadprobeError: ``seq_len < 2``, the text holds fewer than ``seq_len`` tokens, a text
+        HeadprobeError: ``seq_len < 2``, the text holds fewer than ``seq_len`` tokens or only windows
+            more than half one token, a text
             file that is binary or not UTF-8 in the part read, or a drawn window with a token id
             outside the model's vocabulary (:meth:`~headprobe.probe.backends.base.LoadedModel.check_token_ids`).
     """
@@ -157,8 +182,17 @@ def natural_text_tokens(
             f"the text has {len(ids)} tokens, fewer than one sequence of {body}; give more text or a shorter --seq-len"
         )
     windows = torch.tensor(ids[: n_windows * body], dtype=torch.long).view(n_windows, body)
+    unk = getattr(model.tokenizer, "unk_token_id", None)  # unknown tokens: the no-verdict rule's (docs/scan.md)
+    distinct = -1 - torch.arange(windows.numel()).view_as(windows)  # each its own run, never "one token"
+    usable = one_token_share(windows if unk is None else torch.where(windows == unk, distinct, windows))
+    usable = usable <= MAX_ONE_TOKEN_SHARE
+    if not usable.any():
+        raise HeadprobeError(
+            f"every {body}-token window of the text is more than half one token; give text with words in it"
+        )
     gen = torch.Generator().manual_seed(seed)
-    pick = torch.randperm(n_windows, generator=gen)[: min(n_seqs, n_windows)].sort().values
+    order = torch.randperm(n_windows, generator=gen)  # the same draw with or without windows left out
+    pick = order[usable[order]][:n_seqs].sort().values
     tokens = windows[pick]
     if start:
         assert model.bos_token_id is not None  # a model that prepends BOS has one
@@ -166,7 +200,10 @@ def natural_text_tokens(
     if end_id is not None:
         tokens = torch.cat([tokens, torch.full((len(tokens), 1), end_id)], dim=1)
     model.check_token_ids(tokens, f"the text ({source or 'text'})")
-    return TokenSet(tokens=tokens, start=start, source=source or "text", n_available=n_windows)
+    n_usable = int(usable.sum())
+    return TokenSet(
+        tokens=tokens, start=start, source=source or "text", n_available=n_usable, n_skipped=n_windows - n_usable
+    )
 
 
 def random_token_ids(tokenizer, d_vocab: int) -> Tensor:

@@ -206,3 +206,78 @@ def test_scan_says_when_the_text_holds_fewer_windows_than_n_natural(tiny_dir, tm
     assert natural["sequences"] == windows < 20 and natural["requested"] == 20
     notes = [line for line in (said.out + said.err).splitlines() if line.startswith("NOTE:") and "--n-natural" in line]
     assert len(notes) == 1 and f"{windows} natural-text sequences scored, not the 20 asked for" in notes[0], notes
+
+
+def test_scan_says_how_many_windows_it_left_out_as_mostly_one_token(tiny_dir, tmp_path, capsys):
+    """100 words, then 60 times one word, in 15-token windows: windows 7-9 are that word alone (window
+    6 is 5 of it in 15), so the scan says it left 3 of 10 out (terminal and summary.json's
+    ``windows_left_out``) and draws from the other 7."""
+    path = tmp_path / "runs.txt"
+    path.write_text(_words(100) + " ".join(["t1"] * 60) + "\n", encoding="utf-8")  # 15-token windows
+    out = tmp_path / "out"
+    argv = ["scan", "--model", str(tiny_dir), "--text", str(path), "--n-natural", "3", "--seq-len", "16"]
+    argv += [
+        "--n-repeated",
+        "2",
+        "--period",
+        "4",
+        "--no-verify",
+        "--no-metrics",
+        "--formats",
+        "none",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    said = capsys.readouterr()
+    natural = json.loads((out / "summary.json").read_text())["tokens"]["natural_text"]
+    assert (natural["windows_left_out"], natural["windows_available"], natural["sequences"]) == (3, 7, 3)
+    notes = [line for line in (said.out + said.err).splitlines() if line.startswith("NOTE:") and "left out" in line]
+    assert len(notes) == 1 and "3 of the text's 10 windows left out" in notes[0], notes
+
+
+def test_windows_mostly_one_token_are_left_out_and_the_others_drawn_as_before(tiny_llama_gqa_native):
+    """Under WordPiece a reStructuredText underline is one token per character: all-MiniLM's default
+    natural text held a window 88% '-'. A window more than half one token is left out (counted in
+    ``n_skipped``, never drawn); the windows drawn are the seed's permutation with those passed
+    over, so a text without such windows gives exactly the windows it always did."""
+    from collections import Counter
+
+    import torch
+
+    from headprobe.analyses.data import MAX_ONE_TOKEN_SHARE, one_token_share
+
+    model, seq_len = tiny_llama_gqa_native, 33  # BOS + 32 text tokens a window
+    body = seq_len - 1
+    rng = np.random.default_rng(0)
+    good = [[f"t{j}" for j in rng.integers(0, 100, body)] for _ in range(40)]
+    runs = {3: ["t7"] * 20 + good[3][:12], 11: ["t5"] * body, 17: ["t9"] * 16 + good[17][:16]}  # 62%, 100%, 50%
+    windows = [runs.get(i, w) for i, w in enumerate(good)]
+    text = "\n".join(" ".join(w) for w in windows)
+    ids = torch.tensor(model.tokenizer(text, add_special_tokens=False)["input_ids"]).view(40, body)
+    share = [max(Counter(row.tolist()).values()) / body for row in ids]  # by hand
+    assert one_token_share(ids).tolist() == pytest.approx(share)
+    left_out = {i for i, s in enumerate(share) if s > MAX_ONE_TOKEN_SHARE}
+    assert left_out == {3, 11}  # exactly half one token (window 17) stays
+    for seed in range(6):
+        got = natural_text_tokens(model, 12, seq_len, seed=seed, text=text)
+        order = torch.randperm(40, generator=torch.Generator().manual_seed(seed)).tolist()
+        expect = sorted([i for i in order if i not in left_out][:12])
+        assert got.tokens[:, 1:].tolist() == ids[expect].tolist(), seed
+        assert (got.n_skipped, got.n_available) == (2, 38)
+    clean = "\n".join(" ".join(w) for w in good)
+    for seed in range(3):  # no window left out: the draw of the permutation's first 12
+        got = natural_text_tokens(model, 12, seq_len, seed=seed, text=clean)
+        first = torch.randperm(40, generator=torch.Generator().manual_seed(seed))[:12].sort().values
+        assert got.n_skipped == 0 and got.tokens[:, 1:].tolist() == ids_of(model, clean, body)[first].tolist()
+    with pytest.raises(HeadprobeError, match="more than half one token"):
+        natural_text_tokens(model, 2, seq_len, seed=0, text=" ".join(["t1"] * 200))
+    unknown = natural_text_tokens(model, 2, seq_len, seed=0, text=" ".join(["qqq"] * 200))  # the unknown token:
+    assert unknown.n_skipped == 0 and (unknown.tokens[:, 1:] == model.tokenizer.unk_token_id).all()  # its own rule
+
+
+def ids_of(model, text: str, body: int):
+    import torch
+
+    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return torch.tensor(ids[: len(ids) // body * body]).view(-1, body)

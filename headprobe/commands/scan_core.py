@@ -32,7 +32,7 @@ from headprobe.analyses.ablation import (
     untrusted_task_reason,
 )
 from headprobe.analyses.columns import DETECTORS, METRICS, metric_columns
-from headprobe.analyses.data import TokenSet, natural_text_tokens, repeated_random_tokens
+from headprobe.analyses.data import MAX_ONE_TOKEN_SHARE, TokenSet, natural_text_tokens, repeated_random_tokens
 from headprobe.analyses.scoring import example_patterns, score_token_set, score_tokens  # noqa: F401 - score_token_set re-exported
 from headprobe.analyses.statistics import interval_rule, mean_ci
 from headprobe.analyses.verdicts import VerdictRule, evidence_text
@@ -562,6 +562,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
                     "seq_len": int(result.natural.tokens.shape[1]),
                     "tokens": result.natural.n_tokens,
                     "windows_available": result.natural.n_available,
+                    "windows_left_out": result.natural.n_skipped,
                     "bos": bool(result.natural.start),
                 },
                 "repeated_random": {
@@ -874,12 +875,19 @@ def format_report(result: ScanResult) -> str:
 
 
 def short_text_notes(result: ScanResult) -> list[str]:
-    """A note when the text held fewer windows than ``--n-natural`` asked for: the natural-text
-    scores and ablations then rest on the windows it has (:func:`~headprobe.analyses.data.natural_text_tokens`)."""
+    """A note when windows of the text were left out as mostly one token, and when it held fewer
+    windows than ``--n-natural`` asked for: the natural-text scores and ablations then rest on the
+    windows it has (:func:`~headprobe.analyses.data.natural_text_tokens`)."""
     got, asked = int(result.natural.tokens.shape[0]), result.config.n_natural
+    notes = []
+    if skipped := result.natural.n_skipped:
+        notes.append(
+            f"{skipped} of the text's {skipped + (result.natural.n_available or 0)} windows left out: one token "
+            f"fills more than {MAX_ONE_TOKEN_SHARE:.0%} of each (e.g. a run of '-'; docs/scan.md)"
+        )
     if got >= asked:
-        return []
-    return [
+        return notes
+    return notes + [
         f"the text ({result.natural.source}) holds {got} window{'' if got == 1 else 's'} of "
         f"{int(result.natural.tokens.shape[1])} tokens: {got} natural-text sequence{'' if got == 1 else 's'} scored, "
         f"not the {asked} asked for (--n-natural); give more text or a shorter --seq-len"
