@@ -405,7 +405,12 @@ class ModelSettings:
         choices=BACKENDS,
     )
     """``auto`` (native where supported), ``native`` or ``transformer-lens``."""
-    prepend_bos: bool = setting(True, "do not put BOS in front of sequences", flag="--no-bos", action="store_false")
+    prepend_bos: bool = setting(
+        True,
+        "do not put BOS in front of sequences (an encoder: neither [CLS] nor [SEP])",
+        flag="--no-bos",
+        action="store_false",
+    )
     """Put the tokenizer's BOS token first (once) where the model has one."""
     device_map: str | None = setting(
         None,
