@@ -689,7 +689,11 @@ def plan_lines(plan: dict) -> list[str]:
     else:
         line += f"--n-random {n}; "
     line += f"at most {plan['max_sets']} sets" + (
-        f", about {est:.0f} s at {plan['seconds_per_set']:.2f} s a set" if est is not None else ""
+        f", about {est:.0f} s at {plan['seconds_per_set']:.2f} s a set"
+        if est is not None and est >= 0.5
+        else f", under a second ({plan['seconds_per_set'] * 1e3:.2g} ms a set)"
+        if est is not None
+        else ""
     )
     out = [line]
     hard = [t for t in plan["tests"] if t["confirmable"] != "alone"]

@@ -765,3 +765,22 @@ def test_a_family_of_one_test_is_one_test_in_the_plan():
 
     assert "cannot be CONFIRMED at all (bh over 1 test): not run" in plan_lines(plan(1))[1]
     assert "(bh over 2 tests)" in plan_lines(plan(2))[1]
+
+
+def test_the_plans_time_estimate_never_reads_about_0_s():
+    """A tiny model's plan said "about 0 s at 0.00 s a set": under half a second it says "under a
+    second" with the time a set in milliseconds; a longer plan reads as before."""
+    from headprobe.analyses.verification import plan_lines
+
+    def line(est: float, per_set: float) -> str:
+        return plan_lines(
+            {
+                "family_size": 1, "lone_draws_needed": 19, "n_random": 50, "family": ["induction"],
+                "correction": "bh", "alpha": 0.05, "raised": False, "kept": False, "n_random_requested": 50,
+                "max_sets": 50, "tests": [], "estimated_s": est, "seconds_per_set": per_set,
+            }  # fmt: skip
+        )[0]
+
+    assert line(0.02, 0.0004).endswith("at most 50 sets, under a second (0.4 ms a set)")
+    assert line(276.0, 0.276).endswith("at most 50 sets, about 276 s at 0.28 s a set")
+    assert "0.00 s" not in line(0.2, 0.004) and "about 0 s" not in line(0.2, 0.004)
