@@ -775,9 +775,19 @@ def test_the_plans_time_estimate_never_reads_about_0_s():
     def line(est: float, per_set: float) -> str:
         return plan_lines(
             {
-                "family_size": 1, "lone_draws_needed": 19, "n_random": 50, "family": ["induction"],
-                "correction": "bh", "alpha": 0.05, "raised": False, "kept": False, "n_random_requested": 50,
-                "max_sets": 50, "tests": [], "estimated_s": est, "seconds_per_set": per_set,
+                "family_size": 1,
+                "lone_draws_needed": 19,
+                "n_random": 50,
+                "family": ["induction"],
+                "correction": "bh",
+                "alpha": 0.05,
+                "raised": False,
+                "kept": False,
+                "n_random_requested": 50,
+                "max_sets": 50,
+                "tests": [],
+                "estimated_s": est,
+                "seconds_per_set": per_set,
             }  # fmt: skip
         )[0]
 
