@@ -751,6 +751,9 @@ def _widen_for_column_texts(fig: Figure, axes, gap_pt: float = 3.0) -> None:
         fig.set_size_inches(min(PAGE_WIDTH, width + inner * (stretch - 1.0) * 1.02), height)
 
 
+_SMALL_SYMLOG_TICKS = (-0.5, -0.3, -0.2, -0.1, -0.05, 0.0, 0.05, 0.1, 0.2, 0.3, 0.5)
+""":func:`ablation_plot`'s y ticks on a symmetric-log axis (linear within ±0.1) whose effects stay under 1."""
+
 _TOP_COLOR, _CONTROL_COLOR = "#0072B2", "#999999"
 """:func:`ablation_plot`'s colours: the top-k effect in Okabe-Ito blue, the control sets in grey."""
 
@@ -784,10 +787,8 @@ def _ablation_panel(ax, kind: str, rows: Sequence[dict], types: list[str], rng: 
         )
     if max(np.abs(top_all), default=0) > 0.1:  # losses span 0.01 to 10 nats: symmetric-log
         ax.set_yscale("symlog", linthresh=0.1)
-        if max(np.abs(top_all)) < 1:  # under a decade of log: label 0.2, 0.3, 0.5 too, not only 0 and 0.1
-            ax.yaxis.set_major_locator(
-                matplotlib.ticker.SymmetricalLogLocator(linthresh=0.1, base=10, subs=(1, 2, 3, 5))
-            )
+        if max(np.abs(top_all)) < 1:  # under a decade of log: 0.05 and 0.2, 0.3, 0.5 too, not only 0 and 0.1
+            ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(_SMALL_SYMLOG_TICKS))
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.axhline(0, color="black", lw=0.5)
     tested = any(r.get("tested") for r in by_type.values())
