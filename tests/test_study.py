@@ -273,6 +273,27 @@ def test_study_records_the_device_it_used():
     assert result.summary()["device"] == device_auto("auto")
 
 
+def test_study_json_records_the_cpu_threads_and_kernels():
+    """float32 training on the CPU depends on torch's thread count and vector kernels (1200 steps
+    move the losses in the 4th decimal), so study.json names the ones its runs used."""
+    import torch
+
+    import headprobe
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        result = headprobe.study(
+            "heads", steps=2, eval_every=2, seeds=[0], d_model=16, n_heads_list=[2], corpus="copy", device="cpu"
+        )
+        s = result.summary()
+    finally:
+        torch.set_num_threads(before)
+    assert s["cpu_threads"] == 1
+    assert s["cpu_capability"] in {"DEFAULT", "AVX2", "AVX512", "NEON", "SVE256", "ZVECTOR", "VSX"}
+    assert s["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
 def test_layouts_figure_fills_a_marker_by_study_json_rule(monkeypatch):
     """A marker is filled when some head's induction score passed 0.5 in every seed (study.json's
     ``induction_formed`` takes the minimum over seeds), not when the mean over seeds did."""

@@ -430,7 +430,10 @@ class StudyResult:
         grid and the headline numbers of :func:`headline`, in the summary envelope
         (:func:`~headprobe.probe.core.io.summary_envelope`: no one model, so ``model`` and
         ``weights_precision`` are null; the self-check over every trained model; ``timings_s``:
-        ``train_s``, the runs' training time)."""
+        ``train_s``, the runs' training time). Runs on the CPU also record ``cpu_threads`` (torch's
+        intra-op threads) and ``cpu_capability`` (the vector kernels torch picked, e.g. ``AVX512``):
+        float32 training sums in an order both set, so after 1200 steps the losses differ in the
+        4th decimal between thread counts or CPUs; a rerun reproduces a table bit for bit only with both equal."""
         c, table = self.config, self.table
         grid = (
             {"n_heads_list": list(c.n_heads_list or ())}
@@ -452,6 +455,7 @@ class StudyResult:
                 "base": base,
                 **grid,
                 **headline(c.which, table),
+                **_cpu_kernels(table),
             },
             model=None,
             precision=None,
@@ -494,6 +498,16 @@ class StudyResult:
         """The per-variant means ``headprobe study`` prints."""
         cols = ["eval_loss", "in_context_loss", "max_induction", "kv_bytes_per_token"]
         return str(self.table.groupby("variant", sort=False)[cols].mean().round(3))
+
+
+def _cpu_kernels(table: pd.DataFrame) -> dict:
+    """``cpu_threads`` and ``cpu_capability`` of this process where some run of ``table`` was on
+    the CPU, else nothing."""
+    if "device" in table and not (table["device"] == "cpu").any():
+        return {}
+    import torch
+
+    return {"cpu_threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def run(config: StudyConfig, progress: bool = False) -> StudyResult:
