@@ -180,31 +180,27 @@ def test_files_read_whole_refuse_a_too_large_one(tmp_path, capsys):
     assert "at most 16 MiB" in line and not (tmp_path / "o").exists()
 
 
+def _scan_text(tiny_dir, tmp_path, capsys, text: str, n_natural: int) -> tuple[dict, list[str]]:
+    """A quick scan of ``text`` in 16-token windows (15 text tokens): summary.json's
+    ``natural_text`` and the NOTE lines the run printed."""
+    path = tmp_path / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    argv = ["scan", "--model", str(tiny_dir), "--text", str(path), "--n-natural", str(n_natural), "--seq-len", "16"]
+    argv += ["--n-repeated", "2", "--period", "4", "--no-verify", "--no-metrics", "--formats", "none"]
+    assert main([*argv, "--out", str(out)]) == 0
+    said = capsys.readouterr()
+    natural = json.loads((out / "summary.json").read_text())["tokens"]["natural_text"]
+    return natural, [line for line in (said.out + said.err).splitlines() if line.startswith("NOTE:")]
+
+
 def test_scan_says_when_the_text_holds_fewer_windows_than_n_natural(tiny_dir, tmp_path, capsys):
     """A text of 6 windows asked for 20: the run scores the 6 it has and says so on the terminal
     and in summary.json (``requested`` beside ``sequences``), instead of silently using fewer."""
-    path = tmp_path / "short.txt"
-    path.write_text(_words(100), encoding="utf-8")
-    out = tmp_path / "out"
-    argv = ["scan", "--model", str(tiny_dir), "--text", str(path), "--n-natural", "20", "--seq-len", "16"]
-    argv += [
-        "--n-repeated",
-        "2",
-        "--period",
-        "4",
-        "--no-verify",
-        "--no-metrics",
-        "--formats",
-        "none",
-        "--out",
-        str(out),
-    ]
-    assert main(argv) == 0
-    said = capsys.readouterr()
-    natural = json.loads((out / "summary.json").read_text())["tokens"]["natural_text"]
+    natural, notes = _scan_text(tiny_dir, tmp_path, capsys, _words(100), n_natural=20)
     windows = natural["windows_available"]
     assert natural["sequences"] == windows < 20 and natural["requested"] == 20
-    notes = [line for line in (said.out + said.err).splitlines() if line.startswith("NOTE:") and "--n-natural" in line]
+    notes = [line for line in notes if "--n-natural" in line]
     assert len(notes) == 1 and f"{windows} natural-text sequences scored, not the 20 asked for" in notes[0], notes
 
 
@@ -212,27 +208,10 @@ def test_scan_says_how_many_windows_it_left_out_as_mostly_one_token(tiny_dir, tm
     """100 words, then 60 times one word, in 15-token windows: windows 7-9 are that word alone (window
     6 is 5 of it in 15), so the scan says it left 3 of 10 out (terminal and summary.json's
     ``windows_left_out``) and draws from the other 7."""
-    path = tmp_path / "runs.txt"
-    path.write_text(_words(100) + " ".join(["t1"] * 60) + "\n", encoding="utf-8")  # 15-token windows
-    out = tmp_path / "out"
-    argv = ["scan", "--model", str(tiny_dir), "--text", str(path), "--n-natural", "3", "--seq-len", "16"]
-    argv += [
-        "--n-repeated",
-        "2",
-        "--period",
-        "4",
-        "--no-verify",
-        "--no-metrics",
-        "--formats",
-        "none",
-        "--out",
-        str(out),
-    ]
-    assert main(argv) == 0
-    said = capsys.readouterr()
-    natural = json.loads((out / "summary.json").read_text())["tokens"]["natural_text"]
+    text = _words(100) + " ".join(["t1"] * 60) + "\n"
+    natural, notes = _scan_text(tiny_dir, tmp_path, capsys, text, n_natural=3)
     assert (natural["windows_left_out"], natural["windows_available"], natural["sequences"]) == (3, 7, 3)
-    notes = [line for line in (said.out + said.err).splitlines() if line.startswith("NOTE:") and "left out" in line]
+    notes = [line for line in notes if "left out" in line]
     assert len(notes) == 1 and "3 of the text's 10 windows left out" in notes[0], notes
 
 
