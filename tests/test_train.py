@@ -473,3 +473,22 @@ def test_scan_of_a_trained_model_uses_a_period_it_was_trained_on(tiny_run, tmp_p
     assert cfg.resolved(model.spec, model.trained_periods).period == 8
     assert ScanConfig(model=str(tmp_path), period=11).resolved(model.spec, model.trained_periods).period == 11
     assert cfg.resolved(model.spec, (4, 20, 8)).period == 16
+
+
+def test_train_summary_records_the_cpu_threads_and_kernels():
+    """As study.json: the committed train-default run did not reproduce on another CPU (eval loss
+    2.07892 committed, 2.07939 at 1 thread and 2.07873 at 2 here), so a CPU run's summary names
+    torch's thread count and vector kernels; a CUDA run's names neither."""
+    import torch
+
+    import headprobe
+    from headprobe.probe.core.io import cpu_kernels
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        s = headprobe.train(steps=2, eval_every=2, d_model=16, n_eval=4, device="cpu").summary()
+    finally:
+        torch.set_num_threads(before)
+    assert (s["cpu_threads"], s["cpu_capability"]) == (1, torch.backends.cpu.get_cpu_capability())
+    assert cpu_kernels("cuda:0") == {} and cpu_kernels(["cuda:0", "cuda:1"]) == {} and cpu_kernels(None) == {}

@@ -43,7 +43,7 @@ from headprobe.analyses.train_config import INDUCTION_FORMED, N_CHARS, TrainConf
 from headprobe.commands import Command
 from headprobe.options import check_fields, kept_line, out_as_it_was
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.io import prepare_output_dir, summary_envelope
+from headprobe.probe.core.io import cpu_kernels, prepare_output_dir, summary_envelope
 from headprobe.probe.layout.cost import (
     AttentionLayout,
     attention_params_per_layer,
@@ -455,7 +455,7 @@ class StudyResult:
                 "base": base,
                 **grid,
                 **headline(c.which, table),
-                **_cpu_kernels(table),
+                **cpu_kernels(list(table["device"]) if "device" in table else "cpu"),
             },
             model=None,
             precision=None,
@@ -498,16 +498,6 @@ class StudyResult:
         """The per-variant means ``headprobe study`` prints."""
         cols = ["eval_loss", "in_context_loss", "max_induction", "kv_bytes_per_token"]
         return str(self.table.groupby("variant", sort=False)[cols].mean().round(3))
-
-
-def _cpu_kernels(table: pd.DataFrame) -> dict:
-    """``cpu_threads`` and ``cpu_capability`` of this process where some run of ``table`` was on
-    the CPU, else nothing."""
-    if "device" in table and not (table["device"] == "cpu").any():
-        return {}
-    import torch
-
-    return {"cpu_threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def run(config: StudyConfig, progress: bool = False) -> StudyResult:

@@ -43,7 +43,7 @@ from headprobe.analyses.train import (
 from headprobe.analyses.train import (
     train as train_model,
 )
-from headprobe.probe.core.io import summary_envelope
+from headprobe.probe.core.io import cpu_kernels, summary_envelope
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.model.checkpoint import NATIVE_WEIGHTS, save_native_state
 
@@ -90,6 +90,7 @@ class TrainResult(TrainRun):
                 "induction_formed": bool(self.final_scores["induction"].max() > INDUCTION_FORMED),
                 "seed": cfg.seed,
                 "dtype": str(self.loaded.dtype).removeprefix("torch."),
+                **cpu_kernels(self.device),
             },
             model=self.loaded.spec.name,
             precision=self.loaded.spec.precision,

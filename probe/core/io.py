@@ -394,6 +394,19 @@ def summary_envelope(
     }
 
 
+def cpu_kernels(devices: str | list[str] | None) -> dict:
+    """``{"cpu_threads", "cpu_capability"}`` (torch's intra-op threads and the vector kernels it
+    picked, e.g. ``AVX512``) where ``devices`` (one or several runs' devices) include the CPU, else
+    ``{}``: float32 training on the CPU sums in an order both set, so after 1200 steps losses differ
+    in the 4th decimal between thread counts or CPUs; a rerun reproduces them bit for bit only with
+    both (and ``device_name``) equal."""
+    if devices is None or "cpu" not in ([devices] if isinstance(devices, str) else list(devices)):
+        return {}
+    import torch
+
+    return {"cpu_threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def tf32(device: str | None) -> bool | None:
     """Whether a CUDA run's float32 matrix products were allowed TF32's 10-bit mantissa
     (``torch.backends.cuda.matmul.allow_tf32``: off unless asked for, e.g. by
