@@ -81,7 +81,7 @@ from headprobe.probe.backends.sources import (
     resolve as _resolve,
 )
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.vocabulary import backend_class, backend_with
+from headprobe.probe.core.vocabulary import backend_class, backend_with, chosen_at_load
 from headprobe.probe.layout.spec import Checkpoint
 
 log = logging.getLogger(__name__)
@@ -567,7 +567,7 @@ def _load_checkpoint_and_wrap(
         handle = tempfile.TemporaryDirectory(prefix="headprobe-offload-")
         split["offload_folder"] = handle.name
     ckpt = load_checkpoint(name, quiet=quiet, split=split)
-    if backend == "auto" and not quiet:
+    if chosen_at_load(backend) and not quiet:
         _say_why_not_native(ckpt.hf_model.config)
     model = wrap(ckpt, backend, device, prepend_bos, copy=False)
     model._offload_dir = handle  # removed with the model

@@ -44,6 +44,12 @@ def check_backend(name: str) -> None:
         )
 
 
+def chosen_at_load(name: str) -> bool:
+    """Whether ``--backend name`` leaves the backend to be chosen at load from the architecture
+    (``auto``: :func:`backend_class`), rather than naming one."""
+    return name == "auto"
+
+
 def backend_class(name: str, hf_config: Callable[[], Any]) -> Any:
     """The :class:`~headprobe.probe.backends.base.LoadedModel` subclass ``--backend name`` wraps a model in
     (imported on first use). ``auto``: the first registered backend whose ``supports`` accepts the
