@@ -384,3 +384,20 @@ def test_encoder_pattern_example_keeps_the_separator_the_last_token_score_is_abo
     assert "read alone" in ex["sequence"]
     fig = figure_makers(replace(result, examples={"last_token": ex}))["pattern_last_token"]()
     assert "read alone" in fig.axes[0].get_ylabel().replace("\n", " ")
+
+
+def test_import_on_an_encoder_reports_effects_in_its_metrics_unit(bert, tmp_path):
+    """``headprobe import`` on an encoder printed its ``1 - cos`` effects as "nats/token": each
+    effect line names the unit of the metric it was measured in."""
+    from headprobe.analyses.verdicts import UNITS
+    from headprobe.commands.import_heads import import_heads
+
+    (tmp_path / "heads.txt").write_text("0.0\n1.1\n")
+    text = tmp_path / "words.txt"
+    text.write_text(" ".join(f"t{(i * 7) % 100}" for i in range(400)))
+    result = import_heads(
+        bert, heads_file=str(tmp_path / "heads.txt"), text=str(text), task="natural",
+        n_random=3, keep_n_random=True, seq_len=16, n_natural=3, n_repeated=2, period=4,
+    )  # fmt: skip
+    effects = [line for line in result.report().splitlines() if "-ablation on " in line]
+    assert effects and all(f" {UNITS['embedding_cosine']};" in line and "nats" not in line for line in effects), effects

@@ -43,7 +43,7 @@ class ImportResult:
     def report(self) -> str:
         """The heads read and each verdict, with what a NOT CONFIRMED one fell short of (the
         verification plan was printed as it began)."""
-        from headprobe.analyses.verdicts import VerdictRule, evidence_text, label
+        from headprobe.analyses.verdicts import UNITS, VerdictRule, evidence_text, label
 
         lines = [
             f"{self.config.heads_file}: {self.file.kind}, {len(self.heads)} heads ({self.file.rule}): "
@@ -60,7 +60,8 @@ class ImportResult:
                 short = rule.shortfall(v.p_adjusted, v.top_effect, v.random_effects) if rule else None
                 verdict = f"{evidence_text(row)} {label(v.confirmed)}" + (f" ({short})" if short else "")
             random = f"random {v.random_mean:+.4f}" if v.draws else "no control set (none ablated)"
-            lines.append(f"{v.kind}-ablation on {v.task}: effect {v.top_effect:+.4f} vs {random} nats/token; {verdict}")
+            unit = UNITS[row.get("metric") or "loss"]
+            lines.append(f"{v.kind}-ablation on {v.task}: effect {v.top_effect:+.4f} vs {random} {unit}; {verdict}")
         if rule is not None and any(v.tested for v in self.verifications):
             lines.append(f"(the rule: a verdict is CONFIRMED when {rule.condition()})")
         for r in self.kv or []:
