@@ -397,10 +397,11 @@ def _heat_legend(
     )
 
 
-OVERVIEW_SCORE_LABEL = (
-    "score in [0, 1]: attention on each type's target keys\n(positional: share of queries at one offset)"
-)
+OVERVIEW_SCORE_LABEL = "score in [0, 1]: attention on each type's target keys"
 """The overview's colour bar: one bar for several scores, each a share of attention (docs/scan.md)."""
+OVERVIEW_POSITIONAL_NOTE = "\n(positional: share of queries at one offset)"
+"""Added to :data:`OVERVIEW_SCORE_LABEL` where the overview has a positional panel (its score is not
+a share of attention)."""
 
 
 OVERVIEW_MARK_WIDTH, OVERVIEW_MARK_HALO, OVERVIEW_MARK_INSET = 0.8, 2.0, 0.06
@@ -463,9 +464,10 @@ def scores_overview(
     suptitle: str,
     marked: Sequence[Sequence[tuple[int, int]]] | None = None,
     mark_label: str = "",
+    score_label: str = OVERVIEW_SCORE_LABEL,
 ) -> Figure:
     """Layer x head heatmaps of several scores in [0, 1] side by side (page width), one shared
-    colour bar; ``panels`` are ``(title, scores)``. ``marked``: per panel, the ``(layer, head)``
+    colour bar labelled ``score_label``; ``panels`` are ``(title, scores)``. ``marked``: per panel, the ``(layer, head)``
     cells to outline (:data:`OVERVIEW_MARK_WIDTH`; e.g. the heads a verification ablated), explained by
     ``mark_label`` in a legend below the panels; None: no outlines and no legend."""
     n_layers, n_heads = np.asarray(panels[0][1]).shape
@@ -487,7 +489,7 @@ def scores_overview(
         ax.set_title(title)
         if marked is not None:
             _outline_cells(ax, marked[i], min(1.0, max(cell / OVERVIEW_MARK_CELL, 0.5)))
-    fig.colorbar(im, ax=list(axes), shrink=0.8, pad=0.01).set_label(OVERVIEW_SCORE_LABEL)
+    fig.colorbar(im, ax=list(axes), shrink=0.8, pad=0.01).set_label(score_label)
     if marked is not None:
         _overview_legend(fig, mark_label)
     fig.suptitle(suptitle)

@@ -627,3 +627,17 @@ def test_the_committed_demo_overview_is_what_the_code_draws(smollm2_native):
 
     demo = Path(__file__).resolve().parents[1] / "figures" / "smollm2-135m"
     assert redraw_figures.check_scan(demo, smollm2_native, stems=("overview",)) == []
+
+
+def test_overview_colour_bar_explains_positional_only_where_it_is_drawn(tiny_llama_gqa_native, word_text):
+    """The colour bar explained the positional score ("share of queries at one offset") in a scan
+    that had no positional panel: the note is there exactly when a panel is positional."""
+    from headprobe.analyses import figures as figs
+    from headprobe.commands.scan import figure_makers
+
+    for types, has in (("previous_token,induction", False), ("previous_token,positional", True)):
+        cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=2, verify=False,
+                         text=str(word_text), pattern_len=0, types=types)  # fmt: skip
+        fig = figure_makers(run(tiny_llama_gqa_native, cfg, progress=False))["overview"]()
+        label = fig.axes[-1].get_ylabel()
+        assert label.startswith(figs.OVERVIEW_SCORE_LABEL) and ("positional" in label) == has, (types, label)

@@ -747,15 +747,25 @@ def overview_maker(result: ScanResult, dets: Sequence, suptitle: str) -> Callabl
         )
         for det in dets
     ]
+    positional = any(det.rank_by == "positional_fraction" for det in dets)
+    label = figs.OVERVIEW_SCORE_LABEL + (figs.OVERVIEW_POSITIONAL_NOTE if positional else "")
     if not result.verifications:
-        return partial(figs.scores_overview, panels, result.spec.group_size, suptitle)
+        return partial(figs.scores_overview, panels, result.spec.group_size, suptitle, score_label=label)
     n_layers, n_heads = result.spec.n_layers, result.spec.n_heads
     marked = [
         parse_heads(",".join(ablated[det.name]), n_layers, n_heads) if ablated.get(det.name) else [] for det in dets
     ]
     first = result.verifications[0]
-    label = figs.overview_mark_label(first.k, result.rule, first.control)
-    return partial(figs.scores_overview, panels, result.spec.group_size, suptitle, marked=marked, mark_label=label)
+    mark = figs.overview_mark_label(first.k, result.rule, first.control)
+    return partial(
+        figs.scores_overview,
+        panels,
+        result.spec.group_size,
+        suptitle,
+        marked=marked,
+        mark_label=mark,
+        score_label=label,
+    )
 
 
 def scan_figures(result: ScanResult) -> dict[str, Figure]:
