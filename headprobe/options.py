@@ -750,10 +750,18 @@ def checkpoint_key(config) -> dict:
 def checkpoint_describer(config_cls):
     """``describe(name, value) -> (label, text)`` for a checkpoint's settings-mismatch message:
     each setting as the flag that sets it (``sequential`` is ``--fixed-draws``, given or not),
-    a list comma-joined, an unset value ``default``."""
+    a list comma-joined, an unset value or the field's default ``default``."""
+    import dataclasses
+    import json
+
+    from headprobe.probe.core.errors import HeadprobeError
     from headprobe.settings import flag_names, switch_value
 
     flags = flag_names(config_cls)
+    try:  # the defaults as a checkpoint's key stores them (resolved by the config, JSON: tuples as lists)
+        defaults = json.loads(json.dumps(dataclasses.asdict(config_cls()), default=str))
+    except (TypeError, HeadprobeError):  # a config that needs arguments: no default is named
+        defaults = {}
 
     def describe(name: str, value) -> tuple[str, str]:
         flag = flags.get(name)
@@ -762,9 +770,11 @@ def checkpoint_describer(config_cls):
         switch = switch_value(config_cls, name)
         if switch:
             return flag, "given" if value == (switch == "=True") else "not given"
+        if value is None or (name in defaults and value == defaults[name] and isinstance(value, list)):
+            return flag, "default"
         if isinstance(value, list):
             return flag, ",".join(map(str, value))
-        return flag, "default" if value is None else str(value)
+        return flag, str(value)
 
     return describe
 
