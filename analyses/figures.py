@@ -133,8 +133,6 @@ def _wrap_titles(fig: Figure) -> Figure:
 def _wrap_to_room(texts, renderer, width: float) -> bool:
     """Break each of ``texts`` that reaches past the figure's edges at spaces (see :func:`_wrap_titles`);
     True when one was broken (the layout then changes)."""
-    import re
-    import textwrap
 
     changed = False
     for text in texts:
@@ -149,15 +147,22 @@ def _wrap_to_room(texts, renderer, width: float) -> bool:
             text.set_text(line)
             w = text.get_window_extent(renderer).width
             chars = max(12, int(len(line) * room / w))
-            # a parenthesis shorter than a line stays whole: "(sink 4,\nwindow 64)" read as two thoughts
-            kept = re.sub(
-                r"\([^()]*\)",
-                lambda m: m.group(0).replace(" ", "\0") if len(m.group(0)) <= chars else m.group(0),  # noqa: B023 - used in this iteration
-                line,
-            )
-            lines += [line] if w <= room else [part.replace("\0", " ") for part in textwrap.wrap(kept, chars)]
+            lines += [line] if w <= room else _wrap_keeping_parentheses(line, chars)
         text.set_text("\n".join(lines))
     return changed
+
+
+def _wrap_keeping_parentheses(text: str, width: int, **wrap: bool) -> list[str]:
+    """``text`` broken at spaces into lines of at most ``width`` characters (``textwrap.wrap`` with
+    ``wrap``'s options), a parenthesis that fits a line kept whole: "(sink 4,\nwindow 64)" read as
+    two thoughts."""
+    import re
+    import textwrap
+
+    kept = re.sub(
+        r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\0") if len(m.group(0)) <= width else m.group(0), text
+    )
+    return [part.replace("\0", " ") for part in textwrap.wrap(kept, width, **wrap)]
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -168,9 +173,6 @@ def _fit_ylabels(fig: Figure, axes) -> None:
     """Break each of ``axes``' y labels at spaces (a parenthesised unit kept whole where it fits a line) until it is no
     taller than its axes, so the labels of panels stacked one above the other never meet. The
     figure is laid out to measure (``draw_without_rendering``), again after a label was broken."""
-    import re
-    import textwrap
-
     canvas = _agg_canvas(fig)
     for _ in range(3):
         fig.draw_without_rendering()
@@ -182,14 +184,9 @@ def _fit_ylabels(fig: Figure, axes) -> None:
                 continue
             longest = max(len(line) for line in label.get_text().split("\n"))  # the height of the rotated label
             flat, width = label.get_text().replace("\n", " "), max(8, int(longest * room / tall * 0.9))
-            # a parenthesis stays whole where it fits a line; never a break inside a word
-            kept = re.sub(
-                r"\([^()]*\)",
-                lambda m: m.group(0).replace(" ", "\0") if len(m.group(0)) <= width else m.group(0),  # noqa: B023 - used in this iteration
-                flat,
-            )
-            parts = textwrap.wrap(kept, width, break_long_words=False, break_on_hyphens=False)
-            label.set_text("\n".join(part.replace("\0", " ") for part in parts))
+            # never a break inside a word
+            parts = _wrap_keeping_parentheses(flat, width, break_long_words=False, break_on_hyphens=False)
+            label.set_text("\n".join(parts))
             changed = True
         if not changed:
             return
