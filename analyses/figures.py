@@ -142,7 +142,7 @@ def _wrap_to_room(texts, renderer, width: float) -> bool:
         changed = True
         centre = (box.x0 + box.x1) / 2
         room = 2 * min(max(centre, 1.0), max(width - centre, 1.0)) * 0.85  # slack: the next layout moves it
-        lines = []
+        lines: list[str] = []
         for line in text.get_text().split("\n"):
             text.set_text(line)
             w = text.get_window_extent(renderer).width
@@ -152,9 +152,9 @@ def _wrap_to_room(texts, renderer, width: float) -> bool:
     return changed
 
 
-def _wrap_keeping_parentheses(text: str, width: int, **wrap: bool) -> list[str]:
-    """``text`` broken at spaces into lines of at most ``width`` characters (``textwrap.wrap`` with
-    ``wrap``'s options), a parenthesis that fits a line kept whole: "(sink 4,\nwindow 64)" read as
+def _wrap_keeping_parentheses(text: str, width: int, break_words: bool = True) -> list[str]:
+    """``text`` broken at spaces into lines of at most ``width`` characters (``textwrap.wrap``; a
+    word longer than a line, or one with hyphens, broken only with ``break_words``), a parenthesis that fits a line kept whole: "(sink 4,\nwindow 64)" read as
     two thoughts."""
     import re
     import textwrap
@@ -162,7 +162,10 @@ def _wrap_keeping_parentheses(text: str, width: int, **wrap: bool) -> list[str]:
     kept = re.sub(
         r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\0") if len(m.group(0)) <= width else m.group(0), text
     )
-    return [part.replace("\0", " ") for part in textwrap.wrap(kept, width, **wrap)]
+    return [
+        part.replace("\0", " ")
+        for part in textwrap.wrap(kept, width, break_long_words=break_words, break_on_hyphens=break_words)
+    ]
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -185,7 +188,7 @@ def _fit_ylabels(fig: Figure, axes) -> None:
             longest = max(len(line) for line in label.get_text().split("\n"))  # the height of the rotated label
             flat, width = label.get_text().replace("\n", " "), max(8, int(longest * room / tall * 0.9))
             # never a break inside a word
-            parts = _wrap_keeping_parentheses(flat, width, break_long_words=False, break_on_hyphens=False)
+            parts = _wrap_keeping_parentheses(flat, width, break_words=False)
             label.set_text("\n".join(parts))
             changed = True
         if not changed:
