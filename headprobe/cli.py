@@ -204,6 +204,12 @@ def _out_of_memory_line(e: BaseException, out: str | None) -> str:
     )
 
 
+def _first_rank() -> bool:
+    """True outside torchrun and on its rank 0: the process that prints a run's last line. Read
+    from the environment torchrun sets, as the process group may be gone when the line is printed."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             figure_formats()  # a bad $HEADPROBE_FIGURE_FORMATS is refused before any work, not at the first figure
             return int(args._run(args) or 0)
     except HeadprobeError as e:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: one line, from rank 0
+        if _first_rank():  # under torchrun every rank fails alike: one line, from rank 0
             print(f"headprobe: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `headprobe budget | head`: the reader left; end quietly, as cat does
@@ -227,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a program killed by it
     except KeyboardInterrupt as e:
-        if os.environ.get("RANK", "0") == "0":  # Ctrl-C reaches every torchrun rank: one line, from rank 0
+        if _first_rank():  # Ctrl-C reaches every torchrun rank: one line, from rank 0
             print(_interrupted(e, getattr(args, "out", None)), file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     except (RuntimeError, MemoryError) as e:
