@@ -752,16 +752,20 @@ def checkpoint_describer(config_cls):
     each setting as the flag that sets it (``sequential`` is ``--fixed-draws``, given or not),
     a list comma-joined, an unset value or the field's default ``default``."""
     import dataclasses
+    import functools
     import json
 
     from headprobe.probe.core.errors import HeadprobeError
     from headprobe.settings import flag_names, switch_value
 
     flags = flag_names(config_cls)
-    try:  # the defaults as a checkpoint's key stores them (resolved by the config, JSON: tuples as lists)
-        defaults = json.loads(json.dumps(dataclasses.asdict(config_cls()), default=str))
-    except (TypeError, HeadprobeError):  # a config that needs arguments: no default is named
-        defaults = {}
+
+    @functools.cache
+    def defaults() -> dict:  # made only for a refusal's message, not for every run that resumes
+        try:  # the defaults as a checkpoint's key stores them (resolved by the config, JSON: tuples as lists)
+            return json.loads(json.dumps(dataclasses.asdict(config_cls()), default=str))
+        except (TypeError, HeadprobeError):  # a config that needs arguments: no default is named
+            return {}
 
     def describe(name: str, value) -> tuple[str, str]:
         flag = flags.get(name)
@@ -770,7 +774,7 @@ def checkpoint_describer(config_cls):
         switch = switch_value(config_cls, name)
         if switch:
             return flag, "given" if value == (switch == "=True") else "not given"
-        if value is None or (name in defaults and value == defaults[name] and isinstance(value, list)):
+        if value is None or (isinstance(value, list) and value == defaults().get(name)):
             return flag, "default"
         if isinstance(value, list):
             return flag, ",".join(map(str, value))
