@@ -183,9 +183,10 @@ def natural_text_tokens(
         )
     windows = torch.tensor(ids[: n_windows * body], dtype=torch.long).view(n_windows, body)
     unk = getattr(model.tokenizer, "unk_token_id", None)  # unknown tokens: the no-verdict rule's (docs/scan.md)
-    distinct = -1 - torch.arange(windows.numel()).view_as(windows)  # each its own run, never "one token"
-    usable = one_token_share(windows if unk is None else torch.where(windows == unk, distinct, windows))
-    usable = usable <= MAX_ONE_TOKEN_SHARE
+    counted = windows
+    if unk is not None:  # each unknown token a value of its own, never "one token"
+        counted = torch.where(windows == unk, -1 - torch.arange(windows.numel()).view_as(windows), windows)
+    usable = one_token_share(counted) <= MAX_ONE_TOKEN_SHARE
     if not usable.any():
         raise HeadprobeError(
             f"every {body}-token window of the text is more than half one token; give text with words in it"
