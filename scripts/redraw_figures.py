@@ -146,18 +146,19 @@ def redraw_atlas(d: Path) -> list[Path]:
     :meth:`AtlasResult.figures` draws from the table), each only where the run wrote it and in the
     formats it wrote."""
     import os
+    from unittest import mock
 
     from headprobe.analyses.figures import FORMATS, save_figure
+    from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
     from headprobe.commands.atlas_core import AtlasResult
 
     table = pd.read_csv(d / "atlas.csv")
     written = []
     for name, fig in AtlasResult(None, table, {}, d).figures().items():  # type: ignore[arg-type]
         formats = [f for f in FORMATS if (d / f"{name}.{f}").is_file()]
-        if formats:
-            os.environ["HEADPROBE_FIGURE_FORMATS"] = ",".join(formats)
-            written += save_figure(fig, d / name)
-    os.environ.pop("HEADPROBE_FIGURE_FORMATS", None)
+        if formats:  # the formats save_figure writes, for this figure only (the caller's setting restored)
+            with mock.patch.dict(os.environ, {FIGURE_FORMATS_ENV: ",".join(formats)}):
+                written += save_figure(fig, d / name)
     return written
 
 
