@@ -15,6 +15,9 @@ CORPORA = ("copy", "text+copy")
 """The training corpora :attr:`TrainConfig.corpus` accepts."""
 INDUCTION_FORMED = 0.5
 """An induction score above this: the head has formed (train's summary, the phase change, study's marks)."""
+COPIES_IN_CONTEXT = 0.5
+"""A final in-context loss at or below ``-COPIES_IN_CONTEXT * ln(n_words)`` nats: the model copies in
+context (half of chance recovered from earlier in the sequence), whatever circuit does it (train's summary)."""
 N_CHARS = len(TEXT_CHARS)
 """96: the character vocabulary of ``corpus="text+copy"`` (newline and printable ASCII)."""
 COPY_FRACTION = 0.5

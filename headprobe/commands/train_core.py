@@ -34,6 +34,7 @@ import numpy as np
 
 from headprobe.analyses import figures
 from headprobe.analyses.train import (
+    COPIES_IN_CONTEXT,
     INDUCTION_FORMED,
     TrainConfig,
     TrainRun,
@@ -88,6 +89,8 @@ class TrainResult(TrainRun):
                 "phase_change_rule": "evaluation step where the 3-point running mean of the in-context loss falls fastest; "
                 "none unless some head's induction score exceeds 0.5",
                 "induction_formed": bool(self.final_scores["induction"].max() > INDUCTION_FORMED),
+                "copies_in_context": bool(last["in_context_loss"] <= -COPIES_IN_CONTEXT * math.log(cfg.n_words)),
+                "copies_in_context_rule": f"final in-context loss at or below -{COPIES_IN_CONTEXT} ln(n_words) nats",
                 "seed": cfg.seed,
                 "dtype": str(self.loaded.dtype).removeprefix("torch."),
                 **cpu_kernels(self.device),
@@ -165,11 +168,16 @@ class TrainResult(TrainRun):
     def report(self) -> str:
         """The lines ``headprobe train`` prints at the end: parameters, time, losses, top head, phase change."""
         s = self.summary()
-        formed = (
-            f"induction > 0.5 first at step {s['first_step_induction_above_0.5']}; phase change at step {s['phase_change_step']}"
-            if s["phase_change_step"] is not None
-            else "no head's induction score exceeded 0.5: no phase change yet"
-        )
+        if s["phase_change_step"] is not None:
+            formed = f"induction > 0.5 first at step {s['first_step_induction_above_0.5']}; phase change at step {s['phase_change_step']}"
+        elif s["copies_in_context"]:  # copying learned by a circuit without the induction score's stripe
+            formed = (
+                f"no head's induction score exceeded 0.5, yet the in-context loss says the model copies (at or below "
+                f"-{COPIES_IN_CONTEXT} ln {self.config.n_words} = {-COPIES_IN_CONTEXT * math.log(self.config.n_words):.2f}): "
+                "by a circuit without the induction stripe (docs/train.md)"
+            )
+        else:
+            formed = "no head's induction score exceeded 0.5: no phase change yet"
         return (
             f"trained {s['n_params']} parameters in {self.seconds:.1f} s on {s['device']}; final loss "
             f"{s['final']['train_loss']:.3f} (chance {s['chance_loss_nats']:.3f}), in-context loss "
