@@ -20,7 +20,8 @@ stops otherwise. The ablation figure itself is not redrawn; rerun the scan for i
 
 ``--check`` writes nothing: it draws each scan directory's figures as PNGs elsewhere and says which
 committed PNG differs from them (:func:`check_scan`; exit status 1 if one does): whether the
-committed figures still are what the code draws.
+committed figures still are what the code draws. Other runs are named as not checked (their tables
+are rounded to 5 decimals, so a redraw differs from the run's own figure by a little).
 """
 
 from __future__ import annotations
@@ -311,15 +312,27 @@ def _compare(expected: Path, actual: Path, tol: float) -> str | None:
 
 
 def main(argv: list[str]) -> None:
-    check = "--check" in argv
-    argv = [a for a in argv if a != "--check"]
-    root = Path(argv[0] if argv else "figures")
-    written, differ = [], []
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="redraw_figures.py", description="Redraw committed figures from the numbers their runs saved."
+    )
+    parser.add_argument("root", nargs="?", default="figures", help="a run's directory or a folder of them (figures)")
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; say which committed scan PNG differs (scan runs only)"
+    )
+    args = parser.parse_args(argv)
+    check, root = args.check, Path(args.root)
+    if not root.is_dir():
+        parser.error(f"{root} is not a directory")
+    written, differ, unchecked = [], [], []
     runs = ("study.json", "train_log.csv", "summary.json")  # a run's own directory, or a folder of them
     for d in [root] if any((root / f).is_file() for f in runs) else sorted(root.iterdir()):
         if check:
             if (d / "summary.json").is_file() and (d / "head_scores.csv").is_file():
                 differ += check_scan(d)
+            elif d.is_dir():
+                unchecked.append(d.name)
         elif (d / "study.json").is_file():
             written += redraw_study(d)
         elif (d / "train_log.csv").is_file():
@@ -336,6 +349,8 @@ def main(argv: list[str]) -> None:
             written += redraw_atlas(d)
     for line in [str(p) for p in written] + differ:
         print(line)
+    if unchecked:
+        print(f"not checked (--check compares scan runs only): {', '.join(unchecked)}")
     if differ:
         raise SystemExit(1)
 

@@ -641,3 +641,21 @@ def test_overview_colour_bar_explains_positional_only_where_it_is_drawn(tiny_lla
         fig = figure_makers(run(tiny_llama_gqa_native, cfg, progress=False))["overview"]()
         label = fig.axes[-1].get_ylabel()
         assert label.startswith(figs.OVERVIEW_SCORE_LABEL) and ("positional" in label) == has, (types, label)
+
+
+def test_redraw_figures_check_names_the_runs_it_does_not_compare(tmp_path, capsys):
+    """scripts/redraw_figures.py --check compares scan runs only; it passed over a train run in
+    silence (exit 0, as if checked), took ``--help`` for a folder and gave a traceback."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import redraw_figures
+
+    (tmp_path / "train-run").mkdir()
+    (tmp_path / "train-run" / "train_log.csv").write_text("step\n0\n")
+    redraw_figures.main(["--check", str(tmp_path)])
+    assert "not checked (--check compares scan runs only): train-run" in capsys.readouterr().out
+    for argv in (["--help"], [str(tmp_path / "absent")]):
+        with pytest.raises(SystemExit) as e:
+            redraw_figures.main(argv)
+        assert e.value.code == (0 if argv == ["--help"] else 2)

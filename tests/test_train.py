@@ -476,9 +476,8 @@ def test_scan_of_a_trained_model_uses_a_period_it_was_trained_on(tiny_run, tmp_p
 
 
 def test_train_summary_records_the_cpu_threads_and_kernels():
-    """As study.json: the committed train-default run did not reproduce on another CPU (eval loss
-    2.07892 committed, 2.07939 at 1 thread and 2.07873 at 2 here), so a CPU run's summary names
-    torch's thread count and vector kernels; a CUDA run's names neither."""
+    """As study.json: training losses move in the 4th decimal with torch's thread count and the CPU's
+    vector kernels, so a CPU run's summary names both; a CUDA run's names neither."""
     import torch
 
     import headprobe
