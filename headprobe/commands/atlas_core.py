@@ -15,6 +15,7 @@ import pandas as pd
 
 from headprobe import options
 from headprobe.analyses import atlas as atlas_lib
+from headprobe.analyses.data import left_out_note
 from headprobe.analyses.outputs import write_outputs
 from headprobe.commands.atlas import (  # noqa: F401 - the light module's names, re-exported
     CACHED_CANDIDATES,
@@ -50,7 +51,8 @@ class AtlasResult:
         table: atlas.csv (see :func:`headprobe.analyses.atlas.atlas_rows`).
         models: label -> ``{"model", "family", "step", "dir", "status", "timings_s"}`` (``status``:
             ``scanned``, ``resumed`` or ``failed``; failed ones also have ``error``, one line;
-            ``timings_s``: ``scan_s``, the model's scan).
+            ``timings_s``: ``scan_s``, the model's scan); a scan's also ``windows_available`` and
+            ``windows_left_out``, its natural-text windows (:func:`~headprobe.analyses.data.window_counts`).
         out: the output directory.
         seconds: the whole run's.
         rules: the :class:`~headprobe.analyses.verdicts.VerdictRule` of each scan with verdicts.
@@ -118,7 +120,8 @@ class AtlasResult:
             )
             for t, per in s.items():
                 lines.append(f"  {t:<16} " + " | ".join(per.get(m, "") or "-" for m in models))
-        return "\n".join(lines)
+        notes = [left_out_note(m.get("windows_left_out", 0), m.get("windows_available"), k) for k, m in self.models.items()]
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in notes if n)])
 
 
 def toy_train_config(config: AtlasConfig):
@@ -246,6 +249,8 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
         records[label] = rec
         if rec["status"] != "failed":
             summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
+            natural = summary.get("tokens", {}).get("natural_text", {})
+            rec.update({k: natural[k] for k in ("windows_available", "windows_left_out") if k in natural})
             parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
             rules.append(atlas_lib.scan_rule(summary))
     if records and all(r["status"] == "failed" for r in records.values()):
