@@ -254,11 +254,7 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
             parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
             rules.append(atlas_lib.scan_rule(summary))
     if records and all(r["status"] == "failed" for r in records.values()):
-        _remove_new(out, before)
-        raise HeadprobeError(
-            "every model failed, so no atlas was written: "
-            + "; ".join(f"{label}: {r['error']}" for label, r in records.items())
-        )
+        _all_failed(out, before, records)
     table = atlas_lib.atlas_table(parts) if parts else pd.DataFrame(columns=list(atlas_lib.ID_COLUMNS))
     result = AtlasResult(
         config, table, records, out, seconds=time.perf_counter() - t_start, rules=[r for r in rules if r is not None]
@@ -280,15 +276,38 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     return result
 
 
-def _remove_new(out: Path, before: set[Path] | None) -> None:
-    """Remove what this run put in ``out``: the folder itself where it did not exist (``before``
-    None), else every path not in ``before``, deepest first."""
+def _all_failed(out: Path, before: set[Path] | None, records: dict[str, dict]) -> None:
+    """Every model failed: remove what this run put in ``out`` but a ``toy`` model it trained
+    (complete: its config.json is written last; minutes of training the next atlas there reuses),
+    and raise.
+
+    Raises:
+        HeadprobeError: always; one line naming each model's error and what was kept.
+    """
+    toy = out / TOY_DIR
+    keep = toy if (toy / "config.json").is_file() else None
+    _remove_new(out, before, keep)
+    kept = (
+        f" (the toy model trained is kept in {toy}/: an atlas with --out {out} --overwrite reuses it)" if keep else ""
+    )
+    raise HeadprobeError(
+        f"every model failed, so no atlas was written{kept}: "
+        + "; ".join(f"{label}: {r['error']}" for label, r in records.items())
+    )
+
+
+def _remove_new(out: Path, before: set[Path] | None, keep: Path | None = None) -> None:
+    """Remove what this run put in ``out`` but ``keep`` (a folder in it, with what it holds): the
+    folder itself where it did not exist (``before`` None) and nothing is kept, else every path
+    not in ``before``, deepest first."""
     import shutil
 
-    if before is None:
+    if before is None and keep is None:
         shutil.rmtree(out, ignore_errors=True)
         return
-    for p in sorted(set(out.rglob("*")) - before, key=lambda p: len(p.parts), reverse=True):
+    for p in sorted(set(out.rglob("*")) - (before or set()), key=lambda p: len(p.parts), reverse=True):
+        if keep is not None and (p == keep or keep in p.parents):
+            continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
         else:
