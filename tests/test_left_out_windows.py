@@ -21,7 +21,7 @@ def run_text(tmp_path_factory):
     """1,500 words of the tiny vocabulary, a run of 200 ``t1``, 1,500 words more: windows inside
     the run are all one token, the others nowhere near half."""
     rng = np.random.default_rng(0)
-    words = lambda n: " ".join(f"t{i}" for i in rng.integers(0, 100, n))  # noqa: E731
+    words = lambda n: " ".join(f"t{i}" for i in rng.integers(0, 100, n))
     path = tmp_path_factory.mktemp("run-text") / "text.txt"
     path.write_text(f"{words(1500)} {' '.join(['t1'] * 200)} {words(1500)}\n", encoding="utf-8")
     return path
