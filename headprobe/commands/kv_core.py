@@ -220,7 +220,7 @@ class KVResult:
             f"(copy accuracy: top-1 over the {n} copied tokens, {len(c['distances'])} distances x "
             f"{c['n_per_distance']} x tokens 2..{c['block_len']} of the block: one token is {1 / n:.3f})"
         )
-        return "\n".join([*lines, *(f"NOTE: {n}" for n in windows_notes(self.windows))])
+        return "\n".join([*lines, *(f"NOTE: {note}" for note in windows_notes(self.windows))])
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write policy.json, policy_budget.json, group_costs.csv, curve.csv, the figure and, last, summary.json.
