@@ -378,8 +378,10 @@ def masked_scored_losses(
 @dataclass
 class Verification:
     """Ablation evidence for one head type and one ablation kind (losses in nats/token, or in
-    ``1 - cos`` of sentence embeddings where ``metric`` is ``embedding_cosine``, an encoder's;
-    ``clean_loss`` is then None: no loss is measured, and the metric is 0 clean by definition).
+    ``1 - cos`` of sentence embeddings where ``metric`` is ``embedding_cosine``, an encoder's).
+    ``clean_loss`` and ``top_loss`` are the task's mean loss clean and with the top-k heads
+    ablated (``top_effect`` their difference); for an encoder both are None: no loss is measured,
+    the metric is 0 clean by definition, and its value ablated is ``top_effect``.
 
     Made by :func:`headprobe.analyses.verification.verify_heads`, which documents the rule:
     ``tested`` is True for the one ablation kind each type's verdict is tested with (mean); its
@@ -413,7 +415,7 @@ class Verification:
     k: int
     top_heads: list[str]
     clean_loss: float | None
-    top_loss: float
+    top_loss: float | None
     top_effect: float
     random_effects: list[float]
     random_mean: float

@@ -96,6 +96,9 @@ class HeadColumn:
             reported metric, not verified.
         rank_by: the column its top heads are chosen by (a head type's overview panel); default
             the first of ``columns``.
+        overview_unit: what the ``rank_by`` score is a share of, where it is not a share of
+            attention (the overview's shared colour bar says so for this panel, e.g. ``share of
+            queries at one offset``); empty: a share of attention on the type's target keys.
         figures: one :class:`HeatmapStyle` per heatmap drawn.
         integer_columns: columns that hold integers (written without decimals).
         top_head_extras: ``(key, column)`` pairs: each top head in summary.json also reports
@@ -115,6 +118,7 @@ class HeadColumn:
     dataset: str | None = None
     task: str | None = None
     rank_by: str = ""
+    overview_unit: str = ""
     figures: tuple[HeatmapStyle, ...] = ()
     integer_columns: tuple[str, ...] = ()
     top_head_extras: tuple[tuple[str, str], ...] = ()

@@ -207,6 +207,30 @@ def natural_text_tokens(
     )
 
 
+def left_out_note(skipped: int, available: int | None, what: str = "") -> str | None:
+    """The NOTE every command prints (without ``NOTE: ``) when ``skipped`` of the text's windows were
+    left out as more than :data:`MAX_ONE_TOKEN_SHARE` one token (``available``: those kept), or None
+    when none were; ``what`` names the token set where a command draws more than one."""
+    if not skipped:
+        return None
+    return (
+        f"{what + ': ' if what else ''}{skipped} of the text's {skipped + (available or 0)} windows left out: one token "
+        f"fills more than {MAX_ONE_TOKEN_SHARE:.0%} of each (e.g. a run of '-'; docs/scan.md)"
+    )
+
+
+def left_out_notes(tokens: TokenSet | PlantedSpan, what: str = "") -> list[str]:
+    """:func:`left_out_note` of a natural-text token set, as a list (empty when no window was left out)."""
+    note = left_out_note(tokens.n_skipped, tokens.n_available, what)
+    return [note] if note else []
+
+
+def window_counts(tokens: TokenSet | PlantedSpan) -> dict[str, int | None]:
+    """What a summary.json records of a natural-text draw's windows: ``windows_available`` (those
+    that could be drawn) and ``windows_left_out`` (more than :data:`MAX_ONE_TOKEN_SHARE` one token)."""
+    return {"windows_available": tokens.n_available, "windows_left_out": tokens.n_skipped}
+
+
 def random_token_ids(tokenizer, d_vocab: int) -> Tensor:
     """Token ids to draw random sequences from: the tokenizer's vocabulary without special tokens."""
     n = min(len(tokenizer), d_vocab)
@@ -338,6 +362,7 @@ class PlantedSpan:
         second: ``[batch]`` the same in the second occurrence.
         length: the span's length in tokens (>= 2).
         source: a short description (for summary.json).
+        n_available, n_skipped: the natural-text windows of the haystack, as :class:`TokenSet`'s.
     """
 
     tokens: Int[Tensor, "batch pos"]
@@ -346,6 +371,8 @@ class PlantedSpan:
     second: Int[Tensor, " batch"]
     length: int
     source: str
+    n_available: int | None = None
+    n_skipped: int = 0
 
     @property
     def distance(self) -> Int[Tensor, " batch"]:
@@ -429,6 +456,8 @@ def needle_tokens(
         torch.tensor(second),
         needle_len,
         f"{len(rows)} natural-text windows of {hay.source} with a random needle of {needle_len} tokens, twice",
+        hay.n_available,
+        hay.n_skipped,
     )
 
 
@@ -508,4 +537,6 @@ def long_range_tokens(
         block_len,
         f"{n} natural-text windows of {hay.source} with a random block of {block_len} tokens planted "
         f"{', '.join(map(str, distances))} tokens before its repeat at the end",
+        hay.n_available,
+        hay.n_skipped,
     )

@@ -326,6 +326,7 @@ POSITIONAL = Detector(
     "natural",
     "natural",
     rank_by="positional_fraction",
+    overview_unit="share of queries at one offset",
     figures=(
         HeatmapStyle("positional_fraction", "positional score", "share of queries at top offset"),
         # one colour per offset (0 and -1 apart), heads that are not positional masked

@@ -399,9 +399,14 @@ def _heat_legend(
 
 OVERVIEW_SCORE_LABEL = "score in [0, 1]: attention on each type's target keys"
 """The overview's colour bar: one bar for several scores, each a share of attention (docs/scan.md)."""
-OVERVIEW_POSITIONAL_NOTE = "\n(positional: share of queries at one offset)"
-"""Added to :data:`OVERVIEW_SCORE_LABEL` where the overview has a positional panel (its score is not
-a share of attention)."""
+
+
+def overview_score_label(units: Sequence[tuple[str, str]]) -> str:
+    """The overview's colour-bar label: :data:`OVERVIEW_SCORE_LABEL`, and on a second line each
+    panel whose score is another share (``units``: ``(panel title, what it is a share of)``, e.g.
+    ``("positional", "share of queries at one offset")``; a head type's
+    :attr:`~headprobe.analyses.columns.HeadColumn.overview_unit`)."""
+    return OVERVIEW_SCORE_LABEL + (f"\n({'; '.join(f'{t}: {u}' for t, u in units)})" if units else "")
 
 
 OVERVIEW_MARK_WIDTH, OVERVIEW_MARK_HALO, OVERVIEW_MARK_INSET = 0.8, 2.0, 0.06

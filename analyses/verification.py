@@ -992,7 +992,7 @@ def _verification(
         k=settings.k,
         top_heads=names(x.top),
         clean_loss=clean_loss,
-        top_loss=x.top_loss[kind],
+        top_loss=x.top_loss[kind] if metric is LOSS_METRIC else None,  # 1 - cos ablated: top_effect (0 clean)
         top_effect=x.top_effect[kind],
         random_effects=effects,
         random_mean=float(np.mean(effects)) if n else float("nan"),

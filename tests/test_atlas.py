@@ -392,6 +392,49 @@ def test_an_atlas_where_every_model_fails_writes_nothing(tmp_path, capsys):
     assert sorted(p.name for p in kept.rglob("*")) == ["notes.txt"]
 
 
+def test_a_hub_name_the_hub_does_not_hold_is_refused_before_the_toy_trains(tmp_path, capsys, monkeypatch):
+    """With the hub reachable, a mistyped name (``gpt2-typo``) passed the look-up and failed only
+    at its turn, after the toy had trained for minutes; the hub is asked first (``repo_exists``,
+    mocked: this machine has no network) and the run refuses in one line with nothing trained."""
+    from huggingface_hub import HfApi
+
+    from headprobe.commands import atlas_core
+    from headprobe.probe.backends import sources
+    from headprobe.probe.core.errors import HeadprobeError
+
+    asked, trained = [], []
+
+    def train(*args, **kwargs):
+        trained.append(1)
+        raise HeadprobeError("the toy was trained")
+
+    monkeypatch.setattr(sources, "_hub_reachable", lambda *a, **k: True)
+    monkeypatch.setattr(HfApi, "repo_exists", lambda self, repo_id, **k: asked.append(repo_id) or repo_id != "gpt2-typo")
+    monkeypatch.setattr(atlas_core, "_train_toy", train)
+    line = _atlas_refused(["--models", "toy,gpt2-typo", *SMALL_FLAGS], tmp_path / "o", "gpt2-typo", capsys)
+    assert "nor on the hub" in line and "did you mean gpt2" in line and asked == ["gpt2-typo"]
+    assert not trained and not (tmp_path / "o").exists()
+    monkeypatch.setattr(HfApi, "repo_exists", lambda self, repo_id, **k: 1 / 0)  # no answer: left to the load
+    sources.check_model("gpt2-typo")
+
+
+def test_a_trained_toy_is_kept_when_every_model_fails_and_reused(tmp_path, text_file, capsys):
+    """The toy trains, then its scan (a --seq-len beyond its 48-token context) and the other model
+    fail: the atlas is refused as before, but the trained toy stays in OUT/toy/ (nothing else the
+    run added does), and the next atlas there scans it without training again."""
+    bad = _unloadable(tmp_path / "bad") if not (tmp_path / "bad").mkdir() else None
+    out, flags = tmp_path / "o", [*SMALL_FLAGS, "--toy-steps", "2", "--text", str(text_file)]
+    long = [*flags[: flags.index("--seq-len") + 1], "60", *flags[flags.index("--seq-len") + 2 :]]
+    line = _atlas_refused(["--models", "toy", str(bad), *long], out, "every model failed", capsys, loaded=True)
+    assert f"kept in {out / 'toy'}/" in line and "toy: " in line and f"{bad}: " in line
+    assert (out / "toy" / "config.json").is_file()
+    assert {p.relative_to(out).parts[0] for p in out.rglob("*")} == {"toy"}  # no models/, no checkpoint
+    assert main(["atlas", "--models", "toy", *flags, "--types", "induction", "--out", str(out), "--overwrite"]) == 0
+    said = capsys.readouterr().out
+    assert "training the toy model" not in said
+    assert json.loads((out / "summary.json").read_text())["models"]["toy"]["status"] == "scanned"
+
+
 # ---------------------------------------------------------------------------------------------
 # Training snapshots, and the atlas over them
 # ---------------------------------------------------------------------------------------------

@@ -301,6 +301,26 @@ def test_an_encoders_ablation_rows_carry_no_clean_loss_and_every_reader_takes_th
     ]
 
 
+def test_an_encoders_ablation_rows_hold_no_top_loss_and_a_decoders_is_clean_plus_effect(
+    tiny_bert_scan, tiny_llama_gqa_native, text_file, tmp_path
+):
+    """``top_loss`` held an encoder's ablated ``1 - cos`` under a loss's name; it is null, as
+    ``clean_loss`` is (the ablated value is ``top_effect``: 0 clean). A decoder's is the ablated
+    loss in nats/token: its clean loss plus the effect."""
+    from headprobe.commands.scan import ScanConfig, run
+
+    tiny_bert_scan.save(tmp_path / "scan")
+    rows = json.loads((tmp_path / "scan" / "summary.json").read_text())["ablations"]
+    assert rows and all(v["top_loss"] is None and v["top_effect"] > 0 for v in rows)
+    assert all(v.top_loss is None for v in tiny_bert_scan.verifications)
+    cfg = ScanConfig(model="tiny", n_natural=3, seq_len=20, n_repeated=2, period=6, k=2, n_random=2,
+                     text=str(text_file), types="induction,previous_token", pattern_len=0, metrics=False)  # fmt: skip
+    decoder = run(tiny_llama_gqa_native, cfg, progress=False).verifications
+    assert decoder and all(v.metric == "loss" and v.clean_loss is not None for v in decoder)
+    for v in decoder:
+        assert v.top_loss == pytest.approx(v.clean_loss + v.top_effect, abs=1e-5), v.head_type
+
+
 def test_a_decoders_scan_still_writes_its_measured_clean_loss(tiny_llama_gqa_native, text_file):
     """The same key of a decoder's scan is the measured clean loss, equal to the mean scored loss of
     its token set computed directly."""

@@ -142,7 +142,7 @@ def test_the_saved_models_loss_is_measured_between_curve_steps(prune_between_ste
     model = headprobe.load_model(str(tiny_dir), device="cpu", quiet=True)
     cfg = PruneConfig(model=str(tiny_dir), text=str(text_file), seq_len=16, n_natural=3, n_repeated=2, period=6)
     cfg = cfg.resolved(model.spec, None)
-    _, _, evals = prune_core._loss_sets(model, cfg)
+    _, _, evals, _ = prune_core._loss_sets(model, cfg)
     keep = torch.ones(2, 8)
     for layer, head in order:
         keep[layer, head] = 0

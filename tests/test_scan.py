@@ -659,3 +659,34 @@ def test_redraw_figures_check_names_the_runs_it_does_not_compare(tmp_path, capsy
         with pytest.raises(SystemExit) as e:
             redraw_figures.main(argv)
         assert e.value.code == (0 if argv == ["--help"] else 2)
+
+
+def test_overview_colour_bar_note_follows_the_type_not_its_column_name(tiny_llama_gqa_native, word_text):
+    """The colour bar's second line comes from each type's ``overview_unit``: a positional-like type
+    whose ranking column is named otherwise is explained, and a type ranked by ``positional_fraction``
+    that declares no unit is not (a share of attention)."""
+    from dataclasses import replace
+
+    from headprobe.analyses import figures as figs
+    from headprobe.analyses.detectors import INDUCTION, POSITIONAL
+    from headprobe.commands.scan_core import overview_maker
+
+    cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=2, verify=False,
+                     text=str(word_text), pattern_len=0, types="induction,positional")  # fmt: skip
+    result = run(tiny_llama_gqa_native, cfg, progress=False)
+    result.scores["offset_share"] = result.scores["positional_fraction"]
+    renamed = replace(POSITIONAL, name="offsets", columns=("positional_offset", "offset_share"), rank_by="offset_share")
+    quiet = replace(INDUCTION, name="shares", rank_by="positional_fraction")  # a share of attention, by its spec
+    for make, units in (  # made in the loop: a field today's HeadColumn lacks fails its own case only
+        (lambda: [INDUCTION, renamed], [("offsets", "share of queries at one offset")]),
+        (lambda: [INDUCTION, quiet], []),
+        (
+            lambda: [INDUCTION, replace(renamed, overview_unit="share of sequences")],
+            [("offsets", "share of sequences")],
+        ),
+    ):
+        dets = make()
+        fig = overview_maker(result, dets, "t")()
+        want = figs.OVERVIEW_SCORE_LABEL + "".join(f"\n({t}: {u})" for t, u in units)  # by hand
+        assert fig.axes[-1].get_ylabel() == want, [d.name for d in dets]
+        assert figs.overview_score_label(units) == want

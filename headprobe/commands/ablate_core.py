@@ -30,7 +30,7 @@ from headprobe.analyses.ablation import (
     top_heads,
 )
 from headprobe.analyses.attribution import atp_star, forward_equivalents, second_order
-from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
+from headprobe.analyses.data import TokenSet, left_out_notes, open_text_file, task_tokens, window_counts
 from headprobe.analyses.scoring import score_tokens
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
 from headprobe.probe.backends.base import LoadedModel
@@ -292,6 +292,7 @@ class AblateResult:
                 "repeated": list(self.repeated.tokens.shape),
                 "period": cfg.period,
                 "natural_source": self.natural.source,
+                **window_counts(self.natural),
             },
             "clean_loss": {t: r.clean_loss for t, r in self.tasks.items()},
             # a pruned checkpoint's heads: not swept, null in every table and never ranked
@@ -410,7 +411,7 @@ class AblateResult:
                 "timings: "
                 + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items())
             )
-            return "\n".join(lines)
+            return "\n".join([*lines, *(f"NOTE: {n}" for n in left_out_notes(self.natural))])
         lines = [
             f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token",
             *_removed_lines(s["removed_heads"]),
@@ -442,7 +443,7 @@ class AblateResult:
             "timings: "
             + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items())
         )
-        return "\n".join(lines)
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in left_out_notes(self.natural))])
 
 
 def _removed_lines(removed: list[str], show: int = 12) -> list[str]:

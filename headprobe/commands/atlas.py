@@ -8,10 +8,12 @@ run is resumable per model: a model whose directory holds a complete scan with t
 started again -- after an interruption, or with ``--overwrite`` and more models to add to a
 finished atlas (delete ``OUT/models/NAME`` to force a new scan). Every model is looked up before
 anything runs: names that cannot be found (a missing path, a folder without config.json or weights;
-with the hub unreachable, a name not in the local cache) are refused together in one line. A model
+a name not in the local cache that the hub does not hold, or any with the hub unreachable) are
+refused together in one line. A model
 that is found but fails (weights it cannot read, an architecture the self-check refuses, ...) is
 recorded with its one-line error in summary.json and the others go on; when every model fails,
-nothing is written and the errors are one line. Then it writes ``atlas.csv`` (every head of every
+no atlas is written and the errors are one line (a ``toy`` model trained is kept in ``OUT/toy/``,
+which the next atlas there reuses; nothing else the run added is left). Then it writes ``atlas.csv`` (every head of every
 model, see :mod:`headprobe.analyses.atlas`), one figure per head type (``atlas_<type>``), the overview
 figure ``atlas`` and, for checkpoints, ``over_training``.
 
@@ -275,7 +277,8 @@ class AtlasConfig(ModelSettings, DataSettings):
 def check_models_found(models: Sequence[str]) -> None:
     """Refuse, before anything is trained, loaded or written, every model that cannot be found
     (:func:`headprobe.options.check_model`: an unknown name, a missing path, a folder without
-    config.json or weights, with the hub unreachable a name not in the local cache). A model found
+    config.json or weights, a name not in the local cache that the hub does not hold or, with the
+    hub unreachable, any name not in the local cache). A model found
     that then fails to load is left to the run, which records it as failed and goes on.
 
     Raises:

@@ -15,6 +15,7 @@ import pandas as pd
 
 from headprobe import options
 from headprobe.analyses import atlas as atlas_lib
+from headprobe.analyses.data import left_out_note
 from headprobe.analyses.outputs import write_outputs
 from headprobe.commands.atlas import (  # noqa: F401 - the light module's names, re-exported
     CACHED_CANDIDATES,
@@ -50,7 +51,8 @@ class AtlasResult:
         table: atlas.csv (see :func:`headprobe.analyses.atlas.atlas_rows`).
         models: label -> ``{"model", "family", "step", "dir", "status", "timings_s"}`` (``status``:
             ``scanned``, ``resumed`` or ``failed``; failed ones also have ``error``, one line;
-            ``timings_s``: ``scan_s``, the model's scan).
+            ``timings_s``: ``scan_s``, the model's scan); a scan's also ``windows_available`` and
+            ``windows_left_out``, its natural-text windows (:func:`~headprobe.analyses.data.window_counts`).
         out: the output directory.
         seconds: the whole run's.
         rules: the :class:`~headprobe.analyses.verdicts.VerdictRule` of each scan with verdicts.
@@ -118,7 +120,8 @@ class AtlasResult:
             )
             for t, per in s.items():
                 lines.append(f"  {t:<16} " + " | ".join(per.get(m, "") or "-" for m in models))
-        return "\n".join(lines)
+        notes = [left_out_note(m.get("windows_left_out", 0), m.get("windows_available"), k) for k, m in self.models.items()]
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in notes if n)])
 
 
 def toy_train_config(config: AtlasConfig):
@@ -246,14 +249,12 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
         records[label] = rec
         if rec["status"] != "failed":
             summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
+            natural = summary.get("tokens", {}).get("natural_text", {})
+            rec.update({k: natural[k] for k in ("windows_available", "windows_left_out") if k in natural})
             parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
             rules.append(atlas_lib.scan_rule(summary))
     if records and all(r["status"] == "failed" for r in records.values()):
-        _remove_new(out, before)
-        raise HeadprobeError(
-            "every model failed, so no atlas was written: "
-            + "; ".join(f"{label}: {r['error']}" for label, r in records.items())
-        )
+        _all_failed(out, before, records)
     table = atlas_lib.atlas_table(parts) if parts else pd.DataFrame(columns=list(atlas_lib.ID_COLUMNS))
     result = AtlasResult(
         config, table, records, out, seconds=time.perf_counter() - t_start, rules=[r for r in rules if r is not None]
@@ -275,15 +276,38 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     return result
 
 
-def _remove_new(out: Path, before: set[Path] | None) -> None:
-    """Remove what this run put in ``out``: the folder itself where it did not exist (``before``
-    None), else every path not in ``before``, deepest first."""
+def _all_failed(out: Path, before: set[Path] | None, records: dict[str, dict]) -> None:
+    """Every model failed: remove what this run put in ``out`` but a ``toy`` model it trained
+    (complete: its config.json is written last; minutes of training the next atlas there reuses),
+    and raise.
+
+    Raises:
+        HeadprobeError: always; one line naming each model's error and what was kept.
+    """
+    toy = out / TOY_DIR
+    keep = toy if (toy / "config.json").is_file() else None
+    _remove_new(out, before, keep)
+    kept = (
+        f" (the toy model trained is kept in {toy}/: an atlas with --out {out} --overwrite reuses it)" if keep else ""
+    )
+    raise HeadprobeError(
+        f"every model failed, so no atlas was written{kept}: "
+        + "; ".join(f"{label}: {r['error']}" for label, r in records.items())
+    )
+
+
+def _remove_new(out: Path, before: set[Path] | None, keep: Path | None = None) -> None:
+    """Remove what this run put in ``out`` but ``keep`` (a folder in it, with what it holds): the
+    folder itself where it did not exist (``before`` None) and nothing is kept, else every path
+    not in ``before``, deepest first."""
     import shutil
 
-    if before is None:
+    if before is None and keep is None:
         shutil.rmtree(out, ignore_errors=True)
         return
-    for p in sorted(set(out.rglob("*")) - before, key=lambda p: len(p.parts), reverse=True):
+    for p in sorted(set(out.rglob("*")) - (before or set()), key=lambda p: len(p.parts), reverse=True):
+        if keep is not None and (p == keep or keep in p.parents):
+            continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
         else:

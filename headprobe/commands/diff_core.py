@@ -21,7 +21,14 @@ from headprobe import options
 from headprobe.analyses import robustness as rb
 from headprobe.analyses.ablation import exact_sweep, first_scored, top_heads
 from headprobe.analyses.columns import DETECTORS
-from headprobe.analyses.data import TokenSet, fit_lengths, natural_text_tokens, repeated_random_tokens
+from headprobe.analyses.data import (
+    TokenSet,
+    fit_lengths,
+    left_out_notes,
+    natural_text_tokens,
+    repeated_random_tokens,
+    window_counts,
+)
 from headprobe.analyses.scoring import score_tokens
 from headprobe.analyses.statistics import adjust_p_values
 from headprobe.commands.diff import HELP, DiffConfig, check_resample_sources, layout_refusal  # noqa: F401 - HELP re-exported
@@ -130,6 +137,8 @@ class DiffResult:
     detection: dict = field(default_factory=dict)
     """What the paired test could detect per task (:func:`~headprobe.analyses.robustness.detection_limit`
     over the heads tested), ``{"natural": ..., "repeated": ...}``; summary.json's ``detection``."""
+    natural_windows: dict = field(default_factory=dict)
+    """The natural-text draw's windows (:func:`~headprobe.analyses.data.window_counts`); summary.json's ``natural_text``."""
 
     def quantity_task(self, quantity: str) -> str:
         """The token set (task) whose sequences a quantity's test pairs."""
@@ -160,6 +169,7 @@ class DiffResult:
                 "requantized_matrices": self.requantized,
                 "layout": dict(zip(("n_layers", "n_heads", "n_kv_heads"), _spec_layout(self.spec_a))),
                 "sequences": self.n_sequences,
+                "natural_text": self.natural_windows,
                 "test": "paired: d_s = x_B(s) - x_A(s) per sequence; two-sided sign-flip permutation test of mean(d) "
                 "(Fisher 1935; exact over all 2^n flips below 13 sequences, else n_perm random flips, p = (1+#)/(1+n_perm)); "
                 f"{c.correction} over the heads per quantity; significant: p_adjusted <= {c.alpha}",
@@ -479,7 +489,7 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
         check_resample_sources({"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])})
     counts = {"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])}
     detection = _detection(spec, counts, cfg)
-    for note in detection_notes(detection, cfg):
+    for note in [*left_out_notes(natural), *detection_notes(detection, cfg)]:
         _say(f"NOTE: {note}")
     per, means = _measured(a, b, natural, repeated, cfg, progress)
     timings["measure_s"] = time.perf_counter() - t0
@@ -499,6 +509,7 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
         device=str(a.device),
         self_check=a.self_check.to_dict(),
         detection=detection,
+        natural_windows=window_counts(natural),
     )
 
 

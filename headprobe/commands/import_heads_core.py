@@ -90,7 +90,7 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
     """
     from headprobe.analyses import verification as verif
     from headprobe.analyses.ablation import EMBEDDING_METRIC, EmbeddingDistance, first_scored, untrusted_task_reason
-    from headprobe.analyses.data import natural_text_tokens, repeated_random_tokens
+    from headprobe.analyses.data import left_out_notes, natural_text_tokens, repeated_random_tokens
     from headprobe.analyses.scoring import score_tokens
 
     t0 = time.perf_counter()
@@ -149,8 +149,9 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
         progress=progress,
         say=scan_core._say,
     )
-    kv = measure_policy(model, cfg, hf) if config.measure_kv else None
-    notes = [*_notes(config, hf), *design.get("notes", [])]  # the verification's, as scan prints them
+    kv, kv_notes = measure_policy(model, cfg, hf) if config.measure_kv else (None, [])
+    notes = [*_notes(config, hf), *left_out_notes(natural), *kv_notes]
+    notes += design.get("notes", [])  # the verification's, as scan prints them
     return ImportResult(config, hf, heads, verifications, design, kv, time.perf_counter() - t0, notes=notes)
 
 
@@ -180,16 +181,19 @@ def _notes(config: ImportConfig, hf: ex.HeadFile) -> list[str]:
     return notes if tie is None else [*notes, tie]
 
 
-def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> list[dict] | None:
-    """``headprobe kv``'s measurement of the file's policy at ``cfg.seq_len``: full caches, the
+def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> tuple[list[dict] | None, list[str]]:
+    """``(rows, notes)``: ``headprobe kv``'s measurement of the file's policy at ``cfg.seq_len``: full caches, the
     policy and one window on every group at the same KV memory (``kv_core``'s token sets,
-    :mod:`headprobe.analyses.kvpolicy`'s exact per-group masks). None: the file has no policy.
+    :mod:`headprobe.analyses.kvpolicy`'s exact per-group masks), and the NOTE on the long-range
+    set's windows left out as mostly one token (the natural ones are the verification's). Rows
+    None: the file has no policy.
 
     Raises:
         HeadprobeError: a backend without per-group KV masks, or a window covering the whole sequence."""
     if hf.policy is None:
-        return None
+        return None, []
     from headprobe.analyses import kvpolicy as kp
+    from headprobe.analyses.data import left_out_notes
     from headprobe.commands import kv_core
     from headprobe.commands.kv import KVConfig
     from headprobe.probe.layout.attention import Streaming
@@ -232,7 +236,7 @@ def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> li
                 "copy_accuracy": q.copy_accuracy,
             }
         )
-    return rows
+    return rows, left_out_notes(lr, "long-range set (--kv)")
 
 
 import_heads = options.command_function(

@@ -44,6 +44,8 @@ class KVResult:
             (:func:`~headprobe.analyses.kvpolicy.streaming_candidates`); the others, on sliding layers
             no wider than the window, are full (their window) in every policy.
         sources: where the token sets came from.
+        windows: per token set (``natural``, ``long_range``), its natural-text windows
+            (:func:`~headprobe.analyses.data.window_counts`: available, left out as mostly one token).
         seconds: the run's.
         device: where the model ran.
         self_check: the model's load-time self-check.
@@ -62,6 +64,7 @@ class KVResult:
     curve: list
     cache_check: dict
     sources: dict = field(default_factory=dict)
+    windows: dict = field(default_factory=dict)
     seconds: float = 0.0
     device: str | None = None
     self_check: dict | None = None
@@ -141,6 +144,7 @@ class KVResult:
                 "beats_uniform": _beats(by["chosen"], [by["uniform"]]),
                 "beats_random": _beats(by["chosen"], rnd),
                 "sources": self.sources,
+                "windows": self.windows,
                 "definitions": {
                     "natural_loss": "mean next-token loss on natural text, nats/token",
                     "long_range": "a random block planted early and repeated at the end; loss and top-1 accuracy "
@@ -216,7 +220,7 @@ class KVResult:
             f"(copy accuracy: top-1 over the {n} copied tokens, {len(c['distances'])} distances x "
             f"{c['n_per_distance']} x tokens 2..{c['block_len']} of the block: one token is {1 / n:.3f})"
         )
-        return "\n".join(lines)
+        return "\n".join([*lines, *(f"NOTE: {note}" for note in windows_notes(self.windows))])
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write policy.json, policy_budget.json, group_costs.csv, curve.csv, the figure and, last, summary.json.
@@ -281,6 +285,15 @@ def _beats(chosen: dict, others: list[dict]) -> bool:
     """Lower natural-text loss increase and higher copy accuracy than the mean of ``others``
     (ties in accuracy count, so a budget where both copy perfectly is judged on loss)."""
     return all(_wins(chosen, others))
+
+
+def windows_notes(windows: dict[str, dict]) -> list[str]:
+    """The NOTE lines (without ``NOTE: ``) on the windows each token set of :attr:`KVResult.windows`
+    left out as mostly one token (:func:`~headprobe.analyses.data.left_out_note`)."""
+    from headprobe.analyses.data import left_out_note
+
+    notes = [left_out_note(w["windows_left_out"], w["windows_available"], name) for name, w in windows.items()]
+    return [n for n in notes if n]
 
 
 def _token_sets(model: LoadedModel, config: KVConfig):
@@ -438,6 +451,7 @@ def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -
     import time
 
     from headprobe.analyses import kvpolicy as kp
+    from headprobe.analyses.data import window_counts
     from headprobe.probe.core.progress import progress_bar
     from headprobe.probe.layout.cost import policy_cost
 
@@ -494,6 +508,7 @@ def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -
         curve,
         check,
         sources={"natural": natural.source, "long_range": lr.source},
+        windows={"natural": window_counts(natural), "long_range": window_counts(lr)},
         seconds=time.perf_counter() - t0,
         device=str(model.device),
         self_check=model.self_check.to_dict(),

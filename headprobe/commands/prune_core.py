@@ -16,7 +16,7 @@ import pandas as pd
 from headprobe import options
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import first_scored
-from headprobe.analyses.data import TokenSet, open_text_file, task_tokens
+from headprobe.analyses.data import TokenSet, left_out_notes, open_text_file, task_tokens, window_counts
 from headprobe.analyses.pruning import (
     LossSet,
     PruningRun,
@@ -102,6 +102,8 @@ class PruneResult:
         run_s: seconds of :func:`run`.
         load_s: seconds loading the model (set by the caller that loaded it).
         method_s: seconds each method took (this process; 0 for curves resumed from a checkpoint).
+        natural_text: the natural-text draw (summary.json records its windows, the report says when
+            some were left out), or None.
     """
 
     config: PruneConfig
@@ -120,6 +122,7 @@ class PruneResult:
     run_s: float = 0.0
     load_s: float = 0.0
     method_s: dict | None = None
+    natural_text: TokenSet | None = None
 
     @property
     def already_removed(self) -> list[tuple[int, int]]:
@@ -192,6 +195,7 @@ class PruneResult:
                 "held_out_natural": self.natural_shape,
                 "repeated": list(self.repeated.tokens.shape),
                 "period": cfg.period,
+                **(window_counts(self.natural_text) if self.natural_text is not None else {}),
             },
             "auc": self.auc(),
             "curves": {
@@ -324,7 +328,8 @@ class PruneResult:
             )
         if self.pruned_info is not None:
             lines += saved_lines(self.pruned_info)
-        return "\n".join(lines)
+        notes = left_out_notes(self.natural_text) if self.natural_text is not None else []
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in notes)])
 
 
 def saved_lines(p: dict) -> list[str]:
@@ -397,10 +402,10 @@ def _refuse_early(model: LoadedModel, cfg: PruneConfig) -> None:
         model.check_prunable()  # the native backend only; MLA and all-head QK-norm cannot be pruned exactly
 
 
-def _loss_sets(model: LoadedModel, cfg: PruneConfig) -> tuple[TokenSet, LossSet, dict[str, LossSet]]:
-    """``(repeated, score, evals)``: the repeated task's token set, the natural-text windows the
-    heads are scored on, and the held-out sets every curve is evaluated on (``natural``: the other
-    natural-text windows; ``repeated``)."""
+def _loss_sets(model: LoadedModel, cfg: PruneConfig) -> tuple[TokenSet, LossSet, dict[str, LossSet], TokenSet]:
+    """``(repeated, score, evals, natural)``: the repeated task's token set, the natural-text windows the
+    heads are scored on, the held-out sets every curve is evaluated on (``natural``: the other
+    natural-text windows; ``repeated``), and the whole natural-text draw."""
     assert cfg.period is not None and cfg.seq_len is not None  # set by PruneConfig.resolved
     text = open_text_file(cfg.text) if cfg.text else None
     data = task_tokens(
@@ -419,7 +424,7 @@ def _loss_sets(model: LoadedModel, cfg: PruneConfig) -> tuple[TokenSet, LossSet,
         "natural": LossSet(natural.tokens[cfg.n_natural :], score.first),
         "repeated": LossSet(repeated.tokens, first_scored("repeated", repeated.start, repeated.period)),
     }
-    return repeated, score, evals
+    return repeated, score, evals, natural
 
 
 def _prune_curve(
@@ -550,7 +555,7 @@ def run(
     spec = model.spec
     cfg = config.resolved(spec, model.trained_periods)  # the lengths it runs with and summary.json records
     assert not isinstance(cfg.l0_lambdas, str)  # set by __post_init__
-    repeated, score, evals = _loss_sets(model, cfg)
+    repeated, score, evals, natural = _loss_sets(model, cfg)
     runs, method_s = dict[str, PruningRun](), dict[str, float]()
     for name in run_names(cfg):
         t0 = time.perf_counter()
@@ -585,6 +590,7 @@ def run(
         getattr(model, "tokenizer", None),
         time.perf_counter() - t_start,
         method_s=method_s,
+        natural_text=natural,
     )
 
 

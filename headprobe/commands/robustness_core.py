@@ -18,7 +18,14 @@ from headprobe.analyses import robustness as rb
 from headprobe.analyses import verification as verif
 from headprobe.analyses.ablation import first_scored, top_heads, untrusted_task_reason
 from headprobe.analyses.columns import DETECTORS
-from headprobe.analyses.data import TokenSet, fit_lengths, natural_text_tokens, repeated_random_tokens
+from headprobe.analyses.data import (
+    TokenSet,
+    fit_lengths,
+    left_out_notes,
+    natural_text_tokens,
+    repeated_random_tokens,
+    window_counts,
+)
 from headprobe.analyses.scoring import score_tokens
 from headprobe.analyses.vocabulary import PRIMARY_KIND
 from headprobe.commands.robustness import DEFAULT_K, HELP, RobustnessConfig  # noqa: F401 - HELP re-exported
@@ -65,7 +72,8 @@ class Condition:
 
 
 def conditions(model: LoadedModel, cfg: RobustnessConfig, k: int) -> tuple[list[Condition], list[str]]:
-    """The base condition and every varied one ``cfg.vary`` asks for, and notes on those left out.
+    """The base condition and every varied one ``cfg.vary`` asks for, and notes on those left out
+    (and on windows of the text left out as mostly one token).
     The text's ``2 n_natural`` windows are drawn once: the base uses the first half, the data
     group's ``text half 2`` the disjoint second half."""
     assert cfg.seq_len is not None and cfg.period is not None
@@ -80,7 +88,7 @@ def conditions(model: LoadedModel, cfg: RobustnessConfig, k: int) -> tuple[list[
     half = [replace(both, tokens=both.tokens[:n]), replace(both, tokens=both.tokens[n : 2 * n])]
     rep = repeated_random_tokens(model, cfg.n_repeated, cfg.period, cfg.seed)
     base = Condition("base", "base", half[0], rep, seed=cfg.seed)
-    out, notes = [base], []
+    out, notes = [base], left_out_notes(both)
     nat_types = tuple(t for t in cfg.types if DETECTORS[t].dataset == "natural" or DETECTORS[t].task == "natural")
     rep_types = tuple(t for t in cfg.types if DETECTORS[t].dataset == "repeated" or DETECTORS[t].task == "repeated")
     if "data" in cfg.vary:
@@ -149,7 +157,7 @@ class RobustnessResult:
         outcomes: one :class:`Outcome` per condition, the base first.
         table: robustness.csv, one row per (type, head in any condition's top-k set).
         types: type -> ``{"conditions", "mean_jaccard", "verdict_holds_everywhere", ...}``.
-        notes: conditions left out and why.
+        notes: conditions left out and why, and windows of the text left out as mostly one token.
         timings: seconds of the run (``run_s``).
         load_s: seconds spent loading the model (set by the caller that loaded it).
     """
@@ -177,7 +185,10 @@ class RobustnessResult:
                         "seed": o.condition.seed,
                         "detector": o.condition.detector,
                         "types": list(o.condition.types) if o.condition.types is not None else None,
-                        "natural": {"sequences": int(o.condition.natural.tokens.shape[0])},
+                        "natural": {
+                            "sequences": int(o.condition.natural.tokens.shape[0]),
+                            **window_counts(o.condition.natural),
+                        },
                         "repeated": {
                             "sequences": int(o.condition.repeated.tokens.shape[0]),
                             "period": o.condition.repeated.period,

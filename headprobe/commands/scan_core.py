@@ -32,7 +32,13 @@ from headprobe.analyses.ablation import (
     untrusted_task_reason,
 )
 from headprobe.analyses.columns import DETECTORS, METRICS, metric_columns
-from headprobe.analyses.data import MAX_ONE_TOKEN_SHARE, TokenSet, natural_text_tokens, repeated_random_tokens
+from headprobe.analyses.data import (
+    TokenSet,
+    left_out_notes,
+    natural_text_tokens,
+    repeated_random_tokens,
+    window_counts,
+)
 from headprobe.analyses.scoring import example_patterns, score_token_set, score_tokens  # noqa: F401 - score_token_set re-exported
 from headprobe.analyses.statistics import interval_rule, mean_ci
 from headprobe.analyses.verdicts import VerdictRule, evidence_text
@@ -561,8 +567,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
                     "requested": cfg.n_natural,
                     "seq_len": int(result.natural.tokens.shape[1]),
                     "tokens": result.natural.n_tokens,
-                    "windows_available": result.natural.n_available,
-                    "windows_left_out": result.natural.n_skipped,
+                    **window_counts(result.natural),
                     "bos": bool(result.natural.start),
                 },
                 "repeated_random": {
@@ -747,8 +752,7 @@ def overview_maker(result: ScanResult, dets: Sequence, suptitle: str) -> Callabl
         )
         for det in dets
     ]
-    positional = any(det.rank_by == "positional_fraction" for det in dets)
-    label = figs.OVERVIEW_SCORE_LABEL + (figs.OVERVIEW_POSITIONAL_NOTE if positional else "")
+    label = figs.overview_score_label([(det.panel_title, det.overview_unit) for det in dets if det.overview_unit])
     if not result.verifications:
         return partial(figs.scores_overview, panels, result.spec.group_size, suptitle, score_label=label)
     n_layers, n_heads = result.spec.n_layers, result.spec.n_heads
@@ -889,12 +893,7 @@ def short_text_notes(result: ScanResult) -> list[str]:
     windows than ``--n-natural`` asked for: the natural-text scores and ablations then rest on the
     windows it has (:func:`~headprobe.analyses.data.natural_text_tokens`)."""
     got, asked = int(result.natural.tokens.shape[0]), result.config.n_natural
-    notes = []
-    if skipped := result.natural.n_skipped:
-        notes.append(
-            f"{skipped} of the text's {skipped + (result.natural.n_available or 0)} windows left out: one token "
-            f"fills more than {MAX_ONE_TOKEN_SHARE:.0%} of each (e.g. a run of '-'; docs/scan.md)"
-        )
+    notes = left_out_notes(result.natural)
     if got >= asked:
         return notes
     return notes + [

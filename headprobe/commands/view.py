@@ -157,9 +157,10 @@ def _read_circuit(d: Path) -> dict:
         raise HeadprobeError(f"--circuit {d}: {e}") from None
 
 
-def compute_patterns(cfg: ViewConfig, summary: dict | None, path: Path) -> None:
-    """Load ``cfg.model``, rebuild the scan's token sets from ``summary``'s config and write ``path`` (patterns.npz)."""
-    from headprobe.analyses.data import natural_text_tokens, open_text_file, repeated_random_tokens
+def compute_patterns(cfg: ViewConfig, summary: dict | None, path: Path) -> list[str]:
+    """Load ``cfg.model``, rebuild the scan's token sets from ``summary``'s config and write ``path``
+    (patterns.npz); returns the NOTE on windows of the text left out as mostly one token, if any."""
+    from headprobe.analyses.data import left_out_notes, natural_text_tokens, open_text_file, repeated_random_tokens
     from headprobe.analyses.viewer import head_patterns, save_patterns
 
     sc = (summary or {}).get("config")
@@ -176,6 +177,7 @@ def compute_patterns(cfg: ViewConfig, summary: dict | None, path: Path) -> None:
     )
     repeated = repeated_random_tokens(model, sc["n_repeated"], sc["period"], sc["seed"])
     save_patterns(path, head_patterns(model, {"natural": natural, "repeated": repeated}, cfg.pattern_len))
+    return left_out_notes(natural)
 
 
 def run(cfg: ViewConfig) -> Path:
@@ -207,7 +209,7 @@ def run(cfg: ViewConfig) -> Path:
             f"{found['patterns']} is already there: --model and --pattern-len are not used (delete it to recompute)"
         )
     if cfg.model and found["patterns"] is None and found["scores"] is not None:
-        compute_patterns(cfg, found["summary"], d / PATTERNS)
+        notes += compute_patterns(cfg, found["summary"], d / PATTERNS)
         found["patterns"] = d / PATTERNS
     for note in notes:
         print(f"NOTE: {note}", flush=True)

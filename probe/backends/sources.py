@@ -194,10 +194,22 @@ CHECKPOINT_WEIGHTS = ("headprobe_model.pt", "headprobe_model.safetensors")
 """The weights of a headprobe checkpoint directory (:mod:`headprobe.probe.model.checkpoint`)."""
 
 
+def hub_has(hf_name: str) -> bool | None:
+    """Whether the Hugging Face hub holds model repository ``hf_name`` (a gated one counts;
+    ``huggingface_hub.HfApi.repo_exists``, with the user's token if any); None where it did not answer."""
+    from huggingface_hub import HfApi
+
+    try:
+        return bool(HfApi().repo_exists(hf_name))
+    except Exception:  # a network or server error: not an answer, the load will say what it is
+        return None
+
+
 def check_model(name: str) -> None:
-    """Refuse, before torch loads, a ``--model`` that cannot be loaded: an unknown name (not cached,
-    hub unreachable), a missing path, a directory without config.json or weights, a name the hub
-    cannot hold (as :func:`resolve` says; a headprobe checkpoint directory passes).
+    """Refuse, before torch loads, a ``--model`` that cannot be loaded: an unknown name (not cached;
+    with the hub unreachable, or not on the hub: :func:`hub_has`), a missing path, a directory without
+    config.json or weights, a name the hub cannot hold (as :func:`resolve` says; a headprobe
+    checkpoint directory passes).
 
     Raises:
         HeadprobeError: one line naming what is wrong and how to supply the model.
@@ -206,4 +218,13 @@ def check_model(name: str) -> None:
     path = Path(name).expanduser()
     if any((path / w).is_file() for w in CHECKPOINT_WEIGHTS):
         return
-    resolve(name)
+    hf_name, _, how = resolve(name)
+    if not how["local_only"] and hub_has(hf_name) is False:
+        import difflib
+
+        close = difflib.get_close_matches(name, [SMOLLM2_NAME, MINILM_NAME, *ALIASES], n=2, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise HeadprobeError(
+            f"model {name}{hint} is neither in the local Hugging Face cache nor on the hub ({hf_name}: no such "
+            "repository, or a private one without a token); check the name, or pass a local model directory (--model PATH)"
+        )
