@@ -409,7 +409,9 @@ def test_a_hub_name_the_hub_does_not_hold_is_refused_before_the_toy_trains(tmp_p
         raise HeadprobeError("the toy was trained")
 
     monkeypatch.setattr(sources, "_hub_reachable", lambda *a, **k: True)
-    monkeypatch.setattr(HfApi, "repo_exists", lambda self, repo_id, **k: asked.append(repo_id) or repo_id != "gpt2-typo")
+    monkeypatch.setattr(
+        HfApi, "repo_exists", lambda self, repo_id, **k: asked.append(repo_id) or repo_id != "gpt2-typo"
+    )
     monkeypatch.setattr(atlas_core, "_train_toy", train)
     line = _atlas_refused(["--models", "toy,gpt2-typo", *SMALL_FLAGS], tmp_path / "o", "gpt2-typo", capsys)
     assert "nor on the hub" in line and "did you mean gpt2" in line and asked == ["gpt2-typo"]

@@ -60,7 +60,19 @@ def test_commands_on_16_token_windows_say_and_record_the_windows_left_out(
         "ablate": ["ablate", *model, *text, *DATA, "--estimate", "atp", "--formats", "none"],
         "prune": ["prune", *model, *text, *DATA, "--methods", "random", "--n-seeds", "1", "--step-fraction", "0.5"],
         "robustness": ["robustness", *model, *text, *SCAN, "--vary", "seed", "--control-seeds", "1", "--n-boot", "10"],
-        "diff": ["diff", str(tiny_dir), str(tiny_dir), "--device", "cpu", *text, *DATA, "-k", "2", "--types", "induction"],
+        "diff": [
+            "diff",
+            str(tiny_dir),
+            str(tiny_dir),
+            "--device",
+            "cpu",
+            *text,
+            *DATA,
+            "-k",
+            "2",
+            "--types",
+            "induction",
+        ],
     }[command]
     assert main(argv) == 0
     expect = _expect(tiny_tokenizer, run_text, 15)
@@ -84,7 +96,10 @@ def test_kv_and_import_say_the_windows_of_each_token_set(tiny_dir, tiny_tokenize
     model, text = ["--model", str(tiny_dir), "--device", "cpu"], ["--text", str(run_text)]
     kv = ["kv", *model, *text, "--out", str(out), "--seq-len", "64", "--n-random", "1", "--budgets", "0.5"]
     assert main([*kv, "--formats", "none"]) == 0
-    natural, long_range = _expect(tiny_tokenizer, run_text, 63, "natural"), _expect(tiny_tokenizer, run_text, 31, "long_range")
+    natural, long_range = (
+        _expect(tiny_tokenizer, run_text, 63, "natural"),
+        _expect(tiny_tokenizer, run_text, 31, "long_range"),
+    )
     notes = _notes(capsys)
     assert len(notes) == 2 and notes[0].startswith(natural) and notes[1].startswith(long_range), notes
     windows = _summary(out)["windows"]
@@ -101,14 +116,15 @@ def test_kv_and_import_say_the_windows_of_each_token_set(tiny_dir, tiny_tokenize
     assert notes[1].startswith(kv_set), notes
 
 
-def test_view_and_atlas_say_the_windows_of_the_scan_they_redraw(
-    tiny_dir, tiny_tokenizer, run_text, tmp_path, capsys
-):
+def test_view_and_atlas_say_the_windows_of_the_scan_they_redraw(tiny_dir, tiny_tokenizer, run_text, tmp_path, capsys):
     """view --model rebuilds a scan's token sets for patterns.npz; atlas scans each model and
     records each scan's count beside its status."""
     scan, atlas = tmp_path / "scan", tmp_path / "atlas"
     model, text = ["--model", str(tiny_dir), "--device", "cpu"], ["--text", str(run_text)]
-    assert main(["scan", *model, *text, "--out", str(scan), *SCAN, "--no-verify", "--no-metrics", "--pattern-len", "0"]) == 0
+    assert (
+        main(["scan", *model, *text, "--out", str(scan), *SCAN, "--no-verify", "--no-metrics", "--pattern-len", "0"])
+        == 0
+    )
     capsys.readouterr()
     expect = _expect(tiny_tokenizer, run_text, 15)
     assert main(["view", str(scan), *model, "--pattern-len", "8"]) == 0

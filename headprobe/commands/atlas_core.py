@@ -120,7 +120,9 @@ class AtlasResult:
             )
             for t, per in s.items():
                 lines.append(f"  {t:<16} " + " | ".join(per.get(m, "") or "-" for m in models))
-        notes = [left_out_note(m.get("windows_left_out", 0), m.get("windows_available"), k) for k, m in self.models.items()]
+        notes = [
+            left_out_note(m.get("windows_left_out", 0), m.get("windows_available"), k) for k, m in self.models.items()
+        ]
         return "\n".join([*lines, *(f"NOTE: {n}" for n in notes if n)])
 
 
