@@ -450,6 +450,19 @@ class Verification:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, row: dict) -> Verification:
+        """A row of summary.json's ``ablations`` (:meth:`to_dict` as JSON wrote it) as a Verification:
+        keys it does not hold are passed over, and a NaN that JSON wrote as null is NaN again."""
+        nan = float("nan")
+        kept = {k: v for k, v in row.items() if k in cls.__dataclass_fields__}
+        for k in ("top_effect", "random_mean", "random_max", "p_value"):
+            if k in kept and kept[k] is None:
+                kept[k] = nan
+        if kept.get("top_effect_ci95") is not None:
+            kept["top_effect_ci95"] = [nan if x is None else x for x in kept["top_effect_ci95"]]
+        return cls(**kept)
+
 
 def untrusted_task_reason(
     clean_loss: float, d_vocab: int, unknown_share: float = 0.0, max_unknown_share: float = 0.5

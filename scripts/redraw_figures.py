@@ -225,10 +225,7 @@ def scan_result(d: Path, model=None, with_composition: bool = True):
         ind = top_heads(torch.tensor(scores["induction"]), 5)
         if head_metrics.composition_summary(composition["k"], prev, ind) != recorded:
             fail("K-composition")
-    verifications = [
-        Verification(**{k: v for k, v in row.items() if k in Verification.__dataclass_fields__})
-        for row in summary.get("ablations", [])
-    ]
+    verifications = [Verification.from_dict(row) for row in summary.get("ablations", [])]
     for v in verifications:  # the overview outlines each type's ablated heads: the top k of its saved scores
         top = [format_head(h) for h in top_heads(torch.tensor(scores[DETECTORS[v.head_type].rank_by]), v.k)]
         if set(top) != set(v.top_heads):

@@ -795,3 +795,33 @@ def test_the_plans_time_estimate_never_reads_about_0_s():
     assert line(0.02, 0.0004).endswith("at most 50 sets, under a second (0.4 ms a set)")
     assert line(276.0, 0.276).endswith("at most 50 sets, about 276 s at 0.28 s a set")
     assert "0.00 s" not in line(0.2, 0.004) and "about 0 s" not in line(0.2, 0.004)
+
+
+def test_a_saved_verification_row_reads_back_with_its_nans(tmp_path):
+    """A test whose control stream was never ablated has NaN control means; summary.json stores
+    them as null, and a Verification rebuilt from the row (scripts/redraw_figures.py) held None
+    where its fields are floats. Read back through the project's own JSON writer, every field
+    equals the original, NaN for NaN."""
+    import math
+    from dataclasses import fields
+
+    from headprobe.analyses.ablation import Verification
+    from headprobe.probe.core.io import write_json
+
+    nan = float("nan")
+    v = Verification(
+        head_type="induction", kind="mean", task="repeated", k=3, top_heads=["1.2", "0.1", "1.0"],
+        clean_loss=2.08, top_loss=3.9, top_effect=1.81, random_effects=[], random_mean=nan,
+        random_max=nan, confirmed=None, p_value=1.0, top_effect_ci95=[1.67, nan],
+    )  # fmt: skip
+    write_json(tmp_path / "s.json", {"ablations": [v.to_dict() | {"not_a_field": 1}]})
+    row = json.loads((tmp_path / "s.json").read_text())["ablations"][0]
+    assert row["random_mean"] is None  # as the writer stores a NaN
+    back = Verification.from_dict(row)
+    for f in fields(Verification):
+        a, b = getattr(v, f.name), getattr(back, f.name)
+        same = lambda x, y: x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
+        if isinstance(a, list) and a and isinstance(a[0], float):
+            assert all(same(x, y) for x, y in zip(a, b, strict=True)), f.name
+        else:
+            assert same(a, b), f.name
