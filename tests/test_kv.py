@@ -160,8 +160,10 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
     assert f"top-1 over the {n} copied tokens" in r.report()
     # the report says on which quantity the chosen policy wins against uniform (a new user saw it lose on loss)
     ch, u = s["chosen"], s["uniform"]
-    word = "lower" if ch["natural_loss_increase"] <= u["natural_loss_increase"] else "higher"
-    acc = "higher" if ch["copy_accuracy"] >= u["copy_accuracy"] else "lower"
+    a, b = round(ch["natural_loss_increase"], 4), round(u["natural_loss_increase"], 4)  # the table's digits
+    word = "lower" if a < b else "higher" if a > b else "equal"
+    a, b = round(ch["copy_accuracy"], 3), round(u["copy_accuracy"], 3)
+    acc = "lower" if a < b else "higher" if a > b else "equal"
     assert f"against uniform: natural loss {word}, copy accuracy {acc}" in r.report()
     for acc in [
         s["full"]["copy_accuracy"],
@@ -304,6 +306,7 @@ def test_the_tolerance_policy_is_in_curve_csv_and_the_figure(tiny_tokenizer, tex
         (["--backend", "transformer-lens"], "native model"),
         (["--distances", "3"], "--distances must lie in"),
         (["--budgets", "0.5,2"], "budgets are fractions in (0, 1]"),
+        (["--sink", "-1"], "--sink must be >= 0, got -1"),
     ],
 )
 def test_kv_cli_errors_are_one_line(tiny_dir, tmp_path, capsys, argv, message):
@@ -316,6 +319,32 @@ def test_kv_cli_errors_are_one_line(tiny_dir, tmp_path, capsys, argv, message):
     errors = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
     assert e.value.code == 2 and len(errors) == 1 and message in errors[0] and "Traceback" not in err
     assert not out.exists()
+
+
+def test_the_report_says_equal_when_every_policy_is_the_full_cache(llama, text_file):
+    """At --kv-budget 1 every group stays full in the chosen, uniform and random policies alike, so the
+    three measure the same model: the report's comparison must say equal, not lower or higher."""
+    _, model = llama
+    cfg = KVConfig(
+        model="llama",
+        seq_len=48,
+        block_len=6,
+        sink=2,
+        window=6,
+        kv_budget=1.0,
+        budgets=(1.0,),
+        n_random=2,
+        text=str(text_file),
+    )
+    r = run(model, cfg, progress=False)
+    s = r.summary()
+    assert len(r.policy.full_groups) == model.model.cfg.n_layers * model.model.n_kv_groups
+    for row in [s["uniform"], *s["random"]["rows"]]:  # the same quantities as the chosen policy's
+        assert row["natural_loss_increase"] == pytest.approx(s["chosen"]["natural_loss_increase"], abs=1e-6)
+        assert row["copy_accuracy"] == pytest.approx(s["chosen"]["copy_accuracy"], abs=1e-6)
+    line = next(x for x in r.report().splitlines() if x.startswith("chosen ("))
+    assert "against uniform: natural loss equal, copy accuracy equal" in line, line
+    assert "against random (mean): natural loss equal, copy accuracy equal" in line, line
 
 
 def test_the_bridge_is_refused(tiny_llama_gqa):

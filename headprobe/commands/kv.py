@@ -110,8 +110,8 @@ class KVConfig(ModelSettings):
     n_natural: int = shared(DataSettings, "n_natural", 1)
     distances: tuple[int, ...] | None = setting(
         None,
-        "long-range task: tokens from the planted block to its repeat (default: 1/4, 1/2, 3/4 of the "
-        "sequence and the farthest that fits)",
+        "long-range task: tokens from the planted block to its repeat (default: the farthest that fits, "
+        "seq-len - block-len - 1, and 1/4, 1/2, 3/4 of it)",
         type=_ints,
         metavar="D,...",
     )
@@ -162,8 +162,13 @@ class KVConfig(ModelSettings):
             raise HeadprobeError(f"--kv-budget must be in (0, 1], got {self.kv_budget}")
         if self.loss_tolerance is not None and self.loss_tolerance < 0:
             raise HeadprobeError(f"--loss-tolerance is an increase in nats/token, >= 0; got {self.loss_tolerance}")
-        if self.sink < 0 or self.n_random < 1 or self.seq_len < 8:
-            raise HeadprobeError("--sink must be >= 0, --n-random >= 1 and --seq-len >= 8")
+        for flag, value, least in (
+            ("--sink", self.sink, 0),
+            ("--n-random", self.n_random, 1),
+            ("--seq-len", self.seq_len, 8),
+        ):
+            if value < least:
+                raise HeadprobeError(f"{flag} must be >= {least}, got {value}")
         if self.window is None:
             object.__setattr__(self, "window", max(1, self.seq_len // 8))
         if self.sink + self.window >= self.seq_len:
