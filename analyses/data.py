@@ -231,6 +231,14 @@ def window_counts(tokens: TokenSet | PlantedSpan) -> dict[str, int | None]:
     return {"windows_available": tokens.n_available, "windows_left_out": tokens.n_skipped}
 
 
+def unknown_share(model: LoadedModel, tokens: TokenSet | PlantedSpan) -> float:
+    """Share of ``tokens``' real positions (after BOS) that are the tokenizer's unknown token (0 without one)."""
+    unk = getattr(getattr(model, "tokenizer", None), "unk_token_id", None)
+    if unk is None:
+        return 0.0
+    return float((tokens.tokens[:, tokens.start :] == unk).double().mean())
+
+
 def random_token_ids(tokenizer, d_vocab: int) -> Tensor:
     """Token ids to draw random sequences from: the tokenizer's vocabulary without special tokens."""
     n = min(len(tokenizer), d_vocab)

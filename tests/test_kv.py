@@ -384,3 +384,32 @@ def test_forwards_in_parts_give_the_numbers_of_one_batch(llama, text_file):
             for got, want in zip(numbers(), whole, strict=True):
                 torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
     assert kp._parts(5) == [slice(0, 5)]  # outside the with: one batch
+
+
+def test_kv_says_when_the_natural_text_cannot_rank_policies(tiny_tokenizer, text_file, tmp_path):
+    """kv on the toy checkpoint (a 65-word vocabulary, CPython's docs all unknown words) compared
+    policies by a natural loss of 8.0 nats, above ln 65, in silence; scan calls such a task
+    untrusted. The rule by hand: more than half the text unknown, or the full cache's loss above
+    ln(d_vocab)."""
+    import math
+
+    model = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
+    unknown = tmp_path / "unknown.txt"
+    unknown.write_text(" ".join(f"w{i}" for i in range(2000)), encoding="utf-8")  # no word of the vocabulary
+    for text in (text_file, unknown):
+        cfg = KVConfig(model="llama", seq_len=48, block_len=6, sink=2, window=6, kv_budget=0.5, budgets=(0.5,),
+                       method="estimate", n_random=1, text=str(text))  # fmt: skip
+        r = run(model, cfg, progress=False)
+        s = r.summary()
+        expect = text == unknown or r.full.natural_loss > math.log(model.spec.d_vocab)
+        assert (s["natural_text_untrusted"] is not None) == expect, (text, s["natural_text_untrusted"])
+        assert ("NOTE: the natural-text losses cannot rank these policies" in r.report()) == expect
+        if text == unknown:
+            assert "100% of the text's tokens are unknown" in s["natural_text_untrusted"]
+
+
+def test_repeated_distances_are_measured_once():
+    """``--distances 100,100`` measured the same distance twice and reported "3 distances";
+    distances are a set, as ``--budgets`` are (sorted, each once)."""
+    cfg = KVConfig(model="m", seq_len=256, distances=(100, 50, 100))
+    assert cfg.distances == (50, 100)

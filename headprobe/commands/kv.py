@@ -188,7 +188,7 @@ class KVConfig(ModelSettings):
             object.__setattr__(
                 self, "distances", tuple(sorted({max(self.block_len, room * i // 4) for i in (1, 2, 3)} | {room}))
             )
-        object.__setattr__(self, "distances", tuple(int(d) for d in self.distances))
+        object.__setattr__(self, "distances", tuple(sorted({int(d) for d in self.distances})))  # a set, as budgets
 
     @property
     def floor(self) -> float:

@@ -46,6 +46,9 @@ class KVResult:
         sources: where the token sets came from.
         windows: per token set (``natural``, ``long_range``), its natural-text windows
             (:func:`~headprobe.analyses.data.window_counts`: available, left out as mostly one token).
+        untrusted: why the natural-text losses cannot rank policies (the full cache predicts the
+            text no better than a uniform guess, or the tokenizer mostly does not know it:
+            :func:`~headprobe.analyses.ablation.untrusted_task_reason`), or None.
         seconds: the run's.
         device: where the model ran.
         self_check: the model's load-time self-check.
@@ -65,6 +68,7 @@ class KVResult:
     cache_check: dict
     sources: dict = field(default_factory=dict)
     windows: dict = field(default_factory=dict)
+    untrusted: str | None = None
     seconds: float = 0.0
     device: str | None = None
     self_check: dict | None = None
@@ -145,6 +149,7 @@ class KVResult:
                 "beats_random": _beats(by["chosen"], rnd),
                 "sources": self.sources,
                 "windows": self.windows,
+                "natural_text_untrusted": self.untrusted,
                 "definitions": {
                     "natural_loss": "mean next-token loss on natural text, nats/token",
                     "long_range": "a random block planted early and repeated at the end; loss and top-1 accuracy "
@@ -217,7 +222,13 @@ class KVResult:
             f"(copy accuracy: top-1 over the {n} copied tokens, {len(c['distances'])} distances x "
             f"{c['n_per_distance']} x tokens 2..{c['block_len']} of the block: one token is {1 / n:.3f})"
         )
-        return "\n".join([*lines, *(f"NOTE: {note}" for note in windows_notes(self.windows))])
+        notes = windows_notes(self.windows)
+        if self.untrusted:
+            notes.append(
+                f"the natural-text losses cannot rank these policies: {self.untrusted} (summary.json's "
+                "natural_text_untrusted); read the long-range columns, or give a text the model knows (--text)"
+            )
+        return "\n".join([*lines, *(f"NOTE: {note}" for note in notes)])
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write policy.json, policy_budget.json, group_costs.csv, curve.csv, the figure and, last, summary.json.
@@ -459,7 +470,8 @@ def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -
     import time
 
     from headprobe.analyses import kvpolicy as kp
-    from headprobe.analyses.data import window_counts
+    from headprobe.analyses.ablation import untrusted_task_reason
+    from headprobe.analyses.data import unknown_share, window_counts
     from headprobe.probe.core.progress import progress_bar
     from headprobe.probe.layout.cost import policy_cost
 
@@ -517,6 +529,7 @@ def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -
         check,
         sources={"natural": natural.source, "long_range": lr.source},
         windows={"natural": window_counts(natural), "long_range": window_counts(lr)},
+        untrusted=untrusted_task_reason(full.natural_loss, model.spec.d_vocab, unknown_share(model, natural)),
         seconds=time.perf_counter() - t0,
         device=str(model.device),
         self_check=model.self_check.to_dict(),

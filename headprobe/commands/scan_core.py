@@ -37,6 +37,7 @@ from headprobe.analyses.data import (
     left_out_notes,
     natural_text_tokens,
     repeated_random_tokens,
+    unknown_share,
     window_counts,
 )
 from headprobe.analyses.scoring import example_patterns, score_token_set, score_tokens  # noqa: F401 - score_token_set re-exported
@@ -517,14 +518,6 @@ def metrics_summary(
         ind = top_heads(torch.as_tensor(scores["induction"]), top_n)
         out["k_composition_previous_token_to_induction"] = head_metrics.composition_summary(composition["k"], prev, ind)
     return out
-
-
-def unknown_share(model: LoadedModel, tokens: TokenSet) -> float:
-    """Share of ``tokens``' real positions (after BOS) that are the tokenizer's unknown token (0 without one)."""
-    unk = getattr(getattr(model, "tokenizer", None), "unk_token_id", None)
-    if unk is None:
-        return 0.0
-    return float((tokens.tokens[:, tokens.start :] == unk).double().mean())
 
 
 scan = options.command_function(
