@@ -389,3 +389,21 @@ def test_live_check_names_the_backend_it_loads(tiny_dir, capsys, monkeypatch):
     backend_lines = [line for line in out.splitlines() if line.startswith("backend: ")]
     assert len(backend_lines) == 1, out
     assert backend_lines[0].startswith(f"backend: {used} ") and f"run this model on the {default} backend" in out
+
+
+def test_a_length_beyond_the_models_context_is_noted(zoo_dirs, capsys):
+    """``budget --model smollm2-135m --seq-len 32768`` (4x its context) printed the costs without a
+    word; the context is the model's config's ``max_position_embeddings``, read here by hand."""
+    from transformers import AutoConfig
+
+    d = zoo_dirs("llama")
+    n_ctx = AutoConfig.from_pretrained(d).max_position_embeddings
+    for seq_len, noted in ((n_ctx, False), (n_ctx + 1, True)):
+        main(["budget", "--model", d, "--seq-len", str(seq_len)])
+        out = capsys.readouterr().out
+        assert (f"NOTE: {n_ctx + 1:,} tokens is beyond the model's context of {n_ctx:,} (n_ctx)" in out) == noted
+        main(["budget", "--model", d, "--seq-len", str(seq_len), "--json"])
+        r = json.loads(capsys.readouterr().out)
+        assert r.get("beyond_context") == ({"seq_len": seq_len, "n_ctx": n_ctx} if noted else None)
+    main(["budget", "--model", d, "--flops-table", "64", str(2 * n_ctx)])
+    assert f"NOTE: {2 * n_ctx:,} tokens is beyond" in capsys.readouterr().out

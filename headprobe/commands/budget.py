@@ -939,6 +939,7 @@ def check_loaded(loaded: LoadedModel) -> tuple[AttentionLayout, dict[str, Any]]:
         "expected": expected,
         "ok": ok,
         "self_check": loaded.self_check.to_dict(),
+        "n_ctx": s.n_ctx,
     }
     if counted is not None:
         formula = cost.attention_params_per_layer(lay)
@@ -1117,6 +1118,7 @@ def check_headprobe_dir(path: str) -> tuple[AttentionLayout, list[list[int]] | N
         "expected": expected,
         "ok": all(measured[k] == expected[k] for k in expected),
         "pruned": kept is not None,
+        "n_ctx": n_ctx,
     }
     if kept is not None:
         record["kept_heads"] = kept
@@ -1274,6 +1276,12 @@ class BudgetResult:
             text = format_report(d, self.layout, c.dtype)
         if self.mode == "policy":
             text += "\n\n" + format_policy(d["policy"], d["policy_file"], self.layout)
+        if "beyond_context" in d:
+            b = d["beyond_context"]
+            text += (
+                f"\nNOTE: {b['seq_len']:,} tokens is beyond the model's context of {b['n_ctx']:,} (n_ctx): these are "
+                "the formulas' costs at that length, not a length the model was trained to read"
+            )
         if self.check is None:
             return text
         checked = format_dir_check if "heads_per_layer" in self.check["measured"] else format_check
@@ -1307,7 +1315,7 @@ class BudgetResult:
                     }
                 ]
             )
-        skip = {"layout", "workload", "check", "windowed_layers", "policy", "policy_file"}
+        skip = {"layout", "workload", "check", "windowed_layers", "policy", "policy_file", "beyond_context"}
         return pd.DataFrame(
             {
                 "quantity": [k for k in self.data if k not in skip],
@@ -1411,6 +1419,9 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
                 "policy": cost.policy_cost(lay, policy, config.workload_seq_len, config.batch).to_dict(),
             },
         )
+    longest = max(config.flops_table or FLOPS_TABLE_SEQ_LENS) if mode == "flops_table" else config.workload_seq_len
+    if check is not None and check.get("n_ctx") and longest > check["n_ctx"]:
+        out["beyond_context"] = {"seq_len": longest, "n_ctx": check["n_ctx"]}
     if check is not None:
         out = {"check": check, **out}
     return BudgetResult(config, mode, lay, out, check=check)
