@@ -12,8 +12,8 @@ Pattern storage (``patterns.npz``, :func:`save_patterns`): for each example (``n
 natural-text sequence of the scan; ``repeated``: the first repeated-random-token sequence,
 ``[BOS] r_1..r_S r_1..r_S``) the token ids ``[pos]``, their labels ``[pos]`` and every head's
 pattern ``[layer, head, q_pos, k_pos]``, cut to the first ``max_len`` tokens
-(:data:`DEFAULT_PATTERN_LEN`), quantised to uint8 ``round(255 p)`` (a weight within 0.002 of the
-model's; float16 on request, 5x larger). In the page the same uint8 array is deflate-compressed
+(:data:`DEFAULT_PATTERN_LEN`), quantised to uint8 ``round(255 p)`` of a float16 copy (a weight
+within 0.0022 of the model's; float16 on request, 5x larger). In the page the same uint8 array is deflate-compressed
 and base64-encoded; the browser inflates it with its built-in ``DecompressionStream``. Sizes for
 SmolLM2-135M (270 heads, 128 + 101 tokens): patterns.npz 1.3 MB, index.html 1.7 MB.
 """
