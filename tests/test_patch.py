@@ -274,6 +274,15 @@ def test_bad_prompt_files_are_one_line_and_exit_2(content, message, tmp_path, ca
     assert not (tmp_path / "o").exists()
 
 
+def test_a_head_named_twice_is_patched_once(tiny_dir, prompts_file, tmp_path):
+    """``--heads 1.1,1.1,L1H1`` names one head: one row, as on screen (positions are deduplicated too)."""
+    out = tmp_path / "p"
+    argv = ["patch", "--model", str(tiny_dir), "--prompts", str(prompts_file), "--out", str(out), "--device", "cpu"]
+    assert main([*argv, "--heads", "1.1,0.2,1.1,L1H1", "--formats", "none"]) == 0
+    table = pd.read_csv(out / "head_patching.csv")
+    assert sorted(zip(table["layer"], table["head"])) == [(0, 2), (1, 1)], table
+
+
 @pytest.mark.real_model
 def test_smollm2_solves_ioi_and_its_top_head_carries_it(smollm2_native):
     """SmolLM2-135M prefers the indirect object on every IOI prompt, and patching head 23.3 (the
