@@ -414,14 +414,20 @@ def encode_pairs(
     length, shortest first.
 
     Raises:
-        HeadprobeError: a pair whose prompts differ in length or are longer than the model's context
-            (``spec.n_ctx``), an answer that is not one token, or a token id outside the model's
+        HeadprobeError: a pair whose prompts are empty, differ in length or are longer than the model's
+            context (``spec.n_ctx``), an answer that is not one token, the same token as correct and
+            wrong, or a token id outside the model's
             vocabulary (:meth:`~headprobe.probe.backends.base.LoadedModel.check_token_ids`).
     """
     from headprobe.probe.hooks.capture import pad_prompts
 
     rows = []
     for i, p in enumerate(pairs):
+        for which, text in (("clean", p.clean), ("corrupted", p.corrupted)):
+            if not text.strip():
+                raise HeadprobeError(
+                    f"prompt pair {i + 1}: the {which} prompt is empty; the metric needs a prompt to continue"
+                )
         try:
             c, x = model.to_tokens(p.clean)[0], model.to_tokens(p.corrupted)[0]
         except HeadprobeError as e:
@@ -440,6 +446,11 @@ def encode_pairs(
             ans = torch.tensor([_token_id(model.tokenizer, p.correct), _token_id(model.tokenizer, p.wrong)])
         except HeadprobeError as e:
             raise HeadprobeError(f"prompt pair {i + 1}: {e}") from None
+        if ans[0] == ans[1]:
+            raise HeadprobeError(
+                f"prompt pair {i + 1}: correct {p.correct!r} and wrong {p.wrong!r} are the same token; "
+                f"their logit difference is 0 whatever is patched"
+            )
         model.check_token_ids(ans, f"prompt pair {i + 1}: the answers")
         rows.append((c, x, ans, i))
     pad = padding_side in getattr(model, "padding_sides", ()) if pad is None else pad

@@ -199,6 +199,34 @@ def test_unequal_lengths_and_multi_token_answers_are_refused(tiny_llama_gqa_nati
         patch_heads(tiny_llama_gqa_native, [PromptPair("t1 t2", "t3 t4", " t4 t5", " t5")] * 2)
 
 
+def test_empty_prompts_and_equal_answers_are_refused(tiny_llama_gqa_native):
+    """An empty prompt (with BOS only BOS, without it no token at all: the "last token" would be
+    padding) and correct = wrong (logit difference 0 on every run) are refused, naming the pair."""
+    ok = PromptPair("t1 t2", "t3 t4", " t5", " t6")
+    for bad, message in [
+        (PromptPair("", "", " t5", " t6"), "prompt pair 2: the clean prompt is empty"),
+        (PromptPair("t1 t2", "  ", " t5", " t6"), "prompt pair 2: the corrupted prompt is empty"),
+        (PromptPair("t1 t2", "t3 t4", " t5", " t5"), "prompt pair 2: correct ' t5' and wrong ' t5' are the same token"),
+    ]:
+        with pytest.raises(HeadprobeError, match=message):
+            patch_heads(tiny_llama_gqa_native, [ok, bad])
+
+
+@pytest.mark.parametrize("bos", [[], ["--no-bos"]])
+def test_an_empty_prompt_in_a_file_is_one_line_and_exit_2(bos, tiny_dir, tmp_path, capsys):
+    good = {"clean": "t1 t2 t3", "corrupted": "t4 t2 t3", "correct": " t5", "wrong": " t6"}
+    f = tmp_path / "pairs.jsonl"
+    f.write_text("\n".join(json.dumps(p) for p in (good, {**good, "clean": "", "corrupted": ""})), encoding="utf-8")
+    argv = ["patch", "--model", str(tiny_dir), "--prompts", str(f), "--out", str(tmp_path / "o"), "--device", "cpu"]
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(argv + bos))
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("headprobe: error:")]
+    assert e.value.code == 2 and "Traceback" not in err and len(errors) == 1, err
+    assert "prompt pair 2: the clean prompt is empty" in errors[0]
+    assert not (tmp_path / "o").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # The command
 # ---------------------------------------------------------------------------------------------
@@ -244,6 +272,15 @@ def test_bad_prompt_files_are_one_line_and_exit_2(content, message, tmp_path, ca
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_head_named_twice_is_patched_once(tiny_dir, prompts_file, tmp_path):
+    """``--heads 1.1,1.1,L1H1`` names one head: one row, as on screen (positions are deduplicated too)."""
+    out = tmp_path / "p"
+    argv = ["patch", "--model", str(tiny_dir), "--prompts", str(prompts_file), "--out", str(out), "--device", "cpu"]
+    assert main([*argv, "--heads", "1.1,0.2,1.1,L1H1", "--formats", "none"]) == 0
+    table = pd.read_csv(out / "head_patching.csv")
+    assert sorted(zip(table["layer"], table["head"])) == [(0, 2), (1, 1)], table
 
 
 @pytest.mark.real_model

@@ -411,7 +411,7 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
     spec = model.spec
     if not spec.causal:
         raise HeadprobeError(f"{spec.name} is an encoder: patching's logit difference needs a language-model head")
-    units = read_heads(config.heads, spec.n_layers, spec.n_heads) if config.heads else None
+    units = list(dict.fromkeys(read_heads(config.heads, spec.n_layers, spec.n_heads))) if config.heads else None
     if config.site == "resid" and config.positions is not None:
         units = [
             (layer, pos) for layer in range(spec.n_layers) for pos in config.position_list() or []
