@@ -527,6 +527,7 @@ def test_bad_sites_and_units_are_refused(tiny_llama_gqa_native):
         (["--site", "resid", "--heads", "0.1"], "--positions"),
         (["--site", "k", "--positions", "1"], "--site resid"),
         (["--site", "resid", "--positions", "a"], "integers"),
+        (["--prompts", "pairs.jsonl", "--n-prompts", "10"], "uses every pair of the file"),  # it was ignored
     ],
 )
 def test_bad_site_flags_are_one_line_and_exit_2(argv, message, tmp_path, capsys):

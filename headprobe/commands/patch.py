@@ -57,6 +57,8 @@ HELP = (
 )
 
 TASKS = ("ioi",)
+N_IOI_PROMPTS = 24
+"""The IOI pairs ``patch`` builds without ``--n-prompts``."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ class PatchConfig(ModelSettings):
     Attributes:
         task: ``ioi`` (ignored with ``prompts``).
         prompts: a JSONL file of prompt pairs (see the module docstring), instead of the task's.
-        n_prompts: IOI pairs to build (>= 2). seed: draws the IOI names.
+        n_prompts: IOI pairs to build (>= 2; None: :data:`N_IOI_PROMPTS`; not with ``prompts``).
+            seed: draws the IOI names.
         heads: heads to patch, in any form :func:`~headprobe.probe.core.heads.read_heads` takes
             (``"9.6,9.9"``, ``["9.6", "9.9"]``, ``[(9, 6), (9, 9)]``, ``(9, 6)``; stored as the string);
             None: every head (not with ``resid``).
@@ -85,7 +88,11 @@ class PatchConfig(ModelSettings):
     prompts: str | None = setting(
         None, "your own pairs instead: JSONL with clean, corrupted, correct, wrong per line", metavar="FILE"
     )
-    n_prompts: int = setting(24, "IOI prompt pairs (default %(default)s)", type=positive_int)
+    n_prompts: int | None = setting(
+        None,
+        f"IOI prompt pairs (default {N_IOI_PROMPTS}; not with --prompts, which uses every pair of its file)",
+        type=positive_int,
+    )
     seed: int = shared(DataSettings, "seed")
     heads: str | tuple[int, int] | Sequence[str | tuple[int, int]] | None = setting(
         None, "only these heads, e.g. 9.6,9.9 or L9H6 (default: every head)"
@@ -111,7 +118,12 @@ class PatchConfig(ModelSettings):
             raise HeadprobeError(
                 f"--task must be one of {', '.join(TASKS)}, got {self.task!r} (or give --prompts FILE)"
             )
-        if self.n_prompts < 2:
+        if self.prompts is not None and self.n_prompts is not None:
+            raise HeadprobeError(
+                "--n-prompts counts the built-in IOI pairs; --prompts FILE uses every pair of the file "
+                "(give fewer lines to use fewer)"
+            )
+        if self.n_prompts is not None and self.n_prompts < 2:
             raise HeadprobeError(
                 f"--n-prompts must be at least 2 (an interval needs two prompts), got {self.n_prompts}"
             )
@@ -416,7 +428,7 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
         units = [
             (layer, pos) for layer in range(spec.n_layers) for pos in config.position_list() or []
         ]  # positions given
-    pairs = config.read_pairs() or ioi_prompts(model.tokenizer, config.n_prompts, config.seed)
+    pairs = config.read_pairs() or ioi_prompts(model.tokenizer, config.n_prompts or N_IOI_PROMPTS, config.seed)
     t0 = time.perf_counter()
     p = patch(model, pairs, config.site, units, progress=progress)
     dtype = str(model.dtype).removeprefix("torch.")
