@@ -23,6 +23,11 @@ from headprobe.probe.layout import cost
 from headprobe.probe.layout.attention import KVPolicy, Streaming
 
 
+def tiny_kv(text, family: str = "llama", **changes) -> KVConfig:
+    """The tests' kv settings on a tiny model: 48 tokens, blocks of 6, sink 2 + window 6, ``--text text``."""
+    return KVConfig(model=family, seq_len=48, block_len=6, sink=2, window=6, text=str(text), **changes)
+
+
 @pytest.fixture(scope="module")
 def llama(tiny_tokenizer):
     ckpt = zoo.make_checkpoint("llama", tiny_tokenizer)
@@ -141,18 +146,7 @@ CASES = {
 def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, capsys):
     family, change = CASES[case]
     model = wrap(zoo.make_checkpoint(family, tiny_tokenizer, **change), backend="native")
-    cfg = KVConfig(
-        model=family,
-        seq_len=48,
-        block_len=6,
-        sink=2,
-        window=6,
-        kv_budget=0.5,
-        budgets=(0.3, 0.75),
-        method=method,
-        n_random=2,
-        text=str(text_file),
-    )
+    cfg = tiny_kv(text_file, family, kv_budget=0.5, budgets=(0.3, 0.75), method=method, n_random=2)
     r = run(model, cfg, progress=False)
     # the report's count of copied tokens: every accuracy is a whole number of them
     s = r.summary()
@@ -231,17 +225,7 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
 
 def test_tolerance_mode_meets_the_tolerance(llama, text_file):
     _, model = llama
-    cfg = KVConfig(
-        model="llama",
-        seq_len=48,
-        block_len=6,
-        sink=2,
-        window=6,
-        loss_tolerance=0.0,
-        budgets=(0.5,),
-        n_random=1,
-        text=str(text_file),
-    )
+    cfg = tiny_kv(text_file, "llama", loss_tolerance=0.0, budgets=(0.5,), n_random=1)
     r = run(model, cfg, progress=False)
     assert r.comparison[0]["natural_loss_increase"] <= 1e-12
     if r.policy.full_groups:  # one group fewer full would break the tolerance (the search's answer is minimal)
@@ -261,17 +245,7 @@ def test_the_tolerance_policy_is_in_curve_csv_and_the_figure(tiny_tokenizer, tex
     from headprobe.analyses.figures import kv_policy_curve
 
     model = wrap(zoo.make_checkpoint("gpt2", tiny_tokenizer), backend="native")  # 8 groups; streaming costs loss
-    cfg = KVConfig(
-        model="gpt2",
-        seq_len=48,
-        block_len=6,
-        sink=2,
-        window=6,
-        loss_tolerance=0.0,
-        budgets=(0.3,),
-        n_random=1,
-        text=str(text_file),
-    )
+    cfg = tiny_kv(text_file, "gpt2", loss_tolerance=0.0, budgets=(0.3,), n_random=1)
     capsys.readouterr()
     r = run(model, cfg, progress=True)
     err = capsys.readouterr().err
@@ -325,17 +299,7 @@ def test_the_report_says_equal_when_every_policy_is_the_full_cache(llama, text_f
     """At --kv-budget 1 every group stays full in the chosen, uniform and random policies alike, so the
     three measure the same model: the report's comparison must say equal, not lower or higher."""
     _, model = llama
-    cfg = KVConfig(
-        model="llama",
-        seq_len=48,
-        block_len=6,
-        sink=2,
-        window=6,
-        kv_budget=1.0,
-        budgets=(1.0,),
-        n_random=2,
-        text=str(text_file),
-    )
+    cfg = tiny_kv(text_file, "llama", kv_budget=1.0, budgets=(1.0,), n_random=2)
     r = run(model, cfg, progress=False)
     s = r.summary()
     assert len(r.policy.full_groups) == model.model.cfg.n_layers * model.model.n_kv_groups
@@ -397,8 +361,7 @@ def test_kv_says_when_the_natural_text_cannot_rank_policies(tiny_tokenizer, text
     unknown = tmp_path / "unknown.txt"
     unknown.write_text(" ".join(f"w{i}" for i in range(2000)), encoding="utf-8")  # no word of the vocabulary
     for text in (text_file, unknown):
-        cfg = KVConfig(model="llama", seq_len=48, block_len=6, sink=2, window=6, kv_budget=0.5, budgets=(0.5,),
-                       method="estimate", n_random=1, text=str(text))  # fmt: skip
+        cfg = tiny_kv(text, kv_budget=0.5, budgets=(0.5,), method="estimate", n_random=1)
         r = run(model, cfg, progress=False)
         s = r.summary()
         expect = text == unknown or r.full.natural_loss > math.log(model.spec.d_vocab)
