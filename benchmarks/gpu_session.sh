@@ -60,7 +60,7 @@ scale)
   step scale "$PY" benchmarks/scale.py --out "$D/scale" "${ref[@]}"
   [ -f "$D/scale/scale.md" ] && cat "$D/scale/scale.md" >> "$TXT"
   if [ ${#ref[@]} = 0 ]; then
-    step precision "$PY" benchmarks/precision.py --model "$MODEL" --device "$DEVICE"
+    step precision "$PY" benchmarks/precision.py --model "$MODEL" --device "$DEVICE" --out "$D/precision.csv"
     sed 's/^/  /' "$D/precision.log" >> "$TXT"
   fi
   ;;
