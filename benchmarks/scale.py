@@ -14,7 +14,8 @@ are all below the vocabulary) and times, then repeats on the embedded SmolLM2-13
 * ``scan``: ``headprobe.scan`` at the demo's settings (scoring, then the verification plan and its
   control sets: seconds, sets/s);
 * ``sweep``: the exact sweep of every head (heads/s), the TransformerLens-style hook loop on a
-  sample of heads (ms/head, its ratio to the engine), and the fraction of the FLOP floor: the
+  sample of heads (ms/head, its ratio to the engine: the loop's clean forward and one forward per
+  sampled head, scaled to every head, over the sweep's time), and the fraction of the FLOP floor: the
   sweep's matrix-product FLOPs (:func:`sweep_flops`, from the model's shape) at the measured rate,
   over the measured time;
 * ``gradient``, ``atp_star``, ``second_order``: the three estimates of every head's effect;
@@ -271,7 +272,7 @@ def run_steps(
             len(sample) / t_loop,
             "heads/s",
             heads=len(sample),
-            engine_speedup=(t_loop / len(sample)) / (t_sweep / len(heads)),
+            engine_speedup=t_loop * (len(heads) + 1) / (len(sample) + 1) / t_sweep,
             max_loss_diff=diff,
         )
         del bridge

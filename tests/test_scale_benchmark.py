@@ -107,6 +107,10 @@ def test_tiny_run_has_every_step(tmp_path, monkeypatch):
     assert sweep["floor_fraction"] == pytest.approx(sweep["flops"] / (sweep["matmul_tflops"] * 1e12) / sweep["seconds"])
     loop = next(r for r in data["rows"] if r["step"].startswith("sweep: TransformerLens"))
     assert loop["max_loss_diff"] < 1e-4  # the engine and the hook loop agree on the sampled heads
+    # the loop runs a clean forward and one per sampled head, all of one cost: the whole loop's time is
+    # (every head + 1) of them, against the sweep's time (its clean pass included)
+    forward = loop["seconds"] / (loop["heads"] + 1)
+    assert loop["engine_speedup"] == pytest.approx(forward * (sweep["heads"] + 1) / sweep["seconds"])
     md = (tmp_path / "scale.md").read_text()
     assert all(s in md for s in steps)
     assert [g["goal"] for g in data["goals"]] == [g for g, _, _ in scale.GOALS]
