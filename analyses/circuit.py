@@ -53,6 +53,7 @@ from headprobe.probe.backends.base import LoadedModel, token_losses
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import check_head, check_receiver, format_head, is_head_pair, read_heads
+from headprobe.probe.core.sizes import format_bytes
 from headprobe.probe.hooks.ablation import HookFn
 from headprobe.probe.hooks.capture import capture_internal
 from headprobe.probe.hooks.names import EMBED, attn_hook, block_hook
@@ -284,23 +285,23 @@ def plan_rows(model: LoadedModel, batch: int, pos: int, budget: float | None = N
     """
     available = memory.free_bytes(model.device)
     given = memory.stated()
-    where = f"a budget of {budget / GIB:.2f} GiB" if budget is not None else "budget"
+    where = f"a budget of {format_bytes(budget)}" if budget is not None else "budget"
     if budget is None and given is not None:
         budget, where = given[0], given[1]
     if budget is None:  # on a CPU at most DEFAULT_BUDGET; a GPU's batches take what is free, as other commands'
         cap = float("inf") if model.device.type == "cuda" else DEFAULT_BUDGET
         budget = min(cap, available * memory.HEADROOM)
-        where = f"budget of {budget / GIB:.2f} GiB"
+        where = f"budget of {format_bytes(budget)}"
     elif budget > available:
         raise HeadprobeError(
-            f"a working-memory budget of {budget / GIB:.2f} GiB is more than the "
-            f"{available / GIB:.2f} GiB free on {model.device}"
+            f"a working-memory budget of {format_bytes(budget)} is more than the "
+            f"{format_bytes(available)} free on {model.device}"
         )
     scoring, patching = row_bytes(model, pos)
     if scoring > budget or patching > budget:
         raise HeadprobeError(
-            f"one sequence of {pos} tokens needs about {max(scoring, patching) / GIB:.2f} GiB of "
-            f"working memory, more than the {where} (free {available / GIB:.2f} GiB on "
+            f"one sequence of {pos} tokens needs about {format_bytes(max(scoring, patching))} of "
+            f"working memory, more than the {where} (free {format_bytes(available)} on "
             f"{model.device}): use shorter sequences or a larger --memory-gb"
         )
     return max(1, min(batch, int(budget // scoring))), max(1, min(MAX_STACK, int(budget // patching)))

@@ -7,7 +7,9 @@ Prints, for each lower precision: the largest difference of a head's ablation ef
 float32's (nats/token), the Spearman rank correlation of the two sweeps' effects over all heads,
 and how many heads' verdict changes under the effect floor of the CONFIRMED rule
 (:class:`headprobe.analyses.verdicts.VerdictRule`'s ``min_effect``: effect at least that much, or
-not, in one precision and not the other). TF32: CUDA only (n/a on a CPU). Not a timed test.
+not, in one precision and not the other). TF32: CUDA only (n/a on a CPU). With ``--out FILE`` it also
+writes every head's effect in each precision (CSV: ``layer, head, float32, bfloat16[, tf32]``), the
+file the printed numbers can be recomputed from. Not a timed test.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import copy
 import dataclasses
 import time
 
+import pandas as pd
 import torch
 
 
@@ -31,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-seqs", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--out", default=None, help="CSV of every head's effect in each precision (nats/token)")
     args = ap.parse_args(argv)
     device = device_auto(args.device)
     ckpt = load_checkpoint(args.model)
@@ -56,9 +60,10 @@ def main(argv: list[str] | None = None) -> None:
         runs["tf32"] = tf32
     else:
         print("tf32: n/a (CUDA only)")
+    effects = {"float32": ref}
     for name, fn in runs.items():
         t0 = time.perf_counter()
-        eff = fn()
+        eff = effects[name] = fn()
         ok = ~(ref.isnan() | eff.isnan())
         diff = float((eff[ok] - ref[ok]).abs().max())
         rho = spearman(eff[ok], ref[ok])
@@ -67,6 +72,11 @@ def main(argv: list[str] | None = None) -> None:
             f"{name}: {time.perf_counter() - t0:.1f} s; largest |effect difference| {diff:.4f} nats/token; Spearman "
             f"{rho:.4f}; heads whose effect crosses the {floor} floor: {flips} of {int(ok.sum())}"
         )
+
+    if args.out:
+        layer, head = (i.flatten() for i in torch.meshgrid(*(torch.arange(n) for n in ref.shape), indexing="ij"))
+        cols = {"layer": layer, "head": head, **{k: v.float().cpu().flatten() for k, v in effects.items()}}
+        pd.DataFrame({k: v.numpy() for k, v in cols.items()}).to_csv(args.out, index=False)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,14 @@ On a CUDA device it builds a random-init model of Llama-3-8B's shape in GPU memo
 are all below the vocabulary) and times, then repeats on the embedded SmolLM2-135M for reference:
 
 * ``matmul``: the device's measured bfloat16 matrix-product rate (an ``n^3`` product, n = 8192 on
-  a GPU, 1024 on a CPU, 256 with ``--tiny``), TFLOP/s: the FLOP floor's denominator;
+  a GPU, 256 on a CPU), TFLOP/s: the FLOP floor's denominator (a model in another dtype, such as
+  the float32 reference, is held to the rate measured in its own dtype: the sweep row's
+  ``matmul_tflops`` and ``matmul_dtype``);
 * ``scan``: ``headprobe.scan`` at the demo's settings (scoring, then the verification plan and its
   control sets: seconds, sets/s);
 * ``sweep``: the exact sweep of every head (heads/s), the TransformerLens-style hook loop on a
-  sample of heads (ms/head, its ratio to the engine), and the fraction of the FLOP floor: the
+  sample of heads (ms/head, its ratio to the engine: the loop's clean forward and one forward per
+  sampled head, scaled to every head, over the sweep's time), and the fraction of the FLOP floor: the
   sweep's matrix-product FLOPs (:func:`sweep_flops`, from the model's shape) at the measured rate,
   over the measured time;
 * ``gradient``, ``atp_star``, ``second_order``: the three estimates of every head's effect;
@@ -101,20 +104,24 @@ def sweep_flops(
     seq_len: int,
     batch: int,
     heads: list[tuple[int, int]],
+    first: int = 0,
 ) -> int:
-    """Matrix-product FLOPs of an exact sweep of ``heads`` (the floor any implementation must compute):
-    one clean forward, then per head a forward resumed at its layer ``l`` (layers ``l .. L-1``) with
-    the unembedding at every position. Per layer ``2 T (D (H + 2 KV) d_head + H d_head D + 3 D d_mlp)
-    + 4 H d_head T^2`` (projections, a gated MLP, scores and weighted sum over the full square;
-    Kaplan et al. 2020, arXiv:2001.08361, table 1, with GQA), the unembedding ``2 T D V``."""
-    T = seq_len
-    layer = (
-        2 * T * (d_model * (n_heads + 2 * n_kv_heads) * d_head + n_heads * d_head * d_model + 3 * d_model * d_mlp)
-        + 4 * n_heads * d_head * T * T
-    )
-    unembed = 2 * T * d_model * d_vocab
+    """Matrix-product FLOPs of an exact sweep of ``heads`` (the floor any implementation must compute),
+    the work :func:`headprobe.analyses.ablation.exact_sweep` does: one clean forward, then per head
+    of layer ``l`` its change ``(r_h - z_h) W_O^(h)`` (``2 T d_head D``), layer ``l``'s MLP, layers
+    ``l+1 .. L-1`` whole, and the unembedding at the ``P = T - 1 - first`` scored positions
+    (``2 P D V``). A whole layer is ``2 T (D (H + 2 KV) d_head + H d_head D + 3 D d_mlp)``
+    (projections with GQA's narrower K and V, a gated MLP) plus the causal scores and weighted sum,
+    ``2 H d_head T (T + 1)`` (each query reads the ``pos + 1`` keys up to itself; Kaplan et al. 2020,
+    arXiv:2001.08361, table 1). Norms, softmax and rotary embeddings are not counted."""
+    T, P = seq_len, seq_len - 1 - first
+    mlp = 2 * T * 3 * d_model * d_mlp
+    layer = 2 * T * (d_model * (n_heads + 2 * n_kv_heads) * d_head + n_heads * d_head * d_model) + mlp
+    layer += 2 * n_heads * d_head * T * (T + 1)
+    unembed = 2 * P * d_model * d_vocab
+    resumed = 2 * T * d_head * d_model + mlp  # the ablated head's layer: its change and the MLP
     clean = n_layers * layer + unembed
-    return batch * (clean + sum((n_layers - l) * layer + unembed for l, _ in heads))
+    return batch * (clean + sum(resumed + (n_layers - 1 - l) * layer + unembed for l, _ in heads))
 
 
 def _sync(device: str) -> None:
@@ -138,10 +145,11 @@ def _timed(device: str, fn: Callable):
     return out, time.perf_counter() - t0, _peak(device)
 
 
-def matmul_tflops(device: str, n: int) -> float:
-    """Measured bfloat16 ``n x n x n`` matrix-product rate on ``device``, TFLOP/s (best of 3 after a warm-up)."""
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+def matmul_tflops(device: str, n: int, dtype: torch.dtype = torch.bfloat16) -> float:
+    """Measured ``n x n x n`` matrix-product rate in ``dtype`` on ``device``, TFLOP/s (best of 3 after a
+    warm-up; float32 as torch runs it: TF32 only where allowed)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     a @ b
     best = math.inf
     for _ in range(3):
@@ -224,6 +232,7 @@ def run_steps(
     heads = [(l, h) for l in range(sp.n_layers) for h in range(sp.n_heads)]
     exact_sweep(model, tokens[:, :8], heads=heads[:1])  # warm-up
     sweep, t_sweep, peak = _timed(device, lambda: exact_sweep(model, tokens, heads=heads))
+    tflops = tflops if model.dtype == torch.bfloat16 else matmul_tflops(device, s["matmul"], model.dtype)
     flops = sweep_flops(
         sp.n_layers,
         sp.d_model,
@@ -246,6 +255,7 @@ def run_steps(
         heads=len(heads),
         flops=flops,
         matmul_tflops=tflops,
+        matmul_dtype=str(model.dtype).removeprefix("torch."),
         floor_seconds=floor_s,
         floor_fraction=floor_s / t_sweep,
     )
@@ -262,7 +272,7 @@ def run_steps(
             len(sample) / t_loop,
             "heads/s",
             heads=len(sample),
-            engine_speedup=(t_loop / len(sample)) / (t_sweep / len(heads)),
+            engine_speedup=t_loop * (len(heads) + 1) / (len(sample) + 1) / t_sweep,
             max_loss_diff=diff,
         )
         del bridge
@@ -439,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     s = SMALL if tiny else FULL
     if args.memory_bound:
         s = {**s, "bound_gb": args.memory_bound}
-    tflops = matmul_tflops(device, s["matmul"] if not tiny or device == "cpu" else FULL["matmul"])
+    s = {**s, "matmul": s["matmul"] if not tiny or device == "cpu" else FULL["matmul"]}
+    tflops = matmul_tflops(device, s["matmul"])
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         if tiny:

@@ -239,7 +239,7 @@ def test_the_default_budget_is_capped_on_a_cpu_only(llama_dir, monkeypatch, no_s
     scoring, patching = circuit_analysis.row_bytes(model, 4096)
     assert circuit_analysis.DEFAULT_BUDGET < scoring < 100 * 2**30 * memory.HEADROOM / 8
     monkeypatch.setattr(memory, "free_bytes", lambda device: 100 * 2**30)
-    with pytest.raises(HeadprobeError, match="more than the budget of 1.00 GiB"):
+    with pytest.raises(HeadprobeError, match="more than the budget of 1 GiB"):
         circuit_analysis.plan_rows(model, 8, 4096)
     monkeypatch.setattr(type(model), "device", property(lambda self: torch.device("cuda", 0)))  # as on a GPU
     budget = 100 * 2**30 * memory.HEADROOM
@@ -295,3 +295,26 @@ def test_a_head_out_of_range_is_refused_in_show_and_patchs_words(llama_dir, tmp_
     layer0 = _error_line(capsys, "circuit", *model, "--receivers", "0.1:k")
     assert "receiver 0.1 is in layer 0" in layer0 and "out of range" not in layer0
     assert not (tmp_path / "o").exists()
+
+
+def test_a_refused_sequence_states_its_need_readably(llama_dir, no_stated_budget):
+    """The refusal's numbers read back (parse_bytes) to row_bytes' need and the stated budget, the
+    need larger than the budget: a 20 KB budget is not refused for needing "0.00 GiB"."""
+    import re
+
+    from headprobe.analyses import circuit as circuit_analysis
+    from headprobe.probe.core import memory
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.core.sizes import parse_bytes
+
+    model = headprobe.load_model(str(llama_dir), device="cpu")
+    need = max(circuit_analysis.row_bytes(model, 13))
+    for stated, budget in (("20KB", None), (None, 20e3)):
+        memory.set_budget(stated)
+        with pytest.raises(HeadprobeError) as e:
+            circuit_analysis.plan_rows(model, 2, 13, budget)
+        msg = str(e.value)
+        got = re.search(r"needs about (\S+ \S+) of working memory", msg)
+        assert got and parse_bytes(got.group(1)) == pytest.approx(need, rel=0.01), msg
+        shown = re.search(r"(?:budget|budget of) (\S+ [KMG]i?B)", msg)
+        assert shown and parse_bytes(shown.group(1)) == pytest.approx(20e3, rel=0.01) and 20e3 < need, msg

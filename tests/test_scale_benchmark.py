@@ -1,6 +1,7 @@
 """benchmarks/scale.py with --tiny (as on a CPU): every step of the table with finite numbers, and its
-FLOP floor by two identities (the formula against probe/layout/cost.py's attention FLOPs plus a hand
-count of the MLP and unembedding; the printed fraction against the printed FLOPs, rate and time)."""
+FLOP floor by three identities (the formula against probe/layout/cost.py's attention FLOPs plus a hand
+count of the MLP and unembedding; against torch's FLOP counter on the real sweep; the printed fraction
+against the printed FLOPs, rate and time)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from headprobe.probe.layout.attention import AttentionLayout
 from headprobe.probe.layout.cost import attention_flops
@@ -28,15 +30,48 @@ def test_sweep_flops_against_cost_and_hand_count():
     scale = _scale()
     L, D, M, H, KV, dh, V, T, B = 3, 64, 96, 8, 2, 8, 50, 11, 2
     layout = AttentionLayout(d_model=D, n_layers=L, n_heads=H, n_kv_heads=KV, d_head=dh)
-    layer = attention_flops(layout, T).total + 2 * T * 3 * D * M  # a gated MLP: three D x M products
-    clean = L * layer + 2 * T * D * V
+    att = attention_flops(layout, T)
+    # cost.py counts the full T x T square; a causal query at pos reads pos + 1 keys: (T + 1) / (2 T) of it
+    layer = att.projections + att.scores * (T + 1) // (2 * T) + 2 * T * 3 * D * M  # a gated MLP: three D x M
+    clean = L * layer + 2 * (T - 1) * D * V  # logits at the T - 1 scored positions
     assert scale.sweep_flops(L, D, M, H, KV, dh, V, T, B, []) == B * clean
-    heads = [(0, 1), (2, 5)]  # resumed at layer 0 (3 layers) and layer 2 (1 layer), each with the unembedding
-    assert scale.sweep_flops(L, D, M, H, KV, dh, V, T, B, heads) == B * (clean + 4 * layer + 2 * 2 * T * D * V)
+    # resumed at layer 0 (its head's change 2 T dh D and MLP, then 2 whole layers) and at layer 2
+    # (change and MLP only), each with the unembedding; first = 4 scores 4 fewer positions
+    resumed = 2 * T * dh * D + 2 * T * 3 * D * M
+    heads = [(0, 1), (2, 5)]
+    want = B * (clean + 2 * resumed + 2 * layer + 2 * 2 * (T - 1) * D * V)
+    assert scale.sweep_flops(L, D, M, H, KV, dh, V, T, B, heads) == want
+    assert scale.sweep_flops(L, D, M, H, KV, dh, V, T, B, heads, first=4) == want - B * 3 * 2 * 4 * D * V
     # Llama-3-8B at 8 x 128 tokens: a clean forward is about 2 N tokens, N = 8.03e9 parameters less the
     # input embedding's 128256 x 4096 (Kaplan et al.'s non-embedding count; the unembedding is a product)
     big = scale.sweep_flops(32, 4096, 14336, 32, 8, 128, 128256, 128, 8, [])
     assert abs(big / (2 * (8.03e9 - 128256 * 4096) * 1024) - 1) < 0.02
+
+
+def test_sweep_flops_is_what_exact_sweep_multiplies(tiny_llama_gqa_native):
+    """The floor against torch's FLOP counter on the real sweep (first = 0 and a later first): the
+    counter sees every projection, MLP, head change and unembedding the engine runs but not the
+    CPU's fused attention kernel, so the two differ by exactly the causal scores and weighted sum,
+    ``2 H d_head T (T + 1)`` per sequence and layer run with attention (the clean pass's ``L``, the
+    ``L - 1 - l`` after each head's layer ``l``, none in the head's own layer: only its change)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from headprobe.analyses.ablation import exact_sweep
+
+    scale = _scale()
+    model, sp = tiny_llama_gqa_native, tiny_llama_gqa_native.spec
+    d_mlp = model.model.cfg.d_mlp  # the native network's config
+    B, T = 2, 11
+    tokens = torch.randint(0, sp.d_vocab, (B, T), generator=torch.Generator().manual_seed(0))
+    exact_sweep(model, tokens, heads=[(0, 0)])  # anything done once per model (its self-check) is not the sweep's
+    for heads, first in (([], 0), ([(0, 1)], 0), ([(1, 2)], 3), ([(0, 0), (0, 5), (1, 7)], 0)):
+        with FlopCounterMode(display=False) as counter:
+            exact_sweep(model, tokens, heads=heads, first=first, max_batch=B)
+        counted = counter.get_total_flops()
+        attention_layers = sp.n_layers + sum(sp.n_layers - 1 - l for l, _ in heads)
+        scores = B * attention_layers * 2 * sp.n_heads * sp.d_head * T * (T + 1)
+        shape = (sp.n_layers, sp.d_model, d_mlp, sp.n_heads, sp.n_kv_heads, sp.d_head, sp.d_vocab, T, B, heads)
+        assert scale.sweep_flops(*shape, first=first) == counted + scores, (heads, first)
 
 
 def test_tiny_run_has_every_step(tmp_path, monkeypatch):
@@ -72,6 +107,10 @@ def test_tiny_run_has_every_step(tmp_path, monkeypatch):
     assert sweep["floor_fraction"] == pytest.approx(sweep["flops"] / (sweep["matmul_tflops"] * 1e12) / sweep["seconds"])
     loop = next(r for r in data["rows"] if r["step"].startswith("sweep: TransformerLens"))
     assert loop["max_loss_diff"] < 1e-4  # the engine and the hook loop agree on the sampled heads
+    # the loop runs a clean forward and one per sampled head, all of one cost: the whole loop's time is
+    # (every head + 1) of them, against the sweep's time (its clean pass included)
+    forward = loop["seconds"] / (loop["heads"] + 1)
+    assert loop["engine_speedup"] == pytest.approx(forward * (sweep["heads"] + 1) / sweep["seconds"])
     md = (tmp_path / "scale.md").read_text()
     assert all(s in md for s in steps)
     assert [g["goal"] for g in data["goals"]] == [g for g, _, _ in scale.GOALS]
