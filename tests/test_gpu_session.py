@@ -48,7 +48,7 @@ def test_scale_stage_finds_the_embedded_model_as_headprobe_does():
         pytest.skip(f"the embedded model is not installed: {e}")
     lines = [ln.strip() for ln in SCRIPT.splitlines() if ln.startswith("HAS_EMBEDDED=") or "ref=();" in ln]
     assert lines, "the scale stage's check for the embedded model moved"
-    shell = f'PY={sys.executable} MODEL=smollm2-135m\n' + "\n".join(lines) + '\necho "ref=${ref[*]}"'
+    shell = f"PY={sys.executable} MODEL=smollm2-135m\n" + "\n".join(lines) + '\necho "ref=${ref[*]}"'
     out = subprocess.run(["bash", "-c", shell], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ref=", out.stdout + out.stderr  # the reference rows and precision.py run
 
