@@ -384,6 +384,30 @@ def _token_id(tokenizer: Any, text: str) -> int:
     return ids[0]
 
 
+def answer_space_notes(tokenizer: Any, pairs: Sequence[PromptPair]) -> list[str]:
+    """A note (one line, no ``NOTE:``) when answers lack the leading space a word after a word has in
+    a BPE vocabulary (``"Mary"`` after ``"... to"``, where the model's next token is ``" Mary"``), and
+    the spaced form is one token too: both are valid answers, so the run is not refused, but the
+    unspaced one is seldom the continuation meant. Empty when every answer is spaced or follows a space."""
+
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    odd = [
+        a
+        for p in pairs
+        for a in (p.correct, p.wrong)
+        if a[:1].isalnum() and p.clean[-1:].isalnum() and len(ids(" " + a)) == 1 and ids(" " + a) != ids(a)
+    ]
+    if not odd:
+        return []
+    shown = ", ".join(repr(a) for a in dict.fromkeys(odd[:3]))
+    return [
+        f"{len(odd)} of {2 * len(pairs)} answers have no leading space ({shown}) after a prompt that ends in a "
+        f"word: the next token there is usually the spaced one ({' ' + odd[0]!r}, also one token); check the answers"
+    ]
+
+
 @dataclass
 class PairBatch:
     """Prompt pairs as one (padded) batch: ``clean``, ``corrupted`` ``[n, pos]``, ``mask`` ``[n, pos]``

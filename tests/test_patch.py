@@ -627,3 +627,28 @@ def test_patch_takes_heads_as_pairs(tiny_llama_gqa_native, prompts_file):
     by_pairs = headprobe.patch(model, prompts=str(prompts_file), heads=[(0, 1), "1.3"]).table
     assert list(zip(by_pairs["layer"], by_pairs["head"])) == [(0, 1), (1, 3)]
     pd.testing.assert_frame_equal(by_pairs, by_text)
+
+
+def test_answers_without_their_leading_space_are_noted(tiny_tokenizer):
+    """A walker typed "Mary" where the model continues "... to" with " Mary": both are single tokens
+    of a byte-level BPE vocabulary, so the run went ahead and measured the unspaced token's logit in
+    silence. Noted when the spaced form is another single token; not for a word-level vocabulary
+    (the same token either way) nor after a prompt ending in a space."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from headprobe.analyses.patching import PromptPair, answer_space_notes
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["Mary John Mary John gave a drink to Mary to John Mary. John."] * 50, vocab_size=300)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer)
+    assert tok(" Mary")["input_ids"] != tok("Mary")["input_ids"] and len(tok(" Mary")["input_ids"]) == 1
+    pair = PromptPair(clean="John gave a drink to", corrupted="Mary gave a drink to", correct=" Mary", wrong=" John")
+    assert answer_space_notes(tok, [pair]) == []
+    unspaced = PromptPair(pair.clean, pair.corrupted, correct="Mary", wrong=" John")
+    (note,) = answer_space_notes(tok, [pair, unspaced])
+    assert note.startswith("1 of 4 answers have no leading space ('Mary')") and "' Mary'" in note
+    after_space = PromptPair(pair.clean + " ", pair.corrupted + " ", correct="Mary", wrong="John")
+    assert answer_space_notes(tok, [after_space]) == []
+    assert tiny_tokenizer(" t5")["input_ids"] == tiny_tokenizer("t5")["input_ids"]  # word level: one token either way
+    assert answer_space_notes(tiny_tokenizer, [PromptPair("t1 t2", "t3 t4", correct="t5", wrong="t6")]) == []

@@ -237,6 +237,7 @@ class PatchResult:
     seconds: float = 0.0
     model_info: dict = field(default_factory=dict)
     load_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
 
     @property
     def csv_name(self) -> str:
@@ -272,6 +273,7 @@ class PatchResult:
                 "site": self.config.site,
                 "n_prompts": int(len(p.clean_ld)),
                 "example": asdict(p.pairs[0]) if p.pairs else None,
+                "notes": self.notes,
                 "clean_logit_diff": round(float(p.clean_ld.mean()), 4),
                 **{f"clean_logit_diff_{k}": v for k, v in ci(p.clean_ld).items()},
                 "clean_correct_share": round(float((p.clean_ld > 0).mean()), 4),
@@ -383,7 +385,7 @@ class PatchResult:
             )
         if "normalized_null_reason" in s:
             lines.append(f"normalised effects n/a: {s['normalized_null_reason']}")
-        return "\n".join(lines)
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in self.notes)])
 
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write the CSV (head_patching.csv; resid_patching.csv for ``--site resid``), the figures
@@ -417,7 +419,7 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
 
     import numpy as np
 
-    from headprobe.analyses.patching import ioi_prompts, patch
+    from headprobe.analyses.patching import answer_space_notes, ioi_prompts, patch
     from headprobe.probe.hooks.capture import kv_head_of
 
     spec = model.spec
@@ -447,6 +449,7 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
         table,
         seconds=time.perf_counter() - t0,
         model_info={"device": str(model.device), "dtype": dtype, "self_check": model.self_check.to_dict()},
+        notes=answer_space_notes(model.tokenizer, pairs),
     )
 
 
