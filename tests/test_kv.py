@@ -281,6 +281,7 @@ def test_the_tolerance_policy_is_in_curve_csv_and_the_figure(tiny_tokenizer, tex
         (["--distances", "3"], "--distances must lie in"),
         (["--budgets", "0.5,2"], "budgets are fractions in (0, 1]"),
         (["--sink", "-1"], "--sink must be >= 0, got -1"),
+        (["--block-len", "1"], "--block-len must be >= 2, got 1"),
     ],
 )
 def test_kv_cli_errors_are_one_line(tiny_dir, tmp_path, capsys, argv, message):
@@ -376,3 +377,10 @@ def test_repeated_distances_are_measured_once():
     distances are a set, as ``--budgets`` are (sorted, each once)."""
     cfg = KVConfig(model="m", seq_len=256, distances=(100, 50, 100))
     assert cfg.distances == (50, 100)
+
+
+def test_a_one_token_block_is_refused_before_any_model_loads():
+    """``--block-len 1`` was refused by the token-set builder, after the model loaded: the settings
+    alone refuse it now (the config is built from no model here)."""
+    with pytest.raises(HeadprobeError, match="--block-len must be >= 2, got 1"):
+        KVConfig(model="no-such-model", block_len=1)

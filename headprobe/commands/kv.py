@@ -166,6 +166,7 @@ class KVConfig(ModelSettings):
             ("--sink", self.sink, 0),
             ("--n-random", self.n_random, 1),
             ("--seq-len", self.seq_len, 8),
+            ("--block-len", self.block_len, 2),  # copying is scored on the repeat's tokens 2..block_len
         ):
             if value < least:
                 raise HeadprobeError(f"{flag} must be >= {least}, got {value}")
