@@ -161,12 +161,8 @@ def resolve(name: str) -> tuple[str, str, dict[str, Any]]:
         return hf_name, "float32 (Hugging Face cache)", dict(source=hf_name, local_only=True)
     if not _hub_reachable():
         if "/" not in name and name not in ALIASES:
-            import difflib
-
-            close = difflib.get_close_matches(name, [SMOLLM2_NAME, MINILM_NAME, *ALIASES], n=2, cutoff=0.6)
-            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
             raise HeadprobeError(
-                f"unknown model name {name}{hint}: known names are {SMOLLM2_NAME}, {MINILM_NAME}, {', '.join(ALIASES)}, or a Hugging Face "
+                f"unknown model name {name}{_known_name_hint(name)}: known names are {SMOLLM2_NAME}, {MINILM_NAME}, {', '.join(ALIASES)}, or a Hugging Face "
                 f"name (org/model) in the local cache; the hub cannot be reached, so a local directory (--model PATH) also works"
             )
         raise HeadprobeError(
@@ -174,6 +170,15 @@ def resolve(name: str) -> tuple[str, str, dict[str, Any]]:
             f"pass a local model directory (--model PATH) or set HF_HOME to a cache that holds it"
         )
     return hf_name, "float32 (downloaded from the Hugging Face hub)", dict(source=hf_name, local_only=False)
+
+
+def _known_name_hint(name: str) -> str:
+    """``" (did you mean smollm2-135m?)"``: the one or two built-in names and aliases closest to a
+    mistyped ``name`` (:func:`difflib.get_close_matches`), or ``""`` where none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(name, [SMOLLM2_NAME, MINILM_NAME, *ALIASES], n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def _check_repo_id(name: str, hf_name: str) -> None:
@@ -220,11 +225,7 @@ def check_model(name: str) -> None:
         return
     hf_name, _, how = resolve(name)
     if not how["local_only"] and hub_has(hf_name) is False:
-        import difflib
-
-        close = difflib.get_close_matches(name, [SMOLLM2_NAME, MINILM_NAME, *ALIASES], n=2, cutoff=0.6)
-        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
         raise HeadprobeError(
-            f"model {name}{hint} is neither in the local Hugging Face cache nor on the hub ({hf_name}: no such "
+            f"model {name}{_known_name_hint(name)} is neither in the local Hugging Face cache nor on the hub ({hf_name}: no such "
             "repository, or a private one without a token); check the name, or pass a local model directory (--model PATH)"
         )
