@@ -225,6 +225,13 @@ def left_out_notes(tokens: TokenSet | PlantedSpan, what: str = "") -> list[str]:
     return [note] if note else []
 
 
+def left_out_notes_of(counts: dict[str, dict]) -> list[str]:
+    """:func:`left_out_note` of each named token set's saved :func:`window_counts` (``counts``:
+    name -> counts; a record without them, e.g. a failed model's, gives none), the name as ``what``."""
+    notes = [left_out_note(c.get("windows_left_out", 0), c.get("windows_available"), k) for k, c in counts.items()]
+    return [n for n in notes if n]
+
+
 def window_counts(tokens: TokenSet | PlantedSpan) -> dict[str, int | None]:
     """What a summary.json records of a natural-text draw's windows: ``windows_available`` (those
     that could be drawn) and ``windows_left_out`` (more than :data:`MAX_ONE_TOKEN_SHARE` one token)."""

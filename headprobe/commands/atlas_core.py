@@ -15,7 +15,7 @@ import pandas as pd
 
 from headprobe import options
 from headprobe.analyses import atlas as atlas_lib
-from headprobe.analyses.data import left_out_note
+from headprobe.analyses.data import left_out_notes_of
 from headprobe.analyses.outputs import write_outputs
 from headprobe.commands.atlas import (  # noqa: F401 - the light module's names, re-exported
     CACHED_CANDIDATES,
@@ -120,10 +120,7 @@ class AtlasResult:
             )
             for t, per in s.items():
                 lines.append(f"  {t:<16} " + " | ".join(per.get(m, "") or "-" for m in models))
-        notes = [
-            left_out_note(m.get("windows_left_out", 0), m.get("windows_available"), k) for k, m in self.models.items()
-        ]
-        return "\n".join([*lines, *(f"NOTE: {n}" for n in notes if n)])
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in left_out_notes_of(self.models))])
 
 
 def toy_train_config(config: AtlasConfig):

@@ -222,7 +222,9 @@ class KVResult:
             f"(copy accuracy: top-1 over the {n} copied tokens, {len(c['distances'])} distances x "
             f"{c['n_per_distance']} x tokens 2..{c['block_len']} of the block: one token is {1 / n:.3f})"
         )
-        notes = windows_notes(self.windows)
+        from headprobe.analyses.data import left_out_notes_of
+
+        notes = left_out_notes_of(self.windows)
         if self.untrusted:
             notes.append(
                 f"the natural-text losses cannot rank these policies: {self.untrusted} (summary.json's "
@@ -304,15 +306,6 @@ def _beats(chosen: dict, others: list[dict]) -> bool:
     """No higher natural-text loss increase and no lower copy accuracy than the mean of ``others``
     (ties count, so a budget where both copy perfectly is judged on loss)."""
     return all(_wins(chosen, others))
-
-
-def windows_notes(windows: dict[str, dict]) -> list[str]:
-    """The NOTE lines (without ``NOTE: ``) on the windows each token set of :attr:`KVResult.windows`
-    left out as mostly one token (:func:`~headprobe.analyses.data.left_out_note`)."""
-    from headprobe.analyses.data import left_out_note
-
-    notes = [left_out_note(w["windows_left_out"], w["windows_available"], name) for name, w in windows.items()]
-    return [n for n in notes if n]
 
 
 def _token_sets(model: LoadedModel, config: KVConfig):
