@@ -38,7 +38,14 @@ from torch import Tensor
 from headprobe.analyses.ablation import task_loss, token_losses
 from headprobe.analyses.data import TokenSet, ascii_text, pydoc_topics, repeated_random_tokens
 from headprobe.analyses.detectors import induction_score, previous_token_score
-from headprobe.analyses.train_config import COPIES_IN_CONTEXT, CORPORA, INDUCTION_FORMED, N_CHARS, TrainConfig  # noqa: F401 - re-exported
+from headprobe.analyses.train_config import (  # noqa: F401 - re-exported
+    COPIES_IN_CONTEXT,
+    CORPORA,
+    INDUCTION_FORMED,
+    N_CHARS,
+    TrainConfig,
+    copying_floor,
+)
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.backends.native import NativeModel
 from headprobe.probe.core.errors import HeadprobeError

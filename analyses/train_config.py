@@ -18,6 +18,13 @@ INDUCTION_FORMED = 0.5
 COPIES_IN_CONTEXT = 0.5
 """A final in-context loss at or below ``-COPIES_IN_CONTEXT * ln(n_words)`` nats: the model copies in
 context (half of chance recovered from earlier in the sequence), whatever circuit does it (train's summary)."""
+
+
+def copying_floor(n_words: int) -> float:
+    """``-COPIES_IN_CONTEXT * ln(n_words)`` nats: the in-context loss at or below which a model copies."""
+    return -COPIES_IN_CONTEXT * math.log(n_words)
+
+
 N_CHARS = len(TEXT_CHARS)
 """96: the character vocabulary of ``corpus="text+copy"`` (newline and printable ASCII)."""
 COPY_FRACTION = 0.5

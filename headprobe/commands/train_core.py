@@ -38,6 +38,7 @@ from headprobe.analyses.train import (
     INDUCTION_FORMED,
     TrainConfig,
     TrainRun,
+    copying_floor,
     phase_change_step,
     training_tokenizer,
 )
@@ -89,7 +90,7 @@ class TrainResult(TrainRun):
                 "phase_change_rule": "evaluation step where the 3-point running mean of the in-context loss falls fastest; "
                 "none unless some head's induction score exceeds 0.5",
                 "induction_formed": bool(self.final_scores["induction"].max() > INDUCTION_FORMED),
-                "copies_in_context": bool(last["in_context_loss"] <= -COPIES_IN_CONTEXT * math.log(cfg.n_words)),
+                "copies_in_context": bool(last["in_context_loss"] <= copying_floor(cfg.n_words)),
                 "copies_in_context_rule": f"final in-context loss at or below -{COPIES_IN_CONTEXT} ln(n_words) nats",
                 "seed": cfg.seed,
                 "dtype": str(self.loaded.dtype).removeprefix("torch."),
@@ -173,7 +174,7 @@ class TrainResult(TrainRun):
         elif s["copies_in_context"]:  # copying learned by a circuit without the induction score's stripe
             formed = (
                 f"no head's induction score exceeded 0.5, yet the in-context loss says the model copies (at or below "
-                f"-{COPIES_IN_CONTEXT} ln {self.config.n_words} = {-COPIES_IN_CONTEXT * math.log(self.config.n_words):.2f}): "
+                f"-{COPIES_IN_CONTEXT} ln {self.config.n_words} = {copying_floor(self.config.n_words):.2f}): "
                 "by a circuit without the induction stripe (docs/train.md)"
             )
         else:
