@@ -397,7 +397,7 @@ def answer_space_notes(tokenizer: Any, pairs: Sequence[PromptPair]) -> list[str]
         a
         for p in pairs
         for a in (p.correct, p.wrong)
-        if a[:1].isalnum() and p.clean[-1:].isalnum() and len(ids(" " + a)) == 1 and ids(" " + a) != ids(a)
+        if a[:1].isalnum() and p.clean[-1:].isalnum() and len(spaced := ids(" " + a)) == 1 and spaced != ids(a)
     ]
     if not odd:
         return []
