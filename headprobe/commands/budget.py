@@ -1394,8 +1394,9 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
     # Validate the workload before computing anything.
     cost.kv_bytes_per_request(lay, config.workload_seq_len, config.batch)
 
-    if config.flops_table is not None:
-        rows = flops_table(lay, list(config.flops_table or FLOPS_TABLE_SEQ_LENS), config.batch, config.as_mha)
+    lengths = list(config.flops_table or FLOPS_TABLE_SEQ_LENS) if config.flops_table is not None else None
+    if lengths is not None:
+        rows = flops_table(lay, lengths, config.batch, config.as_mha)
         mode, out = "flops_table", {"layout": lay.to_dict(), "as_mha": config.as_mha, "flops": rows}
     elif config.compare:
         rows = cost.compare_kv_heads(lay, config.workload_seq_len, config.batch)
@@ -1419,7 +1420,7 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
                 "policy": cost.policy_cost(lay, policy, config.workload_seq_len, config.batch).to_dict(),
             },
         )
-    longest = max(config.flops_table or FLOPS_TABLE_SEQ_LENS) if mode == "flops_table" else config.workload_seq_len
+    longest = max(lengths) if lengths is not None else config.workload_seq_len
     if check is not None and check.get("n_ctx") and longest > check["n_ctx"]:
         out["beyond_context"] = {"seq_len": longest, "n_ctx": check["n_ctx"]}
     if check is not None:
