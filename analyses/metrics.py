@@ -200,31 +200,52 @@ def value_weighted_share(
     return share[..., key + 1 :].mean(dim=(0, 2))
 
 
+def copy_paste_hits(
+    top: Int[Tensor, "batch n head"],
+    tokens: Int[Tensor, "batch pos"],
+    predicted: Int[Tensor, "batch n"],
+    first: Int[Tensor, " batch"],
+    length: int,
+) -> Bool[Tensor, "batch n head"]:
+    """Wu et al.'s copy-paste test of each head at each scored query: the key the head attends to
+    most (``top``) lies in the needle's first occurrence ``[first, first + length)`` and holds the
+    token the model predicts there (``predicted``), whichever needle position that is (the
+    authors' ``check_if_attend_ref``: ``needle_start <= i < needle_end and inp == prompt_ids[i]``)."""
+    device = top.device
+    first = first.to(device)[:, None, None]
+    in_needle = (top >= first) & (top < first + length)
+    key_token = tokens.to(device).gather(1, top.flatten(1)).view(top.shape)
+    return in_needle & (key_token == predicted.to(device)[..., None])
+
+
 def retrieval_hits(
-    pattern: Pattern, queries: Int[Tensor, "batch n"], sources: Int[Tensor, "batch n"], copied: Bool[Tensor, "batch n"]
+    pattern: Pattern,
+    queries: Int[Tensor, "batch n"],
+    tokens: Int[Tensor, "batch pos"],
+    predicted: Int[Tensor, "batch n"],
+    first: Int[Tensor, " batch"],
+    length: int,
 ) -> Float[Tensor, " head"]:
     """Retrieval score (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context
     Factuality"): the share of needle tokens that a head copy-pastes, ``|g_h ∩ k| / |k|``. At
-    query ``queries[b, i]`` the model predicts a needle token; it is copy-pasted by head h when
-    the model's top prediction is that token (``copied``) and the head's maximum attention falls
-    on the needle's own occurrence of it, key ``sources[b, i]``. The denominator is every needle
-    token scored (``batch * n``), copied or not, as in the paper.
+    query ``queries[b, i]`` the model predicts ``predicted[b, i]``; head h copy-pastes it when its
+    maximum attention falls on a key of the needle's first occurrence (``first[b]``, ``length``
+    tokens) that holds that token (:func:`copy_paste_hits`). The denominator is every needle token
+    scored (``batch * n``), copied or not, as in the paper.
 
     Raises:
         ValueError: shapes that do not match.
     """
-    if queries.shape != sources.shape or queries.shape != copied.shape or queries.shape[0] != pattern.shape[0]:
+    if queries.shape != predicted.shape or queries.shape[0] != pattern.shape[0] or tokens.shape[0] != pattern.shape[0]:
         raise ValueError(
-            f"queries {tuple(queries.shape)}, sources {tuple(sources.shape)} and copied "
-            f"{tuple(copied.shape)} must all be [batch, n] with batch {pattern.shape[0]}"
+            f"queries {tuple(queries.shape)} and predicted {tuple(predicted.shape)} must both be [batch, n] and "
+            f"tokens {tuple(tokens.shape)} [batch, pos], with batch {pattern.shape[0]}"
         )
-    B, H = pattern.shape[:2]
+    B = pattern.shape[0]
     rows = pattern[
         torch.arange(B, device=pattern.device)[:, None], :, queries.to(pattern.device)
     ]  # [batch, n, head, k_pos]
-    top = rows.argmax(-1)  # [batch, n, head]
-    hit = (top == sources.to(top.device)[..., None]) & copied.to(top.device)[..., None]
-    return hit.float().mean(dim=(0, 1))
+    return copy_paste_hits(rows.argmax(-1), tokens, predicted, first, length).float().mean(dim=(0, 1))
 
 
 def needle_queries(needles: NeedleSet) -> tuple[Int[Tensor, "batch n"], Int[Tensor, "batch n"], Int[Tensor, "batch n"]]:
@@ -241,12 +262,12 @@ def needle_queries(needles: NeedleSet) -> tuple[Int[Tensor, "batch n"], Int[Tens
 @torch.inference_mode()
 def retrieval_score(model: LoadedModel, needles: NeedleSet, streaming: bool = False) -> Float[Tensor, "layer head"]:
     """:func:`retrieval_hits` of every head on ``needles`` in one forward pass (teacher forced:
-    the second needle is in the input, and the model's top prediction at each of its positions
-    decides whether the token is copied). Also see :func:`needle_queries`. ``streaming``: each
+    the second needle is in the input, and the model's top prediction at each of its positions is
+    the token a head may copy-paste). Also see :func:`needle_queries`. ``streaming``: each
     head's argmax from :func:`headprobe.probe.hooks.online_stats.online_head_stats` instead of the
     pattern (the same keys; native backend); the logits only at the scored queries either way."""
     spec = model.spec
-    queries, sources, targets = (t.cpu() for t in needle_queries(needles))  # moved to each tensor they index
+    queries = needle_queries(needles)[0].cpu()  # moved to each tensor it indexes
     B = queries.shape[0]
     top: dict[int, Tensor] = {}
     rows_b = torch.arange(B)[:, None]
@@ -277,10 +298,9 @@ def retrieval_score(model: LoadedModel, needles: NeedleSet, streaming: bool = Fa
             f"fused attention kernel that hides attention patterns"
         )
     pred = logits.argmax(-1).cpu()
-    copied = pred == targets
     out = torch.zeros(spec.n_layers, spec.n_heads)
     for layer, t in top.items():
-        out[layer] = ((t == sources[..., None]) & copied[..., None]).float().mean(dim=(0, 1))
+        out[layer] = copy_paste_hits(t, needles.tokens.cpu(), pred, needles.first, needles.length).float().mean(dim=(0, 1))
     return out
 
 

@@ -4,6 +4,7 @@ pairs with explicit d_model x d_model matrices), the logit identity of the direc
 attribution, and both backends' weight accessors against the Hugging Face modules."""
 
 import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -50,19 +51,24 @@ def test_sink_rate_averages_over_the_queries_that_see_the_key():
         metrics.sink_rate(pat, key=T)
 
 
-def test_retrieval_hits_counts_copied_tokens_whose_top_attention_is_on_the_source():
-    T, n = 12, 4
-    queries = torch.tensor([[6, 7, 8, 9]])
-    sources = torch.tensor([[1, 2, 3, 4]])
-    copied = torch.tensor([[True, True, False, True]])
-    pat = uniform_causal(1, 3, T) * 0.1
-    for i in range(n):
-        q, s = queries[0, i], sources[0, i]
-        pat[0, 0, q, s] = 5.0  # head 0: top attention on the source
-        pat[0, 1, q, s + 1] = 5.0  # head 1: on the token after it
-    pat[0, 2, 9, 4] = 5.0  # head 2: on the source of the last query only
-    got = metrics.retrieval_hits(pat, queries, sources, copied)
-    assert got.tolist() == pytest.approx([3 / 4, 0.0, 1 / 4])  # the paper's |g_h ∩ k| / |k|: all needle tokens count
+def test_retrieval_hits_counts_a_top_key_in_the_needle_holding_the_predicted_token():
+    # needle [5, 6, 5, 7] at 1..4, again at 7..10; queries 7..9 predict needle tokens 2..4
+    tokens = torch.tensor([[0, 5, 6, 5, 7, 1, 2, 5, 6, 5, 7, 3]])
+    T = tokens.shape[1]
+    queries = torch.tensor([[7, 8, 9]])
+    predicted = torch.tensor([[6, 5, 9]])  # the model gets tokens 2 and 3 right, misses 4
+    pat = uniform_causal(1, 4, T) * 0.1
+    for i in range(3):
+        q = queries[0, i]
+        pat[0, 0, q, 2 + i] = 5.0  # head 0: the needle position the token came from
+        pat[0, 1, q, 1] = 5.0  # head 1: needle position 1, which holds 5
+        pat[0, 2, q, q] = 5.0  # head 2: the second needle itself (not the needle in the context)
+    pat[0, 3, 8, 4] = 5.0  # head 3, query 8: a needle key holding 7, not the predicted 5
+    got = metrics.retrieval_hits(pat, queries, tokens, predicted, torch.tensor([1]), 4)
+    # Wu et al.: a hit when the top key is in the needle and holds the predicted token, at whichever
+    # needle position: head 0 at queries 7 and 8 (query 9's prediction 9 is no needle token), head 1
+    # at query 8 (position 1 holds 5 = the prediction, though token 3's own source is position 3)
+    assert got.tolist() == pytest.approx([2 / 3, 1 / 3, 0.0, 0.0])
 
 
 def test_needle_set_repeats_the_needle_and_keeps_its_length(tiny_gpt2_native):
@@ -77,25 +83,54 @@ def test_needle_set_repeats_the_needle_and_keeps_its_length(tiny_gpt2_native):
     assert torch.equal(ns.tokens.gather(1, s), t)  # the source holds the token to predict
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama_gqa_native", "tiny_gpt2"])
-def test_retrieval_score_matches_a_loop_over_heads(fixture, request):
+def needle_with_repeats(model, hf, n_seqs: int, seq_len: int, needle_len: int):
+    """A needle set whose needle cycles through the 3 tokens ``hf`` predicts most often on it
+    (``a b c a b c ...``): a random-init model then predicts needle tokens, right or wrong, and a
+    head can copy one from a position other than the one the predicted token came from."""
+    ns = needle_tokens(model, n_seqs, seq_len, needle_len, seed=0, text=" ".join(f"t{(7 * i) % 97}" for i in range(600)))
+    with torch.no_grad():
+        top3 = torch.bincount(hf(ns.tokens).logits.argmax(-1).flatten()).argsort(descending=True, stable=True)[:3]
+    tokens = ns.tokens.clone()
+    for b in range(n_seqs):
+        f, s2 = int(ns.first[b]), int(ns.second[b])
+        cycle = top3.repeat(needle_len)[:needle_len]
+        tokens[b, f : f + needle_len] = cycle
+        tokens[b, s2 : s2 + needle_len] = cycle
+    return dataclasses.replace(ns, tokens=tokens)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "reference"),
+    [("tiny_llama_gqa_native", "tiny_llama_gqa_checkpoint"), ("tiny_gpt2", "tiny_gpt2_checkpoint")],
+)
+def test_retrieval_score_is_wu_et_al_copy_paste_rule_on_the_hugging_face_model(fixture, reference, request):
     model = request.getfixturevalue(fixture)
-    text = " ".join(f"t{(7 * i) % 97}" for i in range(600))
-    ns = needle_tokens(model, 2, 40, 8, seed=0, text=text)
+    hf = request.getfixturevalue(reference).hf_model
+    ns = needle_with_repeats(model, hf, 4, 48, 9)
     got = metrics.retrieval_score(model, ns)
-    pats = capture_heads(model, ns.tokens)["pattern"]
-    logits = model.forward(ns.tokens)
-    q, s, t = metrics.needle_queries(ns)
+    with torch.no_grad():
+        out = hf(ns.tokens, output_attentions=True)
+    pred = out.logits.argmax(-1)
     want = torch.zeros_like(got)
-    for layer in range(model.spec.n_layers):
-        for h in range(model.spec.n_heads):
-            hits = 0
-            for b in range(q.shape[0]):
-                for i in range(q.shape[1]):
-                    copied = logits[b, q[b, i]].argmax() == t[b, i]
-                    hits += bool(copied and pats[layer][b, h, q[b, i]].argmax() == s[b, i])
-            want[layer, h] = hits / q.numel()
-    assert torch.equal(got, want)
+    strict = torch.zeros_like(got)  # the top key must be the predicted token's own source, and the prediction right
+    n = 0
+    for b in range(ns.tokens.shape[0]):
+        f, s2, length = int(ns.first[b]), int(ns.second[b]), ns.needle_len
+        for i in range(length - 1):
+            q = s2 + i
+            n += 1
+            for layer, att in enumerate(out.attentions):
+                for h in range(att.shape[1]):
+                    j = int(att[b, h, q].argmax())
+                    # Wu et al.'s check_if_attend_ref: needle_start <= j < needle_end and prompt_ids[j] == token
+                    want[layer, h] += f <= j < f + length and int(ns.tokens[b, j]) == int(pred[b, q])
+                    strict[layer, h] += j == f + i + 1 and int(pred[b, q]) == int(ns.tokens[b, q + 1])
+    want /= n
+    strict /= n
+    assert (want != strict).any(), "the needle set does not tell the two rules apart"
+    assert torch.allclose(got, want, atol=1e-6)
+    if fixture.endswith("_native"):  # the streamed argmax (no pattern materialised) gives the same score
+        assert torch.allclose(metrics.retrieval_score(model, ns, streaming=True), want, atol=1e-6)
 
 
 # ---- weights: accessors, copying, composition ---------------------------------------------------
