@@ -132,6 +132,9 @@ def test_help_shows_torchrun_usage(capsys):
         assert main([command, "--help"]) == 0
         out = capsys.readouterr().out
         assert f"torchrun --nproc-per-node 2 -m headprobe {command}" in out and "not" in out and "split" in out
+    assert main(["scan", "--help"]) == 0  # a killed sharded scan resumes (rank 0's one checkpoint)
+    out = capsys.readouterr().out
+    assert "Not resumable" not in out and "resumes" in out
 
 
 SCAN = [

@@ -64,8 +64,8 @@ sharded over processes (torch.distributed, gloo on CPU, NCCL with one GPU per pr
   torchrun --nproc-per-node 2 -m headprobe scan --out out/ [flags as above]
   The verification's ablations (every task's seeded random head sets and the top-k sets) are
   split over the ranks and gathered; the scores, metrics and patterns are computed on every rank
-  (a few forward passes). Rank 0 writes the same files as one process. Not resumable: a killed
-  run starts again.
+  (a few forward passes). Rank 0 writes the same files as one process. A killed run resumes
+  from the checkpoint in --out when started again with the same flags, with torchrun or without.
 """
 
 DEFAULT_SEQ_LEN = vocab.DEFAULT_SEQ_LEN  # natural-text tokens per sequence, unless the model's context is shorter
