@@ -300,7 +300,8 @@ def retrieval_score(model: LoadedModel, needles: NeedleSet, streaming: bool = Fa
     pred = logits.argmax(-1).cpu()
     out = torch.zeros(spec.n_layers, spec.n_heads)
     for layer, t in top.items():
-        out[layer] = copy_paste_hits(t, needles.tokens.cpu(), pred, needles.first, needles.length).float().mean(dim=(0, 1))
+        hits = copy_paste_hits(t, needles.tokens.cpu(), pred, needles.first, needles.length)
+        out[layer] = hits.float().mean(dim=(0, 1))
     return out
 
 

@@ -87,7 +87,8 @@ def needle_with_repeats(model, hf, n_seqs: int, seq_len: int, needle_len: int):
     """A needle set whose needle cycles through the 3 tokens ``hf`` predicts most often on it
     (``a b c a b c ...``): a random-init model then predicts needle tokens, right or wrong, and a
     head can copy one from a position other than the one the predicted token came from."""
-    ns = needle_tokens(model, n_seqs, seq_len, needle_len, seed=0, text=" ".join(f"t{(7 * i) % 97}" for i in range(600)))
+    text = " ".join(f"t{(7 * i) % 97}" for i in range(600))
+    ns = needle_tokens(model, n_seqs, seq_len, needle_len, seed=0, text=text)
     with torch.no_grad():
         top3 = torch.bincount(hf(ns.tokens).logits.argmax(-1).flatten()).argsort(descending=True, stable=True)[:3]
     tokens = ns.tokens.clone()
