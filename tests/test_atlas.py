@@ -423,7 +423,8 @@ def test_a_hub_name_the_hub_does_not_hold_is_refused_before_the_toy_trains(tmp_p
 def test_a_trained_toy_is_kept_when_every_model_fails_and_reused(tmp_path, text_file, capsys):
     """The toy trains, then its scan (a --seq-len beyond its 48-token context) and the other model
     fail: the atlas is refused as before, but the trained toy stays in OUT/toy/ (nothing else the
-    run added does), and the next atlas there scans it without training again."""
+    run added does), and the next atlas there, without --overwrite, says so in one line and scans
+    it without training again; one that would train another toy there is refused."""
     bad = _unloadable(tmp_path / "bad") if not (tmp_path / "bad").mkdir() else None
     out, flags = tmp_path / "o", [*SMALL_FLAGS, "--toy-steps", "2", "--text", str(text_file)]
     long = [*flags[: flags.index("--seq-len") + 1], "60", *flags[flags.index("--seq-len") + 2 :]]
@@ -431,9 +432,15 @@ def test_a_trained_toy_is_kept_when_every_model_fails_and_reused(tmp_path, text_
     assert f"kept in {out / 'toy'}/" in line and "toy: " in line and f"{bad}: " in line
     assert (out / "toy" / "config.json").is_file()
     assert {p.relative_to(out).parts[0] for p in out.rglob("*")} == {"toy"}  # no models/, no checkpoint
-    assert main(["atlas", "--models", "toy", *flags, "--types", "induction", "--out", str(out), "--overwrite"]) == 0
+    assert "and the same toy settings reuses it" in line
+    other = ["--models", "toy", *SMALL_FLAGS, "--toy-steps", "3", "--text", str(text_file)]  # another toy
+    assert "not empty; pass --overwrite" in _atlas_refused(other, out, "not empty", capsys)
+    assert main(["atlas", "--models", "toy", *flags, "--types", "induction", "--out", str(out)]) == 0
     said = capsys.readouterr().out
     assert "training the toy model" not in said
+    assert [x for x in said.splitlines() if "reusing the toy model" in x] == [
+        f"reusing the toy model kept in {out / 'toy'}/ by an earlier atlas here whose models all failed"
+    ]
     assert json.loads((out / "summary.json").read_text())["models"]["toy"]["status"] == "scanned"
 
 
