@@ -546,6 +546,35 @@ def test_atlas_overview_has_a_key_for_marker_size():
 
 
 @pytest.mark.figures
+@pytest.mark.parametrize("n_types, n_models", [(1, 1), (2, 1), (4, 1), (1, 3), (5, 1)])
+def test_an_overview_of_one_row_of_panels_keeps_its_axes(n_types, n_models, tmp_path):
+    """An atlas of one model and at most four types (one row of panels, as a tiny atlas of
+    ``--types induction`` draws) was as tall as the legend and title under and over it: the
+    constrained layout collapsed the axes ("constrained_layout not applied"). Each panel keeps a
+    row a model, inside the figure, under its title."""
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from headprobe.analyses import atlas, figures
+
+    table = pd.read_csv(Path(__file__).resolve().parents[1] / "figures" / "atlas" / "atlas.csv")
+    names, types = atlas.model_labels(table)[:n_models], atlas.table_types(table)
+    table = table[table["model"].isin(names)].drop(columns=[f"{t}_top" for t in types[n_types:]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the collapse is only a warning in matplotlib
+        fig = atlas.atlas_overview(table, "Head atlas: a test")
+        figures.save_figure(fig, tmp_path / "overview")
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+    drawn = [ax for ax in fig.axes if ax.axison]
+    assert len(drawn) == n_types
+    for ax in drawn:
+        box = ax.get_window_extent(canvas.get_renderer())
+        assert box.height >= 0.15 * n_models * fig.dpi and box.y0 > 0 and box.y1 < fig.bbox.height
+
+
+@pytest.mark.figures
 @pytest.mark.parametrize("n_models", [1, 2, 3])
 def test_a_depth_plot_of_one_or_two_models_keeps_a_row_for_each(n_models, tmp_path):
     """atlas_<type>.png was as tall as the legend under it plus 0.28 in a model: with one model the
