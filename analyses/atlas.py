@@ -295,6 +295,15 @@ def depth_plot(table: pd.DataFrame, head_type: str) -> Figure:
     return fig
 
 
+OVERVIEW_FRAME_IN = 1.0
+"""Inches of :func:`atlas_overview` outside its rows of panels: the title and the legend under
+them (its title and four rows)."""
+OVERVIEW_PANEL_IN, OVERVIEW_ROW_IN = 0.35, 0.22
+"""Inches of a row of :func:`atlas_overview`'s panels: their titles and depth ticks, plus one row
+per model (with one model and one row of panels the legend took the axes' height: the
+constrained layout collapsed them)."""
+
+
 @_styled
 def atlas_overview(table: pd.DataFrame, title: str = "Head atlas", ncols: int = 4) -> Figure:
     """Every head type of ``table`` in a grid of ``ncols`` columns (page width): the paper figure of
@@ -302,7 +311,7 @@ def atlas_overview(table: pd.DataFrame, title: str = "Head atlas", ncols: int = 
     labels, types = model_labels(table), table_types(table)
     ncols = min(ncols, len(types))
     nrows = -(-len(types) // ncols)
-    fig = _figure(PAGE_WIDTH, 0.6 + nrows * (0.55 + 0.22 * len(labels)))
+    fig = _figure(PAGE_WIDTH, OVERVIEW_FRAME_IN + nrows * (OVERVIEW_PANEL_IN + OVERVIEW_ROW_IN * len(labels)))
     axes = np.atleast_2d(fig.subplots(nrows, ncols, sharey=True, squeeze=False))
     scales = []
     for i, ax in enumerate(axes.flat):

@@ -34,8 +34,9 @@ are all below the vocabulary) and times, then repeats on the embedded SmolLM2-13
 The 8B model's rows are judged against the goals for one H200 (:data:`GOALS`): reached or not,
 with the numbers that decide it.
 
-Each row has the seconds, a rate where one applies, the peak memory (GPU: ``max_memory_allocated``
-since the step began; CPU: the process's peak RSS so far) and a note. ``--tiny`` (automatic on a
+Each row has the seconds, a rate where one applies, the peak memory since the step began (GPU:
+``max_memory_allocated``; CPU: the process's peak RSS, reset through ``/proc/self/clear_refs``;
+where that cannot be reset, the process's peak so far, and the column's header says so) and a note. ``--tiny`` (automatic on a
 CPU) runs the same steps on a tiny random model with tiny settings (``tests/test_scale_benchmark.py``
 runs it, so the script cannot rot). Writes ``DIR/scale.md`` and ``DIR/scale.json``. Not a timed test.
 """
@@ -129,15 +130,41 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _reset_peak(device: str) -> bool:
+    """Start a step's peak memory: CUDA's peak statistics, or on a CPU the process's peak RSS
+    (Linux's VmHWM, reset by writing 5 to ``/proc/self/clear_refs``, proc(5)). False where it cannot
+    be reset: the CPU peak is then the process's peak so far."""
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        return True
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 def _peak(device: str) -> int:
+    """Peak memory since :func:`_reset_peak`, bytes: ``max_memory_allocated`` on CUDA, else the
+    process's peak RSS (VmHWM; ``ru_maxrss`` where /proc has none)."""
     if device.startswith("cuda"):
         return int(torch.cuda.max_memory_allocated())
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(next(x for x in status.splitlines() if x.startswith("VmHWM:")).split()[1]) * 1024  # kB
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def peak_label(device: str) -> str:
+    """The table's peak-memory column: what :func:`_peak` measures on ``device`` here."""
+    if device.startswith("cuda"):
+        return "peak GPU memory in the step"
+    return "peak RSS in the step" if _reset_peak(device) else "peak RSS of the process so far"
 
 
 def _timed(device: str, fn: Callable):
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
+    _reset_peak(device)
     _sync(device)
     t0 = time.perf_counter()
     out = fn()
@@ -327,6 +354,7 @@ def run_steps(
         ("gradient importance (one forward and backward)", lambda: head_importance(model, tokens)),
     ):
         try:  # the profiler is a diagnosis: its failure leaves the table whole
+            _reset_peak(device)
             prof = profile_step(device, fn)
         except Exception as e:
             prof = {"wall_s": math.nan, "note": f"profile failed: {type(e).__name__}: {e}"}
@@ -398,9 +426,9 @@ def goals(rows: list[dict], model: str) -> list[dict]:
     return out
 
 
-def table(rows: list[dict], header: str) -> str:
-    """The markdown table of ``rows``."""
-    lines = [header, "", "| model | step | seconds | rate | peak memory | notes |", "|---|---|---:|---:|---:|---|"]
+def table(rows: list[dict], header: str, peak: str = "peak memory") -> str:
+    """The markdown table of ``rows``; ``peak`` heads the peak-memory column (:func:`peak_label`)."""
+    lines = [header, "", f"| model | step | seconds | rate | {peak} | notes |", "|---|---|---:|---:|---:|---|"]
     for r in rows:
         extra = {
             k: v for k, v in r.items() if k not in ("model", "step", "seconds", "rate", "unit", "peak_bytes", "note")
@@ -508,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     judged = rows[0]["model"]  # the 8B shape (tiny: the tiny model, to check the arithmetic only)
     met = goals(rows, judged)
-    text = table(rows, header) + goals_table(met, judged, tiny)
+    peak = peak_label(device)
+    text = table(rows, header, peak) + goals_table(met, judged, tiny)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scale.md").write_text(text)
@@ -521,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tiny": tiny,
                 "settings": s,
                 "matmul_tflops": tflops,
+                "peak_memory": peak,
                 "rows": rows,
                 "goals": met,
             },

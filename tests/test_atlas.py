@@ -423,7 +423,8 @@ def test_a_hub_name_the_hub_does_not_hold_is_refused_before_the_toy_trains(tmp_p
 def test_a_trained_toy_is_kept_when_every_model_fails_and_reused(tmp_path, text_file, capsys):
     """The toy trains, then its scan (a --seq-len beyond its 48-token context) and the other model
     fail: the atlas is refused as before, but the trained toy stays in OUT/toy/ (nothing else the
-    run added does), and the next atlas there scans it without training again."""
+    run added does), and the next atlas there, without --overwrite, says so in one line and scans
+    it without training again; one that would train another toy there is refused."""
     bad = _unloadable(tmp_path / "bad") if not (tmp_path / "bad").mkdir() else None
     out, flags = tmp_path / "o", [*SMALL_FLAGS, "--toy-steps", "2", "--text", str(text_file)]
     long = [*flags[: flags.index("--seq-len") + 1], "60", *flags[flags.index("--seq-len") + 2 :]]
@@ -431,9 +432,15 @@ def test_a_trained_toy_is_kept_when_every_model_fails_and_reused(tmp_path, text_
     assert f"kept in {out / 'toy'}/" in line and "toy: " in line and f"{bad}: " in line
     assert (out / "toy" / "config.json").is_file()
     assert {p.relative_to(out).parts[0] for p in out.rglob("*")} == {"toy"}  # no models/, no checkpoint
-    assert main(["atlas", "--models", "toy", *flags, "--types", "induction", "--out", str(out), "--overwrite"]) == 0
+    assert "and the same toy settings reuses it" in line
+    other = ["--models", "toy", *SMALL_FLAGS, "--toy-steps", "3", "--text", str(text_file)]  # another toy
+    assert "not empty; pass --overwrite" in _atlas_refused(other, out, "not empty", capsys)
+    assert main(["atlas", "--models", "toy", *flags, "--types", "induction", "--out", str(out)]) == 0
     said = capsys.readouterr().out
     assert "training the toy model" not in said
+    assert [x for x in said.splitlines() if "reusing the toy model" in x] == [
+        f"reusing the toy model kept in {out / 'toy'}/ by an earlier atlas here whose models all failed"
+    ]
     assert json.loads((out / "summary.json").read_text())["models"]["toy"]["status"] == "scanned"
 
 
@@ -536,6 +543,35 @@ def test_atlas_overview_has_a_key_for_marker_size():
         assert sizes[f"score {v:g}"] ** 2 == pytest.approx(6 + 30 * v)  # scatter's s: area in points^2
     drawn = [c for ax in fig.axes for c in ax.collections if len(c.get_sizes()) and c.get_sizes().max() > 6]
     assert drawn and max(c.get_sizes().max() for c in drawn) <= 36 + 1e-9
+
+
+@pytest.mark.figures
+@pytest.mark.parametrize("n_types, n_models", [(1, 1), (2, 1), (4, 1), (1, 3), (5, 1)])
+def test_an_overview_of_one_row_of_panels_keeps_its_axes(n_types, n_models, tmp_path):
+    """An atlas of one model and at most four types (one row of panels, as a tiny atlas of
+    ``--types induction`` draws) was as tall as the legend and title under and over it: the
+    constrained layout collapsed the axes ("constrained_layout not applied"). Each panel keeps a
+    row a model, inside the figure, under its title."""
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from headprobe.analyses import atlas, figures
+
+    table = pd.read_csv(Path(__file__).resolve().parents[1] / "figures" / "atlas" / "atlas.csv")
+    names, types = atlas.model_labels(table)[:n_models], atlas.table_types(table)
+    table = table[table["model"].isin(names)].drop(columns=[f"{t}_top" for t in types[n_types:]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the collapse is only a warning in matplotlib
+        fig = atlas.atlas_overview(table, "Head atlas: a test")
+        figures.save_figure(fig, tmp_path / "overview")
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+    drawn = [ax for ax in fig.axes if ax.axison]
+    assert len(drawn) == n_types
+    for ax in drawn:
+        box = ax.get_window_extent(canvas.get_renderer())
+        assert box.height >= 0.15 * n_models * fig.dpi and box.y0 > 0 and box.y1 < fig.bbox.height
 
 
 @pytest.mark.figures

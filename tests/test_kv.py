@@ -154,11 +154,15 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
     assert f"top-1 over the {n} copied tokens" in r.report()
     # the report says on which quantity the chosen policy wins against uniform (a new user saw it lose on loss)
     ch, u = s["chosen"], s["uniform"]
-    a, b = round(ch["natural_loss_increase"], 4), round(u["natural_loss_increase"], 4)  # the table's digits
-    word = "lower" if a < b else "higher" if a > b else "equal"
-    a, b = round(ch["copy_accuracy"], 3), round(u["copy_accuracy"], 3)
-    acc = "lower" if a < b else "higher" if a > b else "equal"
-    assert f"against uniform: natural loss {word}, copy accuracy {acc}" in r.report()
+
+    def word(key: str, digits: int) -> str:  # at the table's digits, saying where only unrounded values differ
+        a, b = round(ch[key], digits), round(u[key], digits)
+        tie = f" at {digits} digits" if a == b and ch[key] != u[key] else ""
+        return ("lower" if a < b else "higher" if a > b else "equal") + tie
+
+    loss, acc = word("natural_loss_increase", 4), word("copy_accuracy", 3)
+    assert f"against uniform: natural loss {loss}, copy accuracy {acc}" in r.report()
+    assert s["beats_uniform"] == (not loss.startswith("higher") and not acc.startswith("lower"))
     for acc in [
         s["full"]["copy_accuracy"],
         s["chosen"]["copy_accuracy"],
@@ -310,6 +314,36 @@ def test_the_report_says_equal_when_every_policy_is_the_full_cache(llama, text_f
     line = next(x for x in r.report().splitlines() if x.startswith("chosen ("))
     assert "against uniform: natural loss equal, copy accuracy equal" in line, line
     assert "against random (mean): natural loss equal, copy accuracy equal" in line, line
+
+
+@pytest.mark.parametrize(
+    "chosen, words, beats",
+    [  # a loss 3e-5 higher and an accuracy 4e-4 lower than the random mean: both below the printed digits
+        (0.12344, ("natural loss equal at 4 digits, copy accuracy equal;", "lower, copy accuracy equal at 3"), True),
+        (0.12360, ("natural loss higher, copy accuracy equal;", "lower, copy accuracy equal at 3"), False),
+    ],
+)
+def test_beats_and_the_reports_words_are_one_comparison(chosen, words, beats, llama, text_file):
+    """Hand-made near ties: summary.json's beats_uniform / beats_random and the report's words say the
+    same, at the digits the table prints (loss 4 decimals, copy accuracy 3), and the words say where
+    only the unrounded values differ."""
+    import dataclasses
+
+    _, model = llama
+    r = run(model, tiny_kv(text_file, "llama", kv_budget=0.5, budgets=(0.5,), n_random=2), progress=False)
+    made = {"chosen": (chosen, 0.5), "uniform": (0.12341, 0.5), "random": (0.2, 0.5004)}
+    rows = [
+        {**row, **dict(zip(("natural_loss_increase", "copy_accuracy"), made[row["policy"]], strict=True))}
+        if row["policy"] in made
+        else row
+        for row in r.comparison
+    ]
+    r = dataclasses.replace(r, comparison=rows)
+    s, report = r.summary(), r.report()
+    line = next(x for x in report.splitlines() if x.startswith("chosen ("))
+    assert f"against uniform: {words[0]}" in line and f"against random (mean): natural loss {words[1]}" in line, line
+    assert f"{chosen:>15.4f}" in report  # the table shows the loss the words are about
+    assert (s["beats_uniform"], s["beats_random"]) == (beats, True)
 
 
 def test_the_bridge_is_refused(tiny_llama_gqa):

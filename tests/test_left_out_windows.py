@@ -50,7 +50,7 @@ def _summary(out) -> dict:
     return json.loads((out / "summary.json").read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("command", ["ablate", "prune", "robustness", "diff"])
+@pytest.mark.parametrize("command", ["ablate", "ablate-sweep", "prune", "robustness", "diff"])
 def test_commands_on_16_token_windows_say_and_record_the_windows_left_out(
     command, tiny_dir, tiny_tokenizer, run_text, tmp_path, capsys
 ):
@@ -58,6 +58,7 @@ def test_commands_on_16_token_windows_say_and_record_the_windows_left_out(
     model, text = ["--model", str(tiny_dir), "--device", "cpu"], ["--text", str(run_text), "--out", str(out)]
     argv = {
         "ablate": ["ablate", *model, *text, *DATA, "--estimate", "atp", "--formats", "none"],
+        "ablate-sweep": ["ablate", *model, *text, *DATA, "--formats", "none"],  # the exact sweep's report
         "prune": ["prune", *model, *text, *DATA, "--methods", "random", "--n-seeds", "1", "--step-fraction", "0.5"],
         "robustness": ["robustness", *model, *text, *SCAN, "--vary", "seed", "--control-seeds", "1", "--n-boot", "10"],
         "diff": [
@@ -81,6 +82,7 @@ def test_commands_on_16_token_windows_say_and_record_the_windows_left_out(
     s = _summary(out)
     recorded = {
         "ablate": lambda: s["tokens"],
+        "ablate-sweep": lambda: s["tokens"],
         "prune": lambda: s["tokens"],
         "robustness": lambda: s["conditions"][0]["natural"],
         "diff": lambda: s["natural_text"],

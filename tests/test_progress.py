@@ -73,6 +73,32 @@ def test_ablate_with_stderr_to_a_file_leaves_whole_lines(tiny_dir, text_file, tm
     assert all(" 100%|" in line and " 1/1 [" in line for line in sweeps), sweeps
 
 
+def test_a_sweep_of_several_chunks_to_a_log_file_is_one_line_per_task(tiny_tokenizer, text_file, tmp_path):
+    """``headprobe ablate ... 2>log`` (a real file, in a process of its own) on a 6-layer model: the
+    sweep runs in two chunks of layers (``CHUNK_LAYERS`` 5), where a live bar would redraw between
+    them; the log holds one whole line per task's sweep, at 2/2."""
+    import subprocess
+    import sys
+
+    import zoo
+
+    from headprobe.commands.ablate_core import CHUNK_LAYERS
+
+    model = tmp_path / "deep"
+    zoo.make_checkpoint("llama", tiny_tokenizer, num_hidden_layers=CHUNK_LAYERS + 1).hf_model.save_pretrained(model)
+    tiny_tokenizer.save_pretrained(model)
+    small = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]
+    argv = ["ablate", "--model", str(model), "--out", str(tmp_path / "o"), "--text", str(text_file), *small]
+    log = tmp_path / "log"
+    with log.open("w") as err:
+        subprocess.run([sys.executable, "-m", "headprobe", *argv], stderr=err, stdout=subprocess.DEVNULL, check=True)
+    text = log.read_text(encoding="utf-8")
+    assert "\r" not in text and "\x1b" not in text, repr(text)
+    bars = [line for line in text.splitlines() if "%|" in line]
+    assert [b.split(":")[0] for b in bars] == ["ablation sweep (natural)", "ablation sweep (repeated)"], text
+    assert all(" 100%|" in b and " 2/2 [" in b for b in bars), bars
+
+
 def test_an_error_after_a_log_bar_starts_on_its_own_line_without_a_blank_one():
     """The CLI puts a newline before its error line when a bar is still drawn; a log's bar has drawn
     nothing, so none (a blank line in the log), while a terminal's live bar still gets one."""

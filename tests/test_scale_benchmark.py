@@ -113,8 +113,26 @@ def test_tiny_run_has_every_step(tmp_path, monkeypatch):
     assert loop["engine_speedup"] == pytest.approx(forward * (sweep["heads"] + 1) / sweep["seconds"])
     md = (tmp_path / "scale.md").read_text()
     assert all(s in md for s in steps)
+    # the peak column's header says what its numbers are on this CPU: per step where the peak can be reset
+    assert data["peak_memory"] == ("peak RSS in the step" if scale._reset_peak("cpu") else "peak RSS of the process so far")
+    assert f"| rate | {data['peak_memory']} | notes |" in md
     assert [g["goal"] for g in data["goals"]] == [g for g, _, _ in scale.GOALS]
     assert data["goals"] == scale.goals(data["rows"], data["rows"][0]["model"]) and "## Goals" in md
+
+
+def test_the_cpu_peak_is_the_steps_own_where_it_can_be_reset():
+    """A step that holds 256 MiB and one after it that holds nothing: the first's peak is at least
+    the 256 MiB more than the second's when the peak RSS resets (else both are the process's peak)."""
+    import numpy as np
+
+    scale = _scale()
+    held = lambda: np.ones(2**25).sum()  # 2^25 float64: 256 MiB, every page written
+    _, _, big = scale._timed("cpu", held)
+    _, _, small = scale._timed("cpu", lambda: None)
+    if scale._reset_peak("cpu"):
+        assert big - small >= 2**28 * 0.95, (big, small)
+    else:
+        assert small >= big
 
 
 def _rows(model="m", scan=(20.0, 30.0), sweep=(50.0, 0.6), prune=200.0, circuit_peak=30e9):

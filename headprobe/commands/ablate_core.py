@@ -394,24 +394,33 @@ class AblateResult:
         )
 
     def report(self) -> str:
-        """The terminal summary: clean losses, top heads per task, rank correlations, timings."""
+        """The terminal summary: clean losses, top heads per task, rank correlations, timings, notes."""
         s = self.summary()
+        lines = self._estimate_lines(s) if self.config.estimate else self._sweep_lines(s)
+        lines.append(
+            "timings: "
+            + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items())
+        )
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in left_out_notes(self.natural))])
+
+    def _estimate_lines(self, s: dict) -> list[str]:
+        """The report's lines of an estimate (``--estimate``): what it is, clean losses, top heads."""
         t = self.tasks
-        if self.config.estimate:
-            lines = [
-                f"ESTIMATE, not an exact ablation: {s['estimate']['description']} "
-                f"(~{s['estimate']['forward_equivalents_per_task']:.0f} forward passes per task)",
-                f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token",
-                *_removed_lines(s["removed_heads"]),
-            ]
-            for task in TASKS:
-                tops = ", ".join(f"{e['head']} ({e['estimate']:+.3f})" for e in s["top_heads_by_estimate"][task][:5])
-                lines.append(f"{task:<10} top heads by estimate: {tops}")
-            lines.append(
-                "timings: "
-                + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items())
-            )
-            return "\n".join([*lines, *(f"NOTE: {n}" for n in left_out_notes(self.natural))])
+        lines = [
+            f"ESTIMATE, not an exact ablation: {s['estimate']['description']} "
+            f"(~{s['estimate']['forward_equivalents_per_task']:.0f} forward passes per task)",
+            f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token",
+            *_removed_lines(s["removed_heads"]),
+        ]
+        for task in TASKS:
+            tops = ", ".join(f"{e['head']} ({e['estimate']:+.3f})" for e in s["top_heads_by_estimate"][task][:5])
+            lines.append(f"{task:<10} top heads by estimate: {tops}")
+        return lines
+
+    def _sweep_lines(self, s: dict) -> list[str]:
+        """The report's lines of the exact sweep: clean losses, top heads and rank correlations per
+        task, heads swept and resumed, the top induction-score heads."""
+        t = self.tasks
         lines = [
             f"clean loss: natural {t['natural'].clean_loss:.3f}, repeated {t['repeated'].clean_loss:.3f} nats/token",
             *_removed_lines(s["removed_heads"]),
@@ -439,11 +448,7 @@ class AblateResult:
             f"{resumed} resumed from a checkpoint"
         )
         lines.append(f"top induction-score heads: {', '.join(s['top_induction_score_heads'][:5])}")
-        lines.append(
-            "timings: "
-            + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items())
-        )
-        return "\n".join([*lines, *(f"NOTE: {n}" for n in left_out_notes(self.natural))])
+        return lines
 
 
 def _removed_lines(removed: list[str], show: int = 12) -> list[str]:

@@ -114,6 +114,16 @@ def _read_json(path: Path):
         return None
 
 
+def holds_only_toy(out: str | Path) -> bool:
+    """``out`` holds nothing but a trained toy model (``toy/config.json`` with its training
+    settings): what an atlas whose models all failed keeps (checked torch-free; :func:`run` reuses
+    it without ``--overwrite`` where its settings are this atlas's)."""
+    out = Path(out)
+    if not out.is_dir() or [p.name for p in out.iterdir()] != [TOY_DIR]:
+        return False
+    return "train" in (_read_json(out / TOY_DIR / "config.json") or {})
+
+
 def _model_names(values: Sequence[str] | None) -> tuple[str, ...] | None:
     """``--models a,b c`` (commas and spaces alike) as ``("a", "b", "c")``; None: not given."""
     return tuple(m.strip() for a in values for m in a.split(",") if m.strip()) if values else None
@@ -410,7 +420,7 @@ FLAGS = (
 
 def main(args: argparse.Namespace, config: AtlasConfig) -> int:
     config.model_list()
-    prepare_output_dir(args.out, args.overwrite, create=False, resumable=True)
+    prepare_output_dir(args.out, args.overwrite or holds_only_toy(args.out), create=False, resumable=True)
     with options.out_as_it_was(args.out):
         result = resolve("headprobe.commands.atlas_core:run")(config, args.out, overwrite=args.overwrite, progress=True)
     print()

@@ -32,6 +32,7 @@ from headprobe.commands.atlas import (  # noqa: F401 - the light module's names,
     _read_json,
     default_models,
     family_of,
+    holds_only_toy,
     slug,
     snapshot_dirs,
 )
@@ -140,8 +141,7 @@ def _train_toy(config: AtlasConfig, out: Path, progress: bool) -> Path:
     from headprobe.analyses.train import train, training_tokenizer
 
     cfg = toy_train_config(config)
-    done = out / "config.json"
-    if done.is_file() and json.loads(done.read_text(encoding="utf-8")).get("train") == asdict(cfg):
+    if _toy_done(out, config):
         return out
     if progress:
         print(f"training the toy model ({cfg.steps} steps, text+copy) ...", flush=True)
@@ -151,6 +151,19 @@ def _train_toy(config: AtlasConfig, out: Path, progress: bool) -> Path:
     run.loaded.tokenizer.save_pretrained(out)
     run.loaded.save(out, {"train": asdict(cfg)})  # config.json last: the directory is complete
     return out
+
+
+def _toy_done(toy: Path, config: AtlasConfig) -> bool:
+    """``toy`` holds a complete toy model trained with ``config``'s toy settings (its config.json,
+    written last, records them)."""
+    done = toy / "config.json"
+    return done.is_file() and (_read_json(done) or {}).get("train") == asdict(toy_train_config(config))
+
+
+def _kept_toy(out: Path, config: AtlasConfig, models: list) -> bool:
+    """``out`` holds nothing but the toy model an atlas whose models all failed kept there, trained
+    as ``config`` would train it and among its ``models``: the run reuses it without ``--overwrite``."""
+    return holds_only_toy(out) and TOY in [name for _, name, _ in models] and _toy_done(out / TOY_DIR, config)
 
 
 def files_stamp(name: str) -> str | None:
@@ -220,7 +233,10 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     t_start = time.perf_counter()
     models = config.model_list()
     before = set(Path(out).rglob("*")) if Path(out).is_dir() else None  # what a run where all fail leaves
-    out = prepare_output_dir(out, overwrite, resumable=True)
+    reuse = _kept_toy(Path(out), config, models)
+    out = prepare_output_dir(out, overwrite or reuse, resumable=True)
+    if reuse and progress:
+        print(f"reusing the toy model kept in {out / TOY_DIR}/ by an earlier atlas here whose models all failed")
     # where the models run is not part of the key: a run resumed on another device (or split) reads the same checkpoint
     ckpt = RunCheckpoint(
         out, {k: v for k, v in asdict(config).items() if k not in ("device", "device_map", "max_memory")}
@@ -287,7 +303,7 @@ def _all_failed(out: Path, before: set[Path] | None, records: dict[str, dict]) -
     keep = toy if (toy / "config.json").is_file() else None
     _remove_new(out, before, keep)
     kept = (
-        f" (the toy model trained is kept in {toy}/: an atlas with --out {out} --overwrite reuses it)" if keep else ""
+        f" (the toy model trained is kept in {toy}/: an atlas with --out {out} and the same toy settings reuses it)" if keep else ""
     )
     raise HeadprobeError(
         f"every model failed, so no atlas was written{kept}: "

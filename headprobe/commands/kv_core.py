@@ -160,6 +160,9 @@ class KVResult:
                     "press instead prunes the cache once after a full-attention prefill)",
                     "uniform": "every group streaming with one window at the same KV memory",
                     "random": "as many groups full as the chosen policy, drawn at random",
+                    "beats": "beats_uniform / beats_random: the chosen policy's natural loss increase no higher "
+                    "and copy accuracy no lower than the other's (the random rows' mean), compared at the "
+                    f"report's digits ({' and '.join(map(str, TABLE_DIGITS.values()))} decimals), as its words",
                 },
             },
             model=self.spec.name,
@@ -283,29 +286,40 @@ def _mean(values) -> float:
     return sum(v) / len(v)
 
 
-def _wins(chosen: dict, others: list[dict]) -> tuple[bool, bool]:
-    """``(natural-text loss increase no higher, copy accuracy no lower)`` than the mean of ``others``."""
-    return (
-        chosen["natural_loss_increase"] <= _mean(r["natural_loss_increase"] for r in others),
-        chosen["copy_accuracy"] >= _mean(r["copy_accuracy"] for r in others),
-    )
+TABLE_DIGITS = {"natural_loss_increase": 4, "copy_accuracy": 3}
+"""The decimals the report's table prints: the one comparison of the chosen policy with the others
+(the report's words and summary.json's ``beats_*``) is made at them."""
+
+
+def _signs(chosen: dict, others: list[dict]) -> dict[str, tuple[int, bool]]:
+    """Per quantity of :data:`TABLE_DIGITS`: the sign of ``chosen`` minus the mean of ``others``
+    at the table's digits, and whether the unrounded values differ where the rounded are equal."""
+    out = {}
+    for key, digits in TABLE_DIGITS.items():
+        a, b = chosen[key], _mean(r[key] for r in others)
+        x, y = round(a, digits), round(b, digits)
+        out[key] = ((x > y) - (x < y), x == y and a != b)
+    return out
 
 
 def _comparison(chosen: dict, others: list[dict]) -> str:
     """How ``chosen`` compares with the mean of ``others``, in words, at the digits the report's table
-    prints (loss increase 4, copy accuracy 3): ``"natural loss lower|equal|higher, copy accuracy ..."``."""
+    prints: ``"natural loss lower|equal|higher, copy accuracy ..."``, ``"equal at N digits"`` where
+    only the unrounded values differ."""
 
-    def word(key: str, digits: int) -> str:
-        a, b = round(chosen[key], digits), round(_mean(r[key] for r in others), digits)
-        return "lower" if a < b else "higher" if a > b else "equal"
+    def word(key: str) -> str:
+        sign, sub_digit = _signs(chosen, others)[key]
+        return ("lower", "equal", "higher")[sign + 1] + (f" at {TABLE_DIGITS[key]} digits" if sub_digit else "")
 
-    return f"natural loss {word('natural_loss_increase', 4)}, copy accuracy {word('copy_accuracy', 3)}"
+    return f"natural loss {word('natural_loss_increase')}, copy accuracy {word('copy_accuracy')}"
 
 
 def _beats(chosen: dict, others: list[dict]) -> bool:
     """No higher natural-text loss increase and no lower copy accuracy than the mean of ``others``
-    (ties count, so a budget where both copy perfectly is judged on loss)."""
-    return all(_wins(chosen, others))
+    at the report's digits (:func:`_signs`, as its words; ties count, so a budget where both copy
+    perfectly is judged on loss)."""
+    signs = _signs(chosen, others)
+    return signs["natural_loss_increase"][0] <= 0 and signs["copy_accuracy"][0] >= 0
 
 
 def _token_sets(model: LoadedModel, config: KVConfig):
