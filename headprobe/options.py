@@ -75,11 +75,11 @@ def peek_config(model: str) -> dict | None:
     for MLA's per-layer latent; ``parallel_attn_mlp``: attention and MLP read the same residual, a
     headprobe checkpoint's ``parallel_residual`` or by the Hugging Face ``model_type``
     (:func:`headprobe.probe.layout.attention.parallel_attn_mlp_from_hf_config`), None without one),
-    from the embedded ``smollm2-135m``'s layout, a Hugging Face directory's ``config.json`` or a
-    headprobe checkpoint directory's. None where it cannot be read that cheaply (hub names,
-    ``.gguf`` files, unreadable configs): the caller checks after loading instead."""
+    from the embedded ``smollm2-135m``'s layout, a Hugging Face directory's ``config.json``, a
+    headprobe checkpoint directory's, or a hub name's in the local Hugging Face cache. None where it
+    cannot be read that cheaply (hub names not cached, ``.gguf`` files, unreadable configs): the
+    caller checks after loading instead."""
     import json
-    from pathlib import Path
 
     if model.lower() == DEFAULT_MODEL and not Path(model).exists():  # case-insensitive, as load_model reads it
         return {
@@ -91,7 +91,9 @@ def peek_config(model: str) -> dict | None:
             "d_model": SMOLLM2_D_MODEL,
             "parallel_attn_mlp": False,
         }
-    path = Path(model).expanduser() / "config.json"
+    path = _config_file(model)
+    if path is None:
+        return None
     try:
         cfg = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, ValueError):
@@ -126,6 +128,23 @@ def peek_config(model: str) -> dict | None:
         if layers and heads
         else None
     )
+
+
+def _config_file(model: str) -> Path | None:
+    """``model``'s ``config.json``: a directory's, else a hub name's (or alias's) in the local Hugging
+    Face cache (no download); None where neither is at hand."""
+    local = Path(model).expanduser()
+    if local.exists() or model.startswith((".", "/", "~")):
+        return local / "config.json"
+    from huggingface_hub import try_to_load_from_cache
+
+    from headprobe.probe.backends.sources import ALIASES
+
+    try:
+        cached = try_to_load_from_cache(ALIASES.get(model.lower(), model), "config.json")
+    except ValueError:  # not a valid repository id (huggingface_hub's HFValidationError)
+        return None
+    return Path(cached) if isinstance(cached, str) else None
 
 
 def _hf_parallel_attn_mlp(cfg: dict) -> bool | None:

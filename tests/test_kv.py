@@ -418,3 +418,54 @@ def test_a_one_token_block_is_refused_before_any_model_loads():
     alone refuse it now (the config is built from no model here)."""
     with pytest.raises(HeadprobeError, match="--block-len must be >= 2, got 1"):
         KVConfig(model="no-such-model", block_len=1)
+
+
+def _kv_refused_unloaded(argv, monkeypatch, capsys, out):
+    """``(exit status, stderr lines)`` of ``headprobe kv ARGV --out OUT`` with every model loader failing the test."""
+    from headprobe import options
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before --seq-len was checked against its context")
+
+    monkeypatch.setattr(options, "load_for", no_load)
+    monkeypatch.setattr(options, "load_model", no_load)
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["kv", *argv, "--out", str(out)]))
+    return e.value.code, [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+
+
+@pytest.mark.parametrize("seq_len, n_ctx", [(129, 128), (8193, 8192)])
+def test_seq_len_beyond_the_context_is_refused_before_the_load(seq_len, n_ctx, tiny_dir, monkeypatch, capsys, tmp_path):
+    """The context read from the config alone: a Hugging Face directory's config.json (the tiny
+    Llama, 128 positions) and the embedded SmolLM2's (8,192); one line, exit 2, no folder, no load."""
+    model = str(tiny_dir) if n_ctx == 128 else "smollm2-135m"
+    out = tmp_path / "kv"
+    code, err = _kv_refused_unloaded(["--model", model, "--seq-len", str(seq_len)], monkeypatch, capsys, out)
+    assert code == 2 and err == [
+        f"headprobe: error: --seq-len {seq_len} is longer than the model's context ({n_ctx} tokens)"
+    ]
+    assert not out.exists()
+
+
+def test_seq_len_beyond_a_cached_hub_models_context_is_refused_before_the_load(monkeypatch, capsys, tmp_path):
+    """A hub name whose config.json is in the local Hugging Face cache (made here, 96 positions)."""
+    from huggingface_hub import constants
+
+    snapshot = tmp_path / "hub" / "models--someone--tiny-llama" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("abc123")
+    config = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 96}
+    (snapshot / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    out = tmp_path / "kv"
+    code, err = _kv_refused_unloaded(["--model", "someone/tiny-llama", "--seq-len", "97"], monkeypatch, capsys, out)
+    assert code == 2 and err == ["headprobe: error: --seq-len 97 is longer than the model's context (96 tokens)"]
+    assert not out.exists()
+
+
+def test_seq_len_beyond_the_context_is_refused_after_the_load_where_no_config_is_read(llama, text_file):
+    """A model given loaded (no config.json to read): the loaded model's n_ctx refuses it."""
+    _, model = llama
+    with pytest.raises(HeadprobeError, match=rf"--seq-len 200 is longer than the model's context \({model.spec.n_ctx}"):
+        run(model, KVConfig(model="llama", seq_len=200, block_len=6, sink=2, window=6, text=str(text_file)))

@@ -77,6 +77,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def check_context(seq_len: int, n_ctx: int) -> None:
+    """Refuse ``--seq-len`` beyond the model's context of ``n_ctx`` positions.
+
+    Raises:
+        HeadprobeError: ``seq_len > n_ctx``.
+    """
+    if seq_len > n_ctx:
+        raise HeadprobeError(f"--seq-len {seq_len} is longer than the model's context ({n_ctx} tokens)")
+
+
 @dataclass(frozen=True)
 class KVConfig(ModelSettings):
     """Settings of ``headprobe kv``: the shared :class:`~headprobe.settings.ModelSettings` (how the
@@ -198,12 +208,17 @@ class KVConfig(ModelSettings):
         return (self.sink + self.window) / self.seq_len
 
     def preflight(self) -> None:
-        """Checks that need no model: the backend, budgets above the all-streaming floor, distances in range."""
+        """Checks that need no model: the backend, ``seq_len`` within the context where the config
+        tells it without loading (:func:`headprobe.options.peek_config`; else :func:`run` checks it
+        on the loaded model), budgets above the all-streaming floor, distances in range."""
         if backend_lacks(self.backend, "kv_policies"):
             raise HeadprobeError(
                 "headprobe kv masks attention per KV group in headprobe's native model; use --backend "
                 f"native (or auto) with a family it supports (the {self.backend} backend lacks kv_policies)"
             )
+        peeked = options.peek_config(self.model) if isinstance(self.model, str) else None
+        if peeked and peeked["n_ctx"]:
+            check_context(self.seq_len, peeked["n_ctx"])
         low = [b for b in (*self.budgets, self.kv_budget) if b < self.floor]
         if low:
             raise HeadprobeError(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headprobe import options
-from headprobe.commands.kv import HELP, KVConfig  # noqa: F401 - the light module's names, re-exported
+from headprobe.commands.kv import HELP, KVConfig, check_context  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import summary_envelope, write_json
 
@@ -328,10 +328,7 @@ def _token_sets(model: LoadedModel, config: KVConfig):
     from headprobe.probe.core.io import open_text_file
 
     text = open_text_file(config.text) if config.text else None
-    if config.seq_len > model.spec.n_ctx:
-        raise HeadprobeError(
-            f"--seq-len {config.seq_len} is longer than the model's context ({model.spec.n_ctx} tokens)"
-        )
+    check_context(config.seq_len, model.spec.n_ctx)  # where the config could not be read before the load
     natural = natural_text_tokens(model, config.n_natural, config.seq_len, config.seed, text)
     if natural.tokens.shape[0] < config.n_natural:
         raise HeadprobeError(
