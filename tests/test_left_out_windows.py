@@ -140,3 +140,21 @@ def test_view_and_atlas_say_the_windows_of_the_scan_they_redraw(tiny_dir, tiny_t
     skipped, total = left_out(tiny_tokenizer, run_text, 15)
     rec = _summary(atlas)["models"][label]
     assert (rec["windows_left_out"], rec["windows_available"]) == (skipped, total - skipped)
+
+
+def test_scan_says_and_records_the_windows_its_retrieval_needles_left_out(
+    tiny_dir, tiny_tokenizer, run_text, tmp_path, capsys
+):
+    """scan's retrieval score draws its own haystack windows (16 tokens less BOS and two needles of
+    3: windows of 9 text tokens), apart from the natural text's 15: a note and a count for each."""
+    out = tmp_path / "scan"
+    model, text = ["--model", str(tiny_dir), "--device", "cpu"], ["--text", str(run_text), "--out", str(out)]
+    assert main(["scan", *model, *text, *SCAN, "--no-verify", "--pattern-len", "0"]) == 0
+    notes = _notes(capsys)
+    natural, needles = _expect(tiny_tokenizer, run_text, 15), _expect(tiny_tokenizer, run_text, 9, "retrieval haystack")
+    assert len(notes) == 2 and notes[0].startswith(natural) and notes[1].startswith(needles), notes
+    tokens = _summary(out)["tokens"]
+    for name, body in (("natural_text", 15), ("retrieval_needles", 9)):
+        skipped, total = left_out(tiny_tokenizer, run_text, body)
+        assert (tokens[name]["windows_left_out"], tokens[name]["windows_available"]) == (skipped, total - skipped)
+    assert tokens["retrieval_needles"]["needle_len"] == 3 and tokens["retrieval_needles"]["sequences"] == 3

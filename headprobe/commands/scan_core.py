@@ -33,6 +33,7 @@ from headprobe.analyses.ablation import (
 )
 from headprobe.analyses.columns import DETECTORS, METRICS, metric_columns
 from headprobe.analyses.data import (
+    NeedleSet,
     TokenSet,
     left_out_notes,
     natural_text_tokens,
@@ -90,6 +91,8 @@ class ScanResult:
             alpha, correction, family size, control design, sets ablated, notes; {} without verification.
         removed_heads: ``(layer, head)`` of a pruned model's removed heads (their scores are NaN).
         load_s: seconds spent loading the model (set by the caller that loaded it; 0 for a model given loaded).
+        needles: the retrieval score's needle set, its haystack windows drawn apart from ``natural``
+            (None: no metrics, or sequences too short for two needles).
     """
 
     config: ScanConfig
@@ -113,6 +116,7 @@ class ScanResult:
     verification: dict = field(default_factory=dict)
     removed_heads: list = field(default_factory=list)
     load_s: float = 0.0
+    needles: NeedleSet | None = None
 
     @property
     def rule(self) -> VerdictRule | None:
@@ -328,7 +332,9 @@ def run(
 
     examples, patterns = _patterns(model, cfg, scores, natural, repeated)
 
-    composition, metric_notes = _metrics(model, cfg, text, natural, scores, removed) if cfg.metrics else (None, {})
+    composition, metric_notes, needles = (
+        _metrics(model, cfg, text, natural, scores, removed) if cfg.metrics else (None, {}, None)
+    )
     table = _head_table(spec, scores, cfg.types)
     return ScanResult(
         cfg,
@@ -351,6 +357,7 @@ def run(
         metrics=metrics_summary(scores, composition, cfg.types, metric_notes) if cfg.metrics else {},
         verification=design,
         removed_heads=removed,
+        needles=needles,
     )
 
 
@@ -449,7 +456,8 @@ def _score_ci95(per_seq: dict[str, torch.Tensor], scores: dict[str, np.ndarray])
 
 
 def _metrics(model: LoadedModel, cfg: ScanConfig, text, natural: TokenSet, scores: dict, removed: list):
-    """The head metrics' columns, added to ``scores`` (removed heads blank): ``(composition, notes)``."""
+    """The head metrics' columns, added to ``scores`` (removed heads blank): ``(composition, notes,
+    needles)``, ``needles`` the retrieval score's token set (None: sequences too short for it)."""
     assert cfg.seq_len is not None  # set by ScanConfig.resolved
     needles = head_metrics.scan_needles(model, cfg.n_natural, cfg.seq_len, cfg.seed, text, natural.source)
     metric_scores, notes = head_metrics.scan_metrics(
@@ -457,7 +465,7 @@ def _metrics(model: LoadedModel, cfg: ScanConfig, text, natural: TokenSet, score
     )
     scores.update(metric_scores)
     _mark_removed(scores, removed)
-    return head_metrics.scan_composition(model), notes
+    return head_metrics.scan_composition(model), notes, needles
 
 
 def _head_table(spec: ModelSpec, scores: dict[str, np.ndarray], types: Sequence[str]) -> pd.DataFrame:
@@ -570,6 +578,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
                     "tokens": result.repeated.n_tokens,
                     "bos": bool(result.repeated.start),
                 },
+                **_needle_record(result.needles),
             },
             "seed": cfg.seed,
             "dtype": str(result.dtype).removeprefix("torch."),
@@ -603,6 +612,22 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         config=cfg,
         timings_s={"load_s": result.load_s, **result.timings},
     )
+
+
+def _needle_record(needles: NeedleSet | None) -> dict[str, dict]:
+    """summary.json's ``tokens.retrieval_needles``: the retrieval score's set and its haystack's
+    windows (:func:`~headprobe.analyses.data.window_counts`); {} without one."""
+    if needles is None:
+        return {}
+    return {
+        "retrieval_needles": {
+            "source": needles.source,
+            "sequences": int(needles.tokens.shape[0]),
+            "seq_len": int(needles.tokens.shape[1]),
+            "needle_len": needles.needle_len,
+            **window_counts(needles),
+        }
+    }
 
 
 def _top_heads_summary(result: ScanResult, top_n: int) -> dict[str, list[dict]]:
@@ -887,6 +912,8 @@ def short_text_notes(result: ScanResult) -> list[str]:
     windows it has (:func:`~headprobe.analyses.data.natural_text_tokens`)."""
     got, asked = int(result.natural.tokens.shape[0]), result.config.n_natural
     notes = left_out_notes(result.natural)
+    if result.needles is not None:  # the retrieval score's haystack: windows of another length
+        notes += left_out_notes(result.needles, "retrieval haystack")
     if got >= asked:
         return notes
     return notes + [
