@@ -288,8 +288,7 @@ def run(
     Args:
         model: a :class:`~headprobe.probe.backends.loading.LoadedModel`, used as given (``config``'s device,
             dtype, backend and prepend_bos apply only where :func:`scan` or the CLI load it).
-        config: the settings.
-        progress: show progress bars (stderr).
+        config: the settings. progress: show progress bars (stderr).
         resume: the state an interrupted run with the same config saved (``on_save``'s argument):
             its verification goes on from the control sets it had ablated.
         on_save: called with the whole state after every batch of ablated sets (the CLI's
@@ -332,9 +331,7 @@ def run(
 
     examples, patterns = _patterns(model, cfg, scores, natural, repeated)
 
-    composition, metric_notes, needles = (
-        _metrics(model, cfg, text, natural, scores, removed) if cfg.metrics else (None, {}, None)
-    )
+    composition, metric_notes, needles = _metrics(model, cfg, text, natural, scores, removed)
     table = _head_table(spec, scores, cfg.types)
     return ScanResult(
         cfg,
@@ -457,7 +454,10 @@ def _score_ci95(per_seq: dict[str, torch.Tensor], scores: dict[str, np.ndarray])
 
 def _metrics(model: LoadedModel, cfg: ScanConfig, text, natural: TokenSet, scores: dict, removed: list):
     """The head metrics' columns, added to ``scores`` (removed heads blank): ``(composition, notes,
-    needles)``, ``needles`` the retrieval score's token set (None: sequences too short for it)."""
+    needles)``, ``needles`` the retrieval score's token set (None: sequences too short for it);
+    ``(None, {}, None)`` without ``cfg.metrics``."""
+    if not cfg.metrics:
+        return None, {}, None
     assert cfg.seq_len is not None  # set by ScanConfig.resolved
     needles = head_metrics.scan_needles(model, cfg.n_natural, cfg.seq_len, cfg.seed, text, natural.source)
     metric_scores, notes = head_metrics.scan_metrics(
