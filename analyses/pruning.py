@@ -26,7 +26,7 @@ same minibatches), not data-parallel.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,9 +39,11 @@ from headprobe.analyses.ablation import head_importance, require_head_ablation, 
 from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # noqa: F401 - defined once (torch-free)
 from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS
 from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.ablation import Head, format_head
 from headprobe.probe.hooks.names import attn_hook
+from headprobe.probe.layout.cost import backward_sequence_bytes, forward_sequence_bytes
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,60 @@ def masked_loss(model: LoadedModel, data: LossSet, keep: Float[Tensor, "layer he
         return float(distributed.all_reduce_sum(total) / n)
     tokens = data.tokens.to(model.device)  # the mean in float64, as the ranks' sums above
     return float(scored_loss(model.forward(tokens, fwd_hooks=hooks), tokens, data.first).double().mean())
+
+
+L0_BATCH = 4
+"""Sequences per Adam step of the L0 gates (:func:`l0_pruning`'s ``batch_size``)."""
+
+
+def memory_plan(
+    model: LoadedModel,
+    methods: Sequence[str],
+    score: tuple[int, int],
+    evals: Mapping[str, tuple[int, int]],
+    save_pruned: bool = False,
+    per_layer: bool = False,
+) -> memory.BatchPlan:
+    """The working memory of a pruning run's largest step, none of which splits its batch: the
+    gradient importance (``michel`` in ``methods``: the ``score = (batch, seq_len)`` sequences in
+    one forward and backward, :func:`~headprobe.probe.layout.cost.backward_sequence_bytes` each),
+    an L0 gates' step (``l0``: :data:`L0_BATCH` of them), each held-out loss (``evals``: name ->
+    ``(batch, seq_len)``, one forward with logits at every position,
+    :func:`~headprobe.probe.layout.cost.forward_sequence_bytes`), with ``per_layer`` the per-layer
+    table's ablations of the ``natural`` set (at least one set a pass, as
+    :func:`~headprobe.analyses.ablation.set_plan`) and, with ``save_pruned``, the
+    pruned model's check (three more copies of the weights at most: the pruned model, its reloaded
+    copy and the state dict read for it; four float32 logits tensors on the ``natural`` set). Each step is planned (:func:`headprobe.probe.core.memory.plan`, its whole
+    batch at once); the plan of the largest total is returned.
+
+    Raises:
+        HeadprobeError: a step that does not fit in the memory budget (one line, before any allocation).
+    """
+    spec, e = model.spec, model.dtype.itemsize
+
+    def fwd(t: int) -> int:
+        return forward_sequence_bytes(spec.layout, t, spec.d_vocab, e)
+
+    steps = []  # (what, bytes a sequence, sequences, bytes kept)
+    b, t = score
+    backward = backward_sequence_bytes(spec.layout, t, spec.d_vocab, e)
+    if "michel" in methods:
+        steps.append((f"prune's gradient importance ({b} x {t} tokens, forward and backward)", backward, b, 0))
+    if "l0" in methods:
+        steps.append((f"prune's L0 gates ({min(b, L0_BATCH)} x {t} tokens, forward and backward)", backward, min(b, L0_BATCH), 0))
+    for name, (b, t) in evals.items():
+        steps.append((f"prune's held-out {name} loss ({b} x {t} tokens)", fwd(t), b, 0))
+    if per_layer:
+        b, t = evals["natural"]
+        per = forward_sequence_bytes(spec.layout, t, spec.d_vocab, e, streams=1)
+        steps.append((f"prune's per-layer table ({b} x {t} tokens a set)", per, b, 0))
+    if save_pruned:
+        b, t = evals["natural"]
+        weights = 3 * model.n_params * e  # the pruned copy, its reloaded copy and the state dict read for it
+        logits = 4 * 4 * t * spec.d_vocab  # both models' logits, their difference and its absolute value
+        steps.append((f"the pruned model's check ({b} x {t} tokens)", fwd(t) + logits, b, weights))
+    plans = [memory.plan(per, model.device, need, what, kept, cap=need) for what, per, need, kept in steps]
+    return max(plans, key=lambda p: p.fixed + p.items * p.per_item)
 
 
 @dataclass
@@ -431,7 +487,7 @@ def l0_pruning(
     steps: int = 30,
     lr: float = 0.1,
     init: float = 1.0,
-    batch_size: int = 4,
+    batch_size: int = L0_BATCH,
     seed: int = 0,
     progress: bool = False,
     resume: dict | None = None,

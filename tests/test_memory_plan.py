@@ -265,3 +265,74 @@ def test_kv_splits_its_batch_to_the_budget_and_keeps_its_numbers(tiny_dir, tmp_p
     assert summaries["parts"]["full_groups"] == summaries["whole"]["full_groups"]
     costs = [pd.read_csv(tmp_path / name / "group_costs.csv") for name in ("whole", "parts")]
     pd.testing.assert_frame_equal(costs[1], costs[0], atol=1e-6, rtol=0)
+
+
+def test_backward_sequence_bytes_hand_count():
+    from headprobe.probe.layout.cost import backward_sequence_bytes
+
+    layout = AttentionLayout(d_model=8, n_layers=2, n_heads=2, n_kv_heads=1, d_head=4, bytes_per_element=4)
+    # per token and layer: 8 * 8 + 3 * (2 + 2 * 1) * 4 + 3 * 2 * 4 + 4 * 32 = 64 + 48 + 24 + 128 = 264 numbers;
+    # 2 layers * (3 tokens * 4 bytes * 264 + two float32 weights 2 * 4 * 2 * 3 * 3) = 2 * (3168 + 144)
+    # loss: 6 * 4 * 3 tokens * 10; one layer live: 3 * 4 * (4 * 8 + 4 * 4 + 3 * 32) + 4 * 2 * 3 * 3
+    assert backward_sequence_bytes(layout, 3, 10, 4) == 2 * (3168 + 144) + 720 + (1728 + 72)
+
+
+def test_prune_refuses_before_the_folder(tiny_dir, tmp_path, capsys):
+    """A 20 KB budget holds no step of prune: one line before any output folder (it used to run)."""
+    out = tmp_path / "prune"
+    argv = ["prune", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main([*argv, "--methods", "random", "--n-seeds", "1", "--memory-budget", "20KB"]))
+    err = _errors(capsys)
+    assert e.value.code == 2 and len(err) == 1, err
+    assert "prune's held-out natural loss (3 x 16 tokens) needs about" in err[0] and "stated budget 19.53 KiB" in err[0]
+    assert not out.exists()
+
+
+def _peak_tensor_bytes(fn) -> int:
+    """The most bytes of CPU tensors alive at once while ``fn()`` runs, above those alive before it
+    (the allocation and free events of torch's profiler, summed in time order)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
+    now = peak = 0
+    for e in events:
+        now += e.nbytes()
+        peak = max(peak, now)
+    return peak
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"methods": "michel,l0,random", "l0_steps": 2, "l0_lambdas": "1"},
+        {"methods": "random", "save_pruned": True, "save_fraction": 0.5},
+    ],
+)
+def test_prune_estimate_bounds_its_measured_peak(settings, tiny_dir, tmp_path, capsys):
+    """The plan's largest step against the tensors a whole prune run holds at once (the profiler's
+    count, after a warm-up run): an upper bound, and the header prints it."""
+    from headprobe.commands.prune import PruneConfig
+    from headprobe.commands.prune_core import memory_plan, run
+    from headprobe.probe.backends.loading import load_model
+
+    model = load_model(str(tiny_dir), device="cpu")
+    cfg = PruneConfig(
+        model=str(tiny_dir), text=_text(tmp_path), n_natural=3, seq_len=16, n_repeated=2, period=6, n_seeds=1,
+        step_fraction=0.5, **settings,
+    )  # fmt: skip
+    memory.set_budget("64MiB")  # the header's source is the same text in the plan and the run
+    plan = memory_plan(model, cfg)
+    estimate = plan.fixed + plan.items * plan.per_item
+    run(model, cfg, progress=False)  # the first run's one-off allocations are not working memory
+    peak = _peak_tensor_bytes(lambda: run(model, cfg, progress=False))
+    assert peak <= estimate < 10 * peak, (peak, estimate, plan.what)
+    out = tmp_path / "prune"
+    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in settings.items()]
+    argv = ["prune", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL, "--n-seeds", "1"]
+    assert main([*argv, "--step-fraction", "0.5", *flags, "--memory-budget", "64MiB"]) == 0
+    assert plan.line() in capsys.readouterr().out

@@ -27,11 +27,13 @@ from headprobe.analyses.pruning import (
     per_layer_best_head,
     present_heads,
 )
+from headprobe.analyses.pruning import memory_plan as pruning_memory_plan
 from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
 from headprobe.probe.core.io import summary_envelope
+from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.layout.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -386,6 +388,35 @@ def _rename_old_task(saved: dict) -> dict:
     return saved
 
 
+def memory_plan(model: LoadedModel, config: PruneConfig) -> BatchPlan:
+    """:func:`~headprobe.analyses.pruning.memory_plan` of ``config`` on ``model``: ``n_natural``
+    scored sequences of ``seq_len`` tokens, as many held out, ``n_repeated`` repeated sequences of
+    ``2 period`` tokens (BOS added where the model prepends one).
+
+    Raises:
+        HeadprobeError: a step that does not fit in the memory budget, or as ``config.resolved``.
+    """
+    cfg = config.resolved(model.spec, model.trained_periods)
+    assert cfg.seq_len is not None and cfg.period is not None  # set by resolved()
+    assert not isinstance(cfg.methods, str)  # set by __post_init__
+    evals = {
+        "natural": (cfg.n_natural, cfg.seq_len),
+        "repeated": (cfg.n_repeated, 2 * cfg.period + int(model.prepend_bos)),
+    }
+    return pruning_memory_plan(
+        model, cfg.methods, (cfg.n_natural, cfg.seq_len), evals, cfg.save_pruned, cfg.per_layer
+    )
+
+
+def batch_line(model: LoadedModel, config: PruneConfig) -> str:
+    """The header line of :func:`memory_plan` (its largest step).
+
+    Raises:
+        HeadprobeError: as :func:`memory_plan`.
+    """
+    return memory_plan(model, config).line()
+
+
 def _refuse_early(model: LoadedModel, cfg: PruneConfig) -> None:
     """Raise, before any computation, what :func:`run` refuses of the model itself."""
     options.require_causal(
@@ -547,11 +578,13 @@ def run(
 
     Raises:
         HeadprobeError: the model's self-check forbids head ablation, a hybrid model, ``save_pruned`` on a
-            non-native model, sequences longer than the context, too little text.
+            non-native model, sequences longer than the context, too little text, a step that does not
+            fit in the memory budget (:func:`memory_plan`).
     """
     t_start = time.perf_counter()
     saved = _rename_old_task({} if resume is None else resume)
     _refuse_early(model, config)
+    memory_plan(model, config)  # refuses a step that cannot fit, before any allocation
     spec = model.spec
     cfg = config.resolved(spec, model.trained_periods)  # the lengths it runs with and summary.json records
     assert not isinstance(cfg.l0_lambdas, str)  # set by __post_init__

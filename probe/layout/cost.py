@@ -525,6 +525,42 @@ def forward_sequence_bytes(
     return T * element_bytes * per_token + 4 * H * T * T + 2 * 4 * P * d_vocab
 
 
+def backward_sequence_bytes(
+    layout: AttentionLayout, seq_len: int, d_vocab: int, element_bytes: int, d_mlp: int | None = None
+) -> int:
+    """Peak bytes one sequence adds to a forward and backward pass through every layer (autograd;
+    gradients for activations and head masks, none for the weights), the per-item estimate of
+    gradient importance and L0 gates::
+
+        L * (T * element_bytes * (8 * D + 3 * (H + 2 * KV) * d_head + 3 * H * d_head + 4 * d_mlp)
+             + 2 * 4 * H * T * T)
+        + 6 * 4 * T * d_vocab + forward_sequence_bytes(layout, T, d_vocab, element_bytes, 0, d_mlp)
+
+    what autograd keeps of each of the ``L`` layers until the backward reaches it (the residual
+    stream and norms; queries, keys and values with their rotated copies; ``z``, the masked
+    ``z`` and its probe; the MLP's gate, up, activation and product; the float32 attention
+    weights of the eager softmax, twice, which bounds a fused kernel's from above), six float32
+    ``[T, d_vocab]`` tensors at the loss (the logits, their log-softmax, its gradient, the
+    gradient through the log-softmax and the shifted slice, and one spare), and one layer's live tensors
+    (:func:`forward_sequence_bytes` without logits) while that layer runs or is differentiated.
+    ``d_mlp`` defaults to :data:`MLP_WIDTH_RATIO` ``* d_model``.
+
+    Returns:
+        bytes.
+
+    Raises:
+        HeadprobeError: ``seq_len`` is not a positive integer.
+    """
+    _check_workload(seq_len, 1)
+    T, D, H = seq_len, layout.d_model, layout.n_heads
+    kv = H if layout.is_mla else layout.n_kv_heads
+    assert kv is not None and layout.d_head is not None  # filled by AttentionLayout.__post_init__
+    mlp = MLP_WIDTH_RATIO * D if d_mlp is None else d_mlp
+    per_token = 8 * D + 3 * (H + 2 * kv) * layout.d_head + 3 * H * layout.d_head + 4 * mlp
+    saved = layout.n_layers * (T * element_bytes * per_token + 2 * 4 * H * T * T)
+    return saved + 6 * 4 * T * d_vocab + forward_sequence_bytes(layout, T, d_vocab, element_bytes, 0, mlp)
+
+
 # ---------------------------------------------------------------------------------------------
 # Pruned layers: fewer heads in some layers
 # ---------------------------------------------------------------------------------------------
