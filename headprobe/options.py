@@ -130,6 +130,26 @@ def peek_config(model: str) -> dict | None:
     )
 
 
+def peek_context(model: str) -> int | None:
+    """``model``'s context length (positions) read without loading weights: :func:`peek_config`'s
+    ``n_ctx``, else a ``.gguf`` file's ``<general.architecture>.context_length`` (the ``gguf``
+    reader maps the file and parses its header; no tensor data is read). None where neither is at hand."""
+    cfg = peek_config(model)
+    if cfg and cfg["n_ctx"]:
+        return cfg["n_ctx"]
+    path = Path(model).expanduser()
+    if path.suffix != ".gguf" or not path.is_file():
+        return None
+    try:
+        from gguf import GGUFReader
+
+        fields = GGUFReader(str(path)).fields
+        arch = bytes(fields["general.architecture"].parts[-1]).decode()
+        return int(fields[f"{arch}.context_length"].parts[-1][0])
+    except Exception:  # an unreadable header: the loaded model's n_ctx decides
+        return None
+
+
 def _config_file(model: str) -> Path | None:
     """``model``'s ``config.json``: a directory's, else a hub name's (or alias's) in the local Hugging
     Face cache (no download); None where neither is at hand."""

@@ -464,6 +464,23 @@ def test_seq_len_beyond_a_cached_hub_models_context_is_refused_before_the_load(m
     assert not out.exists()
 
 
+def test_seq_len_beyond_a_gguf_files_context_is_refused_before_the_load(monkeypatch, capsys, tmp_path):
+    """A .gguf file's header (made here: a Llama of 80 positions, no tensors) gives the context."""
+    from gguf import GGUFWriter
+
+    path = tmp_path / "tiny.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_context_length(80)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = tmp_path / "kv"
+    code, err = _kv_refused_unloaded(["--model", str(path), "--seq-len", "81"], monkeypatch, capsys, out)
+    assert code == 2 and err == ["headprobe: error: --seq-len 81 is longer than the model's context (80 tokens)"]
+    assert not out.exists()
+
+
 def test_seq_len_beyond_the_context_is_refused_after_the_load_where_no_config_is_read(llama, text_file):
     """A model given loaded (no config.json to read): the loaded model's n_ctx refuses it."""
     _, model = llama

@@ -209,16 +209,16 @@ class KVConfig(ModelSettings):
 
     def preflight(self) -> None:
         """Checks that need no model: the backend, ``seq_len`` within the context where the config
-        tells it without loading (:func:`headprobe.options.peek_config`; else :func:`run` checks it
+        tells it without loading (:func:`headprobe.options.peek_context`; else :func:`run` checks it
         on the loaded model), budgets above the all-streaming floor, distances in range."""
         if backend_lacks(self.backend, "kv_policies"):
             raise HeadprobeError(
                 "headprobe kv masks attention per KV group in headprobe's native model; use --backend "
                 f"native (or auto) with a family it supports (the {self.backend} backend lacks kv_policies)"
             )
-        peeked = options.peek_config(self.model) if isinstance(self.model, str) else None
-        if peeked and peeked["n_ctx"]:
-            check_context(self.seq_len, peeked["n_ctx"])
+        n_ctx = options.peek_context(self.model) if isinstance(self.model, str) else None
+        if n_ctx:
+            check_context(self.seq_len, n_ctx)
         low = [b for b in (*self.budgets, self.kv_budget) if b < self.floor]
         if low:
             raise HeadprobeError(
