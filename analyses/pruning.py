@@ -138,7 +138,8 @@ def memory_plan(
     if "michel" in methods:
         steps.append((f"prune's gradient importance ({b} x {t} tokens, forward and backward)", backward, b, 0))
     if "l0" in methods:
-        steps.append((f"prune's L0 gates ({min(b, L0_BATCH)} x {t} tokens, forward and backward)", backward, min(b, L0_BATCH), 0))
+        n = min(b, L0_BATCH)
+        steps.append((f"prune's L0 gates ({n} x {t} tokens, forward and backward)", backward, n, 0))
     for name, (b, t) in evals.items():
         steps.append((f"prune's held-out {name} loss ({b} x {t} tokens)", fwd(t), b, 0))
     if per_layer:

@@ -321,10 +321,8 @@ def test_prune_estimate_bounds_its_measured_peak(settings, tiny_dir, tmp_path, c
     from headprobe.probe.backends.loading import load_model
 
     model = load_model(str(tiny_dir), device="cpu")
-    cfg = PruneConfig(
-        model=str(tiny_dir), text=_text(tmp_path), n_natural=3, seq_len=16, n_repeated=2, period=6, n_seeds=1,
-        step_fraction=0.5, **settings,
-    )  # fmt: skip
+    small = {"n_natural": 3, "seq_len": 16, "n_repeated": 2, "period": 6, "n_seeds": 1, "step_fraction": 0.5}
+    cfg = PruneConfig(model=str(tiny_dir), text=_text(tmp_path), **small, **settings)
     memory.set_budget("64MiB")  # the header's source is the same text in the plan and the run
     plan = memory_plan(model, cfg)
     estimate = plan.fixed + plan.items * plan.per_item

@@ -403,9 +403,7 @@ def memory_plan(model: LoadedModel, config: PruneConfig) -> BatchPlan:
         "natural": (cfg.n_natural, cfg.seq_len),
         "repeated": (cfg.n_repeated, 2 * cfg.period + int(model.prepend_bos)),
     }
-    return pruning_memory_plan(
-        model, cfg.methods, (cfg.n_natural, cfg.seq_len), evals, cfg.save_pruned, cfg.per_layer
-    )
+    return pruning_memory_plan(model, cfg.methods, (cfg.n_natural, cfg.seq_len), evals, cfg.save_pruned, cfg.per_layer)
 
 
 def batch_line(model: LoadedModel, config: PruneConfig) -> str:
