@@ -581,10 +581,6 @@ def _pull_back(model: LoadedModel, layer: int, grads: dict[tuple[int, str], Tens
     return g.detach().view(cot.shape)
 
 
-IG_ALPHAS = "right Riemann sum, alpha = k/m for k = 1..m (ends at the clean run)"
-"""EAP-IG's integration points (:func:`ig_alphas`), as summaries state them."""
-
-
 def ig_alphas(method: str, steps: int) -> list[float]:
     """The interpolation points: EAP ``[1.0]`` (the clean run); EAP-IG the right Riemann sum
     ``k/m``, ``k = 1..m``: it includes the clean run (alpha = 1), where EAP's gradient is taken, and
