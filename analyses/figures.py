@@ -1126,7 +1126,7 @@ def training_curves(
     if phase_step is not None:
         for ax in (ax1, ax2):
             ax.axvline(phase_step, color="grey", lw=0.8, ls="--")
-        # label on the left of the line, above the low scores before the change, unless too close to the left edge
+        # label on the left of the line, above the low scores before the phase change, unless too close to the left edge
         early = phase_step < 0.25 * float(np.max(steps))
         ax1.annotate(
             f"phase change\n(step {phase_step})",

@@ -220,9 +220,9 @@ def distinct_sets(
     ``n_sets`` of ``every()`` in a random order, cut to ``n_draws``.
 
     Why distinct: the Monte Carlo p-value ``(g + 1) / (n + 1)`` counts each draw as one more
-    comparison. A tiny model whose heads outside the top-k sets leave one possible layer-matched
-    set drew that set 50 times and reported p = 1/51 from one comparison (a toy model's induction
-    and first-token verdicts, CONFIRMED, 2026-12-02). Drawn without replacement, the rank of the
+    comparison. Where the heads outside the top-k leave one possible layer-matched set (a tiny
+    model), 50 draws with repeats would be that set 50 times and give p = 1/51 from one
+    comparison. Drawn without replacement, the rank of the
     top-k effect among the ``n + 1`` is uniform under the null, so the p-value is exact; when all
     ``n_sets`` sets are used, it is the exact permutation p-value over them, at least
     ``1 / (n_sets + 1)``. On a model with many heads no repeat occurs and the draws are those
@@ -552,7 +552,7 @@ def _capped_plan(
 ) -> tuple[dict, int]:
     """:func:`verify_heads`' plan (:func:`make_plan`) of the sets that are ablated, once the tests that
     cannot reach a verdict are capped (:func:`_cap_undecidable`), and the draws of the untested kind."""
-    # the untested kind: the first sets of each test's stream (fixed-size: all of them, the design before sequential tests)
+    # the untested kind: the first sets of each test's stream (fixed-size, --fixed-draws: all of them)
     n_secondary = min(SECONDARY_DRAWS, settings.n_random) if settings.sequential else settings.n_random
     plan = make_plan(tests, streams, settings, requested, n_secondary)
     skip = settings.sequential and not settings.keep_n_random
