@@ -60,11 +60,15 @@ from headprobe.probe.layout.spec import ModelSpec
 
 
 def task_loss(logits: Tensor, tokens: Tensor, task: str, start: int, period: int | None) -> float:
-    """Mean loss (nats/token) on a task.
+    """Mean loss (nats/token) on a task, from ``logits`` ``[batch, pos, d_vocab]`` of ``tokens``
+    ``[batch, pos]``.
 
     ``natural``: every next-token prediction. ``repeated``: predictions of the repeated half's
     tokens r_2..r_S (r_1 of the repeat cannot be predicted from context), i.e. targets at
     positions ``start + S + 1 .. start + 2S - 1``.
+
+    Raises:
+        HeadprobeError: ``task`` is neither ``natural`` nor ``repeated`` (:func:`first_scored`).
     """
     return float(token_losses(logits, tokens)[:, first_scored(task, start, period) :].mean())
 
@@ -74,7 +78,13 @@ def mean_z_from(
     z_by_layer: dict[int, Tensor], start: int, attention_mask: Int[Tensor, "batch pos"] | None = None
 ) -> Float[Tensor, "layer head d_head"]:
     """Mean of each head's z over the real positions of a reference batch: positions from
-    ``start`` on (after BOS) where ``attention_mask`` is 1 (padding never enters the mean)."""
+    ``start`` on (after BOS) where ``attention_mask`` ``[batch, pos]`` is 1 (padding never enters
+    the mean).
+
+    ``z_by_layer``: layer -> ``z`` ``[batch, pos, head, d_head]`` (as :func:`capture_z` gives it).
+    Returns ``[layer, head, d_head]``, stacked in ascending layer order (row i is the i-th layer
+    of ``z_by_layer``, the layer itself when every layer is there), in float32.
+    """
     out = []
     for layer in sorted(z_by_layer):
         z = z_by_layer[layer][:, start:].float()  # [batch, pos, head, d_head]
@@ -509,9 +519,13 @@ def names(heads: Sequence[Head]) -> list[str]:
 
 
 def first_scored(task: str, start: int, period: int | None) -> int:
-    """Index into :func:`token_losses`' position axis of the first prediction a task scores
-    (``natural``: 0, every prediction; ``repeated``: ``start + period``, the repeated half; loss
-    index i predicts position i + 1). :func:`task_loss` and :func:`scored_loss` both use it."""
+    """Index into :func:`token_losses`' position axis (``[batch, pos - 1]``) of the first prediction
+    a task scores (``natural``: 0, every prediction; ``repeated``: ``start + period``, the repeated
+    half; loss index i predicts position i + 1). :func:`task_loss` and :func:`scored_loss` both use it.
+
+    Raises:
+        HeadprobeError: ``task`` is neither ``natural`` nor ``repeated``.
+    """
     if task == "natural":
         return 0
     if task == "repeated":
@@ -645,7 +659,13 @@ def sweep_loop(
 ) -> SweepResult:
     """The plain reference: one full forward pass per head, with that head ablated by a hook.
 
-    Works on either backend. Same arguments and result as :func:`exact_sweep`.
+    Works on either backend. Same arguments and result as :func:`exact_sweep`: ``tokens`` and
+    ``source_tokens`` ``[batch, pos]``, ``mean_z`` ``[layer, head, d_head]``; the
+    :class:`SweepResult`'s losses in nats/token, ``loss`` ``[layer, head]`` (NaN where not swept).
+
+    Raises:
+        HeadprobeError: unknown ``kind`` or its reference input missing, or the model failed its
+            self-check (see :func:`require_head_ablation`).
     """
     require_head_ablation(model)
     _, inputs = kind_inputs(model, kind, mean_z, source_tokens)
@@ -1052,7 +1072,13 @@ def _reduced_importance(sums: Tensor, spec: ModelSpec, n: int, kind: str, normal
 
 
 def spearman(a: Tensor | np.ndarray, b: Tensor | np.ndarray) -> float:
-    """Spearman rank correlation of two score tables over the entries finite in both (scipy)."""
+    """Spearman rank correlation of two score tables over the entries finite in both
+    (``scipy.stats.spearmanr``).
+
+    ``a`` and ``b``: the same number of entries, any shape (e.g. ``[layer, head]``), compared
+    flattened. Returns rho in [-1, 1] (no unit); NaN where fewer than 2 entries are finite in
+    both or one table is constant there.
+    """
     from scipy.stats import spearmanr
 
     a, b = torch.as_tensor(a).flatten().double(), torch.as_tensor(b).flatten().double()

@@ -581,17 +581,13 @@ def _pull_back(model: LoadedModel, layer: int, grads: dict[tuple[int, str], Tens
     return g.detach().view(cot.shape)
 
 
-IG_ALPHAS = "right Riemann sum, alpha = k/m for k = 1..m (ends at the clean run)"
-"""EAP-IG's integration points (:func:`ig_alphas`), as summaries state them."""
-
-
 def ig_alphas(method: str, steps: int) -> list[float]:
     """The interpolation points: EAP ``[1.0]`` (the clean run); EAP-IG the right Riemann sum
     ``k/m``, ``k = 1..m``: it includes the clean run (alpha = 1), where EAP's gradient is taken, and
     leaves out the corrupted one (alpha = 0), so that EAP-IG with one step is EAP. This is the rule of
-    Hanna et al.'s paper and of hannamw/EAP-IG's node attribution (and its edge attribution before
-    2025-02); its edge code now sums ``k = 0..m-1`` (left Riemann), which at 5 steps ranks edges
-    differently (Spearman 0.81 between the two rules)."""
+    Hanna et al.'s paper and of hannamw/EAP-IG's node attribution. That repository's edge
+    attribution (its code from 2025-02 on) sums ``k = 0..m-1`` (left Riemann), which at 5 steps
+    ranks edges differently (Spearman 0.81 between the two rules)."""
     return [1.0] if method == "eap" else [k / steps for k in range(1, steps + 1)]
 
 

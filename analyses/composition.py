@@ -223,11 +223,3 @@ def composition_scores(
             score = torch.linalg.matrix_norm(prod) / (norm_ov[:j][None] * right_norm[:, None, None])
             out[kind][j, :, :j] = score.float()
     return {k: v.cpu() for k, v in out.items()}
-
-
-def pair_scores(
-    scores: Float[Tensor, "layer_j head_j layer_i head_i"], later: list[tuple[int, int]], earlier: list[tuple[int, int]]
-) -> Float[Tensor, "n_later n_earlier"]:
-    """The scores of the pairs ``earlier[i] -> later[j]`` (``[len(later), len(earlier)]``; NaN
-    where the earlier head is not in an earlier layer)."""
-    return torch.stack([torch.stack([scores[lj, hj, li, hi] for li, hi in earlier]) for lj, hj in later])

@@ -146,7 +146,7 @@ def natural_text_tokens(
     documentation) is tokenized once and cut into consecutive non-overlapping windows; ``n_seqs``
     of them are drawn without replacement with ``seed``, leaving out a window more than
     :data:`MAX_ONE_TOKEN_SHARE` one token (``n_skipped``: the same permutation is drawn, and the window after it in that order
-    takes its place; a text without such windows gives the windows it always gave). The whole text may be longer than the
+    takes its place; a text without such windows gives the windows of that permutation). The whole text may be longer than the
     model's context (the windows are not): transformers' warning that it is, meant for a
     sequence about to be run as one, is not printed for this call. A text shorter than ``n_seqs``
     windows gives fewer sequences (all it has), never a truncated or padded one. Of a file larger

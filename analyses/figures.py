@@ -1084,33 +1084,6 @@ def ablation_effect_panels(
 
 
 @_styled
-def pruning_curve_plot(
-    curves: Sequence[tuple[str, np.ndarray, dict[str, np.ndarray]]], metrics: Sequence[tuple[str, str]], title: str
-) -> Figure:
-    """Loss against the fraction of heads removed, one panel per metric, one line per pruning order.
-
-    Args:
-        curves: ``(label, fraction_pruned, {metric column: loss})`` per order (e.g. importance,
-            random).
-        metrics: ``(column, panel y label)`` pairs.
-    """
-    fig = _figure(COLUMN_WIDTH, 1.5 * len(metrics) + 0.5)
-    axes = np.atleast_1d(fig.subplots(len(metrics), 1, sharex=True))
-    styles = [("#0072B2", "o", "-"), ("#E69F00", "s", "--"), ("#009E73", "^", ":"), ("#CC79A7", "D", "-.")]
-    for ax, (col, ylabel) in zip(axes, metrics):
-        for (label, frac, losses), (color, marker, ls) in zip(curves, styles):
-            ax.plot(frac, losses[col], color=color, marker=marker, ls=ls, ms=3, lw=1, label=label)
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3, lw=0.4)
-    axes[0].legend(frameon=False, fontsize=6)
-    axes[0].set_title(title)
-    axes[-1].set_xlabel("fraction of heads removed")
-    reach = max(float(np.max(frac)) for _, frac, _ in curves)  # the run's --max-fraction, not always 1
-    axes[-1].set_xlim(-0.02 * reach, 1.02 * reach)
-    return fig
-
-
-@_styled
 def training_curves(
     steps: np.ndarray,
     max_induction: np.ndarray,
@@ -1153,7 +1126,7 @@ def training_curves(
     if phase_step is not None:
         for ax in (ax1, ax2):
             ax.axvline(phase_step, color="grey", lw=0.8, ls="--")
-        # label on the left of the line, above the low scores before the change, unless too close to the left edge
+        # label on the left of the line, above the low scores before the phase change, unless too close to the left edge
         early = phase_step < 0.25 * float(np.max(steps))
         ax1.annotate(
             f"phase change\n(step {phase_step})",

@@ -819,12 +819,6 @@ def metric_figure_makers(
     return heatmap_makers(list(METRICS.values()), scores, group_size, tag, fields=fields)
 
 
-def metric_figures(scores: dict[str, np.ndarray], group_size: int | None, tag: str) -> dict[str, Any]:
-    """``heatmap_<column>`` for each metric column in ``scores`` (matplotlib Figures): copying on
-    [-1, 1] and dla centred at 0 (``RdBu_r``), sink rate and retrieval on [0, 1], entropy from 0 (nats)."""
-    return {stem: make() for stem, make in metric_figure_makers(scores, group_size, tag).items()}
-
-
 NEEDLE_LEN = 16
 """Needle length (tokens) of the retrieval score, unless a quarter of the sequence is shorter."""
 

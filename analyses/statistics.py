@@ -205,7 +205,7 @@ class SequentialMCTest:
     def reached(self) -> list[bool]:
         """Per draw: did it reach the observed effect (within ``tie``)? A NaN draw (or a NaN
         observed effect) counts as reaching it: a loss that could not be measured is no evidence
-        against the null (``d >= observed`` alone is False for NaN and gave a NaN effect p = 1/51)."""
+        against the null (``d >= observed`` alone is False for NaN and would give a NaN effect p = 1/51)."""
         return [not d < self.observed - self.tie for d in self.draws]
 
     @property

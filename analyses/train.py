@@ -192,7 +192,12 @@ def held_out_text_windows(
 ) -> Int[Tensor, "batch pos"]:
     """A fixed evaluation set: the text is cut into consecutive non-overlapping windows of
     ``seq_len - 1`` tokens and ``n_seqs`` of them (all there are, if fewer) are drawn without
-    replacement with ``seed``, in text order; BOS in front: ``[batch, seq_len]``."""
+    replacement with ``seed``, in text order; BOS in front: ``[batch, seq_len]``, ``batch =
+    min(n_seqs, len(ids) // (seq_len - 1))``.
+
+    Raises:
+        HeadprobeError: ``ids`` has fewer than ``seq_len - 1`` tokens (not one window).
+    """
     body = seq_len - 1
     n_windows = len(ids) // body
     if n_windows == 0:

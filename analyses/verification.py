@@ -220,9 +220,9 @@ def distinct_sets(
     ``n_sets`` of ``every()`` in a random order, cut to ``n_draws``.
 
     Why distinct: the Monte Carlo p-value ``(g + 1) / (n + 1)`` counts each draw as one more
-    comparison. A tiny model whose heads outside the top-k sets leave one possible layer-matched
-    set drew that set 50 times and reported p = 1/51 from one comparison (a toy model's induction
-    and first-token verdicts, CONFIRMED, 2026-12-02). Drawn without replacement, the rank of the
+    comparison. Where the heads outside the top-k leave one possible layer-matched set (a tiny
+    model), 50 draws with repeats would be that set 50 times and give p = 1/51 from one
+    comparison. Drawn without replacement, the rank of the
     top-k effect among the ``n + 1`` is uniform under the null, so the p-value is exact; when all
     ``n_sets`` sets are used, it is the exact permutation p-value over them, at least
     ``1 / (n_sets + 1)``. On a model with many heads no repeat occurs and the draws are those
@@ -463,7 +463,6 @@ def verify_heads(
     removed: Iterable[Head] = (),
     progress: bool = False,
     say: Callable[[str], None] | None = None,
-    on_round: Callable[[dict], None] | None = None,
     cache: SetLosses | None = None,
     sources: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[list[Verification], dict]:
@@ -484,7 +483,6 @@ def verify_heads(
         removed: heads a pruned model no longer has: never drawn into a control set.
         progress: one tqdm bar over every set to ablate; its total shrinks when a test stops.
         say: called with each line of the plan (:func:`plan_lines`) before the first control set.
-        on_round: called after every round with the loop's state (:func:`loop_record`).
         cache: the set losses of an interrupted run and where to save them as they grow
             (:class:`SetLosses`, a scan's checkpoint); None: a fresh one that saves nowhere.
         sources: task -> source tokens ``[batch, pos]`` of a kind that needs one (``resample``).
@@ -521,7 +519,7 @@ def verify_heads(
     plan["lines"] = plan_lines(plan)  # stored without the time estimate (a timing: the design's "timings_s")
     for line in plan_lines({**plan, **estimate}):
         (say or (lambda _: None))(line)
-    run.controls(tests, streams, settings, n_secondary, on_round)
+    run.controls(tests, streams, settings, n_secondary)
     run.bar.close()
     out, design = _verdicts(tests, streams, excluded, settings, metric, clean, plan, notes, run.ablated)
     design["timings_s"] = {f"plan_{k}": v for k, v in estimate.items()}
@@ -554,7 +552,7 @@ def _capped_plan(
 ) -> tuple[dict, int]:
     """:func:`verify_heads`' plan (:func:`make_plan`) of the sets that are ablated, once the tests that
     cannot reach a verdict are capped (:func:`_cap_undecidable`), and the draws of the untested kind."""
-    # the untested kind: the first sets of each test's stream (fixed-size: all of them, the design before sequential tests)
+    # the untested kind: the first sets of each test's stream (fixed-size, --fixed-draws: all of them)
     n_secondary = min(SECONDARY_DRAWS, settings.n_random) if settings.sequential else settings.n_random
     plan = make_plan(tests, streams, settings, requested, n_secondary)
     skip = settings.sequential and not settings.keep_n_random
@@ -832,13 +830,11 @@ class _Ablator:
         streams: list[list[list[Head]]],
         settings: VerificationSettings,
         n_secondary: int,
-        on_round: Callable[[dict], None] | None = None,
     ) -> None:
         """Ablate the control sets in rounds, ``settings.batch`` sets of each open stream a round
         (the open streams of one task and kind in one call), feeding the tests on each stream,
         until every test is done (:func:`_curtail` after each round); the untested kind on the
-        first ``n_secondary`` sets of each stream, in the first round. ``on_round`` gets
-        :func:`loop_record` after each round."""
+        first ``n_secondary`` sets of each stream, in the first round."""
         for x in tests:  # a stream holds n_random sets, or every distinct set where there are fewer
             x.mc = st.SequentialMCTest(
                 x.top_effect[settings.primary_kind],
@@ -870,8 +866,6 @@ class _Ablator:
                         x.mc.add(x.effects[primary][lo:hi])
                 done[s] = hi
             _curtail(tests, settings)
-            if on_round is not None:
-                on_round(loop_record(tests, streams, done, settings))
             for s in range(len(streams)):  # a stream whose tests are all settled: its sets are not needed
                 if planned[s] and all(x.mc.done for x in tests if x.stream == s):
                     self.bar.total -= planned[s]
@@ -893,36 +887,6 @@ class _Ablator:
                 if x.stream == s and not x.mc.done:
                     x.effects[kind] += part
             planned[s] -= len(sets)
-
-
-def loop_record(
-    tests: list[_Test], streams: list[list[list[Head]]], done: list[int], settings: VerificationSettings
-) -> dict:
-    """The verification loop's whole state after a round, as plain JSON-able data: each stream's
-    seed and drawn sets, the sets ablated per stream, and per test its top-k effects, the control
-    effects per kind and its sequential test (draws, stopped, curtailed). The streams are drawn
-    whole before the first round from their seeds (:func:`stream_seed`), so no generator state is
-    left to keep: the record and the same flags rebuild the loop."""
-    return {
-        "seed": settings.seed,
-        "n_random": settings.n_random,
-        "streams": [[names(s) for s in sets] for sets in streams],
-        "stream_seeds": [
-            stream_seed(settings.seed, f"task:{x.task}" if settings.control == "uniform" else x.head_type)
-            for x in {x.stream: x for x in tests}.values()
-        ],
-        "done": list(done),
-        "tests": [
-            {
-                "head_type": x.head_type,
-                "stream": x.stream,
-                "top_effect": dict(x.top_effect),
-                "effects": {k: list(v) for k, v in x.effects.items()},
-                "mc": {"draws": list(x.mc.draws), "stopped": x.mc.stopped, "curtailed": x.mc.curtailed},
-            }
-            for x in tests
-        ],
-    }
 
 
 def _curtail(tests: list[_Test], settings: VerificationSettings) -> None:

@@ -42,9 +42,6 @@ from headprobe.analyses.vocabulary import DEFAULT_PATTERN_LEN
 length, and more than the repeated example's ``1 + 2 * 50``. 30 layers x 9 heads of SmolLM2 at
 128 tokens take 4.4 MB as uint8 before compression (causal patterns are half zeros)."""
 
-EXAMPLES = ("natural", "repeated")
-"""Example names in ``patterns.npz`` (``natural``: natural text; ``repeated``: repeated random tokens)."""
-
 EXAMPLE_LABELS = {"natural": "the natural-text example", "repeated": "the repeated-random-token example"}
 """How the page names an example's pattern ("Head 18.6 on ..."), unless the example carries its
 own ``label`` (``headprobe show``: the user's prompt)."""

@@ -91,7 +91,7 @@ GOALS = (
     ("pruning curve (michel, random) within 5 minutes", "prune", 300.0),
     ("EAP-IG on 8 x 128 tokens within 40 GB", "circuit", 40e9),
 )
-"""Issue 50's goals for the 8B shape on one H200: (goal, what is judged, its limit: seconds or bytes)."""
+"""The goals for the 8B shape on one H200: (goal, what is judged, its limit: seconds or bytes)."""
 
 
 def sweep_flops(

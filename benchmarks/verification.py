@@ -2,7 +2,7 @@
 
 Loads the model once and runs the scan's verification (scores, then the ablations; no metrics or
 patterns) twice with the same settings and seed: every test ablating ``--n-random`` control sets
-of both kinds (fixed-size, the design before sequential tests), and the sequential design
+of both kinds (fixed-size, ``--fixed-draws``), and the sequential design
 (Besag & Clifford stopping, a look after every draw; the untested kind on the first 5 sets). Prints, for each, the sets
 ablated, the verification's wall time and every verdict, and the ratios; ``--control`` picks the
 control design (run it once per design to compare layer-matched with uniform). With

@@ -2,7 +2,8 @@
 (:func:`load_model`, :func:`load_for`), the one runner of a command (:func:`run_command`), the
 one maker of a command's Python function (:func:`command_function`), and the flag blocks of
 :class:`ModelRunConfig` (:func:`model_run_flags`). The settings themselves and the
-flag generator are :mod:`headprobe.settings` (re-exported here under their old names). Nothing
+flag generator are :mod:`headprobe.settings` (``check_settings`` is also importable here as
+``check_config_fields``). Nothing
 here imports torch at module level (``headprobe budget`` must start fast): dtypes are names until
 :func:`torch_dtype`.
 """
@@ -37,7 +38,7 @@ from headprobe.settings import (  # noqa: F401 - the shared vocabularies and fla
     parse_max_memory,
     positive_int,
 )
-from headprobe.settings import check_settings as check_config_fields  # noqa: F401 - the old name
+from headprobe.settings import check_settings as check_config_fields  # noqa: F401 - an alias for importers
 
 if TYPE_CHECKING:
     import os

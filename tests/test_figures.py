@@ -39,7 +39,7 @@ def test_unmeasured_heads_are_hatched_grey_and_named_in_a_legend():
 def test_pruning_axis_ends_where_the_run_stopped():
     frac = np.array([0.0, 0.1, 0.2])
     curves = [(order, frac, {"loss": np.array([3.0, 3.1, 3.4])}) for order in ("importance", "random")]
-    lo, hi = figs.pruning_curve_plot(curves, [("loss", "loss")], "t").axes[-1].get_xlim()
+    lo, hi = figs.pruning_methods_plot(curves, [], [("loss", "loss")], "t").axes[-1].get_xlim()
     assert lo < 0 < 0.2 < hi < 0.21
 
 

@@ -55,9 +55,6 @@ HELP = (
 
 METHODS = ("eap-ig", "eap")
 _RECEIVER = re.compile(r"^(?P<head>[^:]+):(?P<input>q|k|v)$|^logits$")
-BASELINE_TOLERANCE = 1e-4
-"""Largest change of the metric (nats/token) allowed in float32 when a forward resumed at a
-receiver's layer runs unpatched (half precision: :func:`headprobe.analyses.circuit.baseline_tolerance`)."""
 
 
 def _gib(text: str) -> float:

@@ -60,7 +60,7 @@ __getattr__ = lazy_names(__name__, "headprobe.commands.prune_core", _CORE)
 
 
 PRUNED_DIR = "pruned_model"
-PRUNED_FILE = PRUNED_DIR  # the old name of the output (it was a .pt file)
+PRUNED_FILE = PRUNED_DIR  # an alias for importers of the output's name
 
 
 def parse_methods(text: str) -> tuple[str, ...]:

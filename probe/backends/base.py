@@ -441,7 +441,12 @@ class LoadedModel:
         them float32 when it loads a model in half precision). The load-time self-check, if not
         run yet, runs first, in the dtype the model had (float32 for every loader), so that half
         precision rounding is never mistaken for a broken decomposition
-        (:mod:`headprobe.probe.hooks.selfcheck`)."""
+        (:mod:`headprobe.probe.hooks.selfcheck`).
+
+        Raises:
+            HeadprobeError: the model is split over devices (``--device-map``) and ``dtype`` is not
+                the dtype it was split in.
+        """
         if self._main_device is not None and dtype != self.dtype:
             raise HeadprobeError(
                 "a model split over devices (--device-map) keeps the dtype it was split in: cast it before dispatch"
@@ -587,7 +592,8 @@ class LoadedModel:
         return torch.tensor([ids], dtype=torch.long)
 
     def check_token_ids(self, ids: Sequence[int] | Tensor, what: str = "the text") -> None:
-        """Refuse token ids the embedding has no row for (``0 <= id < spec.d_vocab``): a tokenizer
+        """Refuse token ids (``ids`` of any shape, e.g. ``[batch, pos]``, read flattened) the
+        embedding has no row for (``0 <= id < spec.d_vocab``): a tokenizer
         with tokens added after the model was made (an added special token) gives such ids, and the
         forward would end in ``IndexError: index out of range in self``. Run on every id
         :meth:`to_tokens` returns and on the token sets (:mod:`headprobe.analyses.data`).

@@ -205,11 +205,6 @@ def quiet_accelerate() -> Iterator[None]:
         log.setLevel(level)
 
 
-def is_dispatched(model: torch.nn.Module) -> bool:
-    """Whether ``model`` was split by accelerate (it then carries ``hf_device_map``)."""
-    return getattr(model, "hf_device_map", None) is not None
-
-
 @contextlib.contextmanager
 def aligned(module: torch.nn.Module) -> Iterator[None]:
     """The weights of ``module`` and its submodules real and on their execution device for the

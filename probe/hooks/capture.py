@@ -143,13 +143,13 @@ def capture_internal(
     patterns: bool = True,
     scores: bool = False,
 ) -> dict[str, dict[int, Tensor]]:
-    """:func:`capture_heads` without the self-check guard (the self-check itself uses it).
+    """:func:`capture_heads` without the self-check guard (the self-check uses it), plus ``norm_in``
+    ``[batch, pos, d_model]`` after a post-attention norm; ``residual``: ``resid_pre``, ``resid_mid``, ``resid_post``,
+    ``mlp_out`` ``[batch, pos, d_model]`` (where hooked); ``scores``: ``attn_scores`` as ``pattern`` (pre-softmax,
+    masked keys ``-inf``). ``out``: filled in place (kept on an error). ``patterns`` False: no pattern hook.
 
-    With ``residual``, also ``resid_pre``, ``resid_mid``, ``resid_post`` and ``mlp_out`` of each
-    layer (those the backend has hook points for); with ``scores``, ``attn_scores`` (the
-    pre-softmax scores, masked keys ``-inf``). ``out``, if given, is filled in place, so a
-    caller keeps what was captured before an error. ``patterns`` False: no pattern hook (the
-    fused kernel runs; ``out["pattern"]`` stays empty).
+    Raises:
+        HeadprobeError: a pattern hook did not fire (a fused kernel), or ``hook_z``'s heads do not match ``W_O``'s.
     """
     layers = list(model.spec.attention_layers if layers is None else layers)
     out = {} if out is None else out

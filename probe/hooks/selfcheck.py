@@ -134,7 +134,7 @@ class SelfCheck:
         for key in ("max_row_sum_error", "max_future_weight", "max_relative_error", "max_sink_mass"):
             if d[key] is not None:
                 d[key] = float(f"{d[key]:.3g}")
-        if d["max_sink_mass"] is None:  # no learned sinks: the record as before
+        if d["max_sink_mass"] is None:  # no learned sinks: no sink-mass key in the record
             del d["max_sink_mass"]
         d["ok"] = self.ok
         return d

@@ -294,11 +294,11 @@ class SelfAttention(nn.Module):
 
         Precision: scores, soft-capping and softmax are computed in float32 whatever the weights'
         dtype (``q`` and ``k`` are upcast before the product), so half precision cannot overflow
-        here: float16 tops out at 65504, and a model with large queries and keys gave ``inf``
-        scores and NaN pattern rows where the fused kernel (which accumulates in float32) gave
-        none. ``hook_attn_scores`` sees the float32 scores; the pattern is cast back to the
+        here: float16 tops out at 65504, and in half precision a model with large queries and keys
+        would give ``inf`` scores and NaN pattern rows where the fused kernel (which accumulates in
+        float32) gives none. ``hook_attn_scores`` sees the float32 scores; the pattern is cast back to the
         model's dtype before ``hook_pattern`` (as Hugging Face's eager attention does), and
-        ``pattern @ v`` runs in that dtype. In float32 every step is the same as before.
+        ``pattern @ v`` runs in that dtype. In float32 the upcast changes nothing.
 
         GQA without copies: the ``group_size`` query heads of one key/value head are stacked
         along the query-position axis, ``[batch, kv_head, group * q_pos, d_qk]``, so one batched

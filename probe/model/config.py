@@ -1,6 +1,7 @@
 """The native transformer's configuration: :class:`TransformerConfig`, every architecture option a
 family's conversion sets, the checks of their values (those of the MoE, MLA and per-layer rotary
-fields in :mod:`headprobe.probe.model.config_checks`), and the old field names still read.
+fields in :mod:`headprobe.probe.model.config_checks`), and the aliases of field names and values that
+saved configs may carry (:data:`OLD_FIELDS`, :data:`OLD_QK_NORM`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from headprobe.probe.layout.attention import QK_NORM_KINDS, AttentionLayout
 from headprobe.probe.model.config_checks import ROUTERS as ROUTERS
 from headprobe.probe.model.config_checks import check_layer_rope, check_mla, check_moe
 
-#: ``TransformerConfig.qk_norm`` as headprobe spelled it before it took the layout's names
-#: (:data:`~headprobe.probe.layout.attention.QK_NORM_KINDS`); still accepted, read as the new ones.
+#: Aliases of ``TransformerConfig.qk_norm`` values that saved configs may carry -> the layout's names
+#: (:data:`~headprobe.probe.layout.attention.QK_NORM_KINDS`); accepted and stored as those.
 OLD_QK_NORM = {None: "none", "head": "per_head", "all": "full"}
 
-#: Field names of :class:`TransformerConfig` in configs saved before they took the layout's
-#: names (checkpoints, pruned models, weights-cache entries): old -> new, mapped by ``from_json``.
+#: Aliases of :class:`TransformerConfig` field names that saved configs may carry (checkpoints,
+#: pruned models, weights-cache entries) -> the field's name, mapped by ``from_json``.
 OLD_FIELDS = {"head_dim": "d_head"}
 
 
@@ -74,7 +75,7 @@ class TransformerConfig:
             the layout names it: ``"per_head"`` normalises each head over its ``d_qk`` (Qwen3,
             one weight shared by the heads), ``"full"`` the whole ``n_heads * d_qk`` query and
             ``n_kv_heads * d_qk`` key projection (OLMo-2), ``"none"`` no norm (Dehghani et al.
-            2023, arXiv 2302.05442). The old spellings ``"head"``, ``"all"`` and None are
+            2023, arXiv 2302.05442). The aliases ``"head"``, ``"all"`` and None are
             accepted and stored as these (:data:`OLD_QK_NORM`).
         sliding_window: a query reads only the ``sliding_window`` most recent keys, itself
             included (key ``k`` is read from query ``q`` iff ``q - sliding_window < k <= q``,
@@ -373,8 +374,8 @@ class TransformerConfig:
     def from_json(cls, fields: dict) -> TransformerConfig:
         """The config whose ``dataclasses.asdict`` is ``fields`` after a JSON round trip (JSON
         turns the tuple fields, e.g. ``sliding_layers``, into lists; they come back as tuples).
-        Configs saved under the old names (:data:`OLD_FIELDS`, :data:`OLD_QK_NORM`: checkpoints,
-        pruned models and weights-cache entries written before) are read as the new ones.
+        Aliased names and values in saved configs (:data:`OLD_FIELDS`, :data:`OLD_QK_NORM`:
+        checkpoints, pruned models, weights-cache entries) are read as the config's own.
 
         Raises:
             TypeError: a field the config does not have. HeadprobeError: as the constructor.

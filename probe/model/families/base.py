@@ -164,10 +164,6 @@ def renamed(
 GATED_MLP = (("mlp.fc_gate", "mlp.gate_proj"), ("mlp.fc_in", "mlp.up_proj"), ("mlp.fc_out", "mlp.down_proj"))
 """Native name -> Hugging Face name of a gated MLP's projections (Llama's, DeepSeek's)."""
 
-EXPERT_LAYOUTS = ("chunked", "transposed", "interleaved")
-"""How a Hugging Face family stacks its experts' weights (:func:`moe_weights`)."""
-
-
 def moe_weights(
     sd: Mapping[str, Tensor],
     ours: str,
