@@ -114,7 +114,9 @@ def test_tiny_run_has_every_step(tmp_path, monkeypatch):
     md = (tmp_path / "scale.md").read_text()
     assert all(s in md for s in steps)
     # the peak column's header says what its numbers are on this CPU: per step where the peak can be reset
-    assert data["peak_memory"] == ("peak RSS in the step" if scale._reset_peak("cpu") else "peak RSS of the process so far")
+    assert data["peak_memory"] == (
+        "peak RSS in the step" if scale._reset_peak("cpu") else "peak RSS of the process so far"
+    )
     assert f"| rate | {data['peak_memory']} | notes |" in md
     assert [g["goal"] for g in data["goals"]] == [g for g, _, _ in scale.GOALS]
     assert data["goals"] == scale.goals(data["rows"], data["rows"][0]["model"]) and "## Goals" in md

@@ -303,7 +303,9 @@ def _all_failed(out: Path, before: set[Path] | None, records: dict[str, dict]) -
     keep = toy if (toy / "config.json").is_file() else None
     _remove_new(out, before, keep)
     kept = (
-        f" (the toy model trained is kept in {toy}/: an atlas with --out {out} and the same toy settings reuses it)" if keep else ""
+        f" (the toy model trained is kept in {toy}/: an atlas with --out {out} and the same toy settings reuses it)"
+        if keep
+        else ""
     )
     raise HeadprobeError(
         f"every model failed, so no atlas was written{kept}: "

@@ -164,6 +164,7 @@ def renamed(
 GATED_MLP = (("mlp.fc_gate", "mlp.gate_proj"), ("mlp.fc_in", "mlp.up_proj"), ("mlp.fc_out", "mlp.down_proj"))
 """Native name -> Hugging Face name of a gated MLP's projections (Llama's, DeepSeek's)."""
 
+
 def moe_weights(
     sd: Mapping[str, Tensor],
     ours: str,
