@@ -74,7 +74,9 @@ from torch import Tensor
 from headprobe.analyses.ablation import ablation_directions, kind_inputs, require_head_ablation
 from headprobe.analyses.vocabulary import ESTIMATORS  # the --estimate choices, defined once (torch-free)
 from headprobe.probe.backends.base import LoadedModel, scored_loss
+from headprobe.probe.core import ablation_kinds, memory
 from headprobe.probe.hooks.names import attn_hook, block_hook
+from headprobe.probe.layout.cost import backward_sequence_bytes
 
 N_PROBES = 8
 """Default sampled-target probes of :func:`second_order`. On SmolLM2-135M's 60 benchmark heads
@@ -98,6 +100,48 @@ def forward_equivalents(method: str, n_layers: int, n_probes: int = N_PROBES) ->
     if method == "second-order":
         return 3.0 + 2.0 * n_probes
     raise ValueError(f"unknown estimator {method!r}; expected one of {', '.join(ESTIMATORS)}")
+
+
+def estimate_plan(
+    model: LoadedModel, method: str, batch: int, seq_len: int, n_probes: int = N_PROBES, kind: str = "zero"
+) -> memory.BatchPlan:
+    """The working memory of one ``--estimate`` of ``batch`` sequences of ``seq_len`` tokens, all
+    in one pass (no estimator splits its batch), planned by :func:`headprobe.probe.core.memory.plan`.
+
+    Per sequence (``T`` tokens, ``L`` layers, ``H`` heads of ``d_head``, ``D = d_model``, ``V``
+    the vocabulary, ``e`` the model's element bytes):
+    :func:`~headprobe.probe.layout.cost.backward_sequence_bytes` (a forward and a backward through
+    every layer, its six float32 ``[T, V]`` tensors at the loss cover second-order's logits,
+    distribution, cotangent and its gradient), plus ``L T H d_head (4 + e)``: the ablation
+    directions ``r - z`` in float32 (:func:`~headprobe.analyses.ablation.ablation_directions`)
+    beside the gradients at ``z``, held while the graph is; ``L T H d_head e`` more for a kind
+    that ablates with a source (its z on every layer); ``atp``: ``2 (L + 1) T D e``, the zero
+    probe at every layer boundary and its gradient, held through the ``L - 1`` partial backwards;
+    ``second-order``: ``16 T n_probes``, its uniforms and draws. Kept beside the batch
+    (``second-order``): the inverse-CDF draws' two float64 ``[rows, V]`` tensors,
+    ``rows = min(batch T, DRAW_ROWS)`` (:func:`categorical_draws`).
+
+    Raises:
+        HeadprobeError: the batch does not fit in the memory budget (one line, before any allocation).
+        ValueError: unknown ``method``.
+    """
+    if method not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {method!r}; expected one of {', '.join(ESTIMATORS)}")
+    spec, e = model.spec, model.dtype.itemsize
+    L, T, z = spec.n_layers, seq_len, spec.n_heads * spec.d_head
+    per = backward_sequence_bytes(spec.layout, T, spec.d_vocab, e) + L * T * z * (4 + e)
+    if ablation_kinds.KINDS.get(kind).needs == "source":
+        per += L * T * z * e
+    kept, passes = 0, "forward and backward"
+    if method == "atp":
+        per += 2 * (L + 1) * T * spec.d_model * e
+        passes = f"forward, backward and {L - 1} partial backward{'s' if L != 2 else ''}"
+    elif method == "second-order":
+        per += 16 * T * n_probes
+        kept = 2 * min(batch * T, DRAW_ROWS) * spec.d_vocab * 8
+        passes = f"forward and {1 + n_probes} backwards"
+    what = f"ablate's {method} estimate ({batch} x {seq_len} tokens, {passes})"
+    return memory.plan(per, model.device, batch, what, kept, cap=batch)
 
 
 def _z_probes(n_layers: int) -> tuple[list, dict[int, Tensor], dict[int, Tensor]]:

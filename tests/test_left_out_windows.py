@@ -158,3 +158,22 @@ def test_scan_says_and_records_the_windows_its_retrieval_needles_left_out(
         skipped, total = left_out(tiny_tokenizer, run_text, body)
         assert (tokens[name]["windows_left_out"], tokens[name]["windows_available"]) == (skipped, total - skipped)
     assert tokens["retrieval_needles"]["needle_len"] == 3 and tokens["retrieval_needles"]["sequences"] == 3
+
+
+def test_atlas_says_and_records_the_windows_its_scans_retrieval_needles_left_out(
+    tiny_dir, tiny_tokenizer, run_text, tmp_path, capsys
+):
+    """Each scan of an atlas draws the retrieval score's haystack apart (windows of 9 text tokens,
+    the natural text's of 15): the atlas names both in its NOTEs and records both in the model's record."""
+    atlas = tmp_path / "atlas"
+    argv = ["atlas", "--models", str(tiny_dir), "--device", "cpu", "--text", str(run_text), "--out", str(atlas), *SCAN]
+    assert main([*argv, "--types", "induction", "--pattern-len", "0", "--no-model-figures"]) == 0
+    notes = _notes(capsys)
+    label = next(iter(_summary(atlas)["models"]))
+    natural = _expect(tiny_tokenizer, run_text, 15, label)
+    needles = _expect(tiny_tokenizer, run_text, 9, f"{label} retrieval haystack")
+    assert len(notes) == 2 and notes[0].startswith(natural) and notes[1].startswith(needles), notes
+    rec = _summary(atlas)["models"][label]
+    for counts, body in ((rec, 15), (rec["retrieval_needles"], 9)):
+        skipped, total = left_out(tiny_tokenizer, run_text, body)
+        assert (counts["windows_left_out"], counts["windows_available"]) == (skipped, total - skipped)

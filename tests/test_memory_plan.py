@@ -334,3 +334,46 @@ def test_prune_estimate_bounds_its_measured_peak(settings, tiny_dir, tmp_path, c
     argv = ["prune", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL, "--n-seeds", "1"]
     assert main([*argv, "--step-fraction", "0.5", *flags, "--memory-budget", "64MiB"]) == 0
     assert plan.line() in capsys.readouterr().out
+
+
+ESTIMATORS = ["gradient", "attribution", "atp", "second-order"]
+
+
+@pytest.mark.parametrize("method", ESTIMATORS)
+def test_ablate_estimate_refuses_before_the_folder(method, tiny_dir, tmp_path, capsys):
+    """A 20 KB budget holds no estimator's forward and backward: one line before any output folder
+    (the estimates used to run unplanned)."""
+    out = tmp_path / "ablate"
+    argv = ["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main([*argv, "--estimate", method, "--n-probes", "2", "--memory-budget", "20KB"]))
+    err = _errors(capsys)
+    assert e.value.code == 2 and len(err) == 1, err
+    assert f"ablate's {method} estimate (3 x 16 tokens" in err[0] and "stated budget 19.53 KiB" in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("method", ESTIMATORS)
+@pytest.mark.parametrize("kind", ["zero", "resample"])
+def test_ablate_estimate_bounds_its_measured_peak(method, kind, tiny_dir, tmp_path, capsys):
+    """The plan of the larger task's estimate against the tensors a whole ``--estimate`` run holds at
+    once (the profiler's count, after a warm-up run): an upper bound within 10x, and the header prints it."""
+    from headprobe.commands.ablate import AblateConfig
+    from headprobe.commands.ablate_core import memory_plan, run
+    from headprobe.probe.backends.loading import load_model
+
+    model = load_model(str(tiny_dir), device="cpu")
+    cfg = AblateConfig(
+        model=str(tiny_dir), text=_text(tmp_path), n_natural=3, seq_len=16, n_repeated=2, period=6,
+        estimate=method, n_probes=2, kind=kind,
+    )  # fmt: skip
+    memory.set_budget("64MiB")  # the header's source is the same text in the plan and the run
+    plan = memory_plan(model, cfg)
+    estimate = plan.fixed + plan.items * plan.per_item
+    run(model, cfg, progress=False)  # the first run's one-off allocations are not working memory
+    peak = _peak_tensor_bytes(lambda: run(model, cfg, progress=False))
+    assert peak <= estimate < 10 * peak, (peak, estimate, plan.what)
+    out = tmp_path / "ablate"
+    argv = ["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]
+    assert main([*argv, "--estimate", method, "--n-probes", "2", "--kind", kind, "--memory-budget", "64MiB"]) == 0
+    assert plan.line() in capsys.readouterr().out

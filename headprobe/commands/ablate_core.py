@@ -29,7 +29,7 @@ from headprobe.analyses.ablation import (
     sweep_plan,
     top_heads,
 )
-from headprobe.analyses.attribution import atp_star, forward_equivalents, second_order
+from headprobe.analyses.attribution import atp_star, estimate_plan, forward_equivalents, second_order
 from headprobe.analyses.data import TokenSet, left_out_notes, open_text_file, task_tokens, window_counts
 from headprobe.analyses.scoring import score_tokens
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
@@ -38,6 +38,7 @@ from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
 from headprobe.probe.core.io import summary_envelope
+from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.hooks.capture import kv_head_of
 from headprobe.probe.layout.spec import ModelSpec
 
@@ -554,20 +555,37 @@ def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSe
     return natural, repeated, sets, mean_z
 
 
-def batch_line(model: LoadedModel, config: AblateConfig) -> str | None:
-    """The header line of the sweep's batch (:func:`~headprobe.analyses.ablation.sweep_plan` for the
-    larger of the two tasks' token sets); None with ``estimate`` (no sweep).
+def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
+    """The plan of the larger of the two tasks' batches (the larger per-sequence estimate): the
+    exact sweep's (:func:`~headprobe.analyses.ablation.sweep_plan`), or with ``estimate`` the
+    estimator's over each task's whole batch (:func:`~headprobe.analyses.attribution.estimate_plan`:
+    ``n_natural`` windows of ``seq_len`` tokens, ``n_repeated`` sequences of ``2 period`` tokens,
+    BOS added where the model prepends one).
 
     Raises:
-        HeadprobeError: one ablation of a task's sequences does not fit in the memory budget.
+        HeadprobeError: one ablation of a task's sequences, or an estimate of a task's batch, does
+            not fit in the memory budget; lengths that cannot run (``config.resolved``).
     """
-    if config.estimate:
-        return None
     config = config.resolved(model.spec, model.trained_periods)  # refuses lengths that cannot run, before a plan
     assert config.period is not None and config.seq_len is not None  # set by resolved
-    shapes = [(config.n_natural, config.seq_len), (config.n_repeated, 2 * config.period + 1)]
+    natural = (config.n_natural, config.seq_len)
+    if config.estimate:
+        shapes = [natural, (config.n_repeated, 2 * config.period + int(model.prepend_bos))]
+        method, n_probes = config.estimate, config.n_probes
+        plans = [estimate_plan(model, method, b, t, n_probes, config.kind) for b, t in shapes]
+        return max(plans, key=lambda p: p.fixed + p.items * p.per_item)
+    shapes = [natural, (config.n_repeated, 2 * config.period + 1)]
     plans = [sweep_plan(model, b, t, model.spec.n_layers, config.max_batch) for b, t in shapes]
-    return max(plans, key=lambda p: p.per_item).line()
+    return max(plans, key=lambda p: p.per_item)
+
+
+def batch_line(model: LoadedModel, config: AblateConfig) -> str:
+    """The header line of :func:`memory_plan`.
+
+    Raises:
+        HeadprobeError: as :func:`memory_plan`.
+    """
+    return memory_plan(model, config).line()
 
 
 def _sweep_task(
@@ -635,7 +653,8 @@ def run(
 
     Raises:
         HeadprobeError: an encoder, the model's self-check forbids head ablation, a head out of
-            range, sequences longer than the context, too little text.
+            range, sequences longer than the context, too little text, an estimate that does not fit in
+            the memory budget (:func:`memory_plan`).
     """
     t_start = time.perf_counter()
     saved = {} if resume is None else resume
@@ -647,6 +666,8 @@ def run(
         spec, "ablate needs a causal language model (its effects are next-token loss effects)", options.ENCODER_HINT
     )
     model.self_check.require_decomposition("head ablation (ablate, prune)")
+    if config.estimate:
+        memory_plan(model, config)  # refuses an estimate that cannot fit, before any allocation
     cfg = config.resolved(spec, model.trained_periods)  # the lengths it runs with and summary.json records
     heads = _present(cfg.head_list(spec.n_layers, spec.n_heads, spec.layout.head_layers), spec)
     natural, repeated, sets, mean_z = _task_sets(model, cfg)

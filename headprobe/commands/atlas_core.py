@@ -53,7 +53,8 @@ class AtlasResult:
         models: label -> ``{"model", "family", "step", "dir", "status", "timings_s"}`` (``status``:
             ``scanned``, ``resumed`` or ``failed``; failed ones also have ``error``, one line;
             ``timings_s``: ``scan_s``, the model's scan); a scan's also ``windows_available`` and
-            ``windows_left_out``, its natural-text windows (:func:`~headprobe.analyses.data.window_counts`).
+            ``windows_left_out``, its natural-text windows (:func:`~headprobe.analyses.data.window_counts`),
+            and, where the scan drew the retrieval score's haystack, ``retrieval_needles``: its two counts.
         out: the output directory.
         seconds: the whole run's.
         rules: the :class:`~headprobe.analyses.verdicts.VerdictRule` of each scan with verdicts.
@@ -121,7 +122,32 @@ class AtlasResult:
             )
             for t, per in s.items():
                 lines.append(f"  {t:<16} " + " | ".join(per.get(m, "") or "-" for m in models))
-        return "\n".join([*lines, *(f"NOTE: {n}" for n in left_out_notes_of(self.models))])
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in left_out_notes_of(_window_sets(self.models)))])
+
+
+WINDOW_KEYS = ("windows_available", "windows_left_out")
+"""The counts of a scan's natural-text draw (:func:`~headprobe.analyses.data.window_counts`)."""
+
+
+def _window_record(tokens: dict) -> dict:
+    """A model's record of its scan's windows, from summary.json's ``tokens``: the natural text's
+    counts and, where the scan drew the retrieval score's haystack, ``retrieval_needles``: its counts."""
+    natural, needles = tokens.get("natural_text", {}), tokens.get("retrieval_needles", {})
+    rec: dict[str, Any] = {k: natural[k] for k in WINDOW_KEYS if k in natural}
+    if any(k in needles for k in WINDOW_KEYS):
+        rec["retrieval_needles"] = {k: needles[k] for k in WINDOW_KEYS if k in needles}
+    return rec
+
+
+def _window_sets(models: dict[str, dict]) -> dict[str, dict]:
+    """Each model's token sets by the name its left-out NOTE gives: ``label`` (the natural text) and
+    ``label retrieval haystack`` (the retrieval score's windows), model by model."""
+    sets = {}
+    for label, rec in models.items():
+        sets[label] = rec
+        if "retrieval_needles" in rec:
+            sets[f"{label} retrieval haystack"] = rec["retrieval_needles"]
+    return sets
 
 
 def toy_train_config(config: AtlasConfig):
@@ -264,8 +290,7 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
         records[label] = rec
         if rec["status"] != "failed":
             summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
-            natural = summary.get("tokens", {}).get("natural_text", {})
-            rec.update({k: natural[k] for k in ("windows_available", "windows_left_out") if k in natural})
+            rec.update(_window_record(summary.get("tokens", {})))
             parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
             rules.append(atlas_lib.scan_rule(summary))
     if records and all(r["status"] == "failed" for r in records.values()):

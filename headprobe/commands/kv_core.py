@@ -202,18 +202,10 @@ class KVResult:
             else f"policy: {len(s['full_groups'])} of {n_groups} KV groups full, the rest "
             f"sink {s['sink']} + window {s['window']}; KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens",
             f"{'':>10} {'natural loss +':>15} {'copy accuracy':>14} {'long-range loss':>16}",
-            f"{'full':>10} {0:>15.4f} {s['full']['copy_accuracy']:>14.3f} {s['full']['long_range_loss']:>16.3f}",
+            _table_row("full", {**s["full"], "natural_loss_increase": 0.0}),
         ]
-        for name in ("chosen", "uniform"):
-            r = s[name]
-            lines.append(
-                f"{name:>10} {r['natural_loss_increase']:>15.4f} {r['copy_accuracy']:>14.3f} {r['long_range_loss']:>16.3f}"
-            )
-        for r in s["random"]["rows"]:
-            lines.append(
-                f"{'random ' + str(r['seed']):>10} {r['natural_loss_increase']:>15.4f} {r['copy_accuracy']:>14.3f} "
-                f"{r['long_range_loss']:>16.3f}"
-            )
+        lines += [_table_row(name, s[name]) for name in ("chosen", "uniform")]
+        lines += [_table_row(f"random {r['seed']}", r) for r in s["random"]["rows"]]
         others = {"uniform": [s["uniform"]], "random (mean)": s["random"]["rows"]}
         lines.append(
             f"chosen ({s['method']} ranking) against "
@@ -289,6 +281,13 @@ def _mean(values) -> float:
 TABLE_DIGITS = {"natural_loss_increase": 4, "copy_accuracy": 3}
 """The decimals the report's table prints: the one comparison of the chosen policy with the others
 (the report's words and summary.json's ``beats_*``) is made at them."""
+
+
+def _table_row(name: str, r: dict) -> str:
+    """One row of the report's table: ``name``, then ``r``'s natural loss increase and copy accuracy at
+    their :data:`TABLE_DIGITS` decimals and its long-range loss at 3."""
+    loss, acc = (f"{r[k]:>{w}.{TABLE_DIGITS[k]}f}" for k, w in (("natural_loss_increase", 15), ("copy_accuracy", 14)))
+    return f"{name:>10} {loss} {acc} {r['long_range_loss']:>16.3f}"
 
 
 def _signs(chosen: dict, others: list[dict]) -> dict[str, tuple[int, bool]]:
