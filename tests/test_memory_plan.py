@@ -341,8 +341,7 @@ ESTIMATORS = ["gradient", "attribution", "atp", "second-order"]
 
 @pytest.mark.parametrize("method", ESTIMATORS)
 def test_ablate_estimate_refuses_before_the_folder(method, tiny_dir, tmp_path, capsys):
-    """A 20 KB budget holds no estimator's forward and backward: one line before any output folder
-    (the estimates used to run unplanned)."""
+    """A 20 KB budget holds no estimator's forward and backward: one line before any output folder."""
     out = tmp_path / "ablate"
     argv = ["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]
     with pytest.raises(SystemExit) as e:
@@ -377,3 +376,24 @@ def test_ablate_estimate_bounds_its_measured_peak(method, kind, tiny_dir, tmp_pa
     argv = ["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]
     assert main([*argv, "--estimate", method, "--n-probes", "2", "--kind", kind, "--memory-budget", "64MiB"]) == 0
     assert plan.line() in capsys.readouterr().out
+
+
+def test_ablate_sweep_refuses_a_budget_its_gradient_scores_exceed(tiny_dir, tmp_path, capsys):
+    """A budget that holds one ablation of each task's batch (the sweep's own plan) but not the
+    gradient scores' forward and backward over that batch is refused before the folder."""
+    from headprobe.analyses.ablation import sweep_plan
+    from headprobe.analyses.attribution import estimate_plan
+    from headprobe.probe.backends.loading import load_model
+
+    model = load_model(str(tiny_dir), device="cpu")
+    shapes = [(3, 16 + int(model.prepend_bos)), (2, 2 * 6 + 1)]
+    sweep_need = max(p.fixed + b * p.per_item for b, t in shapes for p in [sweep_plan(model, b, t, 2)])
+    grad_need = max(p.fixed + b * p.per_item for b, t in shapes for p in [estimate_plan(model, "gradient", b, t)])
+    assert sweep_need < grad_need  # a budget between them exists
+    out = tmp_path / "ablate"
+    argv = ["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main([*argv, "--memory-budget", str((sweep_need + grad_need) // 2)]))
+    err = _errors(capsys)
+    assert e.value.code == 2 and len(err) == 1 and "ablate's gradient estimate" in err[0], err
+    assert not out.exists()

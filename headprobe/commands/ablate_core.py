@@ -557,7 +557,8 @@ def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSe
 
 def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
     """The plan of the larger of the two tasks' batches (the larger per-sequence estimate): the
-    exact sweep's (:func:`~headprobe.analyses.ablation.sweep_plan`), or with ``estimate`` the
+    exact sweep's (:func:`~headprobe.analyses.ablation.sweep_plan`; its gradient scores' pass over
+    each task's whole batch is checked to fit as the ``gradient`` estimate), or with ``estimate`` the
     estimator's over each task's whole batch (:func:`~headprobe.analyses.attribution.estimate_plan`:
     ``n_natural`` windows of ``seq_len`` tokens, ``n_repeated`` sequences of ``2 period`` tokens,
     BOS added where the model prepends one).
@@ -575,6 +576,8 @@ def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
         plans = [estimate_plan(model, method, b, t, n_probes, config.kind) for b, t in shapes]
         return max(plans, key=lambda p: p.fixed + p.items * p.per_item)
     shapes = [natural, (config.n_repeated, 2 * config.period + 1)]
+    for b, t in shapes:  # the sweep's gradient scores: one forward and backward of the task's batch
+        estimate_plan(model, "gradient", b, t, kind=config.kind)
     plans = [sweep_plan(model, b, t, model.spec.n_layers, config.max_batch) for b, t in shapes]
     return max(plans, key=lambda p: p.per_item)
 
