@@ -323,17 +323,24 @@ def test_prune_estimate_bounds_its_measured_peak(settings, tiny_dir, tmp_path, c
     model = load_model(str(tiny_dir), device="cpu")
     small = {"n_natural": 3, "seq_len": 16, "n_repeated": 2, "period": 6, "n_seeds": 1, "step_fraction": 0.5}
     cfg = PruneConfig(model=str(tiny_dir), text=_text(tmp_path), **small, **settings)
+    plan = _plan_bounds_its_measured_peak(memory_plan, run, model, cfg)
+    out = tmp_path / "prune"
+    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in settings.items()]
+    argv = ["prune", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL, "--n-seeds", "1"]
+    assert main([*argv, "--step-fraction", "0.5", *flags, "--memory-budget", "64MiB"]) == 0
+    assert plan.line() in capsys.readouterr().out
+
+
+def _plan_bounds_its_measured_peak(memory_plan, run, model, cfg):
+    """``memory_plan(model, cfg)`` under a 64 MiB budget, checked as an upper bound within 10x of the
+    tensors ``run(model, cfg)`` holds at once (the profiler's count, after a warm-up run); the plan."""
     memory.set_budget("64MiB")  # the header's source is the same text in the plan and the run
     plan = memory_plan(model, cfg)
     estimate = plan.fixed + plan.items * plan.per_item
     run(model, cfg, progress=False)  # the first run's one-off allocations are not working memory
     peak = _peak_tensor_bytes(lambda: run(model, cfg, progress=False))
     assert peak <= estimate < 10 * peak, (peak, estimate, plan.what)
-    out = tmp_path / "prune"
-    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in settings.items()]
-    argv = ["prune", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL, "--n-seeds", "1"]
-    assert main([*argv, "--step-fraction", "0.5", *flags, "--memory-budget", "64MiB"]) == 0
-    assert plan.line() in capsys.readouterr().out
+    return plan
 
 
 ESTIMATORS = ["gradient", "attribution", "atp", "second-order"]
@@ -366,12 +373,7 @@ def test_ablate_estimate_bounds_its_measured_peak(method, kind, tiny_dir, tmp_pa
         model=str(tiny_dir), text=_text(tmp_path), n_natural=3, seq_len=16, n_repeated=2, period=6,
         estimate=method, n_probes=2, kind=kind,
     )  # fmt: skip
-    memory.set_budget("64MiB")  # the header's source is the same text in the plan and the run
-    plan = memory_plan(model, cfg)
-    estimate = plan.fixed + plan.items * plan.per_item
-    run(model, cfg, progress=False)  # the first run's one-off allocations are not working memory
-    peak = _peak_tensor_bytes(lambda: run(model, cfg, progress=False))
-    assert peak <= estimate < 10 * peak, (peak, estimate, plan.what)
+    plan = _plan_bounds_its_measured_peak(memory_plan, run, model, cfg)
     out = tmp_path / "ablate"
     argv = ["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]
     assert main([*argv, "--estimate", method, "--n-probes", "2", "--kind", kind, "--memory-budget", "64MiB"]) == 0

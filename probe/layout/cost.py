@@ -515,14 +515,24 @@ def forward_sequence_bytes(
     Raises:
         HeadprobeError: ``seq_len`` is not a positive integer.
     """
-    _check_workload(seq_len, 1)
-    T, D, H = seq_len, layout.d_model, layout.n_heads
-    kv = H if layout.is_mla else layout.n_kv_heads
-    assert kv is not None and layout.d_head is not None  # filled by AttentionLayout.__post_init__
-    mlp = MLP_WIDTH_RATIO * D if d_mlp is None else d_mlp
+    T, (D, H, kv, d_head, mlp) = seq_len, _activation_widths(layout, seq_len, d_mlp)
     P = T if logit_positions is None else logit_positions
-    per_token = (4 + streams) * D + (H + 2 * kv) * layout.d_head + 3 * mlp
+    per_token = (4 + streams) * D + (H + 2 * kv) * d_head + 3 * mlp
     return T * element_bytes * per_token + 4 * H * T * T + 2 * 4 * P * d_vocab
+
+
+def _activation_widths(layout: AttentionLayout, seq_len: int, d_mlp: int | None) -> tuple[int, int, int, int, int]:
+    """``(d_model, n_heads, key/value heads (an MLA layer's: n_heads), d_head, d_mlp)`` of the
+    per-sequence estimates (``d_mlp`` None: :data:`MLP_WIDTH_RATIO` ``* d_model``).
+
+    Raises:
+        HeadprobeError: ``seq_len`` is not a positive integer.
+    """
+    _check_workload(seq_len, 1)
+    kv = layout.n_heads if layout.is_mla else layout.n_kv_heads
+    assert kv is not None and layout.d_head is not None  # filled by AttentionLayout.__post_init__
+    mlp = MLP_WIDTH_RATIO * layout.d_model if d_mlp is None else d_mlp
+    return layout.d_model, layout.n_heads, kv, layout.d_head, mlp
 
 
 def backward_sequence_bytes(
@@ -551,12 +561,8 @@ def backward_sequence_bytes(
     Raises:
         HeadprobeError: ``seq_len`` is not a positive integer.
     """
-    _check_workload(seq_len, 1)
-    T, D, H = seq_len, layout.d_model, layout.n_heads
-    kv = H if layout.is_mla else layout.n_kv_heads
-    assert kv is not None and layout.d_head is not None  # filled by AttentionLayout.__post_init__
-    mlp = MLP_WIDTH_RATIO * D if d_mlp is None else d_mlp
-    per_token = 8 * D + 3 * (H + 2 * kv) * layout.d_head + 3 * H * layout.d_head + 4 * mlp
+    T, (D, H, kv, d_head, mlp) = seq_len, _activation_widths(layout, seq_len, d_mlp)
+    per_token = 8 * D + 3 * (H + 2 * kv) * d_head + 3 * H * d_head + 4 * mlp
     saved = layout.n_layers * (T * element_bytes * per_token + 2 * 4 * H * T * T)
     return saved + 6 * 4 * T * d_vocab + forward_sequence_bytes(layout, T, d_vocab, element_bytes, 0, mlp)
 
