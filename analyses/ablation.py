@@ -210,8 +210,9 @@ def sweep_plan(
 ) -> memory.BatchPlan:
     """Sequences per forward pass of :func:`exact_sweep` on ``batch`` sequences of ``seq_len`` tokens
     sweeping heads of ``n_layers`` layers: as many as the memory budget holds
-    (:func:`headprobe.probe.core.memory.plan`), at most ``max_batch`` (None: no cap), at least
-    ``batch`` (one ablation). Per sequence :func:`~headprobe.probe.layout.cost.forward_sequence_bytes`
+    (:func:`headprobe.probe.core.memory.plan`), at most ``max_batch`` and ``batch n_heads`` (a pass
+    ablates heads of one layer), at least ``batch`` (one ablation). Per sequence
+    :func:`~headprobe.probe.layout.cost.forward_sequence_bytes`
     with :data:`SWEEP_STREAMS` streams and logits at the scored positions; kept: the clean
     activations, ``min(STORED_ACTIVATION_BYTES, batch * seq_len * n_layers * (2 d_model + head d_head) * bytes)``.
 
@@ -225,9 +226,9 @@ def sweep_plan(
     kept = min(
         STORED_ACTIVATION_BYTES, batch * seq_len * n_layers * (2 * spec.d_model + spec.n_heads * spec.d_head) * e
     )
-    return memory.plan(
-        per, model.device, batch, f"the exact ablation sweep ({batch} x {seq_len} tokens)", kept, max_batch
-    )
+    whole_layer = batch * spec.n_heads  # a pass ablates heads of one layer: more would never be used
+    cap = whole_layer if max_batch is None else min(max_batch, whole_layer)
+    return memory.plan(per, model.device, batch, f"the exact ablation sweep ({batch} x {seq_len} tokens)", kept, cap)
 
 
 def set_plan(model: LoadedModel, batch: int, seq_len: int, max_batch: int | None = None) -> memory.BatchPlan:

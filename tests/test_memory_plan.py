@@ -84,13 +84,15 @@ def test_sweep_plan_equals_formula(tiny_llama_gqa_native, monkeypatch):
     kept = min(STORED_ACTIVATION_BYTES, B * T * L * (2 * spec.d_model + spec.n_heads * spec.d_head) * e)
     monkeypatch.setenv(memory.BUDGET_ENV, "3MiB")
     plan = sweep_plan(model, B, T, L)
-    assert plan.items == (3 * 2**20 - kept) // per and plan.budget == 3 * 2**20
+    assert plan.items == min((3 * 2**20 - kept) // per, B * spec.n_heads) and plan.budget == 3 * 2**20
     assert "$HEADPROBE_MEMORY_BUDGET" in plan.source
     memory.set_budget("1MiB")  # the setting wins over the environment
     assert sweep_plan(model, B, T, L).items == (2**20 - kept) // per
     assert sweep_plan(model, B, T, L, max_batch=5).items == 5
     per_set = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, streams=1)
     assert set_plan(model, B, T).items == 2**20 // per_set
+    memory.set_budget("1GiB")  # room for far more than a pass can use: one layer's heads on the batch
+    assert sweep_plan(model, B, T, L).items == B * spec.n_heads
     memory.set_budget(kept + B * per - 1)  # one byte short of one ablation of the batch
     with pytest.raises(HeadprobeError, match="working memory"):
         sweep_plan(model, B, T, L)
