@@ -959,7 +959,7 @@ def head_importance(
     sequence's ``dL(x)/dxi_h`` and ``dL(x)/dz_h``:
 
     * ``I_h = mean_x |dL(x)/dxi_h|``; ``normalize`` divides each layer's scores by their L2 norm
-      (Michel et al. section 4.2). The absolute value is taken per sequence, the paper's
+      (Michel et al. section 4.1). The absolute value is taken per sequence, the paper's
       definition, equal to Hugging Face's bertology loop at batch size 1 with the gradient reset
       each step; the authors' released code takes it per token, which ranks heads differently
       (Spearman 0.65 on SmolLM2-135M);

@@ -202,7 +202,7 @@ def iterative_pruning(
         order: ``importance`` (lowest first, Michel et al.) or ``random`` (seeded baseline).
         step_fraction: fraction of all heads removed per step (the paper: 0.1); of every head present (:func:`present_heads`).
         rescore: recompute importance at the current mask after each step (else once, as in the paper).
-        normalize: per-layer L2 normalisation of the importance (Michel et al. section 4.2).
+        normalize: per-layer L2 normalisation of the importance (Michel et al. section 4.1).
         max_fraction: stop once this fraction of heads is removed.
         resume: a state that ``on_step`` handed out earlier; the run continues after its last step.
         on_step: called after every step with the run's state (JSON-serialisable), to checkpoint it.
@@ -706,7 +706,7 @@ def curve_auc(fraction: Any, loss: Any, upto: float) -> float:
 
 @torch.inference_mode()
 def per_layer_best_head(model: LoadedModel, data: LossSet, progress: bool = False) -> list[dict]:
-    """Michel et al. 2019 (section 3.2, Table 2): each layer reduced to one head, the other
+    """Michel et al. 2019 (section 3.3, Tables 2 and 3): each layer reduced to one head, the other
     layers intact. For every layer and head, the loss with every *other* head of that layer
     zero-ablated (at ``hook_z``; :func:`headprobe.analyses.ablation.set_ablation_losses`; under
     ``torchrun`` the sets are sharded over the ranks); the best head is the one with the lowest loss.

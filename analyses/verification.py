@@ -8,7 +8,7 @@ The design (docs/scan.md, "How a verdict is reached"):
   the task's loss more than ablating k like-for-like random heads". It is tested with the
   *primary* ablation kind (:data:`PRIMARY_KIND`, mean ablation: it keeps each head's output on
   the data's distribution, where zero ablation also measures the damage of an off-distribution
-  input, Wang et al. 2022 sec. 3; Heimersheim & Nanda 2024). The other kind (zero) is ablated on
+  input, Wang et al. 2022 sec. 2.1; Heimersheim & Nanda 2024). The other kind (zero) is ablated on
   the first :data:`SECONDARY_DRAWS` of the same control sets and reported with its raw p-value,
   not tested.
 * **Controls** (:func:`layer_matched_sets`, default): each random set has as many heads in each

@@ -102,7 +102,7 @@ class PruneConfig(options.ModelRunConfig):
         step_fraction: fraction of all heads removed per step, in (0, 1].
         max_fraction: stop once this fraction of heads is removed, in (0, 1].
         rescore: recompute the importance after every step (False: once before pruning, as in the paper).
-        normalize: per-layer L2 normalisation of the importance (Michel et al. section 4.2).
+        normalize: per-layer L2 normalisation of the importance (Michel et al. section 4.1).
         methods: the methods compared, a subset of :data:`METHODS` (a comma-separated string is accepted).
         n_seeds: random orders drawn (seeds ``seed .. seed + n_seeds - 1``), shown as a band (>= 1).
         l0_lambdas: the L0 penalty weights swept, increasing (nats per whole model's heads; see

@@ -12,7 +12,7 @@ activation patching (resample) and ``headprobe ablate --kind``. Adding a kind is
 the registry's (:class:`~headprobe.probe.core.registry.Registry`: one line, with did-you-mean).
 
 Built-in kinds (the vocabulary of Heimersheim & Nanda 2024, "How to use and interpret activation
-patching", arXiv 2404.15255, and Wang et al. 2022, arXiv 2211.00593, sec. 3):
+patching", arXiv 2404.15255, and Wang et al. 2022, arXiv 2211.00593, sec. 2.1):
 
 * ``zero``: ``r_h = 0``;
 * ``mean``: ``r_h`` = the head's mean ``z`` over a reference set of real tokens (``mean_z``
@@ -139,7 +139,7 @@ register(
         _mean,
         "mean_z",
         "by its mean z over reference tokens",
-        "r_h = the head's mean z over the real tokens of a reference batch (Wang et al. 2022, sec. 3)",
+        "r_h = the head's mean z over the real tokens of a reference batch (Wang et al. 2022, sec. 2.1)",
     )
 )
 register(

@@ -451,7 +451,7 @@ class Streaming:
     """A streaming KV group: its query heads read only the first ``sink`` keys (attention sinks)
     and the ``window`` most recent ones, the query itself included; the cache keeps those
     ``sink + window`` positions (StreamingLLM, Xiao et al. 2023, arXiv:2309.17453; DuoAttention,
-    Xiao et al. 2024, arXiv:2410.10819, section 3.2).
+    Xiao et al. 2024, arXiv:2410.10819, sections 2.1 and 2.3).
 
     Attributes:
         sink: positions kept from the start, >= 0.
