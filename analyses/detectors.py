@@ -83,8 +83,8 @@ def previous_token_score(pattern: Pattern) -> Float[Tensor, " head"]:
 def first_token_score(pattern: Pattern) -> Float[Tensor, " head"]:
     """First-token (attention-sink) score: mean attention to position 0 over queries i >= 1.
 
-    Source: Xiao et al. 2023 (StreamingLLM); Gu et al. 2024 call a head a sink head when this
-    is at least 0.3.
+    Source: Xiao et al. 2023 (StreamingLLM). Gu et al. 2024 threshold a related rate at 0.3,
+    :func:`headprobe.analyses.metrics.sink_rate`, which also counts query 0.
     """
     _check(pattern)
     return pattern[..., 1:, 0].float().mean(dim=(0, 2))

@@ -205,8 +205,9 @@ def retrieval_mass_of_pattern(
 ) -> Float[Tensor, " head"]:
     """Mean attention mass each head puts, from the repeat's queries (``second + i``, the ones
     that predict the repeat's tokens 2..block_len), on the block's first occurrence ``[first,
-    first + block_len)``: the retrieval score of Wu et al. 2024 (arXiv:2404.15574; attention on
-    the tokens being copied), in [0, 1]. A diffuse head puts about ``block_len / pos`` there,
+    first + block_len)``, in [0, 1]: a soft stand-in for the retrieval score of Wu et al. 2024
+    (arXiv:2404.15574), which counts the copied tokens on which the head's maximum attention lands
+    (:func:`headprobe.analyses.metrics.retrieval_score`). A diffuse head puts about ``block_len / pos`` there,
     a head that copies from far back most of its mass. Pure."""
     B, H, T, _ = pattern.shape
     rows, _ = (t.to(pattern.device) for t in lr.targets())

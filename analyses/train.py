@@ -239,8 +239,9 @@ def mixed_batch(
 
 def in_context_loss(losses: Tensor, early: float = 0.10, late: float = 0.98, window: int = 2) -> float:
     """Loss late in the sequence minus loss early (nats), Olsson et al. 2022's in-context-learning
-    score scaled to short contexts: token 500 vs token 50 of 512 becomes the mean over
-    ``±window`` positions around ``late`` and ``early`` fractions of the sequence.
+    score (the loss at token 500 minus that at token 50) scaled to short contexts: the mean over
+    ``±window`` positions around the ``late`` and ``early`` fractions of the sequence (0.98 and
+    0.10 are about 500/512 and 50/512).
 
     ``losses`` is ``[batch, pos - 1]`` from :func:`headprobe.analyses.ablation.token_losses` (index i
     predicts token i + 1). Negative when later tokens are predicted better.
