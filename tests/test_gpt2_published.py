@@ -12,8 +12,9 @@ pytestmark = pytest.mark.skipif(not _is_cached(GPT2), reason=f"{GPT2} weights ar
 
 
 def test_published_gpt2_small_heads():
-    """Induction 5.1, 5.5, 6.9, 7.2, 7.10 (Olsson et al. 2022; Wang et al. 2022) among the top
-    heads on repeated random tokens; previous-token head 4.11 at the top on natural text."""
+    """Induction 5.1, 5.5, 6.9, 7.2, 7.10 (Wang et al. 2022's IOI circuit; the score is Olsson et al.
+    2022's prefix matching) among the top heads on repeated random tokens; previous-token head 4.11
+    at the top on natural text."""
     from headprobe.analyses.ablation import top_heads
     from headprobe.analyses.data import natural_text_tokens, repeated_random_tokens
     from headprobe.analyses.scoring import score_token_set
