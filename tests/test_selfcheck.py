@@ -219,7 +219,7 @@ def test_commands_on_post_norm_and_mla_checkpoints(zoo_dirs, family, backend, tm
 def _massive(tokenizer, family: str, value: float):
     """The tiny ``family`` checkpoint with one massive residual feature: embedding column 7 set to
     ``value`` for every token, so every residual entry of that feature is ~``value`` (Sun et al. 2024
-    report 4.3e3 in Llama-2-7B; here every token carries it, a harsher case than their few tokens)."""
+    report ~1e3-1e4 in Llama-2 on a few tokens; here every token carries it, a harsher case)."""
     ckpt = zoo.make_checkpoint(family, tokenizer)
     with torch.no_grad():
         ckpt.hf_model.get_input_embeddings().weight[:, 7] = value

@@ -27,8 +27,7 @@ per-head numbers. So one short forward pass (:data:`N_TOKENS` tokens) checks, pe
       that the attention output is what the block adds (a norm the backend does not know of fails
       here). The residual is stored in the model's dtype, so each of its entries is only known to
       within its rounding, ``eps * |resid|``: a model with massive activations (a residual entry
-      of ~1e3-1e4, Sun et al. 2024, "Massive activations in large language models"; 4.3e3 in
-      Llama-2-7B) loses ``eps * 2.5e4 ~ 3e-3`` of every such entry when the attention output is
+      of ~1e3-1e4, Sun et al. 2024, "Massive activations in large language models") loses ``eps * 2.5e4 ~ 3e-3`` of every such entry when the attention output is
       added, far more than the attention output's own rounding. So the error against the residual
       is the part of ``|added - reference|`` that this rounding cannot explain,
       ``max(0, |added - reference| - eps * | |resid_mid| + |resid_pre| |) / |reference|`` (``|mlp_out|`` added inside for a parallel block)
