@@ -646,7 +646,8 @@ def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str,
     """How well edge scores ``estimate`` track exact path patching ``exact`` over the same edges:
     Spearman's and Pearson's correlation (scipy) and the top-``k`` recall, the fraction of the ``k``
     edges largest in ``|exact|`` that are among the ``k`` largest in ``|estimate|`` (Hanna et al.
-    2024 compare EAP and EAP-IG with patching this way). A correlation that is undefined (one side
+    2024 compare EAP and EAP-IG with patching by the circuits' overlap and faithfulness; these are
+    edge-level stand-ins). A correlation that is undefined (one side
     the same on every edge: a model whose W_O is zero patches to no effect at all) is None, and
     ``null_reasons`` (present only then) says why, keyed like the correlation; so is the recall
     where ``k`` is not below the number of edges (every edge in both top-``k`` sets: 1 by construction).
