@@ -511,13 +511,15 @@ def loaded_fields(model: LoadedModel, config_fields: dict) -> dict:
     ``dtype`` set to the kind of device the model is on (``cpu``, ``cuda``) and its dtype's name:
     what the run uses and summary.json records. A loaded model runs where and as it is (it is
     never moved or cast), so a ``device`` other than ``auto`` or the model's own, or a ``dtype``
-    other than the model's, is refused.
+    other than the model's, is refused; so are the other load settings (:func:`_load_fields_of`).
 
     Raises:
-        HeadprobeError: ``device`` or ``dtype`` other than the model's (one line).
+        HeadprobeError: ``device``, ``dtype``, ``backend`` or ``prepend_bos`` other than the model's,
+            or a ``device_map`` / ``max_memory`` (one line).
     """
     from headprobe.probe.core.errors import HeadprobeError
 
+    config_fields = _load_fields_of(model, config_fields)
     where = getattr(getattr(model, "device", None), "type", None)  # None: a stand-in without one
     asked = config_fields.get("device", "auto")
     if where is not None and asked not in ("auto", where) and isinstance(asked, str):
@@ -536,6 +538,42 @@ def loaded_fields(model: LoadedModel, config_fields: dict) -> dict:
                 f"out, or load it with headprobe.load_model(..., dtype={dtype_name(fields['dtype'])!r})"
             )
     return {**fields, "dtype": dtype}
+
+
+def _load_fields_of(model: LoadedModel, config_fields: dict) -> dict:
+    """``config_fields`` with ``prepend_bos`` set to ``model``'s own (what the run uses and
+    summary.json records; its ``backend`` is the model's, the config's the one asked for, as on the
+    command line), for a model already loaded.
+
+    Raises:
+        HeadprobeError: a ``backend`` other than ``auto`` or the model's, a ``prepend_bos`` other than
+            the model's, or a ``device_map`` / ``max_memory``: settings of a load by name (one line).
+    """
+    from headprobe.probe.core.errors import HeadprobeError
+
+    fields = dict(config_fields)
+    for name in ("device_map", "max_memory"):
+        if fields.get(name) is not None:
+            raise HeadprobeError(
+                f"{name}= applies when the model is loaded by name; the model given is loaded already: leave "
+                f"{name} out, or load it with headprobe.load_model(..., {name}=...)"
+            )
+    backend = getattr(model, "backend", None)
+    if isinstance(backend, str):  # None or a mock's attribute: a stand-in, the config's own check decides
+        if fields.get("backend", "auto") not in ("auto", backend):
+            raise HeadprobeError(
+                f"backend={fields['backend']!r}, but the model given is loaded on the {backend} backend: leave "
+                f"backend at auto, or load it with headprobe.load_model(..., backend={fields['backend']!r})"
+            )
+    bos = getattr(model, "prepend_bos", None)
+    if isinstance(bos, bool):
+        if fields.get("prepend_bos", bos) != bos:
+            raise HeadprobeError(
+                f"prepend_bos={fields['prepend_bos']!r}, but the model given was loaded with prepend_bos={bos}: "
+                f"leave it out, or load it with headprobe.load_model(..., prepend_bos={fields['prepend_bos']!r})"
+            )
+        fields["prepend_bos"] = bos
+    return fields
 
 
 def command_function(

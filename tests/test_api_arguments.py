@@ -71,6 +71,31 @@ def test_a_loaded_model_runs_in_its_own_dtype_and_records_it(tiny_dir, text_file
 
 
 @pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"backend": "transformer-lens"}, "backend='transformer-lens', but the model given is loaded on the native"),
+        ({"prepend_bos": False}, "prepend_bos=False, but the model given was loaded with prepend_bos=True"),
+        ({"device_map": "auto"}, "device_map= applies when the model is loaded by name"),
+        ({"max_memory": "cpu=1GiB"}, "max_memory= applies when the model is loaded by name"),
+    ],
+)
+def test_a_loaded_model_refuses_other_load_settings(cpu_model, text_file, fields, expected):
+    """A loaded model runs on its own backend, with its own BOS rule and placement: a load setting
+    other than its own is refused in one line, never recorded in summary.json beside a run that did
+    not use it; its own is recorded."""
+    with pytest.raises(HeadprobeError) as e:
+        headprobe.ablate(cpu_model, text=str(text_file), heads="0.0", **SMALL, **fields)
+    assert expected in one_line(e)
+    summary = headprobe.ablate(cpu_model, backend="native", text=str(text_file), heads="0.0", **SMALL).summary()
+    assert (
+        summary["config"]["prepend_bos"] is cpu_model.prepend_bos and "native backend" in summary["weights_precision"]
+    )
+    no_bos = headprobe.load_model(str(cpu_model.spec.name), device="cpu", prepend_bos=False, quiet=True)
+    summary = headprobe.ablate(no_bos, text=str(text_file), heads="0.0", **SMALL).summary()
+    assert summary["config"]["prepend_bos"] is False  # the model's rule, not the setting's default
+
+
+@pytest.mark.parametrize(
     ("device", "expected"),
     [
         ("gpu", "--device 'gpu' is not one of auto, cpu, cuda, cuda:N"),
