@@ -598,6 +598,8 @@ def sink_removal_effect(
     return {"effect": top_effect, "controls": controls, "control_sets": sets, "p": p, "note": note}
 
 
+# The reported metrics, each registered by name in headprobe.analyses.columns.HEAD_COLUMNS
+# (group "metric"; headprobe.analyses.columns.METRICS views them in column order).
 COPYING = HeadColumn(
     "copying",
     ("copying",),
@@ -649,8 +651,6 @@ LOCAL_FRACTION = HeadColumn(
         ),
     ),
 )
-"""The reported metrics, each registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`
-(group ``"metric"``; :data:`~headprobe.analyses.columns.METRICS` views them in column order)."""
 NO_OP = HeadColumn(
     "no_op",
     ("learned_sink_mass", "gate_closure", "value_share_token0"),

@@ -549,7 +549,9 @@ def _load_fields_of(model: LoadedModel, config_fields: dict) -> dict:
         HeadprobeError: a ``backend`` other than ``auto`` or the model's, a ``prepend_bos`` other than
             the model's, or a ``device_map`` / ``max_memory``: settings of a load by name (one line).
     """
+    from headprobe.probe.backends.base import LoadedModel as Loaded
     from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.core.vocabulary import chosen_at_load
 
     fields = dict(config_fields)
     for name in ("device_map", "max_memory"):
@@ -558,9 +560,9 @@ def _load_fields_of(model: LoadedModel, config_fields: dict) -> dict:
                 f"{name}= applies when the model is loaded by name; the model given is loaded already: leave "
                 f"{name} out, or load it with headprobe.load_model(..., {name}=...)"
             )
-    backend = getattr(model, "backend", None)
-    if isinstance(backend, str):  # None or a mock's attribute: a stand-in, the config's own check decides
-        if fields.get("backend", "auto") not in ("auto", backend):
+    if isinstance(model, Loaded):  # else a stand-in: the config's own check decides
+        backend, asked = model.backend, fields.get("backend", "auto")
+        if not (chosen_at_load(asked) or asked == backend):
             raise HeadprobeError(
                 f"backend={fields['backend']!r}, but the model given is loaded on the {backend} backend: leave "
                 f"backend at auto, or load it with headprobe.load_model(..., backend={fields['backend']!r})"
