@@ -103,10 +103,17 @@ def forward_equivalents(method: str, n_layers: int, n_probes: int = N_PROBES) ->
 
 
 def estimate_plan(
-    model: LoadedModel, method: str, batch: int, seq_len: int, n_probes: int = N_PROBES, kind: str = "zero"
+    model: LoadedModel,
+    method: str,
+    batch: int,
+    seq_len: int,
+    n_probes: int = N_PROBES,
+    kind: str = "zero",
+    work: str | None = None,
 ) -> memory.BatchPlan:
     """The working memory of one ``--estimate`` of ``batch`` sequences of ``seq_len`` tokens, all
-    in one pass (no estimator splits its batch), planned by :func:`headprobe.probe.core.memory.plan`.
+    in one pass (no estimator splits its batch), planned by :func:`headprobe.probe.core.memory.plan`;
+    ``work`` names it in the header and the refusal (default ``ablate's <method> estimate``).
 
     Per sequence (``T`` tokens, ``L`` layers, ``H`` heads of ``d_head``, ``D = d_model``, ``V``
     the vocabulary, ``e`` the model's element bytes):
@@ -140,7 +147,8 @@ def estimate_plan(
         per += 16 * T * n_probes
         kept = 2 * min(batch * T, DRAW_ROWS) * spec.d_vocab * 8
         passes = f"forward and {1 + n_probes} backwards"
-    what = f"ablate's {method} estimate ({batch} x {seq_len} tokens, {passes})"
+    name = work if work is not None else f"ablate's {method} estimate"
+    what = f"{name} ({batch} x {seq_len} tokens, {passes})"
     return memory.plan(per, model.device, batch, what, kept, cap=batch)
 
 

@@ -390,7 +390,7 @@ def test_ablate_sweep_refuses_a_budget_its_gradient_scores_exceed(tiny_dir, tmp_
     from headprobe.probe.backends.loading import load_model
 
     model = load_model(str(tiny_dir), device="cpu")
-    shapes = [(3, 16 + int(model.prepend_bos)), (2, 2 * 6 + 1)]
+    shapes = [(3, 16), (2, 2 * 6 + 1)]  # the tasks' batches: --seq-len counts BOS; a repeat of period 6 and BOS
     sweep_need = max(p.fixed + b * p.per_item for b, t in shapes for p in [sweep_plan(model, b, t, 2)])
     grad_need = max(p.fixed + b * p.per_item for b, t in shapes for p in [estimate_plan(model, "gradient", b, t)])
     assert sweep_need < grad_need  # a budget between them exists
@@ -399,5 +399,5 @@ def test_ablate_sweep_refuses_a_budget_its_gradient_scores_exceed(tiny_dir, tmp_
     with pytest.raises(SystemExit) as e:
         raise SystemExit(main([*argv, "--memory-budget", str((sweep_need + grad_need) // 2)]))
     err = _errors(capsys)
-    assert e.value.code == 2 and len(err) == 1 and "ablate's gradient estimate" in err[0], err
+    assert e.value.code == 2 and len(err) == 1 and "the sweep's gradient scores (3 x 16 tokens" in err[0], err
     assert not out.exists()

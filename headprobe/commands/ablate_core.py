@@ -577,7 +577,7 @@ def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
         return max(plans, key=lambda p: p.fixed + p.items * p.per_item)
     shapes = [natural, (config.n_repeated, 2 * config.period + 1)]
     for b, t in shapes:  # the sweep's gradient scores: one forward and backward of the task's batch
-        estimate_plan(model, "gradient", b, t, kind=config.kind)
+        estimate_plan(model, "gradient", b, t, kind=config.kind, work="the sweep's gradient scores")
     plans = [sweep_plan(model, b, t, model.spec.n_layers, config.max_batch) for b, t in shapes]
     return max(plans, key=lambda p: p.per_item)
 
