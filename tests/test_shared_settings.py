@@ -96,7 +96,9 @@ def test_command_function_builds_the_config_and_runs_on_a_given_model():
     assert result.config == _Config(model="tiny", width=5) and result.progress is True and result.load_s == 0.0
     with pytest.raises(TypeError, match=r"hello\(\) got an unknown setting 'widht'; did you mean width\?"):
         fn(model, widht=5)
-    with pytest.raises(HeadprobeError, match="--device-map"):
+    with pytest.raises(HeadprobeError, match="--backend 'bogus' is not one of"):  # the config's own checks run too
+        fn(model, backend="bogus")
+    with pytest.raises(HeadprobeError, match="device_map= applies when the model is loaded by name"):
         fn(model, device="cuda", device_map="auto")
 
 
