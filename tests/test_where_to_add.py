@@ -749,3 +749,30 @@ def test_the_readme_names_the_places_these_tests_use():
     assert "`COMMANDS` in `headprobe/commands/__init__.py`" in command and "headprobe/commands/<name>.py" in command
     setting = _where_to_add_row("a shared setting")
     assert "`headprobe/settings.py`" in setting and "SUBCOMMANDS" not in command and "options.py" not in setting
+
+
+def unmapped_modules(code_map: str, root: Path) -> list[str]:
+    """Files of probe/, analyses/, headprobe/, benchmarks/ and scripts/ that CONTRIBUTING.md's code map
+    ``code_map`` does not name (a family module and a command module are named by their pattern)."""
+    missing = []
+    for folder in ("probe", "analyses", "headprobe", "benchmarks", "scripts"):
+        for f in sorted((root / folder).rglob("*")):
+            if f.suffix not in (".py", ".sh", ".html") or f.name == "__init__.py":
+                continue
+            if {"families", "commands", "__pycache__"} & set(f.parts):
+                continue
+            if not re.search(r"(?<![\w.])" + re.escape(f.name) + r"(?!\w)", code_map):
+                missing.append(str(f.relative_to(root)))
+    return missing
+
+
+def test_the_code_map_names_every_module(tmp_path):
+    """A new module is named in CONTRIBUTING.md's code map (a newcomer reads the tree there); the
+    check fails on a module it does not name."""
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    code_map = text.split("## Code map", 1)[1].split("\n## ", 1)[0]
+    assert unmapped_modules(code_map, ROOT) == []
+    (tmp_path / "analyses").mkdir()
+    (tmp_path / "analyses" / "new_detector.py").write_text("")
+    (tmp_path / "analyses" / "data.py").write_text("")
+    assert unmapped_modules(code_map, tmp_path) == ["analyses/new_detector.py"]
