@@ -37,10 +37,12 @@ from headprobe.analyses.ablation import LOGITS_BYTES_PER_PASS, require_head_abla
 from headprobe.analyses.statistics import interval_rule, mean_ci
 from headprobe.analyses.vocabulary import MIN_N_FOR_CI, PATCH_SITES
 from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import all_heads
 from headprobe.probe.hooks.ablation import Head, HookFn
 from headprobe.probe.hooks.names import attn_hook, block_hook
+from headprobe.probe.layout.cost import forward_sequence_bytes
 
 
 @dataclass(frozen=True)
@@ -605,6 +607,82 @@ def _check_units(spec: Any, site: str, units: Sequence[Unit], batches: Sequence[
             )
 
 
+def site_width(spec: Any, site: str) -> int:
+    """Numbers per token that the hook of ``site`` holds at one layer: ``z`` ``n_heads * d_head``,
+    ``q`` ``n_heads * d_qk``, ``k`` ``kv * d_qk``, ``v`` ``kv * d_head`` (``kv``: the key/value heads,
+    an MLA layer's ``n_heads``), ``resid`` ``d_model``."""
+    lay = spec.layout
+    kv = lay.n_heads if lay.is_mla else lay.n_kv_heads
+    widths = {"z": lay.n_heads * lay.d_head, "q": lay.n_heads * lay.d_qk, "k": kv * lay.d_qk, "v": kv * lay.d_head}
+    return int(widths.get(site, lay.d_model))
+
+
+def pass_plans(
+    model: LoadedModel, batch: int, seq_len: int, site: str, n_layers: int, max_batch: int = 64
+) -> tuple[memory.BatchPlan, memory.BatchPlan]:
+    """The two steps of :func:`patch` on one :class:`PairBatch` of ``batch`` pairs of ``seq_len``
+    tokens patching units of ``n_layers`` layers, each planned under the memory budget
+    (:func:`headprobe.probe.core.memory.plan`), in bytes with ``e`` the model's element size and
+    ``w`` :func:`site_width` (plus ``n_heads * d_head`` for ``k``/``v``, whose clean ``z`` is kept too):
+
+    - kept through both: the captured clean and corrupted activations, ``2 * batch * seq_len * n_layers * w * e``;
+    - the capture: ``2 * batch`` sequences (clean and corrupted together), each
+      :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` with float32 logits at the answer
+      position (every position on a backend without :meth:`~LoadedModel.final_residual`'s shortcut);
+    - a patched pass: from ``batch`` (one unit) up to ``batch * (max_batch // batch)`` sequences, each the
+      same forward plus, for each of the ``min(n_layers, max_batch // batch)`` layers a pass can span,
+      the corrupted source (and clean ``z``) repeated per unit, and the hook's patched copy.
+
+    Returns:
+        ``(capture, passes)``; ``passes.items`` is the most sequences a patched pass may hold.
+
+    Raises:
+        HeadprobeError: a step that does not fit in the budget (one line, before any allocation).
+    """
+    spec, e, T = model.spec, model.dtype.itemsize, seq_len
+    w = site_width(spec, site)
+    held = w + (spec.n_heads * spec.d_head if site in ("k", "v") else 0)
+    kept = 2 * batch * T * n_layers * held * e
+    positions = 1 if model.backend == "native" else T
+    fwd = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, logit_positions=positions)
+    units = max(1, max_batch // batch)
+    per = fwd + T * e * (min(n_layers, units) * held + w)
+    shape = f"{batch} x {T} tokens"
+    both = f"patching's clean and corrupted capture (2 x {shape})"
+    capture = memory.plan(fwd, model.device, 2 * batch, both, kept, 2 * batch)
+    one = f"patching's passes ({shape} a unit, --site {site})"
+    passes = memory.plan(per, model.device, batch, one, kept, units * batch)
+    return capture, passes
+
+
+def memory_plan(
+    model: LoadedModel,
+    pairs: Sequence[PromptPair],
+    site: str = "z",
+    units: Sequence[Unit] | None = None,
+    max_batch: int = 64,
+    padding_side: str | None = None,
+) -> memory.BatchPlan:
+    """The largest step of :func:`patch` on ``pairs`` (:func:`pass_plans` of each batch
+    :func:`encode_pairs` makes): the plan whose whole batch and kept bytes are the most.
+
+    Raises:
+        HeadprobeError: as :func:`encode_pairs`, or a step that does not fit in the memory budget.
+    """
+    batches = encode_pairs(model, pairs, _padding_side(model, padding_side))
+    shortest = min(int(b.lengths.min()) for b in batches)
+    layers = {u[0] for u in (default_units(model.spec, site, shortest) if units is None else units)}
+    plans = [
+        p for b in batches for p in pass_plans(model, b.clean.shape[0], b.clean.shape[1], site, len(layers), max_batch)
+    ]
+    return max(plans, key=lambda p: p.fixed + p.items * p.per_item)
+
+
+def _padding_side(model: LoadedModel, padding_side: str | None) -> str:
+    sides = getattr(model, "padding_sides", ())
+    return padding_side or ("left" if "left" in sides or not sides else "right")
+
+
 @torch.inference_mode()
 def patch(
     model: LoadedModel,
@@ -627,19 +705,19 @@ def patch(
     different lengths need no pass per length (one batch per length where the backend takes no
     padding). One forward captures
     the clean and corrupted runs together; then several units share a forward along the batch
-    axis (the clean prompts repeated once per unit), at most ``max_batch`` sequences and
+    axis (the clean prompts repeated once per unit), at most ``max_batch`` sequences, as many as the
+    memory budget holds (:func:`pass_plans`) and
     :data:`~headprobe.analyses.ablation.LOGITS_BYTES_PER_PASS` of logits per pass. Equal to one
     unpadded forward per unit and pair with a hand-written hook (tested).
 
     Raises:
         HeadprobeError: bad pairs (see :func:`encode_pairs`), a unit or site that does not exist
-            for the model, or a model whose self-check forbids head ablation.
+            for the model, a model whose self-check forbids head ablation, or a step that does not fit
+            in the memory budget (:func:`pass_plans`, before its batch is captured).
     """
     require_head_ablation(model)
     spec = model.spec
-    sides = getattr(model, "padding_sides", ())
-    side = padding_side or ("left" if "left" in sides or not sides else "right")
-    batches = encode_pairs(model, pairs, side)
+    batches = encode_pairs(model, pairs, _padding_side(model, padding_side))
     units = list(default_units(spec, site, min(int(b.lengths.min()) for b in batches)) if units is None else units)
     _check_units(spec, site, units, batches)
     layers = sorted({u[0] for u in units})
@@ -655,10 +733,11 @@ def patch(
     )
     passes = 0
     for b in batches:
+        B, T = b.clean.shape
+        planned = pass_plans(model, B, T, site, len(layers), max_batch)[1].items // B
         clean, corrupted, ld = _capture(model, b, names)
         clean_ld[b.index], corrupted_ld[b.index] = ld.cpu().numpy()
-        B, T = b.clean.shape
-        per_pass = max(1, min(max_batch // B, LOGITS_BYTES_PER_PASS // max(1, B * T * spec.d_vocab * 4)))
+        per_pass = max(1, min(planned, LOGITS_BYTES_PER_PASS // max(1, B * T * spec.d_vocab * 4)))
         passes += 1 + -(-len(units) // per_pass)
         for lo in range(0, len(units), per_pass):
             chunk = units[lo : lo + per_pass]
@@ -666,6 +745,7 @@ def patch(
             ld = _logit_diffs(model, b, b.clean.repeat(len(chunk), 1), len(chunk), hooks)
             patched[lo : lo + len(chunk), b.index] = ld.view(len(chunk), B).cpu().numpy()
             bar.update(len(chunk))
+        del clean, corrupted  # before the next batch's capture
     bar.close()
     return PatchingResult(
         units, clean_ld, corrupted_ld, patched, spec.n_layers, spec.n_heads, list(pairs), site, passes

@@ -401,3 +401,48 @@ def test_ablate_sweep_refuses_a_budget_its_gradient_scores_exceed(tiny_dir, tmp_
     err = _errors(capsys)
     assert e.value.code == 2 and len(err) == 1 and "the sweep's gradient scores (3 x 16 tokens" in err[0], err
     assert not out.exists()
+
+
+def _patch_prompts(tmp_path, n: int = 6) -> str:
+    """Prompt pairs for the tiny tokenizer (t0..t99), of two lengths."""
+    import json
+
+    lines = []
+    for i in range(n):
+        length = 6 if i % 2 else 9
+        clean = " ".join(f"t{(7 * i + j) % 100}" for j in range(length))
+        corrupted = " ".join(f"t{(13 * i + 3 * j + 1) % 100}" for j in range(length))
+        lines.append(json.dumps({"clean": clean, "corrupted": corrupted, "correct": f" t{i}", "wrong": f" t{i + 50}"}))
+    p = tmp_path / "pairs.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
+def test_patch_refuses_before_the_folder(tiny_dir, tmp_path, capsys):
+    """A 20 KB budget holds no step of patching: one line before any output folder (it used to run)."""
+    out = tmp_path / "patch"
+    argv = ["patch", "--model", str(tiny_dir), "--out", str(out), "--prompts", _patch_prompts(tmp_path)]
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main([*argv, "--device", "cpu", "--memory-budget", "20KB"]))
+    err = _errors(capsys)
+    assert e.value.code == 2 and len(err) == 1, err
+    assert "patching's" in err[0] and "6 x 10 tokens" in err[0] and "stated budget 19.53 KiB" in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("site", ["z", "k", "resid"])
+def test_patch_estimate_bounds_its_measured_peak(site, tiny_dir, tmp_path, capsys):
+    """The plan of patching's larger step (the capture or a patched pass) against the tensors a whole
+    patching run holds at once (the profiler's count, after a warm-up run): an upper bound within
+    10x, and the header prints it."""
+    from headprobe.commands.patch import PatchConfig, memory_plan, run
+    from headprobe.probe.backends.loading import load_model
+
+    model = load_model(str(tiny_dir), device="cpu")
+    prompts = _patch_prompts(tmp_path)
+    cfg = PatchConfig(model=str(tiny_dir), prompts=prompts, site=site)
+    plan = _plan_bounds_its_measured_peak(memory_plan, run, model, cfg)
+    out = tmp_path / "patch"
+    argv = ["patch", "--model", str(tiny_dir), "--out", str(out), "--prompts", prompts, "--site", site]
+    assert main([*argv, "--device", "cpu", "--memory-budget", "64MiB"]) == 0
+    assert plan.line() in capsys.readouterr().out

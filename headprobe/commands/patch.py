@@ -405,22 +405,13 @@ class PatchResult:
         )
 
 
-def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> PatchResult:
-    """Patch every head (or ``config.heads``; ``resid``: every layer at each position) of the loaded
-    ``model`` at ``config.site`` on ``config``'s prompt pairs, all pairs in one padded batch on the
-    native backend.
+def _pairs_and_units(model: LoadedModel, config: PatchConfig) -> tuple[list, list | None]:
+    """The prompt pairs and units (None: :func:`~headprobe.analyses.patching.default_units`) of ``config``.
 
     Raises:
-        HeadprobeError: bad prompts, heads or positions, a site the backend has no hook for, a model
-            whose self-check forbids head ablation, or logit differences that are NaN or Inf (a
-            float16 overflow).
+        HeadprobeError: an encoder, bad prompts or heads.
     """
-    import time
-
-    import numpy as np
-
-    from headprobe.analyses.patching import answer_space_notes, ioi_prompts, patch
-    from headprobe.probe.hooks.capture import kv_head_of
+    from headprobe.analyses.patching import ioi_prompts
 
     spec = model.spec
     if not spec.causal:
@@ -431,6 +422,51 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
             (layer, pos) for layer in range(spec.n_layers) for pos in config.position_list() or []
         ]  # positions given
     pairs = config.read_pairs() or ioi_prompts(model.tokenizer, config.n_prompts or N_IOI_PROMPTS, config.seed)
+    return pairs, units
+
+
+def memory_plan(model: LoadedModel, config: PatchConfig):
+    """:func:`headprobe.analyses.patching.memory_plan` of ``config``'s pairs, site and units on
+    ``model`` (a :class:`~headprobe.probe.core.memory.BatchPlan`).
+
+    Raises:
+        HeadprobeError: as :func:`run`'s prompts and heads, or a step that does not fit in the memory budget.
+    """
+    from headprobe.analyses.patching import memory_plan as patching_memory_plan
+
+    pairs, units = _pairs_and_units(model, config)
+    return patching_memory_plan(model, pairs, config.site, units)
+
+
+def batch_line(model: LoadedModel, config: PatchConfig) -> str:
+    """The header line of :func:`memory_plan`; refuses, before any output, a step that cannot fit.
+
+    Raises:
+        HeadprobeError: as :func:`memory_plan`.
+    """
+    return memory_plan(model, config).line()
+
+
+def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> PatchResult:
+    """Patch every head (or ``config.heads``; ``resid``: every layer at each position) of the loaded
+    ``model`` at ``config.site`` on ``config``'s prompt pairs, all pairs in one padded batch on the
+    native backend.
+
+    Raises:
+        HeadprobeError: bad prompts, heads or positions, a site the backend has no hook for, a model
+            whose self-check forbids head ablation, a step that does not fit in the memory budget
+            (:func:`memory_plan`), or logit differences that are NaN or Inf (a
+            float16 overflow).
+    """
+    import time
+
+    import numpy as np
+
+    from headprobe.analyses.patching import answer_space_notes, patch
+    from headprobe.probe.hooks.capture import kv_head_of
+
+    spec = model.spec
+    pairs, units = _pairs_and_units(model, config)
     t0 = time.perf_counter()
     p = patch(model, pairs, config.site, units, progress=progress)
     dtype = str(model.dtype).removeprefix("torch.")
@@ -478,7 +514,7 @@ def main(args: argparse.Namespace, config: PatchConfig) -> int:
     return options.run_command(args, config, options.Run("headprobe.commands.patch"))
 
 
-__all__ = ["HELP", "COMMAND", "PatchConfig", "PatchResult", "run", "patch", "main"]
+__all__ = ["HELP", "COMMAND", "PatchConfig", "PatchResult", "memory_plan", "batch_line", "run", "patch", "main"]
 
 
 COMMAND = Command(HELP, config=PatchConfig, run="headprobe.commands.patch:main", flags=FLAGS, api=patch)
