@@ -628,7 +628,7 @@ def pass_plans(
     - kept through both: the captured clean and corrupted activations, ``2 * batch * seq_len * n_layers * w * e``;
     - the capture: ``2 * batch`` sequences (clean and corrupted together), each
       :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` with float32 logits at the answer
-      position (every position on a backend without :meth:`~LoadedModel.final_residual`'s shortcut);
+      position (every position where :attr:`~LoadedModel.residual_with_logits`);
     - a patched pass: from ``batch`` (one unit) up to ``batch * (max_batch // batch)`` sequences, each the
       same forward plus, for each of the ``min(n_layers, max_batch // batch)`` layers a pass can span,
       the corrupted source (and clean ``z``) repeated per unit, and the hook's patched copy.
@@ -643,7 +643,7 @@ def pass_plans(
     w = site_width(spec, site)
     held = w + (spec.n_heads * spec.d_head if site in ("k", "v") else 0)
     kept = 2 * batch * T * n_layers * held * e
-    positions = 1 if model.backend == "native" else T
+    positions = T if model.residual_with_logits else 1
     fwd = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, logit_positions=positions)
     units = max(1, max_batch // batch)
     per = fwd + T * e * (min(n_layers, units) * held + w)

@@ -399,7 +399,11 @@ def test_every_capability_flag_is_declared_off_on_loaded_model_and_has_its_gated
     from headprobe.probe.backends.bridge import BridgeModel
     from headprobe.probe.backends.native import NativeModel
 
-    flags = sorted(n for n, v in vars(LoadedModel).items() if isinstance(v, bool) and n != "supports_padding")
+    flags = sorted(
+        n
+        for n, v in vars(LoadedModel).items()
+        if isinstance(v, bool) and n not in ("supports_padding", "residual_with_logits")
+    )
     assert flags == sorted(CAPABILITIES) == sorted(GATED)
     assert not any(getattr(LoadedModel, f) or getattr(BridgeModel, f) for f in CAPABILITIES)
     assert all(getattr(NativeModel, f) is True for f in CAPABILITIES)

@@ -183,6 +183,9 @@ class LoadedModel:
     """Removes heads from its weights (:meth:`check_prunable`, :meth:`remove_heads`; ``prune --save-pruned``)."""
     padding_sides: ClassVar[tuple[str, ...]] = ()
     """The padding sides :meth:`forward` computes exactly at the real tokens (``left``, ``right``)."""
+    residual_with_logits: ClassVar[bool] = False
+    """Whether :meth:`final_residual` computes the logits at every position too (a whole forward);
+    memory plans count them."""
     spec: ModelSpec
     tokenizer: Any
     prepend_bos: bool

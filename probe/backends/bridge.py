@@ -35,6 +35,7 @@ class BridgeModel(LoadedModel):
     (``model``); padded batches only right-padded (:meth:`BridgeModel.forward`)."""
 
     name = "transformer-lens"
+    residual_with_logits = True  # final_residual keeps unembed's input from a whole forward
     # No capability flag (streams_statistics, kv_policies, path_patching, half_precision, native_weights,
     # splits_after_load, removes_heads): LoadedModel's False stands.
 
