@@ -675,7 +675,7 @@ def memory_plan(
     plans = [
         p for b in batches for p in pass_plans(model, b.clean.shape[0], b.clean.shape[1], site, len(layers), max_batch)
     ]
-    return max(plans, key=lambda p: p.fixed + p.items * p.per_item)
+    return max(plans, key=lambda p: p.total)
 
 
 def _padding_side(model: LoadedModel, padding_side: str | None) -> str:

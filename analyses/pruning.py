@@ -152,7 +152,7 @@ def memory_plan(
         logits = 4 * 4 * t * spec.d_vocab  # both models' logits, their difference and its absolute value
         steps.append((f"the pruned model's check ({b} x {t} tokens)", fwd(t) + logits, b, weights))
     plans = [memory.plan(per, model.device, need, what, kept, cap=need) for what, per, need, kept in steps]
-    return max(plans, key=lambda p: p.fixed + p.items * p.per_item)
+    return max(plans, key=lambda p: p.total)
 
 
 @dataclass

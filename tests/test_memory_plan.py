@@ -85,6 +85,7 @@ def test_sweep_plan_equals_formula(tiny_llama_gqa_native, monkeypatch):
     monkeypatch.setenv(memory.BUDGET_ENV, "3MiB")
     plan = sweep_plan(model, B, T, L)
     assert plan.items == min((3 * 2**20 - kept) // per, B * spec.n_heads) and plan.budget == 3 * 2**20
+    assert plan.total == kept + plan.items * per  # the bytes a full pass holds
     assert "$HEADPROBE_MEMORY_BUDGET" in plan.source
     memory.set_budget("1MiB")  # the setting wins over the environment
     assert sweep_plan(model, B, T, L).items == (2**20 - kept) // per
@@ -338,7 +339,7 @@ def _plan_bounds_its_measured_peak(memory_plan, run, model, cfg):
     tensors ``run(model, cfg)`` holds at once (the profiler's count, after a warm-up run); the plan."""
     memory.set_budget("64MiB")  # the header's source is the same text in the plan and the run
     plan = memory_plan(model, cfg)
-    estimate = plan.fixed + plan.items * plan.per_item
+    estimate = plan.total
     run(model, cfg, progress=False)  # the first run's one-off allocations are not working memory
     peak = _peak_tensor_bytes(lambda: run(model, cfg, progress=False))
     assert peak <= estimate < 10 * peak, (peak, estimate, plan.what)

@@ -574,7 +574,7 @@ def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
         shapes = [natural, (config.n_repeated, 2 * config.period + int(model.prepend_bos))]
         method, n_probes = config.estimate, config.n_probes
         plans = [estimate_plan(model, method, b, t, n_probes, config.kind) for b, t in shapes]
-        return max(plans, key=lambda p: p.fixed + p.items * p.per_item)
+        return max(plans, key=lambda p: p.total)
     shapes = [natural, (config.n_repeated, 2 * config.period + 1)]
     for b, t in shapes:  # the sweep's gradient scores: one forward and backward of the task's batch
         estimate_plan(model, "gradient", b, t, kind=config.kind, work="the sweep's gradient scores")

@@ -128,6 +128,11 @@ class BatchPlan:
     source: str
     what: str
 
+    @property
+    def total(self) -> int:
+        """Bytes a full pass holds: ``fixed + items * per_item``."""
+        return self.fixed + self.items * self.per_item
+
     def line(self) -> str:
         """The header line: ``batch: 96 sequences per pass for the ablation sweep (about 1.20 MiB each ...)``."""
         return (
