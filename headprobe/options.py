@@ -157,15 +157,9 @@ def _config_file(model: str) -> Path | None:
     local = Path(model).expanduser()
     if local.exists() or model.startswith((".", "/", "~")):
         return local / "config.json"
-    from huggingface_hub import try_to_load_from_cache
+    from headprobe.probe.backends.sources import ALIASES, cached_config
 
-    from headprobe.probe.backends.sources import ALIASES
-
-    try:
-        cached = try_to_load_from_cache(ALIASES.get(model.lower(), model), "config.json")
-    except ValueError:  # not a valid repository id (huggingface_hub's HFValidationError)
-        return None
-    return Path(cached) if isinstance(cached, str) else None
+    return cached_config(ALIASES.get(model.lower(), model))
 
 
 def _hf_parallel_attn_mlp(cfg: dict) -> bool | None:

@@ -112,10 +112,20 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _is_cached(hf_name: str) -> bool:
+def cached_config(hf_name: str) -> Path | None:
+    """The ``config.json`` of Hugging Face model ``hf_name`` in the local cache (no download); None
+    where it is not cached or ``hf_name`` is no repository id (huggingface_hub's ``HFValidationError``)."""
     from huggingface_hub import try_to_load_from_cache
 
-    return isinstance(try_to_load_from_cache(hf_name, "config.json"), str)
+    try:
+        cached = try_to_load_from_cache(hf_name, "config.json")
+    except ValueError:
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def _is_cached(hf_name: str) -> bool:
+    return cached_config(hf_name) is not None
 
 
 def canonical_name(name: str) -> str:
