@@ -232,10 +232,15 @@ def left_out_notes_of(counts: dict[str, dict]) -> list[str]:
     return [n for n in notes if n]
 
 
+WINDOW_KEYS = ("windows_available", "windows_left_out")
+"""The keys of :func:`window_counts`, as summary.json records them."""
+
+
 def window_counts(tokens: TokenSet | PlantedSpan) -> dict[str, int | None]:
-    """What a summary.json records of a natural-text draw's windows: ``windows_available`` (those
-    that could be drawn) and ``windows_left_out`` (more than :data:`MAX_ONE_TOKEN_SHARE` one token)."""
-    return {"windows_available": tokens.n_available, "windows_left_out": tokens.n_skipped}
+    """What a summary.json records of a natural-text draw's windows (:data:`WINDOW_KEYS`):
+    ``windows_available`` (those that could be drawn) and ``windows_left_out`` (more than
+    :data:`MAX_ONE_TOKEN_SHARE` one token)."""
+    return dict(zip(WINDOW_KEYS, (tokens.n_available, tokens.n_skipped)))
 
 
 def unknown_share(model: LoadedModel, tokens: TokenSet | PlantedSpan) -> float:

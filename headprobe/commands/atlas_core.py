@@ -15,7 +15,7 @@ import pandas as pd
 
 from headprobe import options
 from headprobe.analyses import atlas as atlas_lib
-from headprobe.analyses.data import left_out_notes_of
+from headprobe.analyses.data import WINDOW_KEYS, left_out_notes_of
 from headprobe.analyses.outputs import write_outputs
 from headprobe.commands.atlas import (  # noqa: F401 - the light module's names, re-exported
     CACHED_CANDIDATES,
@@ -123,10 +123,6 @@ class AtlasResult:
             for t, per in s.items():
                 lines.append(f"  {t:<16} " + " | ".join(per.get(m, "") or "-" for m in models))
         return "\n".join([*lines, *(f"NOTE: {n}" for n in left_out_notes_of(_window_sets(self.models)))])
-
-
-WINDOW_KEYS = ("windows_available", "windows_left_out")
-"""The counts of a scan's natural-text draw (:func:`~headprobe.analyses.data.window_counts`)."""
 
 
 def _window_record(tokens: dict) -> dict:
