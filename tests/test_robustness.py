@@ -97,7 +97,7 @@ def test_conditions_that_cannot_move_the_top_k_give_stability_one(tiny, text_fil
         assert len(rows) == 2 and (rows["stability"] == 1.0).all() and (rows["ci95_low"] == 1.0).all()
 
 
-def test_reported_jaccard_and_stability_equal_a_hand_computation(tiny, text_file):
+def test_reported_jaccard_and_stability_equal_a_hand_computation(tiny, text_file, tmp_path):
     """With disjoint data and the copying detector the top-k sets move; the summary's Jaccard and
     the CSV's stabilities equal plain set arithmetic over the reported top-k sets."""
     from headprobe.commands.robustness_core import robustness
@@ -136,3 +136,9 @@ def test_reported_jaccard_and_stability_equal_a_hand_computation(tiny, text_file
         assert {f"{l}.{h}" for l, h in zip(rows["layer"], rows["head"])} == set().union(
             *map(set, rec["top_k"].values())
         )
+    # each condition's column is 0/1 as written (empty where the condition is not the type's), never
+    # the 0.0000/1.0000 of a float column that a type's missing conditions turned into NaN
+    r.save(tmp_path / "out")
+    written = pd.read_csv(tmp_path / "out" / "robustness.csv", dtype=str, keep_default_na=False)
+    for name in summary["types"]["induction"]["conditions"] + summary["types"]["positional"]["conditions"]:
+        assert set(written[name]) <= {"0", "1", ""}, (name, set(written[name]))

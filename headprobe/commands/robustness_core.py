@@ -370,8 +370,12 @@ def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> 
     for name in cfg.types:
         types[name], r = _type_record(name, outcomes, base_scores[DETECTORS[name].rank_by], cfg.n_boot, cfg.seed)
         rows += r
+    table = pd.DataFrame(rows)
+    # a condition's 0/1 column is empty on the rows of a type it does not apply to: nullable integers
+    # keep it 0/1 there (a float column would be written 0.0000/1.0000 beside the integer ones)
+    table = table.astype({o.condition.name: "Int64" for o in outcomes if o.condition.name in table})
     return RobustnessResult(
-        cfg, spec, outcomes, pd.DataFrame(rows), types, notes, timings, str(model.device), model.self_check.to_dict()
+        cfg, spec, outcomes, table, types, notes, timings, str(model.device), model.self_check.to_dict()
     )
 
 
@@ -393,7 +397,7 @@ def stability_figure(result: RobustnessResult):
         grid = np.full((len(rows), len(all_conds)), np.nan)
         for j, c in enumerate(all_conds):
             if c in rows:
-                grid[:, j] = rows[c].to_numpy(dtype=float)
+                grid[:, j] = rows[c].to_numpy(dtype=float, na_value=np.nan)
         ax.imshow(
             np.ma.masked_invalid(grid), cmap=ListedColormap(["#e8e8e8", "#1f4e8c"]), vmin=0, vmax=1, aspect="auto"
         )
