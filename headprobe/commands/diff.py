@@ -179,7 +179,8 @@ def main(args: argparse.Namespace, config: DiffConfig) -> int:
 
 EPILOG = """\
 cost: every head's single-head ablation in both models on both tasks (the exact sweep, twice):
-  about 32 minutes for SmolLM2-135M at its defaults on 2 CPU cores; fewer or shorter sequences
+  32-40 minutes for SmolLM2-135M at 16 x 64 text tokens and 16 repeated sequences on one thread
+  of a shared 2-core CPU (docs/results.md); fewer or shorter sequences
   (--n-natural, --seq-len, --n-repeated) are faster, --types is not.
 """
 
