@@ -511,3 +511,18 @@ def test_copying_without_an_induction_stripe_is_said_not_called_no_phase_change(
         assert ("no phase change yet" in text) is not copies
         assert ("yet the in-context loss says the model copies" in text) is copies
         assert f"= {floor:.2f})" in text or not copies
+
+
+def test_every_train_flag_says_its_default_in_help(capsys):
+    """docs/train.md gives each flag's default; ``train --help`` must say it too (``--positional``,
+    ``--batch-size`` and ``--weight-decay`` had no help at all). Reference: TrainConfig's defaults."""
+    assert main(["train", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    defaults = TrainConfig()
+    for flag, field in [
+        ("--positional", "positional"),
+        ("--batch-size", "batch_size"),
+        ("--weight-decay", "weight_decay"),
+    ]:
+        entry = text.split(flag, 2)[2].split(" --", 1)[0]  # the option's own entry, after the usage line's mention
+        assert f"default {getattr(defaults, field)}" in entry, (flag, entry)

@@ -41,7 +41,11 @@ class TrainFlags(TrainConfig):
         choices=("none", "gelu"),
         parse=lambda word: None if word in (None, "none") else word,
     )
-    positional: str = setting(_T.positional, choices=("learned", "rotary"))
+    positional: str = setting(
+        _T.positional,
+        "position encoding: learned embeddings or rotary (default %(default)s)",
+        choices=("learned", "rotary"),
+    )
     n_words: int = setting(_T.n_words, "random-token vocabulary (default %(default)s)", type=int)
     seq_len: int = setting(_T.seq_len, "tokens per sequence, BOS included (default %(default)s)", type=int)
     min_period: int = setting(_T.min_period, "shortest repeated segment (default %(default)s)", type=int)
@@ -54,10 +58,10 @@ class TrainFlags(TrainConfig):
         text=lambda periodic: "periodic" if periodic else "pair",
         parse=lambda word: word == "periodic",
     )
-    batch_size: int = setting(_T.batch_size, type=int)
+    batch_size: int = setting(_T.batch_size, "sequences per optimiser step (default %(default)s)", type=int)
     steps: int = setting(_T.steps, "optimiser steps (default %(default)s)", type=int)
     lr: float = setting(_T.lr, "AdamW learning rate (default %(default)s)", type=float)
-    weight_decay: float = setting(_T.weight_decay, type=float)
+    weight_decay: float = setting(_T.weight_decay, "AdamW weight decay (default %(default)s)", type=float)
     warmup: int = setting(_T.warmup, "linear warm-up steps (default %(default)s)", type=int)
     eval_every: int = setting(_T.eval_every, "steps between head scores (default %(default)s)", type=int)
     n_eval: int = setting(_T.n_eval, "sequences per evaluation set (default %(default)s)", type=int)
