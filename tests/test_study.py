@@ -314,3 +314,13 @@ def test_layouts_figure_fills_a_marker_by_study_json_rule(monkeypatch):
     study_command.study_figure("layouts", table, "t")
     in_every_seed = table.groupby("variant", sort=False)["max_induction"].apply(lambda x: all(x > 0.5))
     assert seen["formed"].tolist() == in_every_seed.tolist() == [False, True]
+
+
+def test_d_model_says_its_default_in_help(capsys):
+    """docs/study.md gives d_model 64; ``study heads --help`` must say it (``--d-model`` had no help)."""
+    from headprobe.commands.study import StudyConfig
+
+    assert main(["study", "heads", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    entry = text.split("--d-model", 2)[2].split(" --", 1)[0]  # the option's own entry, after the usage line
+    assert f"default {StudyConfig.__dataclass_fields__['d_model'].default}" in entry, entry

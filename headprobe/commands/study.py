@@ -119,7 +119,7 @@ class StudyConfig:
         parse=lambda text: _ints(text, "seeds"),
     )
     """Training seeds: every variant is trained once per seed (non-negative, no seed twice)."""
-    d_model: int = setting(64, type=int)
+    d_model: int = setting(64, "residual width of every model (default %(default)s)", type=int)
     """Residual width of every model."""
     n_heads: int | None = setting(None, "layouts only: query heads (default 8)", type=int)
     """``"layouts"``: query heads per layer (None: 8); refused by ``"heads"``."""
