@@ -691,3 +691,18 @@ def test_export_sink_and_recent_apply_to_a_scan_source(runs, tmp_path):
     given = _export(runs / "scan", tmp_path / "given", "--format", "duo", "--sink", "64", "--recent", "512")
     default = _export(runs / "scan", tmp_path / "default", "--format", "duo")
     assert kvpress_load(given)[:2] == (64, 512) and kvpress_load(default)[:2] == (128, 256)
+
+
+def test_import_report_signs_the_kv_loss_change_once():
+    """The report's kv lines give the natural-loss change with its own sign: a policy that lowers the
+    loss reads ``-0.0123``, never ``+-0.0123`` (the sign was a literal ``+`` before the number)."""
+    from headprobe.analyses.exchange import HeadFile
+    from headprobe.commands.import_heads_core import ImportConfig, ImportResult
+
+    rows = [
+        {"policy": "file", "kv_fraction": 0.5, "natural_loss_increase": -0.0123, "copy_accuracy": 0.5},
+        {"policy": "uniform", "kv_fraction": 0.5, "natural_loss_increase": 0.0456, "copy_accuracy": 0.25},
+    ]
+    r = ImportResult(ImportConfig(heads_file="h.txt"), HeadFile("list", [(0, 1)], "listed"), [(0, 1)], [], {}, kv=rows)
+    kv_lines = [line for line in r.report().splitlines() if line.startswith("kv ")]
+    assert [line.split("natural loss ")[1].split(",")[0] for line in kv_lines] == ["-0.0123", "+0.0456"]

@@ -66,7 +66,7 @@ class ImportResult:
             lines.append(f"(the rule: a verdict is CONFIRMED when {rule.condition()})")
         for r in self.kv or []:
             lines.append(
-                f"kv {r['policy']:>8}: KV {r['kv_fraction']:.3f} of full, natural loss +{r['natural_loss_increase']:.4f}, "
+                f"kv {r['policy']:>8}: KV {r['kv_fraction']:.3f} of full, natural loss {r['natural_loss_increase']:+.4f}, "
                 f"copy accuracy {r['copy_accuracy']:.3f}"
             )
         return "\n".join([*lines, *(f"NOTE: {n}" for n in self.notes)])
