@@ -1,7 +1,7 @@
 """Head files other tools read, written and read back (torch-free): DuoAttention's
 ``full_attention_heads.tsv`` + ``config.json``, Retrieval_Head / HeadKV's ``{"layer-head":
 [scores]}`` JSON, EAP-IG / MIB circuit graphs and a plain ``layer.head`` list. The shape of each is
-checked against a model's layout in one line (duo-attention#23: a 32-row file for a 36-layer model).
+checked against a model's layout in one line (a file's rows and columns against the model's layers and KV heads).
 
 Sources of each format (read, not copied):
 

@@ -237,7 +237,7 @@ def _refuse(argv, cwd):
 
 
 def test_a_32_row_tsv_for_a_30_layer_model_is_refused_in_one_line(tmp_path):
-    """Duo-attention#23: a 32-row file for SmolLM2 (30 layers), refused from its config, before torch."""
+    """A 32-row file (Mistral 7B's shape) for SmolLM2 (30 layers), refused from its config, before torch."""
     np.savetxt(tmp_path / "full_attention_heads.tsv", np.full((32, 3), 0.5), delimiter="\t")
     code, errors, torch = _refuse(
         ["import", "--heads-file", "full_attention_heads.tsv", "--model", "smollm2-135m"], tmp_path
