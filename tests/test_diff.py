@@ -481,3 +481,26 @@ def test_diff_png_redrawn_from_the_saved_folder_is_the_runs_figure(tiny_tokenize
         assert t1 == t2 and b1 == b2 and d1 == d2
         np.testing.assert_allclose(c2, c1, rtol=1e-5, atol=1e-9)
     assert live._suptitle.get_text().replace("\n", " ") == again._suptitle.get_text().replace("\n", " ")
+
+
+def test_a_text_the_tokenizer_does_not_know_is_said(tiny_tokenizer, tmp_path, capsys):
+    """A natural text of words outside the tiny tokenizer's vocabulary is all unknown tokens: its
+    scores and ablation effects measure that, not a mechanism (scan and kv say so). diff says it too,
+    before measuring and in summary.json's ``natural_text``; a known text says nothing."""
+    from headprobe.commands.diff_core import diff
+
+    unknown = tmp_path / "unknown.txt"
+    unknown.write_text(" ".join(f"w{i % 7}" for i in range(3000)), encoding="utf-8")
+    a, b = _pair(tiny_tokenizer, 1.0)
+    capsys.readouterr()
+    r = diff(a, b, text=str(unknown), **SMALL, progress=True)
+    err = capsys.readouterr().err
+    said = [x for x in err.splitlines() if x.startswith("NOTE:") and "unknown to the tokenizer" in x]
+    assert len(said) == 1 and err.index(said[0]) < err.index("diff: model A")
+    assert r.summary()["natural_text"]["untrusted"] == "100% of the text's tokens are unknown to the tokenizer"
+    known = tmp_path / "known.txt"
+    known.write_text(" ".join(f"t{i % 97}" for i in range(3000)), encoding="utf-8")
+    r = diff(a, b, text=str(known), **SMALL)
+    assert (
+        r.summary()["natural_text"]["untrusted"] is None and "unknown to the tokenizer" not in capsys.readouterr().err
+    )

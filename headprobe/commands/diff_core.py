@@ -19,7 +19,7 @@ import torch
 
 from headprobe import options
 from headprobe.analyses import robustness as rb
-from headprobe.analyses.ablation import exact_sweep, first_scored, top_heads
+from headprobe.analyses.ablation import exact_sweep, first_scored, top_heads, untrusted_task_reason
 from headprobe.analyses.columns import DETECTORS
 from headprobe.analyses.data import (
     TokenSet,
@@ -27,6 +27,7 @@ from headprobe.analyses.data import (
     left_out_notes,
     natural_text_tokens,
     repeated_random_tokens,
+    unknown_share,
     window_counts,
 )
 from headprobe.analyses.scoring import score_tokens
@@ -139,6 +140,9 @@ class DiffResult:
     over the heads tested), ``{"natural": ..., "repeated": ...}``; summary.json's ``detection``."""
     natural_windows: dict = field(default_factory=dict)
     """The natural-text draw's windows (:func:`~headprobe.analyses.data.window_counts`); summary.json's ``natural_text``."""
+    natural_untrusted: str | None = None
+    """Why the natural text's scores and effects describe no mechanism (most of its tokens unknown to
+    the tokenizer, :func:`~headprobe.analyses.ablation.untrusted_task_reason`), or None; ``natural_text.untrusted``."""
 
     def quantity_task(self, quantity: str) -> str:
         """The token set (task) whose sequences a quantity's test pairs."""
@@ -169,7 +173,7 @@ class DiffResult:
                 "requantized_matrices": self.requantized,
                 "layout": dict(zip(("n_layers", "n_heads", "n_kv_heads"), _spec_layout(self.spec_a))),
                 "sequences": self.n_sequences,
-                "natural_text": self.natural_windows,
+                "natural_text": {**self.natural_windows, "untrusted": self.natural_untrusted},
                 "test": "paired: d_s = x_B(s) - x_A(s) per sequence; two-sided sign-flip permutation test of mean(d) "
                 "(Fisher 1935; exact over all 2^n flips below 13 sequences, else n_perm random flips, p = (1+#)/(1+n_perm)); "
                 f"{c.correction} over the heads per quantity; significant: p_adjusted <= {c.alpha}",
@@ -445,6 +449,14 @@ def _measured(a: LoadedModel, b: LoadedModel, natural: TokenSet, repeated: Token
     return per, means
 
 
+def _untrusted_note(reason: str) -> str:
+    """The NOTE (without ``NOTE: ``) that the natural text cannot support its quantities (scan's and kv's rule)."""
+    return (
+        f"natural text: {reason} (summary.json's natural_text.untrusted): its scores and ablation effects "
+        "in both models measure that, not a mechanism; give a text the model knows (--text)"
+    )
+
+
 def _say(line: str) -> None:
     """One line of the plan on stderr, clear of a progress bar."""
     from tqdm.auto import tqdm
@@ -489,7 +501,10 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
         check_resample_sources({"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])})
     counts = {"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])}
     detection = _detection(spec, counts, cfg)
-    for note in [*left_out_notes(natural), *detection_notes(detection, cfg)]:
+    # the clean loss is not measured yet: of untrusted_task_reason's rules only the unknown-token one applies here
+    untrusted = untrusted_task_reason(0.0, spec.d_vocab, unknown_share(a, natural))
+    untrusted_notes = [_untrusted_note(untrusted)] if untrusted else []
+    for note in [*left_out_notes(natural), *untrusted_notes, *detection_notes(detection, cfg)]:
         _say(f"NOTE: {note}")
     per, means = _measured(a, b, natural, repeated, cfg, progress)
     timings["measure_s"] = time.perf_counter() - t0
@@ -510,6 +525,7 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
         self_check=a.self_check.to_dict(),
         detection=detection,
         natural_windows=window_counts(natural),
+        natural_untrusted=untrusted,
     )
 
 
