@@ -4,7 +4,7 @@ Usage: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/long_context.py [--length
 [--model smollm2-135m] [--streaming auto]``
 
 For each length N one fresh process runs ``headprobe scan --model MODEL --seq-len N --n-natural 1
---n-repeated 1 --period P --no-verify --streaming S`` (``P = (N - 1) // 2 - 48``, so that the repeated
+--n-repeated 1 --period P --no-verify --streaming S`` (``P = (N - 1) // 2 - 48``, at least 3, so that the repeated
 sequence ``[BOS] r r`` is about as long as the natural one) into a temporary directory; this script
 reads its peak RSS from ``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` after the child
 exits (the children are waited for one at a time, and the counter is the maximum over them, so a
@@ -40,11 +40,12 @@ def rss_mb() -> float:
 def one(n: int, model_name: str, streaming: str) -> dict:
     """Run the scan of length ``n`` in this process; its timings and memory."""
     import headprobe
+    from headprobe.analyses.vocabulary import MIN_PERIOD
 
     model = headprobe.load_model(model_name)
     loaded = rss_mb()
     weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.model.parameters()}.values()) / 2**20
-    period = max(2, (n - 1) // 2 - 48)
+    period = max(MIN_PERIOD, (n - 1) // 2 - 48)  # the shortest block scan accepts
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         res = headprobe.scan(
