@@ -180,3 +180,37 @@ def test_the_model_line_counts_one_kv_head_in_the_singular():
 
     assert "(MQA, 1 KV head); weights" in line("MQA", 1)
     assert "(GQA, 2 KV heads); weights" in line("GQA", 2)
+
+
+def _subcommand_parsers():
+    import argparse
+
+    from headprobe.cli import build_parser
+
+    def subparsers(parser):
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+    for name in subparsers(build_parser()):
+        yield name, subparsers(build_parser(name))[name]
+
+
+def test_every_flag_of_every_command_has_help_that_gives_its_default():
+    """Each option of each subcommand is explained in --help, and one with a default other than
+    off/none says it (the value or the word "default"): train's --positional, --batch-size and
+    --weight-decay and study's --d-model had no help at all, so their defaults were in the docs only.
+    Reference: the parser's own defaults."""
+    import argparse
+
+    missing = []
+    for name, parser in _subcommand_parsers():
+        for action in parser._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            text = parser._get_formatter()._expand_help(action) if action.help else ""
+            default = action.default
+            shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+            if not text.strip():
+                missing.append((name, action.option_strings[0], "no help"))
+            elif default not in (None, False, True, argparse.SUPPRESS) and shown not in text and "default" not in text:
+                missing.append((name, action.option_strings[0], f"default {shown!r} not shown"))
+    assert not missing, missing
