@@ -447,3 +447,42 @@ def test_patch_estimate_bounds_its_measured_peak(site, tiny_dir, tmp_path, capsy
     argv = ["patch", "--model", str(tiny_dir), "--out", str(out), "--prompts", prompts, "--site", site]
     assert main([*argv, "--device", "cpu", "--memory-budget", "64MiB"]) == 0
     assert plan.line() in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("site", ["z", "k", "resid"])
+def test_patched_pass_holds_each_source_once(site, tiny_llama_gqa_native, monkeypatch):
+    """One patched pass of every unit of both layers reads each layer's corrupted source (and, for
+    k/v, clean z) once through a broadcast view: the tensors alive at once (the profiler's count,
+    after a warm-up) are at least half the per-unit copies fewer than in the pass that repeated them
+    (the old hooks, tests/test_patch.py's reference), and the plan's per-sequence term is the
+    forward plus the hook's patched copy alone (it counted the copies too)."""
+    from test_patch import _repeated_unit_hooks
+
+    from headprobe.analyses import patching
+    from headprobe.analyses.patching import PromptPair, pass_plans, patch, site_width
+
+    model = tiny_llama_gqa_native
+    spec, e = model.spec, model.dtype.itemsize
+    words = [" ".join(f"t{(7 * i + 3 * j + k) % 100}" for j in range(9)) for i in range(4) for k in (0, 1)]
+    pairs = [PromptPair(words[2 * i], words[2 * i + 1], f" t{i}", f" t{i + 50}") for i in range(4)]
+    units = (
+        [(l, h) for l in range(2) for h in range(spec.n_heads)]
+        if site != "resid"
+        else [(l, p) for l in range(2) for p in range(8)]
+    )
+    memory.set_budget("64MiB")
+    B, T = patching.encode_pairs(model, pairs, "left")[0].clean.shape
+    held = site_width(spec, site) + (spec.n_heads * spec.d_head if site in ("k", "v") else 0)
+    per = pass_plans(model, B, T, site, 2, max_batch=B * len(units))[1].per_item
+    positions = T if model.residual_with_logits else 1  # the native backend unembeds the answer position only
+    assert per == forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, logit_positions=positions) + T * held * e
+
+    def run():
+        return patch(model, pairs, site, units, max_batch=B * len(units))
+
+    assert run().n_forward == 2  # the capture and one pass of every unit
+    peak = _peak_tensor_bytes(run)
+    monkeypatch.setattr(patching, "_unit_hooks", _repeated_unit_hooks)
+    repeated = _peak_tensor_bytes(run)
+    copies = 2 * len(units) * B * T * held * e  # each layer's source, once per unit of the pass
+    assert repeated - peak >= copies // 2, (peak, repeated, copies)
