@@ -486,3 +486,37 @@ def test_patched_pass_holds_each_source_once(site, tiny_llama_gqa_native, monkey
     repeated = _peak_tensor_bytes(run)
     copies = 2 * len(units) * B * T * held * e  # each layer's source, once per unit of the pass
     assert repeated - peak >= copies // 2, (peak, repeated, copies)
+
+
+@pytest.mark.parametrize("kind", ["zero", "mean"])
+def test_ablate_forwards_beside_the_estimates_bound_their_peaks(kind, tiny_dir, tmp_path):
+    """The induction score's forward over the repeated task and, for mean ablation, the mean-z
+    capture over the other natural windows each have a plan in ablate's (the largest step is picked
+    by total): each bounds the tensors its step holds at once (the profiler's count, after a
+    warm-up), within 10x, and neither exceeds the plan a run is checked against."""
+    from headprobe.analyses.ablation import capture_z, mean_z_from
+    from headprobe.commands.ablate import AblateConfig
+    from headprobe.commands.ablate_core import _forward_plans, _induction_score, _task_sets, memory_plan
+    from headprobe.probe.backends.loading import load_model
+
+    model = load_model(str(tiny_dir), device="cpu")
+    cfg = AblateConfig(
+        model=str(tiny_dir), text=_text(tmp_path), n_natural=3, seq_len=16, n_repeated=2, period=6,
+        estimate="gradient", kind=kind,
+    ).resolved(model.spec, model.trained_periods)  # fmt: skip
+    memory.set_budget("64MiB")
+    plans = {p.what.split(" (")[0]: p for p in _forward_plans(model, cfg)}
+    assert sorted(plans) == ["ablate's induction score"] + (["ablate's mean z capture"] if kind == "mean" else [])
+    assert (
+        plans["ablate's induction score"].items == 2
+        and "(2 x 13 tokens, one forward)" in plans["ablate's induction score"].what
+    )
+    natural, repeated = _task_sets(model, cfg)[:2]
+    steps = {"ablate's induction score": lambda: _induction_score(model, repeated)}
+    if kind == "mean":  # as _task_sets: over the natural windows the task does not score
+        steps["ablate's mean z capture"] = lambda: mean_z_from(capture_z(model, natural.tokens[3:]), natural.start)
+    for name, step in steps.items():
+        step()
+        peak = _peak_tensor_bytes(step)
+        assert peak <= plans[name].total < 10 * peak, (name, peak, plans[name].total)
+        assert plans[name].total <= memory_plan(model, cfg).total
