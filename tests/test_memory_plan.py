@@ -520,3 +520,43 @@ def test_ablate_forwards_beside_the_estimates_bound_their_peaks(kind, tiny_dir, 
         peak = _peak_tensor_bytes(step)
         assert peak <= plans[name].total < 10 * peak, (name, peak, plans[name].total)
         assert plans[name].total <= memory_plan(model, cfg).total
+
+
+def test_scan_refuses_a_budget_its_scoring_forward_exceeds(tiny_dir, tmp_path, capsys):
+    """Without verification scan had no plan: a budget below its natural-text scoring forward (3 x 16
+    tokens) ran on. Now refused in one line, naming the step, before any output folder."""
+    out = tmp_path / "scan"
+    argv = ["scan", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main([*argv, "--no-verify", "--no-metrics", "--memory-budget", "100KB"]))
+    err = _errors(capsys)
+    assert e.value.code == 2 and len(err) == 1, err
+    assert "scan's natural-text scores (3 x 16 tokens, one forward) needs about" in err[0], err
+    assert "stated budget 97.66 KiB" in err[0] and not out.exists()
+
+
+def test_scan_scoring_plans_bound_their_measured_peaks(tiny_dir, tmp_path):
+    """Each task's scoring forward (every detector, per-sequence scores, the natural task's mean z)
+    against its plan: an upper bound within 10x of the profiler's count after a warm-up."""
+    from headprobe.analyses.data import natural_text_tokens, open_text_file, repeated_random_tokens
+    from headprobe.analyses.scoring import score_tokens
+    from headprobe.commands.scan import ScanConfig
+    from headprobe.commands.scan_core import _scoring_plans, first_scored
+    from headprobe.probe.backends.loading import load_model
+
+    model = load_model(str(tiny_dir), device="cpu")
+    memory.set_budget("64MiB")
+    cfg = ScanConfig(model=str(tiny_dir), seq_len=16, n_natural=3, n_repeated=2, period=6)
+    natural_plan, repeated_plan = _scoring_plans(model, cfg)
+    natural = natural_text_tokens(model, 3, 16, 0, open_text_file(_text(tmp_path)))
+    repeated = repeated_random_tokens(model, 2, 6, 0)
+    for plan, tokens, task in ((natural_plan, natural, "natural"), (repeated_plan, repeated, "repeated")):
+        first = first_scored(task, tokens.start, tokens.period)
+
+        def step(tokens=tokens, task=task, first=first):
+            score_tokens(model, tokens, task, first, mean_z=task == "natural", per_sequence={})
+
+        step()
+        peak = _peak_tensor_bytes(step)
+        assert plan.items == tokens.tokens.shape[0] and f"x {tokens.tokens.shape[1]} tokens" in plan.what
+        assert peak <= plan.total < 10 * peak, (task, peak, plan.total)
