@@ -592,6 +592,22 @@ def capture_z(
     return out
 
 
+def capture_z_plan(model: LoadedModel, batch: int, seq_len: int, what: str) -> memory.BatchPlan:
+    """The working memory of :func:`capture_z` over ``batch`` sequences of ``seq_len`` tokens (one
+    forward, the whole batch; ``what`` names it), planned by :func:`headprobe.probe.core.memory.plan`:
+    per sequence :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` with logits at every
+    position (the forward returns them), plus every attention layer's ``z`` it keeps,
+    ``layers * seq_len * n_heads * d_head`` elements.
+
+    Raises:
+        HeadprobeError: the batch does not fit in the memory budget (one line, before any allocation).
+    """
+    spec, e = model.spec, model.dtype.itemsize
+    z = len(spec.attention_layers) * seq_len * spec.n_heads * spec.d_head * e
+    per = forward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, e) + z
+    return memory.plan(per, model.device, batch, f"{what} ({batch} x {seq_len} tokens, one forward)", 0, cap=batch)
+
+
 def kind_inputs(
     model: LoadedModel,
     kind: AblationKind,

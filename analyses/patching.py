@@ -200,16 +200,38 @@ def check_site(model: LoadedModel, site: str, layers: Sequence[int]) -> None:
             )
 
 
+def _select(keep: Tensor, source: Tensor, act: Tensor) -> Tensor:
+    """``torch.where(keep, source, act)`` over ``act``'s ``[rows, ...]`` (``keep`` ``[rows, ...]``,
+    broadcastable), where ``source`` holds ``rows`` sequences or one batch of ``n`` that the rows
+    repeat ``rows // n`` times along the batch axis: then a view of ``act`` as ``[rows // n, n, ...]``
+    lets ``torch.where`` broadcast the one source over the copies (the same numbers as repeating it
+    first, without the copies).
+
+    Raises:
+        HeadprobeError: ``rows`` is not a multiple of the source's sequences.
+    """
+    rows, n = act.shape[0], source.shape[0]
+    if n == rows:
+        return torch.where(keep, source.to(act), act)
+    if n == 0 or rows % n:
+        raise HeadprobeError(f"a patch source of {n} sequences cannot serve a forward of {rows}")
+    m = rows // n
+    return torch.where(keep.unflatten(0, (m, n)), source.to(act), act.unflatten(0, (m, n))).flatten(0, 1)
+
+
 def head_input_hooks(
     layer: int,
     site: str,
-    heads: Bool[Tensor, "batch head"],
+    heads: Bool[Tensor, "rows head"],
     source: Float[Tensor, "batch pos n d"],
     clean_z: Float[Tensor, "batch pos head d_head"] | None = None,
 ) -> list[tuple[str, Any]]:
-    """Hooks giving, in sequence ``b`` of a forward, each query head ``h`` with ``heads[b, h]`` its
-    ``site`` activation (``z``, ``q``, ``k`` or ``v``) from ``source[b]`` at layer ``layer``, every
-    position; every other head keeps its own.
+    """Hooks giving, in row ``r`` of a forward, each query head ``h`` with ``heads[r, h]`` its
+    ``site`` activation (``z``, ``q``, ``k`` or ``v``) from ``source`` at layer ``layer``, every
+    position; every other head keeps its own. ``source`` and ``clean_z`` hold either one sequence
+    per row (``batch = rows``; row ``r`` reads ``source[r]``) or one batch that the forward's rows
+    repeat ``rows // batch`` times along the batch axis (as :func:`patch` runs its units; row ``r``
+    reads ``source[r % batch]``), read once for every copy through a broadcast view, never repeated.
 
     GQA (``n_kv_heads < n_heads``): a key or value belongs to one KV head, shared by its group of
     ``n_heads // n_kv_heads`` query heads. To give one query head the corrupted k/v while its group
@@ -223,15 +245,16 @@ def head_input_hooks(
     backend that expands KV heads itself), the slice is replaced directly.
 
     Args:
-        layer: the layer. site: ``z``, ``q``, ``k`` or ``v``. heads: ``[batch, head]`` which query
-            heads are patched in which sequence. source: the site's activation ``[batch, pos, n, d]``
+        layer: the layer. site: ``z``, ``q``, ``k`` or ``v``. heads: ``[rows, head]`` which query
+            heads are patched in which row. source: the site's activation ``[batch, pos, n, d]``
             on the corrupted input (``n``: heads or KV heads, as the hook holds them).
         clean_z: ``[batch, pos, head, d_head]``, the layer's z without the patch; needed for ``k``/``v``
             under GQA.
 
     Raises:
         HeadprobeError: (when the hooks run) the hook's head axis fits neither the query heads nor a
-            grouping of them, or ``clean_z`` missing where a group's other heads must be restored.
+            grouping of them, ``clean_z`` missing where a group's other heads must be restored, or
+            ``rows`` not a multiple of ``batch``.
     """
     name, n_heads, state = site_hook_name(site, layer), heads.shape[1], {}
 
@@ -244,7 +267,7 @@ def head_input_hooks(
             state["others"] = sel.repeat_interleave(n_heads // n, dim=1) & ~heads.to(act.device)
         else:
             raise HeadprobeError(f"{name} has {n} heads on its head axis; expected {n_heads} query heads or a divisor")
-        return torch.where(sel[:, None, :, None], source.to(act), act)
+        return _select(sel[:, None, :, None], source, act)
 
     def restore(z: Tensor, hook: Any) -> Tensor:
         others = state.pop("others", None)
@@ -255,7 +278,7 @@ def head_input_hooks(
                 "patching one query head's k or v under GQA needs the layer's clean z (clean_z) "
                 "to keep the other heads of its group clean"
             )
-        return torch.where(others[:, None, :, None], clean_z.to(z), z)
+        return _select(others[:, None, :, None], clean_z, z)
 
     hooks: list[tuple[str, HookFn]] = [(name, put)]
     if site in ("k", "v"):
@@ -264,13 +287,14 @@ def head_input_hooks(
 
 
 def resid_hooks(
-    layer: int, where: Bool[Tensor, "batch pos"], source: Float[Tensor, "batch pos d_model"]
+    layer: int, where: Bool[Tensor, "rows pos"], source: Float[Tensor, "batch pos d_model"]
 ) -> list[tuple[str, Any]]:
     """A hook replacing the residual stream entering ``layer`` (``hook_resid_pre``) by ``source``
-    where ``where`` is True (sequence, position) and leaving it elsewhere."""
+    where ``where`` is True (sequence, position) and leaving it elsewhere; ``source`` may hold one
+    batch that the forward's rows repeat, read once for every copy (as :func:`head_input_hooks`)."""
 
     def put(x: Tensor, hook: Any) -> Tensor:
-        return torch.where(where.to(x.device)[..., None], source.to(x), x)
+        return _select(where.to(x.device)[..., None], source, x)
 
     return [(site_hook_name("resid", layer), put)]
 
@@ -562,12 +586,14 @@ def _unit_hooks(
     clean: dict[str, Tensor],
     corrupted: dict[str, Tensor],
 ) -> list[tuple[str, Any]]:
-    """Hooks for one forward over ``len(chunk)`` copies of ``batch``: copy ``j`` patches ``chunk[j]``."""
+    """Hooks for one forward over ``len(chunk)`` copies of ``batch``: copy ``j`` patches ``chunk[j]``.
+    Each layer's corrupted source (and clean ``z``) is held once, not once per copy: the hooks
+    broadcast it over the copies (:func:`head_input_hooks`)."""
     m, n, T = len(chunk), batch.clean.shape[0], batch.clean.shape[1]
     hooks: list[tuple[str, Any]] = []
     for layer in sorted({u[0] for u in chunk}):
         name = site_hook_name(site, layer)
-        source = corrupted[name].repeat(m, *[1] * (corrupted[name].dim() - 1))
+        source = corrupted[name]
         if site == "resid":
             where = torch.zeros(m, n, T, dtype=torch.bool)
             for j, (lay, pos) in enumerate(chunk):
@@ -580,9 +606,7 @@ def _unit_hooks(
         for j, (lay, head) in enumerate(chunk):
             sel[j, head] = lay == layer
         z = clean.get(attn_hook(layer, "z"))
-        hooks += head_input_hooks(
-            layer, site, sel.repeat_interleave(n, dim=0), source, None if z is None else z.repeat(m, 1, 1, 1)
-        )
+        hooks += head_input_hooks(layer, site, sel.repeat_interleave(n, dim=0), source, z)
     return hooks
 
 
@@ -630,8 +654,9 @@ def pass_plans(
       :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` with float32 logits at the answer
       position (every position where :attr:`~LoadedModel.residual_with_logits`);
     - a patched pass: from ``batch`` (one unit) up to ``batch * (max_batch // batch)`` sequences, each the
-      same forward plus, for each of the ``min(n_layers, max_batch // batch)`` layers a pass can span,
-      the corrupted source (and clean ``z``) repeated per unit, and the hook's patched copy.
+      same forward plus the hook's patched copy, ``seq_len * held * e`` (``held``: ``w``, plus the
+      restored ``z`` for ``k``/``v``); the sources are the kept corrupted activations, read by every
+      copy through a broadcast view (:func:`head_input_hooks`), never repeated per unit.
 
     Returns:
         ``(capture, passes)``; ``passes.items`` is the most sequences a patched pass may hold.
@@ -646,7 +671,7 @@ def pass_plans(
     positions = T if model.residual_with_logits else 1
     fwd = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, logit_positions=positions)
     units = max(1, max_batch // batch)
-    per = fwd + T * e * (min(n_layers, units) * held + w)
+    per = fwd + T * e * held
     shape = f"{batch} x {T} tokens"
     both = f"patching's clean and corrupted capture (2 x {shape})"
     capture = memory.plan(fwd, model.device, 2 * batch, both, kept, 2 * batch)

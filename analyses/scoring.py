@@ -17,11 +17,13 @@ from torch import Tensor
 
 from headprobe.analyses.data import TokenSet
 from headprobe.analyses.detectors import DETECTORS
-from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.backends.base import LOSS_ROWS, LoadedModel
+from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.ablation import Head, HookCounter
 from headprobe.probe.hooks.capture import patterns_by_layer
 from headprobe.probe.hooks.names import attn_hook, block_hook
+from headprobe.probe.layout.cost import forward_sequence_bytes
 from headprobe.probe.layout.spec import ModelSpec
 
 
@@ -215,6 +217,25 @@ def score_tokens(
     if not torch.isfinite(loss).all():
         raise HeadprobeError("the model produced NaN or Inf logits on the scan's input")
     return scores, loss, z_mean
+
+
+def score_plan(model: LoadedModel, batch: int, seq_len: int, first: int, what: str) -> memory.BatchPlan:
+    """The working memory of :func:`score_tokens` over ``batch`` sequences of ``seq_len`` tokens (one
+    forward, the whole batch; ``what`` names it), planned by :func:`headprobe.probe.core.memory.plan`:
+    per sequence :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` with float32 logits at
+    ``min(seq_len - 1 - first, LOSS_ROWS // batch)`` positions (the loss is unembedded in chunks of
+    :data:`~headprobe.probe.backends.base.LOSS_ROWS` rows, :func:`chunked_token_losses`; ``first``
+    as there). Its float32 attention weights bound a layer's materialised pattern and the streamed
+    statistics; a detector's own temporaries are not counted (the offset scores read one diagonal,
+    ``[batch, head, seq_len]``).
+
+    Raises:
+        HeadprobeError: the batch does not fit in the memory budget (one line, before any allocation).
+    """
+    spec = model.spec
+    positions = max(1, min(seq_len - 1 - first, LOSS_ROWS // batch))
+    per = forward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, model.dtype.itemsize, logit_positions=positions)
+    return memory.plan(per, model.device, batch, f"{what} ({batch} x {seq_len} tokens, one forward)", 0, cap=batch)
 
 
 def _empty_scores(spec: ModelSpec, dets: Sequence[Any]) -> dict[str, Tensor]:

@@ -447,3 +447,116 @@ def test_patch_estimate_bounds_its_measured_peak(site, tiny_dir, tmp_path, capsy
     argv = ["patch", "--model", str(tiny_dir), "--out", str(out), "--prompts", prompts, "--site", site]
     assert main([*argv, "--device", "cpu", "--memory-budget", "64MiB"]) == 0
     assert plan.line() in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("site", ["z", "k", "resid"])
+def test_patched_pass_holds_each_source_once(site, tiny_llama_gqa_native, monkeypatch):
+    """One patched pass of every unit of both layers reads each layer's corrupted source (and, for
+    k/v, clean z) once through a broadcast view: the tensors alive at once (the profiler's count,
+    after a warm-up) are at least half the per-unit copies fewer than in the pass that repeated them
+    (the old hooks, tests/test_patch.py's reference), and the plan's per-sequence term is the
+    forward plus the hook's patched copy alone (it counted the copies too)."""
+    from test_patch import _repeated_unit_hooks
+
+    from headprobe.analyses import patching
+    from headprobe.analyses.patching import PromptPair, pass_plans, patch, site_width
+
+    model = tiny_llama_gqa_native
+    spec, e = model.spec, model.dtype.itemsize
+    words = [" ".join(f"t{(7 * i + 3 * j + k) % 100}" for j in range(9)) for i in range(4) for k in (0, 1)]
+    pairs = [PromptPair(words[2 * i], words[2 * i + 1], f" t{i}", f" t{i + 50}") for i in range(4)]
+    units = (
+        [(l, h) for l in range(2) for h in range(spec.n_heads)]
+        if site != "resid"
+        else [(l, p) for l in range(2) for p in range(8)]
+    )
+    memory.set_budget("64MiB")
+    B, T = patching.encode_pairs(model, pairs, "left")[0].clean.shape
+    held = site_width(spec, site) + (spec.n_heads * spec.d_head if site in ("k", "v") else 0)
+    per = pass_plans(model, B, T, site, 2, max_batch=B * len(units))[1].per_item
+    positions = T if model.residual_with_logits else 1  # the native backend unembeds the answer position only
+    assert per == forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, logit_positions=positions) + T * held * e
+
+    def run():
+        return patch(model, pairs, site, units, max_batch=B * len(units))
+
+    assert run().n_forward == 2  # the capture and one pass of every unit
+    peak = _peak_tensor_bytes(run)
+    monkeypatch.setattr(patching, "_unit_hooks", _repeated_unit_hooks)
+    repeated = _peak_tensor_bytes(run)
+    copies = 2 * len(units) * B * T * held * e  # each layer's source, once per unit of the pass
+    assert repeated - peak >= copies // 2, (peak, repeated, copies)
+
+
+@pytest.mark.parametrize("kind", ["zero", "mean"])
+def test_ablate_forwards_beside_the_estimates_bound_their_peaks(kind, tiny_dir, tmp_path):
+    """The induction score's forward over the repeated task and, for mean ablation, the mean-z
+    capture over the other natural windows each have a plan in ablate's (the largest step is picked
+    by total): each bounds the tensors its step holds at once (the profiler's count, after a
+    warm-up), within 10x, and neither exceeds the plan a run is checked against."""
+    from headprobe.analyses.ablation import capture_z, mean_z_from
+    from headprobe.commands.ablate import AblateConfig
+    from headprobe.commands.ablate_core import _forward_plans, _induction_score, _task_sets, memory_plan
+    from headprobe.probe.backends.loading import load_model
+
+    model = load_model(str(tiny_dir), device="cpu")
+    cfg = AblateConfig(
+        model=str(tiny_dir), text=_text(tmp_path), n_natural=3, seq_len=16, n_repeated=2, period=6,
+        estimate="gradient", kind=kind,
+    ).resolved(model.spec, model.trained_periods)  # fmt: skip
+    memory.set_budget("64MiB")
+    plans = {p.what.split(" (")[0]: p for p in _forward_plans(model, cfg)}
+    assert sorted(plans) == ["ablate's induction score"] + (["ablate's mean z capture"] if kind == "mean" else [])
+    assert (
+        plans["ablate's induction score"].items == 2
+        and "(2 x 13 tokens, one forward)" in plans["ablate's induction score"].what
+    )
+    natural, repeated = _task_sets(model, cfg)[:2]
+    steps = {"ablate's induction score": lambda: _induction_score(model, repeated)}
+    if kind == "mean":  # as _task_sets: over the natural windows the task does not score
+        steps["ablate's mean z capture"] = lambda: mean_z_from(capture_z(model, natural.tokens[3:]), natural.start)
+    for name, step in steps.items():
+        step()
+        peak = _peak_tensor_bytes(step)
+        assert peak <= plans[name].total < 10 * peak, (name, peak, plans[name].total)
+        assert plans[name].total <= memory_plan(model, cfg).total
+
+
+def test_scan_refuses_a_budget_its_scoring_forward_exceeds(tiny_dir, tmp_path, capsys):
+    """Without verification scan had no plan: a budget below its natural-text scoring forward (3 x 16
+    tokens) ran on. Now refused in one line, naming the step, before any output folder."""
+    out = tmp_path / "scan"
+    argv = ["scan", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main([*argv, "--no-verify", "--no-metrics", "--memory-budget", "100KB"]))
+    err = _errors(capsys)
+    assert e.value.code == 2 and len(err) == 1, err
+    assert "scan's natural-text scores (3 x 16 tokens, one forward) needs about" in err[0], err
+    assert "stated budget 97.66 KiB" in err[0] and not out.exists()
+
+
+def test_scan_scoring_plans_bound_their_measured_peaks(tiny_dir, tmp_path):
+    """Each task's scoring forward (every detector, per-sequence scores, the natural task's mean z)
+    against its plan: an upper bound within 10x of the profiler's count after a warm-up."""
+    from headprobe.analyses.data import natural_text_tokens, open_text_file, repeated_random_tokens
+    from headprobe.analyses.scoring import score_tokens
+    from headprobe.commands.scan import ScanConfig
+    from headprobe.commands.scan_core import _scoring_plans, first_scored
+    from headprobe.probe.backends.loading import load_model
+
+    model = load_model(str(tiny_dir), device="cpu")
+    memory.set_budget("64MiB")
+    cfg = ScanConfig(model=str(tiny_dir), seq_len=16, n_natural=3, n_repeated=2, period=6)
+    natural_plan, repeated_plan = _scoring_plans(model, cfg)
+    natural = natural_text_tokens(model, 3, 16, 0, open_text_file(_text(tmp_path)))
+    repeated = repeated_random_tokens(model, 2, 6, 0)
+    for plan, tokens, task in ((natural_plan, natural, "natural"), (repeated_plan, repeated, "repeated")):
+        first = first_scored(task, tokens.start, tokens.period)
+
+        def step(tokens=tokens, task=task, first=first):
+            score_tokens(model, tokens, task, first, mean_z=task == "natural", per_sequence={})
+
+        step()
+        peak = _peak_tensor_bytes(step)
+        assert plan.items == tokens.tokens.shape[0] and f"x {tokens.tokens.shape[1]} tokens" in plan.what
+        assert peak <= plan.total < 10 * peak, (task, peak, plan.total)

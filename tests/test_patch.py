@@ -464,6 +464,52 @@ def test_padded_patch_equals_unpadded_runs(fixture, side, site, request):
         np.testing.assert_allclose(got.patched_ld[:, i], alone.patched_ld[:, 0], atol=1e-5)
 
 
+def _repeated_unit_hooks(site, chunk, batch, n_heads, clean, corrupted):
+    """The patched pass's hooks as they were built before the sources were broadcast (the reference):
+    each layer's corrupted source, and clean ``z``, repeated once per unit along the batch axis."""
+    from headprobe.analyses.patching import head_input_hooks, resid_hooks, site_hook_name
+
+    m, n, T = len(chunk), batch.clean.shape[0], batch.clean.shape[1]
+    hooks = []
+    for layer in sorted({u[0] for u in chunk}):
+        name = site_hook_name(site, layer)
+        source = corrupted[name].repeat(m, *[1] * (corrupted[name].dim() - 1))
+        if site == "resid":
+            where = torch.zeros(m, n, T, dtype=torch.bool)
+            for j, (lay, pos) in enumerate(chunk):
+                if lay == layer:
+                    index = batch.first + pos if pos >= 0 else batch.last + 1 + pos
+                    where[j, torch.arange(n), index] = True
+            hooks += resid_hooks(layer, where.flatten(0, 1), source)
+            continue
+        sel = torch.zeros(m, n_heads, dtype=torch.bool)
+        for j, (lay, head) in enumerate(chunk):
+            sel[j, head] = lay == layer
+        z = clean.get(f"blocks.{layer}.attn.hook_z")
+        repeated_z = None if z is None else z.repeat(m, 1, 1, 1)
+        hooks += head_input_hooks(layer, site, sel.repeat_interleave(n, dim=0), source, repeated_z)
+    return hooks
+
+
+@pytest.mark.parametrize("site", ["z", "q", "k", "v", "resid"])
+def test_broadcast_sources_equal_repeated_sources_bitwise(site, tiny_llama_gqa_native, monkeypatch):
+    """A patched pass reads each layer's corrupted source once for all its units (a broadcast view):
+    every logit difference is bitwise the one of the pass that repeated the source per unit, with
+    passes of several units spanning both layers, padded pairs of two lengths, and GQA's k/v restore."""
+    from headprobe.analyses import patching
+
+    model = tiny_llama_gqa_native
+    pairs = _pairs(4)
+    units = [(0, 1), (0, 6), (1, 0), (1, 5), (0, 3)] if site != "resid" else [(0, 1), (1, -1), (0, -2), (1, 0)]
+    got = {mb: patch(model, pairs, site, units, max_batch=mb) for mb in (4, 12, 64)}  # 1, 3 and every unit a pass
+    monkeypatch.setattr(patching, "_unit_hooks", _repeated_unit_hooks)
+    for mb, new in got.items():
+        old = patch(model, pairs, site, units, max_batch=mb)
+        assert np.array_equal(new.patched_ld, old.patched_ld), (site, mb)
+        assert np.array_equal(new.clean_ld, old.clean_ld) and new.n_forward == old.n_forward
+    assert got[64].n_forward == 2 and np.abs(got[64].effect).max() > 1e-3  # one pass of both layers' units
+
+
 def _count_passes(model, monkeypatch) -> list[int]:
     calls = [0]
     for name in ("forward", "final_residual"):

@@ -21,6 +21,7 @@ from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import (
     SweepResult,
     capture_z,
+    capture_z_plan,
     exact_sweep,
     first_scored,
     head_importance,
@@ -31,7 +32,7 @@ from headprobe.analyses.ablation import (
 )
 from headprobe.analyses.attribution import atp_star, estimate_plan, forward_equivalents, second_order
 from headprobe.analyses.data import TokenSet, left_out_notes, open_text_file, task_tokens, window_counts
-from headprobe.analyses.scoring import score_tokens
+from headprobe.analyses.scoring import score_plan, score_tokens
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
@@ -559,13 +560,15 @@ def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
     """The plan of the larger of the two tasks' batches (the larger per-sequence estimate): the
     exact sweep's (:func:`~headprobe.analyses.ablation.sweep_plan`; its gradient scores' pass over
     each task's whole batch is checked to fit as the ``gradient`` estimate), or with ``estimate`` the
-    estimator's over each task's whole batch (:func:`~headprobe.analyses.attribution.estimate_plan`:
-    ``n_natural`` windows of ``seq_len`` tokens, ``n_repeated`` sequences of ``2 period`` tokens,
-    BOS added where the model prepends one).
+    largest step (:attr:`BatchPlan.total`) of the estimator's over each task's whole batch
+    (:func:`~headprobe.analyses.attribution.estimate_plan`: ``n_natural`` windows of ``seq_len``
+    tokens, ``n_repeated`` sequences of ``2 period`` tokens, BOS added where the model prepends
+    one) and the forwards beside them (:func:`_forward_plans`, which the sweep checks too).
 
     Raises:
-        HeadprobeError: one ablation of a task's sequences, or an estimate of a task's batch, does
-            not fit in the memory budget; lengths that cannot run (``config.resolved``).
+        HeadprobeError: one ablation of a task's sequences, an estimate of a task's batch or a
+            forward beside them does not fit in the memory budget; lengths that cannot run
+            (``config.resolved``).
     """
     config = config.resolved(model.spec, model.trained_periods)  # refuses lengths that cannot run, before a plan
     assert config.period is not None and config.seq_len is not None  # set by resolved
@@ -574,12 +577,34 @@ def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
         shapes = [natural, (config.n_repeated, 2 * config.period + int(model.prepend_bos))]
         method, n_probes = config.estimate, config.n_probes
         plans = [estimate_plan(model, method, b, t, n_probes, config.kind) for b, t in shapes]
-        return max(plans, key=lambda p: p.total)
+        return max([*plans, *_forward_plans(model, config)], key=lambda p: p.total)
     shapes = [natural, (config.n_repeated, 2 * config.period + 1)]
     for b, t in shapes:  # the sweep's gradient scores: one forward and backward of the task's batch
         estimate_plan(model, "gradient", b, t, kind=config.kind, work="the sweep's gradient scores")
+    _forward_plans(model, config)  # refused where they do not fit, as the gradient scores
     plans = [sweep_plan(model, b, t, model.spec.n_layers, config.max_batch) for b, t in shapes]
     return max(plans, key=lambda p: p.per_item)
+
+
+def _forward_plans(model: LoadedModel, config: AblateConfig) -> list[BatchPlan]:
+    """The plans of the inference forwards that run beside the sweep or the estimates, each over its
+    whole batch (``config`` resolved): the induction score over the repeated task's ``n_repeated``
+    sequences (:func:`~headprobe.analyses.scoring.score_plan`) and, for a kind that ablates with the
+    mean ``z``, its capture over the other ``n_natural`` natural-text windows
+    (:func:`~headprobe.analyses.ablation.capture_z_plan`). Each is one forward over a batch of the
+    shape an estimate (or the sweep's gradient scores) runs forward and backward, so it never needs
+    more than that step: planned so that every step of a run is, not because it raises the need.
+
+    Raises:
+        HeadprobeError: one of them does not fit in the memory budget.
+    """
+    assert config.period is not None and config.seq_len is not None  # set by resolved
+    start = int(model.prepend_bos)
+    first = first_scored("repeated", start, config.period)
+    plans = [score_plan(model, config.n_repeated, start + 2 * config.period, first, "ablate's induction score")]
+    if ablation_kinds.KINDS.get(config.kind).needs == "mean_z":
+        plans.append(capture_z_plan(model, config.n_natural, config.seq_len, "ablate's mean z capture"))
+    return plans
 
 
 def batch_line(model: LoadedModel, config: AblateConfig) -> str:

@@ -41,7 +41,7 @@ from headprobe.analyses.data import (
     unknown_share,
     window_counts,
 )
-from headprobe.analyses.scoring import example_patterns, score_token_set, score_tokens  # noqa: F401 - score_token_set re-exported
+from headprobe.analyses.scoring import example_patterns, score_plan, score_token_set, score_tokens  # noqa: F401 - score_token_set re-exported
 from headprobe.analyses.statistics import interval_rule, mean_ci
 from headprobe.analyses.verdicts import VerdictRule, evidence_text
 from headprobe.analyses.verdicts import label as verdict_label
@@ -49,6 +49,7 @@ from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, 
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.heads import parse_heads
 from headprobe.probe.core.io import prepare_output_dir, summary_envelope, write_text
+from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.core.progress import progress_bar
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.hooks.capture import kv_head_of
@@ -261,19 +262,49 @@ def scan_metric(spec: ModelSpec):
 def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
     """The header line of the verification's control-set batch
     (:func:`~headprobe.analyses.ablation.set_plan` for the task sets whose length the settings give:
-    repeated tokens ``2 * period + 1``, natural text ``seq_len``); None without verification.
+    repeated tokens ``2 * period + 1``, natural text ``seq_len``); None without verification. First,
+    with or without it, each task's scoring forward over its whole batch is checked to fit
+    (:func:`_scoring_plans`).
 
     Raises:
-        HeadprobeError: one set's ablation of a task's sequences does not fit in the memory budget.
+        HeadprobeError: a task's scoring forward, or one set's ablation of a task's sequences, does
+            not fit in the memory budget; lengths that cannot run (``config.resolved``).
     """
     from headprobe.analyses.ablation import set_plan
 
+    _scoring_plans(model, config)
     shapes = [(config.n_repeated, 2 * config.period + 1)] if config.period else []
     shapes += [(config.n_natural, config.seq_len)] if config.seq_len else []
     if not config.verify or not shapes or not model.self_check.decomposition_ok:
         return None
     b, plan = max(((b, set_plan(model, b, t)) for b, t in shapes), key=lambda x: x[1].per_item)
     return f"{plan.line()}: {plan.items // b} control sets of {b} sequences per pass"
+
+
+def _scoring_plans(model: LoadedModel, config: ScanConfig) -> list[BatchPlan]:
+    """The plans of the two scoring forwards (:func:`score_tokens` over each task's whole batch:
+    ``n_natural`` windows of ``seq_len`` tokens, ``n_repeated`` sequences of ``2 period`` tokens and
+    BOS where the model prepends one; :func:`~headprobe.analyses.scoring.score_plan`), the lengths
+    as ``config.resolved`` gives them.
+
+    Raises:
+        HeadprobeError: a forward that does not fit in the memory budget; lengths that cannot run.
+    """
+    cfg = config.resolved(model.spec, model.trained_periods)
+    assert cfg.seq_len is not None and cfg.period is not None  # set by resolved()
+    start = int(model.prepend_bos)
+    return [
+        score_plan(
+            model, cfg.n_natural, cfg.seq_len, first_scored("natural", start, None), "scan's natural-text scores"
+        ),
+        score_plan(
+            model,
+            cfg.n_repeated,
+            start + 2 * cfg.period,
+            first_scored("repeated", start, cfg.period),
+            "scan's repeated-token scores",
+        ),
+    ]
 
 
 def run(
