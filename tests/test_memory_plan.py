@@ -4,6 +4,8 @@ and batching that does not change a number (sweeps and control sets equal across
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -198,6 +200,31 @@ def test_scan_header_says_how_many_control_sets_a_pass_holds(tiny_dir, tmp_path,
     )
     want = f"{plan.line()}: {plan.items // b} control sets of {b} sequences per pass"
     assert want in capsys.readouterr().out and plan.items // b >= 1
+
+
+def test_scan_header_and_refusal_hold_at_the_default_lengths(tiny_dir, tmp_path, capsys):
+    """Without --seq-len and --period the control-set plan read the unresolved None lengths: no header,
+    and a budget below one set's ablation was not refused before the run. Reference: set_plan at the
+    lengths summary.json records for the run."""
+    from headprobe.analyses.ablation import set_plan
+    from headprobe.probe.backends.loading import load_model
+
+    base = ["scan", "--model", str(tiny_dir), "--text", _text(tmp_path), "--n-natural", "3", "--n-repeated", "2"]
+    base += ["--device", "cpu", "-k", "2", "--n-random", "2", "--keep-n-random", "--no-metrics"]
+    assert main([*base, "--out", str(tmp_path / "s"), "--memory-budget", "8MiB"]) == 0
+    out = capsys.readouterr().out
+    cfg = json.loads((tmp_path / "s" / "summary.json").read_text())["config"]
+    model = load_model(str(tiny_dir), device="cpu")
+    memory.set_budget("8MiB")
+    shapes = ((2, int(model.prepend_bos) + 2 * cfg["period"]), (3, cfg["seq_len"]))
+    b, plan = max(((b, set_plan(model, b, t)) for b, t in shapes), key=lambda x: x[1].per_item)
+    assert f"{plan.line()}: {plan.items // b} control sets of {b} sequences per pass" in out, out
+    # a budget below one sequence's ablation pass (but above the scoring forwards) is refused before the folder
+    small = f"{max(plan.fixed + plan.per_item // 2, 1)}B"
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main([*base, "--out", str(tmp_path / "t"), "--memory-budget", small]))
+    err = _errors(capsys)
+    assert e.value.code == 2 and len(err) == 1 and not (tmp_path / "t").exists(), err
 
 
 def test_kv_refuses_before_the_folder(tiny_dir, tmp_path, capsys):

@@ -261,8 +261,9 @@ def scan_metric(spec: ModelSpec):
 
 def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
     """The header line of the verification's control-set batch
-    (:func:`~headprobe.analyses.ablation.set_plan` for the task sets whose length the settings give:
-    repeated tokens ``2 * period + 1``, natural text ``seq_len``); None without verification. First,
+    (:func:`~headprobe.analyses.ablation.set_plan` for each task's sequences at the lengths the run
+    resolves: repeated tokens ``2 * period`` after BOS where the model prepends one, natural text
+    ``seq_len``); None without verification. First,
     with or without it, each task's scoring forward over its whole batch is checked to fit
     (:func:`_scoring_plans`).
 
@@ -273,10 +274,11 @@ def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
     from headprobe.analyses.ablation import set_plan
 
     _scoring_plans(model, config)
-    shapes = [(config.n_repeated, 2 * config.period + 1)] if config.period else []
-    shapes += [(config.n_natural, config.seq_len)] if config.seq_len else []
-    if not config.verify or not shapes or not model.self_check.decomposition_ok:
+    if not config.verify or not model.self_check.decomposition_ok:
         return None
+    cfg = config.resolved(model.spec, model.trained_periods)  # the lengths the run uses, defaults included
+    assert cfg.seq_len is not None and cfg.period is not None  # set by resolved()
+    shapes = [(cfg.n_repeated, int(model.prepend_bos) + 2 * cfg.period), (cfg.n_natural, cfg.seq_len)]
     b, plan = max(((b, set_plan(model, b, t)) for b, t in shapes), key=lambda x: x[1].per_item)
     return f"{plan.line()}: {plan.items // b} control sets of {b} sequences per pass"
 
