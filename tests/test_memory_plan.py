@@ -587,3 +587,25 @@ def test_scan_scoring_plans_bound_their_measured_peaks(tiny_dir, tmp_path):
         peak = _peak_tensor_bytes(step)
         assert plan.items == tokens.tokens.shape[0] and f"x {tokens.tokens.shape[1]} tokens" in plan.what
         assert peak <= plan.total < 10 * peak, (task, peak, plan.total)
+
+
+def test_ablate_sweep_plan_reads_the_runs_repeated_length_without_bos(tiny_dir, tmp_path):
+    """On a model that prepends no BOS (``model.prepend_bos`` False: no BOS token, or loaded without)
+    the repeated task is 2 * period tokens; the sweep's plan counted 2 * period + 1, a token the run
+    never has. Reference: sweep_plan at the shapes of the run's own token sets (--period 8: the
+    repeated task's plan, with that extra token, is the larger and the one the header printed)."""
+    from headprobe.commands.ablate import AblateConfig
+    from headprobe.commands.ablate_core import memory_plan, run
+    from headprobe.probe.backends.loading import load_model
+
+    model = load_model(str(tiny_dir), device="cpu", prepend_bos=False)
+    assert not model.prepend_bos
+    cfg = AblateConfig(
+        model=str(tiny_dir), text=_text(tmp_path), n_natural=3, seq_len=16, n_repeated=2, period=8, heads="0.1"
+    )
+    memory.set_budget("2MiB")
+    result = run(model, cfg, progress=False)
+    shapes = [tuple(result.natural.tokens[:3].shape), tuple(result.repeated.tokens.shape)]
+    assert shapes == [(3, 16), (2, 16)]  # two blocks of 8, no BOS
+    want = max((sweep_plan(model, b, t, model.spec.n_layers) for b, t in shapes), key=lambda p: p.per_item)
+    assert memory_plan(model, cfg).line() == want.line()
