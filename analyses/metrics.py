@@ -34,6 +34,7 @@ from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import TextFile
+from headprobe.probe.core.sizes import format_bytes
 from headprobe.probe.hooks.capture import patterns_by_layer
 from headprobe.probe.hooks.names import attn_hook, block_hook
 
@@ -723,7 +724,7 @@ the least-squares scale's three terms, the unembedding direction and its gathere
 def metric_plans(
     model: LoadedModel, n_seqs: int, seq_len: int, first: int, streaming: str = "auto", what: str = "scan's"
 ) -> list[memory.BatchPlan]:
-    """The working memory of each forward :func:`scan_metrics` runs over ``n_seqs`` natural-text
+    """The working memory of each step :func:`scan_metrics` runs over ``n_seqs`` natural-text
     windows of ``seq_len`` tokens (the whole batch, one forward each; ``first`` as there), in
     the order it runs them, those the model does not run left out (an encoder: no ``retrieval``,
     ``dla``; a hybrid: the output gate's forward alone; ``value_share_token0`` on materialised
@@ -751,11 +752,11 @@ def metric_plans(
     ``what`` prefixes each step's name (``"scan's retrieval needles (3 x 16 tokens, one forward)"``).
 
     Returns:
-        the plans, each of ``n_seqs`` items at most (``cap``).
+        the plans: ``n_seqs`` sequences each (``copying``: one item, the copies).
 
     Raises:
         HeadprobeError: a step does not fit in the memory budget (one line naming the step and
-            ``--no-metrics``, before any allocation).
+            ``--no-metrics``, before any allocation); a bad budget.
     """
     from headprobe.analyses.scoring import use_online_stats
     from headprobe.probe.hooks.online_stats import DEFAULT_BLOCK
@@ -796,13 +797,18 @@ def metric_plans(
             steps.append(("value-weighted attention", forward(T) + own, "one forward"))
     plans = []
     for name, per, passes in steps:
-        if passes == "weights":  # no sequences: the whole step is one item
-            shape, need, items = "the weights' float32 copies", 1, per
-        else:
-            shape, need, items = f"{n_seqs} x {T} tokens, {passes}", n_seqs, per
-        plans.append(
-            memory.plan(items, model.device, need, f"{what} {name} ({shape})", 0, cap=need, skip="--no-metrics")
-        )
+        if passes != "weights":
+            label = f"{what} {name} ({n_seqs} x {T} tokens, {passes})"
+            plans.append(memory.plan(per, model.device, n_seqs, label, 0, cap=n_seqs, skip="--no-metrics"))
+            continue
+        total, source = memory.budget(model.device)  # no sequences: the step is one item, of the weights' size
+        label = f"{what} {name} (float32 copies of the embedding, unembedding and head weights)"
+        if per > total:
+            raise HeadprobeError(
+                f"{label} needs about {format_bytes(per)} of working memory, more than the {source}: state a "
+                f"larger --memory-budget, or skip this step with --no-metrics"
+            )
+        plans.append(memory.BatchPlan(1, per, 0, total, source, label))
     return plans
 
 

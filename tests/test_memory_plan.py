@@ -632,12 +632,13 @@ def _metric_plans_bound_their_peaks(model, text: str, n: int, T: int, streaming:
     (metric_plans): an upper bound within 10x of the profiler's count after a warm-up, and the
     largest plan bounds the whole of scan_metrics. Returns step -> plan / peak."""
     from headprobe.analyses import metrics as M
+    from headprobe.analyses.ablation import first_scored
     from headprobe.analyses.data import natural_text_tokens, open_text_file
 
     memory.set_budget("64GiB")
     natural = natural_text_tokens(model, n, T, 0, open_text_file(text))
     needles = M.scan_needles(model, n, T, 0, open_text_file(text))
-    first = natural.start
+    first = first_scored("natural", natural.start, None)  # as scan's
     plans = {p.what.removeprefix("scan's ").split(" (")[0]: p for p in M.metric_plans(model, n, T, first, streaming)}
     steps = _metric_steps(model, natural, needles, first, streaming)
     assert set(plans) <= set(steps) and {"pattern metrics", "retrieval needles", "direct logit attribution"} <= set(
@@ -695,23 +696,29 @@ def test_scan_metric_plans_bound_their_peaks_at_smollm2_width(streaming, smollm2
     _metric_plans_bound_their_peaks(smollm2_width, _text(tmp_path), 2, 64, streaming)
 
 
-def test_scan_refuses_a_budget_its_metrics_exceed(tiny_dir, tmp_path, capsys):
-    """A budget above both scoring forwards but below a head metric's forward: scan ran on (the
-    metrics had no plan). Now refused in one line naming the step and --no-metrics, before any
-    output folder; with --no-metrics the same budget runs."""
+@pytest.mark.parametrize("weights", [True, False])
+def test_scan_refuses_a_budget_its_metrics_exceed(weights, tiny_dir, tmp_path, capsys, monkeypatch):
+    """A budget above both scoring forwards but below a head-metric step: scan ran on (the metrics
+    had no plan). Now refused in one line naming the step and --no-metrics, before any output
+    folder; with --no-metrics the same budget runs. On the tiny model the copying score's weight
+    copies are the largest step and come first; without them (``weights`` False, their size
+    patched to 0) a forward is refused (the direct logit attribution's)."""
     from headprobe.analyses import metrics as M
     from headprobe.commands.scan import ScanConfig
-    from headprobe.commands.scan_core import _scoring_plans
+    from headprobe.commands.scan_core import _scoring_plans, first_scored
     from headprobe.probe.backends.loading import load_model
 
+    if not weights:
+        monkeypatch.setattr(M, "copying_bytes", lambda spec: 0)
     model = load_model(str(tiny_dir), device="cpu")
     memory.set_budget("64GiB")
     cfg = ScanConfig(model=str(tiny_dir), seq_len=16, n_natural=3, n_repeated=2, period=6)
     scoring = max(p.total for p in _scoring_plans(model, cfg))
-    metrics = M.metric_plans(model, 3, 16, int(model.prepend_bos))
+    metrics = M.metric_plans(model, 3, 16, first_scored("natural", int(model.prepend_bos), None))
     assert scoring < max(p.total for p in metrics)  # a budget between them exists
     budget = (scoring + max(p.total for p in metrics)) // 2
     refused = next(p for p in metrics if p.total > budget)  # the first step over it, in scan's order
+    assert refused.what.startswith("scan's copying score" if weights else "scan's direct logit attribution (3 x 16")
     memory.set_budget(None)
     out = tmp_path / "scan"
     argv = ["scan", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL, "--no-verify"]
