@@ -31,8 +31,10 @@ from headprobe.analyses import composition
 from headprobe.analyses.columns import METRICS, HeadColumn, HeatmapStyle, metric_columns
 from headprobe.analyses.data import NeedleSet, TokenSet
 from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import TextFile
+from headprobe.probe.core.sizes import format_bytes
 from headprobe.probe.hooks.capture import patterns_by_layer
 from headprobe.probe.hooks.names import attn_hook, block_hook
 
@@ -711,6 +713,114 @@ def scan_metrics(
                 out[c], skipped[c] = np.full((spec.n_layers, spec.n_heads), np.nan, dtype=np.float32), str(e)
     skipped.update({c: why for c, why in inputs.notes.items() if c not in skipped})
     return {c: out[c] for c in metric_columns()}, skipped
+
+
+DLA_STREAMS = 10
+"""Float32 ``d_model``-wide tensors per scored position that :func:`direct_logit_attribution` holds
+beside its forwards (the kept residual, the normed one and its grad-enabled copy, the gradient,
+the least-squares scale's three terms, the unembedding direction and its gathered ``W_U`` rows)."""
+
+
+def metric_plans(
+    model: LoadedModel, n_seqs: int, seq_len: int, first: int, streaming: str = "auto", what: str = "scan's"
+) -> list[memory.BatchPlan]:
+    """The working memory of each step :func:`scan_metrics` runs over ``n_seqs`` natural-text
+    windows of ``seq_len`` tokens (the whole batch, one forward each; ``first`` as there), in
+    the order it runs them, those the model does not run left out (an encoder: no ``retrieval``,
+    ``dla``; a hybrid: the output gate's forward alone; ``value_share_token0`` on materialised
+    patterns only). Each is :func:`headprobe.probe.core.memory.plan` of a per-sequence
+    :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` (float32 logits where the step
+    unembeds: every position for a pattern pass, ``patterns_by_layer``'s logits; the needles'
+    scored queries for ``retrieval``; none from ``final_residual`` on a backend that skips the
+    unembedding, every position on one that does not, ``residual_with_logits``) plus the step's own:
+
+    * the pattern metrics (``sink_rate``, ``entropy``, ``local_<W>``, ``distant_mass``,
+      ``learned_sink_mass``): two float32 ``[head, T, T]`` temporaries of a layer's pattern (its
+      float copy and one product, ``xlogy`` or a window mask's) where it is materialised; streamed
+      (:func:`~headprobe.analyses.scoring.use_online_stats`), no logits, the layer's ``[head, T]``
+      statistics and four float32 ``[head, block, block]`` temporaries of a block's scores;
+    * ``retrieval`` on :func:`scan_needles`' windows (the same count and length): the logits at
+      ``needle_len - 1`` queries a sequence;
+    * ``dla``: :data:`DLA_STREAMS` float32 ``d_model`` vectors and the ``[layer, head]``
+      contributions per scored position, and a layer's float32 ``z`` and ``W_O u`` directions;
+    * ``value_share_token0``: the pattern's two temporaries, the layer's kept values and their
+      float32 per-head copy ``[T, head, d_head]``;
+    * ``gate_closure`` (a hybrid; elsewhere the pattern pass holds more): the forward alone;
+    * ``copying`` (no forward; on a CPU only, where its host copies are the device's memory):
+      :func:`copying_bytes`, one item.
+
+    ``what`` prefixes each step's name (``"scan's retrieval needles (3 x 16 tokens, one forward)"``).
+
+    Returns:
+        the plans: ``n_seqs`` sequences each (``copying``: one item, the copies).
+
+    Raises:
+        HeadprobeError: a step does not fit in the memory budget (one line naming the step and
+            ``--no-metrics``, before any allocation); a bad budget.
+    """
+    from headprobe.analyses.scoring import use_online_stats
+    from headprobe.probe.hooks.online_stats import DEFAULT_BLOCK
+    from headprobe.probe.layout.cost import forward_sequence_bytes
+
+    spec, e, T = model.spec, model.dtype.itemsize, seq_len
+    H, D, dh, V = spec.n_heads, spec.d_model, spec.d_head, spec.d_vocab
+    resid_logits = T if model.residual_with_logits else 0  # final_residual's unembedding, where it runs one
+
+    def forward(logit_positions: int) -> int:
+        return forward_sequence_bytes(spec.layout, T, V, e, logit_positions=logit_positions)
+
+    steps: list[tuple[str, int, str]] = []
+    pattern_temps = 2 * 4 * H * T * T
+    if spec.layout.head_layers is not None:  # a hybrid: every metric but the output gate is skipped
+        if any(attn_hook(l, "gate") in set(model.hook_names()) for l in spec.attention_layers):
+            steps.append(("output-gate closure", forward(resid_logits), "one forward"))
+    else:
+        if str(model.device) == "cpu" and not spec.layout.is_mla:  # its copies are host memory, not a GPU's
+            steps.append(("copying score", copying_bytes(spec), "weights"))
+        stream = use_online_stats(model, T, streaming)
+        # streamed (final_residual=False: no logits): a layer's [head, T] statistics and four
+        # float32 [head, block, block] temporaries of a block's scores
+        block = min(T, DEFAULT_BLOCK)
+        stats = 4 * H * T * (8 + len(LOCAL_WINDOWS)) + 4 * 4 * H * block * block
+        steps.append(("pattern metrics", forward(0) + stats if stream else forward(T) + pattern_temps, "one forward"))
+        start = int(model.prepend_bos)
+        needle = min(NEEDLE_LEN, (T - start) // 4)
+        if spec.causal and needle >= 2:
+            steps.append(("retrieval needles", forward(resid_logits or needle - 1), "one forward"))
+        if spec.causal and model.self_check.decomposition_ok and not model.has_post_attention_norm:
+            n = max(1, T - 1 - first)
+            own = 4 * n * (DLA_STREAMS * D + spec.n_layers * H) + 4 * T * 3 * H * dh
+            steps.append(("direct logit attribution", forward(resid_logits) + own, "two forwards"))
+        if not stream:
+            kv = H if spec.layout.is_mla else (spec.n_kv_heads or H)
+            own = pattern_temps + T * kv * dh * e + 2 * 4 * T * H * dh
+            steps.append(("value-weighted attention", forward(T) + own, "one forward"))
+    plans = []
+    for name, per, passes in steps:
+        if passes != "weights":
+            label = f"{what} {name} ({n_seqs} x {T} tokens, {passes})"
+            plans.append(memory.plan(per, model.device, n_seqs, label, 0, cap=n_seqs, skip="--no-metrics"))
+            continue
+        total, source = memory.budget(model.device)  # no sequences: the step is one item, of the weights' size
+        label = f"{what} {name} (float32 copies of the embedding, unembedding and head weights)"
+        if per > total:
+            raise HeadprobeError(
+                f"{label} needs about {format_bytes(per)} of working memory, more than the {source}: state a "
+                f"larger --memory-budget, or skip this step with --no-metrics"
+            )
+        plans.append(memory.BatchPlan(1, per, 0, total, source, label))
+    return plans
+
+
+def copying_bytes(spec: Any) -> int:
+    """Bytes :func:`~headprobe.analyses.composition.copying_score` holds at once on the host, from
+    ``spec`` (a :class:`~headprobe.probe.layout.spec.ModelSpec`): three float32 ``[d_vocab,
+    d_model]`` copies (the embedding and the unembedding as read, folded and centred), every head's
+    float32 ``W_Q``, ``W_K``, ``W_V``, ``W_O`` twice (per layer and stacked), the float64
+    ``W_U W_E`` and two float64 vocabulary chunks of (at most) 4,096 rows."""
+    D, V = spec.d_model, spec.d_vocab
+    heads = 4 * spec.n_layers * spec.n_heads * D * spec.d_head
+    return 4 * (3 * V * D + 2 * heads) + 8 * (D * D + 2 * min(4096, V) * D)
 
 
 def distant_window(seq_len: int, windows: tuple[int, ...] = LOCAL_WINDOWS) -> int | None:

@@ -587,3 +587,145 @@ def test_scan_scoring_plans_bound_their_measured_peaks(tiny_dir, tmp_path):
         peak = _peak_tensor_bytes(step)
         assert plan.items == tokens.tokens.shape[0] and f"x {tokens.tokens.shape[1]} tokens" in plan.what
         assert peak <= plan.total < 10 * peak, (task, peak, plan.total)
+
+
+def test_ablate_sweep_plan_reads_the_runs_repeated_length_without_bos(tiny_dir, tmp_path):
+    """On a model that prepends no BOS (``model.prepend_bos`` False: no BOS token, or loaded without)
+    the repeated task is 2 * period tokens; the sweep's plan counted 2 * period + 1, a token the run
+    never has. Reference: sweep_plan at the shapes of the run's own token sets (--period 8: the
+    repeated task's plan, with that extra token, is the larger and the one the header printed)."""
+    from headprobe.commands.ablate import AblateConfig
+    from headprobe.commands.ablate_core import memory_plan, run
+    from headprobe.probe.backends.loading import load_model
+
+    model = load_model(str(tiny_dir), device="cpu", prepend_bos=False)
+    assert not model.prepend_bos
+    cfg = AblateConfig(
+        model=str(tiny_dir), text=_text(tmp_path), n_natural=3, seq_len=16, n_repeated=2, period=8, heads="0.1"
+    )
+    memory.set_budget("2MiB")
+    result = run(model, cfg, progress=False)
+    shapes = [tuple(result.natural.tokens[:3].shape), tuple(result.repeated.tokens.shape)]
+    assert shapes == [(3, 16), (2, 16)]  # two blocks of 8, no BOS
+    want = max((sweep_plan(model, b, t, model.spec.n_layers) for b, t in shapes), key=lambda p: p.per_item)
+    assert memory_plan(model, cfg).line() == want.line()
+
+
+def _metric_steps(model, natural, needles, first: int, streaming: str) -> dict:
+    """Step name (as metric_plans names it) -> the work scan_metrics does in that step."""
+    from headprobe.analyses import composition
+    from headprobe.analyses import metrics as M
+    from headprobe.analyses.scoring import use_online_stats
+
+    stream = use_online_stats(model, natural.tokens.shape[1], streaming)
+    return {
+        "copying score": lambda: composition.copying_score(model),
+        "pattern metrics": lambda: M._pattern_metrics(model, natural, stream, M.LOCAL_WINDOWS, {}),
+        "retrieval needles": lambda: M.retrieval_score(model, needles, stream),
+        "direct logit attribution": lambda: M.direct_logit_attribution(model, natural.tokens, first).mean(dim=(0, 1)),
+        "value-weighted attention": lambda: M.value_share_token0(model, natural.tokens),
+    }
+
+
+def _metric_plans_bound_their_peaks(model, text: str, n: int, T: int, streaming: str) -> dict[str, float]:
+    """Each step of scan_metrics over ``n`` windows of ``T`` tokens against its plan
+    (metric_plans): an upper bound within 10x of the profiler's count after a warm-up, and the
+    largest plan bounds the whole of scan_metrics. Returns step -> plan / peak."""
+    from headprobe.analyses import metrics as M
+    from headprobe.analyses.ablation import first_scored
+    from headprobe.analyses.data import natural_text_tokens, open_text_file
+
+    memory.set_budget("64GiB")
+    natural = natural_text_tokens(model, n, T, 0, open_text_file(text))
+    needles = M.scan_needles(model, n, T, 0, open_text_file(text))
+    first = first_scored("natural", natural.start, None)  # as scan's
+    plans = {p.what.removeprefix("scan's ").split(" (")[0]: p for p in M.metric_plans(model, n, T, first, streaming)}
+    steps = _metric_steps(model, natural, needles, first, streaming)
+    assert set(plans) <= set(steps) and {"pattern metrics", "retrieval needles", "direct logit attribution"} <= set(
+        plans
+    )
+    ratios = {}
+    for name, plan in plans.items():
+        steps[name]()
+        peak = _peak_tensor_bytes(steps[name])
+        assert peak <= plan.total < 10 * peak, (name, peak, plan.total)
+        ratios[name] = plan.total / peak
+
+    def whole():
+        M.scan_metrics(model, natural, needles, first, streaming)
+
+    whole()
+    peak = _peak_tensor_bytes(whole)
+    assert peak <= max(p.total for p in plans.values()), peak
+    return ratios
+
+
+@pytest.mark.parametrize("streaming", ["off", "on"])
+def test_scan_metric_plans_bound_their_measured_peaks(streaming, tiny_dir, tmp_path):
+    """Each head-metric forward of scan (the pattern pass, the retrieval needles, the direct logit
+    attribution's two forwards and gradient, value-weighted attention on materialised patterns) and
+    the copying score's weight copies against its plan, streamed and materialised."""
+    from headprobe.probe.backends.loading import load_model
+
+    model = load_model(str(tiny_dir), device="cpu")
+    ratios = _metric_plans_bound_their_peaks(model, _text(tmp_path), 3, 16, streaming)
+    assert ("value-weighted attention" in ratios) == (streaming == "off")
+
+
+@pytest.fixture(scope="module")
+def smollm2_width(tiny_tokenizer):
+    """A 2-layer random-init Llama of SmolLM2-135M's width and vocabulary (576 wide, 9 query heads
+    on 3 KV heads of 64, MLP 1536, 49,152 tokens; the tiny tokenizer's ids), native backend."""
+    from conftest import _checkpoint, _native
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3, hidden_size=576,
+        intermediate_size=1536, vocab_size=49152, max_position_embeddings=512, bos_token_id=100,
+        eos_token_id=100, pad_token_id=100, tie_word_embeddings=True, attn_implementation="eager",
+        architectures=["LlamaForCausalLM"],
+    )  # fmt: skip
+    return _native(_checkpoint(LlamaForCausalLM(cfg), tiny_tokenizer, "smollm2-width", "smollm2-width"))
+
+
+@pytest.mark.parametrize("streaming", ["off", "on"])
+def test_scan_metric_plans_bound_their_peaks_at_smollm2_width(streaming, smollm2_width, tmp_path):
+    """As above at SmolLM2's width and vocabulary (2 x 64 tokens): the logits' and the copying
+    score's [d_vocab, d_model] terms dominate there."""
+    _metric_plans_bound_their_peaks(smollm2_width, _text(tmp_path), 2, 64, streaming)
+
+
+@pytest.mark.parametrize("weights", [True, False])
+def test_scan_refuses_a_budget_its_metrics_exceed(weights, tiny_dir, tmp_path, capsys, monkeypatch):
+    """A budget above both scoring forwards but below a head-metric step: scan ran on (the metrics
+    had no plan). Now refused in one line naming the step and --no-metrics, before any output
+    folder; with --no-metrics the same budget runs. On the tiny model the copying score's weight
+    copies are the largest step and come first; without them (``weights`` False, their size
+    patched to 0) a forward is refused (the direct logit attribution's)."""
+    from headprobe.analyses import metrics as M
+    from headprobe.commands.scan import ScanConfig
+    from headprobe.commands.scan_core import _scoring_plans, first_scored
+    from headprobe.probe.backends.loading import load_model
+
+    if not weights:
+        monkeypatch.setattr(M, "copying_bytes", lambda spec: 0)
+    model = load_model(str(tiny_dir), device="cpu")
+    memory.set_budget("64GiB")
+    cfg = ScanConfig(model=str(tiny_dir), seq_len=16, n_natural=3, n_repeated=2, period=6)
+    scoring = max(p.total for p in _scoring_plans(model, cfg))
+    metrics = M.metric_plans(model, 3, 16, first_scored("natural", int(model.prepend_bos), None))
+    assert scoring < max(p.total for p in metrics)  # a budget between them exists
+    budget = (scoring + max(p.total for p in metrics)) // 2
+    refused = next(p for p in metrics if p.total > budget)  # the first step over it, in scan's order
+    assert refused.what.startswith("scan's copying score" if weights else "scan's direct logit attribution (3 x 16")
+    memory.set_budget(None)
+    out = tmp_path / "scan"
+    argv = ["scan", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL, "--no-verify"]
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main([*argv, "--memory-budget", str(budget)]))
+    err = _errors(capsys)
+    assert e.value.code == 2 and len(err) == 1, err
+    assert f"{refused.what} needs about" in err[0] and err[0].endswith("or skip this step with --no-metrics"), err
+    assert not out.exists()
+    assert main([*argv, "--memory-budget", str(budget), "--no-metrics"]) == 0

@@ -561,9 +561,10 @@ def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
     exact sweep's (:func:`~headprobe.analyses.ablation.sweep_plan`; its gradient scores' pass over
     each task's whole batch is checked to fit as the ``gradient`` estimate), or with ``estimate`` the
     largest step (:attr:`BatchPlan.total`) of the estimator's over each task's whole batch
-    (:func:`~headprobe.analyses.attribution.estimate_plan`: ``n_natural`` windows of ``seq_len``
-    tokens, ``n_repeated`` sequences of ``2 period`` tokens, BOS added where the model prepends
-    one) and the forwards beside them (:func:`_forward_plans`, which the sweep checks too).
+    (:func:`~headprobe.analyses.attribution.estimate_plan`) and the forwards beside them
+    (:func:`_forward_plans`, which the sweep checks too). The batches, either way: ``n_natural``
+    windows of ``seq_len`` tokens, ``n_repeated`` sequences of ``2 period`` tokens and BOS where the
+    model prepends one (``model.prepend_bos``, as the run's tokens).
 
     Raises:
         HeadprobeError: one ablation of a task's sequences, an estimate of a task's batch or a
@@ -572,13 +573,12 @@ def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
     """
     config = config.resolved(model.spec, model.trained_periods)  # refuses lengths that cannot run, before a plan
     assert config.period is not None and config.seq_len is not None  # set by resolved
-    natural = (config.n_natural, config.seq_len)
+    # the repeated task's sequences: two blocks of period tokens after BOS where the model prepends one
+    shapes = [(config.n_natural, config.seq_len), (config.n_repeated, 2 * config.period + int(model.prepend_bos))]
     if config.estimate:
-        shapes = [natural, (config.n_repeated, 2 * config.period + int(model.prepend_bos))]
         method, n_probes = config.estimate, config.n_probes
         plans = [estimate_plan(model, method, b, t, n_probes, config.kind) for b, t in shapes]
         return max([*plans, *_forward_plans(model, config)], key=lambda p: p.total)
-    shapes = [natural, (config.n_repeated, 2 * config.period + 1)]
     for b, t in shapes:  # the sweep's gradient scores: one forward and backward of the task's batch
         estimate_plan(model, "gradient", b, t, kind=config.kind, work="the sweep's gradient scores")
     _forward_plans(model, config)  # refused where they do not fit, as the gradient scores

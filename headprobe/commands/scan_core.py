@@ -265,15 +265,17 @@ def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
     resolves: repeated tokens ``2 * period`` after BOS where the model prepends one, natural text
     ``seq_len``); None without verification. First,
     with or without it, each task's scoring forward over its whole batch is checked to fit
-    (:func:`_scoring_plans`).
+    (:func:`_scoring_plans`), then with ``config.metrics`` each head-metric forward (:func:`_metric_plans`).
 
     Raises:
-        HeadprobeError: a task's scoring forward, or one set's ablation of a task's sequences, does
-            not fit in the memory budget; lengths that cannot run (``config.resolved``).
+        HeadprobeError: a task's scoring forward, a metric's forward (naming it and ``--no-metrics``),
+            or one set's ablation of a task's sequences, does not fit in the memory budget; lengths
+            that cannot run (``config.resolved``).
     """
     from headprobe.analyses.ablation import set_plan
 
     _scoring_plans(model, config)
+    _metric_plans(model, config)
     if not config.verify or not model.self_check.decomposition_ok:
         return None
     cfg = config.resolved(model.spec, model.trained_periods)  # the lengths the run uses, defaults included
@@ -307,6 +309,23 @@ def _scoring_plans(model: LoadedModel, config: ScanConfig) -> list[BatchPlan]:
             "scan's repeated-token scores",
         ),
     ]
+
+
+def _metric_plans(model: LoadedModel, config: ScanConfig) -> list[BatchPlan]:
+    """The plans of the head metrics' forwards over the natural-text batch (``n_natural`` windows of
+    ``seq_len`` tokens, as ``config.resolved`` gives it; :func:`headprobe.analyses.metrics.metric_plans`);
+    [] with ``config.metrics`` off.
+
+    Raises:
+        HeadprobeError: a metric's forward does not fit in the memory budget (naming the step and
+            ``--no-metrics``); lengths that cannot run.
+    """
+    if not config.metrics:
+        return []
+    cfg = config.resolved(model.spec, model.trained_periods)
+    assert cfg.seq_len is not None  # set by resolved()
+    first = first_scored("natural", int(model.prepend_bos), None)
+    return head_metrics.metric_plans(model, cfg.n_natural, cfg.seq_len, first, cfg.streaming)
 
 
 def run(

@@ -91,20 +91,24 @@ def budget(device) -> tuple[int, str]:
     return int(free * HEADROOM), f"{HEADROOM:.0%} of {format_bytes(free)} free on {device}"
 
 
-def items_that_fit(per_item: int, fixed: int, budget_bytes: int, need: int, what: str, where: str) -> int:
+def items_that_fit(
+    per_item: int, fixed: int, budget_bytes: int, need: int, what: str, where: str, skip: str | None = None
+) -> int:
     """How many items of ``per_item`` bytes fit beside ``fixed`` bytes in ``budget_bytes``:
     ``(budget_bytes - fixed) // per_item``, at least ``need`` (the fewest the work can run with).
+    ``skip``: the flag that leaves this step out (``--no-metrics``), offered in the refusal.
 
     Raises:
-        HeadprobeError: fewer than ``need`` fit (one line naming ``what``, the sizes and ``where``
-            the budget came from): refused before anything is allocated.
+        HeadprobeError: fewer than ``need`` fit (one line naming ``what``, the sizes, ``where``
+            the budget came from and ``skip``): refused before anything is allocated.
     """
     n = max(0, (budget_bytes - fixed) // max(1, per_item))
     if n < need:
+        last = f", or skip this step with {skip}" if skip else ""
         raise HeadprobeError(
             f"{what} needs about {format_bytes(fixed + need * per_item)} of working memory ({need} x "
             f"{format_bytes(per_item)} + {format_bytes(fixed)}), more than the {where}: use fewer or shorter "
-            f"sequences, or state a larger --memory-budget"
+            f"sequences{',' if skip else ', or'} state a larger --memory-budget{last}"
         )
     return int(n)
 
@@ -141,13 +145,16 @@ class BatchPlan:
         )
 
 
-def plan(per_item: int, device, need: int, what: str, fixed: int = 0, cap: int | None = None) -> BatchPlan:
+def plan(
+    per_item: int, device, need: int, what: str, fixed: int = 0, cap: int | None = None, skip: str | None = None
+) -> BatchPlan:
     """The :class:`BatchPlan` of work whose items take ``per_item`` bytes each beside ``fixed`` bytes,
-    on ``device`` under :func:`budget`: as many as fit, at most ``cap``, at least ``need``.
+    on ``device`` under :func:`budget`: as many as fit, at most ``cap``, at least ``need``
+    (``skip``: the flag that leaves the step out, for the refusal).
 
     Raises:
         HeadprobeError: fewer than ``need`` items fit (:func:`items_that_fit`), or a bad budget.
     """
     total, source = budget(device)
-    n = items_that_fit(per_item, fixed, total, need, what, source)
+    n = items_that_fit(per_item, fixed, total, need, what, source, skip)
     return BatchPlan(n if cap is None else min(n, cap), per_item, fixed, total, source, what)
