@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -578,7 +579,8 @@ def command_function(
     """``headprobe <name>`` as a Python function, the same for every command that runs one model:
     ``fn(model=DEFAULT_MODEL, *, progress=False, **config_fields)`` builds ``config_cls`` from
     ``config_fields`` and the model (:func:`config_and_model`: the config's checks and
-    ``preflight`` before a model named by a string loads), calls ``run(loaded, config,
+    ``preflight`` before a model named by a string loads), checks the memory plan of ``run``'s module
+    where it has one (its ``batch_line``, as the command does; printed with ``progress``), calls ``run(loaded, config,
     progress=progress)`` and records the load's seconds in the result's ``load_s`` where it has one.
 
     The function gets ``__name__`` ``name`` (``command``: the command's own name where it is not a
@@ -595,6 +597,10 @@ def command_function(
 
     def fn(model: str | LoadedModel = DEFAULT_MODEL, *, progress: bool = False, **config_fields):
         config, loaded, load_s = config_and_model(config_cls, model, config_fields, name)
+        # the memory plan the command checks before its run (run_command), refused here as there
+        header = getattr(sys.modules[run.__module__], "batch_line", None)
+        if header is not None and (line := header(loaded, config)) and progress:
+            print(line, flush=True)
         out = run(loaded, config, progress=progress)
         if hasattr(out, "load_s"):  # recorded in its summary.json's timings, as run_command does
             out.load_s = load_s

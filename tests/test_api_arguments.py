@@ -197,3 +197,34 @@ def test_arguments_of_the_wrong_type_are_refused_by_name(tiny_dir):
     said = json.loads(done.stdout.splitlines()[-1])
     assert said.pop("numpy") == ["int", 3, "int"]
     assert said == WRONG_TYPES
+
+
+@pytest.mark.parametrize("command", ["scan", "prune", "kv", "circuit"])
+def test_the_python_function_checks_the_memory_plan_the_command_checks(cpu_model, text_file, command, monkeypatch):
+    """``headprobe.<command>(...)`` went straight to the run: the plan the command line checks before
+    it (the core module's ``batch_line``) was never read, so a budget the command refuses in one line
+    ran on. The plan is now read first and its refusal raised before the run."""
+    import importlib
+
+    from headprobe.commands import COMMANDS
+
+    module = importlib.import_module(COMMANDS.get(command).function().__module__)
+    calls = []
+
+    def spy(model, config):
+        calls.append(command)
+        return original(model, config)
+
+    original = module.batch_line
+    monkeypatch.setattr(module, "batch_line", spy)
+    text = str(text_file)
+    kwargs = {
+        "scan": dict(text=text, types="induction", **SMALL),
+        "prune": dict(text=text, **SMALL),
+        "kv": dict(text=text, seq_len=32),
+        "circuit": dict(n_seqs=1, period=5, steps=2, verify=0),
+    }[command]
+    with pytest.raises(HeadprobeError) as e:
+        getattr(headprobe, command)(cpu_model, memory_budget="1KiB", **kwargs)
+    assert calls == [command], calls
+    assert "the stated budget 1 KiB" in one_line(e), one_line(e)
