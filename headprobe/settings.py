@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import numbers
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +44,9 @@ from headprobe.analyses.vocabulary import (
     MIN_PERIOD,
     NO_FIGURES,
     PERIOD_TARGET,
+    SEED_MAX,
     parse_figure_formats,
+    seed_error,
 )
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import (  # defined once there (torch-free)
@@ -64,6 +68,30 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def number(text: str) -> float:
+    """argparse ``type`` for a real-valued setting (a fraction, a learning rate, a tolerance): a finite
+    number; ``nan``, ``inf`` and ``1e999`` are refused (a one-line usage error), since no range check
+    compares NaN as out of range and infinity reaches torch's optimisers and samplers as a crash."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """argparse ``type`` for a seed: an integer from 0 to :data:`SEED_MAX` (else a one-line usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to {SEED_MAX}, got {text!r}") from None
+    if why := seed_error(value):
+        raise argparse.ArgumentTypeError(why)
     return value
 
 
@@ -465,7 +493,7 @@ class DataSettings:
     """Repeated-random-token sequences of the induction task (>= 1)."""
     period: int | None = setting(50, "length of the repeated random block (default %(default)s)", type=positive_int)
     """Length S of the repeated block ``[BOS] r_1..r_S r_1..r_S`` (>= 2; Olsson et al. 2022)."""
-    seed: int = setting(0, "seeds data windows, random tokens and draws (default %(default)s)", type=int)
+    seed: int = setting(0, "seeds data windows, random tokens and draws (default %(default)s)", type=seed)
     """Seeds the window choice, the random tokens and any random draw of the command."""
 
     def __post_init__(self):
@@ -593,21 +621,20 @@ def check_settings(cfg) -> None:
     check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))
 
 
-_INTEGER_TYPES = (int, positive_int)
-_NUMBER_TYPES = (float, probability)
+_INTEGER_TYPES = (int, positive_int, seed)
+_NUMBER_TYPES = (float, probability, number)
 
 
 def check_numbers(cfg) -> None:
-    """Check that each setting of ``cfg`` whose flag reads an integer (``type`` ``int`` or
-    :func:`positive_int`) holds an integer, and each that reads a number (``float``,
-    :func:`probability`) a real number, where set (not None): from Python a value is not parsed
-    by its flag (``n_natural="2"``). NumPy integers are stored as ``int``.
+    """Check that each setting of ``cfg`` whose flag reads an integer (``type`` ``int``,
+    :func:`positive_int` or :func:`seed`) holds an integer, and each that reads a number (``float``,
+    :func:`probability`, :func:`number`) a finite real number, where set (not None): from Python a
+    value is not parsed by its flag (``n_natural="2"``, ``lr=float("nan")``); a seed must be in
+    :func:`seed`'s range. NumPy integers are stored as ``int``.
 
     Raises:
         HeadprobeError: one line naming the setting, its flag and the type expected.
     """
-    import numbers
-
     for f in dataclasses.fields(cfg):
         meta, value = _meta(type(cfg), f.name), getattr(cfg, f.name, None)
         kind = meta.get("type")
@@ -620,5 +647,11 @@ def check_numbers(cfg) -> None:
                 f"{f.name} ({flag}) must be {'an integer' if integer else 'a number'}, "
                 f"got {value!r} ({type(value).__name__})"
             )
+        if not integer and not math.isfinite(value):
+            raise HeadprobeError(
+                f"{f.name} ({flag_names(type(cfg)).get(f.name, f.name)}) must be finite, got {value!r}"
+            )
+        if kind is seed and (why := seed_error(value)):
+            raise HeadprobeError(f"{f.name} ({flag_names(type(cfg)).get(f.name, f.name)}) {why}")
         if isinstance(value, numbers.Integral) and type(value) is not int:  # np.int64: JSON's int
             object.__setattr__(cfg, f.name, int(value))

@@ -15,6 +15,7 @@ its figure, and with ``--save-pruned`` the directory ``pruned_model/`` (a model 
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 from headprobe import options, settings
@@ -24,7 +25,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import backend_lacks
-from headprobe.settings import setting
+from headprobe.settings import number, setting
 
 HELP = "head pruning methods compared (Michel gradient importance, L0 gates, random): one CSV + figure, optional pruned model"
 
@@ -135,8 +136,8 @@ class PruneConfig(options.ModelRunConfig):
         "also write per_layer.csv + figure: each layer reduced to its single best head (Michel et al. Table 2)",
         action="store_true",
     )
-    step_fraction: float = setting(0.1, "fraction of all heads removed per step (default %(default)s)", type=float)
-    max_fraction: float = setting(1.0, "stop after removing this fraction (default %(default)s)", type=float)
+    step_fraction: float = setting(0.1, "fraction of all heads removed per step (default %(default)s)", type=number)
+    max_fraction: float = setting(1.0, "stop after removing this fraction (default %(default)s)", type=number)
     rescore: bool = setting(
         True,
         "score importance once before pruning (as in the paper) instead of after every step",
@@ -154,7 +155,7 @@ class PruneConfig(options.ModelRunConfig):
         action="store_true",
     )
     save_fraction: float = setting(
-        0.3, "fraction of heads removed in the saved model (default %(default)s)", type=float
+        0.3, "fraction of heads removed in the saved model (default %(default)s)", type=number
     )
 
     def __post_init__(self):
@@ -170,8 +171,10 @@ class PruneConfig(options.ModelRunConfig):
             object.__setattr__(self, "l0_lambdas", parse_floats(self.l0_lambdas))
         lams = tuple(float(x) for x in self.l0_lambdas)
         object.__setattr__(self, "l0_lambdas", lams)
-        if not lams or any(x < 0 for x in lams) or list(lams) != sorted(lams):
-            raise HeadprobeError(f"--l0-lambdas must be non-negative and increasing, got {','.join(map(str, lams))}")
+        if not lams or any(not 0 <= x < math.inf for x in lams) or list(lams) != sorted(lams):
+            raise HeadprobeError(
+                f"--l0-lambdas must be finite, non-negative and increasing, got {','.join(map(str, lams))}"
+            )
         if self.n_seeds < 1 or self.l0_steps < 1:
             raise HeadprobeError("--n-seeds and --l0-steps must be at least 1")
         super().__post_init__()

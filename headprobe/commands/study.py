@@ -40,6 +40,7 @@ import pandas as pd
 
 from headprobe.analyses import figures
 from headprobe.analyses.train_config import INDUCTION_FORMED, N_CHARS, TrainConfig, refuse_copy_fraction
+from headprobe.analyses.vocabulary import seed_error
 from headprobe.commands import Command
 from headprobe.options import check_fields, kept_line, out_as_it_was
 from headprobe.probe.core.errors import HeadprobeError
@@ -50,7 +51,7 @@ from headprobe.probe.layout.cost import (
     kv_bytes_per_request,
     kv_bytes_per_token,
 )
-from headprobe.settings import OUTPUT, Flags, ModelSettings, from_args, setting, shared
+from headprobe.settings import OUTPUT, Flags, ModelSettings, from_args, number, setting, shared
 
 HELP = "train small models side by side: how many heads (study heads), MHA vs GQA vs MQA vs MLA (study layouts)"
 
@@ -102,7 +103,7 @@ class StudyConfig:
     copy sequences over the same characters; ``"copy"``: random-token copy sequences only (64
     words), as ``headprobe train``."""
     copy_fraction: float | None = setting(
-        None, "text+copy only: the fraction of each batch that is copy sequences (default 0.75)", type=float
+        None, "text+copy only: the fraction of each batch that is copy sequences (default 0.75)", type=number
     )
     """``"text+copy"``: the fraction of each batch that is copy sequences (None: 0.75); refused with
     ``corpus="copy"``."""
@@ -110,7 +111,7 @@ class StudyConfig:
     """Tokens per sequence, BOS included; at least ``2 * 16 + 1`` (a copied segment reaches 16 tokens)."""
     batch_size: int = setting(32, "sequences per step (default %(default)s)", type=int)
     """Sequences per step."""
-    lr: float = setting(3e-3, "AdamW learning rate (default %(default)s)", type=float)
+    lr: float = setting(3e-3, "AdamW learning rate (default %(default)s)", type=number)
     """AdamW learning rate."""
     seeds: Sequence[int] = setting(
         (0, 1),
@@ -220,6 +221,8 @@ class StudyConfig:
                     f"{flag} must list at least one {'non-negative' if least == 0 else 'positive'} integer, "
                     f"got {','.join(map(str, values))!r}"
                 )
+            if name == "seeds" and (why := next(filter(None, map(seed_error, values)), None)):
+                raise HeadprobeError(f"{flag}: each seed {why}")
             if len(set(values)) < len(values):
                 twice = sorted({v for v in values if values.count(v) > 1})
                 raise HeadprobeError(f"{flag} lists {','.join(map(str, twice))} more than once: give each value once")
