@@ -570,10 +570,25 @@ def check_device_map(device: str | None, device_map: str | dict | None, max_memo
         )
 
 
+THREADS_PER_CPU = 4
+"""``--threads`` may ask for this many threads per CPU of the machine (:func:`max_threads`): more
+than one per core only slows torch's kernels (README, "On a machine shared with other jobs"), and
+a benchmark of oversubscription needs a few times the cores, not thousands of threads, which the
+OpenMP runtime cannot start (``libgomp: Thread creation failed``, exit 1, or a ``MemoryError``)."""
+
+
+def max_threads() -> int:
+    """The most ``--threads`` a command takes: :data:`THREADS_PER_CPU` times ``os.cpu_count()``."""
+    import os
+
+    return THREADS_PER_CPU * (os.cpu_count() or 1)
+
+
 def check_settings(cfg) -> None:
     """Check and normalise the shared fields a config has (in place, on a frozen dataclass, from its
     ``__post_init__``): the types of number settings (:func:`check_numbers`), ``dtype`` to torch's
-    name, ``text`` to a str, counts (``n_natural``, ``n_repeated``) >= 1, ``seq_len`` and
+    name, ``text`` to a str, counts (``n_natural``, ``n_repeated``) >= 1, ``threads`` from 1 to
+    :func:`max_threads`, ``seq_len`` and
     ``period`` >= 2 where set, ``device`` (:func:`check_device`) and ``backend`` among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
     lacks, or leaves None, are skipped.
 
@@ -599,6 +614,11 @@ def check_settings(cfg) -> None:
     for name in ("n_natural", "n_repeated", "threads"):
         if has(name) and getattr(cfg, name) < 1:
             raise HeadprobeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if has("threads") and cfg.threads > (most := max_threads()):
+        raise HeadprobeError(
+            f"--threads {cfg.threads} is more than {THREADS_PER_CPU} per CPU of this machine ({most}): torch's kernels "
+            f"run one thread per core, and thousands cannot start (the OpenMP runtime aborts); give at most {most}"
+        )
     if has("seq_len") and cfg.seq_len < 2:
         raise HeadprobeError(
             f"sequence length {cfg.seq_len} is too short: scores need at least 2 positions (--seq-len)"
