@@ -173,7 +173,7 @@ class PruneConfig(options.ModelRunConfig):
         object.__setattr__(self, "l0_lambdas", lams)
         if not lams or any(not 0 <= x < math.inf for x in lams) or list(lams) != sorted(lams):
             raise HeadprobeError(
-                f"--l0-lambdas must be finite, non-negative and increasing, got {','.join(map(str, lams))}"
+                f"--l0-lambdas must be non-negative and increasing (and finite), got {','.join(map(str, lams))}"
             )
         if self.n_seeds < 1 or self.l0_steps < 1:
             raise HeadprobeError("--n-seeds and --l0-steps must be at least 1")
