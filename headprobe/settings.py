@@ -600,6 +600,8 @@ def check_settings(cfg) -> None:
         return getattr(cfg, name, None) is not None
 
     check_numbers(cfg)
+    if has("model") and isinstance(cfg.model, str) and not cfg.model.strip():  # not "model directory  has..."
+        raise HeadprobeError("the model name is empty; give --model a name or a path")
     if has("dtype"):
         try:
             object.__setattr__(cfg, "dtype", dtype_name(cfg.dtype))
