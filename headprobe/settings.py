@@ -206,7 +206,8 @@ def setting(
     ones). ``help`` and ``choices`` may be
     functions, called when the flag is made (a registry that grows at run time). ``text`` writes the
     default as the flag's text (``(1, 3)`` -> ``"1,3"``) and ``parse`` turns the flag's value into
-    the field's (:func:`from_args`). The help is the field's documentation (:func:`field_help`)."""
+    the field's (:func:`from_args`). The help is the field's documentation (:func:`field_help`).
+    A ``type=float`` flag reads its value with :func:`number` (a finite float)."""
     meta = {
         "help": help,
         "flag": flag,
@@ -310,6 +311,8 @@ def _flag_call(name: str, meta: dict, default: Any, help: str | Callable[[], str
         for key in ("type", "choices", "metavar", "nargs"):
             if key in meta:
                 kwargs[key] = meta[key]() if key == "choices" and callable(meta[key]) else meta[key]
+        if kwargs.get("type") is float:  # every real-valued flag refuses nan and inf (number's docstring)
+            kwargs["type"] = number
     if meta.get("required") and not meta.get("exclusive"):  # an exclusive one: its group is required
         kwargs["required"] = True
     return names, kwargs

@@ -19,7 +19,7 @@ from headprobe.analyses import vocabulary as vocab
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, context_fitted, number, setting
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, context_fitted, setting
 
 __getattr__ = lazy_names(__name__, "headprobe.commands.diff_core", ("run", "diff", "DiffResult"))
 
@@ -121,7 +121,7 @@ class DiffConfig(ModelSettings, DataSettings):
         0.5,
         "a change counts when significant and at least this many standard deviations of "
         "the quantity over the heads, A and B pooled (default %(default)s)",
-        type=number,
+        type=float,
         metavar="SD",
     )
     correction: str = setting(

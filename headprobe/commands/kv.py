@@ -38,7 +38,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import backend_lacks
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, number, setting, shared
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 _CORE = ("KVResult", "run", "kv")
 """Names of :mod:`headprobe.commands.kv_core` (the run: torch), imported on first use."""
@@ -134,13 +134,13 @@ class KVConfig(ModelSettings):
     kv_budget: float = setting(
         0.5,
         "the policy's KV cache as a fraction of the full cache (default %(default)s)",
-        type=number,
+        type=float,
         exclusive="budget",
     )
     loss_tolerance: float | None = setting(
         None,
         "instead: the most natural-text loss increase (nats/token); the fewest full groups that meet it",
-        type=number,
+        type=float,
         exclusive="budget",
     )
     budgets: tuple[float, ...] = setting(

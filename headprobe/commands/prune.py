@@ -25,7 +25,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import backend_lacks
-from headprobe.settings import number, setting
+from headprobe.settings import setting
 
 HELP = "head pruning methods compared (Michel gradient importance, L0 gates, random): one CSV + figure, optional pruned model"
 
@@ -136,8 +136,8 @@ class PruneConfig(options.ModelRunConfig):
         "also write per_layer.csv + figure: each layer reduced to its single best head (Michel et al. Table 2)",
         action="store_true",
     )
-    step_fraction: float = setting(0.1, "fraction of all heads removed per step (default %(default)s)", type=number)
-    max_fraction: float = setting(1.0, "stop after removing this fraction (default %(default)s)", type=number)
+    step_fraction: float = setting(0.1, "fraction of all heads removed per step (default %(default)s)", type=float)
+    max_fraction: float = setting(1.0, "stop after removing this fraction (default %(default)s)", type=float)
     rescore: bool = setting(
         True,
         "score importance once before pruning (as in the paper) instead of after every step",
@@ -155,7 +155,7 @@ class PruneConfig(options.ModelRunConfig):
         action="store_true",
     )
     save_fraction: float = setting(
-        0.3, "fraction of heads removed in the saved model (default %(default)s)", type=number
+        0.3, "fraction of heads removed in the saved model (default %(default)s)", type=float
     )
 
     def __post_init__(self):

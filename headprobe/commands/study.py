@@ -51,7 +51,7 @@ from headprobe.probe.layout.cost import (
     kv_bytes_per_request,
     kv_bytes_per_token,
 )
-from headprobe.settings import OUTPUT, Flags, ModelSettings, from_args, number, setting, shared
+from headprobe.settings import OUTPUT, Flags, ModelSettings, from_args, setting, shared
 
 HELP = "train small models side by side: how many heads (study heads), MHA vs GQA vs MQA vs MLA (study layouts)"
 
@@ -103,7 +103,7 @@ class StudyConfig:
     copy sequences over the same characters; ``"copy"``: random-token copy sequences only (64
     words), as ``headprobe train``."""
     copy_fraction: float | None = setting(
-        None, "text+copy only: the fraction of each batch that is copy sequences (default 0.75)", type=number
+        None, "text+copy only: the fraction of each batch that is copy sequences (default 0.75)", type=float
     )
     """``"text+copy"``: the fraction of each batch that is copy sequences (None: 0.75); refused with
     ``corpus="copy"``."""
@@ -111,7 +111,7 @@ class StudyConfig:
     """Tokens per sequence, BOS included; at least ``2 * 16 + 1`` (a copied segment reaches 16 tokens)."""
     batch_size: int = setting(32, "sequences per step (default %(default)s)", type=int)
     """Sequences per step."""
-    lr: float = setting(3e-3, "AdamW learning rate (default %(default)s)", type=number)
+    lr: float = setting(3e-3, "AdamW learning rate (default %(default)s)", type=float)
     """AdamW learning rate."""
     seeds: Sequence[int] = setting(
         (0, 1),

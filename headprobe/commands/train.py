@@ -12,7 +12,7 @@ from headprobe.analyses.train_config import CORPORA, TrainConfig
 from headprobe.commands import Command, lazy_names, resolve
 from headprobe.options import kept_line, out_as_it_was
 from headprobe.probe.core.io import prepare_output_dir
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, from_args, number, setting, shared
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, from_args, setting, shared
 
 HELP = "train a small attention-only transformer from scratch and watch induction heads form (phase change)"
 
@@ -56,8 +56,8 @@ class TrainFlags(TrainConfig):
     )
     batch_size: int = setting(_T.batch_size, type=int)
     steps: int = setting(_T.steps, "optimiser steps (default %(default)s)", type=int)
-    lr: float = setting(_T.lr, "AdamW learning rate (default %(default)s)", type=number)
-    weight_decay: float = setting(_T.weight_decay, type=number)
+    lr: float = setting(_T.lr, "AdamW learning rate (default %(default)s)", type=float)
+    weight_decay: float = setting(_T.weight_decay, type=float)
     warmup: int = setting(_T.warmup, "linear warm-up steps (default %(default)s)", type=int)
     eval_every: int = setting(_T.eval_every, "steps between head scores (default %(default)s)", type=int)
     n_eval: int = setting(_T.n_eval, "sequences per evaluation set (default %(default)s)", type=int)
@@ -83,7 +83,7 @@ class TrainFlags(TrainConfig):
     copy_fraction: float | None = setting(
         _T.copy_fraction,
         "text+copy only: the fraction of each batch that is copy sequences (default 0.5)",
-        type=number,
+        type=float,
     )
     save_every: int = setting(
         _T.save_every,
