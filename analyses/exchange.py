@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -697,6 +698,59 @@ def read_table(path: Path, layout: Layout | None, k: int, score: str | None) -> 
     values = score_values(table, column, path.name)
     scores = {(int(layer), int(head)): float(v) for layer, head, v in zip(table["layer"], table["head"], values)}
     return HeadFile(kind, top_k(scores, k), f"the top {k} heads by {column}", scores, cut_tie=cut_tie(scores, k))
+
+
+def check_head_rows(
+    path: Path, table: Any, columns: Sequence[str] = ("layer", "head"), layout: Layout | None = None
+) -> None:
+    """A headprobe head table read back from CSV file ``path`` (``table``, its pandas frame) is
+    whole: no row has fewer fields than the header (a file cut while written or copied; pandas
+    pads such a row with NaN and reads on), each of ``columns`` (head numbers: ``layer``, ``head``,
+    ``kv_head``) holds whole numbers >= 0 in every row, and, with ``layout``, every head of the model
+    has exactly one row (a scan's table: one per query head, a linear-attention layer's too).
+
+    Raises:
+        HeadprobeError: one line naming the file and the first row or head at fault.
+    """
+    import csv
+
+    import pandas as pd
+
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            rows = csv.reader(f)
+            width = len(next(rows, []))
+            short = next((n for n, row in enumerate(rows, start=2) if row and len(row) < width), None)
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise HeadprobeError(f"cannot read {path} as a CSV table: {err}") from None
+    if short is not None:
+        raise HeadprobeError(f"{path} line {short} has fewer fields than its header: the file is cut")
+    for column in columns:
+        if column not in table:
+            raise HeadprobeError(f"{path} has no {column} column: not headprobe's table")
+        values = pd.to_numeric(table[column], errors="coerce")
+        bad = (values.isna() | (values < 0) | (values % 1 != 0)).to_numpy()
+        if bad.any():
+            raise HeadprobeError(
+                f"{path} has a {column} that is not a whole number >= 0 (line {int(bad.argmax()) + 2}): "
+                f"not headprobe's table"
+            )
+    if layout is None:
+        return
+    seen = list(zip(table["layer"].astype(int), table["head"].astype(int)))
+    every = [(layer, head) for layer in range(layout.n_layers) for head in range(layout.n_heads)]
+    if sorted(seen) != every:
+        extra = sorted(set(seen) - set(every)) or [h for h in seen if seen.count(h) > 1]
+        missing = sorted(set(every) - set(seen))
+        why = (
+            f"head {format_head(extra[0])} is outside the model or listed twice"
+            if extra
+            else f"{len(missing)} of its {len(every)} heads have no row, {format_head(missing[0])} the first"
+        )
+        raise HeadprobeError(
+            f"{path} does not hold one row per head of {layout.name} ({layout.n_layers} layers x "
+            f"{layout.n_heads} heads): {why}; the table is cut or not this run's"
+        )
 
 
 def score_values(table: Any, column: str, name: str) -> Any:

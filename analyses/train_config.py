@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from headprobe.analyses.vocabulary import MIN_PERIOD
+from headprobe.analyses.vocabulary import MIN_PERIOD, seed_error
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import DEVICES
 from headprobe.probe.model.tokenizers import TEXT_CHARS
@@ -147,8 +147,12 @@ class TrainConfig:
             raise HeadprobeError(f"--n-kv-heads must be a positive integer, got {self.n_kv_heads}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise HeadprobeError(f"--lr must be a positive number, got {self.lr}")
-        if self.weight_decay < 0 or self.warmup < 0:
-            raise HeadprobeError("--weight-decay and --warmup must not be negative")
+        if not 0 <= self.weight_decay < math.inf:
+            raise HeadprobeError(f"--weight-decay must be a finite number, not negative, got {self.weight_decay}")
+        if self.warmup < 0:
+            raise HeadprobeError(f"--warmup must not be negative, got {self.warmup}")
+        if why := seed_error(self.seed):
+            raise HeadprobeError(f"--seed {why}")
         if self.n_words < 2:
             raise HeadprobeError(f"--n-words must be at least 2, got {self.n_words}")
         if self.min_period < 2 or self.min_period > self.max_period:

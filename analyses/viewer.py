@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+import zipfile
 import zlib
 from collections.abc import Mapping
 from importlib import resources
@@ -146,9 +147,11 @@ def load_patterns(path: str | Path) -> dict[str, dict]:
     """Read a ``patterns.npz`` written by :func:`save_patterns` (same dict layout as :func:`head_patterns`).
 
     Raises:
-        ValueError: the file is not such an archive (a missing key, a pattern that is not
+        ValueError: the file is not such an archive (not a zip archive, a missing key, a pattern that is not
             ``[layer, head, pos, pos]`` or disagrees with its token count).
     """
+    if not zipfile.is_zipfile(path):  # else numpy reads it as a pickle and says to load it unsafely
+        raise ValueError("not an .npz archive (cut, or not headprobe's patterns.npz)")
     with np.load(path, allow_pickle=False) as z:
         names = sorted({k.rsplit("_", 1)[0] for k in z.files if k.endswith("_pattern")})
         out = {}

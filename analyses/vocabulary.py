@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from fractions import Fraction
 
 from headprobe.analyses.columns import HEAD_TYPES, TASKS, select_head_types  # noqa: F401 - the head columns' names, defined there
@@ -25,6 +26,21 @@ ESTIMATORS: tuple[str, ...] = ("atp", "attribution", "gradient", "second-order")
 GradDrop (Kramár et al. 2024; unsigned, signed by attribution patching), ``attribution`` plain
 attribution patching (signed), ``gradient`` Michel et al. 2019's importance (unsigned),
 ``second-order`` attribution patching plus the Monte-Carlo Gauss-Newton curvature term (signed)."""
+
+SEED_MAX = 2**32 - 1
+"""The largest seed a command takes: numpy's legacy ``RandomState`` range, which leaves room below
+torch's limit (``manual_seed`` takes at most 2**64 - 1) for the offsets commands add (``seed + 11``);
+numpy's ``default_rng`` refuses a negative seed."""
+
+
+def seed_error(value: object) -> str | None:
+    """Why ``value`` is not a seed (an integer from 0 to :data:`SEED_MAX`), or None where it is one."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return f"must be an integer from 0 to {SEED_MAX}, got {value!r}"
+    if not 0 <= int(value) <= SEED_MAX:
+        return f"must be from 0 to {SEED_MAX}, got {value}"
+    return None
+
 
 ALPHA = 0.05
 """The default significance level of the verdicts (``--alpha``)."""

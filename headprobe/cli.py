@@ -133,8 +133,23 @@ class Terminated(KeyboardInterrupt):
     hooks) runs before the process ends."""
 
 
-def _raise_terminated(signum, frame):
-    raise Terminated
+class _Stop:
+    """The SIGINT and SIGTERM handler of a run (:func:`main`): the first signal raises
+    ``KeyboardInterrupt`` (:class:`Terminated` for SIGTERM) in the main thread; once the run is
+    stopping (:attr:`stopping`, set by that signal or by :func:`main` catching any interruption)
+    a second Ctrl-C or SIGTERM is ignored, so that it cannot break into the ``finally`` blocks that
+    clear the staging folder or the restoring of the handlers with a traceback (a Ctrl-C pressed
+    twice: ``KeyboardInterrupt`` in ``signal.signal``). After a run from the command line both
+    signals are ignored to the process's end (:func:`main`)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+
+    def __call__(self, signum, frame):
+        if self.stopping:
+            return
+        self.stopping = True
+        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
 def _progress_bar_open() -> bool:
@@ -211,7 +226,13 @@ def _first_rank() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``headprobe`` command ``argv`` (None: ``sys.argv[1:]``, the process's own command
+    line) and return its exit status: 0, 2 for bad input (one line on stderr), 130 or 143 when
+    interrupted by Ctrl-C or SIGTERM (one line saying what ``--out`` holds). SIGINT and SIGTERM are
+    handled by :class:`_Stop` during the run; afterwards the caller's handlers are restored, except
+    for the command line's own run (``argv`` None), which ignores both until the process exits."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from_command_line = argv is None  # the process's own run (headprobe, python -m headprobe)
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv[0] if argv else None)
     try:
@@ -219,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # usage error (2, its line already printed), --help or --version (0)
         return int(e.code or 0)
     in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
+    stop = _Stop()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, stop) for s in signals} if in_main else {}
     try:
         with _figure_formats(getattr(args, "formats", None)):
             figure_formats()  # a bad $HEADPROBE_FIGURE_FORMATS is refused before any work, not at the first figure
@@ -233,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a program killed by it
     except KeyboardInterrupt as e:
+        stop.stopping = True  # raised by a signal or not: a second one is ignored from now on
         if _first_rank():  # Ctrl-C reaches every torchrun rank: one line, from rank 0
             print(_interrupted(e, getattr(args, "out", None)), file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
@@ -242,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         print(_out_of_memory_line(e, getattr(args, "out", None)), file=sys.stderr)
         return 2
     finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():  # the command line's run has ended, stopped or not:
+            # the process only exits now, and a signal there killed it (status -2, not the run's) or
+            # broke into a finalizer with a traceback; a caller in Python (tests) gets its own back
+            signal.signal(signum, signal.SIG_IGN if from_command_line else handler)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import numbers
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +44,9 @@ from headprobe.analyses.vocabulary import (
     MIN_PERIOD,
     NO_FIGURES,
     PERIOD_TARGET,
+    SEED_MAX,
     parse_figure_formats,
+    seed_error,
 )
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import (  # defined once there (torch-free)
@@ -64,6 +68,30 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def number(text: str) -> float:
+    """argparse ``type`` for a real-valued setting (a fraction, a learning rate, a tolerance): a finite
+    number; ``nan``, ``inf`` and ``1e999`` are refused (a one-line usage error), since no range check
+    compares NaN as out of range and infinity reaches torch's optimisers and samplers as a crash."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """argparse ``type`` for a seed: an integer from 0 to :data:`SEED_MAX` (else a one-line usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to {SEED_MAX}, got {text!r}") from None
+    if why := seed_error(value):
+        raise argparse.ArgumentTypeError(why)
     return value
 
 
@@ -178,7 +206,8 @@ def setting(
     ones). ``help`` and ``choices`` may be
     functions, called when the flag is made (a registry that grows at run time). ``text`` writes the
     default as the flag's text (``(1, 3)`` -> ``"1,3"``) and ``parse`` turns the flag's value into
-    the field's (:func:`from_args`). The help is the field's documentation (:func:`field_help`)."""
+    the field's (:func:`from_args`). The help is the field's documentation (:func:`field_help`).
+    A ``type=float`` flag reads its value with :func:`number` (a finite float)."""
     meta = {
         "help": help,
         "flag": flag,
@@ -282,6 +311,8 @@ def _flag_call(name: str, meta: dict, default: Any, help: str | Callable[[], str
         for key in ("type", "choices", "metavar", "nargs"):
             if key in meta:
                 kwargs[key] = meta[key]() if key == "choices" and callable(meta[key]) else meta[key]
+        if kwargs.get("type") is float:  # every real-valued flag refuses nan and inf (number's docstring)
+            kwargs["type"] = number
     if meta.get("required") and not meta.get("exclusive"):  # an exclusive one: its group is required
         kwargs["required"] = True
     return names, kwargs
@@ -465,7 +496,7 @@ class DataSettings:
     """Repeated-random-token sequences of the induction task (>= 1)."""
     period: int | None = setting(50, "length of the repeated random block (default %(default)s)", type=positive_int)
     """Length S of the repeated block ``[BOS] r_1..r_S r_1..r_S`` (>= 2; Olsson et al. 2022)."""
-    seed: int = setting(0, "seeds data windows, random tokens and draws (default %(default)s)", type=int)
+    seed: int = setting(0, "seeds data windows, random tokens and draws (default %(default)s)", type=seed)
     """Seeds the window choice, the random tokens and any random draw of the command."""
 
     def __post_init__(self):
@@ -542,10 +573,25 @@ def check_device_map(device: str | None, device_map: str | dict | None, max_memo
         )
 
 
+THREADS_PER_CPU = 4
+"""``--threads`` may ask for this many threads per CPU of the machine (:func:`max_threads`): more
+than one per core only slows torch's kernels (README, "On a machine shared with other jobs"), and
+a benchmark of oversubscription needs a few times the cores, not thousands of threads, which the
+OpenMP runtime cannot start (``libgomp: Thread creation failed``, exit 1, or a ``MemoryError``)."""
+
+
+def max_threads() -> int:
+    """The most ``--threads`` a command takes: :data:`THREADS_PER_CPU` times ``os.cpu_count()``."""
+    import os
+
+    return THREADS_PER_CPU * (os.cpu_count() or 1)
+
+
 def check_settings(cfg) -> None:
     """Check and normalise the shared fields a config has (in place, on a frozen dataclass, from its
     ``__post_init__``): the types of number settings (:func:`check_numbers`), ``dtype`` to torch's
-    name, ``text`` to a str, counts (``n_natural``, ``n_repeated``) >= 1, ``seq_len`` and
+    name, ``text`` to a str, counts (``n_natural``, ``n_repeated``) >= 1, ``threads`` from 1 to
+    :func:`max_threads`, ``seq_len`` and
     ``period`` >= 2 where set, ``device`` (:func:`check_device`) and ``backend`` among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
     lacks, or leaves None, are skipped.
 
@@ -557,6 +603,8 @@ def check_settings(cfg) -> None:
         return getattr(cfg, name, None) is not None
 
     check_numbers(cfg)
+    if has("model") and isinstance(cfg.model, str) and not cfg.model.strip():  # not "model directory  has..."
+        raise HeadprobeError("the model name is empty; give --model a name or a path")
     if has("dtype"):
         try:
             object.__setattr__(cfg, "dtype", dtype_name(cfg.dtype))
@@ -571,6 +619,11 @@ def check_settings(cfg) -> None:
     for name in ("n_natural", "n_repeated", "threads"):
         if has(name) and getattr(cfg, name) < 1:
             raise HeadprobeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if has("threads") and cfg.threads > (most := max_threads()):
+        raise HeadprobeError(
+            f"--threads {cfg.threads} is more than {THREADS_PER_CPU} per CPU of this machine ({most}): torch's kernels "
+            f"run one thread per core, and thousands cannot start (the OpenMP runtime aborts); give at most {most}"
+        )
     if has("seq_len") and cfg.seq_len < 2:
         raise HeadprobeError(
             f"sequence length {cfg.seq_len} is too short: scores need at least 2 positions (--seq-len)"
@@ -593,21 +646,20 @@ def check_settings(cfg) -> None:
     check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))
 
 
-_INTEGER_TYPES = (int, positive_int)
-_NUMBER_TYPES = (float, probability)
+_INTEGER_TYPES = (int, positive_int, seed)
+_NUMBER_TYPES = (float, probability, number)
 
 
 def check_numbers(cfg) -> None:
-    """Check that each setting of ``cfg`` whose flag reads an integer (``type`` ``int`` or
-    :func:`positive_int`) holds an integer, and each that reads a number (``float``,
-    :func:`probability`) a real number, where set (not None): from Python a value is not parsed
-    by its flag (``n_natural="2"``). NumPy integers are stored as ``int``.
+    """Check that each setting of ``cfg`` whose flag reads an integer (``type`` ``int``,
+    :func:`positive_int` or :func:`seed`) holds an integer, and each that reads a number (``float``,
+    :func:`probability`, :func:`number`) a finite real number, where set (not None): from Python a
+    value is not parsed by its flag (``n_natural="2"``, ``lr=float("nan")``); a seed must be in
+    :func:`seed`'s range. NumPy integers are stored as ``int``.
 
     Raises:
         HeadprobeError: one line naming the setting, its flag and the type expected.
     """
-    import numbers
-
     for f in dataclasses.fields(cfg):
         meta, value = _meta(type(cfg), f.name), getattr(cfg, f.name, None)
         kind = meta.get("type")
@@ -620,5 +672,11 @@ def check_numbers(cfg) -> None:
                 f"{f.name} ({flag}) must be {'an integer' if integer else 'a number'}, "
                 f"got {value!r} ({type(value).__name__})"
             )
+        if not integer and not math.isfinite(value):
+            raise HeadprobeError(
+                f"{f.name} ({flag_names(type(cfg)).get(f.name, f.name)}) must be finite, got {value!r}"
+            )
+        if kind is seed and (why := seed_error(value)):
+            raise HeadprobeError(f"{f.name} ({flag_names(type(cfg)).get(f.name, f.name)}) {why}")
         if isinstance(value, numbers.Integral) and type(value) is not int:  # np.int64: JSON's int
             object.__setattr__(cfg, f.name, int(value))

@@ -471,6 +471,34 @@ def test_a_cut_summary_given_to_export_is_refused_in_one_line(cut, runs, tmp_pat
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        ("cut mid-row", "has fewer fields than its header: the file is cut"),
+        ("cut after a row", "2 of its 16 heads have no row, 1.6 the first"),
+        ("a head twice", "head 0.0 is outside the model or listed twice"),
+        ("a kv_head in words", "has a kv_head that is not a whole number >= 0 (line 2)"),
+    ],
+)
+def test_a_cut_or_odd_scan_table_given_to_export_is_refused_in_one_line(damage, said, runs, tmp_path, capsys):
+    """A head_scores.csv cut short or edited by hand: export wrote a DuoAttention file of the heads
+    that were left (a 1 x 1 grid for a 2 x 2 model from a table cut in its first row) and exited 0."""
+    scan = _copy(runs / "scan", tmp_path / "scan")
+    table = scan / "head_scores.csv"
+    lines = table.read_text().splitlines(keepends=True)
+    if damage == "cut mid-row":
+        table.write_text("".join(lines[:-1]) + lines[-1][:8])
+    elif damage == "cut after a row":
+        table.write_text("".join(lines[:-2]))
+    elif damage == "a head twice":
+        table.write_text("".join([lines[0], lines[1], *lines[1:-1]]))
+    else:
+        table.write_text("".join([lines[0], "0,0,abc," + lines[1].split(",", 3)[3], *lines[2:]]))
+    code, err = _cli(["export", "--from", str(scan), "--out", str(tmp_path / "o"), "--format", "all"], capsys)
+    _one_line(code, err, said)
+    assert not (tmp_path / "o").exists()
+
+
 def test_pandas_na_in_a_numeric_score_column_is_a_missing_score(tmp_path, tiny_dir):
     """A nullable Float64 column's NA is read as NaN (no score, never among the top k), as a float column's NaN."""
     from headprobe.analyses.exchange import read_head_file

@@ -229,6 +229,62 @@ def test_interrupted_resumable_run_says_it_resumes(tmp_path):
     assert line.startswith("headprobe: interrupted;") and "as it was before" in line
 
 
+_PRESSED_TWICE = """
+import atexit, os, signal, sys
+import headprobe.cli as cli
+
+SIG = signal.{sig}
+
+
+def first():  # inside the run: the first Ctrl-C (or SIGTERM)
+    os.kill(os.getpid(), SIG)
+
+
+said = cli._interrupted
+
+
+def again(e, out):  # a second one while headprobe says what it left
+    os.kill(os.getpid(), SIG)
+    return said(e, out)
+
+
+cli.figure_formats, cli._interrupted = first, again
+atexit.register(lambda: os.kill(os.getpid(), SIG))  # and a third while the interpreter shuts down
+sys.argv = ["headprobe", "budget", "--preset", "llama3-8b"]
+sys.exit(cli.main())
+"""
+
+
+@pytest.mark.parametrize("sig, status, word", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
+def test_a_second_ctrl_c_while_stopping_prints_no_traceback(tmp_path, sig, status, word):
+    """Ctrl-C pressed twice (or SIGTERM sent twice): the second arrived while the first one's line
+    was printed, or in cli.main's finally, and ended in a KeyboardInterrupt traceback (exit status
+    1, or death by SIGINT during shutdown). Once stopping, a run from the command line ignores it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "pressed_twice.py"
+    script.write_text(_PRESSED_TWICE.format(sig=sig))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == status and r.stderr.splitlines() == [
+        f"headprobe: {word}; files are written atomically: none was left half-written"
+    ], r.stderr
+
+
+def test_an_interrupted_call_in_python_gets_its_signal_handlers_back(monkeypatch, capsys):
+    """main() called from Python (not the command line) restores the caller's handlers, so that a
+    later Ctrl-C still interrupts the caller (pytest here)."""
+    import headprobe.cli as cli
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(cli, "figure_formats", interrupt)
+    assert cli.main(["budget", "--preset", "llama3-8b"]) == 130
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
 def test_an_interrupted_torchrun_run_says_so_once(monkeypatch, capsys):
     """Ctrl-C reaches every rank of a torchrun run; the interruption line comes from rank 0 alone,
     as an error's does (each rank printed it: the same line twice on 2 ranks)."""

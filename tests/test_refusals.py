@@ -49,6 +49,8 @@ LONG = "word " * 9000  # 9,001 tokens or so: longer than SmolLM2's 8,192 positio
             "head 40.1 is out of range: the model has 30 layers of 9 heads",
         ),
         (["scan", "--model", "nosuchmodel", "--out", "o"], "unknown model name nosuchmodel"),
+        (["scan", "--model", "", "--out", "o"], "the model name is empty; give --model a name or a path"),
+        (["ablate", "--model", " ", "--out", "o"], "the model name is empty"),
         (
             ["show", "--model", "nosuchmodel", "--head", "1.1", "--prompt", "hi", "--out", "o"],
             "unknown model name nosuchmodel",

@@ -196,6 +196,24 @@ def test_threads_zero_is_refused_in_one_line(capsys):
     assert code == 2 and "--threads" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
 
 
+def test_thousands_of_threads_are_refused_in_one_line_before_any_work(capsys, tmp_path):
+    """``--threads 20000`` ended in ``libgomp: Thread creation failed`` (exit 1) and 100000 in an
+    "out of memory" line that advised a smaller --memory-budget; a few per CPU are still taken."""
+    import os
+
+    from headprobe.cli import main
+    from headprobe.commands.ablate import AblateConfig
+
+    most = 4 * (os.cpu_count() or 1)
+    assert AblateConfig(model="m", threads=most).threads == most  # oversubscription, as benchmarks/threads.py measures
+    code = main(
+        ["ablate", "--model", str(tmp_path / "no-model"), "--threads", str(most + 1), "--out", str(tmp_path / "o")]
+    )
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("headprobe: error: --threads"), err
+    assert f"give at most {most}" in err[0] and not (tmp_path / "o").exists()
+
+
 @dataclasses.dataclass(frozen=True)
 class _Flags(ModelSettings):
     dir: str = settings.setting(dataclasses.MISSING, "d", positional=True, metavar="DIR", kw_only=True)

@@ -214,6 +214,39 @@ def test_view_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
     assert not (tmp_path / "index.html").exists()
 
 
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        ("cut mid-row", "line 17 has fewer fields than its header: the file is cut"),
+        ("a kv_head in words", "has a kv_head that is not a whole number >= 0 (line 3)"),
+        ("a negative layer", "has a layer that is not a whole number >= 0 (line 2)"),
+        ("patterns.npz not an archive", "not an .npz archive"),
+    ],
+)
+def test_view_names_a_cut_or_odd_table_or_patterns_file_in_one_line(tmp_path, capsys, damage, said):
+    """What a copy cut short, or a table edited by hand, looks like to view: one line naming the file
+    and what is wrong (pandas read a cut row as NaN and the page failed later on ``int('abc')``;
+    numpy said to load a non-archive "unsafely" with ``allow_pickle``), and no page."""
+    from headprobe.cli import main
+
+    text = _table(2, 8, 2).to_csv(index=False)
+    if damage == "cut mid-row":
+        text = text[: text.rindex("\n", 0, -1) + 6]  # the last row cut after a few characters
+    elif damage == "a kv_head in words":
+        lines = text.splitlines()
+        lines[2] = ",".join(["0", "1", "abc", *lines[2].split(",")[3:]])
+        text = "\n".join(lines) + "\n"
+    elif damage == "a negative layer":
+        text = text.replace("\n0,0,", "\n-1,0,", 1)
+    (tmp_path / "head_scores.csv").write_text(text)
+    if damage == "patterns.npz not an archive":
+        (tmp_path / "patterns.npz").write_text("hello\n")
+    assert main(["view", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and said in err[0] and "unsafely" not in err[0], err
+    assert not (tmp_path / "index.html").exists()
+
+
 def test_view_without_patterns_says_so_and_merges_an_ablate_run(tiny_scan_dir, tmp_path):
     out, result = tiny_scan_dir
     d = tmp_path / "scan"

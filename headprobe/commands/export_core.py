@@ -110,7 +110,8 @@ def read_source(path: Path) -> Source:
 
     Raises:
         HeadprobeError: not a folder, no summary.json, or no table of a known command; a cut or odd
-            summary.json or table (:func:`read_summary`, :func:`read_table`); a kv or circuit run
+            summary.json or table (:func:`read_summary`, :func:`read_table`,
+            :func:`~headprobe.analyses.exchange.check_head_rows`: a scan's, one row per head); a kv or circuit run
             whose layout is neither recorded nor readable (:func:`recorded_layout`)."""
     if not path.is_dir():
         raise HeadprobeError(f"{path} is not a folder (give the output folder of headprobe scan, kv or circuit)")
@@ -131,12 +132,14 @@ def read_source(path: Path) -> Source:
     table = read_table(path / TABLES[kind], kind)
     model = str(summary.get("model", ""))
     summary = recorded_layout(kind, path, summary, model)
+    layout = _layout(kind, model, summary, table)
+    ex.check_head_rows(path / TABLES[kind], table, HEAD_NUMBERS[kind], layout if kind == "scan" else None)
     return Source(
         kind,
         path,
         summary,
         table,
-        _layout(kind, model, summary, table),
+        layout,
         {
             "hf_name": summary.get("hf_name"),
             "source_summary_sha256": hashlib.sha256(raw).hexdigest(),
@@ -153,6 +156,8 @@ COLUMNS = {
     "circuit": ("edge", "sender", "receiver", "input", "score"),
 }
 """The columns export reads of each table."""
+HEAD_NUMBERS = {"scan": ("layer", "head", "kv_head"), "kv": ("layer", "kv_group"), "circuit": ()}
+"""The columns of each table that number heads, layers or KV groups (whole numbers >= 0)."""
 SUMMARY_KEYS = {"scan": ("layout",), "kv": ("n_layers", "n_kv_groups"), "circuit": ()}
 """The summary.json keys export reads of each source kind."""
 

@@ -15,6 +15,7 @@ its figure, and with ``--save-pruned`` the directory ``pruned_model/`` (a model 
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 from headprobe import options, settings
@@ -170,8 +171,10 @@ class PruneConfig(options.ModelRunConfig):
             object.__setattr__(self, "l0_lambdas", parse_floats(self.l0_lambdas))
         lams = tuple(float(x) for x in self.l0_lambdas)
         object.__setattr__(self, "l0_lambdas", lams)
-        if not lams or any(x < 0 for x in lams) or list(lams) != sorted(lams):
-            raise HeadprobeError(f"--l0-lambdas must be non-negative and increasing, got {','.join(map(str, lams))}")
+        if not lams or any(not 0 <= x < math.inf for x in lams) or list(lams) != sorted(lams):
+            raise HeadprobeError(
+                f"--l0-lambdas must be non-negative and increasing (and finite), got {','.join(map(str, lams))}"
+            )
         if self.n_seeds < 1 or self.l0_steps < 1:
             raise HeadprobeError("--n-seeds and --l0-steps must be at least 1")
         super().__post_init__()

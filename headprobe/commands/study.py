@@ -40,6 +40,7 @@ import pandas as pd
 
 from headprobe.analyses import figures
 from headprobe.analyses.train_config import INDUCTION_FORMED, N_CHARS, TrainConfig, refuse_copy_fraction
+from headprobe.analyses.vocabulary import seed_error
 from headprobe.commands import Command
 from headprobe.options import check_fields, kept_line, out_as_it_was
 from headprobe.probe.core.errors import HeadprobeError
@@ -220,6 +221,8 @@ class StudyConfig:
                     f"{flag} must list at least one {'non-negative' if least == 0 else 'positive'} integer, "
                     f"got {','.join(map(str, values))!r}"
                 )
+            if name == "seeds" and (why := next(filter(None, map(seed_error, values)), None)):
+                raise HeadprobeError(f"{flag}: each seed {why}")
             if len(set(values)) < len(values):
                 twice = sorted({v for v in values if values.count(v) > 1})
                 raise HeadprobeError(f"{flag} lists {','.join(map(str, twice))} more than once: give each value once")

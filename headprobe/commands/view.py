@@ -92,6 +92,8 @@ def _read_dir(d: Path) -> dict:
     ``summary`` (dict), ``patterns`` (path). Raises HeadprobeError for a missing/unusable directory."""
     import pandas as pd
 
+    from headprobe.analyses.exchange import check_head_rows
+
     if not d.is_dir():
         raise HeadprobeError(f"{d} is not a directory (give the --out directory of headprobe scan or ablate)")
     out: dict = {"scores": None, "ablation": None, "summary": None, "patterns": None}
@@ -103,6 +105,8 @@ def _read_dir(d: Path) -> dict:
                 raise HeadprobeError(f"cannot read {d / fname}: {e}") from None
             if not {"layer", "head"} <= set(out[key].columns):
                 raise HeadprobeError(f"{d / fname} has no layer and head columns: not written by headprobe")
+            numbers = [c for c in ("layer", "head", "kv_head") if c in out[key].columns]
+            check_head_rows(d / fname, out[key], numbers)  # not cut, whole head numbers
     if out["scores"] is None and out["ablation"] is None:
         raise HeadprobeError(f"{d} holds neither {SCORES} (headprobe scan) nor {ABLATION} (headprobe ablate)")
     if (d / SUMMARY).is_file():

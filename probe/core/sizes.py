@@ -8,6 +8,7 @@ Units: bytes. Binary prefixes KiB MiB GiB TiB are powers of 1024, decimal kB MB 
 
 from __future__ import annotations
 
+import math
 import re
 
 from headprobe.probe.core.errors import HeadprobeError
@@ -57,7 +58,7 @@ def parse_bytes(text: str | int, what: str = "size", bare_at_least: int = 1) -> 
                 f"{what} {text!r} is not a size: write bytes or a number with a unit "
                 f"(KB MB GB TB, KiB MiB GiB TiB), e.g. 4GiB"
             )
-        value = int(float(m.group(1)) * _BYTE_UNITS[unit])
+        value = _whole(m.group(1), _BYTE_UNITS[unit], text, what)
     if value < 1:
         raise HeadprobeError(f"{what} must be at least 1 byte, got {text!r}")
     if unit == "" and value < bare_at_least:
@@ -76,7 +77,19 @@ def parse_count(text: str) -> int:
     unit = m.group(2).lower() if m else None
     if not m or unit not in _COUNT_UNITS or float(m.group(1)) <= 0:
         raise HeadprobeError(f"cannot read {text!r} as a parameter count; write e.g. 135M, 8B or 7e9")
-    return int(float(m.group(1)) * _COUNT_UNITS[unit])
+    return _whole(m.group(1), _COUNT_UNITS[unit], text, "parameter count")
+
+
+def _whole(number: str, unit: int, text: object, what: str) -> int:
+    """``number`` (a decimal numeral, maybe with an exponent) times ``unit``, fractions dropped.
+
+    Raises:
+        HeadprobeError: the numeral overflows a float (``1e400GiB``: infinity has no whole value).
+    """
+    value = float(number) * unit
+    if not math.isfinite(value):
+        raise HeadprobeError(f"{what} {text!r} is too large to be a number")
+    return int(value)
 
 
 def format_bytes(n: int | float) -> str:
