@@ -244,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {s: signal.signal(s, stop) for s in signals} if in_main else {}
     try:
-        with _figure_formats(getattr(args, "formats", None)):
+        from headprobe.probe.core.io import run_inputs
+
+        inputs = [v for k, v in vars(args).items() if k != "out" and not k.startswith("_")]
+        with _figure_formats(getattr(args, "formats", None)), run_inputs(inputs):
             figure_formats()  # a bad $HEADPROBE_FIGURE_FORMATS is refused before any work, not at the first figure
             return int(args._run(args) or 0)
     except HeadprobeError as e:

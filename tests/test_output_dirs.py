@@ -338,3 +338,49 @@ def test_running_out_of_memory_mid_run_is_one_line_and_leaves_out_as_it_was(
     monkeypatch.setattr(scan_core, "run", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
     with pytest.raises(RuntimeError, match="a bug"):
         _scan(tiny_dir, text_file, out, "--types", "induction", "--overwrite")
+
+
+def _digests(d):
+    import hashlib
+
+    return {n: hashlib.sha256((d / n).read_bytes()).hexdigest() for n in _names(d)}
+
+
+def test_overwrite_never_removes_the_runs_own_input(text_file, tmp_path, capsys):
+    """``scan --model m --out m --overwrite`` on a model ``headprobe train`` wrote removed the
+    model's config, weights and tokenizer (the train run listed them as its outputs) and wrote the
+    scan in their place. Refused in one line before the load; every file of m stays as it was. A
+    scan into a folder inside the model's (m/scan) still overwrites its own earlier run."""
+    m = tmp_path / "m"
+    assert main(["train", "--out", str(m), "--steps", "4", "--warmup", "1", "--formats", "none"]) == 0
+    before = _digests(m)
+    capsys.readouterr()
+    argv = ["scan", "--model", str(m), "--text", str(text_file), *SMALL, "--no-metrics", "--no-verify"]
+    assert main([*argv, "--out", str(m), "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "would remove" in err[0] and str(m) in err[0], err
+    assert _digests(m) == before
+    for _ in range(2):  # a scan inside the model's folder, then its overwrite
+        assert main([*argv, "--out", str(m / "scan"), "--overwrite", "--formats", "none"]) == 0
+    assert {n: d for n, d in _digests(m).items() if not n.startswith("scan/")} == before
+
+
+def test_overwrite_refuses_a_folder_entry_that_is_the_input(tmp_path):
+    """prune --save-pruned lists pruned_model/ as one entry: a run reading that folder (``prune --model
+    P/pruned_model --out P --overwrite``) would remove it whole; the same run into another folder does not."""
+    from headprobe.analyses.outputs import write_outputs
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.core.io import run_inputs
+
+    out = tmp_path / "P"
+    write_outputs(out, False, summary={"run": 1}, extra=lambda d: [_write(d / "pruned_model" / "w.bin").parent])
+    with (
+        run_inputs([str(out / "pruned_model"), "smollm2-135m", 3]),
+        pytest.raises(HeadprobeError, match="would remove"),
+    ):
+        write_outputs(out, True, summary={"run": 2})
+    assert _names(out) == [OUTPUTS_NAME, "pruned_model/w.bin", "summary.json"]
+    with run_inputs([str(out / "pruned_model")]):
+        write_outputs(tmp_path / "Q", False, summary={"run": 2})
+    write_outputs(out, True, summary={"run": 3})  # no input read from it: replaced as before
+    assert _names(out) == [OUTPUTS_NAME, "summary.json"]

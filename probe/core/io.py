@@ -108,7 +108,7 @@ def prepare_output_dir(
 
     Raises:
         HeadprobeError: ``out`` is a file, is a non-empty directory and ``overwrite`` is False,
-            or cannot be created or written.
+            cannot be created or written, or its overwrite would remove an input (:func:`check_inputs_kept`).
     """
     if not str(out).strip():
         raise HeadprobeError("the output directory name is empty; give --out a directory name")
@@ -120,6 +120,8 @@ def prepare_output_dir(
         raise HeadprobeError(
             f"output directory {out} is not empty; pass --overwrite (overwrite=True in Python) to replace its files"
         )
+    if overwrite and out.is_dir():
+        check_inputs_kept(out)
     existing = out if out.is_dir() else next((p for p in out.absolute().parents if p.exists()), None)
     try:  # a real probe: permission bits say nothing for root or for special file systems
         tempfile.TemporaryFile(dir=existing).close()
@@ -131,6 +133,55 @@ def prepare_output_dir(
         except OSError as e:
             raise HeadprobeError(f"cannot create output directory {out}: {e.strerror}") from None
     return out
+
+
+_INPUTS: list[Path] = []
+"""The paths the running command reads (:func:`run_inputs`): what ``--overwrite`` must never remove."""
+
+
+@contextlib.contextmanager
+def run_inputs(values: Sequence[Any]) -> Iterator[None]:
+    """Within the block, the existing paths among ``values`` (strings and paths; a comma-separated
+    string counts item by item; lists are searched) are the run's inputs, which
+    :func:`check_inputs_kept` protects from ``--overwrite``."""
+
+    def paths(v: Any) -> Iterator[Path]:
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                yield from paths(x)
+        elif isinstance(v, (str, os.PathLike)) and str(v).strip():
+            for part in [str(v), *(str(v).split(",") if "," in str(v) else [])]:
+                if part.strip() and os.path.lexists(part):
+                    yield Path(part).resolve()
+
+    found = [p for v in values for p in paths(v)]
+    _INPUTS.extend(found)
+    try:
+        yield
+    finally:
+        del _INPUTS[len(_INPUTS) - len(found) :]
+
+
+def check_inputs_kept(out: str | os.PathLike[str]) -> None:
+    """Refuse an ``--overwrite`` of ``out`` that would remove one of the run's inputs
+    (:func:`run_inputs`): a file or folder a previous run listed there (:func:`previous_outputs`)
+    that is an input, holds one, or is a direct child of an input folder (``scan --model m --out m``
+    would remove the model's own config and weights, which the run that trained it listed).
+
+    Raises:
+        HeadprobeError: one line naming the input and ``out``.
+    """
+    if not _INPUTS:
+        return
+    out = Path(out)
+    for rel in previous_outputs(out):
+        target = (out / rel).resolve()
+        for p in _INPUTS:
+            if p == target or target in p.parents or (p.is_dir() and target.parent == p):
+                raise HeadprobeError(
+                    f"--overwrite of {out} would remove {out / rel}, a file of this run's input {p}: "
+                    "write to another --out"
+                )
 
 
 OUTPUTS_NAME = ".headprobe-outputs.json"
@@ -215,6 +266,7 @@ def swap_in(out: str | os.PathLike[str], staged: Path, files: list[str], produce
     files, and the summary moved in last. ``produced``: entries this run already wrote into ``out``
     itself (recorded, not moved). Files headprobe did not write are left (:func:`foreign_files`)."""
     out = Path(out)
+    check_inputs_kept(out)
     old = previous_outputs(out)
     new = [*produced, *files]
     for rel in [*old[-1:], *files[-1:]]:  # the summaries first
