@@ -261,7 +261,7 @@ def load_model(
         offload_dir: folder for the pieces mapped to ``disk`` (default: a temporary directory).
 
     Raises:
-        HeadprobeError: ``name`` not a str or path, an unknown device, ``cuda``/``cuda:N`` asked for
+        HeadprobeError: ``name`` not a str or path, ``prepend_bos`` or ``quiet`` not a bool, an unknown device, ``cuda``/``cuda:N`` asked for
             but absent, an unknown dtype or one of another type, ``float16`` on a
             backend without ``half_precision`` (:data:`FLOAT16_BRIDGE`), a bad ``max_memory``, a
             ``device_map`` with ``device`` ``cuda`` or, in half precision, on a backend without
@@ -270,11 +270,16 @@ def load_model(
     import os
 
     from headprobe.probe.backends import loading
-    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError, one_line_repr
 
     name = os.fspath(name) if isinstance(name, os.PathLike) else name
     if not isinstance(name, str):
-        raise HeadprobeError(f"load_model(): name must be a model name or path, got {name!r} ({type(name).__name__})")
+        raise HeadprobeError(
+            f"load_model(): name must be a model name or path, got {one_line_repr(name)} ({type(name).__name__})"
+        )
+    for setting, value in (("prepend_bos", prepend_bos), ("quiet", quiet)):
+        if not isinstance(value, bool):  # "no" would read as True
+            raise HeadprobeError(f"load_model(): {setting} must be True or False, got {one_line_repr(value)}")
     dtype, max_memory = _checked_load_settings(device, dtype, backend, device_map, max_memory)
     device = "cpu" if device_map is not None else loading.device_auto(device)
     split_later = device_map is not None and dtype != "float32"  # cast first: a split model's dtype is fixed
@@ -492,12 +497,12 @@ def check_model_argument(model: str | os.PathLike[str] | LoadedModel, function: 
     """
     import os
 
-    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError, one_line_repr
 
     if not isinstance(model, (str, os.PathLike)) and not hasattr(model, "spec"):  # a LoadedModel, or one alike
         raise HeadprobeError(
             f"{function}(): model must be a model name, a path or a model loaded by headprobe.load_model, "
-            f"got {str(model)[:60]!r} ({type(model).__name__})"
+            f"got {one_line_repr(model)} ({type(model).__name__})"
         )
 
 
