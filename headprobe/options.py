@@ -601,6 +601,12 @@ def command_function(
     result = result if isinstance(result, str) else getattr(result, "__name__", "")
 
     def fn(model: str | LoadedModel = DEFAULT_MODEL, *, progress: bool = False, **config_fields):
+        from headprobe.probe.core import memory
+
+        with memory.budget_restored():  # memory_budget= is this run's, not the process's from now on
+            return call(model, progress, config_fields)
+
+    def call(model, progress: bool, config_fields: dict):
         config, loaded, load_s = config_and_model(config_cls, model, config_fields, name)
         # the memory plan the command checks before its run (run_command), refused here as there
         header = getattr(sys.modules[run.__module__], "batch_line", None)

@@ -264,3 +264,16 @@ def test_wrap_refuses_a_base_model_and_a_tokenizer_name(tiny_llama_gqa_checkpoin
         with pytest.raises(HeadprobeError) as e:
             headprobe.wrap(**kwargs)
         assert message in one_line(e), one_line(e)
+
+
+def test_a_functions_memory_budget_is_for_its_own_run(cpu_model, text_file, no_stated_budget):
+    """``headprobe.kv(..., memory_budget="1KiB")`` left 1 KiB stated for the whole process, refused or
+    not: what the notebook (or the next test) planned afterwards, without stating any, was held to it."""
+    from headprobe.probe.core import memory
+
+    with pytest.raises(HeadprobeError, match="the stated budget 1 KiB"):
+        headprobe.kv(cpu_model, memory_budget="1KiB", text=str(text_file), seq_len=32)
+    assert memory.stated() is None
+    memory.set_budget("3GiB")  # stated by the notebook itself: kept across a function's run
+    headprobe.ablate(cpu_model, memory_budget="2GiB", text=str(text_file), heads="0.0", **SMALL)
+    assert memory.stated() == (3 * 2**30, "stated budget 3 GiB")
