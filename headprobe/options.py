@@ -260,6 +260,10 @@ def load_model(
             ``"2GiB"``, keys GPU indices, ``cpu``, ``disk``) or ``--max-memory``'s text.
         offload_dir: folder for the pieces mapped to ``disk`` (default: a temporary directory).
 
+    Returns:
+        LoadedModel: self-checked, on ``device`` in ``dtype``; its ``spec`` gives the layers, heads,
+            ``d_model`` and ``n_ctx`` (:class:`~headprobe.probe.backends.loading.LoadedModel`).
+
     Raises:
         HeadprobeError: ``name`` not a str or path, ``prepend_bos`` or ``quiet`` not a bool, an unknown device, ``cuda``/``cuda:N`` asked for
             but absent, an unknown dtype or one of another type, ``float16`` on a

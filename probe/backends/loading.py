@@ -386,13 +386,18 @@ def wrap_model(
         tokenizer: its tokenizer.
         backend: ``auto``, ``native`` or ``transformer-lens``.
         device: where the wrapped copy goes (default: where ``hf_model``'s weights are).
+        prepend_bos: put the tokenizer's BOS token in front of every sequence (once), as
+            :func:`headprobe.load_model`'s.
         name: what outputs call the model (default: the config's ``_name_or_path``, else the class name).
+
+    Returns:
+        LoadedModel: self-checked, what every command's function and :func:`headprobe.capture_heads`
+            take; its ``spec`` gives the layers, heads, ``d_model`` and ``n_ctx``.
 
     Raises:
         HeadprobeError: ``hf_model`` is not a transformers model or (a decoder) has no LM head (a base
             ``AutoModel``, a classifier), ``tokenizer`` is None or no tokenizer object, ``prepend_bos``
-            not a bool, weights that
-            are NaN or Inf, or as :func:`wrap` (an unknown backend, ``native`` for an architecture it lacks).
+            not a bool, weights that are NaN or Inf, or as :func:`wrap` (an unknown backend, ``native`` for an architecture it lacks).
     """
     if not isinstance(hf_model, torch.nn.Module) or getattr(hf_model, "config", None) is None:
         raise HeadprobeError(f"headprobe.wrap takes a transformers model (with .config), got {type(hf_model).__name__}")
