@@ -861,6 +861,7 @@ def path_patch(
     the batch, in the metric's units (default :func:`next_token_loss` from ``first``, nats/token).
 
     Args:
+        model: a loaded model (:func:`headprobe.load_model`, :func:`headprobe.wrap`).
         clean: token ids ``[batch, pos]``.
         corrupted: token ids of the same shape.
         senders: one head, ``(layer, head)`` or ``"layer.head"`` (returns a float), or several:
@@ -873,6 +874,10 @@ def path_patch(
             ``0 .. pos - 2`` (counted from the start; negative values are refused).
         attention_mask: ``[batch, pos]``, 1 real and 0 padding (:func:`prepare_runs`): a padded
             batch gives the mean of each row's effect run alone.
+
+    Returns:
+        float | np.ndarray: the effect in the metric's units, a float for one sender, else an
+            array ``[sender]`` in the senders' order.
 
     Raises:
         HeadprobeError: a head out of range or not before its receiver (:func:`~headprobe.probe.core.heads.read_heads`),
@@ -906,9 +911,25 @@ def edge_attribution(
     :mod:`headprobe.analyses.circuit`; Syed et al. 2023; Hanna et al. 2024): :func:`edge_scores` after
     :func:`prepare_runs`; ``.table()`` lists the edges. Scores estimate :func:`path_patch`'s effects,
     in the metric's units.
-    ``attention_mask``: a padded batch, as :func:`path_patch`.
+
+    Args:
+        model: a loaded model (:func:`headprobe.load_model`, :func:`headprobe.wrap`).
+        clean: token ids ``[batch, pos]``.
+        corrupted: token ids of the same shape.
+        method: ``eap`` (the gradient at the clean run; Syed et al. 2023) or ``eap-ig`` (integrated
+            gradients over ``steps`` points between corrupted and clean; Hanna et al. 2024).
+        steps: integration steps of EAP-IG (>= 1; 1 for EAP).
+        metric: ``metric(logits [batch, pos, d_vocab], tokens) -> [batch]`` (default
+            :func:`next_token_loss` from ``first``, nats/token).
+        first: the first position the default metric scores, ``0 .. pos - 2``.
+        attention_mask: ``[batch, pos]``, 1 real and 0 padding: a padded batch, as :func:`path_patch`.
+
+    Returns:
+        EdgeScores: ``head_scores`` ``[3 (q, k, v), layer_r, head_r, layer_s, head_s]`` and
+            ``logit_scores`` ``[layer_s, head_s]``, float64, in the metric's units.
 
     Raises:
-        HeadprobeError: as :func:`prepare_runs` and :func:`edge_scores`.
+        HeadprobeError: as :func:`prepare_runs` and :func:`edge_scores` (an unknown ``method``,
+            ``steps < 1``).
     """
     return edge_scores(model, prepare_runs(model, clean, corrupted, metric, first, attention_mask), method, steps)

@@ -260,8 +260,12 @@ def load_model(
             ``"2GiB"``, keys GPU indices, ``cpu``, ``disk``) or ``--max-memory``'s text.
         offload_dir: folder for the pieces mapped to ``disk`` (default: a temporary directory).
 
+    Returns:
+        LoadedModel: self-checked, on ``device`` in ``dtype``; its ``spec`` gives the layers, heads,
+            ``d_model`` and ``n_ctx`` (:class:`~headprobe.probe.backends.loading.LoadedModel`).
+
     Raises:
-        HeadprobeError: ``name`` not a str or path, an unknown device, ``cuda``/``cuda:N`` asked for
+        HeadprobeError: ``name`` not a str or path, ``prepend_bos`` or ``quiet`` not a bool, an unknown device, ``cuda``/``cuda:N`` asked for
             but absent, an unknown dtype or one of another type, ``float16`` on a
             backend without ``half_precision`` (:data:`FLOAT16_BRIDGE`), a bad ``max_memory``, a
             ``device_map`` with ``device`` ``cuda`` or, in half precision, on a backend without
@@ -270,11 +274,16 @@ def load_model(
     import os
 
     from headprobe.probe.backends import loading
-    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError, one_line_repr
 
     name = os.fspath(name) if isinstance(name, os.PathLike) else name
     if not isinstance(name, str):
-        raise HeadprobeError(f"load_model(): name must be a model name or path, got {name!r} ({type(name).__name__})")
+        raise HeadprobeError(
+            f"load_model(): name must be a model name or path, got {one_line_repr(name)} ({type(name).__name__})"
+        )
+    for setting, value in (("prepend_bos", prepend_bos), ("quiet", quiet)):
+        if not isinstance(value, bool):  # "no" would read as True
+            raise HeadprobeError(f"load_model(): {setting} must be True or False, got {one_line_repr(value)}")
     dtype, max_memory = _checked_load_settings(device, dtype, backend, device_map, max_memory)
     device = "cpu" if device_map is not None else loading.device_auto(device)
     split_later = device_map is not None and dtype != "float32"  # cast first: a split model's dtype is fixed
@@ -492,12 +501,12 @@ def check_model_argument(model: str | os.PathLike[str] | LoadedModel, function: 
     """
     import os
 
-    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.core.errors import HeadprobeError, one_line_repr
 
     if not isinstance(model, (str, os.PathLike)) and not hasattr(model, "spec"):  # a LoadedModel, or one alike
         raise HeadprobeError(
             f"{function}(): model must be a model name, a path or a model loaded by headprobe.load_model, "
-            f"got {str(model)[:60]!r} ({type(model).__name__})"
+            f"got {one_line_repr(model)} ({type(model).__name__})"
         )
 
 
@@ -596,6 +605,12 @@ def command_function(
     result = result if isinstance(result, str) else getattr(result, "__name__", "")
 
     def fn(model: str | LoadedModel = DEFAULT_MODEL, *, progress: bool = False, **config_fields):
+        from headprobe.probe.core import memory
+
+        with memory.budget_restored():  # memory_budget= is this run's, not the process's from now on
+            return call(model, progress, config_fields)
+
+    def call(model, progress: bool, config_fields: dict):
         config, loaded, load_s = config_and_model(config_cls, model, config_fields, name)
         # the memory plan the command checks before its run (run_command), refused here as there
         header = getattr(sys.modules[run.__module__], "batch_line", None)

@@ -153,6 +153,8 @@ WRONG_TYPES = {
     "load_model(123)": "load_model(): name must be a model name or path, got 123 (int)",
     "load_model(dtype=16)": "dtype must be a name such as float32 or a torch.dtype, got 16 (int)",
     "load_model(dtype=torch.int8)": "unknown dtype 'torch.int8'; choose one of float32, bfloat16, float16",
+    "load_model(tiny, prepend_bos='no')": "load_model(): prepend_bos must be True or False, got 'no'",
+    "load_model(tiny, quiet=0)": "load_model(): quiet must be True or False, got 0",
 }
 """Arguments of the wrong type given to ``headprobe``'s functions (ablate's composed settings and
 one of its own, load_model's), and the start of the one line each is refused with."""
@@ -228,3 +230,50 @@ def test_the_python_function_checks_the_memory_plan_the_command_checks(cpu_model
         getattr(headprobe, command)(cpu_model, memory_budget="1KiB", **kwargs)
     assert calls == [command], calls
     assert "the stated budget 1 KiB" in one_line(e), one_line(e)
+
+
+def test_a_module_given_as_the_model_is_refused_in_one_line(cpu_model, tiny_llama_gqa_checkpoint):
+    """A ``torch.nn.Module`` where a name or a loaded model belongs: its repr spans many lines, and
+    load_model and capture_heads put it in the message whole (a message of many lines); scan quoted
+    ``str(model)`` so its newlines read as ``\\n``. Each now shows one line of the repr."""
+    hf = tiny_llama_gqa_checkpoint.hf_model
+    calls = {
+        "load_model": lambda: headprobe.load_model(hf),
+        "scan": lambda: headprobe.scan(hf),
+        "capture_heads": lambda: headprobe.capture_heads(hf, torch.zeros(1, 3, dtype=torch.long)),
+    }
+    for name, call in calls.items():
+        with pytest.raises((HeadprobeError, TypeError)) as e:
+            call()
+        text = one_line(e)
+        assert "\\n" not in text and "(LlamaForCausalLM)" in text and len(text) < 200, (name, text)
+
+
+def test_wrap_refuses_a_base_model_and_a_tokenizer_name(tiny_llama_gqa_checkpoint):
+    """``headprobe.wrap`` of a decoder without its LM head (``AutoModel``'s ``LlamaModel``) raised a
+    KeyError from the weight conversion (native) or an AttributeError (bridge); a tokenizer's name
+    was taken (to fail at the first text)."""
+    ckpt = tiny_llama_gqa_checkpoint
+    refused = [
+        (dict(hf_model=ckpt.hf_model.model), "takes a causal language model with its LM head"),
+        (dict(hf_model=ckpt.hf_model.model, backend="transformer-lens"), "takes a causal language model"),
+        (dict(tokenizer="tiny-tokenizer"), "tokenizer must be the model's tokenizer object"),
+    ]
+    for change, message in refused:
+        kwargs = dict(hf_model=ckpt.hf_model, tokenizer=ckpt.tokenizer) | change
+        with pytest.raises(HeadprobeError) as e:
+            headprobe.wrap(**kwargs)
+        assert message in one_line(e), one_line(e)
+
+
+def test_a_functions_memory_budget_is_for_its_own_run(cpu_model, text_file, no_stated_budget):
+    """``headprobe.kv(..., memory_budget="1KiB")`` left 1 KiB stated for the whole process, refused or
+    not: what the notebook (or the next test) planned afterwards, without stating any, was held to it."""
+    from headprobe.probe.core import memory
+
+    with pytest.raises(HeadprobeError, match="the stated budget 1 KiB"):
+        headprobe.kv(cpu_model, memory_budget="1KiB", text=str(text_file), seq_len=32)
+    assert memory.stated() is None
+    memory.set_budget("3GiB")  # stated by the notebook itself: kept across a function's run
+    headprobe.ablate(cpu_model, memory_budget="2GiB", text=str(text_file), heads="0.0", **SMALL)
+    assert memory.stated() == (3 * 2**30, "stated budget 3 GiB")

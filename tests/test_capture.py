@@ -186,3 +186,33 @@ def test_capture_heads_refuses_bad_inputs_in_one_line(tiny_llama_gqa_native):
     one = capture_heads(model, tokens, layers=1)
     listed = capture_heads(model, tokens, layers=[1])
     assert set(one["z"]) == {1} and torch.equal(one["result"][1], listed["result"][1])
+
+
+def test_capture_and_patterns_by_layer_refuse_bad_indices_by_name(tiny_llama_gqa_native):
+    """``layers=1.0`` raised "'float' object is not iterable" (outside pytest, where jaxtyping's
+    hook checks no types: :func:`_as_list` is what a notebook meets); patterns_by_layer checked no
+    index (``layers=[5]`` or ``[-1]``: a KeyError of a hook name; ``layers=1``: "'int' object is not
+    iterable"). Reference for what it yields: capture_heads, and rows summing to 1."""
+    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.hooks import capture
+
+    model = tiny_llama_gqa_native
+    tokens = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(5))
+    seen = {}
+    keep = lambda layer, pattern: seen.__setitem__(layer, pattern.clone())
+    refused = [
+        (lambda: capture._as_list(1.0, "layers"), TypeError, "layers must be an int or a sequence of ints, got 1.0"),
+        (lambda: capture._as_list("1", "heads"), TypeError, "heads must be an int or a sequence of ints, got '1'"),
+        (lambda: patterns_by_layer(model, tokens, keep, layers=[5]), HeadprobeError, "layer 5 is out of range"),
+        (lambda: patterns_by_layer(model, tokens, keep, layers=[True]), HeadprobeError, "not an integer index"),
+    ]
+    for call, error, message in refused:
+        with pytest.raises(error, match=message) as info:
+            call()
+        assert "\n" not in str(info.value)
+    assert not seen
+    assert capture._as_list(torch.tensor(1), "rows") == [1]
+    patterns_by_layer(model, tokens, keep, layers=-1)
+    ref = capture_heads(model, tokens, layers=1)["pattern"][1]
+    assert list(seen) == [1] and torch.allclose(seen[1], ref, atol=1e-6)
+    assert torch.allclose(seen[1].sum(-1), torch.ones(()), atol=1e-5)

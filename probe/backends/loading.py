@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -355,6 +356,13 @@ def wrap(
     return cls.from_checkpoint(ckpt, device=device, prepend_bos=prepend_bos, copy=copy)
 
 
+def _lacks_lm_head(hf_model: Any) -> bool:
+    """Whether a transformers decoder has no language-model head (``get_output_embeddings()`` None:
+    a base ``LlamaModel`` or ``GPT2Model``, a sequence classifier), so its logits cannot be read."""
+    get = getattr(hf_model, "get_output_embeddings", None)
+    return callable(get) and get() is None
+
+
 def wrap_model(
     hf_model: Any,
     tokenizer: Any,
@@ -378,16 +386,37 @@ def wrap_model(
         tokenizer: its tokenizer.
         backend: ``auto``, ``native`` or ``transformer-lens``.
         device: where the wrapped copy goes (default: where ``hf_model``'s weights are).
+        prepend_bos: put the tokenizer's BOS token in front of every sequence (once), as
+            :func:`headprobe.load_model`'s.
         name: what outputs call the model (default: the config's ``_name_or_path``, else the class name).
 
+    Returns:
+        LoadedModel: self-checked, what every command's function and :func:`headprobe.capture_heads`
+            take; its ``spec`` gives the layers, heads, ``d_model`` and ``n_ctx``.
+
     Raises:
-        HeadprobeError: ``hf_model`` is not a transformers model, ``tokenizer`` is None, weights that
-            are NaN or Inf, or as :func:`wrap` (an unknown backend, ``native`` for an architecture it lacks).
+        HeadprobeError: ``hf_model`` is not a transformers model or (a decoder) has no LM head (a base
+            ``AutoModel``, a classifier), ``tokenizer`` is None or no tokenizer object, ``prepend_bos``
+            not a bool, weights that are NaN or Inf, or as :func:`wrap` (an unknown backend, ``native`` for an architecture it lacks).
     """
     if not isinstance(hf_model, torch.nn.Module) or getattr(hf_model, "config", None) is None:
         raise HeadprobeError(f"headprobe.wrap takes a transformers model (with .config), got {type(hf_model).__name__}")
     if tokenizer is None:
         raise HeadprobeError("headprobe.wrap needs the model's tokenizer")
+    if not callable(tokenizer) or isinstance(tokenizer, (str, os.PathLike)):
+        raise HeadprobeError(
+            f"headprobe.wrap: tokenizer must be the model's tokenizer object (AutoTokenizer.from_pretrained(...)), "
+            f"got {type(tokenizer).__name__}"
+        )
+    if not isinstance(prepend_bos, bool):
+        raise HeadprobeError(f"headprobe.wrap: prepend_bos must be True or False, got {type(prepend_bos).__name__}")
+    from headprobe.probe.model.convert import is_encoder
+
+    if not is_encoder(getattr(hf_model.config, "model_type", None)) and _lacks_lm_head(hf_model):
+        raise HeadprobeError(
+            f"headprobe.wrap takes a causal language model with its LM head (AutoModelForCausalLM), got "
+            f"{type(hf_model).__name__}, which has none: load it with AutoModelForCausalLM.from_pretrained(...)"
+        )
     check_finite_weights(hf_model)
     hf_name = getattr(hf_model.config, "_name_or_path", "") or type(hf_model).__name__
     first = next(hf_model.parameters())

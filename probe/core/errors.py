@@ -7,3 +7,12 @@ class HeadprobeError(Exception):
     The message is one line, says what is wrong and, where possible, how to fix it. The CLI
     prints it as ``headprobe: error: <message>`` and exits with status 2, without a traceback.
     """
+
+
+def one_line_repr(value: object, width: int = 60) -> str:
+    """``repr(value)`` on one line (its runs of whitespace, newlines included, as one space) and at
+    most ``width`` characters: what an error message shows of an argument, so that a
+    ``torch.nn.Module`` given where a name or a loaded model belongs (its repr spans many lines)
+    keeps the message one line."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -12,7 +12,9 @@ Torch is imported only to read a GPU's free memory.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from headprobe.probe.core.errors import HeadprobeError
@@ -36,6 +38,19 @@ def set_budget(value: str | int | None) -> None:
     """
     global _stated
     _stated = None if value is None else parse_bytes(value, "memory budget")
+
+
+@contextlib.contextmanager
+def budget_restored() -> Iterator[None]:
+    """Within the block, :func:`set_budget` may state a budget; on leaving (however the block ends)
+    the budget stated before is back: a command's Python function (``headprobe.scan(...,
+    memory_budget="2GiB")``) states it for its own run only, not for what the notebook runs next."""
+    global _stated
+    before = _stated
+    try:
+        yield
+    finally:
+        _stated = before
 
 
 def free_bytes(device) -> int:

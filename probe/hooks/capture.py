@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError, one_line_repr
 from headprobe.probe.hooks.ablation import HookCounter
 from headprobe.probe.hooks.names import attn_hook, block_hook
 
@@ -50,24 +50,38 @@ def patterns_by_layer(
     model: Any,
     tokens: Int[Tensor, "batch pos"],
     on_pattern: PatternCallback,
-    layers: Sequence[int] | None = None,
+    layers: int | Sequence[int] | None = None,
     extra_hooks: Sequence[tuple[str, Callable]] = (),
     attention_mask: Int[Tensor, "batch pos"] | None = None,
 ) -> Float[Tensor, "batch pos d_vocab"]:
     """Run ``model`` (a :class:`~headprobe.probe.backends.loading.LoadedModel`) on ``tokens``, calling
-    ``on_pattern(layer, pattern)`` for each layer as soon as its pattern exists.
+    ``on_pattern(layer, pattern)`` for each layer as soon as its pattern exists: ``pattern``
+    ``[batch, head, q_pos, k_pos]``, each query's softmax attention weights (a row sums to 1),
+    ``layer`` the non-negative index. ``tokens`` and ``attention_mask`` as :func:`capture_heads`'
+    (``[batch, pos]`` token ids, at most ``spec.n_ctx``); ``layers``: an int or a list of indices,
+    negative ones from the end (default: every attention layer).
 
     The callback must not keep or modify ``pattern``; it is dropped after the call.
 
     Returns:
-        The logits of the same forward pass.
+        The logits ``[batch, pos, d_vocab]`` of the same forward pass.
 
     Raises:
-        HeadprobeError: a pattern hook did not fire exactly once (fused attention kernel).
+        TypeError: ``model`` not a loaded model, ``tokens`` not an integer tensor, ``layers`` neither
+            an int nor a sequence of ints (:func:`check_capture_inputs`, one line each).
+        HeadprobeError: bad ``tokens`` or ``attention_mask`` (:func:`check_capture_inputs`); a layer
+            out of range or one without an attention pattern (a hybrid's linear-attention layer);
+            a pattern hook did not fire exactly once (fused attention kernel).
     """
-    layers = model.spec.attention_layers if layers is None else layers  # a hybrid's linear layers have no pattern
+    check_capture_inputs(model, tokens, attention_mask)
+    chosen: Sequence[int] = model.spec.attention_layers  # a hybrid's linear layers have no pattern
+    if layers is not None:
+        chosen = _indices(_as_list(layers, "layers") or [], model.spec.n_layers, "layer")
+        without = [layer for layer in chosen if layer not in model.spec.attention_layers]
+        if without:
+            raise HeadprobeError(f"layer {without[0]} has no attention pattern (a linear-attention layer)")
     counter = HookCounter()
-    names = [attn_hook(layer, "pattern") for layer in layers]
+    names = [attn_hook(layer, "pattern") for layer in chosen]
 
     def make_hook(layer: int, name: str):
         def hook(pattern: Tensor, hook: Any) -> None:
@@ -76,7 +90,7 @@ def patterns_by_layer(
 
         return hook
 
-    hooks = [(name, make_hook(layer, name)) for layer, name in zip(layers, names)]
+    hooks = [(name, make_hook(layer, name)) for layer, name in zip(chosen, names)]
     logits = model.forward(tokens, fwd_hooks=[*hooks, *extra_hooks], attention_mask=attention_mask)
     counter.check_once(names)
     return logits
@@ -261,7 +275,7 @@ def check_capture_inputs(model: Any, tokens: Any, attention_mask: Any = None) ->
     """
     if not hasattr(model, "self_check") or not hasattr(model, "spec"):
         raise TypeError(
-            f"model must be a loaded model (headprobe.load_model(...)), got {type(model).__name__} {model!r:.60}"
+            f"model must be a loaded model (headprobe.load_model(...)), got {one_line_repr(model)} ({type(model).__name__})"
         )
     if (
         not isinstance(tokens, Tensor)
@@ -289,9 +303,26 @@ def check_capture_inputs(model: Any, tokens: Any, attention_mask: Any = None) ->
         raise HeadprobeError(f"attention_mask {shape} must be a tensor of the tokens' shape {tuple(tokens.shape)}")
 
 
-def _as_list(values: int | Sequence[int] | None) -> Sequence[int] | None:
-    """One index as a list of one (``layers=18`` as ``[18]``)."""
-    return [values] if isinstance(values, int) else values  # a bool is refused by _indices
+def _as_list(values: Any, name: str) -> Sequence[int] | None:
+    """One index as a list of one (``layers=18``, or a 0-d integer tensor, as ``[18]``); None and
+    a sequence as given (their items are checked by :func:`_indices`, which refuses a bool).
+
+    Raises:
+        TypeError: ``values`` neither an index nor a sequence (``layers=1.0``, a string), naming ``name``.
+    """
+    import operator
+
+    if values is None or isinstance(values, bool):
+        return None if values is None else [values]
+    try:
+        return [operator.index(values)]
+    except TypeError:
+        pass
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(
+            f"{name} must be an int or a sequence of ints, got {one_line_repr(values)} ({type(values).__name__})"
+        )
+    return values
 
 
 def _stream_rows(model: Any, tokens: Tensor, out: dict[str, dict[int, Tensor]], rows: Sequence[int]) -> None:
@@ -356,7 +387,8 @@ def capture_heads(
             the attention block adds to the residual stream (after the post-attention norm, where there is one).
 
     Raises:
-        TypeError: ``model`` not a loaded model, ``tokens`` not an integer tensor (:func:`check_capture_inputs`).
+        TypeError: ``model`` not a loaded model, ``tokens`` not an integer tensor (:func:`check_capture_inputs`);
+            ``layers``, ``heads`` or ``rows`` neither an int nor a sequence of ints (``1.0``, ``"1"``).
         HeadprobeError: the model's load-time self-check found that its per-head results do not
             sum to what its blocks add (see :mod:`headprobe.probe.hooks.selfcheck`); bad ``tokens``
             or ``attention_mask`` (:func:`check_capture_inputs`); a left-padded ``attention_mask`` on
@@ -367,7 +399,7 @@ def capture_heads(
     check_capture_inputs(model, tokens, attention_mask)
     model.self_check.require_decomposition("per-head results (capture_heads)")
     spec = model.spec
-    layers, heads, rows = _as_list(layers), _as_list(heads), _as_list(rows)
+    layers, heads, rows = _as_list(layers, "layers"), _as_list(heads, "heads"), _as_list(rows, "rows")
     layers = None if layers is None else _indices(layers, spec.n_layers, "layer")
     heads = None if heads is None else _indices(heads, spec.n_heads, "head")
     rows = None if rows is None else _indices(rows, tokens.shape[-1], "row (query position)")
