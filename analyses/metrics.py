@@ -795,21 +795,27 @@ def metric_plans(
             kv = H if spec.layout.is_mla else (spec.n_kv_heads or H)
             own = pattern_temps + T * kv * dh * e + 2 * 4 * T * H * dh
             steps.append(("value-weighted attention", forward(T) + own, "one forward"))
-    plans = []
-    for name, per, passes in steps:
-        if passes != "weights":
-            label = f"{what} {name} ({n_seqs} x {T} tokens, {passes})"
-            plans.append(memory.plan(per, model.device, n_seqs, label, 0, cap=n_seqs, skip="--no-metrics"))
-            continue
-        total, source = memory.budget(model.device)  # no sequences: the step is one item, of the weights' size
-        label = f"{what} {name} (float32 copies of the embedding, unembedding and head weights)"
-        if per > total:
-            raise HeadprobeError(
-                f"{label} needs about {format_bytes(per)} of working memory, more than the {source}: state a "
-                f"larger --memory-budget, or skip this step with --no-metrics"
-            )
-        plans.append(memory.BatchPlan(1, per, 0, total, source, label))
-    return plans
+    return [_step_plan(model, step, n_seqs, T, what) for step in steps]
+
+
+def _step_plan(model: LoadedModel, step: tuple[str, int, str], n_seqs: int, T: int, what: str) -> memory.BatchPlan:
+    """:func:`metric_plans`' plan of one step ``(name, bytes per sequence or in all, passes)``:
+    ``n_seqs`` sequences of ``T`` tokens, or one item where ``passes`` is ``"weights"``.
+
+    Raises:
+        HeadprobeError: the step does not fit in the memory budget (naming it and ``--no-metrics``)."""
+    name, per, passes = step
+    if passes != "weights":
+        label = f"{what} {name} ({n_seqs} x {T} tokens, {passes})"
+        return memory.plan(per, model.device, n_seqs, label, 0, cap=n_seqs, skip="--no-metrics")
+    total, source = memory.budget(model.device)  # no sequences: the step is one item, of the weights' size
+    label = f"{what} {name} (float32 copies of the embedding, unembedding and head weights)"
+    if per > total:
+        raise HeadprobeError(
+            f"{label} needs about {format_bytes(per)} of working memory, more than the {source}: state a "
+            f"larger --memory-budget, or skip this step with --no-metrics"
+        )
+    return memory.BatchPlan(1, per, 0, total, source, label)
 
 
 def copying_bytes(spec: Any) -> int:

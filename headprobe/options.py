@@ -610,7 +610,7 @@ def command_function(
         with memory.budget_restored():  # memory_budget= is this run's, not the process's from now on
             return call(model, progress, config_fields)
 
-    def call(model, progress: bool, config_fields: dict):
+    def call(model: str | LoadedModel, progress: bool, config_fields: dict):
         config, loaded, load_s = config_and_model(config_cls, model, config_fields, name)
         # the memory plan the command checks before its run (run_command), refused here as there
         header = getattr(sys.modules[run.__module__], "batch_line", None)
