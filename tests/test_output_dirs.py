@@ -384,3 +384,17 @@ def test_overwrite_refuses_a_folder_entry_that_is_the_input(tmp_path):
         write_outputs(tmp_path / "Q", False, summary={"run": 2})
     write_outputs(out, True, summary={"run": 3})  # no input read from it: replaced as before
     assert _names(out) == [OUTPUTS_NAME, "summary.json"]
+
+
+def test_an_embedded_models_name_is_no_input_path_even_beside_a_folder_of_that_name(tmp_path, monkeypatch):
+    """``scan --model smollm2-135m --out smollm2-135m --overwrite`` run twice in one folder: the model
+    comes from its wheel, not from ./smollm2-135m (the first scan), so the overwrite is not refused; a
+    local model folder and a comma-separated list's local items are inputs."""
+    from headprobe.cli import _model_paths
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smollm2-135m").mkdir()
+    (tmp_path / "m").mkdir()
+    assert _model_paths("smollm2-135m") == [] and _model_paths("all-MiniLM-L6-v2".lower()) == []
+    assert _model_paths("m") == ["m"] and _model_paths("smollm2-135m,m") == ["m"] and _model_paths(["m"]) == ["m"]
+    assert _model_paths(None) == []

