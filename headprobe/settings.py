@@ -667,16 +667,12 @@ def check_numbers(cfg) -> None:
             continue
         integer = kind in _INTEGER_TYPES
         if isinstance(value, bool) or not isinstance(value, numbers.Integral if integer else numbers.Real):
-            flag = flag_names(type(cfg)).get(f.name, f.name)
-            raise HeadprobeError(
-                f"{f.name} ({flag}) must be {'an integer' if integer else 'a number'}, "
-                f"got {value!r} ({type(value).__name__})"
-            )
-        if not integer and not math.isfinite(value):
-            raise HeadprobeError(
-                f"{f.name} ({flag_names(type(cfg)).get(f.name, f.name)}) must be finite, got {value!r}"
-            )
-        if kind is seed and (why := seed_error(value)):
+            why = f"must be {'an integer' if integer else 'a number'}, got {value!r} ({type(value).__name__})"
+        elif not integer and not math.isfinite(value):
+            why = f"must be finite, got {value!r}"
+        else:
+            why = seed_error(value) if kind is seed else None
+        if why:
             raise HeadprobeError(f"{f.name} ({flag_names(type(cfg)).get(f.name, f.name)}) {why}")
         if isinstance(value, numbers.Integral) and type(value) is not int:  # np.int64: JSON's int
             object.__setattr__(cfg, f.name, int(value))
