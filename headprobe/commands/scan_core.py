@@ -274,27 +274,26 @@ def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
     """
     from headprobe.analyses.ablation import set_plan
 
-    _scoring_plans(model, config)
-    _metric_plans(model, config)
+    cfg = config.resolved(model.spec, model.trained_periods)  # the lengths the run uses, defaults included
+    _scoring_plans(model, cfg)
+    _metric_plans(model, cfg)
     if not config.verify or not model.self_check.decomposition_ok:
         return None
-    cfg = config.resolved(model.spec, model.trained_periods)  # the lengths the run uses, defaults included
     assert cfg.seq_len is not None and cfg.period is not None  # set by resolved()
     shapes = [(cfg.n_repeated, int(model.prepend_bos) + 2 * cfg.period), (cfg.n_natural, cfg.seq_len)]
     b, plan = max(((b, set_plan(model, b, t)) for b, t in shapes), key=lambda x: x[1].per_item)
     return f"{plan.line()}: {plan.items // b} control sets of {b} sequences per pass"
 
 
-def _scoring_plans(model: LoadedModel, config: ScanConfig) -> list[BatchPlan]:
+def _scoring_plans(model: LoadedModel, cfg: ScanConfig) -> list[BatchPlan]:
     """The plans of the two scoring forwards (:func:`score_tokens` over each task's whole batch:
     ``n_natural`` windows of ``seq_len`` tokens, ``n_repeated`` sequences of ``2 period`` tokens and
-    BOS where the model prepends one; :func:`~headprobe.analyses.scoring.score_plan`), the lengths
-    as ``config.resolved`` gives them.
+    BOS where the model prepends one; :func:`~headprobe.analyses.scoring.score_plan`); ``cfg`` gives
+    the lengths (``config.resolved``, as :func:`batch_line` passes it).
 
     Raises:
-        HeadprobeError: a forward that does not fit in the memory budget; lengths that cannot run.
+        HeadprobeError: a forward that does not fit in the memory budget.
     """
-    cfg = config.resolved(model.spec, model.trained_periods)
     assert cfg.seq_len is not None and cfg.period is not None  # set by resolved()
     start = int(model.prepend_bos)
     return [
@@ -311,18 +310,17 @@ def _scoring_plans(model: LoadedModel, config: ScanConfig) -> list[BatchPlan]:
     ]
 
 
-def _metric_plans(model: LoadedModel, config: ScanConfig) -> list[BatchPlan]:
+def _metric_plans(model: LoadedModel, cfg: ScanConfig) -> list[BatchPlan]:
     """The plans of the head metrics' forwards over the natural-text batch (``n_natural`` windows of
-    ``seq_len`` tokens, as ``config.resolved`` gives it; :func:`headprobe.analyses.metrics.metric_plans`);
-    [] with ``config.metrics`` off.
+    ``seq_len`` tokens, ``cfg`` resolved as :func:`batch_line` passes it;
+    :func:`headprobe.analyses.metrics.metric_plans`); [] with ``cfg.metrics`` off.
 
     Raises:
         HeadprobeError: a metric's forward does not fit in the memory budget (naming the step and
-            ``--no-metrics``); lengths that cannot run.
+            ``--no-metrics``).
     """
-    if not config.metrics:
+    if not cfg.metrics:
         return []
-    cfg = config.resolved(model.spec, model.trained_periods)
     assert cfg.seq_len is not None  # set by resolved()
     first = first_scored("natural", int(model.prepend_bos), None)
     return head_metrics.metric_plans(model, cfg.n_natural, cfg.seq_len, first, cfg.streaming)
