@@ -666,6 +666,7 @@ def check_numbers(cfg) -> None:
         if value is None or "parse" in meta or kind not in (*_INTEGER_TYPES, *_NUMBER_TYPES):
             continue
         integer = kind in _INTEGER_TYPES
+        why: str | None
         if isinstance(value, bool) or not isinstance(value, numbers.Integral if integer else numbers.Real):
             why = f"must be {'an integer' if integer else 'a number'}, got {value!r} ({type(value).__name__})"
         elif not integer and not math.isfinite(value):
