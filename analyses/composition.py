@@ -30,7 +30,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.sizes import format_bytes
 
 
 @dataclass(frozen=True)
@@ -186,8 +188,41 @@ def _layer_factors(weights: HeadWeights, device: torch.device | str | None) -> l
     return out
 
 
+def composition_plan(spec, device, what: str = "composition scores") -> memory.BatchPlan:
+    """The working memory of :func:`composition_scores` on ``device`` for a model of ``spec`` (a
+    :class:`~headprobe.probe.layout.spec.ModelSpec`), items being later heads scored per pass:
+    fixed, the float32 factors (four ``[layer, head, d_model, d_head]`` stacks ``P``, the
+    ``d_head``-sized middles), the three ``[layer, head, layer, head]`` results, and the larger of
+    one layer's float64 factorisation and the einsum's copy of the earlier layers' factors (one
+    ``P``); on a CPU also the float32 head weights (four ``P``; :func:`head_weights` peaks at
+    seven while stacking them, before the factors exist).
+    Per later head, six float32 ``[layer - 1, head, d_head, d_head]`` products (measured: 3-4.8
+    on SmolLM2-135M).
+
+    Raises:
+        HeadprobeError: one later head does not fit in the memory budget (one line, naming ``what``
+            and ``--no-metrics``).
+    """
+    L, H, D, dh = spec.n_layers, spec.n_heads, spec.d_model, spec.d_head
+    P = 4 * L * H * D * dh
+    factors = 4 * P + 2 * 4 * L * H * dh * dh + 2 * 8 * L * H
+    layer = (
+        6 * 8 * 4 * H * D * dh
+    )  # a layer's float64 W_Q, W_K, W_V, W_O, their QR factors, workspace (measured 3.7-4.4)
+    host = 4 * P if torch.device(device).type == "cpu" else 0
+    fixed = host + factors + 3 * 4 * (L * H) ** 2 + max(layer, P)
+    per = 6 * 4 * max(1, L - 1) * H * dh * dh
+    total, source = memory.budget(device)
+    if fixed + per > total:  # items_that_fit's advice (fewer or shorter sequences) does not apply to weights
+        raise HeadprobeError(
+            f"{what} needs about {format_bytes(fixed + per)} of working memory (the weights' factors and one later "
+            f"head's products), more than the {source}: state a larger --memory-budget, or skip this step with --no-metrics"
+        )
+    return memory.BatchPlan(min(H, (total - fixed) // per), per, fixed, total, source, what)
+
+
 def composition_scores(
-    weights: HeadWeights, device: torch.device | str | None = None
+    weights: HeadWeights, device: torch.device | str | None = None, heads_per_pass: int | None = None
 ) -> dict[str, Float[Tensor, "layer_j head_j layer_i head_i"]]:
     """Q-, K- and V-composition of every later head j with every earlier head i (Elhage et al. 2021):
 
@@ -202,7 +237,9 @@ def composition_scores(
     ``layer_i >= layer_j`` are NaN.
 
     ``device``: where to compute (e.g. the model's GPU; a 30-layer, 270-head model needs about
-    2.5e11 multiply-adds); the result is on the CPU.
+    2.5e11 multiply-adds); the result is on the CPU. ``heads_per_pass``: later heads j scored at
+    once (None: a layer's; :func:`composition_plan` sizes it to a memory budget); the scores do
+    not depend on it.
 
     Returns:
         ``{"q", "k", "v"}`` -> ``[layer_j, head_j, layer_i, head_i]`` float32 arrays.
@@ -210,16 +247,19 @@ def composition_scores(
     L, H = weights.W_Q.shape[:2]
     Pov, Mov, Nov, Pqk, Mqk, Nqk, norm_ov, norm_qk = _layer_factors(weights, device)
     out = {kind: torch.full((L, H, L, H), float("nan"), dtype=torch.float32, device=Pov.device) for kind in "qkv"}
+    step = H if heads_per_pass is None else max(1, heads_per_pass)
     for j in range(1, L):
-        for kind, (right_P, right_M, right_norm, transpose) in {
-            "q": (Pqk[j], Mqk[j], norm_qk[j], False),
-            "k": (Nqk[j], Mqk[j], norm_qk[j], True),
-            "v": (Pov[j], Mov[j], norm_ov[j], False),
-        }.items():
-            # ||M_i (N_i^T P_j) M_j||: earlier heads [j_layers, H_i], later heads [H_j]
-            cross = torch.einsum("ihdk,jde->jihke", Nov[:j], right_P)  # [H_j, layer_i, H_i, d_head, d_head]
-            Mr = right_M.transpose(-1, -2) if transpose else right_M  # [H_j, d_head, d_head]
-            prod = Mov[:j][None] @ cross @ Mr[:, None, None]
-            score = torch.linalg.matrix_norm(prod) / (norm_ov[:j][None] * right_norm[:, None, None])
-            out[kind][j, :, :j] = score.float()
+        for h in range(0, H, step):
+            later = slice(h, h + step)
+            for kind, (right_P, right_M, right_norm, transpose) in {
+                "q": (Pqk[j, later], Mqk[j, later], norm_qk[j, later], False),
+                "k": (Nqk[j, later], Mqk[j, later], norm_qk[j, later], True),
+                "v": (Pov[j, later], Mov[j, later], norm_ov[j, later], False),
+            }.items():
+                # ||M_i (N_i^T P_j) M_j||: earlier heads [j_layers, H_i], later heads [H_j]
+                cross = torch.einsum("ihdk,jde->jihke", Nov[:j], right_P)  # [H_j, layer_i, H_i, d_head, d_head]
+                Mr = right_M.transpose(-1, -2) if transpose else right_M  # [H_j, d_head, d_head]
+                prod = Mov[:j][None] @ cross @ Mr[:, None, None]
+                score = torch.linalg.matrix_norm(prod) / (norm_ov[:j][None] * right_norm[:, None, None])
+                out[kind][j, later, :j] = score.float()
     return {k: v.cpu() for k, v in out.items()}

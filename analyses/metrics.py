@@ -747,12 +747,14 @@ def metric_plans(
       float32 per-head copy ``[T, head, d_head]``;
     * ``gate_closure`` (a hybrid; elsewhere the pattern pass holds more): the forward alone;
     * ``copying`` (no forward; on a CPU only, where its host copies are the device's memory):
-      :func:`copying_bytes`, one item.
+      :func:`copying_bytes`, one item;
+    * the composition scores, last (no forward): :func:`~headprobe.analyses.composition.composition_plan`,
+      items being later heads per pass.
 
     ``what`` prefixes each step's name (``"scan's retrieval needles (3 x 16 tokens, one forward)"``).
 
     Returns:
-        the plans: ``n_seqs`` sequences each (``copying``: one item, the copies).
+        the plans: ``n_seqs`` sequences each (``copying``: one item, the copies; composition: later heads).
 
     Raises:
         HeadprobeError: a step does not fit in the memory budget (one line naming the step and
@@ -795,7 +797,10 @@ def metric_plans(
             kv = H if spec.layout.is_mla else (spec.n_kv_heads or H)
             own = pattern_temps + T * kv * dh * e + 2 * 4 * T * H * dh
             steps.append(("value-weighted attention", forward(T) + own, "one forward"))
-    return [_step_plan(model, step, n_seqs, T, what) for step in steps]
+    plans = [_step_plan(model, step, n_seqs, T, what) for step in steps]
+    if _composes(model):
+        plans.append(composition.composition_plan(spec, model.device, f"{what} composition scores (weights)"))
+    return plans
 
 
 def _step_plan(model: LoadedModel, step: tuple[str, int, str], n_seqs: int, T: int, what: str) -> memory.BatchPlan:
@@ -960,16 +965,25 @@ def scan_needles(
 @torch.inference_mode()
 def scan_composition(model: LoadedModel) -> dict[str, np.ndarray] | None:
     """:func:`headprobe.analyses.composition.composition_scores` of ``model`` as numpy arrays
-    ``[layer_j, head_j, layer_i, head_i]``, or None where the weights do not allow it (MLA)."""
+    ``[layer_j, head_j, layer_i, head_i]``, or None where the weights do not allow it (MLA, a
+    hybrid), in passes of as many later heads as the memory budget holds.
+
+    Raises:
+        HeadprobeError: one later head's products do not fit in the budget (``composition_plan``).
+    """
+    if not _composes(model):
+        return None
+    plan = composition.composition_plan(model.spec, model.device, "scan's composition scores")  # raises: no room
     try:
-        return {
-            k: v.numpy()
-            for k, v in composition.composition_scores(
-                composition.head_weights(model, vocab=False), model.device
-            ).items()
-        }
+        weights = composition.head_weights(model, vocab=False)
     except HeadprobeError:
         return None
+    return {k: v.numpy() for k, v in composition.composition_scores(weights, model.device, plan.items).items()}
+
+
+def _composes(model: LoadedModel) -> bool:
+    """Whether ``model`` has per-head weights to compose: not latent attention, not a hybrid."""
+    return model.spec.layout.head_layers is None and not model.spec.layout.is_mla
 
 
 def composition_summary(k_scores: np.ndarray, earlier: list[tuple[int, int]], later: list[tuple[int, int]]) -> dict:

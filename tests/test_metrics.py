@@ -14,6 +14,7 @@ from conftest import TINY_MODELS
 
 from headprobe.analyses import composition, metrics
 from headprobe.analyses.data import needle_tokens
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.capture import capture_heads
 
 
@@ -275,7 +276,10 @@ def test_composition_scores_match_a_loop_over_head_pairs_and_are_scale_invariant
     w = composition.head_weights(model)
     got = composition.composition_scores(w)
     want = _loop_composition(w)
+    passes = composition.composition_scores(w, heads_per_pass=3)  # later heads 3 at a time, the last pass short
     for k in "qkv":
+        assert torch.equal(passes[k].isnan(), got[k].isnan())
+        assert torch.allclose(passes[k].nan_to_num(), got[k].nan_to_num(), atol=1e-6)
         assert got[k].shape == (model.spec.n_layers, model.spec.n_heads) * 2
         assert torch.equal(torch.isnan(got[k]), torch.isnan(want[k]))
         assert torch.allclose(got[k].double().nan_to_num(), want[k].nan_to_num(), atol=1e-5)
@@ -292,6 +296,38 @@ def test_composition_scores_match_a_loop_over_head_pairs_and_are_scale_invariant
     W_O[0, 1] = torch.randn_like(W_O[0, 1])
     moved = composition.composition_scores(composition.HeadWeights(w.W_Q, w.W_K, w.W_V, W_O, w.W_E, w.W_U))
     assert not torch.allclose(moved["k"][1, :, 0, 1], got["k"][1, :, 0, 1], atol=1e-3)
+
+
+def test_composition_passes_follow_the_budget_and_refuse_before_allocating(tiny_llama_gqa_native, monkeypatch):
+    """The later heads a pass scores come from the budget (composition_plan): 2 where the budget
+    holds the fixed part and two heads' products, all 8 where it holds more; below one head the
+    scan's composition step is refused in one line naming --no-metrics, before any weight is read."""
+    from headprobe.analyses import metrics as M
+    from headprobe.probe.core import memory
+
+    model = tiny_llama_gqa_native
+    memory.set_budget("64GiB")
+    try:
+        full = composition.composition_plan(model.spec, "cpu")
+        assert full.items == model.spec.n_heads
+        passes = []
+        real = composition.composition_scores
+        monkeypatch.setattr(
+            composition, "composition_scores", lambda w, d=None, n=None: passes.append(n) or real(w, d, n)
+        )
+        memory.set_budget(full.fixed + 2 * full.per_item + full.per_item // 2)
+        assert composition.composition_plan(model.spec, "cpu").items == 2
+        two = M.scan_composition(model)
+        memory.set_budget(None)
+        assert passes == [2] and two is not None
+        want = real(composition.head_weights(model, vocab=False))
+        assert all(np.allclose(two[k], want[k].numpy(), atol=1e-6, equal_nan=True) for k in "qkv")
+        memory.set_budget(full.fixed + full.per_item // 2)
+        monkeypatch.setattr(composition, "head_weights", lambda *a, **k: pytest.fail("weights read before the refusal"))
+        with pytest.raises(HeadprobeError, match=r"^scan's composition scores needs about .*--no-metrics$"):
+            M.scan_composition(model)
+    finally:
+        memory.set_budget(None)
 
 
 # ---- direct logit attribution -------------------------------------------------------------------
