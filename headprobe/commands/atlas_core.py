@@ -37,7 +37,7 @@ from headprobe.commands.atlas import (  # noqa: F401 - the light module's names,
     snapshot_dirs,
 )
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.io import RunCheckpoint, prepare_output_dir, summary_envelope, write_json
+from headprobe.probe.core.io import RunCheckpoint, prepare_output_dir, run_inputs, summary_envelope, write_json
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -360,4 +360,6 @@ def atlas(*, out: str | Path, overwrite: bool = False, progress: bool = False, *
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
     """
     options.check_fields(AtlasConfig, config_fields, "atlas")
-    return run(AtlasConfig(**config_fields), out, overwrite=overwrite, progress=progress)
+    config = AtlasConfig(**config_fields)
+    with options.own_run(), run_inputs(options.config_inputs(config)):  # as the command line's run
+        return run(config, out, overwrite=overwrite, progress=progress)

@@ -301,11 +301,14 @@ def show(
     fields = dict(head=heads_text(head, "head"), prompt=prompt, out=str(out), **load)
     options.check_fields(ShowConfig, fields, "show")
     options.check_model_argument(model, "show")
+    from headprobe.probe.core.io import run_inputs
+
     if isinstance(model, (str, os.PathLike)):
-        return run(ShowConfig(model=str(model), **fields), overwrite=overwrite)
-    return run(
-        ShowConfig(model=model.spec.name, **options.loaded_fields(model, fields)), overwrite=overwrite, model=model
-    )
+        cfg, loaded = ShowConfig(model=str(model), **fields), None
+    else:
+        cfg, loaded = ShowConfig(model=model.spec.name, **options.loaded_fields(model, fields)), model
+    with options.own_run(), run_inputs(options.config_inputs(cfg)):  # as the command line's run
+        return run(cfg, overwrite=overwrite, model=loaded)
 
 
 FLAGS = (

@@ -262,15 +262,17 @@ def view(
         HeadprobeError: as :func:`run`.
         TypeError: an unknown keyword.
     """
-    return run(
-        ViewConfig(
-            dir=str(dir),
-            ablation=None if ablation is None else str(ablation),
-            model=model,
-            circuit=None if circuit is None else str(circuit),
-            **load,
-        )
+    config = ViewConfig(
+        dir=str(dir),
+        ablation=None if ablation is None else str(ablation),
+        model=model,
+        circuit=None if circuit is None else str(circuit),
+        **load,
     )
+    if model is None:  # no model loads (nor torch)
+        return run(config)
+    with options.own_run():  # threads= is this run's, not the process's from now on
+        return run(config)
 
 
 FLAGS = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import functools
 import json
 import math
 import os
@@ -14,7 +15,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from headprobe.probe.core.errors import HeadprobeError
 
@@ -139,11 +140,10 @@ _INPUTS: list[Path] = []
 """The paths the running command reads (:func:`run_inputs`): what ``--overwrite`` must never remove."""
 
 
-@contextlib.contextmanager
-def run_inputs(values: Sequence[Any]) -> Iterator[None]:
-    """Within the block, the existing paths among ``values`` (strings and paths; a comma-separated
-    string counts item by item; lists are searched) are the run's inputs, which
-    :func:`check_inputs_kept` protects from ``--overwrite``."""
+def input_paths(values: Sequence[Any]) -> list[Path]:
+    """The existing paths among ``values`` (strings and paths; a comma-separated string counts item
+    by item; lists are searched), resolved against the working directory now: what
+    :func:`run_inputs` protects."""
 
     def paths(v: Any) -> Iterator[Path]:
         if isinstance(v, (list, tuple)):
@@ -154,7 +154,14 @@ def run_inputs(values: Sequence[Any]) -> Iterator[None]:
                 if part.strip() and os.path.lexists(part):
                     yield Path(part).resolve()
 
-    found = [p for v in values for p in paths(v)]
+    return [p for v in values for p in paths(v)]
+
+
+@contextlib.contextmanager
+def run_inputs(values: Sequence[Any]) -> Iterator[None]:
+    """Within the block, the existing paths among ``values`` (:func:`input_paths`) are the run's
+    inputs, which :func:`check_inputs_kept` protects from ``--overwrite``."""
+    found = input_paths(values)
     _INPUTS.extend(found)
     try:
         yield
@@ -182,6 +189,30 @@ def check_inputs_kept(out: str | os.PathLike[str]) -> None:
                     f"--overwrite of {out} would remove {out / rel}, a file of this run's input {p}: "
                     "write to another --out"
                 )
+
+
+class ReadsInputs:
+    """A command's result that remembers the paths its run read (``inputs``: the model folder, the
+    text and other input files, :func:`input_paths`; set by the command's Python function), so that
+    its ``save(out, overwrite=True)`` (decorated by :func:`keeps_inputs`) refuses, as ``--overwrite``
+    does, to remove one of them (:func:`check_inputs_kept`)."""
+
+    inputs: tuple[Path, ...] = ()
+
+
+_Save = TypeVar("_Save", bound=Callable[..., Any])
+
+
+def keeps_inputs(save: _Save) -> _Save:
+    """``save`` of a :class:`ReadsInputs` result, run with the result's ``inputs`` as the run's
+    (:func:`run_inputs`): an overwrite that would remove one raises :class:`HeadprobeError`."""
+
+    @functools.wraps(save)
+    def wrapped(self: ReadsInputs, *args: Any, **kwargs: Any) -> Any:
+        with run_inputs(self.inputs):
+            return save(self, *args, **kwargs)
+
+    return cast(_Save, wrapped)
 
 
 OUTPUTS_NAME = ".headprobe-outputs.json"
