@@ -609,8 +609,9 @@ def loaded_fields(model: LoadedModel, config_fields: dict) -> dict:
 
 def _load_fields_of(model: LoadedModel, config_fields: dict) -> dict:
     """``config_fields`` with ``prepend_bos`` set to ``model``'s own (what the run uses and
-    summary.json records; its ``backend`` is the model's, the config's the one asked for, as on the
-    command line), for a model already loaded.
+    summary.json records), for a model already loaded. The config's ``backend`` stays the one asked
+    for; summary.json records the model's (:func:`~headprobe.probe.core.io.summary_envelope`), as on
+    the command line.
 
     Raises:
         HeadprobeError: a ``backend`` other than ``auto`` or the model's, a ``prepend_bos`` other than

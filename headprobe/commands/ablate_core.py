@@ -276,6 +276,7 @@ class AblateResult(ReadsInputs):
             body,
             model=self.spec.name,
             precision=self.spec.precision,
+            backend=self.spec.backend,
             device=self.device,
             self_check=self.self_check,
             config=self.config,

@@ -121,6 +121,7 @@ class CircuitResult(ReadsInputs):
             s,
             model=self.spec.name,
             precision=self.spec.precision,
+            backend=self.spec.backend,
             device=device,
             self_check=self_check,
             config=self.config,

@@ -198,6 +198,7 @@ class DiffResult(ReadsInputs):
             },
             model=self.spec_a.name,
             precision=self.spec_a.precision,
+            backend=self.spec_a.backend if self.spec_a.backend == self.spec_b.backend else None,
             device=self.device,
             self_check=self.self_check,
             config=c,

@@ -167,6 +167,7 @@ class KVResult(ReadsInputs):
             },
             model=self.spec.name,
             precision=self.spec.precision,
+            backend=self.spec.backend,
             device=self.device,
             self_check=self.self_check,
             config=c,

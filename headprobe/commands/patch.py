@@ -310,6 +310,7 @@ class PatchResult(ReadsInputs):
             },
             model=self.spec.name,
             precision=self.spec.precision,
+            backend=self.spec.backend,
             device=device,
             self_check=self_check,
             config=self.config,

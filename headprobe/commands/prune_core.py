@@ -214,6 +214,7 @@ class PruneResult(ReadsInputs):
             out,
             model=spec.name,
             precision=spec.precision,
+            backend=spec.backend,
             device=self.device,
             self_check=self.self_check,
             config=cfg,

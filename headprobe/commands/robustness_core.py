@@ -206,6 +206,7 @@ class RobustnessResult(ReadsInputs):
             },
             model=self.spec.name,
             precision=self.spec.precision,
+            backend=self.spec.backend,
             device=self.device,
             self_check=self.self_check,
             config=self.config,

@@ -658,6 +658,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         },
         model=spec.name,
         precision=spec.precision,
+        backend=spec.backend,
         device=str(result.device),
         self_check=result.self_check,
         config=cfg,

@@ -439,6 +439,7 @@ def summary_envelope(
     self_check: dict | None,
     config: Any,
     timings_s: dict[str, float],
+    backend: str | None = None,
 ) -> dict:
     """A command's summary.json: ``body`` (the command's own keys) inside the envelope every command
     shares (:data:`ENVELOPE_KEYS`): ``model`` and ``weights_precision`` first, then ``body``, then
@@ -446,7 +447,9 @@ def summary_envelope(
     (:func:`tf32`), ``self_check``, ``config`` (a dataclass, as a dict), ``timings_s`` (seconds per
     stage, rounded to 0.01 s; ``load_s`` wherever a model was loaded) and ``versions``
     (:func:`package_versions`). ``model`` and the others are None where a command has none of its
-    own (an atlas of many models, a study of many trained ones).
+    own (an atlas of many models, a study of many trained ones). ``backend``: the one the model ran
+    on (``ModelSpec.backend``), recorded as ``config``'s ``backend`` where it has one (``auto``
+    resolved; the same from the command line and from Python, with a model given loaded too).
 
     Raises:
         ValueError: ``body`` sets a key of the envelope (the envelope is built here only).
@@ -456,6 +459,13 @@ def summary_envelope(
     clash = [k for k in ENVELOPE_KEYS if k in body]
     if clash:
         raise ValueError(f"a summary's own keys may not set the envelope's: {', '.join(clash)}")
+    settings = (
+        dataclasses.asdict(config)
+        if dataclasses.is_dataclass(config) and not isinstance(config, type)
+        else dict(config)
+    )
+    if backend is not None and "backend" in settings:
+        settings["backend"] = backend
     return {
         "model": model,
         "weights_precision": precision,
@@ -464,9 +474,7 @@ def summary_envelope(
         "device_name": device_name(device),
         "tf32": tf32(device),
         "self_check": self_check,
-        "config": dataclasses.asdict(config)
-        if dataclasses.is_dataclass(config) and not isinstance(config, type)
-        else dict(config),
+        "config": settings,
         "timings_s": {k: round(float(v), 2) for k, v in timings_s.items()},
         "versions": package_versions(),
     }
