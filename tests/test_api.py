@@ -432,3 +432,15 @@ def test_load_model_has_the_commands_defaults_and_takes_their_dtype(tiny_dir, mo
     model = headprobe.load_model(str(tiny_dir), dtype="bf16", quiet=True)
     assert asked == ["auto"] and model.dtype == torch.bfloat16 and model.self_check.dtype == "float32"
     assert str(model.device) == ("cuda:0" if torch.cuda.is_available() else "cpu")
+
+
+def test_every_command_function_says_what_it_returns():
+    """Each ``headprobe.<command>`` function's docstring has a ``Returns:`` section (atlas, budget,
+    diff, export, show, study, train and view had none, or a sentence in the summary)."""
+    import inspect
+
+    from headprobe.commands import COMMANDS
+
+    functions = {name: COMMANDS.get(name).function() for name in COMMANDS.names()}
+    missing = [n for n, f in functions.items() if f is not None and "Returns:" not in inspect.getdoc(f).splitlines()]
+    assert missing == []

@@ -355,6 +355,10 @@ def _remove_new(out: Path, before: set[Path] | None, keep: Path | None = None) -
 def atlas(*, out: str | Path, overwrite: bool = False, progress: bool = False, **config_fields) -> AtlasResult:
     """``headprobe atlas`` as a function: :func:`run` on ``AtlasConfig(**config_fields)``.
 
+    Returns:
+        AtlasResult: already written into ``out`` (``files``, summary.json last): ``table`` (atlas.csv,
+            one row per model and head), ``models`` (label -> status, scan seconds), ``seconds`` (the run's).
+
     Raises:
         HeadprobeError: as :func:`run`.
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).

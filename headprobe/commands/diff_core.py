@@ -558,6 +558,11 @@ def diff(
     """``headprobe diff A B`` as a Python function: ``a`` and ``b`` are names or loaded models; the
     other keywords are :class:`~headprobe.commands.diff.DiffConfig`'s fields.
 
+    Returns:
+        DiffResult: per quantity A's and B's ``[layer, head]`` means (``means``) and the paired tests
+            (``tests``: change, p-values), ``table`` (diff.csv, one row per head), top-k sets and flipped
+            roles; ``save(out)`` writes what ``headprobe diff`` writes.
+
     Raises:
         HeadprobeError: bad settings, layouts that differ (one line), or as :func:`compare_models`.
     """

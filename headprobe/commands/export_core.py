@@ -525,6 +525,10 @@ def export(source: str, out: str | None = None, *, to: str | None = None, **fiel
     """``headprobe export`` as a function: the files built (``result.files``) and, with ``out``,
     written (``to``: ``out``'s deprecated alias, with a ``DeprecationWarning``).
 
+    Returns:
+        ExportResult: ``files`` (relative path -> text or bytes) and ``notes`` (format -> how its files
+            were made); written into ``out`` already where given, else by ``save(out)``.
+
     Raises:
         HeadprobeError: as :func:`run`, or a bad ``out``.
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`)."""

@@ -292,6 +292,10 @@ def show(
             by every other command function: ``device`` left at ``auto`` or the model's own).
         head: one head, ``"18.6"`` (or ``"L18H6"``) or ``(18, 6)``.
 
+    Returns:
+        ShowResult: ``head`` ``(layer, head)``, its ``pattern`` ``[q_pos, k_pos]`` (float32 attention
+            weights, rows summing to 1), the tokens' ``labels`` and the ``paths`` written into ``out``.
+
     Raises:
         HeadprobeError: as :func:`run`.
         TypeError: an unknown setting.

@@ -520,6 +520,10 @@ def study(which: str, *, progress: bool = False, **config_fields) -> StudyResult
     """``headprobe.study("layouts", steps=600, seeds=(0,), ...)``: :func:`run` on
     ``StudyConfig(which, **config_fields)`` (see :class:`StudyConfig` for every field and its default).
 
+    Returns:
+        StudyResult: ``table`` (results.csv: one row per variant and seed, losses in nats/token or
+            nats/char, KV-cache bytes per token); ``save(out)`` writes what ``headprobe study`` writes.
+
     Raises:
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
         HeadprobeError: as :func:`run`.

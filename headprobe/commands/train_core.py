@@ -228,6 +228,11 @@ def train(*, progress: bool = False, **config_fields) -> TrainResult:
     """``headprobe.train(steps=300, n_kv_heads=2, ...)``: :func:`run` on ``TrainConfig(**config_fields)``
     (see :class:`headprobe.analyses.train.TrainConfig` for every field and its default).
 
+    Returns:
+        TrainResult: the trained model (``loaded``), ``log`` (train_log.csv: one row per evaluation,
+            losses in nats/token), ``final_scores`` (``[layer, head]``), ``seconds``; ``save(out)`` writes
+            the checkpoint and what ``headprobe train`` writes.
+
     Raises:
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
         HeadprobeError: as :func:`run`.

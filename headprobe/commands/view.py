@@ -248,7 +248,7 @@ def view(
     circuit: str | Path | None = None,
     **load,
 ) -> Path:
-    """Write ``dir``/index.html: ``headprobe view`` as a function. Returns the page's path.
+    """Write ``dir``/index.html: ``headprobe view`` as a function.
 
     Args:
         dir: a ``headprobe scan`` or ``headprobe ablate`` output directory.
@@ -257,6 +257,9 @@ def view(
         model: compute patterns.npz with this model where ``dir`` (a scan) has none.
         **load: ``pattern_len`` and how ``model`` is loaded: ``device``, ``dtype``, ``backend``,
             ``device_map``, ``max_memory`` (see :class:`ViewConfig`).
+
+    Returns:
+        Path: the page written, ``dir``/index.html (self-contained, offline).
 
     Raises:
         HeadprobeError: as :func:`run`.
