@@ -457,16 +457,16 @@ def input_values(named: Mapping[str, Any]) -> list:
     return values + [model_paths(v) for k, v in named.items() if k in MODEL_ARGS]
 
 
-def config_inputs(config, **more) -> tuple[Path, ...]:
+def config_inputs(config) -> tuple[Path, ...]:
     """The paths a run of ``config`` (a Config dataclass) reads, resolved now
-    (:func:`input_values` of its fields and ``more``; :func:`~headprobe.probe.core.io.input_paths`):
-    a result's ``inputs``, which its ``save(overwrite=True)`` never removes."""
+    (:func:`input_values` of its fields, :func:`~headprobe.probe.core.io.input_paths`): a result's
+    ``inputs``, which its ``save(overwrite=True)`` never removes."""
     import dataclasses
 
     from headprobe.probe.core.io import input_paths
 
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    return tuple(input_paths(input_values({**fields, **more})))
+    return tuple(input_paths(input_values(fields)))
 
 
 @contextlib.contextmanager

@@ -532,8 +532,7 @@ def export(source: str, out: str | None = None, *, to: str | None = None, **fiel
     Raises:
         HeadprobeError: as :func:`run`, or a bad ``out``.
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`)."""
-    from headprobe import options
-    from headprobe.options import check_fields
+    from headprobe.options import check_fields, config_inputs
 
     check_fields(ExportConfig, fields, "export", positional=("source", "out", "to"))
     if to is not None:
@@ -544,7 +543,7 @@ def export(source: str, out: str | None = None, *, to: str | None = None, **fiel
         )
     config = ExportConfig(source=source, out=out, to=to, **fields)
     result = run(config)
-    result.inputs = options.config_inputs(config)  # what result.save(overwrite=True) must not remove
+    result.inputs = config_inputs(config)  # what result.save(overwrite=True) must not remove
     if config.out:
         result.save(config.out, overwrite=config.overwrite)
     return result

@@ -302,11 +302,11 @@ def show(
     """
     import os
 
+    from headprobe.probe.core.io import run_inputs
+
     fields = dict(head=heads_text(head, "head"), prompt=prompt, out=str(out), **load)
     options.check_fields(ShowConfig, fields, "show")
     options.check_model_argument(model, "show")
-    from headprobe.probe.core.io import run_inputs
-
     if isinstance(model, (str, os.PathLike)):
         cfg, loaded = ShowConfig(model=str(model), **fields), None
     else:
