@@ -225,20 +225,6 @@ def _first_rank() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-MODEL_ARGS = ("model", "models", "b")
-"""The argument names that hold models (``diff A B``'s second is ``b``): an embedded model's name there
-is no path, even where a folder of that name exists (:func:`_model_paths`)."""
-
-
-def _model_paths(value):
-    """The items of a model argument (a name, a comma-separated list or a list) that are read from
-    the file system (:func:`headprobe.probe.backends.sources.reads_path`): the run's model inputs."""
-    from headprobe.probe.backends.sources import reads_path
-
-    items = value if isinstance(value, (list, tuple)) else str(value or "").split(",")
-    return [str(v) for v in items if str(v).strip() and reads_path(str(v))]
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the ``headprobe`` command ``argv`` (None: ``sys.argv[1:]``, the process's own command
     line) and return its exit status: 0, 2 for bad input (one line on stderr), 130 or 143 when
@@ -258,11 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {s: signal.signal(s, stop) for s in signals} if in_main else {}
     try:
+        from headprobe.options import input_values
         from headprobe.probe.core.io import run_inputs
 
-        inputs = [v for k, v in vars(args).items() if k != "out" and not k.startswith("_") and k not in MODEL_ARGS]
-        inputs += [_model_paths(v) for k, v in vars(args).items() if k in MODEL_ARGS]
-        with _figure_formats(getattr(args, "formats", None)), run_inputs(inputs):
+        with _figure_formats(getattr(args, "formats", None)), run_inputs(input_values(vars(args))):
             figure_formats()  # a bad $HEADPROBE_FIGURE_FORMATS is refused before any work, not at the first figure
             return int(args._run(args) or 0)
     except HeadprobeError as e:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from headprobe.settings import (  # noqa: F401 - the shared vocabularies and flag types, re-exported
     BACKENDS,
@@ -432,6 +432,69 @@ def set_threads(requested: int | None = None) -> str:
     return f"torch threads {n} ({why})"
 
 
+MODEL_ARGS = ("model", "models", "b")
+"""The settings that hold models (``diff A B``'s second is ``b``): an embedded model's name there
+is no path, even where a folder of that name exists (:func:`model_paths`)."""
+
+OUTPUT_ARGS = ("out", "to")
+"""The settings that name the folder a run writes (``export``'s ``to``: ``out``'s alias): never its inputs."""
+
+
+def model_paths(value) -> list[str]:
+    """The items of a model setting (a name, a comma-separated list or a list) that are read from
+    the file system (:func:`headprobe.probe.backends.sources.reads_path`): the run's model inputs."""
+    from headprobe.probe.backends.sources import reads_path
+
+    items = value if isinstance(value, (list, tuple)) else str(value or "").split(",")
+    return [str(v) for v in items if str(v).strip() and reads_path(str(v))]
+
+
+def input_values(named: Mapping[str, Any]) -> list:
+    """The values among a run's settings ``named`` (name -> value: the parsed flags, a Config's
+    fields) that may name its inputs, for :func:`~headprobe.probe.core.io.run_inputs`: all but the
+    output folder's (:data:`OUTPUT_ARGS`) and private ones, a model setting's read paths only."""
+    values = [v for k, v in named.items() if k not in OUTPUT_ARGS and not k.startswith("_") and k not in MODEL_ARGS]
+    return values + [model_paths(v) for k, v in named.items() if k in MODEL_ARGS]
+
+
+def config_inputs(config) -> tuple[Path, ...]:
+    """The paths a run of ``config`` (a Config dataclass) reads, resolved now
+    (:func:`input_values` of its fields, :func:`~headprobe.probe.core.io.input_paths`): a result's
+    ``inputs``, which its ``save(overwrite=True)`` never removes."""
+    import dataclasses
+
+    from headprobe.probe.core.io import input_paths
+
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return tuple(input_paths(input_values(fields)))
+
+
+@contextlib.contextmanager
+def threads_restored():
+    """Within the block, :func:`set_threads` may set torch's CPU threads; on leaving (however the
+    block ends) torch has the threads it had before: a command's Python function given a model name
+    (``headprobe.scan("gpt2", threads=4)``) sets them for its own run, not for the rest of the process."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def own_run():
+    """What a command's Python function sets for its run only, as it was again once the function
+    returns or raises: the stated memory budget (:func:`headprobe.probe.core.memory.budget_restored`)
+    and torch's CPU threads (:func:`threads_restored`)."""
+    from headprobe.probe.core import memory
+
+    with memory.budget_restored(), threads_restored():
+        yield
+
+
 def load_for(config):
     """Load ``config.model`` as a command's config asks (its ``device``, ``dtype``, ``backend`` and,
     where it has one, ``prepend_bos``); see :func:`load_model`. Sets torch's CPU threads first
@@ -546,8 +609,9 @@ def loaded_fields(model: LoadedModel, config_fields: dict) -> dict:
 
 def _load_fields_of(model: LoadedModel, config_fields: dict) -> dict:
     """``config_fields`` with ``prepend_bos`` set to ``model``'s own (what the run uses and
-    summary.json records; its ``backend`` is the model's, the config's the one asked for, as on the
-    command line), for a model already loaded.
+    summary.json records), for a model already loaded. The config's ``backend`` stays the one asked
+    for; summary.json records the model's (:func:`~headprobe.probe.core.io.summary_envelope`), as on
+    the command line.
 
     Raises:
         HeadprobeError: a ``backend`` other than ``auto`` or the model's, a ``prepend_bos`` other than
@@ -605,12 +669,12 @@ def command_function(
     result = result if isinstance(result, str) else getattr(result, "__name__", "")
 
     def fn(model: str | LoadedModel = DEFAULT_MODEL, *, progress: bool = False, **config_fields):
-        from headprobe.probe.core import memory
-
-        with memory.budget_restored():  # memory_budget= is this run's, not the process's from now on
+        with own_run():  # memory_budget= and threads= are this run's, not the process's from now on
             return call(model, progress, config_fields)
 
     def call(model: str | LoadedModel, progress: bool, config_fields: dict):
+        from headprobe.probe.core.io import ReadsInputs
+
         config, loaded, load_s = config_and_model(config_cls, model, config_fields, name)
         # the memory plan the command checks before its run (run_command), refused here as there
         header = getattr(sys.modules[run.__module__], "batch_line", None)
@@ -619,6 +683,8 @@ def command_function(
         out = run(loaded, config, progress=progress)
         if hasattr(out, "load_s"):  # recorded in its summary.json's timings, as run_command does
             out.load_s = load_s
+        if isinstance(out, ReadsInputs):  # what out.save(overwrite=True) must not remove, as --overwrite
+            out.inputs = config_inputs(config)
         return out
 
     def default(f):  # a field without a default is a required keyword

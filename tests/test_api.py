@@ -59,6 +59,21 @@ def test_scan_result_save_writes_the_cli_files(cli_scan, api_scan, tmp_path):
 
 
 @pytest.mark.figures
+def test_summary_records_the_backend_the_model_ran_on(cli_scan, api_scan, tiny_dir, text_file):
+    """summary.json's ``config.backend`` said ``auto`` (what was asked, or nothing at all for a model
+    given loaded, whatever backend it was loaded on): it is now the backend the run used, the same
+    from the command line and from Python, and scan's own ``backend`` agrees."""
+    _, result = api_scan
+    cli = json.loads((cli_scan / "summary.json").read_text())
+    assert result.summary()["config"]["backend"] == cli["config"]["backend"] == cli["backend"] == "native"
+    bridge = headprobe.load_model(str(tiny_dir), device="cpu", backend="transformer-lens", quiet=True)
+    small = dict(text=str(text_file), n_natural=2, seq_len=12, n_repeated=2, period=5)
+    s = headprobe.scan(bridge, types="induction", verify=False, metrics=False, **small).summary()
+    assert s["config"]["backend"] == s["backend"] == "transformer-lens"
+    a = headprobe.ablate(bridge, heads="0.0", **small).summary()
+    assert a["config"]["backend"] == "transformer-lens" and "TransformerLens backend" in a["weights_precision"]
+
+
 def test_types_limit_columns_figures_and_verifications(api_scan, text_file, tmp_path):
     model, full = api_scan
     part = headprobe.scan(model, text=str(text_file), types="induction,previous-token", **SMALL_SCAN)
@@ -417,3 +432,15 @@ def test_load_model_has_the_commands_defaults_and_takes_their_dtype(tiny_dir, mo
     model = headprobe.load_model(str(tiny_dir), dtype="bf16", quiet=True)
     assert asked == ["auto"] and model.dtype == torch.bfloat16 and model.self_check.dtype == "float32"
     assert str(model.device) == ("cuda:0" if torch.cuda.is_available() else "cpu")
+
+
+def test_every_command_function_says_what_it_returns():
+    """Each ``headprobe.<command>`` function's docstring has a ``Returns:`` section (atlas, budget,
+    diff, export, show, study, train and view had none, or a sentence in the summary)."""
+    import inspect
+
+    from headprobe.commands import COMMANDS
+
+    functions = {name: COMMANDS.get(name).function() for name in COMMANDS.names()}
+    missing = [n for n, f in functions.items() if f is not None and "Returns:" not in inspect.getdoc(f).splitlines()]
+    assert missing == []

@@ -277,3 +277,28 @@ def test_a_functions_memory_budget_is_for_its_own_run(cpu_model, text_file, no_s
     memory.set_budget("3GiB")  # stated by the notebook itself: kept across a function's run
     headprobe.ablate(cpu_model, memory_budget="2GiB", text=str(text_file), heads="0.0", **SMALL)
     assert memory.stated() == (3 * 2**30, "stated budget 3 GiB")
+
+
+def test_a_functions_threads_are_for_its_own_run(tiny_dir, text_file, no_stated_budget, monkeypatch):
+    """``headprobe.scan("m", threads=2)`` set torch's CPU threads (load_for -> set_threads) for the
+    whole process, and kept them after a refusal too: what ran next in the notebook ran on 2. The
+    run itself has 2 (seen at the load); afterwards torch has the process's own again."""
+    seen = []
+    load_for = options.load_for
+
+    def spy(cfg):
+        model = load_for(cfg)
+        seen.append(torch.get_num_threads())
+        return model
+
+    monkeypatch.setattr(options, "load_for", spy)
+    before = torch.get_num_threads()
+    asked = before + 1
+    small = dict(text=str(text_file), types="induction", device="cpu", **SMALL)
+    headprobe.scan(str(tiny_dir), threads=asked, verify=False, metrics=False, **small)
+    assert seen == [asked] and torch.get_num_threads() == before
+    with pytest.raises(HeadprobeError, match="the stated budget 1 KiB"):  # refused after the load
+        headprobe.scan(str(tiny_dir), threads=asked, memory_budget="1KiB", **small)
+    assert seen == [asked, asked] and torch.get_num_threads() == before
+    headprobe.diff(str(tiny_dir), str(tiny_dir), threads=asked, n_perm=9, **small)
+    assert seen == [asked] * 4 and torch.get_num_threads() == before

@@ -494,6 +494,10 @@ def test_export_writes_to_out_and_to_is_a_deprecated_alias(circuit_run, tmp_path
     assert "--to is deprecated" in err and "--out" in err
     a, b = (json.loads((tmp_path / d / "circuit_graph.json").read_text()) for d in "ab")
     assert a == b
+    # --to's folder is the output, not an input: its overwrite was refused as removing "this run's input"
+    assert (
+        main(["export", "--from", str(circuit_run), "--to", str(tmp_path / "b"), "--format", "mib", "--overwrite"]) == 0
+    )
 
 
 def test_export_refuses_both_out_and_to(circuit_run, tmp_path, capsys):

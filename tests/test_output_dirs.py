@@ -365,6 +365,40 @@ def test_overwrite_never_removes_the_runs_own_input(text_file, tmp_path, capsys)
     assert {n: d for n, d in _digests(m).items() if not n.startswith("scan/")} == before
 
 
+def test_a_python_results_save_never_removes_its_runs_input(text_file, tmp_path, monkeypatch, capsys):
+    """``headprobe.scan("m").save("m", overwrite=True)`` removed the trained model m (as prune's, or
+    show's ``out="m"``): only the command line's run knew its inputs. A function's result now keeps
+    the paths its run read, resolved when it ran (a relative name, then another working directory),
+    and its save refuses with the command line's line; m stays whole, a save elsewhere works."""
+    import headprobe
+    from headprobe.probe.core.errors import HeadprobeError
+
+    m = tmp_path / "m"
+    assert main(["train", "--out", str(m), "--steps", "4", "--warmup", "1", "--formats", "none"]) == 0
+    before = _digests(m)
+    argv = ["scan", "--model", str(m), "--text", str(text_file), *SMALL, "--no-metrics", "--no-verify"]
+    assert main([*argv, "--out", str(m), "--overwrite"]) == 2
+    cli_line = capsys.readouterr().err.strip().removeprefix("headprobe: error: ")
+    small = dict(text=str(text_file), n_natural=2, seq_len=12, n_repeated=2, period=5, device="cpu")
+    monkeypatch.chdir(tmp_path)
+    scan = dict(types="induction", verify=False, metrics=False, **small)
+    results = {
+        "scan": headprobe.scan("m", **scan),
+        "scan of a loaded model": headprobe.scan(headprobe.load_model("m", device="cpu", quiet=True), **scan),
+        "prune": headprobe.prune("m", step_fraction=0.5, l0_steps=2, n_seeds=1, **small),
+    }
+    monkeypatch.chdir(tmp_path / "m")  # the paths were resolved when the functions ran
+    for name, result in results.items():
+        with pytest.raises(HeadprobeError) as e:
+            result.save(m, overwrite=True)
+        assert str(e.value) == cli_line, name
+        assert _digests(m) == before, name
+    with pytest.raises(HeadprobeError) as e:
+        headprobe.show(str(m), head="0.0", prompt="a b a b", out=m, overwrite=True)
+    assert str(e.value) == cli_line and _digests(m) == before
+    assert results["scan"].save(tmp_path / "other", figures=False)[-1].name == "summary.json"
+
+
 def test_overwrite_refuses_a_folder_entry_that_is_the_input(tmp_path):
     """prune --save-pruned lists pruned_model/ as one entry: a run reading that folder (``prune --model
     P/pruned_model --out P --overwrite``) would remove it whole; the same run into another folder does not."""
@@ -390,7 +424,7 @@ def test_an_embedded_models_name_is_no_input_path_even_beside_a_folder_of_that_n
     """``scan --model smollm2-135m --out smollm2-135m --overwrite`` run twice in one folder: the model
     comes from its wheel, not from ./smollm2-135m (the first scan), so the overwrite is not refused; a
     local model folder and a comma-separated list's local items are inputs."""
-    from headprobe.cli import _model_paths
+    from headprobe.options import model_paths as _model_paths
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "smollm2-135m").mkdir()

@@ -38,7 +38,7 @@ from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
-from headprobe.probe.core.io import summary_envelope
+from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope
 from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.hooks.capture import kv_head_of
 from headprobe.probe.layout.spec import ModelSpec
@@ -198,7 +198,7 @@ TOP_N = 10
 
 
 @dataclass
-class AblateResult:
+class AblateResult(ReadsInputs):
     """What ``ablate`` measured (losses in nats/token).
 
     Attributes:
@@ -276,6 +276,7 @@ class AblateResult:
             body,
             model=self.spec.name,
             precision=self.spec.precision,
+            backend=self.spec.backend,
             device=self.device,
             self_check=self.self_check,
             config=self.config,
@@ -377,6 +378,7 @@ class AblateResult:
 
         return notebook_html(self.html())
 
+    @keeps_inputs
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write head_ablation.csv, ablation_effect.png/pdf and, last, summary.json into ``out_dir``
         (each atomically; a directory holding only a run checkpoint counts as empty). Returns the paths.

@@ -37,7 +37,7 @@ from headprobe.commands.atlas import (  # noqa: F401 - the light module's names,
     snapshot_dirs,
 )
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.io import RunCheckpoint, prepare_output_dir, summary_envelope, write_json
+from headprobe.probe.core.io import RunCheckpoint, prepare_output_dir, run_inputs, summary_envelope, write_json
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -355,9 +355,15 @@ def _remove_new(out: Path, before: set[Path] | None, keep: Path | None = None) -
 def atlas(*, out: str | Path, overwrite: bool = False, progress: bool = False, **config_fields) -> AtlasResult:
     """``headprobe atlas`` as a function: :func:`run` on ``AtlasConfig(**config_fields)``.
 
+    Returns:
+        AtlasResult: already written into ``out`` (``files``, summary.json last): ``table`` (atlas.csv,
+            one row per model and head), ``models`` (label -> status, scan seconds), ``seconds`` (the run's).
+
     Raises:
         HeadprobeError: as :func:`run`.
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
     """
     options.check_fields(AtlasConfig, config_fields, "atlas")
-    return run(AtlasConfig(**config_fields), out, overwrite=overwrite, progress=progress)
+    config = AtlasConfig(**config_fields)
+    with options.own_run(), run_inputs(options.config_inputs(config)):  # as the command line's run
+        return run(config, out, overwrite=overwrite, progress=progress)

@@ -1480,8 +1480,11 @@ def _is_pruned(name: str) -> bool:
 def budget(**fields_: Any) -> BudgetResult:
     """``headprobe budget`` as a function: ``budget(preset="llama3-8b", seq_len=32768)``.
 
-    Takes the fields of :class:`BudgetConfig` as keyword arguments and returns :func:`run`'s
-    :class:`BudgetResult`.
+    Takes the fields of :class:`BudgetConfig` as keyword arguments.
+
+    Returns:
+        BudgetResult: ``data``, every number ``--json`` prints (bytes, FLOPs, counts); ``layout``;
+            ``check`` (a ``model``'s live KV-cache check) and ``recommendation`` where asked; nothing written.
 
     Raises:
         TypeError: an unknown keyword (naming the nearest one).

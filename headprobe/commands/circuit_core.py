@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from headprobe import options
 from headprobe.commands.circuit import HELP, CircuitConfig, parse_qk_head, parse_receivers  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.io import summary_envelope
+from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class CircuitResult:
+class CircuitResult(ReadsInputs):
     """A finished ``circuit`` run: ``config``, the model's ``spec``, ``edges`` (edges.csv),
     ``agreement`` (EAP(-IG) against exact path patching on the verified edges, or None),
     ``paths`` (path_patching.csv or None), ``qk`` (:class:`~headprobe.analyses.qk_attribution.QKAttribution`
@@ -121,6 +121,7 @@ class CircuitResult:
             s,
             model=self.spec.name,
             precision=self.spec.precision,
+            backend=self.spec.backend,
             device=device,
             self_check=self_check,
             config=self.config,
@@ -178,6 +179,7 @@ class CircuitResult:
             )
         return "\n".join(lines)
 
+    @keeps_inputs
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write edges.csv, path_patching.csv, qk_attribution.csv, the figure and, last, summary.json.
 

@@ -36,7 +36,7 @@ from headprobe.commands.diff import HELP, DiffConfig, check_resample_sources, la
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import parse_heads
-from headprobe.probe.core.io import open_text_file, summary_envelope
+from headprobe.probe.core.io import ReadsInputs, keeps_inputs, open_text_file, summary_envelope
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.layout.spec import ModelSpec
 
@@ -115,7 +115,7 @@ def compare(
 
 
 @dataclass
-class DiffResult:
+class DiffResult(ReadsInputs):
     """What ``headprobe diff`` found: per quantity the two models' values and the tests, the top-k
     sets of each type in each model, the flipped heads, the table (diff.csv) and the settings.
     ``load_s``: seconds loading model A (set by the caller that loaded it); ``timings``: seconds
@@ -198,6 +198,7 @@ class DiffResult:
             },
             model=self.spec_a.name,
             precision=self.spec_a.precision,
+            backend=self.spec_a.backend if self.spec_a.backend == self.spec_b.backend else None,
             device=self.device,
             self_check=self.self_check,
             config=c,
@@ -255,6 +256,7 @@ class DiffResult:
         )
         return "\n".join(lines)
 
+    @keeps_inputs
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write diff.csv, the figure and, last, summary.json (:func:`~headprobe.analyses.outputs.write_outputs`)."""
         from headprobe.analyses.outputs import write_outputs
@@ -556,11 +558,14 @@ def diff(
     """``headprobe diff A B`` as a Python function: ``a`` and ``b`` are names or loaded models; the
     other keywords are :class:`~headprobe.commands.diff.DiffConfig`'s fields.
 
+    Returns:
+        DiffResult: per quantity A's and B's ``[layer, head]`` means (``means``) and the paired tests
+            (``tests``: change, p-values), ``table`` (diff.csv, one row per head), top-k sets and flipped
+            roles; ``save(out)`` writes what ``headprobe diff`` writes.
+
     Raises:
         HeadprobeError: bad settings, layouts that differ (one line), or as :func:`compare_models`.
     """
-    from headprobe.probe.requantize import requantize, requantized
-
     name = lambda m: m if isinstance(m, str) else m.spec.name
     options.check_fields(DiffConfig, fields, "diff", positional=("model", "b"))
     a, b = (os.fspath(m) if isinstance(m, os.PathLike) else m for m in (a, b))
@@ -568,6 +573,18 @@ def diff(
         options.check_model_argument(m, "diff")
         fields = fields if isinstance(m, str) else options.loaded_fields(m, fields)
     cfg = DiffConfig(model=name(a), b=name(b), **fields)
+    with options.own_run():  # threads= is this run's, not the process's from now on
+        result = _diff(a, b, cfg, progress, _load_b, _b_loaded_here)
+    result.inputs = options.config_inputs(cfg)  # what result.save(overwrite=True) must not remove
+    return result
+
+
+def _diff(
+    a: str | LoadedModel, b: str | LoadedModel, cfg: DiffConfig, progress: bool, _load_b: float, _b_loaded_here: bool
+) -> DiffResult:
+    """:func:`diff` once its settings are checked (``cfg``)."""
+    from headprobe.probe.requantize import requantize, requantized
+
     if isinstance(a, str) or isinstance(b, str):
         cfg.preflight()
     t0 = time.perf_counter()

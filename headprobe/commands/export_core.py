@@ -17,6 +17,7 @@ import pandas as pd
 from headprobe.analyses import exchange as ex
 from headprobe.commands.export import DUO_RECENT, DUO_SINK, HELP, ExportConfig  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.io import ReadsInputs, keeps_inputs
 
 SUPPORTED = {"scan": ("duo", "headkv", "parquet"), "kv": ("duo", "headkv", "parquet"), "circuit": ("mib", "parquet")}
 """The formats each source kind can be written in."""
@@ -39,7 +40,7 @@ class Source:
 
 
 @dataclass
-class ExportResult:
+class ExportResult(ReadsInputs):
     """The files to write (relative path -> text or bytes) and how each was made (``notes``)."""
 
     config: ExportConfig
@@ -69,6 +70,7 @@ class ExportResult:
         lines += [f"  {name}: {how}" for name, how in self.notes.items()]
         return "\n".join(lines)
 
+    @keeps_inputs
     def save(self, out: str | Path, overwrite: bool = False) -> list[Path]:
         """Write the files and, last, summary.json (staged and swapped in: nothing half-written).
 
@@ -523,10 +525,14 @@ def export(source: str, out: str | None = None, *, to: str | None = None, **fiel
     """``headprobe export`` as a function: the files built (``result.files``) and, with ``out``,
     written (``to``: ``out``'s deprecated alias, with a ``DeprecationWarning``).
 
+    Returns:
+        ExportResult: ``files`` (relative path -> text or bytes) and ``notes`` (format -> how its files
+            were made); written into ``out`` already where given, else by ``save(out)``.
+
     Raises:
         HeadprobeError: as :func:`run`, or a bad ``out``.
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`)."""
-    from headprobe.options import check_fields
+    from headprobe.options import check_fields, config_inputs
 
     check_fields(ExportConfig, fields, "export", positional=("source", "out", "to"))
     if to is not None:
@@ -537,6 +543,7 @@ def export(source: str, out: str | None = None, *, to: str | None = None, **fiel
         )
     config = ExportConfig(source=source, out=out, to=to, **fields)
     result = run(config)
+    result.inputs = config_inputs(config)  # what result.save(overwrite=True) must not remove
     if config.out:
         result.save(config.out, overwrite=config.overwrite)
     return result

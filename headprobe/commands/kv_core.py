@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from headprobe import options
 from headprobe.commands.kv import HELP, KVConfig, check_context  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.io import summary_envelope, write_json
+from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope, write_json
 
 if TYPE_CHECKING:
     from headprobe.analyses.kvpolicy import GroupCosts, Quality
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class KVResult:
+class KVResult(ReadsInputs):
     """A finished ``headprobe kv`` run.
 
     Attributes:
@@ -167,6 +167,7 @@ class KVResult:
             },
             model=self.spec.name,
             precision=self.spec.precision,
+            backend=self.spec.backend,
             device=self.device,
             self_check=self.self_check,
             config=c,
@@ -227,6 +228,7 @@ class KVResult:
             )
         return "\n".join([*lines, *(f"NOTE: {note}" for note in notes)])
 
+    @keeps_inputs
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write policy.json, policy_budget.json, group_costs.csv, curve.csv, the figure and, last, summary.json.
 

@@ -41,7 +41,7 @@ from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import heads_text, read_heads
-from headprobe.probe.core.io import read_text_file, summary_envelope
+from headprobe.probe.core.io import ReadsInputs, keeps_inputs, read_text_file, summary_envelope
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
@@ -224,7 +224,7 @@ SITE_TEXT = {
 
 
 @dataclass
-class PatchResult:
+class PatchResult(ReadsInputs):
     """A finished patching run: ``config``, the model's ``spec``, ``patching``
     (:class:`headprobe.analyses.patching.PatchingResult`), ``table`` (head_patching.csv, or
     resid_patching.csv for ``--site resid``), ``seconds`` (the run's) and ``load_s`` (the model's load,
@@ -310,6 +310,7 @@ class PatchResult:
             },
             model=self.spec.name,
             precision=self.spec.precision,
+            backend=self.spec.backend,
             device=device,
             self_check=self_check,
             config=self.config,
@@ -387,6 +388,7 @@ class PatchResult:
             lines.append(f"normalised effects n/a: {s['normalized_null_reason']}")
         return "\n".join([*lines, *(f"NOTE: {n}" for n in self.notes)])
 
+    @keeps_inputs
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write the CSV (head_patching.csv; resid_patching.csv for ``--site resid``), the figures
         and, last, summary.json into ``out_dir``.

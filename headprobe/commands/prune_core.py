@@ -32,7 +32,7 @@ from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
-from headprobe.probe.core.io import summary_envelope
+from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope
 from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.layout.spec import ModelSpec
 
@@ -80,7 +80,7 @@ def figure_labels(
 
 
 @dataclass
-class PruneResult:
+class PruneResult(ReadsInputs):
     """Every method's pruning curve (losses in nats/token) and, with ``save_pruned``, the pruned model.
 
     Attributes:
@@ -214,6 +214,7 @@ class PruneResult:
             out,
             model=spec.name,
             precision=spec.precision,
+            backend=spec.backend,
             device=self.device,
             self_check=self.self_check,
             config=cfg,
@@ -257,6 +258,7 @@ class PruneResult:
             )
         return out
 
+    @keeps_inputs
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write pruning_curve.csv, pruning_curve.png/pdf, per_layer.csv and its figure (``per_layer``),
         the pruned model directory (``save_pruned``) and, last, summary.json into ``out_dir`` (each

@@ -32,7 +32,7 @@ from headprobe.commands.robustness import DEFAULT_K, HELP, RobustnessConfig  # n
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.io import open_text_file, summary_envelope
+from headprobe.probe.core.io import ReadsInputs, keeps_inputs, open_text_file, summary_envelope
 from headprobe.probe.core.progress import progress_bar
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.layout.spec import ModelSpec
@@ -148,7 +148,7 @@ class Outcome:
 
 
 @dataclass
-class RobustnessResult:
+class RobustnessResult(ReadsInputs):
     """What ``headprobe robustness`` found.
 
     Attributes:
@@ -206,6 +206,7 @@ class RobustnessResult:
             },
             model=self.spec.name,
             precision=self.spec.precision,
+            backend=self.spec.backend,
             device=self.device,
             self_check=self.self_check,
             config=self.config,
@@ -218,6 +219,7 @@ class RobustnessResult:
     def report(self) -> str:
         return format_report(self)
 
+    @keeps_inputs
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write robustness.csv, the figure and, last, summary.json (:func:`~headprobe.analyses.outputs.write_outputs`)."""
         from headprobe.analyses.outputs import write_outputs

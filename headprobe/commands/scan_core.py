@@ -48,7 +48,7 @@ from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.heads import parse_heads
-from headprobe.probe.core.io import prepare_output_dir, summary_envelope, write_text
+from headprobe.probe.core.io import ReadsInputs, keeps_inputs, prepare_output_dir, summary_envelope, write_text
 from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.core.progress import progress_bar
 from headprobe.probe.hooks.ablation import format_head
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class ScanResult:
+class ScanResult(ReadsInputs):
     """What a scan found. Losses in nats/token, scores as defined in :mod:`headprobe.analyses.detectors`.
 
     Attributes:
@@ -146,6 +146,7 @@ class ScanResult:
         """Jupyter shows the viewer page, in a sandboxed iframe."""
         return viewer.notebook_html(self.html())
 
+    @keeps_inputs
     def save(
         self,
         out_dir: str | Path,
@@ -657,6 +658,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
         },
         model=spec.name,
         precision=spec.precision,
+        backend=spec.backend,
         device=str(result.device),
         self_check=result.self_check,
         config=cfg,

@@ -292,20 +292,27 @@ def show(
             by every other command function: ``device`` left at ``auto`` or the model's own).
         head: one head, ``"18.6"`` (or ``"L18H6"``) or ``(18, 6)``.
 
+    Returns:
+        ShowResult: ``head`` ``(layer, head)``, its ``pattern`` ``[q_pos, k_pos]`` (float32 attention
+            weights, rows summing to 1), the tokens' ``labels`` and the ``paths`` written into ``out``.
+
     Raises:
         HeadprobeError: as :func:`run`.
         TypeError: an unknown setting.
     """
     import os
 
+    from headprobe.probe.core.io import run_inputs
+
     fields = dict(head=heads_text(head, "head"), prompt=prompt, out=str(out), **load)
     options.check_fields(ShowConfig, fields, "show")
     options.check_model_argument(model, "show")
     if isinstance(model, (str, os.PathLike)):
-        return run(ShowConfig(model=str(model), **fields), overwrite=overwrite)
-    return run(
-        ShowConfig(model=model.spec.name, **options.loaded_fields(model, fields)), overwrite=overwrite, model=model
-    )
+        cfg, loaded = ShowConfig(model=str(model), **fields), None
+    else:
+        cfg, loaded = ShowConfig(model=model.spec.name, **options.loaded_fields(model, fields)), model
+    with options.own_run(), run_inputs(options.config_inputs(cfg)):  # as the command line's run
+        return run(cfg, overwrite=overwrite, model=loaded)
 
 
 FLAGS = (

@@ -42,9 +42,9 @@ from headprobe.analyses import figures
 from headprobe.analyses.train_config import INDUCTION_FORMED, N_CHARS, TrainConfig, refuse_copy_fraction
 from headprobe.analyses.vocabulary import seed_error
 from headprobe.commands import Command
-from headprobe.options import check_fields, kept_line, out_as_it_was
+from headprobe.options import check_fields, config_inputs, kept_line, out_as_it_was
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.io import cpu_kernels, prepare_output_dir, summary_envelope
+from headprobe.probe.core.io import ReadsInputs, cpu_kernels, keeps_inputs, prepare_output_dir, summary_envelope
 from headprobe.probe.layout.cost import (
     AttentionLayout,
     attention_params_per_layer,
@@ -417,7 +417,7 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
 
 
 @dataclass
-class StudyResult:
+class StudyResult(ReadsInputs):
     """A finished study.
 
     Attributes:
@@ -478,6 +478,7 @@ class StudyResult:
         name, fig = study_figure(c.which, self.table, prefix + title)
         return {name: fig}
 
+    @keeps_inputs
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write results.csv, the figure (PNG, PDF) and, last, study.json into ``out_dir`` (created
         if absent), each file atomically. Returns the paths written.
@@ -519,12 +520,19 @@ def study(which: str, *, progress: bool = False, **config_fields) -> StudyResult
     """``headprobe.study("layouts", steps=600, seeds=(0,), ...)``: :func:`run` on
     ``StudyConfig(which, **config_fields)`` (see :class:`StudyConfig` for every field and its default).
 
+    Returns:
+        StudyResult: ``table`` (results.csv: one row per variant and seed, losses in nats/token or
+            nats/char, KV-cache bytes per token); ``save(out)`` writes what ``headprobe study`` writes.
+
     Raises:
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
         HeadprobeError: as :func:`run`.
     """
     check_fields(StudyConfig, config_fields, "study", positional=("which",))
-    return run(StudyConfig(which, **config_fields), progress=progress)
+    config = StudyConfig(which, **config_fields)
+    result = run(config, progress=progress)
+    result.inputs = config_inputs(config)  # what result.save(overwrite=True) must not remove
+    return result
 
 
 FLAGS = (Flags(only=("which",)), OUTPUT, Flags(skip=("which",)))

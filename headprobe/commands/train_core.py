@@ -45,7 +45,7 @@ from headprobe.analyses.train import (
 from headprobe.analyses.train import (
     train as train_model,
 )
-from headprobe.probe.core.io import cpu_kernels, summary_envelope
+from headprobe.probe.core.io import ReadsInputs, cpu_kernels, keeps_inputs, summary_envelope
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.model.checkpoint import NATIVE_WEIGHTS, save_native_state
 
@@ -53,7 +53,7 @@ __all__ = ["TrainConfig", "TrainResult", "run", "train"]
 
 
 @dataclass
-class TrainResult(TrainRun):
+class TrainResult(TrainRun, ReadsInputs):
     """A finished ``headprobe train`` run: the trained model and its log
     (fields of :class:`headprobe.analyses.train.TrainRun`: ``config``, ``loaded``, ``log``
     (DataFrame), ``final_scores``, ``seconds``, ``device``), with the command's outputs."""
@@ -125,6 +125,7 @@ class TrainResult(TrainRun):
         )
         return {"training": fig}
 
+    @keeps_inputs
     def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
         """Write train_log.csv, the checkpoint (config.json, headprobe_model.pt, tokenizer files),
         training.{png,pdf} and, last, summary.json into ``out_dir`` (created if absent), each file
@@ -227,14 +228,22 @@ def train(*, progress: bool = False, **config_fields) -> TrainResult:
     """``headprobe.train(steps=300, n_kv_heads=2, ...)``: :func:`run` on ``TrainConfig(**config_fields)``
     (see :class:`headprobe.analyses.train.TrainConfig` for every field and its default).
 
+    Returns:
+        TrainResult: the trained model (``loaded``), ``log`` (train_log.csv: one row per evaluation,
+            losses in nats/token), ``final_scores`` (``[layer, head]``), ``seconds``; ``save(out)`` writes
+            the checkpoint and what ``headprobe train`` writes.
+
     Raises:
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
         HeadprobeError: as :func:`run`.
     """
-    from headprobe.options import check_fields
+    from headprobe.options import check_fields, config_inputs
 
     check_fields(TrainFlags, config_fields, "train", positional=())  # TrainFlags: TrainConfig's fields, with flags
-    return run(TrainConfig(**config_fields), progress=progress)
+    config = TrainConfig(**config_fields)
+    result = run(config, progress=progress)
+    result.inputs = config_inputs(config)  # what result.save(overwrite=True) must not remove
+    return result
 
 
 from headprobe.commands.train import HELP, TrainFlags, config_from_args, main  # noqa: E402,F401 - the flags live there

@@ -248,7 +248,7 @@ def view(
     circuit: str | Path | None = None,
     **load,
 ) -> Path:
-    """Write ``dir``/index.html: ``headprobe view`` as a function. Returns the page's path.
+    """Write ``dir``/index.html: ``headprobe view`` as a function.
 
     Args:
         dir: a ``headprobe scan`` or ``headprobe ablate`` output directory.
@@ -258,19 +258,24 @@ def view(
         **load: ``pattern_len`` and how ``model`` is loaded: ``device``, ``dtype``, ``backend``,
             ``device_map``, ``max_memory`` (see :class:`ViewConfig`).
 
+    Returns:
+        Path: the page written, ``dir``/index.html (self-contained, offline).
+
     Raises:
         HeadprobeError: as :func:`run`.
         TypeError: an unknown keyword.
     """
-    return run(
-        ViewConfig(
-            dir=str(dir),
-            ablation=None if ablation is None else str(ablation),
-            model=model,
-            circuit=None if circuit is None else str(circuit),
-            **load,
-        )
+    config = ViewConfig(
+        dir=str(dir),
+        ablation=None if ablation is None else str(ablation),
+        model=model,
+        circuit=None if circuit is None else str(circuit),
+        **load,
     )
+    if model is None:  # no model loads (nor torch)
+        return run(config)
+    with options.own_run():  # threads= is this run's, not the process's from now on
+        return run(config)
 
 
 FLAGS = (

