@@ -74,6 +74,7 @@ def test_summary_records_the_backend_the_model_ran_on(cli_scan, api_scan, tiny_d
     assert a["config"]["backend"] == "transformer-lens" and "TransformerLens backend" in a["weights_precision"]
 
 
+@pytest.mark.figures  # it checks a saved PNG; passed only after a test that left PNG on
 def test_types_limit_columns_figures_and_verifications(api_scan, text_file, tmp_path):
     model, full = api_scan
     part = headprobe.scan(model, text=str(text_file), types="induction,previous-token", **SMALL_SCAN)
