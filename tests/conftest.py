@@ -79,7 +79,10 @@ def no_stated_budget(monkeypatch):
 @pytest.fixture(autouse=True)
 def _figure_formats(request, monkeypatch):
     """``@pytest.mark.figures``: this test (and the processes it starts) writes PNG figures;
-    ``@pytest.mark.all_figure_formats``: every format."""
+    ``@pytest.mark.all_figure_formats``: every format. A test that finds another setting was left
+    behind by an earlier one (which would make later tests draw, or pass only after it) fails."""
+    left = os.environ.get(FIGURE_FORMATS_ENV)
+    assert left == NO_FIGURES, f"an earlier test left ${FIGURE_FORMATS_ENV}={left!r} (the suite's is {NO_FIGURES!r})"
     if request.node.get_closest_marker("all_figure_formats"):
         monkeypatch.delenv(FIGURE_FORMATS_ENV)
     elif request.node.get_closest_marker("figures"):
