@@ -54,12 +54,13 @@ HEAVIEST_FILES = (
     "test_output_dirs.py",
     "test_loading.py",
 )
-"""The test files that take longest, longest first (each 25-160 s on 2 shared cores, 2026-12-05; the
+"""The test files that take longest, longest first (2026-12-05, -n 0 on 2 shared cores: 25-160 s each
+without cached bytecode; with it test_models_matrix 74 s, test_distributed 75 s, test_gpu_check 52 s; the
 rest take less): under pytest-xdist they are handed out first (:func:`pytest_collection_modifyitems`).
 ``make test`` gives each worker whole files (``--dist loadfile``), the next file when it has two
 tests or fewer left; a heavy file handed out last (xdist's default order is by the number of tests,
 which put test_scan_resume's one 65 s test near the end) kept one worker busy while the other was
-idle. A file missing from here only runs later; a renamed one is named by the test below."""
+idle. A file missing from here only runs later; tests/test_suite_order.py names a renamed one."""
 
 
 def _heaviest_files_first(config) -> None:
