@@ -21,12 +21,15 @@ demo: $(STAMP)
 
 # The linter, the formatter's check and the type checker first (seconds; mypy about a minute cold), then two pytest
 # workers (pytest-xdist), each test file on one worker so that its module fixtures are built once;
-# tests/conftest.py gives each worker its share of the cores.
+# tests/conftest.py gives each worker its share of the cores and hands out the heaviest files first. The suite
+# starts over a hundred Python processes (the CLI, resumed runs, notebooks): each would compile torch's and
+# transformers' sources anew (seconds each) where the venv has no bytecode (pip's --no-compile) and the environment
+# sets PYTHONDONTWRITEBYTECODE (common in container images), so pytest writes it, under .venv/pycache.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python scripts/typecheck.py
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX="$(CURDIR)/$(VENV)/pycache" $(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The documentation site (mkdocs.yml) into site/: the pages, the API reference, the notebooks as committed.
 docs: $(STAMP)

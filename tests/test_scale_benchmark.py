@@ -123,21 +123,45 @@ def test_tiny_run_has_every_step(tmp_path, monkeypatch):
 
 
 _PEAKS = """
-import importlib.util, sys
+import importlib.util, json, sys
+from pathlib import Path
 import numpy as np
 spec = importlib.util.spec_from_file_location("scale_benchmark", sys.argv[1])
 scale = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(scale)
-_, _, big = scale._timed("cpu", lambda: np.ones(2**25).sum())  # 2^25 float64: 256 MiB, every page written
-_, _, small = scale._timed("cpu", lambda: None)
-print(big, small, int(scale._reset_peak("cpu")))
+
+def status(field):  # bytes of one /proc/self/status field (proc(5): kB); None without /proc (not Linux)
+    try:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    except OSError:
+        return None
+    return int(line.split()[1]) * 1024
+
+seen = {}
+def hold():  # 2^25 float64: 256 MiB, every page written; the RSS while they are held
+    a = np.ones(2**25)
+    seen["held"], seen["anon_held"] = status("VmRSS"), status("RssAnon")
+    return a.sum()
+def nothing():
+    seen["start"] = status("VmRSS")  # just after the step's reset
+
+seen["anon_before"] = status("RssAnon")
+_, _, big = scale._timed("cpu", hold)
+_, _, small = scale._timed("cpu", nothing)
+print(json.dumps({"big": big, "small": small, "resets": scale._reset_peak("cpu"), **seen}))
 """
 
 
 def test_the_cpu_peak_is_the_steps_own_where_it_can_be_reset():
-    """A step that holds 256 MiB and one after it that holds nothing: the first's peak is at least
-    the 256 MiB more than the second's when the peak RSS resets (else both are the process's peak).
-    In a fresh process: a test worker's resident size after other tests is no step's peak."""
+    """A step that holds 256 MiB and one after it that holds nothing: where the peak RSS resets, the
+    first's peak is at least the RSS it held and the second's is its own: each within 5% of 256 MiB
+    of the RSS read in that step (the second's, not the first's 256 MiB more); else both are the
+    process's peak. In a fresh process: a test worker's resident size after other tests is no step's peak.
+
+    Each peak is compared with the RSS read in its own step, not the two peaks with each other: the
+    kernel reclaims a process's file-backed pages (shared libraries) under memory pressure and they
+    come back when touched, so the RSS around the 256 MiB drifts by megabytes between the steps
+    (the difference of the two peaks can then fall short of 0.95 x 256 MiB)."""
     import subprocess
     import sys
 
@@ -145,11 +169,14 @@ def test_the_cpu_peak_is_the_steps_own_where_it_can_be_reset():
         [sys.executable, "-c", _PEAKS, str(ROOT / "benchmarks" / "scale.py")],
         capture_output=True, text=True, check=True, timeout=120,
     ).stdout  # fmt: skip
-    big, small, resets = (int(x) for x in out.split())
-    if resets:
-        assert big - small >= 2**28 * 0.95, (big, small)
+    got = json.loads(out)
+    if got["resets"]:  # Linux: clear_refs, and /proc/self/status to compare with
+        assert got["anon_held"] - got["anon_before"] >= 2**28 * 0.95, got  # the first step held the 256 MiB
+        slack = 2**28 * 0.05  # pages reclaimed or counted late (per-CPU RSS counters) around a read
+        assert got["big"] >= got["held"] - slack, got  # its peak covers what it held
+        assert got["small"] <= got["start"] + slack, got  # the second's peak is its own
     else:
-        assert small >= big
+        assert got["small"] >= got["big"], got
 
 
 def _rows(model="m", scan=(20.0, 30.0), sweep=(50.0, 0.6), prune=200.0, circuit_peak=30e9):
