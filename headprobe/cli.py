@@ -21,6 +21,7 @@ from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV, figure_formats
 from headprobe.commands import COMMANDS
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
+from headprobe.settings import DEFAULTS_KEY, parsed_defaults
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -91,7 +92,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             else argparse.HelpFormatter,
         )
         cmd.add_flags(p)
-        p.set_defaults(_run=cmd.execute)
+        p.set_defaults(_run=cmd.execute, **{DEFAULTS_KEY: parsed_defaults(p)})  # which flags were given
     return parser
 
 

@@ -468,23 +468,29 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, 
     (:func:`loaded_fields`).
 
     Raises:
-        HeadprobeError: ``model`` of another type, bad settings, a ``device`` other than a loaded
+        HeadprobeError: ``model`` of another type, bad settings, a setting given where it does
+            nothing (:func:`~headprobe.settings.refuse_inert`), a ``device`` other than a loaded
             model's, or the model cannot be loaded.
         TypeError: a field ``config_cls`` does not have (naming the function ``name``, see :func:`check_fields`).
     """
     import os
     import time
 
+    from headprobe.settings import given_in_python, refuse_inert
+
     check_fields(config_cls, config_fields, name)
     check_model_argument(model, name or config_cls.__name__.removesuffix("Config").lower())
+    given = given_in_python(config_cls, config_fields)  # a setting that would do nothing is refused, as its flag
     if isinstance(model, (str, os.PathLike)):
         config = config_cls(model=str(model), **config_fields)
+        refuse_inert(config, given)
         check_model(config.model)
         config.preflight()
         t0 = time.perf_counter()
         loaded = load_for(config)
         return config, loaded, time.perf_counter() - t0
     config = config_cls(model=model.spec.name, **loaded_fields(model, config_fields))
+    refuse_inert(config, given)
     from headprobe.probe.core import memory
 
     memory.set_budget(getattr(config, "memory_budget", None))

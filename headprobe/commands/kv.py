@@ -38,7 +38,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import backend_lacks
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, Needs, setting, shared
 
 _CORE = ("KVResult", "run", "kv")
 """Names of :mod:`headprobe.commands.kv_core` (the run: torch), imported on first use."""
@@ -137,6 +137,7 @@ class KVConfig(ModelSettings):
         "the policy's KV cache as a fraction of the full cache (default %(default)s)",
         type=float,
         exclusive="budget",
+        needs=Needs("loss_tolerance", (None,)),
     )
     loss_tolerance: float | None = setting(
         None,
