@@ -776,10 +776,10 @@ class ModelRunConfig(ModelSettings, DataSettings):
 
 def model_run_flags(n_natural_help: str = "") -> tuple[Flags, ...]:
     """The flag blocks of a command that runs a model on text and writes a directory (``ablate``,
-    ``prune``), generated from :class:`ModelRunConfig`'s settings: the model's (no ``--no-bos``),
-    the output's, the data's (``n_natural_help``: the command's own help of ``--n-natural``)."""
+    ``prune``), generated from :class:`ModelRunConfig`'s settings: the model's (``--no-bos`` as
+    scan's), the output's, the data's (``n_natural_help``: the command's own help of ``--n-natural``)."""
     return (
-        Flags(group=ModelSettings, skip=("prepend_bos",)),
+        Flags(group=ModelSettings),
         OUTPUT,
         Flags(group=DataSettings, helps={"n_natural": n_natural_help} if n_natural_help else None),
     )

@@ -98,8 +98,7 @@ class KVConfig(ModelSettings):
     Attributes:
         model: model name or path (the native backend: policies mask its attention per KV group).
         device_map, max_memory: refused (not ``--device-map``: the per-group masks and the
-            streaming cache are checked on one device only); ``prepend_bos`` takes no flag (the command
-            always prepends BOS; from Python, this setting or a loaded model's own rule decides).
+            streaming cache are checked on one device only); ``prepend_bos``: ``--no-bos``, as scan's.
         text: a UTF-8 file instead of CPython's pydoc_data.topics.
         seq_len: tokens per sequence of both tasks (natural text and long-range). n_natural: natural-text windows.
         distances: long-range task: tokens from the planted block to its repeat (None: 1/4, 1/2,
@@ -236,7 +235,7 @@ class KVConfig(ModelSettings):
 
 
 FLAGS = (
-    Flags(group=ModelSettings, skip=("prepend_bos", "device_map", "max_memory")),
+    Flags(group=ModelSettings, skip=("device_map", "max_memory")),
     OUTPUT,
     Flags(
         only=(
